@@ -1,0 +1,131 @@
+"""Deterministic paged inputs for one case, shared by every backend of that case.
+
+The pool is laid out the way a busy engine leaves it: blocks handed out in a shuffled
+order (or in order, for the "contiguous" layout), optionally a prefix shared by every
+sequence (prefix caching), a few spare blocks nobody owns, and NaN in every slot no
+sequence owns, including the tail of each sequence's last block. A backend that reads
+past a sequence's end, or through a -1 table entry, therefore returns NaN and fails.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+import torch
+
+Layout = Literal["contiguous", "shuffled", "shared_prefix"]
+DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
+
+
+@dataclass(frozen=True)
+class PagedInputs:
+    """One call's arguments, plus the logical (unpaged) KV the cache backend writes.
+
+    q               [num_tokens, num_q_heads, head_dim]
+    k_cache/v_cache [num_blocks, block_size, num_kv_heads, head_dim], NaN where unowned
+    block_table     [num_seqs, max_blocks_per_seq] int32, -1 past each sequence's blocks
+    seq_lens        [num_seqs] int32
+    query_start_loc [num_seqs + 1] int32
+    keys/values     num_seqs tensors [seq_len, num_kv_heads, head_dim]: each sequence's KV in order
+    """
+
+    q: torch.Tensor
+    k_cache: torch.Tensor
+    v_cache: torch.Tensor
+    block_table: torch.Tensor
+    seq_lens: torch.Tensor
+    query_start_loc: torch.Tensor
+    keys: tuple[torch.Tensor, ...]
+    values: tuple[torch.Tensor, ...]
+
+    def args(self) -> tuple[torch.Tensor, ...]:
+        """The positional arguments of the kernel contract, in order."""
+        return (self.q, self.k_cache, self.v_cache, self.block_table, self.seq_lens, self.query_start_loc)
+
+
+def assign_blocks(
+    seq_lens: list[int], block_size: int, layout: Layout, generator: torch.Generator
+) -> tuple[torch.Tensor, int]:
+    """Block table [num_seqs, max_blocks] int32 (-1 padded) and the pool's num_blocks.
+
+    "shared_prefix" makes every sequence's first min(seq_lens) // block_size blocks the
+    same physical blocks. A spare eighth of the pool (at least one block) stays unowned.
+    """
+    per_seq = [-(-n // block_size) for n in seq_lens]
+    shared = min(seq_lens) // block_size if layout == "shared_prefix" and len(seq_lens) > 1 else 0
+    num_owned = shared + sum(n - shared for n in per_seq)
+    num_blocks = num_owned + max(1, num_owned // 8)
+    if layout == "contiguous":
+        order = torch.arange(num_blocks)
+    else:
+        order = torch.randperm(num_blocks, generator=generator)
+    table = torch.full((len(seq_lens), max(per_seq, default=0) or 1), -1, dtype=torch.int32)
+    prefix = order[:shared]
+    next_free = shared
+    for row, n in enumerate(per_seq):
+        own = order[next_free : next_free + n - shared]
+        next_free += n - shared
+        table[row, :n] = torch.cat([prefix, own]).to(torch.int32)
+    return table, num_blocks
+
+
+def make_inputs(
+    *,
+    num_q_heads: int,
+    num_kv_heads: int,
+    head_dim: int,
+    block_size: int,
+    seq_lens: list[int],
+    q_lens: list[int],
+    dtype: str | torch.dtype = "float32",
+    layout: Layout = "shuffled",
+    input_scale: float = 1.0,
+    seed: int = 0,
+    device: torch.device | str = "cpu",
+) -> PagedInputs:
+    """Build a case's inputs from its seed; the same arguments always give the same tensors.
+
+    Values are drawn on the CPU (so a case is the same on every device) as standard
+    normals times ``input_scale`` for q and K (logits grow as input_scale ** 2) and
+    standard normals for V, then cast to ``dtype`` and moved to ``device``.
+    """
+    if len(seq_lens) != len(q_lens):
+        raise ValueError(f"seq_lens has {len(seq_lens)} entries but q_lens has {len(q_lens)}")
+    torch_dtype = DTYPES[dtype] if isinstance(dtype, str) else dtype
+    generator = torch.Generator().manual_seed(seed)
+    table, num_blocks = assign_blocks(seq_lens, block_size, layout, generator)
+
+    def normal(*shape: int, scale: float = 1.0) -> torch.Tensor:
+        return (torch.randn(*shape, generator=generator) * scale).to(torch_dtype)
+
+    q = normal(sum(q_lens), num_q_heads, head_dim, scale=input_scale)
+    pool_shape = (num_blocks * block_size, num_kv_heads, head_dim)
+    k_slots = torch.full(pool_shape, float("nan"), dtype=torch_dtype)
+    v_slots = torch.full(pool_shape, float("nan"), dtype=torch_dtype)
+    keys, values = [], []
+    for row, seq_len in enumerate(seq_lens):
+        pos = torch.arange(seq_len)
+        slots = table[row, pos // block_size].long() * block_size + pos % block_size
+        # A shared prefix block already written by an earlier sequence keeps its values.
+        written = ~torch.isnan(k_slots[slots, 0, 0].float())
+        k_new = normal(seq_len, num_kv_heads, head_dim, scale=input_scale)
+        v_new = normal(seq_len, num_kv_heads, head_dim)
+        k = torch.where(written[:, None, None], k_slots[slots], k_new)
+        v = torch.where(written[:, None, None], v_slots[slots], v_new)
+        k_slots[slots], v_slots[slots] = k, v
+        keys.append(k.to(device))
+        values.append(v.to(device))
+    query_start_loc = torch.zeros(len(q_lens) + 1, dtype=torch.int32)
+    query_start_loc[1:] = torch.tensor(q_lens, dtype=torch.int32).cumsum(0)
+    pool = (num_blocks, block_size, num_kv_heads, head_dim)
+    return PagedInputs(
+        q=q.to(device),
+        k_cache=k_slots.view(pool).to(device),
+        v_cache=v_slots.view(pool).to(device),
+        block_table=table.to(device),
+        seq_lens=torch.tensor(seq_lens, dtype=torch.int32, device=device),
+        query_start_loc=query_start_loc.to(device),
+        keys=tuple(keys),
+        values=tuple(values),
+    )

@@ -1,0 +1,58 @@
+"""The harness's truth: attention in float64 on the CPU, written from the definition.
+
+It shares no code with the backends it grades: slots are found by flat index
+(``block * block_size + offset``), the softmax is spelled out, and every number is
+float64, so its own rounding is about 1e-16, far under any tolerance graded against it.
+"""
+
+from __future__ import annotations
+
+import torch
+
+
+def paged_attention_oracle(
+    q, k_cache, v_cache, block_table, seq_lens, query_start_loc=None, scale=None, device="cpu"
+) -> torch.Tensor:
+    """Exact paged attention.
+
+    q               [num_tokens, num_q_heads, head_dim]
+    k_cache/v_cache [num_blocks, block_size, num_kv_heads, head_dim]
+    block_table     [num_seqs, max_blocks_per_seq] int
+    seq_lens        [num_seqs] int
+    query_start_loc [num_seqs + 1] int, or None for one query per sequence
+    device          where the float64 arithmetic runs (the CPU by default)
+    returns         [num_tokens, num_q_heads, head_dim] float64 on ``device``
+    """
+    q = q.detach().to(device, torch.float64)
+    num_blocks, block_size, num_kv_heads, head_dim = k_cache.shape
+    k_slots = k_cache.detach().reshape(num_blocks * block_size, num_kv_heads, head_dim)  # dtype kept: no
+    v_slots = v_cache.detach().reshape(num_blocks * block_size, num_kv_heads, head_dim)  # float64 pool copy
+    table = block_table.detach().cpu().long()
+    lens = seq_lens.detach().cpu().tolist()
+    num_seqs = len(lens)
+    if query_start_loc is None:
+        starts = list(range(num_seqs + 1))
+    else:
+        starts = query_start_loc.detach().cpu().tolist()
+    num_q_heads = q.shape[1]
+    kv_head_of = (torch.arange(num_q_heads) // (num_q_heads // num_kv_heads)).to(k_cache.device)
+    scale = head_dim**-0.5 if scale is None else float(scale)
+
+    expected = torch.zeros(q.shape, dtype=torch.float64, device=device)
+    for seq in range(num_seqs):
+        q_len, seq_len = starts[seq + 1] - starts[seq], lens[seq]
+        if q_len == 0:
+            continue
+        pos = torch.arange(seq_len)
+        slots = (table[seq, pos // block_size] * block_size + pos % block_size).to(k_cache.device)
+        k = k_slots[slots][:, kv_head_of].to(device, torch.float64)  # [seq_len, num_q_heads, head_dim]
+        v = v_slots[slots][:, kv_head_of].to(device, torch.float64)
+        pos = pos.to(device)
+        qs = q[starts[seq] : starts[seq + 1]]  # [q_len, num_q_heads, head_dim]
+        logits = torch.einsum("qhd,khd->hqk", qs, k) * scale
+        q_pos = seq_len - q_len + torch.arange(q_len, device=device)
+        logits = logits.masked_fill(pos[None, None, :] > q_pos[None, :, None], float("-inf"))
+        weights = torch.exp(logits - logits.amax(-1, keepdim=True))
+        weights = weights / weights.sum(-1, keepdim=True)
+        expected[starts[seq] : starts[seq + 1]] = torch.einsum("hqk,khd->qhd", weights, v)
+    return expected

@@ -1,0 +1,88 @@
+"""Which backend serves a paged-attention read, and the read itself.
+
+The rule an engine follows: the Triton kernel on a CUDA device when Triton imports,
+tlsim (the same algorithm in torch) everywhere else. ``PAGED_ATTENTION_BACKEND`` in
+the environment, or the ``backend`` argument, forces one of ``triton``, ``tlsim`` or
+``reference``; forcing one that cannot run here is an error, never a silent fallback.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+from collections.abc import Callable
+
+import torch
+
+from .reference import paged_attention_reference
+from .tlsim import paged_attention_tlsim
+
+BACKEND_ENV = "PAGED_ATTENTION_BACKEND"
+DISPATCH_BACKENDS = ("triton", "tlsim", "reference")
+
+
+class BackendUnavailableError(RuntimeError):
+    """A forced backend cannot run on this machine or device."""
+
+
+@functools.cache
+def has_triton() -> bool:
+    """True when ``import triton`` works in this process."""
+    try:
+        import triton  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+def triton_unavailable_reason(device: torch.device | str) -> str | None:
+    """Why the Triton kernel cannot run on ``device``, or None when it can.
+
+    On a CPU it runs only under Triton's interpreter, which the user asks for with
+    TRITON_INTERPRET=1 (it is slow: minutes for what a GPU does in microseconds).
+    """
+    device = torch.device(device)
+    if not has_triton():
+        return "Triton is not installed (pip install triton, or a CUDA build of torch)"
+    if device.type == "cuda":
+        return None
+    if device.type == "cpu" and os.environ.get("TRITON_INTERPRET") == "1":
+        return None
+    return f"the Triton kernel needs a CUDA device (or TRITON_INTERPRET=1 on the CPU), got {device.type}"
+
+
+def select_backend(device: torch.device | str, backend: str | None = None) -> str:
+    """Name of the backend that serves a read on ``device``.
+
+    ``backend`` (else $PAGED_ATTENTION_BACKEND) forces one; otherwise "triton" on CUDA
+    when Triton imports, else "tlsim". Raises ValueError for an unknown name and
+    BackendUnavailableError when the forced backend cannot run on ``device``.
+    """
+    forced = backend or os.environ.get(BACKEND_ENV) or None
+    if forced is None:
+        return "triton" if torch.device(device).type == "cuda" and has_triton() else "tlsim"
+    if forced not in DISPATCH_BACKENDS:
+        source = "backend argument" if backend else f"${BACKEND_ENV}"
+        raise ValueError(f"{source} is {forced!r}; expected one of {', '.join(DISPATCH_BACKENDS)}")
+    if forced == "triton" and (reason := triton_unavailable_reason(device)):
+        raise BackendUnavailableError(f"backend 'triton' was forced but cannot run: {reason}")
+    return forced
+
+
+def _backend_fn(name: str) -> Callable[..., torch.Tensor]:
+    if name == "triton":
+        from .triton_paged import paged_attention_triton
+
+        return paged_attention_triton
+    return {"tlsim": paged_attention_tlsim, "reference": paged_attention_reference}[name]
+
+
+def paged_attention_dispatch(
+    q, k_cache, v_cache, block_table, seq_lens, query_start_loc=None, scale=None, out=None, *, backend=None
+) -> torch.Tensor:
+    """Paged attention through the backend :func:`select_backend` picks for q's device.
+
+    Arguments and result are the kernel contract of DESIGN.md; ``backend`` forces one.
+    """
+    fn = _backend_fn(select_backend(q.device, backend))
+    return fn(q, k_cache, v_cache, block_table, seq_lens, query_start_loc, scale, out)

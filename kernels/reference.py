@@ -1,0 +1,67 @@
+"""The engine's fallback oracle: gather each sequence's slots, then plain SDPA.
+
+It is deliberately the most obvious program: a Python loop over sequences, the pages
+gathered into a contiguous [seq_len, num_kv_heads, head_dim] copy, KV heads repeated
+for their query-head group, and torch's scaled_dot_product_attention in fp32 with the
+causal offset mask. The harness grades it against a float64 oracle like any backend.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from ._common import prepare_call, prepare_out
+
+
+def gather_kv(cache: torch.Tensor, block_table_row: torch.Tensor, seq_len: int) -> torch.Tensor:
+    """One sequence's keys (or values) in position order.
+
+    cache           [num_blocks, block_size, num_kv_heads, head_dim]
+    block_table_row [max_blocks_per_seq] int32; only the first ceil(seq_len / block_size) are read
+    returns         [seq_len, num_kv_heads, head_dim], a copy in the cache's dtype
+
+    Example: block_size 16, seq_len 45 reads 3 blocks; position 45 would be offset 13 of
+    the third (45 = 2 * 16 + 13), so the last block holds 13 live slots.
+    """
+    block_size = cache.shape[1]
+    num_used = -(-seq_len // block_size)
+    blocks = block_table_row[:num_used].long()
+    return cache[blocks].flatten(0, 1)[:seq_len]
+
+
+def causal_offset_mask(q_len: int, seq_len: int, device: torch.device) -> torch.Tensor:
+    """[q_len, seq_len] bool: query j sits at position seq_len - q_len + j and sees keys up to it."""
+    q_pos = torch.arange(seq_len - q_len, seq_len, device=device)
+    return torch.arange(seq_len, device=device)[None, :] <= q_pos[:, None]
+
+
+def paged_attention_reference(
+    q, k_cache, v_cache, block_table, seq_lens, query_start_loc=None, scale=None, out=None
+) -> torch.Tensor:
+    """Paged attention by gather + SDPA; arguments and result as in DESIGN.md's contract.
+
+    q               [num_tokens, num_q_heads, head_dim]
+    k_cache/v_cache [num_blocks, block_size, num_kv_heads, head_dim]
+    block_table     [num_seqs, max_blocks_per_seq] int32
+    seq_lens        [num_seqs] int32
+    query_start_loc [num_seqs + 1] int32 or None (one query per sequence)
+    returns         [num_tokens, num_q_heads, head_dim] in q's dtype (softmax in fp32)
+    """
+    call = prepare_call(q, k_cache, v_cache, block_table, seq_lens, query_start_loc, scale)
+    out = prepare_out(call, out)
+    starts = call.query_start_loc.tolist()
+    lens = call.seq_lens.tolist()
+    for seq, seq_len in enumerate(lens):
+        q_begin, q_end = starts[seq], starts[seq + 1]
+        if q_end == q_begin:
+            continue
+        k = gather_kv(k_cache, block_table[seq], seq_len).float()
+        v = gather_kv(v_cache, block_table[seq], seq_len).float()
+        k = k.repeat_interleave(call.group_size, dim=1).transpose(0, 1)  # [num_q_heads, seq_len, head_dim]
+        v = v.repeat_interleave(call.group_size, dim=1).transpose(0, 1)
+        q_seq = q[q_begin:q_end].float().transpose(0, 1)  # [num_q_heads, q_len, head_dim]
+        mask = causal_offset_mask(q_end - q_begin, seq_len, q.device)
+        o = F.scaled_dot_product_attention(q_seq, k, v, attn_mask=mask, scale=call.scale)
+        out[q_begin:q_end] = o.transpose(0, 1).to(out.dtype)
+    return out

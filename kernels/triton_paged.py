@@ -1,0 +1,219 @@
+"""Paged attention as one Triton kernel: decode, chunked prefill and GQA in a single launch.
+
+The idea, in a few lines:
+
+* One program owns one (sequence, KV head, query tile). Its BLOCK_M rows are BLOCK_Q
+  query tokens times the group_size query heads that read this KV head, so each KV tile
+  is loaded from the pool once and shared by the whole group (MHA: group 1, MQA: group
+  num_q_heads).
+* It walks the sequence's keys TILE_N positions at a time. Key position ``p`` lives in
+  physical block ``block_table[seq, p // block_size]`` at offset ``p % block_size``; for
+  block_size 16, position 45 is offset 13 of the table's third entry (45 = 2 * 16 + 13).
+  Tiles are independent of block_size, so any block size from 1 to 256 works.
+* Online softmax in base 2: ``s = (q . k) * scale * log2(e)``, running max ``m``, running
+  sum ``l``, and an fp32 accumulator rescaled by ``exp2(m_old - m_new)`` at every tile.
+* Causality: query j of a sequence with q_len queries sits at position
+  ``seq_len - q_len + j`` and sees keys ``0..position``. The tile loop stops at the last
+  position any row of the program can see.
+
+Precision: both dots accumulate in fp32. For fp32 inputs the dots run in IEEE fp32 on
+purpose (Triton's default is TF32, about 1e-3 relative error, which fails the fp32
+tolerance); p is cast to the value dtype before ``p @ v``, as FlashAttention does.
+``kernels.tlsim`` is this same algorithm in torch; keep the two in step.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import triton
+import triton.language as tl
+
+from ._common import choose_tiling, prepare_call, prepare_out
+
+
+@triton.jit
+def _bf16_rne(x):
+    """fp32 -> bf16 with round-to-nearest-even, done on the bits.
+
+    Triton 3.9's CPU interpreter truncates fp32 -> bf16 casts and multiplies bf16 dot
+    operands as integers; the GPU rounds to nearest even and multiplies floats. Under the
+    interpreter the kernel therefore rounds by hand and dots in fp32 (exact for bf16
+    products), so the interpreter predicts what the GPU computes. Finite inputs only.
+    """
+    bits = x.to(tl.uint32, bitcast=True)
+    bits = bits + 0x7FFF + ((bits >> 16) & 1)
+    return (bits >> 16).to(tl.uint16).to(tl.bfloat16, bitcast=True)
+
+
+@triton.jit
+def paged_attention_kernel(
+    # pointers
+    q_ptr,  # [num_tokens, num_q_heads, head_dim]
+    k_cache_ptr,  # [num_blocks, block_size, num_kv_heads, head_dim]
+    v_cache_ptr,  # [num_blocks, block_size, num_kv_heads, head_dim]
+    block_table_ptr,  # [num_seqs, max_blocks_per_seq] int32
+    seq_lens_ptr,  # [num_seqs] int32
+    query_start_loc_ptr,  # [num_seqs + 1] int32
+    out_ptr,  # [num_tokens, num_q_heads, head_dim]
+    # scalars
+    qk_scale_log2,  # softmax scale * log2(e)
+    # strides (the head_dim stride of every tensor is 1)
+    stride_q_token,
+    stride_q_head,
+    stride_o_token,
+    stride_o_head,
+    stride_k_block,
+    stride_k_slot,
+    stride_k_head,
+    stride_v_block,
+    stride_v_slot,
+    stride_v_head,
+    stride_bt_seq,
+    # meta-parameters
+    GROUP_SIZE: tl.constexpr,
+    HEAD_DIM: tl.constexpr,
+    HEAD_DIM_PADDED: tl.constexpr,
+    BLOCK_SIZE: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_Q: tl.constexpr,
+    TILE_N: tl.constexpr,
+    DOT_PRECISION: tl.constexpr,
+    INTERPRETED_BF16: tl.constexpr,  # bf16 under the CPU interpreter: see _bf16_rne
+):
+    seq = tl.program_id(0)
+    kv_head = tl.program_id(1)
+    q_tile = tl.program_id(2)
+
+    q_start = tl.load(query_start_loc_ptr + seq)
+    q_len = tl.load(query_start_loc_ptr + seq + 1) - q_start
+    if q_tile * BLOCK_Q >= q_len:  # q_len 0, or fewer tiles than the longest sequence
+        return
+    seq_len = tl.load(seq_lens_ptr + seq)
+
+    # Row r of the tile: query token q_tile * BLOCK_Q + r // GROUP_SIZE, head r % GROUP_SIZE.
+    rows = tl.arange(0, BLOCK_M)
+    token = q_tile * BLOCK_Q + rows // GROUP_SIZE
+    head = kv_head * GROUP_SIZE + rows % GROUP_SIZE
+    row_valid = (rows < BLOCK_Q * GROUP_SIZE) & (token < q_len)
+    q_pos = seq_len - q_len + token
+    dims = tl.arange(0, HEAD_DIM_PADDED)
+    dim_valid = dims < HEAD_DIM
+
+    q_rows = (q_start + token).to(tl.int64)
+    q_offs = q_rows[:, None] * stride_q_token + head[:, None] * stride_q_head + dims[None, :]
+    q_mask = row_valid[:, None] & dim_valid[None, :]
+    q = tl.load(q_ptr + q_offs, mask=q_mask, other=0.0)
+    if INTERPRETED_BF16:
+        q = q.to(tl.float32)
+
+    m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
+    l_i = tl.zeros([BLOCK_M], tl.float32)
+    acc = tl.zeros([BLOCK_M, HEAD_DIM_PADDED], tl.float32)
+
+    kv_end = seq_len - q_len + tl.minimum(q_len, (q_tile + 1) * BLOCK_Q)
+    for tile_start in range(0, kv_end, TILE_N):
+        k_pos = tile_start + tl.arange(0, TILE_N)
+        k_valid = k_pos < seq_len
+        block = tl.load(block_table_ptr + seq * stride_bt_seq + k_pos // BLOCK_SIZE, mask=k_valid, other=0)
+        block = block.to(tl.int64)
+        slot = k_pos % BLOCK_SIZE
+        kv_mask = k_valid[:, None] & dim_valid[None, :]
+
+        k_offs = block[:, None] * stride_k_block + slot[:, None] * stride_k_slot + kv_head * stride_k_head
+        k = tl.load(k_cache_ptr + k_offs + dims[None, :], mask=kv_mask, other=0.0)  # [TILE_N, HEAD_DIM_PADDED]
+        if INTERPRETED_BF16:
+            k = k.to(tl.float32)
+        s = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION, out_dtype=tl.float32) * qk_scale_log2
+        visible = (k_pos[None, :] <= q_pos[:, None]) & k_valid[None, :]
+        s = tl.where(visible, s, float("-inf"))  # [BLOCK_M, TILE_N]
+
+        m_new = tl.maximum(m_i, tl.max(s, 1))
+        alpha = tl.exp2(m_i - m_new)
+        p = tl.exp2(s - m_new[:, None])
+        l_i = l_i * alpha + tl.sum(p, 1)
+
+        v_offs = block[:, None] * stride_v_block + slot[:, None] * stride_v_slot + kv_head * stride_v_head
+        v = tl.load(v_cache_ptr + v_offs + dims[None, :], mask=kv_mask, other=0.0)
+        if INTERPRETED_BF16:  # bf16 x bf16 products are exact in fp32: only the sum order moves
+            p = _bf16_rne(p).to(tl.float32)
+            v = v.to(tl.float32)
+        else:
+            p = p.to(v.dtype)
+        pv = tl.dot(p, v, input_precision=DOT_PRECISION, out_dtype=tl.float32)
+        acc = acc * alpha[:, None] + pv
+        m_i = m_new
+
+    acc = acc / l_i[:, None]
+    if INTERPRETED_BF16:
+        acc = _bf16_rne(acc)
+    o_offs = q_rows[:, None] * stride_o_token + head[:, None] * stride_o_head + dims[None, :]
+    tl.store(out_ptr + o_offs, acc.to(out_ptr.dtype.element_ty), mask=q_mask)
+
+
+def _check_launchable(device: torch.device) -> None:
+    """Fail clearly when the kernel cannot launch on ``device``.
+
+    ``@triton.jit`` chooses between compiling and interpreting when Triton is imported,
+    from TRITON_INTERPRET; triton.language's own helpers are built the same way. So the
+    CPU needs TRITON_INTERPRET=1 in the environment before the first ``import triton``
+    (tests/conftest.py and the harness CLI set it when no GPU is present).
+    """
+    interpreted = not isinstance(paged_attention_kernel, triton.runtime.JITFunction)
+    if device.type != "cuda" and not interpreted:
+        raise RuntimeError(
+            f"the Triton kernel got {device.type} tensors but Triton was imported without "
+            "TRITON_INTERPRET=1; set it before Python starts to run the kernel on the CPU"
+        )
+
+
+def paged_attention_triton(
+    q, k_cache, v_cache, block_table, seq_lens, query_start_loc=None, scale=None, out=None
+) -> torch.Tensor:
+    """Paged attention through the Triton kernel (the contract in DESIGN.md).
+
+    q               [num_tokens, num_q_heads, head_dim], fp32/fp16/bf16
+    k_cache/v_cache [num_blocks, block_size, num_kv_heads, head_dim], q's dtype
+    block_table     [num_seqs, max_blocks_per_seq] int32; entries past a sequence's end ignored
+    seq_lens        [num_seqs] int32, KV length of each sequence including its new tokens
+    query_start_loc [num_seqs + 1] int32 or None (one query per sequence)
+    scale           softmax scale, default head_dim ** -0.5
+    out             optional [num_tokens, num_q_heads, head_dim] buffer, written and returned
+    returns         [num_tokens, num_q_heads, head_dim] in q's dtype
+
+    On CPU tensors the kernel runs under Triton's interpreter (slow: small cases only).
+    """
+    call = prepare_call(q, k_cache, v_cache, block_table, seq_lens, query_start_loc, scale)
+    out = prepare_out(call, out)
+    _check_launchable(q.device)
+    if call.num_seqs == 0 or q.shape[0] == 0:
+        return out
+    max_q_len = int(call.q_lens.max())
+    tiling = choose_tiling(call.head_dim, call.group_size, max_q_len)
+    q_c, k_c, v_c = (t if t.stride(-1) == 1 else t.contiguous() for t in (q, k_cache, v_cache))
+    out_c = out if out.stride(-1) == 1 else torch.empty_like(out, memory_format=torch.contiguous_format)
+    block_table_c = block_table.contiguous()
+    interpreted_bf16 = q.device.type != "cuda" and q.dtype == torch.bfloat16
+    grid = (call.num_seqs, call.num_kv_heads, triton.cdiv(max_q_len, tiling.BLOCK_Q))
+    paged_attention_kernel[grid](
+        q_c, k_c, v_c, block_table_c, call.seq_lens, call.query_start_loc, out_c,
+        call.scale * math.log2(math.e),
+        q_c.stride(0), q_c.stride(1), out_c.stride(0), out_c.stride(1),
+        k_c.stride(0), k_c.stride(1), k_c.stride(2),
+        v_c.stride(0), v_c.stride(1), v_c.stride(2),
+        block_table_c.stride(0),
+        GROUP_SIZE=call.group_size,
+        HEAD_DIM=call.head_dim,
+        HEAD_DIM_PADDED=tiling.HEAD_DIM_PADDED,
+        BLOCK_SIZE=call.block_size,
+        BLOCK_M=tiling.BLOCK_M,
+        BLOCK_Q=tiling.BLOCK_Q,
+        TILE_N=tiling.TILE_N,
+        DOT_PRECISION="ieee" if q.dtype == torch.float32 or interpreted_bf16 else "tf32",
+        INTERPRETED_BF16=interpreted_bf16,
+        num_warps=4 if tiling.BLOCK_M * tiling.HEAD_DIM_PADDED <= 64 * 128 else 8,
+    )  # fmt: skip
+    if out_c is not out:
+        out.copy_(out_c)
+    return out
