@@ -1,0 +1,63 @@
+"""Sessions: `nox -s tests` (what CI runs), `nox -s cpu` (a laptop's full run), `nox -s gpu`
+(a CUDA box), `nox -s bench` (pytest-benchmark, saved and compared across commits), `nox -s lint`.
+
+On a CPU machine torch is pinned to its CPU build (TORCH_SPEC, default torch==2.13.0, which
+this team's machines keep on local disk); an unpinned `torch` would pull a multi-GB CUDA
+build. The gpu session reuses the CUDA machine's own torch and Triton instead.
+"""
+
+from __future__ import annotations
+
+import os
+
+import nox
+
+nox.options.sessions = ["tests"]
+TORCH_SPEC = os.environ.get("TORCH_SPEC", "torch==2.13.0")
+
+
+def install_cpu(session: nox.Session, extras: str = "test,triton") -> None:
+    session.install(TORCH_SPEC)
+    session.install("-e", f".[{extras}]")
+
+
+@nox.session
+def tests(session: nox.Session) -> None:
+    """Unit tests of kernels and harness, and the smoke case suite; the Triton kernel runs interpreted."""
+    install_cpu(session)
+    session.run("python", "-m", "pytest", *session.posargs, env={"TRITON_INTERPRET": "1"})
+
+
+@nox.session
+def cpu(session: nox.Session) -> None:
+    """Everything a laptop can run: the tests, then the CPU case suite through every CPU backend, with a report."""
+    install_cpu(session)
+    env = {"TRITON_INTERPRET": "1"}
+    session.run("python", "-m", "pytest", env=env)
+    session.run("python", "-m", "harness", "run", "cases/cpu.toml", "--device", "cpu", *session.posargs, env=env)
+
+
+@nox.session(venv_params=["--system-site-packages"])
+def gpu(session: nox.Session) -> None:
+    """On a CUDA box: the tests natively (Triton compiled), then the GPU case suites, with a report."""
+    session.install("-e", ".[test]", "--no-deps")
+    session.run("python", "-m", "pytest")
+    session.run("python", "-m", "harness", "run", "cases/gpu.toml", "--device", "cuda", *session.posargs)
+
+
+@nox.session
+def bench(session: nox.Session) -> None:
+    """pytest-benchmark suite; results saved under .benchmarks/ and compared with the last saved run."""
+    install_cpu(session)
+    session.run(
+        "python", "-m", "pytest", "benchmarks", "--benchmark-enable", "--benchmark-only",
+        "--benchmark-autosave", "--benchmark-compare", "--benchmark-compare-fail=median:25%",
+        *session.posargs, env={"TRITON_INTERPRET": "1"},
+    )  # fmt: skip
+
+
+@nox.session
+def lint(session: nox.Session) -> None:
+    session.install("ruff")
+    session.run("ruff", "check", ".")
+    session.run("ruff", "format", "--check", ".")

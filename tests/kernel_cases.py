@@ -1,0 +1,75 @@
+"""Chosen shapes for the kernel tests: one dimension varied at a time around a base.
+
+Each case names what it pins. Lengths around a block boundary (1, block-1, block,
+block+1) catch off-by-one reads at the end of a sequence's last block; q_len 0 and
+q_len > 1 rows catch a wrong causal offset; shuffled and shared tables catch code that
+assumes blocks are laid out in order or owned once.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, replace
+
+from harness.inputs import PagedInputs, make_inputs
+
+
+@dataclass(frozen=True)
+class KernelCase:
+    name: str
+    num_q_heads: int = 8
+    num_kv_heads: int = 2
+    head_dim: int = 64
+    block_size: int = 16
+    seq_lens: tuple[int, ...] = (1, 15, 16, 17, 35)
+    q_lens: tuple[int, ...] = (1, 0, 1, 2, 4)
+    dtype: str = "float32"
+    layout: str = "shuffled"
+    input_scale: float = 1.0
+    seed: int = 0
+
+    def __str__(self) -> str:
+        return self.name
+
+    def inputs(self, device: str = "cpu") -> PagedInputs:
+        fields = asdict(self)
+        del fields["name"]
+        fields["seq_lens"], fields["q_lens"] = list(self.seq_lens), list(self.q_lens)
+        return make_inputs(**fields, device=device)
+
+
+def boundary_lengths(block_size: int) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    """seq_lens 1, block-1, block, block+1, 2*block+3 with q_lens 1, 0, 1, 2, 4."""
+    return (1, max(block_size - 1, 1), block_size, block_size + 1, 2 * block_size + 3), (1, 0, 1, 2, 4)
+
+
+BASE = KernelCase("base")
+
+
+def _vary(name: str, **changes) -> KernelCase:
+    return replace(BASE, name=name, **changes)
+
+
+KERNEL_CASES: list[KernelCase] = [
+    BASE,
+    *(
+        _vary(f"block{bs}", block_size=bs, seq_lens=boundary_lengths(bs)[0], q_lens=boundary_lengths(bs)[1])
+        for bs in (1, 5, 16, 64, 256)
+    ),
+    _vary("mha", num_q_heads=4, num_kv_heads=4),
+    _vary("mqa", num_q_heads=8, num_kv_heads=1),
+    _vary("gqa_group6", num_q_heads=12, num_kv_heads=2),
+    *(_vary(f"head_dim{d}", head_dim=d) for d in (32, 80, 96, 128, 256)),
+    _vary("layout_contiguous", layout="contiguous"),
+    _vary("layout_shared_prefix", layout="shared_prefix", seq_lens=(40, 35, 33, 48), q_lens=(1, 3, 0, 2)),
+    _vary("prefill_full", seq_lens=(37, 20), q_lens=(37, 20)),
+    _vary("prefill_chunk_many_tiles", num_q_heads=4, num_kv_heads=4, seq_lens=(90, 5), q_lens=(40, 3)),
+    _vary("spec_verify", seq_lens=(50, 51, 52), q_lens=(5, 5, 5)),
+    _vary("large_logits", input_scale=12.0),
+    _vary("long", num_q_heads=4, num_kv_heads=1, seq_lens=(3000, 2049), q_lens=(1, 9)),
+    *(
+        _vary(f"{dt}_prefill", dtype=dt, seq_lens=(1, 15, 40, 17), q_lens=(1, 0, 6, 2))
+        for dt in ("float16", "bfloat16")
+    ),
+    *(_vary(f"{dt}_mqa_block5", dtype=dt, num_kv_heads=1, block_size=5) for dt in ("float16", "bfloat16")),
+    _vary("bfloat16_large_logits", dtype="bfloat16", input_scale=6.0),
+]

@@ -1,0 +1,93 @@
+"""PagedKVCache: allocator bookkeeping, slot-mapping writes, and a read that dispatches."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import kernels
+from harness.grading import DEFAULT_TOLERANCES, grade
+from harness.oracle import paged_attention_oracle
+from kernels import cache as cache_module
+
+
+def make_cache(num_blocks=6, block_size=4, dtype=torch.float32):
+    return kernels.PagedKVCache(
+        num_layers=2, num_blocks=num_blocks, block_size=block_size, num_kv_heads=2, head_dim=32, dtype=dtype
+    )
+
+
+def test_append_maps_tokens_to_slots_of_allocated_blocks():
+    cache = make_cache()
+    cache.allocate(7)
+    slots = cache.append(7, 6)  # blocks 0 and 1: slots 0..5
+    assert slots.tolist() == [0, 1, 2, 3, 4, 5]
+    cache.allocate(8)
+    assert cache.append(8, 1).tolist() == [8]  # block 2, offset 0
+    assert cache.append(7, 3).tolist() == [6, 7, 12]  # fills block 1, then block 3
+    assert cache.block_table([7, 8]).tolist() == [[0, 1, 3], [2, -1, -1]]
+    assert cache.seq_lens([7, 8]).tolist() == [9, 1]
+
+
+def test_out_of_blocks_is_an_error_that_changes_nothing():
+    cache = make_cache(num_blocks=2)
+    cache.allocate(1)
+    cache.append(1, 5)
+    with pytest.raises(kernels.CacheFullError, match="needs 1 more blocks for 4 tokens but only 0 of 2 are free"):
+        cache.append(1, 4)
+    assert cache.seq_lens([1]).tolist() == [5]
+    assert cache.block_table([1]).tolist() == [[0, 1]]
+
+
+def test_free_returns_blocks_and_poisons_them():
+    cache = make_cache()
+    cache.allocate(1)
+    slots = cache.append(1, 4)
+    cache.write(0, slots, torch.ones(4, 2, 32), torch.ones(4, 2, 32))
+    assert not cache.k_caches[0][0].isnan().any()
+    cache.free(1)
+    assert cache.num_free_blocks == 6
+    assert cache.k_caches[0][0].isnan().all(), "a freed block must read as NaN"
+    cache.allocate(2)
+    assert cache.append(2, 1).tolist() == [0], "the freed block is reused"
+
+
+def test_read_calls_dispatcher_once_with_this_layers_pools(monkeypatch):
+    cache = make_cache()
+    cache.allocate(0)
+    cache.write(1, cache.append(0, 5), torch.randn(5, 2, 32), torch.randn(5, 2, 32))
+    calls = []
+
+    def fake_dispatch(q, k_cache, v_cache, block_table, seq_lens, query_start_loc, scale, out, backend):
+        calls.append((k_cache, v_cache, block_table.tolist(), seq_lens.tolist(), backend))
+        return q
+
+    monkeypatch.setattr(cache_module, "paged_attention_dispatch", fake_dispatch)
+    cache.paged_attention(1, torch.randn(1, 4, 32), [0])
+    assert len(calls) == 1
+    k_pool, v_pool, table, lens, backend = calls[0]
+    assert k_pool is cache.k_caches[1] and v_pool is cache.v_caches[1]
+    assert table == [[0, 1]] and lens == [5] and backend is None
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float16"])
+def test_read_matches_the_oracle_after_interleaved_appends(dtype):
+    """Two sequences appended in turns, so their blocks interleave in the pool."""
+    torch_dtype = getattr(torch, dtype)
+    cache = make_cache(num_blocks=12, block_size=4, dtype=torch_dtype)
+    gen = torch.Generator().manual_seed(3)
+    for seq_id in (0, 1):
+        cache.allocate(seq_id)
+    for step in range(5):
+        for seq_id in (0, 1):
+            n = 1 + (step + seq_id) % 4
+            kv = torch.randn(2, n, 2, 32, generator=gen).to(torch_dtype)
+            cache.write(0, cache.append(seq_id, n), kv[0], kv[1])
+    q = torch.randn(3, 4, 32, generator=gen).to(torch_dtype)
+    query_start_loc = torch.tensor([0, 2, 3], dtype=torch.int32)
+    got = cache.paged_attention(0, q, [0, 1], query_start_loc)
+    expected = paged_attention_oracle(
+        q, cache.k_caches[0], cache.v_caches[0], cache.block_table([0, 1]), cache.seq_lens([0, 1]), query_start_loc
+    )
+    result = grade(got, expected, *DEFAULT_TOLERANCES[dtype])
+    assert result.passed, result.reason
