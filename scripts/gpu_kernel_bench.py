@@ -41,14 +41,13 @@ def main() -> None:
         kv_bytes = 2 * n * seq_len * hkv * d * 2 + 2 * inputs.q.numel() * 2
         out = torch.empty_like(inputs.q)
         times = {}
+        args = inputs.args()
         for backend, fn in [
             ("triton", kernels.paged_attention_triton),
             ("tlsim", kernels.paged_attention_tlsim),
             ("reference", kernels.paged_attention_reference),
         ]:
-            times[backend] = 1e3 * triton.testing.do_bench(
-                lambda fn=fn: fn(*inputs.args(), out=out), return_mode="median"
-            )
+            times[backend] = 1e3 * triton.testing.do_bench(lambda fn=fn: fn(*args, out=out), return_mode="median")  # noqa: B023
         for backend, us in times.items():
             print(f"{name:32s} {backend:10s} {us:10.1f} {kv_bytes / us / 1e3:8.1f} {us / times['triton']:9.2f}")
 
