@@ -10,3 +10,5 @@ import torch
 
 if "TRITON_INTERPRET" not in os.environ and not torch.cuda.is_available():
     os.environ["TRITON_INTERPRET"] = "1"
+
+pytest_plugins = ["harness.pytest_plugin"]

@@ -1,0 +1,395 @@
+"""Case files: declarative TOML in, validated and expanded frozen cases out.
+
+A file holds optional ``[defaults]`` merged into every ``[[case]]``; a case may carry a
+``[case.sweep]`` table whose lists expand as a product, each point a case with a stable,
+readable id (``decode_gqa/head_dim=80/block_size=5``). Every point is validated on its
+own, so an error names the file, the case id and the field. No code is executed.
+
+Field names are the report's column names (num_q_heads, num_kv_heads, head_dim,
+block_size, seq_lens, q_lens, dtype, ...).
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+import tomllib
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal
+
+import torch
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+from kernels._common import MAX_BLOCK_SIZE, MAX_HEAD_DIM, MIN_BLOCK_SIZE, MIN_HEAD_DIM
+
+from .grading import DEFAULT_TOLERANCES
+
+DTypeName = Literal["float32", "float16", "bfloat16"]
+LayoutName = Literal["contiguous", "shuffled", "shared_prefix"]
+
+
+class CaseFileError(ValueError):
+    """A case file is unreadable or a case in it is invalid; the message names file, case and field."""
+
+
+class SeqLenGenerator(BaseModel):
+    """Seeded ragged lengths: ``count`` sequences with lengths in [min, max]."""
+
+    model_config = ConfigDict(extra="forbid")
+    count: int = Field(ge=1, le=4096)
+    min: int = Field(ge=1)
+    max: int = Field(ge=1)
+    distribution: Literal["uniform", "lognormal", "fixed"] = "uniform"
+
+    @model_validator(mode="after")
+    def _ordered(self) -> SeqLenGenerator:
+        if self.min > self.max:
+            raise ValueError(f"min ({self.min}) must be <= max ({self.max})")
+        return self
+
+
+class QLenGenerator(BaseModel):
+    """Seeded query lengths in [min, max], each capped at its sequence's length."""
+
+    model_config = ConfigDict(extra="forbid")
+    min: int = Field(ge=0)
+    max: int = Field(ge=0)
+
+    @model_validator(mode="after")
+    def _ordered(self) -> QLenGenerator:
+        if self.min > self.max:
+            raise ValueError(f"min ({self.min}) must be <= max ({self.max})")
+        return self
+
+
+class Tolerance(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    atol: float = Field(ge=0)
+    rtol: float = Field(ge=0)
+
+
+class CaseSpec(BaseModel):
+    """One ``[[case]]`` table (or one expanded sweep point of it)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    name: str = Field(pattern=r"^[A-Za-z0-9_.-]+$", description="unique within the file; ids derive from it")
+    num_q_heads: int = Field(ge=1, le=512)
+    num_kv_heads: int | None = Field(default=None, ge=1, le=512, description="give this or gqa_ratio")
+    gqa_ratio: int | None = Field(default=None, ge=1, description="num_q_heads // num_kv_heads")
+    head_dim: int = Field(ge=MIN_HEAD_DIM, le=MAX_HEAD_DIM)
+    block_size: int = Field(default=16, ge=MIN_BLOCK_SIZE, le=MAX_BLOCK_SIZE)
+    seq_lens: list[int] | SeqLenGenerator = Field(description="KV length per sequence, or a generator")
+    q_lens: int | list[int] | QLenGenerator = Field(default=1, description="queries per sequence; 1 is decode")
+    dtype: DTypeName = "float32"
+    layout: LayoutName = "shuffled"
+    input_scale: float = Field(default=1.0, gt=0, description="q and K are scaled by it: logits grow as its square")
+    seed: int = Field(default=0, ge=0)
+    tolerance: dict[DTypeName, Tolerance] = Field(default_factory=dict, description="per-dtype overrides")
+    backends: list[str] | None = Field(default=None, description="only these backends (default: all)")
+    exclude_backends: list[str] = Field(default_factory=list)
+    tags: list[str] = Field(default_factory=list)
+    sweep: dict[str, list[Any]] = Field(default_factory=dict, description="field -> values, expanded as a product")
+
+    @field_validator("seq_lens")
+    @classmethod
+    def _positive_lengths(cls, value):
+        if isinstance(value, list):
+            if not value:
+                raise ValueError("needs at least one sequence")
+            if any(n < 1 for n in value):
+                raise ValueError(f"every length must be >= 1, got {value}")
+        return value
+
+    @field_validator("sweep")
+    @classmethod
+    def _sweepable(cls, value: dict[str, list[Any]]):
+        for key, values in value.items():
+            if key in ("name", "sweep") or key not in cls.model_fields:
+                raise ValueError(f"cannot sweep {key!r}: not a case field")
+            if not values:
+                raise ValueError(f"sweep of {key!r} has no values")
+        return value
+
+    @model_validator(mode="after")
+    def _consistent(self) -> CaseSpec:
+        if self.sweep:  # checked per expanded point instead
+            return self
+        kv = self.resolved_num_kv_heads()
+        if self.num_q_heads % kv:
+            raise ValueError(f"num_q_heads ({self.num_q_heads}) must be a multiple of num_kv_heads ({kv})")
+        if isinstance(self.q_lens, list):
+            if not isinstance(self.seq_lens, list) or len(self.q_lens) != len(self.seq_lens):
+                raise ValueError("a q_lens list needs an explicit seq_lens list of the same length")
+            bad = [
+                (i, q, s) for i, (q, s) in enumerate(zip(self.q_lens, self.seq_lens, strict=True)) if not 0 <= q <= s
+            ]
+            if bad:
+                i, q, s = bad[0]
+                raise ValueError(f"q_lens[{i}] = {q} must be between 0 and seq_lens[{i}] = {s}")
+        elif isinstance(self.q_lens, int):
+            shortest = min(self.seq_lens) if isinstance(self.seq_lens, list) else self.seq_lens.min
+            if not 0 <= self.q_lens <= shortest:
+                raise ValueError(f"q_lens = {self.q_lens} must be between 0 and the shortest seq_len ({shortest})")
+        return self
+
+    def resolved_num_kv_heads(self) -> int:
+        if (self.num_kv_heads is None) == (self.gqa_ratio is None):
+            raise ValueError("give exactly one of num_kv_heads and gqa_ratio")
+        if self.num_kv_heads is not None:
+            return self.num_kv_heads
+        if self.num_q_heads % self.gqa_ratio:
+            raise ValueError(f"gqa_ratio ({self.gqa_ratio}) must divide num_q_heads ({self.num_q_heads})")
+        return self.num_q_heads // self.gqa_ratio
+
+
+@dataclass(frozen=True)
+class Case:
+    """One expanded, validated case: everything the runner needs, lengths materialized."""
+
+    id: str
+    file: str
+    num_q_heads: int
+    num_kv_heads: int
+    head_dim: int
+    block_size: int
+    seq_lens: tuple[int, ...]
+    q_lens: tuple[int, ...]
+    dtype: str
+    layout: str
+    input_scale: float
+    seed: int
+    atol: float
+    rtol: float
+    backends: tuple[str, ...] | None
+    exclude_backends: tuple[str, ...]
+    tags: tuple[str, ...]
+
+    def __str__(self) -> str:
+        return self.id
+
+    @property
+    def num_seqs(self) -> int:
+        return len(self.seq_lens)
+
+    @property
+    def max_seq_len(self) -> int:
+        return max(self.seq_lens)
+
+    @property
+    def group_size(self) -> int:
+        return self.num_q_heads // self.num_kv_heads
+
+    def wants(self, backend: str) -> bool:
+        """Whether the case file asks for this backend."""
+        return (self.backends is None or backend in self.backends) and backend not in self.exclude_backends
+
+    def estimated_bytes(self) -> int:
+        """Rough peak memory of running the case: pools, q/out, float64 oracle, tlsim tiles."""
+        elt = torch.finfo(getattr(torch, self.dtype)).bits // 8
+        kv_slots = sum(-(-n // self.block_size) for n in self.seq_lens) * self.block_size * 9 // 8
+        pools = 2 * kv_slots * self.num_kv_heads * self.head_dim * elt
+        tokens = sum(self.q_lens)
+        rows = tokens * self.num_q_heads * self.head_dim
+        oracle = 8 * (2 * rows + 2 * self.max_seq_len * self.num_q_heads * self.head_dim)
+        tlsim = 4 * self.num_seqs * self.num_q_heads * max(self.q_lens) * (self.head_dim + 64) * 3
+        return pools + 4 * rows * elt + oracle + tlsim
+
+
+def _lengths(spec: CaseSpec) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    """Materialize seq_lens and q_lens from lists or seeded generators."""
+    gen = torch.Generator().manual_seed(spec.seed)
+    if isinstance(spec.seq_lens, SeqLenGenerator):
+        g = spec.seq_lens
+        if g.distribution == "fixed":
+            seq = [g.max] * g.count
+        elif g.distribution == "uniform":
+            seq = torch.randint(g.min, g.max + 1, (g.count,), generator=gen).tolist()
+        else:  # lognormal around the geometric mean, most mass inside [min, max]
+            mu, sigma = math.log(math.sqrt(g.min * g.max)), max(math.log(g.max / g.min) / 4, 1e-6)
+            draws = torch.exp(mu + sigma * torch.randn(g.count, generator=gen, dtype=torch.float64))
+            seq = draws.round().clamp(g.min, g.max).long().tolist()
+    else:
+        seq = list(spec.seq_lens)
+    if isinstance(spec.q_lens, int):
+        q = [spec.q_lens] * len(seq)
+    elif isinstance(spec.q_lens, list):
+        q = list(spec.q_lens)
+    else:
+        q = [int(torch.randint(min(spec.q_lens.min, n), min(spec.q_lens.max, n) + 1, (1,), generator=gen)) for n in seq]
+    return tuple(seq), tuple(q)
+
+
+def _point_id(name: str, point: dict[str, Any]) -> str:
+    def short(value: Any) -> str:
+        if isinstance(value, list):
+            return "x".join(map(str, value)) if len(value) <= 4 else f"{len(value)}seqs"
+        if isinstance(value, dict):
+            return "-".join(f"{k}{v}" for k, v in value.items())
+        return str(value)
+
+    return "/".join([name, *(f"{k}={short(v)}" for k, v in point.items())])
+
+
+def _format_errors(file: str, case_id: str, error: ValidationError) -> list[str]:
+    lines = []
+    for item in error.errors():
+        field = ".".join(str(part) for part in item["loc"]) or _case_field_for(item["msg"])
+        lines.append(f"{file}: case '{case_id}': field '{field}': {item['msg']}")
+    return lines
+
+
+def _case_field_for(message: str) -> str:
+    """The field a cross-field check is about (pydantic gives such errors no location)."""
+    for field in ("q_lens", "gqa_ratio", "num_kv_heads", "num_q_heads"):
+        if field in message:
+            return field
+    return "(case)"
+
+
+def expand_spec(raw: dict[str, Any], file: str) -> list[Case]:
+    """Validate one ``[[case]]`` table (defaults already merged) and expand its sweep."""
+    name = str(raw.get("name", "?"))
+    try:
+        spec = CaseSpec.model_validate(raw)
+    except ValidationError as error:
+        raise CaseFileError("\n".join(_format_errors(file, name, error))) from None
+    keys = list(spec.sweep)
+    cases, errors = [], []
+    for values in itertools.product(*spec.sweep.values()) if keys else [()]:
+        point = dict(zip(keys, values, strict=True))
+        case_id = _point_id(spec.name, point)
+        data = {**raw, **point, "sweep": {}}
+        try:
+            p = CaseSpec.model_validate(data)
+        except ValidationError as error:
+            errors.extend(_format_errors(file, case_id, error))
+            continue
+        seq, q = _lengths(p)
+        atol, rtol = DEFAULT_TOLERANCES[p.dtype]
+        if p.dtype in p.tolerance:
+            atol, rtol = p.tolerance[p.dtype].atol, p.tolerance[p.dtype].rtol
+        cases.append(
+            Case(
+                id=case_id,
+                file=file,
+                num_q_heads=p.num_q_heads,
+                num_kv_heads=p.resolved_num_kv_heads(),
+                head_dim=p.head_dim,
+                block_size=p.block_size,
+                seq_lens=seq,
+                q_lens=q,
+                dtype=p.dtype,
+                layout=p.layout,
+                input_scale=p.input_scale,
+                seed=p.seed,
+                atol=atol,
+                rtol=rtol,
+                backends=tuple(p.backends) if p.backends is not None else None,
+                exclude_backends=tuple(p.exclude_backends),
+                tags=tuple(p.tags),
+            )
+        )
+    if errors:
+        raise CaseFileError("\n".join(errors))
+    return cases
+
+
+def load_case_file(path: str | Path) -> list[Case]:
+    """All cases of one TOML file, expanded; CaseFileError on any problem."""
+    path = Path(path)
+    file = str(path)
+    try:
+        data = tomllib.loads(path.read_text())
+    except FileNotFoundError:
+        raise CaseFileError(f"{file}: no such case file") from None
+    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as error:
+        raise CaseFileError(f"{file}: not valid TOML: {error}") from None
+    unknown = set(data) - {"defaults", "case"}
+    if unknown:
+        raise CaseFileError(f"{file}: unknown top-level key(s) {sorted(unknown)}; expected [defaults] and [[case]]")
+    defaults = data.get("defaults", {})
+    tables = data.get("case", [])
+    if not isinstance(defaults, dict) or not isinstance(tables, list) or not tables:
+        raise CaseFileError(f"{file}: needs at least one [[case]] table (and [defaults] must be a table)")
+    cases: list[Case] = []
+    errors: list[str] = []
+    for table in tables:
+        try:
+            cases.extend(expand_spec({**defaults, **table}, file))
+        except CaseFileError as error:
+            errors.append(str(error))
+    seen: set[str] = set()
+    for case in cases:
+        if case.id in seen:
+            errors.append(f"{file}: case '{case.id}': field 'name': the same id appears twice")
+        seen.add(case.id)
+    if errors:
+        raise CaseFileError("\n".join(errors))
+    return cases
+
+
+def resolve_case_paths(paths: list[str | Path]) -> list[Path]:
+    """Files as given; a directory stands for every *.toml in it, sorted."""
+    files: list[Path] = []
+    for p in map(Path, paths):
+        files.extend(sorted(p.glob("*.toml")) if p.is_dir() else [p])
+    return files
+
+
+def device_memory_bytes(device: str) -> int:
+    """Total memory of the device a case runs on (GPU memory, or the machine's RAM)."""
+    if torch.device(device).type == "cuda":
+        return torch.cuda.get_device_properties(torch.device(device)).total_memory
+    import os
+
+    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+
+
+def load_cases(paths: list[str | Path], device: str = "cpu", tags: list[str] | None = None) -> list[Case]:
+    """Load, validate and expand case files; keep cases with any of ``tags``; check memory.
+
+    Raises CaseFileError listing every problem found (file, case id, field).
+    """
+    cases: list[Case] = []
+    errors: list[str] = []
+    for file in resolve_case_paths(paths):
+        try:
+            cases.extend(load_case_file(file))
+        except CaseFileError as error:
+            errors.append(str(error))
+    if errors:
+        raise CaseFileError("\n".join(errors))
+    if tags:
+        cases = [c for c in cases if set(tags) & set(c.tags)]
+    budget = device_memory_bytes(device) * 0.8
+    for case in cases:
+        need = case.estimated_bytes()
+        if need > budget:
+            errors.append(
+                f"{case.file}: case '{case.id}': field 'seq_lens': too large for {device} memory: "
+                f"needs about {need / 2**30:.1f} GiB, 80% of the device is {budget / 2**30:.1f} GiB"
+            )
+    if errors:
+        raise CaseFileError("\n".join(errors))
+    return cases
+
+
+def case_file_schema() -> dict[str, Any]:
+    """JSON Schema of a case file, for editors (taplo, VS Code Even Better TOML)."""
+    case_schema = CaseSpec.model_json_schema()
+    defs = case_schema.pop("$defs", {})
+    defaults = {**case_schema, "required": [], "title": "Defaults"}
+    return {
+        "$schema": "https://json-schema.org/draft/2020-12/schema",
+        "title": "Paged-attention harness case file",
+        "type": "object",
+        "additionalProperties": False,
+        "properties": {
+            "defaults": defaults,
+            "case": {"type": "array", "minItems": 1, "items": case_schema},
+        },
+        "required": ["case"],
+        "$defs": defs,
+    }

@@ -1,0 +1,53 @@
+"""Run options, defined once and added to both the CLI (argparse) and pytest.
+
+Destinations carry a ``harness_`` prefix: pytest itself keeps ``-p`` in ``plugins``.
+
+The noxfile passes its arguments through to these same flags.
+"""
+
+from __future__ import annotations
+
+import argparse
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+
+def default_device() -> str:
+    return "cuda" if torch.cuda.is_available() else "cpu"
+
+
+@dataclass(frozen=True)
+class Option:
+    flag: str
+    help: str
+    kwargs: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def dest(self) -> str:
+        return self.kwargs.get("dest", self.flag.lstrip("-").replace("-", "_"))
+
+
+RUN_OPTIONS = [
+    Option("--backend", "run only this backend (repeatable); default: every registered backend",
+           {"action": "append", "dest": "harness_backends", "metavar": "NAME"}),
+    Option("--device", "cpu or cuda; default: cuda when a GPU is present",
+           {"choices": ["cpu", "cuda"], "dest": "harness_device"}),
+    Option("--plugin", "import MODULE_OR_PATH, which calls harness.register_backend (repeatable)",
+           {"action": "append", "dest": "harness_plugins", "default": [], "metavar": "MODULE_OR_PATH"}),
+    Option("--tag", "run only cases carrying this tag (repeatable)", {"action": "append", "dest": "harness_tags", "metavar": "TAG"}),
+    Option("--oracle-device", "where the float64 oracle runs; default: the CPU",
+           {"choices": ["cpu", "cuda"], "dest": "harness_oracle_device"}),
+]  # fmt: skip
+
+
+def add_to_argparse(parser: argparse.ArgumentParser) -> None:
+    for option in RUN_OPTIONS:
+        parser.add_argument(option.flag, help=option.help, **option.kwargs)
+
+
+def add_to_pytest(group) -> None:
+    """``group`` is a pytest OptionGroup (parser.getgroup(...)); it takes argparse-style kwargs."""
+    for option in RUN_OPTIONS:
+        group.addoption(option.flag, help=option.help, **option.kwargs)

@@ -1,0 +1,113 @@
+"""pytest plugin: case files drive tests, one per (case, backend), with readable ids.
+
+Enable it with ``pytest_plugins = ["harness.pytest_plugin"]`` in a conftest.py (this
+repository's tests/conftest.py does). Options (shared with the CLI, see harness.options):
+
+    --cases PATH         case file or folder (repeatable; default cases/smoke.toml)
+    --backend NAME       only this backend (repeatable)
+    --device cpu|cuda    default: cuda when a GPU is present
+    --plugin MOD         import a module that calls harness.register_backend (repeatable)
+    --tag TAG            only cases with this tag (repeatable)
+    --harness-report DIR write the usual run folder (parquet, csv, meta, html) at the end
+    --harness-timing     also time every row (off by default: tests grade, benchmarks time)
+
+A test function asks for the fixtures ``harness_case`` and ``harness_backend`` and calls
+``harness_session.run(case, backend)``, which returns the report row.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+
+from .options import add_to_pytest, default_device
+
+DEFAULT_CASES = ["cases/smoke.toml"]
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    group = parser.getgroup("paged-attention harness")
+    group.addoption("--cases", action="append", default=None, metavar="PATH", help="case file or folder (repeatable)")
+    add_to_pytest(group)
+    group.addoption("--harness-report", type=Path, default=None, metavar="DIR", help="write a run folder at the end")
+    group.addoption("--harness-timing", action="store_true", help="time every (case, backend) row too")
+
+
+class HarnessSession:
+    """Per pytest session: the selected cases and backends, a one-case context cache, the rows."""
+
+    def __init__(self, config: pytest.Config):
+        from .backends import load_plugin, resolve_backends
+        from .cases import CaseFileError, load_cases
+        from .runner import RunConfig
+
+        self.device = config.getoption("harness_device") or default_device()
+        try:
+            for plugin in config.getoption("harness_plugins"):
+                load_plugin(plugin)
+            backends = resolve_backends(config.getoption("harness_backends"))
+            self.cases = load_cases(
+                config.getoption("cases") or DEFAULT_CASES, self.device, config.getoption("harness_tags")
+            )
+        except (CaseFileError, ValueError) as error:
+            raise pytest.UsageError(str(error)) from None
+        self.config = RunConfig(
+            device=self.device,
+            backends=backends,
+            timing=config.getoption("harness_timing"),
+            oracle_device=config.getoption("harness_oracle_device") or "cpu",
+            progress=False,
+        )
+        self.rows: list[dict] = []
+        self._context = None
+
+    def run(self, case, backend) -> dict:
+        from .runner import build_context, run_backend
+
+        if self._context is None or self._context.case is not case:
+            self._context = None  # free the previous case's tensors first
+            self._context = build_context(case, self.device, self.config.oracle_device)
+        row = run_backend(self._context, backend, self.config)
+        self.rows.append(row)
+        return row
+
+
+_SESSION_KEY = pytest.StashKey[HarnessSession]()
+
+
+def _session(config: pytest.Config) -> HarnessSession:
+    if _SESSION_KEY not in config.stash:
+        config.stash[_SESSION_KEY] = HarnessSession(config)
+    return config.stash[_SESSION_KEY]
+
+
+def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
+    if "harness_case" not in metafunc.fixturenames:
+        return
+    session = _session(metafunc.config)
+    params = [
+        pytest.param(case, backend, id=f"{case.id}-{backend.name}")
+        for case in session.cases
+        for backend in session.config.backends
+    ]
+    metafunc.parametrize(("harness_case", "harness_backend"), params)
+
+
+@pytest.fixture
+def harness_session(request: pytest.FixtureRequest) -> HarnessSession:
+    return _session(request.config)
+
+
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    target = session.config.getoption("harness_report", None)
+    if target is None or _SESSION_KEY not in session.config.stash:
+        return
+    from .report import collect_meta, write_run
+    from .runner import to_frame
+
+    harness = session.config.stash[_SESSION_KEY]
+    meta = collect_meta(harness.device, ["pytest", *sys.argv[1:]], {})
+    path = write_run(to_frame(harness.rows), meta, target)
+    print(f"\nharness report: {path / 'report.html'}")

@@ -1,0 +1,210 @@
+"""Run cases through backends: grade each against the oracle, time it, emit one row each.
+
+The runner knows nothing of files: it returns a DataFrame (and calls ``on_row`` per
+row), and :mod:`harness.report` stores it.
+"""
+
+from __future__ import annotations
+
+import traceback
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+
+import pandas as pd
+import torch
+from tqdm import tqdm
+
+from .backends import Backend
+from .cases import Case
+from .grading import grade
+from .inputs import PagedInputs, make_inputs
+from .metrics import bytes_moved, gbps, pct_of_ceiling
+from .oracle import paged_attention_oracle
+from .timing import time_call
+
+# The report's contract columns (DESIGN.md), then the case parameters and timing detail.
+COLUMNS = [
+    "case", "backend", "device", "dtype", "num_q_heads", "num_kv_heads", "head_dim", "block_size",
+    "num_seqs", "max_seq_len", "status", "reason", "max_abs_err", "max_rel_err", "rel_l2_err",
+    "nan_count", "atol", "rtol", "latency_us", "bytes_moved", "gbps", "pct_of_ceiling",
+    "group_size", "num_tokens", "max_q_len", "total_kv_tokens", "layout", "input_scale", "seed",
+    "tags", "case_file", "backend_kind", "note", "latency_p10_us", "latency_p90_us", "timing_reps",
+    "timing_method",
+]  # fmt: skip
+STATUSES = ("pass", "fail", "error", "skip")
+
+
+@dataclass(frozen=True)
+class RunConfig:
+    """How to run: device, backends, timing on/off, where the float64 oracle runs, the ceiling."""
+
+    device: str
+    backends: list[Backend]
+    timing: bool = True
+    oracle_device: str = "cpu"
+    ceiling_gbps: float | None = None
+    progress: bool = True
+
+
+@dataclass(frozen=True)
+class CaseContext:
+    """A case's inputs and its oracle output, built once and shared by every backend."""
+
+    case: Case
+    inputs: PagedInputs
+    expected: torch.Tensor  # [num_tokens, num_q_heads, head_dim] float64
+
+
+def build_context(case: Case, device: str, oracle_device: str) -> CaseContext:
+    inputs = make_inputs(
+        num_q_heads=case.num_q_heads,
+        num_kv_heads=case.num_kv_heads,
+        head_dim=case.head_dim,
+        block_size=case.block_size,
+        seq_lens=list(case.seq_lens),
+        q_lens=list(case.q_lens),
+        dtype=case.dtype,
+        layout=case.layout,
+        input_scale=case.input_scale,
+        seed=case.seed,
+        device=device,
+    )
+    return CaseContext(case, inputs, paged_attention_oracle(*inputs.args(), device=oracle_device))
+
+
+def case_columns(case: Case, device: str) -> dict:
+    return {
+        "case": case.id,
+        "device": device,
+        "dtype": case.dtype,
+        "num_q_heads": case.num_q_heads,
+        "num_kv_heads": case.num_kv_heads,
+        "head_dim": case.head_dim,
+        "block_size": case.block_size,
+        "num_seqs": case.num_seqs,
+        "max_seq_len": case.max_seq_len,
+        "atol": case.atol,
+        "rtol": case.rtol,
+        "bytes_moved": bytes_moved(case),
+        "group_size": case.group_size,
+        "num_tokens": sum(case.q_lens),
+        "max_q_len": max(case.q_lens),
+        "total_kv_tokens": sum(case.seq_lens),
+        "layout": case.layout,
+        "input_scale": case.input_scale,
+        "seed": case.seed,
+        "tags": ",".join(case.tags),
+        "case_file": case.file,
+    }
+
+
+def _error_reason(error: BaseException) -> str:
+    last = traceback.extract_tb(error.__traceback__)[-1] if error.__traceback__ else None
+    where = f" (at {last.filename.rsplit('/', 1)[-1]}:{last.lineno})" if last else ""
+    message = str(error).strip().splitlines()[0] if str(error).strip() else ""
+    return f"{type(error).__name__}: {message[:300]}{where}"
+
+
+def run_backend(ctx: CaseContext, backend: Backend, config: RunConfig) -> dict:
+    """One report row: skip, error, or the grade (and timing) of one backend on one case."""
+    case = ctx.case
+    row = {**case_columns(case, config.device), "backend": backend.name, "backend_kind": backend.kind}
+    if reason := backend.skip_reason(case, config.device):
+        return {**row, "status": "skip", "reason": reason}
+    try:
+        out = torch.full_like(ctx.inputs.q, float("nan"))  # an element the backend does not write fails
+        prepared = backend.prepare(case, ctx.inputs, out)
+        result = grade(prepared.to_packed(prepared.run()), ctx.expected, case.atol, case.rtol)
+        row.update(
+            status="pass" if result.passed else "fail",
+            reason=result.reason,
+            note=prepared.note,
+            max_abs_err=result.max_abs_err,
+            max_rel_err=result.max_rel_err,
+            rel_l2_err=result.rel_l2_err,
+            nan_count=result.nan_count,
+        )
+        if config.timing:
+            timing = time_call(prepared.run, config.device, graphable=backend.graphable)
+            row.update(
+                latency_us=timing.median_us,
+                latency_p10_us=timing.quantile(0.1),
+                latency_p90_us=timing.quantile(0.9),
+                timing_reps=len(timing.samples_us),
+                timing_method=timing.method,
+                gbps=gbps(row["bytes_moved"], timing.median_us),
+            )
+            if config.ceiling_gbps:
+                row["pct_of_ceiling"] = pct_of_ceiling(row["gbps"], config.ceiling_gbps)
+    except Exception as error:  # a raising backend is an error row; the run goes on
+        if torch.device(config.device).type == "cuda":
+            torch.cuda.synchronize()
+        return {**row, "status": "error", "reason": _error_reason(error)}
+    return row
+
+
+def run_cases(cases: Iterable[Case], config: RunConfig, on_row: Callable[[dict], None] | None = None) -> pd.DataFrame:
+    """Every case through every configured backend; one row per (case, backend)."""
+    cases = list(cases)
+    rows: list[dict] = []
+    total = len(cases) * len(config.backends)
+    with tqdm(total=total, desc="cases x backends", unit="run", disable=not config.progress or total < 4) as bar:
+        for case in cases:
+            bar.set_postfix_str(case.id[-40:])
+            try:
+                ctx = build_context(case, config.device, config.oracle_device)
+            except Exception as error:  # inputs or oracle failed (out of memory, say): every row errors
+                reason = f"building inputs/oracle: {_error_reason(error)}"
+                ctx_rows = [
+                    {**case_columns(case, config.device), "backend": b.name, "backend_kind": b.kind,
+                     "status": "error", "reason": reason}
+                    for b in config.backends
+                ]  # fmt: skip
+            else:
+                ctx_rows = [run_backend(ctx, backend, config) for backend in config.backends]
+                del ctx
+            for row in ctx_rows:
+                rows.append(row)
+                if on_row:
+                    on_row(row)
+                bar.update()
+    return to_frame(rows)
+
+
+def to_frame(rows: list[dict]) -> pd.DataFrame:
+    """Rows as a DataFrame with every report column, in order (absent values are NaN)."""
+    frame = pd.DataFrame(rows, columns=COLUMNS)
+    for column in ("reason", "note", "timing_method", "tags"):
+        frame[column] = frame[column].fillna("").astype(str)
+    return frame
+
+
+def summarize(frame: pd.DataFrame) -> str:
+    """A short text summary: status counts per backend, the worst error, the slowest case."""
+    if frame.empty:
+        return "no rows"
+    counts = frame.pivot_table(index="backend", columns="status", values="case", aggfunc="count", fill_value=0)
+    counts = counts.reindex(columns=list(STATUSES), fill_value=0)
+    graded = frame[frame["status"].isin(["pass", "fail"])]
+    lines = [counts.to_string()]
+    if not graded.empty:
+        worst = graded.loc[(graded["max_abs_err"] / (graded["atol"] + 1e-300)).idxmax()]
+        lines.append(
+            f"worst error: {worst['backend']} on {worst['case']}: max abs {worst['max_abs_err']:.3g} "
+            f"(atol {worst['atol']:g}, rel L2 {worst['rel_l2_err']:.3g})"
+        )
+    timed = frame.dropna(subset=["latency_us"])
+    if not timed.empty:
+        slow = timed.loc[timed["latency_us"].idxmax()]
+        lines.append(f"slowest: {slow['backend']} on {slow['case']}: {slow['latency_us']:.1f} us")
+    bad = frame[frame["status"].isin(["fail", "error"])]
+    for _, row in bad.head(10).iterrows():
+        lines.append(f"{row['status'].upper()}: {row['backend']} on {row['case']}: {row['reason']}")
+    if len(bad) > 10:
+        lines.append(f"... and {len(bad) - 10} more failures/errors (see the report)")
+    return "\n".join(lines)
+
+
+def exit_code(frame: pd.DataFrame) -> int:
+    """0 when every graded row is within tolerance, 1 when any row failed or errored."""
+    return 1 if frame["status"].isin(["fail", "error"]).any() else 0
