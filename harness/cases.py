@@ -33,6 +33,14 @@ class CaseFileError(ValueError):
     """A case file is unreadable or a case in it is invalid; the message names file, case and field."""
 
 
+class FieldError(ValueError):
+    """A cross-field check that fails, tagged with the field to blame in the message."""
+
+    def __init__(self, field: str, message: str):
+        super().__init__(message)
+        self.field = field
+
+
 class SeqLenGenerator(BaseModel):
     """Seeded ragged lengths: ``count`` sequences with lengths in [min, max]."""
 
@@ -118,29 +126,33 @@ class CaseSpec(BaseModel):
             return self
         kv = self.resolved_num_kv_heads()
         if self.num_q_heads % kv:
-            raise ValueError(f"num_q_heads ({self.num_q_heads}) must be a multiple of num_kv_heads ({kv})")
+            raise FieldError(
+                "num_q_heads", f"num_q_heads ({self.num_q_heads}) must be a multiple of num_kv_heads ({kv})"
+            )
         if isinstance(self.q_lens, list):
             if not isinstance(self.seq_lens, list) or len(self.q_lens) != len(self.seq_lens):
-                raise ValueError("a q_lens list needs an explicit seq_lens list of the same length")
+                raise FieldError("q_lens", "a q_lens list needs an explicit seq_lens list of the same length")
             bad = [
                 (i, q, s) for i, (q, s) in enumerate(zip(self.q_lens, self.seq_lens, strict=True)) if not 0 <= q <= s
             ]
             if bad:
                 i, q, s = bad[0]
-                raise ValueError(f"q_lens[{i}] = {q} must be between 0 and seq_lens[{i}] = {s}")
+                raise FieldError("q_lens", f"q_lens[{i}] = {q} must be between 0 and seq_lens[{i}] = {s}")
         elif isinstance(self.q_lens, int):
             shortest = min(self.seq_lens) if isinstance(self.seq_lens, list) else self.seq_lens.min
             if not 0 <= self.q_lens <= shortest:
-                raise ValueError(f"q_lens = {self.q_lens} must be between 0 and the shortest seq_len ({shortest})")
+                raise FieldError(
+                    "q_lens", f"q_lens = {self.q_lens} must be between 0 and the shortest seq_len ({shortest})"
+                )
         return self
 
     def resolved_num_kv_heads(self) -> int:
         if (self.num_kv_heads is None) == (self.gqa_ratio is None):
-            raise ValueError("give exactly one of num_kv_heads and gqa_ratio")
+            raise FieldError("num_kv_heads", "give exactly one of num_kv_heads and gqa_ratio")
         if self.num_kv_heads is not None:
             return self.num_kv_heads
         if self.num_q_heads % self.gqa_ratio:
-            raise ValueError(f"gqa_ratio ({self.gqa_ratio}) must divide num_q_heads ({self.num_q_heads})")
+            raise FieldError("gqa_ratio", f"gqa_ratio ({self.gqa_ratio}) must divide num_q_heads ({self.num_q_heads})")
         return self.num_q_heads // self.gqa_ratio
 
 
@@ -235,17 +247,10 @@ def _point_id(name: str, point: dict[str, Any]) -> str:
 def _format_errors(file: str, case_id: str, error: ValidationError) -> list[str]:
     lines = []
     for item in error.errors():
-        field = ".".join(str(part) for part in item["loc"]) or _case_field_for(item["msg"])
+        cause = item.get("ctx", {}).get("error")
+        field = ".".join(str(part) for part in item["loc"]) or getattr(cause, "field", "(case)")
         lines.append(f"{file}: case '{case_id}': field '{field}': {item['msg']}")
     return lines
-
-
-def _case_field_for(message: str) -> str:
-    """The field a cross-field check is about (pydantic gives such errors no location)."""
-    for field in ("q_lens", "gqa_ratio", "num_kv_heads", "num_q_heads"):
-        if field in message:
-            return field
-    return "(case)"
 
 
 def expand_spec(raw: dict[str, Any], file: str) -> list[Case]:

@@ -175,7 +175,7 @@ def to_frame(rows: list[dict]) -> pd.DataFrame:
     """Rows as a DataFrame with every report column, in order (absent values are NaN)."""
     frame = pd.DataFrame(rows, columns=COLUMNS)
     for column in ("reason", "note", "timing_method", "tags"):
-        frame[column] = frame[column].fillna("").astype(str)
+        frame[column] = frame[column].astype(object).fillna("").astype(str)
     return frame
 
 

@@ -1,0 +1,132 @@
+"""Case files: validation errors name file, case and field; sweeps expand with stable ids."""
+
+from __future__ import annotations
+
+import json
+import textwrap
+
+import pytest
+
+from harness.cases import CaseFileError, load_case_file, load_cases
+from harness.cli import main
+
+GOOD = """
+[defaults]
+num_q_heads = 8
+num_kv_heads = 2
+head_dim = 64
+seq_lens = [5, 17]
+
+[[case]]
+name = "base"
+"""
+
+
+def write(tmp_path, text: str, name: str = "cases.toml"):
+    path = tmp_path / name
+    path.write_text(textwrap.dedent(text))
+    return path
+
+
+def test_sweep_expands_as_a_product_with_readable_ids(tmp_path):
+    path = write(tmp_path, GOOD + '[case.sweep]\nhead_dim = [64, 80]\ndtype = ["float32", "bfloat16"]\n')
+    ids = [c.id for c in load_case_file(path)]
+    assert ids == [
+        "base/head_dim=64/dtype=float32",
+        "base/head_dim=64/dtype=bfloat16",
+        "base/head_dim=80/dtype=float32",
+        "base/head_dim=80/dtype=bfloat16",
+    ]
+
+
+def test_generated_lengths_are_deterministic_per_seed(tmp_path):
+    text = GOOD.replace(
+        "seq_lens = [5, 17]", 'seq_lens = { count = 6, min = 1, max = 500, distribution = "lognormal" }'
+    )
+    text += "q_lens = { min = 0, max = 9 }\n"
+    first, second = load_case_file(write(tmp_path, text)), load_case_file(write(tmp_path, text, "again.toml"))
+    assert first[0].seq_lens == second[0].seq_lens and len(first[0].seq_lens) == 6
+    assert all(0 <= q <= min(9, s) for q, s in zip(first[0].q_lens, first[0].seq_lens, strict=True))
+    reseeded = load_case_file(write(tmp_path, text + "seed = 5\n", "other.toml"))
+    assert reseeded[0].seq_lens != first[0].seq_lens
+
+
+def test_gqa_ratio_gives_num_kv_heads(tmp_path):
+    case = load_case_file(write(tmp_path, GOOD.replace("num_kv_heads = 2", "gqa_ratio = 4")))[0]
+    assert (case.num_q_heads, case.num_kv_heads) == (8, 2)
+
+
+def test_tolerance_override_applies_to_its_dtype_only(tmp_path):
+    text = (
+        GOOD
+        + "[case.tolerance]\nbfloat16 = { atol = 0.05, rtol = 0.02 }\n[case.sweep]\ndtype = ['float32', 'bfloat16']\n"
+    )
+    fp32, bf16 = load_case_file(write(tmp_path, text))
+    assert (fp32.atol, fp32.rtol) == (1e-5, 1e-4)
+    assert (bf16.atol, bf16.rtol) == (0.05, 0.02)
+
+
+BAD = {
+    "unknown_key": ('colour = "red"\n', "field 'colour': Extra inputs are not permitted"),
+    "wrong_type": ('block_size = "big"\n', "field 'block_size': Input should be a valid integer"),
+    "heads_not_multiple": ("num_q_heads = 7\n", "field 'num_q_heads': Value error, num_q_heads (7) must be a multiple"),
+    "block_size_range": ("block_size = 512\n", "field 'block_size': Input should be less than or equal to 256"),
+    "head_dim_range": ("head_dim = 16\n", "field 'head_dim': Input should be greater than or equal to 32"),
+    "q_len_above_seq_len": (
+        "q_lens = [6, 1]\n",
+        "field 'q_lens': Value error, q_lens[0] = 6 must be between 0 and seq_lens[0] = 5",
+    ),
+    "bad_sweep_field": ("[case.sweep]\nwarp_count = [4]\n", "field 'sweep': Value error, cannot sweep 'warp_count'"),
+}
+
+
+@pytest.mark.parametrize("name", BAD)
+def test_invalid_case_names_file_case_and_field(tmp_path, name):
+    addition, message = BAD[name]
+    path = write(tmp_path, GOOD + addition)
+    with pytest.raises(CaseFileError) as info:
+        load_case_file(path)
+    text = str(info.value)
+    assert text.startswith(f"{path}: case 'base")
+    assert message in text
+
+
+def test_invalid_sweep_point_names_the_point(tmp_path):
+    path = write(tmp_path, GOOD + "[case.sweep]\nhead_dim = [64, 300]\n")
+    with pytest.raises(CaseFileError, match=r"case 'base/head_dim=300': field 'head_dim'"):
+        load_case_file(path)
+
+
+def test_case_too_large_for_the_device_is_refused_before_running(tmp_path):
+    huge = GOOD.replace("seq_lens = [5, 17]", "seq_lens = { count = 4096, min = 1000000, max = 1000000 }")
+    with pytest.raises(CaseFileError, match=r"case 'base': field 'seq_lens': too large for cpu memory"):
+        load_cases([write(tmp_path, huge)], device="cpu")
+
+
+def test_not_toml_and_missing_file_are_clear(tmp_path):
+    with pytest.raises(CaseFileError, match="not valid TOML"):
+        load_case_file(write(tmp_path, "[[case]\nname="))
+    with pytest.raises(CaseFileError, match="no such case file"):
+        load_case_file(tmp_path / "absent.toml")
+
+
+def test_cli_exits_2_with_one_message_for_a_bad_case_file(tmp_path, capsys):
+    path = write(tmp_path, GOOD + "num_q_heads = 7\n")
+    out_dir = tmp_path / "run"
+    assert main(["run", str(path), "--out", str(out_dir), "--no-progress", "--no-timing"]) == 2
+    err = capsys.readouterr().err
+    assert f"error: {path}: case 'base': field 'num_q_heads'" in err
+    assert not out_dir.exists(), "nothing is written for bad input"
+
+
+def test_schema_lists_the_case_fields(capsys):
+    assert main(["schema"]) == 0
+    schema = json.loads(capsys.readouterr().out)
+    case_props = schema["properties"]["case"]["items"]["properties"]
+    assert {"num_q_heads", "head_dim", "block_size", "seq_lens", "q_lens", "sweep"} <= set(case_props)
+    assert case_props["block_size"]["maximum"] == 256
+
+
+def test_shipped_case_files_load():
+    cases = load_cases(["cases/smoke.toml", "cases/cpu.toml"], device="cpu")
+    assert len({c.id for c in cases}) == len(cases) > 20
