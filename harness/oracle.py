@@ -35,7 +35,7 @@ def paged_attention_oracle(
     else:
         starts = query_start_loc.detach().cpu().tolist()
     num_q_heads = q.shape[1]
-    kv_head_of = (torch.arange(num_q_heads) // (num_q_heads // num_kv_heads)).to(k_cache.device)
+    group = num_q_heads // num_kv_heads  # query head h reads KV head h // group
     scale = head_dim**-0.5 if scale is None else float(scale)
 
     expected = torch.zeros(q.shape, dtype=torch.float64, device=device)
@@ -45,14 +45,15 @@ def paged_attention_oracle(
             continue
         pos = torch.arange(seq_len)
         slots = (table[seq, pos // block_size] * block_size + pos % block_size).to(k_cache.device)
-        k = k_slots[slots][:, kv_head_of].to(device, torch.float64)  # [seq_len, num_q_heads, head_dim]
-        v = v_slots[slots][:, kv_head_of].to(device, torch.float64)
+        k = k_slots[slots].to(device, torch.float64)  # [seq_len, num_kv_heads, head_dim]
+        v = v_slots[slots].to(device, torch.float64)
         pos = pos.to(device)
-        qs = q[starts[seq] : starts[seq + 1]]  # [q_len, num_q_heads, head_dim]
-        logits = torch.einsum("qhd,khd->hqk", qs, k) * scale
+        qs = q[starts[seq] : starts[seq + 1]].view(q_len, num_kv_heads, group, head_dim)
+        logits = torch.einsum("qhgd,khd->hgqk", qs, k) * scale  # [num_kv_heads, group, q_len, seq_len]
         q_pos = seq_len - q_len + torch.arange(q_len, device=device)
-        logits = logits.masked_fill(pos[None, None, :] > q_pos[None, :, None], float("-inf"))
+        logits = logits.masked_fill(pos[None, None, None, :] > q_pos[None, None, :, None], float("-inf"))
         weights = torch.exp(logits - logits.amax(-1, keepdim=True))
         weights = weights / weights.sum(-1, keepdim=True)
-        expected[starts[seq] : starts[seq + 1]] = torch.einsum("hqk,khd->qhd", weights, v)
+        o = torch.einsum("hgqk,khd->qhgd", weights, v)
+        expected[starts[seq] : starts[seq + 1]] = o.reshape(q_len, num_q_heads, head_dim)
     return expected

@@ -45,7 +45,8 @@ def collect_meta(device: str, argv: list[str], ceilings: dict[str, float]) -> di
         triton_version = None
     dev = torch.device(device)
     return {
-        "commit": _git("rev-parse", "HEAD") or None,
+        # HARNESS_COMMIT names the commit where the tree travels without .git (a lent GPU box).
+        "commit": _git("rev-parse", "HEAD") or os.environ.get("HARNESS_COMMIT") or None,
         "dirty": bool(_git("status", "--porcelain", "--untracked-files=no")),
         "time": datetime.now(UTC).isoformat(timespec="seconds"),
         "host": socket.gethostname(),
