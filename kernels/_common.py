@@ -56,11 +56,16 @@ def _fail(msg: str) -> None:
     raise ValueError(f"paged attention: {msg}")
 
 
-def prepare_call(q, k_cache, v_cache, block_table, seq_lens, query_start_loc=None, scale=None) -> PagedCall:
+def prepare_call(
+    q, k_cache, v_cache, block_table, seq_lens, query_start_loc=None, scale=None, check_values=True
+) -> PagedCall:
     """Check shapes, dtypes and devices of a call against the contract; fill in defaults.
 
     Raises ValueError naming the offending argument. ``query_start_loc=None`` means one
     query per sequence (decode) and becomes ``arange(num_seqs + 1)``.
+    ``check_values=False`` skips the checks that read tensor values (q_len <= seq_len,
+    lengths within the table, the query total): each is a device-to-host sync, which a
+    CUDA-graph capture forbids. Shapes, dtypes and devices are always checked.
     """
     if q.dim() != 3:
         _fail(f"q must be [num_tokens, num_q_heads, head_dim], got shape {tuple(q.shape)}")
@@ -98,15 +103,16 @@ def prepare_call(q, k_cache, v_cache, block_table, seq_lens, query_start_loc=Non
             _fail(
                 f"query_start_loc must be int32 [num_seqs + 1] = [{num_seqs + 1}], got {query_start_loc.dtype} {tuple(query_start_loc.shape)}"
             )
-        if int(query_start_loc[-1]) != num_tokens:
+        if check_values and int(query_start_loc[-1]) != num_tokens:
             _fail(f"query_start_loc[-1] ({int(query_start_loc[-1])}) must equal num_tokens ({num_tokens})")
     if len(devices) != 1:
         _fail(f"all tensors must be on one device, got {sorted(map(str, devices))}")
-    q_lens = (query_start_loc[1:] - query_start_loc[:-1]).long()
-    if bool((q_lens < 0).any()) or bool((q_lens > seq_lens.long()).any()):
-        _fail("every sequence needs 0 <= q_len <= seq_len (query_start_loc must be non-decreasing)")
-    if seq_lens.numel() and int(seq_lens.max()) > block_table.shape[1] * block_size:
-        _fail(f"a seq_len exceeds max_blocks_per_seq * block_size = {block_table.shape[1] * block_size}")
+    if check_values:
+        q_lens = (query_start_loc[1:] - query_start_loc[:-1]).long()
+        if bool((q_lens < 0).any()) or bool((q_lens > seq_lens.long()).any()):
+            _fail("every sequence needs 0 <= q_len <= seq_len (query_start_loc must be non-decreasing)")
+        if seq_lens.numel() and int(seq_lens.max()) > block_table.shape[1] * block_size:
+            _fail(f"a seq_len exceeds max_blocks_per_seq * block_size = {block_table.shape[1] * block_size}")
     return PagedCall(
         q=q,
         k_cache=k_cache,

@@ -169,7 +169,7 @@ def _check_launchable(device: torch.device) -> None:
 
 
 def paged_attention_triton(
-    q, k_cache, v_cache, block_table, seq_lens, query_start_loc=None, scale=None, out=None
+    q, k_cache, v_cache, block_table, seq_lens, query_start_loc=None, scale=None, out=None, *, max_q_len=None
 ) -> torch.Tensor:
     """Paged attention through the Triton kernel (the contract in DESIGN.md).
 
@@ -182,14 +182,23 @@ def paged_attention_triton(
     out             optional [num_tokens, num_q_heads, head_dim] buffer, written and returned
     returns         [num_tokens, num_q_heads, head_dim] in q's dtype
 
+    max_q_len       optional host int, the longest q_len. Given, the launcher reads no tensor
+                    value (no device sync: the call can be captured in a CUDA graph) and skips
+                    the value checks; the caller vouches for the lengths.
+
     On CPU tensors the kernel runs under Triton's interpreter (slow: small cases only).
     """
-    call = prepare_call(q, k_cache, v_cache, block_table, seq_lens, query_start_loc, scale)
+    call = prepare_call(
+        q, k_cache, v_cache, block_table, seq_lens, query_start_loc, scale, check_values=max_q_len is None
+    )
     out = prepare_out(call, out)
     _check_launchable(q.device)
     if call.num_seqs == 0 or q.shape[0] == 0:
         return out
-    max_q_len = int(call.q_lens.max())
+    if max_q_len is None:
+        max_q_len = int(call.q_lens.max())
+    if max_q_len == 0:
+        return out
     tiling = choose_tiling(call.head_dim, call.group_size, max_q_len)
     q_c, k_c, v_c = (t if t.stride(-1) == 1 else t.contiguous() for t in (q, k_cache, v_cache))
     out_c = out if out.stride(-1) == 1 else torch.empty_like(out, memory_format=torch.contiguous_format)

@@ -1,9 +1,8 @@
 #!/usr/bin/env bash
 # One call on a CUDA machine checks and times everything, and leaves the results in $OUT:
 #   versions.txt   GPU, driver, python/torch/triton versions, date, commit
-#   pytest.log     the whole test suite, native (Triton compiled, case suite on cuda)
 #   closeness.txt  tlsim vs the Triton kernel on every kernel test case
-#   nox_gpu.log    `nox -s gpu` (the tests again, then smoke + gpu + gpu_long suites, timed)
+#   nox_gpu.log    `nox -s gpu`: the whole test suite natively (Triton compiled), then smoke + gpu + gpu_long suites, timed
 #   run/           the harness run folder of that nox session (parquet, csv, meta, html)
 # Wheels of packages the image lacks (pydantic, nox) travel in .whl/ (see README).
 set -uo pipefail
@@ -20,6 +19,5 @@ fi
   date -u
   echo "commit ${HARNESS_COMMIT:-unknown}"
 } | tee "$OUT/versions.txt"
-python3 -m pytest -q -p no:cacheprovider tests 2>&1 | tee "$OUT/pytest.log" | tail -4
 python3 scripts/measure_tlsim_closeness.py 2>&1 | tee "$OUT/closeness.txt" | tail -3
 python3 -m nox -s gpu -- --out "$OUT/run" --no-progress 2>&1 | tee "$OUT/nox_gpu.log" | tail -45

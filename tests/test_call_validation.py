@@ -53,3 +53,13 @@ def test_decode_default_needs_one_query_per_sequence():
     q, k, v, bt, seq_lens, _ = _args()
     with pytest.raises(ValueError, match="one query per sequence"):
         kernels.paged_attention_tlsim(q, k, v, bt, seq_lens)
+
+
+def test_triton_sync_free_call_matches_the_checked_call():
+    """With max_q_len given the launcher reads no tensor value; the result must not change."""
+    if reason := kernels.triton_unavailable_reason("cpu"):
+        pytest.skip(reason)
+    args = _args()
+    checked = kernels.paged_attention_triton(*args)
+    sync_free = kernels.paged_attention_triton(*args, max_q_len=max(BASE.q_lens))
+    torch.testing.assert_close(sync_free, checked, rtol=0, atol=0)
