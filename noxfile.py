@@ -48,7 +48,7 @@ def gpu(session: nox.Session) -> None:
     virtualenv's --system-site-packages would not see. The float64 oracle runs on the GPU
     (the CPU would take minutes on the 128k-token cases).
     """
-    env = {"PYTHONPATH": str(ROOT)}
+    env = {"PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
     session.run("python", "-m", "pytest", env=env)
     session.run(
         "python", "-m", "harness", "run", "cases/smoke.toml", "cases/gpu.toml", "cases/gpu_long.toml",
