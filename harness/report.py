@@ -35,6 +35,13 @@ def _git(*args: str) -> str:
         return ""
 
 
+def _dirty() -> bool | None:
+    """True when tracked files differ from HEAD; None when this is no git checkout."""
+    if not _git("rev-parse", "--git-dir"):
+        return None
+    return bool(_git("status", "--porcelain", "--untracked-files=no"))
+
+
 def collect_meta(device: str, argv: list[str], ceilings: dict[str, float]) -> dict:
     """Everything needed to trust or reproduce a run later."""
     try:
@@ -47,7 +54,7 @@ def collect_meta(device: str, argv: list[str], ceilings: dict[str, float]) -> di
     return {
         # HARNESS_COMMIT names the commit where the tree travels without .git (a lent GPU box).
         "commit": _git("rev-parse", "HEAD") or os.environ.get("HARNESS_COMMIT") or None,
-        "dirty": bool(_git("status", "--porcelain", "--untracked-files=no")),
+        "dirty": _dirty(),
         "time": datetime.now(UTC).isoformat(timespec="seconds"),
         "host": socket.gethostname(),
         "device": device,
