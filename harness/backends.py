@@ -144,9 +144,9 @@ _register_builtin(
 def _prepare_triton(case: Case, inputs: PagedInputs, out: torch.Tensor) -> Prepared:
     """The kernel with its host-side max_q_len given, as an engine calls it: no device sync, so
     GPU timing can replay it from a CUDA graph. The graded call itself is that same call."""
-    args, max_q_len = inputs.args(), max(case.q_lens)
+    args, lengths = inputs.args(), {"max_q_len": max(case.q_lens), "max_seq_len": case.max_seq_len}
     kernels.paged_attention_triton(*args)  # once with every value check, before the sync-free calls
-    return Prepared(run=lambda: kernels.paged_attention_triton(*args, out=out, max_q_len=max_q_len))
+    return Prepared(run=lambda: kernels.paged_attention_triton(*args, out=out, **lengths))
 
 
 _register_builtin(

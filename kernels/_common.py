@@ -142,23 +142,44 @@ def prepare_out(call: PagedCall, out: torch.Tensor | None) -> torch.Tensor:
 class Tiling:
     """How the kernel cuts the work.
 
-    One program owns one (sequence, KV head, query tile). Its BLOCK_M rows are
+    One program owns one (sequence, KV head, query tile, KV split). Its BLOCK_M rows are
     BLOCK_Q query tokens times the group's query heads (row r = token r // group_size,
     head r % group_size), so a KV tile is loaded once and used by every query head of
     its group. KV is walked in TILE_N key positions at a time, independent of
     block_size, with an online softmax across tiles.
 
-    Example: GQA 32/8 heads (group 4), BLOCK_M 16 gives BLOCK_Q = 4 tokens a program.
+    When there are too few programs to fill the GPU (long contexts, few sequences, one
+    KV head per GPU), each sequence's KV range is cut into NUM_SPLITS pieces of
+    SPLIT_SIZE positions (a multiple of TILE_N, so tile boundaries do not move); each
+    piece keeps its own (max, sum, accumulator) and a second pass combines them.
+
+    Example: GQA 32/8 heads (group 4), BLOCK_M 16 gives BLOCK_Q = 4 tokens a program;
+    decode of 4 sequences of 131072 tokens is 4 * 8 = 32 programs, so the range is cut
+    in 16 splits of 8192 positions (512 programs).
     """
 
     BLOCK_M: int
     BLOCK_Q: int
     TILE_N: int
     HEAD_DIM_PADDED: int
+    NUM_SPLITS: int = 1
+    SPLIT_SIZE: int = 0  # 0 when NUM_SPLITS == 1
 
 
-def choose_tiling(head_dim: int, group_size: int, max_q_len: int) -> Tiling:
-    """Tile sizes for a call; the kernel launcher and tlsim both use exactly these."""
+# Programs the split aims for: two waves of an H100/H200's 132 SMs. A constant, not the
+# device's SM count, so that tlsim makes the same split (and so the same numerics) anywhere.
+TARGET_PROGRAMS = 264
+MIN_TILES_PER_SPLIT = 8
+MAX_SPLITS = 64
+
+
+def choose_tiling(
+    head_dim: int, group_size: int, max_q_len: int, num_seqs: int = 1, num_kv_heads: int = 1, max_seq_len: int = 0
+) -> Tiling:
+    """Tile sizes and KV split for a call; the kernel launcher and tlsim both use exactly these.
+
+    ``max_seq_len`` 0 (unknown) means no split.
+    """
     if group_size > 128:
         _fail(f"group_size (num_q_heads // num_kv_heads) {group_size} is above the kernel's limit of 128")
     head_dim_padded = max(16, triton_next_pow2(head_dim))
@@ -167,7 +188,23 @@ def choose_tiling(head_dim: int, group_size: int, max_q_len: int) -> Tiling:
     else:  # decode pads the group up to 16 rows; prefill packs up to 16 tokens, at most 64 rows
         block_m = min(64, max(16, triton_next_pow2(group_size * min(max(max_q_len, 1), 16))))
     tile_n = 64 if head_dim_padded <= 128 else 32
-    return Tiling(BLOCK_M=block_m, BLOCK_Q=block_m // group_size, TILE_N=tile_n, HEAD_DIM_PADDED=head_dim_padded)
+    block_q = block_m // group_size
+    programs = num_seqs * num_kv_heads * -(-max(max_q_len, 1) // block_q)
+    num_splits = 1
+    if programs < TARGET_PROGRAMS // 2:
+        by_work = triton_next_pow2(-(-TARGET_PROGRAMS // programs))
+        by_length = max_seq_len // (MIN_TILES_PER_SPLIT * tile_n)
+        while num_splits * 2 <= min(by_work, by_length, MAX_SPLITS):
+            num_splits *= 2
+    split_size = -(-(-(-max_seq_len // num_splits)) // tile_n) * tile_n if num_splits > 1 else 0
+    return Tiling(
+        BLOCK_M=block_m,
+        BLOCK_Q=block_q,
+        TILE_N=tile_n,
+        HEAD_DIM_PADDED=head_dim_padded,
+        NUM_SPLITS=num_splits,
+        SPLIT_SIZE=split_size,
+    )
 
 
 def triton_next_pow2(n: int) -> int:

@@ -57,8 +57,14 @@ def paged_attention_kernel(
     seq_lens_ptr,  # [num_seqs] int32
     query_start_loc_ptr,  # [num_seqs + 1] int32
     out_ptr,  # [num_tokens, num_q_heads, head_dim]
+    partial_m_ptr,  # [NUM_SPLITS, num_tokens, num_q_heads] fp32, used when NUM_SPLITS > 1
+    partial_l_ptr,  # [NUM_SPLITS, num_tokens, num_q_heads] fp32
+    partial_acc_ptr,  # [NUM_SPLITS, num_tokens, num_q_heads, HEAD_DIM_PADDED] fp32
     # scalars
     qk_scale_log2,  # softmax scale * log2(e)
+    num_tokens,
+    num_q_heads,
+    split_size,  # KV positions a split covers, a multiple of TILE_N
     # strides (the head_dim stride of every tensor is 1)
     stride_q_token,
     stride_q_head,
@@ -81,10 +87,12 @@ def paged_attention_kernel(
     TILE_N: tl.constexpr,
     DOT_PRECISION: tl.constexpr,
     INTERPRETED_BF16: tl.constexpr,  # bf16 under the CPU interpreter: see _bf16_rne
+    NUM_SPLITS: tl.constexpr,
 ):
     seq = tl.program_id(0)
     kv_head = tl.program_id(1)
-    q_tile = tl.program_id(2)
+    q_tile = tl.program_id(2) // NUM_SPLITS
+    split = tl.program_id(2) % NUM_SPLITS
 
     q_start = tl.load(query_start_loc_ptr + seq)
     q_len = tl.load(query_start_loc_ptr + seq + 1) - q_start
@@ -113,7 +121,11 @@ def paged_attention_kernel(
     acc = tl.zeros([BLOCK_M, HEAD_DIM_PADDED], tl.float32)
 
     kv_end = seq_len - q_len + tl.minimum(q_len, (q_tile + 1) * BLOCK_Q)
-    for tile_start in range(0, kv_end, TILE_N):
+    kv_start = 0
+    if NUM_SPLITS > 1:
+        kv_start = split * split_size
+        kv_end = tl.minimum(kv_end, kv_start + split_size)
+    for tile_start in range(kv_start, kv_end, TILE_N):
         k_pos = tile_start + tl.arange(0, TILE_N)
         k_valid = k_pos < seq_len
         block = tl.load(block_table_ptr + seq * stride_bt_seq + k_pos // BLOCK_SIZE, mask=k_valid, other=0)
@@ -130,8 +142,11 @@ def paged_attention_kernel(
         s = tl.where(visible, s, float("-inf"))  # [BLOCK_M, TILE_N]
 
         m_new = tl.maximum(m_i, tl.max(s, 1))
-        alpha = tl.exp2(m_i - m_new)
-        p = tl.exp2(s - m_new[:, None])
+        # A row that has seen no key yet (possible inside a split) keeps m = -inf; subtract 0
+        # instead so that exp2 gives 0, not NaN. Rows with a finite max are unaffected.
+        m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
+        alpha = tl.exp2(m_i - m_safe)
+        p = tl.exp2(s - m_safe[:, None])
         l_i = l_i * alpha + tl.sum(p, 1)
 
         v_offs = block[:, None] * stride_v_block + slot[:, None] * stride_v_slot + kv_head * stride_v_head
@@ -145,11 +160,50 @@ def paged_attention_kernel(
         acc = acc * alpha[:, None] + pv
         m_i = m_new
 
-    acc = acc / l_i[:, None]
+    if NUM_SPLITS > 1:  # keep this split's state; combine_splits_kernel finishes the rows
+        row_ids = (split * num_tokens + q_rows) * num_q_heads + head
+        tl.store(partial_m_ptr + row_ids, m_i, mask=row_valid)
+        tl.store(partial_l_ptr + row_ids, l_i, mask=row_valid)
+        acc_offs = row_ids[:, None] * HEAD_DIM_PADDED + dims[None, :]
+        tl.store(partial_acc_ptr + acc_offs, acc, mask=row_valid[:, None])
+    else:
+        acc = acc / l_i[:, None]
+        if INTERPRETED_BF16:
+            acc = _bf16_rne(acc)
+        o_offs = q_rows[:, None] * stride_o_token + head[:, None] * stride_o_head + dims[None, :]
+        tl.store(out_ptr + o_offs, acc.to(out_ptr.dtype.element_ty), mask=q_mask)
+
+
+@triton.jit
+def combine_splits_kernel(
+    partial_m_ptr,  # [NUM_SPLITS, num_tokens, num_q_heads] fp32, base-2 running max of each split
+    partial_l_ptr,  # [NUM_SPLITS, num_tokens, num_q_heads] fp32, running sum
+    partial_acc_ptr,  # [NUM_SPLITS, num_tokens, num_q_heads, HEAD_DIM_PADDED] fp32, unnormalised
+    out_ptr,  # [num_tokens, num_q_heads, head_dim]
+    num_rows,  # num_tokens * num_q_heads
+    stride_o_token,
+    stride_o_head,
+    NUM_Q_HEADS: tl.constexpr,
+    HEAD_DIM: tl.constexpr,
+    HEAD_DIM_PADDED: tl.constexpr,
+    NUM_SPLITS: tl.constexpr,
+    INTERPRETED_BF16: tl.constexpr,
+):
+    """out = sum_s 2^(m_s - m) acc_s / sum_s 2^(m_s - m) l_s, with m = max_s m_s; one program a row."""
+    row = tl.program_id(0)
+    splits = tl.arange(0, NUM_SPLITS)
+    dims = tl.arange(0, HEAD_DIM_PADDED)
+    m = tl.load(partial_m_ptr + splits * num_rows + row)
+    l = tl.load(partial_l_ptr + splits * num_rows + row)
+    acc = tl.load(partial_acc_ptr + (splits * num_rows + row)[:, None] * HEAD_DIM_PADDED + dims[None, :])
+    weight = tl.exp2(m - tl.max(m, 0))  # a split that saw no key has m = -inf: weight 0
+    o = tl.sum(acc * weight[:, None], 0) / tl.sum(l * weight, 0)
     if INTERPRETED_BF16:
-        acc = _bf16_rne(acc)
-    o_offs = q_rows[:, None] * stride_o_token + head[:, None] * stride_o_head + dims[None, :]
-    tl.store(out_ptr + o_offs, acc.to(out_ptr.dtype.element_ty), mask=q_mask)
+        o = _bf16_rne(o)
+    token = row // NUM_Q_HEADS
+    head = row % NUM_Q_HEADS
+    o_offs = token.to(tl.int64) * stride_o_token + head * stride_o_head + dims
+    tl.store(out_ptr + o_offs, o.to(out_ptr.dtype.element_ty), mask=dims < HEAD_DIM)
 
 
 def _check_launchable(device: torch.device) -> None:
@@ -169,7 +223,17 @@ def _check_launchable(device: torch.device) -> None:
 
 
 def paged_attention_triton(
-    q, k_cache, v_cache, block_table, seq_lens, query_start_loc=None, scale=None, out=None, *, max_q_len=None
+    q,
+    k_cache,
+    v_cache,
+    block_table,
+    seq_lens,
+    query_start_loc=None,
+    scale=None,
+    out=None,
+    *,
+    max_q_len=None,
+    max_seq_len=None,
 ) -> torch.Tensor:
     """Paged attention through the Triton kernel (the contract in DESIGN.md).
 
@@ -185,6 +249,8 @@ def paged_attention_triton(
     max_q_len       optional host int, the longest q_len. Given, the launcher reads no tensor
                     value (no device sync: the call can be captured in a CUDA graph) and skips
                     the value checks; the caller vouches for the lengths.
+    max_seq_len     optional host int, the longest seq_len, which decides the KV split; with
+                    max_q_len given and this left out, the KV range is not split.
 
     On CPU tensors the kernel runs under Triton's interpreter (slow: small cases only).
     """
@@ -197,17 +263,29 @@ def paged_attention_triton(
         return out
     if max_q_len is None:
         max_q_len = int(call.q_lens.max())
+        if max_seq_len is None:
+            max_seq_len = int(call.seq_lens.max())
     if max_q_len == 0:
         return out
-    tiling = choose_tiling(call.head_dim, call.group_size, max_q_len)
+    tiling = choose_tiling(
+        call.head_dim, call.group_size, max_q_len, call.num_seqs, call.num_kv_heads, max_seq_len or 0
+    )
     q_c, k_c, v_c = (t if t.stride(-1) == 1 else t.contiguous() for t in (q, k_cache, v_cache))
     out_c = out if out.stride(-1) == 1 else torch.empty_like(out, memory_format=torch.contiguous_format)
     block_table_c = block_table.contiguous()
     interpreted_bf16 = q.device.type != "cuda" and q.dtype == torch.bfloat16
-    grid = (call.num_seqs, call.num_kv_heads, triton.cdiv(max_q_len, tiling.BLOCK_Q))
+    num_tokens, splits = q.shape[0], tiling.NUM_SPLITS
+    if splits > 1:
+        partial_m = torch.empty((splits, num_tokens, call.num_q_heads), dtype=torch.float32, device=q.device)
+        partial_l = torch.empty_like(partial_m)
+        partial_acc = torch.empty((*partial_m.shape, tiling.HEAD_DIM_PADDED), dtype=torch.float32, device=q.device)
+    else:  # unused by the kernel; any fp32 tensor will do
+        partial_m = partial_l = partial_acc = out_c.new_empty(1, dtype=torch.float32)
+    grid = (call.num_seqs, call.num_kv_heads, triton.cdiv(max_q_len, tiling.BLOCK_Q) * splits)
     paged_attention_kernel[grid](
         q_c, k_c, v_c, block_table_c, call.seq_lens, call.query_start_loc, out_c,
-        call.scale * math.log2(math.e),
+        partial_m, partial_l, partial_acc,
+        call.scale * math.log2(math.e), num_tokens, call.num_q_heads, tiling.SPLIT_SIZE,
         q_c.stride(0), q_c.stride(1), out_c.stride(0), out_c.stride(1),
         k_c.stride(0), k_c.stride(1), k_c.stride(2),
         v_c.stride(0), v_c.stride(1), v_c.stride(2),
@@ -221,8 +299,16 @@ def paged_attention_triton(
         TILE_N=tiling.TILE_N,
         DOT_PRECISION="ieee" if q.dtype == torch.float32 or interpreted_bf16 else "tf32",
         INTERPRETED_BF16=interpreted_bf16,
+        NUM_SPLITS=splits,
         num_warps=4 if tiling.BLOCK_M * tiling.HEAD_DIM_PADDED <= 64 * 128 else 8,
     )  # fmt: skip
+    if splits > 1:
+        combine_splits_kernel[(num_tokens * call.num_q_heads,)](
+            partial_m, partial_l, partial_acc, out_c, num_tokens * call.num_q_heads,
+            out_c.stride(0), out_c.stride(1),
+            NUM_Q_HEADS=call.num_q_heads, HEAD_DIM=call.head_dim, HEAD_DIM_PADDED=tiling.HEAD_DIM_PADDED,
+            NUM_SPLITS=splits, INTERPRETED_BF16=interpreted_bf16,
+        )  # fmt: skip
     if out_c is not out:
         out.copy_(out_c)
     return out

@@ -66,6 +66,11 @@ KERNEL_CASES: list[KernelCase] = [
     _vary("spec_verify", seq_lens=(50, 51, 52), q_lens=(5, 5, 5)),
     _vary("large_logits", input_scale=6.0),
     _vary("long", num_q_heads=4, num_kv_heads=1, seq_lens=(3000, 2049), q_lens=(1, 9)),
+    # Few programs and long histories: the kernel splits the KV range (see choose_tiling).
+    _vary("split_kv_decode", num_q_heads=8, num_kv_heads=1, seq_lens=(2500, 700, 1), q_lens=(1, 1, 1)),
+    # Early prefill rows see no key of the later splits: their partial max stays -inf.
+    _vary("split_kv_full_prefill", num_q_heads=2, num_kv_heads=1, seq_lens=(1100,), q_lens=(1100,)),
+    _vary("bfloat16_split_kv", dtype="bfloat16", num_kv_heads=1, seq_lens=(1500, 1030), q_lens=(3, 1)),
     *(
         _vary(f"{dt}_prefill", dtype=dt, seq_lens=(1, 15, 40, 17), q_lens=(1, 0, 6, 2))
         for dt in ("float16", "bfloat16")

@@ -60,3 +60,14 @@ def test_backend_matches_float64_oracle(case: KernelCase, backend: str, device: 
     assert got.dtype == inputs.q.dtype
     result = grade(got, expected, *DEFAULT_TOLERANCES[case.dtype])
     assert result.passed, f"{backend} on {case.name} ({device}): {result.reason}"
+
+
+def test_split_kv_cases_really_split_the_kv_range():
+    """The split_kv cases exist to run the two-pass path; a tiling change must not quietly skip it."""
+    from kernels._common import choose_tiling
+
+    for case in KERNEL_CASES:
+        if case.name.startswith(("split_kv", "bfloat16_split_kv")):
+            tiling = choose_tiling(case.head_dim, case.num_q_heads // case.num_kv_heads, max(case.q_lens),
+                                   len(case.seq_lens), case.num_kv_heads, max(case.seq_lens))  # fmt: skip
+            assert tiling.NUM_SPLITS > 1, case.name
