@@ -196,7 +196,8 @@ def choose_tiling(
         by_length = max_seq_len // (MIN_TILES_PER_SPLIT * tile_n)
         while num_splits * 2 <= min(by_work, by_length, MAX_SPLITS):
             num_splits *= 2
-    split_size = -(-(-(-max_seq_len // num_splits)) // tile_n) * tile_n if num_splits > 1 else 0
+    # Each split covers ceil(max_seq_len / num_splits) positions, rounded up to whole tiles.
+    split_size = triton_cdiv(triton_cdiv(max_seq_len, num_splits), tile_n) * tile_n if num_splits > 1 else 0
     return Tiling(
         BLOCK_M=block_m,
         BLOCK_Q=block_q,
@@ -205,6 +206,11 @@ def choose_tiling(
         NUM_SPLITS=num_splits,
         SPLIT_SIZE=split_size,
     )
+
+
+def triton_cdiv(a: int, b: int) -> int:
+    """ceil(a / b) for non-negative ints."""
+    return -(-a // b)
 
 
 def triton_next_pow2(n: int) -> int:

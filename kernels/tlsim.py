@@ -104,7 +104,7 @@ def paged_attention_tlsim(
     else:  # weight each split by 2^(its max - the overall max); a split that saw no key weighs 0
         m_all = torch.stack([m for m, _, _ in splits])
         weight = torch.exp2(m_all - m_all.amax(0))
-        l_sum = (torch.stack([l for _, l, _ in splits]) * weight).sum(0)
+        l_sum = (torch.stack([sums for _, sums, _ in splits]) * weight).sum(0)
         o = (torch.stack([a for _, _, a in splits]) * weight[..., None]).sum(0) / l_sum[..., None]
     o = o.view(num_seqs, num_kv_heads, max_q_len, group, head_dim)
     o = o.permute(0, 2, 1, 3, 4).reshape(num_seqs, max_q_len, call.num_q_heads, head_dim)

@@ -194,10 +194,10 @@ def combine_splits_kernel(
     splits = tl.arange(0, NUM_SPLITS)
     dims = tl.arange(0, HEAD_DIM_PADDED)
     m = tl.load(partial_m_ptr + splits * num_rows + row)
-    l = tl.load(partial_l_ptr + splits * num_rows + row)
+    l_s = tl.load(partial_l_ptr + splits * num_rows + row)
     acc = tl.load(partial_acc_ptr + (splits * num_rows + row)[:, None] * HEAD_DIM_PADDED + dims[None, :])
     weight = tl.exp2(m - tl.max(m, 0))  # a split that saw no key has m = -inf: weight 0
-    o = tl.sum(acc * weight[:, None], 0) / tl.sum(l * weight, 0)
+    o = tl.sum(acc * weight[:, None], 0) / tl.sum(l_s * weight, 0)
     if INTERPRETED_BF16:
         o = _bf16_rne(o)
     token = row // NUM_Q_HEADS
