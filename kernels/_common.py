@@ -164,6 +164,7 @@ class Tiling:
     HEAD_DIM_PADDED: int
     NUM_SPLITS: int = 1
     SPLIT_SIZE: int = 0  # 0 when NUM_SPLITS == 1
+    NUM_WARPS: int = 4  # launch setting (no effect on numerics)
 
 
 # Programs the split aims for: two waves of an H100/H200's 132 SMs. A constant, not the
@@ -205,6 +206,7 @@ def choose_tiling(
         HEAD_DIM_PADDED=head_dim_padded,
         NUM_SPLITS=num_splits,
         SPLIT_SIZE=split_size,
+        NUM_WARPS=4 if block_m * head_dim_padded <= 64 * 128 else 8,
     )
 
 

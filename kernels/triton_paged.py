@@ -300,7 +300,7 @@ def paged_attention_triton(
         DOT_PRECISION="ieee" if q.dtype == torch.float32 or interpreted_bf16 else "tf32",
         INTERPRETED_BF16=interpreted_bf16,
         NUM_SPLITS=splits,
-        num_warps=4 if tiling.BLOCK_M * tiling.HEAD_DIM_PADDED <= 64 * 128 else 8,
+        num_warps=tiling.NUM_WARPS,
     )  # fmt: skip
     if splits > 1:
         combine_splits_kernel[(num_tokens * call.num_q_heads,)](
