@@ -175,11 +175,20 @@ MAX_SPLITS = 64
 
 
 def choose_tiling(
-    head_dim: int, group_size: int, max_q_len: int, num_seqs: int = 1, num_kv_heads: int = 1, max_seq_len: int = 0
+    head_dim: int,
+    group_size: int,
+    max_q_len: int,
+    num_seqs: int = 1,
+    num_kv_heads: int = 1,
+    max_seq_len: int = 0,
+    fp32: bool = False,
 ) -> Tiling:
     """Tile sizes and KV split for a call; the kernel launcher and tlsim both use exactly these.
 
-    ``max_seq_len`` 0 (unknown) means no split.
+    ``max_seq_len`` 0 (unknown) means no split. ``fp32`` inputs keep BLOCK_M at 16: their
+    dots run in IEEE fp32 on CUDA cores, and a 64-row tile spills registers (measured on an
+    H200, gpu_results/2026-11-29-h200-tile-probe: prefill at head_dim 128 took 46 ms with
+    BLOCK_M 64 and 3.7 ms with 16). Half-precision tiles keep 64 rows for tensor cores.
     """
     if group_size > 128:
         _fail(f"group_size (num_q_heads // num_kv_heads) {group_size} is above the kernel's limit of 128")
@@ -187,7 +196,7 @@ def choose_tiling(
     if group_size >= 16:  # one token's heads already fill tl.dot's minimum M of 16
         block_m = triton_next_pow2(group_size)
     else:  # decode pads the group up to 16 rows; prefill packs up to 16 tokens, at most 64 rows
-        block_m = min(64, max(16, triton_next_pow2(group_size * min(max(max_q_len, 1), 16))))
+        block_m = min(16 if fp32 else 64, max(16, triton_next_pow2(group_size * min(max(max_q_len, 1), 16))))
     tile_n = 64 if head_dim_padded <= 128 else 32
     block_q = block_m // group_size
     programs = num_seqs * num_kv_heads * -(-max(max_q_len, 1) // block_q)

@@ -46,7 +46,13 @@ def paged_attention_tlsim(
     max_q_len = int(q_lens.max())
     kv_end = int(call.seq_lens.long()[q_lens > 0].max()) if bool((q_lens > 0).any()) else 0
     tiling = choose_tiling(
-        call.head_dim, call.group_size, max_q_len, call.num_seqs, call.num_kv_heads, int(call.seq_lens.max())
+        call.head_dim,
+        call.group_size,
+        max_q_len,
+        call.num_seqs,
+        call.num_kv_heads,
+        int(call.seq_lens.max()),
+        fp32=q.dtype == torch.float32,
     )
     num_seqs, num_kv_heads, group = call.num_seqs, call.num_kv_heads, call.group_size
     head_dim, block_size = call.head_dim, call.block_size

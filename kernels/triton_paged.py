@@ -268,7 +268,13 @@ def paged_attention_triton(
     if max_q_len == 0:
         return out
     tiling = choose_tiling(
-        call.head_dim, call.group_size, max_q_len, call.num_seqs, call.num_kv_heads, max_seq_len or 0
+        call.head_dim,
+        call.group_size,
+        max_q_len,
+        call.num_seqs,
+        call.num_kv_heads,
+        max_seq_len or 0,
+        fp32=q.dtype == torch.float32,
     )
     q_c, k_c, v_c = (t if t.stride(-1) == 1 else t.contiguous() for t in (q, k_cache, v_cache))
     out_c = out if out.stride(-1) == 1 else torch.empty_like(out, memory_format=torch.contiguous_format)

@@ -11,7 +11,10 @@ from harness.oracle import paged_attention_oracle
 from tests.kernel_cases import KERNEL_CASES, KernelCase
 
 CUDA = torch.cuda.is_available()
-DEVICES = ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)] if CUDA else ["cpu"]
+DEVICES = [
+    "cpu",
+    pytest.param("cuda", marks=[pytest.mark.gpu, pytest.mark.skipif(not CUDA, reason="no CUDA device here")]),
+]
 
 
 def run_through_cache(case: KernelCase, inputs, device: str) -> torch.Tensor:
@@ -69,5 +72,6 @@ def test_split_kv_cases_really_split_the_kv_range():
     for case in KERNEL_CASES:
         if case.name.startswith(("split_kv", "bfloat16_split_kv")):
             tiling = choose_tiling(case.head_dim, case.num_q_heads // case.num_kv_heads, max(case.q_lens),
-                                   len(case.seq_lens), case.num_kv_heads, max(case.seq_lens))  # fmt: skip
+                                   len(case.seq_lens), case.num_kv_heads, max(case.seq_lens),
+                                   fp32=case.dtype == "float32")  # fmt: skip
             assert tiling.NUM_SPLITS > 1, case.name
