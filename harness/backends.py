@@ -311,8 +311,6 @@ _register_builtin(
             "FlexAttention over the padded batch, compiled", unavailable=_flex_unavailable)
 )  # fmt: skip
 
-BUILTIN_BACKENDS = tuple(REGISTRY)
-
 
 def resolve_backends(names: list[str] | None) -> list[Backend]:
     """Backends by name (all registered, in registration order, when ``names`` is None)."""

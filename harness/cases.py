@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import itertools
 import math
+import os
 import tomllib
 from dataclasses import dataclass
 from pathlib import Path
@@ -347,8 +348,6 @@ def device_memory_bytes(device: str) -> int:
     """Total memory of the device a case runs on (GPU memory, or the machine's RAM)."""
     if torch.device(device).type == "cuda":
         return torch.cuda.get_device_properties(torch.device(device)).total_memory
-    import os
-
     return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
 
 
