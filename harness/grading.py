@@ -42,6 +42,8 @@ class Grade:
                  expected value is not tiny, and absolute error in atol units where it is
     rel_l2_err   ||out - expected||_2 / ||expected||_2
     nan_count    elements of out that are NaN or inf (never pass)
+    tol_ratio    max |out - expected| / (atol + rtol * |expected|): the margin to the
+                 tolerance (<= 1 passes; 0.1 means ten times inside it)
     passed       nan_count == 0 and every element within atol + rtol * |expected|
     worst_index  (token, head, dim) of the largest violation of the allclose rule
     """
@@ -50,6 +52,7 @@ class Grade:
     max_rel_err: float
     rel_l2_err: float
     nan_count: int
+    tol_ratio: float
     atol: float
     rtol: float
     passed: bool
@@ -77,7 +80,7 @@ def grade(out: torch.Tensor, expected: torch.Tensor, atol: float, rtol: float) -
     nan_count = int((~finite).sum())
     diff = torch.where(finite, (actual - expected).abs(), torch.inf)
     if diff.numel() == 0:
-        return Grade(0.0, 0.0, 0.0, 0, atol, rtol, True, ())
+        return Grade(0.0, 0.0, 0.0, 0, 0.0, atol, rtol, True, ())
     allowed = atol + rtol * expected.abs()
     excess = diff - allowed
     worst = tuple(int(i) for i in torch.unravel_index(torch.argmax(excess), excess.shape))
@@ -88,6 +91,7 @@ def grade(out: torch.Tensor, expected: torch.Tensor, atol: float, rtol: float) -
         max_rel_err=float((finite_diff / expected.abs().clamp_min(atol)).max()) if nan_count == 0 else float("inf"),
         rel_l2_err=float(torch.linalg.vector_norm(finite_diff)) / ref_norm if ref_norm else 0.0,
         nan_count=nan_count,
+        tol_ratio=float((diff / allowed).max()),
         atol=atol,
         rtol=rtol,
         passed=nan_count == 0 and bool((excess <= 0).all()),

@@ -27,7 +27,7 @@ COLUMNS = [
     "case", "backend", "device", "dtype", "num_q_heads", "num_kv_heads", "head_dim", "block_size",
     "num_seqs", "max_seq_len", "status", "reason", "max_abs_err", "max_rel_err", "rel_l2_err",
     "nan_count", "atol", "rtol", "latency_us", "bytes_moved", "gbps", "pct_of_ceiling",
-    "group_size", "num_tokens", "max_q_len", "total_kv_tokens", "layout", "input_scale", "seed",
+    "tol_ratio", "group_size", "num_tokens", "max_q_len", "total_kv_tokens", "layout", "input_scale", "seed",
     "tags", "case_file", "backend_kind", "note", "latency_p10_us", "latency_p90_us", "timing_reps",
     "timing_method",
 ]  # fmt: skip
@@ -123,6 +123,7 @@ def run_backend(ctx: CaseContext, backend: Backend, config: RunConfig) -> dict:
             max_rel_err=result.max_rel_err,
             rel_l2_err=result.rel_l2_err,
             nan_count=result.nan_count,
+            tol_ratio=result.tol_ratio,
         )
         if config.timing:
             timing = time_call(prepared.run, config.device, graphable=backend.graphable)
@@ -188,10 +189,10 @@ def summarize(frame: pd.DataFrame) -> str:
     graded = frame[frame["status"].isin(["pass", "fail"])]
     lines = [counts.to_string()]
     if not graded.empty:
-        worst = graded.loc[(graded["max_abs_err"] / (graded["atol"] + 1e-300)).idxmax()]
+        worst = graded.loc[graded["tol_ratio"].idxmax()]
         lines.append(
-            f"worst error: {worst['backend']} on {worst['case']}: max abs {worst['max_abs_err']:.3g} "
-            f"(atol {worst['atol']:g}, rel L2 {worst['rel_l2_err']:.3g})"
+            f"closest to its tolerance: {worst['backend']} on {worst['case']}: {worst['tol_ratio']:.2f} of it "
+            f"(max abs {worst['max_abs_err']:.3g}, atol {worst['atol']:g}, rtol {worst['rtol']:g})"
         )
     timed = frame.dropna(subset=["latency_us"])
     if not timed.empty:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pandas as pd
 import pytest
+import torch
 
 import kernels
 from harness import backends as backends_module
@@ -205,3 +206,13 @@ def test_report_verb_rebuilds_the_page(tmp_path, case_file):
 def test_sdpa_peers_do_not_leak_pool_nan(case_file):
     rows = run_rows(case_file, ["gather_sdpa", "sdpa_contiguous"])
     assert (rows["status"] == "pass").all(), rows["reason"].tolist()
+
+
+def test_tol_ratio_is_the_margin_to_the_tolerance():
+    from harness.grading import grade
+
+    expected = torch.tensor([1.0, -2.0, 0.0], dtype=torch.float64)
+    result = grade(expected + torch.tensor([5e-5, 0.0, 4e-6]), expected, atol=1e-5, rtol=1e-4)
+    assert result.tol_ratio == pytest.approx(5e-5 / (1e-5 + 1e-4))
+    assert result.passed
+    assert not grade(expected + 1e-3, expected, atol=1e-5, rtol=1e-4).passed
