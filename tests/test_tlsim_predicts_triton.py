@@ -1,7 +1,9 @@
 """tlsim is the kernel's numerics model: on the same inputs it must sit well inside the
 tolerance of the Triton kernel, much closer than the backends sit to the oracle's limit.
 
-Bound: |tlsim - triton| <= half the tolerance, elementwise (atol/2 + rtol/2 * |triton|).
+Bound, elementwise: fp32, half the tolerance (atol/2 + rtol/2 * |triton|); fp16/bf16, two
+output ulps (2 * eps * |triton|, |triton| floored at 2^-6), since tlsim rounds p and the
+output exactly where the kernel does.
 Measured under the CPU interpreter (scripts/measure_tlsim_closeness.py): the largest gap is
 2-10% of the tolerance on ordinary fp32 cases, 21% on the large-logit case (logits of
 ~90 carry an fp32 rounding of ~1e-5 whose order differs between the two dots), and
@@ -28,7 +30,10 @@ def test_tlsim_predicts_triton_far_inside_tolerance(case):
     inputs = case.inputs(DEVICE)
     sim = kernels.paged_attention_tlsim(*inputs.args()).double()
     real = kernels.paged_attention_triton(*inputs.args()).double()
-    atol, rtol = DEFAULT_TOLERANCES[case.dtype]
     gap = (sim - real).abs()
-    allowed = atol / 2 + rtol / 2 * real.abs()
+    if case.dtype == "float32":
+        atol, rtol = DEFAULT_TOLERANCES[case.dtype]
+        allowed = atol / 2 + rtol / 2 * real.abs()
+    else:  # the same roundings in the same places: at most two output ulps apart
+        allowed = 2 * torch.finfo(inputs.q.dtype).eps * real.abs().clamp_min(2**-6)
     assert bool((gap <= allowed).all()), f"{case.name}: tlsim is {float(gap.max()):.3g} from the kernel"
