@@ -125,7 +125,7 @@ def cmd_list(args: argparse.Namespace) -> int:
     )
     with pd.option_context("display.max_rows", None, "display.width", 200):
         print(table.to_string(index=False))
-    print(f"{len(cases)} cases")
+    print(f"{len(cases)} case{'' if len(cases) == 1 else 's'}")
     return EXIT_OK
 
 

@@ -216,3 +216,29 @@ def test_tol_ratio_is_the_margin_to_the_tolerance():
     assert result.tol_ratio == pytest.approx(5e-5 / (1e-5 + 1e-4))
     assert result.passed
     assert not grade(expected + 1e-3, expected, atol=1e-5, rtol=1e-4).passed
+
+
+def test_pytest_option_writes_the_same_run_folder(tmp_path, case_file):
+    """`pytest --cases F --harness-report DIR` grades every (case, backend) and stores the run."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    out = tmp_path / "pytest_run"
+    result = subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", str(root / "tests" / "test_case_suite.py"),
+         "--cases", str(case_file), "--backend", "tlsim", "--backend", "reference", "--harness-report", str(out)],
+        cwd=root, capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-2000:]
+    assert "2 passed" in result.stdout
+    rows = pd.read_parquet(out / "results.parquet")
+    assert sorted(rows["backend"]) == ["reference", "tlsim"] and set(rows["status"]) == {"pass"}
+    assert (out / "report.html").is_file()
+
+
+def test_list_verb_prints_the_expanded_cases(case_file, capsys):
+    assert main(["list", str(case_file)]) == 0
+    out = capsys.readouterr().out
+    assert "tiny" in out and "4/2" in out and out.rstrip().endswith("1 case")
