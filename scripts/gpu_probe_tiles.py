@@ -2,8 +2,9 @@
 
     python scripts/gpu_probe_tiles.py
 
-Written to isolate why the smoke case `prefill_mqa_odd_shapes` (fp32, head_dim 80 padded
-to 128, BLOCK_M 64, 4 warps) took ~390 µs on an H200 where similar tiny cases take ~10 µs.
+First written to isolate why the fp32 smoke case `prefill_mqa_odd_shapes` took ~390 µs
+on an H200 (answer: 64-row fp32 tiles spill; see gpu_results/2026-11-29-h200-tile-probe);
+now it compares larger tiles for half-precision prefill.
 Each variant overrides fields of the tiling the launcher would choose; numerics are
 checked against the float64 oracle for every variant, so a faster variant is also a right one.
 """
@@ -25,58 +26,43 @@ from harness.oracle import paged_attention_oracle
 from kernels import triton_paged
 
 CASES = {
-    "odd_fp32_hd80_bs5": dict(
-        num_q_heads=4,
-        num_kv_heads=1,
-        head_dim=80,
-        block_size=5,
-        seq_lens=[23, 7, 12],
-        q_lens=[9, 0, 3],
-        dtype="float32",
-    ),
-    "odd_bf16_hd80_bs5": dict(
-        num_q_heads=4,
-        num_kv_heads=1,
-        head_dim=80,
-        block_size=5,
-        seq_lens=[23, 7, 12],
-        q_lens=[9, 0, 3],
+    "prefill_bf16_q256x4": dict(
+        num_q_heads=32,
+        num_kv_heads=8,
+        head_dim=128,
+        block_size=16,
+        seq_lens=[2048] * 4,
+        q_lens=[256] * 4,
         dtype="bfloat16",
     ),
-    "odd_fp32_hd64_bs16": dict(
-        num_q_heads=4,
-        num_kv_heads=1,
-        head_dim=64,
-        block_size=16,
-        seq_lens=[23, 7, 12],
-        q_lens=[9, 0, 3],
-        dtype="float32",
-    ),
-    "prefill_fp32_hd128": dict(
+    "prefill_bf16_q512x4": dict(
         num_q_heads=32,
         num_kv_heads=8,
         head_dim=128,
         block_size=16,
-        seq_lens=[2048] * 4,
-        q_lens=[256] * 4,
-        dtype="float32",
+        seq_lens=[4096] * 4,
+        q_lens=[512] * 4,
+        dtype="bfloat16",
     ),
-    "prefill_bf16_hd128": dict(
+    "prefill_bf16_q1024_at_100k": dict(
+        num_q_heads=32, num_kv_heads=8, head_dim=128, block_size=16, seq_lens=[100000], q_lens=[1024], dtype="bfloat16"
+    ),
+    "spec_bf16_q4x32": dict(
         num_q_heads=32,
         num_kv_heads=8,
         head_dim=128,
         block_size=16,
-        seq_lens=[2048] * 4,
-        q_lens=[256] * 4,
+        seq_lens=[2048] * 32,
+        q_lens=[4] * 32,
         dtype="bfloat16",
     ),
 }
 VARIANTS = {
     "default": {},
-    "warps8": {"NUM_WARPS": 8},
-    "block_m16": {"BLOCK_M": 16},
-    "block_m32": {"BLOCK_M": 32},
-    "block_m16_warps8": {"BLOCK_M": 16, "NUM_WARPS": 8},
+    "m128_w8": {"BLOCK_M": 128, "NUM_WARPS": 8},
+    "m64_n128_w8": {"BLOCK_M": 64, "TILE_N": 128, "NUM_WARPS": 8},
+    "m128_n128_w8": {"BLOCK_M": 128, "TILE_N": 128, "NUM_WARPS": 8},
+    "m128_w4": {"BLOCK_M": 128, "NUM_WARPS": 4},
 }
 
 
