@@ -163,7 +163,7 @@ def _prepare_cache(case: Case, inputs: PagedInputs, out: torch.Tensor) -> Prepar
     device = inputs.q.device
     cache = kernels.PagedKVCache(
         num_layers=1,
-        num_blocks=sum(-(-n // case.block_size) for n in case.seq_lens),
+        num_blocks=case.blocks_needed,
         block_size=case.block_size,
         num_kv_heads=case.num_kv_heads,
         head_dim=case.head_dim,
@@ -252,11 +252,16 @@ def _prepare_gather_sdpa(case: Case, inputs: PagedInputs, out: torch.Tensor) -> 
     return Prepared(run=run, to_packed=padded.unpad)
 
 
-def _prepare_sdpa_contiguous(case: Case, inputs: PagedInputs, out: torch.Tensor) -> Prepared:
-    """The non-paged floor: SDPA over a contiguous copy made before timing."""
-    padded = pad_queries(inputs)
+def _padded_batch(inputs: PagedInputs) -> tuple[Padded, torch.Tensor, torch.Tensor]:
+    """Padded queries and contiguous padded K and V, made once before timing."""
     k = gather_padded(inputs.k_cache, inputs.block_table, inputs.seq_lens)
     v = gather_padded(inputs.v_cache, inputs.block_table, inputs.seq_lens)
+    return pad_queries(inputs), k, v
+
+
+def _prepare_sdpa_contiguous(case: Case, inputs: PagedInputs, out: torch.Tensor) -> Prepared:
+    """The non-paged floor: SDPA over a contiguous copy made before timing."""
+    padded, k, v = _padded_batch(inputs)
     scale = case.head_dim**-0.5
     return Prepared(
         run=lambda: F.scaled_dot_product_attention(padded.q, k, v, attn_mask=padded.mask, scale=scale, enable_gqa=True),
@@ -268,9 +273,7 @@ def _prepare_flex(case: Case, inputs: PagedInputs, out: torch.Tensor) -> Prepare
     """FlexAttention (compiled) over the padded batch with a length-and-causal mask_mod."""
     from torch.nn.attention.flex_attention import create_block_mask, flex_attention
 
-    padded = pad_queries(inputs)
-    k = gather_padded(inputs.k_cache, inputs.block_table, inputs.seq_lens)
-    v = gather_padded(inputs.v_cache, inputs.block_table, inputs.seq_lens)
+    padded, k, v = _padded_batch(inputs)
     seq_lens = inputs.seq_lens.long()
     starts = inputs.query_start_loc.long()
     q_offset = seq_lens - (starts[1:] - starts[:-1])

@@ -22,7 +22,7 @@ from typing import Any, Literal
 import torch
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from kernels._common import MAX_BLOCK_SIZE, MAX_HEAD_DIM, MIN_BLOCK_SIZE, MIN_HEAD_DIM
+from kernels._common import MAX_BLOCK_SIZE, MAX_HEAD_DIM, MIN_BLOCK_SIZE, MIN_HEAD_DIM, cdiv
 
 from .grading import DEFAULT_TOLERANCES
 
@@ -194,14 +194,24 @@ class Case:
     def group_size(self) -> int:
         return self.num_q_heads // self.num_kv_heads
 
+    @property
+    def element_bytes(self) -> int:
+        """Bytes of one element of the case's dtype."""
+        return torch.finfo(getattr(torch, self.dtype)).bits // 8
+
+    @property
+    def blocks_needed(self) -> int:
+        """Blocks that hold every sequence unshared: sum of ceil(seq_len / block_size)."""
+        return sum(cdiv(n, self.block_size) for n in self.seq_lens)
+
     def wants(self, backend: str) -> bool:
         """Whether the case file asks for this backend."""
         return (self.backends is None or backend in self.backends) and backend not in self.exclude_backends
 
     def estimated_bytes(self) -> int:
         """Rough peak memory of running the case: pools, q/out, float64 oracle, tlsim tiles."""
-        elt = torch.finfo(getattr(torch, self.dtype)).bits // 8
-        kv_slots = sum(-(-n // self.block_size) for n in self.seq_lens) * self.block_size * 9 // 8
+        elt = self.element_bytes
+        kv_slots = self.blocks_needed * self.block_size * 9 // 8
         pools = 2 * kv_slots * self.num_kv_heads * self.head_dim * elt
         tokens = sum(self.q_lens)
         rows = tokens * self.num_q_heads * self.head_dim

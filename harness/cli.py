@@ -14,8 +14,9 @@ from pathlib import Path
 
 import torch
 
+from .options import DEFAULT_CASES
+
 EXIT_OK, EXIT_FAIL, EXIT_BAD_INPUT = 0, 1, 2
-DEFAULT_CASES = ["cases/smoke.toml"]
 
 
 class BadInput(Exception):

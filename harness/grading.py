@@ -28,11 +28,6 @@ DEFAULT_TOLERANCES: dict[str, tuple[float, float]] = {
 }
 
 
-def dtype_name(dtype: torch.dtype | str) -> str:
-    """'float32' for torch.float32 (and for 'float32')."""
-    return dtype if isinstance(dtype, str) else str(dtype).removeprefix("torch.")
-
-
 @dataclass(frozen=True)
 class Grade:
     """How far one output is from the oracle.

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import torch
-
 from .cases import Case
 
 
@@ -16,7 +14,7 @@ def bytes_moved(case: Case) -> int:
     written once. Block tables and lengths (a few KB) are left out; a sequence with
     q_len 0 reads nothing.
     """
-    elt = torch.finfo(getattr(torch, case.dtype)).bits // 8
+    elt = case.element_bytes
     kv_tokens = sum(n for n, q in zip(case.seq_lens, case.q_lens, strict=True) if q > 0)
     num_tokens = sum(case.q_lens)
     return elt * (2 * kv_tokens * case.num_kv_heads * case.head_dim + 2 * num_tokens * case.num_q_heads * case.head_dim)

@@ -13,6 +13,8 @@ from typing import Any
 
 import torch
 
+DEFAULT_CASES = ["cases/smoke.toml"]  # what `run`, `list` and pytest read when given no case file
+
 
 def default_device() -> str:
     return "cuda" if torch.cuda.is_available() else "cpu"
@@ -23,10 +25,6 @@ class Option:
     flag: str
     help: str
     kwargs: dict[str, Any] = field(default_factory=dict)
-
-    @property
-    def dest(self) -> str:
-        return self.kwargs.get("dest", self.flag.lstrip("-").replace("-", "_"))
 
 
 RUN_OPTIONS = [

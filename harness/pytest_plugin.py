@@ -22,9 +22,7 @@ from pathlib import Path
 
 import pytest
 
-from .options import add_to_pytest, default_device
-
-DEFAULT_CASES = ["cases/smoke.toml"]
+from .options import DEFAULT_CASES, add_to_pytest, default_device
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:

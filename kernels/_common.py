@@ -192,22 +192,22 @@ def choose_tiling(
     """
     if group_size > 128:
         _fail(f"group_size (num_q_heads // num_kv_heads) {group_size} is above the kernel's limit of 128")
-    head_dim_padded = max(16, triton_next_pow2(head_dim))
+    head_dim_padded = max(16, next_pow2(head_dim))
     if group_size >= 16:  # one token's heads already fill tl.dot's minimum M of 16
-        block_m = triton_next_pow2(group_size)
+        block_m = next_pow2(group_size)
     else:  # decode pads the group up to 16 rows; prefill packs up to 16 tokens, at most 64 rows
-        block_m = min(16 if fp32 else 64, max(16, triton_next_pow2(group_size * min(max(max_q_len, 1), 16))))
+        block_m = min(16 if fp32 else 64, max(16, next_pow2(group_size * min(max(max_q_len, 1), 16))))
     tile_n = 64 if head_dim_padded <= 128 else 32
     block_q = block_m // group_size
-    programs = num_seqs * num_kv_heads * -(-max(max_q_len, 1) // block_q)
+    programs = num_seqs * num_kv_heads * cdiv(max(max_q_len, 1), block_q)
     num_splits = 1
     if programs < TARGET_PROGRAMS // 2:
-        by_work = triton_next_pow2(-(-TARGET_PROGRAMS // programs))
+        by_work = next_pow2(cdiv(TARGET_PROGRAMS, programs))
         by_length = max_seq_len // (MIN_TILES_PER_SPLIT * tile_n)
         while num_splits * 2 <= min(by_work, by_length, MAX_SPLITS):
             num_splits *= 2
     # Each split covers ceil(max_seq_len / num_splits) positions, rounded up to whole tiles.
-    split_size = triton_cdiv(triton_cdiv(max_seq_len, num_splits), tile_n) * tile_n if num_splits > 1 else 0
+    split_size = cdiv(cdiv(max_seq_len, num_splits), tile_n) * tile_n if num_splits > 1 else 0
     return Tiling(
         BLOCK_M=block_m,
         BLOCK_Q=block_q,
@@ -219,11 +219,24 @@ def choose_tiling(
     )
 
 
-def triton_cdiv(a: int, b: int) -> int:
+def tiling_for(call: PagedCall, max_q_len: int, max_seq_len: int) -> Tiling:
+    """The tiling of one call: what the launcher runs and what tlsim models, from one place."""
+    return choose_tiling(
+        call.head_dim,
+        call.group_size,
+        max_q_len,
+        call.num_seqs,
+        call.num_kv_heads,
+        max_seq_len,
+        fp32=call.q.dtype == torch.float32,
+    )
+
+
+def cdiv(a: int, b: int) -> int:
     """ceil(a / b) for non-negative ints."""
     return -(-a // b)
 
 
-def triton_next_pow2(n: int) -> int:
+def next_pow2(n: int) -> int:
     """Smallest power of two >= n (same as triton.next_power_of_2, without importing Triton)."""
     return 1 if n <= 1 else 2 ** math.ceil(math.log2(n))

@@ -21,7 +21,7 @@ import math
 
 import torch
 
-from ._common import choose_tiling, prepare_call, prepare_out
+from ._common import prepare_call, prepare_out, tiling_for
 
 
 def paged_attention_tlsim(
@@ -45,15 +45,7 @@ def paged_attention_tlsim(
     q_lens = call.q_lens
     max_q_len = int(q_lens.max())
     kv_end = int(call.seq_lens.long()[q_lens > 0].max()) if bool((q_lens > 0).any()) else 0
-    tiling = choose_tiling(
-        call.head_dim,
-        call.group_size,
-        max_q_len,
-        call.num_seqs,
-        call.num_kv_heads,
-        int(call.seq_lens.max()),
-        fp32=q.dtype == torch.float32,
-    )
+    tiling = tiling_for(call, max_q_len, int(call.seq_lens.max()))
     num_seqs, num_kv_heads, group = call.num_seqs, call.num_kv_heads, call.group_size
     head_dim, block_size = call.head_dim, call.block_size
     seq_lens_l = call.seq_lens.long()

@@ -30,7 +30,7 @@ import torch
 import triton
 import triton.language as tl
 
-from ._common import choose_tiling, prepare_call, prepare_out
+from ._common import prepare_call, prepare_out, tiling_for
 
 
 @triton.jit
@@ -267,15 +267,7 @@ def paged_attention_triton(
             max_seq_len = int(call.seq_lens.max())
     if max_q_len == 0:
         return out
-    tiling = choose_tiling(
-        call.head_dim,
-        call.group_size,
-        max_q_len,
-        call.num_seqs,
-        call.num_kv_heads,
-        max_seq_len or 0,
-        fp32=q.dtype == torch.float32,
-    )
+    tiling = tiling_for(call, max_q_len, max_seq_len or 0)
     q_c, k_c, v_c = (t if t.stride(-1) == 1 else t.contiguous() for t in (q, k_cache, v_cache))
     out_c = out if out.stride(-1) == 1 else torch.empty_like(out, memory_format=torch.contiguous_format)
     block_table_c = block_table.contiguous()
