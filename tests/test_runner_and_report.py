@@ -73,6 +73,8 @@ def test_rows_for_pass_fail_skip_and_error_and_the_run_goes_on(case_file):
     assert rows.loc["cuda_only", "reason"] == "cuda_only runs on cuda, not cpu"
     assert rows.loc["tlsim", "status"] == "pass", "a backend after an error still runs"
     assert exit_code(rows.reset_index()) == 1
+    assert exit_code(rows.loc[["raises", "tlsim"]].reset_index()) == 1, "an error row alone fails the run"
+    assert exit_code(rows.loc[["cuda_only", "tlsim"]].reset_index()) == 0, "skips do not"
 
 
 def test_case_file_can_exclude_a_backend(tmp_path):
@@ -149,6 +151,16 @@ def test_an_existing_run_is_never_overwritten(tmp_path, case_file, capsys):
     assert cli_run(case_file, tmp_path / "run", "--backend", "reference") == 2
     assert "already exists" in capsys.readouterr().err
     assert (tmp_path / "run" / "results.parquet").read_bytes() == before
+
+
+def test_write_run_refuses_an_existing_folder(tmp_path):
+    (tmp_path / "run").mkdir()
+    (tmp_path / "run" / "keep.txt").write_text("earlier")
+    frame = pd.DataFrame([{"case": "c", "backend": "b", "status": "pass"}])
+    with pytest.raises(report_module.RunDirExistsError, match="never overwritten"):
+        report_module.write_run(frame, {}, tmp_path / "run")
+    assert [p.name for p in (tmp_path / "run").iterdir()] == ["keep.txt"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["run"], "no staging folder left behind"
 
 
 def test_an_interrupted_write_leaves_nothing(tmp_path, monkeypatch):
