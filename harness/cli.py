@@ -65,9 +65,10 @@ def _load(cases: list[str], device: str, tags: list[str] | None):
 
 def cmd_run(args: argparse.Namespace) -> int:
     from .backends import load_plugin, resolve_backends
+    from .environment import collect_meta
     from .options import default_device
-    from .report import collect_meta, default_run_dir, write_run
     from .runner import RunConfig, exit_code, run_cases, summarize
+    from .storage import default_run_dir, write_run
     from .timing import measure_copy_bandwidth
 
     device = args.harness_device or default_device()
@@ -139,7 +140,7 @@ def cmd_report(args: argparse.Namespace) -> int:
 
 def cmd_compare(args: argparse.Namespace) -> int:
     from .compare import compare_runs, format_comparison
-    from .report import load_run
+    from .storage import load_run
 
     base, _ = load_run(args.base_run)
     new, _ = load_run(args.new_run)
@@ -160,7 +161,7 @@ def main(argv: list[str] | None = None) -> int:
     if "TRITON_INTERPRET" not in os.environ and not torch.cuda.is_available():
         os.environ["TRITON_INTERPRET"] = "1"
     from .cases import CaseFileError
-    from .report import RunDirExistsError
+    from .storage import RunDirExistsError
 
     parser = build_parser()
     args = parser.parse_args(argv)

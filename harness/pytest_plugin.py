@@ -101,8 +101,9 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     target = session.config.getoption("harness_report", None)
     if target is None or _SESSION_KEY not in session.config.stash:
         return
-    from .report import collect_meta, write_run
+    from .environment import collect_meta
     from .runner import to_frame
+    from .storage import write_run
 
     harness = session.config.stash[_SESSION_KEY]
     meta = collect_meta(harness.device, ["pytest", *sys.argv[1:]], {})

@@ -10,6 +10,7 @@ import kernels
 from harness import backends as backends_module
 from harness import register_backend
 from harness import report as report_module
+from harness import storage as storage_module
 from harness.cases import load_case_file
 from harness.cli import main
 from harness.compare import compare_runs
@@ -132,7 +133,7 @@ def test_report_files_and_failures_listed_first(tmp_path, case_file):
     register_backend("half_written", half_written)
     assert cli_run(case_file, tmp_path / "run", "--backend", "tlsim", "--backend", "half_written") == 1
     run = tmp_path / "run"
-    assert sorted(p.name for p in run.iterdir()) == sorted(report_module.RESULT_FILES)
+    assert sorted(p.name for p in run.iterdir()) == sorted(storage_module.RESULT_FILES)
     csv = pd.read_csv(run / "results.csv")
     assert list(csv.columns[:22]) == [
         "case", "backend", "device", "dtype", "num_q_heads", "num_kv_heads", "head_dim", "block_size",
@@ -157,8 +158,8 @@ def test_write_run_refuses_an_existing_folder(tmp_path):
     (tmp_path / "run").mkdir()
     (tmp_path / "run" / "keep.txt").write_text("earlier")
     frame = pd.DataFrame([{"case": "c", "backend": "b", "status": "pass"}])
-    with pytest.raises(report_module.RunDirExistsError, match="never overwritten"):
-        report_module.write_run(frame, {}, tmp_path / "run")
+    with pytest.raises(storage_module.RunDirExistsError, match="never overwritten"):
+        storage_module.write_run(frame, {}, tmp_path / "run")
     assert [p.name for p in (tmp_path / "run").iterdir()] == ["keep.txt"]
     assert sorted(p.name for p in tmp_path.iterdir()) == ["run"], "no staging folder left behind"
 
@@ -170,7 +171,7 @@ def test_an_interrupted_write_leaves_nothing(tmp_path, monkeypatch):
     monkeypatch.setattr(report_module, "render_html", interrupted)
     frame = pd.DataFrame([{"case": "c", "backend": "b", "status": "pass"}])
     with pytest.raises(KeyboardInterrupt):
-        report_module.write_run(frame, {}, tmp_path / "run")
+        storage_module.write_run(frame, {}, tmp_path / "run")
     assert list(tmp_path.iterdir()) == []
 
 
