@@ -1,7 +1,8 @@
-"""python -m harness {run,list,report,compare,schema}
+"""python -m harness {run,list,report,compare,history,schema}
 
 Exit codes: 0 every case within tolerance, 1 a tolerance failure (or an error row, or a
-regression for compare), 2 bad input (a case file or an argument), with one clear message.
+regression for compare), 2 bad input (a case file or an argument), with one clear message;
+compare also exits 3 when nothing got worse but the comparison is incomplete.
 """
 
 from __future__ import annotations
@@ -42,12 +43,46 @@ def build_parser() -> argparse.ArgumentParser:
 
     report = verbs.add_parser("report", help="(re)build report.html of a run folder")
     report.add_argument("run_dir", type=Path)
+    report.add_argument("--baseline", type=Path, metavar="BASE_RUN", help="mark and list regressions against this run")
 
-    compare = verbs.add_parser("compare", help="regressions of NEW_RUN against BASE_RUN; exit 1 if any")
+    compare = verbs.add_parser(
+        "compare",
+        help="what got worse in NEW_RUN against BASE_RUN",
+        description="Exit 0: nothing got worse and the comparison is complete; 1: something got worse; "
+        "2: bad input (unreadable run, duplicated rows); 3: nothing got worse but the comparison is "
+        "incomplete (rows on one side only, device or torch/triton mismatch).",
+    )
     compare.add_argument("base_run", type=Path)
     compare.add_argument("new_run", type=Path)
-    compare.add_argument("--latency-threshold", type=float, default=0.10, help="relative slowdown that counts (0.10)")
-    compare.add_argument("--error-factor", type=float, default=2.0, help="error growth factor that counts (2.0)")
+    compare.add_argument("--min-effect", "--latency-threshold", type=float, dest="min_effect",
+                         help="smallest relative latency change that counts (default 0.10 on CPU rows, 0.03 on CUDA)")  # fmt: skip
+    compare.add_argument("--alpha", type=float, default=0.05, help="significance level after correction (0.05)")
+    compare.add_argument(
+        "--correction",
+        choices=["bh", "holm", "none"],
+        default="bh",
+        help="multiple-row p-value correction: Benjamini-Hochberg (default), Holm, none",
+    )
+    compare.add_argument(
+        "--error-factor", type=float, default=2.0, help="error / tol_ratio growth factor that counts (2.0)"
+    )
+    compare.add_argument(
+        "--allow-mismatch", action="store_true", help="a device or version mismatch does not change the exit code"
+    )
+    compare.add_argument("--html", type=Path, metavar="FILE", help="also write the comparison as an HTML page")
+    compare.add_argument("--all", action="store_true", dest="show_all", help="list every row, not only changes")
+    compare.add_argument("--confirm", nargs="?", const="unclear", choices=["slower", "unclear", "all"],
+                         help="re-time rows judged slower (and, by default, 'cannot tell'; or all), alternating both "
+                         "commits' builds (git worktrees) row by row, before the verdict")  # fmt: skip
+    compare.add_argument("--confirm-rounds", type=int, default=5, help="interleaved rounds per row for --confirm (5)")
+
+    history = verbs.add_parser("history", help="latency and error trends across runs (commits), per case and backend")
+    history.add_argument("runs", nargs="*", type=Path, help="run folders, or folders of runs (default: reports/)")
+    history.add_argument("--html", type=Path, metavar="FILE", help="also write an HTML page with plots")
+    history.add_argument("--min-effect", type=float, dest="min_effect", help="as for compare")
+    history.add_argument(
+        "--backend", action="append", dest="backends", metavar="NAME", help="only this backend (repeatable)"
+    )
 
     verbs.add_parser("schema", help="JSON Schema of the case files")
     return parser
@@ -134,19 +169,48 @@ def cmd_list(args: argparse.Namespace) -> int:
 def cmd_report(args: argparse.Namespace) -> int:
     from .report import rebuild_html
 
-    print(rebuild_html(args.run_dir))
+    print(rebuild_html(args.run_dir, baseline=args.baseline))
     return EXIT_OK
 
 
 def cmd_compare(args: argparse.Namespace) -> int:
-    from .compare import compare_runs, format_comparison
+    from .compare import CompareOptions, compare_runs, format_comparison
     from .storage import load_run
 
-    base, _ = load_run(args.base_run)
-    new, _ = load_run(args.new_run)
-    comparison = compare_runs(base, new, latency_threshold=args.latency_threshold, error_factor=args.error_factor)
-    print(format_comparison(comparison, str(args.base_run), str(args.new_run)))
-    return EXIT_OK if comparison.ok else EXIT_FAIL
+    base, base_meta = load_run(args.base_run)
+    new, new_meta = load_run(args.new_run)
+    options = CompareOptions(
+        min_effect=args.min_effect,
+        alpha=args.alpha,
+        correction=args.correction,
+        error_factor=args.error_factor,
+        allow_mismatch=args.allow_mismatch,
+    )
+    comparison = compare_runs(base, new, base_meta, new_meta, options)
+    if args.confirm:
+        from .confirm import confirm_slower
+
+        comparison = confirm_slower(
+            comparison, base_meta, new_meta, options, rounds=args.confirm_rounds, which=args.confirm
+        )
+    print(format_comparison(comparison, str(args.base_run), str(args.new_run), show_all=args.show_all))
+    if args.html:
+        from .report import write_compare_html
+
+        print(
+            f"page: {write_compare_html(comparison, args.html, (args.base_run, base_meta), (args.new_run, new_meta))}"
+        )
+    return comparison.exit_code
+
+
+def cmd_history(args: argparse.Namespace) -> int:
+    from .history import format_history, load_history, write_history_html
+
+    history = load_history(args.runs or [Path("reports")], min_effect=args.min_effect, backends=args.backends)
+    print(format_history(history))
+    if args.html:
+        print(f"page: {write_history_html(history, args.html)}")
+    return EXIT_OK
 
 
 def cmd_schema(args: argparse.Namespace) -> int:
@@ -165,7 +229,14 @@ def main(argv: list[str] | None = None) -> int:
 
     parser = build_parser()
     args = parser.parse_args(argv)
-    handler = {"run": cmd_run, "list": cmd_list, "report": cmd_report, "compare": cmd_compare, "schema": cmd_schema}
+    handler = {
+        "run": cmd_run,
+        "list": cmd_list,
+        "report": cmd_report,
+        "compare": cmd_compare,
+        "history": cmd_history,
+        "schema": cmd_schema,
+    }
     try:
         return handler[args.verb](args)
     except (BadInput, CaseFileError, RunDirExistsError, ValueError) as error:
