@@ -8,15 +8,20 @@ Confirm mode does that, in the manner of ``asv continuous``:
 
 1. each run's commit (meta.json ``commit``) is checked out with ``git worktree add
    --detach`` into a temporary folder (or given: ``checkouts``);
-2. one worker process per build is started in its checkout (its own ``harness`` and
-   ``kernels`` on PYTHONPATH, the original run's plugins loaded, torch threads as the run
-   recorded in ``timing_threads``); a worker builds a row's inputs once and answers
-   "time (case, backend)" with the samples of that build's ``harness.timing.time_call``;
-3. for ``rounds`` rounds, every chosen row (by default those judged slower or "cannot
-   tell"; ``all``: every timed row) is timed for about 50 ms by base then new (new then
-   base on odd rounds), so both builds of a row are timed within a second of each other;
-4. each row's samples are pooled per build and judged again with :mod:`harness.stats`
-   (corrected over the re-judged rows): a slower verdict stands only when confirmed.
+2. each round starts one fresh worker process per build in its checkout (its own
+   ``harness`` and ``kernels`` on PYTHONPATH, the original run's plugins loaded, torch
+   threads as the run recorded in ``timing_threads``); a worker builds a row's inputs and
+   answers "time (case, backend)" with the samples of that build's ``time_call``;
+3. in each of ``rounds`` rounds, every chosen row (by default those judged slower or
+   "cannot tell"; ``all``: every timed row) is timed for about 50 ms by base then new
+   (new then base on odd rounds), so both builds of a row are timed within a second;
+4. each round gives one observation per build, its median: a process has its own
+   persistent speed (memory placement: two identical processes on this loaded 2-core
+   machine differed by 1.5-2x for a whole session, even pinned to one CPU), so samples of
+   one process are not independent observations, while fresh processes per round make
+   that effect part of the noise; the ``rounds`` observations per build are judged again
+   with :mod:`harness.stats` (corrected over the re-judged rows): a slower verdict
+   stands only when confirmed.
 
 The worktrees are removed at the end. Without commits or case files it says why and
 changes nothing. Rows only: status and accuracy changes are not re-run.
@@ -32,6 +37,8 @@ import sys
 import tempfile
 from collections.abc import Callable
 from pathlib import Path
+
+import numpy as np
 
 from . import stats
 from .compare import CompareOptions, Comparison, _row_changes
@@ -65,7 +72,7 @@ for line in sys.stdin:
             out = torch.full_like(inputs.q, float("nan"))
             ready[(case_id, backend)] = (b.prepare(case, inputs, out).run, b.graphable)
         run, graphable = ready[(case_id, backend)]
-        timing = time_call(run, cfg["device"], graphable=graphable, target_s=cfg["target_s"], min_reps=3)
+        timing = time_call(run, cfg["device"], graphable=graphable, target_s=cfg["target_s"], min_reps=5)
         print(json.dumps(list(timing.samples_us)), flush=True)
     except Exception as error:
         print(json.dumps({"error": f"{type(error).__name__}: {error}"}), flush=True)
@@ -116,7 +123,7 @@ def confirm_slower(
     new_meta: dict,
     options: CompareOptions,
     *,
-    rounds: int = 5,
+    rounds: int = 8,
     which: str = "unclear",
     target_s: float = 0.05,
     checkouts: tuple[Path, Path] | None = None,
@@ -154,18 +161,19 @@ def confirm_slower(
     pooled: dict[tuple[str, str], tuple[list[float], list[float]]] = {key: ([], []) for key in keys}
     with tempfile.TemporaryDirectory(prefix="harness-confirm-") as tmp:
         trees = checkouts or tuple(_worktree(c, Path(tmp) / s) for c, s in zip(commits, ("base", "new"), strict=True))
-        workers: list[Worker] = []
         try:
-            workers = [Worker(tree, config, env) for tree, env in zip(trees, envs, strict=True)]
-            log(f"confirm: re-timing {len(keys)} row(s) ({which}), {rounds} interleaved rounds of base and new")
+            log(f"confirm: re-timing {len(keys)} row(s) ({which}), {rounds} rounds of fresh base and new processes")
             for k in range(rounds):
-                order = (0, 1) if k % 2 == 0 else (1, 0)
-                for key in keys:
-                    for side in order:
-                        pooled[key][side].extend(workers[side].time(*key))
+                workers = [Worker(tree, config, env) for tree, env in zip(trees, envs, strict=True)]
+                try:
+                    order = (0, 1) if k % 2 == 0 else (1, 0)
+                    for key in keys:
+                        for side in order:
+                            pooled[key][side].append(float(np.median(workers[side].time(*key))))
+                finally:
+                    for worker in workers:
+                        worker.close()
         finally:
-            for worker in workers:
-                worker.close()
             if checkouts is None:
                 for tree in trees:
                     subprocess.run(["git", "worktree", "remove", "--force", str(tree)], capture_output=True)
@@ -190,7 +198,7 @@ def rejudge(comparison: Comparison, index: dict, pooled: dict, options: CompareO
             p,
         ]
         rows.at[i, "verdict"], rows.at[i, "evidence"] = v.verdict, "confirmed, interleaved"
-        rows.at[i, "verdict_reason"] = f"interleaved re-run, {t.n_base}/{t.n_new} samples: {v.reason}"
+        rows.at[i, "verdict_reason"] = f"interleaved re-run, {t.n_base} rounds: {v.reason}"
         worse, better = _row_changes(rows.loc[i], options)
         rows.at[i, "why"], rows.at[i, "better"] = "; ".join(worse), "; ".join(better)
     return Comparison(rows=rows, problems=comparison.problems, incomplete=comparison.incomplete)
