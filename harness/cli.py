@@ -74,7 +74,9 @@ def build_parser() -> argparse.ArgumentParser:
     compare.add_argument("--confirm", nargs="?", const="unclear", choices=["slower", "unclear", "all"],
                          help="re-time rows judged slower (and, by default, 'cannot tell'; or all), alternating both "
                          "commits' builds (git worktrees) row by row, before the verdict")  # fmt: skip
-    compare.add_argument("--confirm-rounds", type=int, default=8, help="rounds (fresh process pairs) for --confirm (8; at least 5)")
+    compare.add_argument(
+        "--confirm-rounds", type=int, default=8, help="rounds (fresh process pairs) for --confirm (8; at least 5)"
+    )
 
     history = verbs.add_parser("history", help="latency and error trends across runs (commits), per case and backend")
     history.add_argument("runs", nargs="*", type=Path, help="run folders, or folders of runs (default: reports/)")

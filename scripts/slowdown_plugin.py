@@ -18,13 +18,16 @@ import time
 import kernels
 from harness import register_backend
 
-SLOWDOWN = float(os.environ.get("HARNESS_SLOWDOWN", "0") or 0)
+PLANTED = 0.0  # edit to plant a slowdown in the code itself (what a commit would do); the env var wins
+SLOWDOWN = float(os.environ.get("HARNESS_SLOWDOWN", PLANTED) or 0)
 MODE = os.environ.get("HARNESS_SLOWDOWN_MODE", "spin")
 
 
 def reference_slowable(q, k_cache, v_cache, block_table, seq_lens, query_start_loc=None, scale=None, out=None):
     start = time.perf_counter()
-    result = kernels.paged_attention_reference(q, k_cache, v_cache, block_table, seq_lens, query_start_loc, scale, out=out)
+    result = kernels.paged_attention_reference(
+        q, k_cache, v_cache, block_table, seq_lens, query_start_loc, scale, out=out
+    )
     if SLOWDOWN > 0:
         elapsed = time.perf_counter() - start
         if MODE == "sleep":
