@@ -118,8 +118,8 @@ def scaling_fit(frame: pd.DataFrame, fits: pd.DataFrame | None) -> str | None:
     return to_data_uri(fig)
 
 
-def trend(history: pd.DataFrame, value: str, ylabel: str, title: str) -> str | None:
-    """One line per (case, backend) of ``value`` across runs (x: run order); regressions circled red."""
+def trend(history: pd.DataFrame, value: str, ylabel: str, title: str, flag: str = "regressed") -> str | None:
+    """One line per (case, backend) of ``value`` across runs (x: run order); rows where ``flag`` is set circled red."""
     data = history.dropna(subset=[value])
     if data.empty:
         return None
@@ -130,7 +130,7 @@ def trend(history: pd.DataFrame, value: str, ylabel: str, title: str) -> str | N
     for (_case, backend), rows in data.groupby(["case", "backend"]):
         rows = rows.sort_values("run_order")
         ax.plot(rows["run_order"], rows[value], "-o", ms=3, lw=1, alpha=0.7, color=colors[backend])
-        bad = rows[rows.get("regressed", False) == True]  # noqa: E712
+        bad = rows[rows[flag].astype(bool)] if flag in rows else rows.iloc[0:0]
         ax.plot(bad["run_order"], bad[value], "o", ms=9, mfc="none", mec="#b3261e", mew=1.5)
     for backend, color in colors.items():
         ax.plot([], [], "-", color=color, label=backend)
