@@ -51,7 +51,7 @@ def gpu(session: nox.Session) -> None:
     env = {"PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
     session.run("python", "-m", "pytest", env=env)
     session.run(
-        "python", "-m", "harness", "run", "cases/smoke.toml", "cases/gpu.toml", "cases/gpu_long.toml",
+        "python", "-m", "harness", "run", "cases/smoke.toml", "cases/gpu_peers.toml", "cases/gpu.toml", "cases/gpu_long.toml",
         "--device", "cuda", "--oracle-device", "cuda", *session.posargs, env=env,
     )  # fmt: skip
 

@@ -35,6 +35,10 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--out", type=Path, help="run folder to create (default: reports/<time>-<device>-<commit>)")
     run.add_argument("--no-timing", dest="timing", action="store_false", help="grade only; do not time")
     run.add_argument("--no-progress", dest="progress", action="store_false", help="no progress bar")
+    run.add_argument(
+        "--profile", action="append", default=[], metavar="CASE[:BACKEND]",
+        help="save a torch.profiler Chrome trace of these rows under RUN/profiles/ (globs; repeatable)",
+    )  # fmt: skip
 
     listing = verbs.add_parser("list", help="the expanded cases, as a table")
     listing.add_argument("cases", nargs="*")
@@ -65,15 +69,17 @@ def _load(cases: list[str], device: str, tags: list[str] | None):
 
 def cmd_run(args: argparse.Namespace) -> int:
     from .backends import load_plugin, resolve_backends
+    from .ceilings import measure_ceilings
     from .environment import collect_meta
-    from .options import default_device
+    from .options import apply_threads, default_device
+    from .profiling import profile_pairs, selected
     from .runner import RunConfig, exit_code, run_cases, summarize
     from .storage import default_run_dir, write_run
-    from .timing import measure_copy_bandwidth
 
     device = args.harness_device or default_device()
     if device == "cuda" and not torch.cuda.is_available():
         raise BadInput("--device cuda: no CUDA device is visible to torch")
+    threads = apply_threads(args.harness_threads, device)
     for plugin in args.harness_plugins:
         load_plugin(plugin)
     backends = resolve_backends(args.harness_backends)
@@ -81,22 +87,26 @@ def cmd_run(args: argparse.Namespace) -> int:
     if run_dir.exists():
         raise BadInput(f"--out {run_dir}: already exists; a run is never overwritten")
     cases = _load(args.cases, device, args.harness_tags)
-    ceilings = {}
-    if args.timing:
-        ceilings[f"{device}_copy"] = measure_copy_bandwidth(device)
+    to_profile = selected(cases, backends, args.profile)
+    ceilings = measure_ceilings(device, [c.dtype for c in cases]) if args.timing else {}
     config = RunConfig(
         device=device,
         backends=backends,
         timing=args.timing,
         oracle_device=args.harness_oracle_device or "cpu",
-        ceiling_gbps=ceilings.get(f"{device}_copy"),
+        ceilings=ceilings,
         progress=args.progress,
+        threads=threads,
     )
     print(f"{len(cases)} cases x {len(backends)} backends on {device}", file=sys.stderr)
     frame = run_cases(cases, config)
-    meta = collect_meta(device, ["python -m harness", *sys.argv[1:]], ceilings)
-    meta["case_files"] = sorted({c.file for c in cases})
+    bandwidth = {k: v for k, v in ceilings.items() if k.endswith("_gbps")}
+    meta = collect_meta(device, ["python -m harness", *sys.argv[1:]], bandwidth)
+    meta.update(case_files=sorted({c.file for c in cases}), ceilings=ceilings, timing_threads=threads)
     write_run(frame, meta, run_dir)
+    if to_profile:
+        for path in profile_pairs(to_profile, device, config.oracle_device, run_dir / "profiles"):
+            print(f"profile: {path}")
     print(summarize(frame))
     print(f"report: {run_dir / 'report.html'}")
     return exit_code(frame)

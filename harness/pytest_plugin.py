@@ -50,12 +50,18 @@ class HarnessSession:
             self.cases = load_cases(paths, self.device, config.getoption("harness_tags"))
         except (CaseFileError, ValueError) as error:
             raise pytest.UsageError(str(error)) from None
+        threads = None
+        if config.getoption("harness_timing"):
+            from .options import apply_threads
+
+            threads = apply_threads(config.getoption("harness_threads"), self.device)
         self.config = RunConfig(
             device=self.device,
             backends=backends,
             timing=config.getoption("harness_timing"),
             oracle_device=config.getoption("harness_oracle_device") or "cpu",
             progress=False,
+            threads=threads,
         )
         self.rows: list[dict] = []
         self._context = None

@@ -8,19 +8,19 @@ from __future__ import annotations
 
 import traceback
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import pandas as pd
 import torch
 from tqdm import tqdm
 
-from .backends import Backend
 from .cases import Case
 from .grading import grade
 from .inputs import PagedInputs, make_inputs
-from .metrics import bytes_moved, gbps, pct_of_ceiling
+from .measure import TimingPlan, timing_columns
+from .metrics import bytes_moved
 from .oracle import paged_attention_oracle
-from .timing import time_call
+from .registry import Backend, Unsupported
 
 # The report's contract columns (DESIGN.md), then the case parameters and timing detail.
 COLUMNS = [
@@ -29,7 +29,9 @@ COLUMNS = [
     "nan_count", "atol", "rtol", "latency_us", "bytes_moved", "gbps", "pct_of_ceiling",
     "tol_ratio", "group_size", "num_tokens", "max_q_len", "total_kv_tokens", "layout", "input_scale", "seed",
     "tags", "case_file", "backend_kind", "note", "latency_p10_us", "latency_p90_us", "timing_reps",
-    "timing_method",
+    "timing_method", "call_us", "call_p10_us", "call_p90_us", "host_overhead_us", "graph_capturable",
+    "device_syncs", "kernels_ran", "timing_threads", "flops", "tflops", "pct_of_peak",
+    "latency_samples_us", "call_samples_us",
 ]  # fmt: skip
 STATUSES = ("pass", "fail", "error", "skip")
 
@@ -42,8 +44,9 @@ class RunConfig:
     backends: list[Backend]
     timing: bool = True
     oracle_device: str = "cpu"
-    ceiling_gbps: float | None = None
+    ceilings: dict = field(default_factory=dict)  # harness.ceilings.measure_ceilings: read/copy GB/s, peaks
     progress: bool = True
+    threads: int | None = None  # torch intra-op threads of the run (recorded on timed rows)
 
 
 @dataclass(frozen=True)
@@ -126,17 +129,10 @@ def run_backend(ctx: CaseContext, backend: Backend, config: RunConfig) -> dict:
             tol_ratio=result.tol_ratio,
         )
         if config.timing:
-            timing = time_call(prepared.run, config.device, graphable=backend.graphable)
-            row.update(
-                latency_us=timing.median_us,
-                latency_p10_us=timing.quantile(0.1),
-                latency_p90_us=timing.quantile(0.9),
-                timing_reps=len(timing.samples_us),
-                timing_method=timing.method,
-                gbps=gbps(row["bytes_moved"], timing.median_us),
-            )
-            if config.ceiling_gbps:
-                row["pct_of_ceiling"] = pct_of_ceiling(row["gbps"], config.ceiling_gbps)
+            plan = TimingPlan(config.device, config.ceilings, threads=config.threads)
+            row.update(timing_columns(case, backend, prepared, plan, row["bytes_moved"]))
+    except Unsupported as refusal:  # the backend cannot serve this case: a skip with its reason
+        return {**row, "status": "skip", "reason": str(refusal)}
     except Exception as error:  # a raising backend is an error row; the run goes on
         if torch.device(config.device).type == "cuda":
             torch.cuda.synchronize()
@@ -175,7 +171,7 @@ def run_cases(cases: Iterable[Case], config: RunConfig, on_row: Callable[[dict],
 def to_frame(rows: list[dict]) -> pd.DataFrame:
     """Rows as a DataFrame with every report column, in order (absent values are NaN)."""
     frame = pd.DataFrame(rows, columns=COLUMNS)
-    for column in ("reason", "note", "timing_method", "tags"):
+    for column in ("reason", "note", "timing_method", "tags", "kernels_ran"):
         frame[column] = frame[column].astype(object).fillna("").astype(str)
     return frame
 
@@ -196,8 +192,12 @@ def summarize(frame: pd.DataFrame) -> str:
         )
     timed = frame.dropna(subset=["latency_us"])
     if not timed.empty:
+        from .scaling import fit_scaling, format_scaling
+
         slow = timed.loc[timed["latency_us"].idxmax()]
         lines.append(f"slowest: {slow['backend']} on {slow['case']}: {slow['latency_us']:.1f} us")
+        if fits := format_scaling(fit_scaling(timed)):
+            lines.append("latency scaling (least squares over this run's rows):\n" + fits)
     bad = frame[frame["status"].isin(["fail", "error"])]
     for _, row in bad.head(10).iterrows():
         lines.append(f"{row['status'].upper()}: {row['backend']} on {row['case']}: {row['reason']}")
