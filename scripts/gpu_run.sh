@@ -28,6 +28,6 @@ if [ "$MODE" != suites ]; then
   python3 scripts/measure_tlsim_closeness.py 2>&1 | tee "$OUT/closeness.txt" | tail -3
 fi
 if [ "$MODE" != tests ]; then
-  python3 -m harness run cases/gpu_peers.toml cases/gpu.toml cases/gpu_long.toml --device cuda --oracle-device cuda \
+  python3 -m harness run ${SUITES:-cases/gpu_peers.toml cases/gpu.toml cases/gpu_long.toml} --device cuda --oracle-device cuda \
     --out "$OUT/run" --no-progress "${@:2}" 2>&1 | tee "$OUT/run.log" | tail -60
 fi
