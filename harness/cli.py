@@ -99,7 +99,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         threads=threads,
     )
     print(f"{len(cases)} cases x {len(backends)} backends on {device}", file=sys.stderr)
-    frame = run_cases(cases, config)
+    frame = run_cases(cases, config, on_row=None if args.progress else _row_printer())
     bandwidth = {k: v for k, v in ceilings.items() if k.endswith("_gbps")}
     meta = collect_meta(device, ["python -m harness", *sys.argv[1:]], bandwidth)
     meta.update(case_files=sorted({c.file for c in cases}), ceilings=ceilings, timing_threads=threads)
@@ -110,6 +110,26 @@ def cmd_run(args: argparse.Namespace) -> int:
     print(summarize(frame))
     print(f"report: {run_dir / 'report.html'}")
     return exit_code(frame)
+
+
+def _row_printer():
+    """on_row for runs without a progress bar (logs, CI): one line a row as it finishes, with the time so far."""
+    import time
+
+    start = time.perf_counter()
+
+    def show(row: dict) -> None:
+        latency = row.get("latency_us")
+        timed = f" {latency:.1f} us" if isinstance(latency, float) and latency == latency else ""
+        call = row.get("call_us")
+        timed += f" (call {call:.1f} us)" if isinstance(call, float) and call == call else ""
+        print(
+            f"[{time.perf_counter() - start:7.1f}s] {row['case']} {row['backend']}: {row['status']}{timed}",
+            file=sys.stderr,
+            flush=True,
+        )
+
+    return show
 
 
 def cmd_list(args: argparse.Namespace) -> int:

@@ -6,7 +6,7 @@
                  arguments, checks and all), device drained around it
 ``host_overhead_us`` call_us - latency_us on CUDA: what the call costs beyond its kernels
 ``graph_capturable`` / ``device_syncs``: can the default call be captured; how many syncs
-``kernels_ran``  the device kernels of one prepared call, longest first (CUDA)
+``kernels_ran``  the device kernels of one prepared call of a peer, longest first (CUDA)
 plus bandwidth and rate against the run's measured ceilings.
 """
 
@@ -62,7 +62,8 @@ def timing_columns(case: Case, backend: Backend, prepared: Prepared, plan: Timin
     probe = probe_call(prepared.call or prepared.run, device)
     row["graph_capturable"] = probe.graph_capturable
     row["device_syncs"] = probe.device_syncs
-    row["kernels_ran"] = kernels_launched(prepared.run, device)
+    if backend.kind == "peer":  # which library kernel a peer got (the profiler costs a second or so a row)
+        row["kernels_ran"] = kernels_launched(prepared.run, device)
     row["timing_threads"] = plan.threads if plan.threads is not None else torch.get_num_threads()
     row["gbps"] = gbps(bytes_moved, row["latency_us"])
     if read := plan.ceilings.get("read_gbps"):

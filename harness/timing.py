@@ -32,6 +32,7 @@ import torch
 
 L2_FLUSH_BYTES = 256 * 2**20
 DEFAULT_MIN_REPS = {"cpu": 10, "cuda": 20}
+WALL_MIN_REPS = 10  # call_us: each sample drains the device, so fewer suffice
 DEFAULT_MAX_REPS = {"cpu": 200, "cuda": 400}
 
 
@@ -131,7 +132,7 @@ def time_wall(
     The device is drained (synchronize) before the clock starts and after ``fn`` returns,
     inside the timed region, so the sample is the full latency of the call as made.
     """
-    min_reps, max_reps = _reps(device, min_reps, max_reps)
+    min_reps, max_reps = _reps(device, WALL_MIN_REPS if min_reps is None else min_reps, max_reps)
     cuda = _is_cuda(device)
     for _ in range(3 if cuda else 1):
         fn()
@@ -161,8 +162,10 @@ def capture_graph(fn: Callable[[], object]) -> torch.cuda.CUDAGraph | None:
     stream.wait_stream(torch.cuda.current_stream())
     graph = torch.cuda.CUDAGraph()
     try:
-        with torch.cuda.stream(stream), torch.cuda.graph(graph, stream=stream, capture_error_mode="thread_local"):
-            fn()
+        with warnings.catch_warnings():  # a failed capture also warns that the graph is empty
+            warnings.simplefilter("ignore")
+            with torch.cuda.stream(stream), torch.cuda.graph(graph, stream=stream, capture_error_mode="thread_local"):
+                fn()
     except RuntimeError:
         torch.cuda.synchronize()
         return None
@@ -218,8 +221,10 @@ def kernels_launched(fn: Callable[[], object], device: str, top: int = 3) -> str
         torch.cuda.synchronize()
     totals: dict[str, float] = {}
     for event in prof.events():
-        device_time = getattr(event, "device_time", None) or getattr(event, "cuda_time", 0.0)
-        if event.device_type == torch.autograd.DeviceType.CUDA and device_time > 0:
+        if event.device_type != torch.autograd.DeviceType.CUDA:
+            continue
+        device_time = event.device_time if hasattr(event, "device_time") else event.cuda_time
+        if device_time > 0:
             totals[event.name] = totals.get(event.name, 0.0) + device_time
     whole = sum(totals.values()) or 1.0
     ranked = sorted(totals.items(), key=lambda kv: -kv[1])[:top]
