@@ -49,9 +49,9 @@ def test_dispatch_calls_the_selected_backend(monkeypatch, backend):
     calls = []
     real = dispatch._backend_fn(backend)
 
-    def spy(*args):
+    def spy(*args, **kwargs):
         calls.append(backend)
-        return real(*args)
+        return real(*args, **kwargs)
 
     monkeypatch.setattr(dispatch, "_backend_fn", lambda name: spy if name == backend else pytest.fail(name))
     inputs = BASE.inputs()
