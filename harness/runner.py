@@ -16,7 +16,8 @@ from tqdm import tqdm
 
 from .backends import Backend
 from .cases import Case
-from .grading import grade
+from .grading import forward_error_bound, grade
+from .guard import InputGuard, check_output, raised_by_backend
 from .inputs import PagedInputs, make_inputs
 from .metrics import bytes_moved, gbps, pct_of_ceiling
 from .oracle import paged_attention_oracle
@@ -29,7 +30,7 @@ COLUMNS = [
     "nan_count", "atol", "rtol", "latency_us", "bytes_moved", "gbps", "pct_of_ceiling",
     "tol_ratio", "group_size", "num_tokens", "max_q_len", "total_kv_tokens", "layout", "input_scale", "seed",
     "tags", "case_file", "backend_kind", "note", "latency_p10_us", "latency_p90_us", "timing_reps",
-    "timing_method",
+    "timing_method", "error_bound", "grading_note",
 ]  # fmt: skip
 STATUSES = ("pass", "fail", "error", "skip")
 
@@ -53,10 +54,20 @@ class CaseContext:
     case: Case
     inputs: PagedInputs
     expected: torch.Tensor  # [num_tokens, num_q_heads, head_dim] float64
+    bound: torch.Tensor | None = None  # forward_error_bound of the inputs, expected's shape
+    guard: InputGuard | None = None  # fingerprints of the pristine inputs
 
 
 def build_context(case: Case, device: str, oracle_device: str) -> CaseContext:
-    inputs = make_inputs(
+    inputs = case_inputs(case, device)
+    expected = paged_attention_oracle(*inputs.args(), device=oracle_device)
+    bound = forward_error_bound(*inputs.args(), expected)
+    return CaseContext(case, inputs, expected, bound, InputGuard(inputs, lambda: case_inputs(case, device)))
+
+
+def case_inputs(case: Case, device: str) -> PagedInputs:
+    """The case's inputs, built from its seed (the same tensors every time)."""
+    return make_inputs(
         num_q_heads=case.num_q_heads,
         num_kv_heads=case.num_kv_heads,
         head_dim=case.head_dim,
@@ -69,7 +80,6 @@ def build_context(case: Case, device: str, oracle_device: str) -> CaseContext:
         seed=case.seed,
         device=device,
     )
-    return CaseContext(case, inputs, paged_attention_oracle(*inputs.args(), device=oracle_device))
 
 
 def case_columns(case: Case, device: str) -> dict:
@@ -114,7 +124,12 @@ def run_backend(ctx: CaseContext, backend: Backend, config: RunConfig) -> dict:
     try:
         out = torch.full_like(ctx.inputs.q, float("nan"))  # an element the backend does not write fails
         prepared = backend.prepare(case, ctx.inputs, out)
-        result = grade(prepared.to_packed(prepared.run()), ctx.expected, case.atol, case.rtol)
+        packed = prepared.to_packed(prepared.run())
+        mutated = ctx.guard.check("in its graded call") if ctx.guard else ""
+        problem = "; ".join(filter(None, [mutated, check_output(packed, ctx.inputs.q)]))
+        if not isinstance(packed, torch.Tensor) or packed.shape != ctx.expected.shape:
+            return {**row, "status": "fail", "reason": problem, "note": prepared.note}
+        result = grade(packed, ctx.expected, case.atol, case.rtol, ctx.bound)
         row.update(
             status="pass" if result.passed else "fail",
             reason=result.reason,
@@ -124,7 +139,11 @@ def run_backend(ctx: CaseContext, backend: Backend, config: RunConfig) -> dict:
             rel_l2_err=result.rel_l2_err,
             nan_count=result.nan_count,
             tol_ratio=result.tol_ratio,
+            error_bound=result.error_bound,
+            grading_note=result.grading_note,
         )
+        if problem:
+            row.update(status="fail", reason=problem)
         if config.timing:
             timing = time_call(prepared.run, config.device, graphable=backend.graphable)
             row.update(
@@ -137,10 +156,16 @@ def run_backend(ctx: CaseContext, backend: Backend, config: RunConfig) -> dict:
             )
             if config.ceiling_gbps:
                 row["pct_of_ceiling"] = pct_of_ceiling(row["gbps"], config.ceiling_gbps)
-    except Exception as error:  # a raising backend is an error row; the run goes on
+        timed_problem = ctx.guard.check("while timed") if ctx.guard else ""
+        if timed_problem and not problem:
+            row.update(status="fail", reason=timed_problem)
+    except BaseException as error:  # a raising (or sys.exit-ing) backend is an error row; the run goes on
+        if not raised_by_backend(error):
+            raise  # the user's Ctrl-C, or SIGTERM
         if torch.device(config.device).type == "cuda":
             torch.cuda.synchronize()
-        return {**row, "status": "error", "reason": _error_reason(error)}
+        mutated = ctx.guard.check("before it raised") if ctx.guard else ""
+        return {**row, "status": "error", "reason": "; ".join(filter(None, [_error_reason(error), mutated]))}
     return row
 
 
@@ -175,7 +200,7 @@ def run_cases(cases: Iterable[Case], config: RunConfig, on_row: Callable[[dict],
 def to_frame(rows: list[dict]) -> pd.DataFrame:
     """Rows as a DataFrame with every report column, in order (absent values are NaN)."""
     frame = pd.DataFrame(rows, columns=COLUMNS)
-    for column in ("reason", "note", "timing_method", "tags"):
+    for column in ("reason", "note", "timing_method", "tags", "grading_note"):
         frame[column] = frame[column].astype(object).fillna("").astype(str)
     return frame
 
@@ -188,7 +213,7 @@ def summarize(frame: pd.DataFrame) -> str:
     counts = counts.reindex(columns=list(STATUSES), fill_value=0)
     graded = frame[frame["status"].isin(["pass", "fail"])]
     lines = [counts.to_string()]
-    if not graded.empty:
+    if graded["tol_ratio"].notna().any():
         worst = graded.loc[graded["tol_ratio"].idxmax()]
         lines.append(
             f"closest to its tolerance: {worst['backend']} on {worst['case']}: {worst['tol_ratio']:.2f} of it "
