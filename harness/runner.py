@@ -7,7 +7,7 @@ row), and :mod:`harness.report` stores it.
 from __future__ import annotations
 
 import traceback
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Collection, Iterable
 from dataclasses import dataclass
 
 import pandas as pd
@@ -45,6 +45,9 @@ class RunConfig:
     oracle_device: str = "cpu"
     ceiling_gbps: float | None = None
     progress: bool = True
+    isolated: frozenset[str] = frozenset()  # backends run in a worker process (harness.isolation)
+    plugins: tuple[str, ...] = ()  # plugin modules the worker imports
+    timeout_s: float | None = None  # per isolated call; a case's timeout_s wins; None: the default
 
 
 @dataclass(frozen=True)
@@ -169,31 +172,76 @@ def run_backend(ctx: CaseContext, backend: Backend, config: RunConfig) -> dict:
     return row
 
 
-def run_cases(cases: Iterable[Case], config: RunConfig, on_row: Callable[[dict], None] | None = None) -> pd.DataFrame:
-    """Every case through every configured backend; one row per (case, backend)."""
+def _row_without_call(case: Case, backend: Backend, config: RunConfig, status: str, reason: str) -> dict:
+    return {**case_columns(case, config.device), "backend": backend.name, "backend_kind": backend.kind,
+            "status": status, "reason": reason}  # fmt: skip
+
+
+def run_cases(
+    cases: Iterable[Case],
+    config: RunConfig,
+    on_row: Callable[[dict], None] | None = None,
+    done: Collection[tuple[str, str]] = (),
+) -> pd.DataFrame:
+    """Every case through every configured backend; one row per (case, backend).
+
+    ``on_row`` gets each row as it finishes (the journal). Pairs in ``done`` (case id,
+    backend name; a resumed run's journal) are not run and not returned. Backends named
+    in ``config.isolated`` run in a worker process (:mod:`harness.isolation`), under
+    ``case.timeout_s`` or ``config.timeout_s`` per call.
+    """
+    from .isolation import DEFAULT_TIMEOUT_S, Worker
+
     cases = list(cases)
+    done = set(done)
     rows: list[dict] = []
-    total = len(cases) * len(config.backends)
-    with tqdm(total=total, desc="cases x backends", unit="run", disable=not config.progress or total < 4) as bar:
-        for case in cases:
-            bar.set_postfix_str(case.id[-40:])
-            try:
-                ctx = build_context(case, config.device, config.oracle_device)
-            except Exception as error:  # inputs or oracle failed (out of memory, say): every row errors
-                reason = f"building inputs/oracle: {_error_reason(error)}"
-                ctx_rows = [
-                    {**case_columns(case, config.device), "backend": b.name, "backend_kind": b.kind,
-                     "status": "error", "reason": reason}
-                    for b in config.backends
-                ]  # fmt: skip
-            else:
-                ctx_rows = [run_backend(ctx, backend, config) for backend in config.backends]
-                del ctx
-            for row in ctx_rows:
-                rows.append(row)
+    total = sum((c.id, b.name) not in done for c in cases for b in config.backends)
+    order = {b.name: i for i, b in enumerate(config.backends)}
+    worker = Worker(config.plugins) if config.isolated else None
+    case_rows: list[dict] = []  # this case's rows, in the order they finish
+    try:
+        with tqdm(total=total, desc="cases x backends", unit="run", disable=not config.progress or total < 4) as bar:
+
+            def emit(row: dict) -> None:
+                case_rows.append(row)
                 if on_row:
                     on_row(row)
                 bar.update()
+
+            for case in cases:
+                todo = [b for b in config.backends if (case.id, b.name) not in done]
+                if not todo:
+                    continue
+                bar.set_postfix_str(case.id[-40:])
+                case_rows.clear()
+
+                local, remote = [], []
+                for backend in todo:
+                    if reason := backend.skip_reason(case, config.device):
+                        emit(_row_without_call(case, backend, config, "skip", reason))
+                    else:
+                        (remote if backend.name in config.isolated else local).append(backend)
+                if local:
+                    try:
+                        ctx = build_context(case, config.device, config.oracle_device)
+                    except Exception as error:  # inputs or oracle failed (out of memory, say): every row errors
+                        reason = f"building inputs/oracle: {_error_reason(error)}"
+                        for backend in local:
+                            emit(_row_without_call(case, backend, config, "error", reason))
+                    else:
+                        for backend in local:
+                            emit(run_backend(ctx, backend, config))
+                        del ctx
+                for backend in remote:
+                    limit = case.timeout_s or config.timeout_s or DEFAULT_TIMEOUT_S
+                    result = worker.run(case, backend.name, config, limit)
+                    if isinstance(result, str):
+                        result = _row_without_call(case, backend, config, "error", result)
+                    emit(result)
+                rows.extend(sorted(case_rows, key=lambda row: order[row["backend"]]))
+    finally:
+        if worker is not None:
+            worker.stop()
     return to_frame(rows)
 
 
