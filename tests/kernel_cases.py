@@ -79,3 +79,5 @@ KERNEL_CASES: list[KernelCase] = [
     *(_vary(f"{dt}_mqa_block5", dtype=dt, num_kv_heads=1, block_size=5) for dt in ("float16", "bfloat16")),
     _vary("bfloat16_large_logits", dtype="bfloat16", input_scale=6.0),
 ]
+
+CASES_BY_NAME = {case.name: case for case in KERNEL_CASES}
