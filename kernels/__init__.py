@@ -8,7 +8,7 @@ first use, so ``use_interpreter_if_no_gpu()`` can still choose Triton's CPU inte
 """
 
 from ._common import CHECK_ENV, checks_enabled
-from .cache import CacheFullError, PagedKVCache
+from .cache import CacheFullError, PagedKVCache, StepMetadata
 from .dispatch import (
     BACKEND_ENV,
     BackendUnavailableError,
@@ -44,6 +44,7 @@ __all__ = [
     "BackendUnavailableError",
     "CacheFullError",
     "PagedKVCache",
+    "StepMetadata",
     "checks_enabled",
     "has_triton",
     "paged_attention_dispatch",

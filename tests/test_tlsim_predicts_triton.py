@@ -37,3 +37,36 @@ def test_tlsim_predicts_triton_far_inside_tolerance(case):
     else:  # the same roundings in the same places: at most two output ulps apart
         allowed = 2 * torch.finfo(inputs.q.dtype).eps * real.abs().clamp_min(2**-6)
     assert bool((gap <= allowed).all()), f"{case.name}: tlsim is {float(gap.max()):.3g} from the kernel"
+
+
+class _NoLaunch:
+    def __getitem__(self, grid):
+        return lambda *args, **kwargs: None
+
+
+@pytest.mark.parametrize(
+    "hints",
+    [{}, {"max_q_len": 1}, {"max_seq_len": 1024}, {"wide_table": 8}],
+    ids=["no_hints", "q1", "kv1024", "wide_table"],
+)
+@pytest.mark.parametrize("case", KERNEL_CASES, ids=str)
+def test_tlsim_and_the_launcher_choose_the_same_tiling(case, hints, monkeypatch):
+    """Both ask kernels._common.tiling_for, from host-known sizes and the same hints (no launch)."""
+    if not kernels.has_triton():
+        pytest.skip("Triton is not installed")
+    from kernels import tlsim, triton_paged
+
+    chosen = {}
+    for module in (tlsim, triton_paged):
+        real = module.tiling_for
+        monkeypatch.setattr(
+            module, "tiling_for", lambda *a, real=real, m=module, **k: chosen.setdefault(m, real(*a, **k))
+        )
+    monkeypatch.setattr(triton_paged, "paged_attention_kernel", _NoLaunch())
+    monkeypatch.setattr(triton_paged, "combine_splits_kernel", _NoLaunch())
+    args, hints = list(case.inputs().args()), dict(hints)
+    if widen := hints.pop("wide_table", 0):  # capacity far above every seq_len, as in an engine's table
+        args[3] = torch.nn.functional.pad(args[3], (0, widen * args[3].shape[1]), value=-1)
+    kernels.paged_attention_triton(*args, **hints)
+    kernels.paged_attention_tlsim(*args, **hints)
+    assert chosen[tlsim] == chosen[triton_paged]
