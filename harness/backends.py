@@ -4,7 +4,7 @@
 * reference, tlsim, triton -- the kernels, called through the contract. ``run`` passes the
   NaN-poisoned ``out``; ``call`` is the bare default call a user makes.
 * cache -- the path an engine takes: every sequence written through PagedKVCache's slot
-  mapping, then its dispatched read.
+  mapping, the step's metadata built once, then the dispatched read of a layer.
 """
 
 from __future__ import annotations
@@ -63,11 +63,15 @@ def _prepare_cache(case: Case, inputs: PagedInputs, out: torch.Tensor) -> Prepar
         cache.allocate(seq_id)
         cache.write(0, cache.append(seq_id, keys.shape[0]), keys, values)
     chosen = kernels.select_backend(device)
-
-    def read(into: torch.Tensor | None = None) -> torch.Tensor:
-        return cache.paged_attention(0, inputs.q, seq_ids, inputs.query_start_loc, out=into)
-
-    return Prepared(run=lambda: read(out), call=read, note=f"dispatch -> {chosen}")
+    # The engine builds a step's metadata once (on the host it knows the query lengths) and
+    # every layer's read reuses it: that read is run(). call() is the one-off read by
+    # sequence ids, which builds the metadata on every call.
+    step = cache.step_metadata(seq_ids, inputs.query_start_loc.cpu())
+    return Prepared(
+        run=lambda: cache.paged_attention(0, inputs.q, step, out=out),
+        call=lambda: cache.paged_attention(0, inputs.q, seq_ids, inputs.query_start_loc),
+        note=f"dispatch -> {chosen}; step metadata built once",
+    )
 
 
 add_backend(Backend("reference", contract_prepare(kernels.paged_attention_reference), ("cpu", "cuda"), "kernel",

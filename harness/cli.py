@@ -1,4 +1,4 @@
-"""python -m harness {run,list,report,compare,schema}
+"""python -m harness {run,list,report,compare,history,schema}
 
 Exit codes:
 
@@ -6,7 +6,7 @@ Exit codes:
       with --backend ran (graded or errored) on at least one case
 * 1   a tolerance failure or an error row (a backend that raised, exited, crashed or
       timed out); nothing graded (every row a skip); a --backend that ran on no case;
-      for compare, a regression
+      for compare, a row that got worse
 * 2   bad input, refused before any work with one message naming file, case and field,
       and nothing written: a case file, an argument, a plugin that does not import (or
       exits or crashes on import), an output folder that cannot be created or written,
@@ -14,6 +14,8 @@ Exit codes:
 * 3   internal error: a bug in the harness (the traceback is printed, with a line saying
       so), or the final write of the run folder failed (the journal is kept, and the
       message gives the --resume command that finishes the run)
+* 4   compare only: nothing got worse, but the comparison is incomplete (cases or
+      backends on one side only, a status turned skip, another device or versions)
 * 130 interrupted by Ctrl-C; 143 terminated by SIGTERM: the rows so far are kept in the
       journal, and the message gives the --resume command
 
@@ -83,12 +85,48 @@ def build_parser() -> argparse.ArgumentParser:
 
     report = verbs.add_parser("report", help="(re)build report.html of a run folder")
     report.add_argument("run_dir", type=Path)
+    report.add_argument("--baseline", type=Path, metavar="BASE_RUN", help="mark and list regressions against this run")
 
-    compare = verbs.add_parser("compare", help="regressions of NEW_RUN against BASE_RUN; exit 1 if any")
+    compare = verbs.add_parser(
+        "compare",
+        help="what got worse in NEW_RUN against BASE_RUN",
+        description="Exit 0: nothing got worse and the comparison is complete; 1: something got worse; "
+        "2: bad input (unreadable run, duplicated rows); 3: nothing got worse but the comparison is "
+        "incomplete (rows on one side only, device or torch/triton mismatch).",
+    )
     compare.add_argument("base_run", type=Path)
     compare.add_argument("new_run", type=Path)
-    compare.add_argument("--latency-threshold", type=float, default=0.10, help="relative slowdown that counts (0.10)")
-    compare.add_argument("--error-factor", type=float, default=2.0, help="error growth factor that counts (2.0)")
+    compare.add_argument("--min-effect", "--latency-threshold", type=float, dest="min_effect",
+                         help="smallest relative latency change that counts (default 0.10 on CPU rows, 0.03 on CUDA)")  # fmt: skip
+    compare.add_argument("--alpha", type=float, default=0.05, help="significance level after correction (0.05)")
+    compare.add_argument(
+        "--correction",
+        choices=["bh", "holm", "none"],
+        default="bh",
+        help="multiple-row p-value correction: Benjamini-Hochberg (default), Holm, none",
+    )
+    compare.add_argument(
+        "--error-factor", type=float, default=2.0, help="error / tol_ratio growth factor that counts (2.0)"
+    )
+    compare.add_argument(
+        "--allow-mismatch", action="store_true", help="a device or version mismatch does not change the exit code"
+    )
+    compare.add_argument("--html", type=Path, metavar="FILE", help="also write the comparison as an HTML page")
+    compare.add_argument("--all", action="store_true", dest="show_all", help="list every row, not only changes")
+    compare.add_argument("--confirm", nargs="?", const="unclear", choices=["slower", "unclear", "all"],
+                         help="re-time rows judged slower (and, by default, 'cannot tell'; or all), alternating both "
+                         "commits' builds (git worktrees) row by row, before the verdict")  # fmt: skip
+    compare.add_argument(
+        "--confirm-rounds", type=int, default=8, help="rounds (fresh process pairs) for --confirm (8; at least 5)"
+    )
+
+    history = verbs.add_parser("history", help="latency and error trends across runs (commits), per case and backend")
+    history.add_argument("runs", nargs="*", type=Path, help="run folders, or folders of runs (default: reports/)")
+    history.add_argument("--html", type=Path, metavar="FILE", help="also write an HTML page with plots")
+    history.add_argument("--min-effect", type=float, dest="min_effect", help="as for compare")
+    history.add_argument(
+        "--backend", action="append", dest="backends", metavar="NAME", help="only this backend (repeatable)"
+    )
 
     verbs.add_parser("schema", help="JSON Schema of the case files")
     return parser
@@ -351,19 +389,51 @@ def cmd_list(args: argparse.Namespace) -> int:
 def cmd_report(args: argparse.Namespace) -> int:
     from .report import rebuild_html
 
-    print(rebuild_html(args.run_dir))
+    print(rebuild_html(args.run_dir, baseline=args.baseline))
     return EXIT_OK
 
 
 def cmd_compare(args: argparse.Namespace) -> int:
-    from .compare import compare_runs, format_comparison
+    from .compare import CompareOptions, compare_runs, format_comparison
     from .storage import load_run
 
-    base, _ = load_run(args.base_run)
-    new, _ = load_run(args.new_run)
-    comparison = compare_runs(base, new, latency_threshold=args.latency_threshold, error_factor=args.error_factor)
-    print(format_comparison(comparison, str(args.base_run), str(args.new_run)))
-    return EXIT_OK if comparison.ok else EXIT_FAIL
+    base, base_meta = load_run(args.base_run)
+    new, new_meta = load_run(args.new_run)
+    options = CompareOptions(
+        min_effect=args.min_effect,
+        alpha=args.alpha,
+        correction=args.correction,
+        error_factor=args.error_factor,
+        allow_mismatch=args.allow_mismatch,
+    )
+    comparison = compare_runs(base, new, base_meta, new_meta, options)
+    if args.confirm:
+        from .confirm import confirm_slower
+
+        comparison = confirm_slower(
+            comparison, base_meta, new_meta, options, rounds=args.confirm_rounds, which=args.confirm
+        )
+    print(format_comparison(comparison, str(args.base_run), str(args.new_run), show_all=args.show_all))
+    if args.html:
+        from .report import write_compare_html
+
+        print(
+            f"page: {write_compare_html(comparison, args.html, (args.base_run, base_meta), (args.new_run, new_meta))}"
+        )
+    return comparison.exit_code
+
+
+def cmd_history(args: argparse.Namespace) -> int:
+    from .history import format_history, load_history, write_history_html
+
+    try:
+        history = load_history(args.runs or [Path("reports")], min_effect=args.min_effect, backends=args.backends)
+    except ValueError as error:  # no run folders where the user pointed: bad input
+        raise BadInput(str(error)) from None
+    print(format_history(history))
+    if args.html:
+        print(f"page: {write_history_html(history, args.html)}")
+    return EXIT_OK
 
 
 def cmd_schema(args: argparse.Namespace) -> int:
@@ -378,17 +448,33 @@ def main(argv: list[str] | None = None) -> int:
 
     kernels.use_interpreter_if_no_gpu()  # before anything imports Triton (see kernels.triton_paged)
     from .cases import CaseFileError
+    from .compare import DuplicateRowsError
     from .guard import Terminated, install_signal_handlers
     from .journal import JournalError
     from .storage import NotWritableError, RunDirExistsError, RunFolderError
 
     parser = build_parser()
     args = parser.parse_args(argv)
-    handler = {"run": cmd_run, "list": cmd_list, "report": cmd_report, "compare": cmd_compare, "schema": cmd_schema}
+    handler = {
+        "run": cmd_run,
+        "list": cmd_list,
+        "report": cmd_report,
+        "compare": cmd_compare,
+        "history": cmd_history,
+        "schema": cmd_schema,
+    }
     restore_signals = install_signal_handlers()
     try:
         return handler[args.verb](args)
-    except (BadInput, CaseFileError, RunDirExistsError, NotWritableError, RunFolderError, JournalError) as error:
+    except (
+        BadInput,
+        CaseFileError,
+        RunDirExistsError,
+        NotWritableError,
+        RunFolderError,
+        JournalError,
+        DuplicateRowsError,
+    ) as error:
         print(f"error: {error}", file=sys.stderr)
         return EXIT_BAD_INPUT
     except KeyboardInterrupt:

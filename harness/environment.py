@@ -5,6 +5,7 @@ Everything needed to trust or reproduce a run later, and to judge how noisy it w
 
 from __future__ import annotations
 
+import importlib.metadata
 import os
 import platform
 import socket
@@ -26,6 +27,63 @@ def dirty() -> bool | None:
     if not git("rev-parse", "--git-dir"):
         return None
     return bool(git("status", "--porcelain", "--untracked-files=no"))
+
+
+def cpu_model() -> str:
+    """The CPU's model name from /proc/cpuinfo (Linux), else what platform knows."""
+    try:
+        for line in open("/proc/cpuinfo", encoding="utf-8", errors="replace"):  # noqa: SIM115
+            if line.lower().startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def load_average() -> list[float] | None:
+    """1, 5 and 15 minute load averages (runnable processes); None where the OS has none."""
+    try:
+        return [round(x, 2) for x in os.getloadavg()]
+    except (OSError, AttributeError):
+        return None
+
+
+GPU_QUERY = "clocks.sm,clocks.mem,temperature.gpu,power.draw"
+
+
+def gpu_state() -> list[dict[str, str]] | None:
+    """Per GPU: SM and memory clocks, temperature, power (nvidia-smi, read only); None if unreadable."""
+    try:
+        out = subprocess.run(
+            ["nvidia-smi", f"--query-gpu={GPU_QUERY}", "--format=csv,noheader"],
+            capture_output=True, text=True, check=True, timeout=10,
+        ).stdout  # fmt: skip
+    except (OSError, subprocess.SubprocessError):
+        return None
+    keys = GPU_QUERY.split(",")
+    return [
+        dict(zip(keys, (v.strip() for v in line.split(",")), strict=False)) for line in out.splitlines() if line.strip()
+    ]
+
+
+def harness_version() -> str | None:
+    try:
+        return importlib.metadata.version("paged-attention-harness")
+    except importlib.metadata.PackageNotFoundError:
+        return None
+
+
+def noise_judges(device: str) -> dict:
+    """What says how quiet the machine was: CPU model, logical CPUs, threads, load, GPU clocks."""
+    judges = {
+        "cpu_model": cpu_model(),
+        "logical_cpus": os.cpu_count(),
+        "torch_threads": torch.get_num_threads(),
+        "load_average": load_average(),
+    }
+    if torch.device(device).type == "cuda":
+        judges["gpu_state"] = gpu_state()
+    return judges
 
 
 def collect_meta(device: str, argv: list[str], ceilings: dict[str, float]) -> dict:
@@ -53,4 +111,6 @@ def collect_meta(device: str, argv: list[str], ceilings: dict[str, float]) -> di
         "triton_interpret": os.environ.get("TRITON_INTERPRET"),
         "command": " ".join(argv),
         "ceilings_gbps": ceilings,
+        "harness_version": harness_version(),
+        **noise_judges(device),
     }

@@ -1,52 +1,211 @@
-"""The review page of a run: report.html, rendered from its rows and meta."""
+"""The review page of a run (report.html) and the comparison page (compare --html).
+
+One self-contained HTML file each: inline CSS and JS, plots as SVG data URIs, no network.
+Every string that comes from a case file, a plugin or an error message is escaped by
+jinja2's autoescape; the page's own script reads numbers from data attributes only.
+
+The run page, top to bottom: the run's facts and noise judges; the verdict (what failed,
+where and why); a pivot of cases x backends (tolerance margin and latency, speedup
+against a chosen backend); plots; the scaling fit; every graded row (sortable,
+filterable, details on demand); skipped rows folded away.
+"""
 
 from __future__ import annotations
 
+import math
 import os
-import sys
 from pathlib import Path
 
 import pandas as pd
 from jinja2 import Environment, PackageLoader, select_autoescape
 
+from . import plots
 from .storage import load_run
 
+HOST_OVERHEAD_FLAG = 1.5  # call_us / latency_us above this is flagged as host overhead
+_STATUS_ORDER = {"error": 0, "fail": 1, "pass": 2, "skip": 3}
+MAIN_COLUMNS = [
+    "status", "case", "backend", "dtype", "tol_ratio", "max_abs_err", "latency_us", "latency_p10_us",
+    "latency_p90_us", "call_us", "gbps", "pct_of_ceiling", "reason",
+]  # fmt: skip
+FAILING_COUNT_COLUMNS = ("fail_count", "num_failing", "failing_elements", "num_bad")
 
-def rebuild_html(run_dir: Path) -> Path:
-    """(Re)write report.html from a run's stored rows, atomically."""
+_env = Environment(loader=PackageLoader("harness", "templates"), autoescape=select_autoescape(["html", "j2"]))
+
+
+def _missing(value) -> bool:
+    if value is None:
+        return True
+    try:
+        return bool(pd.isna(value))
+    except (TypeError, ValueError):
+        return False
+
+
+def fmt(value, spec: str = ".3g") -> str:
+    """``format(value, spec)``, or "" for a missing value."""
+    return "" if _missing(value) else format(value, spec)
+
+
+def sig(value, digits: int = 3) -> str:
+    """A number with ``digits`` significant digits: 0.0123 stays 0.0123 (GB/s on a CPU is never "0.0")."""
+    if _missing(value):
+        return ""
+    value = float(value)
+    if value == 0 or not math.isfinite(value):
+        return format(value, "g")
+    if 1e-3 <= abs(value) < 1e6:
+        decimals = max(0, digits - 1 - math.floor(math.log10(abs(value))))
+        return f"{value:.{decimals}f}"
+    return f"{value:.{digits - 1}e}"
+
+
+_env.filters["fmt"] = fmt
+_env.filters["sig"] = sig
+
+
+def rebuild_html(run_dir: Path, baseline: Path | None = None) -> Path:
+    """(Re)write report.html from a run's stored rows, atomically; regressions marked against ``baseline``."""
     frame, meta = load_run(run_dir)
+    base = load_run(baseline) if baseline else None
     target = Path(run_dir) / "report.html"
     tmp = target.with_name(f".report.html.{os.getpid()}")
-    tmp.write_text(render_html(frame, meta))
+    tmp.write_text(render_html(frame, meta, baseline=base, baseline_name=str(baseline) if baseline else ""))
     os.replace(tmp, target)
     return target
 
 
-_STATUS_ORDER = {"error": 0, "fail": 1, "pass": 2, "skip": 3}
-_env = Environment(loader=PackageLoader("harness", "templates"), autoescape=select_autoescape(["html", "j2"]))
+def ceilings_of(meta: dict) -> dict[str, float]:
+    """GB/s ceilings from meta: the new ``ceilings`` (read, copy) and the old ``ceilings_gbps``."""
+    out = {}
+    new = meta.get("ceilings") or {}
+    for key in ("read_gbps", "copy_gbps"):
+        if isinstance(new.get(key), int | float):
+            out[key.replace("_gbps", "")] = float(new[key])
+    for key, value in (meta.get("ceilings_gbps") or {}).items():
+        if isinstance(value, int | float) and not out:
+            out[key] = float(value)
+    return out
 
 
-def _fmt(value, spec: str) -> str:
-    return "" if value is None or (isinstance(value, float) and pd.isna(value)) else format(value, spec)
+def scaling_fits(frame: pd.DataFrame) -> pd.DataFrame | None:
+    """harness.scaling.fit_scaling(frame) where that module exists (it is optional), else None."""
+    try:
+        from .scaling import fit_scaling
+    except ImportError:
+        return None
+    try:
+        fits = fit_scaling(frame)
+    except Exception:  # the page must render even if a fit cannot be made from these rows
+        return None
+    return fits if fits is not None and not fits.empty else None
 
 
-_env.filters["fmt"] = _fmt
+def _failing_count(row: dict):
+    for column in FAILING_COUNT_COLUMNS:
+        if not _missing(row.get(column)):
+            return int(row[column])
+    return None
 
 
-def render_html(frame: pd.DataFrame, meta: dict) -> str:
-    """The review page: run facts, status counts per backend, then every row, failures first."""
-    ordered = frame.assign(_order=frame["status"].map(_STATUS_ORDER)).sort_values(["_order", "case", "backend"])
-    counts = (
-        frame.pivot_table(index="backend", columns="status", values="case", aggfunc="count", fill_value=0)
-        .reindex(columns=["pass", "fail", "error", "skip"], fill_value=0)
-        .reset_index()
-        .to_dict("records")
-        if not frame.empty
-        else []
+def _details(row: dict) -> list[tuple[str, str]]:
+    """Every column not in the main table, for the row's details-on-demand."""
+    out = []
+    for key, value in row.items():
+        if key in MAIN_COLUMNS or key.startswith("_") or key.endswith("_samples_us"):
+            continue
+        if isinstance(value, list | tuple) or hasattr(value, "tolist"):
+            continue
+        if not _missing(value) and value != "":
+            out.append((key, sig(value) if isinstance(value, float) else str(value)))
+    return out
+
+
+def _prepare_rows(frame: pd.DataFrame, regressed: dict[tuple[str, str], str]) -> list[dict]:
+    frame = frame.reindex(columns=list(dict.fromkeys([*MAIN_COLUMNS, *frame.columns])))
+    ordered = frame.assign(_order=frame["status"].map(_STATUS_ORDER).fillna(0)).sort_values(
+        ["_order", "case", "backend"]
     )
+    rows = []
+    for row in ordered.drop(columns="_order").to_dict("records"):
+        call, lat = row.get("call_us"), row.get("latency_us")
+        overhead = call / lat if not _missing(call) and not _missing(lat) and lat > 0 else None
+        row["_overhead"] = overhead if overhead and overhead > HOST_OVERHEAD_FLAG else None
+        row["_details"] = _details(row)
+        row["_regressed"] = regressed.get((row["case"], row["backend"]), "")
+        row["_failing"] = _failing_count(row)
+        rows.append(row)
+    return rows
+
+
+def _pivot(rows: list[dict]) -> tuple[list[str], list[dict]]:
+    """Cases as rows, backends as columns; each cell status, tol_ratio, latency (skips shown as such)."""
+    backends = sorted({r["backend"] for r in rows})
+    cases: dict[str, dict] = {}
+    for r in sorted(rows, key=lambda r: r["case"]):
+        cases.setdefault(r["case"], {"case": r["case"], "cells": {}})["cells"][r["backend"]] = r
+    return backends, list(cases.values())
+
+
+def _regressions(frame: pd.DataFrame, meta: dict, baseline) -> tuple[dict, list[dict], list[str]]:
+    if baseline is None:
+        return {}, [], []
+    from .compare import compare_runs
+
+    comparison = compare_runs(baseline[0], frame, baseline[1], meta)
+    worse = comparison.regressions
+    marked = {(r["case"], r["backend"]): r["why"] for _, r in worse.iterrows()}
+    return marked, worse[["case", "backend", "why"]].to_dict("records"), comparison.problems
+
+
+def render_html(frame: pd.DataFrame, meta: dict, *, baseline=None, baseline_name: str = "") -> str:
+    """The review page of one run; ``baseline`` = (frame, meta) of an earlier run marks regressions."""
+    marked, regressions, problems = _regressions(frame, meta, baseline)
+    rows = _prepare_rows(frame, marked)
+    graded = [r for r in rows if r["status"] != "skip"]
+    skipped = [r for r in rows if r["status"] == "skip"]
+    counts = {s: sum(r["status"] == s for r in rows) for s in _STATUS_ORDER}
+    backends, pivot = _pivot(rows)
+    ceilings = ceilings_of(meta)
+    fits = scaling_fits(frame)
+    figures = [
+        ("Latency and bandwidth against KV length", plots.latency_and_bandwidth(frame, ceilings)),
+        ("Error against tolerance, per backend", plots.error_vs_tolerance(frame)),
+        ("Scaling fit", plots.scaling_fit(frame, fits)),
+    ]
     return _env.get_template("report.html.j2").render(
         meta=meta,
+        rows=graded,
+        skipped=skipped,
+        bad=[r for r in rows if r["status"] in ("fail", "error")],
         counts=counts,
-        rows=ordered.drop(columns="_order").to_dict("records"),
-        python=sys.version.split()[0],
+        total=len(rows),
+        backends=backends,
+        pivot=pivot,
+        ceilings=ceilings,
+        figures=[(title, uri) for title, uri in figures if uri],
+        fits=fits.to_dict("records") if fits is not None else [],
+        regressions=regressions,
+        baseline_problems=problems,
+        baseline_name=baseline_name,
+        overhead_flag=HOST_OVERHEAD_FLAG,
     )
+
+
+def write_compare_html(comparison, path: Path, base: tuple, new: tuple) -> Path:
+    """The comparison as a page: exit verdict, run-level problems, changed rows, then every row."""
+    from .compare import verdict_counts
+
+    rows = comparison.rows.copy()
+    rows["_kind"] = [
+        "worse" if w else "better" if b else "unclear" if v == "cannot tell" else "one side" if s != "both" else "same"
+        for w, b, v, s in zip(rows["why"], rows["better"], rows["verdict"], rows["side"], strict=True)
+    ]
+    html = _env.get_template("compare.html.j2").render(
+        base_name=str(base[0]), base_meta=base[1] or {}, new_name=str(new[0]), new_meta=new[1] or {},
+        comparison=comparison, rows=rows.to_dict("records"), counts=verdict_counts(comparison),
+    )  # fmt: skip
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(html)
+    return path

@@ -1,0 +1,161 @@
+"""Latency verdicts from timing samples: faster, slower, same, or cannot tell (and why).
+
+A ratio of two medians says nothing about noise. For one (case, backend) row timed in two
+runs, with samples ``base`` and ``new`` (microseconds, one per timed call):
+
+* ``ratio`` = median(new) / median(base); a bootstrap confidence interval of that ratio
+  (``n_boot`` resamples of each side, percentile interval at ``1 - alpha``);
+* a two-sided Mann-Whitney U test of "the two sample sets come from one distribution";
+  its p-values are adjusted over every row of a comparison (Benjamini-Hochberg by
+  default, Holm on request) so that many rows do not make a false alarm likely;
+* a minimum effect ``min_effect`` (default 10% on a CPU, 3% on CUDA): a change smaller
+  than that is not worth a verdict even when it is real.
+
+Verdicts (see :func:`decide`):
+
+* ``slower``: adjusted p < alpha and the CI's lower bound above ``1 + min_effect``;
+* ``faster``: adjusted p < alpha and the CI's upper bound below ``1 - min_effect``;
+* ``same``: the whole CI inside ``[1 - min_effect, 1 + min_effect]``;
+* ``cannot tell``: anything else, with the reason: too few samples, or too noisy (the CI
+  straddles an effect threshold, or the test is not significant).
+
+Rows without samples (runs from before ``latency_samples_us``) fall back to the old rule,
+marked as weak evidence: slower when the median grew past the effect and the new p10 is
+above the old p90 (:func:`weak_verdict`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+from scipy.stats import mannwhitneyu
+
+MIN_SAMPLES = 5  # below this Mann-Whitney cannot reach p < 0.05 over many rows
+DEFAULT_EFFECT = {"cpu": 0.10, "cuda": 0.03}
+VERDICTS = ("slower", "faster", "same", "cannot tell")
+
+
+def default_effect(device: object) -> float:
+    """The minimum effect that counts on ``device`` ("cuda", "cuda:1", "cpu", ...)."""
+    return DEFAULT_EFFECT["cuda"] if str(device).startswith("cuda") else DEFAULT_EFFECT["cpu"]
+
+
+@dataclass(frozen=True)
+class LatencyTest:
+    """One row's evidence before the verdict: the ratio, its CI and the raw p-value."""
+
+    ratio: float  # median(new) / median(base)
+    ci_low: float
+    ci_high: float
+    p_value: float  # Mann-Whitney U, two-sided, not yet adjusted
+    n_base: int
+    n_new: int
+
+
+def clean(samples: object) -> np.ndarray:
+    """Finite, positive samples as a float array; anything missing (None, NaN) gives an empty one."""
+    if samples is None or (isinstance(samples, float) and np.isnan(samples)):
+        return np.empty(0)
+    array = np.asarray(list(samples), dtype=float)
+    return array[np.isfinite(array) & (array > 0)]
+
+
+def bootstrap_ratio_ci(
+    base: np.ndarray, new: np.ndarray, *, alpha: float = 0.05, n_boot: int = 2000, seed: int = 0
+) -> tuple[float, float]:
+    """Percentile bootstrap CI of median(new) / median(base) at confidence ``1 - alpha``."""
+    rng = np.random.default_rng(seed)
+    med_base = np.median(base[rng.integers(0, len(base), (n_boot, len(base)))], axis=1)
+    med_new = np.median(new[rng.integers(0, len(new), (n_boot, len(new)))], axis=1)
+    low, high = np.quantile(med_new / med_base, [alpha / 2, 1 - alpha / 2])
+    return float(low), float(high)
+
+
+def compare_samples(base: Sequence[float], new: Sequence[float], *, alpha: float = 0.05, seed: int = 0) -> LatencyTest:
+    """Ratio of medians, its bootstrap CI and the Mann-Whitney p-value of two sample sets."""
+    base, new = clean(base), clean(new)
+    ratio = float(np.median(new) / np.median(base)) if len(base) and len(new) else float("nan")
+    if min(len(base), len(new)) < MIN_SAMPLES:
+        return LatencyTest(ratio, float("nan"), float("nan"), float("nan"), len(base), len(new))
+    low, high = bootstrap_ratio_ci(base, new, alpha=alpha, seed=seed)
+    p_value = float(mannwhitneyu(new, base, alternative="two-sided").pvalue)
+    return LatencyTest(ratio, low, high, p_value, len(base), len(new))
+
+
+def adjust_p_values(p_values: Sequence[float], method: str = "bh") -> np.ndarray:
+    """Adjusted p-values over many rows; NaN stays NaN and is not counted.
+
+    ``bh``: Benjamini-Hochberg (controls the expected share of false alarms among the
+    rows flagged); ``holm``: Holm-Bonferroni (controls the chance of any false alarm);
+    ``none``: unadjusted.
+    """
+    p = np.asarray(p_values, dtype=float)
+    out = np.full_like(p, np.nan)
+    valid = np.flatnonzero(~np.isnan(p))
+    m = len(valid)
+    if m == 0 or method == "none":
+        out[valid] = p[valid]
+        return out
+    order = valid[np.argsort(p[valid])]
+    ranked = p[order]
+    if method == "bh":
+        scaled = ranked * m / np.arange(1, m + 1)
+        adjusted = np.minimum.accumulate(scaled[::-1])[::-1]
+    elif method == "holm":
+        scaled = ranked * (m - np.arange(m))
+        adjusted = np.maximum.accumulate(scaled)
+    else:
+        raise ValueError(f"unknown p-value correction {method!r}; use bh, holm or none")
+    out[order] = np.minimum(adjusted, 1.0)
+    return out
+
+
+@dataclass(frozen=True)
+class Verdict:
+    verdict: str  # one of VERDICTS
+    reason: str  # why, in a few words (always set for 'cannot tell')
+    evidence: str  # "samples" or "p10/p90 (weak)"
+
+
+def decide(test: LatencyTest, p_adjusted: float, *, min_effect: float, alpha: float = 0.05) -> Verdict:
+    """The verdict of one row from its test and its adjusted p-value (see the module docstring)."""
+    if min(test.n_base, test.n_new) < MIN_SAMPLES:
+        return Verdict(
+            "cannot tell", f"too few samples ({test.n_base} base, {test.n_new} new; need {MIN_SAMPLES})", "samples"
+        )
+    up, down = 1 + min_effect, 1 - min_effect
+    ci = f"ratio CI {test.ci_low:.3f}-{test.ci_high:.3f}"
+    significant = p_adjusted < alpha
+    if significant and test.ci_low > up:
+        return Verdict("slower", f"{ci}, p={p_adjusted:.1e}", "samples")
+    if significant and test.ci_high < down:
+        return Verdict("faster", f"{ci}, p={p_adjusted:.1e}", "samples")
+    if test.ci_low >= down and test.ci_high <= up:
+        return Verdict("same", f"{ci} inside ±{min_effect:.0%}", "samples")
+    if test.ci_low <= up < test.ci_high or test.ci_low < down <= test.ci_high:
+        return Verdict("cannot tell", f"too noisy: {ci} straddles ±{min_effect:.0%}", "samples")
+    return Verdict("cannot tell", f"too noisy: not significant (adjusted p={p_adjusted:.2g}), {ci}", "samples")
+
+
+def weak_verdict(
+    median_base: float, median_new: float, p10_base: float, p90_base: float, p10_new: float, p90_new: float,
+    *, min_effect: float,
+) -> Verdict:  # fmt: skip
+    """The fallback without samples: medians past the effect and p10/p90 spreads apart."""
+    weak = "p10/p90 (weak)"
+    if not (np.isfinite(median_base) and np.isfinite(median_new)) or median_base <= 0:
+        return Verdict("cannot tell", "not timed in both runs", "none")
+    ratio = median_new / median_base
+    apart_up = not np.isfinite(p90_base) or not np.isfinite(p10_new) or p10_new > p90_base
+    apart_down = not np.isfinite(p10_base) or not np.isfinite(p90_new) or p90_new < p10_base
+    if ratio > 1 + min_effect:
+        if apart_up:
+            return Verdict("slower", "median past the effect, new p10 above old p90", weak)
+        return Verdict("cannot tell", "too noisy: p10/p90 spreads overlap", weak)
+    if ratio < 1 - min_effect:
+        if apart_down:
+            return Verdict("faster", "median past the effect, new p90 below old p10", weak)
+        return Verdict("cannot tell", "too noisy: p10/p90 spreads overlap", weak)
+    return Verdict("same", f"median ratio {ratio:.3f} inside ±{min_effect:.0%}", weak)

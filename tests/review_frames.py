@@ -1,0 +1,62 @@
+"""Hand-built report rows and run folders for the compare, report and history tests.
+
+Rows carry the runner's columns (harness.runner.COLUMNS) and the newer ones the runner
+is gaining (latency_samples_us, call_us, worst_location, ...); samples are drawn from a
+seeded log-normal, so a "rerun" is another draw of the same distribution.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+BACKENDS = ("reference", "tlsim", "gather_sdpa")
+
+
+def row(
+    case: str, backend: str, median_us: float, rng: np.random.Generator, *, n: int = 20, spread: float = 0.05, **extra
+) -> dict:
+    samples = median_us * np.exp(rng.normal(0.0, spread, n))
+    out = {
+        "case": case, "backend": backend, "device": "cpu", "dtype": "float32", "num_q_heads": 8,
+        "num_kv_heads": 2, "head_dim": 64, "block_size": 16, "num_seqs": 4, "max_seq_len": 512,
+        "status": "pass", "reason": "", "max_abs_err": 2e-7, "max_rel_err": 1e-6, "rel_l2_err": 1e-7,
+        "nan_count": 0, "atol": 1e-5, "rtol": 1e-4, "latency_us": float(np.median(samples)),
+        "bytes_moved": 1_000_000, "total_kv_tokens": 1000, "tol_ratio": 0.02,
+        "latency_p10_us": float(np.quantile(samples, 0.1)), "latency_p90_us": float(np.quantile(samples, 0.9)),
+        "timing_reps": n, "timing_method": "cpu_perf_counter", "latency_samples_us": [float(x) for x in samples],
+        "call_us": float(np.median(samples)) * 1.05,
+    }  # fmt: skip
+    out["gbps"] = out["bytes_moved"] / (out["latency_us"] * 1e3)
+    out.update(extra)
+    return out
+
+
+def frame(num_cases: int = 10, seed: int = 0, slow: dict[str, float] | None = None, **kw) -> pd.DataFrame:
+    """num_cases cases x BACKENDS; ``slow`` multiplies one backend's latency (a planted slowdown)."""
+    rng = np.random.default_rng(seed)
+    rows = []
+    for i in range(num_cases):
+        for j, backend in enumerate(BACKENDS):
+            median = (100.0 + 37 * i) * (1 + j) * (slow or {}).get(backend, 1.0)
+            rows.append(row(f"case{i:02d}", backend, median, rng, total_kv_tokens=1000 * (i + 1), **kw))
+    return pd.DataFrame(rows)
+
+
+def meta(**extra) -> dict:
+    return {"commit": "a" * 40, "dirty": False, "time": "2026-11-30T00:00:00+00:00", "device": "cpu",
+            "device_name": "x86_64", "torch": "2.13.0", "triton": "3.9.0", "python": "3.11",
+            "command": "python -m harness run cases/smoke.toml", "ceilings_gbps": {"cpu_copy": 12.5}, **extra}  # fmt: skip
+
+
+def write(frame_: pd.DataFrame, meta_: dict, path: Path) -> Path:
+    from harness.storage import write_run
+
+    return write_run(frame_, meta_, Path(path))
+
+
+def dumps(meta_: dict) -> str:
+    return json.dumps(meta_)

@@ -1,0 +1,70 @@
+"""compare --confirm: a drifted 'slower' row is cleared by interleaved re-timing; a real slowdown stays."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from harness.compare import EXIT_WORSE, CompareOptions, compare_runs
+from harness.confirm import _plugins, confirm_slower
+from tests import review_frames as rf
+
+ROOT = Path(__file__).resolve().parents[1]
+PLUGIN = ROOT / "scripts" / "slowdown_plugin.py"
+CASE_FILE = """
+[[case]]
+name = "tiny"
+num_q_heads = 8
+num_kv_heads = 2
+head_dim = 64
+block_size = 16
+seq_lens = [300, 200, 500, 400]
+"""
+
+
+def _runs(tmp_path, factor: float):
+    """Two hand-made runs where both rows look 'slower' by ``factor`` in the new one (as a load drift makes them)."""
+    case_file = tmp_path / "tiny.toml"
+    case_file.write_text(CASE_FILE)
+    rng = np.random.default_rng(0)
+    base = pd.DataFrame([rf.row("tiny", b, 300.0, rng) for b in ("reference", "reference_slowable")])
+    new = pd.DataFrame([rf.row("tiny", b, 300.0 * factor, rng) for b in ("reference", "reference_slowable")])
+    meta = rf.meta(
+        case_files=[str(case_file)], command=f"python -m harness run {case_file} --plugin {PLUGIN}", timing_threads=1
+    )
+    return base, new, meta
+
+
+def test_confirm_keeps_a_real_slowdown_and_clears_one_that_interleaved_timing_does_not_reproduce(tmp_path):
+    base, new, meta = _runs(tmp_path, 1.5)
+    comparison = compare_runs(base, new, meta, meta)
+    assert (comparison.rows["verdict"] == "slower").all() and comparison.exit_code == EXIT_WORSE
+    envs = ({"HARNESS_SLOWDOWN": "0"}, {"HARNESS_SLOWDOWN": "3"})  # only reference_slowable is slower in 'new'
+    confirmed = confirm_slower(
+        comparison, meta, meta, CompareOptions(), rounds=5, checkouts=(ROOT, ROOT), envs=envs, log=lambda _: None
+    )
+    rows = confirmed.rows.set_index("backend")
+    assert (rows["evidence"] == "confirmed, interleaved").all()
+    assert rows.loc["reference_slowable", "verdict"] == "slower", rows.loc["reference_slowable", "verdict_reason"]
+    assert rows.loc["reference", "verdict"] != "slower", rows.loc["reference", "verdict_reason"]
+    assert confirmed.exit_code == EXIT_WORSE and list(confirmed.regressions["backend"]) == ["reference_slowable"]
+    assert "interleaved re-run, 5 rounds" in confirmed.regressions["why"][0]
+
+
+def test_confirm_without_commits_changes_nothing_and_says_why(tmp_path):
+    base, new, meta = _runs(tmp_path, 1.5)
+    meta = {**meta, "commit": None}
+    comparison = compare_runs(base, new, meta, meta)
+    said = []
+    assert confirm_slower(comparison, meta, meta, CompareOptions(), log=said.append) is comparison
+    assert "cannot be re-run" in said[0]
+
+
+@pytest.mark.parametrize(
+    ("command", "plugins"), [("python -m harness run x --plugin a.py --plugin mod", ["a.py", "mod"]), ("", [])]
+)
+def test_confirm_reuses_the_plugins_of_the_original_command(command, plugins):
+    assert _plugins(command) == plugins

@@ -1,0 +1,104 @@
+"""Latency verdicts: a rerun is not 'slower', a planted 25% slowdown is, noise is 'cannot tell'."""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from harness import stats
+from harness.compare import EXIT_OK, EXIT_WORSE, compare_runs
+from tests import review_frames as rf
+
+
+def test_reruns_of_one_distribution_give_at_most_one_false_alarm_in_a_hundred_rows():
+    base = rf.frame(num_cases=40, seed=1)  # 120 rows
+    false_alarms = 0
+    for seed in range(2, 7):  # five reruns: 600 row comparisons
+        rows = compare_runs(base, rf.frame(num_cases=40, seed=seed)).rows
+        false_alarms += int((rows["verdict"] == "slower").sum())
+    assert false_alarms <= 6, f"{false_alarms} false 'slower' verdicts in 600 rows"
+
+
+def test_a_planted_25pct_slowdown_is_slower_on_every_case_and_nowhere_else():
+    base = rf.frame(num_cases=12, seed=1)
+    new = rf.frame(num_cases=12, seed=2, slow={"tlsim": 1.25})
+    comparison = compare_runs(base, new)
+    rows = comparison.rows.set_index("backend")
+    assert (rows.loc["tlsim", "verdict"] == "slower").all(), rows.loc["tlsim", "verdict_reason"].tolist()
+    assert not (rows.drop(index="tlsim")["verdict"] == "slower").any()
+    assert comparison.exit_code == EXIT_WORSE
+    assert all(w.startswith("latency ") for w in comparison.regressions["why"])
+
+
+def test_a_rerun_passes_compare():
+    assert compare_runs(rf.frame(seed=1), rf.frame(seed=2)).exit_code == EXIT_OK
+
+
+def test_a_faster_backend_is_reported_faster_and_does_not_fail():
+    comparison = compare_runs(rf.frame(seed=1), rf.frame(seed=2, slow={"reference": 0.7}))
+    assert (comparison.rows.set_index("backend").loc["reference", "verdict"] == "faster").all()
+    assert comparison.exit_code == EXIT_OK and len(comparison.improvements) == 10
+
+
+def test_a_slowdown_smaller_than_the_minimum_effect_is_not_slower():
+    comparison = compare_runs(rf.frame(seed=1, spread=0.01), rf.frame(seed=2, spread=0.01, slow={"tlsim": 1.04}))
+    tlsim = comparison.rows[comparison.rows["backend"] == "tlsim"]
+    assert not (tlsim["verdict"] == "slower").any()
+    strict = compare_runs(
+        rf.frame(seed=1, spread=0.01), rf.frame(seed=2, spread=0.01, slow={"tlsim": 1.04}), min_effect=0.02
+    )
+    assert (strict.rows[strict.rows["backend"] == "tlsim"]["verdict"] == "slower").all()
+
+
+def test_cuda_rows_use_a_3pct_effect_by_default():
+    assert stats.default_effect("cuda") == 0.03 and stats.default_effect("cuda:1") == 0.03
+    assert stats.default_effect("cpu") == 0.10
+
+
+def test_too_few_samples_cannot_tell_and_says_so():
+    t = stats.compare_samples([100, 101, 99], [150, 151, 149])
+    v = stats.decide(t, np.nan, min_effect=0.1)
+    assert v.verdict == "cannot tell" and "too few samples" in v.reason
+
+
+def test_a_wide_spread_straddling_the_threshold_cannot_tell():
+    rng = np.random.default_rng(0)
+    base = 100 * np.exp(rng.normal(0, 0.5, 12))
+    new = 115 * np.exp(rng.normal(0, 0.5, 12))
+    t = stats.compare_samples(base, new)
+    v = stats.decide(t, stats.adjust_p_values([t.p_value])[0], min_effect=0.1)
+    assert v.verdict == "cannot tell" and "too noisy" in v.reason
+
+
+def test_identical_distributions_are_same_when_the_ci_fits_the_band():
+    rng = np.random.default_rng(0)
+    t = stats.compare_samples(100 * np.exp(rng.normal(0, 0.02, 30)), 100 * np.exp(rng.normal(0, 0.02, 30)))
+    assert stats.decide(t, 1.0, min_effect=0.1).verdict == "same"
+
+
+def test_benjamini_hochberg_and_holm_match_hand_computed_values():
+    p = [0.01, 0.04, 0.03, np.nan, 0.005]
+    bh = stats.adjust_p_values(p, "bh")
+    np.testing.assert_allclose(bh[[4, 0, 2, 1]], [0.02, 0.02, 0.04, 0.04])
+    assert np.isnan(bh[3])
+    holm = stats.adjust_p_values(p, "holm")
+    np.testing.assert_allclose(holm[[4, 0, 2, 1]], [0.02, 0.03, 0.06, 0.06])
+    with pytest.raises(ValueError, match="unknown p-value correction"):
+        stats.adjust_p_values(p, "bonferroni-ish")
+
+
+def test_old_runs_without_samples_fall_back_to_p10_p90_marked_weak():
+    base, new = rf.frame(seed=1), rf.frame(seed=2, slow={"tlsim": 1.5})
+    for f in (base, new):
+        del f["latency_samples_us"]
+    comparison = compare_runs(base, new)
+    tlsim = comparison.rows[comparison.rows["backend"] == "tlsim"]
+    assert (tlsim["verdict"] == "slower").all() and (tlsim["evidence"] == "p10/p90 (weak)").all()
+    assert all("weak evidence" in why for why in comparison.regressions["why"])
+
+
+def test_samples_survive_a_parquet_round_trip(tmp_path):
+    rf.write(rf.frame(num_cases=2), rf.meta(), tmp_path / "run")
+    stored = pd.read_parquet(tmp_path / "run" / "results.parquet")
+    assert len(stats.clean(stored["latency_samples_us"].iloc[0])) == 20

@@ -1,0 +1,51 @@
+"""harness history: three runs of one machine, in time order, with the regression between them marked."""
+
+from __future__ import annotations
+
+import pytest
+
+from harness.cli import main
+from harness.history import find_runs, load_history
+from tests import review_frames as rf
+
+
+@pytest.fixture
+def runs(tmp_path):
+    root = tmp_path / "reports"
+    rf.write(rf.frame(num_cases=3, seed=1), rf.meta(commit="1" * 40, time="2026-11-01T00:00:00"), root / "r1")
+    rf.write(rf.frame(num_cases=3, seed=2), rf.meta(commit="2" * 40, time="2026-11-02T00:00:00"), root / "r2")
+    slow = rf.frame(num_cases=3, seed=3, slow={"tlsim": 1.4})
+    slow.loc[(slow["case"] == "case02") & (slow["backend"] == "reference"), "status"] = "fail"
+    rf.write(slow, rf.meta(commit="3" * 40, time="2026-11-03T00:00:00"), root / "r3")
+    rf.write(rf.frame(num_cases=3, seed=4), rf.meta(commit="4" * 40, time="2026-11-04T00:00:00", device="cuda",
+                                                   device_name="H200"), root / "r4")  # fmt: skip
+    (root / ".r5.partial-1").mkdir()  # a half-written run is not a run
+    return root
+
+
+def test_history_orders_runs_per_machine_and_marks_only_the_regressed_run(runs):
+    history = load_history([runs])
+    assert len(find_runs([runs])) == 4
+    cpu = history.runs[history.runs["machine"] == "cpu x86_64"]
+    assert list(cpu["run_label"]) == ["1111111", "2222222", "3333333"]
+    bad = history.rows[history.rows["regressed"]]
+    assert set(bad["run_label"]) == {"3333333"}
+    assert set(zip(bad["case"], bad["backend"], strict=True)) == {("case00", "tlsim"), ("case01", "tlsim"),
+                                                                  ("case02", "tlsim"), ("case02", "reference")}  # fmt: skip
+    assert not history.rows[history.rows["machine"] == "cuda H200"]["regressed"].any(), "a new machine has no baseline"
+
+
+def test_history_verb_prints_the_trend_and_writes_a_page_with_plots(runs, tmp_path, capsys):
+    page = tmp_path / "history.html"
+    assert main(["history", str(runs), "--html", str(page)]) == 0
+    out = capsys.readouterr().out
+    assert "4 regression(s) between consecutive runs" in out and "▲ 3333333: tlsim on case00" in out
+    assert "FAIL ▲" in out
+    html = page.read_text()
+    assert html.count('<img src="data:image/svg+xml;base64,') == 4  # latency and error, per machine
+    assert "4 regressions" in html
+
+
+def test_history_refuses_a_path_that_holds_no_run(tmp_path, capsys):
+    assert main(["history", str(tmp_path / "nothing")]) == 2
+    assert "neither a run folder" in capsys.readouterr().err
