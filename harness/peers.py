@@ -157,11 +157,23 @@ def _varlen_options(case: Case) -> dict:
         options["is_causal"] = True
     else:
         raise Unsupported(f"torch {torch.__version__}'s varlen_attn takes no causal option")
-    if case.group_size > 1:
-        if "enable_gqa" not in params:
-            raise Unsupported(f"torch {torch.__version__}'s varlen_attn takes no enable_gqa (GQA case)")
+    if case.group_size > 1 and "enable_gqa" in params:
         options["enable_gqa"] = True
     return options
+
+
+def _heads_for_varlen(case: Case, kv: torch.Tensor) -> tuple[torch.Tensor, str]:
+    """KV [tokens, num_kv_heads, head_dim] as varlen_attn takes it, and what was done to it.
+
+    A torch whose varlen_attn has no enable_gqa gets every KV head repeated for its query
+    heads (before timing): the kernel then reads group_size times the KV bytes, which the
+    note says, since it makes this peer slower on memory-bound decode than it could be.
+    """
+    if case.group_size == 1 or "enable_gqa" in inspect.signature(_varlen_attn()).parameters:
+        return kv, ""
+    return kv.repeat_interleave(
+        case.group_size, dim=1
+    ).contiguous(), "; KV heads repeated (this torch's varlen_attn has no GQA)"
 
 
 def _varlen_unavailable(case: Case, device: str) -> str | None:
@@ -184,8 +196,8 @@ def _trial(run, what: str) -> None:
 def _prepare_varlen_flash(case: Case, inputs: PagedInputs, out: torch.Tensor) -> Prepared:
     """FlashAttention varlen over the packed contiguous KV (made before timing); q stays packed."""
     varlen_attn = _varlen_attn()
-    k = torch.cat(inputs.keys).contiguous()  # [total_kv_tokens, num_kv_heads, head_dim]
-    v = torch.cat(inputs.values).contiguous()
+    k, expanded = _heads_for_varlen(case, torch.cat(inputs.keys))  # [total_kv_tokens, heads, head_dim]
+    v, _ = _heads_for_varlen(case, torch.cat(inputs.values))
     cu_seq_k = torch.zeros(case.num_seqs + 1, dtype=torch.int32, device=k.device)
     cu_seq_k[1:] = torch.cumsum(inputs.seq_lens, 0)
     options = _varlen_options(case)
@@ -195,14 +207,17 @@ def _prepare_varlen_flash(case: Case, inputs: PagedInputs, out: torch.Tensor) ->
         return varlen_attn(inputs.q, k, v, inputs.query_start_loc, cu_seq_k, max_q, max_k, **options)
 
     _trial(run, "varlen_attn")
-    return Prepared(run=run, note="packed contiguous KV, lower-right causal")
+    return Prepared(run=run, note="packed contiguous KV, lower-right causal" + expanded)
 
 
 def _prepare_varlen_flash_paged(case: Case, inputs: PagedInputs, out: torch.Tensor) -> Prepared:
     """FlashAttention varlen reading the paged pool through the block table (the same pages the kernel reads)."""
     varlen_attn = _varlen_attn()
-    if "block_table" not in inspect.signature(varlen_attn).parameters:
+    params = inspect.signature(varlen_attn).parameters
+    if "block_table" not in params:
         raise Unsupported(f"torch {torch.__version__}'s varlen_attn takes no block_table")
+    if case.group_size > 1 and "enable_gqa" not in params:
+        raise Unsupported(f"torch {torch.__version__}'s varlen_attn takes no enable_gqa, and a pool cannot be expanded")
     options = _varlen_options(case)
     max_q, max_k = max(case.q_lens), case.max_seq_len
 

@@ -228,6 +228,8 @@ def run_cases(
                         for backend in local:
                             emit(run_backend(ctx, backend, config))
                         del ctx
+                        if torch.device(config.device).type == "cuda":
+                            torch.cuda.empty_cache()  # the next case's oracle may want one large block
                 for backend in remote:
                     limit = case.timeout_s or config.timeout_s or DEFAULT_TIMEOUT_S
                     result = worker.run(case, backend.name, config, limit)

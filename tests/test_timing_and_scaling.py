@@ -61,3 +61,52 @@ def test_fit_scaling_fits_each_backend_and_skips_too_few_points():
     assert list(fits["backend"]) == ["a"], "b has two points; num_seqs of a has one distinct value"
     (fit,) = fits.itertuples()
     assert fit.x == "total_kv_tokens" and fit.per_unit_us == pytest.approx(0.01) and fit.fixed_us == pytest.approx(10.0)
+
+
+def test_a_timed_cli_run_writes_every_timing_column_and_the_page(tmp_path):
+    from harness.cli import main
+    from harness.storage import load_run
+
+    cases = tmp_path / "c.toml"
+    cases.write_text(
+        '[[case]]\nname = "c"\nnum_q_heads = 4\nnum_kv_heads = 2\nhead_dim = 32\nseq_lens = [9, 3]\nq_lens = [2, 1]\n'
+    )
+    out = tmp_path / "run"
+    assert (
+        main(
+            [
+                "run",
+                str(cases),
+                "--backend",
+                "reference",
+                "--backend",
+                "sdpa_contiguous",
+                "--out",
+                str(out),
+                "--no-progress",
+            ]
+        )
+        == 0
+    )
+    frame, meta = load_run(out)
+    assert (out / "report.html").is_file()
+    assert frame["latency_us"].notna().all() and frame["call_us"].notna().all()
+    assert (frame["timing_reps"] >= 10).all() and all(len(s) >= 10 for s in frame["latency_samples_us"])
+    assert frame["tflops"].gt(0).all() and frame["pct_of_peak"].gt(0).all(), "q_len 2 makes it a prefill row"
+    assert meta["ceilings"]["read_gbps"] > 0 and meta["timing_threads"] == 1
+    assert "float32" in meta["ceilings"]["peak_tflops"]
+
+
+def test_the_oracle_gives_the_same_answer_in_chunks_of_query_rows(monkeypatch):
+    import torch
+
+    from harness import oracle
+    from harness.inputs import make_inputs
+
+    inputs = make_inputs(
+        num_q_heads=4, num_kv_heads=2, head_dim=32, block_size=4, seq_lens=[9, 13], q_lens=[5, 7],
+        dtype="float32", layout="shuffled", input_scale=1.0, seed=3, device="cpu",
+    )  # fmt: skip
+    whole = oracle.paged_attention_oracle(*inputs.args())
+    monkeypatch.setattr(oracle, "CHUNK_BYTES", 8 * 4 * 13 * 2)  # two query rows a chunk
+    assert torch.equal(oracle.paged_attention_oracle(*inputs.args()), whole)
