@@ -109,4 +109,5 @@ def test_the_oracle_gives_the_same_answer_in_chunks_of_query_rows(monkeypatch):
     )  # fmt: skip
     whole = oracle.paged_attention_oracle(*inputs.args())
     monkeypatch.setattr(oracle, "CHUNK_BYTES", 8 * 4 * 13 * 2)  # two query rows a chunk
-    assert torch.equal(oracle.paged_attention_oracle(*inputs.args()), whole)
+    chunked = oracle.paged_attention_oracle(*inputs.args())
+    assert (chunked - whole).abs().max() < 1e-12, "float64 reassociation only; a misplaced row is O(1)"
