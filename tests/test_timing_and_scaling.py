@@ -98,7 +98,6 @@ def test_a_timed_cli_run_writes_every_timing_column_and_the_page(tmp_path):
 
 
 def test_the_oracle_gives_the_same_answer_in_chunks_of_query_rows(monkeypatch):
-    import torch
 
     from harness import oracle
     from harness.inputs import make_inputs
