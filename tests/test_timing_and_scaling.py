@@ -110,3 +110,14 @@ def test_the_oracle_gives_the_same_answer_in_chunks_of_query_rows(monkeypatch):
     monkeypatch.setattr(oracle, "CHUNK_BYTES", 8 * 4 * 13 * 2)  # two query rows a chunk
     chunked = oracle.paged_attention_oracle(*inputs.args())
     assert (chunked - whole).abs().max() < 1e-12, "float64 reassociation only; a misplaced row is O(1)"
+
+
+def test_a_declared_commit_wins_over_a_stale_git_and_the_disagreement_is_recorded(monkeypatch):
+    from harness import environment
+
+    monkeypatch.setattr(environment, "git", lambda *args: "a" * 40)
+    monkeypatch.setenv("HARNESS_COMMIT", "b" * 40)
+    record = environment.commit_record()
+    assert record["commit"] == "b" * 40 and "aaaaaaaaaaaa" in record["commit_source"] and record["dirty"] is None
+    monkeypatch.delenv("HARNESS_COMMIT")
+    assert environment.commit_record() == {"commit": "a" * 40, "commit_source": "git"}
