@@ -443,6 +443,11 @@ def cmd_schema(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def console_main() -> None:
+    """The ``harness`` console script: main() as the process's exit status."""
+    sys.exit(main())
+
+
 def main(argv: list[str] | None = None) -> int:
     import kernels
 
