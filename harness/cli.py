@@ -50,7 +50,11 @@ def build_parser() -> argparse.ArgumentParser:
     verbs = parser.add_subparsers(dest="verb", required=True)
 
     run = verbs.add_parser("run", help="run cases through backends; write a report folder")
-    run.add_argument("cases", nargs="*", help=f"case files or folders (default: {' '.join(DEFAULT_CASES)})")
+    run.add_argument(
+        "cases",
+        nargs="*",
+        help="case files or folders, or a packaged suite's name (smoke, cpu, gpu, gpu_peers, gpu_long); default: smoke",
+    )
     add_to_argparse(run)
     run.add_argument("--out", type=Path, help="run folder to create (default: reports/<time>-<device>-<commit>)")
     run.add_argument("--no-timing", dest="timing", action="store_false", help="grade only; do not time")
@@ -134,8 +138,9 @@ def build_parser() -> argparse.ArgumentParser:
 
 def _load(cases: list[str], device: str, tags: list[str] | None):
     from .cases import load_cases
+    from .suite_files import resolve_case_arg
 
-    cases = cases or DEFAULT_CASES
+    cases = [resolve_case_arg(c) for c in cases] or DEFAULT_CASES
     loaded = load_cases(cases, device=device, tags=tags)
     if not loaded:
         raise BadInput(f"no cases selected from {' '.join(cases)}" + (f" with tags {tags}" if tags else ""))

@@ -13,7 +13,9 @@ from typing import Any
 
 import torch
 
-DEFAULT_CASES = ["cases/smoke.toml"]  # what `run`, `list` and pytest read when given no case file
+from .suite_files import default_cases
+
+DEFAULT_CASES = default_cases()  # what `run`, `list` and pytest read when given no case file
 
 
 def default_device() -> str:
