@@ -9,7 +9,8 @@ The read path an engine takes, once per step and then once per layer:
 
     meta = cache.step_metadata(seq_ids, query_start_loc)   # a few device ops, no sync
     for layer in range(num_layers):
-        out[layer] = cache.paged_attention(layer, q[layer], meta)   # no sync, graph-capturable
+        cache.paged_attention(layer, q[layer], meta, out=out[layer])   # no sync, graph-capturable
+    cache.step_metadata(seq_ids, into=meta)   # the next step in the same tensors: replay a graph
 
 The device table has one row per live sequence, updated as blocks are handed out
 (allocate/append/free), so a step gathers its rows instead of rebuilding the table on
@@ -19,6 +20,7 @@ metadata on every call.
 
 from __future__ import annotations
 
+import dataclasses
 import operator
 from dataclasses import dataclass
 
@@ -275,7 +277,9 @@ class PagedKVCache:
         """[len(seq_ids)] int32 KV lengths, built on the host."""
         return torch.tensor([self._lens[s] for s in seq_ids], dtype=torch.int32, device=self.device)
 
-    def step_metadata(self, seq_ids, query_start_loc: torch.Tensor | None = None) -> StepMetadata:
+    def step_metadata(
+        self, seq_ids, query_start_loc: torch.Tensor | None = None, *, into: StepMetadata | None = None
+    ) -> StepMetadata:
         """One step's metadata for the sequences ``seq_ids`` (q's packing order); reads no device value.
 
         query_start_loc [len(seq_ids) + 1] int32, or None for one query per sequence. A CPU
@@ -283,6 +287,12 @@ class PagedKVCache:
         device tensor is used as it is (max_q_len then unknown: the kernel bounds it by
         num_tokens). The block table and lengths are rows gathered from the device table:
         two small device ops, no host loop over blocks.
+
+        into: an earlier step's metadata with the same number of sequences (and the same
+        kind of query_start_loc): its tensors are refilled in place and shared by the
+        result, so a CUDA graph captured with them replays this step. The launch hints
+        baked into such a graph stay those of its capture, which costs speed, never
+        correctness (see kernels._common.tiling_for).
         """
         seq_ids = tuple(seq_ids)
         missing = [s for s in seq_ids if s not in self._rows]
@@ -299,14 +309,29 @@ class PagedKVCache:
             if query_start_loc.device.type == "cpu":
                 max_q_len = int((query_start_loc[1:] - query_start_loc[:-1]).max()) if seq_ids else 0
             query_start_loc = query_start_loc.to(self.device)
-        return StepMetadata(
-            block_table=self._table.index_select(0, rows),
-            seq_lens=self._device_lens.index_select(0, rows),
-            query_start_loc=query_start_loc,
-            max_q_len=max_q_len,
-            max_seq_len=max((self._lens[s] for s in seq_ids), default=0),
-            seq_ids=seq_ids,
-        )
+        max_seq_len = max((self._lens[s] for s in seq_ids), default=0)
+        if into is None:
+            return StepMetadata(
+                block_table=self._table.index_select(0, rows),
+                seq_lens=self._device_lens.index_select(0, rows),
+                query_start_loc=query_start_loc,
+                max_q_len=max_q_len,
+                max_seq_len=max_seq_len,
+                seq_ids=seq_ids,
+            )
+        if into.block_table.shape != (len(seq_ids), self._table.shape[1]) or (into.query_start_loc is None) != (
+            query_start_loc is None
+        ):
+            raise ValueError(
+                f"into holds {tuple(into.block_table.shape)} tables and query_start_loc "
+                f"{'None' if into.query_start_loc is None else 'given'}; this step needs "
+                f"{(len(seq_ids), self._table.shape[1])} and {'None' if query_start_loc is None else 'given'}"
+            )
+        torch.index_select(self._table, 0, rows, out=into.block_table)
+        torch.index_select(self._device_lens, 0, rows, out=into.seq_lens)
+        if query_start_loc is not None:
+            into.query_start_loc.copy_(query_start_loc)
+        return dataclasses.replace(into, max_q_len=max_q_len, max_seq_len=max_seq_len, seq_ids=seq_ids)
 
     def paged_attention(
         self, layer, q, seqs, query_start_loc=None, scale=None, out=None, *, check: bool | None = None
