@@ -26,6 +26,7 @@ from dataclasses import dataclass
 
 import torch
 
+from ._common import checks_enabled
 from .dispatch import paged_attention_dispatch
 
 
@@ -222,8 +223,6 @@ class PagedKVCache:
         one only when value checks are on (``check``, else $PAGED_ATTENTION_CHECK), since
         reading it is a device sync.
         """
-        from ._common import checks_enabled
-
         k_pool, v_pool = self.k_caches[self._check_layer(layer)], self.v_caches[layer]
         if slot_mapping.dim() != 1 or slot_mapping.dtype.is_floating_point or slot_mapping.dtype.is_complex:
             raise ValueError(
