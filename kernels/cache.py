@@ -156,7 +156,7 @@ class PagedKVCache:
         row = self._rows[seq_id]
         if new_blocks:
             self._owned[new_blocks] = True
-            self._table[row, len(blocks) : width] = torch.tensor(new_blocks, dtype=torch.int32).to(self.device)
+            self._table[row, len(blocks) : width] = self._upload(torch.tensor(new_blocks, dtype=torch.int32))
         blocks.extend(new_blocks)
         self._lens[seq_id] = new_len
         self._device_lens[row] = new_len
@@ -196,6 +196,12 @@ class PagedKVCache:
         lens[:old_rows] = self._device_lens
         self._table, self._device_lens = table, lens
         self._free_rows = list(range(rows - 1, old_rows - 1, -1)) + self._free_rows
+
+    def _upload(self, host: torch.Tensor) -> torch.Tensor:
+        """A host tensor on the cache's device without a sync: staged in pinned memory, copied async."""
+        if self.device.type != "cuda" or host.device.type != "cpu":
+            return host.to(self.device)
+        return host.pin_memory().to(self.device, non_blocking=True)
 
     # --- writes ------------------------------------------------------------------------
 
@@ -285,7 +291,8 @@ class PagedKVCache:
         tensor gives the host its max_q_len hint for free and is copied to the device; a
         device tensor is used as it is (max_q_len then unknown: the kernel bounds it by
         num_tokens). The block table and lengths are rows gathered from the device table:
-        two small device ops, no host loop over blocks.
+        two small device ops, no host loop over blocks; the row indices travel through
+        pinned memory, so building the metadata makes no device sync either.
 
         into: an earlier step's metadata with the same number of sequences (and the same
         kind of query_start_loc): its tensors are refilled in place and shared by the
@@ -297,7 +304,7 @@ class PagedKVCache:
         missing = [s for s in seq_ids if s not in self._rows]
         if missing:
             raise KeyError(f"sequences {missing} are not allocated")
-        rows = torch.tensor([self._rows[s] for s in seq_ids], dtype=torch.int64).to(self.device)
+        rows = self._upload(torch.tensor([self._rows[s] for s in seq_ids], dtype=torch.int64))
         max_q_len = 1 if query_start_loc is None else None
         if query_start_loc is not None:
             if query_start_loc.shape != (len(seq_ids) + 1,) or query_start_loc.dtype != torch.int32:
@@ -307,7 +314,7 @@ class PagedKVCache:
                 )
             if query_start_loc.device.type == "cpu":
                 max_q_len = int((query_start_loc[1:] - query_start_loc[:-1]).max()) if seq_ids else 0
-            query_start_loc = query_start_loc.to(self.device)
+            query_start_loc = self._upload(query_start_loc)
         max_seq_len = max((self._lens[s] for s in seq_ids), default=0)
         if into is None:
             return StepMetadata(

@@ -150,14 +150,14 @@ def test_a_fixed_size_table_never_moves_and_refuses_to_grow():
 def test_whole_decode_steps_replay_from_one_cuda_graph(monkeypatch):
     monkeypatch.delenv(kernels.CHECK_ENV, raising=False)
     cache, seq_ids = busy_cache("cuda", max_seqs=16, max_blocks_per_seq=16)
-    meta = cache.step_metadata(seq_ids)
     q = torch.randn(NUM_LAYERS, len(seq_ids), NUM_Q_HEADS, HEAD_DIM, device="cuda")
     out = torch.full_like(q, float("nan"))
     for layer in range(NUM_LAYERS):  # compile outside the capture
-        cache.paged_attention(layer, q[layer], meta, out=out[layer])
+        cache.paged_attention(layer, q[layer], seq_ids, out=out[layer])
     torch.cuda.synchronize()
     torch.cuda.set_sync_debug_mode("error")
     try:
+        meta = cache.step_metadata(seq_ids)
         for layer in range(NUM_LAYERS):
             cache.paged_attention(layer, q[layer], meta, out=out[layer])
     finally:
