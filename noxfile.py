@@ -15,12 +15,21 @@ import nox
 from nox.command import CommandFailed
 
 nox.options.sessions = ["tests"]
+# Reuse a session's virtualenv when it exists (`nox -s tests` the second time skips the
+# ~2 min install); `nox --no-reuse-existing-virtualenvs` or `-N` rebuilds after a
+# dependency change. Safe here: every session installs the project in editable mode, so a
+# reused environment always runs the current code.
+nox.options.reuse_existing_virtualenvs = True
 TORCH_SPEC = os.environ.get("TORCH_SPEC", "torch==2.13.0")
+# Where a CPU-only torch comes from on a machine whose default index serves the CUDA build
+# (PyPI does for Linux): TORCH_INDEX=https://download.pytorch.org/whl/cpu. Unset, pip's
+# configured index is used (this team's machines keep the CPU wheel on local disk).
+TORCH_INDEX = os.environ.get("TORCH_INDEX")
 ROOT = Path(__file__).parent
 
 
 def install_cpu(session: nox.Session, extras: str = "test,triton") -> None:
-    session.install(TORCH_SPEC)
+    session.install(TORCH_SPEC, *(["--index-url", TORCH_INDEX] if TORCH_INDEX else []))
     session.install("-e", f".[{extras}]")
 
 
@@ -52,7 +61,7 @@ def gpu(session: nox.Session) -> None:
     env = {"PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
     session.run("python", "-m", "pytest", env=env)
     session.run(
-        "python", "-m", "harness", "run", "cases/smoke.toml", "cases/gpu.toml", "cases/gpu_long.toml",
+        "python", "-m", "harness", "run", "cases/smoke.toml", "cases/gpu_peers.toml", "cases/gpu.toml", "cases/gpu_long.toml",
         "--device", "cuda", "--oracle-device", "cuda", *session.posargs, env=env,
     )  # fmt: skip
 

@@ -1,20 +1,19 @@
 """Paged-attention harness: case files -> inputs -> backends -> graded, timed pandas reports.
 
 Plug in a kernel with :func:`register_backend` in a module named by ``--plugin``.
+``register_backend`` is :func:`harness.registry.register_backend` itself, looked up on
+first use: importing ``harness`` imports neither the kernels nor Triton, so the CLI and
+pytest can still choose between Triton's compiler and its interpreter.
 """
 
 from __future__ import annotations
 
-
-def register_backend(name, fn, devices=("cpu", "cuda"), **options) -> None:
-    """Register ``fn`` (the kernel contract) as backend ``name``; see harness.backends.register_backend.
-
-    Imported lazily so that ``import harness`` does not import Triton before the CLI or
-    pytest has chosen between the compiler and the interpreter.
-    """
-    from .backends import register_backend as _register
-
-    _register(name, fn, tuple(devices), **options)
-
-
 __all__ = ["register_backend"]
+
+
+def __getattr__(name: str):
+    if name == "register_backend":
+        from .registry import register_backend
+
+        return register_backend
+    raise AttributeError(f"module 'harness' has no attribute {name!r}")

@@ -11,20 +11,41 @@ block_size, seq_lens, q_lens, dtype, ...).
 
 from __future__ import annotations
 
+import hashlib
 import itertools
+import json
 import math
 import os
+import re
+import stat
+import sys
 import tomllib
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 import torch
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import (
+    AllowInfNan,
+    BaseModel,
+    ConfigDict,
+    Field,
+    Strict,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 
 from kernels._common import MAX_BLOCK_SIZE, MAX_HEAD_DIM, MIN_BLOCK_SIZE, MIN_HEAD_DIM, cdiv
 
 from .grading import DEFAULT_TOLERANCES
+
+# Strict: `true` is not 1, "3" is not 3; floats must be finite (no nan, no inf).
+Int = Annotated[int, Strict()]
+Float = Annotated[float, Strict(), AllowInfNan(False)]
+INT32_MAX, INT64_MAX = 2**31 - 1, 2**63 - 1
+Length = Annotated[int, Strict(), Field(le=INT32_MAX)]  # seq_lens and q_lens are int32 tensors
+MAX_FILE_BYTES = 4 * 2**20  # a case file is a few KB; anything past this is not one
 
 DTypeName = Literal["float32", "float16", "bfloat16"]
 LayoutName = Literal["contiguous", "shuffled", "shared_prefix"]
@@ -46,9 +67,9 @@ class SeqLenGenerator(BaseModel):
     """Seeded ragged lengths: ``count`` sequences with lengths in [min, max]."""
 
     model_config = ConfigDict(extra="forbid")
-    count: int = Field(ge=1, le=4096)
-    min: int = Field(ge=1)
-    max: int = Field(ge=1)
+    count: Int = Field(ge=1, le=4096)
+    min: Int = Field(ge=1, le=INT32_MAX)
+    max: Int = Field(ge=1, le=INT32_MAX)
     distribution: Literal["uniform", "lognormal", "fixed"] = "uniform"
 
     @model_validator(mode="after")
@@ -62,8 +83,8 @@ class QLenGenerator(BaseModel):
     """Seeded query lengths in [min, max], each capped at its sequence's length."""
 
     model_config = ConfigDict(extra="forbid")
-    min: int = Field(ge=0)
-    max: int = Field(ge=0)
+    min: Int = Field(ge=0, le=INT32_MAX)
+    max: Int = Field(ge=0, le=INT32_MAX)
 
     @model_validator(mode="after")
     def _ordered(self) -> QLenGenerator:
@@ -74,8 +95,8 @@ class QLenGenerator(BaseModel):
 
 class Tolerance(BaseModel):
     model_config = ConfigDict(extra="forbid")
-    atol: float = Field(ge=0)
-    rtol: float = Field(ge=0)
+    atol: Float = Field(ge=0)
+    rtol: Float = Field(ge=0)
 
 
 class CaseSpec(BaseModel):
@@ -84,17 +105,20 @@ class CaseSpec(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     name: str = Field(pattern=r"^[A-Za-z0-9_.-]+$", description="unique within the file; ids derive from it")
-    num_q_heads: int = Field(ge=1, le=512)
-    num_kv_heads: int | None = Field(default=None, ge=1, le=512, description="give this or gqa_ratio")
-    gqa_ratio: int | None = Field(default=None, ge=1, description="num_q_heads // num_kv_heads")
-    head_dim: int = Field(ge=MIN_HEAD_DIM, le=MAX_HEAD_DIM)
-    block_size: int = Field(default=16, ge=MIN_BLOCK_SIZE, le=MAX_BLOCK_SIZE)
-    seq_lens: list[int] | SeqLenGenerator = Field(description="KV length per sequence, or a generator")
-    q_lens: int | list[int] | QLenGenerator = Field(default=1, description="queries per sequence; 1 is decode")
+    num_q_heads: Int = Field(ge=1, le=512)
+    num_kv_heads: Int | None = Field(default=None, ge=1, le=512, description="give this or gqa_ratio")
+    gqa_ratio: Int | None = Field(default=None, ge=1, le=512, description="num_q_heads // num_kv_heads")
+    head_dim: Int = Field(ge=MIN_HEAD_DIM, le=MAX_HEAD_DIM)
+    block_size: Int = Field(default=16, ge=MIN_BLOCK_SIZE, le=MAX_BLOCK_SIZE)
+    seq_lens: list[Length] | SeqLenGenerator = Field(description="KV length per sequence, or a generator")
+    q_lens: Length | list[Length] | QLenGenerator = Field(default=1, description="queries per sequence; 1 is decode")
     dtype: DTypeName = "float32"
     layout: LayoutName = "shuffled"
-    input_scale: float = Field(default=1.0, gt=0, description="q and K are scaled by it: logits grow as its square")
-    seed: int = Field(default=0, ge=0)
+    input_scale: Float = Field(
+        default=1.0, gt=0, le=1e4, description="q and K are scaled by it: logits grow as its square"
+    )
+    seed: Int = Field(default=0, ge=0, le=INT64_MAX)
+    timeout_s: Float | None = Field(default=None, gt=0, description="per-call time limit of isolated backends")
     tolerance: dict[DTypeName, Tolerance] = Field(default_factory=dict, description="per-dtype overrides")
     backends: list[str] | None = Field(default=None, description="only these backends (default: all)")
     exclude_backends: list[str] = Field(default_factory=list)
@@ -178,6 +202,7 @@ class Case:
     backends: tuple[str, ...] | None
     exclude_backends: tuple[str, ...]
     tags: tuple[str, ...]
+    timeout_s: float | None = None  # per-call limit of isolated backends (None: the run's --timeout)
 
     def __str__(self) -> str:
         return self.id
@@ -247,7 +272,10 @@ def _lengths(spec: CaseSpec) -> tuple[tuple[int, ...], tuple[int, ...]]:
 def _point_id(name: str, point: dict[str, Any]) -> str:
     def short(value: Any) -> str:
         if isinstance(value, list):
-            return "x".join(map(str, value)) if len(value) <= 4 else f"{len(value)}seqs"
+            if len(value) <= 4:
+                return "x".join(map(str, value))
+            digest = hashlib.sha1(json.dumps(value, sort_keys=True).encode()).hexdigest()[:6]
+            return f"{len(value)}seqs-{digest}"  # two lists of the same length keep distinct ids
         if isinstance(value, dict):
             return "-".join(f"{k}{v}" for k, v in value.items())
         return str(value)
@@ -255,13 +283,42 @@ def _point_id(name: str, point: dict[str, Any]) -> str:
     return "/".join([name, *(f"{k}={short(v)}" for k, v in point.items())])
 
 
+_TYPE_TAGS = {"int", "float", "str", "bool", "list", "dict", "none"}
+_SHALLOW = {"int_type", "float_type", "list_type", "dict_type", "model_type", "model_attributes_type", "bool_type"}
+
+
+def _field_path(loc: tuple) -> str:
+    """A loc without pydantic's union tags: ('seq_lens', 'function-after[...]', 'count') -> 'seq_lens.count'."""
+    parts = [str(p) for p in loc if not (isinstance(p, str) and ("[" in p or "-" in p or p.lower() in _TYPE_TAGS))]
+    return ".".join(parts)
+
+
 def _format_errors(file: str, case_id: str, error: ValidationError) -> list[str]:
-    lines = []
+    """One line per field in words a case author reads: file, case id, field path, message.
+
+    A value checked against a union (``seq_lens``: a list or a generator table) fails once
+    per member; the member it was meant for (the one that got past the type check) wins,
+    and a value that matches no member's type gets one line listing what it may be.
+    """
+
+    def at_union_tag(item: dict) -> bool:  # a type mismatch with one member of a union
+        last = item["loc"][-1] if item["loc"] else None
+        return item["type"] in _SHALLOW and isinstance(last, str) and _field_path((last,)) == ""
+
+    by_top: dict[str, list[dict]] = {}
     for item in error.errors():
-        cause = item.get("ctx", {}).get("error")
-        field = ".".join(str(part) for part in item["loc"]) or getattr(cause, "field", "(case)")
-        lines.append(f"{file}: case '{case_id}': field '{field}': {item['msg']}")
-    return lines
+        by_top.setdefault(str(item["loc"][0]) if item["loc"] else "", []).append(item)
+    lines = []
+    for items in by_top.values():
+        meant = [i for i in items if not at_union_tag(i)]
+        if not meant:  # no member's type fits: one line listing what the value may be
+            items = [{**items[0], "msg": " or ".join(dict.fromkeys(i["msg"] for i in items))}]
+        for item in meant or items:
+            cause = item.get("ctx", {}).get("error")
+            field = _field_path(item["loc"]) or getattr(cause, "field", "(case)")
+            message = re.sub(r" or instance of \w+", "", item["msg"])  # pydantic's class names mean nothing here
+            lines.append(f"{file}: case '{case_id}': field '{field}': {message}")
+    return list(dict.fromkeys(lines))
 
 
 def expand_spec(raw: dict[str, Any], file: str) -> list[Case]:
@@ -305,6 +362,7 @@ def expand_spec(raw: dict[str, Any], file: str) -> list[Case]:
                 backends=tuple(p.backends) if p.backends is not None else None,
                 exclude_backends=tuple(p.exclude_backends),
                 tags=tuple(p.tags),
+                timeout_s=p.timeout_s,
             )
         )
     if errors:
@@ -317,17 +375,18 @@ def load_case_file(path: str | Path) -> list[Case]:
     path = Path(path)
     file = str(path)
     try:
-        data = tomllib.loads(path.read_text())
-    except FileNotFoundError:
-        raise CaseFileError(f"{file}: no such case file") from None
+        data = tomllib.loads(_read_case_text(path))
     except (tomllib.TOMLDecodeError, UnicodeDecodeError) as error:
         raise CaseFileError(f"{file}: not valid TOML: {error}") from None
+    except RecursionError:
+        raise CaseFileError(f"{file}: not valid TOML: nested too deeply") from None
     unknown = set(data) - {"defaults", "case"}
     if unknown:
         raise CaseFileError(f"{file}: unknown top-level key(s) {sorted(unknown)}; expected [defaults] and [[case]]")
     defaults = data.get("defaults", {})
     tables = data.get("case", [])
-    if not isinstance(defaults, dict) or not isinstance(tables, list) or not tables:
+    if (not isinstance(defaults, dict) or not isinstance(tables, list) or not tables
+            or not all(isinstance(t, dict) for t in tables)):  # fmt: skip
         raise CaseFileError(f"{file}: needs at least one [[case]] table (and [defaults] must be a table)")
     cases: list[Case] = []
     errors: list[str] = []
@@ -346,11 +405,52 @@ def load_case_file(path: str | Path) -> list[Case]:
     return cases
 
 
+def _read_case_text(path: Path) -> str:
+    """The text of a regular file of at most MAX_FILE_BYTES; CaseFileError for anything else.
+
+    A FIFO would block and /dev/zero never ends, so only regular files are opened, and
+    the read stops past the size limit (a file growing after the stat cannot run away).
+    """
+    file = str(path)
+    try:
+        info = path.stat()
+    except FileNotFoundError:
+        raise CaseFileError(f"{file}: no such case file") from None
+    except OSError as error:
+        raise CaseFileError(f"{file}: cannot read it: {error.strerror}") from None
+    if stat.S_ISDIR(info.st_mode):
+        raise CaseFileError(f"{file}: is a directory, not a case file (a folder given to run stands for its *.toml)")
+    if not stat.S_ISREG(info.st_mode):
+        raise CaseFileError(f"{file}: not a regular file (a FIFO, device or socket); give a .toml file")
+    try:
+        with path.open("rb") as handle:
+            data = handle.read(MAX_FILE_BYTES + 1)
+    except OSError as error:
+        raise CaseFileError(f"{file}: cannot read it: {error.strerror}") from None
+    if len(data) > MAX_FILE_BYTES:
+        raise CaseFileError(f"{file}: larger than {MAX_FILE_BYTES // 2**20} MiB; not a case file")
+    return data.decode("utf-8")
+
+
 def resolve_case_paths(paths: list[str | Path]) -> list[Path]:
-    """Files as given; a directory stands for every *.toml in it, sorted."""
+    """Files as given; a directory stands for every *.toml in it, sorted. A file named
+    twice (or through two spellings of its path) is read once, with a note on stderr.
+
+    CaseFileError for a directory without any *.toml.
+    """
     files: list[Path] = []
+    seen: dict[Path, Path] = {}
     for p in map(Path, paths):
-        files.extend(sorted(p.glob("*.toml")) if p.is_dir() else [p])
+        found = sorted(p.glob("*.toml")) if p.is_dir() else [p]
+        if p.is_dir() and not found:
+            raise CaseFileError(f"{p}: a directory with no *.toml case files in it")
+        for f in found:
+            key = f.resolve() if f.exists() else f
+            if key in seen:
+                print(f"note: {f} is given twice (as {seen[key]}); its cases are read once", file=sys.stderr)
+                continue
+            seen[key] = f
+            files.append(f)
     return files
 
 
@@ -388,6 +488,23 @@ def load_cases(paths: list[str | Path], device: str = "cpu", tags: list[str] | N
     if errors:
         raise CaseFileError("\n".join(errors))
     return cases
+
+
+def check_backend_names(cases: list[Case], registered: list[str]) -> None:
+    """CaseFileError naming file, case and field for every name in ``backends`` or
+    ``exclude_backends`` that is not a registered backend (call it after plugins load)."""
+    errors = []
+    known = set(registered)
+    for case in cases:
+        for field, names in (("backends", case.backends or ()), ("exclude_backends", case.exclude_backends)):
+            errors.extend(
+                f"{case.file}: case '{case.id}': field '{field}': unknown backend {name!r}; "
+                f"registered: {', '.join(registered)}"
+                for name in names
+                if name not in known
+            )
+    if errors:
+        raise CaseFileError("\n".join(dict.fromkeys(errors)))
 
 
 def case_file_schema() -> dict[str, Any]:

@@ -1,23 +1,42 @@
 """python -m harness {run,list,report,compare,history,schema}
 
-Exit codes: 0 every case within tolerance, 1 a tolerance failure (or an error row, or a
-regression for compare), 2 bad input (a case file or an argument), with one clear message;
-compare also exits 3 when nothing got worse but the comparison is incomplete.
+Exit codes:
+
+* 0   every graded row within tolerance, something was graded, and every backend named
+      with --backend ran (graded or errored) on at least one case
+* 1   a tolerance failure or an error row (a backend that raised, exited, crashed or
+      timed out); nothing graded (every row a skip); a --backend that ran on no case;
+      for compare, a row that got worse
+* 2   bad input, refused before any work with one message naming file, case and field,
+      and nothing written: a case file, an argument, a plugin that does not import (or
+      exits or crashes on import), an output folder that cannot be created or written,
+      a stored run folder that is not one
+* 3   internal error: a bug in the harness (the traceback is printed, with a line saying
+      so), or the final write of the run folder failed (the journal is kept, and the
+      message gives the --resume command that finishes the run)
+* 4   compare only: nothing got worse, but the comparison is incomplete (cases or
+      backends on one side only, a status turned skip, another device or versions)
+* 130 interrupted by Ctrl-C; 143 terminated by SIGTERM: the rows so far are kept in the
+      journal, and the message gives the --resume command
+
+Only the harness's own input errors are exit 2: a ValueError from anywhere else is an
+internal error (exit 3), never "bad input".
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
+import traceback
 from pathlib import Path
 
 import torch
 
 from .options import DEFAULT_CASES
 
-EXIT_OK, EXIT_FAIL, EXIT_BAD_INPUT = 0, 1, 2
+EXIT_OK, EXIT_FAIL, EXIT_BAD_INPUT, EXIT_INTERNAL = 0, 1, 2, 3
+EXIT_INTERRUPTED, EXIT_TERMINATED = 130, 143
 
 
 class BadInput(Exception):
@@ -31,11 +50,38 @@ def build_parser() -> argparse.ArgumentParser:
     verbs = parser.add_subparsers(dest="verb", required=True)
 
     run = verbs.add_parser("run", help="run cases through backends; write a report folder")
-    run.add_argument("cases", nargs="*", help=f"case files or folders (default: {' '.join(DEFAULT_CASES)})")
+    run.add_argument(
+        "cases",
+        nargs="*",
+        help="case files or folders, or a packaged suite's name (smoke, cpu, gpu, gpu_peers, gpu_long); default: smoke",
+    )
     add_to_argparse(run)
     run.add_argument("--out", type=Path, help="run folder to create (default: reports/<time>-<device>-<commit>)")
     run.add_argument("--no-timing", dest="timing", action="store_false", help="grade only; do not time")
     run.add_argument("--no-progress", dest="progress", action="store_false", help="no progress bar")
+    run.add_argument(
+        "--profile", action="append", default=[], metavar="CASE[:BACKEND]",
+        help="save a torch.profiler Chrome trace of these rows under RUN/profiles/ (globs; repeatable)",
+    )  # fmt: skip
+    run.add_argument(
+        "--isolate",
+        choices=["plugins", "all", "none"],
+        default="plugins",
+        help="backends run in a worker process that may crash or hang without ending the run "
+        "(default: plugins; 'all' adds the built-ins, 'none' runs everything in-process)",
+    )
+    run.add_argument(
+        "--timeout",
+        type=float,
+        metavar="SECONDS",
+        help="time limit of one isolated call, grade and timing (default 600; a case's timeout_s wins)",
+    )
+    run.add_argument(
+        "--resume",
+        type=Path,
+        metavar="RUN_DIR",
+        help="finish a killed or unwritten run from its journal RUN_DIR.journal.jsonl, with its options",
+    )
 
     listing = verbs.add_parser("list", help="the expanded cases, as a table")
     listing.add_argument("cases", nargs="*")
@@ -92,51 +138,228 @@ def build_parser() -> argparse.ArgumentParser:
 
 def _load(cases: list[str], device: str, tags: list[str] | None):
     from .cases import load_cases
+    from .suite_files import resolve_case_arg
 
-    cases = cases or DEFAULT_CASES
+    cases = [resolve_case_arg(c) for c in cases] or DEFAULT_CASES
     loaded = load_cases(cases, device=device, tags=tags)
     if not loaded:
         raise BadInput(f"no cases selected from {' '.join(cases)}" + (f" with tags {tags}" if tags else ""))
     return loaded
 
 
-def cmd_run(args: argparse.Namespace) -> int:
-    from .backends import load_plugin, resolve_backends
-    from .environment import collect_meta
-    from .options import default_device
-    from .runner import RunConfig, exit_code, run_cases, summarize
-    from .storage import default_run_dir, write_run
-    from .timing import measure_copy_bandwidth
+def _load_plugins(plugins: list[str], isolate: str) -> set[str]:
+    """Import the plugins (first in a throwaway worker when isolating, so one that exits or
+    crashes on import is bad input, not the end of the run); the backend names they added."""
+    from .backends import REGISTRY, load_plugin
+    from .guard import raised_by_backend
+    from .isolation import PluginImportError, Worker
 
+    if plugins and isolate != "none":
+        probe = Worker(tuple(plugins))
+        try:
+            probe.start()
+        except PluginImportError as error:
+            raise BadInput(f"--plugin {error}") from None
+        finally:
+            probe.stop()
+    before = set(REGISTRY)
+    for plugin in plugins:
+        try:
+            load_plugin(plugin)
+        except ValueError as error:
+            raise BadInput(str(error)) from None
+        except BaseException as error:  # SystemExit or a KeyboardInterrupt raised by the module
+            if not raised_by_backend(error):
+                raise
+            raise BadInput(f"--plugin {plugin}: importing it raised {type(error).__name__}({error})") from None
+    return set(REGISTRY) - before
+
+
+def _run_options(args: argparse.Namespace, device: str) -> dict:
+    """What the journal keeps so that --resume runs the same thing (paths made absolute)."""
+
+    def absolute(path: str) -> str:
+        return str(Path(path).resolve()) if Path(path).exists() else path
+
+    return {
+        "cases": [absolute(c) for c in (args.cases or DEFAULT_CASES)],
+        "backends": args.harness_backends,
+        "device": device,
+        "plugins": [absolute(p) for p in args.harness_plugins],
+        "tags": args.harness_tags,
+        "oracle_device": args.harness_oracle_device,
+        "timing": args.timing,
+        "isolate": args.isolate,
+        "timeout": args.timeout,
+    }
+
+
+def _resume(args: argparse.Namespace):
+    """The journal of --resume RUN_DIR, with args set to the stored options."""
+    from .journal import Journal, journal_path, pid_alive
+
+    run_dir = args.resume
+    if run_dir.exists():
+        raise BadInput(f"--resume {run_dir}: the run folder already exists: that run is complete")
+    journal = Journal.read(journal_path(run_dir))
+    if pid_alive(journal.header.get("last_pid")):
+        raise BadInput(f"--resume {run_dir}: process {journal.header['last_pid']} is still writing it")
+    options = journal.header.get("options", {})
+    args.cases = options.get("cases", [])
+    args.harness_backends = options.get("backends")
+    args.harness_device = options.get("device")
+    args.harness_plugins = options.get("plugins", [])
+    args.harness_tags = options.get("tags")
+    args.harness_oracle_device = options.get("oracle_device")
+    args.timing = options.get("timing", True)
+    args.isolate = options.get("isolate", "plugins")
+    args.timeout = options.get("timeout")
+    args.out = run_dir
+    return journal
+
+
+def verdict(frame, requested: list[str] | None) -> tuple[int, list[str]]:
+    """The exit code of a finished run and the messages that explain a non-zero one."""
+    from .runner import exit_code
+
+    code, messages = exit_code(frame), []
+    status = frame["status"]
+    if not status.isin(["pass", "fail"]).any():
+        code = EXIT_FAIL
+        messages.append(
+            f"error: nothing was graded: {int((status == 'skip').sum())} skip and "
+            f"{int((status == 'error').sum())} error rows; a run that grades nothing is not a success"
+        )
+    for name in dict.fromkeys(requested or []):
+        mine = frame[frame["backend"] == name]
+        if not mine["status"].isin(["pass", "fail", "error"]).any():
+            code = EXIT_FAIL
+            why = mine["reason"].iloc[0] if len(mine) else "no case selected it"
+            messages.append(f"error: --backend {name} ran on no case (every row a skip): {why}")
+    return code, messages
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    from .backends import REGISTRY, resolve_backends
+    from .cases import check_backend_names
+    from .ceilings import measure_ceilings
+    from .environment import collect_meta
+    from .guard import Terminated
+    from .options import apply_threads, default_device
+    from .profiling import profile_pairs, selected
+    from .runner import COLUMNS, RunConfig, run_cases, summarize, to_frame
+    from .storage import reserve_run, stale_leftovers, write_run
+
+    journal = _resume(args) if args.resume else None
     device = args.harness_device or default_device()
     if device == "cuda" and not torch.cuda.is_available():
         raise BadInput("--device cuda: no CUDA device is visible to torch")
-    for plugin in args.harness_plugins:
-        load_plugin(plugin)
-    backends = resolve_backends(args.harness_backends)
-    run_dir = args.out or default_run_dir(Path("reports"), device)
-    if run_dir.exists():
-        raise BadInput(f"--out {run_dir}: already exists; a run is never overwritten")
+    threads = apply_threads(args.harness_threads, device)
+    if args.timeout is not None and not args.timeout > 0:
+        raise BadInput(f"--timeout {args.timeout:g}: must be a positive number of seconds")
+    plugin_backends = _load_plugins(args.harness_plugins, args.isolate)
+    try:
+        backends = resolve_backends(args.harness_backends)
+    except ValueError as error:
+        raise BadInput(str(error)) from None
     cases = _load(args.cases, device, args.harness_tags)
-    ceilings = {}
-    if args.timing:
-        ceilings[f"{device}_copy"] = measure_copy_bandwidth(device)
+    to_profile = selected(cases, backends, args.profile)
+    check_backend_names(cases, list(REGISTRY))
+    reports_root = args.out.parent if args.out else Path("reports")
+    for message in stale_leftovers(reports_root):
+        print(message, file=sys.stderr)
+    if journal is None:
+        run_dir, journal = reserve_run(args.out, reports_root, device, _run_options(args, device))
+    else:
+        run_dir = args.out
+        journal.reopen()
+    resume_hint = f"python -m harness run --resume {run_dir}"
+    ceilings = measure_ceilings(device, [c.dtype for c in cases]) if args.timing else {}
+    isolated = {"plugins": plugin_backends, "all": {b.name for b in backends}, "none": set()}[args.isolate]
     config = RunConfig(
         device=device,
         backends=backends,
         timing=args.timing,
         oracle_device=args.harness_oracle_device or "cpu",
-        ceiling_gbps=ceilings.get(f"{device}_copy"),
+        ceilings=ceilings,
         progress=args.progress,
+        isolated=frozenset(isolated),
+        plugins=tuple(args.harness_plugins),
+        timeout_s=args.timeout,
+        threads=threads,
     )
-    print(f"{len(cases)} cases x {len(backends)} backends on {device}", file=sys.stderr)
-    frame = run_cases(cases, config)
-    meta = collect_meta(device, ["python -m harness", *sys.argv[1:]], ceilings)
-    meta["case_files"] = sorted({c.file for c in cases})
-    write_run(frame, meta, run_dir)
+    printer = None if args.progress else _row_printer()
+
+    def on_row(row: dict) -> None:
+        journal.append(row)
+        if printer:
+            printer(row)
+
+    done = journal.done()
+    todo = sum((c.id, b.name) not in done for c in cases for b in backends)
+    print(f"{len(cases)} cases x {len(backends)} backends on {device}"
+          + (f": {todo} to run, {len(done)} from the journal" if done else ""), file=sys.stderr)  # fmt: skip
+    try:
+        run_cases(cases, config, on_row=on_row, done=done)
+    except (KeyboardInterrupt, Terminated) as stop:
+        journal.close(stopped=True)
+        what = "interrupted" if isinstance(stop, KeyboardInterrupt) else "terminated (SIGTERM)"
+        print(f"{what}: {len(journal.rows)} rows kept in {journal.path}; finish with: {resume_hint}", file=sys.stderr)
+        return EXIT_INTERRUPTED if isinstance(stop, KeyboardInterrupt) else EXIT_TERMINATED
+    frame = _ordered(to_frame(journal.rows), cases, backends, COLUMNS)
+    bandwidth = {k: v for k, v in ceilings.items() if k.endswith("_gbps")}
+    meta = collect_meta(device, ["python -m harness", *sys.argv[1:]], bandwidth)
+    meta.update(case_files=sorted({c.file for c in cases}), ceilings=ceilings, timing_threads=threads)
+    if args.resume:
+        meta["resumed"] = {"journal_rows": len(done), "started": journal.header.get("started")}
+    try:
+        write_run(frame, meta, run_dir)
+    except OSError as error:
+        journal.close(stopped=True)
+        print(f"error: writing the run folder {run_dir} failed: {error}\n"
+              f"the {len(journal.rows)} rows are kept in {journal.path}; once there is room, finish with: "
+              f"{resume_hint}", file=sys.stderr)  # fmt: skip
+        return EXIT_INTERNAL
+    journal.remove()
+    if to_profile:
+        for path in profile_pairs(to_profile, device, config.oracle_device, run_dir / "profiles"):
+            print(f"profile: {path}")
     print(summarize(frame))
     print(f"report: {run_dir / 'report.html'}")
-    return exit_code(frame)
+    code, messages = verdict(frame, args.harness_backends)
+    for message in messages:
+        print(message, file=sys.stderr)
+    return code
+
+
+def _ordered(frame, cases, backends, columns):
+    """Rows in case order, then backend order (a resumed run's journal mixes two runs)."""
+    case_rank = {c.id: i for i, c in enumerate(cases)}
+    backend_rank = {b.name: i for i, b in enumerate(backends)}
+    key = frame["case"].map(case_rank).fillna(len(case_rank)) * (len(backend_rank) + 1) + frame["backend"].map(
+        backend_rank
+    ).fillna(len(backend_rank))
+    return frame.iloc[key.argsort(kind="stable")].reset_index(drop=True)[columns]
+
+
+def _row_printer():
+    """on_row for runs without a progress bar (logs, CI): one line a row as it finishes, with the time so far."""
+    import time
+
+    start = time.perf_counter()
+
+    def show(row: dict) -> None:
+        latency = row.get("latency_us")
+        timed = f" {latency:.1f} us" if isinstance(latency, float) and latency == latency else ""
+        call = row.get("call_us")
+        timed += f" (call {call:.1f} us)" if isinstance(call, float) and call == call else ""
+        print(
+            f"[{time.perf_counter() - start:7.1f}s] {row['case']} {row['backend']}: {row['status']}{timed}",
+            file=sys.stderr,
+            flush=True,
+        )
+
+    return show
 
 
 def cmd_list(args: argparse.Namespace) -> int:
@@ -208,7 +431,10 @@ def cmd_compare(args: argparse.Namespace) -> int:
 def cmd_history(args: argparse.Namespace) -> int:
     from .history import format_history, load_history, write_history_html
 
-    history = load_history(args.runs or [Path("reports")], min_effect=args.min_effect, backends=args.backends)
+    try:
+        history = load_history(args.runs or [Path("reports")], min_effect=args.min_effect, backends=args.backends)
+    except ValueError as error:  # no run folders where the user pointed: bad input
+        raise BadInput(str(error)) from None
     print(format_history(history))
     if args.html:
         print(f"page: {write_history_html(history, args.html)}")
@@ -222,12 +448,20 @@ def cmd_schema(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def console_main() -> None:
+    """The ``harness`` console script: main() as the process's exit status."""
+    sys.exit(main())
+
+
 def main(argv: list[str] | None = None) -> int:
-    # The Triton interpreter must be chosen before Triton is imported (see kernels.triton_paged).
-    if "TRITON_INTERPRET" not in os.environ and not torch.cuda.is_available():
-        os.environ["TRITON_INTERPRET"] = "1"
+    import kernels
+
+    kernels.use_interpreter_if_no_gpu()  # before anything imports Triton (see kernels.triton_paged)
     from .cases import CaseFileError
-    from .storage import RunDirExistsError
+    from .compare import DuplicateRowsError
+    from .guard import Terminated, install_signal_handlers
+    from .journal import JournalError
+    from .storage import NotWritableError, RunDirExistsError, RunFolderError
 
     parser = build_parser()
     args = parser.parse_args(argv)
@@ -239,11 +473,30 @@ def main(argv: list[str] | None = None) -> int:
         "history": cmd_history,
         "schema": cmd_schema,
     }
+    restore_signals = install_signal_handlers()
     try:
         return handler[args.verb](args)
-    except (BadInput, CaseFileError, RunDirExistsError, ValueError) as error:
+    except (
+        BadInput,
+        CaseFileError,
+        RunDirExistsError,
+        NotWritableError,
+        RunFolderError,
+        JournalError,
+        DuplicateRowsError,
+    ) as error:
         print(f"error: {error}", file=sys.stderr)
         return EXIT_BAD_INPUT
     except KeyboardInterrupt:
         print("interrupted: nothing was written", file=sys.stderr)
-        return 130
+        return EXIT_INTERRUPTED
+    except Terminated:
+        print("terminated (SIGTERM): nothing was written", file=sys.stderr)
+        return EXIT_TERMINATED
+    except Exception:
+        traceback.print_exc()
+        print("internal error: the traceback above is a bug in the harness, not in your input; please report it",
+              file=sys.stderr)  # fmt: skip
+        return EXIT_INTERNAL
+    finally:
+        restore_signals()

@@ -15,7 +15,7 @@ Per run: rows on one side only, the device or the torch/triton versions differin
 
 Exit codes (:attr:`Comparison.exit_code`): 0 nothing got worse and the comparison is
 complete; 1 something got worse (a new failure or error, a row now skipped, an error or
-NaN count grown, a margin shrunk, a latency judged slower); 3 nothing got worse but the
+NaN count grown, a margin shrunk, a latency judged slower); 4 nothing got worse but the
 comparison is incomplete (rows on one side only, or a device/version mismatch unless
 ``allow_mismatch``). Bad input (an unreadable run, duplicated rows) is 2, from the CLI.
 """
@@ -29,7 +29,7 @@ import pandas as pd
 
 from . import stats
 
-EXIT_OK, EXIT_WORSE, EXIT_INCOMPLETE = 0, 1, 3
+EXIT_OK, EXIT_WORSE, EXIT_INCOMPLETE = 0, 1, 4  # 2 is bad input, 3 an internal error (harness.cli)
 _RANK = {"pass": 0, "fail": 1, "error": 2}
 KEY = ["case", "backend"]
 _FIELDS = [

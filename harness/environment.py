@@ -86,6 +86,29 @@ def noise_judges(device: str) -> dict:
     return judges
 
 
+def commit_record() -> dict:
+    """The run's commit, and where it was read from.
+
+    From git where this is a checkout. A copy of the tree sent to another machine may carry
+    a stale ``.git`` (seen on a lent GPU box: git named the session's first commit), so a
+    commit the caller declares in ``HARNESS_COMMIT`` (scripts/gpu_run.sh passes the
+    sender's ``git rev-parse HEAD``) wins, and a disagreement is recorded, not hidden.
+    """
+    from_git = git("rev-parse", "HEAD") or None
+    declared = os.environ.get("HARNESS_COMMIT") or None
+    if declared and from_git and declared != from_git:
+        return {
+            "commit": declared,
+            "commit_source": f"HARNESS_COMMIT; git here says {from_git[:12]} (a stale copy of .git)",
+            "dirty": None,
+        }
+    if from_git:
+        return {"commit": from_git, "commit_source": "git"}
+    if declared:
+        return {"commit": declared, "commit_source": "HARNESS_COMMIT (no git checkout here)"}
+    return {"commit": None, "commit_source": "no git checkout and no HARNESS_COMMIT"}
+
+
 def collect_meta(device: str, argv: list[str], ceilings: dict[str, float]) -> dict:
     """Everything needed to trust or reproduce a run later."""
     try:
@@ -96,9 +119,8 @@ def collect_meta(device: str, argv: list[str], ceilings: dict[str, float]) -> di
         triton_version = None
     dev = torch.device(device)
     return {
-        # HARNESS_COMMIT names the commit where the tree travels without .git (a lent GPU box).
-        "commit": git("rev-parse", "HEAD") or os.environ.get("HARNESS_COMMIT") or None,
         "dirty": dirty(),
+        **commit_record(),  # after dirty: a stale .git makes both unknown
         "time": datetime.now(UTC).isoformat(timespec="seconds"),
         "host": socket.gethostname(),
         "device": device,

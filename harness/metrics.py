@@ -1,4 +1,4 @@
-"""Derived metrics: pure functions of a case and a measured latency."""
+"""Derived metrics: pure functions of a case and a measured latency (one formula each)."""
 
 from __future__ import annotations
 
@@ -20,11 +20,39 @@ def bytes_moved(case: Case) -> int:
     return elt * (2 * kv_tokens * case.num_kv_heads * case.head_dim + 2 * num_tokens * case.num_q_heads * case.head_dim)
 
 
+def attended_pairs(case: Case) -> int:
+    """(query, key) pairs the causal rule lets attend, summed over sequences.
+
+    Query j of a sequence with q_len queries over seq_len keys sees seq_len - q_len + j + 1
+    keys, so a sequence contributes q_len * (seq_len - q_len) + q_len * (q_len + 1) / 2.
+    """
+    return sum(q * (n - q) + q * (q + 1) // 2 for n, q in zip(case.seq_lens, case.q_lens, strict=True))
+
+
+def flops(case: Case) -> int:
+    """Useful floating-point operations: 4 * attended_pairs * num_q_heads * head_dim.
+
+    Two multiply-adds (2 flops each) per pair, head and dimension: one in q . k, one in
+    p @ v. Softmax exponentials and masked-out work are not counted.
+    """
+    return 4 * attended_pairs(case) * case.num_q_heads * case.head_dim
+
+
 def gbps(num_bytes: int, latency_us: float) -> float:
     """Achieved bandwidth: bytes / latency, in GB/s (1e9 bytes per second)."""
     return num_bytes / (latency_us * 1e3)
 
 
+def tflops(num_flops: int, latency_us: float) -> float:
+    """Achieved rate: flops / latency, in TFLOP/s (1e12 per second)."""
+    return num_flops / (latency_us * 1e6)
+
+
 def pct_of_ceiling(achieved_gbps: float, ceiling_gbps: float) -> float:
-    """100 * achieved / ceiling, the ceiling being the measured copy bandwidth."""
+    """100 * achieved / ceiling, the ceiling being the measured read bandwidth (a decode kernel only reads)."""
     return 100.0 * achieved_gbps / ceiling_gbps
+
+
+def pct_of_peak(achieved_tflops: float, peak_tflops: float) -> float:
+    """100 * achieved / peak, the peak being the dtype's dense datasheet rate (or the measured matmul)."""
+    return 100.0 * achieved_tflops / peak_tflops

@@ -13,7 +13,9 @@ from typing import Any
 
 import torch
 
-DEFAULT_CASES = ["cases/smoke.toml"]  # what `run`, `list` and pytest read when given no case file
+from .suite_files import default_cases
+
+DEFAULT_CASES = default_cases()  # what `run`, `list` and pytest read when given no case file
 
 
 def default_device() -> str:
@@ -37,7 +39,27 @@ RUN_OPTIONS = [
     Option("--tag", "run only cases carrying this tag (repeatable)", {"action": "append", "dest": "harness_tags", "metavar": "TAG"}),
     Option("--oracle-device", "where the float64 oracle runs; default: the CPU",
            {"choices": ["cpu", "cuda"], "dest": "harness_oracle_device"}),
+    Option("--threads", "torch intra-op threads for the run: N or 'auto' (torch's default); default 1 on a CPU",
+           {"dest": "harness_threads", "metavar": "N|auto"}),
 ]  # fmt: skip
+
+
+def apply_threads(value: str | None, device: str) -> int:
+    """Set torch's intra-op thread count for the run and return it.
+
+    Default on a CPU: 1. On a shared 2-core machine one thread ran the CPU suite about 4x
+    faster than two and made reruns of one commit agree (two threads fight the neighbours
+    for cores, and one run's reference timings came out 3.4x off the other's), so timings
+    compare across commits. On CUDA the host threads hardly matter: torch's default stays.
+    ``auto`` keeps torch's default anywhere.
+    """
+    if value is None:
+        value = "1" if torch.device(device).type == "cpu" else "auto"
+    if value != "auto":
+        if not value.isdigit() or int(value) < 1:
+            raise ValueError(f"--threads {value}: give a positive integer or 'auto'")
+        torch.set_num_threads(int(value))
+    return torch.get_num_threads()
 
 
 def add_to_argparse(parser: argparse.ArgumentParser) -> None:

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import torch
 
+CHUNK_BYTES = 1 << 30  # float64 logits of one chunk of query rows: about 1 GiB
+
 
 def paged_attention_oracle(
     q, k_cache, v_cache, block_table, seq_lens, query_start_loc=None, scale=None, device="cpu"
@@ -48,12 +50,17 @@ def paged_attention_oracle(
         k = k_slots[slots].to(device, torch.float64)  # [seq_len, num_kv_heads, head_dim]
         v = v_slots[slots].to(device, torch.float64)
         pos = pos.to(device)
-        qs = q[starts[seq] : starts[seq + 1]].view(q_len, num_kv_heads, group, head_dim)
-        logits = torch.einsum("qhgd,khd->hgqk", qs, k) * scale  # [num_kv_heads, group, q_len, seq_len]
-        q_pos = seq_len - q_len + torch.arange(q_len, device=device)
-        logits = logits.masked_fill(pos[None, None, None, :] > q_pos[None, None, :, None], float("-inf"))
-        weights = torch.exp(logits - logits.amax(-1, keepdim=True))
-        weights = weights / weights.sum(-1, keepdim=True)
-        o = torch.einsum("hgqk,khd->qhgd", weights, v)
-        expected[starts[seq] : starts[seq + 1]] = o.reshape(q_len, num_q_heads, head_dim)
+        # Query rows go in chunks so the float64 logits stay near CHUNK_BYTES, whatever the case.
+        rows_per_chunk = max(1, CHUNK_BYTES // (8 * num_q_heads * seq_len))
+        for first in range(0, q_len, rows_per_chunk):
+            last = min(q_len, first + rows_per_chunk)
+            rows = last - first
+            qs = q[starts[seq] + first : starts[seq] + last].view(rows, num_kv_heads, group, head_dim)
+            logits = torch.einsum("qhgd,khd->hgqk", qs, k) * scale  # [num_kv_heads, group, rows, seq_len]
+            q_pos = seq_len - q_len + first + torch.arange(rows, device=device)
+            logits = logits.masked_fill(pos[None, None, None, :] > q_pos[None, None, :, None], float("-inf"))
+            weights = torch.exp(logits - logits.amax(-1, keepdim=True))
+            weights = weights / weights.sum(-1, keepdim=True)
+            o = torch.einsum("hgqk,khd->qhgd", weights, v)
+            expected[starts[seq] + first : starts[seq] + last] = o.reshape(rows, num_q_heads, head_dim)
     return expected

@@ -3,7 +3,7 @@
 Enable it with ``pytest_plugins = ["harness.pytest_plugin"]`` in a conftest.py (this
 repository's tests/conftest.py does). Options (shared with the CLI, see harness.options):
 
-    --cases PATH         case file or folder (repeatable; default <rootdir>/cases/smoke.toml)
+    --cases PATH         case file or folder, or a packaged suite's name (repeatable; default: smoke)
     --backend NAME       only this backend (repeatable)
     --device cpu|cuda    default: cuda when a GPU is present
     --plugin MOD         import a module that calls harness.register_backend (repeatable)
@@ -46,16 +46,25 @@ class HarnessSession:
             for plugin in config.getoption("harness_plugins"):
                 load_plugin(plugin)
             backends = resolve_backends(config.getoption("harness_backends"))
-            paths = config.getoption("cases") or [config.rootpath / p for p in DEFAULT_CASES]
+            from .suite_files import resolve_case_arg
+
+            given = [resolve_case_arg(p) for p in config.getoption("cases") or []]
+            paths = given or [config.rootpath / p for p in DEFAULT_CASES]
             self.cases = load_cases(paths, self.device, config.getoption("harness_tags"))
         except (CaseFileError, ValueError) as error:
             raise pytest.UsageError(str(error)) from None
+        threads = None
+        if config.getoption("harness_timing"):
+            from .options import apply_threads
+
+            threads = apply_threads(config.getoption("harness_threads"), self.device)
         self.config = RunConfig(
             device=self.device,
             backends=backends,
             timing=config.getoption("harness_timing"),
             oracle_device=config.getoption("harness_oracle_device") or "cpu",
             progress=False,
+            threads=threads,
         )
         self.rows: list[dict] = []
         self._context = None

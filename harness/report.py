@@ -79,6 +79,20 @@ def rebuild_html(run_dir: Path, baseline: Path | None = None) -> Path:
     return target
 
 
+def peaks_of(meta: dict) -> dict[str, dict]:
+    """{dtype: {"tflops", "source"}} from meta's ``ceilings`` (per-dtype dicts; a bare number in older runs)."""
+    ceilings = meta.get("ceilings") or {}
+    peaks, sources = ceilings.get("peak_tflops"), ceilings.get("peak_source") or {}
+    if isinstance(peaks, dict):
+        return {
+            d: {"tflops": v, "source": sources.get(d, "") if isinstance(sources, dict) else sources}
+            for d, v in peaks.items()
+        }
+    if peaks is not None:
+        return {"all dtypes": {"tflops": peaks, "source": sources if isinstance(sources, str) else ""}}
+    return {}
+
+
 def ceilings_of(meta: dict) -> dict[str, float]:
     """GB/s ceilings from meta: the new ``ceilings`` (read, copy) and the old ``ceilings_gbps``."""
     out = {}
@@ -189,6 +203,7 @@ def render_html(frame: pd.DataFrame, meta: dict, *, baseline=None, baseline_name
         backends=backends,
         pivot=pivot,
         ceilings=ceilings,
+        peaks=peaks_of(meta),
         figures=[(title, uri) for title, uri in figures if uri],
         fits=fits.to_dict("records") if fits is not None else [],
         regressions=regressions,

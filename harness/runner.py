@@ -7,20 +7,21 @@ row), and :mod:`harness.report` stores it.
 from __future__ import annotations
 
 import traceback
-from collections.abc import Callable, Iterable
-from dataclasses import dataclass
+from collections.abc import Callable, Collection, Iterable
+from dataclasses import dataclass, field
 
 import pandas as pd
 import torch
 from tqdm import tqdm
 
-from .backends import Backend
 from .cases import Case
-from .grading import grade
+from .grading import forward_error_bound, grade
+from .guard import InputGuard, check_output, raised_by_backend
 from .inputs import PagedInputs, make_inputs
-from .metrics import bytes_moved, gbps, pct_of_ceiling
+from .measure import TimingPlan, timing_columns
+from .metrics import bytes_moved
 from .oracle import paged_attention_oracle
-from .timing import time_call
+from .registry import Backend, Unsupported
 
 # The report's contract columns (DESIGN.md), then the case parameters and timing detail.
 COLUMNS = [
@@ -29,7 +30,9 @@ COLUMNS = [
     "nan_count", "atol", "rtol", "latency_us", "bytes_moved", "gbps", "pct_of_ceiling",
     "tol_ratio", "group_size", "num_tokens", "max_q_len", "total_kv_tokens", "layout", "input_scale", "seed",
     "tags", "case_file", "backend_kind", "note", "latency_p10_us", "latency_p90_us", "timing_reps",
-    "timing_method",
+    "timing_method", "call_us", "call_p10_us", "call_p90_us", "host_overhead_us", "graph_capturable",
+    "device_syncs", "kernels_ran", "timing_threads", "flops", "tflops", "pct_of_peak",
+    "error_bound", "grading_note", "latency_samples_us", "call_samples_us",
 ]  # fmt: skip
 STATUSES = ("pass", "fail", "error", "skip")
 
@@ -42,8 +45,12 @@ class RunConfig:
     backends: list[Backend]
     timing: bool = True
     oracle_device: str = "cpu"
-    ceiling_gbps: float | None = None
+    ceilings: dict = field(default_factory=dict)  # harness.ceilings.measure_ceilings: read/copy GB/s, peaks
     progress: bool = True
+    threads: int | None = None  # torch intra-op threads of the run (recorded on timed rows)
+    isolated: frozenset[str] = frozenset()  # backends run in a worker process (harness.isolation)
+    plugins: tuple[str, ...] = ()  # plugin modules the worker imports
+    timeout_s: float | None = None  # per isolated call; a case's timeout_s wins; None: the default
 
 
 @dataclass(frozen=True)
@@ -53,10 +60,20 @@ class CaseContext:
     case: Case
     inputs: PagedInputs
     expected: torch.Tensor  # [num_tokens, num_q_heads, head_dim] float64
+    bound: torch.Tensor | None = None  # forward_error_bound of the inputs, expected's shape
+    guard: InputGuard | None = None  # fingerprints of the pristine inputs
 
 
 def build_context(case: Case, device: str, oracle_device: str) -> CaseContext:
-    inputs = make_inputs(
+    inputs = case_inputs(case, device)
+    expected = paged_attention_oracle(*inputs.args(), device=oracle_device)
+    bound = forward_error_bound(*inputs.args(), expected)
+    return CaseContext(case, inputs, expected, bound, InputGuard(inputs, lambda: case_inputs(case, device)))
+
+
+def case_inputs(case: Case, device: str) -> PagedInputs:
+    """The case's inputs, built from its seed (the same tensors every time)."""
+    return make_inputs(
         num_q_heads=case.num_q_heads,
         num_kv_heads=case.num_kv_heads,
         head_dim=case.head_dim,
@@ -69,7 +86,6 @@ def build_context(case: Case, device: str, oracle_device: str) -> CaseContext:
         seed=case.seed,
         device=device,
     )
-    return CaseContext(case, inputs, paged_attention_oracle(*inputs.args(), device=oracle_device))
 
 
 def case_columns(case: Case, device: str) -> dict:
@@ -114,7 +130,12 @@ def run_backend(ctx: CaseContext, backend: Backend, config: RunConfig) -> dict:
     try:
         out = torch.full_like(ctx.inputs.q, float("nan"))  # an element the backend does not write fails
         prepared = backend.prepare(case, ctx.inputs, out)
-        result = grade(prepared.to_packed(prepared.run()), ctx.expected, case.atol, case.rtol)
+        packed = prepared.to_packed(prepared.run())
+        mutated = ctx.guard.check("in its graded call") if ctx.guard else ""
+        problem = "; ".join(filter(None, [mutated, check_output(packed, ctx.inputs.q)]))
+        if not isinstance(packed, torch.Tensor) or packed.shape != ctx.expected.shape:
+            return {**row, "status": "fail", "reason": problem, "note": prepared.note}
+        result = grade(packed, ctx.expected, case.atol, case.rtol, ctx.bound)
         row.update(
             status="pass" if result.passed else "fail",
             reason=result.reason,
@@ -124,58 +145,108 @@ def run_backend(ctx: CaseContext, backend: Backend, config: RunConfig) -> dict:
             rel_l2_err=result.rel_l2_err,
             nan_count=result.nan_count,
             tol_ratio=result.tol_ratio,
+            error_bound=result.error_bound,
+            grading_note=result.grading_note,
         )
+        if problem:
+            row.update(status="fail", reason=problem)
         if config.timing:
-            timing = time_call(prepared.run, config.device, graphable=backend.graphable)
-            row.update(
-                latency_us=timing.median_us,
-                latency_p10_us=timing.quantile(0.1),
-                latency_p90_us=timing.quantile(0.9),
-                timing_reps=len(timing.samples_us),
-                timing_method=timing.method,
-                gbps=gbps(row["bytes_moved"], timing.median_us),
-            )
-            if config.ceiling_gbps:
-                row["pct_of_ceiling"] = pct_of_ceiling(row["gbps"], config.ceiling_gbps)
-    except Exception as error:  # a raising backend is an error row; the run goes on
+            plan = TimingPlan(config.device, config.ceilings, threads=config.threads)
+            row.update(timing_columns(case, backend, prepared, plan, row["bytes_moved"]))
+        timed_problem = ctx.guard.check("while timed") if ctx.guard else ""
+        if timed_problem and not problem:
+            row.update(status="fail", reason=timed_problem)
+    except Unsupported as refusal:  # the backend cannot serve this case: a skip with its reason
+        return {**row, "status": "skip", "reason": str(refusal)}
+    except BaseException as error:  # a raising (or sys.exit-ing) backend is an error row; the run goes on
+        if not raised_by_backend(error):
+            raise  # the user's Ctrl-C, or SIGTERM
         if torch.device(config.device).type == "cuda":
             torch.cuda.synchronize()
-        return {**row, "status": "error", "reason": _error_reason(error)}
+        mutated = ctx.guard.check("before it raised") if ctx.guard else ""
+        return {**row, "status": "error", "reason": "; ".join(filter(None, [_error_reason(error), mutated]))}
     return row
 
 
-def run_cases(cases: Iterable[Case], config: RunConfig, on_row: Callable[[dict], None] | None = None) -> pd.DataFrame:
-    """Every case through every configured backend; one row per (case, backend)."""
+def _row_without_call(case: Case, backend: Backend, config: RunConfig, status: str, reason: str) -> dict:
+    return {**case_columns(case, config.device), "backend": backend.name, "backend_kind": backend.kind,
+            "status": status, "reason": reason}  # fmt: skip
+
+
+def run_cases(
+    cases: Iterable[Case],
+    config: RunConfig,
+    on_row: Callable[[dict], None] | None = None,
+    done: Collection[tuple[str, str]] = (),
+) -> pd.DataFrame:
+    """Every case through every configured backend; one row per (case, backend).
+
+    ``on_row`` gets each row as it finishes (the journal). Pairs in ``done`` (case id,
+    backend name; a resumed run's journal) are not run and not returned. Backends named
+    in ``config.isolated`` run in a worker process (:mod:`harness.isolation`), under
+    ``case.timeout_s`` or ``config.timeout_s`` per call.
+    """
+    from .isolation import DEFAULT_TIMEOUT_S, Worker
+
     cases = list(cases)
+    done = set(done)
     rows: list[dict] = []
-    total = len(cases) * len(config.backends)
-    with tqdm(total=total, desc="cases x backends", unit="run", disable=not config.progress or total < 4) as bar:
-        for case in cases:
-            bar.set_postfix_str(case.id[-40:])
-            try:
-                ctx = build_context(case, config.device, config.oracle_device)
-            except Exception as error:  # inputs or oracle failed (out of memory, say): every row errors
-                reason = f"building inputs/oracle: {_error_reason(error)}"
-                ctx_rows = [
-                    {**case_columns(case, config.device), "backend": b.name, "backend_kind": b.kind,
-                     "status": "error", "reason": reason}
-                    for b in config.backends
-                ]  # fmt: skip
-            else:
-                ctx_rows = [run_backend(ctx, backend, config) for backend in config.backends]
-                del ctx
-            for row in ctx_rows:
-                rows.append(row)
+    total = sum((c.id, b.name) not in done for c in cases for b in config.backends)
+    order = {b.name: i for i, b in enumerate(config.backends)}
+    worker = Worker(config.plugins) if config.isolated else None
+    case_rows: list[dict] = []  # this case's rows, in the order they finish
+    try:
+        with tqdm(total=total, desc="cases x backends", unit="run", disable=not config.progress or total < 4) as bar:
+
+            def emit(row: dict) -> None:
+                case_rows.append(row)
                 if on_row:
                     on_row(row)
                 bar.update()
+
+            for case in cases:
+                todo = [b for b in config.backends if (case.id, b.name) not in done]
+                if not todo:
+                    continue
+                bar.set_postfix_str(case.id[-40:])
+                case_rows.clear()
+
+                local, remote = [], []
+                for backend in todo:
+                    if reason := backend.skip_reason(case, config.device):
+                        emit(_row_without_call(case, backend, config, "skip", reason))
+                    else:
+                        (remote if backend.name in config.isolated else local).append(backend)
+                if local:
+                    try:
+                        ctx = build_context(case, config.device, config.oracle_device)
+                    except Exception as error:  # inputs or oracle failed (out of memory, say): every row errors
+                        reason = f"building inputs/oracle: {_error_reason(error)}"
+                        for backend in local:
+                            emit(_row_without_call(case, backend, config, "error", reason))
+                    else:
+                        for backend in local:
+                            emit(run_backend(ctx, backend, config))
+                        del ctx
+                        if torch.device(config.device).type == "cuda":
+                            torch.cuda.empty_cache()  # the next case's oracle may want one large block
+                for backend in remote:
+                    limit = case.timeout_s or config.timeout_s or DEFAULT_TIMEOUT_S
+                    result = worker.run(case, backend.name, config, limit)
+                    if isinstance(result, str):
+                        result = _row_without_call(case, backend, config, "error", result)
+                    emit(result)
+                rows.extend(sorted(case_rows, key=lambda row: order[row["backend"]]))
+    finally:
+        if worker is not None:
+            worker.stop()
     return to_frame(rows)
 
 
 def to_frame(rows: list[dict]) -> pd.DataFrame:
     """Rows as a DataFrame with every report column, in order (absent values are NaN)."""
     frame = pd.DataFrame(rows, columns=COLUMNS)
-    for column in ("reason", "note", "timing_method", "tags"):
+    for column in ("reason", "note", "timing_method", "tags", "kernels_ran", "grading_note"):
         frame[column] = frame[column].astype(object).fillna("").astype(str)
     return frame
 
@@ -188,7 +259,7 @@ def summarize(frame: pd.DataFrame) -> str:
     counts = counts.reindex(columns=list(STATUSES), fill_value=0)
     graded = frame[frame["status"].isin(["pass", "fail"])]
     lines = [counts.to_string()]
-    if not graded.empty:
+    if graded["tol_ratio"].notna().any():
         worst = graded.loc[graded["tol_ratio"].idxmax()]
         lines.append(
             f"closest to its tolerance: {worst['backend']} on {worst['case']}: {worst['tol_ratio']:.2f} of it "
@@ -196,8 +267,12 @@ def summarize(frame: pd.DataFrame) -> str:
         )
     timed = frame.dropna(subset=["latency_us"])
     if not timed.empty:
+        from .scaling import fit_scaling, format_scaling
+
         slow = timed.loc[timed["latency_us"].idxmax()]
         lines.append(f"slowest: {slow['backend']} on {slow['case']}: {slow['latency_us']:.1f} us")
+        if fits := format_scaling(fit_scaling(timed)):
+            lines.append("latency scaling (least squares over this run's rows):\n" + fits)
     bad = frame[frame["status"].isin(["fail", "error"])]
     for _, row in bad.head(10).iterrows():
         lines.append(f"{row['status'].upper()}: {row['backend']} on {row['case']}: {row['reason']}")

@@ -1,27 +1,45 @@
-"""One timing entry point: :func:`time_call`. It returns raw samples; statistics come after.
+"""The one timing entry point of the harness: every suite, benchmark and script times through it.
 
-Method, by device:
+Two questions, two measurements, each returning raw samples (statistics come after):
 
-* CPU: ``time.perf_counter`` around each call, after one warm-up call; repeats until
-  ``target_s`` of samples or ``max_reps`` (at least ``min_reps``).
-* CUDA: three warm-up calls; then, for a backend declared graphable, one call captured in
-  a CUDA graph and each replay timed (launch overhead out, as an engine's decode step
-  sees it), otherwise CUDA events around each eager call. Before every sample a 256 MB
-  buffer is zeroed so the KV does not sit in the 60 MB L2 from the last repeat. The
-  repeat count is chosen from the first samples to fill about ``target_s``.
+* :func:`time_call` -- device time of a prepared call (``latency_us`` in the report).
+  CPU: ``time.perf_counter`` around each call after one warm-up call. CUDA: three warm-up
+  calls; then replays of a CUDA graph of one call when the call can be captured (launch
+  overhead out: what an engine's captured decode step pays), otherwise CUDA events around
+  each eager call. Before every CUDA sample a 256 MB buffer is zeroed, outside the timed
+  region, so the KV is never served from the 60 MB L2 of the previous repeat.
+* :func:`time_wall` -- what a caller waits for (``call_us``): the host clock around one eager
+  call, with the device drained before the clock starts and after the call returns, so
+  queued work can neither hide host overhead nor be hidden by it. Same L2 flush.
+
+Sample counts are time-boxed with a floor: at least ``min_reps`` samples (so a comparison
+across commits has enough to judge), then more until ``target_s`` is spent or ``max_reps``.
+
+:func:`probe_call` answers the two yes/no questions about a call on CUDA: can it be
+captured in a CUDA graph, and how many device syncs does one call make (counted with
+``torch.cuda.set_sync_debug_mode``). :func:`kernels_launched` names the device kernels one
+call runs (torch.profiler), so a report can say which SDPA kernel a peer got.
 """
 
 from __future__ import annotations
 
 import time
+import warnings
 from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
 
+L2_FLUSH_BYTES = 256 * 2**20
+DEFAULT_MIN_REPS = {"cpu": 10, "cuda": 20}
+WALL_MIN_REPS = 10  # call_us: each sample drains the device, so fewer suffice
+DEFAULT_MAX_REPS = {"cpu": 200, "cuda": 400}
+
 
 @dataclass(frozen=True)
 class Timing:
+    """Raw samples of one measurement, in microseconds, and the method that took them."""
+
     samples_us: tuple[float, ...]
     method: str
 
@@ -33,51 +51,63 @@ class Timing:
         return self.quantile(0.5)
 
 
+def _is_cuda(device: str | torch.device) -> bool:
+    return torch.device(device).type == "cuda"
+
+
+def _collect(sample: Callable[[int], list[float]], target_s: float, min_reps: int, max_reps: int) -> list[float]:
+    """min_reps samples, then enough more to fill about target_s (from their median), up to max_reps."""
+    samples = sample(min_reps)
+    per_call_s = max(sorted(samples)[len(samples) // 2] * 1e-6, 1e-7)
+    extra = min(max_reps, int(target_s / per_call_s)) - min_reps
+    if extra > 0:
+        samples += sample(extra)
+    return samples
+
+
+def _reps(device: str, min_reps: int | None, max_reps: int | None) -> tuple[int, int]:
+    kind = "cuda" if _is_cuda(device) else "cpu"
+    low = DEFAULT_MIN_REPS[kind] if min_reps is None else min_reps
+    return low, max(low, DEFAULT_MAX_REPS[kind] if max_reps is None else max_reps)
+
+
 def time_call(
     fn: Callable[[], object],
     device: str,
     *,
-    graphable: bool = False,
-    target_s: float = 0.2,
-    min_reps: int = 3,
-    max_reps: int = 100,
+    graph: bool = True,
+    target_s: float = 0.25,
+    min_reps: int | None = None,
+    max_reps: int | None = None,
+    graphable: bool | None = None,
 ) -> Timing:
-    """Time ``fn()`` on ``device``; see the module docstring for the method."""
-    if torch.device(device).type == "cuda":
-        return _time_cuda(fn, graphable, target_s, min_reps, max_reps)
-    fn()
-    samples: list[float] = []
-    start = time.perf_counter()
-    while len(samples) < min_reps or (len(samples) < max_reps and time.perf_counter() - start < target_s):
-        t0 = time.perf_counter()
+    """Device time of ``fn()`` on ``device``; see the module docstring for the method.
+
+    ``graph=False`` forbids the CUDA-graph replay (events around eager calls instead).
+    ``graphable`` is the earlier name of ``graph``, kept because ``compare --confirm``
+    times old commits' code and new code through one call.
+    The returned method is ``cpu_perf_counter``, ``cuda_graph_replay`` or ``cuda_events``.
+    """
+    min_reps, max_reps = _reps(device, min_reps, max_reps)
+    graph = graph if graphable is None else graphable
+    if not _is_cuda(device):
         fn()
-        samples.append((time.perf_counter() - t0) * 1e6)
-    return Timing(tuple(samples), "cpu_perf_counter")
 
+        def sample(n: int) -> list[float]:
+            out = []
+            for _ in range(n):
+                t0 = time.perf_counter()
+                fn()
+                out.append((time.perf_counter() - t0) * 1e6)
+            return out
 
-def _try_graph(fn: Callable[[], object]) -> torch.cuda.CUDAGraph | None:
-    """A graph of one call of fn, or None when fn cannot be captured (host syncs, allocations)."""
-    stream = torch.cuda.Stream()
-    stream.wait_stream(torch.cuda.current_stream())
-    graph = torch.cuda.CUDAGraph()
-    try:
-        with torch.cuda.stream(stream), torch.cuda.graph(graph, stream=stream):
-            fn()
-    except RuntimeError:
-        torch.cuda.synchronize()
-        return None
-    torch.cuda.current_stream().wait_stream(stream)
-    return graph
-
-
-def _time_cuda(fn, graphable: bool, target_s: float, min_reps: int, max_reps: int) -> Timing:
+        return Timing(tuple(_collect(sample, target_s, min_reps, max_reps)), "cpu_perf_counter")
     for _ in range(3):
         fn()
     torch.cuda.synchronize()
-    graph = _try_graph(fn) if graphable else None
-    call = graph.replay if graph is not None else fn
-    method = "cuda_graph_replay" if graph is not None else "cuda_events"
-    flush = torch.empty(256 * 2**20, dtype=torch.int8, device="cuda")
+    captured = capture_graph(fn) if graph else None
+    call = captured.replay if captured is not None else fn
+    flush = torch.empty(L2_FLUSH_BYTES, dtype=torch.int8, device=device)
 
     def sample(n: int) -> list[float]:
         events = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in range(n)]
@@ -89,22 +119,117 @@ def _time_cuda(fn, graphable: bool, target_s: float, min_reps: int, max_reps: in
         torch.cuda.synchronize()
         return [start.elapsed_time(end) * 1e3 for start, end in events]
 
-    samples = sample(min_reps)
-    per_call_s = max(sorted(samples)[len(samples) // 2] * 1e-6, 1e-6)
-    extra = min(max_reps, int(target_s / per_call_s)) - min_reps
-    if extra > 0:
-        samples += sample(extra)
-    return Timing(tuple(samples), method)
+    samples = _collect(sample, target_s, min_reps, max_reps)
+    return Timing(tuple(samples), "cuda_graph_replay" if captured is not None else "cuda_events")
 
 
-def measure_copy_bandwidth(device: str, size_bytes: int = 1 << 30) -> float:
-    """Device memory ceiling in GB/s: a large device-to-device copy, bytes read + written.
+def time_wall(
+    fn: Callable[[], object],
+    device: str,
+    *,
+    target_s: float = 0.15,
+    min_reps: int | None = None,
+    max_reps: int | None = None,
+) -> Timing:
+    """Wall time a caller waits for one eager ``fn()``, host overhead and device syncs included.
 
-    CPU: 256 MB buffers (a smaller copy would fit in cache and read faster than memory).
+    The device is drained (synchronize) before the clock starts and after ``fn`` returns,
+    inside the timed region, so the sample is the full latency of the call as made.
     """
-    if torch.device(device).type == "cpu":
-        size_bytes = min(size_bytes, 256 * 2**20)
-    src = torch.empty(size_bytes, dtype=torch.uint8, device=device).fill_(1)
-    dst = torch.empty_like(src)
-    timing = time_call(lambda: dst.copy_(src), device, target_s=0.3, min_reps=5)
-    return 2 * size_bytes / (timing.median_us * 1e3)
+    min_reps, max_reps = _reps(device, WALL_MIN_REPS if min_reps is None else min_reps, max_reps)
+    cuda = _is_cuda(device)
+    for _ in range(3 if cuda else 1):
+        fn()
+    flush = torch.empty(L2_FLUSH_BYTES, dtype=torch.int8, device=device) if cuda else None
+
+    def sample(n: int) -> list[float]:
+        out = []
+        for _ in range(n):
+            if cuda:
+                flush.zero_()
+                torch.cuda.synchronize()
+            t0 = time.perf_counter()
+            fn()
+            if cuda:
+                torch.cuda.synchronize()
+            out.append((time.perf_counter() - t0) * 1e6)
+        return out
+
+    return Timing(
+        tuple(_collect(sample, target_s, min_reps, max_reps)), "wall_synchronized" if cuda else "cpu_perf_counter"
+    )
+
+
+def capture_graph(fn: Callable[[], object]) -> torch.cuda.CUDAGraph | None:
+    """A CUDA graph of one call of ``fn``, or None when it cannot be captured (host syncs, say)."""
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    graph = torch.cuda.CUDAGraph()
+    try:
+        with warnings.catch_warnings():  # a failed capture also warns that the graph is empty
+            warnings.simplefilter("ignore")
+            with torch.cuda.stream(stream), torch.cuda.graph(graph, stream=stream, capture_error_mode="thread_local"):
+                fn()
+    except RuntimeError:
+        torch.cuda.synchronize()
+        return None
+    torch.cuda.current_stream().wait_stream(stream)
+    return graph
+
+
+@dataclass(frozen=True)
+class CallProbe:
+    """What one eager call does besides computing: can it be graph-captured, how many syncs."""
+
+    graph_capturable: bool | None  # None off CUDA
+    device_syncs: int | None  # None off CUDA
+
+
+def probe_call(fn: Callable[[], object], device: str) -> CallProbe:
+    """Count the device syncs of one call of ``fn`` and try to capture it in a CUDA graph.
+
+    Syncs are counted with ``torch.cuda.set_sync_debug_mode("warn")``, which warns once per
+    synchronizing CUDA operation torch makes (a ``.item()``, a device-to-host copy, a
+    ``nonzero``); a sync inside a third-party extension is not seen.
+    """
+    if not _is_cuda(device):
+        return CallProbe(None, None)
+    fn()
+    torch.cuda.synchronize()
+    previous = torch.cuda.get_sync_debug_mode()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        torch.cuda.set_sync_debug_mode("warn")
+        try:
+            fn()
+        finally:
+            torch.cuda.set_sync_debug_mode(previous)
+    syncs = sum("synchroniz" in str(w.message) for w in caught)
+    torch.cuda.synchronize()
+    return CallProbe(capture_graph(fn) is not None, syncs)
+
+
+def kernels_launched(fn: Callable[[], object], device: str, top: int = 3) -> str:
+    """The device kernels one call of ``fn`` runs, longest first: ``name (share%); ...``.
+
+    Empty off CUDA. Names are cut to 60 characters (templated kernel names run to pages).
+    """
+    if not _is_cuda(device):
+        return ""
+    from torch.profiler import ProfilerActivity, profile
+
+    fn()
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        fn()
+        torch.cuda.synchronize()
+    totals: dict[str, float] = {}
+    for event in prof.events():
+        if event.device_type != torch.autograd.DeviceType.CUDA:
+            continue
+        device_time = event.device_time if hasattr(event, "device_time") else event.cuda_time
+        if device_time > 0:
+            totals[event.name] = totals.get(event.name, 0.0) + device_time
+    whole = sum(totals.values()) or 1.0
+    ranked = sorted(totals.items(), key=lambda kv: -kv[1])[:top]
+    return "; ".join(f"{name[:60]} ({100 * t / whole:.0f}%)" for name, t in ranked)

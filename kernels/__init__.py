@@ -1,9 +1,14 @@
 """The code under test: paged-attention backends sharing one contract (see DESIGN.md).
 
-out = fn(q, k_cache, v_cache, block_table, seq_lens, query_start_loc=None, scale=None, out=None)
+out = fn(q, k_cache, v_cache, block_table, seq_lens, query_start_loc=None, scale=None, out=None,
+         *, max_q_len=None, max_seq_len=None, check=None)
+
+Importing this package does not import Triton: ``paged_attention_triton`` is loaded on
+first use, so ``use_interpreter_if_no_gpu()`` can still choose Triton's CPU interpreter.
 """
 
-from .cache import CacheFullError, PagedKVCache
+from ._common import CHECK_ENV, checks_enabled
+from .cache import CacheFullError, PagedKVCache, StepMetadata
 from .dispatch import (
     BACKEND_ENV,
     BackendUnavailableError,
@@ -11,24 +16,37 @@ from .dispatch import (
     paged_attention_dispatch,
     select_backend,
     triton_unavailable_reason,
+    use_interpreter_if_no_gpu,
 )
 from .reference import paged_attention_reference
 from .tlsim import paged_attention_tlsim
 
-if has_triton():
-    from .triton_paged import paged_attention_triton
-else:
 
-    def paged_attention_triton(*args, **kwargs):
-        """Stand-in when Triton is missing: says so instead of failing at import."""
-        raise BackendUnavailableError("paged_attention_triton needs Triton: pip install triton")
+def _triton_missing(*args, **kwargs):
+    """Stand-in when Triton is missing: says so instead of failing at import."""
+    raise BackendUnavailableError("paged_attention_triton needs Triton: pip install triton")
+
+
+def __getattr__(name: str):
+    """``kernels.paged_attention_triton``, imported (with Triton) on first access."""
+    if name == "paged_attention_triton":
+        if not has_triton():
+            return _triton_missing
+        from .triton_paged import paged_attention_triton
+
+        globals()[name] = paged_attention_triton  # later lookups skip this function
+        return paged_attention_triton
+    raise AttributeError(f"module 'kernels' has no attribute {name!r}")
 
 
 __all__ = [
     "BACKEND_ENV",
+    "CHECK_ENV",
     "BackendUnavailableError",
     "CacheFullError",
     "PagedKVCache",
+    "StepMetadata",
+    "checks_enabled",
     "has_triton",
     "paged_attention_dispatch",
     "paged_attention_reference",
@@ -36,4 +54,5 @@ __all__ = [
     "paged_attention_triton",
     "select_backend",
     "triton_unavailable_reason",
+    "use_interpreter_if_no_gpu",
 ]

@@ -1,13 +1,22 @@
-"""Argument checks and the tiling shared by the Triton kernel and its torch model.
+"""Argument checks, the value-check opt-in, and the tiling shared by the Triton kernel and
+its torch model.
 
-Both ``paged_attention_triton`` and ``paged_attention_tlsim`` call
-:func:`prepare_call` and :func:`choose_tiling`, so the model can never drift from the
-kernel's tile sizes or its view of the inputs.
+Both ``paged_attention_triton`` and ``paged_attention_tlsim`` call :func:`prepare_call`
+and :func:`tiling_for`, so the model can never drift from the kernel's tile sizes, its
+KV split or its view of the inputs.
+
+Two kinds of checks. Cheap ones (shapes, dtypes, devices) read only metadata and always
+run. Value checks read tensor values (q_len <= seq_len, query_start_loc well formed,
+lengths within the table, block ids within the pool): on a GPU each is a device-to-host
+sync (hundreds of microseconds, and forbidden inside a CUDA-graph capture), so they run
+only when asked: ``check=True``, or ``check=None`` with ``PAGED_ATTENTION_CHECK=1`` in the
+environment. The test suite turns them on (tests/conftest.py).
 """
 
 from __future__ import annotations
 
 import math
+import os
 from dataclasses import dataclass
 
 import torch
@@ -15,6 +24,14 @@ import torch
 SUPPORTED_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 MIN_HEAD_DIM, MAX_HEAD_DIM = 32, 256
 MIN_BLOCK_SIZE, MAX_BLOCK_SIZE = 1, 256
+CHECK_ENV = "PAGED_ATTENTION_CHECK"
+
+
+def checks_enabled(check: bool | None = None) -> bool:
+    """Whether a call runs its value checks: ``check`` when given, else ``$PAGED_ATTENTION_CHECK == "1"``."""
+    if check is None:
+        return os.environ.get(CHECK_ENV) == "1"
+    return bool(check)
 
 
 @dataclass(frozen=True)
@@ -23,9 +40,9 @@ class PagedCall:
 
     q               [num_tokens, num_q_heads, head_dim]
     k_cache/v_cache [num_blocks, block_size, num_kv_heads, head_dim]
-    block_table     [num_seqs, max_blocks_per_seq] int32
-    seq_lens        [num_seqs] int32
-    query_start_loc [num_seqs + 1] int32 (never None here: decode is filled in)
+    block_table     [num_seqs, max_blocks_per_seq] int32, contiguous
+    seq_lens        [num_seqs] int32, contiguous
+    given_query_start_loc [num_seqs + 1] int32, contiguous, or None: one query per sequence
     """
 
     q: torch.Tensor
@@ -33,7 +50,7 @@ class PagedCall:
     v_cache: torch.Tensor
     block_table: torch.Tensor
     seq_lens: torch.Tensor
-    query_start_loc: torch.Tensor
+    given_query_start_loc: torch.Tensor | None
     scale: float
     num_seqs: int
     num_q_heads: int
@@ -42,14 +59,35 @@ class PagedCall:
     block_size: int
 
     @property
+    def num_tokens(self) -> int:
+        return self.q.shape[0]
+
+    @property
+    def num_blocks(self) -> int:
+        return self.k_cache.shape[0]
+
+    @property
     def group_size(self) -> int:
         """Query heads that share one KV head (1 = MHA, num_q_heads = MQA)."""
         return self.num_q_heads // self.num_kv_heads
 
     @property
+    def query_start_loc(self) -> torch.Tensor:
+        """[num_seqs + 1] int32: the given offsets, or arange(num_seqs + 1) for one query per sequence."""
+        if self.given_query_start_loc is not None:
+            return self.given_query_start_loc
+        return torch.arange(self.num_seqs + 1, dtype=torch.int32, device=self.q.device)
+
+    @property
     def q_lens(self) -> torch.Tensor:
         """[num_seqs] int64: queries of each sequence."""
-        return (self.query_start_loc[1:] - self.query_start_loc[:-1]).long()
+        starts = self.query_start_loc
+        return (starts[1:] - starts[:-1]).long()
+
+    @property
+    def table_capacity(self) -> int:
+        """max_blocks_per_seq * block_size: the longest sequence the table can describe (host-known)."""
+        return self.block_table.shape[1] * self.block_size
 
 
 def _fail(msg: str) -> None:
@@ -57,15 +95,14 @@ def _fail(msg: str) -> None:
 
 
 def prepare_call(
-    q, k_cache, v_cache, block_table, seq_lens, query_start_loc=None, scale=None, check_values=True
+    q, k_cache, v_cache, block_table, seq_lens, query_start_loc=None, scale=None, check: bool | None = None
 ) -> PagedCall:
-    """Check shapes, dtypes and devices of a call against the contract; fill in defaults.
+    """Check a call against the contract; fill in defaults. Reads no tensor value unless checking.
 
-    Raises ValueError naming the offending argument. ``query_start_loc=None`` means one
-    query per sequence (decode) and becomes ``arange(num_seqs + 1)``.
-    ``check_values=False`` skips the checks that read tensor values (q_len <= seq_len,
-    lengths within the table, the query total): each is a device-to-host sync, which a
-    CUDA-graph capture forbids. Shapes, dtypes and devices are always checked.
+    Raises ValueError naming the offending argument. Shapes, dtypes and devices are always
+    checked, and the index tensors (block_table, seq_lens, query_start_loc) are made
+    contiguous. Values are checked when :func:`checks_enabled` says so (see the module
+    docstring): see :func:`check_values` for the list.
     """
     if q.dim() != 3:
         _fail(f"q must be [num_tokens, num_q_heads, head_dim], got shape {tuple(q.shape)}")
@@ -96,37 +133,77 @@ def prepare_call(
             _fail(
                 f"query_start_loc=None means one query per sequence, but q has {num_tokens} rows for {num_seqs} sequences"
             )
-        query_start_loc = torch.arange(num_seqs + 1, dtype=torch.int32, device=q.device)
     else:
         devices.add(query_start_loc.device)
         if query_start_loc.shape != (num_seqs + 1,) or query_start_loc.dtype != torch.int32:
             _fail(
                 f"query_start_loc must be int32 [num_seqs + 1] = [{num_seqs + 1}], got {query_start_loc.dtype} {tuple(query_start_loc.shape)}"
             )
-        if check_values and int(query_start_loc[-1]) != num_tokens:
-            _fail(f"query_start_loc[-1] ({int(query_start_loc[-1])}) must equal num_tokens ({num_tokens})")
+        query_start_loc = query_start_loc.contiguous()
     if len(devices) != 1:
         _fail(f"all tensors must be on one device, got {sorted(map(str, devices))}")
-    if check_values:
-        q_lens = (query_start_loc[1:] - query_start_loc[:-1]).long()
-        if bool((q_lens < 0).any()) or bool((q_lens > seq_lens.long()).any()):
-            _fail("every sequence needs 0 <= q_len <= seq_len (query_start_loc must be non-decreasing)")
-        if seq_lens.numel() and int(seq_lens.max()) > block_table.shape[1] * block_size:
-            _fail(f"a seq_len exceeds max_blocks_per_seq * block_size = {block_table.shape[1] * block_size}")
-    return PagedCall(
+    scale = float(head_dim**-0.5 if scale is None else scale)
+    if not (scale > 0 and math.isfinite(scale)):
+        _fail(f"scale must be a positive finite number, got {scale}")
+    call = PagedCall(
         q=q,
         k_cache=k_cache,
         v_cache=v_cache,
-        block_table=block_table,
-        seq_lens=seq_lens,
-        query_start_loc=query_start_loc,
-        scale=float(head_dim**-0.5 if scale is None else scale),
+        block_table=block_table.contiguous(),
+        seq_lens=seq_lens.contiguous(),
+        given_query_start_loc=query_start_loc,
+        scale=scale,
         num_seqs=num_seqs,
         num_q_heads=num_q_heads,
         num_kv_heads=num_kv_heads,
         head_dim=head_dim,
         block_size=block_size,
     )
+    if checks_enabled(check):
+        check_values(call)
+    return call
+
+
+def check_values(call: PagedCall) -> None:
+    """The value checks (each reads device values: a sync on a GPU). Raises ValueError naming the argument.
+
+    query_start_loc[0] == 0, non-decreasing, query_start_loc[-1] == num_tokens; 0 <= seq_len
+    <= max_blocks_per_seq * block_size; q_len <= seq_len; and every block id a sequence uses
+    (the first ceil(seq_len / block_size) entries of its row) within [0, num_blocks).
+    """
+    if call.given_query_start_loc is not None:
+        starts = call.given_query_start_loc
+        if int(starts[0]) != 0:
+            _fail(f"query_start_loc[0] must be 0, got {int(starts[0])}")
+        if int(starts[-1]) != call.num_tokens:
+            _fail(f"query_start_loc[-1] ({int(starts[-1])}) must equal num_tokens ({call.num_tokens})")
+    q_lens, seq_lens = call.q_lens, call.seq_lens.long()
+    if bool((q_lens < 0).any()):
+        _fail("query_start_loc must be non-decreasing (every sequence needs 0 <= q_len <= seq_len)")
+    if bool((seq_lens < 0).any()):
+        _fail("seq_lens must be >= 0")
+    if bool((q_lens > seq_lens).any()):
+        _fail("every sequence needs 0 <= q_len <= seq_len (query_start_loc against seq_lens)")
+    if call.num_seqs and int(seq_lens.max()) > call.table_capacity:
+        _fail(
+            f"a seq_len exceeds max_blocks_per_seq * block_size = {call.table_capacity} (seq_lens against block_table)"
+        )
+    used = (
+        torch.arange(call.block_table.shape[1], device=seq_lens.device)[None, :]
+        < cdiv_tensor(seq_lens, call.block_size)[:, None]
+    )
+    bad = used & ((call.block_table < 0) | (call.block_table >= call.num_blocks))
+    if bool(bad.any()):
+        seq, index = (int(i) for i in bad.nonzero()[0])
+        _fail(
+            f"block_table[{seq}, {index}] = {int(call.block_table[seq, index])} is outside [0, num_blocks = "
+            f"{call.num_blocks}), and sequence {seq} uses it (seq_len {int(seq_lens[seq])})"
+        )
+
+
+def cdiv_tensor(a: torch.Tensor, b: int) -> torch.Tensor:
+    """Elementwise ceil(a / b) for a non-negative integer tensor."""
+    return (a + b - 1) // b
 
 
 def prepare_out(call: PagedCall, out: torch.Tensor | None) -> torch.Tensor:
@@ -142,16 +219,32 @@ def prepare_out(call: PagedCall, out: torch.Tensor | None) -> torch.Tensor:
 class Tiling:
     """How the kernel cuts the work.
 
-    One program owns one (sequence, KV head, query tile, KV split). Its BLOCK_M rows are
-    BLOCK_Q query tokens times the group's query heads (row r = token r // group_size,
-    head r % group_size), so a KV tile is loaded once and used by every query head of
-    its group. KV is walked in TILE_N key positions at a time, independent of
-    block_size, with an online softmax across tiles.
+    One program owns one (query tile, KV head, KV split). A query tile is BLOCK_Q query
+    tokens of one sequence times the group's query heads: BLOCK_M rows, row r = token
+    r // group_size, head r % group_size, so a KV tile is loaded once and used by every
+    query head of its group. KV is walked in TILE_N key positions at a time, independent
+    of block_size, with an online softmax across tiles.
+
+    The query tiles are numbered without reading query_start_loc on the host. Sequence s
+    owns tiles first_tile(s) .. first_tile(s + 1) - 1, with
+
+        first_tile(s) = (query_start_loc[s] + s * (BLOCK_Q - 1)) // BLOCK_Q,
+
+    at least ceil(q_len_s / BLOCK_Q) of them, and NUM_Q_TILES = first_tile(num_seqs) =
+    (num_tokens + num_seqs * (BLOCK_Q - 1)) // BLOCK_Q in all: exactly num_seqs for
+    decode (one query each), and within num_seqs of num_tokens / BLOCK_Q for prefill.
+    A program finds its sequence by a binary search over query_start_loc (vLLM's
+    unified-attention kernel does the same with first_tile(s) = query_start_loc[s] //
+    BLOCK_Q + s, which over-launches decode by num_seqs / BLOCK_Q programs).
+    Example: BLOCK_Q 4, q_lens [5, 0, 3] (query_start_loc [0, 5, 5, 8]): first_tile =
+    [0, 2, 3], NUM_Q_TILES = (8 + 3 * 3) // 4 = 4; sequence 0 owns tiles 0-1, sequence 1
+    none, sequence 2 tile 3.
 
     When there are too few programs to fill the GPU (long contexts, few sequences, one
     KV head per GPU), each sequence's KV range is cut into NUM_SPLITS pieces of
-    SPLIT_SIZE positions (a multiple of TILE_N, so tile boundaries do not move); each
-    piece keeps its own (max, sum, accumulator) and a second pass combines them.
+    SPLIT_SIZE positions (a multiple of TILE_N, so tile boundaries do not move; the last
+    piece takes whatever is left); each piece keeps its own (max, sum, accumulator) and a
+    second pass combines them.
 
     Example: GQA 32/8 heads (group 4), BLOCK_M 16 gives BLOCK_Q = 4 tokens a program;
     decode of 4 sequences of 131072 tokens is 4 * 8 = 32 programs, so the range is cut
@@ -162,6 +255,7 @@ class Tiling:
     BLOCK_Q: int
     TILE_N: int
     HEAD_DIM_PADDED: int
+    NUM_Q_TILES: int = 1  # grid axis 0
     NUM_SPLITS: int = 1
     SPLIT_SIZE: int = 0  # 0 when NUM_SPLITS == 1
     NUM_WARPS: int = 4  # launch setting (no effect on numerics)
@@ -182,24 +276,31 @@ def choose_tiling(
     num_kv_heads: int = 1,
     max_seq_len: int = 0,
     fp32: bool = False,
+    num_tokens: int | None = None,
 ) -> Tiling:
-    """Tile sizes and KV split for a call; the kernel launcher and tlsim both use exactly these.
+    """Tile sizes, query-tile count and KV split; the kernel launcher and tlsim both use exactly these.
 
-    ``max_seq_len`` 0 (unknown) means no split. ``fp32`` inputs keep BLOCK_M at 16: their
-    dots run in IEEE fp32 on CUDA cores, and a 64-row tile spills registers (measured on an
-    H200, gpu_results/2026-11-29-h200-tile-probe: prefill at head_dim 128 took 46 ms with
-    BLOCK_M 64 and 3.7 ms with 16). Half-precision tiles keep 64 rows for tensor cores.
+    ``max_q_len`` (a typical query length: it sets the tile height) and ``max_seq_len``
+    (an upper bound of the KV lengths: it sets the split) are host-known, derived from
+    shapes and hints by :func:`tiling_for`. ``max_seq_len`` 0 means no split. ``num_tokens`` defaults to num_seqs * max_q_len. ``fp32`` inputs keep BLOCK_M
+    at 16: their dots run in IEEE fp32 on CUDA cores, and a 64-row tile spills registers
+    (measured on an H200, gpu_results/2026-11-29-h200-tile-probe: prefill at head_dim 128
+    took 46 ms with BLOCK_M 64 and 3.7 ms with 16). Half-precision tiles keep 64 rows for
+    tensor cores.
     """
     if group_size > 128:
         _fail(f"group_size (num_q_heads // num_kv_heads) {group_size} is above the kernel's limit of 128")
+    max_q_len = max(max_q_len, 1)
+    num_tokens = num_seqs * max_q_len if num_tokens is None else num_tokens
     head_dim_padded = max(16, next_pow2(head_dim))
     if group_size >= 16:  # one token's heads already fill tl.dot's minimum M of 16
         block_m = next_pow2(group_size)
     else:  # decode pads the group up to 16 rows; prefill packs up to 16 tokens, at most 64 rows
-        block_m = min(16 if fp32 else 64, max(16, next_pow2(group_size * min(max(max_q_len, 1), 16))))
+        block_m = min(16 if fp32 else 64, max(16, next_pow2(group_size * min(max_q_len, 16))))
     tile_n = 64 if head_dim_padded <= 128 else 32
     block_q = block_m // group_size
-    programs = num_seqs * num_kv_heads * cdiv(max(max_q_len, 1), block_q)
+    num_q_tiles = (num_tokens + num_seqs * (block_q - 1)) // block_q
+    programs = max(num_kv_heads * num_q_tiles, 1)
     num_splits = 1
     if programs < TARGET_PROGRAMS // 2:
         by_work = next_pow2(cdiv(TARGET_PROGRAMS, programs))
@@ -213,22 +314,40 @@ def choose_tiling(
         BLOCK_Q=block_q,
         TILE_N=tile_n,
         HEAD_DIM_PADDED=head_dim_padded,
+        NUM_Q_TILES=num_q_tiles,
         NUM_SPLITS=num_splits,
         SPLIT_SIZE=split_size,
         NUM_WARPS=4 if block_m * head_dim_padded <= 64 * 128 else 8,
     )
 
 
-def tiling_for(call: PagedCall, max_q_len: int, max_seq_len: int) -> Tiling:
-    """The tiling of one call: what the launcher runs and what tlsim models, from one place."""
+def tiling_for(call: PagedCall, max_q_len: int | None = None, max_seq_len: int | None = None) -> Tiling:
+    """The tiling of one call, from host-known sizes only: what the launcher runs and tlsim models.
+
+    Nothing here reads a tensor value. The query length only picks the tile height (the
+    grid covers every token whatever it is): the max_q_len hint when given, else 1 when
+    query_start_loc is None, else the mean q_len ceil(num_tokens / num_seqs), so a decode
+    batch given as offsets gets decode tiles and 16 prefills of 1024 get prefill tiles.
+    max_seq_len, an upper bound that sets the KV split, is the hint when given, else the
+    table's capacity max_blocks_per_seq * block_size. A wrong hint costs speed, never
+    correctness: the last KV split runs to the end of the sequence whatever max_seq_len said.
+    """
+    if call.given_query_start_loc is None:
+        q_len = 1
+    elif max_q_len is not None:
+        q_len = min(int(max_q_len), call.num_tokens)
+    else:
+        q_len = cdiv(call.num_tokens, max(call.num_seqs, 1))
+    kv_bound = call.table_capacity if max_seq_len is None else min(int(max_seq_len), call.table_capacity)
     return choose_tiling(
         call.head_dim,
         call.group_size,
-        max_q_len,
+        q_len,
         call.num_seqs,
         call.num_kv_heads,
-        max_seq_len,
+        kv_bound,
         fp32=call.q.dtype == torch.float32,
+        num_tokens=call.num_tokens,
     )
 
 

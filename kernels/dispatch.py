@@ -9,7 +9,10 @@ the environment, or the ``backend`` argument, forces one of ``triton``, ``tlsim`
 from __future__ import annotations
 
 import functools
+import importlib.util
 import os
+import sys
+import warnings
 from collections.abc import Callable
 
 import torch
@@ -27,12 +30,23 @@ class BackendUnavailableError(RuntimeError):
 
 @functools.cache
 def has_triton() -> bool:
-    """True when ``import triton`` works in this process."""
-    try:
-        import triton  # noqa: F401
-    except ImportError:
-        return False
-    return True
+    """True when Triton is installed; found without importing it (see use_interpreter_if_no_gpu)."""
+    return importlib.util.find_spec("triton") is not None
+
+
+def use_interpreter_if_no_gpu() -> bool:
+    """Set TRITON_INTERPRET=1 when no CUDA device is present and the variable is unset.
+
+    ``@triton.jit`` picks compiler or interpreter when Triton is first imported, so call
+    this before anything imports Triton (``import kernels`` does not). tests/conftest.py
+    and the harness CLI call it. Returns whether the interpreter is (to be) on; warns when
+    Triton was already imported, since setting the variable then has no effect.
+    """
+    if "TRITON_INTERPRET" not in os.environ and not torch.cuda.is_available():
+        if "triton" in sys.modules:
+            warnings.warn("Triton was imported before use_interpreter_if_no_gpu(): it stays compiled", stacklevel=2)
+        os.environ["TRITON_INTERPRET"] = "1"
+    return os.environ.get("TRITON_INTERPRET") == "1"
 
 
 def triton_unavailable_reason(device: torch.device | str) -> str | None:
@@ -78,11 +92,29 @@ def _backend_fn(name: str) -> Callable[..., torch.Tensor]:
 
 
 def paged_attention_dispatch(
-    q, k_cache, v_cache, block_table, seq_lens, query_start_loc=None, scale=None, out=None, *, backend=None
+    q,
+    k_cache,
+    v_cache,
+    block_table,
+    seq_lens,
+    query_start_loc=None,
+    scale=None,
+    out=None,
+    *,
+    backend: str | None = None,
+    max_q_len: int | None = None,
+    max_seq_len: int | None = None,
+    check: bool | None = None,
 ) -> torch.Tensor:
     """Paged attention through the backend :func:`select_backend` picks for q's device.
 
     Arguments and result are the kernel contract of DESIGN.md; ``backend`` forces one.
+    max_q_len/max_seq_len (host-int launch hints) and check (the value checks; None:
+    $PAGED_ATTENTION_CHECK) go to the backend unchanged. Selecting reads no tensor value,
+    so a dispatched Triton call is as sync-free as a direct one.
     """
     fn = _backend_fn(select_backend(q.device, backend))
-    return fn(q, k_cache, v_cache, block_table, seq_lens, query_start_loc, scale, out)
+    return fn(
+        q, k_cache, v_cache, block_table, seq_lens, query_start_loc, scale, out,
+        max_q_len=max_q_len, max_seq_len=max_seq_len, check=check,
+    )  # fmt: skip

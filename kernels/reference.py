@@ -37,7 +37,18 @@ def causal_offset_mask(q_len: int, seq_len: int, device: torch.device) -> torch.
 
 
 def paged_attention_reference(
-    q, k_cache, v_cache, block_table, seq_lens, query_start_loc=None, scale=None, out=None
+    q,
+    k_cache,
+    v_cache,
+    block_table,
+    seq_lens,
+    query_start_loc=None,
+    scale=None,
+    out=None,
+    *,
+    max_q_len: int | None = None,
+    max_seq_len: int | None = None,
+    check: bool | None = None,
 ) -> torch.Tensor:
     """Paged attention by gather + SDPA; arguments and result as in DESIGN.md's contract.
 
@@ -47,8 +58,14 @@ def paged_attention_reference(
     seq_lens        [num_seqs] int32
     query_start_loc [num_seqs + 1] int32 or None (one query per sequence)
     returns         [num_tokens, num_q_heads, head_dim] in q's dtype (softmax in fp32)
+
+    max_q_len/max_seq_len (launch hints of the kernel) are accepted and unused. check: the
+    value checks, as in every backend (None: $PAGED_ATTENTION_CHECK); without them a block
+    id outside the pool is the caller's bug (an IndexError, or a wrapped negative index).
     """
-    call = prepare_call(q, k_cache, v_cache, block_table, seq_lens, query_start_loc, scale)
+    del max_q_len, max_seq_len
+    call = prepare_call(q, k_cache, v_cache, block_table, seq_lens, query_start_loc, scale, check=check)
+    block_table = call.block_table
     out = prepare_out(call, out)
     starts = call.query_start_loc.tolist()
     lens = call.seq_lens.tolist()

@@ -2,19 +2,38 @@
 
 The idea, in a few lines:
 
-* One program owns one (sequence, KV head, query tile). Its BLOCK_M rows are BLOCK_Q
-  query tokens times the group_size query heads that read this KV head, so each KV tile
+* One program owns one (query tile, KV head, KV split; see ``kernels._common.Tiling``
+  for the split, taken when few programs would run). A query tile is BLOCK_Q query tokens of
+  one sequence times the group_size query heads that read this KV head, so each KV tile
   is loaded from the pool once and shared by the whole group (MHA: group 1, MQA: group
   num_q_heads).
+* The launch reads no tensor value (no device sync; CUDA-graph capturable). The grid is
+  sized from num_tokens and num_seqs alone, and each program finds its sequence by a
+  binary search over query_start_loc (``_find_seq``; the numbering is in
+  ``kernels._common.Tiling``). That is num_seqs programs for decode, exactly one per
+  sequence, and about num_tokens / BLOCK_Q for prefill: 16 prefills of 1024 queries at
+  BLOCK_Q 16 launch 1039 tiles. The alternative, bounding max_q_len by num_tokens and
+  giving every sequence that many tiles, would launch 16384 for the same prefill (all
+  but 1024 exiting at once), since the host may not read the true max_q_len.
 * It walks the sequence's keys TILE_N positions at a time. Key position ``p`` lives in
   physical block ``block_table[seq, p // block_size]`` at offset ``p % block_size``; for
   block_size 16, position 45 is offset 13 of the table's third entry (45 = 2 * 16 + 13).
   Tiles are independent of block_size, so any block size from 1 to 256 works.
-* Online softmax in base 2: ``s = (q . k) * scale * log2(e)``, running max ``m``, running
-  sum ``l``, and an fp32 accumulator rescaled by ``exp2(m_old - m_new)`` at every tile.
+* Online softmax in base 2 on the unscaled logits ``s = q . k``: running max ``m`` of s,
+  ``p = exp2((s - m) * scale * log2(e))``, running sum ``l``, and an fp32 accumulator
+  rescaled by ``exp2((m_old - m_new) * scale * log2(e))`` at every tile. Scaling after
+  subtracting the max matters at large logits: scaling first turns a logit near 150 into
+  ~216 in base 2, which fp32 rounds by up to 7.6e-6, an error a plain ``exp(s - m)`` does
+  not add, while ``s - m`` is exact near the max (tests/kernel_cases.py, fp32 case
+  ``large_logits_q40``). The fp32 dot itself errs about as much at such logits; that
+  error stays.
 * Causality: query j of a sequence with q_len queries sits at position
   ``seq_len - q_len + j`` and sees keys ``0..position``. The tile loop stops at the last
   position any row of the program can see.
+* Indices are never trusted with memory: without value checks (see ``kernels._common``)
+  a query row past num_tokens is not read or written, and a tile that would read a
+  block id outside [0, num_blocks) or a table entry past max_blocks_per_seq loads
+  nothing and turns its rows' output into NaN instead.
 
 Precision: both dots accumulate in fp32. For fp32 inputs the dots run in IEEE fp32 on
 purpose (Triton's default is TF32, about 1e-3 relative error, which fails the fp32
@@ -48,6 +67,28 @@ def _bf16_rne(x):
 
 
 @triton.jit
+def _find_seq(query_start_loc_ptr, q_tile, num_seqs, BLOCK_Q: tl.constexpr):
+    """The sequence that owns query tile ``q_tile``, and the tile's index within it.
+
+    The last s with first_tile(s) <= q_tile, first_tile(s) = (query_start_loc[s] + s *
+    (BLOCK_Q - 1)) // BLOCK_Q (see kernels._common.Tiling): a binary search, log2(num_seqs)
+    loads. A sequence that owns no tile (q_len 0) is skipped, since the next one starts
+    at the same tile.
+    """
+    lo = q_tile * 0  # invariant: first_tile(lo) <= q_tile < first_tile(hi)
+    hi = lo + num_seqs
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        first = (tl.load(query_start_loc_ptr + mid) + mid * (BLOCK_Q - 1)) // BLOCK_Q
+        if first <= q_tile:
+            lo = mid
+        else:
+            hi = mid
+    first = (tl.load(query_start_loc_ptr + lo) + lo * (BLOCK_Q - 1)) // BLOCK_Q
+    return lo, q_tile - first
+
+
+@triton.jit
 def paged_attention_kernel(
     # pointers
     q_ptr,  # [num_tokens, num_q_heads, head_dim]
@@ -55,7 +96,7 @@ def paged_attention_kernel(
     v_cache_ptr,  # [num_blocks, block_size, num_kv_heads, head_dim]
     block_table_ptr,  # [num_seqs, max_blocks_per_seq] int32
     seq_lens_ptr,  # [num_seqs] int32
-    query_start_loc_ptr,  # [num_seqs + 1] int32
+    query_start_loc_ptr,  # [num_seqs + 1] int32 (unread when ONE_QUERY_PER_SEQ)
     out_ptr,  # [num_tokens, num_q_heads, head_dim]
     partial_m_ptr,  # [NUM_SPLITS, num_tokens, num_q_heads] fp32, used when NUM_SPLITS > 1
     partial_l_ptr,  # [NUM_SPLITS, num_tokens, num_q_heads] fp32
@@ -63,7 +104,10 @@ def paged_attention_kernel(
     # scalars
     qk_scale_log2,  # softmax scale * log2(e)
     num_tokens,
+    num_seqs,
     num_q_heads,
+    num_blocks,
+    max_blocks_per_seq,
     split_size,  # KV positions a split covers, a multiple of TILE_N
     # strides (the head_dim stride of every tensor is 1)
     stride_q_token,
@@ -87,16 +131,21 @@ def paged_attention_kernel(
     TILE_N: tl.constexpr,
     DOT_PRECISION: tl.constexpr,
     INTERPRETED_BF16: tl.constexpr,  # bf16 under the CPU interpreter: see _bf16_rne
+    ONE_QUERY_PER_SEQ: tl.constexpr,  # query_start_loc None: tile t is sequence t's one query
     NUM_SPLITS: tl.constexpr,
 ):
-    seq = tl.program_id(0)
     kv_head = tl.program_id(1)
-    q_tile = tl.program_id(2) // NUM_SPLITS
-    split = tl.program_id(2) % NUM_SPLITS
-
-    q_start = tl.load(query_start_loc_ptr + seq)
-    q_len = tl.load(query_start_loc_ptr + seq + 1) - q_start
-    if q_tile * BLOCK_Q >= q_len:  # q_len 0, or fewer tiles than the longest sequence
+    split = tl.program_id(2)
+    if ONE_QUERY_PER_SEQ:
+        seq = tl.program_id(0)
+        q_tile = seq * 0
+        q_start = seq
+        q_len = q_tile + 1
+    else:
+        seq, q_tile = _find_seq(query_start_loc_ptr, tl.program_id(0), num_seqs, BLOCK_Q)
+        q_start = tl.load(query_start_loc_ptr + seq)
+        q_len = tl.load(query_start_loc_ptr + seq + 1) - q_start
+    if (q_tile < 0) | (q_tile * BLOCK_Q >= q_len):  # a spare tile (q_len 0, or short of a full tile)
         return
     seq_len = tl.load(seq_lens_ptr + seq)
 
@@ -104,40 +153,43 @@ def paged_attention_kernel(
     rows = tl.arange(0, BLOCK_M)
     token = q_tile * BLOCK_Q + rows // GROUP_SIZE
     head = kv_head * GROUP_SIZE + rows % GROUP_SIZE
-    row_valid = (rows < BLOCK_Q * GROUP_SIZE) & (token < q_len)
+    q_rows = (q_start + token).to(tl.int64)
+    row_valid = (rows < BLOCK_Q * GROUP_SIZE) & (token < q_len) & (q_rows >= 0) & (q_rows < num_tokens)
     q_pos = seq_len - q_len + token
     dims = tl.arange(0, HEAD_DIM_PADDED)
     dim_valid = dims < HEAD_DIM
 
-    q_rows = (q_start + token).to(tl.int64)
     q_offs = q_rows[:, None] * stride_q_token + head[:, None] * stride_q_head + dims[None, :]
     q_mask = row_valid[:, None] & dim_valid[None, :]
     q = tl.load(q_ptr + q_offs, mask=q_mask, other=0.0)
     if INTERPRETED_BF16:
         q = q.to(tl.float32)
 
-    m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
+    m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)  # running max of the unscaled logits
     l_i = tl.zeros([BLOCK_M], tl.float32)
     acc = tl.zeros([BLOCK_M, HEAD_DIM_PADDED], tl.float32)
 
     kv_end = seq_len - q_len + tl.minimum(q_len, (q_tile + 1) * BLOCK_Q)
     kv_start = 0
-    if NUM_SPLITS > 1:
+    if NUM_SPLITS > 1:  # the last split runs to kv_end, whatever split_size assumed
         kv_start = split * split_size
-        kv_end = tl.minimum(kv_end, kv_start + split_size)
+        kv_end = tl.where(split == NUM_SPLITS - 1, kv_end, tl.minimum(kv_end, kv_start + split_size))
     for tile_start in range(kv_start, kv_end, TILE_N):
         k_pos = tile_start + tl.arange(0, TILE_N)
         k_valid = k_pos < seq_len
-        block = tl.load(block_table_ptr + seq * stride_bt_seq + k_pos // BLOCK_SIZE, mask=k_valid, other=0)
-        block = block.to(tl.int64)
+        column = k_pos // BLOCK_SIZE
+        in_table = k_valid & (column < max_blocks_per_seq)
+        block = tl.load(block_table_ptr + seq * stride_bt_seq + column, mask=in_table, other=0).to(tl.int64)
+        block_ok = in_table & (block >= 0) & (block < num_blocks)
+        bad_keys = tl.sum((k_valid & ~block_ok).to(tl.int32), 0)  # a bad index: NaN out, no stray read
         slot = k_pos % BLOCK_SIZE
-        kv_mask = k_valid[:, None] & dim_valid[None, :]
+        kv_mask = block_ok[:, None] & dim_valid[None, :]
 
         k_offs = block[:, None] * stride_k_block + slot[:, None] * stride_k_slot + kv_head * stride_k_head
         k = tl.load(k_cache_ptr + k_offs + dims[None, :], mask=kv_mask, other=0.0)  # [TILE_N, HEAD_DIM_PADDED]
         if INTERPRETED_BF16:
             k = k.to(tl.float32)
-        s = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION, out_dtype=tl.float32) * qk_scale_log2
+        s = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION, out_dtype=tl.float32)
         visible = (k_pos[None, :] <= q_pos[:, None]) & k_valid[None, :]
         s = tl.where(visible, s, float("-inf"))  # [BLOCK_M, TILE_N]
 
@@ -145,9 +197,9 @@ def paged_attention_kernel(
         # A row that has seen no key yet (possible inside a split) keeps m = -inf; subtract 0
         # instead so that exp2 gives 0, not NaN. Rows with a finite max are unaffected.
         m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
-        alpha = tl.exp2(m_i - m_safe)
-        p = tl.exp2(s - m_safe[:, None])
-        l_i = l_i * alpha + tl.sum(p, 1)
+        alpha = tl.exp2((m_i - m_safe) * qk_scale_log2)
+        p = tl.exp2((s - m_safe[:, None]) * qk_scale_log2)
+        l_i = l_i * alpha + tl.sum(p, 1) + tl.where(bad_keys > 0, float("nan"), 0.0)
 
         v_offs = block[:, None] * stride_v_block + slot[:, None] * stride_v_slot + kv_head * stride_v_head
         v = tl.load(v_cache_ptr + v_offs + dims[None, :], mask=kv_mask, other=0.0)
@@ -176,10 +228,11 @@ def paged_attention_kernel(
 
 @triton.jit
 def combine_splits_kernel(
-    partial_m_ptr,  # [NUM_SPLITS, num_tokens, num_q_heads] fp32, base-2 running max of each split
+    partial_m_ptr,  # [NUM_SPLITS, num_tokens, num_q_heads] fp32, running max (unscaled logits) of each split
     partial_l_ptr,  # [NUM_SPLITS, num_tokens, num_q_heads] fp32, running sum
     partial_acc_ptr,  # [NUM_SPLITS, num_tokens, num_q_heads, HEAD_DIM_PADDED] fp32, unnormalised
     out_ptr,  # [num_tokens, num_q_heads, head_dim]
+    qk_scale_log2,  # softmax scale * log2(e)
     num_rows,  # num_tokens * num_q_heads
     stride_o_token,
     stride_o_head,
@@ -189,14 +242,14 @@ def combine_splits_kernel(
     NUM_SPLITS: tl.constexpr,
     INTERPRETED_BF16: tl.constexpr,
 ):
-    """out = sum_s 2^(m_s - m) acc_s / sum_s 2^(m_s - m) l_s, with m = max_s m_s; one program a row."""
+    """out = sum_s w_s acc_s / sum_s w_s l_s, w_s = 2^((m_s - m) * scale * log2(e)), m = max_s m_s; a program a row."""
     row = tl.program_id(0)
     splits = tl.arange(0, NUM_SPLITS)
     dims = tl.arange(0, HEAD_DIM_PADDED)
     m = tl.load(partial_m_ptr + splits * num_rows + row)
     l_s = tl.load(partial_l_ptr + splits * num_rows + row)
     acc = tl.load(partial_acc_ptr + (splits * num_rows + row)[:, None] * HEAD_DIM_PADDED + dims[None, :])
-    weight = tl.exp2(m - tl.max(m, 0))  # a split that saw no key has m = -inf: weight 0
+    weight = tl.exp2((m - tl.max(m, 0)) * qk_scale_log2)  # a split that saw no key has m = -inf: weight 0
     o = tl.sum(acc * weight[:, None], 0) / tl.sum(l_s * weight, 0)
     if INTERPRETED_BF16:
         o = _bf16_rne(o)
@@ -212,7 +265,8 @@ def _check_launchable(device: torch.device) -> None:
     ``@triton.jit`` chooses between compiling and interpreting when Triton is imported,
     from TRITON_INTERPRET; triton.language's own helpers are built the same way. So the
     CPU needs TRITON_INTERPRET=1 in the environment before the first ``import triton``
-    (tests/conftest.py and the harness CLI set it when no GPU is present).
+    (``kernels.use_interpreter_if_no_gpu()`` sets it; tests/conftest.py and the harness
+    CLI call it).
     """
     interpreted = not isinstance(paged_attention_kernel, triton.runtime.JITFunction)
     if device.type != "cuda" and not interpreted:
@@ -232,8 +286,9 @@ def paged_attention_triton(
     scale=None,
     out=None,
     *,
-    max_q_len=None,
-    max_seq_len=None,
+    max_q_len: int | None = None,
+    max_seq_len: int | None = None,
+    check: bool | None = None,
 ) -> torch.Tensor:
     """Paged attention through the Triton kernel (the contract in DESIGN.md).
 
@@ -242,52 +297,52 @@ def paged_attention_triton(
     block_table     [num_seqs, max_blocks_per_seq] int32; entries past a sequence's end ignored
     seq_lens        [num_seqs] int32, KV length of each sequence including its new tokens
     query_start_loc [num_seqs + 1] int32 or None (one query per sequence)
-    scale           softmax scale, default head_dim ** -0.5
+    scale           softmax scale (> 0), default head_dim ** -0.5
     out             optional [num_tokens, num_q_heads, head_dim] buffer, written and returned
     returns         [num_tokens, num_q_heads, head_dim] in q's dtype
 
-    max_q_len       optional host int, the longest q_len. Given, the launcher reads no tensor
-                    value (no device sync: the call can be captured in a CUDA graph) and skips
-                    the value checks; the caller vouches for the lengths.
-    max_seq_len     optional host int, the longest seq_len, which decides the KV split; with
-                    max_q_len given and this left out, the KV range is not split.
+    The call reads no tensor value on the host: no device sync, so it can be captured in
+    a CUDA graph. Launch sizes come from shapes (see the module docstring).
+
+    max_q_len       optional host int, an upper bound of every q_len: picks a smaller tile
+                    when the queries are short (decode through query_start_loc: pass 1)
+    max_seq_len     optional host int, an upper bound of every seq_len, for the KV split
+                    (default: max_blocks_per_seq * block_size). Hints change speed, never
+                    the result.
+    check           run the value checks (syncs); None: $PAGED_ATTENTION_CHECK == "1"
 
     On CPU tensors the kernel runs under Triton's interpreter (slow: small cases only).
     """
-    call = prepare_call(
-        q, k_cache, v_cache, block_table, seq_lens, query_start_loc, scale, check_values=max_q_len is None
-    )
+    call = prepare_call(q, k_cache, v_cache, block_table, seq_lens, query_start_loc, scale, check=check)
     out = prepare_out(call, out)
     _check_launchable(q.device)
-    if call.num_seqs == 0 or q.shape[0] == 0:
+    num_tokens = q.shape[0]
+    if call.num_seqs == 0 or num_tokens == 0:
         return out
-    if max_q_len is None:
-        max_q_len = int(call.q_lens.max())
-        if max_seq_len is None:
-            max_seq_len = int(call.seq_lens.max())
-    if max_q_len == 0:
-        return out
-    tiling = tiling_for(call, max_q_len, max_seq_len or 0)
+    tiling = tiling_for(call, max_q_len, max_seq_len)
     q_c, k_c, v_c = (t if t.stride(-1) == 1 else t.contiguous() for t in (q, k_cache, v_cache))
     out_c = out if out.stride(-1) == 1 else torch.empty_like(out, memory_format=torch.contiguous_format)
-    block_table_c = block_table.contiguous()
+    one_query_per_seq = call.given_query_start_loc is None
+    starts = call.seq_lens if one_query_per_seq else call.given_query_start_loc  # unread when one query per seq
     interpreted_bf16 = q.device.type != "cuda" and q.dtype == torch.bfloat16
-    num_tokens, splits = q.shape[0], tiling.NUM_SPLITS
+    splits = tiling.NUM_SPLITS
     if splits > 1:
         partial_m = torch.empty((splits, num_tokens, call.num_q_heads), dtype=torch.float32, device=q.device)
         partial_l = torch.empty_like(partial_m)
         partial_acc = torch.empty((*partial_m.shape, tiling.HEAD_DIM_PADDED), dtype=torch.float32, device=q.device)
     else:  # unused by the kernel; any fp32 tensor will do
         partial_m = partial_l = partial_acc = out_c.new_empty(1, dtype=torch.float32)
-    grid = (call.num_seqs, call.num_kv_heads, triton.cdiv(max_q_len, tiling.BLOCK_Q) * splits)
+    qk_scale_log2 = call.scale * math.log2(math.e)
+    grid = (tiling.NUM_Q_TILES, call.num_kv_heads, splits)
     paged_attention_kernel[grid](
-        q_c, k_c, v_c, block_table_c, call.seq_lens, call.query_start_loc, out_c,
+        q_c, k_c, v_c, call.block_table, call.seq_lens, starts, out_c,
         partial_m, partial_l, partial_acc,
-        call.scale * math.log2(math.e), num_tokens, call.num_q_heads, tiling.SPLIT_SIZE,
+        qk_scale_log2, num_tokens, call.num_seqs, call.num_q_heads, call.num_blocks, call.block_table.shape[1],
+        tiling.SPLIT_SIZE,
         q_c.stride(0), q_c.stride(1), out_c.stride(0), out_c.stride(1),
         k_c.stride(0), k_c.stride(1), k_c.stride(2),
         v_c.stride(0), v_c.stride(1), v_c.stride(2),
-        block_table_c.stride(0),
+        call.block_table.stride(0),
         GROUP_SIZE=call.group_size,
         HEAD_DIM=call.head_dim,
         HEAD_DIM_PADDED=tiling.HEAD_DIM_PADDED,
@@ -297,12 +352,13 @@ def paged_attention_triton(
         TILE_N=tiling.TILE_N,
         DOT_PRECISION="ieee" if q.dtype == torch.float32 or interpreted_bf16 else "tf32",
         INTERPRETED_BF16=interpreted_bf16,
+        ONE_QUERY_PER_SEQ=one_query_per_seq,
         NUM_SPLITS=splits,
         num_warps=tiling.NUM_WARPS,
     )  # fmt: skip
     if splits > 1:
         combine_splits_kernel[(num_tokens * call.num_q_heads,)](
-            partial_m, partial_l, partial_acc, out_c, num_tokens * call.num_q_heads,
+            partial_m, partial_l, partial_acc, out_c, qk_scale_log2, num_tokens * call.num_q_heads,
             out_c.stride(0), out_c.stride(1),
             NUM_Q_HEADS=call.num_q_heads, HEAD_DIM=call.head_dim, HEAD_DIM_PADDED=tiling.HEAD_DIM_PADDED,
             NUM_SPLITS=splits, INTERPRETED_BF16=interpreted_bf16,

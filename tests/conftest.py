@@ -1,14 +1,113 @@
 """Shared pytest setup.
 
 Triton decides between compiling and interpreting when it is first imported, so on a
-machine without a GPU the interpreter is switched on here, before anything imports it.
+machine without a GPU the interpreter is switched on here, before anything imports it
+(``import kernels`` does not). The kernels' value checks are switched on for the suite
+(PAGED_ATTENTION_CHECK=1); tests of the sync-free default path pass ``check=False`` or
+unset the variable themselves.
 """
 
+import contextlib
 import os
 
+import pytest
 import torch
 
-if "TRITON_INTERPRET" not in os.environ and not torch.cuda.is_available():
-    os.environ["TRITON_INTERPRET"] = "1"
+import kernels
+
+kernels.use_interpreter_if_no_gpu()
+os.environ.setdefault(kernels.CHECK_ENV, "1")
 
 pytest_plugins = ["harness.pytest_plugin"]
+
+
+# --- a guard that makes every host read of a tensor value fail ------------------------------
+
+VALUE_READERS = ("item", "tolist", "numpy", "__int__", "__float__", "__bool__", "__index__", "__complex__", "__array__")
+
+
+class ValueReadGuard:
+    """Patches every Python-level way to read a tensor's value onto the host (``item``,
+    ``tolist``, ``numpy``, ``int()``, ``float()``, ``bool()``, ``__index__``, ``__array__``)
+    to raise while :meth:`forbidden` is active; :meth:`allowed` lifts it for a stretch
+    inside (the Triton interpreter reads values to run a kernel on the CPU, which a GPU
+    launch does not). C++-internal syncs are out of its reach: the GPU tests use
+    ``torch.cuda.set_sync_debug_mode("error")`` for those.
+    """
+
+    def __init__(self):
+        self.originals = {name: getattr(torch.Tensor, name) for name in VALUE_READERS if hasattr(torch.Tensor, name)}
+        self.reads: list[str] = []
+        self.active = False
+
+    def _raiser(self, name):
+        def read(tensor, *args, **kwargs):
+            self.reads.append(name)
+            raise AssertionError(f"the call read a tensor value on the host: Tensor.{name}")
+
+        return read
+
+    def _patch(self, on: bool):
+        self.active = on
+        for name, original in self.originals.items():
+            setattr(torch.Tensor, name, self._raiser(name) if on else original)
+
+    @contextlib.contextmanager
+    def forbidden(self):
+        self._patch(True)
+        try:
+            yield self
+        finally:
+            self._patch(False)
+
+    @contextlib.contextmanager
+    def allowed(self):
+        was_active = self.active
+        self._patch(False)
+        try:
+            yield
+        finally:
+            self._patch(was_active)
+
+
+@pytest.fixture
+def value_reads():
+    """A :class:`ValueReadGuard`; the patches are always undone."""
+    guard = ValueReadGuard()
+    yield guard
+    guard._patch(False)
+
+
+class LaunchRecorder:
+    """Stands in for a @triton.jit kernel: records each launch's grid, then runs the real
+    kernel with value reads allowed (see :class:`ValueReadGuard`)."""
+
+    def __init__(self, kernel, guard: ValueReadGuard):
+        self.kernel, self.guard, self.grids = kernel, guard, []
+
+    def __getitem__(self, grid):
+        def launch(*args, **kwargs):
+            self.grids.append(grid)
+            with self.guard.allowed():
+                return self.kernel[grid](*args, **kwargs)
+
+        return launch
+
+
+@pytest.fixture
+def triton_launches(monkeypatch, value_reads):
+    """The Triton kernel's launches recorded (grids in ``.grids``), value checks off.
+
+    Skips where the kernel cannot run on CPU tensors (a GPU box runs the GPU tests instead).
+    """
+    if reason := kernels.triton_unavailable_reason("cpu"):
+        pytest.skip(reason)
+    from kernels import triton_paged
+
+    main = LaunchRecorder(triton_paged.paged_attention_kernel, value_reads)
+    monkeypatch.setattr(triton_paged, "paged_attention_kernel", main)
+    monkeypatch.setattr(
+        triton_paged, "combine_splits_kernel", LaunchRecorder(triton_paged.combine_splits_kernel, value_reads)
+    )
+    monkeypatch.delenv(kernels.CHECK_ENV, raising=False)
+    return main

@@ -8,7 +8,7 @@ import torch
 import kernels
 from harness.grading import DEFAULT_TOLERANCES, grade
 from harness.oracle import paged_attention_oracle
-from tests.kernel_cases import KERNEL_CASES, KernelCase
+from tests.kernel_cases import FP32_PRECISION_CASES, KERNEL_CASES, KernelCase
 
 CUDA = torch.cuda.is_available()
 DEVICES = [
@@ -53,7 +53,7 @@ def call_backend(backend: str, case: KernelCase, inputs, device: str) -> torch.T
 
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("backend", ["reference", "tlsim", "triton", "dispatch", "cache"])
-@pytest.mark.parametrize("case", KERNEL_CASES, ids=str)
+@pytest.mark.parametrize("case", [*KERNEL_CASES, *FP32_PRECISION_CASES], ids=str)
 def test_backend_matches_float64_oracle(case: KernelCase, backend: str, device: str):
     if backend == "triton" and (reason := kernels.triton_unavailable_reason(device)):
         pytest.skip(reason)
@@ -66,12 +66,13 @@ def test_backend_matches_float64_oracle(case: KernelCase, backend: str, device: 
 
 
 def test_split_kv_cases_really_split_the_kv_range():
-    """The split_kv cases exist to run the two-pass path; a tiling change must not quietly skip it."""
-    from kernels._common import choose_tiling
+    """The split_kv cases exist to run the two-pass path; a tiling change must not quietly skip it.
 
-    for case in KERNEL_CASES:
-        if case.name.startswith(("split_kv", "bfloat16_split_kv")):
-            tiling = choose_tiling(case.head_dim, case.num_q_heads // case.num_kv_heads, max(case.q_lens),
-                                   len(case.seq_lens), case.num_kv_heads, max(case.seq_lens),
-                                   fp32=case.dtype == "float32")  # fmt: skip
-            assert tiling.NUM_SPLITS > 1, case.name
+    The launcher decides from host-known bounds (the table's capacity), so this asks it the same way.
+    """
+    from kernels._common import prepare_call, tiling_for
+
+    split_cases = [case for case in KERNEL_CASES if case.name.startswith(("split_kv", "bfloat16_split_kv"))]
+    assert len(split_cases) == 3
+    for case in split_cases:
+        assert tiling_for(prepare_call(*case.inputs().args())).NUM_SPLITS > 1, case.name

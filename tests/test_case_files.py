@@ -130,3 +130,105 @@ def test_schema_lists_the_case_fields(capsys):
 def test_shipped_case_files_load():
     cases = load_cases(["cases/smoke.toml", "cases/cpu.toml"], device="cpu")
     assert len({c.id for c in cases}) == len(cases) > 20
+
+
+# --- hardening: every bad input is refused with file, case and field; nothing runs -------
+
+REFUSED = {
+    "seed_past_int64": ("seed = 100000000000000000000\n", "field 'seed': Input should be less than or equal to"),
+    "true_is_not_1": ("block_size = true\n", "field 'block_size': Input should be a valid integer"),
+    "true_is_not_a_length": ("q_lens = true\n", "field 'q_lens': "),
+    "atol_inf": ("tolerance = { float32 = { atol = inf, rtol = 0.0 } }\n", "field 'tolerance.float32.atol': Input should be a finite number"),
+    "rtol_nan": ("tolerance = { float32 = { atol = 0.0, rtol = nan } }\n", "field 'tolerance.float32.rtol': Input should be a finite number"),
+    "input_scale_nan": ("input_scale = nan\n", "field 'input_scale': Input should be a finite number"),
+    "input_scale_inf": ("input_scale = inf\n", "field 'input_scale': Input should be a finite number"),
+    "scale_is_no_field": ("scale = nan\n", "field 'scale': Extra inputs are not permitted"),
+    "timeout_negative": ("timeout_s = -1.0\n", "field 'timeout_s': Input should be greater than 0"),
+    "length_past_int32": ("seq_lens = [5, 4294967296]\n", "field 'seq_lens.1': Input should be less than or equal to 2147483647"),
+    "generator_count_zero": ("seq_lens = { count = 0, min = 1, max = 5 }\n", "field 'seq_lens.count': Input should be greater than or equal to 1"),
+    "generator_min_above_max": ("seq_lens = { count = 2, min = 9, max = 5 }\n", "field 'seq_lens': Value error, min (9) must be <= max (5)"),
+    "lengths_of_wrong_type": ('seq_lens = "long"\n', "field 'seq_lens': Input should be a valid list or Input should be a valid dictionary"),
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("name", REFUSED)
+def test_bad_values_are_refused_naming_file_case_and_field(tmp_path, name):
+    addition, message = REFUSED[name]
+    text = GOOD.replace("seq_lens = [5, 17]\n", "") if "seq_lens" in addition else GOOD + "seq_lens = [5, 17]\n"
+    path = write(tmp_path, text.replace('name = "base"', 'name = "base"\n' + addition))
+    with pytest.raises(CaseFileError) as info:
+        load_case_file(path)
+    text = str(info.value)
+    assert text.startswith(f"{path}: case 'base': "), text
+    assert message in text, text
+    for internal in ("function-after", "list[", "constrained", "SeqLenGenerator", "union"):
+        assert internal not in text, f"pydantic internals in: {text}"
+
+
+def test_unreadable_kinds_of_path_are_refused_without_hanging(tmp_path):
+    import os
+
+    folder = tmp_path / "folder"
+    folder.mkdir()
+    with pytest.raises(CaseFileError, match="is a directory, not a case file"):
+        load_case_file(folder)
+    with pytest.raises(CaseFileError, match=r"a directory with no \*\.toml"):
+        load_cases([folder])
+    fifo = tmp_path / "fifo.toml"
+    os.mkfifo(fifo)  # opening it would block forever
+    with pytest.raises(CaseFileError, match="not a regular file"):
+        load_case_file(fifo)
+    with pytest.raises(CaseFileError, match="not a regular file"):
+        load_case_file("/dev/zero")  # reading it would never end
+    big = write(tmp_path, "# " + "x" * (5 * 2**20) + "\n", "big.toml")
+    with pytest.raises(CaseFileError, match="larger than 4 MiB"):
+        load_case_file(big)
+
+
+def test_deeply_nested_toml_is_refused(tmp_path):
+    path = write(tmp_path, "x = " + "[" * 100_000 + "]" * 100_000 + "\n")
+    with pytest.raises(CaseFileError, match="not valid TOML: nested too deeply"):
+        load_case_file(path)
+
+
+def test_case_tables_that_are_not_tables_are_refused(tmp_path):
+    with pytest.raises(CaseFileError, match=r"needs at least one \[\[case\]\] table"):
+        load_case_file(write(tmp_path, "case = [1, 2]\n"))
+
+
+def test_sweeping_long_lists_keeps_ids_unique(tmp_path):
+    path = write(tmp_path, GOOD + "[case.sweep]\nseq_lens = [[1, 2, 3, 4, 5], [5, 4, 3, 2, 1]]\n")
+    ids = [c.id for c in load_case_file(path)]
+    assert len(set(ids)) == 2 and all(i.startswith("base/seq_lens=5seqs-") for i in ids), ids
+
+
+def test_the_same_file_twice_is_read_once_with_a_note(tmp_path, capsys):
+    path = write(tmp_path, GOOD)
+    cases = load_cases([path, path, tmp_path / "." / "cases.toml", tmp_path])
+    assert [c.id for c in cases] == ["base"]
+    assert "is given twice" in capsys.readouterr().err
+
+
+def test_backend_names_are_checked_against_the_registry(tmp_path):
+    from harness.backends import REGISTRY
+    from harness.cases import check_backend_names
+
+    path = write(tmp_path, GOOD + 'backends = ["trtion"]\nexclude_backends = ["tlsim", "flex"]\n')
+    cases = load_case_file(path)
+    with pytest.raises(CaseFileError) as info:
+        check_backend_names(cases, list(REGISTRY))
+    lines = str(info.value).splitlines()
+    assert lines[0].startswith(f"{path}: case 'base': field 'backends': unknown backend 'trtion'; registered: ")
+    assert lines[1].startswith(f"{path}: case 'base': field 'exclude_backends': unknown backend 'flex'")
+    assert len(lines) == 2
+
+
+@pytest.mark.parametrize(
+    "addition", ['backends = ["trtion"]\n', "seed = 100000000000000000000\n", "input_scale = nan\n"]
+)
+def test_cli_refuses_bad_case_files_with_exit_2_and_writes_nothing(tmp_path, capsys, addition):
+    path = write(tmp_path, GOOD + addition)
+    out_dir = tmp_path / "reports" / "run"
+    assert main(["run", str(path), "--out", str(out_dir), "--no-progress", "--no-timing"]) == 2
+    assert f"error: {path}: case 'base': field '" in capsys.readouterr().err
+    assert not (tmp_path / "reports").exists() or not any((tmp_path / "reports").iterdir()), "nothing written"

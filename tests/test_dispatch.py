@@ -2,6 +2,11 @@
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+from pathlib import Path
+
 import pytest
 import torch
 
@@ -49,12 +54,40 @@ def test_dispatch_calls_the_selected_backend(monkeypatch, backend):
     calls = []
     real = dispatch._backend_fn(backend)
 
-    def spy(*args):
+    def spy(*args, **kwargs):
         calls.append(backend)
-        return real(*args)
+        return real(*args, **kwargs)
 
     monkeypatch.setattr(dispatch, "_backend_fn", lambda name: spy if name == backend else pytest.fail(name))
     inputs = BASE.inputs()
     out = kernels.paged_attention_dispatch(*inputs.args(), backend=backend)
     assert calls == [backend]
     torch.testing.assert_close(out, real(*inputs.args()), rtol=0, atol=0)
+
+
+def _python(code: str, **env: str) -> subprocess.CompletedProcess:
+    """Run ``code`` in a fresh interpreter from the repository root, TRITON_INTERPRET unset."""
+    environ = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"} | env
+    root = Path(__file__).resolve().parent.parent
+    return subprocess.run([sys.executable, "-c", code], cwd=root, env=environ, capture_output=True, text=True)
+
+
+def test_import_kernels_does_not_import_triton_until_the_kernel_is_used():
+    code = (
+        "import sys, kernels\n"
+        "assert 'triton' not in sys.modules, 'import kernels imported Triton'\n"
+        "kernels.use_interpreter_if_no_gpu()\n"
+        "fn = kernels.paged_attention_triton\n"
+        "print(fn.__module__, kernels.has_triton() == ('triton' in sys.modules))\n"
+    )
+    result = _python(code)
+    assert result.returncode == 0, result.stderr
+    expected_module = "kernels.triton_paged" if kernels.has_triton() else "kernels"
+    assert result.stdout.split() == [expected_module, "True"]
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="the interpreter is chosen only without a GPU")
+def test_use_interpreter_if_no_gpu_sets_triton_interpret_only_when_unset():
+    code = "import os, kernels; print(kernels.use_interpreter_if_no_gpu(), os.environ.get('TRITON_INTERPRET'))"
+    assert _python(code).stdout.split() == ["True", "1"]
+    assert _python(code, TRITON_INTERPRET="0").stdout.split() == ["False", "0"], "a choice made by the user stays"

@@ -58,8 +58,9 @@ def test_read_calls_dispatcher_once_with_this_layers_pools(monkeypatch):
     cache.write(1, cache.append(0, 5), torch.randn(5, 2, 32), torch.randn(5, 2, 32))
     calls = []
 
-    def fake_dispatch(q, k_cache, v_cache, block_table, seq_lens, query_start_loc, scale, out, backend):
-        calls.append((k_cache, v_cache, block_table.tolist(), seq_lens.tolist(), backend))
+    def fake_dispatch(q, k_cache, v_cache, block_table, seq_lens, query_start_loc, scale, out, backend, **hints):
+        calls.append((k_cache, v_cache, block_table[:, :2].tolist(), seq_lens.tolist(), backend))
+        assert (block_table[:, 2:] == -1).all(), "the device table's spare columns hold -1"
         return q
 
     monkeypatch.setattr(cache_module, "paged_attention_dispatch", fake_dispatch)
@@ -91,3 +92,65 @@ def test_read_matches_the_oracle_after_interleaved_appends(dtype):
     )
     result = grade(got, expected, *DEFAULT_TOLERANCES[dtype])
     assert result.passed, result.reason
+
+
+# --- refusals: each before anything changes -------------------------------------------------
+
+
+@pytest.mark.parametrize("count", [-3, 2.0, True, torch.tensor(2)], ids=["negative", "float", "bool", "tensor"])
+def test_append_refuses_a_bad_count_before_changing_anything(count):
+    cache = make_cache()
+    cache.allocate(1)
+    cache.append(1, 5)
+    with pytest.raises(ValueError, match="num_tokens must be a non-negative int"):
+        cache.append(1, count)
+    assert cache.seq_lens([1]).tolist() == [5]
+    assert cache.num_free_blocks == 4
+    assert cache.append(1, 0).tolist() == [], "zero tokens is a valid no-op"
+
+
+def _written_cache():
+    cache = make_cache()
+    cache.allocate(1)
+    slots = cache.append(1, 3)  # block 0, slots 0..2
+    cache.write(0, slots, torch.ones(3, 2, 32), torch.ones(3, 2, 32))
+    return cache
+
+
+BAD_WRITES = {
+    "slot_minus_one": (dict(slots=torch.tensor([0, -1])), "slot_mapping holds slot -1, outside"),
+    "slot_past_pool": (dict(slots=torch.tensor([24])), "slot_mapping holds slot 24, outside"),
+    "slot_of_unowned_block": (dict(slots=torch.tensor([5])), "slot 5 of block 1, which no live sequence owns"),
+    "float_slots": (dict(slots=torch.tensor([1.0])), "slot_mapping must be a 1-d integer tensor"),
+    "layer_minus_one": (dict(layer=-1), "layer must be an int in \\[0, 2\\)"),
+    "layer_past_last": (dict(layer=2), "layer must be an int in \\[0, 2\\)"),
+    "key_wrong_shape": (dict(key=torch.zeros(1, 2, 16)), "key must be \\[num_tokens, num_kv_heads, head_dim\\]"),
+}
+
+
+@pytest.mark.parametrize("name", BAD_WRITES)
+def test_write_refuses_a_bad_argument_and_writes_nothing(name):
+    cache = _written_cache()
+    changes, message = BAD_WRITES[name]
+    slots = changes.get("slots", torch.tensor([1]))
+    call = dict(layer=0, key=torch.zeros(len(slots), 2, 32), value=torch.zeros(len(slots), 2, 32))
+    call.update({k: v for k, v in changes.items() if k != "slots"})
+    pools_before = [p.clone() for p in (*cache.k_caches, *cache.v_caches)]
+    with pytest.raises(ValueError, match=message):
+        cache.write(call["layer"], slots, call["key"], call["value"])
+    for before, after in zip(pools_before, (*cache.k_caches, *cache.v_caches), strict=True):
+        assert torch.equal(before.nan_to_num(7.0), after.nan_to_num(7.0)), "nothing may be written"
+
+
+def test_write_refuses_a_slot_of_a_freed_sequence():
+    cache = _written_cache()
+    slots = cache.append(1, 1)
+    cache.free(1)
+    with pytest.raises(ValueError, match="which no live sequence owns"):
+        cache.write(0, slots, torch.zeros(1, 2, 32), torch.zeros(1, 2, 32))
+
+
+def test_read_refuses_a_negative_layer():
+    cache = _written_cache()
+    with pytest.raises(ValueError, match="layer must be an int"):
+        cache.paged_attention(-1, torch.randn(1, 4, 32), [1])

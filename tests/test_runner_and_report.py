@@ -87,7 +87,7 @@ def test_case_file_can_exclude_a_backend(tmp_path):
 
 def test_timing_fills_latency_and_bandwidth(case_file):
     config = RunConfig(device="cpu", backends=backends_module.resolve_backends(["tlsim"]), timing=True,
-                       ceiling_gbps=10.0, progress=False)  # fmt: skip
+                       ceilings={"read_gbps": 10.0}, progress=False)  # fmt: skip
     row = run_cases(load_case_file(case_file), config).iloc[0]
     assert row["latency_us"] > 0 and row["timing_reps"] >= 3 and row["timing_method"] == "cpu_perf_counter"
     assert row["latency_p10_us"] <= row["latency_us"] <= row["latency_p90_us"]

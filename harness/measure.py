@@ -1,0 +1,75 @@
+"""Timing columns of one report row: what the kernel costs on the device and what a caller waits for.
+
+``latency_us``   device time of the prepared call (graph replay where capturable, CUDA
+                 events otherwise; perf_counter on the CPU), the median of its samples
+``call_us``      the eager wall time of the call exactly as a user makes it (default
+                 arguments, checks and all), device drained around it
+``host_overhead_us`` call_us - latency_us on CUDA: what the call costs beyond its kernels
+``graph_capturable`` / ``device_syncs``: can the default call be captured; how many syncs
+``kernels_ran``  the device kernels of one prepared call of a peer, longest first (CUDA)
+plus bandwidth and rate against the run's measured ceilings.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+from .cases import Case
+from .metrics import flops, gbps, pct_of_ceiling, pct_of_peak, tflops
+from .registry import Backend, Prepared
+from .timing import kernels_launched, probe_call, time_call, time_wall
+
+# A backend whose default call costs this much more than its kernel is flagged in the report.
+CALL_OVERHEAD_FLAG = 1.5
+
+
+@dataclass(frozen=True)
+class TimingPlan:
+    """How rows are timed: the device, the run's ceilings, the time budgets per row."""
+
+    device: str
+    ceilings: dict = field(default_factory=dict)  # harness.ceilings.measure_ceilings
+    latency_target_s: float = 0.25
+    call_target_s: float = 0.15
+    threads: int | None = None  # torch intra-op threads while timing (CPU); recorded per row
+
+
+def _spread(prefix: str, samples: tuple[float, ...]) -> dict:
+    t = torch.tensor(samples, dtype=torch.float64)
+    return {
+        f"{prefix}_us": float(t.quantile(0.5)),
+        f"{prefix}_p10_us": float(t.quantile(0.1)),
+        f"{prefix}_p90_us": float(t.quantile(0.9)),
+        f"{prefix}_samples_us": [round(s, 3) for s in samples],
+    }
+
+
+def timing_columns(case: Case, backend: Backend, prepared: Prepared, plan: TimingPlan, bytes_moved: int) -> dict:
+    """Every timing column of one row (see the module docstring)."""
+    device = plan.device
+    latency = time_call(prepared.run, device, graph=backend.graphable, target_s=plan.latency_target_s)
+    row = {**_spread("latency", latency.samples_us), "timing_reps": len(latency.samples_us)}
+    row["timing_method"] = latency.method
+    if prepared.call is None and torch.device(device).type == "cpu":
+        call = latency  # on the CPU the same callable has the same wall time: no second measurement
+    else:
+        call = time_wall(prepared.call or prepared.run, device, target_s=plan.call_target_s)
+    row.update(_spread("call", call.samples_us))
+    if torch.device(device).type == "cuda":  # on a CPU all of it is host time: no split to report
+        row["host_overhead_us"] = row["call_us"] - row["latency_us"]
+    probe = probe_call(prepared.call or prepared.run, device)
+    row["graph_capturable"] = probe.graph_capturable
+    row["device_syncs"] = probe.device_syncs
+    if backend.kind == "peer":  # which library kernel a peer got (the profiler costs a second or so a row)
+        row["kernels_ran"] = kernels_launched(prepared.run, device)
+    row["timing_threads"] = plan.threads if plan.threads is not None else torch.get_num_threads()
+    row["gbps"] = gbps(bytes_moved, row["latency_us"])
+    if read := plan.ceilings.get("read_gbps"):
+        row["pct_of_ceiling"] = pct_of_ceiling(row["gbps"], read)
+    row["flops"] = flops(case)
+    row["tflops"] = tflops(row["flops"], row["latency_us"])
+    if max(case.q_lens) > 1 and (peak := plan.ceilings.get("peak_tflops", {}).get(case.dtype)):
+        row["pct_of_peak"] = pct_of_peak(row["tflops"], peak)
+    return row

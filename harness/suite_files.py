@@ -1,0 +1,35 @@
+"""The case suites that ship inside the package, and how a name on the command line finds one.
+
+``harness run`` with no case file runs the packaged smoke suite, from any folder. A case
+argument that is no existing path but names a packaged suite (``cpu``, ``gpu_peers``, or
+the repository's spelling ``cases/cpu.toml``) resolves to the packaged file; anything else
+is passed on as given, so a missing file is still reported by name.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+SUITES_DIR = Path(__file__).resolve().parent / "suites"
+DEFAULT_SUITE = "smoke"
+
+
+def packaged_suites() -> dict[str, Path]:
+    """Suite name -> its TOML file inside the package."""
+    return {path.stem: path for path in sorted(SUITES_DIR.glob("*.toml"))}
+
+
+def resolve_case_arg(arg: str | Path) -> str | Path:
+    """A case file or folder as given when it exists, else the packaged suite it names."""
+    if Path(arg).exists():
+        return arg
+    name = Path(arg).name.removesuffix(".toml")
+    suite = packaged_suites().get(name)
+    if suite is not None and (Path(arg).parent.name in ("", "cases", "suites")):
+        return suite
+    return arg
+
+
+def default_cases() -> list[str]:
+    """What run, list and pytest read when given no case file: the packaged smoke suite."""
+    return [str(packaged_suites()[DEFAULT_SUITE])]

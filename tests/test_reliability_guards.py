@@ -1,0 +1,212 @@
+"""A backend cannot pass by mutating its inputs, returning the wrong dtype, or exiting; tolerance 0 works."""
+
+from __future__ import annotations
+
+import math
+import sys
+
+import pytest
+import torch
+
+import kernels
+from harness import backends as backends_module
+from harness import register_backend
+from harness.cases import load_case_file
+from harness.grading import forward_error_bound, grade
+from harness.inputs import make_inputs
+from harness.oracle import paged_attention_oracle
+from harness.runner import RunConfig, run_cases
+
+CASE_FILE = """
+[[case]]
+name = "tiny"
+num_q_heads = 4
+num_kv_heads = 2
+head_dim = 32
+block_size = 4
+seq_lens = [3, 9]
+q_lens = [1, 2]
+"""
+
+
+@pytest.fixture
+def case_file(tmp_path):
+    path = tmp_path / "tiny.toml"
+    path.write_text(CASE_FILE)
+    return path
+
+
+@pytest.fixture(autouse=True)
+def clean_registry():
+    saved = dict(backends_module.REGISTRY)
+    yield
+    backends_module.REGISTRY.clear()
+    backends_module.REGISTRY.update(saved)
+
+
+def run_rows(case_file, names, timing=False):
+    config = RunConfig(device="cpu", backends=backends_module.resolve_backends(names), timing=timing, progress=False)
+    return run_cases(load_case_file(case_file), config).set_index("backend")
+
+
+def tlsim_then(mutation):
+    def kernel(q, k_cache, v_cache, block_table, seq_lens, query_start_loc=None, scale=None, out=None):
+        result = kernels.paged_attention_tlsim(q, k_cache, v_cache, block_table, seq_lens, query_start_loc, scale, out)
+        mutation(q=q, k_cache=k_cache, v_cache=v_cache, block_table=block_table, seq_lens=seq_lens,
+                 query_start_loc=query_start_loc)  # fmt: skip
+        return result
+
+    return kernel
+
+
+MUTATIONS = {
+    "k_cache": lambda **a: a["k_cache"].mul_(2),
+    "q": lambda **a: a["q"].add_(1),
+    "block_table": lambda **a: a["block_table"].fill_(0),
+    "seq_lens": lambda **a: a["seq_lens"].sub_(1),
+    "query_start_loc": lambda **a: a["query_start_loc"][1:].fill_(0),
+    "v_cache": lambda **a: a["v_cache"][0, 0, 0, 0].fill_(3.0),  # one element, a NaN slot turned finite
+}
+
+
+@pytest.mark.parametrize("name", MUTATIONS)
+def test_a_backend_that_mutates_an_input_fails_and_the_next_sees_pristine_inputs(case_file, name):
+    register_backend("mutator", tlsim_then(MUTATIONS[name]))
+    rows = run_rows(case_file, ["mutator", "tlsim", "reference"])
+    assert rows.loc["mutator", "status"] == "fail"
+    assert f"mutated its input {name}" in rows.loc["mutator", "reason"]
+    assert (rows.loc[["tlsim", "reference"], "status"] == "pass").all(), rows["reason"].tolist()
+
+
+def test_a_mutation_during_timing_only_is_caught_too(case_file):
+    calls = []
+
+    def mutates_from_second_call(q, k_cache, v_cache, block_table, seq_lens, query_start_loc=None, scale=None,
+                                 out=None):  # fmt: skip
+        calls.append(1)
+        if len(calls) > 1:
+            k_cache.mul_(2)
+        return kernels.paged_attention_tlsim(q, k_cache, v_cache, block_table, seq_lens, query_start_loc, scale, out)
+
+    register_backend("late_mutator", mutates_from_second_call)
+    rows = run_rows(case_file, ["late_mutator", "tlsim"], timing=True)
+    assert rows.loc["late_mutator", "status"] == "fail"
+    assert "mutated its input k_cache while timed" in rows.loc["late_mutator", "reason"]
+    assert rows.loc["tlsim", "status"] == "pass"
+
+
+def float64_result(q, k_cache, v_cache, block_table, seq_lens, query_start_loc=None, scale=None, out=None):
+    return paged_attention_oracle(q, k_cache, v_cache, block_table, seq_lens, query_start_loc, scale)
+
+
+def wrong_shape(q, k_cache, v_cache, block_table, seq_lens, query_start_loc=None, scale=None, out=None):
+    return kernels.paged_attention_tlsim(q, k_cache, v_cache, block_table, seq_lens, query_start_loc)[:, None]
+
+
+def returns_none(q, *args, **kwargs):
+    return None
+
+
+def test_output_shape_dtype_and_type_are_checked_against_q(case_file):
+    register_backend("float64_result", float64_result)
+    register_backend("wrong_shape", wrong_shape)
+    register_backend("returns_none", returns_none)
+    rows = run_rows(case_file, ["float64_result", "wrong_shape", "returns_none"])
+    assert rows.loc["float64_result", "status"] == "fail"
+    assert "dtype float64, expected q's float32" in rows.loc["float64_result", "reason"]
+    assert rows.loc["wrong_shape", "status"] == "fail" and "shape (3, 1, 4, 32)" in rows.loc["wrong_shape", "reason"]
+    assert rows.loc["returns_none", "status"] == "fail" and "not a tensor" in rows.loc["returns_none", "reason"]
+
+
+def exits(*args, **kwargs):
+    sys.exit(0)
+
+
+def interrupts(*args, **kwargs):
+    raise KeyboardInterrupt
+
+
+def test_sys_exit_and_keyboard_interrupt_from_a_backend_are_error_rows(case_file):
+    register_backend("exits", exits)
+    register_backend("interrupts", interrupts)
+    rows = run_rows(case_file, ["exits", "interrupts", "tlsim"])
+    assert rows.loc["exits", "status"] == "error" and rows.loc["exits", "reason"].startswith("SystemExit")
+    assert rows.loc["interrupts", "status"] == "error"
+    assert rows.loc["interrupts", "reason"].startswith("KeyboardInterrupt")
+    assert rows.loc["tlsim", "status"] == "pass"
+
+
+def test_the_users_ctrl_c_still_stops_the_run(case_file):
+    from harness import guard
+
+    def users_ctrl_c(*args, **kwargs):
+        guard.USER_INTERRUPT.set()  # what the SIGINT handler does before raising
+        raise KeyboardInterrupt
+
+    register_backend("users_ctrl_c", users_ctrl_c)
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            run_rows(case_file, ["users_ctrl_c", "tlsim"])
+    finally:
+        guard.USER_INTERRUPT.clear()
+
+
+def test_tolerance_zero_grades_exact_output_as_pass_with_a_finite_ratio(tmp_path):
+    expected = torch.tensor([1.0, 0.0, -2.0], dtype=torch.float64)
+    exact = grade(expected.clone(), expected, atol=0.0, rtol=0.0)
+    assert exact.passed and exact.tol_ratio == 0.0
+    off = grade(expected + 1e-9, expected, atol=0.0, rtol=0.0)
+    assert not off.passed and off.tol_ratio == math.inf
+
+
+def test_tolerance_zero_run_exits_0_when_every_row_is_exact(tmp_path, capsys):
+    """One key per sequence: the output is v exactly, so tol_ratio is 0 / 0 everywhere (was: exit 2, all NA)."""
+    from harness.cli import main
+
+    path = tmp_path / "zero.toml"
+    path.write_text(CASE_FILE.replace("[3, 9]", "[1, 1]").replace("[1, 2]", "[1, 1]")
+                    + "tolerance = { float32 = { atol = 0.0, rtol = 0.0 } }\n")  # fmt: skip
+    out = tmp_path / "run"
+    assert main(["run", str(path), "--out", str(out), "--backend", "tlsim", "--backend", "reference",
+                 "--no-progress", "--no-timing"]) == 0  # fmt: skip
+    assert out.is_dir()
+    assert "closest to its tolerance: " in capsys.readouterr().out
+
+
+def float64_result_as_float32(q, k_cache, v_cache, block_table, seq_lens, query_start_loc=None, scale=None, out=None):
+    """The exact result rounded to q's dtype: the best any kernel can do."""
+    return paged_attention_oracle(q, k_cache, v_cache, block_table, seq_lens, query_start_loc, scale).to(q.dtype)
+
+
+def bound_and_errors(input_scale, dtype="float32", seed=0):
+    inputs = make_inputs(num_q_heads=8, num_kv_heads=2, head_dim=128, block_size=16, seq_lens=[300, 77, 1000],
+                         q_lens=[3, 1, 2], dtype=dtype, input_scale=input_scale, seed=seed)  # fmt: skip
+    expected = paged_attention_oracle(*inputs.args())
+    bound = forward_error_bound(*inputs.args(), expected)
+    return inputs, expected, bound
+
+
+def test_error_bound_covers_real_round_off_and_flags_tolerances_below_it():
+    atol, rtol = 1e-5, 1e-4
+    for scale in (1.0, 3.0, 8.0):
+        inputs, expected, bound = bound_and_errors(scale)
+        for kernel in (kernels.paged_attention_reference, kernels.paged_attention_tlsim, float64_result_as_float32):
+            err = (kernel(*inputs.args()).double() - expected).abs()
+            assert bool((err <= bound).all()), f"{kernel.__name__} beyond the bound at input_scale {scale}"
+        result = grade(kernels.paged_attention_reference(*inputs.args()), expected, atol, rtol, bound)
+        assert result.error_bound == float(bound.max())
+        if scale == 1.0:
+            assert result.bound_ratio < 1 and result.grading_note == ""
+        else:  # the fuzz finding: gather + SDPA at 1.14x the fp32 tolerance at input scale 3
+            assert result.bound_ratio > 1
+            assert "tolerance below the input's own round-off: grades the input" in result.grading_note
+
+
+def test_rows_carry_error_bound_and_grading_note(case_file, tmp_path):
+    path = tmp_path / "big.toml"
+    path.write_text(CASE_FILE.replace("head_dim = 32", "head_dim = 128") + "input_scale = 6.0\n")
+    rows = run_rows(path, ["reference"])
+    assert rows.loc["reference", "error_bound"] > 0
+    assert "grades the input" in rows.loc["reference", "grading_note"]
+    rows = run_rows(case_file, ["reference"])
+    assert rows.loc["reference", "grading_note"] == "" and rows.loc["reference", "error_bound"] > 0

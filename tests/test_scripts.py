@@ -1,0 +1,58 @@
+"""Every script in scripts/ runs here in a dry mode, so none can rot unnoticed."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+COMMITTED_RUN = ROOT / "gpu_results" / "2026-11-30-h200-honest"
+
+
+def run_script(*args: str, timeout: float = 300) -> subprocess.CompletedProcess:
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "TRITON_INTERPRET": "1"}
+    return subprocess.run([sys.executable, *args], cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout)
+
+
+def test_every_script_is_exercised_here():
+    exercised = {"peer_table.py", "measure_tlsim_closeness.py", "gpu_run.sh", "noise_check.py", "slowdown_plugin.py"}
+    assert {p.name for p in (ROOT / "scripts").iterdir() if p.is_file()} <= exercised, (
+        "a new script needs a dry run here"
+    )
+
+
+def test_peer_table_states_the_kernel_against_the_best_peer_of_the_committed_run():
+    done = run_script("scripts/peer_table.py", str(COMMITTED_RUN), "--backend", "triton")
+    assert done.returncode == 0, done.stderr
+    assert "| prefill_4x4k | 2.28e+03 |" in done.stdout and "sdpa_contiguous" in done.stdout
+
+
+def test_closeness_script_runs_on_the_first_kernel_cases():
+    done = run_script("scripts/measure_tlsim_closeness.py", "--limit", "2")
+    assert done.returncode == 0, done.stderr
+    assert len([line for line in done.stdout.splitlines() if line.strip()]) == 3
+
+
+def test_gpu_run_script_is_valid_bash():
+    done = subprocess.run(["bash", "-n", str(ROOT / "scripts" / "gpu_run.sh")], capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+
+
+@pytest.mark.skipif(not (ROOT / "scripts" / "noise_check.py").exists(), reason="no noise_check.py")
+def test_noise_check_script_answers_help():
+    done = run_script("scripts/noise_check.py", "--help", timeout=60)
+    assert done.returncode == 0, done.stderr
+
+
+def test_the_slowdown_plugin_runs_as_a_plugin_and_passes(tmp_path):
+    cases = tmp_path / "c.toml"
+    cases.write_text('[[case]]\nname = "c"\nnum_q_heads = 2\nnum_kv_heads = 1\nhead_dim = 32\nseq_lens = [5, 9]\n')
+    done = run_script(
+        "-m", "harness", "run", str(cases), "--plugin", "scripts/slowdown_plugin.py", "--backend", "reference_slowable",
+        "--out", str(tmp_path / "run"), "--no-timing", "--no-progress",
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr

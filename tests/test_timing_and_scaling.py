@@ -1,0 +1,123 @@
+"""The timer's sample floor, the call/latency split, the derived metrics and the scaling fit."""
+
+from __future__ import annotations
+
+import time
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from harness.cases import load_case_file
+from harness.metrics import attended_pairs, flops, tflops
+from harness.scaling import fit_line, fit_scaling
+from harness.timing import probe_call, time_call, time_wall
+
+
+def test_time_call_keeps_at_least_the_floor_of_samples_even_past_its_time_budget():
+    timing = time_call(lambda: time.sleep(0.002), "cpu", target_s=0.001, min_reps=10)
+    assert len(timing.samples_us) == 10
+    assert min(timing.samples_us) >= 2000
+
+
+def test_time_wall_measures_the_whole_call():
+    timing = time_wall(lambda: time.sleep(0.003), "cpu", min_reps=5, target_s=0.0)
+    assert timing.median_us >= 3000
+
+
+def test_probe_call_says_nothing_about_graphs_or_syncs_off_cuda():
+    probe = probe_call(lambda: None, "cpu")
+    assert probe.graph_capturable is None and probe.device_syncs is None
+
+
+def test_flops_count_each_causal_pair_once(tmp_path):
+    path = tmp_path / "c.toml"
+    path.write_text(
+        '[[case]]\nname = "c"\nnum_q_heads = 2\nnum_kv_heads = 1\nhead_dim = 32\nseq_lens = [5, 3]\nq_lens = [2, 3]\n'
+    )
+    (case,) = load_case_file(path)
+    # seq 0: queries at positions 3, 4 see 4 + 5 keys; seq 1: positions 0, 1, 2 see 1 + 2 + 3
+    assert attended_pairs(case) == 9 + 6
+    assert flops(case) == 4 * 15 * 2 * 32
+    assert tflops(flops(case), 1.0) == pytest.approx(flops(case) / 1e6)
+
+
+def test_fit_line_recovers_a_known_line():
+    x = np.array([1.0, 2.0, 4.0, 8.0])
+    slope, intercept, r2 = fit_line(x, 3.0 + 0.5 * x)
+    assert slope == pytest.approx(0.5) and intercept == pytest.approx(3.0) and r2 == pytest.approx(1.0)
+
+
+def test_fit_scaling_fits_each_backend_and_skips_too_few_points():
+    frame = pd.DataFrame(
+        {
+            "backend": ["a"] * 4 + ["b"] * 2,
+            "total_kv_tokens": [100, 200, 400, 800, 100, 200],
+            "num_seqs": [1, 1, 1, 1, 1, 2],
+            "latency_us": [11.0, 12.0, 14.0, 18.0, 5.0, 6.0],
+        }
+    )
+    fits = fit_scaling(frame)
+    assert list(fits["backend"]) == ["a"], "b has two points; num_seqs of a has one distinct value"
+    (fit,) = fits.itertuples()
+    assert fit.x == "total_kv_tokens" and fit.per_unit_us == pytest.approx(0.01) and fit.fixed_us == pytest.approx(10.0)
+
+
+def test_a_timed_cli_run_writes_every_timing_column_and_the_page(tmp_path):
+    from harness.cli import main
+    from harness.storage import load_run
+
+    cases = tmp_path / "c.toml"
+    cases.write_text(
+        '[[case]]\nname = "c"\nnum_q_heads = 4\nnum_kv_heads = 2\nhead_dim = 32\nseq_lens = [9, 3]\nq_lens = [2, 1]\n'
+    )
+    out = tmp_path / "run"
+    assert (
+        main(
+            [
+                "run",
+                str(cases),
+                "--backend",
+                "reference",
+                "--backend",
+                "sdpa_contiguous",
+                "--out",
+                str(out),
+                "--no-progress",
+            ]
+        )
+        == 0
+    )
+    frame, meta = load_run(out)
+    assert (out / "report.html").is_file()
+    assert frame["latency_us"].notna().all() and frame["call_us"].notna().all()
+    assert (frame["timing_reps"] >= 10).all() and all(len(s) >= 10 for s in frame["latency_samples_us"])
+    assert frame["tflops"].gt(0).all() and frame["pct_of_peak"].gt(0).all(), "q_len 2 makes it a prefill row"
+    assert meta["ceilings"]["read_gbps"] > 0 and meta["timing_threads"] == 1
+    assert "float32" in meta["ceilings"]["peak_tflops"]
+
+
+def test_the_oracle_gives_the_same_answer_in_chunks_of_query_rows(monkeypatch):
+
+    from harness import oracle
+    from harness.inputs import make_inputs
+
+    inputs = make_inputs(
+        num_q_heads=4, num_kv_heads=2, head_dim=32, block_size=4, seq_lens=[9, 13], q_lens=[5, 7],
+        dtype="float32", layout="shuffled", input_scale=1.0, seed=3, device="cpu",
+    )  # fmt: skip
+    whole = oracle.paged_attention_oracle(*inputs.args())
+    monkeypatch.setattr(oracle, "CHUNK_BYTES", 8 * 4 * 13 * 2)  # two query rows a chunk
+    chunked = oracle.paged_attention_oracle(*inputs.args())
+    assert (chunked - whole).abs().max() < 1e-12, "float64 reassociation only; a misplaced row is O(1)"
+
+
+def test_a_declared_commit_wins_over_a_stale_git_and_the_disagreement_is_recorded(monkeypatch):
+    from harness import environment
+
+    monkeypatch.setattr(environment, "git", lambda *args: "a" * 40)
+    monkeypatch.setenv("HARNESS_COMMIT", "b" * 40)
+    record = environment.commit_record()
+    assert record["commit"] == "b" * 40 and "aaaaaaaaaaaa" in record["commit_source"] and record["dirty"] is None
+    monkeypatch.delenv("HARNESS_COMMIT")
+    assert environment.commit_record() == {"commit": "a" * 40, "commit_source": "git"}
