@@ -157,8 +157,8 @@ def _prepare_rows(frame: pd.DataFrame, regressed: dict[tuple[str, str], str]) ->
 
 
 def _pivot(rows: list[dict]) -> tuple[list[str], list[dict]]:
-    """Cases as rows, backends as columns; each cell status, tol_ratio, latency (skips shown as such)."""
-    backends = sorted({r["backend"] for r in rows})
+    """Cases as rows, backends that ran anywhere as columns; each cell status, tol_ratio, latency (or skip)."""
+    backends = sorted({r["backend"] for r in rows if r["status"] != "skip"})  # a backend that never ran: skips list
     cases: dict[str, dict] = {}
     for r in sorted(rows, key=lambda r: r["case"]):
         cases.setdefault(r["case"], {"case": r["case"], "cells": {}})["cells"][r["backend"]] = r
