@@ -101,21 +101,21 @@ def _load(cases: list[str], device: str, tags: list[str] | None):
     return loaded
 
 
-def _load_plugins(plugins: list[str], isolate: str) -> set[str]:
-    """Import the plugins (first in a throwaway worker when isolating, so one that exits or
-    crashes on import is bad input, not the end of the run); the backend names they added."""
+def _load_plugins(plugins: list[str], isolate: str):
+    """Import the plugins (first in the run's worker when isolating, so one that exits or
+    crashes on import is bad input, not the end of the run); the backend names they added,
+    and the started worker (None when nothing is isolated)."""
     from .backends import REGISTRY, load_plugin
     from .guard import raised_by_backend
     from .isolation import PluginImportError, Worker
 
-    if plugins and isolate != "none":
-        probe = Worker(tuple(plugins))
+    worker = None
+    if isolate == "all" or (plugins and isolate == "plugins"):
+        worker = Worker(tuple(plugins))
         try:
-            probe.start()
+            worker.start()
         except PluginImportError as error:
             raise BadInput(f"--plugin {error}") from None
-        finally:
-            probe.stop()
     before = set(REGISTRY)
     for plugin in plugins:
         try:
@@ -126,7 +126,7 @@ def _load_plugins(plugins: list[str], isolate: str) -> set[str]:
             if not raised_by_backend(error):
                 raise
             raise BadInput(f"--plugin {plugin}: importing it raised {type(error).__name__}({error})") from None
-    return set(REGISTRY) - before
+    return set(REGISTRY) - before, worker
 
 
 def _run_options(args: argparse.Namespace, device: str) -> dict:
@@ -194,14 +194,7 @@ def verdict(frame, requested: list[str] | None) -> tuple[int, list[str]]:
 
 
 def cmd_run(args: argparse.Namespace) -> int:
-    from .backends import REGISTRY, resolve_backends
-    from .cases import check_backend_names
-    from .environment import collect_meta
-    from .guard import Terminated
     from .options import default_device
-    from .runner import COLUMNS, RunConfig, run_cases, summarize, to_frame
-    from .storage import reserve_run, stale_leftovers, write_run
-    from .timing import measure_copy_bandwidth
 
     journal = _resume(args) if args.resume else None
     device = args.harness_device or default_device()
@@ -209,7 +202,23 @@ def cmd_run(args: argparse.Namespace) -> int:
         raise BadInput("--device cuda: no CUDA device is visible to torch")
     if args.timeout is not None and not args.timeout > 0:
         raise BadInput(f"--timeout {args.timeout:g}: must be a positive number of seconds")
-    plugin_backends = _load_plugins(args.harness_plugins, args.isolate)
+    plugin_backends, worker = _load_plugins(args.harness_plugins, args.isolate)
+    try:
+        return _run(args, device, journal, plugin_backends, worker)
+    finally:
+        if worker is not None:
+            worker.stop()
+
+
+def _run(args: argparse.Namespace, device: str, journal, plugin_backends: set[str], worker) -> int:
+    from .backends import REGISTRY, resolve_backends
+    from .cases import check_backend_names
+    from .environment import collect_meta
+    from .guard import Terminated
+    from .runner import COLUMNS, RunConfig, run_cases, summarize, to_frame
+    from .storage import reserve_run, stale_leftovers, write_run
+    from .timing import measure_copy_bandwidth
+
     try:
         backends = resolve_backends(args.harness_backends)
     except ValueError as error:
@@ -245,7 +254,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     print(f"{len(cases)} cases x {len(backends)} backends on {device}"
           + (f": {todo} to run, {len(done)} from the journal" if done else ""), file=sys.stderr)  # fmt: skip
     try:
-        run_cases(cases, config, on_row=journal.append, done=done)
+        run_cases(cases, config, on_row=journal.append, done=done, worker=worker)
     except (KeyboardInterrupt, Terminated) as stop:
         journal.close(stopped=True)
         what = "interrupted" if isinstance(stop, KeyboardInterrupt) else "terminated (SIGTERM)"
