@@ -91,11 +91,11 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def _load(cases: list[str], device: str, tags: list[str] | None):
+def _load(cases: list[str], device: str, tags: list[str] | None, backends: list[str] | None = None):
     from .cases import load_cases
 
     cases = cases or DEFAULT_CASES
-    loaded = load_cases(cases, device=device, tags=tags)
+    loaded = load_cases(cases, device=device, tags=tags, backends=backends)
     if not loaded:
         raise BadInput(f"no cases selected from {' '.join(cases)}" + (f" with tags {tags}" if tags else ""))
     return loaded
@@ -223,7 +223,7 @@ def _run(args: argparse.Namespace, device: str, journal, plugin_backends: set[st
         backends = resolve_backends(args.harness_backends)
     except ValueError as error:
         raise BadInput(str(error)) from None
-    cases = _load(args.cases, device, args.harness_tags)
+    cases = _load(args.cases, device, args.harness_tags, [b.name for b in backends])
     check_backend_names(cases, list(REGISTRY))
     reports_root = args.out.parent if args.out else Path("reports")
     for message in stale_leftovers(reports_root):

@@ -179,12 +179,14 @@ def forward_error_bound(
         v = v_slots[slots].to(device, torch.float64)
         rows = slice(starts[seq], starts[seq + 1])
         qs = qd[rows].view(q_len, num_kv_heads, group, head_dim)
-        s = torch.einsum("qhgd,khd->hgqk", qs, k) * scale  # [num_kv_heads, group, q_len, seq_len]
-        delta = u * (s.abs() + head_dim**0.5 * scale * torch.einsum("qhgd,khd->hgqk", qs.abs(), k.abs()))
+        # In place where it can be: three [num_kv_heads, group, q_len, seq_len] float64 at the peak.
+        s = torch.einsum("qhgd,khd->hgqk", qs, k).mul_(scale)
+        delta = torch.einsum("qhgd,khd->hgqk", qs.abs(), k.abs()).mul_(head_dim**0.5 * scale)
+        delta.add_(s.abs()).mul_(u)
         q_pos = seq_len - q_len + torch.arange(q_len, device=device)
         hidden = pos.to(device)[None, None, None, :] > q_pos[None, None, :, None]
-        p = torch.softmax(s.masked_fill(hidden, float("-inf")), dim=-1)
-        weight = p * delta  # [num_kv_heads, group, q_len, seq_len]
+        weight = torch.softmax(s.masked_fill_(hidden, float("-inf")), dim=-1).mul_(delta)  # p * delta
+        del s, delta
         o = expected[rows].view(q_len, num_kv_heads, group, head_dim).abs()
         term = torch.einsum("hgqk,khd->qhgd", weight, v.abs()) + o * weight.sum(-1).permute(2, 0, 1)[..., None]
         bound[rows] += term.reshape(q_len, num_q_heads, head_dim)
