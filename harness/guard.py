@@ -3,7 +3,7 @@ and device, and only the user (not a backend) can stop the run.
 
 * Inputs: every input tensor (q, k_cache, v_cache, block_table, seq_lens,
   query_start_loc, and the cache backend's per-sequence keys/values) is fingerprinted when
-  the case's inputs are built (blake2b of its bytes, NaN-safe) and checked after each
+  the case's inputs are built (:func:`fingerprint`: its bytes, so NaN-safe) and checked after each
   backend's graded call and after its timing. A backend that changed one fails with
   "mutated its input k_cache", and the inputs are restored in place (rebuilt from the
   case's seed, then copied into the same tensors, so every reference sees them pristine)
@@ -67,12 +67,33 @@ def raised_by_backend(error: BaseException) -> bool:
 
 
 def fingerprint(tensor: torch.Tensor) -> tuple:
-    """(shape, stride, dtype, blake2b of the bytes): equal iff unchanged (NaN == NaN here)."""
-    digest = hashlib.blake2b(digest_size=16)
+    """(shape, stride, dtype, digest of the bytes): equal iff unchanged (NaN == NaN here).
+
+    CPU: blake2b of the bytes (no copy). A device tensor is summed where it lives, in
+    chunks, as 32-bit words: their sum and a position-weighted sum (any change to a value,
+    and any swap of two values, changes one of them), so a multi-GB pool is not copied to
+    the host for every check.
+    """
     flat = tensor.detach().contiguous().reshape(-1).view(torch.uint8)
+    if flat.device.type != "cpu":
+        return tuple(tensor.shape), tensor.stride(), tensor.dtype, device_digest(flat)
+    digest = hashlib.blake2b(digest_size=16)
     for start in range(0, flat.numel(), _CHUNK_BYTES):
-        digest.update(flat[start : start + _CHUNK_BYTES].cpu().numpy().tobytes())
+        digest.update(memoryview(flat[start : start + _CHUNK_BYTES].numpy()))
     return tuple(tensor.shape), tensor.stride(), tensor.dtype, digest.hexdigest()
+
+
+def device_digest(flat: torch.Tensor) -> tuple[int, int]:
+    """(sum, position-weighted sum) of a uint8 tensor's bytes as int32 words, computed on its device."""
+    words = torch.nn.functional.pad(flat, (0, -flat.numel() % 4)).view(torch.int32)
+    total = weighted = 0
+    step = _CHUNK_BYTES // 4
+    for start in range(0, words.numel(), step):
+        chunk = words[start : start + step].long()
+        position = torch.arange(start, start + chunk.numel(), device=chunk.device) % 65521 + 1
+        total += int(chunk.sum())
+        weighted += int((chunk * position).sum())
+    return total, weighted
 
 
 def named_inputs(inputs: PagedInputs) -> dict[str, torch.Tensor]:

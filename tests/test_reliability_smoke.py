@@ -72,7 +72,10 @@ def half_accumulator(q, k_cache, v_cache, block_table, seq_lens, query_start_loc
 
 # mutant -> (the cases that may fail it, the ones that must)
 MUTANTS = {
-    "no_running_max": ("logits_past_exp_overflow/", {"logits_past_exp_overflow/dtype=float32", "logits_past_exp_overflow/dtype=float16"}),
+    "no_running_max": (
+        "logits_past_exp_overflow/",
+        {"logits_past_exp_overflow/dtype=float32", "logits_past_exp_overflow/dtype=float16"},
+    ),
     "half_accumulator": ("long_half_accumulation/", {"long_half_accumulation/dtype=float16"}),
 }
 
