@@ -153,6 +153,8 @@ def _resume(args: argparse.Namespace):
     from .journal import Journal, journal_path, pid_alive
 
     run_dir = args.resume
+    if args.cases or args.harness_backends or args.harness_plugins or args.out:
+        raise BadInput("--resume runs the journal's own cases, backends and plugins; give none of them, nor --out")
     if run_dir.exists():
         raise BadInput(f"--resume {run_dir}: the run folder already exists: that run is complete")
     journal = Journal.read(journal_path(run_dir))
@@ -211,13 +213,11 @@ def cmd_run(args: argparse.Namespace) -> int:
 
 
 def _run(args: argparse.Namespace, device: str, journal, plugin_backends: set[str], worker) -> int:
+    """Validate cases and backends, reserve the run folder (its journal), then run and write."""
     from .backends import REGISTRY, resolve_backends
     from .cases import check_backend_names
-    from .environment import collect_meta
     from .guard import Terminated
-    from .runner import COLUMNS, RunConfig, run_cases, summarize, to_frame
-    from .storage import reserve_run, stale_leftovers, write_run
-    from .timing import measure_copy_bandwidth
+    from .storage import reserve_run, stale_leftovers
 
     try:
         backends = resolve_backends(args.harness_backends)
@@ -234,6 +234,27 @@ def _run(args: argparse.Namespace, device: str, journal, plugin_backends: set[st
         run_dir = args.out
         journal.reopen()
     resume_hint = f"python -m harness run --resume {run_dir}"
+    try:
+        return _run_and_write(args, device, cases, backends, plugin_backends, worker, journal, run_dir, resume_hint)
+    except (KeyboardInterrupt, Terminated) as stop:  # the rows so far stay in the journal
+        journal.close(stopped=True)
+        what = "interrupted" if isinstance(stop, KeyboardInterrupt) else "terminated (SIGTERM)"
+        print(f"{what}: {len(journal.rows)} rows kept in {journal.path}; finish with: {resume_hint}", file=sys.stderr)
+        return EXIT_INTERRUPTED if isinstance(stop, KeyboardInterrupt) else EXIT_TERMINATED
+    except BaseException:
+        journal.close(stopped=True)
+        print(f"the {len(journal.rows)} rows so far are kept in {journal.path}; after a fix: {resume_hint}",
+              file=sys.stderr)  # fmt: skip
+        raise
+
+
+def _run_and_write(args, device, cases, backends, plugin_backends, worker, journal, run_dir, resume_hint) -> int:
+    """Time the ceiling, run what the journal lacks, write the folder, drop the journal; the exit code."""
+    from .environment import collect_meta
+    from .runner import COLUMNS, RunConfig, run_cases, summarize, to_frame
+    from .storage import write_run
+    from .timing import measure_copy_bandwidth
+
     ceilings = {}
     if args.timing:
         ceilings[f"{device}_copy"] = measure_copy_bandwidth(device)
@@ -253,13 +274,7 @@ def _run(args: argparse.Namespace, device: str, journal, plugin_backends: set[st
     todo = sum((c.id, b.name) not in done for c in cases for b in backends)
     print(f"{len(cases)} cases x {len(backends)} backends on {device}"
           + (f": {todo} to run, {len(done)} from the journal" if done else ""), file=sys.stderr)  # fmt: skip
-    try:
-        run_cases(cases, config, on_row=journal.append, done=done, worker=worker)
-    except (KeyboardInterrupt, Terminated) as stop:
-        journal.close(stopped=True)
-        what = "interrupted" if isinstance(stop, KeyboardInterrupt) else "terminated (SIGTERM)"
-        print(f"{what}: {len(journal.rows)} rows kept in {journal.path}; finish with: {resume_hint}", file=sys.stderr)
-        return EXIT_INTERRUPTED if isinstance(stop, KeyboardInterrupt) else EXIT_TERMINATED
+    run_cases(cases, config, on_row=journal.append, done=done, worker=worker)
     frame = _ordered(to_frame(journal.rows), cases, backends, COLUMNS)
     meta = collect_meta(device, ["python -m harness", *sys.argv[1:]], ceilings)
     meta["case_files"] = sorted({c.file for c in cases})

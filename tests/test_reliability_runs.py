@@ -246,6 +246,8 @@ def test_resume_refuses_a_finished_run_and_a_missing_journal(setup, capsys):
     assert "already exists: that run is complete" in capsys.readouterr().err
     assert main(["run", "--resume", str(setup / "never")]) == 2
     assert "no journal here" in capsys.readouterr().err
+    assert main(["run", "--resume", str(setup / "never"), str(setup / "cases.toml")]) == 2
+    assert "--resume runs the journal's own cases" in capsys.readouterr().err
 
 
 # --- 5. writes ------------------------------------------------------------------------------
@@ -378,3 +380,21 @@ def test_load_run_names_a_corrupt_meta_or_a_foreign_parquet(setup, capsys):
     (foreign / "results.parquet").write_text("garbage")
     assert main(["report", str(foreign)]) == 2
     assert "not a readable parquet file" in capsys.readouterr().err
+
+
+def test_sigterm_during_the_final_write_leaves_no_partial_folder_and_keeps_the_journal(setup, capsys, monkeypatch):
+    from harness import report
+    from harness.guard import Terminated
+
+    def terminated_while_rendering(*args):
+        raise Terminated  # what the SIGTERM handler raises, arriving while the folder is written
+
+    out = setup / "reports" / "run"
+    with monkeypatch.context() as patch:
+        patch.setattr(report, "render_html", terminated_while_rendering)
+        assert run(setup, out, *backends("tlsim")) == 143
+    assert f"finish with: python -m harness run --resume {out}" in capsys.readouterr().err
+    assert sorted(p.name for p in out.parent.iterdir()) == ["run.journal.jsonl"], "no partial folder"
+    fresh_registry()
+    assert main(["run", "--resume", str(out), "--no-progress"]) == 0
+    assert len(rows_of(out)) == 2
