@@ -398,3 +398,32 @@ def test_sigterm_during_the_final_write_leaves_no_partial_folder_and_keeps_the_j
     fresh_registry()
     assert main(["run", "--resume", str(out), "--no-progress"]) == 0
     assert len(rows_of(out)) == 2
+
+
+@pytest.mark.parametrize("isolate", ["plugins", "none"])
+def test_the_users_ctrl_c_stops_a_run_inside_a_hanging_call_and_keeps_the_journal(setup, isolate):
+    """A real Ctrl-C (SIGINT to the whole process group, as a terminal sends it) while `hangs` runs,
+    in the worker or in-process: exit 130 within seconds, the journal kept, no error row for `hangs`."""
+    import time
+
+    out = setup / "reports" / "run"
+    command = [sys.executable, "-m", "harness", "run", str(setup / "cases.toml"), "--out", str(out), "--no-timing",
+               "--no-progress", "--plugin", str(setup / "faulty_plugin.py"), "--isolate", isolate,
+               *backends("tlsim", "hangs")]  # fmt: skip
+    proc = subprocess.Popen(command, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            env={**os.environ, "HARNESS_TEST_DIR": str(setup)}, start_new_session=True)  # fmt: skip
+    try:
+        deadline = time.monotonic() + 240
+        while time.monotonic() < deadline and proc.poll() is None:
+            if journal_path(out).exists() and len(Journal.read(journal_path(out)).rows) >= 1:
+                break
+            time.sleep(0.2)
+        time.sleep(2)  # the worker is now inside `hangs`
+        os.killpg(proc.pid, signal.SIGINT)
+        _, err = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    assert proc.returncode == 130, err[-2000:]
+    assert f"interrupted: 1 rows kept in {journal_path(out)}" in err
+    assert [r["backend"] for r in Journal.read(journal_path(out)).rows] == ["tlsim"]
