@@ -427,3 +427,18 @@ def test_the_users_ctrl_c_stops_a_run_inside_a_hanging_call_and_keeps_the_journa
     assert proc.returncode == 130, err[-2000:]
     assert f"interrupted: 1 rows kept in {journal_path(out)}" in err
     assert [r["backend"] for r in Journal.read(journal_path(out)).rows] == ["tlsim"]
+
+
+def test_isolate_all_runs_the_built_ins_in_the_worker_too(setup, capsys, monkeypatch):
+    from harness import runner
+
+    def no_local_context(*args, **kwargs):
+        raise AssertionError("a built-in ran in-process under --isolate all")
+
+    monkeypatch.setattr(runner, "build_context", no_local_context)  # the worker imports its own copy
+    out = setup / "run"
+    assert main(["run", str(setup / "cases.toml"), "--out", str(out), "--no-timing", "--no-progress",
+                 "--isolate", "all", *backends("tlsim", "reference")]) == 0  # fmt: skip
+    assert set(rows_of(out)["status"]) == {"pass"} and len(rows_of(out)) == 4
+    assert main(["run", str(setup / "cases.toml"), "--out", str(setup / "x"), "--timeout", "0"]) == 2
+    assert "--timeout 0: must be a positive number of seconds" in capsys.readouterr().err
