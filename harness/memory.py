@@ -13,7 +13,8 @@ q_len; Hq/Hkv heads; D head_dim; per-sequence terms take the worst sequence):
   D * elt + 2 * sum(seq_lens) * Hkv * D * elt. expected and bound: T * Hq * D * 8 each.
 * oracle (float64): per sequence, the logits q_len x seq_len x Hq four times at once
   (logits, scaled, logits - max, exp; 3.6x measured) plus K and V in float64.
-* error bound (harness.grading): at most as much as the oracle (three in place).
+* error bound (harness.grading): three logits-sized float64 tensors, in chunks of query
+  rows of at most 2**26 logits (so at most about 1.5 GiB plus K and V in float64).
 * a fixed 64 MiB for the allocator's and torch's working memory (what a tiny case adds
   to the RSS of a warmed-up process, measured: 30-35 MiB).
 * reference: per sequence, K and V gathered, in fp32, repeated to Hq heads (2 * seq_len *
@@ -89,6 +90,17 @@ def _oracle(case: Case) -> int:
     return max((4 * q * s * hq * F64 + 2 * s * hkv * d * F64 + q * hq * d * F64 for q, s in _pairs(case)), default=0)
 
 
+def _bound(case: Case) -> int:
+    """harness.grading.forward_error_bound: three chunk-sized float64 tensors, K and V in float64."""
+    from .grading import BOUND_CHUNK_ELEMENTS
+
+    hq, hkv, d = case.num_q_heads, case.num_kv_heads, case.head_dim
+    return max(
+        (3 * min(q * s * hq, max(BOUND_CHUNK_ELEMENTS, s * hq)) * F64 + 2 * s * hkv * d * F64 for q, s in _pairs(case)),
+        default=0,
+    )
+
+
 def _reference(case: Case) -> int:
     hq, d = case.num_q_heads, case.head_dim
     return max((4 * s * hq * d * F32 + 3 * q * s * hq * F32 + s for q, s in _pairs(case)), default=0)
@@ -132,7 +144,7 @@ def estimate(case: Case, backends: list[str] | None = None) -> Estimate:
     """The case's peak memory on its device; ``backends`` None: every built-in one."""
     out = sum(case.q_lens) * case.num_q_heads * case.head_dim * case.element_bytes
     expected = sum(case.q_lens) * case.num_q_heads * case.head_dim * F64
-    steps = {"oracle": _oracle(case), "error bound": _oracle(case)}
+    steps = {"oracle": _oracle(case), "error bound": _bound(case)}
     for name in BACKEND_STEPS if backends is None else backends:
         if case.wants(name):
             steps[name] = BACKEND_STEPS.get(name, _reference)(case) + out

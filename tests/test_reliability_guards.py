@@ -229,3 +229,14 @@ def test_fingerprints_see_one_changed_element_and_a_swap_on_either_path():
     assert device_digest(pool.reshape(-1).view(torch.uint8)) == device_digest(
         pool.clone().reshape(-1).view(torch.uint8)
     )
+
+
+def test_the_error_bound_in_chunks_of_query_rows_is_the_same_bound(monkeypatch):
+    from harness import grading
+
+    inputs = make_inputs(num_q_heads=8, num_kv_heads=2, head_dim=64, block_size=16, seq_lens=[300, 500],
+                         q_lens=[40, 300], input_scale=3.0, seed=3)  # fmt: skip
+    expected = paged_attention_oracle(*inputs.args())
+    whole = forward_error_bound(*inputs.args(), expected)
+    monkeypatch.setattr(grading, "BOUND_CHUNK_ELEMENTS", 5000)  # a few query rows a chunk
+    assert torch.allclose(forward_error_bound(*inputs.args(), expected), whole, rtol=1e-12, atol=0)
