@@ -106,6 +106,16 @@ def bench(session: nox.Session) -> None:
 
 
 @nox.session
+def fuzz(session: nox.Session) -> None:
+    """The hypothesis property test over the case space, long: 1000 examples (CI runs 30)."""
+    install_cpu(session)
+    session.run(
+        "python", "-m", "pytest", "tests/test_hypothesis_cases.py", *session.posargs,
+        env={"TRITON_INTERPRET": "1", "HARNESS_HYPOTHESIS_EXAMPLES": os.environ.get("HARNESS_HYPOTHESIS_EXAMPLES", "1000")},
+    )  # fmt: skip
+
+
+@nox.session
 def lint(session: nox.Session) -> None:
     session.install("ruff")
     session.run("ruff", "check", ".")
