@@ -95,7 +95,7 @@ def build_parser() -> argparse.ArgumentParser:
         "compare",
         help="what got worse in NEW_RUN against BASE_RUN",
         description="Exit 0: nothing got worse and the comparison is complete; 1: something got worse; "
-        "2: bad input (unreadable run, duplicated rows); 3: nothing got worse but the comparison is "
+        "2: bad input (unreadable run, duplicated rows); 3: an internal error; 4: nothing got worse but the comparison is "
         "incomplete (rows on one side only, device or torch/triton mismatch).",
     )
     compare.add_argument("base_run", type=Path)
