@@ -62,6 +62,7 @@ class Grade:
     error_bound  max over elements of :func:`forward_error_bound` (NaN when not given)
     bound_ratio  max over elements of error_bound / (atol + rtol * |expected|): above 1 the
                  tolerance is tighter than the input's own round-off (NaN when not given)
+    fail_count   elements outside the tolerance (NaN and inf included)
     """
 
     max_abs_err: float
@@ -75,6 +76,7 @@ class Grade:
     worst_index: tuple[int, ...]
     error_bound: float = float("nan")
     bound_ratio: float = float("nan")
+    fail_count: int = 0  # elements outside the tolerance, NaN/inf included
 
     @property
     def grading_note(self) -> str:
@@ -137,6 +139,7 @@ def grade(
         worst_index=worst,
         error_bound=float(bound.max()) if bound is not None else float("nan"),
         bound_ratio=_ratio(bound.to(expected.device, torch.float64), allowed) if bound is not None else float("nan"),
+        fail_count=int((excess > 0).sum()),
     )
 
 
@@ -197,3 +200,17 @@ def forward_error_bound(
             term = torch.einsum("hgqk,khd->qhgd", weight, v.abs()) + o * weight.sum(-1).permute(2, 0, 1)[..., None]
             bound[rows] += term.reshape(last - first, num_q_heads, head_dim)
     return bound
+
+
+def locate(token: int, query_start_loc: list[int], seq_lens: list[int]) -> str:
+    """A packed token index in the words of the case: 'seq 3, query 5 (position 1029)'.
+
+    query_start_loc [num_seqs + 1] and seq_lens [num_seqs] as host lists; query j of a
+    sequence with q_len queries sits at position seq_len - q_len + j.
+    """
+    import bisect
+
+    seq = bisect.bisect_right(query_start_loc, token) - 1  # past sequences with q_len 0
+    j = token - query_start_loc[seq]
+    q_len = query_start_loc[seq + 1] - query_start_loc[seq]
+    return f"seq {seq}, query {j} (position {seq_lens[seq] - q_len + j})"

@@ -15,7 +15,7 @@ import torch
 from tqdm import tqdm
 
 from .cases import Case
-from .grading import forward_error_bound, grade
+from .grading import forward_error_bound, grade, locate
 from .guard import InputGuard, check_output, raised_by_backend
 from .inputs import PagedInputs, make_inputs
 from .measure import TimingPlan, timing_columns
@@ -32,7 +32,7 @@ COLUMNS = [
     "tags", "case_file", "backend_kind", "note", "latency_p10_us", "latency_p90_us", "timing_reps",
     "timing_method", "call_us", "call_p10_us", "call_p90_us", "host_overhead_us", "graph_capturable",
     "device_syncs", "kernels_ran", "timing_threads", "flops", "tflops", "pct_of_peak",
-    "error_bound", "grading_note", "latency_samples_us", "call_samples_us",
+    "error_bound", "grading_note", "fail_count", "worst_location", "latency_samples_us", "call_samples_us",
 ]  # fmt: skip
 STATUSES = ("pass", "fail", "error", "skip")
 
@@ -145,9 +145,14 @@ def run_backend(ctx: CaseContext, backend: Backend, config: RunConfig) -> dict:
             rel_l2_err=result.rel_l2_err,
             nan_count=result.nan_count,
             tol_ratio=result.tol_ratio,
+            fail_count=result.fail_count,
             error_bound=result.error_bound,
             grading_note=result.grading_note,
         )
+        if not result.passed and result.worst_index:
+            token, head = result.worst_index[0], result.worst_index[1]
+            starts, lens = ctx.inputs.query_start_loc.tolist(), ctx.inputs.seq_lens.tolist()
+            row["worst_location"] = f"{locate(token, starts, lens)}, head {head}"
         if problem:
             row.update(status="fail", reason=problem)
         if config.timing:
@@ -249,7 +254,7 @@ def run_cases(
 def to_frame(rows: list[dict]) -> pd.DataFrame:
     """Rows as a DataFrame with every report column, in order (absent values are NaN)."""
     frame = pd.DataFrame(rows, columns=COLUMNS)
-    for column in ("reason", "note", "timing_method", "tags", "kernels_ran", "grading_note"):
+    for column in ("reason", "note", "timing_method", "tags", "kernels_ran", "grading_note", "worst_location"):
         frame[column] = frame[column].astype(object).fillna("").astype(str)
     return frame
 

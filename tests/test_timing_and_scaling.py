@@ -121,3 +121,36 @@ def test_a_declared_commit_wins_over_a_stale_git_and_the_disagreement_is_recorde
     assert record["commit"] == "b" * 40 and "aaaaaaaaaaaa" in record["commit_source"] and record["dirty"] is None
     monkeypatch.delenv("HARNESS_COMMIT")
     assert environment.commit_record() == {"commit": "a" * 40, "commit_source": "git"}
+
+
+def test_a_failing_row_names_the_sequence_query_position_and_head_of_its_worst_element():
+    import kernels
+    from harness.backends import REGISTRY, register_backend
+    from harness.grading import locate
+    from harness.runner import RunConfig, run_cases
+
+    assert locate(3, [0, 2, 2, 5], [4, 7, 9]) == "seq 2, query 1 (position 7)", "seq 1 has no query"
+
+    def off_at_one_element(q, k_cache, v_cache, block_table, seq_lens, query_start_loc=None, scale=None, out=None):
+        result = kernels.paged_attention_reference(
+            q, k_cache, v_cache, block_table, seq_lens, query_start_loc, scale, out=out
+        )
+        result[3, 1, 0] += 1.0  # token 3 = seq 1's second query
+        return result
+
+    register_backend("off_at_one_element", off_at_one_element)
+    try:
+        import tempfile
+        from pathlib import Path
+
+        path = Path(tempfile.mkdtemp()) / "c.toml"
+        path.write_text(
+            '[[case]]\nname = "c"\nnum_q_heads = 2\nnum_kv_heads = 1\nhead_dim = 32\nseq_lens = [5, 9]\nq_lens = [2, 3]\n'
+        )
+        (case,) = load_case_file(path)
+        config = RunConfig(device="cpu", backends=[REGISTRY["off_at_one_element"]], timing=False, progress=False)
+        (row,) = run_cases([case], config).to_dict("records")
+    finally:
+        del REGISTRY["off_at_one_element"]
+    assert row["status"] == "fail" and row["fail_count"] == 1
+    assert row["worst_location"] == "seq 1, query 1 (position 7), head 1"
