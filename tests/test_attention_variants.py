@@ -423,12 +423,25 @@ def test_backend_without_the_option_is_a_skip_naming_it():
     assert rows.loc["knows_both", "status"] == "pass", rows.loc["knows_both", "reason"]
 
 
-def test_builtin_kernels_declare_every_option_and_peers_none():
+def test_builtin_kernels_declare_every_option_and_peers_what_their_library_takes():
     from harness.backends import REGISTRY
     from harness.registry import VARIANT_OPTIONS
 
     for name in ("reference", "tlsim", "triton", "cache"):
         assert REGISTRY[name].options == frozenset(VARIANT_OPTIONS)
-    assert all(not b.options for b in REGISTRY.values() if b.kind == "peer")
+    for name in ("gather_sdpa", "varlen_flash", "varlen_flash_paged"):  # a boolean mask; window_size=(W-1, 0)
+        assert REGISTRY[name].options == {"sliding_window"}
+    assert not REGISTRY["sdpa_contiguous"].options and not REGISTRY["flex_attention"].options
     with pytest.raises(ValueError, match="unknown option"):
         _plain_backend("typo", frozenset({"sliding_windows"}))
+
+
+@pytest.mark.parametrize("window", [1, 4, 9, 100])
+def test_gather_sdpa_peer_matches_oracle_with_a_window(window):
+    """The peer's padded boolean mask carries the window; prefill, decode and a q_len 0 sequence."""
+    from harness.backends import REGISTRY
+
+    spec = {**SPEC, "seq_lens": [20, 9, 7], "q_lens": [6, 1, 0], "sliding_window": window}
+    (case,) = expand_spec(spec, "t.toml")
+    frame = run_cases([case], RunConfig(device="cpu", backends=[REGISTRY["gather_sdpa"]], timing=False, progress=False))
+    assert frame["status"].tolist() == ["pass"], frame["reason"].tolist()
