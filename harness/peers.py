@@ -243,25 +243,43 @@ def _prepare_varlen_flash_paged(case: Case, inputs: PagedInputs, out: torch.Tens
 
 
 def _prepare_flex(case: Case, inputs: PagedInputs, out: torch.Tensor) -> Prepared:
-    """FlexAttention (compiled) over the padded contiguous copy with a length-and-causal mask_mod."""
+    """FlexAttention (compiled) over the padded contiguous copy with a length-and-causal mask_mod.
+
+    The attention variants it can express (docs/contract.md): a sliding window in the
+    mask_mod; the softcap and ALiBi in a score_mod, which FlexAttention applies to the
+    scaled logit (cap first, then the bias, as the contract orders them). Sinks have no
+    spelling here.
+    """
     from torch.nn.attention.flex_attention import create_block_mask, flex_attention
 
     padded, k, v = _padded_batch(inputs)
     seq_lens = inputs.seq_lens.long()
     starts = inputs.query_start_loc.long()
     q_offset = seq_lens - (starts[1:] - starts[:-1])
+    window = case.sliding_window
+    cap = case.logit_softcap
+    slopes = inputs.options.get("alibi_slopes")
 
     def mask_mod(b, h, q_idx, kv_idx):
-        return (kv_idx <= q_offset[b] + q_idx) & (kv_idx < seq_lens[b])
+        seen = (kv_idx <= q_offset[b] + q_idx) & (kv_idx < seq_lens[b])
+        return seen if window is None else seen & (kv_idx > q_offset[b] + q_idx - window)
+
+    def score_mod(score, b, h, q_idx, kv_idx):
+        if cap is not None:
+            score = cap * torch.tanh(score / cap)
+        if slopes is not None:
+            score = score + slopes[h] * (kv_idx - (q_offset[b] + q_idx))
+        return score
 
     num_seqs, _, max_q, _ = padded.q.shape
     block_mask = create_block_mask(mask_mod, num_seqs, None, max_q, k.shape[2], device=inputs.q.device)
     compiled = torch.compile(flex_attention, dynamic=False)
     scale = case.head_dim**-0.5
+    mods = {"score_mod": score_mod} if cap is not None or slopes is not None else {}
     return Prepared(
-        run=lambda: compiled(padded.q, k, v, block_mask=block_mask, scale=scale, enable_gqa=True),
+        run=lambda: compiled(padded.q, k, v, block_mask=block_mask, scale=scale, enable_gqa=True, **mods),
         to_packed=padded.unpad,
-        note="padded contiguous copy (not paged), block mask",
+        note="padded contiguous copy (not paged), block mask" + (", score_mod" if mods else ""),
     )
 
 
@@ -290,4 +308,5 @@ add_backend(Backend("varlen_flash_paged", _prepare_varlen_flash_paged, ("cuda",)
                     options=frozenset({"sliding_window"})))  # fmt: skip
 add_backend(Backend("flex_attention", _prepare_flex, ("cuda",), "peer",
                     "FlexAttention, compiled, over a padded contiguous copy (not paged)",
-                    unavailable=_flex_unavailable))  # fmt: skip
+                    unavailable=_flex_unavailable,
+                    options=frozenset({"sliding_window", "logit_softcap", "alibi_slopes"})))  # fmt: skip

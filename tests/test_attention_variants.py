@@ -431,7 +431,8 @@ def test_builtin_kernels_declare_every_option_and_peers_what_their_library_takes
         assert REGISTRY[name].options == frozenset(VARIANT_OPTIONS)
     for name in ("gather_sdpa", "varlen_flash", "varlen_flash_paged"):  # a boolean mask; window_size=(W-1, 0)
         assert REGISTRY[name].options == {"sliding_window"}
-    assert not REGISTRY["sdpa_contiguous"].options and not REGISTRY["flex_attention"].options
+    assert REGISTRY["flex_attention"].options == {"sliding_window", "logit_softcap", "alibi_slopes"}
+    assert not REGISTRY["sdpa_contiguous"].options
     with pytest.raises(ValueError, match="unknown option"):
         _plain_backend("typo", frozenset({"sliding_windows"}))
 
@@ -445,3 +446,29 @@ def test_gather_sdpa_peer_matches_oracle_with_a_window(window):
     (case,) = expand_spec(spec, "t.toml")
     frame = run_cases([case], RunConfig(device="cpu", backends=[REGISTRY["gather_sdpa"]], timing=False, progress=False))
     assert frame["status"].tolist() == ["pass"], frame["reason"].tolist()
+
+
+@pytest.mark.parametrize(
+    "changes",
+    [
+        {"sliding_window": 4},
+        {"logit_softcap": 5.0, "input_scale": 3.0},
+        {"alibi": True},
+        {"sliding_window": 6, "logit_softcap": 5.0, "alibi": True},
+    ],
+    ids=["window", "softcap", "alibi", "all_three"],
+)
+def test_flex_attention_peer_mods_match_oracle(changes, monkeypatch):
+    """The peer's mask_mod and score_mod, run eagerly on the CPU (the registry runs it compiled on CUDA)."""
+    pytest.importorskip("torch.nn.attention.flex_attention")
+    from harness.peers import _prepare_flex
+    from harness.runner import case_inputs
+
+    monkeypatch.setattr(torch, "compile", lambda fn, **kwargs: fn)
+    (case,) = expand_spec({**SPEC, "seq_lens": [20, 9, 7], "q_lens": [6, 1, 0], **changes}, "t.toml")
+    inputs = case_inputs(case, "cpu")
+    prepared = _prepare_flex(case, inputs, torch.empty_like(inputs.q))
+    result = prepared.to_packed(prepared.run())
+    expected = paged_attention_oracle(*inputs.args(), **inputs.options)
+    graded = grade(result, expected, *DEFAULT_TOLERANCES["float32"])
+    assert graded.passed, graded.reason
