@@ -17,6 +17,7 @@ from .cases import Case
 from .inputs import PagedInputs
 from .registry import (
     REGISTRY,
+    VARIANT_OPTIONS,
     Backend,
     Prepared,
     Unsupported,
@@ -68,16 +69,17 @@ def _prepare_cache(case: Case, inputs: PagedInputs, out: torch.Tensor) -> Prepar
     # sequence ids, which builds the metadata on every call.
     step = cache.step_metadata(seq_ids, inputs.query_start_loc.cpu())
     return Prepared(
-        run=lambda: cache.paged_attention(0, inputs.q, step, out=out),
-        call=lambda: cache.paged_attention(0, inputs.q, seq_ids, inputs.query_start_loc),
+        run=lambda: cache.paged_attention(0, inputs.q, step, out=out, **inputs.options),
+        call=lambda: cache.paged_attention(0, inputs.q, seq_ids, inputs.query_start_loc, **inputs.options),
         note=f"dispatch -> {chosen}; step metadata built once",
     )
 
 
 add_backend(Backend("reference", contract_prepare(kernels.paged_attention_reference), ("cpu", "cuda"), "kernel",
-                    "gather each sequence's slots, SDPA in fp32 (the engine's fallback oracle)"))  # fmt: skip
+                    "gather each sequence's slots, SDPA in fp32 (the engine's fallback oracle)",
+                    options=frozenset(VARIANT_OPTIONS)))  # fmt: skip
 add_backend(Backend("tlsim", contract_prepare(kernels.paged_attention_tlsim), ("cpu", "cuda"), "kernel",
-                    "the Triton kernel's streaming algorithm in torch"))  # fmt: skip
+                    "the Triton kernel's streaming algorithm in torch", options=frozenset(VARIANT_OPTIONS)))  # fmt: skip
 
 
 def _triton(*args, **kwargs) -> torch.Tensor:
@@ -88,8 +90,9 @@ def _triton(*args, **kwargs) -> torch.Tensor:
 # run() passes the host-side lengths an engine knows, as an engine calls the kernel; call() does not.
 add_backend(Backend("triton", contract_prepare(_triton, max_q_len=lambda c: max(c.q_lens), max_seq_len=lambda c: c.max_seq_len),
                     ("cpu", "cuda"), "kernel", "the @triton.jit kernel (interpreted on the CPU)",
-                    unavailable=_triton_unavailable))  # fmt: skip
+                    unavailable=_triton_unavailable, options=frozenset(VARIANT_OPTIONS)))  # fmt: skip
 add_backend(Backend("cache", _prepare_cache, ("cpu", "cuda"), "engine path",
-                    "write through PagedKVCache's slot mapping, then its dispatched read"))  # fmt: skip
+                    "write through PagedKVCache's slot mapping, then its dispatched read",
+                    options=frozenset(VARIANT_OPTIONS)))  # fmt: skip
 
 from . import peers  # noqa: E402, F401  (registers the peers, after the kernels)

@@ -92,6 +92,14 @@ class QLenGenerator(BaseModel):
         return self
 
 
+class SinkGenerator(BaseModel):
+    """Seeded per-head sinks: ``mean + scale * N(0, 1)``, one per query head (from the case's seed)."""
+
+    model_config = ConfigDict(extra="forbid")
+    scale: Float = Field(ge=0, le=1e4)
+    mean: Float = Field(default=0.0, ge=-1e4, le=1e4)
+
+
 class Tolerance(BaseModel):
     model_config = ConfigDict(extra="forbid")
     atol: Float = Field(ge=0)
@@ -117,6 +125,17 @@ class CaseSpec(BaseModel):
         default=1.0, gt=0, le=1e4, description="q and K are scaled by it: logits grow as its square"
     )
     seed: Int = Field(default=0, ge=0, le=INT64_MAX)
+    # The attention variants (docs/contract.md, "Attention variants"); absent: off.
+    sliding_window: Int | None = Field(
+        default=None, ge=1, le=INT32_MAX, description="a query sees its W most recent keys"
+    )
+    logit_softcap: Float | None = Field(
+        default=None, gt=0, le=1e6, description="scaled logits z -> cap * tanh(z / cap)"
+    )
+    sinks: list[Float] | SinkGenerator | None = Field(
+        default=None, description="one sink logit per query head, or { scale, mean } drawn from the seed"
+    )
+    alibi: Annotated[bool, Strict()] = Field(default=False, description="ALiBi with the standard slopes 2^(-8i/n)")
     timeout_s: Float | None = Field(default=None, gt=0, description="per-call time limit of isolated backends")
     tolerance: dict[DTypeName, Tolerance] = Field(default_factory=dict, description="per-dtype overrides")
     backends: list[str] | None = Field(default=None, description="only these backends (default: all)")
@@ -170,6 +189,16 @@ class CaseSpec(BaseModel):
                 )
         return self
 
+    @model_validator(mode="after")
+    def _variants_consistent(self) -> CaseSpec:
+        if self.sweep:
+            return self
+        if isinstance(self.sinks, list) and len(self.sinks) != self.num_q_heads:
+            raise FieldError(
+                "sinks", f"sinks has {len(self.sinks)} values; it needs one per query head ({self.num_q_heads})"
+            )
+        return self
+
     def resolved_num_kv_heads(self) -> int:
         if (self.num_kv_heads is None) == (self.gqa_ratio is None):
             raise FieldError("num_kv_heads", "give exactly one of num_kv_heads and gqa_ratio")
@@ -202,6 +231,10 @@ class Case:
     exclude_backends: tuple[str, ...]
     tags: tuple[str, ...]
     timeout_s: float | None = None  # per-call limit of isolated backends (None: the run's --timeout)
+    sliding_window: int | None = None  # the attention variants (docs/contract.md); None/False: off
+    logit_softcap: float | None = None
+    sinks: tuple[float, ...] | None = None  # one per query head, materialized from the case file
+    alibi: bool = False
 
     def __str__(self) -> str:
         return self.id
@@ -227,6 +260,26 @@ class Case:
     def blocks_needed(self) -> int:
         """Blocks that hold every sequence unshared: sum of ceil(seq_len / block_size)."""
         return sum(cdiv(n, self.block_size) for n in self.seq_lens)
+
+    @property
+    def options(self) -> frozenset[str]:
+        """The contract keywords this case turns on (what a backend must declare to run it)."""
+        names = {
+            "sliding_window": self.sliding_window is not None,
+            "logit_softcap": self.logit_softcap is not None,
+            "sinks": self.sinks is not None,
+            "alibi_slopes": self.alibi,
+        }
+        return frozenset(name for name, on in names.items() if on)
+
+    def variant_fields(self) -> dict[str, Any]:
+        """The variant arguments of harness.inputs.make_inputs."""
+        return {
+            "sliding_window": self.sliding_window,
+            "logit_softcap": self.logit_softcap,
+            "sinks": self.sinks,
+            "alibi": self.alibi,
+        }
 
     def wants(self, backend: str) -> bool:
         """Whether the case file asks for this backend."""
@@ -261,6 +314,14 @@ def _lengths(spec: CaseSpec) -> tuple[tuple[int, ...], tuple[int, ...]]:
     else:
         q = [int(torch.randint(min(spec.q_lens.min, n), min(spec.q_lens.max, n) + 1, (1,), generator=gen)) for n in seq]
     return tuple(seq), tuple(q)
+
+
+def _sinks(spec: CaseSpec) -> tuple[float, ...] | None:
+    """The case's sinks: its list, or ``mean + scale * N(0, 1)`` per query head drawn from its seed."""
+    if spec.sinks is None or isinstance(spec.sinks, list):
+        return None if spec.sinks is None else tuple(float(x) for x in spec.sinks)
+    draws = torch.randn(spec.num_q_heads, generator=torch.Generator().manual_seed(spec.seed), dtype=torch.float64)
+    return tuple(float(x) for x in (spec.sinks.mean + spec.sinks.scale * draws).to(torch.float32))
 
 
 def _point_id(name: str, point: dict[str, Any]) -> str:
@@ -357,6 +418,10 @@ def expand_spec(raw: dict[str, Any], file: str) -> list[Case]:
                 exclude_backends=tuple(p.exclude_backends),
                 tags=tuple(p.tags),
                 timeout_s=p.timeout_s,
+                sliding_window=p.sliding_window,
+                logit_softcap=p.logit_softcap,
+                sinks=_sinks(p),
+                alibi=p.alibi,
             )
         )
     if errors:

@@ -9,8 +9,9 @@ past a sequence's end, or through a -1 table entry, therefore returns NaN and fa
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Literal
+import math
+from dataclasses import dataclass, field
+from typing import Any, Literal
 
 import torch
 
@@ -28,6 +29,9 @@ class PagedInputs:
     seq_lens        [num_seqs] int32
     query_start_loc [num_seqs + 1] int32
     keys/values     num_seqs tensors [seq_len, num_kv_heads, head_dim]: each sequence's KV in order
+    options         the attention variants the case turns on, as keywords of every call
+                    (sliding_window int, logit_softcap float, sinks / alibi_slopes [num_q_heads]
+                    fp32 on q's device); empty: plain causal attention
     """
 
     q: torch.Tensor
@@ -38,6 +42,7 @@ class PagedInputs:
     query_start_loc: torch.Tensor
     keys: tuple[torch.Tensor, ...]
     values: tuple[torch.Tensor, ...]
+    options: dict[str, Any] = field(default_factory=dict)
 
     def args(self) -> tuple[torch.Tensor, ...]:
         """The positional arguments of the kernel contract, in order."""
@@ -70,6 +75,19 @@ def assign_blocks(
     return table, num_blocks
 
 
+def standard_alibi_slopes(num_heads: int) -> list[float]:
+    """ALiBi's slopes as BLOOM, MPT and vLLM compute them: 2^(-8 i / n), i = 1..n, for n a power of two.
+
+    Otherwise n' = the largest power of two below num_heads gives the first n' slopes, and
+    the rest are every other slope of 2n' heads (2^(-4 (2 i + 1) / n')), as in the ALiBi paper's code.
+    Example: 8 heads: 1/2, 1/4, ..., 1/256.
+    """
+    closest = 2 ** math.floor(math.log2(num_heads))
+    slopes = [2.0 ** (-8.0 * (i + 1) / closest) for i in range(closest)]
+    slopes += [2.0 ** (-4.0 * (2 * i + 1) / closest) for i in range(num_heads - closest)]
+    return slopes
+
+
 def make_inputs(
     *,
     num_q_heads: int,
@@ -83,12 +101,19 @@ def make_inputs(
     input_scale: float = 1.0,
     seed: int = 0,
     device: torch.device | str = "cpu",
+    sliding_window: int | None = None,
+    logit_softcap: float | None = None,
+    sinks: list[float] | tuple[float, ...] | None = None,
+    alibi: bool = False,
 ) -> PagedInputs:
     """Build a case's inputs from its seed; the same arguments always give the same tensors.
 
     Values are drawn on the CPU (so a case is the same on every device) as standard
     normals times ``input_scale`` for q and K (logits grow as input_scale ** 2) and
-    standard normals for V, then cast to ``dtype`` and moved to ``device``.
+    standard normals for V, then cast to ``dtype`` and moved to ``device``. The attention
+    variants become ``options``: ``sinks`` (one value per query head) and ``alibi`` (the
+    :func:`standard_alibi_slopes`) as [num_q_heads] fp32 tensors; none of them changes a
+    drawn value, so a case with a variant attends over the same tensors as without.
     """
     if len(seq_lens) != len(q_lens):
         raise ValueError(f"seq_lens has {len(seq_lens)} entries but q_lens has {len(q_lens)}")
@@ -119,6 +144,17 @@ def make_inputs(
     query_start_loc = torch.zeros(len(q_lens) + 1, dtype=torch.int32)
     query_start_loc[1:] = torch.tensor(q_lens, dtype=torch.int32).cumsum(0)
     pool = (num_blocks, block_size, num_kv_heads, head_dim)
+    options: dict[str, Any] = {}
+    if sliding_window is not None:
+        options["sliding_window"] = int(sliding_window)
+    if logit_softcap is not None:
+        options["logit_softcap"] = float(logit_softcap)
+    if sinks is not None:
+        if len(sinks) != num_q_heads:
+            raise ValueError(f"sinks has {len(sinks)} values for {num_q_heads} query heads")
+        options["sinks"] = torch.tensor(list(sinks), dtype=torch.float32, device=device)
+    if alibi:
+        options["alibi_slopes"] = torch.tensor(standard_alibi_slopes(num_q_heads), dtype=torch.float32, device=device)
     return PagedInputs(
         q=q.to(device),
         k_cache=k_slots.view(pool).to(device),
@@ -128,4 +164,5 @@ def make_inputs(
         query_start_loc=query_start_loc.to(device),
         keys=tuple(keys),
         values=tuple(values),
+        options=options,
     )

@@ -13,9 +13,21 @@ CHUNK_BYTES = 1 << 30  # float64 logits of one chunk of query rows: about 1 GiB
 
 
 def paged_attention_oracle(
-    q, k_cache, v_cache, block_table, seq_lens, query_start_loc=None, scale=None, device="cpu"
+    q,
+    k_cache,
+    v_cache,
+    block_table,
+    seq_lens,
+    query_start_loc=None,
+    scale=None,
+    device="cpu",
+    *,
+    sliding_window: int | None = None,
+    logit_softcap: float | None = None,
+    sinks: torch.Tensor | None = None,
+    alibi_slopes: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """Exact paged attention.
+    """Exact paged attention, with the variants of docs/contract.md ("Attention variants").
 
     q               [num_tokens, num_q_heads, head_dim]
     k_cache/v_cache [num_blocks, block_size, num_kv_heads, head_dim]
@@ -23,6 +35,10 @@ def paged_attention_oracle(
     seq_lens        [num_seqs] int
     query_start_loc [num_seqs + 1] int, or None for one query per sequence
     device          where the float64 arithmetic runs (the CPU by default)
+    sliding_window  W: the query at position p sees keys p - W + 1 .. p only
+    logit_softcap   cap: each scaled logit z becomes cap * tanh(z / cap), before any mask or bias
+    sinks           [num_q_heads]: a logit per head that joins the softmax's denominator only
+    alibi_slopes    [num_q_heads]: slope_h * (key_pos - query_pos) added to the (capped) logit
     returns         [num_tokens, num_q_heads, head_dim] float64 on ``device``
     """
     q = q.detach().to(device, torch.float64)
@@ -39,6 +55,10 @@ def paged_attention_oracle(
     num_q_heads = q.shape[1]
     group = num_q_heads // num_kv_heads  # query head h reads KV head h // group
     scale = head_dim**-0.5 if scale is None else float(scale)
+
+    sink = None if sinks is None else sinks.detach().to(device, torch.float64).view(num_kv_heads, group, 1, 1)
+    slope = None if alibi_slopes is None else alibi_slopes.detach().to(device, torch.float64)
+    slope = None if slope is None else slope.view(num_kv_heads, group, 1, 1)
 
     expected = torch.zeros(q.shape, dtype=torch.float64, device=device)
     for seq in range(num_seqs):
@@ -58,9 +78,23 @@ def paged_attention_oracle(
             qs = q[starts[seq] + first : starts[seq] + last].view(rows, num_kv_heads, group, head_dim)
             logits = torch.einsum("qhgd,khd->hgqk", qs, k) * scale  # [num_kv_heads, group, rows, seq_len]
             q_pos = seq_len - q_len + first + torch.arange(rows, device=device)
-            logits = logits.masked_fill(pos[None, None, None, :] > q_pos[None, None, :, None], float("-inf"))
-            weights = torch.exp(logits - logits.amax(-1, keepdim=True))
-            weights = weights / weights.sum(-1, keepdim=True)
+            if logit_softcap is not None:
+                logits = logit_softcap * torch.tanh(logits / logit_softcap)
+            distance = pos[None, :] - q_pos[:, None]  # [rows, seq_len]: key_pos - query_pos, <= 0 where seen
+            if slope is not None:
+                logits = logits + slope * distance.to(torch.float64)
+            hidden = distance > 0
+            if sliding_window is not None:
+                hidden = hidden | (distance <= -sliding_window)
+            logits = logits.masked_fill(hidden[None, None], float("-inf"))
+            top = logits.amax(-1, keepdim=True)
+            if sink is not None:
+                top = torch.maximum(top, sink)
+            weights = torch.exp(logits - top)
+            denominator = weights.sum(-1, keepdim=True)
+            if sink is not None:
+                denominator = denominator + torch.exp(sink - top)
+            weights = weights / denominator
             o = torch.einsum("hgqk,khd->qhgd", weights, v)
             expected[starts[seq] + first : starts[seq] + last] = o.reshape(rows, num_q_heads, head_dim)
     return expected

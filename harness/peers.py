@@ -47,7 +47,9 @@ class Padded:
         return o.transpose(1, 2)[self.rows]
 
 
-def pad_queries(inputs: PagedInputs) -> Padded:
+def pad_queries(inputs: PagedInputs, sliding_window: int | None = None) -> Padded:
+    """The batch padded to max_q_len; the mask is causal, and with ``sliding_window`` W also
+    hides keys more than W - 1 positions before each query (docs/contract.md)."""
     seq_lens = inputs.seq_lens.long()
     starts = inputs.query_start_loc.long()
     q_lens = starts[1:] - starts[:-1]
@@ -59,6 +61,8 @@ def pad_queries(inputs: PagedInputs) -> Padded:
     keys = torch.arange(int(seq_lens.max()), device=seq_lens.device)
     q_pos = (seq_lens - q_lens)[:, None] + j[None, :]
     mask = (keys[None, None, :] <= q_pos[..., None]) & (keys[None, None, :] < seq_lens[:, None, None])
+    if sliding_window is not None:
+        mask &= keys[None, None, :] > q_pos[..., None] - sliding_window
     return Padded(q=q, mask=mask[:, None], rows=rows)
 
 
@@ -78,8 +82,8 @@ def gather_padded(cache: torch.Tensor, block_table: torch.Tensor, seq_lens: torc
 
 
 def _prepare_gather_sdpa(case: Case, inputs: PagedInputs, out: torch.Tensor) -> Prepared:
-    """What a user writes by hand: gather the pages each call, then one batched SDPA."""
-    padded = pad_queries(inputs)
+    """What a user writes by hand: gather the pages each call, then one batched SDPA (a window in its mask)."""
+    padded = pad_queries(inputs, case.sliding_window)
     scale = case.head_dim**-0.5
 
     def run() -> torch.Tensor:
@@ -148,11 +152,16 @@ def _varlen_attn():
 
 
 def _varlen_options(case: Case) -> dict:
-    """Causal (lower-right aligned) and GQA options in whichever spelling this torch's varlen_attn takes."""
+    """Causal (lower-right aligned), window and GQA options in whichever spelling this torch's varlen_attn takes.
+
+    A sliding window W is FlashAttention's ``window_size = (W - 1, 0)`` (docs/contract.md).
+    """
     params = inspect.signature(_varlen_attn()).parameters
     options: dict = {"scale": case.head_dim**-0.5}
+    if case.sliding_window is not None and "window_size" not in params:
+        raise Unsupported(f"torch {torch.__version__}'s varlen_attn takes no window_size")
     if "window_size" in params:
-        options["window_size"] = (-1, 0)
+        options["window_size"] = (-1 if case.sliding_window is None else case.sliding_window - 1, 0)
     elif "is_causal" in params:
         options["is_causal"] = True
     else:
@@ -207,7 +216,8 @@ def _prepare_varlen_flash(case: Case, inputs: PagedInputs, out: torch.Tensor) ->
         return varlen_attn(inputs.q, k, v, inputs.query_start_loc, cu_seq_k, max_q, max_k, **options)
 
     _trial(run, "varlen_attn")
-    return Prepared(run=run, note="packed contiguous KV, lower-right causal" + expanded)
+    window = "" if case.sliding_window is None else f", window_size ({case.sliding_window - 1}, 0)"
+    return Prepared(run=run, note="packed contiguous KV, lower-right causal" + window + expanded)
 
 
 def _prepare_varlen_flash_paged(case: Case, inputs: PagedInputs, out: torch.Tensor) -> Prepared:
@@ -228,29 +238,48 @@ def _prepare_varlen_flash_paged(case: Case, inputs: PagedInputs, out: torch.Tens
         )  # fmt: skip
 
     _trial(run, "varlen_attn(block_table=...)")
-    return Prepared(run=run, note="paged pool through the block table, lower-right causal")
+    window = "" if case.sliding_window is None else f", window_size ({case.sliding_window - 1}, 0)"
+    return Prepared(run=run, note="paged pool through the block table, lower-right causal" + window)
 
 
 def _prepare_flex(case: Case, inputs: PagedInputs, out: torch.Tensor) -> Prepared:
-    """FlexAttention (compiled) over the padded contiguous copy with a length-and-causal mask_mod."""
+    """FlexAttention (compiled) over the padded contiguous copy with a length-and-causal mask_mod.
+
+    The attention variants it can express (docs/contract.md): a sliding window in the
+    mask_mod; the softcap and ALiBi in a score_mod, which FlexAttention applies to the
+    scaled logit (cap first, then the bias, as the contract orders them). Sinks have no
+    spelling here.
+    """
     from torch.nn.attention.flex_attention import create_block_mask, flex_attention
 
     padded, k, v = _padded_batch(inputs)
     seq_lens = inputs.seq_lens.long()
     starts = inputs.query_start_loc.long()
     q_offset = seq_lens - (starts[1:] - starts[:-1])
+    window = case.sliding_window
+    cap = case.logit_softcap
+    slopes = inputs.options.get("alibi_slopes")
 
     def mask_mod(b, h, q_idx, kv_idx):
-        return (kv_idx <= q_offset[b] + q_idx) & (kv_idx < seq_lens[b])
+        seen = (kv_idx <= q_offset[b] + q_idx) & (kv_idx < seq_lens[b])
+        return seen if window is None else seen & (kv_idx > q_offset[b] + q_idx - window)
+
+    def score_mod(score, b, h, q_idx, kv_idx):
+        if cap is not None:
+            score = cap * torch.tanh(score / cap)
+        if slopes is not None:
+            score = score + slopes[h] * (kv_idx - (q_offset[b] + q_idx))
+        return score
 
     num_seqs, _, max_q, _ = padded.q.shape
     block_mask = create_block_mask(mask_mod, num_seqs, None, max_q, k.shape[2], device=inputs.q.device)
     compiled = torch.compile(flex_attention, dynamic=False)
     scale = case.head_dim**-0.5
+    mods = {"score_mod": score_mod} if cap is not None or slopes is not None else {}
     return Prepared(
-        run=lambda: compiled(padded.q, k, v, block_mask=block_mask, scale=scale, enable_gqa=True),
+        run=lambda: compiled(padded.q, k, v, block_mask=block_mask, scale=scale, enable_gqa=True, **mods),
         to_packed=padded.unpad,
-        note="padded contiguous copy (not paged), block mask",
+        note="padded contiguous copy (not paged), block mask" + (", score_mod" if mods else ""),
     )
 
 
@@ -267,13 +296,17 @@ def _flex_unavailable(case: Case, device: str) -> str | None:
 
 
 add_backend(Backend("gather_sdpa", _prepare_gather_sdpa, ("cpu", "cuda"), "peer",
-                    "gather the pages, then batched SDPA (what a user writes by hand)"))  # fmt: skip
+                    "gather the pages, then batched SDPA (what a user writes by hand)",
+                    options=frozenset({"sliding_window"})))  # fmt: skip
 add_backend(Backend("sdpa_contiguous", _prepare_sdpa_contiguous, ("cpu", "cuda"), "peer",
                     "SDPA over a contiguous copy, in its fastest form: the non-paged floor"))  # fmt: skip
 add_backend(Backend("varlen_flash", _prepare_varlen_flash, ("cuda",), "peer",
-                    "FlashAttention varlen over the packed contiguous KV", unavailable=_varlen_unavailable))  # fmt: skip
+                    "FlashAttention varlen over the packed contiguous KV", unavailable=_varlen_unavailable,
+                    options=frozenset({"sliding_window"})))  # fmt: skip
 add_backend(Backend("varlen_flash_paged", _prepare_varlen_flash_paged, ("cuda",), "peer",
-                    "FlashAttention varlen over the paged pool (block table)", unavailable=_varlen_unavailable))  # fmt: skip
+                    "FlashAttention varlen over the paged pool (block table)", unavailable=_varlen_unavailable,
+                    options=frozenset({"sliding_window"})))  # fmt: skip
 add_backend(Backend("flex_attention", _prepare_flex, ("cuda",), "peer",
                     "FlexAttention, compiled, over a padded contiguous copy (not paged)",
-                    unavailable=_flex_unavailable))  # fmt: skip
+                    unavailable=_flex_unavailable,
+                    options=frozenset({"sliding_window", "logit_softcap", "alibi_slopes"})))  # fmt: skip

@@ -28,6 +28,9 @@ from .cases import Case
 from .inputs import PagedInputs
 
 KINDS = ("kernel", "engine path", "peer", "plugin")
+# The contract's optional keywords (docs/contract.md, "Attention variants"). A backend
+# declares the ones it computes; a case that turns on another is a skip row for it.
+VARIANT_OPTIONS = ("sliding_window", "logit_softcap", "sinks", "alibi_slopes")
 
 
 class Unsupported(Exception):
@@ -59,14 +62,26 @@ class Backend:
     description: str = ""
     graphable: bool = True  # False: never time it from a CUDA graph (a capture is tried otherwise)
     unavailable: Callable[[Case, str], str | None] = field(default=lambda case, device: None)
+    options: frozenset[str] = frozenset()  # the VARIANT_OPTIONS it supports; empty: none
+
+    def __post_init__(self):
+        unknown = set(self.options) - set(VARIANT_OPTIONS)
+        if unknown:
+            raise ValueError(f"backend {self.name!r}: unknown option(s) {sorted(unknown)}; known: {VARIANT_OPTIONS}")
 
     def skip_reason(self, case: Case, device: str) -> str | None:
-        """Why this backend does not run ``case`` on ``device``, or None when it does."""
+        """Why this backend does not run ``case`` on ``device``, or None when it does.
+
+        Checked before ``prepare``: the device, the case file's backend lists, the attention
+        variants the case turns on against the ones the backend declares, then ``unavailable``.
+        """
         device_type = torch.device(device).type
         if device_type not in self.devices:
             return f"{self.name} runs on {', '.join(self.devices)}, not {device_type}"
         if not case.wants(self.name):
             return "excluded by the case file"
+        if missing := sorted(case.options - self.options):
+            return f"{self.name} does not support {', '.join(missing)} (it declares: {', '.join(sorted(self.options)) or 'none'})"
         return self.unavailable(case, device)
 
 
@@ -77,13 +92,16 @@ def contract_prepare(fn: Callable[..., torch.Tensor], **hints: Callable[[Case], 
     """prepare() for a function with the kernel contract signature.
 
     run() passes the NaN-poisoned ``out`` buffer (and any keyword ``hints``, each computed
-    from the case, such as a host-side max_q_len); call() is the bare default call.
+    from the case, such as a host-side max_q_len); call() is the bare default call. Both
+    pass the case's attention variants (``inputs.options``) as keywords; a case without
+    any passes none, so a function that predates them keeps working.
     """
 
     def prepare(case: Case, inputs: PagedInputs, out: torch.Tensor) -> Prepared:
         args = inputs.args()
+        options = dict(inputs.options)
         extra = {name: make(case) for name, make in hints.items()}
-        return Prepared(run=lambda: fn(*args, out=out, **extra), call=lambda: fn(*args))
+        return Prepared(run=lambda: fn(*args, out=out, **extra, **options), call=lambda: fn(*args, **options))
 
     return prepare
 
@@ -105,6 +123,7 @@ def register_backend(
     *,
     description: str = "",
     graphable: bool = True,
+    options: tuple[str, ...] | frozenset[str] = (),
 ) -> Backend:
     """Add a kernel with the contract signature to every run that imports this module.
 
@@ -112,8 +131,10 @@ def register_backend(
     out=None)`` must return [num_tokens, num_q_heads, head_dim] in q's dtype. ``devices``
     lists the device types it runs on; elsewhere its rows are skips with that reason.
     GPU timing tries to capture a call in a CUDA graph and falls back to events when the
-    capture fails; ``graphable=False`` skips the attempt. Registering a taken name is an
-    error (built-ins cannot be shadowed).
+    capture fails; ``graphable=False`` skips the attempt. ``options`` names the attention
+    variants ``fn`` takes as keywords (any of VARIANT_OPTIONS; docs/contract.md): a case
+    that turns on another one is a skip row for this backend, never a call without it.
+    Registering a taken name is an error (built-ins cannot be shadowed).
     """
     _ensure_builtins()
     return add_backend(
@@ -124,6 +145,7 @@ def register_backend(
             "plugin",
             description or (fn.__doc__ or "").strip().split("\n")[0],
             graphable,
+            options=frozenset(options),
         )
     )
 

@@ -66,7 +66,7 @@ class CaseContext:
 
 def build_context(case: Case, device: str, oracle_device: str) -> CaseContext:
     inputs = case_inputs(case, device)
-    expected = paged_attention_oracle(*inputs.args(), device=oracle_device)
+    expected = paged_attention_oracle(*inputs.args(), device=oracle_device, **inputs.options)
     bound = forward_error_bound(*inputs.args(), expected)
     return CaseContext(case, inputs, expected, bound, InputGuard(inputs, lambda: case_inputs(case, device)))
 
@@ -85,6 +85,7 @@ def case_inputs(case: Case, device: str) -> PagedInputs:
         input_scale=case.input_scale,
         seed=case.seed,
         device=device,
+        **case.variant_fields(),
     )
 
 

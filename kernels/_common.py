@@ -57,6 +57,11 @@ class PagedCall:
     num_kv_heads: int
     head_dim: int
     block_size: int
+    # The attention variants (docs/contract.md, "Attention variants"); None: off.
+    sliding_window: int | None = None
+    logit_softcap: float | None = None
+    sinks: torch.Tensor | None = None  # [num_q_heads] fp32, contiguous
+    alibi_slopes: torch.Tensor | None = None  # [num_q_heads] fp32, contiguous
 
     @property
     def num_tokens(self) -> int:
@@ -95,7 +100,19 @@ def _fail(msg: str) -> None:
 
 
 def prepare_call(
-    q, k_cache, v_cache, block_table, seq_lens, query_start_loc=None, scale=None, check: bool | None = None
+    q,
+    k_cache,
+    v_cache,
+    block_table,
+    seq_lens,
+    query_start_loc=None,
+    scale=None,
+    check: bool | None = None,
+    *,
+    sliding_window: int | None = None,
+    logit_softcap: float | None = None,
+    sinks: torch.Tensor | None = None,
+    alibi_slopes: torch.Tensor | None = None,
 ) -> PagedCall:
     """Check a call against the contract; fill in defaults. Reads no tensor value unless checking.
 
@@ -145,6 +162,9 @@ def prepare_call(
     scale = float(head_dim**-0.5 if scale is None else scale)
     if not (scale > 0 and math.isfinite(scale)):
         _fail(f"scale must be a positive finite number, got {scale}")
+    sliding_window, logit_softcap = _check_scalar_options(sliding_window, logit_softcap)
+    sinks = _check_head_vector("sinks", sinks, num_q_heads, q.device)
+    alibi_slopes = _check_head_vector("alibi_slopes", alibi_slopes, num_q_heads, q.device)
     call = PagedCall(
         q=q,
         k_cache=k_cache,
@@ -158,10 +178,58 @@ def prepare_call(
         num_kv_heads=num_kv_heads,
         head_dim=head_dim,
         block_size=block_size,
+        sliding_window=sliding_window,
+        logit_softcap=logit_softcap,
+        sinks=sinks,
+        alibi_slopes=alibi_slopes,
     )
     if checks_enabled(check):
         check_values(call)
     return call
+
+
+def _check_scalar_options(sliding_window, logit_softcap) -> tuple[int | None, float | None]:
+    """sliding_window: a host int >= 1 (or None); logit_softcap: a positive finite float (or None)."""
+    if sliding_window is not None and (
+        isinstance(sliding_window, bool) or not isinstance(sliding_window, int) or sliding_window < 1
+    ):
+        _fail(
+            f"sliding_window must be an int >= 1 (keys a query sees, itself included) or None, got {sliding_window!r}"
+        )
+    if logit_softcap is not None:
+        logit_softcap = float(logit_softcap)
+        if not (logit_softcap > 0 and math.isfinite(logit_softcap)):
+            _fail(f"logit_softcap must be a positive finite number or None, got {logit_softcap}")
+    return sliding_window, logit_softcap
+
+
+def _check_head_vector(name: str, value, num_q_heads: int, device: torch.device) -> torch.Tensor | None:
+    """sinks / alibi_slopes: None, or a [num_q_heads] float32 tensor on q's device (made contiguous)."""
+    if value is None:
+        return None
+    if not isinstance(value, torch.Tensor) or value.shape != (num_q_heads,) or value.dtype != torch.float32:
+        got = f"{value.dtype} {tuple(value.shape)}" if isinstance(value, torch.Tensor) else type(value).__name__
+        _fail(f"{name} must be a float32 tensor [num_q_heads] = [{num_q_heads}], got {got}")
+    if value.device != device:
+        _fail(f"{name} must be on q's device ({device}), got {value.device}")
+    return value.contiguous()
+
+
+def window_tile_start(first_q_pos, sliding_window: int | None, tile_n: int):
+    """First KV position (a multiple of TILE_N) whose tile a row at ``first_q_pos`` or later can see.
+
+    With a window of W the query at position p sees keys p - W + 1 .. p, so a program whose
+    rows start at position p0 needs no tile before ``max(p0 - W + 1, 0)``, rounded down to a
+    tile boundary: the tile loop starts there and decode costs W keys, not seq_len. Works on
+    ints and on integer tensors (tlsim); the kernel spells the same arithmetic in Triton.
+    Example: TILE_N 64, W 100, decode at position 1000: the loop starts at 896 (901 // 64 * 64),
+    walking 2 tiles instead of 16.
+    """
+    if sliding_window is None:
+        return first_q_pos * 0
+    lowest = first_q_pos - sliding_window + 1
+    lowest = lowest.clamp(min=0) if isinstance(lowest, torch.Tensor) else max(lowest, 0)
+    return lowest // tile_n * tile_n
 
 
 def check_values(call: PagedCall) -> None:

@@ -340,7 +340,16 @@ class PagedKVCache:
         return dataclasses.replace(into, max_q_len=max_q_len, max_seq_len=max_seq_len, seq_ids=seq_ids)
 
     def paged_attention(
-        self, layer, q, seqs, query_start_loc=None, scale=None, out=None, *, check: bool | None = None
+        self,
+        layer,
+        q,
+        seqs,
+        query_start_loc=None,
+        scale=None,
+        out=None,
+        *,
+        check: bool | None = None,
+        **variants,
     ) -> torch.Tensor:
         """Attention of q [num_tokens, num_q_heads, head_dim] over this layer's pools.
 
@@ -350,6 +359,8 @@ class PagedKVCache:
         and out are as in the kernel contract; check turns on the value checks (None:
         $PAGED_ATTENTION_CHECK). The read goes through ``paged_attention_dispatch``, so
         the backend is the one the engine would run. Returns [num_tokens, num_q_heads, head_dim].
+        ``variants`` (sliding_window, logit_softcap, sinks, alibi_slopes; docs/contract.md,
+        "Attention variants") go to the kernel unchanged.
         """
         self._check_layer(layer)
         if isinstance(seqs, StepMetadata):
@@ -371,4 +382,5 @@ class PagedKVCache:
             max_q_len=meta.max_q_len,
             max_seq_len=meta.max_seq_len,
             check=check,
+            **variants,
         )

@@ -105,16 +105,23 @@ def paged_attention_dispatch(
     max_q_len: int | None = None,
     max_seq_len: int | None = None,
     check: bool | None = None,
+    sliding_window: int | None = None,
+    logit_softcap: float | None = None,
+    sinks: torch.Tensor | None = None,
+    alibi_slopes: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Paged attention through the backend :func:`select_backend` picks for q's device.
 
     Arguments and result are the kernel contract of DESIGN.md; ``backend`` forces one.
     max_q_len/max_seq_len (host-int launch hints) and check (the value checks; None:
-    $PAGED_ATTENTION_CHECK) go to the backend unchanged. Selecting reads no tensor value,
+    $PAGED_ATTENTION_CHECK) go to the backend unchanged, and so do the attention variants
+    (sliding_window, logit_softcap, sinks, alibi_slopes; docs/contract.md), which all three
+    backends support. Selecting reads no tensor value,
     so a dispatched Triton call is as sync-free as a direct one.
     """
     fn = _backend_fn(select_backend(q.device, backend))
     return fn(
         q, k_cache, v_cache, block_table, seq_lens, query_start_loc, scale, out,
         max_q_len=max_q_len, max_seq_len=max_seq_len, check=check,
+        sliding_window=sliding_window, logit_softcap=logit_softcap, sinks=sinks, alibi_slopes=alibi_slopes,
     )  # fmt: skip

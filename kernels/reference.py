@@ -4,6 +4,9 @@ It is deliberately the most obvious program: a Python loop over sequences, the p
 gathered into a contiguous [seq_len, num_kv_heads, head_dim] copy, KV heads repeated
 for their query-head group, and torch's scaled_dot_product_attention in fp32 with the
 causal offset mask. The harness grades it against a float64 oracle like any backend.
+The attention variants (docs/contract.md) are spelled out the same plain way: a window
+narrows the boolean mask; softcap, ALiBi and sinks turn the SDPA call into its three
+lines (logits, softmax with the sink's column, weights @ v).
 """
 
 from __future__ import annotations
@@ -30,10 +33,39 @@ def gather_kv(cache: torch.Tensor, block_table_row: torch.Tensor, seq_len: int) 
     return cache[blocks].flatten(0, 1)[:seq_len]
 
 
-def causal_offset_mask(q_len: int, seq_len: int, device: torch.device) -> torch.Tensor:
-    """[q_len, seq_len] bool: query j sits at position seq_len - q_len + j and sees keys up to it."""
+def causal_offset_mask(
+    q_len: int, seq_len: int, device: torch.device, sliding_window: int | None = None
+) -> torch.Tensor:
+    """[q_len, seq_len] bool: query j sits at position seq_len - q_len + j and sees keys up to it
+    (and, with a window W, no key more than W - 1 positions before it)."""
     q_pos = torch.arange(seq_len - q_len, seq_len, device=device)
-    return torch.arange(seq_len, device=device)[None, :] <= q_pos[:, None]
+    distance = q_pos[:, None] - torch.arange(seq_len, device=device)[None, :]  # query_pos - key_pos
+    mask = distance >= 0
+    return mask if sliding_window is None else mask & (distance < sliding_window)
+
+
+def attention_with_variants(q, k, v, mask, scale, logit_softcap, sinks, alibi_slopes) -> torch.Tensor:
+    """Softmax attention written out, for the variants SDPA cannot take.
+
+    q [num_q_heads, q_len, head_dim], k/v [num_q_heads, seq_len, head_dim] fp32,
+    mask [q_len, seq_len] bool, sinks/alibi_slopes [num_q_heads] fp32 or None.
+    Returns [num_q_heads, q_len, head_dim] fp32.
+    """
+    logits = (q @ k.transpose(-1, -2)) * scale  # [num_q_heads, q_len, seq_len]
+    if logit_softcap is not None:
+        logits = logit_softcap * torch.tanh(logits / logit_softcap)
+    if alibi_slopes is not None:
+        q_len, seq_len = mask.shape
+        q_pos = torch.arange(seq_len - q_len, seq_len, device=q.device)
+        distance = torch.arange(seq_len, device=q.device)[None, :] - q_pos[:, None]  # key_pos - query_pos
+        logits = logits + alibi_slopes[:, None, None] * distance
+    logits = logits.masked_fill(~mask, float("-inf"))
+    if sinks is not None:  # one more column: the sink's logit, whose value row is zero
+        sink_column = sinks[:, None, None].expand(-1, logits.shape[1], 1)
+        weights = torch.softmax(torch.cat([logits, sink_column], -1), -1)[..., :-1]
+    else:
+        weights = torch.softmax(logits, -1)
+    return weights @ v
 
 
 def paged_attention_reference(
@@ -49,8 +81,12 @@ def paged_attention_reference(
     max_q_len: int | None = None,
     max_seq_len: int | None = None,
     check: bool | None = None,
+    sliding_window: int | None = None,
+    logit_softcap: float | None = None,
+    sinks: torch.Tensor | None = None,
+    alibi_slopes: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """Paged attention by gather + SDPA; arguments and result as in DESIGN.md's contract.
+    """Paged attention by gather + SDPA; arguments and result as in docs/contract.md.
 
     q               [num_tokens, num_q_heads, head_dim]
     k_cache/v_cache [num_blocks, block_size, num_kv_heads, head_dim]
@@ -58,13 +94,19 @@ def paged_attention_reference(
     seq_lens        [num_seqs] int32
     query_start_loc [num_seqs + 1] int32 or None (one query per sequence)
     returns         [num_tokens, num_q_heads, head_dim] in q's dtype (softmax in fp32)
+    sliding_window, logit_softcap, sinks [num_q_heads] fp32, alibi_slopes [num_q_heads] fp32:
+                    the attention variants of docs/contract.md, None (off) by default
 
     max_q_len/max_seq_len (launch hints of the kernel) are accepted and unused. check: the
     value checks, as in every backend (None: $PAGED_ATTENTION_CHECK); without them a block
     id outside the pool is the caller's bug (an IndexError, or a wrapped negative index).
     """
     del max_q_len, max_seq_len
-    call = prepare_call(q, k_cache, v_cache, block_table, seq_lens, query_start_loc, scale, check=check)
+    call = prepare_call(
+        q, k_cache, v_cache, block_table, seq_lens, query_start_loc, scale, check=check,
+        sliding_window=sliding_window, logit_softcap=logit_softcap, sinks=sinks, alibi_slopes=alibi_slopes,
+    )  # fmt: skip
+    explicit = logit_softcap is not None or sinks is not None or alibi_slopes is not None
     block_table = call.block_table
     out = prepare_out(call, out)
     starts = call.query_start_loc.tolist()
@@ -78,7 +120,12 @@ def paged_attention_reference(
         k = k.repeat_interleave(call.group_size, dim=1).transpose(0, 1)  # [num_q_heads, seq_len, head_dim]
         v = v.repeat_interleave(call.group_size, dim=1).transpose(0, 1)
         q_seq = q[q_begin:q_end].float().transpose(0, 1)  # [num_q_heads, q_len, head_dim]
-        mask = causal_offset_mask(q_end - q_begin, seq_len, q.device)
-        o = F.scaled_dot_product_attention(q_seq, k, v, attn_mask=mask, scale=call.scale)
+        mask = causal_offset_mask(q_end - q_begin, seq_len, q.device, call.sliding_window)
+        if explicit:
+            o = attention_with_variants(
+                q_seq, k, v, mask, call.scale, call.logit_softcap, call.sinks, call.alibi_slopes
+            )
+        else:
+            o = F.scaled_dot_product_attention(q_seq, k, v, attn_mask=mask, scale=call.scale)
         out[q_begin:q_end] = o.transpose(0, 1).to(out.dtype)
     return out

@@ -14,6 +14,15 @@ every sequence to the longest one changes no bit of the result. Where the kernel
 the KV range (few programs, long sequences), tlsim splits it at the same positions and
 combines the splits with the kernel's formula.
 
+The attention variants (docs/contract.md) follow the kernel too: everything stays in
+units of the unscaled logit s = q . k (the true logit is s * scale), so the softcap is
+``c * tanh(s / c)`` with c = cap / scale (the same value, cap * tanh(s * scale / cap),
+in those units; tanh spelled with exp2 as the kernel must), ALiBi adds
+``(slope / scale) * (key_pos - query_pos)``, the window hides keys and skips the tiles
+before the first one any row can see (:func:`kernels._common.window_tile_start`), and the
+sink ``sink / scale`` joins the denominator once, in the final normalisation (or the
+combine of the splits).
+
 What it cannot copy is the order of additions inside a dot product or a row sum, which
 the GPU's matrix units choose; that is why it predicts the kernel closely, not exactly.
 """
@@ -24,7 +33,27 @@ import math
 
 import torch
 
-from ._common import prepare_call, prepare_out, tiling_for
+from ._common import prepare_call, prepare_out, tiling_for, window_tile_start
+
+LOG2E = math.log2(math.e)
+
+
+def softcap_unscaled(s: torch.Tensor, cap_unscaled: float) -> torch.Tensor:
+    """c * tanh(s / c) for unscaled logits s (c = cap / scale), tanh from exp2 exactly as the kernel spells it.
+
+    tanh|x| = (1 - t) / (1 + t) with t = 2^(-2 |x| log2 e) in (0, 1]: no overflow at any x.
+    """
+    x = s * (1.0 / cap_unscaled)
+    t = torch.exp2(x.abs() * (-2.0 * LOG2E))
+    y = cap_unscaled * ((1.0 - t) / (1.0 + t))
+    return torch.where(x < 0, -y, y)
+
+
+def variant_vectors(call) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+    """(sinks / scale, alibi_slopes / scale): the per-head vectors in unscaled-logit units, fp32."""
+    sinks = None if call.sinks is None else call.sinks / call.scale
+    slopes = None if call.alibi_slopes is None else call.alibi_slopes / call.scale
+    return sinks, slopes
 
 
 def paged_attention_tlsim(
@@ -40,8 +69,12 @@ def paged_attention_tlsim(
     max_q_len: int | None = None,
     max_seq_len: int | None = None,
     check: bool | None = None,
+    sliding_window: int | None = None,
+    logit_softcap: float | None = None,
+    sinks: torch.Tensor | None = None,
+    alibi_slopes: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """Paged attention by the kernel's streaming algorithm; the contract of DESIGN.md.
+    """Paged attention by the kernel's streaming algorithm; the contract of docs/contract.md.
 
     q               [num_tokens, num_q_heads, head_dim]
     k_cache/v_cache [num_blocks, block_size, num_kv_heads, head_dim]
@@ -49,12 +82,17 @@ def paged_attention_tlsim(
     seq_lens        [num_seqs] int32
     query_start_loc [num_seqs + 1] int32 or None (one query per sequence)
     returns         [num_tokens, num_q_heads, head_dim] in q's dtype
+    sliding_window, logit_softcap, sinks [num_q_heads] fp32, alibi_slopes [num_q_heads] fp32:
+                    the attention variants (docs/contract.md), off by default
 
     max_q_len/max_seq_len are the kernel's launch hints: given the same ones, tlsim makes
     the kernel's tiling and KV split. check: as in the kernel (None: $PAGED_ATTENTION_CHECK).
     tlsim itself reads lengths on the host: it is a model, not a sync-free path.
     """
-    call = prepare_call(q, k_cache, v_cache, block_table, seq_lens, query_start_loc, scale, check=check)
+    call = prepare_call(
+        q, k_cache, v_cache, block_table, seq_lens, query_start_loc, scale, check=check,
+        sliding_window=sliding_window, logit_softcap=logit_softcap, sinks=sinks, alibi_slopes=alibi_slopes,
+    )  # fmt: skip
     out = prepare_out(call, out)
     num_tokens = q.shape[0]
     if call.num_seqs == 0 or num_tokens == 0:
@@ -86,9 +124,21 @@ def paged_attention_tlsim(
     max_blocks, num_blocks = block_table.shape[1], call.num_blocks
     split_size = tiling.SPLIT_SIZE or kv_end or 1
     splits = []  # (m, l, acc) of each KV split, combined at the end as the kernel does
+    sinks_u, slopes_u = variant_vectors(call)
+    if slopes_u is not None:  # [S, Hkv, M, 1], row order as q_rows
+        slopes_u = slopes_u.view(1, num_kv_heads, 1, group).expand(1, num_kv_heads, longest_q, group)
+        slopes_u = slopes_u.reshape(1, num_kv_heads, num_rows, 1)
+    # The window: no row of any sequence sees a tile before the earliest one a first query sees.
+    # Tiles skipped by the kernel but walked here would be exact no-ops anyway.
+    first_tile = 0
+    if call.sliding_window is not None and bool((q_lens > 0).any()):
+        first_q_pos = (seq_lens_l - q_lens)[q_lens > 0]
+        first_tile = int(window_tile_start(first_q_pos, call.sliding_window, tiling.TILE_N).min())
+    split_of = -1
 
-    for tile_start in range(0, kv_end, tiling.TILE_N):
-        if tile_start % split_size == 0 and len(splits) < tiling.NUM_SPLITS:  # the last split takes the rest
+    for tile_start in range(first_tile, kv_end, tiling.TILE_N):
+        if min(tile_start // split_size, tiling.NUM_SPLITS - 1) != split_of:  # the last split takes the rest
+            split_of = min(tile_start // split_size, tiling.NUM_SPLITS - 1)
             m_i = torch.full(state_shape, float("-inf"), device=device)
             l_i = torch.zeros(state_shape, device=device)
             acc = torch.zeros((*state_shape, head_dim), device=device)
@@ -106,7 +156,14 @@ def paged_attention_tlsim(
         v = v.permute(0, 2, 1, 3)
 
         s = q_rows @ k.transpose(-1, -2)  # [S, Hkv, M, N], unscaled
-        visible = (k_pos[None, None, None, :] <= q_pos) & k_valid[:, None, None, :]
+        if call.logit_softcap is not None:
+            s = softcap_unscaled(s, call.logit_softcap / call.scale)
+        distance = k_pos[None, None, None, :] - q_pos  # [S, 1, M, N] key_pos - query_pos
+        if slopes_u is not None:
+            s = s + slopes_u * distance.float()
+        visible = (distance <= 0) & k_valid[:, None, None, :]
+        if call.sliding_window is not None:
+            visible = visible & (distance > -call.sliding_window)
         s = torch.where(visible, s, float("-inf"))
         m_new = torch.maximum(m_i, s.amax(-1))
         m_safe = torch.where(m_new == float("-inf"), 0.0, m_new)  # a row with no key yet: exp2 -> 0, not NaN
@@ -118,13 +175,27 @@ def paged_attention_tlsim(
         m_i = m_new
         splits[-1] = (m_i, l_i, acc)
 
-    if len(splits) == 1:
+    sink = None
+    if sinks_u is not None:  # [1, Hkv, M]: each row's head's sink, in unscaled units
+        sink = sinks_u.view(1, num_kv_heads, 1, group).expand(1, num_kv_heads, longest_q, group)
+        sink = sink.reshape(1, num_kv_heads, num_rows)
+    if tiling.NUM_SPLITS == 1:
         m_i, l_i, acc = splits[0]
+        if sink is not None:  # the sink joins the denominator once, with no value
+            m_tot = torch.maximum(m_i, sink)
+            alpha = torch.exp2((m_i - m_tot) * qk_scale_log2)
+            l_i = l_i * alpha + torch.exp2((sink - m_tot) * qk_scale_log2)
+            acc = acc * alpha[..., None]
         o = acc / l_i[..., None]
     else:  # weight each split by 2^(its max - the overall max); a split that saw no key weighs 0
         m_all = torch.stack([m for m, _, _ in splits])
-        weight = torch.exp2((m_all - m_all.amax(0)) * qk_scale_log2)
+        m_top = m_all.amax(0)
+        if sink is not None:
+            m_top = torch.maximum(m_top, sink)
+        weight = torch.exp2((m_all - m_top) * qk_scale_log2)
         l_sum = (torch.stack([sums for _, sums, _ in splits]) * weight).sum(0)
+        if sink is not None:  # once, in the combine: not once per split
+            l_sum = l_sum + torch.exp2((sink - m_top) * qk_scale_log2)
         o = (torch.stack([a for _, _, a in splits]) * weight[..., None]).sum(0) / l_sum[..., None]
     o = o.view(num_seqs, num_kv_heads, longest_q, group, head_dim)
     o = o.permute(0, 2, 1, 3, 4).reshape(num_seqs, longest_q, call.num_q_heads, head_dim)

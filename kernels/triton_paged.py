@@ -30,6 +30,15 @@ The idea, in a few lines:
 * Causality: query j of a sequence with q_len queries sits at position
   ``seq_len - q_len + j`` and sees keys ``0..position``. The tile loop stops at the last
   position any row of the program can see.
+* The attention variants (docs/contract.md, "Attention variants"), each a constexpr switch
+  that compiles away when off. All stay in units of the unscaled logit s, so the online
+  softmax above is unchanged: the softcap becomes ``c * tanh(s / c)`` with c = cap / scale
+  (tanh from exp2: ``_softcap``), ALiBi adds ``(slope / scale) * (key_pos - query_pos)``,
+  and a sink ``sink / scale`` joins the denominator once, at the end (or in the combine of
+  the splits, never once per split). The window hides keys more than W - 1 positions
+  before a query and starts the tile loop at the first tile the program's earliest query
+  can see (``kernels._common.window_tile_start``): decode with W 4096 over 128k keys walks
+  65 tiles of 64, not 2048. A split wholly before the window walks nothing and weighs 0.
 * Indices are never trusted with memory: without value checks (see ``kernels._common``)
   a query row past num_tokens is not read or written, and a tile that would read a
   block id outside [0, num_blocks) or a table entry past max_blocks_per_seq loads
@@ -67,6 +76,19 @@ def _bf16_rne(x):
 
 
 @triton.jit
+def _softcap(s, cap_unscaled, inv_cap_unscaled):
+    """c * tanh(s / c), c = cap / scale: the scaled logit's cap * tanh(z / cap), in unscaled units.
+
+    tanh|x| = (1 - t) / (1 + t), t = 2^(-2 |x| log2 e): exp2 only, no overflow at any x
+    (the interpreter has no tanh). kernels.tlsim.softcap_unscaled is the same expression.
+    """
+    x = s * inv_cap_unscaled
+    t = tl.exp2(tl.abs(x) * (-2.0 * 1.4426950408889634))
+    y = cap_unscaled * ((1.0 - t) / (1.0 + t))
+    return tl.where(x < 0, -y, y)
+
+
+@triton.jit
 def _find_seq(query_start_loc_ptr, q_tile, num_seqs, BLOCK_Q: tl.constexpr):
     """The sequence that owns query tile ``q_tile``, and the tile's index within it.
 
@@ -101,8 +123,13 @@ def paged_attention_kernel(
     partial_m_ptr,  # [NUM_SPLITS, num_tokens, num_q_heads] fp32, used when NUM_SPLITS > 1
     partial_l_ptr,  # [NUM_SPLITS, num_tokens, num_q_heads] fp32
     partial_acc_ptr,  # [NUM_SPLITS, num_tokens, num_q_heads, HEAD_DIM_PADDED] fp32
+    sinks_ptr,  # [num_q_heads] fp32, sink / scale (read when USE_SINKS)
+    alibi_ptr,  # [num_q_heads] fp32, slope / scale (read when USE_ALIBI)
     # scalars
     qk_scale_log2,  # softmax scale * log2(e)
+    sliding_window,  # W (read when USE_WINDOW)
+    cap_unscaled,  # logit_softcap / scale (read when USE_SOFTCAP)
+    inv_cap_unscaled,  # scale / logit_softcap
     num_tokens,
     num_seqs,
     num_q_heads,
@@ -133,6 +160,10 @@ def paged_attention_kernel(
     INTERPRETED_BF16: tl.constexpr,  # bf16 under the CPU interpreter: see _bf16_rne
     ONE_QUERY_PER_SEQ: tl.constexpr,  # query_start_loc None: tile t is sequence t's one query
     NUM_SPLITS: tl.constexpr,
+    USE_WINDOW: tl.constexpr,
+    USE_SOFTCAP: tl.constexpr,
+    USE_ALIBI: tl.constexpr,
+    USE_SINKS: tl.constexpr,
 ):
     kv_head = tl.program_id(1)
     split = tl.program_id(2)
@@ -169,11 +200,17 @@ def paged_attention_kernel(
     l_i = tl.zeros([BLOCK_M], tl.float32)
     acc = tl.zeros([BLOCK_M, HEAD_DIM_PADDED], tl.float32)
 
+    if USE_ALIBI:
+        slope = tl.load(alibi_ptr + head, mask=row_valid, other=0.0)  # [BLOCK_M], per unscaled logit
+
     kv_end = seq_len - q_len + tl.minimum(q_len, (q_tile + 1) * BLOCK_Q)
     kv_start = 0
     if NUM_SPLITS > 1:  # the last split runs to kv_end, whatever split_size assumed
         kv_start = split * split_size
         kv_end = tl.where(split == NUM_SPLITS - 1, kv_end, tl.minimum(kv_end, kv_start + split_size))
+    if USE_WINDOW:  # kernels._common.window_tile_start of the program's first query
+        first_q_pos = seq_len - q_len + q_tile * BLOCK_Q
+        kv_start = tl.maximum(kv_start, tl.maximum(first_q_pos - sliding_window + 1, 0) // TILE_N * TILE_N)
     for tile_start in range(kv_start, kv_end, TILE_N):
         k_pos = tile_start + tl.arange(0, TILE_N)
         k_valid = k_pos < seq_len
@@ -190,7 +227,14 @@ def paged_attention_kernel(
         if INTERPRETED_BF16:
             k = k.to(tl.float32)
         s = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION, out_dtype=tl.float32)
-        visible = (k_pos[None, :] <= q_pos[:, None]) & k_valid[None, :]
+        if USE_SOFTCAP:  # on the logit itself, before any bias or mask
+            s = _softcap(s, cap_unscaled, inv_cap_unscaled)
+        distance = k_pos[None, :] - q_pos[:, None]  # key_pos - query_pos, <= 0 where causal
+        if USE_ALIBI:
+            s = s + slope[:, None] * distance.to(tl.float32)
+        visible = (distance <= 0) & k_valid[None, :]
+        if USE_WINDOW:
+            visible = visible & (distance > -sliding_window)
         s = tl.where(visible, s, float("-inf"))  # [BLOCK_M, TILE_N]
 
         m_new = tl.maximum(m_i, tl.max(s, 1))
@@ -219,6 +263,12 @@ def paged_attention_kernel(
         acc_offs = row_ids[:, None] * HEAD_DIM_PADDED + dims[None, :]
         tl.store(partial_acc_ptr + acc_offs, acc, mask=row_valid[:, None])
     else:
+        if USE_SINKS:  # the sink joins the denominator once, with no value
+            sink = tl.load(sinks_ptr + head, mask=row_valid, other=0.0)
+            m_tot = tl.maximum(m_i, sink)
+            alpha = tl.exp2((m_i - m_tot) * qk_scale_log2)
+            l_i = l_i * alpha + tl.exp2((sink - m_tot) * qk_scale_log2)
+            acc = acc * alpha[:, None]
         acc = acc / l_i[:, None]
         if INTERPRETED_BF16:
             acc = _bf16_rne(acc)
@@ -232,6 +282,7 @@ def combine_splits_kernel(
     partial_l_ptr,  # [NUM_SPLITS, num_tokens, num_q_heads] fp32, running sum
     partial_acc_ptr,  # [NUM_SPLITS, num_tokens, num_q_heads, HEAD_DIM_PADDED] fp32, unnormalised
     out_ptr,  # [num_tokens, num_q_heads, head_dim]
+    sinks_ptr,  # [num_q_heads] fp32, sink / scale (read when USE_SINKS)
     qk_scale_log2,  # softmax scale * log2(e)
     num_rows,  # num_tokens * num_q_heads
     stride_o_token,
@@ -241,20 +292,32 @@ def combine_splits_kernel(
     HEAD_DIM_PADDED: tl.constexpr,
     NUM_SPLITS: tl.constexpr,
     INTERPRETED_BF16: tl.constexpr,
+    USE_SINKS: tl.constexpr,
 ):
-    """out = sum_s w_s acc_s / sum_s w_s l_s, w_s = 2^((m_s - m) * scale * log2(e)), m = max_s m_s; a program a row."""
+    """out = sum_s w_s acc_s / sum_s w_s l_s, w_s = 2^((m_s - m) * scale * log2(e)), m = max_s m_s; a program a row.
+
+    With sinks, m also covers the row's sink, and 2^((sink - m) * scale * log2(e)) joins
+    the denominator here, once for all the splits.
+    """
     row = tl.program_id(0)
     splits = tl.arange(0, NUM_SPLITS)
     dims = tl.arange(0, HEAD_DIM_PADDED)
     m = tl.load(partial_m_ptr + splits * num_rows + row)
     l_s = tl.load(partial_l_ptr + splits * num_rows + row)
     acc = tl.load(partial_acc_ptr + (splits * num_rows + row)[:, None] * HEAD_DIM_PADDED + dims[None, :])
-    weight = tl.exp2((m - tl.max(m, 0)) * qk_scale_log2)  # a split that saw no key has m = -inf: weight 0
-    o = tl.sum(acc * weight[:, None], 0) / tl.sum(l_s * weight, 0)
-    if INTERPRETED_BF16:
-        o = _bf16_rne(o)
     token = row // NUM_Q_HEADS
     head = row % NUM_Q_HEADS
+    m_top = tl.max(m, 0)
+    if USE_SINKS:
+        sink = tl.load(sinks_ptr + head)
+        m_top = tl.maximum(m_top, sink)
+    weight = tl.exp2((m - m_top) * qk_scale_log2)  # a split that saw no key has m = -inf: weight 0
+    l_sum = tl.sum(l_s * weight, 0)
+    if USE_SINKS:
+        l_sum = l_sum + tl.exp2((sink - m_top) * qk_scale_log2)
+    o = tl.sum(acc * weight[:, None], 0) / l_sum
+    if INTERPRETED_BF16:
+        o = _bf16_rne(o)
     o_offs = token.to(tl.int64) * stride_o_token + head * stride_o_head + dims
     tl.store(out_ptr + o_offs, o.to(out_ptr.dtype.element_ty), mask=dims < HEAD_DIM)
 
@@ -289,8 +352,12 @@ def paged_attention_triton(
     max_q_len: int | None = None,
     max_seq_len: int | None = None,
     check: bool | None = None,
+    sliding_window: int | None = None,
+    logit_softcap: float | None = None,
+    sinks: torch.Tensor | None = None,
+    alibi_slopes: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """Paged attention through the Triton kernel (the contract in DESIGN.md).
+    """Paged attention through the Triton kernel (the contract in docs/contract.md).
 
     q               [num_tokens, num_q_heads, head_dim], fp32/fp16/bf16
     k_cache/v_cache [num_blocks, block_size, num_kv_heads, head_dim], q's dtype
@@ -310,10 +377,17 @@ def paged_attention_triton(
                     (default: max_blocks_per_seq * block_size). Hints change speed, never
                     the result.
     check           run the value checks (syncs); None: $PAGED_ATTENTION_CHECK == "1"
+    sliding_window  host int W >= 1 or None: a query sees its W most recent keys, itself included
+    logit_softcap   host float cap > 0 or None: scaled logits z -> cap * tanh(z / cap)
+    sinks           [num_q_heads] fp32 or None: a per-head logit in the denominator only
+    alibi_slopes    [num_q_heads] fp32 or None: slope_h * (key_pos - query_pos) added to the logits
 
     On CPU tensors the kernel runs under Triton's interpreter (slow: small cases only).
     """
-    call = prepare_call(q, k_cache, v_cache, block_table, seq_lens, query_start_loc, scale, check=check)
+    call = prepare_call(
+        q, k_cache, v_cache, block_table, seq_lens, query_start_loc, scale, check=check,
+        sliding_window=sliding_window, logit_softcap=logit_softcap, sinks=sinks, alibi_slopes=alibi_slopes,
+    )  # fmt: skip
     out = prepare_out(call, out)
     _check_launchable(q.device)
     num_tokens = q.shape[0]
@@ -333,11 +407,15 @@ def paged_attention_triton(
     else:  # unused by the kernel; any fp32 tensor will do
         partial_m = partial_l = partial_acc = out_c.new_empty(1, dtype=torch.float32)
     qk_scale_log2 = call.scale * math.log2(math.e)
+    # The variants in units of the unscaled logit (device ops, no sync); tlsim computes the same.
+    sinks_u = partial_m if call.sinks is None else call.sinks / call.scale
+    alibi_u = partial_m if call.alibi_slopes is None else call.alibi_slopes / call.scale
+    cap_u = 1.0 if call.logit_softcap is None else call.logit_softcap / call.scale
     grid = (tiling.NUM_Q_TILES, call.num_kv_heads, splits)
     paged_attention_kernel[grid](
         q_c, k_c, v_c, call.block_table, call.seq_lens, starts, out_c,
-        partial_m, partial_l, partial_acc,
-        qk_scale_log2, num_tokens, call.num_seqs, call.num_q_heads, call.num_blocks, call.block_table.shape[1],
+        partial_m, partial_l, partial_acc, sinks_u, alibi_u,
+        qk_scale_log2, call.sliding_window or 0, cap_u, 1.0 / cap_u, num_tokens, call.num_seqs, call.num_q_heads, call.num_blocks, call.block_table.shape[1],
         tiling.SPLIT_SIZE,
         q_c.stride(0), q_c.stride(1), out_c.stride(0), out_c.stride(1),
         k_c.stride(0), k_c.stride(1), k_c.stride(2),
@@ -354,14 +432,18 @@ def paged_attention_triton(
         INTERPRETED_BF16=interpreted_bf16,
         ONE_QUERY_PER_SEQ=one_query_per_seq,
         NUM_SPLITS=splits,
+        USE_WINDOW=call.sliding_window is not None,
+        USE_SOFTCAP=call.logit_softcap is not None,
+        USE_ALIBI=call.alibi_slopes is not None,
+        USE_SINKS=call.sinks is not None,
         num_warps=tiling.NUM_WARPS,
     )  # fmt: skip
     if splits > 1:
         combine_splits_kernel[(num_tokens * call.num_q_heads,)](
-            partial_m, partial_l, partial_acc, out_c, qk_scale_log2, num_tokens * call.num_q_heads,
+            partial_m, partial_l, partial_acc, out_c, sinks_u, qk_scale_log2, num_tokens * call.num_q_heads,
             out_c.stride(0), out_c.stride(1),
             NUM_Q_HEADS=call.num_q_heads, HEAD_DIM=call.head_dim, HEAD_DIM_PADDED=tiling.HEAD_DIM_PADDED,
-            NUM_SPLITS=splits, INTERPRETED_BF16=interpreted_bf16,
+            NUM_SPLITS=splits, INTERPRETED_BF16=interpreted_bf16, USE_SINKS=call.sinks is not None,
         )  # fmt: skip
     if out_c is not out:
         out.copy_(out_c)
