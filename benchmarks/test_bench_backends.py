@@ -46,18 +46,14 @@ def feed_samples(benchmark, samples_us: list[float]) -> None:
 
 
 def test_bench(benchmark, harness_case, harness_backend, harness_session, request):
-    from harness.inputs import make_inputs
+    from harness.runner import case_inputs
 
     case, backend, device = harness_case, harness_backend, harness_session.device
     if reason := backend.skip_reason(case, device):
         pytest.skip(reason)
     if backend.name == "triton" and torch.device(device).type == "cpu":
         pytest.skip("the Triton interpreter's speed says nothing about the kernel's")
-    inputs = make_inputs(
-        num_q_heads=case.num_q_heads, num_kv_heads=case.num_kv_heads, head_dim=case.head_dim,
-        block_size=case.block_size, seq_lens=list(case.seq_lens), q_lens=list(case.q_lens), dtype=case.dtype,
-        layout=case.layout, input_scale=case.input_scale, seed=case.seed, device=device,
-    )  # fmt: skip
+    inputs = case_inputs(case, device)  # the runner's inputs, attention variants included
     out = torch.full_like(inputs.q, float("nan"))
     prepared = backend.prepare(case, inputs, out)
     assert not prepared.to_packed(prepared.run()).isnan().any(), "a benchmarked call must produce a full output"

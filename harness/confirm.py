@@ -67,7 +67,7 @@ for line in sys.stdin:
                 num_q_heads=case.num_q_heads, num_kv_heads=case.num_kv_heads, head_dim=case.head_dim,
                 block_size=case.block_size, seq_lens=list(case.seq_lens), q_lens=list(case.q_lens),
                 dtype=case.dtype, layout=case.layout, input_scale=case.input_scale, seed=case.seed,
-                device=cfg["device"],
+                device=cfg["device"], **(case.variant_fields() if hasattr(case, "variant_fields") else {}),
             )
             out = torch.full_like(inputs.q, float("nan"))
             ready[(case_id, backend)] = (b.prepare(case, inputs, out).run, b.graphable)
