@@ -23,7 +23,7 @@ from .metrics import bytes_moved
 from .oracle import paged_attention_oracle
 from .registry import Backend, Unsupported
 
-# The report's contract columns (DESIGN.md), then the case parameters and timing detail.
+# The report's contract columns (docs/contract.md), then the case parameters and timing detail.
 COLUMNS = [
     "case", "backend", "device", "dtype", "num_q_heads", "num_kv_heads", "head_dim", "block_size",
     "num_seqs", "max_seq_len", "status", "reason", "max_abs_err", "max_rel_err", "rel_l2_err",

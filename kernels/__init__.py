@@ -1,4 +1,4 @@
-"""The code under test: paged-attention backends sharing one contract (see DESIGN.md).
+"""The code under test: paged-attention backends sharing one contract (see docs/contract.md).
 
 out = fn(q, k_cache, v_cache, block_table, seq_lens, query_start_loc=None, scale=None, out=None,
          *, max_q_len=None, max_seq_len=None, check=None)

@@ -112,7 +112,7 @@ def paged_attention_dispatch(
 ) -> torch.Tensor:
     """Paged attention through the backend :func:`select_backend` picks for q's device.
 
-    Arguments and result are the kernel contract of DESIGN.md; ``backend`` forces one.
+    Arguments and result are the kernel contract of docs/contract.md; ``backend`` forces one.
     max_q_len/max_seq_len (host-int launch hints) and check (the value checks; None:
     $PAGED_ATTENTION_CHECK) go to the backend unchanged, and so do the attention variants
     (sliding_window, logit_softcap, sinks, alibi_slopes; docs/contract.md), which all three
