@@ -1,0 +1,44 @@
+"""Adding a backend is one registration: the CLI, pytest's case suite and the benchmarks all pick it up."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+TOY = """
+import kernels
+from harness import register_backend
+
+
+def toy_paged_attention(q, k_cache, v_cache, block_table, seq_lens, query_start_loc=None, scale=None, out=None):
+    return kernels.paged_attention_reference(q, k_cache, v_cache, block_table, seq_lens, query_start_loc, scale, out=out)
+
+
+register_backend("toy", toy_paged_attention)
+"""
+
+
+def run(*args: str, cwd: Path = ROOT) -> subprocess.CompletedProcess:
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "TRITON_INTERPRET": "1"}
+    return subprocess.run([sys.executable, *args], cwd=cwd, env=env, capture_output=True, text=True, timeout=300)
+
+
+def test_one_registration_reaches_the_cli_the_case_suite_and_the_benchmarks(tmp_path):
+    plugin = tmp_path / "toy.py"
+    plugin.write_text(TOY)
+
+    done = run("-m", "harness", "run", "smoke", "--plugin", str(plugin), "--backend", "toy", "--no-timing",
+               "--no-progress", "--out", str(tmp_path / "run"))  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    assert "toy" in done.stdout
+
+    tests = run("-m", "pytest", "tests/test_case_suite.py", "--plugin", str(plugin), "--collect-only", "-q")
+    assert tests.returncode == 0, tests.stdout + tests.stderr
+    assert any(line.endswith("-toy]") for line in tests.stdout.splitlines()), tests.stdout[-2000:]
+
+    bench = run("-m", "pytest", "benchmarks", "--plugin", str(plugin), "--collect-only", "-q")
+    assert bench.returncode == 0, bench.stdout + bench.stderr
+    assert any(line.endswith("-toy]") for line in bench.stdout.splitlines()), bench.stdout[-2000:]
