@@ -21,6 +21,7 @@ from .inputs import PagedInputs, make_inputs
 from .measure import TimingPlan, timing_columns
 from .metrics import bytes_moved
 from .oracle import paged_attention_oracle
+from .oracle_cache import cached_oracle
 from .registry import Backend, Unsupported
 
 # The report's contract columns (DESIGN.md), then the case parameters and timing detail.
@@ -66,7 +67,9 @@ class CaseContext:
 
 def build_context(case: Case, device: str, oracle_device: str) -> CaseContext:
     inputs = case_inputs(case, device)
-    expected = paged_attention_oracle(*inputs.args(), device=oracle_device)
+    expected = cached_oracle(  # computed once per input content (harness.oracle_cache)
+        inputs.args(), oracle_device, lambda: paged_attention_oracle(*inputs.args(), device=oracle_device)
+    )
     bound = forward_error_bound(*inputs.args(), expected)
     return CaseContext(case, inputs, expected, bound, InputGuard(inputs, lambda: case_inputs(case, device)))
 
