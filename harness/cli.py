@@ -82,6 +82,9 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="RUN_DIR",
         help="finish a killed or unwritten run from its journal RUN_DIR.journal.jsonl, with its options",
     )
+    from .scale import add_arguments as add_scale_arguments
+
+    add_scale_arguments(run)  # --workers, --ray, --oracle-cache
 
     listing = verbs.add_parser("list", help="the expanded cases, as a table")
     listing.add_argument("cases", nargs="*")
@@ -247,7 +250,9 @@ def cmd_run(args: argparse.Namespace) -> int:
     from .guard import Terminated
     from .options import apply_threads, default_device
     from .profiling import profile_pairs, selected
-    from .runner import COLUMNS, RunConfig, run_cases, summarize, to_frame
+    from .runner import COLUMNS, RunConfig, summarize, to_frame
+    from .scale import check_arguments as check_scale_arguments
+    from .scale import run_rows
     from .storage import reserve_run, stale_leftovers, write_run
 
     journal = _resume(args) if args.resume else None
@@ -257,6 +262,10 @@ def cmd_run(args: argparse.Namespace) -> int:
     threads = apply_threads(args.harness_threads, device)
     if args.timeout is not None and not args.timeout > 0:
         raise BadInput(f"--timeout {args.timeout:g}: must be a positive number of seconds")
+    try:
+        check_scale_arguments(args)
+    except ValueError as error:
+        raise BadInput(str(error)) from None
     plugin_backends = _load_plugins(args.harness_plugins, args.isolate)
     try:
         backends = resolve_backends(args.harness_backends)
@@ -300,7 +309,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     print(f"{len(cases)} cases x {len(backends)} backends on {device}"
           + (f": {todo} to run, {len(done)} from the journal" if done else ""), file=sys.stderr)  # fmt: skip
     try:
-        run_cases(cases, config, on_row=on_row, done=done)
+        run_rows(args, cases, config, on_row, done)  # in this process, over --workers, or over --ray
     except (KeyboardInterrupt, Terminated) as stop:
         journal.close(stopped=True)
         what = "interrupted" if isinstance(stop, KeyboardInterrupt) else "terminated (SIGTERM)"
