@@ -52,6 +52,7 @@ def test_two_workers_give_the_one_process_rows_row_for_row(one_process_rows, tmp
     assert len(list(cache.glob("*.oracle"))) == 5  # --oracle-cache reached the workers: one entry per case
 
 
+@pytest.mark.slow  # starting a local Ray: about 25 s on a busy 2-core box
 def test_ray_tasks_on_a_local_two_cpu_cluster_give_the_one_process_rows(one_process_rows, tmp_path):
     pytest.importorskip("ray", reason="Ray is an optional extra: pip install '.[ray]'")
     out = tmp_path / "run"
