@@ -322,14 +322,14 @@ class ShardedRun:
         self._stop(slot)
         slot.task = slot.running = None
         if task is not None:
-            blamed = list(task.backends) if running == CONTEXT else [running] if running else []
+            blamed = list(task.backends) if running in (CONTEXT, None) else [running]  # None: between calls
             errors = []
             for name in blamed:
                 task.deaths[name] = task.deaths.get(name, 0) + 1
                 if task.deaths[name] > RETRIES:
                     errors.append(name)
             for name in errors:
-                what = CONTEXT if running == CONTEXT else "running this backend"
+                what = "running this backend" if running == name else f"{CONTEXT} (or between calls)"
                 reason = f"{how} while {what}, on {task.deaths[name]} workers (retried {RETRIES}x)"
                 on_row(self._error_row(task.case, name, slot, reason))
                 task.backends.remove(name)

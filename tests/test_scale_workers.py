@@ -62,12 +62,14 @@ def test_ray_tasks_on_a_local_two_cpu_cluster_give_the_one_process_rows(one_proc
 
 
 KILLER = """
-import os, signal
+import os, signal, time
 from pathlib import Path
 import kernels
 from harness import register_backend
 
 def killer(q, *args, out=None, **kwargs):
+    if q.shape[-1] == 48:  # the case with head_dim 48: a hang
+        time.sleep(3600)
     if q.shape[-1] == 64:  # the case with head_dim 64 only: the worker dies on it, every time
         with open(Path(os.environ["HARNESS_TEST_DIR"]) / "kills", "a") as log:
             log.write(f"{os.getpid()}\\n")
@@ -88,6 +90,9 @@ q_lens = [1, 2]
 name = "dies_here"
 head_dim = 64
 [[case]]
+name = "hangs_here"
+head_dim = 48
+[[case]]
 name = "fine_a"
 head_dim = 32
 [[case]]
@@ -97,7 +102,9 @@ seed = 1
 """
 
 
-def test_a_killed_worker_costs_one_retry_then_an_error_row_and_every_other_row_is_kept(tmp_path, monkeypatch):
+def test_a_killed_worker_costs_one_retry_then_an_error_row_a_hung_one_an_error_row_and_every_other_row_is_kept(
+    tmp_path, monkeypatch
+):
     monkeypatch.setenv("HARNESS_TEST_DIR", str(tmp_path))
     (tmp_path / "killer.py").write_text(KILLER)
     (tmp_path / "cases.toml").write_text(CASES)
@@ -105,19 +112,21 @@ def test_a_killed_worker_costs_one_retry_then_an_error_row_and_every_other_row_i
     load_plugin(plugin)
     cases = load_cases([tmp_path / "cases.toml"], "cpu")
     config = RunConfig(device="cpu", backends=resolve_backends(["tlsim", "killer"]), timing=False,
-                       progress=False, plugins=(plugin,), threads=1)  # fmt: skip
+                       progress=False, plugins=(plugin,), threads=1, timeout_s=3.0)  # fmt: skip
     rows: list[dict] = []
     run_sharded(cases, config, rows.append, workers=2)
 
     by_pair = {(r["case"], r["backend"]): r for r in rows}
-    assert len(rows) == len(by_pair) == 6  # every (case, backend) once, the run completed
+    assert len(rows) == len(by_pair) == 8  # every (case, backend) once, the run completed
     died = by_pair[("dies_here", "killer")]
     assert died["status"] == "error"
     assert "killed by SIGKILL" in died["reason"] and "on 2 workers" in died["reason"]
     kills = (tmp_path / "kills").read_text().split()
     assert len(kills) == 2 and kills[0] != kills[1]  # tried once more, in another process
-    others = [r for pair, r in by_pair.items() if pair != ("dies_here", "killer")]
-    assert [r["status"] for r in others] == ["pass"] * 5
+    hung = by_pair[("hangs_here", "killer")]
+    assert hung["status"] == "error" and hung["reason"].startswith("timed out after 3 s")
+    others = [r for pair, r in by_pair.items() if pair not in {("dies_here", "killer"), ("hangs_here", "killer")}]
+    assert [r["status"] for r in others] == ["pass"] * 6
     assert all(set(EXTRA_COLUMNS) <= set(r) for r in rows)
     assert {r["worker"] for r in rows} <= {0, 1} and all(r["gpu_index"] == "" for r in rows)
 
