@@ -13,12 +13,16 @@ and ``cmd_run`` writes the one run folder, exactly as for a one-process run.
   (``max(1, threads // N)`` each, at least one).
 * **Order.** Cases go out longest first, by an estimate of their cost,
   ``flops(case) + bytes_moved(case)`` (:mod:`harness.metrics`): the oracle and the kernels
-  scale with the first, decode with the second. The run folder's rows are in case order
+  scale with the first, decode with the second. Each worker is sent ``PREFETCH`` (2) cases
+  ahead, so it never waits on the parent between cases (while at least as many cases as
+  workers are left; then one at a time, so no worker sits on a queued case while another
+  idles). The run folder's rows are in case order
   whatever order they finished in (``cmd_run`` sorts them).
 * **Rows** carry ``host``, ``gpu_index`` (the physical GPU, "" on a CPU) and ``worker``.
 * **A worker that dies** (killed, out of memory, a segfault in a kernel) loses only the
   row it was computing: the worker tells the parent which backend it starts, so its rows
-  already sent are kept, the backend that was running is retried once on another worker
+  already sent are kept, cases sent ahead and not started go back to the queue untouched,
+  the backend that was running is retried once on another worker
   (with the case's backends that had not run yet), and a second death on that same
   backend is an ``error`` row naming how the worker died. A death while building the
   inputs/oracle counts against every remaining backend of the case. A row that runs past
@@ -45,6 +49,7 @@ from .cases import Case
 
 START_TIMEOUT_S = 300.0
 MAX_FAILED_STARTS = 3  # workers dying before they are ready (a broken install): the run stops
+PREFETCH = 2  # cases sent to a worker ahead of the one it runs: no parent round trip between cases
 RETRIES = 1  # a backend whose worker died is run again this many times, then it is an error row
 CONTEXT = "building inputs/oracle"  # what a worker does before its first backend of a case
 EXTRA_COLUMNS = ("host", "gpu_index", "worker")
@@ -150,11 +155,16 @@ class _Slot:
     gpu: str  # "" on a CPU
     process: multiprocessing.Process | None = None
     conn: object = None
-    task: _Task | None = None
+    tasks: list[_Task] = field(default_factory=list)  # sent to the worker, in order; the first is running
     running: str | None = None  # the backend (or CONTEXT) it has started
     since: float = 0.0  # when it started it
     ready: bool = False
     started_at: float = 0.0
+
+    @property
+    def task(self) -> _Task | None:
+        """The case the worker is on (the first sent and not done)."""
+        return self.tasks[0] if self.tasks else None
 
 
 class ShardedRun:
@@ -202,7 +212,7 @@ class ShardedRun:
                     os.environ["CUDA_VISIBLE_DEVICES"] = saved
         child.close()
         slot.process, slot.conn, slot.ready = process, parent, False
-        slot.task = slot.running = None
+        slot.tasks, slot.running = [], None
         slot.started_at = time.monotonic()
 
     def _stop(self, slot: _Slot) -> str:
@@ -223,7 +233,7 @@ class ShardedRun:
 
     def stop_all(self) -> None:
         for slot in self.slots:
-            if slot.process is not None and slot.process.is_alive() and slot.task is None and slot.conn is not None:
+            if slot.process is not None and slot.process.is_alive() and not slot.tasks and slot.conn is not None:
                 try:
                     slot.conn.send(("stop",))
                     slot.process.join(timeout=5)
@@ -249,23 +259,24 @@ class ShardedRun:
         for slot in self.slots[: max(1, min(len(self.slots), len(queue)))]:
             self._start(slot)
         try:
-            while queue or any(s.task for s in self.slots):
+            while queue or any(s.tasks for s in self.slots):
                 self._assign(queue)
                 self._poll(queue, on_row)
         finally:
             self.stop_all()
 
     def _assign(self, queue: collections.deque[_Task]) -> None:
+        """Keep each worker PREFETCH cases ahead (one when few cases are left: no idle tail)."""
+        depth = PREFETCH if len(queue) >= len(self.slots) else 1
+        alone = sum(s.process is not None for s in self.slots) == 1
         for slot in self.slots:
-            if slot.task is not None or slot.process is None or not queue:
-                continue
-            alone = sum(s.process is not None for s in self.slots) == 1
-            pick = next((t for t in queue if t.avoid != slot.index or alone), None)
-            if pick is None:
-                continue
-            queue.remove(pick)
-            slot.task, slot.running, slot.since = pick, None, time.monotonic()
-            slot.conn.send(("case", pick.case, list(pick.backends)))
+            while slot.process is not None and queue and len(slot.tasks) < depth:
+                pick = next((t for t in queue if t.avoid != slot.index or alone), None)
+                if pick is None:
+                    break
+                queue.remove(pick)
+                slot.tasks.append(pick)
+                slot.conn.send(("case", pick.case, list(pick.backends)))
 
     def _poll(self, queue: collections.deque[_Task], on_row: Callable[[dict], None]) -> None:
         live = [s for s in self.slots if s.process is not None]
@@ -310,17 +321,19 @@ class ShardedRun:
                 slot.running = None
                 on_row(row)
             elif kind == "done":
-                slot.task = slot.running = None
+                slot.tasks.pop(0)
+                slot.running = None
 
     def _died(self, slot: _Slot, queue, on_row, how: str) -> None:
         """The worker died: keep its sent rows, retry the rest once elsewhere, then error rows."""
-        task, running = slot.task, slot.running
+        task, running, waiting = slot.task, slot.running, slot.tasks[1:]
         if not slot.ready:
             self.failed_starts += 1
             if self.failed_starts > MAX_FAILED_STARTS:
                 raise RuntimeError(f"worker processes keep dying before they are ready (last: {how})")
         self._stop(slot)
-        slot.task = slot.running = None
+        slot.tasks, slot.running = [], None
+        queue.extendleft(reversed(waiting))  # sent ahead, not started: back in the queue, untouched
         if task is not None:
             blamed = list(task.backends) if running in (CONTEXT, None) else [running]  # None: between calls
             errors = []
@@ -336,12 +349,13 @@ class ShardedRun:
             if task.backends:
                 task.avoid = slot.index
                 queue.appendleft(task)
-        if queue or any(s.task for s in self.slots):
+        if queue or any(s.tasks for s in self.slots):
             self._start(slot)
 
     def _timed_out(self, slot: _Slot, queue, on_row, limit: float) -> None:
-        task, running = slot.task, slot.running
-        slot.task = slot.running = None
+        task, running, waiting = slot.task, slot.running, slot.tasks[1:]
+        slot.tasks, slot.running = [], None
+        queue.extendleft(reversed(waiting))
         on_row(self._error_row(task.case, running, slot, f"timed out after {limit:g} s (the worker was killed)"))
         task.backends.remove(running)
         if task.backends:
