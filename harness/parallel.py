@@ -8,7 +8,8 @@ and ``cmd_run`` writes the one run folder, exactly as for a one-process run.
 
 * **Pinning.** On CUDA, worker ``i`` is started with ``CUDA_VISIBLE_DEVICES`` set to the
   ``i``-th visible GPU (set in the environment it is spawned with, so before its torch
-  ever initialises CUDA); ``auto`` is one worker per visible GPU. On a CPU, ``auto`` is one
+  ever initialises CUDA); ``auto`` is one worker per visible GPU; more workers than GPUs
+  share them round robin (small cases that leave a GPU idle). On a CPU, ``auto`` is one
   worker per core, and the run's torch threads are split between the workers
   (``max(1, threads // N)`` each, at least one).
 * **Order.** Cases go out longest first, by an estimate of their cost,
@@ -177,9 +178,7 @@ class ShardedRun:
         self.threads = threads
         self.host = socket.gethostname()
         self.gpus = visible_gpus() if config.device.startswith("cuda") else []
-        if self.gpus and workers > len(self.gpus):
-            raise ValueError(f"--workers {workers}: only {len(self.gpus)} GPUs are visible")
-        self.slots = [_Slot(i, self.gpus[i] if self.gpus else "") for i in range(workers)]
+        self.slots = [_Slot(i, self.gpus[i % len(self.gpus)] if self.gpus else "") for i in range(workers)]
         self.context = multiprocessing.get_context("spawn")
         self.worker_config = dataclasses.replace(config, backends=[], progress=False, isolated=frozenset())
         self.start_seconds: list[float] = []  # spawn -> ready, per worker start (measured)

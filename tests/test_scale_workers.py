@@ -177,3 +177,26 @@ def test_ray_without_ray_installed_is_exit_2_saying_how_to_install_it(tmp_path, 
     assert main([*SMOKE, "--out", str(out), "--ray"]) == 2
     assert "pip install 'paged-attention-harness[ray]'" in capsys.readouterr().err
     assert not out.exists()
+
+
+def test_each_worker_is_spawned_seeing_only_its_own_gpu_and_the_parent_keeps_all(monkeypatch):
+    from harness.parallel import ShardedRun
+
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "4,6")
+    sharded = ShardedRun(RunConfig(device="cuda", backends=[], timing=False, progress=False), workers=3)
+    seen = []
+
+    class SpawnRecorder:  # stands in for the spawned process: records the environment it would inherit
+        def __init__(self, **kwargs):
+            self.kwargs = kwargs
+
+        def start(self):
+            seen.append(os.environ.get("CUDA_VISIBLE_DEVICES"))
+
+    monkeypatch.setattr(sharded.context, "Process", SpawnRecorder)
+    for slot in sharded.slots:
+        sharded._start(slot)
+        slot.conn.close()
+    assert seen == ["4", "6", "4"]  # round robin past the GPU count
+    assert os.environ["CUDA_VISIBLE_DEVICES"] == "4,6"
+    assert [sharded.labels(slot)["gpu_index"] for slot in sharded.slots] == ["4", "6", "4"]
