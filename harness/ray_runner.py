@@ -13,8 +13,9 @@ finishes; ``cmd_run`` writes the one run folder, as for a one-process run.
 * **Resources.** On CUDA each task asks for ``num_gpus=1`` (Ray sets its
   ``CUDA_VISIBLE_DEVICES``); otherwise ``num_cpus=1``.
 * **Failures.** A task whose worker process dies (killed, out of memory) is retried once
-  by Ray (``max_retries=1``) on any worker; if it dies again, every row of that case is an
-  ``error`` row with Ray's reason. A backend that raises is an ``error`` row inside the
+  by Ray (``max_retries=1``) on any worker; if it dies again, each of the case's backends
+  is run once more in a task of its own (no retry), so the backends that did not kill it
+  keep their rows, and the one that does is an ``error`` row with Ray's reason. A backend that raises is an ``error`` row inside the
   task, as in every run. A hung task is not timed out by the harness (Ray gives no start
   time of a queued task to measure from): Ctrl-C cancels every pending task.
 * **Code on the nodes.** Every node needs this package and the plugins importable (the
@@ -135,25 +136,35 @@ def run_on_ray(
     shipped = dataclasses.replace(config, backends=[], progress=False, isolated=frozenset())
     from .backends import REGISTRY
 
+    alone = ray.remote(max_retries=0, **resources)(run_case_rows)  # one backend, after its case's task died twice
+    plugins = tuple(config.plugins)
     pending, by_ref, submitted = [], {}, time.perf_counter()
     tasks = 0
     done = set(done)
     for case in sorted(cases, key=case_cost, reverse=True):
         names = [b.name for b in config.backends if (case.id, b.name) not in done]
         if names:
-            ref = task.remote(case, names, shipped, tuple(config.plugins))
+            ref = task.remote(case, names, shipped, plugins)
             pending.append(ref)
             tasks += 1
-            by_ref[ref] = (case, names)
+            by_ref[ref] = (case, names, False)
     try:
         while pending:
             ready, pending = ray.wait(pending, num_returns=1, timeout=1.0)
             for ref in ready:
-                case, names = by_ref.pop(ref)
+                case, names, split = by_ref.pop(ref)
                 try:
                     rows = ray.get(ref)
                 except Exception as error:  # the task's worker died twice, or Ray failed it
-                    why = f"Ray task failed after {RETRIES} retry: {type(error).__name__}: {str(error).splitlines()[0][:300]}"
+                    if len(names) > 1 and not split:  # which backend kills it? one task each finds out
+                        for name in names:
+                            one = alone.remote(case, [name], shipped, plugins)
+                            pending.append(one)
+                            tasks += 1
+                            by_ref[one] = (case, [name], True)
+                        continue
+                    tries = f"after {RETRIES} retry" + (", then alone" if split else "")
+                    why = f"Ray task failed {tries}: {type(error).__name__}: {str(error).splitlines()[0][:300]}"
                     rows = [
                         {**_row_without_call(case, REGISTRY[n], config, "error", why), "host": "", "gpu_index": ""}
                         for n in names

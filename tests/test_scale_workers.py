@@ -200,3 +200,23 @@ def test_each_worker_is_spawned_seeing_only_its_own_gpu_and_the_parent_keeps_all
     assert seen == ["4", "6", "4"]  # round robin past the GPU count
     assert os.environ["CUDA_VISIBLE_DEVICES"] == "4,6"
     assert [sharded.labels(slot)["gpu_index"] for slot in sharded.slots] == ["4", "6", "4"]
+
+
+@pytest.mark.slow  # a local Ray: about 30 s on a busy 2-core box
+def test_on_ray_a_case_whose_worker_dies_twice_keeps_its_innocent_rows_and_errors_the_killer(tmp_path, monkeypatch):
+    pytest.importorskip("ray", reason="Ray is an optional extra: pip install '.[ray]'")
+    monkeypatch.setenv("HARNESS_TEST_DIR", str(tmp_path))  # inherited by the local Ray's workers
+    (tmp_path / "killer.py").write_text(KILLER)
+    (tmp_path / "cases.toml").write_text(
+        CASES.replace('[[case]]\nname = "hangs_here"\nhead_dim = 48\n', "")
+    )  # Ray has no time limit
+    out = tmp_path / "run"
+    code = main(["run", str(tmp_path / "cases.toml"), "--plugin", str(tmp_path / "killer.py"), "--backend", "tlsim",
+                 "--backend", "killer", "--no-timing", "--no-progress", "--ray", "--workers", "2", "--out", str(out)])  # fmt: skip
+    assert code == 1
+    rows = pd.read_parquet(out / "results.parquet").set_index(["case", "backend"])
+    assert rows.loc[("dies_here", "killer"), "status"] == "error"
+    assert "WorkerCrashedError" in rows.loc[("dies_here", "killer"), "reason"]
+    assert rows.loc[("dies_here", "tlsim"), "status"] == "pass"  # the innocent backend of that case
+    assert (rows.drop(("dies_here", "killer"))["status"] == "pass").all() and len(rows) == 6
+    assert len((tmp_path / "kills").read_text().split()) == 3  # the case's task, its retry, then killer alone
