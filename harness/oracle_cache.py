@@ -13,6 +13,11 @@ name:
 so a changed seed, shape or dtype misses, a renamed case hits, and an edit of
 ``harness/oracle.py`` (its source is hashed in) invalidates every entry.
 
+Only the CPU oracle is cached (the default ``--oracle-device cpu``): hashing reads every
+input byte on the host (sha256 ran at about 1 GB/s on the 2-core dev box), far less than
+the float64 oracle's time on a CPU, but more than the oracle's time on a GPU
+(``--oracle-device cuda`` computes it every time).
+
 Where: ``$HARNESS_ORACLE_CACHE`` (a folder, or ``off``), else
 ``~/.cache/paged-attention-harness/oracle``; ``harness run --oracle-cache DIR|off`` sets
 the variable for the run and its workers. One file per output, ``<key>.oracle``: 8 magic
@@ -181,7 +186,7 @@ def cached_oracle(
     returns [num_tokens, num_q_heads, head_dim] float64 on ``device``
     """
     folder = cache_dir()
-    if folder is None:
+    if folder is None or torch.device(device).type != "cpu":
         return compute()
     cache = OracleCache(folder, max_bytes())
     key = cache_key(args, device)

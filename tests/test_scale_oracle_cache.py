@@ -128,3 +128,10 @@ def test_key_covers_every_input_tensor_and_the_oracle_device():
         assert oracle_cache.cache_key(changed, "cpu") != base, oracle_cache.ARG_NAMES[i]
     assert oracle_cache.cache_key(args, "cuda") != base
     assert oracle_cache.cache_key(args, "cpu", scale=0.5) != base
+
+
+def test_gpu_oracle_is_not_cached_hashing_would_cost_more_than_it(tmp_path, cache_folder):
+    calls = []
+    for _ in range(2):
+        oracle_cache.cached_oracle([torch.zeros(1, 1, 1)], "cuda", lambda: calls.append(1) or torch.ones(1))
+    assert calls == [1, 1] and not cache_folder.exists()
