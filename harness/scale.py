@@ -37,8 +37,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     group.add_argument(
         "--oracle-cache",
         metavar="DIR|off",
-        help="cache of the float64 oracle's outputs (default: $HARNESS_ORACLE_CACHE, "
-        "else ~/.cache/paged-attention-harness/oracle); off: no cache",
+        help="cache of the CPU float64 oracle's outputs, by input content (default: $HARNESS_ORACLE_CACHE, "
+        "else ~/.cache/paged-attention-harness/oracle; capped at 2 GiB, least recently used pruned); off: no cache",
     )
 
 
