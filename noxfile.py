@@ -12,6 +12,7 @@ import os
 from pathlib import Path
 
 import nox
+from nox.command import CommandFailed
 
 nox.options.sessions = ["tests"]
 # Reuse a session's virtualenv when it exists (`nox -s tests` the second time skips the
@@ -67,20 +68,50 @@ def gpu(session: nox.Session) -> None:
 
 @nox.session
 def bench(session: nox.Session) -> None:
-    """pytest-benchmark suite; saved under .benchmarks/ and compared with the last saved run.
+    """pytest-benchmark suite: run, compare with the last passing run (same statistics as
+    `harness compare`), and save the run only when it passes.
 
-    The first run has nothing to compare with: it only saves. Later runs fail when a
-    benchmark's median grew more than 25% over the previous saved run.
+        nox -s bench                                  # baseline: the newest saved run of this machine
+        nox -s bench -- --baseline 0003               # or a named one (number, part of the name, or a path)
+        nox -s bench -- --min-effect 0.2 --cases cases/cpu.toml   # other arguments go to pytest
+
+    Benchmarks that look slower (or too noisy to tell) are re-timed before the verdict, the
+    baseline's commit (a git worktree) and this checkout alternating (harness.confirm).
+    Fails (no traceback) when a benchmark errors or is slower; then nothing is saved. On
+    the CPU it times with one intra-op thread unless OMP_NUM_THREADS is set: two threads
+    fighting other processes on a shared 2-core box made a 1 ms call take 100 ms.
     """
     install_cpu(session)
-    compare = []
-    if any(ROOT.glob(".benchmarks/*/*.json")):
-        compare = ["--benchmark-compare", "--benchmark-compare-fail=median:25%"]
-    else:
-        session.log("no saved benchmark run yet: this run is saved as the baseline")
+    session.install("scipy")  # exact Mann-Whitney p-values for small samples (harness.stats)
+    args, compare_args = list(session.posargs), []
+    for flag in ("--baseline", "--min-effect"):
+        if flag in args:
+            i = args.index(flag)
+            compare_args += args[i : i + 2]
+            del args[i : i + 2]
+    new = Path(session.create_tmp()) / "bench-new.json"
+    env = {"TRITON_INTERPRET": "1", "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1")}
+    try:
+        session.run(
+            "python", "-m", "pytest", "benchmarks", "-q", "-p", "no:cacheprovider", "--benchmark-only",
+            f"--benchmark-json={new}", "--benchmark-columns=median,iqr,rounds", *args, env=env,
+        )  # fmt: skip
+    except CommandFailed:
+        session.error("bench: the benchmark run failed (see above): nothing saved")
+    try:
+        session.run("python", "benchmarks/saved.py", "compare", str(new), "--confirm", *compare_args)
+    except CommandFailed:
+        session.error("bench: slower than the baseline (see the summary above): this run is not saved")
+    session.run("python", "benchmarks/saved.py", "save", str(new))
+
+
+@nox.session
+def fuzz(session: nox.Session) -> None:
+    """The hypothesis property test over the case space, long: 1000 examples (CI runs 30)."""
+    install_cpu(session)
     session.run(
-        "python", "-m", "pytest", "benchmarks", "--benchmark-only", "--benchmark-autosave", *compare,
-        *session.posargs, env={"TRITON_INTERPRET": "1"},
+        "python", "-m", "pytest", "tests/test_hypothesis_cases.py", *session.posargs,
+        env={"TRITON_INTERPRET": "1", "HARNESS_HYPOTHESIS_EXAMPLES": os.environ.get("HARNESS_HYPOTHESIS_EXAMPLES", "1000")},
     )  # fmt: skip
 
 

@@ -1,51 +1,81 @@
-"""pytest-benchmark suite: each backend on a few decode/prefill shapes, compared across commits.
+"""pytest-benchmark suite, generated: one benchmark per (case, backend) that runs on the device.
 
-    nox -s bench        # saves under .benchmarks/ and compares with the previous saved run
+The cases come from the case files (``--cases``, default ``cases/smoke.toml``) and the
+backends from the registry (``harness.backends.REGISTRY``, plugins included with
+``--plugin``), through the harness's pytest plugin, so a new case or backend is a new
+benchmark with no edit here. Ids read ``test_bench[decode_gqa/dtype=float16-tlsim]``.
 
-pytest-benchmark measures wall time around each call; on CUDA the call synchronizes, so
-the time includes the launch path an engine pays. The Triton kernel runs only on a GPU
-here (the CPU interpreter measures Python, not the kernel). Latency targets live here,
-as numbers to compare, never as assertions in the test suite.
+Timing goes through the harness's one timer, ``harness.timing.time_call`` (CPU:
+perf_counter per call after a warm-up; CUDA: graph replays or events, L2 flushed), and
+its samples are handed to pytest-benchmark as the rounds of the benchmark, so the saved
+JSON's statistics are the harness's. ``extra_info`` keeps the samples (``samples_us``,
+what ``nox -s bench`` compares with the statistics of ``harness compare``), the bytes
+moved, GB/s and the case's parameters.
+
+    nox -s bench                          # run, compare with the last passing run, save if it passes
+    nox -s bench -- --cases cases/gpu.toml --baseline 0003
 """
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 import torch
 
-import kernels
-from harness.inputs import make_inputs
+from harness.metrics import gbps
+from harness.runner import case_columns
+from harness.timing import time_call
 
-DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
-SHAPES = {
-    # name: (num_q_heads, num_kv_heads, head_dim, block_size, seq_lens, q_lens)
-    "decode_gqa_b16": (32, 8, 128, 16, [512 + 37 * i for i in range(16)], [1] * 16),
-    "decode_mqa_b8": (8, 1, 128, 16, [1024 + 101 * i for i in range(8)], [1] * 8),
-    "prefill_chunk_q64": (32, 8, 128, 16, [700, 300], [64, 64]),
-}
-BACKENDS = {
-    "reference": kernels.paged_attention_reference,
-    "tlsim": kernels.paged_attention_tlsim,
-    "triton": kernels.paged_attention_triton,
-}
+ROOT = Path(__file__).resolve().parents[1]
+MIN_SAMPLES = 10  # what the statistics of `nox -s bench` need per benchmark (at least 5)
+CASE_FIELDS = ("dtype", "num_q_heads", "num_kv_heads", "head_dim", "block_size", "num_seqs", "max_seq_len",
+               "num_tokens", "max_q_len", "total_kv_tokens", "layout", "bytes_moved")  # fmt: skip
 
 
-@pytest.mark.parametrize("backend", BACKENDS)
-@pytest.mark.parametrize("shape", SHAPES)
-def test_bench(benchmark, shape, backend):
-    if backend == "triton" and DEVICE != "cuda":
-        pytest.skip("the interpreter's speed says nothing about the kernel's")
-    hq, hkv, d, bs, seq_lens, q_lens = SHAPES[shape]
-    dtype = "bfloat16" if DEVICE == "cuda" else "float32"
-    inputs = make_inputs(num_q_heads=hq, num_kv_heads=hkv, head_dim=d, block_size=bs, seq_lens=seq_lens,
-                         q_lens=q_lens, dtype=dtype, device=DEVICE)  # fmt: skip
-    fn, args, out = BACKENDS[backend], inputs.args(), torch.empty_like(inputs.q)
+def feed_samples(benchmark, samples_us: list[float]) -> None:
+    """Record the harness's samples as the benchmark's rounds (seconds, one call each).
 
-    def call():
-        fn(*args, out=out)
-        if DEVICE == "cuda":
-            torch.cuda.synchronize()
+    pytest-benchmark has no public call for samples timed elsewhere; this uses its
+    fixture's own stats object (``_make_stats``) as ``pedantic`` does.
+    """
+    benchmark._mode = "harness.timing.time_call"
+    stats = benchmark._make_stats(1)
+    for sample in samples_us:
+        stats.update(sample * 1e-6)
 
-    benchmark.extra_info.update(device=DEVICE, dtype=dtype, kv_tokens=sum(seq_lens))
-    benchmark(call)
-    assert not out.isnan().any(), "a benchmarked call must still produce a full output"
+
+def test_bench(benchmark, harness_case, harness_backend, harness_session, request):
+    from harness.inputs import make_inputs
+
+    case, backend, device = harness_case, harness_backend, harness_session.device
+    if reason := backend.skip_reason(case, device):
+        pytest.skip(reason)
+    if backend.name == "triton" and torch.device(device).type == "cpu":
+        pytest.skip("the Triton interpreter's speed says nothing about the kernel's")
+    inputs = make_inputs(
+        num_q_heads=case.num_q_heads, num_kv_heads=case.num_kv_heads, head_dim=case.head_dim,
+        block_size=case.block_size, seq_lens=list(case.seq_lens), q_lens=list(case.q_lens), dtype=case.dtype,
+        layout=case.layout, input_scale=case.input_scale, seed=case.seed, device=device,
+    )  # fmt: skip
+    out = torch.full_like(inputs.q, float("nan"))
+    prepared = backend.prepare(case, inputs, out)
+    assert not prepared.to_packed(prepared.run()).isnan().any(), "a benchmarked call must produce a full output"
+    timing = time_call(prepared.run, device, graphable=backend.graphable, min_reps=MIN_SAMPLES)
+    feed_samples(benchmark, list(timing.samples_us))
+    columns = case_columns(case, device)
+    benchmark.extra_info.update(
+        case=case.id, backend=backend.name, device=device, timing_method=timing.method,
+        samples_us=[round(s, 3) for s in timing.samples_us], median_us=timing.median_us,
+        gbps=gbps(columns["bytes_moved"], timing.median_us), threads=torch.get_num_threads(),
+        case_file=_relative(case.file), plugins=[_relative(p) for p in request.config.getoption("harness_plugins")],
+        **{k: columns[k] for k in CASE_FIELDS},
+    )  # fmt: skip
+
+
+def _relative(path: str) -> str:
+    """A case file inside the repository as a relative path, so another checkout finds its own copy."""
+    try:
+        return str(Path(path).resolve().relative_to(ROOT))
+    except ValueError:
+        return str(path)

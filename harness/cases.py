@@ -15,7 +15,6 @@ import hashlib
 import itertools
 import json
 import math
-import os
 import re
 import stat
 import sys
@@ -234,15 +233,10 @@ class Case:
         return (self.backends is None or backend in self.backends) and backend not in self.exclude_backends
 
     def estimated_bytes(self) -> int:
-        """Rough peak memory of running the case: pools, q/out, float64 oracle, tlsim tiles."""
-        elt = self.element_bytes
-        kv_slots = self.blocks_needed * self.block_size * 9 // 8
-        pools = 2 * kv_slots * self.num_kv_heads * self.head_dim * elt
-        tokens = sum(self.q_lens)
-        rows = tokens * self.num_q_heads * self.head_dim
-        oracle = 8 * (2 * rows + 2 * self.max_seq_len * self.num_q_heads * self.head_dim)
-        tlsim = 4 * self.num_seqs * self.num_q_heads * max(self.q_lens) * (self.head_dim + 64) * 3
-        return pools + 4 * rows * elt + oracle + tlsim
+        """Peak memory of running the case through every built-in backend (harness.memory)."""
+        from .memory import estimate
+
+        return estimate(self).peak
 
 
 def _lengths(spec: CaseSpec) -> tuple[tuple[int, ...], tuple[int, ...]]:
@@ -454,15 +448,11 @@ def resolve_case_paths(paths: list[str | Path]) -> list[Path]:
     return files
 
 
-def device_memory_bytes(device: str) -> int:
-    """Total memory of the device a case runs on (GPU memory, or the machine's RAM)."""
-    if torch.device(device).type == "cuda":
-        return torch.cuda.get_device_properties(torch.device(device)).total_memory
-    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
-
-
-def load_cases(paths: list[str | Path], device: str = "cpu", tags: list[str] | None = None) -> list[Case]:
-    """Load, validate and expand case files; keep cases with any of ``tags``; check memory.
+def load_cases(
+    paths: list[str | Path], device: str = "cpu", tags: list[str] | None = None, backends: list[str] | None = None
+) -> list[Case]:
+    """Load, validate and expand case files; keep cases with any of ``tags``; check memory
+    (harness.memory: the oracle's and every backend's peak, ``backends`` None: all built-ins).
 
     Raises CaseFileError listing every problem found (file, case id, field).
     """
@@ -477,14 +467,9 @@ def load_cases(paths: list[str | Path], device: str = "cpu", tags: list[str] | N
         raise CaseFileError("\n".join(errors))
     if tags:
         cases = [c for c in cases if set(tags) & set(c.tags)]
-    budget = device_memory_bytes(device) * 0.8
-    for case in cases:
-        need = case.estimated_bytes()
-        if need > budget:
-            errors.append(
-                f"{case.file}: case '{case.id}': field 'seq_lens': too large for {device} memory: "
-                f"needs about {need / 2**30:.1f} GiB, 80% of the device is {budget / 2**30:.1f} GiB"
-            )
+    from .memory import too_large
+
+    errors = too_large(cases, device, backends)
     if errors:
         raise CaseFileError("\n".join(errors))
     return cases

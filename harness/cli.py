@@ -139,32 +139,32 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def _load(cases: list[str], device: str, tags: list[str] | None):
+def _load(cases: list[str], device: str, tags: list[str] | None, backends: list[str] | None = None):
     from .cases import load_cases
     from .suite_files import resolve_case_arg
 
     cases = [resolve_case_arg(c) for c in cases] or DEFAULT_CASES
-    loaded = load_cases(cases, device=device, tags=tags)
+    loaded = load_cases(cases, device=device, tags=tags, backends=backends)
     if not loaded:
         raise BadInput(f"no cases selected from {' '.join(cases)}" + (f" with tags {tags}" if tags else ""))
     return loaded
 
 
-def _load_plugins(plugins: list[str], isolate: str) -> set[str]:
-    """Import the plugins (first in a throwaway worker when isolating, so one that exits or
-    crashes on import is bad input, not the end of the run); the backend names they added."""
+def _load_plugins(plugins: list[str], isolate: str):
+    """Import the plugins (first in the run's worker when isolating, so one that exits or
+    crashes on import is bad input, not the end of the run); the backend names they added,
+    and the started worker (None when nothing is isolated)."""
     from .backends import REGISTRY, load_plugin
     from .guard import raised_by_backend
     from .isolation import PluginImportError, Worker
 
-    if plugins and isolate != "none":
-        probe = Worker(tuple(plugins))
+    worker = None
+    if isolate == "all" or (plugins and isolate == "plugins"):
+        worker = Worker(tuple(plugins))
         try:
-            probe.start()
+            worker.start()
         except PluginImportError as error:
             raise BadInput(f"--plugin {error}") from None
-        finally:
-            probe.stop()
     before = set(REGISTRY)
     for plugin in plugins:
         try:
@@ -175,7 +175,7 @@ def _load_plugins(plugins: list[str], isolate: str) -> set[str]:
             if not raised_by_backend(error):
                 raise
             raise BadInput(f"--plugin {plugin}: importing it raised {type(error).__name__}({error})") from None
-    return set(REGISTRY) - before
+    return set(REGISTRY) - before, worker
 
 
 def _run_options(args: argparse.Namespace, device: str) -> dict:
@@ -202,6 +202,8 @@ def _resume(args: argparse.Namespace):
     from .journal import Journal, journal_path, pid_alive
 
     run_dir = args.resume
+    if args.cases or args.harness_backends or args.harness_plugins or args.out:
+        raise BadInput("--resume runs the journal's own cases, backends and plugins; give none of them, nor --out")
     if run_dir.exists():
         raise BadInput(f"--resume {run_dir}: the run folder already exists: that run is complete")
     journal = Journal.read(journal_path(run_dir))
@@ -243,36 +245,40 @@ def verdict(frame, requested: list[str] | None) -> tuple[int, list[str]]:
 
 
 def cmd_run(args: argparse.Namespace) -> int:
-    from .backends import REGISTRY, resolve_backends
-    from .cases import check_backend_names
-    from .ceilings import measure_ceilings
-    from .environment import collect_meta
-    from .guard import Terminated
     from .options import apply_threads, default_device
-    from .profiling import profile_pairs, selected
-    from .runner import COLUMNS, RunConfig, summarize, to_frame
     from .scale import check_arguments as check_scale_arguments
-    from .scale import run_rows
-    from .storage import reserve_run, stale_leftovers, write_run
 
     journal = _resume(args) if args.resume else None
     device = args.harness_device or default_device()
     if device == "cuda" and not torch.cuda.is_available():
         raise BadInput("--device cuda: no CUDA device is visible to torch")
-    threads = apply_threads(args.harness_threads, device)
+    apply_threads(args.harness_threads, device)
     if args.timeout is not None and not args.timeout > 0:
         raise BadInput(f"--timeout {args.timeout:g}: must be a positive number of seconds")
     try:
-        check_scale_arguments(args)
+        check_scale_arguments(args)  # --workers, --ray, --oracle-cache (harness.scale)
     except ValueError as error:
         raise BadInput(str(error)) from None
-    plugin_backends = _load_plugins(args.harness_plugins, args.isolate)
+    plugin_backends, worker = _load_plugins(args.harness_plugins, args.isolate)
+    try:
+        return _run(args, device, journal, plugin_backends, worker)
+    finally:
+        if worker is not None:
+            worker.stop()
+
+
+def _run(args: argparse.Namespace, device: str, journal, plugin_backends: set[str], worker) -> int:
+    """Validate cases and backends, reserve the run folder (its journal), then run and write."""
+    from .backends import REGISTRY, resolve_backends
+    from .cases import check_backend_names
+    from .guard import Terminated
+    from .storage import reserve_run, stale_leftovers
+
     try:
         backends = resolve_backends(args.harness_backends)
     except ValueError as error:
         raise BadInput(str(error)) from None
-    cases = _load(args.cases, device, args.harness_tags)
-    to_profile = selected(cases, backends, args.profile)
+    cases = _load(args.cases, device, args.harness_tags, [b.name for b in backends])
     check_backend_names(cases, list(REGISTRY))
     reports_root = args.out.parent if args.out else Path("reports")
     for message in stale_leftovers(reports_root):
@@ -283,6 +289,31 @@ def cmd_run(args: argparse.Namespace) -> int:
         run_dir = args.out
         journal.reopen()
     resume_hint = f"python -m harness run --resume {run_dir}"
+    try:
+        return _run_and_write(args, device, cases, backends, plugin_backends, worker, journal, run_dir, resume_hint)
+    except (KeyboardInterrupt, Terminated) as stop:  # the rows so far stay in the journal
+        journal.close(stopped=True)
+        what = "interrupted" if isinstance(stop, KeyboardInterrupt) else "terminated (SIGTERM)"
+        print(f"{what}: {len(journal.rows)} rows kept in {journal.path}; finish with: {resume_hint}", file=sys.stderr)
+        return EXIT_INTERRUPTED if isinstance(stop, KeyboardInterrupt) else EXIT_TERMINATED
+    except BaseException:
+        journal.close(stopped=True)
+        print(f"the {len(journal.rows)} rows so far are kept in {journal.path}; after a fix: {resume_hint}",
+              file=sys.stderr)  # fmt: skip
+        raise
+
+
+def _run_and_write(args, device, cases, backends, plugin_backends, worker, journal, run_dir, resume_hint) -> int:
+    """Time the ceiling, run what the journal lacks, write the folder, drop the journal; the exit code."""
+    from .ceilings import measure_ceilings
+    from .environment import collect_meta
+    from .profiling import profile_pairs, selected
+    from .runner import COLUMNS, RunConfig, summarize, to_frame
+    from .scale import run_rows
+    from .storage import write_run
+
+    threads = torch.get_num_threads()  # as cmd_run set it (--threads)
+    to_profile = selected(cases, backends, args.profile)
     ceilings = measure_ceilings(device, [c.dtype for c in cases]) if args.timing else {}
     isolated = {"plugins": plugin_backends, "all": {b.name for b in backends}, "none": set()}[args.isolate]
     config = RunConfig(
@@ -308,13 +339,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     todo = sum((c.id, b.name) not in done for c in cases for b in backends)
     print(f"{len(cases)} cases x {len(backends)} backends on {device}"
           + (f": {todo} to run, {len(done)} from the journal" if done else ""), file=sys.stderr)  # fmt: skip
-    try:
-        run_rows(args, cases, config, on_row, done)  # in this process, over --workers, or over --ray
-    except (KeyboardInterrupt, Terminated) as stop:
-        journal.close(stopped=True)
-        what = "interrupted" if isinstance(stop, KeyboardInterrupt) else "terminated (SIGTERM)"
-        print(f"{what}: {len(journal.rows)} rows kept in {journal.path}; finish with: {resume_hint}", file=sys.stderr)
-        return EXIT_INTERRUPTED if isinstance(stop, KeyboardInterrupt) else EXIT_TERMINATED
+    run_rows(args, cases, config, on_row, done, worker)  # in this process, over --workers, or over --ray
     frame = _ordered(to_frame(journal.rows), cases, backends, COLUMNS)
     bandwidth = {k: v for k, v in ceilings.items() if k.endswith("_gbps")}
     meta = collect_meta(device, ["python -m harness", *sys.argv[1:]], bandwidth)

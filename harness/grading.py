@@ -140,6 +140,8 @@ def grade(
     )
 
 
+BOUND_CHUNK_ELEMENTS = 2**26  # logits per chunk of query rows: 512 MiB of float64
+
 UNIT_ROUNDOFF = {"float32": 2.0**-24, "float16": 2.0**-11, "bfloat16": 2.0**-8}
 
 
@@ -177,15 +179,21 @@ def forward_error_bound(
         slots = (table[seq, pos // block_size] * block_size + pos % block_size).to(k_cache.device)
         k = k_slots[slots].to(device, torch.float64)  # [seq_len, num_kv_heads, head_dim]
         v = v_slots[slots].to(device, torch.float64)
-        rows = slice(starts[seq], starts[seq + 1])
-        qs = qd[rows].view(q_len, num_kv_heads, group, head_dim)
-        s = torch.einsum("qhgd,khd->hgqk", qs, k) * scale  # [num_kv_heads, group, q_len, seq_len]
-        delta = u * (s.abs() + head_dim**0.5 * scale * torch.einsum("qhgd,khd->hgqk", qs.abs(), k.abs()))
-        q_pos = seq_len - q_len + torch.arange(q_len, device=device)
-        hidden = pos.to(device)[None, None, None, :] > q_pos[None, None, :, None]
-        p = torch.softmax(s.masked_fill(hidden, float("-inf")), dim=-1)
-        weight = p * delta  # [num_kv_heads, group, q_len, seq_len]
-        o = expected[rows].view(q_len, num_kv_heads, group, head_dim).abs()
-        term = torch.einsum("hgqk,khd->qhgd", weight, v.abs()) + o * weight.sum(-1).permute(2, 0, 1)[..., None]
-        bound[rows] += term.reshape(q_len, num_q_heads, head_dim)
+        # Query rows in chunks of at most BOUND_CHUNK_ELEMENTS logits, three such float64 tensors
+        # at the peak (in place where it can be): a 1024 x 100k prefill does not double the oracle's memory.
+        chunk = max(1, BOUND_CHUNK_ELEMENTS // max(1, seq_len * num_q_heads))
+        for first in range(0, q_len, chunk):
+            last = min(q_len, first + chunk)
+            rows = slice(starts[seq] + first, starts[seq] + last)
+            qs = qd[rows].view(last - first, num_kv_heads, group, head_dim)
+            s = torch.einsum("qhgd,khd->hgqk", qs, k).mul_(scale)  # [num_kv_heads, group, rows, seq_len]
+            delta = torch.einsum("qhgd,khd->hgqk", qs.abs(), k.abs()).mul_(head_dim**0.5 * scale)
+            delta.add_(s.abs()).mul_(u)
+            q_pos = seq_len - q_len + torch.arange(first, last, device=device)
+            hidden = pos.to(device)[None, None, None, :] > q_pos[None, None, :, None]
+            weight = torch.softmax(s.masked_fill_(hidden, float("-inf")), dim=-1).mul_(delta)  # p * delta
+            del s, delta
+            o = expected[rows].view(last - first, num_kv_heads, group, head_dim).abs()
+            term = torch.einsum("hgqk,khd->qhgd", weight, v.abs()) + o * weight.sum(-1).permute(2, 0, 1)[..., None]
+            bound[rows] += term.reshape(last - first, num_q_heads, head_dim)
     return bound

@@ -3,11 +3,11 @@ and device, and only the user (not a backend) can stop the run.
 
 * Inputs: every input tensor (q, k_cache, v_cache, block_table, seq_lens,
   query_start_loc, and the cache backend's per-sequence keys/values) is fingerprinted when
-  the case's inputs are built (a pristine copy on the same device) and checked after each
-  backend's graded call and after its timing (bitwise, NaN-safe). A backend that changed
-  one fails with "mutated its input k_cache", and the inputs are restored in place
-  (copied back into the same tensors, so every reference sees them pristine) before the
-  next backend runs. A check is one on-device comparison; the copy doubles the inputs' memory.
+  the case's inputs are built (:func:`fingerprint`: its bytes, so NaN-safe) and checked after each
+  backend's graded call and after its timing. A backend that changed one fails with
+  "mutated its input k_cache", and the inputs are restored in place (rebuilt from the
+  case's seed, then copied into the same tensors, so every reference sees them pristine)
+  before the next backend runs. Fingerprints cost one read of the inputs, no second copy.
 * Output: a result that is not a tensor, or whose shape, dtype or device differs from q's,
   fails with the reason (a float64 result for fp16 inputs would otherwise pass).
 * Stops: ``SystemExit`` and ``KeyboardInterrupt`` raised by a backend are error rows. The
@@ -17,6 +17,7 @@ and device, and only the user (not a backend) can stop the run.
 
 from __future__ import annotations
 
+import hashlib
 import signal
 import threading
 from collections.abc import Callable
@@ -24,6 +25,8 @@ from collections.abc import Callable
 import torch
 
 from .inputs import PagedInputs
+
+_CHUNK_BYTES = 64 * 2**20  # device tensors are hashed in host chunks of this size
 
 
 class Terminated(BaseException):
@@ -63,18 +66,34 @@ def raised_by_backend(error: BaseException) -> bool:
     return isinstance(error, KeyboardInterrupt) and not USER_INTERRUPT.is_set()
 
 
-_SAME_SIZE_INT = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
+def fingerprint(tensor: torch.Tensor) -> tuple:
+    """(shape, stride, dtype, digest of the bytes): equal iff unchanged (NaN == NaN here).
 
-
-def same_bits(tensor: torch.Tensor, pristine: torch.Tensor) -> bool:
-    """Whether ``tensor`` holds exactly ``pristine``'s bits (NaN equals NaN here), on its own device.
-
-    Compared as integers of the element's width, so a NaN payload counts and -0.0 != 0.0.
+    CPU: blake2b of the bytes (no copy). A device tensor is summed where it lives, in
+    chunks, as 32-bit words: their sum and a position-weighted sum (any change to a value,
+    and any swap of two values, changes one of them), so a multi-GB pool is not copied to
+    the host for every check.
     """
-    if tensor.shape != pristine.shape or tensor.dtype != pristine.dtype or tensor.stride() != pristine.stride():
-        return False
-    as_int = _SAME_SIZE_INT[tensor.element_size()]
-    return torch.equal(tensor.detach().contiguous().view(as_int), pristine.contiguous().view(as_int))
+    flat = tensor.detach().contiguous().reshape(-1).view(torch.uint8)
+    if flat.device.type != "cpu":
+        return tuple(tensor.shape), tensor.stride(), tensor.dtype, device_digest(flat)
+    digest = hashlib.blake2b(digest_size=16)
+    for start in range(0, flat.numel(), _CHUNK_BYTES):
+        digest.update(memoryview(flat[start : start + _CHUNK_BYTES].numpy()))
+    return tuple(tensor.shape), tensor.stride(), tensor.dtype, digest.hexdigest()
+
+
+def device_digest(flat: torch.Tensor) -> tuple[int, int]:
+    """(sum, position-weighted sum) of a uint8 tensor's bytes as int32 words, computed on its device."""
+    words = torch.nn.functional.pad(flat, (0, -flat.numel() % 4)).view(torch.int32)
+    total = weighted = 0
+    step = _CHUNK_BYTES // 4
+    for start in range(0, words.numel(), step):
+        chunk = words[start : start + step].long()
+        position = torch.arange(start, start + chunk.numel(), device=chunk.device) % 65521 + 1
+        total += int(chunk.sum())
+        weighted += int((chunk * position).sum())
+    return total, weighted
 
 
 def named_inputs(inputs: PagedInputs) -> dict[str, torch.Tensor]:
@@ -88,30 +107,27 @@ def named_inputs(inputs: PagedInputs) -> dict[str, torch.Tensor]:
 
 
 class InputGuard:
-    """A pristine copy of a case's inputs, on their device; finds and undoes a backend's changes.
+    """Fingerprints of a case's pristine inputs; finds and undoes a backend's changes."""
 
-    The copy doubles the inputs' memory but makes a check one on-device comparison (a
-    millisecond for gigabytes on a GPU) instead of a hash of every byte on the host.
-    """
-
-    def __init__(self, inputs: PagedInputs, rebuild: Callable[[], PagedInputs] | None = None):
+    def __init__(self, inputs: PagedInputs, rebuild: Callable[[], PagedInputs]):
         self.inputs = inputs
-        self.pristine = {name: t.detach().clone() for name, t in named_inputs(inputs).items()}
+        self.rebuild = rebuild  # the same inputs again, from the case's seed
+        self.prints = {name: fingerprint(t) for name, t in named_inputs(inputs).items()}
 
     def mutated(self) -> list[str]:
         """Names of the inputs that differ from the pristine ones."""
-        return [name for name, t in named_inputs(self.inputs).items() if not same_bits(t, self.pristine[name])]
+        return [name for name, t in named_inputs(self.inputs).items() if fingerprint(t) != self.prints[name]]
 
     def restore(self, names: list[str]) -> None:
         """Copy pristine values back into the named input tensors, in place."""
+        pristine = named_inputs(self.rebuild())
         for name, tensor in named_inputs(self.inputs).items():
             if name in names:
                 with torch.no_grad():
-                    pristine = self.pristine[name]
-                    if tensor.shape != pristine.shape or tensor.dtype != pristine.dtype:
-                        tensor.set_(pristine.clone())
+                    if tensor.shape != pristine[name].shape or tensor.dtype != pristine[name].dtype:
+                        tensor.set_(pristine[name].clone())
                     else:
-                        tensor.copy_(pristine)
+                        tensor.copy_(pristine[name])
         if still := self.mutated():
             raise RuntimeError(f"could not restore the inputs {still} after a backend changed them")
 

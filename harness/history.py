@@ -69,7 +69,7 @@ def load_history(paths: list[Path], *, min_effect: float | None = None, backends
         part = frame.reindex(columns=["case", "backend", *VALUES]).assign(
             machine=machine, run_label=label, run_order=order
         )
-        part["regressed"], part["why"] = False, ""
+        part["regressed"], part["why"], part["latency_regressed"], part["error_regressed"] = False, "", False, False
         if machine in previous:
             base, base_meta = previous[machine]
             worse = compare_runs(base, frame, base_meta, meta, CompareOptions(min_effect=min_effect)).regressions
@@ -77,16 +77,21 @@ def load_history(paths: list[Path], *, min_effect: float | None = None, backends
             keys = list(zip(part["case"], part["backend"], strict=True))
             part["why"] = [why.get(k, "") for k in keys]
             part["regressed"] = part["why"] != ""
+            part["latency_regressed"] = part["why"].str.contains("latency ", regex=False)
+            part["error_regressed"] = part["why"].str.contains("status|err|margin|NaN", regex=True)
         previous[machine] = (frame, meta)
         parts.append(part)
-    return History(runs=pd.DataFrame(runs), rows=pd.concat(parts, ignore_index=True))
+    rows = pd.concat(parts, ignore_index=True)
+    runs = pd.DataFrame(runs)
+    runs["regressed"] = runs["run_order"].map(rows.groupby("run_order")["regressed"].sum()).fillna(0).astype(int)
+    return History(runs=runs, rows=rows)
 
 
 def _cell(row: pd.Series) -> str:
     if row["status"] in ("skip", "error") or pd.isna(row["latency_us"]):
         text = str(row["status"])
     else:
-        text = f"{row['latency_us']:.4g}"
+        text = f"{row['latency_us']:.0f}" if row["latency_us"] >= 1000 else f"{row['latency_us']:.4g}"
         if row["status"] == "fail":
             text += " FAIL"
     return text + (" ▲" if row["regressed"] else "")
@@ -126,16 +131,21 @@ def format_history(history: History) -> str:
 
 def write_history_html(history: History, path: Path) -> Path:
     """The history page: runs, regressions, latency and error trend plots, the trend tables."""
-    from . import plots
-    from .report import _env
+    from .report import _env, plots
 
     figures = []
-    for machine, rows in history.rows.groupby("machine", sort=True):
+    for machine, rows in history.rows.groupby("machine", sort=True) if plots is not None else ():
         figures.append(
-            (f"Latency per run on {machine}", plots.trend(rows, "latency_us", "latency (µs, median)", machine))
+            (
+                f"Latency per run on {machine}",
+                plots.trend(rows, "latency_us", "latency (µs, median)", machine, flag="latency_regressed"),
+            )
         )
         figures.append(
-            (f"Error / tolerance per run on {machine}", plots.trend(rows, "tol_ratio", "tol_ratio", machine))
+            (
+                f"Error / tolerance per run on {machine}",
+                plots.trend(rows, "tol_ratio", "tol_ratio", machine, flag="error_regressed"),
+            )
         )
     html = _env.get_template("history.html.j2").render(
         runs=history.runs.to_dict("records"),

@@ -90,19 +90,31 @@ def error_vs_tolerance(frame: pd.DataFrame) -> str | None:
 
 
 def scaling_fit(frame: pd.DataFrame, fits: pd.DataFrame | None) -> str | None:
-    """Latency against each fit's x (one panel per x), per backend, with fixed_us + per_unit_us * x."""
+    """Latency against the work that drives it, per backend, with the fitted line fixed_us + per_unit_us * x.
+
+    One panel per (phase, x) among the fits' work axes (decode: bytes_moved, prefill: flops;
+    token and batch axes when a run has no other), each with only that phase's rows.
+    """
     if fits is None or fits.empty:
         return None
     timed = _timed(frame)
-    xs_names = [x for x in dict.fromkeys(fits["x"]) if x in timed]
-    if timed.empty or not xs_names:
+    if timed.empty:
         return None
+    phases = timed["max_q_len"].le(1).map({True: "decode", False: "prefill"}) if "max_q_len" in timed else "all"
+    timed = timed.assign(_phase=phases)
+    phase_of = fits["phase"] if "phase" in fits else pd.Series("all", index=fits.index)
+    fits = fits.assign(phase=phase_of)
+    work = fits[fits["x"].isin(["bytes_moved", "flops"])]
+    panels = list(dict.fromkeys(zip(work["phase"], work["x"], strict=True))) or list(
+        dict.fromkeys(zip(fits["phase"], fits["x"], strict=True))
+    )
     colors = backend_colors(timed["backend"])
-    fig = Figure(figsize=(11, 3.8))
-    axes = np.atleast_1d(fig.subplots(1, len(xs_names)))
-    for ax, x in zip(axes, xs_names, strict=True):
-        for fit in fits[fits["x"] == x].itertuples():
-            rows = timed[timed["backend"] == fit.backend].dropna(subset=[x])
+    fig = Figure(figsize=(5.5 * len(panels), 3.8))
+    axes = np.atleast_1d(fig.subplots(1, len(panels)))
+    for ax, (phase, x) in zip(axes, panels, strict=True):
+        for fit in fits[(fits["x"] == x) & (fits["phase"] == phase)].itertuples():
+            rows = timed[(timed["backend"] == fit.backend) & (timed["_phase"].eq(phase) | (phase == "all"))]
+            rows = rows.dropna(subset=[x]) if x in rows else rows.iloc[0:0]
             if rows.empty:
                 continue
             color = colors.get(fit.backend, "#333")
@@ -110,6 +122,7 @@ def scaling_fit(frame: pd.DataFrame, fits: pd.DataFrame | None) -> str | None:
             grid = np.linspace(0, rows[x].max(), 50)
             ax.plot(grid, fit.fixed_us + fit.per_unit_us * grid, "-", lw=1, color=color,
                     label=f"{fit.backend} (r²={fit.r2:.2f})")  # fmt: skip
+        ax.set_title(f"{phase}: latency against {x}", fontsize=9)
         ax.set_xlabel(x)
         ax.set_ylabel("latency (µs)")
         ax.legend(fontsize=7)
@@ -118,8 +131,8 @@ def scaling_fit(frame: pd.DataFrame, fits: pd.DataFrame | None) -> str | None:
     return to_data_uri(fig)
 
 
-def trend(history: pd.DataFrame, value: str, ylabel: str, title: str) -> str | None:
-    """One line per (case, backend) of ``value`` across runs (x: run order); regressions circled red."""
+def trend(history: pd.DataFrame, value: str, ylabel: str, title: str, flag: str = "regressed") -> str | None:
+    """One line per (case, backend) of ``value`` across runs (x: run order); rows where ``flag`` is set circled red."""
     data = history.dropna(subset=[value])
     if data.empty:
         return None
@@ -130,7 +143,7 @@ def trend(history: pd.DataFrame, value: str, ylabel: str, title: str) -> str | N
     for (_case, backend), rows in data.groupby(["case", "backend"]):
         rows = rows.sort_values("run_order")
         ax.plot(rows["run_order"], rows[value], "-o", ms=3, lw=1, alpha=0.7, color=colors[backend])
-        bad = rows[rows.get("regressed", False) == True]  # noqa: E712
+        bad = rows[rows[flag].astype(bool)] if flag in rows else rows.iloc[0:0]
         ax.plot(bad["run_order"], bad[value], "o", ms=9, mfc="none", mec="#b3261e", mew=1.5)
     for backend, color in colors.items():
         ax.plot([], [], "-", color=color, label=backend)

@@ -37,20 +37,20 @@ class HarnessSession:
     """Per pytest session: the selected cases and backends, a one-case context cache, the rows."""
 
     def __init__(self, config: pytest.Config):
-        from .backends import load_plugin, resolve_backends
-        from .cases import CaseFileError, load_cases
+        from .backends import REGISTRY, load_plugin, resolve_backends
+        from .cases import CaseFileError, check_backend_names, load_cases
         from .runner import RunConfig
+        from .suite_files import resolve_case_arg
 
         self.device = config.getoption("harness_device") or default_device()
         try:
             for plugin in config.getoption("harness_plugins"):
                 load_plugin(plugin)
             backends = resolve_backends(config.getoption("harness_backends"))
-            from .suite_files import resolve_case_arg
-
             given = [resolve_case_arg(p) for p in config.getoption("cases") or []]
             paths = given or [config.rootpath / p for p in DEFAULT_CASES]
             self.cases = load_cases(paths, self.device, config.getoption("harness_tags"))
+            check_backend_names(self.cases, list(REGISTRY))  # a misspelt backend in a case file is bad input
         except (CaseFileError, ValueError) as error:
             raise pytest.UsageError(str(error)) from None
         threads = None

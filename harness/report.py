@@ -19,8 +19,12 @@ from pathlib import Path
 import pandas as pd
 from jinja2 import Environment, PackageLoader, select_autoescape
 
-from . import plots
 from .storage import load_run
+
+try:
+    from . import plots
+except ImportError:  # matplotlib is optional: the page says the plots need it
+    plots = None
 
 HOST_OVERHEAD_FLAG = 1.5  # call_us / latency_us above this is flagged as host overhead
 _STATUS_ORDER = {"error": 0, "fail": 1, "pass": 2, "skip": 3}
@@ -182,11 +186,13 @@ def render_html(frame: pd.DataFrame, meta: dict, *, baseline=None, baseline_name
     backends, pivot = _pivot(rows)
     ceilings = ceilings_of(meta)
     fits = scaling_fits(frame)
-    figures = [
-        ("Latency and bandwidth against KV length", plots.latency_and_bandwidth(frame, ceilings)),
-        ("Error against tolerance, per backend", plots.error_vs_tolerance(frame)),
-        ("Scaling fit", plots.scaling_fit(frame, fits)),
-    ]
+    figures = []
+    if plots is not None:
+        figures = [
+            ("Latency and bandwidth against KV length", plots.latency_and_bandwidth(frame, ceilings)),
+            ("Error against tolerance, per backend", plots.error_vs_tolerance(frame)),
+            ("Scaling fit", plots.scaling_fit(frame, fits)),
+        ]
     return _env.get_template("report.html.j2").render(
         meta=meta,
         rows=graded,
@@ -204,6 +210,7 @@ def render_html(frame: pd.DataFrame, meta: dict, *, baseline=None, baseline_name
         baseline_problems=problems,
         baseline_name=baseline_name,
         overhead_flag=HOST_OVERHEAD_FLAG,
+        plots_missing=plots is None,
     )
 
 
@@ -216,6 +223,8 @@ def write_compare_html(comparison, path: Path, base: tuple, new: tuple) -> Path:
         "worse" if w else "better" if b else "unclear" if v == "cannot tell" else "one side" if s != "both" else "same"
         for w, b, v, s in zip(rows["why"], rows["better"], rows["verdict"], rows["side"], strict=True)
     ]
+    rank = {"worse": 0, "one side": 1, "unclear": 2, "better": 3, "same": 4}
+    rows = rows.assign(_rank=rows["_kind"].map(rank)).sort_values(["_rank", "case", "backend"], kind="stable")
     html = _env.get_template("compare.html.j2").render(
         base_name=str(base[0]), base_meta=base[1] or {}, new_name=str(new[0]), new_meta=new[1] or {},
         comparison=comparison, rows=rows.to_dict("records"), counts=verdict_counts(comparison),

@@ -181,13 +181,15 @@ def run_cases(
     config: RunConfig,
     on_row: Callable[[dict], None] | None = None,
     done: Collection[tuple[str, str]] = (),
+    worker=None,
 ) -> pd.DataFrame:
     """Every case through every configured backend; one row per (case, backend).
 
     ``on_row`` gets each row as it finishes (the journal). Pairs in ``done`` (case id,
     backend name; a resumed run's journal) are not run and not returned. Backends named
     in ``config.isolated`` run in a worker process (:mod:`harness.isolation`), under
-    ``case.timeout_s`` or ``config.timeout_s`` per call.
+    ``case.timeout_s`` or ``config.timeout_s`` per call; ``worker``, a started
+    :class:`harness.isolation.Worker` to use (the CLI's, which imported the plugins first).
     """
     from .isolation import DEFAULT_TIMEOUT_S, Worker
 
@@ -196,7 +198,8 @@ def run_cases(
     rows: list[dict] = []
     total = sum((c.id, b.name) not in done for c in cases for b in config.backends)
     order = {b.name: i for i, b in enumerate(config.backends)}
-    worker = Worker(config.plugins) if config.isolated else None
+    if worker is None and config.isolated:
+        worker = Worker(config.plugins)
     case_rows: list[dict] = []  # this case's rows, in the order they finish
     try:
         with tqdm(total=total, desc="cases x backends", unit="run", disable=not config.progress or total < 4) as bar:

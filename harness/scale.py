@@ -59,8 +59,12 @@ def check_arguments(args: argparse.Namespace) -> None:
         os.environ[ENV_DIR] = args.oracle_cache  # read by this process and inherited by its workers
 
 
-def run_rows(args: argparse.Namespace, cases, config, on_row, done) -> None:
-    """Run the cases in this process, over local workers (--workers) or over Ray (--ray)."""
+def run_rows(args: argparse.Namespace, cases, config, on_row, done, worker=None) -> None:
+    """Run the cases in this process, over local workers (--workers) or over Ray (--ray).
+
+    ``worker``: the isolation worker of an in-process run (harness.isolation); sharded runs
+    isolate by process already and leave it unused.
+    """
     workers = getattr(args, "workers", None)
     ray = getattr(args, "ray", None)
     if ray is not None:
@@ -74,4 +78,4 @@ def run_rows(args: argparse.Namespace, cases, config, on_row, done) -> None:
     else:
         from .runner import run_cases
 
-        run_cases(cases, config, on_row=on_row, done=done)
+        run_cases(cases, config, on_row=on_row, done=done, worker=worker)

@@ -26,11 +26,16 @@ above the old p90 (:func:`weak_verdict`).
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
-from scipy.stats import mannwhitneyu
+
+try:
+    from scipy.stats import mannwhitneyu
+except ImportError:  # scipy is optional: the normal approximation below stands in
+    mannwhitneyu = None
 
 MIN_SAMPLES = 5  # below this Mann-Whitney cannot reach p < 0.05 over many rows
 DEFAULT_EFFECT = {"cpu": 0.10, "cuda": 0.03}
@@ -80,8 +85,31 @@ def compare_samples(base: Sequence[float], new: Sequence[float], *, alpha: float
     if min(len(base), len(new)) < MIN_SAMPLES:
         return LatencyTest(ratio, float("nan"), float("nan"), float("nan"), len(base), len(new))
     low, high = bootstrap_ratio_ci(base, new, alpha=alpha, seed=seed)
-    p_value = float(mannwhitneyu(new, base, alternative="two-sided").pvalue)
+    p_value = mann_whitney_p(new, base)
     return LatencyTest(ratio, low, high, p_value, len(base), len(new))
+
+
+def mann_whitney_p(x: np.ndarray, y: np.ndarray) -> float:
+    """Two-sided Mann-Whitney U p-value: scipy's (exact for small samples) when installed,
+    else the normal approximation with tie and continuity corrections."""
+    if mannwhitneyu is not None:
+        return float(mannwhitneyu(x, y, alternative="two-sided").pvalue)
+    n1, n2 = len(x), len(y)
+    values = np.concatenate([x, y])
+    order = values.argsort(kind="mergesort")
+    ranks = np.empty(len(values))
+    sorted_values = values[order]
+    _, first, counts = np.unique(sorted_values, return_index=True, return_counts=True)
+    average = first + (counts + 1) / 2.0  # 1-based average rank of each tie group
+    ranks[order] = np.repeat(average, counts)
+    u = ranks[:n1].sum() - n1 * (n1 + 1) / 2.0
+    n = n1 + n2
+    tie_term = (counts**3 - counts).sum() / (n * (n - 1))
+    sigma = math.sqrt(n1 * n2 / 12.0 * ((n + 1) - tie_term))
+    if sigma == 0:
+        return 1.0
+    z = (abs(u - n1 * n2 / 2.0) - 0.5) / sigma
+    return float(min(1.0, math.erfc(max(z, 0.0) / math.sqrt(2))))
 
 
 def adjust_p_values(p_values: Sequence[float], method: str = "bh") -> np.ndarray:

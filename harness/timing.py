@@ -79,13 +79,17 @@ def time_call(
     target_s: float = 0.25,
     min_reps: int | None = None,
     max_reps: int | None = None,
+    graphable: bool | None = None,
 ) -> Timing:
     """Device time of ``fn()`` on ``device``; see the module docstring for the method.
 
     ``graph=False`` forbids the CUDA-graph replay (events around eager calls instead).
+    ``graphable`` is the earlier name of ``graph``, kept because ``compare --confirm``
+    times old commits' code and new code through one call.
     The returned method is ``cpu_perf_counter``, ``cuda_graph_replay`` or ``cuda_events``.
     """
     min_reps, max_reps = _reps(device, min_reps, max_reps)
+    graph = graph if graphable is None else graphable
     if not _is_cuda(device):
         fn()
 

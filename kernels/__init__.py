@@ -34,6 +34,7 @@ def __getattr__(name: str):
             return _triton_missing
         from .triton_paged import paged_attention_triton
 
+        globals()[name] = paged_attention_triton  # later lookups skip this function
         return paged_attention_triton
     raise AttributeError(f"module 'kernels' has no attribute {name!r}")
 

@@ -280,9 +280,9 @@ def choose_tiling(
 ) -> Tiling:
     """Tile sizes, query-tile count and KV split; the kernel launcher and tlsim both use exactly these.
 
-    ``max_q_len`` and ``max_seq_len`` are host-known upper bounds (not necessarily the
-    true maxima: :func:`tiling_for` derives them from shapes). ``max_seq_len`` 0 means no
-    split. ``num_tokens`` defaults to num_seqs * max_q_len. ``fp32`` inputs keep BLOCK_M
+    ``max_q_len`` (a typical query length: it sets the tile height) and ``max_seq_len``
+    (an upper bound of the KV lengths: it sets the split) are host-known, derived from
+    shapes and hints by :func:`tiling_for`. ``max_seq_len`` 0 means no split. ``num_tokens`` defaults to num_seqs * max_q_len. ``fp32`` inputs keep BLOCK_M
     at 16: their dots run in IEEE fp32 on CUDA cores, and a 64-row tile spills registers
     (measured on an H200, gpu_results/2026-11-29-h200-tile-probe: prefill at head_dim 128
     took 46 ms with BLOCK_M 64 and 3.7 ms with 16). Half-precision tiles keep 64 rows for
@@ -324,20 +324,25 @@ def choose_tiling(
 def tiling_for(call: PagedCall, max_q_len: int | None = None, max_seq_len: int | None = None) -> Tiling:
     """The tiling of one call, from host-known sizes only: what the launcher runs and tlsim models.
 
-    Upper bounds read no tensor value: max_q_len is 1 when query_start_loc is None (one
-    query per sequence), else num_tokens; max_seq_len is the table's capacity,
-    max_blocks_per_seq * block_size. The optional hints (host ints from the caller) refine
-    them. A wrong hint costs speed, never correctness: max_q_len only picks the tile
-    height, and the last KV split runs to the end of the sequence whatever max_seq_len said.
+    Nothing here reads a tensor value. The query length only picks the tile height (the
+    grid covers every token whatever it is): the max_q_len hint when given, else 1 when
+    query_start_loc is None, else the mean q_len ceil(num_tokens / num_seqs), so a decode
+    batch given as offsets gets decode tiles and 16 prefills of 1024 get prefill tiles.
+    max_seq_len, an upper bound that sets the KV split, is the hint when given, else the
+    table's capacity max_blocks_per_seq * block_size. A wrong hint costs speed, never
+    correctness: the last KV split runs to the end of the sequence whatever max_seq_len said.
     """
-    q_bound = 1 if call.given_query_start_loc is None else call.num_tokens
-    if max_q_len is not None:
-        q_bound = min(q_bound, int(max_q_len))
+    if call.given_query_start_loc is None:
+        q_len = 1
+    elif max_q_len is not None:
+        q_len = min(int(max_q_len), call.num_tokens)
+    else:
+        q_len = cdiv(call.num_tokens, max(call.num_seqs, 1))
     kv_bound = call.table_capacity if max_seq_len is None else min(int(max_seq_len), call.table_capacity)
     return choose_tiling(
         call.head_dim,
         call.group_size,
-        q_bound,
+        q_len,
         call.num_seqs,
         call.num_kv_heads,
         kv_bound,

@@ -9,7 +9,8 @@ The read path an engine takes, once per step and then once per layer:
 
     meta = cache.step_metadata(seq_ids, query_start_loc)   # a few device ops, no sync
     for layer in range(num_layers):
-        out[layer] = cache.paged_attention(layer, q[layer], meta)   # no sync, graph-capturable
+        cache.paged_attention(layer, q[layer], meta, out=out[layer])   # no sync, graph-capturable
+    cache.step_metadata(seq_ids, into=meta)   # the next step in the same tensors: replay a graph
 
 The device table has one row per live sequence, updated as blocks are handed out
 (allocate/append/free), so a step gathers its rows instead of rebuilding the table on
@@ -19,11 +20,13 @@ metadata on every call.
 
 from __future__ import annotations
 
+import dataclasses
 import operator
 from dataclasses import dataclass
 
 import torch
 
+from ._common import checks_enabled
 from .dispatch import paged_attention_dispatch
 
 
@@ -153,7 +156,7 @@ class PagedKVCache:
         row = self._rows[seq_id]
         if new_blocks:
             self._owned[new_blocks] = True
-            self._table[row, len(blocks) : width] = torch.tensor(new_blocks, dtype=torch.int32).to(self.device)
+            self._table[row, len(blocks) : width] = self._upload(torch.tensor(new_blocks, dtype=torch.int32))
         blocks.extend(new_blocks)
         self._lens[seq_id] = new_len
         self._device_lens[row] = new_len
@@ -194,6 +197,12 @@ class PagedKVCache:
         self._table, self._device_lens = table, lens
         self._free_rows = list(range(rows - 1, old_rows - 1, -1)) + self._free_rows
 
+    def _upload(self, host: torch.Tensor) -> torch.Tensor:
+        """A host tensor on the cache's device without a sync: staged in pinned memory, copied async."""
+        if self.device.type != "cuda" or host.device.type != "cpu":
+            return host.to(self.device)
+        return host.pin_memory().to(self.device, non_blocking=True)
+
     # --- writes ------------------------------------------------------------------------
 
     def _check_layer(self, layer: int) -> int:
@@ -220,8 +229,6 @@ class PagedKVCache:
         one only when value checks are on (``check``, else $PAGED_ATTENTION_CHECK), since
         reading it is a device sync.
         """
-        from ._common import checks_enabled
-
         k_pool, v_pool = self.k_caches[self._check_layer(layer)], self.v_caches[layer]
         if slot_mapping.dim() != 1 or slot_mapping.dtype.is_floating_point or slot_mapping.dtype.is_complex:
             raise ValueError(
@@ -275,20 +282,29 @@ class PagedKVCache:
         """[len(seq_ids)] int32 KV lengths, built on the host."""
         return torch.tensor([self._lens[s] for s in seq_ids], dtype=torch.int32, device=self.device)
 
-    def step_metadata(self, seq_ids, query_start_loc: torch.Tensor | None = None) -> StepMetadata:
+    def step_metadata(
+        self, seq_ids, query_start_loc: torch.Tensor | None = None, *, into: StepMetadata | None = None
+    ) -> StepMetadata:
         """One step's metadata for the sequences ``seq_ids`` (q's packing order); reads no device value.
 
         query_start_loc [len(seq_ids) + 1] int32, or None for one query per sequence. A CPU
         tensor gives the host its max_q_len hint for free and is copied to the device; a
         device tensor is used as it is (max_q_len then unknown: the kernel bounds it by
         num_tokens). The block table and lengths are rows gathered from the device table:
-        two small device ops, no host loop over blocks.
+        two small device ops, no host loop over blocks; the row indices travel through
+        pinned memory, so building the metadata makes no device sync either.
+
+        into: an earlier step's metadata with the same number of sequences (and the same
+        kind of query_start_loc): its tensors are refilled in place and shared by the
+        result, so a CUDA graph captured with them replays this step. The launch hints
+        baked into such a graph stay those of its capture, which costs speed, never
+        correctness (see kernels._common.tiling_for).
         """
         seq_ids = tuple(seq_ids)
         missing = [s for s in seq_ids if s not in self._rows]
         if missing:
             raise KeyError(f"sequences {missing} are not allocated")
-        rows = torch.tensor([self._rows[s] for s in seq_ids], dtype=torch.int64).to(self.device)
+        rows = self._upload(torch.tensor([self._rows[s] for s in seq_ids], dtype=torch.int64))
         max_q_len = 1 if query_start_loc is None else None
         if query_start_loc is not None:
             if query_start_loc.shape != (len(seq_ids) + 1,) or query_start_loc.dtype != torch.int32:
@@ -298,15 +314,30 @@ class PagedKVCache:
                 )
             if query_start_loc.device.type == "cpu":
                 max_q_len = int((query_start_loc[1:] - query_start_loc[:-1]).max()) if seq_ids else 0
-            query_start_loc = query_start_loc.to(self.device)
-        return StepMetadata(
-            block_table=self._table.index_select(0, rows),
-            seq_lens=self._device_lens.index_select(0, rows),
-            query_start_loc=query_start_loc,
-            max_q_len=max_q_len,
-            max_seq_len=max((self._lens[s] for s in seq_ids), default=0),
-            seq_ids=seq_ids,
-        )
+            query_start_loc = self._upload(query_start_loc)
+        max_seq_len = max((self._lens[s] for s in seq_ids), default=0)
+        if into is None:
+            return StepMetadata(
+                block_table=self._table.index_select(0, rows),
+                seq_lens=self._device_lens.index_select(0, rows),
+                query_start_loc=query_start_loc,
+                max_q_len=max_q_len,
+                max_seq_len=max_seq_len,
+                seq_ids=seq_ids,
+            )
+        if into.block_table.shape != (len(seq_ids), self._table.shape[1]) or (into.query_start_loc is None) != (
+            query_start_loc is None
+        ):
+            raise ValueError(
+                f"into holds {tuple(into.block_table.shape)} tables and query_start_loc "
+                f"{'None' if into.query_start_loc is None else 'given'}; this step needs "
+                f"{(len(seq_ids), self._table.shape[1])} and {'None' if query_start_loc is None else 'given'}"
+            )
+        torch.index_select(self._table, 0, rows, out=into.block_table)
+        torch.index_select(self._device_lens, 0, rows, out=into.seq_lens)
+        if query_start_loc is not None:
+            into.query_start_loc.copy_(query_start_loc)
+        return dataclasses.replace(into, max_q_len=max_q_len, max_seq_len=max_seq_len, seq_ids=seq_ids)
 
     def paged_attention(
         self, layer, q, seqs, query_start_loc=None, scale=None, out=None, *, check: bool | None = None

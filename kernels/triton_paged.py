@@ -2,7 +2,8 @@
 
 The idea, in a few lines:
 
-* One program owns one (query tile, KV head). A query tile is BLOCK_Q query tokens of
+* One program owns one (query tile, KV head, KV split; see ``kernels._common.Tiling``
+  for the split, taken when few programs would run). A query tile is BLOCK_Q query tokens of
   one sequence times the group_size query heads that read this KV head, so each KV tile
   is loaded from the pool once and shared by the whole group (MHA: group 1, MQA: group
   num_q_heads).
@@ -21,9 +22,11 @@ The idea, in a few lines:
 * Online softmax in base 2 on the unscaled logits ``s = q . k``: running max ``m`` of s,
   ``p = exp2((s - m) * scale * log2(e))``, running sum ``l``, and an fp32 accumulator
   rescaled by ``exp2((m_old - m_new) * scale * log2(e))`` at every tile. Scaling after
-  subtracting the max matters at large logits: ``s * scale * log2(e)`` of a logit near
-  150 rounds to ~8e-6, which a plain softmax never pays (see kernel_cases' fp32 case
-  ``large_logits_q40``); ``s - m`` is exact near the max.
+  subtracting the max matters at large logits: scaling first turns a logit near 150 into
+  ~216 in base 2, which fp32 rounds by up to 7.6e-6, an error a plain ``exp(s - m)`` does
+  not add, while ``s - m`` is exact near the max (tests/kernel_cases.py, fp32 case
+  ``large_logits_q40``). The fp32 dot itself errs about as much at such logits; that
+  error stays.
 * Causality: query j of a sequence with q_len queries sits at position
   ``seq_len - q_len + j`` and sees keys ``0..position``. The tile loop stops at the last
   position any row of the program can see.

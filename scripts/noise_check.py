@@ -116,7 +116,7 @@ def _counts(rows, slowed: str | None) -> dict:
     return out
 
 
-def tally(base: Path, new: Path, slowed: str | None, slowdown: float, threads: int) -> dict:
+def tally(base: Path, new: Path, slowed: str | None, slowdown: float, threads: int, which: str = "all") -> dict:
     """Plain compare of two runs, then the same with --confirm (both workers in this checkout)."""
     from harness.compare import CompareOptions, compare_runs
     from harness.confirm import confirm_slower
@@ -128,11 +128,14 @@ def tally(base: Path, new: Path, slowed: str | None, slowdown: float, threads: i
     comparison = compare_runs(b, n, bm, nm, options)
     plain = _counts(comparison.rows, slowed)
     envs = ({"HARNESS_SLOWDOWN": "0"}, {"HARNESS_SLOWDOWN": str(slowdown if slowed else 0)})
+    if which == "none":
+        return {"compare": plain}
     start = time.time()
-    confirmed = confirm_slower(comparison, bm, nm, options, checkouts=(ROOT, ROOT), envs=envs, which="all")
+    confirmed = confirm_slower(comparison, bm, nm, options, checkouts=(ROOT, ROOT), envs=envs, which=which)
+    seconds = round(time.time() - start)
     return {
         "compare": plain,
-        "compare --confirm all": {**_counts(confirmed.rows, slowed), "confirm_seconds": round(time.time() - start)},
+        f"compare --confirm {which}": {**_counts(confirmed.rows, slowed), "confirm_seconds": seconds},
     }
 
 
@@ -144,6 +147,12 @@ def main() -> int:
     parser.add_argument("--min-reps", type=int, default=10, help="timing samples per row at least (10)")
     parser.add_argument(
         "--threads", type=int, default=1, help="torch intra-op threads while running (1; 0 = torch's default)"
+    )
+    parser.add_argument(
+        "--confirm",
+        default="all",
+        choices=["none", "slower", "unclear", "all"],
+        help="which rows --confirm re-times (all)",
     )
     parser.add_argument("--reuse", nargs=3, type=Path, metavar=("A", "B", "C"), help="compare three existing runs")
     args = parser.parse_args()
@@ -166,8 +175,10 @@ def report(args: argparse.Namespace, runs: dict[str, Path], seconds: dict[str, f
         "cases": args.cases,
         "runs": {k: str(v) for k, v in runs.items()},
         "seconds": seconds,
-        "A_vs_B (same commit)": tally(runs["A"], runs["B"], None, 0.0, args.threads),
-        f"A_vs_C ({SLOWED} +{args.slowdown:.0%})": tally(runs["A"], runs["C"], SLOWED, args.slowdown, args.threads),
+        "A_vs_B (same commit)": tally(runs["A"], runs["B"], None, 0.0, args.threads, args.confirm),
+        f"A_vs_C ({SLOWED} +{args.slowdown:.0%})": tally(
+            runs["A"], runs["C"], SLOWED, args.slowdown, args.threads, args.confirm
+        ),
     }
     (args.out / f"{Path(runs['A']).name[:-2]}-noise_check.json").write_text(json.dumps(result, indent=2) + "\n")
     print(json.dumps(result, indent=2))

@@ -106,6 +106,23 @@ def test_the_guard_catches_a_read_that_checks_values(triton_launches, value_read
         cache.paged_attention(0, torch.randn(len(seq_ids), NUM_Q_HEADS, HEAD_DIM), meta, check=True)
 
 
+def test_next_step_refills_the_same_metadata_tensors():
+    """What a CUDA-graph engine does between replays: same buffers, the new step's contents."""
+    cache, seq_ids = busy_cache(max_seqs=16, max_blocks_per_seq=16)
+    first = cache.step_metadata(seq_ids)
+    for seq_id in seq_ids:
+        cache.write(
+            0, cache.append(seq_id, 5), torch.zeros(5, NUM_KV_HEADS, HEAD_DIM), torch.zeros(5, NUM_KV_HEADS, HEAD_DIM)
+        )
+    refilled = cache.step_metadata(seq_ids, into=first)
+    fresh = cache.step_metadata(seq_ids)
+    assert refilled.block_table is first.block_table and refilled.seq_lens is first.seq_lens
+    assert torch.equal(refilled.block_table, fresh.block_table) and torch.equal(refilled.seq_lens, fresh.seq_lens)
+    assert refilled.max_seq_len == fresh.max_seq_len > first.max_seq_len == refilled.max_seq_len - 5
+    with pytest.raises(ValueError, match="into holds"):
+        cache.step_metadata(seq_ids[:2], into=first)
+
+
 def test_query_start_loc_beside_metadata_is_refused():
     cache, seq_ids = busy_cache()
     meta = cache.step_metadata(seq_ids)
@@ -130,17 +147,17 @@ def test_a_fixed_size_table_never_moves_and_refuses_to_grow():
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not CUDA, reason="needs a CUDA device (CUDA graphs, sync debug mode)")
-def test_a_whole_decode_step_replays_from_one_cuda_graph(monkeypatch):
+def test_whole_decode_steps_replay_from_one_cuda_graph(monkeypatch):
     monkeypatch.delenv(kernels.CHECK_ENV, raising=False)
     cache, seq_ids = busy_cache("cuda", max_seqs=16, max_blocks_per_seq=16)
-    meta = cache.step_metadata(seq_ids)
     q = torch.randn(NUM_LAYERS, len(seq_ids), NUM_Q_HEADS, HEAD_DIM, device="cuda")
     out = torch.full_like(q, float("nan"))
     for layer in range(NUM_LAYERS):  # compile outside the capture
-        cache.paged_attention(layer, q[layer], meta, out=out[layer])
+        cache.paged_attention(layer, q[layer], seq_ids, out=out[layer])
     torch.cuda.synchronize()
     torch.cuda.set_sync_debug_mode("error")
     try:
+        meta = cache.step_metadata(seq_ids)
         for layer in range(NUM_LAYERS):
             cache.paged_attention(layer, q[layer], meta, out=out[layer])
     finally:
@@ -152,6 +169,22 @@ def test_a_whole_decode_step_replays_from_one_cuda_graph(monkeypatch):
             cache.paged_attention(layer, q[layer], meta, out=out[layer])
     graph.replay()
     torch.cuda.synchronize()
+    _assert_every_layer_matches_the_oracle(cache, seq_ids, q, out)
+
+    # The next decode step: one more token a sequence, metadata refilled in place, same graph.
+    for seq_id in seq_ids:
+        slots = cache.append(seq_id, 1)
+        for layer in range(NUM_LAYERS):
+            kv = torch.randn(2, 1, NUM_KV_HEADS, HEAD_DIM, device="cuda")
+            cache.write(layer, slots, kv[0], kv[1])
+    cache.step_metadata(seq_ids, into=meta)
+    out.fill_(float("nan"))
+    graph.replay()
+    torch.cuda.synchronize()
+    _assert_every_layer_matches_the_oracle(cache, seq_ids, q, out)
+
+
+def _assert_every_layer_matches_the_oracle(cache, seq_ids, q, out):
     for layer in range(NUM_LAYERS):
         expected = paged_attention_oracle(
             q[layer], cache.k_caches[layer], cache.v_caches[layer], cache.block_table(seq_ids), cache.seq_lens(seq_ids)

@@ -42,16 +42,16 @@ def test_confirm_keeps_a_real_slowdown_and_clears_one_that_interleaved_timing_do
     base, new, meta = _runs(tmp_path, 1.5)
     comparison = compare_runs(base, new, meta, meta)
     assert (comparison.rows["verdict"] == "slower").all() and comparison.exit_code == EXIT_WORSE
-    envs = ({"HARNESS_SLOWDOWN": "0"}, {"HARNESS_SLOWDOWN": "3"})  # only reference_slowable is slower in 'new'
+    envs = ({"HARNESS_SLOWDOWN": "0"}, {"HARNESS_SLOWDOWN": "8"})  # only reference_slowable is slower in "new"
     confirmed = confirm_slower(
-        comparison, meta, meta, CompareOptions(), rounds=5, checkouts=(ROOT, ROOT), envs=envs, log=lambda _: None
+        comparison, meta, meta, CompareOptions(), rounds=6, checkouts=(ROOT, ROOT), envs=envs, log=lambda _: None
     )
     rows = confirmed.rows.set_index("backend")
     assert (rows["evidence"] == "confirmed, interleaved").all()
     assert rows.loc["reference_slowable", "verdict"] == "slower", rows.loc["reference_slowable", "verdict_reason"]
     assert rows.loc["reference", "verdict"] != "slower", rows.loc["reference", "verdict_reason"]
     assert confirmed.exit_code == EXIT_WORSE and list(confirmed.regressions["backend"]) == ["reference_slowable"]
-    assert "interleaved re-run, 5 rounds" in confirmed.regressions["why"][0]
+    assert "interleaved re-run, 6 rounds" in confirmed.regressions["why"][0]
 
 
 def test_confirm_without_commits_changes_nothing_and_says_why(tmp_path):

@@ -113,5 +113,5 @@ def test_unchecked_bad_block_id_turns_its_rows_to_nan_and_leaves_the_rest(backen
 @pytest.mark.parametrize("backend", ["tlsim", "triton"])
 def test_unchecked_seq_len_past_the_table_is_nan_not_a_stray_read(backend):
     fn = backend_fn(backend)
-    got = fn(*args_with(seq_lens=lambda s: s * 100), check=False)
-    assert bool(got.isnan().any())
+    got = fn(*args_with(seq_lens=lambda s: s + 48), check=False)  # the table holds 3 blocks of 16
+    assert bool(got.isnan().all()), "every query sees a key past the table"

@@ -69,6 +69,18 @@ def test_decode_launches_one_program_per_sequence_and_kv_head(as_offsets, triton
     assert triton_launches.grids[0][:2] == (len(DECODE.seq_lens), DECODE.num_kv_heads)
 
 
+@pytest.mark.parametrize("dtype", [torch.float16, torch.float32])
+def test_decode_through_offsets_gets_the_decode_tiling(dtype):
+    """query_start_loc of all-ones is decode too: without reading it, the same tile height and split."""
+    num_seqs, heads, head_dim = 64, (32, 8), 128
+    q = torch.empty(num_seqs, heads[0], head_dim, dtype=dtype)
+    pool = torch.empty(4, 16, heads[1], head_dim, dtype=dtype)
+    table, lens = torch.zeros(num_seqs, 8, dtype=torch.int32), torch.ones(num_seqs, dtype=torch.int32)
+    ones = torch.arange(num_seqs + 1, dtype=torch.int32)
+    as_decode = tiling_for(prepare_call(q, pool, pool, table, lens, None, check=False))
+    assert tiling_for(prepare_call(q, pool, pool, table, lens, ones, check=False)) == as_decode
+
+
 def test_prefill_launches_about_num_tokens_over_block_q_tiles(triton_launches):
     case = replace(BASE, name="ragged_prefill", seq_lens=(70, 5, 33, 64), q_lens=(70, 0, 9, 64))
     args = _args(case)

@@ -210,3 +210,33 @@ def test_rows_carry_error_bound_and_grading_note(case_file, tmp_path):
     assert "grades the input" in rows.loc["reference", "grading_note"]
     rows = run_rows(case_file, ["reference"])
     assert rows.loc["reference", "grading_note"] == "" and rows.loc["reference", "error_bound"] > 0
+
+
+def test_fingerprints_see_one_changed_element_and_a_swap_on_either_path():
+    from harness.guard import device_digest, fingerprint
+
+    pool = torch.full((64, 16, 2, 32), float("nan"))
+    pool[:40] = torch.randn(40, 16, 2, 32)
+    assert fingerprint(pool) == fingerprint(pool.clone()), "NaN slots compare equal"
+    changed = pool.clone()
+    changed[3, 4, 1, 7] += 1e-6
+    swapped = pool.clone()
+    swapped[[0, 1]] = pool[[1, 0]]
+    for other in (changed, swapped):
+        assert fingerprint(other) != fingerprint(pool)
+        as_bytes = [t.reshape(-1).view(torch.uint8) for t in (pool, other)]
+        assert device_digest(as_bytes[0]) != device_digest(as_bytes[1]), "the on-device digest used for CUDA"
+    assert device_digest(pool.reshape(-1).view(torch.uint8)) == device_digest(
+        pool.clone().reshape(-1).view(torch.uint8)
+    )
+
+
+def test_the_error_bound_in_chunks_of_query_rows_is_the_same_bound(monkeypatch):
+    from harness import grading
+
+    inputs = make_inputs(num_q_heads=8, num_kv_heads=2, head_dim=64, block_size=16, seq_lens=[300, 500],
+                         q_lens=[40, 300], input_scale=3.0, seed=3)  # fmt: skip
+    expected = paged_attention_oracle(*inputs.args())
+    whole = forward_error_bound(*inputs.args(), expected)
+    monkeypatch.setattr(grading, "BOUND_CHUNK_ELEMENTS", 5000)  # a few query rows a chunk
+    assert torch.allclose(forward_error_bound(*inputs.args(), expected), whole, rtol=1e-12, atol=0)

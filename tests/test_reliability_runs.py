@@ -129,26 +129,21 @@ def rows_of(out):
 
 
 def test_exit_segfault_hang_and_sys_exit_in_a_plugin_are_error_rows_and_the_run_goes_on(setup, capsys):
-    cases = setup / "cases.toml"
-    cases.write_text(
-        CASES.replace('name = "first"', 'name = "first"\ntimeout_s = 4.0').split('[[case]]\nname = "second"')[0]
-    )
+    """Case 'first' limits a call to 4 s (timeout_s); 'second' runs only `hangs`, under --timeout 2."""
+    cases = CASES.replace('name = "first"', 'name = "first"\ntimeout_s = 4.0')
+    (setup / "cases.toml").write_text(cases.replace("seed = 1", 'seed = 1\nbackends = ["hangs"]'))
     out = setup / "reports" / "run"
-    code = run(setup, out, "--timeout", "60", *backends("os_exit", "segfault", "hangs", "sys_exit", "good", "tlsim"))
+    code = run(setup, out, "--timeout", "2", *backends("os_exit", "segfault", "hangs", "sys_exit", "good", "tlsim"))
     assert code == 1
-    rows = rows_of(out).set_index("backend")
+    rows = rows_of(out).set_index(["case", "backend"]).loc["first"]
     assert rows.loc["os_exit", "status"] == "error" and "exited with code 0" in rows.loc["os_exit", "reason"]
     assert rows.loc["segfault", "status"] == "error" and "killed by SIGSEGV" in rows.loc["segfault", "reason"]
     assert rows.loc["hangs", "status"] == "error" and "timed out after 4 s" in rows.loc["hangs", "reason"]
     assert rows.loc["sys_exit", "status"] == "error" and rows.loc["sys_exit", "reason"].startswith("SystemExit")
     assert rows.loc["good", "status"] == "pass", "an isolated call after three deaths runs in a fresh worker"
     assert rows.loc["tlsim", "status"] == "pass"
-
-
-def test_the_timeout_option_limits_an_isolated_call(setup):
-    out = setup / "run"
-    assert run(setup, out, "--timeout", "2", *backends("hangs")) == 1
-    assert set(rows_of(out)["reason"]) == {"timed out after 2 s (isolated; the worker was killed)"}
+    second = rows_of(out).set_index(["case", "backend"]).loc["second"]
+    assert second.loc["hangs", "reason"] == "timed out after 2 s (isolated; the worker was killed)"
 
 
 @pytest.mark.parametrize(
@@ -251,6 +246,8 @@ def test_resume_refuses_a_finished_run_and_a_missing_journal(setup, capsys):
     assert "already exists: that run is complete" in capsys.readouterr().err
     assert main(["run", "--resume", str(setup / "never")]) == 2
     assert "no journal here" in capsys.readouterr().err
+    assert main(["run", "--resume", str(setup / "never"), str(setup / "cases.toml")]) == 2
+    assert "--resume runs the journal's own cases" in capsys.readouterr().err
 
 
 # --- 5. writes ------------------------------------------------------------------------------
@@ -293,6 +290,17 @@ def test_runs_started_at_the_same_second_get_distinct_folders(tmp_path, monkeypa
             return datetime.datetime(2026, 1, 1, tzinfo=tz)
 
     monkeypatch.setattr(storage_module, "datetime", Frozen)
+    real_default = storage_module.default_run_dir
+    same_name = real_default(tmp_path, "cpu")
+    first_call = threading.local()
+
+    def raced_default(root, device):  # every run computes the same name before any has reserved it
+        if getattr(first_call, "done", False):
+            return real_default(root, device)
+        first_call.done = True
+        return same_name
+
+    monkeypatch.setattr(storage_module, "default_run_dir", raced_default)
     frame = to_frame([{"case": "c", "backend": "b", "status": "pass"}])
     reserved, errors = [], []
     barrier = threading.Barrier(6)
@@ -323,7 +331,7 @@ def test_runs_started_at_the_same_second_get_distinct_folders(tmp_path, monkeypa
 @pytest.mark.parametrize(
     ("extra", "case_addition", "message"),
     [
-        ([], 'backends = ["flex_attention"]\n', "nothing was graded: 2 skip and 0 error rows"),
+        (None, 'backends = ["flex_attention"]\n', "nothing was graded: "),
         (backends("flex_attention", "tlsim"), "", "--backend flex_attention ran on no case"),
         (backends("cuda_only"), "", "nothing was graded"),
     ],
@@ -332,8 +340,7 @@ def test_a_run_that_grades_nothing_or_skips_a_requested_backend_is_not_green(set
                                                                               message):  # fmt: skip
     (setup / "cases.toml").write_text(CASES.replace("[[case]]", case_addition + "[[case]]", 1))
     out = setup / "run"
-    args = extra or backends("tlsim")
-    assert run(setup, out, *args) == 1
+    assert run(setup, out, *(extra or [])) == 1
     assert message in capsys.readouterr().err
     assert out.is_dir(), "the report is still written"
 
@@ -373,3 +380,65 @@ def test_load_run_names_a_corrupt_meta_or_a_foreign_parquet(setup, capsys):
     (foreign / "results.parquet").write_text("garbage")
     assert main(["report", str(foreign)]) == 2
     assert "not a readable parquet file" in capsys.readouterr().err
+
+
+def test_sigterm_during_the_final_write_leaves_no_partial_folder_and_keeps_the_journal(setup, capsys, monkeypatch):
+    from harness import report
+    from harness.guard import Terminated
+
+    def terminated_while_rendering(*args):
+        raise Terminated  # what the SIGTERM handler raises, arriving while the folder is written
+
+    out = setup / "reports" / "run"
+    with monkeypatch.context() as patch:
+        patch.setattr(report, "render_html", terminated_while_rendering)
+        assert run(setup, out, *backends("tlsim")) == 143
+    assert f"finish with: python -m harness run --resume {out}" in capsys.readouterr().err
+    assert sorted(p.name for p in out.parent.iterdir()) == ["run.journal.jsonl"], "no partial folder"
+    fresh_registry()
+    assert main(["run", "--resume", str(out), "--no-progress"]) == 0
+    assert len(rows_of(out)) == 2
+
+
+@pytest.mark.parametrize("isolate", ["plugins", "none"])
+def test_the_users_ctrl_c_stops_a_run_inside_a_hanging_call_and_keeps_the_journal(setup, isolate):
+    """A real Ctrl-C (SIGINT to the whole process group, as a terminal sends it) while `hangs` runs,
+    in the worker or in-process: exit 130 within seconds, the journal kept, no error row for `hangs`."""
+    import time
+
+    out = setup / "reports" / "run"
+    command = [sys.executable, "-m", "harness", "run", str(setup / "cases.toml"), "--out", str(out), "--no-timing",
+               "--no-progress", "--plugin", str(setup / "faulty_plugin.py"), "--isolate", isolate,
+               *backends("tlsim", "hangs")]  # fmt: skip
+    proc = subprocess.Popen(command, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            env={**os.environ, "HARNESS_TEST_DIR": str(setup)}, start_new_session=True)  # fmt: skip
+    try:
+        deadline = time.monotonic() + 240
+        while time.monotonic() < deadline and proc.poll() is None:
+            if journal_path(out).exists() and len(Journal.read(journal_path(out)).rows) >= 1:
+                break
+            time.sleep(0.2)
+        time.sleep(2)  # the worker is now inside `hangs`
+        os.killpg(proc.pid, signal.SIGINT)
+        _, err = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    assert proc.returncode == 130, err[-2000:]
+    assert f"interrupted: 1 rows kept in {journal_path(out)}" in err
+    assert [r["backend"] for r in Journal.read(journal_path(out)).rows] == ["tlsim"]
+
+
+def test_isolate_all_runs_the_built_ins_in_the_worker_too(setup, capsys, monkeypatch):
+    from harness import runner
+
+    def no_local_context(*args, **kwargs):
+        raise AssertionError("a built-in ran in-process under --isolate all")
+
+    monkeypatch.setattr(runner, "build_context", no_local_context)  # the worker imports its own copy
+    out = setup / "run"
+    assert main(["run", str(setup / "cases.toml"), "--out", str(out), "--no-timing", "--no-progress",
+                 "--isolate", "all", *backends("tlsim", "reference")]) == 0  # fmt: skip
+    assert set(rows_of(out)["status"]) == {"pass"} and len(rows_of(out)) == 4
+    assert main(["run", str(setup / "cases.toml"), "--out", str(setup / "x"), "--timeout", "0"]) == 2
+    assert "--timeout 0: must be a positive number of seconds" in capsys.readouterr().err

@@ -5,6 +5,7 @@ from __future__ import annotations
 import re
 
 import pandas as pd
+import pytest
 
 from harness.cli import main
 from harness.report import render_html, sig
@@ -102,6 +103,7 @@ def test_report_with_a_baseline_marks_and_lists_regressions(tmp_path):
 
 
 def test_plots_are_embedded_as_data_uris():
+    pytest.importorskip("matplotlib", reason="plots need matplotlib")
     html = render_html(rf.frame(num_cases=4), rf.meta())
     assert html.count('<img src="data:image/svg+xml;base64,') >= 2
     assert not re.search(r'(src|href)="(https?:)?//', html), "the page loads nothing from the network"

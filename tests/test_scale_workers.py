@@ -47,9 +47,10 @@ def test_two_workers_give_the_one_process_rows_row_for_row(one_process_rows, tmp
     out, cache = tmp_path / "run", tmp_path / "cache"
     assert main([*SMOKE, "--out", str(out), "--workers", "2", "--oracle-cache", str(cache)]) == 0
     sharded = pd.read_parquet(out / "results.parquet")
-    assert len(sharded) == 10
+    assert len(sharded) == len(one_process_rows) >= 10
     pd.testing.assert_frame_equal(_without_timing(sharded), _without_timing(one_process_rows))
-    assert len(list(cache.glob("*.oracle"))) == 5  # --oracle-cache reached the workers: one entry per case
+    cases = one_process_rows["case"].nunique()
+    assert len(list(cache.glob("*.oracle"))) == cases  # --oracle-cache reached the workers: one entry per case
 
 
 @pytest.mark.slow  # starting a local Ray: about 25 s on a busy 2-core box

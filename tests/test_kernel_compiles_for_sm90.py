@@ -1,0 +1,69 @@
+"""The Triton kernels compile for an H100/H200 (sm_90) on a machine without a GPU.
+
+The CPU suite runs the kernels under Triton's interpreter, which accepts some programs
+the compiler rejects (loop-carried types, scalar control flow such as the binary search
+in ``_find_seq``). Compiling to PTX and through ptxas here catches those before a GPU run.
+It runs in a fresh interpreter: in this process Triton was imported with TRITON_INTERPRET=1.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+import kernels
+
+COMPILE = r"""
+import triton
+from triton.backends.compiler import GPUTarget
+from triton.compiler import ASTSource
+from kernels import triton_paged as tp
+
+FLOATS = {"qk_scale_log2"}
+
+
+def compile_for_sm90(fn, dtype, **meta):
+    names = fn.arg_names
+    sig = {}
+    for param in fn.params:
+        name = param.name
+        if param.is_constexpr:
+            sig[name] = "constexpr"
+        elif name.endswith("_ptr"):
+            sig[name] = "*fp32" if name.startswith("partial") else ("*i32" if name in (
+                "block_table_ptr", "seq_lens_ptr", "query_start_loc_ptr") else "*" + dtype)
+        else:
+            sig[name] = "fp32" if name in FLOATS else "i32"
+    constexprs = {(names.index(k),): v for k, v in meta.items()}
+    return triton.compile(ASTSource(fn=fn, signature=sig, constexprs=constexprs), target=GPUTarget("cuda", 90, 32))
+
+
+main = dict(HEAD_DIM=128, HEAD_DIM_PADDED=128, BLOCK_SIZE=16, TILE_N=64, INTERPRETED_BF16=False)
+compile_for_sm90(tp.paged_attention_kernel, "fp16", GROUP_SIZE=4, BLOCK_M=64, BLOCK_Q=16, DOT_PRECISION="tf32",
+                 ONE_QUERY_PER_SEQ=False, NUM_SPLITS=4, **main)
+compile_for_sm90(tp.paged_attention_kernel, "fp32", GROUP_SIZE=4, BLOCK_M=16, BLOCK_Q=4, DOT_PRECISION="ieee",
+                 ONE_QUERY_PER_SEQ=True, NUM_SPLITS=1, **main)
+compile_for_sm90(tp.combine_splits_kernel, "fp16", NUM_Q_HEADS=32, HEAD_DIM=128, HEAD_DIM_PADDED=128, NUM_SPLITS=4,
+                 INTERPRETED_BF16=False)
+print("compiled")
+"""
+
+
+def _ptxas_available() -> bool:
+    spec = importlib.util.find_spec("triton")
+    if spec is None or not spec.submodule_search_locations:
+        return False
+    return (Path(next(iter(spec.submodule_search_locations))) / "backends" / "nvidia" / "bin" / "ptxas").exists()
+
+
+@pytest.mark.skipif(not kernels.has_triton() or not _ptxas_available(), reason="needs Triton with its NVIDIA backend")
+def test_kernels_compile_for_sm90_without_a_gpu():
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"} | {"TRITON_DEFAULT_FP_FUSION": "1"}
+    root = Path(__file__).resolve().parent.parent
+    result = subprocess.run([sys.executable, "-c", COMPILE], cwd=root, env=env, capture_output=True, text=True)
+    assert result.returncode == 0 and result.stdout.strip() == "compiled", result.stderr[-3000:]
