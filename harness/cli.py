@@ -82,6 +82,9 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="RUN_DIR",
         help="finish a killed or unwritten run from its journal RUN_DIR.journal.jsonl, with its options",
     )
+    from .scale import add_arguments as add_scale_arguments
+
+    add_scale_arguments(run)  # --workers, --ray, --oracle-cache
 
     listing = verbs.add_parser("list", help="the expanded cases, as a table")
     listing.add_argument("cases", nargs="*")
@@ -243,6 +246,7 @@ def verdict(frame, requested: list[str] | None) -> tuple[int, list[str]]:
 
 def cmd_run(args: argparse.Namespace) -> int:
     from .options import apply_threads, default_device
+    from .scale import check_arguments as check_scale_arguments
 
     journal = _resume(args) if args.resume else None
     device = args.harness_device or default_device()
@@ -251,6 +255,10 @@ def cmd_run(args: argparse.Namespace) -> int:
     apply_threads(args.harness_threads, device)
     if args.timeout is not None and not args.timeout > 0:
         raise BadInput(f"--timeout {args.timeout:g}: must be a positive number of seconds")
+    try:
+        check_scale_arguments(args)  # --workers, --ray, --oracle-cache (harness.scale)
+    except ValueError as error:
+        raise BadInput(str(error)) from None
     plugin_backends, worker = _load_plugins(args.harness_plugins, args.isolate)
     try:
         return _run(args, device, journal, plugin_backends, worker)
@@ -300,7 +308,8 @@ def _run_and_write(args, device, cases, backends, plugin_backends, worker, journ
     from .ceilings import measure_ceilings
     from .environment import collect_meta
     from .profiling import profile_pairs, selected
-    from .runner import COLUMNS, RunConfig, run_cases, summarize, to_frame
+    from .runner import COLUMNS, RunConfig, summarize, to_frame
+    from .scale import run_rows
     from .storage import write_run
 
     threads = torch.get_num_threads()  # as cmd_run set it (--threads)
@@ -330,7 +339,7 @@ def _run_and_write(args, device, cases, backends, plugin_backends, worker, journ
     todo = sum((c.id, b.name) not in done for c in cases for b in backends)
     print(f"{len(cases)} cases x {len(backends)} backends on {device}"
           + (f": {todo} to run, {len(done)} from the journal" if done else ""), file=sys.stderr)  # fmt: skip
-    run_cases(cases, config, on_row=on_row, done=done, worker=worker)
+    run_rows(args, cases, config, on_row, done, worker)  # in this process, over --workers, or over --ray
     frame = _ordered(to_frame(journal.rows), cases, backends, COLUMNS)
     bandwidth = {k: v for k, v in ceilings.items() if k.endswith("_gbps")}
     meta = collect_meta(device, ["python -m harness", *sys.argv[1:]], bandwidth)

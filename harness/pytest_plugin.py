@@ -107,14 +107,39 @@ def harness_session(request: pytest.FixtureRequest) -> HarnessSession:
 
 
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    from . import xdist_rows
+
     target = session.config.getoption("harness_report", None)
-    if target is None or _SESSION_KEY not in session.config.stash:
+    if xdist_rows.worker_hands_rows_over(session.config):  # pytest -n: the controller writes the run
+        if _SESSION_KEY in session.config.stash:
+            xdist_rows.save_worker_rows(session.config, session.config.stash[_SESSION_KEY].rows)
+        return
+    merged = xdist_rows.collect_rows(session.config)  # None without pytest -n
+    if target is None or (merged is None and _SESSION_KEY not in session.config.stash):
         return
     from .environment import collect_meta
     from .runner import to_frame
     from .storage import write_run
 
-    harness = session.config.stash[_SESSION_KEY]
+    harness = _session(session.config)
+    rows = harness.rows if merged is None else xdist_rows.in_test_order(merged, harness.cases, harness.config.backends)
     meta = collect_meta(harness.device, ["pytest", *sys.argv[1:]], {})
-    path = write_run(to_frame(harness.rows), meta, target)
+    path = write_run(to_frame(rows), meta, target)
     print(f"\nharness report: {path / 'report.html'}")
+
+
+# pytest-xdist (pytest -n N): a GPU per worker, and the workers' rows merged into one run folder.
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_setupnodes(config: pytest.Config, specs) -> None:
+    from . import xdist_rows
+
+    xdist_rows.pin_gpus(config, specs)
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_configure_node(node) -> None:
+    from . import xdist_rows
+
+    xdist_rows.hand_rows_folder(node)

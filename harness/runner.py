@@ -21,6 +21,7 @@ from .inputs import PagedInputs, make_inputs
 from .measure import TimingPlan, timing_columns
 from .metrics import bytes_moved
 from .oracle import paged_attention_oracle
+from .oracle_cache import cached_oracle
 from .registry import Backend, Unsupported
 
 # The report's contract columns (docs/contract.md), then the case parameters and timing detail.
@@ -32,7 +33,8 @@ COLUMNS = [
     "tags", "case_file", "backend_kind", "note", "latency_p10_us", "latency_p90_us", "timing_reps",
     "timing_method", "call_us", "call_p10_us", "call_p90_us", "host_overhead_us", "graph_capturable",
     "device_syncs", "kernels_ran", "timing_threads", "flops", "tflops", "pct_of_peak",
-    "error_bound", "grading_note", "fail_count", "worst_location", "latency_samples_us", "call_samples_us",
+    "error_bound", "grading_note", "fail_count", "worst_location", "host", "gpu_index", "worker",
+    "latency_samples_us", "call_samples_us",
 ]  # fmt: skip
 STATUSES = ("pass", "fail", "error", "skip")
 
@@ -66,7 +68,12 @@ class CaseContext:
 
 def build_context(case: Case, device: str, oracle_device: str) -> CaseContext:
     inputs = case_inputs(case, device)
-    expected = paged_attention_oracle(*inputs.args(), device=oracle_device, **inputs.options)
+    expected = cached_oracle(  # computed once per input content and variant (harness.oracle_cache)
+        inputs.args(),
+        oracle_device,
+        lambda: paged_attention_oracle(*inputs.args(), device=oracle_device, **inputs.options),
+        options=inputs.options,
+    )
     bound = forward_error_bound(*inputs.args(), expected)
     return CaseContext(case, inputs, expected, bound, InputGuard(inputs, lambda: case_inputs(case, device)))
 

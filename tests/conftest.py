@@ -9,6 +9,7 @@ unset the variable themselves.
 
 import contextlib
 import os
+import tempfile
 
 import pytest
 import torch
@@ -17,6 +18,8 @@ import kernels
 
 kernels.use_interpreter_if_no_gpu()
 os.environ.setdefault(kernels.CHECK_ENV, "1")
+# The oracle cache of a test session lives in a temporary folder, not the user's ~/.cache.
+os.environ.setdefault("HARNESS_ORACLE_CACHE", tempfile.mkdtemp(prefix="harness-oracle-tests-"))
 
 pytest_plugins = ["harness.pytest_plugin"]
 

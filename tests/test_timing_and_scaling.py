@@ -154,3 +154,19 @@ def test_a_failing_row_names_the_sequence_query_position_and_head_of_its_worst_e
         del REGISTRY["off_at_one_element"]
     assert row["status"] == "fail" and row["fail_count"] == 1
     assert row["worst_location"] == "seq 1, query 1 (position 7), head 1"
+
+
+def test_the_oracle_cache_keeps_attention_variants_of_one_input_apart():
+    import torch
+
+    from harness.oracle_cache import cache_key
+
+    args = (torch.ones(2, 2, 32), torch.ones(3, 4, 1, 32), torch.ones(3, 4, 1, 32), torch.zeros(2, 1, dtype=torch.int32),
+            torch.full((2,), 4, dtype=torch.int32), None)  # fmt: skip
+    plain = cache_key(args, "cpu")
+    assert cache_key(args, "cpu", options={"sliding_window": 2}) != plain
+    assert cache_key(args, "cpu", options={"sliding_window": 2}) != cache_key(
+        args, "cpu", options={"sliding_window": 3}
+    )
+    sinks = {"sinks": torch.tensor([0.5, 1.0])}
+    assert cache_key(args, "cpu", options=sinks) != cache_key(args, "cpu", options={"sinks": torch.tensor([0.5, 2.0])})

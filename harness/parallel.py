@@ -1,0 +1,385 @@
+"""A run sharded over worker processes: one per GPU of the host (or N on a CPU).
+
+``harness run --workers N|auto`` hands each case to a worker process, which builds the
+case's inputs and float64 oracle once (:func:`harness.runner.build_context`, through the
+shared oracle cache), runs :func:`harness.runner.run_backend` for each backend, and sends
+each row back as it finishes. The parent writes every row to the run's journal (``on_row``)
+and ``cmd_run`` writes the one run folder, exactly as for a one-process run.
+
+* **Pinning.** On CUDA, worker ``i`` is started with ``CUDA_VISIBLE_DEVICES`` set to the
+  ``i``-th visible GPU (set in the environment it is spawned with, so before its torch
+  ever initialises CUDA); ``auto`` is one worker per visible GPU; more workers than GPUs
+  share them round robin (small cases that leave a GPU idle). On a CPU, ``auto`` is one
+  worker per core, and the run's torch threads are split between the workers
+  (``max(1, threads // N)`` each, at least one).
+* **Order.** Cases go out longest first, by an estimate of their cost,
+  ``flops(case) + bytes_moved(case)`` (:mod:`harness.metrics`): the oracle and the kernels
+  scale with the first, decode with the second. Each worker is sent ``PREFETCH`` (2) cases
+  ahead, so it never waits on the parent between cases (while at least as many cases as
+  workers are left; then one at a time, so no worker sits on a queued case while another
+  idles). The run folder's rows are in case order
+  whatever order they finished in (``cmd_run`` sorts them).
+* **Rows** carry ``host``, ``gpu_index`` (the physical GPU, "" on a CPU) and ``worker``.
+* **A worker that dies** (killed, out of memory, a segfault in a kernel) loses only the
+  row it was computing: the worker tells the parent which backend it starts, so its rows
+  already sent are kept, cases sent ahead and not started go back to the queue untouched,
+  the backend that was running is retried once on another worker
+  (with the case's backends that had not run yet), and a second death on that same
+  backend is an ``error`` row naming how the worker died. A death while building the
+  inputs/oracle counts against every remaining backend of the case. A row that runs past
+  its time limit (``case.timeout_s``, ``--timeout``, else 600 s) kills the worker and is
+  an ``error`` row at once (a hang is not retried). The run completes either way.
+* Plugins are imported in every worker (they are then run in-process there: the worker
+  is the isolation).
+"""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+import multiprocessing
+import os
+import signal
+import socket
+import time
+from collections.abc import Callable, Collection, Iterable
+from dataclasses import dataclass, field
+from multiprocessing.connection import wait
+
+from .cases import Case
+
+START_TIMEOUT_S = 300.0
+MAX_FAILED_STARTS = 3  # workers dying before they are ready (a broken install): the run stops
+PREFETCH = 2  # cases sent to a worker ahead of the one it runs: no parent round trip between cases
+RETRIES = 1  # a backend whose worker died is run again this many times, then it is an error row
+CONTEXT = "building inputs/oracle"  # what a worker does before its first backend of a case
+EXTRA_COLUMNS = ("host", "gpu_index", "worker")
+
+
+def case_cost(case: Case) -> int:
+    """Estimated work of a case: flops + bytes_moved (see the module docstring)."""
+    from .metrics import bytes_moved, flops
+
+    return flops(case) + bytes_moved(case)
+
+
+def visible_gpus() -> list[str]:
+    """The GPUs this process may use, as CUDA_VISIBLE_DEVICES entries ('0', '1', or UUIDs)."""
+    listed = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if listed is not None:
+        return [entry.strip() for entry in listed.split(",") if entry.strip() and entry.strip() != "-1"]
+    import torch
+
+    return [str(i) for i in range(torch.cuda.device_count())]
+
+
+def worker_count(value: str | int, device: str, threads: int | None = None) -> int:
+    """``--workers`` as a number: ``auto`` is one per visible GPU (CUDA) or per core (CPU)."""
+    if str(value) == "auto":
+        if device.startswith("cuda"):
+            return max(1, len(visible_gpus()))
+        return max(1, (os.cpu_count() or 1) // max(1, threads or 1))
+    text = str(value)
+    if not text.isdigit() or int(text) < 1:
+        raise ValueError(f"--workers {value}: give a positive integer or 'auto'")
+    return int(text)
+
+
+# --- the worker process ---------------------------------------------------------------------
+
+
+def _worker_main(conn, config, plugins: tuple[str, ...], threads: int | None, labels: dict) -> None:
+    """Receive ('case', case, backend names) and answer ('start', name) / ('row', row) / ('done',)."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent owns Ctrl-C and stops the workers
+    import kernels
+
+    kernels.use_interpreter_if_no_gpu()
+    import torch
+
+    from .backends import REGISTRY, load_plugin
+    from .runner import _error_reason, _row_without_call, build_context, run_backend
+
+    if threads:
+        torch.set_num_threads(threads)
+    for plugin in plugins:
+        load_plugin(plugin)
+    conn.send(("ready", os.getpid()))
+    while True:
+        try:
+            message = conn.recv()
+        except (EOFError, OSError):
+            return
+        if message[0] == "stop":
+            return
+        _, case, names = message
+        backends = [REGISTRY[name] for name in names]
+        to_run = []
+        for backend in backends:
+            if reason := backend.skip_reason(case, config.device):
+                conn.send(("row", {**_row_without_call(case, backend, config, "skip", reason), **labels}))
+            else:
+                to_run.append(backend)
+        if to_run:
+            conn.send(("start", CONTEXT))
+            try:
+                ctx = build_context(case, config.device, config.oracle_device)
+            except Exception as error:
+                reason = f"{CONTEXT}: {_error_reason(error)}"
+                for backend in to_run:
+                    conn.send(("row", {**_row_without_call(case, backend, config, "error", reason), **labels}))
+            else:
+                for backend in to_run:
+                    conn.send(("start", backend.name))
+                    conn.send(("row", {**run_backend(ctx, backend, config), **labels}))
+                del ctx
+                if torch.device(config.device).type == "cuda":
+                    torch.cuda.empty_cache()
+        conn.send(("done",))
+
+
+# --- the parent -----------------------------------------------------------------------------
+
+
+@dataclass
+class _Task:
+    """A case and the backends of it still without a row; deaths counted per backend."""
+
+    case: Case
+    backends: list[str]
+    deaths: dict[str, int] = field(default_factory=dict)
+    avoid: int | None = None  # the worker slot it last died on
+
+
+@dataclass
+class _Slot:
+    index: int
+    gpu: str  # "" on a CPU
+    process: multiprocessing.Process | None = None
+    conn: object = None
+    tasks: list[_Task] = field(default_factory=list)  # sent to the worker, in order; the first is running
+    running: str | None = None  # the backend (or CONTEXT) it has started
+    since: float = 0.0  # when it started it
+    ready: bool = False
+    started_at: float = 0.0
+
+    @property
+    def task(self) -> _Task | None:
+        """The case the worker is on (the first sent and not done)."""
+        return self.tasks[0] if self.tasks else None
+
+
+class ShardedRun:
+    """Run cases over worker processes; see the module docstring."""
+
+    def __init__(self, config, workers: int, plugins: Iterable[str] = (), threads: int | None = None):
+        self.config = config
+        self.workers = workers
+        self.plugins = tuple(plugins)
+        self.threads = threads
+        self.host = socket.gethostname()
+        self.gpus = visible_gpus() if config.device.startswith("cuda") else []
+        self.slots = [_Slot(i, self.gpus[i % len(self.gpus)] if self.gpus else "") for i in range(workers)]
+        self.context = multiprocessing.get_context("spawn")
+        self.worker_config = dataclasses.replace(config, backends=[], progress=False, isolated=frozenset())
+        self.start_seconds: list[float] = []  # spawn -> ready, per worker start (measured)
+        self.failed_starts = 0
+
+    def labels(self, slot: _Slot) -> dict:
+        return {"host": self.host, "gpu_index": slot.gpu, "worker": slot.index}
+
+    # -- processes
+
+    def _start(self, slot: _Slot) -> None:
+        parent, child = self.context.Pipe()
+        threads = self.threads
+        saved = os.environ.get("CUDA_VISIBLE_DEVICES")
+        if slot.gpu:
+            os.environ["CUDA_VISIBLE_DEVICES"] = slot.gpu  # inherited by the spawned interpreter
+        try:
+            process = self.context.Process(
+                target=_worker_main,
+                args=(child, self.worker_config, self.plugins, threads, self.labels(slot)),
+                daemon=True,
+                name=f"harness-worker-{slot.index}",
+            )
+            process.start()
+        finally:
+            if slot.gpu:
+                if saved is None:
+                    os.environ.pop("CUDA_VISIBLE_DEVICES", None)
+                else:
+                    os.environ["CUDA_VISIBLE_DEVICES"] = saved
+        child.close()
+        slot.process, slot.conn, slot.ready = process, parent, False
+        slot.tasks, slot.running = [], None
+        slot.started_at = time.monotonic()
+
+    def _stop(self, slot: _Slot) -> str:
+        """Kill (if alive) and reap; how it ended, e.g. 'killed by SIGKILL'."""
+        from .isolation import describe_exit
+
+        if slot.process is None:
+            return "was not running"
+        if slot.process.is_alive():
+            slot.process.kill()
+        slot.process.join(timeout=10)
+        how = describe_exit(slot.process.exitcode)
+        if slot.conn is not None:
+            slot.conn.close()
+        slot.process = slot.conn = None
+        slot.ready = False
+        return how
+
+    def stop_all(self) -> None:
+        for slot in self.slots:
+            if slot.process is not None and slot.process.is_alive() and not slot.tasks and slot.conn is not None:
+                try:
+                    slot.conn.send(("stop",))
+                    slot.process.join(timeout=5)
+                except OSError:
+                    pass
+            self._stop(slot)
+
+    # -- scheduling
+
+    def run(
+        self, cases: Iterable[Case], on_row: Callable[[dict], None], done: Collection[tuple[str, str]] = ()
+    ) -> None:
+        """Every (case, backend) pair not in ``done`` through the workers; each row to ``on_row``."""
+        done = set(done)
+        names = [b.name for b in self.config.backends]
+        queue: collections.deque[_Task] = collections.deque()
+        for case in sorted(cases, key=case_cost, reverse=True):
+            todo = [n for n in names if (case.id, n) not in done]
+            if todo:
+                queue.append(_Task(case, todo))
+        if not queue:
+            return
+        for slot in self.slots[: max(1, min(len(self.slots), len(queue)))]:
+            self._start(slot)
+        try:
+            while queue or any(s.tasks for s in self.slots):
+                self._assign(queue)
+                self._poll(queue, on_row)
+        finally:
+            self.stop_all()
+
+    def _assign(self, queue: collections.deque[_Task]) -> None:
+        """Keep each worker PREFETCH cases ahead (one when few cases are left: no idle tail)."""
+        depth = PREFETCH if len(queue) >= len(self.slots) else 1
+        alone = sum(s.process is not None for s in self.slots) == 1
+        for slot in self.slots:
+            while slot.process is not None and queue and len(slot.tasks) < depth:
+                pick = next((t for t in queue if t.avoid != slot.index or alone), None)
+                if pick is None:
+                    break
+                queue.remove(pick)
+                slot.tasks.append(pick)
+                slot.conn.send(("case", pick.case, list(pick.backends)))
+
+    def _poll(self, queue: collections.deque[_Task], on_row: Callable[[dict], None]) -> None:
+        live = [s for s in self.slots if s.process is not None]
+        handles = {s.conn: (s, s.process) for s in live} | {s.process.sentinel: (s, s.process) for s in live}
+        for ready in wait(list(handles), timeout=0.5):
+            slot, process = handles[ready]
+            if slot.process is not process:
+                continue  # already handled through its other handle (and perhaps restarted)
+            if ready is slot.conn:
+                self._drain(slot, queue, on_row)
+            elif not slot.conn.poll(0):  # dead with nothing left to read
+                self._died(slot, queue, on_row, f"the worker process {self._stop(slot)}")
+        now = time.monotonic()
+        for slot in self.slots:
+            if slot.process is None:
+                continue
+            if not slot.ready and now - slot.started_at > START_TIMEOUT_S:
+                raise RuntimeError(f"worker {slot.index} did not start within {START_TIMEOUT_S:g} s")
+            if slot.task and slot.running not in (None, CONTEXT):
+                limit = slot.task.case.timeout_s or self.config.timeout_s or _default_timeout()
+                if now - slot.since > limit:
+                    self._stop(slot)
+                    self._timed_out(slot, queue, on_row, limit)
+
+    def _drain(self, slot: _Slot, queue, on_row) -> None:
+        while slot.conn is not None and slot.conn.poll(0):
+            try:
+                message = slot.conn.recv()
+            except (EOFError, OSError):
+                self._died(slot, queue, on_row, f"the worker process {self._stop(slot)}")
+                return
+            kind = message[0]
+            if kind == "ready":
+                slot.ready = True
+                self.start_seconds.append(time.monotonic() - slot.started_at)
+            elif kind == "start":
+                slot.running, slot.since = message[1], time.monotonic()
+            elif kind == "row":
+                row = message[1]
+                if slot.task and row["backend"] in slot.task.backends:
+                    slot.task.backends.remove(row["backend"])
+                slot.running = None
+                on_row(row)
+            elif kind == "done":
+                slot.tasks.pop(0)
+                slot.running = None
+
+    def _died(self, slot: _Slot, queue, on_row, how: str) -> None:
+        """The worker died: keep its sent rows, retry the rest once elsewhere, then error rows."""
+        task, running, waiting = slot.task, slot.running, slot.tasks[1:]
+        if not slot.ready:
+            self.failed_starts += 1
+            if self.failed_starts > MAX_FAILED_STARTS:
+                raise RuntimeError(f"worker processes keep dying before they are ready (last: {how})")
+        self._stop(slot)
+        slot.tasks, slot.running = [], None
+        queue.extendleft(reversed(waiting))  # sent ahead, not started: back in the queue, untouched
+        if task is not None:
+            blamed = list(task.backends) if running in (CONTEXT, None) else [running]  # None: between calls
+            errors = []
+            for name in blamed:
+                task.deaths[name] = task.deaths.get(name, 0) + 1
+                if task.deaths[name] > RETRIES:
+                    errors.append(name)
+            for name in errors:
+                what = "running this backend" if running == name else f"{CONTEXT} (or between calls)"
+                reason = f"{how} while {what}, on {task.deaths[name]} workers (retried {RETRIES}x)"
+                on_row(self._error_row(task.case, name, slot, reason))
+                task.backends.remove(name)
+            if task.backends:
+                task.avoid = slot.index
+                queue.appendleft(task)
+        if queue or any(s.tasks for s in self.slots):
+            self._start(slot)
+
+    def _timed_out(self, slot: _Slot, queue, on_row, limit: float) -> None:
+        task, running, waiting = slot.task, slot.running, slot.tasks[1:]
+        slot.tasks, slot.running = [], None
+        queue.extendleft(reversed(waiting))
+        on_row(self._error_row(task.case, running, slot, f"timed out after {limit:g} s (the worker was killed)"))
+        task.backends.remove(running)
+        if task.backends:
+            queue.appendleft(task)
+        self._start(slot)
+
+    def _error_row(self, case: Case, name: str, slot: _Slot, reason: str) -> dict:
+        from .backends import REGISTRY
+        from .runner import _row_without_call
+
+        return {**_row_without_call(case, REGISTRY[name], self.config, "error", reason), **self.labels(slot)}
+
+
+def _default_timeout() -> float:
+    from .isolation import DEFAULT_TIMEOUT_S
+
+    return DEFAULT_TIMEOUT_S
+
+
+def run_sharded(cases, config, on_row, done=(), workers: str | int = "auto") -> ShardedRun:
+    """Run ``cases`` over ``workers`` processes (``--workers``); rows to ``on_row``. Returns the run (timings)."""
+    count = worker_count(workers, config.device, config.threads)
+    threads = None
+    if not config.device.startswith("cuda"):
+        threads = max(1, (config.threads or os.cpu_count() or 1) // count)
+    sharded = ShardedRun(config, count, config.plugins, threads)
+    sharded.run(cases, on_row, done)
+    return sharded

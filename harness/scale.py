@@ -1,0 +1,81 @@
+"""The ``run`` verb's scale-out options, checked before any work, and the choice of runner.
+
+    --workers N|auto      shard the cases over N worker processes of this host (harness.parallel):
+                          one per GPU (auto: every visible GPU), or N on a CPU (auto: one per core)
+    --ray [ADDRESS]       submit the cases as Ray tasks (harness.ray_runner): to the cluster at
+                          ADDRESS, or (no ADDRESS) to a local Ray started for the run
+    --oracle-cache DIR|off  where the float64 oracle's outputs are cached (harness.oracle_cache);
+                          off: recompute every case
+
+This module imports neither torch nor Ray: the parser stays cheap.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+
+LOCAL = "local"  # --ray without an address
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    group = parser.add_argument_group("scale-out")
+    group.add_argument(
+        "--workers",
+        metavar="N|auto",
+        help="shard the run over N worker processes: one per GPU, pinned by CUDA_VISIBLE_DEVICES "
+        "(auto: every visible GPU; on a CPU, one per core, torch threads split between them)",
+    )
+    group.add_argument(
+        "--ray",
+        nargs="?",
+        const=LOCAL,
+        metavar="ADDRESS",
+        help="run the cases as Ray tasks on the cluster at ADDRESS (no ADDRESS: a local Ray); "
+        "needs the optional extra: pip install 'paged-attention-harness[ray]'",
+    )
+    group.add_argument(
+        "--oracle-cache",
+        metavar="DIR|off",
+        help="cache of the CPU float64 oracle's outputs, by input content (default: $HARNESS_ORACLE_CACHE, "
+        "else ~/.cache/paged-attention-harness/oracle; capped at 2 GiB, least recently used pruned); off: no cache",
+    )
+
+
+def check_arguments(args: argparse.Namespace) -> None:
+    """Refuse bad scale-out options (ValueError, a message for the user); apply --oracle-cache."""
+    from .oracle_cache import ENV_DIR
+
+    workers = getattr(args, "workers", None)
+    ray = getattr(args, "ray", None)
+    if workers is not None and workers != "auto" and (not workers.isdigit() or int(workers) < 1):
+        raise ValueError(f"--workers {workers}: give a positive integer or 'auto'")
+    if ray is not None:
+        from .ray_runner import ray_missing
+
+        if why := ray_missing():
+            raise ValueError(why)
+    if getattr(args, "oracle_cache", None):
+        os.environ[ENV_DIR] = args.oracle_cache  # read by this process and inherited by its workers
+
+
+def run_rows(args: argparse.Namespace, cases, config, on_row, done, worker=None) -> None:
+    """Run the cases in this process, over local workers (--workers) or over Ray (--ray).
+
+    ``worker``: the isolation worker of an in-process run (harness.isolation); sharded runs
+    isolate by process already and leave it unused.
+    """
+    workers = getattr(args, "workers", None)
+    ray = getattr(args, "ray", None)
+    if ray is not None:
+        from .ray_runner import run_on_ray
+
+        run_on_ray(cases, config, on_row, done, address=None if ray == LOCAL else ray, num_cpus=workers)
+    elif workers is not None:
+        from .parallel import run_sharded
+
+        run_sharded(cases, config, on_row, done, workers=workers)
+    else:
+        from .runner import run_cases
+
+        run_cases(cases, config, on_row=on_row, done=done, worker=worker)

@@ -1,0 +1,94 @@
+"""pytest -n N (pytest-xdist): one GPU per worker, and one run folder from every worker's rows.
+
+* **GPUs.** Before the workers start (``pytest_xdist_setupnodes``), worker ``gwI`` gets
+  ``CUDA_VISIBLE_DEVICES`` = the ``I``-th visible GPU (round robin when there are more
+  workers than GPUs) through its execnet spec's ``env``; execnet sets it in the new
+  interpreter before pytest, torch or the conftest are imported, so torch sees one GPU. A
+  spec that already names ``env:CUDA_VISIBLE_DEVICES`` keeps it; without GPUs nothing is set.
+* **Rows.** With ``--harness-report DIR``, the controller makes a temporary folder and
+  hands its path to every worker (``pytest_configure_node``). Each worker, at its session
+  end, writes its rows (with ``host``, ``gpu_index`` and ``worker`` = ``gwI``) to
+  ``<folder>/<gwI>.pkl`` (temp file + rename), and writes no run folder. The controller's
+  session end (after every worker has finished) reads them all, puts them in the test
+  order (cases, then backends) and writes the one run folder; the temporary folder is removed.
+"""
+
+from __future__ import annotations
+
+import os
+import pickle
+import shutil
+import socket
+import tempfile
+from pathlib import Path
+
+import pytest
+
+ROWS_DIR = "harness_rows_dir"  # key in a worker's workerinput
+_FOLDER_KEY = pytest.StashKey[str]()
+
+
+def _is_worker(config: pytest.Config) -> bool:
+    return hasattr(config, "workerinput")
+
+
+def pin_gpus(config: pytest.Config, specs) -> None:
+    """Give each xdist worker spec its own GPU (``CUDA_VISIBLE_DEVICES``), round robin."""
+    from .options import default_device
+    from .parallel import visible_gpus
+
+    device = config.getoption("harness_device", None) or default_device()
+    if not device.startswith("cuda"):
+        return
+    gpus = visible_gpus()
+    if not gpus:
+        return
+    for index, spec in enumerate(specs):
+        spec.env.setdefault("CUDA_VISIBLE_DEVICES", gpus[index % len(gpus)])
+
+
+def hand_rows_folder(node) -> None:
+    """Controller side: tell a worker where to leave its rows (only with --harness-report)."""
+    config = node.config
+    if config.getoption("harness_report", None) is None:
+        return
+    if _FOLDER_KEY not in config.stash:
+        config.stash[_FOLDER_KEY] = tempfile.mkdtemp(prefix="harness-xdist-rows-")
+    node.workerinput[ROWS_DIR] = config.stash[_FOLDER_KEY]
+
+
+def worker_hands_rows_over(config: pytest.Config) -> bool:
+    return _is_worker(config) and bool(config.workerinput.get(ROWS_DIR))
+
+
+def save_worker_rows(config: pytest.Config, rows: list[dict]) -> Path:
+    """Worker side: this worker's rows, labelled, to ``<folder>/<gwI>.pkl`` atomically."""
+    worker = config.workerinput.get("workerid", str(os.getpid()))
+    labels = {"host": socket.gethostname(), "gpu_index": os.environ.get("CUDA_VISIBLE_DEVICES", ""), "worker": worker}
+    folder = Path(config.workerinput[ROWS_DIR])
+    target = folder / f"{worker}.pkl"
+    fd, temp = tempfile.mkstemp(dir=folder, prefix=f".{worker}.", suffix=".tmp")
+    with os.fdopen(fd, "wb") as file:
+        pickle.dump([{**row, **labels} for row in rows], file)
+    os.replace(temp, target)
+    return target
+
+
+def collect_rows(config: pytest.Config) -> list[dict] | None:
+    """Controller side: every worker's rows (None when this is not an xdist run with a report)."""
+    if _is_worker(config) or _FOLDER_KEY not in config.stash:
+        return None
+    folder = Path(config.stash.get(_FOLDER_KEY, ""))
+    rows: list[dict] = []
+    for path in sorted(folder.glob("*.pkl")):
+        with path.open("rb") as file:
+            rows.extend(pickle.load(file))
+    shutil.rmtree(folder, ignore_errors=True)
+    return rows
+
+
+def in_test_order(rows: list[dict], cases, backends) -> list[dict]:
+    """Rows sorted as a one-process session makes them: case order, then backend order."""
+    case_rank = {case.id: i for i, case in enumerate(cases)}
+    backend_rank = {backend.name: i for i, backend in enumerate(backends)}
+    return sorted(rows, key=lambda r: (case_rank.get(r["case"], len(case_rank)), backend_rank.get(r["backend"], 0)))

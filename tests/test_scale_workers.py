@@ -1,0 +1,223 @@
+"""A run sharded over worker processes (--workers) or Ray tasks (--ray) gives the one-process
+run's rows, and a worker killed mid-run costs one retry and one error row, nothing else."""
+
+from __future__ import annotations
+
+import os
+
+import pandas as pd
+import pytest
+
+from harness import backends as backends_module
+from harness.backends import load_plugin, resolve_backends
+from harness.cases import load_cases
+from harness.cli import main
+from harness.parallel import EXTRA_COLUMNS, case_cost, run_sharded, worker_count
+from harness.runner import RunConfig
+
+SMOKE = ["run", "smoke", "--backend", "reference", "--backend", "tlsim", "--no-timing", "--no-progress"]
+TIMING = ("latency", "call_", "timing_", "host_overhead_us")
+
+
+@pytest.fixture(autouse=True)
+def clean_registry():
+    saved = dict(backends_module.REGISTRY)
+    yield
+    backends_module.REGISTRY.clear()
+    backends_module.REGISTRY.update(saved)
+
+
+@pytest.fixture(autouse=True)
+def private_oracle_cache(tmp_path_factory, monkeypatch):
+    monkeypatch.setenv("HARNESS_ORACLE_CACHE", str(tmp_path_factory.getbasetemp() / "oracle"))
+
+
+@pytest.fixture(scope="module")
+def one_process_rows(tmp_path_factory):
+    out = tmp_path_factory.mktemp("one") / "run"
+    assert main([*SMOKE, "--out", str(out), "--oracle-cache", "off"]) == 0
+    return pd.read_parquet(out / "results.parquet")
+
+
+def _without_timing(frame: pd.DataFrame) -> pd.DataFrame:
+    return frame[[c for c in frame.columns if not c.startswith(TIMING)]]
+
+
+def test_two_workers_give_the_one_process_rows_row_for_row(one_process_rows, tmp_path):
+    out, cache = tmp_path / "run", tmp_path / "cache"
+    assert main([*SMOKE, "--out", str(out), "--workers", "2", "--oracle-cache", str(cache)]) == 0
+    sharded = pd.read_parquet(out / "results.parquet")
+    assert len(sharded) == len(one_process_rows) >= 10
+    pd.testing.assert_frame_equal(_without_timing(sharded), _without_timing(one_process_rows))
+    cases = one_process_rows["case"].nunique()
+    assert len(list(cache.glob("*.oracle"))) == cases  # --oracle-cache reached the workers: one entry per case
+
+
+@pytest.mark.slow  # starting a local Ray: about 25 s on a busy 2-core box
+def test_ray_tasks_on_a_local_two_cpu_cluster_give_the_one_process_rows(one_process_rows, tmp_path):
+    pytest.importorskip("ray", reason="Ray is an optional extra: pip install '.[ray]'")
+    out = tmp_path / "run"
+    assert main([*SMOKE, "--out", str(out), "--ray", "--workers", "2"]) == 0
+    on_ray = pd.read_parquet(out / "results.parquet")
+    pd.testing.assert_frame_equal(_without_timing(on_ray), _without_timing(one_process_rows))
+
+
+KILLER = """
+import os, signal, time
+from pathlib import Path
+import kernels
+from harness import register_backend
+
+def killer(q, *args, out=None, **kwargs):
+    if q.shape[-1] == 48:  # the case with head_dim 48: a hang
+        time.sleep(3600)
+    if q.shape[-1] == 64:  # the case with head_dim 64 only: the worker dies on it, every time
+        with open(Path(os.environ["HARNESS_TEST_DIR"]) / "kills", "a") as log:
+            log.write(f"{os.getpid()}\\n")
+        os.kill(os.getpid(), signal.SIGKILL)
+    return kernels.paged_attention_tlsim(q, *args, out=out, **kwargs)
+
+register_backend("killer", killer)
+"""
+
+CASES = """
+[defaults]
+num_q_heads = 4
+num_kv_heads = 2
+block_size = 4
+seq_lens = [3, 9]
+q_lens = [1, 2]
+[[case]]
+name = "dies_here"
+head_dim = 64
+[[case]]
+name = "hangs_here"
+head_dim = 48
+[[case]]
+name = "fine_a"
+head_dim = 32
+[[case]]
+name = "fine_b"
+head_dim = 32
+seed = 1
+"""
+
+
+def test_a_killed_worker_costs_one_retry_then_an_error_row_a_hung_one_an_error_row_and_every_other_row_is_kept(
+    tmp_path, monkeypatch
+):
+    monkeypatch.setenv("HARNESS_TEST_DIR", str(tmp_path))
+    (tmp_path / "killer.py").write_text(KILLER)
+    (tmp_path / "cases.toml").write_text(CASES)
+    plugin = str(tmp_path / "killer.py")
+    load_plugin(plugin)
+    cases = load_cases([tmp_path / "cases.toml"], "cpu")
+    config = RunConfig(device="cpu", backends=resolve_backends(["tlsim", "killer"]), timing=False,
+                       progress=False, plugins=(plugin,), threads=1, timeout_s=3.0)  # fmt: skip
+    rows: list[dict] = []
+    run_sharded(cases, config, rows.append, workers=2)
+
+    by_pair = {(r["case"], r["backend"]): r for r in rows}
+    assert len(rows) == len(by_pair) == 8  # every (case, backend) once, the run completed
+    died = by_pair[("dies_here", "killer")]
+    assert died["status"] == "error"
+    assert "killed by SIGKILL" in died["reason"] and "on 2 workers" in died["reason"]
+    kills = (tmp_path / "kills").read_text().split()
+    assert len(kills) == 2 and kills[0] != kills[1]  # tried once more, in another process
+    hung = by_pair[("hangs_here", "killer")]
+    assert hung["status"] == "error" and hung["reason"].startswith("timed out after 3 s")
+    others = [r for pair, r in by_pair.items() if pair not in {("dies_here", "killer"), ("hangs_here", "killer")}]
+    assert [r["status"] for r in others] == ["pass"] * 6
+    assert all(set(EXTRA_COLUMNS) <= set(r) for r in rows)
+    assert {r["worker"] for r in rows} <= {0, 1} and all(r["gpu_index"] == "" for r in rows)
+
+
+def test_workers_auto_is_one_per_core_on_a_cpu_and_a_bad_count_is_refused(monkeypatch):
+    monkeypatch.setattr(os, "cpu_count", lambda: 8)
+    assert worker_count("auto", "cpu", threads=1) == 8
+    assert worker_count("auto", "cpu", threads=2) == 4
+    assert worker_count("3", "cpu") == 3
+    with pytest.raises(ValueError, match="positive integer"):
+        worker_count("0", "cpu")
+
+
+def test_workers_auto_on_cuda_is_one_per_visible_gpu(monkeypatch):
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "2,5,7")
+    assert worker_count("auto", "cuda") == 3
+
+
+def test_cases_go_out_longest_first(tmp_path):
+    (tmp_path / "c.toml").write_text(
+        '[[case]]\nname = "small"\nnum_q_heads = 4\nnum_kv_heads = 2\nhead_dim = 32\nblock_size = 4\nseq_lens = [3]\n'
+        '[[case]]\nname = "big"\nnum_q_heads = 4\nnum_kv_heads = 2\nhead_dim = 32\nblock_size = 4\nseq_lens = [300]\n'
+        "q_lens = [30]\n"
+    )
+    small, big = load_cases([tmp_path / "c.toml"], "cpu")
+    assert case_cost(big) > case_cost(small)
+
+
+def test_bad_workers_value_is_exit_2_before_any_work(tmp_path, capsys):
+    out = tmp_path / "run"
+    assert main([*SMOKE, "--out", str(out), "--workers", "none"]) == 2
+    assert "--workers none" in capsys.readouterr().err
+    assert not out.exists()
+
+
+def test_ray_without_ray_installed_is_exit_2_saying_how_to_install_it(tmp_path, capsys, monkeypatch):
+    import builtins
+
+    real_import = builtins.__import__
+
+    def no_ray(name, *args, **kwargs):
+        if name == "ray" or name.startswith("ray."):
+            raise ImportError("No module named 'ray'")
+        return real_import(name, *args, **kwargs)
+
+    monkeypatch.setattr(builtins, "__import__", no_ray)
+    out = tmp_path / "run"
+    assert main([*SMOKE, "--out", str(out), "--ray"]) == 2
+    assert "pip install 'paged-attention-harness[ray]'" in capsys.readouterr().err
+    assert not out.exists()
+
+
+def test_each_worker_is_spawned_seeing_only_its_own_gpu_and_the_parent_keeps_all(monkeypatch):
+    from harness.parallel import ShardedRun
+
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "4,6")
+    sharded = ShardedRun(RunConfig(device="cuda", backends=[], timing=False, progress=False), workers=3)
+    seen = []
+
+    class SpawnRecorder:  # stands in for the spawned process: records the environment it would inherit
+        def __init__(self, **kwargs):
+            self.kwargs = kwargs
+
+        def start(self):
+            seen.append(os.environ.get("CUDA_VISIBLE_DEVICES"))
+
+    monkeypatch.setattr(sharded.context, "Process", SpawnRecorder)
+    for slot in sharded.slots:
+        sharded._start(slot)
+        slot.conn.close()
+    assert seen == ["4", "6", "4"]  # round robin past the GPU count
+    assert os.environ["CUDA_VISIBLE_DEVICES"] == "4,6"
+    assert [sharded.labels(slot)["gpu_index"] for slot in sharded.slots] == ["4", "6", "4"]
+
+
+@pytest.mark.slow  # a local Ray: about 30 s on a busy 2-core box
+def test_on_ray_a_case_whose_worker_dies_twice_keeps_its_innocent_rows_and_errors_the_killer(tmp_path, monkeypatch):
+    pytest.importorskip("ray", reason="Ray is an optional extra: pip install '.[ray]'")
+    monkeypatch.setenv("HARNESS_TEST_DIR", str(tmp_path))  # inherited by the local Ray's workers
+    (tmp_path / "killer.py").write_text(KILLER)
+    (tmp_path / "cases.toml").write_text(
+        CASES.replace('[[case]]\nname = "hangs_here"\nhead_dim = 48\n', "")
+    )  # Ray has no time limit
+    out = tmp_path / "run"
+    code = main(["run", str(tmp_path / "cases.toml"), "--plugin", str(tmp_path / "killer.py"), "--backend", "tlsim",
+                 "--backend", "killer", "--no-timing", "--no-progress", "--ray", "--workers", "2", "--out", str(out)])  # fmt: skip
+    assert code == 1
+    rows = pd.read_parquet(out / "results.parquet").set_index(["case", "backend"])
+    assert rows.loc[("dies_here", "killer"), "status"] == "error"
+    assert "WorkerCrashedError" in rows.loc[("dies_here", "killer"), "reason"]
+    assert rows.loc[("dies_here", "tlsim"), "status"] == "pass"  # the innocent backend of that case
+    assert (rows.drop(("dies_here", "killer"))["status"] == "pass").all() and len(rows) == 6
+    assert len((tmp_path / "kills").read_text().split()) == 3  # the case's task, its retry, then killer alone
