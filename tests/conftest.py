@@ -114,3 +114,14 @@ def triton_launches(monkeypatch, value_reads):
     )
     monkeypatch.delenv(kernels.CHECK_ENV, raising=False)
     return main
+
+
+@pytest.fixture
+def clean_registry():
+    """Restore the backend registry after a test that registers backends of its own."""
+    from harness.registry import REGISTRY
+
+    saved = dict(REGISTRY)
+    yield
+    REGISTRY.clear()
+    REGISTRY.update(saved)

@@ -96,12 +96,7 @@ def fresh_registry():
     backends_module.REGISTRY.update(_BUILT_IN)
 
 
-@pytest.fixture(autouse=True)
-def clean_registry():
-    saved = dict(backends_module.REGISTRY)
-    yield
-    backends_module.REGISTRY.clear()
-    backends_module.REGISTRY.update(saved)
+pytestmark = pytest.mark.usefixtures("clean_registry")  # backends registered here vanish after each test
 
 
 @pytest.fixture

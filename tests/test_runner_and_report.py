@@ -36,12 +36,7 @@ def case_file(tmp_path):
     return path
 
 
-@pytest.fixture(autouse=True)
-def clean_registry():
-    saved = dict(backends_module.REGISTRY)
-    yield
-    backends_module.REGISTRY.clear()
-    backends_module.REGISTRY.update(saved)
+pytestmark = pytest.mark.usefixtures("clean_registry")  # backends registered here vanish after each test
 
 
 def half_written(q, k_cache, v_cache, block_table, seq_lens, query_start_loc=None, scale=None, out=None):

@@ -8,7 +8,6 @@ import os
 import pandas as pd
 import pytest
 
-from harness import backends as backends_module
 from harness.backends import load_plugin, resolve_backends
 from harness.cases import load_cases
 from harness.cli import main
@@ -16,15 +15,11 @@ from harness.parallel import EXTRA_COLUMNS, case_cost, run_sharded, worker_count
 from harness.runner import RunConfig
 
 SMOKE = ["run", "smoke", "--backend", "reference", "--backend", "tlsim", "--no-timing", "--no-progress"]
-TIMING = ("latency", "call_", "timing_", "host_overhead_us")
+# Timing columns, and where a row ran (a one-process run leaves host, gpu_index and worker empty).
+TIMING = ("latency", "call_", "timing_", "host_overhead_us", "host", "gpu_index", "worker")
 
 
-@pytest.fixture(autouse=True)
-def clean_registry():
-    saved = dict(backends_module.REGISTRY)
-    yield
-    backends_module.REGISTRY.clear()
-    backends_module.REGISTRY.update(saved)
+pytestmark = pytest.mark.usefixtures("clean_registry")  # backends registered here vanish after each test
 
 
 @pytest.fixture(autouse=True)

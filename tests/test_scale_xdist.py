@@ -14,7 +14,8 @@ import pytest
 from harness.cli import main
 
 ROOT = Path(__file__).resolve().parents[1]
-TIMING = ("latency", "call_", "timing_", "host_overhead_us")
+# Timing columns, and where a row ran (a one-process run leaves host, gpu_index and worker empty).
+TIMING = ("latency", "call_", "timing_", "host_overhead_us", "host", "gpu_index", "worker")
 
 CASES = """
 [defaults]
