@@ -19,7 +19,7 @@ import torch
 from .cases import Case
 from .metrics import flops, gbps, pct_of_ceiling, pct_of_peak, tflops
 from .registry import Backend, Prepared
-from .timing import kernels_launched, probe_call, time_call, time_wall
+from .timing import Timing, kernels_launched, probe_call, time_call, time_wall
 
 # A backend whose default call costs this much more than its kernel is flagged in the report.
 CALL_OVERHEAD_FLAG = 1.5
@@ -36,13 +36,12 @@ class TimingPlan:
     threads: int | None = None  # torch intra-op threads while timing (CPU); recorded per row
 
 
-def _spread(prefix: str, samples: tuple[float, ...]) -> dict:
-    t = torch.tensor(samples, dtype=torch.float64)
+def _spread(prefix: str, timing: Timing) -> dict:
     return {
-        f"{prefix}_us": float(t.quantile(0.5)),
-        f"{prefix}_p10_us": float(t.quantile(0.1)),
-        f"{prefix}_p90_us": float(t.quantile(0.9)),
-        f"{prefix}_samples_us": [round(s, 3) for s in samples],
+        f"{prefix}_us": timing.median_us,
+        f"{prefix}_p10_us": timing.quantile(0.1),
+        f"{prefix}_p90_us": timing.quantile(0.9),
+        f"{prefix}_samples_us": [round(s, 3) for s in timing.samples_us],
     }
 
 
@@ -50,13 +49,13 @@ def timing_columns(case: Case, backend: Backend, prepared: Prepared, plan: Timin
     """Every timing column of one row (see the module docstring)."""
     device = plan.device
     latency = time_call(prepared.run, device, graph=backend.graphable, target_s=plan.latency_target_s)
-    row = {**_spread("latency", latency.samples_us), "timing_reps": len(latency.samples_us)}
+    row = {**_spread("latency", latency), "timing_reps": len(latency.samples_us)}
     row["timing_method"] = latency.method
     if prepared.call is None and torch.device(device).type == "cpu":
         call = latency  # on the CPU the same callable has the same wall time: no second measurement
     else:
         call = time_wall(prepared.call or prepared.run, device, target_s=plan.call_target_s)
-    row.update(_spread("call", call.samples_us))
+    row.update(_spread("call", call))
     if torch.device(device).type == "cuda":  # on a CPU all of it is host time: no split to report
         row["host_overhead_us"] = row["call_us"] - row["latency_us"]
     probe = probe_call(prepared.call or prepared.run, device)

@@ -100,8 +100,9 @@ def scaling_fit(frame: pd.DataFrame, fits: pd.DataFrame | None) -> str | None:
     timed = _timed(frame)
     if timed.empty:
         return None
-    phases = timed["max_q_len"].le(1).map({True: "decode", False: "prefill"}) if "max_q_len" in timed else "all"
-    timed = timed.assign(_phase=phases)
+    from .scaling import phase_of
+
+    timed = timed.assign(_phase=phase_of(timed))
     phase_of = fits["phase"] if "phase" in fits else pd.Series("all", index=fits.index)
     fits = fits.assign(phase=phase_of)
     work = fits[fits["x"].isin(["bytes_moved", "flops"])]

@@ -35,6 +35,13 @@ def fit_line(x: np.ndarray, y: np.ndarray) -> tuple[float, float, float]:
     return float(slope), float(intercept), r2
 
 
+def phase_of(frame: pd.DataFrame) -> pd.Series | str:
+    """Each row's phase: "decode" where every q_len <= 1, else "prefill" ("all" without max_q_len)."""
+    if "max_q_len" not in frame:
+        return "all"
+    return frame["max_q_len"].le(1).map({True: "decode", False: "prefill"})
+
+
 def fit_scaling(frame: pd.DataFrame, column: str = "latency_us") -> pd.DataFrame:
     """One row per (backend, phase, x) with at least MIN_POINTS distinct x among the timed rows.
 
@@ -45,8 +52,7 @@ def fit_scaling(frame: pd.DataFrame, column: str = "latency_us") -> pd.DataFrame
     if column not in frame or frame.empty:
         return pd.DataFrame(columns=columns)
     timed = frame.dropna(subset=[column])
-    phase = timed["max_q_len"].le(1).map({True: "decode", False: "prefill"}) if "max_q_len" in timed else "all"
-    for (backend, part), group in timed.assign(phase=phase).groupby(["backend", "phase"], sort=True):
+    for (backend, part), group in timed.assign(phase=phase_of(timed)).groupby(["backend", "phase"], sort=True):
         for axis in SCALING_AXES[part]:
             if axis not in group:
                 continue

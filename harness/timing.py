@@ -136,28 +136,26 @@ def time_wall(
     The device is drained (synchronize) before the clock starts and after ``fn`` returns,
     inside the timed region, so the sample is the full latency of the call as made.
     """
-    min_reps, max_reps = _reps(device, WALL_MIN_REPS if min_reps is None else min_reps, max_reps)
-    cuda = _is_cuda(device)
-    for _ in range(3 if cuda else 1):
+    min_reps = WALL_MIN_REPS if min_reps is None else min_reps
+    if not _is_cuda(device):  # no device to drain: the host clock around the call is time_call's
+        return time_call(fn, device, target_s=target_s, min_reps=min_reps, max_reps=max_reps)
+    min_reps, max_reps = _reps(device, min_reps, max_reps)
+    for _ in range(3):
         fn()
-    flush = torch.empty(L2_FLUSH_BYTES, dtype=torch.int8, device=device) if cuda else None
+    flush = torch.empty(L2_FLUSH_BYTES, dtype=torch.int8, device=device)
 
     def sample(n: int) -> list[float]:
         out = []
         for _ in range(n):
-            if cuda:
-                flush.zero_()
-                torch.cuda.synchronize()
+            flush.zero_()
+            torch.cuda.synchronize()
             t0 = time.perf_counter()
             fn()
-            if cuda:
-                torch.cuda.synchronize()
+            torch.cuda.synchronize()
             out.append((time.perf_counter() - t0) * 1e6)
         return out
 
-    return Timing(
-        tuple(_collect(sample, target_s, min_reps, max_reps)), "wall_synchronized" if cuda else "cpu_perf_counter"
-    )
+    return Timing(tuple(_collect(sample, target_s, min_reps, max_reps)), "wall_synchronized")
 
 
 def capture_graph(fn: Callable[[], object]) -> torch.cuda.CUDAGraph | None:
