@@ -21,6 +21,8 @@ from dataclasses import dataclass
 
 import torch
 
+from .tuning import query_class, tile_config
+
 SUPPORTED_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 MIN_HEAD_DIM, MAX_HEAD_DIM = 32, 256
 MIN_BLOCK_SIZE, MAX_BLOCK_SIZE = 1, 256
@@ -326,7 +328,8 @@ class Tiling:
     NUM_Q_TILES: int = 1  # grid axis 0
     NUM_SPLITS: int = 1
     SPLIT_SIZE: int = 0  # 0 when NUM_SPLITS == 1
-    NUM_WARPS: int = 4  # launch setting (no effect on numerics)
+    NUM_WARPS: int = 4  # launch settings (no effect on numerics)
+    NUM_STAGES: int = 3
 
 
 # Programs the split aims for: two waves of an H100/H200's 132 SMs. A constant, not the
@@ -361,11 +364,13 @@ def choose_tiling(
     max_q_len = max(max_q_len, 1)
     num_tokens = num_seqs * max_q_len if num_tokens is None else num_tokens
     head_dim_padded = max(16, next_pow2(head_dim))
+    config = tile_config("fp32" if fp32 else "half", head_dim_padded, query_class(max_q_len))
     if group_size >= 16:  # one token's heads already fill tl.dot's minimum M of 16
         block_m = next_pow2(group_size)
-    else:  # decode pads the group up to 16 rows; prefill packs up to 16 tokens, at most 64 rows
-        block_m = min(16 if fp32 else 64, max(16, next_pow2(group_size * min(max_q_len, 16))))
-    tile_n = 64 if head_dim_padded <= 128 else 32
+    else:  # decode pads the group up to 16 rows; prefill packs up to max_tokens tokens
+        tokens = min(max_q_len, config.max_tokens)
+        block_m = min(config.max_rows, max(16, next_pow2(group_size * tokens)))
+    tile_n = config.tile_n
     block_q = block_m // group_size
     num_q_tiles = (num_tokens + num_seqs * (block_q - 1)) // block_q
     programs = max(num_kv_heads * num_q_tiles, 1)
@@ -385,7 +390,8 @@ def choose_tiling(
         NUM_Q_TILES=num_q_tiles,
         NUM_SPLITS=num_splits,
         SPLIT_SIZE=split_size,
-        NUM_WARPS=4 if block_m * head_dim_padded <= 64 * 128 else 8,
+        NUM_WARPS=config.num_warps or (4 if block_m * head_dim_padded <= 64 * 128 else 8),
+        NUM_STAGES=config.num_stages,
     )
 
 

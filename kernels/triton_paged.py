@@ -437,6 +437,7 @@ def paged_attention_triton(
         USE_ALIBI=call.alibi_slopes is not None,
         USE_SINKS=call.sinks is not None,
         num_warps=tiling.NUM_WARPS,
+        num_stages=tiling.NUM_STAGES,
     )  # fmt: skip
     if splits > 1:
         combine_splits_kernel[(num_tokens * call.num_q_heads,)](

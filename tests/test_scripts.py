@@ -21,6 +21,7 @@ def run_script(*args: str, timeout: float = 300) -> subprocess.CompletedProcess:
 
 def test_every_script_is_exercised_here():
     exercised = {"peer_table.py", "measure_tlsim_closeness.py", "gpu_run.sh", "noise_check.py", "slowdown_plugin.py"}
+    exercised |= {"tune_tiles.py"}
     assert {p.name for p in (ROOT / "scripts").iterdir() if p.is_file()} <= exercised, (
         "a new script needs a dry run here"
     )
@@ -36,6 +37,13 @@ def test_closeness_script_runs_on_the_first_kernel_cases():
     done = run_script("scripts/measure_tlsim_closeness.py", "--limit", "2")
     assert done.returncode == 0, done.stderr
     assert len([line for line in done.stdout.splitlines() if line.strip()]) == 3
+
+
+def test_tile_tuner_times_two_candidates_and_prints_a_table_line(tmp_path):
+    done = run_script("scripts/tune_tiles.py", "--dry", "--out", str(tmp_path / "tune.json"))
+    assert done.returncode == 0, done.stderr
+    assert "TileConfig(" in done.stdout.split("# kernels/tuning.py TUNED")[1]
+    assert len(__import__("json").loads((tmp_path / "tune.json").read_text())["records"]) == 2
 
 
 def test_gpu_run_script_is_valid_bash():

@@ -1,0 +1,78 @@
+"""The Triton kernel's tile sizes, warps and pipeline stages, chosen by measured tuning.
+
+A launch's shape is looked up by (precision, padded head dim, query class):
+
+    precision        "half" (fp16 / bf16: tensor-core dots) or "fp32" (IEEE fp32 dots)
+    head_dim_padded  the head dim rounded up to a power of two (at least 16)
+    query class      "decode" (one query per sequence), "verify" (2-8: speculative
+                     verification), "prefill" (more)
+
+and gives a :class:`TileConfig`. Keys not in :data:`TUNED` take :func:`default_config`,
+the rule the kernel used before any tuning. ``scripts/tune_tiles.py`` measures candidate
+configs on the GPU at hand and prints the table to paste into :data:`TUNED` (how to
+re-tune on a new GPU: README, "Tuning the kernel").
+
+TILE_N moves the order of the online softmax (tlsim follows it through
+``kernels._common.tiling_for``); BLOCK_M, warps and stages change only speed.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class TileConfig:
+    """max_rows: the cap on BLOCK_M (rows = query tokens x the group's query heads, for
+    groups under 16 heads; a group of 16 or more takes one token a tile); max_tokens: the
+    query tokens a tile packs at most; tile_n: KV positions a loop step loads; num_warps
+    (0: 4, or 8 past 64 x 128 tile elements) and num_stages: Triton launch settings."""
+
+    max_rows: int
+    max_tokens: int
+    tile_n: int
+    num_warps: int
+    num_stages: int
+
+
+def query_class(q_len: int) -> str:
+    """ "decode" for 1 query, "verify" for 2-8 (speculative decoding), "prefill" beyond."""
+    if q_len <= 1:
+        return "decode"
+    return "verify" if q_len <= 8 else "prefill"
+
+
+def default_config(precision: str, head_dim_padded: int, q_class: str) -> TileConfig:
+    """The untuned rule: up to 16 tokens in tiles of at most 64 rows for tensor cores (16 for
+    fp32, whose 64-row tiles spill registers: 46 ms against 3.7 ms at head dim 128,
+    gpu_results/2026-11-29-h200-tile-probe), 64 keys a step (32 past head dim 128), warps
+    by tile size, 3 stages (Triton's own default on CUDA)."""
+    max_rows = 16 if precision == "fp32" else 64
+    tile_n = 64 if head_dim_padded <= 128 else 32
+    return TileConfig(max_rows, 16, tile_n, 0, 3)
+
+
+# Measured entries (scripts/tune_tiles.py); every other key takes default_config.
+TUNED: dict[tuple[str, int, str], TileConfig] = {}
+
+_override: TileConfig | None = None
+
+
+def tile_config(precision: str, head_dim_padded: int, q_class: str) -> TileConfig:
+    """The config a launch of this kind uses: an active :func:`override`, else TUNED, else the default."""
+    if _override is not None:
+        return _override
+    return TUNED.get((precision, head_dim_padded, q_class)) or default_config(precision, head_dim_padded, q_class)
+
+
+@contextlib.contextmanager
+def override(config: TileConfig) -> Iterator[None]:
+    """Every launch inside the block uses ``config`` (the tuner's candidates; not thread-safe)."""
+    global _override
+    saved, _override = _override, config
+    try:
+        yield
+    finally:
+        _override = saved

@@ -1,0 +1,142 @@
+"""Measure the Triton kernel's tile configs on this GPU and print the table for kernels/tuning.py.
+
+    python scripts/tune_tiles.py [SUITE ...] [--case PATTERN] [--class decode|verify|prefill]
+                                 [--out tune.json]
+    python scripts/tune_tiles.py --dry         # CPU: one tiny case, two candidates (CI)
+
+For every case of the suites (default: the peer suite, cases/gpu_peers.toml) the Triton
+backend is timed, exactly as `harness run` times it (the registry's "triton" backend,
+harness.timing.time_call: graph replay, L2 flushed), under each candidate
+:class:`kernels.tuning.TileConfig` of the case's (precision, padded head dim, query class).
+A candidate whose output differs from the default config's by more than the case's
+tolerance is dropped (a wrong config must never win). Per key, the winner is the
+candidate with the lowest geometric mean of (candidate / default) over the key's cases;
+the printed TUNED lines go into kernels/tuning.py when they beat the default.
+"""
+
+from __future__ import annotations
+
+import argparse
+import fnmatch
+import itertools
+import json
+import math
+import os
+import sys
+from collections import defaultdict
+from pathlib import Path
+
+import torch
+
+if "TRITON_INTERPRET" not in os.environ and not torch.cuda.is_available():
+    os.environ["TRITON_INTERPRET"] = "1"
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from harness.cases import Case, load_cases
+from harness.registry import resolve_backends
+from harness.runner import case_inputs
+from harness.suite_files import resolve_case_arg
+from harness.timing import time_call
+from kernels._common import next_pow2
+from kernels.tuning import TileConfig, default_config, override, query_class
+
+# The grid per query class: (max_rows, max_tokens, tile_n, num_warps, num_stages).
+GRID = {
+    "decode": list(itertools.product([16], [1], [32, 64, 128], [2, 4, 8], [2, 3, 4])),
+    "verify": list(itertools.product([16, 32, 64], [8], [64, 128], [4, 8], [2, 3])),
+    "prefill": list(itertools.product([64, 128], [16, 32], [32, 64, 128], [4, 8], [2, 3, 4])),
+}
+
+
+def key_of(case: Case) -> tuple[str, int, str]:
+    """The tuning key of a case, from the hints the triton backend passes (max_q_len = max q_len)."""
+    precision = "fp32" if case.dtype == "float32" else "half"
+    return precision, max(16, next_pow2(case.head_dim)), query_class(max(case.q_lens))
+
+
+def candidates(key: tuple[str, int, str]) -> list[TileConfig]:
+    """The default config first, then the grid's distinct others (head dims past 128 keep tile_n <= 64)."""
+    default = default_config(*key)
+    grid = [TileConfig(*point) for point in GRID[key[2]]]
+    if key[1] > 128:
+        grid = [c for c in grid if c.tile_n <= 64]
+    if key[0] == "fp32":  # 16-row tiles only (see kernels.tuning.default_config)
+        grid = list(dict.fromkeys(TileConfig(16, c.max_tokens, c.tile_n, c.num_warps, c.num_stages) for c in grid))
+    return [default] + [c for c in grid if c != default]
+
+
+def time_case(case: Case, configs: list[TileConfig], device: str, target_s: float) -> dict[TileConfig, float]:
+    """Median device time (us) of the triton backend on ``case`` under each config; wrong configs left out."""
+    (backend,) = resolve_backends(["triton"])
+    inputs = case_inputs(case, device)
+    results, expected = {}, None
+    for config in configs:
+        out = torch.full_like(inputs.q, float("nan"))
+        with override(config):
+            prepared = backend.prepare(case, inputs, out)
+            try:
+                got = prepared.to_packed(prepared.run()).float()
+                timing = time_call(prepared.run, device, target_s=target_s)
+            except Exception as error:  # a config Triton cannot compile (shared memory, registers)
+                print(f"  {config}: {type(error).__name__}: {str(error).splitlines()[0][:100]}", flush=True)
+                continue
+        if expected is None:
+            expected = got
+        elif not torch.allclose(got, expected, atol=case.atol, rtol=case.rtol, equal_nan=False):
+            print(f"  {config}: output differs from the default config's: dropped", flush=True)
+            continue
+        results[config] = timing.median_us
+    return results
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("suites", nargs="*", default=["gpu_peers"])
+    parser.add_argument("--case", default="*", help="fnmatch pattern on case ids")
+    parser.add_argument("--class", dest="q_class", choices=sorted(GRID), help="only this query class")
+    parser.add_argument("--target-s", type=float, default=0.1, help="timing budget per config and case")
+    parser.add_argument("--out", type=Path, help="write every measurement as JSON")
+    parser.add_argument("--dry", action="store_true", help="one tiny smoke case, two candidates (CPU)")
+    args = parser.parse_args(argv)
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    suites = ["smoke"] if args.dry else args.suites
+    cases = [c for c in load_cases([resolve_case_arg(s) for s in suites]) if fnmatch.fnmatch(c.id, args.case)]
+    cases = [c for c in cases if c.wants("triton") and not c.options]
+    if args.q_class:
+        cases = [c for c in cases if key_of(c)[2] == args.q_class]
+    if args.dry:
+        cases = sorted(cases, key=lambda c: sum(c.seq_lens))[:1]
+    by_key: dict[tuple, list[Case]] = defaultdict(list)
+    for case in cases:
+        by_key[key_of(case)].append(case)
+    records, table = [], []
+    for key, key_cases in sorted(by_key.items()):
+        configs = candidates(key)[: 2 if args.dry else None]
+        print(f"{key}: {len(key_cases)} case(s) x {len(configs)} configs", flush=True)
+        ratios: dict[TileConfig, list[float]] = defaultdict(list)
+        for case in key_cases:
+            times = time_case(case, configs, device, 0.0 if args.dry else args.target_s)
+            base = times.get(configs[0])
+            for config, us in times.items():
+                records.append({"case": case.id, "key": list(key), "config": vars(config), "median_us": us})
+                if base:
+                    ratios[config].append(us / base)
+            best = min(times, key=times.get) if times else None
+            if best is not None and base:
+                print(f"  {case.id}: default {base:.1f} us, best {times[best]:.1f} us {best}", flush=True)
+        complete = {c: r for c, r in ratios.items() if len(r) == len(key_cases)}
+        if not complete:
+            continue
+        winner = min(complete, key=lambda c: math.prod(complete[c]) ** (1 / len(complete[c])))
+        gain = math.prod(complete[winner]) ** (1 / len(complete[winner]))
+        table.append((key, winner, gain, len(key_cases)))
+    print("\n# kernels/tuning.py TUNED (geometric-mean time against the default over the key's cases)")
+    for key, winner, gain, n in table:
+        print(f"    {key!r}: {winner!r},  # {gain:.3f}x the default over {n} case(s)")
+    if args.out:
+        args.out.write_text(json.dumps({"device": device, "records": records}, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

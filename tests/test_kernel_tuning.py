@@ -1,0 +1,53 @@
+"""The tuning table reaches the launch, and tlsim follows every tiling it picks."""
+
+from __future__ import annotations
+
+import itertools
+
+import pytest
+import torch
+
+import kernels
+from kernels import tuning
+from kernels._common import choose_tiling, prepare_call, tiling_for
+from tests.kernel_cases import KERNEL_CASES
+
+
+def test_the_untuned_rule_keeps_the_measured_shapes():
+    """Pins the defaults: 64-row half tiles of 16 tokens, 16-row fp32 tiles, 32 keys past head dim 128."""
+    assert choose_tiling(128, 4, 4096, 4, 8, 4096).BLOCK_M == 64
+    assert choose_tiling(128, 4, 4096, 4, 8, 4096).BLOCK_Q == 16
+    assert choose_tiling(128, 4, 4096, 4, 8, 4096, fp32=True).BLOCK_M == 16
+    assert choose_tiling(256, 4, 1, 4, 8, 4096).TILE_N == 32
+    assert choose_tiling(128, 32, 1, 4, 1, 4096).BLOCK_M == 32  # one token's 32 heads
+    assert choose_tiling(128, 4, 1, 4, 8, 4096).NUM_WARPS == 4
+
+
+@pytest.mark.parametrize("q_class", ["decode", "verify", "prefill"])
+def test_a_tuned_entry_changes_only_its_own_key(monkeypatch, q_class):
+    q_lens = {"decode": 1, "verify": 4, "prefill": 512}
+    untuned = {name: choose_tiling(128, 4, length, 8, 8, 8192) for name, length in q_lens.items()}
+    tuned = tuning.TileConfig(max_rows=128, max_tokens=32, tile_n=32, num_warps=8, num_stages=2)
+    monkeypatch.setitem(tuning.TUNED, ("half", 128, q_class), tuned)
+    for name, length in q_lens.items():
+        tiling = choose_tiling(128, 4, length, 8, 8, 8192)
+        if name == q_class:
+            assert (tiling.TILE_N, tiling.NUM_WARPS, tiling.NUM_STAGES) == (32, 8, 2)
+            assert min(128, max(16, 4 * min(length, 32))) == tiling.BLOCK_M
+        else:
+            assert tiling == untuned[name]
+    assert choose_tiling(64, 4, q_lens[q_class], 8, 8, 8192).TILE_N == 64, "another head dim keeps the default"
+
+
+@pytest.mark.parametrize("tile_n, max_tokens", list(itertools.product([16, 32, 128], [4, 32])))
+def test_tlsim_follows_an_overridden_tiling(tile_n, max_tokens):
+    """Under any config the kernel (interpreted) and tlsim agree within the kernel's tolerance,
+    and the override really moved the tiling (a tlsim that ignored it would fail elsewhere)."""
+    case = next(c for c in KERNEL_CASES if c.dtype == "float32" and max(c.q_lens) > 1)
+    inputs = case.inputs("cpu")
+    config = tuning.TileConfig(max_rows=16, max_tokens=max_tokens, tile_n=tile_n, num_warps=4, num_stages=2)
+    with tuning.override(config):
+        assert tile_n == tiling_for(prepare_call(*inputs.args(), check=False)).TILE_N
+        sim = kernels.paged_attention_tlsim(*inputs.args())
+        real = kernels.paged_attention_triton(*inputs.args())
+    torch.testing.assert_close(real, sim, atol=1e-5, rtol=1e-4)
