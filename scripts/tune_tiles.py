@@ -42,9 +42,10 @@ from kernels.tuning import TileConfig, default_config, override, query_class
 
 # The grid per query class: (max_rows, max_tokens, tile_n, num_warps, num_stages).
 GRID = {
-    "decode": list(itertools.product([16], [1], [32, 64, 128], [2, 4, 8], [2, 3, 4])),
-    "verify": list(itertools.product([16, 32, 64], [8], [64, 128], [4, 8], [2, 3])),
-    "prefill": list(itertools.product([64, 128], [16, 32], [32, 64, 128], [4, 8], [2, 3, 4])),
+    "decode": list(itertools.product([16], [1], [32, 64, 128], [4, 8], [2, 3, 4])),
+    "verify": list(itertools.product([32, 64], [8], [64, 128], [4, 8], [2, 3])),
+    "prefill": [(64, 16, *rest) for rest in itertools.product([32, 64, 128], [4, 8], [2, 3, 4])]
+    + [(128, 32, *rest) for rest in itertools.product([32, 64, 128], [4, 8], [2, 3, 4])],
 }
 
 
