@@ -111,6 +111,67 @@ def _find_seq(query_start_loc_ptr, q_tile, num_seqs, BLOCK_Q: tl.constexpr):
 
 
 @triton.jit
+def _attend_tiles(
+    q, m_i, l_i, acc,  # [BLOCK_M, HEAD_DIM_PADDED] and the running state [BLOCK_M], [BLOCK_M], [BLOCK_M, HEAD_DIM_PADDED]
+    start, end,  # KV positions [start, end) in TILE_N steps
+    seq, seq_len, q_pos, kv_head, dims, dim_valid, slope,
+    k_cache_ptr, v_cache_ptr, block_table_ptr, qk_scale_log2, sliding_window, cap_unscaled, inv_cap_unscaled,
+    num_blocks, max_blocks_per_seq, stride_k_block, stride_k_slot, stride_k_head,
+    stride_v_block, stride_v_slot, stride_v_head, stride_bt_seq,
+    BLOCK_SIZE: tl.constexpr, TILE_N: tl.constexpr, DOT_PRECISION: tl.constexpr, INTERPRETED_BF16: tl.constexpr,
+    MASKED: tl.constexpr,  # False: every key of the range is visible to every row (causal and length masks skipped)
+    USE_WINDOW: tl.constexpr, USE_SOFTCAP: tl.constexpr, USE_ALIBI: tl.constexpr,
+):  # fmt: skip
+    """The online softmax over KV tiles [start, end) of one program: returns the new (m, l, acc)."""
+    for tile_start in range(start, end, TILE_N):
+        k_pos = tile_start + tl.arange(0, TILE_N)
+        k_valid = k_pos < seq_len
+        column = k_pos // BLOCK_SIZE
+        in_table = k_valid & (column < max_blocks_per_seq)
+        block = tl.load(block_table_ptr + seq * stride_bt_seq + column, mask=in_table, other=0).to(tl.int64)
+        block_ok = in_table & (block >= 0) & (block < num_blocks)
+        bad_keys = tl.sum((k_valid & ~block_ok).to(tl.int32), 0)  # a bad index: NaN out, no stray read
+        slot = k_pos % BLOCK_SIZE
+        kv_mask = block_ok[:, None] & dim_valid[None, :]
+
+        k_offs = block[:, None] * stride_k_block + slot[:, None] * stride_k_slot + kv_head * stride_k_head
+        k = tl.load(k_cache_ptr + k_offs + dims[None, :], mask=kv_mask, other=0.0)  # [TILE_N, HEAD_DIM_PADDED]
+        if INTERPRETED_BF16:
+            k = k.to(tl.float32)
+        s = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION, out_dtype=tl.float32)
+        if USE_SOFTCAP:  # on the logit itself, before any bias or mask
+            s = _softcap(s, cap_unscaled, inv_cap_unscaled)
+        distance = k_pos[None, :] - q_pos[:, None]  # key_pos - query_pos, <= 0 where causal (unused code compiles away)
+        if USE_ALIBI:
+            s = s + slope[:, None] * distance.to(tl.float32)
+        if MASKED:
+            visible = (distance <= 0) & k_valid[None, :]
+            if USE_WINDOW:
+                visible = visible & (distance > -sliding_window)
+            s = tl.where(visible, s, float("-inf"))  # [BLOCK_M, TILE_N]
+
+        m_new = tl.maximum(m_i, tl.max(s, 1))
+        # A row that has seen no key yet (possible inside a split) keeps m = -inf; subtract 0
+        # instead so that exp2 gives 0, not NaN. Rows with a finite max are unaffected.
+        m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
+        alpha = tl.exp2((m_i - m_safe) * qk_scale_log2)
+        p = tl.exp2((s - m_safe[:, None]) * qk_scale_log2)
+        l_i = l_i * alpha + tl.sum(p, 1) + tl.where(bad_keys > 0, float("nan"), 0.0)
+
+        v_offs = block[:, None] * stride_v_block + slot[:, None] * stride_v_slot + kv_head * stride_v_head
+        v = tl.load(v_cache_ptr + v_offs + dims[None, :], mask=kv_mask, other=0.0)
+        if INTERPRETED_BF16:  # bf16 x bf16 products are exact in fp32: only the sum order moves
+            p = _bf16_rne(p).to(tl.float32)
+            v = v.to(tl.float32)
+        else:
+            p = p.to(v.dtype)
+        pv = tl.dot(p, v, input_precision=DOT_PRECISION, out_dtype=tl.float32)
+        acc = acc * alpha[:, None] + pv
+        m_i = m_new
+    return m_i, l_i, acc
+
+
+@triton.jit
 def paged_attention_kernel(
     # pointers
     q_ptr,  # [num_tokens, num_q_heads, head_dim]
@@ -200,6 +261,7 @@ def paged_attention_kernel(
     l_i = tl.zeros([BLOCK_M], tl.float32)
     acc = tl.zeros([BLOCK_M, HEAD_DIM_PADDED], tl.float32)
 
+    slope = m_i  # unread unless USE_ALIBI
     if USE_ALIBI:
         slope = tl.load(alibi_ptr + head, mask=row_valid, other=0.0)  # [BLOCK_M], per unscaled logit
 
@@ -211,50 +273,27 @@ def paged_attention_kernel(
     if USE_WINDOW:  # kernels._common.window_tile_start of the program's first query
         first_q_pos = seq_len - q_len + q_tile * BLOCK_Q
         kv_start = tl.maximum(kv_start, tl.maximum(first_q_pos - sliding_window + 1, 0) // TILE_N * TILE_N)
-    for tile_start in range(kv_start, kv_end, TILE_N):
-        k_pos = tile_start + tl.arange(0, TILE_N)
-        k_valid = k_pos < seq_len
-        column = k_pos // BLOCK_SIZE
-        in_table = k_valid & (column < max_blocks_per_seq)
-        block = tl.load(block_table_ptr + seq * stride_bt_seq + column, mask=in_table, other=0).to(tl.int64)
-        block_ok = in_table & (block >= 0) & (block < num_blocks)
-        bad_keys = tl.sum((k_valid & ~block_ok).to(tl.int32), 0)  # a bad index: NaN out, no stray read
-        slot = k_pos % BLOCK_SIZE
-        kv_mask = block_ok[:, None] & dim_valid[None, :]
-
-        k_offs = block[:, None] * stride_k_block + slot[:, None] * stride_k_slot + kv_head * stride_k_head
-        k = tl.load(k_cache_ptr + k_offs + dims[None, :], mask=kv_mask, other=0.0)  # [TILE_N, HEAD_DIM_PADDED]
-        if INTERPRETED_BF16:
-            k = k.to(tl.float32)
-        s = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION, out_dtype=tl.float32)
-        if USE_SOFTCAP:  # on the logit itself, before any bias or mask
-            s = _softcap(s, cap_unscaled, inv_cap_unscaled)
-        distance = k_pos[None, :] - q_pos[:, None]  # key_pos - query_pos, <= 0 where causal
-        if USE_ALIBI:
-            s = s + slope[:, None] * distance.to(tl.float32)
-        visible = (distance <= 0) & k_valid[None, :]
-        if USE_WINDOW:
-            visible = visible & (distance > -sliding_window)
-        s = tl.where(visible, s, float("-inf"))  # [BLOCK_M, TILE_N]
-
-        m_new = tl.maximum(m_i, tl.max(s, 1))
-        # A row that has seen no key yet (possible inside a split) keeps m = -inf; subtract 0
-        # instead so that exp2 gives 0, not NaN. Rows with a finite max are unaffected.
-        m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
-        alpha = tl.exp2((m_i - m_safe) * qk_scale_log2)
-        p = tl.exp2((s - m_safe[:, None]) * qk_scale_log2)
-        l_i = l_i * alpha + tl.sum(p, 1) + tl.where(bad_keys > 0, float("nan"), 0.0)
-
-        v_offs = block[:, None] * stride_v_block + slot[:, None] * stride_v_slot + kv_head * stride_v_head
-        v = tl.load(v_cache_ptr + v_offs + dims[None, :], mask=kv_mask, other=0.0)
-        if INTERPRETED_BF16:  # bf16 x bf16 products are exact in fp32: only the sum order moves
-            p = _bf16_rne(p).to(tl.float32)
-            v = v.to(tl.float32)
-        else:
-            p = p.to(v.dtype)
-        pv = tl.dot(p, v, input_precision=DOT_PRECISION, out_dtype=tl.float32)
-        acc = acc * alpha[:, None] + pv
-        m_i = m_new
+    # Tiles wholly before the program's first query position are visible to every row: they
+    # skip the causal mask (the elementwise work is what bounds prefill). The window masks
+    # everything it touches.
+    full_end = kv_start
+    if not USE_WINDOW:
+        first_q_pos = seq_len - q_len + q_tile * BLOCK_Q
+        full_end = tl.maximum(kv_start, tl.minimum(kv_end, (first_q_pos + 1) // TILE_N * TILE_N))
+    m_i, l_i, acc = _attend_tiles(
+        q, m_i, l_i, acc, kv_start, full_end, seq, seq_len, q_pos, kv_head, dims, dim_valid, slope,
+        k_cache_ptr, v_cache_ptr, block_table_ptr, qk_scale_log2, sliding_window, cap_unscaled, inv_cap_unscaled,
+        num_blocks, max_blocks_per_seq, stride_k_block, stride_k_slot, stride_k_head,
+        stride_v_block, stride_v_slot, stride_v_head, stride_bt_seq,
+        BLOCK_SIZE, TILE_N, DOT_PRECISION, INTERPRETED_BF16, False, USE_WINDOW, USE_SOFTCAP, USE_ALIBI,
+    )  # fmt: skip
+    m_i, l_i, acc = _attend_tiles(
+        q, m_i, l_i, acc, full_end, kv_end, seq, seq_len, q_pos, kv_head, dims, dim_valid, slope,
+        k_cache_ptr, v_cache_ptr, block_table_ptr, qk_scale_log2, sliding_window, cap_unscaled, inv_cap_unscaled,
+        num_blocks, max_blocks_per_seq, stride_k_block, stride_k_slot, stride_k_head,
+        stride_v_block, stride_v_slot, stride_v_head, stride_bt_seq,
+        BLOCK_SIZE, TILE_N, DOT_PRECISION, INTERPRETED_BF16, True, USE_WINDOW, USE_SOFTCAP, USE_ALIBI,
+    )  # fmt: skip
 
     if NUM_SPLITS > 1:  # keep this split's state; combine_splits_kernel finishes the rows
         row_ids = (split * num_tokens + q_rows) * num_q_heads + head

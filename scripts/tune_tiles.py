@@ -97,6 +97,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--class", dest="q_class", choices=sorted(GRID), help="only this query class")
     parser.add_argument("--target-s", type=float, default=0.1, help="timing budget per config and case")
     parser.add_argument("--out", type=Path, help="write every measurement as JSON")
+    parser.add_argument(
+        "--candidate", action="append", default=[], metavar="ROWS,TOKENS,TILE_N,WARPS,STAGES",
+        help="time only these configs (and the default) instead of the grid; repeatable",
+    )  # fmt: skip
     parser.add_argument("--dry", action="store_true", help="one tiny smoke case, two candidates (CPU)")
     args = parser.parse_args(argv)
     device = "cuda" if torch.cuda.is_available() else "cpu"
@@ -113,6 +117,9 @@ def main(argv: list[str] | None = None) -> int:
     records, table = [], []
     for key, key_cases in sorted(by_key.items()):
         configs = candidates(key)[: 2 if args.dry else None]
+        if args.candidate:
+            chosen = [TileConfig(*map(int, text.split(","))) for text in args.candidate]
+            configs = [configs[0]] + [c for c in chosen if c != configs[0]]
         print(f"{key}: {len(key_cases)} case(s) x {len(configs)} configs", flush=True)
         ratios: dict[TileConfig, list[float]] = defaultdict(list)
         for case in key_cases:

@@ -44,7 +44,7 @@ def test_tlsim_follows_an_overridden_tiling(tile_n, max_tokens):
     """Under any config the kernel (interpreted) and tlsim agree within the kernel's tolerance,
     and the override really moved the tiling (a tlsim that ignored it would fail elsewhere)."""
     case = next(c for c in KERNEL_CASES if c.dtype == "float32" and max(c.q_lens) > 1)
-    inputs = case.inputs("cpu")
+    inputs = case.inputs("cuda" if torch.cuda.is_available() else "cpu")
     config = tuning.TileConfig(max_rows=16, max_tokens=max_tokens, tile_n=tile_n, num_warps=4, num_stages=2)
     with tuning.override(config):
         assert tile_n == tiling_for(prepare_call(*inputs.args(), check=False)).TILE_N
