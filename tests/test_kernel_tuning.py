@@ -13,8 +13,9 @@ from kernels._common import choose_tiling, prepare_call, tiling_for
 from tests.kernel_cases import KERNEL_CASES
 
 
-def test_the_untuned_rule_keeps_the_measured_shapes():
+def test_the_untuned_rule_keeps_the_measured_shapes(monkeypatch):
     """Pins the defaults: 64-row half tiles of 16 tokens, 16-row fp32 tiles, 32 keys past head dim 128."""
+    monkeypatch.setattr(tuning, "TUNED", {})
     assert choose_tiling(128, 4, 4096, 4, 8, 4096).BLOCK_M == 64
     assert choose_tiling(128, 4, 4096, 4, 8, 4096).BLOCK_Q == 16
     assert choose_tiling(128, 4, 4096, 4, 8, 4096, fp32=True).BLOCK_M == 16
@@ -25,6 +26,7 @@ def test_the_untuned_rule_keeps_the_measured_shapes():
 
 @pytest.mark.parametrize("q_class", ["decode", "verify", "prefill"])
 def test_a_tuned_entry_changes_only_its_own_key(monkeypatch, q_class):
+    monkeypatch.setattr(tuning, "TUNED", {})
     q_lens = {"decode": 1, "verify": 4, "prefill": 512}
     untuned = {name: choose_tiling(128, 4, length, 8, 8, 8192) for name, length in q_lens.items()}
     tuned = tuning.TileConfig(max_rows=128, max_tokens=32, tile_n=32, num_warps=8, num_stages=2)
