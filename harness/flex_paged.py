@@ -279,14 +279,10 @@ def prepare_flex_paged(case: Case, inputs: PagedInputs, out: torch.Tensor) -> Pr
 
 
 def _unavailable(case: Case, device: str) -> str | None:
-    try:
-        from torch.nn.attention.flex_attention import BlockMask  # noqa: F401
-    except ImportError:
-        return f"torch {torch.__version__} has no FlexAttention"
-    from kernels import has_triton
+    from .peers import _flex_unavailable  # no FlexAttention, or no Triton
 
-    if not has_triton():
-        return "FlexAttention compiles through Triton, which is not installed"
+    if reason := _flex_unavailable(case, device):
+        return reason
     if case.head_dim < 16:
         return f"FlexAttention's Triton kernel needs head_dim >= 16, not {case.head_dim}"
     if case.block_size % 16:
