@@ -209,3 +209,31 @@ def test_flex_paged_compiled_on_the_cpu_matches_oracle(name, monkeypatch):
     case, inputs = _case(name)
     graded = _graded(case, inputs, prepare_flex_paged(case, inputs, torch.empty_like(inputs.q)))
     assert graded.passed, graded.reason
+
+
+GPU_BASE = {"name": "flex_gpu", "num_q_heads": 32, "num_kv_heads": 8, "head_dim": 128, "dtype": "bfloat16"}
+GPU_CASES = {
+    # per_sequence form, flex's decoding kernel; BLOCK_N = 16 / 32 / 64 under the page; none at 128
+    "decode_page16": {"block_size": 16, "seq_lens": [700, 1500, 33, 1024], "q_lens": [1, 1, 1, 1]},
+    "decode_page32_window_softcap_alibi": {"block_size": 32, "seq_lens": [700, 1500, 33], "q_lens": [1, 1, 1],
+                                           "sliding_window": 100, "logit_softcap": 30.0, "alibi": True},
+    "decode_page64_hd64": {"block_size": 64, "head_dim": 64, "seq_lens": [700, 1500], "q_lens": [1, 1]},
+    "decode_page128_fp32": {"block_size": 128, "dtype": "float32", "seq_lens": [700, 1500], "q_lens": [1, 1]},
+    "decode_gqa3_main_kernel": {"num_q_heads": 12, "num_kv_heads": 4, "seq_lens": [700, 90], "q_lens": [1, 1]},
+    "mixed_shared_prefix": {"seq_lens": [600, 650, 700], "q_lens": [40, 1, 7], "layout": "shared_prefix"},
+    # packed form: fewer than 128 rows (the main kernel forced), then blocks spanning sequences
+    "packed_under_128_rows": {"seq_lens": [900], "q_lens": [100]},
+    "packed_ragged_prefill": {"seq_lens": [1000, 300, 90], "q_lens": [1000, 130, 1], "block_size": 32},
+}  # fmt: skip
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device here")
+@pytest.mark.parametrize("name", GPU_CASES)
+def test_flex_paged_compiled_on_cuda_matches_oracle(name):
+    """The Triton path: page sizes 16-128, decoding and main kernels, both query forms."""
+    (case,) = expand_spec({**GPU_BASE, **GPU_CASES[name]}, "t.toml")
+    inputs = case_inputs(case, "cuda")
+    prepared = prepare_flex_paged(case, inputs, torch.empty_like(inputs.q))
+    graded = _graded(case, inputs, prepared)
+    assert graded.passed, f"{graded.reason} ({prepared.note})"
