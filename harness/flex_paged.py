@@ -160,19 +160,21 @@ def paged_block_mask(rows: QueryRows, block_table: torch.Tensor, seq_lens: torch
     if sliding_window is not None:
         visible &= last > lo - sliding_window
         full &= first > hi - sliding_window
-    state = torch.zeros(batch * num_q_blocks, num_blocks, dtype=torch.uint8, device=device)  # 0 none, 1 partial, 2 full
-    page = block_table.long()[pair_seq].clamp(min=0)
-    cells = pair_cell[:, None].expand_as(page)
-    mark = torch.where(full, 2, torch.where(visible, 1, 0)).to(torch.uint8)
-    state.view(-1).scatter_reduce_(0, (cells * num_blocks + page).reshape(-1), mark.reshape(-1), "amax")
+    # Scatter into [cell, page] maps. A page is marked at most once per (cell, sequence) and
+    # is full only where the cell holds one sequence, so the two maps never overlap.
+    slot = pair_cell[:, None] * num_blocks + block_table.long()[pair_seq].clamp(min=0)  # [pairs, max_blocks]
+    partial = torch.zeros(batch * num_q_blocks * num_blocks, dtype=torch.bool, device=device)
+    complete = torch.zeros_like(partial)
+    partial[slot[visible & ~full]] = True
+    complete[slot[full]] = True
 
-    def listed(which_state: int) -> tuple[torch.Tensor, torch.Tensor]:
-        chosen = state == which_state
-        indices = torch.argsort((~chosen).to(torch.uint8), dim=-1, stable=True)
+    def listed(chosen: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        chosen = chosen.view(batch * num_q_blocks, num_blocks)
+        indices = torch.argsort((~chosen).to(torch.uint8), dim=-1, stable=True)  # chosen pages first, in order
         shape = (batch, 1, num_q_blocks)
         return chosen.sum(-1).int().view(shape), indices.int().view(*shape, num_blocks)
 
-    return (*listed(1), *listed(2))
+    return (*listed(partial), *listed(complete))
 
 
 def kernel_options_for(block_size: int, device: torch.device, form: str = "per_sequence") -> dict:
