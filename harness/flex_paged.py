@@ -197,15 +197,21 @@ def kernel_options_for(block_size: int, device: torch.device, form: str = "per_s
 
 
 def compiled_flex(flex_attention, first_call):
-    """torch.compile(flex_attention) on CUDA, and its first call (the compile) made here, before timing.
+    """torch.compile(flex_attention), and its first call (the compile) made here, before timing.
 
     Every prepare compiles the same function, once per shape; past dynamo's recompile limit
     (8) it would quietly run flex eagerly (unfused, the full score matrix over the whole
     pool), so the compile happens under a raised limit. Later calls of the same shape hit
     the cache and never reach the limit.
     """
+    config = torch._dynamo.config
+    names = (  # the limits' names since torch 2.6, and before
+        ("recompile_limit", "accumulated_recompile_limit")
+        if hasattr(config, "recompile_limit")
+        else ("cache_size_limit", "accumulated_cache_size_limit")
+    )
     compiled = torch.compile(flex_attention, dynamic=False)
-    with torch._dynamo.config.patch(recompile_limit=4096, accumulated_recompile_limit=4096):
+    with config.patch(**dict.fromkeys(names, 4096)):
         first_call(compiled)
     return compiled
 
@@ -275,7 +281,7 @@ def prepare_flex_paged(case: Case, inputs: PagedInputs, out: torch.Tensor) -> Pr
         f"{num_blocks * block_size}, {head_dim}]; BlockMask from the block table (KV block = page {block_size}, "
         f"Q block {rows.q_block}) built before timing; timed: one {'compiled ' if device.type == 'cuda' else ''}"
         f"flex_attention call" + (f"; kernel_options {kernel_options}" if kernel_options else "")
-        + ("; score_mod" if "score_mod" in options else "")
+        + ("; score_mod" if "score_mod" in options else "") + "; V read from a copy with the NaN poison zeroed"
     )  # fmt: skip
     return Prepared(run=lambda: attend(rows.q, k, v, **options), to_packed=rows.to_packed, note=note)
 
