@@ -11,7 +11,10 @@
                       the packed contiguous KV: no padding, ragged batches at full speed.
 * varlen_flash_paged -- the same entry point reading the paged pool through the block
                       table, where this torch's varlen_attn takes one.
-* flex_attention   -- FlexAttention, compiled, over the padded contiguous copy (not paged).
+* flex_attention   -- FlexAttention, compiled, over the padded contiguous copy (not paged):
+                      beside flex_paged, what paging costs FlexAttention.
+* flex_paged       -- FlexAttention over the paged pool itself, a BlockMask built from the
+                      block table with KV block = page (harness.flex_paged).
 
 The kernel each peer actually launched is recorded per row on CUDA (``kernels_ran``).
 """
@@ -252,6 +255,8 @@ def _prepare_flex(case: Case, inputs: PagedInputs, out: torch.Tensor) -> Prepare
     """
     from torch.nn.attention.flex_attention import create_block_mask, flex_attention
 
+    from .flex_paged import compiled_flex
+
     padded, k, v = _padded_batch(inputs)
     seq_lens = inputs.seq_lens.long()
     starts = inputs.query_start_loc.long()
@@ -273,9 +278,11 @@ def _prepare_flex(case: Case, inputs: PagedInputs, out: torch.Tensor) -> Prepare
 
     num_seqs, _, max_q, _ = padded.q.shape
     block_mask = create_block_mask(mask_mod, num_seqs, None, max_q, k.shape[2], device=inputs.q.device)
-    compiled = torch.compile(flex_attention, dynamic=False)
     scale = case.head_dim**-0.5
     mods = {"score_mod": score_mod} if cap is not None or slopes is not None else {}
+    compiled = compiled_flex(
+        flex_attention, lambda fn: fn(padded.q, k, v, block_mask=block_mask, scale=scale, enable_gqa=True, **mods)
+    )
     return Prepared(
         run=lambda: compiled(padded.q, k, v, block_mask=block_mask, scale=scale, enable_gqa=True, **mods),
         to_packed=padded.unpad,
@@ -310,3 +317,5 @@ add_backend(Backend("flex_attention", _prepare_flex, ("cuda",), "peer",
                     "FlexAttention, compiled, over a padded contiguous copy (not paged)",
                     unavailable=_flex_unavailable,
                     options=frozenset({"sliding_window", "logit_softcap", "alibi_slopes"})))  # fmt: skip
+
+from . import flex_paged  # noqa: E402, F401  (registers flex_paged, after flex_attention)
