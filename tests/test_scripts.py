@@ -21,7 +21,7 @@ def run_script(*args: str, timeout: float = 300) -> subprocess.CompletedProcess:
 
 def test_every_script_is_exercised_here():
     exercised = {"peer_table.py", "measure_tlsim_closeness.py", "gpu_run.sh", "noise_check.py", "slowdown_plugin.py"}
-    exercised |= {"tune_tiles.py"}
+    exercised |= {"tune_tiles.py", "kernel_targets.py"}
     assert {p.name for p in (ROOT / "scripts").iterdir() if p.is_file()} <= exercised, (
         "a new script needs a dry run here"
     )
@@ -37,6 +37,13 @@ def test_closeness_script_runs_on_the_first_kernel_cases():
     done = run_script("scripts/measure_tlsim_closeness.py", "--limit", "2")
     assert done.returncode == 0, done.stderr
     assert len([line for line in done.stdout.splitlines() if line.strip()]) == 3
+
+
+def test_kernel_targets_score_the_committed_run():
+    done = run_script("scripts/kernel_targets.py", str(COMMITTED_RUN))
+    assert done.returncode == 0, done.stderr
+    assert "## prefill: met on 0 of 6 cases (worst 2.29 x best peer)" in done.stdout
+    assert "ok   decode_4x16k" in done.stdout and "MISS decode_32x4k_hd64" in done.stdout
 
 
 def test_tile_tuner_times_two_candidates_and_prints_a_table_line(tmp_path):

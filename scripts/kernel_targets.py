@@ -1,0 +1,97 @@
+"""Score a GPU run against the kernel's speed targets (issue 10), one line per case and target.
+
+    python scripts/kernel_targets.py RUN_DIR [--backend triton]
+
+Every number comes from the run's results.parquet (rows that passed), so a table made
+with this names its run. The targets, each a ratio measured side by side in one run:
+
+    host        host overhead of the default call (call_us - latency_us), at most 20 us
+    eager       decode: the default eager call against SDPA's eager call, at most 1.10x
+    decode      decode device time against the best peer's, at most 1.05x
+    read        decode with 256 MB of KV or more: at least 90% of the read ceiling
+    prefill     q_len >= 512: device time against the best peer's, at most 1.10x
+    verify      q_len 2-8: device time against the same batch's decode, at most 1.30x
+    cache       the engine path (backend "cache") against the bare kernel, at most 1.10x
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+import pandas as pd
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from harness.storage import load_run
+
+READ_TARGET_BYTES = 256 * 2**20
+
+
+def _line(target: str, case: str, value: float, limit: float, unit: str, higher_is_better: bool = False) -> dict:
+    met = value >= limit if higher_is_better else value <= limit
+    return {"target": target, "case": case, "measured": value, "limit": limit, "unit": unit, "met": bool(met)}
+
+
+def score(frame: pd.DataFrame, backend: str = "triton") -> pd.DataFrame:
+    """One row per (target, case): measured value, its limit and whether it is met."""
+    ok = frame[(frame["status"] == "pass") & frame["latency_us"].notna()]
+    mine = ok[ok["backend"] == backend].set_index("case")
+    peers = ok[ok["backend_kind"] == "peer"]
+    best_peer = peers.groupby("case")["latency_us"].min()
+    sdpa_call = peers[peers["backend"] == "sdpa_contiguous"].set_index("case")["call_us"]
+    cache = ok[ok["backend"] == "cache"].set_index("case")["latency_us"]
+    lines = []
+    for case, row in mine.iterrows():
+        decode = row["max_q_len"] == 1
+        if pd.notna(row.get("host_overhead_us")):
+            lines.append(_line("host", case, row["host_overhead_us"], 20.0, "us"))
+        if decode and case in sdpa_call.index and pd.notna(row.get("call_us")):
+            lines.append(_line("eager", case, row["call_us"] / sdpa_call[case], 1.10, "x SDPA call"))
+        if decode and case in best_peer.index:
+            lines.append(_line("decode", case, row["latency_us"] / best_peer[case], 1.05, "x best peer"))
+        if decode and row["bytes_moved"] >= READ_TARGET_BYTES and pd.notna(row.get("pct_of_ceiling")):
+            lines.append(_line("read", case, row["pct_of_ceiling"], 90.0, "% read ceiling", higher_is_better=True))
+        if row["max_q_len"] >= 512 and case in best_peer.index:
+            lines.append(_line("prefill", case, row["latency_us"] / best_peer[case], 1.10, "x best peer"))
+        if 2 <= row["max_q_len"] <= 8:
+            twin = _decode_twin(mine, row)
+            if twin is not None:
+                lines.append(_line("verify", case, row["latency_us"] / mine.loc[twin, "latency_us"], 1.30, f"x {twin}"))
+        if case in cache.index:
+            lines.append(_line("cache", case, cache[case] / row["latency_us"], 1.10, "x kernel"))
+    return pd.DataFrame(lines)
+
+
+def _decode_twin(mine: pd.DataFrame, row: pd.Series) -> str | None:
+    """The decode case of the same batch (heads, head dim, sequences, length, block size), if the run has one."""
+    same = ["num_q_heads", "num_kv_heads", "head_dim", "num_seqs", "max_seq_len", "block_size", "dtype"]
+    twins = mine[(mine["max_q_len"] == 1) & (mine[same] == row[same]).all(axis=1)]
+    return None if twins.empty else str(twins.index[0])
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("run_dir", type=Path)
+    parser.add_argument("--backend", default="triton")
+    args = parser.parse_args(argv)
+    frame, meta = load_run(args.run_dir)
+    print(f"run {args.run_dir.name}: {meta.get('device_name')}, commit {meta.get('commit')}, backend {args.backend}")
+    table = score(frame, args.backend)
+    if table.empty:
+        print("(no row to score)")
+        return 0
+    for target, group in table.groupby("target", sort=False):
+        met = int(group["met"].sum())
+        worst = group["measured"].min() if target == "read" else group["measured"].max()
+        print(f"\n## {target}: met on {met} of {len(group)} cases (worst {worst:.3g} {group['unit'].iloc[0]})")
+        for row in group.itertuples(index=False):
+            print(
+                f"  {'ok  ' if row.met else 'MISS'} {row.case:40s} {row.measured:9.3g} {row.unit} (limit {row.limit:g})"
+            )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
