@@ -38,6 +38,8 @@ from dataclasses import dataclass
 
 import torch
 
+from .oracle import sequence_kv
+
 DEFAULT_TOLERANCES: dict[str, tuple[float, float]] = {
     "float32": (1e-5, 1e-4),
     "float16": (1e-3, 1e-3),
@@ -163,13 +165,11 @@ def forward_error_bound(
     device = expected.device
     u = UNIT_ROUNDOFF["float32"]
     u_out = UNIT_ROUNDOFF.get(str(q.dtype).removeprefix("torch."), u)
-    num_blocks, block_size, num_kv_heads, head_dim = k_cache.shape
+    num_kv_heads, head_dim = k_cache.shape[2:]
     scale = head_dim**-0.5 if scale is None else float(scale)
     qd = q.detach().to(device, torch.float64)
     num_q_heads = qd.shape[1]
     group = num_q_heads // num_kv_heads
-    k_slots = k_cache.detach().reshape(num_blocks * block_size, num_kv_heads, head_dim)
-    v_slots = v_cache.detach().reshape(num_blocks * block_size, num_kv_heads, head_dim)
     table = block_table.detach().cpu().long()
     lens = seq_lens.detach().cpu().tolist()
     starts = query_start_loc.detach().cpu().tolist()
@@ -178,10 +178,8 @@ def forward_error_bound(
         q_len = starts[seq + 1] - starts[seq]
         if q_len == 0:
             continue
+        k, v = sequence_kv(k_cache, v_cache, table[seq], seq_len, device)  # [seq_len, num_kv_heads, head_dim]
         pos = torch.arange(seq_len)
-        slots = (table[seq, pos // block_size] * block_size + pos % block_size).to(k_cache.device)
-        k = k_slots[slots].to(device, torch.float64)  # [seq_len, num_kv_heads, head_dim]
-        v = v_slots[slots].to(device, torch.float64)
         # Query rows in chunks of at most BOUND_CHUNK_ELEMENTS logits, three such float64 tensors
         # at the peak (in place where it can be): a 1024 x 100k prefill does not double the oracle's memory.
         chunk = max(1, BOUND_CHUNK_ELEMENTS // max(1, seq_len * num_q_heads))
