@@ -39,6 +39,7 @@ from pydantic import (
 from kernels._common import MAX_BLOCK_SIZE, MAX_HEAD_DIM, MIN_BLOCK_SIZE, MIN_HEAD_DIM, cdiv
 
 from .grading import DEFAULT_TOLERANCES
+from .vocab import DTypeName, Layout
 
 # Strict: `true` is not 1, "3" is not 3; floats must be finite (no nan, no inf).
 Int = Annotated[int, Strict()]
@@ -46,9 +47,6 @@ Float = Annotated[float, Strict(), AllowInfNan(False)]
 INT32_MAX, INT64_MAX = 2**31 - 1, 2**63 - 1
 Length = Annotated[int, Strict(), Field(le=INT32_MAX)]  # seq_lens and q_lens are int32 tensors
 MAX_FILE_BYTES = 4 * 2**20  # a case file is a few KB; anything past this is not one
-
-DTypeName = Literal["float32", "float16", "bfloat16"]
-LayoutName = Literal["contiguous", "shuffled", "shared_prefix"]
 
 
 class CaseFileError(ValueError):
@@ -119,7 +117,7 @@ class CaseSpec(BaseModel):
     seq_lens: list[Length] | SeqLenGenerator = Field(description="KV length per sequence, or a generator")
     q_lens: Length | list[Length] | QLenGenerator = Field(default=1, description="queries per sequence; 1 is decode")
     dtype: DTypeName = "float32"
-    layout: LayoutName = "shuffled"
+    layout: Layout = "shuffled"
     input_scale: Float = Field(
         default=1.0, gt=0, le=1e4, description="q and K are scaled by it: logits grow as its square"
     )

@@ -34,6 +34,7 @@ from pathlib import Path
 import torch
 
 from .options import DEFAULT_CASES
+from .vocab import GRADED
 
 EXIT_OK, EXIT_FAIL, EXIT_BAD_INPUT, EXIT_INTERNAL = 0, 1, 2, 3
 EXIT_INTERRUPTED, EXIT_TERMINATED = 130, 143
@@ -229,7 +230,7 @@ def verdict(frame, requested: list[str] | None) -> tuple[int, list[str]]:
 
     code, messages = exit_code(frame), []
     status = frame["status"]
-    if not status.isin(["pass", "fail"]).any():
+    if not status.isin(GRADED).any():
         code = EXIT_FAIL
         messages.append(
             f"error: nothing was graded: {int((status == 'skip').sum())} skip and "
@@ -237,7 +238,7 @@ def verdict(frame, requested: list[str] | None) -> tuple[int, list[str]]:
         )
     for name in dict.fromkeys(requested or []):
         mine = frame[frame["backend"] == name]
-        if not mine["status"].isin(["pass", "fail", "error"]).any():
+        if not mine["status"].isin([*GRADED, "error"]).any():
             code = EXIT_FAIL
             why = mine["reason"].iloc[0] if len(mine) else "no case selected it"
             messages.append(f"error: --backend {name} ran on no case (every row a skip): {why}")

@@ -39,6 +39,7 @@ from dataclasses import dataclass
 import torch
 
 from .oracle import sequence_kv
+from .vocab import DTYPES
 
 DEFAULT_TOLERANCES: dict[str, tuple[float, float]] = {
     "float32": (1e-5, 1e-4),
@@ -147,7 +148,8 @@ def grade(
 
 BOUND_CHUNK_ELEMENTS = 2**26  # logits per chunk of query rows: 512 MiB of float64
 
-UNIT_ROUNDOFF = {"float32": 2.0**-24, "float16": 2.0**-11, "bfloat16": 2.0**-8}
+# Unit round-off u = eps / 2: float32 2**-24, float16 2**-11, bfloat16 2**-8.
+UNIT_ROUNDOFF = {name: torch.finfo(dtype).eps / 2 for name, dtype in DTYPES.items()}
 
 
 def forward_error_bound(
