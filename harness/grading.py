@@ -81,6 +81,11 @@ class Grade:
     bound_ratio: float = float("nan")
     fail_count: int = 0  # elements outside the tolerance, NaN/inf included
 
+    def columns(self) -> dict[str, float | int | str]:
+        """The report row's accuracy columns (names as in docs/contract.md), in the row's order."""
+        errors = ("max_abs_err", "max_rel_err", "rel_l2_err", "nan_count", "tol_ratio", "fail_count", "error_bound")
+        return {**{name: getattr(self, name) for name in errors}, "grading_note": self.grading_note}
+
     @property
     def grading_note(self) -> str:
         """Non-empty when the tolerance is below the forward error bound of the inputs."""

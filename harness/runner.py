@@ -144,19 +144,8 @@ def run_backend(ctx: CaseContext, backend: Backend, config: RunConfig) -> dict:
         if not isinstance(packed, torch.Tensor) or packed.shape != ctx.expected.shape:
             return {**row, "status": "fail", "reason": problem, "note": prepared.note}
         result = grade(packed, ctx.expected, case.atol, case.rtol, ctx.bound)
-        row.update(
-            status="pass" if result.passed else "fail",
-            reason=result.reason,
-            note=prepared.note,
-            max_abs_err=result.max_abs_err,
-            max_rel_err=result.max_rel_err,
-            rel_l2_err=result.rel_l2_err,
-            nan_count=result.nan_count,
-            tol_ratio=result.tol_ratio,
-            fail_count=result.fail_count,
-            error_bound=result.error_bound,
-            grading_note=result.grading_note,
-        )
+        row.update(status="pass" if result.passed else "fail", reason=result.reason, note=prepared.note)
+        row.update(result.columns())
         if not result.passed and result.worst_index:
             token, head = result.worst_index[0], result.worst_index[1]
             starts, lens = ctx.inputs.query_start_loc.tolist(), ctx.inputs.seq_lens.tolist()
