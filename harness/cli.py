@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 import traceback
 from pathlib import Path
@@ -37,7 +38,7 @@ from .options import DEFAULT_CASES
 from .vocab import GRADED
 
 EXIT_OK, EXIT_FAIL, EXIT_BAD_INPUT, EXIT_INTERNAL = 0, 1, 2, 3
-EXIT_INTERRUPTED, EXIT_TERMINATED = 130, 143
+EXIT_INTERRUPTED, EXIT_BROKEN_PIPE, EXIT_TERMINATED = 130, 141, 143  # 128 + SIGINT, SIGPIPE, SIGTERM
 
 
 class BadInput(Exception):
@@ -510,7 +511,9 @@ def main(argv: list[str] | None = None) -> int:
     }
     restore_signals = install_signal_handlers()
     try:
-        return handler[args.verb](args)
+        code = handler[args.verb](args)
+        sys.stdout.flush()  # a closed pipe shows here, not in the interpreter's flush at exit
+        return code
     except (
         BadInput,
         CaseFileError,
@@ -528,6 +531,9 @@ def main(argv: list[str] | None = None) -> int:
     except Terminated:
         print("terminated (SIGTERM): nothing was written", file=sys.stderr)
         return EXIT_TERMINATED
+    except BrokenPipeError:  # `harness schema | head`: the reader left early; not a bug, and not a success
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # the flush at exit would raise again
+        return EXIT_BROKEN_PIPE
     except Exception:
         traceback.print_exc()
         print("internal error: the traceback above is a bug in the harness, not in your input; please report it",
