@@ -48,7 +48,9 @@ class BadInput(Exception):
 def build_parser() -> argparse.ArgumentParser:
     from .options import add_to_argparse
 
-    parser = argparse.ArgumentParser(prog="python -m harness", description=__doc__.split("\n")[0])
+    called = Path(sys.argv[0]).name  # the console script's name, or __main__.py under python -m
+    prog = called if called in ("harness", "paged-attn-harness") else "python -m harness"
+    parser = argparse.ArgumentParser(prog=prog, description=__doc__.split("\n")[0])
     verbs = parser.add_subparsers(dest="verb", required=True)
 
     run = verbs.add_parser("run", help="run cases through backends; write a report folder")
