@@ -20,6 +20,7 @@ import stat
 import sys
 import tomllib
 from dataclasses import dataclass
+from dataclasses import field as dataclass_field
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
@@ -38,6 +39,7 @@ from pydantic import (
 from kernels._common import MAX_BLOCK_SIZE, MAX_HEAD_DIM, MIN_BLOCK_SIZE, MIN_HEAD_DIM, cdiv
 
 from .grading import DEFAULT_TOLERANCES
+from .vocab import DTypeName, Layout
 
 # Strict: `true` is not 1, "3" is not 3; floats must be finite (no nan, no inf).
 Int = Annotated[int, Strict()]
@@ -45,9 +47,6 @@ Float = Annotated[float, Strict(), AllowInfNan(False)]
 INT32_MAX, INT64_MAX = 2**31 - 1, 2**63 - 1
 Length = Annotated[int, Strict(), Field(le=INT32_MAX)]  # seq_lens and q_lens are int32 tensors
 MAX_FILE_BYTES = 4 * 2**20  # a case file is a few KB; anything past this is not one
-
-DTypeName = Literal["float32", "float16", "bfloat16"]
-LayoutName = Literal["contiguous", "shuffled", "shared_prefix"]
 
 
 class CaseFileError(ValueError):
@@ -62,34 +61,32 @@ class FieldError(ValueError):
         self.field = field
 
 
-class SeqLenGenerator(BaseModel):
-    """Seeded ragged lengths: ``count`` sequences with lengths in [min, max]."""
+class _Range(BaseModel):
+    """A table with ``min`` and ``max`` (its subclass declares them, with their bounds): min <= max."""
 
     model_config = ConfigDict(extra="forbid")
+
+    @model_validator(mode="after")
+    def _ordered(self):
+        if self.min > self.max:
+            raise ValueError(f"min ({self.min}) must be <= max ({self.max})")
+        return self
+
+
+class SeqLenGenerator(_Range):
+    """Seeded ragged lengths: ``count`` sequences with lengths in [min, max]."""
+
     count: Int = Field(ge=1, le=4096)
     min: Int = Field(ge=1, le=INT32_MAX)
     max: Int = Field(ge=1, le=INT32_MAX)
     distribution: Literal["uniform", "lognormal", "fixed"] = "uniform"
 
-    @model_validator(mode="after")
-    def _ordered(self) -> SeqLenGenerator:
-        if self.min > self.max:
-            raise ValueError(f"min ({self.min}) must be <= max ({self.max})")
-        return self
 
-
-class QLenGenerator(BaseModel):
+class QLenGenerator(_Range):
     """Seeded query lengths in [min, max], each capped at its sequence's length."""
 
-    model_config = ConfigDict(extra="forbid")
     min: Int = Field(ge=0, le=INT32_MAX)
     max: Int = Field(ge=0, le=INT32_MAX)
-
-    @model_validator(mode="after")
-    def _ordered(self) -> QLenGenerator:
-        if self.min > self.max:
-            raise ValueError(f"min ({self.min}) must be <= max ({self.max})")
-        return self
 
 
 class SinkGenerator(BaseModel):
@@ -120,7 +117,7 @@ class CaseSpec(BaseModel):
     seq_lens: list[Length] | SeqLenGenerator = Field(description="KV length per sequence, or a generator")
     q_lens: Length | list[Length] | QLenGenerator = Field(default=1, description="queries per sequence; 1 is decode")
     dtype: DTypeName = "float32"
-    layout: LayoutName = "shuffled"
+    layout: Layout = "shuffled"
     input_scale: Float = Field(
         default=1.0, gt=0, le=1e4, description="q and K are scaled by it: logits grow as its square"
     )
@@ -211,30 +208,29 @@ class CaseSpec(BaseModel):
 
 @dataclass(frozen=True)
 class Case:
-    """One expanded, validated case: everything the runner needs, lengths materialized."""
+    """One expanded, validated case: the case file's fields and what the runner needs made concrete.
+
+    ``spec`` is the validated ``[[case]]`` table with its sweep point applied; every field of
+    it reads straight through (``case.head_dim`` is ``case.spec.head_dim``). The fields below
+    are the ones a spec leaves open: ids, lengths and sinks drawn from generators, the KV head
+    count a ``gqa_ratio`` implies, the tolerance of the case's dtype.
+    """
 
     id: str
     file: str
-    num_q_heads: int
-    num_kv_heads: int
-    head_dim: int
-    block_size: int
-    seq_lens: tuple[int, ...]
+    spec: CaseSpec = dataclass_field(repr=False, hash=False)
+    num_kv_heads: int  # given, or num_q_heads // gqa_ratio
+    seq_lens: tuple[int, ...]  # materialized from a list or a seeded generator
     q_lens: tuple[int, ...]
-    dtype: str
-    layout: str
-    input_scale: float
-    seed: int
-    atol: float
+    sinks: tuple[float, ...] | None  # one per query head, materialized from the case file
+    atol: float  # the dtype's default (harness.grading) or the case file's override
     rtol: float
-    backends: tuple[str, ...] | None
-    exclude_backends: tuple[str, ...]
-    tags: tuple[str, ...]
-    timeout_s: float | None = None  # per-call limit of isolated backends (None: the run's --timeout)
-    sliding_window: int | None = None  # the attention variants (docs/contract.md); None/False: off
-    logit_softcap: float | None = None
-    sinks: tuple[float, ...] | None = None  # one per query head, materialized from the case file
-    alibi: bool = False
+
+    def __getattr__(self, name: str) -> Any:
+        """A case-file field not materialized above: ``head_dim``, ``dtype``, ``layout``, ``seed``, ..."""
+        if name.startswith("_") or name == "spec":  # copy and pickle probe before ``spec`` exists
+            raise AttributeError(name)
+        return getattr(self.spec, name)
 
     def __str__(self) -> str:
         return self.id
@@ -402,26 +398,13 @@ def expand_spec(raw: dict[str, Any], file: str) -> list[Case]:
             Case(
                 id=case_id,
                 file=file,
-                num_q_heads=p.num_q_heads,
+                spec=p,
                 num_kv_heads=p.resolved_num_kv_heads(),
-                head_dim=p.head_dim,
-                block_size=p.block_size,
                 seq_lens=seq,
                 q_lens=q,
-                dtype=p.dtype,
-                layout=p.layout,
-                input_scale=p.input_scale,
-                seed=p.seed,
+                sinks=_sinks(p),
                 atol=atol,
                 rtol=rtol,
-                backends=tuple(p.backends) if p.backends is not None else None,
-                exclude_backends=tuple(p.exclude_backends),
-                tags=tuple(p.tags),
-                timeout_s=p.timeout_s,
-                sliding_window=p.sliding_window,
-                logit_softcap=p.logit_softcap,
-                sinks=_sinks(p),
-                alibi=p.alibi,
             )
         )
     if errors:

@@ -76,7 +76,7 @@ def measure_ceilings(device: str, dtype_names: list[str]) -> dict:
     {"read_gbps", "copy_gbps", "matmul_tflops": {dtype: measured}, "peak_tflops": {dtype: peak},
      "peak_source": {dtype: "datasheet ..." or "measured matmul"}}
     """
-    from .inputs import DTYPES
+    from .vocab import DTYPES
 
     ceilings: dict = {
         "read_gbps": measure_read_bandwidth(device),

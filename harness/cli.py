@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 import traceback
 from pathlib import Path
@@ -34,9 +35,10 @@ from pathlib import Path
 import torch
 
 from .options import DEFAULT_CASES
+from .vocab import GRADED
 
 EXIT_OK, EXIT_FAIL, EXIT_BAD_INPUT, EXIT_INTERNAL = 0, 1, 2, 3
-EXIT_INTERRUPTED, EXIT_TERMINATED = 130, 143
+EXIT_INTERRUPTED, EXIT_BROKEN_PIPE, EXIT_TERMINATED = 130, 141, 143  # 128 + SIGINT, SIGPIPE, SIGTERM
 
 
 class BadInput(Exception):
@@ -46,7 +48,9 @@ class BadInput(Exception):
 def build_parser() -> argparse.ArgumentParser:
     from .options import add_to_argparse
 
-    parser = argparse.ArgumentParser(prog="python -m harness", description=__doc__.split("\n")[0])
+    called = Path(sys.argv[0]).name  # the console script's name, or __main__.py under python -m
+    prog = called if called in ("harness", "paged-attn-harness") else "python -m harness"
+    parser = argparse.ArgumentParser(prog=prog, description=__doc__.split("\n")[0])
     verbs = parser.add_subparsers(dest="verb", required=True)
 
     run = verbs.add_parser("run", help="run cases through backends; write a report folder")
@@ -229,7 +233,7 @@ def verdict(frame, requested: list[str] | None) -> tuple[int, list[str]]:
 
     code, messages = exit_code(frame), []
     status = frame["status"]
-    if not status.isin(["pass", "fail"]).any():
+    if not status.isin(GRADED).any():
         code = EXIT_FAIL
         messages.append(
             f"error: nothing was graded: {int((status == 'skip').sum())} skip and "
@@ -237,7 +241,7 @@ def verdict(frame, requested: list[str] | None) -> tuple[int, list[str]]:
         )
     for name in dict.fromkeys(requested or []):
         mine = frame[frame["backend"] == name]
-        if not mine["status"].isin(["pass", "fail", "error"]).any():
+        if not mine["status"].isin([*GRADED, "error"]).any():
             code = EXIT_FAIL
             why = mine["reason"].iloc[0] if len(mine) else "no case selected it"
             messages.append(f"error: --backend {name} ran on no case (every row a skip): {why}")
@@ -509,7 +513,9 @@ def main(argv: list[str] | None = None) -> int:
     }
     restore_signals = install_signal_handlers()
     try:
-        return handler[args.verb](args)
+        code = handler[args.verb](args)
+        sys.stdout.flush()  # a closed pipe shows here, not in the interpreter's flush at exit
+        return code
     except (
         BadInput,
         CaseFileError,
@@ -527,6 +533,9 @@ def main(argv: list[str] | None = None) -> int:
     except Terminated:
         print("terminated (SIGTERM): nothing was written", file=sys.stderr)
         return EXIT_TERMINATED
+    except BrokenPipeError:  # `harness schema | head`: the reader left early; not a bug, and not a success
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # the flush at exit would raise again
+        return EXIT_BROKEN_PIPE
     except Exception:
         traceback.print_exc()
         print("internal error: the traceback above is a bug in the harness, not in your input; please report it",

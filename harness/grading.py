@@ -38,6 +38,9 @@ from dataclasses import dataclass
 
 import torch
 
+from .oracle import sequence_kv
+from .vocab import DTYPES
+
 DEFAULT_TOLERANCES: dict[str, tuple[float, float]] = {
     "float32": (1e-5, 1e-4),
     "float16": (1e-3, 1e-3),
@@ -77,6 +80,11 @@ class Grade:
     error_bound: float = float("nan")
     bound_ratio: float = float("nan")
     fail_count: int = 0  # elements outside the tolerance, NaN/inf included
+
+    def columns(self) -> dict[str, float | int | str]:
+        """The report row's accuracy columns (names as in docs/contract.md), in the row's order."""
+        errors = ("max_abs_err", "max_rel_err", "rel_l2_err", "nan_count", "tol_ratio", "fail_count", "error_bound")
+        return {**{name: getattr(self, name) for name in errors}, "grading_note": self.grading_note}
 
     @property
     def grading_note(self) -> str:
@@ -145,7 +153,8 @@ def grade(
 
 BOUND_CHUNK_ELEMENTS = 2**26  # logits per chunk of query rows: 512 MiB of float64
 
-UNIT_ROUNDOFF = {"float32": 2.0**-24, "float16": 2.0**-11, "bfloat16": 2.0**-8}
+# Unit round-off u = eps / 2: float32 2**-24, float16 2**-11, bfloat16 2**-8.
+UNIT_ROUNDOFF = {name: torch.finfo(dtype).eps / 2 for name, dtype in DTYPES.items()}
 
 
 def forward_error_bound(
@@ -163,13 +172,11 @@ def forward_error_bound(
     device = expected.device
     u = UNIT_ROUNDOFF["float32"]
     u_out = UNIT_ROUNDOFF.get(str(q.dtype).removeprefix("torch."), u)
-    num_blocks, block_size, num_kv_heads, head_dim = k_cache.shape
+    num_kv_heads, head_dim = k_cache.shape[2:]
     scale = head_dim**-0.5 if scale is None else float(scale)
     qd = q.detach().to(device, torch.float64)
     num_q_heads = qd.shape[1]
     group = num_q_heads // num_kv_heads
-    k_slots = k_cache.detach().reshape(num_blocks * block_size, num_kv_heads, head_dim)
-    v_slots = v_cache.detach().reshape(num_blocks * block_size, num_kv_heads, head_dim)
     table = block_table.detach().cpu().long()
     lens = seq_lens.detach().cpu().tolist()
     starts = query_start_loc.detach().cpu().tolist()
@@ -178,10 +185,8 @@ def forward_error_bound(
         q_len = starts[seq + 1] - starts[seq]
         if q_len == 0:
             continue
+        k, v = sequence_kv(k_cache, v_cache, table[seq], seq_len, device)  # [seq_len, num_kv_heads, head_dim]
         pos = torch.arange(seq_len)
-        slots = (table[seq, pos // block_size] * block_size + pos % block_size).to(k_cache.device)
-        k = k_slots[slots].to(device, torch.float64)  # [seq_len, num_kv_heads, head_dim]
-        v = v_slots[slots].to(device, torch.float64)
         # Query rows in chunks of at most BOUND_CHUNK_ELEMENTS logits, three such float64 tensors
         # at the peak (in place where it can be): a 1024 x 100k prefill does not double the oracle's memory.
         chunk = max(1, BOUND_CHUNK_ELEMENTS // max(1, seq_len * num_q_heads))

@@ -19,6 +19,7 @@ import pandas as pd
 
 from .compare import CompareOptions, compare_runs
 from .storage import load_run
+from .vocab import GRADED
 
 VALUES = ["status", "latency_us", "max_abs_err", "tol_ratio"]
 
@@ -88,7 +89,7 @@ def load_history(paths: list[Path], *, min_effect: float | None = None, backends
 
 
 def _cell(row: pd.Series) -> str:
-    if row["status"] in ("skip", "error") or pd.isna(row["latency_us"]):
+    if row["status"] not in GRADED or pd.isna(row["latency_us"]):
         text = str(row["status"])
     else:
         text = f"{row['latency_us']:.0f}" if row["latency_us"] >= 1000 else f"{row['latency_us']:.4g}"

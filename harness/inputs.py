@@ -11,12 +11,11 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any
 
 import torch
 
-Layout = Literal["contiguous", "shuffled", "shared_prefix"]
-DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
+from .vocab import DTYPES, Layout
 
 
 @dataclass(frozen=True)

@@ -42,9 +42,7 @@ def paged_attention_oracle(
     returns         [num_tokens, num_q_heads, head_dim] float64 on ``device``
     """
     q = q.detach().to(device, torch.float64)
-    num_blocks, block_size, num_kv_heads, head_dim = k_cache.shape
-    k_slots = k_cache.detach().reshape(num_blocks * block_size, num_kv_heads, head_dim)  # dtype kept: no
-    v_slots = v_cache.detach().reshape(num_blocks * block_size, num_kv_heads, head_dim)  # float64 pool copy
+    num_kv_heads, head_dim = k_cache.shape[2:]
     table = block_table.detach().cpu().long()
     lens = seq_lens.detach().cpu().tolist()
     num_seqs = len(lens)
@@ -65,11 +63,8 @@ def paged_attention_oracle(
         q_len, seq_len = starts[seq + 1] - starts[seq], lens[seq]
         if q_len == 0:
             continue
-        pos = torch.arange(seq_len)
-        slots = (table[seq, pos // block_size] * block_size + pos % block_size).to(k_cache.device)
-        k = k_slots[slots].to(device, torch.float64)  # [seq_len, num_kv_heads, head_dim]
-        v = v_slots[slots].to(device, torch.float64)
-        pos = pos.to(device)
+        k, v = sequence_kv(k_cache, v_cache, table[seq], seq_len, device)  # [seq_len, num_kv_heads, head_dim]
+        pos = torch.arange(seq_len, device=device)
         # Query rows go in chunks so the float64 logits stay near CHUNK_BYTES, whatever the case.
         rows_per_chunk = max(1, CHUNK_BYTES // (8 * num_q_heads * seq_len))
         for first in range(0, q_len, rows_per_chunk):
@@ -98,3 +93,22 @@ def paged_attention_oracle(
             o = torch.einsum("hgqk,khd->qhgd", weights, v)
             expected[starts[seq] + first : starts[seq] + last] = o.reshape(rows, num_q_heads, head_dim)
     return expected
+
+
+def sequence_kv(k_cache, v_cache, table_row, seq_len: int, device) -> tuple[torch.Tensor, torch.Tensor]:
+    """One sequence's keys and values in float64, gathered slot by slot.
+
+    Key position p sits at slot ``table_row[p // block_size] * block_size + p % block_size``
+    of the pool flattened to slots (block 7, offset 3, block_size 16: slot 7 * 16 + 3 = 115).
+
+    k_cache/v_cache [num_blocks, block_size, num_kv_heads, head_dim], any dtype (no float64
+                    copy of the pool is made, only of the sequence's rows)
+    table_row       [max_blocks_per_seq] int64 on the CPU: the sequence's row of the block table
+    returns         k, v [seq_len, num_kv_heads, head_dim] float64 on ``device``
+    """
+    num_blocks, block_size, num_kv_heads, head_dim = k_cache.shape
+    pos = torch.arange(seq_len)
+    slots = (table_row[pos // block_size] * block_size + pos % block_size).to(k_cache.device)
+    k = k_cache.detach().reshape(num_blocks * block_size, num_kv_heads, head_dim)[slots]
+    v = v_cache.detach().reshape(num_blocks * block_size, num_kv_heads, head_dim)[slots]
+    return k.to(device, torch.float64), v.to(device, torch.float64)

@@ -15,6 +15,8 @@ import numpy as np
 import pandas as pd
 from matplotlib.figure import Figure
 
+from .vocab import GRADED
+
 COLORS = ["#1f77b4", "#d62728", "#2ca02c", "#ff7f0e", "#9467bd", "#8c564b", "#e377c2", "#17becf", "#7f7f7f", "#bcbd22"]
 
 
@@ -68,7 +70,7 @@ def error_vs_tolerance(frame: pd.DataFrame) -> str | None:
     """tol_ratio (max error over the allowed error) per backend; the line at 1 is the tolerance."""
     if "tol_ratio" not in frame:
         return None
-    graded = frame[frame["status"].isin(["pass", "fail"])].dropna(subset=["tol_ratio"])
+    graded = frame[frame["status"].isin(GRADED)].dropna(subset=["tol_ratio"])
     if graded.empty:
         return None
     backends = sorted(graded["backend"].unique())

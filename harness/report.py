@@ -20,6 +20,7 @@ import pandas as pd
 from jinja2 import Environment, PackageLoader, select_autoescape
 
 from .storage import load_run
+from .vocab import FAILING, WORST_FIRST
 
 try:
     from . import plots
@@ -27,7 +28,7 @@ except ImportError:  # matplotlib is optional: the page says the plots need it
     plots = None
 
 HOST_OVERHEAD_FLAG = 1.5  # call_us / latency_us above this is flagged as host overhead
-_STATUS_ORDER = {"error": 0, "fail": 1, "pass": 2, "skip": 3}
+_STATUS_ORDER = {status: i for i, status in enumerate(WORST_FIRST)}
 MAIN_COLUMNS = [
     "status", "case", "backend", "dtype", "tol_ratio", "max_abs_err", "latency_us", "latency_p10_us",
     "latency_p90_us", "call_us", "gbps", "pct_of_ceiling", "reason",
@@ -197,7 +198,7 @@ def render_html(frame: pd.DataFrame, meta: dict, *, baseline=None, baseline_name
         meta=meta,
         rows=graded,
         skipped=skipped,
-        bad=[r for r in rows if r["status"] in ("fail", "error")],
+        bad=[r for r in rows if r["status"] in FAILING],
         counts=counts,
         total=len(rows),
         backends=backends,

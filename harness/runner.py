@@ -23,6 +23,7 @@ from .metrics import bytes_moved
 from .oracle import paged_attention_oracle
 from .oracle_cache import cached_oracle
 from .registry import Backend, Unsupported
+from .vocab import FAILING, GRADED, STATUSES
 
 # The report's contract columns (docs/contract.md), then the case parameters and timing detail.
 COLUMNS = [
@@ -36,7 +37,6 @@ COLUMNS = [
     "error_bound", "grading_note", "fail_count", "worst_location", "host", "gpu_index", "worker",
     "latency_samples_us", "call_samples_us",
 ]  # fmt: skip
-STATUSES = ("pass", "fail", "error", "skip")
 
 
 @dataclass(frozen=True)
@@ -144,19 +144,8 @@ def run_backend(ctx: CaseContext, backend: Backend, config: RunConfig) -> dict:
         if not isinstance(packed, torch.Tensor) or packed.shape != ctx.expected.shape:
             return {**row, "status": "fail", "reason": problem, "note": prepared.note}
         result = grade(packed, ctx.expected, case.atol, case.rtol, ctx.bound)
-        row.update(
-            status="pass" if result.passed else "fail",
-            reason=result.reason,
-            note=prepared.note,
-            max_abs_err=result.max_abs_err,
-            max_rel_err=result.max_rel_err,
-            rel_l2_err=result.rel_l2_err,
-            nan_count=result.nan_count,
-            tol_ratio=result.tol_ratio,
-            fail_count=result.fail_count,
-            error_bound=result.error_bound,
-            grading_note=result.grading_note,
-        )
+        row.update(status="pass" if result.passed else "fail", reason=result.reason, note=prepared.note)
+        row.update(result.columns())
         if not result.passed and result.worst_index:
             token, head = result.worst_index[0], result.worst_index[1]
             starts, lens = ctx.inputs.query_start_loc.tolist(), ctx.inputs.seq_lens.tolist()
@@ -273,7 +262,7 @@ def summarize(frame: pd.DataFrame) -> str:
         return "no rows"
     counts = frame.pivot_table(index="backend", columns="status", values="case", aggfunc="count", fill_value=0)
     counts = counts.reindex(columns=list(STATUSES), fill_value=0)
-    graded = frame[frame["status"].isin(["pass", "fail"])]
+    graded = frame[frame["status"].isin(GRADED)]
     lines = [counts.to_string()]
     if graded["tol_ratio"].notna().any():
         worst = graded.loc[graded["tol_ratio"].idxmax()]
@@ -289,7 +278,7 @@ def summarize(frame: pd.DataFrame) -> str:
         lines.append(f"slowest: {slow['backend']} on {slow['case']}: {slow['latency_us']:.1f} us")
         if fits := format_scaling(fit_scaling(timed)):
             lines.append("latency scaling (least squares over this run's rows):\n" + fits)
-    bad = frame[frame["status"].isin(["fail", "error"])]
+    bad = frame[frame["status"].isin(FAILING)]
     for _, row in bad.head(10).iterrows():
         lines.append(f"{row['status'].upper()}: {row['backend']} on {row['case']}: {row['reason']}")
     if len(bad) > 10:
@@ -299,4 +288,4 @@ def summarize(frame: pd.DataFrame) -> str:
 
 def exit_code(frame: pd.DataFrame) -> int:
     """0 when every graded row is within tolerance, 1 when any row failed or errored."""
-    return 1 if frame["status"].isin(["fail", "error"]).any() else 0
+    return 1 if frame["status"].isin(FAILING).any() else 0

@@ -23,7 +23,9 @@ import torch
 
 from .tuning import query_class, tile_config
 
-SUPPORTED_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
+# The dtypes every kernel takes, by the names case files and report rows give them.
+DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
+SUPPORTED_DTYPES = tuple(DTYPES.values())
 MIN_HEAD_DIM, MAX_HEAD_DIM = 32, 256
 MIN_BLOCK_SIZE, MAX_BLOCK_SIZE = 1, 256
 CHECK_ENV = "PAGED_ATTENTION_CHECK"

@@ -15,6 +15,7 @@ import pytest
 import torch
 
 import kernels
+from tests.tiny_cases import write_cases
 
 kernels.use_interpreter_if_no_gpu()
 os.environ.setdefault(kernels.CHECK_ENV, "1")
@@ -125,3 +126,9 @@ def clean_registry():
     yield
     REGISTRY.clear()
     REGISTRY.update(saved)
+
+
+@pytest.fixture
+def case_file(tmp_path):
+    """tiny.toml: one case, ``tiny`` (tagged ``small``), of :data:`tests.tiny_cases.TINY`'s fields."""
+    return write_cases(tmp_path / "tiny.toml", {"name": "tiny", "tags": ["small"]})

@@ -25,6 +25,8 @@ import kernels
 from harness.cases import expand_spec
 from harness.grading import grade
 from harness.runner import build_context
+from harness.vocab import DTYPE_NAMES, LAYOUTS
+from tests.tiny_cases import case_file_text
 
 EXAMPLES = int(os.environ.get("HARNESS_HYPOTHESIS_EXAMPLES", "30"))
 RUN = {"examples": 0}  # examples run in this session (printed by -s; the report counts them)
@@ -45,30 +47,17 @@ def case_tables(draw) -> dict:
         "block_size": draw(st.sampled_from([1, 2, 3, 5, 8, 16, 17, 32, 64, 128, 256])),
         "seq_lens": seq_lens,
         "q_lens": q_lens,
-        "layout": draw(st.sampled_from(["contiguous", "shuffled", "shared_prefix"])),
-        "dtype": draw(st.sampled_from(["float32", "float16", "bfloat16"])),
+        "layout": draw(st.sampled_from(LAYOUTS)),
+        "dtype": draw(st.sampled_from(DTYPE_NAMES)),
         "input_scale": draw(st.floats(0.1, 4.0).map(lambda x: round(x, 2))),
         "seed": draw(st.integers(0, 2**31 - 1)),
     }
 
 
-def as_toml(table: dict) -> str:
-    """The table as a case file (what to paste into cases/ to keep the failure)."""
-
-    def value(v) -> str:
-        if isinstance(v, str):
-            return f'"{v}"'
-        if isinstance(v, list):
-            return "[" + ", ".join(map(str, v)) + "]"
-        return repr(v)
-
-    return "[[case]]\n" + "".join(f"{key} = {value(v)}\n" for key, v in table.items())
-
-
 @settings(max_examples=EXAMPLES, deadline=None, database=None, suppress_health_check=[HealthCheck.too_slow])
 @given(table=case_tables())
 def test_reference_and_tlsim_match_the_oracle_anywhere_in_the_case_space(table):
-    note(f"failing case, as a case file:\n{as_toml(table)}")
+    note(f"failing case, as a case file:\n{case_file_text(table, defaults={})}")
     (case,) = expand_spec(table, "hypothesis")
     ctx = build_context(case, "cpu", "cpu")
     RUN["examples"] += 1

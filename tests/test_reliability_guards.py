@@ -16,25 +16,7 @@ from harness.grading import forward_error_bound, grade
 from harness.inputs import make_inputs
 from harness.oracle import paged_attention_oracle
 from harness.runner import RunConfig, run_cases
-
-CASE_FILE = """
-[[case]]
-name = "tiny"
-num_q_heads = 4
-num_kv_heads = 2
-head_dim = 32
-block_size = 4
-seq_lens = [3, 9]
-q_lens = [1, 2]
-"""
-
-
-@pytest.fixture
-def case_file(tmp_path):
-    path = tmp_path / "tiny.toml"
-    path.write_text(CASE_FILE)
-    return path
-
+from tests.tiny_cases import write_cases
 
 pytestmark = pytest.mark.usefixtures("clean_registry")  # backends registered here vanish after each test
 
@@ -158,9 +140,9 @@ def test_tolerance_zero_run_exits_0_when_every_row_is_exact(tmp_path, capsys):
     """One key per sequence: the output is v exactly, so tol_ratio is 0 / 0 everywhere (was: exit 2, all NA)."""
     from harness.cli import main
 
-    path = tmp_path / "zero.toml"
-    path.write_text(CASE_FILE.replace("[3, 9]", "[1, 1]").replace("[1, 2]", "[1, 1]")
-                    + "tolerance = { float32 = { atol = 0.0, rtol = 0.0 } }\n")  # fmt: skip
+    zero = {"atol": 0.0, "rtol": 0.0}
+    path = write_cases(tmp_path / "zero.toml", {"name": "tiny", "seq_lens": [1, 1], "q_lens": [1, 1],
+                                                "tolerance": {"float32": zero}})  # fmt: skip
     out = tmp_path / "run"
     assert main(["run", str(path), "--out", str(out), "--backend", "tlsim", "--backend", "reference",
                  "--no-progress", "--no-timing"]) == 0  # fmt: skip
@@ -198,8 +180,7 @@ def test_error_bound_covers_real_round_off_and_flags_tolerances_below_it():
 
 
 def test_rows_carry_error_bound_and_grading_note(case_file, tmp_path):
-    path = tmp_path / "big.toml"
-    path.write_text(CASE_FILE.replace("head_dim = 32", "head_dim = 128") + "input_scale = 6.0\n")
+    path = write_cases(tmp_path / "big.toml", {"name": "tiny", "head_dim": 128, "input_scale": 6.0})
     rows = run_rows(path, ["reference"])
     assert rows.loc["reference", "error_bound"] > 0
     assert "grades the input" in rows.loc["reference", "grading_note"]

@@ -18,25 +18,11 @@ from harness import storage as storage_module
 from harness.cli import main
 from harness.journal import Journal, journal_path
 from harness.runner import to_frame
+from tests.tiny_cases import TINY, write_cases
 
 ROOT = Path(__file__).resolve().parents[1]
 
-CASES = """
-[defaults]
-num_q_heads = 4
-num_kv_heads = 2
-head_dim = 32
-block_size = 4
-seq_lens = [3, 9]
-q_lens = [1, 2]
-
-[[case]]
-name = "first"
-
-[[case]]
-name = "second"
-seed = 1
-"""
+FIRST, SECOND = {"name": "first"}, {"name": "second", "seed": 1}
 
 PLUGIN = """
 import ctypes, os, signal, sys, time
@@ -101,7 +87,7 @@ pytestmark = pytest.mark.usefixtures("clean_registry")  # backends registered he
 
 @pytest.fixture
 def setup(tmp_path, monkeypatch):
-    (tmp_path / "cases.toml").write_text(CASES)
+    write_cases(tmp_path / "cases.toml", FIRST, SECOND)
     (tmp_path / "faulty_plugin.py").write_text(PLUGIN)
     monkeypatch.setenv("HARNESS_TEST_DIR", str(tmp_path))
     return tmp_path
@@ -125,8 +111,7 @@ def rows_of(out):
 
 def test_exit_segfault_hang_and_sys_exit_in_a_plugin_are_error_rows_and_the_run_goes_on(setup, capsys):
     """Case 'first' limits a call to 4 s (timeout_s); 'second' runs only `hangs`, under --timeout 2."""
-    cases = CASES.replace('name = "first"', 'name = "first"\ntimeout_s = 4.0')
-    (setup / "cases.toml").write_text(cases.replace("seed = 1", 'seed = 1\nbackends = ["hangs"]'))
+    write_cases(setup / "cases.toml", {**FIRST, "timeout_s": 4.0}, {**SECOND, "backends": ["hangs"]})
     out = setup / "reports" / "run"
     code = run(setup, out, "--timeout", "2", *backends("os_exit", "segfault", "hangs", "sys_exit", "good", "tlsim"))
     assert code == 1
@@ -151,7 +136,7 @@ def test_exit_segfault_hang_and_sys_exit_in_a_plugin_are_error_rows_and_the_run_
     ],
 )
 def test_a_plugin_that_exits_or_crashes_on_import_is_bad_input(tmp_path, capsys, body, isolate, message):
-    (tmp_path / "cases.toml").write_text(CASES)
+    write_cases(tmp_path / "cases.toml", FIRST, SECOND)
     plugin = tmp_path / "bad_import.py"
     plugin.write_text(body)
     out = tmp_path / "run"
@@ -326,14 +311,14 @@ def test_runs_started_at_the_same_second_get_distinct_folders(tmp_path, monkeypa
 @pytest.mark.parametrize(
     ("extra", "case_addition", "message"),
     [
-        (None, 'backends = ["flex_attention"]\n', "nothing was graded: "),
-        (backends("flex_attention", "tlsim"), "", "--backend flex_attention ran on no case"),
-        (backends("cuda_only"), "", "nothing was graded"),
+        (None, {"backends": ["flex_attention"]}, "nothing was graded: "),
+        (backends("flex_attention", "tlsim"), {}, "--backend flex_attention ran on no case"),
+        (backends("cuda_only"), {}, "nothing was graded"),
     ],
 )
 def test_a_run_that_grades_nothing_or_skips_a_requested_backend_is_not_green(setup, capsys, extra, case_addition,
                                                                               message):  # fmt: skip
-    (setup / "cases.toml").write_text(CASES.replace("[[case]]", case_addition + "[[case]]", 1))
+    write_cases(setup / "cases.toml", FIRST, SECOND, defaults={**TINY, **case_addition})
     out = setup / "run"
     assert run(setup, out, *(extra or [])) == 1
     assert message in capsys.readouterr().err

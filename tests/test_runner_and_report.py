@@ -15,26 +15,7 @@ from harness.cases import load_case_file
 from harness.cli import main
 from harness.compare import compare_runs
 from harness.runner import RunConfig, exit_code, run_cases
-
-CASE_FILE = """
-[[case]]
-name = "tiny"
-num_q_heads = 4
-num_kv_heads = 2
-head_dim = 32
-block_size = 4
-seq_lens = [3, 9]
-q_lens = [1, 2]
-tags = ["small"]
-"""
-
-
-@pytest.fixture
-def case_file(tmp_path):
-    path = tmp_path / "tiny.toml"
-    path.write_text(CASE_FILE)
-    return path
-
+from tests.tiny_cases import write_cases
 
 pytestmark = pytest.mark.usefixtures("clean_registry")  # backends registered here vanish after each test
 
@@ -74,8 +55,7 @@ def test_rows_for_pass_fail_skip_and_error_and_the_run_goes_on(case_file):
 
 
 def test_case_file_can_exclude_a_backend(tmp_path):
-    path = tmp_path / "c.toml"
-    path.write_text(CASE_FILE + 'exclude_backends = ["reference"]\n')
+    path = write_cases(tmp_path / "c.toml", {"name": "tiny", "exclude_backends": ["reference"]})
     rows = run_rows(path, ["reference", "tlsim"])
     assert rows.loc["reference", "status"] == "skip" and rows.loc["reference", "reason"] == "excluded by the case file"
 

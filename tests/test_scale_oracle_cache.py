@@ -9,18 +9,7 @@ import torch
 
 from harness import oracle_cache, runner
 from harness.cases import load_cases
-
-CASE = """
-[[case]]
-name = "tiny"
-num_q_heads = 4
-num_kv_heads = 2
-head_dim = 32
-block_size = 4
-seq_lens = [3, 9]
-q_lens = [1, 2]
-seed = 3
-"""
+from tests.tiny_cases import write_cases
 
 
 @pytest.fixture
@@ -31,9 +20,9 @@ def cache_folder(tmp_path, monkeypatch):
     return folder
 
 
-def _case(tmp_path, text=CASE):
-    path = tmp_path / "cases.toml"
-    path.write_text(text)
+def _case(tmp_path, **changes):
+    """The tiny case (seed 3), with ``changes``, loaded."""
+    path = write_cases(tmp_path / "cases.toml", {"name": "tiny", "seed": 3, **changes})
     return load_cases([path], "cpu")[0]
 
 
@@ -54,7 +43,7 @@ def test_second_build_context_of_a_case_reads_the_cache_instead_of_the_oracle(tm
 def test_renamed_case_with_the_same_inputs_hits_the_cache(tmp_path, cache_folder, monkeypatch):
     runner.build_context(_case(tmp_path), "cpu", "cpu")
     monkeypatch.setattr(runner, "paged_attention_oracle", _oracle_must_not_run)
-    runner.build_context(_case(tmp_path, CASE.replace('"tiny"', '"renamed"')), "cpu", "cpu")
+    runner.build_context(_case(tmp_path, name="renamed"), "cpu", "cpu")
 
 
 def test_changed_seed_misses_the_cache(tmp_path, cache_folder, monkeypatch):
@@ -67,7 +56,7 @@ def test_changed_seed_misses_the_cache(tmp_path, cache_folder, monkeypatch):
         return original(*args, **kwargs)
 
     monkeypatch.setattr(runner, "paged_attention_oracle", counting)
-    runner.build_context(_case(tmp_path, CASE.replace("seed = 3", "seed = 4")), "cpu", "cpu")
+    runner.build_context(_case(tmp_path, seed=4), "cpu", "cpu")
     assert calls == [1]
     assert len(list(cache_folder.glob("*.oracle"))) == 2
 

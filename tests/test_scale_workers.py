@@ -13,6 +13,7 @@ from harness.cases import load_cases
 from harness.cli import main
 from harness.parallel import EXTRA_COLUMNS, case_cost, run_sharded, worker_count
 from harness.runner import RunConfig
+from tests.tiny_cases import write_cases
 
 SMOKE = ["run", "smoke", "--backend", "reference", "--backend", "tlsim", "--no-timing", "--no-progress"]
 # Timing columns, and where a row ran (a one-process run leaves host, gpu_index and worker empty).
@@ -75,27 +76,8 @@ def killer(q, *args, out=None, **kwargs):
 register_backend("killer", killer)
 """
 
-CASES = """
-[defaults]
-num_q_heads = 4
-num_kv_heads = 2
-block_size = 4
-seq_lens = [3, 9]
-q_lens = [1, 2]
-[[case]]
-name = "dies_here"
-head_dim = 64
-[[case]]
-name = "hangs_here"
-head_dim = 48
-[[case]]
-name = "fine_a"
-head_dim = 32
-[[case]]
-name = "fine_b"
-head_dim = 32
-seed = 1
-"""
+DIES, HANGS = {"name": "dies_here", "head_dim": 64}, {"name": "hangs_here", "head_dim": 48}
+FINE = [{"name": "fine_a"}, {"name": "fine_b", "seed": 1}]
 
 
 def test_a_killed_worker_costs_one_retry_then_an_error_row_a_hung_one_an_error_row_and_every_other_row_is_kept(
@@ -103,7 +85,7 @@ def test_a_killed_worker_costs_one_retry_then_an_error_row_a_hung_one_an_error_r
 ):
     monkeypatch.setenv("HARNESS_TEST_DIR", str(tmp_path))
     (tmp_path / "killer.py").write_text(KILLER)
-    (tmp_path / "cases.toml").write_text(CASES)
+    write_cases(tmp_path / "cases.toml", DIES, HANGS, *FINE)
     plugin = str(tmp_path / "killer.py")
     load_plugin(plugin)
     cases = load_cases([tmp_path / "cases.toml"], "cpu")
@@ -203,9 +185,7 @@ def test_on_ray_a_case_whose_worker_dies_twice_keeps_its_innocent_rows_and_error
     pytest.importorskip("ray", reason="Ray is an optional extra: pip install '.[ray]'")
     monkeypatch.setenv("HARNESS_TEST_DIR", str(tmp_path))  # inherited by the local Ray's workers
     (tmp_path / "killer.py").write_text(KILLER)
-    (tmp_path / "cases.toml").write_text(
-        CASES.replace('[[case]]\nname = "hangs_here"\nhead_dim = 48\n', "")
-    )  # Ray has no time limit
+    write_cases(tmp_path / "cases.toml", DIES, *FINE)  # not HANGS: Ray has no time limit
     out = tmp_path / "run"
     code = main(["run", str(tmp_path / "cases.toml"), "--plugin", str(tmp_path / "killer.py"), "--backend", "tlsim",
                  "--backend", "killer", "--no-timing", "--no-progress", "--ray", "--workers", "2", "--out", str(out)])  # fmt: skip

@@ -12,35 +12,19 @@ import pandas as pd
 import pytest
 
 from harness.cli import main
+from tests.tiny_cases import write_cases
 
 ROOT = Path(__file__).resolve().parents[1]
 # Timing columns, and where a row ran (a one-process run leaves host, gpu_index and worker empty).
 TIMING = ("latency", "call_", "timing_", "host_overhead_us", "host", "gpu_index", "worker")
 
-CASES = """
-[defaults]
-num_q_heads = 4
-num_kv_heads = 2
-head_dim = 32
-block_size = 4
-seq_lens = [3, 9]
-q_lens = [1, 2]
-[[case]]
-name = "first"
-[[case]]
-name = "second"
-seed = 1
-[[case]]
-name = "third"
-block_size = 8
-"""
+CASES = ({"name": "first"}, {"name": "second", "seed": 1}, {"name": "third", "block_size": 8})
 
 
 @pytest.mark.slow  # three interpreters start (controller and two workers): about 45 s on a busy 2-core box
 def test_xdist_workers_rows_merge_into_one_run_folder_equal_to_a_one_process_run(tmp_path):
     pytest.importorskip("xdist", reason="pytest-xdist is an optional extra: pip install '.[xdist]'")
-    cases = tmp_path / "cases.toml"
-    cases.write_text(CASES)
+    cases = write_cases(tmp_path / "cases.toml", *CASES)
     backends = ["--backend", "reference", "--backend", "tlsim"]
     one = tmp_path / "one"
     assert main(["run", str(cases), *backends, "--no-timing", "--no-progress", "--out", str(one)]) == 0

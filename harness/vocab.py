@@ -1,0 +1,30 @@
+"""The harness's words, each defined once: dtype names, KV-pool layouts, row statuses.
+
+Case files are validated against these (harness.cases, and so the JSON Schema),
+harness.inputs builds tensors from them, the runner writes them into rows and the report
+orders and counts by them. The dtype names are the kernels' own (``kernels._common.DTYPES``:
+the harness imports the kernels, never the other way round), so a dtype the kernels take is a
+dtype a case file may name.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from kernels._common import DTYPES
+
+# float32, float16, bfloat16: name -> torch.dtype (the case file's and the report's dtype column)
+DTYPE_NAMES: tuple[str, ...] = tuple(DTYPES)
+DTypeName = Literal[DTYPE_NAMES]  # type: ignore[valid-type]  # Literal["float32", "float16", "bfloat16"]
+
+# How harness.inputs places sequences' blocks in the pool: in order, shuffled, or with a
+# prefix every sequence shares (harness.inputs.assign_blocks says how).
+LAYOUTS = ("contiguous", "shuffled", "shared_prefix")
+Layout = Literal[LAYOUTS]  # type: ignore[valid-type]
+
+# A row's status: within tolerance, outside it, the call raised (or died), or it did not run.
+STATUSES = ("pass", "fail", "error", "skip")
+Status = Literal[STATUSES]  # type: ignore[valid-type]
+GRADED = ("pass", "fail")  # rows the oracle graded
+FAILING = ("fail", "error")  # rows that make a run exit 1
+WORST_FIRST = ("error", "fail", "pass", "skip")  # the order of the report's tables

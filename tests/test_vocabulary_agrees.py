@@ -1,0 +1,59 @@
+"""One vocabulary (harness.vocab, its dtypes the kernels' own): the case-file schema, the
+inputs, the kernels, the grading tables and the report all speak it, and no second list drifts."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import kernels
+from harness import ceilings, grading, report
+from harness.backends import resolve_backends
+from harness.cases import case_file_schema, load_case_file
+from harness.inputs import make_inputs
+from harness.runner import RunConfig, run_cases
+from harness.vocab import DTYPE_NAMES, DTYPES, FAILING, GRADED, LAYOUTS, STATUSES, WORST_FIRST
+from kernels._common import SUPPORTED_DTYPES
+from tests.tiny_cases import TINY, write_cases
+
+
+def test_the_case_file_schema_offers_exactly_the_vocabulary():
+    case = case_file_schema()["properties"]["case"]["items"]["properties"]
+    assert tuple(case["dtype"]["enum"]) == DTYPE_NAMES
+    assert tuple(case["layout"]["enum"]) == LAYOUTS
+    assert tuple(case["tolerance"]["propertyNames"]["enum"]) == DTYPE_NAMES
+
+
+def test_the_kernels_take_every_dtype_a_case_may_name_and_refuse_others():
+    assert tuple(DTYPES.values()) == SUPPORTED_DTYPES
+    for name in DTYPE_NAMES:
+        inputs = make_inputs(**TINY, dtype=name)
+        assert kernels.paged_attention_tlsim(*inputs.args()).dtype == DTYPES[name]
+    wide = make_inputs(**TINY, dtype=torch.float64)
+    with pytest.raises(ValueError, match="fp32/fp16/bf16"):
+        kernels.paged_attention_tlsim(*wide.args())
+
+
+def test_grading_tables_cover_every_dtype_and_only_those():
+    assert tuple(grading.DEFAULT_TOLERANCES) == DTYPE_NAMES
+    assert tuple(grading.UNIT_ROUNDOFF) == DTYPE_NAMES
+    assert grading.UNIT_ROUNDOFF["float32"] == 2.0**-24 and grading.UNIT_ROUNDOFF["bfloat16"] == 2.0**-8
+    for peaks in ceilings.DATASHEET_PEAK_TFLOPS.values():
+        assert set(peaks) <= set(DTYPE_NAMES)
+
+
+@pytest.mark.parametrize("layout", LAYOUTS)
+def test_every_layout_builds_inputs(layout):
+    inputs = make_inputs(**TINY, layout=layout)
+    assert inputs.block_table.shape[0] == 2
+
+
+def test_report_rows_speak_the_vocabulary(tmp_path):
+    assert sorted(WORST_FIRST) == sorted(STATUSES) and set(GRADED) | set(FAILING) < set(STATUSES)
+    assert list(report._STATUS_ORDER) == list(WORST_FIRST)
+    path = write_cases(tmp_path / "dtypes.toml", {"name": "tiny", "sweep": {"dtype": list(DTYPE_NAMES)}})
+    config = RunConfig(device="cpu", backends=resolve_backends(["reference", "varlen_flash"]), timing=False,
+                       progress=False)  # fmt: skip
+    rows = run_cases(load_case_file(path), config)
+    assert set(rows["status"]) <= set(STATUSES) and "skip" in set(rows["status"])
+    assert tuple(rows["dtype"].drop_duplicates()) == DTYPE_NAMES
