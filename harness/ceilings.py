@@ -91,6 +91,8 @@ def measure_ceilings(device: str, dtype_names: list[str]) -> dict:
         peak = datasheet_peak(device, name)
         ceilings["peak_tflops"][name] = peak if peak is not None else measured
         ceilings["peak_source"][name] = DATASHEET_SOURCE if peak is not None else "measured matmul (no datasheet entry)"
+    if torch.device(device).type == "cuda":
+        torch.cuda.empty_cache()  # its buffers (2 GiB) go back before the first case
     return ceilings
 
 
@@ -113,8 +115,6 @@ def own_device(device: str, dtype_names: list[str], timing: bool) -> dict:
     cuda = torch.device(device).type == "cuda"
     started = time.perf_counter()
     ceilings = measure_ceilings(device, dtype_names) if cuda and timing and dtype_names else {}
-    if cuda:
-        torch.cuda.empty_cache()  # the 1 GiB buffers go back before the first case
     name = torch.cuda.get_device_name(torch.device(device)) if cuda else ""
     _OWN[device] = {"gpu_name": name, "ceilings": ceilings, "measure_s": time.perf_counter() - started}
     return _OWN[device]
