@@ -16,26 +16,15 @@ from harness.journal import Journal
 from harness.scale import mixed_models_note
 
 CASES = """
-[defaults]
-num_q_heads = 4
-num_kv_heads = 2
-head_dim = 32
-block_size = 4
-[[case]]
-name = "a"
-seq_lens = [3, 9]
-[[case]]
-name = "b"
-seq_lens = [5, 7]
-q_lens = [2, 1]
+defaults = {num_q_heads = 4, num_kv_heads = 2, head_dim = 32, block_size = 4}
+case = [{name = "a", seq_lens = [3, 9]}, {name = "b", seq_lens = [5, 7], q_lens = [2, 1]}]
 """
 
 
 @pytest.fixture
 def cases_file(tmp_path):
-    path = tmp_path / "cases.toml"
-    path.write_text(CASES)
-    return path
+    (tmp_path / "cases.toml").write_text(CASES)
+    return tmp_path / "cases.toml"
 
 
 def _report(name: str, read_gbps: float, peak: float) -> dict:
