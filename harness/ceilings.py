@@ -99,24 +99,40 @@ def measure_ceilings(device: str, dtype_names: list[str]) -> dict:
 # --- one run, several GPUs: each worker measures its own ---------------------------------------
 
 _OWN: dict[str, dict] = {}  # this process's device, measured once (a worker runs many cases)
+SHARE_ENV = "HARNESS_CEILINGS_DIR"  # set by a Ray driver: GPU tasks get a fresh process each (Ray's max_calls=1)
 
 
 def own_device(device: str, dtype_names: list[str], timing: bool) -> dict:
     """The device this (worker) process runs on: its name and, on CUDA when timing, its ceilings.
 
     {"gpu_name": torch's name ("" on a CPU), "ceilings": measure_ceilings(...) or {}, "measure_s"}.
-    Measured once per process (workers start once and run many cases). On a CPU the workers
-    share the host's memory, so the driver's ceilings stand and nothing is measured here.
+    Measured once per process (workers start once and run many cases). Where ``$HARNESS_CEILINGS_DIR``
+    is set (a Ray run), once per GPU of the node: the first process on a GPU leaves its report
+    there as ``<CUDA_VISIBLE_DEVICES>.json`` and the next ones read it (``measure_s`` 0).
+    On a CPU the workers share the host's memory: the driver's ceilings stand, nothing is measured.
     """
+    import json
+    import os
     import time
+    from pathlib import Path
 
     if device in _OWN:
         return _OWN[device]
     cuda = torch.device(device).type == "cuda"
+    share = os.environ.get(SHARE_ENV) if cuda else None
+    shared = Path(share) / f"{os.environ.get('CUDA_VISIBLE_DEVICES', 'all')}.json" if share else None
+    if shared is not None and shared.is_file():
+        _OWN[device] = {**json.loads(shared.read_text()), "measure_s": 0.0}
+        return _OWN[device]
     started = time.perf_counter()
     ceilings = measure_ceilings(device, dtype_names) if cuda and timing and dtype_names else {}
     name = torch.cuda.get_device_name(torch.device(device)) if cuda else ""
     _OWN[device] = {"gpu_name": name, "ceilings": ceilings, "measure_s": time.perf_counter() - started}
+    if shared is not None:
+        shared.parent.mkdir(parents=True, exist_ok=True)
+        temp = shared.with_name(f".{shared.name}.{os.getpid()}")
+        temp.write_text(json.dumps(_OWN[device]))
+        os.replace(temp, shared)  # a GPU runs one task at a time; the rename keeps a reader from half a file
     return _OWN[device]
 
 

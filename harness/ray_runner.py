@@ -12,8 +12,9 @@ as it goes (a generator task: the device it runs on, ``start`` of each backend, 
 row to ``on_row`` (the journal) as it arrives; ``cmd_run`` writes the one run folder.
 
 * **Resources.** On CUDA each task asks for ``num_gpus=1`` (Ray sets its
-  ``CUDA_VISIBLE_DEVICES``); otherwise ``num_cpus=1``. A Ray worker measures its GPU's
-  ceilings once (:func:`harness.parallel.worker_setup`); its rows are judged against them.
+  ``CUDA_VISIBLE_DEVICES``); otherwise ``num_cpus=1``. Ray gives each GPU task a fresh
+  process, so a GPU's ceilings are measured by its first task and left for the next ones in
+  a folder of the node (:func:`harness.ceilings.own_device`); its rows are judged against them.
 * **Time limit.** A backend running past its limit (``case.timeout_s``, ``--timeout``,
   else 600 s), counted on the driver's clock from the ``start`` the task streamed (a task
   still queued is not running late), has its task cancelled (Ray kills the worker) and is
@@ -35,10 +36,14 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import shutil
 import socket
+import tempfile
 import time
+import uuid
 from collections.abc import Callable, Collection, Iterator
 from dataclasses import dataclass, field
+from pathlib import Path
 
 RETRIES = 1
 
@@ -110,7 +115,7 @@ def run_on_ray(
     """
     import ray
 
-    from .ceilings import GpuLedger
+    from .ceilings import SHARE_ENV, GpuLedger
     from .oracle_cache import ENV_DIR
     from .parallel import CONTEXT, _default_timeout, case_cost
 
@@ -118,6 +123,7 @@ def run_on_ray(
     owns = not ray.is_initialized()
     if owns:
         env = {key: os.environ[key] for key in (ENV_DIR, "TRITON_INTERPRET") if key in os.environ}
+        env[SHARE_ENV] = str(Path(tempfile.gettempdir()) / f"harness-ceilings-{uuid.uuid4().hex[:12]}")  # per node
         kwargs = {"runtime_env": {"env_vars": env}, "include_dashboard": False, "log_to_driver": False}
         if address is None:
             if num_cpus not in (None, "auto"):
@@ -190,6 +196,7 @@ def run_on_ray(
             ray.cancel(stream, force=True)
         if owns:
             ray.shutdown()
+            shutil.rmtree(env[SHARE_ENV], ignore_errors=True)  # this host's; other nodes' are a few bytes each
     return {"init_s": round(init_s, 3), "tasks": tasks, "wall_s": round(time.perf_counter() - submitted, 3),
             "case_busy_s": round(sum(busy), 3), "gpus": ledger.to_meta()}  # fmt: skip
 

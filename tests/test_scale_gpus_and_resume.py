@@ -121,3 +121,31 @@ def test_resume_remembers_ray_and_its_address_and_a_flag_given_again_replaces_bo
     resumed = build_parser().parse_args(["run", "--resume", str(out), "--workers", "2"])
     _resume(resumed)
     assert (resumed.ray, resumed.workers) == (None, "2")
+
+
+def test_a_gpus_ceilings_are_measured_once_per_process_and_once_per_gpu_where_processes_share_a_folder(
+    tmp_path, monkeypatch
+):
+    measured = []
+    monkeypatch.setattr(
+        harness.ceilings, "measure_ceilings", lambda device, dtypes: measured.append(1) or {"read_gbps": 7.0}
+    )
+    monkeypatch.setattr(harness.ceilings.torch.cuda, "get_device_name", lambda device=None: "NVIDIA H200")
+    monkeypatch.setattr(harness.ceilings, "_OWN", {})
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "1")
+    first = harness.ceilings.own_device("cuda", ["bfloat16"], timing=True)
+    assert harness.ceilings.own_device("cuda", ["bfloat16"], timing=True) is first and len(measured) == 1
+    assert first["gpu_name"] == "NVIDIA H200" and first["ceilings"] == {"read_gbps": 7.0}
+
+    monkeypatch.setenv(harness.ceilings.SHARE_ENV, str(tmp_path / "shared"))  # a Ray run: a process per task
+    for _ in range(2):
+        monkeypatch.setattr(harness.ceilings, "_OWN", {})  # the next task's fresh process
+        report = harness.ceilings.own_device("cuda", ["bfloat16"], timing=True)
+    assert len(measured) == 2 and report["ceilings"] == {"read_gbps": 7.0} and report["measure_s"] == 0.0
+    assert [p.name for p in (tmp_path / "shared").iterdir()] == ["1.json"]
+    monkeypatch.setattr(harness.ceilings, "_OWN", {})
+    assert harness.ceilings.own_device("cpu", ["float32"], timing=True) == {
+        "gpu_name": "",
+        "ceilings": {},
+        "measure_s": pytest.approx(0, abs=0.1),
+    }
