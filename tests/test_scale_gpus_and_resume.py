@@ -149,3 +149,17 @@ def test_a_gpus_ceilings_are_measured_once_per_process_and_once_per_gpu_where_pr
         "ceilings": {},
         "measure_s": pytest.approx(0, abs=0.1),
     }
+
+
+def test_the_report_lists_each_gpu_with_its_read_ceiling():
+    from harness.report import render_html
+    from harness.runner import to_frame
+
+    frame = to_frame(
+        [{"case": "c", "backend": "triton", "status": "pass", "gpu_index": "1", "gpu_name": "NVIDIA H200"}]
+    )
+    gpus = [
+        {"host": "h", "gpu_index": "1", "gpu_name": "NVIDIA H200", "ceilings": {"read_gbps": 4210.0}, "workers": [1]}
+    ]
+    page = render_html(frame, {"device": "cuda", "device_name": "NVIDIA H200", "gpus": gpus})
+    assert "h GPU 1: NVIDIA H200, read 4210 GB/s (worker 1)" in page
