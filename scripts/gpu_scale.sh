@@ -9,6 +9,8 @@
 #                to grade only; dry: --no-timing --backend tlsim)
 #   WORKERS      the worker counts to run, in order, the first being the baseline (default "1 2")
 #   RUN_TIMEOUT  seconds per run before SIGTERM (default 150: two runs fit in about 5 minutes)
+#   WARMUP       1 (default on CUDA): first grade the cases once, untimed, so that Triton's disk
+#                cache holds every kernel before either measured run (else the first run alone compiles)
 #   OUT          where results go (default gpu_out): $OUT/scale/workers<N>/ (a run folder),
 #                workers<N>.log, table.md
 set -uo pipefail
@@ -28,6 +30,13 @@ else
   SUITES=${SUITES:-cases/gpu.toml}
   ARGS=${ARGS:---backend triton --backend cache --backend reference --backend sdpa_contiguous}
   nvidia-smi --query-gpu=index,name,memory.total,clocks.sm,temperature.gpu --format=csv | tee "$OUT/scale/gpus.txt"
+fi
+if [ "${WARMUP:-$([ -n "${DRY:-}" ] && echo 0 || echo 1)}" = 1 ]; then
+  rm -rf "$OUT/scale/warmup" "$OUT/scale/warmup.journal.jsonl"
+  # shellcheck disable=SC2086
+  timeout -s TERM "${RUN_TIMEOUT:-150}" python3 -m harness run $SUITES $DEVICE --workers 1 --out "$OUT/scale/warmup" \
+    --no-progress $ARGS --no-timing >"$OUT/scale/warmup.log" 2>&1
+  echo "warm-up (untimed, Triton's cache filled): exit $?"
 fi
 runs=()
 for n in ${WORKERS:-1 2}; do
