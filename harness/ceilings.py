@@ -152,7 +152,9 @@ class GpuLedger:
         if not report.get("gpu_name"):
             return  # a CPU worker: the driver's ceilings stand
         record = self.gpus.setdefault((host, str(gpu_index)), {"host": host, "gpu_index": str(gpu_index), **report})
-        record.setdefault("workers", []).append(worker)
+        workers = record.setdefault("workers", [])
+        if worker not in workers:
+            workers.append(worker)
 
     def apply(self, row: dict) -> dict:
         """The row with its GPU's name and percentages from its GPU's ceilings (as it is, without a record)."""

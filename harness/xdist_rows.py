@@ -10,7 +10,9 @@
   end, writes its rows (with ``host``, ``gpu_index``, ``worker`` = ``gwI``, on CUDA ``gpu_name``) to
   ``<folder>/<gwI>.pkl`` (temp file + rename), and writes no run folder. The controller's
   session end (after every worker has finished) reads them all, puts them in the test
-  order (cases, then backends) and writes the one run folder; the temporary folder is removed.
+  order (cases, then backends) and writes the one run folder (meta.json's ``gpus`` lists the
+  workers' GPUs; GPUs of more than one model are named in ``device_name``); the temporary
+  folder is removed.
 """
 
 from __future__ import annotations
@@ -107,3 +109,15 @@ def in_test_order(rows: list[dict], cases, backends) -> list[dict]:
     case_rank = {case.id: i for i, case in enumerate(cases)}
     backend_rank = {backend.name: i for i, backend in enumerate(backends)}
     return sorted(rows, key=lambda r: (case_rank.get(r["case"], len(case_rank)), backend_rank.get(r["backend"], 0)))
+
+
+def run_gpus(rows: list[dict]) -> tuple[list[dict], str]:
+    """meta.json's ``gpus`` of a pytest -n run (each GPU's host, index, name and workers; no
+    ceilings: the pytest path measures none) and the mixed-models note ("" for one model)."""
+    from .ceilings import GpuLedger
+    from .scale import mixed_models_note
+
+    ledger = GpuLedger()
+    for row in rows:
+        ledger.add(row["host"], row["gpu_index"], row["worker"], {"gpu_name": row.get("gpu_name"), "ceilings": {}})
+    return ledger.to_meta(), mixed_models_note(ledger.to_meta())

@@ -163,3 +163,15 @@ def test_the_report_lists_each_gpu_with_its_read_ceiling():
     ]
     page = render_html(frame, {"device": "cuda", "device_name": "NVIDIA H200", "gpus": gpus})
     assert "h GPU 1: NVIDIA H200, read 4210 GB/s (worker 1)" in page
+
+
+def test_a_pytest_n_run_lists_its_workers_gpus_and_names_mixed_models():
+    from harness.xdist_rows import run_gpus
+
+    rows = [{"host": "h", "gpu_index": "0", "worker": "gw0", "gpu_name": "NVIDIA H200"},
+            {"host": "h", "gpu_index": "0", "worker": "gw0", "gpu_name": "NVIDIA H200"},
+            {"host": "h", "gpu_index": "1", "worker": "gw1", "gpu_name": "NVIDIA A100-SXM4-80GB"}]  # fmt: skip
+    gpus, note = run_gpus(rows)
+    assert [(g["gpu_index"], g["workers"]) for g in gpus] == [("0", ["gw0"]), ("1", ["gw1"])]
+    assert note.startswith("mixed GPU models: NVIDIA A100-SXM4-80GB + NVIDIA H200")
+    assert run_gpus([{**row, "gpu_name": ""} for row in rows]) == ([], "")  # a CPU run
