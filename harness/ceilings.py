@@ -91,4 +91,100 @@ def measure_ceilings(device: str, dtype_names: list[str]) -> dict:
         peak = datasheet_peak(device, name)
         ceilings["peak_tflops"][name] = peak if peak is not None else measured
         ceilings["peak_source"][name] = DATASHEET_SOURCE if peak is not None else "measured matmul (no datasheet entry)"
+    if torch.device(device).type == "cuda":
+        torch.cuda.empty_cache()  # its buffers (2 GiB) go back before the first case
     return ceilings
+
+
+# --- one run, several GPUs: each worker measures its own ---------------------------------------
+
+_OWN: dict[str, dict] = {}  # this process's device, measured once (a worker runs many cases)
+SHARE_ENV = "HARNESS_CEILINGS_DIR"  # set by a Ray driver: GPU tasks get a fresh process each (Ray's max_calls=1)
+
+
+def own_device(device: str, dtype_names: list[str], timing: bool) -> dict:
+    """The device this (worker) process runs on: its name and, on CUDA when timing, its ceilings.
+
+    {"gpu_name": torch's name ("" on a CPU), "ceilings": measure_ceilings(...) or {}, "measure_s"}.
+    Measured once per process (workers start once and run many cases). Where ``$HARNESS_CEILINGS_DIR``
+    is set (a Ray run), once per GPU of the node: the first process on a GPU leaves its report
+    there as ``<CUDA_VISIBLE_DEVICES>.json`` and the next ones read it (``measure_s`` 0).
+    On a CPU the workers share the host's memory: the driver's ceilings stand, nothing is measured.
+    """
+    import json
+    import os
+    import time
+    from pathlib import Path
+
+    if device in _OWN:
+        return _OWN[device]
+    cuda = torch.device(device).type == "cuda"
+    share = os.environ.get(SHARE_ENV) if cuda else None
+    shared = Path(share) / f"{os.environ.get('CUDA_VISIBLE_DEVICES', 'all')}.json" if share else None
+    if shared is not None and shared.is_file():
+        _OWN[device] = {**json.loads(shared.read_text()), "measure_s": 0.0}
+        return _OWN[device]
+    started = time.perf_counter()
+    ceilings = measure_ceilings(device, dtype_names) if cuda and timing and dtype_names else {}
+    name = torch.cuda.get_device_name(torch.device(device)) if cuda else ""
+    _OWN[device] = {"gpu_name": name, "ceilings": ceilings, "measure_s": time.perf_counter() - started}
+    if shared is not None:
+        shared.parent.mkdir(parents=True, exist_ok=True)
+        temp = shared.with_name(f".{shared.name}.{os.getpid()}")
+        temp.write_text(json.dumps(_OWN[device]))
+        os.replace(temp, shared)  # a GPU runs one task at a time; the rename keeps a reader from half a file
+    return _OWN[device]
+
+
+class GpuLedger:
+    """Each GPU of a run, keyed by (host, gpu_index): its name and the ceilings its worker measured.
+
+    Workers report their device (:func:`own_device`) before their rows; the first report of
+    a GPU is its record (workers sharing a GPU measured it while the other did too). Rows
+    then get their ``pct_of_ceiling`` / ``pct_of_peak`` from their own GPU's record, so a
+    row is never judged against another GPU's ceiling, even one of another model.
+    """
+
+    def __init__(self):
+        self.gpus: dict[tuple[str, str], dict] = {}
+
+    def add(self, host: str, gpu_index: str, worker, report: dict) -> None:
+        if not report.get("gpu_name"):
+            return  # a CPU worker: the driver's ceilings stand
+        record = self.gpus.setdefault((host, str(gpu_index)), {"host": host, "gpu_index": str(gpu_index), **report})
+        workers = record.setdefault("workers", [])
+        if worker not in workers:
+            workers.append(worker)
+
+    def apply(self, row: dict) -> dict:
+        """The row with its GPU's name and percentages from its GPU's ceilings (as it is, without a record)."""
+        record = self.gpus.get((row.get("host"), str(row.get("gpu_index"))))
+        if record is None:
+            return row
+        row = {**row, "gpu_name": record["gpu_name"]}
+        return {**row, **ceiling_columns(row, record["ceilings"])} if record["ceilings"] else row
+
+    def models(self) -> list[str]:
+        return sorted({record["gpu_name"] for record in self.gpus.values()})
+
+    def to_meta(self) -> list[dict]:
+        """meta.json's ``gpus``: one record per GPU, in (host, gpu_index) order."""
+        return [self.gpus[key] for key in sorted(self.gpus)]
+
+
+def ceiling_columns(row: dict, ceilings: dict) -> dict:
+    """``pct_of_ceiling`` and ``pct_of_peak`` of a timed row (its ``gbps``, ``tflops``) against ``ceilings``.
+
+    pct_of_ceiling = 100 * gbps / read_gbps; pct_of_peak = 100 * tflops / peak_tflops[dtype],
+    on rows with more than one query per sequence (prefill), as :mod:`harness.measure` does.
+    """
+    from .metrics import pct_of_ceiling, pct_of_peak
+
+    out = {}
+    gbps, tflops = row.get("gbps"), row.get("tflops")
+    if isinstance(gbps, float) and gbps == gbps and (read := ceilings.get("read_gbps")):
+        out["pct_of_ceiling"] = pct_of_ceiling(gbps, read)
+    peak = (ceilings.get("peak_tflops") or {}).get(row.get("dtype"))
+    if isinstance(tflops, float) and tflops == tflops and peak and (row.get("max_q_len") or 0) > 1:
+        out["pct_of_peak"] = pct_of_peak(tflops, peak)
+    return out

@@ -29,6 +29,7 @@ import argparse
 import json
 import os
 import sys
+import time
 import traceback
 from pathlib import Path
 
@@ -84,7 +85,8 @@ def build_parser() -> argparse.ArgumentParser:
         "--resume",
         type=Path,
         metavar="RUN_DIR",
-        help="finish a killed or unwritten run from its journal RUN_DIR.journal.jsonl, with its options",
+        help="finish a killed or unwritten run from its journal RUN_DIR.journal.jsonl, with its options "
+        "(--workers and --ray too, unless given again here: then those given replace both)",
     )
     from .scale import add_arguments as add_scale_arguments
 
@@ -198,6 +200,8 @@ def _run_options(args: argparse.Namespace, device: str) -> dict:
         "timing": args.timing,
         "isolate": args.isolate,
         "timeout": args.timeout,
+        "workers": args.workers,  # --workers / --ray: a resume runs the rest the same way (harness.scale)
+        "ray": args.ray,
     }
 
 
@@ -223,6 +227,8 @@ def _resume(args: argparse.Namespace):
     args.timing = options.get("timing", True)
     args.isolate = options.get("isolate", "plugins")
     args.timeout = options.get("timeout")
+    if args.workers is None and args.ray is None:  # given on the resume, they replace the journal's
+        args.workers, args.ray = options.get("workers"), options.get("ray")
     args.out = run_dir
     return journal
 
@@ -313,7 +319,7 @@ def _run_and_write(args, device, cases, backends, plugin_backends, worker, journ
     from .environment import collect_meta
     from .profiling import profile_pairs, selected
     from .runner import COLUMNS, RunConfig, summarize, to_frame
-    from .scale import run_rows
+    from .scale import mixed_models_note, run_rows
     from .storage import write_run
 
     threads = torch.get_num_threads()  # as cmd_run set it (--threads)
@@ -334,8 +340,13 @@ def _run_and_write(args, device, cases, backends, plugin_backends, worker, journ
     )
     printer = None if args.progress else _row_printer()
 
+    journal_s = 0.0
+
     def on_row(row: dict) -> None:
+        nonlocal journal_s
+        started = time.perf_counter()
         journal.append(row)
+        journal_s += time.perf_counter() - started
         if printer:
             printer(row)
 
@@ -343,11 +354,17 @@ def _run_and_write(args, device, cases, backends, plugin_backends, worker, journ
     todo = sum((c.id, b.name) not in done for c in cases for b in backends)
     print(f"{len(cases)} cases x {len(backends)} backends on {device}"
           + (f": {todo} to run, {len(done)} from the journal" if done else ""), file=sys.stderr)  # fmt: skip
-    run_rows(args, cases, config, on_row, done, worker)  # in this process, over --workers, or over --ray
+    scale = run_rows(args, cases, config, on_row, done, worker)  # in this process, over --workers, or --ray
+    merging = time.perf_counter()
     frame = _ordered(to_frame(journal.rows), cases, backends, COLUMNS)
+    scale.update(journal_s=round(journal_s, 3), merge_s=round(time.perf_counter() - merging, 3), rows=len(frame))
     bandwidth = {k: v for k, v in ceilings.items() if k.endswith("_gbps")}
     meta = collect_meta(device, ["python -m harness", *sys.argv[1:]], bandwidth)
     meta.update(case_files=sorted({c.file for c in cases}), ceilings=ceilings, timing_threads=threads)
+    meta.update(gpus=scale.pop("gpus"), scale=scale)  # each GPU's ceilings; where the run's time went
+    if note := mixed_models_note(meta["gpus"]):
+        meta["device_name"] = note  # shown by the report, and `compare` calls it another device
+        print(f"warning: {note}", file=sys.stderr)
     if args.resume:
         meta["resumed"] = {"journal_rows": len(done), "started": journal.header.get("started")}
     try:
@@ -382,8 +399,6 @@ def _ordered(frame, cases, backends, columns):
 
 def _row_printer():
     """on_row for runs without a progress bar (logs, CI): one line a row as it finishes, with the time so far."""
-    import time
-
     start = time.perf_counter()
 
     def show(row: dict) -> None:

@@ -17,7 +17,8 @@ from dataclasses import dataclass, field
 import torch
 
 from .cases import Case
-from .metrics import flops, gbps, pct_of_ceiling, pct_of_peak, tflops
+from .ceilings import ceiling_columns
+from .metrics import flops, gbps, tflops
 from .registry import Backend, Prepared
 from .timing import Timing, kernels_launched, probe_call, time_call, time_wall
 
@@ -65,10 +66,7 @@ def timing_columns(case: Case, backend: Backend, prepared: Prepared, plan: Timin
         row["kernels_ran"] = kernels_launched(prepared.run, device)
     row["timing_threads"] = plan.threads if plan.threads is not None else torch.get_num_threads()
     row["gbps"] = gbps(bytes_moved, row["latency_us"])
-    if read := plan.ceilings.get("read_gbps"):
-        row["pct_of_ceiling"] = pct_of_ceiling(row["gbps"], read)
     row["flops"] = flops(case)
     row["tflops"] = tflops(row["flops"], row["latency_us"])
-    if max(case.q_lens) > 1 and (peak := plan.ceilings.get("peak_tflops", {}).get(case.dtype)):
-        row["pct_of_peak"] = pct_of_peak(row["tflops"], peak)
+    row.update(ceiling_columns({**row, "dtype": case.dtype, "max_q_len": max(case.q_lens)}, plan.ceilings))
     return row

@@ -19,7 +19,16 @@ and ``cmd_run`` writes the one run folder, exactly as for a one-process run.
   workers are left; then one at a time, so no worker sits on a queued case while another
   idles). The run folder's rows are in case order
   whatever order they finished in (``cmd_run`` sorts them).
-* **Rows** carry ``host``, ``gpu_index`` (the physical GPU, "" on a CPU) and ``worker``.
+* **Rows** carry ``host``, ``gpu_index`` (the physical GPU, "" on a CPU), ``worker`` and, on
+  CUDA, ``gpu_name``.
+* **Each GPU's ceilings.** A CUDA worker measures its own GPU's ceilings once, as it starts
+  (:func:`harness.ceilings.own_device`: 0.3 s of timing each for read, copy and one matmul
+  per dtype, when timing), and reports them with its name; its rows' ``pct_of_ceiling``
+  and ``pct_of_peak`` are against them (:class:`harness.ceilings.GpuLedger`), and
+  meta.json's ``gpus`` lists every GPU's.
+* **Overheads**, measured and kept in meta.json's ``scale`` (:meth:`ShardedRun.timings`):
+  each worker's start (spawn to ready, its ceilings included), the time workers waited
+  for a case (dispatch), the time the cases took.
 * **A worker that dies** (killed, out of memory, a segfault in a kernel) loses only the
   row it was computing: the worker tells the parent which backend it starts, so its rows
   already sent are kept, cases sent ahead and not started go back to the queue untouched,
@@ -42,7 +51,7 @@ import os
 import signal
 import socket
 import time
-from collections.abc import Callable, Collection, Iterable
+from collections.abc import Callable, Collection, Iterable, Iterator
 from dataclasses import dataclass, field
 from multiprocessing.connection import wait
 
@@ -87,24 +96,82 @@ def worker_count(value: str | int, device: str, threads: int | None = None) -> i
 
 # --- the worker process ---------------------------------------------------------------------
 
+_LOADED: set[str] = set()  # plugins imported in this (long-lived) worker process
 
-def _worker_main(conn, config, plugins: tuple[str, ...], threads: int | None, labels: dict) -> None:
-    """Receive ('case', case, backend names) and answer ('start', name) / ('row', row) / ('done',)."""
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent owns Ctrl-C and stops the workers
+
+def worker_setup(config, plugins: tuple[str, ...], threads: int | None):
+    """What a worker does once, before its first case: the Triton interpreter where there is no
+    GPU, its torch threads, the plugins, and its own device's name and ceilings
+    (:func:`harness.ceilings.own_device`, measured once per process, on CUDA when timing).
+
+    Returns the config its rows are made with (its own GPU's ceilings) and the device report
+    the parent records per GPU (meta.json's ``gpus``).
+    """
     import kernels
 
     kernels.use_interpreter_if_no_gpu()
     import torch
 
-    from .backends import REGISTRY, load_plugin
-    from .runner import _error_reason, _row_without_call, build_context, run_backend
+    from . import ceilings
+    from .backends import load_plugin
 
     if threads:
         torch.set_num_threads(threads)
     for plugin in plugins:
-        load_plugin(plugin)
-    conn.send(("ready", os.getpid()))
+        if plugin not in _LOADED:
+            load_plugin(plugin)
+            _LOADED.add(plugin)
+    dtypes = sorted(config.ceilings.get("matmul_tflops") or {})  # the run's dtypes, as the driver measured them
+    report = ceilings.own_device(config.device, dtypes, config.timing)
+    if report["ceilings"]:
+        config = dataclasses.replace(config, ceilings=report["ceilings"])
+    return config, report
+
+
+def case_events(case: Case, names: list[str], config, labels: dict) -> Iterator[tuple]:
+    """A case's work in a worker, as events: ``("start", what)`` before each step (``CONTEXT``,
+    then each backend), ``("row", row)`` after each backend (skips first, with no start).
+
+    The inputs and oracle are built once for the case's backends; a failure there is an error
+    row for each of them. Shared by the worker processes here and the Ray tasks.
+    """
+    import torch
+
+    from .backends import REGISTRY
+    from .runner import _error_reason, _row_without_call, build_context, run_backend
+
+    to_run = []
+    for backend in (REGISTRY[name] for name in names):
+        if reason := backend.skip_reason(case, config.device):
+            yield "row", {**_row_without_call(case, backend, config, "skip", reason), **labels}
+        else:
+            to_run.append(backend)
+    if not to_run:
+        return
+    yield "start", CONTEXT
+    try:
+        ctx = build_context(case, config.device, config.oracle_device)
+    except Exception as error:
+        reason = f"{CONTEXT}: {_error_reason(error)}"
+        for backend in to_run:
+            yield "row", {**_row_without_call(case, backend, config, "error", reason), **labels}
+        return
+    for backend in to_run:
+        yield "start", backend.name
+        yield "row", {**run_backend(ctx, backend, config), **labels}
+    del ctx
+    if torch.device(config.device).type == "cuda":
+        torch.cuda.empty_cache()  # the next case's oracle may want one large block
+
+
+def _worker_main(conn, config, plugins: tuple[str, ...], threads: int | None, labels: dict) -> None:
+    """Answer ('ready', pid, device) once, then for each ('case', case, names) its events and
+    ('done', waited_s, busy_s): how long it waited for the case, how long the case took."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent owns Ctrl-C and stops the workers
+    config, device = worker_setup(config, plugins, threads)
+    conn.send(("ready", os.getpid(), device))
     while True:
+        free = time.perf_counter()
         try:
             message = conn.recv()
         except (EOFError, OSError):
@@ -112,29 +179,10 @@ def _worker_main(conn, config, plugins: tuple[str, ...], threads: int | None, la
         if message[0] == "stop":
             return
         _, case, names = message
-        backends = [REGISTRY[name] for name in names]
-        to_run = []
-        for backend in backends:
-            if reason := backend.skip_reason(case, config.device):
-                conn.send(("row", {**_row_without_call(case, backend, config, "skip", reason), **labels}))
-            else:
-                to_run.append(backend)
-        if to_run:
-            conn.send(("start", CONTEXT))
-            try:
-                ctx = build_context(case, config.device, config.oracle_device)
-            except Exception as error:
-                reason = f"{CONTEXT}: {_error_reason(error)}"
-                for backend in to_run:
-                    conn.send(("row", {**_row_without_call(case, backend, config, "error", reason), **labels}))
-            else:
-                for backend in to_run:
-                    conn.send(("start", backend.name))
-                    conn.send(("row", {**run_backend(ctx, backend, config), **labels}))
-                del ctx
-                if torch.device(config.device).type == "cuda":
-                    torch.cuda.empty_cache()
-        conn.send(("done",))
+        started = time.perf_counter()
+        for event in case_events(case, names, config, labels):
+            conn.send(event)
+        conn.send(("done", started - free, time.perf_counter() - started))
 
 
 # --- the parent -----------------------------------------------------------------------------
@@ -182,7 +230,13 @@ class ShardedRun:
         self.context = multiprocessing.get_context("spawn")
         self.worker_config = dataclasses.replace(config, backends=[], progress=False, isolated=frozenset())
         self.start_seconds: list[float] = []  # spawn -> ready, per worker start (measured)
+        self.measure_seconds: list[float] = []  # of which measuring the worker's own GPU's ceilings
+        self.waited_seconds: list[float] = []  # per case: a worker free, waiting for it (dispatch)
+        self.busy_seconds: list[float] = []  # per case: inputs, oracle and every backend of it
         self.failed_starts = 0
+        from .ceilings import GpuLedger
+
+        self.ledger = GpuLedger()  # each GPU's name and ceilings, as its worker measured them
 
     def labels(self, slot: _Slot) -> dict:
         return {"host": self.host, "gpu_index": slot.gpu, "worker": slot.index}
@@ -311,6 +365,8 @@ class ShardedRun:
             if kind == "ready":
                 slot.ready = True
                 self.start_seconds.append(time.monotonic() - slot.started_at)
+                self.measure_seconds.append(message[2]["measure_s"])
+                self.ledger.add(self.host, slot.gpu, slot.index, message[2])
             elif kind == "start":
                 slot.running, slot.since = message[1], time.monotonic()
             elif kind == "row":
@@ -318,10 +374,12 @@ class ShardedRun:
                 if slot.task and row["backend"] in slot.task.backends:
                     slot.task.backends.remove(row["backend"])
                 slot.running = None
-                on_row(row)
+                on_row(self.ledger.apply(row))
             elif kind == "done":
                 slot.tasks.pop(0)
                 slot.running = None
+                self.waited_seconds.append(message[1])
+                self.busy_seconds.append(message[2])
 
     def _died(self, slot: _Slot, queue, on_row, how: str) -> None:
         """The worker died: keep its sent rows, retry the rest once elsewhere, then error rows."""
@@ -365,7 +423,21 @@ class ShardedRun:
         from .backends import REGISTRY
         from .runner import _row_without_call
 
-        return {**_row_without_call(case, REGISTRY[name], self.config, "error", reason), **self.labels(slot)}
+        return self.ledger.apply(
+            {**_row_without_call(case, REGISTRY[name], self.config, "error", reason), **self.labels(slot)}
+        )
+
+    def timings(self) -> dict:
+        """Where a sharded run's time went besides the cases (meta.json's ``scale``), in seconds."""
+        return {
+            "workers": self.workers,
+            "worker_start_s": [round(s, 3) for s in self.start_seconds],
+            "ceilings_measure_s": [round(s, 3) for s in self.measure_seconds],
+            "cases": len(self.busy_seconds),
+            "dispatch_wait_s": round(sum(self.waited_seconds), 3),
+            "case_busy_s": round(sum(self.busy_seconds), 3),
+            "gpus": self.ledger.to_meta(),
+        }
 
 
 def _default_timeout() -> float:

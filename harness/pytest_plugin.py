@@ -124,6 +124,9 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     harness = _session(session.config)
     rows = harness.rows if merged is None else xdist_rows.in_test_order(merged, harness.cases, harness.config.backends)
     meta = collect_meta(harness.device, ["pytest", *sys.argv[1:]], {})
+    if merged is not None:
+        meta["gpus"], note = xdist_rows.run_gpus(merged)
+        meta["device_name"] = note or meta["device_name"]
     path = write_run(to_frame(rows), meta, target)
     print(f"\nharness report: {path / 'report.html'}")
 

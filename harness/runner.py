@@ -34,7 +34,7 @@ COLUMNS = [
     "tags", "case_file", "backend_kind", "note", "latency_p10_us", "latency_p90_us", "timing_reps",
     "timing_method", "call_us", "call_p10_us", "call_p90_us", "host_overhead_us", "graph_capturable",
     "device_syncs", "kernels_ran", "timing_threads", "flops", "tflops", "pct_of_peak",
-    "error_bound", "grading_note", "fail_count", "worst_location", "host", "gpu_index", "worker",
+    "error_bound", "grading_note", "fail_count", "worst_location", "host", "gpu_index", "gpu_name", "worker",
     "latency_samples_us", "call_samples_us",
 ]  # fmt: skip
 

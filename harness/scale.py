@@ -59,23 +59,42 @@ def check_arguments(args: argparse.Namespace) -> None:
         os.environ[ENV_DIR] = args.oracle_cache  # read by this process and inherited by its workers
 
 
-def run_rows(args: argparse.Namespace, cases, config, on_row, done, worker=None) -> None:
+def mixed_models_note(gpus: list[dict]) -> str:
+    """ "" when the run's GPUs (meta.json's ``gpus``) are of one model; else a note naming them."""
+    models = sorted({gpu["gpu_name"] for gpu in gpus if gpu.get("gpu_name")})
+    if len(models) < 2:
+        return ""
+    return (
+        f"mixed GPU models: {' + '.join(models)} (each row's pct_of_ceiling is against its own GPU; "
+        "latencies compare only between rows of one gpu_name)"
+    )
+
+
+def run_rows(args: argparse.Namespace, cases, config, on_row, done, worker=None) -> dict:
     """Run the cases in this process, over local workers (--workers) or over Ray (--ray).
 
     ``worker``: the isolation worker of an in-process run (harness.isolation); sharded runs
-    isolate by process already and leave it unused.
+    isolate by process already and leave it unused. Returns where the time went, for
+    meta.json's ``scale`` (seconds; ``wall_s`` from the first case to the last row), with
+    ``gpus``: each GPU's name and measured ceilings (empty in one process and on a CPU).
     """
+    import time
+
     workers = getattr(args, "workers", None)
     ray = getattr(args, "ray", None)
+    started = time.perf_counter()
     if ray is not None:
         from .ray_runner import run_on_ray
 
-        run_on_ray(cases, config, on_row, done, address=None if ray == LOCAL else ray, num_cpus=workers)
+        record = {"mode": "ray", "ray": ray, "workers": workers}
+        record |= run_on_ray(cases, config, on_row, done, address=None if ray == LOCAL else ray, num_cpus=workers)
     elif workers is not None:
         from .parallel import run_sharded
 
-        run_sharded(cases, config, on_row, done, workers=workers)
+        record = {"mode": "workers", **run_sharded(cases, config, on_row, done, workers=workers).timings()}
     else:
         from .runner import run_cases
 
         run_cases(cases, config, on_row=on_row, done=done, worker=worker)
+        record = {"mode": "one process", "gpus": []}
+    return {**record, "wall_s": round(time.perf_counter() - started, 3)}

@@ -7,10 +7,12 @@
   spec that already names ``env:CUDA_VISIBLE_DEVICES`` keeps it; without GPUs nothing is set.
 * **Rows.** With ``--harness-report DIR``, the controller makes a temporary folder and
   hands its path to every worker (``pytest_configure_node``). Each worker, at its session
-  end, writes its rows (with ``host``, ``gpu_index`` and ``worker`` = ``gwI``) to
+  end, writes its rows (with ``host``, ``gpu_index``, ``worker`` = ``gwI``, on CUDA ``gpu_name``) to
   ``<folder>/<gwI>.pkl`` (temp file + rename), and writes no run folder. The controller's
   session end (after every worker has finished) reads them all, puts them in the test
-  order (cases, then backends) and writes the one run folder; the temporary folder is removed.
+  order (cases, then backends) and writes the one run folder (meta.json's ``gpus`` lists the
+  workers' GPUs; GPUs of more than one model are named in ``device_name``); the temporary
+  folder is removed.
 """
 
 from __future__ import annotations
@@ -34,17 +36,30 @@ def _is_worker(config: pytest.Config) -> bool:
 
 def pin_gpus(config: pytest.Config, specs) -> None:
     """Give each xdist worker spec its own GPU (``CUDA_VISIBLE_DEVICES``), round robin."""
-    from .options import default_device
     from .parallel import visible_gpus
 
-    device = config.getoption("harness_device", None) or default_device()
-    if not device.startswith("cuda"):
+    if not _run_device(config).startswith("cuda"):
         return
     gpus = visible_gpus()
     if not gpus:
         return
     for index, spec in enumerate(specs):
         spec.env.setdefault("CUDA_VISIBLE_DEVICES", gpus[index % len(gpus)])
+
+
+def _run_device(config: pytest.Config) -> str:
+    from .options import default_device
+
+    return config.getoption("harness_device", None) or default_device()
+
+
+def _gpu_name(config: pytest.Config) -> str:
+    """This worker's GPU (it sees one), "" when the run is on a CPU."""
+    if not _run_device(config).startswith("cuda"):
+        return ""
+    import torch
+
+    return torch.cuda.get_device_name(0)
 
 
 def hand_rows_folder(node) -> None:
@@ -65,6 +80,8 @@ def save_worker_rows(config: pytest.Config, rows: list[dict]) -> Path:
     """Worker side: this worker's rows, labelled, to ``<folder>/<gwI>.pkl`` atomically."""
     worker = config.workerinput.get("workerid", str(os.getpid()))
     labels = {"host": socket.gethostname(), "gpu_index": os.environ.get("CUDA_VISIBLE_DEVICES", ""), "worker": worker}
+    if name := _gpu_name(config):
+        labels["gpu_name"] = name
     folder = Path(config.workerinput[ROWS_DIR])
     target = folder / f"{worker}.pkl"
     fd, temp = tempfile.mkstemp(dir=folder, prefix=f".{worker}.", suffix=".tmp")
@@ -92,3 +109,15 @@ def in_test_order(rows: list[dict], cases, backends) -> list[dict]:
     case_rank = {case.id: i for i, case in enumerate(cases)}
     backend_rank = {backend.name: i for i, backend in enumerate(backends)}
     return sorted(rows, key=lambda r: (case_rank.get(r["case"], len(case_rank)), backend_rank.get(r["backend"], 0)))
+
+
+def run_gpus(rows: list[dict]) -> tuple[list[dict], str]:
+    """meta.json's ``gpus`` of a pytest -n run (each GPU's host, index, name and workers; no
+    ceilings: the pytest path measures none) and the mixed-models note ("" for one model)."""
+    from .ceilings import GpuLedger
+    from .scale import mixed_models_note
+
+    ledger = GpuLedger()
+    for row in rows:
+        ledger.add(row["host"], row["gpu_index"], row["worker"], {"gpu_name": row.get("gpu_name"), "ceilings": {}})
+    return ledger.to_meta(), mixed_models_note(ledger.to_meta())

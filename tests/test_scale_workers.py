@@ -3,6 +3,7 @@ run's rows, and a worker killed mid-run costs one retry and one error row, nothi
 
 from __future__ import annotations
 
+import json
 import os
 
 import pandas as pd
@@ -181,18 +182,28 @@ def test_each_worker_is_spawned_seeing_only_its_own_gpu_and_the_parent_keeps_all
 
 
 @pytest.mark.slow  # a local Ray: about 30 s on a busy 2-core box
-def test_on_ray_a_case_whose_worker_dies_twice_keeps_its_innocent_rows_and_errors_the_killer(tmp_path, monkeypatch):
+def test_on_ray_a_killed_task_keeps_its_innocent_rows_and_errors_the_killer_and_a_hung_one_times_out(
+    tmp_path, monkeypatch
+):
     pytest.importorskip("ray", reason="Ray is an optional extra: pip install '.[ray]'")
     monkeypatch.setenv("HARNESS_TEST_DIR", str(tmp_path))  # inherited by the local Ray's workers
     (tmp_path / "killer.py").write_text(KILLER)
-    write_cases(tmp_path / "cases.toml", DIES, *FINE)  # not HANGS: Ray has no time limit
+    write_cases(tmp_path / "cases.toml", DIES, HANGS, *FINE)
     out = tmp_path / "run"
     code = main(["run", str(tmp_path / "cases.toml"), "--plugin", str(tmp_path / "killer.py"), "--backend", "tlsim",
-                 "--backend", "killer", "--no-timing", "--no-progress", "--ray", "--workers", "2", "--out", str(out)])  # fmt: skip
+                 "--backend", "killer", "--no-timing", "--no-progress", "--ray", "--workers", "2", "--timeout", "3",
+                 "--out", str(out)])  # fmt: skip
     assert code == 1
     rows = pd.read_parquet(out / "results.parquet").set_index(["case", "backend"])
-    assert rows.loc[("dies_here", "killer"), "status"] == "error"
-    assert "WorkerCrashedError" in rows.loc[("dies_here", "killer"), "reason"]
-    assert rows.loc[("dies_here", "tlsim"), "status"] == "pass"  # the innocent backend of that case
-    assert (rows.drop(("dies_here", "killer"))["status"] == "pass").all() and len(rows) == 6
-    assert len((tmp_path / "kills").read_text().split()) == 3  # the case's task, its retry, then killer alone
+    died = rows.loc[("dies_here", "killer")]
+    assert died["status"] == "error" and "WorkerCrashedError" in died["reason"] and "in 2 tasks" in died["reason"]
+    assert "while running this backend" in died["reason"]
+    hung = rows.loc[("hangs_here", "killer")]
+    assert hung["status"] == "error" and hung["reason"].startswith("timed out after 3 s")
+    assert rows.loc[("dies_here", "tlsim"), "status"] == "pass"  # the innocent backends of those cases
+    assert rows.loc[("hangs_here", "tlsim"), "status"] == "pass"
+    others = rows.drop([("dies_here", "killer"), ("hangs_here", "killer")])
+    assert (others["status"] == "pass").all() and len(rows) == 8
+    assert len((tmp_path / "kills").read_text().split()) == 2  # the case's task, then killer again in a new one
+    scale = json.loads((out / "meta.json").read_text())["scale"]
+    assert scale["mode"] == "ray" and scale["tasks"] == 5 and scale["init_s"] > 0

@@ -21,7 +21,7 @@ def run_script(*args: str, timeout: float = 300) -> subprocess.CompletedProcess:
 
 def test_every_script_is_exercised_here():
     exercised = {"peer_table.py", "measure_tlsim_closeness.py", "gpu_run.sh", "noise_check.py", "slowdown_plugin.py"}
-    exercised |= {"tune_tiles.py", "kernel_targets.py"}
+    exercised |= {"tune_tiles.py", "kernel_targets.py", "gpu_scale.sh"}
     assert {p.name for p in (ROOT / "scripts").iterdir() if p.is_file()} <= exercised, (
         "a new script needs a dry run here"
     )
@@ -56,6 +56,20 @@ def test_tile_tuner_times_two_candidates_and_prints_a_table_line(tmp_path):
 def test_gpu_run_script_is_valid_bash():
     done = subprocess.run(["bash", "-n", str(ROOT / "scripts" / "gpu_run.sh")], capture_output=True, text=True)
     assert done.returncode == 0, done.stderr
+
+
+def test_gpu_scale_script_dry_runs_one_and_two_workers_and_tables_them(tmp_path):
+    cases = tmp_path / "c.toml"
+    cases.write_text('[[case]]\nname = "c"\nnum_q_heads = 2\nnum_kv_heads = 1\nhead_dim = 32\nseq_lens = [5, 9]\n')
+    env = {**os.environ, "DRY": "1", "OUT": str(tmp_path / "out"), "SUITES": str(cases), "WORKERS": "1 2",
+           "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}  # fmt: skip
+    done = subprocess.run(
+        ["bash", "scripts/gpu_scale.sh"], cwd=ROOT, env=env, capture_output=True, text=True, timeout=300
+    )
+    assert done.returncode == 0, done.stderr
+    table = (tmp_path / "out" / "scale" / "table.md").read_text().splitlines()
+    assert table[0].startswith("| workers | wall s | cases s | speed-up |") and len(table) == 4
+    assert table[2].startswith("| 1 |") and table[3].startswith("| 2 |") and table[3].endswith("| pass 1 |")
 
 
 @pytest.mark.skipif(not (ROOT / "scripts" / "noise_check.py").exists(), reason="no noise_check.py")

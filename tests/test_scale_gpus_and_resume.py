@@ -1,0 +1,177 @@
+"""Each GPU of a sharded run is judged against its own measured ceilings, a run mixing GPU
+models says so, meta.json keeps where a sharded run's time went, and --resume runs the rest
+with the run's own --workers / --ray unless told otherwise."""
+
+from __future__ import annotations
+
+import json
+
+import pandas as pd
+import pytest
+
+import harness.ceilings
+from harness.ceilings import GpuLedger
+from harness.cli import _resume, _run_options, build_parser, main
+from harness.journal import Journal
+from harness.scale import mixed_models_note
+
+CASES = """
+defaults = {num_q_heads = 4, num_kv_heads = 2, head_dim = 32, block_size = 4}
+case = [{name = "a", seq_lens = [3, 9]}, {name = "b", seq_lens = [5, 7], q_lens = [2, 1]}]
+"""
+
+
+@pytest.fixture
+def cases_file(tmp_path):
+    (tmp_path / "cases.toml").write_text(CASES)
+    return tmp_path / "cases.toml"
+
+
+def _report(name: str, read_gbps: float, peak: float) -> dict:
+    return {"gpu_name": name, "ceilings": {"read_gbps": read_gbps, "peak_tflops": {"bfloat16": peak}}, "measure_s": 1}
+
+
+def _row(gpu_index: str, **values) -> dict:
+    return {"host": "h", "gpu_index": gpu_index, "dtype": "bfloat16", "max_q_len": 4, **values}
+
+
+def test_each_row_is_judged_against_its_own_gpus_ceilings_and_meta_lists_every_gpu():
+    ledger = GpuLedger()
+    ledger.add("h", "1", 1, _report("NVIDIA H200", read_gbps=4000.0, peak=1000.0))
+    ledger.add("h", "0", 0, _report("NVIDIA A100-SXM4-80GB", read_gbps=2000.0, peak=300.0))
+    ledger.add("h", "0", 2, _report("NVIDIA A100-SXM4-80GB", read_gbps=1.0, peak=1.0))  # shares GPU 0: first wins
+    ledger.add("h", "", 3, {"gpu_name": "", "ceilings": {}, "measure_s": 0})  # a CPU worker: nothing to record
+
+    on_h200 = ledger.apply(_row("1", gbps=1000.0, tflops=100.0, pct_of_ceiling=1.0))
+    on_a100 = ledger.apply(_row("0", gbps=1000.0, tflops=100.0, pct_of_ceiling=1.0))
+    assert (on_h200["pct_of_ceiling"], on_h200["pct_of_peak"], on_h200["gpu_name"]) == (25.0, 10.0, "NVIDIA H200")
+    assert on_a100["pct_of_ceiling"] == 50.0 and on_a100["pct_of_peak"] == pytest.approx(100 / 3)
+    untimed = ledger.apply(_row("0", gbps=float("nan")))
+    assert "pct_of_ceiling" not in untimed and untimed["gpu_name"] == "NVIDIA A100-SXM4-80GB"
+    assert ledger.apply(_row("7", gbps=1.0)) == _row("7", gbps=1.0)  # no record of that GPU: as it came
+
+    gpus = ledger.to_meta()
+    assert [(g["gpu_index"], g["workers"]) for g in gpus] == [("0", [0, 2]), ("1", [1])]
+    assert gpus[0]["ceilings"]["read_gbps"] == 2000.0
+    note = mixed_models_note(gpus)
+    assert note.startswith("mixed GPU models: NVIDIA A100-SXM4-80GB + NVIDIA H200")
+    assert mixed_models_note(gpus[1:]) == "" and mixed_models_note([]) == ""
+
+
+FAKE_GPU = """
+import harness.ceilings
+
+def own_device(device, dtype_names, timing):  # every worker "measures" a GPU of its own
+    return {"gpu_name": "Fake GPU", "ceilings": {"read_gbps": 0.001, "peak_tflops": {}}, "measure_s": 0.5}
+
+harness.ceilings.own_device = own_device
+"""
+
+
+def test_workers_report_their_device_and_meta_keeps_it_with_where_the_time_went(cases_file, tmp_path, monkeypatch):
+    monkeypatch.setattr(harness.ceilings, "own_device", harness.ceilings.own_device)  # the plugin patches it here too
+    (tmp_path / "fake_gpu.py").write_text(FAKE_GPU)
+    out = tmp_path / "run"
+    code = main(["run", str(cases_file), "--backend", "tlsim", "--plugin", str(tmp_path / "fake_gpu.py"),
+                 "--isolate", "none", "--no-progress", "--workers", "2", "--out", str(out)])  # fmt: skip
+    assert code == 0
+    meta = json.loads((out / "meta.json").read_text())
+    rows = pd.read_parquet(out / "results.parquet")
+    assert [g["gpu_name"] for g in meta["gpus"]] == ["Fake GPU"] and sorted(meta["gpus"][0]["workers"]) == [0, 1]
+    assert (rows["gpu_name"] == "Fake GPU").all()
+    assert rows["pct_of_ceiling"].to_numpy() == pytest.approx(100 * rows["gbps"].to_numpy() / 0.001)
+    scale = meta["scale"]
+    assert scale["mode"] == "workers" and scale["workers"] == 2 and len(scale["worker_start_s"]) == 2
+    assert scale["ceilings_measure_s"] == [0.5, 0.5] and scale["cases"] == 2 and scale["rows"] == 2
+    assert scale["wall_s"] >= scale["case_busy_s"] / 2 > 0
+    assert min(scale["dispatch_wait_s"], scale["journal_s"], scale["merge_s"]) >= 0
+
+
+def _stopped_run(tmp_path, cases_file, *flags: str):
+    """A run that reserved its folder and journal with these flags, then stopped before any row."""
+    out = tmp_path / "run"
+    args = build_parser().parse_args(["run", str(cases_file), "--backend", "tlsim", "--no-timing", *flags])
+    Journal.create(out, _run_options(args, "cpu")).close(stopped=True)
+    return out
+
+
+@pytest.mark.parametrize(
+    ("first", "again", "mode", "workers"),
+    [
+        (["--workers", "2"], [], "workers", 2),  # remembered
+        (["--workers", "2"], ["--workers", "1"], "workers", 1),  # given again: it wins
+        ([], [], "one process", None),
+    ],
+)
+def test_resume_runs_the_rest_with_the_runs_own_workers_unless_given_again(
+    tmp_path, cases_file, first, again, mode, workers
+):
+    out = _stopped_run(tmp_path, cases_file, *first)
+    assert main(["run", "--resume", str(out), "--no-progress", *again]) == 0
+    scale = json.loads((out / "meta.json").read_text())["scale"]
+    assert scale["mode"] == mode and scale.get("workers") == workers
+    assert len(pd.read_parquet(out / "results.parquet")) == 2
+
+
+def test_resume_remembers_ray_and_its_address_and_a_flag_given_again_replaces_both(tmp_path, cases_file):
+    out = _stopped_run(tmp_path, cases_file, "--ray", "ray://head:10001", "--workers", "4")
+    resumed = build_parser().parse_args(["run", "--resume", str(out)])
+    _resume(resumed)
+    assert (resumed.ray, resumed.workers) == ("ray://head:10001", "4")
+    resumed = build_parser().parse_args(["run", "--resume", str(out), "--workers", "2"])
+    _resume(resumed)
+    assert (resumed.ray, resumed.workers) == (None, "2")
+
+
+def test_a_gpus_ceilings_are_measured_once_per_process_and_once_per_gpu_where_processes_share_a_folder(
+    tmp_path, monkeypatch
+):
+    measured = []
+    monkeypatch.setattr(
+        harness.ceilings, "measure_ceilings", lambda device, dtypes: measured.append(1) or {"read_gbps": 7.0}
+    )
+    monkeypatch.setattr(harness.ceilings.torch.cuda, "get_device_name", lambda device=None: "NVIDIA H200")
+    monkeypatch.setattr(harness.ceilings, "_OWN", {})
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "1")
+    first = harness.ceilings.own_device("cuda", ["bfloat16"], timing=True)
+    assert harness.ceilings.own_device("cuda", ["bfloat16"], timing=True) is first and len(measured) == 1
+    assert first["gpu_name"] == "NVIDIA H200" and first["ceilings"] == {"read_gbps": 7.0}
+
+    monkeypatch.setenv(harness.ceilings.SHARE_ENV, str(tmp_path / "shared"))  # a Ray run: a process per task
+    for _ in range(2):
+        monkeypatch.setattr(harness.ceilings, "_OWN", {})  # the next task's fresh process
+        report = harness.ceilings.own_device("cuda", ["bfloat16"], timing=True)
+    assert len(measured) == 2 and report["ceilings"] == {"read_gbps": 7.0} and report["measure_s"] == 0.0
+    assert [p.name for p in (tmp_path / "shared").iterdir()] == ["1.json"]
+    monkeypatch.setattr(harness.ceilings, "_OWN", {})
+    assert harness.ceilings.own_device("cpu", ["float32"], timing=True) == {
+        "gpu_name": "",
+        "ceilings": {},
+        "measure_s": pytest.approx(0, abs=0.1),
+    }
+
+
+def test_the_report_lists_each_gpu_with_its_read_ceiling():
+    from harness.report import render_html
+    from harness.runner import to_frame
+
+    frame = to_frame(
+        [{"case": "c", "backend": "triton", "status": "pass", "gpu_index": "1", "gpu_name": "NVIDIA H200"}]
+    )
+    gpus = [
+        {"host": "h", "gpu_index": "1", "gpu_name": "NVIDIA H200", "ceilings": {"read_gbps": 4210.0}, "workers": [1]}
+    ]
+    page = render_html(frame, {"device": "cuda", "device_name": "NVIDIA H200", "gpus": gpus})
+    assert "h GPU 1: NVIDIA H200, read 4210 GB/s (worker 1)" in page
+
+
+def test_a_pytest_n_run_lists_its_workers_gpus_and_names_mixed_models():
+    from harness.xdist_rows import run_gpus
+
+    rows = [{"host": "h", "gpu_index": "0", "worker": "gw0", "gpu_name": "NVIDIA H200"},
+            {"host": "h", "gpu_index": "0", "worker": "gw0", "gpu_name": "NVIDIA H200"},
+            {"host": "h", "gpu_index": "1", "worker": "gw1", "gpu_name": "NVIDIA A100-SXM4-80GB"}]  # fmt: skip
+    gpus, note = run_gpus(rows)
+    assert [(g["gpu_index"], g["workers"]) for g in gpus] == [("0", ["gw0"]), ("1", ["gw1"])]
+    assert note.startswith("mixed GPU models: NVIDIA A100-SXM4-80GB + NVIDIA H200")
+    assert run_gpus([{**row, "gpu_name": ""} for row in rows]) == ([], "")  # a CPU run
