@@ -17,7 +17,7 @@ set -uo pipefail
 OUT=${OUT:-gpu_out}
 mkdir -p "$OUT/scale"
 export PYTHONUNBUFFERED=1
-if [ -d .whl ]; then  # wheels the image lacks, as scripts/gpu_run.sh installs them
+if [ -d .whl ] && [ -z "${DRY:-}" ]; then  # wheels the image lacks, as scripts/gpu_run.sh installs them
   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || exit 1
   export PYTHONPATH=/tmp/site:$PWD PATH=/tmp/site/bin:$PATH
 fi
