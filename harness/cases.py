@@ -38,6 +38,7 @@ from pydantic import (
 from kernels._common import MAX_BLOCK_SIZE, MAX_HEAD_DIM, MIN_BLOCK_SIZE, MIN_HEAD_DIM, cdiv
 
 from .grading import DEFAULT_TOLERANCES
+from .inputs import shared_prefix_blocks
 
 # Strict: `true` is not 1, "3" is not 3; floats must be finite (no nan, no inf).
 Int = Annotated[int, Strict()]
@@ -136,6 +137,12 @@ class CaseSpec(BaseModel):
         default=None, description="one sink logit per query head, or { scale, mean } drawn from the seed"
     )
     alibi: Annotated[bool, Strict()] = Field(default=False, description="ALiBi with the standard slopes 2^(-8i/n)")
+    return_lse: Annotated[bool, Strict()] = Field(
+        default=False, description="the call also returns the log-sum-exp, graded against the oracle's"
+    )
+    cascade: Annotated[bool, Strict()] = Field(
+        default=False, description="shared_prefix layout: the kernels run it as prefix + suffix merged by lse"
+    )
     timeout_s: Float | None = Field(default=None, gt=0, description="per-call time limit of isolated backends")
     tolerance: dict[DTypeName, Tolerance] = Field(default_factory=dict, description="per-dtype overrides")
     backends: list[str] | None = Field(default=None, description="only these backends (default: all)")
@@ -197,7 +204,29 @@ class CaseSpec(BaseModel):
             raise FieldError(
                 "sinks", f"sinks has {len(self.sinks)} values; it needs one per query head ({self.num_q_heads})"
             )
+        if self.cascade:
+            self._check_cascade()
         return self
+
+    def _check_cascade(self) -> None:
+        """A cascade needs a shared prefix that every query sits after, and no position-dependent option."""
+        if self.layout != "shared_prefix":
+            raise FieldError("cascade", f"cascade = true needs layout = 'shared_prefix', got {self.layout!r}")
+        if self.sliding_window is not None or self.alibi:
+            raise FieldError(
+                "cascade", "cascade = true cannot take sliding_window or alibi (they need absolute positions)"
+            )
+        seq, q = _lengths(self)
+        prefix = shared_prefix_blocks(seq, self.block_size, self.layout) * self.block_size
+        if prefix == 0:
+            raise FieldError("cascade", "cascade = true needs two or more sequences sharing at least one block")
+        late = [(i, n, m) for i, (n, m) in enumerate(zip(seq, q, strict=True)) if n - m < prefix]
+        if late:
+            i, n, m = late[0]
+            raise FieldError(
+                "cascade",
+                f"sequence {i} (seq_len {n}, q_len {m}) has a query inside the shared prefix of {prefix} keys",
+            )
 
     def resolved_num_kv_heads(self) -> int:
         if (self.num_kv_heads is None) == (self.gqa_ratio is None):
@@ -235,6 +264,8 @@ class Case:
     logit_softcap: float | None = None
     sinks: tuple[float, ...] | None = None  # one per query head, materialized from the case file
     alibi: bool = False
+    return_lse: bool = False  # the call returns (out, lse); lse graded too
+    cascade: bool = False  # the kernels compute it as shared prefix + suffix, merged by lse
 
     def __str__(self) -> str:
         return self.id
@@ -269,6 +300,7 @@ class Case:
             "logit_softcap": self.logit_softcap is not None,
             "sinks": self.sinks is not None,
             "alibi_slopes": self.alibi,
+            "return_lse": self.return_lse or self.cascade,
         }
         return frozenset(name for name, on in names.items() if on)
 
@@ -279,7 +311,13 @@ class Case:
             "logit_softcap": self.logit_softcap,
             "sinks": self.sinks,
             "alibi": self.alibi,
+            "return_lse": self.return_lse or self.cascade,
         }
+
+    @property
+    def prefix_blocks(self) -> int:
+        """Blocks every sequence shares (the "shared_prefix" layout; 0 otherwise)."""
+        return shared_prefix_blocks(self.seq_lens, self.block_size, self.layout)
 
     def wants(self, backend: str) -> bool:
         """Whether the case file asks for this backend."""
@@ -422,6 +460,8 @@ def expand_spec(raw: dict[str, Any], file: str) -> list[Case]:
                 logit_softcap=p.logit_softcap,
                 sinks=_sinks(p),
                 alibi=p.alibi,
+                return_lse=p.return_lse,
+                cascade=p.cascade,
             )
         )
     if errors:

@@ -31,7 +31,8 @@ class PagedInputs:
     keys/values     num_seqs tensors [seq_len, num_kv_heads, head_dim]: each sequence's KV in order
     options         the attention variants the case turns on, as keywords of every call
                     (sliding_window int, logit_softcap float, sinks / alibi_slopes [num_q_heads]
-                    fp32 on q's device); empty: plain causal attention
+                    fp32 on q's device; return_lse True: the call returns (out, lse));
+                    empty: plain causal attention
     """
 
     q: torch.Tensor
@@ -49,6 +50,12 @@ class PagedInputs:
         return (self.q, self.k_cache, self.v_cache, self.block_table, self.seq_lens, self.query_start_loc)
 
 
+def shared_prefix_blocks(seq_lens: list[int] | tuple[int, ...], block_size: int, layout: str) -> int:
+    """Blocks every sequence shares under the "shared_prefix" layout: min(seq_lens) // block_size
+    (0 for another layout or a single sequence). Example: seq_lens [40, 90], block_size 16: 2 blocks."""
+    return min(seq_lens) // block_size if layout == "shared_prefix" and len(seq_lens) > 1 else 0
+
+
 def assign_blocks(
     seq_lens: list[int], block_size: int, layout: Layout, generator: torch.Generator
 ) -> tuple[torch.Tensor, int]:
@@ -58,7 +65,7 @@ def assign_blocks(
     same physical blocks. A spare eighth of the pool (at least one block) stays unowned.
     """
     per_seq = [-(-n // block_size) for n in seq_lens]
-    shared = min(seq_lens) // block_size if layout == "shared_prefix" and len(seq_lens) > 1 else 0
+    shared = shared_prefix_blocks(seq_lens, block_size, layout)
     num_owned = shared + sum(n - shared for n in per_seq)
     num_blocks = num_owned + max(1, num_owned // 8)
     if layout == "contiguous":
@@ -105,6 +112,7 @@ def make_inputs(
     logit_softcap: float | None = None,
     sinks: list[float] | tuple[float, ...] | None = None,
     alibi: bool = False,
+    return_lse: bool = False,
 ) -> PagedInputs:
     """Build a case's inputs from its seed; the same arguments always give the same tensors.
 
@@ -153,6 +161,8 @@ def make_inputs(
         if len(sinks) != num_q_heads:
             raise ValueError(f"sinks has {len(sinks)} values for {num_q_heads} query heads")
         options["sinks"] = torch.tensor(list(sinks), dtype=torch.float32, device=device)
+    if return_lse:
+        options["return_lse"] = True
     if alibi:
         options["alibi_slopes"] = torch.tensor(standard_alibi_slopes(num_q_heads), dtype=torch.float32, device=device)
     return PagedInputs(

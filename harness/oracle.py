@@ -26,7 +26,8 @@ def paged_attention_oracle(
     logit_softcap: float | None = None,
     sinks: torch.Tensor | None = None,
     alibi_slopes: torch.Tensor | None = None,
-) -> torch.Tensor:
+    return_lse: bool = False,
+):
     """Exact paged attention, with the variants of docs/contract.md ("Attention variants").
 
     q               [num_tokens, num_q_heads, head_dim]
@@ -39,7 +40,9 @@ def paged_attention_oracle(
     logit_softcap   cap: each scaled logit z becomes cap * tanh(z / cap), before any mask or bias
     sinks           [num_q_heads]: a logit per head that joins the softmax's denominator only
     alibi_slopes    [num_q_heads]: slope_h * (key_pos - query_pos) added to the (capped) logit
-    returns         [num_tokens, num_q_heads, head_dim] float64 on ``device``
+    return_lse      also return lse [num_tokens, num_q_heads] float64: ln(S + sum_j exp(l_j)),
+                    the log of the softmax's denominator, the sink's term S included
+    returns         [num_tokens, num_q_heads, head_dim] float64 on ``device`` (with return_lse: (out, lse))
     """
     q = q.detach().to(device, torch.float64)
     num_blocks, block_size, num_kv_heads, head_dim = k_cache.shape
@@ -61,6 +64,7 @@ def paged_attention_oracle(
     slope = None if slope is None else slope.view(num_kv_heads, group, 1, 1)
 
     expected = torch.zeros(q.shape, dtype=torch.float64, device=device)
+    lse = torch.zeros(q.shape[:2], dtype=torch.float64, device=device)
     for seq in range(num_seqs):
         q_len, seq_len = starts[seq + 1] - starts[seq], lens[seq]
         if q_len == 0:
@@ -95,6 +99,9 @@ def paged_attention_oracle(
             if sink is not None:
                 denominator = denominator + torch.exp(sink - top)
             weights = weights / denominator
+            lse[starts[seq] + first : starts[seq] + last] = (
+                (top + denominator.log()).permute(2, 0, 1, 3).reshape(rows, num_q_heads)
+            )
             o = torch.einsum("hgqk,khd->qhgd", weights, v)
             expected[starts[seq] + first : starts[seq] + last] = o.reshape(rows, num_q_heads, head_dim)
-    return expected
+    return (expected, lse) if return_lse else expected

@@ -33,7 +33,7 @@ COLUMNS = [
     "tags", "case_file", "backend_kind", "note", "latency_p10_us", "latency_p90_us", "timing_reps",
     "timing_method", "call_us", "call_p10_us", "call_p90_us", "host_overhead_us", "graph_capturable",
     "device_syncs", "kernels_ran", "timing_threads", "flops", "tflops", "pct_of_peak",
-    "error_bound", "grading_note", "fail_count", "worst_location", "host", "gpu_index", "worker",
+    "error_bound", "grading_note", "fail_count", "worst_location", "lse_max_abs_err", "lse_tol_ratio", "host", "gpu_index", "worker",
     "latency_samples_us", "call_samples_us",
 ]  # fmt: skip
 STATUSES = ("pass", "fail", "error", "skip")
@@ -64,18 +64,27 @@ class CaseContext:
     expected: torch.Tensor  # [num_tokens, num_q_heads, head_dim] float64
     bound: torch.Tensor | None = None  # forward_error_bound of the inputs, expected's shape
     guard: InputGuard | None = None  # fingerprints of the pristine inputs
+    expected_lse: torch.Tensor | None = None  # [num_tokens, num_q_heads] float64, when the case asks for it
 
 
 def build_context(case: Case, device: str, oracle_device: str) -> CaseContext:
     inputs = case_inputs(case, device)
-    expected = cached_oracle(  # computed once per input content and variant (harness.oracle_cache)
-        inputs.args(),
-        oracle_device,
-        lambda: paged_attention_oracle(*inputs.args(), device=oracle_device, **inputs.options),
-        options=inputs.options,
-    )
+    options = {name: value for name, value in inputs.options.items() if name != "return_lse"}
+    expected_lse = None
+    if "return_lse" in inputs.options:  # out and lse from one oracle call (not cached: the cache keeps out)
+        expected, expected_lse = paged_attention_oracle(
+            *inputs.args(), device=oracle_device, return_lse=True, **options
+        )
+    else:
+        expected = cached_oracle(  # computed once per input content and variant (harness.oracle_cache)
+            inputs.args(),
+            oracle_device,
+            lambda: paged_attention_oracle(*inputs.args(), device=oracle_device, **options),
+            options=options,
+        )
     bound = forward_error_bound(*inputs.args(), expected)
-    return CaseContext(case, inputs, expected, bound, InputGuard(inputs, lambda: case_inputs(case, device)))
+    guard = InputGuard(inputs, lambda: case_inputs(case, device))
+    return CaseContext(case, inputs, expected, bound, guard, expected_lse)
 
 
 def case_inputs(case: Case, device: str) -> PagedInputs:
@@ -138,9 +147,15 @@ def run_backend(ctx: CaseContext, backend: Backend, config: RunConfig) -> dict:
     try:
         out = torch.full_like(ctx.inputs.q, float("nan"))  # an element the backend does not write fails
         prepared = backend.prepare(case, ctx.inputs, out)
-        packed = prepared.to_packed(prepared.run())
+        raw, lse, lse_problem = prepared.run(), None, ""
+        if ctx.expected_lse is not None:  # the call was asked for (out, lse)
+            if isinstance(raw, tuple) and len(raw) == 2:
+                raw, lse = raw
+            else:
+                lse_problem = f"return_lse=True returned {type(raw).__name__}, not a tuple (out, lse)"
+        packed = prepared.to_packed(raw)
         mutated = ctx.guard.check("in its graded call") if ctx.guard else ""
-        problem = "; ".join(filter(None, [mutated, check_output(packed, ctx.inputs.q)]))
+        problem = "; ".join(filter(None, [mutated, check_output(packed, ctx.inputs.q), lse_problem]))
         if not isinstance(packed, torch.Tensor) or packed.shape != ctx.expected.shape:
             return {**row, "status": "fail", "reason": problem, "note": prepared.note}
         result = grade(packed, ctx.expected, case.atol, case.rtol, ctx.bound)
@@ -161,6 +176,11 @@ def run_backend(ctx: CaseContext, backend: Backend, config: RunConfig) -> dict:
             token, head = result.worst_index[0], result.worst_index[1]
             starts, lens = ctx.inputs.query_start_loc.tolist(), ctx.inputs.seq_lens.tolist()
             row["worst_location"] = f"{locate(token, starts, lens)}, head {head}"
+        if lse is not None:
+            lse_grade = grade(lse, ctx.expected_lse, case.atol, case.rtol)
+            row.update(lse_max_abs_err=lse_grade.max_abs_err, lse_tol_ratio=lse_grade.tol_ratio)
+            if not lse_grade.passed and row["status"] == "pass":
+                row.update(status="fail", reason=f"lse: {lse_grade.reason}")
         if problem:
             row.update(status="fail", reason=problem)
         if config.timing:

@@ -274,6 +274,24 @@ def cdiv_tensor(a: torch.Tensor, b: int) -> torch.Tensor:
     return (a + b - 1) // b
 
 
+def prepare_lse(call: PagedCall, return_lse: bool) -> torch.Tensor | None:
+    """[num_tokens, num_q_heads] fp32 for the log-sum-exp when ``return_lse`` (a bool), else None.
+
+    lse[t, h] = ln(S + sum_{j visible} exp(l_j)): the natural log of the softmax's
+    denominator, the sink's term S included (docs/contract.md, "The log-sum-exp").
+    """
+    if not isinstance(return_lse, bool):
+        _fail(f"return_lse must be True or False, got {return_lse!r}")
+    if not return_lse:
+        return None
+    return torch.empty((call.num_tokens, call.num_q_heads), dtype=torch.float32, device=call.q.device)
+
+
+def with_lse(out: torch.Tensor, lse: torch.Tensor | None):
+    """What a call returns: ``out``, or ``(out, lse)`` when the log-sum-exp was asked for."""
+    return out if lse is None else (out, lse)
+
+
 def prepare_out(call: PagedCall, out: torch.Tensor | None) -> torch.Tensor:
     """Return ``out`` after checking it matches q, or a fresh buffer shaped like q."""
     if out is None:

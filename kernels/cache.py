@@ -359,8 +359,9 @@ class PagedKVCache:
         and out are as in the kernel contract; check turns on the value checks (None:
         $PAGED_ATTENTION_CHECK). The read goes through ``paged_attention_dispatch``, so
         the backend is the one the engine would run. Returns [num_tokens, num_q_heads, head_dim].
-        ``variants`` (sliding_window, logit_softcap, sinks, alibi_slopes; docs/contract.md,
-        "Attention variants") go to the kernel unchanged.
+        ``variants`` (sliding_window, logit_softcap, sinks, alibi_slopes, return_lse;
+        docs/contract.md, "Attention variants") go to the kernel unchanged; with
+        return_lse=True the result is ``(out, lse)``.
         """
         self._check_layer(layer)
         if isinstance(seqs, StepMetadata):

@@ -33,9 +33,10 @@ import math
 
 import torch
 
-from ._common import prepare_call, prepare_out, tiling_for, window_tile_start
+from ._common import prepare_call, prepare_lse, prepare_out, tiling_for, window_tile_start, with_lse
 
 LOG2E = math.log2(math.e)
+LN2 = math.log(2.0)
 
 
 def softcap_unscaled(s: torch.Tensor, cap_unscaled: float) -> torch.Tensor:
@@ -73,7 +74,8 @@ def paged_attention_tlsim(
     logit_softcap: float | None = None,
     sinks: torch.Tensor | None = None,
     alibi_slopes: torch.Tensor | None = None,
-) -> torch.Tensor:
+    return_lse: bool = False,
+):
     """Paged attention by the kernel's streaming algorithm; the contract of docs/contract.md.
 
     q               [num_tokens, num_q_heads, head_dim]
@@ -84,6 +86,8 @@ def paged_attention_tlsim(
     returns         [num_tokens, num_q_heads, head_dim] in q's dtype
     sliding_window, logit_softcap, sinks [num_q_heads] fp32, alibi_slopes [num_q_heads] fp32:
                     the attention variants (docs/contract.md), off by default
+    return_lse      also return lse [num_tokens, num_q_heads] fp32, ln 2 * (m * scale * log2 e + log2 l)
+                    from the final (or combined) running max and sum, as the kernel stores it
 
     max_q_len/max_seq_len are the kernel's launch hints: given the same ones, tlsim makes
     the kernel's tiling and KV split. check: as in the kernel (None: $PAGED_ATTENTION_CHECK).
@@ -94,9 +98,10 @@ def paged_attention_tlsim(
         sliding_window=sliding_window, logit_softcap=logit_softcap, sinks=sinks, alibi_slopes=alibi_slopes,
     )  # fmt: skip
     out = prepare_out(call, out)
+    lse = prepare_lse(call, return_lse)
     num_tokens = q.shape[0]
     if call.num_seqs == 0 or num_tokens == 0:
-        return out
+        return with_lse(out, lse)
     device = q.device
     q_lens = call.q_lens.clamp(min=0)
     longest_q = int(q_lens.max())
@@ -186,7 +191,9 @@ def paged_attention_tlsim(
             alpha = torch.exp2((m_i - m_tot) * qk_scale_log2)
             l_i = l_i * alpha + torch.exp2((sink - m_tot) * qk_scale_log2)
             acc = acc * alpha[..., None]
+            m_i = m_tot
         o = acc / l_i[..., None]
+        m_top, l_sum = m_i, l_i
     else:  # weight each split by 2^(its max - the overall max); a split that saw no key weighs 0
         m_all = torch.stack([m for m, _, _ in splits])
         m_top = m_all.amax(0)
@@ -200,4 +207,8 @@ def paged_attention_tlsim(
     o = o.view(num_seqs, num_kv_heads, longest_q, group, head_dim)
     o = o.permute(0, 2, 1, 3, 4).reshape(num_seqs, longest_q, call.num_q_heads, head_dim)
     out[token_index[token_valid]] = o[token_valid].to(out.dtype)
-    return out
+    if lse is not None:  # [S, Hkv, M] in the kernel's row order -> [S, Lq, Hq]
+        row_lse = (m_top * qk_scale_log2 + torch.log2(l_sum)) * LN2
+        row_lse = row_lse.view(num_seqs, num_kv_heads, longest_q, group).permute(0, 2, 1, 3)
+        lse[token_index[token_valid]] = row_lse.reshape(num_seqs, longest_q, call.num_q_heads)[token_valid]
+    return with_lse(out, lse)

@@ -58,7 +58,7 @@ import torch
 import triton
 import triton.language as tl
 
-from ._common import prepare_call, prepare_out, tiling_for
+from ._common import prepare_call, prepare_lse, prepare_out, tiling_for, with_lse
 
 
 @triton.jit
@@ -120,6 +120,7 @@ def paged_attention_kernel(
     seq_lens_ptr,  # [num_seqs] int32
     query_start_loc_ptr,  # [num_seqs + 1] int32 (unread when ONE_QUERY_PER_SEQ)
     out_ptr,  # [num_tokens, num_q_heads, head_dim]
+    lse_ptr,  # [num_tokens, num_q_heads] fp32, contiguous (written when RETURN_LSE)
     partial_m_ptr,  # [NUM_SPLITS, num_tokens, num_q_heads] fp32, used when NUM_SPLITS > 1
     partial_l_ptr,  # [NUM_SPLITS, num_tokens, num_q_heads] fp32
     partial_acc_ptr,  # [NUM_SPLITS, num_tokens, num_q_heads, HEAD_DIM_PADDED] fp32
@@ -164,6 +165,7 @@ def paged_attention_kernel(
     USE_SOFTCAP: tl.constexpr,
     USE_ALIBI: tl.constexpr,
     USE_SINKS: tl.constexpr,
+    RETURN_LSE: tl.constexpr,
 ):
     kv_head = tl.program_id(1)
     split = tl.program_id(2)
@@ -269,6 +271,10 @@ def paged_attention_kernel(
             alpha = tl.exp2((m_i - m_tot) * qk_scale_log2)
             l_i = l_i * alpha + tl.exp2((sink - m_tot) * qk_scale_log2)
             acc = acc * alpha[:, None]
+            m_i = m_tot
+        if RETURN_LSE:  # ln of the denominator: ln 2 * (m * scale * log2 e + log2 l)
+            lse = (m_i * qk_scale_log2 + tl.log2(l_i)) * 0.6931471805599453
+            tl.store(lse_ptr + q_rows * num_q_heads + head, lse, mask=row_valid)
         acc = acc / l_i[:, None]
         if INTERPRETED_BF16:
             acc = _bf16_rne(acc)
@@ -282,6 +288,7 @@ def combine_splits_kernel(
     partial_l_ptr,  # [NUM_SPLITS, num_tokens, num_q_heads] fp32, running sum
     partial_acc_ptr,  # [NUM_SPLITS, num_tokens, num_q_heads, HEAD_DIM_PADDED] fp32, unnormalised
     out_ptr,  # [num_tokens, num_q_heads, head_dim]
+    lse_ptr,  # [num_tokens, num_q_heads] fp32, contiguous (written when RETURN_LSE)
     sinks_ptr,  # [num_q_heads] fp32, sink / scale (read when USE_SINKS)
     qk_scale_log2,  # softmax scale * log2(e)
     num_rows,  # num_tokens * num_q_heads
@@ -293,11 +300,12 @@ def combine_splits_kernel(
     NUM_SPLITS: tl.constexpr,
     INTERPRETED_BF16: tl.constexpr,
     USE_SINKS: tl.constexpr,
+    RETURN_LSE: tl.constexpr,
 ):
     """out = sum_s w_s acc_s / sum_s w_s l_s, w_s = 2^((m_s - m) * scale * log2(e)), m = max_s m_s; a program a row.
 
     With sinks, m also covers the row's sink, and 2^((sink - m) * scale * log2(e)) joins
-    the denominator here, once for all the splits.
+    the denominator here, once for all the splits. lse = ln 2 * (m * scale * log2 e + log2 sum_s w_s l_s).
     """
     row = tl.program_id(0)
     splits = tl.arange(0, NUM_SPLITS)
@@ -316,6 +324,8 @@ def combine_splits_kernel(
     if USE_SINKS:
         l_sum = l_sum + tl.exp2((sink - m_top) * qk_scale_log2)
     o = tl.sum(acc * weight[:, None], 0) / l_sum
+    if RETURN_LSE:
+        tl.store(lse_ptr + row, (m_top * qk_scale_log2 + tl.log2(l_sum)) * 0.6931471805599453)
     if INTERPRETED_BF16:
         o = _bf16_rne(o)
     o_offs = token.to(tl.int64) * stride_o_token + head * stride_o_head + dims
@@ -356,7 +366,8 @@ def paged_attention_triton(
     logit_softcap: float | None = None,
     sinks: torch.Tensor | None = None,
     alibi_slopes: torch.Tensor | None = None,
-) -> torch.Tensor:
+    return_lse: bool = False,
+):
     """Paged attention through the Triton kernel (the contract in docs/contract.md).
 
     q               [num_tokens, num_q_heads, head_dim], fp32/fp16/bf16
@@ -381,6 +392,8 @@ def paged_attention_triton(
     logit_softcap   host float cap > 0 or None: scaled logits z -> cap * tanh(z / cap)
     sinks           [num_q_heads] fp32 or None: a per-head logit in the denominator only
     alibi_slopes    [num_q_heads] fp32 or None: slope_h * (key_pos - query_pos) added to the logits
+    return_lse      also return lse [num_tokens, num_q_heads] fp32, the natural log of each row's
+                    softmax denominator (sink included): (out, lse); the split path's combine writes it
 
     On CPU tensors the kernel runs under Triton's interpreter (slow: small cases only).
     """
@@ -389,10 +402,11 @@ def paged_attention_triton(
         sliding_window=sliding_window, logit_softcap=logit_softcap, sinks=sinks, alibi_slopes=alibi_slopes,
     )  # fmt: skip
     out = prepare_out(call, out)
+    lse = prepare_lse(call, return_lse)
     _check_launchable(q.device)
     num_tokens = q.shape[0]
     if call.num_seqs == 0 or num_tokens == 0:
-        return out
+        return with_lse(out, lse)
     tiling = tiling_for(call, max_q_len, max_seq_len)
     q_c, k_c, v_c = (t if t.stride(-1) == 1 else t.contiguous() for t in (q, k_cache, v_cache))
     out_c = out if out.stride(-1) == 1 else torch.empty_like(out, memory_format=torch.contiguous_format)
@@ -411,9 +425,10 @@ def paged_attention_triton(
     sinks_u = partial_m if call.sinks is None else call.sinks / call.scale
     alibi_u = partial_m if call.alibi_slopes is None else call.alibi_slopes / call.scale
     cap_u = 1.0 if call.logit_softcap is None else call.logit_softcap / call.scale
+    lse_c = partial_m if lse is None else lse  # unwritten without RETURN_LSE
     grid = (tiling.NUM_Q_TILES, call.num_kv_heads, splits)
     paged_attention_kernel[grid](
-        q_c, k_c, v_c, call.block_table, call.seq_lens, starts, out_c,
+        q_c, k_c, v_c, call.block_table, call.seq_lens, starts, out_c, lse_c,
         partial_m, partial_l, partial_acc, sinks_u, alibi_u,
         qk_scale_log2, call.sliding_window or 0, cap_u, 1.0 / cap_u, num_tokens, call.num_seqs, call.num_q_heads, call.num_blocks, call.block_table.shape[1],
         tiling.SPLIT_SIZE,
@@ -436,15 +451,17 @@ def paged_attention_triton(
         USE_SOFTCAP=call.logit_softcap is not None,
         USE_ALIBI=call.alibi_slopes is not None,
         USE_SINKS=call.sinks is not None,
+        RETURN_LSE=lse is not None,
         num_warps=tiling.NUM_WARPS,
     )  # fmt: skip
     if splits > 1:
         combine_splits_kernel[(num_tokens * call.num_q_heads,)](
-            partial_m, partial_l, partial_acc, out_c, sinks_u, qk_scale_log2, num_tokens * call.num_q_heads,
+            partial_m, partial_l, partial_acc, out_c, lse_c, sinks_u, qk_scale_log2, num_tokens * call.num_q_heads,
             out_c.stride(0), out_c.stride(1),
             NUM_Q_HEADS=call.num_q_heads, HEAD_DIM=call.head_dim, HEAD_DIM_PADDED=tiling.HEAD_DIM_PADDED,
             NUM_SPLITS=splits, INTERPRETED_BF16=interpreted_bf16, USE_SINKS=call.sinks is not None,
+            RETURN_LSE=lse is not None,
         )  # fmt: skip
     if out_c is not out:
         out.copy_(out_c)
-    return out
+    return with_lse(out, lse)
