@@ -37,7 +37,7 @@ from pydantic import (
 
 from kernels._common import MAX_BLOCK_SIZE, MAX_HEAD_DIM, MIN_BLOCK_SIZE, MIN_HEAD_DIM, cdiv
 
-from .grading import DEFAULT_TOLERANCES
+from .grading import DEFAULT_TOLERANCES, FP8_KV_TOLERANCES
 from .inputs import shared_prefix_blocks
 
 # Strict: `true` is not 1, "3" is not 3; floats must be finite (no nan, no inf).
@@ -48,6 +48,8 @@ Length = Annotated[int, Strict(), Field(le=INT32_MAX)]  # seq_lens and q_lens ar
 MAX_FILE_BYTES = 4 * 2**20  # a case file is a few KB; anything past this is not one
 
 DTypeName = Literal["float32", "float16", "bfloat16"]
+KVDTypeName = Literal["float8_e4m3fn", "float8_e5m2"]
+KVScaleMode = Literal["amax", "amax_per_head"]
 LayoutName = Literal["contiguous", "shuffled", "shared_prefix"]
 
 
@@ -137,6 +139,13 @@ class CaseSpec(BaseModel):
         default=None, description="one sink logit per query head, or { scale, mean } drawn from the seed"
     )
     alibi: Annotated[bool, Strict()] = Field(default=False, description="ALiBi with the standard slopes 2^(-8i/n)")
+    kv_dtype: KVDTypeName | None = Field(
+        default=None, description="an fp8 KV cache (q keeps dtype); K = k_cache.float() * k_scale"
+    )
+    kv_scale: Annotated[float, Strict(), AllowInfNan(False), Field(gt=0, le=1e6)] | KVScaleMode | None = Field(
+        default=None,
+        description="fp8 scales: a float for K and V, 'amax' (per tensor, amax / fp8 max; the default) or 'amax_per_head'",
+    )
     return_lse: Annotated[bool, Strict()] = Field(
         default=False, description="the call also returns the log-sum-exp, graded against the oracle's"
     )
@@ -206,6 +215,8 @@ class CaseSpec(BaseModel):
             )
         if self.cascade:
             self._check_cascade()
+        if self.kv_scale is not None and self.kv_dtype is None:
+            raise FieldError("kv_scale", "kv_scale needs an fp8 kv_dtype (float8_e4m3fn or float8_e5m2)")
         return self
 
     def _check_cascade(self) -> None:
@@ -264,6 +275,8 @@ class Case:
     logit_softcap: float | None = None
     sinks: tuple[float, ...] | None = None  # one per query head, materialized from the case file
     alibi: bool = False
+    kv_dtype: str | None = None  # an fp8 KV cache (float8_e4m3fn, float8_e5m2); None: q's dtype
+    kv_scale: float | str | None = None  # a float, "amax" or "amax_per_head" (None: "amax" when fp8)
     return_lse: bool = False  # the call returns (out, lse); lse graded too
     cascade: bool = False  # the kernels compute it as shared prefix + suffix, merged by lse
 
@@ -288,6 +301,11 @@ class Case:
         return torch.finfo(getattr(torch, self.dtype)).bits // 8
 
     @property
+    def kv_element_bytes(self) -> int:
+        """Bytes of one element of the KV cache (1 for fp8, else the case's dtype)."""
+        return 1 if self.kv_dtype is not None else self.element_bytes
+
+    @property
     def blocks_needed(self) -> int:
         """Blocks that hold every sequence unshared: sum of ceil(seq_len / block_size)."""
         return sum(cdiv(n, self.block_size) for n in self.seq_lens)
@@ -301,6 +319,7 @@ class Case:
             "sinks": self.sinks is not None,
             "alibi_slopes": self.alibi,
             "return_lse": self.return_lse or self.cascade,
+            "fp8_kv": self.kv_dtype is not None,
         }
         return frozenset(name for name, on in names.items() if on)
 
@@ -312,6 +331,8 @@ class Case:
             "sinks": self.sinks,
             "alibi": self.alibi,
             "return_lse": self.return_lse or self.cascade,
+            "kv_dtype": self.kv_dtype,
+            "kv_scale": self.kv_scale,
         }
 
     @property
@@ -434,6 +455,8 @@ def expand_spec(raw: dict[str, Any], file: str) -> list[Case]:
             continue
         seq, q = _lengths(p)
         atol, rtol = DEFAULT_TOLERANCES[p.dtype]
+        if p.kv_dtype is not None:
+            atol, rtol = FP8_KV_TOLERANCES.get(p.dtype, (atol, rtol))
         if p.dtype in p.tolerance:
             atol, rtol = p.tolerance[p.dtype].atol, p.tolerance[p.dtype].rtol
         cases.append(
@@ -460,6 +483,8 @@ def expand_spec(raw: dict[str, Any], file: str) -> list[Case]:
                 logit_softcap=p.logit_softcap,
                 sinks=_sinks(p),
                 alibi=p.alibi,
+                kv_dtype=p.kv_dtype,
+                kv_scale=p.kv_scale,
                 return_lse=p.return_lse,
                 cascade=p.cascade,
             )

@@ -43,6 +43,12 @@ DEFAULT_TOLERANCES: dict[str, tuple[float, float]] = {
     "float16": (1e-3, 1e-3),
     "bfloat16": (1e-2, 1e-2),
 }
+# With an fp8 KV cache the kernels round each dequantized K and V element (k_cache.float() *
+# k_scale) to q's dtype before the dots, as vLLM's do: for fp16 that is two more roundings of
+# 2**-11 than the oracle of the dequantized cache sees, measured at 0.76 of the fp16 tolerance
+# (fp8_kv_prefill_fp16 in the variants suite), so fp16 gets twice it. fp32 (exact dequantization)
+# and bf16 (its 1e-2 already covers it: 0.35 measured) keep theirs.
+FP8_KV_TOLERANCES: dict[str, tuple[float, float]] = {"float16": (2e-3, 2e-3)}
 
 
 @dataclass(frozen=True)

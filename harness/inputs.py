@@ -15,6 +15,8 @@ from typing import Any, Literal
 
 import torch
 
+from kernels._common import quantize_kv
+
 Layout = Literal["contiguous", "shuffled", "shared_prefix"]
 DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
 
@@ -29,9 +31,11 @@ class PagedInputs:
     seq_lens        [num_seqs] int32
     query_start_loc [num_seqs + 1] int32
     keys/values     num_seqs tensors [seq_len, num_kv_heads, head_dim]: each sequence's KV in order
+                    (in q's dtype, before any fp8 quantization: what a cache writes)
     options         the attention variants the case turns on, as keywords of every call
                     (sliding_window int, logit_softcap float, sinks / alibi_slopes [num_q_heads]
-                    fp32 on q's device; return_lse True: the call returns (out, lse));
+                    fp32 on q's device; return_lse True: the call returns (out, lse); k_scale and
+                    v_scale [num_kv_heads] fp32 for an fp8 cache);
                     empty: plain causal attention
     """
 
@@ -44,10 +48,19 @@ class PagedInputs:
     keys: tuple[torch.Tensor, ...]
     values: tuple[torch.Tensor, ...]
     options: dict[str, Any] = field(default_factory=dict)
+    unquantized: tuple[torch.Tensor, torch.Tensor] | None = None  # an fp8 case's pools before quantizing
 
     def args(self) -> tuple[torch.Tensor, ...]:
         """The positional arguments of the kernel contract, in order."""
         return (self.q, self.k_cache, self.v_cache, self.block_table, self.seq_lens, self.query_start_loc)
+
+    def dequantized_args(self) -> tuple[torch.Tensor, ...]:
+        """args() with an fp8 case's pools as fp32 ``k_cache.float() * k_scale`` (the values the oracle attends over)."""
+        if "k_scale" not in self.options:
+            return self.args()
+        k = self.k_cache.float() * self.options["k_scale"][:, None]
+        v = self.v_cache.float() * self.options["v_scale"][:, None]
+        return (self.q, k, v, *self.args()[3:])
 
 
 def shared_prefix_blocks(seq_lens: list[int] | tuple[int, ...], block_size: int, layout: str) -> int:
@@ -113,6 +126,8 @@ def make_inputs(
     sinks: list[float] | tuple[float, ...] | None = None,
     alibi: bool = False,
     return_lse: bool = False,
+    kv_dtype: str | None = None,
+    kv_scale: float | str | None = None,
 ) -> PagedInputs:
     """Build a case's inputs from its seed; the same arguments always give the same tensors.
 
@@ -153,6 +168,13 @@ def make_inputs(
     query_start_loc[1:] = torch.tensor(q_lens, dtype=torch.int32).cumsum(0)
     pool = (num_blocks, block_size, num_kv_heads, head_dim)
     options: dict[str, Any] = {}
+    unquantized = None
+    if kv_dtype is not None:  # quantize the pools (NaN stays NaN); the oracle grades against their dequantized values
+        fp8 = getattr(torch, kv_dtype)
+        k_scale, v_scale = fp8_scales(k_slots, kv_scale, fp8), fp8_scales(v_slots, kv_scale, fp8)
+        unquantized = (k_slots.view(pool).to(device), v_slots.view(pool).to(device))
+        k_slots, v_slots = quantize_kv(k_slots, k_scale, fp8), quantize_kv(v_slots, v_scale, fp8)
+        options["k_scale"], options["v_scale"] = k_scale.to(device), v_scale.to(device)
     if sliding_window is not None:
         options["sliding_window"] = int(sliding_window)
     if logit_softcap is not None:
@@ -175,4 +197,21 @@ def make_inputs(
         keys=tuple(keys),
         values=tuple(values),
         options=options,
+        unquantized=unquantized,
     )
+
+
+def fp8_scales(slots: torch.Tensor, mode: float | str | None, fp8: torch.dtype) -> torch.Tensor:
+    """[num_kv_heads] fp32 scales of a pool [num_slots, num_kv_heads, head_dim] for an fp8 cache.
+
+    A float: that scale for every head. "amax" (None too): per tensor, max |x| over the owned
+    slots / the format's largest finite value (448 for e4m3fn, 57344 for e5m2), as vLLM's
+    calculate_kv_scales; "amax_per_head": the same per KV head.
+    """
+    num_kv_heads = slots.shape[1]
+    if isinstance(mode, float):
+        return torch.full((num_kv_heads,), mode, dtype=torch.float32)
+    amax = slots.float().abs().nan_to_num(0.0).amax(dim=(0, 2))  # [num_kv_heads]
+    if mode in (None, "amax"):
+        amax = amax.amax().expand(num_kv_heads)
+    return (amax.clamp_min(1e-12) / torch.finfo(fp8).max).to(torch.float32).contiguous()

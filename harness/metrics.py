@@ -8,8 +8,9 @@ from .cases import Case
 def bytes_moved(case: Case) -> int:
     """Fewest bytes a paged-attention call must move through device memory.
 
-    bytes = elt * (2 * sum(seq_len for sequences with q_len > 0) * num_kv_heads * head_dim
-                   + 2 * num_tokens * num_q_heads * head_dim)
+    bytes = kv_elt * 2 * sum(seq_len for sequences with q_len > 0) * num_kv_heads * head_dim
+            + elt * 2 * num_tokens * num_q_heads * head_dim
+    (kv_elt: 1 for an fp8 cache, else elt)
     KV of every sequence that has queries is read once (K and V), q is read once and out
     written once. Block tables and lengths (a few KB) are left out; a sequence with
     q_len 0 reads nothing.
@@ -17,7 +18,8 @@ def bytes_moved(case: Case) -> int:
     elt = case.element_bytes
     kv_tokens = sum(n for n, q in zip(case.seq_lens, case.q_lens, strict=True) if q > 0)
     num_tokens = sum(case.q_lens)
-    return elt * (2 * kv_tokens * case.num_kv_heads * case.head_dim + 2 * num_tokens * case.num_q_heads * case.head_dim)
+    kv_bytes = case.kv_element_bytes * 2 * kv_tokens * case.num_kv_heads * case.head_dim
+    return kv_bytes + elt * 2 * num_tokens * case.num_q_heads * case.head_dim
 
 
 def attended_pairs(case: Case) -> int:

@@ -27,6 +27,8 @@ def paged_attention_oracle(
     sinks: torch.Tensor | None = None,
     alibi_slopes: torch.Tensor | None = None,
     return_lse: bool = False,
+    k_scale: float | torch.Tensor | None = None,
+    v_scale: float | torch.Tensor | None = None,
 ):
     """Exact paged attention, with the variants of docs/contract.md ("Attention variants").
 
@@ -40,6 +42,9 @@ def paged_attention_oracle(
     logit_softcap   cap: each scaled logit z becomes cap * tanh(z / cap), before any mask or bias
     sinks           [num_q_heads]: a logit per head that joins the softmax's denominator only
     alibi_slopes    [num_q_heads]: slope_h * (key_pos - query_pos) added to the (capped) logit
+    k_scale/v_scale an fp8 cache's scales (float, or [1] / [num_kv_heads]): the oracle attends over
+                    the dequantized cache k_cache * k_scale, exactly (float64), so the grade measures
+                    the kernel and not the quantization
     return_lse      also return lse [num_tokens, num_q_heads] float64: ln(S + sum_j exp(l_j)),
                     the log of the softmax's denominator, the sink's term S included
     returns         [num_tokens, num_q_heads, head_dim] float64 on ``device`` (with return_lse: (out, lse))
@@ -59,6 +64,7 @@ def paged_attention_oracle(
     group = num_q_heads // num_kv_heads  # query head h reads KV head h // group
     scale = head_dim**-0.5 if scale is None else float(scale)
 
+    k_mult, v_mult = (_kv_multiplier(x, num_kv_heads, device) for x in (k_scale, v_scale))
     sink = None if sinks is None else sinks.detach().to(device, torch.float64).view(num_kv_heads, group, 1, 1)
     slope = None if alibi_slopes is None else alibi_slopes.detach().to(device, torch.float64)
     slope = None if slope is None else slope.view(num_kv_heads, group, 1, 1)
@@ -71,8 +77,8 @@ def paged_attention_oracle(
             continue
         pos = torch.arange(seq_len)
         slots = (table[seq, pos // block_size] * block_size + pos % block_size).to(k_cache.device)
-        k = k_slots[slots].to(device, torch.float64)  # [seq_len, num_kv_heads, head_dim]
-        v = v_slots[slots].to(device, torch.float64)
+        k = k_slots[slots].to(device, torch.float64) * k_mult  # [seq_len, num_kv_heads, head_dim]
+        v = v_slots[slots].to(device, torch.float64) * v_mult
         pos = pos.to(device)
         # Query rows go in chunks so the float64 logits stay near CHUNK_BYTES, whatever the case.
         rows_per_chunk = max(1, CHUNK_BYTES // (8 * num_q_heads * seq_len))
@@ -105,3 +111,12 @@ def paged_attention_oracle(
             o = torch.einsum("hgqk,khd->qhgd", weights, v)
             expected[starts[seq] + first : starts[seq] + last] = o.reshape(rows, num_q_heads, head_dim)
     return (expected, lse) if return_lse else expected
+
+
+def _kv_multiplier(scale, num_kv_heads: int, device) -> torch.Tensor:
+    """[num_kv_heads, 1] float64: an fp8 cache's scale per KV head (1 when None)."""
+    if scale is None:
+        scale = 1.0
+    if not isinstance(scale, torch.Tensor):
+        scale = torch.tensor([float(scale)])
+    return scale.detach().to(device, torch.float64).reshape(-1).expand(num_kv_heads)[:, None]

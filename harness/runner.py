@@ -33,7 +33,8 @@ COLUMNS = [
     "tags", "case_file", "backend_kind", "note", "latency_p10_us", "latency_p90_us", "timing_reps",
     "timing_method", "call_us", "call_p10_us", "call_p90_us", "host_overhead_us", "graph_capturable",
     "device_syncs", "kernels_ran", "timing_threads", "flops", "tflops", "pct_of_peak",
-    "error_bound", "grading_note", "fail_count", "worst_location", "lse_max_abs_err", "lse_tol_ratio", "host", "gpu_index", "worker",
+    "error_bound", "grading_note", "fail_count", "worst_location", "lse_max_abs_err", "lse_tol_ratio",
+    "kv_dtype", "quant_error", "host", "gpu_index", "worker",
     "latency_samples_us", "call_samples_us",
 ]  # fmt: skip
 STATUSES = ("pass", "fail", "error", "skip")
@@ -65,6 +66,7 @@ class CaseContext:
     bound: torch.Tensor | None = None  # forward_error_bound of the inputs, expected's shape
     guard: InputGuard | None = None  # fingerprints of the pristine inputs
     expected_lse: torch.Tensor | None = None  # [num_tokens, num_q_heads] float64, when the case asks for it
+    quant_error: float | None = None  # fp8 cases: max |oracle(dequantized cache) - oracle(unquantized)|
 
 
 def build_context(case: Case, device: str, oracle_device: str) -> CaseContext:
@@ -82,9 +84,15 @@ def build_context(case: Case, device: str, oracle_device: str) -> CaseContext:
             lambda: paged_attention_oracle(*inputs.args(), device=oracle_device, **options),
             options=options,
         )
-    bound = forward_error_bound(*inputs.args(), expected)
+    quant_error = None
+    if inputs.unquantized is not None:  # what the fp8 cache itself costs, reported beside the grade
+        plain = {name: value for name, value in options.items() if name not in ("k_scale", "v_scale")}
+        unquantized = paged_attention_oracle(inputs.q, *inputs.unquantized, *inputs.args()[3:], device=oracle_device,
+                                             **plain)  # fmt: skip
+        quant_error = float((unquantized - expected).abs().max()) if expected.numel() else 0.0
+    bound = forward_error_bound(*inputs.dequantized_args(), expected)
     guard = InputGuard(inputs, lambda: case_inputs(case, device))
-    return CaseContext(case, inputs, expected, bound, guard, expected_lse)
+    return CaseContext(case, inputs, expected, bound, guard, expected_lse, quant_error)
 
 
 def case_inputs(case: Case, device: str) -> PagedInputs:
@@ -124,6 +132,7 @@ def case_columns(case: Case, device: str) -> dict:
         "max_q_len": max(case.q_lens),
         "total_kv_tokens": sum(case.seq_lens),
         "layout": case.layout,
+        "kv_dtype": case.kv_dtype or "",
         "input_scale": case.input_scale,
         "seed": case.seed,
         "tags": ",".join(case.tags),
@@ -142,6 +151,8 @@ def run_backend(ctx: CaseContext, backend: Backend, config: RunConfig) -> dict:
     """One report row: skip, error, or the grade (and timing) of one backend on one case."""
     case = ctx.case
     row = {**case_columns(case, config.device), "backend": backend.name, "backend_kind": backend.kind}
+    if ctx.quant_error is not None:
+        row["quant_error"] = ctx.quant_error
     if reason := backend.skip_reason(case, config.device):
         return {**row, "status": "skip", "reason": reason}
     try:

@@ -22,6 +22,7 @@ from dataclasses import dataclass
 import torch
 
 SUPPORTED_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
+FP8_DTYPES = (torch.float8_e4m3fn, torch.float8_e5m2)  # KV caches only; q stays fp32/fp16/bf16
 MIN_HEAD_DIM, MAX_HEAD_DIM = 32, 256
 MIN_BLOCK_SIZE, MAX_BLOCK_SIZE = 1, 256
 CHECK_ENV = "PAGED_ATTENTION_CHECK"
@@ -62,6 +63,14 @@ class PagedCall:
     logit_softcap: float | None = None
     sinks: torch.Tensor | None = None  # [num_q_heads] fp32, contiguous
     alibi_slopes: torch.Tensor | None = None  # [num_q_heads] fp32, contiguous
+    # An fp8 cache's dequantization scales, [num_kv_heads] fp32 (a per-tensor scale repeated); None: not fp8.
+    k_scale: torch.Tensor | None = None
+    v_scale: torch.Tensor | None = None
+
+    @property
+    def kv_fp8(self) -> bool:
+        """Whether the pools are fp8: K = k_cache.float() * k_scale[kv_head] (and V likewise)."""
+        return self.k_scale is not None
 
     @property
     def num_tokens(self) -> int:
@@ -113,6 +122,8 @@ def prepare_call(
     logit_softcap: float | None = None,
     sinks: torch.Tensor | None = None,
     alibi_slopes: torch.Tensor | None = None,
+    k_scale: float | torch.Tensor | None = None,
+    v_scale: float | torch.Tensor | None = None,
 ) -> PagedCall:
     """Check a call against the contract; fill in defaults. Reads no tensor value unless checking.
 
@@ -134,8 +145,12 @@ def prepare_call(
         _fail(f"head_dim of q ({head_dim}) and of the caches ({kv_head_dim}) differ")
     if num_q_heads % num_kv_heads:
         _fail(f"num_q_heads ({num_q_heads}) must be a multiple of num_kv_heads ({num_kv_heads})")
-    if q.dtype not in SUPPORTED_DTYPES or k_cache.dtype != q.dtype or v_cache.dtype != q.dtype:
-        _fail(f"q, k_cache, v_cache must share one of fp32/fp16/bf16, got {q.dtype}, {k_cache.dtype}, {v_cache.dtype}")
+    kv_fp8 = k_cache.dtype in FP8_DTYPES
+    if q.dtype not in SUPPORTED_DTYPES or k_cache.dtype not in (q.dtype, *FP8_DTYPES) or v_cache.dtype != k_cache.dtype:
+        _fail(
+            "q must be fp32/fp16/bf16 and k_cache, v_cache q's dtype or both one fp8 dtype "
+            f"(float8_e4m3fn, float8_e5m2), got {q.dtype}, {k_cache.dtype}, {v_cache.dtype}"
+        )
     if block_table.dim() != 2 or seq_lens.dim() != 1 or block_table.shape[0] != seq_lens.shape[0]:
         _fail(
             "block_table must be [num_seqs, max_blocks_per_seq] and seq_lens [num_seqs], "
@@ -165,6 +180,8 @@ def prepare_call(
     sliding_window, logit_softcap = _check_scalar_options(sliding_window, logit_softcap)
     sinks = _check_head_vector("sinks", sinks, num_q_heads, q.device)
     alibi_slopes = _check_head_vector("alibi_slopes", alibi_slopes, num_q_heads, q.device)
+    k_scale = check_kv_scale("k_scale", k_scale, kv_fp8, num_kv_heads, q.device)
+    v_scale = check_kv_scale("v_scale", v_scale, kv_fp8, num_kv_heads, q.device)
     call = PagedCall(
         q=q,
         k_cache=k_cache,
@@ -182,6 +199,8 @@ def prepare_call(
         logit_softcap=logit_softcap,
         sinks=sinks,
         alibi_slopes=alibi_slopes,
+        k_scale=k_scale,
+        v_scale=v_scale,
     )
     if checks_enabled(check):
         check_values(call)
@@ -213,6 +232,49 @@ def _check_head_vector(name: str, value, num_q_heads: int, device: torch.device)
     if value.device != device:
         _fail(f"{name} must be on q's device ({device}), got {value.device}")
     return value.contiguous()
+
+
+def check_kv_scale(name: str, value, kv_fp8: bool, num_kv_heads: int, device: torch.device) -> torch.Tensor | None:
+    """k_scale / v_scale of an fp8 cache as a [num_kv_heads] fp32 tensor on q's device; None for another cache.
+
+    Accepted: None (1.0), a positive finite host float (per tensor), or an fp32 tensor of
+    1 or num_kv_heads elements (per tensor, or per KV head). A device tensor is used as it
+    is (no value is read: no sync); a host float becomes a device fill, also sync-free.
+    """
+    if not kv_fp8:
+        if value is not None:
+            _fail(f"{name} applies to an fp8 cache (float8_e4m3fn, float8_e5m2) only; this cache is not fp8")
+        return None
+    if value is None or (isinstance(value, int | float) and not isinstance(value, bool)):
+        value = 1.0 if value is None else float(value)
+        if not (value > 0 and math.isfinite(value)):
+            _fail(f"{name} must be a positive finite number, got {value}")
+        return torch.full((num_kv_heads,), value, dtype=torch.float32, device=device)
+    if not isinstance(value, torch.Tensor) or value.dtype != torch.float32 or value.numel() not in (1, num_kv_heads):
+        got = f"{value.dtype} {tuple(value.shape)}" if isinstance(value, torch.Tensor) else type(value).__name__
+        _fail(f"{name} must be a float or a float32 tensor of 1 or num_kv_heads = {num_kv_heads} elements, got {got}")
+    if value.device != device:
+        _fail(f"{name} must be on q's device ({device}), got {value.device}")
+    return value.reshape(-1).expand(num_kv_heads).contiguous()
+
+
+def quantize_kv(x: torch.Tensor, scale: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """What an fp8 cache stores for x [..., num_kv_heads, head_dim]: x / scale, saturated, in ``dtype``.
+
+    scale [num_kv_heads] fp32. The kernels read it back as ``stored.float() * scale`` (vLLM's
+    convention). Saturating at the format's largest finite value (448 for e4m3fn, 57344 for
+    e5m2) keeps an outlier finite; NaN stays NaN (the poisoned slots).
+    """
+    limit = torch.finfo(dtype).max
+    return (x.float() / scale[:, None]).clamp(-limit, limit).to(dtype)
+
+
+def dequantize_kv(stored: torch.Tensor, scale: torch.Tensor | None, dtype: torch.dtype) -> torch.Tensor:
+    """stored [..., num_kv_heads, head_dim] as the kernel sees it: ``stored.float() * scale`` in ``dtype``
+    (q's dtype, as vLLM's kernels round it before the dot); unchanged when scale is None (not fp8)."""
+    if scale is None:
+        return stored
+    return (stored.float() * scale[:, None]).to(dtype)
 
 
 def window_tile_start(first_q_pos, sliding_window: int | None, tile_n: int):

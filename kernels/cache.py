@@ -26,7 +26,7 @@ from dataclasses import dataclass
 
 import torch
 
-from ._common import checks_enabled
+from ._common import FP8_DTYPES, check_kv_scale, checks_enabled, quantize_kv
 from .dispatch import paged_attention_dispatch
 
 
@@ -69,6 +69,11 @@ class PagedKVCache:
     read of a slot no live sequence owns shows up in the output instead of passing
     silently.
 
+    An fp8 ``dtype`` (float8_e4m3fn, float8_e5m2) makes fp8 pools: :meth:`write` quantizes
+    with the cache's ``k_scale`` / ``v_scale`` (a float per tensor, or [num_kv_heads] fp32 per
+    head; default 1.0), storing ``key / k_scale`` saturated (kernels._common.quantize_kv), and
+    every read passes the scales on (K = k_cache.float() * k_scale, vLLM's convention).
+
     max_seqs, max_blocks_per_seq: the device table's size. Given, the table is allocated
     once and never moves (what a CUDA graph that captured a read needs), and more live
     sequences, or a longer one, is a CacheFullError. Left out, it grows by doubling.
@@ -86,6 +91,8 @@ class PagedKVCache:
         backend: str | None = None,
         max_seqs: int | None = None,
         max_blocks_per_seq: int | None = None,
+        k_scale: float | torch.Tensor | None = None,
+        v_scale: float | torch.Tensor | None = None,
     ):
         if min(num_layers, num_blocks, block_size, num_kv_heads, head_dim) < 1:
             raise ValueError("num_layers, num_blocks, block_size, num_kv_heads and head_dim must all be >= 1")
@@ -95,6 +102,10 @@ class PagedKVCache:
         self.num_layers = num_layers
         self.backend = backend
         self.device = torch.device(device)
+        kv_fp8 = dtype in FP8_DTYPES
+        # [num_kv_heads] fp32 on the device for an fp8 cache (None otherwise); checked as a call checks them.
+        self.k_scale = check_kv_scale("k_scale", k_scale, kv_fp8, num_kv_heads, self.device)
+        self.v_scale = check_kv_scale("v_scale", v_scale, kv_fp8, num_kv_heads, self.device)
         self.k_caches = [torch.full(shape, float("nan"), dtype=dtype, device=device) for _ in range(num_layers)]
         self.v_caches = [torch.full(shape, float("nan"), dtype=dtype, device=device) for _ in range(num_layers)]
         self._free_blocks = list(range(num_blocks - 1, -1, -1))  # pop() hands out block 0 first
@@ -245,6 +256,8 @@ class PagedKVCache:
         if slot_mapping.device.type == "cpu" or checks_enabled(check):
             self._check_slots(slot_mapping)
         slots = slot_mapping.to(k_pool.device, torch.int64)
+        if self.k_scale is not None:  # an fp8 pool: quantize on write
+            key, value = quantize_kv(key, self.k_scale, k_pool.dtype), quantize_kv(value, self.v_scale, v_pool.dtype)
         k_pool.view(-1, *k_pool.shape[2:])[slots] = key.to(k_pool.dtype)
         v_pool.view(-1, *v_pool.shape[2:])[slots] = value.to(v_pool.dtype)
 
@@ -384,4 +397,5 @@ class PagedKVCache:
             max_seq_len=meta.max_seq_len,
             check=check,
             **variants,
+            **({} if self.k_scale is None else {"k_scale": self.k_scale, "v_scale": self.v_scale}),
         )

@@ -110,6 +110,8 @@ def paged_attention_dispatch(
     sinks: torch.Tensor | None = None,
     alibi_slopes: torch.Tensor | None = None,
     return_lse: bool = False,
+    k_scale: float | torch.Tensor | None = None,
+    v_scale: float | torch.Tensor | None = None,
 ):
     """Paged attention through the backend :func:`select_backend` picks for q's device.
 
@@ -117,7 +119,8 @@ def paged_attention_dispatch(
     max_q_len/max_seq_len (host-int launch hints) and check (the value checks; None:
     $PAGED_ATTENTION_CHECK) go to the backend unchanged, and so do the attention variants
     (sliding_window, logit_softcap, sinks, alibi_slopes; docs/contract.md), which all three
-    backends support, and return_lse (then the result is ``(out, lse)``). Selecting reads no tensor value,
+    backends support, return_lse (then the result is ``(out, lse)``) and an fp8 cache's
+    k_scale/v_scale. Selecting reads no tensor value,
     so a dispatched Triton call is as sync-free as a direct one.
     """
     fn = _backend_fn(select_backend(q.device, backend))
@@ -125,5 +128,5 @@ def paged_attention_dispatch(
         q, k_cache, v_cache, block_table, seq_lens, query_start_loc, scale, out,
         max_q_len=max_q_len, max_seq_len=max_seq_len, check=check,
         sliding_window=sliding_window, logit_softcap=logit_softcap, sinks=sinks, alibi_slopes=alibi_slopes,
-        return_lse=return_lse,
+        return_lse=return_lse, k_scale=k_scale, v_scale=v_scale,
     )  # fmt: skip

@@ -14,7 +14,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from ._common import prepare_call, prepare_lse, prepare_out, with_lse
+from ._common import dequantize_kv, prepare_call, prepare_lse, prepare_out, with_lse
 
 
 def gather_kv(cache: torch.Tensor, block_table_row: torch.Tensor, seq_len: int) -> torch.Tensor:
@@ -87,6 +87,8 @@ def paged_attention_reference(
     sinks: torch.Tensor | None = None,
     alibi_slopes: torch.Tensor | None = None,
     return_lse: bool = False,
+    k_scale: float | torch.Tensor | None = None,
+    v_scale: float | torch.Tensor | None = None,
 ):
     """Paged attention by gather + SDPA; arguments and result as in docs/contract.md.
 
@@ -99,6 +101,7 @@ def paged_attention_reference(
     sliding_window, logit_softcap, sinks [num_q_heads] fp32, alibi_slopes [num_q_heads] fp32:
                     the attention variants of docs/contract.md, None (off) by default
     return_lse      also return lse [num_tokens, num_q_heads] fp32 (docs/contract.md): (out, lse)
+    k_scale/v_scale an fp8 cache's scales (float, or fp32 [num_kv_heads]): K = k_cache.float() * k_scale
 
     max_q_len/max_seq_len (launch hints of the kernel) are accepted and unused. check: the
     value checks, as in every backend (None: $PAGED_ATTENTION_CHECK); without them a block
@@ -108,6 +111,7 @@ def paged_attention_reference(
     call = prepare_call(
         q, k_cache, v_cache, block_table, seq_lens, query_start_loc, scale, check=check,
         sliding_window=sliding_window, logit_softcap=logit_softcap, sinks=sinks, alibi_slopes=alibi_slopes,
+        k_scale=k_scale, v_scale=v_scale,
     )  # fmt: skip
     explicit = logit_softcap is not None or sinks is not None or alibi_slopes is not None or return_lse
     block_table = call.block_table
@@ -119,8 +123,8 @@ def paged_attention_reference(
         q_begin, q_end = starts[seq], starts[seq + 1]
         if q_end == q_begin:
             continue
-        k = gather_kv(k_cache, block_table[seq], seq_len).float()
-        v = gather_kv(v_cache, block_table[seq], seq_len).float()
+        k = dequantize_kv(gather_kv(k_cache, block_table[seq], seq_len), call.k_scale, torch.float32).float()
+        v = dequantize_kv(gather_kv(v_cache, block_table[seq], seq_len), call.v_scale, torch.float32).float()
         k = k.repeat_interleave(call.group_size, dim=1).transpose(0, 1)  # [num_q_heads, seq_len, head_dim]
         v = v.repeat_interleave(call.group_size, dim=1).transpose(0, 1)
         q_seq = q[q_begin:q_end].float().transpose(0, 1)  # [num_q_heads, q_len, head_dim]

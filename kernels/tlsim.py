@@ -33,7 +33,7 @@ import math
 
 import torch
 
-from ._common import prepare_call, prepare_lse, prepare_out, tiling_for, window_tile_start, with_lse
+from ._common import dequantize_kv, prepare_call, prepare_lse, prepare_out, tiling_for, window_tile_start, with_lse
 
 LOG2E = math.log2(math.e)
 LN2 = math.log(2.0)
@@ -75,6 +75,8 @@ def paged_attention_tlsim(
     sinks: torch.Tensor | None = None,
     alibi_slopes: torch.Tensor | None = None,
     return_lse: bool = False,
+    k_scale: float | torch.Tensor | None = None,
+    v_scale: float | torch.Tensor | None = None,
 ):
     """Paged attention by the kernel's streaming algorithm; the contract of docs/contract.md.
 
@@ -88,6 +90,7 @@ def paged_attention_tlsim(
                     the attention variants (docs/contract.md), off by default
     return_lse      also return lse [num_tokens, num_q_heads] fp32, ln 2 * (m * scale * log2 e + log2 l)
                     from the final (or combined) running max and sum, as the kernel stores it
+    k_scale/v_scale an fp8 cache's scales: K = (k_cache.float() * k_scale) in q's dtype, as the kernel
 
     max_q_len/max_seq_len are the kernel's launch hints: given the same ones, tlsim makes
     the kernel's tiling and KV split. check: as in the kernel (None: $PAGED_ATTENTION_CHECK).
@@ -96,6 +99,7 @@ def paged_attention_tlsim(
     call = prepare_call(
         q, k_cache, v_cache, block_table, seq_lens, query_start_loc, scale, check=check,
         sliding_window=sliding_window, logit_softcap=logit_softcap, sinks=sinks, alibi_slopes=alibi_slopes,
+        k_scale=k_scale, v_scale=v_scale,
     )  # fmt: skip
     out = prepare_out(call, out)
     lse = prepare_lse(call, return_lse)
@@ -155,8 +159,9 @@ def paged_attention_tlsim(
         bad = k_valid & ((column >= max_blocks)[None, :] | (blocks < 0) | (blocks >= num_blocks))  # [S, N]
         blocks = torch.where(k_valid & ~bad, blocks, 0)
         slots = (k_pos % block_size).expand(num_seqs, -1)
-        k = torch.where(k_valid[..., None, None], k_cache[blocks, slots], 0)  # [S, N, Hkv, D]
-        v = torch.where(k_valid[..., None, None], v_cache[blocks, slots], 0)
+        # An fp8 pool is dequantized into q's dtype, as the kernel does (kernels._common.dequantize_kv).
+        k = torch.where(k_valid[..., None, None], dequantize_kv(k_cache[blocks, slots], call.k_scale, q.dtype), 0)
+        v = torch.where(k_valid[..., None, None], dequantize_kv(v_cache[blocks, slots], call.v_scale, q.dtype), 0)
         k = k.permute(0, 2, 1, 3).float()  # [S, Hkv, N, D]
         v = v.permute(0, 2, 1, 3)
 

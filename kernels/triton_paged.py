@@ -89,6 +89,19 @@ def _softcap(s, cap_unscaled, inv_cap_unscaled):
 
 
 @triton.jit
+def _dequantize(x, scale, out_dtype: tl.constexpr, INTERPRETED_BF16: tl.constexpr):
+    """An fp8 tile as the dot sees it: x.float() * scale, rounded to q's dtype (vLLM's triton kernels do the same).
+
+    kernels._common.dequantize_kv is the same in torch. Under the interpreter a bf16 result is
+    rounded by hand (_bf16_rne) and kept in fp32, like every bf16 operand there.
+    """
+    x = x.to(tl.float32) * scale
+    if INTERPRETED_BF16:
+        return _bf16_rne(x).to(tl.float32)
+    return x.to(out_dtype)
+
+
+@triton.jit
 def _find_seq(query_start_loc_ptr, q_tile, num_seqs, BLOCK_Q: tl.constexpr):
     """The sequence that owns query tile ``q_tile``, and the tile's index within it.
 
@@ -126,6 +139,8 @@ def paged_attention_kernel(
     partial_acc_ptr,  # [NUM_SPLITS, num_tokens, num_q_heads, HEAD_DIM_PADDED] fp32
     sinks_ptr,  # [num_q_heads] fp32, sink / scale (read when USE_SINKS)
     alibi_ptr,  # [num_q_heads] fp32, slope / scale (read when USE_ALIBI)
+    k_scale_ptr,  # [num_kv_heads] fp32, an fp8 cache's dequantization scale (read when KV_FP8)
+    v_scale_ptr,  # [num_kv_heads] fp32
     # scalars
     qk_scale_log2,  # softmax scale * log2(e)
     sliding_window,  # W (read when USE_WINDOW)
@@ -166,6 +181,7 @@ def paged_attention_kernel(
     USE_ALIBI: tl.constexpr,
     USE_SINKS: tl.constexpr,
     RETURN_LSE: tl.constexpr,
+    KV_FP8: tl.constexpr,  # fp8 pools: K = k_cache.float() * k_scale, rounded to q's dtype (vLLM)
 ):
     kv_head = tl.program_id(1)
     split = tl.program_id(2)
@@ -204,6 +220,9 @@ def paged_attention_kernel(
 
     if USE_ALIBI:
         slope = tl.load(alibi_ptr + head, mask=row_valid, other=0.0)  # [BLOCK_M], per unscaled logit
+    if KV_FP8:
+        k_scale = tl.load(k_scale_ptr + kv_head)
+        v_scale = tl.load(v_scale_ptr + kv_head)
 
     kv_end = seq_len - q_len + tl.minimum(q_len, (q_tile + 1) * BLOCK_Q)
     kv_start = 0
@@ -226,6 +245,8 @@ def paged_attention_kernel(
 
         k_offs = block[:, None] * stride_k_block + slot[:, None] * stride_k_slot + kv_head * stride_k_head
         k = tl.load(k_cache_ptr + k_offs + dims[None, :], mask=kv_mask, other=0.0)  # [TILE_N, HEAD_DIM_PADDED]
+        if KV_FP8:
+            k = _dequantize(k, k_scale, q_ptr.dtype.element_ty, INTERPRETED_BF16)
         if INTERPRETED_BF16:
             k = k.to(tl.float32)
         s = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION, out_dtype=tl.float32)
@@ -249,6 +270,8 @@ def paged_attention_kernel(
 
         v_offs = block[:, None] * stride_v_block + slot[:, None] * stride_v_slot + kv_head * stride_v_head
         v = tl.load(v_cache_ptr + v_offs + dims[None, :], mask=kv_mask, other=0.0)
+        if KV_FP8:
+            v = _dequantize(v, v_scale, q_ptr.dtype.element_ty, INTERPRETED_BF16)
         if INTERPRETED_BF16:  # bf16 x bf16 products are exact in fp32: only the sum order moves
             p = _bf16_rne(p).to(tl.float32)
             v = v.to(tl.float32)
@@ -367,6 +390,8 @@ def paged_attention_triton(
     sinks: torch.Tensor | None = None,
     alibi_slopes: torch.Tensor | None = None,
     return_lse: bool = False,
+    k_scale: float | torch.Tensor | None = None,
+    v_scale: float | torch.Tensor | None = None,
 ):
     """Paged attention through the Triton kernel (the contract in docs/contract.md).
 
@@ -394,12 +419,15 @@ def paged_attention_triton(
     alibi_slopes    [num_q_heads] fp32 or None: slope_h * (key_pos - query_pos) added to the logits
     return_lse      also return lse [num_tokens, num_q_heads] fp32, the natural log of each row's
                     softmax denominator (sink included): (out, lse); the split path's combine writes it
+    k_scale/v_scale an fp8 cache's scales (host float, or fp32 [1] / [num_kv_heads] on the device):
+                    K = k_cache.float() * k_scale, rounded to q's dtype before the dot (vLLM's convention)
 
     On CPU tensors the kernel runs under Triton's interpreter (slow: small cases only).
     """
     call = prepare_call(
         q, k_cache, v_cache, block_table, seq_lens, query_start_loc, scale, check=check,
         sliding_window=sliding_window, logit_softcap=logit_softcap, sinks=sinks, alibi_slopes=alibi_slopes,
+        k_scale=k_scale, v_scale=v_scale,
     )  # fmt: skip
     out = prepare_out(call, out)
     lse = prepare_lse(call, return_lse)
@@ -430,6 +458,7 @@ def paged_attention_triton(
     paged_attention_kernel[grid](
         q_c, k_c, v_c, call.block_table, call.seq_lens, starts, out_c, lse_c,
         partial_m, partial_l, partial_acc, sinks_u, alibi_u,
+        partial_m if call.k_scale is None else call.k_scale, partial_m if call.v_scale is None else call.v_scale,
         qk_scale_log2, call.sliding_window or 0, cap_u, 1.0 / cap_u, num_tokens, call.num_seqs, call.num_q_heads, call.num_blocks, call.block_table.shape[1],
         tiling.SPLIT_SIZE,
         q_c.stride(0), q_c.stride(1), out_c.stride(0), out_c.stride(1),
@@ -452,6 +481,7 @@ def paged_attention_triton(
         USE_ALIBI=call.alibi_slopes is not None,
         USE_SINKS=call.sinks is not None,
         RETURN_LSE=lse is not None,
+        KV_FP8=call.kv_fp8,
         num_warps=tiling.NUM_WARPS,
     )  # fmt: skip
     if splits > 1:
