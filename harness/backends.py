@@ -58,6 +58,7 @@ def _prepare_cache(case: Case, inputs: PagedInputs, out: torch.Tensor) -> Prepar
         head_dim=case.head_dim,
         dtype=inputs.k_cache.dtype,  # an fp8 case: fp8 pools, quantized on write with the case's scales
         device=device,
+        head_dim_v=case.head_dim_v,
         k_scale=inputs.options.get("k_scale"),
         v_scale=inputs.options.get("v_scale"),
     )

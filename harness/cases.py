@@ -119,6 +119,9 @@ class CaseSpec(BaseModel):
     num_kv_heads: Int | None = Field(default=None, ge=1, le=512, description="give this or gqa_ratio")
     gqa_ratio: Int | None = Field(default=None, ge=1, le=512, description="num_q_heads // num_kv_heads")
     head_dim: Int = Field(ge=MIN_HEAD_DIM, le=MAX_HEAD_DIM)
+    head_dim_v: Int | None = Field(
+        default=None, ge=MIN_HEAD_DIM, le=MAX_HEAD_DIM, description="V's head dim when it differs from K's (MLA: 512)"
+    )
     block_size: Int = Field(default=16, ge=MIN_BLOCK_SIZE, le=MAX_BLOCK_SIZE)
     seq_lens: list[Length] | SeqLenGenerator = Field(description="KV length per sequence, or a generator")
     q_lens: Length | list[Length] | QLenGenerator = Field(default=1, description="queries per sequence; 1 is decode")
@@ -275,10 +278,15 @@ class Case:
     logit_softcap: float | None = None
     sinks: tuple[float, ...] | None = None  # one per query head, materialized from the case file
     alibi: bool = False
+    head_dim_v: int | None = None  # V's and the output's head dim (None given: head_dim; MLA 512 under K's 576)
     kv_dtype: str | None = None  # an fp8 KV cache (float8_e4m3fn, float8_e5m2); None: q's dtype
     kv_scale: float | str | None = None  # a float, "amax" or "amax_per_head" (None: "amax" when fp8)
     return_lse: bool = False  # the call returns (out, lse); lse graded too
     cascade: bool = False  # the kernels compute it as shared prefix + suffix, merged by lse
+
+    def __post_init__(self):
+        if self.head_dim_v is None:
+            object.__setattr__(self, "head_dim_v", self.head_dim)
 
     def __str__(self) -> str:
         return self.id
@@ -320,6 +328,7 @@ class Case:
             "alibi_slopes": self.alibi,
             "return_lse": self.return_lse or self.cascade,
             "fp8_kv": self.kv_dtype is not None,
+            "head_dim_v": self.head_dim_v != self.head_dim,
         }
         return frozenset(name for name, on in names.items() if on)
 
@@ -333,6 +342,7 @@ class Case:
             "return_lse": self.return_lse or self.cascade,
             "kv_dtype": self.kv_dtype,
             "kv_scale": self.kv_scale,
+            "head_dim_v": self.head_dim_v,
         }
 
     @property
@@ -483,6 +493,7 @@ def expand_spec(raw: dict[str, Any], file: str) -> list[Case]:
                 logit_softcap=p.logit_softcap,
                 sinks=_sinks(p),
                 alibi=p.alibi,
+                head_dim_v=p.head_dim if p.head_dim_v is None else p.head_dim_v,
                 kv_dtype=p.kv_dtype,
                 kv_scale=p.kv_scale,
                 return_lse=p.return_lse,

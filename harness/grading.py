@@ -160,11 +160,12 @@ def forward_error_bound(
     """Per-element first-order bound on |out - exact| from unavoidable fp32 round-off (module docstring).
 
     q               [num_tokens, num_q_heads, head_dim] (its dtype sets the output's u)
-    k_cache/v_cache [num_blocks, block_size, num_kv_heads, head_dim]
+    k_cache         [num_blocks, block_size, num_kv_heads, head_dim]
+    v_cache         [num_blocks, block_size, num_kv_heads, head_dim_v]
     block_table     [num_seqs, max_blocks_per_seq] int;  seq_lens [num_seqs] int
     query_start_loc [num_seqs + 1] int
-    expected        [num_tokens, num_q_heads, head_dim] float64: the oracle's output
-    returns         [num_tokens, num_q_heads, head_dim] float64 on expected's device
+    expected        [num_tokens, num_q_heads, head_dim_v] float64: the oracle's output
+    returns         [num_tokens, num_q_heads, head_dim_v] float64 on expected's device
     """
     device = expected.device
     u = UNIT_ROUNDOFF["float32"]
@@ -175,7 +176,8 @@ def forward_error_bound(
     num_q_heads = qd.shape[1]
     group = num_q_heads // num_kv_heads
     k_slots = k_cache.detach().reshape(num_blocks * block_size, num_kv_heads, head_dim)
-    v_slots = v_cache.detach().reshape(num_blocks * block_size, num_kv_heads, head_dim)
+    head_dim_v = v_cache.shape[-1]
+    v_slots = v_cache.detach().reshape(num_blocks * block_size, num_kv_heads, head_dim_v)
     table = block_table.detach().cpu().long()
     lens = seq_lens.detach().cpu().tolist()
     starts = query_start_loc.detach().cpu().tolist()
@@ -202,9 +204,9 @@ def forward_error_bound(
             hidden = pos.to(device)[None, None, None, :] > q_pos[None, None, :, None]
             weight = torch.softmax(s.masked_fill_(hidden, float("-inf")), dim=-1).mul_(delta)  # p * delta
             del s, delta
-            o = expected[rows].view(last - first, num_kv_heads, group, head_dim).abs()
+            o = expected[rows].view(last - first, num_kv_heads, group, head_dim_v).abs()
             term = torch.einsum("hgqk,khd->qhgd", weight, v.abs()) + o * weight.sum(-1).permute(2, 0, 1)[..., None]
-            bound[rows] += term.reshape(last - first, num_q_heads, head_dim)
+            bound[rows] += term.reshape(last - first, num_q_heads, head_dim_v)
     return bound
 
 

@@ -54,6 +54,11 @@ class PagedInputs:
         """The positional arguments of the kernel contract, in order."""
         return (self.q, self.k_cache, self.v_cache, self.block_table, self.seq_lens, self.query_start_loc)
 
+    def new_out(self) -> torch.Tensor:
+        """A NaN-filled output buffer: [num_tokens, num_q_heads, head_dim_v] in q's dtype, on q's device."""
+        shape = (*self.q.shape[:2], self.v_cache.shape[-1])
+        return torch.full(shape, float("nan"), dtype=self.q.dtype, device=self.q.device)
+
     def dequantized_args(self) -> tuple[torch.Tensor, ...]:
         """args() with an fp8 case's pools as fp32 ``k_cache.float() * k_scale`` (the values the oracle attends over)."""
         if "k_scale" not in self.options:
@@ -128,6 +133,7 @@ def make_inputs(
     return_lse: bool = False,
     kv_dtype: str | None = None,
     kv_scale: float | str | None = None,
+    head_dim_v: int | None = None,
 ) -> PagedInputs:
     """Build a case's inputs from its seed; the same arguments always give the same tensors.
 
@@ -148,9 +154,10 @@ def make_inputs(
         return (torch.randn(*shape, generator=generator) * scale).to(torch_dtype)
 
     q = normal(sum(q_lens), num_q_heads, head_dim, scale=input_scale)
+    head_dim_v = head_dim if head_dim_v is None else head_dim_v
     pool_shape = (num_blocks * block_size, num_kv_heads, head_dim)
     k_slots = torch.full(pool_shape, float("nan"), dtype=torch_dtype)
-    v_slots = torch.full(pool_shape, float("nan"), dtype=torch_dtype)
+    v_slots = torch.full((*pool_shape[:2], head_dim_v), float("nan"), dtype=torch_dtype)
     keys, values = [], []
     for row, seq_len in enumerate(seq_lens):
         pos = torch.arange(seq_len)
@@ -158,7 +165,7 @@ def make_inputs(
         # A shared prefix block already written by an earlier sequence keeps its values.
         written = ~torch.isnan(k_slots[slots, 0, 0].float())
         k_new = normal(seq_len, num_kv_heads, head_dim, scale=input_scale)
-        v_new = normal(seq_len, num_kv_heads, head_dim)
+        v_new = normal(seq_len, num_kv_heads, head_dim_v)
         k = torch.where(written[:, None, None], k_slots[slots], k_new)
         v = torch.where(written[:, None, None], v_slots[slots], v_new)
         k_slots[slots], v_slots[slots] = k, v
@@ -167,12 +174,13 @@ def make_inputs(
     query_start_loc = torch.zeros(len(q_lens) + 1, dtype=torch.int32)
     query_start_loc[1:] = torch.tensor(q_lens, dtype=torch.int32).cumsum(0)
     pool = (num_blocks, block_size, num_kv_heads, head_dim)
+    v_pool = (*pool[:3], head_dim_v)
     options: dict[str, Any] = {}
     unquantized = None
     if kv_dtype is not None:  # quantize the pools (NaN stays NaN); the oracle grades against their dequantized values
         fp8 = getattr(torch, kv_dtype)
         k_scale, v_scale = fp8_scales(k_slots, kv_scale, fp8), fp8_scales(v_slots, kv_scale, fp8)
-        unquantized = (k_slots.view(pool).to(device), v_slots.view(pool).to(device))
+        unquantized = (k_slots.view(pool).to(device), v_slots.view(v_pool).to(device))
         k_slots, v_slots = quantize_kv(k_slots, k_scale, fp8), quantize_kv(v_slots, v_scale, fp8)
         options["k_scale"], options["v_scale"] = k_scale.to(device), v_scale.to(device)
     if sliding_window is not None:
@@ -190,7 +198,7 @@ def make_inputs(
     return PagedInputs(
         q=q.to(device),
         k_cache=k_slots.view(pool).to(device),
-        v_cache=v_slots.view(pool).to(device),
+        v_cache=v_slots.view(v_pool).to(device),
         block_table=table.to(device),
         seq_lens=torch.tensor(seq_lens, dtype=torch.int32, device=device),
         query_start_loc=query_start_loc.to(device),

@@ -33,7 +33,8 @@ def paged_attention_oracle(
     """Exact paged attention, with the variants of docs/contract.md ("Attention variants").
 
     q               [num_tokens, num_q_heads, head_dim]
-    k_cache/v_cache [num_blocks, block_size, num_kv_heads, head_dim]
+    k_cache         [num_blocks, block_size, num_kv_heads, head_dim]
+    v_cache         [num_blocks, block_size, num_kv_heads, head_dim_v] (MLA: head_dim_v may differ)
     block_table     [num_seqs, max_blocks_per_seq] int
     seq_lens        [num_seqs] int
     query_start_loc [num_seqs + 1] int, or None for one query per sequence
@@ -47,12 +48,13 @@ def paged_attention_oracle(
                     the kernel and not the quantization
     return_lse      also return lse [num_tokens, num_q_heads] float64: ln(S + sum_j exp(l_j)),
                     the log of the softmax's denominator, the sink's term S included
-    returns         [num_tokens, num_q_heads, head_dim] float64 on ``device`` (with return_lse: (out, lse))
+    returns         [num_tokens, num_q_heads, head_dim_v] float64 on ``device`` (with return_lse: (out, lse))
     """
     q = q.detach().to(device, torch.float64)
     num_blocks, block_size, num_kv_heads, head_dim = k_cache.shape
+    head_dim_v = v_cache.shape[-1]
     k_slots = k_cache.detach().reshape(num_blocks * block_size, num_kv_heads, head_dim)  # dtype kept: no
-    v_slots = v_cache.detach().reshape(num_blocks * block_size, num_kv_heads, head_dim)  # float64 pool copy
+    v_slots = v_cache.detach().reshape(num_blocks * block_size, num_kv_heads, head_dim_v)  # float64 pool copy
     table = block_table.detach().cpu().long()
     lens = seq_lens.detach().cpu().tolist()
     num_seqs = len(lens)
@@ -69,7 +71,7 @@ def paged_attention_oracle(
     slope = None if alibi_slopes is None else alibi_slopes.detach().to(device, torch.float64)
     slope = None if slope is None else slope.view(num_kv_heads, group, 1, 1)
 
-    expected = torch.zeros(q.shape, dtype=torch.float64, device=device)
+    expected = torch.zeros((*q.shape[:2], head_dim_v), dtype=torch.float64, device=device)
     lse = torch.zeros(q.shape[:2], dtype=torch.float64, device=device)
     for seq in range(num_seqs):
         q_len, seq_len = starts[seq + 1] - starts[seq], lens[seq]
@@ -109,7 +111,7 @@ def paged_attention_oracle(
                 (top + denominator.log()).permute(2, 0, 1, 3).reshape(rows, num_q_heads)
             )
             o = torch.einsum("hgqk,khd->qhgd", weights, v)
-            expected[starts[seq] + first : starts[seq] + last] = o.reshape(rows, num_q_heads, head_dim)
+            expected[starts[seq] + first : starts[seq] + last] = o.reshape(rows, num_q_heads, head_dim_v)
     return (expected, lse) if return_lse else expected
 
 

@@ -33,8 +33,9 @@ from .inputs import PagedInputs
 KINDS = ("kernel", "engine path", "peer", "plugin")
 # The contract's optional keywords (docs/contract.md, "Attention variants"). A backend
 # declares the ones it computes; a case that turns on another is a skip row for it.
-# "fp8_kv": an fp8 k_cache/v_cache with its k_scale/v_scale keywords.
-VARIANT_OPTIONS = ("sliding_window", "logit_softcap", "sinks", "alibi_slopes", "return_lse", "fp8_kv")
+# "fp8_kv": an fp8 k_cache/v_cache with its k_scale/v_scale keywords; "head_dim_v": a v_cache
+# whose head dim differs from k_cache's (MLA), the output shaped like V.
+VARIANT_OPTIONS = ("sliding_window", "logit_softcap", "sinks", "alibi_slopes", "return_lse", "fp8_kv", "head_dim_v")
 
 
 class Unsupported(Exception):

@@ -34,7 +34,7 @@ COLUMNS = [
     "timing_method", "call_us", "call_p10_us", "call_p90_us", "host_overhead_us", "graph_capturable",
     "device_syncs", "kernels_ran", "timing_threads", "flops", "tflops", "pct_of_peak",
     "error_bound", "grading_note", "fail_count", "worst_location", "lse_max_abs_err", "lse_tol_ratio",
-    "kv_dtype", "quant_error", "host", "gpu_index", "worker",
+    "kv_dtype", "quant_error", "head_dim_v", "host", "gpu_index", "worker",
     "latency_samples_us", "call_samples_us",
 ]  # fmt: skip
 STATUSES = ("pass", "fail", "error", "skip")
@@ -133,6 +133,7 @@ def case_columns(case: Case, device: str) -> dict:
         "total_kv_tokens": sum(case.seq_lens),
         "layout": case.layout,
         "kv_dtype": case.kv_dtype or "",
+        "head_dim_v": case.head_dim_v,
         "input_scale": case.input_scale,
         "seed": case.seed,
         "tags": ",".join(case.tags),
@@ -156,7 +157,7 @@ def run_backend(ctx: CaseContext, backend: Backend, config: RunConfig) -> dict:
     if reason := backend.skip_reason(case, config.device):
         return {**row, "status": "skip", "reason": reason}
     try:
-        out = torch.full_like(ctx.inputs.q, float("nan"))  # an element the backend does not write fails
+        out = ctx.inputs.new_out()  # NaN: an element the backend does not write fails
         prepared = backend.prepare(case, ctx.inputs, out)
         raw, lse, lse_problem = prepared.run(), None, ""
         if ctx.expected_lse is not None:  # the call was asked for (out, lse)
@@ -166,7 +167,7 @@ def run_backend(ctx: CaseContext, backend: Backend, config: RunConfig) -> dict:
                 lse_problem = f"return_lse=True returned {type(raw).__name__}, not a tuple (out, lse)"
         packed = prepared.to_packed(raw)
         mutated = ctx.guard.check("in its graded call") if ctx.guard else ""
-        problem = "; ".join(filter(None, [mutated, check_output(packed, ctx.inputs.q), lse_problem]))
+        problem = "; ".join(filter(None, [mutated, check_output(packed, ctx.inputs.q, case.head_dim_v), lse_problem]))
         if not isinstance(packed, torch.Tensor) or packed.shape != ctx.expected.shape:
             return {**row, "status": "fail", "reason": problem, "note": prepared.note}
         result = grade(packed, ctx.expected, case.atol, case.rtol, ctx.bound)

@@ -23,7 +23,8 @@ import torch
 
 SUPPORTED_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 FP8_DTYPES = (torch.float8_e4m3fn, torch.float8_e5m2)  # KV caches only; q stays fp32/fp16/bf16
-MIN_HEAD_DIM, MAX_HEAD_DIM = 32, 256
+MIN_HEAD_DIM, MAX_HEAD_DIM = 32, 576  # 576: MLA's K (512 latent + 64 rope); V may differ (head_dim_v)
+SINGLE_DOT_HEAD_DIM = 256  # above it, K is loaded as two pieces and the heads of a group are tiled
 MIN_BLOCK_SIZE, MAX_BLOCK_SIZE = 1, 256
 CHECK_ENV = "PAGED_ATTENTION_CHECK"
 
@@ -40,7 +41,8 @@ class PagedCall:
     """A validated paged-attention call, with the derived sizes every backend needs.
 
     q               [num_tokens, num_q_heads, head_dim]
-    k_cache/v_cache [num_blocks, block_size, num_kv_heads, head_dim]
+    k_cache         [num_blocks, block_size, num_kv_heads, head_dim]
+    v_cache         [num_blocks, block_size, num_kv_heads, head_dim_v] (head_dim_v may differ: MLA)
     block_table     [num_seqs, max_blocks_per_seq] int32, contiguous
     seq_lens        [num_seqs] int32, contiguous
     given_query_start_loc [num_seqs + 1] int32, contiguous, or None: one query per sequence
@@ -58,6 +60,7 @@ class PagedCall:
     num_kv_heads: int
     head_dim: int
     block_size: int
+    head_dim_v: int = 0  # V's head dim (the output's); 0 given means head_dim
     # The attention variants (docs/contract.md, "Attention variants"); None: off.
     sliding_window: int | None = None
     logit_softcap: float | None = None
@@ -134,10 +137,10 @@ def prepare_call(
     """
     if q.dim() != 3:
         _fail(f"q must be [num_tokens, num_q_heads, head_dim], got shape {tuple(q.shape)}")
-    if k_cache.dim() != 4 or k_cache.shape != v_cache.shape:
+    if k_cache.dim() != 4 or v_cache.dim() != 4 or k_cache.shape[:3] != v_cache.shape[:3]:
         _fail(
-            "k_cache and v_cache must both be [num_blocks, block_size, num_kv_heads, head_dim], "
-            f"got {tuple(k_cache.shape)} and {tuple(v_cache.shape)}"
+            "k_cache must be [num_blocks, block_size, num_kv_heads, head_dim] and v_cache "
+            f"[num_blocks, block_size, num_kv_heads, head_dim_v], got {tuple(k_cache.shape)} and {tuple(v_cache.shape)}"
         )
     num_tokens, num_q_heads, head_dim = q.shape
     _, block_size, num_kv_heads, kv_head_dim = k_cache.shape
@@ -195,6 +198,7 @@ def prepare_call(
         num_kv_heads=num_kv_heads,
         head_dim=head_dim,
         block_size=block_size,
+        head_dim_v=v_cache.shape[3],
         sliding_window=sliding_window,
         logit_softcap=logit_softcap,
         sinks=sinks,
@@ -355,11 +359,12 @@ def with_lse(out: torch.Tensor, lse: torch.Tensor | None):
 
 
 def prepare_out(call: PagedCall, out: torch.Tensor | None) -> torch.Tensor:
-    """Return ``out`` after checking it matches q, or a fresh buffer shaped like q."""
+    """Return ``out`` after checking it is [num_tokens, num_q_heads, head_dim_v] in q's dtype, or a fresh one."""
+    shape = (*call.q.shape[:2], call.head_dim_v)
     if out is None:
-        return torch.empty_like(call.q)
-    if out.shape != call.q.shape or out.dtype != call.q.dtype or out.device != call.q.device:
-        _fail(f"out must match q ({tuple(call.q.shape)}, {call.q.dtype}), got {tuple(out.shape)}, {out.dtype}")
+        return call.q.new_empty(shape)
+    if out.shape != shape or out.dtype != call.q.dtype or out.device != call.q.device:
+        _fail(f"out must be {shape} in q's dtype ({call.q.dtype}), got {tuple(out.shape)}, {out.dtype}")
     return out
 
 
@@ -487,16 +492,47 @@ def tiling_for(call: PagedCall, max_q_len: int | None = None, max_seq_len: int |
     else:
         q_len = cdiv(call.num_tokens, max(call.num_seqs, 1))
     kv_bound = call.table_capacity if max_seq_len is None else min(int(max_seq_len), call.table_capacity)
+    # Past SINGLE_DOT_HEAD_DIM a program holds heads_per_program heads of its group: to the
+    # tiling, num_kv_heads * head_tiles groups of that size. Such dims also take the 16-row
+    # tiles (choose_tiling's fp32 rule): a [64, 512] fp32 accumulator would spill registers.
+    heads = heads_per_program(call)
+    large = max(call.head_dim, call.head_dim_v) > SINGLE_DOT_HEAD_DIM
     return choose_tiling(
         call.head_dim,
-        call.group_size,
+        heads,
         q_len,
         call.num_seqs,
-        call.num_kv_heads,
+        call.num_kv_heads * cdiv(call.group_size, heads),
         kv_bound,
-        fp32=call.q.dtype == torch.float32,
+        fp32=call.q.dtype == torch.float32 or large,
         num_tokens=call.num_tokens,
     )
+
+
+def heads_per_program(call: PagedCall) -> int:
+    """Query heads of a KV head's group that one program holds: the whole group, except when
+    head_dim or head_dim_v passes SINGLE_DOT_HEAD_DIM and the group passes 16, where a program
+    holds 16 (MLA's 128 heads over one KV head: 8 programs a token, each a [16, 512] fp32
+    accumulator instead of one [128, 512] that no register file holds). The kernel's grid
+    axis 1 is then num_kv_heads * ceil(group_size / 16)."""
+    if max(call.head_dim, call.head_dim_v) > SINGLE_DOT_HEAD_DIM and call.group_size > 16:
+        return 16
+    return call.group_size
+
+
+def head_dim_pieces(head_dim: int) -> tuple[int, int]:
+    """(main, tail): K's head dim as the kernel loads it, each a power of two (tail 0: none).
+
+    Up to SINGLE_DOT_HEAD_DIM one piece, next_pow2(head_dim) (at least 16). Past it, the
+    largest power of two below, then the rest padded: 576 (MLA) = 512 + 64 in two dots
+    instead of one padded to 1024 (which would double the loads and the shared memory);
+    300 = 256 + 64 (44 used).
+    """
+    if head_dim <= SINGLE_DOT_HEAD_DIM:
+        return max(16, next_pow2(head_dim)), 0
+    main = 2 ** int(math.log2(head_dim))
+    rest = head_dim - main
+    return main, (max(16, next_pow2(rest)) if rest else 0)
 
 
 def cdiv(a: int, b: int) -> int:

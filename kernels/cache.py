@@ -64,7 +64,8 @@ class StepMetadata:
 class PagedKVCache:
     """KV pools for ``num_layers`` layers sharing one block allocator.
 
-    k_caches[layer], v_caches[layer]: [num_blocks, block_size, num_kv_heads, head_dim].
+    k_caches[layer]: [num_blocks, block_size, num_kv_heads, head_dim]; v_caches[layer] the
+    same with head_dim_v (default head_dim; MLA: 576 for K, 512 for V).
     Floating pools start filled with NaN, and freed blocks are NaN-filled again, so a
     read of a slot no live sequence owns shows up in the output instead of passing
     silently.
@@ -93,10 +94,14 @@ class PagedKVCache:
         max_blocks_per_seq: int | None = None,
         k_scale: float | torch.Tensor | None = None,
         v_scale: float | torch.Tensor | None = None,
+        head_dim_v: int | None = None,
     ):
         if min(num_layers, num_blocks, block_size, num_kv_heads, head_dim) < 1:
             raise ValueError("num_layers, num_blocks, block_size, num_kv_heads and head_dim must all be >= 1")
         shape = (num_blocks, block_size, num_kv_heads, head_dim)
+        v_shape = (*shape[:3], head_dim if head_dim_v is None else head_dim_v)
+        if v_shape[3] < 1:
+            raise ValueError(f"head_dim_v must be >= 1, got {head_dim_v}")
         self.block_size = block_size
         self.num_blocks = num_blocks
         self.num_layers = num_layers
@@ -107,7 +112,7 @@ class PagedKVCache:
         self.k_scale = check_kv_scale("k_scale", k_scale, kv_fp8, num_kv_heads, self.device)
         self.v_scale = check_kv_scale("v_scale", v_scale, kv_fp8, num_kv_heads, self.device)
         self.k_caches = [torch.full(shape, float("nan"), dtype=dtype, device=device) for _ in range(num_layers)]
-        self.v_caches = [torch.full(shape, float("nan"), dtype=dtype, device=device) for _ in range(num_layers)]
+        self.v_caches = [torch.full(v_shape, float("nan"), dtype=dtype, device=device) for _ in range(num_layers)]
         self._free_blocks = list(range(num_blocks - 1, -1, -1))  # pop() hands out block 0 first
         self._owned = torch.zeros(num_blocks, dtype=torch.bool)  # host: blocks some live sequence holds
         self._blocks: dict[int, list[int]] = {}
@@ -247,8 +252,8 @@ class PagedKVCache:
             )
         if slot_mapping.dtype == torch.bool:
             raise ValueError("slot_mapping must be a 1-d integer tensor, got torch.bool")
-        expected = (slot_mapping.shape[0], *k_pool.shape[2:])
-        for name, tensor in (("key", key), ("value", value)):
+        for name, tensor, pool in (("key", key, k_pool), ("value", value, v_pool)):
+            expected = (slot_mapping.shape[0], *pool.shape[2:])
             if tuple(tensor.shape) != expected:
                 raise ValueError(
                     f"{name} must be [num_tokens, num_kv_heads, head_dim] = {list(expected)}, got {list(tensor.shape)}"

@@ -81,11 +81,12 @@ def paged_attention_tlsim(
     """Paged attention by the kernel's streaming algorithm; the contract of docs/contract.md.
 
     q               [num_tokens, num_q_heads, head_dim]
-    k_cache/v_cache [num_blocks, block_size, num_kv_heads, head_dim]
+    k_cache         [num_blocks, block_size, num_kv_heads, head_dim]
+    v_cache         [num_blocks, block_size, num_kv_heads, head_dim_v] (head_dim_v may differ: MLA)
     block_table     [num_seqs, max_blocks_per_seq] int32 (entries past a sequence's end ignored)
     seq_lens        [num_seqs] int32
     query_start_loc [num_seqs + 1] int32 or None (one query per sequence)
-    returns         [num_tokens, num_q_heads, head_dim] in q's dtype
+    returns         [num_tokens, num_q_heads, head_dim_v] in q's dtype
     sliding_window, logit_softcap, sinks [num_q_heads] fp32, alibi_slopes [num_q_heads] fp32:
                     the attention variants (docs/contract.md), off by default
     return_lse      also return lse [num_tokens, num_q_heads] fp32, ln 2 * (m * scale * log2 e + log2 l)
@@ -150,7 +151,7 @@ def paged_attention_tlsim(
             split_of = min(tile_start // split_size, tiling.NUM_SPLITS - 1)
             m_i = torch.full(state_shape, float("-inf"), device=device)
             l_i = torch.zeros(state_shape, device=device)
-            acc = torch.zeros((*state_shape, head_dim), device=device)
+            acc = torch.zeros((*state_shape, call.head_dim_v), device=device)
             splits.append(None)
         k_pos = torch.arange(tile_start, tile_start + tiling.TILE_N, device=device)  # [N]
         k_valid = k_pos[None, :] < seq_lens_l[:, None]  # [S, N]
@@ -209,8 +210,8 @@ def paged_attention_tlsim(
         if sink is not None:  # once, in the combine: not once per split
             l_sum = l_sum + torch.exp2((sink - m_top) * qk_scale_log2)
         o = (torch.stack([a for _, _, a in splits]) * weight[..., None]).sum(0) / l_sum[..., None]
-    o = o.view(num_seqs, num_kv_heads, longest_q, group, head_dim)
-    o = o.permute(0, 2, 1, 3, 4).reshape(num_seqs, longest_q, call.num_q_heads, head_dim)
+    o = o.view(num_seqs, num_kv_heads, longest_q, group, call.head_dim_v)
+    o = o.permute(0, 2, 1, 3, 4).reshape(num_seqs, longest_q, call.num_q_heads, call.head_dim_v)
     out[token_index[token_valid]] = o[token_valid].to(out.dtype)
     if lse is not None:  # [S, Hkv, M] in the kernel's row order -> [S, Lq, Hq]
         row_lse = (m_top * qk_scale_log2 + torch.log2(l_sum)) * LN2

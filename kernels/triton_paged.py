@@ -58,7 +58,17 @@ import torch
 import triton
 import triton.language as tl
 
-from ._common import prepare_call, prepare_lse, prepare_out, tiling_for, with_lse
+from ._common import (
+    cdiv,
+    head_dim_pieces,
+    heads_per_program,
+    next_pow2,
+    prepare_call,
+    prepare_lse,
+    prepare_out,
+    tiling_for,
+    with_lse,
+)
 
 
 @triton.jit
@@ -128,15 +138,15 @@ def paged_attention_kernel(
     # pointers
     q_ptr,  # [num_tokens, num_q_heads, head_dim]
     k_cache_ptr,  # [num_blocks, block_size, num_kv_heads, head_dim]
-    v_cache_ptr,  # [num_blocks, block_size, num_kv_heads, head_dim]
+    v_cache_ptr,  # [num_blocks, block_size, num_kv_heads, head_dim_v]
     block_table_ptr,  # [num_seqs, max_blocks_per_seq] int32
     seq_lens_ptr,  # [num_seqs] int32
     query_start_loc_ptr,  # [num_seqs + 1] int32 (unread when ONE_QUERY_PER_SEQ)
-    out_ptr,  # [num_tokens, num_q_heads, head_dim]
+    out_ptr,  # [num_tokens, num_q_heads, head_dim_v]
     lse_ptr,  # [num_tokens, num_q_heads] fp32, contiguous (written when RETURN_LSE)
     partial_m_ptr,  # [NUM_SPLITS, num_tokens, num_q_heads] fp32, used when NUM_SPLITS > 1
     partial_l_ptr,  # [NUM_SPLITS, num_tokens, num_q_heads] fp32
-    partial_acc_ptr,  # [NUM_SPLITS, num_tokens, num_q_heads, HEAD_DIM_PADDED] fp32
+    partial_acc_ptr,  # [NUM_SPLITS, num_tokens, num_q_heads, HEAD_DIM_V_PADDED] fp32
     sinks_ptr,  # [num_q_heads] fp32, sink / scale (read when USE_SINKS)
     alibi_ptr,  # [num_q_heads] fp32, slope / scale (read when USE_ALIBI)
     k_scale_ptr,  # [num_kv_heads] fp32, an fp8 cache's dequantization scale (read when KV_FP8)
@@ -166,8 +176,13 @@ def paged_attention_kernel(
     stride_bt_seq,
     # meta-parameters
     GROUP_SIZE: tl.constexpr,
-    HEAD_DIM: tl.constexpr,
-    HEAD_DIM_PADDED: tl.constexpr,
+    HEADS_PER_PROGRAM: tl.constexpr,  # the group's heads a program holds (kernels._common.heads_per_program)
+    HEAD_TILES: tl.constexpr,  # ceil(GROUP_SIZE / HEADS_PER_PROGRAM): grid axis 1 is num_kv_heads * HEAD_TILES
+    HEAD_DIM: tl.constexpr,  # K's (and q's)
+    DIM_MAIN: tl.constexpr,  # K loaded as DIM_MAIN + DIM_TAIL columns (kernels._common.head_dim_pieces)
+    DIM_TAIL: tl.constexpr,  # 0: no second piece
+    HEAD_DIM_V: tl.constexpr,  # V's and the output's
+    HEAD_DIM_V_PADDED: tl.constexpr,
     BLOCK_SIZE: tl.constexpr,
     BLOCK_M: tl.constexpr,
     BLOCK_Q: tl.constexpr,
@@ -183,7 +198,8 @@ def paged_attention_kernel(
     RETURN_LSE: tl.constexpr,
     KV_FP8: tl.constexpr,  # fp8 pools: K = k_cache.float() * k_scale, rounded to q's dtype (vLLM)
 ):
-    kv_head = tl.program_id(1)
+    kv_head = tl.program_id(1) // HEAD_TILES
+    head_tile = tl.program_id(1) % HEAD_TILES
     split = tl.program_id(2)
     if ONE_QUERY_PER_SEQ:
         seq = tl.program_id(0)
@@ -198,25 +214,36 @@ def paged_attention_kernel(
         return
     seq_len = tl.load(seq_lens_ptr + seq)
 
-    # Row r of the tile: query token q_tile * BLOCK_Q + r // GROUP_SIZE, head r % GROUP_SIZE.
+    # Row r of the tile: query token q_tile * BLOCK_Q + r // HEADS_PER_PROGRAM, head
+    # head_tile * HEADS_PER_PROGRAM + r % HEADS_PER_PROGRAM of the group (the whole group when
+    # HEADS_PER_PROGRAM == GROUP_SIZE, the usual case: head_tile is then 0).
     rows = tl.arange(0, BLOCK_M)
-    token = q_tile * BLOCK_Q + rows // GROUP_SIZE
-    head = kv_head * GROUP_SIZE + rows % GROUP_SIZE
+    token = q_tile * BLOCK_Q + rows // HEADS_PER_PROGRAM
+    in_group = head_tile * HEADS_PER_PROGRAM + rows % HEADS_PER_PROGRAM
+    head = kv_head * GROUP_SIZE + in_group
     q_rows = (q_start + token).to(tl.int64)
-    row_valid = (rows < BLOCK_Q * GROUP_SIZE) & (token < q_len) & (q_rows >= 0) & (q_rows < num_tokens)
+    row_valid = (rows < BLOCK_Q * HEADS_PER_PROGRAM) & (in_group < GROUP_SIZE) & (token < q_len)
+    row_valid = row_valid & (q_rows >= 0) & (q_rows < num_tokens)
     q_pos = seq_len - q_len + token
-    dims = tl.arange(0, HEAD_DIM_PADDED)
+    dims = tl.arange(0, DIM_MAIN)
     dim_valid = dims < HEAD_DIM
+    v_dims = tl.arange(0, HEAD_DIM_V_PADDED)
+    v_dim_valid = v_dims < HEAD_DIM_V
 
-    q_offs = q_rows[:, None] * stride_q_token + head[:, None] * stride_q_head + dims[None, :]
-    q_mask = row_valid[:, None] & dim_valid[None, :]
-    q = tl.load(q_ptr + q_offs, mask=q_mask, other=0.0)
+    q_offs = q_rows[:, None] * stride_q_token + head[:, None] * stride_q_head
+    q = tl.load(q_ptr + q_offs + dims[None, :], mask=row_valid[:, None] & dim_valid[None, :], other=0.0)
     if INTERPRETED_BF16:
         q = q.to(tl.float32)
+    if DIM_TAIL > 0:  # K's columns past DIM_MAIN (MLA's 64 rope dims), a second dot
+        tail_dims = DIM_MAIN + tl.arange(0, DIM_TAIL)
+        tail_valid = tail_dims < HEAD_DIM
+        q_tail = tl.load(q_ptr + q_offs + tail_dims[None, :], mask=row_valid[:, None] & tail_valid[None, :], other=0.0)
+        if INTERPRETED_BF16:
+            q_tail = q_tail.to(tl.float32)
 
     m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)  # running max of the unscaled logits
     l_i = tl.zeros([BLOCK_M], tl.float32)
-    acc = tl.zeros([BLOCK_M, HEAD_DIM_PADDED], tl.float32)
+    acc = tl.zeros([BLOCK_M, HEAD_DIM_V_PADDED], tl.float32)
 
     if USE_ALIBI:
         slope = tl.load(alibi_ptr + head, mask=row_valid, other=0.0)  # [BLOCK_M], per unscaled logit
@@ -241,15 +268,22 @@ def paged_attention_kernel(
         block_ok = in_table & (block >= 0) & (block < num_blocks)
         bad_keys = tl.sum((k_valid & ~block_ok).to(tl.int32), 0)  # a bad index: NaN out, no stray read
         slot = k_pos % BLOCK_SIZE
-        kv_mask = block_ok[:, None] & dim_valid[None, :]
 
         k_offs = block[:, None] * stride_k_block + slot[:, None] * stride_k_slot + kv_head * stride_k_head
-        k = tl.load(k_cache_ptr + k_offs + dims[None, :], mask=kv_mask, other=0.0)  # [TILE_N, HEAD_DIM_PADDED]
+        k = tl.load(k_cache_ptr + k_offs + dims[None, :], mask=block_ok[:, None] & dim_valid[None, :], other=0.0)
         if KV_FP8:
             k = _dequantize(k, k_scale, q_ptr.dtype.element_ty, INTERPRETED_BF16)
         if INTERPRETED_BF16:
             k = k.to(tl.float32)
-        s = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION, out_dtype=tl.float32)
+        s = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION, out_dtype=tl.float32)  # [BLOCK_M, TILE_N]
+        if DIM_TAIL > 0:
+            k_tail = tl.load(k_cache_ptr + k_offs + tail_dims[None, :], mask=block_ok[:, None] & tail_valid[None, :],
+                             other=0.0)  # fmt: skip
+            if KV_FP8:
+                k_tail = _dequantize(k_tail, k_scale, q_ptr.dtype.element_ty, INTERPRETED_BF16)
+            if INTERPRETED_BF16:
+                k_tail = k_tail.to(tl.float32)
+            s += tl.dot(q_tail, tl.trans(k_tail), input_precision=DOT_PRECISION, out_dtype=tl.float32)
         if USE_SOFTCAP:  # on the logit itself, before any bias or mask
             s = _softcap(s, cap_unscaled, inv_cap_unscaled)
         distance = k_pos[None, :] - q_pos[:, None]  # key_pos - query_pos, <= 0 where causal
@@ -269,7 +303,7 @@ def paged_attention_kernel(
         l_i = l_i * alpha + tl.sum(p, 1) + tl.where(bad_keys > 0, float("nan"), 0.0)
 
         v_offs = block[:, None] * stride_v_block + slot[:, None] * stride_v_slot + kv_head * stride_v_head
-        v = tl.load(v_cache_ptr + v_offs + dims[None, :], mask=kv_mask, other=0.0)
+        v = tl.load(v_cache_ptr + v_offs + v_dims[None, :], mask=block_ok[:, None] & v_dim_valid[None, :], other=0.0)
         if KV_FP8:
             v = _dequantize(v, v_scale, q_ptr.dtype.element_ty, INTERPRETED_BF16)
         if INTERPRETED_BF16:  # bf16 x bf16 products are exact in fp32: only the sum order moves
@@ -285,7 +319,7 @@ def paged_attention_kernel(
         row_ids = (split * num_tokens + q_rows) * num_q_heads + head
         tl.store(partial_m_ptr + row_ids, m_i, mask=row_valid)
         tl.store(partial_l_ptr + row_ids, l_i, mask=row_valid)
-        acc_offs = row_ids[:, None] * HEAD_DIM_PADDED + dims[None, :]
+        acc_offs = row_ids[:, None] * HEAD_DIM_V_PADDED + v_dims[None, :]
         tl.store(partial_acc_ptr + acc_offs, acc, mask=row_valid[:, None])
     else:
         if USE_SINKS:  # the sink joins the denominator once, with no value
@@ -301,16 +335,16 @@ def paged_attention_kernel(
         acc = acc / l_i[:, None]
         if INTERPRETED_BF16:
             acc = _bf16_rne(acc)
-        o_offs = q_rows[:, None] * stride_o_token + head[:, None] * stride_o_head + dims[None, :]
-        tl.store(out_ptr + o_offs, acc.to(out_ptr.dtype.element_ty), mask=q_mask)
+        o_offs = q_rows[:, None] * stride_o_token + head[:, None] * stride_o_head + v_dims[None, :]
+        tl.store(out_ptr + o_offs, acc.to(out_ptr.dtype.element_ty), mask=row_valid[:, None] & v_dim_valid[None, :])
 
 
 @triton.jit
 def combine_splits_kernel(
     partial_m_ptr,  # [NUM_SPLITS, num_tokens, num_q_heads] fp32, running max (unscaled logits) of each split
     partial_l_ptr,  # [NUM_SPLITS, num_tokens, num_q_heads] fp32, running sum
-    partial_acc_ptr,  # [NUM_SPLITS, num_tokens, num_q_heads, HEAD_DIM_PADDED] fp32, unnormalised
-    out_ptr,  # [num_tokens, num_q_heads, head_dim]
+    partial_acc_ptr,  # [NUM_SPLITS, num_tokens, num_q_heads, HEAD_DIM_V_PADDED] fp32, unnormalised
+    out_ptr,  # [num_tokens, num_q_heads, head_dim_v]
     lse_ptr,  # [num_tokens, num_q_heads] fp32, contiguous (written when RETURN_LSE)
     sinks_ptr,  # [num_q_heads] fp32, sink / scale (read when USE_SINKS)
     qk_scale_log2,  # softmax scale * log2(e)
@@ -318,8 +352,8 @@ def combine_splits_kernel(
     stride_o_token,
     stride_o_head,
     NUM_Q_HEADS: tl.constexpr,
-    HEAD_DIM: tl.constexpr,
-    HEAD_DIM_PADDED: tl.constexpr,
+    HEAD_DIM_V: tl.constexpr,
+    HEAD_DIM_V_PADDED: tl.constexpr,
     NUM_SPLITS: tl.constexpr,
     INTERPRETED_BF16: tl.constexpr,
     USE_SINKS: tl.constexpr,
@@ -332,10 +366,10 @@ def combine_splits_kernel(
     """
     row = tl.program_id(0)
     splits = tl.arange(0, NUM_SPLITS)
-    dims = tl.arange(0, HEAD_DIM_PADDED)
+    dims = tl.arange(0, HEAD_DIM_V_PADDED)
     m = tl.load(partial_m_ptr + splits * num_rows + row)
     l_s = tl.load(partial_l_ptr + splits * num_rows + row)
-    acc = tl.load(partial_acc_ptr + (splits * num_rows + row)[:, None] * HEAD_DIM_PADDED + dims[None, :])
+    acc = tl.load(partial_acc_ptr + (splits * num_rows + row)[:, None] * HEAD_DIM_V_PADDED + dims[None, :])
     token = row // NUM_Q_HEADS
     head = row % NUM_Q_HEADS
     m_top = tl.max(m, 0)
@@ -352,7 +386,7 @@ def combine_splits_kernel(
     if INTERPRETED_BF16:
         o = _bf16_rne(o)
     o_offs = token.to(tl.int64) * stride_o_token + head * stride_o_head + dims
-    tl.store(out_ptr + o_offs, o.to(out_ptr.dtype.element_ty), mask=dims < HEAD_DIM)
+    tl.store(out_ptr + o_offs, o.to(out_ptr.dtype.element_ty), mask=dims < HEAD_DIM_V)
 
 
 def _check_launchable(device: torch.device) -> None:
@@ -442,10 +476,11 @@ def paged_attention_triton(
     starts = call.seq_lens if one_query_per_seq else call.given_query_start_loc  # unread when one query per seq
     interpreted_bf16 = q.device.type != "cuda" and q.dtype == torch.bfloat16
     splits = tiling.NUM_SPLITS
+    head_dim_v_padded = max(16, next_pow2(call.head_dim_v))
     if splits > 1:
         partial_m = torch.empty((splits, num_tokens, call.num_q_heads), dtype=torch.float32, device=q.device)
         partial_l = torch.empty_like(partial_m)
-        partial_acc = torch.empty((*partial_m.shape, tiling.HEAD_DIM_PADDED), dtype=torch.float32, device=q.device)
+        partial_acc = torch.empty((*partial_m.shape, head_dim_v_padded), dtype=torch.float32, device=q.device)
     else:  # unused by the kernel; any fp32 tensor will do
         partial_m = partial_l = partial_acc = out_c.new_empty(1, dtype=torch.float32)
     qk_scale_log2 = call.scale * math.log2(math.e)
@@ -454,7 +489,10 @@ def paged_attention_triton(
     alibi_u = partial_m if call.alibi_slopes is None else call.alibi_slopes / call.scale
     cap_u = 1.0 if call.logit_softcap is None else call.logit_softcap / call.scale
     lse_c = partial_m if lse is None else lse  # unwritten without RETURN_LSE
-    grid = (tiling.NUM_Q_TILES, call.num_kv_heads, splits)
+    heads = heads_per_program(call)
+    head_tiles = cdiv(call.group_size, heads)
+    dim_main, dim_tail = head_dim_pieces(call.head_dim)
+    grid = (tiling.NUM_Q_TILES, call.num_kv_heads * head_tiles, splits)
     paged_attention_kernel[grid](
         q_c, k_c, v_c, call.block_table, call.seq_lens, starts, out_c, lse_c,
         partial_m, partial_l, partial_acc, sinks_u, alibi_u,
@@ -466,8 +504,13 @@ def paged_attention_triton(
         v_c.stride(0), v_c.stride(1), v_c.stride(2),
         call.block_table.stride(0),
         GROUP_SIZE=call.group_size,
+        HEADS_PER_PROGRAM=heads,
+        HEAD_TILES=head_tiles,
         HEAD_DIM=call.head_dim,
-        HEAD_DIM_PADDED=tiling.HEAD_DIM_PADDED,
+        DIM_MAIN=dim_main,
+        DIM_TAIL=dim_tail,
+        HEAD_DIM_V=call.head_dim_v,
+        HEAD_DIM_V_PADDED=head_dim_v_padded,
         BLOCK_SIZE=call.block_size,
         BLOCK_M=tiling.BLOCK_M,
         BLOCK_Q=tiling.BLOCK_Q,
@@ -488,7 +531,7 @@ def paged_attention_triton(
         combine_splits_kernel[(num_tokens * call.num_q_heads,)](
             partial_m, partial_l, partial_acc, out_c, lse_c, sinks_u, qk_scale_log2, num_tokens * call.num_q_heads,
             out_c.stride(0), out_c.stride(1),
-            NUM_Q_HEADS=call.num_q_heads, HEAD_DIM=call.head_dim, HEAD_DIM_PADDED=tiling.HEAD_DIM_PADDED,
+            NUM_Q_HEADS=call.num_q_heads, HEAD_DIM_V=call.head_dim_v, HEAD_DIM_V_PADDED=head_dim_v_padded,
             NUM_SPLITS=splits, INTERPRETED_BF16=interpreted_bf16, USE_SINKS=call.sinks is not None,
             RETURN_LSE=lse is not None,
         )  # fmt: skip
