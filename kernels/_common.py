@@ -151,8 +151,8 @@ def prepare_call(
     kv_fp8 = k_cache.dtype in FP8_DTYPES
     if q.dtype not in SUPPORTED_DTYPES or k_cache.dtype not in (q.dtype, *FP8_DTYPES) or v_cache.dtype != k_cache.dtype:
         _fail(
-            "q must be fp32/fp16/bf16 and k_cache, v_cache q's dtype or both one fp8 dtype "
-            f"(float8_e4m3fn, float8_e5m2), got {q.dtype}, {k_cache.dtype}, {v_cache.dtype}"
+            "q, k_cache, v_cache must share one of fp32/fp16/bf16 (or k_cache and v_cache both one fp8 "
+            f"dtype: float8_e4m3fn, float8_e5m2), got {q.dtype}, {k_cache.dtype}, {v_cache.dtype}"
         )
     if block_table.dim() != 2 or seq_lens.dim() != 1 or block_table.shape[0] != seq_lens.shape[0]:
         _fail(
@@ -482,7 +482,10 @@ def tiling_for(call: PagedCall, max_q_len: int | None = None, max_seq_len: int |
     query_start_loc is None, else the mean q_len ceil(num_tokens / num_seqs), so a decode
     batch given as offsets gets decode tiles and 16 prefills of 1024 get prefill tiles.
     max_seq_len, an upper bound that sets the KV split, is the hint when given, else the
-    table's capacity max_blocks_per_seq * block_size. A wrong hint costs speed, never
+    table's capacity max_blocks_per_seq * block_size; with a sliding window W it is at most
+    W + the longest q_len (max_q_len, else 1 for decode, else num_tokens): the keys a
+    program walks, since the kernel cuts its splits from the window's first tile. So a
+    windowed decode at 128k splits like a decode of W keys. A wrong hint costs speed, never
     correctness: the last KV split runs to the end of the sequence whatever max_seq_len said.
     """
     if call.given_query_start_loc is None:
@@ -492,6 +495,9 @@ def tiling_for(call: PagedCall, max_q_len: int | None = None, max_seq_len: int |
     else:
         q_len = cdiv(call.num_tokens, max(call.num_seqs, 1))
     kv_bound = call.table_capacity if max_seq_len is None else min(int(max_seq_len), call.table_capacity)
+    if call.sliding_window is not None:  # a program walks at most W + its queries' span keys
+        longest_q = 1 if call.given_query_start_loc is None else int(max_q_len or call.num_tokens)
+        kv_bound = min(kv_bound, call.sliding_window + min(longest_q, call.num_tokens))
     # Past SINGLE_DOT_HEAD_DIM a program holds heads_per_program heads of its group: to the
     # tiling, num_kv_heads * head_tiles groups of that size. Such dims also take the 16-row
     # tiles (choose_tiling's fp32 rule): a [64, 512] fp32 accumulator would spill registers.

@@ -133,7 +133,11 @@ def paged_attention_tlsim(
     qk_scale_log2 = call.scale * math.log2(math.e)
     max_blocks, num_blocks = block_table.shape[1], call.num_blocks
     split_size = tiling.SPLIT_SIZE or kv_end or 1
-    splits = []  # (m, l, acc) of each KV split, combined at the end as the kernel does
+    num_splits = tiling.NUM_SPLITS
+    # (m, l, acc) of each KV split, combined at the end as the kernel does: [NUM_SPLITS, S, Hkv, M(, Dv)]
+    m_all = torch.full((num_splits, *state_shape), float("-inf"), device=device)
+    l_all = torch.zeros((num_splits, *state_shape), device=device)
+    acc_all = torch.zeros((num_splits, *state_shape, call.head_dim_v), device=device)
     sinks_u, slopes_u = variant_vectors(call)
     if slopes_u is not None:  # [S, Hkv, M, 1], row order as q_rows
         slopes_u = slopes_u.view(1, num_kv_heads, 1, group).expand(1, num_kv_heads, longest_q, group)
@@ -144,15 +148,20 @@ def paged_attention_tlsim(
     if call.sliding_window is not None and bool((q_lens > 0).any()):
         first_q_pos = (seq_lens_l - q_lens)[q_lens > 0]
         first_tile = int(window_tile_start(first_q_pos, call.sliding_window, tiling.TILE_N).min())
-    split_of = -1
+    # Each row's split, as its program cuts them: from the window's first tile of the program's
+    # first query (0 without a window), split_size positions a piece, the last taking the rest.
+    # A tile before that first one is invisible to every row of the program: a no-op here.
+    row_lo = torch.zeros((num_seqs, 1, num_rows), dtype=torch.long, device=device)
+    if call.sliding_window is not None:
+        program_first = (seq_lens_l - q_lens)[:, None] + (j // tiling.BLOCK_Q * tiling.BLOCK_Q)[None, :]  # [S, Lq]
+        row_lo = window_tile_start(program_first, call.sliding_window, tiling.TILE_N)
+        row_lo = row_lo.repeat_interleave(group, dim=1)[:, None, :]
 
     for tile_start in range(first_tile, kv_end, tiling.TILE_N):
-        if min(tile_start // split_size, tiling.NUM_SPLITS - 1) != split_of:  # the last split takes the rest
-            split_of = min(tile_start // split_size, tiling.NUM_SPLITS - 1)
-            m_i = torch.full(state_shape, float("-inf"), device=device)
-            l_i = torch.zeros(state_shape, device=device)
-            acc = torch.zeros((*state_shape, call.head_dim_v), device=device)
-            splits.append(None)
+        split_of = ((tile_start - row_lo) // split_size).clamp(0, num_splits - 1).expand(state_shape)[None]
+        acc_index = split_of[..., None].expand(1, *state_shape, call.head_dim_v)
+        m_i, l_i = m_all.gather(0, split_of)[0], l_all.gather(0, split_of)[0]
+        acc = acc_all.gather(0, acc_index)[0]
         k_pos = torch.arange(tile_start, tile_start + tiling.TILE_N, device=device)  # [N]
         k_valid = k_pos[None, :] < seq_lens_l[:, None]  # [S, N]
         column = k_pos // block_size
@@ -183,15 +192,16 @@ def paged_attention_tlsim(
         sees_bad = (visible & bad[:, None, None, :]).any(-1)
         l_i = l_i * alpha + p.sum(-1) + torch.where(sees_bad, float("nan"), 0.0)
         acc = acc * alpha[..., None] + p.to(v.dtype).float() @ v.float()
-        m_i = m_new
-        splits[-1] = (m_i, l_i, acc)
+        m_all.scatter_(0, split_of, m_new[None])
+        l_all.scatter_(0, split_of, l_i[None])
+        acc_all.scatter_(0, acc_index, acc[None])
 
     sink = None
     if sinks_u is not None:  # [1, Hkv, M]: each row's head's sink, in unscaled units
         sink = sinks_u.view(1, num_kv_heads, 1, group).expand(1, num_kv_heads, longest_q, group)
         sink = sink.reshape(1, num_kv_heads, num_rows)
-    if tiling.NUM_SPLITS == 1:
-        m_i, l_i, acc = splits[0]
+    if num_splits == 1:
+        m_i, l_i, acc = m_all[0], l_all[0], acc_all[0]
         if sink is not None:  # the sink joins the denominator once, with no value
             m_tot = torch.maximum(m_i, sink)
             alpha = torch.exp2((m_i - m_tot) * qk_scale_log2)
@@ -201,15 +211,14 @@ def paged_attention_tlsim(
         o = acc / l_i[..., None]
         m_top, l_sum = m_i, l_i
     else:  # weight each split by 2^(its max - the overall max); a split that saw no key weighs 0
-        m_all = torch.stack([m for m, _, _ in splits])
         m_top = m_all.amax(0)
         if sink is not None:
             m_top = torch.maximum(m_top, sink)
         weight = torch.exp2((m_all - m_top) * qk_scale_log2)
-        l_sum = (torch.stack([sums for _, sums, _ in splits]) * weight).sum(0)
+        l_sum = (l_all * weight).sum(0)
         if sink is not None:  # once, in the combine: not once per split
             l_sum = l_sum + torch.exp2((sink - m_top) * qk_scale_log2)
-        o = (torch.stack([a for _, _, a in splits]) * weight[..., None]).sum(0) / l_sum[..., None]
+        o = (acc_all * weight[..., None]).sum(0) / l_sum[..., None]
     o = o.view(num_seqs, num_kv_heads, longest_q, group, call.head_dim_v)
     o = o.permute(0, 2, 1, 3, 4).reshape(num_seqs, longest_q, call.num_q_heads, call.head_dim_v)
     out[token_index[token_valid]] = o[token_valid].to(out.dtype)

@@ -38,7 +38,9 @@ The idea, in a few lines:
   the splits, never once per split). The window hides keys more than W - 1 positions
   before a query and starts the tile loop at the first tile the program's earliest query
   can see (``kernels._common.window_tile_start``): decode with W 4096 over 128k keys walks
-  65 tiles of 64, not 2048. A split wholly before the window walks nothing and weighs 0.
+  65 tiles of 64, not 2048. The KV split follows the window: it is sized for W + q_len keys
+  (``kernels._common.tiling_for``) and its pieces are cut from the window's first tile, so
+  the splits share the window's work rather than all but the last walking nothing.
 * Indices are never trusted with memory: without value checks (see ``kernels._common``)
   a query row past num_tokens is not read or written, and a tile that would read a
   block id outside [0, num_blocks) or a table entry past max_blocks_per_seq loads
@@ -253,12 +255,12 @@ def paged_attention_kernel(
 
     kv_end = seq_len - q_len + tl.minimum(q_len, (q_tile + 1) * BLOCK_Q)
     kv_start = 0
-    if NUM_SPLITS > 1:  # the last split runs to kv_end, whatever split_size assumed
-        kv_start = split * split_size
-        kv_end = tl.where(split == NUM_SPLITS - 1, kv_end, tl.minimum(kv_end, kv_start + split_size))
     if USE_WINDOW:  # kernels._common.window_tile_start of the program's first query
         first_q_pos = seq_len - q_len + q_tile * BLOCK_Q
-        kv_start = tl.maximum(kv_start, tl.maximum(first_q_pos - sliding_window + 1, 0) // TILE_N * TILE_N)
+        kv_start = tl.maximum(first_q_pos - sliding_window + 1, 0) // TILE_N * TILE_N
+    if NUM_SPLITS > 1:  # the splits cut [kv_start, kv_end) from kv_start; the last runs to kv_end
+        kv_start = kv_start + split * split_size
+        kv_end = tl.where(split == NUM_SPLITS - 1, kv_end, tl.minimum(kv_end, kv_start + split_size))
     for tile_start in range(kv_start, kv_end, TILE_N):
         k_pos = tile_start + tl.arange(0, TILE_N)
         k_valid = k_pos < seq_len
