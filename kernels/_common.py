@@ -27,6 +27,8 @@ MIN_HEAD_DIM, MAX_HEAD_DIM = 32, 576  # 576: MLA's K (512 latent + 64 rope); V m
 SINGLE_DOT_HEAD_DIM = 256  # above it, K is loaded as two pieces and the heads of a group are tiled
 MIN_BLOCK_SIZE, MAX_BLOCK_SIZE = 1, 256
 CHECK_ENV = "PAGED_ATTENTION_CHECK"
+# The keyword options prepare_call checks into a PagedCall (return_lse and the hints are the entry's).
+CALL_OPTIONS = ("sliding_window", "logit_softcap", "sinks", "alibi_slopes", "k_scale", "v_scale")
 
 
 def checks_enabled(check: bool | None = None) -> bool:
@@ -120,15 +122,13 @@ def prepare_call(
     query_start_loc=None,
     scale=None,
     check: bool | None = None,
-    *,
-    sliding_window: int | None = None,
-    logit_softcap: float | None = None,
-    sinks: torch.Tensor | None = None,
-    alibi_slopes: torch.Tensor | None = None,
-    k_scale: float | torch.Tensor | None = None,
-    v_scale: float | torch.Tensor | None = None,
+    **options,
 ) -> PagedCall:
     """Check a call against the contract; fill in defaults. Reads no tensor value unless checking.
+
+    ``options`` are the contract's keyword options that shape the call, by name (CALL_OPTIONS:
+    sliding_window, logit_softcap, sinks, alibi_slopes, k_scale, v_scale; see
+    :func:`contract_entry` for their meaning); another name is a TypeError.
 
     Raises ValueError naming the offending argument. Shapes, dtypes and devices are always
     checked, and the index tensors (block_table, seq_lens, query_start_loc) are made
@@ -180,11 +180,13 @@ def prepare_call(
     scale = float(head_dim**-0.5 if scale is None else scale)
     if not (scale > 0 and math.isfinite(scale)):
         _fail(f"scale must be a positive finite number, got {scale}")
-    sliding_window, logit_softcap = _check_scalar_options(sliding_window, logit_softcap)
-    sinks = _check_head_vector("sinks", sinks, num_q_heads, q.device)
-    alibi_slopes = _check_head_vector("alibi_slopes", alibi_slopes, num_q_heads, q.device)
-    k_scale = check_kv_scale("k_scale", k_scale, kv_fp8, num_kv_heads, q.device)
-    v_scale = check_kv_scale("v_scale", v_scale, kv_fp8, num_kv_heads, q.device)
+    if unknown := sorted(set(options) - set(CALL_OPTIONS)):
+        raise TypeError(f"paged attention got unexpected keyword argument(s) {unknown}; options: {CALL_OPTIONS}")
+    sliding_window, logit_softcap = _check_scalar_options(options.get("sliding_window"), options.get("logit_softcap"))
+    sinks = _check_head_vector("sinks", options.get("sinks"), num_q_heads, q.device)
+    alibi_slopes = _check_head_vector("alibi_slopes", options.get("alibi_slopes"), num_q_heads, q.device)
+    k_scale = check_kv_scale("k_scale", options.get("k_scale"), kv_fp8, num_kv_heads, q.device)
+    v_scale = check_kv_scale("v_scale", options.get("v_scale"), kv_fp8, num_kv_heads, q.device)
     call = PagedCall(
         q=q,
         k_cache=k_cache,
@@ -539,6 +541,79 @@ def head_dim_pieces(head_dim: int) -> tuple[int, int]:
     main = 2 ** int(math.log2(head_dim))
     rest = head_dim - main
     return main, (max(16, next_pow2(rest)) if rest else 0)
+
+
+CONTRACT_DOC = """
+    The contract (docs/contract.md); every tensor on one device:
+
+    q               [num_tokens, num_q_heads, head_dim], fp32/fp16/bf16
+    k_cache         [num_blocks, block_size, num_kv_heads, head_dim], q's dtype or fp8
+    v_cache         [num_blocks, block_size, num_kv_heads, head_dim_v] (head_dim_v = head_dim but for MLA)
+    block_table     [num_seqs, max_blocks_per_seq] int32; entries past a sequence's end ignored
+    seq_lens        [num_seqs] int32, KV length of each sequence including its new tokens
+    query_start_loc [num_seqs + 1] int32 or None (one query per sequence)
+    scale           softmax scale (> 0), default head_dim ** -0.5
+    out             optional [num_tokens, num_q_heads, head_dim_v] buffer in q's dtype, written and returned
+    returns         [num_tokens, num_q_heads, head_dim_v] in q's dtype; (out, lse) with return_lse
+
+    max_q_len       host int hint, an upper bound of every q_len (tile height; never the result)
+    max_seq_len     host int hint, an upper bound of every seq_len (the KV split; never the result)
+    check           run the value checks (device syncs); None: $PAGED_ATTENTION_CHECK == "1"
+    sliding_window  host int W >= 1: a query sees its W most recent keys, itself included
+    logit_softcap   host float cap > 0: scaled logits z -> cap * tanh(z / cap)
+    sinks           [num_q_heads] fp32: a per-head logit in the denominator only
+    alibi_slopes    [num_q_heads] fp32: slope_h * (key_pos - query_pos) added to the logits
+    return_lse      also return lse [num_tokens, num_q_heads] fp32, ln of each row's softmax
+                    denominator, the sink included
+    k_scale/v_scale an fp8 cache's scales (host float, or fp32 [1] / [num_kv_heads] on the device):
+                    K = k_cache.float() * k_scale
+"""
+
+
+def contract_entry(impl):
+    """Turn ``impl(call, out, lse, max_q_len, max_seq_len)`` into a function with the contract's signature.
+
+    The one place the contract's arguments are spelled: the returned function checks the call
+    (:func:`prepare_call`), allocates or checks ``out`` and the lse buffer, lets ``impl`` fill
+    them, and returns ``out`` or ``(out, lse)``. It keeps impl's name and module, and its
+    docstring followed by :data:`CONTRACT_DOC`; ``inspect.signature`` and ``help()`` show the
+    real signature below (no ``__wrapped__``: impl's own parameters are an implementation detail).
+    """
+
+    def entry(
+        q,
+        k_cache,
+        v_cache,
+        block_table,
+        seq_lens,
+        query_start_loc=None,
+        scale=None,
+        out=None,
+        *,
+        max_q_len: int | None = None,
+        max_seq_len: int | None = None,
+        check: bool | None = None,
+        sliding_window: int | None = None,
+        logit_softcap: float | None = None,
+        sinks: torch.Tensor | None = None,
+        alibi_slopes: torch.Tensor | None = None,
+        return_lse: bool = False,
+        k_scale: float | torch.Tensor | None = None,
+        v_scale: float | torch.Tensor | None = None,
+    ):
+        call = prepare_call(
+            q, k_cache, v_cache, block_table, seq_lens, query_start_loc, scale, check=check,
+            sliding_window=sliding_window, logit_softcap=logit_softcap, sinks=sinks, alibi_slopes=alibi_slopes,
+            k_scale=k_scale, v_scale=v_scale,
+        )  # fmt: skip
+        out = prepare_out(call, out)
+        lse = prepare_lse(call, return_lse)
+        impl(call, out, lse, max_q_len=max_q_len, max_seq_len=max_seq_len)
+        return with_lse(out, lse)
+
+    entry.__name__, entry.__qualname__, entry.__module__ = impl.__name__, impl.__qualname__, impl.__module__
+    entry.__doc__ = (impl.__doc__ or "").rstrip() + "\n" + CONTRACT_DOC
+    return entry
 
 
 def cdiv(a: int, b: int) -> int:

@@ -14,7 +14,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from ._common import dequantize_kv, prepare_call, prepare_lse, prepare_out, with_lse
+from ._common import PagedCall, contract_entry, dequantize_kv
 
 
 def gather_kv(cache: torch.Tensor, block_table_row: torch.Tensor, seq_len: int) -> torch.Tensor:
@@ -69,54 +69,19 @@ def attention_with_variants(q, k, v, mask, scale, logit_softcap, sinks, alibi_sl
     return weights @ v, torch.logsumexp(logits, -1)
 
 
-def paged_attention_reference(
-    q,
-    k_cache,
-    v_cache,
-    block_table,
-    seq_lens,
-    query_start_loc=None,
-    scale=None,
-    out=None,
-    *,
-    max_q_len: int | None = None,
-    max_seq_len: int | None = None,
-    check: bool | None = None,
-    sliding_window: int | None = None,
-    logit_softcap: float | None = None,
-    sinks: torch.Tensor | None = None,
-    alibi_slopes: torch.Tensor | None = None,
-    return_lse: bool = False,
-    k_scale: float | torch.Tensor | None = None,
-    v_scale: float | torch.Tensor | None = None,
-):
-    """Paged attention by gather + SDPA; arguments and result as in docs/contract.md.
+@contract_entry
+def paged_attention_reference(call: PagedCall, out: torch.Tensor, lse: torch.Tensor | None, **hints) -> None:
+    """Paged attention by gather + SDPA (softmax in fp32; explicit softmax for the variants and the lse).
 
-    q               [num_tokens, num_q_heads, head_dim]
-    k_cache/v_cache [num_blocks, block_size, num_kv_heads, head_dim]
-    block_table     [num_seqs, max_blocks_per_seq] int32
-    seq_lens        [num_seqs] int32
-    query_start_loc [num_seqs + 1] int32 or None (one query per sequence)
-    returns         [num_tokens, num_q_heads, head_dim] in q's dtype (softmax in fp32)
-    sliding_window, logit_softcap, sinks [num_q_heads] fp32, alibi_slopes [num_q_heads] fp32:
-                    the attention variants of docs/contract.md, None (off) by default
-    return_lse      also return lse [num_tokens, num_q_heads] fp32 (docs/contract.md): (out, lse)
-    k_scale/v_scale an fp8 cache's scales (float, or fp32 [num_kv_heads]): K = k_cache.float() * k_scale
-
-    max_q_len/max_seq_len (launch hints of the kernel) are accepted and unused. check: the
-    value checks, as in every backend (None: $PAGED_ATTENTION_CHECK); without them a block
-    id outside the pool is the caller's bug (an IndexError, or a wrapped negative index).
+    The launch hints (max_q_len, max_seq_len) are accepted and unused. check: the value
+    checks, as in every backend; without them a block id outside the pool is the caller's
+    bug (an IndexError, or a wrapped negative index).
     """
-    del max_q_len, max_seq_len
-    call = prepare_call(
-        q, k_cache, v_cache, block_table, seq_lens, query_start_loc, scale, check=check,
-        sliding_window=sliding_window, logit_softcap=logit_softcap, sinks=sinks, alibi_slopes=alibi_slopes,
-        k_scale=k_scale, v_scale=v_scale,
-    )  # fmt: skip
-    explicit = logit_softcap is not None or sinks is not None or alibi_slopes is not None or return_lse
+    del hints
+    q, k_cache, v_cache = call.q, call.k_cache, call.v_cache
+    explicit = call.logit_softcap is not None or call.sinks is not None or call.alibi_slopes is not None
+    explicit = explicit or lse is not None
     block_table = call.block_table
-    out = prepare_out(call, out)
-    lse = prepare_lse(call, return_lse)
     starts = call.query_start_loc.tolist()
     lens = call.seq_lens.tolist()
     for seq, seq_len in enumerate(lens):
@@ -138,4 +103,3 @@ def paged_attention_reference(
         else:
             o = F.scaled_dot_product_attention(q_seq, k, v, attn_mask=mask, scale=call.scale)
         out[q_begin:q_end] = o.transpose(0, 1).to(out.dtype)
-    return with_lse(out, lse)

@@ -33,7 +33,7 @@ import math
 
 import torch
 
-from ._common import dequantize_kv, prepare_call, prepare_lse, prepare_out, tiling_for, window_tile_start, with_lse
+from ._common import PagedCall, contract_entry, dequantize_kv, tiling_for, window_tile_start
 
 LOG2E = math.log2(math.e)
 LN2 = math.log(2.0)
@@ -57,56 +57,22 @@ def variant_vectors(call) -> tuple[torch.Tensor | None, torch.Tensor | None]:
     return sinks, slopes
 
 
+@contract_entry
 def paged_attention_tlsim(
-    q,
-    k_cache,
-    v_cache,
-    block_table,
-    seq_lens,
-    query_start_loc=None,
-    scale=None,
-    out=None,
-    *,
-    max_q_len: int | None = None,
-    max_seq_len: int | None = None,
-    check: bool | None = None,
-    sliding_window: int | None = None,
-    logit_softcap: float | None = None,
-    sinks: torch.Tensor | None = None,
-    alibi_slopes: torch.Tensor | None = None,
-    return_lse: bool = False,
-    k_scale: float | torch.Tensor | None = None,
-    v_scale: float | torch.Tensor | None = None,
-):
-    """Paged attention by the kernel's streaming algorithm; the contract of docs/contract.md.
+    call: PagedCall, out: torch.Tensor, lse: torch.Tensor | None, max_q_len: int | None, max_seq_len: int | None
+) -> None:
+    """Paged attention by the kernel's streaming algorithm (the module docstring says how it mirrors it).
 
-    q               [num_tokens, num_q_heads, head_dim]
-    k_cache         [num_blocks, block_size, num_kv_heads, head_dim]
-    v_cache         [num_blocks, block_size, num_kv_heads, head_dim_v] (head_dim_v may differ: MLA)
-    block_table     [num_seqs, max_blocks_per_seq] int32 (entries past a sequence's end ignored)
-    seq_lens        [num_seqs] int32
-    query_start_loc [num_seqs + 1] int32 or None (one query per sequence)
-    returns         [num_tokens, num_q_heads, head_dim_v] in q's dtype
-    sliding_window, logit_softcap, sinks [num_q_heads] fp32, alibi_slopes [num_q_heads] fp32:
-                    the attention variants (docs/contract.md), off by default
-    return_lse      also return lse [num_tokens, num_q_heads] fp32, ln 2 * (m * scale * log2 e + log2 l)
-                    from the final (or combined) running max and sum, as the kernel stores it
-    k_scale/v_scale an fp8 cache's scales: K = (k_cache.float() * k_scale) in q's dtype, as the kernel
-
-    max_q_len/max_seq_len are the kernel's launch hints: given the same ones, tlsim makes
-    the kernel's tiling and KV split. check: as in the kernel (None: $PAGED_ATTENTION_CHECK).
-    tlsim itself reads lengths on the host: it is a model, not a sync-free path.
+    lse (return_lse) is ln 2 * (m * scale * log2 e + log2 l) from the final (or combined)
+    running max and sum, as the kernel stores it; an fp8 cache is dequantized into q's dtype,
+    as the kernel does. max_q_len/max_seq_len are the kernel's launch hints: given the same
+    ones, tlsim makes the kernel's tiling and KV split. tlsim itself reads lengths on the
+    host: it is a model, not a sync-free path.
     """
-    call = prepare_call(
-        q, k_cache, v_cache, block_table, seq_lens, query_start_loc, scale, check=check,
-        sliding_window=sliding_window, logit_softcap=logit_softcap, sinks=sinks, alibi_slopes=alibi_slopes,
-        k_scale=k_scale, v_scale=v_scale,
-    )  # fmt: skip
-    out = prepare_out(call, out)
-    lse = prepare_lse(call, return_lse)
+    q, k_cache, v_cache = call.q, call.k_cache, call.v_cache
     num_tokens = q.shape[0]
     if call.num_seqs == 0 or num_tokens == 0:
-        return with_lse(out, lse)
+        return
     device = q.device
     q_lens = call.q_lens.clamp(min=0)
     longest_q = int(q_lens.max())
@@ -226,4 +192,3 @@ def paged_attention_tlsim(
         row_lse = (m_top * qk_scale_log2 + torch.log2(l_sum)) * LN2
         row_lse = row_lse.view(num_seqs, num_kv_heads, longest_q, group).permute(0, 2, 1, 3)
         lse[token_index[token_valid]] = row_lse.reshape(num_seqs, longest_q, call.num_q_heads)[token_valid]
-    return with_lse(out, lse)

@@ -60,17 +60,7 @@ import torch
 import triton
 import triton.language as tl
 
-from ._common import (
-    cdiv,
-    head_dim_pieces,
-    heads_per_program,
-    next_pow2,
-    prepare_call,
-    prepare_lse,
-    prepare_out,
-    tiling_for,
-    with_lse,
-)
+from ._common import PagedCall, cdiv, contract_entry, head_dim_pieces, heads_per_program, next_pow2, tiling_for
 
 
 @triton.jit
@@ -408,69 +398,26 @@ def _check_launchable(device: torch.device) -> None:
         )
 
 
+@contract_entry
 def paged_attention_triton(
-    q,
-    k_cache,
-    v_cache,
-    block_table,
-    seq_lens,
-    query_start_loc=None,
-    scale=None,
-    out=None,
-    *,
-    max_q_len: int | None = None,
-    max_seq_len: int | None = None,
-    check: bool | None = None,
-    sliding_window: int | None = None,
-    logit_softcap: float | None = None,
-    sinks: torch.Tensor | None = None,
-    alibi_slopes: torch.Tensor | None = None,
-    return_lse: bool = False,
-    k_scale: float | torch.Tensor | None = None,
-    v_scale: float | torch.Tensor | None = None,
-):
-    """Paged attention through the Triton kernel (the contract in docs/contract.md).
-
-    q               [num_tokens, num_q_heads, head_dim], fp32/fp16/bf16
-    k_cache/v_cache [num_blocks, block_size, num_kv_heads, head_dim], q's dtype
-    block_table     [num_seqs, max_blocks_per_seq] int32; entries past a sequence's end ignored
-    seq_lens        [num_seqs] int32, KV length of each sequence including its new tokens
-    query_start_loc [num_seqs + 1] int32 or None (one query per sequence)
-    scale           softmax scale (> 0), default head_dim ** -0.5
-    out             optional [num_tokens, num_q_heads, head_dim] buffer, written and returned
-    returns         [num_tokens, num_q_heads, head_dim] in q's dtype
+    call: PagedCall, out: torch.Tensor, lse: torch.Tensor | None, max_q_len: int | None, max_seq_len: int | None
+) -> None:
+    """Paged attention through the Triton kernel.
 
     The call reads no tensor value on the host: no device sync, so it can be captured in
-    a CUDA graph. Launch sizes come from shapes (see the module docstring).
-
-    max_q_len       optional host int, an upper bound of every q_len: picks a smaller tile
-                    when the queries are short (decode through query_start_loc: pass 1)
-    max_seq_len     optional host int, an upper bound of every seq_len, for the KV split
-                    (default: max_blocks_per_seq * block_size). Hints change speed, never
-                    the result.
-    check           run the value checks (syncs); None: $PAGED_ATTENTION_CHECK == "1"
-    sliding_window  host int W >= 1 or None: a query sees its W most recent keys, itself included
-    logit_softcap   host float cap > 0 or None: scaled logits z -> cap * tanh(z / cap)
-    sinks           [num_q_heads] fp32 or None: a per-head logit in the denominator only
-    alibi_slopes    [num_q_heads] fp32 or None: slope_h * (key_pos - query_pos) added to the logits
-    return_lse      also return lse [num_tokens, num_q_heads] fp32, the natural log of each row's
-                    softmax denominator (sink included): (out, lse); the split path's combine writes it
-    k_scale/v_scale an fp8 cache's scales (host float, or fp32 [1] / [num_kv_heads] on the device):
-                    K = k_cache.float() * k_scale, rounded to q's dtype before the dot (vLLM's convention)
+    a CUDA graph. Launch sizes come from shapes and the hints (see the module docstring):
+    max_q_len (decode through query_start_loc: pass 1) picks a smaller tile, max_seq_len
+    the KV split; hints change speed, never the result. With return_lse the single-pass
+    epilogue or the split path's combine writes lse. An fp8 cache is dequantized in the
+    kernel, rounded to q's dtype before the dot (vLLM's convention).
 
     On CPU tensors the kernel runs under Triton's interpreter (slow: small cases only).
     """
-    call = prepare_call(
-        q, k_cache, v_cache, block_table, seq_lens, query_start_loc, scale, check=check,
-        sliding_window=sliding_window, logit_softcap=logit_softcap, sinks=sinks, alibi_slopes=alibi_slopes,
-        k_scale=k_scale, v_scale=v_scale,
-    )  # fmt: skip
-    out = prepare_out(call, out)
-    lse = prepare_lse(call, return_lse)
+    q, k_cache, v_cache = call.q, call.k_cache, call.v_cache
     _check_launchable(q.device)
     num_tokens = q.shape[0]
     if call.num_seqs == 0 or num_tokens == 0:
-        return with_lse(out, lse)
+        return
     tiling = tiling_for(call, max_q_len, max_seq_len)
     q_c, k_c, v_c = (t if t.stride(-1) == 1 else t.contiguous() for t in (q, k_cache, v_cache))
     out_c = out if out.stride(-1) == 1 else torch.empty_like(out, memory_format=torch.contiguous_format)
@@ -539,4 +486,3 @@ def paged_attention_triton(
         )  # fmt: skip
     if out_c is not out:
         out.copy_(out_c)
-    return with_lse(out, lse)
