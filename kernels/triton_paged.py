@@ -41,6 +41,12 @@ The idea, in a few lines:
   65 tiles of 64, not 2048. The KV split follows the window: it is sized for W + q_len keys
   (``kernels._common.tiling_for``) and its pieces are cut from the window's first tile, so
   the splits share the window's work rather than all but the last walking nothing.
+* More of the contract (docs/contract.md): ``return_lse`` stores ln 2 * (m * scale * log2 e +
+  log2 l) per row in the epilogue or the combine; an fp8 cache (KV_FP8) is dequantized tile
+  by tile, ``k.float() * k_scale`` rounded to q's dtype (``_dequantize``); V's head dim may
+  differ from K's (MLA: HEAD_DIM_V), and K past 256 columns is loaded in two power-of-two
+  pieces (DIM_MAIN + DIM_TAIL: 576 = 512 + 64) whose dots add into the same logits, with a
+  large group's heads tiled 16 a program (HEADS_PER_PROGRAM, HEAD_TILES).
 * Indices are never trusted with memory: without value checks (see ``kernels._common``)
   a query row past num_tokens is not read or written, and a tile that would read a
   block id outside [0, num_blocks) or a table entry past max_blocks_per_seq loads
