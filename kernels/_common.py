@@ -113,19 +113,10 @@ def _fail(msg: str) -> None:
     raise ValueError(f"paged attention: {msg}")
 
 
-def prepare_call(
-    q,
-    k_cache,
-    v_cache,
-    block_table,
-    seq_lens,
-    query_start_loc=None,
-    scale=None,
-    check: bool | None = None,
-    **options,
-) -> PagedCall:
-    """Check a call against the contract; fill in defaults. Reads no tensor value unless checking.
+def prepare_call(q, k_cache, v_cache, block_table, seq_lens, query_start_loc=None, scale=None, check=None, **options):
+    """Check a call against the contract; fill in defaults; return the :class:`PagedCall`.
 
+    Reads no tensor value unless checking (``check``: bool or None, see :func:`checks_enabled`).
     ``options`` are the contract's keyword options that shape the call, by name (CALL_OPTIONS:
     sliding_window, logit_softcap, sinks, alibi_slopes, k_scale, v_scale; see
     :func:`contract_entry` for their meaning); another name is a TypeError.
