@@ -54,7 +54,7 @@ def test_bench(benchmark, harness_case, harness_backend, harness_session, reques
     if backend.name == "triton" and torch.device(device).type == "cpu":
         pytest.skip("the Triton interpreter's speed says nothing about the kernel's")
     inputs = case_inputs(case, device)  # the runner's inputs, attention variants included
-    out = torch.full_like(inputs.q, float("nan"))
+    out = inputs.new_out()
     prepared = backend.prepare(case, inputs, out)
     assert not prepared.to_packed(prepared.run()).isnan().any(), "a benchmarked call must produce a full output"
     timing = time_call(prepared.run, device, graphable=backend.graphable, min_reps=MIN_SAMPLES)

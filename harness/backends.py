@@ -56,9 +56,13 @@ def _prepare_cache(case: Case, inputs: PagedInputs, out: torch.Tensor) -> Prepar
         block_size=case.block_size,
         num_kv_heads=case.num_kv_heads,
         head_dim=case.head_dim,
-        dtype=inputs.q.dtype,
+        dtype=inputs.k_cache.dtype,  # an fp8 case: fp8 pools, quantized on write with the case's scales
         device=device,
+        head_dim_v=case.head_dim_v,
+        k_scale=inputs.options.get("k_scale"),
+        v_scale=inputs.options.get("v_scale"),
     )
+    options = {name: value for name, value in inputs.options.items() if name not in ("k_scale", "v_scale")}
     seq_ids = list(range(case.num_seqs))
     for seq_id, keys, values in zip(seq_ids, inputs.keys, inputs.values, strict=True):
         cache.allocate(seq_id)
@@ -69,8 +73,8 @@ def _prepare_cache(case: Case, inputs: PagedInputs, out: torch.Tensor) -> Prepar
     # sequence ids, which builds the metadata on every call.
     step = cache.step_metadata(seq_ids, inputs.query_start_loc.cpu())
     return Prepared(
-        run=lambda: cache.paged_attention(0, inputs.q, step, out=out, **inputs.options),
-        call=lambda: cache.paged_attention(0, inputs.q, seq_ids, inputs.query_start_loc, **inputs.options),
+        run=lambda: cache.paged_attention(0, inputs.q, step, out=out, **options),
+        call=lambda: cache.paged_attention(0, inputs.q, seq_ids, inputs.query_start_loc, **options),
         note=f"dispatch -> {chosen}; step metadata built once",
     )
 

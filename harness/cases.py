@@ -38,8 +38,9 @@ from pydantic import (
 
 from kernels._common import MAX_BLOCK_SIZE, MAX_HEAD_DIM, MIN_BLOCK_SIZE, MIN_HEAD_DIM, cdiv
 
-from .grading import DEFAULT_TOLERANCES
-from .vocab import DTypeName, Layout
+from .grading import DEFAULT_TOLERANCES, FP8_KV_TOLERANCES
+from .inputs import shared_prefix_blocks
+from .vocab import DTypeName, KVDTypeName, Layout
 
 # Strict: `true` is not 1, "3" is not 3; floats must be finite (no nan, no inf).
 Int = Annotated[int, Strict()]
@@ -47,6 +48,8 @@ Float = Annotated[float, Strict(), AllowInfNan(False)]
 INT32_MAX, INT64_MAX = 2**31 - 1, 2**63 - 1
 Length = Annotated[int, Strict(), Field(le=INT32_MAX)]  # seq_lens and q_lens are int32 tensors
 MAX_FILE_BYTES = 4 * 2**20  # a case file is a few KB; anything past this is not one
+
+KVScaleMode = Literal["amax", "amax_per_head"]
 
 
 class CaseFileError(ValueError):
@@ -113,6 +116,9 @@ class CaseSpec(BaseModel):
     num_kv_heads: Int | None = Field(default=None, ge=1, le=512, description="give this or gqa_ratio")
     gqa_ratio: Int | None = Field(default=None, ge=1, le=512, description="num_q_heads // num_kv_heads")
     head_dim: Int = Field(ge=MIN_HEAD_DIM, le=MAX_HEAD_DIM)
+    head_dim_v: Int | None = Field(
+        default=None, ge=MIN_HEAD_DIM, le=MAX_HEAD_DIM, description="V's head dim when it differs from K's (MLA: 512)"
+    )
     block_size: Int = Field(default=16, ge=MIN_BLOCK_SIZE, le=MAX_BLOCK_SIZE)
     seq_lens: list[Length] | SeqLenGenerator = Field(description="KV length per sequence, or a generator")
     q_lens: Length | list[Length] | QLenGenerator = Field(default=1, description="queries per sequence; 1 is decode")
@@ -133,6 +139,19 @@ class CaseSpec(BaseModel):
         default=None, description="one sink logit per query head, or { scale, mean } drawn from the seed"
     )
     alibi: Annotated[bool, Strict()] = Field(default=False, description="ALiBi with the standard slopes 2^(-8i/n)")
+    kv_dtype: KVDTypeName | None = Field(
+        default=None, description="an fp8 KV cache (q keeps dtype); K = k_cache.float() * k_scale"
+    )
+    kv_scale: Annotated[float, Strict(), AllowInfNan(False), Field(gt=0, le=1e6)] | KVScaleMode | None = Field(
+        default=None,
+        description="fp8 scales: a float for K and V, 'amax' (per tensor, amax / fp8 max; the default) or 'amax_per_head'",
+    )
+    return_lse: Annotated[bool, Strict()] = Field(
+        default=False, description="the call also returns the log-sum-exp, graded against the oracle's"
+    )
+    cascade: Annotated[bool, Strict()] = Field(
+        default=False, description="shared_prefix layout: the kernels run it as prefix + suffix merged by lse"
+    )
     timeout_s: Float | None = Field(default=None, gt=0, description="per-call time limit of isolated backends")
     tolerance: dict[DTypeName, Tolerance] = Field(default_factory=dict, description="per-dtype overrides")
     backends: list[str] | None = Field(default=None, description="only these backends (default: all)")
@@ -194,7 +213,31 @@ class CaseSpec(BaseModel):
             raise FieldError(
                 "sinks", f"sinks has {len(self.sinks)} values; it needs one per query head ({self.num_q_heads})"
             )
+        if self.cascade:
+            self._check_cascade()
+        if self.kv_scale is not None and self.kv_dtype is None:
+            raise FieldError("kv_scale", "kv_scale needs an fp8 kv_dtype (float8_e4m3fn or float8_e5m2)")
         return self
+
+    def _check_cascade(self) -> None:
+        """A cascade needs a shared prefix that every query sits after, and no position-dependent option."""
+        if self.layout != "shared_prefix":
+            raise FieldError("cascade", f"cascade = true needs layout = 'shared_prefix', got {self.layout!r}")
+        if self.sliding_window is not None or self.alibi:
+            raise FieldError(
+                "cascade", "cascade = true cannot take sliding_window or alibi (they need absolute positions)"
+            )
+        seq, q = _lengths(self)
+        prefix = shared_prefix_blocks(seq, self.block_size, self.layout) * self.block_size
+        if prefix == 0:
+            raise FieldError("cascade", "cascade = true needs two or more sequences sharing at least one block")
+        late = [(i, n, m) for i, (n, m) in enumerate(zip(seq, q, strict=True)) if n - m < prefix]
+        if late:
+            i, n, m = late[0]
+            raise FieldError(
+                "cascade",
+                f"sequence {i} (seq_len {n}, q_len {m}) has a query inside the shared prefix of {prefix} keys",
+            )
 
     def resolved_num_kv_heads(self) -> int:
         if (self.num_kv_heads is None) == (self.gqa_ratio is None):
@@ -225,6 +268,7 @@ class Case:
     sinks: tuple[float, ...] | None  # one per query head, materialized from the case file
     atol: float  # the dtype's default (harness.grading) or the case file's override
     rtol: float
+    head_dim_v: int  # V's and the output's head dim: given, or head_dim (MLA: 512 under K's 576)
 
     def __getattr__(self, name: str) -> Any:
         """A case-file field not materialized above: ``head_dim``, ``dtype``, ``layout``, ``seed``, ..."""
@@ -253,6 +297,11 @@ class Case:
         return torch.finfo(getattr(torch, self.dtype)).bits // 8
 
     @property
+    def kv_element_bytes(self) -> int:
+        """Bytes of one element of the KV cache (1 for fp8, else the case's dtype)."""
+        return 1 if self.kv_dtype is not None else self.element_bytes
+
+    @property
     def blocks_needed(self) -> int:
         """Blocks that hold every sequence unshared: sum of ceil(seq_len / block_size)."""
         return sum(cdiv(n, self.block_size) for n in self.seq_lens)
@@ -265,6 +314,9 @@ class Case:
             "logit_softcap": self.logit_softcap is not None,
             "sinks": self.sinks is not None,
             "alibi_slopes": self.alibi,
+            "return_lse": self.return_lse or self.cascade,
+            "fp8_kv": self.kv_dtype is not None,
+            "head_dim_v": self.head_dim_v != self.head_dim,
         }
         return frozenset(name for name, on in names.items() if on)
 
@@ -275,7 +327,16 @@ class Case:
             "logit_softcap": self.logit_softcap,
             "sinks": self.sinks,
             "alibi": self.alibi,
+            "return_lse": self.return_lse or self.cascade,
+            "kv_dtype": self.kv_dtype,
+            "kv_scale": self.kv_scale,
+            "head_dim_v": self.head_dim_v,
         }
+
+    @property
+    def prefix_blocks(self) -> int:
+        """Blocks every sequence shares (the "shared_prefix" layout; 0 otherwise)."""
+        return shared_prefix_blocks(self.seq_lens, self.block_size, self.layout)
 
     def wants(self, backend: str) -> bool:
         """Whether the case file asks for this backend."""
@@ -392,6 +453,8 @@ def expand_spec(raw: dict[str, Any], file: str) -> list[Case]:
             continue
         seq, q = _lengths(p)
         atol, rtol = DEFAULT_TOLERANCES[p.dtype]
+        if p.kv_dtype is not None:
+            atol, rtol = FP8_KV_TOLERANCES.get(p.dtype, (atol, rtol))
         if p.dtype in p.tolerance:
             atol, rtol = p.tolerance[p.dtype].atol, p.tolerance[p.dtype].rtol
         cases.append(
@@ -405,6 +468,7 @@ def expand_spec(raw: dict[str, Any], file: str) -> list[Case]:
                 sinks=_sinks(p),
                 atol=atol,
                 rtol=rtol,
+                head_dim_v=p.head_dim if p.head_dim_v is None else p.head_dim_v,
             )
         )
     if errors:

@@ -69,7 +69,7 @@ for line in sys.stdin:
                 dtype=case.dtype, layout=case.layout, input_scale=case.input_scale, seed=case.seed,
                 device=cfg["device"], **(case.variant_fields() if hasattr(case, "variant_fields") else {}),
             )
-            out = torch.full_like(inputs.q, float("nan"))
+            out = inputs.new_out()
             ready[(case_id, backend)] = (b.prepare(case, inputs, out).run, b.graphable)
         run, graphable = ready[(case_id, backend)]
         timing = time_call(run, cfg["device"], graphable=graphable, target_s=cfg["target_s"], min_reps=5)

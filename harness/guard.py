@@ -140,13 +140,14 @@ class InputGuard:
         return f"mutated its input {', '.join(names)} {when} (restored for the next backend)"
 
 
-def check_output(result, q: torch.Tensor) -> str:
-    """'' when ``result`` is a tensor of q's shape, dtype and device; else what differs."""
+def check_output(result, q: torch.Tensor, head_dim_v: int | None = None) -> str:
+    """'' when ``result`` is a tensor of q's shape (last dim head_dim_v when given), dtype and device; else what differs."""
     if not isinstance(result, torch.Tensor):
         return f"returned {type(result).__name__}, not a tensor [num_tokens, num_q_heads, head_dim]"
     problems = []
-    if tuple(result.shape) != tuple(q.shape):
-        problems.append(f"shape {tuple(result.shape)}, expected {tuple(q.shape)}")
+    shape = (*q.shape[:2], q.shape[2] if head_dim_v is None else head_dim_v)
+    if tuple(result.shape) != shape:
+        problems.append(f"shape {tuple(result.shape)}, expected {shape}")
     if result.dtype != q.dtype:
         problems.append(f"dtype {str(result.dtype).removeprefix('torch.')}, expected q's "
                         f"{str(q.dtype).removeprefix('torch.')}")  # fmt: skip

@@ -15,6 +15,8 @@ from typing import Any
 
 import torch
 
+from kernels._common import quantize_kv
+
 from .vocab import DTYPES, Layout
 
 
@@ -28,9 +30,12 @@ class PagedInputs:
     seq_lens        [num_seqs] int32
     query_start_loc [num_seqs + 1] int32
     keys/values     num_seqs tensors [seq_len, num_kv_heads, head_dim]: each sequence's KV in order
+                    (in q's dtype, before any fp8 quantization: what a cache writes)
     options         the attention variants the case turns on, as keywords of every call
                     (sliding_window int, logit_softcap float, sinks / alibi_slopes [num_q_heads]
-                    fp32 on q's device); empty: plain causal attention
+                    fp32 on q's device; return_lse True: the call returns (out, lse); k_scale and
+                    v_scale [num_kv_heads] fp32 for an fp8 cache);
+                    empty: plain causal attention
     """
 
     q: torch.Tensor
@@ -42,10 +47,30 @@ class PagedInputs:
     keys: tuple[torch.Tensor, ...]
     values: tuple[torch.Tensor, ...]
     options: dict[str, Any] = field(default_factory=dict)
+    unquantized: tuple[torch.Tensor, torch.Tensor] | None = None  # an fp8 case's pools before quantizing
 
     def args(self) -> tuple[torch.Tensor, ...]:
         """The positional arguments of the kernel contract, in order."""
         return (self.q, self.k_cache, self.v_cache, self.block_table, self.seq_lens, self.query_start_loc)
+
+    def new_out(self) -> torch.Tensor:
+        """A NaN-filled output buffer: [num_tokens, num_q_heads, head_dim_v] in q's dtype, on q's device."""
+        shape = (*self.q.shape[:2], self.v_cache.shape[-1])
+        return torch.full(shape, float("nan"), dtype=self.q.dtype, device=self.q.device)
+
+    def dequantized_args(self) -> tuple[torch.Tensor, ...]:
+        """args() with an fp8 case's pools as fp32 ``k_cache.float() * k_scale`` (the values the oracle attends over)."""
+        if "k_scale" not in self.options:
+            return self.args()
+        k = self.k_cache.float() * self.options["k_scale"][:, None]
+        v = self.v_cache.float() * self.options["v_scale"][:, None]
+        return (self.q, k, v, *self.args()[3:])
+
+
+def shared_prefix_blocks(seq_lens: list[int] | tuple[int, ...], block_size: int, layout: str) -> int:
+    """Blocks every sequence shares under the "shared_prefix" layout: min(seq_lens) // block_size
+    (0 for another layout or a single sequence). Example: seq_lens [40, 90], block_size 16: 2 blocks."""
+    return min(seq_lens) // block_size if layout == "shared_prefix" and len(seq_lens) > 1 else 0
 
 
 def assign_blocks(
@@ -57,7 +82,7 @@ def assign_blocks(
     same physical blocks. A spare eighth of the pool (at least one block) stays unowned.
     """
     per_seq = [-(-n // block_size) for n in seq_lens]
-    shared = min(seq_lens) // block_size if layout == "shared_prefix" and len(seq_lens) > 1 else 0
+    shared = shared_prefix_blocks(seq_lens, block_size, layout)
     num_owned = shared + sum(n - shared for n in per_seq)
     num_blocks = num_owned + max(1, num_owned // 8)
     if layout == "contiguous":
@@ -104,6 +129,10 @@ def make_inputs(
     logit_softcap: float | None = None,
     sinks: list[float] | tuple[float, ...] | None = None,
     alibi: bool = False,
+    return_lse: bool = False,
+    kv_dtype: str | None = None,
+    kv_scale: float | str | None = None,
+    head_dim_v: int | None = None,
 ) -> PagedInputs:
     """Build a case's inputs from its seed; the same arguments always give the same tensors.
 
@@ -124,9 +153,10 @@ def make_inputs(
         return (torch.randn(*shape, generator=generator) * scale).to(torch_dtype)
 
     q = normal(sum(q_lens), num_q_heads, head_dim, scale=input_scale)
+    head_dim_v = head_dim if head_dim_v is None else head_dim_v
     pool_shape = (num_blocks * block_size, num_kv_heads, head_dim)
     k_slots = torch.full(pool_shape, float("nan"), dtype=torch_dtype)
-    v_slots = torch.full(pool_shape, float("nan"), dtype=torch_dtype)
+    v_slots = torch.full((*pool_shape[:2], head_dim_v), float("nan"), dtype=torch_dtype)
     keys, values = [], []
     for row, seq_len in enumerate(seq_lens):
         pos = torch.arange(seq_len)
@@ -134,7 +164,7 @@ def make_inputs(
         # A shared prefix block already written by an earlier sequence keeps its values.
         written = ~torch.isnan(k_slots[slots, 0, 0].float())
         k_new = normal(seq_len, num_kv_heads, head_dim, scale=input_scale)
-        v_new = normal(seq_len, num_kv_heads, head_dim)
+        v_new = normal(seq_len, num_kv_heads, head_dim_v)
         k = torch.where(written[:, None, None], k_slots[slots], k_new)
         v = torch.where(written[:, None, None], v_slots[slots], v_new)
         k_slots[slots], v_slots[slots] = k, v
@@ -143,7 +173,15 @@ def make_inputs(
     query_start_loc = torch.zeros(len(q_lens) + 1, dtype=torch.int32)
     query_start_loc[1:] = torch.tensor(q_lens, dtype=torch.int32).cumsum(0)
     pool = (num_blocks, block_size, num_kv_heads, head_dim)
+    v_pool = (*pool[:3], head_dim_v)
     options: dict[str, Any] = {}
+    unquantized = None
+    if kv_dtype is not None:  # quantize the pools (NaN stays NaN); the oracle grades against their dequantized values
+        fp8 = getattr(torch, kv_dtype)
+        k_scale, v_scale = fp8_scales(k_slots, kv_scale, fp8), fp8_scales(v_slots, kv_scale, fp8)
+        unquantized = (k_slots.view(pool).to(device), v_slots.view(v_pool).to(device))
+        k_slots, v_slots = quantize_kv(k_slots, k_scale, fp8), quantize_kv(v_slots, v_scale, fp8)
+        options["k_scale"], options["v_scale"] = k_scale.to(device), v_scale.to(device)
     if sliding_window is not None:
         options["sliding_window"] = int(sliding_window)
     if logit_softcap is not None:
@@ -152,16 +190,35 @@ def make_inputs(
         if len(sinks) != num_q_heads:
             raise ValueError(f"sinks has {len(sinks)} values for {num_q_heads} query heads")
         options["sinks"] = torch.tensor(list(sinks), dtype=torch.float32, device=device)
+    if return_lse:
+        options["return_lse"] = True
     if alibi:
         options["alibi_slopes"] = torch.tensor(standard_alibi_slopes(num_q_heads), dtype=torch.float32, device=device)
     return PagedInputs(
         q=q.to(device),
         k_cache=k_slots.view(pool).to(device),
-        v_cache=v_slots.view(pool).to(device),
+        v_cache=v_slots.view(v_pool).to(device),
         block_table=table.to(device),
         seq_lens=torch.tensor(seq_lens, dtype=torch.int32, device=device),
         query_start_loc=query_start_loc.to(device),
         keys=tuple(keys),
         values=tuple(values),
         options=options,
+        unquantized=unquantized,
     )
+
+
+def fp8_scales(slots: torch.Tensor, mode: float | str | None, fp8: torch.dtype) -> torch.Tensor:
+    """[num_kv_heads] fp32 scales of a pool [num_slots, num_kv_heads, head_dim] for an fp8 cache.
+
+    A float: that scale for every head. "amax" (None too): per tensor, max |x| over the owned
+    slots / the format's largest finite value (448 for e4m3fn, 57344 for e5m2), as vLLM's
+    calculate_kv_scales; "amax_per_head": the same per KV head.
+    """
+    num_kv_heads = slots.shape[1]
+    if isinstance(mode, float):
+        return torch.full((num_kv_heads,), mode, dtype=torch.float32)
+    amax = slots.float().abs().nan_to_num(0.0).amax(dim=(0, 2))  # [num_kv_heads]
+    if mode in (None, "amax"):
+        amax = amax.amax().expand(num_kv_heads)
+    return (amax.clamp_min(1e-12) / torch.finfo(fp8).max).to(torch.float32).contiguous()

@@ -8,8 +8,9 @@ from .cases import Case
 def bytes_moved(case: Case) -> int:
     """Fewest bytes a paged-attention call must move through device memory.
 
-    bytes = elt * (2 * sum(seq_len for sequences with q_len > 0) * num_kv_heads * head_dim
-                   + 2 * num_tokens * num_q_heads * head_dim)
+    bytes = kv_elt * sum(seq_len for sequences with q_len > 0) * num_kv_heads * (head_dim + head_dim_v)
+            + elt * num_tokens * num_q_heads * (head_dim + head_dim_v)
+    (kv_elt: 1 for an fp8 cache, else elt; head_dim_v = head_dim but for MLA-shaped cases)
     KV of every sequence that has queries is read once (K and V), q is read once and out
     written once. Block tables and lengths (a few KB) are left out; a sequence with
     q_len 0 reads nothing.
@@ -17,7 +18,8 @@ def bytes_moved(case: Case) -> int:
     elt = case.element_bytes
     kv_tokens = sum(n for n, q in zip(case.seq_lens, case.q_lens, strict=True) if q > 0)
     num_tokens = sum(case.q_lens)
-    return elt * (2 * kv_tokens * case.num_kv_heads * case.head_dim + 2 * num_tokens * case.num_q_heads * case.head_dim)
+    dims = case.head_dim + case.head_dim_v
+    return case.kv_element_bytes * kv_tokens * case.num_kv_heads * dims + elt * num_tokens * case.num_q_heads * dims
 
 
 def attended_pairs(case: Case) -> int:
@@ -30,12 +32,13 @@ def attended_pairs(case: Case) -> int:
 
 
 def flops(case: Case) -> int:
-    """Useful floating-point operations: 4 * attended_pairs * num_q_heads * head_dim.
+    """Useful floating-point operations: 2 * attended_pairs * num_q_heads * (head_dim + head_dim_v).
 
-    Two multiply-adds (2 flops each) per pair, head and dimension: one in q . k, one in
-    p @ v. Softmax exponentials and masked-out work are not counted.
+    A multiply-add (2 flops) per pair, head and dimension of q . k (head_dim) and of p @ v
+    (head_dim_v): 4 * pairs * heads * head_dim when the two agree. Softmax exponentials and
+    masked-out work are not counted.
     """
-    return 4 * attended_pairs(case) * case.num_q_heads * case.head_dim
+    return 2 * attended_pairs(case) * case.num_q_heads * (case.head_dim + case.head_dim_v)
 
 
 def gbps(num_bytes: int, latency_us: float) -> float:

@@ -66,7 +66,7 @@ def profile_pairs(pairs: list[tuple[Case, Backend]], device: str, oracle_device:
             continue
         ctx = build_context(case, device, oracle_device)
         try:
-            prepared = backend.prepare(case, ctx.inputs, torch.full_like(ctx.inputs.q, float("nan")))
+            prepared = backend.prepare(case, ctx.inputs, ctx.inputs.new_out())
         except Unsupported as refusal:
             print(f"profile: {case.id}:{backend.name} skipped: {refusal}", file=sys.stderr)
             continue

@@ -19,10 +19,13 @@ import importlib.util
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 from typing import Any
 
 import torch
+
+from kernels.cascade import cascade_attention
 
 from .cases import Case
 from .inputs import PagedInputs
@@ -30,7 +33,9 @@ from .inputs import PagedInputs
 KINDS = ("kernel", "engine path", "peer", "plugin")
 # The contract's optional keywords (docs/contract.md, "Attention variants"). A backend
 # declares the ones it computes; a case that turns on another is a skip row for it.
-VARIANT_OPTIONS = ("sliding_window", "logit_softcap", "sinks", "alibi_slopes")
+# "fp8_kv": an fp8 k_cache/v_cache with its k_scale/v_scale keywords; "head_dim_v": a v_cache
+# whose head dim differs from k_cache's (MLA), the output shaped like V.
+VARIANT_OPTIONS = ("sliding_window", "logit_softcap", "sinks", "alibi_slopes", "return_lse", "fp8_kv", "head_dim_v")
 
 
 class Unsupported(Exception):
@@ -93,7 +98,8 @@ def contract_prepare(fn: Callable[..., torch.Tensor], **hints: Callable[[Case], 
 
     run() passes the NaN-poisoned ``out`` buffer (and any keyword ``hints``, each computed
     from the case, such as a host-side max_q_len); call() is the bare default call. Both
-    pass the case's attention variants (``inputs.options``) as keywords; a case without
+    pass the case's attention variants (``inputs.options``) as keywords (a ``cascade`` case runs
+    :func:`kernels.cascade.cascade_attention` over ``fn`` instead); a case without
     any passes none, so a function that predates them keeps working.
     """
 
@@ -101,6 +107,10 @@ def contract_prepare(fn: Callable[..., torch.Tensor], **hints: Callable[[Case], 
         args = inputs.args()
         options = dict(inputs.options)
         extra = {name: make(case) for name, make in hints.items()}
+        if case.cascade:  # kernels.cascade: the shared prefix and the rest as two calls, merged by lse
+            del options["return_lse"]
+            run = partial(cascade_attention, fn, *args, case.prefix_blocks, out=out, **options)
+            return Prepared(run=run, note=f"cascade: {case.prefix_blocks} shared blocks + suffix, merged by lse")
         return Prepared(run=lambda: fn(*args, out=out, **extra, **options), call=lambda: fn(*args, **options))
 
     return prepare

@@ -34,7 +34,8 @@ COLUMNS = [
     "tags", "case_file", "backend_kind", "note", "latency_p10_us", "latency_p90_us", "timing_reps",
     "timing_method", "call_us", "call_p10_us", "call_p90_us", "host_overhead_us", "graph_capturable",
     "device_syncs", "kernels_ran", "timing_threads", "flops", "tflops", "pct_of_peak",
-    "error_bound", "grading_note", "fail_count", "worst_location", "host", "gpu_index", "gpu_name", "worker",
+    "error_bound", "grading_note", "fail_count", "worst_location", "lse_max_abs_err", "lse_tol_ratio",
+    "kv_dtype", "quant_error", "head_dim_v", "host", "gpu_index", "gpu_name", "worker",
     "latency_samples_us", "call_samples_us",
 ]  # fmt: skip
 
@@ -64,18 +65,34 @@ class CaseContext:
     expected: torch.Tensor  # [num_tokens, num_q_heads, head_dim] float64
     bound: torch.Tensor | None = None  # forward_error_bound of the inputs, expected's shape
     guard: InputGuard | None = None  # fingerprints of the pristine inputs
+    expected_lse: torch.Tensor | None = None  # [num_tokens, num_q_heads] float64, when the case asks for it
+    quant_error: float | None = None  # fp8 cases: max |oracle(dequantized cache) - oracle(unquantized)|
 
 
 def build_context(case: Case, device: str, oracle_device: str) -> CaseContext:
     inputs = case_inputs(case, device)
-    expected = cached_oracle(  # computed once per input content and variant (harness.oracle_cache)
-        inputs.args(),
-        oracle_device,
-        lambda: paged_attention_oracle(*inputs.args(), device=oracle_device, **inputs.options),
-        options=inputs.options,
-    )
-    bound = forward_error_bound(*inputs.args(), expected)
-    return CaseContext(case, inputs, expected, bound, InputGuard(inputs, lambda: case_inputs(case, device)))
+    options = {name: value for name, value in inputs.options.items() if name != "return_lse"}
+    expected_lse = None
+    if "return_lse" in inputs.options:  # out and lse from one oracle call (not cached: the cache keeps out)
+        expected, expected_lse = paged_attention_oracle(
+            *inputs.args(), device=oracle_device, return_lse=True, **options
+        )
+    else:
+        expected = cached_oracle(  # computed once per input content and variant (harness.oracle_cache)
+            inputs.args(),
+            oracle_device,
+            lambda: paged_attention_oracle(*inputs.args(), device=oracle_device, **options),
+            options=options,
+        )
+    quant_error = None
+    if inputs.unquantized is not None:  # what the fp8 cache itself costs, reported beside the grade
+        plain = {name: value for name, value in options.items() if name not in ("k_scale", "v_scale")}
+        unquantized = paged_attention_oracle(inputs.q, *inputs.unquantized, *inputs.args()[3:], device=oracle_device,
+                                             **plain)  # fmt: skip
+        quant_error = float((unquantized - expected).abs().max()) if expected.numel() else 0.0
+    bound = forward_error_bound(*inputs.dequantized_args(), expected)
+    guard = InputGuard(inputs, lambda: case_inputs(case, device))
+    return CaseContext(case, inputs, expected, bound, guard, expected_lse, quant_error)
 
 
 def case_inputs(case: Case, device: str) -> PagedInputs:
@@ -115,6 +132,8 @@ def case_columns(case: Case, device: str) -> dict:
         "max_q_len": max(case.q_lens),
         "total_kv_tokens": sum(case.seq_lens),
         "layout": case.layout,
+        "kv_dtype": case.kv_dtype or "",
+        "head_dim_v": case.head_dim_v,
         "input_scale": case.input_scale,
         "seed": case.seed,
         "tags": ",".join(case.tags),
@@ -133,14 +152,22 @@ def run_backend(ctx: CaseContext, backend: Backend, config: RunConfig) -> dict:
     """One report row: skip, error, or the grade (and timing) of one backend on one case."""
     case = ctx.case
     row = {**case_columns(case, config.device), "backend": backend.name, "backend_kind": backend.kind}
+    if ctx.quant_error is not None:
+        row["quant_error"] = ctx.quant_error
     if reason := backend.skip_reason(case, config.device):
         return {**row, "status": "skip", "reason": reason}
     try:
-        out = torch.full_like(ctx.inputs.q, float("nan"))  # an element the backend does not write fails
+        out = ctx.inputs.new_out()  # NaN: an element the backend does not write fails
         prepared = backend.prepare(case, ctx.inputs, out)
-        packed = prepared.to_packed(prepared.run())
+        raw, lse, lse_problem = prepared.run(), None, ""
+        if ctx.expected_lse is not None:  # the call was asked for (out, lse)
+            if isinstance(raw, tuple) and len(raw) == 2:
+                raw, lse = raw
+            else:
+                lse_problem = f"return_lse=True returned {type(raw).__name__}, not a tuple (out, lse)"
+        packed = prepared.to_packed(raw)
         mutated = ctx.guard.check("in its graded call") if ctx.guard else ""
-        problem = "; ".join(filter(None, [mutated, check_output(packed, ctx.inputs.q)]))
+        problem = "; ".join(filter(None, [mutated, check_output(packed, ctx.inputs.q, case.head_dim_v), lse_problem]))
         if not isinstance(packed, torch.Tensor) or packed.shape != ctx.expected.shape:
             return {**row, "status": "fail", "reason": problem, "note": prepared.note}
         result = grade(packed, ctx.expected, case.atol, case.rtol, ctx.bound)
@@ -150,6 +177,11 @@ def run_backend(ctx: CaseContext, backend: Backend, config: RunConfig) -> dict:
             token, head = result.worst_index[0], result.worst_index[1]
             starts, lens = ctx.inputs.query_start_loc.tolist(), ctx.inputs.seq_lens.tolist()
             row["worst_location"] = f"{locate(token, starts, lens)}, head {head}"
+        if lse is not None:
+            lse_grade = grade(lse, ctx.expected_lse, case.atol, case.rtol)
+            row.update(lse_max_abs_err=lse_grade.max_abs_err, lse_tol_ratio=lse_grade.tol_ratio)
+            if not lse_grade.passed and row["status"] == "pass":
+                row.update(status="fail", reason=f"lse: {lse_grade.reason}")
         if problem:
             row.update(status="fail", reason=problem)
         if config.timing:

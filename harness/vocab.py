@@ -11,11 +11,15 @@ from __future__ import annotations
 
 from typing import Literal
 
-from kernels._common import DTYPES
+from kernels._common import DTYPES, FP8_DTYPES
 
 # float32, float16, bfloat16: name -> torch.dtype (the case file's and the report's dtype column)
 DTYPE_NAMES: tuple[str, ...] = tuple(DTYPES)
 DTypeName = Literal[DTYPE_NAMES]  # type: ignore[valid-type]  # Literal["float32", "float16", "bfloat16"]
+
+# An fp8 KV cache's dtype (the case file's kv_dtype): float8_e4m3fn, float8_e5m2.
+KV_DTYPE_NAMES: tuple[str, ...] = tuple(str(dtype).removeprefix("torch.") for dtype in FP8_DTYPES)
+KVDTypeName = Literal[KV_DTYPE_NAMES]  # type: ignore[valid-type]
 
 # How harness.inputs places sequences' blocks in the pool: in order, shuffled, or with a
 # prefix every sequence shares (harness.inputs.assign_blocks says how).

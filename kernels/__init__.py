@@ -1,7 +1,7 @@
 """The code under test: paged-attention backends sharing one contract (see docs/contract.md).
 
 out = fn(q, k_cache, v_cache, block_table, seq_lens, query_start_loc=None, scale=None, out=None,
-         *, max_q_len=None, max_seq_len=None, check=None)
+         *, max_q_len=None, max_seq_len=None, check=None, <variants>, return_lse=False)
 
 Importing this package does not import Triton: ``paged_attention_triton`` is loaded on
 first use, so ``use_interpreter_if_no_gpu()`` can still choose Triton's CPU interpreter.
@@ -9,6 +9,7 @@ first use, so ``use_interpreter_if_no_gpu()`` can still choose Triton's CPU inte
 
 from ._common import CHECK_ENV, checks_enabled
 from .cache import CacheFullError, PagedKVCache, StepMetadata
+from .cascade import cascade_attention, merge_attention_states
 from .dispatch import (
     BACKEND_ENV,
     BackendUnavailableError,
@@ -46,8 +47,10 @@ __all__ = [
     "CacheFullError",
     "PagedKVCache",
     "StepMetadata",
+    "cascade_attention",
     "checks_enabled",
     "has_triton",
+    "merge_attention_states",
     "paged_attention_dispatch",
     "paged_attention_reference",
     "paged_attention_tlsim",

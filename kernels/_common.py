@@ -26,9 +26,13 @@ from .tuning import query_class, tile_config
 # The dtypes every kernel takes, by the names case files and report rows give them.
 DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
 SUPPORTED_DTYPES = tuple(DTYPES.values())
-MIN_HEAD_DIM, MAX_HEAD_DIM = 32, 256
+FP8_DTYPES = (torch.float8_e4m3fn, torch.float8_e5m2)  # KV caches only; q stays fp32/fp16/bf16
+MIN_HEAD_DIM, MAX_HEAD_DIM = 32, 576  # 576: MLA's K (512 latent + 64 rope); V may differ (head_dim_v)
+SINGLE_DOT_HEAD_DIM = 256  # above it, K is loaded as two pieces and the heads of a group are tiled
 MIN_BLOCK_SIZE, MAX_BLOCK_SIZE = 1, 256
 CHECK_ENV = "PAGED_ATTENTION_CHECK"
+# The keyword options prepare_call checks into a PagedCall (return_lse and the hints are the entry's).
+CALL_OPTIONS = ("sliding_window", "logit_softcap", "sinks", "alibi_slopes", "k_scale", "v_scale")
 
 
 def checks_enabled(check: bool | None = None) -> bool:
@@ -43,7 +47,8 @@ class PagedCall:
     """A validated paged-attention call, with the derived sizes every backend needs.
 
     q               [num_tokens, num_q_heads, head_dim]
-    k_cache/v_cache [num_blocks, block_size, num_kv_heads, head_dim]
+    k_cache         [num_blocks, block_size, num_kv_heads, head_dim]
+    v_cache         [num_blocks, block_size, num_kv_heads, head_dim_v] (head_dim_v may differ: MLA)
     block_table     [num_seqs, max_blocks_per_seq] int32, contiguous
     seq_lens        [num_seqs] int32, contiguous
     given_query_start_loc [num_seqs + 1] int32, contiguous, or None: one query per sequence
@@ -61,11 +66,20 @@ class PagedCall:
     num_kv_heads: int
     head_dim: int
     block_size: int
+    head_dim_v: int = 0  # V's head dim (the output's); 0 given means head_dim
     # The attention variants (docs/contract.md, "Attention variants"); None: off.
     sliding_window: int | None = None
     logit_softcap: float | None = None
     sinks: torch.Tensor | None = None  # [num_q_heads] fp32, contiguous
     alibi_slopes: torch.Tensor | None = None  # [num_q_heads] fp32, contiguous
+    # An fp8 cache's dequantization scales, [num_kv_heads] fp32 (a per-tensor scale repeated); None: not fp8.
+    k_scale: torch.Tensor | None = None
+    v_scale: torch.Tensor | None = None
+
+    @property
+    def kv_fp8(self) -> bool:
+        """Whether the pools are fp8: K = k_cache.float() * k_scale[kv_head] (and V likewise)."""
+        return self.k_scale is not None
 
     @property
     def num_tokens(self) -> int:
@@ -103,22 +117,13 @@ def _fail(msg: str) -> None:
     raise ValueError(f"paged attention: {msg}")
 
 
-def prepare_call(
-    q,
-    k_cache,
-    v_cache,
-    block_table,
-    seq_lens,
-    query_start_loc=None,
-    scale=None,
-    check: bool | None = None,
-    *,
-    sliding_window: int | None = None,
-    logit_softcap: float | None = None,
-    sinks: torch.Tensor | None = None,
-    alibi_slopes: torch.Tensor | None = None,
-) -> PagedCall:
-    """Check a call against the contract; fill in defaults. Reads no tensor value unless checking.
+def prepare_call(q, k_cache, v_cache, block_table, seq_lens, query_start_loc=None, scale=None, check=None, **options):
+    """Check a call against the contract; fill in defaults; return the :class:`PagedCall`.
+
+    Reads no tensor value unless checking (``check``: bool or None, see :func:`checks_enabled`).
+    ``options`` are the contract's keyword options that shape the call, by name (CALL_OPTIONS:
+    sliding_window, logit_softcap, sinks, alibi_slopes, k_scale, v_scale; see
+    :func:`contract_entry` for their meaning); another name is a TypeError.
 
     Raises ValueError naming the offending argument. Shapes, dtypes and devices are always
     checked, and the index tensors (block_table, seq_lens, query_start_loc) are made
@@ -127,10 +132,10 @@ def prepare_call(
     """
     if q.dim() != 3:
         _fail(f"q must be [num_tokens, num_q_heads, head_dim], got shape {tuple(q.shape)}")
-    if k_cache.dim() != 4 or k_cache.shape != v_cache.shape:
+    if k_cache.dim() != 4 or v_cache.dim() != 4 or k_cache.shape[:3] != v_cache.shape[:3]:
         _fail(
-            "k_cache and v_cache must both be [num_blocks, block_size, num_kv_heads, head_dim], "
-            f"got {tuple(k_cache.shape)} and {tuple(v_cache.shape)}"
+            "k_cache must be [num_blocks, block_size, num_kv_heads, head_dim] and v_cache "
+            f"[num_blocks, block_size, num_kv_heads, head_dim_v], got {tuple(k_cache.shape)} and {tuple(v_cache.shape)}"
         )
     num_tokens, num_q_heads, head_dim = q.shape
     _, block_size, num_kv_heads, kv_head_dim = k_cache.shape
@@ -138,8 +143,12 @@ def prepare_call(
         _fail(f"head_dim of q ({head_dim}) and of the caches ({kv_head_dim}) differ")
     if num_q_heads % num_kv_heads:
         _fail(f"num_q_heads ({num_q_heads}) must be a multiple of num_kv_heads ({num_kv_heads})")
-    if q.dtype not in SUPPORTED_DTYPES or k_cache.dtype != q.dtype or v_cache.dtype != q.dtype:
-        _fail(f"q, k_cache, v_cache must share one of fp32/fp16/bf16, got {q.dtype}, {k_cache.dtype}, {v_cache.dtype}")
+    kv_fp8 = k_cache.dtype in FP8_DTYPES
+    if q.dtype not in SUPPORTED_DTYPES or k_cache.dtype not in (q.dtype, *FP8_DTYPES) or v_cache.dtype != k_cache.dtype:
+        _fail(
+            "q, k_cache, v_cache must share one of fp32/fp16/bf16 (or k_cache and v_cache both one fp8 "
+            f"dtype: float8_e4m3fn, float8_e5m2), got {q.dtype}, {k_cache.dtype}, {v_cache.dtype}"
+        )
     if block_table.dim() != 2 or seq_lens.dim() != 1 or block_table.shape[0] != seq_lens.shape[0]:
         _fail(
             "block_table must be [num_seqs, max_blocks_per_seq] and seq_lens [num_seqs], "
@@ -166,9 +175,13 @@ def prepare_call(
     scale = float(head_dim**-0.5 if scale is None else scale)
     if not (scale > 0 and math.isfinite(scale)):
         _fail(f"scale must be a positive finite number, got {scale}")
-    sliding_window, logit_softcap = _check_scalar_options(sliding_window, logit_softcap)
-    sinks = _check_head_vector("sinks", sinks, num_q_heads, q.device)
-    alibi_slopes = _check_head_vector("alibi_slopes", alibi_slopes, num_q_heads, q.device)
+    if unknown := sorted(set(options) - set(CALL_OPTIONS)):
+        raise TypeError(f"paged attention got unexpected keyword argument(s) {unknown}; options: {CALL_OPTIONS}")
+    sliding_window, logit_softcap = _check_scalar_options(options.get("sliding_window"), options.get("logit_softcap"))
+    sinks = _check_head_vector("sinks", options.get("sinks"), num_q_heads, q.device)
+    alibi_slopes = _check_head_vector("alibi_slopes", options.get("alibi_slopes"), num_q_heads, q.device)
+    k_scale = check_kv_scale("k_scale", options.get("k_scale"), kv_fp8, num_kv_heads, q.device)
+    v_scale = check_kv_scale("v_scale", options.get("v_scale"), kv_fp8, num_kv_heads, q.device)
     call = PagedCall(
         q=q,
         k_cache=k_cache,
@@ -182,10 +195,13 @@ def prepare_call(
         num_kv_heads=num_kv_heads,
         head_dim=head_dim,
         block_size=block_size,
+        head_dim_v=v_cache.shape[3],
         sliding_window=sliding_window,
         logit_softcap=logit_softcap,
         sinks=sinks,
         alibi_slopes=alibi_slopes,
+        k_scale=k_scale,
+        v_scale=v_scale,
     )
     if checks_enabled(check):
         check_values(call)
@@ -217,6 +233,49 @@ def _check_head_vector(name: str, value, num_q_heads: int, device: torch.device)
     if value.device != device:
         _fail(f"{name} must be on q's device ({device}), got {value.device}")
     return value.contiguous()
+
+
+def check_kv_scale(name: str, value, kv_fp8: bool, num_kv_heads: int, device: torch.device) -> torch.Tensor | None:
+    """k_scale / v_scale of an fp8 cache as a [num_kv_heads] fp32 tensor on q's device; None for another cache.
+
+    Accepted: None (1.0), a positive finite host float (per tensor), or an fp32 tensor of
+    1 or num_kv_heads elements (per tensor, or per KV head). A device tensor is used as it
+    is (no value is read: no sync); a host float becomes a device fill, also sync-free.
+    """
+    if not kv_fp8:
+        if value is not None:
+            _fail(f"{name} applies to an fp8 cache (float8_e4m3fn, float8_e5m2) only; this cache is not fp8")
+        return None
+    if value is None or (isinstance(value, int | float) and not isinstance(value, bool)):
+        value = 1.0 if value is None else float(value)
+        if not (value > 0 and math.isfinite(value)):
+            _fail(f"{name} must be a positive finite number, got {value}")
+        return torch.full((num_kv_heads,), value, dtype=torch.float32, device=device)
+    if not isinstance(value, torch.Tensor) or value.dtype != torch.float32 or value.numel() not in (1, num_kv_heads):
+        got = f"{value.dtype} {tuple(value.shape)}" if isinstance(value, torch.Tensor) else type(value).__name__
+        _fail(f"{name} must be a float or a float32 tensor of 1 or num_kv_heads = {num_kv_heads} elements, got {got}")
+    if value.device != device:
+        _fail(f"{name} must be on q's device ({device}), got {value.device}")
+    return value.reshape(-1).expand(num_kv_heads).contiguous()
+
+
+def quantize_kv(x: torch.Tensor, scale: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """What an fp8 cache stores for x [..., num_kv_heads, head_dim]: x / scale, saturated, in ``dtype``.
+
+    scale [num_kv_heads] fp32. The kernels read it back as ``stored.float() * scale`` (vLLM's
+    convention). Saturating at the format's largest finite value (448 for e4m3fn, 57344 for
+    e5m2) keeps an outlier finite; NaN stays NaN (the poisoned slots).
+    """
+    limit = torch.finfo(dtype).max
+    return (x.float() / scale[:, None]).clamp(-limit, limit).to(dtype)
+
+
+def dequantize_kv(stored: torch.Tensor, scale: torch.Tensor | None, dtype: torch.dtype) -> torch.Tensor:
+    """stored [..., num_kv_heads, head_dim] as the kernel sees it: ``stored.float() * scale`` in ``dtype``
+    (q's dtype, as vLLM's kernels round it before the dot); unchanged when scale is None (not fp8)."""
+    if scale is None:
+        return stored
+    return (stored.float() * scale[:, None]).to(dtype)
 
 
 def window_tile_start(first_q_pos, sliding_window: int | None, tile_n: int):
@@ -278,12 +337,31 @@ def cdiv_tensor(a: torch.Tensor, b: int) -> torch.Tensor:
     return (a + b - 1) // b
 
 
+def prepare_lse(call: PagedCall, return_lse: bool) -> torch.Tensor | None:
+    """[num_tokens, num_q_heads] fp32 for the log-sum-exp when ``return_lse`` (a bool), else None.
+
+    lse[t, h] = ln(S + sum_{j visible} exp(l_j)): the natural log of the softmax's
+    denominator, the sink's term S included (docs/contract.md, "The log-sum-exp").
+    """
+    if not isinstance(return_lse, bool):
+        _fail(f"return_lse must be True or False, got {return_lse!r}")
+    if not return_lse:
+        return None
+    return torch.empty((call.num_tokens, call.num_q_heads), dtype=torch.float32, device=call.q.device)
+
+
+def with_lse(out: torch.Tensor, lse: torch.Tensor | None):
+    """What a call returns: ``out``, or ``(out, lse)`` when the log-sum-exp was asked for."""
+    return out if lse is None else (out, lse)
+
+
 def prepare_out(call: PagedCall, out: torch.Tensor | None) -> torch.Tensor:
-    """Return ``out`` after checking it matches q, or a fresh buffer shaped like q."""
+    """Return ``out`` after checking it is [num_tokens, num_q_heads, head_dim_v] in q's dtype, or a fresh one."""
+    shape = (*call.q.shape[:2], call.head_dim_v)
     if out is None:
-        return torch.empty_like(call.q)
-    if out.shape != call.q.shape or out.dtype != call.q.dtype or out.device != call.q.device:
-        _fail(f"out must match q ({tuple(call.q.shape)}, {call.q.dtype}), got {tuple(out.shape)}, {out.dtype}")
+        return call.q.new_empty(shape)
+    if out.shape != shape or out.dtype != call.q.dtype or out.device != call.q.device:
+        _fail(f"out must be {shape} in q's dtype ({call.q.dtype}), got {tuple(out.shape)}, {out.dtype}")
     return out
 
 
@@ -405,7 +483,10 @@ def tiling_for(call: PagedCall, max_q_len: int | None = None, max_seq_len: int |
     query_start_loc is None, else the mean q_len ceil(num_tokens / num_seqs), so a decode
     batch given as offsets gets decode tiles and 16 prefills of 1024 get prefill tiles.
     max_seq_len, an upper bound that sets the KV split, is the hint when given, else the
-    table's capacity max_blocks_per_seq * block_size. A wrong hint costs speed, never
+    table's capacity max_blocks_per_seq * block_size; with a sliding window W it is at most
+    W + the longest q_len (max_q_len, else 1 for decode, else num_tokens): the keys a
+    program walks, since the kernel cuts its splits from the window's first tile. So a
+    windowed decode at 128k splits like a decode of W keys. A wrong hint costs speed, never
     correctness: the last KV split runs to the end of the sequence whatever max_seq_len said.
     """
     if call.given_query_start_loc is None:
@@ -415,16 +496,123 @@ def tiling_for(call: PagedCall, max_q_len: int | None = None, max_seq_len: int |
     else:
         q_len = cdiv(call.num_tokens, max(call.num_seqs, 1))
     kv_bound = call.table_capacity if max_seq_len is None else min(int(max_seq_len), call.table_capacity)
+    if call.sliding_window is not None:  # a program walks at most W + its queries' span keys
+        longest_q = 1 if call.given_query_start_loc is None else int(max_q_len or call.num_tokens)
+        kv_bound = min(kv_bound, call.sliding_window + min(longest_q, call.num_tokens))
+    # Past SINGLE_DOT_HEAD_DIM a program holds heads_per_program heads of its group: to the
+    # tiling, num_kv_heads * head_tiles groups of that size. Such dims also take the 16-row
+    # tiles (choose_tiling's fp32 rule): a [64, 512] fp32 accumulator would spill registers.
+    heads = heads_per_program(call)
+    large = max(call.head_dim, call.head_dim_v) > SINGLE_DOT_HEAD_DIM
     return choose_tiling(
         call.head_dim,
-        call.group_size,
+        heads,
         q_len,
         call.num_seqs,
-        call.num_kv_heads,
+        call.num_kv_heads * cdiv(call.group_size, heads),
         kv_bound,
-        fp32=call.q.dtype == torch.float32,
+        fp32=call.q.dtype == torch.float32 or large,
         num_tokens=call.num_tokens,
     )
+
+
+def heads_per_program(call: PagedCall) -> int:
+    """Query heads of a KV head's group that one program holds: the whole group, except when
+    head_dim or head_dim_v passes SINGLE_DOT_HEAD_DIM and the group passes 16, where a program
+    holds 16 (MLA's 128 heads over one KV head: 8 programs a token, each a [16, 512] fp32
+    accumulator instead of one [128, 512] that no register file holds). The kernel's grid
+    axis 1 is then num_kv_heads * ceil(group_size / 16)."""
+    if max(call.head_dim, call.head_dim_v) > SINGLE_DOT_HEAD_DIM and call.group_size > 16:
+        return 16
+    return call.group_size
+
+
+def head_dim_pieces(head_dim: int) -> tuple[int, int]:
+    """(main, tail): K's head dim as the kernel loads it, each a power of two (tail 0: none).
+
+    Up to SINGLE_DOT_HEAD_DIM one piece, next_pow2(head_dim) (at least 16). Past it, the
+    largest power of two below, then the rest padded: 576 (MLA) = 512 + 64 in two dots
+    instead of one padded to 1024 (which would double the loads and the shared memory);
+    300 = 256 + 64 (44 used).
+    """
+    if head_dim <= SINGLE_DOT_HEAD_DIM:
+        return max(16, next_pow2(head_dim)), 0
+    main = 2 ** int(math.log2(head_dim))
+    rest = head_dim - main
+    return main, (max(16, next_pow2(rest)) if rest else 0)
+
+
+CONTRACT_DOC = """
+    The contract (docs/contract.md); every tensor on one device:
+
+    q               [num_tokens, num_q_heads, head_dim], fp32/fp16/bf16
+    k_cache         [num_blocks, block_size, num_kv_heads, head_dim], q's dtype or fp8
+    v_cache         [num_blocks, block_size, num_kv_heads, head_dim_v] (head_dim_v = head_dim but for MLA)
+    block_table     [num_seqs, max_blocks_per_seq] int32; entries past a sequence's end ignored
+    seq_lens        [num_seqs] int32, KV length of each sequence including its new tokens
+    query_start_loc [num_seqs + 1] int32 or None (one query per sequence)
+    scale           softmax scale (> 0), default head_dim ** -0.5
+    out             optional [num_tokens, num_q_heads, head_dim_v] buffer in q's dtype, written and returned
+    returns         [num_tokens, num_q_heads, head_dim_v] in q's dtype; (out, lse) with return_lse
+
+    max_q_len       host int hint, an upper bound of every q_len (tile height; never the result)
+    max_seq_len     host int hint, an upper bound of every seq_len (the KV split; never the result)
+    check           run the value checks (device syncs); None: $PAGED_ATTENTION_CHECK == "1"
+    sliding_window  host int W >= 1: a query sees its W most recent keys, itself included
+    logit_softcap   host float cap > 0: scaled logits z -> cap * tanh(z / cap)
+    sinks           [num_q_heads] fp32: a per-head logit in the denominator only
+    alibi_slopes    [num_q_heads] fp32: slope_h * (key_pos - query_pos) added to the logits
+    return_lse      also return lse [num_tokens, num_q_heads] fp32, ln of each row's softmax
+                    denominator, the sink included
+    k_scale/v_scale an fp8 cache's scales (host float, or fp32 [1] / [num_kv_heads] on the device):
+                    K = k_cache.float() * k_scale
+"""
+
+
+def contract_entry(impl):
+    """Turn ``impl(call, out, lse, max_q_len, max_seq_len)`` into a function with the contract's signature.
+
+    The one place the contract's arguments are spelled: the returned function checks the call
+    (:func:`prepare_call`), allocates or checks ``out`` and the lse buffer, lets ``impl`` fill
+    them, and returns ``out`` or ``(out, lse)``. It keeps impl's name and module, and its
+    docstring followed by :data:`CONTRACT_DOC`; ``inspect.signature`` and ``help()`` show the
+    real signature below (no ``__wrapped__``: impl's own parameters are an implementation detail).
+    """
+
+    def entry(
+        q,
+        k_cache,
+        v_cache,
+        block_table,
+        seq_lens,
+        query_start_loc=None,
+        scale=None,
+        out=None,
+        *,
+        max_q_len: int | None = None,
+        max_seq_len: int | None = None,
+        check: bool | None = None,
+        sliding_window: int | None = None,
+        logit_softcap: float | None = None,
+        sinks: torch.Tensor | None = None,
+        alibi_slopes: torch.Tensor | None = None,
+        return_lse: bool = False,
+        k_scale: float | torch.Tensor | None = None,
+        v_scale: float | torch.Tensor | None = None,
+    ):
+        call = prepare_call(
+            q, k_cache, v_cache, block_table, seq_lens, query_start_loc, scale, check=check,
+            sliding_window=sliding_window, logit_softcap=logit_softcap, sinks=sinks, alibi_slopes=alibi_slopes,
+            k_scale=k_scale, v_scale=v_scale,
+        )  # fmt: skip
+        out = prepare_out(call, out)
+        lse = prepare_lse(call, return_lse)
+        impl(call, out, lse, max_q_len=max_q_len, max_seq_len=max_seq_len)
+        return with_lse(out, lse)
+
+    entry.__name__, entry.__qualname__, entry.__module__ = impl.__name__, impl.__qualname__, impl.__module__
+    entry.__doc__ = (impl.__doc__ or "").rstrip() + "\n" + CONTRACT_DOC
+    return entry
 
 
 def cdiv(a: int, b: int) -> int:

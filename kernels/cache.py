@@ -26,7 +26,7 @@ from dataclasses import dataclass
 
 import torch
 
-from ._common import checks_enabled
+from ._common import FP8_DTYPES, check_kv_scale, checks_enabled, quantize_kv
 from .dispatch import paged_attention_dispatch
 
 
@@ -64,10 +64,16 @@ class StepMetadata:
 class PagedKVCache:
     """KV pools for ``num_layers`` layers sharing one block allocator.
 
-    k_caches[layer], v_caches[layer]: [num_blocks, block_size, num_kv_heads, head_dim].
+    k_caches[layer]: [num_blocks, block_size, num_kv_heads, head_dim]; v_caches[layer] the
+    same with head_dim_v (default head_dim; MLA: 576 for K, 512 for V).
     Floating pools start filled with NaN, and freed blocks are NaN-filled again, so a
     read of a slot no live sequence owns shows up in the output instead of passing
     silently.
+
+    An fp8 ``dtype`` (float8_e4m3fn, float8_e5m2) makes fp8 pools: :meth:`write` quantizes
+    with the cache's ``k_scale`` / ``v_scale`` (a float per tensor, or [num_kv_heads] fp32 per
+    head; default 1.0), storing ``key / k_scale`` saturated (kernels._common.quantize_kv), and
+    every read passes the scales on (K = k_cache.float() * k_scale, vLLM's convention).
 
     max_seqs, max_blocks_per_seq: the device table's size. Given, the table is allocated
     once and never moves (what a CUDA graph that captured a read needs), and more live
@@ -86,17 +92,27 @@ class PagedKVCache:
         backend: str | None = None,
         max_seqs: int | None = None,
         max_blocks_per_seq: int | None = None,
+        k_scale: float | torch.Tensor | None = None,
+        v_scale: float | torch.Tensor | None = None,
+        head_dim_v: int | None = None,
     ):
         if min(num_layers, num_blocks, block_size, num_kv_heads, head_dim) < 1:
             raise ValueError("num_layers, num_blocks, block_size, num_kv_heads and head_dim must all be >= 1")
         shape = (num_blocks, block_size, num_kv_heads, head_dim)
+        v_shape = (*shape[:3], head_dim if head_dim_v is None else head_dim_v)
+        if v_shape[3] < 1:
+            raise ValueError(f"head_dim_v must be >= 1, got {head_dim_v}")
         self.block_size = block_size
         self.num_blocks = num_blocks
         self.num_layers = num_layers
         self.backend = backend
         self.device = torch.device(device)
+        kv_fp8 = dtype in FP8_DTYPES
+        # [num_kv_heads] fp32 on the device for an fp8 cache (None otherwise); checked as a call checks them.
+        self.k_scale = check_kv_scale("k_scale", k_scale, kv_fp8, num_kv_heads, self.device)
+        self.v_scale = check_kv_scale("v_scale", v_scale, kv_fp8, num_kv_heads, self.device)
         self.k_caches = [torch.full(shape, float("nan"), dtype=dtype, device=device) for _ in range(num_layers)]
-        self.v_caches = [torch.full(shape, float("nan"), dtype=dtype, device=device) for _ in range(num_layers)]
+        self.v_caches = [torch.full(v_shape, float("nan"), dtype=dtype, device=device) for _ in range(num_layers)]
         self._free_blocks = list(range(num_blocks - 1, -1, -1))  # pop() hands out block 0 first
         self._owned = torch.zeros(num_blocks, dtype=torch.bool)  # host: blocks some live sequence holds
         self._blocks: dict[int, list[int]] = {}
@@ -236,8 +252,8 @@ class PagedKVCache:
             )
         if slot_mapping.dtype == torch.bool:
             raise ValueError("slot_mapping must be a 1-d integer tensor, got torch.bool")
-        expected = (slot_mapping.shape[0], *k_pool.shape[2:])
-        for name, tensor in (("key", key), ("value", value)):
+        for name, tensor, pool in (("key", key, k_pool), ("value", value, v_pool)):
+            expected = (slot_mapping.shape[0], *pool.shape[2:])
             if tuple(tensor.shape) != expected:
                 raise ValueError(
                     f"{name} must be [num_tokens, num_kv_heads, head_dim] = {list(expected)}, got {list(tensor.shape)}"
@@ -245,6 +261,8 @@ class PagedKVCache:
         if slot_mapping.device.type == "cpu" or checks_enabled(check):
             self._check_slots(slot_mapping)
         slots = slot_mapping.to(k_pool.device, torch.int64)
+        if self.k_scale is not None:  # an fp8 pool: quantize on write
+            key, value = quantize_kv(key, self.k_scale, k_pool.dtype), quantize_kv(value, self.v_scale, v_pool.dtype)
         k_pool.view(-1, *k_pool.shape[2:])[slots] = key.to(k_pool.dtype)
         v_pool.view(-1, *v_pool.shape[2:])[slots] = value.to(v_pool.dtype)
 
@@ -359,8 +377,9 @@ class PagedKVCache:
         and out are as in the kernel contract; check turns on the value checks (None:
         $PAGED_ATTENTION_CHECK). The read goes through ``paged_attention_dispatch``, so
         the backend is the one the engine would run. Returns [num_tokens, num_q_heads, head_dim].
-        ``variants`` (sliding_window, logit_softcap, sinks, alibi_slopes; docs/contract.md,
-        "Attention variants") go to the kernel unchanged.
+        ``variants`` (sliding_window, logit_softcap, sinks, alibi_slopes, return_lse;
+        docs/contract.md, "Attention variants") go to the kernel unchanged; with
+        return_lse=True the result is ``(out, lse)``.
         """
         self._check_layer(layer)
         if isinstance(seqs, StepMetadata):
@@ -383,4 +402,5 @@ class PagedKVCache:
             max_seq_len=meta.max_seq_len,
             check=check,
             **variants,
+            **({} if self.k_scale is None else {"k_scale": self.k_scale, "v_scale": self.v_scale}),
         )

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import functools
 import importlib.util
+import inspect
 import os
 import sys
 import warnings
@@ -91,37 +92,24 @@ def _backend_fn(name: str) -> Callable[..., torch.Tensor]:
     return {"tlsim": paged_attention_tlsim, "reference": paged_attention_reference}[name]
 
 
-def paged_attention_dispatch(
-    q,
-    k_cache,
-    v_cache,
-    block_table,
-    seq_lens,
-    query_start_loc=None,
-    scale=None,
-    out=None,
-    *,
-    backend: str | None = None,
-    max_q_len: int | None = None,
-    max_seq_len: int | None = None,
-    check: bool | None = None,
-    sliding_window: int | None = None,
-    logit_softcap: float | None = None,
-    sinks: torch.Tensor | None = None,
-    alibi_slopes: torch.Tensor | None = None,
-) -> torch.Tensor:
+def paged_attention_dispatch(*args, backend: str | None = None, **kwargs):
     """Paged attention through the backend :func:`select_backend` picks for q's device.
 
-    Arguments and result are the kernel contract of docs/contract.md; ``backend`` forces one.
-    max_q_len/max_seq_len (host-int launch hints) and check (the value checks; None:
-    $PAGED_ATTENTION_CHECK) go to the backend unchanged, and so do the attention variants
-    (sliding_window, logit_softcap, sinks, alibi_slopes; docs/contract.md), which all three
-    backends support. Selecting reads no tensor value,
-    so a dispatched Triton call is as sync-free as a direct one.
+    Arguments and result are the kernel contract (the signature below, docs/contract.md);
+    ``backend`` forces one. Everything else goes to the backend unchanged: the launch hints,
+    check, the attention variants, return_lse (then the result is ``(out, lse)``) and an
+    fp8 cache's k_scale/v_scale; all three backends take every one. Selecting reads no
+    tensor value, so a dispatched Triton call is as sync-free as a direct one.
     """
-    fn = _backend_fn(select_backend(q.device, backend))
-    return fn(
-        q, k_cache, v_cache, block_table, seq_lens, query_start_loc, scale, out,
-        max_q_len=max_q_len, max_seq_len=max_seq_len, check=check,
-        sliding_window=sliding_window, logit_softcap=logit_softcap, sinks=sinks, alibi_slopes=alibi_slopes,
-    )  # fmt: skip
+    q = args[0] if args else kwargs["q"]
+    return _backend_fn(select_backend(q.device, backend))(*args, **kwargs)
+
+
+# The contract's signature (kernels._common.contract_entry), plus ``backend``, for inspect and help().
+_contract = inspect.signature(paged_attention_reference)
+paged_attention_dispatch.__signature__ = _contract.replace(
+    parameters=[
+        *_contract.parameters.values(),
+        inspect.Parameter("backend", inspect.Parameter.KEYWORD_ONLY, default=None, annotation="str | None"),
+    ]
+)

@@ -14,7 +14,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from ._common import prepare_call, prepare_out
+from ._common import PagedCall, contract_entry, dequantize_kv
 
 
 def gather_kv(cache: torch.Tensor, block_table_row: torch.Tensor, seq_len: int) -> torch.Tensor:
@@ -44,12 +44,13 @@ def causal_offset_mask(
     return mask if sliding_window is None else mask & (distance < sliding_window)
 
 
-def attention_with_variants(q, k, v, mask, scale, logit_softcap, sinks, alibi_slopes) -> torch.Tensor:
-    """Softmax attention written out, for the variants SDPA cannot take.
+def attention_with_variants(q, k, v, mask, scale, logit_softcap, sinks, alibi_slopes):
+    """Softmax attention written out, for the variants and the log-sum-exp SDPA cannot give.
 
     q [num_q_heads, q_len, head_dim], k/v [num_q_heads, seq_len, head_dim] fp32,
     mask [q_len, seq_len] bool, sinks/alibi_slopes [num_q_heads] fp32 or None.
-    Returns [num_q_heads, q_len, head_dim] fp32.
+    Returns (out [num_q_heads, q_len, head_dim] fp32, lse [num_q_heads, q_len] fp32), lse the
+    natural log of the softmax's denominator (the sink's column included).
     """
     logits = (q @ k.transpose(-1, -2)) * scale  # [num_q_heads, q_len, seq_len]
     if logit_softcap is not None:
@@ -61,71 +62,44 @@ def attention_with_variants(q, k, v, mask, scale, logit_softcap, sinks, alibi_sl
         logits = logits + alibi_slopes[:, None, None] * distance
     logits = logits.masked_fill(~mask, float("-inf"))
     if sinks is not None:  # one more column: the sink's logit, whose value row is zero
-        sink_column = sinks[:, None, None].expand(-1, logits.shape[1], 1)
-        weights = torch.softmax(torch.cat([logits, sink_column], -1), -1)[..., :-1]
-    else:
-        weights = torch.softmax(logits, -1)
-    return weights @ v
+        logits = torch.cat([logits, sinks[:, None, None].expand(-1, logits.shape[1], 1)], -1)
+    weights = torch.softmax(logits, -1)
+    if sinks is not None:
+        weights = weights[..., :-1]
+    return weights @ v, torch.logsumexp(logits, -1)
 
 
-def paged_attention_reference(
-    q,
-    k_cache,
-    v_cache,
-    block_table,
-    seq_lens,
-    query_start_loc=None,
-    scale=None,
-    out=None,
-    *,
-    max_q_len: int | None = None,
-    max_seq_len: int | None = None,
-    check: bool | None = None,
-    sliding_window: int | None = None,
-    logit_softcap: float | None = None,
-    sinks: torch.Tensor | None = None,
-    alibi_slopes: torch.Tensor | None = None,
-) -> torch.Tensor:
-    """Paged attention by gather + SDPA; arguments and result as in docs/contract.md.
+@contract_entry
+def paged_attention_reference(call: PagedCall, out: torch.Tensor, lse: torch.Tensor | None, **hints) -> None:
+    """Paged attention by gather + SDPA (softmax in fp32; explicit softmax for the variants and the lse).
 
-    q               [num_tokens, num_q_heads, head_dim]
-    k_cache/v_cache [num_blocks, block_size, num_kv_heads, head_dim]
-    block_table     [num_seqs, max_blocks_per_seq] int32
-    seq_lens        [num_seqs] int32
-    query_start_loc [num_seqs + 1] int32 or None (one query per sequence)
-    returns         [num_tokens, num_q_heads, head_dim] in q's dtype (softmax in fp32)
-    sliding_window, logit_softcap, sinks [num_q_heads] fp32, alibi_slopes [num_q_heads] fp32:
-                    the attention variants of docs/contract.md, None (off) by default
-
-    max_q_len/max_seq_len (launch hints of the kernel) are accepted and unused. check: the
-    value checks, as in every backend (None: $PAGED_ATTENTION_CHECK); without them a block
-    id outside the pool is the caller's bug (an IndexError, or a wrapped negative index).
+    The launch hints (max_q_len, max_seq_len) are accepted and unused. check: the value
+    checks, as in every backend; without them a block id outside the pool is the caller's
+    bug (an IndexError, or a wrapped negative index).
     """
-    del max_q_len, max_seq_len
-    call = prepare_call(
-        q, k_cache, v_cache, block_table, seq_lens, query_start_loc, scale, check=check,
-        sliding_window=sliding_window, logit_softcap=logit_softcap, sinks=sinks, alibi_slopes=alibi_slopes,
-    )  # fmt: skip
-    explicit = logit_softcap is not None or sinks is not None or alibi_slopes is not None
+    del hints
+    q, k_cache, v_cache = call.q, call.k_cache, call.v_cache
+    explicit = call.logit_softcap is not None or call.sinks is not None or call.alibi_slopes is not None
+    explicit = explicit or lse is not None
     block_table = call.block_table
-    out = prepare_out(call, out)
     starts = call.query_start_loc.tolist()
     lens = call.seq_lens.tolist()
     for seq, seq_len in enumerate(lens):
         q_begin, q_end = starts[seq], starts[seq + 1]
         if q_end == q_begin:
             continue
-        k = gather_kv(k_cache, block_table[seq], seq_len).float()
-        v = gather_kv(v_cache, block_table[seq], seq_len).float()
+        k = dequantize_kv(gather_kv(k_cache, block_table[seq], seq_len), call.k_scale, torch.float32).float()
+        v = dequantize_kv(gather_kv(v_cache, block_table[seq], seq_len), call.v_scale, torch.float32).float()
         k = k.repeat_interleave(call.group_size, dim=1).transpose(0, 1)  # [num_q_heads, seq_len, head_dim]
         v = v.repeat_interleave(call.group_size, dim=1).transpose(0, 1)
         q_seq = q[q_begin:q_end].float().transpose(0, 1)  # [num_q_heads, q_len, head_dim]
         mask = causal_offset_mask(q_end - q_begin, seq_len, q.device, call.sliding_window)
         if explicit:
-            o = attention_with_variants(
+            o, lse_seq = attention_with_variants(
                 q_seq, k, v, mask, call.scale, call.logit_softcap, call.sinks, call.alibi_slopes
             )
+            if lse is not None:
+                lse[q_begin:q_end] = lse_seq.transpose(0, 1)
         else:
             o = F.scaled_dot_product_attention(q_seq, k, v, attn_mask=mask, scale=call.scale)
         out[q_begin:q_end] = o.transpose(0, 1).to(out.dtype)
-    return out

@@ -33,9 +33,10 @@ import math
 
 import torch
 
-from ._common import prepare_call, prepare_out, tiling_for, window_tile_start
+from ._common import PagedCall, contract_entry, dequantize_kv, tiling_for, window_tile_start
 
 LOG2E = math.log2(math.e)
+LN2 = math.log(2.0)
 
 
 def softcap_unscaled(s: torch.Tensor, cap_unscaled: float) -> torch.Tensor:
@@ -56,47 +57,22 @@ def variant_vectors(call) -> tuple[torch.Tensor | None, torch.Tensor | None]:
     return sinks, slopes
 
 
+@contract_entry
 def paged_attention_tlsim(
-    q,
-    k_cache,
-    v_cache,
-    block_table,
-    seq_lens,
-    query_start_loc=None,
-    scale=None,
-    out=None,
-    *,
-    max_q_len: int | None = None,
-    max_seq_len: int | None = None,
-    check: bool | None = None,
-    sliding_window: int | None = None,
-    logit_softcap: float | None = None,
-    sinks: torch.Tensor | None = None,
-    alibi_slopes: torch.Tensor | None = None,
-) -> torch.Tensor:
-    """Paged attention by the kernel's streaming algorithm; the contract of docs/contract.md.
+    call: PagedCall, out: torch.Tensor, lse: torch.Tensor | None, max_q_len: int | None, max_seq_len: int | None
+) -> None:
+    """Paged attention by the kernel's streaming algorithm (the module docstring says how it mirrors it).
 
-    q               [num_tokens, num_q_heads, head_dim]
-    k_cache/v_cache [num_blocks, block_size, num_kv_heads, head_dim]
-    block_table     [num_seqs, max_blocks_per_seq] int32 (entries past a sequence's end ignored)
-    seq_lens        [num_seqs] int32
-    query_start_loc [num_seqs + 1] int32 or None (one query per sequence)
-    returns         [num_tokens, num_q_heads, head_dim] in q's dtype
-    sliding_window, logit_softcap, sinks [num_q_heads] fp32, alibi_slopes [num_q_heads] fp32:
-                    the attention variants (docs/contract.md), off by default
-
-    max_q_len/max_seq_len are the kernel's launch hints: given the same ones, tlsim makes
-    the kernel's tiling and KV split. check: as in the kernel (None: $PAGED_ATTENTION_CHECK).
-    tlsim itself reads lengths on the host: it is a model, not a sync-free path.
+    lse (return_lse) is ln 2 * (m * scale * log2 e + log2 l) from the final (or combined)
+    running max and sum, as the kernel stores it; an fp8 cache is dequantized into q's dtype,
+    as the kernel does. max_q_len/max_seq_len are the kernel's launch hints: given the same
+    ones, tlsim makes the kernel's tiling and KV split. tlsim itself reads lengths on the
+    host: it is a model, not a sync-free path.
     """
-    call = prepare_call(
-        q, k_cache, v_cache, block_table, seq_lens, query_start_loc, scale, check=check,
-        sliding_window=sliding_window, logit_softcap=logit_softcap, sinks=sinks, alibi_slopes=alibi_slopes,
-    )  # fmt: skip
-    out = prepare_out(call, out)
+    q, k_cache, v_cache = call.q, call.k_cache, call.v_cache
     num_tokens = q.shape[0]
     if call.num_seqs == 0 or num_tokens == 0:
-        return out
+        return
     device = q.device
     q_lens = call.q_lens.clamp(min=0)
     longest_q = int(q_lens.max())
@@ -123,7 +99,11 @@ def paged_attention_tlsim(
     qk_scale_log2 = call.scale * math.log2(math.e)
     max_blocks, num_blocks = block_table.shape[1], call.num_blocks
     split_size = tiling.SPLIT_SIZE or kv_end or 1
-    splits = []  # (m, l, acc) of each KV split, combined at the end as the kernel does
+    num_splits = tiling.NUM_SPLITS
+    # (m, l, acc) of each KV split, combined at the end as the kernel does: [NUM_SPLITS, S, Hkv, M(, Dv)]
+    m_all = torch.full((num_splits, *state_shape), float("-inf"), device=device)
+    l_all = torch.zeros((num_splits, *state_shape), device=device)
+    acc_all = torch.zeros((num_splits, *state_shape, call.head_dim_v), device=device)
     sinks_u, slopes_u = variant_vectors(call)
     if slopes_u is not None:  # [S, Hkv, M, 1], row order as q_rows
         slopes_u = slopes_u.view(1, num_kv_heads, 1, group).expand(1, num_kv_heads, longest_q, group)
@@ -134,15 +114,20 @@ def paged_attention_tlsim(
     if call.sliding_window is not None and bool((q_lens > 0).any()):
         first_q_pos = (seq_lens_l - q_lens)[q_lens > 0]
         first_tile = int(window_tile_start(first_q_pos, call.sliding_window, tiling.TILE_N).min())
-    split_of = -1
+    # Each row's split, as its program cuts them: from the window's first tile of the program's
+    # first query (0 without a window), split_size positions a piece, the last taking the rest.
+    # A tile before that first one is invisible to every row of the program: a no-op here.
+    row_lo = torch.zeros((num_seqs, 1, num_rows), dtype=torch.long, device=device)
+    if call.sliding_window is not None:
+        program_first = (seq_lens_l - q_lens)[:, None] + (j // tiling.BLOCK_Q * tiling.BLOCK_Q)[None, :]  # [S, Lq]
+        row_lo = window_tile_start(program_first, call.sliding_window, tiling.TILE_N)
+        row_lo = row_lo.repeat_interleave(group, dim=1)[:, None, :]
 
     for tile_start in range(first_tile, kv_end, tiling.TILE_N):
-        if min(tile_start // split_size, tiling.NUM_SPLITS - 1) != split_of:  # the last split takes the rest
-            split_of = min(tile_start // split_size, tiling.NUM_SPLITS - 1)
-            m_i = torch.full(state_shape, float("-inf"), device=device)
-            l_i = torch.zeros(state_shape, device=device)
-            acc = torch.zeros((*state_shape, head_dim), device=device)
-            splits.append(None)
+        split_of = ((tile_start - row_lo) // split_size).clamp(0, num_splits - 1).expand(state_shape)[None]
+        acc_index = split_of[..., None].expand(1, *state_shape, call.head_dim_v)
+        m_i, l_i = m_all.gather(0, split_of)[0], l_all.gather(0, split_of)[0]
+        acc = acc_all.gather(0, acc_index)[0]
         k_pos = torch.arange(tile_start, tile_start + tiling.TILE_N, device=device)  # [N]
         k_valid = k_pos[None, :] < seq_lens_l[:, None]  # [S, N]
         column = k_pos // block_size
@@ -150,8 +135,9 @@ def paged_attention_tlsim(
         bad = k_valid & ((column >= max_blocks)[None, :] | (blocks < 0) | (blocks >= num_blocks))  # [S, N]
         blocks = torch.where(k_valid & ~bad, blocks, 0)
         slots = (k_pos % block_size).expand(num_seqs, -1)
-        k = torch.where(k_valid[..., None, None], k_cache[blocks, slots], 0)  # [S, N, Hkv, D]
-        v = torch.where(k_valid[..., None, None], v_cache[blocks, slots], 0)
+        # An fp8 pool is dequantized into q's dtype, as the kernel does (kernels._common.dequantize_kv).
+        k = torch.where(k_valid[..., None, None], dequantize_kv(k_cache[blocks, slots], call.k_scale, q.dtype), 0)
+        v = torch.where(k_valid[..., None, None], dequantize_kv(v_cache[blocks, slots], call.v_scale, q.dtype), 0)
         k = k.permute(0, 2, 1, 3).float()  # [S, Hkv, N, D]
         v = v.permute(0, 2, 1, 3)
 
@@ -172,32 +158,37 @@ def paged_attention_tlsim(
         sees_bad = (visible & bad[:, None, None, :]).any(-1)
         l_i = l_i * alpha + p.sum(-1) + torch.where(sees_bad, float("nan"), 0.0)
         acc = acc * alpha[..., None] + p.to(v.dtype).float() @ v.float()
-        m_i = m_new
-        splits[-1] = (m_i, l_i, acc)
+        m_all.scatter_(0, split_of, m_new[None])
+        l_all.scatter_(0, split_of, l_i[None])
+        acc_all.scatter_(0, acc_index, acc[None])
 
     sink = None
     if sinks_u is not None:  # [1, Hkv, M]: each row's head's sink, in unscaled units
         sink = sinks_u.view(1, num_kv_heads, 1, group).expand(1, num_kv_heads, longest_q, group)
         sink = sink.reshape(1, num_kv_heads, num_rows)
-    if tiling.NUM_SPLITS == 1:
-        m_i, l_i, acc = splits[0]
+    if num_splits == 1:
+        m_i, l_i, acc = m_all[0], l_all[0], acc_all[0]
         if sink is not None:  # the sink joins the denominator once, with no value
             m_tot = torch.maximum(m_i, sink)
             alpha = torch.exp2((m_i - m_tot) * qk_scale_log2)
             l_i = l_i * alpha + torch.exp2((sink - m_tot) * qk_scale_log2)
             acc = acc * alpha[..., None]
+            m_i = m_tot
         o = acc / l_i[..., None]
+        m_top, l_sum = m_i, l_i
     else:  # weight each split by 2^(its max - the overall max); a split that saw no key weighs 0
-        m_all = torch.stack([m for m, _, _ in splits])
         m_top = m_all.amax(0)
         if sink is not None:
             m_top = torch.maximum(m_top, sink)
         weight = torch.exp2((m_all - m_top) * qk_scale_log2)
-        l_sum = (torch.stack([sums for _, sums, _ in splits]) * weight).sum(0)
+        l_sum = (l_all * weight).sum(0)
         if sink is not None:  # once, in the combine: not once per split
             l_sum = l_sum + torch.exp2((sink - m_top) * qk_scale_log2)
-        o = (torch.stack([a for _, _, a in splits]) * weight[..., None]).sum(0) / l_sum[..., None]
-    o = o.view(num_seqs, num_kv_heads, longest_q, group, head_dim)
-    o = o.permute(0, 2, 1, 3, 4).reshape(num_seqs, longest_q, call.num_q_heads, head_dim)
+        o = (acc_all * weight[..., None]).sum(0) / l_sum[..., None]
+    o = o.view(num_seqs, num_kv_heads, longest_q, group, call.head_dim_v)
+    o = o.permute(0, 2, 1, 3, 4).reshape(num_seqs, longest_q, call.num_q_heads, call.head_dim_v)
     out[token_index[token_valid]] = o[token_valid].to(out.dtype)
-    return out
+    if lse is not None:  # [S, Hkv, M] in the kernel's row order -> [S, Lq, Hq]
+        row_lse = (m_top * qk_scale_log2 + torch.log2(l_sum)) * LN2
+        row_lse = row_lse.view(num_seqs, num_kv_heads, longest_q, group).permute(0, 2, 1, 3)
+        lse[token_index[token_valid]] = row_lse.reshape(num_seqs, longest_q, call.num_q_heads)[token_valid]

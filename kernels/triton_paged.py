@@ -38,7 +38,15 @@ The idea, in a few lines:
   the splits, never once per split). The window hides keys more than W - 1 positions
   before a query and starts the tile loop at the first tile the program's earliest query
   can see (``kernels._common.window_tile_start``): decode with W 4096 over 128k keys walks
-  65 tiles of 64, not 2048. A split wholly before the window walks nothing and weighs 0.
+  65 tiles of 64, not 2048. The KV split follows the window: it is sized for W + q_len keys
+  (``kernels._common.tiling_for``) and its pieces are cut from the window's first tile, so
+  the splits share the window's work rather than all but the last walking nothing.
+* More of the contract (docs/contract.md): ``return_lse`` stores ln 2 * (m * scale * log2 e +
+  log2 l) per row in the epilogue or the combine; an fp8 cache (KV_FP8) is dequantized tile
+  by tile, ``k.float() * k_scale`` rounded to q's dtype (``_dequantize``); V's head dim may
+  differ from K's (MLA: HEAD_DIM_V), and K past 256 columns is loaded in two power-of-two
+  pieces (DIM_MAIN + DIM_TAIL: 576 = 512 + 64) whose dots add into the same logits, with a
+  large group's heads tiled 16 a program (HEADS_PER_PROGRAM, HEAD_TILES).
 * Indices are never trusted with memory: without value checks (see ``kernels._common``)
   a query row past num_tokens is not read or written, and a tile that would read a
   block id outside [0, num_blocks) or a table entry past max_blocks_per_seq loads
@@ -58,7 +66,7 @@ import torch
 import triton
 import triton.language as tl
 
-from ._common import prepare_call, prepare_out, tiling_for
+from ._common import PagedCall, cdiv, contract_entry, head_dim_pieces, heads_per_program, next_pow2, tiling_for
 
 
 @triton.jit
@@ -89,6 +97,19 @@ def _softcap(s, cap_unscaled, inv_cap_unscaled):
 
 
 @triton.jit
+def _dequantize(x, scale, out_dtype: tl.constexpr, INTERPRETED_BF16: tl.constexpr):
+    """An fp8 tile as the dot sees it: x.float() * scale, rounded to q's dtype (vLLM's triton kernels do the same).
+
+    kernels._common.dequantize_kv is the same in torch. Under the interpreter a bf16 result is
+    rounded by hand (_bf16_rne) and kept in fp32, like every bf16 operand there.
+    """
+    x = x.to(tl.float32) * scale
+    if INTERPRETED_BF16:
+        return _bf16_rne(x).to(tl.float32)
+    return x.to(out_dtype)
+
+
+@triton.jit
 def _find_seq(query_start_loc_ptr, q_tile, num_seqs, BLOCK_Q: tl.constexpr):
     """The sequence that owns query tile ``q_tile``, and the tile's index within it.
 
@@ -112,17 +133,20 @@ def _find_seq(query_start_loc_ptr, q_tile, num_seqs, BLOCK_Q: tl.constexpr):
 
 @triton.jit
 def _attend_tiles(
-    q, m_i, l_i, acc,  # [BLOCK_M, HEAD_DIM_PADDED] and the running state [BLOCK_M], [BLOCK_M], [BLOCK_M, HEAD_DIM_PADDED]
-    start, end,  # KV positions [start, end) in TILE_N steps
-    seq, seq_len, q_pos, kv_head, dims, dim_valid, slope,
-    k_cache_ptr, v_cache_ptr, block_table_ptr, qk_scale_log2, sliding_window, cap_unscaled, inv_cap_unscaled,
-    num_blocks, max_blocks_per_seq, stride_k_block, stride_k_slot, stride_k_head,
-    stride_v_block, stride_v_slot, stride_v_head, stride_bt_seq,
-    BLOCK_SIZE: tl.constexpr, TILE_N: tl.constexpr, DOT_PRECISION: tl.constexpr, INTERPRETED_BF16: tl.constexpr,
-    MASKED: tl.constexpr,  # False: every key of the range is visible to every row (causal and length masks skipped)
-    USE_WINDOW: tl.constexpr, USE_SOFTCAP: tl.constexpr, USE_ALIBI: tl.constexpr,
+    q, q_tail, m_i, l_i, acc,  # q [BLOCK_M, DIM_MAIN] (+ q_tail [BLOCK_M, DIM_TAIL]); the running state
+    start, end,  # KV positions [start, end), TILE_N at a time
+    seq, seq_len, q_pos, kv_head, dims, dim_valid, tail_dims, tail_valid, v_dims, v_dim_valid, slope, k_scale, v_scale,
+    q_ptr, k_cache_ptr, v_cache_ptr, block_table_ptr, qk_scale_log2, sliding_window, cap_unscaled, inv_cap_unscaled,
+    num_blocks, max_blocks_per_seq,
+    stride_k_block, stride_k_slot, stride_k_head, stride_v_block, stride_v_slot, stride_v_head, stride_bt_seq,
+    BLOCK_SIZE: tl.constexpr, TILE_N: tl.constexpr, DIM_TAIL: tl.constexpr, DOT_PRECISION: tl.constexpr,
+    INTERPRETED_BF16: tl.constexpr,
+    MASKED: tl.constexpr,  # False: every key of the range is visible to every row (no causal or length mask)
+    USE_WINDOW: tl.constexpr, USE_SOFTCAP: tl.constexpr, USE_ALIBI: tl.constexpr, KV_FP8: tl.constexpr,
 ):  # fmt: skip
-    """The online softmax over KV tiles [start, end) of one program: returns the new (m, l, acc)."""
+    """The online softmax over KV positions [start, end) of one program; returns (m, l, acc)
+    [BLOCK_M], [BLOCK_M], [BLOCK_M, HEAD_DIM_V_PADDED]. The kernel calls it twice: unmasked
+    over the tiles every row sees whole, masked over the rest."""
     for tile_start in range(start, end, TILE_N):
         k_pos = tile_start + tl.arange(0, TILE_N)
         k_valid = k_pos < seq_len
@@ -132,16 +156,25 @@ def _attend_tiles(
         block_ok = in_table & (block >= 0) & (block < num_blocks)
         bad_keys = tl.sum((k_valid & ~block_ok).to(tl.int32), 0)  # a bad index: NaN out, no stray read
         slot = k_pos % BLOCK_SIZE
-        kv_mask = block_ok[:, None] & dim_valid[None, :]
 
         k_offs = block[:, None] * stride_k_block + slot[:, None] * stride_k_slot + kv_head * stride_k_head
-        k = tl.load(k_cache_ptr + k_offs + dims[None, :], mask=kv_mask, other=0.0)  # [TILE_N, HEAD_DIM_PADDED]
+        k = tl.load(k_cache_ptr + k_offs + dims[None, :], mask=block_ok[:, None] & dim_valid[None, :], other=0.0)
+        if KV_FP8:
+            k = _dequantize(k, k_scale, q_ptr.dtype.element_ty, INTERPRETED_BF16)
         if INTERPRETED_BF16:
             k = k.to(tl.float32)
-        s = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION, out_dtype=tl.float32)
+        s = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION, out_dtype=tl.float32)  # [BLOCK_M, TILE_N]
+        if DIM_TAIL > 0:
+            k_tail = tl.load(k_cache_ptr + k_offs + tail_dims[None, :], mask=block_ok[:, None] & tail_valid[None, :],
+                             other=0.0)  # fmt: skip
+            if KV_FP8:
+                k_tail = _dequantize(k_tail, k_scale, q_ptr.dtype.element_ty, INTERPRETED_BF16)
+            if INTERPRETED_BF16:
+                k_tail = k_tail.to(tl.float32)
+            s += tl.dot(q_tail, tl.trans(k_tail), input_precision=DOT_PRECISION, out_dtype=tl.float32)
         if USE_SOFTCAP:  # on the logit itself, before any bias or mask
             s = _softcap(s, cap_unscaled, inv_cap_unscaled)
-        distance = k_pos[None, :] - q_pos[:, None]  # key_pos - query_pos, <= 0 where causal (unused code compiles away)
+        distance = k_pos[None, :] - q_pos[:, None]  # key_pos - query_pos, <= 0 where causal (compiled away if unread)
         if USE_ALIBI:
             s = s + slope[:, None] * distance.to(tl.float32)
         if MASKED:
@@ -159,7 +192,9 @@ def _attend_tiles(
         l_i = l_i * alpha + tl.sum(p, 1) + tl.where(bad_keys > 0, float("nan"), 0.0)
 
         v_offs = block[:, None] * stride_v_block + slot[:, None] * stride_v_slot + kv_head * stride_v_head
-        v = tl.load(v_cache_ptr + v_offs + dims[None, :], mask=kv_mask, other=0.0)
+        v = tl.load(v_cache_ptr + v_offs + v_dims[None, :], mask=block_ok[:, None] & v_dim_valid[None, :], other=0.0)
+        if KV_FP8:
+            v = _dequantize(v, v_scale, q_ptr.dtype.element_ty, INTERPRETED_BF16)
         if INTERPRETED_BF16:  # bf16 x bf16 products are exact in fp32: only the sum order moves
             p = _bf16_rne(p).to(tl.float32)
             v = v.to(tl.float32)
@@ -176,16 +211,19 @@ def paged_attention_kernel(
     # pointers
     q_ptr,  # [num_tokens, num_q_heads, head_dim]
     k_cache_ptr,  # [num_blocks, block_size, num_kv_heads, head_dim]
-    v_cache_ptr,  # [num_blocks, block_size, num_kv_heads, head_dim]
+    v_cache_ptr,  # [num_blocks, block_size, num_kv_heads, head_dim_v]
     block_table_ptr,  # [num_seqs, max_blocks_per_seq] int32
     seq_lens_ptr,  # [num_seqs] int32
     query_start_loc_ptr,  # [num_seqs + 1] int32 (unread when ONE_QUERY_PER_SEQ)
-    out_ptr,  # [num_tokens, num_q_heads, head_dim]
+    out_ptr,  # [num_tokens, num_q_heads, head_dim_v]
+    lse_ptr,  # [num_tokens, num_q_heads] fp32, contiguous (written when RETURN_LSE)
     partial_m_ptr,  # [NUM_SPLITS, num_tokens, num_q_heads] fp32, used when NUM_SPLITS > 1
     partial_l_ptr,  # [NUM_SPLITS, num_tokens, num_q_heads] fp32
-    partial_acc_ptr,  # [NUM_SPLITS, num_tokens, num_q_heads, HEAD_DIM_PADDED] fp32
+    partial_acc_ptr,  # [NUM_SPLITS, num_tokens, num_q_heads, HEAD_DIM_V_PADDED] fp32
     sinks_ptr,  # [num_q_heads] fp32, sink / scale (read when USE_SINKS)
     alibi_ptr,  # [num_q_heads] fp32, slope / scale (read when USE_ALIBI)
+    k_scale_ptr,  # [num_kv_heads] fp32, an fp8 cache's dequantization scale (read when KV_FP8)
+    v_scale_ptr,  # [num_kv_heads] fp32
     # scalars
     qk_scale_log2,  # softmax scale * log2(e)
     sliding_window,  # W (read when USE_WINDOW)
@@ -211,8 +249,13 @@ def paged_attention_kernel(
     stride_bt_seq,
     # meta-parameters
     GROUP_SIZE: tl.constexpr,
-    HEAD_DIM: tl.constexpr,
-    HEAD_DIM_PADDED: tl.constexpr,
+    HEADS_PER_PROGRAM: tl.constexpr,  # the group's heads a program holds (kernels._common.heads_per_program)
+    HEAD_TILES: tl.constexpr,  # ceil(GROUP_SIZE / HEADS_PER_PROGRAM): grid axis 1 is num_kv_heads * HEAD_TILES
+    HEAD_DIM: tl.constexpr,  # K's (and q's)
+    DIM_MAIN: tl.constexpr,  # K loaded as DIM_MAIN + DIM_TAIL columns (kernels._common.head_dim_pieces)
+    DIM_TAIL: tl.constexpr,  # 0: no second piece
+    HEAD_DIM_V: tl.constexpr,  # V's and the output's
+    HEAD_DIM_V_PADDED: tl.constexpr,
     BLOCK_SIZE: tl.constexpr,
     BLOCK_M: tl.constexpr,
     BLOCK_Q: tl.constexpr,
@@ -225,8 +268,11 @@ def paged_attention_kernel(
     USE_SOFTCAP: tl.constexpr,
     USE_ALIBI: tl.constexpr,
     USE_SINKS: tl.constexpr,
+    RETURN_LSE: tl.constexpr,
+    KV_FP8: tl.constexpr,  # fp8 pools: K = k_cache.float() * k_scale, rounded to q's dtype (vLLM)
 ):
-    kv_head = tl.program_id(1)
+    kv_head = tl.program_id(1) // HEAD_TILES
+    head_tile = tl.program_id(1) % HEAD_TILES
     split = tl.program_id(2)
     if ONE_QUERY_PER_SEQ:
         seq = tl.program_id(0)
@@ -241,65 +287,82 @@ def paged_attention_kernel(
         return
     seq_len = tl.load(seq_lens_ptr + seq)
 
-    # Row r of the tile: query token q_tile * BLOCK_Q + r // GROUP_SIZE, head r % GROUP_SIZE.
+    # Row r of the tile: query token q_tile * BLOCK_Q + r // HEADS_PER_PROGRAM, head
+    # head_tile * HEADS_PER_PROGRAM + r % HEADS_PER_PROGRAM of the group (the whole group when
+    # HEADS_PER_PROGRAM == GROUP_SIZE, the usual case: head_tile is then 0).
     rows = tl.arange(0, BLOCK_M)
-    token = q_tile * BLOCK_Q + rows // GROUP_SIZE
-    head = kv_head * GROUP_SIZE + rows % GROUP_SIZE
+    token = q_tile * BLOCK_Q + rows // HEADS_PER_PROGRAM
+    in_group = head_tile * HEADS_PER_PROGRAM + rows % HEADS_PER_PROGRAM
+    head = kv_head * GROUP_SIZE + in_group
     q_rows = (q_start + token).to(tl.int64)
-    row_valid = (rows < BLOCK_Q * GROUP_SIZE) & (token < q_len) & (q_rows >= 0) & (q_rows < num_tokens)
+    row_valid = (rows < BLOCK_Q * HEADS_PER_PROGRAM) & (in_group < GROUP_SIZE) & (token < q_len)
+    row_valid = row_valid & (q_rows >= 0) & (q_rows < num_tokens)
     q_pos = seq_len - q_len + token
-    dims = tl.arange(0, HEAD_DIM_PADDED)
+    dims = tl.arange(0, DIM_MAIN)
     dim_valid = dims < HEAD_DIM
+    v_dims = tl.arange(0, HEAD_DIM_V_PADDED)
+    v_dim_valid = v_dims < HEAD_DIM_V
 
-    q_offs = q_rows[:, None] * stride_q_token + head[:, None] * stride_q_head + dims[None, :]
-    q_mask = row_valid[:, None] & dim_valid[None, :]
-    q = tl.load(q_ptr + q_offs, mask=q_mask, other=0.0)
+    q_offs = q_rows[:, None] * stride_q_token + head[:, None] * stride_q_head
+    q = tl.load(q_ptr + q_offs + dims[None, :], mask=row_valid[:, None] & dim_valid[None, :], other=0.0)
     if INTERPRETED_BF16:
         q = q.to(tl.float32)
+    q_tail, tail_dims, tail_valid = q, dims, dim_valid  # unread unless DIM_TAIL > 0
+    if DIM_TAIL > 0:  # K's columns past DIM_MAIN (MLA's 64 rope dims), a second dot
+        tail_dims = DIM_MAIN + tl.arange(0, DIM_TAIL)
+        tail_valid = tail_dims < HEAD_DIM
+        q_tail = tl.load(q_ptr + q_offs + tail_dims[None, :], mask=row_valid[:, None] & tail_valid[None, :], other=0.0)
+        if INTERPRETED_BF16:
+            q_tail = q_tail.to(tl.float32)
 
     m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)  # running max of the unscaled logits
     l_i = tl.zeros([BLOCK_M], tl.float32)
-    acc = tl.zeros([BLOCK_M, HEAD_DIM_PADDED], tl.float32)
+    acc = tl.zeros([BLOCK_M, HEAD_DIM_V_PADDED], tl.float32)
 
     slope = m_i  # unread unless USE_ALIBI
     if USE_ALIBI:
         slope = tl.load(alibi_ptr + head, mask=row_valid, other=0.0)  # [BLOCK_M], per unscaled logit
+    k_scale = qk_scale_log2  # unread unless KV_FP8
+    v_scale = qk_scale_log2
+    if KV_FP8:
+        k_scale = tl.load(k_scale_ptr + kv_head)
+        v_scale = tl.load(v_scale_ptr + kv_head)
 
     kv_end = seq_len - q_len + tl.minimum(q_len, (q_tile + 1) * BLOCK_Q)
     kv_start = 0
-    if NUM_SPLITS > 1:  # the last split runs to kv_end, whatever split_size assumed
-        kv_start = split * split_size
-        kv_end = tl.where(split == NUM_SPLITS - 1, kv_end, tl.minimum(kv_end, kv_start + split_size))
     if USE_WINDOW:  # kernels._common.window_tile_start of the program's first query
         first_q_pos = seq_len - q_len + q_tile * BLOCK_Q
-        kv_start = tl.maximum(kv_start, tl.maximum(first_q_pos - sliding_window + 1, 0) // TILE_N * TILE_N)
+        kv_start = tl.maximum(first_q_pos - sliding_window + 1, 0) // TILE_N * TILE_N
+    if NUM_SPLITS > 1:  # the splits cut [kv_start, kv_end) from kv_start; the last runs to kv_end
+        kv_start = kv_start + split * split_size
+        kv_end = tl.where(split == NUM_SPLITS - 1, kv_end, tl.minimum(kv_end, kv_start + split_size))
     # Tiles wholly before the program's first query position are visible to every row: they
-    # skip the causal mask (the elementwise work is what bounds prefill). The window masks
-    # everything it touches.
+    # skip the causal and length masks (on prefill the elementwise work is what bounds the
+    # kernel: 18% of prefill_4x4k's time on an H200). The window masks every tile it touches.
     full_end = kv_start
     if not USE_WINDOW:
-        first_q_pos = seq_len - q_len + q_tile * BLOCK_Q
-        full_end = tl.maximum(kv_start, tl.minimum(kv_end, (first_q_pos + 1) // TILE_N * TILE_N))
+        first_visible_end = (seq_len - q_len + q_tile * BLOCK_Q + 1) // TILE_N * TILE_N
+        full_end = tl.maximum(kv_start, tl.minimum(kv_end, first_visible_end))
     m_i, l_i, acc = _attend_tiles(
-        q, m_i, l_i, acc, kv_start, full_end, seq, seq_len, q_pos, kv_head, dims, dim_valid, slope,
-        k_cache_ptr, v_cache_ptr, block_table_ptr, qk_scale_log2, sliding_window, cap_unscaled, inv_cap_unscaled,
-        num_blocks, max_blocks_per_seq, stride_k_block, stride_k_slot, stride_k_head,
-        stride_v_block, stride_v_slot, stride_v_head, stride_bt_seq,
-        BLOCK_SIZE, TILE_N, DOT_PRECISION, INTERPRETED_BF16, False, USE_WINDOW, USE_SOFTCAP, USE_ALIBI,
+        q, q_tail, m_i, l_i, acc, kv_start, full_end, seq, seq_len, q_pos, kv_head, dims, dim_valid, tail_dims, tail_valid,
+        v_dims, v_dim_valid, slope, k_scale, v_scale, q_ptr, k_cache_ptr, v_cache_ptr, block_table_ptr, qk_scale_log2,
+        sliding_window, cap_unscaled, inv_cap_unscaled, num_blocks, max_blocks_per_seq,
+        stride_k_block, stride_k_slot, stride_k_head, stride_v_block, stride_v_slot, stride_v_head, stride_bt_seq,
+        BLOCK_SIZE, TILE_N, DIM_TAIL, DOT_PRECISION, INTERPRETED_BF16, False, USE_WINDOW, USE_SOFTCAP, USE_ALIBI, KV_FP8,
     )  # fmt: skip
     m_i, l_i, acc = _attend_tiles(
-        q, m_i, l_i, acc, full_end, kv_end, seq, seq_len, q_pos, kv_head, dims, dim_valid, slope,
-        k_cache_ptr, v_cache_ptr, block_table_ptr, qk_scale_log2, sliding_window, cap_unscaled, inv_cap_unscaled,
-        num_blocks, max_blocks_per_seq, stride_k_block, stride_k_slot, stride_k_head,
-        stride_v_block, stride_v_slot, stride_v_head, stride_bt_seq,
-        BLOCK_SIZE, TILE_N, DOT_PRECISION, INTERPRETED_BF16, True, USE_WINDOW, USE_SOFTCAP, USE_ALIBI,
+        q, q_tail, m_i, l_i, acc, full_end, kv_end, seq, seq_len, q_pos, kv_head, dims, dim_valid, tail_dims, tail_valid,
+        v_dims, v_dim_valid, slope, k_scale, v_scale, q_ptr, k_cache_ptr, v_cache_ptr, block_table_ptr, qk_scale_log2,
+        sliding_window, cap_unscaled, inv_cap_unscaled, num_blocks, max_blocks_per_seq,
+        stride_k_block, stride_k_slot, stride_k_head, stride_v_block, stride_v_slot, stride_v_head, stride_bt_seq,
+        BLOCK_SIZE, TILE_N, DIM_TAIL, DOT_PRECISION, INTERPRETED_BF16, True, USE_WINDOW, USE_SOFTCAP, USE_ALIBI, KV_FP8,
     )  # fmt: skip
 
     if NUM_SPLITS > 1:  # keep this split's state; combine_splits_kernel finishes the rows
         row_ids = (split * num_tokens + q_rows) * num_q_heads + head
         tl.store(partial_m_ptr + row_ids, m_i, mask=row_valid)
         tl.store(partial_l_ptr + row_ids, l_i, mask=row_valid)
-        acc_offs = row_ids[:, None] * HEAD_DIM_PADDED + dims[None, :]
+        acc_offs = row_ids[:, None] * HEAD_DIM_V_PADDED + v_dims[None, :]
         tl.store(partial_acc_ptr + acc_offs, acc, mask=row_valid[:, None])
     else:
         if USE_SINKS:  # the sink joins the denominator once, with no value
@@ -308,42 +371,48 @@ def paged_attention_kernel(
             alpha = tl.exp2((m_i - m_tot) * qk_scale_log2)
             l_i = l_i * alpha + tl.exp2((sink - m_tot) * qk_scale_log2)
             acc = acc * alpha[:, None]
+            m_i = m_tot
+        if RETURN_LSE:  # ln of the denominator: ln 2 * (m * scale * log2 e + log2 l)
+            lse = (m_i * qk_scale_log2 + tl.log2(l_i)) * 0.6931471805599453
+            tl.store(lse_ptr + q_rows * num_q_heads + head, lse, mask=row_valid)
         acc = acc / l_i[:, None]
         if INTERPRETED_BF16:
             acc = _bf16_rne(acc)
-        o_offs = q_rows[:, None] * stride_o_token + head[:, None] * stride_o_head + dims[None, :]
-        tl.store(out_ptr + o_offs, acc.to(out_ptr.dtype.element_ty), mask=q_mask)
+        o_offs = q_rows[:, None] * stride_o_token + head[:, None] * stride_o_head + v_dims[None, :]
+        tl.store(out_ptr + o_offs, acc.to(out_ptr.dtype.element_ty), mask=row_valid[:, None] & v_dim_valid[None, :])
 
 
 @triton.jit
 def combine_splits_kernel(
     partial_m_ptr,  # [NUM_SPLITS, num_tokens, num_q_heads] fp32, running max (unscaled logits) of each split
     partial_l_ptr,  # [NUM_SPLITS, num_tokens, num_q_heads] fp32, running sum
-    partial_acc_ptr,  # [NUM_SPLITS, num_tokens, num_q_heads, HEAD_DIM_PADDED] fp32, unnormalised
-    out_ptr,  # [num_tokens, num_q_heads, head_dim]
+    partial_acc_ptr,  # [NUM_SPLITS, num_tokens, num_q_heads, HEAD_DIM_V_PADDED] fp32, unnormalised
+    out_ptr,  # [num_tokens, num_q_heads, head_dim_v]
+    lse_ptr,  # [num_tokens, num_q_heads] fp32, contiguous (written when RETURN_LSE)
     sinks_ptr,  # [num_q_heads] fp32, sink / scale (read when USE_SINKS)
     qk_scale_log2,  # softmax scale * log2(e)
     num_rows,  # num_tokens * num_q_heads
     stride_o_token,
     stride_o_head,
     NUM_Q_HEADS: tl.constexpr,
-    HEAD_DIM: tl.constexpr,
-    HEAD_DIM_PADDED: tl.constexpr,
+    HEAD_DIM_V: tl.constexpr,
+    HEAD_DIM_V_PADDED: tl.constexpr,
     NUM_SPLITS: tl.constexpr,
     INTERPRETED_BF16: tl.constexpr,
     USE_SINKS: tl.constexpr,
+    RETURN_LSE: tl.constexpr,
 ):
     """out = sum_s w_s acc_s / sum_s w_s l_s, w_s = 2^((m_s - m) * scale * log2(e)), m = max_s m_s; a program a row.
 
     With sinks, m also covers the row's sink, and 2^((sink - m) * scale * log2(e)) joins
-    the denominator here, once for all the splits.
+    the denominator here, once for all the splits. lse = ln 2 * (m * scale * log2 e + log2 sum_s w_s l_s).
     """
     row = tl.program_id(0)
     splits = tl.arange(0, NUM_SPLITS)
-    dims = tl.arange(0, HEAD_DIM_PADDED)
+    dims = tl.arange(0, HEAD_DIM_V_PADDED)
     m = tl.load(partial_m_ptr + splits * num_rows + row)
     l_s = tl.load(partial_l_ptr + splits * num_rows + row)
-    acc = tl.load(partial_acc_ptr + (splits * num_rows + row)[:, None] * HEAD_DIM_PADDED + dims[None, :])
+    acc = tl.load(partial_acc_ptr + (splits * num_rows + row)[:, None] * HEAD_DIM_V_PADDED + dims[None, :])
     token = row // NUM_Q_HEADS
     head = row % NUM_Q_HEADS
     m_top = tl.max(m, 0)
@@ -355,10 +424,12 @@ def combine_splits_kernel(
     if USE_SINKS:
         l_sum = l_sum + tl.exp2((sink - m_top) * qk_scale_log2)
     o = tl.sum(acc * weight[:, None], 0) / l_sum
+    if RETURN_LSE:
+        tl.store(lse_ptr + row, (m_top * qk_scale_log2 + tl.log2(l_sum)) * 0.6931471805599453)
     if INTERPRETED_BF16:
         o = _bf16_rne(o)
     o_offs = token.to(tl.int64) * stride_o_token + head * stride_o_head + dims
-    tl.store(out_ptr + o_offs, o.to(out_ptr.dtype.element_ty), mask=dims < HEAD_DIM)
+    tl.store(out_ptr + o_offs, o.to(out_ptr.dtype.element_ty), mask=dims < HEAD_DIM_V)
 
 
 def _check_launchable(device: torch.device) -> None:
@@ -378,60 +449,26 @@ def _check_launchable(device: torch.device) -> None:
         )
 
 
+@contract_entry
 def paged_attention_triton(
-    q,
-    k_cache,
-    v_cache,
-    block_table,
-    seq_lens,
-    query_start_loc=None,
-    scale=None,
-    out=None,
-    *,
-    max_q_len: int | None = None,
-    max_seq_len: int | None = None,
-    check: bool | None = None,
-    sliding_window: int | None = None,
-    logit_softcap: float | None = None,
-    sinks: torch.Tensor | None = None,
-    alibi_slopes: torch.Tensor | None = None,
-) -> torch.Tensor:
-    """Paged attention through the Triton kernel (the contract in docs/contract.md).
-
-    q               [num_tokens, num_q_heads, head_dim], fp32/fp16/bf16
-    k_cache/v_cache [num_blocks, block_size, num_kv_heads, head_dim], q's dtype
-    block_table     [num_seqs, max_blocks_per_seq] int32; entries past a sequence's end ignored
-    seq_lens        [num_seqs] int32, KV length of each sequence including its new tokens
-    query_start_loc [num_seqs + 1] int32 or None (one query per sequence)
-    scale           softmax scale (> 0), default head_dim ** -0.5
-    out             optional [num_tokens, num_q_heads, head_dim] buffer, written and returned
-    returns         [num_tokens, num_q_heads, head_dim] in q's dtype
+    call: PagedCall, out: torch.Tensor, lse: torch.Tensor | None, max_q_len: int | None, max_seq_len: int | None
+) -> None:
+    """Paged attention through the Triton kernel.
 
     The call reads no tensor value on the host: no device sync, so it can be captured in
-    a CUDA graph. Launch sizes come from shapes (see the module docstring).
-
-    max_q_len       optional host int, an upper bound of every q_len: picks a smaller tile
-                    when the queries are short (decode through query_start_loc: pass 1)
-    max_seq_len     optional host int, an upper bound of every seq_len, for the KV split
-                    (default: max_blocks_per_seq * block_size). Hints change speed, never
-                    the result.
-    check           run the value checks (syncs); None: $PAGED_ATTENTION_CHECK == "1"
-    sliding_window  host int W >= 1 or None: a query sees its W most recent keys, itself included
-    logit_softcap   host float cap > 0 or None: scaled logits z -> cap * tanh(z / cap)
-    sinks           [num_q_heads] fp32 or None: a per-head logit in the denominator only
-    alibi_slopes    [num_q_heads] fp32 or None: slope_h * (key_pos - query_pos) added to the logits
+    a CUDA graph. Launch sizes come from shapes and the hints (see the module docstring):
+    max_q_len (decode through query_start_loc: pass 1) picks a smaller tile, max_seq_len
+    the KV split; hints change speed, never the result. With return_lse the single-pass
+    epilogue or the split path's combine writes lse. An fp8 cache is dequantized in the
+    kernel, rounded to q's dtype before the dot (vLLM's convention).
 
     On CPU tensors the kernel runs under Triton's interpreter (slow: small cases only).
     """
-    call = prepare_call(
-        q, k_cache, v_cache, block_table, seq_lens, query_start_loc, scale, check=check,
-        sliding_window=sliding_window, logit_softcap=logit_softcap, sinks=sinks, alibi_slopes=alibi_slopes,
-    )  # fmt: skip
-    out = prepare_out(call, out)
+    q, k_cache, v_cache = call.q, call.k_cache, call.v_cache
     _check_launchable(q.device)
     num_tokens = q.shape[0]
     if call.num_seqs == 0 or num_tokens == 0:
-        return out
+        return
     tiling = tiling_for(call, max_q_len, max_seq_len)
     q_c, k_c, v_c = (t if t.stride(-1) == 1 else t.contiguous() for t in (q, k_cache, v_cache))
     out_c = out if out.stride(-1) == 1 else torch.empty_like(out, memory_format=torch.contiguous_format)
@@ -439,10 +476,11 @@ def paged_attention_triton(
     starts = call.seq_lens if one_query_per_seq else call.given_query_start_loc  # unread when one query per seq
     interpreted_bf16 = q.device.type != "cuda" and q.dtype == torch.bfloat16
     splits = tiling.NUM_SPLITS
+    head_dim_v_padded = max(16, next_pow2(call.head_dim_v))
     if splits > 1:
         partial_m = torch.empty((splits, num_tokens, call.num_q_heads), dtype=torch.float32, device=q.device)
         partial_l = torch.empty_like(partial_m)
-        partial_acc = torch.empty((*partial_m.shape, tiling.HEAD_DIM_PADDED), dtype=torch.float32, device=q.device)
+        partial_acc = torch.empty((*partial_m.shape, head_dim_v_padded), dtype=torch.float32, device=q.device)
     else:  # unused by the kernel; any fp32 tensor will do
         partial_m = partial_l = partial_acc = out_c.new_empty(1, dtype=torch.float32)
     qk_scale_log2 = call.scale * math.log2(math.e)
@@ -450,10 +488,15 @@ def paged_attention_triton(
     sinks_u = partial_m if call.sinks is None else call.sinks / call.scale
     alibi_u = partial_m if call.alibi_slopes is None else call.alibi_slopes / call.scale
     cap_u = 1.0 if call.logit_softcap is None else call.logit_softcap / call.scale
-    grid = (tiling.NUM_Q_TILES, call.num_kv_heads, splits)
+    lse_c = partial_m if lse is None else lse  # unwritten without RETURN_LSE
+    heads = heads_per_program(call)
+    head_tiles = cdiv(call.group_size, heads)
+    dim_main, dim_tail = head_dim_pieces(call.head_dim)
+    grid = (tiling.NUM_Q_TILES, call.num_kv_heads * head_tiles, splits)
     paged_attention_kernel[grid](
-        q_c, k_c, v_c, call.block_table, call.seq_lens, starts, out_c,
+        q_c, k_c, v_c, call.block_table, call.seq_lens, starts, out_c, lse_c,
         partial_m, partial_l, partial_acc, sinks_u, alibi_u,
+        partial_m if call.k_scale is None else call.k_scale, partial_m if call.v_scale is None else call.v_scale,
         qk_scale_log2, call.sliding_window or 0, cap_u, 1.0 / cap_u, num_tokens, call.num_seqs, call.num_q_heads, call.num_blocks, call.block_table.shape[1],
         tiling.SPLIT_SIZE,
         q_c.stride(0), q_c.stride(1), out_c.stride(0), out_c.stride(1),
@@ -461,8 +504,13 @@ def paged_attention_triton(
         v_c.stride(0), v_c.stride(1), v_c.stride(2),
         call.block_table.stride(0),
         GROUP_SIZE=call.group_size,
+        HEADS_PER_PROGRAM=heads,
+        HEAD_TILES=head_tiles,
         HEAD_DIM=call.head_dim,
-        HEAD_DIM_PADDED=tiling.HEAD_DIM_PADDED,
+        DIM_MAIN=dim_main,
+        DIM_TAIL=dim_tail,
+        HEAD_DIM_V=call.head_dim_v,
+        HEAD_DIM_V_PADDED=head_dim_v_padded,
         BLOCK_SIZE=call.block_size,
         BLOCK_M=tiling.BLOCK_M,
         BLOCK_Q=tiling.BLOCK_Q,
@@ -475,16 +523,18 @@ def paged_attention_triton(
         USE_SOFTCAP=call.logit_softcap is not None,
         USE_ALIBI=call.alibi_slopes is not None,
         USE_SINKS=call.sinks is not None,
+        RETURN_LSE=lse is not None,
+        KV_FP8=call.kv_fp8,
         num_warps=tiling.NUM_WARPS,
         num_stages=tiling.NUM_STAGES,
     )  # fmt: skip
     if splits > 1:
         combine_splits_kernel[(num_tokens * call.num_q_heads,)](
-            partial_m, partial_l, partial_acc, out_c, sinks_u, qk_scale_log2, num_tokens * call.num_q_heads,
+            partial_m, partial_l, partial_acc, out_c, lse_c, sinks_u, qk_scale_log2, num_tokens * call.num_q_heads,
             out_c.stride(0), out_c.stride(1),
-            NUM_Q_HEADS=call.num_q_heads, HEAD_DIM=call.head_dim, HEAD_DIM_PADDED=tiling.HEAD_DIM_PADDED,
+            NUM_Q_HEADS=call.num_q_heads, HEAD_DIM_V=call.head_dim_v, HEAD_DIM_V_PADDED=head_dim_v_padded,
             NUM_SPLITS=splits, INTERPRETED_BF16=interpreted_bf16, USE_SINKS=call.sinks is not None,
+            RETURN_LSE=lse is not None,
         )  # fmt: skip
     if out_c is not out:
         out.copy_(out_c)
-    return out

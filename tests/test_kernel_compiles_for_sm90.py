@@ -27,7 +27,11 @@ from kernels import triton_paged as tp
 FLOATS = {"qk_scale_log2"}
 
 
-def compile_for_sm90(fn, dtype, **meta):
+F32_PTRS = {"lse_ptr", "sinks_ptr", "alibi_ptr", "k_scale_ptr", "v_scale_ptr"}
+OFF = dict(USE_WINDOW=False, USE_SOFTCAP=False, USE_ALIBI=False, USE_SINKS=False, RETURN_LSE=False, KV_FP8=False)
+
+
+def compile_for_sm90(fn, dtype, kv_dtype=None, **meta):
     names = fn.arg_names
     sig = {}
     for param in fn.params:
@@ -35,21 +39,36 @@ def compile_for_sm90(fn, dtype, **meta):
         if param.is_constexpr:
             sig[name] = "constexpr"
         elif name.endswith("_ptr"):
-            sig[name] = "*fp32" if name.startswith("partial") else ("*i32" if name in (
+            sig[name] = "*fp32" if name.startswith("partial") or name in F32_PTRS else ("*i32" if name in (
                 "block_table_ptr", "seq_lens_ptr", "query_start_loc_ptr") else "*" + dtype)
+            if name in ("k_cache_ptr", "v_cache_ptr") and kv_dtype:
+                sig[name] = "*" + kv_dtype
         else:
-            sig[name] = "fp32" if name in FLOATS else "i32"
+            sig[name] = "fp32" if name in FLOATS | {"cap_unscaled", "inv_cap_unscaled"} else "i32"
     constexprs = {(names.index(k),): v for k, v in meta.items()}
     return triton.compile(ASTSource(fn=fn, signature=sig, constexprs=constexprs), target=GPUTarget("cuda", 90, 32))
 
 
-main = dict(HEAD_DIM=128, HEAD_DIM_PADDED=128, BLOCK_SIZE=16, TILE_N=64, INTERPRETED_BF16=False)
-compile_for_sm90(tp.paged_attention_kernel, "fp16", GROUP_SIZE=4, BLOCK_M=64, BLOCK_Q=16, DOT_PRECISION="tf32",
-                 ONE_QUERY_PER_SEQ=False, NUM_SPLITS=4, **main)
-compile_for_sm90(tp.paged_attention_kernel, "fp32", GROUP_SIZE=4, BLOCK_M=16, BLOCK_Q=4, DOT_PRECISION="ieee",
-                 ONE_QUERY_PER_SEQ=True, NUM_SPLITS=1, **main)
-compile_for_sm90(tp.combine_splits_kernel, "fp16", NUM_Q_HEADS=32, HEAD_DIM=128, HEAD_DIM_PADDED=128, NUM_SPLITS=4,
-                 INTERPRETED_BF16=False)
+main = dict(HEAD_DIM=128, DIM_MAIN=128, DIM_TAIL=0, HEAD_DIM_V=128, HEAD_DIM_V_PADDED=128, BLOCK_SIZE=16, TILE_N=64,
+            INTERPRETED_BF16=False, HEAD_TILES=1)
+compile_for_sm90(tp.paged_attention_kernel, "fp16", GROUP_SIZE=4, HEADS_PER_PROGRAM=4, BLOCK_M=64, BLOCK_Q=16,
+                 DOT_PRECISION="tf32", ONE_QUERY_PER_SEQ=False, NUM_SPLITS=4, **main, **OFF)
+compile_for_sm90(tp.paged_attention_kernel, "fp32", GROUP_SIZE=4, HEADS_PER_PROGRAM=4, BLOCK_M=16, BLOCK_Q=4,
+                 DOT_PRECISION="ieee", ONE_QUERY_PER_SEQ=True, NUM_SPLITS=1, **main, **OFF)
+# Every variant on, an fp8 e4m3 cache and the lse (single pass), bf16 q.
+compile_for_sm90(tp.paged_attention_kernel, "bf16", kv_dtype="fp8e4nv", GROUP_SIZE=4, HEADS_PER_PROGRAM=4, BLOCK_M=64,
+                 BLOCK_Q=16, DOT_PRECISION="tf32", ONE_QUERY_PER_SEQ=False, NUM_SPLITS=1, **main,
+                 **{**OFF, "USE_WINDOW": True, "USE_SOFTCAP": True, "USE_ALIBI": True, "USE_SINKS": True,
+                    "RETURN_LSE": True, "KV_FP8": True})
+# MLA decode: K 576 = 512 + 64, V 512, 128 heads a KV head in 8 tiles of 16, split KV.
+mla = {**main, "HEAD_DIM": 576, "DIM_MAIN": 512, "DIM_TAIL": 64, "HEAD_DIM_V": 512, "HEAD_DIM_V_PADDED": 512,
+       "TILE_N": 32, "HEAD_TILES": 8}
+compile_for_sm90(tp.paged_attention_kernel, "bf16", GROUP_SIZE=128, HEADS_PER_PROGRAM=16, BLOCK_M=16, BLOCK_Q=1,
+                 DOT_PRECISION="tf32", ONE_QUERY_PER_SEQ=True, NUM_SPLITS=8, **mla, **OFF)
+compile_for_sm90(tp.combine_splits_kernel, "fp16", NUM_Q_HEADS=32, HEAD_DIM_V=128, HEAD_DIM_V_PADDED=128, NUM_SPLITS=4,
+                 INTERPRETED_BF16=False, USE_SINKS=True, RETURN_LSE=True)
+compile_for_sm90(tp.combine_splits_kernel, "bf16", NUM_Q_HEADS=128, HEAD_DIM_V=512, HEAD_DIM_V_PADDED=512, NUM_SPLITS=8,
+                 INTERPRETED_BF16=False, USE_SINKS=False, RETURN_LSE=False)
 print("compiled")
 """
 

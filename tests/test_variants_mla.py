@@ -1,0 +1,123 @@
+"""A V head dim different from K's (MLA: K 576 / V 512 over one KV head; and K 192 / V 128).
+
+v_cache is [num_blocks, block_size, num_kv_heads, head_dim_v] and the output
+[num_tokens, num_q_heads, head_dim_v]. Every built-in backend matches the oracle; the
+kernel loads K past 256 columns in two pieces (576 = 512 + 64) and tiles a large group's
+heads 16 a program (kernels._common.head_dim_pieces, heads_per_program); dropping the
+second piece fails the grade; the harness skips the peers, naming the option.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import kernels
+from harness.backends import REGISTRY
+from harness.cases import expand_spec
+from harness.grading import DEFAULT_TOLERANCES, grade
+from harness.inputs import make_inputs
+from harness.oracle import paged_attention_oracle
+from harness.runner import RunConfig, run_cases
+from kernels._common import head_dim_pieces, heads_per_program, prepare_call, tiling_for
+
+SHAPES = {  # num_q_heads, num_kv_heads, head_dim, head_dim_v, dtype, seq_lens, q_lens
+    "mla_decode_2_head_tiles": (32, 1, 576, 512, "bfloat16", [1, 40, 100], [1, 1, 1]),
+    "mla_spec_verify": (16, 1, 576, 512, "float32", [30, 17], [3, 2]),
+    "mla_split_kv": (32, 1, 576, 512, "float32", [2100, 9], [1, 1]),
+    "k192_v128_prefill": (8, 2, 192, 128, "float32", [1, 40, 100], [1, 5, 2]),
+    "k192_v128_split_bf16": (4, 4, 192, 128, "bfloat16", [2500, 300], [1, 1]),
+    "k64_v128_gqa": (8, 2, 64, 128, "float16", [20, 33], [4, 1]),
+}
+
+
+def _inputs(name: str):
+    hq, hkv, d, dv, dtype, seq_lens, q_lens = SHAPES[name]
+    return make_inputs(num_q_heads=hq, num_kv_heads=hkv, head_dim=d, head_dim_v=dv, block_size=16,
+                       seq_lens=seq_lens, q_lens=q_lens, dtype=dtype, seed=1)  # fmt: skip
+
+
+@pytest.mark.parametrize("backend", ["reference", "tlsim", "triton", "dispatch", "cache"])
+@pytest.mark.parametrize("name", list(SHAPES))
+def test_backend_matches_oracle_with_a_different_v_head_dim(name, backend):
+    if backend == "triton" and (reason := kernels.triton_unavailable_reason("cpu")):
+        pytest.skip(reason)
+    inputs = _inputs(name)
+    tolerance = DEFAULT_TOLERANCES[str(inputs.q.dtype).removeprefix("torch.")]
+    expected, expected_lse = paged_attention_oracle(*inputs.args(), return_lse=True)
+    if backend == "cache":
+        k = inputs.k_cache
+        cache = kernels.PagedKVCache(1, k.shape[0], k.shape[1], k.shape[2], k.shape[3], dtype=k.dtype,
+                                     head_dim_v=inputs.v_cache.shape[3])  # fmt: skip
+        seq_ids = list(range(inputs.seq_lens.shape[0]))
+        for seq_id, keys, values in zip(seq_ids, inputs.keys, inputs.values, strict=True):
+            cache.allocate(seq_id)
+            cache.write(0, cache.append(seq_id, keys.shape[0]), keys, values)
+        out, lse = cache.paged_attention(0, inputs.q, seq_ids, inputs.query_start_loc, return_lse=True)
+    else:
+        buffer = inputs.new_out()
+        out, lse = getattr(kernels, f"paged_attention_{backend}")(*inputs.args(), out=buffer, return_lse=True)
+        assert out is buffer
+    assert out.shape == (*inputs.q.shape[:2], inputs.v_cache.shape[3])
+    graded = grade(out, expected, *tolerance)
+    assert graded.passed, f"{backend} on {name}: {graded.reason}"
+    assert grade(lse, expected_lse, *tolerance).passed
+
+
+def test_mla_tiling_splits_k_and_tiles_the_heads():
+    call = prepare_call(*_inputs("mla_decode_2_head_tiles").args())
+    assert head_dim_pieces(576) == (512, 64) and head_dim_pieces(192) == (256, 0)
+    assert head_dim_pieces(300) == (256, 64) and head_dim_pieces(128) == (128, 0) and head_dim_pieces(80) == (128, 0)
+    assert heads_per_program(call) == 16 and call.group_size == 32
+    tiling = tiling_for(call)
+    assert tiling.BLOCK_M == 16 and tiling.BLOCK_Q == 1
+    small = prepare_call(*_inputs("k192_v128_prefill").args())
+    assert heads_per_program(small) == small.group_size, "dims up to 256 keep the whole group in one program"
+
+
+def test_kernel_without_the_second_k_piece_fails(monkeypatch):
+    """A kernel that dots only K's first 512 columns (the rope part forgotten) is caught."""
+    if reason := kernels.triton_unavailable_reason("cpu"):
+        pytest.skip(reason)
+    from kernels import triton_paged
+
+    inputs = _inputs("mla_spec_verify")
+    expected = paged_attention_oracle(*inputs.args())
+    monkeypatch.setattr(triton_paged, "head_dim_pieces", lambda head_dim: (512, 0))
+    graded = grade(kernels.paged_attention_triton(*inputs.args()), expected, *DEFAULT_TOLERANCES["float32"])
+    assert not graded.passed
+
+
+def test_out_of_the_wrong_width_is_refused():
+    inputs = _inputs("k192_v128_prefill")
+    with pytest.raises(ValueError, match=r"out must be \(8, 8, 128\)"):
+        kernels.paged_attention_tlsim(*inputs.args(), out=torch.empty_like(inputs.q))
+    with pytest.raises(ValueError, match="v_cache"):
+        kernels.paged_attention_tlsim(inputs.q, inputs.k_cache, inputs.v_cache[:, :, :1], *inputs.args()[3:])
+
+
+def test_case_field_head_dim_v_reaches_rows_and_peers_skip():
+    spec = {"name": "m", "num_q_heads": 8, "num_kv_heads": 2, "head_dim": 192, "head_dim_v": 128,
+            "seq_lens": [5, 40], "tags": ["small"]}  # fmt: skip
+    (case,) = expand_spec(spec, "t.toml")
+    assert case.options == {"head_dim_v"} and case.head_dim_v == 128
+    (same,) = expand_spec({**spec, "head_dim_v": 192}, "t.toml")
+    assert same.options == frozenset(), "a V head dim equal to K's is no option"
+    backends = [REGISTRY[name] for name in ("tlsim", "cache", "gather_sdpa")]
+    rows = run_cases([case], RunConfig(device="cpu", backends=backends, timing=False, progress=False))
+    rows = rows.set_index("backend")
+    assert rows.loc["tlsim", "status"] == "pass" and rows.loc["cache", "status"] == "pass", rows["reason"].tolist()
+    assert rows.loc["tlsim", "head_dim_v"] == 128
+    assert rows.loc["gather_sdpa", "status"] == "skip" and "head_dim_v" in rows.loc["gather_sdpa", "reason"]
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+@pytest.mark.parametrize("name", ["mla_decode_2_head_tiles", "mla_split_kv", "k192_v128_split_bf16"])
+def test_triton_on_cuda_with_mla_shapes(name):
+    """The compiled kernel at K 576 / V 512 (two K pieces, head tiles; shared memory on the GPU)."""
+    inputs = _inputs(name)
+    args = [a.cuda() for a in inputs.args()]
+    result = kernels.paged_attention_triton(*args)
+    tolerance = DEFAULT_TOLERANCES[str(inputs.q.dtype).removeprefix("torch.")]
+    graded = grade(result.cpu(), paged_attention_oracle(*inputs.args()), *tolerance)
+    assert graded.passed, graded.reason
