@@ -15,11 +15,13 @@ re-timing: :mod:`harness.confirm`). Prints the counts and writes ``*-noise_check
     python scripts/noise_check.py --cases cases/smoke.toml --out /tmp/nc
 
 ``--gpu`` is the H200 preset (under 4 minutes): cases/gpu.toml on CUDA (oracle on the
-GPU), backends triton, triton_slowable and sdpa_contiguous, C slows ``triton_slowable`` by
-5% of its device time (a spin kernel captured in the graph with it), plain compare (3%
-minimum effect on CUDA; re-timing in fresh processes costs a Triton compile a round):
+GPU), backends triton and triton_slowable (the same kernel: in A-B both are unchanged
+rows, in A-C triton is), C slows ``triton_slowable`` by 5% of its device time (a spin
+kernel captured in the graph with it), plain compare (3% minimum effect on CUDA; re-timing
+in fresh processes would cost a Triton compile a round). ``--backend`` adds others:
 
     python scripts/noise_check.py --gpu --out $OUT/noise         # on the CUDA machine
+    python scripts/noise_check.py --gpu --backend triton --backend triton_slowable --backend sdpa_contiguous
     python scripts/noise_check.py --gpu --device cpu --cases tiny.toml   # dry run on a CPU
 
 The runs go through a small shim that keeps every sample of ``harness.timing.time_call``
@@ -41,7 +43,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))  # this worktree's harness, not an installed one
 PLUGIN = str(ROOT / "scripts" / "slowdown_plugin.py")
-GPU_BACKENDS = ["triton", "triton_slowable", "sdpa_contiguous"]
+GPU_BACKENDS = ["triton", "triton_slowable"]
 
 
 def shimmed_main(min_reps: int, threads: int) -> int:
@@ -175,7 +177,7 @@ def main() -> int:
     parser.add_argument(
         "--backend",
         action="append",
-        help="only these backends (repeatable; --gpu: triton, triton_slowable, sdpa_contiguous)",
+        help="only these backends (repeatable; --gpu: triton, triton_slowable)",
     )
     parser.add_argument("--slowed", help="the backend slowed in run C (reference_slowable; --gpu: triton_slowable)")
     parser.add_argument("--out", type=Path, default=Path("/tmp/noise_check"))
