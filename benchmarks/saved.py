@@ -95,8 +95,9 @@ def to_rows(path: Path):
 
 
 def compare_files(
-    base: Path, new: Path, min_effect: float | None = None, alpha: float = 0.05, confirm: str | None = None
-) -> tuple[bool, str]:
+    base: Path, new: Path, min_effect: float | None = None, alpha: float = 0.05, confirm: str | None = None,
+    confirm_time: float = 900.0,
+) -> tuple[bool, str]:  # fmt: skip
     """(passed, summary): is any benchmark of ``new`` slower than in ``base``?
 
     With ``confirm`` ("all", "unclear" or "slower": which benchmarks), they are re-timed
@@ -112,7 +113,7 @@ def compare_files(
         f"bench: {Path(new).name} against {Path(base).name}: {int((comparison.rows['side'] == 'both').sum())} benchmarks in both"
     ]
     if confirm:
-        comparison, said = _confirm(comparison, old_meta, cur_meta, options, confirm)
+        comparison, said = _confirm(comparison, old_meta, cur_meta, options, confirm, confirm_time)
         lines += [f"  {line}" for line in said]
     names = dict(zip(zip(cur["case"], cur["backend"], strict=True), cur["name"], strict=True))
     for _, r in comparison.rows.iterrows():
@@ -132,7 +133,7 @@ def compare_files(
     return passed, "\n".join(lines)
 
 
-def _confirm(comparison, base_meta: dict, new_meta: dict, options, which: str):
+def _confirm(comparison, base_meta: dict, new_meta: dict, options, which: str, time_s: float):
     """Re-time the doubtful benchmarks: the baseline's commit (worktree) against this checkout."""
     import tempfile
 
@@ -155,7 +156,14 @@ def _confirm(comparison, base_meta: dict, new_meta: dict, options, which: str):
             ]
         try:
             comparison = confirm_slower(
-                comparison, base_meta, new_meta, options, which=which, checkouts=(tree, ROOT), log=said.append
+                comparison,
+                base_meta,
+                new_meta,
+                options,
+                which=which,
+                time_s=time_s,
+                checkouts=(tree, ROOT),
+                log=said.append,
             )
         finally:
             subprocess.run(["git", "worktree", "remove", "--force", str(tree)], cwd=ROOT, capture_output=True)
@@ -192,6 +200,7 @@ def main(argv: list[str] | None = None) -> int:
         choices=["slower", "unclear", "all"],
         help="re-time benchmarks (all; or only unclear or slower ones), baseline commit and this checkout alternating",
     )
+    parser.add_argument("--confirm-time", type=float, default=900.0, help="time box of --confirm, s (900)")
     args = parser.parse_args(argv)
     if args.action == "save":
         print(f"bench: saved as {save(args.new, args.storage)}")
@@ -200,7 +209,9 @@ def main(argv: list[str] | None = None) -> int:
     if base is None:
         print("bench: no saved run on this machine yet: nothing to compare with (this run becomes the baseline)")
         return 0
-    passed, summary = compare_files(base, args.new, args.min_effect, confirm=args.confirm)
+    passed, summary = compare_files(
+        base, args.new, args.min_effect, confirm=args.confirm, confirm_time=args.confirm_time
+    )
     print(summary)
     return 0 if passed else 1
 

@@ -14,8 +14,14 @@ Confirm mode does that, in the manner of ``asv continuous``:
    answers "time (case, backend)" with the samples of that build's ``time_call``;
 3. in each round, every chosen row (by default those judged slower or "cannot tell";
    ``all``: every timed row) is timed for about 50 ms by base then new (new then base on
-   odd rounds), so both builds of a row are timed within a second, under one load;
-4. each round gives one observation per build, its median: a process has its own
+   every second round), so both builds of a row are timed within a second, under one load;
+4. each round gives one observation per build: the 10th percentile of its samples
+   (``ROUND_QUANTILE``), the time of a call the scheduler left alone. On a 2-core box with
+   load 8, a 0.8 ms call took either about 0.8 ms or about 10 ms (preempted for a time
+   slice), so a median moves with the share of preempted calls, which the load sets: the
+   per-round log ratio of an unchanged row had a spread of 0.11 with the median and 0.04
+   with p10, and 0.13 against 0.02 on another row (measured here, 10 rounds). A slower
+   build is slower uninterrupted too. A process also has its own
    persistent speed (memory placement: two identical processes on this loaded 2-core
    machine differed by 1.5-2x for a whole session, even pinned to one CPU), so samples of
    one process are not independent observations, while fresh processes per round make
@@ -82,7 +88,7 @@ for line in sys.stdin:
             out = torch.full_like(inputs.q, float("nan"))
             ready[(case_id, backend)] = (b.prepare(case, inputs, out).run, b.graphable)
         run, graphable = ready[(case_id, backend)]
-        timing = time_call(run, cfg["device"], graphable=graphable, target_s=cfg["target_s"], min_reps=5)
+        timing = time_call(run, cfg["device"], graphable=graphable, target_s=cfg["target_s"], min_reps=10)
         print(json.dumps(list(timing.samples_us)), flush=True)
     except Exception as error:
         print(json.dumps({"error": f"{type(error).__name__}: {error}"}), flush=True)
@@ -127,6 +133,7 @@ def _worktree(commit: str, path: Path) -> Path:
     return path
 
 
+ROUND_QUANTILE = 0.1  # a round's observation of a build: this quantile of its samples (module docstring, 4)
 MIN_ROUNDS = 8  # the first look: fewer rounds cannot exclude anything at confidence 1 - 0.05 / 5
 LOOK_EVERY = 4
 DEFAULT_ROUNDS = 24
@@ -237,13 +244,13 @@ def sequential_rounds(
 
 
 def _one_round(trees, envs, config, keys, pooled, new_first: bool) -> None:
-    """One fresh worker per build; each row timed by both, one after the other; its medians pooled."""
+    """One fresh worker per build; each row timed by both, one after the other; a low quantile of each pooled."""
     workers = [Worker(tree, config, env) for tree, env in zip(trees, envs, strict=True)]
     try:
         order = (1, 0) if new_first else (0, 1)
         for key in keys:
             for side in order:
-                pooled[key][side].append(float(np.median(workers[side].time(*key))))
+                pooled[key][side].append(float(np.quantile(workers[side].time(*key), ROUND_QUANTILE)))
     finally:
         for worker in workers:
             worker.close()
