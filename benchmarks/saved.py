@@ -16,11 +16,14 @@ The comparison is ``harness compare``'s, run on the saved files turned into repo
 per benchmark present in both runs, Mann-Whitney U on the samples
 (``extra_info.samples_us``), a bootstrap CI of the ratio of medians, Benjamini-Hochberg
 over the benchmarks, and a minimum effect (10% on a CPU, 3% on CUDA); a benchmark
-without samples falls back to quartiles, marked weak. With ``--confirm`` (what nox does)
-the benchmarks judged slower or "cannot tell" are then re-timed as ``compare --confirm``
-does: the baseline's commit (checked out in a git worktree) and this checkout alternating,
-in fresh processes per round. Exit 1 with a one-line-per-benchmark summary when any
-benchmark is slower.
+without samples falls back to quartiles, marked weak. With ``--confirm`` (what nox does;
+``--confirm unclear`` or ``slower`` for fewer) every benchmark is then re-timed as
+``compare --confirm all`` does: the baseline's commit (checked out in a git worktree)
+and this checkout alternating in paired rounds of fresh processes, each benchmark until
+its paired interval decides it (:mod:`harness.confirm`): two saved runs minutes apart on
+a busy machine drift by more than any effect worth flagging, in either direction, so a
+plain verdict of "same" is no safer than one of "slower". Exit 1 with a
+one-line-per-benchmark summary when any benchmark is slower.
 """
 
 from __future__ import annotations
@@ -92,13 +95,14 @@ def to_rows(path: Path):
 
 
 def compare_files(
-    base: Path, new: Path, min_effect: float | None = None, alpha: float = 0.05, confirm: bool = False
-) -> tuple[bool, str]:
+    base: Path, new: Path, min_effect: float | None = None, alpha: float = 0.05, confirm: str | None = None,
+    confirm_time: float = 900.0,
+) -> tuple[bool, str]:  # fmt: skip
     """(passed, summary): is any benchmark of ``new`` slower than in ``base``?
 
-    With ``confirm``, benchmarks judged slower or "cannot tell" are re-timed by
-    ``harness.confirm`` (base: the baseline's commit in a git worktree; new: this
-    checkout, as it is), base and new alternating, before the verdict.
+    With ``confirm`` ("all", "unclear" or "slower": which benchmarks), they are re-timed
+    by ``harness.confirm`` (base: the baseline's commit in a git worktree; new: this
+    checkout, as it is), base and new alternating in paired rounds, before the verdict.
     """
     from harness.compare import CompareOptions, compare_runs
 
@@ -108,8 +112,8 @@ def compare_files(
     lines = [
         f"bench: {Path(new).name} against {Path(base).name}: {int((comparison.rows['side'] == 'both').sum())} benchmarks in both"
     ]
-    if confirm and (comparison.rows["verdict"].isin(["slower", "cannot tell"])).any():
-        comparison, said = _confirm(comparison, old_meta, cur_meta, options)
+    if confirm:
+        comparison, said = _confirm(comparison, old_meta, cur_meta, options, confirm, confirm_time)
         lines += [f"  {line}" for line in said]
     names = dict(zip(zip(cur["case"], cur["backend"], strict=True), cur["name"], strict=True))
     for _, r in comparison.rows.iterrows():
@@ -129,7 +133,7 @@ def compare_files(
     return passed, "\n".join(lines)
 
 
-def _confirm(comparison, base_meta: dict, new_meta: dict, options):
+def _confirm(comparison, base_meta: dict, new_meta: dict, options, which: str, time_s: float):
     """Re-time the doubtful benchmarks: the baseline's commit (worktree) against this checkout."""
     import tempfile
 
@@ -152,7 +156,14 @@ def _confirm(comparison, base_meta: dict, new_meta: dict, options):
             ]
         try:
             comparison = confirm_slower(
-                comparison, base_meta, new_meta, options, checkouts=(tree, ROOT), log=said.append
+                comparison,
+                base_meta,
+                new_meta,
+                options,
+                which=which,
+                time_s=time_s,
+                checkouts=(tree, ROOT),
+                log=said.append,
             )
         finally:
             subprocess.run(["git", "worktree", "remove", "--force", str(tree)], cwd=ROOT, capture_output=True)
@@ -184,9 +195,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--storage", type=Path, default=STORAGE)
     parser.add_argument(
         "--confirm",
-        action="store_true",
-        help="re-time doubtful benchmarks, baseline commit and this checkout alternating",
+        nargs="?",
+        const="all",
+        choices=["slower", "unclear", "all"],
+        help="re-time benchmarks (all; or only unclear or slower ones), baseline commit and this checkout alternating",
     )
+    parser.add_argument("--confirm-time", type=float, default=900.0, help="time box of --confirm, s (900)")
     args = parser.parse_args(argv)
     if args.action == "save":
         print(f"bench: saved as {save(args.new, args.storage)}")
@@ -195,7 +209,9 @@ def main(argv: list[str] | None = None) -> int:
     if base is None:
         print("bench: no saved run on this machine yet: nothing to compare with (this run becomes the baseline)")
         return 0
-    passed, summary = compare_files(base, args.new, args.min_effect, confirm=args.confirm)
+    passed, summary = compare_files(
+        base, args.new, args.min_effect, confirm=args.confirm, confirm_time=args.confirm_time
+    )
     print(summary)
     return 0 if passed else 1
 

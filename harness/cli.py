@@ -130,8 +130,14 @@ def build_parser() -> argparse.ArgumentParser:
                          help="re-time rows judged slower (and, by default, 'cannot tell'; or all), alternating both "
                          "commits' builds (git worktrees) row by row, before the verdict")  # fmt: skip
     compare.add_argument(
-        "--confirm-rounds", type=int, default=8, help="rounds (fresh process pairs) for --confirm (8; at least 5)"
-    )
+        "--confirm-rounds", type=int, default=24,
+        help="most paired rounds (fresh process pairs) a row gets under --confirm; rows are judged after 8, 12, ... "
+        "and stop once decided (24; at least 8)",
+    )  # fmt: skip
+    compare.add_argument(
+        "--confirm-time", type=float, default=900.0, metavar="SECONDS",
+        help="time box of --confirm, checked at each look (900)",
+    )  # fmt: skip
 
     history = verbs.add_parser("history", help="latency and error trends across runs (commits), per case and backend")
     history.add_argument("runs", nargs="*", type=Path, help="run folders, or folders of runs (default: reports/)")
@@ -469,7 +475,13 @@ def cmd_compare(args: argparse.Namespace) -> int:
         from .confirm import confirm_slower
 
         comparison = confirm_slower(
-            comparison, base_meta, new_meta, options, rounds=args.confirm_rounds, which=args.confirm
+            comparison,
+            base_meta,
+            new_meta,
+            options,
+            rounds=args.confirm_rounds,
+            time_s=args.confirm_time,
+            which=args.confirm,
         )
     print(format_comparison(comparison, str(args.base_run), str(args.new_run), show_all=args.show_all))
     if args.html:

@@ -12,16 +12,31 @@ Confirm mode does that, in the manner of ``asv continuous``:
    ``harness`` and ``kernels`` on PYTHONPATH, the original run's plugins loaded, torch
    threads as the run recorded in ``timing_threads``); a worker builds a row's inputs and
    answers "time (case, backend)" with the samples of that build's ``time_call``;
-3. in each of ``rounds`` rounds, every chosen row (by default those judged slower or
-   "cannot tell"; ``all``: every timed row) is timed for about 50 ms by base then new
-   (new then base on odd rounds), so both builds of a row are timed within a second;
-4. each round gives one observation per build, its median: a process has its own
+3. in each round, every chosen row (by default those judged slower or "cannot tell";
+   ``all``: every timed row) is timed for about 50 ms by base then new (new then base on
+   every second round), so both builds of a row are timed within a second, under one load;
+4. each round gives one observation per build: the 10th percentile of its samples
+   (``ROUND_QUANTILE``), the time of a call the scheduler left alone. On a 2-core box with
+   load 8, a 0.8 ms call took either about 0.8 ms or about 10 ms (preempted for a time
+   slice), so a median moves with the share of preempted calls, which the load sets: the
+   per-round log ratio of an unchanged row had a spread of 0.11 with the median and 0.04
+   with p10, and 0.13 against 0.02 on another row (measured here, 10 rounds). A slower
+   build is slower uninterrupted too. A process also has its own
    persistent speed (memory placement: two identical processes on this loaded 2-core
    machine differed by 1.5-2x for a whole session, even pinned to one CPU), so samples of
    one process are not independent observations, while fresh processes per round make
-   that effect part of the noise; the ``rounds`` observations per build are judged again
-   with :mod:`harness.stats` (corrected over the re-judged rows): a slower verdict
-   stands only when confirmed.
+   that effect part of the noise;
+5. the rounds are **paired**: row and round k give ``new_k / base_k``, timed a second
+   apart, so a load change that hits the whole round cancels (an unpaired test of the
+   two sets of round medians sees it as noise, and called a real 25% slowdown "cannot
+   tell" on 2 of 5 cases here). The verdict is :func:`harness.stats.decide_paired`: the
+   exact signed-rank interval of the paired ratio, past the minimum effect or inside it;
+6. **sequential**: the rows are looked at after ``MIN_ROUNDS`` rounds and then every
+   ``LOOK_EVERY`` rounds up to ``rounds``; a row whose verdict is decided (slower, faster,
+   same) stops being re-timed, the rest go on until ``rounds`` or the time box
+   ``time_s`` (checked at each look). Each look's interval is at confidence
+   ``1 - alpha / looks`` (``looks`` = the looks the schedule allows), so looking several
+   times cannot raise the chance of a wrong "slower" above alpha / 2 per row.
 
 The worktrees are removed at the end. Without commits or case files it says why and
 changes nothing. Rows only: status and accuracy changes are not re-run.
@@ -35,6 +50,7 @@ import shlex
 import subprocess
 import sys
 import tempfile
+import time
 from collections.abc import Callable
 from pathlib import Path
 
@@ -72,7 +88,7 @@ for line in sys.stdin:
             out = inputs.new_out()
             ready[(case_id, backend)] = (b.prepare(case, inputs, out).run, b.graphable)
         run, graphable = ready[(case_id, backend)]
-        timing = time_call(run, cfg["device"], graphable=graphable, target_s=cfg["target_s"], min_reps=5)
+        timing = time_call(run, cfg["device"], graphable=graphable, target_s=cfg["target_s"], min_reps=10)
         print(json.dumps(list(timing.samples_us)), flush=True)
     except Exception as error:
         print(json.dumps({"error": f"{type(error).__name__}: {error}"}), flush=True)
@@ -117,24 +133,42 @@ def _worktree(commit: str, path: Path) -> Path:
     return path
 
 
+ROUND_QUANTILE = 0.1  # a round's observation of a build: this quantile of its samples (module docstring, 4)
+MIN_ROUNDS = 8  # the first look: fewer rounds cannot exclude anything at confidence 1 - 0.05 / 5
+LOOK_EVERY = 4
+DEFAULT_ROUNDS = 24
+DEFAULT_TIME_S = 900.0
+
+
+def look_schedule(rounds: int) -> list[int]:
+    """The round counts after which rows are judged: 8, 12, 16, ... up to ``rounds`` (its last look)."""
+    if rounds < MIN_ROUNDS:
+        raise ValueError(f"--confirm-rounds {rounds}: at least {MIN_ROUNDS} rounds are needed for a verdict")
+    looks = list(range(MIN_ROUNDS, rounds + 1, LOOK_EVERY))
+    return looks if looks[-1] == rounds else [*looks, rounds]
+
+
 def confirm_slower(
     comparison: Comparison,
     base_meta: dict,
     new_meta: dict,
     options: CompareOptions,
     *,
-    rounds: int = 8,
+    rounds: int = DEFAULT_ROUNDS,
+    time_s: float = DEFAULT_TIME_S,
     which: str = "unclear",
     target_s: float = 0.05,
     checkouts: tuple[Path, Path] | None = None,
     envs: tuple[dict, dict] = ({}, {}),
     log: Callable[[str], None] = print,
 ) -> Comparison:
-    """Re-time rows, base and new alternating per row, and judge them again from those samples.
+    """Re-time rows, base and new alternating per row, and judge them again from the paired rounds.
 
     ``which``: "slower" (rows judged slower), "unclear" (slower or cannot tell: the
     default) or "all" (every row timed in both runs: a drifted pair of runs can also hide
-    a slowdown as "same"). Each re-timed call samples for about ``target_s``.
+    a slowdown as "same"). Each re-timed call samples for about ``target_s``. ``rounds``
+    is the most rounds a row gets and ``time_s`` the time box; a row stops at the first
+    look that decides it (module docstring).
     """
     rows = comparison.rows
     wanted = {
@@ -142,8 +176,8 @@ def confirm_slower(
         "unclear": ["slower", "cannot tell"],
         "all": ["slower", "faster", "same", "cannot tell"],
     }
-    slower = rows[rows["verdict"].isin(wanted[which]) & rows["latency_us_new"].notna()]
-    if slower.empty:
+    chosen = rows[rows["verdict"].isin(wanted[which]) & rows["latency_us_new"].notna()]
+    if chosen.empty:
         return comparison
     commits = (base_meta.get("commit"), new_meta.get("commit"))
     case_files = new_meta.get("case_files") or base_meta.get("case_files")
@@ -154,51 +188,95 @@ def confirm_slower(
         "case_files": case_files,
         "device": str(new_meta.get("device") or "cpu"),
         "plugins": _plugins(new_meta.get("command", "")),
-        "threads": new_meta.get("timing_threads"),
+        "threads": new_meta.get("timing_threads") or (1 if str(new_meta.get("device") or "cpu") == "cpu" else None),
         "target_s": target_s,
     }
-    keys = list(zip(slower["case"], slower["backend"], strict=True))
-    pooled: dict[tuple[str, str], tuple[list[float], list[float]]] = {key: ([], []) for key in keys}
+    index = dict(zip(chosen.index, zip(chosen["case"], chosen["backend"], strict=True), strict=True))
+    effects = {i: _row_effect(rows.loc[i], options) for i in index}
+    looks = look_schedule(rounds)
     with tempfile.TemporaryDirectory(prefix="harness-confirm-") as tmp:
         trees = checkouts or tuple(_worktree(c, Path(tmp) / s) for c, s in zip(commits, ("base", "new"), strict=True))
         try:
-            log(f"confirm: re-timing {len(keys)} row(s) ({which}), {rounds} rounds of fresh base and new processes")
-            for k in range(rounds):
-                workers = [Worker(tree, config, env) for tree, env in zip(trees, envs, strict=True)]
-                try:
-                    order = (0, 1) if k % 2 == 0 else (1, 0)
-                    for key in keys:
-                        for side in order:
-                            pooled[key][side].append(float(np.median(workers[side].time(*key))))
-                finally:
-                    for worker in workers:
-                        worker.close()
+            log(
+                f"confirm: re-timing {len(index)} row(s) ({which}) in paired rounds of fresh base and new processes; "
+                f"looks after rounds {', '.join(map(str, looks))}, time box {time_s:.0f} s"
+            )
+            pooled = sequential_rounds(
+                index, effects, lambda keys, pooled, new_first: _one_round(trees, envs, config, keys, pooled, new_first),
+                alpha=options.alpha, rounds=rounds, time_s=time_s, log=log,
+            )  # fmt: skip
         finally:
             if checkouts is None:
                 for tree in trees:
                     subprocess.run(["git", "worktree", "remove", "--force", str(tree)], capture_output=True)
-    return rejudge(comparison, dict(zip(slower.index, keys, strict=True)), pooled, options)
+    return rejudge(comparison, index, pooled, options, looks=len(looks))
 
 
-def rejudge(comparison: Comparison, index: dict, pooled: dict, options: CompareOptions) -> Comparison:
-    """Judge the re-timed rows again from their pooled samples; rebuild their 'why'."""
-    rows = comparison.rows.copy()
-    tests = {i: stats.compare_samples(*pooled[key], alpha=options.alpha, seed=i) for i, key in index.items()}
-    p_adjusted = stats.adjust_p_values([t.p_value for t in tests.values()], options.correction)
-    for (i, t), p in zip(tests.items(), p_adjusted, strict=True):
-        effect = (
-            options.min_effect if options.min_effect is not None else stats.default_effect(rows.at[i, "device_new"])
+def sequential_rounds(
+    index: dict, effects: dict, time_round: Callable, *, alpha: float, rounds: int, time_s: float,
+    log: Callable[[str], None] = print,
+) -> dict:  # fmt: skip
+    """Paired rounds until every row is decided, ``rounds`` are done, or a look finds ``time_s`` spent.
+
+    ``index``: row -> (case, backend); ``effects``: row -> its minimum effect;
+    ``time_round(keys, pooled, new_first)`` times each key once per build and appends the
+    two observations to ``pooled[key]`` = (base list, new list). Returns ``pooled``.
+    """
+    looks = look_schedule(rounds)
+    pooled = {key: ([], []) for key in index.values()}
+    open_rows = dict(index)  # row -> key, still being re-timed
+    start = time.monotonic()
+    for k in range(1, rounds + 1):
+        time_round(list(dict.fromkeys(open_rows.values())), pooled, k % 2 == 0)
+        if k not in looks:
+            continue
+        for i, key in list(open_rows.items()):
+            test = stats.paired_ratio(*pooled[key], alpha=alpha, looks=len(looks))
+            if stats.decide_paired(test, min_effect=effects[i]).verdict != "cannot tell":
+                del open_rows[i]
+        elapsed = time.monotonic() - start
+        log(
+            f"confirm: look at round {k}: {len(index) - len(open_rows)} decided, {len(open_rows)} open, {elapsed:.0f} s"
         )
-        v = stats.decide(t, p, min_effect=effect, alpha=options.alpha)
+        if not open_rows or elapsed > time_s:
+            break
+    return pooled
+
+
+def _one_round(trees, envs, config, keys, pooled, new_first: bool) -> None:
+    """One fresh worker per build; each row timed by both, one after the other; a low quantile of each pooled."""
+    workers = [Worker(tree, config, env) for tree, env in zip(trees, envs, strict=True)]
+    try:
+        order = (1, 0) if new_first else (0, 1)
+        for key in keys:
+            for side in order:
+                pooled[key][side].append(float(np.quantile(workers[side].time(*key), ROUND_QUANTILE)))
+    finally:
+        for worker in workers:
+            worker.close()
+
+
+def _row_effect(row, options: CompareOptions) -> float:
+    return options.min_effect if options.min_effect is not None else stats.default_effect(row["device_new"])
+
+
+def rejudge(
+    comparison: Comparison, index: dict, pooled: dict, options: CompareOptions, *, looks: int = 1
+) -> Comparison:
+    """Judge the re-timed rows from their paired rounds (:func:`harness.stats.decide_paired`); rebuild their 'why'.
+
+    ``p_value`` keeps the signed-rank p of "no change" for the record; ``p_adjusted`` is
+    NaN: the verdict reads the interval, whose confidence already pays for the looks.
+    """
+    rows = comparison.rows.copy()
+    for i, key in index.items():
+        t = stats.paired_ratio(*pooled[key], alpha=options.alpha, looks=looks)
+        v = stats.decide_paired(t, min_effect=_row_effect(rows.loc[i], options))
         rows.loc[i, ["ratio", "ci_low", "ci_high", "p_value", "p_adjusted"]] = [
-            t.ratio,
-            t.ci_low,
-            t.ci_high,
-            t.p_value,
-            p,
-        ]
+            t.ratio, t.ci_low, t.ci_high, t.p_value, np.nan,
+        ]  # fmt: skip
         rows.at[i, "verdict"], rows.at[i, "evidence"] = v.verdict, "confirmed, interleaved"
-        rows.at[i, "verdict_reason"] = f"interleaved re-run, {t.n_base} rounds: {v.reason}"
+        rows.at[i, "verdict_reason"] = f"interleaved re-run, {t.n_base} paired rounds: {v.reason}"
         worse, better = _row_changes(rows.loc[i], options)
         rows.at[i, "why"], rows.at[i, "better"] = "; ".join(worse), "; ".join(better)
     return Comparison(rows=rows, problems=comparison.problems, incomplete=comparison.incomplete)

@@ -22,6 +22,19 @@ Verdicts (see :func:`decide`):
 Rows without samples (runs from before ``latency_samples_us``) fall back to the old rule,
 marked as weak evidence: slower when the median grew past the effect and the new p10 is
 above the old p90 (:func:`weak_verdict`).
+
+Paired rounds (``compare --confirm``, :func:`paired_ratio` and :func:`decide_paired`):
+base and new timed alternately, one observation per build per round, judged on the
+per-round log ratios ``d_k = log(new_k / base_k)``, so a load change that hits both builds
+of a round cancels. The ratio is exp of their Hodges-Lehmann estimate (the median of the
+pairwise means ``(d_i + d_j) / 2``, i <= j) and its interval the exact Wilcoxon
+signed-rank interval at confidence ``1 - alpha / looks``: ``looks`` is how many times a
+sequential re-timing may look at the row, so stopping at the first decisive look keeps
+the chance of a wrong "slower" (true ratio at most 1 + effect) within alpha / 2 over all
+looks together (Bonferroni over looks). The verdict then reads the interval alone:
+slower above ``1 + min_effect``, faster below ``1 - min_effect``, same inside, else cannot
+tell. The budget is per row, which is what the target "at most 1 false alarm in 100
+rows" asks; a row whose true ratio is 1 needs its whole interval to move past the effect.
 """
 
 from __future__ import annotations
@@ -165,6 +178,60 @@ def decide(test: LatencyTest, p_adjusted: float, *, min_effect: float, alpha: fl
     if test.ci_low <= up < test.ci_high or test.ci_low < down <= test.ci_high:
         return Verdict("cannot tell", f"too noisy: {ci} straddles ±{min_effect:.0%}", "samples")
     return Verdict("cannot tell", f"too noisy: not significant (adjusted p={p_adjusted:.2g}), {ci}", "samples")
+
+
+def signed_rank_null(n: int) -> np.ndarray:
+    """P(T+ <= t) for t = 0 .. n(n+1)/2: the exact null law of the Wilcoxon signed-rank sum of n pairs."""
+    counts = np.zeros(n * (n + 1) // 2 + 1)
+    counts[0] = 1.0
+    for rank in range(1, n + 1):  # subsets of {1..n} by their sum, one rank at a time
+        counts[rank:] = counts[rank:] + counts[:-rank].copy()
+    return np.cumsum(counts) / 2.0**n
+
+
+def paired_ratio(base: Sequence[float], new: Sequence[float], *, alpha: float = 0.05, looks: int = 1) -> LatencyTest:
+    """Ratio new/base of paired rounds: Hodges-Lehmann of the log ratios, exact signed-rank interval.
+
+    ``base[k]`` and ``new[k]`` are round k's observations of each build (positive; a pair
+    with a missing side is dropped). The interval's confidence is ``1 - alpha / looks``;
+    with too few rounds for that confidence it is (0, inf). ``p_value``: the exact
+    two-sided signed-rank p of "no change" (ratio 1), unadjusted, for the record.
+    """
+    b, n_ = np.asarray(base, dtype=float), np.asarray(new, dtype=float)
+    keep = np.isfinite(b) & np.isfinite(n_) & (b > 0) & (n_ > 0)
+    d = np.log(n_[keep] / b[keep])
+    n = len(d)
+    if n == 0:
+        return LatencyTest(float("nan"), float("nan"), float("nan"), float("nan"), 0, 0)
+    walsh = np.sort((d[:, None] + d[None, :])[np.triu_indices(n)])  # n(n+1)/2 pairwise means x 2
+    walsh = walsh / 2.0
+    cdf = signed_rank_null(n)
+    below = np.flatnonzero(cdf <= alpha / looks / 2)  # T+ <= c rejects at alpha/looks, two-sided
+    if len(below):
+        c = int(below[-1])
+        low, high = float(np.exp(walsh[c])), float(np.exp(walsh[len(walsh) - 1 - c]))
+    else:
+        low, high = 0.0, float("inf")
+    ranks = np.argsort(np.argsort(np.abs(d))) + 1
+    t_plus = int(ranks[d > 0].sum())
+    upper = 1.0 - (cdf[t_plus - 1] if t_plus > 0 else 0.0)  # P(T+ >= t_plus) = P(T+ <= N - t_plus)
+    p = min(1.0, 2 * min(cdf[t_plus], upper))
+    return LatencyTest(float(np.exp(np.median(walsh))), low, high, float(p), n, n)
+
+
+def decide_paired(test: LatencyTest, *, min_effect: float) -> Verdict:
+    """The verdict of paired rounds from their interval alone (see the module docstring)."""
+    up, down = 1 + min_effect, 1 - min_effect
+    if not np.isfinite(test.ci_high):
+        return Verdict("cannot tell", f"too few rounds ({test.n_base}) for the interval's confidence", "samples")
+    ci = f"paired ratio CI {test.ci_low:.3f}-{test.ci_high:.3f}"
+    if test.ci_low > up:
+        return Verdict("slower", f"{ci} above +{min_effect:.0%}", "samples")
+    if test.ci_high < down:
+        return Verdict("faster", f"{ci} below -{min_effect:.0%}", "samples")
+    if test.ci_low >= down and test.ci_high <= up:
+        return Verdict("same", f"{ci} inside ±{min_effect:.0%}", "samples")
+    return Verdict("cannot tell", f"too noisy: {ci} straddles ±{min_effect:.0%}", "samples")
 
 
 def weak_verdict(

@@ -2,22 +2,32 @@
 
 Three runs of one commit, each through ``python -m harness run`` in a subprocess, with
 the plugin ``scripts/slowdown_plugin.py`` (``reference_slowable``: the reference kernel,
-slowed by a sleep of ``--slowdown`` times its own call time when asked):
+then a host busy-wait of ``--slowdown`` times its own call time when asked):
 
     A: no slowdown      B: no slowdown      C: reference_slowable slowed by 25%
 
 then ``compare A B`` (every "slower" verdict there is a false alarm) and ``compare A C``
 (``reference_slowable`` should be "slower" on every case it runs; any other backend
-judged slower is a false alarm). Prints the counts and writes ``noise_check.json``.
+judged slower is a false alarm), plainly and with ``--confirm`` (paired, sequential
+re-timing: :mod:`harness.confirm`). Prints the counts and writes ``*-noise_check.json``.
 
     python scripts/noise_check.py                        # cases/cpu.toml, out under /tmp/noise_check
     python scripts/noise_check.py --cases cases/smoke.toml --out /tmp/nc
 
-Until the runner records ``latency_samples_us`` itself, the runs go through a small shim
-(``--shim``, on automatically when the column is missing) that keeps every sample of
-``harness.timing.time_call`` and asks it for at least ``--min-reps`` of them, and sets
-torch's intra-op threads (``--threads``, default 1: on a shared 2-core machine two
-OpenMP threads fighting other processes make a 1 ms call take 130 ms).
+``--gpu`` is the H200 preset (under 4 minutes): cases/gpu.toml on CUDA (oracle on the
+GPU), backends triton and triton_slowable (the same kernel: in A-B both are unchanged
+rows, in A-C triton is), C slows ``triton_slowable`` by 5% of its device time (a spin
+kernel captured in the graph with it), plain compare (3% minimum effect on CUDA; re-timing
+in fresh processes would cost a Triton compile a round). ``--backend`` adds others:
+
+    python scripts/noise_check.py --gpu --out $OUT/noise         # on the CUDA machine
+    python scripts/noise_check.py --gpu --backend triton --backend triton_slowable --backend sdpa_contiguous
+    python scripts/noise_check.py --gpu --device cpu --cases tiny.toml   # dry run on a CPU
+
+The runs go through a small shim that keeps every sample of ``harness.timing.time_call``
+(at least ``--min-reps``) and sets torch's intra-op threads (``--threads``, default 1: on a
+shared 2-core machine two OpenMP threads fighting other processes make a 1 ms call take
+130 ms).
 """
 
 from __future__ import annotations
@@ -33,7 +43,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))  # this worktree's harness, not an installed one
 PLUGIN = str(ROOT / "scripts" / "slowdown_plugin.py")
-SLOWED = "reference_slowable"
+GPU_BACKENDS = ["triton", "triton_slowable"]
 
 
 def shimmed_main(min_reps: int, threads: int) -> int:
@@ -67,17 +77,27 @@ def shimmed_main(min_reps: int, threads: int) -> int:
     return cli.main(sys.argv[4:])
 
 
-def harness_run(cases: list[str], out: Path, slowdown: float, min_reps: int, threads: int) -> float:
-    env = {**os.environ, "HARNESS_SLOWDOWN": str(slowdown), "PYTHONPATH": str(ROOT)}
-    env.setdefault("TRITON_INTERPRET", "1")  # the shim imports Triton before the CLI could choose (CPU runs)
+def harness_run(args: argparse.Namespace, out: Path, slowdown: float) -> float:
+    """One ``harness run`` of the cases into ``out``, ``args.slowed`` slowed by ``slowdown``; its seconds."""
+    env = {**os.environ, "HARNESS_SLOWDOWN": str(slowdown), "HARNESS_SLOWED": args.slowed, "PYTHONPATH": str(ROOT)}
+    if args.device == "cpu":
+        env.setdefault("TRITON_INTERPRET", "1")  # the shim imports Triton before the CLI could choose
+        env.setdefault("HARNESS_TRITON_SLOWABLE_CPU", "1" if args.gpu else "0")
+    extra = [
+        *(["--device", args.device] if args.device else []),
+        *(["--oracle-device", "cuda"] if args.device == "cuda" else []),
+    ]
+    for backend in args.backend or []:
+        extra += ["--backend", backend]
     argv = [
         sys.executable,
         __file__,
         "--_shim",
-        str(min_reps),
-        str(threads),
+        str(args.min_reps),
+        str(args.threads),
         "run",
-        *cases,
+        *args.cases,
+        *extra,
         "--plugin",
         PLUGIN,
         "--out",
@@ -94,8 +114,10 @@ def harness_run(cases: list[str], out: Path, slowdown: float, min_reps: int, thr
 def _counts(rows, slowed: str | None) -> dict:
     judged = rows[rows["verdict"] != ""]
     others = judged[judged["backend"] != slowed] if slowed else judged
+    rounds = judged["verdict_reason"].str.extract(r"(\d+) paired rounds")[0].dropna().astype(int)
     out = {
         "rows_judged": len(judged),
+        **({"paired_rounds": rounds.value_counts().sort_index().to_dict()} if len(rounds) else {}),
         "verdicts": judged["verdict"].value_counts().to_dict(),
         "false_slower": int((others["verdict"] == "slower").sum()),
         "false_slower_rows": [
@@ -116,8 +138,11 @@ def _counts(rows, slowed: str | None) -> dict:
     return out
 
 
-def tally(base: Path, new: Path, slowed: str | None, slowdown: float, threads: int, which: str = "all") -> dict:
-    """Plain compare of two runs, then the same with --confirm (both workers in this checkout)."""
+def tally(
+    base: Path, new: Path, slowed: str | None, slowdown: float, threads: int, which: str = "all",
+    rounds: int = 24, time_s: float = 900.0,
+) -> dict:  # fmt: skip
+    """Plain compare of two runs, then (unless ``which`` is "none") the same with --confirm in this checkout."""
     from harness.compare import CompareOptions, compare_runs
     from harness.confirm import confirm_slower
     from harness.storage import load_run
@@ -127,11 +152,16 @@ def tally(base: Path, new: Path, slowed: str | None, slowdown: float, threads: i
     options = CompareOptions()
     comparison = compare_runs(b, n, bm, nm, options)
     plain = _counts(comparison.rows, slowed)
-    envs = ({"HARNESS_SLOWDOWN": "0"}, {"HARNESS_SLOWDOWN": str(slowdown if slowed else 0)})
+    envs = (
+        {"HARNESS_SLOWDOWN": "0"},
+        {"HARNESS_SLOWDOWN": str(slowdown if slowed else 0), "HARNESS_SLOWED": slowed or ""},
+    )
     if which == "none":
         return {"compare": plain}
     start = time.time()
-    confirmed = confirm_slower(comparison, bm, nm, options, checkouts=(ROOT, ROOT), envs=envs, which=which)
+    confirmed = confirm_slower(
+        comparison, bm, nm, options, checkouts=(ROOT, ROOT), envs=envs, which=which, rounds=rounds, time_s=time_s
+    )
     seconds = round(time.time() - start)
     return {
         "compare": plain,
@@ -141,21 +171,36 @@ def tally(base: Path, new: Path, slowed: str | None, slowdown: float, threads: i
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--cases", nargs="+", default=["cases/cpu.toml"])
+    parser.add_argument("--gpu", action="store_true", help="the H200 preset (module docstring)")
+    parser.add_argument("--cases", nargs="+", help="case files (cases/cpu.toml; --gpu: cases/gpu.toml)")
+    parser.add_argument("--device", help="cpu or cuda (the harness's default; --gpu: cuda)")
+    parser.add_argument(
+        "--backend",
+        action="append",
+        help="only these backends (repeatable; --gpu: triton, triton_slowable)",
+    )
+    parser.add_argument("--slowed", help="the backend slowed in run C (reference_slowable; --gpu: triton_slowable)")
     parser.add_argument("--out", type=Path, default=Path("/tmp/noise_check"))
-    parser.add_argument("--slowdown", type=float, default=0.25)
+    parser.add_argument("--slowdown", type=float, help="the planted slowdown (0.25; --gpu: 0.05)")
     parser.add_argument("--min-reps", type=int, default=10, help="timing samples per row at least (10)")
     parser.add_argument(
         "--threads", type=int, default=1, help="torch intra-op threads while running (1; 0 = torch's default)"
     )
     parser.add_argument(
         "--confirm",
-        default="all",
         choices=["none", "slower", "unclear", "all"],
-        help="which rows --confirm re-times (all)",
+        help="which rows --confirm re-times (all; --gpu: none)",
     )
+    parser.add_argument("--confirm-rounds", type=int, default=24, help="most paired rounds per row (24)")
+    parser.add_argument("--confirm-time", type=float, default=900.0, help="confirm's time box per comparison, s (900)")
     parser.add_argument("--reuse", nargs=3, type=Path, metavar=("A", "B", "C"), help="compare three existing runs")
     args = parser.parse_args()
+    preset = {"cases": ["cases/gpu.toml"], "device": "cuda", "backend": GPU_BACKENDS, "slowed": "triton_slowable",
+              "slowdown": 0.05, "confirm": "none"} if args.gpu else {}  # fmt: skip
+    defaults = {"cases": ["cases/cpu.toml"], "slowed": "reference_slowable", "slowdown": 0.25, "confirm": "all"}
+    for key, value in {**defaults, **preset}.items():
+        if getattr(args, key) is None:
+            setattr(args, key, value)
     args.out.mkdir(parents=True, exist_ok=True)
     stamp = time.strftime("%H%M%S")
     if args.reuse:
@@ -164,7 +209,7 @@ def main() -> int:
     runs = {name: args.out / f"{stamp}-{name}" for name in ("A", "B", "C")}
     seconds = {}
     for name, slowdown in (("A", 0.0), ("B", 0.0), ("C", args.slowdown)):
-        seconds[name] = harness_run(args.cases, runs[name], slowdown, args.min_reps, args.threads)
+        seconds[name] = harness_run(args, runs[name], slowdown)
         print(f"run {name} ({runs[name]}): {seconds[name]:.0f} s, load {os.getloadavg()[0]:.2f}", flush=True)
     return report(args, runs, seconds)
 
@@ -175,13 +220,31 @@ def report(args: argparse.Namespace, runs: dict[str, Path], seconds: dict[str, f
         "cases": args.cases,
         "runs": {k: str(v) for k, v in runs.items()},
         "seconds": seconds,
-        "A_vs_B (same commit)": tally(runs["A"], runs["B"], None, 0.0, args.threads, args.confirm),
-        f"A_vs_C ({SLOWED} +{args.slowdown:.0%})": tally(
-            runs["A"], runs["C"], SLOWED, args.slowdown, args.threads, args.confirm
+        "A_vs_B (same commit)": tally(
+            runs["A"], runs["B"], None, 0.0, args.threads, args.confirm, args.confirm_rounds, args.confirm_time
+        ),
+        f"A_vs_C ({args.slowed} +{args.slowdown:.0%})": tally(
+            runs["A"],
+            runs["C"],
+            args.slowed,
+            args.slowdown,
+            args.threads,
+            args.confirm,
+            args.confirm_rounds,
+            args.confirm_time,
         ),
     }
     (args.out / f"{Path(runs['A']).name[:-2]}-noise_check.json").write_text(json.dumps(result, indent=2) + "\n")
     print(json.dumps(result, indent=2))
+    for name, tallies in result.items():
+        for how, counts in tallies.items() if name.startswith("A_vs_") else ():
+            planted = (
+                f", {args.slowed} slower on {counts['planted_flagged']} of {counts['planted_rows']}"
+                if "planted_rows" in counts
+                else ""
+            )
+            print(f"{name}, {how}: {counts['rows_judged']} rows, verdicts {counts['verdicts']}, "
+                  f"false slower {counts['false_slower']}{planted}")  # fmt: skip
     return 0
 
 

@@ -7,8 +7,6 @@ import subprocess
 import sys
 from pathlib import Path
 
-import pytest
-
 ROOT = Path(__file__).resolve().parents[1]
 COMMITTED_RUN = ROOT / "gpu_results" / "2026-11-30-h200-honest"
 
@@ -72,10 +70,25 @@ def test_gpu_scale_script_dry_runs_one_and_two_workers_and_tables_them(tmp_path)
     assert table[2].startswith("| 1 |") and table[3].startswith("| 2 |") and table[3].endswith("| pass 1 |")
 
 
-@pytest.mark.skipif(not (ROOT / "scripts" / "noise_check.py").exists(), reason="no noise_check.py")
 def test_noise_check_script_answers_help():
     done = run_script("scripts/noise_check.py", "--help", timeout=60)
     assert done.returncode == 0, done.stderr
+
+
+def test_noise_check_gpu_preset_runs_dry_on_the_cpu_and_prints_verdict_counts(tmp_path):
+    cases = tmp_path / "tiny.toml"
+    cases.write_text(
+        '[[case]]\nname = "c"\ntags = ["small"]\nnum_q_heads = 2\nnum_kv_heads = 1\nhead_dim = 32\n'
+        "block_size = 4\nseq_lens = [5, 9]\n"
+    )
+    done = run_script(
+        "scripts/noise_check.py", "--gpu", "--device", "cpu", "--cases", str(cases), "--out", str(tmp_path / "nc"),
+        "--min-reps", "5", timeout=600,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    lines = [line for line in done.stdout.splitlines() if line.startswith("A_vs_")]
+    assert lines[0].startswith("A_vs_B (same commit), compare: 2 rows, verdicts")
+    assert lines[1].startswith("A_vs_C (triton_slowable +5%), compare: 2 rows") and "slower on " in lines[1]
 
 
 def test_the_slowdown_plugin_runs_as_a_plugin_and_passes(tmp_path):
