@@ -75,8 +75,8 @@ def bench(session: nox.Session) -> None:
         nox -s bench -- --baseline 0003               # or a named one (number, part of the name, or a path)
         nox -s bench -- --min-effect 0.2 --cases cases/cpu.toml   # other arguments go to pytest
 
-    Benchmarks that look slower (or too noisy to tell) are re-timed before the verdict, the
-    baseline's commit (a git worktree) and this checkout alternating (harness.confirm).
+    Every benchmark is re-timed before the verdict, the baseline's commit (a git worktree)
+    and this checkout alternating in paired rounds until decided (harness.confirm).
     Fails (no traceback) when a benchmark errors or is slower; then nothing is saved. On
     the CPU it times with one intra-op thread unless OMP_NUM_THREADS is set: two threads
     fighting other processes on a shared 2-core box made a 1 ms call take 100 ms.

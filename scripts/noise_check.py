@@ -79,7 +79,8 @@ def shimmed_main(min_reps: int, threads: int) -> int:
 
 def harness_run(args: argparse.Namespace, out: Path, slowdown: float) -> float:
     """One ``harness run`` of the cases into ``out``, ``args.slowed`` slowed by ``slowdown``; its seconds."""
-    env = {**os.environ, "HARNESS_SLOWDOWN": str(slowdown), "HARNESS_SLOWED": args.slowed, "PYTHONPATH": str(ROOT)}
+    pythonpath = os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))  # keep the caller's (wheels)
+    env = {**os.environ, "HARNESS_SLOWDOWN": str(slowdown), "HARNESS_SLOWED": args.slowed, "PYTHONPATH": pythonpath}
     if args.device == "cpu":
         env.setdefault("TRITON_INTERPRET", "1")  # the shim imports Triton before the CLI could choose
         env.setdefault("HARNESS_TRITON_SLOWABLE_CPU", "1" if args.gpu else "0")
