@@ -88,6 +88,12 @@ def build_parser() -> argparse.ArgumentParser:
         help="finish a killed or unwritten run from its journal RUN_DIR.journal.jsonl, with its options "
         "(--workers and --ray too, unless given again here: then those given replace both)",
     )
+    run.add_argument(
+        "--finalize",
+        action="store_true",
+        help="with --resume: run nothing, write the run folder from the journal's rows alone (a run whose "
+        "machine is gone); meta.json says it is incomplete and which (case, backend) pairs never ran",
+    )
     from .scale import add_arguments as add_scale_arguments
 
     add_scale_arguments(run)  # --workers, --ray, --oracle-cache
@@ -239,6 +245,48 @@ def _resume(args: argparse.Namespace):
     return journal
 
 
+def _finalize(args: argparse.Namespace, journal) -> int:
+    """Write a stopped run's folder from its journal without running anything (``--finalize``).
+
+    The meta is the one the run recorded at its start (device, versions, commit, ceilings),
+    or, for a journal older than that record, only what the header holds; never this
+    machine's. Pairs that never ran are absent from the rows and listed in meta.json.
+    """
+    from .backends import resolve_backends
+    from .cases import load_case_file, resolve_case_paths
+    from .runner import COLUMNS, summarize, to_frame
+    from .storage import write_run
+
+    if not journal.rows:
+        raise BadInput(f"--finalize {args.resume}: the journal holds no row; there is nothing to write")
+    cases = [case for path in resolve_case_paths(args.cases) for case in load_case_file(path)]
+    cases = [c for c in cases if not args.harness_tags or set(args.harness_tags) & set(c.tags)]
+    backends = resolve_backends(args.harness_backends)
+    done = journal.done()
+    missing = [f"{c.id} {b.name}" for c in cases for b in backends if (c.id, b.name) not in done]
+    frame = _ordered(to_frame(journal.rows), cases, backends, COLUMNS)
+    header = journal.header
+    meta = dict(header.get("meta") or {"device": header.get("options", {}).get("device"), "host": header.get("host")})
+    meta["incomplete"] = {
+        "finalized_from_journal": True,
+        "started": header.get("started"),
+        "rows": len(frame),
+        "missing_pairs": len(missing),
+        "missing": missing,
+        "note": "the run stopped before these (case, backend) pairs ran; the folder was written from its journal",
+    }
+    if header.get("meta") is None:
+        meta["incomplete"]["meta_unknown"] = (
+            "the journal predates the recorded meta: device, versions and ceilings are not known here"
+        )
+    write_run(frame, meta, args.resume)
+    journal.remove()
+    print(summarize(frame))
+    print(f"incomplete: {len(missing)} (case, backend) pairs never ran (meta.json lists them)", file=sys.stderr)
+    print(f"report: {Path(args.resume) / 'report.html'}")
+    return verdict(frame, None)[0]
+
+
 def verdict(frame, requested: list[str] | None) -> tuple[int, list[str]]:
     """The exit code of a finished run and the messages that explain a non-zero one."""
     from .runner import exit_code
@@ -264,7 +312,11 @@ def cmd_run(args: argparse.Namespace) -> int:
     from .options import apply_threads, default_device
     from .scale import check_arguments as check_scale_arguments
 
+    if args.finalize and not args.resume:
+        raise BadInput("--finalize needs --resume RUN_DIR: it writes that run's folder from its journal")
     journal = _resume(args) if args.resume else None
+    if args.finalize:
+        return _finalize(args, journal)
     device = args.harness_device or default_device()
     if device == "cuda" and not torch.cuda.is_available():
         raise BadInput("--device cuda: no CUDA device is visible to torch")
@@ -358,6 +410,9 @@ def _run_and_write(args, device, cases, backends, plugin_backends, worker, journ
 
     done = journal.done()
     todo = sum((c.id, b.name) not in done for c in cases for b in backends)
+    if journal.header.get("meta") is None:  # what a --finalize elsewhere reports as the run's own meta
+        start_meta = collect_meta(device, ["python -m harness", *sys.argv[1:]], {})
+        journal.record_meta({**start_meta, "ceilings": ceilings, "timing_threads": threads})
     print(f"{len(cases)} cases x {len(backends)} backends on {device}"
           + (f": {todo} to run, {len(done)} from the journal" if done else ""), file=sys.stderr)  # fmt: skip
     scale = run_rows(args, cases, config, on_row, done, worker)  # in this process, over --workers, or --ray

@@ -105,6 +105,8 @@ class Journal:
             elif isinstance(record, dict) and "stopped_by" in record:
                 pid = None
         header["last_pid"] = pid
+        metas = [r["meta"] for r in records[1:] if isinstance(r, dict) and isinstance(r.get("meta"), dict)]
+        header["meta"] = metas[-1] if metas else None  # the run's meta.json as it stood at its start
         rows = [r for r in records[1:] if isinstance(r, dict) and "case" in r and "backend" in r]
         return cls(path, header, rows)
 
@@ -112,6 +114,11 @@ class Journal:
         """Append from this process (a resume); records who took it over."""
         self._file = open(self.path, "a", encoding="utf-8")  # noqa: SIM115 - kept open for the run's rows
         self._write({"resumed_by": os.getpid()})
+
+    def record_meta(self, meta: dict) -> None:
+        """The run's meta (device, versions, commit, ceilings) as measured at its start, so that a
+        journal finalized elsewhere (``run --resume RUN --finalize``) still says where it ran."""
+        self._write({"meta": {key: _plain(value) for key, value in meta.items()}})
 
     def append(self, row: dict) -> None:
         """One finished row, on disk before this returns (flush + fsync)."""

@@ -1,0 +1,80 @@
+"""A stopped run whose machine is gone: `run --resume RUN --finalize` writes its folder from the journal."""
+
+from __future__ import annotations
+
+import json
+
+import pandas as pd
+
+from harness.cli import main
+from harness.journal import Journal, journal_path
+from tests.tiny_cases import write_cases
+
+
+def _stopped_run(tmp_path, keep_rows: int, meta: dict | None):
+    """A finished run's first ``keep_rows`` rows in the journal of a second run that 'stopped'."""
+    cases = write_cases(tmp_path / "c.toml", {"name": "first"}, {"name": "second", "seed": 1})
+    whole = tmp_path / "whole"
+    assert main(["run", str(cases), "--backend", "reference", "--backend", "tlsim", "--no-timing",
+                 "--no-progress", "--out", str(whole)]) == 0  # fmt: skip
+    rows = pd.read_parquet(whole / "results.parquet").to_dict("records")
+    stopped = tmp_path / "stopped"
+    options = {"cases": [str(cases)], "backends": ["reference", "tlsim"], "device": "cpu", "plugins": [],
+               "tags": None, "timing": False, "isolate": "plugins", "timeout": None}  # fmt: skip
+    journal = Journal.create(stopped, options)
+    if meta is not None:
+        journal.record_meta(meta)
+    for row in rows[:keep_rows]:
+        journal.append(row)
+    journal.close(stopped=True)
+    return stopped, rows
+
+
+def test_finalize_writes_the_rows_it_has_keeps_the_runs_own_meta_and_lists_what_never_ran(tmp_path, capsys):
+    stopped, rows = _stopped_run(tmp_path, 3, {"device": "cuda", "device_name": "NVIDIA H200", "commit": "abc"})
+    assert main(["run", "--resume", str(stopped), "--finalize"]) == 0
+    frame = pd.read_parquet(stopped / "results.parquet")
+    assert len(frame) == 3 and list(frame["case"]) == [r["case"] for r in rows[:3]]
+    meta = json.loads((stopped / "meta.json").read_text())
+    assert meta["device_name"] == "NVIDIA H200" and meta["commit"] == "abc", "the run's meta, not this machine's"
+    assert meta["incomplete"]["missing_pairs"] == 1 and meta["incomplete"]["missing"] == ["second tlsim"]
+    assert not journal_path(stopped).exists() and (stopped / "report.html").exists()
+    assert "1 (case, backend) pairs never ran" in capsys.readouterr().err
+
+
+def test_an_old_journal_without_meta_says_so_instead_of_borrowing_this_machines(tmp_path):
+    stopped, _ = _stopped_run(tmp_path, 2, None)
+    assert main(["run", "--resume", str(stopped), "--finalize"]) == 0
+    meta = json.loads((stopped / "meta.json").read_text())
+    assert "meta_unknown" in meta["incomplete"] and "device_name" not in meta
+
+
+def test_finalize_refuses_without_resume_and_an_empty_journal(tmp_path, capsys):
+    assert main(["run", "--finalize"]) == 2
+    assert "--finalize needs --resume" in capsys.readouterr().err
+    stopped, _ = _stopped_run(tmp_path, 0, None)
+    assert main(["run", "--resume", str(stopped), "--finalize"]) == 2
+    assert "holds no row" in capsys.readouterr().err and journal_path(stopped).exists()
+
+
+def test_a_run_records_its_meta_in_the_journal_before_its_first_row(tmp_path, monkeypatch):
+    """So a run killed with its machine can still be finalized with the device it ran on: a
+    plugin backend reads the journal while the run is on."""
+    cases = write_cases(tmp_path / "c.toml", {"name": "first"})
+    out = tmp_path / "run"
+    monkeypatch.setenv("JOURNAL_TO_READ", str(journal_path(out)))
+    plugin = tmp_path / "peek.py"
+    plugin.write_text(
+        "import os, json, pathlib, kernels\n"
+        "from harness import register_backend\n"
+        "def peek(*args, **kwargs):\n"
+        "    lines = pathlib.Path(os.environ['JOURNAL_TO_READ']).read_text().splitlines()\n"
+        "    metas = [json.loads(l)['meta'] for l in lines if '\"meta\"' in l]\n"
+        "    pathlib.Path(os.environ['JOURNAL_TO_READ'] + '.seen').write_text(json.dumps(metas[0]['device']))\n"
+        "    return kernels.paged_attention_reference(*args, **kwargs)\n"
+        "register_backend('peek', peek)\n"
+    )
+    code = main(["run", str(cases), "--plugin", str(plugin), "--isolate", "none", "--backend", "peek",
+                 "--no-timing", "--no-progress", "--out", str(out)])  # fmt: skip
+    assert code == 0
+    assert json.loads((tmp_path / "run.journal.jsonl.seen").read_text()) == "cpu"
