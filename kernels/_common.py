@@ -450,10 +450,14 @@ def choose_tiling(
     else:  # decode pads the group up to 16 rows; prefill packs up to max_tokens tokens
         tokens = min(max_q_len, config.max_tokens)
         block_m = min(config.max_rows, max(16, next_pow2(group_size * tokens)))
-    tile_n = config.tile_n
     block_q = block_m // group_size
     num_q_tiles = (num_tokens + num_seqs * (block_q - 1)) // block_q
     programs = max(num_kv_heads * num_q_tiles, 1)
+    if query_class(max_q_len) == "decode" and programs < TARGET_PROGRAMS // 2 and max_seq_len > 0:
+        # A decode that will split its KV has its own key (one token a program: the tile height
+        # does not depend on it): kernels.tuning, "decode_split".
+        config = tile_config("fp32" if fp32 else "half", head_dim_padded, "decode_split")
+    tile_n = config.tile_n
     num_splits = 1
     if programs < TARGET_PROGRAMS // 2:
         by_work = next_pow2(cdiv(TARGET_PROGRAMS, programs))

@@ -4,8 +4,9 @@ A launch's shape is looked up by (precision, padded head dim, query class):
 
     precision        "half" (fp16 / bf16: tensor-core dots) or "fp32" (IEEE fp32 dots)
     head_dim_padded  the head dim rounded up to a power of two (at least 16)
-    query class      "decode" (one query per sequence), "verify" (2-8: speculative
-                     verification), "prefill" (more)
+    query class      "decode" (one query per sequence), "decode_split" (a decode with too
+                     few programs to fill the GPU, whose KV is split), "verify" (2-8:
+                     speculative verification), "prefill" (more)
 
 and gives a :class:`TileConfig`. Keys not in :data:`TUNED` take :func:`default_config`,
 the rule the kernel used before any tuning. ``scripts/tune_tiles.py`` measures candidate
@@ -59,7 +60,10 @@ def default_config(precision: str, head_dim_padded: int, q_class: str) -> TileCo
 # 2026-11-30, kernel at ce66687 (decode, prefill) and 7bd3c1d (verify); the time of the
 # chosen config against the default on the cases of cases/gpu_peers.toml it reached:
 TUNED: dict[tuple[str, int, str], TileConfig] = {
-    # decode_32x4k (block 16/32/64), 64q8kv: 0.93x; 8q1kv: 1.0x; hd64: 0.80x (decode_32x4k_hd64)
+    # decode_32x4k (block 16/32/64), 64q8kv: 0.93x; hd64: 0.80x (decode_32x4k_hd64). The split
+    # decodes lost with it in the next run (gpu_results/2026-11-30-h200-e883533: 8q1kv 35.6 -> 42.2 us,
+    # 4x16k 83 -> 91, 1x128k 144 -> 156; 128-key tiles halve the splits a short context allows),
+    # so "decode_split" keeps the default, which those numbers were measured with.
     ("half", 128, "decode"): TileConfig(max_rows=16, max_tokens=1, tile_n=128, num_warps=4, num_stages=3),
     ("half", 64, "decode"): TileConfig(max_rows=16, max_tokens=1, tile_n=128, num_warps=4, num_stages=3),
     # spec_verify_32x4k, q_len 4 and 8 and its third point: 0.83x (geometric mean)

@@ -37,12 +37,13 @@ from harness.registry import resolve_backends
 from harness.runner import case_inputs
 from harness.suite_files import resolve_case_arg
 from harness.timing import time_call
-from kernels._common import next_pow2
+from kernels._common import choose_tiling, next_pow2
 from kernels.tuning import TileConfig, default_config, override, query_class
 
 # The grid per query class: (max_rows, max_tokens, tile_n, num_warps, num_stages).
 GRID = {
     "decode": list(itertools.product([16], [1], [32, 64, 128], [4, 8], [2, 3, 4])),
+    "decode_split": list(itertools.product([16], [1], [32, 64, 128], [4, 8], [2, 3, 4])),
     "verify": list(itertools.product([32, 64], [8], [64, 128], [4, 8], [2, 3])),
     "prefill": [(64, 16, *rest) for rest in itertools.product([32, 64, 128], [4, 8], [2, 3, 4])]
     + [(128, 32, *rest) for rest in itertools.product([32, 64, 128], [4, 8], [2, 3, 4])],
@@ -52,7 +53,12 @@ GRID = {
 def key_of(case: Case) -> tuple[str, int, str]:
     """The tuning key of a case, from the hints the triton backend passes (max_q_len = max q_len)."""
     precision = "fp32" if case.dtype == "float32" else "half"
-    return precision, max(16, next_pow2(case.head_dim)), query_class(max(case.q_lens))
+    q_class = query_class(max(case.q_lens))
+    fp32 = precision == "fp32"
+    if q_class == "decode" and choose_tiling(case.head_dim, case.group_size, 1, case.num_seqs, case.num_kv_heads,
+                                             case.max_seq_len, fp32=fp32).NUM_SPLITS > 1:  # fmt: skip
+        q_class = "decode_split"
+    return precision, max(16, next_pow2(case.head_dim)), q_class
 
 
 def candidates(key: tuple[str, int, str]) -> list[TileConfig]:

@@ -28,11 +28,11 @@ def test_the_untuned_rule_keeps_the_measured_shapes(monkeypatch):
 def test_a_tuned_entry_changes_only_its_own_key(monkeypatch, q_class):
     monkeypatch.setattr(tuning, "TUNED", {})
     q_lens = {"decode": 1, "verify": 4, "prefill": 512}
-    untuned = {name: choose_tiling(128, 4, length, 8, 8, 8192) for name, length in q_lens.items()}
+    untuned = {name: choose_tiling(128, 4, length, 64, 8, 8192) for name, length in q_lens.items()}
     tuned = tuning.TileConfig(max_rows=128, max_tokens=32, tile_n=32, num_warps=8, num_stages=2)
     monkeypatch.setitem(tuning.TUNED, ("half", 128, q_class), tuned)
     for name, length in q_lens.items():
-        tiling = choose_tiling(128, 4, length, 8, 8, 8192)
+        tiling = choose_tiling(128, 4, length, 64, 8, 8192)
         if name == q_class:
             assert (tiling.TILE_N, tiling.NUM_WARPS, tiling.NUM_STAGES) == (32, 8, 2)
             assert min(128, max(16, 4 * min(length, 32))) == tiling.BLOCK_M
@@ -53,3 +53,13 @@ def test_tlsim_follows_an_overridden_tiling(tile_n, max_tokens):
         sim = kernels.paged_attention_tlsim(*inputs.args())
         real = kernels.paged_attention_triton(*inputs.args())
     torch.testing.assert_close(real, sim, atol=1e-5, rtol=1e-4)
+
+
+def test_a_decode_that_splits_takes_its_own_key(monkeypatch):
+    """128-key tiles won on unsplit decodes and lost on split ones (kernels.tuning): the split keeps its own key."""
+    monkeypatch.setitem(tuning.TUNED, ("half", 128, "decode"), tuning.TileConfig(16, 1, 128, 4, 3))
+    monkeypatch.delitem(tuning.TUNED, ("half", 128, "decode_split"), raising=False)
+    unsplit = choose_tiling(128, 4, 1, 32, 8, 4096)  # 256 programs: no split
+    split = choose_tiling(128, 8, 1, 32, 1, 4096)  # 32 programs: split
+    assert unsplit.NUM_SPLITS == 1 and unsplit.TILE_N == 128
+    assert split.NUM_SPLITS > 1 and tuning.default_config("half", 128, "decode_split").tile_n == split.TILE_N
