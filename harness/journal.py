@@ -41,9 +41,12 @@ def run_dir_of(journal: Path) -> Path:
 
 
 def _plain(value):
-    """JSON-safe scalar: numpy/torch numbers as Python numbers, anything else as text."""
+    """JSON-safe value: numpy/torch numbers as Python numbers, sequences (a row's timing
+    samples) as lists of them, anything else as text."""
     if isinstance(value, bool | int | str) or value is None:
         return value
+    if isinstance(value, list | tuple) or (hasattr(value, "tolist") and getattr(value, "ndim", 0) > 0):
+        return [_plain(item) for item in (value.tolist() if hasattr(value, "tolist") else value)]
     try:
         number = float(value)
     except (TypeError, ValueError):
@@ -107,7 +110,7 @@ class Journal:
         header["last_pid"] = pid
         metas = [r["meta"] for r in records[1:] if isinstance(r, dict) and isinstance(r.get("meta"), dict)]
         header["meta"] = metas[-1] if metas else None  # the run's meta.json as it stood at its start
-        rows = [r for r in records[1:] if isinstance(r, dict) and "case" in r and "backend" in r]
+        rows = [_samples_back(r) for r in records[1:] if isinstance(r, dict) and "case" in r and "backend" in r]
         return cls(path, header, rows)
 
     def reopen(self) -> None:
@@ -159,6 +162,17 @@ def pid_alive(pid) -> bool:
     except PermissionError:
         return True
     return True
+
+
+def _samples_back(row: dict) -> dict:
+    """Timing samples as lists; journals written before _plain kept sequences wrote them as text ("[1.5, 2.0]")."""
+    for key, value in row.items():
+        if key.endswith("_samples_us") and isinstance(value, str) and value.startswith("["):
+            try:
+                row[key] = [float(x) for x in json.loads(value)]
+            except (ValueError, TypeError):
+                row[key] = None
+    return row
 
 
 def row_from_json(row: dict) -> dict:

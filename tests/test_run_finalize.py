@@ -78,3 +78,13 @@ def test_a_run_records_its_meta_in_the_journal_before_its_first_row(tmp_path, mo
                  "--no-timing", "--no-progress", "--out", str(out)])  # fmt: skip
     assert code == 0
     assert json.loads((tmp_path / "run.journal.jsonl.seen").read_text()) == "cpu"
+
+
+def test_timing_samples_come_back_from_a_journal_as_numbers_so_compare_can_use_them(tmp_path):
+    """Sequences were once journaled as text ("[1.5, 2.0]"): both the new lists and that old text read back as floats."""
+    journal = Journal.create(tmp_path / "run", {"cases": [], "backends": None, "device": "cpu"})
+    journal.append({"case": "c", "backend": "b", "latency_samples_us": (1.5, 2.0)})
+    journal._write({"case": "d", "backend": "b", "latency_samples_us": "[3.0, 4.5]"})  # the old form
+    journal.close(stopped=True)
+    rows = Journal.read(journal_path(tmp_path / "run")).rows
+    assert [r["latency_samples_us"] for r in rows] == [[1.5, 2.0], [3.0, 4.5]]
