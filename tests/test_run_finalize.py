@@ -88,3 +88,10 @@ def test_timing_samples_come_back_from_a_journal_as_numbers_so_compare_can_use_t
     journal.close(stopped=True)
     rows = Journal.read(journal_path(tmp_path / "run")).rows
     assert [r["latency_samples_us"] for r in rows] == [[1.5, 2.0], [3.0, 4.5]]
+
+
+def test_the_page_of_a_finalized_run_says_it_is_incomplete(tmp_path):
+    stopped, _ = _stopped_run(tmp_path, 3, {"device": "cpu", "device_name": "cpu"})
+    assert main(["run", "--resume", str(stopped), "--finalize"]) == 0
+    page = (stopped / "report.html").read_text()
+    assert 'id="incomplete"' in page and "1 (case, backend) pair never ran" in page
