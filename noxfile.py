@@ -35,8 +35,11 @@ def install_cpu(session: nox.Session, extras: str = "test,triton") -> None:
 
 @nox.session
 def tests(session: nox.Session) -> None:
-    """Unit tests of kernels and harness, and the smoke case suite; the Triton kernel runs interpreted."""
-    install_cpu(session)
+    """Unit tests of kernels and harness, and the smoke case suite; the Triton kernel runs interpreted.
+
+    With the ray and xdist extras, so the scale-out equivalences (a local 2-CPU Ray cluster,
+    pytest -n 2) and the fault tests run in CI instead of skipping."""
+    install_cpu(session, "test,triton,ray,xdist")
     session.run("python", "-m", "pytest", *session.posargs, env={"TRITON_INTERPRET": "1"})
 
 
