@@ -253,15 +253,20 @@ def _finalize(args: argparse.Namespace, journal) -> int:
     machine's. Pairs that never ran are absent from the rows and listed in meta.json.
     """
     from .backends import resolve_backends
-    from .cases import load_case_file, resolve_case_paths
+    from .cases import CaseFileError, load_case_file, resolve_case_paths
     from .runner import COLUMNS, summarize, to_frame
     from .storage import write_run
 
     if not journal.rows:
         raise BadInput(f"--finalize {args.resume}: the journal holds no row; there is nothing to write")
-    cases = [case for path in resolve_case_paths(args.cases) for case in load_case_file(path)]
-    cases = [c for c in cases if not args.harness_tags or set(args.harness_tags) & set(c.tags)]
-    backends = resolve_backends(args.harness_backends)
+    try:  # the journal's case files and backends, to list what never ran (a journal from another
+        # machine may name files or plugin backends this one lacks: the rows are written anyway)
+        cases = [case for path in resolve_case_paths(args.cases) for case in load_case_file(path)]
+        cases = [c for c in cases if not args.harness_tags or set(args.harness_tags) & set(c.tags)]
+        backends = resolve_backends(args.harness_backends)
+        unknown = None
+    except (CaseFileError, ValueError, OSError) as error:
+        cases, backends, unknown = [], [], f"the pairs that never ran are not known here: {error}"
     done = journal.done()
     missing = [f"{c.id} {b.name}" for c in cases for b in backends if (c.id, b.name) not in done]
     frame = _ordered(to_frame(journal.rows), cases, backends, COLUMNS)
@@ -275,6 +280,8 @@ def _finalize(args: argparse.Namespace, journal) -> int:
         "missing": missing,
         "note": "the run stopped before these (case, backend) pairs ran; the folder was written from its journal",
     }
+    if unknown:
+        meta["incomplete"].update(missing_pairs=None, missing=None, missing_unknown=unknown)
     if header.get("meta") is None:
         meta["incomplete"]["meta_unknown"] = (
             "the journal predates the recorded meta: device, versions and ceilings are not known here"
@@ -282,7 +289,8 @@ def _finalize(args: argparse.Namespace, journal) -> int:
     write_run(frame, meta, args.resume)
     journal.remove()
     print(summarize(frame))
-    print(f"incomplete: {len(missing)} (case, backend) pairs never ran (meta.json lists them)", file=sys.stderr)
+    print(f"incomplete: {unknown}" if unknown else
+          f"incomplete: {len(missing)} (case, backend) pairs never ran (meta.json lists them)", file=sys.stderr)  # fmt: skip
     print(f"report: {Path(args.resume) / 'report.html'}")
     return verdict(frame, None)[0]
 

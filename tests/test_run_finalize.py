@@ -95,3 +95,13 @@ def test_the_page_of_a_finalized_run_says_it_is_incomplete(tmp_path):
     assert main(["run", "--resume", str(stopped), "--finalize"]) == 0
     page = (stopped / "report.html").read_text()
     assert 'id="incomplete"' in page and "1 (case, backend) pair never ran" in page
+
+
+def test_a_journal_whose_case_files_are_gone_is_still_written_saying_what_is_unknown(tmp_path):
+    stopped, _ = _stopped_run(tmp_path, 3, {"device": "cuda", "device_name": "NVIDIA H200"})
+    (tmp_path / "c.toml").unlink()  # a journal brought from another machine
+    assert main(["run", "--resume", str(stopped), "--finalize"]) == 0
+    meta = json.loads((stopped / "meta.json").read_text())
+    assert meta["incomplete"]["missing_pairs"] is None and "not known here" in meta["incomplete"]["missing_unknown"]
+    assert len(pd.read_parquet(stopped / "results.parquet")) == 3
+    assert "not known here" in (stopped / "report.html").read_text()
