@@ -42,9 +42,11 @@ def run_dir_of(journal: Path) -> Path:
 
 def _plain(value):
     """JSON-safe value: numpy/torch numbers as Python numbers, sequences (a row's timing
-    samples) as lists of them, anything else as text."""
+    samples) as lists of them, mappings (the meta's ceilings) as dicts of them, anything else as text."""
     if isinstance(value, bool | int | str) or value is None:
         return value
+    if isinstance(value, dict):
+        return {str(key): _plain(item) for key, item in value.items()}
     if isinstance(value, list | tuple) or (hasattr(value, "tolist") and getattr(value, "ndim", 0) > 0):
         return [_plain(item) for item in (value.tolist() if hasattr(value, "tolist") else value)]
     try:
@@ -121,7 +123,7 @@ class Journal:
     def record_meta(self, meta: dict) -> None:
         """The run's meta (device, versions, commit, ceilings) as measured at its start, so that a
         journal finalized elsewhere (``run --resume RUN --finalize``) still says where it ran."""
-        self._write({"meta": {key: _plain(value) for key, value in meta.items()}})
+        self._write({"meta": _plain(meta)})
 
     def append(self, row: dict) -> None:
         """One finished row, on disk before this returns (flush + fsync)."""

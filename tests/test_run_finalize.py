@@ -80,6 +80,14 @@ def test_a_run_records_its_meta_in_the_journal_before_its_first_row(tmp_path, mo
     assert json.loads((tmp_path / "run.journal.jsonl.seen").read_text()) == "cpu"
 
 
+def test_the_recorded_meta_keeps_its_nested_values_as_json_not_text(tmp_path):
+    journal = Journal.create(tmp_path / "run", {"cases": [], "backends": None, "device": "cuda"})
+    journal.record_meta({"device": "cuda", "ceilings": {"read_gbps": 4210.5}, "load_average": (1.0, 2.0)})
+    journal.close(stopped=True)
+    meta = Journal.read(journal_path(tmp_path / "run")).header["meta"]
+    assert meta["ceilings"] == {"read_gbps": 4210.5} and meta["load_average"] == [1.0, 2.0]
+
+
 def test_timing_samples_come_back_from_a_journal_as_numbers_so_compare_can_use_them(tmp_path):
     """Sequences were once journaled as text ("[1.5, 2.0]"): both the new lists and that old text read back as floats."""
     journal = Journal.create(tmp_path / "run", {"cases": [], "backends": None, "device": "cpu"})
