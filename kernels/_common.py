@@ -410,6 +410,7 @@ class Tiling:
     SPLIT_SIZE: int = 0  # 0 when NUM_SPLITS == 1
     NUM_WARPS: int = 4  # launch settings (no effect on numerics)
     NUM_STAGES: int = 3
+    TUNING_KEY: tuple[str, int, str] = ("half", 0, "")  # the kernels.tuning key the config came from
 
 
 # Programs the split aims for: two waves of an H100/H200's 132 SMs. A constant, not the
@@ -444,7 +445,8 @@ def choose_tiling(
     max_q_len = max(max_q_len, 1)
     num_tokens = num_seqs * max_q_len if num_tokens is None else num_tokens
     head_dim_padded = max(16, next_pow2(head_dim))
-    config = tile_config("fp32" if fp32 else "half", head_dim_padded, query_class(max_q_len))
+    precision, q_class = "fp32" if fp32 else "half", query_class(max_q_len)
+    config = tile_config(precision, head_dim_padded, q_class)
     if group_size >= 16:  # one token's heads already fill tl.dot's minimum M of 16
         block_m = next_pow2(group_size)
     else:  # decode pads the group up to 16 rows; prefill packs up to max_tokens tokens
@@ -453,10 +455,11 @@ def choose_tiling(
     block_q = block_m // group_size
     num_q_tiles = (num_tokens + num_seqs * (block_q - 1)) // block_q
     programs = max(num_kv_heads * num_q_tiles, 1)
-    if query_class(max_q_len) == "decode" and programs < TARGET_PROGRAMS // 2 and max_seq_len > 0:
+    if q_class == "decode" and programs < TARGET_PROGRAMS // 2 and max_seq_len > 0:
         # A decode that will split its KV has its own key (one token a program: the tile height
         # does not depend on it): kernels.tuning, "decode_split".
-        config = tile_config("fp32" if fp32 else "half", head_dim_padded, "decode_split")
+        q_class = "decode_split"
+        config = tile_config(precision, head_dim_padded, q_class)
     tile_n = config.tile_n
     num_splits = 1
     if programs < TARGET_PROGRAMS // 2:
@@ -476,6 +479,7 @@ def choose_tiling(
         SPLIT_SIZE=split_size,
         NUM_WARPS=config.num_warps or (4 if block_m * head_dim_padded <= 64 * 128 else 8),
         NUM_STAGES=config.num_stages,
+        TUNING_KEY=(precision, head_dim_padded, q_class),
     )
 
 

@@ -25,6 +25,7 @@ import pandas as pd
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from harness.storage import load_run
+from scripts.peer_table import peer_table
 
 READ_TARGET_BYTES = 256 * 2**20
 
@@ -38,9 +39,8 @@ def score(frame: pd.DataFrame, backend: str = "triton") -> pd.DataFrame:
     """One row per (target, case): measured value, its limit and whether it is met."""
     ok = frame[(frame["status"] == "pass") & frame["latency_us"].notna()]
     mine = ok[ok["backend"] == backend].set_index("case")
-    peers = ok[ok["backend_kind"] == "peer"]
-    best_peer = peers.groupby("case")["latency_us"].min()
-    sdpa_call = peers[peers["backend"] == "sdpa_contiguous"].set_index("case")["call_us"]
+    against_peer = peer_table(frame, backend).set_index("case")["ratio"]  # backend / the fastest peer
+    sdpa_call = ok[ok["backend"] == "sdpa_contiguous"].set_index("case")["call_us"]
     cache = ok[ok["backend"] == "cache"].set_index("case")["latency_us"]
     lines = []
     for case, row in mine.iterrows():
@@ -49,12 +49,12 @@ def score(frame: pd.DataFrame, backend: str = "triton") -> pd.DataFrame:
             lines.append(_line("host", case, row["host_overhead_us"], 20.0, "us"))
         if decode and case in sdpa_call.index and pd.notna(row.get("call_us")):
             lines.append(_line("eager", case, row["call_us"] / sdpa_call[case], 1.10, "x SDPA call"))
-        if decode and case in best_peer.index:
-            lines.append(_line("decode", case, row["latency_us"] / best_peer[case], 1.05, "x best peer"))
+        if decode and case in against_peer.index:
+            lines.append(_line("decode", case, against_peer[case], 1.05, "x best peer"))
         if decode and row["bytes_moved"] >= READ_TARGET_BYTES and pd.notna(row.get("pct_of_ceiling")):
             lines.append(_line("read", case, row["pct_of_ceiling"], 90.0, "% read ceiling", higher_is_better=True))
-        if row["max_q_len"] >= 512 and case in best_peer.index:
-            lines.append(_line("prefill", case, row["latency_us"] / best_peer[case], 1.10, "x best peer"))
+        if row["max_q_len"] >= 512 and case in against_peer.index:
+            lines.append(_line("prefill", case, against_peer[case], 1.10, "x best peer"))
         if 2 <= row["max_q_len"] <= 8:
             twin = _decode_twin(mine, row)
             if twin is not None:

@@ -37,8 +37,8 @@ from harness.registry import resolve_backends
 from harness.runner import case_inputs
 from harness.suite_files import resolve_case_arg
 from harness.timing import time_call
-from kernels._common import choose_tiling, next_pow2
-from kernels.tuning import TileConfig, default_config, override, query_class
+from kernels._common import choose_tiling
+from kernels.tuning import TileConfig, default_config, override
 
 # The grid per query class: (max_rows, max_tokens, tile_n, num_warps, num_stages).
 GRID = {
@@ -51,14 +51,10 @@ GRID = {
 
 
 def key_of(case: Case) -> tuple[str, int, str]:
-    """The tuning key of a case, from the hints the triton backend passes (max_q_len = max q_len)."""
-    precision = "fp32" if case.dtype == "float32" else "half"
-    q_class = query_class(max(case.q_lens))
-    fp32 = precision == "fp32"
-    if q_class == "decode" and choose_tiling(case.head_dim, case.group_size, 1, case.num_seqs, case.num_kv_heads,
-                                             case.max_seq_len, fp32=fp32).NUM_SPLITS > 1:  # fmt: skip
-        q_class = "decode_split"
-    return precision, max(16, next_pow2(case.head_dim)), q_class
+    """The tuning key a case's launch looks up, as choose_tiling decides it (the triton backend's
+    hints: max_q_len = the longest q_len, max_seq_len = the longest sequence)."""
+    return choose_tiling(case.head_dim, case.group_size, max(case.q_lens), case.num_seqs, case.num_kv_heads,
+                         case.max_seq_len, fp32=case.dtype == "float32", num_tokens=sum(case.q_lens)).TUNING_KEY  # fmt: skip
 
 
 def candidates(key: tuple[str, int, str]) -> list[TileConfig]:
