@@ -46,12 +46,13 @@ DEFAULT_TOLERANCES: dict[str, tuple[float, float]] = {
     "float16": (1e-3, 1e-3),
     "bfloat16": (1e-2, 1e-2),
 }
-# With an fp8 KV cache the kernels round each dequantized K and V element (k_cache.float() *
-# k_scale) to q's dtype before the dots, as vLLM's do: for fp16 that is two more roundings of
-# 2**-11 than the oracle of the dequantized cache sees, measured at 0.76 of the fp16 tolerance
-# (fp8_kv_prefill_fp16 in the variants suite), so fp16 gets twice it. fp32 (exact dequantization)
-# and bf16 (its 1e-2 already covers it: 0.35 measured) keep theirs.
-FP8_KV_TOLERANCES: dict[str, tuple[float, float]] = {"float16": (2e-3, 2e-3)}
+# An fp8 KV cache keeps each dtype's tolerance. The kernels used to round each dequantized K and
+# V element (k_cache.float() * k_scale) to q's dtype before the dots, as vLLM's Triton kernels
+# do, which cost fp16 two more roundings than the oracle sees (0.76 of 1e-3 measured on
+# fp8_kv_prefill_fp16) and an allowance of 2e-3; they now widen the fp8 values exactly and
+# apply the scales outside the dots, so no dtype needs one. The table stays for a kernel that
+# rounds (a plugin's backend is graded by the same table).
+FP8_KV_TOLERANCES: dict[str, tuple[float, float]] = {}
 
 
 @dataclass(frozen=True)

@@ -271,8 +271,9 @@ def quantize_kv(x: torch.Tensor, scale: torch.Tensor, dtype: torch.dtype) -> tor
 
 
 def dequantize_kv(stored: torch.Tensor, scale: torch.Tensor | None, dtype: torch.dtype) -> torch.Tensor:
-    """stored [..., num_kv_heads, head_dim] as the kernel sees it: ``stored.float() * scale`` in ``dtype``
-    (q's dtype, as vLLM's kernels round it before the dot); unchanged when scale is None (not fp8)."""
+    """stored [..., num_kv_heads, head_dim] dequantized: ``stored.float() * scale`` in ``dtype`` (the
+    reference passes fp32: exact); unchanged when scale is None (not fp8). The Triton kernel and
+    tlsim do not round this per element: they widen the fp8 values and scale outside the dots."""
     if scale is None:
         return stored
     return (stored.float() * scale[:, None]).to(dtype)

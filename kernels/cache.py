@@ -73,7 +73,7 @@ class PagedKVCache:
     An fp8 ``dtype`` (float8_e4m3fn, float8_e5m2) makes fp8 pools: :meth:`write` quantizes
     with the cache's ``k_scale`` / ``v_scale`` (a float per tensor, or [num_kv_heads] fp32 per
     head; default 1.0), storing ``key / k_scale`` saturated (kernels._common.quantize_kv), and
-    every read passes the scales on (K = k_cache.float() * k_scale, vLLM's convention).
+    every read passes the scales on (K = k_cache.float() * k_scale, vLLM's meaning of the scales).
 
     max_seqs, max_blocks_per_seq: the device table's size. Given, the table is allocated
     once and never moves (what a CUDA graph that captured a read needs), and more live

@@ -33,7 +33,7 @@ import math
 
 import torch
 
-from ._common import PagedCall, contract_entry, dequantize_kv, tiling_for, window_tile_start
+from ._common import PagedCall, contract_entry, tiling_for, window_tile_start
 
 LOG2E = math.log2(math.e)
 LN2 = math.log(2.0)
@@ -105,6 +105,7 @@ def paged_attention_tlsim(
     l_all = torch.zeros((num_splits, *state_shape), device=device)
     acc_all = torch.zeros((num_splits, *state_shape, call.head_dim_v), device=device)
     sinks_u, slopes_u = variant_vectors(call)
+    k_scale = None if call.k_scale is None else call.k_scale.view(1, num_kv_heads, 1, 1)  # per KV head
     if slopes_u is not None:  # [S, Hkv, M, 1], row order as q_rows
         slopes_u = slopes_u.view(1, num_kv_heads, 1, group).expand(1, num_kv_heads, longest_q, group)
         slopes_u = slopes_u.reshape(1, num_kv_heads, num_rows, 1)
@@ -135,13 +136,16 @@ def paged_attention_tlsim(
         bad = k_valid & ((column >= max_blocks)[None, :] | (blocks < 0) | (blocks >= num_blocks))  # [S, N]
         blocks = torch.where(k_valid & ~bad, blocks, 0)
         slots = (k_pos % block_size).expand(num_seqs, -1)
-        # An fp8 pool is dequantized into q's dtype, as the kernel does (kernels._common.dequantize_kv).
-        k = torch.where(k_valid[..., None, None], dequantize_kv(k_cache[blocks, slots], call.k_scale, q.dtype), 0)
-        v = torch.where(k_valid[..., None, None], dequantize_kv(v_cache[blocks, slots], call.v_scale, q.dtype), 0)
+        # An fp8 pool is widened to q's dtype unscaled (exact), as the kernel does: k_scale then
+        # multiplies the logits and v_scale the accumulator (kernels.triton_paged._widen_fp8).
+        k = torch.where(k_valid[..., None, None], k_cache[blocks, slots].to(q.dtype), 0)
+        v = torch.where(k_valid[..., None, None], v_cache[blocks, slots].to(q.dtype), 0)
         k = k.permute(0, 2, 1, 3).float()  # [S, Hkv, N, D]
         v = v.permute(0, 2, 1, 3)
 
         s = q_rows @ k.transpose(-1, -2)  # [S, Hkv, M, N], unscaled
+        if k_scale is not None:
+            s = s * k_scale
         if call.logit_softcap is not None:
             s = softcap_unscaled(s, call.logit_softcap / call.scale)
         distance = k_pos[None, None, None, :] - q_pos  # [S, 1, M, N] key_pos - query_pos
@@ -162,6 +166,8 @@ def paged_attention_tlsim(
         l_all.scatter_(0, split_of, l_i[None])
         acc_all.scatter_(0, acc_index, acc[None])
 
+    if call.v_scale is not None:  # each program's acc times its KV head's v_scale, before the combine
+        acc_all = acc_all * call.v_scale.view(1, 1, num_kv_heads, 1, 1)
     sink = None
     if sinks_u is not None:  # [1, Hkv, M]: each row's head's sink, in unscaled units
         sink = sinks_u.view(1, num_kv_heads, 1, group).expand(1, num_kv_heads, longest_q, group)

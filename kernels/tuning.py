@@ -63,8 +63,12 @@ TUNED: dict[tuple[str, int, str], TileConfig] = {
     # decode_32x4k (block 16/32/64), 64q8kv: 0.93x; hd64: 0.80x (decode_32x4k_hd64). The split
     # decodes lost with it in the next run (gpu_results/2026-11-30-h200-e883533: 8q1kv 35.6 -> 42.2 us,
     # 4x16k 83 -> 91, 1x128k 144 -> 156; 128-key tiles halve the splits a short context allows),
-    # so "decode_split" keeps the default, which those numbers were measured with.
+    # so "decode_split" got its own key. Its winner, measured 2026-11-30 at d11ff1f (`tune_tiles.py
+    # --class decode_split` with six candidates, gpu_results/2026-11-30-h200-d11ff1f/tune_split.json):
+    # 32-key tiles, 0.88x the default (64-key tiles) over 8q1kv 36.2 -> 35.0 us, 4x16k 103.8 -> 87.7,
+    # 1x128k 188.7 -> 158.3 (128-key tiles: 41.8, 90.7, 155.4).
     ("half", 128, "decode"): TileConfig(max_rows=16, max_tokens=1, tile_n=128, num_warps=4, num_stages=3),
+    ("half", 128, "decode_split"): TileConfig(max_rows=16, max_tokens=1, tile_n=32, num_warps=4, num_stages=3),
     ("half", 64, "decode"): TileConfig(max_rows=16, max_tokens=1, tile_n=128, num_warps=4, num_stages=3),
     # spec_verify_32x4k, q_len 4 and 8 and its third point: 0.83x (geometric mean)
     ("half", 128, "verify"): TileConfig(max_rows=64, max_tokens=8, tile_n=128, num_warps=4, num_stages=2),
