@@ -10,8 +10,8 @@ and ``cmd_run`` writes the one run folder, exactly as for a one-process run.
   ``i``-th visible GPU (set in the environment it is spawned with, so before its torch
   ever initialises CUDA); ``auto`` is one worker per visible GPU; more workers than GPUs
   share them round robin (small cases that leave a GPU idle). On a CPU, ``auto`` is one
-  worker per core, and the run's torch threads are split between the workers
-  (``max(1, threads // N)`` each, at least one).
+  worker per core. On either, the run's torch threads (or every core) are split between
+  the workers (``max(1, threads // N)`` each, :func:`worker_threads`).
 * **Order.** Cases go out longest first, by an estimate of their cost,
   ``flops(case) + bytes_moved(case)`` (:mod:`harness.metrics`): the oracle and the kernels
   scale with the first, decode with the second. Each worker is sent ``PREFETCH`` (2) cases
@@ -446,12 +446,20 @@ def _default_timeout() -> float:
     return DEFAULT_TIMEOUT_S
 
 
+def worker_threads(run_threads: int | None, workers: int) -> int:
+    """torch intra-op threads per worker: the run's (or every core) split between the workers.
+
+    On CUDA too: each worker still builds its case's inputs and grades on the host, with
+    OpenMP-parallel torch ops; two workers that each kept torch's default (every core) ran
+    64 spinning threads on a 32-core H200 host, and the pair took 81 s where one worker took
+    59 (gpu_results/2026-11-30-h200-d11ff1f/scale)."""
+    return max(1, (run_threads or os.cpu_count() or 1) // max(1, workers))
+
+
 def run_sharded(cases, config, on_row, done=(), workers: str | int = "auto") -> ShardedRun:
     """Run ``cases`` over ``workers`` processes (``--workers``); rows to ``on_row``. Returns the run (timings)."""
     count = worker_count(workers, config.device, config.threads)
-    threads = None
-    if not config.device.startswith("cuda"):
-        threads = max(1, (config.threads or os.cpu_count() or 1) // count)
+    threads = worker_threads(config.threads, count)
     sharded = ShardedRun(config, count, config.plugins, threads)
     sharded.run(cases, on_row, done)
     return sharded

@@ -12,7 +12,7 @@ import pytest
 from harness.backends import load_plugin, resolve_backends
 from harness.cases import load_cases
 from harness.cli import main
-from harness.parallel import EXTRA_COLUMNS, case_cost, run_sharded, worker_count
+from harness.parallel import EXTRA_COLUMNS, case_cost, run_sharded, worker_count, worker_threads
 from harness.runner import RunConfig
 from tests.tiny_cases import write_cases
 
@@ -117,6 +117,15 @@ def test_workers_auto_is_one_per_core_on_a_cpu_and_a_bad_count_is_refused(monkey
     assert worker_count("3", "cpu") == 3
     with pytest.raises(ValueError, match="positive integer"):
         worker_count("0", "cpu")
+
+
+def test_workers_split_the_cores_between_them_on_cuda_too(monkeypatch):
+    """Each worker's torch threads: the run's (or every core) over the workers, never oversubscribed."""
+    monkeypatch.setattr(os, "cpu_count", lambda: 32)
+    assert worker_threads(None, 1) == 32
+    assert worker_threads(None, 2) == 16  # two GPU workers on a 32-core host: 16 each, not 32 each
+    assert worker_threads(6, 4) == 1
+    assert worker_threads(None, 100) == 1
 
 
 def test_workers_auto_on_cuda_is_one_per_visible_gpu(monkeypatch):

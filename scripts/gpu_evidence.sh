@@ -1,0 +1,54 @@
+#!/usr/bin/env bash
+# One call on a 2-GPU host: the evidence for issues 7, 10 and 11 in two lanes, one per GPU, so that
+# a lane's timings never share a GPU (they share the host's CPUs: no FlexAttention compiles here,
+# whose compile workers loaded the 32-core host to 30 in an earlier call).
+#   lane 0 (GPU 0): scripts/noise_check.py --gpu (reruns and a planted 5% slowdown), then the peer
+#                   run (cases/gpu_peers.toml cases/gpu_long.toml, five backends) for the targets
+#   lane 1 (GPU 1): the GPU variants timed (triton, cache, sdpa_contiguous), every variant through
+#                   the four built-ins graded, scripts/host_overhead.py, scripts/measure_tlsim_closeness.py
+#   OUT=DIR bash scripts/gpu_evidence.sh    (default gpu_out); LIMIT0 / LIMIT1: seconds per lane (540)
+# Every run folder keeps its journal: a lane stopped by its limit is finalized from it
+# (`harness run --resume RUN --finalize`), and says so in its meta.json.
+set -uo pipefail
+OUT=${OUT:-gpu_out}
+mkdir -p "$OUT"
+export PYTHONUNBUFFERED=1
+if [ -d .whl ]; then
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || exit 1
+  export PYTHONPATH=/tmp/site:$PWD PATH=/tmp/site/bin:$PATH
+fi
+export HARNESS_COMMIT=${HARNESS_COMMIT:-$(git rev-parse HEAD 2>/dev/null || echo unknown)}
+{
+  nvidia-smi --query-gpu=index,name,driver_version,memory.total,clocks.sm,clocks.max.sm,clocks.mem,temperature.gpu,power.draw --format=csv
+  python3 -c "import sys, torch, triton; print('python', sys.version.split()[0], 'torch', torch.__version__, 'triton', triton.__version__)"
+  date -u
+  echo "commit $HARNESS_COMMIT"
+} | tee "$OUT/versions.txt"
+run() { python3 -m harness run --device cuda --oracle-device cuda --no-progress "$@"; }
+left() { echo $(( $1 - ($(date +%s) - START) )); }
+START=$(date +%s)
+lane0() {
+  export CUDA_VISIBLE_DEVICES=0
+  timeout -s TERM "$(left "${LIMIT0:-540}")" python3 scripts/noise_check.py --gpu --out "$OUT/noise" >"$OUT/noise.log" 2>&1
+  echo "noise_check exit $?" >>"$OUT/noise.log"
+  timeout -s TERM "$(left "${LIMIT0:-540}")" bash -c "$(declare -f run); run cases/gpu_peers.toml cases/gpu_long.toml \
+    --backend triton --backend cache --backend sdpa_contiguous --backend varlen_flash --backend flex_paged \
+    --out $OUT/peers" >"$OUT/peers.log" 2>&1
+}
+lane1() {
+  export CUDA_VISIBLE_DEVICES=1
+  timeout -s TERM "$(left "${LIMIT1:-540}")" bash -c "$(declare -f run); run cases/variants.toml --tag gpu \
+    --backend triton --backend cache --backend sdpa_contiguous --out $OUT/variants_timed" >"$OUT/variants_timed.log" 2>&1
+  timeout -s TERM 60 python3 scripts/host_overhead.py >"$OUT/host_overhead.txt" 2>&1
+  timeout -s TERM "$(left "${LIMIT1:-540}")" python3 scripts/measure_tlsim_closeness.py >"$OUT/tlsim_closeness.txt" 2>&1
+  timeout -s TERM "$(left "${LIMIT1:-540}")" bash -c "$(declare -f run); run cases/variants.toml --no-timing \
+    --backend reference --backend tlsim --backend triton --backend cache --out $OUT/variants_graded" >"$OUT/variants_graded.log" 2>&1
+}
+lane0 & lane1 & wait
+for d in peers variants_timed variants_graded; do
+  [ -d "$OUT/$d" ] || [ -f "$OUT/$d.journal.jsonl" ] || continue
+  [ -f "$OUT/$d/meta.json" ] || python3 -m harness run --resume "$OUT/$d" --finalize >>"$OUT/$d.log" 2>&1
+  rm -f "$OUT/$d"/*.csv "$OUT/$d"/report.html
+done
+[ -d "$OUT/peers" ] && python3 scripts/kernel_targets.py "$OUT/peers" >"$OUT/targets.md" 2>&1
+tail -4 "$OUT"/*.log "$OUT/host_overhead.txt" "$OUT/targets.md" 2>/dev/null
