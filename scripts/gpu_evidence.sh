@@ -4,8 +4,9 @@
 # whose compile workers loaded the 32-core host to 30 in an earlier call).
 #   lane 0 (GPU 0): scripts/noise_check.py --gpu (reruns and a planted 5% slowdown), then the peer
 #                   run (cases/gpu_peers.toml cases/gpu_long.toml, five backends) for the targets
-#   lane 1 (GPU 1): the GPU variants timed (triton, cache, sdpa_contiguous), every variant through
-#                   the four built-ins graded, scripts/host_overhead.py, scripts/measure_tlsim_closeness.py
+#   lane 1 (GPU 1): the GPU variants timed (triton, cache, sdpa_contiguous), scripts/host_overhead.py,
+#                   five prefill tile candidates (scripts/tune_tiles.py), scripts/measure_tlsim_closeness.py,
+#                   every variant through the four built-ins graded
 #   OUT=DIR bash scripts/gpu_evidence.sh    (default gpu_out); LIMIT0 / LIMIT1: seconds per lane (540)
 # Every run folder keeps its journal: a lane stopped by its limit is finalized from it
 # (`harness run --resume RUN --finalize`), and says so in its meta.json.
@@ -40,6 +41,9 @@ lane1() {
   timeout -s TERM "$(left "${LIMIT1:-540}")" bash -c "$(declare -f run); run cases/variants.toml --tag gpu \
     --backend triton --backend cache --backend sdpa_contiguous --out $OUT/variants_timed" >"$OUT/variants_timed.log" 2>&1
   timeout -s TERM 60 python3 scripts/host_overhead.py >"$OUT/host_overhead.txt" 2>&1
+  timeout -s TERM 100 python3 scripts/tune_tiles.py --class prefill --target-s 0.2 --out "$OUT/tune_prefill.json" \
+    --candidate 128,32,64,8,2 --candidate 128,32,128,8,2 --candidate 128,32,128,8,3 --candidate 128,32,64,8,3 \
+    --candidate 64,16,128,4,3 >"$OUT/tune_prefill.log" 2>&1
   timeout -s TERM "$(left "${LIMIT1:-540}")" python3 scripts/measure_tlsim_closeness.py >"$OUT/tlsim_closeness.txt" 2>&1
   timeout -s TERM "$(left "${LIMIT1:-540}")" bash -c "$(declare -f run); run cases/variants.toml --no-timing \
     --backend reference --backend tlsim --backend triton --backend cache --out $OUT/variants_graded" >"$OUT/variants_graded.log" 2>&1
