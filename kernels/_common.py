@@ -577,7 +577,7 @@ CONTRACT_DOC = """
 """
 
 
-def contract_entry(impl):
+def contract_entry(impl=None, *, plans=None):
     """Turn ``impl(call, out, lse, max_q_len, max_seq_len)`` into a function with the contract's signature.
 
     The one place the contract's arguments are spelled: the returned function checks the call
@@ -585,7 +585,16 @@ def contract_entry(impl):
     them, and returns ``out`` or ``(out, lse)``. It keeps impl's name and module, and its
     docstring followed by :data:`CONTRACT_DOC`; ``inspect.signature`` and ``help()`` show the
     real signature below (no ``__wrapped__``: impl's own parameters are an implementation detail).
+
+    ``plans`` (a :class:`kernels.launch_plan.PlanCache`; used as ``@contract_entry(plans=...)``)
+    lets a repeated call skip that host work: ``impl`` then returns a plan, an object whose
+    ``launch(q, k_cache, v_cache, block_table, seq_lens, query_start_loc, out, lse, sinks,
+    alibi_slopes, k_scale, v_scale)`` redoes the call from checked tensors, and a later call
+    with the same key (kernels/launch_plan.py says what it holds) goes straight to it. The
+    value checks still run on every call that asks for them.
     """
+    if impl is None:
+        return lambda fn: contract_entry(fn, plans=plans)
 
     def entry(
         q,
@@ -608,14 +617,42 @@ def contract_entry(impl):
         k_scale: float | torch.Tensor | None = None,
         v_scale: float | torch.Tensor | None = None,
     ):
+        key = None
+        if plans is not None:
+            key = plans.key(
+                q, k_cache, v_cache, block_table, seq_lens, query_start_loc, scale, out, max_q_len, max_seq_len,
+                sliding_window, logit_softcap, sinks, alibi_slopes, return_lse, k_scale, v_scale,
+            )  # fmt: skip
+            if key is not None and (hit := plans.get(key)) is not None:
+                if checks_enabled(check):  # value checks read the device: never skipped
+                    prepare_call(
+                        q, k_cache, v_cache, block_table, seq_lens, query_start_loc, scale, check=True,
+                        sliding_window=sliding_window, logit_softcap=logit_softcap, sinks=sinks,
+                        alibi_slopes=alibi_slopes, k_scale=k_scale, v_scale=v_scale,
+                    )  # fmt: skip
+                recipe, plan = hit
+                block_table, seq_lens, query_start_loc, out, lse, sinks, alibi_slopes, k_scale, v_scale = (
+                    recipe.prepare(
+                        q, block_table, seq_lens, query_start_loc, out, sinks, alibi_slopes, k_scale, v_scale
+                    )
+                )
+                plan.launch(
+                    q, k_cache, v_cache, block_table, seq_lens, query_start_loc, out, lse, sinks, alibi_slopes,
+                    k_scale, v_scale,
+                )  # fmt: skip
+                return with_lse(out, lse)
         call = prepare_call(
             q, k_cache, v_cache, block_table, seq_lens, query_start_loc, scale, check=check,
             sliding_window=sliding_window, logit_softcap=logit_softcap, sinks=sinks, alibi_slopes=alibi_slopes,
             k_scale=k_scale, v_scale=v_scale,
         )  # fmt: skip
+        out_given = out is not None
         out = prepare_out(call, out)
         lse = prepare_lse(call, return_lse)
-        impl(call, out, lse, max_q_len=max_q_len, max_seq_len=max_seq_len)
+        plan = impl(call, out, lse, max_q_len=max_q_len, max_seq_len=max_seq_len)
+        if key is not None and plan is not None:
+            recipe = plans.recipe(call, out_given, lse, (block_table, seq_lens, query_start_loc), (sinks, alibi_slopes))
+            plans.put(key, (recipe, plan))
         return with_lse(out, lse)
 
     entry.__name__, entry.__qualname__, entry.__module__ = impl.__name__, impl.__qualname__, impl.__module__
