@@ -153,8 +153,10 @@ class PlanCache:
         return CallRecipe(call, out_given, lse, raw_index, raw_vectors)
 
     def clear(self) -> None:
+        """Forget every plan and zero the hit and miss counts."""
         with self._lock:
             self._plans.clear()
+            self.hits = self.misses = 0
 
     def __len__(self) -> int:
         return len(self._plans)
