@@ -158,6 +158,11 @@ class PlanCache:
             self._plans.clear()
             self.hits = self.misses = 0
 
+    def plans(self) -> list:
+        """The plans kept, least recently used first."""
+        with self._lock:
+            return list(self._plans.values())
+
     def __len__(self) -> int:
         return len(self._plans)
 

@@ -303,14 +303,14 @@ OUTPUT_CASES = {
 }
 
 
-def _output_call(case, spec):
-    inputs = case.inputs()
+def _output_call(case, spec, device="cpu"):
+    inputs = case.inputs(device)
     args = list(inputs.args())
     kwargs = {k: v for k, v in spec.items() if k in ("sliding_window", "logit_softcap", "return_lse")}
     heads = case.num_q_heads
     for name in ("sinks", "alibi_slopes"):
         if name in spec:
-            kwargs[name] = torch.linspace(-1, 1, heads)
+            kwargs[name] = torch.linspace(-1, 1, heads, device=device)
     if "query_start_loc" in spec:
         args[5] = None
     if spec.get("table") == "strided":
@@ -320,7 +320,8 @@ def _output_call(case, spec):
         kwargs["k_scale"], kwargs["v_scale"] = 0.5, 2.0
     if spec.get("out") == "strided":
         shape = (*args[0].shape[:2], args[2].shape[-1])
-        kwargs["out"] = torch.full((shape[2], shape[0], shape[1]), float("nan"), dtype=args[0].dtype).permute(1, 2, 0)
+        kwargs["out"] = torch.full((shape[2], shape[0], shape[1]), float("nan"), dtype=args[0].dtype, device=device)
+        kwargs["out"] = kwargs["out"].permute(1, 2, 0)
     return args, kwargs
 
 
@@ -343,3 +344,23 @@ def test_a_plan_hit_computes_what_the_full_path_computes(name):
     for a, b, c in zip(first, second, uncached, strict=True):
         assert torch.equal(a.nan_to_num(7.0), b.nan_to_num(7.0)) and torch.equal(b.nan_to_num(7.0), c.nan_to_num(7.0))
     assert not first[0].isnan().all()
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device (compiled-kernel launches)")
+@pytest.mark.parametrize("name", OUTPUT_CASES)
+def test_on_cuda_a_hit_launches_the_compiled_kernels_and_computes_the_same(name):
+    from kernels import triton_paged
+
+    case, spec = OUTPUT_CASES[name]
+    args, kwargs = _output_call(case, spec, "cuda")
+    triton_paged.PLANS.clear()
+    first = _outputs(kernels.paged_attention_triton(*args, **kwargs))
+    second = _outputs(kernels.paged_attention_triton(*args, **kwargs))
+    ((_, plan),) = triton_paged.PLANS.plans()
+    assert triton_paged.PLANS.hits == 1 and launch_plan.fast_launch_status() == "compiled kernel"
+    assert plan.main.compiled is not None and (plan.combine is None or plan.combine.compiled is not None)
+    with plans_enabled(False):
+        uncached = _outputs(kernels.paged_attention_triton(*args, **kwargs))
+    for a, b, c in zip(first, second, uncached, strict=True):
+        assert torch.equal(a.nan_to_num(7.0), b.nan_to_num(7.0)) and torch.equal(b.nan_to_num(7.0), c.nan_to_num(7.0))
