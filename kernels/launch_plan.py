@@ -24,7 +24,8 @@ the value checks (``check=True`` or ``PAGED_ATTENTION_CHECK=1``) read tensor val
 run on every call, hit or miss. Editing ``kernels.tuning.TUNED`` in place at run time is
 not seen by the key: call :func:`clear_plans` after such an edit (``override`` is seen).
 
-The cache is an LRU of :data:`MAX_PLANS` plans per kernel, guarded by a lock.
+Each kernel's cache keeps :data:`MAX_PLANS` plans, dropping the least recently used first
+(:class:`PlanCache`).
 ``PAGED_ATTN_PLAN_CACHE=0`` in the environment (read at import) or :func:`set_enabled`
 turns it off, for debugging: every call then takes the full path.
 """
@@ -34,7 +35,6 @@ from __future__ import annotations
 import contextlib
 import os
 import threading
-from collections import OrderedDict
 from collections.abc import Iterator
 from typing import Any
 
@@ -100,13 +100,33 @@ def call_key(
     q, k_cache, v_cache, block_table, seq_lens, query_start_loc, scale, out,
     max_q_len, max_seq_len, sliding_window, logit_softcap, sinks, alibi_slopes, return_lse, k_scale, v_scale,
 ) -> tuple | None:  # fmt: skip
-    """The plan key of a contract call (the module docstring lists what it holds); None: not cacheable."""
+    """The plan key of a contract call (the module docstring lists what it holds); None: not cacheable.
+
+    Spelled out flat rather than as a loop: it runs on every call, and its cost is the floor
+    of a hit's (about 5 us on a slow host, most of it torch's attribute reads).
+    """
+    if not (type(q) is type(k_cache) is type(v_cache) is type(block_table) is type(seq_lens) is torch.Tensor):
+        return None  # a subclass or another type: the full path decides
     try:
         key = (
-            _describe(q), _describe(k_cache), _describe(v_cache), _describe(block_table), _describe(seq_lens),
-            _describe(query_start_loc), _describe(scale), _describe(out), _describe(max_q_len),
-            _describe(max_seq_len), _describe(sliding_window), _describe(logit_softcap), _describe(sinks),
-            _describe(alibi_slopes), _describe(return_lse), _describe(k_scale), _describe(v_scale),
+            q.shape, q.stride(), q.dtype, q.device, q.data_ptr() & 15 == 0,
+            k_cache.shape, k_cache.stride(), k_cache.dtype, k_cache.device, k_cache.data_ptr() & 15 == 0,
+            v_cache.shape, v_cache.stride(), v_cache.dtype, v_cache.device, v_cache.data_ptr() & 15 == 0,
+            block_table.shape, block_table.stride(), block_table.dtype, block_table.device,
+            block_table.data_ptr() & 15 == 0,
+            seq_lens.shape, seq_lens.stride(), seq_lens.dtype, seq_lens.device, seq_lens.data_ptr() & 15 == 0,
+            None if query_start_loc is None else _describe(query_start_loc),
+            None if scale is None else _describe(scale),
+            None if out is None else _describe(out),
+            None if max_q_len is None else _describe(max_q_len),
+            None if max_seq_len is None else _describe(max_seq_len),
+            None if sliding_window is None else _describe(sliding_window),
+            None if logit_softcap is None else _describe(logit_softcap),
+            None if sinks is None else _describe(sinks),
+            None if alibi_slopes is None else _describe(alibi_slopes),
+            _describe(return_lse),
+            None if k_scale is None else _describe(k_scale),
+            None if v_scale is None else _describe(v_scale),
             tuning._override,
         )  # fmt: skip
     except _Uncacheable:
@@ -117,11 +137,18 @@ def call_key(
 
 
 class PlanCache:
-    """An LRU of up to ``size`` plans by :func:`call_key`; get and put are safe across threads."""
+    """Up to ``size`` plans by :func:`call_key`, the least recently used dropped first.
+
+    Recency is kept the "second chance" way, so that a hit costs one dict lookup (hashing the
+    key once): a hit marks its entry used; when the cache is full, the oldest entry is dropped
+    if unmarked, else unmarked and moved to the back. Lookups are single dict reads (atomic
+    under the GIL); inserts and evictions hold a lock. The hit and miss counts are for
+    reports, approximate under threads.
+    """
 
     def __init__(self, size: int = MAX_PLANS):
         self.size = size
-        self._plans: OrderedDict[tuple, Any] = OrderedDict()
+        self._plans: dict[tuple, list] = {}  # key -> [plan, used since it last reached the front]
         self._lock = threading.Lock()
         self.hits = self.misses = 0
         _caches.append(self)
@@ -131,21 +158,25 @@ class PlanCache:
         return call_key(*args) if _enabled else None
 
     def get(self, key: tuple):
-        with self._lock:
-            plan = self._plans.get(key)
-            if plan is None:
-                self.misses += 1
-            else:
-                self.hits += 1
-                self._plans.move_to_end(key)
-            return plan
+        """The plan filed under ``key``, or None."""
+        entry = self._plans.get(key)
+        if entry is None:
+            self.misses += 1
+            return None
+        self.hits += 1
+        entry[1] = True
+        return entry[0]
 
     def put(self, key: tuple, plan) -> None:
         with self._lock:
-            self._plans[key] = plan
-            self._plans.move_to_end(key)
+            self._plans.pop(key, None)
+            self._plans[key] = [plan, False]
             while len(self._plans) > self.size:
-                self._plans.popitem(last=False)
+                oldest = next(iter(self._plans))
+                entry = self._plans.pop(oldest)
+                if entry[1]:  # used since it was filed or last moved: a second chance at the back
+                    entry[1] = False
+                    self._plans[oldest] = entry
 
     @staticmethod
     def recipe(call, out_given: bool, lse, raw_index, raw_vectors) -> CallRecipe:
@@ -159,9 +190,9 @@ class PlanCache:
             self.hits = self.misses = 0
 
     def plans(self) -> list:
-        """The plans kept, least recently used first."""
+        """The plans kept, oldest first."""
         with self._lock:
-            return list(self._plans.values())
+            return [entry[0] for entry in self._plans.values()]
 
     def __len__(self) -> int:
         return len(self._plans)

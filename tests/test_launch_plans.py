@@ -109,7 +109,7 @@ def test_a_plan_hit_launches_what_the_full_path_launches(recorded, seed):
     triton_paged = _triton()
     args, kwargs = _random_call(random.Random(seed))
     first = _launches(recorded, args, kwargs)
-    (plan_tiling,) = [plan.tiling for _, plan in triton_paged.PLANS._plans.values()]
+    (plan_tiling,) = [plan.tiling for _, plan in triton_paged.PLANS.plans()]
     hit = _launches(recorded, args, kwargs)
     assert triton_paged.PLANS.hits == 1
     with plans_enabled(False):
