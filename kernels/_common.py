@@ -3,10 +3,12 @@ its torch model.
 
 Both ``paged_attention_triton`` and ``paged_attention_tlsim`` call :func:`prepare_call`
 and :func:`tiling_for`, so the model can never drift from the kernel's tile sizes, its
-KV split or its view of the inputs.
+KV split or its view of the inputs. (The Triton entry keeps what they decided in a launch
+plan, kernels/launch_plan.py, and a repeated call with the same key reuses it; the plan's
+tiling is tiling_for's, tests/test_launch_plans.py.)
 
 Two kinds of checks. Cheap ones (shapes, dtypes, devices) read only metadata and always
-run. Value checks read tensor values (q_len <= seq_len, query_start_loc well formed,
+run (on a launch-plan hit they ran for that key already: the key holds all they read). Value checks read tensor values (q_len <= seq_len, query_start_loc well formed,
 lengths within the table, block ids within the pool): on a GPU each is a device-to-host
 sync (hundreds of microseconds, and forbidden inside a CUDA-graph capture), so they run
 only when asked: ``check=True``, or ``check=None`` with ``PAGED_ATTENTION_CHECK=1`` in the
