@@ -3,10 +3,12 @@ its torch model.
 
 Both ``paged_attention_triton`` and ``paged_attention_tlsim`` call :func:`prepare_call`
 and :func:`tiling_for`, so the model can never drift from the kernel's tile sizes, its
-KV split or its view of the inputs.
+KV split or its view of the inputs. (The Triton entry keeps what they decided in a launch
+plan, kernels/launch_plan.py, and a repeated call with the same key reuses it; the plan's
+tiling is tiling_for's, tests/test_launch_plans.py.)
 
 Two kinds of checks. Cheap ones (shapes, dtypes, devices) read only metadata and always
-run. Value checks read tensor values (q_len <= seq_len, query_start_loc well formed,
+run (on a launch-plan hit they ran for that key already: the key holds all they read). Value checks read tensor values (q_len <= seq_len, query_start_loc well formed,
 lengths within the table, block ids within the pool): on a GPU each is a device-to-host
 sync (hundreds of microseconds, and forbidden inside a CUDA-graph capture), so they run
 only when asked: ``check=True``, or ``check=None`` with ``PAGED_ATTENTION_CHECK=1`` in the
@@ -578,7 +580,7 @@ CONTRACT_DOC = """
 """
 
 
-def contract_entry(impl):
+def contract_entry(impl=None, *, plans=None):
     """Turn ``impl(call, out, lse, max_q_len, max_seq_len)`` into a function with the contract's signature.
 
     The one place the contract's arguments are spelled: the returned function checks the call
@@ -586,7 +588,16 @@ def contract_entry(impl):
     them, and returns ``out`` or ``(out, lse)``. It keeps impl's name and module, and its
     docstring followed by :data:`CONTRACT_DOC`; ``inspect.signature`` and ``help()`` show the
     real signature below (no ``__wrapped__``: impl's own parameters are an implementation detail).
+
+    ``plans`` (a :class:`kernels.launch_plan.PlanCache`; used as ``@contract_entry(plans=...)``)
+    lets a repeated call skip that host work: ``impl`` then returns a plan, an object whose
+    ``launch(q, k_cache, v_cache, block_table, seq_lens, query_start_loc, out, lse, sinks,
+    alibi_slopes, k_scale, v_scale)`` redoes the call from checked tensors, and a later call
+    with the same key (kernels/launch_plan.py says what it holds) goes straight to it. The
+    value checks still run on every call that asks for them.
     """
+    if impl is None:
+        return lambda fn: contract_entry(fn, plans=plans)
 
     def entry(
         q,
@@ -609,14 +620,42 @@ def contract_entry(impl):
         k_scale: float | torch.Tensor | None = None,
         v_scale: float | torch.Tensor | None = None,
     ):
+        key = None
+        if plans is not None:
+            key = plans.key(
+                q, k_cache, v_cache, block_table, seq_lens, query_start_loc, scale, out, max_q_len, max_seq_len,
+                sliding_window, logit_softcap, sinks, alibi_slopes, return_lse, k_scale, v_scale,
+            )  # fmt: skip
+            if key is not None and (hit := plans.get(key)) is not None:
+                if checks_enabled(check):  # value checks read the device: never skipped
+                    prepare_call(
+                        q, k_cache, v_cache, block_table, seq_lens, query_start_loc, scale, check=True,
+                        sliding_window=sliding_window, logit_softcap=logit_softcap, sinks=sinks,
+                        alibi_slopes=alibi_slopes, k_scale=k_scale, v_scale=v_scale,
+                    )  # fmt: skip
+                recipe, plan = hit
+                block_table, seq_lens, query_start_loc, out, lse, sinks, alibi_slopes, k_scale, v_scale = (
+                    recipe.prepare(
+                        q, block_table, seq_lens, query_start_loc, out, sinks, alibi_slopes, k_scale, v_scale
+                    )
+                )
+                plan.launch(
+                    q, k_cache, v_cache, block_table, seq_lens, query_start_loc, out, lse, sinks, alibi_slopes,
+                    k_scale, v_scale,
+                )  # fmt: skip
+                return with_lse(out, lse)
         call = prepare_call(
             q, k_cache, v_cache, block_table, seq_lens, query_start_loc, scale, check=check,
             sliding_window=sliding_window, logit_softcap=logit_softcap, sinks=sinks, alibi_slopes=alibi_slopes,
             k_scale=k_scale, v_scale=v_scale,
         )  # fmt: skip
+        out_given = out is not None
         out = prepare_out(call, out)
         lse = prepare_lse(call, return_lse)
-        impl(call, out, lse, max_q_len=max_q_len, max_seq_len=max_seq_len)
+        plan = impl(call, out, lse, max_q_len=max_q_len, max_seq_len=max_seq_len)
+        if key is not None and plan is not None:
+            recipe = plans.recipe(call, out_given, lse, (block_table, seq_lens, query_start_loc), (sinks, alibi_slopes))
+            plans.put(key, (recipe, plan))
         return with_lse(out, lse)
 
     entry.__name__, entry.__qualname__, entry.__module__ = impl.__name__, impl.__qualname__, impl.__module__

@@ -68,6 +68,7 @@ import triton
 import triton.language as tl
 
 from ._common import PagedCall, cdiv, contract_entry, head_dim_pieces, heads_per_program, next_pow2, tiling_for
+from .launch_plan import KernelLaunch, PlanCache
 
 
 @triton.jit
@@ -455,10 +456,13 @@ def _check_launchable(device: torch.device) -> None:
         )
 
 
-@contract_entry
+PLANS = PlanCache()  # this kernel's launch plans (kernels/launch_plan.py)
+
+
+@contract_entry(plans=PLANS)
 def paged_attention_triton(
     call: PagedCall, out: torch.Tensor, lse: torch.Tensor | None, max_q_len: int | None, max_seq_len: int | None
-) -> None:
+) -> TritonPlan:
     """Paged attention through the Triton kernel.
 
     The call reads no tensor value on the host: no device sync, so it can be captured in
@@ -469,79 +473,139 @@ def paged_attention_triton(
     kernel: widened exactly to q's dtype, k_scale applied to the logits and v_scale to the
     accumulator (FlashInfer's way, one conversion an element; see ``_widen_fp8``).
 
+    A repeated call with the same shapes, dtypes, strides, alignment and options skips the
+    checks, the tiling and Triton's argument binding: its :class:`TritonPlan` is kept in an
+    LRU (``kernels.launch_plan``; ``PAGED_ATTN_PLAN_CACHE=0`` turns it off).
+
     On CPU tensors the kernel runs under Triton's interpreter (slow: small cases only).
     """
-    q, k_cache, v_cache = call.q, call.k_cache, call.v_cache
-    _check_launchable(q.device)
-    num_tokens = q.shape[0]
-    if call.num_seqs == 0 or num_tokens == 0:
-        return
-    tiling = tiling_for(call, max_q_len, max_seq_len)
-    q_c, k_c, v_c = (t if t.stride(-1) == 1 else t.contiguous() for t in (q, k_cache, v_cache))
-    out_c = out if out.stride(-1) == 1 else torch.empty_like(out, memory_format=torch.contiguous_format)
-    one_query_per_seq = call.given_query_start_loc is None
-    starts = call.seq_lens if one_query_per_seq else call.given_query_start_loc  # unread when one query per seq
-    interpreted_bf16 = q.device.type != "cuda" and q.dtype == torch.bfloat16
-    splits = tiling.NUM_SPLITS
-    head_dim_v_padded = max(16, next_pow2(call.head_dim_v))
-    if splits > 1:
-        partial_m = torch.empty((splits, num_tokens, call.num_q_heads), dtype=torch.float32, device=q.device)
-        partial_l = torch.empty_like(partial_m)
-        partial_acc = torch.empty((*partial_m.shape, head_dim_v_padded), dtype=torch.float32, device=q.device)
-    else:  # unused by the kernel; any fp32 tensor will do
-        partial_m = partial_l = partial_acc = out_c.new_empty(1, dtype=torch.float32)
-    qk_scale_log2 = call.scale * math.log2(math.e)
-    # The variants in units of the unscaled logit (device ops, no sync); tlsim computes the same.
-    sinks_u = partial_m if call.sinks is None else call.sinks / call.scale
-    alibi_u = partial_m if call.alibi_slopes is None else call.alibi_slopes / call.scale
-    cap_u = 1.0 if call.logit_softcap is None else call.logit_softcap / call.scale
-    lse_c = partial_m if lse is None else lse  # unwritten without RETURN_LSE
-    heads = heads_per_program(call)
-    head_tiles = cdiv(call.group_size, heads)
-    dim_main, dim_tail = head_dim_pieces(call.head_dim)
-    grid = (tiling.NUM_Q_TILES, call.num_kv_heads * head_tiles, splits)
-    paged_attention_kernel[grid](
-        q_c, k_c, v_c, call.block_table, call.seq_lens, starts, out_c, lse_c,
-        partial_m, partial_l, partial_acc, sinks_u, alibi_u,
-        partial_m if call.k_scale is None else call.k_scale, partial_m if call.v_scale is None else call.v_scale,
-        qk_scale_log2, call.sliding_window or 0, cap_u, 1.0 / cap_u, num_tokens, call.num_seqs, call.num_q_heads, call.num_blocks, call.block_table.shape[1],
-        tiling.SPLIT_SIZE,
-        q_c.stride(0), q_c.stride(1), out_c.stride(0), out_c.stride(1),
-        k_c.stride(0), k_c.stride(1), k_c.stride(2),
-        v_c.stride(0), v_c.stride(1), v_c.stride(2),
-        call.block_table.stride(0),
-        GROUP_SIZE=call.group_size,
-        HEADS_PER_PROGRAM=heads,
-        HEAD_TILES=head_tiles,
-        HEAD_DIM=call.head_dim,
-        DIM_MAIN=dim_main,
-        DIM_TAIL=dim_tail,
-        HEAD_DIM_V=call.head_dim_v,
-        HEAD_DIM_V_PADDED=head_dim_v_padded,
-        BLOCK_SIZE=call.block_size,
-        BLOCK_M=tiling.BLOCK_M,
-        BLOCK_Q=tiling.BLOCK_Q,
-        TILE_N=tiling.TILE_N,
-        DOT_PRECISION="ieee" if q.dtype == torch.float32 or interpreted_bf16 else "tf32",
-        INTERPRETED_BF16=interpreted_bf16,
-        ONE_QUERY_PER_SEQ=one_query_per_seq,
-        NUM_SPLITS=splits,
-        USE_WINDOW=call.sliding_window is not None,
-        USE_SOFTCAP=call.logit_softcap is not None,
-        USE_ALIBI=call.alibi_slopes is not None,
-        USE_SINKS=call.sinks is not None,
-        RETURN_LSE=lse is not None,
-        KV_FP8=call.kv_fp8,
-        num_warps=tiling.NUM_WARPS,
-        num_stages=tiling.NUM_STAGES,
+    _check_launchable(call.q.device)
+    plan = TritonPlan(call, out, lse, max_q_len, max_seq_len)
+    plan.launch(
+        call.q, call.k_cache, call.v_cache, call.block_table, call.seq_lens, call.given_query_start_loc, out, lse,
+        call.sinks, call.alibi_slopes, call.k_scale, call.v_scale,
     )  # fmt: skip
-    if splits > 1:
-        combine_splits_kernel[(num_tokens * call.num_q_heads,)](
-            partial_m, partial_l, partial_acc, out_c, lse_c, sinks_u, qk_scale_log2, num_tokens * call.num_q_heads,
-            out_c.stride(0), out_c.stride(1),
-            NUM_Q_HEADS=call.num_q_heads, HEAD_DIM_V=call.head_dim_v, HEAD_DIM_V_PADDED=head_dim_v_padded,
-            NUM_SPLITS=splits, INTERPRETED_BF16=interpreted_bf16, USE_SINKS=call.sinks is not None,
-            RETURN_LSE=lse is not None,
+    return plan
+
+
+def _strides(t: torch.Tensor, copied: bool) -> tuple[int, ...]:
+    """t's strides, or those of t.contiguous() when the launcher copies it (torch's rule, on the meta device)."""
+    return torch.empty(t.shape, device="meta").stride() if copied else t.stride()
+
+
+class TritonPlan:
+    """Everything the launcher decides on the host for one plan key: the tiling, the grids,
+    the scalar arguments in signature order, the constexprs, which tensors it copies
+    (a head_dim stride other than 1) and the split path's buffers' shapes.
+
+    ``launch`` takes the checked tensors (PagedCall's view: index tensors contiguous, an fp8
+    cache's scales as [num_kv_heads] fp32 tensors, ``out`` allocated, ``lse`` or None) and
+    launches the kernel (and the combine of the splits), allocating only per-call buffers.
+    """
+
+    __slots__ = ("acc_shape", "combine", "combine_scalars", "copy_k", "copy_out", "copy_q", "copy_v", "dummy",
+                 "main", "noop", "scalars", "scale", "split_shape", "tiling")  # fmt: skip
+
+    def __init__(self, call: PagedCall, out: torch.Tensor, lse: torch.Tensor | None, max_q_len, max_seq_len):
+        q, k_cache, v_cache = call.q, call.k_cache, call.v_cache
+        num_tokens = q.shape[0]
+        self.noop = call.num_seqs == 0 or num_tokens == 0
+        if self.noop:
+            return
+        tiling = self.tiling = tiling_for(call, max_q_len, max_seq_len)
+        self.copy_q, self.copy_k, self.copy_v, self.copy_out = (t.stride(-1) != 1 for t in (q, k_cache, v_cache, out))
+        q_st, k_st, v_st, o_st = (
+            _strides(q, self.copy_q), _strides(k_cache, self.copy_k), _strides(v_cache, self.copy_v),
+            _strides(out, self.copy_out),
         )  # fmt: skip
-    if out_c is not out:
-        out.copy_(out_c)
+        one_query_per_seq = call.given_query_start_loc is None
+        interpreted_bf16 = q.device.type != "cuda" and q.dtype == torch.bfloat16
+        splits = tiling.NUM_SPLITS
+        head_dim_v_padded = max(16, next_pow2(call.head_dim_v))
+        self.split_shape = (splits, num_tokens, call.num_q_heads)
+        self.acc_shape = (*self.split_shape, head_dim_v_padded)
+        self.dummy = torch.empty(1, dtype=torch.float32, device=q.device)  # any unread tensor argument
+        self.scale = call.scale
+        qk_scale_log2 = call.scale * math.log2(math.e)
+        # The variants in units of the unscaled logit (launch divides sinks and slopes; tlsim does the same).
+        cap_u = 1.0 if call.logit_softcap is None else call.logit_softcap / call.scale
+        heads = heads_per_program(call)
+        head_tiles = cdiv(call.group_size, heads)
+        dim_main, dim_tail = head_dim_pieces(call.head_dim)
+        self.scalars = (
+            qk_scale_log2, call.sliding_window or 0, cap_u, 1.0 / cap_u, num_tokens, call.num_seqs, call.num_q_heads,
+            call.num_blocks, call.block_table.shape[1], tiling.SPLIT_SIZE,
+            q_st[0], q_st[1], o_st[0], o_st[1], k_st[0], k_st[1], k_st[2], v_st[0], v_st[1], v_st[2],
+            call.block_table.stride(0),
+        )  # fmt: skip
+        cuda = q.device.type == "cuda"
+        self.main = KernelLaunch(
+            (tiling.NUM_Q_TILES, call.num_kv_heads * head_tiles, splits),
+            dict(
+                GROUP_SIZE=call.group_size,
+                HEADS_PER_PROGRAM=heads,
+                HEAD_TILES=head_tiles,
+                HEAD_DIM=call.head_dim,
+                DIM_MAIN=dim_main,
+                DIM_TAIL=dim_tail,
+                HEAD_DIM_V=call.head_dim_v,
+                HEAD_DIM_V_PADDED=head_dim_v_padded,
+                BLOCK_SIZE=call.block_size,
+                BLOCK_M=tiling.BLOCK_M,
+                BLOCK_Q=tiling.BLOCK_Q,
+                TILE_N=tiling.TILE_N,
+                DOT_PRECISION="ieee" if q.dtype == torch.float32 or interpreted_bf16 else "tf32",
+                INTERPRETED_BF16=interpreted_bf16,
+                ONE_QUERY_PER_SEQ=one_query_per_seq,
+                NUM_SPLITS=splits,
+                USE_WINDOW=call.sliding_window is not None,
+                USE_SOFTCAP=call.logit_softcap is not None,
+                USE_ALIBI=call.alibi_slopes is not None,
+                USE_SINKS=call.sinks is not None,
+                RETURN_LSE=lse is not None,
+                KV_FP8=call.kv_fp8,
+            ),
+            dict(num_warps=tiling.NUM_WARPS, num_stages=tiling.NUM_STAGES),
+            cuda,
+        )
+        self.combine = None
+        if splits > 1:
+            self.combine_scalars = (qk_scale_log2, num_tokens * call.num_q_heads, o_st[0], o_st[1])
+            combine_constexprs = dict(
+                NUM_Q_HEADS=call.num_q_heads, HEAD_DIM_V=call.head_dim_v, HEAD_DIM_V_PADDED=head_dim_v_padded,
+                NUM_SPLITS=splits, INTERPRETED_BF16=interpreted_bf16, USE_SINKS=call.sinks is not None,
+                RETURN_LSE=lse is not None,
+            )  # fmt: skip
+            self.combine = KernelLaunch((num_tokens * call.num_q_heads,), combine_constexprs, {}, cuda)
+
+    def launch(self, q, k_cache, v_cache, block_table, seq_lens, query_start_loc, out, lse, sinks, alibi_slopes,
+               k_scale, v_scale) -> None:  # fmt: skip
+        """Run the call: the kernel, then the combine when the KV is split. Reads no tensor value."""
+        if self.noop:
+            return
+        q_c = q.contiguous() if self.copy_q else q
+        k_c = k_cache.contiguous() if self.copy_k else k_cache
+        v_c = v_cache.contiguous() if self.copy_v else v_cache
+        out_c = torch.empty_like(out, memory_format=torch.contiguous_format) if self.copy_out else out
+        starts = seq_lens if query_start_loc is None else query_start_loc  # unread when one query per seq
+        if self.combine is not None:
+            partial_m = torch.empty(self.split_shape, dtype=torch.float32, device=q.device)
+            partial_l = torch.empty_like(partial_m)
+            partial_acc = torch.empty(self.acc_shape, dtype=torch.float32, device=q.device)
+        else:  # unused by the kernel
+            partial_m = partial_l = partial_acc = self.dummy
+        sinks_u = partial_m if sinks is None else sinks / self.scale
+        alibi_u = partial_m if alibi_slopes is None else alibi_slopes / self.scale
+        lse_c = partial_m if lse is None else lse  # unwritten without RETURN_LSE
+        self.main(
+            paged_attention_kernel,
+            q_c, k_c, v_c, block_table, seq_lens, starts, out_c, lse_c, partial_m, partial_l, partial_acc, sinks_u,
+            alibi_u, partial_m if k_scale is None else k_scale, partial_m if v_scale is None else v_scale,
+            *self.scalars,
+        )  # fmt: skip
+        if self.combine is not None:
+            self.combine(
+                combine_splits_kernel, partial_m, partial_l, partial_acc, out_c, lse_c, sinks_u, *self.combine_scalars
+            )
+        if out_c is not out:
+            out.copy_(out_c)

@@ -19,7 +19,7 @@ def run_script(*args: str, timeout: float = 300) -> subprocess.CompletedProcess:
 
 def test_every_script_is_exercised_here():
     exercised = {"peer_table.py", "measure_tlsim_closeness.py", "gpu_run.sh", "noise_check.py", "slowdown_plugin.py"}
-    exercised |= {"tune_tiles.py", "kernel_targets.py", "gpu_scale.sh"}
+    exercised |= {"tune_tiles.py", "kernel_targets.py", "gpu_scale.sh", "host_overhead.py"}
     assert {p.name for p in (ROOT / "scripts").iterdir() if p.is_file()} <= exercised, (
         "a new script needs a dry run here"
     )
@@ -49,6 +49,15 @@ def test_tile_tuner_times_two_candidates_and_prints_a_table_line(tmp_path):
     assert done.returncode == 0, done.stderr
     assert "TileConfig(" in done.stdout.split("# kernels/tuning.py TUNED")[1]
     assert len(__import__("json").loads((tmp_path / "tune.json").read_text())["records"]) == 2
+
+
+def test_host_overhead_script_tables_the_three_calls_plans_off_and_on():
+    done = run_script("scripts/host_overhead.py", "--dry", "--profile")
+    assert done.returncode == 0, done.stderr
+    rows = [line for line in done.stdout.splitlines() if line.startswith("| ")]
+    assert rows[0].startswith("| call | host us, plans off | host us, plans on |") and len(rows) == 4
+    assert [row.split(" | ")[0] for row in rows[1:]] == ["| default", "| no_offsets", "| hints_out"]
+    assert "hits, 1 misses" in done.stdout and done.stdout.count("## cProfile") == 2
 
 
 def test_gpu_run_script_is_valid_bash():

@@ -20,6 +20,7 @@ import torch
 
 import kernels
 from harness.grading import DEFAULT_TOLERANCES
+from kernels.launch_plan import plans_enabled
 from tests.kernel_cases import KERNEL_CASES
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
@@ -82,7 +83,10 @@ def test_tlsim_and_the_launcher_choose_the_same_tiling(case, hints, monkeypatch)
     args, hints = list(_call_args(case)), dict(hints)
     if widen := hints.pop("wide_table", 0):  # capacity far above every seq_len, as in an engine's table
         args[3] = torch.nn.functional.pad(args[3], (0, widen * args[3].shape[1]), value=-1)
-    for fn in (kernels.paged_attention_triton, kernels.paged_attention_tlsim):
-        with pytest.raises(_TilingChosen):
-            fn(*args, **hints)
+    # The full path, not a launch plan from an earlier test (tests/test_launch_plans.py pins that a
+    # plan's tiling is tiling_for's).
+    with plans_enabled(False):
+        for fn in (kernels.paged_attention_triton, kernels.paged_attention_tlsim):
+            with pytest.raises(_TilingChosen):
+                fn(*args, **hints)
     assert chosen[tlsim] == chosen[triton_paged]

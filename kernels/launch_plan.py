@@ -1,0 +1,309 @@
+"""Launch plans: what a repeated call with the same shapes may skip on the host.
+
+A kernel call's host work (the contract's checks, the tiling, the grid, the argument
+list, Triton's binding and specialization of ~60 arguments) depends on the arguments'
+metadata and the host options only, never on tensor values. So the first call of a
+kind builds a *plan* (the outcome of all that work) and files it under a key made of
+exactly those inputs; a later call with the same key takes the plan and launches.
+
+The key (:func:`call_key`) covers every input a host decision reads:
+
+* each tensor argument's shape, strides, dtype, device, and whether its data_ptr is a
+  multiple of 16 (Triton specializes pointer alignment); None for an absent one
+  (query_start_loc, out, sinks, alibi_slopes, k_scale, v_scale);
+* each host scalar (scale, the hints max_q_len / max_seq_len, sliding_window,
+  logit_softcap, return_lse, a float k_scale / v_scale) with its exact type and value,
+  so ``True`` (rejected as a window) never meets ``1``;
+* the tuning override (``kernels.tuning.override``, the tuner's candidates) and, on CUDA,
+  the current device (a compiled kernel is loaded in one device's context).
+
+An argument of any other type (a numpy scalar, a list) makes the call uncacheable: it
+takes the full path, which checks and usually rejects it. Since the shape, dtype and
+device checks read only what the key holds, a hit skips them (they passed for this key);
+the value checks (``check=True`` or ``PAGED_ATTENTION_CHECK=1``) read tensor values and
+run on every call, hit or miss. Editing ``kernels.tuning.TUNED`` in place at run time is
+not seen by the key: call :func:`clear_plans` after such an edit (``override`` is seen).
+
+Each kernel's cache keeps :data:`MAX_PLANS` plans, dropping the least recently used first
+(:class:`PlanCache`).
+``PAGED_ATTN_PLAN_CACHE=0`` in the environment (read at import) or :func:`set_enabled`
+turns it off, for debugging: every call then takes the full path.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import threading
+from collections.abc import Iterator
+from typing import Any
+
+import torch
+
+from . import tuning
+from ._common import check_kv_scale
+
+PLAN_CACHE_ENV = "PAGED_ATTN_PLAN_CACHE"
+MAX_PLANS = 256
+
+_enabled = os.environ.get(PLAN_CACHE_ENV, "1") != "0"
+_caches: list[PlanCache] = []
+_SCALARS = (int, float, bool)
+
+
+class _Uncacheable(Exception):
+    """An argument the key cannot describe exactly: the call takes the full path."""
+
+
+def enabled() -> bool:
+    """Whether calls use their plan caches (``$PAGED_ATTN_PLAN_CACHE`` at import, then :func:`set_enabled`)."""
+    return _enabled
+
+
+def set_enabled(flag: bool) -> None:
+    """Turn every plan cache on or off for this process; turning off also empties them."""
+    global _enabled
+    _enabled = bool(flag)
+    if not _enabled:
+        clear_plans()
+
+
+@contextlib.contextmanager
+def plans_enabled(flag: bool) -> Iterator[None]:
+    """Inside the block the plan caches are on (``flag`` True) or off; the previous state after."""
+    saved = _enabled
+    set_enabled(flag)
+    try:
+        yield
+    finally:
+        set_enabled(saved)
+
+
+def clear_plans() -> None:
+    """Forget every plan of every cache (after editing kernels.tuning.TUNED in place, say)."""
+    for cache in _caches:
+        cache.clear()
+
+
+def _describe(x: Any) -> Any:
+    """One argument's part of the key: None, a tensor's metadata, or a host scalar's (type, value)."""
+    if x is None:
+        return None
+    if isinstance(x, torch.Tensor):
+        return (x.shape, x.stride(), x.dtype, x.device, x.data_ptr() & 15 == 0)
+    if type(x) in _SCALARS:
+        return (type(x), x)
+    raise _Uncacheable
+
+
+def call_key(
+    q, k_cache, v_cache, block_table, seq_lens, query_start_loc, scale, out,
+    max_q_len, max_seq_len, sliding_window, logit_softcap, sinks, alibi_slopes, return_lse, k_scale, v_scale,
+) -> tuple | None:  # fmt: skip
+    """The plan key of a contract call (the module docstring lists what it holds); None: not cacheable.
+
+    Spelled out flat rather than as a loop: it runs on every call, and its cost is the floor
+    of a hit's (about 5 us on a slow host, most of it torch's attribute reads).
+    """
+    if not (type(q) is type(k_cache) is type(v_cache) is type(block_table) is type(seq_lens) is torch.Tensor):
+        return None  # a subclass or another type: the full path decides
+    try:
+        key = (
+            q.shape, q.stride(), q.dtype, q.device, q.data_ptr() & 15 == 0,
+            k_cache.shape, k_cache.stride(), k_cache.dtype, k_cache.device, k_cache.data_ptr() & 15 == 0,
+            v_cache.shape, v_cache.stride(), v_cache.dtype, v_cache.device, v_cache.data_ptr() & 15 == 0,
+            block_table.shape, block_table.stride(), block_table.dtype, block_table.device,
+            block_table.data_ptr() & 15 == 0,
+            seq_lens.shape, seq_lens.stride(), seq_lens.dtype, seq_lens.device, seq_lens.data_ptr() & 15 == 0,
+            None if query_start_loc is None else _describe(query_start_loc),
+            None if scale is None else _describe(scale),
+            None if out is None else _describe(out),
+            None if max_q_len is None else _describe(max_q_len),
+            None if max_seq_len is None else _describe(max_seq_len),
+            None if sliding_window is None else _describe(sliding_window),
+            None if logit_softcap is None else _describe(logit_softcap),
+            None if sinks is None else _describe(sinks),
+            None if alibi_slopes is None else _describe(alibi_slopes),
+            _describe(return_lse),
+            None if k_scale is None else _describe(k_scale),
+            None if v_scale is None else _describe(v_scale),
+            tuning._override,
+        )  # fmt: skip
+    except _Uncacheable:
+        return None
+    if q.is_cuda:  # a compiled kernel belongs to the device current at its first launch
+        key += (torch.cuda.current_device(),)
+    return key
+
+
+class PlanCache:
+    """Up to ``size`` plans by :func:`call_key`, the least recently used dropped first.
+
+    Recency is kept the "second chance" way, so that a hit costs one dict lookup (hashing the
+    key once): a hit marks its entry used; when the cache is full, the oldest entry is dropped
+    if unmarked, else unmarked and moved to the back. Lookups are single dict reads (atomic
+    under the GIL); inserts and evictions hold a lock. The hit and miss counts are for
+    reports, approximate under threads.
+    """
+
+    def __init__(self, size: int = MAX_PLANS):
+        self.size = size
+        self._plans: dict[tuple, list] = {}  # key -> [plan, used since it last reached the front]
+        self._lock = threading.Lock()
+        self.hits = self.misses = 0
+        _caches.append(self)
+
+    def key(self, *args) -> tuple | None:
+        """:func:`call_key` of the contract's arguments, or None when the caches are off or it is uncacheable."""
+        return call_key(*args) if _enabled else None
+
+    def get(self, key: tuple):
+        """The plan filed under ``key``, or None."""
+        entry = self._plans.get(key)
+        if entry is None:
+            self.misses += 1
+            return None
+        self.hits += 1
+        entry[1] = True
+        return entry[0]
+
+    def put(self, key: tuple, plan) -> None:
+        with self._lock:
+            self._plans.pop(key, None)
+            self._plans[key] = [plan, False]
+            while len(self._plans) > self.size:
+                oldest = next(iter(self._plans))
+                entry = self._plans.pop(oldest)
+                if entry[1]:  # used since it was filed or last moved: a second chance at the back
+                    entry[1] = False
+                    self._plans[oldest] = entry
+
+    @staticmethod
+    def recipe(call, out_given: bool, lse, raw_index, raw_vectors) -> CallRecipe:
+        """The :class:`CallRecipe` a hit of this call replays (the arguments are CallRecipe's)."""
+        return CallRecipe(call, out_given, lse, raw_index, raw_vectors)
+
+    def clear(self) -> None:
+        """Forget every plan and zero the hit and miss counts."""
+        with self._lock:
+            self._plans.clear()
+            self.hits = self.misses = 0
+
+    def plans(self) -> list:
+        """The plans kept, oldest first."""
+        with self._lock:
+            return [entry[0] for entry in self._plans.values()]
+
+    def __len__(self) -> int:
+        return len(self._plans)
+
+
+class CallRecipe:
+    """The per-call work of :func:`kernels._common.prepare_call`, ``prepare_out`` and
+    ``prepare_lse`` that a plan hit still does, decided once from the key's metadata.
+
+    Given the raw contract arguments it returns the tensors the full path would have made:
+    the index tensors and head vectors made contiguous (a copy only where the key says they
+    are not), an fp8 cache's scales as [num_kv_heads] fp32 device tensors, ``out`` or a
+    fresh [num_tokens, num_q_heads, head_dim_v] in q's dtype, and a fresh lse
+    [num_tokens, num_q_heads] fp32 when asked for.
+    """
+
+    __slots__ = ("copy_index", "copy_vectors", "kv_fp8", "lse_shape", "num_kv_heads", "out_shape")
+
+    def __init__(self, call, out_given: bool, lse: torch.Tensor | None, raw_index, raw_vectors):
+        """``call``: the checked PagedCall; ``raw_index``: (block_table, seq_lens, query_start_loc)
+        and ``raw_vectors``: (sinks, alibi_slopes) as the caller passed them."""
+        self.copy_index = tuple(t is not None and not t.is_contiguous() for t in raw_index)
+        self.copy_vectors = tuple(t is not None and not t.is_contiguous() for t in raw_vectors)
+        self.kv_fp8, self.num_kv_heads = call.kv_fp8, call.num_kv_heads
+        self.out_shape = None if out_given else (*call.q.shape[:2], call.head_dim_v)
+        self.lse_shape = None if lse is None else tuple(lse.shape)
+
+    def prepare(self, q, block_table, seq_lens, query_start_loc, out, sinks, alibi_slopes, k_scale, v_scale):
+        """(block_table, seq_lens, query_start_loc, out, lse, sinks, alibi_slopes, k_scale, v_scale) as the full path makes them."""
+        copy_bt, copy_sl, copy_qsl = self.copy_index
+        if copy_bt:
+            block_table = block_table.contiguous()
+        if copy_sl:
+            seq_lens = seq_lens.contiguous()
+        if copy_qsl:
+            query_start_loc = query_start_loc.contiguous()
+        if self.copy_vectors[0]:
+            sinks = sinks.contiguous()
+        if self.copy_vectors[1]:
+            alibi_slopes = alibi_slopes.contiguous()
+        if self.kv_fp8:  # checks passed for this key: this only converts (a host float becomes a device fill)
+            k_scale = check_kv_scale("k_scale", k_scale, True, self.num_kv_heads, q.device)
+            v_scale = check_kv_scale("v_scale", v_scale, True, self.num_kv_heads, q.device)
+        if self.out_shape is not None:
+            out = q.new_empty(self.out_shape)
+        lse = None if self.lse_shape is None else torch.empty(self.lse_shape, dtype=torch.float32, device=q.device)
+        return block_table, seq_lens, query_start_loc, out, lse, sinks, alibi_slopes, k_scale, v_scale
+
+
+# --- the launch itself: Triton's JIT entry once, then its compiled kernel -----------------------
+
+_fast_launch_error: str | None = None  # why the compiled-kernel launch was given up, if it was
+
+
+def fast_launch_status() -> str:
+    """How plan hits launch on CUDA: "compiled kernel", or why they fell back to Triton's JIT entry."""
+    return "compiled kernel" if _fast_launch_error is None else f"JIT entry ({_fast_launch_error})"
+
+
+class KernelLaunch:
+    """One @triton.jit kernel's launch in a plan: the grid, the constexprs and launch options,
+    and on CUDA the CompiledKernel that Triton's first (JIT) launch returned.
+
+    ``launch(kernel, *runtime_args)`` takes the kernel's non-constexpr arguments in signature
+    order. Through the JIT entry (always under the CPU interpreter, and for the first launch)
+    it is ``kernel[grid](*runtime_args, **constexprs, **options)``. Later CUDA launches call
+    ``compiled[grid](*runtime_args, *constexpr_values)``: Triton 3.x's
+    ``CompiledKernel.__getitem__`` returns a runner that passes every argument, constexprs
+    included, in signature order to the launcher, which is what ``JITFunction.run`` passes it
+    (``*bound_args.values()``, every parameter in order). That is valid because the plan's key
+    fixes everything Triton specializes on (argument dtypes, int values, pointer alignment,
+    constexprs, options). The compiled kernel is used only while ``kernel`` is still the JIT
+    function that returned it (a test may swap the module's kernel for a recorder). If that
+    launch raises, every plan falls back to the JIT entry for the rest of the process.
+    """
+
+    __slots__ = ("compiled", "constexpr_values", "constexprs", "grid", "grid3", "jit", "options", "want_compiled")
+
+    def __init__(self, grid: tuple, constexprs: dict, options: dict, cuda: bool):
+        self.grid, self.grid3 = grid, (*grid, 1, 1)[:3]
+        self.constexprs, self.options = constexprs, options
+        self.want_compiled = cuda
+        self.compiled = self.jit = self.constexpr_values = None
+
+    def __call__(self, kernel, *runtime_args) -> None:
+        global _fast_launch_error
+        if self.compiled is not None and kernel is self.jit and _fast_launch_error is None:
+            try:
+                self.compiled[self.grid3](*runtime_args, *self.constexpr_values)
+                return
+            except Exception as error:  # an API this Triton lacks: the JIT entry from now on
+                _fast_launch_error = f"{type(error).__name__}: {error}"
+        compiled = kernel[self.grid](*runtime_args, **self.constexprs, **self.options)
+        if self.want_compiled and self.compiled is None and _fast_launch_error is None:
+            self._adopt(kernel, compiled, len(runtime_args))
+
+    def _adopt(self, kernel, compiled, num_runtime: int) -> None:
+        """Keep ``compiled`` for later launches if it is a CompiledKernel of the JIT function ``kernel``
+        whose parameters after the runtime ones are exactly this launch's constexprs."""
+        global _fast_launch_error
+        try:
+            from triton.compiler import CompiledKernel
+            from triton.runtime import JITFunction
+
+            names = list(kernel.arg_names) if isinstance(kernel, JITFunction) else None
+        except Exception as error:  # any import or attribute failure: no fast launch
+            _fast_launch_error = f"{type(error).__name__}: {error}"
+            return
+        if names is None or not isinstance(compiled, CompiledKernel) or not hasattr(compiled, "__getitem__"):
+            return
+        if sorted(names[num_runtime:]) != sorted(self.constexprs):
+            return
+        self.constexpr_values = tuple(self.constexprs[name] for name in names[num_runtime:])
+        self.compiled, self.jit = compiled, kernel

@@ -1,0 +1,163 @@
+"""Host overhead of the Triton kernel's call, launch plans off and on, against SDPA's eager call (issue 10).
+
+    python scripts/host_overhead.py                 # on a GPU: decode_32x4k's shape
+    python scripts/host_overhead.py --profile       # and cProfile's top 15 of 300 calls, plans off and on
+    python scripts/host_overhead.py --dry           # a tiny case on the CPU (the interpreter; tests/test_scripts.py)
+
+The shape is decode_32x4k's: bf16, 32 query / 8 KV heads, head_dim 128, blocks of 16, 32
+sequences of 4096 keys, one query each. Three ways to call it: ``default`` (query_start_loc
+given, no hints), ``no_offsets`` (query_start_loc None) and ``hints_out`` (max_q_len 1,
+max_seq_len 4096, an out buffer), each with the launch plans (kernels/launch_plan.py) off
+and on. Columns, in microseconds per call (medians):
+
+    host     the host's time per call with the launch queue not drained: a loop of
+             --calls back-to-back calls on the host clock, divided by --calls (the device
+             runs behind; nothing here waits for it unless the queue fills)
+    eager    what a caller waits for: harness.timing.time_wall (device drained before and after)
+    device   the kernel alone: harness.timing.time_call (CUDA-graph replay, L2 flushed)
+    SDPA     torch.nn.functional.scaled_dot_product_attention (enable_gqa) on contiguous
+             [num_seqs, heads, keys, head_dim] copies of the same KV: host and eager alike
+
+The issue's targets: host (plans on) <= 20 us, and eager (plans on) within 1.1x of SDPA's eager.
+"""
+
+from __future__ import annotations
+
+import argparse
+import cProfile
+import io
+import pstats
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import kernels
+from harness.inputs import make_inputs
+from harness.timing import time_call, time_wall
+from kernels import launch_plan
+
+DECODE_32X4K = dict(num_q_heads=32, num_kv_heads=8, head_dim=128, block_size=16, seq_lens=[4096] * 32,
+                    q_lens=[1] * 32, dtype="bfloat16", layout="shuffled")  # fmt: skip
+TINY = dict(num_q_heads=4, num_kv_heads=2, head_dim=32, block_size=4, seq_lens=[8, 8], q_lens=[1, 1],
+            dtype="float32", layout="shuffled")  # fmt: skip
+
+
+def calls(inputs) -> dict[str, callable]:
+    """The three ways of calling the kernel, each a zero-argument closure (setup outside)."""
+    q, k_cache, v_cache, block_table, seq_lens, query_start_loc = inputs.args()
+    out = inputs.new_out()
+    longest = max(inputs.seq_lens.tolist())  # read here, not in the timed call (a device sync)
+    fn = kernels.paged_attention_triton
+    return {
+        "default": lambda: fn(q, k_cache, v_cache, block_table, seq_lens, query_start_loc),
+        "no_offsets": lambda: fn(q, k_cache, v_cache, block_table, seq_lens),
+        "hints_out": lambda: fn(q, k_cache, v_cache, block_table, seq_lens, query_start_loc, out=out, max_q_len=1,
+                                max_seq_len=longest),
+    }  # fmt: skip
+
+
+def sdpa_call(inputs):
+    """SDPA on contiguous copies: q [num_seqs, num_q_heads, 1, head_dim], K/V [num_seqs, num_kv_heads, keys, head_dim]."""
+    q = inputs.q[:, :, None, :].contiguous()
+    k = torch.stack(inputs.keys).permute(0, 2, 1, 3).contiguous().to(q.device)
+    v = torch.stack(inputs.values).permute(0, 2, 1, 3).contiguous().to(q.device)
+    sdpa = torch.nn.functional.scaled_dot_product_attention
+    return lambda: sdpa(q, k, v, enable_gqa=True)
+
+
+def host_us(fn, n: int, device: str) -> float:
+    """Host time per call with the launch queue not drained: n back-to-back calls on the host clock / n."""
+    fn()
+    if device == "cuda":
+        torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    for _ in range(n):
+        fn()
+    elapsed = time.perf_counter() - t0
+    if device == "cuda":
+        torch.cuda.synchronize()
+    return elapsed / n * 1e6
+
+
+def profile(fn, n: int, top: int = 15) -> str:
+    """cProfile's top ``top`` functions by own time over n calls of fn."""
+    fn()
+    profiler = cProfile.Profile()
+    profiler.enable()
+    for _ in range(n):
+        fn()
+    profiler.disable()
+    text = io.StringIO()
+    pstats.Stats(profiler, stream=text).sort_stats("tottime").print_stats(top)
+    return text.getvalue()
+
+
+def measure(inputs, device: str, n: int, reps: dict) -> list[dict]:
+    """One row a call kind: host and eager with the plans off and on, device time, SDPA's host and eager."""
+    sdpa = sdpa_call(inputs)
+    sdpa_host, sdpa_eager = host_us(sdpa, n, device), time_wall(sdpa, device, **reps).median_us
+    rows = []
+    for name, fn in calls(inputs).items():
+        row = {"call": name, "sdpa_host": sdpa_host, "sdpa_eager": sdpa_eager}
+        for flag, label in ((False, "off"), (True, "on")):
+            with launch_plan.plans_enabled(flag):
+                row[f"host_{label}"] = host_us(fn, n, device)
+                row[f"eager_{label}"] = time_wall(fn, device, **reps).median_us
+        row["device"] = time_call(fn, device, **reps).median_us
+        rows.append(row)
+    return rows
+
+
+def render(rows: list[dict]) -> str:
+    """The markdown table of :func:`measure`'s rows."""
+    lines = [
+        "| call | host us, plans off | host us, plans on | eager us, off | eager us, on | device us | "
+        "SDPA host us | SDPA eager us | eager on / SDPA eager |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
+    for r in rows:
+        lines.append(
+            f"| {r['call']} | {r['host_off']:.1f} | {r['host_on']:.1f} | {r['eager_off']:.1f} | {r['eager_on']:.1f} | "
+            f"{r['device']:.1f} | {r['sdpa_host']:.1f} | {r['sdpa_eager']:.1f} | {r['eager_on'] / r['sdpa_eager']:.2f} |"
+        )
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--dry", action="store_true", help="a tiny case on the CPU, few calls (the test suite's run)")
+    parser.add_argument("--calls", type=int, default=300, help="back-to-back calls of the host measurement")
+    parser.add_argument("--profile", action="store_true", help="also print cProfile's top 15, plans off and on")
+    args = parser.parse_args(argv)
+    kernels.use_interpreter_if_no_gpu()
+    device = "cpu" if args.dry or not torch.cuda.is_available() else "cuda"
+    if device == "cpu" and not args.dry:
+        parser.error("no CUDA device: pass --dry for the CPU run")
+    n = 3 if args.dry else args.calls
+    reps = {"min_reps": 2, "max_reps": 2} if args.dry else {}
+    inputs = make_inputs(**(TINY if args.dry else DECODE_32X4K), device=device)
+    from kernels import triton_paged  # after the interpreter choice
+
+    shape = "tiny (dry)" if args.dry else "decode_32x4k: bf16, 32/8 heads, head_dim 128, block 16, 32 x 4096"
+    print(f"# host overhead of paged_attention_triton, {shape}, on {device}")
+    print(render(measure(inputs, device, n, reps)))
+    plans = triton_paged.PLANS
+    compiled = sum(plan.main.compiled is not None for _, plan in plans.plans() if not plan.noop)
+    launches = launch_plan.fast_launch_status() if device == "cuda" else "JIT entry (the interpreter)"
+    print(f"\nplans (the last 'on' stretch): {plans.hits} hits, {plans.misses} misses, {len(plans)} kept, "
+          f"{compiled} holding a compiled kernel; hits launch through: {launches}")  # fmt: skip
+    if args.profile:
+        fn = calls(inputs)["default"]
+        for flag in (False, True):
+            print(f"\n## cProfile, default call, plans {'on' if flag else 'off'}, {n} calls\n")
+            with launch_plan.plans_enabled(flag):
+                print(profile(fn, n))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
