@@ -7,6 +7,8 @@
 #   lane 1 (GPU 1): the GPU variants timed (triton, cache, sdpa_contiguous), scripts/host_overhead.py,
 #                   five prefill tile candidates (scripts/tune_tiles.py), scripts/measure_tlsim_closeness.py,
 #                   every variant through the four built-ins graded
+#   before the lanes, with both GPUs idle (SCALE=0 skips it): scripts/gpu_scale.sh over
+#                   SCALE_SUITES (cases/gpu.toml cases/gpu_peers.toml), SCALE_TIMEOUT s a run (120)
 #   OUT=DIR bash scripts/gpu_evidence.sh    (default gpu_out); LIMIT0 / LIMIT1: seconds per lane (540)
 # Every run folder keeps its journal: a lane stopped by its limit is finalized from it
 # (`harness run --resume RUN --finalize`), and says so in its meta.json.
@@ -27,6 +29,16 @@ export HARNESS_COMMIT=${HARNESS_COMMIT:-$(git rev-parse HEAD 2>/dev/null || echo
 } | tee "$OUT/versions.txt"
 run() { python3 -m harness run --device cuda --oracle-device cuda --no-progress "$@"; }
 left() { echo $(( $1 - ($(date +%s) - START) )); }
+if [ "${SCALE:-1}" = 1 ]; then  # first, while both GPUs are idle: one worker against two (issue 12)
+  WARMUP=1 RUN_TIMEOUT=${SCALE_TIMEOUT:-120} SUITES=${SCALE_SUITES:-"cases/gpu.toml cases/gpu_peers.toml"} \
+    OUT="$OUT" bash scripts/gpu_scale.sh >"$OUT/scale.log" 2>&1
+  for n in 1 2; do
+    d=$OUT/scale/workers$n
+    [ -f "$d/meta.json" ] || python3 -m harness run --resume "$d" --finalize >>"$OUT/scale.log" 2>&1
+    rm -f "$d"/*.csv "$d"/report.html
+  done
+  rm -rf "$OUT/scale/warmup"
+fi
 START=$(date +%s)
 lane0() {
   export CUDA_VISIBLE_DEVICES=0

@@ -19,7 +19,7 @@ def run_script(*args: str, timeout: float = 300) -> subprocess.CompletedProcess:
 
 def test_every_script_is_exercised_here():
     exercised = {"peer_table.py", "measure_tlsim_closeness.py", "gpu_run.sh", "noise_check.py", "slowdown_plugin.py"}
-    exercised |= {"tune_tiles.py", "kernel_targets.py", "gpu_scale.sh", "host_overhead.py"}
+    exercised |= {"tune_tiles.py", "kernel_targets.py", "gpu_scale.sh", "host_overhead.py", "gpu_evidence.sh"}
     assert {p.name for p in (ROOT / "scripts").iterdir() if p.is_file()} <= exercised, (
         "a new script needs a dry run here"
     )
@@ -60,9 +60,11 @@ def test_host_overhead_script_tables_the_three_calls_plans_off_and_on():
     assert "hits, 1 misses" in done.stdout and done.stdout.count("## cProfile") == 2
 
 
-def test_gpu_run_script_is_valid_bash():
-    done = subprocess.run(["bash", "-n", str(ROOT / "scripts" / "gpu_run.sh")], capture_output=True, text=True)
-    assert done.returncode == 0, done.stderr
+def test_gpu_run_scripts_are_valid_bash():
+    """gpu_run.sh and gpu_evidence.sh only orchestrate scripts that have dry runs of their own here."""
+    for script in ("gpu_run.sh", "gpu_evidence.sh"):
+        done = subprocess.run(["bash", "-n", str(ROOT / "scripts" / script)], capture_output=True, text=True)
+        assert done.returncode == 0, done.stderr
 
 
 def test_gpu_scale_script_dry_runs_one_and_two_workers_and_tables_them(tmp_path):
