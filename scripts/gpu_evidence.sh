@@ -4,7 +4,7 @@
 # whose compile workers loaded the 32-core host to 30 in an earlier call).
 #   lane 0 (GPU 0): scripts/noise_check.py --gpu (reruns and a planted 5% slowdown), then the peer
 #                   run (cases/gpu_peers.toml cases/gpu_long.toml, five backends) for the targets
-#   lane 1 (GPU 1): the GPU variants timed (triton, cache, sdpa_contiguous), scripts/host_overhead.py,
+#   lane 1 (GPU 1): the CUDA-only tests (pytest -m gpu), the GPU variants timed (triton, cache, sdpa_contiguous), scripts/host_overhead.py,
 #                   five prefill tile candidates (scripts/tune_tiles.py), scripts/measure_tlsim_closeness.py,
 #                   every variant through the four built-ins graded
 #   before the lanes, with both GPUs idle (SCALE=0 skips it): scripts/gpu_scale.sh over
@@ -50,6 +50,7 @@ lane0() {
 }
 lane1() {
   export CUDA_VISIBLE_DEVICES=1
+  timeout -s TERM 150 python3 -m pytest -q -p no:cacheprovider -m gpu tests/ >"$OUT/gpu_tests.log" 2>&1  # the CUDA-only tests
   timeout -s TERM "$(left "${LIMIT1:-540}")" bash -c "$(declare -f run); run cases/variants.toml --tag gpu \
     --backend triton --backend cache --backend sdpa_contiguous --out $OUT/variants_timed" >"$OUT/variants_timed.log" 2>&1
   timeout -s TERM 60 python3 scripts/host_overhead.py >"$OUT/host_overhead.txt" 2>&1
