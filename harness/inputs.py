@@ -25,9 +25,8 @@ from __future__ import annotations
 
 import hashlib
 import math
-from collections import deque
 from collections.abc import Callable
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -154,33 +153,31 @@ def draw_normal(
     Chunk c holds rows c * R .. (c + 1) * R - 1, R = max(1, CHUNK_VALUES // values per row),
     drawn as fp32 by ``torch.randn`` from a generator seeded with :func:`chunk_seed`
     (seed, name, c), multiplied by ``scale``, then cast to ``dtype``; ``write(first_row, rows)``
-    stores it, in the caller's thread and in chunk order. ``threads`` workers draw the chunks
-    (torch's CPU randn releases the GIL and is sequential within a call), and the values do
-    not depend on it. Example: [64, 8, 128] in chunks of 1024 rows is one chunk.
+    stores it, from a worker thread (chunks own disjoint rows). ``threads`` workers each do
+    all of a chunk's work, with torch's intra-op threads set to 1 meanwhile (torch's CPU randn
+    releases the GIL and is sequential within a call; OpenMP teams beside the pool only spun
+    and slowed it 3x on the dev box); the values do not depend on ``threads``. Example: [64, 8, 128] in chunks of 1024 rows is one chunk.
     """
     rows, row_shape = shape[0], shape[1:]
     per_chunk = max(1, CHUNK_VALUES // max(1, math.prod(row_shape)))
     chunks = range(-(-rows // per_chunk))
 
-    def drawn(chunk: int) -> torch.Tensor:  # fp32 [rows of the chunk, *row_shape]
+    def one(chunk: int) -> None:
         generator = torch.Generator().manual_seed(chunk_seed(seed, name, chunk))
-        return torch.randn(min(per_chunk, rows - chunk * per_chunk), *row_shape, generator=generator)
-
-    def store(chunk: int, values: torch.Tensor) -> None:  # here, in the caller's thread, with torch's threads
+        values = torch.randn(min(per_chunk, rows - chunk * per_chunk), *row_shape, generator=generator)
         write(chunk * per_chunk, values.mul_(scale).to(dtype))
 
-    if threads <= 1 or len(chunks) <= 1:
-        for chunk in chunks:
-            store(chunk, drawn(chunk))
-        return
-    with ThreadPoolExecutor(min(threads, len(chunks))) as pool:
-        pending: deque[tuple[int, Future]] = deque()
-        for chunk in chunks:  # at most 2 * threads chunks drawn ahead of the one being stored
-            pending.append((chunk, pool.submit(drawn, chunk)))
-            if len(pending) > 2 * threads:
-                store(pending[0][0], pending.popleft()[1].result())
-        while pending:
-            store(pending[0][0], pending.popleft()[1].result())
+    intra_op = torch.get_num_threads()
+    torch.set_num_threads(1)  # each chunk's ops run serially: idle OpenMP threads would spin on the pool's cores
+    try:
+        if threads <= 1 or len(chunks) <= 1:
+            for chunk in chunks:
+                one(chunk)
+        else:
+            with ThreadPoolExecutor(min(threads, len(chunks))) as pool:
+                list(pool.map(one, chunks))  # list(): a chunk's exception is raised here
+    finally:
+        torch.set_num_threads(intra_op)
 
 
 def token_slots(block_table: torch.Tensor, seq_lens: list[int], block_size: int) -> torch.Tensor:
@@ -276,7 +273,7 @@ def make_inputs(
             if first_writer is not None:
                 keep = first_writer[first : first + rows.shape[0]]
                 where, rows = where[keep], rows[keep]
-            pool.index_copy_(0, where, rows)
+            pool.index_copy_(0, where, rows)  # chunks own disjoint slots: the threads never overlap
 
         return write
 
