@@ -2,7 +2,8 @@
 and device, and only the user (not a backend) can stop the run.
 
 * Inputs: every input tensor (q, k_cache, v_cache, block_table, seq_lens,
-  query_start_loc, and the cache backend's per-sequence keys/values) is fingerprinted when
+  query_start_loc; the per-sequence keys/values are a fresh gather from the pool on every
+  access, so there is nothing of theirs to guard) is fingerprinted when
   the case's inputs are built (:func:`fingerprint`: its bytes, so NaN-safe) and checked after each
   backend's graded call and after its timing. A backend that changed one fails with
   "mutated its input k_cache", and the inputs are restored in place (rebuilt from the
@@ -17,16 +18,16 @@ and device, and only the user (not a backend) can stop the run.
 
 from __future__ import annotations
 
-import hashlib
 import signal
 import threading
 from collections.abc import Callable
 
 import torch
 
+from .hashing import tensor_digest
 from .inputs import PagedInputs
 
-_CHUNK_BYTES = 64 * 2**20  # device tensors are hashed in host chunks of this size
+_CHUNK_BYTES = 64 * 2**20  # device tensors are summed in chunks of this size
 
 
 class Terminated(BaseException):
@@ -69,7 +70,7 @@ def raised_by_backend(error: BaseException) -> bool:
 def fingerprint(tensor: torch.Tensor) -> tuple:
     """(shape, stride, dtype, digest of the bytes): equal iff unchanged (NaN == NaN here).
 
-    CPU: blake2b of the bytes (no copy). A device tensor is summed where it lives, in
+    CPU: :func:`harness.hashing.tensor_digest` of the bytes (no copy). A device tensor is summed where it lives, in
     chunks, as 32-bit words: their sum and a position-weighted sum (any change to a value,
     and any swap of two values, changes one of them), so a multi-GB pool is not copied to
     the host for every check.
@@ -77,10 +78,7 @@ def fingerprint(tensor: torch.Tensor) -> tuple:
     flat = tensor.detach().contiguous().reshape(-1).view(torch.uint8)
     if flat.device.type != "cpu":
         return tuple(tensor.shape), tensor.stride(), tensor.dtype, device_digest(flat)
-    digest = hashlib.blake2b(digest_size=16)
-    for start in range(0, flat.numel(), _CHUNK_BYTES):
-        digest.update(memoryview(flat[start : start + _CHUNK_BYTES].numpy()))
-    return tuple(tensor.shape), tensor.stride(), tensor.dtype, digest.hexdigest()
+    return tuple(tensor.shape), tensor.stride(), tensor.dtype, tensor_digest(flat).hex()
 
 
 def device_digest(flat: torch.Tensor) -> tuple[int, int]:
@@ -98,12 +96,9 @@ def device_digest(flat: torch.Tensor) -> tuple[int, int]:
 
 def named_inputs(inputs: PagedInputs) -> dict[str, torch.Tensor]:
     """Every tensor a backend is handed, by the name an error message uses."""
-    named = dict(
+    return dict(
         zip(("q", "k_cache", "v_cache", "block_table", "seq_lens", "query_start_loc"), inputs.args(), strict=True)
     )
-    named.update({f"keys[{i}]": t for i, t in enumerate(inputs.keys)})
-    named.update({f"values[{i}]": t for i, t in enumerate(inputs.values)})
-    return named
 
 
 class InputGuard:

@@ -7,14 +7,15 @@ name:
 
     key = sha256(ORACLE_SOURCE_HASH, oracle device type,
                  for q, k_cache, v_cache, block_table, seq_lens, query_start_loc:
-                     dtype, shape, the tensor's bytes,
+                     dtype, shape, the tensor's bytes (harness.hashing.tensor_digest),
                  scale)
 
 so a changed seed, shape or dtype misses, a renamed case hits, and an edit of
 ``harness/oracle.py`` (its source is hashed in) invalidates every entry.
 
 Only the CPU oracle is cached (the default ``--oracle-device cpu``): hashing reads every
-input byte on the host (sha256 ran at about 1 GB/s on the 2-core dev box), far less than
+input byte on the host (sha256 ran at about 0.7 GB/s per core on the 2-core dev box, in
+64 MiB chunks on every torch thread: :mod:`harness.hashing`), far less than
 the float64 oracle's time on a CPU, but more than the oracle's time on a GPU
 (``--oracle-device cuda`` computes it every time).
 
@@ -22,6 +23,9 @@ Where: ``$HARNESS_ORACLE_CACHE`` (a folder, or ``off``), else
 ``~/.cache/paged-attention-harness/oracle``; ``harness run --oracle-cache DIR|off`` sets
 the variable for the run and its workers. One file per output, ``<key>.oracle``: 8 magic
 bytes, the sha256 of the payload, then the payload (``torch.save`` of the float64 tensor).
+The runner keeps the forward error bound of the same inputs beside it
+(:func:`cached_result`, ``<sha256(key, name)>.derived``, the name carrying grading.py's
+hash): on a CPU it costs about as much as the oracle, and it too is a function of the bytes.
 A file that does not verify (torn, truncated, flipped bits, another format) is ignored,
 removed and rewritten by the next computation.
 
@@ -50,12 +54,16 @@ from pathlib import Path
 
 import torch
 
+from .hashing import tensor_digest
+
 ENV_DIR = "HARNESS_ORACLE_CACHE"
 ENV_MAX_BYTES = "HARNESS_ORACLE_CACHE_MAX_BYTES"
 DEFAULT_DIR = Path("~/.cache/paged-attention-harness/oracle")
 DEFAULT_MAX_BYTES = 2 << 30  # 2 GiB
 MAGIC = b"PAORC001"
+KEY_VERSION = 2  # 2: tensors hashed as sha256 trees of 64 MiB chunks (1: flat sha256)
 SUFFIX = ".oracle"
+DERIVED_SUFFIX = ".derived"  # another result of the same inputs (cached_result), e.g. the error bound
 ARG_NAMES = ("q", "k_cache", "v_cache", "block_table", "seq_lens", "query_start_loc")
 
 
@@ -94,7 +102,9 @@ def cache_key(
     never share an entry.
     """
     digest = hashlib.sha256()
-    digest.update(f"oracle={ORACLE_SOURCE_HASH};device={torch.device(device).type};scale={scale!r}".encode())
+    digest.update(
+        f"key={KEY_VERSION};oracle={ORACLE_SOURCE_HASH};device={torch.device(device).type};scale={scale!r}".encode()
+    )
     named = list(zip(ARG_NAMES, args, strict=False))
     for name, value in sorted((options or {}).items()):
         if isinstance(value, torch.Tensor) or value is None:
@@ -106,8 +116,7 @@ def cache_key(
             digest.update(f";{name}=None".encode())
             continue
         digest.update(f";{name}:{tensor.dtype}:{tuple(tensor.shape)}:".encode())
-        flat = tensor.detach().contiguous().cpu().reshape(-1)
-        digest.update(flat.view(torch.uint8).numpy().data)  # raw bytes, NaN payloads included
+        digest.update(tensor_digest(tensor))  # raw bytes, NaN payloads included
     return digest.hexdigest()
 
 
@@ -118,12 +127,12 @@ class OracleCache:
         self.folder = Path(folder)
         self.limit_bytes = limit_bytes
 
-    def path(self, key: str) -> Path:
-        return self.folder / f"{key}{SUFFIX}"
+    def path(self, key: str, suffix: str = SUFFIX) -> Path:
+        return self.folder / f"{key}{suffix}"
 
-    def get(self, key: str, device: str) -> torch.Tensor | None:
+    def get(self, key: str, device: str, suffix: str = SUFFIX) -> torch.Tensor | None:
         """The stored output on ``device``, or None (absent, or a file that does not verify: removed)."""
-        path = self.path(key)
+        path = self.path(key, suffix)
         try:
             blob = path.read_bytes()
         except OSError:
@@ -141,7 +150,7 @@ class OracleCache:
             os.utime(path)  # a hit makes it the most recently used
         return tensor
 
-    def put(self, key: str, tensor: torch.Tensor) -> None:
+    def put(self, key: str, tensor: torch.Tensor, suffix: str = SUFFIX) -> None:
         """Store ``tensor`` (atomically); then prune to the cap. Failures are ignored."""
         buffer = io.BytesIO()
         torch.save(tensor.detach().cpu(), buffer)
@@ -154,7 +163,7 @@ class OracleCache:
             try:
                 with os.fdopen(fd, "wb") as file:
                     file.write(MAGIC + hashlib.sha256(payload).digest() + payload)
-                os.replace(temp, self.path(key))
+                os.replace(temp, self.path(key, suffix))
             except BaseException:
                 with contextlib.suppress(OSError):
                     os.unlink(temp)
@@ -167,7 +176,7 @@ class OracleCache:
         """(mtime, size, path) of every entry, oldest first."""
         found = []
         with contextlib.suppress(OSError):
-            for path in self.folder.glob(f"*{SUFFIX}"):
+            for path in [*self.folder.glob(f"*{SUFFIX}"), *self.folder.glob(f"*{DERIVED_SUFFIX}")]:
                 with contextlib.suppress(OSError):
                     stat = path.stat()
                     found.append((stat.st_mtime, stat.st_size, path))
@@ -188,22 +197,46 @@ class OracleCache:
             total -= size
 
 
+def oracle_key(args: Sequence[torch.Tensor | None], device: str, options: dict | None = None) -> str | None:
+    """:func:`cache_key` of the call, or None where nothing is cached (the cache off, or a non-CPU oracle)."""
+    if cache_dir() is None or torch.device(device).type != "cpu":
+        return None
+    return cache_key(args, device, options=options)
+
+
+def cached_result(
+    key: str | None, name: str, device: str, shape: Sequence[int], compute: Callable[[], torch.Tensor]
+) -> torch.Tensor:
+    """The float64 result ``name`` of the call ``key`` (:func:`oracle_key`), of ``shape``, on ``device``.
+
+    From the cache, else ``compute()`` (then stored). ``name`` "out" is the oracle's output,
+    stored under ``key`` itself (``<key>.oracle``); another name (a function of the same inputs,
+    such as the grading's forward error bound, with its code's hash in the name) under
+    ``<sha256(key, name)>.derived``, so one hash of the inputs serves every result. ``key`` None: ``compute()``, nothing stored.
+    """
+    folder = cache_dir()
+    if key is None or folder is None:
+        return compute()
+    suffix = SUFFIX
+    if name != "out":
+        key, suffix = hashlib.sha256(f"{key};result={name}".encode()).hexdigest(), DERIVED_SUFFIX
+    cache = OracleCache(folder, max_bytes())
+    found = cache.get(key, device, suffix)
+    if found is not None and tuple(found.shape) == tuple(shape):
+        return found
+    result = compute()
+    cache.put(key, result, suffix)
+    return result
+
+
 def cached_oracle(
     args: Sequence[torch.Tensor | None], device: str, compute: Callable[[], torch.Tensor], options: dict | None = None
 ) -> torch.Tensor:
     """The oracle's output for ``args`` on ``device``: from the cache, else ``compute()`` (then stored).
 
     args    (q, k_cache, v_cache, block_table, seq_lens, query_start_loc)
-    returns [num_tokens, num_q_heads, head_dim] float64 on ``device``
+    returns [num_tokens, num_q_heads, head_dim_v] float64 on ``device``
     """
-    folder = cache_dir()
-    if folder is None or torch.device(device).type != "cpu":
-        return compute()
-    cache = OracleCache(folder, max_bytes())
-    key = cache_key(args, device, options=options)
-    expected = cache.get(key, device)
-    if expected is not None and expected.shape == args[0].shape:
-        return expected
-    expected = compute()
-    cache.put(key, expected)
-    return expected
+    q = args[0]
+    shape = (*q.shape[:2], args[2].shape[-1]) if len(args) > 2 and args[2] is not None else tuple(q.shape)
+    return cached_result(oracle_key(args, device, options), "out", device, shape, compute)

@@ -15,13 +15,13 @@ import torch
 from tqdm import tqdm
 
 from .cases import Case
-from .grading import forward_error_bound, grade, locate
+from .grading import BOUND_RESULT, forward_error_bound, grade, locate
 from .guard import InputGuard, check_output, raised_by_backend
 from .inputs import PagedInputs, make_inputs
 from .measure import TimingPlan, timing_columns
 from .metrics import bytes_moved
 from .oracle import paged_attention_oracle
-from .oracle_cache import cached_oracle
+from .oracle_cache import cached_result, oracle_key
 from .registry import Backend, Unsupported
 from .vocab import FAILING, GRADED, STATUSES
 
@@ -72,25 +72,25 @@ class CaseContext:
 def build_context(case: Case, device: str, oracle_device: str) -> CaseContext:
     inputs = case_inputs(case, device)
     options = {name: value for name, value in inputs.options.items() if name != "return_lse"}
+    out_shape = (*inputs.q.shape[:2], inputs.v_cache.shape[-1])
     expected_lse = None
     if "return_lse" in inputs.options:  # out and lse from one oracle call (not cached: the cache keeps out)
         expected, expected_lse = paged_attention_oracle(
             *inputs.args(), device=oracle_device, return_lse=True, **options
         )
-    else:
-        expected = cached_oracle(  # computed once per input content and variant (harness.oracle_cache)
-            inputs.args(),
-            oracle_device,
-            lambda: paged_attention_oracle(*inputs.args(), device=oracle_device, **options),
-            options=options,
-        )
+        key = None
+    else:  # computed once per input content and variant (harness.oracle_cache), hashed once for both results
+        key = oracle_key(inputs.args(), oracle_device, options)
+        expected = cached_result(key, "out", oracle_device, out_shape,
+                                 lambda: paged_attention_oracle(*inputs.args(), device=oracle_device, **options))  # fmt: skip
     quant_error = None
     if inputs.unquantized is not None:  # what the fp8 cache itself costs, reported beside the grade
         plain = {name: value for name, value in options.items() if name not in ("k_scale", "v_scale")}
         unquantized = paged_attention_oracle(inputs.q, *inputs.unquantized, *inputs.args()[3:], device=oracle_device,
                                              **plain)  # fmt: skip
         quant_error = float((unquantized - expected).abs().max()) if expected.numel() else 0.0
-    bound = forward_error_bound(*inputs.dequantized_args(), expected)
+    bound = cached_result(key, BOUND_RESULT, oracle_device, out_shape,
+                          lambda: forward_error_bound(*inputs.dequantized_args(), expected))  # fmt: skip
     guard = InputGuard(inputs, lambda: case_inputs(case, device))
     return CaseContext(case, inputs, expected, bound, guard, expected_lse, quant_error)
 

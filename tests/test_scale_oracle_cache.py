@@ -40,6 +40,18 @@ def test_second_build_context_of_a_case_reads_the_cache_instead_of_the_oracle(tm
     assert second.expected.dtype == torch.float64
 
 
+def test_second_build_context_reads_the_error_bound_from_the_cache_too(tmp_path, cache_folder, monkeypatch):
+    case = _case(tmp_path)
+    first = runner.build_context(case, "cpu", "cpu")
+    assert len(list(cache_folder.glob("*.derived"))) == 1
+    monkeypatch.setattr(runner, "forward_error_bound", _oracle_must_not_run)
+    second = runner.build_context(case, "cpu", "cpu")
+    assert torch.equal(first.bound, second.bound) and second.bound.dtype == torch.float64
+    monkeypatch.setattr(runner, "BOUND_RESULT", "forward_error_bound:an edited grading.py")
+    with pytest.raises(AssertionError, match="oracle ran"):
+        runner.build_context(case, "cpu", "cpu")
+
+
 def test_renamed_case_with_the_same_inputs_hits_the_cache(tmp_path, cache_folder, monkeypatch):
     runner.build_context(_case(tmp_path), "cpu", "cpu")
     monkeypatch.setattr(runner, "paged_attention_oracle", _oracle_must_not_run)

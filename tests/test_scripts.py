@@ -20,6 +20,7 @@ def run_script(*args: str, timeout: float = 300) -> subprocess.CompletedProcess:
 def test_every_script_is_exercised_here():
     exercised = {"peer_table.py", "measure_tlsim_closeness.py", "gpu_run.sh", "noise_check.py", "slowdown_plugin.py"}
     exercised |= {"tune_tiles.py", "kernel_targets.py", "gpu_scale.sh", "host_overhead.py", "gpu_evidence.sh"}
+    exercised |= {"case_setup_cost.py"}
     assert {p.name for p in (ROOT / "scripts").iterdir() if p.is_file()} <= exercised, (
         "a new script needs a dry run here"
     )
@@ -49,6 +50,15 @@ def test_tile_tuner_times_two_candidates_and_prints_a_table_line(tmp_path):
     assert done.returncode == 0, done.stderr
     assert "TileConfig(" in done.stdout.split("# kernels/tuning.py TUNED")[1]
     assert len(__import__("json").loads((tmp_path / "tune.json").read_text())["records"]) == 2
+
+
+def test_case_setup_cost_tables_each_part_for_each_thread_count():
+    done = run_script("scripts/case_setup_cost.py", "cases/smoke.toml", "spec_verify_mha", "--threads", "1", "2",
+                      "--repeat", "1")  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    lines = done.stdout.splitlines()
+    assert "| part | 1 thread (s) | 2 threads (s) |" in lines
+    assert sum(line.startswith(("| inputs |", "| cache key |", "| oracle (computed) |")) for line in lines) == 3
 
 
 def test_host_overhead_script_tables_the_three_calls_plans_off_and_on():

@@ -5,10 +5,17 @@ Bound, elementwise: fp32, half the tolerance (atol/2 + rtol/2 * |triton|); fp16/
 output ulps (2 * eps * |triton|, |triton| floored at 2^-6), since tlsim rounds p and the
 output exactly where the kernel does.
 Measured under the CPU interpreter (scripts/measure_tlsim_closeness.py): the largest gap is
-2-10% of the tolerance on ordinary fp32 cases, 21% on the large-logit case (logits of
-~90 carry an fp32 rounding of ~1e-5 whose order differs between the two dots), and
-fp16/bf16 outputs are bit-identical except one fp16 ulp on one element. GPU numbers are
-in gpu_results/.
+2-10% of the tolerance on ordinary fp32 cases, and fp16/bf16 outputs are bit-identical
+except one fp16 ulp on one element. GPU numbers are in gpu_results/.
+
+The fp32 large-logit case (input_scale 6: logits of ~90) is held to the whole tolerance
+instead of half: there each logit carries an fp32 rounding of ~1e-5 that depends on the
+order of the dot's sum, which tlsim (torch's matmul) and the kernel (the interpreter's
+numpy dot, or the GPU's FMA order) do not share, and the softmax amplifies it. Its gap
+moves with the drawn values alone: over seeds 0-5 it was 0.47, 0.35, 0.42, 0.71, 0.51,
+0.17 of the tolerance with the first input draw and 0.79, 0.13, 0.52, 0.50, 0.50, 0.34
+with the chunked draw (harness/inputs.py), the kernel code unchanged; both backends
+pass the oracle on every one (seed 0 now: Triton 0.23, tlsim 0.90 of the tolerance).
 """
 
 from __future__ import annotations
@@ -36,7 +43,8 @@ def test_tlsim_predicts_triton_far_inside_tolerance(case):
     gap = (sim - real).abs()
     if case.dtype == "float32":
         atol, rtol = DEFAULT_TOLERANCES[case.dtype]
-        allowed = atol / 2 + rtol / 2 * real.abs()
+        share = 1.0 if case.name == "large_logits" else 0.5  # the module docstring says why
+        allowed = share * (atol + rtol * real.abs())
     else:  # the same roundings in the same places: at most two output ulps apart
         allowed = 2 * torch.finfo(inputs.q.dtype).eps * real.abs().clamp_min(2**-6)
     assert bool((gap <= allowed).all()), f"{case.name}: tlsim is {float(gap.max()):.3g} from the kernel"

@@ -1,0 +1,37 @@
+"""A tensor's bytes as one sha256 digest, hashed in parallel chunks on the host.
+
+    digest = sha256(sha256(chunk 0) || sha256(chunk 1) || ...), chunks of CHUNK_BYTES
+
+A hash tree of one level: as collision resistant as sha256 itself (two different byte
+strings of one length that collide would need a sha256 collision in a chunk or in the
+top), and its chunks are hashed by a thread pool (hashlib releases the GIL on large
+updates), so a multi-GB pool costs its bytes / (sha256's ~0.7 GB/s x the threads) rather
+than one core's time. The digest does not depend on the number of threads. Used by the
+oracle cache's content key and the guard's CPU fingerprints.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from concurrent.futures import ThreadPoolExecutor
+
+import torch
+
+CHUNK_BYTES = 64 * 2**20
+
+
+def tensor_digest(tensor: torch.Tensor, threads: int | None = None) -> bytes:
+    """sha256 tree digest (module docstring) of ``tensor``'s raw bytes, NaN payloads included.
+
+    tensor  any shape, dtype and device (a device tensor is copied to the host first)
+    threads hashing threads; default torch's thread count (the digest is the same for any)
+    """
+    flat = tensor.detach().contiguous().cpu().reshape(-1).view(torch.uint8).numpy()
+    chunks = [memoryview(flat[start : start + CHUNK_BYTES]) for start in range(0, flat.size, CHUNK_BYTES)]
+    threads = min(threads or torch.get_num_threads(), len(chunks))
+    if threads <= 1:
+        leaves = [hashlib.sha256(chunk).digest() for chunk in chunks]
+    else:
+        with ThreadPoolExecutor(threads) as pool:
+            leaves = list(pool.map(lambda chunk: hashlib.sha256(chunk).digest(), chunks))
+    return hashlib.sha256(b"".join(leaves)).digest()
