@@ -132,6 +132,11 @@ def build_parser() -> argparse.ArgumentParser:
     )
     compare.add_argument("--html", type=Path, metavar="FILE", help="also write the comparison as an HTML page")
     compare.add_argument("--all", action="store_true", dest="show_all", help="list every row, not only changes")
+    compare.add_argument(
+        "--normalize-by", metavar="BACKEND", dest="normalize_by",
+        help="judge latencies relative to this unchanged backend (a peer) in the same run and case: cancels the "
+        "drift between machines or hours (harness.compare)",
+    )  # fmt: skip
     compare.add_argument("--confirm", nargs="?", const="unclear", choices=["slower", "unclear", "all"],
                          help="re-time rows judged slower (and, by default, 'cannot tell'; or all), alternating both "
                          "commits' builds (git worktrees) row by row, before the verdict")  # fmt: skip
@@ -532,6 +537,7 @@ def cmd_compare(args: argparse.Namespace) -> int:
         correction=args.correction,
         error_factor=args.error_factor,
         allow_mismatch=args.allow_mismatch,
+        normalize_by=args.normalize_by,
     )
     comparison = compare_runs(base, new, base_meta, new_meta, options)
     if args.confirm:

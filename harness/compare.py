@@ -11,7 +11,18 @@ Per (case, backend) row present in both runs:
   p10/p90 spreads, marked as weak evidence.
 
 Per run: rows on one side only, the device or the torch/triton versions differing
-(meta.json). Duplicated (case, backend) rows are refused (:class:`DuplicateRowsError`).
+(meta.json).
+
+``normalize_by`` (``compare --normalize-by BACKEND``): runs made on two machines, or hours
+apart on one shared GPU, differ by a few percent in every row (two lent H200s ran
+SDPA and varlen FlashAttention, code unchanged, 3-5% apart: gpu_results/2026-11-30-h200-
+b5bd364/README.md). With an anchor backend whose code did not change (a peer), each case's
+new latencies are scaled by that case's anchor median, base over new, before the verdict:
+what is judged is the row's time relative to the anchor on the same machine at the same
+time. The anchor's own rows then compare 1.0 by construction (marked ``anchor``); a case
+without the anchor in both runs keeps its raw latencies and is counted in the problems. The
+anchor median's own noise is not propagated (its rows hold hundreds of samples; the minimum
+effect still applies). Duplicated (case, backend) rows are refused (:class:`DuplicateRowsError`).
 
 Exit codes (:attr:`Comparison.exit_code`): 0 nothing got worse and the comparison is
 complete; 1 something got worse (a new failure or error, a row now skipped, an error or
@@ -52,6 +63,7 @@ class CompareOptions:
     correction: str = "bh"
     error_factor: float = 2.0
     allow_mismatch: bool = False
+    normalize_by: str | None = None  # an unchanged backend whose per-case median rescales the new run
 
 
 @dataclass
@@ -116,7 +128,12 @@ def compare_runs(
     rows = _side(base).merge(_side(new), on=KEY, how="outer", suffixes=("_base", "_new"), indicator="side")
     rows["side"] = rows["side"].map({"both": "both", "left_only": "base only", "right_only": "new only"})
     rows = rows.sort_values(KEY, kind="stable").reset_index(drop=True)
+    unanchored = normalize_to_anchor(rows, opts.normalize_by) if opts.normalize_by else 0
     _latency_verdicts(rows, opts)
+    if opts.normalize_by:
+        anchor_rows = (rows["backend"] == opts.normalize_by) & rows["verdict"].isin(["same", "slower", "faster"])
+        rows.loc[anchor_rows, "verdict"] = "anchor"
+        rows.loc[anchor_rows, "verdict_reason"] = f"latencies normalized by {opts.normalize_by}: 1.0 by construction"
     worse, better = [], []
     for _, r in rows.iterrows():
         w, b = _row_changes(r, opts)
@@ -130,9 +147,32 @@ def compare_runs(
             problems.append(f"{count} row(s) {what}")
     mismatches = meta_mismatches(base_meta or {}, new_meta or {})
     problems += [f"not like for like: {m}" + (" (allowed)" if opts.allow_mismatch else "") for m in mismatches]
+    if unanchored:
+        problems.append(f"{unanchored} timed row(s) not normalized: their case lacks a timed {opts.normalize_by} "
+                        "row in one run")  # fmt: skip
     problems += drift_warning(rows)
     incomplete = bool((rows["side"] != "both").any()) or (bool(mismatches) and not opts.allow_mismatch)
     return Comparison(rows=rows, problems=problems, incomplete=incomplete)
+
+
+def normalize_to_anchor(rows: pd.DataFrame, anchor: str) -> int:
+    """Scale each case's new latencies (samples, median, p10, p90) by its anchor's median, base
+    over new, in place; returns how many timed rows had no anchor to scale by."""
+    both = rows[(rows["side"] == "both") & rows["latency_us_base"].notna() & rows["latency_us_new"].notna()]
+    anchors = both[both["backend"] == anchor].set_index("case")
+    factor = (anchors["latency_us_base"] / anchors["latency_us_new"]).to_dict()
+    missing = 0
+    for i, r in both.iterrows():
+        f = factor.get(r["case"])
+        if f is None or not np.isfinite(f):
+            missing += 1
+            continue
+        for col in ("latency_us_new", "latency_p10_us_new", "latency_p90_us_new"):
+            rows.at[i, col] = r[col] * f
+        samples = r["latency_samples_us_new"]
+        if samples is not None and not (isinstance(samples, float) and np.isnan(samples)):
+            rows.at[i, "latency_samples_us_new"] = [s * f for s in samples]
+    return missing
 
 
 def drift_warning(rows: pd.DataFrame) -> list[str]:
@@ -228,7 +268,10 @@ def _row_changes(r: pd.Series, opts: CompareOptions) -> tuple[list[str], list[st
 def verdict_counts(comparison: Comparison) -> dict[str, int]:
     """How many rows got each latency verdict (rows timed on both sides only)."""
     judged = comparison.rows[comparison.rows["verdict"] != ""]
-    return {v: int((judged["verdict"] == v).sum()) for v in stats.VERDICTS}
+    counts = {v: int((judged["verdict"] == v).sum()) for v in stats.VERDICTS}
+    if anchors := int((judged["verdict"] == "anchor").sum()):  # --normalize-by's own rows
+        counts["anchor"] = anchors
+    return counts
 
 
 def _fmt_ratio(r: pd.Series) -> str:

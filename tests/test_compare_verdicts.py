@@ -111,3 +111,26 @@ def test_without_scipy_the_mann_whitney_fallback_matches_scipys_normal_approxima
     expected = scipy_stats.mannwhitneyu(x, y, alternative="two-sided", method="asymptotic").pvalue
     monkeypatch.setattr(stats, "mannwhitneyu", None)
     assert stats.mann_whitney_p(x, y) == pytest.approx(expected, rel=1e-9)
+
+
+def test_normalizing_by_an_unchanged_backend_cancels_a_machine_wide_drift():
+    """Every row 15% slower (another machine), tlsim 25% on top: raw, every row is 'slower';
+    relative to the reference in the same run and case, only tlsim is, and the anchor says so."""
+    base = rf.frame(num_cases=8, seed=1, spread=0.01)
+    drift = {b: 1.15 for b in rf.BACKENDS}
+    new = rf.frame(num_cases=8, seed=2, spread=0.01, slow={**drift, "tlsim": 1.15 * 1.25})
+    raw = compare_runs(base, new).rows
+    assert (raw["verdict"] == "slower").all()
+    rows = compare_runs(base, new, normalize_by="reference").rows.set_index("backend")
+    assert (rows.loc["tlsim", "verdict"] == "slower").all()
+    assert (rows.loc["reference", "verdict"] == "anchor").all()
+    others = rows.drop(index=["tlsim", "reference"])
+    assert not others["verdict"].isin(["slower", "faster"]).any(), others["verdict"].tolist()
+
+
+def test_a_case_without_the_anchor_is_left_raw_and_counted():
+    base = rf.frame(num_cases=3, seed=1, spread=0.01)
+    new = rf.frame(num_cases=3, seed=2, spread=0.01)
+    new = new[~((new["case"] == "case00") & (new["backend"] == "reference"))]
+    comparison = compare_runs(base, new, normalize_by="reference")
+    assert any("not normalized" in p and "reference" in p for p in comparison.problems), comparison.problems
