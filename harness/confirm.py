@@ -17,42 +17,47 @@ Confirm mode does that, in the manner of ``asv continuous``:
    parent drives both workers, one step at a time, A B B A A B ... (A = base, or new on
    every second round). A step is a warm-up call and then about ``STEP_S`` (5 ms) of
    timed calls, one call at least, so a 20 ms call is timed one call at a time, each base
-   call next to a new one; a build gets about ``ROUND_S`` (1.2 s) of timed calls per row
-   and round in 4 to 24 steps (:func:`step_plan`; on CUDA one ``time_call`` block per
-   build, as before). Rows of one call a step run with both workers pinned to one CPU
-   (``os.sched_setaffinity``; the CPUs taken in turn, round by round).
+   call next to a new one. The first step is one call per build, and the faster of the
+   two sets the plan (:func:`step_plan`): about ``ROUND_S`` (0.8 s) of timed calls per
+   build, in at most 24 steps (a 1 s Triton-interpreter call: one step). On CUDA one
+   ``time_call`` block per build, as before. Rows of one call a step run with both
+   workers pinned to one CPU (``os.sched_setaffinity``; the CPUs in turn, round by round).
    Why, measured on this busy 2-core box (2 co-runners of bursty matmul and copies, load
    3-6; 14 rounds of fresh process pairs per variant; ``reference_slowable`` +25% on
    ``long_half_accumulation`` fp16, 6 ms alone, 10-25 ms a call under that load): the
    spread (sd) of the per-round log ratio was 0.68 with the rule before (each build's
    ~10 calls in one block, p10 of each), 0.40 alternating call by call (p10 of 10 calls
    a build), 0.24 with the blocks pinned to one CPU and **0.17 alternating and pinned**
-   (the median of per-pair ratios: 0.25). A 10-30 ms call never runs a whole time slice
-   alone under load, so no sample is clean, and a block of 10 such calls spans 0.1-0.3 s,
-   longer than a co-runner's burst: one build's block falls in a burst and the other's
-   not. Adjacent calls share the burst; pinned to one CPU, the scheduler moves the
-   co-runners to the other CPU rather than the worker. For a 0.7 ms call
-   (``decode_gqa`` fp32) alternating was at least as good as blocks (sd 0.05 against
-   0.07) and pinning made it worse (sd 0.45 from one preempted round; robust spread
-   0.053 against 0.031), so short rows are not pinned. The spread sets the rounds a row needs: 24 steps decide a +25%
-   20 ms row where 12 left 1 in 10 undecided (``tests/test_compare_paired.py``'s
-   simulated busy box);
+   (the median of per-pair ratios instead of p10: 0.25). A 10-30 ms call never runs a
+   whole time slice alone under load, so no sample is clean, and a block of 10 such
+   calls spans 0.1-0.3 s, longer than a co-runner's burst: one build's block falls in a
+   burst and the other's not. Adjacent calls share the burst; pinned to one CPU, the
+   scheduler moves the co-runners to the other CPU rather than the worker. For a 0.7 ms
+   call (``decode_gqa`` fp32) alternating was at least as good as blocks (sd 0.05
+   against 0.07) and pinning made it worse (sd 0.45 from one preempted round; robust
+   spread 0.053 against 0.031), so short rows are not pinned. The spread sets the rounds
+   a row needs: on ``tests/test_compare_paired.py``'s simulated busy box (calibrated to
+   those spreads) a +25% 20 ms row was flagged 45 times in 50 with 12 steps and 50 in 50
+   with 24, and with 0.5 s of calls a round (18-20 steps under load) 75 times in 80. The
+   plan is read in the round, not from the compared runs: runs made under heavier load
+   recorded 0.2-0.7 s for calls of 10-30 ms, which gave the long rows 4 steps;
 4. each round gives one observation per build: the 10th percentile of its samples of the
-   round (``ROUND_QUANTILE``), the time of a call the scheduler left alone. On a 2-core box with
-   load 8, a 0.8 ms call took either about 0.8 ms or about 10 ms (preempted for a time
-   slice), so a median moves with the share of preempted calls, which the load sets: the
-   per-round log ratio of an unchanged row had a spread of 0.11 with the median and 0.04
-   with p10, and 0.13 against 0.02 on another row (measured here, 10 rounds). A slower
-   build is slower uninterrupted too. A process also has its own
+   round (``ROUND_QUANTILE``), the time of a call the scheduler left alone. On a 2-core
+   box with load 8, a 0.8 ms call took either about 0.8 ms or about 10 ms (preempted for
+   a time slice), so a median moves with the share of preempted calls, which the load
+   sets: the per-round log ratio of an unchanged row had a spread of 0.11 with the
+   median and 0.04 with p10, and 0.13 against 0.02 on another row (measured here, 10
+   rounds). A slower build is slower uninterrupted too. A process also has its own
    persistent speed (memory placement: two identical processes on this loaded 2-core
-   machine differed by 1.5-2x for a whole session, even pinned to one CPU), so samples of
-   one process are not independent observations, while fresh processes per round make
+   machine differed by 1.5-2x for a whole session, even pinned to one CPU), so samples
+   of one process are not independent observations, while fresh processes per round make
    that effect part of the noise;
-5. the rounds are **paired**: row and round k give ``new_k / base_k``, both timed in
-   the same second, step by step, so a load change that hits the whole round cancels (an unpaired test of the
-   two sets of round medians sees it as noise, and called a real 25% slowdown "cannot
-   tell" on 2 of 5 cases here). The verdict is :func:`harness.stats.decide_paired`: the
-   exact signed-rank interval of the paired ratio, past the minimum effect or inside it;
+5. the rounds are **paired**: row and round k give ``new_k / base_k``, both timed in the
+   same second, step by step, so a load change that hits the whole round cancels (an
+   unpaired test of the two sets of round medians sees it as noise, and called a real
+   25% slowdown "cannot tell" on 2 of 5 cases here). The verdict is
+   :func:`harness.stats.decide_paired`: the exact signed-rank interval of the paired
+   ratio, past the minimum effect or inside it;
 6. **sequential**: the rows are looked at after ``MIN_ROUNDS`` rounds and then every
    ``LOOK_EVERY`` rounds up to ``rounds``; a row whose verdict is decided (slower, faster,
    same) stops being re-timed, the rest go on until ``rounds`` or the time box
@@ -163,8 +168,8 @@ def _worktree(commit: str, path: Path) -> Path:
 
 ROUND_QUANTILE = 0.1  # a round's observation of a build: this quantile of its samples (module docstring, 4)
 STEP_S = 0.005  # one alternating step: about this much of one build's calls, one call at least
-ROUND_S = 1.2  # timed calls per build per row and round, about
-STEPS = (4, 24)  # alternating steps per build per row and round, at least and at most
+ROUND_S = 0.8  # timed calls per build per row and round, about
+MAX_STEPS = 24  # alternating steps per build per row and round, at most
 PIN_LONG = True  # rows of one call a step: both builds' workers on one CPU (module docstring, 3)
 MIN_ROUNDS = 8  # the first look: fewer rounds cannot exclude anything at confidence 1 - 0.05 / 5
 LOOK_EVERY = 4
@@ -225,7 +230,6 @@ def confirm_slower(
     }
     index = dict(zip(chosen.index, zip(chosen["case"], chosen["backend"], strict=True), strict=True))
     effects = {i: _row_effect(rows.loc[i], options) for i in index}
-    plans = {key: step_plan(float(rows.at[i, "latency_us_base"]), config["device"]) for i, key in index.items()}
     looks = look_schedule(rounds)
     with tempfile.TemporaryDirectory(prefix="harness-confirm-") as tmp:
         trees = checkouts or tuple(_worktree(c, Path(tmp) / s) for c, s in zip(commits, ("base", "new"), strict=True))
@@ -236,7 +240,7 @@ def confirm_slower(
             )
             pooled = sequential_rounds(
                 index, effects,
-                lambda keys, pooled, new_first: _one_round(trees, envs, config, plans, keys, pooled, new_first),
+                lambda keys, pooled, new_first: _one_round(trees, envs, config, keys, pooled, new_first),
                 alpha=options.alpha, rounds=rounds, time_s=time_s, log=log,
             )  # fmt: skip
         finally:
@@ -277,20 +281,16 @@ def sequential_rounds(
     return pooled
 
 
-def step_plan(call_us: float, device: str) -> tuple[int, int]:
-    """(steps, reps) of a row in a round: ``steps`` alternating steps per build, ``reps`` timed calls each.
+def step_plan(call_us: float) -> tuple[int, int]:
+    """(steps, reps) of a row's round on the CPU: ``steps`` alternating steps per build, ``reps`` timed calls each.
 
-    ``call_us``: the row's latency in the compared runs (NaN: unknown). A step is about
-    ``STEP_S`` of calls, one call at least; a build gets about ``ROUND_S`` of timed calls
-    per round in ``STEPS`` steps at least and at most (module docstring, 3). On CUDA a
-    round is one block per build (``(1, 0)``: ``time_call``'s own sample count), as before.
+    ``call_us``: one call's time, from the round's first step. A step is about ``STEP_S``
+    of calls, one call at least; a build gets about ``ROUND_S`` of timed calls per round,
+    in at most ``MAX_STEPS`` steps (module docstring, 3).
     """
-    if not str(device).startswith("cpu"):
-        return 1, 0
     call_s = call_us * 1e-6 if np.isfinite(call_us) and call_us > 0 else STEP_S
     reps = max(1, round(STEP_S / call_s))
-    low, high = STEPS
-    return min(max(math.ceil(ROUND_S / (reps * call_s)), low), high), reps
+    return min(max(math.ceil(ROUND_S / (reps * call_s)), 1), MAX_STEPS), reps
 
 
 def _pin(workers: list[Worker], cpu: int | None) -> None:
@@ -303,32 +303,43 @@ def _pin(workers: list[Worker], cpu: int | None) -> None:
 
 
 def alternate(
-    time_step: Callable[[int, int], list[float]], steps: int, reps: int, new_first: bool
-) -> tuple[float, float]:
-    """One row's round: ``steps`` steps per build, base and new alternating step by step; each build's observation.
+    time_step: Callable[[int, int], list[float]], device: str, new_first: bool,
+    on_plan: Callable[[int, int], None] = lambda steps, reps: None,
+) -> tuple[float, float]:  # fmt: skip
+    """One row's round, base and new alternating step by step; returns each build's observation.
 
-    ``time_step(side, reps)`` (side 0 base, 1 new) returns ``reps`` samples of that build.
-    Steps go A B B A A B ... (A = new when ``new_first``), so neither build is always
-    first; the observation of a build is ``ROUND_QUANTILE`` of its samples of the round.
+    ``time_step(side, reps)`` (side 0 base, 1 new) returns ``reps`` samples of that build
+    (0: ``time_call``'s own time-boxed count). On the CPU the first step is one call per
+    build, whose faster sets the plan (:func:`step_plan`, told to ``on_plan``), then the
+    steps go A B B A A B ... (A = new when ``new_first``), so neither build is always
+    first. On CUDA one block per build. A build's observation is ``ROUND_QUANTILE`` of its
+    samples of the round.
     """
     first = (1, 0) if new_first else (0, 1)
     samples: tuple[list[float], list[float]] = ([], [])
-    for step in range(steps):
-        for side in first if step % 2 == 0 else first[::-1]:
-            samples[side].extend(time_step(side, reps))
+    for side in first:
+        samples[side].extend(time_step(side, 1 if str(device).startswith("cpu") else 0))
+    if str(device).startswith("cpu"):
+        steps, reps = step_plan(min(samples[0][0], samples[1][0]))
+        on_plan(steps, reps)
+        for step in range(1, steps):
+            for side in first if step % 2 == 0 else first[::-1]:
+                samples[side].extend(time_step(side, reps))
     return tuple(float(np.quantile(s, ROUND_QUANTILE)) for s in samples)
 
 
-def _one_round(trees, envs, config, plans, keys, pooled, new_first: bool) -> None:
+def _one_round(trees, envs, config, keys, pooled, new_first: bool) -> None:
     """One fresh worker per build; each row timed by alternating steps (``alternate``), long rows on one CPU."""
     workers = [Worker(tree, config, env) for tree, env in zip(trees, envs, strict=True)]
     cpus = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else []
-    cpu = cpus[len(pooled[keys[0]][0]) % len(cpus)] if cpus and keys else None  # the CPUs in turn, round by round
+    cpu = cpus[len(pooled[keys[0]][0]) % len(cpus)] if len(cpus) > 1 and keys else None  # in turn, round by round
     try:
         for key in keys:
-            steps, reps = plans[key]
-            _pin(workers, cpu if reps == 1 and len(cpus) > 1 else None)
-            observed = alternate(lambda side, n: workers[side].time(*key, n), steps, reps, new_first)  # noqa: B023
+            observed = alternate(
+                lambda side, n: workers[side].time(*key, n),  # noqa: B023
+                config["device"], new_first, lambda steps, reps: _pin(workers, cpu if reps == 1 else None),
+            )  # fmt: skip
+            _pin(workers, None)
             for side in (0, 1):
                 pooled[key][side].append(observed[side])
     finally:

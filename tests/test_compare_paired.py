@@ -123,59 +123,75 @@ class BusyBox:
         return [self._call_us(side) for _ in range(reps)]
 
 
-def _simulate_busy(slowdowns: list[float], seed: int, steps: int, reps: int, call_s: float = 0.02):
+def _blocks(time_step, new_first: bool) -> tuple[float, float]:
+    """The rule before alternation: each build's 10 calls in one block, p10 of each."""
+    observed = [0.0, 0.0]
+    for side in (1, 0) if new_first else (0, 1):
+        observed[side] = float(np.quantile(time_step(side, 10), 0.1))
+    return observed[0], observed[1]
+
+
+def _simulate_busy(slowdowns: list[float], seed: int, alternating: bool = True, call_s: float = 0.02):
     """The confirm driver (``alternate`` rounds judged by ``sequential_rounds``) on one BusyBox per row."""
     rng = np.random.default_rng(seed)
     boxes = [BusyBox(rng, call_s, s) for s in slowdowns]
     index = {i: (f"case{i}", "b") for i in range(len(boxes))}
+    plans = []
 
     def time_round(keys, pooled, new_first):
         for key in keys:
             box = boxes[int(key[0][4:])]
             box.new_round()
-            for side, observed in enumerate(alternate(box.time_step, steps, reps, new_first)):
-                pooled[key][side].append(observed)
+            if alternating:
+                observed = alternate(box.time_step, "cpu", new_first, lambda *plan: plans.append(plan))
+            else:
+                observed = _blocks(box.time_step, new_first)
+            for side in (0, 1):
+                pooled[key][side].append(observed[side])
 
     pooled = sequential_rounds(
         index, dict.fromkeys(index, 0.1), time_round, alpha=0.05, rounds=24, time_s=1e9, log=lambda _: None
     )
     tests = [stats.paired_ratio(*pooled[key], looks=len(look_schedule(24))) for key in index.values()]
     verdicts = [stats.decide_paired(t, min_effect=0.1).verdict for t in tests]
-    return {v: verdicts.count(v) for v in stats.VERDICTS}
+    return {v: verdicts.count(v) for v in stats.VERDICTS}, plans
 
 
 def test_alternating_20ms_calls_one_by_one_flags_a_25pct_slowdown_that_blocks_of_ten_calls_miss():
-    steps, reps = step_plan(20_000, "cpu")
-    assert (steps, reps) == (24, 1)
-    alternating = _simulate_busy([1.25] * 40, seed=3, steps=steps, reps=reps)
+    alternating, plans = _simulate_busy([1.25] * 40, seed=3)
     assert alternating["slower"] == 40, alternating
-    blocks = _simulate_busy([1.25] * 40, seed=3, steps=1, reps=10)  # the rule before: each build's calls in one block
+    assert {reps for _, reps in plans} == {1} and np.median([steps for steps, _ in plans]) >= 12
+    blocks, _ = _simulate_busy([1.25] * 40, seed=3, alternating=False)
     assert blocks["slower"] <= 20, blocks
 
 
 def test_alternating_rounds_call_nothing_slower_on_a_busy_box_when_nothing_changed():
-    verdicts = _simulate_busy([1.0] * 150, seed=4, steps=24, reps=1)
+    verdicts, _ = _simulate_busy([1.0] * 150, seed=4)
     assert verdicts["slower"] == 0 and verdicts["faster"] == 0, verdicts
     assert verdicts["same"] >= 120, verdicts
 
 
-def test_alternate_steps_go_abba_from_the_side_asked_first_and_observe_each_builds_p10():
+def test_alternate_plans_from_its_first_step_then_goes_abba_from_the_side_asked_first():
     asked = []
 
     def time_step(side, reps):
-        asked.append(side)
-        return [100.0 * (1 + side) + i for i in range(reps)]  # base 100..109, new 200..209
+        asked.append((side, reps))
+        return [700.0 * (1 + side) + i for i in range(reps or 10)]  # base 700 us a call, new 1400 us
 
-    base, new = alternate(time_step, 4, 10, new_first=True)
-    assert asked == [1, 0, 0, 1, 1, 0, 0, 1]
-    assert base == pytest.approx(np.quantile(np.tile(np.arange(100.0, 110.0), 4), 0.1))
-    assert new == pytest.approx(base + 100)
+    plan = []
+    base, new = alternate(time_step, "cpu", True, lambda *p: plan.append(p))
+    assert plan == [step_plan(700.0)] == [(24, 7)]
+    assert asked[:2] == [(1, 1), (0, 1)] and asked[2:6] == [(0, 7), (1, 7), (1, 7), (0, 7)] and len(asked) == 48
+    assert base == pytest.approx(np.quantile([700.0] + list(np.arange(700.0, 707.0)) * 23, 0.1))
+    assert new == pytest.approx(base + 700)
+    asked.clear()
+    alternate(time_step, "cuda:0", False)
+    assert asked == [(0, 0), (1, 0)]  # on CUDA one time-boxed block per build, as before
 
 
 @pytest.mark.parametrize(
-    ("call_us", "device", "plan"),
-    [(35, "cpu", (24, 143)), (700, "cpu", (24, 7)), (20_000, "cpu", (24, 1)), (100_000, "cpu", (12, 1)),
-     (1e6, "cpu", (4, 1)), (float("nan"), "cpu", (24, 1)), (50, "cuda:0", (1, 0))],
-)  # fmt: skip
-def test_a_step_is_about_5ms_of_calls_and_a_round_about_1_2s_of_each_build_within_4_to_24_steps(call_us, device, plan):
-    assert step_plan(call_us, device) == plan
+    ("call_us", "plan"),
+    [(35, (24, 143)), (700, (24, 7)), (20_000, (24, 1)), (100_000, (9, 1)), (1e6, (1, 1)), (float("nan"), (24, 1))],
+)
+def test_a_step_is_about_5ms_of_calls_and_a_round_about_0_8_s_of_each_build_in_24_steps_at_most(call_us, plan):
+    assert step_plan(call_us) == plan
