@@ -24,7 +24,7 @@ Confirm mode does that, in the manner of ``asv continuous``:
    workers pinned to one CPU (``os.sched_setaffinity``; the CPUs in turn, round by round).
    Why, measured on this busy 2-core box (2 co-runners of bursty matmul and copies, load
    3-6; 14 rounds of fresh process pairs per variant; ``reference_slowable`` +25% on
-   ``long_half_accumulation`` fp16, 6 ms alone, 10-25 ms a call under that load): the
+   ``long_half_accumulation`` fp16, about 5 ms alone, 10-25 ms a call under that load): the
    spread (sd) of the per-round log ratio was 0.68 with the rule before (each build's
    ~10 calls in one block, p10 of each), 0.40 alternating call by call (p10 of 10 calls
    a build), 0.24 with the blocks pinned to one CPU and **0.17 alternating and pinned**
