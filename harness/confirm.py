@@ -51,7 +51,16 @@ Confirm mode does that, in the manner of ``asv continuous``:
    persistent speed (memory placement: two identical processes on this loaded 2-core
    machine differed by 1.5-2x for a whole session, even pinned to one CPU), so samples
    of one process are not independent observations, while fresh processes per round make
-   that effect part of the noise;
+   that effect part of the noise. For rows with large inputs that effect dominated: the
+   real round driver on ``long_half_accumulation`` fp16 +25% alone, both workers pinned,
+   gave round ratios of either about 1.25 or about 3 or 0.5 (sd of the log ratio 0.71 and
+   0.40 in two batches of 10 rounds, range 0.51-3.26), one of the two fresh processes 2.5x
+   slower for the whole round. The workers therefore run with torch's
+   ``THP_MEM_ALLOC_ENABLE=1`` (large CPU tensors 2 MB-aligned and on transparent huge
+   pages; this box's THP setting is ``madvise``, so without it none are): sd 0.09 and 0.18
+   in two batches of 12 and 10 rounds run between the batches without it, range
+   1.03-1.36 and 0.93-1.58, centre 1.24-1.26. Both builds get the same allocator, so the
+   ratio stays fair; absolute times may differ from a run's;
 5. the rounds are **paired**: row and round k give ``new_k / base_k``, both timed in the
    same second, step by step, so a load change that hits the whole round cancels (an
    unpaired test of the two sets of round medians sees it as noise, and called a real
@@ -134,6 +143,9 @@ class Worker:
         env = {**os.environ, **(env or {})}
         env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(checkout), os.environ.get("PYTHONPATH")]))
         env.setdefault("TRITON_INTERPRET", "1" if config["device"] == "cpu" else "0")
+        env.setdefault(
+            "THP_MEM_ALLOC_ENABLE", "1"
+        )  # torch: large CPU tensors 2 MB-aligned on huge pages (docstring, 4)
         self.proc = subprocess.Popen(
             [sys.executable, "-c", WORKER, json.dumps(config)],
             cwd=checkout, env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
