@@ -1,4 +1,4 @@
-"""``compare --confirm``: re-time the doubtful rows, alternating the two builds row by row.
+"""``compare --confirm``: re-time the doubtful rows, alternating the two builds step by step.
 
 Two runs made minutes apart on a shared machine see different loads: on a busy 2-core
 box whole runs drift by 30% and more, while the samples inside one run are tight, so a
@@ -13,24 +13,60 @@ Confirm mode does that, in the manner of ``asv continuous``:
    threads as the run recorded in ``timing_threads``); a worker builds a row's inputs and
    answers "time (case, backend)" with the samples of that build's ``time_call``;
 3. in each round, every chosen row (by default those judged slower or "cannot tell";
-   ``all``: every timed row) is timed for about 50 ms by base then new (new then base on
-   every second round), so both builds of a row are timed within a second, under one load;
-4. each round gives one observation per build: the 10th percentile of its samples
-   (``ROUND_QUANTILE``), the time of a call the scheduler left alone. On a 2-core box with
-   load 8, a 0.8 ms call took either about 0.8 ms or about 10 ms (preempted for a time
-   slice), so a median moves with the share of preempted calls, which the load sets: the
-   per-round log ratio of an unchanged row had a spread of 0.11 with the median and 0.04
-   with p10, and 0.13 against 0.02 on another row (measured here, 10 rounds). A slower
-   build is slower uninterrupted too. A process also has its own
+   ``all``: every timed row) is timed by base and new **alternating step by step**: the
+   parent drives both workers, one step at a time, A B B A A B ... (A = base, or new on
+   every second round). A step is a warm-up call and then about ``STEP_S`` (5 ms) of
+   timed calls, one call at least, so a 20 ms call is timed one call at a time, each base
+   call next to a new one. The first step is one call per build, and the faster of the
+   two sets the plan (:func:`step_plan`): about ``ROUND_S`` (0.8 s) of timed calls per
+   build, in at most 24 steps (a 1 s Triton-interpreter call: one step). On CUDA one
+   ``time_call`` block per build, as before. Rows of one call a step run with both
+   workers pinned to one CPU (``os.sched_setaffinity``; the CPUs in turn, round by round).
+   Why, measured on this busy 2-core box (2 co-runners of bursty matmul and copies, load
+   3-6; 14 rounds of fresh process pairs per variant; ``reference_slowable`` +25% on
+   ``long_half_accumulation`` fp16, about 5 ms alone, 10-25 ms a call under that load): the
+   spread (sd) of the per-round log ratio was 0.68 with the rule before (each build's
+   ~10 calls in one block, p10 of each), 0.40 alternating call by call (p10 of 10 calls
+   a build), 0.24 with the blocks pinned to one CPU and **0.17 alternating and pinned**
+   (the median of per-pair ratios instead of p10: 0.25). A 10-30 ms call never runs a
+   whole time slice alone under load, so no sample is clean, and a block of 10 such
+   calls spans 0.1-0.3 s, longer than a co-runner's burst: one build's block falls in a
+   burst and the other's not. Adjacent calls share the burst; pinned to one CPU, the
+   scheduler moves the co-runners to the other CPU rather than the worker. For a 0.7 ms
+   call (``decode_gqa`` fp32) alternating was at least as good as blocks (sd 0.05
+   against 0.07) and pinning made it worse (sd 0.45 from one preempted round; robust
+   spread 0.053 against 0.031), so short rows are not pinned. The spread sets the rounds
+   a row needs: on ``tests/test_compare_paired.py``'s simulated busy box (calibrated to
+   those spreads) a +25% 20 ms row was flagged 45 times in 50 with 12 steps and 50 in 50
+   with 24, and with 0.5 s of calls a round (18-20 steps under load) 75 times in 80. The
+   plan is read in the round, not from the compared runs: runs made under heavier load
+   recorded 0.2-0.7 s for calls of 10-30 ms, which gave the long rows 4 steps;
+4. each round gives one observation per build: the 10th percentile of its samples of the
+   round (``ROUND_QUANTILE``), the time of a call the scheduler left alone. On a 2-core
+   box with load 8, a 0.8 ms call took either about 0.8 ms or about 10 ms (preempted for
+   a time slice), so a median moves with the share of preempted calls, which the load
+   sets: the per-round log ratio of an unchanged row had a spread of 0.11 with the
+   median and 0.04 with p10, and 0.13 against 0.02 on another row (measured here, 10
+   rounds). A slower build is slower uninterrupted too. A process also has its own
    persistent speed (memory placement: two identical processes on this loaded 2-core
-   machine differed by 1.5-2x for a whole session, even pinned to one CPU), so samples of
-   one process are not independent observations, while fresh processes per round make
-   that effect part of the noise;
-5. the rounds are **paired**: row and round k give ``new_k / base_k``, timed a second
-   apart, so a load change that hits the whole round cancels (an unpaired test of the
-   two sets of round medians sees it as noise, and called a real 25% slowdown "cannot
-   tell" on 2 of 5 cases here). The verdict is :func:`harness.stats.decide_paired`: the
-   exact signed-rank interval of the paired ratio, past the minimum effect or inside it;
+   machine differed by 1.5-2x for a whole session, even pinned to one CPU), so samples
+   of one process are not independent observations, while fresh processes per round make
+   that effect part of the noise. For rows with large inputs that effect dominated: the
+   real round driver on ``long_half_accumulation`` fp16 +25% alone, both workers pinned,
+   gave round ratios of either about 1.25 or about 3 or 0.5 (sd of the log ratio 0.71 and
+   0.40 in two batches of 10 rounds, range 0.51-3.26), one of the two fresh processes 2.5x
+   slower for the whole round. The workers therefore run with torch's
+   ``THP_MEM_ALLOC_ENABLE=1`` (large CPU tensors 2 MB-aligned and on transparent huge
+   pages; this box's THP setting is ``madvise``, so without it none are): sd 0.09 and 0.18
+   in two batches of 12 and 10 rounds run between the batches without it, range
+   1.03-1.36 and 0.93-1.58, centre 1.24-1.26. Both builds get the same allocator, so the
+   ratio stays fair; absolute times may differ from a run's;
+5. the rounds are **paired**: row and round k give ``new_k / base_k``, both timed in the
+   same second, step by step, so a load change that hits the whole round cancels (an
+   unpaired test of the two sets of round medians sees it as noise, and called a real
+   25% slowdown "cannot tell" on 2 of 5 cases here). The verdict is
+   :func:`harness.stats.decide_paired`: the exact signed-rank interval of the paired
+   ratio, past the minimum effect or inside it;
 6. **sequential**: the rows are looked at after ``MIN_ROUNDS`` rounds and then every
    ``LOOK_EVERY`` rounds up to ``rounds``; a row whose verdict is decided (slower, faster,
    same) stops being re-timed, the rest go on until ``rounds`` or the time box
@@ -45,6 +81,7 @@ changes nothing. Rows only: status and accuracy changes are not re-run.
 from __future__ import annotations
 
 import json
+import math
 import os
 import shlex
 import subprocess
@@ -75,7 +112,8 @@ for plugin in cfg["plugins"]:
 cases = {c.id: c for c in load_cases(cfg["case_files"], device=cfg["device"])}
 ready = {}
 for line in sys.stdin:
-    case_id, backend = json.loads(line)
+    case_id, backend, *step = json.loads(line)
+    reps = step[0] if step else 0
     try:
         if (case_id, backend) not in ready:
             case, b = cases[case_id], REGISTRY[backend]
@@ -88,7 +126,10 @@ for line in sys.stdin:
             out = inputs.new_out()
             ready[(case_id, backend)] = (b.prepare(case, inputs, out).run, b.graphable)
         run, graphable = ready[(case_id, backend)]
-        timing = time_call(run, cfg["device"], graphable=graphable, target_s=cfg["target_s"], min_reps=10)
+        if reps:  # one step of an alternating round: a warm-up call, then exactly `reps` timed calls
+            timing = time_call(run, cfg["device"], graphable=graphable, target_s=0.0, min_reps=reps, max_reps=reps)
+        else:
+            timing = time_call(run, cfg["device"], graphable=graphable, target_s=cfg["target_s"], min_reps=10)
         print(json.dumps(list(timing.samples_us)), flush=True)
     except Exception as error:
         print(json.dumps({"error": f"{type(error).__name__}: {error}"}), flush=True)
@@ -102,13 +143,17 @@ class Worker:
         env = {**os.environ, **(env or {})}
         env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(checkout), os.environ.get("PYTHONPATH")]))
         env.setdefault("TRITON_INTERPRET", "1" if config["device"] == "cpu" else "0")
+        env.setdefault(
+            "THP_MEM_ALLOC_ENABLE", "1"
+        )  # torch: large CPU tensors 2 MB-aligned on huge pages (docstring, 4)
         self.proc = subprocess.Popen(
             [sys.executable, "-c", WORKER, json.dumps(config)],
             cwd=checkout, env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
         )  # fmt: skip
 
-    def time(self, case: str, backend: str) -> list[float]:
-        self.proc.stdin.write(json.dumps([case, backend]) + "\n")
+    def time(self, case: str, backend: str, reps: int = 0) -> list[float]:
+        """Samples of one row: ``reps`` timed calls after a warm-up, or (0) ``time_call``'s time-boxed count."""
+        self.proc.stdin.write(json.dumps([case, backend, reps] if reps else [case, backend]) + "\n")
         self.proc.stdin.flush()
         line = self.proc.stdout.readline()
         if not line:
@@ -134,6 +179,10 @@ def _worktree(commit: str, path: Path) -> Path:
 
 
 ROUND_QUANTILE = 0.1  # a round's observation of a build: this quantile of its samples (module docstring, 4)
+STEP_S = 0.005  # one alternating step: about this much of one build's calls, one call at least
+ROUND_S = 0.8  # timed calls per build per row and round, about
+MAX_STEPS = 24  # alternating steps per build per row and round, at most
+PIN_LONG = True  # rows of one call a step: both builds' workers on one CPU (module docstring, 3)
 MIN_ROUNDS = 8  # the first look: fewer rounds cannot exclude anything at confidence 1 - 0.05 / 5
 LOOK_EVERY = 4
 DEFAULT_ROUNDS = 24
@@ -202,7 +251,8 @@ def confirm_slower(
                 f"looks after rounds {', '.join(map(str, looks))}, time box {time_s:.0f} s"
             )
             pooled = sequential_rounds(
-                index, effects, lambda keys, pooled, new_first: _one_round(trees, envs, config, keys, pooled, new_first),
+                index, effects,
+                lambda keys, pooled, new_first: _one_round(trees, envs, config, keys, pooled, new_first),
                 alpha=options.alpha, rounds=rounds, time_s=time_s, log=log,
             )  # fmt: skip
         finally:
@@ -243,14 +293,67 @@ def sequential_rounds(
     return pooled
 
 
+def step_plan(call_us: float) -> tuple[int, int]:
+    """(steps, reps) of a row's round on the CPU: ``steps`` alternating steps per build, ``reps`` timed calls each.
+
+    ``call_us``: one call's time, from the round's first step. A step is about ``STEP_S``
+    of calls, one call at least; a build gets about ``ROUND_S`` of timed calls per round,
+    in at most ``MAX_STEPS`` steps (module docstring, 3).
+    """
+    call_s = call_us * 1e-6 if np.isfinite(call_us) and call_us > 0 else STEP_S
+    reps = max(1, round(STEP_S / call_s))
+    return min(max(math.ceil(ROUND_S / (reps * call_s)), 1), MAX_STEPS), reps
+
+
+def _pin(workers: list[Worker], cpu: int | None) -> None:
+    """Pin both builds' workers to ``cpu`` (None: every CPU this process may use again)."""
+    if not (PIN_LONG and hasattr(os, "sched_setaffinity")):
+        return
+    allowed = os.sched_getaffinity(0)
+    for worker in workers:
+        os.sched_setaffinity(worker.proc.pid, allowed if cpu is None else {cpu})
+
+
+def alternate(
+    time_step: Callable[[int, int], list[float]], device: str, new_first: bool,
+    on_plan: Callable[[int, int], None] = lambda steps, reps: None,
+) -> tuple[float, float]:  # fmt: skip
+    """One row's round, base and new alternating step by step; returns each build's observation.
+
+    ``time_step(side, reps)`` (side 0 base, 1 new) returns ``reps`` samples of that build
+    (0: ``time_call``'s own time-boxed count). On the CPU the first step is one call per
+    build, whose faster sets the plan (:func:`step_plan`, told to ``on_plan``), then the
+    steps go A B B A A B ... (A = new when ``new_first``), so neither build is always
+    first. On CUDA one block per build. A build's observation is ``ROUND_QUANTILE`` of its
+    samples of the round.
+    """
+    first = (1, 0) if new_first else (0, 1)
+    samples: tuple[list[float], list[float]] = ([], [])
+    for side in first:
+        samples[side].extend(time_step(side, 1 if str(device).startswith("cpu") else 0))
+    if str(device).startswith("cpu"):
+        steps, reps = step_plan(min(samples[0][0], samples[1][0]))
+        on_plan(steps, reps)
+        for step in range(1, steps):
+            for side in first if step % 2 == 0 else first[::-1]:
+                samples[side].extend(time_step(side, reps))
+    return tuple(float(np.quantile(s, ROUND_QUANTILE)) for s in samples)
+
+
 def _one_round(trees, envs, config, keys, pooled, new_first: bool) -> None:
-    """One fresh worker per build; each row timed by both, one after the other; a low quantile of each pooled."""
+    """One fresh worker per build; each row timed by alternating steps (``alternate``), long rows on one CPU."""
     workers = [Worker(tree, config, env) for tree, env in zip(trees, envs, strict=True)]
+    cpus = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else []
+    cpu = cpus[len(pooled[keys[0]][0]) % len(cpus)] if len(cpus) > 1 and keys else None  # in turn, round by round
     try:
-        order = (1, 0) if new_first else (0, 1)
         for key in keys:
-            for side in order:
-                pooled[key][side].append(float(np.quantile(workers[side].time(*key), ROUND_QUANTILE)))
+            observed = alternate(
+                lambda side, n: workers[side].time(*key, n),  # noqa: B023
+                config["device"], new_first, lambda steps, reps: _pin(workers, cpu if reps == 1 else None),
+            )  # fmt: skip
+            _pin(workers, None)
+            for side in (0, 1):
+                pooled[key][side].append(observed[side])
     finally:
         for worker in workers:
             worker.close()
