@@ -17,9 +17,8 @@ set -uo pipefail
 OUT=${OUT:-gpu_out}
 mkdir -p "$OUT/scale"
 export PYTHONUNBUFFERED=1
-if [ -d .whl ] && [ -z "${DRY:-}" ]; then  # wheels the image lacks, as scripts/gpu_run.sh installs them
-  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || exit 1
-  export PYTHONPATH=/tmp/site:$PWD PATH=/tmp/site/bin:$PATH
+if [ -z "${DRY:-}" ]; then
+  source scripts/gpu_wheels.sh || exit 1  # wheels the image lacks
 fi
 if [ -n "${DRY:-}" ]; then
   DEVICE="--device cpu --oracle-cache off"  # no cache: the second run must not reuse the first's oracle

@@ -20,6 +20,7 @@ def run_script(*args: str, timeout: float = 300) -> subprocess.CompletedProcess:
 def test_every_script_is_exercised_here():
     exercised = {"peer_table.py", "measure_tlsim_closeness.py", "gpu_run.sh", "noise_check.py", "slowdown_plugin.py"}
     exercised |= {"tune_tiles.py", "kernel_targets.py", "gpu_scale.sh", "host_overhead.py", "gpu_evidence.sh"}
+    exercised |= {"gpu_wheels.sh"}
     exercised |= {"case_setup_cost.py"}
     assert {p.name for p in (ROOT / "scripts").iterdir() if p.is_file()} <= exercised, (
         "a new script needs a dry run here"
@@ -71,8 +72,8 @@ def test_host_overhead_script_tables_the_three_calls_plans_off_and_on():
 
 
 def test_gpu_run_scripts_are_valid_bash():
-    """gpu_run.sh and gpu_evidence.sh only orchestrate scripts that have dry runs of their own here."""
-    for script in ("gpu_run.sh", "gpu_evidence.sh"):
+    """gpu_run.sh, gpu_evidence.sh (and the wheels they source) only orchestrate scripts with dry runs here."""
+    for script in ("gpu_run.sh", "gpu_evidence.sh", "gpu_wheels.sh"):
         done = subprocess.run(["bash", "-n", str(ROOT / "scripts" / script)], capture_output=True, text=True)
         assert done.returncode == 0, done.stderr
 
