@@ -134,8 +134,8 @@ def build_parser() -> argparse.ArgumentParser:
     compare.add_argument("--all", action="store_true", dest="show_all", help="list every row, not only changes")
     compare.add_argument(
         "--normalize-by", metavar="BACKEND", dest="normalize_by",
-        help="judge latencies relative to this unchanged backend (a peer) in the same run and case: cancels the "
-        "drift between machines or hours (harness.compare)",
+        help="judge latencies relative to this unchanged backend (a peer) in the same run and case: cancels a "
+        "drift that moves every kernel alike (across two H200s peers still differed by up to 4%%: README)",
     )  # fmt: skip
     compare.add_argument("--confirm", nargs="?", const="unclear", choices=["slower", "unclear", "all"],
                          help="re-time rows judged slower (and, by default, 'cannot tell'; or all), alternating both "
