@@ -395,7 +395,12 @@ def _run_and_write(args, device, cases, backends, plugin_backends, worker, journ
 
     threads = torch.get_num_threads()  # as cmd_run set it (--threads)
     to_profile = selected(cases, backends, args.profile)
-    ceilings = measure_ceilings(device, [c.dtype for c in cases]) if args.timing else {}
+    dtypes = tuple(sorted({c.dtype for c in cases}))
+    # Sharded on CUDA, every worker measures its own GPU's ceilings as it starts (harness.ceilings.own_device)
+    # and its rows are judged against them: the driver measuring GPU 0 as well cost 2-3 s (CUDA start and the
+    # read, copy and matmul timings) before any worker started. meta.json's ``ceilings`` are then the first GPU's.
+    sharded_cuda = device == "cuda" and (getattr(args, "workers", None) or getattr(args, "ray", None)) is not None
+    ceilings = measure_ceilings(device, list(dtypes)) if args.timing and not sharded_cuda else {}
     isolated = {"plugins": plugin_backends, "all": {b.name for b in backends}, "none": set()}[args.isolate]
     config = RunConfig(
         device=device,
@@ -403,6 +408,7 @@ def _run_and_write(args, device, cases, backends, plugin_backends, worker, journ
         timing=args.timing,
         oracle_device=args.harness_oracle_device or "cpu",
         ceilings=ceilings,
+        ceiling_dtypes=dtypes,
         progress=args.progress,
         isolated=frozenset(isolated),
         plugins=tuple(args.harness_plugins),
@@ -430,6 +436,8 @@ def _run_and_write(args, device, cases, backends, plugin_backends, worker, journ
           + (f": {todo} to run, {len(done)} from the journal" if done else ""), file=sys.stderr)  # fmt: skip
     scale = run_rows(args, cases, config, on_row, done, worker)  # in this process, over --workers, or --ray
     merging = time.perf_counter()
+    if sharded_cuda and args.timing and scale.get("gpus"):
+        ceilings = scale["gpus"][0].get("ceilings") or {}  # the first GPU's, as its worker measured them
     frame = _ordered(to_frame(journal.rows), cases, backends, COLUMNS)
     scale.update(journal_s=round(journal_s, 3), merge_s=round(time.perf_counter() - merging, 3), rows=len(frame))
     bandwidth = {k: v for k, v in ceilings.items() if k.endswith("_gbps")}

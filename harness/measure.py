@@ -19,6 +19,7 @@ import torch
 from .cases import Case
 from .ceilings import ceiling_columns
 from .metrics import flops, gbps, tflops
+from .phases import phase
 from .registry import Backend, Prepared
 from .timing import Timing, kernels_launched, probe_call, time_call, time_wall
 
@@ -49,21 +50,25 @@ def _spread(prefix: str, timing: Timing) -> dict:
 def timing_columns(case: Case, backend: Backend, prepared: Prepared, plan: TimingPlan, bytes_moved: int) -> dict:
     """Every timing column of one row (see the module docstring)."""
     device = plan.device
-    latency = time_call(prepared.run, device, graph=backend.graphable, target_s=plan.latency_target_s)
+    with phase("timing: latency"):
+        latency = time_call(prepared.run, device, graph=backend.graphable, target_s=plan.latency_target_s)
     row = {**_spread("latency", latency), "timing_reps": len(latency.samples_us)}
     row["timing_method"] = latency.method
     if prepared.call is None and torch.device(device).type == "cpu":
         call = latency  # on the CPU the same callable has the same wall time: no second measurement
     else:
-        call = time_wall(prepared.call or prepared.run, device, target_s=plan.call_target_s)
+        with phase("timing: call"):
+            call = time_wall(prepared.call or prepared.run, device, target_s=plan.call_target_s)
     row.update(_spread("call", call))
     if torch.device(device).type == "cuda":  # on a CPU all of it is host time: no split to report
         row["host_overhead_us"] = row["call_us"] - row["latency_us"]
-    probe = probe_call(prepared.call or prepared.run, device)
+    with phase("timing: probe"):
+        probe = probe_call(prepared.call or prepared.run, device)
     row["graph_capturable"] = probe.graph_capturable
     row["device_syncs"] = probe.device_syncs
     if backend.kind == "peer":  # which library kernel a peer got (the profiler costs a second or so a row)
-        row["kernels_ran"] = kernels_launched(prepared.run, device)
+        with phase("timing: profiler"):
+            row["kernels_ran"] = kernels_launched(prepared.run, device)
     row["timing_threads"] = plan.threads if plan.threads is not None else torch.get_num_threads()
     row["gbps"] = gbps(bytes_moved, row["latency_us"])
     row["flops"] = flops(case)

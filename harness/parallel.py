@@ -28,7 +28,8 @@ and ``cmd_run`` writes the one run folder, exactly as for a one-process run.
   meta.json's ``gpus`` lists every GPU's.
 * **Overheads**, measured and kept in meta.json's ``scale`` (:meth:`ShardedRun.timings`):
   each worker's start (spawn to ready, its ceilings included), the time workers waited
-  for a case (dispatch), the time the cases took.
+  for a case (dispatch), the time the cases took, and that time by phase (``phase_s``:
+  inputs, oracle, guard, graded call, grade, timing; :mod:`harness.phases`).
 * **A worker that dies** (killed, out of memory, a segfault in a kernel) loses only the
   row it was computing: the worker tells the parent which backend it starts, so its rows
   already sent are kept, cases sent ahead and not started go back to the queue untouched,
@@ -56,6 +57,7 @@ from dataclasses import dataclass, field
 from multiprocessing.connection import wait
 
 from .cases import Case
+from .phases import add_phases
 
 START_TIMEOUT_S = 300.0
 MAX_FAILED_STARTS = 3  # workers dying before they are ready (a broken install): the run stops
@@ -121,7 +123,7 @@ def worker_setup(config, plugins: tuple[str, ...], threads: int | None):
         if plugin not in _LOADED:
             load_plugin(plugin)
             _LOADED.add(plugin)
-    dtypes = sorted(config.ceilings.get("matmul_tflops") or {})  # the run's dtypes, as the driver measured them
+    dtypes = sorted(config.ceiling_dtypes or config.ceilings.get("matmul_tflops") or {})  # the run's dtypes
     report = ceilings.own_device(config.device, dtypes, config.timing)
     if report["ceilings"]:
         config = dataclasses.replace(config, ceilings=report["ceilings"])
@@ -166,7 +168,10 @@ def case_events(case: Case, names: list[str], config, labels: dict) -> Iterator[
 
 def _worker_main(conn, config, plugins: tuple[str, ...], threads: int | None, labels: dict) -> None:
     """Answer ('ready', pid, device) once, then for each ('case', case, names) its events and
-    ('done', waited_s, busy_s): how long it waited for the case, how long the case took."""
+    ('done', waited_s, busy_s, phases): how long it waited for the case, how long the case took,
+    and where that time went (:mod:`harness.phases`)."""
+    from .phases import take_phases
+
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent owns Ctrl-C and stops the workers
     config, device = worker_setup(config, plugins, threads)
     conn.send(("ready", os.getpid(), device))
@@ -180,9 +185,10 @@ def _worker_main(conn, config, plugins: tuple[str, ...], threads: int | None, la
             return
         _, case, names = message
         started = time.perf_counter()
+        take_phases()  # the case's phases only
         for event in case_events(case, names, config, labels):
             conn.send(event)
-        conn.send(("done", started - free, time.perf_counter() - started))
+        conn.send(("done", started - free, time.perf_counter() - started, take_phases()))
 
 
 # --- the parent -----------------------------------------------------------------------------
@@ -233,6 +239,7 @@ class ShardedRun:
         self.measure_seconds: list[float] = []  # of which measuring the worker's own GPU's ceilings
         self.waited_seconds: list[float] = []  # per case: a worker free, waiting for it (dispatch)
         self.busy_seconds: list[float] = []  # per case: inputs, oracle and every backend of it
+        self.phase_seconds: dict[str, float] = {}  # busy_seconds by phase (harness.phases), summed
         self.failed_starts = 0
         from .ceilings import GpuLedger
 
@@ -380,6 +387,7 @@ class ShardedRun:
                 slot.running = None
                 self.waited_seconds.append(message[1])
                 self.busy_seconds.append(message[2])
+                self.phase_seconds = add_phases(self.phase_seconds, message[3])
 
     def _died(self, slot: _Slot, queue, on_row, how: str) -> None:
         """The worker died: keep its sent rows, retry the rest once elsewhere, then error rows."""
@@ -436,6 +444,7 @@ class ShardedRun:
             "cases": len(self.busy_seconds),
             "dispatch_wait_s": round(sum(self.waited_seconds), 3),
             "case_busy_s": round(sum(self.busy_seconds), 3),
+            "phase_s": self.phase_seconds,
             "gpus": self.ledger.to_meta(),
         }
 

@@ -45,6 +45,8 @@ from collections.abc import Callable, Collection, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from .phases import add_phases
+
 RETRIES = 1
 
 
@@ -63,15 +65,17 @@ def ray_missing() -> str | None:
 def case_task(case, names: list[str], config, plugins: tuple[str, ...]) -> Iterator[tuple]:
     """The body of a Ray task, a generator (Ray streams each item to the driver as it is made):
     ``("device", report, labels)``, then :func:`harness.parallel.case_events` (``start`` /
-    ``row``), then ``("done", busy_s)``. Plain Python: testable without Ray."""
+    ``row``), then ``("done", busy_s, phases)`` (:mod:`harness.phases`). Plain Python: testable without Ray."""
     from .parallel import case_events, worker_setup
+    from .phases import take_phases
 
     config, device = worker_setup(config, plugins, config.threads)
     labels = _labels()
     yield "device", device, labels
     started = time.perf_counter()
+    take_phases()
     yield from case_events(case, names, config, labels)
-    yield "done", time.perf_counter() - started
+    yield "done", time.perf_counter() - started, take_phases()
 
 
 @dataclass
@@ -136,7 +140,7 @@ def run_on_ray(
     remote = ray.remote(max_retries=0, **resources)(case_task)  # a death is retried here, knowing who died
     shipped = dataclasses.replace(config, backends=[], progress=False, isolated=frozenset())
     plugins = tuple(config.plugins)
-    ledger, busy, live = GpuLedger(), [], {}
+    ledger, busy, live, phases = GpuLedger(), [], {}, {}
     tasks = 0
 
     def submit(case, names: list[str], deaths: dict | None = None) -> None:
@@ -182,6 +186,7 @@ def run_on_ray(
                     on_row(ledger.apply(event[1]))
                 elif event[0] == "done":
                     busy.append(event[1])
+                    phases = add_phases(phases, event[2])
             now = time.monotonic()
             for stream, task in list(live.items()):
                 limit = task.case.timeout_s or config.timeout_s or _default_timeout()
@@ -198,7 +203,7 @@ def run_on_ray(
             ray.shutdown()
             shutil.rmtree(env[SHARE_ENV], ignore_errors=True)  # this host's; other nodes' are a few bytes each
     return {"init_s": round(init_s, 3), "tasks": tasks, "wall_s": round(time.perf_counter() - submitted, 3),
-            "case_busy_s": round(sum(busy), 3), "gpus": ledger.to_meta()}  # fmt: skip
+            "case_busy_s": round(sum(busy), 3), "phase_s": phases, "gpus": ledger.to_meta()}  # fmt: skip
 
 
 def _failed(task: _Task, error: Exception, submit, error_rows) -> None:

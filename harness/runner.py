@@ -22,6 +22,7 @@ from .measure import TimingPlan, timing_columns
 from .metrics import bytes_moved
 from .oracle import paged_attention_oracle
 from .oracle_cache import cached_result, oracle_key
+from .phases import phase
 from .registry import Backend, Unsupported
 from .vocab import FAILING, GRADED, STATUSES
 
@@ -49,6 +50,7 @@ class RunConfig:
     timing: bool = True
     oracle_device: str = "cpu"
     ceilings: dict = field(default_factory=dict)  # harness.ceilings.measure_ceilings: read/copy GB/s, peaks
+    ceiling_dtypes: tuple[str, ...] = ()  # the run's dtypes: a worker measures its GPU's matmul ceiling for each
     progress: bool = True
     threads: int | None = None  # torch intra-op threads of the run (recorded on timed rows)
     isolated: frozenset[str] = frozenset()  # backends run in a worker process (harness.isolation)
@@ -70,7 +72,18 @@ class CaseContext:
 
 
 def build_context(case: Case, device: str, oracle_device: str) -> CaseContext:
-    inputs = case_inputs(case, device)
+    """The case's inputs, oracle output (and lse), error bound and input guard; phases "inputs", "oracle", "guard"."""
+    with phase("inputs"):
+        inputs = case_inputs(case, device)
+    with phase("oracle"):
+        expected, bound, expected_lse, quant_error = _oracle_results(inputs, oracle_device)
+    with phase("guard"):
+        guard = InputGuard(inputs, lambda: case_inputs(case, device))
+    return CaseContext(case, inputs, expected, bound, guard, expected_lse, quant_error)
+
+
+def _oracle_results(inputs: PagedInputs, oracle_device: str) -> tuple:
+    """(expected, bound, expected_lse or None, quant_error or None) of :class:`CaseContext` for ``inputs``."""
     options = {name: value for name, value in inputs.options.items() if name != "return_lse"}
     out_shape = (*inputs.q.shape[:2], inputs.v_cache.shape[-1])
     expected_lse = None
@@ -91,8 +104,7 @@ def build_context(case: Case, device: str, oracle_device: str) -> CaseContext:
         quant_error = float((unquantized - expected).abs().max()) if expected.numel() else 0.0
     bound = cached_result(key, BOUND_RESULT, oracle_device, out_shape,
                           lambda: forward_error_bound(*inputs.dequantized_args(), expected))  # fmt: skip
-    guard = InputGuard(inputs, lambda: case_inputs(case, device))
-    return CaseContext(case, inputs, expected, bound, guard, expected_lse, quant_error)
+    return expected, bound, expected_lse, quant_error
 
 
 def case_inputs(case: Case, device: str) -> PagedInputs:
@@ -158,19 +170,22 @@ def run_backend(ctx: CaseContext, backend: Backend, config: RunConfig) -> dict:
         return {**row, "status": "skip", "reason": reason}
     try:
         out = ctx.inputs.new_out()  # NaN: an element the backend does not write fails
-        prepared = backend.prepare(case, ctx.inputs, out)
-        raw, lse, lse_problem = prepared.run(), None, ""
+        with phase("graded call"):
+            prepared = backend.prepare(case, ctx.inputs, out)
+            raw, lse, lse_problem = prepared.run(), None, ""
         if ctx.expected_lse is not None:  # the call was asked for (out, lse)
             if isinstance(raw, tuple) and len(raw) == 2:
                 raw, lse = raw
             else:
                 lse_problem = f"return_lse=True returned {type(raw).__name__}, not a tuple (out, lse)"
         packed = prepared.to_packed(raw)
-        mutated = ctx.guard.check("in its graded call") if ctx.guard else ""
+        with phase("guard"):
+            mutated = ctx.guard.check("in its graded call") if ctx.guard else ""
         problem = "; ".join(filter(None, [mutated, check_output(packed, ctx.inputs.q, case.head_dim_v), lse_problem]))
         if not isinstance(packed, torch.Tensor) or packed.shape != ctx.expected.shape:
             return {**row, "status": "fail", "reason": problem, "note": prepared.note}
-        result = grade(packed, ctx.expected, case.atol, case.rtol, ctx.bound)
+        with phase("grade"):
+            result = grade(packed, ctx.expected, case.atol, case.rtol, ctx.bound)
         row.update(status="pass" if result.passed else "fail", reason=result.reason, note=prepared.note)
         row.update(result.columns())
         if not result.passed and result.worst_index:
@@ -187,7 +202,8 @@ def run_backend(ctx: CaseContext, backend: Backend, config: RunConfig) -> dict:
         if config.timing:
             plan = TimingPlan(config.device, config.ceilings, threads=config.threads)
             row.update(timing_columns(case, backend, prepared, plan, row["bytes_moved"]))
-        timed_problem = ctx.guard.check("while timed") if ctx.guard else ""
+        with phase("guard"):
+            timed_problem = ctx.guard.check("while timed") if ctx.guard else ""
         if timed_problem and not problem:
             row.update(status="fail", reason=timed_problem)
     except Unsupported as refusal:  # the backend cannot serve this case: a skip with its reason

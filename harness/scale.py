@@ -93,8 +93,10 @@ def run_rows(args: argparse.Namespace, cases, config, on_row, done, worker=None)
 
         record = {"mode": "workers", **run_sharded(cases, config, on_row, done, workers=workers).timings()}
     else:
+        from .phases import take_phases
         from .runner import run_cases
 
+        take_phases()
         run_cases(cases, config, on_row=on_row, done=done, worker=worker)
-        record = {"mode": "one process", "gpus": []}
+        record = {"mode": "one process", "gpus": [], "phase_s": take_phases()}
     return {**record, "wall_s": round(time.perf_counter() - started, 3)}

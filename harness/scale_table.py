@@ -17,7 +17,8 @@ with ``--workers`` or ``--ray``; :func:`harness.scale.run_rows`). Columns:
     journal ms/row, merge ms/row  the driver's fsynced journal write, and building the frame
     status      rows per status
 
-The first run is the baseline of the speed-up (give ``--workers 1`` first).
+The first run is the baseline of the speed-up (give ``--workers 1`` first). Below the table, the busy
+seconds by phase (:func:`format_phases`): what grew when the same cases ran on more workers.
 """
 
 from __future__ import annotations
@@ -72,12 +73,37 @@ def format_table(rows: list[dict]) -> str:
     return "\n".join(lines)
 
 
+def format_phases(runs: list[tuple[Path, float]]) -> str:
+    """A Markdown table of where each run's busy seconds went (meta.json ``scale.phase_s``), one column per run.
+
+    Phases are :mod:`harness.phases` names (inputs, oracle, guard, graded call, grade, timing: ...),
+    summed over the run's workers; "other" is busy time outside every phase. '' when no run has them.
+    """
+    records = []
+    for run_dir, _ in runs:
+        meta_file = Path(run_dir) / "meta.json"
+        scale = json.loads(meta_file.read_text()).get("scale") or {} if meta_file.is_file() else {}
+        records.append((Path(run_dir).name, scale.get("phase_s") or {}, scale.get("case_busy_s")))
+    names = sorted({name for _, spent, _ in records for name in spent})
+    if not names:
+        return ""
+    lines = ["| phase, s | " + " | ".join(label for label, _, _ in records) + " |", "|---|" + "---|" * len(records)]
+    for name in names:
+        lines.append(f"| {name} | " + " | ".join(f"{spent.get(name, 0.0):.1f}" for _, spent, _ in records) + " |")
+    other = [f"{busy - sum(spent.values()):.1f}" if busy is not None else "" for _, spent, busy in records]
+    lines.append("| other | " + " | ".join(other) + " |")
+    return "\n".join(lines)
+
+
 def main(argv: list[str]) -> int:
     if not argv or len(argv) % 2:
         print(__doc__.split("\n\n")[1].strip(), file=sys.stderr)
         return 2
     runs = [(Path(argv[i]), float(argv[i + 1])) for i in range(0, len(argv), 2)]
     print(format_table(table_rows(runs)))
+    if phases := format_phases(runs):
+        print("\nwhere the cases' busy time went (summed over workers):\n")
+        print(phases)
     return 0
 
 

@@ -85,6 +85,38 @@ def test_workers_report_their_device_and_meta_keeps_it_with_where_the_time_went(
     assert scale["ceilings_measure_s"] == [0.5, 0.5] and scale["cases"] == 2 and scale["rows"] == 2
     assert scale["wall_s"] >= scale["case_busy_s"] / 2 > 0
     assert min(scale["dispatch_wait_s"], scale["journal_s"], scale["merge_s"]) >= 0
+    phases = scale["phase_s"]  # where the busy time went, summed over both workers (harness.phases)
+    assert {"inputs", "oracle", "guard", "graded call", "grade"} <= set(phases)
+    assert 0 < sum(phases.values()) <= scale["case_busy_s"] + 0.01
+    assert "where the cases' busy time went" in _scale_table(out)
+
+
+def _scale_table(run_dir) -> str:
+    import io
+    from contextlib import redirect_stdout
+
+    from harness.scale_table import main as table_main
+
+    printed = io.StringIO()
+    with redirect_stdout(printed):
+        assert table_main([str(run_dir), "12.5"]) == 0
+    return printed.getvalue()
+
+
+def test_phases_sum_each_block_once_even_when_it_raises_and_start_again_after_take():
+    from harness.phases import add_phases, phase, take_phases
+
+    take_phases()
+    with phase("a"):
+        pass
+    with pytest.raises(ValueError), phase("b"):
+        raise ValueError("counted anyway")
+    with phase("a"):
+        pass
+    spent = take_phases()
+    assert set(spent) == {"a", "b"} and min(spent.values()) >= 0
+    assert take_phases() == {}
+    assert add_phases({"a": 1.0, "c": 0.5}, {"a": 0.25, "b": 2.0}) == {"a": 1.25, "b": 2.0, "c": 0.5}
 
 
 def _stopped_run(tmp_path, cases_file, *flags: str):
