@@ -45,10 +45,23 @@ from dataclasses import dataclass
 
 import numpy as np
 
-try:
-    from scipy.stats import mannwhitneyu
-except ImportError:  # scipy is optional: the normal approximation below stands in
-    mannwhitneyu = None
+_NOT_LOADED = object()
+# scipy.stats's Mann-Whitney, imported on first use: scipy.stats takes 1-2 s to import, which every
+# `harness run` paid at its start before (through the CLI's import of harness.compare). None: scipy is
+# not installed (optional), and the normal approximation in mann_whitney_p stands in.
+mannwhitneyu = _NOT_LOADED
+
+
+def _load_mannwhitneyu():
+    global mannwhitneyu
+    if mannwhitneyu is _NOT_LOADED:
+        try:
+            from scipy.stats import mannwhitneyu as loaded
+        except ImportError:
+            loaded = None
+        mannwhitneyu = loaded
+    return mannwhitneyu
+
 
 MIN_SAMPLES = 5  # below this Mann-Whitney cannot reach p < 0.05 over many rows
 DEFAULT_EFFECT = {"cpu": 0.10, "cuda": 0.03}
@@ -105,8 +118,8 @@ def compare_samples(base: Sequence[float], new: Sequence[float], *, alpha: float
 def mann_whitney_p(x: np.ndarray, y: np.ndarray) -> float:
     """Two-sided Mann-Whitney U p-value: scipy's (exact for small samples) when installed,
     else the normal approximation with tie and continuity corrections."""
-    if mannwhitneyu is not None:
-        return float(mannwhitneyu(x, y, alternative="two-sided").pvalue)
+    if (scipy_test := _load_mannwhitneyu()) is not None:
+        return float(scipy_test(x, y, alternative="two-sided").pvalue)
     n1, n2 = len(x), len(y)
     values = np.concatenate([x, y])
     order = values.argsort(kind="mergesort")

@@ -87,9 +87,11 @@ def test_gpu_scale_script_dry_runs_one_and_two_workers_and_tables_them(tmp_path)
         ["bash", "scripts/gpu_scale.sh"], cwd=ROOT, env=env, capture_output=True, text=True, timeout=300
     )
     assert done.returncode == 0, done.stderr
-    table = (tmp_path / "out" / "scale" / "table.md").read_text().splitlines()
+    speed, phases = (tmp_path / "out" / "scale" / "table.md").read_text().split("\n\nwhere the cases' busy time went")
+    table = speed.splitlines()
     assert table[0].startswith("| workers | wall s | cases s | speed-up |") and len(table) == 4
     assert table[2].startswith("| 1 |") and table[3].startswith("| 2 |") and table[3].endswith("| pass 1 |")
+    assert "| phase, s | workers1 | workers2 |" in phases and "| inputs |" in phases
 
 
 def test_noise_check_script_answers_help():
