@@ -46,11 +46,13 @@ and ``cmd_run`` writes the one run folder, exactly as for a one-process run.
 from __future__ import annotations
 
 import collections
+import contextlib
 import dataclasses
 import multiprocessing
 import os
 import signal
 import socket
+import threading
 import time
 from collections.abc import Callable, Collection, Iterable, Iterator
 from dataclasses import dataclass, field
@@ -291,14 +293,23 @@ class ShardedRun:
         slot.ready = False
         return how
 
-    def stop_all(self) -> None:
+    def stop_all(self, wait: bool = True) -> None:
+        """Ask idle workers to exit, kill busy ones; ``wait=False`` (every row is in): reap them on a
+        daemon thread while the driver writes the run folder, since a CUDA worker's exit (its context
+        torn down) takes a while and nothing waits on it."""
         for slot in self.slots:
             if slot.process is not None and slot.process.is_alive() and not slot.tasks and slot.conn is not None:
-                try:
+                with contextlib.suppress(OSError):
                     slot.conn.send(("stop",))
-                    slot.process.join(timeout=5)
-                except OSError:
-                    pass
+        if wait:
+            self._reap()
+        else:
+            threading.Thread(target=self._reap, name="reap-workers", daemon=True).start()
+
+    def _reap(self) -> None:
+        for slot in self.slots:
+            if slot.process is not None and slot.process.is_alive() and not slot.tasks:
+                slot.process.join(timeout=5)
             self._stop(slot)
 
     # -- scheduling
@@ -318,12 +329,14 @@ class ShardedRun:
             return
         for slot in self.slots[: max(1, min(len(self.slots), len(queue)))]:
             self._start(slot)
+        finished = False
         try:
             while queue or any(s.tasks for s in self.slots):
                 self._assign(queue)
                 self._poll(queue, on_row)
+            finished = True
         finally:
-            self.stop_all()
+            self.stop_all(wait=not finished)
 
     def _assign(self, queue: collections.deque[_Task]) -> None:
         """Keep each worker PREFETCH cases ahead (one when few cases are left: no idle tail)."""

@@ -26,6 +26,10 @@ from .environment import git
 from .journal import SUFFIX, Journal, JournalError, journal_path, pid_alive, run_dir_of
 
 RESULT_FILES = ("results.parquet", "results.csv", "meta.json", "report.html")
+# Every timing sample of a row (arrays): in results.parquet only. Written to the CSV they were numpy's
+# printed arrays, truncated with "..." past 1000 values and 7 s of the 9.5 s a 432-row H200 run spent
+# after its last row (gpu_results/2026-11-30-h200-5bf5467/scale).
+SAMPLE_COLUMNS = ("latency_samples_us", "call_samples_us")
 
 
 class RunDirExistsError(FileExistsError):
@@ -150,7 +154,7 @@ def write_run(frame: pd.DataFrame, meta: dict, run_dir: Path) -> Path:
     staging.mkdir()
     try:
         frame.to_parquet(staging / "results.parquet", index=False)
-        frame.to_csv(staging / "results.csv", index=False)
+        frame.drop(columns=list(SAMPLE_COLUMNS), errors="ignore").to_csv(staging / "results.csv", index=False)
         (staging / "meta.json").write_text(json.dumps(meta, indent=2) + "\n")
         from .report import render_html  # rendering imports jinja2 and matplotlib: only when writing
 

@@ -115,6 +115,7 @@ def test_report_files_and_failures_listed_first(tmp_path, case_file):
         "num_seqs", "max_seq_len", "status", "reason", "max_abs_err", "max_rel_err", "rel_l2_err",
         "nan_count", "atol", "rtol", "latency_us", "bytes_moved", "gbps", "pct_of_ceiling",
     ]  # fmt: skip
+    assert not set(storage_module.SAMPLE_COLUMNS) & set(csv.columns)  # the sample lists: in the parquet only
     html = (run / "report.html").read_text()
     assert html.index('<tr class="fail">') < html.index('<tr class="pass">')
     meta = (run / "meta.json").read_text()
@@ -230,3 +231,14 @@ def test_list_verb_prints_the_expanded_cases(case_file, capsys):
     assert main(["list", str(case_file)]) == 0
     out = capsys.readouterr().out
     assert "tiny" in out and "4/2" in out and out.rstrip().endswith("1 case")
+
+
+def test_timing_samples_are_kept_in_the_parquet_and_left_out_of_the_csv(tmp_path):
+    import numpy as np
+
+    frame = pd.DataFrame({"case": ["c"], "backend": ["b"], "status": ["pass"], "latency_us": [2.0],
+                          "latency_samples_us": [np.arange(1500.0)], "call_samples_us": [np.ones(3)]})  # fmt: skip
+    run = storage_module.write_run(frame, {"device": "cpu"}, tmp_path / "run")
+    kept = pd.read_parquet(run / "results.parquet")
+    assert list(kept.loc[0, "latency_samples_us"]) == list(range(1500))  # every sample, none elided
+    assert list(pd.read_csv(run / "results.csv").columns) == ["case", "backend", "status", "latency_us"]
