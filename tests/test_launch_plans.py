@@ -8,6 +8,7 @@ ones run the real kernel under the CPU interpreter and compare outputs bit for b
 
 from __future__ import annotations
 
+import os
 import random
 from dataclasses import replace
 
@@ -118,6 +119,18 @@ def test_a_plan_hit_launches_what_the_full_path_launches(recorded, seed):
     call = prepare_call(*args, check=False, **{k: kwargs[k] for k in ("sliding_window", "logit_softcap", "sinks",
                                                                         "alibi_slopes")})  # fmt: skip
     assert plan_tiling == tiling_for(call, kwargs["max_q_len"], kwargs["max_seq_len"])
+
+
+def test_the_fast_environment_read_agrees_with_os_environ(monkeypatch):
+    from kernels._common import getenv
+
+    name = kernels.CHECK_ENV
+    for value in ("1", "0", "", "é"):
+        monkeypatch.setenv(name, value)
+        assert getenv(name) == os.environ.get(name) == value and kernels.checks_enabled() == (value == "1")
+    monkeypatch.delenv(name)
+    assert getenv(name) is None and not kernels.checks_enabled()
+    assert getenv("PAGED_ATTN_NEVER_SET_ANYWHERE") is None
 
 
 def _base_args():
