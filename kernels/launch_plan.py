@@ -8,9 +8,9 @@ exactly those inputs; a later call with the same key takes the plan and launches
 
 The key (:func:`call_key`) covers every input a host decision reads:
 
-* each tensor argument's shape, strides, dtype, device, and whether its data_ptr is a
-  multiple of 16 (Triton specializes pointer alignment); None for an absent one
-  (query_start_loc, out, sinks, alibi_slopes, k_scale, v_scale);
+* each tensor argument's shape, strides, dtype, device, and its data_ptr mod 16 (Triton
+  specializes on a multiple of 16 or not); None for an absent one (query_start_loc, out,
+  sinks, alibi_slopes, k_scale, v_scale);
 * each host scalar (scale, the hints max_q_len / max_seq_len, sliding_window,
   logit_softcap, return_lse, a float k_scale / v_scale) with its exact type and value,
   so ``True`` (rejected as a window) never meets ``1``;
@@ -89,10 +89,10 @@ def _describe(x: Any) -> Any:
     """One argument's part of the key: None, a tensor's metadata, or a host scalar's (type, value)."""
     if x is None:
         return None
-    if isinstance(x, torch.Tensor):
-        return (x.shape, x.stride(), x.dtype, x.device, x.data_ptr() & 15 == 0)
     if type(x) in _SCALARS:
         return (type(x), x)
+    if isinstance(x, torch.Tensor):
+        return (x.shape, x.stride(), x.dtype, x.device, x.data_ptr() & 15)
     raise _Uncacheable
 
 
@@ -100,21 +100,25 @@ def call_key(
     q, k_cache, v_cache, block_table, seq_lens, query_start_loc, scale, out,
     max_q_len, max_seq_len, sliding_window, logit_softcap, sinks, alibi_slopes, return_lse, k_scale, v_scale,
 ) -> tuple | None:  # fmt: skip
-    """The plan key of a contract call (the module docstring lists what it holds); None: not cacheable.
+    """The plan key of a contract call (the module docstring lists what it holds); None: not
+    cacheable, or the plans are off (:func:`set_enabled`).
 
     Spelled out flat rather than as a loop: it runs on every call, and its cost is the floor
-    of a hit's (about 5 us on a slow host, most of it torch's attribute reads).
+    of a hit's (about 5 us on a slow host, most of it torch's attribute reads). A pointer's
+    alignment is kept as ``data_ptr & 15``: each residue its own plan, a finer split than
+    Triton's (multiple of 16 or not), so never a wrong one.
     """
+    if not _enabled:
+        return None
     if not (type(q) is type(k_cache) is type(v_cache) is type(block_table) is type(seq_lens) is torch.Tensor):
         return None  # a subclass or another type: the full path decides
     try:
         key = (
-            q.shape, q.stride(), q.dtype, q.device, q.data_ptr() & 15 == 0,
-            k_cache.shape, k_cache.stride(), k_cache.dtype, k_cache.device, k_cache.data_ptr() & 15 == 0,
-            v_cache.shape, v_cache.stride(), v_cache.dtype, v_cache.device, v_cache.data_ptr() & 15 == 0,
-            block_table.shape, block_table.stride(), block_table.dtype, block_table.device,
-            block_table.data_ptr() & 15 == 0,
-            seq_lens.shape, seq_lens.stride(), seq_lens.dtype, seq_lens.device, seq_lens.data_ptr() & 15 == 0,
+            q.shape, q.stride(), q.dtype, q.device, q.data_ptr() & 15,
+            k_cache.shape, k_cache.stride(), k_cache.dtype, k_cache.device, k_cache.data_ptr() & 15,
+            v_cache.shape, v_cache.stride(), v_cache.dtype, v_cache.device, v_cache.data_ptr() & 15,
+            block_table.shape, block_table.stride(), block_table.dtype, block_table.device, block_table.data_ptr() & 15,
+            seq_lens.shape, seq_lens.stride(), seq_lens.dtype, seq_lens.device, seq_lens.data_ptr() & 15,
             None if query_start_loc is None else _describe(query_start_loc),
             None if scale is None else _describe(scale),
             None if out is None else _describe(out),
@@ -124,7 +128,7 @@ def call_key(
             None if logit_softcap is None else _describe(logit_softcap),
             None if sinks is None else _describe(sinks),
             None if alibi_slopes is None else _describe(alibi_slopes),
-            _describe(return_lse),
+            return_lse if type(return_lse) is bool else _describe(return_lse),  # True, False, or (type, value)
             None if k_scale is None else _describe(k_scale),
             None if v_scale is None else _describe(v_scale),
             tuning._override,
@@ -153,9 +157,9 @@ class PlanCache:
         self.hits = self.misses = 0
         _caches.append(self)
 
-    def key(self, *args) -> tuple | None:
-        """:func:`call_key` of the contract's arguments, or None when the caches are off or it is uncacheable."""
-        return call_key(*args) if _enabled else None
+    # call_key of the contract's arguments (None when the caches are off or it is uncacheable); a
+    # staticmethod so that ``plans.key(...)`` is one Python call, not a bound method forwarding *args.
+    key = staticmethod(call_key)
 
     def get(self, key: tuple):
         """The plan filed under ``key``, or None."""
