@@ -185,20 +185,20 @@ def hit_path_steps(device: str = "cpu") -> dict[str, callable]:
     for kwargs in ({}, {"out": out, "max_q_len": 1, "max_seq_len": 4096}, None):
         entry(*args, **kwargs) if kwargs is not None else entry(*args[:5])  # the plans' first (JIT-entry) calls
     compiled = _NoopCompiled()
-    for _, plan in plans.plans():  # what a CUDA plan holds after its first launch
+    for plan in [recipe.plan for recipe in plans.plans()]:  # what a CUDA plan holds after its first launch
         for launch in (plan.main, plan.combine):
             if launch is not None:
                 launch.compiled, launch.jit = compiled, noop
                 launch.constexpr_values = tuple(launch.constexprs.values())
     key_args = (*args, None, None, None, None, None, None, None, None, False, None, None)  # scale .. v_scale
     key = plans.key(*key_args)
-    recipe, plan = plans.get(key)
-    prepared = recipe.prepare(q, block_table, seq_lens, query_start_loc, None, None, None, None, None)
-    block_table_p, seq_lens_p, qsl_p, out_p, lse, sinks, alibi, k_scale, v_scale = prepared
-    launch_args = (q, k_cache, v_cache, block_table_p, seq_lens_p, qsl_p, out_p, lse, sinks, alibi, k_scale, v_scale)
+    recipe = plans.get(key)
+    plan = recipe.plan
+    launch_args = (q, k_cache, v_cache, block_table, seq_lens, query_start_loc, out, None, None, None, None, None)
     plan.launch(*launch_args)
-    runtime_args = compiled.last_args[: len(compiled.last_args) - len(plan.main.constexpr_values)]
+    tensors = compiled.last_args[: len(compiled.last_args) - len(plan.main.constexpr_values) - len(plan.main.scalars)]
     runner, grid = compiled[plan.main.grid3], plan.main.grid3
+    run_args = (q, k_cache, v_cache, block_table, seq_lens, query_start_loc, None, None, None, None, None)
     dispatched = dispatch.paged_attention_dispatch
     return {
         "paged_attention_dispatch(..., backend='triton'), whole call": lambda: dispatched(*args, backend="triton"),
@@ -207,14 +207,14 @@ def hit_path_steps(device: str = "cpu") -> dict[str, callable]:
         "paged_attention_triton, hints_out": lambda: entry(*args, out=out, max_q_len=1, max_seq_len=4096),
         "  select_backend(q.device) (auto; the CPU's answer is tlsim)": lambda: dispatch.select_backend(q.device),
         "  select_backend(q.device, 'triton') (forced)": lambda: dispatch.select_backend(q.device, "triton"),
+        "  _backend_fn('triton') (the entry, looked up)": lambda: dispatch._backend_fn("triton"),
         "  plans.key (call_key)": lambda: plans.key(*key_args),
         "  plans.get(key)": lambda: plans.get(key),
         "  checks_enabled(None) (reads the environment)": lambda: _common.checks_enabled(None),
-        "  recipe.prepare (allocates out)": lambda: recipe.prepare(
-            q, block_table, seq_lens, query_start_loc, None, None, None, None, None
-        ),
+        "  recipe.run (allocates out, then plan.launch)": lambda: recipe.run(*run_args),
+        "  torch.empty_like(q) (out)": lambda: torch.empty_like(q),
         "  plan.launch (down to the no-op compiled kernel)": lambda: plan.launch(*launch_args),
-        "  plan.main(kernel, *runtime_args) (KernelLaunch)": lambda: plan.main(noop, *runtime_args),
+        "  plan.main(kernel, *tensors) (KernelLaunch)": lambda: plan.main(noop, *tensors),
         "  compiled[grid](*args) (the no-op floor)": lambda: compiled[grid](*compiled.last_args),
         "  runner(*args) (a Python call of that many arguments)": lambda: runner(*compiled.last_args),
         "  lambda: None (timeit's own floor)": lambda: None,
@@ -271,7 +271,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"# host overhead of paged_attention_triton, {shape}, on {device}")
     print(render(measure(inputs, device, n, reps)))
     plans = triton_paged.PLANS
-    compiled = sum(plan.main.compiled is not None for _, plan in plans.plans() if not plan.noop)
+    compiled = sum(r.plan.main.compiled is not None for r in plans.plans() if not r.plan.noop)
     launches = launch_plan.fast_launch_status() if device == "cuda" else "JIT entry (the interpreter)"
     print(f"\nplans (the last 'on' stretch): {plans.hits} hits, {plans.misses} misses, {len(plans)} kept, "
           f"{compiled} holding a compiled kernel; hits launch through: {launches}")  # fmt: skip
