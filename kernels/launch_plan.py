@@ -132,11 +132,11 @@ def call_key(
             None if k_scale is None else _describe(k_scale),
             None if v_scale is None else _describe(v_scale),
             tuning._override,
+            # a compiled kernel belongs to the device current at its first launch
+            torch.cuda.current_device() if q.is_cuda else None,
         )  # fmt: skip
     except _Uncacheable:
         return None
-    if q.is_cuda:  # a compiled kernel belongs to the device current at its first launch
-        key += (torch.cuda.current_device(),)
     return key
 
 
