@@ -37,10 +37,31 @@ CHECK_ENV = "PAGED_ATTENTION_CHECK"
 CALL_OPTIONS = ("sliding_window", "logit_softcap", "sinks", "alibi_slopes", "k_scale", "v_scale")
 
 
+def getenv(name: str) -> str | None:
+    """``os.environ.get(name)``, read straight from the mapping's own dict where it is CPython's ``os._Environ``.
+
+    The same answer at any moment (``os.environ[...] = ...``, ``del`` and pytest's monkeypatch
+    all write that dict), for ~0.05 us instead of ~1 us (``Mapping.get``, then encoding the
+    name and decoding the value in Python): a plan hit reads the environment twice.
+    """
+    env = os.environ
+    try:
+        raw = env._data.get(_ENV_KEYS[name])
+    except (AttributeError, KeyError):  # another mapping in os.environ, or a name not encoded yet
+        if type(env) is not os._Environ:
+            return env.get(name)
+        _ENV_KEYS[name] = env.encodekey(name)
+        return env.get(name)
+    return None if raw is None else env.decodevalue(raw)
+
+
+_ENV_KEYS: dict[str, object] = {}  # name -> os.environ.encodekey(name)
+
+
 def checks_enabled(check: bool | None = None) -> bool:
     """Whether a call runs its value checks: ``check`` when given, else ``$PAGED_ATTENTION_CHECK == "1"``."""
     if check is None:
-        return os.environ.get(CHECK_ENV) == "1"
+        return getenv(CHECK_ENV) == "1"
     return bool(check)
 
 
@@ -592,9 +613,10 @@ def contract_entry(impl=None, *, plans=None):
     ``plans`` (a :class:`kernels.launch_plan.PlanCache`; used as ``@contract_entry(plans=...)``)
     lets a repeated call skip that host work: ``impl`` then returns a plan, an object whose
     ``launch(q, k_cache, v_cache, block_table, seq_lens, query_start_loc, out, lse, sinks,
-    alibi_slopes, k_scale, v_scale)`` redoes the call from checked tensors, and a later call
-    with the same key (kernels/launch_plan.py says what it holds) goes straight to it. The
-    value checks still run on every call that asks for them.
+    alibi_slopes, k_scale, v_scale)`` redoes the call from checked tensors; the cache files it
+    in a recipe (``plans.recipe``) that prepares those tensors from the raw arguments, and a
+    later call with the same key (kernels/launch_plan.py says what it holds) goes straight to
+    ``recipe.run``. The value checks still run on every call that asks for them.
     """
     if impl is None:
         return lambda fn: contract_entry(fn, plans=plans)
@@ -626,24 +648,18 @@ def contract_entry(impl=None, *, plans=None):
                 q, k_cache, v_cache, block_table, seq_lens, query_start_loc, scale, out, max_q_len, max_seq_len,
                 sliding_window, logit_softcap, sinks, alibi_slopes, return_lse, k_scale, v_scale,
             )  # fmt: skip
-            if key is not None and (hit := plans.get(key)) is not None:
-                if checks_enabled(check):  # value checks read the device: never skipped
+            if key is not None and (recipe := plans.get(key)) is not None:
+                # checks_enabled(check), inline: value checks read the device, and are never skipped
+                if check if check is not None else getenv(CHECK_ENV) == "1":
                     prepare_call(
                         q, k_cache, v_cache, block_table, seq_lens, query_start_loc, scale, check=True,
                         sliding_window=sliding_window, logit_softcap=logit_softcap, sinks=sinks,
                         alibi_slopes=alibi_slopes, k_scale=k_scale, v_scale=v_scale,
                     )  # fmt: skip
-                recipe, plan = hit
-                block_table, seq_lens, query_start_loc, out, lse, sinks, alibi_slopes, k_scale, v_scale = (
-                    recipe.prepare(
-                        q, block_table, seq_lens, query_start_loc, out, sinks, alibi_slopes, k_scale, v_scale
-                    )
-                )
-                plan.launch(
-                    q, k_cache, v_cache, block_table, seq_lens, query_start_loc, out, lse, sinks, alibi_slopes,
-                    k_scale, v_scale,
+                return recipe.run(
+                    q, k_cache, v_cache, block_table, seq_lens, query_start_loc, out, sinks, alibi_slopes, k_scale,
+                    v_scale,
                 )  # fmt: skip
-                return with_lse(out, lse)
         call = prepare_call(
             q, k_cache, v_cache, block_table, seq_lens, query_start_loc, scale, check=check,
             sliding_window=sliding_window, logit_softcap=logit_softcap, sinks=sinks, alibi_slopes=alibi_slopes,
@@ -654,8 +670,8 @@ def contract_entry(impl=None, *, plans=None):
         lse = prepare_lse(call, return_lse)
         plan = impl(call, out, lse, max_q_len=max_q_len, max_seq_len=max_seq_len)
         if key is not None and plan is not None:
-            recipe = plans.recipe(call, out_given, lse, (block_table, seq_lens, query_start_loc), (sinks, alibi_slopes))
-            plans.put(key, (recipe, plan))
+            raw_index, raw_vectors = (block_table, seq_lens, query_start_loc), (sinks, alibi_slopes)
+            plans.put(key, plans.recipe(call, out_given, lse, raw_index, raw_vectors, plan))
         return with_lse(out, lse)
 
     entry.__name__, entry.__qualname__, entry.__module__ = impl.__name__, impl.__qualname__, impl.__module__

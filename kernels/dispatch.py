@@ -18,6 +18,7 @@ from collections.abc import Callable
 
 import torch
 
+from ._common import getenv
 from .reference import paged_attention_reference
 from .tlsim import paged_attention_tlsim
 
@@ -56,14 +57,19 @@ def triton_unavailable_reason(device: torch.device | str) -> str | None:
     On a CPU it runs only under Triton's interpreter, which the user asks for with
     TRITON_INTERPRET=1 (it is slow: minutes for what a GPU does in microseconds).
     """
-    device = torch.device(device)
+    device_type = _device_type(device)
     if not has_triton():
         return "Triton is not installed (pip install triton, or a CUDA build of torch)"
-    if device.type == "cuda":
+    if device_type == "cuda":
         return None
-    if device.type == "cpu" and os.environ.get("TRITON_INTERPRET") == "1":
+    if device_type == "cpu" and getenv("TRITON_INTERPRET") == "1":
         return None
-    return f"the Triton kernel needs a CUDA device (or TRITON_INTERPRET=1 on the CPU), got {device.type}"
+    return f"the Triton kernel needs a CUDA device (or TRITON_INTERPRET=1 on the CPU), got {device_type}"
+
+
+def _device_type(device: torch.device | str) -> str:
+    """``torch.device(device).type``, without building a second device from a device."""
+    return device.type if type(device) is torch.device else torch.device(device).type
 
 
 def select_backend(device: torch.device | str, backend: str | None = None) -> str:
@@ -73,9 +79,9 @@ def select_backend(device: torch.device | str, backend: str | None = None) -> st
     when Triton imports, else "tlsim". Raises ValueError for an unknown name and
     BackendUnavailableError when the forced backend cannot run on ``device``.
     """
-    forced = backend or os.environ.get(BACKEND_ENV) or None
+    forced = backend or getenv(BACKEND_ENV) or None
     if forced is None:
-        return "triton" if torch.device(device).type == "cuda" and has_triton() else "tlsim"
+        return "triton" if _device_type(device) == "cuda" and has_triton() else "tlsim"
     if forced not in DISPATCH_BACKENDS:
         source = "backend argument" if backend else f"${BACKEND_ENV}"
         raise ValueError(f"{source} is {forced!r}; expected one of {', '.join(DISPATCH_BACKENDS)}")
@@ -86,10 +92,21 @@ def select_backend(device: torch.device | str, backend: str | None = None) -> st
 
 def _backend_fn(name: str) -> Callable[..., torch.Tensor]:
     if name == "triton":
-        from .triton_paged import paged_attention_triton
+        module = _triton_module or _import_triton_module()
+        return module.paged_attention_triton  # read at call time, as an import statement would
+    return _TORCH_BACKENDS[name]
 
-        return paged_attention_triton
-    return {"tlsim": paged_attention_tlsim, "reference": paged_attention_reference}[name]
+
+_TORCH_BACKENDS = {"tlsim": paged_attention_tlsim, "reference": paged_attention_reference}
+_triton_module = None  # kernels.triton_paged once imported (it imports Triton: not at module load)
+
+
+def _import_triton_module():
+    global _triton_module
+    from . import triton_paged
+
+    _triton_module = triton_paged
+    return triton_paged
 
 
 def paged_attention_dispatch(*args, backend: str | None = None, **kwargs):
@@ -102,7 +119,11 @@ def paged_attention_dispatch(*args, backend: str | None = None, **kwargs):
     tensor value, so a dispatched Triton call is as sync-free as a direct one.
     """
     q = args[0] if args else kwargs["q"]
-    return _backend_fn(select_backend(q.device, backend))(*args, **kwargs)
+    if backend or getenv(BACKEND_ENV):
+        name = select_backend(q.device, backend)
+    else:  # select_backend's unforced rule, on q.is_cuda (q.device builds a device object)
+        name = "triton" if q.is_cuda and has_triton() else "tlsim"
+    return _backend_fn(name)(*args, **kwargs)
 
 
 # The contract's signature (kernels._common.contract_entry), plus ``backend``, for inspect and help().

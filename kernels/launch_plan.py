@@ -8,9 +8,9 @@ exactly those inputs; a later call with the same key takes the plan and launches
 
 The key (:func:`call_key`) covers every input a host decision reads:
 
-* each tensor argument's shape, strides, dtype, device, and whether its data_ptr is a
-  multiple of 16 (Triton specializes pointer alignment); None for an absent one
-  (query_start_loc, out, sinks, alibi_slopes, k_scale, v_scale);
+* each tensor argument's shape, strides, dtype, device, and its data_ptr mod 16 (Triton
+  specializes on a multiple of 16 or not); None for an absent one (query_start_loc, out,
+  sinks, alibi_slopes, k_scale, v_scale);
 * each host scalar (scale, the hints max_q_len / max_seq_len, sliding_window,
   logit_softcap, return_lse, a float k_scale / v_scale) with its exact type and value,
   so ``True`` (rejected as a window) never meets ``1``;
@@ -89,10 +89,10 @@ def _describe(x: Any) -> Any:
     """One argument's part of the key: None, a tensor's metadata, or a host scalar's (type, value)."""
     if x is None:
         return None
-    if isinstance(x, torch.Tensor):
-        return (x.shape, x.stride(), x.dtype, x.device, x.data_ptr() & 15 == 0)
     if type(x) in _SCALARS:
         return (type(x), x)
+    if isinstance(x, torch.Tensor):
+        return (x.shape, x.stride(), x.dtype, x.device, x.data_ptr() & 15)
     raise _Uncacheable
 
 
@@ -100,21 +100,25 @@ def call_key(
     q, k_cache, v_cache, block_table, seq_lens, query_start_loc, scale, out,
     max_q_len, max_seq_len, sliding_window, logit_softcap, sinks, alibi_slopes, return_lse, k_scale, v_scale,
 ) -> tuple | None:  # fmt: skip
-    """The plan key of a contract call (the module docstring lists what it holds); None: not cacheable.
+    """The plan key of a contract call (the module docstring lists what it holds); None: not
+    cacheable, or the plans are off (:func:`set_enabled`).
 
     Spelled out flat rather than as a loop: it runs on every call, and its cost is the floor
-    of a hit's (about 5 us on a slow host, most of it torch's attribute reads).
+    of a hit's (about 5 us on a slow host, most of it torch's attribute reads). A pointer's
+    alignment is kept as ``data_ptr & 15``: each residue its own plan, a finer split than
+    Triton's (multiple of 16 or not), so never a wrong one.
     """
+    if not _enabled:
+        return None
     if not (type(q) is type(k_cache) is type(v_cache) is type(block_table) is type(seq_lens) is torch.Tensor):
         return None  # a subclass or another type: the full path decides
     try:
         key = (
-            q.shape, q.stride(), q.dtype, q.device, q.data_ptr() & 15 == 0,
-            k_cache.shape, k_cache.stride(), k_cache.dtype, k_cache.device, k_cache.data_ptr() & 15 == 0,
-            v_cache.shape, v_cache.stride(), v_cache.dtype, v_cache.device, v_cache.data_ptr() & 15 == 0,
-            block_table.shape, block_table.stride(), block_table.dtype, block_table.device,
-            block_table.data_ptr() & 15 == 0,
-            seq_lens.shape, seq_lens.stride(), seq_lens.dtype, seq_lens.device, seq_lens.data_ptr() & 15 == 0,
+            q.shape, q.stride(), q.dtype, q.device, q.data_ptr() & 15,
+            k_cache.shape, k_cache.stride(), k_cache.dtype, k_cache.device, k_cache.data_ptr() & 15,
+            v_cache.shape, v_cache.stride(), v_cache.dtype, v_cache.device, v_cache.data_ptr() & 15,
+            block_table.shape, block_table.stride(), block_table.dtype, block_table.device, block_table.data_ptr() & 15,
+            seq_lens.shape, seq_lens.stride(), seq_lens.dtype, seq_lens.device, seq_lens.data_ptr() & 15,
             None if query_start_loc is None else _describe(query_start_loc),
             None if scale is None else _describe(scale),
             None if out is None else _describe(out),
@@ -124,15 +128,15 @@ def call_key(
             None if logit_softcap is None else _describe(logit_softcap),
             None if sinks is None else _describe(sinks),
             None if alibi_slopes is None else _describe(alibi_slopes),
-            _describe(return_lse),
+            return_lse if type(return_lse) is bool else _describe(return_lse),  # True, False, or (type, value)
             None if k_scale is None else _describe(k_scale),
             None if v_scale is None else _describe(v_scale),
             tuning._override,
+            # a compiled kernel belongs to the device current at its first launch
+            torch.cuda.current_device() if q.is_cuda else None,
         )  # fmt: skip
     except _Uncacheable:
         return None
-    if q.is_cuda:  # a compiled kernel belongs to the device current at its first launch
-        key += (torch.cuda.current_device(),)
     return key
 
 
@@ -153,9 +157,9 @@ class PlanCache:
         self.hits = self.misses = 0
         _caches.append(self)
 
-    def key(self, *args) -> tuple | None:
-        """:func:`call_key` of the contract's arguments, or None when the caches are off or it is uncacheable."""
-        return call_key(*args) if _enabled else None
+    # call_key of the contract's arguments (None when the caches are off or it is uncacheable); a
+    # staticmethod so that ``plans.key(...)`` is one Python call, not a bound method forwarding *args.
+    key = staticmethod(call_key)
 
     def get(self, key: tuple):
         """The plan filed under ``key``, or None."""
@@ -179,9 +183,9 @@ class PlanCache:
                     self._plans[oldest] = entry
 
     @staticmethod
-    def recipe(call, out_given: bool, lse, raw_index, raw_vectors) -> CallRecipe:
-        """The :class:`CallRecipe` a hit of this call replays (the arguments are CallRecipe's)."""
-        return CallRecipe(call, out_given, lse, raw_index, raw_vectors)
+    def recipe(call, out_given: bool, lse, raw_index, raw_vectors, plan) -> CallRecipe:
+        """The :class:`CallRecipe` a hit of this call replays (the arguments are CallRecipe's): what to file."""
+        return CallRecipe(call, out_given, lse, raw_index, raw_vectors, plan)
 
     def clear(self) -> None:
         """Forget every plan and zero the hit and miss counts."""
@@ -190,7 +194,7 @@ class PlanCache:
             self.hits = self.misses = 0
 
     def plans(self) -> list:
-        """The plans kept, oldest first."""
+        """The plans kept (their :class:`CallRecipe`, whose ``plan`` is the kernel's), oldest first."""
         with self._lock:
             return [entry[0] for entry in self._plans.values()]
 
@@ -199,29 +203,53 @@ class PlanCache:
 
 
 class CallRecipe:
-    """The per-call work of :func:`kernels._common.prepare_call`, ``prepare_out`` and
-    ``prepare_lse`` that a plan hit still does, decided once from the key's metadata.
+    """A plan hit's whole replay: the per-call work of :func:`kernels._common.prepare_call`,
+    ``prepare_out`` and ``prepare_lse``, decided once from the key's metadata, then ``plan.launch``.
 
-    Given the raw contract arguments it returns the tensors the full path would have made:
-    the index tensors and head vectors made contiguous (a copy only where the key says they
-    are not), an fp8 cache's scales as [num_kv_heads] fp32 device tensors, ``out`` or a
-    fresh [num_tokens, num_q_heads, head_dim_v] in q's dtype, and a fresh lse
-    [num_tokens, num_q_heads] fp32 when asked for.
+    ``run(q, k_cache, v_cache, block_table, seq_lens, query_start_loc, out, sinks,
+    alibi_slopes, k_scale, v_scale)`` takes the raw contract arguments, makes the tensors the
+    full path would have made (the index tensors and head vectors contiguous, a copy only where
+    the key says they are not; an fp8 cache's scales as [num_kv_heads] fp32 device tensors;
+    ``out`` or a fresh [num_tokens, num_q_heads, head_dim_v] in q's dtype; a fresh lse
+    [num_tokens, num_q_heads] fp32 when asked for), launches, and returns what the call returns:
+    ``out``, or ``(out, lse)``. A call with none of that to do (the usual one) runs a shorter
+    method: it only allocates ``out`` when not given.
     """
 
-    __slots__ = ("copy_index", "copy_vectors", "kv_fp8", "lse_shape", "num_kv_heads", "out_shape")
+    __slots__ = ("copy_index", "copy_vectors", "kv_fp8", "lse_shape", "num_kv_heads", "out_like_q", "out_shape",
+                 "plan", "run")  # fmt: skip
 
-    def __init__(self, call, out_given: bool, lse: torch.Tensor | None, raw_index, raw_vectors):
+    def __init__(self, call, out_given: bool, lse: torch.Tensor | None, raw_index, raw_vectors, plan):
         """``call``: the checked PagedCall; ``raw_index``: (block_table, seq_lens, query_start_loc)
-        and ``raw_vectors``: (sinks, alibi_slopes) as the caller passed them."""
+        and ``raw_vectors``: (sinks, alibi_slopes) as the caller passed them; ``plan``: what
+        the kernel's entry returned (its ``launch`` is :func:`kernels._common.contract_entry`'s)."""
         self.copy_index = tuple(t is not None and not t.is_contiguous() for t in raw_index)
         self.copy_vectors = tuple(t is not None and not t.is_contiguous() for t in raw_vectors)
         self.kv_fp8, self.num_kv_heads = call.kv_fp8, call.num_kv_heads
-        self.out_shape = None if out_given else (*call.q.shape[:2], call.head_dim_v)
+        q = call.q
+        self.out_shape = None if out_given else (*q.shape[:2], call.head_dim_v)
+        # q.new_empty(out_shape) is contiguous; so is empty_like(q), a little cheaper, when q has
+        # that shape and the contiguous strides themselves (the key fixes both).
+        self.out_like_q = (
+            self.out_shape == tuple(q.shape) and q.stride() == torch.empty(q.shape, device="meta").stride()
+        )
         self.lse_shape = None if lse is None else tuple(lse.shape)
+        self.plan = plan
+        plain = not (any(self.copy_index) or any(self.copy_vectors) or self.kv_fp8 or lse is not None)
+        self.run = self._run_plain if plain else self._run
 
-    def prepare(self, q, block_table, seq_lens, query_start_loc, out, sinks, alibi_slopes, k_scale, v_scale):
-        """(block_table, seq_lens, query_start_loc, out, lse, sinks, alibi_slopes, k_scale, v_scale) as the full path makes them."""
+    def _run_plain(self, q, k_cache, v_cache, block_table, seq_lens, query_start_loc, out, sinks, alibi_slopes,
+                   k_scale, v_scale):  # fmt: skip
+        """``run`` when nothing is copied, no scale converted and no lse asked for."""
+        if out is None:  # the key says: out was not given when the plan was made either
+            out = torch.empty_like(q) if self.out_like_q else q.new_empty(self.out_shape)
+        self.plan.launch(
+            q, k_cache, v_cache, block_table, seq_lens, query_start_loc, out, None, sinks, alibi_slopes, None, None
+        )
+        return out
+
+    def _run(self, q, k_cache, v_cache, block_table, seq_lens, query_start_loc, out, sinks, alibi_slopes,
+             k_scale, v_scale):  # fmt: skip
         copy_bt, copy_sl, copy_qsl = self.copy_index
         if copy_bt:
             block_table = block_table.contiguous()
@@ -237,9 +265,12 @@ class CallRecipe:
             k_scale = check_kv_scale("k_scale", k_scale, True, self.num_kv_heads, q.device)
             v_scale = check_kv_scale("v_scale", v_scale, True, self.num_kv_heads, q.device)
         if self.out_shape is not None:
-            out = q.new_empty(self.out_shape)
-        lse = None if self.lse_shape is None else torch.empty(self.lse_shape, dtype=torch.float32, device=q.device)
-        return block_table, seq_lens, query_start_loc, out, lse, sinks, alibi_slopes, k_scale, v_scale
+            out = torch.empty_like(q) if self.out_like_q else q.new_empty(self.out_shape)
+        lse = None if self.lse_shape is None else q.new_empty(self.lse_shape, dtype=torch.float32)
+        self.plan.launch(
+            q, k_cache, v_cache, block_table, seq_lens, query_start_loc, out, lse, sinks, alibi_slopes, k_scale, v_scale
+        )
+        return out if lse is None else (out, lse)
 
 
 # --- the launch itself: Triton's JIT entry once, then its compiled kernel -----------------------
@@ -253,41 +284,50 @@ def fast_launch_status() -> str:
 
 
 class KernelLaunch:
-    """One @triton.jit kernel's launch in a plan: the grid, the constexprs and launch options,
-    and on CUDA the CompiledKernel that Triton's first (JIT) launch returned.
+    """One @triton.jit kernel's launch in a plan: the grid, the plan's scalar arguments, the
+    constexprs and launch options, and on CUDA the CompiledKernel that Triton's first (JIT)
+    launch returned.
 
-    ``launch(kernel, *runtime_args)`` takes the kernel's non-constexpr arguments in signature
-    order. Through the JIT entry (always under the CPU interpreter, and for the first launch)
-    it is ``kernel[grid](*runtime_args, **constexprs, **options)``. Later CUDA launches call
-    ``compiled[grid](*runtime_args, *constexpr_values)``: Triton 3.x's
+    ``launch(kernel, *tensors)`` takes the kernel's tensor arguments, the ones that come first
+    in its signature; ``scalars`` (fixed by the plan) follow them, then the constexprs. Through
+    the JIT entry (always under the CPU interpreter, and for the first launch) it is
+    ``kernel[grid](*tensors, *scalars, **constexprs, **options)``. Later CUDA launches call
+    ``compiled[grid](*tensors, *scalars, *constexpr_values)``: Triton 3.x's
     ``CompiledKernel.__getitem__`` returns a runner that passes every argument, constexprs
     included, in signature order to the launcher, which is what ``JITFunction.run`` passes it
     (``*bound_args.values()``, every parameter in order). That is valid because the plan's key
     fixes everything Triton specializes on (argument dtypes, int values, pointer alignment,
-    constexprs, options). The compiled kernel is used only while ``kernel`` is still the JIT
-    function that returned it (a test may swap the module's kernel for a recorder). If that
-    launch raises, every plan falls back to the JIT entry for the rest of the process.
+    constexprs, options). The runner is made once (``compiled[grid]`` only loads the module,
+    once, and closes over the grid; the runner reads the current stream at each call) and
+    kept with the arguments that follow the tensors (``tail``). The compiled kernel is used only
+    while ``kernel`` is still the JIT function that returned it (a test may swap the module's
+    kernel for a recorder). If that launch raises, every plan falls back to the JIT entry for
+    the rest of the process.
     """
 
-    __slots__ = ("compiled", "constexpr_values", "constexprs", "grid", "grid3", "jit", "options", "want_compiled")
+    __slots__ = ("compiled", "constexpr_values", "constexprs", "grid", "grid3", "jit", "options", "runner", "scalars",
+                 "tail", "want_compiled")  # fmt: skip
 
-    def __init__(self, grid: tuple, constexprs: dict, options: dict, cuda: bool):
+    def __init__(self, grid: tuple, constexprs: dict, options: dict, cuda: bool, scalars: tuple = ()):
         self.grid, self.grid3 = grid, (*grid, 1, 1)[:3]
-        self.constexprs, self.options = constexprs, options
+        self.constexprs, self.options, self.scalars = constexprs, options, scalars
         self.want_compiled = cuda
-        self.compiled = self.jit = self.constexpr_values = None
+        self.compiled = self.jit = self.constexpr_values = self.runner = self.tail = None
 
-    def __call__(self, kernel, *runtime_args) -> None:
+    def __call__(self, kernel, *tensors) -> None:
         global _fast_launch_error
-        if self.compiled is not None and kernel is self.jit and _fast_launch_error is None:
+        if kernel is self.jit and _fast_launch_error is None:  # jit: None until a compiled kernel is adopted
             try:
-                self.compiled[self.grid3](*runtime_args, *self.constexpr_values)
+                if self.runner is None:
+                    self.runner = self.compiled[self.grid3]
+                    self.tail = (*self.scalars, *self.constexpr_values)
+                self.runner(*tensors, *self.tail)
                 return
             except Exception as error:  # an API this Triton lacks: the JIT entry from now on
                 _fast_launch_error = f"{type(error).__name__}: {error}"
-        compiled = kernel[self.grid](*runtime_args, **self.constexprs, **self.options)
+        compiled = kernel[self.grid](*tensors, *self.scalars, **self.constexprs, **self.options)
         if self.want_compiled and self.compiled is None and _fast_launch_error is None:
-            self._adopt(kernel, compiled, len(runtime_args))
+            self._adopt(kernel, compiled, len(tensors) + len(self.scalars))
 
     def _adopt(self, kernel, compiled, num_runtime: int) -> None:
         """Keep ``compiled`` for later launches if it is a CompiledKernel of the JIT function ``kernel``

@@ -501,19 +501,24 @@ class TritonPlan:
     the scalar arguments in signature order, the constexprs, which tensors it copies
     (a head_dim stride other than 1) and the split path's buffers' shapes.
 
-    ``launch`` takes the checked tensors (PagedCall's view: index tensors contiguous, an fp8
-    cache's scales as [num_kv_heads] fp32 tensors, ``out`` allocated, ``lse`` or None) and
-    launches the kernel (and the combine of the splits), allocating only per-call buffers.
+    ``launch(q, k_cache, v_cache, block_table, seq_lens, query_start_loc, out, lse, sinks,
+    alibi_slopes, k_scale, v_scale)`` takes the checked tensors (PagedCall's view: index
+    tensors contiguous, an fp8 cache's scales as [num_kv_heads] fp32 tensors, ``out``
+    allocated, ``lse`` or None) and launches the kernel (and the combine of the splits),
+    allocating only per-call buffers. It is one of three methods, picked here: nothing to
+    launch (no sequence or no token), one kernel on the tensors as given (no copy, no KV
+    split: the usual decode), or the general one.
     """
 
-    __slots__ = ("acc_shape", "combine", "combine_scalars", "copy_k", "copy_out", "copy_q", "copy_v", "dummy",
-                 "main", "noop", "scalars", "scale", "split_shape", "tiling")  # fmt: skip
+    __slots__ = ("acc_shape", "combine", "copy_k", "copy_out", "copy_q", "copy_v", "dummy", "launch", "main", "noop",
+                 "scale", "split_shape", "tiling")  # fmt: skip
 
     def __init__(self, call: PagedCall, out: torch.Tensor, lse: torch.Tensor | None, max_q_len, max_seq_len):
         q, k_cache, v_cache = call.q, call.k_cache, call.v_cache
         num_tokens = q.shape[0]
         self.noop = call.num_seqs == 0 or num_tokens == 0
         if self.noop:
+            self.launch = self._launch_nothing
             return
         tiling = self.tiling = tiling_for(call, max_q_len, max_seq_len)
         self.copy_q, self.copy_k, self.copy_v, self.copy_out = (t.stride(-1) != 1 for t in (q, k_cache, v_cache, out))
@@ -535,7 +540,7 @@ class TritonPlan:
         heads = heads_per_program(call)
         head_tiles = cdiv(call.group_size, heads)
         dim_main, dim_tail = head_dim_pieces(call.head_dim)
-        self.scalars = (
+        scalars = (
             qk_scale_log2, call.sliding_window or 0, cap_u, 1.0 / cap_u, num_tokens, call.num_seqs, call.num_q_heads,
             call.num_blocks, call.block_table.shape[1], tiling.SPLIT_SIZE,
             q_st[0], q_st[1], o_st[0], o_st[1], k_st[0], k_st[1], k_st[2], v_st[0], v_st[1], v_st[2],
@@ -570,22 +575,39 @@ class TritonPlan:
             ),
             dict(num_warps=tiling.NUM_WARPS, num_stages=tiling.NUM_STAGES),
             cuda,
+            scalars,
         )
         self.combine = None
         if splits > 1:
-            self.combine_scalars = (qk_scale_log2, num_tokens * call.num_q_heads, o_st[0], o_st[1])
+            combine_scalars = (qk_scale_log2, num_tokens * call.num_q_heads, o_st[0], o_st[1])
             combine_constexprs = dict(
                 NUM_Q_HEADS=call.num_q_heads, HEAD_DIM_V=call.head_dim_v, HEAD_DIM_V_PADDED=head_dim_v_padded,
                 NUM_SPLITS=splits, INTERPRETED_BF16=interpreted_bf16, USE_SINKS=call.sinks is not None,
                 RETURN_LSE=lse is not None,
             )  # fmt: skip
-            self.combine = KernelLaunch((num_tokens * call.num_q_heads,), combine_constexprs, {}, cuda)
+            self.combine = KernelLaunch((num_tokens * call.num_q_heads,), combine_constexprs, {}, cuda, combine_scalars)
+        direct = self.combine is None and not (self.copy_q or self.copy_k or self.copy_v or self.copy_out)
+        self.launch = self._launch_direct if direct else self._launch_general
 
-    def launch(self, q, k_cache, v_cache, block_table, seq_lens, query_start_loc, out, lse, sinks, alibi_slopes,
-               k_scale, v_scale) -> None:  # fmt: skip
+    def _launch_nothing(self, *tensors) -> None:
+        """launch of a call with no sequence or no token."""
+
+    def _launch_direct(self, q, k_cache, v_cache, block_table, seq_lens, query_start_loc, out, lse, sinks,
+                       alibi_slopes, k_scale, v_scale) -> None:  # fmt: skip
+        """launch with no copy and no KV split: one kernel on the tensors as given (the general
+        method's arguments, its split buffers the unread dummy)."""
+        unread = self.dummy
+        self.main(
+            paged_attention_kernel,
+            q, k_cache, v_cache, block_table, seq_lens, seq_lens if query_start_loc is None else query_start_loc, out,
+            unread if lse is None else lse, unread, unread, unread,
+            unread if sinks is None else sinks / self.scale, unread if alibi_slopes is None else alibi_slopes / self.scale,
+            unread if k_scale is None else k_scale, unread if v_scale is None else v_scale,
+        )  # fmt: skip
+
+    def _launch_general(self, q, k_cache, v_cache, block_table, seq_lens, query_start_loc, out, lse, sinks,
+                        alibi_slopes, k_scale, v_scale) -> None:  # fmt: skip
         """Run the call: the kernel, then the combine when the KV is split. Reads no tensor value."""
-        if self.noop:
-            return
         q_c = q.contiguous() if self.copy_q else q
         k_c = k_cache.contiguous() if self.copy_k else k_cache
         v_c = v_cache.contiguous() if self.copy_v else v_cache
@@ -604,11 +626,8 @@ class TritonPlan:
             paged_attention_kernel,
             q_c, k_c, v_c, block_table, seq_lens, starts, out_c, lse_c, partial_m, partial_l, partial_acc, sinks_u,
             alibi_u, partial_m if k_scale is None else k_scale, partial_m if v_scale is None else v_scale,
-            *self.scalars,
         )  # fmt: skip
         if self.combine is not None:
-            self.combine(
-                combine_splits_kernel, partial_m, partial_l, partial_acc, out_c, lse_c, sinks_u, *self.combine_scalars
-            )
+            self.combine(combine_splits_kernel, partial_m, partial_l, partial_acc, out_c, lse_c, sinks_u)
         if out_c is not out:
             out.copy_(out_c)

@@ -8,6 +8,7 @@ ones run the real kernel under the CPU interpreter and compare outputs bit for b
 
 from __future__ import annotations
 
+import os
 import random
 from dataclasses import replace
 
@@ -109,7 +110,7 @@ def test_a_plan_hit_launches_what_the_full_path_launches(recorded, seed):
     triton_paged = _triton()
     args, kwargs = _random_call(random.Random(seed))
     first = _launches(recorded, args, kwargs)
-    (plan_tiling,) = [plan.tiling for _, plan in triton_paged.PLANS.plans()]
+    (plan_tiling,) = [recipe.plan.tiling for recipe in triton_paged.PLANS.plans()]
     hit = _launches(recorded, args, kwargs)
     assert triton_paged.PLANS.hits == 1
     with plans_enabled(False):
@@ -118,6 +119,79 @@ def test_a_plan_hit_launches_what_the_full_path_launches(recorded, seed):
     call = prepare_call(*args, check=False, **{k: kwargs[k] for k in ("sliding_window", "logit_softcap", "sinks",
                                                                         "alibi_slopes")})  # fmt: skip
     assert plan_tiling == tiling_for(call, kwargs["max_q_len"], kwargs["max_seq_len"])
+
+
+@pytest.mark.parametrize("seed", RANDOM_SEEDS[:30])
+def test_the_short_hit_methods_launch_what_the_general_ones_launch(recorded, monkeypatch, seed):
+    """CallRecipe._run_plain and TritonPlan._launch_direct (the usual call's shortcuts) against the
+    general methods they skip: the same launches and the same returned tensors' metadata."""
+    triton_paged = _triton()
+    args, kwargs = _random_call(random.Random(seed))
+
+    def first_and_hit():
+        triton_paged.PLANS.clear()
+        results = [kernels.paged_attention_triton(*args, **kwargs) for _ in range(2)]
+        assert triton_paged.PLANS.hits == 1
+        outs = [r if isinstance(r, tuple) else (r,) for r in results]
+        return recorded.launches[-2:], [[_describe(t) for t in out] for out in outs]
+
+    short = first_and_hit()
+    monkeypatch.setattr(launch_plan.CallRecipe, "_run_plain", launch_plan.CallRecipe._run)
+    monkeypatch.setattr(triton_paged.TritonPlan, "_launch_direct", triton_paged.TritonPlan._launch_general)
+    general = first_and_hit()
+    assert short == general
+
+
+@pytest.mark.parametrize(
+    "q_view",
+    [
+        lambda q: q,
+        lambda q: q.transpose(0, 1).contiguous().transpose(0, 1),
+        lambda q: q.as_strided((q.shape[0], 1, q.shape[2]), (q.shape[2], 3, 1)),  # contiguous, an odd size-1 stride
+    ],
+)
+@pytest.mark.parametrize("head_dim_v", [32, 16])
+def test_a_hit_allocates_out_as_the_full_path_does(recorded, q_view, head_dim_v):
+    """The hit's out (empty_like(q) where that matches) has the full path's shape, strides and dtype."""
+    triton_paged = _triton()
+    q = q_view(torch.empty(4, 8, 32))
+    k, v = torch.empty(3, 4, 1, 32), torch.empty(3, 4, 1, head_dim_v)
+    args = [q, k, v, torch.zeros(4, 2, dtype=torch.int32), torch.zeros(4, dtype=torch.int32)]
+    outs = [kernels.paged_attention_triton(*args) for _ in range(2)]
+    assert triton_paged.PLANS.hits == 1
+    with plans_enabled(False):
+        outs.append(kernels.paged_attention_triton(*args))
+    assert len({(tuple(o.shape), o.stride(), o.dtype) for o in outs}) == 1 and outs[0].is_contiguous()
+    assert outs[1].stride() == torch.empty(outs[1].shape).stride()
+
+
+def test_the_compiled_runner_is_made_once_and_gets_tensors_scalars_then_constexprs(monkeypatch):
+    monkeypatch.setattr(launch_plan, "_fast_launch_error", None)
+    made, calls = [], []
+
+    class Compiled:
+        def __getitem__(self, grid):
+            made.append(grid)
+            return lambda *args: calls.append(args)
+
+    jit = object()
+    launch = launch_plan.KernelLaunch((2,), {"N": 4, "M": 8}, {"num_warps": 4}, cuda=True, scalars=(0.5, 7))
+    launch.compiled, launch.jit, launch.constexpr_values = Compiled(), jit, (8, 4)
+    for tensor in ("t0", "t1"):
+        launch(jit, tensor)
+    assert made == [(2, 1, 1)] and calls == [("t0", 0.5, 7, 8, 4), ("t1", 0.5, 7, 8, 4)]
+
+
+def test_the_fast_environment_read_agrees_with_os_environ(monkeypatch):
+    from kernels._common import getenv
+
+    name = kernels.CHECK_ENV
+    for value in ("1", "0", "", "é"):
+        monkeypatch.setenv(name, value)
+        assert getenv(name) == os.environ.get(name) == value and kernels.checks_enabled() == (value == "1")
+    monkeypatch.delenv(name)
+    assert getenv(name) is None and not kernels.checks_enabled()
+    assert getenv("PAGED_ATTN_NEVER_SET_ANYWHERE") is None
 
 
 def _base_args():
@@ -357,7 +431,7 @@ def test_on_cuda_a_hit_launches_the_compiled_kernels_and_computes_the_same(name)
     triton_paged.PLANS.clear()
     first = _outputs(kernels.paged_attention_triton(*args, **kwargs))
     second = _outputs(kernels.paged_attention_triton(*args, **kwargs))
-    ((_, plan),) = triton_paged.PLANS.plans()
+    (plan,) = [recipe.plan for recipe in triton_paged.PLANS.plans()]
     assert triton_paged.PLANS.hits == 1 and launch_plan.fast_launch_status() == "compiled kernel"
     assert plan.main.compiled is not None and (plan.combine is None or plan.combine.compiled is not None)
     with plans_enabled(False):
