@@ -295,24 +295,26 @@ class KernelLaunch:
     ``compiled[grid](*tensors, *scalars, *constexpr_values)``: Triton 3.x's
     ``CompiledKernel.__getitem__`` returns a runner that passes every argument, constexprs
     included, in signature order to the launcher, which is what ``JITFunction.run`` passes it
-    (``*bound_args.values()``, every parameter in order). That is valid because the plan's key
+    (``*bound_args.values()``, every parameter in order), and ``stream=`` the current raw stream of
+    the plan's device, which the runner would look up itself. That is valid because the plan's key
     fixes everything Triton specializes on (argument dtypes, int values, pointer alignment,
     constexprs, options). The runner is made once (``compiled[grid]`` only loads the module,
-    once, and closes over the grid; the runner reads the current stream at each call) and
+    once, and closes over the grid; the stream is read at each call) and
     kept with the arguments that follow the tensors (``tail``). The compiled kernel is used only
     while ``kernel`` is still the JIT function that returned it (a test may swap the module's
     kernel for a recorder). If that launch raises, every plan falls back to the JIT entry for
     the rest of the process.
     """
 
-    __slots__ = ("compiled", "constexpr_values", "constexprs", "grid", "grid3", "jit", "options", "runner", "scalars",
-                 "tail", "want_compiled")  # fmt: skip
+    __slots__ = ("compiled", "constexpr_values", "constexprs", "device_index", "grid", "grid3", "jit", "options",
+                 "runner", "scalars", "stream_of", "tail", "want_compiled")  # fmt: skip
 
     def __init__(self, grid: tuple, constexprs: dict, options: dict, cuda: bool, scalars: tuple = ()):
         self.grid, self.grid3 = grid, (*grid, 1, 1)[:3]
         self.constexprs, self.options, self.scalars = constexprs, options, scalars
         self.want_compiled = cuda
         self.compiled = self.jit = self.constexpr_values = self.runner = self.tail = None
+        self.device_index, self.stream_of = 0, None
 
     def __call__(self, kernel, *tensors) -> None:
         global _fast_launch_error
@@ -321,7 +323,10 @@ class KernelLaunch:
                 if self.runner is None:
                     self.runner = self.compiled[self.grid3]
                     self.tail = (*self.scalars, *self.constexpr_values)
-                self.runner(*tensors, *self.tail)
+                if self.stream_of is None:
+                    self.runner(*tensors, *self.tail)
+                else:  # the current stream of the plan's device, as the runner would look it up itself
+                    self.runner(*tensors, *self.tail, stream=self.stream_of(self.device_index))
                 return
             except Exception as error:  # an API this Triton lacks: the JIT entry from now on
                 _fast_launch_error = f"{type(error).__name__}: {error}"
@@ -347,3 +352,9 @@ class KernelLaunch:
             return
         self.constexpr_values = tuple(self.constexprs[name] for name in names[num_runtime:])
         self.compiled, self.jit = compiled, kernel
+        # Triton's runner finds the stream itself when given none: driver.active's current device, then
+        # torch._C._cuda_getCurrentRawStream(device). The plan's key fixes the device (current at its first
+        # launch, this one), so a hit passes that call's result directly (the same stream, graph capture
+        # included) and skips the driver lookups; without the function (another torch), the runner's own.
+        self.device_index = torch.cuda.current_device()
+        self.stream_of = getattr(torch._C, "_cuda_getCurrentRawStream", None)

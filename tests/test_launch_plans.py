@@ -182,6 +182,24 @@ def test_the_compiled_runner_is_made_once_and_gets_tensors_scalars_then_constexp
     assert made == [(2, 1, 1)] and calls == [("t0", 0.5, 7, 8, 4), ("t1", 0.5, 7, 8, 4)]
 
 
+def test_a_hit_hands_the_runner_the_current_stream_of_the_plans_device(monkeypatch):
+    monkeypatch.setattr(launch_plan, "_fast_launch_error", None)
+    calls, current = [], {3: 111}
+
+    class Compiled:
+        def __getitem__(self, grid):
+            return lambda *args, stream=None: calls.append((args, stream))
+
+    jit = object()
+    launch = launch_plan.KernelLaunch((2,), {"N": 4}, {"num_warps": 4}, cuda=True)
+    launch.compiled, launch.jit, launch.constexpr_values = Compiled(), jit, (4,)
+    launch.device_index, launch.stream_of = 3, current.__getitem__
+    launch(jit, "t0")
+    current[3] = 222  # another stream made current (a graph capture's, say): the next hit uses it
+    launch(jit, "t1")
+    assert calls == [(("t0", 4), 111), (("t1", 4), 222)]
+
+
 def test_the_fast_environment_read_agrees_with_os_environ(monkeypatch):
     from kernels._common import getenv
 
