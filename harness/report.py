@@ -177,6 +177,29 @@ def _regressions(frame: pd.DataFrame, meta: dict, baseline) -> tuple[dict, list[
     return marked, worse[["case", "backend", "why"]].to_dict("records"), comparison.problems
 
 
+def time_summary(meta: dict) -> str:
+    """Where the run's time went, one line for the page's header, from meta.json's ``scale``; '' if not recorded.
+
+    Example: "2 workers, 85.5 s from the first case to the last row, workers started in 4.8 s;
+    160.9 s of case work: timing: call 60.8, timing: latency 59.8, inputs 14.9, ..."
+    """
+    scale = meta.get("scale") or {}
+    if "wall_s" not in scale:
+        return ""
+    mode = scale.get("mode", "")
+    how = {"workers": f"{scale.get('workers')} worker{'s' if scale.get('workers') != 1 else ''}",
+           "ray": f"Ray, {scale.get('tasks', '?')} tasks"}.get(mode, "one process")  # fmt: skip
+    text = f"{how}, {scale['wall_s']:.1f} s from the first case to the last row"
+    if starts := scale.get("worker_start_s"):
+        text += f", workers started in {max(starts):.1f} s"
+    phases = sorted((scale.get("phase_s") or {}).items(), key=lambda item: -item[1])
+    if phases:
+        busy = scale.get("case_busy_s")
+        text += f"; {busy:.1f} s of case work: " if busy is not None else "; case work: "
+        text += ", ".join(f"{name} {seconds:.1f}" for name, seconds in phases)
+    return text
+
+
 def render_html(frame: pd.DataFrame, meta: dict, *, baseline=None, baseline_name: str = "") -> str:
     """The review page of one run; ``baseline`` = (frame, meta) of an earlier run marks regressions."""
     marked, regressions, problems = _regressions(frame, meta, baseline)
@@ -212,6 +235,7 @@ def render_html(frame: pd.DataFrame, meta: dict, *, baseline=None, baseline_name
         baseline_name=baseline_name,
         overhead_flag=HOST_OVERHEAD_FLAG,
         plots_missing=plots is None,
+        time_summary=time_summary(meta),
     )
 
 

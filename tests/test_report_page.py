@@ -86,6 +86,16 @@ def test_the_header_shows_noise_judges_and_ceilings():
     assert "read 20.0 GB/s" in html and "peak 1.50 TFLOP/s (spec)" in html
 
 
+def test_the_header_says_where_a_sharded_runs_time_went_largest_phase_first():
+    scale = {"mode": "workers", "workers": 2, "wall_s": 85.51, "worker_start_s": [4.8, 4.83], "case_busy_s": 160.9,
+             "phase_s": {"inputs": 14.9, "timing: latency": 59.8, "grade": 4.3}}  # fmt: skip
+    html = render_html(rf.frame(num_cases=1), rf.meta(scale=scale))
+    line = re.search(r'id="time-summary">([^<]*)<', html).group(1)
+    assert line == ("2 workers, 85.5 s from the first case to the last row, workers started in 4.8 s; "
+                    "160.9 s of case work: timing: latency 59.8, inputs 14.9, grade 4.3")  # fmt: skip
+    assert 'id="time-summary"' not in render_html(rf.frame(num_cases=1), rf.meta())  # not recorded: no line
+
+
 def test_an_old_run_without_the_new_columns_still_renders():
     frame = rf.frame(num_cases=2).drop(columns=["latency_samples_us", "call_us", "tol_ratio"])
     html = render_html(frame, {"device": "cpu"})
