@@ -58,7 +58,8 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument(
         "cases",
         nargs="*",
-        help="case files or folders, or a packaged suite's name (smoke, cpu, gpu, gpu_peers, gpu_long); default: smoke",
+        help="case files or folders, or a packaged suite's name (smoke, cpu, gpu, gpu_peers, gpu_long, gpu_sweep, "
+        "variants); default: smoke",
     )
     add_to_argparse(run)
     run.add_argument("--out", type=Path, help="run folder to create (default: reports/<time>-<device>-<commit>)")
@@ -158,6 +159,11 @@ def build_parser() -> argparse.ArgumentParser:
         "--backend", action="append", dest="backends", metavar="NAME", help="only this backend (repeatable)"
     )
 
+    merge = verbs.add_parser("merge", help="join run folders of one commit (hosts' --shard slices) into one run folder")
+    merge.add_argument("out", type=Path, help="the run folder to create")
+    merge.add_argument("runs", type=Path, nargs="+", metavar="RUN", help="run folders to join (two or more)")
+    merge.add_argument("--allow-mixed-commits", action="store_true",
+                       help="merge runs of different commits (meta.json's commit then lists them)")  # fmt: skip
     verbs.add_parser("schema", help="JSON Schema of the case files")
     return parser
 
@@ -219,6 +225,7 @@ def _run_options(args: argparse.Namespace, device: str) -> dict:
         "timeout": args.timeout,
         "workers": args.workers,  # --workers / --ray: a resume runs the rest the same way (harness.scale)
         "ray": args.ray,
+        "shard": args.shard,
     }
 
 
@@ -244,6 +251,7 @@ def _resume(args: argparse.Namespace):
     args.timing = options.get("timing", True)
     args.isolate = options.get("isolate", "plugins")
     args.timeout = options.get("timeout")
+    args.shard = options.get("shard")  # the same slice of the cases, always
     if args.workers is None and args.ray is None:  # given on the resume, they replace the journal's
         args.workers, args.ray = options.get("workers"), options.get("ray")
     args.out = run_dir
@@ -361,6 +369,13 @@ def _run(args: argparse.Namespace, device: str, journal, plugin_backends: set[st
         raise BadInput(str(error)) from None
     cases = _load(args.cases, device, args.harness_tags, [b.name for b in backends])
     check_backend_names(cases, list(REGISTRY))
+    if args.shard is not None:
+        from .merge import parse_shard, shard_cases
+
+        cases = shard_cases(cases, *parse_shard(args.shard))
+        if not cases:
+            raise BadInput(f"--shard {args.shard}: this slice holds no case (fewer cases than shards)")
+        print(f"--shard {args.shard}: {len(cases)} of the cases", file=sys.stderr)
     reports_root = args.out.parent if args.out else Path("reports")
     for message in stale_leftovers(reports_root):
         print(message, file=sys.stderr)
@@ -583,6 +598,21 @@ def cmd_history(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def cmd_merge(args: argparse.Namespace) -> int:
+    from .merge import MergeError, merge_runs
+    from .runner import exit_code, summarize
+    from .storage import write_run
+
+    try:
+        frame, meta = merge_runs(args.runs, args.allow_mixed_commits)
+    except MergeError as error:
+        raise BadInput(str(error)) from None
+    write_run(frame, meta, args.out)
+    print(summarize(frame))
+    print(f"merged {len(args.runs)} runs, {len(frame)} rows: {args.out / 'report.html'}")
+    return exit_code(frame)
+
+
 def cmd_schema(args: argparse.Namespace) -> int:
     from .cases import case_file_schema
 
@@ -613,6 +643,7 @@ def main(argv: list[str] | None = None) -> int:
         "report": cmd_report,
         "compare": cmd_compare,
         "history": cmd_history,
+        "merge": cmd_merge,
         "schema": cmd_schema,
     }
     restore_signals = install_signal_handlers()

@@ -36,6 +36,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "needs the optional extra: pip install 'paged-attention-harness[ray]'",
     )
     group.add_argument(
+        "--shard",
+        metavar="I/N",
+        help="run only slice I of N of the cases (0 <= I < N; by cost, dealt round robin, the same split on "
+        "every host); join the hosts' run folders with `harness merge OUT RUN...`",
+    )
+    group.add_argument(
         "--oracle-cache",
         metavar="DIR|off",
         help="cache of the CPU float64 oracle's outputs, by input content (default: $HARNESS_ORACLE_CACHE, "
@@ -51,6 +57,10 @@ def check_arguments(args: argparse.Namespace) -> None:
     ray = getattr(args, "ray", None)
     if workers is not None and workers != "auto" and (not workers.isdigit() or int(workers) < 1):
         raise ValueError(f"--workers {workers}: give a positive integer or 'auto'")
+    if getattr(args, "shard", None) is not None:
+        from .merge import parse_shard
+
+        parse_shard(args.shard)
     if ray is not None:
         from .ray_runner import ray_missing
 

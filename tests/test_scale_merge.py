@@ -1,0 +1,91 @@
+"""Many hosts: ``--shard I/N`` splits the cases the same way on every host, and ``harness merge``
+joins the hosts' run folders into the one-process run's rows, refusing overlaps and mixed commits."""
+
+from __future__ import annotations
+
+import json
+import shutil
+
+import pandas as pd
+import pytest
+
+from harness.cases import load_cases
+from harness.cli import main
+from harness.merge import parse_shard, shard_cases
+from harness.parallel import case_cost
+
+SMOKE = ["run", "smoke", "--backend", "reference", "--backend", "tlsim", "--no-timing", "--no-progress",
+         "--oracle-cache", "off"]  # fmt: skip
+
+
+@pytest.mark.parametrize("count", [1, 2, 3, 5])
+def test_shards_partition_the_cases_and_deal_the_large_ones_round_robin(count):
+    cases = load_cases(["harness/suites/smoke.toml"], device="cpu")
+    shards = [shard_cases(cases, index, count) for index in range(count)]
+    ids = [case.id for shard in shards for case in shard]
+    assert sorted(ids) == sorted(c.id for c in cases) and len(set(ids)) == len(ids)  # every case, once
+    assert max(map(len, shards)) - min(map(len, shards)) <= 1
+    largest = sorted(cases, key=lambda c: (-case_cost(c), c.id))[:count]
+    assert [largest[i].id in {c.id for c in shards[i]} for i in range(count)] == [True] * count
+    assert [c.id for c in shard_cases(cases, 0, count)] == [c.id for c in shards[0]]  # the same on every host
+    assert all([c.id for c in s] == [c.id for c in cases if c in s] for s in shards)  # in file order
+
+
+@pytest.mark.parametrize("text", ["2/2", "1", "a/2", "0/0", "-1/3", "1/2/3"])
+def test_a_bad_shard_is_refused_with_the_form_expected(text, tmp_path, capsys):
+    with pytest.raises(ValueError, match="give I/N"):
+        parse_shard(text)
+    assert main([*SMOKE, f"--shard={text}", "--out", str(tmp_path / "run")]) == 2
+    assert "give I/N" in capsys.readouterr().err and not (tmp_path / "run").exists()
+
+
+@pytest.fixture(scope="module")
+def shard_runs(tmp_path_factory):
+    root = tmp_path_factory.mktemp("hosts")
+    for index in range(2):
+        assert main([*SMOKE, "--shard", f"{index}/2", "--out", str(root / f"host{index}")]) == 0
+    assert main([*SMOKE, "--out", str(root / "whole")]) == 0
+    return root
+
+
+def test_merged_shards_give_the_one_process_rows_and_say_where_they_came_from(shard_runs, tmp_path):
+    out = tmp_path / "merged"
+    assert main(["merge", str(out), str(shard_runs / "host0"), str(shard_runs / "host1")]) == 0
+    merged = pd.read_parquet(out / "results.parquet").set_index(["case", "backend"]).sort_index()
+    whole = pd.read_parquet(shard_runs / "whole" / "results.parquet").set_index(["case", "backend"]).sort_index()
+    assert merged.index.equals(whole.index)
+    for column in ("status", "max_abs_err", "tol_ratio", "nan_count"):
+        pd.testing.assert_series_equal(merged[column], whole[column])
+    meta = json.loads((out / "meta.json").read_text())
+    assert [entry["run"] for entry in meta["merged_from"]] == [str(shard_runs / "host0"), str(shard_runs / "host1")]
+    assert sum(entry["rows"] for entry in meta["merged_from"]) == len(merged)
+    assert (out / "report.html").is_file() and "scale" not in meta
+
+
+def test_merge_refuses_overlapping_runs_and_mixed_commits_unless_told(shard_runs, tmp_path, capsys):
+    host0 = shard_runs / "host0"
+    assert main(["merge", str(tmp_path / "m1"), str(host0), str(shard_runs / "whole")]) == 2
+    assert "also in" in capsys.readouterr().err and not (tmp_path / "m1").exists()
+
+    other = tmp_path / "other_commit"
+    shutil.copytree(shard_runs / "host1", other)
+    meta = json.loads((other / "meta.json").read_text())
+    (other / "meta.json").write_text(json.dumps({**meta, "commit": "f" * 40}))
+    assert main(["merge", str(tmp_path / "m2"), str(host0), str(other)]) == 2
+    assert "different commits" in capsys.readouterr().err and not (tmp_path / "m2").exists()
+    assert main(["merge", str(tmp_path / "m3"), str(host0), str(other), "--allow-mixed-commits"]) == 0
+    assert json.loads((tmp_path / "m3" / "meta.json").read_text())["commit"].startswith("mixed: ")
+    assert main(["merge", str(tmp_path / "m4"), str(host0), str(tmp_path / "nowhere")]) == 2
+    assert "not a run folder" in capsys.readouterr().err
+
+
+def test_resume_keeps_the_runs_shard(tmp_path):
+    from harness.cli import _resume, _run_options, build_parser
+    from harness.journal import Journal
+
+    out = tmp_path / "run"
+    args = build_parser().parse_args([*SMOKE, "--shard", "1/3"])
+    Journal.create(out, _run_options(args, "cpu")).close(stopped=True)
+    again = build_parser().parse_args(["run", "--resume", str(out)])
+    _resume(again)
+    assert again.shard == "1/3"
