@@ -5,6 +5,8 @@
 ``call_us``      the eager wall time of the call exactly as a user makes it (default
                  arguments, checks and all), device drained around it
 ``host_overhead_us`` call_us - latency_us on CUDA: what the call costs beyond its kernels
+``host_us``      the host's own time of one eager call on CUDA: from the call to its return, the
+                 device idle before it (median over the call_us samples)
 ``graph_capturable`` / ``device_syncs``: can the default call be captured; how many syncs
 ``kernels_ran``  the device kernels of one prepared call of a peer, longest first (CUDA)
 plus bandwidth and rate against the run's measured ceilings.
@@ -57,11 +59,14 @@ def timing_columns(case: Case, backend: Backend, prepared: Prepared, plan: Timin
     if prepared.call is None and torch.device(device).type == "cpu":
         call = latency  # on the CPU the same callable has the same wall time: no second measurement
     else:
+        host: list[float] = []
         with phase("timing: call"):
-            call = time_wall(prepared.call or prepared.run, device, target_s=plan.call_target_s)
+            call = time_wall(prepared.call or prepared.run, device, target_s=plan.call_target_s, host_samples=host)
     row.update(_spread("call", call))
     if torch.device(device).type == "cuda":  # on a CPU all of it is host time: no split to report
         row["host_overhead_us"] = row["call_us"] - row["latency_us"]
+        if host:
+            row["host_us"] = Timing(tuple(host), "host_return").median_us
     with phase("timing: probe"):
         probe = probe_call(prepared.call or prepared.run, device)
     row["graph_capturable"] = probe.graph_capturable

@@ -33,7 +33,7 @@ COLUMNS = [
     "nan_count", "atol", "rtol", "latency_us", "bytes_moved", "gbps", "pct_of_ceiling",
     "tol_ratio", "group_size", "num_tokens", "max_q_len", "total_kv_tokens", "layout", "input_scale", "seed",
     "tags", "case_file", "backend_kind", "note", "latency_p10_us", "latency_p90_us", "timing_reps",
-    "timing_method", "call_us", "call_p10_us", "call_p90_us", "host_overhead_us", "graph_capturable",
+    "timing_method", "call_us", "call_p10_us", "call_p90_us", "host_overhead_us", "host_us", "graph_capturable",
     "device_syncs", "kernels_ran", "timing_threads", "flops", "tflops", "pct_of_peak",
     "error_bound", "grading_note", "fail_count", "worst_location", "lse_max_abs_err", "lse_tol_ratio",
     "kv_dtype", "quant_error", "head_dim_v", "host", "gpu_index", "gpu_name", "worker",

@@ -130,11 +130,15 @@ def time_wall(
     target_s: float = 0.15,
     min_reps: int | None = None,
     max_reps: int | None = None,
+    host_samples: list[float] | None = None,
 ) -> Timing:
     """Wall time a caller waits for one eager ``fn()``, host overhead and device syncs included.
 
     The device is drained (synchronize) before the clock starts and after ``fn`` returns,
     inside the timed region, so the sample is the full latency of the call as made.
+    ``host_samples``, when given, receives (CUDA only) each sample's host time: from the call to
+    its return, before the drain (the Python, checks and launches of one call on an idle device;
+    device time only where the call itself waits for the device). It is the ``host_us`` column.
     """
     min_reps = WALL_MIN_REPS if min_reps is None else min_reps
     if not _is_cuda(device):  # no device to drain: the host clock around the call is time_call's
@@ -151,8 +155,11 @@ def time_wall(
             torch.cuda.synchronize()
             t0 = time.perf_counter()
             fn()
+            returned = time.perf_counter()
             torch.cuda.synchronize()
             out.append((time.perf_counter() - t0) * 1e6)
+            if host_samples is not None:
+                host_samples.append((returned - t0) * 1e6)
         return out
 
     return Timing(tuple(_collect(sample, target_s, min_reps, max_reps)), "wall_synchronized")

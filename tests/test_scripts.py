@@ -7,6 +7,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pandas as pd
+
 ROOT = Path(__file__).resolve().parents[1]
 COMMITTED_RUN = ROOT / "gpu_results" / "2026-11-30-h200-honest"
 
@@ -44,6 +46,22 @@ def test_kernel_targets_score_the_committed_run():
     assert done.returncode == 0, done.stderr
     assert "## prefill: met on 0 of 6 cases (worst 2.29 x best peer)" in done.stdout
     assert "ok   decode_4x16k" in done.stdout and "MISS decode_32x4k_hd64" in done.stdout
+
+
+def test_the_host_target_reads_each_rows_host_us_and_older_runs_have_no_host_line():
+    from scripts.kernel_targets import score
+
+    older = pd.read_parquet(COMMITTED_RUN / "results.parquet")  # a run from before the host_us column
+    assert "host" not in set(score(older)["target"])
+    frame = older.copy()
+    mine = (frame["backend"] == "triton") & (frame["status"] == "pass")
+    frame["host_us"] = float("nan")
+    frame.loc[mine, "host_us"] = 21.0
+    first = frame.index[mine][0]
+    frame.loc[first, "host_us"] = 18.5
+    host = score(frame).query("target == 'host'").set_index("case")
+    assert len(host) == mine.sum() and host.loc[frame.loc[first, "case"], "met"]
+    assert host["measured"].tolist().count(18.5) == 1 and host["met"].sum() == 1
 
 
 def test_tile_tuner_times_two_candidates_and_prints_a_table_line(tmp_path):

@@ -7,6 +7,7 @@ import time
 import numpy as np
 import pandas as pd
 import pytest
+import torch
 
 from harness.cases import load_case_file
 from harness.metrics import attended_pairs, flops, tflops
@@ -23,6 +24,21 @@ def test_time_call_keeps_at_least_the_floor_of_samples_even_past_its_time_budget
 def test_time_wall_measures_the_whole_call():
     timing = time_wall(lambda: time.sleep(0.003), "cpu", min_reps=5, target_s=0.0)
     assert timing.median_us >= 3000
+
+
+def test_time_wall_on_cuda_splits_the_hosts_return_from_the_drained_wall(monkeypatch):
+    """host_samples: the call's own time to return; the wall adds the drain after it. A fake device
+    whose drain takes 4 ms, a call whose host work takes 1 ms."""
+    import harness.timing as timing
+
+    monkeypatch.setattr(timing, "_is_cuda", lambda device: True)
+    monkeypatch.setattr(timing, "L2_FLUSH_BYTES", 16)
+    drains = []
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda *a: drains.append(time.sleep(0.004)))
+    host: list[float] = []
+    wall = time_wall(lambda: time.sleep(0.001), "cpu", min_reps=10, max_reps=10, host_samples=host)
+    assert len(host) == len(wall.samples_us) == 10 and len(drains) == 20
+    assert all(1000 <= h < w - 3000 for h, w in zip(host, wall.samples_us, strict=True))
 
 
 def test_probe_call_says_nothing_about_graphs_or_syncs_off_cuda():
