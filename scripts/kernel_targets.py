@@ -5,8 +5,11 @@
 Every number comes from the run's results.parquet (rows that passed), so a table made
 with this names its run. The targets, each a ratio measured side by side in one run:
 
-    host        the host's time of the default eager call (host_us: call to return, device idle
-                before), at most 20 us; runs older than the column have no host line
+    host        not scored here: the 20 us target is a hot loop's host time per call, which
+                scripts/host_overhead.py measures. A row's host_us is one call's host time right
+                after the device drained, with cold host caches: 35-255 us for SDPA and the kernel
+                alike on an H200 (gpu_results/2026-11-30-h200-bac996f-host-us); the script prints
+                the kernel's median host_us against the best peer's instead, as information
     eager       decode: the default eager call against SDPA's eager call, at most 1.10x
     decode      decode device time against the best peer's, at most 1.05x
     read        decode with 256 MB of KV or more: at least 90% of the read ceiling
@@ -46,8 +49,6 @@ def score(frame: pd.DataFrame, backend: str = "triton") -> pd.DataFrame:
     lines = []
     for case, row in mine.iterrows():
         decode = row["max_q_len"] == 1
-        if pd.notna(row.get("host_us")):  # the host's own time of the eager call (runs before host_us: none)
-            lines.append(_line("host", case, row["host_us"], 20.0, "us host"))
         if decode and case in sdpa_call.index and pd.notna(row.get("call_us")):
             lines.append(_line("eager", case, row["call_us"] / sdpa_call[case], 1.10, "x SDPA call"))
         if decode and case in against_peer.index:
@@ -65,6 +66,23 @@ def score(frame: pd.DataFrame, backend: str = "triton") -> pd.DataFrame:
     return pd.DataFrame(lines)
 
 
+def host_note(frame: pd.DataFrame, backend: str = "triton") -> str | None:
+    """A line on the rows' host_us (median of ``backend``'s against the median over the peers' rows of the
+    same cases), or None for a run without the column. Information, not a target (module docstring)."""
+    if "host_us" not in frame.columns:
+        return None
+    ok = frame[(frame["status"] == "pass") & frame["host_us"].notna()]
+    mine = ok[ok["backend"] == backend]
+    peers = ok[(ok["backend_kind"] == "peer") & ok["case"].isin(mine["case"])]
+    if mine.empty or peers.empty:
+        return None
+    return (
+        f"host_us (one call after the device drained, cold; not the 20 us hot-loop target): {backend} median "
+        f"{mine['host_us'].median():.1f} us over {len(mine)} rows, its peers {peers['host_us'].median():.1f} us "
+        f"over {len(peers)}"
+    )
+
+
 def _decode_twin(mine: pd.DataFrame, row: pd.Series) -> str | None:
     """The decode case of the same batch (heads, head dim, sequences, length, block size), if the run has one."""
     same = ["num_q_heads", "num_kv_heads", "head_dim", "num_seqs", "max_seq_len", "block_size", "dtype"]
@@ -79,6 +97,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     frame, meta = load_run(args.run_dir)
     print(f"run {args.run_dir.name}: {meta.get('device_name')}, commit {meta.get('commit')}, backend {args.backend}")
+    if (note := host_note(frame, args.backend)) is not None:
+        print(note)
     table = score(frame, args.backend)
     if table.empty:
         print("(no row to score)")
