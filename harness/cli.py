@@ -234,8 +234,10 @@ def _resume(args: argparse.Namespace):
     from .journal import Journal, journal_path, pid_alive
 
     run_dir = args.resume
-    if args.cases or args.harness_backends or args.harness_plugins or args.out:
-        raise BadInput("--resume runs the journal's own cases, backends and plugins; give none of them, nor --out")
+    if args.cases or args.harness_backends or args.harness_plugins or args.out or args.shard is not None:
+        raise BadInput(
+            "--resume runs the journal's own cases, backends, plugins and --shard; give none of them, nor --out"
+        )
     if run_dir.exists():
         raise BadInput(f"--resume {run_dir}: the run folder already exists: that run is complete")
     journal = Journal.read(journal_path(run_dir))
@@ -267,15 +269,20 @@ def _finalize(args: argparse.Namespace, journal) -> int:
     """
     from .backends import resolve_backends
     from .cases import CaseFileError, load_case_file, resolve_case_paths
+    from .merge import parse_shard, shard_cases
     from .runner import COLUMNS, summarize, to_frame
     from .storage import write_run
+    from .suite_files import resolve_case_arg
 
     if not journal.rows:
         raise BadInput(f"--finalize {args.resume}: the journal holds no row; there is nothing to write")
     try:  # the journal's case files and backends, to list what never ran (a journal from another
         # machine may name files or plugin backends this one lacks: the rows are written anyway)
-        cases = [case for path in resolve_case_paths(args.cases) for case in load_case_file(path)]
+        paths = resolve_case_paths([resolve_case_arg(c) for c in args.cases] or DEFAULT_CASES)  # suite names too
+        cases = [case for path in paths for case in load_case_file(path)]
         cases = [c for c in cases if not args.harness_tags or set(args.harness_tags) & set(c.tags)]
+        if args.shard is not None:  # only this run's slice could have run
+            cases = shard_cases(cases, *parse_shard(args.shard))
         backends = resolve_backends(args.harness_backends)
         unknown = None
     except (CaseFileError, ValueError, OSError) as error:
@@ -446,7 +453,7 @@ def _run_and_write(args, device, cases, backends, plugin_backends, worker, journ
     todo = sum((c.id, b.name) not in done for c in cases for b in backends)
     if journal.header.get("meta") is None:  # what a --finalize elsewhere reports as the run's own meta
         start_meta = collect_meta(device, ["python -m harness", *sys.argv[1:]], {})
-        journal.record_meta({**start_meta, "ceilings": ceilings, "timing_threads": threads})
+        journal.record_meta({**start_meta, "ceilings": ceilings, "timing_threads": threads, "shard": args.shard})
     print(f"{len(cases)} cases x {len(backends)} backends on {device}"
           + (f": {todo} to run, {len(done)} from the journal" if done else ""), file=sys.stderr)  # fmt: skip
     scale = run_rows(args, cases, config, on_row, done, worker)  # in this process, over --workers, or --ray
@@ -457,7 +464,7 @@ def _run_and_write(args, device, cases, backends, plugin_backends, worker, journ
     scale.update(journal_s=round(journal_s, 3), merge_s=round(time.perf_counter() - merging, 3), rows=len(frame))
     bandwidth = {k: v for k, v in ceilings.items() if k.endswith("_gbps")}
     meta = collect_meta(device, ["python -m harness", *sys.argv[1:]], bandwidth)
-    meta.update(case_files=sorted({c.file for c in cases}), ceilings=ceilings, timing_threads=threads)
+    meta.update(case_files=sorted({c.file for c in cases}), ceilings=ceilings, timing_threads=threads, shard=args.shard)
     meta.update(gpus=scale.pop("gpus"), scale=scale)  # each GPU's ceilings; where the run's time went
     if note := mixed_models_note(meta["gpus"]):
         meta["device_name"] = note  # shown by the report, and `compare` calls it another device
@@ -601,13 +608,23 @@ def cmd_history(args: argparse.Namespace) -> int:
 def cmd_merge(args: argparse.Namespace) -> int:
     from .merge import MergeError, merge_runs
     from .runner import exit_code, summarize
-    from .storage import write_run
+    from .storage import RunDirExistsError, write_run
 
+    if args.out.exists():
+        raise BadInput(f"merge: {args.out} already exists; a run folder is never overwritten (choose another OUT)")
     try:
-        frame, meta = merge_runs(args.runs, args.allow_mixed_commits)
+        frame, meta, warnings = merge_runs(args.runs, args.allow_mixed_commits)
     except MergeError as error:
         raise BadInput(str(error)) from None
-    write_run(frame, meta, args.out)
+    meta["command"] = " ".join(["harness merge", str(args.out), *map(str, args.runs)]) + (
+        " --allow-mixed-commits" if args.allow_mixed_commits else ""
+    )
+    try:
+        write_run(frame, meta, args.out)
+    except RunDirExistsError as error:
+        raise BadInput(f"merge: {error}") from None
+    for warning in warnings:
+        print(f"warning: {warning} (meta.json's incomplete says so)", file=sys.stderr)
     print(summarize(frame))
     print(f"merged {len(args.runs)} runs, {len(frame)} rows: {args.out / 'report.html'}")
     return exit_code(frame)

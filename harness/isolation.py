@@ -54,6 +54,7 @@ def _worker_main(conn, plugins: tuple[str, ...]) -> None:
     """The worker's loop: ('context', case, config) builds inputs; ('row', name) runs one backend."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     from .backends import REGISTRY, load_plugin
+    from .phases import take_phases
     from .runner import _error_reason, build_context, run_backend
 
     try:
@@ -75,11 +76,20 @@ def _worker_main(conn, plugins: tuple[str, ...]) -> None:
             _, case, config = message
             try:
                 ctx = build_context(case, config.device, config.oracle_device)
-                conn.send(("ok", None))
+                conn.send(("ok", None, take_phases()))
             except BaseException as error:
-                conn.send(("error", f"building inputs/oracle: {_error_reason(error)}"))
-        elif message[0] == "row":
-            conn.send(("row", run_backend(ctx, REGISTRY[message[1]], config)))
+                conn.send(("error", f"building inputs/oracle: {_error_reason(error)}", take_phases()))
+        elif message[0] == "row":  # each reply carries its phases: the parent counts them as its own
+            row = run_backend(ctx, REGISTRY[message[1]], config)
+            conn.send(("row", row, take_phases()))
+
+
+def _absorb_phases(reply) -> None:
+    """A worker's reply tuple ends with its phases (harness.phases): count them in this process."""
+    if isinstance(reply, tuple) and len(reply) == 3 and isinstance(reply[2], dict):
+        from .phases import absorb
+
+        absorb(reply[2])
 
 
 class Worker:
@@ -151,6 +161,7 @@ class Worker:
         if self.case_id != case.id:
             self.conn.send(("context", case, dataclasses.replace(config, backends=[], progress=False)))
             reply = self._receive(None)
+            _absorb_phases(reply)
             if reply == DIED:
                 why = f"worker {self._death()} building the case's inputs"
                 self.stop()
@@ -162,6 +173,7 @@ class Worker:
         started = time.monotonic()
         self.conn.send(("row", backend))
         reply = self._receive(timeout_s)
+        _absorb_phases(reply)
         if reply == TIMED_OUT:
             self.stop()
             return f"timed out after {timeout_s:g} s (isolated; the worker was killed)"

@@ -8,13 +8,16 @@ without talking to the others: the expanded cases are ordered by estimated cost,
 
 Merging refuses what would make the joined run a guess (:class:`MergeError`, naming the run
 folder): a (case, backend) pair in two runs; runs of different commits (``--allow-mixed-commits``
-records them instead); a run folder that is not one. What it joins:
+records them instead), of different devices (cpu, cuda), or timed beside untimed; a run folder
+that is not one. What it joins:
 
-* rows: concatenated, in the first run's case order, then each later run's new cases;
-* meta.json: the first run's meta, with ``gpus`` the union of every run's GPUs (each keyed by its
-  host and index, so rows keep their own ceilings), ``merged_from`` (each run's folder, host,
-  commit, row count and ``scale``), and ``device_name`` the mixed-models note where the GPU
-  models differ (then ``compare`` treats the run as another device, as for a mixed sharded run);
+* rows: concatenated, run after run (a case's rows stay together);
+* meta.json: the first run's versions and ceilings, with ``gpus`` every run's GPU records (one per
+  host, index and model: rows keep their own GPU's percentages), ``host`` every host, ``dirty``
+  if any run was, ``merged_from`` (each run's folder, host, commit, dirty, shard, rows, whether it
+  was incomplete, time and ``scale``), ``device_name`` the mixed-models note where the GPU models
+  differ (``compare`` then treats the run as another device), and ``incomplete`` where a run
+  stopped early (its missing pairs joined) or a shard of the I/N set is absent;
 * report.html, rendered as for any run.
 """
 
@@ -49,8 +52,9 @@ def shard_cases(cases: list[Case], index: int, count: int) -> list[Case]:
     return [case for i, case in enumerate(cases) if i in mine]
 
 
-def merge_runs(run_dirs: list[Path], allow_mixed_commits: bool = False) -> tuple[pd.DataFrame, dict]:
-    """The joined rows and meta of ``run_dirs`` (module docstring); MergeError on a conflict."""
+def merge_runs(run_dirs: list[Path], allow_mixed_commits: bool = False) -> tuple[pd.DataFrame, dict, list[str]]:
+    """The joined rows and meta of ``run_dirs`` (module docstring), and warnings for the user
+    (shards missing from an I/N set); MergeError on a conflict."""
     from .scale import mixed_models_note
     from .storage import RunFolderError, load_run
 
@@ -71,27 +75,82 @@ def merge_runs(run_dirs: list[Path], allow_mixed_commits: bool = False) -> tuple
                     "shards must not overlap (give each host its own --shard I/N)"
                 )
             owner[pair] = run_dir
-    commits = {meta.get("commit") for _, _, meta in loaded}
-    if len(commits) > 1 and not allow_mixed_commits:
-        listed = ", ".join(f"{run_dir}: {str(meta.get('commit'))[:12]}" for run_dir, _, meta in loaded)
-        raise MergeError(f"the runs are of different commits ({listed}); pass --allow-mixed-commits to merge anyway")
+    _refuse_mixed(loaded, "commit", "commits", "--allow-mixed-commits", allow_mixed_commits)
+    _refuse_mixed(loaded, "device", "devices (cpu and cuda rows do not make one run)")
+    timed = {run_dir: bool("latency_us" in f and f["latency_us"].notna().any()) for run_dir, f, _ in loaded}
+    if len(set(timed.values())) > 1:
+        untimed = ", ".join(str(run_dir) for run_dir, was in timed.items() if not was)
+        raise MergeError(f"{untimed}: not timed (--no-timing), while the other runs are: merge timed with timed")
     frame = pd.concat([frame for _, frame, _ in loaded], ignore_index=True)
     case_order = {case: i for i, case in enumerate(dict.fromkeys(frame["case"]))}
     frame = frame.iloc[frame["case"].map(case_order).argsort(kind="stable")].reset_index(drop=True)
     meta = dict(loaded[0][2])
-    gpus = {(g.get("host"), str(g.get("gpu_index"))): g for _, _, m in loaded for g in m.get("gpus") or []}
-    meta["gpus"] = [gpus[key] for key in sorted(gpus, key=lambda k: (str(k[0]), k[1]))]
+    meta["gpus"] = _gpus(loaded)
     meta["merged_from"] = [
-        {"run": str(run_dir), "host": m.get("host"), "commit": m.get("commit"), "rows": len(f), "scale": m.get("scale")}
+        {"run": str(run_dir), "host": m.get("host"), "commit": m.get("commit"), "dirty": m.get("dirty"),
+         "shard": m.get("shard"), "rows": len(f), "incomplete": "incomplete" in m, "time": m.get("time"),
+         "scale": m.get("scale")}
         for run_dir, f, m in loaded
-    ]
+    ]  # fmt: skip
     meta["case_files"] = sorted({c for _, _, m in loaded for c in m.get("case_files") or []})
-    meta.pop("scale", None)  # each run's own is in merged_from
+    meta["host"] = ", ".join(dict.fromkeys(str(m.get("host")) for _, _, m in loaded))
+    meta["dirty"] = any(m.get("dirty") for _, _, m in loaded)
+    for key in ("scale", "resumed", "shard"):  # each run's own is in merged_from
+        meta.pop(key, None)
     names = {m.get("device_name") for _, _, m in loaded}
     if note := mixed_models_note(meta["gpus"]):
         meta["device_name"] = note
     elif len(names) > 1:
         meta["device_name"] = f"mixed devices: {' + '.join(sorted(str(n) for n in names))}"
+    commits = {m.get("commit") for _, _, m in loaded}
     if len(commits) > 1:
         meta["commit"] = "mixed: " + " + ".join(sorted(str(c)[:12] for c in commits))
-    return frame, meta
+    meta.pop("incomplete", None)
+    warnings = _shard_warnings(loaded)
+    incomplete = [(run_dir, m["incomplete"]) for run_dir, _, m in loaded if "incomplete" in m]
+    if incomplete or warnings:
+        missing = [pair for _, record in incomplete for pair in record.get("missing") or []]
+        meta["incomplete"] = {
+            "runs": [str(run_dir) for run_dir, _ in incomplete],
+            "missing_pairs": None if any(r.get("missing") is None for _, r in incomplete) else len(missing),
+            "missing": missing,
+            "shards": warnings,
+            "note": "merged from runs that stopped early (each run's 'incomplete' record) or from an incomplete "
+            "set of shards",
+        }
+    return frame, meta, warnings
+
+
+def _refuse_mixed(loaded, key: str, what: str, allow_flag: str | None = None, allowed: bool = False) -> None:
+    """MergeError when the runs' meta ``key`` differs (unless ``allowed``), listing each run's value."""
+    if len({m.get(key) for _, _, m in loaded}) > 1 and not allowed:
+        listed = ", ".join(f"{run_dir}: {str(m.get(key))[:12]}" for run_dir, _, m in loaded)
+        hint = f"; pass {allow_flag} to merge anyway" if allow_flag else ""
+        raise MergeError(f"the runs are of different {what} ({listed}){hint}")
+
+
+def _gpus(loaded) -> list[dict]:
+    """Every run's GPU records: one per (host, index, model), the workers of runs that share it joined."""
+    records: dict[tuple, dict] = {}
+    for _, _, m in loaded:
+        for gpu in m.get("gpus") or []:
+            key = (str(gpu.get("host")), str(gpu.get("gpu_index")), gpu.get("gpu_name"))
+            if key not in records:
+                records[key] = dict(gpu)
+    return [records[key] for key in sorted(records, key=lambda k: (k[0], k[1], str(k[2])))]
+
+
+def _shard_warnings(loaded) -> list[str]:
+    """What is off in the runs' --shard I/N set (none given: nothing to check)."""
+    shards = [m.get("shard") for _, _, m in loaded]
+    if not any(shards):
+        return []
+    if not all(shards):
+        return ["some runs were not --shard runs: whether every case ran is not known"]
+    parsed = [parse_shard(text) for text in shards]
+    counts = {count for _, count in parsed}
+    if len(counts) > 1:
+        return [f"the runs are shards of different splits ({', '.join(shards)})"]
+    count = counts.pop()
+    absent = sorted(set(range(count)) - {index for index, _ in parsed})
+    return [f"shards {', '.join(f'{i}/{count}' for i in absent)} are not among the runs"] if absent else []

@@ -59,7 +59,7 @@ from dataclasses import dataclass, field
 from multiprocessing.connection import wait
 
 from .cases import Case
-from .phases import add_phases
+from .phases import add_phases, rounded
 
 START_TIMEOUT_S = 300.0
 MAX_FAILED_STARTS = 3  # workers dying before they are ready (a broken install): the run stops
@@ -457,7 +457,7 @@ class ShardedRun:
             "cases": len(self.busy_seconds),
             "dispatch_wait_s": round(sum(self.waited_seconds), 3),
             "case_busy_s": round(sum(self.busy_seconds), 3),
-            "phase_s": self.phase_seconds,
+            "phase_s": rounded(self.phase_seconds),
             "gpus": self.ledger.to_meta(),
         }
 

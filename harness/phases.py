@@ -34,15 +34,27 @@ def phase(name: str) -> Iterator[None]:
 
 
 def take_phases() -> dict[str, float]:
-    """Seconds per phase since the last call (rounded to the millisecond), then start from zero."""
-    spent = {name: round(seconds, 3) for name, seconds in _SPENT.items()}
+    """Seconds per phase since the last call (unrounded: sums of many small cases stay exact), then start
+    from zero."""
+    spent = dict(_SPENT)
     _SPENT.clear()
     return spent
 
 
+def absorb(spent: dict[str, float]) -> None:
+    """Count another process's phases (an isolated backend's worker) as this process's own."""
+    for name, seconds in spent.items():
+        _SPENT[name] += seconds
+
+
 def add_phases(total: dict[str, float], more: dict[str, float]) -> dict[str, float]:
-    """``total`` with ``more``'s seconds added name by name (a new dict; either may be empty)."""
+    """``total`` with ``more``'s seconds added name by name (a new dict; either may be empty; unrounded)."""
     summed = dict(total)
     for name, seconds in more.items():
-        summed[name] = round(summed.get(name, 0.0) + seconds, 3)
+        summed[name] = summed.get(name, 0.0) + seconds
     return summed
+
+
+def rounded(spent: dict[str, float]) -> dict[str, float]:
+    """``spent`` to the millisecond, as meta.json keeps it."""
+    return {name: round(seconds, 3) for name, seconds in spent.items()}

@@ -45,7 +45,7 @@ from collections.abc import Callable, Collection, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .phases import add_phases
+from .phases import add_phases, rounded
 
 RETRIES = 1
 
@@ -203,7 +203,7 @@ def run_on_ray(
             ray.shutdown()
             shutil.rmtree(env[SHARE_ENV], ignore_errors=True)  # this host's; other nodes' are a few bytes each
     return {"init_s": round(init_s, 3), "tasks": tasks, "wall_s": round(time.perf_counter() - submitted, 3),
-            "case_busy_s": round(sum(busy), 3), "phase_s": phases, "gpus": ledger.to_meta()}  # fmt: skip
+            "case_busy_s": round(sum(busy), 3), "phase_s": rounded(phases), "gpus": ledger.to_meta()}  # fmt: skip
 
 
 def _failed(task: _Task, error: Exception, submit, error_rows) -> None:

@@ -13,6 +13,7 @@ This module imports neither torch nor Ray: the parser stays cheap.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import threading
 
@@ -93,7 +94,8 @@ def preload_report_modules() -> threading.Thread:
         import importlib
 
         for name in ("harness.report", "harness.plots", "harness.scaling"):
-            importlib.import_module(name)
+            with contextlib.suppress(ImportError):  # matplotlib is optional: the page then says its plots are missing
+                importlib.import_module(name)
 
     thread = threading.Thread(target=load, name="preload-report", daemon=True)
     thread.start()
@@ -125,10 +127,10 @@ def run_rows(args: argparse.Namespace, cases, config, on_row, done, worker=None)
         preload_report_modules()
         record = {"mode": "workers", **run_sharded(cases, config, on_row, done, workers=workers).timings()}
     else:
-        from .phases import take_phases
+        from .phases import rounded, take_phases
         from .runner import run_cases
 
         take_phases()
-        run_cases(cases, config, on_row=on_row, done=done, worker=worker)
-        record = {"mode": "one process", "gpus": [], "phase_s": take_phases()}
+        run_cases(cases, config, on_row=on_row, done=done, worker=worker)  # isolated backends' phases included
+        record = {"mode": "one process", "gpus": [], "phase_s": rounded(take_phases())}
     return {**record, "wall_s": round(time.perf_counter() - started, 3)}

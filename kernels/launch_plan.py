@@ -96,6 +96,17 @@ def _describe(x: Any) -> Any:
     raise _Uncacheable
 
 
+def _describe_host_scalar(x: Any) -> Any:
+    """A host-scalar argument's part of the key (scale, the length hints, sliding_window, logit_softcap):
+    None or (type, value). A tensor there is read for its value by the full path (``float(scale)``), which
+    a key of its metadata would not see change: such a call is not cached."""
+    if x is None:
+        return None
+    if type(x) in _SCALARS:
+        return (type(x), x)
+    raise _Uncacheable
+
+
 def call_key(
     q, k_cache, v_cache, block_table, seq_lens, query_start_loc, scale, out,
     max_q_len, max_seq_len, sliding_window, logit_softcap, sinks, alibi_slopes, return_lse, k_scale, v_scale,
@@ -120,12 +131,12 @@ def call_key(
             block_table.shape, block_table.stride(), block_table.dtype, block_table.device, block_table.data_ptr() & 15,
             seq_lens.shape, seq_lens.stride(), seq_lens.dtype, seq_lens.device, seq_lens.data_ptr() & 15,
             None if query_start_loc is None else _describe(query_start_loc),
-            None if scale is None else _describe(scale),
+            None if scale is None else _describe_host_scalar(scale),
             None if out is None else _describe(out),
-            None if max_q_len is None else _describe(max_q_len),
-            None if max_seq_len is None else _describe(max_seq_len),
-            None if sliding_window is None else _describe(sliding_window),
-            None if logit_softcap is None else _describe(logit_softcap),
+            None if max_q_len is None else _describe_host_scalar(max_q_len),
+            None if max_seq_len is None else _describe_host_scalar(max_seq_len),
+            None if sliding_window is None else _describe_host_scalar(sliding_window),
+            None if logit_softcap is None else _describe_host_scalar(logit_softcap),
             None if sinks is None else _describe(sinks),
             None if alibi_slopes is None else _describe(alibi_slopes),
             return_lse if type(return_lse) is bool else _describe(return_lse),  # True, False, or (type, value)
@@ -320,9 +331,9 @@ class KernelLaunch:
         global _fast_launch_error
         if kernel is self.jit and _fast_launch_error is None:  # jit: None until a compiled kernel is adopted
             try:
-                if self.runner is None:
-                    self.runner = self.compiled[self.grid3]
+                if self.runner is None:  # tail first: another thread sees a runner only with its tail
                     self.tail = (*self.scalars, *self.constexpr_values)
+                    self.runner = self.compiled[self.grid3]
                 if self.stream_of is None:
                     self.runner(*tensors, *self.tail)
                 else:  # the current stream of the plan's device, as the runner would look it up itself

@@ -300,6 +300,20 @@ def test_a_scalar_key_tells_true_from_one_and_refuses_other_types():
     assert key(sliding_window=True) != key(sliding_window=1) != key(sliding_window=1.0)
     assert key(max_q_len=4) != key(max_q_len=5)
     assert key(scale=[0.1]) is None and key(sinks=[0.0] * 8) is None, "an unexpected type takes the full path"
+    # a tensor where the contract reads a host value (the full path does float(scale)): never cached, since a
+    # key of its metadata alone would hit with the last call's value (scale 0.1 reused for 0.9)
+    for name in ("scale", "max_q_len", "max_seq_len", "sliding_window", "logit_softcap"):
+        assert key(**{name: torch.tensor(1.0)}) is None, name
+
+
+def test_a_tensor_scale_is_read_on_every_call_not_reused_from_a_plan(recorded):
+    triton_paged = _triton()
+    args = _base_args()
+    first = _launches(recorded, args, {"scale": torch.tensor(0.1)})
+    second = _launches(recorded, args, {"scale": torch.tensor(0.9)})
+    assert triton_paged.PLANS.hits == 0 and first != second
+    with plans_enabled(False):
+        assert second == _launches(recorded, args, {"scale": torch.tensor(0.9)})
 
 
 def test_the_tuning_override_is_part_of_the_key(recorded):

@@ -113,3 +113,25 @@ def test_a_journal_whose_case_files_are_gone_is_still_written_saying_what_is_unk
     assert meta["incomplete"]["missing_pairs"] is None and "not known here" in meta["incomplete"]["missing_unknown"]
     assert len(pd.read_parquet(stopped / "results.parquet")) == 3
     assert "not known here" in (stopped / "report.html").read_text()
+
+
+def test_finalize_of_a_shard_lists_only_its_own_missing_pairs_and_reads_suite_names(tmp_path):
+    """A --shard 0/2 run of the packaged smoke suite (named, not a path) stopped after 2 rows."""
+    from harness.cases import load_cases
+    from harness.merge import shard_cases
+
+    whole = tmp_path / "whole"
+    assert main(["run", "smoke", "--backend", "tlsim", "--no-timing", "--no-progress", "--shard", "0/2",
+                 "--out", str(whole)]) == 0  # fmt: skip
+    rows = pd.read_parquet(whole / "results.parquet").to_dict("records")
+    stopped = tmp_path / "stopped"
+    options = {"cases": ["smoke"], "backends": ["tlsim"], "device": "cpu", "plugins": [], "tags": None,
+               "timing": False, "isolate": "plugins", "timeout": None, "shard": "0/2"}  # fmt: skip
+    journal = Journal.create(stopped, options)
+    for row in rows[:2]:
+        journal.append(row)
+    journal.close(stopped=True)
+    assert main(["run", "--resume", str(stopped), "--finalize"]) == 0
+    incomplete = json.loads((stopped / "meta.json").read_text())["incomplete"]
+    mine = shard_cases(load_cases(["harness/suites/smoke.toml"], device="cpu"), 0, 2)
+    assert incomplete["missing_pairs"] == len(mine) - 2 == len(rows) - 2, incomplete.get("missing_unknown")

@@ -89,3 +89,48 @@ def test_resume_keeps_the_runs_shard(tmp_path):
     again = build_parser().parse_args(["run", "--resume", str(out)])
     _resume(again)
     assert again.shard == "1/3"
+
+
+def test_a_resume_refuses_a_shard_given_again(tmp_path, capsys):
+    assert main(["run", "--resume", str(tmp_path / "x"), "--shard", "0/2"]) == 2
+    assert "--shard" in capsys.readouterr().err
+
+
+def _edited_copy(source, target, **meta_changes):
+    shutil.copytree(source, target)
+    meta = json.loads((target / "meta.json").read_text())
+    (target / "meta.json").write_text(json.dumps({**meta, **meta_changes}))
+    return target
+
+
+def test_merge_joins_incomplete_records_keeps_every_gpu_model_and_warns_of_absent_shards(shard_runs, tmp_path, capsys):
+    host0 = _edited_copy(shard_runs / "host0", tmp_path / "h0", shard="0/3",
+                         gpus=[{"host": "node", "gpu_index": "0", "gpu_name": "NVIDIA H200", "ceilings": {}}])  # fmt: skip
+    host1 = _edited_copy(shard_runs / "host1", tmp_path / "h1", shard="1/3",
+                         incomplete={"missing": ["x tlsim", "y tlsim"], "missing_pairs": 2},
+                         gpus=[{"host": "node", "gpu_index": "0", "gpu_name": "NVIDIA H100", "ceilings": {}}])  # fmt: skip
+    out = tmp_path / "merged"
+    assert main(["merge", str(out), str(host0), str(host1)]) == 0
+    assert "shards 2/3 are not among the runs" in capsys.readouterr().err
+    meta = json.loads((out / "meta.json").read_text())
+    assert meta["incomplete"]["missing"] == ["x tlsim", "y tlsim"] and meta["incomplete"]["runs"] == [str(host1)]
+    assert meta["incomplete"]["shards"] == ["shards 2/3 are not among the runs"]
+    assert [g["gpu_name"] for g in meta["gpus"]] == ["NVIDIA H100", "NVIDIA H200"]  # same host and index: both kept
+    assert meta["device_name"].startswith("mixed GPU models") and meta["command"].startswith("harness merge ")
+    assert [m["shard"] for m in meta["merged_from"]] == ["0/3", "1/3"]
+
+
+def test_merge_refuses_other_devices_timed_beside_untimed_and_an_existing_out(shard_runs, tmp_path, capsys):
+    host0, host1 = shard_runs / "host0", shard_runs / "host1"
+    cuda = _edited_copy(host1, tmp_path / "cuda", device="cuda")
+    assert main(["merge", str(tmp_path / "m1"), str(host0), str(cuda)]) == 2
+    assert "different devices" in capsys.readouterr().err
+    timed = tmp_path / "timed"
+    shutil.copytree(host1, timed)
+    frame = pd.read_parquet(timed / "results.parquet")
+    frame["latency_us"] = 1.0
+    frame.to_parquet(timed / "results.parquet")
+    assert main(["merge", str(tmp_path / "m2"), str(host0), str(timed)]) == 2
+    assert "not timed" in capsys.readouterr().err
+    assert main(["merge", str(host0), str(host0), str(host1)]) == 2
+    assert "already exists" in capsys.readouterr().err and "--out" not in capsys.readouterr().err

@@ -4,6 +4,7 @@ run's rows, and a worker killed mid-run costs one retry and one error row, nothi
 from __future__ import annotations
 
 import json
+import multiprocessing
 import os
 
 import pandas as pd
@@ -108,6 +109,22 @@ def test_a_killed_worker_costs_one_retry_then_an_error_row_a_hung_one_an_error_r
     assert [r["status"] for r in others] == ["pass"] * 6
     assert all(set(EXTRA_COLUMNS) <= set(r) for r in rows)
     assert {r["worker"] for r in rows} <= {0, 1} and all(r["gpu_index"] == "" for r in rows)
+
+
+def test_finished_workers_are_reaped_in_the_background_and_exit(tmp_path):
+    import time
+
+    write_cases(tmp_path / "cases.toml", *FINE)
+    cases = load_cases([tmp_path / "cases.toml"], "cpu")
+    config = RunConfig(device="cpu", backends=resolve_backends(["tlsim"]), timing=False, progress=False, threads=1)
+    rows: list[dict] = []
+    sharded = run_sharded(cases, config, rows.append, workers=2)
+    assert len(rows) == len(cases)
+    deadline = time.monotonic() + 20
+    while any(slot.process is not None for slot in sharded.slots) and time.monotonic() < deadline:
+        time.sleep(0.05)  # the reap thread joins each worker, then clears its slot
+    assert all(slot.process is None for slot in sharded.slots)
+    assert not [p for p in multiprocessing.active_children() if p.name.startswith("harness-worker")]
 
 
 def test_workers_auto_is_one_per_core_on_a_cpu_and_a_bad_count_is_refused(monkeypatch):
