@@ -190,6 +190,8 @@ def time_summary(meta: dict) -> str:
     how = {"workers": f"{scale.get('workers')} worker{'s' if scale.get('workers') != 1 else ''}",
            "ray": f"Ray, {scale.get('tasks', '?')} tasks"}.get(mode, "one process")  # fmt: skip
     text = f"{how}, {scale['wall_s']:.1f} s from the first case to the last row"
+    if meta.get("resumed"):
+        text += f" (the resumed part only: {meta['resumed'].get('journal_rows', '?')} rows came from the journal)"
     if starts := scale.get("worker_start_s"):
         text += f", workers started in {max(starts):.1f} s"
     phases = sorted((scale.get("phase_s") or {}).items(), key=lambda item: -item[1])

@@ -94,6 +94,8 @@ def test_the_header_says_where_a_sharded_runs_time_went_largest_phase_first():
     assert line == ("2 workers, 85.5 s from the first case to the last row, workers started in 4.8 s; "
                     "160.9 s of case work: timing: latency 59.8, inputs 14.9, grade 4.3")  # fmt: skip
     assert 'id="time-summary"' not in render_html(rf.frame(num_cases=1), rf.meta())  # not recorded: no line
+    resumed = render_html(rf.frame(num_cases=1), rf.meta(scale=scale, resumed={"journal_rows": 7}))
+    assert "(the resumed part only: 7 rows came from the journal)" in resumed
 
 
 def test_an_old_run_without_the_new_columns_still_renders():
