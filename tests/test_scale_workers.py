@@ -207,7 +207,7 @@ def test_each_worker_is_spawned_seeing_only_its_own_gpu_and_the_parent_keeps_all
     assert [sharded.labels(slot)["gpu_index"] for slot in sharded.slots] == ["4", "6", "4"]
 
 
-@pytest.mark.slow  # a local Ray: about 30 s on a busy 2-core box
+@pytest.mark.slow  # a local Ray: about 50 s on a busy 2-core box
 def test_on_ray_a_killed_task_keeps_its_innocent_rows_and_errors_the_killer_and_a_hung_one_times_out(
     tmp_path, monkeypatch
 ):
@@ -217,7 +217,7 @@ def test_on_ray_a_killed_task_keeps_its_innocent_rows_and_errors_the_killer_and_
     write_cases(tmp_path / "cases.toml", DIES, HANGS, *FINE)
     out = tmp_path / "run"
     code = main(["run", str(tmp_path / "cases.toml"), "--plugin", str(tmp_path / "killer.py"), "--backend", "tlsim",
-                 "--backend", "killer", "--no-timing", "--no-progress", "--ray", "--workers", "2", "--timeout", "10",
+                 "--backend", "killer", "--no-timing", "--no-progress", "--ray", "--workers", "2", "--timeout", "30",
                  "--out", str(out)])  # fmt: skip
     assert code == 1
     rows = pd.read_parquet(out / "results.parquet").set_index(["case", "backend"])
@@ -225,7 +225,9 @@ def test_on_ray_a_killed_task_keeps_its_innocent_rows_and_errors_the_killer_and_
     assert died["status"] == "error" and "WorkerCrashedError" in died["reason"] and "in 2 tasks" in died["reason"]
     assert "while running this backend" in died["reason"]
     hung = rows.loc[("hangs_here", "killer")]
-    assert hung["status"] == "error" and hung["reason"].startswith("timed out after 10 s")
+    assert hung["status"] == "error" and hung["reason"].startswith("timed out after 30 s")
+    # 30 s, not 10: with the whole suite beside it on two cores, a fresh Ray worker's first tlsim row once
+    # took more than 10 s and timed out (an innocent row as an error)
     assert rows.loc[("dies_here", "tlsim"), "status"] == "pass"  # the innocent backends of those cases
     assert rows.loc[("hangs_here", "tlsim"), "status"] == "pass"
     others = rows.drop([("dies_here", "killer"), ("hangs_here", "killer")])
