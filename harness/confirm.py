@@ -70,9 +70,21 @@ Confirm mode does that, in the manner of ``asv continuous``:
 6. **sequential**: the rows are looked at after ``MIN_ROUNDS`` rounds and then every
    ``LOOK_EVERY`` rounds up to ``rounds``; a row whose verdict is decided (slower, faster,
    same) stops being re-timed, the rest go on until ``rounds`` or the time box
-   ``time_s`` (checked at each look). Each look's interval is at confidence
-   ``1 - alpha / looks`` (``looks`` = the looks the schedule allows), so looking several
-   times cannot raise the chance of a wrong "slower" above alpha / 2 per row.
+   ``time_s``. Each look's interval is at confidence ``1 - alpha / looks`` (``looks`` =
+   the looks the schedule allows), so looking several times cannot raise the chance of a
+   wrong "slower" above alpha / 2 per row, whatever made a row stop;
+7. **the box goes where it is needed**: every row gets the ``MIN_ROUNDS`` rounds of the
+   first look; at each look after that, the open rows go on cheapest first (by each
+   row's recent seconds a round), each planned as many rounds as still fit in what is
+   left of the box (:func:`within_box`; planned again at each look, so what a decided row
+   no longer needs goes to the others); a row for which not even the next look fits
+   stays "cannot tell". The plan only chooses which rows get more rounds; each is still
+   judged by its interval. On the smoke suite a round of every row took 60-90 s (under
+   load 3-5): the 7 Triton-interpreter rows 3.5-5.5 s each, the ``long_half_accumulation``
+   rows about 3 s, the others about 0.5 s, starting the two workers about 3 s. With the
+   box checked only at the looks (the rule before), a 600 s box stopped every open row
+   at 12 rounds, the interpreter rows' included, and the planted +25% on a 20 ms row was
+   still "cannot tell" (0.88-1.70).
 
 The worktrees are removed at the end. Without commits or case files it says why and
 changes nothing. Rows only: status and accuracy changes are not re-run.
@@ -110,6 +122,7 @@ if cfg.get("threads"):
 for plugin in cfg["plugins"]:
     load_plugin(plugin)
 cases = {c.id: c for c in load_cases(cfg["case_files"], device=cfg["device"])}
+print(json.dumps("ready"), flush=True)
 ready = {}
 for line in sys.stdin:
     case_id, backend, *step = json.loads(line)
@@ -150,6 +163,11 @@ class Worker:
             [sys.executable, "-c", WORKER, json.dumps(config)],
             cwd=checkout, env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
         )  # fmt: skip
+
+    def wait_ready(self) -> None:
+        """Wait until the worker has imported torch and read the case files (it says "ready")."""
+        if json.loads(self.proc.stdout.readline() or "null") != "ready":
+            raise RuntimeError(f"confirm worker exited while starting (code {self.proc.wait()})")
 
     def time(self, case: str, backend: str, reps: int = 0) -> list[float]:
         """Samples of one row: ``reps`` timed calls after a warm-up, or (0) ``time_call``'s time-boxed count."""
@@ -264,33 +282,84 @@ def confirm_slower(
 
 def sequential_rounds(
     index: dict, effects: dict, time_round: Callable, *, alpha: float, rounds: int, time_s: float,
-    log: Callable[[str], None] = print,
+    log: Callable[[str], None] = print, clock: Callable[[], float] = time.monotonic,
 ) -> dict:  # fmt: skip
-    """Paired rounds until every row is decided, ``rounds`` are done, or a look finds ``time_s`` spent.
+    """Paired rounds until every row is decided, ``rounds`` are done, or the time box ``time_s`` is spent.
 
     ``index``: row -> (case, backend); ``effects``: row -> its minimum effect;
-    ``time_round(keys, pooled, new_first)`` times each key once per build and appends the
-    two observations to ``pooled[key]`` = (base list, new list). Returns ``pooled``.
+    ``time_round(keys, pooled, new_first)`` times each key once per build, appends the
+    two observations to ``pooled[key]`` = (base list, new list) and may return the
+    seconds each key took (key -> s; else the round's time is shared out evenly).
+    Returns ``pooled``.
+
+    The box is spent where it is needed: a decided row stops being re-timed, and at each
+    look the open rows go on, cheapest first, each planned the rounds that fit in what is
+    left of the box (:func:`within_box`: a row's recent seconds a round, plus the round's
+    own cost of starting workers), so a 1 s Triton-interpreter row that could not be
+    decided does not use up the rounds a 20 ms row needs. A row left out stays "cannot
+    tell"; the rounds of the first look (``MIN_ROUNDS``) go to every row. Which rows go
+    on never changes the rule that judges them: every look is at confidence
+    ``1 - alpha / len(looks)``, whatever stopped a row.
     """
     looks = look_schedule(rounds)
     pooled = {key: ([], []) for key in index.values()}
+    cost: dict = {key: [] for key in index.values()}  # key -> seconds of each of its rounds
+    overhead: list[float] = []  # seconds of each round not spent on any key (worker start, close)
     open_rows = dict(index)  # row -> key, still being re-timed
-    start = time.monotonic()
+    start = clock()
     for k in range(1, rounds + 1):
-        time_round(list(dict.fromkeys(open_rows.values())), pooled, k % 2 == 0)
+        keys = list(dict.fromkeys(open_rows.values()))
+        began = clock()
+        spent = time_round(keys, pooled, k % 2 == 0) or {}
+        took = clock() - began
+        shared = max(took - sum(spent.values()), 0.0) if spent else 0.0
+        for key in keys:
+            cost[key].append(spent.get(key, 0.0) if spent else took / len(keys))
+        overhead.append(shared)
         if k not in looks:
             continue
         for i, key in list(open_rows.items()):
             test = stats.paired_ratio(*pooled[key], alpha=alpha, looks=len(looks))
             if stats.decide_paired(test, min_effect=effects[i]).verdict != "cannot tell":
                 del open_rows[i]
-        elapsed = time.monotonic() - start
-        log(
+        elapsed = clock() - start
+        said = (
             f"confirm: look at round {k}: {len(index) - len(open_rows)} decided, {len(open_rows)} open, {elapsed:.0f} s"
         )
-        if not open_rows or elapsed > time_s:
+        if open_rows and k < looks[-1]:
+            recent = {key: float(np.mean(cost[key][-LOOK_EVERY:])) for key in dict.fromkeys(open_rows.values())}
+            horizons = [look - k for look in looks if look > k]
+            kept = within_box(recent, float(np.mean(overhead[-LOOK_EVERY:])), horizons, time_s - elapsed)
+            left = [i for i, key in open_rows.items() if key not in kept]
+            for i in left:
+                del open_rows[i]
+            if left:
+                said += f"; {len(left)} left undecided, their rounds would not fit the {max(time_s - elapsed, 0):.0f} s left"
+        log(said)
+        if not open_rows:
             break
     return pooled
+
+
+def within_box(cost: dict, overhead: float, horizons: list[int], left_s: float) -> dict:
+    """The keys that go on and the rounds each is planned, cheapest first, within ``left_s``.
+
+    ``cost``: key -> seconds a round of it takes (recent); ``horizons``: the rounds from
+    now to each later look, ascending; ``overhead``: seconds a round takes besides its
+    keys (starting and closing the workers), paid for as many rounds as the longest kept
+    plan. In order of their seconds a round, each key is planned the most rounds to a
+    look that still fit in what is left; a key for which not even the next look fits is
+    left out. The plan is made again at each look, so the rounds a decided key no longer
+    needs go to the others then.
+    """
+    kept: dict = {}
+    keys_s, longest = 0.0, 0
+    for key, c in sorted(cost.items(), key=lambda kc: kc[1]):
+        fit = [h for h in horizons if keys_s + c * h + overhead * max(longest, h) <= left_s]
+        if fit:
+            kept[key] = fit[-1]
+            keys_s, longest = keys_s + c * fit[-1], max(longest, fit[-1])
+    return kept
 
 
 def step_plan(call_us: float) -> tuple[int, int]:
@@ -340,13 +409,20 @@ def alternate(
     return tuple(float(np.quantile(s, ROUND_QUANTILE)) for s in samples)
 
 
-def _one_round(trees, envs, config, keys, pooled, new_first: bool) -> None:
-    """One fresh worker per build; each row timed by alternating steps (``alternate``), long rows on one CPU."""
-    workers = [Worker(tree, config, env) for tree, env in zip(trees, envs, strict=True)]
+def _one_round(trees, envs, config, keys, pooled, new_first: bool) -> dict:
+    """One fresh worker per build; each row timed by alternating steps (``alternate``), long rows on one CPU.
+
+    Returns the seconds each key took (what :func:`sequential_rounds` budgets the box by).
+    """
+    spent = {}
+    workers = [Worker(tree, config, env) for tree, env in zip(trees, envs, strict=True)]  # both start at once
     cpus = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else []
     cpu = cpus[len(pooled[keys[0]][0]) % len(cpus)] if len(cpus) > 1 and keys else None  # in turn, round by round
     try:
+        for worker in workers:
+            worker.wait_ready()  # the start is the round's overhead, not the first row's cost
         for key in keys:
+            began = time.monotonic()
             observed = alternate(
                 lambda side, n: workers[side].time(*key, n),  # noqa: B023
                 config["device"], new_first, lambda steps, reps: _pin(workers, cpu if reps == 1 else None),
@@ -354,9 +430,11 @@ def _one_round(trees, envs, config, keys, pooled, new_first: bool) -> None:
             _pin(workers, None)
             for side in (0, 1):
                 pooled[key][side].append(observed[side])
+            spent[key] = time.monotonic() - began
     finally:
         for worker in workers:
             worker.close()
+    return spent
 
 
 def _row_effect(row, options: CompareOptions) -> float:

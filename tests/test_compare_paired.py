@@ -5,8 +5,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from harness import stats
-from harness.confirm import alternate, look_schedule, sequential_rounds, step_plan
+from harness import confirm, stats
+from harness.confirm import alternate, look_schedule, sequential_rounds, step_plan, within_box
 
 
 def _rounds(rng, n: int, slowdown: float, load: float = 0.4, process: float = 0.05):
@@ -85,6 +85,79 @@ def test_a_25pct_slowdown_is_flagged_on_every_row_even_when_processes_differ_by_
     verdicts, rounds = _simulate([1.25] * 200, seed=5, process=0.07)
     assert verdicts.count("slower") == 200, {v: verdicts.count(v) for v in set(verdicts)}
     assert max(rounds) > 8  # the noisier rows needed more than the first look
+
+
+def _boxed(rows: list[tuple[float, float, float]], time_s: float, seed: int, overhead: float = 3.0, rounds: int = 24):
+    """The real sequential procedure against a simulated clock; rows are (slowdown, round noise, seconds a round).
+
+    Returns (verdicts, rounds each row got, simulated seconds spent).
+    """
+    rng = np.random.default_rng(seed)
+    index = {i: (f"case{i}", "b") for i in range(len(rows))}
+    clock = [0.0]
+
+    def time_round(keys, pooled, new_first):
+        clock[0] += overhead
+        spent = {}
+        for key in keys:
+            slowdown, noise, seconds = rows[int(key[0][4:])]
+            b, n = _rounds(rng, 1, slowdown, process=noise)
+            pooled[key][0].append(b[0])
+            pooled[key][1].append(n[0])
+            clock[0] += seconds
+            spent[key] = seconds
+        return spent
+
+    pooled = sequential_rounds(
+        index, dict.fromkeys(index, 0.1), time_round, alpha=0.05, rounds=rounds, time_s=time_s,
+        log=lambda _: None, clock=lambda: clock[0],
+    )  # fmt: skip
+    tests = [stats.paired_ratio(*pooled[key], looks=len(look_schedule(rounds))) for key in index.values()]
+    return [stats.decide_paired(t, min_effect=0.1).verdict for t in tests], [t.n_base for t in tests], clock[0]
+
+
+def test_within_box_plans_the_cheapest_rows_first_each_the_most_rounds_that_fit_and_leaves_out_the_rest():
+    cost = {"interpreter": 5.0, "long": 3.0, "short": 0.5}
+    horizons = [4, 8, 12, 16]
+    assert within_box(cost, 3.0, horizons, 100.0) == {"short": 16, "long": 12}  # 8 + 36 + 12 x 3 = 80; 16: 104
+    assert within_box(cost, 3.0, horizons, 200.0) == {"short": 16, "long": 16, "interpreter": 16}  # 8+48+80+48 = 184
+    assert within_box(cost, 3.0, horizons, 150.0) == {"short": 16, "long": 16, "interpreter": 8}  # 8+48+40+48 = 144
+    assert within_box(cost, 3.0, [4], 47.0) == {"short": 4, "long": 4, "interpreter": 4}  # 2 + 12 + 20 + 12 = 46
+    assert within_box(cost, 3.0, horizons, 13.9) == {} and within_box({}, 3.0, horizons, 100.0) == {}  # 4 x 3.5
+
+
+SMOKE_LIKE = [(1.0, 1.0, 5.0)] * 7 + [(1.25, 0.1, 3.0)] + [(1.0, 0.02, 0.5)] * 50
+"""The smoke confirm's shape: 7 interpreter rows of 5 s a round too noisy to decide, one 3 s
+row slowed 25% whose round ratios spread 0.14 (log sd; 0.09-0.18 measured alone), 50 easy
+0.5 s rows; 3 s a round to start the workers: a round of every row takes 66 s, so the 8
+rounds of the first look take 528 s of a 600 s box."""
+
+
+def test_the_box_goes_to_an_undecided_cheap_row_not_to_interpreter_rows_that_cannot_be_decided(monkeypatch):
+    runs = [_boxed(SMOKE_LIKE, time_s=600.0, seed=seed) for seed in range(60)]
+    for verdicts, rounds, seconds in runs:
+        assert seconds <= 600.0, seconds  # no look starts rounds that would overrun the box
+        assert verdicts[7] == "slower" or rounds[7] >= 16, rounds[:8]  # it, not the interpreter rows, got the box
+        assert verdicts.count("slower") == (verdicts[7] == "slower") and verdicts[8:].count("same") == 50
+    flagged = sum(verdicts[7] == "slower" for verdicts, _, _ in runs)
+    # the rule before: every open row went on to the next look until a look found the box spent
+    monkeypatch.setattr(
+        confirm, "within_box", lambda cost, overhead, horizons, left_s: dict.fromkeys(cost, 4) if left_s > 0 else {}
+    )
+    before = [_boxed(SMOKE_LIKE, time_s=600.0, seed=seed) for seed in range(60)]
+    assert max(seconds for _, _, seconds in before) > 600.0  # it overran the box: round 12 at 694 s
+    flagged_before = sum(verdicts[7] == "slower" for verdicts, _, _ in before)
+    assert flagged >= 50 and flagged_before <= flagged - 8, (flagged, flagged_before)
+
+
+def test_a_tight_box_gives_no_false_slower_in_a_thousand_unchanged_rows_and_its_rounds_to_the_cheap_ones():
+    rng = np.random.default_rng(6)
+    rows = [(1.0, float(rng.choice([0.02, 0.1, 0.3])), float(rng.choice([0.5, 3.0, 5.0]))) for _ in range(1000)]
+    verdicts, rounds, seconds = _boxed(rows, time_s=26_000.0, seed=7)  # 8 rounds of every row take 22,700 s
+    assert verdicts.count("slower") <= 10 and verdicts.count("faster") <= 10, "more than 1 false alarm in 100 rows"
+    assert seconds <= 26_000.0
+    went_on = {cost for (_, _, cost), n in zip(rows, rounds, strict=True) if n > 8}
+    assert 0.5 in went_on and 5.0 not in went_on, went_on
 
 
 class BusyBox:
