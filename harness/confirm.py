@@ -73,8 +73,10 @@ Confirm mode does that, in the manner of ``asv continuous``:
    ``time_s``. Each look's interval is at confidence ``1 - alpha / looks`` (``looks`` =
    the looks the schedule allows), so looking several times cannot raise the chance of a
    wrong "slower" above alpha / 2 per row, whatever made a row stop;
-7. **the box goes where it is needed**: every row gets the ``MIN_ROUNDS`` rounds of the
-   first look; at each look after that, the open rows go on cheapest first (by each
+7. **the box goes where it is needed**: after round 1 the rows whose rounds to the first
+   look (``MIN_ROUNDS``) fit in ``FIRST_LOOK_SHARE`` (two thirds) of the box go on,
+   cheapest first, so a third at least is left for the rows the first look leaves open;
+   at each look after that, the open rows go on cheapest first (by each
    row's recent seconds a round), each planned as many rounds as still fit in what is
    left of the box (:func:`within_box`; planned again at each look, so what a decided row
    no longer needs goes to the others); a row for which not even the next look fits
@@ -84,7 +86,9 @@ Confirm mode does that, in the manner of ``asv continuous``:
    rows about 3 s, the others about 0.5 s, starting the two workers about 3 s. With the
    box checked only at the looks (the rule before), a 600 s box stopped every open row
    at 12 rounds, the interpreter rows' included, and the planted +25% on a 20 ms row was
-   still "cannot tell" (0.88-1.70).
+   still "cannot tell" (0.88-1.70); with the looks planned but every row given the first
+   look, that look took 529 s and 576 s of 600 (load 4-7), and both planted long rows
+   were left at 8 rounds (0.87-1.47, 0.72-2.51).
 
 The worktrees are removed at the end. Without commits or case files it says why and
 changes nothing. Rows only: status and accuracy changes are not re-run.
@@ -205,6 +209,7 @@ MIN_ROUNDS = 8  # the first look: fewer rounds cannot exclude anything at confid
 LOOK_EVERY = 4
 DEFAULT_ROUNDS = 24
 DEFAULT_TIME_S = 900.0
+FIRST_LOOK_SHARE = 2 / 3  # of the time box, at most, for the first look's rounds (module docstring, 7)
 
 
 def look_schedule(rounds: int) -> list[int]:
@@ -297,8 +302,8 @@ def sequential_rounds(
     left of the box (:func:`within_box`: a row's recent seconds a round, plus the round's
     own cost of starting workers), so a 1 s Triton-interpreter row that could not be
     decided does not use up the rounds a 20 ms row needs. A row left out stays "cannot
-    tell"; the rounds of the first look (``MIN_ROUNDS``) go to every row. Which rows go
-    on never changes the rule that judges them: every look is at confidence
+    tell". The first look is planned alike after round 1, within ``FIRST_LOOK_SHARE`` of
+    the box. Which rows go on never changes the rule that judges them: every look is at confidence
     ``1 - alpha / len(looks)``, whatever stopped a row.
     """
     looks = look_schedule(rounds)
@@ -306,6 +311,7 @@ def sequential_rounds(
     cost: dict = {key: [] for key in index.values()}  # key -> seconds of each of its rounds
     overhead: list[float] = []  # seconds of each round not spent on any key (worker start, close)
     open_rows = dict(index)  # row -> key, still being re-timed
+    left_out = 0  # rows stopped undecided because their rounds would not fit the box
     start = clock()
     for k in range(1, rounds + 1):
         keys = list(dict.fromkeys(open_rows.values()))
@@ -316,6 +322,18 @@ def sequential_rounds(
         for key in keys:
             cost[key].append(spent.get(key, 0.0) if spent else took / len(keys))
         overhead.append(shared)
+        if k == 1 and k not in looks:  # plan the first look: cheapest rows first, within its share of the box
+            recent = {key: cost[key][0] for key in keys}
+            kept = within_box(recent, overhead[0], [MIN_ROUNDS - 1], FIRST_LOOK_SHARE * time_s - (clock() - start))
+            left = [i for i, key in open_rows.items() if key not in kept]
+            for i in left:
+                del open_rows[i]
+            left_out += len(left)
+            if left:
+                log(
+                    f"confirm: round 1: {len(left)} row(s) left undecided, the costliest: their rounds to the first "
+                    f"look would not fit {FIRST_LOOK_SHARE:.0%} of the box"
+                )
         if k not in looks:
             continue
         for i, key in list(open_rows.items()):
@@ -323,9 +341,8 @@ def sequential_rounds(
             if stats.decide_paired(test, min_effect=effects[i]).verdict != "cannot tell":
                 del open_rows[i]
         elapsed = clock() - start
-        said = (
-            f"confirm: look at round {k}: {len(index) - len(open_rows)} decided, {len(open_rows)} open, {elapsed:.0f} s"
-        )
+        decided = len(index) - len(open_rows) - left_out
+        left = []
         if open_rows and k < looks[-1]:
             recent = {key: float(np.mean(cost[key][-LOOK_EVERY:])) for key in dict.fromkeys(open_rows.values())}
             horizons = [look - k for look in looks if look > k]
@@ -333,8 +350,12 @@ def sequential_rounds(
             left = [i for i, key in open_rows.items() if key not in kept]
             for i in left:
                 del open_rows[i]
-            if left:
-                said += f"; {len(left)} left undecided, their rounds would not fit the {max(time_s - elapsed, 0):.0f} s left"
+            left_out += len(left)
+        said = f"confirm: look at round {k}: {decided} decided, {len(open_rows)} open, {elapsed:.0f} s"
+        if left:
+            said += (
+                f"; {len(left)} left undecided, their rounds would not fit the {max(time_s - elapsed, 0):.0f} s left"
+            )
         log(said)
         if not open_rows:
             break
