@@ -75,20 +75,24 @@ Confirm mode does that, in the manner of ``asv continuous``:
    wrong "slower" above alpha / 2 per row, whatever made a row stop;
 7. **the box goes where it is needed**: after round 1 the rows whose rounds to the first
    look (``MIN_ROUNDS``) fit in ``FIRST_LOOK_SHARE`` (two thirds) of the box go on,
-   cheapest first, so a third at least is left for the rows the first look leaves open;
-   at each look after that, the open rows go on cheapest first (by each
-   row's recent seconds a round), each planned as many rounds as still fit in what is
-   left of the box (:func:`within_box`; planned again at each look, so what a decided row
-   no longer needs goes to the others); a row for which not even the next look fits
-   stays "cannot tell". The plan only chooses which rows get more rounds; each is still
-   judged by its interval. On the smoke suite a round of every row took 60-90 s (under
-   load 3-5): the 7 Triton-interpreter rows 3.5-5.5 s each, the ``long_half_accumulation``
-   rows about 3 s, the others about 0.5 s, starting the two workers about 3 s. With the
-   box checked only at the looks (the rule before), a 600 s box stopped every open row
-   at 12 rounds, the interpreter rows' included, and the planted +25% on a 20 ms row was
-   still "cannot tell" (0.88-1.70); with the looks planned but every row given the first
-   look, that look took 529 s and 576 s of 600 (load 4-7), and both planted long rows
-   were left at 8 rounds (0.87-1.47, 0.72-2.51).
+   cheapest first, so a third at least is left for the rows the first look leaves open.
+   At each look after that, each open row's interval gives a guess of the rounds it still
+   needs (:func:`rounds_to_decide`: the half-width shrinking as 1 / sqrt(rounds)); the
+   rows that seem decidable by the last look get those rounds, the cheapest decision
+   (seconds a round x rounds) first, while they fit in what is left of the box; the rest
+   get the rounds to the next look, cheapest first, if they fit (:func:`within_box`;
+   planned again at each look). A row that does not fit stays "cannot tell". The plan
+   only chooses which rows get more rounds; each is still judged by its interval. On the
+   smoke suite a round of every row took 60-90 s (load 3-5): the 7 Triton-interpreter
+   rows 3.5-5.5 s each, the ``long_half_accumulation`` rows about 3 s, the others about
+   0.5 s, starting the two workers about 3 s. With the box checked only at the looks (the
+   rule before), a 600 s box stopped every open row at 12 rounds, the interpreter rows'
+   included, and the planted +25% on a 20 ms row was still "cannot tell" (0.88-1.70).
+   Measured on the way here (``scripts/noise_check.py``, 600 s): every row given the
+   first look took 529 s and 576 s of the box (load 4-7) and left both planted long rows
+   at 8 rounds; with the first look planned too, but each later look giving the cheapest
+   rows all the rounds that fit, 16-round plans of 0.5 s rows crowded out the 3 s rows
+   (18 rows left at 8 rounds, the planted long rows among them).
 
 The worktrees are removed at the end. Without commits or case files it says why and
 changes nothing. Rows only: status and accuracy changes are not re-run.
@@ -297,14 +301,14 @@ def sequential_rounds(
     seconds each key took (key -> s; else the round's time is shared out evenly).
     Returns ``pooled``.
 
-    The box is spent where it is needed: a decided row stops being re-timed, and at each
-    look the open rows go on, cheapest first, each planned the rounds that fit in what is
-    left of the box (:func:`within_box`: a row's recent seconds a round, plus the round's
-    own cost of starting workers), so a 1 s Triton-interpreter row that could not be
-    decided does not use up the rounds a 20 ms row needs. A row left out stays "cannot
-    tell". The first look is planned alike after round 1, within ``FIRST_LOOK_SHARE`` of
-    the box. Which rows go on never changes the rule that judges them: every look is at confidence
-    ``1 - alpha / len(looks)``, whatever stopped a row.
+    The box is spent where it is needed (module docstring, 7): a decided row stops being
+    re-timed; after round 1 the rows whose first-look rounds fit ``FIRST_LOOK_SHARE`` of
+    the box go on, cheapest first; at each later look :func:`within_box` plans the open
+    rows (their recent seconds a round, the rounds :func:`rounds_to_decide` guesses, the
+    round's own cost of starting workers), so a 1 s Triton-interpreter row that could not
+    be decided does not use up the rounds a 20 ms row needs. A row left out stays
+    "cannot tell". Which rows go on never changes the rule that judges them: every look
+    is at confidence ``1 - alpha / len(looks)``, whatever stopped a row.
     """
     looks = look_schedule(rounds)
     pooled = {key: ([], []) for key in index.values()}
@@ -323,8 +327,8 @@ def sequential_rounds(
             cost[key].append(spent.get(key, 0.0) if spent else took / len(keys))
         overhead.append(shared)
         if k == 1 and k not in looks:  # plan the first look: cheapest rows first, within its share of the box
-            recent = {key: cost[key][0] for key in keys}
-            kept = within_box(recent, overhead[0], [MIN_ROUNDS - 1], FIRST_LOOK_SHARE * time_s - (clock() - start))
+            first = {key: (cost[key][0], None) for key in keys}
+            kept = within_box(first, overhead[0], [MIN_ROUNDS - 1], FIRST_LOOK_SHARE * time_s - (clock() - start))
             left = [i for i, key in open_rows.items() if key not in kept]
             for i in left:
                 del open_rows[i]
@@ -336,17 +340,23 @@ def sequential_rounds(
                 )
         if k not in looks:
             continue
+        need = {}  # key -> the rounds in all it seems to need
         for i, key in list(open_rows.items()):
             test = stats.paired_ratio(*pooled[key], alpha=alpha, looks=len(looks))
             if stats.decide_paired(test, min_effect=effects[i]).verdict != "cannot tell":
                 del open_rows[i]
+            else:
+                need[key] = rounds_to_decide(test, effects[i])
         elapsed = clock() - start
         decided = len(index) - len(open_rows) - left_out
         left = []
         if open_rows and k < looks[-1]:
-            recent = {key: float(np.mean(cost[key][-LOOK_EVERY:])) for key in dict.fromkeys(open_rows.values())}
+            plans = {}
+            for key in dict.fromkeys(open_rows.values()):
+                until = next((look for look in looks if look > k and look >= need[key]), None)
+                plans[key] = (float(np.mean(cost[key][-LOOK_EVERY:])), until - k if until else None)
             horizons = [look - k for look in looks if look > k]
-            kept = within_box(recent, float(np.mean(overhead[-LOOK_EVERY:])), horizons, time_s - elapsed)
+            kept = within_box(plans, float(np.mean(overhead[-LOOK_EVERY:])), horizons, time_s - elapsed)
             left = [i for i, key in open_rows.items() if key not in kept]
             for i in left:
                 del open_rows[i]
@@ -362,24 +372,49 @@ def sequential_rounds(
     return pooled
 
 
-def within_box(cost: dict, overhead: float, horizons: list[int], left_s: float) -> dict:
-    """The keys that go on and the rounds each is planned, cheapest first, within ``left_s``.
+def rounds_to_decide(test: stats.LatencyTest, min_effect: float) -> float:
+    """About how many rounds in all this row needs: when its interval would clear the nearest bound.
 
-    ``cost``: key -> seconds a round of it takes (recent); ``horizons``: the rounds from
-    now to each later look, ascending; ``overhead``: seconds a round takes besides its
-    keys (starting and closing the workers), paid for as many rounds as the longest kept
-    plan. In order of their seconds a round, each key is planned the most rounds to a
-    look that still fit in what is left; a key for which not even the next look fits is
-    left out. The plan is made again at each look, so the rounds a decided key no longer
-    needs go to the others then.
+    The interval's half-width on the log scale shrinks about as 1 / sqrt(rounds) (from 8
+    rounds, where the 99% interval is the whole range of the pairs, faster); the row is
+    decided once it is narrower than the distance from its centre to the nearest bound it
+    can clear (above ``1 + min_effect``, below ``1 - min_effect``, or inside both). A
+    centre on a bound gives infinity. A guess to order the rows by, never a verdict.
+    """
+    if not (test.n_base and np.isfinite(test.ci_high) and test.ci_low > 0):
+        return math.inf
+    low, high = math.log(test.ci_low), math.log(test.ci_high)
+    centre, half = (low + high) / 2, (high - low) / 2
+    up, down = math.log1p(min_effect), math.log1p(-min_effect)
+    margin = max(centre - up, down - centre, min(up - centre, centre - down))
+    return test.n_base * (half / margin) ** 2 if margin > 0 else math.inf
+
+
+def within_box(plans: dict, overhead: float, horizons: list[int], left_s: float) -> dict:
+    """The keys that go on and the rounds each is planned, within ``left_s``.
+
+    ``plans``: key -> (seconds a round of it takes, the rounds from now to the look that
+    seems to decide it, or None when that looks past the last look); ``horizons``: the
+    rounds from now to each later look, ascending; ``overhead``: seconds a round takes
+    besides its keys (starting and closing the workers), paid for as many rounds as the
+    longest kept plan. First the keys that seem decidable, the cheapest decision (seconds
+    a round x rounds) first, each with its rounds while the whole plan fits; then the
+    others, cheapest first, each with the rounds to the next look if they fit. The plan is
+    made again at each look.
     """
     kept: dict = {}
     keys_s, longest = 0.0, 0
-    for key, c in sorted(cost.items(), key=lambda kc: kc[1]):
-        fit = [h for h in horizons if keys_s + c * h + overhead * max(longest, h) <= left_s]
-        if fit:
-            kept[key] = fit[-1]
-            keys_s, longest = keys_s + c * fit[-1], max(longest, fit[-1])
+
+    def keep(key, cost: float, rounds: int) -> None:
+        nonlocal keys_s, longest
+        if keys_s + cost * rounds + overhead * max(longest, rounds) <= left_s:
+            kept[key] = rounds
+            keys_s, longest = keys_s + cost * rounds, max(longest, rounds)
+
+    for _, key, cost, rounds in sorted((c * r, key, c, r) for key, (c, r) in plans.items() if r is not None):
+        keep(key, cost, rounds)
+    for cost, key in sorted((c, key) for key, (c, _) in plans.items() if key not in kept):
+        keep(key, cost, horizons[0])
     return kept
 
 
