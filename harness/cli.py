@@ -148,7 +148,8 @@ def build_parser() -> argparse.ArgumentParser:
     )  # fmt: skip
     compare.add_argument(
         "--confirm-time", type=float, default=900.0, metavar="SECONDS",
-        help="time box of --confirm, checked at each look (900)",
+        help="time box of --confirm, planned: the first look's rounds get 2/3 of it, cheapest rows first, later looks "
+        "what is left, the cheapest decisions first; a row whose rounds do not fit stays 'cannot tell' (900)",
     )  # fmt: skip
 
     history = verbs.add_parser("history", help="latency and error trends across runs (commits), per case and backend")

@@ -70,9 +70,29 @@ Confirm mode does that, in the manner of ``asv continuous``:
 6. **sequential**: the rows are looked at after ``MIN_ROUNDS`` rounds and then every
    ``LOOK_EVERY`` rounds up to ``rounds``; a row whose verdict is decided (slower, faster,
    same) stops being re-timed, the rest go on until ``rounds`` or the time box
-   ``time_s`` (checked at each look). Each look's interval is at confidence
-   ``1 - alpha / looks`` (``looks`` = the looks the schedule allows), so looking several
-   times cannot raise the chance of a wrong "slower" above alpha / 2 per row.
+   ``time_s``. Each look's interval is at confidence ``1 - alpha / looks`` (``looks`` =
+   the looks the schedule allows), so looking several times cannot raise the chance of a
+   wrong "slower" above alpha / 2 per row, whatever made a row stop;
+7. **the box goes where it is needed**: after round 1 the rows whose rounds to the first
+   look (``MIN_ROUNDS``) fit in ``FIRST_LOOK_SHARE`` (two thirds) of the box go on,
+   cheapest first, so a third at least is left for the rows the first look leaves open.
+   At each look after that, each open row's interval gives a guess of the rounds it still
+   needs (:func:`rounds_to_decide`: the half-width shrinking as 1 / sqrt(rounds)); the
+   rows that seem decidable by the last look get those rounds, the cheapest decision
+   (seconds a round x rounds) first, while they fit in what is left of the box; the rest
+   get the rounds to the next look, cheapest first, if they fit (:func:`within_box`;
+   planned again at each look). A row that does not fit stays "cannot tell". The plan
+   only chooses which rows get more rounds; each is still judged by its interval. On the
+   smoke suite a round of every row took 60-90 s (load 3-5): the 7 Triton-interpreter
+   rows 3.5-5.5 s each, the ``long_half_accumulation`` rows about 3 s, the others about
+   0.5 s, starting the two workers about 3 s. With the box checked only at the looks (the
+   rule before), a 600 s box stopped every open row at 12 rounds, the interpreter rows'
+   included, and the planted +25% on a 20 ms row was still "cannot tell" (0.88-1.70).
+   Measured on the way here (``scripts/noise_check.py``, 600 s): every row given the
+   first look took 529 s and 576 s of the box (load 4-7) and left both planted long rows
+   at 8 rounds; with the first look planned too, but each later look giving the cheapest
+   rows all the rounds that fit, 16-round plans of 0.5 s rows crowded out the 3 s rows
+   (18 rows left at 8 rounds, the planted long rows among them).
 
 The worktrees are removed at the end. Without commits or case files it says why and
 changes nothing. Rows only: status and accuracy changes are not re-run.
@@ -110,6 +130,7 @@ if cfg.get("threads"):
 for plugin in cfg["plugins"]:
     load_plugin(plugin)
 cases = {c.id: c for c in load_cases(cfg["case_files"], device=cfg["device"])}
+print(json.dumps("ready"), flush=True)
 ready = {}
 for line in sys.stdin:
     case_id, backend, *step = json.loads(line)
@@ -151,6 +172,11 @@ class Worker:
             cwd=checkout, env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
         )  # fmt: skip
 
+    def wait_ready(self) -> None:
+        """Wait until the worker has imported torch and read the case files (it says "ready")."""
+        if json.loads(self.proc.stdout.readline() or "null") != "ready":
+            raise RuntimeError(f"confirm worker exited while starting (code {self.proc.wait()})")
+
     def time(self, case: str, backend: str, reps: int = 0) -> list[float]:
         """Samples of one row: ``reps`` timed calls after a warm-up, or (0) ``time_call``'s time-boxed count."""
         self.proc.stdin.write(json.dumps([case, backend, reps] if reps else [case, backend]) + "\n")
@@ -187,6 +213,7 @@ MIN_ROUNDS = 8  # the first look: fewer rounds cannot exclude anything at confid
 LOOK_EVERY = 4
 DEFAULT_ROUNDS = 24
 DEFAULT_TIME_S = 900.0
+FIRST_LOOK_SHARE = 2 / 3  # of the time box, at most, for the first look's rounds (module docstring, 7)
 
 
 def look_schedule(rounds: int) -> list[int]:
@@ -264,33 +291,131 @@ def confirm_slower(
 
 def sequential_rounds(
     index: dict, effects: dict, time_round: Callable, *, alpha: float, rounds: int, time_s: float,
-    log: Callable[[str], None] = print,
+    log: Callable[[str], None] = print, clock: Callable[[], float] = time.monotonic,
 ) -> dict:  # fmt: skip
-    """Paired rounds until every row is decided, ``rounds`` are done, or a look finds ``time_s`` spent.
+    """Paired rounds until every row is decided, ``rounds`` are done, or the time box ``time_s`` is spent.
 
     ``index``: row -> (case, backend); ``effects``: row -> its minimum effect;
-    ``time_round(keys, pooled, new_first)`` times each key once per build and appends the
-    two observations to ``pooled[key]`` = (base list, new list). Returns ``pooled``.
+    ``time_round(keys, pooled, new_first)`` times each key once per build, appends the
+    two observations to ``pooled[key]`` = (base list, new list) and may return the
+    seconds each key took (key -> s; else the round's time is shared out evenly).
+    Returns ``pooled``.
+
+    The box is spent where it is needed (module docstring, 7): a decided row stops being
+    re-timed; after round 1 the rows whose first-look rounds fit ``FIRST_LOOK_SHARE`` of
+    the box go on, cheapest first; at each later look :func:`within_box` plans the open
+    rows (their recent seconds a round, the rounds :func:`rounds_to_decide` guesses, the
+    round's own cost of starting workers), so a 1 s Triton-interpreter row that could not
+    be decided does not use up the rounds a 20 ms row needs. A row left out stays
+    "cannot tell". Which rows go on never changes the rule that judges them: every look
+    is at confidence ``1 - alpha / len(looks)``, whatever stopped a row.
     """
     looks = look_schedule(rounds)
     pooled = {key: ([], []) for key in index.values()}
+    cost: dict = {key: [] for key in index.values()}  # key -> seconds of each of its rounds
+    overhead: list[float] = []  # seconds of each round not spent on any key (worker start, close)
     open_rows = dict(index)  # row -> key, still being re-timed
-    start = time.monotonic()
+    left_out = 0  # rows stopped undecided because their rounds would not fit the box
+    start = clock()
     for k in range(1, rounds + 1):
-        time_round(list(dict.fromkeys(open_rows.values())), pooled, k % 2 == 0)
+        keys = list(dict.fromkeys(open_rows.values()))
+        began = clock()
+        spent = time_round(keys, pooled, k % 2 == 0) or {}
+        took = clock() - began
+        shared = max(took - sum(spent.values()), 0.0) if spent else 0.0
+        for key in keys:
+            cost[key].append(spent.get(key, 0.0) if spent else took / len(keys))
+        overhead.append(shared)
+        if k == 1 and k not in looks:  # plan the first look: cheapest rows first, within its share of the box
+            first = {key: (cost[key][0], None) for key in keys}
+            kept = within_box(first, overhead[0], [MIN_ROUNDS - 1], FIRST_LOOK_SHARE * time_s - (clock() - start))
+            left = [i for i, key in open_rows.items() if key not in kept]
+            for i in left:
+                del open_rows[i]
+            left_out += len(left)
+            if left:
+                log(
+                    f"confirm: round 1: {len(left)} row(s) left undecided, the costliest: their rounds to the first "
+                    f"look would not fit {FIRST_LOOK_SHARE:.0%} of the box"
+                )
         if k not in looks:
             continue
+        need = {}  # key -> the rounds in all it seems to need
         for i, key in list(open_rows.items()):
             test = stats.paired_ratio(*pooled[key], alpha=alpha, looks=len(looks))
             if stats.decide_paired(test, min_effect=effects[i]).verdict != "cannot tell":
                 del open_rows[i]
-        elapsed = time.monotonic() - start
-        log(
-            f"confirm: look at round {k}: {len(index) - len(open_rows)} decided, {len(open_rows)} open, {elapsed:.0f} s"
-        )
-        if not open_rows or elapsed > time_s:
+            else:
+                need[key] = rounds_to_decide(test, effects[i])
+        elapsed = clock() - start
+        decided = len(index) - len(open_rows) - left_out
+        left = []
+        if open_rows and k < looks[-1]:
+            plans = {}
+            for key in dict.fromkeys(open_rows.values()):
+                until = next((look for look in looks if look > k and look >= need[key]), None)
+                plans[key] = (float(np.mean(cost[key][-LOOK_EVERY:])), until - k if until else None)
+            horizons = [look - k for look in looks if look > k]
+            kept = within_box(plans, float(np.mean(overhead[-LOOK_EVERY:])), horizons, time_s - elapsed)
+            left = [i for i, key in open_rows.items() if key not in kept]
+            for i in left:
+                del open_rows[i]
+            left_out += len(left)
+        said = f"confirm: look at round {k}: {decided} decided, {len(open_rows)} open, {elapsed:.0f} s"
+        if left:
+            said += (
+                f"; {len(left)} left undecided, their rounds would not fit the {max(time_s - elapsed, 0):.0f} s left"
+            )
+        log(said)
+        if not open_rows:
             break
     return pooled
+
+
+def rounds_to_decide(test: stats.LatencyTest, min_effect: float) -> float:
+    """About how many rounds in all this row needs: when its interval would clear the nearest bound.
+
+    The interval's half-width on the log scale shrinks about as 1 / sqrt(rounds) (from 8
+    rounds, where the 99% interval is the whole range of the pairs, faster); the row is
+    decided once it is narrower than the distance from its centre to the nearest bound it
+    can clear (above ``1 + min_effect``, below ``1 - min_effect``, or inside both). A
+    centre on a bound gives infinity. A guess to order the rows by, never a verdict.
+    """
+    if not (test.n_base and np.isfinite(test.ci_high) and test.ci_low > 0):
+        return math.inf
+    low, high = math.log(test.ci_low), math.log(test.ci_high)
+    centre, half = (low + high) / 2, (high - low) / 2
+    up, down = math.log1p(min_effect), math.log1p(-min_effect)
+    margin = max(centre - up, down - centre, min(up - centre, centre - down))
+    return test.n_base * (half / margin) ** 2 if margin > 0 else math.inf
+
+
+def within_box(plans: dict, overhead: float, horizons: list[int], left_s: float) -> dict:
+    """The keys that go on and the rounds each is planned, within ``left_s``.
+
+    ``plans``: key -> (seconds a round of it takes, the rounds from now to the look that
+    seems to decide it, or None when that looks past the last look); ``horizons``: the
+    rounds from now to each later look, ascending; ``overhead``: seconds a round takes
+    besides its keys (starting and closing the workers), paid for as many rounds as the
+    longest kept plan. First the keys that seem decidable, the cheapest decision (seconds
+    a round x rounds) first, each with its rounds while the whole plan fits; then the
+    others, cheapest first, each with the rounds to the next look if they fit. The plan is
+    made again at each look.
+    """
+    kept: dict = {}
+    keys_s, longest = 0.0, 0
+
+    def keep(key, cost: float, rounds: int) -> None:
+        nonlocal keys_s, longest
+        if keys_s + cost * rounds + overhead * max(longest, rounds) <= left_s:
+            kept[key] = rounds
+            keys_s, longest = keys_s + cost * rounds, max(longest, rounds)
+
+    for _, key, cost, rounds in sorted((c * r, key, c, r) for key, (c, r) in plans.items() if r is not None):
+        keep(key, cost, rounds)
+    for cost, key in sorted((c, key) for key, (c, _) in plans.items() if key not in kept):
+        keep(key, cost, horizons[0])
+    return kept
 
 
 def step_plan(call_us: float) -> tuple[int, int]:
@@ -340,13 +465,20 @@ def alternate(
     return tuple(float(np.quantile(s, ROUND_QUANTILE)) for s in samples)
 
 
-def _one_round(trees, envs, config, keys, pooled, new_first: bool) -> None:
-    """One fresh worker per build; each row timed by alternating steps (``alternate``), long rows on one CPU."""
-    workers = [Worker(tree, config, env) for tree, env in zip(trees, envs, strict=True)]
+def _one_round(trees, envs, config, keys, pooled, new_first: bool) -> dict:
+    """One fresh worker per build; each row timed by alternating steps (``alternate``), long rows on one CPU.
+
+    Returns the seconds each key took (what :func:`sequential_rounds` budgets the box by).
+    """
+    spent = {}
+    workers = [Worker(tree, config, env) for tree, env in zip(trees, envs, strict=True)]  # both start at once
     cpus = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else []
     cpu = cpus[len(pooled[keys[0]][0]) % len(cpus)] if len(cpus) > 1 and keys else None  # in turn, round by round
     try:
+        for worker in workers:
+            worker.wait_ready()  # the start is the round's overhead, not the first row's cost
         for key in keys:
+            began = time.monotonic()
             observed = alternate(
                 lambda side, n: workers[side].time(*key, n),  # noqa: B023
                 config["device"], new_first, lambda steps, reps: _pin(workers, cpu if reps == 1 else None),
@@ -354,9 +486,11 @@ def _one_round(trees, envs, config, keys, pooled, new_first: bool) -> None:
             _pin(workers, None)
             for side in (0, 1):
                 pooled[key][side].append(observed[side])
+            spent[key] = time.monotonic() - began
     finally:
         for worker in workers:
             worker.close()
+    return spent
 
 
 def _row_effect(row, options: CompareOptions) -> float:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 
 import numpy as np
@@ -9,7 +10,7 @@ import pandas as pd
 import pytest
 
 from harness.compare import EXIT_WORSE, CompareOptions, compare_runs
-from harness.confirm import _plugins, confirm_slower
+from harness.confirm import _one_round, _plugins, confirm_slower
 from tests import review_frames as rf
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -68,3 +69,22 @@ def test_confirm_without_commits_changes_nothing_and_says_why(tmp_path):
 )
 def test_confirm_reuses_the_plugins_of_the_original_command(command, plugins):
     assert _plugins(command) == plugins
+
+
+def test_a_round_reports_each_rows_seconds_without_the_workers_start(tmp_path):
+    _, _, meta = _runs(tmp_path, 1.0)
+    config = {
+        "case_files": meta["case_files"],
+        "device": "cpu",
+        "plugins": [str(PLUGIN)],
+        "threads": 1,
+        "target_s": 0.05,
+    }
+    keys = [("tiny", "reference"), ("tiny", "reference_slowable")]
+    pooled = {key: ([], []) for key in keys}
+    began = time.monotonic()
+    spent = _one_round((ROOT, ROOT), ({}, {}), config, keys, pooled, False)
+    took = time.monotonic() - began
+    assert set(spent) == set(keys) and all(s > 0 for s in spent.values()), spent
+    assert all(len(pooled[key][0]) == len(pooled[key][1]) == 1 for key in keys)
+    assert sum(spent.values()) < took - 0.5, (spent, took)  # importing torch in two fresh workers is not a row's

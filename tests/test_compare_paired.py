@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 import pytest
 
-from harness import stats
-from harness.confirm import alternate, look_schedule, sequential_rounds, step_plan
+from harness import confirm, stats
+from harness.confirm import alternate, look_schedule, rounds_to_decide, sequential_rounds, step_plan, within_box
 
 
 def _rounds(rng, n: int, slowdown: float, load: float = 0.4, process: float = 0.05):
@@ -85,6 +87,108 @@ def test_a_25pct_slowdown_is_flagged_on_every_row_even_when_processes_differ_by_
     verdicts, rounds = _simulate([1.25] * 200, seed=5, process=0.07)
     assert verdicts.count("slower") == 200, {v: verdicts.count(v) for v in set(verdicts)}
     assert max(rounds) > 8  # the noisier rows needed more than the first look
+
+
+def _boxed(
+    rows: list[tuple[float, float, float]], time_s: float, seed: int, overhead: float = 3.0, rounds: int = 24,
+    log=lambda _: None,
+):  # fmt: skip
+    """The real sequential procedure against a simulated clock; rows are (slowdown, round noise, seconds a round).
+
+    Returns (verdicts, rounds each row got, simulated seconds spent).
+    """
+    rng = np.random.default_rng(seed)
+    index = {i: (f"case{i}", "b") for i in range(len(rows))}
+    clock = [0.0]
+
+    def time_round(keys, pooled, new_first):
+        clock[0] += overhead
+        spent = {}
+        for key in keys:
+            slowdown, noise, seconds = rows[int(key[0][4:])]
+            b, n = _rounds(rng, 1, slowdown, process=noise)
+            pooled[key][0].append(b[0])
+            pooled[key][1].append(n[0])
+            clock[0] += seconds
+            spent[key] = seconds
+        return spent
+
+    pooled = sequential_rounds(
+        index, dict.fromkeys(index, 0.1), time_round, alpha=0.05, rounds=rounds, time_s=time_s,
+        log=log, clock=lambda: clock[0],
+    )  # fmt: skip
+    tests = [stats.paired_ratio(*pooled[key], looks=len(look_schedule(rounds))) for key in index.values()]
+    return [stats.decide_paired(t, min_effect=0.1).verdict for t in tests], [t.n_base for t in tests], clock[0]
+
+
+def test_within_box_plans_the_cheapest_decisions_first_then_the_next_look_of_the_rest_and_leaves_out_what_does_not_fit():
+    plans = {"interpreter": (5.0, None), "long": (3.0, 8), "short": (0.5, 4)}  # (s a round, rounds to its decision)
+    horizons = [4, 8, 12, 16]
+    assert within_box(plans, 3.0, horizons, 50.0) == {"short": 4, "long": 8}  # 2 + 24 + 8 x 3 = 50
+    assert within_box(plans, 3.0, horizons, 70.0) == {"short": 4, "long": 8, "interpreter": 4}  # + 20 = 70
+    assert within_box(plans, 3.0, horizons, 49.0) == {"short": 4, "long": 4, "interpreter": 4}  # 8 would not fit
+    assert within_box(plans, 3.0, horizons, 13.9) == {} and within_box({}, 3.0, horizons, 100.0) == {}  # 4 x 3.5
+
+
+@pytest.mark.parametrize(
+    ("ci", "rounds", "need"),
+    [
+        ((1.05, 1.45), 8, 15.8),  # a slowdown whose interval needs to lose its lower 4.8%: 16 rounds
+        ((0.93, 1.08), 8, 5.2),  # nearly "same": the next look should do
+        ((0.88, 1.70), 12, 115.6),  # the planted long row of an earlier smoke check: past 24 rounds
+    ],
+)
+def test_rounds_to_decide_grows_as_the_square_of_the_interval_over_its_margin(ci, rounds, need):
+    assert rounds_to_decide(stats.LatencyTest(1.0, *ci, 0.5, rounds, rounds), 0.1) == pytest.approx(need, abs=0.1)
+
+
+def test_rounds_to_decide_is_infinite_when_the_centre_sits_on_a_bound_or_nothing_was_timed():
+    assert rounds_to_decide(stats.LatencyTest(1.0, 1.0, 1.21, 0.5, 12, 12), 0.1) > 1e6  # centre at 1.1
+    assert rounds_to_decide(stats.LatencyTest(1.0, 0.0, math.inf, 1.0, 4, 4), 0.1) == math.inf
+
+
+SMOKE_LIKE = [(1.0, 1.0, 5.0)] * 7 + [(1.25, 0.1, 3.0)] + [(1.0, 0.02, 0.5)] * 50
+"""The smoke confirm's shape: 7 interpreter rows of 5 s a round too noisy to decide, one 3 s
+row slowed 25% whose round ratios spread 0.14 (log sd; 0.09-0.18 measured alone), 50 easy
+0.5 s rows; 3 s a round to start the workers: a round of every row takes 66 s, so the 8
+rounds of the first look would take 528 s of a 600 s box (529 s and 576 s measured)."""
+
+
+def test_the_box_goes_to_an_undecided_cheap_row_not_to_interpreter_rows_that_cannot_be_decided(monkeypatch):
+    runs = [_boxed(SMOKE_LIKE, time_s=600.0, seed=seed) for seed in range(60)]
+    for verdicts, rounds, seconds in runs:
+        assert seconds <= 600.0, seconds  # no look starts rounds that would overrun the box
+        assert verdicts[7] == "slower" or rounds[7] >= 16, rounds[:8]  # it, not the interpreter rows, got the box
+        assert rounds[:7].count(1) == 4  # the first look's rounds of 4 interpreter rows did not fit 2/3 of the box
+        assert verdicts[8:].count("same") == 50
+    false_slower = sum(v == "slower" for verdicts, _, _ in runs for i, v in enumerate(verdicts) if i != 7)
+    assert false_slower <= 0.01 * 57 * len(runs), false_slower  # at most 1 in 100 unchanged rows
+    flagged = sum(verdicts[7] == "slower" for verdicts, _, _ in runs)
+    # the rule before: every open row went on to the next look until a look found the box spent
+    monkeypatch.setattr(
+        confirm, "within_box", lambda cost, overhead, horizons, left_s: dict.fromkeys(cost, 4) if left_s > 0 else {}
+    )
+    before = [_boxed(SMOKE_LIKE, time_s=600.0, seed=seed) for seed in range(60)]
+    assert max(seconds for _, _, seconds in before) > 600.0  # it overran the box: round 12 at 694 s
+    flagged_before = sum(verdicts[7] == "slower" for verdicts, _, _ in before)
+    assert flagged >= 50 and flagged_before <= flagged - 8, (flagged, flagged_before)
+
+
+def test_the_looks_say_how_many_rows_were_decided_and_how_many_the_box_left_undecided():
+    said = []
+    _boxed(SMOKE_LIKE, time_s=600.0, seed=0, log=said.append)
+    assert said[0].startswith("confirm: round 1: 4 row(s) left undecided, the costliest"), said[0]
+    assert said[1] == "confirm: look at round 8: 50 decided, 4 open, 388 s"  # 4 interpreter rows left at round 1
+
+
+def test_a_tight_box_gives_no_false_slower_in_a_thousand_unchanged_rows_and_its_rounds_to_the_cheap_ones():
+    rng = np.random.default_rng(6)
+    rows = [(1.0, float(rng.choice([0.02, 0.1, 0.3])), float(rng.choice([0.5, 3.0, 5.0]))) for _ in range(1000)]
+    verdicts, rounds, seconds = _boxed(rows, time_s=26_000.0, seed=7)  # 8 rounds of every row take 22,700 s
+    assert verdicts.count("slower") <= 10 and verdicts.count("faster") <= 10, "more than 1 false alarm in 100 rows"
+    assert seconds <= 26_000.0
+    went_on = [n for n in rounds if n > 8]
+    assert len(went_on) > 100 and rounds.count(1) > 0, len(went_on)  # the box binds at round 1 and after
 
 
 class BusyBox:
