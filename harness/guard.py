@@ -24,10 +24,8 @@ from collections.abc import Callable
 
 import torch
 
-from .hashing import tensor_digest
+from .hashing import CHUNK_BYTES, tensor_digest
 from .inputs import PagedInputs
-
-_CHUNK_BYTES = 64 * 2**20  # device tensors are summed in chunks of this size
 
 
 class Terminated(BaseException):
@@ -85,7 +83,7 @@ def device_digest(flat: torch.Tensor) -> tuple[int, int]:
     """(sum, position-weighted sum) of a uint8 tensor's bytes as int32 words, computed on its device."""
     words = torch.nn.functional.pad(flat, (0, -flat.numel() % 4)).view(torch.int32)
     total = weighted = 0
-    step = _CHUNK_BYTES // 4
+    step = CHUNK_BYTES // 4  # device tensors are summed in chunks of harness.hashing's size
     for start in range(0, words.numel(), step):
         chunk = words[start : start + step].long()
         position = torch.arange(start, start + chunk.numel(), device=chunk.device) % 65521 + 1

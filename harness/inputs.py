@@ -180,15 +180,21 @@ def draw_normal(
         torch.set_num_threads(intra_op)
 
 
+def token_positions(seq_lens: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
+    """(sequence, position) of every token of every sequence, in order: two [sum(seq_lens)] int64
+    tensors on the CPU. Example: seq_lens [2, 3]: ([0, 0, 1, 1, 1], [0, 1, 0, 1, 2])."""
+    lens = torch.tensor(seq_lens, dtype=torch.long)
+    seq = torch.repeat_interleave(torch.arange(len(seq_lens)), lens)
+    return seq, torch.arange(int(lens.sum())) - (lens.cumsum(0) - lens)[seq]
+
+
 def token_slots(block_table: torch.Tensor, seq_lens: list[int], block_size: int) -> torch.Tensor:
     """[sum(seq_lens)] int64 on the CPU: the pool slot of every token of every sequence, in order.
 
     Token p of sequence s sits at slot ``block_table[s, p // block_size] * block_size + p % block_size``
     (block_size 16, table row [7, 2], p = 19: slot 2 * 16 + 3 = 35).
     """
-    lens = torch.tensor(seq_lens, dtype=torch.long)
-    seq = torch.repeat_interleave(torch.arange(len(seq_lens)), lens)
-    pos = torch.arange(int(lens.sum())) - (lens.cumsum(0) - lens)[seq]
+    seq, pos = token_positions(seq_lens)
     return block_table.long()[seq, pos // block_size] * block_size + pos % block_size
 
 
@@ -261,9 +267,8 @@ def make_inputs(
     if shared := shared_prefix_blocks(seq_lens, block_size, layout):
         # A shared prefix block already written by an earlier sequence (the first) keeps its values:
         # the later sequences' drawn prefix rows are dropped.
-        starts = torch.tensor([0, *seq_lens[:-1]]).cumsum(0)
-        pos = torch.arange(len(slots)) - starts.repeat_interleave(torch.tensor(seq_lens))
-        first_writer = (pos >= shared * block_size) | (torch.arange(len(slots)) < seq_lens[0])
+        seq, pos = token_positions(seq_lens)
+        first_writer = (pos >= shared * block_size) | (seq == 0)
     else:
         first_writer = None
 

@@ -38,15 +38,20 @@ def _status(run_dir: Path) -> str:
     return " ".join(f"{status} {count}" for status, count in sorted(counts.items()))
 
 
+def _scale(run_dir: Path) -> dict | None:
+    """The run's meta.json ``scale`` record ({} without one), or None when there is no meta.json (a failed run)."""
+    meta_file = Path(run_dir) / "meta.json"
+    return json.loads(meta_file.read_text()).get("scale") or {} if meta_file.is_file() else None
+
+
 def table_rows(runs: list[tuple[Path, float]]) -> list[dict]:
     """One dict per run (keys: COLUMNS), from its meta.json and the command's wall seconds."""
     rows, first = [], None
     for run_dir, wall in runs:
-        meta_file = Path(run_dir) / "meta.json"
-        if not meta_file.is_file():
+        scale = _scale(run_dir)
+        if scale is None:
             rows.append({"workers": Path(run_dir).name, "wall s": f"{wall:.1f}", "status": "no run folder (failed?)"})
             continue
-        scale = json.loads(meta_file.read_text()).get("scale") or {}
         cases_s = scale.get("wall_s", float("nan"))
         first = first or (wall, cases_s)
         count, row_count = max(1, scale.get("cases", 0)), max(1, scale.get("rows", 0))
@@ -81,8 +86,7 @@ def format_phases(runs: list[tuple[Path, float]]) -> str:
     """
     records = []
     for run_dir, _ in runs:
-        meta_file = Path(run_dir) / "meta.json"
-        scale = json.loads(meta_file.read_text()).get("scale") or {} if meta_file.is_file() else {}
+        scale = _scale(run_dir) or {}
         records.append((Path(run_dir).name, scale.get("phase_s") or {}, scale.get("case_busy_s")))
     names = sorted({name for _, spent, _ in records for name in spent})
     if not names:

@@ -58,6 +58,11 @@ def getenv(name: str) -> str | None:
 _ENV_KEYS: dict[str, object] = {}  # name -> os.environ.encodekey(name)
 
 
+def contiguous_strides(shape) -> tuple[int, ...]:
+    """The strides of a contiguous tensor of ``shape`` (torch's rule, size-1 dims included; on the meta device)."""
+    return torch.empty(shape, device="meta").stride()
+
+
 def checks_enabled(check: bool | None = None) -> bool:
     """Whether a call runs its value checks: ``check`` when given, else ``$PAGED_ATTENTION_CHECK == "1"``."""
     if check is None:

@@ -67,6 +67,11 @@ def triton_unavailable_reason(device: torch.device | str) -> str | None:
     return f"the Triton kernel needs a CUDA device (or TRITON_INTERPRET=1 on the CPU), got {device_type}"
 
 
+def _unforced(cuda: bool) -> str:
+    """The backend when none is forced: "triton" on CUDA when Triton imports, else "tlsim"."""
+    return "triton" if cuda and has_triton() else "tlsim"
+
+
 def _device_type(device: torch.device | str) -> str:
     """``torch.device(device).type``, without building a second device from a device."""
     return device.type if type(device) is torch.device else torch.device(device).type
@@ -81,7 +86,7 @@ def select_backend(device: torch.device | str, backend: str | None = None) -> st
     """
     forced = backend or getenv(BACKEND_ENV) or None
     if forced is None:
-        return "triton" if _device_type(device) == "cuda" and has_triton() else "tlsim"
+        return _unforced(_device_type(device) == "cuda")
     if forced not in DISPATCH_BACKENDS:
         source = "backend argument" if backend else f"${BACKEND_ENV}"
         raise ValueError(f"{source} is {forced!r}; expected one of {', '.join(DISPATCH_BACKENDS)}")
@@ -122,7 +127,7 @@ def paged_attention_dispatch(*args, backend: str | None = None, **kwargs):
     if backend or getenv(BACKEND_ENV):
         name = select_backend(q.device, backend)
     else:  # select_backend's unforced rule, on q.is_cuda (q.device builds a device object)
-        name = "triton" if q.is_cuda and has_triton() else "tlsim"
+        name = _unforced(q.is_cuda)
     return _backend_fn(name)(*args, **kwargs)
 
 

@@ -41,7 +41,7 @@ from typing import Any
 import torch
 
 from . import tuning
-from ._common import check_kv_scale
+from ._common import check_kv_scale, contiguous_strides
 
 PLAN_CACHE_ENV = "PAGED_ATTN_PLAN_CACHE"
 MAX_PLANS = 256
@@ -241,9 +241,7 @@ class CallRecipe:
         self.out_shape = None if out_given else (*q.shape[:2], call.head_dim_v)
         # q.new_empty(out_shape) is contiguous; so is empty_like(q), a little cheaper, when q has
         # that shape and the contiguous strides themselves (the key fixes both).
-        self.out_like_q = (
-            self.out_shape == tuple(q.shape) and q.stride() == torch.empty(q.shape, device="meta").stride()
-        )
+        self.out_like_q = self.out_shape == tuple(q.shape) and q.stride() == contiguous_strides(q.shape)
         self.lse_shape = None if lse is None else tuple(lse.shape)
         self.plan = plan
         plain = not (any(self.copy_index) or any(self.copy_vectors) or self.kv_fp8 or lse is not None)

@@ -67,7 +67,16 @@ import torch
 import triton
 import triton.language as tl
 
-from ._common import PagedCall, cdiv, contract_entry, head_dim_pieces, heads_per_program, next_pow2, tiling_for
+from ._common import (
+    PagedCall,
+    cdiv,
+    contiguous_strides,
+    contract_entry,
+    head_dim_pieces,
+    heads_per_program,
+    next_pow2,
+    tiling_for,
+)
 from .launch_plan import KernelLaunch, PlanCache
 
 
@@ -493,7 +502,7 @@ def paged_attention_triton(
 
 def _strides(t: torch.Tensor, copied: bool) -> tuple[int, ...]:
     """t's strides, or those of t.contiguous() when the launcher copies it (torch's rule, on the meta device)."""
-    return torch.empty(t.shape, device="meta").stride() if copied else t.stride()
+    return contiguous_strides(t.shape) if copied else t.stride()
 
 
 class TritonPlan:
