@@ -5,8 +5,8 @@ Same tiling as ``kernels.triton_paged`` (keys walked TILE_N positions at a time 
 :func:`kernels._common.tiling_for`, from the same host-known bounds and hints, query
 rows ordered token-major then head within the KV head's group), the same base-2 online
 softmax with running max (of the unscaled logits) and sum, the scale applied after
-subtracting the max, the same fp32 accumulation and the same cast of p to the value
-dtype before ``p @ v``. A key whose block id is outside the pool (or past the table)
+subtracting the max (fp32; fp16 and bf16 in the kernel's multiply-add form), the same
+fp32 accumulation and the same cast of p to the value dtype before ``p @ v``. A key whose block id is outside the pool (or past the table)
 turns the rows that would see it into NaN, as in the kernel.
 It is vectorised over sequences, KV heads and query rows; the only Python loop is over
 KV tiles. Tiles past a sequence's end are exact no-ops (alpha = 1, p = 0), so walking
@@ -157,8 +157,13 @@ def paged_attention_tlsim(
         s = torch.where(visible, s, float("-inf"))
         m_new = torch.maximum(m_i, s.amax(-1))
         m_safe = torch.where(m_new == float("-inf"), 0.0, m_new)  # a row with no key yet: exp2 -> 0, not NaN
-        alpha = torch.exp2((m_i - m_safe) * qk_scale_log2)
-        p = torch.exp2((s - m_safe[..., None]) * qk_scale_log2)
+        if q.dtype == torch.float32:  # the kernel's two forms (kernels.triton_paged module docstring)
+            alpha = torch.exp2((m_i - m_safe) * qk_scale_log2)
+            p = torch.exp2((s - m_safe[..., None]) * qk_scale_log2)
+        else:
+            m_scaled = m_safe * qk_scale_log2
+            alpha = torch.exp2(m_i * qk_scale_log2 - m_scaled)
+            p = torch.exp2(s * qk_scale_log2 - m_scaled[..., None])
         sees_bad = (visible & bad[:, None, None, :]).any(-1)
         l_i = l_i * alpha + p.sum(-1) + torch.where(sees_bad, float("nan"), 0.0)
         acc = acc * alpha[..., None] + p.to(v.dtype).float() @ v.float()

@@ -26,7 +26,9 @@ The idea, in a few lines:
   ~216 in base 2, which fp32 rounds by up to 7.6e-6, an error a plain ``exp(s - m)`` does
   not add, while ``s - m`` is exact near the max (tests/kernel_cases.py, fp32 case
   ``large_logits_q40``). The fp32 dot itself errs about as much at such logits; that
-  error stays.
+  error stays. fp16 and bf16, whose p is rounded to 8 or 11 bits anyway, take the
+  multiply-add form ``exp2(s * c - m * c)`` (one instruction an element fewer: 1-3% of
+  prefill on an H200, gpu_results/2026-11-30-h200-prefill-probe).
 * Causality: query j of a sequence with q_len queries sits at position
   ``seq_len - q_len + j`` and sees keys ``0..position``. The tile loop stops at the last
   position any row of the program can see.
@@ -147,6 +149,31 @@ def _find_seq(query_start_loc_ptr, q_tile, num_seqs, BLOCK_Q: tl.constexpr):
 
 
 @triton.jit
+def _count_bad_blocks(block_table_ptr, seq, stride_bt_seq, first_col, end_col, num_blocks, max_blocks_per_seq,
+                      CHUNK: tl.constexpr):  # fmt: skip
+    """The block-table columns [first_col, end_col) of ``seq`` whose entry is outside [0, num_blocks)
+    or past the table (column >= max_blocks_per_seq): how many.
+
+    Checked once, before the tile loops, over the columns the program's tiles will read, so
+    the loops need no value of the table beyond their (pipelined) loads' addresses and
+    masks. Checking inside the loop cost every tile a synchronous table load and a reduction
+    across the warps: the software pipeliner loads the next tile's K and V ahead, but a use
+    of the current tile's block ids in the softmax put a second, unpipelined load of them
+    at the top of each step (seen in the sm_90 TTGIR; H200 timings in the README's tuning
+    section).
+    """
+    bad = first_col * 0
+    for start in range(first_col, end_col, CHUNK):
+        column = start + tl.arange(0, CHUNK)
+        wanted = column < end_col
+        in_table = wanted & (column < max_blocks_per_seq)
+        block = tl.load(block_table_ptr + seq * stride_bt_seq + column, mask=in_table, other=0)
+        ok = in_table & (block >= 0) & (block < num_blocks)
+        bad += tl.sum((wanted & ~ok).to(tl.int32), 0)
+    return bad
+
+
+@triton.jit
 def _attend_tiles(
     q, q_tail, m_i, l_i, acc,  # q [BLOCK_M, DIM_MAIN] (+ q_tail [BLOCK_M, DIM_TAIL]); the running state
     start, end,  # KV positions [start, end), TILE_N at a time
@@ -168,8 +195,7 @@ def _attend_tiles(
         column = k_pos // BLOCK_SIZE
         in_table = k_valid & (column < max_blocks_per_seq)
         block = tl.load(block_table_ptr + seq * stride_bt_seq + column, mask=in_table, other=0).to(tl.int64)
-        block_ok = in_table & (block >= 0) & (block < num_blocks)
-        bad_keys = tl.sum((k_valid & ~block_ok).to(tl.int32), 0)  # a bad index: NaN out, no stray read
+        block_ok = in_table & (block >= 0) & (block < num_blocks)  # a bad index loads nothing (_count_bad_blocks)
         slot = k_pos % BLOCK_SIZE
 
         k_offs = block[:, None] * stride_k_block + slot[:, None] * stride_k_slot + kv_head * stride_k_head
@@ -204,9 +230,14 @@ def _attend_tiles(
         # A row that has seen no key yet (possible inside a split) keeps m = -inf; subtract 0
         # instead so that exp2 gives 0, not NaN. Rows with a finite max are unaffected.
         m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
-        alpha = tl.exp2((m_i - m_safe) * qk_scale_log2)
-        p = tl.exp2((s - m_safe[:, None]) * qk_scale_log2)
-        l_i = l_i * alpha + tl.sum(p, 1) + tl.where(bad_keys > 0, float("nan"), 0.0)
+        if q_ptr.dtype.element_ty == tl.float32:  # scale after subtracting: exact near the max (module docstring)
+            alpha = tl.exp2((m_i - m_safe) * qk_scale_log2)
+            p = tl.exp2((s - m_safe[:, None]) * qk_scale_log2)
+        else:  # fp16 / bf16: one multiply-add an element (an fp32 rounding of m * scale, far below p's bf16 / fp16 one)
+            m_scaled = m_safe * qk_scale_log2
+            alpha = tl.exp2(m_i * qk_scale_log2 - m_scaled)
+            p = tl.exp2(s * qk_scale_log2 - m_scaled[:, None])
+        l_i = l_i * alpha + tl.sum(p, 1)
 
         v_offs = block[:, None] * stride_v_block + slot[:, None] * stride_v_slot + kv_head * stride_v_head
         v = tl.load(v_cache_ptr + v_offs + v_dims[None, :], mask=block_ok[:, None] & v_dim_valid[None, :], other=0.0)
@@ -356,6 +387,13 @@ def paged_attention_kernel(
     # Tiles wholly before the program's first query position are visible to every row: they
     # skip the causal and length masks (on prefill the elementwise work is what bounds the
     # kernel: 18% of prefill_4x4k's time on an H200). The window masks every tile it touches.
+    # A bad table entry among the columns the tiles below read (from kv_start, whole tiles,
+    # keys before seq_len) turns every row of the program into NaN, as the contract says.
+    walked_end = tl.minimum(seq_len, kv_start + tl.cdiv(tl.maximum(kv_end - kv_start, 0), TILE_N) * TILE_N)
+    first_col = kv_start // BLOCK_SIZE
+    end_col = tl.where(walked_end > kv_start, tl.cdiv(walked_end, BLOCK_SIZE), first_col)
+    bad_blocks = _count_bad_blocks(block_table_ptr, seq, stride_bt_seq, first_col, end_col, num_blocks,
+                                   max_blocks_per_seq, 128)  # fmt: skip
     full_end = kv_start
     if not USE_WINDOW:
         first_visible_end = (seq_len - q_len + q_tile * BLOCK_Q + 1) // TILE_N * TILE_N
@@ -376,6 +414,7 @@ def paged_attention_kernel(
     )  # fmt: skip
     if KV_FP8:  # (p @ v) * v_scale, per KV head: before the split's store, so the combine needs no scale
         acc = acc * v_scale
+    l_i = l_i + tl.where(bad_blocks > 0, float("nan"), 0.0)  # a bad index: NaN out, no stray read
 
     if NUM_SPLITS > 1:  # keep this split's state; combine_splits_kernel finishes the rows
         row_ids = (split * num_tokens + q_rows) * num_q_heads + head

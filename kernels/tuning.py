@@ -69,11 +69,18 @@ TUNED: dict[tuple[str, int, str], TileConfig] = {
     # 1x128k 188.7 -> 158.3 (128-key tiles: 41.8, 90.7, 155.4).
     ("half", 128, "decode"): TileConfig(max_rows=16, max_tokens=1, tile_n=128, num_warps=4, num_stages=3),
     ("half", 128, "decode_split"): TileConfig(max_rows=16, max_tokens=1, tile_n=32, num_warps=4, num_stages=3),
-    ("half", 64, "decode"): TileConfig(max_rows=16, max_tokens=1, tile_n=128, num_warps=4, num_stages=3),
-    # spec_verify_32x4k, q_len 4 and 8 and its third point: 0.83x (geometric mean)
-    ("half", 128, "verify"): TileConfig(max_rows=64, max_tokens=8, tile_n=128, num_warps=4, num_stages=2),
-    # prefill_4x4k 0.86x (1726 us against 1999), prefill_1x8k 0.87x (best there: tile_n 128, 3 stages)
-    ("half", 128, "prefill"): TileConfig(max_rows=128, max_tokens=32, tile_n=64, num_warps=8, num_stages=2),
+    # decode_32x4k_hd64: 256-key tiles, 2 stages, 86.6 us against 90.9 with 128-key tiles, 3 stages (0.95x;
+    # SDPA 76.1; gpu_results/2026-11-30-h200-prefill-probe, the table-check change in both).
+    ("half", 64, "decode"): TileConfig(max_rows=16, max_tokens=1, tile_n=256, num_warps=4, num_stages=2),
+    # spec_verify_32x4k, q_len 4 and 8 and its third point: 0.83x (geometric mean). Re-measured after the
+    # table check left the tile loop (gpu_results/2026-11-30-h200-prefill-probe): 3 stages, q_len 2 / 4 / 8
+    # 143.1 / 143.0 / 152.0 us against 144.1 / 144.2 / 155.7 with 2 (q_len 8 was 191.5 before the change).
+    ("half", 128, "verify"): TileConfig(max_rows=64, max_tokens=8, tile_n=128, num_warps=4, num_stages=3),
+    # prefill_4x4k 0.86x (1726 us against 1999), prefill_1x8k 0.87x (best there: tile_n 128, 3 stages). With the
+    # table check out of the tile loop and the multiply-add exp2 (the same probe): 128-key tiles, 2 stages,
+    # 0.94x the 64-key config before the change over the five prefill cases of cases/gpu_peers.toml
+    # (4x4k 1727 -> 1596 us, 1x8k 1656 -> 1527, 16x1k 608 -> 627, 8x2k 970 -> 948, chunked 931 -> 788).
+    ("half", 128, "prefill"): TileConfig(max_rows=128, max_tokens=32, tile_n=128, num_warps=8, num_stages=2),
 }
 
 _override: TileConfig | None = None

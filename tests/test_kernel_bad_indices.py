@@ -16,7 +16,8 @@ import pytest
 import torch
 
 import kernels
-from tests.kernel_cases import BASE
+from kernels._common import prepare_call, tiling_for
+from tests.kernel_cases import BASE, CASES_BY_NAME
 
 BACKENDS = ["reference", "tlsim", "triton", "dispatch"]
 
@@ -115,3 +116,36 @@ def test_unchecked_seq_len_past_the_table_is_nan_not_a_stray_read(backend):
     fn = backend_fn(backend)
     got = fn(*args_with(seq_lens=lambda s: s + 48), check=False)  # the table holds 3 blocks of 16
     assert bool(got.isnan().all()), "every query sees a key past the table"
+
+
+def _split_decode_args(table_change=None, window=None):
+    """split_kv_decode (seq_lens 2500, 700, 1; one query each; 8 query heads on 1 KV head): the KV is split."""
+    args = list(CASES_BY_NAME["split_kv_decode"].inputs().args())
+    if table_change is not None:
+        args[3] = args[3].clone()
+        table_change(args[3])
+    return args, {"sliding_window": window} if window else {}
+
+
+@pytest.mark.parametrize("backend", ["tlsim", "triton"])
+def test_a_bad_block_in_one_kv_split_turns_that_sequence_to_nan(backend):
+    """The kernel checks the table once per program, over the columns its tiles read: a bad id in
+    the middle of a split KV range still reaches the combine as NaN, and only that sequence's."""
+    fn = backend_fn(backend)
+    good_args, kw = _split_decode_args()
+    assert tiling_for(prepare_call(*good_args[:5], check=False)).NUM_SPLITS > 1
+    good = fn(*good_args[:5], check=False, **kw)
+    got = fn(*_split_decode_args(with_block(0, 100, 10**6))[0][:5], check=False, **kw)  # key 1600 of 2500
+    assert bool(got[0].isnan().all())
+    torch.testing.assert_close(got[1:], good[1:], rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("backend", ["tlsim", "triton"])
+def test_a_bad_block_before_the_window_is_never_read_and_changes_nothing(backend):
+    """Keys before the sliding window are not walked; a bad id there (block 3: keys 48-63 of 2500,
+    window 512) is not a block the sequence uses, so the answer is the good table's."""
+    fn = backend_fn(backend)
+    good_args, kw = _split_decode_args(window=512)
+    good = fn(*good_args[:5], check=False, **kw)
+    got = fn(*_split_decode_args(with_block(0, 3, -7), window=512)[0][:5], check=False, **kw)
+    torch.testing.assert_close(got, good, rtol=0, atol=0)
