@@ -265,9 +265,7 @@ def paged_attention_kernel(
     query_start_loc_ptr,  # [num_seqs + 1] int32 (unread when ONE_QUERY_PER_SEQ)
     out_ptr,  # [num_tokens, num_q_heads, head_dim_v]
     lse_ptr,  # [num_tokens, num_q_heads] fp32, contiguous (written when RETURN_LSE)
-    partial_m_ptr,  # [NUM_SPLITS, num_tokens, num_q_heads] fp32, used when NUM_SPLITS > 1
-    partial_l_ptr,  # [NUM_SPLITS, num_tokens, num_q_heads] fp32
-    partial_acc_ptr,  # [NUM_SPLITS, num_tokens, num_q_heads, HEAD_DIM_V_PADDED] fp32
+    partial_ptr,  # fp32 workspace, used when NUM_SPLITS > 1: m, l, acc of each split (_partial_numel)
     sinks_ptr,  # [num_q_heads] fp32, sink / scale (read when USE_SINKS)
     alibi_ptr,  # [num_q_heads] fp32, slope / scale (read when USE_ALIBI)
     k_scale_ptr,  # [num_kv_heads] fp32, an fp8 cache's dequantization scale (read when KV_FP8)
@@ -418,10 +416,11 @@ def paged_attention_kernel(
 
     if NUM_SPLITS > 1:  # keep this split's state; combine_splits_kernel finishes the rows
         row_ids = (split * num_tokens + q_rows) * num_q_heads + head
-        tl.store(partial_m_ptr + row_ids, m_i, mask=row_valid)
-        tl.store(partial_l_ptr + row_ids, l_i, mask=row_valid)
-        acc_offs = row_ids[:, None] * HEAD_DIM_V_PADDED + v_dims[None, :]
-        tl.store(partial_acc_ptr + acc_offs, acc, mask=row_valid[:, None])
+        split_rows = NUM_SPLITS * num_tokens * num_q_heads
+        tl.store(partial_ptr + row_ids, m_i, mask=row_valid)
+        tl.store(partial_ptr + split_rows + row_ids, l_i, mask=row_valid)
+        acc_offs = 2 * split_rows + row_ids[:, None] * HEAD_DIM_V_PADDED + v_dims[None, :]
+        tl.store(partial_ptr + acc_offs, acc, mask=row_valid[:, None])
     else:
         if USE_SINKS:  # the sink joins the denominator once, with no value
             sink = tl.load(sinks_ptr + head, mask=row_valid, other=0.0)
@@ -442,9 +441,7 @@ def paged_attention_kernel(
 
 @triton.jit
 def combine_splits_kernel(
-    partial_m_ptr,  # [NUM_SPLITS, num_tokens, num_q_heads] fp32, running max (unscaled logits) of each split
-    partial_l_ptr,  # [NUM_SPLITS, num_tokens, num_q_heads] fp32, running sum
-    partial_acc_ptr,  # [NUM_SPLITS, num_tokens, num_q_heads, HEAD_DIM_V_PADDED] fp32, unnormalised
+    partial_ptr,  # fp32 workspace: each split's running max (unscaled logits), running sum, unnormalised acc
     out_ptr,  # [num_tokens, num_q_heads, head_dim_v]
     lse_ptr,  # [num_tokens, num_q_heads] fp32, contiguous (written when RETURN_LSE)
     sinks_ptr,  # [num_q_heads] fp32, sink / scale (read when USE_SINKS)
@@ -468,9 +465,10 @@ def combine_splits_kernel(
     row = tl.program_id(0)
     splits = tl.arange(0, NUM_SPLITS)
     dims = tl.arange(0, HEAD_DIM_V_PADDED)
-    m = tl.load(partial_m_ptr + splits * num_rows + row)
-    l_s = tl.load(partial_l_ptr + splits * num_rows + row)
-    acc = tl.load(partial_acc_ptr + (splits * num_rows + row)[:, None] * HEAD_DIM_V_PADDED + dims[None, :])
+    split_rows = NUM_SPLITS * num_rows  # the workspace's layout: _partial_numel
+    m = tl.load(partial_ptr + splits * num_rows + row)
+    l_s = tl.load(partial_ptr + split_rows + splits * num_rows + row)
+    acc = tl.load(partial_ptr + 2 * split_rows + (splits * num_rows + row)[:, None] * HEAD_DIM_V_PADDED + dims[None, :])
     token = row // NUM_Q_HEADS
     head = row % NUM_Q_HEADS
     m_top = tl.max(m, 0)
@@ -544,6 +542,14 @@ def _strides(t: torch.Tensor, copied: bool) -> tuple[int, ...]:
     return contiguous_strides(t.shape) if copied else t.stride()
 
 
+def _partial_numel(splits: int, num_tokens: int, num_q_heads: int, head_dim_v_padded: int) -> int:
+    """Elements of the split path's fp32 workspace, laid out as three arrays one after another:
+    m [splits, num_tokens, num_q_heads], l (the same shape), acc [splits, num_tokens, num_q_heads,
+    head_dim_v_padded]; the kernel stores each split's there and combine_splits_kernel reads them."""
+    rows = splits * num_tokens * num_q_heads
+    return rows * (2 + head_dim_v_padded)
+
+
 class TritonPlan:
     """Everything the launcher decides on the host for one plan key: the tiling, the grids,
     the scalar arguments in signature order, the constexprs, which tensors it copies
@@ -558,8 +564,8 @@ class TritonPlan:
     split: the usual decode), or the general one.
     """
 
-    __slots__ = ("acc_shape", "combine", "copy_k", "copy_out", "copy_q", "copy_v", "dummy", "launch", "main", "noop",
-                 "scale", "split_shape", "tiling")  # fmt: skip
+    __slots__ = ("combine", "copy_k", "copy_out", "copy_q", "copy_v", "dummy", "launch", "main", "noop", "partial_numel",
+                 "scale", "tiling")  # fmt: skip
 
     def __init__(self, call: PagedCall, out: torch.Tensor, lse: torch.Tensor | None, max_q_len, max_seq_len):
         q, k_cache, v_cache = call.q, call.k_cache, call.v_cache
@@ -578,8 +584,7 @@ class TritonPlan:
         interpreted_bf16 = q.device.type != "cuda" and q.dtype == torch.bfloat16
         splits = tiling.NUM_SPLITS
         head_dim_v_padded = max(16, next_pow2(call.head_dim_v))
-        self.split_shape = (splits, num_tokens, call.num_q_heads)
-        self.acc_shape = (*self.split_shape, head_dim_v_padded)
+        self.partial_numel = _partial_numel(splits, num_tokens, call.num_q_heads, head_dim_v_padded)
         self.dummy = torch.empty(1, dtype=torch.float32, device=q.device)  # any unread tensor argument
         self.scale = call.scale
         qk_scale_log2 = call.scale * math.log2(math.e)
@@ -648,7 +653,7 @@ class TritonPlan:
         self.main(
             paged_attention_kernel,
             q, k_cache, v_cache, block_table, seq_lens, seq_lens if query_start_loc is None else query_start_loc, out,
-            unread if lse is None else lse, unread, unread, unread,
+            unread if lse is None else lse, unread,
             unread if sinks is None else sinks / self.scale, unread if alibi_slopes is None else alibi_slopes / self.scale,
             unread if k_scale is None else k_scale, unread if v_scale is None else v_scale,
         )  # fmt: skip
@@ -661,21 +666,18 @@ class TritonPlan:
         v_c = v_cache.contiguous() if self.copy_v else v_cache
         out_c = torch.empty_like(out, memory_format=torch.contiguous_format) if self.copy_out else out
         starts = seq_lens if query_start_loc is None else query_start_loc  # unread when one query per seq
-        if self.combine is not None:
-            partial_m = torch.empty(self.split_shape, dtype=torch.float32, device=q.device)
-            partial_l = torch.empty_like(partial_m)
-            partial_acc = torch.empty(self.acc_shape, dtype=torch.float32, device=q.device)
-        else:  # unused by the kernel
-            partial_m = partial_l = partial_acc = self.dummy
-        sinks_u = partial_m if sinks is None else sinks / self.scale
-        alibi_u = partial_m if alibi_slopes is None else alibi_slopes / self.scale
-        lse_c = partial_m if lse is None else lse  # unwritten without RETURN_LSE
+        # One allocation for the three per-split buffers (a CUDA allocation costs the host a few us).
+        partial = self.dummy if self.combine is None else torch.empty(self.partial_numel, dtype=torch.float32,
+                                                                      device=q.device)  # fmt: skip
+        sinks_u = partial if sinks is None else sinks / self.scale
+        alibi_u = partial if alibi_slopes is None else alibi_slopes / self.scale
+        lse_c = partial if lse is None else lse  # unwritten without RETURN_LSE
         self.main(
             paged_attention_kernel,
-            q_c, k_c, v_c, block_table, seq_lens, starts, out_c, lse_c, partial_m, partial_l, partial_acc, sinks_u,
-            alibi_u, partial_m if k_scale is None else k_scale, partial_m if v_scale is None else v_scale,
+            q_c, k_c, v_c, block_table, seq_lens, starts, out_c, lse_c, partial, sinks_u,
+            alibi_u, partial if k_scale is None else k_scale, partial if v_scale is None else v_scale,
         )  # fmt: skip
         if self.combine is not None:
-            self.combine(combine_splits_kernel, partial_m, partial_l, partial_acc, out_c, lse_c, sinks_u)
+            self.combine(combine_splits_kernel, partial, out_c, lse_c, sinks_u)
         if out_c is not out:
             out.copy_(out_c)
