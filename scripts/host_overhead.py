@@ -1,6 +1,7 @@
 """Host overhead of the Triton kernel's call, launch plans off and on, against SDPA's eager call (issue 10).
 
     python scripts/host_overhead.py                 # on a GPU: decode_32x4k's shape
+    python scripts/host_overhead.py --shape decode_4x16k   # a decode whose KV is split: two launches a call
     python scripts/host_overhead.py --profile       # and cProfile's top 15 of 300 calls, plans off and on
     python scripts/host_overhead.py --dry           # a tiny case on the CPU (the interpreter; tests/test_scripts.py)
     python scripts/host_overhead.py --cpu-hit-path  # no GPU needed: each Python step of a plan hit, in us (below)
@@ -52,6 +53,10 @@ from kernels import launch_plan
 
 DECODE_32X4K = dict(num_q_heads=32, num_kv_heads=8, head_dim=128, block_size=16, seq_lens=[4096] * 32,
                     q_lens=[1] * 32, dtype="bfloat16", layout="shuffled")  # fmt: skip
+SHAPES = {  # --shape: decode_32x4k's (one launch), or a decode whose KV is split (the kernel, then the combine)
+    "decode_32x4k": DECODE_32X4K,
+    "decode_4x16k": {**DECODE_32X4K, "seq_lens": [16384] * 4, "q_lens": [1] * 4},
+}
 TINY = dict(num_q_heads=4, num_kv_heads=2, head_dim=32, block_size=4, seq_lens=[8, 8], q_lens=[1, 1],
             dtype="float32", layout="shuffled")  # fmt: skip
 
@@ -252,6 +257,8 @@ def main(argv: list[str] | None = None) -> int:
         help="no GPU: time each Python step of a plan hit on CPU tensors (a no-op compiled kernel)",
     )
     parser.add_argument("--repeat", type=int, default=15, help="--cpu-hit-path: timeit runs per step (the best kept)")
+    parser.add_argument("--shape", choices=sorted(SHAPES), default="decode_32x4k",
+                        help="the GPU run's shape: decode_4x16k takes the split path (two launches)")  # fmt: skip
     args = parser.parse_args(argv)
     kernels.use_interpreter_if_no_gpu()
     if args.cpu_hit_path:
@@ -264,10 +271,12 @@ def main(argv: list[str] | None = None) -> int:
         parser.error("no CUDA device: pass --dry for the CPU run")
     n = 3 if args.dry else args.calls
     reps = {"min_reps": 2, "max_reps": 2} if args.dry else {}
-    inputs = make_inputs(**(TINY if args.dry else DECODE_32X4K), device=device)
+    spec = TINY if args.dry else SHAPES[args.shape]
+    inputs = make_inputs(**spec, device=device)
     from kernels import triton_paged  # after the interpreter choice
 
-    shape = "tiny (dry)" if args.dry else "decode_32x4k: bf16, 32/8 heads, head_dim 128, block 16, 32 x 4096"
+    lengths = f"{len(spec['seq_lens'])} x {spec['seq_lens'][0]}"
+    shape = "tiny (dry)" if args.dry else f"{args.shape}: bf16, 32/8 heads, head_dim 128, block 16, {lengths}"
     print(f"# host overhead of paged_attention_triton, {shape}, on {device}")
     print(render(measure(inputs, device, n, reps)))
     plans = triton_paged.PLANS
