@@ -14,7 +14,8 @@ and on. Columns, in microseconds per call (medians):
 
     host     the host's time per call with the launch queue not drained: a loop of
              --calls back-to-back calls on the host clock, divided by --calls (the device
-             runs behind; nothing here waits for it unless the queue fills)
+             runs behind; nothing here waits for it unless the queue fills); the fastest
+             of 7 such loops
     eager    what a caller waits for: harness.timing.time_wall (device drained before and after)
     device   the kernel alone: harness.timing.time_call (CUDA-graph replay, L2 flushed)
     SDPA     torch.nn.functional.scaled_dot_product_attention (enable_gqa) on contiguous
@@ -84,18 +85,29 @@ def sdpa_call(inputs):
     return lambda: sdpa(q, k, v, enable_gqa=True)
 
 
-def host_us(fn, n: int, device: str) -> float:
-    """Host time per call with the launch queue not drained: n back-to-back calls on the host clock / n."""
+LOOPS = 7  # host loops per measurement; the fastest is kept
+
+
+def host_us(fn, n: int, device: str, loops: int = LOOPS) -> float:
+    """Host time per call with the launch queue not drained: n back-to-back calls on the host clock / n,
+    the fastest of ``loops`` such loops (the device drained between them).
+
+    The fastest, as timeit reports: a loop can only be slowed by what else the host does.
+    On lent H200 hosts one loop of 300 calls gave SDPA 19-29 us and the kernel 25-46 us
+    within a minute (gpu_results/2026-11-30-h200-2460e45-targets/host_ab.txt), more than
+    the 20 us target's margin."""
     fn()
+    best = float("inf")
+    for _ in range(loops):
+        if device == "cuda":
+            torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        for _ in range(n):
+            fn()
+        best = min(best, time.perf_counter() - t0)
     if device == "cuda":
         torch.cuda.synchronize()
-    t0 = time.perf_counter()
-    for _ in range(n):
-        fn()
-    elapsed = time.perf_counter() - t0
-    if device == "cuda":
-        torch.cuda.synchronize()
-    return elapsed / n * 1e6
+    return best / n * 1e6
 
 
 def profile(fn, n: int, top: int = 15) -> str:
