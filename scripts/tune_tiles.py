@@ -42,7 +42,7 @@ from kernels.tuning import TileConfig, default_config, override
 
 # The grid per query class: (max_rows, max_tokens, tile_n, num_warps, num_stages).
 GRID = {
-    "decode": list(itertools.product([16], [1], [32, 64, 128], [4, 8], [2, 3, 4])),
+    "decode": list(itertools.product([16], [1], [32, 64, 128, 256], [4, 8], [2, 3, 4])),  # 256: head dims <= 64
     "decode_split": list(itertools.product([16], [1], [32, 64, 128], [4, 8], [2, 3, 4])),
     "verify": list(itertools.product([32, 64], [8], [64, 128], [4, 8], [2, 3])),
     "prefill": [(64, 16, *rest) for rest in itertools.product([32, 64, 128], [4, 8], [2, 3, 4])]
@@ -58,11 +58,14 @@ def key_of(case: Case) -> tuple[str, int, str]:
 
 
 def candidates(key: tuple[str, int, str]) -> list[TileConfig]:
-    """The default config first, then the grid's distinct others (head dims past 128 keep tile_n <= 64)."""
+    """The default config first, then the grid's distinct others (head dims past 128 keep tile_n <= 64,
+    past 64 tile_n <= 128)."""
     default = default_config(*key)
     grid = [TileConfig(*point) for point in GRID[key[2]]]
     if key[1] > 128:
         grid = [c for c in grid if c.tile_n <= 64]
+    if key[1] > 64:  # 256-key tiles only where a K tile stays small (head_dim 64: 32 KB of bf16)
+        grid = [c for c in grid if c.tile_n <= 128]
     if key[0] == "fp32":  # 16-row tiles only (see kernels.tuning.default_config)
         grid = list(dict.fromkeys(TileConfig(16, c.max_tokens, c.tile_n, c.num_warps, c.num_stages) for c in grid))
     return [default] + [c for c in grid if c != default]

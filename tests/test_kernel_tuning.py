@@ -63,3 +63,11 @@ def test_a_decode_that_splits_takes_its_own_key(monkeypatch):
     split = choose_tiling(128, 8, 1, 32, 1, 4096)  # 32 programs: split
     assert unsplit.NUM_SPLITS == 1 and unsplit.TILE_N == 128
     assert split.NUM_SPLITS > 1 and tuning.default_config("half", 128, "decode_split").tile_n == split.TILE_N
+
+
+def test_the_tuner_offers_256_key_tiles_to_head_dim_64_only():
+    """kernels.tuning's head_dim 64 decode entry (256-key tiles) is one the tuner can find again on a new GPU."""
+    from scripts.tune_tiles import candidates
+
+    assert tuning.TUNED[("half", 64, "decode")] in candidates(("half", 64, "decode"))
+    assert all(c.tile_n <= 128 for c in candidates(("half", 128, "decode")))
