@@ -6,8 +6,10 @@ Same tiling as ``kernels.triton_paged`` (keys walked TILE_N positions at a time 
 rows ordered token-major then head within the KV head's group), the same base-2 online
 softmax with running max (of the unscaled logits) and sum, the scale applied after
 subtracting the max (fp32; fp16 and bf16 in the kernel's multiply-add form), the same
-fp32 accumulation and the same cast of p to the value dtype before ``p @ v``. A key whose block id is outside the pool (or past the table)
-turns the rows that would see it into NaN, as in the kernel.
+fp32 accumulation and the same cast of p to the value dtype before ``p @ v``. A key whose
+block id is outside the pool (or past the table) turns the rows that would see it into
+NaN; the kernel turns every row of a program that walks it into NaN, the same rows on
+decode and a superset on prefill.
 It is vectorised over sequences, KV heads and query rows; the only Python loop is over
 KV tiles. Tiles past a sequence's end are exact no-ops (alpha = 1, p = 0), so walking
 every sequence to the longest one changes no bit of the result. Where the kernel splits

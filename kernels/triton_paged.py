@@ -53,7 +53,8 @@ The idea, in a few lines:
 * Indices are never trusted with memory: without value checks (see ``kernels._common``)
   a query row past num_tokens is not read or written, and a tile that would read a
   block id outside [0, num_blocks) or a table entry past max_blocks_per_seq loads
-  nothing and turns its rows' output into NaN instead.
+  nothing, and every row of the program that walks it is NaN instead (checked once per
+  program before the tile loops: ``_count_bad_blocks``).
 
 Precision: both dots accumulate in fp32. For fp32 inputs the dots run in IEEE fp32 on
 purpose (Triton's default is TF32, about 1e-3 relative error, which fails the fp32
@@ -387,9 +388,12 @@ def paged_attention_kernel(
     # kernel: 18% of prefill_4x4k's time on an H200). The window masks every tile it touches.
     # A bad table entry among the columns the tiles below read (from kv_start, whole tiles,
     # keys before seq_len) turns every row of the program into NaN, as the contract says.
-    walked_end = tl.minimum(seq_len, kv_start + tl.cdiv(tl.maximum(kv_end - kv_start, 0), TILE_N) * TILE_N)
-    first_col = kv_start // BLOCK_SIZE
-    end_col = tl.where(walked_end > kv_start, tl.cdiv(walked_end, BLOCK_SIZE), first_col)
+    # In int64: a garbage seq_len near 2^31 would wrap the tile-rounded end (and the column count).
+    start_64 = kv_start.to(tl.int64)
+    span = tl.maximum(kv_end.to(tl.int64) - start_64, 0)
+    walked_end = tl.minimum(seq_len.to(tl.int64), start_64 + (span + TILE_N - 1) // TILE_N * TILE_N)
+    first_col = start_64 // BLOCK_SIZE
+    end_col = tl.where(walked_end > start_64, (walked_end + BLOCK_SIZE - 1) // BLOCK_SIZE, first_col)
     bad_blocks = _count_bad_blocks(block_table_ptr, seq, stride_bt_seq, first_col, end_col, num_blocks,
                                    max_blocks_per_seq, 128)  # fmt: skip
     full_end = kv_start

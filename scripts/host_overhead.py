@@ -10,7 +10,7 @@ The shape is decode_32x4k's: bf16, 32 query / 8 KV heads, head_dim 128, blocks o
 sequences of 4096 keys, one query each. Three ways to call it: ``default`` (query_start_loc
 given, no hints), ``no_offsets`` (query_start_loc None) and ``hints_out`` (max_q_len 1,
 max_seq_len 4096, an out buffer), each with the launch plans (kernels/launch_plan.py) off
-and on. Columns, in microseconds per call (medians):
+and on. Columns, in microseconds per call (host: the fastest loop; the others medians):
 
     host     the host's time per call with the launch queue not drained: a loop of
              --calls back-to-back calls on the host clock, divided by --calls (the device
@@ -270,7 +270,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--repeat", type=int, default=15, help="--cpu-hit-path: timeit runs per step (the best kept)")
     parser.add_argument("--shape", choices=sorted(SHAPES), default="decode_32x4k",
-                        help="the GPU run's shape: decode_4x16k takes the split path (two launches)")  # fmt: skip
+                        help="the GPU run's shape: decode_4x16k takes the split path (two launches); --dry keeps its tiny one")  # fmt: skip
     args = parser.parse_args(argv)
     kernels.use_interpreter_if_no_gpu()
     if args.cpu_hit_path:
