@@ -122,6 +122,28 @@ def test_a_25pct_slowdown_is_flagged_on_every_row_even_when_processes_differ_by_
     assert max(rounds) > 8  # the noisier rows needed more than the first look
 
 
+def _interval_past_the_effect(test: stats.LatencyTest, *, min_effect: float) -> stats.Verdict:
+    """The paired rule before asv's: slower only when the whole interval is above ``1 + min_effect``."""
+    up, down = 1 + min_effect, 1 - min_effect
+    if not np.isfinite(test.ci_high):
+        return stats.Verdict("cannot tell", "too few rounds", "samples")
+    if test.ci_low > up or test.ci_high < down:
+        return stats.Verdict("slower" if test.ci_low > up else "faster", "", "samples")
+    return stats.Verdict("same" if down <= test.ci_low and test.ci_high <= up else "cannot tell", "", "samples")
+
+
+def test_noisy_rows_like_the_long_ones_keep_false_slower_under_1_in_100_and_a_planted_25pct_is_flagged_more(
+    monkeypatch,
+):
+    """Round ratios spread 0.17 (log sd), as the 5 ms rows' did under load (harness/confirm.py's docstring, 3)."""
+    unchanged, _ = _simulate([1.0] * 1000, seed=9, process=0.12)
+    assert unchanged.count("slower") <= 10 and unchanged.count("faster") <= 10, unchanged.count("slower")  # 5 and 6
+    planted, _ = _simulate([1.25] * 200, seed=8, process=0.12)
+    monkeypatch.setattr(stats, "decide_paired", _interval_past_the_effect)
+    planted_before, _ = _simulate([1.25] * 200, seed=8, process=0.12)
+    assert planted.count("slower") == 200 and planted_before.count("slower") <= 190, planted_before.count("slower")
+
+
 def _boxed(
     rows: list[tuple[float, float, float]], time_s: float, seed: int, overhead: float = 3.0,
     rounds: int = confirm.DEFAULT_ROUNDS,
@@ -199,17 +221,17 @@ def test_the_box_goes_to_an_undecided_cheap_row_not_to_interpreter_rows_that_can
     false_slower = sum(v == "slower" for verdicts, _, _ in runs for i, v in enumerate(verdicts) if i != 7)
     assert false_slower <= 0.01 * 57 * len(runs), false_slower  # at most 1 in 100 unchanged rows
     assert sum(verdicts[7] == "slower" for verdicts, _, _ in runs) == 60  # at its first look, mostly
-    # a noisier planted row (round ratios spread 0.2), which needs the rounds the box plans for it
-    hard = [*SMOKE_LIKE[:7], (1.25, 0.14, 3.0), *SMOKE_LIKE[8:]]
+    # a noisier planted row (round ratios spread 0.28), which needs the rounds the box plans for it
+    hard = [*SMOKE_LIKE[:7], (1.25, 0.2, 3.0), *SMOKE_LIKE[8:]]
     flagged = sum(verdicts[7] == "slower" for verdicts, _, _ in (_boxed(hard, 600.0, seed) for seed in range(60)))
     # the rule before: every open row went on to the next look until a look found the box spent
     monkeypatch.setattr(
         confirm, "within_box", lambda cost, overhead, horizons, left_s: dict.fromkeys(cost, 4) if left_s > 0 else {}
     )
     before = [_boxed(hard, time_s=600.0, seed=seed) for seed in range(60)]
-    assert max(seconds for _, _, seconds in before) > 600.0  # it overran the box: round 13 at 694 s
+    assert max(seconds for _, _, seconds in before) > 600.0  # it overran the box: 760 s
     flagged_before = sum(verdicts[7] == "slower" for verdicts, _, _ in before)
-    assert flagged >= 30 and flagged_before <= flagged - 10, (flagged, flagged_before)  # 36 and 18
+    assert flagged >= 40 and flagged_before <= flagged - 10, (flagged, flagged_before)  # 47 and 30
 
 
 def test_the_looks_say_how_many_rows_were_decided_and_how_many_the_box_left_undecided():
