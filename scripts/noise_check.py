@@ -135,6 +135,9 @@ def _counts(rows, slowed: str | None) -> dict:
                 f"{r.case}: {r.verdict} ({r.verdict_reason})"
                 for r in target[target["verdict"] != "slower"].itertuples()
             ],
+            planted_flagged_rows=[
+                f"{r.case}: {r.verdict_reason}" for r in target[target["verdict"] == "slower"].itertuples()
+            ],
         )
     return out
 
