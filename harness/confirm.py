@@ -73,8 +73,9 @@ Confirm mode does that, in the manner of ``asv continuous``:
    ``LOOK_EVERY`` rounds up to ``rounds``; a row whose verdict is decided (slower, faster,
    same) stops being re-timed, the rest go on until ``rounds`` or the time box
    ``time_s``. Each look's interval is at confidence ``1 - alpha / looks`` (``looks`` =
-   the looks the schedule allows), so looking several times cannot raise the chance of a
-   wrong "slower" above alpha / 2 per row, whatever made a row stop. By default 32
+   the looks the schedule allows), so looking several times cannot raise the chance that
+   an unchanged row's interval excludes 1 (its "slower" also needs the estimate past the
+   effect) above alpha / 2 per row, whatever made a row stop. By default 32
    rounds at most, looks after 9, 13, ... 29 and 32 (7 looks, confidence 1 - 0.05 / 7);
 7. **the box goes where it is needed**: after round 1 the rows whose rounds to the first
    look (``MIN_ROUNDS``) fit in ``FIRST_LOOK_SHARE`` (two thirds) of the box go on,
@@ -384,7 +385,7 @@ def rounds_to_decide(test: stats.LatencyTest, min_effect: float) -> float:
     """About how many rounds in all this row needs: when its interval would decide it.
 
     The interval's half-width on the log scale shrinks about as 1 / sqrt(rounds) (from 9
-    rounds, where the 99% interval is the whole range of the pairs, faster). A centre past
+    rounds, where the 99.3% interval is the whole range of the pairs, faster). A centre past
     ``1 + min_effect`` (below ``1 - min_effect``) is decided once the interval is narrower
     than the distance from its centre to 1 (:func:`harness.stats.decide_paired`: slower
     when the interval excludes 1 and the estimate is past the effect); a centre inside
