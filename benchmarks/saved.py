@@ -20,7 +20,8 @@ without samples falls back to quartiles, marked weak. With ``--confirm`` (what n
 ``--confirm unclear`` or ``slower`` for fewer) every benchmark is then re-timed as
 ``compare --confirm all`` does: the baseline's commit (checked out in a git worktree)
 and this checkout alternating in paired rounds of fresh processes, each benchmark until
-its paired interval decides it (:mod:`harness.confirm`): two saved runs minutes apart on
+its paired verdict is decided (:mod:`harness.confirm`, judged by
+:func:`harness.stats.decide_paired` as ``compare --confirm`` judges): two saved runs minutes apart on
 a busy machine drift by more than any effect worth flagging, in either direction, so a
 plain verdict of "same" is no safer than one of "slower". Exit 1 with a
 one-line-per-benchmark summary when any benchmark is slower.

@@ -142,9 +142,9 @@ def build_parser() -> argparse.ArgumentParser:
                          help="re-time rows judged slower (and, by default, 'cannot tell'; or all), alternating both "
                          "commits' builds (git worktrees) row by row, before the verdict")  # fmt: skip
     compare.add_argument(
-        "--confirm-rounds", type=int, default=24,
-        help="most paired rounds (fresh process pairs) a row gets under --confirm; rows are judged after 8, 12, ... "
-        "and stop once decided (24; at least 8)",
+        "--confirm-rounds", type=int, default=32,
+        help="most paired rounds (fresh process pairs) a row gets under --confirm; rows are judged after 9, 13, ... "
+        "and stop once decided (32; at least 9)",
     )  # fmt: skip
     compare.add_argument(
         "--confirm-time", type=float, default=900.0, metavar="SECONDS",

@@ -65,14 +65,18 @@ Confirm mode does that, in the manner of ``asv continuous``:
    same second, step by step, so a load change that hits the whole round cancels (an
    unpaired test of the two sets of round medians sees it as noise, and called a real
    25% slowdown "cannot tell" on 2 of 5 cases here). The verdict is
-   :func:`harness.stats.decide_paired`: the exact signed-rank interval of the paired
-   ratio, past the minimum effect or inside it;
+   :func:`harness.stats.decide_paired`, asv's rule: slower (faster) when the exact
+   signed-rank interval of the paired ratio excludes 1 and the estimate is past the
+   minimum effect, same when the interval lies inside the effect (why paired rounds may
+   judge significance and size apart: harness/stats.py's docstring);
 6. **sequential**: the rows are looked at after ``MIN_ROUNDS`` rounds and then every
    ``LOOK_EVERY`` rounds up to ``rounds``; a row whose verdict is decided (slower, faster,
    same) stops being re-timed, the rest go on until ``rounds`` or the time box
    ``time_s``. Each look's interval is at confidence ``1 - alpha / looks`` (``looks`` =
-   the looks the schedule allows), so looking several times cannot raise the chance of a
-   wrong "slower" above alpha / 2 per row, whatever made a row stop;
+   the looks the schedule allows), so looking several times cannot raise the chance that
+   an unchanged row's interval excludes 1 (its "slower" also needs the estimate past the
+   effect) above alpha / 2 per row, whatever made a row stop. By default 32
+   rounds at most, looks after 9, 13, ... 29 and 32 (7 looks, confidence 1 - 0.05 / 7);
 7. **the box goes where it is needed**: after round 1 the rows whose rounds to the first
    look (``MIN_ROUNDS``) fit in ``FIRST_LOOK_SHARE`` (two thirds) of the box go on,
    cheapest first, so a third at least is left for the rows the first look leaves open.
@@ -209,15 +213,20 @@ STEP_S = 0.005  # one alternating step: about this much of one build's calls, on
 ROUND_S = 0.8  # timed calls per build per row and round, about
 MAX_STEPS = 24  # alternating steps per build per row and round, at most
 PIN_LONG = True  # rows of one call a step: both builds' workers on one CPU (module docstring, 3)
-MIN_ROUNDS = 8  # the first look: fewer rounds cannot exclude anything at confidence 1 - 0.05 / 5
+MIN_ROUNDS = 9  # the first look: with 7 looks (9, 13, ... 29, 32) fewer rounds cannot exclude anything at 1 - 0.05 / 7
 LOOK_EVERY = 4
-DEFAULT_ROUNDS = 24
+DEFAULT_ROUNDS = 32
 DEFAULT_TIME_S = 900.0
 FIRST_LOOK_SHARE = 2 / 3  # of the time box, at most, for the first look's rounds (module docstring, 7)
 
 
 def look_schedule(rounds: int) -> list[int]:
-    """The round counts after which rows are judged: 8, 12, 16, ... up to ``rounds`` (its last look)."""
+    """The round counts after which rows are judged: 9, 13, 17, ... up to ``rounds`` (its last look).
+
+    With the default 32 rounds: 9, 13, 17, 21, 25, 29, 32, seven looks, each at confidence
+    1 - 0.05 / 7; 8 rounds could not exclude anything at that confidence (the signed-rank
+    sum of 8 pairs reaches its extreme with chance 1/256 = 0.0039 > 0.05 / 14).
+    """
     if rounds < MIN_ROUNDS:
         raise ValueError(f"--confirm-rounds {rounds}: at least {MIN_ROUNDS} rounds are needed for a verdict")
     looks = list(range(MIN_ROUNDS, rounds + 1, LOOK_EVERY))
@@ -373,20 +382,22 @@ def sequential_rounds(
 
 
 def rounds_to_decide(test: stats.LatencyTest, min_effect: float) -> float:
-    """About how many rounds in all this row needs: when its interval would clear the nearest bound.
+    """About how many rounds in all this row needs: when its interval would decide it.
 
-    The interval's half-width on the log scale shrinks about as 1 / sqrt(rounds) (from 8
-    rounds, where the 99% interval is the whole range of the pairs, faster); the row is
-    decided once it is narrower than the distance from its centre to the nearest bound it
-    can clear (above ``1 + min_effect``, below ``1 - min_effect``, or inside both). A
-    centre on a bound gives infinity. A guess to order the rows by, never a verdict.
+    The interval's half-width on the log scale shrinks about as 1 / sqrt(rounds) (from 9
+    rounds, where the 99.3% interval is the whole range of the pairs, faster). A centre past
+    ``1 + min_effect`` (below ``1 - min_effect``) is decided once the interval is narrower
+    than the distance from its centre to 1 (:func:`harness.stats.decide_paired`: slower
+    when the interval excludes 1 and the estimate is past the effect); a centre inside
+    the effect once the interval fits inside it. A centre on a bound gives infinity. A
+    guess to order the rows by, never a verdict.
     """
     if not (test.n_base and np.isfinite(test.ci_high) and test.ci_low > 0):
         return math.inf
     low, high = math.log(test.ci_low), math.log(test.ci_high)
     centre, half = (low + high) / 2, (high - low) / 2
     up, down = math.log1p(min_effect), math.log1p(-min_effect)
-    margin = max(centre - up, down - centre, min(up - centre, centre - down))
+    margin = max(centre if centre > up else 0.0, -centre if centre < down else 0.0, min(up - centre, centre - down))
     return test.n_base * (half / margin) ** 2 if margin > 0 else math.inf
 
 

@@ -135,13 +135,16 @@ def _counts(rows, slowed: str | None) -> dict:
                 f"{r.case}: {r.verdict} ({r.verdict_reason})"
                 for r in target[target["verdict"] != "slower"].itertuples()
             ],
+            planted_flagged_rows=[
+                f"{r.case}: {r.verdict_reason}" for r in target[target["verdict"] == "slower"].itertuples()
+            ],
         )
     return out
 
 
 def tally(
     base: Path, new: Path, slowed: str | None, slowdown: float, threads: int, which: str = "all",
-    rounds: int = 24, time_s: float = 900.0,
+    rounds: int = 32, time_s: float = 900.0,
 ) -> dict:  # fmt: skip
     """Plain compare of two runs, then (unless ``which`` is "none") the same with --confirm in this checkout."""
     from harness.compare import CompareOptions, compare_runs
@@ -192,7 +195,7 @@ def main() -> int:
         choices=["none", "slower", "unclear", "all"],
         help="which rows --confirm re-times (all; --gpu: none)",
     )
-    parser.add_argument("--confirm-rounds", type=int, default=24, help="most paired rounds per row (24)")
+    parser.add_argument("--confirm-rounds", type=int, default=32, help="most paired rounds per row (32)")
     parser.add_argument("--confirm-time", type=float, default=900.0, help="confirm's time box per comparison, s (900)")
     parser.add_argument("--reuse", nargs=3, type=Path, metavar=("A", "B", "C"), help="compare three existing runs")
     args = parser.parse_args()

@@ -45,14 +45,14 @@ def test_confirm_keeps_a_real_slowdown_and_clears_one_that_interleaved_timing_do
     assert (comparison.rows["verdict"] == "slower").all() and comparison.exit_code == EXIT_WORSE
     envs = ({"HARNESS_SLOWDOWN": "0"}, {"HARNESS_SLOWDOWN": "8"})  # only reference_slowable is slower in "new"
     confirmed = confirm_slower(
-        comparison, meta, meta, CompareOptions(), rounds=8, checkouts=(ROOT, ROOT), envs=envs, log=lambda _: None
+        comparison, meta, meta, CompareOptions(), rounds=9, checkouts=(ROOT, ROOT), envs=envs, log=lambda _: None
     )
     rows = confirmed.rows.set_index("backend")
     assert (rows["evidence"] == "confirmed, interleaved").all()
     assert rows.loc["reference_slowable", "verdict"] == "slower", rows.loc["reference_slowable", "verdict_reason"]
     assert rows.loc["reference", "verdict"] != "slower", rows.loc["reference", "verdict_reason"]
     assert confirmed.exit_code == EXIT_WORSE and list(confirmed.regressions["backend"]) == ["reference_slowable"]
-    assert "interleaved re-run, 8 paired rounds" in confirmed.regressions["why"][0]
+    assert "interleaved re-run, 9 paired rounds" in confirmed.regressions["why"][0]
 
 
 def test_confirm_without_commits_changes_nothing_and_says_why(tmp_path):

@@ -20,12 +20,38 @@ def _rounds(rng, n: int, slowdown: float, load: float = 0.4, process: float = 0.
 
 
 def test_a_round_to_round_load_swing_hides_25pct_from_the_unpaired_test_but_not_from_the_paired_one():
-    base, new = _rounds(np.random.default_rng(0), 8, 1.25)
+    base, new = _rounds(np.random.default_rng(0), 9, 1.25)
     unpaired = stats.compare_samples(base, new)
     assert stats.decide(unpaired, unpaired.p_value, min_effect=0.1).verdict == "cannot tell"
-    paired = stats.paired_ratio(base, new, looks=5)
+    paired = stats.paired_ratio(base, new, looks=7)
     assert stats.decide_paired(paired, min_effect=0.1).verdict == "slower", paired
     assert 1.15 < paired.ratio < 1.35
+
+
+@pytest.mark.parametrize(
+    ("ratio", "ci", "verdict", "reason"),
+    [
+        (1.06, (1.01, 1.12), "cannot tell", "significant, but the estimate +6% is under the +10% minimum effect"),
+        (1.11, (1.01, 1.48), "slower", "above 1, estimate +11% past +10%"),  # the rule before: cannot tell
+        (1.25, (1.011, 1.476), "slower", "above 1, estimate +25% past +10%"),  # the planted long row at 24 rounds
+        (1.10, (1.01, 1.30), "cannot tell", "significant, but the estimate +10% is under"),  # not past: equal
+        (1.24, (0.989, 1.468), "cannot tell", "too noisy: paired ratio CI 0.989-1.468 straddles 1 (estimate +24%)"),
+        (0.85, (0.70, 0.99), "faster", "below 1, estimate -15% past -10%"),
+        (0.95, (0.85, 0.99), "cannot tell", "significant, but the estimate -5% is under the -10% minimum effect"),
+        (0.80, (0.60, 1.02), "cannot tell", "too noisy"),
+        (1.05, (1.02, 1.09), "same", "inside ±10%"),  # significant and small: same, as before
+        (1.00, (0.91, 1.09), "same", "inside ±10%"),
+    ],
+)
+def test_paired_slower_needs_the_interval_above_1_and_the_estimate_past_the_effect(ratio, ci, verdict, reason):
+    v = stats.decide_paired(stats.LatencyTest(ratio, *ci, 0.01, 24, 24), min_effect=0.1)
+    assert (v.verdict, reason in v.reason) == (verdict, True), v.reason
+
+
+def test_the_unpaired_rule_still_asks_the_interval_to_clear_the_effect():
+    test = stats.LatencyTest(1.25, 1.011, 1.476, 1e-6, 24, 24)
+    assert stats.decide(test, 1e-6, min_effect=0.1).verdict == "cannot tell"
+    assert stats.decide_paired(test, min_effect=0.1).verdict == "slower"
 
 
 def test_the_signed_rank_p_value_is_scipys_exact_one():
@@ -42,18 +68,23 @@ def test_the_interval_has_its_stated_coverage_and_is_unbounded_with_too_few_roun
         for t in (stats.paired_ratio(*_rounds(rng, 12, 1.0, process=0.1)) for _ in range(1000))
     )
     assert misses <= 70, f"95% interval missed the true ratio {misses} times in 1000"
-    few = stats.paired_ratio([100] * 5, [130] * 5, looks=5)
+    few = stats.paired_ratio([100] * 8, [130] * 8, looks=7)  # 1/256 > 0.05 / 14: 8 rounds exclude nothing
     assert few.ci_high == np.inf
     assert "too few rounds" in stats.decide_paired(few, min_effect=0.1).reason
 
 
-def test_looks_come_after_8_rounds_then_every_4_and_fewer_than_8_rounds_is_refused():
-    assert look_schedule(24) == [8, 12, 16, 20, 24] and look_schedule(8) == [8] and look_schedule(14) == [8, 12, 14]
-    with pytest.raises(ValueError, match="at least 8"):
-        look_schedule(6)
+def test_looks_come_after_9_rounds_then_every_4_up_to_32_and_fewer_than_9_rounds_is_refused():
+    assert look_schedule(confirm.DEFAULT_ROUNDS) == [9, 13, 17, 21, 25, 29, 32]
+    assert look_schedule(9) == [9] and look_schedule(14) == [9, 13, 14]
+    with pytest.raises(ValueError, match="at least 9"):
+        look_schedule(8)
+    looks = len(
+        look_schedule(confirm.DEFAULT_ROUNDS)
+    )  # 7 looks, each at 1 - 0.05 / 7: the first must be able to decide
+    assert stats.paired_ratio([100] * 9, [130] * 9, looks=looks).ci_low > 1.0
 
 
-def _simulate(slowdowns: list[float], seed: int, process: float = 0.05, rounds: int = 24):
+def _simulate(slowdowns: list[float], seed: int, process: float = 0.05, rounds: int = confirm.DEFAULT_ROUNDS):
     """The real sequential procedure on simulated rows; returns (verdicts, rounds each row got)."""
     rng = np.random.default_rng(seed)
     index = {i: (f"case{i}", "b") for i in range(len(slowdowns))}
@@ -75,12 +106,14 @@ def _simulate(slowdowns: list[float], seed: int, process: float = 0.05, rounds: 
 def test_sequential_looks_give_no_false_slower_in_a_thousand_unchanged_rows_and_stop_early():
     verdicts, rounds = _simulate([1.0] * 1000, seed=3)
     assert verdicts.count("slower") <= 10, "more than 1 false alarm in 100 rows"
-    assert verdicts.count("same") >= 950 and np.median(rounds) <= 12
+    assert verdicts.count("same") >= 950 and np.median(rounds) <= 13
 
 
-def test_a_row_exactly_at_the_effect_is_called_slower_at_most_alpha_over_two_of_the_time():
-    verdicts, _ = _simulate([1.10] * 1000, seed=4)
-    assert verdicts.count("slower") <= 40  # alpha / 2 = 2.5% over all looks, plus simulation noise
+def test_the_effect_is_a_threshold_on_the_estimate_so_a_row_at_it_is_mostly_slower_and_one_at_half_of_it_rarely():
+    at_effect, _ = _simulate([1.10] * 1000, seed=4)
+    assert 600 <= at_effect.count("slower") <= 850  # 722: once an estimate past +10% with 1 excluded stops the row
+    half, _ = _simulate([1.05] * 1000, seed=4)
+    assert half.count("slower") <= 40 and half.count("same") >= 700  # 26 and 799
 
 
 def test_a_25pct_slowdown_is_flagged_on_every_row_even_when_processes_differ_by_7pct():
@@ -89,8 +122,31 @@ def test_a_25pct_slowdown_is_flagged_on_every_row_even_when_processes_differ_by_
     assert max(rounds) > 8  # the noisier rows needed more than the first look
 
 
+def _interval_past_the_effect(test: stats.LatencyTest, *, min_effect: float) -> stats.Verdict:
+    """The paired rule before asv's: slower only when the whole interval is above ``1 + min_effect``."""
+    up, down = 1 + min_effect, 1 - min_effect
+    if not np.isfinite(test.ci_high):
+        return stats.Verdict("cannot tell", "too few rounds", "samples")
+    if test.ci_low > up or test.ci_high < down:
+        return stats.Verdict("slower" if test.ci_low > up else "faster", "", "samples")
+    return stats.Verdict("same" if down <= test.ci_low and test.ci_high <= up else "cannot tell", "", "samples")
+
+
+def test_noisy_rows_like_the_long_ones_keep_false_slower_under_1_in_100_and_a_planted_25pct_is_flagged_more(
+    monkeypatch,
+):
+    """Round ratios spread 0.17 (log sd), as the 5 ms rows' did under load (harness/confirm.py's docstring, 3)."""
+    unchanged, _ = _simulate([1.0] * 1000, seed=9, process=0.12)
+    assert unchanged.count("slower") <= 10 and unchanged.count("faster") <= 10, unchanged.count("slower")  # 5 and 6
+    planted, _ = _simulate([1.25] * 200, seed=8, process=0.12)
+    monkeypatch.setattr(stats, "decide_paired", _interval_past_the_effect)
+    planted_before, _ = _simulate([1.25] * 200, seed=8, process=0.12)
+    assert planted.count("slower") == 200 and planted_before.count("slower") <= 190, planted_before.count("slower")
+
+
 def _boxed(
-    rows: list[tuple[float, float, float]], time_s: float, seed: int, overhead: float = 3.0, rounds: int = 24,
+    rows: list[tuple[float, float, float]], time_s: float, seed: int, overhead: float = 3.0,
+    rounds: int = confirm.DEFAULT_ROUNDS,
     log=lambda _: None,
 ):  # fmt: skip
     """The real sequential procedure against a simulated clock; rows are (slowdown, round noise, seconds a round).
@@ -133,9 +189,9 @@ def test_within_box_plans_the_cheapest_decisions_first_then_the_next_look_of_the
 @pytest.mark.parametrize(
     ("ci", "rounds", "need"),
     [
-        ((1.05, 1.45), 8, 15.8),  # a slowdown whose interval needs to lose its lower 4.8%: 16 rounds
+        ((1.05, 1.45), 8, 4.7),  # centre past +10%: decided once the interval excludes 1, as it does already
         ((0.93, 1.08), 8, 5.2),  # nearly "same": the next look should do
-        ((0.88, 1.70), 12, 115.6),  # the planted long row of an earlier smoke check: past 24 rounds
+        ((0.88, 1.70), 12, 32.1),  # the planted long row of an earlier smoke check: the last look
     ],
 )
 def test_rounds_to_decide_grows_as_the_square_of_the_interval_over_its_margin(ci, rounds, need):
@@ -150,8 +206,9 @@ def test_rounds_to_decide_is_infinite_when_the_centre_sits_on_a_bound_or_nothing
 SMOKE_LIKE = [(1.0, 1.0, 5.0)] * 7 + [(1.25, 0.1, 3.0)] + [(1.0, 0.02, 0.5)] * 50
 """The smoke confirm's shape: 7 interpreter rows of 5 s a round too noisy to decide, one 3 s
 row slowed 25% whose round ratios spread 0.14 (log sd; 0.09-0.18 measured alone), 50 easy
-0.5 s rows; 3 s a round to start the workers: a round of every row takes 66 s, so the 8
-rounds of the first look would take 528 s of a 600 s box (529 s and 576 s measured)."""
+0.5 s rows; 3 s a round to start the workers: a round of every row takes 66 s, so the 9
+rounds of the first look would take 594 s of a 600 s box (8 rounds took 529 s and 576 s
+measured)."""
 
 
 def test_the_box_goes_to_an_undecided_cheap_row_not_to_interpreter_rows_that_cannot_be_decided(monkeypatch):
@@ -159,26 +216,29 @@ def test_the_box_goes_to_an_undecided_cheap_row_not_to_interpreter_rows_that_can
     for verdicts, rounds, seconds in runs:
         assert seconds <= 600.0, seconds  # no look starts rounds that would overrun the box
         assert verdicts[7] == "slower" or rounds[7] >= 16, rounds[:8]  # it, not the interpreter rows, got the box
-        assert rounds[:7].count(1) == 4  # the first look's rounds of 4 interpreter rows did not fit 2/3 of the box
+        assert rounds[:7].count(1) == 5  # the first look's rounds of 5 interpreter rows did not fit 2/3 of the box
         assert verdicts[8:].count("same") == 50
     false_slower = sum(v == "slower" for verdicts, _, _ in runs for i, v in enumerate(verdicts) if i != 7)
     assert false_slower <= 0.01 * 57 * len(runs), false_slower  # at most 1 in 100 unchanged rows
-    flagged = sum(verdicts[7] == "slower" for verdicts, _, _ in runs)
+    assert sum(verdicts[7] == "slower" for verdicts, _, _ in runs) == 60  # at its first look, mostly
+    # a noisier planted row (round ratios spread 0.28), which needs the rounds the box plans for it
+    hard = [*SMOKE_LIKE[:7], (1.25, 0.2, 3.0), *SMOKE_LIKE[8:]]
+    flagged = sum(verdicts[7] == "slower" for verdicts, _, _ in (_boxed(hard, 600.0, seed) for seed in range(60)))
     # the rule before: every open row went on to the next look until a look found the box spent
     monkeypatch.setattr(
         confirm, "within_box", lambda cost, overhead, horizons, left_s: dict.fromkeys(cost, 4) if left_s > 0 else {}
     )
-    before = [_boxed(SMOKE_LIKE, time_s=600.0, seed=seed) for seed in range(60)]
-    assert max(seconds for _, _, seconds in before) > 600.0  # it overran the box: round 12 at 694 s
+    before = [_boxed(hard, time_s=600.0, seed=seed) for seed in range(60)]
+    assert max(seconds for _, _, seconds in before) > 600.0  # it overran the box: 760 s
     flagged_before = sum(verdicts[7] == "slower" for verdicts, _, _ in before)
-    assert flagged >= 50 and flagged_before <= flagged - 8, (flagged, flagged_before)
+    assert flagged >= 40 and flagged_before <= flagged - 10, (flagged, flagged_before)  # 47 and 30
 
 
 def test_the_looks_say_how_many_rows_were_decided_and_how_many_the_box_left_undecided():
     said = []
     _boxed(SMOKE_LIKE, time_s=600.0, seed=0, log=said.append)
-    assert said[0].startswith("confirm: round 1: 4 row(s) left undecided, the costliest"), said[0]
-    assert said[1] == "confirm: look at round 8: 50 decided, 4 open, 388 s"  # 4 interpreter rows left at round 1
+    assert said[0].startswith("confirm: round 1: 5 row(s) left undecided, the costliest"), said[0]
+    assert said[1] == "confirm: look at round 9: 50 decided, 3 open, 394 s"  # 5 interpreter rows left at round 1
 
 
 def test_a_tight_box_gives_no_false_slower_in_a_thousand_unchanged_rows_and_its_rounds_to_the_cheap_ones():
@@ -254,9 +314,12 @@ def _simulate_busy(slowdowns: list[float], seed: int, alternating: bool = True, 
                 pooled[key][side].append(observed[side])
 
     pooled = sequential_rounds(
-        index, dict.fromkeys(index, 0.1), time_round, alpha=0.05, rounds=24, time_s=1e9, log=lambda _: None
-    )
-    tests = [stats.paired_ratio(*pooled[key], looks=len(look_schedule(24))) for key in index.values()]
+        index, dict.fromkeys(index, 0.1), time_round, alpha=0.05, rounds=confirm.DEFAULT_ROUNDS, time_s=1e9,
+        log=lambda _: None,
+    )  # fmt: skip
+    tests = [
+        stats.paired_ratio(*pooled[key], looks=len(look_schedule(confirm.DEFAULT_ROUNDS))) for key in index.values()
+    ]
     verdicts = [stats.decide_paired(t, min_effect=0.1).verdict for t in tests]
     return {v: verdicts.count(v) for v in stats.VERDICTS}, plans
 
@@ -266,7 +329,7 @@ def test_alternating_20ms_calls_one_by_one_flags_a_25pct_slowdown_that_blocks_of
     assert alternating["slower"] == 40, alternating
     assert {reps for _, reps in plans} == {1} and np.median([steps for steps, _ in plans]) >= 12
     blocks, _ = _simulate_busy([1.25] * 40, seed=3, alternating=False)
-    assert blocks["slower"] <= 20, blocks
+    assert blocks["slower"] <= 30, blocks  # 22
 
 
 def test_alternating_rounds_call_nothing_slower_on_a_busy_box_when_nothing_changed():
