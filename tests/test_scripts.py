@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -23,7 +24,7 @@ def test_every_script_is_exercised_here():
     exercised = {"peer_table.py", "measure_tlsim_closeness.py", "gpu_run.sh", "noise_check.py", "slowdown_plugin.py"}
     exercised |= {"tune_tiles.py", "kernel_targets.py", "gpu_scale.sh", "host_overhead.py", "gpu_evidence.sh"}
     exercised |= {"gpu_wheels.sh"}
-    exercised |= {"case_setup_cost.py"}
+    exercised |= {"case_setup_cost.py", "kernel_ab.py"}
     assert {p.name for p in (ROOT / "scripts").iterdir() if p.is_file()} <= exercised, (
         "a new script needs a dry run here"
     )
@@ -147,3 +148,34 @@ def test_the_slowdown_plugin_runs_as_a_plugin_and_passes(tmp_path):
         "--out", str(tmp_path / "run"), "--no-timing", "--no-progress",
     )  # fmt: skip
     assert done.returncode == 0, done.stderr
+
+
+def test_kernel_ab_times_head_against_the_tree_and_leaves_no_module_behind(tmp_path):
+    done = run_script("scripts/kernel_ab.py", "--dry", "--out", str(tmp_path / "ab.json"))
+    assert done.returncode in (0, 1), done.stderr
+    assert "| case | base us | new us | new / base | paired CI | verdict |" in done.stdout
+    (record,) = json.loads((tmp_path / "ab.json").read_text())["records"]
+    assert record["verdict"] in {"slower", "faster", "same", "cannot tell"}
+    assert len(record["samples"]["base"]) == len(record["samples"]["new"]) == 9
+    assert not list((ROOT / "kernels").glob("_ab_*.py"))
+
+
+def test_kernel_ab_reports_a_kernel_whose_output_differs():
+    """A new kernel that answers differently is never timed: the row says so (and the script exits 1)."""
+    import types
+
+    import kernels
+    from harness.cases import load_case_file
+    from harness.suite_files import resolve_case_arg
+    from scripts.kernel_ab import time_case
+
+    case = min((c for c in load_case_file(resolve_case_arg("smoke")) if c.wants("triton") and not c.options),
+               key=lambda c: sum(c.seq_lens))  # fmt: skip
+    wrong = types.SimpleNamespace(paged_attention_triton=lambda *a, **k: kernels.paged_attention_tlsim(*a, **k) + 1)
+    base = types.SimpleNamespace(paged_attention_triton=kernels.paged_attention_tlsim)
+    saved = kernels.paged_attention_triton
+    try:
+        record = time_case(case, {"base": base, "new": wrong}, "cpu", 9, {"min_reps": 1, "max_reps": 1})
+    finally:
+        kernels.paged_attention_triton = saved
+    assert record["verdict"] == "output differs" and "ratio" not in record

@@ -1,0 +1,144 @@
+"""The Triton kernel at a base revision against the working tree's, timed side by side in one process.
+
+    python scripts/kernel_ab.py [SUITE ...] [--base REV] [--case PATTERN] [--rounds 9] [--out ab.json]
+    python scripts/kernel_ab.py --dry          # CPU: one tiny case under the interpreter (CI)
+
+Before merging a kernel change, the question is "is this kernel faster or slower than the one
+it replaces, here, on these shapes". Two runs and a ``compare`` answer it across processes
+(and, on lent machines, across hosts); this script answers it in one process on one GPU:
+``kernels/triton_paged.py`` as of ``--base`` (``git show REV:kernels/triton_paged.py``) and as
+in the working tree are each written to a module of their own (``kernels/_ab_base.py``,
+``kernels/_ab_new.py``, removed at the end) and imported, so each has its own compiled
+kernels and launch plans; the registry's ``triton`` backend is pointed at one, then the
+other, and timed exactly as ``harness run`` times it (``harness.timing.time_call``: graph
+replay, L2 flushed). Every case gets ``--rounds`` rounds, base and new alternating (the first
+of each round alternating too), and is judged by the rule of ``compare --confirm``
+(:func:`harness.stats.paired_ratio` and :func:`harness.stats.decide_paired`: slower when the
+paired interval excludes 1 and the estimate passes the minimum effect, 3% on CUDA).
+
+Only the kernel file is swapped: the tiling, the tuned table and the contract checks
+(``kernels/_common.py``, ``kernels/tuning.py``) are the working tree's for both sides. The new
+side's output must match the base's within the case's tolerance, or the case is reported as
+"output differs" and not timed further. The earlier form of this script
+(``gpu_results/2026-11-30-h200-prefill-probe/kernel_probe.py``) ran on an H200 four times; it
+found the 88 -> 129 us regression of decode_4x16k that an int64 bound caused.
+"""
+
+from __future__ import annotations
+
+import argparse
+import fnmatch
+import importlib
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import torch
+
+if "TRITON_INTERPRET" not in os.environ and not torch.cuda.is_available():
+    os.environ["TRITON_INTERPRET"] = "1"
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import kernels
+from harness import stats
+from harness.cases import load_case_file, load_cases
+from harness.registry import resolve_backends
+from harness.runner import case_inputs
+from harness.suite_files import resolve_case_arg
+from harness.timing import time_call
+
+ROOT = Path(__file__).resolve().parents[1]
+KERNEL = Path("kernels") / "triton_paged.py"
+SIDES = ("base", "new")
+
+
+def kernel_modules(base_rev: str) -> dict:
+    """{"base": module, "new": module}: the kernel file at ``base_rev`` and the working tree's, imported."""
+    base_source = subprocess.run(
+        ["git", "show", f"{base_rev}:{KERNEL.as_posix()}"], cwd=ROOT, capture_output=True, text=True
+    )  # fmt: skip
+    if base_source.returncode != 0:
+        raise SystemExit(f"kernel_ab: git show {base_rev}:{KERNEL}: {base_source.stderr.strip()}")
+    sources = {"base": base_source.stdout, "new": (ROOT / KERNEL).read_text()}
+    modules = {}
+    for side, text in sources.items():
+        (ROOT / "kernels" / f"_ab_{side}.py").write_text(text)
+        modules[side] = importlib.import_module(f"kernels._ab_{side}")
+    return modules
+
+
+def time_case(case, modules: dict, device: str, rounds: int, reps: dict) -> dict:
+    """One case: each side's outputs compared, then ``rounds`` paired rounds (``reps``: time_call's
+    budget keywords); the record with the verdict."""
+    (backend,) = resolve_backends(["triton"])
+    inputs = case_inputs(case, device)
+    prepared, outputs = {}, {}
+    for side in SIDES:
+        kernels.paged_attention_triton = modules[side].paged_attention_triton
+        prepared[side] = backend.prepare(case, inputs, torch.full_like(inputs.q, float("nan")))
+        outputs[side] = prepared[side].to_packed(prepared[side].run()).float()
+    record = {"case": case.id}
+    if not torch.allclose(outputs["new"], outputs["base"], atol=case.atol, rtol=case.rtol):
+        return {**record, "verdict": "output differs", "why": "new output leaves the case's tolerance of the base's"}
+    samples: dict[str, list[float]] = {side: [] for side in SIDES}
+    for k in range(rounds):
+        for side in SIDES if k % 2 == 0 else SIDES[::-1]:
+            kernels.paged_attention_triton = modules[side].paged_attention_triton
+            samples[side].append(time_call(prepared[side].run, device, **reps).median_us)
+    test = stats.paired_ratio(samples["base"], samples["new"])
+    verdict = stats.decide_paired(test, min_effect=stats.default_effect(device))
+    return {
+        **record, "base_us": float(torch.tensor(samples["base"]).median()),
+        "new_us": float(torch.tensor(samples["new"]).median()), "ratio": test.ratio, "ci_low": test.ci_low,
+        "ci_high": test.ci_high, "verdict": verdict.verdict, "why": verdict.reason, "samples": samples,
+    }  # fmt: skip
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("suites", nargs="*", default=["gpu_peers"])
+    parser.add_argument("--base", default="HEAD", help="the revision whose kernel is the base (HEAD)")
+    parser.add_argument("--case", default="*", help="fnmatch pattern on case ids")
+    parser.add_argument("--rounds", type=int, default=9, help="paired rounds a case (9: the least that can decide)")
+    parser.add_argument("--target-s", type=float, default=0.05, help="timing budget of one side's sample a round")
+    parser.add_argument("--out", type=Path, help="write every record as JSON")
+    parser.add_argument("--dry", action="store_true", help="one tiny smoke case on the CPU, 9 quick rounds")
+    args = parser.parse_args(argv)
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    if device == "cpu" and not args.dry:
+        parser.error("no CUDA device: pass --dry for the CPU run")
+    if args.dry:
+        cases = [c for c in load_case_file(resolve_case_arg("smoke")) if c.wants("triton") and not c.options]
+        cases = sorted(cases, key=lambda c: sum(c.seq_lens))[:1]
+    else:
+        paths = [resolve_case_arg(s) for s in args.suites]
+        cases = [c for c in load_cases(paths, device=device, backends=["triton"]) if fnmatch.fnmatch(c.id, args.case)]
+        cases = [c for c in cases if c.wants("triton") and not c.options]
+    if not cases:
+        parser.error(f"no case of {args.suites} matches --case {args.case!r} and runs the triton backend")
+    reps = {"min_reps": 1, "max_reps": 2, "target_s": 0.0} if args.dry else {"target_s": args.target_s}
+    modules = kernel_modules(args.base)
+    records = []
+    try:
+        print(f"# kernel {args.base} (base) against the working tree (new), {args.rounds} paired rounds, {device}")
+        print("| case | base us | new us | new / base | paired CI | verdict |\n|---|---|---|---|---|---|")
+        for case in cases:
+            r = time_case(case, modules, device, args.rounds, reps)
+            records.append(r)
+            if "ratio" in r:
+                print(f"| {r['case']} | {r['base_us']:.1f} | {r['new_us']:.1f} | {r['ratio']:.3f} | "
+                      f"{r['ci_low']:.3f}-{r['ci_high']:.3f} | {r['verdict']} |", flush=True)  # fmt: skip
+            else:
+                print(f"| {r['case']} | | | | | {r['verdict']} |", flush=True)
+    finally:
+        for side in SIDES:
+            (ROOT / "kernels" / f"_ab_{side}.py").unlink(missing_ok=True)
+    if args.out:
+        args.out.write_text(json.dumps({"device": device, "base": args.base, "records": records}, indent=1))
+    return 1 if any(r["verdict"] in ("slower", "output differs") for r in records) else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
