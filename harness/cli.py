@@ -560,6 +560,14 @@ def cmd_compare(args: argparse.Namespace) -> int:
     from .compare import CompareOptions, compare_runs, format_comparison
     from .storage import load_run
 
+    if args.confirm:
+        from .confirm import MIN_ROUNDS
+
+        if args.confirm_rounds < MIN_ROUNDS:
+            raise BadInput(
+                f"--confirm-rounds {args.confirm_rounds}: at least {MIN_ROUNDS} rounds are needed for a verdict "
+                f"(fewer paired rounds cannot exclude anything at the looks' confidence)"
+            )
     base, base_meta = load_run(args.base_run)
     new, new_meta = load_run(args.new_run)
     options = CompareOptions(

@@ -271,7 +271,7 @@ def decide_paired(test: LatencyTest, *, min_effect: float) -> Verdict:
     if not np.isfinite(test.ci_high):
         return Verdict("cannot tell", f"too few rounds ({test.n_base}) for the interval's confidence", "samples")
     ci = f"paired ratio CI {test.ci_low:.3f}-{test.ci_high:.3f}"
-    estimate = f"estimate {test.ratio - 1:+.0%}"
+    estimate = f"estimate {test.ratio - 1:+.1%}"
     if test.ci_low > 1 and test.ratio > up:
         return Verdict("slower", f"{ci} above 1, {estimate} past +{min_effect:.0%}", "samples")
     if test.ci_high < 1 and test.ratio < down:

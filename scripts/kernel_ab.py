@@ -19,7 +19,10 @@ paired interval excludes 1 and the estimate passes the minimum effect, 3% on CUD
 Only the kernel file is swapped: the tiling, the tuned table and the contract checks
 (``kernels/_common.py``, ``kernels/tuning.py``) are the working tree's for both sides. The new
 side's output must match the base's within the case's tolerance, or the case is reported as
-"output differs" and not timed further. The earlier form of this script
+"output differs" and not timed further. Exit 0: nothing slower; 1: a case slower or its output
+different; 2: a side that does not build or run (reported per case, or for the whole run when
+a kernel does not import). Cases with options (the attention variants) are left out: the
+registry's triton backend passes them through the contract the working tree defines. The earlier form of this script
 (``gpu_results/2026-11-30-h200-prefill-probe/kernel_probe.py``) ran on an H200 four times; it
 found the 88 -> 129 us regression of decode_4x16k that an int64 bound caused.
 """
@@ -51,22 +54,40 @@ from harness.timing import time_call
 
 ROOT = Path(__file__).resolve().parents[1]
 KERNEL = Path("kernels") / "triton_paged.py"
+MIN_ROUNDS = 6  # 2 / 2^6 < 0.05: six pairs all one way exclude 1 from the exact signed-rank interval
 SIDES = ("base", "new")
 
 
+class ABError(Exception):
+    """A side that cannot be built or run: exit 2, not a verdict."""
+
+
 def kernel_modules(base_rev: str) -> dict:
-    """{"base": module, "new": module}: the kernel file at ``base_rev`` and the working tree's, imported."""
+    """{"base": module, "new": module}: the kernel file at ``base_rev`` and the working tree's, imported
+    afresh (a module of an earlier call in this process is dropped first). The caller removes the files
+    (:func:`remove_modules`), also when an import fails."""
     base_source = subprocess.run(
         ["git", "show", f"{base_rev}:{KERNEL.as_posix()}"], cwd=ROOT, capture_output=True, text=True
     )  # fmt: skip
     if base_source.returncode != 0:
-        raise SystemExit(f"kernel_ab: git show {base_rev}:{KERNEL}: {base_source.stderr.strip()}")
+        raise ABError(f"git show {base_rev}:{KERNEL}: {base_source.stderr.strip()}")
     sources = {"base": base_source.stdout, "new": (ROOT / KERNEL).read_text()}
     modules = {}
     for side, text in sources.items():
+        name = f"kernels._ab_{side}"
+        sys.modules.pop(name, None)
         (ROOT / "kernels" / f"_ab_{side}.py").write_text(text)
-        modules[side] = importlib.import_module(f"kernels._ab_{side}")
+        try:
+            modules[side] = importlib.import_module(name)
+        except Exception as error:  # a half-edited kernel, or a revision that no longer imports here
+            raise ABError(f"the {side} kernel does not import: {type(error).__name__}: {error}") from None
     return modules
+
+
+def remove_modules() -> None:
+    for side in SIDES:
+        (ROOT / "kernels" / f"_ab_{side}.py").unlink(missing_ok=True)
+        sys.modules.pop(f"kernels._ab_{side}", None)
 
 
 def time_case(case, modules: dict, device: str, rounds: int, reps: dict) -> dict:
@@ -75,18 +96,28 @@ def time_case(case, modules: dict, device: str, rounds: int, reps: dict) -> dict
     (backend,) = resolve_backends(["triton"])
     inputs = case_inputs(case, device)
     prepared, outputs = {}, {}
+    record = {"case": case.id}
     for side in SIDES:
         kernels.paged_attention_triton = modules[side].paged_attention_triton
-        prepared[side] = backend.prepare(case, inputs, torch.full_like(inputs.q, float("nan")))
-        outputs[side] = prepared[side].to_packed(prepared[side].run()).float()
-    record = {"case": case.id}
+        try:
+            prepared[side] = backend.prepare(case, inputs, torch.full_like(inputs.q, float("nan")))
+            outputs[side] = prepared[side].to_packed(prepared[side].run()).float()
+        except Exception as error:  # e.g. a base revision whose entry takes other arguments
+            return {**record, "verdict": "error", "why": f"the {side} kernel failed: {type(error).__name__}: {error}"}
     if not torch.allclose(outputs["new"], outputs["base"], atol=case.atol, rtol=case.rtol):
         return {**record, "verdict": "output differs", "why": "new output leaves the case's tolerance of the base's"}
     samples: dict[str, list[float]] = {side: [] for side in SIDES}
     for k in range(rounds):
         for side in SIDES if k % 2 == 0 else SIDES[::-1]:
             kernels.paged_attention_triton = modules[side].paged_attention_triton
-            samples[side].append(time_call(prepared[side].run, device, **reps).median_us)
+            try:
+                samples[side].append(time_call(prepared[side].run, device, **reps).median_us)
+            except Exception as error:  # e.g. a graph capture one side cannot make
+                return {
+                    **record,
+                    "verdict": "error",
+                    "why": f"timing the {side} kernel: {type(error).__name__}: {error}",
+                }
     test = stats.paired_ratio(samples["base"], samples["new"])
     verdict = stats.decide_paired(test, min_effect=stats.default_effect(device))
     return {
@@ -101,14 +132,18 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("suites", nargs="*", default=["gpu_peers"])
     parser.add_argument("--base", default="HEAD", help="the revision whose kernel is the base (HEAD)")
     parser.add_argument("--case", default="*", help="fnmatch pattern on case ids")
-    parser.add_argument("--rounds", type=int, default=9, help="paired rounds a case (9: the least that can decide)")
+    parser.add_argument("--rounds", type=int, default=9,
+                        help="paired rounds a case (9; at least 6, the fewest whose 95%% interval can exclude 1)")  # fmt: skip
     parser.add_argument("--target-s", type=float, default=0.05, help="timing budget of one side's sample a round")
     parser.add_argument("--out", type=Path, help="write every record as JSON")
-    parser.add_argument("--dry", action="store_true", help="one tiny smoke case on the CPU, 9 quick rounds")
+    parser.add_argument("--dry", action="store_true",
+                        help="the smallest smoke case on the CPU, one call a sample (ignores suites and --case)")  # fmt: skip
     args = parser.parse_args(argv)
     device = "cuda" if torch.cuda.is_available() else "cpu"
     if device == "cpu" and not args.dry:
         parser.error("no CUDA device: pass --dry for the CPU run")
+    if args.rounds < MIN_ROUNDS:
+        parser.error(f"--rounds {args.rounds}: at least {MIN_ROUNDS} (fewer pairs cannot exclude 1 at 95%)")
     if args.dry:
         cases = [c for c in load_case_file(resolve_case_arg("smoke")) if c.wants("triton") and not c.options]
         cases = sorted(cases, key=lambda c: sum(c.seq_lens))[:1]
@@ -119,9 +154,9 @@ def main(argv: list[str] | None = None) -> int:
     if not cases:
         parser.error(f"no case of {args.suites} matches --case {args.case!r} and runs the triton backend")
     reps = {"min_reps": 1, "max_reps": 2, "target_s": 0.0} if args.dry else {"target_s": args.target_s}
-    modules = kernel_modules(args.base)
     records = []
     try:
+        modules = kernel_modules(args.base)
         print(f"# kernel {args.base} (base) against the working tree (new), {args.rounds} paired rounds, {device}")
         print("| case | base us | new us | new / base | paired CI | verdict |\n|---|---|---|---|---|---|")
         for case in cases:
@@ -131,12 +166,16 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"| {r['case']} | {r['base_us']:.1f} | {r['new_us']:.1f} | {r['ratio']:.3f} | "
                       f"{r['ci_low']:.3f}-{r['ci_high']:.3f} | {r['verdict']} |", flush=True)  # fmt: skip
             else:
-                print(f"| {r['case']} | | | | | {r['verdict']} |", flush=True)
+                print(f"| {r['case']} | | | | | {r['verdict']}: {r['why']} |", flush=True)
+    except ABError as error:
+        print(f"kernel_ab: {error}", file=sys.stderr)
+        return 2
     finally:
-        for side in SIDES:
-            (ROOT / "kernels" / f"_ab_{side}.py").unlink(missing_ok=True)
+        remove_modules()
     if args.out:
         args.out.write_text(json.dumps({"device": device, "base": args.base, "records": records}, indent=1))
+    if any(r["verdict"] == "error" for r in records):
+        return 2
     return 1 if any(r["verdict"] in ("slower", "output differs") for r in records) else 0
 
 

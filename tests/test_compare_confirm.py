@@ -88,3 +88,12 @@ def test_a_round_reports_each_rows_seconds_without_the_workers_start(tmp_path):
     assert set(spent) == set(keys) and all(s > 0 for s in spent.values()), spent
     assert all(len(pooled[key][0]) == len(pooled[key][1]) == 1 for key in keys)
     assert sum(spent.values()) < took - 0.5, (spent, took)  # importing torch in two fresh workers is not a row's
+
+
+def test_too_few_confirm_rounds_is_bad_input_before_any_run_is_read(tmp_path, capsys):
+    """--confirm-rounds below the first look (9) could never decide a row: exit 2 naming the option."""
+    from harness.cli import main
+
+    missing = str(tmp_path / "no_such_run")
+    assert main(["compare", missing, missing, "--confirm", "all", "--confirm-rounds", "8"]) == 2
+    assert "--confirm-rounds 8: at least 9 rounds" in capsys.readouterr().err

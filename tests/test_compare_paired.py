@@ -31,13 +31,13 @@ def test_a_round_to_round_load_swing_hides_25pct_from_the_unpaired_test_but_not_
 @pytest.mark.parametrize(
     ("ratio", "ci", "verdict", "reason"),
     [
-        (1.06, (1.01, 1.12), "cannot tell", "significant, but the estimate +6% is under the +10% minimum effect"),
-        (1.11, (1.01, 1.48), "slower", "above 1, estimate +11% past +10%"),  # the rule before: cannot tell
-        (1.25, (1.011, 1.476), "slower", "above 1, estimate +25% past +10%"),  # the planted long row at 24 rounds
-        (1.10, (1.01, 1.30), "cannot tell", "significant, but the estimate +10% is under"),  # not past: equal
-        (1.24, (0.989, 1.468), "cannot tell", "too noisy: paired ratio CI 0.989-1.468 straddles 1 (estimate +24%)"),
-        (0.85, (0.70, 0.99), "faster", "below 1, estimate -15% past -10%"),
-        (0.95, (0.85, 0.99), "cannot tell", "significant, but the estimate -5% is under the -10% minimum effect"),
+        (1.06, (1.01, 1.12), "cannot tell", "significant, but the estimate +6.0% is under the +10% minimum effect"),
+        (1.11, (1.01, 1.48), "slower", "above 1, estimate +11.0% past +10%"),  # the rule before: cannot tell
+        (1.25, (1.011, 1.476), "slower", "above 1, estimate +25.0% past +10%"),  # the planted long row at 24 rounds
+        (1.10, (1.01, 1.30), "cannot tell", "significant, but the estimate +10.0% is under"),  # not past: equal
+        (1.24, (0.989, 1.468), "cannot tell", "too noisy: paired ratio CI 0.989-1.468 straddles 1 (estimate +24.0%)"),
+        (0.85, (0.70, 0.99), "faster", "below 1, estimate -15.0% past -10%"),
+        (0.95, (0.85, 0.99), "cannot tell", "significant, but the estimate -5.0% is under the -10% minimum effect"),
         (0.80, (0.60, 1.02), "cannot tell", "too noisy"),
         (1.05, (1.02, 1.09), "same", "inside ±10%"),  # significant and small: same, as before
         (1.00, (0.91, 1.09), "same", "inside ±10%"),
@@ -119,7 +119,7 @@ def test_the_effect_is_a_threshold_on_the_estimate_so_a_row_at_it_is_mostly_slow
 def test_a_25pct_slowdown_is_flagged_on_every_row_even_when_processes_differ_by_7pct():
     verdicts, rounds = _simulate([1.25] * 200, seed=5, process=0.07)
     assert verdicts.count("slower") == 200, {v: verdicts.count(v) for v in set(verdicts)}
-    assert max(rounds) > 8  # the noisier rows needed more than the first look
+    assert max(rounds) > confirm.MIN_ROUNDS  # the noisier rows needed more than the first look
 
 
 def _interval_past_the_effect(test: stats.LatencyTest, *, min_effect: float) -> stats.Verdict:

@@ -179,3 +179,33 @@ def test_kernel_ab_reports_a_kernel_whose_output_differs():
     finally:
         kernels.paged_attention_triton = saved
     assert record["verdict"] == "output differs" and "ratio" not in record
+
+
+def test_kernel_ab_exits_2_on_a_base_it_cannot_read_and_leaves_no_module_behind():
+    done = run_script("scripts/kernel_ab.py", "--dry", "--base", "no-such-revision")
+    assert done.returncode == 2 and "git show no-such-revision" in done.stderr
+    assert not list((ROOT / "kernels").glob("_ab_*.py"))
+
+
+def test_kernel_ab_reports_a_kernel_that_fails_as_an_error_not_a_verdict():
+    import types
+
+    from harness.cases import load_case_file
+    from harness.suite_files import resolve_case_arg
+    from scripts.kernel_ab import time_case
+
+    def broken(*args, **kwargs):
+        raise TypeError("paged_attention_triton() got an unexpected keyword argument 'max_q_len'")
+
+    case = min((c for c in load_case_file(resolve_case_arg("smoke")) if c.wants("triton") and not c.options),
+               key=lambda c: sum(c.seq_lens))  # fmt: skip
+    import kernels
+
+    saved = kernels.paged_attention_triton
+    try:
+        modules = {"base": types.SimpleNamespace(paged_attention_triton=broken),
+                   "new": types.SimpleNamespace(paged_attention_triton=kernels.paged_attention_tlsim)}  # fmt: skip
+        record = time_case(case, modules, "cpu", 9, {"min_reps": 1, "max_reps": 1})
+    finally:
+        kernels.paged_attention_triton = saved
+    assert record["verdict"] == "error" and "the base kernel failed: TypeError" in record["why"]
