@@ -160,8 +160,8 @@ def _count_bad_blocks(block_table_ptr, seq, stride_bt_seq, first_col, end_col, n
     masks. Checking inside the loop cost every tile a synchronous table load and a reduction
     across the warps: the software pipeliner loads the next tile's K and V ahead, but a use
     of the current tile's block ids in the softmax put a second, unpipelined load of them
-    at the top of each step (seen in the sm_90 TTGIR; H200 timings in the README's tuning
-    section).
+    at the top of each step (seen in the sm_90 TTGIR; H200 timings in
+    gpu_results/2026-11-30-h200-prefill-probe).
     """
     bad = first_col * 0
     for start in range(first_col, end_col, CHUNK):
@@ -383,9 +383,6 @@ def paged_attention_kernel(
     if NUM_SPLITS > 1:  # the splits cut [kv_start, kv_end) from kv_start; the last runs to kv_end
         kv_start = kv_start + split * split_size
         kv_end = tl.where(split == NUM_SPLITS - 1, kv_end, tl.minimum(kv_end, kv_start + split_size))
-    # Tiles wholly before the program's first query position are visible to every row: they
-    # skip the causal and length masks (on prefill the elementwise work is what bounds the
-    # kernel: 18% of prefill_4x4k's time on an H200). The window masks every tile it touches.
     # A bad table entry among the columns the tiles below read (from kv_start, whole tiles,
     # keys before seq_len) turns every row of the program into NaN, as the contract says.
     # The walked length, min(whole tiles, seq_len - kv_start), without an int32 sum past seq_len: a
@@ -394,11 +391,15 @@ def paged_attention_kernel(
     span = tl.maximum(kv_end - kv_start, 0)
     tiles = span // TILE_N + (span % TILE_N > 0).to(tl.int32)
     room = tl.maximum(seq_len - kv_start, 0)
+    # tiles * TILE_N where it fits in room, else room; the minimum keeps the branch not taken from overflowing
     walked = tl.where(tiles <= room // TILE_N, tl.minimum(tiles, room // TILE_N) * TILE_N, room)
     first_col = kv_start // BLOCK_SIZE
     end_col = tl.where(walked > 0, (kv_start + walked - 1) // BLOCK_SIZE + 1, first_col)
     bad_blocks = _count_bad_blocks(block_table_ptr, seq, stride_bt_seq, first_col, end_col, num_blocks,
                                    max_blocks_per_seq, 128)  # fmt: skip
+    # Tiles wholly before the program's first query position are visible to every row: they
+    # skip the causal and length masks (on prefill the elementwise work is what bounds the
+    # kernel: 18% of prefill_4x4k's time on an H200). The window masks every tile it touches.
     full_end = kv_start
     if not USE_WINDOW:
         first_visible_end = (seq_len - q_len + q_tile * BLOCK_Q + 1) // TILE_N * TILE_N

@@ -34,6 +34,7 @@ import fnmatch
 import importlib
 import json
 import os
+import statistics
 import subprocess
 import sys
 from pathlib import Path
@@ -90,6 +91,16 @@ def remove_modules() -> None:
         sys.modules.pop(f"kernels._ab_{side}", None)
 
 
+def timeable(cases) -> list:
+    """The cases the comparison can time: the triton backend runs them, with no variant options."""
+    return [c for c in cases if c.wants("triton") and not c.options]
+
+
+def dry_case():
+    """The smallest timeable smoke case: ``--dry``'s one case."""
+    return min(timeable(load_case_file(resolve_case_arg("smoke"))), key=lambda c: sum(c.seq_lens))
+
+
 def time_case(case, modules: dict, device: str, rounds: int, reps: dict) -> dict:
     """One case: each side's outputs compared, then ``rounds`` paired rounds (``reps``: time_call's
     budget keywords); the record with the verdict."""
@@ -97,13 +108,17 @@ def time_case(case, modules: dict, device: str, rounds: int, reps: dict) -> dict
     inputs = case_inputs(case, device)
     prepared, outputs = {}, {}
     record = {"case": case.id}
+
+    def failed(what: str, error: Exception) -> dict:
+        return {**record, "verdict": "error", "why": f"{what}: {type(error).__name__}: {error}"}
+
     for side in SIDES:
         kernels.paged_attention_triton = modules[side].paged_attention_triton
         try:
             prepared[side] = backend.prepare(case, inputs, torch.full_like(inputs.q, float("nan")))
             outputs[side] = prepared[side].to_packed(prepared[side].run()).float()
         except Exception as error:  # e.g. a base revision whose entry takes other arguments
-            return {**record, "verdict": "error", "why": f"the {side} kernel failed: {type(error).__name__}: {error}"}
+            return failed(f"the {side} kernel failed", error)
     if not torch.allclose(outputs["new"], outputs["base"], atol=case.atol, rtol=case.rtol):
         return {**record, "verdict": "output differs", "why": "new output leaves the case's tolerance of the base's"}
     samples: dict[str, list[float]] = {side: [] for side in SIDES}
@@ -113,17 +128,13 @@ def time_case(case, modules: dict, device: str, rounds: int, reps: dict) -> dict
             try:
                 samples[side].append(time_call(prepared[side].run, device, **reps).median_us)
             except Exception as error:  # e.g. a graph capture one side cannot make
-                return {
-                    **record,
-                    "verdict": "error",
-                    "why": f"timing the {side} kernel: {type(error).__name__}: {error}",
-                }
+                return failed(f"timing the {side} kernel", error)
     test = stats.paired_ratio(samples["base"], samples["new"])
     verdict = stats.decide_paired(test, min_effect=stats.default_effect(device))
     return {
-        **record, "base_us": float(torch.tensor(samples["base"]).median()),
-        "new_us": float(torch.tensor(samples["new"]).median()), "ratio": test.ratio, "ci_low": test.ci_low,
-        "ci_high": test.ci_high, "verdict": verdict.verdict, "why": verdict.reason, "samples": samples,
+        **record, "base_us": statistics.median(samples["base"]), "new_us": statistics.median(samples["new"]),
+        "ratio": test.ratio, "ci_low": test.ci_low, "ci_high": test.ci_high, "verdict": verdict.verdict,
+        "why": verdict.reason, "samples": samples,
     }  # fmt: skip
 
 
@@ -145,12 +156,11 @@ def main(argv: list[str] | None = None) -> int:
     if args.rounds < MIN_ROUNDS:
         parser.error(f"--rounds {args.rounds}: at least {MIN_ROUNDS} (fewer pairs cannot exclude 1 at 95%)")
     if args.dry:
-        cases = [c for c in load_case_file(resolve_case_arg("smoke")) if c.wants("triton") and not c.options]
-        cases = sorted(cases, key=lambda c: sum(c.seq_lens))[:1]
+        cases = [dry_case()]
     else:
         paths = [resolve_case_arg(s) for s in args.suites]
-        cases = [c for c in load_cases(paths, device=device, backends=["triton"]) if fnmatch.fnmatch(c.id, args.case)]
-        cases = [c for c in cases if c.wants("triton") and not c.options]
+        loaded = load_cases(paths, device=device, backends=["triton"])
+        cases = timeable(c for c in loaded if fnmatch.fnmatch(c.id, args.case))
     if not cases:
         parser.error(f"no case of {args.suites} matches --case {args.case!r} and runs the triton backend")
     reps = {"min_reps": 1, "max_reps": 2, "target_s": 0.0} if args.dry else {"target_s": args.target_s}

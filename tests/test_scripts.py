@@ -160,24 +160,27 @@ def test_kernel_ab_times_head_against_the_tree_and_leaves_no_module_behind(tmp_p
     assert not list((ROOT / "kernels").glob("_ab_*.py"))
 
 
-def test_kernel_ab_reports_a_kernel_whose_output_differs():
-    """A new kernel that answers differently is never timed: the row says so (and the script exits 1)."""
+def _ab_record(base_fn, new_fn) -> dict:
+    """kernel_ab's record of its dry case with ``base_fn`` and ``new_fn`` as the two sides' kernel entries."""
     import types
 
     import kernels
-    from harness.cases import load_case_file
-    from harness.suite_files import resolve_case_arg
-    from scripts.kernel_ab import time_case
+    from scripts.kernel_ab import dry_case, time_case
 
-    case = min((c for c in load_case_file(resolve_case_arg("smoke")) if c.wants("triton") and not c.options),
-               key=lambda c: sum(c.seq_lens))  # fmt: skip
-    wrong = types.SimpleNamespace(paged_attention_triton=lambda *a, **k: kernels.paged_attention_tlsim(*a, **k) + 1)
-    base = types.SimpleNamespace(paged_attention_triton=kernels.paged_attention_tlsim)
+    sides = {"base": base_fn, "new": new_fn}
+    modules = {side: types.SimpleNamespace(paged_attention_triton=fn) for side, fn in sides.items()}
     saved = kernels.paged_attention_triton
     try:
-        record = time_case(case, {"base": base, "new": wrong}, "cpu", 9, {"min_reps": 1, "max_reps": 1})
+        return time_case(dry_case(), modules, "cpu", 9, {"min_reps": 1, "max_reps": 1})
     finally:
         kernels.paged_attention_triton = saved
+
+
+def test_kernel_ab_reports_a_kernel_whose_output_differs():
+    """A new kernel that answers differently is never timed: the row says so (and the script exits 1)."""
+    import kernels
+
+    record = _ab_record(kernels.paged_attention_tlsim, lambda *a, **k: kernels.paged_attention_tlsim(*a, **k) + 1)
     assert record["verdict"] == "output differs" and "ratio" not in record
 
 
@@ -188,24 +191,10 @@ def test_kernel_ab_exits_2_on_a_base_it_cannot_read_and_leaves_no_module_behind(
 
 
 def test_kernel_ab_reports_a_kernel_that_fails_as_an_error_not_a_verdict():
-    import types
-
-    from harness.cases import load_case_file
-    from harness.suite_files import resolve_case_arg
-    from scripts.kernel_ab import time_case
+    import kernels
 
     def broken(*args, **kwargs):
         raise TypeError("paged_attention_triton() got an unexpected keyword argument 'max_q_len'")
 
-    case = min((c for c in load_case_file(resolve_case_arg("smoke")) if c.wants("triton") and not c.options),
-               key=lambda c: sum(c.seq_lens))  # fmt: skip
-    import kernels
-
-    saved = kernels.paged_attention_triton
-    try:
-        modules = {"base": types.SimpleNamespace(paged_attention_triton=broken),
-                   "new": types.SimpleNamespace(paged_attention_triton=kernels.paged_attention_tlsim)}  # fmt: skip
-        record = time_case(case, modules, "cpu", 9, {"min_reps": 1, "max_reps": 1})
-    finally:
-        kernels.paged_attention_triton = saved
+    record = _ab_record(broken, kernels.paged_attention_tlsim)
     assert record["verdict"] == "error" and "the base kernel failed: TypeError" in record["why"]
