@@ -79,13 +79,13 @@ def bench(session: nox.Session) -> None:
         nox -s bench -- --min-effect 0.2 --cases cases/cpu.toml   # other arguments go to pytest
 
     Every benchmark is re-timed before the verdict, the baseline's commit (a git worktree)
-    and this checkout alternating in paired rounds until decided (harness.confirm).
+    and this checkout alternating in paired rounds until decided (harness.review.confirm).
     Fails (no traceback) when a benchmark errors or is slower; then nothing is saved. On
     the CPU it times with one intra-op thread unless OMP_NUM_THREADS is set: two threads
     fighting other processes on a shared 2-core box made a 1 ms call take 100 ms.
     """
     install_cpu(session)
-    session.install("scipy")  # exact Mann-Whitney p-values for small samples (harness.stats)
+    session.install("scipy")  # exact Mann-Whitney p-values for small samples (harness.review.stats)
     args, compare_args = list(session.posargs), []
     for flag in ("--baseline", "--min-effect"):
         if flag in args:

@@ -1,4 +1,4 @@
-"""Saved pytest-benchmark runs: find the baseline, compare with harness.stats, save a passing run.
+"""Saved pytest-benchmark runs: find the baseline, compare with harness.review.stats, save a passing run.
 
 ``nox -s bench`` calls this as a script in its virtualenv, after pytest wrote the new run
 as a JSON file (``--benchmark-json``):
@@ -20,8 +20,8 @@ without samples falls back to quartiles, marked weak. With ``--confirm`` (what n
 ``--confirm unclear`` or ``slower`` for fewer) every benchmark is then re-timed as
 ``compare --confirm all`` does: the baseline's commit (checked out in a git worktree)
 and this checkout alternating in paired rounds of fresh processes, each benchmark until
-its paired verdict is decided (:mod:`harness.confirm`, judged by
-:func:`harness.stats.decide_paired` as ``compare --confirm`` judges): two saved runs minutes apart on
+its paired verdict is decided (:mod:`harness.review.confirm`, judged by
+:func:`harness.review.stats.decide_paired` as ``compare --confirm`` judges): two saved runs minutes apart on
 a busy machine drift by more than any effect worth flagging, in either direction, so a
 plain verdict of "same" is no safer than one of "slower". Exit 1 with a
 one-line-per-benchmark summary when any benchmark is slower.
@@ -39,7 +39,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from harness import stats  # noqa: E402
+from harness.review import stats  # noqa: E402
 
 STORAGE = ROOT / ".benchmarks"
 
@@ -71,7 +71,7 @@ def find_baseline(name: str | None, storage: Path = STORAGE) -> Path | None:
 
 
 def to_rows(path: Path):
-    """A saved run as report rows and meta, so that ``harness.compare`` judges it."""
+    """A saved run as report rows and meta, so that ``harness.review.compare`` judges it."""
     import pandas as pd
 
     doc = json.loads(Path(path).read_text())
@@ -102,10 +102,10 @@ def compare_files(
     """(passed, summary): is any benchmark of ``new`` slower than in ``base``?
 
     With ``confirm`` ("all", "unclear" or "slower": which benchmarks), they are re-timed
-    by ``harness.confirm`` (base: the baseline's commit in a git worktree; new: this
+    by ``harness.review.confirm`` (base: the baseline's commit in a git worktree; new: this
     checkout, as it is), base and new alternating in paired rounds, before the verdict.
     """
-    from harness.compare import CompareOptions, compare_runs
+    from harness.review.compare import CompareOptions, compare_runs
 
     (old, old_meta), (cur, cur_meta) = to_rows(base), to_rows(new)
     options = CompareOptions(min_effect=min_effect, alpha=alpha)
@@ -138,7 +138,7 @@ def _confirm(comparison, base_meta: dict, new_meta: dict, options, which: str, t
     """Re-time the doubtful benchmarks: the baseline's commit (worktree) against this checkout."""
     import tempfile
 
-    from harness.confirm import confirm_slower
+    from harness.review.confirm import confirm_slower
 
     said: list[str] = []
     if not base_meta.get("commit") or not new_meta.get("case_files"):

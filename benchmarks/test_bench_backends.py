@@ -1,11 +1,11 @@
 """pytest-benchmark suite, generated: one benchmark per (case, backend) that runs on the device.
 
 The cases come from the case files (``--cases``, default ``cases/smoke.toml``) and the
-backends from the registry (``harness.backends.REGISTRY``, plugins included with
+backends from the registry (``harness.backends.builtin.REGISTRY``, plugins included with
 ``--plugin``), through the harness's pytest plugin, so a new case or backend is a new
 benchmark with no edit here. Ids read ``test_bench[decode_gqa/dtype=float16-tlsim]``.
 
-Timing goes through the harness's one timer, ``harness.timing.time_call`` (CPU:
+Timing goes through the harness's one timer, ``harness.timing.timer.time_call`` (CPU:
 perf_counter per call after a warm-up; CUDA: graph replays or events, L2 flushed), and
 its samples are handed to pytest-benchmark as the rounds of the benchmark, so the saved
 JSON's statistics are the harness's. ``extra_info`` keeps the samples (``samples_us``,
@@ -23,9 +23,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from harness.metrics import gbps
-from harness.runner import case_columns
-from harness.timing import time_call
+from harness.run.runner import case_columns
+from harness.timing.metrics import gbps
+from harness.timing.timer import time_call
 
 ROOT = Path(__file__).resolve().parents[1]
 MIN_SAMPLES = 10  # what the statistics of `nox -s bench` need per benchmark (at least 5)
@@ -39,14 +39,14 @@ def feed_samples(benchmark, samples_us: list[float]) -> None:
     pytest-benchmark has no public call for samples timed elsewhere; this uses its
     fixture's own stats object (``_make_stats``) as ``pedantic`` does.
     """
-    benchmark._mode = "harness.timing.time_call"
+    benchmark._mode = "harness.timing.timer.time_call"
     stats = benchmark._make_stats(1)
     for sample in samples_us:
         stats.update(sample * 1e-6)
 
 
 def test_bench(benchmark, harness_case, harness_backend, harness_session, request):
-    from harness.runner import case_inputs
+    from harness.run.runner import case_inputs
 
     case, backend, device = harness_case, harness_backend, harness_session.device
     if reason := backend.skip_reason(case, device):

@@ -1,7 +1,7 @@
 """pytest plugin: case files drive tests, one per (case, backend), with readable ids.
 
 Enable it with ``pytest_plugins = ["harness.pytest_plugin"]`` in a conftest.py (this
-repository's tests/conftest.py does). Options (shared with the CLI, see harness.options):
+repository's tests/conftest.py does). Options (shared with the CLI, see harness.cli.options):
 
     --cases PATH         case file or folder, or a packaged suite's name (repeatable; default: smoke)
     --backend NAME       only this backend (repeatable)
@@ -22,7 +22,7 @@ from pathlib import Path
 
 import pytest
 
-from .options import DEFAULT_CASES, add_to_pytest, default_device
+from harness.cli.options import DEFAULT_CASES, add_to_pytest, default_device
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -37,10 +37,10 @@ class HarnessSession:
     """Per pytest session: the selected cases and backends, a one-case context cache, the rows."""
 
     def __init__(self, config: pytest.Config):
-        from .backends import REGISTRY, load_plugin, resolve_backends
-        from .cases import CaseFileError, check_backend_names, load_cases
-        from .runner import RunConfig
-        from .suite_files import resolve_case_arg
+        from harness.backends.builtin import REGISTRY, load_plugin, resolve_backends
+        from harness.cases.packaged import resolve_case_arg
+        from harness.cases.spec import CaseFileError, check_backend_names, load_cases
+        from harness.run.runner import RunConfig
 
         self.device = config.getoption("harness_device") or default_device()
         try:
@@ -55,7 +55,7 @@ class HarnessSession:
             raise pytest.UsageError(str(error)) from None
         threads = None
         if config.getoption("harness_timing"):
-            from .options import apply_threads
+            from harness.cli.options import apply_threads
 
             threads = apply_threads(config.getoption("harness_threads"), self.device)
         self.config = RunConfig(
@@ -70,7 +70,7 @@ class HarnessSession:
         self._context = None
 
     def run(self, case, backend) -> dict:
-        from .runner import build_context, run_backend
+        from harness.run.runner import build_context, run_backend
 
         if self._context is None or self._context.case is not case:
             self._context = None  # free the previous case's tensors first
@@ -107,7 +107,7 @@ def harness_session(request: pytest.FixtureRequest) -> HarnessSession:
 
 
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
-    from . import xdist_rows
+    from harness.execute import xdist as xdist_rows
 
     target = session.config.getoption("harness_report", None)
     if xdist_rows.worker_hands_rows_over(session.config):  # pytest -n: the controller writes the run
@@ -117,12 +117,16 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     merged = xdist_rows.collect_rows(session.config)  # None without pytest -n
     if target is None or (merged is None and _SESSION_KEY not in session.config.stash):
         return
-    from .environment import collect_meta
-    from .runner import to_frame
-    from .storage import write_run
+    from harness.results.environment import collect_meta
+    from harness.results.storage import write_run
+    from harness.run.runner import to_frame
 
     harness = _session(session.config)
-    rows = harness.rows if merged is None else xdist_rows.in_test_order(merged, harness.cases, harness.config.backends)
+    rows = (
+        harness.rows
+        if merged is None
+        else xdist_rows.in_test_order(merged, harness.cases.spec, harness.config.backends)
+    )
     meta = collect_meta(harness.device, ["pytest", *sys.argv[1:]], {})
     if merged is not None:
         meta["gpus"], note = xdist_rows.run_gpus(merged)
@@ -136,13 +140,13 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
 
 @pytest.hookimpl(optionalhook=True)
 def pytest_xdist_setupnodes(config: pytest.Config, specs) -> None:
-    from . import xdist_rows
+    from harness.execute import xdist as xdist_rows
 
     xdist_rows.pin_gpus(config, specs)
 
 
 @pytest.hookimpl(optionalhook=True)
 def pytest_configure_node(node) -> None:
-    from . import xdist_rows
+    from harness.execute import xdist as xdist_rows
 
     xdist_rows.hand_rows_folder(node)

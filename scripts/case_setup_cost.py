@@ -2,9 +2,9 @@
 
     python scripts/case_setup_cost.py cases/gpu.toml llama3_8b_decode/block_size=16 --threads 1 2
 
-For each torch thread count: building the inputs (harness.runner.case_inputs, on the
-CPU), the oracle cache's content key (harness.oracle_cache.cache_key), the guard's
-fingerprints (harness.guard.InputGuard), the float64 oracle and the forward error bound
+For each torch thread count: building the inputs (harness.run.runner.case_inputs, on the
+CPU), the oracle cache's content key (harness.run.oracle_cache.cache_key), the guard's
+fingerprints (harness.run.guard.InputGuard), the float64 oracle and the forward error bound
 (both computed, not cached). Each part is the best of ``--repeat`` runs; the box's load
 is printed beside them, since a busy machine moves every number.
 """
@@ -21,12 +21,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import torch
 
-from harness.cases import load_case_file
-from harness.grading import forward_error_bound
-from harness.guard import InputGuard
-from harness.oracle import paged_attention_oracle
-from harness.oracle_cache import cache_key
-from harness.runner import case_inputs
+from harness.cases.spec import load_case_file
+from harness.run.grading import forward_error_bound
+from harness.run.guard import InputGuard
+from harness.run.oracle import paged_attention_oracle
+from harness.run.oracle_cache import cache_key
+from harness.run.runner import case_inputs
 
 
 def best_of(repeat: int, work) -> tuple[float, object]:

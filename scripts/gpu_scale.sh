@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The 2-GPU scaling measurement: the same cases with --workers 1, then --workers 2, then a table
-# (wall time, speed-up, worker start, dispatch wait, journal and merge per row; harness.scale_table).
+# (wall time, speed-up, worker start, dispatch wait, journal and merge per row; harness.execute.scale_table).
 #   bash scripts/gpu_scale.sh          on a CUDA host with 2 GPUs: the oracle on each worker's GPU
 #   DRY=1 bash scripts/gpu_scale.sh    on a CPU, as tests/test_scripts.py runs it (smoke, untimed)
 # Environment (all optional):
@@ -55,4 +55,4 @@ for n in ${WORKERS:-1 2}; do
   tail -3 "$run.log"
   runs+=("$run" "$wall")
 done
-python3 -m harness.scale_table "${runs[@]}" | tee "$OUT/scale/table.md"
+python3 -m harness.execute.scale_table "${runs[@]}" | tee "$OUT/scale/table.md"

@@ -16,8 +16,8 @@ and on. Columns, in microseconds per call (host: the fastest loop; the others me
              --calls back-to-back calls on the host clock, divided by --calls (the device
              runs behind; nothing here waits for it unless the queue fills); the fastest
              of 7 such loops
-    eager    what a caller waits for: harness.timing.time_wall (device drained before and after)
-    device   the kernel alone: harness.timing.time_call (CUDA-graph replay, L2 flushed)
+    eager    what a caller waits for: harness.timing.timer.time_wall (device drained before and after)
+    device   the kernel alone: harness.timing.timer.time_call (CUDA-graph replay, L2 flushed)
     SDPA     torch.nn.functional.scaled_dot_product_attention (enable_gqa) on contiguous
              [num_seqs, heads, keys, head_dim] copies of the same KV: host and eager alike
 
@@ -48,8 +48,8 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import kernels
-from harness.inputs import make_inputs
-from harness.timing import time_call, time_wall
+from harness.cases.inputs import make_inputs
+from harness.timing.timer import time_call, time_wall
 from kernels import launch_plan
 
 DECODE_32X4K = dict(num_q_heads=32, num_kv_heads=8, head_dim=128, block_size=16, seq_lens=[4096] * 32,

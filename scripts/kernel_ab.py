@@ -10,10 +10,10 @@ it replaces, here, on these shapes". Two runs and a ``compare`` answer it across
 in the working tree are each written to a module of their own (``kernels/_ab_base.py``,
 ``kernels/_ab_new.py``, removed at the end) and imported, so each has its own compiled
 kernels and launch plans; the registry's ``triton`` backend is pointed at one, then the
-other, and timed exactly as ``harness run`` times it (``harness.timing.time_call``: graph
+other, and timed exactly as ``harness run`` times it (``harness.timing.timer.time_call``: graph
 replay, L2 flushed). Every case gets ``--rounds`` rounds, base and new alternating (the first
 of each round alternating too), and is judged by the rule of ``compare --confirm``
-(:func:`harness.stats.paired_ratio` and :func:`harness.stats.decide_paired`: slower when the
+(:func:`harness.review.stats.paired_ratio` and :func:`harness.review.stats.decide_paired`: slower when the
 paired interval excludes 1 and the estimate passes the minimum effect, 3% on CUDA).
 
 Only the kernel file is swapped: the tiling, the tuned table and the contract checks
@@ -46,12 +46,12 @@ if "TRITON_INTERPRET" not in os.environ and not torch.cuda.is_available():
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import kernels
-from harness import stats
-from harness.cases import load_case_file, load_cases
-from harness.registry import resolve_backends
-from harness.runner import case_inputs
-from harness.suite_files import resolve_case_arg
-from harness.timing import time_call
+from harness.backends.registry import resolve_backends
+from harness.cases.packaged import resolve_case_arg
+from harness.cases.spec import load_case_file, load_cases
+from harness.review import stats
+from harness.run.runner import case_inputs
+from harness.timing.timer import time_call
 
 ROOT = Path(__file__).resolve().parents[1]
 KERNEL = Path("kernels") / "triton_paged.py"

@@ -28,7 +28,7 @@ import pandas as pd
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from harness.storage import load_run
+from harness.results.storage import load_run
 from scripts.peer_table import peer_table
 
 READ_TARGET_BYTES = 256 * 2**20

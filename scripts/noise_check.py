@@ -9,7 +9,7 @@ then a host busy-wait of ``--slowdown`` times its own call time when asked):
 then ``compare A B`` (every "slower" verdict there is a false alarm) and ``compare A C``
 (``reference_slowable`` should be "slower" on every case it runs; any other backend
 judged slower is a false alarm), plainly and with ``--confirm`` (paired, sequential
-re-timing: :mod:`harness.confirm`). Prints the counts and writes ``*-noise_check.json``.
+re-timing: :mod:`harness.review.confirm`). Prints the counts and writes ``*-noise_check.json``.
 
     python scripts/noise_check.py                        # cases/cpu.toml, out under /tmp/noise_check
     python scripts/noise_check.py --cases cases/smoke.toml --out /tmp/nc
@@ -24,7 +24,7 @@ in fresh processes would cost a Triton compile a round). ``--backend`` adds othe
     python scripts/noise_check.py --gpu --backend triton --backend triton_slowable --backend sdpa_contiguous
     python scripts/noise_check.py --gpu --device cpu --cases tiny.toml   # dry run on a CPU
 
-The runs go through a small shim that keeps every sample of ``harness.timing.time_call``
+The runs go through a small shim that keeps every sample of ``harness.timing.timer.time_call``
 (at least ``--min-reps``) and sets torch's intra-op threads (``--threads``, default 1: on a
 shared 2-core machine two OpenMP threads fighting other processes make a 1 ms call take
 130 ms).
@@ -50,7 +50,9 @@ def shimmed_main(min_reps: int, threads: int) -> int:
     """``python -m harness`` with every timing sample kept as ``latency_samples_us``."""
     import torch
 
-    from harness import cli, runner, timing
+    from harness.cli import main as cli
+    from harness.run import runner
+    from harness.timing import timer as timing
 
     if threads:
         torch.set_num_threads(threads)
@@ -147,9 +149,9 @@ def tally(
     rounds: int = 32, time_s: float = 900.0,
 ) -> dict:  # fmt: skip
     """Plain compare of two runs, then (unless ``which`` is "none") the same with --confirm in this checkout."""
-    from harness.compare import CompareOptions, compare_runs
-    from harness.confirm import confirm_slower
-    from harness.storage import load_run
+    from harness.results.storage import load_run
+    from harness.review.compare import CompareOptions, compare_runs
+    from harness.review.confirm import confirm_slower
 
     (b, bm), (n, nm) = load_run(base), load_run(new)
     nm.setdefault("timing_threads", threads or None)

@@ -19,7 +19,7 @@ import pandas as pd
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from harness.storage import load_run
+from harness.results.storage import load_run
 
 
 def peer_table(frame: pd.DataFrame, backend: str) -> pd.DataFrame:

@@ -32,7 +32,7 @@ import torch
 
 import kernels
 from harness import register_backend
-from harness.registry import REGISTRY, add_backend
+from harness.backends.registry import REGISTRY, add_backend
 
 PLANTED = 0.0  # edit to plant a slowdown in the code itself (what a commit would do); the env var wins
 SLOWDOWN = float(os.environ.get("HARNESS_SLOWDOWN", PLANTED) or 0)
@@ -65,7 +65,7 @@ def reference_slowable(q, k_cache, v_cache, block_table, seq_lens, query_start_l
 
 def _device_slowed(fn, device: torch.device):
     """``fn`` followed by a spin kernel of SLOWDOWN x fn's device time (graph replay, L2 flushed)."""
-    from harness.timing import time_call
+    from harness.timing.timer import time_call
 
     kernel_us = time_call(fn, str(device), target_s=0.05).median_us
     probe = 1_000_000

@@ -6,7 +6,7 @@
 
 For every case of the suites (default: the peer suite, cases/gpu_peers.toml) the Triton
 backend is timed, exactly as `harness run` times it (the registry's "triton" backend,
-harness.timing.time_call: graph replay, L2 flushed), under each candidate
+harness.timing.timer.time_call: graph replay, L2 flushed), under each candidate
 :class:`kernels.tuning.TileConfig` of the case's (precision, padded head dim, query class).
 A candidate whose output differs from the default config's by more than the case's
 tolerance is dropped (a wrong config must never win). Per key, the winner is the
@@ -32,11 +32,11 @@ if "TRITON_INTERPRET" not in os.environ and not torch.cuda.is_available():
     os.environ["TRITON_INTERPRET"] = "1"
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from harness.cases import Case, load_cases
-from harness.registry import resolve_backends
-from harness.runner import case_inputs
-from harness.suite_files import resolve_case_arg
-from harness.timing import time_call
+from harness.backends.registry import resolve_backends
+from harness.cases.packaged import resolve_case_arg
+from harness.cases.spec import Case, load_cases
+from harness.run.runner import case_inputs
+from harness.timing.timer import time_call
 from kernels._common import choose_tiling
 from kernels.tuning import TileConfig, default_config, override
 

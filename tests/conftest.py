@@ -120,7 +120,7 @@ def triton_launches(monkeypatch, value_reads):
 @pytest.fixture
 def clean_registry():
     """Restore the backend registry after a test that registers backends of its own."""
-    from harness.registry import REGISTRY
+    from harness.backends.registry import REGISTRY
 
     saved = dict(REGISTRY)
     yield

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass, replace
 
-from harness.inputs import PagedInputs, make_inputs
+from harness.cases.inputs import PagedInputs, make_inputs
 
 
 @dataclass(frozen=True)

@@ -1,6 +1,6 @@
 """Hand-built report rows and run folders for the compare, report and history tests.
 
-Rows carry the runner's columns (harness.runner.COLUMNS) and the newer ones the runner
+Rows carry the runner's columns (harness.run.runner.COLUMNS) and the newer ones the runner
 is gaining (latency_samples_us, call_us, worst_location, ...); samples are drawn from a
 seeded log-normal, so a "rerun" is another draw of the same distribution.
 """
@@ -53,7 +53,7 @@ def meta(**extra) -> dict:
 
 
 def write(frame_: pd.DataFrame, meta_: dict, path: Path) -> Path:
-    from harness.storage import write_run
+    from harness.results.storage import write_run
 
     return write_run(frame_, meta_, Path(path))
 

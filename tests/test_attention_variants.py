@@ -18,12 +18,12 @@ import pytest
 import torch
 
 import kernels
-from harness.cases import CaseFileError, expand_spec
-from harness.grading import DEFAULT_TOLERANCES, grade
-from harness.inputs import standard_alibi_slopes
-from harness.oracle import paged_attention_oracle
-from harness.registry import Backend, contract_prepare
-from harness.runner import RunConfig, run_cases
+from harness.backends.registry import Backend, contract_prepare
+from harness.cases.inputs import standard_alibi_slopes
+from harness.cases.spec import CaseFileError, expand_spec
+from harness.run.grading import DEFAULT_TOLERANCES, grade
+from harness.run.oracle import paged_attention_oracle
+from harness.run.runner import RunConfig, run_cases
 from kernels._common import tiling_for, window_tile_start
 from kernels.reference import gather_kv
 from tests.kernel_cases import CASES_BY_NAME, KernelCase
@@ -382,7 +382,7 @@ def test_case_fields_become_call_options():
     assert case.options == {"sliding_window", "logit_softcap", "sinks", "alibi_slopes"}
     (again,) = expand_spec({**SPEC, "sinks": {"scale": 2.0}}, "t.toml")
     assert again.sinks == case.sinks and len(case.sinks) == 4, "seeded sinks are the same every time"
-    from harness.runner import case_inputs
+    from harness.run.runner import case_inputs
 
     options = case_inputs(case, "cpu").options
     assert options["sliding_window"] == 3 and options["logit_softcap"] == 10.0
@@ -426,8 +426,8 @@ def test_backend_without_the_option_is_a_skip_naming_it():
 
 
 def test_builtin_kernels_declare_every_option_and_peers_what_their_library_takes():
-    from harness.backends import REGISTRY
-    from harness.registry import VARIANT_OPTIONS
+    from harness.backends.builtin import REGISTRY
+    from harness.backends.registry import VARIANT_OPTIONS
 
     for name in ("reference", "tlsim", "triton", "cache"):
         assert REGISTRY[name].options == frozenset(VARIANT_OPTIONS)
@@ -442,7 +442,7 @@ def test_builtin_kernels_declare_every_option_and_peers_what_their_library_takes
 @pytest.mark.parametrize("window", [1, 4, 9, 100])
 def test_gather_sdpa_peer_matches_oracle_with_a_window(window):
     """The peer's padded boolean mask carries the window; prefill, decode and a q_len 0 sequence."""
-    from harness.backends import REGISTRY
+    from harness.backends.builtin import REGISTRY
 
     spec = {**SPEC, "seq_lens": [20, 9, 7], "q_lens": [6, 1, 0], "sliding_window": window}
     (case,) = expand_spec(spec, "t.toml")
@@ -463,8 +463,8 @@ def test_gather_sdpa_peer_matches_oracle_with_a_window(window):
 def test_flex_attention_peer_mods_match_oracle(changes, monkeypatch):
     """The peer's mask_mod and score_mod, run eagerly on the CPU (the registry runs it compiled on CUDA)."""
     pytest.importorskip("torch.nn.attention.flex_attention")
-    from harness.peers import _prepare_flex
-    from harness.runner import case_inputs
+    from harness.backends.peers import _prepare_flex
+    from harness.run.runner import case_inputs
 
     monkeypatch.setattr(torch, "compile", lambda fn, **kwargs: fn)
     (case,) = expand_spec({**SPEC, "seq_lens": [20, 9, 7], "q_lens": [6, 1, 0], **changes}, "t.toml")

@@ -6,8 +6,8 @@ import pytest
 import torch
 
 import kernels
-from harness.grading import DEFAULT_TOLERANCES, grade
-from harness.oracle import paged_attention_oracle
+from harness.run.grading import DEFAULT_TOLERANCES, grade
+from harness.run.oracle import paged_attention_oracle
 from tests.kernel_cases import FP32_PRECISION_CASES, KERNEL_CASES, KernelCase
 
 CUDA = torch.cuda.is_available()

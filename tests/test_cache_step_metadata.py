@@ -7,8 +7,8 @@ import pytest
 import torch
 
 import kernels
-from harness.grading import DEFAULT_TOLERANCES, grade
-from harness.oracle import paged_attention_oracle
+from harness.run.grading import DEFAULT_TOLERANCES, grade
+from harness.run.oracle import paged_attention_oracle
 
 NUM_LAYERS, NUM_KV_HEADS, HEAD_DIM, NUM_Q_HEADS = 3, 2, 32, 4
 CUDA = torch.cuda.is_available()

@@ -7,8 +7,8 @@ import textwrap
 
 import pytest
 
-from harness.cases import CaseFileError, load_case_file, load_cases
-from harness.cli import main
+from harness.cases.spec import CaseFileError, load_case_file, load_cases
+from harness.cli.main import main
 
 GOOD = """
 [defaults]
@@ -210,8 +210,8 @@ def test_the_same_file_twice_is_read_once_with_a_note(tmp_path, capsys):
 
 
 def test_backend_names_are_checked_against_the_registry(tmp_path):
-    from harness.backends import REGISTRY
-    from harness.cases import check_backend_names
+    from harness.backends.builtin import REGISTRY
+    from harness.cases.spec import check_backend_names
 
     path = write(tmp_path, GOOD + 'backends = ["trtion"]\nexclude_backends = ["tlsim", "flex"]\n')
     cases = load_case_file(path)

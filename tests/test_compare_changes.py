@@ -5,8 +5,15 @@ from __future__ import annotations
 import pandas as pd
 import pytest
 
-from harness.cli import main
-from harness.compare import EXIT_INCOMPLETE, EXIT_OK, EXIT_WORSE, DuplicateRowsError, compare_runs, format_comparison
+from harness.cli.main import main
+from harness.review.compare import (
+    EXIT_INCOMPLETE,
+    EXIT_OK,
+    EXIT_WORSE,
+    DuplicateRowsError,
+    compare_runs,
+    format_comparison,
+)
 from tests import review_frames as rf
 
 

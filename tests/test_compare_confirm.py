@@ -9,8 +9,8 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from harness.compare import EXIT_WORSE, CompareOptions, compare_runs
-from harness.confirm import _one_round, _plugins, confirm_slower
+from harness.review.compare import EXIT_WORSE, CompareOptions, compare_runs
+from harness.review.confirm import _one_round, _plugins, confirm_slower
 from tests import review_frames as rf
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -92,7 +92,7 @@ def test_a_round_reports_each_rows_seconds_without_the_workers_start(tmp_path):
 
 def test_too_few_confirm_rounds_is_bad_input_before_any_run_is_read(tmp_path, capsys):
     """--confirm-rounds below the first look (9) could never decide a row: exit 2 naming the option."""
-    from harness.cli import main
+    from harness.cli.main import main
 
     missing = str(tmp_path / "no_such_run")
     assert main(["compare", missing, missing, "--confirm", "all", "--confirm-rounds", "8"]) == 2

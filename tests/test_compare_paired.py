@@ -7,8 +7,8 @@ import math
 import numpy as np
 import pytest
 
-from harness import confirm, stats
-from harness.confirm import alternate, look_schedule, rounds_to_decide, sequential_rounds, step_plan, within_box
+from harness.review import confirm, stats
+from harness.review.confirm import alternate, look_schedule, rounds_to_decide, sequential_rounds, step_plan, within_box
 
 
 def _rounds(rng, n: int, slowdown: float, load: float = 0.4, process: float = 0.05):

@@ -6,8 +6,8 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from harness import stats
-from harness.compare import EXIT_OK, EXIT_WORSE, compare_runs
+from harness.review import stats
+from harness.review.compare import EXIT_OK, EXIT_WORSE, compare_runs
 from tests import review_frames as rf
 
 

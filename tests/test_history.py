@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from harness.cli import main
-from harness.history import find_runs, load_history
+from harness.cli.main import main
+from harness.review.history import find_runs, load_history
 from tests import review_frames as rf
 
 

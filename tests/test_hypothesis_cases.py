@@ -1,11 +1,11 @@
 """Property: over the whole case space, reference and tlsim match the float64 oracle at the
 contract tolerances (or, where a tolerance is below the inputs' own round-off, within the
-forward error bound: harness.grading).
+forward error bound: harness.run.grading).
 
 Drawn: KV heads 1..4 and GQA groups 1..8 (6 included), head_dim 32..256 (any value),
 block sizes 1..256, 1..4 sequences of 1..300 tokens, q_lens 0..8 each (capped at the
 sequence), every layout, dtype and input scale 0.1..4, any seed. Every drawn case goes
-through the case-file validation (harness.cases.expand_spec), so a failure is a case file:
+through the case-file validation (harness.cases.spec.expand_spec), so a failure is a case file:
 hypothesis shrinks it and prints it as TOML to paste into cases/.
 
 Quick by default (30 examples, well under 30 s on 2 cores); a longer run:
@@ -22,10 +22,10 @@ from hypothesis import HealthCheck, event, given, note, settings
 from hypothesis import strategies as st
 
 import kernels
-from harness.cases import expand_spec
-from harness.grading import grade
-from harness.runner import build_context
-from harness.vocab import DTYPE_NAMES, LAYOUTS
+from harness.cases.spec import expand_spec
+from harness.cases.vocab import DTYPE_NAMES, LAYOUTS
+from harness.run.grading import grade
+from harness.run.runner import build_context
 from tests.tiny_cases import case_file_text
 
 EXAMPLES = int(os.environ.get("HARNESS_HYPOTHESIS_EXAMPLES", "30"))

@@ -1,6 +1,6 @@
 """A case's inputs are the same tensors on every build, thread count and device.
 
-harness.inputs draws each chunk of each tensor from its own generator seeded by (seed,
+harness.cases.inputs draws each chunk of each tensor from its own generator seeded by (seed,
 tensor name, chunk index). Here the chunks are made small (CHUNK_VALUES patched) so a
 tiny case spans many of them and the thread pool really splits the work.
 """
@@ -10,8 +10,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from harness import inputs as inputs_module
-from harness.inputs import PagedInputs, make_inputs, shared_prefix_blocks, token_slots
+from harness.cases import inputs as inputs_module
+from harness.cases.inputs import PagedInputs, make_inputs, shared_prefix_blocks, token_slots
 
 CASE = dict(num_q_heads=8, num_kv_heads=2, head_dim=32, block_size=16, seq_lens=[300, 77, 1000, 33],
             q_lens=[4, 1, 7, 1], dtype="bfloat16", input_scale=2.0, seed=5)  # fmt: skip

@@ -10,8 +10,8 @@ import pytest
 import torch
 
 import kernels
-from harness.grading import DEFAULT_TOLERANCES, grade
-from harness.oracle import paged_attention_oracle
+from harness.run.grading import DEFAULT_TOLERANCES, grade
+from harness.run.oracle import paged_attention_oracle
 from tests.kernel_cases import KERNEL_CASES
 
 CASES = {c.name: c for c in KERNEL_CASES}

@@ -22,15 +22,15 @@ import torch
 
 pytest.importorskip("torch.nn.attention.flex_attention")
 
-from harness import flex_paged
-from harness.backends import REGISTRY
-from harness.cases import expand_spec
-from harness.flex_paged import kernel_options_for, page_logical_table, paged_flex_mask, prepare_flex_paged
-from harness.grading import DEFAULT_TOLERANCES, grade
-from harness.oracle import paged_attention_oracle
-from harness.peers import _flex_unavailable
-from harness.registry import Unsupported
-from harness.runner import case_inputs
+from harness.backends import flex_paged
+from harness.backends.builtin import REGISTRY
+from harness.backends.flex_paged import kernel_options_for, page_logical_table, paged_flex_mask, prepare_flex_paged
+from harness.backends.peers import _flex_unavailable
+from harness.backends.registry import Unsupported
+from harness.cases.spec import expand_spec
+from harness.run.grading import DEFAULT_TOLERANCES, grade
+from harness.run.oracle import paged_attention_oracle
+from harness.run.runner import case_inputs
 
 pytestmark = pytest.mark.filterwarnings("ignore:flex_attention called without torch.compile")
 

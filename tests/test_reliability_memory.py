@@ -16,8 +16,8 @@ from pathlib import Path
 
 import pytest
 
-from harness.cases import CaseFileError, load_case_file, load_cases
-from harness.memory import estimate
+from harness.cases.memory import estimate
+from harness.cases.spec import CaseFileError, load_case_file, load_cases
 
 ROOT = Path(__file__).resolve().parents[1]
 FACTOR = 2.5
@@ -26,10 +26,10 @@ PROBE = """
 import json, os, resource, sys
 import torch
 torch.set_num_threads(1)
-from harness.backends import REGISTRY
-from harness.cases import load_case_file
-from harness.memory import estimate
-from harness.runner import RunConfig, build_context, run_backend
+from harness.backends.builtin import REGISTRY
+from harness.cases.spec import load_case_file
+from harness.cases.memory import estimate
+from harness.run.runner import RunConfig, build_context, run_backend
 
 path, backend = sys.argv[1], sys.argv[2]
 tiny, case = load_case_file(path)

@@ -13,11 +13,11 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from harness import backends as backends_module
-from harness import storage as storage_module
-from harness.cli import main
-from harness.journal import Journal, journal_path
-from harness.runner import to_frame
+from harness.backends import builtin as backends_module
+from harness.cli.main import main
+from harness.results import storage as storage_module
+from harness.results.journal import Journal, journal_path
+from harness.run.runner import to_frame
 from tests.tiny_cases import TINY, write_cases
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -326,7 +326,7 @@ def test_a_run_that_grades_nothing_or_skips_a_requested_backend_is_not_green(set
 
 
 def test_an_internal_bug_is_exit_3_with_a_traceback_not_bad_input(setup, capsys, monkeypatch):
-    from harness import runner
+    from harness.run import runner
 
     def bug(frame):
         raise ValueError("an internal bug")
@@ -363,8 +363,8 @@ def test_load_run_names_a_corrupt_meta_or_a_foreign_parquet(setup, capsys):
 
 
 def test_sigterm_during_the_final_write_leaves_no_partial_folder_and_keeps_the_journal(setup, capsys, monkeypatch):
-    from harness import report
-    from harness.guard import Terminated
+    from harness.results import report
+    from harness.run.guard import Terminated
 
     def terminated_while_rendering(*args):
         raise Terminated  # what the SIGTERM handler raises, arriving while the folder is written
@@ -410,7 +410,7 @@ def test_the_users_ctrl_c_stops_a_run_inside_a_hanging_call_and_keeps_the_journa
 
 
 def test_isolate_all_runs_the_built_ins_in_the_worker_too(setup, capsys, monkeypatch):
-    from harness import runner
+    from harness.run import runner
 
     def no_local_context(*args, **kwargs):
         raise AssertionError("a built-in ran in-process under --isolate all")

@@ -6,11 +6,11 @@ from __future__ import annotations
 import pytest
 import torch
 
-from harness import backends as backends_module
 from harness import register_backend
-from harness.cases import load_cases
-from harness.cli import main
-from harness.runner import RunConfig, run_cases
+from harness.backends import builtin as backends_module
+from harness.cases.spec import load_cases
+from harness.cli.main import main
+from harness.run.runner import RunConfig, run_cases
 
 SMOKE = "cases/smoke.toml"
 

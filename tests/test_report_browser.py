@@ -14,8 +14,8 @@ import shutil
 import pandas as pd
 import pytest
 
-from harness import backends as backends_module
-from harness.cli import main
+from harness.backends import builtin as backends_module
+from harness.cli.main import main
 
 webdriver = pytest.importorskip("selenium.webdriver", reason="selenium is not installed (pip install selenium)")
 

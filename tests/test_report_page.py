@@ -7,8 +7,8 @@ import re
 import pandas as pd
 import pytest
 
-from harness.cli import main
-from harness.report import render_html, sig
+from harness.cli.main import main
+from harness.results.report import render_html, sig
 from tests import review_frames as rf
 
 EVIL = "<script>alert('x')</script>"

@@ -6,8 +6,8 @@ import json
 
 import pandas as pd
 
-from harness.cli import main
-from harness.journal import Journal, journal_path
+from harness.cli.main import main
+from harness.results.journal import Journal, journal_path
 from tests.tiny_cases import write_cases
 
 
@@ -117,8 +117,8 @@ def test_a_journal_whose_case_files_are_gone_is_still_written_saying_what_is_unk
 
 def test_finalize_of_a_shard_lists_only_its_own_missing_pairs_and_reads_suite_names(tmp_path):
     """A --shard 0/2 run of the packaged smoke suite (named, not a path) stopped after 2 rows."""
-    from harness.cases import load_cases
-    from harness.merge import shard_cases
+    from harness.cases.spec import load_cases
+    from harness.execute.shards import shard_cases
 
     whole = tmp_path / "whole"
     assert main(["run", "smoke", "--backend", "tlsim", "--no-timing", "--no-progress", "--shard", "0/2",
@@ -133,5 +133,5 @@ def test_finalize_of_a_shard_lists_only_its_own_missing_pairs_and_reads_suite_na
     journal.close(stopped=True)
     assert main(["run", "--resume", str(stopped), "--finalize"]) == 0
     incomplete = json.loads((stopped / "meta.json").read_text())["incomplete"]
-    mine = shard_cases(load_cases(["harness/suites/smoke.toml"], device="cpu"), 0, 2)
+    mine = shard_cases(load_cases(["harness/cases/suites/smoke.toml"], device="cpu"), 0, 2)
     assert incomplete["missing_pairs"] == len(mine) - 2 == len(rows) - 2, incomplete.get("missing_unknown")

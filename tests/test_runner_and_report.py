@@ -7,14 +7,14 @@ import pytest
 import torch
 
 import kernels
-from harness import backends as backends_module
 from harness import register_backend
-from harness import report as report_module
-from harness import storage as storage_module
-from harness.cases import load_case_file
-from harness.cli import main
-from harness.compare import compare_runs
-from harness.runner import RunConfig, exit_code, run_cases
+from harness.backends import builtin as backends_module
+from harness.cases.spec import load_case_file
+from harness.cli.main import main
+from harness.results import report as report_module
+from harness.results import storage as storage_module
+from harness.review.compare import compare_runs
+from harness.run.runner import RunConfig, exit_code, run_cases
 from tests.tiny_cases import write_cases
 
 pytestmark = pytest.mark.usefixtures("clean_registry")  # backends registered here vanish after each test
@@ -198,7 +198,7 @@ def test_sdpa_peers_do_not_leak_pool_nan(case_file):
 
 
 def test_tol_ratio_is_the_margin_to_the_tolerance():
-    from harness.grading import grade
+    from harness.run.grading import grade
 
     expected = torch.tensor([1.0, -2.0, 0.0], dtype=torch.float64)
     result = grade(expected + torch.tensor([5e-5, 0.0, 4e-6]), expected, atol=1e-5, rtol=1e-4)

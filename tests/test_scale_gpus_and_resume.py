@@ -9,11 +9,11 @@ import json
 import pandas as pd
 import pytest
 
-import harness.ceilings
-from harness.ceilings import GpuLedger
-from harness.cli import _resume, _run_options, build_parser, main
-from harness.journal import Journal
-from harness.scale import mixed_models_note
+import harness.timing.ceilings
+from harness.cli.main import _resume, _run_options, build_parser, main
+from harness.execute.plan import mixed_models_note
+from harness.results.journal import Journal
+from harness.timing.ceilings import GpuLedger
 
 CASES = """
 defaults = {num_q_heads = 4, num_kv_heads = 2, head_dim = 32, block_size = 4}
@@ -59,17 +59,19 @@ def test_each_row_is_judged_against_its_own_gpus_ceilings_and_meta_lists_every_g
 
 
 FAKE_GPU = """
-import harness.ceilings
+import harness.timing.ceilings
 
 def own_device(device, dtype_names, timing):  # every worker "measures" a GPU of its own
     return {"gpu_name": "Fake GPU", "ceilings": {"read_gbps": 0.001, "peak_tflops": {}}, "measure_s": 0.5}
 
-harness.ceilings.own_device = own_device
+harness.timing.ceilings.own_device = own_device
 """
 
 
 def test_workers_report_their_device_and_meta_keeps_it_with_where_the_time_went(cases_file, tmp_path, monkeypatch):
-    monkeypatch.setattr(harness.ceilings, "own_device", harness.ceilings.own_device)  # the plugin patches it here too
+    monkeypatch.setattr(
+        harness.timing.ceilings, "own_device", harness.timing.ceilings.own_device
+    )  # the plugin patches it here too
     (tmp_path / "fake_gpu.py").write_text(FAKE_GPU)
     out = tmp_path / "run"
     code = main(["run", str(cases_file), "--backend", "tlsim", "--plugin", str(tmp_path / "fake_gpu.py"),
@@ -85,7 +87,7 @@ def test_workers_report_their_device_and_meta_keeps_it_with_where_the_time_went(
     assert scale["ceilings_measure_s"] == [0.5, 0.5] and scale["cases"] == 2 and scale["rows"] == 2
     assert scale["wall_s"] >= scale["case_busy_s"] / 2 > 0
     assert min(scale["dispatch_wait_s"], scale["journal_s"], scale["merge_s"]) >= 0
-    phases = scale["phase_s"]  # where the busy time went, summed over both workers (harness.phases)
+    phases = scale["phase_s"]  # where the busy time went, summed over both workers (harness.timing.phases)
     assert {"inputs", "oracle", "guard", "graded call", "grade"} <= set(phases)
     assert 0 < sum(phases.values()) <= scale["case_busy_s"] + 0.01
     assert "where the cases' busy time went" in _scale_table(out)
@@ -95,7 +97,7 @@ def _scale_table(run_dir) -> str:
     import io
     from contextlib import redirect_stdout
 
-    from harness.scale_table import main as table_main
+    from harness.execute.scale_table import main as table_main
 
     printed = io.StringIO()
     with redirect_stdout(printed):
@@ -104,7 +106,7 @@ def _scale_table(run_dir) -> str:
 
 
 def test_phases_sum_each_block_once_even_when_it_raises_and_start_again_after_take():
-    from harness.phases import add_phases, phase, rounded, take_phases
+    from harness.timing.phases import add_phases, phase, rounded, take_phases
 
     take_phases()
     with phase("a"):
@@ -172,23 +174,23 @@ def test_a_gpus_ceilings_are_measured_once_per_process_and_once_per_gpu_where_pr
 ):
     measured = []
     monkeypatch.setattr(
-        harness.ceilings, "measure_ceilings", lambda device, dtypes: measured.append(1) or {"read_gbps": 7.0}
+        harness.timing.ceilings, "measure_ceilings", lambda device, dtypes: measured.append(1) or {"read_gbps": 7.0}
     )
-    monkeypatch.setattr(harness.ceilings.torch.cuda, "get_device_name", lambda device=None: "NVIDIA H200")
-    monkeypatch.setattr(harness.ceilings, "_OWN", {})
+    monkeypatch.setattr(harness.timing.ceilings.torch.cuda, "get_device_name", lambda device=None: "NVIDIA H200")
+    monkeypatch.setattr(harness.timing.ceilings, "_OWN", {})
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "1")
-    first = harness.ceilings.own_device("cuda", ["bfloat16"], timing=True)
-    assert harness.ceilings.own_device("cuda", ["bfloat16"], timing=True) is first and len(measured) == 1
+    first = harness.timing.ceilings.own_device("cuda", ["bfloat16"], timing=True)
+    assert harness.timing.ceilings.own_device("cuda", ["bfloat16"], timing=True) is first and len(measured) == 1
     assert first["gpu_name"] == "NVIDIA H200" and first["ceilings"] == {"read_gbps": 7.0}
 
-    monkeypatch.setenv(harness.ceilings.SHARE_ENV, str(tmp_path / "shared"))  # a Ray run: a process per task
+    monkeypatch.setenv(harness.timing.ceilings.SHARE_ENV, str(tmp_path / "shared"))  # a Ray run: a process per task
     for _ in range(2):
-        monkeypatch.setattr(harness.ceilings, "_OWN", {})  # the next task's fresh process
-        report = harness.ceilings.own_device("cuda", ["bfloat16"], timing=True)
+        monkeypatch.setattr(harness.timing.ceilings, "_OWN", {})  # the next task's fresh process
+        report = harness.timing.ceilings.own_device("cuda", ["bfloat16"], timing=True)
     assert len(measured) == 2 and report["ceilings"] == {"read_gbps": 7.0} and report["measure_s"] == 0.0
     assert [p.name for p in (tmp_path / "shared").iterdir()] == ["1.json"]
-    monkeypatch.setattr(harness.ceilings, "_OWN", {})
-    assert harness.ceilings.own_device("cpu", ["float32"], timing=True) == {
+    monkeypatch.setattr(harness.timing.ceilings, "_OWN", {})
+    assert harness.timing.ceilings.own_device("cpu", ["float32"], timing=True) == {
         "gpu_name": "",
         "ceilings": {},
         "measure_s": pytest.approx(0, abs=0.1),
@@ -196,8 +198,8 @@ def test_a_gpus_ceilings_are_measured_once_per_process_and_once_per_gpu_where_pr
 
 
 def test_the_report_lists_each_gpu_with_its_read_ceiling():
-    from harness.report import render_html
-    from harness.runner import to_frame
+    from harness.results.report import render_html
+    from harness.run.runner import to_frame
 
     frame = to_frame(
         [{"case": "c", "backend": "triton", "status": "pass", "gpu_index": "1", "gpu_name": "NVIDIA H200"}]
@@ -210,7 +212,7 @@ def test_the_report_lists_each_gpu_with_its_read_ceiling():
 
 
 def test_a_pytest_n_run_lists_its_workers_gpus_and_names_mixed_models():
-    from harness.xdist_rows import run_gpus
+    from harness.execute.xdist import run_gpus
 
     rows = [{"host": "h", "gpu_index": "0", "worker": "gw0", "gpu_name": "NVIDIA H200"},
             {"host": "h", "gpu_index": "0", "worker": "gw0", "gpu_name": "NVIDIA H200"},

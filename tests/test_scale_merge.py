@@ -9,10 +9,10 @@ import shutil
 import pandas as pd
 import pytest
 
-from harness.cases import load_cases
-from harness.cli import main
-from harness.merge import parse_shard, shard_cases
-from harness.parallel import case_cost
+from harness.cases.spec import load_cases
+from harness.cli.main import main
+from harness.execute.shards import parse_shard, shard_cases
+from harness.execute.workers import case_cost
 
 SMOKE = ["run", "smoke", "--backend", "reference", "--backend", "tlsim", "--no-timing", "--no-progress",
          "--oracle-cache", "off"]  # fmt: skip
@@ -20,7 +20,7 @@ SMOKE = ["run", "smoke", "--backend", "reference", "--backend", "tlsim", "--no-t
 
 @pytest.mark.parametrize("count", [1, 2, 3, 5])
 def test_shards_partition_the_cases_and_deal_the_large_ones_round_robin(count):
-    cases = load_cases(["harness/suites/smoke.toml"], device="cpu")
+    cases = load_cases(["harness/cases/suites/smoke.toml"], device="cpu")
     shards = [shard_cases(cases, index, count) for index in range(count)]
     ids = [case.id for shard in shards for case in shard]
     assert sorted(ids) == sorted(c.id for c in cases) and len(set(ids)) == len(ids)  # every case, once
@@ -80,8 +80,8 @@ def test_merge_refuses_overlapping_runs_and_mixed_commits_unless_told(shard_runs
 
 
 def test_resume_keeps_the_runs_shard(tmp_path):
-    from harness.cli import _resume, _run_options, build_parser
-    from harness.journal import Journal
+    from harness.cli.main import _resume, _run_options, build_parser
+    from harness.results.journal import Journal
 
     out = tmp_path / "run"
     args = build_parser().parse_args([*SMOKE, "--shard", "1/3"])

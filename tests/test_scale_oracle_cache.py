@@ -7,8 +7,8 @@ import os
 import pytest
 import torch
 
-from harness import oracle_cache, runner
-from harness.cases import load_cases
+from harness.cases.spec import load_cases
+from harness.run import oracle_cache, runner
 from tests.tiny_cases import write_cases
 
 

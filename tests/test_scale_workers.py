@@ -10,11 +10,11 @@ import os
 import pandas as pd
 import pytest
 
-from harness.backends import load_plugin, resolve_backends
-from harness.cases import load_cases
-from harness.cli import main
-from harness.parallel import EXTRA_COLUMNS, case_cost, run_sharded, worker_count, worker_threads
-from harness.runner import RunConfig
+from harness.backends.builtin import load_plugin, resolve_backends
+from harness.cases.spec import load_cases
+from harness.cli.main import main
+from harness.execute.workers import EXTRA_COLUMNS, case_cost, run_sharded, worker_count, worker_threads
+from harness.run.runner import RunConfig
 from tests.tiny_cases import write_cases
 
 SMOKE = ["run", "smoke", "--backend", "reference", "--backend", "tlsim", "--no-timing", "--no-progress"]
@@ -185,7 +185,7 @@ def test_ray_without_ray_installed_is_exit_2_saying_how_to_install_it(tmp_path, 
 
 
 def test_each_worker_is_spawned_seeing_only_its_own_gpu_and_the_parent_keeps_all(monkeypatch):
-    from harness.parallel import ShardedRun
+    from harness.execute.workers import ShardedRun
 
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "4,6")
     sharded = ShardedRun(RunConfig(device="cuda", backends=[], timing=False, progress=False), workers=3)

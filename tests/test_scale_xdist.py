@@ -11,7 +11,7 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from harness.cli import main
+from harness.cli.main import main
 from tests.tiny_cases import write_cases
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -45,7 +45,7 @@ def test_xdist_workers_rows_merge_into_one_run_folder_equal_to_a_one_process_run
 
 def test_each_xdist_worker_is_pinned_to_its_own_gpu_round_robin(monkeypatch):
     execnet = pytest.importorskip("execnet", reason="pytest-xdist (and execnet) not installed")
-    from harness.xdist_rows import pin_gpus
+    from harness.execute.xdist import pin_gpus
 
     class Config:
         def getoption(self, name, default=None):
@@ -59,7 +59,7 @@ def test_each_xdist_worker_is_pinned_to_its_own_gpu_round_robin(monkeypatch):
 
 def test_no_gpu_pinning_on_a_cpu_run():
     execnet = pytest.importorskip("execnet", reason="pytest-xdist (and execnet) not installed")
-    from harness.xdist_rows import pin_gpus
+    from harness.execute.xdist import pin_gpus
 
     class Config:
         def getoption(self, name, default=None):

@@ -9,10 +9,10 @@ import pandas as pd
 import pytest
 import torch
 
-from harness.cases import load_case_file
-from harness.metrics import attended_pairs, flops, tflops
-from harness.scaling import fit_line, fit_scaling
-from harness.timing import probe_call, time_call, time_wall
+from harness.cases.spec import load_case_file
+from harness.timing.metrics import attended_pairs, flops, tflops
+from harness.timing.scaling import fit_line, fit_scaling
+from harness.timing.timer import probe_call, time_call, time_wall
 
 
 def test_time_call_keeps_at_least_the_floor_of_samples_even_past_its_time_budget():
@@ -29,7 +29,7 @@ def test_time_wall_measures_the_whole_call():
 def test_time_wall_on_cuda_splits_the_hosts_return_from_the_drained_wall(monkeypatch):
     """host_samples: the call's own time to return; the wall adds the drain after it. A fake device
     whose drain takes 4 ms, a call whose host work takes 1 ms."""
-    import harness.timing as timing
+    import harness.timing.timer as timing
 
     monkeypatch.setattr(timing, "_is_cuda", lambda device: True)
     monkeypatch.setattr(timing, "L2_FLUSH_BYTES", 16)
@@ -80,8 +80,8 @@ def test_fit_scaling_fits_each_backend_and_skips_too_few_points():
 
 
 def test_a_timed_cli_run_writes_every_timing_column_and_the_page(tmp_path):
-    from harness.cli import main
-    from harness.storage import load_run
+    from harness.cli.main import main
+    from harness.results.storage import load_run
 
     cases = tmp_path / "c.toml"
     cases.write_text(
@@ -115,8 +115,8 @@ def test_a_timed_cli_run_writes_every_timing_column_and_the_page(tmp_path):
 
 def test_the_oracle_gives_the_same_answer_in_chunks_of_query_rows(monkeypatch):
 
-    from harness import oracle
-    from harness.inputs import make_inputs
+    from harness.cases.inputs import make_inputs
+    from harness.run import oracle
 
     inputs = make_inputs(
         num_q_heads=4, num_kv_heads=2, head_dim=32, block_size=4, seq_lens=[9, 13], q_lens=[5, 7],
@@ -129,7 +129,7 @@ def test_the_oracle_gives_the_same_answer_in_chunks_of_query_rows(monkeypatch):
 
 
 def test_a_declared_commit_wins_over_a_stale_git_and_the_disagreement_is_recorded(monkeypatch):
-    from harness import environment
+    from harness.results import environment
 
     monkeypatch.setattr(environment, "git", lambda *args: "a" * 40)
     monkeypatch.setenv("HARNESS_COMMIT", "b" * 40)
@@ -141,9 +141,9 @@ def test_a_declared_commit_wins_over_a_stale_git_and_the_disagreement_is_recorde
 
 def test_a_failing_row_names_the_sequence_query_position_and_head_of_its_worst_element():
     import kernels
-    from harness.backends import REGISTRY, register_backend
-    from harness.grading import locate
-    from harness.runner import RunConfig, run_cases
+    from harness.backends.builtin import REGISTRY, register_backend
+    from harness.run.grading import locate
+    from harness.run.runner import RunConfig, run_cases
 
     assert locate(3, [0, 2, 2, 5], [4, 7, 9]) == "seq 2, query 1 (position 7)", "seq 1 has no query"
 
@@ -175,7 +175,7 @@ def test_a_failing_row_names_the_sequence_query_position_and_head_of_its_worst_e
 def test_the_oracle_cache_keeps_attention_variants_of_one_input_apart():
     import torch
 
-    from harness.oracle_cache import cache_key
+    from harness.run.oracle_cache import cache_key
 
     args = (torch.ones(2, 2, 32), torch.ones(3, 4, 1, 32), torch.ones(3, 4, 1, 32), torch.zeros(2, 1, dtype=torch.int32),
             torch.full((2,), 4, dtype=torch.int32), None)  # fmt: skip

@@ -16,11 +16,11 @@ import pytest
 import torch
 
 import kernels
-from harness.backends import REGISTRY
-from harness.cases import CaseFileError, expand_spec
-from harness.grading import grade
-from harness.oracle import paged_attention_oracle
-from harness.runner import RunConfig, case_inputs, run_cases
+from harness.backends.builtin import REGISTRY
+from harness.cases.spec import CaseFileError, expand_spec
+from harness.run.grading import grade
+from harness.run.oracle import paged_attention_oracle
+from harness.run.runner import RunConfig, case_inputs, run_cases
 from kernels.cascade import cascade_attention, merge_attention_states
 from tests.test_attention_variants import BY_NAME, VariantCase, _tolerance
 
@@ -209,7 +209,7 @@ def test_harness_grades_lse_and_skips_backends_without_it():
 
 
 def test_harness_fails_a_backend_whose_lse_is_wrong(monkeypatch):
-    from harness.registry import Backend, contract_prepare
+    from harness.backends.registry import Backend, contract_prepare
 
     def off_by_one(*args, **kwargs):
         out, lse = kernels.paged_attention_tlsim(*args, **kwargs)

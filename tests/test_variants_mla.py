@@ -13,12 +13,12 @@ import pytest
 import torch
 
 import kernels
-from harness.backends import REGISTRY
-from harness.cases import expand_spec
-from harness.grading import DEFAULT_TOLERANCES, grade
-from harness.inputs import make_inputs
-from harness.oracle import paged_attention_oracle
-from harness.runner import RunConfig, run_cases
+from harness.backends.builtin import REGISTRY
+from harness.cases.inputs import make_inputs
+from harness.cases.spec import expand_spec
+from harness.run.grading import DEFAULT_TOLERANCES, grade
+from harness.run.oracle import paged_attention_oracle
+from harness.run.runner import RunConfig, run_cases
 from kernels._common import head_dim_pieces, heads_per_program, prepare_call, tiling_for
 
 SHAPES = {  # num_q_heads, num_kv_heads, head_dim, head_dim_v, dtype, seq_lens, q_lens

@@ -11,8 +11,8 @@ import pytest
 import torch
 
 import kernels
-from harness.grading import grade
-from harness.oracle import paged_attention_oracle
+from harness.run.grading import grade
+from harness.run.oracle import paged_attention_oracle
 from kernels._common import prepare_call, tiling_for
 from tests.kernel_cases import CASES_BY_NAME
 

@@ -1,4 +1,4 @@
-"""One vocabulary (harness.vocab, its dtypes the kernels' own): the case-file schema, the
+"""One vocabulary (harness.cases.vocab, its dtypes the kernels' own): the case-file schema, the
 inputs, the kernels, the grading tables and the report all speak it, and no second list drifts."""
 
 from __future__ import annotations
@@ -7,12 +7,14 @@ import pytest
 import torch
 
 import kernels
-from harness import ceilings, grading, report
-from harness.backends import resolve_backends
-from harness.cases import case_file_schema, load_case_file
-from harness.inputs import make_inputs
-from harness.runner import RunConfig, run_cases
-from harness.vocab import DTYPE_NAMES, DTYPES, FAILING, GRADED, LAYOUTS, STATUSES, WORST_FIRST
+from harness.backends.builtin import resolve_backends
+from harness.cases.inputs import make_inputs
+from harness.cases.spec import case_file_schema, load_case_file
+from harness.cases.vocab import DTYPE_NAMES, DTYPES, FAILING, GRADED, LAYOUTS, STATUSES, WORST_FIRST
+from harness.results import report
+from harness.run import grading
+from harness.run.runner import RunConfig, run_cases
+from harness.timing import ceilings
 from kernels._common import SUPPORTED_DTYPES
 from tests.tiny_cases import TINY, write_cases
 

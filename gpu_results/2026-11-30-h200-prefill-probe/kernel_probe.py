@@ -26,11 +26,12 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-import kernels  # noqa: E402
-from harness.cases import load_cases  # noqa: E402
 from harness.registry import resolve_backends  # noqa: E402
 from harness.runner import case_inputs  # noqa: E402
 from harness.suite_files import resolve_case_arg  # noqa: E402
+
+import kernels  # noqa: E402
+from harness.cases import load_cases  # noqa: E402
 from harness.timing import time_call  # noqa: E402
 from kernels.tuning import TileConfig, override  # noqa: E402
 

@@ -1,0 +1,304 @@
+"""The peer ``flex_paged``: FlexAttention reading the paged pool itself, steered by a BlockMask
+built from the block table, whose KV block is the page.
+
+No gather and no copy of K: the pool is one long key sequence,
+
+    k_cache [num_blocks, block_size, num_kv_heads, head_dim]
+      -> view    [num_blocks * block_size, num_kv_heads, head_dim]
+      -> permute [1, num_kv_heads, num_blocks * block_size, head_dim]
+
+so pool slot n is page n // block_size, offset n % block_size. With KV_BLOCK_SIZE =
+block_size, FlexAttention's KV block *is* a page, and a query block's ``kv_indices`` list
+the physical pages of its sequence(s) that the causal rule (and the window) lets it see:
+
+* full pages (``full_kv_indices``): every slot filled and visible to every query row of
+  the block, which all belong to one sequence: no mask_mod is evaluated on them;
+* partial pages (``kv_indices``): the sequence's last page, the pages on the causal
+  diagonal or the window's edge, and every page of a block whose rows span sequences:
+  the mask_mod decides slot by slot.
+
+Example, block_size 16: a sequence with seq_len 45, block_table row [7, 2, 9] and 5
+queries (positions 40..44) keeps its keys 32..44 in page 9, pool slots 144..156
+(45 = (3 - 1) * 16 + 13); for a query block holding just those rows, pages 7 and 2 are
+full, page 9 partial (13 of 16 slots filled, and the diagonal).
+
+The mask_mod maps a pool slot back to (page owner, logical position) through an inverse
+table built on the device, ``page_logical[page]`` (the page's logical block index, -1 for
+a page nobody owns), and checks ``block_table[seq, logical] == page`` so that a page shared
+by a prefix of several sequences is still only seen by its owners; a query row maps to
+(seq, position) through ``row_seq`` / ``row_pos``. Query position p = seq_len - q_len + i
+sees keys at positions <= p (and > p - W with a sliding window W).
+
+Two forms of the query, chosen from the case:
+
+* ``packed`` (some q_len > 64: prefill, chunked prefill, mixed batches): q viewed as
+  [1, num_q_heads, num_tokens, head_dim], query blocks of 128 rows; a block may span
+  sequences (it then reads the union of their pages, all partial).
+* ``per_sequence`` (every q_len <= 64: decode, speculative verify): q padded to
+  [num_seqs, num_q_heads, max_q_len, head_dim] (a copy made before timing), K/V broadcast
+  over that batch, one query block per sequence; FlexAttention's decoding kernel takes it
+  where it can (query heads per KV head a power of two).
+
+Everything above is built in ``prepare``, outside the timed region; ``run`` is one call of
+the compiled ``flex_attention`` (eager on the CPU, where it runs only to check
+correctness). Flex's V is read from a copy of the V pool with its NaN poison zeroed: the
+kernel multiplies masked slots of a partial page by a zero weight, and 0 * NaN is NaN (the
+NaN stays in K, so a slot the mask fails to hide still poisons the row).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+
+from harness.backends.registry import Backend, Prepared, Unsupported, add_backend
+from harness.cases.inputs import PagedInputs
+from harness.cases.spec import Case
+
+PER_SEQUENCE_MAX_Q = 64  # every q_len at most this: one query block per sequence
+PACKED_Q_BLOCK = 128  # FlexAttention's default Q block; a multiple of every default BLOCK_M
+
+
+@dataclass(frozen=True)
+class QueryRows:
+    """Where each query row of the FlexAttention call comes from.
+
+    q        [batch, num_q_heads, rows, head_dim], what flex_attention is given
+    row_seq  [batch, rows] int32, the row's sequence; -1 for a padding row
+    row_pos  [batch, rows] int32, the row's query position in its sequence; -1 for padding
+    q_block  the BlockMask's Q_BLOCK_SIZE
+    form     "packed" or "per_sequence"
+    """
+
+    q: torch.Tensor
+    row_seq: torch.Tensor
+    row_pos: torch.Tensor
+    q_block: int
+    form: str
+
+    def to_packed(self, o: torch.Tensor) -> torch.Tensor:
+        """flex_attention's [batch, num_q_heads, rows, head_dim] -> [num_tokens, num_q_heads, head_dim]."""
+        return o.transpose(1, 2)[self.row_seq >= 0]
+
+
+def query_rows(inputs: PagedInputs, group_size: int) -> QueryRows:
+    """The packed view of q, or q padded per sequence when every q_len <= PER_SEQUENCE_MAX_Q."""
+    seq_lens = inputs.seq_lens.long()
+    starts = inputs.query_start_loc.long()
+    q_lens = starts[1:] - starts[:-1]
+    first_pos = seq_lens - q_lens  # position of each sequence's first query
+    max_q = int(q_lens.max()) if len(q_lens) else 0
+    if max_q > PER_SEQUENCE_MAX_Q:
+        seq = torch.repeat_interleave(torch.arange(len(q_lens), device=q_lens.device), q_lens)
+        pos = first_pos[seq] + torch.arange(len(seq), device=seq.device) - starts[seq]
+        q = inputs.q.permute(1, 0, 2)[None]  # a view: [1, num_q_heads, num_tokens, head_dim]
+        return QueryRows(q, seq[None].int(), pos[None].int(), PACKED_Q_BLOCK, "packed")
+    max_q = max(max_q, 1)
+    j = torch.arange(max_q, device=q_lens.device)
+    real = j[None, :] < q_lens[:, None]
+    index = (starts[:-1, None] + j[None, :]).clamp(max=max(inputs.q.shape[0] - 1, 0))
+    q = torch.where(real[..., None, None], inputs.q[index], 0).transpose(1, 2).contiguous()
+    seq = torch.where(real, torch.arange(len(q_lens), device=q_lens.device)[:, None], -1)
+    pos = torch.where(real, first_pos[:, None] + j[None, :], -1)
+    # flex's decoding kernel needs its BLOCK_M (max_q_len * group, to a power of two) to divide Q_BLOCK_SIZE
+    q_block = max(PACKED_Q_BLOCK, 1 << (max_q * group_size - 1).bit_length())
+    return QueryRows(q, seq.int(), pos.int(), q_block, "per_sequence")
+
+
+def page_logical_table(block_table: torch.Tensor, seq_lens: torch.Tensor, num_blocks: int, block_size: int):
+    """[num_blocks] int32: each physical page's logical block index, -1 where nobody owns it.
+
+    Raises Unsupported when a page sits at two logical indices (then a slot has no single
+    position, and no mask_mod over physical slots can be right).
+    """
+    col = torch.arange(block_table.shape[1], device=block_table.device)
+    owned = (col[None, :] < (seq_lens.long()[:, None] + block_size - 1) // block_size) & (block_table >= 0)
+    pages = block_table.long()[owned]
+    logical = col.expand_as(block_table)[owned]
+    table = torch.full((num_blocks,), -1, dtype=torch.long, device=block_table.device)
+    table[pages] = logical
+    if not bool((table[pages] == logical).all()):
+        raise Unsupported("a physical page sits at two logical positions; no slot-to-position map exists")
+    return table.int()
+
+
+def paged_block_mask(rows: QueryRows, block_table: torch.Tensor, seq_lens: torch.Tensor, num_blocks: int,
+                     block_size: int, sliding_window: int | None):  # fmt: skip
+    """(kv_num_blocks, kv_indices, full_kv_num_blocks, full_kv_indices) for BlockMask.from_kv_blocks.
+
+    Shapes [batch, 1, num_q_blocks] and [batch, 1, num_q_blocks, num_blocks] int32, pages
+    listed first in increasing order. For each (query block, sequence with rows in it) the
+    rows' positions run over [lo, hi]; logical block l of the sequence (slots l * bs ..
+    last, last = min((l + 1) * bs, seq_len) - 1) is visible when l * bs <= hi and, with a
+    window W, last > lo - W; it is full when, besides, the block's rows are all of that
+    sequence, the page is filled ((l + 1) * bs <= seq_len), last <= lo and l * bs > hi - W.
+    """
+    batch, num_rows = rows.row_seq.shape
+    device = rows.row_seq.device
+    num_q_blocks = -(-num_rows // rows.q_block)
+    seq, pos = rows.row_seq.long(), rows.row_pos.long()
+    block = (torch.arange(num_rows, device=device) // rows.q_block).expand(batch, -1)
+    cell = torch.arange(batch, device=device)[:, None] * num_q_blocks + block  # (batch, q block), flat
+    rows_in_cell = torch.zeros(batch * num_q_blocks, dtype=torch.long, device=device)
+    rows_in_cell.scatter_add_(0, cell.reshape(-1), torch.ones_like(cell).reshape(-1))
+    real = seq >= 0
+    num_seqs = block_table.shape[0]
+    key = (cell * num_seqs + seq)[real]  # one entry per (cell, sequence) with rows in the cell
+    pairs, which = torch.unique(key, return_inverse=True)
+    lo = torch.full_like(pairs, torch.iinfo(torch.long).max).scatter_reduce(0, which, pos[real], "amin")
+    hi = torch.full_like(pairs, -1).scatter_reduce(0, which, pos[real], "amax")
+    count = torch.zeros_like(pairs).scatter_add(0, which, torch.ones_like(which))
+    pair_cell, pair_seq = pairs // num_seqs, pairs % num_seqs
+    length = seq_lens.long()[pair_seq][:, None]
+    first = torch.arange(block_table.shape[1], device=device)[None, :] * block_size  # [1, max_blocks]
+    last = torch.minimum(first + block_size, length) - 1
+    lo, hi = lo[:, None], hi[:, None]
+    visible = (first < length) & (first <= hi)
+    full = visible & (count == rows_in_cell[pair_cell])[:, None] & (first + block_size <= length) & (last <= lo)
+    if sliding_window is not None:
+        visible &= last > lo - sliding_window
+        full &= first > hi - sliding_window
+    # Scatter into [cell, page] maps. A page is marked at most once per (cell, sequence) and
+    # is full only where the cell holds one sequence, so the two maps never overlap.
+    slot = pair_cell[:, None] * num_blocks + block_table.long()[pair_seq].clamp(min=0)  # [pairs, max_blocks]
+    partial = torch.zeros(batch * num_q_blocks * num_blocks, dtype=torch.bool, device=device)
+    complete = torch.zeros_like(partial)
+    partial[slot[visible & ~full]] = True
+    complete[slot[full]] = True
+
+    def listed(chosen: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        chosen = chosen.view(batch * num_q_blocks, num_blocks)
+        indices = torch.argsort((~chosen).to(torch.uint8), dim=-1, stable=True)  # chosen pages first, in order
+        shape = (batch, 1, num_q_blocks)
+        return chosen.sum(-1).int().view(shape), indices.int().view(*shape, num_blocks)
+
+    return (*listed(partial), *listed(complete))
+
+
+def kernel_options_for(block_size: int, device: torch.device, form: str = "per_sequence") -> dict:
+    """Triton kernel options for a page size and query form (none on the CPU).
+
+    Flex tiles each KV block in BLOCK_N columns; BLOCK_N must divide the block and be at
+    least 16 (tl.dot). Its default BLOCK_N (16-128 by dtype and head_dim) divides any page
+    that is a multiple of 128; other pages get BLOCK_N = gcd(page, 64). The packed form
+    forces the main kernel: under 128 query rows flex would pick its decoding kernel, whose
+    BLOCK_M (rows x group, to a power of two) must divide Q_BLOCK_SIZE = 128.
+    """
+    if device.type != "cuda":
+        return {}
+    if block_size % 16:
+        raise Unsupported(f"FlexAttention's Triton kernel needs the page size a multiple of 16, not {block_size}")
+    options = {} if block_size % 128 == 0 else {"BLOCK_N": math.gcd(block_size, 64)}
+    if form == "packed":
+        options["FORCE_USE_FLEX_ATTENTION"] = True
+    return options
+
+
+def compiled_flex(flex_attention, first_call):
+    """torch.compile(flex_attention), and its first call (the compile) made here, before timing.
+
+    Every prepare compiles the same function, once per shape; past dynamo's recompile limit
+    (8) it would quietly run flex eagerly (unfused, the full score matrix over the whole
+    pool), so the compile happens under a raised limit. Later calls of the same shape hit
+    the cache and never reach the limit.
+    """
+    config = torch._dynamo.config
+    names = (  # the limits' names since torch 2.6, and before
+        ("recompile_limit", "accumulated_recompile_limit")
+        if hasattr(config, "recompile_limit")
+        else ("cache_size_limit", "accumulated_cache_size_limit")
+    )
+    compiled = torch.compile(flex_attention, dynamic=False)
+    with config.patch(**dict.fromkeys(names, 4096)):
+        first_call(compiled)
+    return compiled
+
+
+def paged_flex_mask(case: Case, inputs: PagedInputs):
+    """(query rows, BlockMask, page_logical) for a case: what flex_paged builds before timing.
+
+    page_logical [num_blocks] int32 is the inverse page table (see page_logical_table).
+    """
+    from torch.nn.attention.flex_attention import BlockMask
+
+    num_blocks, block_size = inputs.k_cache.shape[:2]
+    rows = query_rows(inputs, case.group_size)
+    page_logical = page_logical_table(inputs.block_table, inputs.seq_lens, num_blocks, block_size)
+    window = case.sliding_window
+    masks = paged_block_mask(rows, inputs.block_table, inputs.seq_lens, num_blocks, block_size, window)
+    block_table, row_seq, row_pos = inputs.block_table, rows.row_seq, rows.row_pos
+
+    def mask_mod(b, h, q_idx, kv_idx):
+        seq, p = row_seq[b, q_idx], row_pos[b, q_idx]
+        page = kv_idx // block_size
+        logical = page_logical[page]
+        key_pos = logical * block_size + kv_idx % block_size
+        owner = block_table[seq.clamp(min=0), logical.clamp(min=0)] == page
+        seen = (seq >= 0) & (logical >= 0) & owner & (key_pos <= p)
+        return seen if window is None else seen & (key_pos > p - window)
+
+    block_mask = BlockMask.from_kv_blocks(
+        *masks, BLOCK_SIZE=(rows.q_block, block_size), mask_mod=mask_mod,
+        seq_lengths=(rows.q.shape[2], num_blocks * block_size),
+    )  # fmt: skip
+    return rows, block_mask, page_logical
+
+
+def prepare_flex_paged(case: Case, inputs: PagedInputs, out: torch.Tensor) -> Prepared:
+    """Build the query rows, the inverse page table and the BlockMask; time one flex_attention call."""
+    from torch.nn.attention.flex_attention import flex_attention
+
+    device = inputs.q.device
+    num_blocks, block_size, num_kv_heads, head_dim = inputs.k_cache.shape
+    rows, block_mask, page_logical = paged_flex_mask(case, inputs)
+    kernel_options = kernel_options_for(block_size, device, rows.form)
+    cap, slopes, row_pos = case.logit_softcap, inputs.options.get("alibi_slopes"), rows.row_pos
+
+    def score_mod(score, b, h, q_idx, kv_idx):
+        if cap is not None:
+            score = cap * torch.tanh(score / cap)
+        if slopes is not None:
+            key_pos = page_logical[kv_idx // block_size] * block_size + kv_idx % block_size
+            score = score + slopes[h] * (key_pos - row_pos[b, q_idx])
+        return score
+
+    def pool(cache: torch.Tensor) -> torch.Tensor:  # [1, num_kv_heads, num_blocks * block_size, head_dim], a view
+        return cache.view(num_blocks * block_size, num_kv_heads, head_dim).permute(1, 0, 2)[None]
+
+    k, v = pool(inputs.k_cache), pool(torch.nan_to_num(inputs.v_cache, nan=0.0))
+    options = {"block_mask": block_mask, "scale": head_dim**-0.5, "enable_gqa": True}
+    if cap is not None or slopes is not None:
+        options["score_mod"] = score_mod
+    if kernel_options:
+        options["kernel_options"] = kernel_options
+    attend = flex_attention
+    if device.type == "cuda":
+        attend = compiled_flex(flex_attention, lambda fn: fn(rows.q, k, v, **options))
+    note = (
+        f"{rows.form}: q [{', '.join(map(str, rows.q.shape))}], K/V the pool viewed [1, {num_kv_heads}, "
+        f"{num_blocks * block_size}, {head_dim}]; BlockMask from the block table (KV block = page {block_size}, "
+        f"Q block {rows.q_block}) built before timing; timed: one {'compiled ' if device.type == 'cuda' else ''}"
+        f"flex_attention call" + (f"; kernel_options {kernel_options}" if kernel_options else "")
+        + ("; score_mod" if "score_mod" in options else "") + "; V read from a copy with the NaN poison zeroed"
+    )  # fmt: skip
+    return Prepared(run=lambda: attend(rows.q, k, v, **options), to_packed=rows.to_packed, note=note)
+
+
+def _unavailable(case: Case, device: str) -> str | None:
+    from harness.backends.peers import _flex_unavailable  # no FlexAttention, or no Triton
+
+    if reason := _flex_unavailable(case, device):
+        return reason
+    if case.head_dim < 16:
+        return f"FlexAttention's Triton kernel needs head_dim >= 16, not {case.head_dim}"
+    if case.block_size % 16:
+        return f"FlexAttention's Triton kernel needs the page size a multiple of 16, not {case.block_size}"
+    return None
+
+
+add_backend(Backend("flex_paged", prepare_flex_paged, ("cuda",), "peer",
+                    "FlexAttention, compiled, over the paged pool (BlockMask from the block table, KV block = page)",
+                    unavailable=_unavailable,
+                    options=frozenset({"sliding_window", "logit_softcap", "alibi_slopes"})))  # fmt: skip

@@ -1,0 +1,321 @@
+"""Peers: what the kernel is raced against, each at its best and named for what it is.
+
+* gather_sdpa      -- what a user writes by hand: gather the pages every call, then one
+                      batched SDPA over the padded batch with a boolean mask.
+* sdpa_contiguous  -- SDPA over a contiguous copy made before timing (the non-paged
+                      floor). With equal lengths it runs as SDPA runs best: no mask for
+                      decode, ``is_causal`` when queries and keys coincide, a lower-right
+                      causal bias otherwise, so flash/cuDNN kernels can take it; ragged
+                      batches fall back to padding plus a boolean mask (the note says so).
+* varlen_flash     -- FlashAttention's varlen entry point (torch.nn.attention.varlen) over
+                      the packed contiguous KV: no padding, ragged batches at full speed.
+* varlen_flash_paged -- the same entry point reading the paged pool through the block
+                      table, where this torch's varlen_attn takes one.
+* flex_attention   -- FlexAttention, compiled, over the padded contiguous copy (not paged):
+                      beside flex_paged, what paging costs FlexAttention.
+* flex_paged       -- FlexAttention over the paged pool itself, a BlockMask built from the
+                      block table with KV block = page (harness.backends.flex_paged).
+
+The kernel each peer actually launched is recorded per row on CUDA (``kernels_ran``).
+"""
+
+from __future__ import annotations
+
+import inspect
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+from harness.backends.registry import Backend, Prepared, Unsupported, add_backend
+from harness.cases.inputs import PagedInputs
+from harness.cases.spec import Case
+
+
+@dataclass(frozen=True)
+class Padded:
+    """A batch padded to rectangles, for SDPA-style peers.
+
+    q    [num_seqs, num_q_heads, max_q_len, head_dim]
+    mask [num_seqs, 1, max_q_len, max_seq_len] bool, True where a query may attend
+    rows [num_seqs, max_q_len] bool, True for real (not padding) query rows
+    """
+
+    q: torch.Tensor
+    mask: torch.Tensor
+    rows: torch.Tensor
+
+    def unpad(self, o: torch.Tensor) -> torch.Tensor:
+        """[num_seqs, num_q_heads, max_q_len, head_dim] -> packed [num_tokens, num_q_heads, head_dim]."""
+        return o.transpose(1, 2)[self.rows]
+
+
+def pad_queries(inputs: PagedInputs, sliding_window: int | None = None) -> Padded:
+    """The batch padded to max_q_len; the mask is causal, and with ``sliding_window`` W also
+    hides keys more than W - 1 positions before each query (docs/contract.md)."""
+    seq_lens = inputs.seq_lens.long()
+    starts = inputs.query_start_loc.long()
+    q_lens = starts[1:] - starts[:-1]
+    max_q = max(int(q_lens.max()), 1)
+    j = torch.arange(max_q, device=seq_lens.device)
+    rows = j[None, :] < q_lens[:, None]
+    index = (starts[:-1, None] + j[None, :]).clamp(max=max(inputs.q.shape[0] - 1, 0))
+    q = torch.where(rows[..., None, None], inputs.q[index], 0).transpose(1, 2)
+    keys = torch.arange(int(seq_lens.max()), device=seq_lens.device)
+    q_pos = (seq_lens - q_lens)[:, None] + j[None, :]
+    mask = (keys[None, None, :] <= q_pos[..., None]) & (keys[None, None, :] < seq_lens[:, None, None])
+    if sliding_window is not None:
+        mask &= keys[None, None, :] > q_pos[..., None] - sliding_window
+    return Padded(q=q, mask=mask[:, None], rows=rows)
+
+
+def gather_padded(cache: torch.Tensor, block_table: torch.Tensor, seq_lens: torch.Tensor) -> torch.Tensor:
+    """[num_seqs, num_kv_heads, max_seq_len, head_dim] copy of each sequence's KV, zeros past its end.
+
+    Zeros, not the pool's NaN: SDPA multiplies masked-out values by a zero weight, and
+    0 * NaN would still be NaN.
+    """
+    block_size = cache.shape[1]
+    seq_lens = seq_lens.long()
+    pos = torch.arange(int(seq_lens.max()), device=cache.device)
+    valid = pos[None, :] < seq_lens[:, None]
+    blocks = torch.where(valid, block_table[:, pos // block_size].long(), 0)
+    gathered = cache[blocks, (pos % block_size)[None, :].expand_as(blocks)]
+    return torch.where(valid[..., None, None], gathered, 0).transpose(1, 2)
+
+
+def _prepare_gather_sdpa(case: Case, inputs: PagedInputs, out: torch.Tensor) -> Prepared:
+    """What a user writes by hand: gather the pages each call, then one batched SDPA (a window in its mask)."""
+    padded = pad_queries(inputs, case.sliding_window)
+    scale = case.head_dim**-0.5
+
+    def run() -> torch.Tensor:
+        k = gather_padded(inputs.k_cache, inputs.block_table, inputs.seq_lens)
+        v = gather_padded(inputs.v_cache, inputs.block_table, inputs.seq_lens)
+        return F.scaled_dot_product_attention(padded.q, k, v, attn_mask=padded.mask, scale=scale, enable_gqa=True)
+
+    return Prepared(run=run, to_packed=padded.unpad, note="padded batch, boolean mask, pages gathered per call")
+
+
+def _padded_batch(inputs: PagedInputs) -> tuple[Padded, torch.Tensor, torch.Tensor]:
+    """Padded queries and contiguous padded K and V, made once before timing."""
+    k = gather_padded(inputs.k_cache, inputs.block_table, inputs.seq_lens)
+    v = gather_padded(inputs.v_cache, inputs.block_table, inputs.seq_lens)
+    return pad_queries(inputs), k, v
+
+
+def equal_lengths(case: Case) -> tuple[int, int] | None:
+    """(q_len, seq_len) when every sequence has the same of each and q_len > 0; else None."""
+    if len(set(case.q_lens)) == 1 and len(set(case.seq_lens)) == 1 and case.q_lens[0] > 0:
+        return case.q_lens[0], case.seq_lens[0]
+    return None
+
+
+def _prepare_sdpa_contiguous(case: Case, inputs: PagedInputs, out: torch.Tensor) -> Prepared:
+    """The non-paged floor: SDPA over a contiguous copy made before timing, in its fastest form."""
+    padded, k, v = _padded_batch(inputs)
+    k, v = k.contiguous(), v.contiguous()
+    scale = case.head_dim**-0.5
+    lengths = equal_lengths(case)
+    if lengths is None:
+        return Prepared(
+            run=lambda: F.scaled_dot_product_attention(
+                padded.q, k, v, attn_mask=padded.mask, scale=scale, enable_gqa=True
+            ),
+            to_packed=padded.unpad,
+            note="ragged lengths: padded to the longest, boolean mask",
+        )
+    q_len, seq_len = lengths
+    num_seqs = case.num_seqs
+    q = inputs.q.view(num_seqs, q_len, case.num_q_heads, case.head_dim).transpose(1, 2).contiguous()
+    options: dict = {"scale": scale, "enable_gqa": True}
+    if q_len == seq_len:
+        options["is_causal"] = True
+        note = "equal lengths: is_causal, no mask"
+    elif q_len > 1:
+        from torch.nn.attention.bias import causal_lower_right
+
+        options["attn_mask"] = causal_lower_right(q_len, seq_len)
+        note = "equal lengths: lower-right causal bias, no mask tensor"
+    else:
+        note = "equal lengths, decode: no mask"
+
+    def to_packed(o: torch.Tensor) -> torch.Tensor:
+        return o.transpose(1, 2).reshape(num_seqs * q_len, case.num_q_heads, case.head_dim)
+
+    return Prepared(run=lambda: F.scaled_dot_product_attention(q, k, v, **options), to_packed=to_packed, note=note)
+
+
+def _varlen_attn():
+    try:
+        from torch.nn.attention.varlen import varlen_attn
+    except ImportError:
+        return None
+    return varlen_attn
+
+
+def _varlen_options(case: Case) -> dict:
+    """Causal (lower-right aligned), window and GQA options in whichever spelling this torch's varlen_attn takes.
+
+    A sliding window W is FlashAttention's ``window_size = (W - 1, 0)`` (docs/contract.md).
+    """
+    params = inspect.signature(_varlen_attn()).parameters
+    options: dict = {"scale": case.head_dim**-0.5}
+    if case.sliding_window is not None and "window_size" not in params:
+        raise Unsupported(f"torch {torch.__version__}'s varlen_attn takes no window_size")
+    if "window_size" in params:
+        options["window_size"] = (-1 if case.sliding_window is None else case.sliding_window - 1, 0)
+    elif "is_causal" in params:
+        options["is_causal"] = True
+    else:
+        raise Unsupported(f"torch {torch.__version__}'s varlen_attn takes no causal option")
+    if case.group_size > 1 and "enable_gqa" in params:
+        options["enable_gqa"] = True
+    return options
+
+
+def _heads_for_varlen(case: Case, kv: torch.Tensor) -> tuple[torch.Tensor, str]:
+    """KV [tokens, num_kv_heads, head_dim] as varlen_attn takes it, and what was done to it.
+
+    A torch whose varlen_attn has no enable_gqa gets every KV head repeated for its query
+    heads (before timing): the kernel then reads group_size times the KV bytes, which the
+    note says, since it makes this peer slower on memory-bound decode than it could be.
+    """
+    if case.group_size == 1 or "enable_gqa" in inspect.signature(_varlen_attn()).parameters:
+        return kv, ""
+    return kv.repeat_interleave(
+        case.group_size, dim=1
+    ).contiguous(), "; KV heads repeated (this torch's varlen_attn has no GQA)"
+
+
+def _varlen_unavailable(case: Case, device: str) -> str | None:
+    if _varlen_attn() is None:
+        return f"torch {torch.__version__} has no torch.nn.attention.varlen.varlen_attn"
+    if case.dtype == "float32":
+        return "FlashAttention's varlen kernel takes fp16/bf16 only"
+    return None
+
+
+def _trial(run, what: str) -> None:
+    """Call run() once; a refusal by the library becomes a skip with its message."""
+    try:
+        run()
+    except (RuntimeError, ValueError, TypeError) as error:
+        message = str(error).strip().splitlines()[0][:200] if str(error).strip() else type(error).__name__
+        raise Unsupported(f"{what} refused this case: {message}") from error
+
+
+def _prepare_varlen_flash(case: Case, inputs: PagedInputs, out: torch.Tensor) -> Prepared:
+    """FlashAttention varlen over the packed contiguous KV (made before timing); q stays packed."""
+    varlen_attn = _varlen_attn()
+    k, expanded = _heads_for_varlen(case, torch.cat(inputs.keys))  # [total_kv_tokens, heads, head_dim]
+    v, _ = _heads_for_varlen(case, torch.cat(inputs.values))
+    cu_seq_k = torch.zeros(case.num_seqs + 1, dtype=torch.int32, device=k.device)
+    cu_seq_k[1:] = torch.cumsum(inputs.seq_lens, 0)
+    options = _varlen_options(case)
+    max_q, max_k = max(case.q_lens), case.max_seq_len
+
+    def run() -> torch.Tensor:
+        return varlen_attn(inputs.q, k, v, inputs.query_start_loc, cu_seq_k, max_q, max_k, **options)
+
+    _trial(run, "varlen_attn")
+    window = "" if case.sliding_window is None else f", window_size ({case.sliding_window - 1}, 0)"
+    return Prepared(run=run, note="packed contiguous KV, lower-right causal" + window + expanded)
+
+
+def _prepare_varlen_flash_paged(case: Case, inputs: PagedInputs, out: torch.Tensor) -> Prepared:
+    """FlashAttention varlen reading the paged pool through the block table (the same pages the kernel reads)."""
+    varlen_attn = _varlen_attn()
+    params = inspect.signature(varlen_attn).parameters
+    if "block_table" not in params:
+        raise Unsupported(f"torch {torch.__version__}'s varlen_attn takes no block_table")
+    if case.group_size > 1 and "enable_gqa" not in params:
+        raise Unsupported(f"torch {torch.__version__}'s varlen_attn takes no enable_gqa, and a pool cannot be expanded")
+    options = _varlen_options(case)
+    max_q, max_k = max(case.q_lens), case.max_seq_len
+
+    def run() -> torch.Tensor:
+        return varlen_attn(
+            inputs.q, inputs.k_cache, inputs.v_cache, inputs.query_start_loc, None, max_q, max_k,
+            seqused_k=inputs.seq_lens, block_table=inputs.block_table, **options,
+        )  # fmt: skip
+
+    _trial(run, "varlen_attn(block_table=...)")
+    window = "" if case.sliding_window is None else f", window_size ({case.sliding_window - 1}, 0)"
+    return Prepared(run=run, note="paged pool through the block table, lower-right causal" + window)
+
+
+def _prepare_flex(case: Case, inputs: PagedInputs, out: torch.Tensor) -> Prepared:
+    """FlexAttention (compiled) over the padded contiguous copy with a length-and-causal mask_mod.
+
+    The attention variants it can express (docs/contract.md): a sliding window in the
+    mask_mod; the softcap and ALiBi in a score_mod, which FlexAttention applies to the
+    scaled logit (cap first, then the bias, as the contract orders them). Sinks have no
+    spelling here.
+    """
+    from torch.nn.attention.flex_attention import create_block_mask, flex_attention
+
+    from harness.backends.flex_paged import compiled_flex
+
+    padded, k, v = _padded_batch(inputs)
+    seq_lens = inputs.seq_lens.long()
+    starts = inputs.query_start_loc.long()
+    q_offset = seq_lens - (starts[1:] - starts[:-1])
+    window = case.sliding_window
+    cap = case.logit_softcap
+    slopes = inputs.options.get("alibi_slopes")
+
+    def mask_mod(b, h, q_idx, kv_idx):
+        seen = (kv_idx <= q_offset[b] + q_idx) & (kv_idx < seq_lens[b])
+        return seen if window is None else seen & (kv_idx > q_offset[b] + q_idx - window)
+
+    def score_mod(score, b, h, q_idx, kv_idx):
+        if cap is not None:
+            score = cap * torch.tanh(score / cap)
+        if slopes is not None:
+            score = score + slopes[h] * (kv_idx - (q_offset[b] + q_idx))
+        return score
+
+    num_seqs, _, max_q, _ = padded.q.shape
+    block_mask = create_block_mask(mask_mod, num_seqs, None, max_q, k.shape[2], device=inputs.q.device)
+    scale = case.head_dim**-0.5
+    mods = {"score_mod": score_mod} if cap is not None or slopes is not None else {}
+    compiled = compiled_flex(
+        flex_attention, lambda fn: fn(padded.q, k, v, block_mask=block_mask, scale=scale, enable_gqa=True, **mods)
+    )
+    return Prepared(
+        run=lambda: compiled(padded.q, k, v, block_mask=block_mask, scale=scale, enable_gqa=True, **mods),
+        to_packed=padded.unpad,
+        note="padded contiguous copy (not paged), block mask" + (", score_mod" if mods else ""),
+    )
+
+
+def _flex_unavailable(case: Case, device: str) -> str | None:
+    try:
+        import torch.nn.attention.flex_attention
+    except ImportError:
+        return f"torch {torch.__version__} has no FlexAttention"
+    from kernels import has_triton
+
+    if not has_triton():
+        return "FlexAttention compiles through Triton, which is not installed"
+    return None
+
+
+add_backend(Backend("gather_sdpa", _prepare_gather_sdpa, ("cpu", "cuda"), "peer",
+                    "gather the pages, then batched SDPA (what a user writes by hand)",
+                    options=frozenset({"sliding_window"})))  # fmt: skip
+add_backend(Backend("sdpa_contiguous", _prepare_sdpa_contiguous, ("cpu", "cuda"), "peer",
+                    "SDPA over a contiguous copy, in its fastest form: the non-paged floor"))  # fmt: skip
+add_backend(Backend("varlen_flash", _prepare_varlen_flash, ("cuda",), "peer",
+                    "FlashAttention varlen over the packed contiguous KV", unavailable=_varlen_unavailable,
+                    options=frozenset({"sliding_window"})))  # fmt: skip
+add_backend(Backend("varlen_flash_paged", _prepare_varlen_flash_paged, ("cuda",), "peer",
+                    "FlashAttention varlen over the paged pool (block table)", unavailable=_varlen_unavailable,
+                    options=frozenset({"sliding_window"})))  # fmt: skip
+add_backend(Backend("flex_attention", _prepare_flex, ("cuda",), "peer",
+                    "FlexAttention, compiled, over a padded contiguous copy (not paged)",
+                    unavailable=_flex_unavailable,
+                    options=frozenset({"sliding_window", "logit_softcap", "alibi_slopes"})))  # fmt: skip
+
+from harness.backends import flex_paged  # noqa: E402, F401  (registers flex_paged, after flex_attention)

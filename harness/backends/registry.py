@@ -1,0 +1,197 @@
+"""The one list of backends: what each is, where it runs, how it prepares a call.
+
+A backend's ``prepare(case, inputs, out)`` does its setup outside the timed region
+(building a cache, a contiguous copy, a compiled function) and returns a
+:class:`Prepared`: ``run()`` is the call that is graded once and then timed for device
+time, ``call()`` the call exactly as a user makes it through the contract (default
+arguments, checks and all), timed for ``call_us``. A backend that cannot serve a case
+raises :class:`Unsupported` from ``prepare`` (a skip row with the reason), never a
+silent wrong answer.
+
+Tests, benchmarks, scripts and the CLI iterate :data:`REGISTRY`; adding a kernel is one
+:func:`register_backend` call.
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+import sys
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from functools import partial
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from harness.cases.inputs import PagedInputs
+from harness.cases.spec import Case
+from kernels.cascade import cascade_attention
+
+KINDS = ("kernel", "engine path", "peer", "plugin")
+# The contract's optional keywords (docs/contract.md, "Attention variants"). A backend
+# declares the ones it computes; a case that turns on another is a skip row for it.
+# "fp8_kv": an fp8 k_cache/v_cache with its k_scale/v_scale keywords; "head_dim_v": a v_cache
+# whose head dim differs from k_cache's (MLA), the output shaped like V.
+VARIANT_OPTIONS = ("sliding_window", "logit_softcap", "sinks", "alibi_slopes", "return_lse", "fp8_kv", "head_dim_v")
+
+
+class Unsupported(Exception):
+    """Raised by ``prepare`` when a backend cannot serve this case; the row is a skip with the message."""
+
+
+@dataclass(frozen=True)
+class Prepared:
+    """What a backend times, and how its result becomes [num_tokens, num_q_heads, head_dim].
+
+    run       the call graded and timed for device time (``latency_us``)
+    call      the call as a user makes it (``call_us``); None: the same as ``run``
+    to_packed result of run() -> packed [num_tokens, num_q_heads, head_dim]
+    note      shown in the report: which path a dispatch chose, which peer variant ran
+    """
+
+    run: Callable[[], Any]
+    to_packed: Callable[[Any], torch.Tensor] = lambda result: result
+    note: str = ""
+    call: Callable[[], Any] | None = None
+
+
+@dataclass(frozen=True)
+class Backend:
+    name: str
+    prepare: Callable[[Case, PagedInputs, torch.Tensor], Prepared]
+    devices: tuple[str, ...]
+    kind: str  # one of KINDS
+    description: str = ""
+    graphable: bool = True  # False: never time it from a CUDA graph (a capture is tried otherwise)
+    unavailable: Callable[[Case, str], str | None] = field(default=lambda case, device: None)
+    options: frozenset[str] = frozenset()  # the VARIANT_OPTIONS it supports; empty: none
+
+    def __post_init__(self):
+        unknown = set(self.options) - set(VARIANT_OPTIONS)
+        if unknown:
+            raise ValueError(f"backend {self.name!r}: unknown option(s) {sorted(unknown)}; known: {VARIANT_OPTIONS}")
+
+    def skip_reason(self, case: Case, device: str) -> str | None:
+        """Why this backend does not run ``case`` on ``device``, or None when it does.
+
+        Checked before ``prepare``: the device, the case file's backend lists, the attention
+        variants the case turns on against the ones the backend declares, then ``unavailable``.
+        """
+        device_type = torch.device(device).type
+        if device_type not in self.devices:
+            return f"{self.name} runs on {', '.join(self.devices)}, not {device_type}"
+        if not case.wants(self.name):
+            return "excluded by the case file"
+        if missing := sorted(case.options - self.options):
+            return f"{self.name} does not support {', '.join(missing)} (it declares: {', '.join(sorted(self.options)) or 'none'})"
+        return self.unavailable(case, device)
+
+
+REGISTRY: dict[str, Backend] = {}
+
+
+def contract_prepare(fn: Callable[..., torch.Tensor], **hints: Callable[[Case], Any]):
+    """prepare() for a function with the kernel contract signature.
+
+    run() passes the NaN-poisoned ``out`` buffer (and any keyword ``hints``, each computed
+    from the case, such as a host-side max_q_len); call() is the bare default call. Both
+    pass the case's attention variants (``inputs.options``) as keywords (a ``cascade`` case runs
+    :func:`kernels.cascade.cascade_attention` over ``fn`` instead); a case without
+    any passes none, so a function that predates them keeps working.
+    """
+
+    def prepare(case: Case, inputs: PagedInputs, out: torch.Tensor) -> Prepared:
+        args = inputs.args()
+        options = dict(inputs.options)
+        extra = {name: make(case) for name, make in hints.items()}
+        if case.cascade:  # kernels.cascade: the shared prefix and the rest as two calls, merged by lse
+            del options["return_lse"]
+            run = partial(cascade_attention, fn, *args, case.prefix_blocks, out=out, **options)
+            return Prepared(run=run, note=f"cascade: {case.prefix_blocks} shared blocks + suffix, merged by lse")
+        return Prepared(run=lambda: fn(*args, out=out, **extra, **options), call=lambda: fn(*args, **options))
+
+    return prepare
+
+
+def add_backend(backend: Backend) -> Backend:
+    """Put a backend in the registry; a taken name is an error (nothing can be shadowed)."""
+    if backend.kind not in KINDS:
+        raise ValueError(f"backend {backend.name!r}: kind must be one of {KINDS}, got {backend.kind!r}")
+    if backend.name in REGISTRY:
+        raise ValueError(f"backend {backend.name!r} is already registered ({REGISTRY[backend.name].kind})")
+    REGISTRY[backend.name] = backend
+    return backend
+
+
+def register_backend(
+    name: str,
+    fn: Callable[..., torch.Tensor],
+    devices: tuple[str, ...] = ("cpu", "cuda"),
+    *,
+    description: str = "",
+    graphable: bool = True,
+    options: tuple[str, ...] | frozenset[str] = (),
+) -> Backend:
+    """Add a kernel with the contract signature to every run that imports this module.
+
+    ``fn(q, k_cache, v_cache, block_table, seq_lens, query_start_loc=None, scale=None,
+    out=None)`` must return [num_tokens, num_q_heads, head_dim] in q's dtype. ``devices``
+    lists the device types it runs on; elsewhere its rows are skips with that reason.
+    GPU timing tries to capture a call in a CUDA graph and falls back to events when the
+    capture fails; ``graphable=False`` skips the attempt. ``options`` names the attention
+    variants ``fn`` takes as keywords (any of VARIANT_OPTIONS; docs/contract.md): a case
+    that turns on another one is a skip row for this backend, never a call without it.
+    Registering a taken name is an error (built-ins cannot be shadowed).
+    """
+    _ensure_builtins()
+    return add_backend(
+        Backend(
+            name,
+            contract_prepare(fn),
+            tuple(devices),
+            "plugin",
+            description or (fn.__doc__ or "").strip().split("\n")[0],
+            graphable,
+            options=frozenset(options),
+        )
+    )
+
+
+def load_plugin(module_or_path: str) -> None:
+    """Import a plugin module by dotted name or file path; it calls register_backend.
+
+    Raises ValueError with the cause when the module cannot be found or fails to import.
+    """
+    path = Path(module_or_path)
+    try:
+        if path.suffix == ".py" or path.exists():
+            if not path.is_file():
+                raise FileNotFoundError(f"no such file: {path}")
+            module_name = f"harness_plugin_{path.stem}"
+            spec = importlib.util.spec_from_file_location(module_name, path)
+            module = importlib.util.module_from_spec(spec)
+            sys.modules[module_name] = module
+            spec.loader.exec_module(module)
+        else:
+            importlib.import_module(module_or_path)
+    except Exception as error:  # any failure to import is bad input, reported with its cause
+        raise ValueError(f"--plugin {module_or_path}: could not import it: {type(error).__name__}: {error}") from error
+
+
+def _ensure_builtins() -> None:
+    """Register the built-in backends (first, so that no plugin can take their names)."""
+    from harness.backends import builtin as backends  # noqa: F401
+
+
+def resolve_backends(names: list[str] | None) -> list[Backend]:
+    """Backends by name (all registered, in registration order, when ``names`` is None)."""
+    _ensure_builtins()
+
+    if not names:
+        return list(REGISTRY.values())
+    unknown = [n for n in names if n not in REGISTRY]
+    if unknown:
+        raise ValueError(f"--backend {unknown[0]}: unknown backend; registered: {', '.join(REGISTRY)}")
+    return [REGISTRY[n] for n in names]

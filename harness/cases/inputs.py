@@ -1,0 +1,341 @@
+"""Deterministic paged inputs for one case, shared by every backend of that case.
+
+The pool is laid out the way a busy engine leaves it: blocks handed out in a shuffled
+order (or in order, for the "contiguous" layout), optionally a prefix shared by every
+sequence (prefix caching), a few spare blocks nobody owns, and NaN in every slot no
+sequence owns, including the tail of each sequence's last block. A backend that reads
+past a sequence's end, or through a -1 table entry, therefore returns NaN and fails.
+
+Values come from :func:`draw_normal`: standard normals in chunks of whole rows (about
+2**20 values), chunk c of the tensor named ``name`` drawn by its own ``torch.Generator``
+seeded from (seed, name, c). A chunk's values depend on nothing else, so a thread pool
+draws them in any order and the tensors are the same whatever the number of threads
+(torch's or the pool's) and whatever the device they end on. K and V are drawn as one
+logical tensor each, [total_kv_tokens, num_kv_heads, head_dim] (sequence after sequence),
+and every chunk is written straight into its slots of the pool.
+
+Machines: torch's CPU ``randn`` has one vectorized path for x86-64 with AVX2 or AVX-512
+(every x86 server: the same bits) and a scalar one elsewhere (an Arm host, or
+``ATEN_CPU_CAPABILITY=default``), whose values differ in the last bits, as they did before
+the chunked draw. numpy's PCG64 ``standard_normal`` would not, but drew 2.4x slower per core
+on the dev box (18 ns against 7.6 ns a value).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from harness.cases.vocab import DTYPES, Layout
+from kernels._common import quantize_kv
+
+
+@dataclass(frozen=True)
+class PagedInputs:
+    """One call's arguments, plus the logical (unpaged) KV the cache backend writes.
+
+    q               [num_tokens, num_q_heads, head_dim]
+    k_cache/v_cache [num_blocks, block_size, num_kv_heads, head_dim], NaN where unowned
+    block_table     [num_seqs, max_blocks_per_seq] int32, -1 past each sequence's blocks
+    seq_lens        [num_seqs] int32
+    query_start_loc [num_seqs + 1] int32
+    keys/values     num_seqs tensors [seq_len, num_kv_heads, head_dim]: each sequence's KV in order
+                    (in q's dtype, before any fp8 quantization: what a cache writes), gathered
+                    from the pool on every access (a fresh copy: changing one changes nothing else)
+    options         the attention variants the case turns on, as keywords of every call
+                    (sliding_window int, logit_softcap float, sinks / alibi_slopes [num_q_heads]
+                    fp32 on q's device; return_lse True: the call returns (out, lse); k_scale and
+                    v_scale [num_kv_heads] fp32 for an fp8 cache);
+                    empty: plain causal attention
+    """
+
+    q: torch.Tensor
+    k_cache: torch.Tensor
+    v_cache: torch.Tensor
+    block_table: torch.Tensor
+    seq_lens: torch.Tensor
+    query_start_loc: torch.Tensor
+    options: dict[str, Any] = field(default_factory=dict)
+    unquantized: tuple[torch.Tensor, torch.Tensor] | None = None  # an fp8 case's pools before quantizing
+
+    @property
+    def keys(self) -> tuple[torch.Tensor, ...]:
+        """Each sequence's keys [seq_len, num_kv_heads, head_dim] in q's dtype (a fresh gather)."""
+        return self._sequences(self.k_cache if self.unquantized is None else self.unquantized[0])
+
+    @property
+    def values(self) -> tuple[torch.Tensor, ...]:
+        """Each sequence's values [seq_len, num_kv_heads, head_dim_v] in q's dtype (a fresh gather)."""
+        return self._sequences(self.v_cache if self.unquantized is None else self.unquantized[1])
+
+    def _sequences(self, pool: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        lens = self.seq_lens.tolist()
+        slots = token_slots(self.block_table.cpu(), lens, pool.shape[1]).to(pool.device)
+        return tuple(pool.reshape(-1, *pool.shape[2:])[slots].split(lens))
+
+    def args(self) -> tuple[torch.Tensor, ...]:
+        """The positional arguments of the kernel contract, in order."""
+        return (self.q, self.k_cache, self.v_cache, self.block_table, self.seq_lens, self.query_start_loc)
+
+    def new_out(self) -> torch.Tensor:
+        """A NaN-filled output buffer: [num_tokens, num_q_heads, head_dim_v] in q's dtype, on q's device."""
+        shape = (*self.q.shape[:2], self.v_cache.shape[-1])
+        return torch.full(shape, float("nan"), dtype=self.q.dtype, device=self.q.device)
+
+    def dequantized_args(self) -> tuple[torch.Tensor, ...]:
+        """args() with an fp8 case's pools as fp32 ``k_cache.float() * k_scale`` (the values the oracle attends over)."""
+        if "k_scale" not in self.options:
+            return self.args()
+        k = self.k_cache.float() * self.options["k_scale"][:, None]
+        v = self.v_cache.float() * self.options["v_scale"][:, None]
+        return (self.q, k, v, *self.args()[3:])
+
+
+def shared_prefix_blocks(seq_lens: list[int] | tuple[int, ...], block_size: int, layout: str) -> int:
+    """Blocks every sequence shares under the "shared_prefix" layout: min(seq_lens) // block_size
+    (0 for another layout or a single sequence). Example: seq_lens [40, 90], block_size 16: 2 blocks."""
+    return min(seq_lens) // block_size if layout == "shared_prefix" and len(seq_lens) > 1 else 0
+
+
+def assign_blocks(
+    seq_lens: list[int], block_size: int, layout: Layout, generator: torch.Generator
+) -> tuple[torch.Tensor, int]:
+    """Block table [num_seqs, max_blocks] int32 (-1 padded) and the pool's num_blocks.
+
+    "shared_prefix" makes every sequence's first min(seq_lens) // block_size blocks the
+    same physical blocks. A spare eighth of the pool (at least one block) stays unowned.
+    """
+    per_seq = [-(-n // block_size) for n in seq_lens]
+    shared = shared_prefix_blocks(seq_lens, block_size, layout)
+    num_owned = shared + sum(n - shared for n in per_seq)
+    num_blocks = num_owned + max(1, num_owned // 8)
+    if layout == "contiguous":
+        order = torch.arange(num_blocks)
+    else:
+        order = torch.randperm(num_blocks, generator=generator)
+    table = torch.full((len(seq_lens), max(per_seq, default=0) or 1), -1, dtype=torch.int32)
+    prefix = order[:shared]
+    next_free = shared
+    for row, n in enumerate(per_seq):
+        own = order[next_free : next_free + n - shared]
+        next_free += n - shared
+        table[row, :n] = torch.cat([prefix, own]).to(torch.int32)
+    return table, num_blocks
+
+
+CHUNK_VALUES = 2**20  # values per chunk of a draw (whole rows: at least one row)
+
+
+def chunk_seed(seed: int, name: str, chunk: int) -> int:
+    """The 63-bit seed of chunk ``chunk`` of the tensor ``name``: blake2b of "seed/name/chunk"."""
+    digest = hashlib.blake2b(f"{seed}/{name}/{chunk}".encode(), digest_size=8).digest()
+    return int.from_bytes(digest, "little") >> 1
+
+
+def draw_normal(
+    name: str,
+    shape: tuple[int, ...],
+    seed: int,
+    write: Callable[[int, torch.Tensor], None],
+    dtype: torch.dtype,
+    scale: float = 1.0,
+    threads: int = 1,
+) -> None:
+    """Standard normals times ``scale`` for a tensor of ``shape`` [rows, ...], in ``dtype``, chunk by chunk.
+
+    Chunk c holds rows c * R .. (c + 1) * R - 1, R = max(1, CHUNK_VALUES // values per row),
+    drawn as fp32 by ``torch.randn`` from a generator seeded with :func:`chunk_seed`
+    (seed, name, c), multiplied by ``scale``, then cast to ``dtype``; ``write(first_row, rows)``
+    stores it, from a worker thread (chunks own disjoint rows). ``threads`` workers each do
+    all of a chunk's work, with torch's intra-op threads set to 1 meanwhile (torch's CPU randn
+    releases the GIL and is sequential within a call; OpenMP teams beside the pool only spun
+    and slowed it 3x on the dev box); the values do not depend on ``threads``. Example: [64, 8, 128] in chunks of 1024 rows is one chunk.
+    """
+    rows, row_shape = shape[0], shape[1:]
+    per_chunk = max(1, CHUNK_VALUES // max(1, math.prod(row_shape)))
+    chunks = range(-(-rows // per_chunk))
+
+    def one(chunk: int) -> None:
+        generator = torch.Generator().manual_seed(chunk_seed(seed, name, chunk))
+        values = torch.randn(min(per_chunk, rows - chunk * per_chunk), *row_shape, generator=generator)
+        write(chunk * per_chunk, values.mul_(scale).to(dtype))
+
+    intra_op = torch.get_num_threads()
+    torch.set_num_threads(1)  # each chunk's ops run serially: idle OpenMP threads would spin on the pool's cores
+    try:
+        if threads <= 1 or len(chunks) <= 1:
+            for chunk in chunks:
+                one(chunk)
+        else:
+            with ThreadPoolExecutor(min(threads, len(chunks))) as pool:
+                list(pool.map(one, chunks))  # list(): a chunk's exception is raised here
+    finally:
+        torch.set_num_threads(intra_op)
+
+
+def token_positions(seq_lens: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
+    """(sequence, position) of every token of every sequence, in order: two [sum(seq_lens)] int64
+    tensors on the CPU. Example: seq_lens [2, 3]: ([0, 0, 1, 1, 1], [0, 1, 0, 1, 2])."""
+    lens = torch.tensor(seq_lens, dtype=torch.long)
+    seq = torch.repeat_interleave(torch.arange(len(seq_lens)), lens)
+    return seq, torch.arange(int(lens.sum())) - (lens.cumsum(0) - lens)[seq]
+
+
+def token_slots(block_table: torch.Tensor, seq_lens: list[int], block_size: int) -> torch.Tensor:
+    """[sum(seq_lens)] int64 on the CPU: the pool slot of every token of every sequence, in order.
+
+    Token p of sequence s sits at slot ``block_table[s, p // block_size] * block_size + p % block_size``
+    (block_size 16, table row [7, 2], p = 19: slot 2 * 16 + 3 = 35).
+    """
+    seq, pos = token_positions(seq_lens)
+    return block_table.long()[seq, pos // block_size] * block_size + pos % block_size
+
+
+def standard_alibi_slopes(num_heads: int) -> list[float]:
+    """ALiBi's slopes as BLOOM, MPT and vLLM compute them: 2^(-8 i / n), i = 1..n, for n a power of two.
+
+    Otherwise n' = the largest power of two below num_heads gives the first n' slopes, and
+    the rest are every other slope of 2n' heads (2^(-4 (2 i + 1) / n')), as in the ALiBi paper's code.
+    Example: 8 heads: 1/2, 1/4, ..., 1/256.
+    """
+    closest = 2 ** math.floor(math.log2(num_heads))
+    slopes = [2.0 ** (-8.0 * (i + 1) / closest) for i in range(closest)]
+    slopes += [2.0 ** (-4.0 * (2 * i + 1) / closest) for i in range(num_heads - closest)]
+    return slopes
+
+
+def make_inputs(
+    *,
+    num_q_heads: int,
+    num_kv_heads: int,
+    head_dim: int,
+    block_size: int,
+    seq_lens: list[int],
+    q_lens: list[int],
+    dtype: str | torch.dtype = "float32",
+    layout: Layout = "shuffled",
+    input_scale: float = 1.0,
+    seed: int = 0,
+    device: torch.device | str = "cpu",
+    sliding_window: int | None = None,
+    logit_softcap: float | None = None,
+    sinks: list[float] | tuple[float, ...] | None = None,
+    alibi: bool = False,
+    return_lse: bool = False,
+    kv_dtype: str | None = None,
+    kv_scale: float | str | None = None,
+    head_dim_v: int | None = None,
+    draw_threads: int | None = None,
+) -> PagedInputs:
+    """Build a case's inputs from its seed; the same arguments always give the same tensors.
+
+    Values are drawn on the CPU (so a case is the same on every device) by
+    :func:`draw_normal` as standard normals times ``input_scale`` for q and K (logits grow
+    as input_scale ** 2) and standard normals for V, then cast to ``dtype`` and moved to
+    ``device``; ``draw_threads`` threads draw the chunks (default: torch's thread count),
+    which changes no value. (Since the chunked draw, values differ from those of the one
+    sequential generator that earlier versions drew from, sequence by sequence.) The attention
+    variants become ``options``: ``sinks`` (one value per query head) and ``alibi`` (the
+    :func:`standard_alibi_slopes`) as [num_q_heads] fp32 tensors; none of them changes a
+    drawn value, so a case with a variant attends over the same tensors as without.
+    """
+    if len(seq_lens) != len(q_lens):
+        raise ValueError(f"seq_lens has {len(seq_lens)} entries but q_lens has {len(q_lens)}")
+    torch_dtype = DTYPES[dtype] if isinstance(dtype, str) else dtype
+    generator = torch.Generator().manual_seed(seed)
+    table, num_blocks = assign_blocks(seq_lens, block_size, layout, generator)
+    threads = draw_threads or torch.get_num_threads()
+    num_tokens = sum(q_lens)
+    q = torch.empty(num_tokens, num_q_heads, head_dim, dtype=torch_dtype)
+
+    def into_q(first: int, rows: torch.Tensor) -> None:
+        q[first : first + rows.shape[0]] = rows
+
+    draw_normal("q", (num_tokens, num_q_heads, head_dim), seed, into_q, torch_dtype, input_scale, threads)
+    head_dim_v = head_dim if head_dim_v is None else head_dim_v
+    num_slots = num_blocks * block_size
+    k_slots = torch.empty(num_slots, num_kv_heads, head_dim, dtype=torch_dtype)
+    v_slots = torch.empty(num_slots, num_kv_heads, head_dim_v, dtype=torch_dtype)
+    slots = token_slots(table, seq_lens, block_size)  # [total_kv_tokens]: token i of the logical KV -> its slot
+    if shared := shared_prefix_blocks(seq_lens, block_size, layout):
+        # A shared prefix block already written by an earlier sequence (the first) keeps its values:
+        # the later sequences' drawn prefix rows are dropped.
+        seq, pos = token_positions(seq_lens)
+        first_writer = (pos >= shared * block_size) | (seq == 0)
+    else:
+        first_writer = None
+
+    def into_pool(pool: torch.Tensor) -> Callable[[int, torch.Tensor], None]:
+        def write(first: int, rows: torch.Tensor) -> None:
+            where = slots[first : first + rows.shape[0]]
+            if first_writer is not None:
+                keep = first_writer[first : first + rows.shape[0]]
+                where, rows = where[keep], rows[keep]
+            pool.index_copy_(0, where, rows)  # chunks own disjoint slots: the threads never overlap
+
+        return write
+
+    total_kv = len(slots)
+    draw_normal("k", (total_kv, num_kv_heads, head_dim), seed, into_pool(k_slots), torch_dtype, input_scale, threads)
+    draw_normal("v", (total_kv, num_kv_heads, head_dim_v), seed, into_pool(v_slots), torch_dtype, 1.0, threads)
+    owned = torch.zeros(num_slots, dtype=torch.bool)
+    owned[slots] = True
+    unowned = (~owned).nonzero().squeeze(1)
+    k_slots.index_fill_(0, unowned, float("nan"))
+    v_slots.index_fill_(0, unowned, float("nan"))
+    query_start_loc = torch.zeros(len(q_lens) + 1, dtype=torch.int32)
+    query_start_loc[1:] = torch.tensor(q_lens, dtype=torch.int32).cumsum(0)
+    pool = (num_blocks, block_size, num_kv_heads, head_dim)
+    v_pool = (*pool[:3], head_dim_v)
+    options: dict[str, Any] = {}
+    unquantized = None
+    if kv_dtype is not None:  # quantize the pools (NaN stays NaN); the oracle grades against their dequantized values
+        fp8 = getattr(torch, kv_dtype)
+        k_scale, v_scale = fp8_scales(k_slots, kv_scale, fp8), fp8_scales(v_slots, kv_scale, fp8)
+        unquantized = (k_slots.view(pool).to(device), v_slots.view(v_pool).to(device))
+        k_slots, v_slots = quantize_kv(k_slots, k_scale, fp8), quantize_kv(v_slots, v_scale, fp8)
+        options["k_scale"], options["v_scale"] = k_scale.to(device), v_scale.to(device)
+    if sliding_window is not None:
+        options["sliding_window"] = int(sliding_window)
+    if logit_softcap is not None:
+        options["logit_softcap"] = float(logit_softcap)
+    if sinks is not None:
+        if len(sinks) != num_q_heads:
+            raise ValueError(f"sinks has {len(sinks)} values for {num_q_heads} query heads")
+        options["sinks"] = torch.tensor(list(sinks), dtype=torch.float32, device=device)
+    if return_lse:
+        options["return_lse"] = True
+    if alibi:
+        options["alibi_slopes"] = torch.tensor(standard_alibi_slopes(num_q_heads), dtype=torch.float32, device=device)
+    return PagedInputs(
+        q=q.to(device),
+        k_cache=k_slots.view(pool).to(device),
+        v_cache=v_slots.view(v_pool).to(device),
+        block_table=table.to(device),
+        seq_lens=torch.tensor(seq_lens, dtype=torch.int32, device=device),
+        query_start_loc=query_start_loc.to(device),
+        options=options,
+        unquantized=unquantized,
+    )
+
+
+def fp8_scales(slots: torch.Tensor, mode: float | str | None, fp8: torch.dtype) -> torch.Tensor:
+    """[num_kv_heads] fp32 scales of a pool [num_slots, num_kv_heads, head_dim] for an fp8 cache.
+
+    A float: that scale for every head. "amax" (None too): per tensor, max |x| over the owned
+    slots / the format's largest finite value (448 for e4m3fn, 57344 for e5m2), as vLLM's
+    calculate_kv_scales; "amax_per_head": the same per KV head.
+    """
+    num_kv_heads = slots.shape[1]
+    if isinstance(mode, float):
+        return torch.full((num_kv_heads,), mode, dtype=torch.float32)
+    amax = slots.float().abs().nan_to_num(0.0).amax(dim=(0, 2))  # [num_kv_heads]
+    if mode in (None, "amax"):
+        amax = amax.amax().expand(num_kv_heads)
+    return (amax.clamp_min(1e-12) / torch.finfo(fp8).max).to(torch.float32).contiguous()

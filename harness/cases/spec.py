@@ -1,0 +1,622 @@
+"""Case files: declarative TOML in, validated and expanded frozen cases out.
+
+A file holds optional ``[defaults]`` merged into every ``[[case]]``; a case may carry a
+``[case.sweep]`` table whose lists expand as a product, each point a case with a stable,
+readable id (``decode_gqa/head_dim=80/block_size=5``). Every point is validated on its
+own, so an error names the file, the case id and the field. No code is executed.
+
+Field names are the report's column names (num_q_heads, num_kv_heads, head_dim,
+block_size, seq_lens, q_lens, dtype, ...).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import itertools
+import json
+import math
+import re
+import stat
+import sys
+import tomllib
+from dataclasses import dataclass
+from dataclasses import field as dataclass_field
+from pathlib import Path
+from typing import Annotated, Any, Literal
+
+import torch
+from pydantic import (
+    AllowInfNan,
+    BaseModel,
+    ConfigDict,
+    Field,
+    Strict,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
+
+from harness.cases.inputs import shared_prefix_blocks
+from harness.cases.vocab import DTypeName, KVDTypeName, Layout
+from harness.run.grading import DEFAULT_TOLERANCES, FP8_KV_TOLERANCES
+from kernels._common import MAX_BLOCK_SIZE, MAX_HEAD_DIM, MIN_BLOCK_SIZE, MIN_HEAD_DIM, cdiv
+
+# Strict: `true` is not 1, "3" is not 3; floats must be finite (no nan, no inf).
+Int = Annotated[int, Strict()]
+Float = Annotated[float, Strict(), AllowInfNan(False)]
+INT32_MAX, INT64_MAX = 2**31 - 1, 2**63 - 1
+Length = Annotated[int, Strict(), Field(le=INT32_MAX)]  # seq_lens and q_lens are int32 tensors
+MAX_FILE_BYTES = 4 * 2**20  # a case file is a few KB; anything past this is not one
+
+KVScaleMode = Literal["amax", "amax_per_head"]
+
+
+class CaseFileError(ValueError):
+    """A case file is unreadable or a case in it is invalid; the message names file, case and field."""
+
+
+class FieldError(ValueError):
+    """A cross-field check that fails, tagged with the field to blame in the message."""
+
+    def __init__(self, field: str, message: str):
+        super().__init__(message)
+        self.field = field
+
+
+class _Range(BaseModel):
+    """A table with ``min`` and ``max`` (its subclass declares them, with their bounds): min <= max."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    @model_validator(mode="after")
+    def _ordered(self):
+        if self.min > self.max:
+            raise ValueError(f"min ({self.min}) must be <= max ({self.max})")
+        return self
+
+
+class SeqLenGenerator(_Range):
+    """Seeded ragged lengths: ``count`` sequences with lengths in [min, max]."""
+
+    count: Int = Field(ge=1, le=4096)
+    min: Int = Field(ge=1, le=INT32_MAX)
+    max: Int = Field(ge=1, le=INT32_MAX)
+    distribution: Literal["uniform", "lognormal", "fixed"] = "uniform"
+
+
+class QLenGenerator(_Range):
+    """Seeded query lengths in [min, max], each capped at its sequence's length."""
+
+    min: Int = Field(ge=0, le=INT32_MAX)
+    max: Int = Field(ge=0, le=INT32_MAX)
+
+
+class SinkGenerator(BaseModel):
+    """Seeded per-head sinks: ``mean + scale * N(0, 1)``, one per query head (from the case's seed)."""
+
+    model_config = ConfigDict(extra="forbid")
+    scale: Float = Field(ge=0, le=1e4)
+    mean: Float = Field(default=0.0, ge=-1e4, le=1e4)
+
+
+class Tolerance(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    atol: Float = Field(ge=0)
+    rtol: Float = Field(ge=0)
+
+
+class CaseSpec(BaseModel):
+    """One ``[[case]]`` table (or one expanded sweep point of it)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    name: str = Field(pattern=r"^[A-Za-z0-9_.-]+$", description="unique within the file; ids derive from it")
+    num_q_heads: Int = Field(ge=1, le=512)
+    num_kv_heads: Int | None = Field(default=None, ge=1, le=512, description="give this or gqa_ratio")
+    gqa_ratio: Int | None = Field(default=None, ge=1, le=512, description="num_q_heads // num_kv_heads")
+    head_dim: Int = Field(ge=MIN_HEAD_DIM, le=MAX_HEAD_DIM)
+    head_dim_v: Int | None = Field(
+        default=None, ge=MIN_HEAD_DIM, le=MAX_HEAD_DIM, description="V's head dim when it differs from K's (MLA: 512)"
+    )
+    block_size: Int = Field(default=16, ge=MIN_BLOCK_SIZE, le=MAX_BLOCK_SIZE)
+    seq_lens: list[Length] | SeqLenGenerator = Field(description="KV length per sequence, or a generator")
+    q_lens: Length | list[Length] | QLenGenerator = Field(default=1, description="queries per sequence; 1 is decode")
+    dtype: DTypeName = "float32"
+    layout: Layout = "shuffled"
+    input_scale: Float = Field(
+        default=1.0, gt=0, le=1e4, description="q and K are scaled by it: logits grow as its square"
+    )
+    seed: Int = Field(default=0, ge=0, le=INT64_MAX)
+    # The attention variants (docs/contract.md, "Attention variants"); absent: off.
+    sliding_window: Int | None = Field(
+        default=None, ge=1, le=INT32_MAX, description="a query sees its W most recent keys"
+    )
+    logit_softcap: Float | None = Field(
+        default=None, gt=0, le=1e6, description="scaled logits z -> cap * tanh(z / cap)"
+    )
+    sinks: list[Float] | SinkGenerator | None = Field(
+        default=None, description="one sink logit per query head, or { scale, mean } drawn from the seed"
+    )
+    alibi: Annotated[bool, Strict()] = Field(default=False, description="ALiBi with the standard slopes 2^(-8i/n)")
+    kv_dtype: KVDTypeName | None = Field(
+        default=None, description="an fp8 KV cache (q keeps dtype); K = k_cache.float() * k_scale"
+    )
+    kv_scale: Annotated[float, Strict(), AllowInfNan(False), Field(gt=0, le=1e6)] | KVScaleMode | None = Field(
+        default=None,
+        description="fp8 scales: a float for K and V, 'amax' (per tensor, amax / fp8 max; the default) or 'amax_per_head'",
+    )
+    return_lse: Annotated[bool, Strict()] = Field(
+        default=False, description="the call also returns the log-sum-exp, graded against the oracle's"
+    )
+    cascade: Annotated[bool, Strict()] = Field(
+        default=False, description="shared_prefix layout: the kernels run it as prefix + suffix merged by lse"
+    )
+    timeout_s: Float | None = Field(default=None, gt=0, description="per-call time limit of isolated backends")
+    tolerance: dict[DTypeName, Tolerance] = Field(default_factory=dict, description="per-dtype overrides")
+    backends: list[str] | None = Field(default=None, description="only these backends (default: all)")
+    exclude_backends: list[str] = Field(default_factory=list)
+    tags: list[str] = Field(default_factory=list)
+    sweep: dict[str, list[Any]] = Field(default_factory=dict, description="field -> values, expanded as a product")
+
+    @field_validator("seq_lens")
+    @classmethod
+    def _positive_lengths(cls, value):
+        if isinstance(value, list):
+            if not value:
+                raise ValueError("needs at least one sequence")
+            if any(n < 1 for n in value):
+                raise ValueError(f"every length must be >= 1, got {value}")
+        return value
+
+    @field_validator("sweep")
+    @classmethod
+    def _sweepable(cls, value: dict[str, list[Any]]):
+        for key, values in value.items():
+            if key in ("name", "sweep") or key not in cls.model_fields:
+                raise ValueError(f"cannot sweep {key!r}: not a case field")
+            if not values:
+                raise ValueError(f"sweep of {key!r} has no values")
+        return value
+
+    @model_validator(mode="after")
+    def _consistent(self) -> CaseSpec:
+        if self.sweep:  # checked per expanded point instead
+            return self
+        kv = self.resolved_num_kv_heads()
+        if self.num_q_heads % kv:
+            raise FieldError(
+                "num_q_heads", f"num_q_heads ({self.num_q_heads}) must be a multiple of num_kv_heads ({kv})"
+            )
+        if isinstance(self.q_lens, list):
+            if not isinstance(self.seq_lens, list) or len(self.q_lens) != len(self.seq_lens):
+                raise FieldError("q_lens", "a q_lens list needs an explicit seq_lens list of the same length")
+            bad = [
+                (i, q, s) for i, (q, s) in enumerate(zip(self.q_lens, self.seq_lens, strict=True)) if not 0 <= q <= s
+            ]
+            if bad:
+                i, q, s = bad[0]
+                raise FieldError("q_lens", f"q_lens[{i}] = {q} must be between 0 and seq_lens[{i}] = {s}")
+        elif isinstance(self.q_lens, int):
+            shortest = min(self.seq_lens) if isinstance(self.seq_lens, list) else self.seq_lens.min
+            if not 0 <= self.q_lens <= shortest:
+                raise FieldError(
+                    "q_lens", f"q_lens = {self.q_lens} must be between 0 and the shortest seq_len ({shortest})"
+                )
+        return self
+
+    @model_validator(mode="after")
+    def _variants_consistent(self) -> CaseSpec:
+        if self.sweep:
+            return self
+        if isinstance(self.sinks, list) and len(self.sinks) != self.num_q_heads:
+            raise FieldError(
+                "sinks", f"sinks has {len(self.sinks)} values; it needs one per query head ({self.num_q_heads})"
+            )
+        if self.cascade:
+            self._check_cascade()
+        if self.kv_scale is not None and self.kv_dtype is None:
+            raise FieldError("kv_scale", "kv_scale needs an fp8 kv_dtype (float8_e4m3fn or float8_e5m2)")
+        return self
+
+    def _check_cascade(self) -> None:
+        """A cascade needs a shared prefix that every query sits after, and no position-dependent option."""
+        if self.layout != "shared_prefix":
+            raise FieldError("cascade", f"cascade = true needs layout = 'shared_prefix', got {self.layout!r}")
+        if self.sliding_window is not None or self.alibi:
+            raise FieldError(
+                "cascade", "cascade = true cannot take sliding_window or alibi (they need absolute positions)"
+            )
+        seq, q = _lengths(self)
+        prefix = shared_prefix_blocks(seq, self.block_size, self.layout) * self.block_size
+        if prefix == 0:
+            raise FieldError("cascade", "cascade = true needs two or more sequences sharing at least one block")
+        late = [(i, n, m) for i, (n, m) in enumerate(zip(seq, q, strict=True)) if n - m < prefix]
+        if late:
+            i, n, m = late[0]
+            raise FieldError(
+                "cascade",
+                f"sequence {i} (seq_len {n}, q_len {m}) has a query inside the shared prefix of {prefix} keys",
+            )
+
+    def resolved_num_kv_heads(self) -> int:
+        if (self.num_kv_heads is None) == (self.gqa_ratio is None):
+            raise FieldError("num_kv_heads", "give exactly one of num_kv_heads and gqa_ratio")
+        if self.num_kv_heads is not None:
+            return self.num_kv_heads
+        if self.num_q_heads % self.gqa_ratio:
+            raise FieldError("gqa_ratio", f"gqa_ratio ({self.gqa_ratio}) must divide num_q_heads ({self.num_q_heads})")
+        return self.num_q_heads // self.gqa_ratio
+
+
+@dataclass(frozen=True)
+class Case:
+    """One expanded, validated case: the case file's fields and what the runner needs made concrete.
+
+    ``spec`` is the validated ``[[case]]`` table with its sweep point applied; every field of
+    it reads straight through (``case.head_dim`` is ``case.spec.head_dim``). The fields below
+    are the ones a spec leaves open: ids, lengths and sinks drawn from generators, the KV head
+    count a ``gqa_ratio`` implies, the tolerance of the case's dtype.
+    """
+
+    id: str
+    file: str
+    spec: CaseSpec = dataclass_field(repr=False, hash=False)
+    num_kv_heads: int  # given, or num_q_heads // gqa_ratio
+    seq_lens: tuple[int, ...]  # materialized from a list or a seeded generator
+    q_lens: tuple[int, ...]
+    sinks: tuple[float, ...] | None  # one per query head, materialized from the case file
+    atol: float  # the dtype's default (harness.run.grading) or the case file's override
+    rtol: float
+    head_dim_v: int  # V's and the output's head dim: given, or head_dim (MLA: 512 under K's 576)
+
+    def __getattr__(self, name: str) -> Any:
+        """A case-file field not materialized above: ``head_dim``, ``dtype``, ``layout``, ``seed``, ..."""
+        if name.startswith("_") or name == "spec":  # copy and pickle probe before ``spec`` exists
+            raise AttributeError(name)
+        return getattr(self.spec, name)
+
+    def __str__(self) -> str:
+        return self.id
+
+    @property
+    def num_seqs(self) -> int:
+        return len(self.seq_lens)
+
+    @property
+    def max_seq_len(self) -> int:
+        return max(self.seq_lens)
+
+    @property
+    def group_size(self) -> int:
+        return self.num_q_heads // self.num_kv_heads
+
+    @property
+    def element_bytes(self) -> int:
+        """Bytes of one element of the case's dtype."""
+        return torch.finfo(getattr(torch, self.dtype)).bits // 8
+
+    @property
+    def kv_element_bytes(self) -> int:
+        """Bytes of one element of the KV cache (1 for fp8, else the case's dtype)."""
+        return 1 if self.kv_dtype is not None else self.element_bytes
+
+    @property
+    def blocks_needed(self) -> int:
+        """Blocks that hold every sequence unshared: sum of ceil(seq_len / block_size)."""
+        return sum(cdiv(n, self.block_size) for n in self.seq_lens)
+
+    @property
+    def options(self) -> frozenset[str]:
+        """The contract keywords this case turns on (what a backend must declare to run it)."""
+        names = {
+            "sliding_window": self.sliding_window is not None,
+            "logit_softcap": self.logit_softcap is not None,
+            "sinks": self.sinks is not None,
+            "alibi_slopes": self.alibi,
+            "return_lse": self.return_lse or self.cascade,
+            "fp8_kv": self.kv_dtype is not None,
+            "head_dim_v": self.head_dim_v != self.head_dim,
+        }
+        return frozenset(name for name, on in names.items() if on)
+
+    def variant_fields(self) -> dict[str, Any]:
+        """The variant arguments of harness.cases.inputs.make_inputs."""
+        return {
+            "sliding_window": self.sliding_window,
+            "logit_softcap": self.logit_softcap,
+            "sinks": self.sinks,
+            "alibi": self.alibi,
+            "return_lse": self.return_lse or self.cascade,
+            "kv_dtype": self.kv_dtype,
+            "kv_scale": self.kv_scale,
+            "head_dim_v": self.head_dim_v,
+        }
+
+    @property
+    def prefix_blocks(self) -> int:
+        """Blocks every sequence shares (the "shared_prefix" layout; 0 otherwise)."""
+        return shared_prefix_blocks(self.seq_lens, self.block_size, self.layout)
+
+    def wants(self, backend: str) -> bool:
+        """Whether the case file asks for this backend."""
+        return (self.backends is None or backend in self.backends) and backend not in self.exclude_backends
+
+    def estimated_bytes(self) -> int:
+        """Peak memory of running the case through every built-in backend (harness.cases.memory)."""
+        from harness.cases.memory import estimate
+
+        return estimate(self).peak
+
+
+def _lengths(spec: CaseSpec) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    """Materialize seq_lens and q_lens from lists or seeded generators."""
+    gen = torch.Generator().manual_seed(spec.seed)
+    if isinstance(spec.seq_lens, SeqLenGenerator):
+        g = spec.seq_lens
+        if g.distribution == "fixed":
+            seq = [g.max] * g.count
+        elif g.distribution == "uniform":
+            seq = torch.randint(g.min, g.max + 1, (g.count,), generator=gen).tolist()
+        else:  # lognormal around the geometric mean, most mass inside [min, max]
+            mu, sigma = math.log(math.sqrt(g.min * g.max)), max(math.log(g.max / g.min) / 4, 1e-6)
+            draws = torch.exp(mu + sigma * torch.randn(g.count, generator=gen, dtype=torch.float64))
+            seq = draws.round().clamp(g.min, g.max).long().tolist()
+    else:
+        seq = list(spec.seq_lens)
+    if isinstance(spec.q_lens, int):
+        q = [spec.q_lens] * len(seq)
+    elif isinstance(spec.q_lens, list):
+        q = list(spec.q_lens)
+    else:
+        q = [int(torch.randint(min(spec.q_lens.min, n), min(spec.q_lens.max, n) + 1, (1,), generator=gen)) for n in seq]
+    return tuple(seq), tuple(q)
+
+
+def _sinks(spec: CaseSpec) -> tuple[float, ...] | None:
+    """The case's sinks: its list, or ``mean + scale * N(0, 1)`` per query head drawn from its seed."""
+    if spec.sinks is None or isinstance(spec.sinks, list):
+        return None if spec.sinks is None else tuple(float(x) for x in spec.sinks)
+    draws = torch.randn(spec.num_q_heads, generator=torch.Generator().manual_seed(spec.seed), dtype=torch.float64)
+    return tuple(float(x) for x in (spec.sinks.mean + spec.sinks.scale * draws).to(torch.float32))
+
+
+def _point_id(name: str, point: dict[str, Any]) -> str:
+    def short(value: Any) -> str:
+        if isinstance(value, list):
+            if len(value) <= 4:
+                return "x".join(map(str, value))
+            digest = hashlib.sha1(json.dumps(value, sort_keys=True).encode()).hexdigest()[:6]
+            return f"{len(value)}seqs-{digest}"  # two lists of the same length keep distinct ids
+        if isinstance(value, dict):
+            return "-".join(f"{k}{v}" for k, v in value.items())
+        return str(value)
+
+    return "/".join([name, *(f"{k}={short(v)}" for k, v in point.items())])
+
+
+_TYPE_TAGS = {"int", "float", "str", "bool", "list", "dict", "none"}
+_SHALLOW = {"int_type", "float_type", "list_type", "dict_type", "model_type", "model_attributes_type", "bool_type"}
+
+
+def _field_path(loc: tuple) -> str:
+    """A loc without pydantic's union tags: ('seq_lens', 'function-after[...]', 'count') -> 'seq_lens.count'."""
+    parts = [str(p) for p in loc if not (isinstance(p, str) and ("[" in p or "-" in p or p.lower() in _TYPE_TAGS))]
+    return ".".join(parts)
+
+
+def _format_errors(file: str, case_id: str, error: ValidationError) -> list[str]:
+    """One line per field in words a case author reads: file, case id, field path, message.
+
+    A value checked against a union (``seq_lens``: a list or a generator table) fails once
+    per member; the member it was meant for (the one that got past the type check) wins,
+    and a value that matches no member's type gets one line listing what it may be.
+    """
+
+    def at_union_tag(item: dict) -> bool:  # a type mismatch with one member of a union
+        last = item["loc"][-1] if item["loc"] else None
+        return item["type"] in _SHALLOW and isinstance(last, str) and _field_path((last,)) == ""
+
+    by_top: dict[str, list[dict]] = {}
+    for item in error.errors():
+        by_top.setdefault(str(item["loc"][0]) if item["loc"] else "", []).append(item)
+    lines = []
+    for items in by_top.values():
+        meant = [i for i in items if not at_union_tag(i)]
+        if not meant:  # no member's type fits: one line listing what the value may be
+            items = [{**items[0], "msg": " or ".join(dict.fromkeys(i["msg"] for i in items))}]
+        for item in meant or items:
+            cause = item.get("ctx", {}).get("error")
+            field = _field_path(item["loc"]) or getattr(cause, "field", "(case)")
+            message = re.sub(r" or instance of \w+", "", item["msg"])  # pydantic's class names mean nothing here
+            lines.append(f"{file}: case '{case_id}': field '{field}': {message}")
+    return list(dict.fromkeys(lines))
+
+
+def expand_spec(raw: dict[str, Any], file: str) -> list[Case]:
+    """Validate one ``[[case]]`` table (defaults already merged) and expand its sweep."""
+    name = str(raw.get("name", "?"))
+    try:
+        spec = CaseSpec.model_validate(raw)
+    except ValidationError as error:
+        raise CaseFileError("\n".join(_format_errors(file, name, error))) from None
+    keys = list(spec.sweep)
+    cases, errors = [], []
+    for values in itertools.product(*spec.sweep.values()) if keys else [()]:
+        point = dict(zip(keys, values, strict=True))
+        case_id = _point_id(spec.name, point)
+        data = {**raw, **point, "sweep": {}}
+        try:
+            p = CaseSpec.model_validate(data)
+        except ValidationError as error:
+            errors.extend(_format_errors(file, case_id, error))
+            continue
+        seq, q = _lengths(p)
+        atol, rtol = DEFAULT_TOLERANCES[p.dtype]
+        if p.kv_dtype is not None:
+            atol, rtol = FP8_KV_TOLERANCES.get(p.dtype, (atol, rtol))
+        if p.dtype in p.tolerance:
+            atol, rtol = p.tolerance[p.dtype].atol, p.tolerance[p.dtype].rtol
+        cases.append(
+            Case(
+                id=case_id,
+                file=file,
+                spec=p,
+                num_kv_heads=p.resolved_num_kv_heads(),
+                seq_lens=seq,
+                q_lens=q,
+                sinks=_sinks(p),
+                atol=atol,
+                rtol=rtol,
+                head_dim_v=p.head_dim if p.head_dim_v is None else p.head_dim_v,
+            )
+        )
+    if errors:
+        raise CaseFileError("\n".join(errors))
+    return cases
+
+
+def load_case_file(path: str | Path) -> list[Case]:
+    """All cases of one TOML file, expanded; CaseFileError on any problem."""
+    path = Path(path)
+    file = str(path)
+    try:
+        data = tomllib.loads(_read_case_text(path))
+    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as error:
+        raise CaseFileError(f"{file}: not valid TOML: {error}") from None
+    except RecursionError:
+        raise CaseFileError(f"{file}: not valid TOML: nested too deeply") from None
+    unknown = set(data) - {"defaults", "case"}
+    if unknown:
+        raise CaseFileError(f"{file}: unknown top-level key(s) {sorted(unknown)}; expected [defaults] and [[case]]")
+    defaults = data.get("defaults", {})
+    tables = data.get("case", [])
+    if (not isinstance(defaults, dict) or not isinstance(tables, list) or not tables
+            or not all(isinstance(t, dict) for t in tables)):  # fmt: skip
+        raise CaseFileError(f"{file}: needs at least one [[case]] table (and [defaults] must be a table)")
+    cases: list[Case] = []
+    errors: list[str] = []
+    for table in tables:
+        try:
+            cases.extend(expand_spec({**defaults, **table}, file))
+        except CaseFileError as error:
+            errors.append(str(error))
+    seen: set[str] = set()
+    for case in cases:
+        if case.id in seen:
+            errors.append(f"{file}: case '{case.id}': field 'name': the same id appears twice")
+        seen.add(case.id)
+    if errors:
+        raise CaseFileError("\n".join(errors))
+    return cases
+
+
+def _read_case_text(path: Path) -> str:
+    """The text of a regular file of at most MAX_FILE_BYTES; CaseFileError for anything else.
+
+    A FIFO would block and /dev/zero never ends, so only regular files are opened, and
+    the read stops past the size limit (a file growing after the stat cannot run away).
+    """
+    file = str(path)
+    try:
+        info = path.stat()
+    except FileNotFoundError:
+        raise CaseFileError(f"{file}: no such case file") from None
+    except OSError as error:
+        raise CaseFileError(f"{file}: cannot read it: {error.strerror}") from None
+    if stat.S_ISDIR(info.st_mode):
+        raise CaseFileError(f"{file}: is a directory, not a case file (a folder given to run stands for its *.toml)")
+    if not stat.S_ISREG(info.st_mode):
+        raise CaseFileError(f"{file}: not a regular file (a FIFO, device or socket); give a .toml file")
+    try:
+        with path.open("rb") as handle:
+            data = handle.read(MAX_FILE_BYTES + 1)
+    except OSError as error:
+        raise CaseFileError(f"{file}: cannot read it: {error.strerror}") from None
+    if len(data) > MAX_FILE_BYTES:
+        raise CaseFileError(f"{file}: larger than {MAX_FILE_BYTES // 2**20} MiB; not a case file")
+    return data.decode("utf-8")
+
+
+def resolve_case_paths(paths: list[str | Path]) -> list[Path]:
+    """Files as given; a directory stands for every *.toml in it, sorted. A file named
+    twice (or through two spellings of its path) is read once, with a note on stderr.
+
+    CaseFileError for a directory without any *.toml.
+    """
+    files: list[Path] = []
+    seen: dict[Path, Path] = {}
+    for p in map(Path, paths):
+        found = sorted(p.glob("*.toml")) if p.is_dir() else [p]
+        if p.is_dir() and not found:
+            raise CaseFileError(f"{p}: a directory with no *.toml case files in it")
+        for f in found:
+            key = f.resolve() if f.exists() else f
+            if key in seen:
+                print(f"note: {f} is given twice (as {seen[key]}); its cases are read once", file=sys.stderr)
+                continue
+            seen[key] = f
+            files.append(f)
+    return files
+
+
+def load_cases(
+    paths: list[str | Path], device: str = "cpu", tags: list[str] | None = None, backends: list[str] | None = None
+) -> list[Case]:
+    """Load, validate and expand case files; keep cases with any of ``tags``; check memory
+    (harness.cases.memory: the oracle's and every backend's peak, ``backends`` None: all built-ins).
+
+    Raises CaseFileError listing every problem found (file, case id, field).
+    """
+    cases: list[Case] = []
+    errors: list[str] = []
+    for file in resolve_case_paths(paths):
+        try:
+            cases.extend(load_case_file(file))
+        except CaseFileError as error:
+            errors.append(str(error))
+    if errors:
+        raise CaseFileError("\n".join(errors))
+    if tags:
+        cases = [c for c in cases if set(tags) & set(c.tags)]
+    from harness.cases.memory import too_large
+
+    errors = too_large(cases, device, backends)
+    if errors:
+        raise CaseFileError("\n".join(errors))
+    return cases
+
+
+def check_backend_names(cases: list[Case], registered: list[str]) -> None:
+    """CaseFileError naming file, case and field for every name in ``backends`` or
+    ``exclude_backends`` that is not a registered backend (call it after plugins load)."""
+    errors = []
+    known = set(registered)
+    for case in cases:
+        for field, names in (("backends", case.backends or ()), ("exclude_backends", case.exclude_backends)):
+            errors.extend(
+                f"{case.file}: case '{case.id}': field '{field}': unknown backend {name!r}; "
+                f"registered: {', '.join(registered)}"
+                for name in names
+                if name not in known
+            )
+    if errors:
+        raise CaseFileError("\n".join(dict.fromkeys(errors)))
+
+
+def case_file_schema() -> dict[str, Any]:
+    """JSON Schema of a case file, for editors (taplo, VS Code Even Better TOML)."""
+    case_schema = CaseSpec.model_json_schema()
+    defs = case_schema.pop("$defs", {})
+    defaults = {**case_schema, "required": [], "title": "Defaults"}
+    return {
+        "$schema": "https://json-schema.org/draft/2020-12/schema",
+        "title": "Paged-attention harness case file",
+        "type": "object",
+        "additionalProperties": False,
+        "properties": {
+            "defaults": defaults,
+            "case": {"type": "array", "minItems": 1, "items": case_schema},
+        },
+        "required": ["case"],
+        "$defs": defs,
+    }

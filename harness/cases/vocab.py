@@ -1,0 +1,34 @@
+"""The harness's words, each defined once: dtype names, KV-pool layouts, row statuses.
+
+Case files are validated against these (harness.cases.spec, and so the JSON Schema),
+harness.cases.inputs builds tensors from them, the runner writes them into rows and the report
+orders and counts by them. The dtype names are the kernels' own (``kernels._common.DTYPES``:
+the harness imports the kernels, never the other way round), so a dtype the kernels take is a
+dtype a case file may name.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from kernels._common import DTYPES, FP8_DTYPES
+
+# float32, float16, bfloat16: name -> torch.dtype (the case file's and the report's dtype column)
+DTYPE_NAMES: tuple[str, ...] = tuple(DTYPES)
+DTypeName = Literal[DTYPE_NAMES]  # type: ignore[valid-type]  # Literal["float32", "float16", "bfloat16"]
+
+# An fp8 KV cache's dtype (the case file's kv_dtype): float8_e4m3fn, float8_e5m2.
+KV_DTYPE_NAMES: tuple[str, ...] = tuple(str(dtype).removeprefix("torch.") for dtype in FP8_DTYPES)
+KVDTypeName = Literal[KV_DTYPE_NAMES]  # type: ignore[valid-type]
+
+# How harness.cases.inputs places sequences' blocks in the pool: in order, shuffled, or with a
+# prefix every sequence shares (harness.cases.inputs.assign_blocks says how).
+LAYOUTS = ("contiguous", "shuffled", "shared_prefix")
+Layout = Literal[LAYOUTS]  # type: ignore[valid-type]
+
+# A row's status: within tolerance, outside it, the call raised (or died), or it did not run.
+STATUSES = ("pass", "fail", "error", "skip")
+Status = Literal[STATUSES]  # type: ignore[valid-type]
+GRADED = ("pass", "fail")  # rows the oracle graded
+FAILING = ("fail", "error")  # rows that make a run exit 1
+WORST_FIRST = ("error", "fail", "pass", "skip")  # the order of the report's tables

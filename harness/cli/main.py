@@ -1,0 +1,706 @@
+"""python -m harness {run,list,report,compare,history,schema}
+
+Exit codes:
+
+* 0   every graded row within tolerance, something was graded, and every backend named
+      with --backend ran (graded or errored) on at least one case
+* 1   a tolerance failure or an error row (a backend that raised, exited, crashed or
+      timed out); nothing graded (every row a skip); a --backend that ran on no case;
+      for compare, a row that got worse
+* 2   bad input, refused before any work with one message naming file, case and field,
+      and nothing written: a case file, an argument, a plugin that does not import (or
+      exits or crashes on import), an output folder that cannot be created or written,
+      a stored run folder that is not one
+* 3   internal error: a bug in the harness (the traceback is printed, with a line saying
+      so), or the final write of the run folder failed (the journal is kept, and the
+      message gives the --resume command that finishes the run)
+* 4   compare only: nothing got worse, but the comparison is incomplete (cases or
+      backends on one side only, a status turned skip, another device or versions)
+* 130 interrupted by Ctrl-C; 143 terminated by SIGTERM: the rows so far are kept in the
+      journal, and the message gives the --resume command
+
+Only the harness's own input errors are exit 2: a ValueError from anywhere else is an
+internal error (exit 3), never "bad input".
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+import traceback
+from pathlib import Path
+
+import torch
+
+from harness.cases.vocab import GRADED
+from harness.cli.options import DEFAULT_CASES
+
+EXIT_OK, EXIT_FAIL, EXIT_BAD_INPUT, EXIT_INTERNAL = 0, 1, 2, 3
+EXIT_INTERRUPTED, EXIT_BROKEN_PIPE, EXIT_TERMINATED = 130, 141, 143  # 128 + SIGINT, SIGPIPE, SIGTERM
+
+
+class BadInput(Exception):
+    """An argument or input the user must fix; printed as one message, exit code 2."""
+
+
+def build_parser() -> argparse.ArgumentParser:
+    from harness.cli.options import add_to_argparse
+
+    called = Path(sys.argv[0]).name  # the console script's name, or __main__.py under python -m
+    prog = called if called == "harness" else "python -m harness"
+    parser = argparse.ArgumentParser(prog=prog, description=__doc__.split("\n")[0])
+    verbs = parser.add_subparsers(dest="verb", required=True)
+
+    run = verbs.add_parser("run", help="run cases through backends; write a report folder")
+    run.add_argument(
+        "cases",
+        nargs="*",
+        help="case files or folders, or a packaged suite's name (smoke, cpu, gpu, gpu_peers, gpu_long, gpu_sweep, "
+        "variants); default: smoke",
+    )
+    add_to_argparse(run)
+    run.add_argument("--out", type=Path, help="run folder to create (default: reports/<time>-<device>-<commit>)")
+    run.add_argument("--no-timing", dest="timing", action="store_false", help="grade only; do not time")
+    run.add_argument("--no-progress", dest="progress", action="store_false", help="no progress bar")
+    run.add_argument(
+        "--profile", action="append", default=[], metavar="CASE[:BACKEND]",
+        help="save a torch.profiler Chrome trace of these rows under RUN/profiles/ (globs; repeatable)",
+    )  # fmt: skip
+    run.add_argument(
+        "--isolate",
+        choices=["plugins", "all", "none"],
+        default="plugins",
+        help="backends run in a worker process that may crash or hang without ending the run "
+        "(default: plugins; 'all' adds the built-ins, 'none' runs everything in-process)",
+    )
+    run.add_argument(
+        "--timeout",
+        type=float,
+        metavar="SECONDS",
+        help="time limit of one isolated call, grade and timing (default 600; a case's timeout_s wins)",
+    )
+    run.add_argument(
+        "--resume",
+        type=Path,
+        metavar="RUN_DIR",
+        help="finish a killed or unwritten run from its journal RUN_DIR.journal.jsonl, with its options "
+        "(--workers and --ray too, unless given again here: then those given replace both)",
+    )
+    run.add_argument(
+        "--finalize",
+        action="store_true",
+        help="with --resume: run nothing, write the run folder from the journal's rows alone (a run whose "
+        "machine is gone); meta.json says it is incomplete and which (case, backend) pairs never ran",
+    )
+    from harness.execute.plan import add_arguments as add_scale_arguments
+
+    add_scale_arguments(run)  # --workers, --ray, --oracle-cache
+
+    listing = verbs.add_parser("list", help="the expanded cases, as a table")
+    listing.add_argument("cases", nargs="*")
+    listing.add_argument("--tag", action="append", dest="harness_tags", help="only cases with this tag")
+
+    report = verbs.add_parser("report", help="(re)build report.html of a run folder")
+    report.add_argument("run_dir", type=Path)
+    report.add_argument("--baseline", type=Path, metavar="BASE_RUN", help="mark and list regressions against this run")
+
+    compare = verbs.add_parser(
+        "compare",
+        help="what got worse in NEW_RUN against BASE_RUN",
+        description="Exit 0: nothing got worse and the comparison is complete; 1: something got worse; "
+        "2: bad input (unreadable run, duplicated rows); 3: an internal error; 4: nothing got worse but the comparison is "
+        "incomplete (rows on one side only, device or torch/triton mismatch).",
+    )
+    compare.add_argument("base_run", type=Path)
+    compare.add_argument("new_run", type=Path)
+    compare.add_argument("--min-effect", "--latency-threshold", type=float, dest="min_effect",
+                         help="smallest relative latency change that counts (default 0.10 on CPU rows, 0.03 on CUDA)")  # fmt: skip
+    compare.add_argument("--alpha", type=float, default=0.05, help="significance level after correction (0.05)")
+    compare.add_argument(
+        "--correction",
+        choices=["bh", "holm", "none"],
+        default="bh",
+        help="multiple-row p-value correction: Benjamini-Hochberg (default), Holm, none",
+    )
+    compare.add_argument(
+        "--error-factor", type=float, default=2.0, help="error / tol_ratio growth factor that counts (2.0)"
+    )
+    compare.add_argument(
+        "--allow-mismatch", action="store_true", help="a device or version mismatch does not change the exit code"
+    )
+    compare.add_argument("--html", type=Path, metavar="FILE", help="also write the comparison as an HTML page")
+    compare.add_argument("--all", action="store_true", dest="show_all", help="list every row, not only changes")
+    compare.add_argument(
+        "--normalize-by", metavar="BACKEND", dest="normalize_by",
+        help="judge latencies relative to this unchanged backend (a peer) in the same run and case: cancels a "
+        "drift that moves every kernel alike (across two H200s peers still differed by up to 4%%: README)",
+    )  # fmt: skip
+    compare.add_argument("--confirm", nargs="?", const="unclear", choices=["slower", "unclear", "all"],
+                         help="re-time rows judged slower (and, by default, 'cannot tell'; or all), alternating both "
+                         "commits' builds (git worktrees) row by row, before the verdict")  # fmt: skip
+    compare.add_argument(
+        "--confirm-rounds", type=int, default=32,
+        help="most paired rounds (fresh process pairs) a row gets under --confirm; rows are judged after 9, 13, ... "
+        "and stop once decided (32; at least 9)",
+    )  # fmt: skip
+    compare.add_argument(
+        "--confirm-time", type=float, default=900.0, metavar="SECONDS",
+        help="time box of --confirm, planned: the first look's rounds get 2/3 of it, cheapest rows first, later looks "
+        "what is left, the cheapest decisions first; a row whose rounds do not fit stays 'cannot tell' (900)",
+    )  # fmt: skip
+
+    history = verbs.add_parser("history", help="latency and error trends across runs (commits), per case and backend")
+    history.add_argument("runs", nargs="*", type=Path, help="run folders, or folders of runs (default: reports/)")
+    history.add_argument("--html", type=Path, metavar="FILE", help="also write an HTML page with plots")
+    history.add_argument("--min-effect", type=float, dest="min_effect", help="as for compare")
+    history.add_argument(
+        "--backend", action="append", dest="backends", metavar="NAME", help="only this backend (repeatable)"
+    )
+
+    merge = verbs.add_parser("merge", help="join run folders of one commit (hosts' --shard slices) into one run folder")
+    merge.add_argument("out", type=Path, help="the run folder to create")
+    merge.add_argument("runs", type=Path, nargs="+", metavar="RUN", help="run folders to join (two or more)")
+    merge.add_argument("--allow-mixed-commits", action="store_true",
+                       help="merge runs of different commits (meta.json's commit then lists them)")  # fmt: skip
+    verbs.add_parser("schema", help="JSON Schema of the case files")
+    return parser
+
+
+def _load(cases: list[str], device: str, tags: list[str] | None, backends: list[str] | None = None):
+    from harness.cases.packaged import resolve_case_arg
+    from harness.cases.spec import load_cases
+
+    cases = [resolve_case_arg(c) for c in cases] or DEFAULT_CASES
+    loaded = load_cases(cases, device=device, tags=tags, backends=backends)
+    if not loaded:
+        raise BadInput(f"no cases selected from {' '.join(cases)}" + (f" with tags {tags}" if tags else ""))
+    return loaded
+
+
+def _load_plugins(plugins: list[str], isolate: str):
+    """Import the plugins (first in the run's worker when isolating, so one that exits or
+    crashes on import is bad input, not the end of the run); the backend names they added,
+    and the started worker (None when nothing is isolated)."""
+    from harness.backends.builtin import REGISTRY, load_plugin
+    from harness.execute.processes import PluginImportError, Worker
+    from harness.run.guard import raised_by_backend
+
+    worker = None
+    if isolate == "all" or (plugins and isolate == "plugins"):
+        worker = Worker(tuple(plugins))
+        try:
+            worker.start()
+        except PluginImportError as error:
+            raise BadInput(f"--plugin {error}") from None
+    before = set(REGISTRY)
+    for plugin in plugins:
+        try:
+            load_plugin(plugin)
+        except ValueError as error:
+            raise BadInput(str(error)) from None
+        except BaseException as error:  # SystemExit or a KeyboardInterrupt raised by the module
+            if not raised_by_backend(error):
+                raise
+            raise BadInput(f"--plugin {plugin}: importing it raised {type(error).__name__}({error})") from None
+    return set(REGISTRY) - before, worker
+
+
+def _run_options(args: argparse.Namespace, device: str) -> dict:
+    """What the journal keeps so that --resume runs the same thing (paths made absolute)."""
+
+    def absolute(path: str) -> str:
+        return str(Path(path).resolve()) if Path(path).exists() else path
+
+    return {
+        "cases": [absolute(c) for c in (args.cases or DEFAULT_CASES)],
+        "backends": args.harness_backends,
+        "device": device,
+        "plugins": [absolute(p) for p in args.harness_plugins],
+        "tags": args.harness_tags,
+        "oracle_device": args.harness_oracle_device,
+        "timing": args.timing,
+        "isolate": args.isolate,
+        "timeout": args.timeout,
+        "workers": args.workers,  # --workers / --ray: a resume runs the rest the same way (harness.execute.plan)
+        "ray": args.ray,
+        "shard": args.shard,
+    }
+
+
+def _resume(args: argparse.Namespace):
+    """The journal of --resume RUN_DIR, with args set to the stored options."""
+    from harness.results.journal import Journal, journal_path, pid_alive
+
+    run_dir = args.resume
+    if args.cases or args.harness_backends or args.harness_plugins or args.out or args.shard is not None:
+        raise BadInput(
+            "--resume runs the journal's own cases, backends, plugins and --shard; give none of them, nor --out"
+        )
+    if run_dir.exists():
+        raise BadInput(f"--resume {run_dir}: the run folder already exists: that run is complete")
+    journal = Journal.read(journal_path(run_dir))
+    if pid_alive(journal.header.get("last_pid")):
+        raise BadInput(f"--resume {run_dir}: process {journal.header['last_pid']} is still writing it")
+    options = journal.header.get("options", {})
+    args.cases = options.get("cases", [])
+    args.harness_backends = options.get("backends")
+    args.harness_device = options.get("device")
+    args.harness_plugins = options.get("plugins", [])
+    args.harness_tags = options.get("tags")
+    args.harness_oracle_device = options.get("oracle_device")
+    args.timing = options.get("timing", True)
+    args.isolate = options.get("isolate", "plugins")
+    args.timeout = options.get("timeout")
+    args.shard = options.get("shard")  # the same slice of the cases, always
+    if args.workers is None and args.ray is None:  # given on the resume, they replace the journal's
+        args.workers, args.ray = options.get("workers"), options.get("ray")
+    args.out = run_dir
+    return journal
+
+
+def _finalize(args: argparse.Namespace, journal) -> int:
+    """Write a stopped run's folder from its journal without running anything (``--finalize``).
+
+    The meta is the one the run recorded at its start (device, versions, commit, ceilings),
+    or, for a journal older than that record, only what the header holds; never this
+    machine's. Pairs that never ran are absent from the rows and listed in meta.json.
+    """
+    from harness.backends.builtin import resolve_backends
+    from harness.cases.packaged import resolve_case_arg
+    from harness.cases.spec import CaseFileError, load_case_file, resolve_case_paths
+    from harness.execute.shards import parse_shard, shard_cases
+    from harness.results.storage import write_run
+    from harness.run.runner import COLUMNS, summarize, to_frame
+
+    if not journal.rows:
+        raise BadInput(f"--finalize {args.resume}: the journal holds no row; there is nothing to write")
+    try:  # the journal's case files and backends, to list what never ran (a journal from another
+        # machine may name files or plugin backends this one lacks: the rows are written anyway)
+        paths = resolve_case_paths([resolve_case_arg(c) for c in args.cases] or DEFAULT_CASES)  # suite names too
+        cases = [case for path in paths for case in load_case_file(path)]
+        cases = [c for c in cases if not args.harness_tags or set(args.harness_tags) & set(c.tags)]
+        if args.shard is not None:  # only this run's slice could have run
+            cases = shard_cases(cases, *parse_shard(args.shard))
+        backends = resolve_backends(args.harness_backends)
+        unknown = None
+    except (CaseFileError, ValueError, OSError) as error:
+        cases, backends, unknown = [], [], f"the pairs that never ran are not known here: {error}"
+    done = journal.done()
+    missing = [f"{c.id} {b.name}" for c in cases for b in backends if (c.id, b.name) not in done]
+    frame = _ordered(to_frame(journal.rows), cases, backends, COLUMNS)
+    header = journal.header
+    meta = dict(header.get("meta") or {"device": header.get("options", {}).get("device"), "host": header.get("host")})
+    meta["incomplete"] = {
+        "finalized_from_journal": True,
+        "started": header.get("started"),
+        "rows": len(frame),
+        "missing_pairs": len(missing),
+        "missing": missing,
+        "note": "the run stopped before these (case, backend) pairs ran; the folder was written from its journal",
+    }
+    if unknown:
+        meta["incomplete"].update(missing_pairs=None, missing=None, missing_unknown=unknown)
+    if header.get("meta") is None:
+        meta["incomplete"]["meta_unknown"] = (
+            "the journal predates the recorded meta: device, versions and ceilings are not known here"
+        )
+    write_run(frame, meta, args.resume)
+    journal.remove()
+    print(summarize(frame))
+    print(f"incomplete: {unknown}" if unknown else
+          f"incomplete: {len(missing)} (case, backend) pairs never ran (meta.json lists them)", file=sys.stderr)  # fmt: skip
+    print(f"report: {Path(args.resume) / 'report.html'}")
+    return verdict(frame, None)[0]
+
+
+def verdict(frame, requested: list[str] | None) -> tuple[int, list[str]]:
+    """The exit code of a finished run and the messages that explain a non-zero one."""
+    from harness.run.runner import exit_code
+
+    code, messages = exit_code(frame), []
+    status = frame["status"]
+    if not status.isin(GRADED).any():
+        code = EXIT_FAIL
+        messages.append(
+            f"error: nothing was graded: {int((status == 'skip').sum())} skip and "
+            f"{int((status == 'error').sum())} error rows; a run that grades nothing is not a success"
+        )
+    for name in dict.fromkeys(requested or []):
+        mine = frame[frame["backend"] == name]
+        if not mine["status"].isin([*GRADED, "error"]).any():
+            code = EXIT_FAIL
+            why = mine["reason"].iloc[0] if len(mine) else "no case selected it"
+            messages.append(f"error: --backend {name} ran on no case (every row a skip): {why}")
+    return code, messages
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    from harness.cli.options import apply_threads, default_device
+    from harness.execute.plan import check_arguments as check_scale_arguments
+
+    if args.finalize and not args.resume:
+        raise BadInput("--finalize needs --resume RUN_DIR: it writes that run's folder from its journal")
+    journal = _resume(args) if args.resume else None
+    if args.finalize:
+        return _finalize(args, journal)
+    device = args.harness_device or default_device()
+    if device == "cuda" and not torch.cuda.is_available():
+        raise BadInput("--device cuda: no CUDA device is visible to torch")
+    apply_threads(args.harness_threads, device)
+    if args.timeout is not None and not args.timeout > 0:
+        raise BadInput(f"--timeout {args.timeout:g}: must be a positive number of seconds")
+    try:
+        check_scale_arguments(args)  # --workers, --ray, --oracle-cache (harness.execute.plan)
+    except ValueError as error:
+        raise BadInput(str(error)) from None
+    plugin_backends, worker = _load_plugins(args.harness_plugins, args.isolate)
+    try:
+        return _run(args, device, journal, plugin_backends, worker)
+    finally:
+        if worker is not None:
+            worker.stop()
+
+
+def _run(args: argparse.Namespace, device: str, journal, plugin_backends: set[str], worker) -> int:
+    """Validate cases and backends, reserve the run folder (its journal), then run and write."""
+    from harness.backends.builtin import REGISTRY, resolve_backends
+    from harness.cases.spec import check_backend_names
+    from harness.results.storage import reserve_run, stale_leftovers
+    from harness.run.guard import Terminated
+
+    try:
+        backends = resolve_backends(args.harness_backends)
+    except ValueError as error:
+        raise BadInput(str(error)) from None
+    cases = _load(args.cases, device, args.harness_tags, [b.name for b in backends])
+    check_backend_names(cases, list(REGISTRY))
+    if args.shard is not None:
+        from harness.execute.shards import parse_shard, shard_cases
+
+        cases = shard_cases(cases, *parse_shard(args.shard))
+        if not cases:
+            raise BadInput(f"--shard {args.shard}: this slice holds no case (fewer cases than shards)")
+        print(f"--shard {args.shard}: {len(cases)} of the cases", file=sys.stderr)
+    reports_root = args.out.parent if args.out else Path("reports")
+    for message in stale_leftovers(reports_root):
+        print(message, file=sys.stderr)
+    if journal is None:
+        run_dir, journal = reserve_run(args.out, reports_root, device, _run_options(args, device))
+    else:
+        run_dir = args.out
+        journal.reopen()
+    resume_hint = f"python -m harness run --resume {run_dir}"
+    try:
+        return _run_and_write(args, device, cases, backends, plugin_backends, worker, journal, run_dir, resume_hint)
+    except (KeyboardInterrupt, Terminated) as stop:  # the rows so far stay in the journal
+        journal.close(stopped=True)
+        what = "interrupted" if isinstance(stop, KeyboardInterrupt) else "terminated (SIGTERM)"
+        print(f"{what}: {len(journal.rows)} rows kept in {journal.path}; finish with: {resume_hint}", file=sys.stderr)
+        return EXIT_INTERRUPTED if isinstance(stop, KeyboardInterrupt) else EXIT_TERMINATED
+    except BaseException:
+        journal.close(stopped=True)
+        print(f"the {len(journal.rows)} rows so far are kept in {journal.path}; after a fix: {resume_hint}",
+              file=sys.stderr)  # fmt: skip
+        raise
+
+
+def _run_and_write(args, device, cases, backends, plugin_backends, worker, journal, run_dir, resume_hint) -> int:
+    """Time the ceiling, run what the journal lacks, write the folder, drop the journal; the exit code."""
+    from harness.execute.plan import mixed_models_note, run_rows
+    from harness.results.environment import collect_meta
+    from harness.results.storage import write_run
+    from harness.run.runner import COLUMNS, RunConfig, summarize, to_frame
+    from harness.timing.ceilings import measure_ceilings
+    from harness.timing.profiling import profile_pairs, selected
+
+    threads = torch.get_num_threads()  # as cmd_run set it (--threads)
+    to_profile = selected(cases, backends, args.profile)
+    dtypes = tuple(sorted({c.dtype for c in cases}))
+    # Sharded on CUDA, every worker measures its own GPU's ceilings as it starts (harness.timing.ceilings.own_device)
+    # and its rows are judged against them: the driver measuring GPU 0 as well cost 2-3 s (CUDA start and the
+    # read, copy and matmul timings) before any worker started. meta.json's ``ceilings`` are then the first GPU's.
+    sharded_cuda = device == "cuda" and (getattr(args, "workers", None) or getattr(args, "ray", None)) is not None
+    ceilings = measure_ceilings(device, list(dtypes)) if args.timing and not sharded_cuda else {}
+    isolated = {"plugins": plugin_backends, "all": {b.name for b in backends}, "none": set()}[args.isolate]
+    config = RunConfig(
+        device=device,
+        backends=backends,
+        timing=args.timing,
+        oracle_device=args.harness_oracle_device or "cpu",
+        ceilings=ceilings,
+        ceiling_dtypes=dtypes,
+        progress=args.progress,
+        isolated=frozenset(isolated),
+        plugins=tuple(args.harness_plugins),
+        timeout_s=args.timeout,
+        threads=threads,
+    )
+    printer = None if args.progress else _row_printer()
+
+    journal_s = 0.0
+
+    def on_row(row: dict) -> None:
+        nonlocal journal_s
+        started = time.perf_counter()
+        journal.append(row)
+        journal_s += time.perf_counter() - started
+        if printer:
+            printer(row)
+
+    done = journal.done()
+    todo = sum((c.id, b.name) not in done for c in cases for b in backends)
+    if journal.header.get("meta") is None:  # what a --finalize elsewhere reports as the run's own meta
+        start_meta = collect_meta(device, ["python -m harness", *sys.argv[1:]], {})
+        journal.record_meta({**start_meta, "ceilings": ceilings, "timing_threads": threads, "shard": args.shard})
+    print(f"{len(cases)} cases x {len(backends)} backends on {device}"
+          + (f": {todo} to run, {len(done)} from the journal" if done else ""), file=sys.stderr)  # fmt: skip
+    scale = run_rows(args, cases, config, on_row, done, worker)  # in this process, over --workers, or --ray
+    merging = time.perf_counter()
+    if sharded_cuda and args.timing and scale.get("gpus"):
+        ceilings = scale["gpus"][0].get("ceilings") or {}  # the first GPU's, as its worker measured them
+    frame = _ordered(to_frame(journal.rows), cases, backends, COLUMNS)
+    scale.update(journal_s=round(journal_s, 3), merge_s=round(time.perf_counter() - merging, 3), rows=len(frame))
+    bandwidth = {k: v for k, v in ceilings.items() if k.endswith("_gbps")}
+    meta = collect_meta(device, ["python -m harness", *sys.argv[1:]], bandwidth)
+    meta.update(case_files=sorted({c.file for c in cases}), ceilings=ceilings, timing_threads=threads, shard=args.shard)
+    meta.update(gpus=scale.pop("gpus"), scale=scale)  # each GPU's ceilings; where the run's time went
+    if note := mixed_models_note(meta["gpus"]):
+        meta["device_name"] = note  # shown by the report, and `compare` calls it another device
+        print(f"warning: {note}", file=sys.stderr)
+    if args.resume:
+        meta["resumed"] = {"journal_rows": len(done), "started": journal.header.get("started")}
+    try:
+        write_run(frame, meta, run_dir)
+    except OSError as error:
+        journal.close(stopped=True)
+        print(f"error: writing the run folder {run_dir} failed: {error}\n"
+              f"the {len(journal.rows)} rows are kept in {journal.path}; once there is room, finish with: "
+              f"{resume_hint}", file=sys.stderr)  # fmt: skip
+        return EXIT_INTERNAL
+    journal.remove()
+    if to_profile:
+        for path in profile_pairs(to_profile, device, config.oracle_device, run_dir / "profiles"):
+            print(f"profile: {path}")
+    print(summarize(frame))
+    print(f"report: {run_dir / 'report.html'}")
+    code, messages = verdict(frame, args.harness_backends)
+    for message in messages:
+        print(message, file=sys.stderr)
+    return code
+
+
+def _ordered(frame, cases, backends, columns):
+    """Rows in case order, then backend order (a resumed run's journal mixes two runs)."""
+    case_rank = {c.id: i for i, c in enumerate(cases)}
+    backend_rank = {b.name: i for i, b in enumerate(backends)}
+    key = frame["case"].map(case_rank).fillna(len(case_rank)) * (len(backend_rank) + 1) + frame["backend"].map(
+        backend_rank
+    ).fillna(len(backend_rank))
+    return frame.iloc[key.argsort(kind="stable")].reset_index(drop=True)[columns]
+
+
+def _row_printer():
+    """on_row for runs without a progress bar (logs, CI): one line a row as it finishes, with the time so far."""
+    start = time.perf_counter()
+
+    def show(row: dict) -> None:
+        latency = row.get("latency_us")
+        timed = f" {latency:.1f} us" if isinstance(latency, float) and latency == latency else ""
+        call = row.get("call_us")
+        timed += f" (call {call:.1f} us)" if isinstance(call, float) and call == call else ""
+        print(
+            f"[{time.perf_counter() - start:7.1f}s] {row['case']} {row['backend']}: {row['status']}{timed}",
+            file=sys.stderr,
+            flush=True,
+        )
+
+    return show
+
+
+def cmd_list(args: argparse.Namespace) -> int:
+    import pandas as pd
+
+    from harness.cli.options import default_device
+
+    cases = _load(args.cases, default_device(), args.harness_tags)
+    table = pd.DataFrame(
+        [
+            {
+                "case": c.id,
+                "heads q/kv": f"{c.num_q_heads}/{c.num_kv_heads}",
+                "head_dim": c.head_dim,
+                "block_size": c.block_size,
+                "dtype": c.dtype,
+                "num_seqs": c.num_seqs,
+                "max_seq_len": c.max_seq_len,
+                "max_q_len": max(c.q_lens),
+                "layout": c.layout,
+                "tags": ",".join(c.tags),
+            }
+            for c in cases
+        ]
+    )
+    with pd.option_context("display.max_rows", None, "display.width", 200):
+        print(table.to_string(index=False))
+    print(f"{len(cases)} case{'' if len(cases) == 1 else 's'}")
+    return EXIT_OK
+
+
+def cmd_report(args: argparse.Namespace) -> int:
+    from harness.results.report import rebuild_html
+
+    print(rebuild_html(args.run_dir, baseline=args.baseline))
+    return EXIT_OK
+
+
+def cmd_compare(args: argparse.Namespace) -> int:
+    from harness.results.storage import load_run
+    from harness.review.compare import CompareOptions, compare_runs, format_comparison
+
+    if args.confirm:
+        from harness.review.confirm import MIN_ROUNDS
+
+        if args.confirm_rounds < MIN_ROUNDS:
+            raise BadInput(
+                f"--confirm-rounds {args.confirm_rounds}: at least {MIN_ROUNDS} rounds are needed for a verdict "
+                f"(fewer paired rounds cannot exclude anything at the looks' confidence)"
+            )
+    base, base_meta = load_run(args.base_run)
+    new, new_meta = load_run(args.new_run)
+    options = CompareOptions(
+        min_effect=args.min_effect,
+        alpha=args.alpha,
+        correction=args.correction,
+        error_factor=args.error_factor,
+        allow_mismatch=args.allow_mismatch,
+        normalize_by=args.normalize_by,
+    )
+    comparison = compare_runs(base, new, base_meta, new_meta, options)
+    if args.confirm:
+        from harness.review.confirm import confirm_slower
+
+        comparison = confirm_slower(
+            comparison,
+            base_meta,
+            new_meta,
+            options,
+            rounds=args.confirm_rounds,
+            time_s=args.confirm_time,
+            which=args.confirm,
+        )
+    print(format_comparison(comparison, str(args.base_run), str(args.new_run), show_all=args.show_all))
+    if args.html:
+        from harness.results.report import write_compare_html
+
+        print(
+            f"page: {write_compare_html(comparison, args.html, (args.base_run, base_meta), (args.new_run, new_meta))}"
+        )
+    return comparison.exit_code
+
+
+def cmd_history(args: argparse.Namespace) -> int:
+    from harness.review.history import format_history, load_history, write_history_html
+
+    try:
+        history = load_history(args.runs or [Path("reports")], min_effect=args.min_effect, backends=args.backends)
+    except ValueError as error:  # no run folders where the user pointed: bad input
+        raise BadInput(str(error)) from None
+    print(format_history(history))
+    if args.html:
+        print(f"page: {write_history_html(history, args.html)}")
+    return EXIT_OK
+
+
+def cmd_merge(args: argparse.Namespace) -> int:
+    from harness.execute.shards import MergeError, merge_runs
+    from harness.results.storage import RunDirExistsError, write_run
+    from harness.run.runner import exit_code, summarize
+
+    if args.out.exists():
+        raise BadInput(f"merge: {args.out} already exists; a run folder is never overwritten (choose another OUT)")
+    try:
+        frame, meta, warnings = merge_runs(args.runs, args.allow_mixed_commits)
+    except MergeError as error:
+        raise BadInput(str(error)) from None
+    meta["command"] = " ".join(["harness merge", str(args.out), *map(str, args.runs)]) + (
+        " --allow-mixed-commits" if args.allow_mixed_commits else ""
+    )
+    try:
+        write_run(frame, meta, args.out)
+    except RunDirExistsError as error:
+        raise BadInput(f"merge: {error}") from None
+    for warning in warnings:
+        print(f"warning: {warning} (meta.json's incomplete says so)", file=sys.stderr)
+    print(summarize(frame))
+    print(f"merged {len(args.runs)} runs, {len(frame)} rows: {args.out / 'report.html'}")
+    return exit_code(frame)
+
+
+def cmd_schema(args: argparse.Namespace) -> int:
+    from harness.cases.spec import case_file_schema
+
+    print(json.dumps(case_file_schema(), indent=2))
+    return EXIT_OK
+
+
+def console_main() -> None:
+    """The ``harness`` console script: main() as the process's exit status."""
+    sys.exit(main())
+
+
+def main(argv: list[str] | None = None) -> int:
+    import kernels
+
+    kernels.use_interpreter_if_no_gpu()  # before anything imports Triton (see kernels.triton_paged)
+    from harness.cases.spec import CaseFileError
+    from harness.results.journal import JournalError
+    from harness.results.storage import NotWritableError, RunDirExistsError, RunFolderError
+    from harness.review.compare import DuplicateRowsError
+    from harness.run.guard import Terminated, install_signal_handlers
+
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    handler = {
+        "run": cmd_run,
+        "list": cmd_list,
+        "report": cmd_report,
+        "compare": cmd_compare,
+        "history": cmd_history,
+        "merge": cmd_merge,
+        "schema": cmd_schema,
+    }
+    restore_signals = install_signal_handlers()
+    try:
+        code = handler[args.verb](args)
+        sys.stdout.flush()  # a closed pipe shows here, not in the interpreter's flush at exit
+        return code
+    except (
+        BadInput,
+        CaseFileError,
+        RunDirExistsError,
+        NotWritableError,
+        RunFolderError,
+        JournalError,
+        DuplicateRowsError,
+    ) as error:
+        print(f"error: {error}", file=sys.stderr)
+        return EXIT_BAD_INPUT
+    except KeyboardInterrupt:
+        print("interrupted: nothing was written", file=sys.stderr)
+        return EXIT_INTERRUPTED
+    except Terminated:
+        print("terminated (SIGTERM): nothing was written", file=sys.stderr)
+        return EXIT_TERMINATED
+    except BrokenPipeError:  # `harness schema | head`: the reader left early; not a bug, and not a success
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # the flush at exit would raise again
+        return EXIT_BROKEN_PIPE
+    except Exception:
+        traceback.print_exc()
+        print("internal error: the traceback above is a bug in the harness, not in your input; please report it",
+              file=sys.stderr)  # fmt: skip
+        return EXIT_INTERNAL
+    finally:
+        restore_signals()

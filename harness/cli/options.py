@@ -1,0 +1,73 @@
+"""Run options, defined once and added to both the CLI (argparse) and pytest.
+
+Destinations carry a ``harness_`` prefix: pytest itself keeps ``-p`` in ``plugins``.
+
+The noxfile passes its arguments through to these same flags.
+"""
+
+from __future__ import annotations
+
+import argparse
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from harness.cases.packaged import default_cases
+
+DEFAULT_CASES = default_cases()  # what `run`, `list` and pytest read when given no case file
+
+
+def default_device() -> str:
+    return "cuda" if torch.cuda.is_available() else "cpu"
+
+
+@dataclass(frozen=True)
+class Option:
+    flag: str
+    help: str
+    kwargs: dict[str, Any] = field(default_factory=dict)
+
+
+RUN_OPTIONS = [
+    Option("--backend", "run only this backend (repeatable); default: every registered backend",
+           {"action": "append", "dest": "harness_backends", "metavar": "NAME"}),
+    Option("--device", "cpu or cuda; default: cuda when a GPU is present",
+           {"choices": ["cpu", "cuda"], "dest": "harness_device"}),
+    Option("--plugin", "import MODULE_OR_PATH, which calls harness.register_backend (repeatable)",
+           {"action": "append", "dest": "harness_plugins", "default": [], "metavar": "MODULE_OR_PATH"}),
+    Option("--tag", "run only cases carrying this tag (repeatable)", {"action": "append", "dest": "harness_tags", "metavar": "TAG"}),
+    Option("--oracle-device", "where the float64 oracle runs; default: the CPU",
+           {"choices": ["cpu", "cuda"], "dest": "harness_oracle_device"}),
+    Option("--threads", "torch intra-op threads for the run: N or 'auto' (torch's default); default 1 on a CPU",
+           {"dest": "harness_threads", "metavar": "N|auto"}),
+]  # fmt: skip
+
+
+def apply_threads(value: str | None, device: str) -> int:
+    """Set torch's intra-op thread count for the run and return it.
+
+    Default on a CPU: 1. On a shared 2-core machine one thread ran the CPU suite about 4x
+    faster than two and made reruns of one commit agree (two threads fight the neighbours
+    for cores, and one run's reference timings came out 3.4x off the other's), so timings
+    compare across commits. On CUDA the host threads hardly matter: torch's default stays.
+    ``auto`` keeps torch's default anywhere.
+    """
+    if value is None:
+        value = "1" if torch.device(device).type == "cpu" else "auto"
+    if value != "auto":
+        if not value.isdigit() or int(value) < 1:
+            raise ValueError(f"--threads {value}: give a positive integer or 'auto'")
+        torch.set_num_threads(int(value))
+    return torch.get_num_threads()
+
+
+def add_to_argparse(parser: argparse.ArgumentParser) -> None:
+    for option in RUN_OPTIONS:
+        parser.add_argument(option.flag, help=option.help, **option.kwargs)
+
+
+def add_to_pytest(group) -> None:
+    """``group`` is a pytest OptionGroup (parser.getgroup(...)); it takes argparse-style kwargs."""
+    for option in RUN_OPTIONS:
+        group.addoption(option.flag, help=option.help, **option.kwargs)

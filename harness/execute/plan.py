@@ -1,0 +1,136 @@
+"""The ``run`` verb's scale-out options, checked before any work, and the choice of runner.
+
+    --workers N|auto      shard the cases over N worker processes of this host (harness.execute.workers):
+                          one per GPU (auto: every visible GPU), or N on a CPU (auto: one per core)
+    --ray [ADDRESS]       submit the cases as Ray tasks (harness.execute.ray_cluster): to the cluster at
+                          ADDRESS, or (no ADDRESS) to a local Ray started for the run
+    --oracle-cache DIR|off  where the float64 oracle's outputs are cached (harness.run.oracle_cache);
+                          off: recompute every case
+
+This module imports neither torch nor Ray: the parser stays cheap.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import os
+import threading
+
+LOCAL = "local"  # --ray without an address
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    group = parser.add_argument_group("scale-out")
+    group.add_argument(
+        "--workers",
+        metavar="N|auto",
+        help="shard the run over N worker processes: one per GPU, pinned by CUDA_VISIBLE_DEVICES "
+        "(auto: every visible GPU; on a CPU, one per core, torch threads split between them)",
+    )
+    group.add_argument(
+        "--ray",
+        nargs="?",
+        const=LOCAL,
+        metavar="ADDRESS",
+        help="run the cases as Ray tasks on the cluster at ADDRESS (no ADDRESS: a local Ray); "
+        "needs the optional extra: pip install 'paged-attention-harness[ray]'",
+    )
+    group.add_argument(
+        "--shard",
+        metavar="I/N",
+        help="run only slice I of N of the cases (0 <= I < N; by cost, dealt round robin, the same split on "
+        "every host); join the hosts' run folders with `harness merge OUT RUN...`",
+    )
+    group.add_argument(
+        "--oracle-cache",
+        metavar="DIR|off",
+        help="cache of the CPU float64 oracle's outputs, by input content (default: $HARNESS_ORACLE_CACHE, "
+        "else ~/.cache/paged-attention-harness/oracle; capped at 2 GiB, least recently used pruned); off: no cache",
+    )
+
+
+def check_arguments(args: argparse.Namespace) -> None:
+    """Refuse bad scale-out options (ValueError, a message for the user); apply --oracle-cache."""
+    from harness.run.oracle_cache import ENV_DIR
+
+    workers = getattr(args, "workers", None)
+    ray = getattr(args, "ray", None)
+    if workers is not None and workers != "auto" and (not workers.isdigit() or int(workers) < 1):
+        raise ValueError(f"--workers {workers}: give a positive integer or 'auto'")
+    if getattr(args, "shard", None) is not None:
+        from harness.execute.shards import parse_shard
+
+        parse_shard(args.shard)
+    if ray is not None:
+        from harness.execute.ray_cluster import ray_missing
+
+        if why := ray_missing():
+            raise ValueError(why)
+    if getattr(args, "oracle_cache", None):
+        os.environ[ENV_DIR] = args.oracle_cache  # read by this process and inherited by its workers
+
+
+def mixed_models_note(gpus: list[dict]) -> str:
+    """ "" when the run's GPUs (meta.json's ``gpus``) are of one model; else a note naming them."""
+    models = sorted({gpu["gpu_name"] for gpu in gpus if gpu.get("gpu_name")})
+    if len(models) < 2:
+        return ""
+    return (
+        f"mixed GPU models: {' + '.join(models)} (each row's pct_of_ceiling is against its own GPU; "
+        "latencies compare only between rows of one gpu_name)"
+    )
+
+
+def preload_report_modules() -> threading.Thread:
+    """Import what writing the run folder needs (the page, its plots: matplotlib) on a daemon thread.
+
+    A sharded or Ray run's driver mostly waits on its workers; importing these meanwhile takes
+    0.7-1 s off the end of the run (measured on the dev box: harness.results.report with matplotlib,
+    0.72 s). A one-process run has no idle driver to use, so it imports them when it writes.
+    """
+
+    def load() -> None:
+        import importlib
+
+        for name in ("harness.results.report", "harness.results.plots", "harness.timing.scaling"):
+            with contextlib.suppress(ImportError):  # matplotlib is optional: the page then says its plots are missing
+                importlib.import_module(name)
+
+    thread = threading.Thread(target=load, name="preload-report", daemon=True)
+    thread.start()
+    return thread
+
+
+def run_rows(args: argparse.Namespace, cases, config, on_row, done, worker=None) -> dict:
+    """Run the cases in this process, over local workers (--workers) or over Ray (--ray).
+
+    ``worker``: the isolation worker of an in-process run (harness.execute.processes); sharded runs
+    isolate by process already and leave it unused. Returns where the time went, for
+    meta.json's ``scale`` (seconds; ``wall_s`` from the first case to the last row), with
+    ``gpus``: each GPU's name and measured ceilings (empty in one process and on a CPU).
+    """
+    import time
+
+    workers = getattr(args, "workers", None)
+    ray = getattr(args, "ray", None)
+    started = time.perf_counter()
+    if ray is not None:
+        from harness.execute.ray_cluster import run_on_ray
+
+        preload_report_modules()
+        record = {"mode": "ray", "ray": ray, "workers": workers}
+        record |= run_on_ray(cases, config, on_row, done, address=None if ray == LOCAL else ray, num_cpus=workers)
+    elif workers is not None:
+        from harness.execute.workers import run_sharded
+
+        preload_report_modules()
+        record = {"mode": "workers", **run_sharded(cases, config, on_row, done, workers=workers).timings()}
+    else:
+        from harness.run.runner import run_cases
+        from harness.timing.phases import rounded, take_phases
+
+        take_phases()
+        run_cases(cases, config, on_row=on_row, done=done, worker=worker)  # isolated backends' phases included
+        record = {"mode": "one process", "gpus": [], "phase_s": rounded(take_phases())}
+    return {**record, "wall_s": round(time.perf_counter() - started, 3)}

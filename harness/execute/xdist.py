@@ -1,0 +1,123 @@
+"""pytest -n N (pytest-xdist): one GPU per worker, and one run folder from every worker's rows.
+
+* **GPUs.** Before the workers start (``pytest_xdist_setupnodes``), worker ``gwI`` gets
+  ``CUDA_VISIBLE_DEVICES`` = the ``I``-th visible GPU (round robin when there are more
+  workers than GPUs) through its execnet spec's ``env``; execnet sets it in the new
+  interpreter before pytest, torch or the conftest are imported, so torch sees one GPU. A
+  spec that already names ``env:CUDA_VISIBLE_DEVICES`` keeps it; without GPUs nothing is set.
+* **Rows.** With ``--harness-report DIR``, the controller makes a temporary folder and
+  hands its path to every worker (``pytest_configure_node``). Each worker, at its session
+  end, writes its rows (with ``host``, ``gpu_index``, ``worker`` = ``gwI``, on CUDA ``gpu_name``) to
+  ``<folder>/<gwI>.pkl`` (temp file + rename), and writes no run folder. The controller's
+  session end (after every worker has finished) reads them all, puts them in the test
+  order (cases, then backends) and writes the one run folder (meta.json's ``gpus`` lists the
+  workers' GPUs; GPUs of more than one model are named in ``device_name``); the temporary
+  folder is removed.
+"""
+
+from __future__ import annotations
+
+import os
+import pickle
+import shutil
+import socket
+import tempfile
+from pathlib import Path
+
+import pytest
+
+ROWS_DIR = "harness_rows_dir"  # key in a worker's workerinput
+_FOLDER_KEY = pytest.StashKey[str]()
+
+
+def _is_worker(config: pytest.Config) -> bool:
+    return hasattr(config, "workerinput")
+
+
+def pin_gpus(config: pytest.Config, specs) -> None:
+    """Give each xdist worker spec its own GPU (``CUDA_VISIBLE_DEVICES``), round robin."""
+    from harness.execute.workers import visible_gpus
+
+    if not _run_device(config).startswith("cuda"):
+        return
+    gpus = visible_gpus()
+    if not gpus:
+        return
+    for index, spec in enumerate(specs):
+        spec.env.setdefault("CUDA_VISIBLE_DEVICES", gpus[index % len(gpus)])
+
+
+def _run_device(config: pytest.Config) -> str:
+    from harness.cli.options import default_device
+
+    return config.getoption("harness_device", None) or default_device()
+
+
+def _gpu_name(config: pytest.Config) -> str:
+    """This worker's GPU (it sees one), "" when the run is on a CPU."""
+    if not _run_device(config).startswith("cuda"):
+        return ""
+    import torch
+
+    return torch.cuda.get_device_name(0)
+
+
+def hand_rows_folder(node) -> None:
+    """Controller side: tell a worker where to leave its rows (only with --harness-report)."""
+    config = node.config
+    if config.getoption("harness_report", None) is None:
+        return
+    if _FOLDER_KEY not in config.stash:
+        config.stash[_FOLDER_KEY] = tempfile.mkdtemp(prefix="harness-xdist-rows-")
+    node.workerinput[ROWS_DIR] = config.stash[_FOLDER_KEY]
+
+
+def worker_hands_rows_over(config: pytest.Config) -> bool:
+    return _is_worker(config) and bool(config.workerinput.get(ROWS_DIR))
+
+
+def save_worker_rows(config: pytest.Config, rows: list[dict]) -> Path:
+    """Worker side: this worker's rows, labelled, to ``<folder>/<gwI>.pkl`` atomically."""
+    worker = config.workerinput.get("workerid", str(os.getpid()))
+    labels = {"host": socket.gethostname(), "gpu_index": os.environ.get("CUDA_VISIBLE_DEVICES", ""), "worker": worker}
+    if name := _gpu_name(config):
+        labels["gpu_name"] = name
+    folder = Path(config.workerinput[ROWS_DIR])
+    target = folder / f"{worker}.pkl"
+    fd, temp = tempfile.mkstemp(dir=folder, prefix=f".{worker}.", suffix=".tmp")
+    with os.fdopen(fd, "wb") as file:
+        pickle.dump([{**row, **labels} for row in rows], file)
+    os.replace(temp, target)
+    return target
+
+
+def collect_rows(config: pytest.Config) -> list[dict] | None:
+    """Controller side: every worker's rows (None when this is not an xdist run with a report)."""
+    if _is_worker(config) or _FOLDER_KEY not in config.stash:
+        return None
+    folder = Path(config.stash.get(_FOLDER_KEY, ""))
+    rows: list[dict] = []
+    for path in sorted(folder.glob("*.pkl")):
+        with path.open("rb") as file:
+            rows.extend(pickle.load(file))
+    shutil.rmtree(folder, ignore_errors=True)
+    return rows
+
+
+def in_test_order(rows: list[dict], cases, backends) -> list[dict]:
+    """Rows sorted as a one-process session makes them: case order, then backend order."""
+    case_rank = {case.id: i for i, case in enumerate(cases)}
+    backend_rank = {backend.name: i for i, backend in enumerate(backends)}
+    return sorted(rows, key=lambda r: (case_rank.get(r["case"], len(case_rank)), backend_rank.get(r["backend"], 0)))
+
+
+def run_gpus(rows: list[dict]) -> tuple[list[dict], str]:
+    """meta.json's ``gpus`` of a pytest -n run (each GPU's host, index, name and workers; no
+    ceilings: the pytest path measures none) and the mixed-models note ("" for one model)."""
+    from harness.execute.plan import mixed_models_note
+    from harness.timing.ceilings import GpuLedger
+
+    ledger = GpuLedger()
+    for row in rows:
+        ledger.add(row["host"], row["gpu_index"], row["worker"], {"gpu_name": row.get("gpu_name"), "ceilings": {}})
+    return ledger.to_meta(), mixed_models_note(ledger.to_meta())

@@ -1,0 +1,262 @@
+"""The review page of a run (report.html) and the comparison page (compare --html).
+
+One self-contained HTML file each: inline CSS and JS, plots as SVG data URIs, no network.
+Every string that comes from a case file, a plugin or an error message is escaped by
+jinja2's autoescape; the page's own script reads numbers from data attributes only.
+
+The run page, top to bottom: the run's facts and noise judges; the verdict (what failed,
+where and why); a pivot of cases x backends (tolerance margin and latency, speedup
+against a chosen backend); plots; the scaling fit; every graded row (sortable,
+filterable, details on demand); skipped rows folded away.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from pathlib import Path
+
+import pandas as pd
+from jinja2 import Environment, PackageLoader, select_autoescape
+
+from harness.cases.vocab import FAILING, WORST_FIRST
+from harness.results.storage import load_run
+
+try:
+    from harness.results import plots
+except ImportError:  # matplotlib is optional: the page says the plots need it
+    plots = None
+
+HOST_OVERHEAD_FLAG = 1.5  # call_us / latency_us above this is flagged as host overhead
+_STATUS_ORDER = {status: i for i, status in enumerate(WORST_FIRST)}
+MAIN_COLUMNS = [
+    "status", "case", "backend", "dtype", "tol_ratio", "max_abs_err", "latency_us", "latency_p10_us",
+    "latency_p90_us", "call_us", "gbps", "pct_of_ceiling", "reason",
+]  # fmt: skip
+FAILING_COUNT_COLUMNS = ("fail_count", "num_failing", "failing_elements", "num_bad")
+
+_env = Environment(loader=PackageLoader("harness.results", "templates"), autoescape=select_autoescape(["html", "j2"]))
+
+
+def _missing(value) -> bool:
+    if value is None:
+        return True
+    try:
+        return bool(pd.isna(value))
+    except (TypeError, ValueError):
+        return False
+
+
+def fmt(value, spec: str = ".3g") -> str:
+    """``format(value, spec)``, or "" for a missing value."""
+    return "" if _missing(value) else format(value, spec)
+
+
+def sig(value, digits: int = 3) -> str:
+    """A number with ``digits`` significant digits: 0.0123 stays 0.0123 (GB/s on a CPU is never "0.0")."""
+    if _missing(value):
+        return ""
+    value = float(value)
+    if value == 0 or not math.isfinite(value):
+        return format(value, "g")
+    if 1e-3 <= abs(value) < 1e6:
+        decimals = max(0, digits - 1 - math.floor(math.log10(abs(value))))
+        return f"{value:.{decimals}f}"
+    return f"{value:.{digits - 1}e}"
+
+
+_env.filters["fmt"] = fmt
+_env.filters["sig"] = sig
+
+
+def rebuild_html(run_dir: Path, baseline: Path | None = None) -> Path:
+    """(Re)write report.html from a run's stored rows, atomically; regressions marked against ``baseline``."""
+    frame, meta = load_run(run_dir)
+    base = load_run(baseline) if baseline else None
+    target = Path(run_dir) / "report.html"
+    tmp = target.with_name(f".report.html.{os.getpid()}")
+    tmp.write_text(render_html(frame, meta, baseline=base, baseline_name=str(baseline) if baseline else ""))
+    os.replace(tmp, target)
+    return target
+
+
+def peaks_of(meta: dict) -> dict[str, dict]:
+    """{dtype: {"tflops", "source"}} from meta's ``ceilings`` (per-dtype dicts; a bare number in older runs)."""
+    ceilings = meta.get("ceilings") or {}
+    peaks, sources = ceilings.get("peak_tflops"), ceilings.get("peak_source") or {}
+    if isinstance(peaks, dict):
+        return {
+            d: {"tflops": v, "source": sources.get(d, "") if isinstance(sources, dict) else sources}
+            for d, v in peaks.items()
+        }
+    if peaks is not None:
+        return {"all dtypes": {"tflops": peaks, "source": sources if isinstance(sources, str) else ""}}
+    return {}
+
+
+def ceilings_of(meta: dict) -> dict[str, float]:
+    """GB/s ceilings from meta: the new ``ceilings`` (read, copy) and the old ``ceilings_gbps``."""
+    out = {}
+    new = meta.get("ceilings") or {}
+    for key in ("read_gbps", "copy_gbps"):
+        if isinstance(new.get(key), int | float):
+            out[key.replace("_gbps", "")] = float(new[key])
+    for key, value in (meta.get("ceilings_gbps") or {}).items():
+        if isinstance(value, int | float) and not out:
+            out[key] = float(value)
+    return out
+
+
+def scaling_fits(frame: pd.DataFrame) -> pd.DataFrame | None:
+    """harness.timing.scaling.fit_scaling(frame) where that module exists (it is optional), else None."""
+    try:
+        from harness.timing.scaling import fit_scaling
+    except ImportError:
+        return None
+    try:
+        fits = fit_scaling(frame)
+    except Exception:  # the page must render even if a fit cannot be made from these rows
+        return None
+    return fits if fits is not None and not fits.empty else None
+
+
+def _failing_count(row: dict):
+    for column in FAILING_COUNT_COLUMNS:
+        if not _missing(row.get(column)):
+            return int(row[column])
+    return None
+
+
+def _details(row: dict) -> list[tuple[str, str]]:
+    """Every column not in the main table, for the row's details-on-demand."""
+    out = []
+    for key, value in row.items():
+        if key in MAIN_COLUMNS or key.startswith("_") or key.endswith("_samples_us"):
+            continue
+        if isinstance(value, list | tuple) or hasattr(value, "tolist"):
+            continue
+        if not _missing(value) and value != "":
+            out.append((key, sig(value) if isinstance(value, float) else str(value)))
+    return out
+
+
+def _prepare_rows(frame: pd.DataFrame, regressed: dict[tuple[str, str], str]) -> list[dict]:
+    frame = frame.reindex(columns=list(dict.fromkeys([*MAIN_COLUMNS, *frame.columns])))
+    ordered = frame.assign(_order=frame["status"].map(_STATUS_ORDER).fillna(0)).sort_values(
+        ["_order", "case", "backend"]
+    )
+    rows = []
+    for row in ordered.drop(columns="_order").to_dict("records"):
+        call, lat = row.get("call_us"), row.get("latency_us")
+        overhead = call / lat if not _missing(call) and not _missing(lat) and lat > 0 else None
+        row["_overhead"] = overhead if overhead and overhead > HOST_OVERHEAD_FLAG else None
+        row["_details"] = _details(row)
+        row["_regressed"] = regressed.get((row["case"], row["backend"]), "")
+        row["_failing"] = _failing_count(row)
+        rows.append(row)
+    return rows
+
+
+def _pivot(rows: list[dict]) -> tuple[list[str], list[dict]]:
+    """Cases as rows, backends that ran anywhere as columns; each cell status, tol_ratio, latency (or skip)."""
+    backends = sorted({r["backend"] for r in rows if r["status"] != "skip"})  # a backend that never ran: skips list
+    cases: dict[str, dict] = {}
+    for r in sorted(rows, key=lambda r: r["case"]):
+        cases.setdefault(r["case"], {"case": r["case"], "cells": {}})["cells"][r["backend"]] = r
+    return backends, list(cases.values())
+
+
+def _regressions(frame: pd.DataFrame, meta: dict, baseline) -> tuple[dict, list[dict], list[str]]:
+    if baseline is None:
+        return {}, [], []
+    from harness.review.compare import compare_runs
+
+    comparison = compare_runs(baseline[0], frame, baseline[1], meta)
+    worse = comparison.regressions
+    marked = {(r["case"], r["backend"]): r["why"] for _, r in worse.iterrows()}
+    return marked, worse[["case", "backend", "why"]].to_dict("records"), comparison.problems
+
+
+def time_summary(meta: dict) -> str:
+    """Where the run's time went, one line for the page's header, from meta.json's ``scale``; '' if not recorded.
+
+    Example: "2 workers, 85.5 s from the first case to the last row, workers started in 4.8 s;
+    160.9 s of case work: timing: call 60.8, timing: latency 59.8, inputs 14.9, ..."
+    """
+    scale = meta.get("scale") or {}
+    if "wall_s" not in scale:
+        return ""
+    mode = scale.get("mode", "")
+    how = {"workers": f"{scale.get('workers')} worker{'s' if scale.get('workers') != 1 else ''}",
+           "ray": f"Ray, {scale.get('tasks', '?')} tasks"}.get(mode, "one process")  # fmt: skip
+    text = f"{how}, {scale['wall_s']:.1f} s from the first case to the last row"
+    if meta.get("resumed"):
+        text += f" (the resumed part only: {meta['resumed'].get('journal_rows', '?')} rows came from the journal)"
+    if starts := scale.get("worker_start_s"):
+        text += f", workers started in {max(starts):.1f} s"
+    phases = sorted((scale.get("phase_s") or {}).items(), key=lambda item: -item[1])
+    if phases:
+        busy = scale.get("case_busy_s")
+        text += f"; {busy:.1f} s of case work: " if busy is not None else "; case work: "
+        text += ", ".join(f"{name} {seconds:.1f}" for name, seconds in phases)
+    return text
+
+
+def render_html(frame: pd.DataFrame, meta: dict, *, baseline=None, baseline_name: str = "") -> str:
+    """The review page of one run; ``baseline`` = (frame, meta) of an earlier run marks regressions."""
+    marked, regressions, problems = _regressions(frame, meta, baseline)
+    rows = _prepare_rows(frame, marked)
+    graded = [r for r in rows if r["status"] != "skip"]
+    skipped = [r for r in rows if r["status"] == "skip"]
+    counts = {s: sum(r["status"] == s for r in rows) for s in _STATUS_ORDER}
+    backends, pivot = _pivot(rows)
+    ceilings = ceilings_of(meta)
+    fits = scaling_fits(frame)
+    figures = []
+    if plots is not None:
+        figures = [
+            ("Latency and bandwidth against KV length", plots.latency_and_bandwidth(frame, ceilings)),
+            ("Error against tolerance, per backend", plots.error_vs_tolerance(frame)),
+            ("Scaling fit", plots.scaling_fit(frame, fits)),
+        ]
+    return _env.get_template("report.html.j2").render(
+        meta=meta,
+        rows=graded,
+        skipped=skipped,
+        bad=[r for r in rows if r["status"] in FAILING],
+        counts=counts,
+        total=len(rows),
+        backends=backends,
+        pivot=pivot,
+        ceilings=ceilings,
+        peaks=peaks_of(meta),
+        figures=[(title, uri) for title, uri in figures if uri],
+        fits=fits.to_dict("records") if fits is not None else [],
+        regressions=regressions,
+        baseline_problems=problems,
+        baseline_name=baseline_name,
+        overhead_flag=HOST_OVERHEAD_FLAG,
+        plots_missing=plots is None,
+        time_summary=time_summary(meta),
+    )
+
+
+def write_compare_html(comparison, path: Path, base: tuple, new: tuple) -> Path:
+    """The comparison as a page: exit verdict, run-level problems, changed rows, then every row."""
+    from harness.review.compare import verdict_counts
+
+    rows = comparison.rows.copy()
+    rows["_kind"] = [
+        "worse" if w else "better" if b else "unclear" if v == "cannot tell" else "one side" if s != "both" else "same"
+        for w, b, v, s in zip(rows["why"], rows["better"], rows["verdict"], rows["side"], strict=True)
+    ]
+    rank = {"worse": 0, "one side": 1, "unclear": 2, "better": 3, "same": 4}
+    rows = rows.assign(_rank=rows["_kind"].map(rank)).sort_values(["_rank", "case", "backend"], kind="stable")
+    html = _env.get_template("compare.html.j2").render(
+        base_name=str(base[0]), base_meta=base[1] or {}, new_name=str(new[0]), new_meta=new[1] or {},
+        comparison=comparison, rows=rows.to_dict("records"), counts=verdict_counts(comparison),
+    )  # fmt: skip
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(html)
+    return path

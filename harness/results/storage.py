@@ -1,0 +1,202 @@
+"""Storing a run: results.parquet, results.csv, meta.json and report.html in one folder.
+
+Writing is atomic: everything goes to a hidden sibling folder ``.<run>.partial-<pid>``
+that is renamed into place at the end, so an interrupted run leaves no half-written
+report, and an existing run folder is never written into. A run reserves its folder's
+name before it starts by creating the name's journal with O_EXCL (:mod:`harness.results.journal`),
+so runs started at the same second never collide. A partial folder or journal left by a
+process that died is found by :func:`stale_leftovers` at the next run: partial folders
+are removed (their rows are in the journal), journals are reported with the command
+that resumes them.
+"""
+
+from __future__ import annotations
+
+import errno
+import json
+import os
+import re
+import shutil
+from datetime import UTC, datetime
+from pathlib import Path
+
+import pandas as pd
+
+from harness.results.environment import git
+from harness.results.journal import SUFFIX, Journal, JournalError, journal_path, pid_alive, run_dir_of
+
+RESULT_FILES = ("results.parquet", "results.csv", "meta.json", "report.html")
+# Every timing sample of a row (arrays): in results.parquet only. Written to the CSV they were numpy's
+# printed arrays, truncated with "..." past 1000 values, and writing the 432-row H200 sweep's folder
+# took 3.7 s on the dev box with them, 1.6 s without.
+SAMPLE_COLUMNS = ("latency_samples_us", "call_samples_us")
+
+
+class RunDirExistsError(FileExistsError):
+    """The run folder already exists; runs are never overwritten."""
+
+
+class RunFolderError(ValueError):
+    """A folder given as a stored run is not one (missing, corrupt or foreign files); names the file."""
+
+
+class NotWritableError(OSError):
+    """The run folder cannot be created where asked; raised before any work."""
+
+
+def default_run_dir(reports_root: Path, device: str) -> Path:
+    """reports/<UTC time>-<device>-<short commit>, with a numeric suffix if taken (not reserved)."""
+    stamp = datetime.now(UTC).strftime("%Y%m%d-%H%M%S")
+    commit = git("rev-parse", "--short", "HEAD") or "nogit"
+    base = reports_root / f"{stamp}-{device}-{commit}"
+    candidate, n = base, 1
+    while candidate.exists() or journal_path(candidate).exists():
+        n += 1
+        candidate = base.with_name(f"{base.name}-{n}")
+    return candidate
+
+
+def _prepare_parent(run_dir: Path) -> None:
+    """Create run_dir's parent folders; NotWritableError (the path and the cause) when that fails."""
+    parent = run_dir.parent
+    try:
+        parent.mkdir(parents=True, exist_ok=True)
+    except FileExistsError:
+        raise NotWritableError(f"{run_dir}: cannot create its folder: {parent} is a file, not a folder") from None
+    except OSError as error:
+        raise NotWritableError(f"{run_dir}: cannot create its folder {parent}: {error.strerror}") from None
+    if not parent.is_dir():
+        raise NotWritableError(f"{run_dir}: cannot create its folder: {parent} is not a folder")
+
+
+def reserve_run(run_dir: Path | None, reports_root: Path, device: str, options: dict) -> tuple[Path, Journal]:
+    """Check the run folder can be written and reserve its name, before any work.
+
+    ``run_dir`` None: the default name under ``reports_root``, the next free suffix when
+    another run holds it. Given (``--out``): it and its journal must not exist
+    (RunDirExistsError). Returns the folder and its open :class:`Journal`.
+    NotWritableError when the folder's parent cannot be created or written.
+    """
+    chosen = Path(run_dir) if run_dir is not None else default_run_dir(Path(reports_root), device)
+    _prepare_parent(chosen)
+    for _ in range(1000):
+        if chosen.exists():
+            if run_dir is not None:
+                raise RunDirExistsError(f"--out {chosen}: already exists; a run is never overwritten")
+        else:
+            try:
+                return chosen, Journal.create(chosen, options)
+            except FileExistsError:
+                if run_dir is not None:
+                    raise RunDirExistsError(
+                        f"--out {chosen}: another run holds this name ({journal_path(chosen)} exists; "
+                        f"resume it with --resume {chosen}, or choose another --out)"
+                    ) from None
+            except OSError as error:
+                raise NotWritableError(f"{chosen}: cannot write in {chosen.parent}: {error.strerror}") from None
+        chosen = default_run_dir(chosen.parent, device)  # the next name no run folder or journal holds
+    raise RunDirExistsError(f"{chosen}: no free run folder name")
+
+
+_PARTIAL = re.compile(r"^\.(?P<name>.+)\.partial-(?P<pid>\d+)$")
+
+
+def stale_leftovers(reports_root: Path, clean: bool = True) -> list[str]:
+    """Messages about what dead runs left under ``reports_root`` (and the clean-up done).
+
+    * ``.<run>.partial-<pid>/`` of a dead pid: a run killed while writing its folder;
+      removed (when ``clean``), its rows are in ``<run>.journal.jsonl`` if that is there.
+    * ``<run>.journal.jsonl`` of a dead pid without ``<run>/``: an unfinished run; kept,
+      with the command that finishes it.
+    * a journal whose folder exists: the run finished but died before removing it; removed.
+    """
+    root = Path(reports_root)
+    if not root.is_dir():
+        return []
+    messages = []
+    for entry in sorted(root.iterdir()):
+        match = _PARTIAL.match(entry.name)
+        if match and entry.is_dir() and not pid_alive(int(match["pid"])):
+            journal = root / (match["name"] + SUFFIX)
+            kept = f"; its rows are in {journal}" if journal.exists() else ""
+            if clean:
+                shutil.rmtree(entry, ignore_errors=True)
+            messages.append(f"note: removed {entry}: a run (pid {match['pid']}) died while writing it{kept}")
+        elif entry.name.endswith(SUFFIX) and entry.is_file():
+            try:
+                journal = Journal.read(entry)
+            except JournalError as error:
+                messages.append(f"note: {error}")
+                continue
+            if pid_alive(journal.header.get("last_pid")):
+                continue  # a run still going
+            target = run_dir_of(entry)
+            if target.is_dir():
+                if clean:
+                    entry.unlink(missing_ok=True)
+                messages.append(f"note: removed {entry}: its run folder {target} is complete")
+            else:
+                messages.append(
+                    f"note: unfinished run: {len(journal.rows)} rows in {entry} (pid {journal.header.get('last_pid')} "
+                    f"is gone); finish it with: python -m harness run --resume {target}"
+                )
+    return messages
+
+
+def write_run(frame: pd.DataFrame, meta: dict, run_dir: Path) -> Path:
+    """Write the four result files into ``run_dir`` atomically; return ``run_dir``."""
+    run_dir = Path(run_dir)
+    if run_dir.exists():
+        raise RunDirExistsError(f"{run_dir} already exists; a run is never overwritten (choose another --out)")
+    _prepare_parent(run_dir)
+    staging = run_dir.with_name(f".{run_dir.name}.partial-{os.getpid()}")
+    shutil.rmtree(staging, ignore_errors=True)
+    staging.mkdir()
+    try:
+        frame.to_parquet(staging / "results.parquet", index=False)
+        frame.drop(columns=list(SAMPLE_COLUMNS), errors="ignore").to_csv(staging / "results.csv", index=False)
+        (staging / "meta.json").write_text(json.dumps(meta, indent=2) + "\n")
+        from harness.results.report import render_html  # rendering imports jinja2 and matplotlib: only when writing
+
+        (staging / "report.html").write_text(render_html(frame, meta))
+        try:
+            os.rename(staging, run_dir)  # atomic; refuses a non-empty run_dir made meanwhile
+        except OSError as error:
+            if error.errno in (errno.EEXIST, errno.ENOTEMPTY):
+                raise RunDirExistsError(
+                    f"{run_dir} appeared while this run wrote; a run is never overwritten"
+                ) from None
+            raise
+    except BaseException:
+        shutil.rmtree(staging, ignore_errors=True)
+        raise
+    return run_dir
+
+
+REQUIRED_COLUMNS = ("case", "backend", "status")  # what compare and report read, at least
+
+
+def load_run(run_dir: Path) -> tuple[pd.DataFrame, dict]:
+    """A stored run's rows and meta; RunFolderError (a ValueError) naming the file at fault."""
+    run_dir = Path(run_dir)
+    for name in ("results.parquet", "meta.json"):
+        if not (run_dir / name).is_file():
+            raise RunFolderError(f"{run_dir}: not a run folder (no {name})")
+    meta_file, rows_file = run_dir / "meta.json", run_dir / "results.parquet"
+    try:
+        meta = json.loads(meta_file.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as error:
+        raise RunFolderError(f"{meta_file}: corrupt run metadata: {error}") from None
+    if not isinstance(meta, dict):
+        raise RunFolderError(f"{meta_file}: corrupt run metadata: a JSON object expected, got {type(meta).__name__}")
+    try:
+        frame = pd.read_parquet(rows_file)
+    except Exception as error:  # pyarrow raises several types for a damaged file
+        raise RunFolderError(f"{rows_file}: not a readable parquet file: {type(error).__name__}: {error}") from None
+    missing = [c for c in REQUIRED_COLUMNS if c not in frame.columns]
+    if missing:
+        raise RunFolderError(
+            f"{rows_file}: not a harness results file: no column(s) {', '.join(missing)} "
+            f"(has {', '.join(map(str, frame.columns[:8]))}{'...' if len(frame.columns) > 8 else ''})"
+        )
+    return frame, meta

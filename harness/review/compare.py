@@ -1,0 +1,325 @@
+"""Compare two runs: what got worse, what got better, and whether the comparison is complete.
+
+Per (case, backend) row present in both runs:
+
+* status: a new failure or error (``status pass -> fail``), a row now skipped, a fix;
+* accuracy: max abs error grown more than ``error_factor`` times (and past atol/10), the
+  tolerance margin shrunk (``tol_ratio`` grown ``error_factor`` times, past 0.1 of the
+  tolerance), more NaN in the output;
+* latency: a statistical verdict from the timing samples (:mod:`harness.review.stats`):
+  slower, faster, same, or cannot tell and why; runs without samples fall back to
+  p10/p90 spreads, marked as weak evidence.
+
+Per run: rows on one side only, the device or the torch/triton versions differing
+(meta.json).
+
+``normalize_by`` (``compare --normalize-by BACKEND``): runs made on two machines, or hours
+apart on one shared GPU, differ by a few percent in every row (two lent H200s ran
+SDPA and varlen FlashAttention, code unchanged, 3-5% apart: gpu_results/2026-11-30-h200-
+b5bd364/README.md). With an anchor backend whose code did not change (a peer), each case's
+new latencies are scaled by that case's anchor median, base over new, before the verdict:
+what is judged is the row's time relative to the anchor on the same machine at the same
+time. The anchor's own rows then compare 1.0 by construction (marked ``anchor``); a case
+without the anchor in both runs keeps its raw latencies and is counted in the problems. The
+anchor median's own noise is not propagated (its rows hold hundreds of samples; the minimum
+effect still applies). Duplicated (case, backend) rows are refused (:class:`DuplicateRowsError`).
+
+Exit codes (:attr:`Comparison.exit_code`): 0 nothing got worse and the comparison is
+complete; 1 something got worse (a new failure or error, a row now skipped, an error or
+NaN count grown, a margin shrunk, a latency judged slower); 4 nothing got worse but the
+comparison is incomplete (rows on one side only, or a device/version mismatch unless
+``allow_mismatch``). Bad input (an unreadable run, duplicated rows) is 2, from the CLI.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+import pandas as pd
+
+from harness.review import stats
+
+EXIT_OK, EXIT_WORSE, EXIT_INCOMPLETE = 0, 1, 4  # 2 is bad input, 3 an internal error (harness.cli.main)
+_RANK = {"pass": 0, "fail": 1, "error": 2}
+KEY = ["case", "backend"]
+_FIELDS = [
+    "device", "status", "reason", "max_abs_err", "atol", "tol_ratio", "nan_count", "latency_us",
+    "latency_p10_us", "latency_p90_us", "latency_samples_us", "call_us", "worst_location",
+]  # fmt: skip
+META_KEYS = ("device", "device_name", "torch", "triton")
+
+
+class DuplicateRowsError(ValueError):
+    """A run holds one (case, backend) twice: which one to compare would be a guess."""
+
+
+@dataclass(frozen=True)
+class CompareOptions:
+    """Thresholds of a comparison; ``min_effect`` None means per device (10% CPU, 3% CUDA)."""
+
+    min_effect: float | None = None
+    alpha: float = 0.05
+    correction: str = "bh"
+    error_factor: float = 2.0
+    allow_mismatch: bool = False
+    normalize_by: str | None = None  # an unchanged backend whose per-case median rescales the new run
+
+
+@dataclass
+class Comparison:
+    rows: pd.DataFrame  # every (case, backend) of either run: sides, verdicts, 'worse'/'better'/'why'
+    problems: list[str] = field(default_factory=list)  # run-level: mismatches, one-sided rows
+    incomplete: bool = False
+
+    @property
+    def regressions(self) -> pd.DataFrame:
+        return self.rows[self.rows["why"] != ""].reset_index(drop=True)
+
+    @property
+    def improvements(self) -> pd.DataFrame:
+        return self.rows[self.rows["better"] != ""].reset_index(drop=True)
+
+    @property
+    def exit_code(self) -> int:
+        if not self.regressions.empty:
+            return EXIT_WORSE
+        return EXIT_INCOMPLETE if self.incomplete else EXIT_OK
+
+    @property
+    def ok(self) -> bool:
+        return self.exit_code == EXIT_OK
+
+
+def check_unique(frame: pd.DataFrame, name: str) -> None:
+    """Refuse a run with a (case, backend) row twice, naming the first few."""
+    dup = frame[frame.duplicated(KEY, keep=False)]
+    if not dup.empty:
+        pairs = sorted({f"{b} on {c}" for c, b in zip(dup["case"], dup["backend"], strict=True)})
+        raise DuplicateRowsError(f"{name}: duplicated (case, backend) rows: {', '.join(pairs[:5])}")
+
+
+def _side(frame: pd.DataFrame) -> pd.DataFrame:
+    return frame.reindex(columns=KEY + _FIELDS)
+
+
+def meta_mismatches(base_meta: dict, new_meta: dict) -> list[str]:
+    """'device cpu -> cuda', 'torch 2.12 -> 2.13': what differs between the runs' machines."""
+    out = []
+    for key in META_KEYS:
+        b, n = (base_meta or {}).get(key), (new_meta or {}).get(key)
+        if b is not None and n is not None and b != n:
+            out.append(f"{key} {b} -> {n}")
+    return out
+
+
+def compare_runs(
+    base: pd.DataFrame,
+    new: pd.DataFrame,
+    base_meta: dict | None = None,
+    new_meta: dict | None = None,
+    options: CompareOptions | None = None,
+    **overrides,
+) -> Comparison:
+    """Compare ``new`` against ``base`` (report rows); see the module docstring."""
+    opts = options or CompareOptions(**overrides)
+    check_unique(base, "base run")
+    check_unique(new, "new run")
+    rows = _side(base).merge(_side(new), on=KEY, how="outer", suffixes=("_base", "_new"), indicator="side")
+    rows["side"] = rows["side"].map({"both": "both", "left_only": "base only", "right_only": "new only"})
+    rows = rows.sort_values(KEY, kind="stable").reset_index(drop=True)
+    unanchored = normalize_to_anchor(rows, opts.normalize_by) if opts.normalize_by else 0
+    _latency_verdicts(rows, opts)
+    if opts.normalize_by:
+        anchor_rows = (rows["backend"] == opts.normalize_by) & rows["verdict"].isin(["same", "slower", "faster"])
+        rows.loc[anchor_rows, "verdict"] = "anchor"
+        rows.loc[anchor_rows, "verdict_reason"] = f"latencies normalized by {opts.normalize_by}: 1.0 by construction"
+    worse, better = [], []
+    for _, r in rows.iterrows():
+        w, b = _row_changes(r, opts)
+        worse.append("; ".join(w))
+        better.append("; ".join(b))
+    rows["why"], rows["better"] = worse, better
+    problems = []
+    for side, what in (("base only", "missing from the new run"), ("new only", "new, with no baseline")):
+        count = int((rows["side"] == side).sum())
+        if count:
+            problems.append(f"{count} row(s) {what}")
+    mismatches = meta_mismatches(base_meta or {}, new_meta or {})
+    problems += [f"not like for like: {m}" + (" (allowed)" if opts.allow_mismatch else "") for m in mismatches]
+    if unanchored:
+        problems.append(f"{unanchored} timed row(s) not normalized: their case lacks a timed {opts.normalize_by} "
+                        "row in one run")  # fmt: skip
+    problems += drift_warning(rows)
+    incomplete = bool((rows["side"] != "both").any()) or (bool(mismatches) and not opts.allow_mismatch)
+    return Comparison(rows=rows, problems=problems, incomplete=incomplete)
+
+
+def normalize_to_anchor(rows: pd.DataFrame, anchor: str) -> int:
+    """Scale each case's new latencies (samples, median, p10, p90) by its anchor's median, base
+    over new, in place; returns how many timed rows had no anchor to scale by."""
+    both = rows[(rows["side"] == "both") & rows["latency_us_base"].notna() & rows["latency_us_new"].notna()]
+    anchors = both[both["backend"] == anchor].set_index("case")
+    factor = (anchors["latency_us_base"] / anchors["latency_us_new"]).to_dict()
+    missing = 0
+    for i, r in both.iterrows():
+        f = factor.get(r["case"])
+        if f is None or not np.isfinite(f):
+            missing += 1
+            continue
+        for col in ("latency_us_new", "latency_p10_us_new", "latency_p90_us_new"):
+            rows.at[i, col] = r[col] * f
+        samples = r["latency_samples_us_new"]
+        if samples is not None and not (isinstance(samples, float) and np.isnan(samples)):
+            rows.at[i, "latency_samples_us_new"] = [s * f for s in samples]
+    return missing
+
+
+def drift_warning(rows: pd.DataFrame) -> list[str]:
+    """A note when many rows of every kind moved one way: more likely the machine's load than the code."""
+    judged = rows[rows["verdict"].isin(["slower", "faster", "same", "cannot tell"])]
+    moved = judged[judged["verdict"].isin(["slower", "faster"])]
+    if len(judged) < 8 or len(moved) < max(4, 0.25 * len(judged)) or moved["backend"].nunique() < 3:
+        return []
+    return [
+        f"latency drift: {len(moved)} of {len(judged)} timed rows across {moved['backend'].nunique()} backends moved "
+        f"(median ratio {judged['ratio'].median():.2f}); the machine's load likely changed between the runs: "
+        "re-judge with --confirm (interleaved)"
+    ]
+
+
+def _effect(r: pd.Series, opts: CompareOptions) -> float:
+    if opts.min_effect is not None:
+        return opts.min_effect
+    return stats.default_effect(r["device_new"] if pd.notna(r["device_new"]) else r["device_base"])
+
+
+def _latency_verdicts(rows: pd.DataFrame, opts: CompareOptions) -> None:
+    """Adds ratio, ci_low, ci_high, p_value, p_adjusted, verdict, verdict_reason, evidence."""
+    n = len(rows)
+    cols = {k: np.full(n, np.nan) for k in ("ratio", "ci_low", "ci_high", "p_value")}
+    verdict, reason, evidence = [""] * n, [""] * n, [""] * n
+    tests: dict[int, stats.LatencyTest] = {}
+    for i, r in rows.iterrows():
+        if r["side"] != "both" or pd.isna(r["latency_us_base"]) or pd.isna(r["latency_us_new"]):
+            continue
+        cols["ratio"][i] = r["latency_us_new"] / r["latency_us_base"]
+        sb, sn = stats.clean(r["latency_samples_us_base"]), stats.clean(r["latency_samples_us_new"])
+        if len(sb) and len(sn):
+            tests[i] = t = stats.compare_samples(sb, sn, alpha=opts.alpha, seed=i)
+            cols["ratio"][i], cols["ci_low"][i], cols["ci_high"][i], cols["p_value"][i] = (
+                t.ratio,
+                t.ci_low,
+                t.ci_high,
+                t.p_value,
+            )
+        else:
+            v = stats.weak_verdict(
+                r["latency_us_base"], r["latency_us_new"], r["latency_p10_us_base"], r["latency_p90_us_base"],
+                r["latency_p10_us_new"], r["latency_p90_us_new"], min_effect=_effect(r, opts),
+            )  # fmt: skip
+            verdict[i], reason[i], evidence[i] = v.verdict, v.reason, v.evidence
+    p_adjusted = stats.adjust_p_values(cols["p_value"], opts.correction)
+    for i, t in tests.items():
+        v = stats.decide(t, p_adjusted[i], min_effect=_effect(rows.loc[i], opts), alpha=opts.alpha)
+        verdict[i], reason[i], evidence[i] = v.verdict, v.reason, v.evidence
+    for k, v in cols.items():
+        rows[k] = v
+    rows["p_adjusted"] = p_adjusted
+    rows["verdict"], rows["verdict_reason"], rows["evidence"] = verdict, reason, evidence
+
+
+def _grew(base: float, new: float, factor: float, floor: float) -> bool:
+    return pd.notna(base) and pd.notna(new) and new > factor * base and new > floor
+
+
+def _row_changes(r: pd.Series, opts: CompareOptions) -> tuple[list[str], list[str]]:
+    """(what got worse, what got better) in one merged row."""
+    if r["side"] != "both":
+        return [], []
+    worse, better = [], []
+    sb, sn = r["status_base"], r["status_new"]
+    if sn == "skip" and sb != "skip":
+        worse.append(f"status {sb} -> skip")
+    elif sb == "skip" and sn in ("fail", "error"):
+        worse.append(f"status skip -> {sn}")
+    elif sb != "skip" and _RANK.get(sn, 2) > _RANK.get(sb, 2):
+        worse.append(f"status {sb} -> {sn}")
+    elif sb != "skip" and _RANK.get(sn, 2) < _RANK.get(sb, 2):
+        better.append(f"fixed: {sb} -> {sn}")
+    if sb in ("pass", "fail") and sn in ("pass", "fail"):
+        eb, en, atol = r["max_abs_err_base"], r["max_abs_err_new"], r["atol_new"]
+        if _grew(eb, en, opts.error_factor, atol / 10 if pd.notna(atol) else 0.0):
+            worse.append(f"max abs err {eb:.2e} -> {en:.2e}")
+        tb, tn = r["tol_ratio_base"], r["tol_ratio_new"]
+        if _grew(tb, tn, opts.error_factor, 0.1):
+            worse.append(f"tolerance margin shrunk: {tb:.2f} -> {tn:.2f} of the tolerance")
+        nb, nn = r["nan_count_base"], r["nan_count_new"]
+        if pd.notna(nb) and pd.notna(nn) and nn > nb:
+            worse.append(f"NaN count {nb:.0f} -> {nn:.0f}")
+    lb, ln, verdict = r["latency_us_base"], r["latency_us_new"], r["verdict"]
+    if verdict in ("slower", "faster"):
+        weak = ", weak evidence" if str(r["evidence"]).startswith("p10/p90") else ""
+        text = f"latency {lb:.1f} -> {ln:.1f} us ({100 * (ln / lb - 1):+.0f}%; {r['verdict_reason']}{weak})"
+        (worse if verdict == "slower" else better).append(text)  # the reason holds no "; "
+    return worse, better
+
+
+def verdict_counts(comparison: Comparison) -> dict[str, int]:
+    """How many rows got each latency verdict (rows timed on both sides only)."""
+    judged = comparison.rows[comparison.rows["verdict"] != ""]
+    counts = {v: int((judged["verdict"] == v).sum()) for v in stats.VERDICTS}
+    if anchors := int((judged["verdict"] == "anchor").sum()):  # --normalize-by's own rows
+        counts["anchor"] = anchors
+    return counts
+
+
+def _fmt_ratio(r: pd.Series) -> str:
+    if pd.isna(r["ratio"]):
+        return ""
+    ci = f" [{r['ci_low']:.2f}-{r['ci_high']:.2f}]" if pd.notna(r["ci_low"]) else ""
+    return f"{r['ratio']:.3f}{ci}"
+
+
+def format_comparison(comparison: Comparison, base_name: str, new_name: str, *, show_all: bool = False) -> str:
+    """The terminal view: run-level problems, then the rows that changed (or all), then the tally."""
+    rows = comparison.rows
+    lines = [f"compared {len(rows)} (case, backend) rows: {base_name} -> {new_name}"]
+    lines += [f"! {p}" for p in comparison.problems]
+    table = []
+    for _, r in rows.iterrows():
+        if r["why"]:
+            what = "WORSE"
+        elif r["better"]:
+            what = "better"
+        elif r["side"] != "both":
+            what = r["side"]
+        elif r["verdict"] == "cannot tell":
+            what = "?"
+        elif show_all:
+            what = ""
+        else:
+            continue
+        detail = r["why"] or r["better"] or (r["verdict_reason"] if r["verdict"] == "cannot tell" else "")
+        status = f"{r['status_base']} -> {r['status_new']}" if r["side"] == "both" else ""
+        table.append((what, r["backend"], r["case"], status, _fmt_ratio(r), r["verdict"], detail))
+    if table:
+        header = ("", "backend", "case", "status", "latency new/base [CI]", "latency", "why")
+        widths = [max(len(str(t[k])) for t in [header, *table]) for k in range(6)]
+        for t in [header, *table]:
+            lines.append("  ".join(str(t[k]).ljust(widths[k]) for k in range(6)) + "  " + str(t[6]))
+    counts = verdict_counts(comparison)
+    weak = int((rows["evidence"] == "p10/p90 (weak)").sum())
+    lines.append(
+        "latency verdicts: "
+        + ", ".join(f"{v} {n}" for v, n in counts.items())
+        + (f" ({weak} from p10/p90 only: weak evidence)" if weak else "")
+    )
+    code = comparison.exit_code
+    summary = {
+        EXIT_OK: "nothing got worse; the comparison is complete",
+        EXIT_WORSE: f"{len(comparison.regressions)} row(s) got worse",
+        EXIT_INCOMPLETE: "nothing got worse, but the comparison is incomplete (see '!' above)",
+    }[code]
+    lines.append(f"exit {code}: {summary}")
+    return "\n".join(lines)

@@ -1,0 +1,530 @@
+"""``compare --confirm``: re-time the doubtful rows, alternating the two builds step by step.
+
+Two runs made minutes apart on a shared machine see different loads: on a busy 2-core
+box whole runs drift by 30% and more, while the samples inside one run are tight, so a
+row can look "slower" with a tiny p-value because the machine was busier. No statistic
+over two separate runs can tell that apart; timing both builds under the same load can.
+Confirm mode does that, in the manner of ``asv continuous``:
+
+1. each run's commit (meta.json ``commit``) is checked out with ``git worktree add
+   --detach`` into a temporary folder (or given: ``checkouts``);
+2. each round starts one fresh worker process per build in its checkout (its own
+   ``harness`` and ``kernels`` on PYTHONPATH, the original run's plugins loaded, torch
+   threads as the run recorded in ``timing_threads``); a worker builds a row's inputs and
+   answers "time (case, backend)" with the samples of that build's ``time_call``;
+3. in each round, every chosen row (by default those judged slower or "cannot tell";
+   ``all``: every timed row) is timed by base and new **alternating step by step**: the
+   parent drives both workers, one step at a time, A B B A A B ... (A = base, or new on
+   every second round). A step is a warm-up call and then about ``STEP_S`` (5 ms) of
+   timed calls, one call at least, so a 20 ms call is timed one call at a time, each base
+   call next to a new one. The first step is one call per build, and the faster of the
+   two sets the plan (:func:`step_plan`): about ``ROUND_S`` (0.8 s) of timed calls per
+   build, in at most 24 steps (a 1 s Triton-interpreter call: one step). On CUDA one
+   ``time_call`` block per build, as before. Rows of one call a step run with both
+   workers pinned to one CPU (``os.sched_setaffinity``; the CPUs in turn, round by round).
+   Why, measured on this busy 2-core box (2 co-runners of bursty matmul and copies, load
+   3-6; 14 rounds of fresh process pairs per variant; ``reference_slowable`` +25% on
+   ``long_half_accumulation`` fp16, about 5 ms alone, 10-25 ms a call under that load): the
+   spread (sd) of the per-round log ratio was 0.68 with the rule before (each build's
+   ~10 calls in one block, p10 of each), 0.40 alternating call by call (p10 of 10 calls
+   a build), 0.24 with the blocks pinned to one CPU and **0.17 alternating and pinned**
+   (the median of per-pair ratios instead of p10: 0.25). A 10-30 ms call never runs a
+   whole time slice alone under load, so no sample is clean, and a block of 10 such
+   calls spans 0.1-0.3 s, longer than a co-runner's burst: one build's block falls in a
+   burst and the other's not. Adjacent calls share the burst; pinned to one CPU, the
+   scheduler moves the co-runners to the other CPU rather than the worker. For a 0.7 ms
+   call (``decode_gqa`` fp32) alternating was at least as good as blocks (sd 0.05
+   against 0.07) and pinning made it worse (sd 0.45 from one preempted round; robust
+   spread 0.053 against 0.031), so short rows are not pinned. The spread sets the rounds
+   a row needs: on ``tests/test_compare_paired.py``'s simulated busy box (calibrated to
+   those spreads) a +25% 20 ms row was flagged 45 times in 50 with 12 steps and 50 in 50
+   with 24, and with 0.5 s of calls a round (18-20 steps under load) 75 times in 80. The
+   plan is read in the round, not from the compared runs: runs made under heavier load
+   recorded 0.2-0.7 s for calls of 10-30 ms, which gave the long rows 4 steps;
+4. each round gives one observation per build: the 10th percentile of its samples of the
+   round (``ROUND_QUANTILE``), the time of a call the scheduler left alone. On a 2-core
+   box with load 8, a 0.8 ms call took either about 0.8 ms or about 10 ms (preempted for
+   a time slice), so a median moves with the share of preempted calls, which the load
+   sets: the per-round log ratio of an unchanged row had a spread of 0.11 with the
+   median and 0.04 with p10, and 0.13 against 0.02 on another row (measured here, 10
+   rounds). A slower build is slower uninterrupted too. A process also has its own
+   persistent speed (memory placement: two identical processes on this loaded 2-core
+   machine differed by 1.5-2x for a whole session, even pinned to one CPU), so samples
+   of one process are not independent observations, while fresh processes per round make
+   that effect part of the noise. For rows with large inputs that effect dominated: the
+   real round driver on ``long_half_accumulation`` fp16 +25% alone, both workers pinned,
+   gave round ratios of either about 1.25 or about 3 or 0.5 (sd of the log ratio 0.71 and
+   0.40 in two batches of 10 rounds, range 0.51-3.26), one of the two fresh processes 2.5x
+   slower for the whole round. The workers therefore run with torch's
+   ``THP_MEM_ALLOC_ENABLE=1`` (large CPU tensors 2 MB-aligned and on transparent huge
+   pages; this box's THP setting is ``madvise``, so without it none are): sd 0.09 and 0.18
+   in two batches of 12 and 10 rounds run between the batches without it, range
+   1.03-1.36 and 0.93-1.58, centre 1.24-1.26. Both builds get the same allocator, so the
+   ratio stays fair; absolute times may differ from a run's;
+5. the rounds are **paired**: row and round k give ``new_k / base_k``, both timed in the
+   same second, step by step, so a load change that hits the whole round cancels (an
+   unpaired test of the two sets of round medians sees it as noise, and called a real
+   25% slowdown "cannot tell" on 2 of 5 cases here). The verdict is
+   :func:`harness.review.stats.decide_paired`, asv's rule: slower (faster) when the exact
+   signed-rank interval of the paired ratio excludes 1 and the estimate is past the
+   minimum effect, same when the interval lies inside the effect (why paired rounds may
+   judge significance and size apart: harness/stats.py's docstring);
+6. **sequential**: the rows are looked at after ``MIN_ROUNDS`` rounds and then every
+   ``LOOK_EVERY`` rounds up to ``rounds``; a row whose verdict is decided (slower, faster,
+   same) stops being re-timed, the rest go on until ``rounds`` or the time box
+   ``time_s``. Each look's interval is at confidence ``1 - alpha / looks`` (``looks`` =
+   the looks the schedule allows), so looking several times cannot raise the chance that
+   an unchanged row's interval excludes 1 (its "slower" also needs the estimate past the
+   effect) above alpha / 2 per row, whatever made a row stop. By default 32
+   rounds at most, looks after 9, 13, ... 29 and 32 (7 looks, confidence 1 - 0.05 / 7);
+7. **the box goes where it is needed**: after round 1 the rows whose rounds to the first
+   look (``MIN_ROUNDS``) fit in ``FIRST_LOOK_SHARE`` (two thirds) of the box go on,
+   cheapest first, so a third at least is left for the rows the first look leaves open.
+   At each look after that, each open row's interval gives a guess of the rounds it still
+   needs (:func:`rounds_to_decide`: the half-width shrinking as 1 / sqrt(rounds)); the
+   rows that seem decidable by the last look get those rounds, the cheapest decision
+   (seconds a round x rounds) first, while they fit in what is left of the box; the rest
+   get the rounds to the next look, cheapest first, if they fit (:func:`within_box`;
+   planned again at each look). A row that does not fit stays "cannot tell". The plan
+   only chooses which rows get more rounds; each is still judged by its interval. On the
+   smoke suite a round of every row took 60-90 s (load 3-5): the 7 Triton-interpreter
+   rows 3.5-5.5 s each, the ``long_half_accumulation`` rows about 3 s, the others about
+   0.5 s, starting the two workers about 3 s. With the box checked only at the looks (the
+   rule before), a 600 s box stopped every open row at 12 rounds, the interpreter rows'
+   included, and the planted +25% on a 20 ms row was still "cannot tell" (0.88-1.70).
+   Measured on the way here (``scripts/noise_check.py``, 600 s): every row given the
+   first look took 529 s and 576 s of the box (load 4-7) and left both planted long rows
+   at 8 rounds; with the first look planned too, but each later look giving the cheapest
+   rows all the rounds that fit, 16-round plans of 0.5 s rows crowded out the 3 s rows
+   (18 rows left at 8 rounds, the planted long rows among them).
+
+The worktrees are removed at the end. Without commits or case files it says why and
+changes nothing. Rows only: status and accuracy changes are not re-run.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import shlex
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import numpy as np
+
+from harness.review import stats
+from harness.review.compare import CompareOptions, Comparison, _row_changes
+
+WORKER = r"""
+import json, sys
+import torch
+from harness.backends.builtin import REGISTRY, load_plugin
+from harness.cases.spec import load_cases
+from harness.cases.inputs import make_inputs
+from harness.timing.timer import time_call
+
+cfg = json.loads(sys.argv[1])
+if cfg.get("threads"):
+    torch.set_num_threads(int(cfg["threads"]))
+for plugin in cfg["plugins"]:
+    load_plugin(plugin)
+cases = {c.id: c for c in load_cases(cfg["case_files"], device=cfg["device"])}
+print(json.dumps("ready"), flush=True)
+ready = {}
+for line in sys.stdin:
+    case_id, backend, *step = json.loads(line)
+    reps = step[0] if step else 0
+    try:
+        if (case_id, backend) not in ready:
+            case, b = cases[case_id], REGISTRY[backend]
+            inputs = make_inputs(
+                num_q_heads=case.num_q_heads, num_kv_heads=case.num_kv_heads, head_dim=case.head_dim,
+                block_size=case.block_size, seq_lens=list(case.seq_lens), q_lens=list(case.q_lens),
+                dtype=case.dtype, layout=case.layout, input_scale=case.input_scale, seed=case.seed,
+                device=cfg["device"], **(case.variant_fields() if hasattr(case, "variant_fields") else {}),
+            )
+            out = inputs.new_out()
+            ready[(case_id, backend)] = (b.prepare(case, inputs, out).run, b.graphable)
+        run, graphable = ready[(case_id, backend)]
+        if reps:  # one step of an alternating round: a warm-up call, then exactly `reps` timed calls
+            timing = time_call(run, cfg["device"], graphable=graphable, target_s=0.0, min_reps=reps, max_reps=reps)
+        else:
+            timing = time_call(run, cfg["device"], graphable=graphable, target_s=cfg["target_s"], min_reps=10)
+        print(json.dumps(list(timing.samples_us)), flush=True)
+    except Exception as error:
+        print(json.dumps({"error": f"{type(error).__name__}: {error}"}), flush=True)
+"""
+
+
+class Worker:
+    """One build's timing process: ``time(case, backend)`` returns that build's samples (us)."""
+
+    def __init__(self, checkout: Path, config: dict, env: dict[str, str] | None = None):
+        env = {**os.environ, **(env or {})}
+        env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(checkout), os.environ.get("PYTHONPATH")]))
+        env.setdefault("TRITON_INTERPRET", "1" if config["device"] == "cpu" else "0")
+        env.setdefault(
+            "THP_MEM_ALLOC_ENABLE", "1"
+        )  # torch: large CPU tensors 2 MB-aligned on huge pages (docstring, 4)
+        self.proc = subprocess.Popen(
+            [sys.executable, "-c", WORKER, json.dumps(config)],
+            cwd=checkout, env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+        )  # fmt: skip
+
+    def wait_ready(self) -> None:
+        """Wait until the worker has imported torch and read the case files (it says "ready")."""
+        if json.loads(self.proc.stdout.readline() or "null") != "ready":
+            raise RuntimeError(f"confirm worker exited while starting (code {self.proc.wait()})")
+
+    def time(self, case: str, backend: str, reps: int = 0) -> list[float]:
+        """Samples of one row: ``reps`` timed calls after a warm-up, or (0) ``time_call``'s time-boxed count."""
+        self.proc.stdin.write(json.dumps([case, backend, reps] if reps else [case, backend]) + "\n")
+        self.proc.stdin.flush()
+        line = self.proc.stdout.readline()
+        if not line:
+            raise RuntimeError(f"confirm worker exited (code {self.proc.wait()}) timing {backend} on {case}")
+        answer = json.loads(line)
+        if isinstance(answer, dict):
+            raise RuntimeError(f"confirm worker could not time {backend} on {case}: {answer['error']}")
+        return answer
+
+    def close(self) -> None:
+        self.proc.stdin.close()
+        self.proc.wait(timeout=60)
+
+
+def _plugins(command: str) -> list[str]:
+    words = shlex.split(command or "")
+    return [words[i + 1] for i, w in enumerate(words[:-1]) if w == "--plugin"]
+
+
+def _worktree(commit: str, path: Path) -> Path:
+    subprocess.run(["git", "worktree", "add", "--detach", str(path), commit], check=True, capture_output=True)
+    return path
+
+
+ROUND_QUANTILE = 0.1  # a round's observation of a build: this quantile of its samples (module docstring, 4)
+STEP_S = 0.005  # one alternating step: about this much of one build's calls, one call at least
+ROUND_S = 0.8  # timed calls per build per row and round, about
+MAX_STEPS = 24  # alternating steps per build per row and round, at most
+PIN_LONG = True  # rows of one call a step: both builds' workers on one CPU (module docstring, 3)
+MIN_ROUNDS = 9  # the first look: with 7 looks (9, 13, ... 29, 32) fewer rounds cannot exclude anything at 1 - 0.05 / 7
+LOOK_EVERY = 4
+DEFAULT_ROUNDS = 32
+DEFAULT_TIME_S = 900.0
+FIRST_LOOK_SHARE = 2 / 3  # of the time box, at most, for the first look's rounds (module docstring, 7)
+
+
+def look_schedule(rounds: int) -> list[int]:
+    """The round counts after which rows are judged: 9, 13, 17, ... up to ``rounds`` (its last look).
+
+    With the default 32 rounds: 9, 13, 17, 21, 25, 29, 32, seven looks, each at confidence
+    1 - 0.05 / 7; 8 rounds could not exclude anything at that confidence (the signed-rank
+    sum of 8 pairs reaches its extreme with chance 1/256 = 0.0039 > 0.05 / 14).
+    """
+    if rounds < MIN_ROUNDS:
+        raise ValueError(f"--confirm-rounds {rounds}: at least {MIN_ROUNDS} rounds are needed for a verdict")
+    looks = list(range(MIN_ROUNDS, rounds + 1, LOOK_EVERY))
+    return looks if looks[-1] == rounds else [*looks, rounds]
+
+
+def confirm_slower(
+    comparison: Comparison,
+    base_meta: dict,
+    new_meta: dict,
+    options: CompareOptions,
+    *,
+    rounds: int = DEFAULT_ROUNDS,
+    time_s: float = DEFAULT_TIME_S,
+    which: str = "unclear",
+    target_s: float = 0.05,
+    checkouts: tuple[Path, Path] | None = None,
+    envs: tuple[dict, dict] = ({}, {}),
+    log: Callable[[str], None] = print,
+) -> Comparison:
+    """Re-time rows, base and new alternating per row, and judge them again from the paired rounds.
+
+    ``which``: "slower" (rows judged slower), "unclear" (slower or cannot tell: the
+    default) or "all" (every row timed in both runs: a drifted pair of runs can also hide
+    a slowdown as "same"). Each re-timed call samples for about ``target_s``. ``rounds``
+    is the most rounds a row gets and ``time_s`` the time box; a row stops at the first
+    look that decides it (module docstring).
+    """
+    rows = comparison.rows
+    wanted = {
+        "slower": ["slower"],
+        "unclear": ["slower", "cannot tell"],
+        "all": ["slower", "faster", "same", "cannot tell"],
+    }
+    chosen = rows[rows["verdict"].isin(wanted[which]) & rows["latency_us_new"].notna()]
+    if chosen.empty:
+        return comparison
+    commits = (base_meta.get("commit"), new_meta.get("commit"))
+    case_files = new_meta.get("case_files") or base_meta.get("case_files")
+    if not case_files or (checkouts is None and not all(commits)):
+        log("confirm: skipped: a run records no commit or no case files, so its build cannot be re-run")
+        return comparison
+    config = {
+        "case_files": case_files,
+        "device": str(new_meta.get("device") or "cpu"),
+        "plugins": _plugins(new_meta.get("command", "")),
+        "threads": new_meta.get("timing_threads") or (1 if str(new_meta.get("device") or "cpu") == "cpu" else None),
+        "target_s": target_s,
+    }
+    index = dict(zip(chosen.index, zip(chosen["case"], chosen["backend"], strict=True), strict=True))
+    effects = {i: _row_effect(rows.loc[i], options) for i in index}
+    looks = look_schedule(rounds)
+    with tempfile.TemporaryDirectory(prefix="harness-confirm-") as tmp:
+        trees = checkouts or tuple(_worktree(c, Path(tmp) / s) for c, s in zip(commits, ("base", "new"), strict=True))
+        try:
+            log(
+                f"confirm: re-timing {len(index)} row(s) ({which}) in paired rounds of fresh base and new processes; "
+                f"looks after rounds {', '.join(map(str, looks))}, time box {time_s:.0f} s"
+            )
+            pooled = sequential_rounds(
+                index, effects,
+                lambda keys, pooled, new_first: _one_round(trees, envs, config, keys, pooled, new_first),
+                alpha=options.alpha, rounds=rounds, time_s=time_s, log=log,
+            )  # fmt: skip
+        finally:
+            if checkouts is None:
+                for tree in trees:
+                    subprocess.run(["git", "worktree", "remove", "--force", str(tree)], capture_output=True)
+    return rejudge(comparison, index, pooled, options, looks=len(looks))
+
+
+def sequential_rounds(
+    index: dict, effects: dict, time_round: Callable, *, alpha: float, rounds: int, time_s: float,
+    log: Callable[[str], None] = print, clock: Callable[[], float] = time.monotonic,
+) -> dict:  # fmt: skip
+    """Paired rounds until every row is decided, ``rounds`` are done, or the time box ``time_s`` is spent.
+
+    ``index``: row -> (case, backend); ``effects``: row -> its minimum effect;
+    ``time_round(keys, pooled, new_first)`` times each key once per build, appends the
+    two observations to ``pooled[key]`` = (base list, new list) and may return the
+    seconds each key took (key -> s; else the round's time is shared out evenly).
+    Returns ``pooled``.
+
+    The box is spent where it is needed (module docstring, 7): a decided row stops being
+    re-timed; after round 1 the rows whose first-look rounds fit ``FIRST_LOOK_SHARE`` of
+    the box go on, cheapest first; at each later look :func:`within_box` plans the open
+    rows (their recent seconds a round, the rounds :func:`rounds_to_decide` guesses, the
+    round's own cost of starting workers), so a 1 s Triton-interpreter row that could not
+    be decided does not use up the rounds a 20 ms row needs. A row left out stays
+    "cannot tell". Which rows go on never changes the rule that judges them: every look
+    is at confidence ``1 - alpha / len(looks)``, whatever stopped a row.
+    """
+    looks = look_schedule(rounds)
+    pooled = {key: ([], []) for key in index.values()}
+    cost: dict = {key: [] for key in index.values()}  # key -> seconds of each of its rounds
+    overhead: list[float] = []  # seconds of each round not spent on any key (worker start, close)
+    open_rows = dict(index)  # row -> key, still being re-timed
+    left_out = 0  # rows stopped undecided because their rounds would not fit the box
+    start = clock()
+    for k in range(1, rounds + 1):
+        keys = list(dict.fromkeys(open_rows.values()))
+        began = clock()
+        spent = time_round(keys, pooled, k % 2 == 0) or {}
+        took = clock() - began
+        shared = max(took - sum(spent.values()), 0.0) if spent else 0.0
+        for key in keys:
+            cost[key].append(spent.get(key, 0.0) if spent else took / len(keys))
+        overhead.append(shared)
+        if k == 1 and k not in looks:  # plan the first look: cheapest rows first, within its share of the box
+            first = {key: (cost[key][0], None) for key in keys}
+            kept = within_box(first, overhead[0], [MIN_ROUNDS - 1], FIRST_LOOK_SHARE * time_s - (clock() - start))
+            left = [i for i, key in open_rows.items() if key not in kept]
+            for i in left:
+                del open_rows[i]
+            left_out += len(left)
+            if left:
+                log(
+                    f"confirm: round 1: {len(left)} row(s) left undecided, the costliest: their rounds to the first "
+                    f"look would not fit {FIRST_LOOK_SHARE:.0%} of the box"
+                )
+        if k not in looks:
+            continue
+        need = {}  # key -> the rounds in all it seems to need
+        for i, key in list(open_rows.items()):
+            test = stats.paired_ratio(*pooled[key], alpha=alpha, looks=len(looks))
+            if stats.decide_paired(test, min_effect=effects[i]).verdict != "cannot tell":
+                del open_rows[i]
+            else:
+                need[key] = rounds_to_decide(test, effects[i])
+        elapsed = clock() - start
+        decided = len(index) - len(open_rows) - left_out
+        left = []
+        if open_rows and k < looks[-1]:
+            plans = {}
+            for key in dict.fromkeys(open_rows.values()):
+                until = next((look for look in looks if look > k and look >= need[key]), None)
+                plans[key] = (float(np.mean(cost[key][-LOOK_EVERY:])), until - k if until else None)
+            horizons = [look - k for look in looks if look > k]
+            kept = within_box(plans, float(np.mean(overhead[-LOOK_EVERY:])), horizons, time_s - elapsed)
+            left = [i for i, key in open_rows.items() if key not in kept]
+            for i in left:
+                del open_rows[i]
+            left_out += len(left)
+        said = f"confirm: look at round {k}: {decided} decided, {len(open_rows)} open, {elapsed:.0f} s"
+        if left:
+            said += (
+                f"; {len(left)} left undecided, their rounds would not fit the {max(time_s - elapsed, 0):.0f} s left"
+            )
+        log(said)
+        if not open_rows:
+            break
+    return pooled
+
+
+def rounds_to_decide(test: stats.LatencyTest, min_effect: float) -> float:
+    """About how many rounds in all this row needs: when its interval would decide it.
+
+    The interval's half-width on the log scale shrinks about as 1 / sqrt(rounds) (from 9
+    rounds, where the 99.3% interval is the whole range of the pairs, faster). A centre past
+    ``1 + min_effect`` (below ``1 - min_effect``) is decided once the interval is narrower
+    than the distance from its centre to 1 (:func:`harness.review.stats.decide_paired`: slower
+    when the interval excludes 1 and the estimate is past the effect); a centre inside
+    the effect once the interval fits inside it. A centre on a bound gives infinity. A
+    guess to order the rows by, never a verdict.
+    """
+    if not (test.n_base and np.isfinite(test.ci_high) and test.ci_low > 0):
+        return math.inf
+    low, high = math.log(test.ci_low), math.log(test.ci_high)
+    centre, half = (low + high) / 2, (high - low) / 2
+    up, down = math.log1p(min_effect), math.log1p(-min_effect)
+    margin = max(centre if centre > up else 0.0, -centre if centre < down else 0.0, min(up - centre, centre - down))
+    return test.n_base * (half / margin) ** 2 if margin > 0 else math.inf
+
+
+def within_box(plans: dict, overhead: float, horizons: list[int], left_s: float) -> dict:
+    """The keys that go on and the rounds each is planned, within ``left_s``.
+
+    ``plans``: key -> (seconds a round of it takes, the rounds from now to the look that
+    seems to decide it, or None when that looks past the last look); ``horizons``: the
+    rounds from now to each later look, ascending; ``overhead``: seconds a round takes
+    besides its keys (starting and closing the workers), paid for as many rounds as the
+    longest kept plan. First the keys that seem decidable, the cheapest decision (seconds
+    a round x rounds) first, each with its rounds while the whole plan fits; then the
+    others, cheapest first, each with the rounds to the next look if they fit. The plan is
+    made again at each look.
+    """
+    kept: dict = {}
+    keys_s, longest = 0.0, 0
+
+    def keep(key, cost: float, rounds: int) -> None:
+        nonlocal keys_s, longest
+        if keys_s + cost * rounds + overhead * max(longest, rounds) <= left_s:
+            kept[key] = rounds
+            keys_s, longest = keys_s + cost * rounds, max(longest, rounds)
+
+    for _, key, cost, rounds in sorted((c * r, key, c, r) for key, (c, r) in plans.items() if r is not None):
+        keep(key, cost, rounds)
+    for cost, key in sorted((c, key) for key, (c, _) in plans.items() if key not in kept):
+        keep(key, cost, horizons[0])
+    return kept
+
+
+def step_plan(call_us: float) -> tuple[int, int]:
+    """(steps, reps) of a row's round on the CPU: ``steps`` alternating steps per build, ``reps`` timed calls each.
+
+    ``call_us``: one call's time, from the round's first step. A step is about ``STEP_S``
+    of calls, one call at least; a build gets about ``ROUND_S`` of timed calls per round,
+    in at most ``MAX_STEPS`` steps (module docstring, 3).
+    """
+    call_s = call_us * 1e-6 if np.isfinite(call_us) and call_us > 0 else STEP_S
+    reps = max(1, round(STEP_S / call_s))
+    return min(max(math.ceil(ROUND_S / (reps * call_s)), 1), MAX_STEPS), reps
+
+
+def _pin(workers: list[Worker], cpu: int | None) -> None:
+    """Pin both builds' workers to ``cpu`` (None: every CPU this process may use again)."""
+    if not (PIN_LONG and hasattr(os, "sched_setaffinity")):
+        return
+    allowed = os.sched_getaffinity(0)
+    for worker in workers:
+        os.sched_setaffinity(worker.proc.pid, allowed if cpu is None else {cpu})
+
+
+def alternate(
+    time_step: Callable[[int, int], list[float]], device: str, new_first: bool,
+    on_plan: Callable[[int, int], None] = lambda steps, reps: None,
+) -> tuple[float, float]:  # fmt: skip
+    """One row's round, base and new alternating step by step; returns each build's observation.
+
+    ``time_step(side, reps)`` (side 0 base, 1 new) returns ``reps`` samples of that build
+    (0: ``time_call``'s own time-boxed count). On the CPU the first step is one call per
+    build, whose faster sets the plan (:func:`step_plan`, told to ``on_plan``), then the
+    steps go A B B A A B ... (A = new when ``new_first``), so neither build is always
+    first. On CUDA one block per build. A build's observation is ``ROUND_QUANTILE`` of its
+    samples of the round.
+    """
+    first = (1, 0) if new_first else (0, 1)
+    samples: tuple[list[float], list[float]] = ([], [])
+    for side in first:
+        samples[side].extend(time_step(side, 1 if str(device).startswith("cpu") else 0))
+    if str(device).startswith("cpu"):
+        steps, reps = step_plan(min(samples[0][0], samples[1][0]))
+        on_plan(steps, reps)
+        for step in range(1, steps):
+            for side in first if step % 2 == 0 else first[::-1]:
+                samples[side].extend(time_step(side, reps))
+    return tuple(float(np.quantile(s, ROUND_QUANTILE)) for s in samples)
+
+
+def _one_round(trees, envs, config, keys, pooled, new_first: bool) -> dict:
+    """One fresh worker per build; each row timed by alternating steps (``alternate``), long rows on one CPU.
+
+    Returns the seconds each key took (what :func:`sequential_rounds` budgets the box by).
+    """
+    spent = {}
+    workers = [Worker(tree, config, env) for tree, env in zip(trees, envs, strict=True)]  # both start at once
+    cpus = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else []
+    cpu = cpus[len(pooled[keys[0]][0]) % len(cpus)] if len(cpus) > 1 and keys else None  # in turn, round by round
+    try:
+        for worker in workers:
+            worker.wait_ready()  # the start is the round's overhead, not the first row's cost
+        for key in keys:
+            began = time.monotonic()
+            observed = alternate(
+                lambda side, n: workers[side].time(*key, n),  # noqa: B023
+                config["device"], new_first, lambda steps, reps: _pin(workers, cpu if reps == 1 else None),
+            )  # fmt: skip
+            _pin(workers, None)
+            for side in (0, 1):
+                pooled[key][side].append(observed[side])
+            spent[key] = time.monotonic() - began
+    finally:
+        for worker in workers:
+            worker.close()
+    return spent
+
+
+def _row_effect(row, options: CompareOptions) -> float:
+    return options.min_effect if options.min_effect is not None else stats.default_effect(row["device_new"])
+
+
+def rejudge(
+    comparison: Comparison, index: dict, pooled: dict, options: CompareOptions, *, looks: int = 1
+) -> Comparison:
+    """Judge the re-timed rows from their paired rounds (:func:`harness.review.stats.decide_paired`); rebuild their 'why'.
+
+    ``p_value`` keeps the signed-rank p of "no change" for the record; ``p_adjusted`` is
+    NaN: the verdict reads the interval, whose confidence already pays for the looks.
+    """
+    rows = comparison.rows.copy()
+    for i, key in index.items():
+        t = stats.paired_ratio(*pooled[key], alpha=options.alpha, looks=looks)
+        v = stats.decide_paired(t, min_effect=_row_effect(rows.loc[i], options))
+        rows.loc[i, ["ratio", "ci_low", "ci_high", "p_value", "p_adjusted"]] = [
+            t.ratio, t.ci_low, t.ci_high, t.p_value, np.nan,
+        ]  # fmt: skip
+        rows.at[i, "verdict"], rows.at[i, "evidence"] = v.verdict, "confirmed, interleaved"
+        rows.at[i, "verdict_reason"] = f"interleaved re-run, {t.n_base} paired rounds: {v.reason}"
+        worse, better = _row_changes(rows.loc[i], options)
+        rows.at[i, "why"], rows.at[i, "better"] = "; ".join(worse), "; ".join(better)
+    return Comparison(rows=rows, problems=comparison.problems, incomplete=comparison.incomplete)

@@ -1,0 +1,162 @@
+"""``harness history``: latency and error of every (case, backend) across runs, commit by commit.
+
+Runs are found as run folders (meta.json + results.parquet) given directly or one level
+inside a given folder (default ``reports/``). They are grouped by machine (meta
+``device`` and ``device_name``: timings from two machines are not a trend) and ordered by
+their meta ``time``; each run is labelled by its short commit (``+`` when the tree was
+dirty, ``#2`` for a second run of one commit). Each run is compared with the run before
+it on the same machine by :func:`harness.review.compare.compare_runs` (same statistics, same
+thresholds), and the rows that got worse are marked as regressions.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+import pandas as pd
+
+from harness.cases.vocab import GRADED
+from harness.results.storage import load_run
+from harness.review.compare import CompareOptions, compare_runs
+
+VALUES = ["status", "latency_us", "max_abs_err", "tol_ratio"]
+
+
+@dataclass(frozen=True)
+class History:
+    runs: pd.DataFrame  # one row per run: path, machine, commit, time, run_label, run_order
+    rows: pd.DataFrame  # one row per (run, case, backend): VALUES, regressed, why
+
+
+def find_runs(paths: list[Path]) -> list[Path]:
+    """Run folders among ``paths`` and their direct subfolders (hidden, half-written ones skipped)."""
+    found = []
+    for path in map(Path, paths):
+        if (path / "meta.json").is_file() and (path / "results.parquet").is_file():
+            found.append(path)
+        elif path.is_dir():
+            found += [
+                p
+                for p in sorted(path.iterdir())
+                if not p.name.startswith(".") and (p / "meta.json").is_file() and (p / "results.parquet").is_file()
+            ]
+        else:
+            raise ValueError(f"{path}: neither a run folder nor a folder of runs")
+    return list(dict.fromkeys(found))
+
+
+def load_history(paths: list[Path], *, min_effect: float | None = None, backends: list[str] | None = None) -> History:
+    """Every run under ``paths``, ordered per machine, each compared with the one before."""
+    loaded = []
+    for path in find_runs(paths):
+        frame, meta = load_run(path)
+        if backends:
+            frame = frame[frame["backend"].isin(backends)]
+        machine = f"{meta.get('device', '?')} {meta.get('device_name') or ''}".strip()
+        loaded.append((path, frame, meta, machine))
+    if not loaded:
+        raise ValueError(f"no run folders under {', '.join(map(str, paths))}")
+    loaded.sort(key=lambda item: (item[3], str(item[2].get("time") or ""), str(item[0])))
+    runs, parts, seen = [], [], {}
+    previous: dict[str, tuple[pd.DataFrame, dict]] = {}
+    for order, (path, frame, meta, machine) in enumerate(loaded):
+        commit = (meta.get("commit") or "nogit")[:7] + ("+" if meta.get("dirty") else "")
+        seen[(machine, commit)] = seen.get((machine, commit), 0) + 1
+        label = commit + (f"#{seen[(machine, commit)]}" if seen[(machine, commit)] > 1 else "")
+        runs.append({"path": str(path), "machine": machine, "commit": meta.get("commit"), "time": meta.get("time"),
+                     "run_label": label, "run_order": order, "rows": len(frame)})  # fmt: skip
+        part = frame.reindex(columns=["case", "backend", *VALUES]).assign(
+            machine=machine, run_label=label, run_order=order
+        )
+        part["regressed"], part["why"], part["latency_regressed"], part["error_regressed"] = False, "", False, False
+        if machine in previous:
+            base, base_meta = previous[machine]
+            worse = compare_runs(base, frame, base_meta, meta, CompareOptions(min_effect=min_effect)).regressions
+            why = {(r["case"], r["backend"]): r["why"] for _, r in worse.iterrows()}
+            keys = list(zip(part["case"], part["backend"], strict=True))
+            part["why"] = [why.get(k, "") for k in keys]
+            part["regressed"] = part["why"] != ""
+            part["latency_regressed"] = part["why"].str.contains("latency ", regex=False)
+            part["error_regressed"] = part["why"].str.contains("status|err|margin|NaN", regex=True)
+        previous[machine] = (frame, meta)
+        parts.append(part)
+    rows = pd.concat(parts, ignore_index=True)
+    runs = pd.DataFrame(runs)
+    runs["regressed"] = runs["run_order"].map(rows.groupby("run_order")["regressed"].sum()).fillna(0).astype(int)
+    return History(runs=runs, rows=rows)
+
+
+def _cell(row: pd.Series) -> str:
+    if row["status"] not in GRADED or pd.isna(row["latency_us"]):
+        text = str(row["status"])
+    else:
+        text = f"{row['latency_us']:.0f}" if row["latency_us"] >= 1000 else f"{row['latency_us']:.4g}"
+        if row["status"] == "fail":
+            text += " FAIL"
+    return text + (" ▲" if row["regressed"] else "")
+
+
+def trend_table(history: History, last: int = 8) -> dict[str, pd.DataFrame]:
+    """Per machine: (case, backend) rows x the last ``last`` runs, each cell latency (▲ regressed)."""
+    out = {}
+    for machine, rows in history.rows.groupby("machine", sort=True):
+        orders = sorted(rows["run_order"].unique())[-last:]
+        rows = rows[rows["run_order"].isin(orders)]
+        labels = rows.drop_duplicates("run_order").set_index("run_order")["run_label"]
+        table = rows.assign(cell=rows.apply(_cell, axis=1)).pivot_table(
+            index=["case", "backend"], columns="run_order", values="cell", aggfunc="first"
+        )
+        table.columns = [labels[c] for c in table.columns]
+        out[machine] = table.fillna("—")
+    return out
+
+
+def format_history(history: History) -> str:
+    """The terminal view: runs per machine, the regressions, then the latency trend table."""
+    lines = []
+    for machine, runs in history.runs.groupby("machine", sort=True):
+        lines.append(
+            f"{machine}: {len(runs)} run(s): " + ", ".join(f"{r.run_label} ({r.time})" for r in runs.itertuples())
+        )
+    bad = history.rows[history.rows["regressed"]]
+    lines.append(f"{len(bad)} regression(s) between consecutive runs" + (":" if len(bad) else ""))
+    lines += [f"  ▲ {r.run_label}: {r.backend} on {r.case}: {r.why}" for r in bad.itertuples()]
+    with pd.option_context("display.max_rows", None, "display.width", 250, "display.max_colwidth", 40):
+        for machine, table in trend_table(history).items():
+            lines.append(f"\nlatency (µs) per run on {machine} (▲ regressed against the run before):")
+            lines.append(table.to_string())
+    return "\n".join(lines)
+
+
+def write_history_html(history: History, path: Path) -> Path:
+    """The history page: runs, regressions, latency and error trend plots, the trend tables."""
+    from harness.results.report import _env, plots
+
+    figures = []
+    for machine, rows in history.rows.groupby("machine", sort=True) if plots is not None else ():
+        figures.append(
+            (
+                f"Latency per run on {machine}",
+                plots.trend(rows, "latency_us", "latency (µs, median)", machine, flag="latency_regressed"),
+            )
+        )
+        figures.append(
+            (
+                f"Error / tolerance per run on {machine}",
+                plots.trend(rows, "tol_ratio", "tol_ratio", machine, flag="error_regressed"),
+            )
+        )
+    html = _env.get_template("history.html.j2").render(
+        runs=history.runs.to_dict("records"),
+        regressions=history.rows[history.rows["regressed"]].to_dict("records"),
+        tables={m: t.reset_index().to_dict("split") for m, t in trend_table(history, last=12).items()},
+        figures=[(t, uri) for t, uri in figures if uri],
+    )
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}")
+    tmp.write_text(html)
+    os.replace(tmp, path)
+    return path

@@ -1,0 +1,236 @@
+"""Grading a backend's output against the float64 oracle: an accuracy record, not a bool.
+
+Default tolerances, per dtype, are the ones the kernels are held to (allclose rule:
+``|out - expected| <= atol + rtol * |expected|`` elementwise, and no NaN anywhere):
+
+* float32  atol 1e-5, rtol 1e-4: the kernel's fp32 contract. Streaming softmax only
+  reassociates fp32 sums (errors ~1e-7 on O(1) outputs), so this leaves 100x headroom
+  while still catching TF32 (~1e-3) and any real indexing or masking bug.
+* float16  atol 1e-3, rtol 1e-3: the output is rounded to fp16 (half an ulp at 1.0 is
+  4.9e-4) and p is rounded to fp16 before ``p @ v``; 1e-3 is about two ulps, the figure
+  FlashInfer's and vLLM's fp16 attention tests use.
+* bfloat16 atol 1e-2, rtol 1e-2: bf16 has 8 bits of mantissa (half an ulp at 1.0 is
+  3.9e-3, at 2.0 it is 7.8e-3); 1e-2 is the usual bf16 attention tolerance.
+
+A case file may override either number per dtype; the report keeps the ones used.
+
+Forward error bound (:func:`forward_error_bound`): how far from the exact result an output
+may land from round-off that no correct fp32-softmax kernel avoids. With u the unit
+round-off (fp32: 2**-24; the output dtype's u_out: fp32 2**-24, fp16 2**-11, bf16 2**-8),
+each logit s_j = scale * q . k_j carries an error of at most
+
+    delta_j = u * (|s_j| + sqrt(head_dim) * scale * sum_i |q_i k_ji|)
+
+(the rounding of s_j itself, plus the fp32 dot product's accumulated rounding with the
+sqrt(n) rule of thumb for n = head_dim random-signed roundings; Higham's worst case is n).
+Through the softmax, d out / d s_j = p_j (v_j - out), so to first order
+
+    error_bound = sum_j p_j * delta_j * (|v_j| + |out|) + u_out * |out|
+
+per output element (|v_j - out| <= |v_j| + |out| keeps it two matrix products) (the last term: rounding the output to its dtype). A row whose
+tolerance (atol + rtol * |expected|) is below this bound at some element grades the
+input's own round-off, not the kernel: its ``grading_note`` says so (the status is kept).
+"""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from harness.cases.vocab import DTYPES
+from harness.run.oracle import sequence_kv
+
+DEFAULT_TOLERANCES: dict[str, tuple[float, float]] = {
+    "float32": (1e-5, 1e-4),
+    "float16": (1e-3, 1e-3),
+    "bfloat16": (1e-2, 1e-2),
+}
+# An fp8 KV cache keeps each dtype's tolerance. The kernels used to round each dequantized K and
+# V element (k_cache.float() * k_scale) to q's dtype before the dots, as vLLM's Triton kernels
+# do, which cost fp16 two more roundings than the oracle sees (0.76 of 1e-3 measured on
+# fp8_kv_prefill_fp16) and an allowance of 2e-3; they now widen the fp8 values exactly and
+# apply the scales outside the dots, so no dtype needs one. The table stays for a kernel that
+# rounds (a plugin's backend is graded by the same table).
+FP8_KV_TOLERANCES: dict[str, tuple[float, float]] = {}
+
+
+@dataclass(frozen=True)
+class Grade:
+    """How far one output is from the oracle.
+
+    max_abs_err  max |out - expected|
+    max_rel_err  max |out - expected| / max(|expected|, atol): relative error where the
+                 expected value is not tiny, and absolute error in atol units where it is
+    rel_l2_err   ||out - expected||_2 / ||expected||_2
+    nan_count    elements of out that are NaN or inf (never pass)
+    tol_ratio    max |out - expected| / (atol + rtol * |expected|): the margin to the
+                 tolerance (<= 1 passes; 0.1 means ten times inside it)
+                 (0 where out == expected exactly, even when the tolerance is 0)
+    passed       nan_count == 0 and every element within atol + rtol * |expected|
+    worst_index  (token, head, dim) of the largest violation of the allclose rule
+    error_bound  max over elements of :func:`forward_error_bound` (NaN when not given)
+    bound_ratio  max over elements of error_bound / (atol + rtol * |expected|): above 1 the
+                 tolerance is tighter than the input's own round-off (NaN when not given)
+    fail_count   elements outside the tolerance (NaN and inf included)
+    """
+
+    max_abs_err: float
+    max_rel_err: float
+    rel_l2_err: float
+    nan_count: int
+    tol_ratio: float
+    atol: float
+    rtol: float
+    passed: bool
+    worst_index: tuple[int, ...]
+    error_bound: float = float("nan")
+    bound_ratio: float = float("nan")
+    fail_count: int = 0  # elements outside the tolerance, NaN/inf included
+
+    def columns(self) -> dict[str, float | int | str]:
+        """The report row's accuracy columns (names as in docs/contract.md), in the row's order."""
+        errors = ("max_abs_err", "max_rel_err", "rel_l2_err", "nan_count", "tol_ratio", "fail_count", "error_bound")
+        return {**{name: getattr(self, name) for name in errors}, "grading_note": self.grading_note}
+
+    @property
+    def grading_note(self) -> str:
+        """Non-empty when the tolerance is below the forward error bound of the inputs."""
+        if not self.bound_ratio > 1:
+            return ""
+        return (
+            f"tolerance below the input's own round-off: grades the input, not the kernel "
+            f"(error bound {self.error_bound:.3g} is {self.bound_ratio:.2f}x the tolerance)"
+        )
+
+    @property
+    def reason(self) -> str:
+        """Empty when passed; otherwise why, in words a person can act on."""
+        if self.passed:
+            return ""
+        if self.nan_count:
+            return f"{self.nan_count} NaN/inf outputs (unwritten rows, or a read of an unowned slot)"
+        return (
+            f"max abs err {self.max_abs_err:.3g} at (token, head, dim) {self.worst_index} "
+            f"exceeds atol {self.atol:g} + rtol {self.rtol:g} * |expected|"
+        )
+
+
+def _ratio(numerator: torch.Tensor, allowed: torch.Tensor) -> float:
+    """max(numerator / allowed), with 0 / 0 = 0 (exact where the tolerance is 0) and x / 0 = inf."""
+    ratio = torch.where(numerator == 0, 0.0, numerator / allowed)
+    return float(ratio.max())
+
+
+def grade(
+    out: torch.Tensor, expected: torch.Tensor, atol: float, rtol: float, bound: torch.Tensor | None = None
+) -> Grade:
+    """Compare ``out`` (any dtype, any device) with ``expected`` (float64) elementwise.
+
+    ``bound``, when given, is :func:`forward_error_bound` of the inputs (expected's shape).
+    """
+    actual = out.detach().to(expected.device, torch.float64)
+    if actual.shape != expected.shape:
+        raise ValueError(f"output shape {tuple(actual.shape)} differs from expected {tuple(expected.shape)}")
+    finite = torch.isfinite(actual)
+    nan_count = int((~finite).sum())
+    diff = torch.where(finite, (actual - expected).abs(), torch.inf)
+    if diff.numel() == 0:
+        return Grade(0.0, 0.0, 0.0, 0, 0.0, atol, rtol, True, (), 0.0, 0.0)
+    allowed = atol + rtol * expected.abs()
+    excess = diff - allowed
+    worst = tuple(int(i) for i in torch.unravel_index(torch.argmax(excess), excess.shape))
+    finite_diff = torch.where(finite, diff, 0.0)
+    ref_norm = float(torch.linalg.vector_norm(expected))
+    return Grade(
+        max_abs_err=float(finite_diff.max()) if nan_count == 0 else float("inf"),
+        max_rel_err=float((finite_diff / expected.abs().clamp_min(atol)).max()) if nan_count == 0 else float("inf"),
+        rel_l2_err=float(torch.linalg.vector_norm(finite_diff)) / ref_norm if ref_norm else 0.0,
+        nan_count=nan_count,
+        tol_ratio=_ratio(diff, allowed),
+        atol=atol,
+        rtol=rtol,
+        passed=nan_count == 0 and bool((excess <= 0).all()),
+        worst_index=worst,
+        error_bound=float(bound.max()) if bound is not None else float("nan"),
+        bound_ratio=_ratio(bound.to(expected.device, torch.float64), allowed) if bound is not None else float("nan"),
+        fail_count=int((excess > 0).sum()),
+    )
+
+
+BOUND_CHUNK_ELEMENTS = 2**26  # logits per chunk of query rows: 512 MiB of float64
+
+# Unit round-off u = eps / 2: float32 2**-24, float16 2**-11, bfloat16 2**-8.
+UNIT_ROUNDOFF = {name: torch.finfo(dtype).eps / 2 for name, dtype in DTYPES.items()}
+
+
+# The bound's name in the oracle cache (harness.run.oracle_cache.cached_result): an edit of this file misses.
+BOUND_RESULT = "forward_error_bound:" + hashlib.sha256(Path(__file__).read_bytes()).hexdigest()
+
+
+def forward_error_bound(
+    q, k_cache, v_cache, block_table, seq_lens, query_start_loc, expected: torch.Tensor, scale=None
+) -> torch.Tensor:
+    """Per-element first-order bound on |out - exact| from unavoidable fp32 round-off (module docstring).
+
+    q               [num_tokens, num_q_heads, head_dim] (its dtype sets the output's u)
+    k_cache         [num_blocks, block_size, num_kv_heads, head_dim]
+    v_cache         [num_blocks, block_size, num_kv_heads, head_dim_v]
+    block_table     [num_seqs, max_blocks_per_seq] int;  seq_lens [num_seqs] int
+    query_start_loc [num_seqs + 1] int
+    expected        [num_tokens, num_q_heads, head_dim_v] float64: the oracle's output
+    returns         [num_tokens, num_q_heads, head_dim_v] float64 on expected's device
+    """
+    device = expected.device
+    u = UNIT_ROUNDOFF["float32"]
+    u_out = UNIT_ROUNDOFF.get(str(q.dtype).removeprefix("torch."), u)
+    num_kv_heads, head_dim = k_cache.shape[2:]
+    scale = head_dim**-0.5 if scale is None else float(scale)
+    qd = q.detach().to(device, torch.float64)
+    num_q_heads = qd.shape[1]
+    group = num_q_heads // num_kv_heads
+    head_dim_v = v_cache.shape[-1]
+    table = block_table.detach().cpu().long()
+    lens = seq_lens.detach().cpu().tolist()
+    starts = query_start_loc.detach().cpu().tolist()
+    bound = u_out * expected.abs()
+    for seq, seq_len in enumerate(lens):
+        q_len = starts[seq + 1] - starts[seq]
+        if q_len == 0:
+            continue
+        k, v = sequence_kv(k_cache, v_cache, table[seq], seq_len, device)  # [seq_len, num_kv_heads, head_dim]
+        pos = torch.arange(seq_len)
+        # Query rows in chunks of at most BOUND_CHUNK_ELEMENTS logits, three such float64 tensors
+        # at the peak (in place where it can be): a 1024 x 100k prefill does not double the oracle's memory.
+        chunk = max(1, BOUND_CHUNK_ELEMENTS // max(1, seq_len * num_q_heads))
+        for first in range(0, q_len, chunk):
+            last = min(q_len, first + chunk)
+            rows = slice(starts[seq] + first, starts[seq] + last)
+            qs = qd[rows].view(last - first, num_kv_heads, group, head_dim)
+            s = torch.einsum("qhgd,khd->hgqk", qs, k).mul_(scale)  # [num_kv_heads, group, rows, seq_len]
+            delta = torch.einsum("qhgd,khd->hgqk", qs.abs(), k.abs()).mul_(head_dim**0.5 * scale)
+            delta.add_(s.abs()).mul_(u)
+            q_pos = seq_len - q_len + torch.arange(first, last, device=device)
+            hidden = pos.to(device)[None, None, None, :] > q_pos[None, None, :, None]
+            weight = torch.softmax(s.masked_fill_(hidden, float("-inf")), dim=-1).mul_(delta)  # p * delta
+            del s, delta
+            o = expected[rows].view(last - first, num_kv_heads, group, head_dim_v).abs()
+            term = torch.einsum("hgqk,khd->qhgd", weight, v.abs()) + o * weight.sum(-1).permute(2, 0, 1)[..., None]
+            bound[rows] += term.reshape(last - first, num_q_heads, head_dim_v)
+    return bound
+
+
+def locate(token: int, query_start_loc: list[int], seq_lens: list[int]) -> str:
+    """A packed token index in the words of the case: 'seq 3, query 5 (position 1029)'.
+
+    query_start_loc [num_seqs + 1] and seq_lens [num_seqs] as host lists; query j of a
+    sequence with q_len queries sits at position seq_len - q_len + j.
+    """
+    import bisect
+
+    seq = bisect.bisect_right(query_start_loc, token) - 1  # past sequences with q_len 0
+    j = token - query_start_loc[seq]
+    q_len = query_start_loc[seq + 1] - query_start_loc[seq]
+    return f"seq {seq}, query {j} (position {seq_lens[seq] - q_len + j})"

@@ -1,0 +1,149 @@
+"""Guards around a backend's call: its inputs stay pristine, its output has q's shape, dtype
+and device, and only the user (not a backend) can stop the run.
+
+* Inputs: every input tensor (q, k_cache, v_cache, block_table, seq_lens,
+  query_start_loc; the per-sequence keys/values are a fresh gather from the pool on every
+  access, so there is nothing of theirs to guard) is fingerprinted when
+  the case's inputs are built (:func:`fingerprint`: its bytes, so NaN-safe) and checked after each
+  backend's graded call and after its timing. A backend that changed one fails with
+  "mutated its input k_cache", and the inputs are restored in place (rebuilt from the
+  case's seed, then copied into the same tensors, so every reference sees them pristine)
+  before the next backend runs. Fingerprints cost one read of the inputs, no second copy.
+* Output: a result that is not a tensor, or whose shape, dtype or device differs from q's,
+  fails with the reason (a float64 result for fp16 inputs would otherwise pass).
+* Stops: ``SystemExit`` and ``KeyboardInterrupt`` raised by a backend are error rows. The
+  user's Ctrl-C (SIGINT, flagged by :func:`install_signal_handlers`) and SIGTERM
+  (:class:`Terminated`) still stop the run.
+"""
+
+from __future__ import annotations
+
+import signal
+import threading
+from collections.abc import Callable
+
+import torch
+
+from harness.cases.hashing import CHUNK_BYTES, tensor_digest
+from harness.cases.inputs import PagedInputs
+
+
+class Terminated(BaseException):
+    """SIGTERM arrived: stop the run like Ctrl-C (the journal is kept), exit 143."""
+
+
+USER_INTERRUPT = threading.Event()  # set by the SIGINT handler: this KeyboardInterrupt is the user's
+
+
+def _on_sigint(signum, frame):
+    USER_INTERRUPT.set()
+    raise KeyboardInterrupt
+
+
+def _on_sigterm(signum, frame):
+    raise Terminated
+
+
+def install_signal_handlers() -> Callable[[], None]:
+    """Ctrl-C flags itself as the user's; SIGTERM raises :class:`Terminated`. Returns a restorer."""
+    if threading.current_thread() is not threading.main_thread():
+        return lambda: None
+    USER_INTERRUPT.clear()
+    saved = signal.signal(signal.SIGINT, _on_sigint), signal.signal(signal.SIGTERM, _on_sigterm)
+
+    def restore() -> None:
+        signal.signal(signal.SIGINT, saved[0])
+        signal.signal(signal.SIGTERM, saved[1])
+
+    return restore
+
+
+def raised_by_backend(error: BaseException) -> bool:
+    """Whether ``error`` from a backend's code is that backend's fault (an error row), not a stop."""
+    if isinstance(error, Exception | SystemExit):
+        return True
+    return isinstance(error, KeyboardInterrupt) and not USER_INTERRUPT.is_set()
+
+
+def fingerprint(tensor: torch.Tensor) -> tuple:
+    """(shape, stride, dtype, digest of the bytes): equal iff unchanged (NaN == NaN here).
+
+    CPU: :func:`harness.cases.hashing.tensor_digest` of the bytes (no copy). A device tensor is summed where it lives, in
+    chunks, as 32-bit words: their sum and a position-weighted sum (any change to a value,
+    and any swap of two values, changes one of them), so a multi-GB pool is not copied to
+    the host for every check.
+    """
+    flat = tensor.detach().contiguous().reshape(-1).view(torch.uint8)
+    if flat.device.type != "cpu":
+        return tuple(tensor.shape), tensor.stride(), tensor.dtype, device_digest(flat)
+    return tuple(tensor.shape), tensor.stride(), tensor.dtype, tensor_digest(flat).hex()
+
+
+def device_digest(flat: torch.Tensor) -> tuple[int, int]:
+    """(sum, position-weighted sum) of a uint8 tensor's bytes as int32 words, computed on its device."""
+    words = torch.nn.functional.pad(flat, (0, -flat.numel() % 4)).view(torch.int32)
+    total = weighted = 0
+    step = CHUNK_BYTES // 4  # device tensors are summed in chunks of harness.cases.hashing's size
+    for start in range(0, words.numel(), step):
+        chunk = words[start : start + step].long()
+        position = torch.arange(start, start + chunk.numel(), device=chunk.device) % 65521 + 1
+        total += int(chunk.sum())
+        weighted += int((chunk * position).sum())
+    return total, weighted
+
+
+def named_inputs(inputs: PagedInputs) -> dict[str, torch.Tensor]:
+    """Every tensor a backend is handed, by the name an error message uses."""
+    return dict(
+        zip(("q", "k_cache", "v_cache", "block_table", "seq_lens", "query_start_loc"), inputs.args(), strict=True)
+    )
+
+
+class InputGuard:
+    """Fingerprints of a case's pristine inputs; finds and undoes a backend's changes."""
+
+    def __init__(self, inputs: PagedInputs, rebuild: Callable[[], PagedInputs]):
+        self.inputs = inputs
+        self.rebuild = rebuild  # the same inputs again, from the case's seed
+        self.prints = {name: fingerprint(t) for name, t in named_inputs(inputs).items()}
+
+    def mutated(self) -> list[str]:
+        """Names of the inputs that differ from the pristine ones."""
+        return [name for name, t in named_inputs(self.inputs).items() if fingerprint(t) != self.prints[name]]
+
+    def restore(self, names: list[str]) -> None:
+        """Copy pristine values back into the named input tensors, in place."""
+        pristine = named_inputs(self.rebuild())
+        for name, tensor in named_inputs(self.inputs).items():
+            if name in names:
+                with torch.no_grad():
+                    if tensor.shape != pristine[name].shape or tensor.dtype != pristine[name].dtype:
+                        tensor.set_(pristine[name].clone())
+                    else:
+                        tensor.copy_(pristine[name])
+        if still := self.mutated():
+            raise RuntimeError(f"could not restore the inputs {still} after a backend changed them")
+
+    def check(self, when: str) -> str:
+        """'' when the inputs are pristine; else the reason, after restoring them."""
+        names = self.mutated()
+        if not names:
+            return ""
+        self.restore(names)
+        return f"mutated its input {', '.join(names)} {when} (restored for the next backend)"
+
+
+def check_output(result, q: torch.Tensor, head_dim_v: int | None = None) -> str:
+    """'' when ``result`` is a tensor of q's shape (last dim head_dim_v when given), dtype and device; else what differs."""
+    if not isinstance(result, torch.Tensor):
+        return f"returned {type(result).__name__}, not a tensor [num_tokens, num_q_heads, head_dim]"
+    problems = []
+    shape = (*q.shape[:2], q.shape[2] if head_dim_v is None else head_dim_v)
+    if tuple(result.shape) != shape:
+        problems.append(f"shape {tuple(result.shape)}, expected {shape}")
+    if result.dtype != q.dtype:
+        problems.append(f"dtype {str(result.dtype).removeprefix('torch.')}, expected q's "
+                        f"{str(q.dtype).removeprefix('torch.')}")  # fmt: skip
+    if result.device != q.device:
+        problems.append(f"device {result.device}, expected q's {q.device}")
+    return f"output has {'; '.join(problems)}" if problems else ""

@@ -1,0 +1,242 @@
+"""The float64 oracle's outputs, kept on disk by a hash of the inputs they were computed from.
+
+The oracle is the slowest part of a CPU run (a 128k-token case takes minutes in float64),
+and every rerun, every worker of a sharded run and every pytest worker computes the same
+outputs again. This cache keys an output by the **content** of the call, not the case's
+name:
+
+    key = sha256(ORACLE_SOURCE_HASH, oracle device type,
+                 for q, k_cache, v_cache, block_table, seq_lens, query_start_loc:
+                     dtype, shape, the tensor's bytes (harness.cases.hashing.tensor_digest),
+                 scale)
+
+so a changed seed, shape or dtype misses, a renamed case hits, and an edit of
+``harness/oracle.py`` (its source is hashed in) invalidates every entry.
+
+Only the CPU oracle is cached (the default ``--oracle-device cpu``): hashing reads every
+input byte on the host (sha256 ran at about 0.7 GB/s per core on the 2-core dev box, in
+64 MiB chunks on every torch thread: :mod:`harness.cases.hashing`), far less than
+the float64 oracle's time on a CPU, but more than the oracle's time on a GPU
+(``--oracle-device cuda`` computes it every time).
+
+Where: ``$HARNESS_ORACLE_CACHE`` (a folder, or ``off``), else
+``~/.cache/paged-attention-harness/oracle``; ``harness run --oracle-cache DIR|off`` sets
+the variable for the run and its workers. One file per output, ``<key>.oracle``: 8 magic
+bytes, the sha256 of the payload, then the payload (``torch.save`` of the float64 tensor).
+The runner keeps the forward error bound of the same inputs beside it
+(:func:`cached_result`, ``<sha256(key, name)>.derived``, the name carrying grading.py's
+hash): on a CPU it costs about as much as the oracle, and it too is a function of the bytes.
+A file that does not verify (torn, truncated, flipped bits, another format) is ignored,
+removed and rewritten by the next computation.
+
+Shared by concurrent processes: a file is written under a unique temporary name in the
+same folder and renamed into place (atomic on POSIX), so a reader sees a whole file or
+none; two workers computing the same key at once both write, and the last rename wins
+(their contents are the same).
+
+Size: at most ``$HARNESS_ORACLE_CACHE_MAX_BYTES`` (default 2 GiB) of entries. After each
+write, when the folder holds more, the least recently used entries are removed first
+(oldest mtime; a hit touches its file's mtime, because atime is unreliable under
+``relatime``/``noatime``) until it holds at most 90% of the cap. An output larger than
+the whole cap is not stored. The cache never fails a run: a folder that cannot be
+created or written only means a miss.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import io
+import os
+import tempfile
+from collections.abc import Callable, Sequence
+from pathlib import Path
+
+import torch
+
+from harness.cases.hashing import tensor_digest
+
+ENV_DIR = "HARNESS_ORACLE_CACHE"
+ENV_MAX_BYTES = "HARNESS_ORACLE_CACHE_MAX_BYTES"
+DEFAULT_DIR = Path("~/.cache/paged-attention-harness/oracle")
+DEFAULT_MAX_BYTES = 2 << 30  # 2 GiB
+MAGIC = b"PAORC001"
+KEY_VERSION = 2  # 2: tensors hashed as sha256 trees of 64 MiB chunks (1: flat sha256)
+SUFFIX = ".oracle"
+DERIVED_SUFFIX = ".derived"  # another result of the same inputs (cached_result), e.g. the error bound
+ARG_NAMES = ("q", "k_cache", "v_cache", "block_table", "seq_lens", "query_start_loc")
+
+
+def _oracle_source_hash() -> str:
+    source = Path(__file__).with_name("oracle.py")
+    try:
+        return hashlib.sha256(source.read_bytes()).hexdigest()
+    except OSError:
+        return "unknown"
+
+
+ORACLE_SOURCE_HASH = _oracle_source_hash()
+
+
+def cache_dir() -> Path | None:
+    """The cache folder from the environment; None when the cache is off."""
+    value = os.environ.get(ENV_DIR, "").strip()
+    if value.lower() == "off":
+        return None
+    return Path(value or DEFAULT_DIR).expanduser()
+
+
+def max_bytes() -> int:
+    value = os.environ.get(ENV_MAX_BYTES, "").strip()
+    return int(value) if value.isdigit() else DEFAULT_MAX_BYTES
+
+
+def cache_key(
+    args: Sequence[torch.Tensor | None], device: str, scale: float | None = None, options: dict | None = None
+) -> str:
+    """sha256 hex of the call's content (see the module docstring).
+
+    args: (q, k_cache, v_cache, block_table, seq_lens, query_start_loc), any device.
+    options: the attention variants of the call (sliding_window, logit_softcap, sinks,
+    alibi_slopes): scalars by value, tensors by their bytes, so two variants of one input
+    never share an entry.
+    """
+    digest = hashlib.sha256()
+    digest.update(
+        f"key={KEY_VERSION};oracle={ORACLE_SOURCE_HASH};device={torch.device(device).type};scale={scale!r}".encode()
+    )
+    named = list(zip(ARG_NAMES, args, strict=False))
+    for name, value in sorted((options or {}).items()):
+        if isinstance(value, torch.Tensor) or value is None:
+            named.append((name, value))
+        else:
+            digest.update(f";{name}={value!r}".encode())
+    for name, tensor in named:
+        if tensor is None:
+            digest.update(f";{name}=None".encode())
+            continue
+        digest.update(f";{name}:{tensor.dtype}:{tuple(tensor.shape)}:".encode())
+        digest.update(tensor_digest(tensor))  # raw bytes, NaN payloads included
+    return digest.hexdigest()
+
+
+class OracleCache:
+    """Oracle outputs in one folder; see the module docstring."""
+
+    def __init__(self, folder: Path, limit_bytes: int = DEFAULT_MAX_BYTES):
+        self.folder = Path(folder)
+        self.limit_bytes = limit_bytes
+
+    def path(self, key: str, suffix: str = SUFFIX) -> Path:
+        return self.folder / f"{key}{suffix}"
+
+    def get(self, key: str, device: str, suffix: str = SUFFIX) -> torch.Tensor | None:
+        """The stored output on ``device``, or None (absent, or a file that does not verify: removed)."""
+        path = self.path(key, suffix)
+        try:
+            blob = path.read_bytes()
+        except OSError:
+            return None
+        payload = blob[len(MAGIC) + 32 :]
+        tensor = None
+        if blob[: len(MAGIC)] == MAGIC and hashlib.sha256(payload).digest() == blob[len(MAGIC) : len(MAGIC) + 32]:
+            with contextlib.suppress(Exception):
+                tensor = torch.load(io.BytesIO(payload), map_location=device, weights_only=True)
+        if not isinstance(tensor, torch.Tensor) or tensor.dtype != torch.float64:
+            with contextlib.suppress(OSError):
+                path.unlink()
+            return None
+        with contextlib.suppress(OSError):
+            os.utime(path)  # a hit makes it the most recently used
+        return tensor
+
+    def put(self, key: str, tensor: torch.Tensor, suffix: str = SUFFIX) -> None:
+        """Store ``tensor`` (atomically); then prune to the cap. Failures are ignored."""
+        buffer = io.BytesIO()
+        torch.save(tensor.detach().cpu(), buffer)
+        payload = buffer.getvalue()
+        if len(payload) > self.limit_bytes:
+            return
+        try:
+            self.folder.mkdir(parents=True, exist_ok=True)
+            fd, temp = tempfile.mkstemp(prefix=f".{key[:16]}.", suffix=".tmp", dir=self.folder)
+            try:
+                with os.fdopen(fd, "wb") as file:
+                    file.write(MAGIC + hashlib.sha256(payload).digest() + payload)
+                os.replace(temp, self.path(key, suffix))
+            except BaseException:
+                with contextlib.suppress(OSError):
+                    os.unlink(temp)
+                raise
+        except OSError:
+            return
+        self.prune()
+
+    def entries(self) -> list[tuple[float, int, Path]]:
+        """(mtime, size, path) of every entry, oldest first."""
+        found = []
+        with contextlib.suppress(OSError):
+            for path in [*self.folder.glob(f"*{SUFFIX}"), *self.folder.glob(f"*{DERIVED_SUFFIX}")]:
+                with contextlib.suppress(OSError):
+                    stat = path.stat()
+                    found.append((stat.st_mtime, stat.st_size, path))
+        return sorted(found)
+
+    def prune(self) -> None:
+        """Remove the least recently used entries while the folder holds more than the cap."""
+        entries = self.entries()
+        total = sum(size for _, size, _ in entries)
+        if total <= self.limit_bytes:
+            return
+        target = int(self.limit_bytes * 0.9)
+        for _, size, path in entries:
+            if total <= target:
+                break
+            with contextlib.suppress(OSError):
+                path.unlink()
+            total -= size
+
+
+def oracle_key(args: Sequence[torch.Tensor | None], device: str, options: dict | None = None) -> str | None:
+    """:func:`cache_key` of the call, or None where nothing is cached (the cache off, or a non-CPU oracle)."""
+    if cache_dir() is None or torch.device(device).type != "cpu":
+        return None
+    return cache_key(args, device, options=options)
+
+
+def cached_result(
+    key: str | None, name: str, device: str, shape: Sequence[int], compute: Callable[[], torch.Tensor]
+) -> torch.Tensor:
+    """The float64 result ``name`` of the call ``key`` (:func:`oracle_key`), of ``shape``, on ``device``.
+
+    From the cache, else ``compute()`` (then stored). ``name`` "out" is the oracle's output,
+    stored under ``key`` itself (``<key>.oracle``); another name (a function of the same inputs,
+    such as the grading's forward error bound, with its code's hash in the name) under
+    ``<sha256(key, name)>.derived``, so one hash of the inputs serves every result. ``key`` None: ``compute()``, nothing stored.
+    """
+    folder = cache_dir()
+    if key is None or folder is None:
+        return compute()
+    suffix = SUFFIX
+    if name != "out":
+        key, suffix = hashlib.sha256(f"{key};result={name}".encode()).hexdigest(), DERIVED_SUFFIX
+    cache = OracleCache(folder, max_bytes())
+    found = cache.get(key, device, suffix)
+    if found is not None and tuple(found.shape) == tuple(shape):
+        return found
+    result = compute()
+    cache.put(key, result, suffix)
+    return result
+
+
+def cached_oracle(
+    args: Sequence[torch.Tensor | None], device: str, compute: Callable[[], torch.Tensor], options: dict | None = None
+) -> torch.Tensor:
+    """The oracle's output for ``args`` on ``device``: from the cache, else ``compute()`` (then stored).
+
+    args    (q, k_cache, v_cache, block_table, seq_lens, query_start_loc)
+    returns [num_tokens, num_q_heads, head_dim_v] float64 on ``device``
+    """
+    q = args[0]
+    shape = (*q.shape[:2], args[2].shape[-1]) if len(args) > 2 and args[2] is not None else tuple(q.shape)
+    return cached_result(oracle_key(args, device, options), "out", device, shape, compute)

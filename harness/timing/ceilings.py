@@ -1,0 +1,190 @@
+"""The device's ceilings, measured at the start of a run: what "fast" is measured against.
+
+* read bandwidth  -- a large reduction reads every byte once and writes nothing: the floor
+  of a decode kernel, which only reads its KV. ``pct_of_ceiling`` is against this.
+* copy bandwidth  -- a large device-to-device copy, bytes read plus bytes written.
+* matmul rate     -- a large matrix product in the dtype, measured; beside it the dense
+  datasheet peak where the device is known (``peak_tflops`` and its ``peak_source``),
+  since a prefill kernel is judged against what the chip can do, not against one library.
+
+All through :mod:`harness.timing.timer`, so the ceilings and the rows share one timer.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from harness.timing.timer import time_call
+
+# Dense (no sparsity) tensor-core peaks from NVIDIA's datasheets, TFLOP/s, by dtype.
+# H100 and H200 SXM share the compute die; the H200 has more and faster memory only.
+DATASHEET_PEAK_TFLOPS = {
+    "H200": {"bfloat16": 989.4, "float16": 989.4, "float32": 66.9},
+    "H100 80GB HBM3": {"bfloat16": 989.4, "float16": 989.4, "float32": 66.9},
+    "A100": {"bfloat16": 312.0, "float16": 312.0, "float32": 19.5},
+}
+DATASHEET_SOURCE = "NVIDIA datasheet, SXM, dense (float32: non-tensor-core FP32)"
+
+
+def _buffer_bytes(device: str, size_bytes: int) -> int:
+    # CPU: 256 MB, large enough to leave the caches, small enough for a laptop.
+    return min(size_bytes, 256 * 2**20) if torch.device(device).type == "cpu" else size_bytes
+
+
+def measure_copy_bandwidth(device: str, size_bytes: int = 1 << 30) -> float:
+    """GB/s of a device-to-device copy, counting bytes read + bytes written."""
+    size_bytes = _buffer_bytes(device, size_bytes)
+    src = torch.empty(size_bytes, dtype=torch.uint8, device=device).fill_(1)
+    dst = torch.empty_like(src)
+    timing = time_call(lambda: dst.copy_(src), device, graph=False, target_s=0.3, min_reps=5)
+    return 2 * size_bytes / (timing.median_us * 1e3)
+
+
+def measure_read_bandwidth(device: str, size_bytes: int = 1 << 30) -> float:
+    """GB/s of a reduction over a large float32 buffer: every byte read once, nothing written."""
+    size_bytes = _buffer_bytes(device, size_bytes)
+    src = torch.rand(size_bytes // 4, dtype=torch.float32, device=device)
+    result = torch.empty((), dtype=torch.float32, device=device)
+    timing = time_call(lambda: torch.sum(src, dim=0, out=result), device, graph=False, target_s=0.3, min_reps=5)
+    return size_bytes / (timing.median_us * 1e3)
+
+
+def measure_matmul_tflops(device: str, dtype: torch.dtype) -> float:
+    """TFLOP/s of a square matrix product in ``dtype`` on random data (8192 on CUDA, 512 on CPU)."""
+    n = 8192 if torch.device(device).type == "cuda" else 512
+    a = torch.randn(n, n, device=device).to(dtype)
+    b = torch.randn(n, n, device=device).to(dtype)
+    out = torch.empty(n, n, device=device, dtype=dtype)
+    timing = time_call(lambda: torch.matmul(a, b, out=out), device, graph=False, target_s=0.3, min_reps=5)
+    return 2 * n**3 / (timing.median_us * 1e6)
+
+
+def datasheet_peak(device: str, dtype_name: str) -> float | None:
+    """The dense datasheet peak of the device for the dtype, or None when the device is not listed."""
+    if torch.device(device).type != "cuda":
+        return None
+    name = torch.cuda.get_device_name(torch.device(device))
+    for key, peaks in DATASHEET_PEAK_TFLOPS.items():
+        if key in name:
+            return peaks.get(dtype_name)
+    return None
+
+
+def measure_ceilings(device: str, dtype_names: list[str]) -> dict:
+    """Every ceiling of the run, for meta.json and the rows' percentages.
+
+    {"read_gbps", "copy_gbps", "matmul_tflops": {dtype: measured}, "peak_tflops": {dtype: peak},
+     "peak_source": {dtype: "datasheet ..." or "measured matmul"}}
+    """
+    from harness.cases.vocab import DTYPES
+
+    ceilings: dict = {
+        "read_gbps": measure_read_bandwidth(device),
+        "copy_gbps": measure_copy_bandwidth(device),
+        "matmul_tflops": {},
+        "peak_tflops": {},
+        "peak_source": {},
+    }
+    for name in sorted(set(dtype_names)):
+        measured = measure_matmul_tflops(device, DTYPES[name])
+        ceilings["matmul_tflops"][name] = measured
+        peak = datasheet_peak(device, name)
+        ceilings["peak_tflops"][name] = peak if peak is not None else measured
+        ceilings["peak_source"][name] = DATASHEET_SOURCE if peak is not None else "measured matmul (no datasheet entry)"
+    if torch.device(device).type == "cuda":
+        torch.cuda.empty_cache()  # its buffers (2 GiB) go back before the first case
+    return ceilings
+
+
+# --- one run, several GPUs: each worker measures its own ---------------------------------------
+
+_OWN: dict[str, dict] = {}  # this process's device, measured once (a worker runs many cases)
+SHARE_ENV = "HARNESS_CEILINGS_DIR"  # set by a Ray driver: GPU tasks get a fresh process each (Ray's max_calls=1)
+
+
+def own_device(device: str, dtype_names: list[str], timing: bool) -> dict:
+    """The device this (worker) process runs on: its name and, on CUDA when timing, its ceilings.
+
+    {"gpu_name": torch's name ("" on a CPU), "ceilings": measure_ceilings(...) or {}, "measure_s"}.
+    Measured once per process (workers start once and run many cases). Where ``$HARNESS_CEILINGS_DIR``
+    is set (a Ray run), once per GPU of the node: the first process on a GPU leaves its report
+    there as ``<CUDA_VISIBLE_DEVICES>.json`` and the next ones read it (``measure_s`` 0).
+    On a CPU the workers share the host's memory: the driver's ceilings stand, nothing is measured.
+    """
+    import json
+    import os
+    import time
+    from pathlib import Path
+
+    if device in _OWN:
+        return _OWN[device]
+    cuda = torch.device(device).type == "cuda"
+    share = os.environ.get(SHARE_ENV) if cuda else None
+    shared = Path(share) / f"{os.environ.get('CUDA_VISIBLE_DEVICES', 'all')}.json" if share else None
+    if shared is not None and shared.is_file():
+        _OWN[device] = {**json.loads(shared.read_text()), "measure_s": 0.0}
+        return _OWN[device]
+    started = time.perf_counter()
+    ceilings = measure_ceilings(device, dtype_names) if cuda and timing and dtype_names else {}
+    name = torch.cuda.get_device_name(torch.device(device)) if cuda else ""
+    _OWN[device] = {"gpu_name": name, "ceilings": ceilings, "measure_s": time.perf_counter() - started}
+    if shared is not None:
+        shared.parent.mkdir(parents=True, exist_ok=True)
+        temp = shared.with_name(f".{shared.name}.{os.getpid()}")
+        temp.write_text(json.dumps(_OWN[device]))
+        os.replace(temp, shared)  # a GPU runs one task at a time; the rename keeps a reader from half a file
+    return _OWN[device]
+
+
+class GpuLedger:
+    """Each GPU of a run, keyed by (host, gpu_index): its name and the ceilings its worker measured.
+
+    Workers report their device (:func:`own_device`) before their rows; the first report of
+    a GPU is its record (workers sharing a GPU measured it while the other did too). Rows
+    then get their ``pct_of_ceiling`` / ``pct_of_peak`` from their own GPU's record, so a
+    row is never judged against another GPU's ceiling, even one of another model.
+    """
+
+    def __init__(self):
+        self.gpus: dict[tuple[str, str], dict] = {}
+
+    def add(self, host: str, gpu_index: str, worker, report: dict) -> None:
+        if not report.get("gpu_name"):
+            return  # a CPU worker: the driver's ceilings stand
+        record = self.gpus.setdefault((host, str(gpu_index)), {"host": host, "gpu_index": str(gpu_index), **report})
+        workers = record.setdefault("workers", [])
+        if worker not in workers:
+            workers.append(worker)
+
+    def apply(self, row: dict) -> dict:
+        """The row with its GPU's name and percentages from its GPU's ceilings (as it is, without a record)."""
+        record = self.gpus.get((row.get("host"), str(row.get("gpu_index"))))
+        if record is None:
+            return row
+        row = {**row, "gpu_name": record["gpu_name"]}
+        return {**row, **ceiling_columns(row, record["ceilings"])} if record["ceilings"] else row
+
+    def models(self) -> list[str]:
+        return sorted({record["gpu_name"] for record in self.gpus.values()})
+
+    def to_meta(self) -> list[dict]:
+        """meta.json's ``gpus``: one record per GPU, in (host, gpu_index) order."""
+        return [self.gpus[key] for key in sorted(self.gpus)]
+
+
+def ceiling_columns(row: dict, ceilings: dict) -> dict:
+    """``pct_of_ceiling`` and ``pct_of_peak`` of a timed row (its ``gbps``, ``tflops``) against ``ceilings``.
+
+    pct_of_ceiling = 100 * gbps / read_gbps; pct_of_peak = 100 * tflops / peak_tflops[dtype],
+    on rows with more than one query per sequence (prefill), as :mod:`harness.timing.measure` does.
+    """
+    from harness.timing.metrics import pct_of_ceiling, pct_of_peak
+
+    out = {}
+    gbps, tflops = row.get("gbps"), row.get("tflops")
+    if isinstance(gbps, float) and gbps == gbps and (read := ceilings.get("read_gbps")):
+        out["pct_of_ceiling"] = pct_of_ceiling(gbps, read)
+    peak = (ceilings.get("peak_tflops") or {}).get(row.get("dtype"))
+    if isinstance(tflops, float) and tflops == tflops and peak and (row.get("max_q_len") or 0) > 1:
+        out["pct_of_peak"] = pct_of_peak(tflops, peak)
+    return out

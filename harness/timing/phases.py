@@ -1,0 +1,60 @@
+"""Where a process's time goes, by named phase: seconds summed per name, read and reset at will.
+
+    with phase("inputs"):
+        inputs = case_inputs(case, device)
+    ...
+    spent = take_phases()  # {"inputs": 1.93, ...}; the clock starts again from zero
+
+A phase is host wall time from entering to leaving its block (``time.perf_counter``). On a GPU,
+work queued inside one phase and waited for in a later one is counted in the later one: the
+phases say where the process waited, which is what a run's wall time is made of. Nested
+phases count in both (the runner does not nest them). Used by the runner (per case: inputs,
+oracle, guard; per row: the graded call, grading, timing) and reported per run in meta.json's
+``scale.phase_s`` and by ``python -m harness.execute.scale_table``.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import defaultdict
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+_SPENT: defaultdict[str, float] = defaultdict(float)
+
+
+@contextmanager
+def phase(name: str) -> Iterator[None]:
+    """Add the block's wall seconds to phase ``name`` (also when it raises)."""
+    started = time.perf_counter()
+    try:
+        yield
+    finally:
+        _SPENT[name] += time.perf_counter() - started
+
+
+def take_phases() -> dict[str, float]:
+    """Seconds per phase since the last call (unrounded: sums of many small cases stay exact), then start
+    from zero."""
+    spent = dict(_SPENT)
+    _SPENT.clear()
+    return spent
+
+
+def absorb(spent: dict[str, float]) -> None:
+    """Count another process's phases (an isolated backend's worker) as this process's own."""
+    for name, seconds in spent.items():
+        _SPENT[name] += seconds
+
+
+def add_phases(total: dict[str, float], more: dict[str, float]) -> dict[str, float]:
+    """``total`` with ``more``'s seconds added name by name (a new dict; either may be empty; unrounded)."""
+    summed = dict(total)
+    for name, seconds in more.items():
+        summed[name] = summed.get(name, 0.0) + seconds
+    return summed
+
+
+def rounded(spent: dict[str, float]) -> dict[str, float]:
+    """``spent`` to the millisecond, as meta.json keeps it."""
+    return {name: round(seconds, 3) for name, seconds in spent.items()}
