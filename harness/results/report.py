@@ -20,6 +20,7 @@ import pandas as pd
 from jinja2 import Environment, PackageLoader, select_autoescape
 
 from harness.cases.vocab import FAILING, WORST_FIRST
+from harness.results.columns import MEANINGS
 from harness.results.storage import load_run
 
 try:
@@ -220,6 +221,7 @@ def render_html(frame: pd.DataFrame, meta: dict, *, baseline=None, baseline_name
             ("Scaling fit", plots.scaling_fit(frame, fits)),
         ]
     return _env.get_template("report.html.j2").render(
+        tips=MEANINGS,
         meta=meta,
         rows=graded,
         skipped=skipped,

@@ -18,6 +18,7 @@ from harness.backends.registry import Backend, Unsupported
 from harness.cases.inputs import PagedInputs, make_inputs
 from harness.cases.spec import Case
 from harness.cases.vocab import FAILING, GRADED, STATUSES
+from harness.results.columns import COLUMNS, check_row_keys
 from harness.run.grading import BOUND_RESULT, forward_error_bound, grade, locate
 from harness.run.guard import InputGuard, check_output, raised_by_backend
 from harness.run.oracle import paged_attention_oracle
@@ -27,18 +28,6 @@ from harness.timing.metrics import bytes_moved
 from harness.timing.phases import phase
 
 # The report's contract columns (docs/contract.md), then the case parameters and timing detail.
-COLUMNS = [
-    "case", "backend", "device", "dtype", "num_q_heads", "num_kv_heads", "head_dim", "block_size",
-    "num_seqs", "max_seq_len", "status", "reason", "max_abs_err", "max_rel_err", "rel_l2_err",
-    "nan_count", "atol", "rtol", "latency_us", "bytes_moved", "gbps", "pct_of_ceiling",
-    "tol_ratio", "group_size", "num_tokens", "max_q_len", "total_kv_tokens", "layout", "input_scale", "seed",
-    "tags", "case_file", "backend_kind", "note", "latency_p10_us", "latency_p90_us", "timing_reps",
-    "timing_method", "call_us", "call_p10_us", "call_p90_us", "host_overhead_us", "host_us", "graph_capturable",
-    "device_syncs", "kernels_ran", "timing_threads", "flops", "tflops", "pct_of_peak",
-    "error_bound", "grading_note", "fail_count", "worst_location", "lse_max_abs_err", "lse_tol_ratio",
-    "kv_dtype", "quant_error", "head_dim_v", "host", "gpu_index", "gpu_name", "worker",
-    "latency_samples_us", "call_samples_us",
-]  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -298,6 +287,7 @@ def run_cases(
 
 def to_frame(rows: list[dict]) -> pd.DataFrame:
     """Rows as a DataFrame with every report column, in order (absent values are NaN)."""
+    check_row_keys(rows)
     frame = pd.DataFrame(rows, columns=COLUMNS)
     for column in ("reason", "note", "timing_method", "tags", "kernels_ran", "grading_note", "worst_location"):
         frame[column] = frame[column].astype(object).fillna("").astype(str)
