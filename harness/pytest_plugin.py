@@ -1,7 +1,7 @@
 """pytest plugin: case files drive tests, one per (case, backend), with readable ids.
 
 Enable it with ``pytest_plugins = ["harness.pytest_plugin"]`` in a conftest.py (this
-repository's tests/conftest.py does). Options (shared with the CLI, see harness.cli.options):
+repository's tests/conftest.py does). Options (shared with the CLI, see harness.run.options):
 
     --cases PATH         case file or folder, or a packaged suite's name (repeatable; default: smoke)
     --backend NAME       only this backend (repeatable)
@@ -22,7 +22,7 @@ from pathlib import Path
 
 import pytest
 
-from harness.cli.options import DEFAULT_CASES, add_to_pytest, default_device
+from harness.run.options import DEFAULT_CASES, add_to_pytest, default_device
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -55,7 +55,7 @@ class HarnessSession:
             raise pytest.UsageError(str(error)) from None
         threads = None
         if config.getoption("harness_timing"):
-            from harness.cli.options import apply_threads
+            from harness.run.options import apply_threads
 
             threads = apply_threads(config.getoption("harness_threads"), self.device)
         self.config = RunConfig(

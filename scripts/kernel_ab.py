@@ -46,7 +46,7 @@ if "TRITON_INTERPRET" not in os.environ and not torch.cuda.is_available():
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import kernels
-from harness.backends.registry import resolve_backends
+from harness.backends.builtin import resolve_backends
 from harness.cases.packaged import resolve_case_arg
 from harness.cases.spec import load_case_file, load_cases
 from harness.review import stats

@@ -19,7 +19,7 @@ if "TRITON_INTERPRET" not in os.environ and not torch.cuda.is_available():
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 
 import kernels
-from harness.run.grading import DEFAULT_TOLERANCES
+from harness.cases.vocab import DEFAULT_TOLERANCES
 from tests.kernel_cases import KERNEL_CASES
 
 

@@ -32,7 +32,7 @@ if "TRITON_INTERPRET" not in os.environ and not torch.cuda.is_available():
     os.environ["TRITON_INTERPRET"] = "1"
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from harness.backends.registry import resolve_backends
+from harness.backends.builtin import resolve_backends
 from harness.cases.packaged import resolve_case_arg
 from harness.cases.spec import Case, load_cases
 from harness.run.runner import case_inputs

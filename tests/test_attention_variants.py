@@ -21,7 +21,8 @@ import kernels
 from harness.backends.registry import Backend, contract_prepare
 from harness.cases.inputs import standard_alibi_slopes
 from harness.cases.spec import CaseFileError, expand_spec
-from harness.run.grading import DEFAULT_TOLERANCES, grade
+from harness.cases.vocab import DEFAULT_TOLERANCES
+from harness.run.grading import grade
 from harness.run.oracle import paged_attention_oracle
 from harness.run.runner import RunConfig, run_cases
 from kernels._common import tiling_for, window_tile_start

@@ -15,7 +15,8 @@ import pytest
 import torch
 
 import kernels
-from harness.run.grading import DEFAULT_TOLERANCES, grade
+from harness.cases.vocab import DEFAULT_TOLERANCES
+from harness.run.grading import grade
 from harness.run.oracle import paged_attention_oracle
 from kernels._common import prepare_call, tiling_for
 from tests.kernel_cases import BASE, CASES_BY_NAME

@@ -6,7 +6,8 @@ import pytest
 import torch
 
 import kernels
-from harness.run.grading import DEFAULT_TOLERANCES, grade
+from harness.cases.vocab import DEFAULT_TOLERANCES
+from harness.run.grading import grade
 from harness.run.oracle import paged_attention_oracle
 from kernels import cache as cache_module
 

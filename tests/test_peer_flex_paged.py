@@ -25,10 +25,11 @@ pytest.importorskip("torch.nn.attention.flex_attention")
 from harness.backends import flex_paged
 from harness.backends.builtin import REGISTRY
 from harness.backends.flex_paged import kernel_options_for, page_logical_table, paged_flex_mask, prepare_flex_paged
-from harness.backends.peers import _flex_unavailable
+from harness.backends.peers import flex_unavailable
 from harness.backends.registry import Unsupported
 from harness.cases.spec import expand_spec
-from harness.run.grading import DEFAULT_TOLERANCES, grade
+from harness.cases.vocab import DEFAULT_TOLERANCES
+from harness.run.grading import grade
 from harness.run.oracle import paged_attention_oracle
 from harness.run.runner import case_inputs
 
@@ -189,7 +190,7 @@ def test_a_page_size_the_triton_kernel_cannot_tile_is_a_skip_naming_it():
     backend = REGISTRY["flex_paged"]
     assert backend.options == {"sliding_window", "logit_softcap", "alibi_slopes"}
     (case,) = expand_spec({**BASE, "block_size": 5, "seq_lens": [9]}, "t.toml")
-    if reason := _flex_unavailable(case, "cuda"):  # no FlexAttention or no Triton: that reason comes first
+    if reason := flex_unavailable(case, "cuda"):  # no FlexAttention or no Triton: that reason comes first
         pytest.skip(reason)
     assert "multiple of 16" in (backend.unavailable(case, "cuda") or "")
     with pytest.raises(Unsupported, match="multiple of 16"):

@@ -11,9 +11,8 @@ import pytest
 
 import harness.timing.ceilings
 from harness.cli.main import _resume, _run_options, build_parser, main
-from harness.execute.plan import mixed_models_note
 from harness.results.journal import Journal
-from harness.timing.ceilings import GpuLedger
+from harness.timing.ceilings import GpuLedger, mixed_models_note
 
 CASES = """
 defaults = {num_q_heads = 4, num_kv_heads = 2, head_dim = 32, block_size = 4}

@@ -12,7 +12,7 @@ import pytest
 from harness.cases.spec import load_cases
 from harness.cli.main import main
 from harness.execute.shards import parse_shard, shard_cases
-from harness.execute.workers import case_cost
+from harness.timing.metrics import case_cost
 
 SMOKE = ["run", "smoke", "--backend", "reference", "--backend", "tlsim", "--no-timing", "--no-progress",
          "--oracle-cache", "off"]  # fmt: skip

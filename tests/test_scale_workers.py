@@ -13,8 +13,9 @@ import pytest
 from harness.backends.builtin import load_plugin, resolve_backends
 from harness.cases.spec import load_cases
 from harness.cli.main import main
-from harness.execute.workers import EXTRA_COLUMNS, case_cost, run_sharded, worker_count, worker_threads
+from harness.execute.workers import EXTRA_COLUMNS, run_sharded, worker_count, worker_threads
 from harness.run.runner import RunConfig
+from harness.timing.metrics import case_cost
 from tests.tiny_cases import write_cases
 
 SMOKE = ["run", "smoke", "--backend", "reference", "--backend", "tlsim", "--no-timing", "--no-progress"]

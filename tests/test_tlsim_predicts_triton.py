@@ -26,7 +26,7 @@ import pytest
 import torch
 
 import kernels
-from harness.run.grading import DEFAULT_TOLERANCES
+from harness.cases.vocab import DEFAULT_TOLERANCES
 from kernels.launch_plan import plans_enabled
 from tests.kernel_cases import KERNEL_CASES
 

@@ -15,7 +15,8 @@ import torch
 import kernels
 from harness.backends.builtin import REGISTRY
 from harness.cases.spec import CaseFileError, expand_spec
-from harness.run.grading import DEFAULT_TOLERANCES, grade
+from harness.cases.vocab import DEFAULT_TOLERANCES
+from harness.run.grading import grade
 from harness.run.oracle import paged_attention_oracle
 from harness.run.runner import RunConfig, run_cases
 from kernels._common import quantize_kv
@@ -44,7 +45,7 @@ def _fp8_inputs(base: str, fp8: torch.dtype, per_head: bool):
 
 
 def _tolerance(q: torch.Tensor) -> tuple[float, float]:
-    from harness.run.grading import FP8_KV_TOLERANCES
+    from harness.cases.vocab import FP8_KV_TOLERANCES
 
     name = str(q.dtype).removeprefix("torch.")
     return FP8_KV_TOLERANCES.get(name, DEFAULT_TOLERANCES[name])

@@ -16,7 +16,8 @@ import kernels
 from harness.backends.builtin import REGISTRY
 from harness.cases.inputs import make_inputs
 from harness.cases.spec import expand_spec
-from harness.run.grading import DEFAULT_TOLERANCES, grade
+from harness.cases.vocab import DEFAULT_TOLERANCES
+from harness.run.grading import grade
 from harness.run.oracle import paged_attention_oracle
 from harness.run.runner import RunConfig, run_cases
 from kernels._common import head_dim_pieces, heads_per_program, prepare_call, tiling_for

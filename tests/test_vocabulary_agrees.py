@@ -10,7 +10,7 @@ import kernels
 from harness.backends.builtin import resolve_backends
 from harness.cases.inputs import make_inputs
 from harness.cases.spec import case_file_schema, load_case_file
-from harness.cases.vocab import DTYPE_NAMES, DTYPES, FAILING, GRADED, LAYOUTS, STATUSES, WORST_FIRST
+from harness.cases.vocab import DEFAULT_TOLERANCES, DTYPE_NAMES, DTYPES, FAILING, GRADED, LAYOUTS, STATUSES, WORST_FIRST
 from harness.results import report
 from harness.run import grading
 from harness.run.runner import RunConfig, run_cases
@@ -37,7 +37,7 @@ def test_the_kernels_take_every_dtype_a_case_may_name_and_refuse_others():
 
 
 def test_grading_tables_cover_every_dtype_and_only_those():
-    assert tuple(grading.DEFAULT_TOLERANCES) == DTYPE_NAMES
+    assert tuple(DEFAULT_TOLERANCES) == DTYPE_NAMES
     assert tuple(grading.UNIT_ROUNDOFF) == DTYPE_NAMES
     assert grading.UNIT_ROUNDOFF["float32"] == 2.0**-24 and grading.UNIT_ROUNDOFF["bfloat16"] == 2.0**-8
     for peaks in ceilings.DATASHEET_PEAK_TFLOPS.values():

@@ -9,6 +9,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 
 import kernels
@@ -21,8 +23,6 @@ from harness.backends.registry import (
     add_backend,
     contract_prepare,
     load_plugin,
-    register_backend,
-    resolve_backends,
 )
 from harness.cases.inputs import PagedInputs
 from harness.cases.spec import Case
@@ -98,4 +98,48 @@ add_backend(Backend("cache", _prepare_cache, ("cpu", "cuda"), "engine path",
                     "write through PagedKVCache's slot mapping, then its dispatched read",
                     options=frozenset(VARIANT_OPTIONS)))  # fmt: skip
 
-from harness.backends import peers  # noqa: E402, F401  (registers the peers, after the kernels)
+# The peers register after the kernels, and flex_paged after the peers (the registry keeps this order).
+from harness.backends import flex_paged, peers  # noqa: E402, F401
+
+
+def register_backend(
+    name: str,
+    fn: Callable[..., torch.Tensor],
+    devices: tuple[str, ...] = ("cpu", "cuda"),
+    *,
+    description: str = "",
+    graphable: bool = True,
+    options: tuple[str, ...] | frozenset[str] = (),
+) -> Backend:
+    """Add a kernel with the contract signature to every run that imports this module.
+
+    ``fn(q, k_cache, v_cache, block_table, seq_lens, query_start_loc=None, scale=None,
+    out=None)`` must return [num_tokens, num_q_heads, head_dim] in q's dtype. ``devices``
+    lists the device types it runs on; elsewhere its rows are skips with that reason.
+    GPU timing tries to capture a call in a CUDA graph and falls back to events when the
+    capture fails; ``graphable=False`` skips the attempt. ``options`` names the attention
+    variants ``fn`` takes as keywords (any of VARIANT_OPTIONS; docs/contract.md): a case
+    that turns on another one is a skip row for this backend, never a call without it.
+    Registering a taken name is an error (built-ins cannot be shadowed).
+    """
+    return add_backend(
+        Backend(
+            name,
+            contract_prepare(fn),
+            tuple(devices),
+            "plugin",
+            description or (fn.__doc__ or "").strip().split("\n")[0],
+            graphable,
+            options=frozenset(options),
+        )
+    )
+
+
+def resolve_backends(names: list[str] | None) -> list[Backend]:
+    """Backends by name (all registered, in registration order, when ``names`` is None)."""
+    if not names:
+        return list(REGISTRY.values())
+    unknown = [n for n in names if n not in REGISTRY]
+    if unknown:
+        raise ValueError(f"--backend {unknown[0]}: unknown backend; registered: {', '.join(REGISTRY)}")
+    return [REGISTRY[n] for n in names]

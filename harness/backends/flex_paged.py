@@ -53,6 +53,7 @@ from dataclasses import dataclass
 
 import torch
 
+from harness.backends.peers import compiled_flex, flex_unavailable
 from harness.backends.registry import Backend, Prepared, Unsupported, add_backend
 from harness.cases.inputs import PagedInputs
 from harness.cases.spec import Case
@@ -196,26 +197,6 @@ def kernel_options_for(block_size: int, device: torch.device, form: str = "per_s
     return options
 
 
-def compiled_flex(flex_attention, first_call):
-    """torch.compile(flex_attention), and its first call (the compile) made here, before timing.
-
-    Every prepare compiles the same function, once per shape; past dynamo's recompile limit
-    (8) it would quietly run flex eagerly (unfused, the full score matrix over the whole
-    pool), so the compile happens under a raised limit. Later calls of the same shape hit
-    the cache and never reach the limit.
-    """
-    config = torch._dynamo.config
-    names = (  # the limits' names since torch 2.6, and before
-        ("recompile_limit", "accumulated_recompile_limit")
-        if hasattr(config, "recompile_limit")
-        else ("cache_size_limit", "accumulated_cache_size_limit")
-    )
-    compiled = torch.compile(flex_attention, dynamic=False)
-    with config.patch(**dict.fromkeys(names, 4096)):
-        first_call(compiled)
-    return compiled
-
-
 def paged_flex_mask(case: Case, inputs: PagedInputs):
     """(query rows, BlockMask, page_logical) for a case: what flex_paged builds before timing.
 
@@ -287,9 +268,7 @@ def prepare_flex_paged(case: Case, inputs: PagedInputs, out: torch.Tensor) -> Pr
 
 
 def _unavailable(case: Case, device: str) -> str | None:
-    from harness.backends.peers import _flex_unavailable  # no FlexAttention, or no Triton
-
-    if reason := _flex_unavailable(case, device):
+    if reason := flex_unavailable(case, device):
         return reason
     if case.head_dim < 16:
         return f"FlexAttention's Triton kernel needs head_dim >= 16, not {case.head_dim}"

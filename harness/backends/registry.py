@@ -125,40 +125,6 @@ def add_backend(backend: Backend) -> Backend:
     return backend
 
 
-def register_backend(
-    name: str,
-    fn: Callable[..., torch.Tensor],
-    devices: tuple[str, ...] = ("cpu", "cuda"),
-    *,
-    description: str = "",
-    graphable: bool = True,
-    options: tuple[str, ...] | frozenset[str] = (),
-) -> Backend:
-    """Add a kernel with the contract signature to every run that imports this module.
-
-    ``fn(q, k_cache, v_cache, block_table, seq_lens, query_start_loc=None, scale=None,
-    out=None)`` must return [num_tokens, num_q_heads, head_dim] in q's dtype. ``devices``
-    lists the device types it runs on; elsewhere its rows are skips with that reason.
-    GPU timing tries to capture a call in a CUDA graph and falls back to events when the
-    capture fails; ``graphable=False`` skips the attempt. ``options`` names the attention
-    variants ``fn`` takes as keywords (any of VARIANT_OPTIONS; docs/contract.md): a case
-    that turns on another one is a skip row for this backend, never a call without it.
-    Registering a taken name is an error (built-ins cannot be shadowed).
-    """
-    _ensure_builtins()
-    return add_backend(
-        Backend(
-            name,
-            contract_prepare(fn),
-            tuple(devices),
-            "plugin",
-            description or (fn.__doc__ or "").strip().split("\n")[0],
-            graphable,
-            options=frozenset(options),
-        )
-    )
-
-
 def load_plugin(module_or_path: str) -> None:
     """Import a plugin module by dotted name or file path; it calls register_backend.
 
@@ -178,20 +144,3 @@ def load_plugin(module_or_path: str) -> None:
             importlib.import_module(module_or_path)
     except Exception as error:  # any failure to import is bad input, reported with its cause
         raise ValueError(f"--plugin {module_or_path}: could not import it: {type(error).__name__}: {error}") from error
-
-
-def _ensure_builtins() -> None:
-    """Register the built-in backends (first, so that no plugin can take their names)."""
-    from harness.backends import builtin as backends  # noqa: F401
-
-
-def resolve_backends(names: list[str] | None) -> list[Backend]:
-    """Backends by name (all registered, in registration order, when ``names`` is None)."""
-    _ensure_builtins()
-
-    if not names:
-        return list(REGISTRY.values())
-    unknown = [n for n in names if n not in REGISTRY]
-    if unknown:
-        raise ValueError(f"--backend {unknown[0]}: unknown backend; registered: {', '.join(REGISTRY)}")
-    return [REGISTRY[n] for n in names]

@@ -69,6 +69,9 @@ class Estimate:
                 f"then {self.worst_step} {self.steps[self.worst_step] / gib:.1f} GiB)")  # fmt: skip
 
 
+BOUND_CHUNK_ELEMENTS = 2**26  # logits per chunk of query rows in the error bound: 512 MiB of float64
+
+
 def _pairs(case: Case):
     return [(q, s) for q, s in zip(case.q_lens, case.seq_lens, strict=True) if q > 0]
 
@@ -91,8 +94,6 @@ def _oracle(case: Case) -> int:
 
 def _bound(case: Case) -> int:
     """harness.run.grading.forward_error_bound: three chunk-sized float64 tensors, K and V in float64."""
-    from harness.run.grading import BOUND_CHUNK_ELEMENTS
-
     hq, hkv, d = case.num_q_heads, case.num_kv_heads, case.head_dim
     return max(
         (3 * min(q * s * hq, max(BOUND_CHUNK_ELEMENTS, s * hq)) * F64 + 2 * s * hkv * d * F64 for q, s in _pairs(case)),

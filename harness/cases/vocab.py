@@ -32,3 +32,17 @@ Status = Literal[STATUSES]  # type: ignore[valid-type]
 GRADED = ("pass", "fail")  # rows the oracle graded
 FAILING = ("fail", "error")  # rows that make a run exit 1
 WORST_FIRST = ("error", "fail", "pass", "skip")  # the order of the report's tables
+
+
+# The tolerance each dtype's output is held to: allclose's |out - expected| <= atol + rtol * |expected|
+# against the float64 oracle (docs/contract.md, "Tolerances"). fp32's is the kernel's contract.
+DEFAULT_TOLERANCES: dict[str, tuple[float, float]] = {
+    "float32": (1e-5, 1e-4),
+    "float16": (1e-3, 1e-3),
+    "bfloat16": (1e-2, 1e-2),
+}
+# Overrides for an fp8 KV cache, by q's dtype. Empty: the built-in kernels widen fp8 values
+# exactly and apply the scales outside the dots, so they round no more than the oracle of the
+# dequantized cache. A kernel that rounds each dequantized element to q's dtype first (two more
+# roundings in fp16) would need about 2e-3 for fp16; a plugin is graded by this same table.
+FP8_KV_TOLERANCES: dict[str, tuple[float, float]] = {}

@@ -36,7 +36,7 @@ from pathlib import Path
 import torch
 
 from harness.cases.vocab import GRADED
-from harness.cli.options import DEFAULT_CASES
+from harness.run.options import DEFAULT_CASES
 
 EXIT_OK, EXIT_FAIL, EXIT_BAD_INPUT, EXIT_INTERNAL = 0, 1, 2, 3
 EXIT_INTERRUPTED, EXIT_BROKEN_PIPE, EXIT_TERMINATED = 130, 141, 143  # 128 + SIGINT, SIGPIPE, SIGTERM
@@ -47,7 +47,7 @@ class BadInput(Exception):
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from harness.cli.options import add_to_argparse
+    from harness.run.options import add_to_argparse
 
     called = Path(sys.argv[0]).name  # the console script's name, or __main__.py under python -m
     prog = called if called == "harness" else "python -m harness"
@@ -338,8 +338,8 @@ def verdict(frame, requested: list[str] | None) -> tuple[int, list[str]]:
 
 
 def cmd_run(args: argparse.Namespace) -> int:
-    from harness.cli.options import apply_threads, default_device
     from harness.execute.plan import check_arguments as check_scale_arguments
+    from harness.run.options import apply_threads, default_device
 
     if args.finalize and not args.resume:
         raise BadInput("--finalize needs --resume RUN_DIR: it writes that run's folder from its journal")
@@ -409,12 +409,12 @@ def _run(args: argparse.Namespace, device: str, journal, plugin_backends: set[st
 
 def _run_and_write(args, device, cases, backends, plugin_backends, worker, journal, run_dir, resume_hint) -> int:
     """Time the ceiling, run what the journal lacks, write the folder, drop the journal; the exit code."""
-    from harness.execute.plan import mixed_models_note, run_rows
+    from harness.execute.plan import run_rows
     from harness.results.environment import collect_meta
     from harness.results.storage import write_run
+    from harness.run.profiling import profile_pairs, selected
     from harness.run.runner import COLUMNS, RunConfig, summarize, to_frame
-    from harness.timing.ceilings import measure_ceilings
-    from harness.timing.profiling import profile_pairs, selected
+    from harness.timing.ceilings import measure_ceilings, mixed_models_note
 
     threads = torch.get_num_threads()  # as cmd_run set it (--threads)
     to_profile = selected(cases, backends, args.profile)
@@ -523,7 +523,7 @@ def _row_printer():
 def cmd_list(args: argparse.Namespace) -> int:
     import pandas as pd
 
-    from harness.cli.options import default_device
+    from harness.run.options import default_device
 
     cases = _load(args.cases, default_device(), args.harness_tags)
     table = pd.DataFrame(

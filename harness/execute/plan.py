@@ -71,17 +71,6 @@ def check_arguments(args: argparse.Namespace) -> None:
         os.environ[ENV_DIR] = args.oracle_cache  # read by this process and inherited by its workers
 
 
-def mixed_models_note(gpus: list[dict]) -> str:
-    """ "" when the run's GPUs (meta.json's ``gpus``) are of one model; else a note naming them."""
-    models = sorted({gpu["gpu_name"] for gpu in gpus if gpu.get("gpu_name")})
-    if len(models) < 2:
-        return ""
-    return (
-        f"mixed GPU models: {' + '.join(models)} (each row's pct_of_ceiling is against its own GPU; "
-        "latencies compare only between rows of one gpu_name)"
-    )
-
-
 def preload_report_modules() -> threading.Thread:
     """Import what writing the run folder needs (the page, its plots: matplotlib) on a daemon thread.
 

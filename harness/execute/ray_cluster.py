@@ -119,9 +119,10 @@ def run_on_ray(
     """
     import ray
 
-    from harness.execute.workers import CONTEXT, _default_timeout, case_cost
+    from harness.execute.workers import CONTEXT, _default_timeout
     from harness.run.oracle_cache import ENV_DIR
     from harness.timing.ceilings import SHARE_ENV, GpuLedger
+    from harness.timing.metrics import case_cost
 
     started = time.perf_counter()
     owns = not ray.is_initialized()

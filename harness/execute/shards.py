@@ -45,7 +45,7 @@ def parse_shard(text: str) -> tuple[int, int]:
 def shard_cases(cases: list[Case], index: int, count: int) -> list[Case]:
     """Shard ``index`` of ``count``: cases by cost, largest first (ties by id), dealt round robin;
     returned in their original order."""
-    from harness.execute.workers import case_cost
+    from harness.timing.metrics import case_cost
 
     ranked = sorted(range(len(cases)), key=lambda i: (-case_cost(cases[i]), cases[i].id))
     mine = {i for rank, i in enumerate(ranked) if rank % count == index}
@@ -55,8 +55,8 @@ def shard_cases(cases: list[Case], index: int, count: int) -> list[Case]:
 def merge_runs(run_dirs: list[Path], allow_mixed_commits: bool = False) -> tuple[pd.DataFrame, dict, list[str]]:
     """The joined rows and meta of ``run_dirs`` (module docstring), and warnings for the user
     (shards missing from an I/N set); MergeError on a conflict."""
-    from harness.execute.plan import mixed_models_note
     from harness.results.storage import RunFolderError, load_run
+    from harness.timing.ceilings import mixed_models_note
 
     if len(run_dirs) < 2:
         raise MergeError("merge needs at least two run folders")

@@ -59,6 +59,7 @@ from dataclasses import dataclass, field
 from multiprocessing.connection import wait
 
 from harness.cases.spec import Case
+from harness.timing.metrics import case_cost
 from harness.timing.phases import add_phases, rounded
 
 START_TIMEOUT_S = 300.0
@@ -67,13 +68,6 @@ PREFETCH = 2  # cases sent to a worker ahead of the one it runs: no parent round
 RETRIES = 1  # a backend whose worker died is run again this many times, then it is an error row
 CONTEXT = "building inputs/oracle"  # what a worker does before its first backend of a case
 EXTRA_COLUMNS = ("host", "gpu_index", "worker")
-
-
-def case_cost(case: Case) -> int:
-    """Estimated work of a case: flops + bytes_moved (see the module docstring)."""
-    from harness.timing.metrics import bytes_moved, flops
-
-    return flops(case) + bytes_moved(case)
 
 
 def visible_gpus() -> list[str]:

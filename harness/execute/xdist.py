@@ -48,7 +48,7 @@ def pin_gpus(config: pytest.Config, specs) -> None:
 
 
 def _run_device(config: pytest.Config) -> str:
-    from harness.cli.options import default_device
+    from harness.run.options import default_device
 
     return config.getoption("harness_device", None) or default_device()
 
@@ -114,8 +114,7 @@ def in_test_order(rows: list[dict], cases, backends) -> list[dict]:
 def run_gpus(rows: list[dict]) -> tuple[list[dict], str]:
     """meta.json's ``gpus`` of a pytest -n run (each GPU's host, index, name and workers; no
     ceilings: the pytest path measures none) and the mixed-models note ("" for one model)."""
-    from harness.execute.plan import mixed_models_note
-    from harness.timing.ceilings import GpuLedger
+    from harness.timing.ceilings import GpuLedger, mixed_models_note
 
     ledger = GpuLedger()
     for row in rows:

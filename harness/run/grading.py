@@ -40,21 +40,9 @@ from pathlib import Path
 
 import torch
 
+from harness.cases.memory import BOUND_CHUNK_ELEMENTS
 from harness.cases.vocab import DTYPES
 from harness.run.oracle import sequence_kv
-
-DEFAULT_TOLERANCES: dict[str, tuple[float, float]] = {
-    "float32": (1e-5, 1e-4),
-    "float16": (1e-3, 1e-3),
-    "bfloat16": (1e-2, 1e-2),
-}
-# An fp8 KV cache keeps each dtype's tolerance. The kernels used to round each dequantized K and
-# V element (k_cache.float() * k_scale) to q's dtype before the dots, as vLLM's Triton kernels
-# do, which cost fp16 two more roundings than the oracle sees (0.76 of 1e-3 measured on
-# fp8_kv_prefill_fp16) and an allowance of 2e-3; they now widen the fp8 values exactly and
-# apply the scales outside the dots, so no dtype needs one. The table stays for a kernel that
-# rounds (a plugin's backend is graded by the same table).
-FP8_KV_TOLERANCES: dict[str, tuple[float, float]] = {}
 
 
 @dataclass(frozen=True)
@@ -159,8 +147,6 @@ def grade(
         fail_count=int((excess > 0).sum()),
     )
 
-
-BOUND_CHUNK_ELEMENTS = 2**26  # logits per chunk of query rows: 512 MiB of float64
 
 # Unit round-off u = eps / 2: float32 2**-24, float16 2**-11, bfloat16 2**-8.
 UNIT_ROUNDOFF = {name: torch.finfo(dtype).eps / 2 for name, dtype in DTYPES.items()}

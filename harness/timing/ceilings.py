@@ -188,3 +188,14 @@ def ceiling_columns(row: dict, ceilings: dict) -> dict:
     if isinstance(tflops, float) and tflops == tflops and peak and (row.get("max_q_len") or 0) > 1:
         out["pct_of_peak"] = pct_of_peak(tflops, peak)
     return out
+
+
+def mixed_models_note(gpus: list[dict]) -> str:
+    """ "" when the run's GPUs (meta.json's ``gpus``) are of one model; else a note naming them."""
+    models = sorted({gpu["gpu_name"] for gpu in gpus if gpu.get("gpu_name")})
+    if len(models) < 2:
+        return ""
+    return (
+        f"mixed GPU models: {' + '.join(models)} (each row's pct_of_ceiling is against its own GPU; "
+        "latencies compare only between rows of one gpu_name)"
+    )
