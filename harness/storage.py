@@ -173,30 +173,29 @@ def write_run(frame: pd.DataFrame, meta: dict, run_dir: Path) -> Path:
     return run_dir
 
 
-REQUIRED_COLUMNS = ("case", "backend", "status")  # what compare and report read, at least
-
-
 def load_run(run_dir: Path) -> tuple[pd.DataFrame, dict]:
-    """A stored run's rows and meta; RunFolderError (a ValueError) naming the file at fault."""
+    """A stored run's rows and meta, each checked against its schema (:mod:`harness.schemas`);
+    RunFolderError (a ValueError) naming the file and the field at fault."""
+    from .schemas import SchemaError, check_meta, check_rows
+
     run_dir = Path(run_dir)
+    if not run_dir.is_dir():
+        raise RunFolderError(
+            f"{run_dir}: not a run folder ({'no such folder' if not run_dir.exists() else 'not a folder'})"
+        )
     for name in ("results.parquet", "meta.json"):
         if not (run_dir / name).is_file():
             raise RunFolderError(f"{run_dir}: not a run folder (no {name})")
     meta_file, rows_file = run_dir / "meta.json", run_dir / "results.parquet"
     try:
         meta = json.loads(meta_file.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as error:
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError, RecursionError) as error:
         raise RunFolderError(f"{meta_file}: corrupt run metadata: {error}") from None
-    if not isinstance(meta, dict):
-        raise RunFolderError(f"{meta_file}: corrupt run metadata: a JSON object expected, got {type(meta).__name__}")
     try:
         frame = pd.read_parquet(rows_file)
     except Exception as error:  # pyarrow raises several types for a damaged file
         raise RunFolderError(f"{rows_file}: not a readable parquet file: {type(error).__name__}: {error}") from None
-    missing = [c for c in REQUIRED_COLUMNS if c not in frame.columns]
-    if missing:
-        raise RunFolderError(
-            f"{rows_file}: not a harness results file: no column(s) {', '.join(missing)} "
-            f"(has {', '.join(map(str, frame.columns[:8]))}{'...' if len(frame.columns) > 8 else ''})"
-        )
-    return frame, meta
+    try:
+        return check_rows(frame, rows_file), check_meta(meta, meta_file)
+    except SchemaError as error:
+        raise RunFolderError(str(error)) from None
