@@ -8,6 +8,7 @@ The noxfile passes its arguments through to these same flags.
 from __future__ import annotations
 
 import argparse
+import os
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -20,6 +21,25 @@ DEFAULT_CASES = default_cases()  # what `run`, `list` and pytest read when given
 
 def default_device() -> str:
     return "cuda" if torch.cuda.is_available() else "cpu"
+
+
+class SetEnv(argparse.Action):
+    """Stores the value and puts it in the environment variable ``env`` as well: read where the
+    setting is used (the case loader, a worker process) without threading it through every call."""
+
+    def __init__(self, *args, env: str, **kwargs):
+        self.env = env
+        super().__init__(*args, **kwargs)
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        if not str(values).isdigit() or int(values) < 1:
+            parser.error(f"{option_string} {values}: give a positive integer")
+        os.environ[self.env] = str(values)
+        setattr(namespace, self.dest, int(values))
+
+
+def _set_env(env: str):
+    return lambda *args, **kwargs: SetEnv(*args, env=env, **kwargs)
 
 
 @dataclass(frozen=True)
@@ -39,6 +59,9 @@ RUN_OPTIONS = [
     Option("--tag", "run only cases carrying this tag (repeatable)", {"action": "append", "dest": "harness_tags", "metavar": "TAG"}),
     Option("--oracle-device", "where the float64 oracle runs; default: the CPU",
            {"choices": ["cpu", "cuda"], "dest": "harness_oracle_device"}),
+    Option("--max-sweep-points", "most cases a case file's [case.sweep] tables may expand to, counted before any is "
+           "built (default 10000; also $HARNESS_MAX_SWEEP_POINTS)",
+           {"dest": "harness_max_sweep_points", "metavar": "N", "action": _set_env("HARNESS_MAX_SWEEP_POINTS")}),
     Option("--threads", "torch intra-op threads for the run: N or 'auto' (torch's default); default 1 on a CPU",
            {"dest": "harness_threads", "metavar": "N|auto"}),
 ]  # fmt: skip
