@@ -15,7 +15,8 @@ Exit codes:
       so), or the final write of the run folder failed (the journal is kept, and the
       message gives the --resume command that finishes the run)
 * 4   compare only: nothing got worse, but the comparison is incomplete (cases or
-      backends on one side only, a status turned skip, another device or versions)
+      backends on one side only, a status turned skip, rows timed in one run only
+      (--no-timing), another device or versions)
 * 130 interrupted by Ctrl-C; 143 terminated by SIGTERM: the rows so far are kept in the
       journal, and the message gives the --resume command
 
@@ -112,7 +113,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="what got worse in NEW_RUN against BASE_RUN",
         description="Exit 0: nothing got worse and the comparison is complete; 1: something got worse; "
         "2: bad input (unreadable run, duplicated rows); 3: an internal error; 4: nothing got worse but the comparison is "
-        "incomplete (rows on one side only, device or torch/triton mismatch).",
+        "incomplete (rows on one side only, rows timed in one run only, device or torch/triton mismatch).",
     )
     compare.add_argument("base_run", type=Path)
     compare.add_argument("new_run", type=Path)
