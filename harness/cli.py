@@ -10,7 +10,9 @@ Exit codes:
 * 2   bad input, refused before any work with one message naming file, case and field,
       and nothing written: a case file, an argument, a plugin that does not import (or
       exits or crashes on import), an output folder that cannot be created or written,
-      a stored run folder that is not one
+      a stored run folder that is not one (or whose meta.json or results.parquet does not fit
+      its schema: harness.schemas), an oracle cache entry that differs from its recomputation
+      under --verify-oracle-cache
 * 3   internal error: a bug in the harness (the traceback is printed, with a line saying
       so), or the final write of the run folder failed (the journal is kept, and the
       message gives the --resume command that finishes the run)
@@ -660,6 +662,7 @@ def main(argv: list[str] | None = None) -> int:
     from .compare import DuplicateRowsError
     from .guard import Terminated, install_signal_handlers
     from .journal import JournalError
+    from .oracle_cache import PoisonedCacheError
     from .storage import NotWritableError, RunDirExistsError, RunFolderError
 
     parser = build_parser()
@@ -686,6 +689,7 @@ def main(argv: list[str] | None = None) -> int:
         RunFolderError,
         JournalError,
         DuplicateRowsError,
+        PoisonedCacheError,
     ) as error:
         print(f"error: {error}", file=sys.stderr)
         return EXIT_BAD_INPUT

@@ -14,6 +14,8 @@ from datetime import UTC, datetime
 
 import torch
 
+from . import oracle_cache
+
 
 def git(*args: str) -> str:
     try:
@@ -134,5 +136,6 @@ def collect_meta(device: str, argv: list[str], ceilings: dict[str, float]) -> di
         "command": " ".join(argv),
         "ceilings_gbps": ceilings,
         "harness_version": harness_version(),
+        "oracle_cache": oracle_cache.meta_record(),  # off, on or verify, and the folder
         **noise_judges(device),
     }

@@ -61,10 +61,9 @@ class GpuRecord(_Lenient):
 class OracleCacheRecord(_Lenient):
     """How a run used the oracle cache (harness.oracle_cache.meta_record)."""
 
-    mode: str
+    mode: str  # off, on, verify
     folder: str | None = None
-    hits: int | None = None
-    verified: int | None = None
+    verify_fraction: Number | None = None
 
 
 class RunMeta(_Lenient):
