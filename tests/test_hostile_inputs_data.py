@@ -384,3 +384,18 @@ def test_the_verify_fraction_is_checked(tmp_path, capsys):
     with pytest.raises(SystemExit) as stop:
         _run(tmp_path / "run", cases, "--verify-oracle-cache", "2")
     assert stop.value.code == 2 and "give a fraction in (0, 1]" in capsys.readouterr().err
+
+
+def test_a_case_too_large_for_memory_is_refused_before_any_tensor_is_built(tmp_path, monkeypatch, capsys):
+    from harness import inputs, runner
+
+    def built(*args, **kwargs):
+        raise AssertionError("inputs were allocated before the memory estimate refused the case")
+
+    monkeypatch.setattr(inputs, "make_inputs", built)
+    monkeypatch.setattr(runner, "make_inputs", built)
+    cases = write_cases(tmp_path / "big.toml", {"name": "prefill_8k", "num_q_heads": 32, "num_kv_heads": 8,
+                                                "head_dim": 128, "seq_lens": [8192], "q_lens": [8192]})  # fmt: skip
+    assert _run(tmp_path / "run", cases, "--no-timing") == 2
+    assert "case 'prefill_8k': field 'seq_lens': too large for cpu memory" in capsys.readouterr().err
+    assert not (tmp_path / "run").exists() and not (tmp_path / "run.journal.jsonl").exists()
