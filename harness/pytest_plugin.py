@@ -22,6 +22,7 @@ from pathlib import Path
 
 import pytest
 
+from harness.run import oracle_cache
 from harness.run.options import DEFAULT_CASES, add_to_pytest, default_device
 
 
@@ -127,7 +128,7 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
         if merged is None
         else xdist_rows.in_test_order(merged, harness.cases.spec, harness.config.backends)
     )
-    meta = collect_meta(harness.device, ["pytest", *sys.argv[1:]], {})
+    meta = collect_meta(harness.device, ["pytest", *sys.argv[1:]], {}, oracle_cache.meta_record())
     if merged is not None:
         meta["gpus"], note = xdist_rows.run_gpus(merged)
         meta["device_name"] = note or meta["device_name"]

@@ -186,6 +186,7 @@ def test_a_sigkilled_run_is_reported_at_the_next_run_and_resumed(setup, capsys):
     dead.wait()
     partial = reports / f".gone.partial-{dead.pid}"
     partial.mkdir()
+    (partial / ".harness-partial").write_text(f"{dead.pid}\n")  # what write_run puts in its partial folder
     (partial / "results.csv").write_text("half")
     assert main(["run", str(setup / "cases.toml"), "--out", str(reports / "next"), "--backend", "tlsim",
                  "--no-timing", "--no-progress"]) == 0  # fmt: skip

@@ -15,6 +15,7 @@ import hashlib
 import itertools
 import json
 import math
+import os
 import re
 import stat
 import sys
@@ -46,6 +47,10 @@ Float = Annotated[float, Strict(), AllowInfNan(False)]
 INT32_MAX, INT64_MAX = 2**31 - 1, 2**63 - 1
 Length = Annotated[int, Strict(), Field(le=INT32_MAX)]  # seq_lens and q_lens are int32 tensors
 MAX_FILE_BYTES = 4 * 2**20  # a case file is a few KB; anything past this is not one
+# A sweep is a product: six lists of 30 values are 729M cases from a file of a few hundred bytes.
+# The points of a file are counted before any is built, and a file past this many is refused.
+MAX_SWEEP_POINTS = 10_000
+ENV_MAX_SWEEP_POINTS = "HARNESS_MAX_SWEEP_POINTS"  # overrides it (harness run --max-sweep-points sets it)
 
 KVScaleMode = Literal["amax", "amax_per_head"]
 
@@ -492,6 +497,7 @@ def load_case_file(path: str | Path) -> list[Case]:
     if (not isinstance(defaults, dict) or not isinstance(tables, list) or not tables
             or not all(isinstance(t, dict) for t in tables)):  # fmt: skip
         raise CaseFileError(f"{file}: needs at least one [[case]] table (and [defaults] must be a table)")
+    count_sweep_points(file, [{**defaults, **table} for table in tables])
     cases: list[Case] = []
     errors: list[str] = []
     for table in tables:
@@ -507,6 +513,42 @@ def load_case_file(path: str | Path) -> list[Case]:
     if errors:
         raise CaseFileError("\n".join(errors))
     return cases
+
+
+def max_sweep_points() -> int:
+    """The most sweep points a case file may expand to: ``$HARNESS_MAX_SWEEP_POINTS``, else MAX_SWEEP_POINTS."""
+    value = os.environ.get(ENV_MAX_SWEEP_POINTS, "").strip()
+    if not value:
+        return MAX_SWEEP_POINTS
+    if not value.isdigit() or int(value) < 1:
+        raise CaseFileError(
+            f"{ENV_MAX_SWEEP_POINTS}={value!r}: give a positive integer (the default is {MAX_SWEEP_POINTS})"
+        )
+    return int(value)
+
+
+def count_sweep_points(file: str, tables: list[dict[str, Any]]) -> int:
+    """The cases ``tables`` (with defaults merged) expand to, counted from the sweep lists' lengths
+    without building any; CaseFileError, with the count per field, past :func:`max_sweep_points`."""
+    limit, total, shapes = max_sweep_points(), 0, []
+    for table in tables:
+        sweep = table.get("sweep")
+        lengths = {str(k): len(v) for k, v in sweep.items() if isinstance(v, list)} if isinstance(sweep, dict) else {}
+        points = math.prod(lengths.values())
+        total += points
+        if len(lengths) > 0:
+            shapes.append((str(table.get("name", "?")), points, lengths))
+    if total > limit:
+        worst = sorted(shapes, key=lambda shape: -shape[1])[:3]
+        detail = "; ".join(
+            f"case '{name}': {points:,} = " + " x ".join(f"{field} {n}" for field, n in lengths.items())
+            for name, points, lengths in worst
+        )
+        raise CaseFileError(
+            f"{file}: field 'sweep': {total:,} cases, more than the limit of {limit:,} a file ({detail}); "
+            f"split the file, or raise the limit with --max-sweep-points or {ENV_MAX_SWEEP_POINTS}"
+        )
+    return total
 
 
 def _read_case_text(path: Path) -> str:

@@ -10,12 +10,15 @@ Exit codes:
 * 2   bad input, refused before any work with one message naming file, case and field,
       and nothing written: a case file, an argument, a plugin that does not import (or
       exits or crashes on import), an output folder that cannot be created or written,
-      a stored run folder that is not one
+      a stored run folder that is not one (or whose meta.json or results.parquet does not fit
+      its schema: harness.results.schemas), an oracle cache entry that differs from its recomputation
+      under --verify-oracle-cache
 * 3   internal error: a bug in the harness (the traceback is printed, with a line saying
       so), or the final write of the run folder failed (the journal is kept, and the
       message gives the --resume command that finishes the run)
 * 4   compare only: nothing got worse, but the comparison is incomplete (cases or
-      backends on one side only, a status turned skip, another device or versions)
+      backends on one side only, a status turned skip, rows timed in one run only
+      (--no-timing), another device or versions)
 * 130 interrupted by Ctrl-C; 143 terminated by SIGTERM: the rows so far are kept in the
       journal, and the message gives the --resume command
 
@@ -36,6 +39,7 @@ from pathlib import Path
 import torch
 
 from harness.cases.vocab import GRADED
+from harness.run import oracle_cache
 from harness.run.options import DEFAULT_CASES
 
 EXIT_OK, EXIT_FAIL, EXIT_BAD_INPUT, EXIT_INTERNAL = 0, 1, 2, 3
@@ -112,7 +116,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="what got worse in NEW_RUN against BASE_RUN",
         description="Exit 0: nothing got worse and the comparison is complete; 1: something got worse; "
         "2: bad input (unreadable run, duplicated rows); 3: an internal error; 4: nothing got worse but the comparison is "
-        "incomplete (rows on one side only, device or torch/triton mismatch).",
+        "incomplete (rows on one side only, rows timed in one run only, device or torch/triton mismatch).",
     )
     compare.add_argument("base_run", type=Path)
     compare.add_argument("new_run", type=Path)
@@ -453,7 +457,7 @@ def _run_and_write(args, device, cases, backends, plugin_backends, worker, journ
     done = journal.done()
     todo = sum((c.id, b.name) not in done for c in cases for b in backends)
     if journal.header.get("meta") is None:  # what a --finalize elsewhere reports as the run's own meta
-        start_meta = collect_meta(device, ["python -m harness", *sys.argv[1:]], {})
+        start_meta = collect_meta(device, ["python -m harness", *sys.argv[1:]], {}, oracle_cache.meta_record())
         journal.record_meta({**start_meta, "ceilings": ceilings, "timing_threads": threads, "shard": args.shard})
     print(f"{len(cases)} cases x {len(backends)} backends on {device}"
           + (f": {todo} to run, {len(done)} from the journal" if done else ""), file=sys.stderr)  # fmt: skip
@@ -464,7 +468,7 @@ def _run_and_write(args, device, cases, backends, plugin_backends, worker, journ
     frame = _ordered(to_frame(journal.rows), cases, backends, COLUMNS)
     scale.update(journal_s=round(journal_s, 3), merge_s=round(time.perf_counter() - merging, 3), rows=len(frame))
     bandwidth = {k: v for k, v in ceilings.items() if k.endswith("_gbps")}
-    meta = collect_meta(device, ["python -m harness", *sys.argv[1:]], bandwidth)
+    meta = collect_meta(device, ["python -m harness", *sys.argv[1:]], bandwidth, oracle_cache.meta_record())
     meta.update(case_files=sorted({c.file for c in cases}), ceilings=ceilings, timing_threads=threads, shard=args.shard)
     meta.update(gpus=scale.pop("gpus"), scale=scale)  # each GPU's ceilings; where the run's time went
     if note := mixed_models_note(meta["gpus"]):
@@ -660,6 +664,7 @@ def main(argv: list[str] | None = None) -> int:
     from harness.results.storage import NotWritableError, RunDirExistsError, RunFolderError
     from harness.review.compare import DuplicateRowsError
     from harness.run.guard import Terminated, install_signal_handlers
+    from harness.run.oracle_cache import PoisonedCacheError
 
     parser = build_parser()
     args = parser.parse_args(argv)
@@ -685,6 +690,7 @@ def main(argv: list[str] | None = None) -> int:
         RunFolderError,
         JournalError,
         DuplicateRowsError,
+        PoisonedCacheError,
     ) as error:
         print(f"error: {error}", file=sys.stderr)
         return EXIT_BAD_INPUT

@@ -91,6 +91,7 @@ TABLE: tuple[Column, ...] = (
     Column("gpu_index", "str", "the GPU that ran the row (scale-out runs)"),
     Column("gpu_name", "str", "that GPU's model"),
     Column("worker", "int", "the worker that ran the row (scale-out runs)"),
+    Column("oracle_cached", "bool", "whether the row's float64 oracle came from the oracle cache"),
     Column("latency_samples_us", "list", "every device-time sample (parquet only)"),
     Column("call_samples_us", "list", "every call sample (parquet only)"),
 )
@@ -116,7 +117,7 @@ def check_row_keys(rows: list[dict]) -> None:
 def markdown() -> str:
     """The contract's column table: name, dtype, meaning, in report order."""
     lines = ["| column | dtype | meaning |", "|---|---|---|"]
-    lines += [f"| `{c.name}` | {c.dtype} | {c.meaning} |" for c in TABLE]
+    lines += [f"| `{c.name}` | {c.dtype} | {c.meaning.replace('|', chr(92) + '|')} |" for c in TABLE]
     return "\n".join(lines)
 
 

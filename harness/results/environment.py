@@ -109,7 +109,7 @@ def commit_record() -> dict:
     return {"commit": None, "commit_source": "no git checkout and no HARNESS_COMMIT"}
 
 
-def collect_meta(device: str, argv: list[str], ceilings: dict[str, float]) -> dict:
+def collect_meta(device: str, argv: list[str], ceilings: dict[str, float], oracle_cache: dict | None = None) -> dict:
     """Everything needed to trust or reproduce a run later."""
     try:
         import triton
@@ -134,5 +134,6 @@ def collect_meta(device: str, argv: list[str], ceilings: dict[str, float]) -> di
         "command": " ".join(argv),
         "ceilings_gbps": ceilings,
         "harness_version": harness_version(),
+        "oracle_cache": oracle_cache,  # harness.run.oracle_cache.meta_record(): off, on or verify, and the folder
         **noise_judges(device),
     }

@@ -67,6 +67,11 @@ def _prepare_parent(run_dir: Path) -> None:
         raise NotWritableError(f"{run_dir}: cannot create its folder {parent}: {error.strerror}") from None
     if not parent.is_dir():
         raise NotWritableError(f"{run_dir}: cannot create its folder: {parent} is not a folder")
+    if not os.access(parent, os.W_OK | os.X_OK):
+        raise NotWritableError(f"{run_dir}: cannot write in {parent}: permission denied")
+    if run_dir.is_symlink():  # a dangling link is no folder, yet the final rename would fail on it after the work
+        target = os.readlink(run_dir)
+        raise NotWritableError(f"{run_dir}: is a symbolic link (to {target}); give a path that does not exist yet")
 
 
 def reserve_run(run_dir: Path | None, reports_root: Path, device: str, options: dict) -> tuple[Path, Journal]:
@@ -99,6 +104,9 @@ def reserve_run(run_dir: Path | None, reports_root: Path, device: str, options: 
 
 
 _PARTIAL = re.compile(r"^\.(?P<name>.+)\.partial-(?P<pid>\d+)$")
+# Written into a partial folder as it is created, removed just before the rename: only a folder
+# carrying it is the harness's own, and only such a folder is ever deleted by stale_leftovers.
+PARTIAL_MARKER = ".harness-partial"
 
 
 def stale_leftovers(reports_root: Path, clean: bool = True) -> list[str]:
@@ -116,7 +124,12 @@ def stale_leftovers(reports_root: Path, clean: bool = True) -> list[str]:
     messages = []
     for entry in sorted(root.iterdir()):
         match = _PARTIAL.match(entry.name)
-        if match and entry.is_dir() and not pid_alive(int(match["pid"])):
+        if match and entry.is_dir() and not entry.is_symlink() and not pid_alive(int(match["pid"])):
+            marker = entry / PARTIAL_MARKER
+            if not marker.is_file() or marker.is_symlink():
+                messages.append(f"note: kept {entry}: named like a partial run folder, but without the harness's "
+                                f"marker {PARTIAL_MARKER}; not removed")  # fmt: skip
+                continue
             journal = root / (match["name"] + SUFFIX)
             kept = f"; its rows are in {journal}" if journal.exists() else ""
             if clean:
@@ -152,6 +165,7 @@ def write_run(frame: pd.DataFrame, meta: dict, run_dir: Path) -> Path:
     staging = run_dir.with_name(f".{run_dir.name}.partial-{os.getpid()}")
     shutil.rmtree(staging, ignore_errors=True)
     staging.mkdir()
+    (staging / PARTIAL_MARKER).write_text(f"{os.getpid()}\n")
     try:
         frame.to_parquet(staging / "results.parquet", index=False)
         frame.drop(columns=list(SAMPLE_COLUMNS), errors="ignore").to_csv(staging / "results.csv", index=False)
@@ -159,6 +173,7 @@ def write_run(frame: pd.DataFrame, meta: dict, run_dir: Path) -> Path:
         from harness.results.report import render_html  # rendering imports jinja2 and matplotlib: only when writing
 
         (staging / "report.html").write_text(render_html(frame, meta))
+        (staging / PARTIAL_MARKER).unlink()
         try:
             os.rename(staging, run_dir)  # atomic; refuses a non-empty run_dir made meanwhile
         except OSError as error:
@@ -173,30 +188,29 @@ def write_run(frame: pd.DataFrame, meta: dict, run_dir: Path) -> Path:
     return run_dir
 
 
-REQUIRED_COLUMNS = ("case", "backend", "status")  # what compare and report read, at least
-
-
 def load_run(run_dir: Path) -> tuple[pd.DataFrame, dict]:
-    """A stored run's rows and meta; RunFolderError (a ValueError) naming the file at fault."""
+    """A stored run's rows and meta, each checked against its schema (:mod:`harness.results.schemas`);
+    RunFolderError (a ValueError) naming the file and the field at fault."""
+    from harness.results.schemas import SchemaError, check_meta, check_rows
+
     run_dir = Path(run_dir)
+    if not run_dir.is_dir():
+        raise RunFolderError(
+            f"{run_dir}: not a run folder ({'no such folder' if not run_dir.exists() else 'not a folder'})"
+        )
     for name in ("results.parquet", "meta.json"):
         if not (run_dir / name).is_file():
             raise RunFolderError(f"{run_dir}: not a run folder (no {name})")
     meta_file, rows_file = run_dir / "meta.json", run_dir / "results.parquet"
     try:
         meta = json.loads(meta_file.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as error:
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError, RecursionError) as error:
         raise RunFolderError(f"{meta_file}: corrupt run metadata: {error}") from None
-    if not isinstance(meta, dict):
-        raise RunFolderError(f"{meta_file}: corrupt run metadata: a JSON object expected, got {type(meta).__name__}")
     try:
         frame = pd.read_parquet(rows_file)
     except Exception as error:  # pyarrow raises several types for a damaged file
         raise RunFolderError(f"{rows_file}: not a readable parquet file: {type(error).__name__}: {error}") from None
-    missing = [c for c in REQUIRED_COLUMNS if c not in frame.columns]
-    if missing:
-        raise RunFolderError(
-            f"{rows_file}: not a harness results file: no column(s) {', '.join(missing)} "
-            f"(has {', '.join(map(str, frame.columns[:8]))}{'...' if len(frame.columns) > 8 else ''})"
-        )
-    return frame, meta
+    try:
+        return check_rows(frame, rows_file), check_meta(meta, meta_file)
+    except SchemaError as error:
+        raise RunFolderError(str(error)) from None

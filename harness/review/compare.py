@@ -27,8 +27,8 @@ effect still applies). Duplicated (case, backend) rows are refused (:class:`Dupl
 Exit codes (:attr:`Comparison.exit_code`): 0 nothing got worse and the comparison is
 complete; 1 something got worse (a new failure or error, a row now skipped, an error or
 NaN count grown, a margin shrunk, a latency judged slower); 4 nothing got worse but the
-comparison is incomplete (rows on one side only, or a device/version mismatch unless
-``allow_mismatch``). Bad input (an unreadable run, duplicated rows) is 2, from the CLI.
+comparison is incomplete (rows on one side only, rows timed in one run only (a run made
+with ``--no-timing`` against a timed one), or a device/version mismatch unless ``allow_mismatch``). Bad input (an unreadable run, duplicated rows) is 2, from the CLI.
 """
 
 from __future__ import annotations
@@ -38,6 +38,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import pandas as pd
 
+from harness.cases.vocab import GRADED
 from harness.review import stats
 
 EXIT_OK, EXIT_WORSE, EXIT_INCOMPLETE = 0, 1, 4  # 2 is bad input, 3 an internal error (harness.cli.main)
@@ -151,8 +152,28 @@ def compare_runs(
         problems.append(f"{unanchored} timed row(s) not normalized: their case lacks a timed {opts.normalize_by} "
                         "row in one run")  # fmt: skip
     problems += drift_warning(rows)
-    incomplete = bool((rows["side"] != "both").any()) or (bool(mismatches) and not opts.allow_mismatch)
+    one_timed = timed_on_one_side(rows)
+    if one_timed:
+        problems.append(one_timed)
+    incomplete = (
+        bool((rows["side"] != "both").any()) or (bool(mismatches) and not opts.allow_mismatch) or bool(one_timed)
+    )
     return Comparison(rows=rows, problems=problems, incomplete=incomplete)
+
+
+def timed_on_one_side(rows: pd.DataFrame) -> str:
+    """A problem when rows graded in both runs carry a latency in one run only (one of them ran with
+    ``--no-timing``): their latency was not compared, so nothing can be said about it; '' otherwise."""
+    graded = rows[(rows["side"] == "both") & rows["status_base"].isin(GRADED) & rows["status_new"].isin(GRADED)]
+    base_only = int((graded["latency_us_base"].notna() & graded["latency_us_new"].isna()).sum())
+    new_only = int((graded["latency_us_new"].notna() & graded["latency_us_base"].isna()).sum())
+    if not base_only and not new_only:
+        return ""
+    untimed = "the new run" if base_only >= new_only else "the base run"
+    return (
+        f"{base_only + new_only} graded row(s) timed in one run only ({untimed} was not timed: --no-timing?); "
+        "their latency is not compared"
+    )
 
 
 def normalize_to_anchor(rows: pd.DataFrame, anchor: str) -> int:

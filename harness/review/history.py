@@ -31,17 +31,25 @@ class History:
 
 
 def find_runs(paths: list[Path]) -> list[Path]:
-    """Run folders among ``paths`` and their direct subfolders (hidden, half-written ones skipped)."""
+    """Run folders among ``paths`` and their direct subfolders (hidden, half-written ones skipped).
+
+    A path holding either run file is taken as a run (so :func:`harness.results.storage.load_run` names
+    the file it lacks); any other path given must be a folder with at least one run in it:
+    ValueError naming it otherwise.
+    """
     found = []
     for path in map(Path, paths):
-        if (path / "meta.json").is_file() and (path / "results.parquet").is_file():
+        if (path / "meta.json").exists() or (path / "results.parquet").exists():
             found.append(path)
         elif path.is_dir():
-            found += [
+            inside = [
                 p
                 for p in sorted(path.iterdir())
                 if not p.name.startswith(".") and (p / "meta.json").is_file() and (p / "results.parquet").is_file()
             ]
+            if not inside:
+                raise ValueError(f"{path}: not a run folder (no meta.json and results.parquet), nor a folder of runs")
+            found += inside
         else:
             raise ValueError(f"{path}: neither a run folder nor a folder of runs")
     return list(dict.fromkeys(found))

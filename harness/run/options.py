@@ -8,6 +8,7 @@ The noxfile passes its arguments through to these same flags.
 from __future__ import annotations
 
 import argparse
+import os
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -20,6 +21,44 @@ DEFAULT_CASES = default_cases()  # what `run`, `list` and pytest read when given
 
 def default_device() -> str:
     return "cuda" if torch.cuda.is_available() else "cpu"
+
+
+def _positive_int(text: str) -> str:
+    if not text.isdigit() or int(text) < 1:
+        raise ValueError("give a positive integer")
+    return str(int(text))
+
+
+def _fraction(text: str) -> str:
+    try:
+        value = float(text)
+    except ValueError:
+        value = -1.0
+    if not 0.0 < value <= 1.0:
+        raise ValueError("give a fraction in (0, 1]")
+    return repr(value)
+
+
+class SetEnv(argparse.Action):
+    """Checks the value with ``check`` and puts it in the environment variable ``env`` as well as in
+    the namespace: read where the setting is used (the case loader, the oracle cache, a worker
+    process) without threading it through every call."""
+
+    def __init__(self, *args, env: str, check, **kwargs):
+        self.env, self.check = env, check
+        super().__init__(*args, **kwargs)
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        try:
+            value = self.check(str(values))
+        except ValueError as error:
+            parser.error(f"{option_string} {values}: {error}")
+        os.environ[self.env] = value
+        setattr(namespace, self.dest, value)
+
+
+def _set_env(env: str, check=_positive_int):
+    return lambda *args, **kwargs: SetEnv(*args, env=env, check=check, **kwargs)
 
 
 @dataclass(frozen=True)
@@ -39,6 +78,16 @@ RUN_OPTIONS = [
     Option("--tag", "run only cases carrying this tag (repeatable)", {"action": "append", "dest": "harness_tags", "metavar": "TAG"}),
     Option("--oracle-device", "where the float64 oracle runs; default: the CPU",
            {"choices": ["cpu", "cuda"], "dest": "harness_oracle_device"}),
+    Option("--max-sweep-points", "most cases a case file's [case.sweep] tables may expand to, counted before any is "
+           "built (default 10000; also $HARNESS_MAX_SWEEP_POINTS)",
+           {"dest": "harness_max_sweep_points", "metavar": "N", "action": _set_env("HARNESS_MAX_SWEEP_POINTS")}),
+    Option("--no-oracle-cache", "compute every float64 oracle; neither read nor write the oracle cache",
+           {"dest": "harness_no_oracle_cache", "nargs": 0, "const": "off",
+            "action": _set_env("HARNESS_ORACLE_CACHE", check=lambda _: "off")}),
+    Option("--verify-oracle-cache", "recompute this fraction of the oracle cache's hits, chosen at random, and stop "
+           "with exit 2 naming an entry that differs (default 1: every hit)",
+           {"dest": "harness_verify_oracle_cache", "nargs": "?", "const": "1", "metavar": "FRACTION",
+            "action": _set_env("HARNESS_ORACLE_CACHE_VERIFY", check=_fraction)}),
     Option("--threads", "torch intra-op threads for the run: N or 'auto' (torch's default); default 1 on a CPU",
            {"dest": "harness_threads", "metavar": "N|auto"}),
 ]  # fmt: skip

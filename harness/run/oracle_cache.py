@@ -40,6 +40,17 @@ write, when the folder holds more, the least recently used entries are removed f
 ``relatime``/``noatime``) until it holds at most 90% of the cap. An output larger than
 the whole cap is not stored. The cache never fails a run: a folder that cannot be
 created or written only means a miss.
+
+A convenience, never an authority: whoever can write the folder decides what the harness
+grades against, so the folder is private. It is created mode 0700, and a folder another
+user owns or that group or others may write is not used at all (a warning says so, and
+every oracle is computed). Each report row says whether its oracle came from the cache
+(``oracle_cached``), and meta.json's ``oracle_cache`` records the mode and folder.
+``$HARNESS_ORACLE_CACHE_VERIFY`` (``harness run --verify-oracle-cache [FRACTION]``)
+recomputes that fraction of the hits, chosen at random, and compares: an entry that
+differs from its recomputation (rewritten with zeros under a valid header, say) is removed
+and the run stops with :class:`PoisonedCacheError` naming the entry (exit 2).
+``--no-oracle-cache`` turns the cache off.
 """
 
 from __future__ import annotations
@@ -48,6 +59,9 @@ import contextlib
 import hashlib
 import io
 import os
+import random
+import stat
+import sys
 import tempfile
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -58,6 +72,7 @@ from harness.cases.hashing import tensor_digest
 
 ENV_DIR = "HARNESS_ORACLE_CACHE"
 ENV_MAX_BYTES = "HARNESS_ORACLE_CACHE_MAX_BYTES"
+ENV_VERIFY = "HARNESS_ORACLE_CACHE_VERIFY"  # a fraction of the hits to recompute and compare, in (0, 1]
 DEFAULT_DIR = Path("~/.cache/paged-attention-harness/oracle")
 DEFAULT_MAX_BYTES = 2 << 30  # 2 GiB
 MAGIC = b"PAORC001"
@@ -84,6 +99,62 @@ def cache_dir() -> Path | None:
     if value.lower() == "off":
         return None
     return Path(value or DEFAULT_DIR).expanduser()
+
+
+class PoisonedCacheError(ValueError):
+    """A cache entry differs from the oracle recomputed from the same inputs; names the entry."""
+
+
+_warned: set[Path] = set()
+
+
+def private_folder(folder: Path) -> bool:
+    """Whether ``folder`` may hold this user's cache: created mode 0700 when missing; an existing
+    one must be a folder this user owns that neither group nor others may write (else a warning,
+    once per folder, and False: the cache is not used)."""
+    try:
+        if not folder.exists():
+            folder.mkdir(parents=True, mode=0o700)
+            folder.chmod(0o700)  # the umask may have taken bits mkdir's mode asked for; never adds any
+        info = folder.lstat()
+    except OSError:
+        return False  # cannot create or read it: a miss, as the cache never fails a run
+    why = ""
+    if not stat.S_ISDIR(info.st_mode):
+        why = "is not a folder (a symbolic link or a file)"
+    elif info.st_uid != os.getuid():
+        why = f"belongs to another user (uid {info.st_uid})"
+    elif info.st_mode & 0o022:
+        why = f"may be written by group or others (mode {stat.S_IMODE(info.st_mode):03o})"
+    if why:
+        if folder not in _warned:
+            _warned.add(folder)
+            print(f"warning: oracle cache {folder} {why}: not used, every oracle is computed "
+                  f"(chmod 700 it, or choose another with --oracle-cache DIR)", file=sys.stderr)  # fmt: skip
+        return False
+    return True
+
+
+def verify_fraction() -> float:
+    """The share of hits recomputed and compared (``$HARNESS_ORACLE_CACHE_VERIFY``); 0 when unset."""
+    value = os.environ.get(ENV_VERIFY, "").strip()
+    try:
+        fraction = float(value) if value else 0.0
+    except ValueError:
+        raise ValueError(f"{ENV_VERIFY}={value!r}: give a fraction in (0, 1]") from None
+    if not 0.0 <= fraction <= 1.0:
+        raise ValueError(f"{ENV_VERIFY}={value!r}: give a fraction in (0, 1]")
+    return fraction
+
+
+def meta_record() -> dict:
+    """meta.json's ``oracle_cache``: the mode (off, on, verify) and the folder."""
+    folder = cache_dir()
+    if folder is None:
+        return {"mode": "off", "folder": None}
+    fraction = verify_fraction()
+    record = {"mode": "verify" if fraction else "on", "folder": str(folder)}
+    return record | ({"verify_fraction": fraction} if fraction else {})
 
 
 def max_bytes() -> int:
@@ -134,7 +205,9 @@ class OracleCache:
         """The stored output on ``device``, or None (absent, or a file that does not verify: removed)."""
         path = self.path(key, suffix)
         try:
-            blob = path.read_bytes()
+            fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)  # an entry is a file, never a link elsewhere
+            with os.fdopen(fd, "rb") as file:
+                blob = file.read()
         except OSError:
             return None
         payload = blob[len(MAGIC) + 32 :]
@@ -158,7 +231,7 @@ class OracleCache:
         if len(payload) > self.limit_bytes:
             return
         try:
-            self.folder.mkdir(parents=True, exist_ok=True)
+            self.folder.mkdir(parents=True, exist_ok=True, mode=0o700)
             fd, temp = tempfile.mkstemp(prefix=f".{key[:16]}.", suffix=".tmp", dir=self.folder)
             try:
                 with os.fdopen(fd, "wb") as file:
@@ -207,26 +280,48 @@ def oracle_key(args: Sequence[torch.Tensor | None], device: str, options: dict |
 def cached_result(
     key: str | None, name: str, device: str, shape: Sequence[int], compute: Callable[[], torch.Tensor]
 ) -> torch.Tensor:
-    """The float64 result ``name`` of the call ``key`` (:func:`oracle_key`), of ``shape``, on ``device``.
+    """The float64 result ``name`` of the call ``key`` (:func:`oracle_key`); see :func:`lookup`."""
+    return lookup(key, name, device, shape, compute)[0]
+
+
+def lookup(
+    key: str | None, name: str, device: str, shape: Sequence[int], compute: Callable[[], torch.Tensor]
+) -> tuple[torch.Tensor, bool]:
+    """(the float64 result ``name`` of the call ``key``, of ``shape``, on ``device``; whether it came from the cache).
 
     From the cache, else ``compute()`` (then stored). ``name`` "out" is the oracle's output,
     stored under ``key`` itself (``<key>.oracle``); another name (a function of the same inputs,
     such as the grading's forward error bound, with its code's hash in the name) under
-    ``<sha256(key, name)>.derived``, so one hash of the inputs serves every result. ``key`` None: ``compute()``, nothing stored.
+    ``<sha256(key, name)>.derived``, so one hash of the inputs serves every result. ``key`` None: ``compute()``,
+    nothing stored. In verify mode (:func:`verify_fraction`) a sampled hit is recomputed, and one
+    that differs raises :class:`PoisonedCacheError` (the entry removed).
     """
     folder = cache_dir()
-    if key is None or folder is None:
-        return compute()
+    if key is None or folder is None or not private_folder(folder):
+        return compute(), False
     suffix = SUFFIX
     if name != "out":
         key, suffix = hashlib.sha256(f"{key};result={name}".encode()).hexdigest(), DERIVED_SUFFIX
     cache = OracleCache(folder, max_bytes())
     found = cache.get(key, device, suffix)
     if found is not None and tuple(found.shape) == tuple(shape):
-        return found
+        fraction = verify_fraction()
+        if fraction and random.random() < fraction:
+            fresh = compute()
+            if not torch.allclose(found, fresh, rtol=1e-9, atol=1e-12, equal_nan=True):
+                with contextlib.suppress(OSError):
+                    cache.path(key, suffix).unlink()
+                worst = float((found - fresh).abs().nan_to_num(float("inf")).max()) if fresh.numel() else 0.0
+                raise PoisonedCacheError(
+                    f"oracle cache entry {cache.path(key, suffix)} ({name}) differs from the oracle recomputed "
+                    f"from its inputs (max abs difference {worst:.3g}); removed. Something other than the "
+                    "harness wrote it: check who can write the cache folder"
+                )
+            return fresh, False
+        return found, True
     result = compute()
     cache.put(key, result, suffix)
-    return result
+    return result, False
 
 
 def cached_oracle(

@@ -22,12 +22,10 @@ from harness.results.columns import COLUMNS, check_row_keys
 from harness.run.grading import BOUND_RESULT, forward_error_bound, grade, locate
 from harness.run.guard import InputGuard, check_output, raised_by_backend
 from harness.run.oracle import paged_attention_oracle
-from harness.run.oracle_cache import cached_result, oracle_key
+from harness.run.oracle_cache import PoisonedCacheError, lookup, oracle_key
 from harness.timing.measure import TimingPlan, timing_columns
 from harness.timing.metrics import bytes_moved
 from harness.timing.phases import phase
-
-# The report's contract columns (docs/contract.md), then the case parameters and timing detail.
 
 
 @dataclass(frozen=True)
@@ -58,6 +56,7 @@ class CaseContext:
     guard: InputGuard | None = None  # fingerprints of the pristine inputs
     expected_lse: torch.Tensor | None = None  # [num_tokens, num_q_heads] float64, when the case asks for it
     quant_error: float | None = None  # fp8 cases: max |oracle(dequantized cache) - oracle(unquantized)|
+    oracle_cached: bool = False  # expected or bound came from the oracle cache (the row's oracle_cached)
 
 
 def build_context(case: Case, device: str, oracle_device: str) -> CaseContext:
@@ -65,17 +64,17 @@ def build_context(case: Case, device: str, oracle_device: str) -> CaseContext:
     with phase("inputs"):
         inputs = case_inputs(case, device)
     with phase("oracle"):
-        expected, bound, expected_lse, quant_error = _oracle_results(inputs, oracle_device)
+        expected, bound, expected_lse, quant_error, cached = _oracle_results(inputs, oracle_device)
     with phase("guard"):
         guard = InputGuard(inputs, lambda: case_inputs(case, device))
-    return CaseContext(case, inputs, expected, bound, guard, expected_lse, quant_error)
+    return CaseContext(case, inputs, expected, bound, guard, expected_lse, quant_error, cached)
 
 
 def _oracle_results(inputs: PagedInputs, oracle_device: str) -> tuple:
-    """(expected, bound, expected_lse or None, quant_error or None) of :class:`CaseContext` for ``inputs``."""
+    """(expected, bound, expected_lse or None, quant_error or None, from the cache) of :class:`CaseContext`."""
     options = {name: value for name, value in inputs.options.items() if name != "return_lse"}
     out_shape = (*inputs.q.shape[:2], inputs.v_cache.shape[-1])
-    expected_lse = None
+    expected_lse, cached = None, False
     if "return_lse" in inputs.options:  # out and lse from one oracle call (not cached: the cache keeps out)
         expected, expected_lse = paged_attention_oracle(
             *inputs.args(), device=oracle_device, return_lse=True, **options
@@ -83,7 +82,7 @@ def _oracle_results(inputs: PagedInputs, oracle_device: str) -> tuple:
         key = None
     else:  # computed once per input content and variant (harness.run.oracle_cache), hashed once for both results
         key = oracle_key(inputs.args(), oracle_device, options)
-        expected = cached_result(key, "out", oracle_device, out_shape,
+        expected, cached = lookup(key, "out", oracle_device, out_shape,
                                  lambda: paged_attention_oracle(*inputs.args(), device=oracle_device, **options))  # fmt: skip
     quant_error = None
     if inputs.unquantized is not None:  # what the fp8 cache itself costs, reported beside the grade
@@ -91,9 +90,9 @@ def _oracle_results(inputs: PagedInputs, oracle_device: str) -> tuple:
         unquantized = paged_attention_oracle(inputs.q, *inputs.unquantized, *inputs.args()[3:], device=oracle_device,
                                              **plain)  # fmt: skip
         quant_error = float((unquantized - expected).abs().max()) if expected.numel() else 0.0
-    bound = cached_result(key, BOUND_RESULT, oracle_device, out_shape,
-                          lambda: forward_error_bound(*inputs.dequantized_args(), expected))  # fmt: skip
-    return expected, bound, expected_lse, quant_error
+    bound, bound_cached = lookup(key, BOUND_RESULT, oracle_device, out_shape,
+                                 lambda: forward_error_bound(*inputs.dequantized_args(), expected))  # fmt: skip
+    return expected, bound, expected_lse, quant_error, cached or bound_cached
 
 
 def case_inputs(case: Case, device: str) -> PagedInputs:
@@ -152,7 +151,8 @@ def _error_reason(error: BaseException) -> str:
 def run_backend(ctx: CaseContext, backend: Backend, config: RunConfig) -> dict:
     """One report row: skip, error, or the grade (and timing) of one backend on one case."""
     case = ctx.case
-    row = {**case_columns(case, config.device), "backend": backend.name, "backend_kind": backend.kind}
+    row = {**case_columns(case, config.device), "backend": backend.name, "backend_kind": backend.kind,
+           "oracle_cached": ctx.oracle_cached}  # fmt: skip
     if ctx.quant_error is not None:
         row["quant_error"] = ctx.quant_error
     if reason := backend.skip_reason(case, config.device):
@@ -262,6 +262,8 @@ def run_cases(
                 if local:
                     try:
                         ctx = build_context(case, config.device, config.oracle_device)
+                    except PoisonedCacheError:
+                        raise  # not this case's fault: the run stops, bad input (exit 2)
                     except Exception as error:  # inputs or oracle failed (out of memory, say): every row errors
                         reason = f"building inputs/oracle: {_error_reason(error)}"
                         for backend in local:

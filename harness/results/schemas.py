@@ -1,0 +1,224 @@
+"""The shapes of the files a run folder holds, checked before anything reads them.
+
+A run folder may come from a colleague, an old harness or a hand edit: it is data, and
+data is checked against a schema before use. :func:`check_meta` validates meta.json with
+a pydantic model (every field optional, since older runs lack newer ones, but each one
+present must have its type: ``commit: 5`` or ``gpus: [{}]`` is refused, not guessed at);
+:func:`check_rows` checks results.parquet's columns against :data:`COLUMN_KINDS`, the
+kind of every column the runner writes (``harness.run.runner.COLUMNS``). Columns unknown
+here are kept unchecked (a newer harness's); a known column of the wrong kind is refused.
+
+Both raise :class:`SchemaError` naming the file and the field; :func:`harness.results.storage.load_run`
+turns it into the run-folder error the CLI reports as bad input (exit 2).
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+from pydantic import BaseModel, ConfigDict, ValidationError
+
+from harness.cases.vocab import STATUSES
+
+
+class SchemaError(ValueError):
+    """A file whose content does not have the expected shape; the message names file and field."""
+
+
+# --- meta.json ---------------------------------------------------------------------------------
+
+Number = int | float
+
+
+class _Lenient(BaseModel):
+    """Unknown keys allowed (a newer harness writes more); known keys strictly typed."""
+
+    model_config = ConfigDict(extra="allow", strict=True)
+
+
+class Ceilings(_Lenient):
+    read_gbps: Number | None = None
+    copy_gbps: Number | None = None
+    matmul_tflops: dict[str, Number | None] | None = None
+    peak_tflops: dict[str, Number | None] | Number | None = None  # a bare number in older runs
+    peak_source: dict[str, str] | str | None = None
+
+
+class GpuRecord(_Lenient):
+    """One GPU of a sharded run (harness.timing.ceilings.GpuLedger.to_meta)."""
+
+    gpu_name: str
+    host: str | None = None
+    gpu_index: str | int | None = None
+    ceilings: Ceilings | None = None
+    workers: list[str | int] | None = None
+
+
+class OracleCacheRecord(_Lenient):
+    """How a run used the oracle cache (harness.run.oracle_cache.meta_record)."""
+
+    mode: str  # off, on, verify
+    folder: str | None = None
+    verify_fraction: Number | None = None
+
+
+class RunMeta(_Lenient):
+    """meta.json (harness.results.environment.collect_meta plus what the CLI adds)."""
+
+    commit: str | None = None
+    commit_source: str | None = None
+    dirty: bool | None = None
+    time: str | None = None
+    host: str | None = None
+    device: str | None = None
+    device_name: str | None = None
+    torch: str | None = None
+    triton: str | None = None
+    python: str | None = None
+    triton_interpret: str | None = None
+    command: str | None = None
+    harness_version: str | None = None
+    cpu_model: str | None = None
+    logical_cpus: int | None = None
+    torch_threads: int | None = None
+    load_average: list[Number] | None = None
+    gpu_state: list[dict[str, str]] | None = None
+    ceilings_gbps: dict[str, Number | None] | None = None
+    ceilings: Ceilings | None = None
+    timing_threads: int | None = None
+    case_files: list[str] | None = None
+    shard: str | None = None
+    gpus: list[GpuRecord] | None = None
+    scale: dict[str, Any] | None = None
+    resumed: dict[str, Any] | None = None
+    incomplete: dict[str, Any] | None = None
+    merged_from: list[Any] | None = None
+    timing: bool | None = None
+    oracle_cache: OracleCacheRecord | None = None
+
+
+def _field(loc: tuple) -> str:
+    """('gpus', 0, 'gpu_name') -> 'gpus[0].gpu_name', without pydantic's union member tags."""
+    out = ""
+    for part in loc:
+        if isinstance(part, int):
+            out += f"[{part}]"
+        elif "[" in part or part in ("int", "float", "str", "bool", "list", "dict", "function-after"):
+            continue  # a union member's tag, e.g. 'dict[str,union[int,float,none]]'
+        else:
+            out += f".{part}" if out else part
+    return out or "(top level)"
+
+
+def check_meta(meta: Any, file: Path | str) -> dict:
+    """``meta`` (parsed meta.json) if it fits :class:`RunMeta`; SchemaError naming file and field."""
+    if not isinstance(meta, dict):
+        raise SchemaError(f"{file}: a JSON object expected, got {type(meta).__name__}")
+    try:
+        RunMeta.model_validate(meta)
+    except ValidationError as error:
+        lines = {}
+        for item in error.errors():
+            field = _field(item["loc"])
+            message = re.sub(r" or instance of \w+", "", item["msg"])  # pydantic's class names mean nothing here
+            lines.setdefault(field, f"{file}: field '{field}': {message} (got {item['input']!r:.60})")
+        raise SchemaError("; ".join(lines.values())) from None
+    return meta
+
+
+# --- results.parquet ------------------------------------------------------------------------------
+
+TEXT, NUMBER, SCALAR, SAMPLES, FLAG = "text", "number", "text or number", "list of numbers", "bool"
+
+_TEXT_COLUMNS = (
+    "case", "backend", "device", "dtype", "status", "reason", "layout", "tags", "case_file", "backend_kind",
+    "note", "timing_method", "kernels_ran", "grading_note", "worst_location", "kv_dtype", "host", "gpu_name",
+)  # fmt: skip
+_NUMBER_COLUMNS = (
+    "num_q_heads", "num_kv_heads", "head_dim", "block_size", "num_seqs", "max_seq_len", "max_abs_err",
+    "max_rel_err", "rel_l2_err", "nan_count", "atol", "rtol", "latency_us", "bytes_moved", "gbps",
+    "pct_of_ceiling", "tol_ratio", "group_size", "num_tokens", "max_q_len", "total_kv_tokens", "input_scale",
+    "seed", "latency_p10_us", "latency_p90_us", "timing_reps", "call_us", "call_p10_us", "call_p90_us",
+    "host_overhead_us", "host_us", "graph_capturable", "device_syncs", "timing_threads", "flops", "tflops",
+    "pct_of_peak", "error_bound", "fail_count", "lse_max_abs_err", "lse_tol_ratio", "quant_error", "head_dim_v",
+)  # fmt: skip
+# The kind of every column harness.run.runner.COLUMNS declares (tests check the two lists agree).
+COLUMN_KINDS: dict[str, str] = {
+    **dict.fromkeys(_TEXT_COLUMNS, TEXT),
+    **dict.fromkeys(_NUMBER_COLUMNS, NUMBER),
+    "gpu_index": SCALAR,  # a GPU's index as CUDA_VISIBLE_DEVICES names it, or its number
+    "worker": SCALAR,
+    "latency_samples_us": SAMPLES,
+    "call_samples_us": SAMPLES,
+    "oracle_cached": FLAG,
+}
+REQUIRED = ("case", "backend", "status")  # what compare, history and the report read, at least; never empty
+
+
+def _null(value: Any) -> bool:
+    return value is None or (isinstance(value, float) and np.isnan(value))
+
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, int | float | np.integer | np.floating | np.bool_) and not isinstance(value, str)
+
+
+def _is_samples(value: Any) -> bool:
+    if isinstance(value, list | tuple | np.ndarray):
+        return np.asarray(value).dtype.kind in "fiub" or all(_is_number(x) for x in value)
+    return False
+
+
+_VALUE_OK = {
+    TEXT: lambda v: isinstance(v, str),
+    NUMBER: _is_number,
+    SCALAR: lambda v: isinstance(v, str) or _is_number(v),
+    SAMPLES: _is_samples,
+    FLAG: lambda v: isinstance(v, bool | np.bool_),
+}
+
+
+def _column_problem(series: pd.Series, kind: str) -> str:
+    """'' when every value of ``series`` fits ``kind``; else what is wrong, with the first bad value."""
+    dtype = series.dtype
+    if dtype.kind in "fiub":  # numbers: right for number columns; for others only when every value is null
+        if kind in (NUMBER, SCALAR) or (kind == FLAG and dtype.kind == "b"):
+            return ""
+        if dtype.kind == "f" and series.isna().all():
+            return ""
+        return f"{kind} expected, found a column of dtype {dtype}"
+    check = _VALUE_OK[kind]
+    for position, value in enumerate(series.tolist()):
+        if not _null(value) and not check(value):
+            return f"{kind} expected, row {position} holds {type(value).__name__} {value!r:.40}"
+    return ""
+
+
+def check_rows(frame: pd.DataFrame, file: Path | str) -> pd.DataFrame:
+    """``frame`` (results.parquet) if its known columns hold their kinds; SchemaError naming file and column."""
+    missing = [c for c in REQUIRED if c not in frame.columns]
+    if missing:
+        raise SchemaError(
+            f"{file}: not a harness results file: no column(s) {', '.join(missing)} "
+            f"(has {', '.join(map(str, frame.columns[:8]))}{'...' if len(frame.columns) > 8 else ''})"
+        )
+    if frame.empty:
+        raise SchemaError(f"{file}: holds no rows (a run writes one per case and backend)")
+    problems = []
+    for column in frame.columns:
+        kind = COLUMN_KINDS.get(str(column))
+        if kind is not None and (problem := _column_problem(frame[column], kind)):
+            problems.append(f"{file}: column '{column}': {problem}")
+    for column in REQUIRED:
+        if frame[column].isna().any():
+            problems.append(f"{file}: column '{column}': empty in row {int(np.argmax(frame[column].isna()))}")
+    bad = frame.loc[~frame["status"].isin(STATUSES), "status"]
+    if not bad.empty and not frame["status"].isna().any():
+        problems.append(f"{file}: column 'status': {bad.iloc[0]!r} is none of {', '.join(STATUSES)}")
+    if problems:
+        raise SchemaError("; ".join(problems))
+    return frame
