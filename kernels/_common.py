@@ -458,6 +458,7 @@ def choose_tiling(
     max_seq_len: int = 0,
     fp32: bool = False,
     num_tokens: int | None = None,
+    kv_fp8: bool = False,
 ) -> Tiling:
     """Tile sizes, query-tile count and KV split; the kernel launcher and tlsim both use exactly these.
 
@@ -474,7 +475,7 @@ def choose_tiling(
     max_q_len = max(max_q_len, 1)
     num_tokens = num_seqs * max_q_len if num_tokens is None else num_tokens
     head_dim_padded = max(16, next_pow2(head_dim))
-    precision, q_class = "fp32" if fp32 else "half", query_class(max_q_len)
+    precision, q_class = "fp32" if fp32 else ("half_fp8" if kv_fp8 else "half"), query_class(max_q_len)
     config = tile_config(precision, head_dim_padded, q_class)
     if group_size >= 16:  # one token's heads already fill tl.dot's minimum M of 16
         block_m = next_pow2(group_size)
@@ -550,6 +551,7 @@ def tiling_for(call: PagedCall, max_q_len: int | None = None, max_seq_len: int |
         kv_bound,
         fp32=call.q.dtype == torch.float32 or large,
         num_tokens=call.num_tokens,
+        kv_fp8=call.kv_fp8,
     )
 
 

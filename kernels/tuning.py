@@ -2,7 +2,8 @@
 
 A launch's shape is looked up by (precision, padded head dim, query class):
 
-    precision        "half" (fp16 / bf16: tensor-core dots) or "fp32" (IEEE fp32 dots)
+    precision        "half" (fp16 / bf16: tensor-core dots), "half_fp8" (the same with an fp8
+                     cache; a key it lacks falls back to "half"'s) or "fp32" (IEEE fp32 dots)
     head_dim_padded  the head dim rounded up to a power of two (at least 16)
     query class      "decode" (one query per sequence), "decode_split" (a decode with too
                      few programs to fill the GPU, whose KV is split), "verify" (2-8:
@@ -69,6 +70,10 @@ TUNED: dict[tuple[str, int, str], TileConfig] = {
     # 1x128k 188.7 -> 158.3 (128-key tiles: 41.8, 90.7, 155.4).
     ("half", 128, "decode"): TileConfig(max_rows=16, max_tokens=1, tile_n=128, num_warps=4, num_stages=3),
     ("half", 128, "decode_split"): TileConfig(max_rows=16, max_tokens=1, tile_n=32, num_warps=4, num_stages=3),
+    # An fp8 cache's split decode: 128-key tiles. At 32 keys (the bf16 winner above) a tile of fp8 K is
+    # 4 KB and the loop's per-tile work, not the reads, set the pace: 8 seqs x 32k, bf16 q, e4m3 cache,
+    # 444 us against 296 with 128-key tiles (bf16 twin 298; gpu_results/2026-12-01-h200-fp8-decode, probe2).
+    ("half_fp8", 128, "decode_split"): TileConfig(max_rows=16, max_tokens=1, tile_n=128, num_warps=4, num_stages=3),
     # decode_32x4k_hd64: 256-key tiles, 2 stages, 86.6 us against 90.9 with 128-key tiles, 3 stages (0.95x;
     # SDPA 76.1; gpu_results/2026-11-30-h200-prefill-probe, the table-check change in both).
     ("half", 64, "decode"): TileConfig(max_rows=16, max_tokens=1, tile_n=256, num_warps=4, num_stages=2),
@@ -90,7 +95,10 @@ def tile_config(precision: str, head_dim_padded: int, q_class: str) -> TileConfi
     """The config a launch of this kind uses: an active :func:`override`, else TUNED, else the default."""
     if _override is not None:
         return _override
-    return TUNED.get((precision, head_dim_padded, q_class)) or default_config(precision, head_dim_padded, q_class)
+    tuned = TUNED.get((precision, head_dim_padded, q_class))
+    if tuned is None and precision == "half_fp8":  # an fp8 cache under half q: the bf16 / fp16 entry unless its own
+        tuned = TUNED.get(("half", head_dim_padded, q_class))
+    return tuned or default_config(precision, head_dim_padded, q_class)
 
 
 @contextlib.contextmanager

@@ -71,3 +71,19 @@ def test_the_tuner_offers_256_key_tiles_to_head_dim_64_only():
 
     assert tuning.TUNED[("half", 64, "decode")] in candidates(("half", 64, "decode"))
     assert all(c.tile_n <= 128 for c in candidates(("half", 128, "decode")))
+
+
+def test_an_fp8_cache_takes_its_own_key_and_else_the_half_entry(monkeypatch):
+    """An fp8 cache under half q looks up "half_fp8" first (its split decode has its own entry), then "half"."""
+    fp8_split = tuning.TileConfig(16, 1, 128, 4, 3)
+    half_split = tuning.TileConfig(16, 1, 32, 4, 3)
+    monkeypatch.setitem(tuning.TUNED, ("half_fp8", 128, "decode_split"), fp8_split)
+    monkeypatch.setitem(tuning.TUNED, ("half", 128, "decode_split"), half_split)
+    monkeypatch.delitem(tuning.TUNED, ("half_fp8", 128, "decode"), raising=False)
+    split_fp8 = choose_tiling(128, 4, 1, 8, 8, 32768, kv_fp8=True)  # 64 programs: split
+    split_half = choose_tiling(128, 4, 1, 8, 8, 32768)
+    assert split_fp8.TUNING_KEY == ("half_fp8", 128, "decode_split") and split_fp8.TILE_N == 128
+    assert split_half.TILE_N == 32
+    unsplit_fp8 = choose_tiling(128, 4, 1, 32, 8, 16384, kv_fp8=True)
+    assert unsplit_fp8.TILE_N == choose_tiling(128, 4, 1, 32, 8, 16384).TILE_N  # no fp8 entry: the half one
+    assert choose_tiling(128, 4, 1, 8, 8, 32768, fp32=True, kv_fp8=True).TUNING_KEY[0] == "fp32"
