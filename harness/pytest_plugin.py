@@ -22,6 +22,7 @@ from pathlib import Path
 
 import pytest
 
+from harness.results import report
 from harness.run import oracle_cache
 from harness.run.options import DEFAULT_CASES, add_to_pytest, default_device
 
@@ -132,7 +133,7 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     if merged is not None:
         meta["gpus"], note = xdist_rows.run_gpus(merged)
         meta["device_name"] = note or meta["device_name"]
-    path = write_run(to_frame(rows), meta, target)
+    path = write_run(to_frame(rows), meta, target, page=report.render_html)
     print(f"\nharness report: {path / 'report.html'}")
 
 

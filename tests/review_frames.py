@@ -53,9 +53,10 @@ def meta(**extra) -> dict:
 
 
 def write(frame_: pd.DataFrame, meta_: dict, path: Path) -> Path:
+    from harness.results.report import render_html
     from harness.results.storage import write_run
 
-    return write_run(frame_, meta_, Path(path))
+    return write_run(frame_, meta_, Path(path), page=render_html)
 
 
 def dumps(meta_: dict) -> str:

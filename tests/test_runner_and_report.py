@@ -11,7 +11,6 @@ from harness import register_backend
 from harness.backends import builtin as backends_module
 from harness.cases.spec import load_case_file
 from harness.cli.main import main
-from harness.results import report as report_module
 from harness.results import storage as storage_module
 from harness.review.compare import compare_runs
 from harness.run.runner import RunConfig, exit_code, run_cases
@@ -144,10 +143,9 @@ def test_an_interrupted_write_leaves_nothing(tmp_path, monkeypatch):
     def interrupted(*args):
         raise KeyboardInterrupt
 
-    monkeypatch.setattr(report_module, "render_html", interrupted)
     frame = pd.DataFrame([{"case": "c", "backend": "b", "status": "pass"}])
     with pytest.raises(KeyboardInterrupt):
-        storage_module.write_run(frame, {}, tmp_path / "run")
+        storage_module.write_run(frame, {}, tmp_path / "run", page=interrupted)
     assert list(tmp_path.iterdir()) == []
 
 

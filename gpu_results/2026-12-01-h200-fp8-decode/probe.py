@@ -19,9 +19,9 @@ import time
 from pathlib import Path
 
 import torch
+from harness.ceilings import measure_read_bandwidth
 
 import kernels
-from harness.ceilings import measure_read_bandwidth
 from harness.timing import time_call
 from kernels import tuning
 

@@ -19,9 +19,9 @@ import time
 from pathlib import Path
 
 import torch
-
-import kernels  # noqa: F401
 from harness.ceilings import measure_read_bandwidth
+
+import kernels
 from harness.timing import time_call
 from kernels import tuning
 from kernels.tuning import TileConfig
@@ -69,8 +69,20 @@ def make(seq_lens, seed=0):
     v8 = (v.float() / v_scale).clamp(-448, 448).to(fp8)
     sl = torch.tensor(seq_lens, dtype=torch.int32, device=DEV)
     qsl = torch.arange(n + 1, dtype=torch.int32, device=DEV)
-    return dict(q=q, k=k, v=v, k8=k8, v8=v8, k_scale=k_scale, v_scale=v_scale, bt=bt, sl=sl, qsl=qsl,
-                tokens=sum(seq_lens), max_len=max(seq_lens))
+    return dict(
+        q=q,
+        k=k,
+        v=v,
+        k8=k8,
+        v8=v8,
+        k_scale=k_scale,
+        v_scale=v_scale,
+        bt=bt,
+        sl=sl,
+        qsl=qsl,
+        tokens=sum(seq_lens),
+        max_len=max(seq_lens),
+    )
 
 
 def call_of(mod, x, fp8):
@@ -93,8 +105,13 @@ RESULTS = []
 
 
 def measure(shape, x, side, fp8, config, label, ref=None):
-    rec = dict(shape=shape, kernel=side, kv="fp8" if fp8 else "bf16", label=label,
-               config=None if config is None else config.__dict__)
+    rec = dict(
+        shape=shape,
+        kernel=side,
+        kv="fp8" if fp8 else "bf16",
+        label=label,
+        config=None if config is None else config.__dict__,
+    )
     t0 = time.time()
     try:
         ctx = tuning.override(config) if config is not None else _null()
@@ -116,8 +133,11 @@ def measure(shape, x, side, fp8, config, label, ref=None):
         out_copy = None
     rec["wall_s"] = round(time.time() - t0, 1)
     RESULTS.append(rec)
-    print(json.dumps({k: (round(v, 3) if isinstance(v, float) else v) for k, v in rec.items() if k != "config"}),
-          rec.get("config"), flush=True)
+    print(
+        json.dumps({k: (round(v, 3) if isinstance(v, float) else v) for k, v in rec.items() if k != "config"}),
+        rec.get("config"),
+        flush=True,
+    )
     OUT.write_text(json.dumps(dict(results=RESULTS, meta=META), indent=1))
     return out_copy
 
@@ -144,8 +164,9 @@ SHAPES = {
 }
 LLAMA = None
 try:
-    from harness.cases import load_case_file
     from harness.suite_files import resolve_case_arg
+
+    from harness.cases import load_case_file
 
     (case,) = [c for c in load_case_file(resolve_case_arg("variants")) if c.name == "llama3_8b_decode_fp8"]
     SHAPES["llama3_8b_decode"] = list(case.seq_lens)
@@ -153,8 +174,15 @@ except Exception as e:
     print("llama case not loaded:", e)
 
 C = TileConfig
-DECODE_CONFIGS = [C(16, 1, 128, 4, 4), C(16, 1, 128, 4, 2), C(16, 1, 128, 8, 3), C(16, 1, 64, 4, 3), C(16, 1, 64, 4, 4),
-                  C(16, 1, 256, 8, 3), C(16, 1, 256, 8, 2)]
+DECODE_CONFIGS = [
+    C(16, 1, 128, 4, 4),
+    C(16, 1, 128, 4, 2),
+    C(16, 1, 128, 8, 3),
+    C(16, 1, 64, 4, 3),
+    C(16, 1, 64, 4, 4),
+    C(16, 1, 256, 8, 3),
+    C(16, 1, 256, 8, 2),
+]
 SPLIT_CONFIGS = [C(16, 1, 32, 4, 4), C(16, 1, 64, 4, 3), C(16, 1, 64, 4, 4), C(16, 1, 128, 4, 3), C(16, 1, 64, 8, 3)]
 for shape, lens in SHAPES.items():
     x = make(lens)

@@ -39,6 +39,7 @@ from pathlib import Path
 import torch
 
 from harness.cases.vocab import GRADED
+from harness.results import report
 from harness.run import oracle_cache
 from harness.run.options import DEFAULT_CASES
 
@@ -311,7 +312,7 @@ def _finalize(args: argparse.Namespace, journal) -> int:
         meta["incomplete"]["meta_unknown"] = (
             "the journal predates the recorded meta: device, versions and ceilings are not known here"
         )
-    write_run(frame, meta, args.resume)
+    write_run(frame, meta, args.resume, page=report.render_html)
     journal.remove()
     print(summarize(frame))
     print(f"incomplete: {unknown}" if unknown else
@@ -477,7 +478,7 @@ def _run_and_write(args, device, cases, backends, plugin_backends, worker, journ
     if args.resume:
         meta["resumed"] = {"journal_rows": len(done), "started": journal.header.get("started")}
     try:
-        write_run(frame, meta, run_dir)
+        write_run(frame, meta, run_dir, page=report.render_html)
     except OSError as error:
         journal.close(stopped=True)
         print(f"error: writing the run folder {run_dir} failed: {error}\n"
@@ -555,8 +556,13 @@ def cmd_list(args: argparse.Namespace) -> int:
 
 def cmd_report(args: argparse.Namespace) -> int:
     from harness.results.report import rebuild_html
+    from harness.results.storage import load_run
+    from harness.review.compare import regressions_of
 
-    print(rebuild_html(args.run_dir, baseline=args.baseline))
+    marks = None
+    if args.baseline:
+        marks = regressions_of(*load_run(args.run_dir), load_run(args.baseline))
+    print(rebuild_html(args.run_dir, marks, str(args.baseline or "")))
     return EXIT_OK
 
 
@@ -597,7 +603,7 @@ def cmd_compare(args: argparse.Namespace) -> int:
         )
     print(format_comparison(comparison, str(args.base_run), str(args.new_run), show_all=args.show_all))
     if args.html:
-        from harness.results.report import write_compare_html
+        from harness.review.compare import write_compare_html
 
         print(
             f"page: {write_compare_html(comparison, args.html, (args.base_run, base_meta), (args.new_run, new_meta))}"
@@ -633,7 +639,7 @@ def cmd_merge(args: argparse.Namespace) -> int:
         " --allow-mixed-commits" if args.allow_mixed_commits else ""
     )
     try:
-        write_run(frame, meta, args.out)
+        write_run(frame, meta, args.out, page=report.render_html)
     except RunDirExistsError as error:
         raise BadInput(f"merge: {error}") from None
     for warning in warnings:

@@ -36,7 +36,11 @@ MAIN_COLUMNS = [
 ]  # fmt: skip
 FAILING_COUNT_COLUMNS = ("fail_count", "num_failing", "failing_elements", "num_bad")
 
-_env = Environment(loader=PackageLoader("harness.results", "templates"), autoescape=select_autoescape(["html", "j2"]))
+ENV = Environment(loader=PackageLoader("harness.results", "templates"), autoescape=select_autoescape(["html", "j2"]))
+
+
+# (row marks {(case, backend): why}, the regressed rows as records, run-level problems) against a baseline
+Regressions = tuple[dict[tuple[str, str], str], list[dict], list[str]]
 
 
 def _missing(value) -> bool:
@@ -66,17 +70,16 @@ def sig(value, digits: int = 3) -> str:
     return f"{value:.{digits - 1}e}"
 
 
-_env.filters["fmt"] = fmt
-_env.filters["sig"] = sig
+ENV.filters["fmt"] = fmt
+ENV.filters["sig"] = sig
 
 
-def rebuild_html(run_dir: Path, baseline: Path | None = None) -> Path:
-    """(Re)write report.html from a run's stored rows, atomically; regressions marked against ``baseline``."""
+def rebuild_html(run_dir: Path, regressions: Regressions | None = None, baseline_name: str = "") -> Path:
+    """(Re)write report.html from a run's stored rows, atomically; ``regressions`` marked (harness.review.compare.regressions_of)."""
     frame, meta = load_run(run_dir)
-    base = load_run(baseline) if baseline else None
     target = Path(run_dir) / "report.html"
     tmp = target.with_name(f".report.html.{os.getpid()}")
-    tmp.write_text(render_html(frame, meta, baseline=base, baseline_name=str(baseline) if baseline else ""))
+    tmp.write_text(render_html(frame, meta, regressions=regressions, baseline_name=baseline_name))
     os.replace(tmp, target)
     return target
 
@@ -167,17 +170,6 @@ def _pivot(rows: list[dict]) -> tuple[list[str], list[dict]]:
     return backends, list(cases.values())
 
 
-def _regressions(frame: pd.DataFrame, meta: dict, baseline) -> tuple[dict, list[dict], list[str]]:
-    if baseline is None:
-        return {}, [], []
-    from harness.review.compare import compare_runs
-
-    comparison = compare_runs(baseline[0], frame, baseline[1], meta)
-    worse = comparison.regressions
-    marked = {(r["case"], r["backend"]): r["why"] for _, r in worse.iterrows()}
-    return marked, worse[["case", "backend", "why"]].to_dict("records"), comparison.problems
-
-
 def time_summary(meta: dict) -> str:
     """Where the run's time went, one line for the page's header, from meta.json's ``scale``; '' if not recorded.
 
@@ -203,9 +195,11 @@ def time_summary(meta: dict) -> str:
     return text
 
 
-def render_html(frame: pd.DataFrame, meta: dict, *, baseline=None, baseline_name: str = "") -> str:
-    """The review page of one run; ``baseline`` = (frame, meta) of an earlier run marks regressions."""
-    marked, regressions, problems = _regressions(frame, meta, baseline)
+def render_html(
+    frame: pd.DataFrame, meta: dict, *, regressions: Regressions | None = None, baseline_name: str = ""
+) -> str:
+    """The review page of one run; ``regressions`` (against a baseline run) are marked and listed."""
+    marked, regressions, problems = regressions or ({}, [], [])
     rows = _prepare_rows(frame, marked)
     graded = [r for r in rows if r["status"] != "skip"]
     skipped = [r for r in rows if r["status"] == "skip"]
@@ -220,7 +214,7 @@ def render_html(frame: pd.DataFrame, meta: dict, *, baseline=None, baseline_name
             ("Error against tolerance, per backend", plots.error_vs_tolerance(frame)),
             ("Scaling fit", plots.scaling_fit(frame, fits)),
         ]
-    return _env.get_template("report.html.j2").render(
+    return ENV.get_template("report.html.j2").render(
         tips=MEANINGS,
         meta=meta,
         rows=graded,
@@ -241,24 +235,3 @@ def render_html(frame: pd.DataFrame, meta: dict, *, baseline=None, baseline_name
         plots_missing=plots is None,
         time_summary=time_summary(meta),
     )
-
-
-def write_compare_html(comparison, path: Path, base: tuple, new: tuple) -> Path:
-    """The comparison as a page: exit verdict, run-level problems, changed rows, then every row."""
-    from harness.review.compare import verdict_counts
-
-    rows = comparison.rows.copy()
-    rows["_kind"] = [
-        "worse" if w else "better" if b else "unclear" if v == "cannot tell" else "one side" if s != "both" else "same"
-        for w, b, v, s in zip(rows["why"], rows["better"], rows["verdict"], rows["side"], strict=True)
-    ]
-    rank = {"worse": 0, "one side": 1, "unclear": 2, "better": 3, "same": 4}
-    rows = rows.assign(_rank=rows["_kind"].map(rank)).sort_values(["_rank", "case", "backend"], kind="stable")
-    html = _env.get_template("compare.html.j2").render(
-        base_name=str(base[0]), base_meta=base[1] or {}, new_name=str(new[0]), new_meta=new[1] or {},
-        comparison=comparison, rows=rows.to_dict("records"), counts=verdict_counts(comparison),
-    )  # fmt: skip
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(html)
-    return path

@@ -17,6 +17,7 @@ import json
 import os
 import re
 import shutil
+from collections.abc import Callable
 from datetime import UTC, datetime
 from pathlib import Path
 
@@ -156,8 +157,13 @@ def stale_leftovers(reports_root: Path, clean: bool = True) -> list[str]:
     return messages
 
 
-def write_run(frame: pd.DataFrame, meta: dict, run_dir: Path) -> Path:
-    """Write the four result files into ``run_dir`` atomically; return ``run_dir``."""
+def write_run(
+    frame: pd.DataFrame, meta: dict, run_dir: Path, page: Callable[[pd.DataFrame, dict], str] | None = None
+) -> Path:
+    """Write the result files into ``run_dir`` atomically; return ``run_dir``.
+
+    ``page(frame, meta)`` renders report.html (harness.results.report.render_html); None writes none.
+    """
     run_dir = Path(run_dir)
     if run_dir.exists():
         raise RunDirExistsError(f"{run_dir} already exists; a run is never overwritten (choose another --out)")
@@ -170,9 +176,8 @@ def write_run(frame: pd.DataFrame, meta: dict, run_dir: Path) -> Path:
         frame.to_parquet(staging / "results.parquet", index=False)
         frame.drop(columns=list(SAMPLE_COLUMNS), errors="ignore").to_csv(staging / "results.csv", index=False)
         (staging / "meta.json").write_text(json.dumps(meta, indent=2) + "\n")
-        from harness.results.report import render_html  # rendering imports jinja2 and matplotlib: only when writing
-
-        (staging / "report.html").write_text(render_html(frame, meta))
+        if page is not None:
+            (staging / "report.html").write_text(page(frame, meta))
         (staging / PARTIAL_MARKER).unlink()
         try:
             os.rename(staging, run_dir)  # atomic; refuses a non-empty run_dir made meanwhile

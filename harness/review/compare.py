@@ -34,11 +34,13 @@ with ``--no-timing`` against a timed one), or a device/version mismatch unless `
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import numpy as np
 import pandas as pd
 
 from harness.cases.vocab import GRADED
+from harness.results.report import ENV, Regressions
 from harness.review import stats
 
 EXIT_OK, EXIT_WORSE, EXIT_INCOMPLETE = 0, 1, 4  # 2 is bad input, 3 an internal error (harness.cli.main)
@@ -344,3 +346,30 @@ def format_comparison(comparison: Comparison, base_name: str, new_name: str, *, 
     }[code]
     lines.append(f"exit {code}: {summary}")
     return "\n".join(lines)
+
+
+def regressions_of(frame: pd.DataFrame, meta: dict, baseline: tuple[pd.DataFrame, dict]) -> Regressions:
+    """What the run page marks against ``baseline`` = (frame, meta) of an earlier run."""
+    comparison = compare_runs(baseline[0], frame, baseline[1], meta)
+    worse = comparison.regressions
+    marked = {(r["case"], r["backend"]): r["why"] for _, r in worse.iterrows()}
+    return marked, worse[["case", "backend", "why"]].to_dict("records"), comparison.problems
+
+
+def write_compare_html(comparison, path: Path, base: tuple, new: tuple) -> Path:
+    """The comparison as a page: exit verdict, run-level problems, changed rows, then every row."""
+    rows = comparison.rows.copy()
+    rows["_kind"] = [
+        "worse" if w else "better" if b else "unclear" if v == "cannot tell" else "one side" if s != "both" else "same"
+        for w, b, v, s in zip(rows["why"], rows["better"], rows["verdict"], rows["side"], strict=True)
+    ]
+    rank = {"worse": 0, "one side": 1, "unclear": 2, "better": 3, "same": 4}
+    rows = rows.assign(_rank=rows["_kind"].map(rank)).sort_values(["_rank", "case", "backend"], kind="stable")
+    html = ENV.get_template("compare.html.j2").render(
+        base_name=str(base[0]), base_meta=base[1] or {}, new_name=str(new[0]), new_meta=new[1] or {},
+        comparison=comparison, rows=rows.to_dict("records"), counts=verdict_counts(comparison),
+    )  # fmt: skip
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(html)
+    return path

@@ -18,6 +18,7 @@ from pathlib import Path
 import pandas as pd
 
 from harness.cases.vocab import GRADED
+from harness.results.report import ENV, plots
 from harness.results.storage import load_run
 from harness.review.compare import CompareOptions, compare_runs
 
@@ -140,8 +141,6 @@ def format_history(history: History) -> str:
 
 def write_history_html(history: History, path: Path) -> Path:
     """The history page: runs, regressions, latency and error trend plots, the trend tables."""
-    from harness.results.report import _env, plots
-
     figures = []
     for machine, rows in history.rows.groupby("machine", sort=True) if plots is not None else ():
         figures.append(
@@ -156,7 +155,7 @@ def write_history_html(history: History, path: Path) -> Path:
                 plots.trend(rows, "tol_ratio", "tol_ratio", machine, flag="error_regressed"),
             )
         )
-    html = _env.get_template("history.html.j2").render(
+    html = ENV.get_template("history.html.j2").render(
         runs=history.runs.to_dict("records"),
         regressions=history.rows[history.rows["regressed"]].to_dict("records"),
         tables={m: t.reset_index().to_dict("split") for m, t in trend_table(history, last=12).items()},
