@@ -72,7 +72,6 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument(
         "--isolate",
         choices=["plugins", "all", "none"],
-        default="plugins",
         help="backends run in a worker process that may crash or hang without ending the run "
         "(default: plugins; 'all' adds the built-ins, 'none' runs everything in-process)",
     )
@@ -86,8 +85,11 @@ def build_parser() -> argparse.ArgumentParser:
         "--resume",
         type=Path,
         metavar="RUN_DIR",
-        help="finish a killed or unwritten run from its journal RUN_DIR.journal.jsonl, with its options "
-        "(--workers and --ray too, unless given again here: then those given replace both)",
+        help="finish a killed or unwritten run from its journal RUN_DIR.journal.jsonl, with its options. Options "
+        "that change no result win when given again here: --timeout, --isolate, --workers/--ray (those given replace "
+        "both), --profile, --no-progress. Options that would change which rows run or what they measure (cases, "
+        "--backend, --tag, --device, --oracle-device, --no-timing, --threads, --shard, --out) are refused unless "
+        "equal to the journal's. Plugins are imported only when named here: pass each --plugin the run used",
     )
     run.add_argument(
         "--finalize",
@@ -230,21 +232,68 @@ def _run_options(args: argparse.Namespace, device: str) -> dict:
     }
 
 
+def _plugin_key(plugin: str) -> str:
+    """A plugin as compared across command lines: a file by its resolved path, a module by its name."""
+    path = Path(plugin)
+    return str(path.resolve()) if path.suffix == ".py" or path.exists() else plugin
+
+
+def require_plugins(needed: list[str], given: list[str], where: str) -> None:
+    """Refuse (BadInput) unless every plugin in ``needed`` (named by a journal or a run's meta.json) was
+    given with --plugin on this command line: a file handed to the harness never chooses code to import."""
+    keys = {_plugin_key(p) for p in given}
+    missing = [p for p in dict.fromkeys(needed) if _plugin_key(p) not in keys]
+    if missing:
+        flags = " ".join(f"--plugin {p}" for p in missing)
+        raise BadInput(
+            f"{where} names plugin(s) {', '.join(missing)}; plugins are imported only when named on the command "
+            f"line: check the file(s) and pass {flags}"
+        )
+
+
+# What --resume does with an option given again (the --resume help says the same): these change
+# which rows run or what they measure, so a value other than the journal's is refused; --timeout,
+# --isolate, --workers/--ray, --profile and --no-progress change no result, and the value given wins.
+_RESULT_OPTIONS = {  # args attribute -> (flag, journal options key)
+    "harness_device": ("--device", "device"),
+    "harness_tags": ("--tag", "tags"),
+    "harness_oracle_device": ("--oracle-device", "oracle_device"),
+}
+
+
 def _resume(args: argparse.Namespace):
-    """The journal of --resume RUN_DIR, with args set to the stored options."""
+    """The journal of --resume RUN_DIR, locked by this process, with args set to the stored options."""
     from .journal import Journal, journal_path, pid_alive
 
     run_dir = args.resume
-    if args.cases or args.harness_backends or args.harness_plugins or args.out or args.shard is not None:
-        raise BadInput(
-            "--resume runs the journal's own cases, backends, plugins and --shard; give none of them, nor --out"
-        )
+    if args.cases or args.harness_backends or args.out or args.shard is not None:
+        raise BadInput("--resume runs the journal's own cases, backends and --shard; give none of them, nor --out")
     if run_dir.exists():
         raise BadInput(f"--resume {run_dir}: the run folder already exists: that run is complete")
     journal = Journal.read(journal_path(run_dir))
-    if pid_alive(journal.header.get("last_pid")):
-        raise BadInput(f"--resume {run_dir}: process {journal.header['last_pid']} is still writing it")
+    for warning in journal.warnings:
+        print(f"warning: {warning}", file=sys.stderr)
     options = journal.header.get("options", {})
+    for attribute, (flag, key) in _RESULT_OPTIONS.items():
+        given = getattr(args, attribute)
+        if given is not None and given != options.get(key):
+            raise BadInput(f"--resume {run_dir}: {flag} {given} differs from the run's {options.get(key)}; "
+                           f"a resumed run measures what it started with (give no {flag})")  # fmt: skip
+    if not args.timing and options.get("timing", True):
+        raise BadInput(f"--resume {run_dir}: --no-timing differs from the run, which times its rows")
+    threads = (journal.header.get("meta") or {}).get("timing_threads")
+    if args.harness_threads is not None and threads is not None and args.harness_threads != str(threads):
+        raise BadInput(f"--resume {run_dir}: --threads {args.harness_threads} differs from the run's {threads}")
+    if not args.finalize:  # --finalize imports nothing
+        require_plugins(options.get("plugins", []), args.harness_plugins, f"the journal {journal.path}")
+        extra = {_plugin_key(p) for p in args.harness_plugins} - {_plugin_key(p) for p in options.get("plugins", [])}
+        if extra:
+            raise BadInput(f"--resume {run_dir}: --plugin {', '.join(sorted(extra))}: the run did not use it; "
+                           "a resumed run runs its own backends")  # fmt: skip
+    last_pid = journal.header.get("last_pid")
+    if last_pid != os.getpid() and pid_alive(last_pid):  # this process's own pid: an earlier resume of it here
+        raise BadInput(f"--resume {run_dir}: process {last_pid} is still writing it")
+    journal.lock()  # held until the run folder is written or the run stops: a second resume is refused
     args.cases = options.get("cases", [])
     args.harness_backends = options.get("backends")
     args.harness_device = options.get("device")
@@ -252,8 +301,11 @@ def _resume(args: argparse.Namespace):
     args.harness_tags = options.get("tags")
     args.harness_oracle_device = options.get("oracle_device")
     args.timing = options.get("timing", True)
-    args.isolate = options.get("isolate", "plugins")
-    args.timeout = options.get("timeout")
+    args.isolate = args.isolate or options.get("isolate")
+    if args.timeout is None:
+        args.timeout = options.get("timeout")
+    if args.harness_threads is None and threads is not None:
+        args.harness_threads = str(threads)
     args.shard = options.get("shard")  # the same slice of the cases, always
     if args.workers is None and args.ray is None:  # given on the resume, they replace the journal's
         args.workers, args.ray = options.get("workers"), options.get("ray")
@@ -338,18 +390,32 @@ def verdict(frame, requested: list[str] | None) -> tuple[int, list[str]]:
 
 
 def cmd_run(args: argparse.Namespace) -> int:
-    from .options import apply_threads, default_device
-    from .scale import check_arguments as check_scale_arguments
-
     if args.finalize and not args.resume:
         raise BadInput("--finalize needs --resume RUN_DIR: it writes that run's folder from its journal")
     journal = _resume(args) if args.resume else None
-    if args.finalize:
-        return _finalize(args, journal)
+    args.isolate = args.isolate or "plugins"
+    try:
+        if args.finalize:
+            return _finalize(args, journal)
+        return _checked_run(args, journal)
+    except BaseException:
+        if journal is not None:  # a resume refused after taking the lock: let it go, say nobody writes it
+            journal.close(stopped=True)
+        raise
+
+
+def _checked_run(args: argparse.Namespace, journal) -> int:
+    """Check the device, threads, timeout and scale options, import the plugins, then run."""
+    from .options import apply_threads, default_device
+    from .scale import check_arguments as check_scale_arguments
+
     device = args.harness_device or default_device()
     if device == "cuda" and not torch.cuda.is_available():
         raise BadInput("--device cuda: no CUDA device is visible to torch")
-    apply_threads(args.harness_threads, device)
+    try:
+        apply_threads(args.harness_threads, device)
+    except ValueError as error:
+        raise BadInput(str(error)) from None
     if args.timeout is not None and not args.timeout > 0:
         raise BadInput(f"--timeout {args.timeout:g}: must be a positive number of seconds")
     try:
