@@ -144,6 +144,11 @@ def build_parser() -> argparse.ArgumentParser:
                          help="re-time rows judged slower (and, by default, 'cannot tell'; or all), alternating both "
                          "commits' builds (git worktrees) row by row, before the verdict")  # fmt: skip
     compare.add_argument(
+        "--plugin", action="append", dest="harness_plugins", default=[], metavar="MODULE_OR_PATH",
+        help="with --confirm: import this plugin in the timing workers (repeatable); a run's meta.json never "
+        "chooses code to import, so rows of a plugin's backend need its --plugin here",
+    )  # fmt: skip
+    compare.add_argument(
         "--confirm-rounds", type=int, default=32,
         help="most paired rounds (fresh process pairs) a row gets under --confirm; rows are judged after 9, 13, ... "
         "and stop once decided (32; at least 9)",
@@ -646,17 +651,22 @@ def cmd_compare(args: argparse.Namespace) -> int:
     )
     comparison = compare_runs(base, new, base_meta, new_meta, options)
     if args.confirm:
-        from .confirm import confirm_slower
+        from .confirm import ConfirmInputError, confirm_slower
 
-        comparison = confirm_slower(
-            comparison,
-            base_meta,
-            new_meta,
-            options,
-            rounds=args.confirm_rounds,
-            time_s=args.confirm_time,
-            which=args.confirm,
-        )
+        try:
+            comparison = confirm_slower(
+                comparison,
+                base_meta,
+                new_meta,
+                options,
+                rounds=args.confirm_rounds,
+                time_s=args.confirm_time,
+                which=args.confirm,
+                plugins=args.harness_plugins,
+                sources=(str(args.base_run), str(args.new_run)),
+            )
+        except ConfirmInputError as error:
+            raise BadInput(str(error)) from None
     print(format_comparison(comparison, str(args.base_run), str(args.new_run), show_all=args.show_all))
     if args.html:
         from .report import write_compare_html
