@@ -482,7 +482,7 @@ def _run_and_write(args, device, cases, backends, plugin_backends, worker, journ
     """Time the ceiling, run what the journal lacks, write the folder, drop the journal; the exit code."""
     from .ceilings import measure_ceilings
     from .environment import collect_meta
-    from .profiling import profile_pairs, selected
+    from .profiling import selected
     from .runner import COLUMNS, RunConfig, summarize, to_frame
     from .scale import mixed_models_note, run_rows
     from .storage import write_run
@@ -508,6 +508,7 @@ def _run_and_write(args, device, cases, backends, plugin_backends, worker, journ
         plugins=tuple(args.harness_plugins),
         timeout_s=args.timeout,
         threads=threads,
+        logs=(str(_staged_logs(run_dir)), str(run_dir / "logs")),
     )
     printer = None if args.progress else _row_printer()
 
@@ -552,15 +553,48 @@ def _run_and_write(args, device, cases, backends, plugin_backends, worker, journ
               f"{resume_hint}", file=sys.stderr)  # fmt: skip
         return EXIT_INTERNAL
     journal.remove()
+    if _staged_logs(run_dir).is_dir():  # the plugin rows' output, beside the run until its folder exists
+        os.replace(_staged_logs(run_dir), run_dir / "logs")
     if to_profile:
-        for path in profile_pairs(to_profile, device, config.oracle_device, run_dir / "profiles"):
-            print(f"profile: {path}")
+        _profile(to_profile, config, worker, run_dir / "profiles")
     print(summarize(frame))
     print(f"report: {run_dir / 'report.html'}")
     code, messages = verdict(frame, args.harness_backends)
     for message in messages:
         print(message, file=sys.stderr)
     return code
+
+
+def _staged_logs(run_dir: Path) -> Path:
+    """Where plugin rows' output files are written while the run runs (``<run>.logs``, moved to ``<run>/logs``)."""
+    return run_dir.with_name(run_dir.name + ".logs")
+
+
+def _profile(pairs, config, worker, folder: Path) -> None:
+    """--profile's traces: an isolated backend's in a worker process (it may exit or crash there, as
+    in its rows), the others in this process. A trace that cannot be made is a line on stderr."""
+    from .isolation import DEFAULT_TIMEOUT_S, Worker
+    from .profiling import profile_pairs
+
+    own = worker is None
+    try:
+        for case, backend in pairs:
+            if backend.name in config.isolated:
+                if worker is None:
+                    worker = Worker(config.plugins)
+                limit = case.timeout_s or config.timeout_s or DEFAULT_TIMEOUT_S
+                result = worker.profile(case, backend.name, config, folder, limit)
+                if isinstance(result, str):
+                    print(f"profile: {case.id}:{backend.name} failed: {result}", file=sys.stderr)
+                    continue
+                paths = result
+            else:
+                paths = profile_pairs([(case, backend)], config.device, config.oracle_device, folder)
+            for path in paths:
+                print(f"profile: {path}")
+    finally:
+        if own and worker is not None:
+            worker.stop()
 
 
 def _ordered(frame, cases, backends, columns):
