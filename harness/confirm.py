@@ -9,7 +9,7 @@ Confirm mode does that, in the manner of ``asv continuous``:
 1. each run's commit (meta.json ``commit``) is checked out with ``git worktree add
    --detach`` into a temporary folder (or given: ``checkouts``);
 2. each round starts one fresh worker process per build in its checkout (its own
-   ``harness`` and ``kernels`` on PYTHONPATH, the original run's plugins loaded, torch
+   ``harness`` and ``kernels`` on PYTHONPATH, the plugins given with ``--plugin`` loaded, torch
    threads as the run recorded in ``timing_threads``); a worker builds a row's inputs and
    answers "time (case, backend)" with the samples of that build's ``time_call``;
 3. in each round, every chosen row (by default those judged slower or "cannot tell";
