@@ -366,6 +366,8 @@ def _finalize(args: argparse.Namespace, journal) -> int:
         )
     write_run(frame, meta, args.resume)
     journal.remove()
+    if _staged_logs(args.resume).is_dir():  # plugin rows' output of the stopped run, kept with its folder
+        os.replace(_staged_logs(args.resume), Path(args.resume) / "logs")
     print(summarize(frame))
     print(f"incomplete: {unknown}" if unknown else
           f"incomplete: {len(missing)} (case, backend) pairs never ran (meta.json lists them)", file=sys.stderr)  # fmt: skip
