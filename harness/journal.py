@@ -25,6 +25,7 @@ the pid that holds it, instead of both appending rows.
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import json
 import math
@@ -189,7 +190,8 @@ class Journal:
         fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
         journal = cls(path, header, [])
         journal._file = os.fdopen(fd, "a", encoding="utf-8")
-        fcntl.flock(journal._file.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)  # just created (O_EXCL): free
+        with contextlib.suppress(OSError):  # just created (O_EXCL): free; a filesystem without locks: the pid check
+            fcntl.flock(journal._file.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
         journal._write(header)
         return journal
 
@@ -259,6 +261,8 @@ class Journal:
                 f"{self.path}: {who} holds this journal's lock: it is resuming (writing) this run now; "
                 "wait for it to finish or stop it"
             ) from None
+        except OSError:  # a filesystem without flock (some network mounts): only the pid check guards it
+            pass
         self._file = file
         self._write({"resumed_by": os.getpid()})
 
