@@ -166,7 +166,16 @@ def tally(
         return {"compare": plain}
     start = time.time()
     confirmed = confirm_slower(
-        comparison, bm, nm, options, checkouts=(ROOT, ROOT), envs=envs, which=which, rounds=rounds, time_s=time_s
+        comparison,
+        bm,
+        nm,
+        options,
+        checkouts=(ROOT, ROOT),
+        envs=envs,
+        which=which,
+        rounds=rounds,
+        time_s=time_s,
+        plugins=[PLUGIN],  # the workers import only the plugins named here, never those a meta.json names
     )
     seconds = round(time.time() - start)
     return {

@@ -45,7 +45,15 @@ def test_confirm_keeps_a_real_slowdown_and_clears_one_that_interleaved_timing_do
     assert (comparison.rows["verdict"] == "slower").all() and comparison.exit_code == EXIT_WORSE
     envs = ({"HARNESS_SLOWDOWN": "0"}, {"HARNESS_SLOWDOWN": "8"})  # only reference_slowable is slower in "new"
     confirmed = confirm_slower(
-        comparison, meta, meta, CompareOptions(), rounds=9, checkouts=(ROOT, ROOT), envs=envs, log=lambda _: None
+        comparison,
+        meta,
+        meta,
+        CompareOptions(),
+        rounds=9,
+        checkouts=(ROOT, ROOT),
+        envs=envs,
+        log=lambda _: None,
+        plugins=[str(PLUGIN)],
     )
     rows = confirmed.rows.set_index("backend")
     assert (rows["evidence"] == "confirmed, interleaved").all()

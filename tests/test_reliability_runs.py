@@ -160,7 +160,7 @@ def test_sigterm_keeps_the_journal_and_resume_runs_only_the_missing_pairs(setup,
     assert not out.exists()
     assert [r["backend"] for r in Journal.read(journal_path(out)).rows] == ["good"]
     fresh_registry()
-    assert main(["run", "--resume", str(out), "--no-progress"]) == 0
+    assert main(["run", "--resume", str(out), "--no-progress", "--plugin", str(setup / "faulty_plugin.py")]) == 0
     assert "3 to run, 1 from the journal" in capsys.readouterr().err
     rows = rows_of(out)
     assert list(zip(rows["case"], rows["backend"], strict=True)) == [
@@ -196,7 +196,7 @@ def test_a_sigkilled_run_is_reported_at_the_next_run_and_resumed(setup, capsys):
     assert f"removed {partial}: a run (pid {dead.pid}) died while writing it" in err
     assert not partial.exists()
     fresh_registry()
-    assert main(["run", "--resume", str(out), "--no-progress"]) == 0
+    assert main(["run", "--resume", str(out), "--no-progress", "--plugin", str(setup / "faulty_plugin.py")]) == 0
     assert len(rows_of(out)) == 4 and not journal_path(out).exists()
 
 
@@ -214,7 +214,7 @@ def test_a_failing_final_write_keeps_the_journal_and_says_how_to_resume(setup, c
     assert f"the 4 rows are kept in {journal_path(out)}" in err and f"--resume {out}" in err
     assert sorted(p.name for p in out.parent.iterdir()) == ["run.journal.jsonl"], "no partial folder left"
     fresh_registry()
-    assert main(["run", "--resume", str(out), "--no-progress"]) == 0
+    assert main(["run", "--resume", str(out), "--no-progress", "--plugin", str(setup / "faulty_plugin.py")]) == 0
     assert "0 to run, 4 from the journal" in capsys.readouterr().err
     assert (setup / "calls").read_text().count("call") == 2, "nothing ran again"
     assert len(rows_of(out)) == 4 and set(rows_of(out)["status"]) == {"pass"}
@@ -377,7 +377,7 @@ def test_sigterm_during_the_final_write_leaves_no_partial_folder_and_keeps_the_j
     assert f"finish with: python -m harness run --resume {out}" in capsys.readouterr().err
     assert sorted(p.name for p in out.parent.iterdir()) == ["run.journal.jsonl"], "no partial folder"
     fresh_registry()
-    assert main(["run", "--resume", str(out), "--no-progress"]) == 0
+    assert main(["run", "--resume", str(out), "--no-progress", "--plugin", str(setup / "faulty_plugin.py")]) == 0
     assert len(rows_of(out)) == 2
 
 

@@ -144,3 +144,26 @@ def load_plugin(module_or_path: str) -> None:
             importlib.import_module(module_or_path)
     except Exception as error:  # any failure to import is bad input, reported with its cause
         raise ValueError(f"--plugin {module_or_path}: could not import it: {type(error).__name__}: {error}") from error
+
+
+class UnnamedPluginError(ValueError):
+    """A journal or run folder needs a plugin the command line did not name (bad input, exit 2)."""
+
+
+def plugin_key(plugin: str) -> str:
+    """A plugin as compared across command lines: a file by its resolved path, a module by its name."""
+    path = Path(plugin)
+    return str(path.resolve()) if path.suffix == ".py" or path.exists() else plugin
+
+
+def require_plugins(needed: list[str], given: list[str], where: str) -> None:
+    """Refuse (UnnamedPluginError) unless every plugin in ``needed`` (named by a journal or a run's meta.json) was
+    given with --plugin on this command line: a file handed to the harness never chooses code to import."""
+    keys = {plugin_key(p) for p in given}
+    missing = [p for p in dict.fromkeys(needed) if plugin_key(p) not in keys]
+    if missing:
+        flags = " ".join(f"--plugin {p}" for p in missing)
+        raise UnnamedPluginError(
+            f"{where} names plugin(s) {', '.join(missing)}; plugins are imported only when named on the command "
+            f"line: check the file(s) and pass {flags}"
+        )

@@ -38,6 +38,7 @@ from pathlib import Path
 
 import torch
 
+from harness.backends.registry import plugin_key, require_plugins
 from harness.cases.vocab import GRADED
 from harness.results import report
 from harness.run import oracle_cache
@@ -77,7 +78,6 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument(
         "--isolate",
         choices=["plugins", "all", "none"],
-        default="plugins",
         help="backends run in a worker process that may crash or hang without ending the run "
         "(default: plugins; 'all' adds the built-ins, 'none' runs everything in-process)",
     )
@@ -91,8 +91,11 @@ def build_parser() -> argparse.ArgumentParser:
         "--resume",
         type=Path,
         metavar="RUN_DIR",
-        help="finish a killed or unwritten run from its journal RUN_DIR.journal.jsonl, with its options "
-        "(--workers and --ray too, unless given again here: then those given replace both)",
+        help="finish a killed or unwritten run from its journal RUN_DIR.journal.jsonl, with its options. Options "
+        "that change no result win when given again here: --timeout, --isolate, --workers/--ray (those given replace "
+        "both), --profile, --no-progress. Options that would change which rows run or what they measure (cases, "
+        "--backend, --tag, --device, --oracle-device, --no-timing, --threads, --shard, --out) are refused unless "
+        "equal to the journal's. Plugins are imported only when named here: pass each --plugin the run used",
     )
     run.add_argument(
         "--finalize",
@@ -146,6 +149,11 @@ def build_parser() -> argparse.ArgumentParser:
     compare.add_argument("--confirm", nargs="?", const="unclear", choices=["slower", "unclear", "all"],
                          help="re-time rows judged slower (and, by default, 'cannot tell'; or all), alternating both "
                          "commits' builds (git worktrees) row by row, before the verdict")  # fmt: skip
+    compare.add_argument(
+        "--plugin", action="append", dest="harness_plugins", default=[], metavar="MODULE_OR_PATH",
+        help="with --confirm: import this plugin in the timing workers (repeatable); a run's meta.json never "
+        "chooses code to import, so rows of a plugin's backend need its --plugin here",
+    )  # fmt: skip
     compare.add_argument(
         "--confirm-rounds", type=int, default=32,
         help="most paired rounds (fresh process pairs) a row gets under --confirm; rows are judged after 9, 13, ... "
@@ -235,21 +243,49 @@ def _run_options(args: argparse.Namespace, device: str) -> dict:
     }
 
 
+# What --resume does with an option given again (the --resume help says the same): these change
+# which rows run or what they measure, so a value other than the journal's is refused; --timeout,
+# --isolate, --workers/--ray, --profile and --no-progress change no result, and the value given wins.
+_RESULT_OPTIONS = {  # args attribute -> (flag, journal options key)
+    "harness_device": ("--device", "device"),
+    "harness_tags": ("--tag", "tags"),
+    "harness_oracle_device": ("--oracle-device", "oracle_device"),
+}
+
+
 def _resume(args: argparse.Namespace):
-    """The journal of --resume RUN_DIR, with args set to the stored options."""
+    """The journal of --resume RUN_DIR, locked by this process, with args set to the stored options."""
     from harness.results.journal import Journal, journal_path, pid_alive
 
     run_dir = args.resume
-    if args.cases or args.harness_backends or args.harness_plugins or args.out or args.shard is not None:
-        raise BadInput(
-            "--resume runs the journal's own cases, backends, plugins and --shard; give none of them, nor --out"
-        )
+    if args.cases or args.harness_backends or args.out or args.shard is not None:
+        raise BadInput("--resume runs the journal's own cases, backends and --shard; give none of them, nor --out")
     if run_dir.exists():
         raise BadInput(f"--resume {run_dir}: the run folder already exists: that run is complete")
     journal = Journal.read(journal_path(run_dir))
-    if pid_alive(journal.header.get("last_pid")):
-        raise BadInput(f"--resume {run_dir}: process {journal.header['last_pid']} is still writing it")
+    for warning in journal.warnings:
+        print(f"warning: {warning}", file=sys.stderr)
     options = journal.header.get("options", {})
+    for attribute, (flag, key) in _RESULT_OPTIONS.items():
+        given = getattr(args, attribute)
+        if given is not None and given != options.get(key):
+            raise BadInput(f"--resume {run_dir}: {flag} {given} differs from the run's {options.get(key)}; "
+                           f"a resumed run measures what it started with (give no {flag})")  # fmt: skip
+    if not args.timing and options.get("timing", True):
+        raise BadInput(f"--resume {run_dir}: --no-timing differs from the run, which times its rows")
+    threads = (journal.header.get("meta") or {}).get("timing_threads")
+    if args.harness_threads is not None and threads is not None and args.harness_threads != str(threads):
+        raise BadInput(f"--resume {run_dir}: --threads {args.harness_threads} differs from the run's {threads}")
+    if not args.finalize:  # --finalize imports nothing
+        require_plugins(options.get("plugins", []), args.harness_plugins, f"the journal {journal.path}")
+        extra = {plugin_key(p) for p in args.harness_plugins} - {plugin_key(p) for p in options.get("plugins", [])}
+        if extra:
+            raise BadInput(f"--resume {run_dir}: --plugin {', '.join(sorted(extra))}: the run did not use it; "
+                           "a resumed run runs its own backends")  # fmt: skip
+    last_pid = journal.header.get("last_pid")
+    if last_pid != os.getpid() and pid_alive(last_pid):  # this process's own pid: an earlier resume of it here
+        raise BadInput(f"--resume {run_dir}: process {last_pid} is still writing it")
+    journal.lock()  # held until the run folder is written or the run stops: a second resume is refused
     args.cases = options.get("cases", [])
     args.harness_backends = options.get("backends")
     args.harness_device = options.get("device")
@@ -257,8 +293,11 @@ def _resume(args: argparse.Namespace):
     args.harness_tags = options.get("tags")
     args.harness_oracle_device = options.get("oracle_device")
     args.timing = options.get("timing", True)
-    args.isolate = options.get("isolate", "plugins")
-    args.timeout = options.get("timeout")
+    args.isolate = args.isolate or options.get("isolate")
+    if args.timeout is None:
+        args.timeout = options.get("timeout")
+    if args.harness_threads is None and threads is not None:
+        args.harness_threads = str(threads)
     args.shard = options.get("shard")  # the same slice of the cases, always
     if args.workers is None and args.ray is None:  # given on the resume, they replace the journal's
         args.workers, args.ray = options.get("workers"), options.get("ray")
@@ -314,6 +353,8 @@ def _finalize(args: argparse.Namespace, journal) -> int:
         )
     write_run(frame, meta, args.resume, page=report.render_html)
     journal.remove()
+    if _staged_logs(args.resume).is_dir():  # plugin rows' output of the stopped run, kept with its folder
+        os.replace(_staged_logs(args.resume), Path(args.resume) / "logs")
     print(summarize(frame))
     print(f"incomplete: {unknown}" if unknown else
           f"incomplete: {len(missing)} (case, backend) pairs never ran (meta.json lists them)", file=sys.stderr)  # fmt: skip
@@ -343,18 +384,32 @@ def verdict(frame, requested: list[str] | None) -> tuple[int, list[str]]:
 
 
 def cmd_run(args: argparse.Namespace) -> int:
-    from harness.execute.plan import check_arguments as check_scale_arguments
-    from harness.run.options import apply_threads, default_device
-
     if args.finalize and not args.resume:
         raise BadInput("--finalize needs --resume RUN_DIR: it writes that run's folder from its journal")
     journal = _resume(args) if args.resume else None
-    if args.finalize:
-        return _finalize(args, journal)
+    args.isolate = args.isolate or "plugins"
+    try:
+        if args.finalize:
+            return _finalize(args, journal)
+        return _checked_run(args, journal)
+    except BaseException:
+        if journal is not None:  # a resume refused after taking the lock: let it go, say nobody writes it
+            journal.close(stopped=True)
+        raise
+
+
+def _checked_run(args: argparse.Namespace, journal) -> int:
+    """Check the device, threads, timeout and scale options, import the plugins, then run."""
+    from harness.execute.plan import check_arguments as check_scale_arguments
+    from harness.run.options import apply_threads, default_device
+
     device = args.harness_device or default_device()
     if device == "cuda" and not torch.cuda.is_available():
         raise BadInput("--device cuda: no CUDA device is visible to torch")
-    apply_threads(args.harness_threads, device)
+    try:
+        apply_threads(args.harness_threads, device)
+    except ValueError as error:
+        raise BadInput(str(error)) from None
     if args.timeout is not None and not args.timeout > 0:
         raise BadInput(f"--timeout {args.timeout:g}: must be a positive number of seconds")
     try:
@@ -417,7 +472,7 @@ def _run_and_write(args, device, cases, backends, plugin_backends, worker, journ
     from harness.execute.plan import run_rows
     from harness.results.environment import collect_meta
     from harness.results.storage import write_run
-    from harness.run.profiling import profile_pairs, selected
+    from harness.run.profiling import selected
     from harness.run.runner import COLUMNS, RunConfig, summarize, to_frame
     from harness.timing.ceilings import measure_ceilings, mixed_models_note
 
@@ -442,6 +497,7 @@ def _run_and_write(args, device, cases, backends, plugin_backends, worker, journ
         plugins=tuple(args.harness_plugins),
         timeout_s=args.timeout,
         threads=threads,
+        logs=(str(_staged_logs(run_dir)), str(run_dir / "logs")),
     )
     printer = None if args.progress else _row_printer()
 
@@ -486,15 +542,48 @@ def _run_and_write(args, device, cases, backends, plugin_backends, worker, journ
               f"{resume_hint}", file=sys.stderr)  # fmt: skip
         return EXIT_INTERNAL
     journal.remove()
+    if _staged_logs(run_dir).is_dir():  # the plugin rows' output, beside the run until its folder exists
+        os.replace(_staged_logs(run_dir), run_dir / "logs")
     if to_profile:
-        for path in profile_pairs(to_profile, device, config.oracle_device, run_dir / "profiles"):
-            print(f"profile: {path}")
+        _profile(to_profile, config, worker, run_dir / "profiles")
     print(summarize(frame))
     print(f"report: {run_dir / 'report.html'}")
     code, messages = verdict(frame, args.harness_backends)
     for message in messages:
         print(message, file=sys.stderr)
     return code
+
+
+def _staged_logs(run_dir: Path) -> Path:
+    """Where plugin rows' output files are written while the run runs (``<run>.logs``, moved to ``<run>/logs``)."""
+    return run_dir.with_name(run_dir.name + ".logs")
+
+
+def _profile(pairs, config, worker, folder: Path) -> None:
+    """--profile's traces: an isolated backend's in a worker process (it may exit or crash there, as
+    in its rows), the others in this process. A trace that cannot be made is a line on stderr."""
+    from harness.execute.processes import DEFAULT_TIMEOUT_S, Worker
+    from harness.run.profiling import profile_pairs
+
+    own = worker is None
+    try:
+        for case, backend in pairs:
+            if backend.name in config.isolated:
+                if worker is None:
+                    worker = Worker(config.plugins)
+                limit = case.timeout_s or config.timeout_s or DEFAULT_TIMEOUT_S
+                result = worker.profile(case, backend.name, config, folder, limit)
+                if isinstance(result, str):
+                    print(f"profile: {case.id}:{backend.name} failed: {result}", file=sys.stderr)
+                    continue
+                paths = result
+            else:
+                paths = profile_pairs([(case, backend)], config.device, config.oracle_device, folder)
+            for path in paths:
+                print(f"profile: {path}")
+    finally:
+        if own and worker is not None:
+            worker.stop()
 
 
 def _ordered(frame, cases, backends, columns):
@@ -590,17 +679,22 @@ def cmd_compare(args: argparse.Namespace) -> int:
     )
     comparison = compare_runs(base, new, base_meta, new_meta, options)
     if args.confirm:
-        from harness.review.confirm import confirm_slower
+        from harness.review.confirm import ConfirmInputError, confirm_slower
 
-        comparison = confirm_slower(
-            comparison,
-            base_meta,
-            new_meta,
-            options,
-            rounds=args.confirm_rounds,
-            time_s=args.confirm_time,
-            which=args.confirm,
-        )
+        try:
+            comparison = confirm_slower(
+                comparison,
+                base_meta,
+                new_meta,
+                options,
+                rounds=args.confirm_rounds,
+                time_s=args.confirm_time,
+                which=args.confirm,
+                plugins=args.harness_plugins,
+                sources=(str(args.base_run), str(args.new_run)),
+            )
+        except ConfirmInputError as error:
+            raise BadInput(str(error)) from None
     print(format_comparison(comparison, str(args.base_run), str(args.new_run), show_all=args.show_all))
     if args.html:
         from harness.review.compare import write_compare_html
@@ -665,6 +759,7 @@ def main(argv: list[str] | None = None) -> int:
     import kernels
 
     kernels.use_interpreter_if_no_gpu()  # before anything imports Triton (see kernels.triton_paged)
+    from harness.backends.registry import UnnamedPluginError
     from harness.cases.spec import CaseFileError
     from harness.results.journal import JournalError
     from harness.results.storage import NotWritableError, RunDirExistsError, RunFolderError
@@ -697,6 +792,7 @@ def main(argv: list[str] | None = None) -> int:
         JournalError,
         DuplicateRowsError,
         PoisonedCacheError,
+        UnnamedPluginError,
     ) as error:
         print(f"error: {error}", file=sys.stderr)
         return EXIT_BAD_INPUT

@@ -14,15 +14,32 @@ Which backends run there is the run's choice (``--isolate``): by default the plu
 from outside this repository; the built-ins are this repository's own torch code, and
 isolating them would build every case's inputs and float64 oracle twice on the CPU).
 
-The worker ignores SIGINT: the user's Ctrl-C goes to the parent, which stops the worker.
+The worker ignores SIGINT from its first instruction (it is started with SIGINT ignored,
+which the new interpreter keeps): the user's Ctrl-C goes to the parent, which stops the
+worker and reports one line, never a child's traceback. The worker dies with its parent
+(:func:`die_with_parent`), so a killed run leaves no worker behind. It runs with the
+run's torch thread count (``RunConfig.threads``, what the rows record as
+``timing_threads``).
+
+What a row's backend writes to stdout and stderr goes to its own file
+(:func:`row_log_name`, under ``RunConfig.logs``' staging folder, moved to ``<run>/logs/`` with
+the run folder); the terminal gets its first ``TERMINAL_BYTES`` and a line saying where the
+rest is (:func:`report_output`). ``--profile`` of an isolated backend runs in the worker too.
 """
 
 from __future__ import annotations
 
+import contextlib
+import ctypes
 import dataclasses
 import multiprocessing
+import os
+import re
 import signal
+import sys
+import threading
 import time
+from pathlib import Path
 from typing import Any
 
 from harness.cases.spec import Case
@@ -50,9 +67,112 @@ def describe_exit(exitcode: int | None) -> str:
     return f"exited with code {exitcode}"
 
 
-def _worker_main(conn, plugins: tuple[str, ...]) -> None:
-    """The worker's loop: ('context', case, config) builds inputs; ('row', name) runs one backend."""
+TERMINAL_BYTES = 2048  # of a row's captured output, shown on the terminal; the rest stays in its log file
+PR_SET_PDEATHSIG = 1  # linux/prctl.h
+
+
+def die_with_parent(parent_pid: int) -> None:
+    """Make the kernel SIGKILL this process when its parent dies (Linux ``prctl(PR_SET_PDEATHSIG)``).
+
+    A worker left behind by a SIGKILLed run would hold its GPU memory and CPU for as long as the
+    call it was in takes (a hang: forever). The signal follows the parent *thread* that started
+    the process: workers are started from the run's main thread. A parent that died before
+    this call is seen by the changed parent pid: the process exits at once.
+    """
+    if sys.platform.startswith("linux"):
+        with contextlib.suppress(OSError, AttributeError):
+            ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+    if os.getppid() != parent_pid:
+        os._exit(1)
+
+
+@contextlib.contextmanager
+def sigint_ignored_in_children():
+    """Start processes inside: they begin with SIGINT ignored (a disposition kept across exec, and kept by a
+    new Python interpreter), so a Ctrl-C while one imports torch is not a traceback in each child.
+
+    This process ignores SIGINT only for the fork and exec; outside the main thread it changes nothing."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
+
+
+def row_log_name(case_id: str, backend: str) -> str:
+    """The log file of one row's output: ``<case>__<backend>.log``, with path characters replaced."""
+    return re.sub(r"[^A-Za-z0-9_.=-]+", "_", f"{case_id}__{backend}") + ".log"
+
+
+@contextlib.contextmanager
+def captured_output(path: str | None):
+    """This process's stdout and stderr (file descriptors 1 and 2, so native code's too) go to ``path``."""
+    if path is None:
+        yield
+        return
+    Path(path).parent.mkdir(parents=True, exist_ok=True)
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(Exception):
+            stream.flush()
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+    saved = os.dup(1), os.dup(2)
+    os.dup2(fd, 1)
+    os.dup2(fd, 2)
+    os.close(fd)
+    try:
+        yield
+    finally:
+        for stream in (sys.stdout, sys.stderr):
+            with contextlib.suppress(Exception):
+                stream.flush()
+        os.dup2(saved[0], 1)
+        os.dup2(saved[1], 2)
+        os.close(saved[0])
+        os.close(saved[1])
+
+
+def row_log(config, case_id: str, backend: str) -> tuple[str, str] | None:
+    """(where the row's output is written now, where it ends up) when the run keeps logs (``config.logs``)."""
+    if not getattr(config, "logs", None):
+        return None
+    staging, final = config.logs
+    name = row_log_name(case_id, backend)
+    return str(Path(staging) / name), str(Path(final) / name)
+
+
+def report_output(log: tuple[str, str] | None, what: str) -> None:
+    """Show a row's captured output on stderr: its first TERMINAL_BYTES, then where the rest is. An empty log
+    is removed (with its folder, when that is left empty)."""
+    if log is None:
+        return
+    path = Path(log[0])
+    try:
+        size = path.stat().st_size
+    except OSError:
+        return
+    if size == 0:
+        path.unlink(missing_ok=True)
+        with contextlib.suppress(OSError):
+            path.parent.rmdir()
+        return
+    with path.open("rb") as file:
+        head = file.read(TERMINAL_BYTES).decode("utf-8", errors="replace")
+    print(f"--- output of {what} ({size} bytes; all of it in {log[1]}) ---", file=sys.stderr)
+    print(head.rstrip("\n"), file=sys.stderr)
+    if size > TERMINAL_BYTES:
+        print(f"--- {size - TERMINAL_BYTES} more bytes not shown: see {log[1]} ---", file=sys.stderr)
+
+
+def _worker_main(conn, plugins: tuple[str, ...], parent_pid: int) -> None:
+    """The worker's loop: ('context', case, config) builds inputs; ('row', name, log) runs one backend, its
+    output into ``log``; ('profile', case, name, config, folder) writes that row's trace."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    die_with_parent(parent_pid)
+    import torch
+
     from harness.backends.builtin import REGISTRY, load_plugin
     from harness.run.runner import _error_reason, build_context, run_backend
     from harness.timing.phases import take_phases
@@ -74,14 +194,28 @@ def _worker_main(conn, plugins: tuple[str, ...]) -> None:
         if message[0] == "context":
             ctx = None  # free the last case's tensors first
             _, case, config = message
+            if config.threads:  # the count the rows record (timing_threads)
+                torch.set_num_threads(config.threads)
             try:
                 ctx = build_context(case, config.device, config.oracle_device)
                 conn.send(("ok", None, take_phases()))
             except BaseException as error:
                 conn.send(("error", f"building inputs/oracle: {_error_reason(error)}", take_phases()))
         elif message[0] == "row":  # each reply carries its phases: the parent counts them as its own
-            row = run_backend(ctx, REGISTRY[message[1]], config)
+            with captured_output(message[2]):
+                row = run_backend(ctx, REGISTRY[message[1]], config)
             conn.send(("row", row, take_phases()))
+        elif message[0] == "profile":
+            from harness.run.profiling import profile_pairs
+
+            _, case, name, config, folder = message
+            if config.threads:
+                torch.set_num_threads(config.threads)
+            try:
+                paths = profile_pairs([(case, REGISTRY[name])], config.device, config.oracle_device, Path(folder))
+                conn.send(("profiled", [str(path) for path in paths], take_phases()))
+            except BaseException as error:
+                conn.send(("error", _error_reason(error), take_phases()))
 
 
 def _absorb_phases(reply) -> None:
@@ -106,12 +240,17 @@ class Worker:
         """Start the worker and import the plugins there; their backend names. PluginImportError."""
         context = multiprocessing.get_context("spawn")
         self.conn, child = context.Pipe()
-        self.process = context.Process(target=_worker_main, args=(child, self.plugins), daemon=True)
-        self.process.start()
+        self.process = context.Process(target=_worker_main, args=(child, self.plugins, os.getpid()), daemon=True)
+        with sigint_ignored_in_children():
+            self.process.start()
         child.close()
         self.starts += 1
         self.case_id = None
-        reply = self._receive(START_TIMEOUT_S)
+        try:
+            reply = self._receive(START_TIMEOUT_S)
+        except BaseException:  # the user's Ctrl-C while it imports: no worker is left behind
+            self.stop()
+            raise
         if reply in (DIED, TIMED_OUT) or reply[0] != "ready":
             if reply == TIMED_OUT:
                 why = f"importing took more than {START_TIMEOUT_S:g} s"
@@ -171,8 +310,12 @@ class Worker:
                 return reply[1]
             self.case_id = case.id
         started = time.monotonic()
-        self.conn.send(("row", backend))
-        reply = self._receive(timeout_s)
+        log = row_log(config, case.id, backend)
+        self.conn.send(("row", backend, log[0] if log else None))
+        try:
+            reply = self._receive(timeout_s)
+        finally:
+            report_output(log, f"{backend} on {case.id}")
         _absorb_phases(reply)
         if reply == TIMED_OUT:
             self.stop()
@@ -182,6 +325,28 @@ class Worker:
         why = f"the worker process {self._death()} after {time.monotonic() - started:.1f} s"
         self.stop()
         return why
+
+    def profile(self, case: Case, backend: str, config, folder: Path, timeout_s: float) -> list[str] | str:
+        """``--profile`` of an isolated backend, run in the worker: the trace paths, or why there are none."""
+        if self.process is None or not self.process.is_alive():
+            self.stop()
+            try:
+                self.start()
+            except PluginImportError as error:
+                return str(error)
+        self.case_id = None  # the worker's case inputs are not kept across a profile
+        self.conn.send(("profile", case, backend, dataclasses.replace(config, backends=[], progress=False),
+                        str(folder)))  # fmt: skip
+        reply = self._receive(timeout_s)
+        _absorb_phases(reply)
+        if reply == TIMED_OUT:
+            self.stop()
+            return f"timed out after {timeout_s:g} s (isolated; the worker was killed)"
+        if reply == DIED:
+            why = f"the worker process {self._death()}"
+            self.stop()
+            return why
+        return reply[1]
 
     def __enter__(self) -> Worker:
         return self

@@ -162,13 +162,15 @@ def case_events(case: Case, names: list[str], config, labels: dict) -> Iterator[
         torch.cuda.empty_cache()  # the next case's oracle may want one large block
 
 
-def _worker_main(conn, config, plugins: tuple[str, ...], threads: int | None, labels: dict) -> None:
+def _worker_main(conn, config, plugins: tuple[str, ...], threads: int | None, labels: dict, parent_pid: int) -> None:
     """Answer ('ready', pid, device) once, then for each ('case', case, names) its events and
     ('done', waited_s, busy_s, phases): how long it waited for the case, how long the case took,
     and where that time went (:mod:`harness.timing.phases`)."""
+    from harness.execute.processes import die_with_parent
     from harness.timing.phases import take_phases
 
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent owns Ctrl-C and stops the workers
+    die_with_parent(parent_pid)  # a SIGKILLed run leaves no worker behind
     config, device = worker_setup(config, plugins, threads)
     conn.send(("ready", os.getpid(), device))
     while True:
@@ -255,11 +257,14 @@ class ShardedRun:
         try:
             process = self.context.Process(
                 target=_worker_main,
-                args=(child, self.worker_config, self.plugins, threads, self.labels(slot)),
+                args=(child, self.worker_config, self.plugins, threads, self.labels(slot), os.getpid()),
                 daemon=True,
                 name=f"harness-worker-{slot.index}",
             )
-            process.start()
+            from harness.execute.processes import sigint_ignored_in_children
+
+            with sigint_ignored_in_children():  # a Ctrl-C while it imports is the parent's one line
+                process.start()
         finally:
             if slot.gpu:
                 if saved is None:

@@ -11,22 +11,132 @@ lacks, then writes the folder. The journal is removed once the folder is in plac
     {"case": "decode_gqa/dtype=float32", "backend": "tlsim", "status": "pass", ...}
     {"resumed_by": 4343}
     {"stopped_by": 4343}                  (a run stopped by Ctrl-C, SIGTERM or a failed write)
+
+A journal is data handed to the harness (perhaps by a colleague), so :meth:`Journal.read`
+validates every line against the models below before anything uses it: a field of the
+wrong type is a :class:`JournalError` naming the file, the line and the field (exit 2).
+A (case, backend) pair with two rows keeps its first row; the others are dropped and
+listed in ``Journal.warnings`` (a run folder with duplicated rows is not loadable).
+
+The process writing a journal holds an exclusive ``fcntl.flock`` on it (taken without
+waiting, :meth:`Journal.lock`): a second ``--resume`` of the same run is refused, naming
+the pid that holds it, instead of both appending rows.
 """
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import json
 import math
 import os
 import socket
 from datetime import UTC, datetime
 from pathlib import Path
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, ValidationError
+
+from harness.cases.vocab import Status
 
 SUFFIX = ".journal.jsonl"
 
 
 class JournalError(ValueError):
     """A journal that cannot be read or resumed; the message names the file."""
+
+
+class _Record(BaseModel):
+    # strict: a number is never read from text, nor a string from a list; unknown keys are kept
+    model_config = ConfigDict(strict=True, extra="allow")
+
+
+class HeaderOptions(_Record):
+    """The run's options, as cli._run_options recorded them."""
+
+    cases: list[str] = []
+    backends: list[str] | None = None
+    device: str | None = None
+    plugins: list[str] = []
+    tags: list[str] | None = None
+    oracle_device: str | None = None
+    timing: bool = True
+    isolate: Literal["plugins", "all", "none"] | None = "plugins"
+    timeout: float | None = None
+    workers: str | int | None = None
+    ray: str | None = None
+    shard: str | None = None
+
+
+class Header(_Record):
+    journal: Literal[1]
+    pid: int | None = None
+    host: str | None = None
+    started: str | None = None
+    options: HeaderOptions = HeaderOptions()
+
+
+class Row(_Record):
+    """A report row; the columns later steps read by type are checked, the rest kept as they are."""
+
+    case: str
+    backend: str
+    status: Status
+    reason: str | float | None = None  # float: NaN
+    device: str | None = None
+    latency_us: float | None = None
+    call_us: float | None = None
+    max_abs_err: float | None = None
+    tol_ratio: float | None = None
+    latency_samples_us: list[float] | str | float | None = None  # str: older journals' text; float: NaN
+    call_samples_us: list[float] | str | float | None = None
+
+
+class Resumed(_Record):
+    resumed_by: int
+
+
+class Stopped(_Record):
+    stopped_by: int
+
+
+class Meta(_Record):
+    meta: dict
+
+
+_TYPE_NAMES = {"str", "int", "float", "bool", "none", "dict", "literal"}
+
+
+def _invalid(path: Path, number: int, error: ValidationError) -> JournalError:
+    """The first problem of a line, as 'file: line N: field F: what is wrong'."""
+    first = error.errors()[0]
+    # a union's members show in the location as type names ('list[float]', 'str'): only the field path is kept
+    path_parts = [str(p) for p in first["loc"] if isinstance(p, int) or ("[" not in p and p not in _TYPE_NAMES)]
+    field = ".".join(path_parts) or "(the line)"
+    return JournalError(f"{path}: line {number}: field {field!r}: {first['msg']} (got {first.get('input')!r:.80})")
+
+
+def _check(path: Path, number: int, record) -> str:
+    """Validate one journal line; its kind ('header' on line 1, else 'row', 'meta', 'resumed', 'stopped')."""
+    if number == 1:
+        model, kind = Header, "header"
+    elif not isinstance(record, dict):
+        raise JournalError(f"{path}: line {number}: a {type(record).__name__}, not a JSON object")
+    elif "case" in record or "backend" in record:
+        model, kind = Row, "row"
+    elif "meta" in record:
+        model, kind = Meta, "meta"
+    elif "resumed_by" in record:
+        model, kind = Resumed, "resumed"
+    elif "stopped_by" in record:
+        model, kind = Stopped, "stopped"
+    else:
+        raise JournalError(f"{path}: line {number}: neither a row nor a meta, resume or stop record")
+    try:
+        model.model_validate(record)
+    except ValidationError as error:
+        raise _invalid(path, number, error) from None
+    return kind
 
 
 def journal_path(run_dir: Path) -> Path:
@@ -63,6 +173,7 @@ class Journal:
         self.path = Path(path)
         self.header = header
         self.rows = rows
+        self.warnings: list[str] = []  # what reading it dropped (duplicated rows)
         self._file = None
 
     @classmethod
@@ -79,6 +190,8 @@ class Journal:
         fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
         journal = cls(path, header, [])
         journal._file = os.fdopen(fd, "a", encoding="utf-8")
+        with contextlib.suppress(OSError):  # just created (O_EXCL): free; a filesystem without locks: the pid check
+            fcntl.flock(journal._file.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
         journal._write(header)
         return journal
 
@@ -104,21 +217,58 @@ class Journal:
             raise JournalError(f"{path}: no journal header on line 1; not a harness journal")
         header = records[0]
         pid = header.get("pid")
-        for record in records[1:]:  # who writes it now: the last resume, or nobody after a clean stop
-            if isinstance(record, dict) and "resumed_by" in record:
+        metas, rows, seen, dropped = [], [], set(), []
+        for number, record in enumerate(records, 1):
+            kind = _check(path, number, record)
+            if kind == "resumed":  # who writes it now: the last resume, or nobody after a clean stop
                 pid = record["resumed_by"]
-            elif isinstance(record, dict) and "stopped_by" in record:
+            elif kind == "stopped":
                 pid = None
+            elif kind == "meta":
+                metas.append(record["meta"])
+            elif kind == "row" and (record["case"], record["backend"]) in seen:
+                dropped.append(f"{record['case']} {record['backend']} (line {number})")
+            elif kind == "row":
+                seen.add((record["case"], record["backend"]))
+                rows.append(_samples_back(record))
         header["last_pid"] = pid
-        metas = [r["meta"] for r in records[1:] if isinstance(r, dict) and isinstance(r.get("meta"), dict)]
         header["meta"] = metas[-1] if metas else None  # the run's meta.json as it stood at its start
-        rows = [_samples_back(r) for r in records[1:] if isinstance(r, dict) and "case" in r and "backend" in r]
-        return cls(path, header, rows)
+        journal = cls(path, header, rows)
+        if dropped:
+            journal.warnings.append(
+                f"{path}: dropped {len(dropped)} duplicated row(s), keeping each pair's first: {', '.join(dropped[:5])}"
+                + (" ..." if len(dropped) > 5 else "")
+            )
+        return journal
+
+    def lock(self) -> None:
+        """Open for appending and take the journal's lock (no waiting); records this process as its writer.
+
+        JournalError naming the holder's pid when another process holds it (a second resume)."""
+        if self._file is not None:
+            return
+        file = open(self.path, "a", encoding="utf-8")  # noqa: SIM115 - kept open (and locked) for the run's rows
+        try:
+            fcntl.flock(file.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            file.close()
+            try:  # the holder records its pid right after taking the lock
+                holder = Journal.read(self.path).header.get("last_pid")
+            except JournalError:
+                holder = None
+            who = f"process {holder}" if holder else "another process"
+            raise JournalError(
+                f"{self.path}: {who} holds this journal's lock: it is resuming (writing) this run now; "
+                "wait for it to finish or stop it"
+            ) from None
+        except OSError:  # a filesystem without flock (some network mounts): only the pid check guards it
+            pass
+        self._file = file
+        self._write({"resumed_by": os.getpid()})
 
     def reopen(self) -> None:
-        """Append from this process (a resume); records who took it over."""
-        self._file = open(self.path, "a", encoding="utf-8")  # noqa: SIM115 - kept open for the run's rows
-        self._write({"resumed_by": os.getpid()})
+        """Append from this process (a resume); takes the lock unless :meth:`lock` already did."""
+        self.lock()
 
     def record_meta(self, meta: dict) -> None:
         """The run's meta (device, versions, commit, ceilings) as measured at its start, so that a
@@ -149,8 +299,8 @@ class Journal:
             self._file = None
 
     def remove(self) -> None:
+        self.path.unlink(missing_ok=True)  # before the lock goes with close(): no one resumes it in between
         self.close()
-        self.path.unlink(missing_ok=True)
 
 
 def pid_alive(pid) -> bool:

@@ -9,7 +9,7 @@ Confirm mode does that, in the manner of ``asv continuous``:
 1. each run's commit (meta.json ``commit``) is checked out with ``git worktree add
    --detach`` into a temporary folder (or given: ``checkouts``);
 2. each round starts one fresh worker process per build in its checkout (its own
-   ``harness`` and ``kernels`` on PYTHONPATH, the original run's plugins loaded, torch
+   ``harness`` and ``kernels`` on PYTHONPATH, the plugins given with ``--plugin`` loaded, torch
    threads as the run recorded in ``timing_threads``); a worker builds a row's inputs and
    answers "time (case, backend)" with the samples of that build's ``time_call``;
 3. in each round, every chosen row (by default those judged slower or "cannot tell";
@@ -107,6 +107,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import re
 import shlex
 import subprocess
 import sys
@@ -117,6 +118,8 @@ from pathlib import Path
 
 import numpy as np
 
+from harness.backends.builtin import REGISTRY
+from harness.backends.registry import UnnamedPluginError, require_plugins
 from harness.review import stats
 from harness.review.compare import CompareOptions, Comparison, _row_changes
 
@@ -198,13 +201,38 @@ class Worker:
         self.proc.wait(timeout=60)
 
 
+class ConfirmInputError(ValueError):
+    """A run folder's meta.json that --confirm cannot act on, or a plugin it needs and was not given (exit 2)."""
+
+
 def _plugins(command: str) -> list[str]:
-    words = shlex.split(command or "")
+    """The --plugin values of a run's recorded command: what its rows need, never what is imported."""
+    try:
+        words = shlex.split(command or "")
+    except ValueError:
+        words = str(command).split()
     return [words[i + 1] for i, w in enumerate(words[:-1]) if w == "--plugin"]
 
 
+_OBJECT_ID = re.compile(r"[0-9a-fA-F]{7,64}")
+
+
+def checked_commit(commit, where: str) -> str:
+    """``commit`` as the full id of a commit of this repository; ConfirmInputError naming ``where`` otherwise.
+
+    meta.json is data: its ``commit`` reaches ``git worktree add``, so it must look like a hex object
+    id (nothing git could read as an option) and name a commit git knows."""
+    if not isinstance(commit, str) or not _OBJECT_ID.fullmatch(commit):
+        raise ConfirmInputError(f"{where}: field 'commit': {commit!r} is not a git object id (hex digits)")
+    found = subprocess.run(["git", "rev-parse", "--verify", "--quiet", f"{commit}^{{commit}}"],
+                           capture_output=True, text=True)  # fmt: skip
+    if found.returncode != 0:
+        raise ConfirmInputError(f"{where}: field 'commit': {commit} is not a commit of this repository")
+    return found.stdout.strip()
+
+
 def _worktree(commit: str, path: Path) -> Path:
-    subprocess.run(["git", "worktree", "add", "--detach", str(path), commit], check=True, capture_output=True)
+    subprocess.run(["git", "worktree", "add", "--detach", "--", str(path), commit], check=True, capture_output=True)
     return path
 
 
@@ -246,8 +274,15 @@ def confirm_slower(
     checkouts: tuple[Path, Path] | None = None,
     envs: tuple[dict, dict] = ({}, {}),
     log: Callable[[str], None] = print,
+    plugins: list[str] = (),
+    sources: tuple[str, str] = ("the base run", "the new run"),
 ) -> Comparison:
     """Re-time rows, base and new alternating per row, and judge them again from the paired rounds.
+
+    ``plugins``: the --plugin values of this command line, the only plugins the workers import. A
+    chosen row of a backend that is not built in needs the plugins the new run's command names
+    (meta.json ``command``); one not given here is a ConfirmInputError naming it and the flag to
+    pass, as is a ``commit`` that is not a commit id (``sources`` name the two run folders).
 
     ``which``: "slower" (rows judged slower), "unclear" (slower or cannot tell: the
     default) or "all" (every row timed in both runs: a drifted pair of runs can also hide
@@ -269,10 +304,18 @@ def confirm_slower(
     if not case_files or (checkouts is None and not all(commits)):
         log("confirm: skipped: a run records no commit or no case files, so its build cannot be re-run")
         return comparison
+    if checkouts is None:
+        commits = tuple(checked_commit(c, f"{s}/meta.json") for c, s in zip(commits, sources, strict=True))
+    built_in = {name for name, backend in REGISTRY.items() if backend.kind != "plugin"}
+    if not set(chosen["backend"]) <= built_in:  # a plugin's rows: its plugins must be named on this command line
+        try:
+            require_plugins(_plugins(str(new_meta.get("command") or "")), list(plugins), f"{sources[1]}/meta.json")
+        except UnnamedPluginError as error:
+            raise ConfirmInputError(str(error)) from None
     config = {
         "case_files": case_files,
         "device": str(new_meta.get("device") or "cpu"),
-        "plugins": _plugins(new_meta.get("command", "")),
+        "plugins": [str(Path(p).resolve()) if Path(p).exists() else p for p in plugins],  # workers run elsewhere
         "threads": new_meta.get("timing_threads") or (1 if str(new_meta.get("device") or "cpu") == "cpu" else None),
         "target_s": target_s,
     }

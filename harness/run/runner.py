@@ -43,6 +43,8 @@ class RunConfig:
     isolated: frozenset[str] = frozenset()  # backends run in a worker process (harness.execute.processes)
     plugins: tuple[str, ...] = ()  # plugin modules the worker imports
     timeout_s: float | None = None  # per isolated call; a case's timeout_s wins; None: the default
+    # (staging folder, final folder) of each plugin row's stdout/stderr (harness.execute.processes.row_log); None: not kept
+    logs: tuple[str, str] | None = None
 
 
 @dataclass(frozen=True)
@@ -227,7 +229,7 @@ def run_cases(
     ``case.timeout_s`` or ``config.timeout_s`` per call; ``worker``, a started
     :class:`harness.execute.processes.Worker` to use (the CLI's, which imported the plugins first).
     """
-    from harness.execute.processes import DEFAULT_TIMEOUT_S, Worker
+    from harness.execute.processes import DEFAULT_TIMEOUT_S, Worker, captured_output, report_output, row_log
 
     cases = list(cases)
     done = set(done)
@@ -270,7 +272,14 @@ def run_cases(
                             emit(_row_without_call(case, backend, config, "error", reason))
                     else:
                         for backend in local:
-                            emit(run_backend(ctx, backend, config))
+                            if backend.kind == "plugin":  # its output to its log file, as in the worker
+                                log = row_log(config, case.id, backend.name)
+                                with captured_output(log[0] if log else None):
+                                    row = run_backend(ctx, backend, config)
+                                report_output(log, f"{backend.name} on {case.id}")
+                                emit(row)
+                            else:
+                                emit(run_backend(ctx, backend, config))
                         del ctx
                         if torch.device(config.device).type == "cuda":
                             torch.cuda.empty_cache()  # the next case's oracle may want one large block
