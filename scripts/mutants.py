@@ -25,6 +25,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import queue
 import re
 import shutil
 import subprocess
@@ -32,6 +33,7 @@ import sys
 import tempfile
 import time
 import tomllib
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -113,6 +115,7 @@ def run_tests(tree: Path, tests: list[str], timeout: float, mutant: Mutant | Non
 
 
 def copy_tree(dest: Path) -> Path:
+    dest.mkdir(parents=True)
     for name in COPIED:
         source = ROOT / name
         if source.is_dir():
@@ -150,6 +153,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--timeout", type=float, default=120.0, help="seconds per mutant (default %(default)s)")
     parser.add_argument("--check", action="store_true", help="only check that every mutant applies to this tree")
     parser.add_argument("--skip-baseline", action="store_true", help="do not run the tests on the unmutated tree")
+    parser.add_argument("--jobs", type=int, default=1, help="mutants run at once, each in its own copy (default 1)")
     parser.add_argument("--json", type=Path, help="also write the outcomes here")
     args = parser.parse_args(argv)
 
@@ -168,18 +172,28 @@ def main(argv: list[str] | None = None) -> int:
 
     started = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="mutants-") as tmp:
-        tree = copy_tree(Path(tmp))
+        trees: queue.Queue[Path] = queue.Queue()
+        for job in range(max(args.jobs, 1)):
+            trees.put(copy_tree(Path(tmp) / f"tree{job}"))
+        tree = trees.queue[0]
         if not args.skip_baseline:
             verdict, seconds, detail = run_tests(tree, args.tests, args.timeout * 3)
             print(f"baseline (unmutated): {verdict} in {seconds:.1f} s {detail}", flush=True)
             if verdict != "passed":
                 print("mutants.py: the quick tests fail on the unmutated tree; fix that first")
                 return 1
-        outcomes = []
-        for mutant in mutants:
-            outcome = run_mutant(mutant, tree, args.tests, args.timeout)
+
+        def one(mutant: Mutant) -> Outcome:
+            tree = trees.get()
+            try:
+                outcome = run_mutant(mutant, tree, args.tests, args.timeout)
+            finally:
+                trees.put(tree)
             print(f"  {outcome.id}: {outcome.verdict} ({outcome.seconds:.1f} s) {outcome.detail}", flush=True)
-            outcomes.append(outcome)
+            return outcome
+
+        with ThreadPoolExecutor(max(args.jobs, 1)) as pool:
+            outcomes = list(pool.map(one, mutants))
     total = time.perf_counter() - started
     print()
     print_table(outcomes)

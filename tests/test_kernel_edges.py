@@ -223,3 +223,16 @@ def test_a_seq_len_one_key_past_the_table_is_nan(backend):
     got = getattr(kernels, f"paged_attention_{backend}")(*args, check=False, max_seq_len=capacity + 1)
     assert bool(got[0].isnan().all())
     assert not bool(got[1:].isnan().any())
+
+
+def test_the_smoke_suites_split_case_splits_the_kv_on_a_cpu():
+    """cases/smoke.toml reaches combine_splits_kernel on a CPU: its split case is tagged small
+    (the interpreter runs it) and, with the hints the harness passes the Triton backend, splits."""
+    from harness.cases import load_cases
+
+    (case,) = [c for c in load_cases(["cases/smoke.toml"], device="cpu") if c.name == "split_kv_combine"]
+    assert "small" in case.tags
+    inputs = make_inputs(**{**BASE, "num_q_heads": 8, "num_kv_heads": 1, "head_dim": 64}, seq_lens=list(case.seq_lens),
+                         q_lens=list(case.q_lens))  # fmt: skip
+    tiling = tiling_for(prepare_call(*inputs.args()), max_q_len=max(case.q_lens), max_seq_len=case.max_seq_len)
+    assert tiling.NUM_SPLITS == 2 and tiling.SPLIT_SIZE == SPLIT, tiling
