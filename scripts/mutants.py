@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import multiprocessing
 import os
 import queue
 import re
@@ -93,25 +94,74 @@ def selection(mutant: Mutant | None) -> list[str]:
     return ["-k", " and ".join(f"not {b}" for b in others)]
 
 
-def run_tests(tree: Path, tests: list[str], timeout: float, mutant: Mutant | None = None) -> tuple[str, float, str]:
+def _pytest_child(tree: str, args: list[str], log: str) -> None:
+    """In a forked child: pytest ``args`` in ``tree``, output to ``log``; exits with pytest's status."""
+    sys.dont_write_bytecode = True  # a mutated module must never be served from a stale .pyc
+    os.chdir(tree)
+    sys.path.insert(0, tree)
+    fd = os.open(log, os.O_WRONLY | os.O_CREAT | os.O_TRUNC)
+    os.dup2(fd, 1)
+    os.dup2(fd, 2)
+    import pytest
+
+    os._exit(int(pytest.main(args)))
+
+
+def _run_forked(tree: Path, args: list[str], timeout: float) -> tuple[int | None, str]:
+    """(exit status or None on timeout, output) of pytest in a child forked from this process, which has
+    imported torch and Triton already: a child skips those imports (seconds each on a busy box)."""
+    context = multiprocessing.get_context("fork")
+    log = tree / ".mutant-pytest.log"
+    child = context.Process(target=_pytest_child, args=(str(tree), args, str(log)))
+    child.start()
+    child.join(timeout)
+    if child.is_alive():
+        child.kill()
+        child.join()
+        return None, ""
+    return child.exitcode, log.read_text() if log.exists() else ""
+
+
+def preload() -> None:
+    """Import the third-party modules the tests use, so forked children start with them loaded (never
+    kernels, harness or tests: those must be imported from the mutated tree, in the child)."""
+    os.environ["TRITON_INTERPRET"] = "1"  # before Triton's first import: it decides there
+    os.environ["PYTHONDONTWRITEBYTECODE"] = "1"
+    import numpy  # noqa: F401
+    import pandas  # noqa: F401
+    import pydantic  # noqa: F401
+    import pytest  # noqa: F401
+    import torch  # noqa: F401
+    import triton
+    import triton.language  # noqa: F401
+
+
+def run_tests(
+    tree: Path, tests: list[str], timeout: float, mutant: Mutant | None = None, fork: bool = True
+) -> tuple[str, float, str]:
     """(verdict, seconds, first failing test or the output's tail) of pytest -x in ``tree``."""
-    env = {**os.environ, "TRITON_INTERPRET": "1", "PYTHONDONTWRITEBYTECODE": "1", "PYTHONPATH": str(tree)}
-    env.pop("PYTEST_ADDOPTS", None)
-    command = [sys.executable, "-m", "pytest", "-x", "-q", "-p", "no:cacheprovider", "-W", "ignore::RuntimeWarning",
-               *tests, *selection(mutant)]  # fmt: skip
+    args = ["-x", "-q", "-p", "no:cacheprovider", "-W", "ignore::RuntimeWarning", *tests, *selection(mutant)]
     start = time.perf_counter()
-    try:
-        done = subprocess.run(command, cwd=tree, env=env, capture_output=True, text=True, timeout=timeout)
-    except subprocess.TimeoutExpired:
-        return "timeout", time.perf_counter() - start, f"no verdict within {timeout:.0f} s"
+    if fork:
+        returncode, output = _run_forked(tree, args, timeout)
+    else:
+        env = {**os.environ, "TRITON_INTERPRET": "1", "PYTHONDONTWRITEBYTECODE": "1", "PYTHONPATH": str(tree)}
+        env.pop("PYTEST_ADDOPTS", None)
+        try:
+            done = subprocess.run([sys.executable, "-m", "pytest", *args], cwd=tree, env=env, capture_output=True,
+                                  text=True, timeout=timeout)  # fmt: skip
+            returncode, output = done.returncode, done.stdout + done.stderr
+        except subprocess.TimeoutExpired:
+            returncode, output = None, ""
     seconds = time.perf_counter() - start
-    output = done.stdout + done.stderr
+    if returncode is None:
+        return "timeout", seconds, f"no verdict within {timeout:.0f} s"
     failed = re.findall(r"^(?:FAILED|ERROR) (\S+)", output, re.MULTILINE)
-    if done.returncode == 0:
+    if returncode == 0:
         return "passed", seconds, ""
-    if done.returncode == 1 or done.returncode < 0:  # tests failed, or the process died (a crash is caught too)
-        return "failed", seconds, failed[0] if failed else f"exit {done.returncode}"
-    return "error", seconds, output.strip().splitlines()[-1] if output.strip() else f"exit {done.returncode}"
+    if returncode == 1 or returncode < 0:  # tests failed, or the process died (a crash is caught too)
+        return "failed", seconds, failed[0] if failed else f"exit {returncode}"
+    return "error", seconds, output.strip().splitlines()[-1] if output.strip() else f"exit {returncode}"
 
 
 def copy_tree(dest: Path) -> Path:
@@ -125,14 +175,14 @@ def copy_tree(dest: Path) -> Path:
     return dest
 
 
-def run_mutant(mutant: Mutant, tree: Path, tests: list[str], timeout: float) -> Outcome:
+def run_mutant(mutant: Mutant, tree: Path, tests: list[str], timeout: float, fork: bool = True) -> Outcome:
     if reason := applies(mutant, tree):
         return Outcome(mutant.id, "not-applied", 0.0, reason)
     path = tree / mutant.file
     original = path.read_text()
     path.write_text(original.replace(mutant.find, mutant.replace, 1))
     try:
-        verdict, seconds, detail = run_tests(tree, tests, timeout, mutant)
+        verdict, seconds, detail = run_tests(tree, tests, timeout, mutant, fork)
     finally:
         path.write_text(original)
     verdict = {"failed": "caught", "passed": "survived"}.get(verdict, verdict)
@@ -154,6 +204,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--check", action="store_true", help="only check that every mutant applies to this tree")
     parser.add_argument("--skip-baseline", action="store_true", help="do not run the tests on the unmutated tree")
     parser.add_argument("--jobs", type=int, default=1, help="mutants run at once, each in its own copy (default 1)")
+    parser.add_argument("--no-fork", action="store_true",
+                        help="start each pytest as a fresh interpreter instead of forking a preloaded one")  # fmt: skip
     parser.add_argument("--json", type=Path, help="also write the outcomes here")
     args = parser.parse_args(argv)
 
@@ -171,13 +223,16 @@ def main(argv: list[str] | None = None) -> int:
         return 1 if problems else 0
 
     started = time.perf_counter()
+    fork = not args.no_fork
+    if fork:
+        preload()
     with tempfile.TemporaryDirectory(prefix="mutants-") as tmp:
         trees: queue.Queue[Path] = queue.Queue()
         for job in range(max(args.jobs, 1)):
             trees.put(copy_tree(Path(tmp) / f"tree{job}"))
         tree = trees.queue[0]
         if not args.skip_baseline:
-            verdict, seconds, detail = run_tests(tree, args.tests, args.timeout * 3)
+            verdict, seconds, detail = run_tests(tree, args.tests, args.timeout * 3, None, fork)
             print(f"baseline (unmutated): {verdict} in {seconds:.1f} s {detail}", flush=True)
             if verdict != "passed":
                 print("mutants.py: the quick tests fail on the unmutated tree; fix that first")
@@ -186,7 +241,7 @@ def main(argv: list[str] | None = None) -> int:
         def one(mutant: Mutant) -> Outcome:
             tree = trees.get()
             try:
-                outcome = run_mutant(mutant, tree, args.tests, args.timeout)
+                outcome = run_mutant(mutant, tree, args.tests, args.timeout, fork)
             finally:
                 trees.put(tree)
             print(f"  {outcome.id}: {outcome.verdict} ({outcome.seconds:.1f} s) {outcome.detail}", flush=True)
