@@ -33,9 +33,10 @@ import pytest
 import torch
 
 import kernels
-from harness.grading import DEFAULT_TOLERANCES, grade
-from harness.inputs import PagedInputs, make_inputs
-from harness.oracle import paged_attention_oracle
+from harness.cases.inputs import PagedInputs, make_inputs
+from harness.cases.vocab import DEFAULT_TOLERANCES
+from harness.run.grading import grade
+from harness.run.oracle import paged_attention_oracle
 from kernels._common import prepare_call, tiling_for
 
 BACKENDS = ("triton", "tlsim", "reference")
@@ -229,9 +230,9 @@ def test_a_seq_len_one_key_past_the_table_is_nan(backend):
 def test_the_smoke_suites_split_case_splits_the_kv_on_a_cpu():
     """cases/smoke.toml reaches combine_splits_kernel on a CPU: its split case is tagged small
     (the interpreter runs it) and, with the hints the harness passes the Triton backend, splits."""
-    from harness.cases import load_cases
+    from harness.cases.spec import load_cases
 
-    smoke = Path(__file__).resolve().parent.parent / "harness" / "suites" / "smoke.toml"  # cases/ links there
+    smoke = Path(__file__).resolve().parent.parent / "harness" / "cases" / "suites" / "smoke.toml"  # cases/ links there
     (case,) = [c for c in load_cases([smoke], device="cpu") if c.name == "split_kv_combine"]
     assert "small" in case.tags
     inputs = make_inputs(**{**BASE, "num_q_heads": 8, "num_kv_heads": 1, "head_dim": 64}, seq_lens=list(case.seq_lens),
