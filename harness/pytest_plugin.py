@@ -40,8 +40,9 @@ class HarnessSession:
 
     def __init__(self, config: pytest.Config):
         from harness.backends.builtin import REGISTRY, load_plugin, resolve_backends
+        from harness.cases.loading import load_cases
         from harness.cases.packaged import resolve_case_arg
-        from harness.cases.spec import CaseFileError, check_backend_names, load_cases
+        from harness.cases.spec import CaseFileError, check_backend_names
         from harness.run.runner import RunConfig
 
         self.device = config.getoption("harness_device") or default_device()

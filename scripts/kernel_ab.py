@@ -47,8 +47,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import kernels
 from harness.backends.builtin import resolve_backends
+from harness.cases.loading import load_cases
 from harness.cases.packaged import resolve_case_arg
-from harness.cases.spec import load_case_file, load_cases
+from harness.cases.spec import load_case_file
 from harness.review import stats
 from harness.run.runner import case_inputs
 from harness.timing.timer import time_call

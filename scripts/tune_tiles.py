@@ -33,8 +33,9 @@ if "TRITON_INTERPRET" not in os.environ and not torch.cuda.is_available():
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from harness.backends.builtin import resolve_backends
+from harness.cases.loading import load_cases
 from harness.cases.packaged import resolve_case_arg
-from harness.cases.spec import Case, load_cases
+from harness.cases.spec import Case
 from harness.run.runner import case_inputs
 from harness.timing.timer import time_call
 from kernels._common import choose_tiling

@@ -22,9 +22,10 @@ from harness.backends.registry import Backend, contract_prepare
 from harness.cases.inputs import standard_alibi_slopes
 from harness.cases.spec import CaseFileError, expand_spec
 from harness.cases.vocab import DEFAULT_TOLERANCES
+from harness.execute.local import run_cases
 from harness.run.grading import grade
 from harness.run.oracle import paged_attention_oracle
-from harness.run.runner import RunConfig, run_cases
+from harness.run.runner import RunConfig
 from kernels._common import tiling_for, window_tile_start
 from kernels.reference import gather_kv
 from tests.kernel_cases import CASES_BY_NAME, KernelCase

@@ -7,7 +7,8 @@ import textwrap
 
 import pytest
 
-from harness.cases.spec import CaseFileError, load_case_file, load_cases
+from harness.cases.loading import load_cases
+from harness.cases.spec import CaseFileError, load_case_file
 from harness.cli.main import main
 
 GOOD = """

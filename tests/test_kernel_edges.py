@@ -230,7 +230,7 @@ def test_a_seq_len_one_key_past_the_table_is_nan(backend):
 def test_the_smoke_suites_split_case_splits_the_kv_on_a_cpu():
     """cases/smoke.toml reaches combine_splits_kernel on a CPU: its split case is tagged small
     (the interpreter runs it) and, with the hints the harness passes the Triton backend, splits."""
-    from harness.cases.spec import load_cases
+    from harness.cases.loading import load_cases
 
     smoke = Path(__file__).resolve().parent.parent / "harness" / "cases" / "suites" / "smoke.toml"  # cases/ links there
     (case,) = [c for c in load_cases([smoke], device="cpu") if c.name == "split_kv_combine"]

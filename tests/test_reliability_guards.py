@@ -13,9 +13,10 @@ from harness import register_backend
 from harness.backends import builtin as backends_module
 from harness.cases.inputs import make_inputs
 from harness.cases.spec import load_case_file
+from harness.execute.local import run_cases
 from harness.run.grading import forward_error_bound, grade
 from harness.run.oracle import paged_attention_oracle
-from harness.run.runner import RunConfig, run_cases
+from harness.run.runner import RunConfig
 from tests.tiny_cases import write_cases
 
 pytestmark = pytest.mark.usefixtures("clean_registry")  # backends registered here vanish after each test

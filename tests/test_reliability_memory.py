@@ -16,8 +16,9 @@ from pathlib import Path
 
 import pytest
 
+from harness.cases.loading import load_cases
 from harness.cases.memory import estimate
-from harness.cases.spec import CaseFileError, load_case_file, load_cases
+from harness.cases.spec import CaseFileError, load_case_file
 
 ROOT = Path(__file__).resolve().parents[1]
 FACTOR = 2.5

@@ -8,9 +8,10 @@ import torch
 
 from harness import register_backend
 from harness.backends import builtin as backends_module
-from harness.cases.spec import load_cases
+from harness.cases.loading import load_cases
 from harness.cli.main import main
-from harness.run.runner import RunConfig, run_cases
+from harness.execute.local import run_cases
+from harness.run.runner import RunConfig
 
 SMOKE = "cases/smoke.toml"
 

@@ -11,9 +11,10 @@ from harness import register_backend
 from harness.backends import builtin as backends_module
 from harness.cases.spec import load_case_file
 from harness.cli.main import main
+from harness.execute.local import run_cases
 from harness.results import storage as storage_module
 from harness.review.compare import compare_runs
-from harness.run.runner import RunConfig, exit_code, run_cases
+from harness.run.runner import RunConfig, exit_code
 from tests.tiny_cases import write_cases
 
 pytestmark = pytest.mark.usefixtures("clean_registry")  # backends registered here vanish after each test

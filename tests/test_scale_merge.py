@@ -9,7 +9,7 @@ import shutil
 import pandas as pd
 import pytest
 
-from harness.cases.spec import load_cases
+from harness.cases.loading import load_cases
 from harness.cli.main import main
 from harness.execute.shards import parse_shard, shard_cases
 from harness.timing.metrics import case_cost

@@ -7,7 +7,7 @@ import os
 import pytest
 import torch
 
-from harness.cases.spec import load_cases
+from harness.cases.loading import load_cases
 from harness.run import oracle_cache, runner
 from tests.tiny_cases import write_cases
 

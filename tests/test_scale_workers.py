@@ -11,7 +11,7 @@ import pandas as pd
 import pytest
 
 from harness.backends.builtin import load_plugin, resolve_backends
-from harness.cases.spec import load_cases
+from harness.cases.loading import load_cases
 from harness.cli.main import main
 from harness.execute.workers import EXTRA_COLUMNS, run_sharded, worker_count, worker_threads
 from harness.run.runner import RunConfig

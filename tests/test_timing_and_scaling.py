@@ -142,8 +142,9 @@ def test_a_declared_commit_wins_over_a_stale_git_and_the_disagreement_is_recorde
 def test_a_failing_row_names_the_sequence_query_position_and_head_of_its_worst_element():
     import kernels
     from harness.backends.builtin import REGISTRY, register_backend
+    from harness.execute.local import run_cases
     from harness.run.grading import locate
-    from harness.run.runner import RunConfig, run_cases
+    from harness.run.runner import RunConfig
 
     assert locate(3, [0, 2, 2, 5], [4, 7, 9]) == "seq 2, query 1 (position 7)", "seq 1 has no query"
 

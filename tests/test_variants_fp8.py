@@ -16,9 +16,10 @@ import kernels
 from harness.backends.builtin import REGISTRY
 from harness.cases.spec import CaseFileError, expand_spec
 from harness.cases.vocab import DEFAULT_TOLERANCES
+from harness.execute.local import run_cases
 from harness.run.grading import grade
 from harness.run.oracle import paged_attention_oracle
-from harness.run.runner import RunConfig, run_cases
+from harness.run.runner import RunConfig
 from kernels._common import quantize_kv
 from tests.kernel_cases import CASES_BY_NAME
 

@@ -18,9 +18,10 @@ import torch
 import kernels
 from harness.backends.builtin import REGISTRY
 from harness.cases.spec import CaseFileError, expand_spec
+from harness.execute.local import run_cases
 from harness.run.grading import grade
 from harness.run.oracle import paged_attention_oracle
-from harness.run.runner import RunConfig, case_inputs, run_cases
+from harness.run.runner import RunConfig, case_inputs
 from kernels.cascade import cascade_attention, merge_attention_states
 from tests.test_attention_variants import BY_NAME, VariantCase, _tolerance
 

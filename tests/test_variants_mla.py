@@ -17,9 +17,10 @@ from harness.backends.builtin import REGISTRY
 from harness.cases.inputs import make_inputs
 from harness.cases.spec import expand_spec
 from harness.cases.vocab import DEFAULT_TOLERANCES
+from harness.execute.local import run_cases
 from harness.run.grading import grade
 from harness.run.oracle import paged_attention_oracle
-from harness.run.runner import RunConfig, run_cases
+from harness.run.runner import RunConfig
 from kernels._common import head_dim_pieces, heads_per_program, prepare_call, tiling_for
 
 SHAPES = {  # num_q_heads, num_kv_heads, head_dim, head_dim_v, dtype, seq_lens, q_lens

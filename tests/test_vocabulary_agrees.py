@@ -11,9 +11,10 @@ from harness.backends.builtin import resolve_backends
 from harness.cases.inputs import make_inputs
 from harness.cases.spec import case_file_schema, load_case_file
 from harness.cases.vocab import DEFAULT_TOLERANCES, DTYPE_NAMES, DTYPES, FAILING, GRADED, LAYOUTS, STATUSES, WORST_FIRST
+from harness.execute.local import run_cases
 from harness.results import report
 from harness.run import grading
-from harness.run.runner import RunConfig, run_cases
+from harness.run.runner import RunConfig
 from harness.timing import ceilings
 from kernels._common import SUPPORTED_DTYPES
 from tests.tiny_cases import TINY, write_cases

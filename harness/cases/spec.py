@@ -345,12 +345,6 @@ class Case:
         """Whether the case file asks for this backend."""
         return (self.backends is None or backend in self.backends) and backend not in self.exclude_backends
 
-    def estimated_bytes(self) -> int:
-        """Peak memory of running the case through every built-in backend (harness.cases.memory)."""
-        from harness.cases.memory import estimate
-
-        return estimate(self).peak
-
 
 def _lengths(spec: CaseSpec) -> tuple[tuple[int, ...], tuple[int, ...]]:
     """Materialize seq_lens and q_lens from lists or seeded generators."""
@@ -598,33 +592,6 @@ def resolve_case_paths(paths: list[str | Path]) -> list[Path]:
             seen[key] = f
             files.append(f)
     return files
-
-
-def load_cases(
-    paths: list[str | Path], device: str = "cpu", tags: list[str] | None = None, backends: list[str] | None = None
-) -> list[Case]:
-    """Load, validate and expand case files; keep cases with any of ``tags``; check memory
-    (harness.cases.memory: the oracle's and every backend's peak, ``backends`` None: all built-ins).
-
-    Raises CaseFileError listing every problem found (file, case id, field).
-    """
-    cases: list[Case] = []
-    errors: list[str] = []
-    for file in resolve_case_paths(paths):
-        try:
-            cases.extend(load_case_file(file))
-        except CaseFileError as error:
-            errors.append(str(error))
-    if errors:
-        raise CaseFileError("\n".join(errors))
-    if tags:
-        cases = [c for c in cases if set(tags) & set(c.tags)]
-    from harness.cases.memory import too_large
-
-    errors = too_large(cases, device, backends)
-    if errors:
-        raise CaseFileError("\n".join(errors))
-    return cases
 
 
 def check_backend_names(cases: list[Case], registered: list[str]) -> None:

@@ -183,8 +183,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _load(cases: list[str], device: str, tags: list[str] | None, backends: list[str] | None = None):
+    from harness.cases.loading import load_cases
     from harness.cases.packaged import resolve_case_arg
-    from harness.cases.spec import load_cases
 
     cases = [resolve_case_arg(c) for c in cases] or DEFAULT_CASES
     loaded = load_cases(cases, device=device, tags=tags, backends=backends)

@@ -116,7 +116,7 @@ def run_rows(args: argparse.Namespace, cases, config, on_row, done, worker=None)
         preload_report_modules()
         record = {"mode": "workers", **run_sharded(cases, config, on_row, done, workers=workers).timings()}
     else:
-        from harness.run.runner import run_cases
+        from harness.execute.local import run_cases
         from harness.timing.phases import rounded, take_phases
 
         take_phases()

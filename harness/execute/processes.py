@@ -174,7 +174,7 @@ def _worker_main(conn, plugins: tuple[str, ...], parent_pid: int) -> None:
     import torch
 
     from harness.backends.builtin import REGISTRY, load_plugin
-    from harness.run.runner import _error_reason, build_context, run_backend
+    from harness.run.runner import build_context, error_reason, run_backend
     from harness.timing.phases import take_phases
 
     try:
@@ -200,7 +200,7 @@ def _worker_main(conn, plugins: tuple[str, ...], parent_pid: int) -> None:
                 ctx = build_context(case, config.device, config.oracle_device)
                 conn.send(("ok", None, take_phases()))
             except BaseException as error:
-                conn.send(("error", f"building inputs/oracle: {_error_reason(error)}", take_phases()))
+                conn.send(("error", f"building inputs/oracle: {error_reason(error)}", take_phases()))
         elif message[0] == "row":  # each reply carries its phases: the parent counts them as its own
             with captured_output(message[2]):
                 row = run_backend(ctx, REGISTRY[message[1]], config)
@@ -215,7 +215,7 @@ def _worker_main(conn, plugins: tuple[str, ...], parent_pid: int) -> None:
                 paths = profile_pairs([(case, REGISTRY[name])], config.device, config.oracle_device, Path(folder))
                 conn.send(("profiled", [str(path) for path in paths], take_phases()))
             except BaseException as error:
-                conn.send(("error", _error_reason(error), take_phases()))
+                conn.send(("error", error_reason(error), take_phases()))
 
 
 def _absorb_phases(reply) -> None:

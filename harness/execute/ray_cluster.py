@@ -151,11 +151,11 @@ def run_on_ray(
 
     def error_rows(task: _Task, names: list[str], why: str) -> None:
         from harness.backends.builtin import REGISTRY
-        from harness.run.runner import _row_without_call
+        from harness.run.runner import row_without_call
 
         for name in names:
             task.names.remove(name)
-            on_row(ledger.apply({**_row_without_call(task.case, REGISTRY[name], config, "error", why), **task.labels}))
+            on_row(ledger.apply({**row_without_call(task.case, REGISTRY[name], config, "error", why), **task.labels}))
 
     submitted = time.perf_counter()
     done = set(done)

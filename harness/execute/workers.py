@@ -136,12 +136,12 @@ def case_events(case: Case, names: list[str], config, labels: dict) -> Iterator[
     import torch
 
     from harness.backends.builtin import REGISTRY
-    from harness.run.runner import _error_reason, _row_without_call, build_context, run_backend
+    from harness.run.runner import build_context, error_reason, row_without_call, run_backend
 
     to_run = []
     for backend in (REGISTRY[name] for name in names):
         if reason := backend.skip_reason(case, config.device):
-            yield "row", {**_row_without_call(case, backend, config, "skip", reason), **labels}
+            yield "row", {**row_without_call(case, backend, config, "skip", reason), **labels}
         else:
             to_run.append(backend)
     if not to_run:
@@ -150,9 +150,9 @@ def case_events(case: Case, names: list[str], config, labels: dict) -> Iterator[
     try:
         ctx = build_context(case, config.device, config.oracle_device)
     except Exception as error:
-        reason = f"{CONTEXT}: {_error_reason(error)}"
+        reason = f"{CONTEXT}: {error_reason(error)}"
         for backend in to_run:
-            yield "row", {**_row_without_call(case, backend, config, "error", reason), **labels}
+            yield "row", {**row_without_call(case, backend, config, "error", reason), **labels}
         return
     for backend in to_run:
         yield "start", backend.name
@@ -441,10 +441,10 @@ class ShardedRun:
 
     def _error_row(self, case: Case, name: str, slot: _Slot, reason: str) -> dict:
         from harness.backends.builtin import REGISTRY
-        from harness.run.runner import _row_without_call
+        from harness.run.runner import row_without_call
 
         return self.ledger.apply(
-            {**_row_without_call(case, REGISTRY[name], self.config, "error", reason), **self.labels(slot)}
+            {**row_without_call(case, REGISTRY[name], self.config, "error", reason), **self.labels(slot)}
         )
 
     def timings(self) -> dict:

@@ -127,7 +127,7 @@ WORKER = r"""
 import json, sys
 import torch
 from harness.backends.builtin import REGISTRY, load_plugin
-from harness.cases.spec import load_cases
+from harness.cases.loading import load_cases
 from harness.cases.inputs import make_inputs
 from harness.timing.timer import time_call
 

@@ -7,12 +7,10 @@ row), and :mod:`harness.results.report` stores it.
 from __future__ import annotations
 
 import traceback
-from collections.abc import Callable, Collection, Iterable
 from dataclasses import dataclass, field
 
 import pandas as pd
 import torch
-from tqdm import tqdm
 
 from harness.backends.registry import Backend, Unsupported
 from harness.cases.inputs import PagedInputs, make_inputs
@@ -22,7 +20,7 @@ from harness.results.columns import COLUMNS, check_row_keys
 from harness.run.grading import BOUND_RESULT, forward_error_bound, grade, locate
 from harness.run.guard import InputGuard, check_output, raised_by_backend
 from harness.run.oracle import paged_attention_oracle
-from harness.run.oracle_cache import PoisonedCacheError, lookup, oracle_key
+from harness.run.oracle_cache import lookup, oracle_key
 from harness.timing.measure import TimingPlan, timing_columns
 from harness.timing.metrics import bytes_moved
 from harness.timing.phases import phase
@@ -143,7 +141,7 @@ def case_columns(case: Case, device: str) -> dict:
     }
 
 
-def _error_reason(error: BaseException) -> str:
+def error_reason(error: BaseException) -> str:
     last = traceback.extract_tb(error.__traceback__)[-1] if error.__traceback__ else None
     where = f" (at {last.filename.rsplit('/', 1)[-1]}:{last.lineno})" if last else ""
     message = str(error).strip().splitlines()[0] if str(error).strip() else ""
@@ -205,95 +203,13 @@ def run_backend(ctx: CaseContext, backend: Backend, config: RunConfig) -> dict:
         if torch.device(config.device).type == "cuda":
             torch.cuda.synchronize()
         mutated = ctx.guard.check("before it raised") if ctx.guard else ""
-        return {**row, "status": "error", "reason": "; ".join(filter(None, [_error_reason(error), mutated]))}
+        return {**row, "status": "error", "reason": "; ".join(filter(None, [error_reason(error), mutated]))}
     return row
 
 
-def _row_without_call(case: Case, backend: Backend, config: RunConfig, status: str, reason: str) -> dict:
+def row_without_call(case: Case, backend: Backend, config: RunConfig, status: str, reason: str) -> dict:
     return {**case_columns(case, config.device), "backend": backend.name, "backend_kind": backend.kind,
             "status": status, "reason": reason}  # fmt: skip
-
-
-def run_cases(
-    cases: Iterable[Case],
-    config: RunConfig,
-    on_row: Callable[[dict], None] | None = None,
-    done: Collection[tuple[str, str]] = (),
-    worker=None,
-) -> pd.DataFrame:
-    """Every case through every configured backend; one row per (case, backend).
-
-    ``on_row`` gets each row as it finishes (the journal). Pairs in ``done`` (case id,
-    backend name; a resumed run's journal) are not run and not returned. Backends named
-    in ``config.isolated`` run in a worker process (:mod:`harness.execute.processes`), under
-    ``case.timeout_s`` or ``config.timeout_s`` per call; ``worker``, a started
-    :class:`harness.execute.processes.Worker` to use (the CLI's, which imported the plugins first).
-    """
-    from harness.execute.processes import DEFAULT_TIMEOUT_S, Worker, captured_output, report_output, row_log
-
-    cases = list(cases)
-    done = set(done)
-    rows: list[dict] = []
-    total = sum((c.id, b.name) not in done for c in cases for b in config.backends)
-    order = {b.name: i for i, b in enumerate(config.backends)}
-    if worker is None and config.isolated:
-        worker = Worker(config.plugins)
-    case_rows: list[dict] = []  # this case's rows, in the order they finish
-    try:
-        with tqdm(total=total, desc="cases x backends", unit="run", disable=not config.progress or total < 4) as bar:
-
-            def emit(row: dict) -> None:
-                case_rows.append(row)
-                if on_row:
-                    on_row(row)
-                bar.update()
-
-            for case in cases:
-                todo = [b for b in config.backends if (case.id, b.name) not in done]
-                if not todo:
-                    continue
-                bar.set_postfix_str(case.id[-40:])
-                case_rows.clear()
-
-                local, remote = [], []
-                for backend in todo:
-                    if reason := backend.skip_reason(case, config.device):
-                        emit(_row_without_call(case, backend, config, "skip", reason))
-                    else:
-                        (remote if backend.name in config.isolated else local).append(backend)
-                if local:
-                    try:
-                        ctx = build_context(case, config.device, config.oracle_device)
-                    except PoisonedCacheError:
-                        raise  # not this case's fault: the run stops, bad input (exit 2)
-                    except Exception as error:  # inputs or oracle failed (out of memory, say): every row errors
-                        reason = f"building inputs/oracle: {_error_reason(error)}"
-                        for backend in local:
-                            emit(_row_without_call(case, backend, config, "error", reason))
-                    else:
-                        for backend in local:
-                            if backend.kind == "plugin":  # its output to its log file, as in the worker
-                                log = row_log(config, case.id, backend.name)
-                                with captured_output(log[0] if log else None):
-                                    row = run_backend(ctx, backend, config)
-                                report_output(log, f"{backend.name} on {case.id}")
-                                emit(row)
-                            else:
-                                emit(run_backend(ctx, backend, config))
-                        del ctx
-                        if torch.device(config.device).type == "cuda":
-                            torch.cuda.empty_cache()  # the next case's oracle may want one large block
-                for backend in remote:
-                    limit = case.timeout_s or config.timeout_s or DEFAULT_TIMEOUT_S
-                    result = worker.run(case, backend.name, config, limit)
-                    if isinstance(result, str):
-                        result = _row_without_call(case, backend, config, "error", result)
-                    emit(result)
-                rows.extend(sorted(case_rows, key=lambda row: order[row["backend"]]))
-    finally:
-        if worker is not None:
-            worker.stop()
-    return to_frame(rows)
 
 
 def to_frame(rows: list[dict]) -> pd.DataFrame:

@@ -1,0 +1,33 @@
+"""Case files to cases: read and validate every file, keep the tagged ones, refuse what would not fit in memory."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from harness.cases.memory import too_large
+from harness.cases.spec import Case, CaseFileError, load_case_file, resolve_case_paths
+
+
+def load_cases(
+    paths: list[str | Path], device: str = "cpu", tags: list[str] | None = None, backends: list[str] | None = None
+) -> list[Case]:
+    """Load, validate and expand case files; keep cases with any of ``tags``; check memory
+    (harness.cases.memory: the oracle's and every backend's peak, ``backends`` None: all built-ins).
+
+    Raises CaseFileError listing every problem found (file, case id, field).
+    """
+    cases: list[Case] = []
+    errors: list[str] = []
+    for file in resolve_case_paths(paths):
+        try:
+            cases.extend(load_case_file(file))
+        except CaseFileError as error:
+            errors.append(str(error))
+    if errors:
+        raise CaseFileError("\n".join(errors))
+    if tags:
+        cases = [c for c in cases if set(tags) & set(c.tags)]
+    errors = too_large(cases, device, backends)
+    if errors:
+        raise CaseFileError("\n".join(errors))
+    return cases
