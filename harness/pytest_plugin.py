@@ -22,9 +22,17 @@ from pathlib import Path
 
 import pytest
 
+from harness.backends.builtin import REGISTRY, load_plugin, resolve_backends
+from harness.cases.loading import load_cases
+from harness.cases.packaged import resolve_case_arg
+from harness.cases.spec import CaseFileError, check_backend_names
+from harness.execute import xdist as xdist_rows
 from harness.results import report
+from harness.results.environment import collect_meta
+from harness.results.storage import write_run
 from harness.run import oracle_cache
-from harness.run.options import DEFAULT_CASES, add_to_pytest, default_device
+from harness.run.options import DEFAULT_CASES, add_to_pytest, apply_threads, default_device
+from harness.run.runner import RunConfig, build_context, run_backend, to_frame
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -39,12 +47,6 @@ class HarnessSession:
     """Per pytest session: the selected cases and backends, a one-case context cache, the rows."""
 
     def __init__(self, config: pytest.Config):
-        from harness.backends.builtin import REGISTRY, load_plugin, resolve_backends
-        from harness.cases.loading import load_cases
-        from harness.cases.packaged import resolve_case_arg
-        from harness.cases.spec import CaseFileError, check_backend_names
-        from harness.run.runner import RunConfig
-
         self.device = config.getoption("harness_device") or default_device()
         try:
             for plugin in config.getoption("harness_plugins"):
@@ -58,8 +60,6 @@ class HarnessSession:
             raise pytest.UsageError(str(error)) from None
         threads = None
         if config.getoption("harness_timing"):
-            from harness.run.options import apply_threads
-
             threads = apply_threads(config.getoption("harness_threads"), self.device)
         self.config = RunConfig(
             device=self.device,
@@ -73,8 +73,6 @@ class HarnessSession:
         self._context = None
 
     def run(self, case, backend) -> dict:
-        from harness.run.runner import build_context, run_backend
-
         if self._context is None or self._context.case is not case:
             self._context = None  # free the previous case's tensors first
             self._context = build_context(case, self.device, self.config.oracle_device)
@@ -110,8 +108,6 @@ def harness_session(request: pytest.FixtureRequest) -> HarnessSession:
 
 
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
-    from harness.execute import xdist as xdist_rows
-
     target = session.config.getoption("harness_report", None)
     if xdist_rows.worker_hands_rows_over(session.config):  # pytest -n: the controller writes the run
         if _SESSION_KEY in session.config.stash:
@@ -120,10 +116,6 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     merged = xdist_rows.collect_rows(session.config)  # None without pytest -n
     if target is None or (merged is None and _SESSION_KEY not in session.config.stash):
         return
-    from harness.results.environment import collect_meta
-    from harness.results.storage import write_run
-    from harness.run.runner import to_frame
-
     harness = _session(session.config)
     rows = (
         harness.rows
@@ -143,13 +135,9 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
 
 @pytest.hookimpl(optionalhook=True)
 def pytest_xdist_setupnodes(config: pytest.Config, specs) -> None:
-    from harness.execute import xdist as xdist_rows
-
     xdist_rows.pin_gpus(config, specs)
 
 
 @pytest.hookimpl(optionalhook=True)
 def pytest_configure_node(node) -> None:
-    from harness.execute import xdist as xdist_rows
-
     xdist_rows.hand_rows_folder(node)

@@ -222,7 +222,7 @@ def test_a_second_resume_of_a_journal_being_written_is_refused_naming_the_holder
         assert main(["run", "--resume", str(out), "--no-progress"]) == 2
         assert f"process {holder.pid}" in capsys.readouterr().err
         # the pid check aside (another host's pid, a reused one), the lock alone refuses it
-        monkeypatch.setattr("harness.results.journal.pid_alive", lambda pid: False)
+        monkeypatch.setattr("harness.cli.main.pid_alive", lambda pid: False)
         assert main(["run", "--resume", str(out), "--no-progress"]) == 2
         assert f"process {holder.pid} holds this journal's lock" in capsys.readouterr().err
     finally:

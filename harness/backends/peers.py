@@ -30,6 +30,7 @@ import torch.nn.functional as F
 from harness.backends.registry import Backend, Prepared, Unsupported, add_backend
 from harness.cases.inputs import PagedInputs
 from harness.cases.spec import Case
+from kernels import has_triton
 
 
 @dataclass(frozen=True)
@@ -313,8 +314,6 @@ def flex_unavailable(case: Case, device: str) -> str | None:
         import torch.nn.attention.flex_attention
     except ImportError:
         return f"torch {torch.__version__} has no FlexAttention"
-    from kernels import has_triton
-
     if not has_triton():
         return "FlexAttention compiles through Triton, which is not installed"
     return None

@@ -38,11 +38,48 @@ from pathlib import Path
 
 import torch
 
-from harness.backends.registry import plugin_key, require_plugins
+import kernels
+from harness.backends.builtin import REGISTRY, load_plugin, resolve_backends
+from harness.backends.registry import UnnamedPluginError, plugin_key, require_plugins
+from harness.cases.loading import load_cases
+from harness.cases.packaged import resolve_case_arg
+from harness.cases.spec import CaseFileError, case_file_schema, check_backend_names, load_case_file, resolve_case_paths
 from harness.cases.vocab import GRADED
+from harness.execute.plan import add_arguments as add_scale_arguments
+from harness.execute.plan import check_arguments as check_scale_arguments
+from harness.execute.plan import run_rows
+from harness.execute.processes import DEFAULT_TIMEOUT_S, PluginImportError, Worker
+from harness.execute.shards import MergeError, merge_runs, parse_shard, shard_cases
 from harness.results import report
+from harness.results.environment import collect_meta
+from harness.results.journal import Journal, JournalError, journal_path, pid_alive
+from harness.results.report import rebuild_html
+from harness.results.storage import (
+    NotWritableError,
+    RunDirExistsError,
+    RunFolderError,
+    load_run,
+    reserve_run,
+    stale_leftovers,
+    write_run,
+)
+from harness.review.compare import (
+    CompareOptions,
+    DuplicateRowsError,
+    compare_runs,
+    format_comparison,
+    regressions_of,
+    write_compare_html,
+)
+from harness.review.confirm import MIN_ROUNDS, ConfirmInputError, confirm_slower
+from harness.review.history import format_history, load_history, write_history_html
 from harness.run import oracle_cache
-from harness.run.options import DEFAULT_CASES
+from harness.run.guard import Terminated, install_signal_handlers, raised_by_backend
+from harness.run.options import DEFAULT_CASES, add_to_argparse, apply_threads, default_device
+from harness.run.oracle_cache import PoisonedCacheError
+from harness.run.profiling import profile_pairs, selected
+from harness.run.runner import COLUMNS, RunConfig, exit_code, summarize, to_frame
+from harness.timing.ceilings import measure_ceilings, mixed_models_note
 
 EXIT_OK, EXIT_FAIL, EXIT_BAD_INPUT, EXIT_INTERNAL = 0, 1, 2, 3
 EXIT_INTERRUPTED, EXIT_BROKEN_PIPE, EXIT_TERMINATED = 130, 141, 143  # 128 + SIGINT, SIGPIPE, SIGTERM
@@ -53,8 +90,6 @@ class BadInput(Exception):
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from harness.run.options import add_to_argparse
-
     called = Path(sys.argv[0]).name  # the console script's name, or __main__.py under python -m
     prog = called if called == "harness" else "python -m harness"
     parser = argparse.ArgumentParser(prog=prog, description=__doc__.split("\n")[0])
@@ -103,8 +138,6 @@ def build_parser() -> argparse.ArgumentParser:
         help="with --resume: run nothing, write the run folder from the journal's rows alone (a run whose "
         "machine is gone); meta.json says it is incomplete and which (case, backend) pairs never ran",
     )
-    from harness.execute.plan import add_arguments as add_scale_arguments
-
     add_scale_arguments(run)  # --workers, --ray, --oracle-cache
 
     listing = verbs.add_parser("list", help="the expanded cases, as a table")
@@ -183,9 +216,6 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _load(cases: list[str], device: str, tags: list[str] | None, backends: list[str] | None = None):
-    from harness.cases.loading import load_cases
-    from harness.cases.packaged import resolve_case_arg
-
     cases = [resolve_case_arg(c) for c in cases] or DEFAULT_CASES
     loaded = load_cases(cases, device=device, tags=tags, backends=backends)
     if not loaded:
@@ -197,10 +227,6 @@ def _load_plugins(plugins: list[str], isolate: str):
     """Import the plugins (first in the run's worker when isolating, so one that exits or
     crashes on import is bad input, not the end of the run); the backend names they added,
     and the started worker (None when nothing is isolated)."""
-    from harness.backends.builtin import REGISTRY, load_plugin
-    from harness.execute.processes import PluginImportError, Worker
-    from harness.run.guard import raised_by_backend
-
     worker = None
     if isolate == "all" or (plugins and isolate == "plugins"):
         worker = Worker(tuple(plugins))
@@ -255,8 +281,6 @@ _RESULT_OPTIONS = {  # args attribute -> (flag, journal options key)
 
 def _resume(args: argparse.Namespace):
     """The journal of --resume RUN_DIR, locked by this process, with args set to the stored options."""
-    from harness.results.journal import Journal, journal_path, pid_alive
-
     run_dir = args.resume
     if args.cases or args.harness_backends or args.out or args.shard is not None:
         raise BadInput("--resume runs the journal's own cases, backends and --shard; give none of them, nor --out")
@@ -312,13 +336,6 @@ def _finalize(args: argparse.Namespace, journal) -> int:
     or, for a journal older than that record, only what the header holds; never this
     machine's. Pairs that never ran are absent from the rows and listed in meta.json.
     """
-    from harness.backends.builtin import resolve_backends
-    from harness.cases.packaged import resolve_case_arg
-    from harness.cases.spec import CaseFileError, load_case_file, resolve_case_paths
-    from harness.execute.shards import parse_shard, shard_cases
-    from harness.results.storage import write_run
-    from harness.run.runner import COLUMNS, summarize, to_frame
-
     if not journal.rows:
         raise BadInput(f"--finalize {args.resume}: the journal holds no row; there is nothing to write")
     try:  # the journal's case files and backends, to list what never ran (a journal from another
@@ -364,8 +381,6 @@ def _finalize(args: argparse.Namespace, journal) -> int:
 
 def verdict(frame, requested: list[str] | None) -> tuple[int, list[str]]:
     """The exit code of a finished run and the messages that explain a non-zero one."""
-    from harness.run.runner import exit_code
-
     code, messages = exit_code(frame), []
     status = frame["status"]
     if not status.isin(GRADED).any():
@@ -400,9 +415,6 @@ def cmd_run(args: argparse.Namespace) -> int:
 
 def _checked_run(args: argparse.Namespace, journal) -> int:
     """Check the device, threads, timeout and scale options, import the plugins, then run."""
-    from harness.execute.plan import check_arguments as check_scale_arguments
-    from harness.run.options import apply_threads, default_device
-
     device = args.harness_device or default_device()
     if device == "cuda" and not torch.cuda.is_available():
         raise BadInput("--device cuda: no CUDA device is visible to torch")
@@ -426,11 +438,6 @@ def _checked_run(args: argparse.Namespace, journal) -> int:
 
 def _run(args: argparse.Namespace, device: str, journal, plugin_backends: set[str], worker) -> int:
     """Validate cases and backends, reserve the run folder (its journal), then run and write."""
-    from harness.backends.builtin import REGISTRY, resolve_backends
-    from harness.cases.spec import check_backend_names
-    from harness.results.storage import reserve_run, stale_leftovers
-    from harness.run.guard import Terminated
-
     try:
         backends = resolve_backends(args.harness_backends)
     except ValueError as error:
@@ -438,8 +445,6 @@ def _run(args: argparse.Namespace, device: str, journal, plugin_backends: set[st
     cases = _load(args.cases, device, args.harness_tags, [b.name for b in backends])
     check_backend_names(cases, list(REGISTRY))
     if args.shard is not None:
-        from harness.execute.shards import parse_shard, shard_cases
-
         cases = shard_cases(cases, *parse_shard(args.shard))
         if not cases:
             raise BadInput(f"--shard {args.shard}: this slice holds no case (fewer cases than shards)")
@@ -469,13 +474,6 @@ def _run(args: argparse.Namespace, device: str, journal, plugin_backends: set[st
 
 def _run_and_write(args, device, cases, backends, plugin_backends, worker, journal, run_dir, resume_hint) -> int:
     """Time the ceiling, run what the journal lacks, write the folder, drop the journal; the exit code."""
-    from harness.execute.plan import run_rows
-    from harness.results.environment import collect_meta
-    from harness.results.storage import write_run
-    from harness.run.profiling import selected
-    from harness.run.runner import COLUMNS, RunConfig, summarize, to_frame
-    from harness.timing.ceilings import measure_ceilings, mixed_models_note
-
     threads = torch.get_num_threads()  # as cmd_run set it (--threads)
     to_profile = selected(cases, backends, args.profile)
     dtypes = tuple(sorted({c.dtype for c in cases}))
@@ -562,9 +560,6 @@ def _staged_logs(run_dir: Path) -> Path:
 def _profile(pairs, config, worker, folder: Path) -> None:
     """--profile's traces: an isolated backend's in a worker process (it may exit or crash there, as
     in its rows), the others in this process. A trace that cannot be made is a line on stderr."""
-    from harness.execute.processes import DEFAULT_TIMEOUT_S, Worker
-    from harness.run.profiling import profile_pairs
-
     own = worker is None
     try:
         for case, backend in pairs:
@@ -617,8 +612,6 @@ def _row_printer():
 def cmd_list(args: argparse.Namespace) -> int:
     import pandas as pd
 
-    from harness.run.options import default_device
-
     cases = _load(args.cases, default_device(), args.harness_tags)
     table = pd.DataFrame(
         [
@@ -644,10 +637,6 @@ def cmd_list(args: argparse.Namespace) -> int:
 
 
 def cmd_report(args: argparse.Namespace) -> int:
-    from harness.results.report import rebuild_html
-    from harness.results.storage import load_run
-    from harness.review.compare import regressions_of
-
     marks = None
     if args.baseline:
         marks = regressions_of(*load_run(args.run_dir), load_run(args.baseline))
@@ -656,17 +645,11 @@ def cmd_report(args: argparse.Namespace) -> int:
 
 
 def cmd_compare(args: argparse.Namespace) -> int:
-    from harness.results.storage import load_run
-    from harness.review.compare import CompareOptions, compare_runs, format_comparison
-
-    if args.confirm:
-        from harness.review.confirm import MIN_ROUNDS
-
-        if args.confirm_rounds < MIN_ROUNDS:
-            raise BadInput(
-                f"--confirm-rounds {args.confirm_rounds}: at least {MIN_ROUNDS} rounds are needed for a verdict "
-                f"(fewer paired rounds cannot exclude anything at the looks' confidence)"
-            )
+    if args.confirm and args.confirm_rounds < MIN_ROUNDS:
+        raise BadInput(
+            f"--confirm-rounds {args.confirm_rounds}: at least {MIN_ROUNDS} rounds are needed for a verdict "
+            f"(fewer paired rounds cannot exclude anything at the looks' confidence)"
+        )
     base, base_meta = load_run(args.base_run)
     new, new_meta = load_run(args.new_run)
     options = CompareOptions(
@@ -679,8 +662,6 @@ def cmd_compare(args: argparse.Namespace) -> int:
     )
     comparison = compare_runs(base, new, base_meta, new_meta, options)
     if args.confirm:
-        from harness.review.confirm import ConfirmInputError, confirm_slower
-
         try:
             comparison = confirm_slower(
                 comparison,
@@ -697,8 +678,6 @@ def cmd_compare(args: argparse.Namespace) -> int:
             raise BadInput(str(error)) from None
     print(format_comparison(comparison, str(args.base_run), str(args.new_run), show_all=args.show_all))
     if args.html:
-        from harness.review.compare import write_compare_html
-
         print(
             f"page: {write_compare_html(comparison, args.html, (args.base_run, base_meta), (args.new_run, new_meta))}"
         )
@@ -706,8 +685,6 @@ def cmd_compare(args: argparse.Namespace) -> int:
 
 
 def cmd_history(args: argparse.Namespace) -> int:
-    from harness.review.history import format_history, load_history, write_history_html
-
     try:
         history = load_history(args.runs or [Path("reports")], min_effect=args.min_effect, backends=args.backends)
     except ValueError as error:  # no run folders where the user pointed: bad input
@@ -719,10 +696,6 @@ def cmd_history(args: argparse.Namespace) -> int:
 
 
 def cmd_merge(args: argparse.Namespace) -> int:
-    from harness.execute.shards import MergeError, merge_runs
-    from harness.results.storage import RunDirExistsError, write_run
-    from harness.run.runner import exit_code, summarize
-
     if args.out.exists():
         raise BadInput(f"merge: {args.out} already exists; a run folder is never overwritten (choose another OUT)")
     try:
@@ -744,8 +717,6 @@ def cmd_merge(args: argparse.Namespace) -> int:
 
 
 def cmd_schema(args: argparse.Namespace) -> int:
-    from harness.cases.spec import case_file_schema
-
     print(json.dumps(case_file_schema(), indent=2))
     return EXIT_OK
 
@@ -756,17 +727,7 @@ def console_main() -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    import kernels
-
     kernels.use_interpreter_if_no_gpu()  # before anything imports Triton (see kernels.triton_paged)
-    from harness.backends.registry import UnnamedPluginError
-    from harness.cases.spec import CaseFileError
-    from harness.results.journal import JournalError
-    from harness.results.storage import NotWritableError, RunDirExistsError, RunFolderError
-    from harness.review.compare import DuplicateRowsError
-    from harness.run.guard import Terminated, install_signal_handlers
-    from harness.run.oracle_cache import PoisonedCacheError
-
     parser = build_parser()
     args = parser.parse_args(argv)
     handler = {

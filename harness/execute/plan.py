@@ -17,6 +17,13 @@ import contextlib
 import os
 import threading
 
+from harness.execute.local import run_cases
+from harness.execute.ray_cluster import ray_missing, run_on_ray
+from harness.execute.shards import parse_shard
+from harness.execute.workers import run_sharded
+from harness.run.oracle_cache import ENV_DIR
+from harness.timing.phases import rounded, take_phases
+
 LOCAL = "local"  # --ray without an address
 
 
@@ -52,21 +59,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def check_arguments(args: argparse.Namespace) -> None:
     """Refuse bad scale-out options (ValueError, a message for the user); apply --oracle-cache."""
-    from harness.run.oracle_cache import ENV_DIR
-
     workers = getattr(args, "workers", None)
     ray = getattr(args, "ray", None)
     if workers is not None and workers != "auto" and (not workers.isdigit() or int(workers) < 1):
         raise ValueError(f"--workers {workers}: give a positive integer or 'auto'")
     if getattr(args, "shard", None) is not None:
-        from harness.execute.shards import parse_shard
-
         parse_shard(args.shard)
-    if ray is not None:
-        from harness.execute.ray_cluster import ray_missing
-
-        if why := ray_missing():
-            raise ValueError(why)
+    if ray is not None and (why := ray_missing()):
+        raise ValueError(why)
     if getattr(args, "oracle_cache", None):
         os.environ[ENV_DIR] = args.oracle_cache  # read by this process and inherited by its workers
 
@@ -105,20 +105,13 @@ def run_rows(args: argparse.Namespace, cases, config, on_row, done, worker=None)
     ray = getattr(args, "ray", None)
     started = time.perf_counter()
     if ray is not None:
-        from harness.execute.ray_cluster import run_on_ray
-
         preload_report_modules()
         record = {"mode": "ray", "ray": ray, "workers": workers}
         record |= run_on_ray(cases, config, on_row, done, address=None if ray == LOCAL else ray, num_cpus=workers)
     elif workers is not None:
-        from harness.execute.workers import run_sharded
-
         preload_report_modules()
         record = {"mode": "workers", **run_sharded(cases, config, on_row, done, workers=workers).timings()}
     else:
-        from harness.execute.local import run_cases
-        from harness.timing.phases import rounded, take_phases
-
         take_phases()
         run_cases(cases, config, on_row=on_row, done=done, worker=worker)  # isolated backends' phases included
         record = {"mode": "one process", "gpus": [], "phase_s": rounded(take_phases())}

@@ -42,7 +42,11 @@ import time
 from pathlib import Path
 from typing import Any
 
+from harness.backends.builtin import REGISTRY, load_plugin
 from harness.cases.spec import Case
+from harness.run.profiling import profile_pairs
+from harness.run.runner import build_context, error_reason, run_backend
+from harness.timing.phases import absorb, take_phases
 
 START_TIMEOUT_S = 300.0  # importing torch, kernels and the plugins on a busy laptop
 DEFAULT_TIMEOUT_S = 600.0  # per isolated call (grade + timing); --timeout and a case's timeout_s override it
@@ -173,10 +177,6 @@ def _worker_main(conn, plugins: tuple[str, ...], parent_pid: int) -> None:
     die_with_parent(parent_pid)
     import torch
 
-    from harness.backends.builtin import REGISTRY, load_plugin
-    from harness.run.runner import build_context, error_reason, run_backend
-    from harness.timing.phases import take_phases
-
     try:
         for plugin in plugins:
             load_plugin(plugin)
@@ -206,8 +206,6 @@ def _worker_main(conn, plugins: tuple[str, ...], parent_pid: int) -> None:
                 row = run_backend(ctx, REGISTRY[message[1]], config)
             conn.send(("row", row, take_phases()))
         elif message[0] == "profile":
-            from harness.run.profiling import profile_pairs
-
             _, case, name, config, folder = message
             if config.threads:
                 torch.set_num_threads(config.threads)
@@ -221,8 +219,6 @@ def _worker_main(conn, plugins: tuple[str, ...], parent_pid: int) -> None:
 def _absorb_phases(reply) -> None:
     """A worker's reply tuple ends with its phases (harness.timing.phases): count them in this process."""
     if isinstance(reply, tuple) and len(reply) == 3 and isinstance(reply[2], dict):
-        from harness.timing.phases import absorb
-
         absorb(reply[2])
 
 

@@ -45,7 +45,13 @@ from collections.abc import Callable, Collection, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from harness.timing.phases import add_phases, rounded
+from harness.backends.builtin import REGISTRY
+from harness.execute.workers import CONTEXT, _default_timeout, case_events, worker_setup
+from harness.run.oracle_cache import ENV_DIR
+from harness.run.runner import row_without_call
+from harness.timing.ceilings import SHARE_ENV, GpuLedger
+from harness.timing.metrics import case_cost
+from harness.timing.phases import add_phases, rounded, take_phases
 
 RETRIES = 1
 
@@ -66,9 +72,6 @@ def case_task(case, names: list[str], config, plugins: tuple[str, ...]) -> Itera
     """The body of a Ray task, a generator (Ray streams each item to the driver as it is made):
     ``("device", report, labels)``, then :func:`harness.execute.workers.case_events` (``start`` /
     ``row``), then ``("done", busy_s, phases)`` (:mod:`harness.timing.phases`). Plain Python: testable without Ray."""
-    from harness.execute.workers import case_events, worker_setup
-    from harness.timing.phases import take_phases
-
     config, device = worker_setup(config, plugins, config.threads)
     labels = _labels()
     yield "device", device, labels
@@ -119,11 +122,6 @@ def run_on_ray(
     """
     import ray
 
-    from harness.execute.workers import CONTEXT, _default_timeout
-    from harness.run.oracle_cache import ENV_DIR
-    from harness.timing.ceilings import SHARE_ENV, GpuLedger
-    from harness.timing.metrics import case_cost
-
     started = time.perf_counter()
     owns = not ray.is_initialized()
     if owns:
@@ -150,9 +148,6 @@ def run_on_ray(
         tasks += 1
 
     def error_rows(task: _Task, names: list[str], why: str) -> None:
-        from harness.backends.builtin import REGISTRY
-        from harness.run.runner import row_without_call
-
         for name in names:
             task.names.remove(name)
             on_row(ledger.apply({**row_without_call(task.case, REGISTRY[name], config, "error", why), **task.labels}))
@@ -211,8 +206,6 @@ def _failed(task: _Task, error: Exception, submit, error_rows) -> None:
     """The task's worker died (or Ray failed the task): the rows it streamed are kept; the
     backend it was running (every remaining one, if it died building the inputs/oracle) is
     blamed; a backend blamed a second time is an ``error`` row; the rest go out again."""
-    from harness.execute.workers import CONTEXT
-
     blamed = [task.running] if task.running not in (None, CONTEXT) else list(task.names)
     what = "running this backend" if task.running not in (None, CONTEXT) else f"{CONTEXT} (or between calls)"
     why = f"{type(error).__name__}: {str(error).splitlines()[0][:300]}"

@@ -28,6 +28,9 @@ from pathlib import Path
 import pandas as pd
 
 from harness.cases.spec import Case
+from harness.results.storage import RunFolderError, load_run
+from harness.timing.ceilings import mixed_models_note
+from harness.timing.metrics import case_cost
 
 
 class MergeError(ValueError):
@@ -45,8 +48,6 @@ def parse_shard(text: str) -> tuple[int, int]:
 def shard_cases(cases: list[Case], index: int, count: int) -> list[Case]:
     """Shard ``index`` of ``count``: cases by cost, largest first (ties by id), dealt round robin;
     returned in their original order."""
-    from harness.timing.metrics import case_cost
-
     ranked = sorted(range(len(cases)), key=lambda i: (-case_cost(cases[i]), cases[i].id))
     mine = {i for rank, i in enumerate(ranked) if rank % count == index}
     return [case for i, case in enumerate(cases) if i in mine]
@@ -55,9 +56,6 @@ def shard_cases(cases: list[Case], index: int, count: int) -> list[Case]:
 def merge_runs(run_dirs: list[Path], allow_mixed_commits: bool = False) -> tuple[pd.DataFrame, dict, list[str]]:
     """The joined rows and meta of ``run_dirs`` (module docstring), and warnings for the user
     (shards missing from an I/N set); MergeError on a conflict."""
-    from harness.results.storage import RunFolderError, load_run
-    from harness.timing.ceilings import mixed_models_note
-
     if len(run_dirs) < 2:
         raise MergeError("merge needs at least two run folders")
     loaded = []

@@ -58,9 +58,15 @@ from collections.abc import Callable, Collection, Iterable, Iterator
 from dataclasses import dataclass, field
 from multiprocessing.connection import wait
 
+import kernels
+from harness.backends.builtin import REGISTRY, load_plugin
 from harness.cases.spec import Case
+from harness.execute.processes import DEFAULT_TIMEOUT_S, describe_exit, die_with_parent, sigint_ignored_in_children
+from harness.run.runner import build_context, error_reason, row_without_call, run_backend
+from harness.timing import ceilings
+from harness.timing.ceilings import GpuLedger
 from harness.timing.metrics import case_cost
-from harness.timing.phases import add_phases, rounded
+from harness.timing.phases import add_phases, rounded, take_phases
 
 START_TIMEOUT_S = 300.0
 MAX_FAILED_STARTS = 3  # workers dying before they are ready (a broken install): the run stops
@@ -105,13 +111,8 @@ def worker_setup(config, plugins: tuple[str, ...], threads: int | None):
     Returns the config its rows are made with (its own GPU's ceilings) and the device report
     the parent records per GPU (meta.json's ``gpus``).
     """
-    import kernels
-
     kernels.use_interpreter_if_no_gpu()
     import torch
-
-    from harness.backends.builtin import load_plugin
-    from harness.timing import ceilings
 
     if threads:
         torch.set_num_threads(threads)
@@ -134,9 +135,6 @@ def case_events(case: Case, names: list[str], config, labels: dict) -> Iterator[
     row for each of them. Shared by the worker processes here and the Ray tasks.
     """
     import torch
-
-    from harness.backends.builtin import REGISTRY
-    from harness.run.runner import build_context, error_reason, row_without_call, run_backend
 
     to_run = []
     for backend in (REGISTRY[name] for name in names):
@@ -166,9 +164,6 @@ def _worker_main(conn, config, plugins: tuple[str, ...], threads: int | None, la
     """Answer ('ready', pid, device) once, then for each ('case', case, names) its events and
     ('done', waited_s, busy_s, phases): how long it waited for the case, how long the case took,
     and where that time went (:mod:`harness.timing.phases`)."""
-    from harness.execute.processes import die_with_parent
-    from harness.timing.phases import take_phases
-
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent owns Ctrl-C and stops the workers
     die_with_parent(parent_pid)  # a SIGKILLed run leaves no worker behind
     config, device = worker_setup(config, plugins, threads)
@@ -239,8 +234,6 @@ class ShardedRun:
         self.busy_seconds: list[float] = []  # per case: inputs, oracle and every backend of it
         self.phase_seconds: dict[str, float] = {}  # busy_seconds by phase (harness.timing.phases), summed
         self.failed_starts = 0
-        from harness.timing.ceilings import GpuLedger
-
         self.ledger = GpuLedger()  # each GPU's name and ceilings, as its worker measured them
 
     def labels(self, slot: _Slot) -> dict:
@@ -261,8 +254,6 @@ class ShardedRun:
                 daemon=True,
                 name=f"harness-worker-{slot.index}",
             )
-            from harness.execute.processes import sigint_ignored_in_children
-
             with sigint_ignored_in_children():  # a Ctrl-C while it imports is the parent's one line
                 process.start()
         finally:
@@ -278,8 +269,6 @@ class ShardedRun:
 
     def _stop(self, slot: _Slot) -> str:
         """Kill (if alive) and reap; how it ended, e.g. 'killed by SIGKILL'."""
-        from harness.execute.processes import describe_exit
-
         if slot.process is None:
             return "was not running"
         if slot.process.is_alive():
@@ -440,9 +429,6 @@ class ShardedRun:
         self._start(slot)
 
     def _error_row(self, case: Case, name: str, slot: _Slot, reason: str) -> dict:
-        from harness.backends.builtin import REGISTRY
-        from harness.run.runner import row_without_call
-
         return self.ledger.apply(
             {**row_without_call(case, REGISTRY[name], self.config, "error", reason), **self.labels(slot)}
         )
@@ -462,8 +448,6 @@ class ShardedRun:
 
 
 def _default_timeout() -> float:
-    from harness.execute.processes import DEFAULT_TIMEOUT_S
-
     return DEFAULT_TIMEOUT_S
 
 

@@ -26,6 +26,10 @@ from pathlib import Path
 
 import pytest
 
+from harness.execute.workers import visible_gpus
+from harness.run.options import default_device
+from harness.timing.ceilings import GpuLedger, mixed_models_note
+
 ROWS_DIR = "harness_rows_dir"  # key in a worker's workerinput
 _FOLDER_KEY = pytest.StashKey[str]()
 
@@ -36,8 +40,6 @@ def _is_worker(config: pytest.Config) -> bool:
 
 def pin_gpus(config: pytest.Config, specs) -> None:
     """Give each xdist worker spec its own GPU (``CUDA_VISIBLE_DEVICES``), round robin."""
-    from harness.execute.workers import visible_gpus
-
     if not _run_device(config).startswith("cuda"):
         return
     gpus = visible_gpus()
@@ -48,8 +50,6 @@ def pin_gpus(config: pytest.Config, specs) -> None:
 
 
 def _run_device(config: pytest.Config) -> str:
-    from harness.run.options import default_device
-
     return config.getoption("harness_device", None) or default_device()
 
 
@@ -114,8 +114,6 @@ def in_test_order(rows: list[dict], cases, backends) -> list[dict]:
 def run_gpus(rows: list[dict]) -> tuple[list[dict], str]:
     """meta.json's ``gpus`` of a pytest -n run (each GPU's host, index, name and workers; no
     ceilings: the pytest path measures none) and the mixed-models note ("" for one model)."""
-    from harness.timing.ceilings import GpuLedger, mixed_models_note
-
     ledger = GpuLedger()
     for row in rows:
         ledger.add(row["host"], row["gpu_index"], row["worker"], {"gpu_name": row.get("gpu_name"), "ceilings": {}})

@@ -16,6 +16,7 @@ import pandas as pd
 from matplotlib.figure import Figure
 
 from harness.cases.vocab import GRADED
+from harness.timing.scaling import phase_of
 
 COLORS = ["#1f77b4", "#d62728", "#2ca02c", "#ff7f0e", "#9467bd", "#8c564b", "#e377c2", "#17becf", "#7f7f7f", "#bcbd22"]
 
@@ -102,11 +103,9 @@ def scaling_fit(frame: pd.DataFrame, fits: pd.DataFrame | None) -> str | None:
     timed = _timed(frame)
     if timed.empty:
         return None
-    from harness.timing.scaling import phase_of
-
     timed = timed.assign(_phase=phase_of(timed))
-    phase_of = fits["phase"] if "phase" in fits else pd.Series("all", index=fits.index)
-    fits = fits.assign(phase=phase_of)
+    phases = fits["phase"] if "phase" in fits else pd.Series("all", index=fits.index)
+    fits = fits.assign(phase=phases)
     work = fits[fits["x"].isin(["bytes_moved", "flops"])]
     panels = list(dict.fromkeys(zip(work["phase"], work["x"], strict=True))) or list(
         dict.fromkeys(zip(fits["phase"], fits["x"], strict=True))

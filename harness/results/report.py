@@ -22,9 +22,10 @@ from jinja2 import Environment, PackageLoader, select_autoescape
 from harness.cases.vocab import FAILING, WORST_FIRST
 from harness.results.columns import MEANINGS
 from harness.results.storage import load_run
+from harness.timing.scaling import fit_scaling
 
 try:
-    from harness.results import plots
+    from harness.results import plots  # needs matplotlib, which is optional
 except ImportError:  # matplotlib is optional: the page says the plots need it
     plots = None
 
@@ -112,11 +113,7 @@ def ceilings_of(meta: dict) -> dict[str, float]:
 
 
 def scaling_fits(frame: pd.DataFrame) -> pd.DataFrame | None:
-    """harness.timing.scaling.fit_scaling(frame) where that module exists (it is optional), else None."""
-    try:
-        from harness.timing.scaling import fit_scaling
-    except ImportError:
-        return None
+    """harness.timing.scaling.fit_scaling(frame), or None when no fit can be made."""
     try:
         fits = fit_scaling(frame)
     except Exception:  # the page must render even if a fit cannot be made from these rows

@@ -25,6 +25,7 @@ import pandas as pd
 
 from harness.results.environment import git
 from harness.results.journal import SUFFIX, Journal, JournalError, journal_path, pid_alive, run_dir_of
+from harness.results.schemas import SchemaError, check_meta, check_rows
 
 RESULT_FILES = ("results.parquet", "results.csv", "meta.json", "report.html")
 # Every timing sample of a row (arrays): in results.parquet only. Written to the CSV they were numpy's
@@ -196,8 +197,6 @@ def write_run(
 def load_run(run_dir: Path) -> tuple[pd.DataFrame, dict]:
     """A stored run's rows and meta, each checked against its schema (:mod:`harness.results.schemas`);
     RunFolderError (a ValueError) naming the file and the field at fault."""
-    from harness.results.schemas import SchemaError, check_meta, check_rows
-
     run_dir = Path(run_dir)
     if not run_dir.is_dir():
         raise RunFolderError(

@@ -16,6 +16,7 @@ import torch
 
 from harness.backends.registry import Backend, Unsupported
 from harness.cases.spec import Case
+from harness.run.runner import build_context
 
 CALLS_PER_TRACE = 3
 
@@ -54,8 +55,6 @@ def profile_pairs(pairs: list[tuple[Case, Backend]], device: str, oracle_device:
     import sys
 
     from torch.profiler import ProfilerActivity, profile
-
-    from harness.run.runner import build_context
 
     folder.mkdir(parents=True, exist_ok=True)
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if torch.device(device).type == "cuda" else [])

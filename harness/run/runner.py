@@ -24,6 +24,7 @@ from harness.run.oracle_cache import lookup, oracle_key
 from harness.timing.measure import TimingPlan, timing_columns
 from harness.timing.metrics import bytes_moved
 from harness.timing.phases import phase
+from harness.timing.scaling import fit_scaling, format_scaling
 
 
 @dataclass(frozen=True)
@@ -237,8 +238,6 @@ def summarize(frame: pd.DataFrame) -> str:
         )
     timed = frame.dropna(subset=["latency_us"])
     if not timed.empty:
-        from harness.timing.scaling import fit_scaling, format_scaling
-
         slow = timed.loc[timed["latency_us"].idxmax()]
         lines.append(f"slowest: {slow['backend']} on {slow['case']}: {slow['latency_us']:.1f} us")
         if fits := format_scaling(fit_scaling(timed)):

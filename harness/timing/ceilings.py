@@ -14,6 +14,8 @@ from __future__ import annotations
 
 import torch
 
+from harness.cases.vocab import DTYPES
+from harness.timing.metrics import pct_of_ceiling, pct_of_peak
 from harness.timing.timer import time_call
 
 # Dense (no sparsity) tensor-core peaks from NVIDIA's datasheets, TFLOP/s, by dtype.
@@ -76,8 +78,6 @@ def measure_ceilings(device: str, dtype_names: list[str]) -> dict:
     {"read_gbps", "copy_gbps", "matmul_tflops": {dtype: measured}, "peak_tflops": {dtype: peak},
      "peak_source": {dtype: "datasheet ..." or "measured matmul"}}
     """
-    from harness.cases.vocab import DTYPES
-
     ceilings: dict = {
         "read_gbps": measure_read_bandwidth(device),
         "copy_gbps": measure_copy_bandwidth(device),
@@ -178,8 +178,6 @@ def ceiling_columns(row: dict, ceilings: dict) -> dict:
     pct_of_ceiling = 100 * gbps / read_gbps; pct_of_peak = 100 * tflops / peak_tflops[dtype],
     on rows with more than one query per sequence (prefill), as :mod:`harness.timing.measure` does.
     """
-    from harness.timing.metrics import pct_of_ceiling, pct_of_peak
-
     out = {}
     gbps, tflops = row.get("gbps"), row.get("tflops")
     if isinstance(gbps, float) and gbps == gbps and (read := ceilings.get("read_gbps")):
