@@ -120,9 +120,11 @@ def fuzz(session: nox.Session) -> None:
 
 @nox.session
 def lint(session: nox.Session) -> None:
-    session.install("ruff")
+    """ruff, then the import contracts in pyproject.toml (the layers of harness/, kernels never importing it)."""
+    session.install("ruff", "import-linter")
     session.run("ruff", "check", ".")
     session.run("ruff", "format", "--check", ".")
+    session.run("lint-imports", env={"PYTHONPATH": str(ROOT)})
 
 
 @nox.session

@@ -7,9 +7,9 @@ Importing this package does not import Triton: ``paged_attention_triton`` is loa
 first use, so ``use_interpreter_if_no_gpu()`` can still choose Triton's CPU interpreter.
 """
 
-from ._common import CHECK_ENV, checks_enabled
 from .cache import CacheFullError, PagedKVCache, StepMetadata
 from .cascade import cascade_attention, merge_attention_states
+from .contract import CHECK_ENV, checks_enabled
 from .dispatch import (
     BACKEND_ENV,
     BackendUnavailableError,

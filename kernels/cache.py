@@ -26,8 +26,9 @@ from dataclasses import dataclass
 
 import torch
 
-from ._common import FP8_DTYPES, check_kv_scale, checks_enabled, quantize_kv
+from .contract import check_kv_scale, checks_enabled
 from .dispatch import paged_attention_dispatch
+from .fp8 import FP8_DTYPES, quantize_kv
 
 
 class CacheFullError(RuntimeError):
@@ -72,7 +73,7 @@ class PagedKVCache:
 
     An fp8 ``dtype`` (float8_e4m3fn, float8_e5m2) makes fp8 pools: :meth:`write` quantizes
     with the cache's ``k_scale`` / ``v_scale`` (a float per tensor, or [num_kv_heads] fp32 per
-    head; default 1.0), storing ``key / k_scale`` saturated (kernels._common.quantize_kv), and
+    head; default 1.0), storing ``key / k_scale`` saturated (kernels.fp8.quantize_kv), and
     every read passes the scales on (K = k_cache.float() * k_scale, vLLM's meaning of the scales).
 
     max_seqs, max_blocks_per_seq: the device table's size. Given, the table is allocated
@@ -316,7 +317,7 @@ class PagedKVCache:
         kind of query_start_loc): its tensors are refilled in place and shared by the
         result, so a CUDA graph captured with them replays this step. The launch hints
         baked into such a graph stay those of its capture, which costs speed, never
-        correctness (see kernels._common.tiling_for).
+        correctness (see kernels.tiling.tiling_for).
         """
         seq_ids = tuple(seq_ids)
         missing = [s for s in seq_ids if s not in self._rows]

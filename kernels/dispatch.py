@@ -18,7 +18,7 @@ from collections.abc import Callable
 
 import torch
 
-from ._common import getenv
+from .contract import getenv
 from .reference import paged_attention_reference
 from .tlsim import paged_attention_tlsim
 
@@ -131,7 +131,7 @@ def paged_attention_dispatch(*args, backend: str | None = None, **kwargs):
     return _backend_fn(name)(*args, **kwargs)
 
 
-# The contract's signature (kernels._common.contract_entry), plus ``backend``, for inspect and help().
+# The contract's signature (kernels.contract.contract_entry), plus ``backend``, for inspect and help().
 _contract = inspect.signature(paged_attention_reference)
 paged_attention_dispatch.__signature__ = _contract.replace(
     parameters=[

@@ -41,7 +41,7 @@ from typing import Any
 import torch
 
 from . import tuning
-from ._common import check_kv_scale, contiguous_strides
+from .contract import check_kv_scale, contiguous_strides
 
 PLAN_CACHE_ENV = "PAGED_ATTN_PLAN_CACHE"
 MAX_PLANS = 256
@@ -214,7 +214,7 @@ class PlanCache:
 
 
 class CallRecipe:
-    """A plan hit's whole replay: the per-call work of :func:`kernels._common.prepare_call`,
+    """A plan hit's whole replay: the per-call work of :func:`kernels.contract.prepare_call`,
     ``prepare_out`` and ``prepare_lse``, decided once from the key's metadata, then ``plan.launch``.
 
     ``run(q, k_cache, v_cache, block_table, seq_lens, query_start_loc, out, sinks,
@@ -233,7 +233,7 @@ class CallRecipe:
     def __init__(self, call, out_given: bool, lse: torch.Tensor | None, raw_index, raw_vectors, plan):
         """``call``: the checked PagedCall; ``raw_index``: (block_table, seq_lens, query_start_loc)
         and ``raw_vectors``: (sinks, alibi_slopes) as the caller passed them; ``plan``: what
-        the kernel's entry returned (its ``launch`` is :func:`kernels._common.contract_entry`'s)."""
+        the kernel's entry returned (its ``launch`` is :func:`kernels.contract.contract_entry`'s)."""
         self.copy_index = tuple(t is not None and not t.is_contiguous() for t in raw_index)
         self.copy_vectors = tuple(t is not None and not t.is_contiguous() for t in raw_vectors)
         self.kv_fp8, self.num_kv_heads = call.kv_fp8, call.num_kv_heads

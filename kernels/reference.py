@@ -14,7 +14,8 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from ._common import PagedCall, contract_entry, dequantize_kv
+from .contract import PagedCall, contract_entry
+from .fp8 import dequantize_kv
 
 
 def gather_kv(cache: torch.Tensor, block_table_row: torch.Tensor, seq_len: int) -> torch.Tensor:

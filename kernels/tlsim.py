@@ -2,7 +2,7 @@
 kernel's numerics.
 
 Same tiling as ``kernels.triton_paged`` (keys walked TILE_N positions at a time from
-:func:`kernels._common.tiling_for`, from the same host-known bounds and hints, query
+:func:`kernels.tiling.tiling_for`, from the same host-known bounds and hints, query
 rows ordered token-major then head within the KV head's group), the same base-2 online
 softmax with running max (of the unscaled logits) and sum, the scale applied after
 subtracting the max (fp32; fp16 and bf16 in the kernel's multiply-add form), the same
@@ -21,7 +21,7 @@ units of the unscaled logit s = q . k (the true logit is s * scale), so the soft
 ``c * tanh(s / c)`` with c = cap / scale (the same value, cap * tanh(s * scale / cap),
 in those units; tanh spelled with exp2 as the kernel must), ALiBi adds
 ``(slope / scale) * (key_pos - query_pos)``, the window hides keys and skips the tiles
-before the first one any row can see (:func:`kernels._common.window_tile_start`), and the
+before the first one any row can see (:func:`kernels.tiling.window_tile_start`), and the
 sink ``sink / scale`` joins the denominator once, in the final normalisation (or the
 combine of the splits).
 
@@ -35,7 +35,8 @@ import math
 
 import torch
 
-from ._common import PagedCall, contract_entry, tiling_for, window_tile_start
+from .contract import PagedCall, contract_entry
+from .tiling import tiling_for, window_tile_start
 
 LOG2E = math.log2(math.e)
 LN2 = math.log(2.0)

@@ -2,7 +2,7 @@
 
 The idea, in a few lines:
 
-* One program owns one (query tile, KV head, KV split; see ``kernels._common.Tiling``
+* One program owns one (query tile, KV head, KV split; see ``kernels.tiling.Tiling``
   for the split, taken when few programs would run). A query tile is BLOCK_Q query tokens of
   one sequence times the group_size query heads that read this KV head, so each KV tile
   is loaded from the pool once and shared by the whole group (MHA: group 1, MQA: group
@@ -10,7 +10,7 @@ The idea, in a few lines:
 * The launch reads no tensor value (no device sync; CUDA-graph capturable). The grid is
   sized from num_tokens and num_seqs alone, and each program finds its sequence by a
   binary search over query_start_loc (``_find_seq``; the numbering is in
-  ``kernels._common.Tiling``). That is num_seqs programs for decode, exactly one per
+  ``kernels.tiling.Tiling``). That is num_seqs programs for decode, exactly one per
   sequence, and about num_tokens / BLOCK_Q for prefill: 16 prefills of 1024 queries at
   BLOCK_Q 16 launch 1039 tiles. The alternative, bounding max_q_len by num_tokens and
   giving every sequence that many tiles, would launch 16384 for the same prefill (all
@@ -39,9 +39,9 @@ The idea, in a few lines:
   and a sink ``sink / scale`` joins the denominator once, at the end (or in the combine of
   the splits, never once per split). The window hides keys more than W - 1 positions
   before a query and starts the tile loop at the first tile the program's earliest query
-  can see (``kernels._common.window_tile_start``): decode with W 4096 over 128k keys walks
+  can see (``kernels.tiling.window_tile_start``): decode with W 4096 over 128k keys walks
   65 tiles of 64, not 2048. The KV split follows the window: it is sized for W + q_len keys
-  (``kernels._common.tiling_for``) and its pieces are cut from the window's first tile, so
+  (``kernels.tiling.tiling_for``) and its pieces are cut from the window's first tile, so
   the splits share the window's work rather than all but the last walking nothing.
 * More of the contract (docs/contract.md): ``return_lse`` stores ln 2 * (m * scale * log2 e +
   log2 l) per row in the epilogue or the combine; an fp8 cache (KV_FP8) is dequantized tile
@@ -50,7 +50,7 @@ The idea, in a few lines:
   differ from K's (MLA: HEAD_DIM_V), and K past 256 columns is loaded in two power-of-two
   pieces (DIM_MAIN + DIM_TAIL: 576 = 512 + 64) whose dots add into the same logits, with a
   large group's heads tiled 16 a program (HEADS_PER_PROGRAM, HEAD_TILES).
-* Indices are never trusted with memory: without value checks (see ``kernels._common``)
+* Indices are never trusted with memory: without value checks (see ``kernels.contract``)
   a query row past num_tokens is not read or written, and a tile that would read a
   block id outside [0, num_blocks) or a table entry past max_blocks_per_seq loads
   nothing, and every row of the program that walks it is NaN instead (checked once per
@@ -70,17 +70,9 @@ import torch
 import triton
 import triton.language as tl
 
-from ._common import (
-    PagedCall,
-    cdiv,
-    contiguous_strides,
-    contract_entry,
-    head_dim_pieces,
-    heads_per_program,
-    next_pow2,
-    tiling_for,
-)
+from .contract import PagedCall, contiguous_strides, contract_entry
 from .launch_plan import KernelLaunch, PlanCache
+from .tiling import cdiv, head_dim_pieces, heads_per_program, next_pow2, tiling_for
 
 
 @triton.jit
@@ -132,7 +124,7 @@ def _find_seq(query_start_loc_ptr, q_tile, num_seqs, BLOCK_Q: tl.constexpr):
     """The sequence that owns query tile ``q_tile``, and the tile's index within it.
 
     The last s with first_tile(s) <= q_tile, first_tile(s) = (query_start_loc[s] + s *
-    (BLOCK_Q - 1)) // BLOCK_Q (see kernels._common.Tiling): a binary search, log2(num_seqs)
+    (BLOCK_Q - 1)) // BLOCK_Q (see kernels.tiling.Tiling): a binary search, log2(num_seqs)
     loads. A sequence that owns no tile (q_len 0) is skipped, since the next one starts
     at the same tile.
     """
@@ -296,10 +288,10 @@ def paged_attention_kernel(
     stride_bt_seq,
     # meta-parameters
     GROUP_SIZE: tl.constexpr,
-    HEADS_PER_PROGRAM: tl.constexpr,  # the group's heads a program holds (kernels._common.heads_per_program)
+    HEADS_PER_PROGRAM: tl.constexpr,  # the group's heads a program holds (kernels.tiling.heads_per_program)
     HEAD_TILES: tl.constexpr,  # ceil(GROUP_SIZE / HEADS_PER_PROGRAM): grid axis 1 is num_kv_heads * HEAD_TILES
     HEAD_DIM: tl.constexpr,  # K's (and q's)
-    DIM_MAIN: tl.constexpr,  # K loaded as DIM_MAIN + DIM_TAIL columns (kernels._common.head_dim_pieces)
+    DIM_MAIN: tl.constexpr,  # K loaded as DIM_MAIN + DIM_TAIL columns (kernels.tiling.head_dim_pieces)
     DIM_TAIL: tl.constexpr,  # 0: no second piece
     HEAD_DIM_V: tl.constexpr,  # V's and the output's
     HEAD_DIM_V_PADDED: tl.constexpr,
@@ -377,7 +369,7 @@ def paged_attention_kernel(
 
     kv_end = seq_len - q_len + tl.minimum(q_len, (q_tile + 1) * BLOCK_Q)
     kv_start = 0
-    if USE_WINDOW:  # kernels._common.window_tile_start of the program's first query
+    if USE_WINDOW:  # kernels.tiling.window_tile_start of the program's first query
         first_q_pos = seq_len - q_len + q_tile * BLOCK_Q
         kv_start = tl.maximum(first_q_pos - sliding_window + 1, 0) // TILE_N * TILE_N
     if NUM_SPLITS > 1:  # the splits cut [kv_start, kv_end) from kv_start; the last runs to kv_end

@@ -15,7 +15,7 @@ configs on the GPU at hand and prints the table to paste into :data:`TUNED` (how
 re-tune on a new GPU: README, "Tuning the kernel").
 
 TILE_N moves the order of the online softmax (tlsim follows it through
-``kernels._common.tiling_for``); BLOCK_M, warps and stages change only speed.
+``kernels.tiling.tiling_for``); BLOCK_M, warps and stages change only speed.
 """
 
 from __future__ import annotations

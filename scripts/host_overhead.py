@@ -185,7 +185,7 @@ def _best_us(fn, calls: int, repeat: int) -> float:
 def hit_path_steps(device: str = "cpu") -> dict[str, callable]:
     """Zero-argument closures, one a step of a plan hit of decode_32x4k's default call, the whole
     call first (setup, including the plan's first call, outside them)."""
-    from kernels import _common, dispatch, triton_paged
+    from kernels import contract, dispatch, triton_paged
 
     noop = _NoopKernel()
     triton_paged.paged_attention_kernel = triton_paged.combine_splits_kernel = noop
@@ -227,7 +227,7 @@ def hit_path_steps(device: str = "cpu") -> dict[str, callable]:
         "  _backend_fn('triton') (the entry, looked up)": lambda: dispatch._backend_fn("triton"),
         "  plans.key (call_key)": lambda: plans.key(*key_args),
         "  plans.get(key)": lambda: plans.get(key),
-        "  checks_enabled(None) (reads the environment)": lambda: _common.checks_enabled(None),
+        "  checks_enabled(None) (reads the environment)": lambda: contract.checks_enabled(None),
         "  recipe.run (allocates out, then plan.launch)": lambda: recipe.run(*run_args),
         "  torch.empty_like(q) (out)": lambda: torch.empty_like(q),
         "  plan.launch (down to the no-op compiled kernel)": lambda: plan.launch(*launch_args),

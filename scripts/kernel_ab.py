@@ -17,7 +17,7 @@ of each round alternating too), and is judged by the rule of ``compare --confirm
 paired interval excludes 1 and the estimate passes the minimum effect, 3% on CUDA).
 
 Only the kernel file is swapped: the tiling, the tuned table and the contract checks
-(``kernels/_common.py``, ``kernels/tuning.py``) are the working tree's for both sides. The new
+(``kernels/tiling.py``, ``kernels/tuning.py``) are the working tree's for both sides. The new
 side's output must match the base's within the case's tolerance, or the case is reported as
 "output differs" and not timed further. Exit 0: nothing slower; 1: a case slower or its output
 different; 2: a side that does not build or run (reported per case, or for the whole run when

@@ -13,7 +13,7 @@ the catalogue follows the code), pytest -x runs in a subprocess with a time limi
 file is restored. A mutant of kernels/reference.py, tlsim.py or triton_paged.py (and
 launch_plan.py, which only the Triton entry imports) can change only that backend's
 results, so only the tests of that backend and the backend-free ones run against it; a
-mutant of kernels/_common.py runs them all.
+mutant of kernels/contract.py, tiling.py or fp8.py runs them all.
 
 Verdicts: caught (the tests failed, or the process crashed), survived (they passed),
 timeout, not-applied, error (pytest could not run: the mutant broke collection). Exit

@@ -38,7 +38,7 @@ from harness.cases.packaged import resolve_case_arg
 from harness.cases.spec import Case
 from harness.run.runner import case_inputs
 from harness.timing.timer import time_call
-from kernels._common import choose_tiling
+from kernels.tiling import choose_tiling
 from kernels.tuning import TileConfig, default_config, override
 
 # The grid per query class: (max_rows, max_tokens, tile_n, num_warps, num_stages).

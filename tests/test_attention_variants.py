@@ -26,8 +26,8 @@ from harness.execute.local import run_cases
 from harness.run.grading import grade
 from harness.run.oracle import paged_attention_oracle
 from harness.run.runner import RunConfig
-from kernels._common import tiling_for, window_tile_start
 from kernels.reference import gather_kv
+from kernels.tiling import tiling_for, window_tile_start
 from tests.kernel_cases import CASES_BY_NAME, KernelCase
 
 SINKS_8 = (30.0, -30.0, 5.0, -1000.0, 0.0, 2.0, 100.0, -5.0)
@@ -188,7 +188,7 @@ def test_window_reads_no_tile_before_the_first_visible_one(fn_name, window):
     fn = getattr(kernels, f"paged_attention_{fn_name}")
     base = replace(CASES_BY_NAME["split_kv_decode"], seq_lens=(2500, 2400), q_lens=(1, 1))
     inputs = base.inputs()
-    call = kernels._common.prepare_call(*inputs.args(), sliding_window=window)
+    call = kernels.contract.prepare_call(*inputs.args(), sliding_window=window)
     tiling = tiling_for(call)
     assert (tiling.NUM_SPLITS > 1) == (window > 1000), "1100 splits the window's keys, 100 does not"
     # tlsim walks from the earliest tile any sequence needs; the kernel per program.
@@ -249,7 +249,7 @@ def sink_left_out(inputs, kw):
 
 def sink_added_per_split(inputs, kw):
     """Each KV split adds the sink to its own sum: the combine then counts it NUM_SPLITS times."""
-    call = kernels._common.prepare_call(*inputs.args())
+    call = kernels.contract.prepare_call(*inputs.args())
     splits = tiling_for(call).NUM_SPLITS
     assert splits > 1
     return dense_attention(inputs, **kw, sink_copies=splits)

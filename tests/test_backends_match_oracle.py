@@ -71,7 +71,8 @@ def test_split_kv_cases_really_split_the_kv_range():
 
     The launcher decides from host-known bounds (the table's capacity), so this asks it the same way.
     """
-    from kernels._common import prepare_call, tiling_for
+    from kernels.contract import prepare_call
+    from kernels.tiling import tiling_for
 
     split_cases = [case for case in KERNEL_CASES if case.name.startswith(("split_kv", "bfloat16_split_kv"))]
     assert len(split_cases) == 3

@@ -16,7 +16,8 @@ import pytest
 import torch
 
 import kernels
-from kernels._common import prepare_call, tiling_for
+from kernels.contract import prepare_call
+from kernels.tiling import tiling_for
 from tests.kernel_cases import BASE, CASES_BY_NAME
 
 BACKENDS = ["reference", "tlsim", "triton", "dispatch"]
@@ -120,7 +121,7 @@ def test_unchecked_seq_len_past_the_table_is_nan_not_a_stray_read(backend):
 
 def _split_decode_args(table_change=None, window=None):
     """split_kv_decode (seq_lens 2500, 700, 1; one query each; 8 query heads on 1 KV head), whose KV is
-    split (with a window, the splits cut the window: kernels._common.tiling_for)."""
+    split (with a window, the splits cut the window: kernels.tiling.tiling_for)."""
     args = list(CASES_BY_NAME["split_kv_decode"].inputs().args())
     if table_change is not None:
         args[3] = args[3].clone()

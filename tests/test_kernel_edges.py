@@ -37,7 +37,8 @@ from harness.cases.inputs import PagedInputs, make_inputs
 from harness.cases.vocab import DEFAULT_TOLERANCES
 from harness.run.grading import grade
 from harness.run.oracle import paged_attention_oracle
-from kernels._common import prepare_call, tiling_for
+from kernels.contract import prepare_call
+from kernels.tiling import tiling_for
 
 BACKENDS = ("triton", "tlsim", "reference")
 BASE = dict(num_q_heads=4, num_kv_heads=2, head_dim=32, block_size=16, dtype="float32", layout="shuffled", seed=3)

@@ -18,7 +18,8 @@ import kernels
 from harness.cases.vocab import DEFAULT_TOLERANCES
 from harness.run.grading import grade
 from harness.run.oracle import paged_attention_oracle
-from kernels._common import prepare_call, tiling_for
+from kernels.contract import prepare_call
+from kernels.tiling import tiling_for
 from tests.kernel_cases import BASE, CASES_BY_NAME
 
 DECODE = replace(BASE, name="decode", q_lens=(1, 1, 1, 1, 1))

@@ -9,7 +9,8 @@ import torch
 
 import kernels
 from kernels import tuning
-from kernels._common import choose_tiling, prepare_call, tiling_for
+from kernels.contract import prepare_call
+from kernels.tiling import choose_tiling, tiling_for
 from tests.kernel_cases import KERNEL_CASES
 
 

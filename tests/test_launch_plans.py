@@ -17,8 +17,9 @@ import torch
 
 import kernels
 from kernels import launch_plan, tuning
-from kernels._common import prepare_call, tiling_for
+from kernels.contract import prepare_call
 from kernels.launch_plan import PlanCache, call_key, plans_enabled
+from kernels.tiling import tiling_for
 from tests.kernel_cases import BASE, CASES_BY_NAME
 from tests.test_call_validation import BAD_CALLS
 
@@ -201,7 +202,7 @@ def test_a_hit_hands_the_runner_the_current_stream_of_the_plans_device(monkeypat
 
 
 def test_the_fast_environment_read_agrees_with_os_environ(monkeypatch):
-    from kernels._common import getenv
+    from kernels.contract import getenv
 
     name = kernels.CHECK_ENV
     for value in ("1", "0", "", "é"):

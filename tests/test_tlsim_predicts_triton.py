@@ -71,7 +71,7 @@ class _TilingChosen(Exception):
 )
 @pytest.mark.parametrize("case", KERNEL_CASES, ids=str)
 def test_tlsim_and_the_launcher_choose_the_same_tiling(case, hints, monkeypatch):
-    """Both ask kernels._common.tiling_for, from host-known sizes and the same hints (nothing runs)."""
+    """Both ask kernels.tiling.tiling_for, from host-known sizes and the same hints (nothing runs)."""
     if not kernels.has_triton():
         pytest.skip("Triton is not installed")
     from kernels import tlsim, triton_paged

@@ -20,7 +20,7 @@ from harness.execute.local import run_cases
 from harness.run.grading import grade
 from harness.run.oracle import paged_attention_oracle
 from harness.run.runner import RunConfig
-from kernels._common import quantize_kv
+from kernels.fp8 import quantize_kv
 from tests.kernel_cases import CASES_BY_NAME
 
 FP8 = {"e4m3": torch.float8_e4m3fn, "e5m2": torch.float8_e5m2}

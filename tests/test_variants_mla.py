@@ -3,7 +3,7 @@
 v_cache is [num_blocks, block_size, num_kv_heads, head_dim_v] and the output
 [num_tokens, num_q_heads, head_dim_v]. Every built-in backend matches the oracle; the
 kernel loads K past 256 columns in two pieces (576 = 512 + 64) and tiles a large group's
-heads 16 a program (kernels._common.head_dim_pieces, heads_per_program); dropping the
+heads 16 a program (kernels.tiling.head_dim_pieces, heads_per_program); dropping the
 second piece fails the grade; the harness skips the peers, naming the option.
 """
 
@@ -21,7 +21,8 @@ from harness.execute.local import run_cases
 from harness.run.grading import grade
 from harness.run.oracle import paged_attention_oracle
 from harness.run.runner import RunConfig
-from kernels._common import head_dim_pieces, heads_per_program, prepare_call, tiling_for
+from kernels.contract import prepare_call
+from kernels.tiling import head_dim_pieces, heads_per_program, tiling_for
 
 SHAPES = {  # num_q_heads, num_kv_heads, head_dim, head_dim_v, dtype, seq_lens, q_lens
     "mla_decode_2_head_tiles": (32, 1, 576, 512, "bfloat16", [1, 40, 100], [1, 1, 1]),

@@ -1,6 +1,6 @@
 """The KV split follows the sliding window: a windowed decode at 128k splits like a decode of the window.
 
-kernels._common.tiling_for bounds the keys a program walks by W + the longest q_len, and the
+kernels.tiling.tiling_for bounds the keys a program walks by W + the longest q_len, and the
 kernel (and tlsim) cut the splits from the window's first tile, so every split shares the
 window's work instead of all but the last walking nothing.
 """
@@ -13,7 +13,8 @@ import torch
 import kernels
 from harness.run.grading import grade
 from harness.run.oracle import paged_attention_oracle
-from kernels._common import prepare_call, tiling_for
+from kernels.contract import prepare_call
+from kernels.tiling import tiling_for
 from tests.kernel_cases import CASES_BY_NAME
 
 

@@ -16,7 +16,7 @@ from harness.results import report
 from harness.run import grading
 from harness.run.runner import RunConfig
 from harness.timing import ceilings
-from kernels._common import SUPPORTED_DTYPES
+from kernels.contract import SUPPORTED_DTYPES
 from tests.tiny_cases import TINY, write_cases
 
 

@@ -33,7 +33,7 @@ from typing import Any
 import torch
 
 from harness.cases.vocab import DTYPES, Layout
-from kernels._common import quantize_kv
+from kernels.fp8 import quantize_kv
 
 
 @dataclass(frozen=True)

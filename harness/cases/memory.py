@@ -42,7 +42,7 @@ from dataclasses import dataclass
 import torch
 
 from harness.cases.spec import Case
-from kernels._common import choose_tiling
+from kernels.tiling import choose_tiling
 
 F32, F64, I64 = 4, 8, 8
 OVERHEAD = 64 * 2**20

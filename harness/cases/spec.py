@@ -39,7 +39,8 @@ from pydantic import (
 
 from harness.cases.inputs import shared_prefix_blocks
 from harness.cases.vocab import DEFAULT_TOLERANCES, FP8_KV_TOLERANCES, DTypeName, KVDTypeName, Layout
-from kernels._common import MAX_BLOCK_SIZE, MAX_HEAD_DIM, MIN_BLOCK_SIZE, MIN_HEAD_DIM, cdiv
+from kernels.contract import MAX_BLOCK_SIZE, MAX_HEAD_DIM, MIN_BLOCK_SIZE, MIN_HEAD_DIM
+from kernels.tiling import cdiv
 
 # Strict: `true` is not 1, "3" is not 3; floats must be finite (no nan, no inf).
 Int = Annotated[int, Strict()]

@@ -2,7 +2,7 @@
 
 Case files are validated against these (harness.cases.spec, and so the JSON Schema),
 harness.cases.inputs builds tensors from them, the runner writes them into rows and the report
-orders and counts by them. The dtype names are the kernels' own (``kernels._common.DTYPES``:
+orders and counts by them. The dtype names are the kernels' own (``kernels.contract.DTYPES``:
 the harness imports the kernels, never the other way round), so a dtype the kernels take is a
 dtype a case file may name.
 """
@@ -11,7 +11,8 @@ from __future__ import annotations
 
 from typing import Literal
 
-from kernels._common import DTYPES, FP8_DTYPES
+from kernels.contract import DTYPES
+from kernels.fp8 import FP8_DTYPES
 
 # float32, float16, bfloat16: name -> torch.dtype (the case file's and the report's dtype column)
 DTYPE_NAMES: tuple[str, ...] = tuple(DTYPES)

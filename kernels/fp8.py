@@ -1,0 +1,32 @@
+"""fp8 KV caches: the scale arguments checked, and quantizing and dequantizing a cache.
+
+A cache stored as ``float8_e4m3fn`` or ``float8_e5m2`` holds ``x / scale``; the kernels widen
+each stored value exactly and multiply the logits by ``k_scale`` and the accumulator by
+``v_scale``, so they round no more than the oracle of the dequantized cache does.
+"""
+
+from __future__ import annotations
+
+import torch
+
+FP8_DTYPES = (torch.float8_e4m3fn, torch.float8_e5m2)  # KV caches only; q stays fp32/fp16/bf16
+
+
+def quantize_kv(x: torch.Tensor, scale: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """What an fp8 cache stores for x [..., num_kv_heads, head_dim]: x / scale, saturated, in ``dtype``.
+
+    scale [num_kv_heads] fp32. The kernels read it back as ``stored.float() * scale`` (vLLM's
+    convention). Saturating at the format's largest finite value (448 for e4m3fn, 57344 for
+    e5m2) keeps an outlier finite; NaN stays NaN (the poisoned slots).
+    """
+    limit = torch.finfo(dtype).max
+    return (x.float() / scale[:, None]).clamp(-limit, limit).to(dtype)
+
+
+def dequantize_kv(stored: torch.Tensor, scale: torch.Tensor | None, dtype: torch.dtype) -> torch.Tensor:
+    """stored [..., num_kv_heads, head_dim] dequantized: ``stored.float() * scale`` in ``dtype`` (the
+    reference passes fp32: exact); unchanged when scale is None (not fp8). The Triton kernel and
+    tlsim do not round this per element: they widen the fp8 values and scale outside the dots."""
+    if scale is None:
+        return stored
+    return (stored.float() * scale[:, None]).to(dtype)

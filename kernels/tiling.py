@@ -1,0 +1,233 @@
+"""The tiling shared by the Triton kernel and its torch model: tile sizes, the KV split, the
+heads a program takes and the pieces of a wide head.
+
+Both ``paged_attention_triton`` and ``paged_attention_tlsim`` call :func:`tiling_for`, so the
+model can never drift from the kernel's tiles or its KV split (the Triton entry keeps the
+decision in a launch plan, kernels/launch_plan.py; tests/test_launch_plans.py).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+
+from .contract import PagedCall, fail
+from .tuning import query_class, tile_config
+
+SINGLE_DOT_HEAD_DIM = 256  # above it, K is loaded as two pieces and the heads of a group are tiled
+
+
+def window_tile_start(first_q_pos, sliding_window: int | None, tile_n: int):
+    """First KV position (a multiple of TILE_N) whose tile a row at ``first_q_pos`` or later can see.
+
+    With a window of W the query at position p sees keys p - W + 1 .. p, so a program whose
+    rows start at position p0 needs no tile before ``max(p0 - W + 1, 0)``, rounded down to a
+    tile boundary: the tile loop starts there and decode costs W keys, not seq_len. Works on
+    ints and on integer tensors (tlsim); the kernel spells the same arithmetic in Triton.
+    Example: TILE_N 64, W 100, decode at position 1000: the loop starts at 896 (901 // 64 * 64),
+    walking 2 tiles instead of 16.
+    """
+    if sliding_window is None:
+        return first_q_pos * 0
+    lowest = first_q_pos - sliding_window + 1
+    lowest = lowest.clamp(min=0) if isinstance(lowest, torch.Tensor) else max(lowest, 0)
+    return lowest // tile_n * tile_n
+
+
+@dataclass(frozen=True)
+class Tiling:
+    """How the kernel cuts the work.
+
+    One program owns one (query tile, KV head, KV split). A query tile is BLOCK_Q query
+    tokens of one sequence times the group's query heads: BLOCK_M rows, row r = token
+    r // group_size, head r % group_size, so a KV tile is loaded once and used by every
+    query head of its group. KV is walked in TILE_N key positions at a time, independent
+    of block_size, with an online softmax across tiles.
+
+    The query tiles are numbered without reading query_start_loc on the host. Sequence s
+    owns tiles first_tile(s) .. first_tile(s + 1) - 1, with
+
+        first_tile(s) = (query_start_loc[s] + s * (BLOCK_Q - 1)) // BLOCK_Q,
+
+    at least ceil(q_len_s / BLOCK_Q) of them, and NUM_Q_TILES = first_tile(num_seqs) =
+    (num_tokens + num_seqs * (BLOCK_Q - 1)) // BLOCK_Q in all: exactly num_seqs for
+    decode (one query each), and within num_seqs of num_tokens / BLOCK_Q for prefill.
+    A program finds its sequence by a binary search over query_start_loc (vLLM's
+    unified-attention kernel does the same with first_tile(s) = query_start_loc[s] //
+    BLOCK_Q + s, which over-launches decode by num_seqs / BLOCK_Q programs).
+    Example: BLOCK_Q 4, q_lens [5, 0, 3] (query_start_loc [0, 5, 5, 8]): first_tile =
+    [0, 2, 3], NUM_Q_TILES = (8 + 3 * 3) // 4 = 4; sequence 0 owns tiles 0-1, sequence 1
+    none, sequence 2 tile 3.
+
+    When there are too few programs to fill the GPU (long contexts, few sequences, one
+    KV head per GPU), each sequence's KV range is cut into NUM_SPLITS pieces of
+    SPLIT_SIZE positions (a multiple of TILE_N, so tile boundaries do not move; the last
+    piece takes whatever is left); each piece keeps its own (max, sum, accumulator) and a
+    second pass combines them.
+
+    Example: GQA 32/8 heads (group 4), BLOCK_M 16 gives BLOCK_Q = 4 tokens a program;
+    decode of 4 sequences of 131072 tokens is 4 * 8 = 32 programs, so the range is cut
+    in 16 splits of 8192 positions (512 programs).
+    """
+
+    BLOCK_M: int
+    BLOCK_Q: int
+    TILE_N: int
+    HEAD_DIM_PADDED: int
+    NUM_Q_TILES: int = 1  # grid axis 0
+    NUM_SPLITS: int = 1
+    SPLIT_SIZE: int = 0  # 0 when NUM_SPLITS == 1
+    NUM_WARPS: int = 4  # launch settings (no effect on numerics)
+    NUM_STAGES: int = 3
+    TUNING_KEY: tuple[str, int, str] = ("half", 0, "")  # the kernels.tuning key the config came from
+
+
+# Programs the split aims for: two waves of an H100/H200's 132 SMs. A constant, not the
+# device's SM count, so that tlsim makes the same split (and so the same numerics) anywhere.
+TARGET_PROGRAMS = 264
+MIN_TILES_PER_SPLIT = 8
+MAX_SPLITS = 64
+
+
+def choose_tiling(
+    head_dim: int,
+    group_size: int,
+    max_q_len: int,
+    num_seqs: int = 1,
+    num_kv_heads: int = 1,
+    max_seq_len: int = 0,
+    fp32: bool = False,
+    num_tokens: int | None = None,
+    kv_fp8: bool = False,
+) -> Tiling:
+    """Tile sizes, query-tile count and KV split; the kernel launcher and tlsim both use exactly these.
+
+    ``max_q_len`` (a typical query length: it sets the tile height) and ``max_seq_len``
+    (an upper bound of the KV lengths: it sets the split) are host-known, derived from
+    shapes and hints by :func:`tiling_for`. ``max_seq_len`` 0 means no split. ``num_tokens`` defaults to num_seqs * max_q_len. ``fp32`` inputs keep BLOCK_M
+    at 16: their dots run in IEEE fp32 on CUDA cores, and a 64-row tile spills registers
+    (measured on an H200, gpu_results/2026-11-29-h200-tile-probe: prefill at head_dim 128
+    took 46 ms with BLOCK_M 64 and 3.7 ms with 16). Half-precision tiles keep 64 rows for
+    tensor cores.
+    """
+    if group_size > 128:
+        fail(f"group_size (num_q_heads // num_kv_heads) {group_size} is above the kernel's limit of 128")
+    max_q_len = max(max_q_len, 1)
+    num_tokens = num_seqs * max_q_len if num_tokens is None else num_tokens
+    head_dim_padded = max(16, next_pow2(head_dim))
+    precision, q_class = "fp32" if fp32 else ("half_fp8" if kv_fp8 else "half"), query_class(max_q_len)
+    config = tile_config(precision, head_dim_padded, q_class)
+    if group_size >= 16:  # one token's heads already fill tl.dot's minimum M of 16
+        block_m = next_pow2(group_size)
+    else:  # decode pads the group up to 16 rows; prefill packs up to max_tokens tokens
+        tokens = min(max_q_len, config.max_tokens)
+        block_m = min(config.max_rows, max(16, next_pow2(group_size * tokens)))
+    block_q = block_m // group_size
+    num_q_tiles = (num_tokens + num_seqs * (block_q - 1)) // block_q
+    programs = max(num_kv_heads * num_q_tiles, 1)
+    if q_class == "decode" and programs < TARGET_PROGRAMS // 2 and max_seq_len > 0:
+        # A decode that will split its KV has its own key (one token a program: the tile height
+        # does not depend on it): kernels.tuning, "decode_split".
+        q_class = "decode_split"
+        config = tile_config(precision, head_dim_padded, q_class)
+    tile_n = config.tile_n
+    num_splits = 1
+    if programs < TARGET_PROGRAMS // 2:
+        by_work = next_pow2(cdiv(TARGET_PROGRAMS, programs))
+        by_length = max_seq_len // (MIN_TILES_PER_SPLIT * tile_n)
+        while num_splits * 2 <= min(by_work, by_length, MAX_SPLITS):
+            num_splits *= 2
+    # Each split covers ceil(max_seq_len / num_splits) positions, rounded up to whole tiles.
+    split_size = cdiv(cdiv(max_seq_len, num_splits), tile_n) * tile_n if num_splits > 1 else 0
+    return Tiling(
+        BLOCK_M=block_m,
+        BLOCK_Q=block_q,
+        TILE_N=tile_n,
+        HEAD_DIM_PADDED=head_dim_padded,
+        NUM_Q_TILES=num_q_tiles,
+        NUM_SPLITS=num_splits,
+        SPLIT_SIZE=split_size,
+        NUM_WARPS=config.num_warps or (4 if block_m * head_dim_padded <= 64 * 128 else 8),
+        NUM_STAGES=config.num_stages,
+        TUNING_KEY=(precision, head_dim_padded, q_class),
+    )
+
+
+def tiling_for(call: PagedCall, max_q_len: int | None = None, max_seq_len: int | None = None) -> Tiling:
+    """The tiling of one call, from host-known sizes only: what the launcher runs and tlsim models.
+
+    Nothing here reads a tensor value. The query length only picks the tile height (the
+    grid covers every token whatever it is): the max_q_len hint when given, else 1 when
+    query_start_loc is None, else the mean q_len ceil(num_tokens / num_seqs), so a decode
+    batch given as offsets gets decode tiles and 16 prefills of 1024 get prefill tiles.
+    max_seq_len, an upper bound that sets the KV split, is the hint when given, else the
+    table's capacity max_blocks_per_seq * block_size; with a sliding window W it is at most
+    W + the longest q_len (max_q_len, else 1 for decode, else num_tokens): the keys a
+    program walks, since the kernel cuts its splits from the window's first tile. So a
+    windowed decode at 128k splits like a decode of W keys. A wrong hint costs speed, never
+    correctness: the last KV split runs to the end of the sequence whatever max_seq_len said.
+    """
+    if call.given_query_start_loc is None:
+        q_len = 1
+    elif max_q_len is not None:
+        q_len = min(int(max_q_len), call.num_tokens)
+    else:
+        q_len = cdiv(call.num_tokens, max(call.num_seqs, 1))
+    kv_bound = call.table_capacity if max_seq_len is None else min(int(max_seq_len), call.table_capacity)
+    if call.sliding_window is not None:  # a program walks at most W + its queries' span keys
+        longest_q = 1 if call.given_query_start_loc is None else int(max_q_len or call.num_tokens)
+        kv_bound = min(kv_bound, call.sliding_window + min(longest_q, call.num_tokens))
+    # Past SINGLE_DOT_HEAD_DIM a program holds heads_per_program heads of its group: to the
+    # tiling, num_kv_heads * head_tiles groups of that size. Such dims also take the 16-row
+    # tiles (choose_tiling's fp32 rule): a [64, 512] fp32 accumulator would spill registers.
+    heads = heads_per_program(call)
+    large = max(call.head_dim, call.head_dim_v) > SINGLE_DOT_HEAD_DIM
+    return choose_tiling(
+        call.head_dim,
+        heads,
+        q_len,
+        call.num_seqs,
+        call.num_kv_heads * cdiv(call.group_size, heads),
+        kv_bound,
+        fp32=call.q.dtype == torch.float32 or large,
+        num_tokens=call.num_tokens,
+        kv_fp8=call.kv_fp8,
+    )
+
+
+def heads_per_program(call: PagedCall) -> int:
+    """Query heads of a KV head's group that one program holds: the whole group, except when
+    head_dim or head_dim_v passes SINGLE_DOT_HEAD_DIM and the group passes 16, where a program
+    holds 16 (MLA's 128 heads over one KV head: 8 programs a token, each a [16, 512] fp32
+    accumulator instead of one [128, 512] that no register file holds). The kernel's grid
+    axis 1 is then num_kv_heads * ceil(group_size / 16)."""
+    if max(call.head_dim, call.head_dim_v) > SINGLE_DOT_HEAD_DIM and call.group_size > 16:
+        return 16
+    return call.group_size
+
+
+def head_dim_pieces(head_dim: int) -> tuple[int, int]:
+    """(main, tail): K's head dim as the kernel loads it, each a power of two (tail 0: none).
+
+    Up to SINGLE_DOT_HEAD_DIM one piece, next_pow2(head_dim) (at least 16). Past it, the
+    largest power of two below, then the rest padded: 576 (MLA) = 512 + 64 in two dots
+    instead of one padded to 1024 (which would double the loads and the shared memory);
+    300 = 256 + 64 (44 used).
+    """
+    if head_dim <= SINGLE_DOT_HEAD_DIM:
+        return max(16, next_pow2(head_dim)), 0
+    main = 2 ** int(math.log2(head_dim))
+    rest = head_dim - main
+    return main, (max(16, next_pow2(rest)) if rest else 0)
+
+
+def cdiv(a: int, b: int) -> int:
+    """ceil(a / b) for non-negative ints."""
+    return -(-a // b)
+
+
+def next_pow2(n: int) -> int:
+    """Smallest power of two >= n (same as triton.next_power_of_2, without importing Triton)."""
+    return 1 if n <= 1 else 2 ** math.ceil(math.log2(n))
