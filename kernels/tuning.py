@@ -58,16 +58,15 @@ def default_config(precision: str, head_dim_padded: int, q_class: str) -> TileCo
 
 # Measured entries; every other key takes default_config. Measured on one H200 (torch 2.11,
 # Triton 3.6, bf16, shuffled blocks of 16) with `python scripts/tune_tiles.py --class C`,
-# 2026-11-30, kernel at ce66687 (decode, prefill) and 7bd3c1d (verify); the time of the
-# chosen config against the default on the cases of cases/gpu_peers.toml it reached:
+# the time of the chosen config against the default on the cases of cases/gpu_peers.toml it reached
+# (the runs: gpu_results/2026-11-30-h200-*):
 TUNED: dict[tuple[str, int, str], TileConfig] = {
-    # decode_32x4k (block 16/32/64), 64q8kv: 0.93x; hd64: 0.80x (decode_32x4k_hd64). The split
-    # decodes lost with it in the next run (gpu_results/2026-11-30-h200-e883533: 8q1kv 35.6 -> 42.2 us,
-    # 4x16k 83 -> 91, 1x128k 144 -> 156; 128-key tiles halve the splits a short context allows),
-    # so "decode_split" got its own key. Its winner, measured 2026-11-30 at d11ff1f (`tune_tiles.py
-    # --class decode_split` with six candidates, gpu_results/2026-11-30-h200-d11ff1f/tune_split.json):
-    # 32-key tiles, 0.88x the default (64-key tiles) over 8q1kv 36.2 -> 35.0 us, 4x16k 103.8 -> 87.7,
-    # 1x128k 188.7 -> 158.3 (128-key tiles: 41.8, 90.7, 155.4).
+    # decode_32x4k (block 16/32/64), 64q8kv: 0.93x; hd64: 0.80x (decode_32x4k_hd64). A decode whose
+    # KV is split has its own key: 128-key tiles halve the splits a short context allows, and cost
+    # 8q1kv 35.6 -> 42.2 us, 4x16k 83 -> 91, 1x128k 144 -> 156 (gpu_results/2026-11-30-h200-e883533).
+    # Its winner (`tune_tiles.py --class decode_split`, six candidates,
+    # gpu_results/2026-11-30-h200-d11ff1f/tune_split.json): 32-key tiles, 0.88x the default
+    # (64-key tiles) over 8q1kv 36.2 -> 35.0 us, 4x16k 103.8 -> 87.7, 1x128k 188.7 -> 158.3.
     ("half", 128, "decode"): TileConfig(max_rows=16, max_tokens=1, tile_n=128, num_warps=4, num_stages=3),
     ("half", 128, "decode_split"): TileConfig(max_rows=16, max_tokens=1, tile_n=32, num_warps=4, num_stages=3),
     # An fp8 cache's split decode: 128-key tiles. At 32 keys (the bf16 winner above) a tile of fp8 K is

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# One call on a 2-GPU host: the evidence for issues 7, 10 and 11 in two lanes, one per GPU, so that
+# One call on a 2-GPU host: the scaling, noise and kernel evidence in two lanes, one per GPU, so that
 # a lane's timings never share a GPU (they share the host's CPUs: no FlexAttention compiles here,
 # whose compile workers loaded the 32-core host to 30 in an earlier call).
 #   lane 0 (GPU 0): scripts/noise_check.py --gpu (reruns and a planted 5% slowdown), then the peer
@@ -26,7 +26,7 @@ export HARNESS_COMMIT=${HARNESS_COMMIT:-$(git rev-parse HEAD 2>/dev/null || echo
 } | tee "$OUT/versions.txt"
 run() { python3 -m harness run --device cuda --oracle-device cuda --no-progress "$@"; }
 left() { echo $(( $1 - ($(date +%s) - START) )); }
-if [ "${SCALE:-1}" = 1 ]; then  # first, while both GPUs are idle: one worker against two (issue 12)
+if [ "${SCALE:-1}" = 1 ]; then  # first, while both GPUs are idle: one worker against two
   WARMUP=1 RUN_TIMEOUT=${SCALE_TIMEOUT:-120} SUITES=${SCALE_SUITES:-"cases/gpu.toml cases/gpu_peers.toml"} \
     OUT="$OUT" bash scripts/gpu_scale.sh >"$OUT/scale.log" 2>&1
   for n in 1 2; do

@@ -1,4 +1,4 @@
-"""Host overhead of the Triton kernel's call, launch plans off and on, against SDPA's eager call (issue 10).
+"""Host overhead of the Triton kernel's call, launch plans off and on, against SDPA's eager call.
 
     python scripts/host_overhead.py                 # on a GPU: decode_32x4k's shape
     python scripts/host_overhead.py --shape decode_4x16k   # a decode whose KV is split: two launches a call
@@ -93,7 +93,7 @@ def host_us(fn, n: int, device: str, loops: int = LOOPS) -> float:
     the fastest of ``loops`` such loops (the device drained between them).
 
     The fastest, as timeit reports: a loop can only be slowed by what else the host does.
-    On lent H200 hosts one loop of 300 calls gave SDPA 19-29 us and the kernel 25-46 us
+    On H200 hosts one loop of 300 calls gave SDPA 19-29 us and the kernel 25-46 us
     within a minute (gpu_results/2026-11-30-h200-2460e45-targets/host_ab.txt), more than
     the 20 us target's margin."""
     fn()

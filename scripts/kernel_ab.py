@@ -5,7 +5,7 @@
 
 Before merging a kernel change, the question is "is this kernel faster or slower than the one
 it replaces, here, on these shapes". Two runs and a ``compare`` answer it across processes
-(and, on lent machines, across hosts); this script answers it in one process on one GPU:
+(and, on shared machines, across hosts); this script answers it in one process on one GPU:
 ``kernels/triton_paged.py`` as of ``--base`` (``git show REV:kernels/triton_paged.py``) and as
 in the working tree are each written to a module of their own (``kernels/_ab_base.py``,
 ``kernels/_ab_new.py``, removed at the end) and imported, so each has its own compiled

@@ -1,4 +1,4 @@
-"""Score a GPU run against the kernel's speed targets (issue 10), one line per case and target.
+"""Score a GPU run against the kernel's speed targets, one line per case and target.
 
     python scripts/kernel_targets.py RUN_DIR [--backend triton]
 

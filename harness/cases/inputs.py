@@ -16,9 +16,8 @@ and every chunk is written straight into its slots of the pool.
 
 Machines: torch's CPU ``randn`` has one vectorized path for x86-64 with AVX2 or AVX-512
 (every x86 server: the same bits) and a scalar one elsewhere (an Arm host, or
-``ATEN_CPU_CAPABILITY=default``), whose values differ in the last bits, as they did before
-the chunked draw. numpy's PCG64 ``standard_normal`` would not, but drew 2.4x slower per core
-on the dev box (18 ns against 7.6 ns a value).
+``ATEN_CPU_CAPABILITY=default``), whose values differ in the last bits. numpy's PCG64 ``standard_normal`` would not, but drew
+2.4x slower per core on a 2-core x86 machine (18 ns against 7.6 ns a value).
 """
 
 from __future__ import annotations
@@ -155,7 +154,7 @@ def draw_normal(
     stores it, from a worker thread (chunks own disjoint rows). ``threads`` workers each do
     all of a chunk's work, with torch's intra-op threads set to 1 meanwhile (torch's CPU randn
     releases the GIL and is sequential within a call; OpenMP teams beside the pool only spun
-    and slowed it 3x on the dev box); the values do not depend on ``threads``. Example: [64, 8, 128] in chunks of 1024 rows is one chunk.
+    and slowed it 3x on a 2-core machine); the values do not depend on ``threads``. Example: [64, 8, 128] in chunks of 1024 rows is one chunk.
     """
     rows, row_shape = shape[0], shape[1:]
     per_chunk = max(1, CHUNK_VALUES // max(1, math.prod(row_shape)))

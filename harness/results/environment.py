@@ -90,7 +90,7 @@ def commit_record() -> dict:
     """The run's commit, and where it was read from.
 
     From git where this is a checkout. A copy of the tree sent to another machine may carry
-    a stale ``.git`` (seen on a lent GPU box: git named the session's first commit), so a
+    a stale ``.git`` (git then names a commit other than the one sent), so a
     commit the caller declares in ``HARNESS_COMMIT`` (scripts/gpu_run.sh passes the
     sender's ``git rev-parse HEAD``) wins, and a disagreement is recorded, not hidden.
     """

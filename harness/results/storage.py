@@ -28,9 +28,9 @@ from harness.results.journal import SUFFIX, Journal, JournalError, journal_path,
 from harness.results.schemas import SchemaError, check_meta, check_rows
 
 RESULT_FILES = ("results.parquet", "results.csv", "meta.json", "report.html")
-# Every timing sample of a row (arrays): in results.parquet only. Written to the CSV they were numpy's
-# printed arrays, truncated with "..." past 1000 values, and writing the 432-row H200 sweep's folder
-# took 3.7 s on the dev box with them, 1.6 s without.
+# Every timing sample of a row (arrays): in results.parquet only. In a CSV they would be numpy's
+# printed arrays, truncated with "..." past 1000 values, and slow to write (a 432-row folder:
+# 3.7 s with them, 1.6 s without).
 SAMPLE_COLUMNS = ("latency_samples_us", "call_samples_us")
 
 

@@ -14,7 +14,7 @@ so a changed seed, shape or dtype misses, a renamed case hits, and an edit of
 ``harness/oracle.py`` (its source is hashed in) invalidates every entry.
 
 Only the CPU oracle is cached (the default ``--oracle-device cpu``): hashing reads every
-input byte on the host (sha256 ran at about 0.7 GB/s per core on the 2-core dev box, in
+input byte on the host (sha256 runs at about 0.7 GB/s per core on a 2-core x86 machine, in
 64 MiB chunks on every torch thread: :mod:`harness.cases.hashing`), far less than
 the float64 oracle's time on a CPU, but more than the oracle's time on a GPU
 (``--oracle-device cuda`` computes it every time).
