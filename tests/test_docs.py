@@ -86,3 +86,13 @@ def test_readme_plugin_example_runs_through_the_cli(tmp_path):
         cwd=ROOT, capture_output=True, text=True, timeout=300,
     )  # fmt: skip
     assert done.returncode == 0, f"{doc}'s plugin example failed:\n{done.stdout[-2000:]}\n{done.stderr[-2000:]}"
+
+
+def test_docs_link_only_inside_the_repository():
+    for doc in DOCS:
+        for target in re.findall(r"\]\(([^)#]+)", doc.read_text()):
+            if target.startswith(("http://", "https://")):
+                continue
+            resolved = (doc.parent / target).resolve()
+            assert resolved.is_relative_to(ROOT) and resolved.exists(), f"{doc.name}: link to {target}"
+        assert "../" not in doc.read_text().replace("](../", ""), f"{doc.name} points outside the repository"
