@@ -3,21 +3,27 @@ inputs, the kernels, the grading tables and the report all speak it, and no seco
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 import torch
 
 import kernels
 from harness.backends.builtin import resolve_backends
+from harness.backends.registry import VARIANT_OPTIONS
 from harness.cases.inputs import make_inputs
-from harness.cases.spec import case_file_schema, load_case_file
+from harness.cases.spec import CaseSpec, case_file_schema, load_case_file
+from harness.cases.variants import VARIANTS
 from harness.cases.vocab import DEFAULT_TOLERANCES, DTYPE_NAMES, DTYPES, FAILING, GRADED, LAYOUTS, STATUSES, WORST_FIRST
 from harness.execute.local import run_cases
 from harness.results import report
 from harness.run import grading
 from harness.run.runner import RunConfig
 from harness.timing import ceilings
-from kernels.contract import SUPPORTED_DTYPES
+from kernels.contract import CALL_OPTIONS, SUPPORTED_DTYPES
 from tests.tiny_cases import TINY, write_cases
+
+ROOT = Path(__file__).resolve().parents[1]
 
 
 def test_the_case_file_schema_offers_exactly_the_vocabulary():
@@ -60,3 +66,12 @@ def test_report_rows_speak_the_vocabulary(tmp_path):
     rows = run_cases(load_case_file(path), config)
     assert set(rows["status"]) <= set(STATUSES) and "skip" in set(rows["status"])
     assert tuple(rows["dtype"].drop_duplicates()) == DTYPE_NAMES
+
+
+def test_each_variant_is_named_once_for_the_case_file_the_registry_and_the_kernel_call():
+    contract = (ROOT / "docs" / "contract.md").read_text()
+    assert tuple(v.capability for v in VARIANTS) == VARIANT_OPTIONS
+    for variant in VARIANTS:
+        assert set(variant.case_fields) <= set(CaseSpec.model_fields), variant
+        assert set(variant.keywords) <= {*CALL_OPTIONS, "return_lse"}, variant
+        assert f"`{variant.capability}`" in contract or variant.capability in contract, variant.capability

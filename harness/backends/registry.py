@@ -27,14 +27,12 @@ import torch
 
 from harness.cases.inputs import PagedInputs
 from harness.cases.spec import Case
+from harness.cases.variants import CAPABILITIES
 from kernels.cascade import cascade_attention
 
 KINDS = ("kernel", "engine path", "peer", "plugin")
-# The contract's optional keywords (docs/contract.md, "Attention variants"). A backend
-# declares the ones it computes; a case that turns on another is a skip row for it.
-# "fp8_kv": an fp8 k_cache/v_cache with its k_scale/v_scale keywords; "head_dim_v": a v_cache
-# whose head dim differs from k_cache's (MLA), the output shaped like V.
-VARIANT_OPTIONS = ("sliding_window", "logit_softcap", "sinks", "alibi_slopes", "return_lse", "fp8_kv", "head_dim_v")
+# The variants a backend may declare (harness.cases.variants); a case that turns on another is a skip row for it.
+VARIANT_OPTIONS = CAPABILITIES
 
 
 class Unsupported(Exception):

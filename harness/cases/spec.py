@@ -38,6 +38,7 @@ from pydantic import (
 )
 
 from harness.cases.inputs import shared_prefix_blocks
+from harness.cases.variants import turned_on
 from harness.cases.vocab import DEFAULT_TOLERANCES, FP8_KV_TOLERANCES, DTypeName, KVDTypeName, Layout
 from kernels.contract import MAX_BLOCK_SIZE, MAX_HEAD_DIM, MIN_BLOCK_SIZE, MIN_HEAD_DIM
 from kernels.tiling import cdiv
@@ -312,17 +313,8 @@ class Case:
 
     @property
     def options(self) -> frozenset[str]:
-        """The contract keywords this case turns on (what a backend must declare to run it)."""
-        names = {
-            "sliding_window": self.sliding_window is not None,
-            "logit_softcap": self.logit_softcap is not None,
-            "sinks": self.sinks is not None,
-            "alibi_slopes": self.alibi,
-            "return_lse": self.return_lse or self.cascade,
-            "fp8_kv": self.kv_dtype is not None,
-            "head_dim_v": self.head_dim_v != self.head_dim,
-        }
-        return frozenset(name for name, on in names.items() if on)
+        """The variants this case turns on (harness.cases.variants): what a backend must declare to run it."""
+        return turned_on(self)
 
     def variant_fields(self) -> dict[str, Any]:
         """The variant arguments of harness.cases.inputs.make_inputs."""
