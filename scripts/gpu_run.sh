@@ -1,32 +1,60 @@
 #!/usr/bin/env bash
-# One call on a CUDA machine: check and time, leaving the results in $OUT.
-#   bash scripts/gpu_run.sh [suites|tests|all]     (default: all)
+# One call on a CUDA machine: check and time, leaving the results in $OUT. `nox -s gpu` runs this.
+#   bash scripts/gpu_run.sh [all|tests|suites|closeness] [harness run arguments...]   (default: all)
 #   versions.txt   GPU, driver, clocks, python/torch/triton versions, date, commit
-#   tests.log      (tests, all) the whole pytest suite natively (Triton compiled)
-#   closeness.txt  (tests, all) tlsim vs the Triton kernel on every kernel test case
-#   run.log, run/  (suites, all) the harness run of the peer, GPU and 128k suites (SUITES=...), timed;
-#                  extra arguments go to `harness run` (e.g. --backend triton)
-#                  (parquet, csv, meta.json, report.html)
-# Wheels of packages the image lacks (pydantic and its three helpers) travel in .whl/
-# (README: "Running on a lent GPU").
+#   tests.log      (tests, all) the GPU tests natively (Triton compiled): `pytest -m gpu` over the
+#                  whole tree; the rest of the suite is CPU logic (or the interpreted kernel, which
+#                  fails without TRITON_INTERPRET=1 set) that CI runs
+#   run.log, run/  (suites, all) one harness run of SUITES (default: the smoke, peer, GPU and
+#                  128k-token suites, every backend), each line stamped with the epoch second it
+#                  was printed; extra arguments go to `harness run` (e.g. --backend triton)
+#   phases.txt     where the time went: tests, start-up, each suite, the write (printed too);
+#                  meta.json's scale.phase_s splits the rows' time (inputs, oracle, grading, timing)
+#   closeness.txt  (closeness only) tlsim vs the Triton kernel on every kernel test case
+# The whole call stays within BUDGET_S (default 570 s): the run gets what the tests left, and a
+# SIGTERM at that limit keeps every finished row in $OUT/run.journal.jsonl (resume it with
+# `harness run --resume $OUT/run`). Wheels of packages the image lacks (pydantic and its three
+# helpers) travel in .whl/ (README: "Running on a lent GPU").
 set -uo pipefail
 MODE=${1:-all}
 OUT=${OUT:-gpu_out}
+SUITES=${SUITES:-cases/smoke.toml cases/gpu_peers.toml cases/gpu.toml cases/gpu_long.toml}
+BUDGET_S=${BUDGET_S:-570}
+START=$(date +%s)
 mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1
 source scripts/gpu_wheels.sh || exit 1
+stamp() { python3 -u -c 'import sys, time
+for line in sys.stdin:
+    sys.stdout.write(f"{time.time():.3f} {line}")'; }
 {
   nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm,clocks.max.sm,clocks.mem,temperature.gpu,power.draw --format=csv
   python3 -c "import sys, torch, triton; print('python', sys.version.split()[0], 'torch', torch.__version__, 'triton', triton.__version__)"
   date -u
   echo "commit ${HARNESS_COMMIT:-unknown}"
+  echo "mode $MODE; suites $SUITES; budget ${BUDGET_S}s"
 } | tee "$OUT/versions.txt"
-if [ "$MODE" != suites ]; then
-  python3 -m pytest -q -p no:cacheprovider 2>&1 | tee "$OUT/tests.log" | tail -8
+echo "start $START" >"$OUT/phases.raw"
+status=0
+if [ "$MODE" = all ] || [ "$MODE" = tests ]; then
+  echo "tests_start $(date +%s.%N)" >>"$OUT/phases.raw"
+  python3 -m pytest -q -p no:cacheprovider -m gpu tests 2>&1 | tee "$OUT/tests.log" | tail -12
+  [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
+  echo "tests_end $(date +%s.%N)" >>"$OUT/phases.raw"
+fi
+if [ "$MODE" = closeness ]; then
   python3 scripts/measure_tlsim_closeness.py 2>&1 | tee "$OUT/closeness.txt" | tail -3
 fi
-if [ "$MODE" != tests ]; then
-  # SIGTERM at RUN_TIMEOUT keeps every finished row in $OUT/run.journal.jsonl (resume it with --resume).
-  timeout -s TERM "${RUN_TIMEOUT:-540}" python3 -m harness run ${SUITES:-cases/gpu_peers.toml cases/gpu.toml cases/gpu_long.toml} \
-    --device cuda --oracle-device cuda --out "$OUT/run" --no-progress "${@:2}" 2>&1 | tee "$OUT/run.log" | tail -70
+if [ "$MODE" = all ] || [ "$MODE" = suites ]; then
+  LEFT=$((BUDGET_S - ($(date +%s) - START)))
+  echo "run_start $(date +%s.%N)" >>"$OUT/phases.raw"
+  # shellcheck disable=SC2086
+  timeout -s TERM "$LEFT" python3 -m harness run $SUITES --device cuda --oracle-device cuda --out "$OUT/run" \
+    --no-progress "${@:2}" 2>&1 | stamp | tee "$OUT/run.log" | cut -d' ' -f2- | tail -70
+  code=${PIPESTATUS[0]}
+  echo "run_end $(date +%s.%N) $code" >>"$OUT/phases.raw"
+  [ "$code" -eq 0 ] || status=$code
+  [ "$code" -eq 124 ] && echo "stopped at the ${BUDGET_S} s budget: the finished rows are in $OUT/run.journal.jsonl"
 fi
+python3 scripts/gpu_phases.py "$OUT" | tee "$OUT/phases.txt"
+exit $status

@@ -107,7 +107,10 @@ def test_a_killed_worker_costs_one_retry_then_an_error_row_a_hung_one_an_error_r
     hung = by_pair[("hangs_here", "killer")]
     assert hung["status"] == "error" and hung["reason"].startswith("timed out after 10 s")
     others = [r for pair, r in by_pair.items() if pair not in {("dies_here", "killer"), ("hangs_here", "killer")}]
-    assert [r["status"] for r in others] == ["pass"] * 6
+    # killer is hung from then on: its rows not yet run when it timed out are skips naming the case
+    hung_skip = "hung on hangs_here after 10 s; not run"
+    assert all(r["status"] == "pass" or (r["backend"] == "killer" and r["reason"] == hung_skip) for r in others)
+    assert [r["status"] for r in others if r["backend"] == "tlsim"] == ["pass"] * 4
     assert all(set(EXTRA_COLUMNS) <= set(r) for r in rows)
     assert {r["worker"] for r in rows} <= {0, 1} and all(r["gpu_index"] == "" for r in rows)
 

@@ -120,7 +120,8 @@ def build_parser() -> argparse.ArgumentParser:
         "--timeout",
         type=float,
         metavar="SECONDS",
-        help="time limit of one isolated call, grade and timing (default 600; a case's timeout_s wins)",
+        help="time limit of one isolated (or --workers) row, grade and timing; a backend past it is hung: its later "
+        "rows are skips (default: the row's expected cost x10, at least 60 s; a case's timeout_s wins)",
     )
     run.add_argument(
         "--resume",

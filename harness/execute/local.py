@@ -1,5 +1,9 @@
 """Where rows run by default: every case in this process, a backend named in ``config.isolated``
-in a worker process (harness.execute.processes), one row per (case, backend)."""
+in a worker process (harness.execute.processes), one row per (case, backend).
+
+An isolated backend that runs past its row's limit (:func:`harness.execute.processes.row_limit`)
+is an error row "timed out", and is hung for the rest of the run: its later rows are skips
+"hung on <case> after N s; not run", made without starting a worker."""
 
 from __future__ import annotations
 
@@ -10,7 +14,7 @@ import torch
 from tqdm import tqdm
 
 from harness.cases.spec import Case
-from harness.execute.processes import DEFAULT_TIMEOUT_S, Worker, captured_output, report_output, row_log
+from harness.execute.processes import TIMED_OUT, Hung, Worker, captured_output, report_output, row_limit, row_log
 from harness.run.oracle_cache import PoisonedCacheError
 from harness.run.runner import RunConfig, build_context, error_reason, row_without_call, run_backend, to_frame
 
@@ -27,7 +31,8 @@ def run_cases(
     ``on_row`` gets each row as it finishes (the journal). Pairs in ``done`` (case id,
     backend name; a resumed run's journal) are not run and not returned. Backends named
     in ``config.isolated`` run in a worker process (:mod:`harness.execute.processes`), under
-    ``case.timeout_s`` or ``config.timeout_s`` per call; ``worker``, a started
+    :func:`harness.execute.processes.row_limit` per call (a backend past it is hung: its
+    later rows are skips); ``worker``, a started
     :class:`harness.execute.processes.Worker` to use (the CLI's, which imported the plugins first).
     """
     cases = list(cases)
@@ -38,6 +43,7 @@ def run_cases(
     if worker is None and config.isolated:
         worker = Worker(config.plugins)
     case_rows: list[dict] = []  # this case's rows, in the order they finish
+    hung = Hung()
     try:
         with tqdm(total=total, desc="cases x backends", unit="run", disable=not config.progress or total < 4) as bar:
 
@@ -83,9 +89,14 @@ def run_cases(
                         if torch.device(config.device).type == "cuda":
                             torch.cuda.empty_cache()  # the next case's oracle may want one large block
                 for backend in remote:
-                    limit = case.timeout_s or config.timeout_s or DEFAULT_TIMEOUT_S
+                    if reason := hung.reason(backend.name):
+                        emit(row_without_call(case, backend, config, "skip", reason))
+                        continue
+                    limit = row_limit(case, config)
                     result = worker.run(case, backend.name, config, limit)
                     if isinstance(result, str):
+                        if result.startswith(TIMED_OUT):
+                            hung.mark(backend.name, case.id, limit)
                         result = row_without_call(case, backend, config, "error", result)
                     emit(result)
                 rows.extend(sorted(case_rows, key=lambda row: order[row["backend"]]))

@@ -8,7 +8,13 @@ plugins, builds a case's inputs and oracle once, and runs the isolated backends 
 case one call at a time, each under a time limit. When it dies, the row is an error
 naming the signal or exit code; when a call runs past its limit, the worker is killed and
 the row is an error "timed out after N s". The next call starts a fresh worker (and
-rebuilds the case's inputs in it): the run goes on.
+rebuilds the case's inputs in it): the run goes on. A backend that ran past its limit is
+marked hung (:class:`Hung`): the run sends it no more cases, and its remaining rows are
+skips naming the case where it hung, so a hang costs one time limit, not one per row.
+
+The limit of a row is the case's ``timeout_s``, else ``--timeout``, else
+:func:`harness.timing.measure.row_time_limit` (the row's expected cost, generously, with a
+60 s floor): :func:`row_limit`.
 
 Which backends run there is the run's choice (``--isolate``): by default the plugins (code
 from outside this repository; the built-ins are this repository's own torch code, and
@@ -46,10 +52,33 @@ from harness.backends.builtin import REGISTRY, load_plugin
 from harness.cases.spec import Case
 from harness.run.profiling import profile_pairs
 from harness.run.runner import build_context, error_reason, run_backend
+from harness.timing.measure import row_time_limit
 from harness.timing.phases import absorb, take_phases
 
 START_TIMEOUT_S = 300.0  # importing torch, kernels and the plugins on a busy laptop
-DEFAULT_TIMEOUT_S = 600.0  # per isolated call (grade + timing); --timeout and a case's timeout_s override it
+DEFAULT_TIMEOUT_S = 600.0  # of one --profile of an isolated backend, unless --timeout or the case's timeout_s
+
+
+def row_limit(case: Case, config) -> float:
+    """Seconds one row of ``case`` may take (grade and timing) before its backend counts as hung."""
+    return case.timeout_s or config.timeout_s or row_time_limit(case, config.device, config.ceilings)
+
+
+class Hung:
+    """Backends that ran past their limit in this run: where and after how long, and their later rows' skip."""
+
+    def __init__(self):
+        self.where: dict[str, tuple[str, float]] = {}  # backend -> (case id, limit in seconds)
+
+    def mark(self, backend: str, case_id: str, limit_s: float) -> None:
+        self.where.setdefault(backend, (case_id, limit_s))
+
+    def reason(self, backend: str) -> str | None:
+        """The skip reason of a later row of ``backend``, or None when it has not hung."""
+        if backend not in self.where:
+            return None
+        case_id, limit_s = self.where[backend]
+        return f"hung on {case_id} after {limit_s:g} s; not run"
 
 
 DIED, TIMED_OUT = "died", "timed out"  # what _receive returns instead of a message
@@ -315,7 +344,9 @@ class Worker:
         _absorb_phases(reply)
         if reply == TIMED_OUT:
             self.stop()
-            return f"timed out after {timeout_s:g} s (isolated; the worker was killed)"
+            return (
+                f"{TIMED_OUT} after {timeout_s:g} s (isolated; the worker was killed); hung: its later rows are skipped"
+            )
         if reply != DIED:
             return reply[1]
         why = f"the worker process {self._death()} after {time.monotonic() - started:.1f} s"

@@ -15,9 +15,9 @@ row to ``on_row`` (the journal) as it arrives; ``cmd_run`` writes the one run fo
   ``CUDA_VISIBLE_DEVICES``); otherwise ``num_cpus=1``. Ray gives each GPU task a fresh
   process, so a GPU's ceilings are measured by its first task and left for the next ones in
   a folder of the node (:func:`harness.timing.ceilings.own_device`); its rows are judged against them.
-* **Time limit.** A backend running past its limit (``case.timeout_s``, ``--timeout``,
-  else 600 s), counted on the driver's clock from the ``start`` the task streamed (a task
-  still queued is not running late), has its task cancelled (Ray kills the worker) and is
+* **Time limit.** A backend running past its limit (``case.timeout_s``, ``--timeout``, else
+  the row's expected cost: :func:`harness.execute.processes.row_limit`), counted on the
+  driver's clock from the ``start`` the task streamed (a task still queued is not running late), has its task cancelled (Ray kills the worker) and is
   an ``error`` row at once; the case's backends that had not run go out in a new task.
 * **Failures.** A task whose worker process dies (killed, out of memory, a lost node) keeps
   the rows it streamed; the backend it was running is blamed (every remaining one if it
@@ -46,7 +46,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from harness.backends.builtin import REGISTRY
-from harness.execute.workers import CONTEXT, _default_timeout, case_events, worker_setup
+from harness.execute.processes import row_limit
+from harness.execute.workers import CONTEXT, case_events, worker_setup
 from harness.run.oracle_cache import ENV_DIR
 from harness.run.runner import row_without_call
 from harness.timing.ceilings import SHARE_ENV, GpuLedger
@@ -185,7 +186,7 @@ def run_on_ray(
                     phases = add_phases(phases, event[2])
             now = time.monotonic()
             for stream, task in list(live.items()):
-                limit = task.case.timeout_s or config.timeout_s or _default_timeout()
+                limit = row_limit(task.case, config)
                 if task.running not in (None, CONTEXT) and now - task.since > limit:
                     ray.cancel(stream, force=True)  # kills the task's worker process
                     del live[stream]

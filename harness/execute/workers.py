@@ -37,8 +37,12 @@ and ``cmd_run`` writes the one run folder, exactly as for a one-process run.
   (with the case's backends that had not run yet), and a second death on that same
   backend is an ``error`` row naming how the worker died. A death while building the
   inputs/oracle counts against every remaining backend of the case. A row that runs past
-  its time limit (``case.timeout_s``, ``--timeout``, else 600 s) kills the worker and is
-  an ``error`` row at once (a hang is not retried). The run completes either way.
+  its time limit (:func:`harness.execute.processes.row_limit`: ``case.timeout_s``,
+  ``--timeout``, else the row's expected cost, generously, with a 60 s floor) kills the
+  worker and is an ``error`` row at once (a hang is not retried), and its backend is hung
+  for the rest of the run: its rows not yet run are skips "hung on <case> after N s; not
+  run" (a worker that starts it on a case sent ahead is stopped and restarted). A hang
+  costs one time limit. The run completes either way.
 * Plugins are imported in every worker (they are then run in-process there: the worker
   is the isolation).
 """
@@ -61,7 +65,7 @@ from multiprocessing.connection import wait
 import kernels
 from harness.backends.builtin import REGISTRY, load_plugin
 from harness.cases.spec import Case
-from harness.execute.processes import DEFAULT_TIMEOUT_S, describe_exit, die_with_parent, sigint_ignored_in_children
+from harness.execute.processes import Hung, describe_exit, die_with_parent, row_limit, sigint_ignored_in_children
 from harness.run.runner import build_context, error_reason, row_without_call, run_backend
 from harness.timing import ceilings
 from harness.timing.ceilings import GpuLedger
@@ -235,6 +239,7 @@ class ShardedRun:
         self.phase_seconds: dict[str, float] = {}  # busy_seconds by phase (harness.timing.phases), summed
         self.failed_starts = 0
         self.ledger = GpuLedger()  # each GPU's name and ceilings, as its worker measured them
+        self.hung = Hung()
 
     def labels(self, slot: _Slot) -> dict:
         return {"host": self.host, "gpu_index": slot.gpu, "worker": slot.index}
@@ -320,14 +325,21 @@ class ShardedRun:
         finished = False
         try:
             while queue or any(s.tasks for s in self.slots):
-                self._assign(queue)
+                self._assign(queue, on_row)
                 self._poll(queue, on_row)
             finished = True
         finally:
             self.stop_all(wait=not finished)
 
-    def _assign(self, queue: collections.deque[_Task]) -> None:
-        """Keep each worker PREFETCH cases ahead (one when few cases are left: no idle tail)."""
+    def _assign(self, queue: collections.deque[_Task], on_row: Callable[[dict], None]) -> None:
+        """Keep each worker PREFETCH cases ahead (one when few cases are left: no idle tail). A hung
+        backend's rows of a case are skips, made here; a case left with none is not sent."""
+        for task in list(queue):
+            for name in [n for n in task.backends if self.hung.reason(n)]:
+                on_row(self._row(task.case, name, None, "skip", self.hung.reason(name)))
+                task.backends.remove(name)
+            if not task.backends:
+                queue.remove(task)
         depth = PREFETCH if len(queue) >= len(self.slots) else 1
         alone = sum(s.process is not None for s in self.slots) == 1
         for slot in self.slots:
@@ -357,10 +369,12 @@ class ShardedRun:
             if not slot.ready and now - slot.started_at > START_TIMEOUT_S:
                 raise RuntimeError(f"worker {slot.index} did not start within {START_TIMEOUT_S:g} s")
             if slot.task and slot.running not in (None, CONTEXT):
-                limit = slot.task.case.timeout_s or self.config.timeout_s or _default_timeout()
+                limit = row_limit(slot.task.case, self.config)
                 if now - slot.since > limit:
                     self._stop(slot)
-                    self._timed_out(slot, queue, on_row, limit)
+                    self.hung.mark(slot.running, slot.task.case.id, limit)
+                    reason = f"timed out after {limit:g} s (the worker was killed); hung: its later rows are skipped"
+                    self._abandon(slot, queue, on_row, self._row(slot.task.case, slot.running, slot, "error", reason))
 
     def _drain(self, slot: _Slot, queue, on_row) -> None:
         while slot.conn is not None and slot.conn.poll(0):
@@ -377,6 +391,10 @@ class ShardedRun:
                 self.ledger.add(self.host, slot.gpu, slot.index, message[2])
             elif kind == "start":
                 slot.running, slot.since = message[1], time.monotonic()
+                if reason := self.hung.reason(slot.running):  # a case sent ahead before the backend hung
+                    self._stop(slot)
+                    self._abandon(slot, queue, on_row, self._row(slot.task.case, slot.running, slot, "skip", reason))
+                    return
             elif kind == "row":
                 row = message[1]
                 if slot.task and row["backend"] in slot.task.backends:
@@ -410,7 +428,7 @@ class ShardedRun:
             for name in errors:
                 what = "running this backend" if running == name else f"{CONTEXT} (or between calls)"
                 reason = f"{how} while {what}, on {task.deaths[name]} workers (retried {RETRIES}x)"
-                on_row(self._error_row(task.case, name, slot, reason))
+                on_row(self._row(task.case, name, slot, "error", reason))
                 task.backends.remove(name)
             if task.backends:
                 task.avoid = slot.index
@@ -418,20 +436,22 @@ class ShardedRun:
         if queue or any(s.tasks for s in self.slots):
             self._start(slot)
 
-    def _timed_out(self, slot: _Slot, queue, on_row, limit: float) -> None:
+    def _abandon(self, slot: _Slot, queue, on_row, row: dict) -> None:
+        """The stopped worker's running backend gets ``row`` (timed out, or hung before); the rest of its
+        case and the cases sent ahead go back to the queue, and a fresh worker takes the slot."""
         task, running, waiting = slot.task, slot.running, slot.tasks[1:]
         slot.tasks, slot.running = [], None
         queue.extendleft(reversed(waiting))
-        on_row(self._error_row(task.case, running, slot, f"timed out after {limit:g} s (the worker was killed)"))
+        on_row(row)
         task.backends.remove(running)
         if task.backends:
             queue.appendleft(task)
         self._start(slot)
 
-    def _error_row(self, case: Case, name: str, slot: _Slot, reason: str) -> dict:
-        return self.ledger.apply(
-            {**row_without_call(case, REGISTRY[name], self.config, "error", reason), **self.labels(slot)}
-        )
+    def _row(self, case: Case, name: str, slot: _Slot | None, status: str, reason: str) -> dict:
+        """A row made without a call (error, or a hung backend's skip); ``slot`` None: no worker ran it."""
+        labels = self.labels(slot) if slot is not None else {"host": self.host}
+        return self.ledger.apply({**row_without_call(case, REGISTRY[name], self.config, status, reason), **labels})
 
     def timings(self) -> dict:
         """Where a sharded run's time went besides the cases (meta.json's ``scale``), in seconds."""
@@ -445,10 +465,6 @@ class ShardedRun:
             "phase_s": rounded(self.phase_seconds),
             "gpus": self.ledger.to_meta(),
         }
-
-
-def _default_timeout() -> float:
-    return DEFAULT_TIMEOUT_S
 
 
 def worker_threads(run_threads: int | None, workers: int) -> int:

@@ -192,6 +192,8 @@ def run_backend(ctx: CaseContext, backend: Backend, config: RunConfig) -> dict:
         if config.timing:
             plan = TimingPlan(config.device, config.ceilings, threads=config.threads)
             row.update(timing_columns(case, backend, prepared, plan, row["bytes_moved"]))
+            if timing_note := row.pop("timing_note", ""):  # sampling cut short by the row's budget
+                row["note"] = "; ".join(filter(None, [row.get("note"), timing_note]))
         with phase("guard"):
             timed_problem = ctx.guard.check("while timed") if ctx.guard else ""
         if timed_problem and not problem:

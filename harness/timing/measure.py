@@ -11,10 +11,21 @@
 ``graph_capturable`` / ``device_syncs``: can the default call be captured; how many syncs
 ``kernels_ran``  the device kernels of one prepared call of a peer, longest first (CUDA)
 plus bandwidth and rate against the run's measured ceilings.
+
+Every row's timing runs within ``ROW_BUDGET_S`` (:class:`TimingPlan`'s ``budget_s``): the timer
+stops sampling once the row's timing has used it, keeping at least one sample of each
+measurement, and the row's ``note`` says so ("timed within a 3 s budget: K samples"). A
+kernel's row never comes near it (0.25 s of latency samples, 0.15 s of call samples); a CPU
+model on a GPU (reference, tlsim: Python over torch ops, seconds a call on a 128k-token case)
+would otherwise spend minutes per row on its 20 + 10 samples.
+
+:func:`row_time_limit` is the default time limit of one isolated or sharded row (grade and
+timing): generous against the row's expected cost, so only a hang reaches it.
 """
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass, field
 
 import torch
@@ -22,12 +33,42 @@ import torch
 from harness.backends.registry import Backend, Prepared
 from harness.cases.spec import Case
 from harness.timing.ceilings import ceiling_columns
+from harness.timing.metrics import bytes_moved as case_bytes
 from harness.timing.metrics import flops, gbps, tflops
 from harness.timing.phases import phase
 from harness.timing.timer import Timing, kernels_launched, probe_call, time_call, time_wall
 
 # A backend whose default call costs this much more than its kernel is flagged in the report.
 CALL_OVERHEAD_FLAG = 1.5
+ROW_BUDGET_S = 3.0  # of timing per row; a kernel's row uses about 1 s of it
+# (10 s let the CPU models take about 10 s a row each on an H200: the peer suite alone took 328 s)
+
+# The default row limit (row_time_limit): FACTOR x the calls of a row at the expected rate, plus
+# the timing budget (which bounds the sampling), never below FLOOR_S. Off a GPU (or with no measured ceilings) the
+# rates are conservative constants: the Triton interpreter and the Python models run a
+# 4k-token case in seconds, not microseconds.
+LIMIT_FLOOR_S = 60.0
+LIMIT_FACTOR = 10.0
+CALLS_PER_ROW = 40  # graded call, warm-ups, graph capture, latency and call samples, probe
+CPU_GBPS, CPU_TFLOPS = 0.05, 0.0005  # the interpreter / a Python model on a CPU, pessimistic
+GPU_GBPS, GPU_TFLOPS = 500.0, 20.0  # a GPU whose ceilings were not measured (sharded workers' own)
+
+
+def row_time_limit(case: Case, device: str, ceilings: dict | None = None) -> float:
+    """Default time limit (seconds) of one row of ``case``: its graded call and its timing.
+
+    The expected call time is the larger of bytes_moved / read bandwidth and flops / peak rate
+    (:mod:`harness.timing.metrics`), against the run's measured ``ceilings`` on a GPU, else
+    conservative constants. ``--timeout`` and a case's ``timeout_s`` override it.
+    """
+    ceilings = ceilings or {}
+    if torch.device(device).type == "cuda":
+        read_gbps = ceilings.get("read_gbps") or GPU_GBPS
+        peak = (ceilings.get("peak_tflops") or {}).get(case.dtype) or GPU_TFLOPS
+    else:
+        read_gbps, peak = CPU_GBPS, CPU_TFLOPS
+    call_s = max(case_bytes(case) / (read_gbps * 1e9), flops(case) / (peak * 1e12))
+    return max(LIMIT_FLOOR_S, LIMIT_FACTOR * CALLS_PER_ROW * call_s + ROW_BUDGET_S)
 
 
 @dataclass(frozen=True)
@@ -39,6 +80,7 @@ class TimingPlan:
     latency_target_s: float = 0.25
     call_target_s: float = 0.15
     threads: int | None = None  # torch intra-op threads while timing (CPU); recorded per row
+    budget_s: float | None = ROW_BUDGET_S  # of the row's whole timing; None: no budget
 
 
 def _spread(prefix: str, timing: Timing) -> dict:
@@ -53,8 +95,10 @@ def _spread(prefix: str, timing: Timing) -> dict:
 def timing_columns(case: Case, backend: Backend, prepared: Prepared, plan: TimingPlan, bytes_moved: int) -> dict:
     """Every timing column of one row (see the module docstring)."""
     device = plan.device
+    deadline = None if plan.budget_s is None else time.monotonic() + plan.budget_s
     with phase("timing: latency"):
-        latency = time_call(prepared.run, device, graph=backend.graphable, target_s=plan.latency_target_s)
+        latency = time_call(prepared.run, device, graph=backend.graphable, target_s=plan.latency_target_s,
+                            deadline=deadline)  # fmt: skip
     row = {**_spread("latency", latency), "timing_reps": len(latency.samples_us)}
     row["timing_method"] = latency.method
     if prepared.call is None and torch.device(device).type == "cpu":
@@ -62,17 +106,26 @@ def timing_columns(case: Case, backend: Backend, prepared: Prepared, plan: Timin
     else:
         host: list[float] = []
         with phase("timing: call"):
-            call = time_wall(prepared.call or prepared.run, device, target_s=plan.call_target_s, host_samples=host)
+            call = time_wall(prepared.call or prepared.run, device, target_s=plan.call_target_s, host_samples=host,
+                             deadline=deadline)  # fmt: skip
     row.update(_spread("call", call))
     if torch.device(device).type == "cuda":  # on a CPU all of it is host time: no split to report
         row["host_overhead_us"] = row["call_us"] - row["latency_us"]
         if host:
             row["host_us"] = Timing(tuple(host), "host_return").median_us
-    with phase("timing: probe"):
-        probe = probe_call(prepared.call or prepared.run, device)
-    row["graph_capturable"] = probe.graph_capturable
-    row["device_syncs"] = probe.device_syncs
-    if backend.kind == "peer":  # which library kernel a peer got (the profiler costs a second or so a row)
+    spent = deadline is not None and time.monotonic() >= deadline
+    if not spent:  # past the budget the probe (two or three more calls) is left out: its columns stay empty
+        with phase("timing: probe"):
+            probe = probe_call(prepared.call or prepared.run, device)
+        row["graph_capturable"] = probe.graph_capturable
+        row["device_syncs"] = probe.device_syncs
+    if latency.cut_short or call.cut_short or spent:
+        row["timing_note"] = (f"timed within a {plan.budget_s:g} s budget: {len(latency.samples_us)} samples"
+                              + ("" if call is latency else f", {len(call.samples_us)} call samples")
+                              + ("; no graph/sync probe" if spent else ""))  # fmt: skip
+    if (
+        backend.kind == "peer" and not spent
+    ):  # which library kernel a peer got (the profiler costs a second or so a row)
         with phase("timing: profiler"):
             row["kernels_ran"] = kernels_launched(prepared.run, device)
     row["timing_threads"] = plan.threads if plan.threads is not None else torch.get_num_threads()

@@ -14,6 +14,9 @@ Two questions, two measurements, each returning raw samples (statistics come aft
 
 Sample counts are time-boxed with a floor: at least ``min_reps`` samples (so a comparison
 across commits has enough to judge), then more until ``target_s`` is spent or ``max_reps``.
+A ``deadline`` (``time.monotonic()``, a row's timing budget) overrides the floor: warm-ups
+and samples stop once it has passed, after at least one of each, and the Timing is marked
+``cut_short`` (a CPU model on a GPU takes seconds a call).
 
 :func:`probe_call` answers the two yes/no questions about a call on CUDA: can it be
 captured in a CUDA graph, and how many device syncs does one call make (counted with
@@ -42,6 +45,7 @@ class Timing:
 
     samples_us: tuple[float, ...]
     method: str
+    cut_short: bool = False  # fewer samples than wanted: the deadline passed
 
     def quantile(self, q: float) -> float:
         return float(torch.tensor(self.samples_us, dtype=torch.float64).quantile(q))
@@ -55,14 +59,37 @@ def _is_cuda(device: str | torch.device) -> bool:
     return torch.device(device).type == "cuda"
 
 
-def _collect(sample: Callable[[int], list[float]], target_s: float, min_reps: int, max_reps: int) -> list[float]:
-    """min_reps samples, then enough more to fill about target_s (from their median), up to max_reps."""
-    samples = sample(min_reps)
-    per_call_s = max(sorted(samples)[len(samples) // 2] * 1e-6, 1e-7)
-    extra = min(max_reps, int(target_s / per_call_s)) - min_reps
-    if extra > 0:
-        samples += sample(extra)
-    return samples
+def _collect(
+    sample: Callable[[int], list[float]], target_s: float, min_reps: int, max_reps: int, deadline: float | None = None
+) -> tuple[list[float], bool]:
+    """min_reps samples, then enough more to fill about target_s (from their median), up to max_reps; and
+    whether the deadline cut them short. With a deadline they come in batches that fit the time left (at
+    least one sample is always taken)."""
+    if deadline is None:
+        samples = sample(min_reps)
+        per_call_s = max(sorted(samples)[len(samples) // 2] * 1e-6, 1e-7)
+        extra = min(max_reps, int(target_s / per_call_s)) - min_reps
+        if extra > 0:
+            samples += sample(extra)
+        return samples, False
+    samples = sample(1)
+    while True:
+        per_call_s = max(sorted(samples)[len(samples) // 2] * 1e-6, 1e-7)
+        wanted = max(min_reps, min(max_reps, int(target_s / per_call_s)))
+        if len(samples) >= wanted:
+            return samples, False
+        fit = int((deadline - time.monotonic()) / per_call_s)
+        if fit < 1:
+            return samples, True
+        samples += sample(min(wanted - len(samples), max(1, fit // 2)))
+
+
+def _warm_up(fn: Callable[[], object], calls: int, deadline: float | None) -> None:
+    """``calls`` calls of ``fn``, or fewer (at least one) once the deadline has passed."""
+    for i in range(calls):
+        if i and deadline is not None and time.monotonic() >= deadline:
+            return
+        fn()
 
 
 def _reps(device: str, min_reps: int | None, max_reps: int | None) -> tuple[int, int]:
@@ -80,6 +107,7 @@ def time_call(
     min_reps: int | None = None,
     max_reps: int | None = None,
     graphable: bool | None = None,
+    deadline: float | None = None,
 ) -> Timing:
     """Device time of ``fn()`` on ``device``; see the module docstring for the method.
 
@@ -87,6 +115,7 @@ def time_call(
     ``graphable`` is the earlier name of ``graph``, kept because ``compare --confirm``
     times old commits' code and new code through one call.
     The returned method is ``cpu_perf_counter``, ``cuda_graph_replay`` or ``cuda_events``.
+    ``deadline``: see the module docstring (no graph is captured once it has passed).
     """
     min_reps, max_reps = _reps(device, min_reps, max_reps)
     graph = graph if graphable is None else graphable
@@ -101,11 +130,11 @@ def time_call(
                 out.append((time.perf_counter() - t0) * 1e6)
             return out
 
-        return Timing(tuple(_collect(sample, target_s, min_reps, max_reps)), "cpu_perf_counter")
-    for _ in range(3):
-        fn()
+        samples, cut = _collect(sample, target_s, min_reps, max_reps, deadline)
+        return Timing(tuple(samples), "cpu_perf_counter", cut)
+    _warm_up(fn, 3, deadline)
     torch.cuda.synchronize()
-    captured = capture_graph(fn) if graph else None
+    captured = capture_graph(fn) if graph and (deadline is None or time.monotonic() < deadline) else None
     call = captured.replay if captured is not None else fn
     flush = torch.empty(L2_FLUSH_BYTES, dtype=torch.int8, device=device)
 
@@ -119,8 +148,8 @@ def time_call(
         torch.cuda.synchronize()
         return [start.elapsed_time(end) * 1e3 for start, end in events]
 
-    samples = _collect(sample, target_s, min_reps, max_reps)
-    return Timing(tuple(samples), "cuda_graph_replay" if captured is not None else "cuda_events")
+    samples, cut = _collect(sample, target_s, min_reps, max_reps, deadline)
+    return Timing(tuple(samples), "cuda_graph_replay" if captured is not None else "cuda_events", cut)
 
 
 def time_wall(
@@ -131,6 +160,7 @@ def time_wall(
     min_reps: int | None = None,
     max_reps: int | None = None,
     host_samples: list[float] | None = None,
+    deadline: float | None = None,
 ) -> Timing:
     """Wall time a caller waits for one eager ``fn()``, host overhead and device syncs included.
 
@@ -142,10 +172,9 @@ def time_wall(
     """
     min_reps = WALL_MIN_REPS if min_reps is None else min_reps
     if not _is_cuda(device):  # no device to drain: the host clock around the call is time_call's
-        return time_call(fn, device, target_s=target_s, min_reps=min_reps, max_reps=max_reps)
+        return time_call(fn, device, target_s=target_s, min_reps=min_reps, max_reps=max_reps, deadline=deadline)
     min_reps, max_reps = _reps(device, min_reps, max_reps)
-    for _ in range(3):
-        fn()
+    _warm_up(fn, 3, deadline)
     flush = torch.empty(L2_FLUSH_BYTES, dtype=torch.int8, device=device)
 
     def sample(n: int) -> list[float]:
@@ -162,7 +191,8 @@ def time_wall(
                 host_samples.append((returned - t0) * 1e6)
         return out
 
-    return Timing(tuple(_collect(sample, target_s, min_reps, max_reps)), "wall_synchronized")
+    samples, cut = _collect(sample, target_s, min_reps, max_reps, deadline)
+    return Timing(tuple(samples), "wall_synchronized", cut)
 
 
 def capture_graph(fn: Callable[[], object]) -> torch.cuda.CUDAGraph | None:

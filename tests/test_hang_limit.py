@@ -1,0 +1,111 @@
+"""A hang costs one time limit: a backend past its limit is hung, its later rows are skips naming the case;
+the default limit follows the row's expected cost; a row's timing stays within its budget."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+from harness.cases.spec import load_case_file
+from harness.cli.main import main
+from harness.timing.measure import LIMIT_FLOOR_S, row_time_limit
+from harness.timing.timer import time_call
+from tests.tiny_cases import write_cases
+
+pytestmark = pytest.mark.usefixtures("clean_registry")
+
+SLEEPER = """
+import os, time
+from pathlib import Path
+import kernels
+from harness import register_backend
+
+def sleeper(*args, out=None, **kwargs):
+    with open(Path(os.environ["HARNESS_TEST_DIR"]) / "calls", "a") as log:
+        log.write("call\\n")
+    time.sleep(3600)  # forever, on the first case it sees
+
+register_backend("sleeper", sleeper)
+"""
+
+CASES = [{"name": "first"}, {"name": "second", "seed": 1}, {"name": "third", "seed": 2}]
+LIMIT = 3
+
+
+@pytest.mark.parametrize("scale", [[], ["--workers", "1"]], ids=["isolated", "workers"])
+def test_a_backend_that_hangs_on_its_first_case_costs_one_limit_then_its_rows_are_skips_naming_the_case(
+    tmp_path, monkeypatch, scale
+):
+    monkeypatch.setenv("HARNESS_TEST_DIR", str(tmp_path))
+    (tmp_path / "sleeper.py").write_text(SLEEPER)
+    write_cases(tmp_path / "cases.toml", *CASES)
+    out = tmp_path / "run"
+    started = time.monotonic()
+    code = main(["run", str(tmp_path / "cases.toml"), "--plugin", str(tmp_path / "sleeper.py"), "--backend", "sleeper",
+                 "--no-timing", "--no-progress", "--timeout", str(LIMIT), "--device", "cpu", "--out", str(out), *scale])  # fmt: skip
+    elapsed = time.monotonic() - started
+    assert code == 1
+    rows = pd.read_parquet(out / "results.parquet").set_index("case")
+    assert rows.loc["first", "status"] == "error" and "timed out after 3 s" in rows.loc["first", "reason"]
+    for case in ("second", "third"):
+        assert rows.loc[case, "status"] == "skip"
+        assert rows.loc[case, "reason"] == "hung on first after 3 s; not run"
+    assert (tmp_path / "calls").read_text().split() == ["call"]  # called once: the hung backend got no more cases
+    assert elapsed < 3 * LIMIT + 60  # one limit, plus starting workers on a busy machine; not three limits each
+
+
+def test_the_default_limit_has_a_floor_and_grows_with_the_rows_cost(tmp_path):
+    shape = {"num_q_heads": 32, "num_kv_heads": 8, "head_dim": 128, "block_size": 16, "dtype": "bfloat16"}
+    write_cases(tmp_path / "cases.toml", {"name": "small", "seq_lens": [16]},
+                {"name": "big", "seq_lens": [131072], "q_lens": [4096]},
+                {"name": "bigger", "seq_lens": [131072] * 4, "q_lens": [4096] * 4}, defaults=shape)  # fmt: skip
+    small, big, bigger = load_case_file(tmp_path / "cases.toml")
+    assert row_time_limit(small, "cpu") == LIMIT_FLOOR_S
+    assert row_time_limit(small, "cuda", {"read_gbps": 4000.0, "peak_tflops": {"bfloat16": 989.0}}) == LIMIT_FLOOR_S
+    assert LIMIT_FLOOR_S < row_time_limit(big, "cpu") < row_time_limit(bigger, "cpu")
+    # the same case against a measured GPU is expected to run far faster than on the CPU
+    assert row_time_limit(bigger, "cuda", {"read_gbps": 4000.0, "peak_tflops": {"bfloat16": 989.0}}) < row_time_limit(
+        bigger, "cpu"
+    )
+
+
+def test_a_deadline_stops_sampling_and_marks_the_timing_cut_short():
+    started = time.monotonic()
+    timing = time_call(lambda: time.sleep(0.05), "cpu", deadline=started + 0.2)
+    assert timing.cut_short and 1 <= len(timing.samples_us) < 10
+    assert time.monotonic() - started < 1.0
+    fast = time_call(lambda: None, "cpu", deadline=time.monotonic() + 5)
+    assert not fast.cut_short and len(fast.samples_us) >= 10
+
+
+def test_a_row_timed_past_its_budget_says_so_in_its_note(tmp_path):
+    write_cases(tmp_path / "cases.toml", {"name": "first"})
+    out = tmp_path / "run"
+    Path(tmp_path / "slow.py").write_text(
+        "import time, kernels\nfrom harness import register_backend\n"
+        "def slow(*args, out=None, **kwargs):\n    time.sleep(0.05)\n"
+        "    return kernels.paged_attention_tlsim(*args, out=out, **kwargs)\n"
+        "register_backend('slow', slow)\n"
+    )
+    import harness.timing.measure as measure
+
+    assert measure.ROW_BUDGET_S >= 1  # the test below lowers it for speed
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(measure.TimingPlan, "__init__", _plan_with_budget(measure.TimingPlan.__init__, 0.3))
+        code = main(["run", str(tmp_path / "cases.toml"), "--plugin", str(tmp_path / "slow.py"), "--backend", "slow",
+                     "--isolate", "none", "--no-progress", "--device", "cpu", "--out", str(out)])  # fmt: skip
+    assert code == 0
+    row = pd.read_parquet(out / "results.parquet").iloc[0]
+    assert row["status"] == "pass"
+    assert "timed within a 0.3 s budget:" in row["note"] and row["timing_reps"] < 10
+
+
+def _plan_with_budget(init, budget_s):
+    def patched(self, *args, **kwargs):
+        init(self, *args, **kwargs)
+        object.__setattr__(self, "budget_s", budget_s)
+
+    return patched
