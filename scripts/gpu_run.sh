@@ -14,7 +14,7 @@
 # The whole call stays within BUDGET_S (default 570 s): the run gets what the tests left, and a
 # SIGTERM at that limit keeps every finished row in $OUT/run.journal.jsonl (resume it with
 # `harness run --resume $OUT/run`). Wheels of packages the image lacks (pydantic and its three
-# helpers) travel in .whl/ (README: "Running on a lent GPU").
+# helpers) travel in .whl/ (README: "On a GPU").
 set -uo pipefail
 MODE=${1:-all}
 OUT=${OUT:-gpu_out}

@@ -1,6 +1,6 @@
-# Sourced by the GPU scripts (gpu_run.sh, gpu_scale.sh, gpu_evidence.sh): the wheels of packages
-# the lent machine's image lacks (pydantic and its helpers) travel in .whl/ (README: "Running on a
-# lent GPU"); install them into /tmp/site once per machine and put them on the paths.
+# Sourced by the GPU scripts (gpu_run.sh, gpu_scale.sh, gpu_evidence.sh): wheels of packages a
+# CUDA image may lack (pydantic and its helpers) can travel in .whl/ (ignored by git); they are
+# installed into /tmp/site once per machine and put on the paths.
 if [ -d .whl ]; then
   if [ ! -f /tmp/site/.from-whl ]; then
     python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
