@@ -9,8 +9,8 @@ import pandas as pd
 import pytest
 import torch
 
-from harness.cases.spec import load_case_file
-from harness.timing.metrics import attended_pairs, flops, tflops
+from harness.cases.spec import expand_spec, load_case_file
+from harness.timing.metrics import attended_pairs, bytes_moved, flops, kv_tokens_read, tflops
 from harness.timing.scaling import fit_line, fit_scaling
 from harness.timing.timer import probe_call, time_call, time_wall
 
@@ -56,6 +56,37 @@ def test_flops_count_each_causal_pair_once(tmp_path):
     assert attended_pairs(case) == 9 + 6
     assert flops(case) == 4 * 15 * 2 * 32
     assert tflops(flops(case), 1.0) == pytest.approx(flops(case) / 1e6)
+
+
+def one_case(**fields):
+    (case,) = expand_spec({"name": "c", "num_q_heads": 2, "num_kv_heads": 1, "head_dim": 32, "block_size": 4,
+                           "dtype": "float16", **fields}, "test")  # fmt: skip
+    return case
+
+
+def test_a_windowed_case_counts_only_the_keys_its_windows_see():
+    case = one_case(seq_lens=[20, 6], q_lens=[3, 6], sliding_window=5)
+    # seq 0: queries at 17..19 see keys from 13 on (7 keys); seq 1: queries at 0..5 see keys 0..5 (6 keys)
+    assert kv_tokens_read(case) == 7 + 6
+    assert bytes_moved(case) == 2 * 13 * 1 * 64 + 2 * 9 * 2 * 64
+    # seq 0: 5 + 5 + 5 keys; seq 1: 1 + 2 + 3 + 4 + 5 + 5
+    assert attended_pairs(case) == 15 + 20
+    assert flops(case) == 2 * 35 * 2 * 64
+
+
+def test_a_cascade_case_counts_its_shared_prefix_once():
+    case = one_case(seq_lens=[10, 13, 9], q_lens=[1, 2, 1], layout="shared_prefix", cascade=True)
+    assert case.prefix_blocks == 2  # keys 0..7, the same two pages in all three sequences
+    assert kv_tokens_read(case) == 8 + (10 - 8) + (13 - 8) + (9 - 8)
+    assert bytes_moved(case) == 2 * 16 * 1 * 64 + 2 * 4 * 2 * 64
+    unshared = one_case(seq_lens=[10, 13, 9], q_lens=[1, 2, 1])
+    assert kv_tokens_read(unshared) == 32
+
+
+def test_a_shared_prefix_under_a_window_counts_the_prefix_keys_any_window_sees_once():
+    case = one_case(seq_lens=[12, 20], q_lens=[1, 1], layout="shared_prefix", sliding_window=4)
+    # prefix: keys 0..11; seq 0 reads 8..11 (inside it), seq 1 reads 16..19 (its own)
+    assert kv_tokens_read(case) == 4 + 4
 
 
 def test_fit_line_recovers_a_known_line():
