@@ -108,6 +108,40 @@ def test_fit_scaling_fits_each_backend_and_skips_too_few_points():
     assert list(fits["backend"]) == ["a"], "b has two points; num_seqs of a has one distinct value"
     (fit,) = fits.itertuples()
     assert fit.x == "total_kv_tokens" and fit.per_unit_us == pytest.approx(0.01) and fit.fixed_us == pytest.approx(10.0)
+    assert fit.fitted and fit.reason == ""
+
+
+def scaling_frame(latency_us):
+    return pd.DataFrame({"backend": "a", "total_kv_tokens": [100, 200, 400, 800], "num_seqs": 1,
+                         "latency_us": latency_us})  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("latency_us", "reason"),
+    [
+        ([20.0, 40.0, 12.0, 30.0], "r² 0.00 < 0.9"),  # a cloud: the least-squares line explains nothing
+        ([18.0, 14.0, 11.0, 3.0], "negative per-unit cost"),  # faster with more work: r2 0.99, not a cost
+        ([1.0, 6.0, 16.0, 36.0], "negative fixed cost"),  # -4 + 0.05 x: r2 1.0, but a negative launch cost
+    ],
+)
+def test_a_fit_below_r2_0_9_or_with_a_negative_term_is_no_fit_and_says_why(latency_us, reason):
+    (fit,) = fit_scaling(scaling_frame(latency_us)).itertuples()
+    assert not fit.fitted and fit.reason == reason, fit
+    assert np.isnan(fit.per_unit_us) and np.isnan(fit.fixed_us)
+
+
+def test_a_fit_at_r2_0_9_with_no_negative_term_is_kept():
+    noisy = [11.0, 12.0, 14.0, 18.0]
+    x = np.array([100, 200, 400, 800.0])
+    _, _, r2 = fit_line(x, np.array(noisy))
+    assert r2 > 0.99
+    (fit,) = fit_scaling(scaling_frame(noisy)).itertuples()
+    assert fit.fitted
+    # just under the bar: 0.899 is rejected, 0.9 itself kept
+    from harness.timing.scaling import fit_verdict
+
+    assert fit_verdict(0.1, 1.0, 0.899) == "r² 0.90 < 0.9" and fit_verdict(0.1, 1.0, 0.9) == ""
+    assert fit_verdict(0.1, 0.0, 1.0) == "", "a zero fixed cost is not negative"
 
 
 def test_a_timed_cli_run_writes_every_timing_column_and_the_page(tmp_path):

@@ -310,12 +310,8 @@ def summarize(frame: pd.DataFrame) -> str:
         )
     timed = frame.dropna(subset=["latency_us"])
     if not timed.empty:
-        from harness.timing.scaling import fit_scaling, format_scaling
-
         slow = timed.loc[timed["latency_us"].idxmax()]
         lines.append(f"slowest: {slow['backend']} on {slow['case']}: {slow['latency_us']:.1f} us")
-        if fits := format_scaling(fit_scaling(timed)):
-            lines.append("latency scaling (least squares over this run's rows):\n" + fits)
     bad = frame[frame["status"].isin(FAILING)]
     for _, row in bad.head(10).iterrows():
         lines.append(f"{row['status'].upper()}: {row['backend']} on {row['case']}: {row['reason']}")
