@@ -1,4 +1,4 @@
-"""Sessions: `nox -s tests` (what CI runs), `nox -s cpu` (a laptop's full run), `nox -s gpu`
+"""Sessions: `nox -s tests` (what CI runs), `nox -s cpu` (the CPU case suite's report), `nox -s gpu`
 (a CUDA box), `nox -s bench` (pytest-benchmark, saved and compared across commits), `nox -s lint`.
 
 On a CPU machine torch is pinned to its CPU build (TORCH_SPEC, default torch==2.13.0, which
@@ -40,15 +40,23 @@ def tests(session: nox.Session) -> None:
     With the ray and xdist extras, so the scale-out equivalences (a local 2-CPU Ray cluster,
     pytest -n 2) and the fault tests run in CI instead of skipping."""
     install_cpu(session, "test,triton,ray,xdist")
-    session.run("python", "-m", "pytest", *session.posargs, env={"TRITON_INTERPRET": "1"})
+    # Two workers (`-- -n 0` turns them off; a later -n wins): on a 2-core box the suite is
+    # mostly single-threaded Python (the interpreter, fresh worker processes), so two halve it.
+    # worksteal: a worker that runs out takes queued tests from the other, so one slow file
+    # does not leave a core idle at the end.
+    session.run("python", "-m", "pytest", "-n", "2", "--dist", "worksteal", *session.posargs,
+                env={"TRITON_INTERPRET": "1"})  # fmt: skip
 
 
 @nox.session
 def cpu(session: nox.Session) -> None:
-    """Everything a laptop can run: the tests, then the CPU case suite through every CPU backend, with a report."""
+    """The CPU case suite through every CPU backend, with its report (about two minutes on 2 cores).
+
+    The unit tests are `nox -s tests`' job: run first here, they kept the report waiting for
+    minutes behind them.
+    """
     install_cpu(session)
     env = {"TRITON_INTERPRET": "1"}
-    session.run("python", "-m", "pytest", env=env)
     session.run("python", "-m", "harness", "run", "cases/cpu.toml", "--device", "cpu", *session.posargs, env=env)
 
 

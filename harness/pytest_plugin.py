@@ -117,11 +117,7 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     if target is None or (merged is None and _SESSION_KEY not in session.config.stash):
         return
     harness = _session(session.config)
-    rows = (
-        harness.rows
-        if merged is None
-        else xdist_rows.in_test_order(merged, harness.cases.spec, harness.config.backends)
-    )
+    rows = harness.rows if merged is None else xdist_rows.in_test_order(merged, harness.cases, harness.config.backends)
     meta = collect_meta(harness.device, ["pytest", *sys.argv[1:]], {}, oracle_cache.meta_record())
     if merged is not None:
         meta["gpus"], note = xdist_rows.run_gpus(merged)

@@ -10,6 +10,8 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass, replace
 
+import torch
+
 from harness.cases.inputs import PagedInputs, make_inputs
 
 
@@ -95,3 +97,25 @@ FP32_PRECISION_CASES: list[KernelCase] = [
 ]
 
 CASES_BY_NAME = {case.name: case for case in (*KERNEL_CASES, *FP32_PRECISION_CASES)}
+
+
+_TRITON_OUTPUTS: dict[tuple, torch.Tensor] = {}
+
+
+def triton_output(key: tuple, inputs: PagedInputs, **kwargs) -> torch.Tensor:
+    """``paged_attention_triton(*inputs.args(), out=<NaN buffer>, **kwargs)``, run once per test process per ``key``.
+
+    Interpreted on a CPU one call of a long case costs up to a minute, and the oracle test and
+    the tlsim-closeness test of a case both need it: they share it. ``key`` must name
+    everything the output depends on (the case, its options, the device); inputs are drawn
+    from a seed, so a case's inputs are the same in every test. The first call checks that
+    ``out`` is written in place and returned. Callers must not write to the returned tensor.
+    """
+    if key not in _TRITON_OUTPUTS:
+        import kernels
+
+        out = torch.full_like(inputs.q, float("nan"))  # an unwritten element fails
+        result = kernels.paged_attention_triton(*inputs.args(), out=out, **kwargs)
+        assert result is out, "the out buffer must be written in place and returned"
+        _TRITON_OUTPUTS[key] = result
+    return _TRITON_OUTPUTS[key]

@@ -28,7 +28,7 @@ from harness.run.oracle import paged_attention_oracle
 from harness.run.runner import RunConfig
 from kernels.reference import gather_kv
 from kernels.tiling import tiling_for, window_tile_start
-from tests.kernel_cases import CASES_BY_NAME, KernelCase
+from tests.kernel_cases import CASES_BY_NAME, KernelCase, triton_output
 
 SINKS_8 = (30.0, -30.0, 5.0, -1000.0, 0.0, 2.0, 100.0, -5.0)
 
@@ -117,6 +117,11 @@ def _expected(case: VariantCase, inputs) -> torch.Tensor:
     return paged_attention_oracle(*inputs.args(), **case.kwargs())
 
 
+def _triton_key(case: VariantCase) -> tuple:
+    """What the kernel's output depends on: the base case and the options (VariantCase's hash leaves them out)."""
+    return ("variant", case.base, repr(sorted(case.options.items())))
+
+
 def _run_through_cache(case: VariantCase, inputs) -> torch.Tensor:
     base = case.base
     cache = kernels.PagedKVCache(
@@ -138,6 +143,8 @@ def test_backend_matches_oracle_with_the_variant(case: VariantCase, backend: str
     inputs = case.inputs()
     if backend == "cache":
         result = _run_through_cache(case, inputs)
+    elif backend == "triton":  # shared with test_tlsim_predicts_triton_with_the_variant (interpreted, it is slow)
+        result = triton_output(_triton_key(case), inputs, **case.kwargs())
     else:
         fn = {"reference": kernels.paged_attention_reference, "tlsim": kernels.paged_attention_tlsim,
               "triton": kernels.paged_attention_triton, "dispatch": kernels.paged_attention_dispatch}[backend]  # fmt: skip
@@ -155,7 +162,7 @@ def test_tlsim_predicts_triton_with_the_variant(case: VariantCase):
         pytest.skip(reason)
     inputs = case.inputs()
     sim = kernels.paged_attention_tlsim(*inputs.args(), **case.kwargs()).double()
-    real = kernels.paged_attention_triton(*inputs.args(), **case.kwargs()).double()
+    real = triton_output(_triton_key(case), inputs, **case.kwargs()).double()
     gap = (sim - real).abs()
     if case.base.dtype == "float32":
         atol, rtol = _tolerance(case)

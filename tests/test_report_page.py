@@ -119,3 +119,17 @@ def test_plots_are_embedded_as_data_uris():
     html = render_html(rf.frame(num_cases=4), rf.meta())
     assert html.count('<img src="data:image/svg+xml;base64,') >= 2
     assert not re.search(r'(src|href)="(https?:)?//', html), "the page loads nothing from the network"
+
+
+def test_the_page_says_no_linear_fit_where_the_line_does_not_hold_and_the_terminal_prints_no_fits():
+    from harness.run.runner import summarize
+
+    frame = rf.frame(num_cases=5)
+    cloud = frame["backend"] == "tlsim"
+    frame.loc[cloud, "latency_us"] = [400.0, 90.0, 350.0, 120.0, 300.0]  # no line through these
+    html = render_html(frame, rf.meta())
+    fits = html[html.index('id="fits"') : html.index("</table>", html.index('id="fits"'))]
+    rows = {re.sub("<[^>]+>", " ", r).split()[0]: r for r in fits.split("<tr>")[2:]}
+    assert "no linear fit (r²" in rows["tlsim"]
+    assert "no linear fit" not in rows["reference"] and "no linear fit" not in rows["gather_sdpa"]
+    assert "scaling" not in summarize(frame) and "us per" not in summarize(frame)

@@ -9,8 +9,8 @@ import pandas as pd
 import pytest
 import torch
 
-from harness.cases.spec import load_case_file
-from harness.timing.metrics import attended_pairs, flops, tflops
+from harness.cases.spec import expand_spec, load_case_file
+from harness.timing.metrics import attended_pairs, bytes_moved, flops, kv_tokens_read, tflops
 from harness.timing.scaling import fit_line, fit_scaling
 from harness.timing.timer import probe_call, time_call, time_wall
 
@@ -58,6 +58,37 @@ def test_flops_count_each_causal_pair_once(tmp_path):
     assert tflops(flops(case), 1.0) == pytest.approx(flops(case) / 1e6)
 
 
+def one_case(**fields):
+    (case,) = expand_spec({"name": "c", "num_q_heads": 2, "num_kv_heads": 1, "head_dim": 32, "block_size": 4,
+                           "dtype": "float16", **fields}, "test")  # fmt: skip
+    return case
+
+
+def test_a_windowed_case_counts_only_the_keys_its_windows_see():
+    case = one_case(seq_lens=[20, 6], q_lens=[3, 6], sliding_window=5)
+    # seq 0: queries at 17..19 see keys from 13 on (7 keys); seq 1: queries at 0..5 see keys 0..5 (6 keys)
+    assert kv_tokens_read(case) == 7 + 6
+    assert bytes_moved(case) == 2 * 13 * 1 * 64 + 2 * 9 * 2 * 64
+    # seq 0: 5 + 5 + 5 keys; seq 1: 1 + 2 + 3 + 4 + 5 + 5
+    assert attended_pairs(case) == 15 + 20
+    assert flops(case) == 2 * 35 * 2 * 64
+
+
+def test_a_cascade_case_counts_its_shared_prefix_once():
+    case = one_case(seq_lens=[10, 13, 9], q_lens=[1, 2, 1], layout="shared_prefix", cascade=True)
+    assert case.prefix_blocks == 2  # keys 0..7, the same two pages in all three sequences
+    assert kv_tokens_read(case) == 8 + (10 - 8) + (13 - 8) + (9 - 8)
+    assert bytes_moved(case) == 2 * 16 * 1 * 64 + 2 * 4 * 2 * 64
+    unshared = one_case(seq_lens=[10, 13, 9], q_lens=[1, 2, 1])
+    assert kv_tokens_read(unshared) == 32
+
+
+def test_a_shared_prefix_under_a_window_counts_the_prefix_keys_any_window_sees_once():
+    case = one_case(seq_lens=[12, 20], q_lens=[1, 1], layout="shared_prefix", sliding_window=4)
+    # prefix: keys 0..11; seq 0 reads 8..11 (inside it), seq 1 reads 16..19 (its own)
+    assert kv_tokens_read(case) == 4 + 4
+
+
 def test_fit_line_recovers_a_known_line():
     x = np.array([1.0, 2.0, 4.0, 8.0])
     slope, intercept, r2 = fit_line(x, 3.0 + 0.5 * x)
@@ -77,6 +108,40 @@ def test_fit_scaling_fits_each_backend_and_skips_too_few_points():
     assert list(fits["backend"]) == ["a"], "b has two points; num_seqs of a has one distinct value"
     (fit,) = fits.itertuples()
     assert fit.x == "total_kv_tokens" and fit.per_unit_us == pytest.approx(0.01) and fit.fixed_us == pytest.approx(10.0)
+    assert fit.fitted and fit.reason == ""
+
+
+def scaling_frame(latency_us):
+    return pd.DataFrame({"backend": "a", "total_kv_tokens": [100, 200, 400, 800], "num_seqs": 1,
+                         "latency_us": latency_us})  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("latency_us", "reason"),
+    [
+        ([20.0, 40.0, 12.0, 30.0], "r² 0.00 < 0.9"),  # a cloud: the least-squares line explains nothing
+        ([18.0, 14.0, 11.0, 3.0], "negative per-unit cost"),  # faster with more work: r2 0.99, not a cost
+        ([1.0, 6.0, 16.0, 36.0], "negative fixed cost"),  # -4 + 0.05 x: r2 1.0, but a negative launch cost
+    ],
+)
+def test_a_fit_below_r2_0_9_or_with_a_negative_term_is_no_fit_and_says_why(latency_us, reason):
+    (fit,) = fit_scaling(scaling_frame(latency_us)).itertuples()
+    assert not fit.fitted and fit.reason == reason, fit
+    assert np.isnan(fit.per_unit_us) and np.isnan(fit.fixed_us)
+
+
+def test_a_fit_at_r2_0_9_with_no_negative_term_is_kept():
+    noisy = [11.0, 12.0, 14.0, 18.0]
+    x = np.array([100, 200, 400, 800.0])
+    _, _, r2 = fit_line(x, np.array(noisy))
+    assert r2 > 0.99
+    (fit,) = fit_scaling(scaling_frame(noisy)).itertuples()
+    assert fit.fitted
+    # just under the bar: 0.899 is rejected, 0.9 itself kept
+    from harness.timing.scaling import fit_verdict
+
+    assert fit_verdict(0.1, 1.0, 0.899) == "r² 0.90 < 0.9" and fit_verdict(0.1, 1.0, 0.9) == ""
+    assert fit_verdict(0.1, 0.0, 1.0) == "", "a zero fixed cost is not negative"
 
 
 def test_a_timed_cli_run_writes_every_timing_column_and_the_page(tmp_path):

@@ -96,7 +96,10 @@ def scaling_fit(frame: pd.DataFrame, fits: pd.DataFrame | None) -> str | None:
     """Latency against the work that drives it, per backend, with the fitted line fixed_us + per_unit_us * x.
 
     One panel per (phase, x) among the fits' work axes (decode: bytes_moved, prefill: flops;
-    token and batch axes when a run has no other), each with only that phase's rows.
+    token and batch axes when a run has no other), each with only that phase's rows. Both
+    axes are logarithmic, so one slow backend (the interpreted Triton kernel on a CPU, a
+    thousand times the others) does not flatten the rest against the floor. A backend whose
+    line was not kept (``fitted`` False) shows its points only, "no linear fit" in the legend.
     """
     if fits is None or fits.empty:
         return None
@@ -106,6 +109,8 @@ def scaling_fit(frame: pd.DataFrame, fits: pd.DataFrame | None) -> str | None:
     timed = timed.assign(_phase=phase_of(timed))
     phases = fits["phase"] if "phase" in fits else pd.Series("all", index=fits.index)
     fits = fits.assign(phase=phases)
+    if "fitted" not in fits:
+        fits = fits.assign(fitted=True)
     work = fits[fits["x"].isin(["bytes_moved", "flops"])]
     panels = list(dict.fromkeys(zip(work["phase"], work["x"], strict=True))) or list(
         dict.fromkeys(zip(fits["phase"], fits["x"], strict=True))
@@ -117,18 +122,24 @@ def scaling_fit(frame: pd.DataFrame, fits: pd.DataFrame | None) -> str | None:
         for fit in fits[(fits["x"] == x) & (fits["phase"] == phase)].itertuples():
             rows = timed[(timed["backend"] == fit.backend) & (timed["_phase"].eq(phase) | (phase == "all"))]
             rows = rows.dropna(subset=[x]) if x in rows else rows.iloc[0:0]
+            rows = rows[(rows[x] > 0) & (rows["latency_us"] > 0)]  # a log axis has no zero
             if rows.empty:
                 continue
             color = colors.get(fit.backend, "#333")
+            if not fit.fitted:
+                ax.plot(rows[x], rows["latency_us"], "o", ms=3.5, color=color, label=f"{fit.backend} (no linear fit)")
+                continue
             ax.plot(rows[x], rows["latency_us"], "o", ms=3.5, color=color)
-            grid = np.linspace(0, rows[x].max(), 50)
+            grid = np.geomspace(rows[x].min(), rows[x].max(), 50)
             ax.plot(grid, fit.fixed_us + fit.per_unit_us * grid, "-", lw=1, color=color,
                     label=f"{fit.backend} (r²={fit.r2:.2f})")  # fmt: skip
+        ax.set_xscale("log")
+        ax.set_yscale("log")
         ax.set_title(f"{phase}: latency against {x}", fontsize=9)
-        ax.set_xlabel(x)
-        ax.set_ylabel("latency (µs)")
+        ax.set_xlabel(f"{x} (log)")
+        ax.set_ylabel("latency (µs, log)")
         ax.legend(fontsize=7)
-        ax.grid(True, alpha=0.3)
+        ax.grid(True, which="both", alpha=0.3)
     fig.tight_layout()
     return to_data_uri(fig)
 

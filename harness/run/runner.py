@@ -24,7 +24,6 @@ from harness.run.oracle_cache import lookup, oracle_key
 from harness.timing.measure import TimingPlan, timing_columns
 from harness.timing.metrics import bytes_moved
 from harness.timing.phases import phase
-from harness.timing.scaling import fit_scaling, format_scaling
 
 
 @dataclass(frozen=True)
@@ -242,8 +241,6 @@ def summarize(frame: pd.DataFrame) -> str:
     if not timed.empty:
         slow = timed.loc[timed["latency_us"].idxmax()]
         lines.append(f"slowest: {slow['backend']} on {slow['case']}: {slow['latency_us']:.1f} us")
-        if fits := format_scaling(fit_scaling(timed)):
-            lines.append("latency scaling (least squares over this run's rows):\n" + fits)
     bad = frame[frame["status"].isin(FAILING)]
     for _, row in bad.head(10).iterrows():
         lines.append(f"{row['status'].upper()}: {row['backend']} on {row['case']}: {row['reason']}")

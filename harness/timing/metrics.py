@@ -5,30 +5,72 @@ from __future__ import annotations
 from harness.cases.spec import Case
 
 
+def _first_key_seen(seq_len: int, q_len: int, window: int | None) -> int:
+    """Position of the earliest key any of a sequence's queries sees: 0, or with a window W
+    the first query's (at seq_len - q_len) oldest key, seq_len - q_len - W + 1."""
+    return 0 if window is None else max(0, seq_len - q_len - window + 1)
+
+
+def kv_tokens_read(case: Case) -> int:
+    """Distinct KV positions (per KV head) the call must read, over all sequences.
+
+    A sequence with queries reads the union of the keys its queries see: the keys from
+    its first query's oldest visible key to its end, seq_len - first_key (first_key 0
+    without a window, max(0, seq_len - q_len - W + 1) with a window W). The shared
+    prefix of a "shared_prefix" layout (prefix_blocks * block_size keys, the same pages
+    in every sequence, cascade or not) is one set of pages: it counts once, from the
+    earliest key any sequence reads in it. A sequence with q_len 0 reads nothing.
+    """
+    window = case.sliding_window
+    prefix = case.prefix_blocks * case.block_size
+    own, prefix_start = 0, prefix
+    for n, q in zip(case.seq_lens, case.q_lens, strict=True):
+        if q == 0:
+            continue
+        first = _first_key_seen(n, q, window)
+        own += n - max(first, prefix)
+        prefix_start = min(prefix_start, first)
+    return own + (prefix - prefix_start)
+
+
 def bytes_moved(case: Case) -> int:
     """Fewest bytes a paged-attention call must move through device memory.
 
-    bytes = kv_elt * sum(seq_len for sequences with q_len > 0) * num_kv_heads * (head_dim + head_dim_v)
+    bytes = kv_elt * kv_tokens_read * num_kv_heads * (head_dim + head_dim_v)
             + elt * num_tokens * num_q_heads * (head_dim + head_dim_v)
     (kv_elt: 1 for an fp8 cache, else elt; head_dim_v = head_dim but for MLA-shaped cases)
-    KV of every sequence that has queries is read once (K and V), q is read once and out
-    written once. Block tables and lengths (a few KB) are left out; a sequence with
-    q_len 0 reads nothing.
+    kv_tokens_read (:func:`kv_tokens_read`): per sequence with queries, the keys its
+    queries see (a sliding window's keys only), a shared prefix once; K and V read once
+    each. q is read once and out written once. Block tables and lengths (a few KB) are
+    left out. A kernel that reads more (a shared prefix per sequence, a window's whole
+    sequence) shows it as a lower gbps, never as a row past the read ceiling.
     """
     elt = case.element_bytes
-    kv_tokens = sum(n for n, q in zip(case.seq_lens, case.q_lens, strict=True) if q > 0)
     num_tokens = sum(case.q_lens)
     dims = case.head_dim + case.head_dim_v
-    return case.kv_element_bytes * kv_tokens * case.num_kv_heads * dims + elt * num_tokens * case.num_q_heads * dims
+    return (
+        case.kv_element_bytes * kv_tokens_read(case) * case.num_kv_heads * dims
+        + elt * num_tokens * case.num_q_heads * dims
+    )
 
 
 def attended_pairs(case: Case) -> int:
-    """(query, key) pairs the causal rule lets attend, summed over sequences.
+    """(query, key) pairs the causal rule (and a sliding window) lets attend, summed over sequences.
 
-    Query j of a sequence with q_len queries over seq_len keys sees seq_len - q_len + j + 1
-    keys, so a sequence contributes q_len * (seq_len - q_len) + q_len * (q_len + 1) / 2.
+    Query j of a sequence with q_len queries over seq_len keys sits at position
+    p = seq_len - q_len + j and sees p + 1 keys, so a sequence contributes
+    q_len * (seq_len - q_len) + q_len * (q_len + 1) / 2. With a sliding window W it sees
+    min(p + 1, W) keys.
     """
-    return sum(q * (n - q) + q * (q + 1) // 2 for n, q in zip(case.seq_lens, case.q_lens, strict=True))
+    window = case.sliding_window
+    total = 0
+    for n, q in zip(case.seq_lens, case.q_lens, strict=True):
+        if window is None:
+            total += q * (n - q) + q * (q + 1) // 2
+        else:  # positions below W see p + 1 keys (an arithmetic series), the rest W each
+            low, split = n - q, min(max(window, n - q), n)
+            total += (split * (split + 1) - low * (low + 1)) // 2 + (n - split) * window
+    return total
 
 
 def flops(case: Case) -> int:
@@ -36,7 +78,7 @@ def flops(case: Case) -> int:
 
     A multiply-add (2 flops) per pair, head and dimension of q . k (head_dim) and of p @ v
     (head_dim_v): 4 * pairs * heads * head_dim when the two agree. Softmax exponentials and
-    masked-out work are not counted.
+    masked-out work (keys outside the causal rule or the window) are not counted.
     """
     return 2 * attended_pairs(case) * case.num_q_heads * (case.head_dim + case.head_dim_v)
 

@@ -8,6 +8,11 @@ order of magnitude, and one line through both explains neither.
 ``fixed_us`` is the cost of a call that moves nothing: launch and host overhead. ``r2``
 says how much of the spread the line explains; cases of other head counts or dtypes sit
 off the line, so read a low r2 as "other things than x matter here", not as noise.
+
+A line is kept (``fitted``) only where it describes the rows: r2 >= MIN_R2 and neither
+term negative (a negative fixed cost or per-unit cost is not a cost, just a line through
+a cloud). Elsewhere the row says why in ``reason`` and carries no terms, and the report
+says "no linear fit" for that backend.
 """
 
 from __future__ import annotations
@@ -23,6 +28,7 @@ SCALING_AXES = {
     "all": ("total_kv_tokens", "num_seqs"),
 }
 MIN_POINTS = 3
+MIN_R2 = 0.9
 
 
 def fit_line(x: np.ndarray, y: np.ndarray) -> tuple[float, float, float]:
@@ -42,12 +48,26 @@ def phase_of(frame: pd.DataFrame) -> pd.Series | str:
     return frame["max_q_len"].le(1).map({True: "decode", False: "prefill"})
 
 
+def fit_verdict(slope: float, intercept: float, r2: float) -> str:
+    """Why a fitted line does not describe its rows ("" when it does): r2 below MIN_R2, or a negative term."""
+    problems = []
+    if not r2 >= MIN_R2:
+        problems.append(f"r² {r2:.2f} < {MIN_R2}")
+    if slope < 0:
+        problems.append("negative per-unit cost")
+    if intercept < 0:
+        problems.append("negative fixed cost")
+    return ", ".join(problems)
+
+
 def fit_scaling(frame: pd.DataFrame, column: str = "latency_us") -> pd.DataFrame:
     """One row per (backend, phase, x) with at least MIN_POINTS distinct x among the timed rows.
 
-    Columns: backend, phase ("decode" or "prefill"), x, per_unit_us, fixed_us, r2, n.
+    Columns: backend, phase ("decode" or "prefill"), x, per_unit_us, fixed_us, r2, n, fitted,
+    reason. ``fitted`` False (see :func:`fit_verdict`): per_unit_us and fixed_us are NaN,
+    r2 is the rejected line's, ``reason`` says why.
     """
-    columns = ["backend", "phase", "x", "per_unit_us", "fixed_us", "r2", "n"]
+    columns = ["backend", "phase", "x", "per_unit_us", "fixed_us", "r2", "n", "fitted", "reason"]
     rows = []
     if column not in frame or frame.empty:
         return pd.DataFrame(columns=columns)
@@ -60,23 +80,18 @@ def fit_scaling(frame: pd.DataFrame, column: str = "latency_us") -> pd.DataFrame
             if len(np.unique(x)) < MIN_POINTS:
                 continue
             slope, intercept, r2 = fit_line(x, group[column].to_numpy(dtype=np.float64))
+            reason = fit_verdict(slope, intercept, r2)
             rows.append(
                 {
                     "backend": backend,
                     "phase": part,
                     "x": axis,
-                    "per_unit_us": slope,
-                    "fixed_us": intercept,
+                    "per_unit_us": np.nan if reason else slope,
+                    "fixed_us": np.nan if reason else intercept,
                     "r2": r2,
                     "n": len(x),
+                    "fitted": not reason,
+                    "reason": reason,
                 }
             )
     return pd.DataFrame(rows, columns=columns)
-
-
-def format_scaling(fits: pd.DataFrame) -> str:
-    """The fits as text lines: 'triton decode: 0.012 us per total_kv_tokens + 14.1 us fixed (r2 0.98, 12 rows)'."""
-    return "\n".join(
-        f"{r.backend} {r.phase}: {r.per_unit_us:.4g} us per {r.x} + {r.fixed_us:.4g} us fixed (r2 {r.r2:.2f}, {r.n} rows)"
-        for r in fits.itertuples()
-    )
