@@ -252,3 +252,30 @@ def test_the_oracle_cache_keeps_attention_variants_of_one_input_apart():
     )
     sinks = {"sinks": torch.tensor([0.5, 1.0])}
     assert cache_key(args, "cpu", options=sinks) != cache_key(args, "cpu", options={"sinks": torch.tensor([0.5, 2.0])})
+
+
+def test_a_row_whose_one_call_outlasts_the_timing_budget_is_graded_but_not_timed(tmp_path, monkeypatch):
+    import dataclasses
+    import time as clock
+
+    import kernels
+    from harness.backends.registry import Backend, contract_prepare
+    from harness.cases.loading import load_cases
+    from harness.execute.local import run_cases
+    from harness.run import runner
+    from harness.run.runner import RunConfig
+    from tests.tiny_cases import write_cases
+
+    def slow_reference(*args, **kwargs):
+        clock.sleep(0.3)
+        return kernels.paged_attention_reference(*args, **kwargs)
+
+    short = dataclasses.replace(runner.TimingPlan("cpu", {}), budget_s=0.1)
+    monkeypatch.setattr(runner, "TimingPlan", lambda *a, **k: short)
+    cases = load_cases([write_cases(tmp_path / "c.toml", {"name": "tiny"})], device="cpu")
+    slow = Backend("slow", contract_prepare(slow_reference), ("cpu",), "plugin", "sleeps past the budget")
+    frame = run_cases(cases, RunConfig(device="cpu", backends=[slow], timing=True, progress=False))
+    (row,) = frame.to_dict("records")
+    assert row["status"] == "pass", row["reason"]
+    assert "not timed: one call took" in row["note"] and "0.1 s timing budget" in row["note"]
+    assert row["latency_us"] != row["latency_us"], "no latency is reported for an untimed row"

@@ -6,6 +6,7 @@ row), and :mod:`harness.results.report` stores it.
 
 from __future__ import annotations
 
+import time
 import traceback
 from dataclasses import dataclass, field
 
@@ -161,7 +162,11 @@ def run_backend(ctx: CaseContext, backend: Backend, config: RunConfig) -> dict:
         out = ctx.inputs.new_out()  # NaN: an element the backend does not write fails
         with phase("graded call"):
             prepared = backend.prepare(case, ctx.inputs, out)
+            started = time.perf_counter()
             raw, lse, lse_problem = prepared.run(), None, ""
+            if torch.device(config.device).type == "cuda":
+                torch.cuda.synchronize()
+            graded_s = time.perf_counter() - started
         if ctx.expected_lse is not None:  # the call was asked for (out, lse)
             if isinstance(raw, tuple) and len(raw) == 2:
                 raw, lse = raw
@@ -188,8 +193,13 @@ def run_backend(ctx: CaseContext, backend: Backend, config: RunConfig) -> dict:
                 row.update(status="fail", reason=f"lse: {lse_grade.reason}")
         if problem:
             row.update(status="fail", reason=problem)
-        if config.timing:
-            plan = TimingPlan(config.device, config.ceilings, threads=config.threads)
+        plan = TimingPlan(config.device, config.ceilings, threads=config.threads)
+        if config.timing and plan.budget_s is not None and graded_s > plan.budget_s:
+            # One call already outlasts the row's timing budget (a CPU model on a long case): its samples
+            # would cost minutes and tell nothing a kernel developer uses, so the row is graded, not timed.
+            row["note"] = "; ".join(filter(None, [row.get("note"), f"not timed: one call took {graded_s:.1f} s, "
+                                                  f"past the row's {plan.budget_s:g} s timing budget"]))  # fmt: skip
+        elif config.timing:
             row.update(timing_columns(case, backend, prepared, plan, row["bytes_moved"]))
             if timing_note := row.pop("timing_note", ""):  # sampling cut short by the row's budget
                 row["note"] = "; ".join(filter(None, [row.get("note"), timing_note]))
