@@ -24,7 +24,8 @@ def test_every_script_is_exercised_here():
     exercised = {"peer_table.py", "measure_tlsim_closeness.py", "gpu_run.sh", "noise_check.py", "slowdown_plugin.py"}
     exercised |= {"tune_tiles.py", "kernel_targets.py", "gpu_scale.sh", "host_overhead.py", "gpu_evidence.sh"}
     exercised |= {"gpu_wheels.sh"}
-    exercised |= {"case_setup_cost.py", "kernel_ab.py"}
+    exercised |= {"case_setup_cost.py", "kernel_ab.py", "gpu_phases.py"}
+    exercised |= {"mutants.py", "mutants.toml"}  # tests/test_mutants.py
     assert {p.name for p in (ROOT / "scripts").iterdir() if p.is_file()} <= exercised, (
         "a new script needs a dry run here"
     )
@@ -198,3 +199,12 @@ def test_kernel_ab_reports_a_kernel_that_fails_as_an_error_not_a_verdict():
 
     record = _ab_record(broken, kernels.paged_attention_tlsim)
     assert record["verdict"] == "error" and "the base kernel failed: TypeError" in record["why"]
+
+
+def test_gpu_phases_remakes_the_phase_table_of_the_committed_gpu_session(tmp_path):
+    session = ROOT / "gpu_results" / "2026-12-01-h200-gpu-session"
+    for name in ("phases.raw", "run.log", "run.journal.jsonl", "tests.log"):
+        (tmp_path / name).write_bytes((session / name).read_bytes())
+    done = run_script("scripts/gpu_phases.py", str(tmp_path))
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == (session / "phases.txt").read_text().strip()
