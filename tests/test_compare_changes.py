@@ -9,6 +9,7 @@ from harness.cli.main import main
 from harness.review.compare import (
     EXIT_INCOMPLETE,
     EXIT_OK,
+    EXIT_UNCONFIRMED,
     EXIT_WORSE,
     DuplicateRowsError,
     compare_runs,
@@ -122,9 +123,10 @@ def test_cli_compare_exit_codes_and_html_page_escape_plugin_strings(tmp_path, ba
     assert "duplicated" in capsys.readouterr().err
 
 
-def test_cli_compare_a_planted_slowdown_fails_and_a_rerun_passes(tmp_path):
+def test_cli_compare_a_planted_slowdown_that_cannot_be_retimed_is_unconfirmed_and_a_rerun_passes(tmp_path):
     rf.write(rf.frame(seed=1), rf.meta(), tmp_path / "a")
     rf.write(rf.frame(seed=2), rf.meta(), tmp_path / "b")
     rf.write(rf.frame(seed=3, slow={"gather_sdpa": 1.25}), rf.meta(), tmp_path / "c")
     assert main(["compare", str(tmp_path / "a"), str(tmp_path / "b")]) == EXIT_OK
-    assert main(["compare", str(tmp_path / "a"), str(tmp_path / "c")]) == EXIT_WORSE
+    # these runs record no case files, so the slower rows are not re-timed in paired rounds: exit 5, not 1
+    assert main(["compare", str(tmp_path / "a"), str(tmp_path / "c")]) == EXIT_UNCONFIRMED

@@ -19,16 +19,23 @@ Exit codes:
 * 4   compare only: nothing got worse, but the comparison is incomplete (cases or
       backends on one side only, a status turned skip, rows timed in one run only
       (--no-timing), another device or versions)
+* 5   compare only: nothing is confirmed worse, but latency rows the two runs alone call
+      slower could not be re-timed in paired rounds (no commit recorded, a dirty tree, a
+      checkout that failed, a plugin not named with --plugin, or --no-confirm): each such
+      row reads "unconfirmed" with the reason. Worse rows (1) win over 5, 5 over 4
 * 130 interrupted by Ctrl-C; 143 terminated by SIGTERM: the rows so far are kept in the
       journal, and the message gives the --resume command
 
 Only the harness's own input errors are exit 2: a ValueError from anywhere else is an
 internal error (exit 3), never "bad input".
+
+``harness`` with no verb prints this help and exits 0; ``harness --version`` the version.
 """
 
 from __future__ import annotations
 
 import argparse
+import importlib.metadata
 import json
 import os
 import sys
@@ -42,7 +49,7 @@ import kernels
 from harness.backends.builtin import REGISTRY, load_plugin, resolve_backends
 from harness.backends.registry import UnnamedPluginError, plugin_key, require_plugins
 from harness.cases.loading import load_cases
-from harness.cases.packaged import resolve_case_arg
+from harness.cases.packaged import packaged_suites, resolve_case_arg
 from harness.cases.spec import CaseFileError, case_file_schema, check_backend_names, load_case_file, resolve_case_paths
 from harness.cases.vocab import GRADED
 from harness.execute.plan import add_arguments as add_scale_arguments
@@ -71,14 +78,14 @@ from harness.review.compare import (
     regressions_of,
     write_compare_html,
 )
-from harness.review.confirm import MIN_ROUNDS, ConfirmInputError, confirm_slower
+from harness.review.confirm import DEFAULT_TIME_S, MIN_ROUNDS, ConfirmInputError, retime_or_mark
 from harness.review.history import format_history, load_history, write_history_html
 from harness.run import oracle_cache
 from harness.run.guard import Terminated, install_signal_handlers, raised_by_backend
 from harness.run.options import DEFAULT_CASES, add_to_argparse, apply_threads, default_device
 from harness.run.oracle_cache import PoisonedCacheError
 from harness.run.profiling import profile_pairs, selected
-from harness.run.runner import COLUMNS, RunConfig, exit_code, summarize, to_frame
+from harness.run.runner import COLUMNS, RunConfig, exit_code, summarize, to_frame, verdict_lines
 from harness.timing.ceilings import measure_ceilings, mixed_models_note
 
 EXIT_OK, EXIT_FAIL, EXIT_BAD_INPUT, EXIT_INTERNAL = 0, 1, 2, 3
@@ -92,8 +99,16 @@ class BadInput(Exception):
 def build_parser() -> argparse.ArgumentParser:
     called = Path(sys.argv[0]).name  # the console script's name, or __main__.py under python -m
     prog = called if called == "harness" else "python -m harness"
-    parser = argparse.ArgumentParser(prog=prog, description=__doc__.split("\n")[0])
-    verbs = parser.add_subparsers(dest="verb", required=True)
+    parser = argparse.ArgumentParser(
+        prog=prog,
+        description=__doc__.split("\n")[0],
+        epilog="exit codes: 0 success; 1 a failure, an error row, nothing graded, or (compare) a row that got "
+        "worse; 2 bad input; 3 an internal error; 4 (compare) incomplete; 5 (compare) nothing is confirmed worse, "
+        "but some latency rows could not be re-timed (unconfirmed); 130 Ctrl-C; 143 SIGTERM. "
+        f"With no verb: this help, exit 0. Run `{prog} VERB --help` for a verb's options.",
+    )
+    parser.add_argument("--version", action="version", version=f"%(prog)s {_version()}")
+    verbs = parser.add_subparsers(dest="verb", metavar="{run,list,report,compare,history,merge,schema}")
 
     run = verbs.add_parser("run", help="run cases through backends; write a report folder")
     run.add_argument(
@@ -152,9 +167,16 @@ def build_parser() -> argparse.ArgumentParser:
     compare = verbs.add_parser(
         "compare",
         help="what got worse in NEW_RUN against BASE_RUN",
-        description="Exit 0: nothing got worse and the comparison is complete; 1: something got worse; "
-        "2: bad input (unreadable run, duplicated rows); 3: an internal error; 4: nothing got worse but the comparison is "
-        "incomplete (rows on one side only, rows timed in one run only, device or torch/triton mismatch).",
+        description="Latency rows the two runs cannot separate, and rows they call slower, are re-timed by default "
+        "in paired rounds: both commits' builds checked out into git worktrees and timed alternately, row by row "
+        "(the time box and a progress bar are shown first; --no-confirm skips it).",
+        epilog="Exit 0: nothing got worse and the comparison is complete; 1: something got worse (a slower latency "
+        "confirmed in paired rounds, or any accuracy or status regression, which is never re-timed); 2: bad input "
+        "(unreadable run, duplicated rows); 3: an internal error; 4: nothing got worse but the comparison is "
+        "incomplete (rows on one side only, rows timed in one run only, device or torch/triton mismatch); 5: nothing "
+        "is confirmed worse, but latency rows the two runs call slower could not be re-timed (no commit recorded, a "
+        "dirty tree, a checkout that failed, a plugin not named with --plugin, or --no-confirm): they read "
+        "'unconfirmed', with the reason. 1 wins over 5, 5 over 4.",
     )
     compare.add_argument("base_run", type=Path)
     compare.add_argument("new_run", type=Path)
@@ -181,21 +203,26 @@ def build_parser() -> argparse.ArgumentParser:
         "drift that moves every kernel alike (across two H200s peers still differed by up to 4%%: README)",
     )  # fmt: skip
     compare.add_argument("--confirm", nargs="?", const="unclear", choices=["slower", "unclear", "all"],
-                         help="re-time rows judged slower (and, by default, 'cannot tell'; or all), alternating both "
-                         "commits' builds (git worktrees) row by row, before the verdict")  # fmt: skip
+                         help="which rows are re-timed in paired rounds (the default re-times 'unclear': rows judged "
+                         "slower or 'cannot tell'; 'slower'; 'all'); given, a commit id that is not one or a plugin "
+                         "not named is bad input (exit 2) instead of leaving rows unconfirmed")  # fmt: skip
+    compare.add_argument(
+        "--no-confirm", action="store_true",
+        help="re-time nothing: latency rows the two runs call slower read 'unconfirmed' and the exit code is 5",
+    )  # fmt: skip
     compare.add_argument(
         "--plugin", action="append", dest="harness_plugins", default=[], metavar="MODULE_OR_PATH",
-        help="with --confirm: import this plugin in the timing workers (repeatable); a run's meta.json never "
+        help="import this plugin in the re-timing workers (repeatable); a run's meta.json never "
         "chooses code to import, so rows of a plugin's backend need its --plugin here",
     )  # fmt: skip
     compare.add_argument(
         "--confirm-rounds", type=int, default=32,
-        help="most paired rounds (fresh process pairs) a row gets under --confirm; rows are judged after 9, 13, ... "
+        help="most paired rounds (fresh process pairs) a re-timed row gets; rows are judged after 9, 13, ... "
         "and stop once decided (32; at least 9)",
     )  # fmt: skip
     compare.add_argument(
-        "--confirm-time", type=float, default=900.0, metavar="SECONDS",
-        help="time box of --confirm, planned: the first look's rounds get 2/3 of it, cheapest rows first, later looks "
+        "--confirm-time", type=float, default=DEFAULT_TIME_S, metavar="SECONDS",
+        help="time box of the re-timing, planned: the first look's rounds get 2/3 of it, cheapest rows first, later looks "
         "what is left, the cheapest decisions first; a row whose rounds do not fit stays 'cannot tell' (900)",
     )  # fmt: skip
 
@@ -216,8 +243,27 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _version() -> str:
+    try:
+        return importlib.metadata.version("paged-attention-harness")
+    except importlib.metadata.PackageNotFoundError:  # run from a checkout that was never installed
+        return "unknown (not installed)"
+
+
+def _resolved_cases(cases: list[str]) -> list:
+    """Case arguments as paths (a packaged suite's name resolved); a name that is neither is bad input."""
+    resolved = [resolve_case_arg(c) for c in cases]
+    for given, found in zip(cases, resolved, strict=True):
+        if not Path(found).exists():
+            raise BadInput(
+                f"{given}: no such case file or folder, and not a packaged suite "
+                f"(packaged suites: {', '.join(packaged_suites())})"
+            )
+    return resolved
+
+
 def _load(cases: list[str], device: str, tags: list[str] | None, backends: list[str] | None = None):
-    cases = [resolve_case_arg(c) for c in cases] or DEFAULT_CASES
+    cases = _resolved_cases(cases) or DEFAULT_CASES
     loaded = load_cases(cases, device=device, tags=tags, backends=backends)
     if not loaded:
         raise BadInput(f"no cases selected from {' '.join(cases)}" + (f" with tags {tags}" if tags else ""))
@@ -377,7 +423,12 @@ def _finalize(args: argparse.Namespace, journal) -> int:
     print(f"incomplete: {unknown}" if unknown else
           f"incomplete: {len(missing)} (case, backend) pairs never ran (meta.json lists them)", file=sys.stderr)  # fmt: skip
     print(f"report: {Path(args.resume) / 'report.html'}")
-    return verdict(frame, None)[0]
+    code, messages = verdict(frame, None)
+    for message in messages:
+        print(message, file=sys.stderr)
+    sys.stderr.flush()
+    print(verdict_lines(frame, code))
+    return code
 
 
 def verdict(frame, requested: list[str] | None) -> tuple[int, list[str]]:
@@ -550,6 +601,8 @@ def _run_and_write(args, device, cases, backends, plugin_backends, worker, journ
     code, messages = verdict(frame, args.harness_backends)
     for message in messages:
         print(message, file=sys.stderr)
+    sys.stderr.flush()
+    print(verdict_lines(frame, code))  # the last word: PASS or FAIL with the counts, then why rows skipped
     return code
 
 
@@ -646,7 +699,9 @@ def cmd_report(args: argparse.Namespace) -> int:
 
 
 def cmd_compare(args: argparse.Namespace) -> int:
-    if args.confirm and args.confirm_rounds < MIN_ROUNDS:
+    if args.confirm and args.no_confirm:
+        raise BadInput(f"--confirm {args.confirm} and --no-confirm: choose one")
+    if not args.no_confirm and args.confirm_rounds < MIN_ROUNDS:
         raise BadInput(
             f"--confirm-rounds {args.confirm_rounds}: at least {MIN_ROUNDS} rounds are needed for a verdict "
             f"(fewer paired rounds cannot exclude anything at the looks' confidence)"
@@ -662,21 +717,24 @@ def cmd_compare(args: argparse.Namespace) -> int:
         normalize_by=args.normalize_by,
     )
     comparison = compare_runs(base, new, base_meta, new_meta, options)
-    if args.confirm:
-        try:
-            comparison = confirm_slower(
-                comparison,
-                base_meta,
-                new_meta,
-                options,
-                rounds=args.confirm_rounds,
-                time_s=args.confirm_time,
-                which=args.confirm,
-                plugins=args.harness_plugins,
-                sources=(str(args.base_run), str(args.new_run)),
-            )
-        except ConfirmInputError as error:
-            raise BadInput(str(error)) from None
+    try:
+        comparison = retime_or_mark(
+            comparison,
+            base_meta,
+            new_meta,
+            options,
+            strict=args.confirm is not None,
+            which=args.confirm or "unclear",
+            skip="--no-confirm" if args.no_confirm else "",
+            rounds=args.confirm_rounds,
+            time_s=args.confirm_time,
+            plugins=args.harness_plugins,
+            sources=(str(args.base_run), str(args.new_run)),
+            progress=sys.stderr.isatty(),
+            log=lambda line: print(line, file=sys.stderr, flush=True),
+        )
+    except ConfirmInputError as error:
+        raise BadInput(str(error)) from None
     print(format_comparison(comparison, str(args.base_run), str(args.new_run), show_all=args.show_all))
     if args.html:
         print(
@@ -731,6 +789,9 @@ def main(argv: list[str] | None = None) -> int:
     kernels.use_interpreter_if_no_gpu()  # before anything imports Triton (see kernels.triton_paged)
     parser = build_parser()
     args = parser.parse_args(argv)
+    if args.verb is None:  # bare `harness`: what it can do, not argparse's "required: verb"
+        parser.print_help()
+        return EXIT_OK
     handler = {
         "run": cmd_run,
         "list": cmd_list,

@@ -26,8 +26,10 @@ effect still applies). Duplicated (case, backend) rows are refused (:class:`Dupl
 
 Exit codes (:attr:`Comparison.exit_code`): 0 nothing got worse and the comparison is
 complete; 1 something got worse (a new failure or error, a row now skipped, an error or
-NaN count grown, a margin shrunk, a latency judged slower); 4 nothing got worse but the
-comparison is incomplete (rows on one side only, rows timed in one run only (a run made
+NaN count grown, a margin shrunk, a latency judged slower); 5 nothing got worse, but latency
+rows judged slower by the two runs alone could not be re-timed in paired rounds
+(:func:`mark_unconfirmed`: their verdict is "unconfirmed", with the reason); 4 nothing got
+worse and nothing is unconfirmed, but the comparison is incomplete (rows on one side only, rows timed in one run only (a run made
 with ``--no-timing`` against a timed one), or a device/version mismatch unless ``allow_mismatch``). Bad input (an unreadable run, duplicated rows) is 2, from the CLI.
 """
 
@@ -43,7 +45,8 @@ from harness.cases.vocab import GRADED
 from harness.results.report import ENV, Regressions
 from harness.review import stats
 
-EXIT_OK, EXIT_WORSE, EXIT_INCOMPLETE = 0, 1, 4  # 2 is bad input, 3 an internal error (harness.cli.main)
+EXIT_OK, EXIT_WORSE, EXIT_INCOMPLETE, EXIT_UNCONFIRMED = 0, 1, 4, 5  # 2 bad input, 3 internal (harness.cli.main)
+UNCONFIRMED = "unconfirmed"  # a latency row the unpaired rule called slower, not re-timed in paired rounds
 _RANK = {"pass": 0, "fail": 1, "error": 2}
 KEY = ["case", "backend"]
 _FIELDS = [
@@ -84,9 +87,15 @@ class Comparison:
         return self.rows[self.rows["better"] != ""].reset_index(drop=True)
 
     @property
+    def unconfirmed(self) -> pd.DataFrame:
+        return self.rows[self.rows["verdict"] == UNCONFIRMED].reset_index(drop=True)
+
+    @property
     def exit_code(self) -> int:
         if not self.regressions.empty:
             return EXIT_WORSE
+        if not self.unconfirmed.empty:  # a possible slowdown nobody could check says more than a missing row
+            return EXIT_UNCONFIRMED
         return EXIT_INCOMPLETE if self.incomplete else EXIT_OK
 
     @property
@@ -207,7 +216,7 @@ def drift_warning(rows: pd.DataFrame) -> list[str]:
     return [
         f"latency drift: {len(moved)} of {len(judged)} timed rows across {moved['backend'].nunique()} backends moved "
         f"(median ratio {judged['ratio'].median():.2f}); the machine's load likely changed between the runs: "
-        "re-judge with --confirm (interleaved)"
+        "rows it left doubtful are re-timed in paired rounds unless --no-confirm"
     ]
 
 
@@ -288,12 +297,30 @@ def _row_changes(r: pd.Series, opts: CompareOptions) -> tuple[list[str], list[st
     return worse, better
 
 
+def mark_unconfirmed(comparison: Comparison, why: str, options: CompareOptions | None = None) -> Comparison:
+    """Rows whose latency verdict is "slower" from the two runs alone become "unconfirmed": ``why`` says
+    what kept them from being re-timed in paired rounds. Their accuracy changes still count as worse."""
+    opts = options or CompareOptions()
+    rows = comparison.rows.copy()
+    for i in rows.index[rows["verdict"] == "slower"]:
+        lb, ln = rows.at[i, "latency_us_base"], rows.at[i, "latency_us_new"]
+        rows.at[i, "verdict"] = UNCONFIRMED
+        rows.at[i, "verdict_reason"] = (
+            f"latency {lb:.1f} -> {ln:.1f} us ({100 * (ln / lb - 1):+.0f}%) in two separate runs, "
+            f"not re-timed in paired rounds: {why}"
+        )
+        worse, better = _row_changes(rows.loc[i], opts)
+        rows.at[i, "why"], rows.at[i, "better"] = "; ".join(worse), "; ".join(better)
+    return Comparison(rows=rows, problems=comparison.problems, incomplete=comparison.incomplete)
+
+
 def verdict_counts(comparison: Comparison) -> dict[str, int]:
     """How many rows got each latency verdict (rows timed on both sides only)."""
     judged = comparison.rows[comparison.rows["verdict"] != ""]
     counts = {v: int((judged["verdict"] == v).sum()) for v in stats.VERDICTS}
-    if anchors := int((judged["verdict"] == "anchor").sum()):  # --normalize-by's own rows
-        counts["anchor"] = anchors
+    for extra in ("anchor", UNCONFIRMED):  # --normalize-by's own rows; slower rows nobody re-timed
+        if found := int((judged["verdict"] == extra).sum()):
+            counts[extra] = found
     return counts
 
 
@@ -315,6 +342,8 @@ def format_comparison(comparison: Comparison, base_name: str, new_name: str, *, 
             what = "WORSE"
         elif r["better"]:
             what = "better"
+        elif r["verdict"] == UNCONFIRMED:
+            what = "UNCONFIRMED"
         elif r["side"] != "both":
             what = r["side"]
         elif r["verdict"] == "cannot tell":
@@ -323,7 +352,9 @@ def format_comparison(comparison: Comparison, base_name: str, new_name: str, *, 
             what = ""
         else:
             continue
-        detail = r["why"] or r["better"] or (r["verdict_reason"] if r["verdict"] == "cannot tell" else "")
+        detail = (
+            r["why"] or r["better"] or (r["verdict_reason"] if r["verdict"] in ("cannot tell", UNCONFIRMED) else "")
+        )
         status = f"{r['status_base']} -> {r['status_new']}" if r["side"] == "both" else ""
         table.append((what, r["backend"], r["case"], status, _fmt_ratio(r), r["verdict"], detail))
     if table:
@@ -343,6 +374,8 @@ def format_comparison(comparison: Comparison, base_name: str, new_name: str, *, 
         EXIT_OK: "nothing got worse; the comparison is complete",
         EXIT_WORSE: f"{len(comparison.regressions)} row(s) got worse",
         EXIT_INCOMPLETE: "nothing got worse, but the comparison is incomplete (see '!' above)",
+        EXIT_UNCONFIRMED: f"nothing is confirmed worse, but {len(comparison.unconfirmed)} latency row(s) judged slower "
+        "by the two runs alone could not be re-timed in paired rounds (UNCONFIRMED above says why)",
     }[code]
     lines.append(f"exit {code}: {summary}")
     return "\n".join(lines)
@@ -360,7 +393,15 @@ def write_compare_html(comparison, path: Path, base: tuple, new: tuple) -> Path:
     """The comparison as a page: exit verdict, run-level problems, changed rows, then every row."""
     rows = comparison.rows.copy()
     rows["_kind"] = [
-        "worse" if w else "better" if b else "unclear" if v == "cannot tell" else "one side" if s != "both" else "same"
+        "worse"
+        if w
+        else "better"
+        if b
+        else "unclear"
+        if v in ("cannot tell", UNCONFIRMED)
+        else "one side"
+        if s != "both"
+        else "same"
         for w, b, v, s in zip(rows["why"], rows["better"], rows["verdict"], rows["side"], strict=True)
     ]
     rank = {"worse": 0, "one side": 1, "unclear": 2, "better": 3, "same": 4}

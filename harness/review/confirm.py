@@ -100,6 +100,14 @@ Confirm mode does that, in the manner of ``asv continuous``:
 
 The worktrees are removed at the end. Without commits or case files it says why and
 changes nothing. Rows only: status and accuracy changes are not re-run.
+
+``compare`` re-times by default (:func:`retime_or_mark`): two separate runs cannot show a
+slowdown on a shared machine (three smoke runs of one commit on a busy CPU all had rows
+"slower", up to +843%), so a verdict read from them alone is not one to act on. Where the
+rows cannot be re-timed (a run records no commit, or was made from a dirty tree; a case
+file is gone; a commit cannot be checked out; a plugin is not named with ``--plugin``;
+``--no-confirm``) the rows the two runs call slower become "unconfirmed", each saying
+why, and compare exits 5 rather than 1.
 """
 
 from __future__ import annotations
@@ -117,11 +125,12 @@ from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
+from tqdm import tqdm
 
 from harness.backends.builtin import REGISTRY
 from harness.backends.registry import UnnamedPluginError, require_plugins
 from harness.review import stats
-from harness.review.compare import CompareOptions, Comparison, _row_changes
+from harness.review.compare import CompareOptions, Comparison, _row_changes, mark_unconfirmed
 
 WORKER = r"""
 import json, sys
@@ -276,8 +285,11 @@ def confirm_slower(
     log: Callable[[str], None] = print,
     plugins: list[str] = (),
     sources: tuple[str, str] = ("the base run", "the new run"),
+    progress: bool = False,
 ) -> Comparison:
     """Re-time rows, base and new alternating per row, and judge them again from the paired rounds.
+
+    ``progress``: a tqdm bar of the rounds on stderr (the log lines then go through ``tqdm.write``).
 
     ``plugins``: the --plugin values of this command line, the only plugins the workers import. A
     chosen row of a backend that is not built in needs the plugins the new run's command names
@@ -291,12 +303,7 @@ def confirm_slower(
     look that decides it (module docstring).
     """
     rows = comparison.rows
-    wanted = {
-        "slower": ["slower"],
-        "unclear": ["slower", "cannot tell"],
-        "all": ["slower", "faster", "same", "cannot tell"],
-    }
-    chosen = rows[rows["verdict"].isin(wanted[which]) & rows["latency_us_new"].notna()]
+    chosen = rows_to_retime(comparison, which)
     if chosen.empty:
         return comparison
     commits = (base_meta.get("commit"), new_meta.get("commit"))
@@ -324,17 +331,22 @@ def confirm_slower(
     looks = look_schedule(rounds)
     with tempfile.TemporaryDirectory(prefix="harness-confirm-") as tmp:
         trees = checkouts or tuple(_worktree(c, Path(tmp) / s) for c, s in zip(commits, ("base", "new"), strict=True))
+        bar = tqdm(total=rounds, desc="confirm", unit="round", disable=not progress, file=sys.stderr)
+        say = (lambda line: tqdm.write(line, file=sys.stderr)) if progress else log  # lines above the bar
         try:
-            log(
+            say(
                 f"confirm: re-timing {len(index)} row(s) ({which}) in paired rounds of fresh base and new processes; "
-                f"looks after rounds {', '.join(map(str, looks))}, time box {time_s:.0f} s"
+                f"looks after rounds {', '.join(map(str, looks))}; time box {time_s:.0f} s: done within about "
+                f"{math.ceil(time_s / 60)} min (--confirm-time; --no-confirm skips this)"
             )
             pooled = sequential_rounds(
                 index, effects,
                 lambda keys, pooled, new_first: _one_round(trees, envs, config, keys, pooled, new_first),
-                alpha=options.alpha, rounds=rounds, time_s=time_s, log=log,
+                alpha=options.alpha, rounds=rounds, time_s=time_s, log=say,
+                on_round=lambda k, still_open: (bar.update(1), bar.set_postfix(open=still_open)),
             )  # fmt: skip
         finally:
+            bar.close()
             if checkouts is None:
                 for tree in trees:
                     subprocess.run(["git", "worktree", "remove", "--force", str(tree)], capture_output=True)
@@ -344,6 +356,7 @@ def confirm_slower(
 def sequential_rounds(
     index: dict, effects: dict, time_round: Callable, *, alpha: float, rounds: int, time_s: float,
     log: Callable[[str], None] = print, clock: Callable[[], float] = time.monotonic,
+    on_round: Callable[[int, int], object] = lambda k, still_open: None,
 ) -> dict:  # fmt: skip
     """Paired rounds until every row is decided, ``rounds`` are done, or the time box ``time_s`` is spent.
 
@@ -351,7 +364,7 @@ def sequential_rounds(
     ``time_round(keys, pooled, new_first)`` times each key once per build, appends the
     two observations to ``pooled[key]`` = (base list, new list) and may return the
     seconds each key took (key -> s; else the round's time is shared out evenly).
-    Returns ``pooled``.
+    Returns ``pooled``. ``on_round(k, open)`` is told after each round (the progress bar).
 
     The box is spent where it is needed (module docstring, 7): a decided row stops being
     re-timed; after round 1 the rows whose first-look rounds fit ``FIRST_LOOK_SHARE`` of
@@ -391,6 +404,7 @@ def sequential_rounds(
                     f"look would not fit {FIRST_LOOK_SHARE:.0%} of the box"
                 )
         if k not in looks:
+            on_round(k, len(open_rows))
             continue
         need = {}  # key -> the rounds in all it seems to need
         for i, key in list(open_rows.items()):
@@ -419,9 +433,91 @@ def sequential_rounds(
                 f"; {len(left)} left undecided, their rounds would not fit the {max(time_s - elapsed, 0):.0f} s left"
             )
         log(said)
+        on_round(k, len(open_rows))
         if not open_rows:
             break
     return pooled
+
+
+_WANTED = {
+    "slower": ["slower"],
+    "unclear": ["slower", "cannot tell"],
+    "all": ["slower", "faster", "same", "cannot tell"],
+}
+
+
+def rows_to_retime(comparison: Comparison, which: str):
+    """The rows ``which`` re-times ("slower", "unclear" or "all"; :func:`confirm_slower`), timed in both runs."""
+    rows = comparison.rows
+    return rows[rows["verdict"].isin(_WANTED[which]) & rows["latency_us_new"].notna()]
+
+
+def cannot_retime(base_meta: dict, new_meta: dict, chosen, plugins, sources: tuple[str, str]) -> str:
+    """Why the ``chosen`` rows cannot be re-timed from both runs' commits ('' when they can).
+
+    A run without a commit, or made from a tree with uncommitted changes (its commit is not
+    the code that ran), or without its case files here cannot be rebuilt. A commit id that is
+    not one of this repository's, or a plugin row whose plugin is not named with ``--plugin``,
+    is a ConfirmInputError (the explicit ``--confirm`` refuses it as bad input)."""
+    for meta, source in zip((base_meta, new_meta), sources, strict=True):
+        if not meta.get("commit"):
+            return f"{source} records no commit"
+        if meta.get("dirty"):
+            return f"{source} was made from a tree with uncommitted changes: its commit is not the code that ran"
+    case_files = new_meta.get("case_files") or base_meta.get("case_files")
+    if not case_files:
+        return "the runs record no case files"
+    missing = [f for f in case_files if not Path(f).exists()]
+    if missing:
+        return f"case file {missing[0]} is not here"
+    for meta, source in zip((base_meta, new_meta), sources, strict=True):
+        checked_commit(meta["commit"], f"{source}/meta.json")
+    built_in = {name for name, backend in REGISTRY.items() if backend.kind != "plugin"}
+    if not set(chosen["backend"]) <= built_in:
+        try:
+            require_plugins(_plugins(str(new_meta.get("command") or "")), list(plugins), f"{sources[1]}/meta.json")
+        except UnnamedPluginError as error:
+            raise ConfirmInputError(str(error)) from None
+    return ""
+
+
+def retime_or_mark(
+    comparison: Comparison, base_meta: dict, new_meta: dict, options: CompareOptions, *, strict: bool = False,
+    which: str = "unclear", skip: str = "", log: Callable[[str], None] = print, **confirm,
+) -> Comparison:  # fmt: skip
+    """``compare``'s latency verdict to act on: the doubtful rows (``which``) re-timed in paired rounds
+    (:func:`confirm_slower`, ``confirm`` its keywords), or, where they cannot be, the rows the two runs
+    alone call slower marked "unconfirmed" with the reason (:func:`harness.review.compare.mark_unconfirmed`).
+
+    ``skip``: a reason not to re-time at all (``--no-confirm``). ``strict`` (``--confirm`` given):
+    a commit id that is not one, or a plugin not named, is a ConfirmInputError instead of a reason.
+    A ``git worktree add`` that fails is a reason too."""
+    chosen = rows_to_retime(comparison, which)
+    if chosen.empty:
+        return comparison
+    why = skip
+    if not why:
+        try:
+            why = cannot_retime(
+                base_meta,
+                new_meta,
+                chosen,
+                confirm.get("plugins", ()),
+                confirm.get("sources", ("the base run", "the new run")),
+            )
+        except ConfirmInputError as error:
+            if strict:
+                raise
+            why = str(error)
+    if not why:
+        try:
+            return confirm_slower(comparison, base_meta, new_meta, options, which=which, log=log, **confirm)
+        except subprocess.CalledProcessError as error:  # git worktree add: the commit is not checked out here
+            detail = (error.stderr or b"").decode(errors="replace").strip().splitlines()
+            why = f"checking out a commit failed: {detail[-1] if detail else error}"
+    if (chosen["verdict"] == "slower").any():
+        log(f"confirm: not re-timed: {why}")
+    return mark_unconfirmed(comparison, why, options)
 
 
 def rounds_to_decide(test: stats.LatencyTest, min_effect: float) -> float:

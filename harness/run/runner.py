@@ -259,6 +259,30 @@ def summarize(frame: pd.DataFrame) -> str:
     return "\n".join(lines)
 
 
+def verdict_lines(frame: pd.DataFrame, code: int, *, most: int = 8, width: int = 110) -> str:
+    """The run's last words: one verdict line with the status counts, then why rows were skipped.
+
+    ``PASS: 212 rows: 150 pass, 62 skip`` when ``code`` is 0, else ``FAIL: ...`` with the
+    failing statuses first; then one line per (backend, reason) of the skips, the most
+    frequent first (``skip triton (41): ...``), at most ``most`` of them, each cut to
+    ``width`` characters: a run whose backend skipped everything says why right there.
+    """
+    counts = frame["status"].value_counts()
+    order = ("fail", "error", "pass", "skip") if code else ("pass", "skip", "fail", "error")
+    order += tuple(s for s in counts.index if s not in order)
+    tally = ", ".join(f"{int(counts[s])} {s}" for s in order if counts.get(s, 0))
+    lines = [f"{'FAIL' if code else 'PASS'}: {len(frame)} rows" + (f": {tally}" if tally else "")]
+    skips = frame[frame["status"] == "skip"]
+    groups = skips.groupby(["backend", "reason"], sort=False).size().sort_values(ascending=False, kind="stable")
+    for (backend, reason), count in groups.head(most).items():
+        line = f"skip {backend} ({count}): {reason or 'no reason given'}"
+        lines.append(line if len(line) <= width else line[: width - 3] + "...")
+    if len(groups) > most:
+        rest = int(groups.iloc[most:].sum())
+        lines.append(f"... and {rest} more skips for {len(groups) - most} other reasons (the report lists them)")
+    return "\n".join(lines)
+
+
 def exit_code(frame: pd.DataFrame) -> int:
     """0 when every graded row is within tolerance, 1 when any row failed or errored."""
     return 1 if frame["status"].isin(FAILING).any() else 0
