@@ -25,7 +25,7 @@ def test_every_script_is_exercised_here():
     exercised |= {"tune_tiles.py", "kernel_targets.py", "gpu_scale.sh", "host_overhead.py", "gpu_evidence.sh"}
     exercised |= {"gpu_wheels.sh"}
     exercised |= {"case_setup_cost.py", "kernel_ab.py", "gpu_phases.py"}
-    exercised |= {"mutants.py", "mutants.toml"}  # tests/test_mutants.py
+    exercised |= {"mutants.py", "mutants.toml", "compare_targets.py"}  # tests/test_mutants.py
     assert {p.name for p in (ROOT / "scripts").iterdir() if p.is_file()} <= exercised, (
         "a new script needs a dry run here"
     )
@@ -208,3 +208,14 @@ def test_gpu_phases_remakes_the_phase_table_of_the_committed_gpu_session(tmp_pat
     done = run_script("scripts/gpu_phases.py", str(tmp_path))
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip() == (session / "phases.txt").read_text().strip()
+
+
+def test_compare_targets_suite_loads_and_its_table_reader_reads_compare_rows(tmp_path):
+    from harness.cases.loading import load_cases
+    from scripts import compare_targets
+
+    (tmp_path / "planted.toml").write_text(compare_targets.PLANTED_CASES)
+    assert len(load_cases([tmp_path / "planted.toml"], device="cpu")) == 3
+    table = "WORSE  reference_slowable  decode_a  +31%\nsame   tlsim  decode_a\nUNCONFIRMED  tlsim  decode_b  +40%\n"
+    assert compare_targets.flagged(table) == {"WORSE": [("reference_slowable", "decode_a")],
+                                              "UNCONFIRMED": [("tlsim", "decode_b")]}  # fmt: skip
