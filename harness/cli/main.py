@@ -117,28 +117,30 @@ def build_parser() -> argparse.ArgumentParser:
         help="case files or folders, or a packaged suite's name (smoke, cpu, gpu, gpu_peers, gpu_long, gpu_sweep, "
         "variants); default: smoke",
     )
-    add_to_argparse(run)
+    oracle = run.add_argument_group("oracle and inputs")
+    reliability = run.add_argument_group("interrupted runs, isolation and time limits")
+    add_to_argparse(run, advanced=oracle)
     run.add_argument("--out", type=Path, help="run folder to create (default: reports/<time>-<device>-<commit>)")
     run.add_argument("--no-timing", dest="timing", action="store_false", help="grade only; do not time")
     run.add_argument("--no-progress", dest="progress", action="store_false", help="no progress bar")
-    run.add_argument(
+    reliability.add_argument(
         "--profile", action="append", default=[], metavar="CASE[:BACKEND]",
         help="save a torch.profiler Chrome trace of these rows under RUN/profiles/ (globs; repeatable)",
     )  # fmt: skip
-    run.add_argument(
+    reliability.add_argument(
         "--isolate",
         choices=["plugins", "all", "none"],
         help="backends run in a worker process that may crash or hang without ending the run "
         "(default: plugins; 'all' adds the built-ins, 'none' runs everything in-process)",
     )
-    run.add_argument(
+    reliability.add_argument(
         "--timeout",
         type=float,
         metavar="SECONDS",
         help="time limit of one isolated (or --workers) row, grade and timing; a backend past it is hung: its later "
         "rows are skips (default: the row's expected cost x10, at least 60 s; a case's timeout_s wins)",
     )
-    run.add_argument(
+    reliability.add_argument(
         "--resume",
         type=Path,
         metavar="RUN_DIR",
@@ -148,7 +150,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--backend, --tag, --device, --oracle-device, --no-timing, --threads, --shard, --out) are refused unless "
         "equal to the journal's. Plugins are imported only when named here: pass each --plugin the run used",
     )
-    run.add_argument(
+    reliability.add_argument(
         "--finalize",
         action="store_true",
         help="with --resume: run nothing, write the run folder from the journal's rows alone (a run whose "

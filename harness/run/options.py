@@ -66,6 +66,7 @@ class Option:
     flag: str
     help: str
     kwargs: dict[str, Any] = field(default_factory=dict)
+    advanced: bool = False  # listed under "oracle and inputs" in --help, after the everyday options
 
 
 RUN_OPTIONS = [
@@ -77,19 +78,19 @@ RUN_OPTIONS = [
            {"action": "append", "dest": "harness_plugins", "default": [], "metavar": "MODULE_OR_PATH"}),
     Option("--tag", "run only cases carrying this tag (repeatable)", {"action": "append", "dest": "harness_tags", "metavar": "TAG"}),
     Option("--oracle-device", "where the float64 oracle runs; default: the CPU",
-           {"choices": ["cpu", "cuda"], "dest": "harness_oracle_device"}),
+           {"choices": ["cpu", "cuda"], "dest": "harness_oracle_device"}, advanced=True),
     Option("--max-sweep-points", "most cases a case file's [case.sweep] tables may expand to, counted before any is "
            "built (default 10000; also $HARNESS_MAX_SWEEP_POINTS)",
-           {"dest": "harness_max_sweep_points", "metavar": "N", "action": _set_env("HARNESS_MAX_SWEEP_POINTS")}),
+           {"dest": "harness_max_sweep_points", "metavar": "N", "action": _set_env("HARNESS_MAX_SWEEP_POINTS")}, advanced=True),
     Option("--no-oracle-cache", "compute every float64 oracle; neither read nor write the oracle cache",
            {"dest": "harness_no_oracle_cache", "nargs": 0, "const": "off",
-            "action": _set_env("HARNESS_ORACLE_CACHE", check=lambda _: "off")}),
+            "action": _set_env("HARNESS_ORACLE_CACHE", check=lambda _: "off")}, advanced=True),
     Option("--verify-oracle-cache", "recompute this fraction of the oracle cache's hits, chosen at random, and stop "
            "with exit 2 naming an entry that differs (default 1: every hit)",
            {"dest": "harness_verify_oracle_cache", "nargs": "?", "const": "1", "metavar": "FRACTION",
-            "action": _set_env("HARNESS_ORACLE_CACHE_VERIFY", check=_fraction)}),
+            "action": _set_env("HARNESS_ORACLE_CACHE_VERIFY", check=_fraction)}, advanced=True),
     Option("--threads", "torch intra-op threads for the run: N or 'auto' (torch's default); default 1 on a CPU",
-           {"dest": "harness_threads", "metavar": "N|auto"}),
+           {"dest": "harness_threads", "metavar": "N|auto"}, advanced=True),
 ]  # fmt: skip
 
 
@@ -111,9 +112,11 @@ def apply_threads(value: str | None, device: str) -> int:
     return torch.get_num_threads()
 
 
-def add_to_argparse(parser: argparse.ArgumentParser) -> None:
+def add_to_argparse(parser: argparse.ArgumentParser, advanced=None) -> None:
+    """The run options on ``parser``; the advanced ones on ``advanced`` (an argument group) when given."""
     for option in RUN_OPTIONS:
-        parser.add_argument(option.flag, help=option.help, **option.kwargs)
+        target = advanced if option.advanced and advanced is not None else parser
+        target.add_argument(option.flag, help=option.help, **option.kwargs)
 
 
 def add_to_pytest(group) -> None:
