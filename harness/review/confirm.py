@@ -133,14 +133,29 @@ from harness.review import stats
 from harness.review.compare import CompareOptions, Comparison, _row_changes, mark_unconfirmed
 
 WORKER = r"""
-import json, sys
-import torch
-from harness.backends.builtin import REGISTRY, load_plugin
-from harness.cases.loading import load_cases
-from harness.cases.inputs import make_inputs
-from harness.timing.timer import time_call
+import ctypes, json, os, signal, sys
 
 cfg = json.loads(sys.argv[1])
+# Die with the compare that started this worker (Linux PR_SET_PDEATHSIG = 1), before importing torch.
+if sys.platform.startswith("linux"):
+    try:
+        ctypes.CDLL(None).prctl(1, signal.SIGKILL, 0, 0, 0)
+    except (OSError, AttributeError):
+        pass
+if os.getppid() != cfg["parent_pid"]:
+    os._exit(1)
+import torch
+try:
+    from harness.backends.builtin import REGISTRY, load_plugin
+    from harness.cases.loading import load_cases
+    from harness.cases.inputs import make_inputs
+    from harness.timing.timer import time_call
+except ImportError:  # a build from before harness/ was grouped in sub-packages
+    from harness.backends import REGISTRY, load_plugin
+    from harness.cases import load_cases
+    from harness.inputs import make_inputs
+    from harness.timing import time_call
+
 if cfg.get("threads"):
     torch.set_num_threads(int(cfg["threads"]))
 for plugin in cfg["plugins"]:
@@ -323,6 +338,7 @@ def confirm_slower(
         "case_files": case_files,
         "device": str(new_meta.get("device") or "cpu"),
         "plugins": [str(Path(p).resolve()) if Path(p).exists() else p for p in plugins],  # workers run elsewhere
+        "parent_pid": os.getpid(),
         "threads": new_meta.get("timing_threads") or (1 if str(new_meta.get("device") or "cpu") == "cpu" else None),
         "target_s": target_s,
     }
