@@ -199,7 +199,7 @@ class Worker:
             "THP_MEM_ALLOC_ENABLE", "1"
         )  # torch: large CPU tensors 2 MB-aligned on huge pages (docstring, 4)
         self.proc = subprocess.Popen(
-            [sys.executable, "-c", WORKER, json.dumps(config)],
+            [sys.executable, "-c", WORKER, json.dumps({**config, "parent_pid": os.getpid()})],
             cwd=checkout, env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
         )  # fmt: skip
 
@@ -338,7 +338,6 @@ def confirm_slower(
         "case_files": case_files,
         "device": str(new_meta.get("device") or "cpu"),
         "plugins": [str(Path(p).resolve()) if Path(p).exists() else p for p in plugins],  # workers run elsewhere
-        "parent_pid": os.getpid(),
         "threads": new_meta.get("timing_threads") or (1 if str(new_meta.get("device") or "cpu") == "cpu" else None),
         "target_s": target_s,
     }
