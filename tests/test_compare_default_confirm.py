@@ -12,18 +12,10 @@ import pytest
 from harness.cli.main import main
 from harness.review import confirm
 from tests import review_frames as rf
+from tests.test_compare_confirm import CASE_FILE
 
 ROOT = Path(__file__).resolve().parents[1]
 HEAD = subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True, text=True, check=True).stdout.strip()
-CASE_FILE = """
-[[case]]
-name = "tiny"
-num_q_heads = 8
-num_kv_heads = 2
-head_dim = 64
-block_size = 16
-seq_lens = [300, 200, 500, 400]
-"""
 TRULY_SLOWER = {"tlsim": 1.3}  # what paired rounds of the two builds measure; every other backend is unchanged
 
 
