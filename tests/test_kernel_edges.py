@@ -228,6 +228,19 @@ def test_a_seq_len_one_key_past_the_table_is_nan(backend):
     assert not bool(got[1:].isnan().any())
 
 
+@pytest.mark.parametrize("backend", ["triton", "tlsim"])
+def test_a_decode_one_key_past_a_full_table_is_nan_even_when_the_next_row_is_valid(backend):
+    """No window: the one column past sequence 0's table is the first entry of sequence 1's row in
+    memory, a valid block id, so only the kernel's own table bound keeps it out."""
+    inputs = make_inputs(**{**BASE, "seq_lens": [64, 64], "q_lens": [1, 1], "layout": "contiguous"})
+    args = [t.clone() for t in inputs.args()]
+    capacity = args[3].shape[1] * args[1].shape[1]
+    args[4][0] = capacity + 1
+    got = getattr(kernels, f"paged_attention_{backend}")(*args, check=False, max_seq_len=capacity + 1)
+    assert bool(got[0].isnan().all()), "a key past the table is a bad index: the query's rows are NaN"
+    assert not bool(got[1:].isnan().any())
+
+
 def test_the_smoke_suites_split_case_splits_the_kv_on_a_cpu():
     """cases/smoke.toml reaches combine_splits_kernel on a CPU: its split case is tagged small
     (the interpreter runs it) and, with the hints the harness passes the Triton backend, splits."""
