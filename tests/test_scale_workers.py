@@ -20,7 +20,16 @@ from tests.tiny_cases import write_cases
 
 SMOKE = ["run", "smoke", "--backend", "reference", "--backend", "tlsim", "--no-timing", "--no-progress"]
 # Timing columns, and where a row ran (a one-process run leaves host, gpu_index and worker empty).
-TIMING = ("latency", "call_", "timing_", "host_overhead_us", "host", "gpu_index", "worker")
+TIMING = (
+    "latency",
+    "call_",
+    "timing_",
+    "host_overhead_us",
+    "host",
+    "gpu_index",
+    "worker",
+    "oracle_cached",
+)  # and the cache state
 
 
 pytestmark = pytest.mark.usefixtures("clean_registry")  # backends registered here vanish after each test

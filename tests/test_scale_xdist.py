@@ -15,8 +15,9 @@ from harness.cli.main import main
 from tests.tiny_cases import write_cases
 
 ROOT = Path(__file__).resolve().parents[1]
-# Timing columns, and where a row ran (a one-process run leaves host, gpu_index and worker empty).
-TIMING = ("latency", "call_", "timing_", "host_overhead_us", "host", "gpu_index", "worker")
+# Timing columns, where a row ran (a one-process run leaves host, gpu_index and worker empty), and
+# whether its oracle came from the cache (an xdist worker reads what another worker's row of the case wrote).
+TIMING = ("latency", "call_", "timing_", "host_overhead_us", "host", "gpu_index", "worker", "oracle_cached")
 
 CASES = ({"name": "first"}, {"name": "second", "seed": 1}, {"name": "third", "block_size": 8})
 
