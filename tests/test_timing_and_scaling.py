@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import time
 
 import numpy as np
@@ -255,7 +256,6 @@ def test_the_oracle_cache_keeps_attention_variants_of_one_input_apart():
 
 
 def test_a_row_whose_one_call_outlasts_the_timing_budget_is_graded_but_not_timed(tmp_path, monkeypatch):
-    import dataclasses
     import time as clock
 
     import kernels
@@ -279,3 +279,17 @@ def test_a_row_whose_one_call_outlasts_the_timing_budget_is_graded_but_not_timed
     assert row["status"] == "pass", row["reason"]
     assert "not timed: one call took" in row["note"] and "0.1 s timing budget" in row["note"]
     assert row["latency_us"] != row["latency_us"], "no latency is reported for an untimed row"
+
+
+def test_a_python_model_on_a_gpu_is_timed_within_the_short_model_budget():
+    from harness.backends.builtin import REGISTRY
+    from harness.timing import measure
+
+    gpu, cpu = measure.TimingPlan("cuda", {}), measure.TimingPlan("cpu", {})
+    assert REGISTRY["tlsim"].model and REGISTRY["reference"].model and not REGISTRY["triton"].model
+    assert measure.MODEL_BUDGET_S < measure.ROW_BUDGET_S
+    assert gpu.for_backend(REGISTRY["tlsim"]).budget_s == measure.MODEL_BUDGET_S
+    assert gpu.for_backend(REGISTRY["triton"]).budget_s == measure.ROW_BUDGET_S  # kernels keep the row budget
+    assert cpu.for_backend(REGISTRY["tlsim"]).budget_s == measure.ROW_BUDGET_S  # on a CPU the models are the subject
+    unbudgeted = dataclasses.replace(gpu, budget_s=None)
+    assert unbudgeted.for_backend(REGISTRY["tlsim"]).budget_s is None

@@ -80,9 +80,9 @@ def _prepare_cache(case: Case, inputs: PagedInputs, out: torch.Tensor) -> Prepar
 
 add_backend(Backend("reference", contract_prepare(kernels.paged_attention_reference), ("cpu", "cuda"), "kernel",
                     "gather each sequence's slots, SDPA in fp32 (the engine's fallback oracle)",
-                    options=frozenset(VARIANT_OPTIONS)))  # fmt: skip
+                    options=frozenset(VARIANT_OPTIONS), model=True))  # fmt: skip
 add_backend(Backend("tlsim", contract_prepare(kernels.paged_attention_tlsim), ("cpu", "cuda"), "kernel",
-                    "the Triton kernel's streaming algorithm in torch", options=frozenset(VARIANT_OPTIONS)))  # fmt: skip
+                    "the Triton kernel's streaming algorithm in torch", options=frozenset(VARIANT_OPTIONS), model=True))  # fmt: skip
 
 
 def _triton(*args, **kwargs) -> torch.Tensor:

@@ -193,7 +193,7 @@ def run_backend(ctx: CaseContext, backend: Backend, config: RunConfig) -> dict:
                 row.update(status="fail", reason=f"lse: {lse_grade.reason}")
         if problem:
             row.update(status="fail", reason=problem)
-        plan = TimingPlan(config.device, config.ceilings, threads=config.threads)
+        plan = TimingPlan(config.device, config.ceilings, threads=config.threads).for_backend(backend)
         if config.timing and plan.budget_s is not None and graded_s > plan.budget_s:
             # One call already outlasts the row's timing budget (a CPU model on a long case): its samples
             # would cost minutes and tell nothing a kernel developer uses, so the row is graded, not timed.

@@ -17,7 +17,9 @@ stops sampling once the row's timing has used it, keeping at least one sample of
 measurement, and the row's ``note`` says so ("timed within a 3 s budget: K samples"). A
 kernel's row never comes near it (0.25 s of latency samples, 0.15 s of call samples); a CPU
 model on a GPU (reference, tlsim: Python over torch ops, seconds a call on a 128k-token case)
-would otherwise spend minutes per row on its 20 + 10 samples.
+would otherwise spend minutes per row on its 20 + 10 samples; on a GPU such a model
+(``Backend.model``) gets ``MODEL_BUDGET_S``, and one whose single graded call already outlasts
+its budget is graded and not timed (:func:`harness.run.runner.run_backend`).
 
 :func:`row_time_limit` is the default time limit of one isolated or sharded row (grade and
 timing): generous against the row's expected cost, so only a hang reaches it.
@@ -25,6 +27,7 @@ timing): generous against the row's expected cost, so only a hang reaches it.
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from dataclasses import dataclass, field
 
@@ -43,6 +46,9 @@ CALL_OVERHEAD_FLAG = 1.5
 # Seconds of timing per row: a kernel's row uses about 1 s of it; a larger budget lets the CPU models
 # on a GPU (reference, tlsim) spend it on every row of a long suite.
 ROW_BUDGET_S = 3.0
+# A Python model (Backend.model: reference, tlsim) on a GPU: launch-bound Python, timed only so the page
+# can place it; a second of samples does that, and a GPU session's ~90 model rows then cost 1.5 min, not 5.
+MODEL_BUDGET_S = 1.0
 
 # The default row limit (row_time_limit): FACTOR x the calls of a row at the expected rate, plus
 # the timing budget (which bounds the sampling), never below FLOOR_S. Off a GPU (or with no measured ceilings) the
@@ -82,6 +88,12 @@ class TimingPlan:
     call_target_s: float = 0.15
     threads: int | None = None  # torch intra-op threads while timing (CPU); recorded per row
     budget_s: float | None = ROW_BUDGET_S  # of the row's whole timing; None: no budget
+
+    def for_backend(self, backend: Backend) -> TimingPlan:
+        """This plan for one backend's row: a Python model on a GPU gets MODEL_BUDGET_S (less, never more)."""
+        if backend.model and torch.device(self.device).type == "cuda" and self.budget_s is not None:
+            return dataclasses.replace(self, budget_s=min(self.budget_s, MODEL_BUDGET_S))
+        return self
 
 
 def _spread(prefix: str, timing: Timing) -> dict:
