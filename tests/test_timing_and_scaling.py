@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import os
 import time
 
 import numpy as np
@@ -293,3 +294,22 @@ def test_a_python_model_on_a_gpu_is_timed_within_the_short_model_budget():
     assert cpu.for_backend(REGISTRY["tlsim"]).budget_s == measure.ROW_BUDGET_S  # on a CPU the models are the subject
     unbudgeted = dataclasses.replace(gpu, budget_s=None)
     assert unbudgeted.for_backend(REGISTRY["tlsim"]).budget_s is None
+
+
+@pytest.mark.skipif(
+    not torch.cuda.is_available() and os.environ.get("TRITON_INTERPRET") != "1",
+    reason="the Triton reader runs on CUDA, or interpreted with TRITON_INTERPRET=1",
+)
+def test_the_read_ceilings_streaming_reader_reads_every_element_once():
+    """A reader that skipped part of the buffer would raise the ceiling: its program sums must add up to the whole."""
+    pytest.importorskip("triton")
+    from harness.timing.ceilings import _streaming_reader
+
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    src = torch.rand(3 * 4096 * 8 + 1000, dtype=torch.float32, device=device)  # a ragged last program
+    reader = _streaming_reader(src)
+    assert reader is not None
+    read, sums = reader
+    read()
+    assert sums.numel() == 4
+    torch.testing.assert_close(sums.sum(), src.sum(), rtol=1e-5, atol=1e-3)
