@@ -50,7 +50,7 @@ def measure_read_bandwidth(device: str, size_bytes: int = 1 << 31) -> float:
     full reduction alone (1 GiB) read 4.15 TB/s on an H200 while cuDNN's attention read 4.48
     over a 2 GiB KV, 106% "of the ceiling". A 2 GiB buffer (a fixed launch and tail cost weighs
     half as much) and a streaming Triton reader (each program sums its stretch into one float)
-    read 4.31 and 4.48 TB/s there (gpu_results/2026-12-01-h200-gpu-session-2/read_ceiling.txt).
+    read 4.31 and 4.48 TB/s there (gpu_results/2026-12-01-h200-read-ceiling).
     """
     size_bytes = _buffer_bytes(device, size_bytes)
     src = torch.rand(size_bytes // 4, dtype=torch.float32, device=device)
