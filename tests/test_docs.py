@@ -96,3 +96,28 @@ def test_docs_link_only_inside_the_repository():
             resolved = (doc.parent / target).resolve()
             assert resolved.is_relative_to(ROOT) and resolved.exists(), f"{doc.name}: link to {target}"
         assert "../" not in doc.read_text().replace("](../", ""), f"{doc.name} points outside the repository"
+
+
+def _resolves(dotted: str) -> bool:
+    """Whether ``harness.a.b.name`` names a module, or an attribute of the longest importable prefix."""
+    import importlib
+
+    parts = dotted.split(".")
+    for cut in range(len(parts), 0, -1):
+        try:
+            found = importlib.import_module(".".join(parts[:cut]))
+        except ImportError:
+            continue
+        for attribute in parts[cut:]:
+            if not hasattr(found, attribute):
+                return False
+            found = getattr(found, attribute)
+        return True
+    return False
+
+
+def test_every_dotted_harness_name_in_the_docs_exists():
+    """A module or function moved without its docs fails here (``harness.stats`` after the move to review/)."""
+    named = {m for doc in DOCS for m in re.findall(r"\bharness(?:\.[A-Za-z_]\w*)+", doc.read_text())}
+    assert len(named) > 10
+    assert not sorted(name for name in named if not _resolves(name))
