@@ -111,7 +111,7 @@ def _widen_fp8(x, out_dtype: tl.constexpr, INTERPRETED_BF16: tl.constexpr):
     vLLM's Triton kernels do, puts fp16 at 0.76 of its tolerance; this way 0.30). Speed, H200,
     fp8 decode over its bf16 twin (llama3_8b_decode_fp8): per-element rounding 1.28x; a direct
     fp8 -> bf16 conversion 1.58x (Triton 3.6 lowers it slowly); through fp32, as here, 1.32x
-    (gpu_results/2026-11-30-h200-b5bd364; later 1.23x, gpu_results/2026-12-01-h200-fp8-decode).
+    (gpu_results/2026-11-30-h200-x2-reruns-plans-variants; later 1.23x, gpu_results/2026-12-01-h200-fp8-decode).
     The fp8 decode stays slower than bf16: the conversion sits between the loads and the dot.
     Under the interpreter bf16 operands are fp32 (exact as well)."""
     if INTERPRETED_BF16:

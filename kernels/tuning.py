@@ -63,9 +63,9 @@ def default_config(precision: str, head_dim_padded: int, q_class: str) -> TileCo
 TUNED: dict[tuple[str, int, str], TileConfig] = {
     # decode_32x4k (block 16/32/64), 64q8kv: 0.93x; hd64: 0.80x (decode_32x4k_hd64). A decode whose
     # KV is split has its own key: 128-key tiles halve the splits a short context allows, and cost
-    # 8q1kv 35.6 -> 42.2 us, 4x16k 83 -> 91, 1x128k 144 -> 156 (gpu_results/2026-11-30-h200-e883533).
+    # 8q1kv 35.6 -> 42.2 us, 4x16k 83 -> 91, 1x128k 144 -> 156 (gpu_results/2026-11-30-h200-tuned-vs-peers).
     # Its winner (`tune_tiles.py --class decode_split`, six candidates,
-    # gpu_results/2026-11-30-h200-d11ff1f/tune_split.json): 32-key tiles, 0.88x the default
+    # gpu_results/2026-11-30-h200-variants-split-tiles/tune_split.json): 32-key tiles, 0.88x the default
     # (64-key tiles) over 8q1kv 36.2 -> 35.0 us, 4x16k 103.8 -> 87.7, 1x128k 188.7 -> 158.3.
     ("half", 128, "decode"): TileConfig(max_rows=16, max_tokens=1, tile_n=128, num_warps=4, num_stages=3),
     ("half", 128, "decode_split"): TileConfig(max_rows=16, max_tokens=1, tile_n=32, num_warps=4, num_stages=3),

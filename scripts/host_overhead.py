@@ -94,7 +94,7 @@ def host_us(fn, n: int, device: str, loops: int = LOOPS) -> float:
 
     The fastest, as timeit reports: a loop can only be slowed by what else the host does.
     On H200 hosts one loop of 300 calls gave SDPA 19-29 us and the kernel 25-46 us
-    within a minute (gpu_results/2026-11-30-h200-2460e45-targets/host_ab.txt), more than
+    within a minute (gpu_results/2026-11-30-h200-targets-table-check/host_ab.txt), more than
     the 20 us target's margin."""
     fn()
     best = float("inf")
