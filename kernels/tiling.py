@@ -89,6 +89,8 @@ class Tiling:
 TARGET_PROGRAMS = 264
 MIN_TILES_PER_SPLIT = 8
 MAX_SPLITS = 64
+# A split decode whose splits cover more than this many keys looks up "decode_split_long".
+LONG_SPLIT_KEYS = 1024
 
 
 def choose_tiling(
@@ -141,6 +143,13 @@ def choose_tiling(
             num_splits *= 2
     # Each split covers ceil(max_seq_len / num_splits) positions, rounded up to whole tiles.
     split_size = cdiv(cdiv(max_seq_len, num_splits), tile_n) * tile_n if num_splits > 1 else 0
+    if q_class == "decode_split" and split_size > LONG_SPLIT_KEYS:
+        # Splits this long take their own key (kernels.tuning, "decode_split_long"): the number of
+        # splits stays, each split's range is re-cut in that key's tiles.
+        q_class = "decode_split_long"
+        config = tile_config(precision, head_dim_padded, q_class)
+        tile_n = config.tile_n
+        split_size = cdiv(cdiv(max_seq_len, num_splits), tile_n) * tile_n
     return Tiling(
         BLOCK_M=block_m,
         BLOCK_Q=block_q,

@@ -6,7 +6,8 @@ A launch's shape is looked up by (precision, padded head dim, query class):
                      cache; a key it lacks falls back to "half"'s) or "fp32" (IEEE fp32 dots)
     head_dim_padded  the head dim rounded up to a power of two (at least 16)
     query class      "decode" (one query per sequence), "decode_split" (a decode with too
-                     few programs to fill the GPU, whose KV is split), "verify" (2-8:
+                     few programs to fill the GPU, whose KV is split), "decode_split_long" (such a
+                     split whose pieces cover more than 1024 keys), "verify" (2-8:
                      speculative verification), "prefill" (more)
 
 and gives a :class:`TileConfig`. Keys not in :data:`TUNED` take :func:`default_config`,
@@ -69,6 +70,13 @@ TUNED: dict[tuple[str, int, str], TileConfig] = {
     # (64-key tiles) over 8q1kv 36.2 -> 35.0 us, 4x16k 103.8 -> 87.7, 1x128k 188.7 -> 158.3.
     ("half", 128, "decode"): TileConfig(max_rows=16, max_tokens=1, tile_n=128, num_warps=4, num_stages=3),
     ("half", 128, "decode_split"): TileConfig(max_rows=16, max_tokens=1, tile_n=32, num_warps=4, num_stages=3),
+    # Splits of more than 1024 keys: 128-key tiles. The split decode cases of the GPU suites, 32-key
+    # against 128-key tiles side by side (gpu_results/2026-12-01-h200-split-tiles): 8 x 32k (4096-key
+    # splits) 296.2 -> 282.7 us, 70B TP8 (64 ragged sequences up to 16k, 1 KV head; 2016) 90.1 -> 62.6,
+    # 4 x 128k (8192) 571.9 -> 539.5, 8 x 128k at 1 KV head (2048) 153.4 -> 153.5, 1 x 128k (2048)
+    # 153.4 -> 155.7. Shorter splits keep 32: 128-key tiles cost 32 x 4k at 8q1kv (256) 34.7 -> 42.2
+    # and 4 x 16k (1024) 88.4 -> 90.2.
+    ("half", 128, "decode_split_long"): TileConfig(max_rows=16, max_tokens=1, tile_n=128, num_warps=4, num_stages=3),
     # An fp8 cache's split decode: 128-key tiles. At 32 keys (the bf16 winner above) a tile of fp8 K is
     # 4 KB and the loop's per-tile work, not the reads, set the pace: 8 seqs x 32k, bf16 q, e4m3 cache,
     # 444 us against 296 with 128-key tiles (bf16 twin 298; gpu_results/2026-12-01-h200-fp8-decode, probe2).

@@ -45,6 +45,7 @@ from kernels.tuning import TileConfig, default_config, override
 GRID = {
     "decode": list(itertools.product([16], [1], [32, 64, 128, 256], [4, 8], [2, 3, 4])),  # 256: head dims <= 64
     "decode_split": list(itertools.product([16], [1], [32, 64, 128], [4, 8], [2, 3, 4])),
+    "decode_split_long": list(itertools.product([16], [1], [32, 64, 128], [4, 8], [2, 3, 4])),
     "verify": list(itertools.product([32, 64], [8], [64, 128], [4, 8], [2, 3])),
     "prefill": [(64, 16, *rest) for rest in itertools.product([32, 64, 128], [4, 8], [2, 3, 4])]
     + [(128, 32, *rest) for rest in itertools.product([32, 64, 128], [4, 8], [2, 3, 4])],

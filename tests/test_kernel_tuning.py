@@ -81,10 +81,42 @@ def test_an_fp8_cache_takes_its_own_key_and_else_the_half_entry(monkeypatch):
     monkeypatch.setitem(tuning.TUNED, ("half_fp8", 128, "decode_split"), fp8_split)
     monkeypatch.setitem(tuning.TUNED, ("half", 128, "decode_split"), half_split)
     monkeypatch.delitem(tuning.TUNED, ("half_fp8", 128, "decode"), raising=False)
-    split_fp8 = choose_tiling(128, 4, 1, 8, 8, 32768, kv_fp8=True)  # 64 programs: split
-    split_half = choose_tiling(128, 4, 1, 8, 8, 32768)
+    split_fp8 = choose_tiling(128, 4, 1, 8, 8, 8192, kv_fp8=True)  # 64 programs: 8 splits of 1024 keys
+    split_half = choose_tiling(128, 4, 1, 8, 8, 8192)
     assert split_fp8.TUNING_KEY == ("half_fp8", 128, "decode_split") and split_fp8.TILE_N == 128
     assert split_half.TILE_N == 32
     unsplit_fp8 = choose_tiling(128, 4, 1, 32, 8, 16384, kv_fp8=True)
     assert unsplit_fp8.TILE_N == choose_tiling(128, 4, 1, 32, 8, 16384).TILE_N  # no fp8 entry: the half one
     assert choose_tiling(128, 4, 1, 8, 8, 32768, fp32=True, kv_fp8=True).TUNING_KEY[0] == "fp32"
+
+
+def test_a_split_of_more_than_1024_keys_takes_the_long_split_key_and_keeps_its_split_count(monkeypatch):
+    """Long splits re-cut in their own key's tiles: the number of splits is the short key's, each range whole tiles."""
+    monkeypatch.setitem(tuning.TUNED, ("half", 128, "decode_split"), tuning.TileConfig(16, 1, 32, 4, 3))
+    monkeypatch.setitem(tuning.TUNED, ("half", 128, "decode_split_long"), tuning.TileConfig(16, 1, 128, 4, 3))
+    short = choose_tiling(128, 4, 1, 4, 8, 16384)  # 32 programs: 16 splits of 1024 keys
+    assert (short.TUNING_KEY[2], short.NUM_SPLITS, short.SPLIT_SIZE, short.TILE_N) == ("decode_split", 16, 1024, 32)
+    long = choose_tiling(128, 4, 1, 8, 8, 32768)  # 64 programs: 8 splits of 4096 keys
+    assert (long.TUNING_KEY[2], long.NUM_SPLITS, long.SPLIT_SIZE, long.TILE_N) == ("decode_split_long", 8, 4096, 128)
+    ragged = choose_tiling(128, 8, 1, 64, 1, 16000)  # 8 splits of 2000 keys, re-cut in 128-key tiles
+    assert ragged.TUNING_KEY[2] == "decode_split_long" and ragged.SPLIT_SIZE == 2048 and ragged.NUM_SPLITS == 8
+    assert choose_tiling(128, 4, 1, 32, 8, 32768).NUM_SPLITS == 1  # 256 programs: no split, no split key
+
+
+def test_tlsim_follows_a_long_split_re_cut_in_its_own_tiles(monkeypatch):
+    """A decode whose splits pass LONG_SPLIT_KEYS (lowered here to fit the interpreter) runs the long key's
+    tiles; the kernel and tlsim agree, and the tiling really moved (key, tile and split size)."""
+    import kernels.tiling as tiling
+    from tests.kernel_cases import KernelCase
+
+    monkeypatch.setattr(tiling, "LONG_SPLIT_KEYS", 64)
+    monkeypatch.setitem(tuning.TUNED, ("fp32", 64, "decode_split"), tuning.TileConfig(16, 1, 16, 4, 2))
+    monkeypatch.setitem(tuning.TUNED, ("fp32", 64, "decode_split_long"), tuning.TileConfig(16, 1, 64, 4, 2))
+    case = KernelCase("long_split", num_q_heads=4, num_kv_heads=1, seq_lens=(700, 333), q_lens=(1, 1))
+    inputs = case.inputs("cuda" if torch.cuda.is_available() else "cpu")
+    chosen = tiling_for(prepare_call(*inputs.args(), check=False), max_q_len=1, max_seq_len=700)
+    assert chosen.TUNING_KEY[2] == "decode_split_long" and chosen.TILE_N == 64 and chosen.NUM_SPLITS > 1
+    assert chosen.SPLIT_SIZE % 64 == 0 and chosen.SPLIT_SIZE * chosen.NUM_SPLITS >= 700
+    sim = kernels.paged_attention_tlsim(*inputs.args(), max_q_len=1, max_seq_len=700)
+    real = kernels.paged_attention_triton(*inputs.args(), max_q_len=1, max_seq_len=700)
+    torch.testing.assert_close(real, sim, atol=1e-5, rtol=1e-4)
