@@ -84,6 +84,10 @@ TUNED: dict[tuple[str, int, str], TileConfig] = {
     # decode_32x4k_hd64: 256-key tiles, 2 stages, 86.6 us against 90.9 with 128-key tiles, 3 stages (0.95x;
     # SDPA 76.1; gpu_results/2026-11-30-h200-prefill-probe, the table-check change in both).
     ("half", 64, "decode"): TileConfig(max_rows=16, max_tokens=1, tile_n=256, num_warps=4, num_stages=2),
+    # gemma2_9b_hd256_decode (16 q / 8 KV heads, 32 sequences of 500-4000): 64-key tiles, 4 stages, 189.6 us
+    # against 232.0 with the default 32-key tiles, 3 stages (0.82x; the best of 13 configs,
+    # gpu_results/2026-12-01-h200-split-tiles/check). Measured on that one case only.
+    ("half", 256, "decode"): TileConfig(max_rows=16, max_tokens=1, tile_n=64, num_warps=4, num_stages=4),
     # spec_verify_32x4k, q_len 4 and 8 and its third point: 0.83x (geometric mean). Re-measured after the
     # table check left the tile loop (gpu_results/2026-11-30-h200-prefill-probe): 3 stages, q_len 2 / 4 / 8
     # 143.1 / 143.0 / 152.0 us against 144.1 / 144.2 / 155.7 with 2 (q_len 8 was 191.5 before the change).
