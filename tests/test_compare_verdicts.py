@@ -8,6 +8,7 @@ import pytest
 
 from harness.review import stats
 from harness.review.compare import EXIT_OK, EXIT_WORSE, compare_runs
+from harness.run.runner import NOT_TIMED
 from tests import review_frames as rf
 
 
@@ -134,3 +135,19 @@ def test_a_case_without_the_anchor_is_left_raw_and_counted():
     new = new[~((new["case"] == "case00") & (new["backend"] == "reference"))]
     comparison = compare_runs(base, new, normalize_by="reference")
     assert any("not normalized" in p and "reference" in p for p in comparison.problems), comparison.problems
+
+
+def test_a_row_graded_not_timed_over_its_budget_in_one_run_is_said_and_leaves_the_comparison_complete():
+    """Under load a slow model's one call can outlast its row's timing budget in one run only: both runs
+    were timed, so that row's latency is not compared and the comparison is not "incomplete" (exit 4)."""
+    base, new = rf.frame(num_cases=3, seed=1), rf.frame(num_cases=3, seed=2)
+    over = new.index[(new["case"] == "case01") & (new["backend"] == "tlsim")]
+    timing = [c for c in new.columns if c.startswith("latency") or c == "call_us"]
+    new.loc[over, timing] = None
+    new.loc[over, "note"] = f"{NOT_TIMED} 4.2 s, past the row's 3 s timing budget"
+    result = compare_runs(base, new)
+    assert not result.incomplete
+    assert any("outlasted the row's timing budget" in p and p.startswith("1 graded row") for p in result.problems)
+    no_timing = new.copy()
+    no_timing.loc[over, "note"] = ""  # the same hole without the note: a --no-timing run, incomplete
+    assert compare_runs(base, no_timing).incomplete

@@ -44,6 +44,7 @@ import pandas as pd
 from harness.cases.vocab import GRADED
 from harness.results.report import ENV, Regressions
 from harness.review import stats
+from harness.run.runner import NOT_TIMED
 
 EXIT_OK, EXIT_WORSE, EXIT_INCOMPLETE, EXIT_UNCONFIRMED = 0, 1, 4, 5  # 2 bad input, 3 internal (harness.cli.main)
 UNCONFIRMED = "unconfirmed"  # a latency row the unpaired rule called slower, not re-timed in paired rounds
@@ -51,7 +52,7 @@ _RANK = {"pass": 0, "fail": 1, "error": 2}
 KEY = ["case", "backend"]
 _FIELDS = [
     "device", "status", "reason", "max_abs_err", "atol", "tol_ratio", "nan_count", "latency_us",
-    "latency_p10_us", "latency_p90_us", "latency_samples_us", "call_us", "worst_location",
+    "latency_p10_us", "latency_p90_us", "latency_samples_us", "call_us", "worst_location", "note",
 ]  # fmt: skip
 META_KEYS = ("device", "device_name", "torch", "triton")
 
@@ -163,28 +164,38 @@ def compare_runs(
         problems.append(f"{unanchored} timed row(s) not normalized: their case lacks a timed {opts.normalize_by} "
                         "row in one run")  # fmt: skip
     problems += drift_warning(rows)
-    one_timed = timed_on_one_side(rows)
-    if one_timed:
-        problems.append(one_timed)
+    one_timed, over_budget = timed_on_one_side(rows)
+    problems += [text for text in (one_timed, over_budget) if text]
     incomplete = (
         bool((rows["side"] != "both").any()) or (bool(mismatches) and not opts.allow_mismatch) or bool(one_timed)
     )
     return Comparison(rows=rows, problems=problems, incomplete=incomplete)
 
 
-def timed_on_one_side(rows: pd.DataFrame) -> str:
-    """A problem when rows graded in both runs carry a latency in one run only (one of them ran with
-    ``--no-timing``): their latency was not compared, so nothing can be said about it; '' otherwise."""
+def timed_on_one_side(rows: pd.DataFrame) -> tuple[str, str]:
+    """Problems of rows graded in both runs that carry a latency in one run only, their latency not
+    compared: (rows of a run made with ``--no-timing``: the comparison is incomplete; rows whose one
+    call outlasted the row's timing budget in one run, a slow Python model under load: said, and
+    not counted as incomplete, since both runs were timed). '' for none."""
     graded = rows[(rows["side"] == "both") & rows["status_base"].isin(GRADED) & rows["status_new"].isin(GRADED)]
-    base_only = int((graded["latency_us_base"].notna() & graded["latency_us_new"].isna()).sum())
-    new_only = int((graded["latency_us_new"].notna() & graded["latency_us_base"].isna()).sum())
-    if not base_only and not new_only:
-        return ""
-    untimed = "the new run" if base_only >= new_only else "the base run"
-    return (
-        f"{base_only + new_only} graded row(s) timed in one run only ({untimed} was not timed: --no-timing?); "
-        "their latency is not compared"
+    base_only = graded["latency_us_base"].notna() & graded["latency_us_new"].isna()
+    new_only = graded["latency_us_new"].notna() & graded["latency_us_base"].isna()
+    untimed_note = graded["note_new"].where(base_only, graded["note_base"]).fillna("").astype(str)
+    over_budget = (base_only | new_only) & untimed_note.str.contains(NOT_TIMED, regex=False)
+    base_only, new_only = base_only & ~over_budget, new_only & ~over_budget
+    budget = (
+        f"{int(over_budget.sum())} graded row(s) timed in one run only: in the other, one call outlasted the "
+        "row's timing budget (a slow model under load), so the row was graded, not timed; their latency is not compared"
+        if over_budget.any()
+        else ""
     )
+    if not base_only.any() and not new_only.any():
+        return "", budget
+    untimed = "the new run" if base_only.sum() >= new_only.sum() else "the base run"
+    return (
+        f"{int(base_only.sum() + new_only.sum())} graded row(s) timed in one run only ({untimed} was not timed: "
+        "--no-timing?); their latency is not compared"
+    ), budget
 
 
 def normalize_to_anchor(rows: pd.DataFrame, anchor: str) -> int:

@@ -26,6 +26,9 @@ from harness.timing.measure import TimingPlan, timing_columns
 from harness.timing.metrics import bytes_moved
 from harness.timing.phases import phase
 
+# The note of a row graded but not timed because its one call outlasted the timing budget (compare reads it).
+NOT_TIMED = "not timed: one call took"
+
 
 @dataclass(frozen=True)
 class RunConfig:
@@ -197,7 +200,7 @@ def run_backend(ctx: CaseContext, backend: Backend, config: RunConfig) -> dict:
         if config.timing and plan.budget_s is not None and graded_s > plan.budget_s:
             # One call already outlasts the row's timing budget (a CPU model on a long case): its samples
             # would cost minutes and tell nothing a kernel developer uses, so the row is graded, not timed.
-            row["note"] = "; ".join(filter(None, [row.get("note"), f"not timed: one call took {graded_s:.1f} s, "
+            row["note"] = "; ".join(filter(None, [row.get("note"), f"{NOT_TIMED} {graded_s:.1f} s, "
                                                   f"past the row's {plan.budget_s:g} s timing budget"]))  # fmt: skip
         elif config.timing:
             row.update(timing_columns(case, backend, prepared, plan, row["bytes_moved"]))
