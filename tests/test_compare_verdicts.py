@@ -151,3 +151,19 @@ def test_a_row_graded_not_timed_over_its_budget_in_one_run_is_said_and_leaves_th
     no_timing = new.copy()
     no_timing.loc[over, "note"] = ""  # the same hole without the note: a --no-timing run, incomplete
     assert compare_runs(base, no_timing).incomplete
+
+
+def test_rows_faster_by_two_drifted_runs_alone_are_marked_doubtful():
+    """Under load drift two runs of one commit call whole groups of rows faster: without a paired
+    re-time those are marked 'better?' and counted as such, not shown as a plain improvement."""
+    from harness.review.compare import format_comparison
+
+    base = rf.frame(num_cases=12, seed=1)
+    drifted = rf.frame(num_cases=12, seed=2, slow={name: 0.6 for name in rf.BACKENDS})  # the machine got quieter
+    comparison = compare_runs(base, drifted)
+    assert any(p.startswith("latency drift") for p in comparison.problems)
+    text = format_comparison(comparison, "A", "B")
+    assert "better?" in text and "faster by the two runs alone while they drifted" in text
+    quiet = compare_runs(base, rf.frame(num_cases=12, seed=2, slow={"tlsim": 0.6}))  # one backend: no drift
+    assert not any(p.startswith("latency drift") for p in quiet.problems)
+    assert "better?" not in format_comparison(quiet, "A", "B")

@@ -55,6 +55,7 @@ _FIELDS = [
     "latency_p10_us", "latency_p90_us", "latency_samples_us", "call_us", "worst_location", "note",
 ]  # fmt: skip
 META_KEYS = ("device", "device_name", "torch", "triton")
+RETIMED = "interleaved re-run"  # how a re-timed row's verdict_reason begins (harness.review.confirm)
 
 
 class DuplicateRowsError(ValueError):
@@ -347,12 +348,19 @@ def format_comparison(comparison: Comparison, base_name: str, new_name: str, *, 
     rows = comparison.rows
     lines = [f"compared {len(rows)} (case, backend) rows: {base_name} -> {new_name}"]
     lines += [f"! {p}" for p in comparison.problems]
+    # Rows the two runs alone call faster while the runs drifted: not a verdict to act on.
+    drifted = any(p.startswith("latency drift") for p in comparison.problems)
+    unpaired_faster = (
+        (rows["verdict"] == "faster") & ~rows["verdict_reason"].fillna("").str.startswith(RETIMED)
+        if drifted
+        else pd.Series(False, index=rows.index)
+    )
     table = []
-    for _, r in rows.iterrows():
+    for i, r in rows.iterrows():
         if r["why"]:
             what = "WORSE"
         elif r["better"]:
-            what = "better"
+            what = "better?" if unpaired_faster[i] else "better"
         elif r["verdict"] == UNCONFIRMED:
             what = "UNCONFIRMED"
         elif r["side"] != "both":
@@ -379,6 +387,12 @@ def format_comparison(comparison: Comparison, base_name: str, new_name: str, *, 
         "latency verdicts: "
         + ", ".join(f"{v} {n}" for v, n in counts.items())
         + (f" ({weak} from p10/p90 only: weak evidence)" if weak else "")
+        + (
+            f" ({int(unpaired_faster.sum())} faster by the two runs alone while they drifted, marked 'better?': "
+            "`--confirm all` re-times them)"
+            if unpaired_faster.any()
+            else ""
+        )
     )
     code = comparison.exit_code
     summary = {

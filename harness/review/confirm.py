@@ -130,7 +130,7 @@ from tqdm import tqdm
 from harness.backends.builtin import REGISTRY
 from harness.backends.registry import UnnamedPluginError, require_plugins
 from harness.review import stats
-from harness.review.compare import CompareOptions, Comparison, _row_changes, mark_unconfirmed
+from harness.review.compare import RETIMED, CompareOptions, Comparison, _row_changes, mark_unconfirmed
 
 WORKER = r"""
 import ctypes, json, os, signal, sys
@@ -678,7 +678,7 @@ def rejudge(
             t.ratio, t.ci_low, t.ci_high, t.p_value, np.nan,
         ]  # fmt: skip
         rows.at[i, "verdict"], rows.at[i, "evidence"] = v.verdict, "confirmed, interleaved"
-        rows.at[i, "verdict_reason"] = f"interleaved re-run, {t.n_base} paired rounds: {v.reason}"
+        rows.at[i, "verdict_reason"] = f"{RETIMED}, {t.n_base} paired rounds: {v.reason}"
         worse, better = _row_changes(rows.loc[i], options)
         rows.at[i, "why"], rows.at[i, "better"] = "; ".join(worse), "; ".join(better)
     return Comparison(rows=rows, problems=comparison.problems, incomplete=comparison.incomplete)
