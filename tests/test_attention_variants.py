@@ -19,8 +19,8 @@ import torch
 
 import kernels
 from harness.backends.registry import Backend, contract_prepare
-from harness.cases.inputs import standard_alibi_slopes
 from harness.cases.spec import CaseFileError, expand_spec
+from harness.cases.variants import standard_alibi_slopes
 from harness.cases.vocab import DEFAULT_TOLERANCES
 from harness.execute.local import run_cases
 from harness.run.grading import grade
