@@ -32,7 +32,7 @@ from typing import Any
 
 import torch
 
-from harness.cases.variants import CASE_FIELDS, VARIANTS, VariantFields
+from harness.cases.variants import VARIANTS
 from harness.cases.vocab import DTYPES, Layout
 
 
@@ -233,7 +233,7 @@ def make_inputs(
     which changes no value. (Since the chunked draw, values differ from those of the one
     sequential generator that earlier versions drew from, sequence by sequence.)
     ``head_dim_v`` is V's head dim (default: head_dim). ``variants`` are the attention variants'
-    case fields (harness.cases.variants.CASE_FIELDS: sliding_window, logit_softcap, sinks, alibi,
+    case fields (harness.cases.variants.VARIANTS: sliding_window, logit_softcap, sinks, alibi,
     return_lse, cascade, kv_dtype, kv_scale; absent: off); each variant turned on applies its
     input hook, which adds its keywords to ``options`` (an fp8 cache also quantizes the pools).
     No hook changes a drawn value, so a case with a variant attends over the same tensors as
@@ -241,8 +241,9 @@ def make_inputs(
     """
     if len(seq_lens) != len(q_lens):
         raise ValueError(f"seq_lens has {len(seq_lens)} entries but q_lens has {len(q_lens)}")
-    if unknown := sorted(set(variants) - set(CASE_FIELDS)):
-        raise TypeError(f"make_inputs got unexpected keyword(s) {unknown}; the variants' case fields: {CASE_FIELDS}")
+    defaults = {name: declared[1].default for v in VARIANTS for name, declared in v.fields.items()}
+    if unknown := sorted(set(variants) - set(defaults)):
+        raise TypeError(f"make_inputs got unexpected keyword(s) {unknown}; the variants' case fields: {list(defaults)}")
     torch_dtype = DTYPES[dtype] if isinstance(dtype, str) else dtype
     generator = torch.Generator().manual_seed(seed)
     table, num_blocks = assign_blocks(seq_lens, block_size, layout, generator)
@@ -296,7 +297,6 @@ def make_inputs(
         seq_lens=torch.tensor(seq_lens, dtype=torch.int32),
         query_start_loc=query_start_loc,
     )
-    defaults = {name: info.default for name, info in VariantFields.model_fields.items()}
     fields = SimpleNamespace(num_q_heads=num_q_heads, num_kv_heads=num_kv_heads, head_dim=head_dim,
                              **{**defaults, **variants, "head_dim_v": head_dim_v})  # fmt: skip
     for variant in VARIANTS:  # on the CPU, so an input is the same on every device

@@ -229,7 +229,6 @@ VARIANTS: tuple[Variant, ...] = (
 )  # fmt: skip
 CAPABILITIES: tuple[str, ...] = tuple(v.capability for v in VARIANTS)
 CASE_FIELDS: tuple[str, ...] = tuple(name for v in VARIANTS for name in v.fields)
-KEYWORDS: tuple[str, ...] = tuple(keyword for v in VARIANTS for keyword in v.keywords)
 # The case model's variant fields, as the rows declare them (harness.cases.spec.CaseSpec extends it).
 VariantFields: type[BaseModel] = create_model(
     "VariantFields", **{name: declared for v in VARIANTS for name, declared in v.fields.items()}

@@ -14,7 +14,7 @@ from functools import partial
 
 import torch
 
-from harness.cases.variants import KEYWORDS, VARIANTS
+from harness.cases.variants import VARIANTS
 
 CHUNK_BYTES = 1 << 30  # float64 logits of one chunk of query rows: about 1 GiB
 
@@ -41,7 +41,7 @@ def paged_attention_oracle(
     seq_lens        [num_seqs] int
     query_start_loc [num_seqs + 1] int, or None for one query per sequence
     device          where the float64 arithmetic runs (the CPU by default)
-    options         the variants' keywords, as the kernel call takes them (harness.cases.variants.KEYWORDS:
+    options         the variants' keywords, as the kernel call takes them (harness.cases.variants.VARIANTS:
                     sliding_window, logit_softcap, sinks, alibi_slopes, k_scale, v_scale); each given
                     one (not None) applies through its variant's oracle hook (harness.cases.variants.OracleHook
                     says where). An fp8 cache's scales make the oracle attend over the dequantized cache
@@ -50,10 +50,9 @@ def paged_attention_oracle(
                     the log of the softmax's denominator, the sink's term S included
     returns         [num_tokens, num_q_heads, head_dim_v] float64 on ``device`` (with return_lse: (out, lse))
     """
-    if unknown := sorted(set(options) - set(KEYWORDS)):
-        raise TypeError(
-            f"paged_attention_oracle got unexpected keyword(s) {unknown}; the variants' keywords: {KEYWORDS}"
-        )
+    keywords = [keyword for v in VARIANTS for keyword in v.keywords if keyword != "return_lse"]
+    if unknown := sorted(set(options) - set(keywords)):
+        raise TypeError(f"paged_attention_oracle got unexpected keyword(s) {unknown}; the variants': {keywords}")
     kv_hooks, score_hooks, mask_hooks, sink_hooks = oracle_stages(options)
     q = q.detach().to(device, torch.float64)
     num_kv_heads, head_dim = k_cache.shape[2:]
