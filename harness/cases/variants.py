@@ -68,16 +68,39 @@ class Variant:
         return tuple(self.fields)
 
 
+# What the hooks share.
+
+
 def with_options(inputs: Any, **options: Any) -> Any:
     """``inputs`` (a PagedInputs) with ``options`` added to the call's keywords."""
     return replace(inputs, options={**inputs.options, **options})
 
 
-def head_vector(values: list[float] | tuple[float, ...], num_q_heads: int, field: str) -> torch.Tensor:
-    """[num_q_heads] fp32 on the CPU: one value per query head; ValueError naming ``field`` otherwise."""
-    if len(values) != num_q_heads:
-        raise ValueError(f"{field} has {len(values)} values for {num_q_heads} query heads")
-    return torch.tensor(list(values), dtype=torch.float32)
+def per_q_head(vector: torch.Tensor, logits: torch.Tensor) -> torch.Tensor:
+    """[num_kv_heads, group, 1, 1] float64: a [num_q_heads] vector laid out as the oracle's logits
+    [num_kv_heads, group, rows, seq_len] (query head h = kv_head * group + g)."""
+    return vector.detach().to(logits.device, torch.float64).view(*logits.shape[:2], 1, 1)
+
+
+# sinks: a list per query head, or drawn from the case's seed (harness.cases.spec materializes it).
+
+
+class SinkGenerator(BaseModel):
+    """Seeded per-head sinks: ``mean + scale * N(0, 1)``, one per query head (from the case's seed)."""
+
+    model_config = ConfigDict(extra="forbid")
+    scale: Float = Field(ge=0, le=1e4)
+    mean: Float = Field(default=0.0, ge=-1e4, le=1e4)
+
+
+def sinks_inputs(inputs: Any, fields: Any) -> Any:
+    """The case's sinks as the call's ``sinks`` [num_q_heads] fp32; ValueError unless one per query head."""
+    if len(fields.sinks) != fields.num_q_heads:
+        raise ValueError(f"sinks has {len(fields.sinks)} values for {fields.num_q_heads} query heads")
+    return with_options(inputs, sinks=torch.tensor(list(fields.sinks), dtype=torch.float32))
+
+
+# alibi_slopes: the standard slopes of the case's head count.
 
 
 def standard_alibi_slopes(num_heads: int) -> list[float]:
@@ -93,12 +116,7 @@ def standard_alibi_slopes(num_heads: int) -> list[float]:
     return slopes
 
 
-class SinkGenerator(BaseModel):
-    """Seeded per-head sinks: ``mean + scale * N(0, 1)``, one per query head (from the case's seed)."""
-
-    model_config = ConfigDict(extra="forbid")
-    scale: Float = Field(ge=0, le=1e4)
-    mean: Float = Field(default=0.0, ge=-1e4, le=1e4)
+# fp8_kv: the pools quantized on the CPU, their scales the call's k_scale / v_scale.
 
 
 KVScaleMode = Literal["amax", "amax_per_head"]
@@ -142,12 +160,6 @@ def per_kv_head(scale: float | torch.Tensor | None, x: torch.Tensor) -> torch.Te
     return scale.detach().to(x.device, torch.float64).reshape(-1).expand(x.shape[1])[:, None]
 
 
-def per_q_head(vector: torch.Tensor, logits: torch.Tensor) -> torch.Tensor:
-    """[num_kv_heads, group, 1, 1] float64: a [num_q_heads] vector laid out as the oracle's logits
-    [num_kv_heads, group, rows, seq_len] (query head h = kv_head * group + g)."""
-    return vector.detach().to(logits.device, torch.float64).view(*logits.shape[:2], 1, 1)
-
-
 VARIANTS: tuple[Variant, ...] = (
     Variant(
         "sliding_window",
@@ -176,7 +188,7 @@ VARIANTS: tuple[Variant, ...] = (
             default=None, description="one sink logit per query head, or { scale, mean } drawn from the seed"))},
         keywords=("sinks",),
         turned_on=lambda c: c.sinks is not None,
-        inputs=lambda inputs, c: with_options(inputs, sinks=head_vector(c.sinks, c.num_q_heads, "sinks")),
+        inputs=sinks_inputs,
         oracle=OracleHook(sink=lambda logits, sinks: per_q_head(sinks, logits)),
         meaning="a per-head logit that joins every softmax's denominator",
     ),
