@@ -7,7 +7,9 @@ skips the tiles it cannot see (poisoned with NaN, they would show); and a mutant
 definition (a window off by one, the cap on the unscaled logits, the sink left out of the
 denominator or added once per split, slopes on the wrong head or with the wrong sign)
 fails the grade. Backends declare the options they support; a backend asked for one it
-lacks is a skip row naming it.
+lacks is a skip row naming it. Each variant's row (harness.cases.variants) carries the hooks
+that take its case field to the call's keywords and into the oracle, and a row is all the
+harness needs of a new variant.
 """
 
 from __future__ import annotations
@@ -16,19 +18,22 @@ from dataclasses import dataclass, field, replace
 
 import pytest
 import torch
+from pydantic import Field
 
 import kernels
 from harness.backends.registry import Backend, contract_prepare
-from harness.cases.inputs import standard_alibi_slopes
+from harness.cases.inputs import make_inputs
 from harness.cases.spec import CaseFileError, expand_spec
-from harness.cases.vocab import DEFAULT_TOLERANCES
+from harness.cases.variants import CAPABILITIES, VARIANTS, OracleHook, Variant, standard_alibi_slopes, with_options
+from harness.cases.vocab import DEFAULT_TOLERANCES, Float
 from harness.execute.local import run_cases
 from harness.run.grading import grade
 from harness.run.oracle import paged_attention_oracle
-from harness.run.runner import RunConfig
+from harness.run.runner import RunConfig, case_inputs
 from kernels.reference import gather_kv
 from kernels.tiling import tiling_for, window_tile_start
 from tests.kernel_cases import CASES_BY_NAME, KernelCase, triton_output
+from tests.tiny_cases import TINY
 
 SINKS_8 = (30.0, -30.0, 5.0, -1000.0, 0.0, 2.0, 100.0, -5.0)
 
@@ -391,7 +396,6 @@ def test_case_fields_become_call_options():
     assert case.options == {"sliding_window", "logit_softcap", "sinks", "alibi_slopes"}
     (again,) = expand_spec({**SPEC, "sinks": {"scale": 2.0}}, "t.toml")
     assert again.sinks == case.sinks and len(case.sinks) == 4, "seeded sinks are the same every time"
-    from harness.run.runner import case_inputs
 
     options = case_inputs(case, "cpu").options
     assert options["sliding_window"] == 3 and options["logit_softcap"] == 10.0
@@ -399,6 +403,73 @@ def test_case_fields_become_call_options():
     assert options["alibi_slopes"].tolist() == [0.25, 0.0625, 0.015625, 0.00390625]
     (plain,) = expand_spec(SPEC, "t.toml")
     assert plain.options == frozenset() and case_inputs(plain, "cpu").options == {}
+
+
+# --- the variant table: each row's hooks take its case field to the call and into the oracle ----
+
+# The case fields that turn each variant on (a new row needs its entry: the first test fails without).
+TURN_ON = {
+    "sliding_window": {"sliding_window": 2},
+    "logit_softcap": {"logit_softcap": 1.0},
+    "sinks": {"sinks": [3.0, -1.0, 0.5, 2.0]},
+    "alibi_slopes": {"alibi": True},
+    "return_lse": {"return_lse": True},
+    "fp8_kv": {"kv_dtype": "float8_e4m3fn"},
+    "head_dim_v": {"head_dim_v": 64},
+}
+# Variants with no oracle hook: the oracle's output shows them by its form (tests/test_variants_lse.py, _mla.py).
+OUTPUT_FORM = {"return_lse": lambda out: isinstance(out, tuple), "head_dim_v": lambda out: out.shape[-1] == 64}
+STAGES = ("kv", "score", "mask", "sink")
+
+
+def test_every_variant_has_its_hooks_and_a_case_that_turns_it_on():
+    assert set(TURN_ON) == set(CAPABILITIES)
+    for variant in VARIANTS:
+        assert (variant.inputs is not None) == bool(variant.keywords), (
+            f"{variant.capability}: a keyword needs an input hook"
+        )
+        hooked = any(getattr(variant.oracle, stage) for stage in STAGES)
+        assert hooked != (variant.capability in OUTPUT_FORM), f"{variant.capability}: an oracle hook, or an output form"
+
+
+@pytest.mark.parametrize("variant", VARIANTS, ids=lambda v: v.capability)
+def test_case_field_reaches_the_call_and_the_oracle_through_the_row_hooks(variant, monkeypatch):
+    (case,) = expand_spec({**SPEC, **TURN_ON[variant.capability]}, "t.toml")
+    assert case.options == {variant.capability}
+    inputs = case_inputs(case, "cpu")
+    assert set(inputs.options) == set(variant.keywords), "the input hook gives exactly the row's keywords"
+    out = paged_attention_oracle(*inputs.args(), **inputs.options)
+    if variant.capability in OUTPUT_FORM:
+        assert OUTPUT_FORM[variant.capability](out)
+        return
+    hookless = tuple(replace(v, oracle=OracleHook()) if v is variant else v for v in VARIANTS)
+    monkeypatch.setattr("harness.run.oracle.VARIANTS", hookless)
+    without_hook = paged_attention_oracle(*inputs.args(), **inputs.options)
+    assert torch.equal(without_hook, paged_attention_oracle(*inputs.args())), "the keywords act through the hook alone"
+    assert (out - without_hook).abs().max() > 1e-2, f"{variant.capability}'s oracle hook changes the oracle's output"
+
+
+def test_a_row_alone_takes_a_new_variant_to_the_call_and_the_oracle(monkeypatch):
+    """A toy temperature T (logits / T) as one more row: make_inputs takes its case field, the call
+    gets its keyword, and the oracle applies it, which is exactly attention at scale / T."""
+    temperature = Variant(
+        "temperature",
+        fields={"temperature": (Float | None, Field(default=None, gt=0))},
+        keywords=("temperature",),
+        turned_on=lambda c: c.temperature is not None,
+        inputs=lambda inputs, c: with_options(inputs, temperature=float(c.temperature)),
+        oracle=OracleHook(score=lambda logits, distance, temperature: logits / temperature),
+        meaning="logits divided by T",
+    )
+    for module in ("harness.cases.inputs", "harness.run.oracle"):
+        monkeypatch.setattr(f"{module}.VARIANTS", (*VARIANTS, temperature))
+    inputs = make_inputs(**TINY, temperature=2.0)
+    assert inputs.options == {"temperature": 2.0}
+    cooled = paged_attention_oracle(*inputs.args(), **inputs.options)
+    assert torch.equal(cooled, paged_attention_oracle(*inputs.args(), scale=TINY["head_dim"] ** -0.5 / 2))
+    assert not torch.equal(cooled, paged_attention_oracle(*inputs.args()))
+    with pytest.raises(TypeError, match="unexpected keyword"):
+        make_inputs(**TINY, heat=2.0)
 
 
 @pytest.mark.parametrize(
@@ -473,7 +544,6 @@ def test_flex_attention_peer_mods_match_oracle(changes, monkeypatch):
     """The peer's mask_mod and score_mod, run eagerly on the CPU (the registry runs it compiled on CUDA)."""
     pytest.importorskip("torch.nn.attention.flex_attention")
     from harness.backends.peers import _prepare_flex
-    from harness.run.runner import case_inputs
 
     monkeypatch.setattr(torch, "compile", lambda fn, **kwargs: fn)
     (case,) = expand_spec({**SPEC, "seq_lens": [20, 9, 7], "q_lens": [6, 1, 0], **changes}, "t.toml")

@@ -27,12 +27,13 @@ import math
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
+from types import SimpleNamespace
 from typing import Any
 
 import torch
 
+from harness.cases.variants import VARIANTS
 from harness.cases.vocab import DTYPES, Layout
-from kernels.fp8 import quantize_kv
 
 
 @dataclass(frozen=True)
@@ -86,6 +87,16 @@ class PagedInputs:
         """A NaN-filled output buffer: [num_tokens, num_q_heads, head_dim_v] in q's dtype, on q's device."""
         shape = (*self.q.shape[:2], self.v_cache.shape[-1])
         return torch.full(shape, float("nan"), dtype=self.q.dtype, device=self.q.device)
+
+    def to(self, device: torch.device | str) -> PagedInputs:
+        """These inputs with every tensor (the options' and the unquantized pools' too) on ``device``."""
+
+        def move(x: Any) -> Any:
+            return x.to(device) if isinstance(x, torch.Tensor) else x
+
+        unquantized = None if self.unquantized is None else (move(self.unquantized[0]), move(self.unquantized[1]))
+        options = {name: move(value) for name, value in self.options.items()}
+        return PagedInputs(*map(move, self.args()), options=options, unquantized=unquantized)
 
     def dequantized_args(self) -> tuple[torch.Tensor, ...]:
         """args() with an fp8 case's pools as fp32 ``k_cache.float() * k_scale`` (the values the oracle attends over)."""
@@ -196,19 +207,6 @@ def token_slots(block_table: torch.Tensor, seq_lens: list[int], block_size: int)
     return block_table.long()[seq, pos // block_size] * block_size + pos % block_size
 
 
-def standard_alibi_slopes(num_heads: int) -> list[float]:
-    """ALiBi's slopes as BLOOM, MPT and vLLM compute them: 2^(-8 i / n), i = 1..n, for n a power of two.
-
-    Otherwise n' = the largest power of two below num_heads gives the first n' slopes, and
-    the rest are every other slope of 2n' heads (2^(-4 (2 i + 1) / n')), as in the ALiBi paper's code.
-    Example: 8 heads: 1/2, 1/4, ..., 1/256.
-    """
-    closest = 2 ** math.floor(math.log2(num_heads))
-    slopes = [2.0 ** (-8.0 * (i + 1) / closest) for i in range(closest)]
-    slopes += [2.0 ** (-4.0 * (2 * i + 1) / closest) for i in range(num_heads - closest)]
-    return slopes
-
-
 def make_inputs(
     *,
     num_q_heads: int,
@@ -222,15 +220,9 @@ def make_inputs(
     input_scale: float = 1.0,
     seed: int = 0,
     device: torch.device | str = "cpu",
-    sliding_window: int | None = None,
-    logit_softcap: float | None = None,
-    sinks: list[float] | tuple[float, ...] | None = None,
-    alibi: bool = False,
-    return_lse: bool = False,
-    kv_dtype: str | None = None,
-    kv_scale: float | str | None = None,
     head_dim_v: int | None = None,
     draw_threads: int | None = None,
+    **variants: Any,
 ) -> PagedInputs:
     """Build a case's inputs from its seed; the same arguments always give the same tensors.
 
@@ -239,13 +231,19 @@ def make_inputs(
     as input_scale ** 2) and standard normals for V, then cast to ``dtype`` and moved to
     ``device``; ``draw_threads`` threads draw the chunks (default: torch's thread count),
     which changes no value. (Since the chunked draw, values differ from those of the one
-    sequential generator that earlier versions drew from, sequence by sequence.) The attention
-    variants become ``options``: ``sinks`` (one value per query head) and ``alibi`` (the
-    :func:`standard_alibi_slopes`) as [num_q_heads] fp32 tensors; none of them changes a
-    drawn value, so a case with a variant attends over the same tensors as without.
+    sequential generator that earlier versions drew from, sequence by sequence.)
+    ``head_dim_v`` is V's head dim (default: head_dim). ``variants`` are the attention variants'
+    case fields (harness.cases.variants.VARIANTS: sliding_window, logit_softcap, sinks, alibi,
+    return_lse, cascade, kv_dtype, kv_scale; absent: off); each variant turned on applies its
+    input hook, which adds its keywords to ``options`` (an fp8 cache also quantizes the pools).
+    No hook changes a drawn value, so a case with a variant attends over the same tensors as
+    without (an fp8 case over their quantized values).
     """
     if len(seq_lens) != len(q_lens):
         raise ValueError(f"seq_lens has {len(seq_lens)} entries but q_lens has {len(q_lens)}")
+    defaults = {name: declared[1].default for v in VARIANTS for name, declared in v.fields.items()}
+    if unknown := sorted(set(variants) - set(defaults)):
+        raise TypeError(f"make_inputs got unexpected keyword(s) {unknown}; the variants' case fields: {list(defaults)}")
     torch_dtype = DTYPES[dtype] if isinstance(dtype, str) else dtype
     generator = torch.Generator().manual_seed(seed)
     table, num_blocks = assign_blocks(seq_lens, block_size, layout, generator)
@@ -291,50 +289,17 @@ def make_inputs(
     query_start_loc = torch.zeros(len(q_lens) + 1, dtype=torch.int32)
     query_start_loc[1:] = torch.tensor(q_lens, dtype=torch.int32).cumsum(0)
     pool = (num_blocks, block_size, num_kv_heads, head_dim)
-    v_pool = (*pool[:3], head_dim_v)
-    options: dict[str, Any] = {}
-    unquantized = None
-    if kv_dtype is not None:  # quantize the pools (NaN stays NaN); the oracle grades against their dequantized values
-        fp8 = getattr(torch, kv_dtype)
-        k_scale, v_scale = fp8_scales(k_slots, kv_scale, fp8), fp8_scales(v_slots, kv_scale, fp8)
-        unquantized = (k_slots.view(pool).to(device), v_slots.view(v_pool).to(device))
-        k_slots, v_slots = quantize_kv(k_slots, k_scale, fp8), quantize_kv(v_slots, v_scale, fp8)
-        options["k_scale"], options["v_scale"] = k_scale.to(device), v_scale.to(device)
-    if sliding_window is not None:
-        options["sliding_window"] = int(sliding_window)
-    if logit_softcap is not None:
-        options["logit_softcap"] = float(logit_softcap)
-    if sinks is not None:
-        if len(sinks) != num_q_heads:
-            raise ValueError(f"sinks has {len(sinks)} values for {num_q_heads} query heads")
-        options["sinks"] = torch.tensor(list(sinks), dtype=torch.float32, device=device)
-    if return_lse:
-        options["return_lse"] = True
-    if alibi:
-        options["alibi_slopes"] = torch.tensor(standard_alibi_slopes(num_q_heads), dtype=torch.float32, device=device)
-    return PagedInputs(
-        q=q.to(device),
-        k_cache=k_slots.view(pool).to(device),
-        v_cache=v_slots.view(v_pool).to(device),
-        block_table=table.to(device),
-        seq_lens=torch.tensor(seq_lens, dtype=torch.int32, device=device),
-        query_start_loc=query_start_loc.to(device),
-        options=options,
-        unquantized=unquantized,
+    inputs = PagedInputs(
+        q=q,
+        k_cache=k_slots.view(pool),
+        v_cache=v_slots.view(*pool[:3], head_dim_v),
+        block_table=table,
+        seq_lens=torch.tensor(seq_lens, dtype=torch.int32),
+        query_start_loc=query_start_loc,
     )
-
-
-def fp8_scales(slots: torch.Tensor, mode: float | str | None, fp8: torch.dtype) -> torch.Tensor:
-    """[num_kv_heads] fp32 scales of a pool [num_slots, num_kv_heads, head_dim] for an fp8 cache.
-
-    A float: that scale for every head. "amax" (None too): per tensor, max |x| over the owned
-    slots / the format's largest finite value (448 for e4m3fn, 57344 for e5m2), as vLLM's
-    calculate_kv_scales; "amax_per_head": the same per KV head.
-    """
-    num_kv_heads = slots.shape[1]
-    if isinstance(mode, float):
-        return torch.full((num_kv_heads,), mode, dtype=torch.float32)
-    amax = slots.float().abs().nan_to_num(0.0).amax(dim=(0, 2))  # [num_kv_heads]
-    if mode in (None, "amax"):
-        amax = amax.amax().expand(num_kv_heads)
-    return (amax.clamp_min(1e-12) / torch.finfo(fp8).max).to(torch.float32).contiguous()
+    fields = SimpleNamespace(num_q_heads=num_q_heads, num_kv_heads=num_kv_heads, head_dim=head_dim,
+                             **{**defaults, **variants, "head_dim_v": head_dim_v})  # fmt: skip
+    for variant in VARIANTS:  # on the CPU, so an input is the same on every device
+        if variant.inputs is not None and variant.turned_on(fields):
+            inputs = variant.inputs(inputs, fields)
+    return inputs.to(device)

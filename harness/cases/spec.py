@@ -27,7 +27,6 @@ from typing import Annotated, Any, Literal
 
 import torch
 from pydantic import (
-    AllowInfNan,
     BaseModel,
     ConfigDict,
     Field,
@@ -38,23 +37,26 @@ from pydantic import (
 )
 
 from harness.cases.inputs import shared_prefix_blocks
-from harness.cases.variants import turned_on
-from harness.cases.vocab import DEFAULT_TOLERANCES, FP8_KV_TOLERANCES, DTypeName, KVDTypeName, Layout
+from harness.cases.variants import CASE_FIELDS, VariantFields, turned_on
+from harness.cases.vocab import (
+    DEFAULT_TOLERANCES,
+    FP8_KV_TOLERANCES,
+    INT32_MAX,
+    INT64_MAX,
+    DTypeName,
+    Float,
+    Int,
+    Layout,
+)
 from kernels.contract import MAX_BLOCK_SIZE, MAX_HEAD_DIM, MIN_BLOCK_SIZE, MIN_HEAD_DIM
 from kernels.tiling import cdiv
 
-# Strict: `true` is not 1, "3" is not 3; floats must be finite (no nan, no inf).
-Int = Annotated[int, Strict()]
-Float = Annotated[float, Strict(), AllowInfNan(False)]
-INT32_MAX, INT64_MAX = 2**31 - 1, 2**63 - 1
 Length = Annotated[int, Strict(), Field(le=INT32_MAX)]  # seq_lens and q_lens are int32 tensors
 MAX_FILE_BYTES = 4 * 2**20  # a case file is a few KB; anything past this is not one
 # A sweep is a product: six lists of 30 values are 729M cases from a file of a few hundred bytes.
 # The points of a file are counted before any is built, and a file past this many is refused.
 MAX_SWEEP_POINTS = 10_000
 ENV_MAX_SWEEP_POINTS = "HARNESS_MAX_SWEEP_POINTS"  # overrides it (harness run --max-sweep-points sets it)
-
-KVScaleMode = Literal["amax", "amax_per_head"]
 
 
 class CaseFileError(ValueError):
@@ -97,22 +99,16 @@ class QLenGenerator(_Range):
     max: Int = Field(ge=0, le=INT32_MAX)
 
 
-class SinkGenerator(BaseModel):
-    """Seeded per-head sinks: ``mean + scale * N(0, 1)``, one per query head (from the case's seed)."""
-
-    model_config = ConfigDict(extra="forbid")
-    scale: Float = Field(ge=0, le=1e4)
-    mean: Float = Field(default=0.0, ge=-1e4, le=1e4)
-
-
 class Tolerance(BaseModel):
     model_config = ConfigDict(extra="forbid")
     atol: Float = Field(ge=0)
     rtol: Float = Field(ge=0)
 
 
-class CaseSpec(BaseModel):
-    """One ``[[case]]`` table (or one expanded sweep point of it)."""
+class CaseSpec(VariantFields):
+    """One ``[[case]]`` table (or one expanded sweep point of it); the attention variants' fields
+    (sliding_window, logit_softcap, sinks, alibi, return_lse, cascade, kv_dtype, kv_scale,
+    head_dim_v) are declared by their rows in harness.cases.variants."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
@@ -121,9 +117,6 @@ class CaseSpec(BaseModel):
     num_kv_heads: Int | None = Field(default=None, ge=1, le=512, description="give this or gqa_ratio")
     gqa_ratio: Int | None = Field(default=None, ge=1, le=512, description="num_q_heads // num_kv_heads")
     head_dim: Int = Field(ge=MIN_HEAD_DIM, le=MAX_HEAD_DIM)
-    head_dim_v: Int | None = Field(
-        default=None, ge=MIN_HEAD_DIM, le=MAX_HEAD_DIM, description="V's head dim when it differs from K's (MLA: 512)"
-    )
     block_size: Int = Field(default=16, ge=MIN_BLOCK_SIZE, le=MAX_BLOCK_SIZE)
     seq_lens: list[Length] | SeqLenGenerator = Field(description="KV length per sequence, or a generator")
     q_lens: Length | list[Length] | QLenGenerator = Field(default=1, description="queries per sequence; 1 is decode")
@@ -133,30 +126,6 @@ class CaseSpec(BaseModel):
         default=1.0, gt=0, le=1e4, description="q and K are scaled by it: logits grow as its square"
     )
     seed: Int = Field(default=0, ge=0, le=INT64_MAX)
-    # The attention variants (docs/contract.md, "Attention variants"); absent: off.
-    sliding_window: Int | None = Field(
-        default=None, ge=1, le=INT32_MAX, description="a query sees its W most recent keys"
-    )
-    logit_softcap: Float | None = Field(
-        default=None, gt=0, le=1e6, description="scaled logits z -> cap * tanh(z / cap)"
-    )
-    sinks: list[Float] | SinkGenerator | None = Field(
-        default=None, description="one sink logit per query head, or { scale, mean } drawn from the seed"
-    )
-    alibi: Annotated[bool, Strict()] = Field(default=False, description="ALiBi with the standard slopes 2^(-8i/n)")
-    kv_dtype: KVDTypeName | None = Field(
-        default=None, description="an fp8 KV cache (q keeps dtype); K = k_cache.float() * k_scale"
-    )
-    kv_scale: Annotated[float, Strict(), AllowInfNan(False), Field(gt=0, le=1e6)] | KVScaleMode | None = Field(
-        default=None,
-        description="fp8 scales: a float for K and V, 'amax' (per tensor, amax / fp8 max; the default) or 'amax_per_head'",
-    )
-    return_lse: Annotated[bool, Strict()] = Field(
-        default=False, description="the call also returns the log-sum-exp, graded against the oracle's"
-    )
-    cascade: Annotated[bool, Strict()] = Field(
-        default=False, description="shared_prefix layout: the kernels run it as prefix + suffix merged by lse"
-    )
     timeout_s: Float | None = Field(default=None, gt=0, description="per-call time limit of isolated backends")
     tolerance: dict[DTypeName, Tolerance] = Field(default_factory=dict, description="per-dtype overrides")
     backends: list[str] | None = Field(default=None, description="only these backends (default: all)")
@@ -317,17 +286,8 @@ class Case:
         return turned_on(self)
 
     def variant_fields(self) -> dict[str, Any]:
-        """The variant arguments of harness.cases.inputs.make_inputs."""
-        return {
-            "sliding_window": self.sliding_window,
-            "logit_softcap": self.logit_softcap,
-            "sinks": self.sinks,
-            "alibi": self.alibi,
-            "return_lse": self.return_lse or self.cascade,
-            "kv_dtype": self.kv_dtype,
-            "kv_scale": self.kv_scale,
-            "head_dim_v": self.head_dim_v,
-        }
+        """The variant arguments of harness.cases.inputs.make_inputs: every variant's case fields, by name."""
+        return {name: getattr(self, name) for name in CASE_FIELDS}
 
     @property
     def prefix_blocks(self) -> int:

@@ -1,46 +1,250 @@
-"""The attention variants: one row per option, naming it once for the case file, the backend
-registry and the kernel call.
+"""The attention variants: one row per option, declaring it once for the case file, the backend
+registry, the inputs, the kernel call and the oracle.
 
-A case turns a variant on through its case-file field(s); a backend declares the variants it
-computes by ``capability`` (``register_backend(..., options=...)``); the contract call takes
-the variant's ``keywords``. A case that turns on a variant a backend does not declare is a
-skip row naming the capability. docs/contract.md, "Attention variants", says what each
-computes; tests/test_vocabulary_agrees.py ties the table to the case model and the contract.
+A row holds the capability a backend declares (``register_backend(..., options=...)``), the
+case-file field(s) that turn it on (declared here, with their types and bounds:
+:data:`VariantFields`, which the case model extends), the contract call's keyword(s), its input
+hook (how the case's fields become the call's tensors and keywords: harness.cases.inputs applies
+it) and its oracle hook (how the float64 oracle, harness.run.oracle, applies the keywords). A
+case that turns on a variant a backend does not declare is a skip row naming the capability.
+docs/contract.md, "Attention variants", says what each computes and which files a new variant
+touches; tests/test_vocabulary_agrees.py and tests/test_attention_variants.py tie the table to
+the case model, the kernel contract, the inputs and the oracle.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
-from dataclasses import dataclass
-from typing import Any
+from dataclasses import dataclass, replace
+from typing import Annotated, Any, Literal
+
+import torch
+from pydantic import BaseModel, ConfigDict, Field, create_model
+
+from harness.cases.vocab import INT32_MAX, Bool, Float, Int, KVDTypeName
+from kernels.contract import MAX_HEAD_DIM, MIN_HEAD_DIM
+from kernels.fp8 import quantize_kv
+
+
+@dataclass(frozen=True)
+class OracleHook:
+    """How the float64 oracle applies a variant: a function per stage it acts at (None: not there).
+
+    Each gets the variant's keywords the call gives (not None), by name; every tensor is float64
+    on the oracle's device. The oracle (harness.run.oracle) runs per sequence, per chunk of
+    ``rows`` query rows, in this order:
+
+    kv      (k, v, **keywords) -> (k, v): the sequence's keys [seq_len, num_kv_heads, head_dim]
+            and values [seq_len, num_kv_heads, head_dim_v]
+    score   (logits, distance, **keywords) -> logits [num_kv_heads, group, rows, seq_len], from the
+            scaled logits z = scale * q . k; distance [rows, seq_len] is key_pos - query_pos.
+            The score hooks apply in the table's order (the cap before the bias)
+    mask    (distance, **keywords) -> [rows, seq_len] bool: keys hidden besides the future ones
+    sink    (logits, **keywords) -> [num_kv_heads, group, 1, 1]: a logit that joins each
+            softmax's denominator and not its numerator
+    """
+
+    kv: Callable[..., tuple[torch.Tensor, torch.Tensor]] | None = None
+    score: Callable[..., torch.Tensor] | None = None
+    mask: Callable[..., torch.Tensor] | None = None
+    sink: Callable[..., torch.Tensor] | None = None
 
 
 @dataclass(frozen=True)
 class Variant:
     capability: str  # what a backend declares and a case turns on
-    case_fields: tuple[str, ...]  # the case file's field(s) that turn it on
+    fields: dict[str, tuple[Any, Any]]  # the case file's field(s) that turn it on: name -> (type, pydantic Field)
     keywords: tuple[str, ...]  # the contract call's keyword(s); () for a shape (head_dim_v)
-    turned_on: Callable[[Any], bool]  # case -> whether the case turns it on
+    turned_on: Callable[[Any], bool]  # the case's fields (a Case, or make_inputs' arguments) -> on
+    # (inputs, fields) -> inputs: a PagedInputs on the CPU (harness.cases.inputs) -> the same with the
+    # variant's keywords in ``options`` (and, for fp8, its pools); None: a shape that make_inputs draws
+    inputs: Callable[[Any, Any], Any] | None
+    oracle: OracleHook  # empty: the oracle's output already shows it (the lse, a shape)
     meaning: str
+
+    @property
+    def case_fields(self) -> tuple[str, ...]:
+        return tuple(self.fields)
+
+
+# What the hooks share.
+
+
+def with_options(inputs: Any, **options: Any) -> Any:
+    """``inputs`` (a PagedInputs) with ``options`` added to the call's keywords."""
+    return replace(inputs, options={**inputs.options, **options})
+
+
+def per_q_head(vector: torch.Tensor, logits: torch.Tensor) -> torch.Tensor:
+    """[num_kv_heads, group, 1, 1] float64: a [num_q_heads] vector laid out as the oracle's logits
+    [num_kv_heads, group, rows, seq_len] (query head h = kv_head * group + g)."""
+    return vector.detach().to(logits.device, torch.float64).view(*logits.shape[:2], 1, 1)
+
+
+# sinks: a list per query head, or drawn from the case's seed (harness.cases.spec materializes it).
+
+
+class SinkGenerator(BaseModel):
+    """Seeded per-head sinks: ``mean + scale * N(0, 1)``, one per query head (from the case's seed)."""
+
+    model_config = ConfigDict(extra="forbid")
+    scale: Float = Field(ge=0, le=1e4)
+    mean: Float = Field(default=0.0, ge=-1e4, le=1e4)
+
+
+def sinks_inputs(inputs: Any, fields: Any) -> Any:
+    """The case's sinks as the call's ``sinks`` [num_q_heads] fp32; ValueError unless one per query head."""
+    if len(fields.sinks) != fields.num_q_heads:
+        raise ValueError(f"sinks has {len(fields.sinks)} values for {fields.num_q_heads} query heads")
+    return with_options(inputs, sinks=torch.tensor(list(fields.sinks), dtype=torch.float32))
+
+
+# alibi_slopes: the standard slopes of the case's head count.
+
+
+def standard_alibi_slopes(num_heads: int) -> list[float]:
+    """ALiBi's slopes as BLOOM, MPT and vLLM compute them: 2^(-8 i / n), i = 1..n, for n a power of two.
+
+    Otherwise n' = the largest power of two below num_heads gives the first n' slopes, and
+    the rest are every other slope of 2n' heads (2^(-4 (2 i + 1) / n')), as in the ALiBi paper's code.
+    Example: 8 heads: 1/2, 1/4, ..., 1/256.
+    """
+    closest = 2 ** math.floor(math.log2(num_heads))
+    slopes = [2.0 ** (-8.0 * (i + 1) / closest) for i in range(closest)]
+    slopes += [2.0 ** (-4.0 * (2 * i + 1) / closest) for i in range(num_heads - closest)]
+    return slopes
+
+
+# fp8_kv: the pools quantized on the CPU, their scales the call's k_scale / v_scale.
+
+
+KVScaleMode = Literal["amax", "amax_per_head"]
+
+
+def fp8_scales(slots: torch.Tensor, mode: float | str | None, fp8: torch.dtype) -> torch.Tensor:
+    """[num_kv_heads] fp32 scales of a pool [num_slots, num_kv_heads, head_dim] for an fp8 cache.
+
+    A float: that scale for every head. "amax" (None too): per tensor, max |x| over the owned
+    slots / the format's largest finite value (448 for e4m3fn, 57344 for e5m2), as vLLM's
+    calculate_kv_scales; "amax_per_head": the same per KV head.
+    """
+    num_kv_heads = slots.shape[1]
+    if isinstance(mode, float):
+        return torch.full((num_kv_heads,), mode, dtype=torch.float32)
+    amax = slots.float().abs().nan_to_num(0.0).amax(dim=(0, 2))  # [num_kv_heads]
+    if mode in (None, "amax"):
+        amax = amax.amax().expand(num_kv_heads)
+    return (amax.clamp_min(1e-12) / torch.finfo(fp8).max).to(torch.float32).contiguous()
+
+
+def fp8_inputs(inputs: Any, fields: Any) -> Any:
+    """The pools quantized to ``kv_dtype`` by :func:`fp8_scales` (NaN stays NaN), their scales as
+    k_scale / v_scale, and the unquantized pools kept (the run reports what the cache itself costs)."""
+    fp8 = getattr(torch, fields.kv_dtype)
+    k, v = inputs.k_cache.flatten(0, 1), inputs.v_cache.flatten(0, 1)  # [num_slots, num_kv_heads, head_dim(_v)]
+    k_scale, v_scale = fp8_scales(k, fields.kv_scale, fp8), fp8_scales(v, fields.kv_scale, fp8)
+    return replace(
+        with_options(inputs, k_scale=k_scale, v_scale=v_scale),
+        k_cache=quantize_kv(k, k_scale, fp8).view(inputs.k_cache.shape),
+        v_cache=quantize_kv(v, v_scale, fp8).view(inputs.v_cache.shape),
+        unquantized=(inputs.k_cache, inputs.v_cache),
+    )
+
+
+def per_kv_head(scale: float | torch.Tensor | None, x: torch.Tensor) -> torch.Tensor:
+    """[num_kv_heads, 1] float64 on x's device: an fp8 cache's scale (float, [1] or [num_kv_heads];
+    None: 1) for x [seq_len, num_kv_heads, head_dim]."""
+    if not isinstance(scale, torch.Tensor):
+        scale = torch.tensor([1.0 if scale is None else float(scale)])
+    return scale.detach().to(x.device, torch.float64).reshape(-1).expand(x.shape[1])[:, None]
 
 
 VARIANTS: tuple[Variant, ...] = (
-    Variant("sliding_window", ("sliding_window",), ("sliding_window",), lambda c: c.sliding_window is not None,
-            "each query sees only its last W keys"),
-    Variant("logit_softcap", ("logit_softcap",), ("logit_softcap",), lambda c: c.logit_softcap is not None,
-            "logits pass through cap * tanh(logit / cap)"),
-    Variant("sinks", ("sinks",), ("sinks",), lambda c: c.sinks is not None,
-            "a per-head logit that joins every softmax's denominator"),
-    Variant("alibi_slopes", ("alibi",), ("alibi_slopes",), lambda c: c.alibi,
-            "slope_h * (key_pos - query_pos) added to each logit"),
-    Variant("return_lse", ("return_lse", "cascade"), ("return_lse",), lambda c: c.return_lse or c.cascade,
-            "the log-sum-exp returned beside the output"),
-    Variant("fp8_kv", ("kv_dtype", "kv_scale"), ("k_scale", "v_scale"), lambda c: c.kv_dtype is not None,
-            "an fp8 KV cache with per-head scales"),
-    Variant("head_dim_v", ("head_dim_v",), (), lambda c: c.head_dim_v != c.head_dim,
-            "V's head size differs from K's (MLA)"),
+    Variant(
+        "sliding_window",
+        fields={"sliding_window": (Int | None, Field(default=None, ge=1, le=INT32_MAX,
+                                                     description="a query sees its W most recent keys"))},
+        keywords=("sliding_window",),
+        turned_on=lambda c: c.sliding_window is not None,
+        inputs=lambda inputs, c: with_options(inputs, sliding_window=int(c.sliding_window)),
+        oracle=OracleHook(mask=lambda distance, sliding_window: distance <= -sliding_window),
+        meaning="each query sees only its last W keys",
+    ),
+    Variant(
+        "logit_softcap",
+        fields={"logit_softcap": (Float | None, Field(default=None, gt=0, le=1e6,
+                                                      description="scaled logits z -> cap * tanh(z / cap)"))},
+        keywords=("logit_softcap",),
+        turned_on=lambda c: c.logit_softcap is not None,
+        inputs=lambda inputs, c: with_options(inputs, logit_softcap=float(c.logit_softcap)),
+        oracle=OracleHook(score=lambda logits, distance, logit_softcap:
+                          logit_softcap * torch.tanh(logits / logit_softcap)),
+        meaning="logits pass through cap * tanh(logit / cap)",
+    ),
+    Variant(
+        "sinks",
+        fields={"sinks": (list[Float] | SinkGenerator | None, Field(
+            default=None, description="one sink logit per query head, or { scale, mean } drawn from the seed"))},
+        keywords=("sinks",),
+        turned_on=lambda c: c.sinks is not None,
+        inputs=sinks_inputs,
+        oracle=OracleHook(sink=lambda logits, sinks: per_q_head(sinks, logits)),
+        meaning="a per-head logit that joins every softmax's denominator",
+    ),
+    Variant(
+        "alibi_slopes",
+        fields={"alibi": (Bool, Field(default=False, description="ALiBi with the standard slopes 2^(-8i/n)"))},
+        keywords=("alibi_slopes",),
+        turned_on=lambda c: c.alibi,
+        inputs=lambda inputs, c: with_options(inputs, alibi_slopes=torch.tensor(
+            standard_alibi_slopes(c.num_q_heads), dtype=torch.float32)),
+        oracle=OracleHook(score=lambda logits, distance, alibi_slopes:
+                          logits + per_q_head(alibi_slopes, logits) * distance.to(torch.float64)),
+        meaning="slope_h * (key_pos - query_pos) added to each logit",
+    ),
+    Variant(
+        "return_lse",
+        fields={"return_lse": (Bool, Field(default=False, description=(
+                    "the call also returns the log-sum-exp, graded against the oracle's"))),
+                "cascade": (Bool, Field(default=False, description=(
+                    "shared_prefix layout: the kernels run it as prefix + suffix merged by lse")))},
+        keywords=("return_lse",),
+        turned_on=lambda c: c.return_lse or c.cascade,
+        inputs=lambda inputs, c: with_options(inputs, return_lse=True),
+        oracle=OracleHook(),  # the oracle returns its lse beside the output when asked (its own return_lse)
+        meaning="the log-sum-exp returned beside the output",
+    ),
+    Variant(
+        "fp8_kv",
+        fields={"kv_dtype": (KVDTypeName | None, Field(
+                    default=None, description="an fp8 KV cache (q keeps dtype); K = k_cache.float() * k_scale")),
+                "kv_scale": (Annotated[Float, Field(gt=0, le=1e6)] | KVScaleMode | None, Field(default=None, description=(
+                    "fp8 scales: a float for K and V, 'amax' (per tensor, amax / fp8 max; the default) or 'amax_per_head'")))},
+        keywords=("k_scale", "v_scale"),
+        turned_on=lambda c: c.kv_dtype is not None,
+        inputs=fp8_inputs,
+        oracle=OracleHook(kv=lambda k, v, k_scale=None, v_scale=None:
+                          (k * per_kv_head(k_scale, k), v * per_kv_head(v_scale, v))),
+        meaning="an fp8 KV cache with per-head scales",
+    ),
+    Variant(
+        "head_dim_v",
+        fields={"head_dim_v": (Int | None, Field(default=None, ge=MIN_HEAD_DIM, le=MAX_HEAD_DIM,
+                                                 description="V's head dim when it differs from K's (MLA: 512)"))},
+        keywords=(),
+        turned_on=lambda c: c.head_dim_v != c.head_dim,
+        inputs=None,  # a shape: make_inputs draws V with head_dim_v
+        oracle=OracleHook(),  # the oracle's output takes V's head dim
+        meaning="V's head size differs from K's (MLA)",
+    ),
 )  # fmt: skip
 CAPABILITIES: tuple[str, ...] = tuple(v.capability for v in VARIANTS)
+CASE_FIELDS: tuple[str, ...] = tuple(name for v in VARIANTS for name in v.fields)
+# The case model's variant fields, as the rows declare them (harness.cases.spec.CaseSpec extends it).
+VariantFields: type[BaseModel] = create_model(
+    "VariantFields", **{name: declared for v in VARIANTS for name, declared in v.fields.items()}
+)
 
 
 def turned_on(case: Any) -> frozenset[str]:

@@ -9,10 +9,18 @@ dtype a case file may name.
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Annotated, Literal
+
+from pydantic import AllowInfNan, Strict
 
 from kernels.contract import DTYPES
 from kernels.fp8 import FP8_DTYPES
+
+# A case file's numbers, strictly: `true` is not 1, "3" is not 3; floats finite (no nan, no inf).
+Int = Annotated[int, Strict()]
+Float = Annotated[float, Strict(), AllowInfNan(False)]
+Bool = Annotated[bool, Strict()]
+INT32_MAX, INT64_MAX = 2**31 - 1, 2**63 - 1
 
 # float32, float16, bfloat16: name -> torch.dtype (the case file's and the report's dtype column)
 DTYPE_NAMES: tuple[str, ...] = tuple(DTYPES)

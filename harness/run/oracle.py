@@ -3,11 +3,18 @@
 It shares no code with the backends it grades: slots are found by flat index
 (``block * block_size + offset``), the softmax is spelled out, and every number is
 float64, so its own rounding is about 1e-16, far under any tolerance graded against it.
+Each attention variant enters through its row's oracle hook (harness.cases.variants), at
+the stage the hook names.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from functools import partial
+
 import torch
+
+from harness.cases.variants import VARIANTS
 
 CHUNK_BYTES = 1 << 30  # float64 logits of one chunk of query rows: about 1 GiB
 
@@ -22,13 +29,8 @@ def paged_attention_oracle(
     scale=None,
     device="cpu",
     *,
-    sliding_window: int | None = None,
-    logit_softcap: float | None = None,
-    sinks: torch.Tensor | None = None,
-    alibi_slopes: torch.Tensor | None = None,
     return_lse: bool = False,
-    k_scale: float | torch.Tensor | None = None,
-    v_scale: float | torch.Tensor | None = None,
+    **options,
 ):
     """Exact paged attention, with the variants of docs/contract.md ("Attention variants").
 
@@ -39,17 +41,19 @@ def paged_attention_oracle(
     seq_lens        [num_seqs] int
     query_start_loc [num_seqs + 1] int, or None for one query per sequence
     device          where the float64 arithmetic runs (the CPU by default)
-    sliding_window  W: the query at position p sees keys p - W + 1 .. p only
-    logit_softcap   cap: each scaled logit z becomes cap * tanh(z / cap), before any mask or bias
-    sinks           [num_q_heads]: a logit per head that joins the softmax's denominator only
-    alibi_slopes    [num_q_heads]: slope_h * (key_pos - query_pos) added to the (capped) logit
-    k_scale/v_scale an fp8 cache's scales (float, or [1] / [num_kv_heads]): the oracle attends over
-                    the dequantized cache k_cache * k_scale, exactly (float64), so the grade measures
-                    the kernel and not the quantization
+    options         the variants' keywords, as the kernel call takes them (harness.cases.variants.VARIANTS:
+                    sliding_window, logit_softcap, sinks, alibi_slopes, k_scale, v_scale); each given
+                    one (not None) applies through its variant's oracle hook (harness.cases.variants.OracleHook
+                    says where). An fp8 cache's scales make the oracle attend over the dequantized cache
+                    k_cache * k_scale, exactly (float64), so the grade measures the kernel and not the quantization
     return_lse      also return lse [num_tokens, num_q_heads] float64: ln(S + sum_j exp(l_j)),
                     the log of the softmax's denominator, the sink's term S included
     returns         [num_tokens, num_q_heads, head_dim_v] float64 on ``device`` (with return_lse: (out, lse))
     """
+    keywords = [keyword for v in VARIANTS for keyword in v.keywords if keyword != "return_lse"]
+    if unknown := sorted(set(options) - set(keywords)):
+        raise TypeError(f"paged_attention_oracle got unexpected keyword(s) {unknown}; the variants': {keywords}")
+    kv_hooks, score_hooks, mask_hooks, sink_hooks = oracle_stages(options)
     q = q.detach().to(device, torch.float64)
     num_kv_heads, head_dim = k_cache.shape[2:]
     head_dim_v = v_cache.shape[-1]
@@ -64,11 +68,6 @@ def paged_attention_oracle(
     group = num_q_heads // num_kv_heads  # query head h reads KV head h // group
     scale = head_dim**-0.5 if scale is None else float(scale)
 
-    k_mult, v_mult = (_kv_multiplier(x, num_kv_heads, device) for x in (k_scale, v_scale))
-    sink = None if sinks is None else sinks.detach().to(device, torch.float64).view(num_kv_heads, group, 1, 1)
-    slope = None if alibi_slopes is None else alibi_slopes.detach().to(device, torch.float64)
-    slope = None if slope is None else slope.view(num_kv_heads, group, 1, 1)
-
     expected = torch.zeros((*q.shape[:2], head_dim_v), dtype=torch.float64, device=device)
     lse = torch.zeros(q.shape[:2], dtype=torch.float64, device=device)
     for seq in range(num_seqs):
@@ -76,7 +75,8 @@ def paged_attention_oracle(
         if q_len == 0:
             continue
         k, v = sequence_kv(k_cache, v_cache, table[seq], seq_len, device)  # [seq_len, num_kv_heads, head_dim(_v)]
-        k, v = k * k_mult, v * v_mult
+        for hook in kv_hooks:
+            k, v = hook(k, v)
         pos = torch.arange(seq_len, device=device)
         # Query rows go in chunks so the float64 logits stay near CHUNK_BYTES, whatever the case.
         rows_per_chunk = max(1, CHUNK_BYTES // (8 * num_q_heads * seq_len))
@@ -86,21 +86,20 @@ def paged_attention_oracle(
             qs = q[starts[seq] + first : starts[seq] + last].view(rows, num_kv_heads, group, head_dim)
             logits = torch.einsum("qhgd,khd->hgqk", qs, k) * scale  # [num_kv_heads, group, rows, seq_len]
             q_pos = seq_len - q_len + first + torch.arange(rows, device=device)
-            if logit_softcap is not None:
-                logits = logit_softcap * torch.tanh(logits / logit_softcap)
             distance = pos[None, :] - q_pos[:, None]  # [rows, seq_len]: key_pos - query_pos, <= 0 where seen
-            if slope is not None:
-                logits = logits + slope * distance.to(torch.float64)
+            for hook in score_hooks:
+                logits = hook(logits, distance)
             hidden = distance > 0
-            if sliding_window is not None:
-                hidden = hidden | (distance <= -sliding_window)
+            for hook in mask_hooks:
+                hidden = hidden | hook(distance)
             logits = logits.masked_fill(hidden[None, None], float("-inf"))
+            sinks = [hook(logits) for hook in sink_hooks]  # each [num_kv_heads, group, 1, 1]
             top = logits.amax(-1, keepdim=True)
-            if sink is not None:
+            for sink in sinks:
                 top = torch.maximum(top, sink)
             weights = torch.exp(logits - top)
             denominator = weights.sum(-1, keepdim=True)
-            if sink is not None:
+            for sink in sinks:
                 denominator = denominator + torch.exp(sink - top)
             weights = weights / denominator
             lse[starts[seq] + first : starts[seq] + last] = (
@@ -109,6 +108,16 @@ def paged_attention_oracle(
             o = torch.einsum("hgqk,khd->qhgd", weights, v)
             expected[starts[seq] + first : starts[seq] + last] = o.reshape(rows, num_q_heads, head_dim_v)
     return (expected, lse) if return_lse else expected
+
+
+def oracle_stages(options: dict) -> tuple[list[Callable], ...]:
+    """The variants' oracle hooks for the call's keywords ``options``, stage by stage (kv, score, mask,
+    sink; harness.cases.variants.OracleHook), each bound to its variant's given keywords, in the table's order."""
+    given = [(v.oracle, {k: options[k] for k in v.keywords if options.get(k) is not None}) for v in VARIANTS]
+    return tuple(
+        [partial(getattr(hook, stage), **keywords) for hook, keywords in given if keywords and getattr(hook, stage)]
+        for stage in ("kv", "score", "mask", "sink")
+    )
 
 
 def sequence_kv(k_cache, v_cache, table_row, seq_len: int, device) -> tuple[torch.Tensor, torch.Tensor]:
@@ -130,12 +139,3 @@ def sequence_kv(k_cache, v_cache, table_row, seq_len: int, device) -> tuple[torc
     k = k_cache.detach().reshape(num_blocks * block_size, num_kv_heads, head_dim)[slots]
     v = v_cache.detach().reshape(num_blocks * block_size, num_kv_heads, v_cache.shape[-1])[slots]
     return k.to(device, torch.float64), v.to(device, torch.float64)
-
-
-def _kv_multiplier(scale, num_kv_heads: int, device) -> torch.Tensor:
-    """[num_kv_heads, 1] float64: an fp8 cache's scale per KV head (1 when None)."""
-    if scale is None:
-        scale = 1.0
-    if not isinstance(scale, torch.Tensor):
-        scale = torch.tensor([float(scale)])
-    return scale.detach().to(device, torch.float64).reshape(-1).expand(num_kv_heads)[:, None]

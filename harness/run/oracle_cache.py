@@ -11,7 +11,8 @@ name:
                  scale)
 
 so a changed seed, shape or dtype misses, a renamed case hits, and an edit of
-``harness/oracle.py`` (its source is hashed in) invalidates every entry.
+``harness/run/oracle.py`` or of the variants' oracle hooks (``harness/cases/variants.py``;
+both sources are hashed in) invalidates every entry.
 
 Only the CPU oracle is cached (the default ``--oracle-device cpu``): hashing reads every
 input byte on the host (sha256 runs at about 0.7 GB/s per core on a 2-core x86 machine, in
@@ -83,11 +84,15 @@ ARG_NAMES = ("q", "k_cache", "v_cache", "block_table", "seq_lens", "query_start_
 
 
 def _oracle_source_hash() -> str:
-    source = Path(__file__).with_name("oracle.py")
+    """sha256 of the oracle's source: harness/run/oracle.py and the variants' oracle hooks (harness/cases/variants.py)."""
+    harness = Path(__file__).parents[1]
+    digest = hashlib.sha256()
     try:
-        return hashlib.sha256(source.read_bytes()).hexdigest()
+        for source in (harness / "run" / "oracle.py", harness / "cases" / "variants.py"):
+            digest.update(source.read_bytes())
     except OSError:
         return "unknown"
+    return digest.hexdigest()
 
 
 ORACLE_SOURCE_HASH = _oracle_source_hash()
