@@ -16,8 +16,9 @@ from :func:`case_events`: skips first, then the case's inputs and float64 oracle
 A driver whose cases run in other processes tracks each case as a :class:`Task` and hands its
 events, time limits and deaths to one :class:`Tracker`: a row past its limit (:func:`row_limit`)
 is an error row and its backend is hung for the rest of the run (its later rows are skips naming
-the case, :class:`Hung`); a death blames the backend that was running (every remaining one while
-the inputs/oracle were built), retried ``retries`` times, then an error row.
+the case, :class:`Hung`; not on Ray, see there); a death blames the backend that was running
+(every remaining one while the inputs/oracle were built), retried ``retries`` times, then an
+error row.
 """
 
 from __future__ import annotations
@@ -167,8 +168,9 @@ class Tracker:
     percentages applied, :class:`harness.timing.ceilings.GpuLedger`), time limits and hung
     backends, deaths and retries, and the cases' busy time by phase."""
 
-    def __init__(self, config: RunConfig, on_row: Callable[[dict], None], retries: int, tried: str = "on {} workers"):
-        self.config, self.on_row, self.retries, self.tried = config, on_row, retries, tried
+    def __init__(self, config: RunConfig, on_row: Callable[[dict], None], retries: int, tried: str = "on {} workers",
+                 hangs: bool = True):  # fmt: skip
+        self.config, self.on_row, self.retries, self.tried, self.hangs = config, on_row, retries, tried, hangs
         self.hung = Hung()
         self.ledger = GpuLedger()
         self.waited_s: list[float] = []  # per case: a worker free, waiting for it (dispatch)
@@ -218,9 +220,12 @@ class Tracker:
         return limit if now - task.since > limit else None
 
     def timed_out(self, task: Task, limit: float, how: str) -> None:
-        """The running backend ran past ``limit`` and was stopped (``how``): an error row; it is hung."""
-        self.hung.mark(task.running, task.case.id, limit)
-        self.made(task, task.running, "error", f"timed out after {limit:g} s ({how}); hung: its later rows are skipped")
+        """The running backend ran past ``limit`` and was stopped (``how``): an error row; it is hung (with ``hangs``)."""
+        reason = f"timed out after {limit:g} s ({how})"
+        if self.hangs:
+            self.hung.mark(task.running, task.case.id, limit)
+            reason += "; hung: its later rows are skipped"
+        self.made(task, task.running, "error", reason)
         task.running = None
 
     def abandon(self, task: Task) -> None:

@@ -17,12 +17,13 @@ hands every row to ``on_row`` (the journal) as it arrives; ``cmd_run`` writes th
   a folder of the node (:func:`harness.timing.ceilings.own_device`); its rows are judged against them.
 * **Limits and failures** are the shared :class:`harness.execute.loop.Tracker`'s: a backend
   running past its limit, counted on the driver's clock from the ``start`` the task streamed
-  (a task still queued is not running late), has its task cancelled (Ray kills the worker), is
-  an ``error`` row at once and is hung for the rest of the run; a task whose worker dies keeps
-  the rows it streamed and the backend it was running is blamed (every remaining one while
-  building the inputs/oracle), retried once in a new task (Ray's own retries are off: the
-  driver knows which backend was running), then an ``error`` row with Ray's reason. The case's
-  backends that had not run go out in a new task. Ctrl-C cancels every pending task.
+  (a task still queued is not running late), has its task cancelled (Ray kills the worker) and is
+  an ``error`` row at once. It is not marked hung: every case is submitted at the start, so its
+  other cases are already running or queued across the cluster, each under its own limit. A task
+  whose worker dies keeps the rows it streamed and the backend it was running is blamed (every
+  remaining one while building the inputs/oracle), retried once in a new task (Ray's own retries
+  are off: the driver knows which backend was running), then an ``error`` row with Ray's reason.
+  The case's backends that had not run go out in a new task. Ctrl-C cancels every pending task.
 * **Code on the nodes.** Every node needs this package and the plugins importable (the
   same install, or a ``runtime_env``); plugin paths are resolved on the node.
 
@@ -120,7 +121,7 @@ class RayCluster:
         resources = {"num_gpus": 1} if config.device.startswith("cuda") else {"num_cpus": 1}
         remote = ray.remote(max_retries=0, **resources)(case_task)  # a death is retried here, knowing who died
         shipped = dataclasses.replace(config, backends=[], progress=False, isolated=frozenset(), logs=None)
-        tracker = Tracker(config, on_row, RETRIES, tried="in {} tasks")
+        tracker = Tracker(config, on_row, RETRIES, tried="in {} tasks", hangs=False)
         live: dict = {}
         tasks = 0
 
