@@ -5,6 +5,7 @@ worker processes, in a Ray task's body (called as plain Python) and through the 
 from __future__ import annotations
 
 import dataclasses
+import sys
 from pathlib import Path
 
 import pandas as pd
@@ -81,6 +82,7 @@ def test_every_executor_gives_the_same_rows_row_for_row(tmp_path, monkeypatch):
         shipped = dataclasses.replace(config, backends=[])
         events = [event for case in cases for event in case_task(case, NAMES, shipped, ())]  # plugin loaded here
         got["a Ray task's body"] = _comparable([event[1] for event in events if event[0] == "row"])
+        assert "ray" not in sys.modules or not sys.modules["ray"].is_initialized()  # no local Ray left running
     finally:
         torch.set_num_threads(threads)
     session = HarnessSession(_PytestOptions({"harness_device": "cpu", "harness_plugins": [], "harness_backends": NAMES,

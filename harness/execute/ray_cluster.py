@@ -37,6 +37,7 @@ import dataclasses
 import os
 import shutil
 import socket
+import sys
 import tempfile
 import time
 import uuid
@@ -81,15 +82,12 @@ def case_task(case, names: list[str], config, plugins: tuple[str, ...]) -> Itera
 
 
 def _labels() -> dict:
-    gpu = ""
-    try:
-        import ray
-
-        ids = ray.get_gpu_ids()
-        gpu = ",".join(str(i) for i in ids)
+    """Where a task runs: host, Ray's GPU ids and worker id (outside Ray, a direct call: this process's pid)."""
+    ray = sys.modules.get("ray")  # imported in every Ray worker; asking Ray outside one would start a local Ray
+    gpu, worker = "", str(os.getpid())
+    if ray is not None and ray.is_initialized():
+        gpu = ",".join(str(i) for i in ray.get_gpu_ids())
         worker = ray.get_runtime_context().get_worker_id()[:12]
-    except Exception:  # outside a Ray worker (a direct call)
-        worker = str(os.getpid())
     return {"host": socket.gethostname(), "gpu_index": gpu, "worker": worker}
 
 
