@@ -24,7 +24,7 @@ from harness.execute.local import InProcess
 from harness.execute.loop import Executor
 from harness.execute.ray_cluster import LOCAL, RayCluster, ray_missing
 from harness.execute.shards import parse_shard
-from harness.execute.workers import ProcessPool
+from harness.execute.workers import ProcessPool, worker_count
 from harness.run.oracle_cache import ENV_DIR
 
 
@@ -62,8 +62,8 @@ def check_arguments(args: argparse.Namespace) -> None:
     """Refuse bad scale-out options (ValueError, a message for the user); apply --oracle-cache."""
     workers = getattr(args, "workers", None)
     ray = getattr(args, "ray", None)
-    if workers is not None and workers != "auto" and (not workers.isdigit() or int(workers) < 1):
-        raise ValueError(f"--workers {workers}: give a positive integer or 'auto'")
+    if workers is not None:
+        worker_count(workers, "cpu")  # ValueError unless a positive integer or 'auto'
     if getattr(args, "shard", None) is not None:
         parse_shard(args.shard)
     if ray is not None and (why := ray_missing()):
