@@ -27,12 +27,13 @@ from harness.cases.loading import load_cases
 from harness.cases.packaged import resolve_case_arg
 from harness.cases.spec import CaseFileError, check_backend_names
 from harness.execute import xdist as xdist_rows
+from harness.execute.loop import Contexts, case_events
 from harness.results import report
 from harness.results.environment import collect_meta
 from harness.results.storage import write_run
 from harness.run import oracle_cache
 from harness.run.options import DEFAULT_CASES, add_to_pytest, apply_threads, default_device
-from harness.run.runner import RunConfig, build_context, run_backend, to_frame
+from harness.run.runner import RunConfig, to_frame
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -44,7 +45,7 @@ def pytest_addoption(parser: pytest.Parser) -> None:
 
 
 class HarnessSession:
-    """Per pytest session: the selected cases and backends, a one-case context cache, the rows."""
+    """Per pytest session: the selected cases and backends, the last case's inputs and oracle, the rows."""
 
     def __init__(self, config: pytest.Config):
         self.device = config.getoption("harness_device") or default_device()
@@ -70,13 +71,11 @@ class HarnessSession:
             threads=threads,
         )
         self.rows: list[dict] = []
-        self._context = None
+        self.contexts = Contexts()  # the case's inputs and oracle, shared by its tests
 
     def run(self, case, backend) -> dict:
-        if self._context is None or self._context.case is not case:
-            self._context = None  # free the previous case's tensors first
-            self._context = build_context(case, self.device, self.config.oracle_device)
-        row = run_backend(self._context, backend, self.config)
+        """The row of ``backend`` on ``case``, from the one per-case loop every executor runs."""
+        *_, (_, row) = case_events(case, [backend], self.config, self.contexts)
         self.rows.append(row)
         return row
 

@@ -7,8 +7,8 @@ Before merging a kernel change, the question is "is this kernel faster or slower
 it replaces, here, on these shapes". Two runs and a ``compare`` answer it across processes
 (and, on shared machines, across hosts); this script answers it in one process on one GPU:
 ``kernels/triton_paged.py`` as of ``--base`` (``git show REV:kernels/triton_paged.py``) and as
-in the working tree are each written to a module of their own (``kernels/_ab_base.py``,
-``kernels/_ab_new.py``, removed at the end) and imported, so each has its own compiled
+in the working tree are each written to a temporary folder and imported as a module of the
+``kernels`` package (``kernels._ab_base``, ``kernels._ab_new``), so each has its own compiled
 kernels and launch plans; the registry's ``triton`` backend is pointed at one, then the
 other, and timed exactly as ``harness run`` times it (``harness.timing.timer.time_call``: graph
 replay, L2 flushed). Every case gets ``--rounds`` rounds, base and new alternating (the first
@@ -17,7 +17,9 @@ of each round alternating too), and is judged by the rule of ``compare --confirm
 paired interval excludes 1 and the estimate passes the minimum effect, 3% on CUDA).
 
 Only the kernel file is swapped: the tiling, the tuned table and the contract checks
-(``kernels/tiling.py``, ``kernels/tuning.py``) are the working tree's for both sides. The new
+(``kernels/tiling.py``, ``kernels/tuning.py``) are the working tree's for both sides. A base from
+before ``kernels/_common.py`` was split imports its helpers from ``._common``: they are served
+from the working tree's modules that hold them now (``SPLIT``; :func:`serve_split_modules`). The new
 side's output must match the base's within the case's tolerance, or the case is reported as
 "output differs" and not timed further. Exit 0: nothing slower; 1: a case slower or its output
 different; 2: a side that does not build or run (reported per case, or for the whole run when
@@ -32,11 +34,14 @@ from __future__ import annotations
 import argparse
 import fnmatch
 import importlib
+import importlib.util
 import json
 import os
 import statistics
 import subprocess
 import sys
+import tempfile
+import types
 from pathlib import Path
 
 import torch
@@ -58,29 +63,46 @@ ROOT = Path(__file__).resolve().parents[1]
 KERNEL = Path("kernels") / "triton_paged.py"
 MIN_ROUNDS = 6  # 2 / 2^6 < 0.05: six pairs all one way exclude 1 from the exact signed-rank interval
 SIDES = ("base", "new")
+SPLIT = {"_common": ("contract", "tiling", "fp8")}  # a module of kernels/ that was split -> the modules now
 
 
 class ABError(Exception):
     """A side that cannot be built or run: exit 2, not a verdict."""
 
 
-def kernel_modules(base_rev: str) -> dict:
-    """{"base": module, "new": module}: the kernel file at ``base_rev`` and the working tree's, imported
-    afresh (a module of an earlier call in this process is dropped first). The caller removes the files
-    (:func:`remove_modules`), also when an import fails."""
+def serve_split_modules() -> None:
+    """Make each module of ``SPLIT`` that the working tree lacks importable as ``kernels.<old name>``,
+    holding the names of the modules it was split into (the working tree's code, as for every helper)."""
+    for old, parts in SPLIT.items():
+        if f"kernels.{old}" in sys.modules or (ROOT / "kernels" / f"{old}.py").exists():
+            continue
+        module = types.ModuleType(f"kernels.{old}", f"kernels/{old}.py of a base revision")
+        module.__served_from__ = parts
+        for part in parts:
+            public = vars(importlib.import_module(f"kernels.{part}"))
+            module.__dict__.update({name: value for name, value in public.items() if not name.startswith("__")})
+        sys.modules[module.__name__] = module
+
+
+def kernel_modules(base_rev: str, folder: Path) -> dict:
+    """{"base": module, "new": module}: the kernel file at ``base_rev`` and the working tree's, written to
+    ``folder`` and imported afresh as ``kernels._ab_<side>`` (their relative imports are the working tree's
+    kernels). The caller drops the modules (:func:`remove_modules`), also when an import fails."""
     base_source = subprocess.run(
         ["git", "show", f"{base_rev}:{KERNEL.as_posix()}"], cwd=ROOT, capture_output=True, text=True
     )  # fmt: skip
     if base_source.returncode != 0:
         raise ABError(f"git show {base_rev}:{KERNEL}: {base_source.stderr.strip()}")
     sources = {"base": base_source.stdout, "new": (ROOT / KERNEL).read_text()}
+    serve_split_modules()
     modules = {}
     for side, text in sources.items():
-        name = f"kernels._ab_{side}"
-        sys.modules.pop(name, None)
-        (ROOT / "kernels" / f"_ab_{side}.py").write_text(text)
+        name, path = f"kernels._ab_{side}", folder / f"_ab_{side}.py"
+        path.write_text(text)
+        spec = importlib.util.spec_from_file_location(name, path)
+        sys.modules[name] = modules[side] = importlib.util.module_from_spec(spec)
         try:
-            modules[side] = importlib.import_module(name)
+            spec.loader.exec_module(modules[side])
         except Exception as error:  # a half-edited kernel, or a revision that no longer imports here
             raise ABError(f"the {side} kernel does not import: {type(error).__name__}: {error}") from None
     return modules
@@ -88,8 +110,10 @@ def kernel_modules(base_rev: str) -> dict:
 
 def remove_modules() -> None:
     for side in SIDES:
-        (ROOT / "kernels" / f"_ab_{side}.py").unlink(missing_ok=True)
         sys.modules.pop(f"kernels._ab_{side}", None)
+    for old in SPLIT:
+        if hasattr(sys.modules.get(f"kernels.{old}"), "__served_from__"):
+            sys.modules.pop(f"kernels.{old}")
 
 
 def timeable(cases) -> list:
@@ -167,17 +191,18 @@ def main(argv: list[str] | None = None) -> int:
     reps = {"min_reps": 1, "max_reps": 2, "target_s": 0.0} if args.dry else {"target_s": args.target_s}
     records = []
     try:
-        modules = kernel_modules(args.base)
-        print(f"# kernel {args.base} (base) against the working tree (new), {args.rounds} paired rounds, {device}")
-        print("| case | base us | new us | new / base | paired CI | verdict |\n|---|---|---|---|---|---|")
-        for case in cases:
-            r = time_case(case, modules, device, args.rounds, reps)
-            records.append(r)
-            if "ratio" in r:
-                print(f"| {r['case']} | {r['base_us']:.1f} | {r['new_us']:.1f} | {r['ratio']:.3f} | "
-                      f"{r['ci_low']:.3f}-{r['ci_high']:.3f} | {r['verdict']} |", flush=True)  # fmt: skip
-            else:
-                print(f"| {r['case']} | | | | | {r['verdict']}: {r['why']} |", flush=True)
+        with tempfile.TemporaryDirectory(prefix="kernel-ab-") as folder:
+            modules = kernel_modules(args.base, Path(folder))
+            print(f"# kernel {args.base} (base) against the working tree (new), {args.rounds} paired rounds, {device}")
+            print("| case | base us | new us | new / base | paired CI | verdict |\n|---|---|---|---|---|---|")
+            for case in cases:
+                r = time_case(case, modules, device, args.rounds, reps)
+                records.append(r)
+                if "ratio" in r:
+                    print(f"| {r['case']} | {r['base_us']:.1f} | {r['new_us']:.1f} | {r['ratio']:.3f} | "
+                          f"{r['ci_low']:.3f}-{r['ci_high']:.3f} | {r['verdict']} |", flush=True)  # fmt: skip
+                else:
+                    print(f"| {r['case']} | | | | | {r['verdict']}: {r['why']} |", flush=True)
     except ABError as error:
         print(f"kernel_ab: {error}", file=sys.stderr)
         return 2

@@ -211,12 +211,12 @@ def test_a_dangling_symlink_or_unwritable_out_is_refused_before_any_work(tmp_pat
     cases = write_cases(tmp_path / "tiny.toml", {"name": "tiny"})
     link = tmp_path / "out"
     link.symlink_to(tmp_path / "nowhere")
-    from harness.execute import plan
+    from harness.execute import local
 
     def no_run(*args, **kwargs):
         raise AssertionError("a case ran")
 
-    monkeypatch.setattr(plan, "run_cases", no_run)
+    monkeypatch.setattr(local, "run_cases", no_run)
     assert _run(link, cases, "--no-timing") == 2
     assert f"{link}: is a symbolic link" in capsys.readouterr().err
     assert not (tmp_path / "out.journal.jsonl").exists()

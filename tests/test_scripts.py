@@ -9,6 +9,7 @@ import sys
 from pathlib import Path
 
 import pandas as pd
+import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 COMMITTED_RUN = ROOT / "gpu_results" / "2026-11-30-h200-honest"
@@ -189,6 +190,26 @@ def test_kernel_ab_exits_2_on_a_base_it_cannot_read_and_leaves_no_module_behind(
     done = run_script("scripts/kernel_ab.py", "--dry", "--base", "no-such-revision")
     assert done.returncode == 2 and "git show no-such-revision" in done.stderr
     assert not list((ROOT / "kernels").glob("_ab_*.py"))
+
+
+def test_kernel_ab_runs_a_base_from_before_kernels_common_was_split(tmp_path):
+    """A base whose kernel imports ``._common`` gets its helpers from contract.py, tiling.py and fp8.py."""
+    import kernels
+    from scripts.kernel_ab import MIN_ROUNDS, dry_case, kernel_modules, remove_modules, time_case
+
+    git = ["git", "log", "-1", "--format=%H", "--diff-filter=D", "--", "kernels/_common.py"]
+    split = subprocess.run(git, cwd=ROOT, capture_output=True, text=True).stdout.strip()
+    if not split or subprocess.run(["git", "rev-parse", "-q", "--verify", f"{split}~1"], cwd=ROOT).returncode:
+        pytest.skip("no commit with kernels/_common.py in this clone's history")
+    saved = kernels.paged_attention_triton
+    try:
+        modules = kernel_modules(f"{split}~1", tmp_path)
+        record = time_case(dry_case(), modules, "cpu", MIN_ROUNDS, {"min_reps": 1, "max_reps": 1})
+    finally:
+        remove_modules()
+        kernels.paged_attention_triton = saved
+    assert record["verdict"] in {"slower", "faster", "same", "cannot tell"}, record
+    assert "kernels._common" not in sys.modules and not (ROOT / "kernels" / "_common.py").exists()
 
 
 def test_kernel_ab_reports_a_kernel_that_fails_as_an_error_not_a_verdict():

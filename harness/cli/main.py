@@ -278,7 +278,7 @@ def _load_plugins(plugins: list[str], isolate: str):
     and the started worker (None when nothing is isolated)."""
     worker = None
     if isolate == "all" or (plugins and isolate == "plugins"):
-        worker = Worker(tuple(plugins))
+        worker = Worker(tuple(plugins), torch.get_num_threads())  # the run's threads, as apply_threads set them
         try:
             worker.start()
         except PluginImportError as error:
@@ -621,7 +621,7 @@ def _profile(pairs, config, worker, folder: Path) -> None:
         for case, backend in pairs:
             if backend.name in config.isolated:
                 if worker is None:
-                    worker = Worker(config.plugins)
+                    worker = Worker(config.plugins, config.threads)
                 limit = case.timeout_s or config.timeout_s or DEFAULT_TIMEOUT_S
                 result = worker.profile(case, backend.name, config, folder, limit)
                 if isinstance(result, str):

@@ -1,4 +1,5 @@
-"""The ``run`` verb's scale-out options, checked before any work, and the choice of runner.
+"""The ``run`` verb's scale-out options, checked before any work, and the choice of executor
+(:class:`harness.execute.loop.Executor`): in this process, over worker processes or over Ray.
 
     --workers N|auto      shard the cases over N worker processes of this host (harness.execute.workers):
                           one per GPU (auto: every visible GPU), or N on a CPU (auto: one per core)
@@ -7,7 +8,8 @@
     --oracle-cache DIR|off  where the float64 oracle's outputs are cached (harness.run.oracle_cache);
                           off: recompute every case
 
-This module imports neither torch nor Ray: the parser stays cheap.
+``--shard I/N`` is a filter on the cases (:func:`harness.execute.shards.shard_cases`), applied
+before whichever executor runs them. This module imports no Ray.
 """
 
 from __future__ import annotations
@@ -16,15 +18,14 @@ import argparse
 import contextlib
 import os
 import threading
+import time
 
-from harness.execute.local import run_cases
-from harness.execute.ray_cluster import ray_missing, run_on_ray
+from harness.execute.local import InProcess
+from harness.execute.loop import Executor
+from harness.execute.ray_cluster import LOCAL, RayCluster, ray_missing
 from harness.execute.shards import parse_shard
-from harness.execute.workers import run_sharded
+from harness.execute.workers import ProcessPool, worker_count
 from harness.run.oracle_cache import ENV_DIR
-from harness.timing.phases import rounded, take_phases
-
-LOCAL = "local"  # --ray without an address
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -61,8 +62,8 @@ def check_arguments(args: argparse.Namespace) -> None:
     """Refuse bad scale-out options (ValueError, a message for the user); apply --oracle-cache."""
     workers = getattr(args, "workers", None)
     ray = getattr(args, "ray", None)
-    if workers is not None and workers != "auto" and (not workers.isdigit() or int(workers) < 1):
-        raise ValueError(f"--workers {workers}: give a positive integer or 'auto'")
+    if workers is not None:
+        worker_count(workers, "cpu")  # ValueError unless a positive integer or 'auto'
     if getattr(args, "shard", None) is not None:
         parse_shard(args.shard)
     if ray is not None and (why := ray_missing()):
@@ -91,28 +92,20 @@ def preload_report_modules() -> threading.Thread:
     return thread
 
 
+def executor_for(args: argparse.Namespace, worker=None) -> Executor:
+    """--ray, else --workers, else this process (``worker``: its isolation worker, which the CLI
+    started; sharded runs isolate by process already and leave it unused)."""
+    workers, ray = getattr(args, "workers", None), getattr(args, "ray", None)
+    if ray is None and workers is None:
+        return InProcess(worker)
+    preload_report_modules()
+    return RayCluster(ray, workers) if ray is not None else ProcessPool(workers)
+
+
 def run_rows(args: argparse.Namespace, cases, config, on_row, done, worker=None) -> dict:
-    """Run the cases in this process, over local workers (--workers) or over Ray (--ray).
-
-    ``worker``: the isolation worker of an in-process run (harness.execute.processes); sharded runs
-    isolate by process already and leave it unused. Returns where the time went, for
-    meta.json's ``scale`` (seconds; ``wall_s`` from the first case to the last row), with
-    ``gpus``: each GPU's name and measured ceilings (empty in one process and on a CPU).
-    """
-    import time
-
-    workers = getattr(args, "workers", None)
-    ray = getattr(args, "ray", None)
+    """Run the cases through :func:`executor_for`. Returns where the time went, for meta.json's
+    ``scale`` (seconds; ``wall_s`` from the first case to the last row), with ``mode`` and
+    ``gpus``: each GPU's name and measured ceilings (empty in one process and on a CPU)."""
     started = time.perf_counter()
-    if ray is not None:
-        preload_report_modules()
-        record = {"mode": "ray", "ray": ray, "workers": workers}
-        record |= run_on_ray(cases, config, on_row, done, address=None if ray == LOCAL else ray, num_cpus=workers)
-    elif workers is not None:
-        preload_report_modules()
-        record = {"mode": "workers", **run_sharded(cases, config, on_row, done, workers=workers).timings()}
-    else:
-        take_phases()
-        run_cases(cases, config, on_row=on_row, done=done, worker=worker)  # isolated backends' phases included
-        record = {"mode": "one process", "gpus": [], "phase_s": rounded(take_phases())}
+    record = executor_for(args, worker).run(cases, config, on_row, done)
     return {**record, "wall_s": round(time.perf_counter() - started, 3)}

@@ -1,30 +1,29 @@
-"""A run's cases as Ray tasks: one task per case, on any number of hosts.
+"""The Ray executor: a run's cases as Ray tasks, one task per case, on any number of hosts.
 
 ``harness run --ray [ADDRESS]`` connects to the Ray cluster at ADDRESS (``ray://host:10001``
 or ``auto``; no ADDRESS: a local Ray started for the run, ``--workers N`` CPUs of it) and
-submits one task per case, longest first (:func:`harness.execute.workers.case_cost`). A task
-builds the case's inputs and float64 oracle (through the oracle cache, whose folder the
-driver's ``--oracle-cache``/``$HARNESS_ORACLE_CACHE`` names on every node), runs
-:func:`harness.run.runner.run_backend` for each backend and streams its events to the driver
-as it goes (a generator task: the device it runs on, ``start`` of each backend, each row;
-:func:`case_task`). Rows carry ``host``, ``gpu_index`` (Ray's GPU id, "" without one),
-``worker`` (Ray's worker id, shortened) and, on CUDA, ``gpu_name``. The driver hands every
-row to ``on_row`` (the journal) as it arrives; ``cmd_run`` writes the one run folder.
+submits one task per case, longest first (:func:`harness.timing.metrics.case_cost`). A task
+runs the case through the one per-case loop (:func:`harness.execute.loop.case_events`: inputs
+and float64 oracle built once, through the oracle cache, whose folder the driver's
+``--oracle-cache``/``$HARNESS_ORACLE_CACHE`` names on every node, then each backend) and streams
+its events to the driver as it goes (a generator task: the device it runs on, ``start`` of
+each backend, each row; :func:`case_task`). Rows carry ``host``, ``gpu_index`` (Ray's GPU id, ""
+without one), ``worker`` (Ray's worker id, shortened) and, on CUDA, ``gpu_name``. The driver
+hands every row to ``on_row`` (the journal) as it arrives; ``cmd_run`` writes the one run folder.
 
 * **Resources.** On CUDA each task asks for ``num_gpus=1`` (Ray sets its
   ``CUDA_VISIBLE_DEVICES``); otherwise ``num_cpus=1``. Ray gives each GPU task a fresh
   process, so a GPU's ceilings are measured by its first task and left for the next ones in
   a folder of the node (:func:`harness.timing.ceilings.own_device`); its rows are judged against them.
-* **Time limit.** A backend running past its limit (``case.timeout_s``, ``--timeout``, else
-  the row's expected cost: :func:`harness.execute.processes.row_limit`), counted on the
-  driver's clock from the ``start`` the task streamed (a task still queued is not running late), has its task cancelled (Ray kills the worker) and is
-  an ``error`` row at once; the case's backends that had not run go out in a new task.
-* **Failures.** A task whose worker process dies (killed, out of memory, a lost node) keeps
-  the rows it streamed; the backend it was running is blamed (every remaining one if it
-  died building the inputs/oracle) and the case's remaining backends go out in a new task
-  (Ray's own retries are off: the driver knows which backend was running); a backend
-  blamed twice is an ``error`` row with Ray's reason. A backend that raises is an
-  ``error`` row inside the task, as in every run. Ctrl-C cancels every pending task.
+* **Limits and failures** are the shared :class:`harness.execute.loop.Tracker`'s: a backend
+  running past its limit, counted on the driver's clock from the ``start`` the task streamed
+  (a task still queued is not running late), has its task cancelled (Ray kills the worker) and is
+  an ``error`` row at once. It is not marked hung: every case is submitted at the start, so its
+  other cases are already running or queued across the cluster, each under its own limit. A task
+  whose worker dies keeps the rows it streamed and the backend it was running is blamed (every
+  remaining one while building the inputs/oracle), retried once in a new task (Ray's own retries
+  are off: the driver knows which backend was running), then an ``error`` row with Ray's reason.
+  The case's backends that had not run go out in a new task. Ctrl-C cancels every pending task.
 * **Code on the nodes.** Every node needs this package and the plugins importable (the
   same install, or a ``runtime_env``); plugin paths are resolved on the node.
 
@@ -38,23 +37,24 @@ import dataclasses
 import os
 import shutil
 import socket
+import sys
 import tempfile
 import time
 import uuid
-from collections.abc import Callable, Collection, Iterator
-from dataclasses import dataclass, field
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from pathlib import Path
 
-from harness.backends.builtin import REGISTRY
-from harness.execute.processes import row_limit
-from harness.execute.workers import CONTEXT, case_events, worker_setup
+from harness.cases.spec import Case
+from harness.execute.loop import Contexts, Task, Tracker, timed_case
+from harness.execute.processes import worker_setup
 from harness.run.oracle_cache import ENV_DIR
-from harness.run.runner import row_without_call
-from harness.timing.ceilings import SHARE_ENV, GpuLedger
+from harness.run.runner import RunConfig
+from harness.timing.ceilings import SHARE_ENV
 from harness.timing.metrics import case_cost
-from harness.timing.phases import add_phases, rounded, take_phases
 
 RETRIES = 1
+LOCAL = "local"  # --ray without an address: a local Ray started for the run
 
 
 def ray_missing() -> str | None:
@@ -71,148 +71,106 @@ def ray_missing() -> str | None:
 
 def case_task(case, names: list[str], config, plugins: tuple[str, ...]) -> Iterator[tuple]:
     """The body of a Ray task, a generator (Ray streams each item to the driver as it is made):
-    ``("device", report, labels)``, then :func:`harness.execute.workers.case_events` (``start`` /
-    ``row``), then ``("done", busy_s, phases)`` (:mod:`harness.timing.phases`). Plain Python: testable without Ray."""
-    config, device = worker_setup(config, plugins, config.threads)
+    ``("device", report, labels)``, then :func:`harness.execute.loop.timed_case` (``start`` /
+    ``row`` / ``done``). Plain Python: testable without Ray."""
+    device = worker_setup(plugins, config.threads, config)
+    if device["ceilings"]:
+        config = dataclasses.replace(config, ceilings=device["ceilings"])
     labels = _labels()
     yield "device", device, labels
-    started = time.perf_counter()
-    take_phases()
-    yield from case_events(case, names, config, labels)
-    yield "done", time.perf_counter() - started, take_phases()
-
-
-@dataclass
-class _Task:
-    """A submitted case: the backends still without a row, and the one running (driver's clock)."""
-
-    case: object
-    names: list[str]
-    deaths: dict[str, int] = field(default_factory=dict)  # per backend, carried to the task that retries it
-    labels: dict = field(default_factory=lambda: {"host": "", "gpu_index": ""})
-    running: str | None = None
-    since: float = 0.0
+    yield from timed_case(case, names, config, Contexts(), labels)
 
 
 def _labels() -> dict:
-    gpu = ""
-    try:
-        import ray
-
-        ids = ray.get_gpu_ids()
-        gpu = ",".join(str(i) for i in ids)
+    """Where a task runs: host, Ray's GPU ids and worker id (outside Ray, a direct call: this process's pid)."""
+    ray = sys.modules.get("ray")  # imported in every Ray worker; asking Ray outside one would start a local Ray
+    gpu, worker = "", str(os.getpid())
+    if ray is not None and ray.is_initialized():
+        gpu = ",".join(str(i) for i in ray.get_gpu_ids())
         worker = ray.get_runtime_context().get_worker_id()[:12]
-    except Exception:  # outside a Ray worker (a direct call)
-        worker = str(os.getpid())
     return {"host": socket.gethostname(), "gpu_index": gpu, "worker": worker}
 
 
-def run_on_ray(
-    cases,
-    config,
-    on_row: Callable[[dict], None],
-    done: Collection[tuple[str, str]] = (),
-    address: str | None = None,
-    num_cpus: str | int | None = None,
-) -> dict:
-    """Every (case, backend) pair not in ``done`` as Ray tasks; rows to ``on_row``.
+@dataclass
+class RayCluster:
+    """The ``--ray [ADDRESS]`` executor (:class:`harness.execute.loop.Executor`): ``address`` is
+    :data:`LOCAL` for a local Ray of ``workers`` CPUs."""
 
-    Returns what meta.json's ``scale`` keeps: ``init_s`` (connect or start Ray), ``tasks``,
-    ``wall_s`` (first submit to last row), ``case_busy_s`` (the tasks' own time), ``gpus``
-    (each GPU's name and ceilings, :class:`harness.timing.ceilings.GpuLedger`).
-    """
-    import ray
+    address: str = LOCAL
+    workers: str | None = None
 
-    started = time.perf_counter()
-    owns = not ray.is_initialized()
-    if owns:
-        env = {key: os.environ[key] for key in (ENV_DIR, "TRITON_INTERPRET") if key in os.environ}
-        env[SHARE_ENV] = str(Path(tempfile.gettempdir()) / f"harness-ceilings-{uuid.uuid4().hex[:12]}")  # per node
-        kwargs = {"runtime_env": {"env_vars": env}, "include_dashboard": False, "log_to_driver": False}
-        if address is None:
-            if num_cpus not in (None, "auto"):
-                kwargs["num_cpus"] = int(num_cpus)
-            ray.init(**kwargs)
-        else:
-            ray.init(address=address, **kwargs)
-    init_s = time.perf_counter() - started
-    resources = {"num_gpus": 1} if config.device.startswith("cuda") else {"num_cpus": 1}
-    remote = ray.remote(max_retries=0, **resources)(case_task)  # a death is retried here, knowing who died
-    shipped = dataclasses.replace(config, backends=[], progress=False, isolated=frozenset())
-    plugins = tuple(config.plugins)
-    ledger, busy, live, phases = GpuLedger(), [], {}, {}
-    tasks = 0
+    def run(self, cases: list[Case], config: RunConfig, on_row: Callable[[dict], None], done) -> dict:
+        """Every (case, backend) pair not in ``done`` as Ray tasks; rows to ``on_row``. Returns what
+        meta.json's ``scale`` keeps: ``init_s`` (connect or start Ray), ``tasks``, the cases' own time
+        by phase and each GPU (:meth:`harness.execute.loop.Tracker.timings`)."""
+        import ray
 
-    def submit(case, names: list[str], deaths: dict | None = None) -> None:
-        nonlocal tasks
-        live[remote.remote(case, names, shipped, plugins)] = _Task(case, list(names), dict(deaths or {}))
-        tasks += 1
-
-    def error_rows(task: _Task, names: list[str], why: str) -> None:
-        for name in names:
-            task.names.remove(name)
-            on_row(ledger.apply({**row_without_call(task.case, REGISTRY[name], config, "error", why), **task.labels}))
-
-    submitted = time.perf_counter()
-    done = set(done)
-    for case in sorted(cases, key=case_cost, reverse=True):
-        if names := [b.name for b in config.backends if (case.id, b.name) not in done]:
-            submit(case, names)
-    try:
-        while live:
-            ready, _ = ray.wait(list(live), num_returns=1, timeout=0.5)
-            for stream in ready:
-                task = live[stream]
-                try:
-                    event = ray.get(next(stream))
-                except StopIteration:
-                    del live[stream]
-                    continue
-                except Exception as error:  # the task's worker died, or Ray failed it
-                    del live[stream]
-                    _failed(task, error, submit, error_rows)
-                    continue
-                if event[0] == "device":
-                    _, report, task.labels = event
-                    ledger.add(task.labels["host"], task.labels["gpu_index"], task.labels["worker"], report)
-                elif event[0] == "start":
-                    task.running, task.since = event[1], time.monotonic()
-                elif event[0] == "row":
-                    task.names.remove(event[1]["backend"])
-                    task.running = None
-                    on_row(ledger.apply(event[1]))
-                elif event[0] == "done":
-                    busy.append(event[1])
-                    phases = add_phases(phases, event[2])
-            now = time.monotonic()
-            for stream, task in list(live.items()):
-                limit = row_limit(task.case, config)
-                if task.running not in (None, CONTEXT) and now - task.since > limit:
-                    ray.cancel(stream, force=True)  # kills the task's worker process
-                    del live[stream]
-                    error_rows(task, [task.running], f"timed out after {limit:g} s (the Ray task was cancelled)")
-                    if task.names:
-                        submit(task.case, task.names, task.deaths)
-    finally:
-        for stream in live:
-            ray.cancel(stream, force=True)
+        started = time.perf_counter()
+        owns = not ray.is_initialized()
         if owns:
-            ray.shutdown()
-            shutil.rmtree(env[SHARE_ENV], ignore_errors=True)  # this host's; other nodes' are a few bytes each
-    return {"init_s": round(init_s, 3), "tasks": tasks, "wall_s": round(time.perf_counter() - submitted, 3),
-            "case_busy_s": round(sum(busy), 3), "phase_s": rounded(phases), "gpus": ledger.to_meta()}  # fmt: skip
+            env = {key: os.environ[key] for key in (ENV_DIR, "TRITON_INTERPRET") if key in os.environ}
+            env[SHARE_ENV] = str(Path(tempfile.gettempdir()) / f"harness-ceilings-{uuid.uuid4().hex[:12]}")  # per node
+            kwargs = {"runtime_env": {"env_vars": env}, "include_dashboard": False, "log_to_driver": False}
+            if self.address != LOCAL:
+                ray.init(address=self.address, **kwargs)
+            else:
+                ray.init(**kwargs, **({} if self.workers in (None, "auto") else {"num_cpus": int(self.workers)}))
+        init_s = time.perf_counter() - started
+        resources = {"num_gpus": 1} if config.device.startswith("cuda") else {"num_cpus": 1}
+        remote = ray.remote(max_retries=0, **resources)(case_task)  # a death is retried here, knowing who died
+        shipped = dataclasses.replace(config, backends=[], progress=False, isolated=frozenset(), logs=None)
+        tracker = Tracker(config, on_row, RETRIES, tried="in {} tasks", hangs=False)
+        live: dict = {}
+        tasks = 0
 
+        def submit(task: Task) -> None:
+            nonlocal tasks
+            tracker.skip_hung(task)
+            if task.names:
+                task = Task(task.case, list(task.names), task.deaths, labels={"host": "", "gpu_index": ""})
+                live[remote.remote(task.case, task.names, shipped, tuple(config.plugins))] = task
+                tasks += 1
 
-def _failed(task: _Task, error: Exception, submit, error_rows) -> None:
-    """The task's worker died (or Ray failed the task): the rows it streamed are kept; the
-    backend it was running (every remaining one, if it died building the inputs/oracle) is
-    blamed; a backend blamed a second time is an ``error`` row; the rest go out again."""
-    blamed = [task.running] if task.running not in (None, CONTEXT) else list(task.names)
-    what = "running this backend" if task.running not in (None, CONTEXT) else f"{CONTEXT} (or between calls)"
-    why = f"{type(error).__name__}: {str(error).splitlines()[0][:300]}"
-    for name in blamed:
-        task.deaths[name] = task.deaths.get(name, 0) + 1
-    dead = [name for name in blamed if task.deaths[name] > RETRIES]
-    error_rows(task, dead, f"the Ray task failed while {what}, in {RETRIES + 1} tasks (retried {RETRIES}x): {why}")
-    if task.names:
-        submit(task.case, task.names, task.deaths)
+        def stop(stream) -> None:
+            ray.cancel(stream, force=True)  # kills the task's worker process
+            del live[stream]
+
+        for case in sorted(cases, key=case_cost, reverse=True):
+            submit(Task(case, [b.name for b in config.backends if (case.id, b.name) not in done]))
+        try:
+            while live:
+                ready, _ = ray.wait(list(live), num_returns=1, timeout=0.5)
+                for stream in ready:
+                    task = live[stream]
+                    try:
+                        event = ray.get(next(stream))
+                    except StopIteration:
+                        del live[stream]
+                        continue
+                    except Exception as error:  # the task's worker died, or Ray failed it
+                        del live[stream]
+                        tracker.died(task, f"the Ray task failed ({type(error).__name__}: "
+                                           f"{str(error).splitlines()[0][:300]})")  # fmt: skip
+                        submit(task)
+                        continue
+                    if event[0] == "device":
+                        _, report, task.labels = event
+                        tracker.ledger.add(task.labels["host"], task.labels["gpu_index"], task.labels["worker"], report)
+                    elif not tracker.event(task, event):  # it started a backend hung meanwhile
+                        stop(stream)
+                        tracker.abandon(task)
+                        submit(task)
+                now = time.monotonic()
+                for stream, task in list(live.items()):
+                    if limit := tracker.overdue(task, now):
+                        stop(stream)
+                        tracker.timed_out(task, limit, "the Ray task was cancelled")
+                        submit(task)
+        finally:
+            for stream in live:
+                ray.cancel(stream, force=True)
+            if owns:
+                ray.shutdown()
+                shutil.rmtree(env[SHARE_ENV], ignore_errors=True)  # this host's; other nodes' are a few bytes each
+        return {"mode": "ray", "ray": self.address, "workers": self.workers, "init_s": round(init_s, 3),
+                "tasks": tasks, **tracker.timings()}  # fmt: skip

@@ -3,7 +3,7 @@
 
 Sharding is deterministic from the case files alone, so every host computes the same split
 without talking to the others: the expanded cases are ordered by estimated cost, largest first
-(:func:`harness.execute.workers.case_cost`; ties by case id), and dealt round robin, case ``k`` to shard
+(:func:`harness.timing.metrics.case_cost`; ties by case id), and dealt round robin, case ``k`` to shard
 ``k % N``. Every shard so gets a similar mix of large and small cases.
 
 Merging refuses what would make the joined run a guess (:class:`MergeError`, naming the run

@@ -5,9 +5,10 @@
   workers than GPUs) through its execnet spec's ``env``; execnet sets it in the new
   interpreter before pytest, torch or the conftest are imported, so torch sees one GPU. A
   spec that already names ``env:CUDA_VISIBLE_DEVICES`` keeps it; without GPUs nothing is set.
-* **Rows.** With ``--harness-report DIR``, the controller makes a temporary folder and
-  hands its path to every worker (``pytest_configure_node``). Each worker, at its session
-  end, writes its rows (with ``host``, ``gpu_index``, ``worker`` = ``gwI``, on CUDA ``gpu_name``) to
+* **Rows.** Each test's row comes from the one per-case loop every executor runs
+  (:func:`harness.execute.loop.case_events`, through ``HarnessSession.run``). With
+  ``--harness-report DIR``, the controller makes a temporary folder and hands its path to
+  every worker (``pytest_configure_node``). Each worker, at its session end, writes its rows (with ``host``, ``gpu_index``, ``worker`` = ``gwI``, on CUDA ``gpu_name``) to
   ``<folder>/<gwI>.pkl`` (temp file + rename), and writes no run folder. The controller's
   session end (after every worker has finished) reads them all, puts them in the test
   order (cases, then backends) and writes the one run folder (meta.json's ``gpus`` lists the

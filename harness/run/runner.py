@@ -45,7 +45,7 @@ class RunConfig:
     isolated: frozenset[str] = frozenset()  # backends run in a worker process (harness.execute.processes)
     plugins: tuple[str, ...] = ()  # plugin modules the worker imports
     timeout_s: float | None = None  # per isolated call; a case's timeout_s wins; None: the default
-    # (staging folder, final folder) of each plugin row's stdout/stderr (harness.execute.processes.row_log); None: not kept
+    # (staging folder, final folder) of each plugin row's stdout/stderr (harness.execute.output.row_log); None: not kept
     logs: tuple[str, str] | None = None
 
 
