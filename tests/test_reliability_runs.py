@@ -412,12 +412,14 @@ def test_the_users_ctrl_c_stops_a_run_inside_a_hanging_call_and_keeps_the_journa
 
 
 def test_isolate_all_runs_the_built_ins_in_the_worker_too(setup, capsys, monkeypatch):
-    from harness.run import runner
+    from harness.execute import loop
 
     def no_local_context(*args, **kwargs):
         raise AssertionError("a built-in ran in-process under --isolate all")
 
-    monkeypatch.setattr(runner, "build_context", no_local_context)  # the worker imports its own copy
+    # The per-case loop's own name (a spawned worker imports its own, unpatched copy): an in-process
+    # row would be an error row "building inputs/oracle: AssertionError ...".
+    monkeypatch.setattr(loop, "build_context", no_local_context)
     out = setup / "run"
     assert main(["run", str(setup / "cases.toml"), "--out", str(out), "--no-timing", "--no-progress",
                  "--isolate", "all", *backends("tlsim", "reference")]) == 0  # fmt: skip
