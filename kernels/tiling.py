@@ -82,6 +82,9 @@ class Tiling:
     NUM_WARPS: int = 4  # launch settings (no effect on numerics)
     NUM_STAGES: int = 3
     TUNING_KEY: tuple[str, int, str] = ("half", 0, "")  # the kernels.tuning key the config came from
+    # An fp8 cache under fp16 / bf16 q in a decode launch: the dots run in fp16 (bf16 q scaled into
+    # fp16, p rounded to fp16; kernels.triton_paged._q_to_fp16, V_PAIRS). Other launches keep q's dtype.
+    FP8_DOTS_FP16: bool = False
 
 
 # Programs the split aims for: two waves of an H100/H200's 132 SMs. A constant, not the
@@ -161,6 +164,7 @@ def choose_tiling(
         NUM_WARPS=config.num_warps or (4 if block_m * head_dim_padded <= 64 * 128 else 8),
         NUM_STAGES=config.num_stages,
         TUNING_KEY=(precision, head_dim_padded, q_class),
+        FP8_DOTS_FP16=kv_fp8 and not fp32 and q_class in ("decode", "decode_split"),
     )
 
 

@@ -109,6 +109,9 @@ def paged_attention_tlsim(
     acc_all = torch.zeros((num_splits, *state_shape, call.head_dim_v), device=device)
     sinks_u, slopes_u = variant_vectors(call)
     k_scale = None if call.k_scale is None else call.k_scale.view(1, num_kv_heads, 1, 1)  # per KV head
+    # A decode over an fp8 cache under bf16 q runs its dots in fp16 (Tiling.FP8_DOTS_FP16): p is rounded
+    # to fp16 before p @ v; q . k keeps its value (kernels.triton_paged._q_to_fp16 undoes q's scaling exactly).
+    dot_dtype = torch.float16 if tiling.FP8_DOTS_FP16 else q.dtype
     if slopes_u is not None:  # [S, Hkv, M, 1], row order as q_rows
         slopes_u = slopes_u.view(1, num_kv_heads, 1, group).expand(1, num_kv_heads, longest_q, group)
         slopes_u = slopes_u.reshape(1, num_kv_heads, num_rows, 1)
@@ -139,10 +142,10 @@ def paged_attention_tlsim(
         bad = k_valid & ((column >= max_blocks)[None, :] | (blocks < 0) | (blocks >= num_blocks))  # [S, N]
         blocks = torch.where(k_valid & ~bad, blocks, 0)
         slots = (k_pos % block_size).expand(num_seqs, -1)
-        # An fp8 pool is widened to q's dtype unscaled (exact), as the kernel does: k_scale then
+        # An fp8 pool is widened to the dots' dtype unscaled (exact), as the kernel does: k_scale then
         # multiplies the logits and v_scale the accumulator (kernels.triton_paged._widen_fp8).
-        k = torch.where(k_valid[..., None, None], k_cache[blocks, slots].to(q.dtype), 0)
-        v = torch.where(k_valid[..., None, None], v_cache[blocks, slots].to(q.dtype), 0)
+        k = torch.where(k_valid[..., None, None], k_cache[blocks, slots].to(dot_dtype), 0)
+        v = torch.where(k_valid[..., None, None], v_cache[blocks, slots].to(dot_dtype), 0)
         k = k.permute(0, 2, 1, 3).float()  # [S, Hkv, N, D]
         v = v.permute(0, 2, 1, 3)
 

@@ -45,8 +45,13 @@ The idea, in a few lines:
   the splits share the window's work rather than all but the last walking nothing.
 * More of the contract (docs/contract.md): ``return_lse`` stores ln 2 * (m * scale * log2 e +
   log2 l) per row in the epilogue or the combine; an fp8 cache (KV_FP8) is dequantized tile
-  by tile: each element widened to q's dtype unscaled (exact), k_scale applied to the logits and
-  v_scale to the accumulator (``_widen_fp8``); V's head dim may
+  by tile: each element widened to the dots' dtype unscaled (exact), k_scale applied to the logits
+  and v_scale to the accumulator (``_widen_fp8``). A decode launch runs those dots in fp16 under
+  bf16 q too (FP16_DOTS: q scaled into fp16 exactly, ``_q_to_fp16``; p rounded to fp16) and reads
+  V as uint16 pairs of dims (V_PAIRS, ``_attend_tiles``): 0.59x the bf16 twin's time on 8B decodes
+  of 32 x 16k, 64 x 8k and 8 x 32k keys (gpu_results/2026-12-01-h200-fp8-round2), against 1.04x
+  with bf16 dots (fp8 -> bf16 goes through fp32 on sm_90) and V read from shared memory a byte at
+  a time. Prefill and verification keep q's dtype (the fp16 path was slower there). V's head dim may
   differ from K's (MLA: HEAD_DIM_V), and K past 256 columns is loaded in two power-of-two
   pieces (DIM_MAIN + DIM_TAIL: 576 = 512 + 64) whose dots add into the same logits, with a
   large group's heads tiled 16 a program (HEADS_PER_PROGRAM, HEAD_TILES).
@@ -103,20 +108,69 @@ def _softcap(s, cap_unscaled, inv_cap_unscaled):
 
 
 @triton.jit
-def _widen_fp8(x, out_dtype: tl.constexpr, INTERPRETED_BF16: tl.constexpr):
-    """An fp8 tile in q's dtype for the dot, unscaled: exact (e4m3 and e5m2 values are all fp16
-    and bf16 values). The scales are applied outside the dots (FlashInfer's way): k_scale to
-    the logits, v_scale to the program's acc, so the kernel makes no rounding the oracle of the
-    dequantized cache does not (rounding ``x.float() * scale`` to q's dtype per element, as
-    vLLM's Triton kernels do, puts fp16 at 0.76 of its tolerance; this way 0.30). Speed, H200,
-    fp8 decode over its bf16 twin (llama3_8b_decode_fp8): per-element rounding 1.28x; a direct
-    fp8 -> bf16 conversion 1.58x (Triton 3.6 lowers it slowly); through fp32, as here, 1.32x
-    (gpu_results/2026-11-30-h200-x2-reruns-plans-variants; later 1.23x, gpu_results/2026-12-01-h200-fp8-decode).
-    The fp8 decode stays slower than bf16: the conversion sits between the loads and the dot.
-    Under the interpreter bf16 operands are fp32 (exact as well)."""
+def _widen_fp8(x, out_dtype: tl.constexpr, INTERPRETED_BF16: tl.constexpr, DIRECT_FP16: tl.constexpr):
+    """An fp8 tile in the dots' dtype, unscaled: exact (e4m3 and e5m2 values are all fp16 and bf16
+    values). The scales are applied outside the dots (FlashInfer's way): k_scale to the logits,
+    v_scale to the program's acc, so the kernel makes no rounding the oracle of the dequantized
+    cache does not (rounding ``x.float() * scale`` to q's dtype per element, as vLLM's Triton
+    kernels do, puts fp16 at 0.76 of its tolerance; this way 0.30).
+
+    DIRECT_FP16 (the decode launches, Tiling.FP8_DOTS_FP16): fp8 -> fp16 in one native conversion
+    (two values an instruction on sm_89 and later). Otherwise through fp32, the chain the other
+    launches have always compiled to (Triton 3.6 has no direct fp8 -> bf16 conversion on sm_90: it
+    goes through fp32 either way). Under the interpreter bf16 operands are fp32 (exact as well)."""
     if INTERPRETED_BF16:
         return x.to(tl.float32)
-    return x.to(tl.float32).to(out_dtype)  # through fp32: the conversion chain the per-element rounding used
+    if DIRECT_FP16 and out_dtype == tl.float16:
+        return x.to(tl.float16)
+    return x.to(tl.float32).to(out_dtype)
+
+
+@triton.jit
+def _split_pairs(pair, fp8: tl.constexpr, INTERPRETED: tl.constexpr):
+    """uint16 elements holding two fp8 values (low byte, high byte) -> the two as fp16 tensors: exact.
+
+    On the GPU one PTX block takes a 32-bit register of two such elements (two keys of one pair of
+    dims, as the dot's operand layout holds them) and makes the even dims' f16x2 and the odd dims'
+    with a byte permute and the native fp8x2 -> f16x2 conversion each: 4 instructions for 4 values,
+    where the same in Triton's integer ops compiles to about 3 times as many."""
+    if INTERPRETED:
+        return ((pair & 0xFF).to(tl.uint8).to(fp8, bitcast=True).to(tl.float16),
+                (pair >> 8).to(tl.uint8).to(fp8, bitcast=True).to(tl.float16))  # fmt: skip
+    if fp8 == tl.float8e5:
+        return tl.inline_asm_elementwise(
+            """{ .reg .b32 t; .reg .b16 lo, hi;
+            prmt.b32 t, $2, 0, 0x0020; mov.b32 {lo, hi}, t; cvt.rn.f16x2.e5m2x2 $0, lo;
+            prmt.b32 t, $2, 0, 0x0031; mov.b32 {lo, hi}, t; cvt.rn.f16x2.e5m2x2 $1, lo; }""",
+            "=r,=r,r", [pair], dtype=(tl.float16, tl.float16), is_pure=True, pack=2)  # fmt: skip
+    return tl.inline_asm_elementwise(
+        """{ .reg .b32 t; .reg .b16 lo, hi;
+        prmt.b32 t, $2, 0, 0x0020; mov.b32 {lo, hi}, t; cvt.rn.f16x2.e4m3x2 $0, lo;
+        prmt.b32 t, $2, 0, 0x0031; mov.b32 {lo, hi}, t; cvt.rn.f16x2.e4m3x2 $1, lo; }""",
+        "=r,=r,r", [pair], dtype=(tl.float16, tl.float16), is_pure=True, pack=2)  # fmt: skip
+
+
+@triton.jit
+def _q_to_fp16(q, q_tail, DIM_TAIL: tl.constexpr):
+    """bf16 q [BLOCK_M, DIM_MAIN] (and q_tail) as fp16 for dots with an fp16-widened fp8 cache:
+    each row times a power of two 2^j that puts its largest |element| in [2^14, 2^15).
+
+    Returns (q16, q_tail16, unscale [BLOCK_M] = 2^-j). Exact for every element at least 2^-31 of
+    its row's largest (fp16's 11-bit significand holds bf16's 8 and its normal range spans 2^30
+    below 2^15); smaller ones round on fp16's subnormal grid, at most 2^-39 of the row's largest:
+    2^-15 of the fp32 rounding the dot makes anyway. So q . k is the bf16 dot's value times 2^j,
+    and ``s * unscale`` gives it back exactly. j is clamped to [-126, 126] so that 2^j and 2^-j
+    are normal fp32 (it leaves rows under 2^-112 less headroom, none their exactness)."""
+    amax = tl.max(tl.abs(q.to(tl.float32)), 1)
+    if DIM_TAIL > 0:
+        amax = tl.maximum(amax, tl.max(tl.abs(q_tail.to(tl.float32)), 1))
+    biased_exponent = (amax.to(tl.int32, bitcast=True) >> 23) & 0xFF  # 0 for a zero row
+    j = tl.minimum(tl.maximum(141 - biased_exponent, -126), 126)  # 141 = 127 + 14
+    up = ((j + 127) << 23).to(tl.float32, bitcast=True)
+    unscale = ((127 - j) << 23).to(tl.float32, bitcast=True)
+    q16 = (q.to(tl.float32) * up[:, None]).to(tl.float16)
+    q_tail16 = (q_tail.to(tl.float32) * up[:, None]).to(tl.float16)
+    return q16, q_tail16, unscale
 
 
 @triton.jit
@@ -171,6 +225,7 @@ def _attend_tiles(
     q, q_tail, m_i, l_i, acc,  # q [BLOCK_M, DIM_MAIN] (+ q_tail [BLOCK_M, DIM_TAIL]); the running state
     start, end,  # KV positions [start, end), TILE_N at a time
     seq, seq_len, q_pos, kv_head, dims, dim_valid, tail_dims, tail_valid, v_dims, v_dim_valid, slope, k_scale, v_scale,
+    q_unscale,  # [BLOCK_M]: 2^-j of _q_to_fp16 (read when FP16_DOTS)
     q_ptr, k_cache_ptr, v_cache_ptr, block_table_ptr, qk_scale_log2, sliding_window, cap_unscaled, inv_cap_unscaled,
     num_blocks, max_blocks_per_seq,
     stride_k_block, stride_k_slot, stride_k_head, stride_v_block, stride_v_slot, stride_v_head, stride_bt_seq,
@@ -178,10 +233,26 @@ def _attend_tiles(
     INTERPRETED_BF16: tl.constexpr,
     MASKED: tl.constexpr,  # False: every key of the range is visible to every row (no causal or length mask)
     USE_WINDOW: tl.constexpr, USE_SOFTCAP: tl.constexpr, USE_ALIBI: tl.constexpr, KV_FP8: tl.constexpr,
+    FP16_DOTS: tl.constexpr,  # bf16 q, fp8 cache: q, K, V and p in fp16 for the dots (_q_to_fp16)
+    V_PAIRS: tl.constexpr,  # an fp8 V read as uint16 pairs of dims, two dots (see below)
+    HEAD_DIM_V: tl.constexpr,
+    INTERPRETED: tl.constexpr,  # the CPU interpreter (no inline PTX)
 ):  # fmt: skip
     """The online softmax over KV positions [start, end) of one program; returns (m, l, acc)
     [BLOCK_M], [BLOCK_M], [BLOCK_M, HEAD_DIM_V_PADDED]. The kernel calls it twice: unmasked
-    over the tiles every row sees whole, masked over the rest."""
+    over the tiles every row sees whole, masked over the rest.
+
+    V_PAIRS: p @ v contracts over keys, but a key's dims are what lie side by side in memory, and an
+    8-bit operand cannot be transposed by ldmatrix, so an fp8 V tile taken as it is comes out of
+    shared memory a byte at a time. Read as uint16 instead, element (key, c) holds dims 2c (low
+    byte) and 2c + 1 of the key and transposes as 16-bit data; the bytes are split, widened to fp16
+    (exact) and dotted separately: acc's even and odd dims, the same sums as one dot over all dims."""
+    BLOCK_M: tl.constexpr = acc.shape[0]
+    HALF_DV: tl.constexpr = acc.shape[1] // 2
+    acc_even, acc_odd = acc, acc  # unread unless V_PAIRS
+    pairs = tl.arange(0, HALF_DV)
+    if V_PAIRS:
+        acc_even, acc_odd = tl.split(tl.reshape(acc, [BLOCK_M, HALF_DV, 2]))
     for tile_start in range(start, end, TILE_N):
         k_pos = tile_start + tl.arange(0, TILE_N)
         k_valid = k_pos < seq_len
@@ -194,18 +265,20 @@ def _attend_tiles(
         k_offs = block[:, None] * stride_k_block + slot[:, None] * stride_k_slot + kv_head * stride_k_head
         k = tl.load(k_cache_ptr + k_offs + dims[None, :], mask=block_ok[:, None] & dim_valid[None, :], other=0.0)
         if KV_FP8:  # exact: every fp8 value is an fp16 / bf16 value; k_scale multiplies the logits below
-            k = _widen_fp8(k, q_ptr.dtype.element_ty, INTERPRETED_BF16)
-        if INTERPRETED_BF16:
+            k = _widen_fp8(k, q.dtype, INTERPRETED_BF16 and not FP16_DOTS, FP16_DOTS or V_PAIRS)
+        if INTERPRETED_BF16 and not FP16_DOTS:
             k = k.to(tl.float32)
         s = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION, out_dtype=tl.float32)  # [BLOCK_M, TILE_N]
         if DIM_TAIL > 0:
             k_tail = tl.load(k_cache_ptr + k_offs + tail_dims[None, :], mask=block_ok[:, None] & tail_valid[None, :],
                              other=0.0)  # fmt: skip
             if KV_FP8:
-                k_tail = _widen_fp8(k_tail, q_ptr.dtype.element_ty, INTERPRETED_BF16)
-            if INTERPRETED_BF16:
+                k_tail = _widen_fp8(k_tail, q.dtype, INTERPRETED_BF16 and not FP16_DOTS, FP16_DOTS or V_PAIRS)
+            if INTERPRETED_BF16 and not FP16_DOTS:
                 k_tail = k_tail.to(tl.float32)
             s += tl.dot(q_tail, tl.trans(k_tail), input_precision=DOT_PRECISION, out_dtype=tl.float32)
+        if FP16_DOTS:  # exact: q's power of two undone (the bf16 dot's value)
+            s = s * q_unscale[:, None]
         if KV_FP8:  # q . (k * k_scale) = k_scale * (q . k): one multiply per logit, not per K element
             s = s * k_scale
         if USE_SOFTCAP:  # on the logit itself, before any bias or mask
@@ -233,17 +306,29 @@ def _attend_tiles(
         l_i = l_i * alpha + tl.sum(p, 1)
 
         v_offs = block[:, None] * stride_v_block + slot[:, None] * stride_v_slot + kv_head * stride_v_head
-        v = tl.load(v_cache_ptr + v_offs + v_dims[None, :], mask=block_ok[:, None] & v_dim_valid[None, :], other=0.0)
-        if KV_FP8:  # exact, like K; v_scale multiplies the program's acc once, after the loop
-            v = _widen_fp8(v, q_ptr.dtype.element_ty, INTERPRETED_BF16)
-        if INTERPRETED_BF16:  # bf16 x bf16 products are exact in fp32: only the sum order moves
-            p = _bf16_rne(p).to(tl.float32)
-            v = v.to(tl.float32)
+        if V_PAIRS:  # V's strides come in uint16 units (the launcher halves them: all even)
+            pair = tl.load(v_cache_ptr.to(tl.pointer_type(tl.uint16)) + v_offs + pairs[None, :], mask=block_ok[:, None] & (pairs < HEAD_DIM_V // 2)[None, :],
+                           other=0)  # fmt: skip
+            v_even, v_odd = _split_pairs(pair, v_cache_ptr.dtype.element_ty, INTERPRETED)
+            p = p.to(tl.float16)
+            acc_even = acc_even * alpha[:, None] + tl.dot(p, v_even, out_dtype=tl.float32)
+            acc_odd = acc_odd * alpha[:, None] + tl.dot(p, v_odd, out_dtype=tl.float32)
         else:
-            p = p.to(v.dtype)
-        pv = tl.dot(p, v, input_precision=DOT_PRECISION, out_dtype=tl.float32)
-        acc = acc * alpha[:, None] + pv
+            v = tl.load(
+                v_cache_ptr + v_offs + v_dims[None, :], mask=block_ok[:, None] & v_dim_valid[None, :], other=0.0
+            )
+            if KV_FP8:  # exact, like K; v_scale multiplies the program's acc once, after the loop
+                v = _widen_fp8(v, q.dtype, INTERPRETED_BF16 and not FP16_DOTS, FP16_DOTS or V_PAIRS)
+            if INTERPRETED_BF16 and not FP16_DOTS:  # bf16 x bf16 products are exact in fp32: only the sum order moves
+                p = _bf16_rne(p).to(tl.float32)
+                v = v.to(tl.float32)
+            else:
+                p = p.to(v.dtype)
+            pv = tl.dot(p, v, input_precision=DOT_PRECISION, out_dtype=tl.float32)
+            acc = acc * alpha[:, None] + pv
         m_i = m_new
+    if V_PAIRS:
+        acc = tl.reshape(tl.join(acc_even, acc_odd), [BLOCK_M, 2 * HALF_DV])
     return m_i, l_i, acc
 
 
@@ -309,6 +394,9 @@ def paged_attention_kernel(
     USE_SINKS: tl.constexpr,
     RETURN_LSE: tl.constexpr,
     KV_FP8: tl.constexpr,  # fp8 pools: K = k_cache.float() * k_scale, the scales applied outside the dots
+    FP16_DOTS: tl.constexpr,  # bf16 q over an fp8 cache: the dots run in fp16 (_q_to_fp16)
+    V_PAIRS: tl.constexpr,  # an fp8 V read as uint16 pairs of dims (_attend_tiles)
+    INTERPRETED: tl.constexpr,  # the CPU interpreter
 ):
     kv_head = tl.program_id(1) // HEAD_TILES
     head_tile = tl.program_id(1) % HEAD_TILES
@@ -344,15 +432,17 @@ def paged_attention_kernel(
 
     q_offs = q_rows[:, None] * stride_q_token + head[:, None] * stride_q_head
     q = tl.load(q_ptr + q_offs + dims[None, :], mask=row_valid[:, None] & dim_valid[None, :], other=0.0)
-    if INTERPRETED_BF16:
-        q = q.to(tl.float32)
     q_tail, tail_dims, tail_valid = q, dims, dim_valid  # unread unless DIM_TAIL > 0
     if DIM_TAIL > 0:  # K's columns past DIM_MAIN (MLA's 64 rope dims), a second dot
         tail_dims = DIM_MAIN + tl.arange(0, DIM_TAIL)
         tail_valid = tail_dims < HEAD_DIM
         q_tail = tl.load(q_ptr + q_offs + tail_dims[None, :], mask=row_valid[:, None] & tail_valid[None, :], other=0.0)
-        if INTERPRETED_BF16:
-            q_tail = q_tail.to(tl.float32)
+    q_unscale = tl.full([BLOCK_M], 1.0, tl.float32)  # unread unless FP16_DOTS
+    if FP16_DOTS:
+        q, q_tail, q_unscale = _q_to_fp16(q, q_tail, DIM_TAIL)
+    elif INTERPRETED_BF16:
+        q = q.to(tl.float32)
+        q_tail = q_tail.to(tl.float32)
 
     m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)  # running max of the unscaled logits
     l_i = tl.zeros([BLOCK_M], tl.float32)
@@ -398,17 +488,19 @@ def paged_attention_kernel(
         full_end = tl.maximum(kv_start, tl.minimum(kv_end, first_visible_end))
     m_i, l_i, acc = _attend_tiles(
         q, q_tail, m_i, l_i, acc, kv_start, full_end, seq, seq_len, q_pos, kv_head, dims, dim_valid, tail_dims, tail_valid,
-        v_dims, v_dim_valid, slope, k_scale, v_scale, q_ptr, k_cache_ptr, v_cache_ptr, block_table_ptr, qk_scale_log2,
+        v_dims, v_dim_valid, slope, k_scale, v_scale, q_unscale, q_ptr, k_cache_ptr, v_cache_ptr, block_table_ptr, qk_scale_log2,
         sliding_window, cap_unscaled, inv_cap_unscaled, num_blocks, max_blocks_per_seq,
         stride_k_block, stride_k_slot, stride_k_head, stride_v_block, stride_v_slot, stride_v_head, stride_bt_seq,
         BLOCK_SIZE, TILE_N, DIM_TAIL, DOT_PRECISION, INTERPRETED_BF16, False, USE_WINDOW, USE_SOFTCAP, USE_ALIBI, KV_FP8,
+        FP16_DOTS, V_PAIRS, HEAD_DIM_V, INTERPRETED,
     )  # fmt: skip
     m_i, l_i, acc = _attend_tiles(
         q, q_tail, m_i, l_i, acc, full_end, kv_end, seq, seq_len, q_pos, kv_head, dims, dim_valid, tail_dims, tail_valid,
-        v_dims, v_dim_valid, slope, k_scale, v_scale, q_ptr, k_cache_ptr, v_cache_ptr, block_table_ptr, qk_scale_log2,
+        v_dims, v_dim_valid, slope, k_scale, v_scale, q_unscale, q_ptr, k_cache_ptr, v_cache_ptr, block_table_ptr, qk_scale_log2,
         sliding_window, cap_unscaled, inv_cap_unscaled, num_blocks, max_blocks_per_seq,
         stride_k_block, stride_k_slot, stride_k_head, stride_v_block, stride_v_slot, stride_v_head, stride_bt_seq,
         BLOCK_SIZE, TILE_N, DIM_TAIL, DOT_PRECISION, INTERPRETED_BF16, True, USE_WINDOW, USE_SOFTCAP, USE_ALIBI, KV_FP8,
+        FP16_DOTS, V_PAIRS, HEAD_DIM_V, INTERPRETED,
     )  # fmt: skip
     if KV_FP8:  # (p @ v) * v_scale, per KV head: before the split's store, so the combine needs no scale
         acc = acc * v_scale
@@ -519,8 +611,8 @@ def paged_attention_triton(
     max_q_len (decode through query_start_loc: pass 1) picks a smaller tile, max_seq_len
     the KV split; hints change speed, never the result. With return_lse the single-pass
     epilogue or the split path's combine writes lse. An fp8 cache is dequantized in the
-    kernel: widened exactly to q's dtype, k_scale applied to the logits and v_scale to the
-    accumulator (FlashInfer's way, one conversion an element; see ``_widen_fp8``).
+    kernel: widened exactly to the dots' dtype (q's, or fp16 in a decode: ``Tiling.FP8_DOTS_FP16``),
+    k_scale applied to the logits and v_scale to the accumulator (FlashInfer's way; ``_widen_fp8``).
 
     A repeated call with the same shapes, dtypes, strides, alignment and options skips the
     checks, the tiling and Triton's argument binding: its :class:`TritonPlan` is kept in an
@@ -593,10 +685,14 @@ class TritonPlan:
         heads = heads_per_program(call)
         head_tiles = cdiv(call.group_size, heads)
         dim_main, dim_tail = head_dim_pieces(call.head_dim)
+        # An fp8 V in a decode under fp16 / bf16 q is read as uint16 pairs of dims (_attend_tiles, V_PAIRS), its
+        # strides given in uint16 units; that needs them and V's head dim even.
+        v_pairs = tiling.FP8_DOTS_FP16 and call.head_dim_v % 2 == 0 and all(st % 2 == 0 for st in v_st[:3])
+        v_units = v_st[:3] if not v_pairs else tuple(st // 2 for st in v_st[:3])
         scalars = (
             qk_scale_log2, call.sliding_window or 0, cap_u, 1.0 / cap_u, num_tokens, call.num_seqs, call.num_q_heads,
             call.num_blocks, call.block_table.shape[1], tiling.SPLIT_SIZE,
-            q_st[0], q_st[1], o_st[0], o_st[1], k_st[0], k_st[1], k_st[2], v_st[0], v_st[1], v_st[2],
+            q_st[0], q_st[1], o_st[0], o_st[1], k_st[0], k_st[1], k_st[2], *v_units,
             call.block_table.stride(0),
         )  # fmt: skip
         cuda = q.device.type == "cuda"
@@ -625,6 +721,9 @@ class TritonPlan:
                 USE_SINKS=call.sinks is not None,
                 RETURN_LSE=lse is not None,
                 KV_FP8=call.kv_fp8,
+                FP16_DOTS=tiling.FP8_DOTS_FP16 and q.dtype == torch.bfloat16,
+                V_PAIRS=v_pairs,
+                INTERPRETED=not isinstance(paged_attention_kernel, triton.runtime.JITFunction),
             ),
             dict(num_warps=tiling.NUM_WARPS, num_stages=tiling.NUM_STAGES),
             cuda,

@@ -77,10 +77,17 @@ TUNED: dict[tuple[str, int, str], TileConfig] = {
     # 153.4 -> 155.7. Shorter splits keep 32: 128-key tiles cost 32 x 4k at 8q1kv (256) 34.7 -> 42.2
     # and 4 x 16k (1024) 88.4 -> 90.2.
     ("half", 128, "decode_split_long"): TileConfig(max_rows=16, max_tokens=1, tile_n=128, num_warps=4, num_stages=3),
-    # An fp8 cache's split decode: 128-key tiles. At 32 keys (the bf16 winner above) a tile of fp8 K is
-    # 4 KB and the loop's per-tile work, not the reads, set the pace: 8 seqs x 32k, bf16 q, e4m3 cache,
-    # 444 us against 296 with 128-key tiles (bf16 twin 298; gpu_results/2026-12-01-h200-fp8-decode, probe2).
-    ("half_fp8", 128, "decode_split"): TileConfig(max_rows=16, max_tokens=1, tile_n=128, num_warps=4, num_stages=3),
+    # An fp8 cache's decode: per key the loop does more than bf16's (the fp8 -> fp16 conversions), so it
+    # takes longer tiles, or a deeper pipeline where the KV is split. Unsplit: 256-key tiles, 3 stages;
+    # bf16 q, e4m3 cache, against 128-key tiles: 32 x 16k 345 -> 300 us, 64 x 8k 377 -> 305, the 64
+    # lognormal lengths of llama3_8b_decode_fp8 660 -> 565 (bf16 twin 510 / 513 / 865). Split: 128-key
+    # tiles, 5 stages (two K / V buffers in shared memory; 3 and 4 stages give one): 8 x 32k 202 -> 174
+    # (twin 297). At 32 keys (the bf16 split winner) 8 x 32k took 444 us with the earlier fp8 path.
+    # (gpu_results/2026-12-01-h200-fp8-round2, probe 2; gpu_results/2026-12-01-h200-fp8-decode.)
+    ("half_fp8", 128, "decode"): TileConfig(max_rows=16, max_tokens=1, tile_n=256, num_warps=4, num_stages=3),
+    ("half_fp8", 128, "decode_split"): TileConfig(max_rows=16, max_tokens=1, tile_n=128, num_warps=4, num_stages=5),
+    # The fp8 split of more than 1024 keys takes the fp8 split's config (8 x 32k, timed above, has 4096-key splits).
+    ("half_fp8", 128, "decode_split_long"): TileConfig(max_rows=16, max_tokens=1, tile_n=128, num_warps=4, num_stages=5),
     # decode_32x4k_hd64: 256-key tiles, 2 stages, 86.6 us against 90.9 with 128-key tiles, 3 stages (0.95x;
     # SDPA 76.1; gpu_results/2026-11-30-h200-prefill-probe, the table-check change in both).
     ("half", 64, "decode"): TileConfig(max_rows=16, max_tokens=1, tile_n=256, num_warps=4, num_stages=2),

@@ -28,7 +28,8 @@ FLOATS = {"qk_scale_log2"}
 
 
 F32_PTRS = {"lse_ptr", "sinks_ptr", "alibi_ptr", "k_scale_ptr", "v_scale_ptr"}
-OFF = dict(USE_WINDOW=False, USE_SOFTCAP=False, USE_ALIBI=False, USE_SINKS=False, RETURN_LSE=False, KV_FP8=False)
+OFF = dict(USE_WINDOW=False, USE_SOFTCAP=False, USE_ALIBI=False, USE_SINKS=False, RETURN_LSE=False, KV_FP8=False,
+           FP16_DOTS=False, V_PAIRS=False, INTERPRETED=False)
 
 
 def compile_for_sm90(fn, dtype, kv_dtype=None, **meta):
@@ -60,6 +61,11 @@ compile_for_sm90(tp.paged_attention_kernel, "bf16", kv_dtype="fp8e4nv", GROUP_SI
                  BLOCK_Q=16, DOT_PRECISION="tf32", ONE_QUERY_PER_SEQ=False, NUM_SPLITS=1, **main,
                  **{**OFF, "USE_WINDOW": True, "USE_SOFTCAP": True, "USE_ALIBI": True, "USE_SINKS": True,
                     "RETURN_LSE": True, "KV_FP8": True})
+# The fp8 decode: bf16 q scaled into fp16, V read as uint16 pairs and split by PTX (e4m3 and e5m2), 256-key tiles.
+for fp8 in ("fp8e4nv", "fp8e5"):
+    compile_for_sm90(tp.paged_attention_kernel, "bf16", kv_dtype=fp8, GROUP_SIZE=4, HEADS_PER_PROGRAM=4, BLOCK_M=16,
+                     BLOCK_Q=4, DOT_PRECISION="tf32", ONE_QUERY_PER_SEQ=False, NUM_SPLITS=1,
+                     **{**main, "TILE_N": 256}, **{**OFF, "KV_FP8": True, "FP16_DOTS": True, "V_PAIRS": True})
 # MLA decode: K 576 = 512 + 64, V 512, 128 heads a KV head in 8 tiles of 16, split KV.
 mla = {**main, "HEAD_DIM": 576, "DIM_MAIN": 512, "DIM_TAIL": 64, "HEAD_DIM_V": 512, "HEAD_DIM_V_PADDED": 512,
        "TILE_N": 32, "HEAD_TILES": 8}
