@@ -142,12 +142,12 @@ def lint(session: nox.Session) -> None:
 @nox.session
 def mutants(session: nox.Session) -> None:
     """Plant each kernel slip of scripts/mutants.toml in a copy of the tree and run the quick kernel
-    tests (tests/test_kernel_edges.py) against it: fails on any survivor, on a mutant whose text is
-    no longer in the code, and when the quick tests fail on the unmutated tree (docs/mutants.md).
+    test that catches it (tests/test_kernel_edges.py) against it: fails on any survivor, on a mutant
+    whose text is no longer in the code, and when the tests fail on the unmutated tree (docs/mutants.md).
 
         nox -s mutants                                  # all of them, two at a time
-        nox -s mutants -- --only triton-alibi-sign      # some (other arguments go to scripts/mutants.py)
+        nox -s mutants -- --only triton-alibi-sign      # some (arguments go to scripts/mutants.py)
+        nox -s mutants -- --record                      # rewrite each mutant's caught_by
     """
     install_cpu(session)
-    args = session.posargs or ["--jobs", "2"]
-    session.run("python", "scripts/mutants.py", *args, env={"TRITON_INTERPRET": "1"})
+    session.run("python", "scripts/mutants.py", *session.posargs, env={"TRITON_INTERPRET": "1"})

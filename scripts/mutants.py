@@ -1,47 +1,70 @@
 """Plant each kernel slip of scripts/mutants.toml in a copy of the tree and check the quick tests catch it.
 
-    python scripts/mutants.py                      # every mutant; exit 1 on any survivor
+    python scripts/mutants.py                      # every mutant, two at a time; exit 1 unless all are caught
     python scripts/mutants.py --only triton-alibi-sign tlsim-alibi-sign
     python scripts/mutants.py --check              # only that every mutant applies (a second)
+    python scripts/mutants.py --record             # rewrite each mutant's caught_by (the whole selection per mutant)
     python scripts/mutants.py --json out.json      # the table as JSON too
 
-The tree's kernels, harness, tests and pyproject.toml are copied to a temporary folder once.
-The quick tests (tests/test_kernel_edges.py, TRITON_INTERPRET=1) first run on the unmutated
-copy and must pass there. Then, per mutant: its ``find`` text is replaced by ``replace`` in
-the copy (the text must occur exactly once: else the mutant is "not-applied", a failure, so
-the catalogue follows the code), pytest -x runs in a subprocess with a time limit, and the
-file is restored. A mutant of kernels/reference.py, tlsim.py or triton_paged.py (and
-launch_plan.py, which only the Triton entry imports) can change only that backend's
-results, so only the tests of that backend and the backend-free ones run against it; a
-mutant of kernels/contract.py, tiling.py or fp8.py runs them all.
+The tree's kernels, harness, tests and pyproject.toml are copied to a temporary folder (one per
+job). The quick tests (tests/test_kernel_edges.py, TRITON_INTERPRET=1) first run on the
+unmutated copy and must pass there. Then, per mutant: its ``find`` text is replaced by
+``replace`` in the copy (the text must occur exactly once: else the mutant is "not-applied",
+a failure, so the catalogue follows the code), and its ``caught_by`` test (one of the quick
+tests) runs alone; only when that passes does the rest of the quick tests run, with -x. The
+file is restored after.
 
-Verdicts: caught (the tests failed, or the process crashed), survived (they passed),
-timeout, not-applied, error (pytest could not run: the mutant broke collection). Exit
-status 0 only when every mutant is caught and the baseline passed.
+A mutant of kernels/reference.py, tlsim.py or triton_paged.py (and launch_plan.py, which only
+the Triton entry imports) can change only that backend's results, so that fallback run keeps
+only the tests of that backend and the backend-free ones; a mutant of kernels/contract.py,
+tiling.py or fp8.py runs them all.
+
+Each pytest runs in a child forked from this process, which has imported what the baseline run
+imported outside the tree (torch, Triton, sympy, pandas, matplotlib, hypothesis, ...) and never
+the tree's own modules: a child imports kernels, harness and tests afresh from the mutated copy,
+with bytecode writing off so a mutated module is never served from a stale .pyc (harness and
+tests are compiled once per copy; kernels/ always from source).
+
+Verdicts: caught (a test failed, or the process crashed), misrecorded (caught, but not by its
+caught_by test: run --record), survived (the tests passed), timeout, not-applied, error
+(pytest could not run: the mutant broke collection). Exit status 0 only when every mutant is
+caught and the baseline passed.
 """
 
 from __future__ import annotations
 
 import argparse
+import compileall
+import gc
+import hashlib
+import importlib
 import json
 import multiprocessing
 import os
 import queue
 import re
 import shutil
-import subprocess
 import sys
 import tempfile
 import time
 import tomllib
+import warnings
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 CATALOGUE = ROOT / "scripts" / "mutants.toml"
+PASSED = ROOT / "scripts" / "mutants.passed"
+# What a catch depends on: the code mutated, the quick tests and what grades them, and the catalogue.
+WATCHED = ["kernels", "tests/test_kernel_edges.py", "tests/conftest.py", "harness/run/grading.py",
+           "harness/run/oracle.py", "harness/cases/inputs.py", "harness/cases/vocab.py", "scripts/mutants.py",
+           "scripts/mutants.toml"]  # fmt: skip
 QUICK_TESTS = ["tests/test_kernel_edges.py"]
 COPIED = ["kernels", "harness", "tests", "pyproject.toml"]
+PROJECT = {"kernels", "harness", "tests", "benchmarks", "scripts", "conftest"}
+# Plain asserts: a failing assert fails the test all the same, and the child skips rewriting them.
+PYTEST_ARGS = ["-q", "-p", "no:cacheprovider", "--assert=plain", "-W", "ignore::RuntimeWarning"]
 # The backends whose results a file can change; the others' tests are deselected for its mutants.
 BACKENDS = ("reference", "tlsim", "triton")
 FILE_BACKENDS = {
@@ -59,6 +82,7 @@ class Mutant:
     find: str
     replace: str
     why: str
+    caught_by: str = ""  # the pytest node id of a quick test that fails on this mutant (the fastest found)
 
 
 @dataclass
@@ -67,6 +91,17 @@ class Outcome:
     verdict: str
     seconds: float
     detail: str = ""
+
+
+@dataclass
+class Run:
+    """One pytest run in a child: its status (None on timeout, negative when killed by a signal),
+    the tests that failed, the output's last line, seconds."""
+
+    status: int | None
+    failed: list[str]
+    tail: str
+    wall: float
 
 
 def load_catalogue(path: Path = CATALOGUE) -> list[Mutant]:
@@ -94,9 +129,25 @@ def selection(mutant: Mutant | None) -> list[str]:
     return ["-k", " and ".join(f"not {b}" for b in others)]
 
 
-def _pytest_child(tree: str, args: list[str], log: str) -> None:
-    """In a forked child: pytest ``args`` in ``tree``, output to ``log``; exits with pytest's status."""
+class _Recorder:
+    """pytest plugin (in the child): one JSON line per test phase, written as it ends, so a run
+    killed at its time limit still tells which tests had failed."""
+
+    def __init__(self, path: str):
+        self.path = path
+
+    def pytest_runtest_logreport(self, report) -> None:
+        line = {"test": report.nodeid, "outcome": report.outcome}
+        with open(self.path, "a") as f:
+            f.write(json.dumps(line) + "\n")
+
+
+def _pytest_child(tree: str, args: list[str], log: str, report: str, modules: str | None) -> None:
+    """In a forked child: pytest ``args`` in ``tree``, output to ``log``; exits with pytest's status.
+    With ``modules``, also writes there the modules it imported from outside the tree."""
     sys.dont_write_bytecode = True  # a mutated module must never be served from a stale .pyc
+    for name in [n for n in sys.modules if n.split(".")[0] in PROJECT]:
+        del sys.modules[name]  # a parent that had imported them (a pytest worker) must not serve the unmutated ones
     os.chdir(tree)
     sys.path.insert(0, tree)
     fd = os.open(log, os.O_WRONLY | os.O_CREAT | os.O_TRUNC)
@@ -104,64 +155,76 @@ def _pytest_child(tree: str, args: list[str], log: str) -> None:
     os.dup2(fd, 2)
     import pytest
 
-    os._exit(int(pytest.main(args)))
+    status = int(pytest.main(args, plugins=[_Recorder(report)]))
+    if modules:
+        outside = [name for name, module in list(sys.modules.items()) if _outside_tree(name, module, tree)]
+        Path(modules).write_text("\n".join(outside))
+    sys.stdout.flush()
+    os._exit(status)
 
 
-def _run_forked(tree: Path, args: list[str], timeout: float) -> tuple[int | None, str]:
-    """(exit status or None on timeout, output) of pytest in a child forked from this process, which has
-    imported torch and Triton already: a child skips those imports (seconds each on a busy box)."""
+def _outside_tree(name: str, module, tree: str) -> bool:
+    source = str(getattr(module, "__file__", None) or "")
+    return not name.startswith("__") and name.split(".")[0] not in PROJECT and not source.startswith(tree)
+
+
+def run_pytest(tree: Path, args: list[str], timeout: float, modules: Path | None = None) -> Run:
+    """pytest ``args`` in ``tree``, in a child forked from this process (see the module's docstring)."""
+    log, report = tree / ".mutant-pytest.log", tree / ".mutant-tests.jsonl"
+    report.unlink(missing_ok=True)
     context = multiprocessing.get_context("fork")
-    log = tree / ".mutant-pytest.log"
-    child = context.Process(target=_pytest_child, args=(str(tree), args, str(log)))
+    child_args = (str(tree), [*PYTEST_ARGS, *args], str(log), str(report), str(modules) if modules else None)
+    start = time.perf_counter()
+    child = context.Process(target=_pytest_child, args=child_args)
     child.start()
     child.join(timeout)
-    if child.is_alive():
+    timed_out = child.is_alive()
+    if timed_out:
         child.kill()
         child.join()
-        return None, ""
-    return child.exitcode, log.read_text() if log.exists() else ""
+    wall = time.perf_counter() - start
+    failed = []
+    for line in report.read_text().splitlines() if report.exists() else []:
+        phase = json.loads(line)
+        if phase["outcome"] == "failed" and phase["test"] not in failed:
+            failed.append(phase["test"])
+    output = log.read_text(errors="replace").strip() if log.exists() else ""
+    tail = output.splitlines()[-1] if output else ""
+    return Run(None if timed_out else child.exitcode, failed, tail, wall)
 
 
-def preload() -> None:
-    """Import the third-party modules the tests use, so forked children start with them loaded (never
-    kernels, harness or tests: those must be imported from the mutated tree, in the child)."""
+def verdict_of(run: Run) -> tuple[str, str]:
+    """("failed" | "passed" | "timeout" | "error", the first failing test or why)."""
+    if run.status is None:
+        return "timeout", f"no verdict within {run.wall:.0f} s"
+    if run.status == 0:
+        return "passed", ""
+    if run.status == 1:  # a test failed
+        return "failed", run.failed[0] if run.failed else run.tail
+    if run.status < 0:  # the child died of a signal inside a test: the mutant broke the kernel
+        return "failed", f"crashed (signal {-run.status}) in {run.failed[0] if run.failed else 'a test'}"
+    return "error", run.tail or f"exit {run.status}"
+
+
+def preload(names: list[str] = ()) -> None:
+    """Import third-party modules here, so forked children start with them loaded: the tests' usual
+    ones, then ``names`` (what the baseline imported from outside the tree; one that fails to
+    import here is left to the children). Never kernels, harness or tests: those must come from
+    the mutated tree, in the child."""
     os.environ["TRITON_INTERPRET"] = "1"  # before Triton's first import: it decides there
     os.environ["PYTHONDONTWRITEBYTECODE"] = "1"
-    import numpy  # noqa: F401
-    import pandas  # noqa: F401
-    import pydantic  # noqa: F401
-    import pytest  # noqa: F401
-    import torch  # noqa: F401
-    import triton
-    import triton.language  # noqa: F401
-
-
-def run_tests(
-    tree: Path, tests: list[str], timeout: float, mutant: Mutant | None = None, fork: bool = True
-) -> tuple[str, float, str]:
-    """(verdict, seconds, first failing test or the output's tail) of pytest -x in ``tree``."""
-    args = ["-x", "-q", "-p", "no:cacheprovider", "-W", "ignore::RuntimeWarning", *tests, *selection(mutant)]
-    start = time.perf_counter()
-    if fork:
-        returncode, output = _run_forked(tree, args, timeout)
-    else:
-        env = {**os.environ, "TRITON_INTERPRET": "1", "PYTHONDONTWRITEBYTECODE": "1", "PYTHONPATH": str(tree)}
-        env.pop("PYTEST_ADDOPTS", None)
+    os.environ.pop("PYTEST_ADDOPTS", None)  # the children's pytest takes only the arguments given here
+    for name in ("numpy", "pandas", "pydantic", "pytest", "torch", "triton", "triton.language", *names):
+        if name.split(".")[0] in PROJECT or name in sys.modules:
+            continue
         try:
-            done = subprocess.run([sys.executable, "-m", "pytest", *args], cwd=tree, env=env, capture_output=True,
-                                  text=True, timeout=timeout)  # fmt: skip
-            returncode, output = done.returncode, done.stdout + done.stderr
-        except subprocess.TimeoutExpired:
-            returncode, output = None, ""
-    seconds = time.perf_counter() - start
-    if returncode is None:
-        return "timeout", seconds, f"no verdict within {timeout:.0f} s"
-    failed = re.findall(r"^(?:FAILED|ERROR) (\S+)", output, re.MULTILINE)
-    if returncode == 0:
-        return "passed", seconds, ""
-    if returncode == 1 or returncode < 0:  # tests failed, or the process died (a crash is caught too)
-        return "failed", seconds, failed[0] if failed else f"exit {returncode}"
-    return "error", seconds, output.strip().splitlines()[-1] if output.strip() else f"exit {returncode}"
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                importlib.import_module(name)
+        except Exception:  # a module only its importer can load: the children import it then
+            continue
+    gc.collect()
+    gc.freeze()  # the children's collections skip everything loaded so far (and leave its pages shared)
 
 
 def copy_tree(dest: Path) -> Path:
@@ -172,21 +235,83 @@ def copy_tree(dest: Path) -> Path:
             shutil.copytree(source, dest / name, ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
         else:
             shutil.copy2(source, dest / name)
+    for name in ("harness", "tests"):  # never mutated: compiled once; kernels/ compiles from source in each child
+        compileall.compile_dir(dest / name, quiet=1)
     return dest
 
 
-def run_mutant(mutant: Mutant, tree: Path, tests: list[str], timeout: float, fork: bool = True) -> Outcome:
+def run_mutant(mutant: Mutant, tree: Path, tests: list[str], timeout: float) -> Outcome:
+    """Apply ``mutant`` in ``tree``, run its caught_by test, then (only if that passes) the rest with -x."""
+    if reason := applies(mutant, tree):
+        return Outcome(mutant.id, "not-applied", 0.0, reason)
+    path = tree / mutant.file
+    original = path.read_text()
+    path.write_text(original.replace(mutant.find, mutant.replace, 1))
+    seconds = 0.0
+    try:
+        if mutant.caught_by:
+            run = run_pytest(tree, [mutant.caught_by], timeout)
+            seconds += run.wall
+            verdict, detail = verdict_of(run)
+            if verdict == "failed":
+                return Outcome(mutant.id, "caught", seconds, detail)
+            if verdict != "passed":
+                return Outcome(mutant.id, verdict, seconds, detail)
+        deselect = ["--deselect", mutant.caught_by] if mutant.caught_by else []
+        run = run_pytest(tree, ["-x", *tests, *selection(mutant), *deselect], timeout)
+        seconds += run.wall
+        verdict, detail = verdict_of(run)
+    finally:
+        path.write_text(original)
+    if verdict == "failed":
+        if not mutant.caught_by:
+            return Outcome(mutant.id, "misrecorded", seconds, f"{detail} (no caught_by: run --record)")
+        return Outcome(mutant.id, "misrecorded", seconds, f"{detail} ({mutant.caught_by} passed: run --record)")
+    return Outcome(mutant.id, {"passed": "survived"}.get(verdict, verdict), seconds, detail)
+
+
+def record_mutant(mutant: Mutant, tree: Path, tests: list[str], timeout: float) -> Outcome:
+    """Apply ``mutant``, run its selection with -x and name the failing test in ``detail``."""
     if reason := applies(mutant, tree):
         return Outcome(mutant.id, "not-applied", 0.0, reason)
     path = tree / mutant.file
     original = path.read_text()
     path.write_text(original.replace(mutant.find, mutant.replace, 1))
     try:
-        verdict, seconds, detail = run_tests(tree, tests, timeout, mutant, fork)
+        run = run_pytest(tree, ["-x", *tests, *selection(mutant)], timeout)
     finally:
         path.write_text(original)
-    verdict = {"failed": "caught", "passed": "survived"}.get(verdict, verdict)
-    return Outcome(mutant.id, verdict, seconds, detail)
+    verdict, detail = verdict_of(run)
+    return Outcome(mutant.id, {"passed": "survived", "failed": "caught"}.get(verdict, verdict), run.wall, detail)
+
+
+def write_caught_by(recorded: dict[str, str], path: Path = CATALOGUE) -> None:
+    """Set (or replace) the ``caught_by`` line of each recorded mutant's entry in the catalogue's text."""
+    blocks = re.split(r"(?m)^(?=\[\[mutant\]\])", path.read_text())
+    for i, block in enumerate(blocks):
+        found = re.search(r'(?m)^id = "([^"]+)"$', block)
+        if not found or found.group(1) not in recorded:
+            continue
+        line = f'caught_by = "{recorded[found.group(1)]}"\n'
+        block = re.sub(r"(?m)^caught_by = .*\n", "", block)
+        why = re.search(r"(?m)^why = .*\n", block).group(0)
+        blocks[i] = block.replace(why, why + line, 1)
+    path.write_text("".join(blocks))
+
+
+def fingerprint(root: Path = ROOT) -> str:
+    """sha256 over the WATCHED files' paths and contents under ``root``."""
+    digest = hashlib.sha256()
+    for name in WATCHED:
+        path = root / name
+        for file in sorted(path.rglob("*.py")) if path.is_dir() else [path]:
+            digest.update(str(file.relative_to(root)).encode() + b"\0" + file.read_bytes() + b"\0")
+    return digest.hexdigest()
+
+
+def unchanged_since_last_pass(root: Path = ROOT) -> bool:
+    """True when the WATCHED files are those of the last run in which every mutant was caught."""
+    return PASSED.exists() and PASSED.read_text().split()[0] == fingerprint(root)
 
 
 def print_table(outcomes: list[Outcome]) -> None:
@@ -200,16 +325,16 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--only", nargs="+", metavar="ID", help="run these mutants only")
     parser.add_argument("--tests", nargs="+", default=QUICK_TESTS, help="the quick tests (default: %(default)s)")
-    parser.add_argument("--timeout", type=float, default=120.0, help="seconds per mutant (default %(default)s)")
+    parser.add_argument("--timeout", type=float, default=120.0, help="seconds per pytest run (default %(default)s)")
     parser.add_argument("--check", action="store_true", help="only check that every mutant applies to this tree")
-    parser.add_argument("--skip-baseline", action="store_true", help="do not run the tests on the unmutated tree")
-    parser.add_argument("--jobs", type=int, default=1, help="mutants run at once, each in its own copy (default 1)")
-    parser.add_argument("--no-fork", action="store_true",
-                        help="start each pytest as a fresh interpreter instead of forking a preloaded one")  # fmt: skip
+    parser.add_argument("--record", action="store_true",
+                        help="run the quick tests with -x against each mutant and write the one that fails as its caught_by")  # fmt: skip
+    parser.add_argument("--jobs", type=int, default=2, help="mutants run at once, each in its own copy (default 2)")
     parser.add_argument("--json", type=Path, help="also write the outcomes here")
+    parser.add_argument("--catalogue", type=Path, default=CATALOGUE, help="the mutants (default: %(default)s)")
     args = parser.parse_args(argv)
 
-    mutants = load_catalogue()
+    mutants = load_catalogue(args.catalogue)
     if args.only:
         unknown = sorted(set(args.only) - {m.id for m in mutants})
         if unknown:
@@ -222,26 +347,29 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{len(mutants) - len(problems)}/{len(mutants)} mutants apply")
         return 1 if problems else 0
 
-    started = time.perf_counter()
-    fork = not args.no_fork
-    if fork:
-        preload()
+    started, stamp = time.perf_counter(), fingerprint()
+    preload()
     with tempfile.TemporaryDirectory(prefix="mutants-") as tmp:
         trees: queue.Queue[Path] = queue.Queue()
         for job in range(max(args.jobs, 1)):
             trees.put(copy_tree(Path(tmp) / f"tree{job}"))
-        tree = trees.queue[0]
-        if not args.skip_baseline:
-            verdict, seconds, detail = run_tests(tree, args.tests, args.timeout * 3, None, fork)
-            print(f"baseline (unmutated): {verdict} in {seconds:.1f} s {detail}", flush=True)
-            if verdict != "passed":
-                print("mutants.py: the quick tests fail on the unmutated tree; fix that first")
-                return 1
+        tree, imported = trees.queue[0], Path(tmp) / "imported.txt"
+        # The tests the mutants run: their caught_by tests, or all quick tests while one has none (or --record).
+        recorded = sorted({m.caught_by for m in mutants})
+        baseline_tests = args.tests if args.record or "" in recorded else recorded
+        baseline = run_pytest(tree, baseline_tests, args.timeout * 3, modules=imported)
+        verdict, detail = verdict_of(baseline)
+        print(f"baseline (unmutated): {verdict} in {baseline.wall:.1f} s {detail}", flush=True)
+        if verdict != "passed":
+            print("mutants.py: the quick tests fail on the unmutated tree; fix that first")
+            return 1
+        preload(imported.read_text().splitlines())
+        step, timeout = (record_mutant, args.timeout * 3) if args.record else (run_mutant, args.timeout)
 
         def one(mutant: Mutant) -> Outcome:
             tree = trees.get()
             try:
-                outcome = run_mutant(mutant, tree, args.tests, args.timeout, fork)
+                outcome = step(mutant, tree, args.tests, timeout)
             finally:
                 trees.put(tree)
             print(f"  {outcome.id}: {outcome.verdict} ({outcome.seconds:.1f} s) {outcome.detail}", flush=True)
@@ -255,10 +383,18 @@ def main(argv: list[str] | None = None) -> int:
     caught = [o for o in outcomes if o.verdict == "caught"]
     slowest = max((o.seconds for o in caught), default=0.0)
     print(f"\n{len(caught)}/{len(outcomes)} caught; slowest catch {slowest:.1f} s; total {total:.0f} s")
+    if args.record:
+        write_caught_by({o.id: o.detail for o in caught}, args.catalogue)
+        print(f"caught_by written for {len(caught)} mutants in {args.catalogue}")
     if args.json:
         args.json.write_text(json.dumps({"outcomes": [asdict(o) for o in outcomes], "total_seconds": total}, indent=1))
-    return 0 if len(caught) == len(outcomes) else 1
+    passed = len(caught) == len(outcomes)
+    if passed and not args.only and not args.record and args.catalogue == CATALOGUE and args.tests == QUICK_TESTS:
+        PASSED.write_text(f"{stamp}  sha256 of scripts/mutants.py's WATCHED files when a full run last caught all\n")
+    return 0 if passed else 1
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    status = main()
+    sys.stdout.flush()
+    os._exit(status)  # skips the interpreter's teardown, where Triton's bindings print hundreds of "leaked" lines
