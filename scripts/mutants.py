@@ -3,12 +3,13 @@
     python scripts/mutants.py                      # every mutant, two at a time; exit 1 unless all are caught
     python scripts/mutants.py --only triton-alibi-sign tlsim-alibi-sign
     python scripts/mutants.py --check              # only that every mutant applies (a second)
-    python scripts/mutants.py --record             # rewrite each mutant's caught_by (the whole selection per mutant)
+    python scripts/mutants.py --record --only ID   # write ID's caught_by: the quick test that fails first (-x)
     python scripts/mutants.py --json out.json      # the table as JSON too
 
 The tree's kernels, harness, tests and pyproject.toml are copied to a temporary folder (one per
-job). The quick tests (tests/test_kernel_edges.py, TRITON_INTERPRET=1) first run on the
-unmutated copy and must pass there. Then, per mutant: its ``find`` text is replaced by
+job). The mutants' caught_by tests (all the quick tests, tests/test_kernel_edges.py, with
+--record or while a mutant has none) first run on the unmutated copy, TRITON_INTERPRET=1, and
+must pass there. Then, per mutant: its ``find`` text is replaced by
 ``replace`` in the copy (the text must occur exactly once: else the mutant is "not-applied",
 a failure, so the catalogue follows the code), and its ``caught_by`` test (one of the quick
 tests) runs alone; only when that passes does the rest of the quick tests run, with -x. The
@@ -35,8 +36,8 @@ from __future__ import annotations
 
 import argparse
 import compileall
+import contextlib
 import gc
-import hashlib
 import importlib
 import json
 import multiprocessing
@@ -55,11 +56,6 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 CATALOGUE = ROOT / "scripts" / "mutants.toml"
-PASSED = ROOT / "scripts" / "mutants.passed"
-# What a catch depends on: the code mutated, the quick tests and what grades them, and the catalogue.
-WATCHED = ["kernels", "tests/test_kernel_edges.py", "tests/conftest.py", "harness/run/grading.py",
-           "harness/run/oracle.py", "harness/cases/inputs.py", "harness/cases/vocab.py", "scripts/mutants.py",
-           "scripts/mutants.toml"]  # fmt: skip
 QUICK_TESTS = ["tests/test_kernel_edges.py"]
 COPIED = ["kernels", "harness", "tests", "pyproject.toml"]
 PROJECT = {"kernels", "harness", "tests", "benchmarks", "scripts", "conftest"}
@@ -240,15 +236,24 @@ def copy_tree(dest: Path) -> Path:
     return dest
 
 
+@contextlib.contextmanager
+def planted(mutant: Mutant, tree: Path):
+    """``mutant`` applied to its file in ``tree`` inside the block, the file restored after."""
+    path = tree / mutant.file
+    original = path.read_text()
+    path.write_text(original.replace(mutant.find, mutant.replace, 1))
+    try:
+        yield
+    finally:
+        path.write_text(original)
+
+
 def run_mutant(mutant: Mutant, tree: Path, tests: list[str], timeout: float) -> Outcome:
     """Apply ``mutant`` in ``tree``, run its caught_by test, then (only if that passes) the rest with -x."""
     if reason := applies(mutant, tree):
         return Outcome(mutant.id, "not-applied", 0.0, reason)
-    path = tree / mutant.file
-    original = path.read_text()
-    path.write_text(original.replace(mutant.find, mutant.replace, 1))
     seconds = 0.0
-    try:
+    with planted(mutant, tree):
         if mutant.caught_by:
             run = run_pytest(tree, [mutant.caught_by], timeout)
             seconds += run.wall
@@ -261,12 +266,9 @@ def run_mutant(mutant: Mutant, tree: Path, tests: list[str], timeout: float) -> 
         run = run_pytest(tree, ["-x", *tests, *selection(mutant), *deselect], timeout)
         seconds += run.wall
         verdict, detail = verdict_of(run)
-    finally:
-        path.write_text(original)
     if verdict == "failed":
-        if not mutant.caught_by:
-            return Outcome(mutant.id, "misrecorded", seconds, f"{detail} (no caught_by: run --record)")
-        return Outcome(mutant.id, "misrecorded", seconds, f"{detail} ({mutant.caught_by} passed: run --record)")
+        why = f"{mutant.caught_by} passed" if mutant.caught_by else "no caught_by"
+        return Outcome(mutant.id, "misrecorded", seconds, f"{detail} ({why}: run --record)")
     return Outcome(mutant.id, {"passed": "survived"}.get(verdict, verdict), seconds, detail)
 
 
@@ -274,13 +276,8 @@ def record_mutant(mutant: Mutant, tree: Path, tests: list[str], timeout: float) 
     """Apply ``mutant``, run its selection with -x and name the failing test in ``detail``."""
     if reason := applies(mutant, tree):
         return Outcome(mutant.id, "not-applied", 0.0, reason)
-    path = tree / mutant.file
-    original = path.read_text()
-    path.write_text(original.replace(mutant.find, mutant.replace, 1))
-    try:
+    with planted(mutant, tree):
         run = run_pytest(tree, ["-x", *tests, *selection(mutant)], timeout)
-    finally:
-        path.write_text(original)
     verdict, detail = verdict_of(run)
     return Outcome(mutant.id, {"passed": "survived", "failed": "caught"}.get(verdict, verdict), run.wall, detail)
 
@@ -297,21 +294,6 @@ def write_caught_by(recorded: dict[str, str], path: Path = CATALOGUE) -> None:
         why = re.search(r"(?m)^why = .*\n", block).group(0)
         blocks[i] = block.replace(why, why + line, 1)
     path.write_text("".join(blocks))
-
-
-def fingerprint(root: Path = ROOT) -> str:
-    """sha256 over the WATCHED files' paths and contents under ``root``."""
-    digest = hashlib.sha256()
-    for name in WATCHED:
-        path = root / name
-        for file in sorted(path.rglob("*.py")) if path.is_dir() else [path]:
-            digest.update(str(file.relative_to(root)).encode() + b"\0" + file.read_bytes() + b"\0")
-    return digest.hexdigest()
-
-
-def unchanged_since_last_pass(root: Path = ROOT) -> bool:
-    """True when the WATCHED files are those of the last run in which every mutant was caught."""
-    return PASSED.exists() and PASSED.read_text().split()[0] == fingerprint(root)
 
 
 def print_table(outcomes: list[Outcome]) -> None:
@@ -347,7 +329,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{len(mutants) - len(problems)}/{len(mutants)} mutants apply")
         return 1 if problems else 0
 
-    started, stamp = time.perf_counter(), fingerprint()
+    started = time.perf_counter()
     preload()
     with tempfile.TemporaryDirectory(prefix="mutants-") as tmp:
         trees: queue.Queue[Path] = queue.Queue()
@@ -388,10 +370,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"caught_by written for {len(caught)} mutants in {args.catalogue}")
     if args.json:
         args.json.write_text(json.dumps({"outcomes": [asdict(o) for o in outcomes], "total_seconds": total}, indent=1))
-    passed = len(caught) == len(outcomes)
-    if passed and not args.only and not args.record and args.catalogue == CATALOGUE and args.tests == QUICK_TESTS:
-        PASSED.write_text(f"{stamp}  sha256 of scripts/mutants.py's WATCHED files when a full run last caught all\n")
-    return 0 if passed else 1
+    return 0 if len(caught) == len(outcomes) else 1
 
 
 if __name__ == "__main__":
