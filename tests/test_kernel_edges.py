@@ -20,7 +20,8 @@ their names say if the tuning changes:
   equal to and larger than a tile; the variants (softcap, sinks, ALiBi, fp8 with per-head
   scales, fp16's multiply-add softmax, K past 256 dims) each at least once (the split cases at 4 query heads over one KV head: BLOCK_Q 4, fewer programs);
 * bad indices: a block id equal to num_blocks in a sequence's last partial block, a
-  sequence one key longer than its table; the value checks at the table's exact capacity.
+  sequence one key longer than its table; the value checks at the table's exact capacity;
+* the interpreted kernel's fp32 -> bf16 rounding on ties, bit for bit (no tolerance sees it).
 """
 
 from __future__ import annotations
@@ -31,6 +32,8 @@ from pathlib import Path
 
 import pytest
 import torch
+import triton
+import triton.language as tl
 
 import kernels
 from harness.cases.inputs import PagedInputs, make_inputs
@@ -39,6 +42,7 @@ from harness.run.grading import grade
 from harness.run.oracle import paged_attention_oracle
 from kernels.contract import prepare_call
 from kernels.tiling import tiling_for
+from kernels.triton_paged import _bf16_rne
 
 BACKENDS = ("triton", "tlsim", "reference")
 BASE = dict(num_q_heads=4, num_kv_heads=2, head_dim=32, block_size=16, dtype="float32", layout="shuffled", seed=3)
@@ -253,3 +257,26 @@ def test_the_smoke_suites_split_case_splits_the_kv_on_a_cpu():
                          q_lens=list(case.q_lens))  # fmt: skip
     tiling = tiling_for(prepare_call(*inputs.args()), max_q_len=max(case.q_lens), max_seq_len=case.max_seq_len)
     assert tiling.NUM_SPLITS == 2 and tiling.SPLIT_SIZE == SPLIT, tiling
+
+
+@triton.jit
+def _round_to_bf16_kernel(x_ptr, y_ptr, N: tl.constexpr):
+    offs = tl.arange(0, N)
+    tl.store(y_ptr + offs, _bf16_rne(tl.load(x_ptr + offs)))
+
+
+def test_the_interpreted_kernels_bf16_rounding_sends_ties_to_even():
+    """Under the CPU interpreter the kernel rounds fp32 -> bf16 by hand (kernels.triton_paged._bf16_rne)
+    to match the GPU. An error there is one bf16 ulp on ties, inside every tolerance, so the oracle
+    tests cannot see it: the bits are compared with torch's round-to-nearest-even instead."""
+    if reason := kernels.triton_unavailable_reason("cpu"):
+        pytest.skip(reason)
+    # 1.0 and the next bf16 above it (and their negatives), each with a tie (low 16 bits 0x8000),
+    # half an ulp less one, half an ulp plus one, and nothing below.
+    high = torch.tensor([0x3F80, 0x3F81, 0xBF80, 0xBF81], dtype=torch.int64)[:, None] << 16
+    bits = (high + torch.tensor([0x8000, 0x7FFF, 0x8001, 0])).flatten()
+    bits = torch.where(bits >= 2**31, bits - 2**32, bits).to(torch.int32)
+    x = torch.cat([bits.view(torch.float32), torch.randn(48, generator=torch.Generator().manual_seed(0))])
+    y = torch.empty(64, dtype=torch.bfloat16)
+    _round_to_bf16_kernel[(1,)](x, y, N=64)
+    assert torch.equal(y.view(torch.int16), x.to(torch.bfloat16).view(torch.int16))
