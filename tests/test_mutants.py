@@ -2,7 +2,7 @@
 
 Every mutant's text must occur exactly once in its file and name the quick test that catches
 it (a second). Then scripts/mutants.py plants each mutant in a copy of the tree and runs its
-caught_by test there: about 90 CPU-seconds in all, so it runs with the suite (`-m "not slow"`
+caught_by test there: 80 to 110 CPU-seconds in all, so it runs with the suite (`-m "not slow"`
 leaves it out).
 """
 
