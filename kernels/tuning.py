@@ -87,7 +87,9 @@ TUNED: dict[tuple[str, int, str], TileConfig] = {
     ("half_fp8", 128, "decode"): TileConfig(max_rows=16, max_tokens=1, tile_n=256, num_warps=4, num_stages=3),
     ("half_fp8", 128, "decode_split"): TileConfig(max_rows=16, max_tokens=1, tile_n=128, num_warps=4, num_stages=5),
     # The fp8 split of more than 1024 keys takes the fp8 split's config (8 x 32k, timed above, has 4096-key splits).
-    ("half_fp8", 128, "decode_split_long"): TileConfig(max_rows=16, max_tokens=1, tile_n=128, num_warps=4, num_stages=5),
+    ("half_fp8", 128, "decode_split_long"): TileConfig(
+        max_rows=16, max_tokens=1, tile_n=128, num_warps=4, num_stages=5
+    ),
     # decode_32x4k_hd64: 256-key tiles, 2 stages, 86.6 us against 90.9 with 128-key tiles, 3 stages (0.95x;
     # SDPA 76.1; gpu_results/2026-11-30-h200-prefill-probe, the table-check change in both).
     ("half", 64, "decode"): TileConfig(max_rows=16, max_tokens=1, tile_n=256, num_warps=4, num_stages=2),
