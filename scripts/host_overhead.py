@@ -123,16 +123,18 @@ def profile(fn, n: int, top: int = 15) -> str:
     return text.getvalue()
 
 
-def measure(inputs, device: str, n: int, reps: dict) -> list[dict]:
-    """One row a call kind: host and eager with the plans off and on, device time, SDPA's host and eager."""
+def measure(inputs, device: str, n: int, reps: dict, loops: int = LOOPS) -> list[dict]:
+    """One row a call kind: host and eager with the plans off and on, device time, SDPA's host and eager.
+
+    ``loops``: host loops per measurement (:func:`host_us`)."""
     sdpa = sdpa_call(inputs)
-    sdpa_host, sdpa_eager = host_us(sdpa, n, device), time_wall(sdpa, device, **reps).median_us
+    sdpa_host, sdpa_eager = host_us(sdpa, n, device, loops), time_wall(sdpa, device, **reps).median_us
     rows = []
     for name, fn in calls(inputs).items():
         row = {"call": name, "sdpa_host": sdpa_host, "sdpa_eager": sdpa_eager}
         for flag, label in ((False, "off"), (True, "on")):
             with launch_plan.plans_enabled(flag):
-                row[f"host_{label}"] = host_us(fn, n, device)
+                row[f"host_{label}"] = host_us(fn, n, device, loops)
                 row[f"eager_{label}"] = time_wall(fn, device, **reps).median_us
         row["device"] = time_call(fn, device, **reps).median_us
         rows.append(row)
@@ -290,7 +292,7 @@ def main(argv: list[str] | None = None) -> int:
     lengths = f"{len(spec['seq_lens'])} x {spec['seq_lens'][0]}"
     shape = "tiny (dry)" if args.dry else f"{args.shape}: bf16, 32/8 heads, head_dim 128, block 16, {lengths}"
     print(f"# host overhead of paged_attention_triton, {shape}, on {device}")
-    print(render(measure(inputs, device, n, reps)))
+    print(render(measure(inputs, device, n, reps, loops=1 if args.dry else LOOPS)))  # dry: each interpreted call ~0.1 s
     plans = triton_paged.PLANS
     compiled = sum(r.plan.main.compiled is not None for r in plans.plans() if not r.plan.noop)
     launches = launch_plan.fast_launch_status() if device == "cuda" else "JIT entry (the interpreter)"

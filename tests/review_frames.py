@@ -52,11 +52,13 @@ def meta(**extra) -> dict:
             "command": "python -m harness run cases/smoke.toml", "ceilings_gbps": {"cpu_copy": 12.5}, **extra}  # fmt: skip
 
 
-def write(frame_: pd.DataFrame, meta_: dict, path: Path) -> Path:
+def write(frame_: pd.DataFrame, meta_: dict, path: Path, *, page: bool = False) -> Path:
+    """A run folder of ``frame_`` and ``meta_``; report.html only with ``page`` (its plots cost about a
+    second of matplotlib, and compare, history and report read only the parquet and meta.json)."""
     from harness.results.report import render_html
     from harness.results.storage import write_run
 
-    return write_run(frame_, meta_, Path(path), page=render_html)
+    return write_run(frame_, meta_, Path(path), page=render_html if page else None)
 
 
 def dumps(meta_: dict) -> str:

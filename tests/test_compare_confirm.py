@@ -9,6 +9,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
+from harness.review import confirm
 from harness.review.compare import EXIT_WORSE, CompareOptions, compare_runs
 from harness.review.confirm import _one_round, _plugins, confirm_slower
 from tests import review_frames as rf
@@ -39,10 +40,12 @@ def _runs(tmp_path, factor: float):
     return base, new, meta
 
 
-# 9 rounds of two fresh worker processes each (18 torch imports): 185 s on a loaded 2-core box,
-# past the suite's 300 s default when two xdist workers share it.
+# 9 rounds of two fresh worker processes each (18 torch imports); minutes on a loaded 2-core box.
 @pytest.mark.timeout(600)
-def test_confirm_keeps_a_real_slowdown_and_clears_one_that_interleaved_timing_does_not_reproduce(tmp_path):
+def test_confirm_keeps_a_real_slowdown_and_clears_one_that_interleaved_timing_does_not_reproduce(tmp_path, monkeypatch):
+    # 0.1 s of calls per build and round instead of 0.8 s: the planted slowdown (9x) shows in a few
+    # calls, and the slowed build's round would otherwise take 9 x 0.8 s.
+    monkeypatch.setattr(confirm, "ROUND_S", 0.1)
     base, new, meta = _runs(tmp_path, 1.5)
     comparison = compare_runs(base, new, meta, meta)
     assert (comparison.rows["verdict"] == "slower").all() and comparison.exit_code == EXIT_WORSE
@@ -82,7 +85,8 @@ def test_confirm_reuses_the_plugins_of_the_original_command(command, plugins):
     assert _plugins(command) == plugins
 
 
-def test_a_round_reports_each_rows_seconds_without_the_workers_start(tmp_path):
+def test_a_round_reports_each_rows_seconds_without_the_workers_start(tmp_path, monkeypatch):
+    monkeypatch.setattr(confirm, "ROUND_S", 0.1)  # a short round: what is measured is the workers' start
     _, _, meta = _runs(tmp_path, 1.0)
     config = {
         "case_files": meta["case_files"],

@@ -65,9 +65,9 @@ def test_dispatch_calls_the_selected_backend(monkeypatch, backend):
     torch.testing.assert_close(out, real(*inputs.args()), rtol=0, atol=0)
 
 
-def _python(code: str, **env: str) -> subprocess.CompletedProcess:
+def _python(code: str) -> subprocess.CompletedProcess:
     """Run ``code`` in a fresh interpreter from the repository root, TRITON_INTERPRET unset."""
-    environ = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"} | env
+    environ = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     root = Path(__file__).resolve().parent.parent
     return subprocess.run([sys.executable, "-c", code], cwd=root, env=environ, capture_output=True, text=True)
 
@@ -87,7 +87,10 @@ def test_import_kernels_does_not_import_triton_until_the_kernel_is_used():
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="the interpreter is chosen only without a GPU")
-def test_use_interpreter_if_no_gpu_sets_triton_interpret_only_when_unset():
-    code = "import os, kernels; print(kernels.use_interpreter_if_no_gpu(), os.environ.get('TRITON_INTERPRET'))"
-    assert _python(code).stdout.split() == ["True", "1"]
-    assert _python(code, TRITON_INTERPRET="0").stdout.split() == ["False", "0"], "a choice made by the user stays"
+def test_use_interpreter_if_no_gpu_sets_triton_interpret_only_when_unset(monkeypatch):
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+    monkeypatch.delitem(sys.modules, "triton", raising=False)  # as in a fresh interpreter: no warning
+    assert kernels.use_interpreter_if_no_gpu() is True and os.environ["TRITON_INTERPRET"] == "1"
+    monkeypatch.setenv("TRITON_INTERPRET", "0")
+    assert kernels.use_interpreter_if_no_gpu() is False, "a choice made by the user stays"
+    assert os.environ["TRITON_INTERPRET"] == "0"

@@ -7,6 +7,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+from tests.tiny_cases import write_cases
+
 ROOT = Path(__file__).resolve().parents[1]
 TOY = """
 import kernels
@@ -31,7 +33,8 @@ def test_one_registration_reaches_the_cli_the_case_suite_and_the_benchmarks(tmp_
     plugin = tmp_path / "toy.py"
     plugin.write_text(TOY)
 
-    done = run("-m", "harness", "run", "smoke", "--plugin", str(plugin), "--backend", "toy", "--no-timing",
+    cases = write_cases(tmp_path / "tiny.toml", {"name": "tiny"})
+    done = run("-m", "harness", "run", str(cases), "--plugin", str(plugin), "--backend", "toy", "--no-timing",
                "--no-progress", "--out", str(tmp_path / "run"))  # fmt: skip
     assert done.returncode == 0, done.stderr
     assert "toy" in done.stdout
