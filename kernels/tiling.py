@@ -164,7 +164,7 @@ def choose_tiling(
         NUM_WARPS=config.num_warps or (4 if block_m * head_dim_padded <= 64 * 128 else 8),
         NUM_STAGES=config.num_stages,
         TUNING_KEY=(precision, head_dim_padded, q_class),
-        FP8_DOTS_FP16=kv_fp8 and not fp32 and q_class in ("decode", "decode_split"),
+        FP8_DOTS_FP16=kv_fp8 and not fp32 and q_class in ("decode", "decode_split", "decode_split_long"),
     )
 
 

@@ -686,8 +686,14 @@ class TritonPlan:
         head_tiles = cdiv(call.group_size, heads)
         dim_main, dim_tail = head_dim_pieces(call.head_dim)
         # An fp8 V in a decode under fp16 / bf16 q is read as uint16 pairs of dims (_attend_tiles, V_PAIRS), its
-        # strides given in uint16 units; that needs them and V's head dim even.
-        v_pairs = tiling.FP8_DOTS_FP16 and call.head_dim_v % 2 == 0 and all(st % 2 == 0 for st in v_st[:3])
+        # strides given in uint16 units; that needs them and V's head dim even, and V's first byte at an even
+        # address (a view one byte in would make every 16-bit load misaligned; a copied V starts aligned).
+        v_pairs = (
+            tiling.FP8_DOTS_FP16
+            and call.head_dim_v % 2 == 0
+            and all(st % 2 == 0 for st in v_st[:3])
+            and (self.copy_v or v_cache.data_ptr() % 2 == 0)
+        )
         v_units = v_st[:3] if not v_pairs else tuple(st // 2 for st in v_st[:3])
         scalars = (
             qk_scale_log2, call.sliding_window or 0, cap_u, 1.0 / cap_u, num_tokens, call.num_seqs, call.num_q_heads,

@@ -120,3 +120,14 @@ def test_tlsim_follows_a_long_split_re_cut_in_its_own_tiles(monkeypatch):
     sim = kernels.paged_attention_tlsim(*inputs.args(), max_q_len=1, max_seq_len=700)
     real = kernels.paged_attention_triton(*inputs.args(), max_q_len=1, max_seq_len=700)
     torch.testing.assert_close(real, sim, atol=1e-5, rtol=1e-4)
+
+
+def test_an_fp8_decode_runs_its_fp16_dots_on_every_decode_key_and_never_on_prefill():
+    """The fp16-dot path (FP8_DOTS_FP16) belongs to every decode query class, the long split's included."""
+    for seqs, kv_heads, length in ((32, 8, 16384), (4, 8, 16384), (8, 8, 32768)):  # unsplit, split, long split
+        tiling = choose_tiling(128, 4, 1, seqs, kv_heads, length, kv_fp8=True)
+        assert tiling.FP8_DOTS_FP16, tiling.TUNING_KEY
+    assert {choose_tiling(128, 4, 1, s, h, n, kv_fp8=True).TUNING_KEY[2] for s, h, n in
+            ((32, 8, 16384), (4, 8, 16384), (8, 8, 32768))} == {"decode", "decode_split", "decode_split_long"}  # fmt: skip
+    assert not choose_tiling(128, 4, 512, 4, 8, 4096, kv_fp8=True).FP8_DOTS_FP16  # prefill keeps its path
+    assert not choose_tiling(128, 4, 1, 8, 8, 32768).FP8_DOTS_FP16  # no fp8 cache

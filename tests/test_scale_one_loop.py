@@ -92,3 +92,23 @@ def test_every_executor_gives_the_same_rows_row_for_row(tmp_path, monkeypatch):
     )
     for path, frame in got.items():
         pd.testing.assert_frame_equal(frame, expected, obj=path)
+
+
+def test_a_ray_tasks_poisoned_oracle_cache_entry_is_an_event_that_stops_the_run(tmp_path, monkeypatch):
+    """As from a worker process: the task yields "poisoned" (the driver's Tracker raises it, exit 2), where
+    an escaping exception would read as a dead task, retried and then error rows."""
+    from harness.execute import loop
+    from harness.run.oracle_cache import PoisonedCacheError
+
+    def poisoned(*args, **kwargs):
+        raise PoisonedCacheError("oracle cache entry abc: its sha256 does not match")
+
+    monkeypatch.setattr(loop, "build_context", poisoned)
+    cases = load_cases([write_cases(tmp_path / "cases.toml", {"name": "first"})], "cpu")
+    config = RunConfig(device="cpu", backends=[], timing=False, progress=False, threads=torch.get_num_threads())
+    threads = torch.get_num_threads()
+    try:
+        events = list(case_task(cases[0], ["reference"], config, ()))
+    finally:
+        torch.set_num_threads(threads)
+    assert events[-1] == ("poisoned", "oracle cache entry abc: its sha256 does not match")

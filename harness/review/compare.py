@@ -351,7 +351,10 @@ def format_comparison(comparison: Comparison, base_name: str, new_name: str, *, 
     # Rows the two runs alone call faster while the runs drifted: not a verdict to act on.
     drifted = any(p.startswith("latency drift") for p in comparison.problems)
     unpaired_faster = (
-        (rows["verdict"] == "faster") & ~rows["verdict_reason"].fillna("").str.startswith(RETIMED)
+        (rows["verdict"] == "faster")
+        & ~rows["verdict_reason"].fillna("").str.startswith(RETIMED)
+        & rows["better"].astype(bool)
+        & ~rows["why"].astype(bool)  # a row worse otherwise (less accurate) is shown WORSE, not better?
         if drifted
         else pd.Series(False, index=rows.index)
     )
