@@ -144,15 +144,15 @@ def choose_tiling(
         by_length = max_seq_len // (MIN_TILES_PER_SPLIT * tile_n)
         while num_splits * 2 <= min(by_work, by_length, MAX_SPLITS):
             num_splits *= 2
-    # Each split covers ceil(max_seq_len / num_splits) positions, rounded up to whole tiles.
-    split_size = cdiv(cdiv(max_seq_len, num_splits), tile_n) * tile_n if num_splits > 1 else 0
-    if q_class == "decode_split" and split_size > LONG_SPLIT_KEYS:
-        # Splits this long take their own key (kernels.tuning, "decode_split_long"): the number of
-        # splits stays, each split's range is re-cut in that key's tiles.
+    # Each split covers ceil(max_seq_len / num_splits) positions, rounded up to whole tiles. Splits of
+    # more than LONG_SPLIT_KEYS take their own key (kernels.tuning, "decode_split_long"): the number
+    # of splits stays, each split's range is cut in that key's tiles.
+    keys_a_split = cdiv(max_seq_len, num_splits)
+    if q_class == "decode_split" and cdiv(keys_a_split, tile_n) * tile_n > LONG_SPLIT_KEYS:
         q_class = "decode_split_long"
         config = tile_config(precision, head_dim_padded, q_class)
         tile_n = config.tile_n
-        split_size = cdiv(cdiv(max_seq_len, num_splits), tile_n) * tile_n
+    split_size = cdiv(keys_a_split, tile_n) * tile_n if num_splits > 1 else 0
     return Tiling(
         BLOCK_M=block_m,
         BLOCK_Q=block_q,
@@ -164,7 +164,7 @@ def choose_tiling(
         NUM_WARPS=config.num_warps or (4 if block_m * head_dim_padded <= 64 * 128 else 8),
         NUM_STAGES=config.num_stages,
         TUNING_KEY=(precision, head_dim_padded, q_class),
-        FP8_DOTS_FP16=kv_fp8 and not fp32 and q_class in ("decode", "decode_split", "decode_split_long"),
+        FP8_DOTS_FP16=kv_fp8 and not fp32 and query_class(max_q_len) == "decode",  # every decode key
     )
 
 

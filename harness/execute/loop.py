@@ -137,10 +137,15 @@ def timed_case(case: Case, names: list[str], config: RunConfig, contexts: Contex
                waited_s: float = 0.0) -> Iterator[tuple]:  # fmt: skip
     """:func:`case_events` in a worker process or a Ray task, then ``("done", waited_s, busy_s, phases)``:
     how long the worker waited for the case, how long it took, and by phase (:mod:`harness.timing.phases`).
-    The case's tensors are freed after it."""
+    The case's tensors are freed after it. A bad oracle cache entry ends it with ``("poisoned", why)``:
+    the driver's :class:`Tracker` raises it, and the run stops as it does in one process."""
     started = time.perf_counter()
     take_phases()  # this case's phases only
-    yield from case_events(case, [REGISTRY[name] for name in names], config, contexts, labels)
+    try:
+        yield from case_events(case, [REGISTRY[name] for name in names], config, contexts, labels)
+    except PoisonedCacheError as error:
+        yield "poisoned", str(error)
+        return
     contexts.drop(config)
     yield "done", waited_s, time.perf_counter() - started, take_phases()
 

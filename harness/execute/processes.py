@@ -42,7 +42,6 @@ import torch
 import kernels
 from harness.backends.builtin import REGISTRY, load_plugin
 from harness.execute.loop import CONTEXT, Contexts, Task, Tracker, row_limit, timed_case
-from harness.run.oracle_cache import PoisonedCacheError
 from harness.run.profiling import profile_pairs
 from harness.run.runner import RunConfig, error_reason
 from harness.timing import ceilings
@@ -157,11 +156,8 @@ def _worker_main(conn, plugins, threads, device_config, labels: dict, parent_pid
         _, case, names, config = message
         if device["ceilings"]:  # its rows are judged against its own GPU's
             config = dataclasses.replace(config, ceilings=device["ceilings"])
-        try:
-            for event in timed_case(case, names, config, contexts, labels, time.perf_counter() - free):
-                conn.send(event)
-        except PoisonedCacheError as error:
-            conn.send(("poisoned", str(error)))
+        for event in timed_case(case, names, config, contexts, labels, time.perf_counter() - free):
+            conn.send(event)
 
 
 def spawn(context, gpu: str, name: str, args: tuple) -> tuple[multiprocessing.Process, Any]:

@@ -48,7 +48,7 @@ from pathlib import Path
 from harness.cases.spec import Case
 from harness.execute.loop import Contexts, Task, Tracker, timed_case
 from harness.execute.processes import worker_setup
-from harness.run.oracle_cache import ENV_DIR, PoisonedCacheError
+from harness.run.oracle_cache import ENV_DIR
 from harness.run.runner import RunConfig
 from harness.timing.ceilings import SHARE_ENV
 from harness.timing.metrics import case_cost
@@ -78,10 +78,7 @@ def case_task(case, names: list[str], config, plugins: tuple[str, ...]) -> Itera
         config = dataclasses.replace(config, ceilings=device["ceilings"])
     labels = _labels()
     yield "device", device, labels
-    try:
-        yield from timed_case(case, names, config, Contexts(), labels)
-    except PoisonedCacheError as error:  # the driver stops the run, as a worker process's parent does
-        yield "poisoned", str(error)
+    yield from timed_case(case, names, config, Contexts(), labels)
 
 
 def _labels() -> dict:

@@ -61,7 +61,11 @@ TABLE: tuple[Column, ...] = (
     Column("tags", "str", "the case's tags, comma separated"),
     Column("case_file", "str", "the case file the case came from"),
     Column("backend_kind", "str", "`kernel`, `model`, `engine`, `peer` or `plugin`"),
-    Column("note", "str", "which form a peer or the dispatcher took"),
+    Column(
+        "note",
+        "str",
+        "which form a peer or the dispatcher took; whether the row's timing was cut short or skipped by its budget",
+    ),
     *_group("latency_p10_us latency_p90_us", "float", "the 10th and 90th percentiles of the device-time samples"),
     Column("timing_reps", "int", "samples taken"),
     Column("timing_method", "str", "how the samples were taken (graph, events, wall)"),
