@@ -1,4 +1,4 @@
-# One H200: the kernel targets at this tree. OUT set by the device tool.
+# One H200: the kernel targets at this tree; the outputs go to $OUT.
 set -uo pipefail
 export PYTHONUNBUFFERED=1
 source scripts/gpu_wheels.sh || exit 1
