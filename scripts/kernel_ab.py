@@ -23,8 +23,11 @@ from the working tree's modules that hold them now (``SPLIT``; :func:`serve_spli
 side's output must match the base's within the case's tolerance, or the case is reported as
 "output differs" and not timed further. Exit 0: nothing slower; 1: a case slower or its output
 different; 2: a side that does not build or run (reported per case, or for the whole run when
-a kernel does not import). Cases with options (the attention variants) are left out: the
-registry's triton backend passes them through the contract the working tree defines. The earlier form of this script
+a kernel does not import). Cases with options (the attention variants, an fp8 cache's scales)
+are timed too: the registry's triton backend passes the case's options to whichever side's
+entry it calls, the same keywords to both, so a change to the fp8 path or a variant is judged
+against its base like any other; a base whose entry does not take an option is that case's
+error row (exit 2), not a reason to leave the case out. The earlier form of this script
 (``gpu_results/2026-11-30-h200-prefill-probe/kernel_probe.py``) ran on an H200 four times; it
 found the 88 -> 129 us regression of decode_4x16k that an int64 bound caused.
 """
@@ -117,8 +120,10 @@ def remove_modules() -> None:
 
 
 def timeable(cases) -> list:
-    """The cases the comparison can time: the triton backend runs them, with no variant options."""
-    return [c for c in cases if c.wants("triton") and not c.options]
+    """The cases the comparison can time: those the triton backend runs, options and all (the backend
+    passes a case's options, the same ones, to both sides' entries: :func:`time_case`)."""
+    (backend,) = resolve_backends(["triton"])
+    return [c for c in cases if c.wants("triton") and set(c.options) <= backend.options]
 
 
 def dry_case():

@@ -6,6 +6,7 @@ import json
 import os
 import subprocess
 import sys
+import types
 from pathlib import Path
 
 import pandas as pd
@@ -184,6 +185,37 @@ def test_kernel_ab_reports_a_kernel_whose_output_differs():
 
     record = _ab_record(kernels.paged_attention_tlsim, lambda *a, **k: kernels.paged_attention_tlsim(*a, **k) + 1)
     assert record["verdict"] == "output differs" and "ratio" not in record
+
+
+def test_kernel_ab_times_cases_with_options_passing_them_to_both_sides():
+    """An fp8 case's scales and a variant's options reach the base's entry and the new one's alike."""
+    import kernels
+    from harness.cases.loading import load_cases
+    from harness.cases.packaged import resolve_case_arg
+    from scripts.kernel_ab import time_case, timeable
+
+    loaded = load_cases([resolve_case_arg("variants")], device="cpu", backends=["triton"])
+    kept = {c.id for c in timeable(loaded)}
+    assert "llama3_8b_decode_fp8" in kept and "llama3_8b_decode_bf16_twin" in kept
+    case = min((c for c in timeable(loaded) if c.id.startswith("fp8_kv_decode")), key=lambda c: sum(c.seq_lens))
+    assert "fp8_kv" in case.options
+    seen = {"base": [], "new": []}
+
+    def side(name):
+        def entry(*args, **kwargs):
+            seen[name].append(sorted(k for k in kwargs if k.endswith("_scale") and kwargs[k] is not None))
+            return kernels.paged_attention_tlsim(*args, **kwargs)
+
+        return entry
+
+    saved = kernels.paged_attention_triton
+    try:
+        modules = {name: types.SimpleNamespace(paged_attention_triton=side(name)) for name in seen}
+        record = time_case(case, modules, "cpu", 6, {"min_reps": 1, "max_reps": 1})
+    finally:
+        kernels.paged_attention_triton = saved
+    assert record["verdict"] in {"slower", "faster", "same", "cannot tell"}, record
+    assert seen["base"] and seen["new"] and all(k == ["k_scale", "v_scale"] for k in seen["base"] + seen["new"])
 
 
 def test_kernel_ab_exits_2_on_a_base_it_cannot_read_and_leaves_no_module_behind():
