@@ -65,8 +65,9 @@ class Tiling:
     KV head per GPU), each sequence's KV range is cut into NUM_SPLITS pieces of
     SPLIT_SIZE positions (a multiple of TILE_N, so tile boundaries do not move; the last
     piece takes whatever is left); each piece keeps its own (max, sum, accumulator) and a
-    second pass combines them. A decode with programs enough but a length bound past
-    RAGGED_SPLIT_KEYS is split too (the ragged split, :func:`choose_tiling`): the host knows
+    second pass combines them. When RAGGED_SPLIT_KEYS is set (it is off by default), a decode
+    with programs enough but a length bound past it is split too (the ragged split,
+    :func:`choose_tiling`): the host knows
     only the bound, and in a ragged batch the longest sequences' programs would run alone at
     the end; pieces of at most about RAGGED_SPLIT_KEYS keys keep the grid balanced, and a
     sequence shorter than a piece still runs in one program (its later splits walk no key).
@@ -98,9 +99,14 @@ MIN_TILES_PER_SPLIT = 8
 MAX_SPLITS = 64
 # A split decode whose splits cover more than this many keys looks up "decode_split_long".
 LONG_SPLIT_KEYS = 1024
-# A decode with programs enough to fill the GPU is still cut into splits of at most about this many
-# keys when max_seq_len passes it (the "ragged" split: choose_tiling).
-RAGGED_SPLIT_KEYS = 8192
+# The ragged split (choose_tiling), off (None) by default: a decode with programs enough to fill the
+# GPU is still cut into splits of at most about this many keys when max_seq_len passes it. Measured on
+# an H200 (gpu_results/2026-12-01-h200-ragged-split), 8B decode, 8192 against off: the 64 lognormal
+# lengths of llama3_8b_decode (1000-31024) fp8 567 -> 455 us, bf16 867 -> 685; but uniform batches,
+# which the host cannot tell from ragged ones by max_seq_len, lose: 32 x 16k fp8 300 -> 333, bf16
+# 508 -> 542; 64 x 32k fp8 1159 -> 1298, bf16 1975 -> 2099 (best of 2 rounds). So it stays off until a call can say its
+# batch is ragged.
+RAGGED_SPLIT_KEYS: int | None = None
 
 
 def choose_tiling(
@@ -151,7 +157,7 @@ def choose_tiling(
         by_length = max_seq_len // (MIN_TILES_PER_SPLIT * tile_n)
         while num_splits * 2 <= min(by_work, by_length, MAX_SPLITS):
             num_splits *= 2
-    elif q_class == "decode" and max_seq_len > RAGGED_SPLIT_KEYS:
+    elif q_class == "decode" and RAGGED_SPLIT_KEYS and max_seq_len > RAGGED_SPLIT_KEYS:
         # The ragged split. Enough programs to fill the GPU, but the host does not know the lengths
         # (only their bound): in a ragged batch the longest sequences' programs would run on alone
         # after the rest finished (the 64 lognormal lengths of llama3_8b_decode, 1000-31024 keys, read

@@ -100,8 +100,7 @@ def test_a_split_of_more_than_1024_keys_takes_the_long_split_key_and_keeps_its_s
     assert (long.TUNING_KEY[2], long.NUM_SPLITS, long.SPLIT_SIZE, long.TILE_N) == ("decode_split_long", 8, 4096, 128)
     ragged = choose_tiling(128, 8, 1, 64, 1, 16000)  # 8 splits of 2000 keys, re-cut in 128-key tiles
     assert ragged.TUNING_KEY[2] == "decode_split_long" and ragged.SPLIT_SIZE == 2048 and ragged.NUM_SPLITS == 8
-    full = choose_tiling(128, 4, 1, 32, 8, 32768)  # 256 programs: no split key (the ragged split keeps "decode")
-    assert full.TUNING_KEY[2] == "decode" and full.TILE_N == 128
+    assert choose_tiling(128, 4, 1, 32, 8, 32768).NUM_SPLITS == 1  # 256 programs: no split, no split key
 
 
 def test_tlsim_follows_a_long_split_re_cut_in_its_own_tiles(monkeypatch):
@@ -123,12 +122,13 @@ def test_tlsim_follows_a_long_split_re_cut_in_its_own_tiles(monkeypatch):
     torch.testing.assert_close(real, sim, atol=1e-5, rtol=1e-4)
 
 
-def test_a_decode_that_fills_the_gpu_is_cut_into_pieces_of_at_most_ragged_split_keys():
-    """The ragged split: a sequence longer than RAGGED_SPLIT_KEYS is cut, NUM_SPLITS a power of two, with the
-    decode's own tile config; a bound at or under it, prefill and verification are not cut."""
-    from kernels.tiling import RAGGED_SPLIT_KEYS
+def test_a_decode_that_fills_the_gpu_is_cut_into_pieces_of_at_most_ragged_split_keys(monkeypatch):
+    """The ragged split, off by default: when set, a sequence longer than RAGGED_SPLIT_KEYS is cut, NUM_SPLITS a
+    power of two, with the decode's own tile config; a bound at or under it, prefill and verification are not cut."""
+    import kernels.tiling as tiling
 
-    assert RAGGED_SPLIT_KEYS == 8192
+    assert tiling.RAGGED_SPLIT_KEYS is None and choose_tiling(128, 4, 1, 64, 8, 31024, kv_fp8=True).NUM_SPLITS == 1
+    monkeypatch.setattr(tiling, "RAGGED_SPLIT_KEYS", 8192)
     llama = choose_tiling(128, 4, 1, 64, 8, 31024, kv_fp8=True)  # llama3_8b_decode_fp8's 64 lengths, 1000-31024
     assert (llama.NUM_SPLITS, llama.SPLIT_SIZE, llama.TUNING_KEY[2]) == (
         4,
@@ -177,11 +177,11 @@ def test_kernel_tlsim_and_oracle_agree_on_a_ragged_split(monkeypatch, kv):
     oracle = paged_attention_oracle(*args, **scales)
     if kv == "float32":
         torch.testing.assert_close(real, sim, atol=1e-5, rtol=1e-4)
-        torch.testing.assert_close(real.double(), oracle, atol=1e-5, rtol=1e-4)
+        torch.testing.assert_close(real.double().cpu(), oracle.double().cpu(), atol=1e-5, rtol=1e-4)
     else:  # the same roundings in the same places: two output ulps; the oracle within bf16's tolerance
         gap = (real.double() - sim.double()).abs()
         assert bool((gap <= 2 * 2**-7 * real.double().abs().clamp_min(2**-6)).all()), float(gap.max())
-        torch.testing.assert_close(real.double(), oracle.to(torch.float64), atol=1e-2, rtol=1e-2)
+        torch.testing.assert_close(real.double().cpu(), oracle.double().cpu(), atol=1e-2, rtol=1e-2)
 
 
 def test_an_fp8_decode_runs_its_fp16_dots_on_every_decode_key_and_never_on_prefill():
