@@ -218,6 +218,39 @@ def test_kernel_ab_times_cases_with_options_passing_them_to_both_sides():
     assert seen["base"] and seen["new"] and all(k == ["k_scale", "v_scale"] for k in seen["base"] + seen["new"])
 
 
+def test_kernel_ab_with_tiling_gives_the_base_side_the_base_revisions_split_choice_and_tuning(tmp_path, monkeypatch):
+    """--with tiling tuning: the base kernel's tiling_for is the base revision's, whose tile_config is the base's
+    tuning; the new side keeps the working tree's; a base split choice that differs is the one the base runs."""
+    import kernels
+    import kernels.tiling
+    import kernels.tuning
+    from scripts import kernel_ab
+
+    real_show = kernel_ab._git_show
+    edited = "RAGGED_SPLIT_KEYS: int | None = 123\n"
+
+    def show(rev, path):  # the base's tiling.py with a ragged split the working tree does not have
+        text = real_show(rev, path)
+        return text + edited if path.name == "tiling.py" else text
+
+    monkeypatch.setattr(kernel_ab, "_git_show", show)
+    saved = kernels.paged_attention_triton
+    try:
+        modules = kernel_ab.kernel_modules("HEAD", tmp_path, ("tiling", "tuning"))
+        base_tiling = sys.modules["kernels._ab_base_tiling"]
+        assert modules["base"].tiling_for is base_tiling.tiling_for is not kernels.tiling.tiling_for
+        assert base_tiling.tile_config is sys.modules["kernels._ab_base_tuning"].tile_config
+        assert base_tiling.tile_config is not kernels.tuning.tile_config
+        assert modules["new"].tiling_for is kernels.tiling.tiling_for
+        assert base_tiling.RAGGED_SPLIT_KEYS == 123 and kernels.tiling.RAGGED_SPLIT_KEYS != 123
+        record = kernel_ab.time_case(kernel_ab.dry_case(), modules, "cpu", 6, {"min_reps": 1, "max_reps": 1})
+        assert record["verdict"] in {"slower", "faster", "same", "cannot tell"}, record
+    finally:
+        kernel_ab.remove_modules()
+        kernels.paged_attention_triton = saved
+    assert not any(name.startswith("kernels._ab") for name in sys.modules)
+
+
 def test_kernel_ab_exits_2_on_a_base_it_cannot_read_and_leaves_no_module_behind():
     done = run_script("scripts/kernel_ab.py", "--dry", "--base", "no-such-revision")
     assert done.returncode == 2 and "git show no-such-revision" in done.stderr
