@@ -65,7 +65,12 @@ class Tiling:
     KV head per GPU), each sequence's KV range is cut into NUM_SPLITS pieces of
     SPLIT_SIZE positions (a multiple of TILE_N, so tile boundaries do not move; the last
     piece takes whatever is left); each piece keeps its own (max, sum, accumulator) and a
-    second pass combines them.
+    second pass combines them. When RAGGED_SPLIT_KEYS is set (it is off by default), a decode
+    with programs enough but a length bound past it is split too (the ragged split,
+    :func:`choose_tiling`): the host knows
+    only the bound, and in a ragged batch the longest sequences' programs would run alone at
+    the end; pieces of at most about RAGGED_SPLIT_KEYS keys keep the grid balanced, and a
+    sequence shorter than a piece still runs in one program (its later splits walk no key).
 
     Example: GQA 32/8 heads (group 4), BLOCK_M 16 gives BLOCK_Q = 4 tokens a program;
     decode of 4 sequences of 131072 tokens is 4 * 8 = 32 programs, so the range is cut
@@ -94,6 +99,14 @@ MIN_TILES_PER_SPLIT = 8
 MAX_SPLITS = 64
 # A split decode whose splits cover more than this many keys looks up "decode_split_long".
 LONG_SPLIT_KEYS = 1024
+# The ragged split (choose_tiling), off (None) by default: a decode with programs enough to fill the
+# GPU is still cut into splits of at most about this many keys when max_seq_len passes it. Measured on
+# an H200 (gpu_results/2026-12-01-h200-ragged-split), 8B decode, 8192 against off: the 64 lognormal
+# lengths of llama3_8b_decode (1000-31024) fp8 567 -> 455 us, bf16 867 -> 685; but uniform batches,
+# which the host cannot tell from ragged ones by max_seq_len, lose: 32 x 16k fp8 300 -> 333, bf16
+# 508 -> 542; 64 x 32k fp8 1159 -> 1298, bf16 1975 -> 2099 (best of 2 rounds). So it stays off until a call can say its
+# batch is ragged.
+RAGGED_SPLIT_KEYS: int | None = None
 
 
 def choose_tiling(
@@ -144,6 +157,16 @@ def choose_tiling(
         by_length = max_seq_len // (MIN_TILES_PER_SPLIT * tile_n)
         while num_splits * 2 <= min(by_work, by_length, MAX_SPLITS):
             num_splits *= 2
+    elif q_class == "decode" and RAGGED_SPLIT_KEYS and max_seq_len > RAGGED_SPLIT_KEYS:
+        # The ragged split. Enough programs to fill the GPU, but the host does not know the lengths
+        # (only their bound): in a ragged batch the longest sequences' programs would run on alone
+        # after the rest finished (the 64 lognormal lengths of llama3_8b_decode, 1000-31024 keys, read
+        # at 45% of the bandwidth unsplit). So every sequence is cut into pieces of at most
+        # max_seq_len / NUM_SPLITS keys, NUM_SPLITS the power of two (the combine's arange) that
+        # brings that under RAGGED_SPLIT_KEYS: a sequence shorter than one piece runs in one program
+        # as before, and the programs of the splits past its end walk no key and leave the combine an
+        # empty state (m = -inf, weight 0). The tile config stays the decode's (its programs stay long).
+        num_splits = min(next_pow2(cdiv(max_seq_len, RAGGED_SPLIT_KEYS)), MAX_SPLITS)
     # Each split covers ceil(max_seq_len / num_splits) positions, rounded up to whole tiles. Splits of
     # more than LONG_SPLIT_KEYS take their own key (kernels.tuning, "decode_split_long"): the number
     # of splits stays, each split's range is cut in that key's tiles.

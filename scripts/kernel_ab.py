@@ -1,6 +1,7 @@
 """The Triton kernel at a base revision against the working tree's, timed side by side in one process.
 
     python scripts/kernel_ab.py [SUITE ...] [--base REV] [--case PATTERN] [--rounds 9] [--out ab.json]
+    python scripts/kernel_ab.py [SUITE ...] --with tiling tuning   # the base's split choice and tuning too
     python scripts/kernel_ab.py --dry          # CPU: one tiny case under the interpreter (CI)
 
 Before merging a kernel change, the question is "is this kernel faster or slower than the one
@@ -16,15 +17,22 @@ of each round alternating too), and is judged by the rule of ``compare --confirm
 (:func:`harness.review.stats.paired_ratio` and :func:`harness.review.stats.decide_paired`: slower when the
 paired interval excludes 1 and the estimate passes the minimum effect, 3% on CUDA).
 
-Only the kernel file is swapped: the tiling, the tuned table and the contract checks
-(``kernels/tiling.py``, ``kernels/tuning.py``) are the working tree's for both sides. A base from
+By default only the kernel file is swapped: the tiling, the tuned table and the contract checks
+(``kernels/tiling.py``, ``kernels/tuning.py``) are the working tree's for both sides. ``--with tiling
+tuning`` gives the base side those modules as of ``--base`` too (each imported as
+``kernels._ab_base_<name>``, tuning first, the names each took from a swapped module rebound to the
+base's after it is imported: :func:`kernel_modules`), so that a change of the split choice or of a
+tuned entry is judged against its base like a kernel change. A base from
 before ``kernels/_common.py`` was split imports its helpers from ``._common``: they are served
 from the working tree's modules that hold them now (``SPLIT``; :func:`serve_split_modules`). The new
 side's output must match the base's within the case's tolerance, or the case is reported as
 "output differs" and not timed further. Exit 0: nothing slower; 1: a case slower or its output
 different; 2: a side that does not build or run (reported per case, or for the whole run when
-a kernel does not import). Cases with options (the attention variants) are left out: the
-registry's triton backend passes them through the contract the working tree defines. The earlier form of this script
+a kernel does not import). Cases with options (the attention variants, an fp8 cache's scales)
+are timed too: the registry's triton backend passes the case's options to whichever side's
+entry it calls, the same keywords to both, so a change to the fp8 path or a variant is judged
+against its base like any other; a base whose entry does not take an option is that case's
+error row (exit 2), not a reason to leave the case out. The earlier form of this script
 (``gpu_results/2026-11-30-h200-prefill-probe/kernel_probe.py``) ran on an H200 four times; it
 found the 88 -> 129 us regression of decode_4x16k that an int64 bound caused.
 """
@@ -64,6 +72,7 @@ KERNEL = Path("kernels") / "triton_paged.py"
 MIN_ROUNDS = 6  # 2 / 2^6 < 0.05: six pairs all one way exclude 1 from the exact signed-rank interval
 SIDES = ("base", "new")
 SPLIT = {"_common": ("contract", "tiling", "fp8")}  # a module of kernels/ that was split -> the modules now
+WITH = ("tuning", "tiling")  # modules --with can take from the base, in the order they are imported
 
 
 class ABError(Exception):
@@ -84,41 +93,72 @@ def serve_split_modules() -> None:
         sys.modules[module.__name__] = module
 
 
-def kernel_modules(base_rev: str, folder: Path) -> dict:
+def _git_show(rev: str, path: Path) -> str:
+    done = subprocess.run(["git", "show", f"{rev}:{path.as_posix()}"], cwd=ROOT, capture_output=True, text=True)
+    if done.returncode != 0:
+        raise ABError(f"git show {rev}:{path}: {done.stderr.strip()}")
+    return done.stdout
+
+
+def _import(name: str, path: Path, text: str, what: str):
+    path.write_text(text)
+    spec = importlib.util.spec_from_file_location(name, path)
+    sys.modules[name] = module = importlib.util.module_from_spec(spec)
+    try:
+        spec.loader.exec_module(module)
+    except Exception as error:  # a half-edited kernel, or a revision that no longer imports here
+        raise ABError(f"{what} does not import: {type(error).__name__}: {error}") from None
+    return module
+
+
+def _rebind(module, swapped: dict) -> None:
+    """Point each name ``module`` took from a working-tree module of ``swapped`` (name -> the base's module)
+    at the base module's object of that name: ``from .tiling import tiling_for`` then calls the base's."""
+    for old_name, base in swapped.items():
+        tree = importlib.import_module(f"kernels.{old_name}")
+        for attr, value in list(vars(module).items()):
+            if attr in vars(tree) and value is vars(tree)[attr] and attr in vars(base):
+                setattr(module, attr, vars(base)[attr])
+
+
+def kernel_modules(base_rev: str, folder: Path, with_modules: tuple[str, ...] = ()) -> dict:
     """{"base": module, "new": module}: the kernel file at ``base_rev`` and the working tree's, written to
     ``folder`` and imported afresh as ``kernels._ab_<side>`` (their relative imports are the working tree's
-    kernels). The caller drops the modules (:func:`remove_modules`), also when an import fails."""
-    base_source = subprocess.run(
-        ["git", "show", f"{base_rev}:{KERNEL.as_posix()}"], cwd=ROOT, capture_output=True, text=True
-    )  # fmt: skip
-    if base_source.returncode != 0:
-        raise ABError(f"git show {base_rev}:{KERNEL}: {base_source.stderr.strip()}")
-    sources = {"base": base_source.stdout, "new": (ROOT / KERNEL).read_text()}
+    kernels). ``with_modules`` (of :data:`WITH`): those modules at ``base_rev`` are imported first as
+    ``kernels._ab_base_<name>``, and in each base module imported after one, the names taken from its
+    working-tree counterpart are rebound to it (:func:`_rebind`; module-level code ran with the working
+    tree's). The caller drops the modules (:func:`remove_modules`), also when an import fails."""
+    sources = {"base": _git_show(base_rev, KERNEL), "new": (ROOT / KERNEL).read_text()}
+    base_parts = {name: _git_show(base_rev, KERNEL.with_name(f"{name}.py")) for name in WITH if name in with_modules}
     serve_split_modules()
+    swapped = {}
+    for name, text in base_parts.items():
+        module = _import(f"kernels._ab_base_{name}", folder / f"_ab_base_{name}.py", text, f"the base's {name}.py")
+        _rebind(module, swapped)
+        swapped[name] = module
     modules = {}
     for side, text in sources.items():
-        name, path = f"kernels._ab_{side}", folder / f"_ab_{side}.py"
-        path.write_text(text)
-        spec = importlib.util.spec_from_file_location(name, path)
-        sys.modules[name] = modules[side] = importlib.util.module_from_spec(spec)
-        try:
-            spec.loader.exec_module(modules[side])
-        except Exception as error:  # a half-edited kernel, or a revision that no longer imports here
-            raise ABError(f"the {side} kernel does not import: {type(error).__name__}: {error}") from None
+        modules[side] = _import(f"kernels._ab_{side}", folder / f"_ab_{side}.py", text, f"the {side} kernel")
+        if side == "base":
+            _rebind(modules[side], swapped)
     return modules
 
 
 def remove_modules() -> None:
     for side in SIDES:
         sys.modules.pop(f"kernels._ab_{side}", None)
+    for name in WITH:
+        sys.modules.pop(f"kernels._ab_base_{name}", None)
     for old in SPLIT:
         if hasattr(sys.modules.get(f"kernels.{old}"), "__served_from__"):
             sys.modules.pop(f"kernels.{old}")
 
 
 def timeable(cases) -> list:
-    """The cases the comparison can time: the triton backend runs them, with no variant options."""
-    return [c for c in cases if c.wants("triton") and not c.options]
+    """The cases the comparison can time: those the triton backend runs, options and all (the backend
+    passes a case's options, the same ones, to both sides' entries: :func:`time_case`)."""
+    (backend,) = resolve_backends(["triton"])
+    return [c for c in cases if c.wants("triton") and set(c.options) <= backend.options]
 
 
 def dry_case():
@@ -172,6 +212,8 @@ def main(argv: list[str] | None = None) -> int:
                         help="paired rounds a case (9; at least 6, the fewest whose 95%% interval can exclude 1)")  # fmt: skip
     parser.add_argument("--target-s", type=float, default=0.05, help="timing budget of one side's sample a round")
     parser.add_argument("--out", type=Path, help="write every record as JSON")
+    parser.add_argument("--with", dest="with_modules", nargs="+", choices=WITH, default=[],
+                        help="kernels/ modules the base side takes from --base too (default: the working tree's)")  # fmt: skip
     parser.add_argument("--dry", action="store_true",
                         help="the smallest smoke case on the CPU, one call a sample (ignores suites and --case)")  # fmt: skip
     args = parser.parse_args(argv)
@@ -192,8 +234,11 @@ def main(argv: list[str] | None = None) -> int:
     records = []
     try:
         with tempfile.TemporaryDirectory(prefix="kernel-ab-") as folder:
-            modules = kernel_modules(args.base, Path(folder))
-            print(f"# kernel {args.base} (base) against the working tree (new), {args.rounds} paired rounds, {device}")
+            modules = kernel_modules(args.base, Path(folder), tuple(args.with_modules))
+            also = "".join(f" + {name}.py" for name in WITH if name in args.with_modules)
+            print(
+                f"# kernel{also} {args.base} (base) against the working tree (new), {args.rounds} paired rounds, {device}"
+            )
             print("| case | base us | new us | new / base | paired CI | verdict |\n|---|---|---|---|---|---|")
             for case in cases:
                 r = time_case(case, modules, device, args.rounds, reps)

@@ -122,6 +122,68 @@ def test_tlsim_follows_a_long_split_re_cut_in_its_own_tiles(monkeypatch):
     torch.testing.assert_close(real, sim, atol=1e-5, rtol=1e-4)
 
 
+def test_a_decode_that_fills_the_gpu_is_cut_into_pieces_of_at_most_ragged_split_keys(monkeypatch):
+    """The ragged split, off by default: when set, a sequence longer than RAGGED_SPLIT_KEYS is cut, NUM_SPLITS a
+    power of two, with the decode's own tile config; a bound at or under it, prefill and verification are not cut."""
+    import kernels.tiling as tiling
+
+    assert tiling.RAGGED_SPLIT_KEYS is None and choose_tiling(128, 4, 1, 64, 8, 31024, kv_fp8=True).NUM_SPLITS == 1
+    monkeypatch.setattr(tiling, "RAGGED_SPLIT_KEYS", 8192)
+    llama = choose_tiling(128, 4, 1, 64, 8, 31024, kv_fp8=True)  # llama3_8b_decode_fp8's 64 lengths, 1000-31024
+    assert (llama.NUM_SPLITS, llama.SPLIT_SIZE, llama.TUNING_KEY[2]) == (
+        4,
+        7936,
+        "decode",
+    )  # 31024 / 4 in 256-key tiles
+    assert llama.TILE_N == 256 and llama.FP8_DOTS_FP16
+    twin = choose_tiling(128, 4, 1, 64, 8, 31024)
+    assert (twin.NUM_SPLITS, twin.SPLIT_SIZE, twin.TILE_N) == (4, 7808, 128)
+    assert choose_tiling(128, 4, 1, 32, 8, 16384, kv_fp8=True).NUM_SPLITS == 2
+    assert choose_tiling(128, 4, 1, 64, 8, 8192, kv_fp8=True).NUM_SPLITS == 1  # at the bound: one piece
+    assert choose_tiling(128, 4, 1, 2048, 8, 10**6).NUM_SPLITS == 64  # MAX_SPLITS
+    assert choose_tiling(128, 4, 512, 64, 8, 32768).NUM_SPLITS == 1  # prefill
+    assert choose_tiling(128, 4, 4, 64, 8, 32768).NUM_SPLITS == 1  # verification
+
+
+@pytest.mark.parametrize("kv", ["float32", "bfloat16", "fp8_e4m3"])
+def test_kernel_tlsim_and_oracle_agree_on_a_ragged_split(monkeypatch, kv):
+    """A ragged decode cut by the ragged split (its bounds lowered to fit the interpreter: 8 programs fill
+    the "GPU", pieces of at most 32 keys in 16-key tiles): sequences of 1-4 pieces and empty trailing
+    splits; the kernel matches the oracle, tlsim the kernel, and the split really happened."""
+    import kernels.tiling as tiling
+    from harness.run.oracle import paged_attention_oracle
+    from kernels.fp8 import quantize_kv
+    from tests.kernel_cases import KernelCase
+
+    monkeypatch.setattr(tiling, "TARGET_PROGRAMS", 8)
+    monkeypatch.setattr(tiling, "RAGGED_SPLIT_KEYS", 32)
+    dtype = "float32" if kv == "float32" else "bfloat16"
+    case = KernelCase("ragged", num_q_heads=8, num_kv_heads=2, seq_lens=(100, 7, 40, 33), q_lens=(1, 1, 1, 1),
+                      dtype=dtype)  # fmt: skip
+    inputs = case.inputs("cuda" if torch.cuda.is_available() else "cpu")
+    args, scales = inputs.args(), {}
+    if kv.startswith("fp8"):
+        k_scale = float(inputs.k_cache.float().abs().nan_to_num(0.0).amax()) / 448
+        v_scale = float(inputs.v_cache.float().abs().nan_to_num(0.0).amax()) / 448
+        k8 = quantize_kv(inputs.k_cache, torch.tensor([k_scale] * 2, device=inputs.q.device), torch.float8_e4m3fn)
+        v8 = quantize_kv(inputs.v_cache, torch.tensor([v_scale] * 2, device=inputs.q.device), torch.float8_e4m3fn)
+        args, scales = (args[0], k8, v8, *args[3:]), {"k_scale": k_scale, "v_scale": v_scale}
+    hints = {"max_q_len": 1, "max_seq_len": 100}
+    with tuning.override(tuning.TileConfig(16, 1, 16, 4, 2)):
+        chosen = tiling_for(prepare_call(*args, check=False, **scales), **hints)
+        assert (chosen.NUM_SPLITS, chosen.SPLIT_SIZE, chosen.TUNING_KEY[2]) == (4, 32, "decode")
+        real = kernels.paged_attention_triton(*args, **hints, **scales)
+        sim = kernels.paged_attention_tlsim(*args, **hints, **scales)
+    oracle = paged_attention_oracle(*args, **scales)
+    if kv == "float32":
+        torch.testing.assert_close(real, sim, atol=1e-5, rtol=1e-4)
+        torch.testing.assert_close(real.double().cpu(), oracle.double().cpu(), atol=1e-5, rtol=1e-4)
+    else:  # the same roundings in the same places: two output ulps; the oracle within bf16's tolerance
+        gap = (real.double() - sim.double()).abs()
+        assert bool((gap <= 2 * 2**-7 * real.double().abs().clamp_min(2**-6)).all()), float(gap.max())
+        torch.testing.assert_close(real.double().cpu(), oracle.double().cpu(), atol=1e-2, rtol=1e-2)
+
+
 def test_an_fp8_decode_runs_its_fp16_dots_on_every_decode_key_and_never_on_prefill():
     """The fp16-dot path (FP8_DOTS_FP16) belongs to every decode query class, the long split's included."""
     for seqs, kv_heads, length in ((32, 8, 16384), (4, 8, 16384), (8, 8, 32768)):  # unsplit, split, long split

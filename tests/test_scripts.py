@@ -6,6 +6,7 @@ import json
 import os
 import subprocess
 import sys
+import types
 from pathlib import Path
 
 import pandas as pd
@@ -184,6 +185,70 @@ def test_kernel_ab_reports_a_kernel_whose_output_differs():
 
     record = _ab_record(kernels.paged_attention_tlsim, lambda *a, **k: kernels.paged_attention_tlsim(*a, **k) + 1)
     assert record["verdict"] == "output differs" and "ratio" not in record
+
+
+def test_kernel_ab_times_cases_with_options_passing_them_to_both_sides():
+    """An fp8 case's scales and a variant's options reach the base's entry and the new one's alike."""
+    import kernels
+    from harness.cases.loading import load_cases
+    from harness.cases.packaged import resolve_case_arg
+    from scripts.kernel_ab import time_case, timeable
+
+    loaded = load_cases([resolve_case_arg("variants")], device="cpu", backends=["triton"])
+    kept = {c.id for c in timeable(loaded)}
+    assert "llama3_8b_decode_fp8" in kept and "llama3_8b_decode_bf16_twin" in kept
+    case = min((c for c in timeable(loaded) if c.id.startswith("fp8_kv_decode")), key=lambda c: sum(c.seq_lens))
+    assert "fp8_kv" in case.options
+    seen = {"base": [], "new": []}
+
+    def side(name):
+        def entry(*args, **kwargs):
+            seen[name].append(sorted(k for k in kwargs if k.endswith("_scale") and kwargs[k] is not None))
+            return kernels.paged_attention_tlsim(*args, **kwargs)
+
+        return entry
+
+    saved = kernels.paged_attention_triton
+    try:
+        modules = {name: types.SimpleNamespace(paged_attention_triton=side(name)) for name in seen}
+        record = time_case(case, modules, "cpu", 6, {"min_reps": 1, "max_reps": 1})
+    finally:
+        kernels.paged_attention_triton = saved
+    assert record["verdict"] in {"slower", "faster", "same", "cannot tell"}, record
+    assert seen["base"] and seen["new"] and all(k == ["k_scale", "v_scale"] for k in seen["base"] + seen["new"])
+
+
+def test_kernel_ab_with_tiling_gives_the_base_side_the_base_revisions_split_choice_and_tuning(tmp_path, monkeypatch):
+    """--with tiling tuning: the base kernel's tiling_for is the base revision's, whose tile_config is the base's
+    tuning; the new side keeps the working tree's; a base split choice that differs is the one the base runs."""
+    import kernels
+    import kernels.tiling
+    import kernels.tuning
+    from scripts import kernel_ab
+
+    real_show = kernel_ab._git_show
+    edited = "RAGGED_SPLIT_KEYS: int | None = 123\n"
+
+    def show(rev, path):  # the base's tiling.py with a ragged split the working tree does not have
+        text = real_show(rev, path)
+        return text + edited if path.name == "tiling.py" else text
+
+    monkeypatch.setattr(kernel_ab, "_git_show", show)
+    saved = kernels.paged_attention_triton
+    try:
+        modules = kernel_ab.kernel_modules("HEAD", tmp_path, ("tiling", "tuning"))
+        base_tiling = sys.modules["kernels._ab_base_tiling"]
+        assert modules["base"].tiling_for is base_tiling.tiling_for is not kernels.tiling.tiling_for
+        assert base_tiling.tile_config is sys.modules["kernels._ab_base_tuning"].tile_config
+        assert base_tiling.tile_config is not kernels.tuning.tile_config
+        assert modules["new"].tiling_for is kernels.tiling.tiling_for
+        assert base_tiling.RAGGED_SPLIT_KEYS == 123 and kernels.tiling.RAGGED_SPLIT_KEYS != 123
+        record = kernel_ab.time_case(kernel_ab.dry_case(), modules, "cpu", 6, {"min_reps": 1, "max_reps": 1})
+        assert record["verdict"] in {"slower", "faster", "same", "cannot tell"}, record
+    finally:
+        kernel_ab.remove_modules()
+        kernels.paged_attention_triton = saved
+    assert not any(name.startswith("kernels._ab") for name in sys.modules)
 
 
 def test_kernel_ab_exits_2_on_a_base_it_cannot_read_and_leaves_no_module_behind():
