@@ -107,6 +107,8 @@ def check_kv_scale(name: str, value, kv_fp8: bool, num_kv_heads: int, device: to
         fail(f"{name} must be a float or a float32 tensor of 1 or num_kv_heads = {num_kv_heads} elements, got {got}")
     if value.device != device:
         fail(f"{name} must be on q's device ({device}), got {value.device}")
+    if value.shape == (num_kv_heads,) and value.is_contiguous():  # already the kernels' form: a plan hit passes it on
+        return value
     return value.reshape(-1).expand(num_kv_heads).contiguous()
 
 
