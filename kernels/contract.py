@@ -12,9 +12,12 @@ on (tests/conftest.py).
 
 from __future__ import annotations
 
+import inspect
 import math
 import os
+from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
@@ -26,8 +29,6 @@ SUPPORTED_DTYPES = tuple(DTYPES.values())
 MIN_HEAD_DIM, MAX_HEAD_DIM = 32, 576  # 576: MLA's K (512 latent + 64 rope); V may differ (head_dim_v)
 MIN_BLOCK_SIZE, MAX_BLOCK_SIZE = 1, 256
 CHECK_ENV = "PAGED_ATTENTION_CHECK"
-# The keyword options prepare_call checks into a PagedCall (return_lse and the hints are the entry's).
-CALL_OPTIONS = ("sliding_window", "logit_softcap", "sinks", "alibi_slopes", "k_scale", "v_scale")
 
 
 def getenv(name: str) -> str | None:
@@ -47,7 +48,137 @@ def checks_enabled(check: bool | None = None) -> bool:
     return bool(check)
 
 
+def fail(msg: str) -> None:
+    raise ValueError(f"paged attention: {msg}")
+
+
+# The keyword options' checks: (name, value, q, k_cache) -> the value the kernels get; each raises
+# ValueError naming the option. They read metadata only (q and k_cache already checked).
+
+
+def check_int_at_least_1(name: str, value, q, k_cache) -> int | None:
+    """None, or a host int >= 1 (a bool is refused)."""
+    if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
+        fail(f"{name} must be an int >= 1 or None, got {value!r}")
+    return value
+
+
+def check_positive_float(name: str, value, q, k_cache) -> float | None:
+    """None, or a positive finite host number (as a float)."""
+    if value is None:
+        return None
+    value = float(value)
+    if not (value > 0 and math.isfinite(value)):
+        fail(f"{name} must be a positive finite number or None, got {value}")
+    return value
+
+
+def check_q_head_vector(name: str, value, q, k_cache) -> torch.Tensor | None:
+    """None, or a [num_q_heads] float32 tensor on q's device (made contiguous)."""
+    if value is None:
+        return None
+    num_q_heads = q.shape[1]
+    if not isinstance(value, torch.Tensor) or value.shape != (num_q_heads,) or value.dtype != torch.float32:
+        got = f"{value.dtype} {tuple(value.shape)}" if isinstance(value, torch.Tensor) else type(value).__name__
+        fail(f"{name} must be a float32 tensor [num_q_heads] = [{num_q_heads}], got {got}")
+    if value.device != q.device:
+        fail(f"{name} must be on q's device ({q.device}), got {value.device}")
+    return value.contiguous()
+
+
+def check_kv_scale(name: str, value, kv_fp8: bool, num_kv_heads: int, device: torch.device) -> torch.Tensor | None:
+    """k_scale / v_scale of an fp8 cache as a [num_kv_heads] fp32 tensor on q's device; None for another cache.
+
+    Accepted: None (1.0), a positive finite host float (per tensor), or an fp32 tensor of
+    1 or num_kv_heads elements (per tensor, or per KV head). A device tensor is used as it
+    is (no value is read: no sync); a host float becomes a device fill, also sync-free.
+    """
+    if not kv_fp8:
+        if value is not None:
+            fail(f"{name} applies to an fp8 cache (float8_e4m3fn, float8_e5m2) only; this cache is not fp8")
+        return None
+    if value is None or (isinstance(value, int | float) and not isinstance(value, bool)):
+        value = 1.0 if value is None else float(value)
+        if not (value > 0 and math.isfinite(value)):
+            fail(f"{name} must be a positive finite number, got {value}")
+        return torch.full((num_kv_heads,), value, dtype=torch.float32, device=device)
+    if not isinstance(value, torch.Tensor) or value.dtype != torch.float32 or value.numel() not in (1, num_kv_heads):
+        got = f"{value.dtype} {tuple(value.shape)}" if isinstance(value, torch.Tensor) else type(value).__name__
+        fail(f"{name} must be a float or a float32 tensor of 1 or num_kv_heads = {num_kv_heads} elements, got {got}")
+    if value.device != device:
+        fail(f"{name} must be on q's device ({device}), got {value.device}")
+    if value.shape == (num_kv_heads,) and value.is_contiguous():  # already the kernels' form: a plan hit passes it on
+        return value
+    return value.reshape(-1).expand(num_kv_heads).contiguous()
+
+
+def check_cache_scale(name: str, value, q, k_cache) -> torch.Tensor | None:
+    """:func:`check_kv_scale` for the call's cache."""
+    return check_kv_scale(name, value, k_cache.dtype in FP8_DTYPES, k_cache.shape[2], q.device)
+
+
 @dataclass(frozen=True)
+class OptionKind:
+    """How a keyword option travels. A host option is a Python number: a launch plan's key holds
+    its value, and a plan bakes it in. A device option is a tensor (or becomes one): the key holds
+    its metadata, and every launch is handed it (kernels/launch_plan.py)."""
+
+    name: str
+    annotation: str  # its annotation in the entry's signature
+    host: bool
+
+
+HOST_INT = OptionKind("host int", "int | None", host=True)
+HOST_FLOAT = OptionKind("host float", "float | None", host=True)
+Q_HEAD_VECTOR = OptionKind("per-query-head fp32 vector", "torch.Tensor | None", host=False)
+KV_SCALE = OptionKind("fp8 cache scale", "float | torch.Tensor | None", host=False)
+
+
+@dataclass(frozen=True)
+class CallOption:
+    """One keyword option of the contract call: a row of :data:`CALL_OPTION_TABLE`."""
+
+    name: str
+    kind: OptionKind
+    check: Callable[[str, Any, torch.Tensor, torch.Tensor], Any]  # (name, value, q, k_cache) -> the kernels' value
+    doc: str  # its line(s) in the entry's docstring (CONTRACT_DOC)
+
+
+# The keyword options that shape a call: the one place the kernels spell them. The entry's signature
+# and docstring, prepare_call's checks, PagedCall's fields (each option's checked value, None: off),
+# the launch-plan key and what a plan hit hands the launch all follow this table, in its order. An
+# option is off when None. (return_lse and the hints are the entry's own keywords: they shape the
+# output and the launch, not the attention.) The harness's rows (harness/cases/variants.py) name
+# these keywords; tests/test_vocabulary_agrees.py ties the two tables.
+CALL_OPTION_TABLE: tuple[CallOption, ...] = (
+    CallOption("sliding_window", HOST_INT, check_int_at_least_1,
+               "host int W >= 1: a query sees its W most recent keys, itself included"),
+    CallOption("logit_softcap", HOST_FLOAT, check_positive_float,
+               "host float cap > 0: scaled logits z -> cap * tanh(z / cap)"),
+    CallOption("sinks", Q_HEAD_VECTOR, check_q_head_vector,
+               "[num_q_heads] fp32: a per-head logit in the denominator only"),
+    CallOption("alibi_slopes", Q_HEAD_VECTOR, check_q_head_vector,
+               "[num_q_heads] fp32: slope_h * (key_pos - query_pos) added to the logits"),
+    CallOption("k_scale", KV_SCALE, check_cache_scale,
+               "an fp8 cache's K scale (host float, or fp32 [1] / [num_kv_heads] on the device):\n"
+               "K = k_cache.float() * k_scale"),
+    CallOption("v_scale", KV_SCALE, check_cache_scale, "the same for V: V = v_cache.float() * v_scale"),
+)  # fmt: skip
+CALL_OPTIONS: tuple[str, ...] = tuple(option.name for option in CALL_OPTION_TABLE)
+# The device options in table order: a plan's launch takes them after lse, in this order.
+DEVICE_OPTIONS: tuple[str, ...] = tuple(option.name for option in CALL_OPTION_TABLE if not option.kind.host)
+
+
+def _with_option_fields(cls):
+    """Give the dataclass-to-be ``cls`` one field per call option, after its own, in table order (default None: off)."""
+    for option in CALL_OPTION_TABLE:
+        cls.__annotations__[option.name] = option.kind.annotation
+        setattr(cls, option.name, None)
+    return cls
+
+
+@dataclass(frozen=True)
+@_with_option_fields
 class PagedCall:
     """A validated paged-attention call, with the derived sizes every backend needs.
 
@@ -72,14 +203,9 @@ class PagedCall:
     head_dim: int
     block_size: int
     head_dim_v: int = 0  # V's head dim (the output's); 0 given means head_dim
-    # The attention variants (docs/contract.md, "Attention variants"); None: off.
-    sliding_window: int | None = None
-    logit_softcap: float | None = None
-    sinks: torch.Tensor | None = None  # [num_q_heads] fp32, contiguous
-    alibi_slopes: torch.Tensor | None = None  # [num_q_heads] fp32, contiguous
-    # An fp8 cache's dequantization scales, [num_kv_heads] fp32 (a per-tensor scale repeated); None: not fp8.
-    k_scale: torch.Tensor | None = None
-    v_scale: torch.Tensor | None = None
+    # Then a field per call option (CALL_OPTION_TABLE), its checked value: sliding_window, logit_softcap,
+    # sinks and alibi_slopes ([num_q_heads] fp32, contiguous) as given; an fp8 cache's k_scale and v_scale
+    # as [num_kv_heads] fp32 (a per-tensor scale repeated); None: off (k_scale None: not fp8).
 
     @property
     def kv_fp8(self) -> bool:
@@ -118,17 +244,12 @@ class PagedCall:
         return self.block_table.shape[1] * self.block_size
 
 
-def fail(msg: str) -> None:
-    raise ValueError(f"paged attention: {msg}")
-
-
 def prepare_call(q, k_cache, v_cache, block_table, seq_lens, query_start_loc=None, scale=None, check=None, **options):
     """Check a call against the contract; fill in defaults; return the :class:`PagedCall`.
 
     Reads no tensor value unless checking (``check``: bool or None, see :func:`checks_enabled`).
-    ``options`` are the contract's keyword options that shape the call, by name (CALL_OPTIONS:
-    sliding_window, logit_softcap, sinks, alibi_slopes, k_scale, v_scale; see
-    :func:`contract_entry` for their meaning); another name is a TypeError.
+    ``options`` are the contract's keyword options that shape the call, by name (the rows of
+    :data:`CALL_OPTION_TABLE`, each checked by its row's check); another name is a TypeError.
 
     Raises ValueError naming the offending argument. Shapes, dtypes and devices are always
     checked, and the index tensors (block_table, seq_lens, query_start_loc) are made
@@ -148,7 +269,6 @@ def prepare_call(q, k_cache, v_cache, block_table, seq_lens, query_start_loc=Non
         fail(f"head_dim of q ({head_dim}) and of the caches ({kv_head_dim}) differ")
     if num_q_heads % num_kv_heads:
         fail(f"num_q_heads ({num_q_heads}) must be a multiple of num_kv_heads ({num_kv_heads})")
-    kv_fp8 = k_cache.dtype in FP8_DTYPES
     if q.dtype not in SUPPORTED_DTYPES or k_cache.dtype not in (q.dtype, *FP8_DTYPES) or v_cache.dtype != k_cache.dtype:
         fail(
             "q, k_cache, v_cache must share one of fp32/fp16/bf16 (or k_cache and v_cache both one fp8 "
@@ -182,11 +302,7 @@ def prepare_call(q, k_cache, v_cache, block_table, seq_lens, query_start_loc=Non
         fail(f"scale must be a positive finite number, got {scale}")
     if unknown := sorted(set(options) - set(CALL_OPTIONS)):
         raise TypeError(f"paged attention got unexpected keyword argument(s) {unknown}; options: {CALL_OPTIONS}")
-    sliding_window, logit_softcap = _check_scalar_options(options.get("sliding_window"), options.get("logit_softcap"))
-    sinks = _check_head_vector("sinks", options.get("sinks"), num_q_heads, q.device)
-    alibi_slopes = _check_head_vector("alibi_slopes", options.get("alibi_slopes"), num_q_heads, q.device)
-    k_scale = check_kv_scale("k_scale", options.get("k_scale"), kv_fp8, num_kv_heads, q.device)
-    v_scale = check_kv_scale("v_scale", options.get("v_scale"), kv_fp8, num_kv_heads, q.device)
+    checked_options = {o.name: o.check(o.name, options.get(o.name), q, k_cache) for o in CALL_OPTION_TABLE}
     call = PagedCall(
         q=q,
         k_cache=k_cache,
@@ -201,65 +317,11 @@ def prepare_call(q, k_cache, v_cache, block_table, seq_lens, query_start_loc=Non
         head_dim=head_dim,
         block_size=block_size,
         head_dim_v=v_cache.shape[3],
-        sliding_window=sliding_window,
-        logit_softcap=logit_softcap,
-        sinks=sinks,
-        alibi_slopes=alibi_slopes,
-        k_scale=k_scale,
-        v_scale=v_scale,
+        **checked_options,
     )
     if checks_enabled(check):
         check_values(call)
     return call
-
-
-def _check_scalar_options(sliding_window, logit_softcap) -> tuple[int | None, float | None]:
-    """sliding_window: a host int >= 1 (or None); logit_softcap: a positive finite float (or None)."""
-    if sliding_window is not None and (
-        isinstance(sliding_window, bool) or not isinstance(sliding_window, int) or sliding_window < 1
-    ):
-        fail(f"sliding_window must be an int >= 1 (keys a query sees, itself included) or None, got {sliding_window!r}")
-    if logit_softcap is not None:
-        logit_softcap = float(logit_softcap)
-        if not (logit_softcap > 0 and math.isfinite(logit_softcap)):
-            fail(f"logit_softcap must be a positive finite number or None, got {logit_softcap}")
-    return sliding_window, logit_softcap
-
-
-def _check_head_vector(name: str, value, num_q_heads: int, device: torch.device) -> torch.Tensor | None:
-    """sinks / alibi_slopes: None, or a [num_q_heads] float32 tensor on q's device (made contiguous)."""
-    if value is None:
-        return None
-    if not isinstance(value, torch.Tensor) or value.shape != (num_q_heads,) or value.dtype != torch.float32:
-        got = f"{value.dtype} {tuple(value.shape)}" if isinstance(value, torch.Tensor) else type(value).__name__
-        fail(f"{name} must be a float32 tensor [num_q_heads] = [{num_q_heads}], got {got}")
-    if value.device != device:
-        fail(f"{name} must be on q's device ({device}), got {value.device}")
-    return value.contiguous()
-
-
-def check_kv_scale(name: str, value, kv_fp8: bool, num_kv_heads: int, device: torch.device) -> torch.Tensor | None:
-    """k_scale / v_scale of an fp8 cache as a [num_kv_heads] fp32 tensor on q's device; None for another cache.
-
-    Accepted: None (1.0), a positive finite host float (per tensor), or an fp32 tensor of
-    1 or num_kv_heads elements (per tensor, or per KV head). A device tensor is used as it
-    is (no value is read: no sync); a host float becomes a device fill, also sync-free.
-    """
-    if not kv_fp8:
-        if value is not None:
-            fail(f"{name} applies to an fp8 cache (float8_e4m3fn, float8_e5m2) only; this cache is not fp8")
-        return None
-    if value is None or (isinstance(value, int | float) and not isinstance(value, bool)):
-        value = 1.0 if value is None else float(value)
-        if not (value > 0 and math.isfinite(value)):
-            fail(f"{name} must be a positive finite number, got {value}")
-        return torch.full((num_kv_heads,), value, dtype=torch.float32, device=device)
-    if not isinstance(value, torch.Tensor) or value.dtype != torch.float32 or value.numel() not in (1, num_kv_heads):
-        got = f"{value.dtype} {tuple(value.shape)}" if isinstance(value, torch.Tensor) else type(value).__name__
-        fail(f"{name} must be a float or a float32 tensor of 1 or num_kv_heads = {num_kv_heads} elements, got {got}")
-    if value.device != device:
-        fail(f"{name} must be on q's device ({device}), got {value.device}")
-    return value.reshape(-1).expand(num_kv_heads).contiguous()
 
 
 def check_values(call: PagedCall) -> None:
@@ -332,6 +394,12 @@ def prepare_out(call: PagedCall, out: torch.Tensor | None) -> torch.Tensor:
     return out
 
 
+def _option_doc(option: CallOption) -> str:
+    """A call option's lines in CONTRACT_DOC: its name, then its doc, continued under the doc's first line."""
+    first, *rest = option.doc.split("\n")
+    return "".join([f"    {option.name:<15} {first}\n", *(f"{'':20}{line}\n" for line in rest)])
+
+
 CONTRACT_DOC = """
     The contract (docs/contract.md); every tensor on one device:
 
@@ -348,15 +416,18 @@ CONTRACT_DOC = """
     max_q_len       host int hint, an upper bound of every q_len (tile height; never the result)
     max_seq_len     host int hint, an upper bound of every seq_len (the KV split; never the result)
     check           run the value checks (device syncs); None: $PAGED_ATTENTION_CHECK == "1"
-    sliding_window  host int W >= 1: a query sees its W most recent keys, itself included
-    logit_softcap   host float cap > 0: scaled logits z -> cap * tanh(z / cap)
-    sinks           [num_q_heads] fp32: a per-head logit in the denominator only
-    alibi_slopes    [num_q_heads] fp32: slope_h * (key_pos - query_pos) added to the logits
     return_lse      also return lse [num_tokens, num_q_heads] fp32, ln of each row's softmax
                     denominator, the sink included
-    k_scale/v_scale an fp8 cache's scales (host float, or fp32 [1] / [num_kv_heads] on the device):
-                    K = k_cache.float() * k_scale
-"""
+""" + "".join(map(_option_doc, CALL_OPTION_TABLE))
+
+
+def _entry_signature(entry) -> inspect.Signature:
+    """entry's signature with its ``**options`` spelled out: a keyword-only parameter per call option, default None."""
+    signature = inspect.signature(entry)
+    fixed = [p for p in signature.parameters.values() if p.kind is not inspect.Parameter.VAR_KEYWORD]
+    options = [inspect.Parameter(o.name, inspect.Parameter.KEYWORD_ONLY, default=None, annotation=o.kind.annotation)
+               for o in CALL_OPTION_TABLE]  # fmt: skip
+    return signature.replace(parameters=[*fixed, *options])
 
 
 def contract_entry(impl=None, *, plans=None):
@@ -366,12 +437,15 @@ def contract_entry(impl=None, *, plans=None):
     (:func:`prepare_call`), allocates or checks ``out`` and the lse buffer, lets ``impl`` fill
     them, and returns ``out`` or ``(out, lse)``. It keeps impl's name and module, and its
     docstring followed by :data:`CONTRACT_DOC`; ``inspect.signature`` and ``help()`` show the
-    real signature below (no ``__wrapped__``: impl's own parameters are an implementation detail).
+    real signature below, each call option (:data:`CALL_OPTION_TABLE`) a keyword-only parameter,
+    though the function takes them as ``**options`` (no ``__wrapped__``: impl's own parameters
+    are an implementation detail).
 
     ``plans`` (a :class:`kernels.launch_plan.PlanCache`; used as ``@contract_entry(plans=...)``)
     lets a repeated call skip that host work: ``impl`` then returns a plan, an object whose
-    ``launch(q, k_cache, v_cache, block_table, seq_lens, query_start_loc, out, lse, sinks,
-    alibi_slopes, k_scale, v_scale)`` redoes the call from checked tensors; the cache files it
+    ``launch(q, k_cache, v_cache, block_table, seq_lens, query_start_loc, out, lse, *options)``
+    (``options``: the device options' values, :data:`DEVICE_OPTIONS`: sinks, alibi_slopes,
+    k_scale, v_scale) redoes the call from checked tensors; the cache files it
     in a recipe (``plans.recipe``) that prepares those tensors from the raw arguments, and a
     later call with the same key (kernels/launch_plan.py says what it holds) goes straight to
     ``recipe.run``. The value checks still run on every call that asks for them.
@@ -392,46 +466,32 @@ def contract_entry(impl=None, *, plans=None):
         max_q_len: int | None = None,
         max_seq_len: int | None = None,
         check: bool | None = None,
-        sliding_window: int | None = None,
-        logit_softcap: float | None = None,
-        sinks: torch.Tensor | None = None,
-        alibi_slopes: torch.Tensor | None = None,
         return_lse: bool = False,
-        k_scale: float | torch.Tensor | None = None,
-        v_scale: float | torch.Tensor | None = None,
+        **options,
     ):
         key = None
         if plans is not None:
             key = plans.key(
                 q, k_cache, v_cache, block_table, seq_lens, query_start_loc, scale, out, max_q_len, max_seq_len,
-                sliding_window, logit_softcap, sinks, alibi_slopes, return_lse, k_scale, v_scale,
+                return_lse, options,
             )  # fmt: skip
             if key is not None and (recipe := plans.get(key)) is not None:
                 # checks_enabled(check), inline: value checks read the device, and are never skipped
                 if check if check is not None else getenv(CHECK_ENV) == "1":
                     prepare_call(
-                        q, k_cache, v_cache, block_table, seq_lens, query_start_loc, scale, check=True,
-                        sliding_window=sliding_window, logit_softcap=logit_softcap, sinks=sinks,
-                        alibi_slopes=alibi_slopes, k_scale=k_scale, v_scale=v_scale,
-                    )  # fmt: skip
-                return recipe.run(
-                    q, k_cache, v_cache, block_table, seq_lens, query_start_loc, out, sinks, alibi_slopes, k_scale,
-                    v_scale,
-                )  # fmt: skip
-        call = prepare_call(
-            q, k_cache, v_cache, block_table, seq_lens, query_start_loc, scale, check=check,
-            sliding_window=sliding_window, logit_softcap=logit_softcap, sinks=sinks, alibi_slopes=alibi_slopes,
-            k_scale=k_scale, v_scale=v_scale,
-        )  # fmt: skip
+                        q, k_cache, v_cache, block_table, seq_lens, query_start_loc, scale, check=True, **options
+                    )
+                return recipe.run(q, k_cache, v_cache, block_table, seq_lens, query_start_loc, out, options)
+        call = prepare_call(q, k_cache, v_cache, block_table, seq_lens, query_start_loc, scale, check=check, **options)
         out_given = out is not None
         out = prepare_out(call, out)
         lse = prepare_lse(call, return_lse)
         plan = impl(call, out, lse, max_q_len=max_q_len, max_seq_len=max_seq_len)
         if key is not None and plan is not None:
-            raw_index, raw_vectors = (block_table, seq_lens, query_start_loc), (sinks, alibi_slopes)
-            plans.put(key, plans.recipe(call, out_given, lse, raw_index, raw_vectors, plan))
+            plans.put(key, plans.recipe(call, out_given, lse, (block_table, seq_lens, query_start_loc), options, plan))
         return with_lse(out, lse)
 
     entry.__name__, entry.__qualname__, entry.__module__ = impl.__name__, impl.__qualname__, impl.__module__
     entry.__doc__ = (impl.__doc__ or "").rstrip() + "\n" + CONTRACT_DOC
+    entry.__signature__ = _entry_signature(entry)
     return entry

@@ -10,10 +10,13 @@ The key (:func:`call_key`) covers every input a host decision reads:
 
 * each tensor argument's shape, strides, dtype, device, and its data_ptr mod 16 (Triton
   specializes on a multiple of 16 or not); None for an absent one (query_start_loc, out,
-  sinks, alibi_slopes, k_scale, v_scale);
-* each host scalar (scale, the hints max_q_len / max_seq_len, sliding_window,
-  logit_softcap, return_lse, a float k_scale / v_scale) with its exact type and value,
-  so ``True`` (rejected as a window) never meets ``1``;
+  a device option such as sinks or k_scale);
+* each host scalar (scale, the hints max_q_len / max_seq_len, return_lse, a host option such
+  as sliding_window, a float k_scale) with its exact type and value, so ``True`` (rejected
+  as a window) never meets ``1``;
+* the keyword options (kernels.contract.CALL_OPTION_TABLE) as the caller gave them: each
+  as (name, its part), in the caller's order (the same options in another order, or one
+  given as None, file a plan of their own: a duplicate, never a wrong one);
 * the tuning override (``kernels.tuning.override``, the tuner's candidates) and, on CUDA,
   the current device (a compiled kernel is loaded in one device's context).
 
@@ -41,7 +44,7 @@ from typing import Any
 import torch
 
 from . import tuning
-from .contract import check_kv_scale, contiguous_strides
+from .contract import CALL_OPTION_TABLE, DEVICE_OPTIONS, contiguous_strides
 
 PLAN_CACHE_ENV = "PAGED_ATTN_PLAN_CACHE"
 MAX_PLANS = 256
@@ -107,17 +110,23 @@ def _describe_host_scalar(x: Any) -> Any:
     raise _Uncacheable
 
 
+# Each call option's part of the key, by name: a host option is read for its value, a device option
+# for its metadata (kernels.contract.OptionKind).
+_OPTION_KEY = {o.name: _describe_host_scalar if o.kind.host else _describe for o in CALL_OPTION_TABLE}
+
+
 def call_key(
-    q, k_cache, v_cache, block_table, seq_lens, query_start_loc, scale, out,
-    max_q_len, max_seq_len, sliding_window, logit_softcap, sinks, alibi_slopes, return_lse, k_scale, v_scale,
+    q, k_cache, v_cache, block_table, seq_lens, query_start_loc, scale, out, max_q_len, max_seq_len, return_lse,
+    options,
 ) -> tuple | None:  # fmt: skip
-    """The plan key of a contract call (the module docstring lists what it holds); None: not
-    cacheable, or the plans are off (:func:`set_enabled`).
+    """The plan key of a contract call, ``options`` its keyword options (a dict); the module
+    docstring lists what it holds. None: not cacheable, or the plans are off (:func:`set_enabled`).
 
     Spelled out flat rather than as a loop: it runs on every call, and its cost is the floor
     of a hit's (about 5 us on a slow host, most of it torch's attribute reads). A pointer's
     alignment is kept as ``data_ptr & 15``: each residue its own plan, a finer split than
-    Triton's (multiple of 16 or not), so never a wrong one.
+    Triton's (multiple of 16 or not), so never a wrong one. A name that is no call option
+    makes the call uncacheable: the full path refuses it (TypeError).
     """
     if not _enabled:
         return None
@@ -135,18 +144,13 @@ def call_key(
             None if out is None else _describe(out),
             None if max_q_len is None else _describe_host_scalar(max_q_len),
             None if max_seq_len is None else _describe_host_scalar(max_seq_len),
-            None if sliding_window is None else _describe_host_scalar(sliding_window),
-            None if logit_softcap is None else _describe_host_scalar(logit_softcap),
-            None if sinks is None else _describe(sinks),
-            None if alibi_slopes is None else _describe(alibi_slopes),
             return_lse if type(return_lse) is bool else _describe(return_lse),  # True, False, or (type, value)
-            None if k_scale is None else _describe(k_scale),
-            None if v_scale is None else _describe(v_scale),
+            tuple([(name, _OPTION_KEY[name](value)) for name, value in options.items()]) if options else (),
             tuning._override,
             # a compiled kernel belongs to the device current at its first launch
             torch.cuda.current_device() if q.is_cuda else None,
         )  # fmt: skip
-    except _Uncacheable:
+    except (_Uncacheable, KeyError):  # KeyError: no such option
         return None
     return key
 
@@ -194,9 +198,9 @@ class PlanCache:
                     self._plans[oldest] = entry
 
     @staticmethod
-    def recipe(call, out_given: bool, lse, raw_index, raw_vectors, plan) -> CallRecipe:
+    def recipe(call, out_given: bool, lse, raw_index, raw_options, plan) -> CallRecipe:
         """The :class:`CallRecipe` a hit of this call replays (the arguments are CallRecipe's): what to file."""
-        return CallRecipe(call, out_given, lse, raw_index, raw_vectors, plan)
+        return CallRecipe(call, out_given, lse, raw_index, raw_options, plan)
 
     def clear(self) -> None:
         """Forget every plan and zero the hit and miss counts."""
@@ -213,30 +217,34 @@ class PlanCache:
         return len(self._plans)
 
 
+# The device options' checks, in DEVICE_OPTIONS order (a plan's launch takes the options so, after lse);
+# and what a call without them hands the launch.
+_DEVICE_CHECKS = tuple((o.name, o.check) for o in CALL_OPTION_TABLE if not o.kind.host)
+_NO_DEVICE_OPTIONS = (None,) * len(DEVICE_OPTIONS)
+
+
 class CallRecipe:
     """A plan hit's whole replay: the per-call work of :func:`kernels.contract.prepare_call`,
     ``prepare_out`` and ``prepare_lse``, decided once from the key's metadata, then ``plan.launch``.
 
-    ``run(q, k_cache, v_cache, block_table, seq_lens, query_start_loc, out, sinks,
-    alibi_slopes, k_scale, v_scale)`` takes the raw contract arguments, makes the tensors the
-    full path would have made (the index tensors and head vectors contiguous, a copy only where
-    the key says they are not; an fp8 cache's scales as [num_kv_heads] fp32 device tensors;
-    ``out`` or a fresh [num_tokens, num_q_heads, head_dim_v] in q's dtype; a fresh lse
-    [num_tokens, num_q_heads] fp32 when asked for), launches, and returns what the call returns:
-    ``out``, or ``(out, lse)``. A call with none of that to do (the usual one) runs a shorter
-    method: it only allocates ``out`` when not given.
+    ``run(q, k_cache, v_cache, block_table, seq_lens, query_start_loc, out, options)`` takes the
+    raw contract arguments (``options``: the keyword options, a dict), makes the tensors the
+    full path would have made (the index tensors contiguous, a copy only where the key says they
+    are not; the device options as their checks make them: a head vector contiguous, an fp8
+    cache's scales as [num_kv_heads] fp32 device tensors; ``out`` or a fresh [num_tokens,
+    num_q_heads, head_dim_v] in q's dtype; a fresh lse [num_tokens, num_q_heads] fp32 when asked
+    for), launches, and returns what the call returns: ``out``, or ``(out, lse)``. A call with
+    none of that to do (the usual one) runs a shorter method: it only allocates ``out`` when not
+    given, and hands the launch its device options as given.
     """
 
-    __slots__ = ("copy_index", "copy_vectors", "kv_fp8", "lse_shape", "num_kv_heads", "out_like_q", "out_shape",
-                 "plan", "run")  # fmt: skip
+    __slots__ = ("convert", "copy_index", "lse_shape", "out_like_q", "out_shape", "plan", "run")
 
-    def __init__(self, call, out_given: bool, lse: torch.Tensor | None, raw_index, raw_vectors, plan):
+    def __init__(self, call, out_given: bool, lse: torch.Tensor | None, raw_index, raw_options, plan):
         """``call``: the checked PagedCall; ``raw_index``: (block_table, seq_lens, query_start_loc)
-        and ``raw_vectors``: (sinks, alibi_slopes) as the caller passed them; ``plan``: what
+        and ``raw_options``: the keyword options, as the caller passed them; ``plan``: what
         the kernel's entry returned (its ``launch`` is :func:`kernels.contract.contract_entry`'s)."""
         self.copy_index = tuple(t is not None and not t.is_contiguous() for t in raw_index)
-        self.copy_vectors = tuple(t is not None and not t.is_contiguous() for t in raw_vectors)
-        self.kv_fp8, self.num_kv_heads = call.kv_fp8, call.num_kv_heads
         q = call.q
         self.out_shape = None if out_given else (*q.shape[:2], call.head_dim_v)
         # q.new_empty(out_shape) is contiguous; so is empty_like(q), a little cheaper, when q has
@@ -244,21 +252,24 @@ class CallRecipe:
         self.out_like_q = self.out_shape == tuple(q.shape) and q.stride() == contiguous_strides(q.shape)
         self.lse_shape = None if lse is None else tuple(lse.shape)
         self.plan = plan
-        plain = not (any(self.copy_index) or any(self.copy_vectors) or self.kv_fp8 or lse is not None)
+        # Per device option, its check where that handed the kernel another object than the one given (a
+        # contiguous copy, a scale made a tensor), None where it passed the given one on (absent, a contiguous
+        # vector): the key's metadata decides which, for every hit of this key. None: nothing to convert.
+        convert = tuple((name, None if getattr(call, name) is raw_options.get(name) else check)
+                        for name, check in _DEVICE_CHECKS)  # fmt: skip
+        self.convert = convert if any(check for _, check in convert) else None
+        plain = self.convert is None and not any(self.copy_index) and lse is None
         self.run = self._run_plain if plain else self._run
 
-    def _run_plain(self, q, k_cache, v_cache, block_table, seq_lens, query_start_loc, out, sinks, alibi_slopes,
-                   k_scale, v_scale):  # fmt: skip
-        """``run`` when nothing is copied, no scale converted and no lse asked for."""
+    def _run_plain(self, q, k_cache, v_cache, block_table, seq_lens, query_start_loc, out, options):
+        """``run`` when nothing is copied, every device option goes as given and no lse is asked for."""
         if out is None:  # the key says: out was not given when the plan was made either
             out = torch.empty_like(q) if self.out_like_q else q.new_empty(self.out_shape)
-        self.plan.launch(
-            q, k_cache, v_cache, block_table, seq_lens, query_start_loc, out, None, sinks, alibi_slopes, None, None
-        )
+        device_options = map(options.get, DEVICE_OPTIONS) if options else _NO_DEVICE_OPTIONS
+        self.plan.launch(q, k_cache, v_cache, block_table, seq_lens, query_start_loc, out, None, *device_options)
         return out
 
-    def _run(self, q, k_cache, v_cache, block_table, seq_lens, query_start_loc, out, sinks, alibi_slopes,
-             k_scale, v_scale):  # fmt: skip
+    def _run(self, q, k_cache, v_cache, block_table, seq_lens, query_start_loc, out, options):
         copy_bt, copy_sl, copy_qsl = self.copy_index
         if copy_bt:
             block_table = block_table.contiguous()
@@ -266,19 +277,15 @@ class CallRecipe:
             seq_lens = seq_lens.contiguous()
         if copy_qsl:
             query_start_loc = query_start_loc.contiguous()
-        if self.copy_vectors[0]:
-            sinks = sinks.contiguous()
-        if self.copy_vectors[1]:
-            alibi_slopes = alibi_slopes.contiguous()
-        if self.kv_fp8:  # checks passed for this key: this only converts (a host float becomes a device fill)
-            k_scale = check_kv_scale("k_scale", k_scale, True, self.num_kv_heads, q.device)
-            v_scale = check_kv_scale("v_scale", v_scale, True, self.num_kv_heads, q.device)
+        if self.convert is None:
+            device_options = tuple(map(options.get, DEVICE_OPTIONS)) if options else _NO_DEVICE_OPTIONS
+        else:  # the checks passed for this key: here they only convert (contiguous; a host float becomes a device fill)
+            device_options = tuple([options.get(name) if check is None else check(name, options.get(name), q, k_cache)
+                                    for name, check in self.convert])  # fmt: skip
         if self.out_shape is not None:
             out = torch.empty_like(q) if self.out_like_q else q.new_empty(self.out_shape)
         lse = None if self.lse_shape is None else q.new_empty(self.lse_shape, dtype=torch.float32)
-        self.plan.launch(
-            q, k_cache, v_cache, block_table, seq_lens, query_start_loc, out, lse, sinks, alibi_slopes, k_scale, v_scale
-        )
+        self.plan.launch(q, k_cache, v_cache, block_table, seq_lens, query_start_loc, out, lse, *device_options)
         return out if lse is None else (out, lse)
 
 

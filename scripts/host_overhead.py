@@ -209,7 +209,7 @@ def hit_path_steps(device: str = "cpu") -> dict[str, callable]:
             if launch is not None:
                 launch.compiled, launch.jit = compiled, noop
                 launch.constexpr_values = tuple(launch.constexprs.values())
-    key_args = (*args, None, None, None, None, None, None, None, None, False, None, None)  # scale .. v_scale
+    key_args = (*args, None, None, None, None, False, {})  # scale, out, the hints, return_lse, the options
     key = plans.key(*key_args)
     recipe = plans.get(key)
     plan = recipe.plan
@@ -217,7 +217,7 @@ def hit_path_steps(device: str = "cpu") -> dict[str, callable]:
     plan.launch(*launch_args)
     tensors = compiled.last_args[: len(compiled.last_args) - len(plan.main.constexpr_values) - len(plan.main.scalars)]
     runner, grid = compiled[plan.main.grid3], plan.main.grid3
-    run_args = (q, k_cache, v_cache, block_table, seq_lens, query_start_loc, None, None, None, None, None)
+    run_args = (q, k_cache, v_cache, block_table, seq_lens, query_start_loc, None, {})
     dispatched = dispatch.paged_attention_dispatch
     return {
         "paged_attention_dispatch(..., backend='triton'), whole call": lambda: dispatched(*args, backend="triton"),

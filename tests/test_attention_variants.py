@@ -9,7 +9,8 @@ denominator or added once per split, slopes on the wrong head or with the wrong 
 fails the grade. Backends declare the options they support; a backend asked for one it
 lacks is a skip row naming it. Each variant's row (harness.cases.variants) carries the hooks
 that take its case field to the call's keywords and into the oracle, and a row is all the
-harness needs of a new variant.
+harness needs of a new variant: the tests parametrized over the rows grade every built-in
+kernel on each row's example (and on all of them at once) with no edit here.
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ import kernels
 from harness.backends.registry import Backend, contract_prepare
 from harness.cases.inputs import make_inputs
 from harness.cases.spec import CaseFileError, expand_spec
-from harness.cases.variants import CAPABILITIES, VARIANTS, OracleHook, Variant, standard_alibi_slopes, with_options
+from harness.cases.variants import VARIANTS, OracleHook, Variant, standard_alibi_slopes, with_options
 from harness.cases.vocab import DEFAULT_TOLERANCES, Float
 from harness.execute.local import run_cases
 from harness.run.grading import grade
@@ -407,46 +408,67 @@ def test_case_fields_become_call_options():
 
 # --- the variant table: each row's hooks take its case field to the call and into the oracle ----
 
-# The case fields that turn each variant on (a new row needs its entry: the first test fails without).
-TURN_ON = {
-    "sliding_window": {"sliding_window": 2},
-    "logit_softcap": {"logit_softcap": 1.0},
-    "sinks": {"sinks": [3.0, -1.0, 0.5, 2.0]},
-    "alibi_slopes": {"alibi": True},
-    "return_lse": {"return_lse": True},
-    "fp8_kv": {"kv_dtype": "float8_e4m3fn"},
-    "head_dim_v": {"head_dim_v": 64},
-}
-# Variants with no oracle hook: the oracle's output shows them by its form (tests/test_variants_lse.py, _mla.py).
-OUTPUT_FORM = {"return_lse": lambda out: isinstance(out, tuple), "head_dim_v": lambda out: out.shape[-1] == 64}
 STAGES = ("kv", "score", "mask", "sink")
 
 
-def test_every_variant_has_its_hooks_and_a_case_that_turns_it_on():
-    assert set(TURN_ON) == set(CAPABILITIES)
-    for variant in VARIANTS:
-        assert (variant.inputs is not None) == bool(variant.keywords), (
-            f"{variant.capability}: a keyword needs an input hook"
-        )
-        hooked = any(getattr(variant.oracle, stage) for stage in STAGES)
-        assert hooked != (variant.capability in OUTPUT_FORM), f"{variant.capability}: an oracle hook, or an output form"
+def _output_form(out) -> tuple:
+    """What the oracle's result shows without reading values: a tuple (the lse) or not, and the shapes."""
+    return tuple(tuple(t.shape) for t in out) if isinstance(out, tuple) else tuple(out.shape)
+
+
+@pytest.mark.parametrize("variant", VARIANTS, ids=lambda v: v.capability)
+def test_each_rows_example_turns_on_exactly_its_variant_and_it_has_its_hooks(variant):
+    (case,) = expand_spec({**SPEC, **variant.example}, "t.toml")
+    assert case.options == {variant.capability}, f"{variant.capability}'s example turns on {set(case.options)}"
+    assert (variant.inputs is not None) == bool(variant.keywords), (
+        f"{variant.capability}: a keyword needs an input hook"
+    )
 
 
 @pytest.mark.parametrize("variant", VARIANTS, ids=lambda v: v.capability)
 def test_case_field_reaches_the_call_and_the_oracle_through_the_row_hooks(variant, monkeypatch):
-    (case,) = expand_spec({**SPEC, **TURN_ON[variant.capability]}, "t.toml")
-    assert case.options == {variant.capability}
+    (case,) = expand_spec({**SPEC, **variant.example}, "t.toml")
     inputs = case_inputs(case, "cpu")
     assert set(inputs.options) == set(variant.keywords), "the input hook gives exactly the row's keywords"
     out = paged_attention_oracle(*inputs.args(), **inputs.options)
-    if variant.capability in OUTPUT_FORM:
-        assert OUTPUT_FORM[variant.capability](out)
+    if not any(getattr(variant.oracle, stage) for stage in STAGES):
+        # no hook: the oracle's output shows the variant by its form (the lse beside it, V's head dim)
+        (plain,) = expand_spec(SPEC, "t.toml")
+        assert _output_form(out) != _output_form(paged_attention_oracle(*case_inputs(plain, "cpu").args()))
         return
     hookless = tuple(replace(v, oracle=OracleHook()) if v is variant else v for v in VARIANTS)
     monkeypatch.setattr("harness.run.oracle.VARIANTS", hookless)
     without_hook = paged_attention_oracle(*inputs.args(), **inputs.options)
     assert torch.equal(without_hook, paged_attention_oracle(*inputs.args())), "the keywords act through the hook alone"
     assert (out - without_hook).abs().max() > 1e-2, f"{variant.capability}'s oracle hook changes the oracle's output"
+
+
+BUILTIN_KERNELS = ("reference", "tlsim", "triton", "cache")  # cache: the engine's path, through dispatch
+
+
+def _graded_rows(spec: dict, backend: str):
+    """The run's rows of one case through one built-in backend (its inputs, oracle and grading the harness's)."""
+    from harness.backends.builtin import REGISTRY
+
+    if backend == "triton" and (reason := kernels.triton_unavailable_reason("cpu")):
+        pytest.skip(reason)
+    (case,) = expand_spec(spec, "t.toml")
+    return run_cases([case], RunConfig(device="cpu", backends=[REGISTRY[backend]], timing=False, progress=False))
+
+
+@pytest.mark.parametrize("backend", BUILTIN_KERNELS)
+@pytest.mark.parametrize("variant", VARIANTS, ids=lambda v: v.capability)
+def test_every_builtin_kernel_passes_each_rows_example(variant, backend):
+    """A new row is graded here with no edit: its example through every built-in kernel, against the oracle."""
+    frame = _graded_rows({**SPEC, **variant.example}, backend)
+    assert frame["status"].tolist() == ["pass"], frame["reason"].tolist()
+
+
+@pytest.mark.parametrize("backend", BUILTIN_KERNELS)
+def test_every_builtin_kernel_passes_every_rows_example_at_once(backend):
+    examples = {name: value for v in VARIANTS for name, value in v.example.items()}
+    frame = _graded_rows({**SPEC, **examples}, backend)
+    assert frame["status"].tolist() == ["pass"], frame["reason"].tolist()
 
 
 def test_a_row_alone_takes_a_new_variant_to_the_call_and_the_oracle(monkeypatch):
@@ -457,6 +479,7 @@ def test_a_row_alone_takes_a_new_variant_to_the_call_and_the_oracle(monkeypatch)
         fields={"temperature": (Float | None, Field(default=None, gt=0))},
         keywords=("temperature",),
         turned_on=lambda c: c.temperature is not None,
+        example={"temperature": 2.0},
         inputs=lambda inputs, c: with_options(inputs, temperature=float(c.temperature)),
         oracle=OracleHook(score=lambda logits, distance, temperature: logits / temperature),
         meaning="logits divided by T",

@@ -98,7 +98,14 @@ def _random_call(rng: random.Random):
         "sinks": rng.choice([None, torch.zeros(num_kv_heads * group)]),
         "alibi_slopes": rng.choice([None, torch.zeros(num_kv_heads * group)]),
     }
-    return [q, k, v, table, lens, qsl, rng.choice([None, 0.125])], kwargs
+    scale = rng.choice([None, 0.125])
+    if kwargs["sinks"] is not None and rng.random() < 0.5:  # a strided vector: the full path and a hit copy it
+        kwargs["sinks"] = torch.zeros(2 * num_kv_heads * group)[::2]
+    if dtype != torch.float32 and rng.random() < 0.3:  # an fp8 cache; its scales absent, host floats or tensors
+        k, v = k.to(torch.float8_e4m3fn), v.to(torch.float8_e4m3fn)
+        kwargs["k_scale"] = rng.choice([None, 0.5, torch.ones(1), torch.ones(num_kv_heads)])
+        kwargs["v_scale"] = rng.choice([None, 2.0, torch.ones(num_kv_heads)])
+    return [q, k, v, table, lens, qsl, scale], kwargs
 
 
 RANDOM_SEEDS = range(60)
@@ -279,11 +286,11 @@ def test_a_misaligned_view_has_its_own_key_and_plan(recorded):
     """Triton specializes on data_ptr % 16: a view one element on must not share the aligned call's plan."""
     triton_paged = _triton()
     args = _base_args()
-    aligned = call_key(*args, None, None, None, None, None, None, None, None, False, None, None)
+    aligned = call_key(*args, None, None, None, None, False, {})
     shifted = list(args)
     shifted[1] = _shift(args[1])
     assert shifted[1].data_ptr() % 16 and shifted[1].shape == args[1].shape and shifted[1].stride() == args[1].stride()
-    assert call_key(*shifted, None, None, None, None, None, None, None, None, False, None, None) != aligned
+    assert call_key(*shifted, None, None, None, None, False, {}) != aligned
     for call_args in (args, shifted, args, shifted):
         _launches(recorded, call_args, {})
     assert len(triton_paged.PLANS) == 2 and triton_paged.PLANS.hits == 2
@@ -292,11 +299,10 @@ def test_a_misaligned_view_has_its_own_key_and_plan(recorded):
 def test_a_scalar_key_tells_true_from_one_and_refuses_other_types():
     args = _base_args()
 
-    def key(**options):
-        spec = {"scale": None, "out": None, "max_q_len": None, "max_seq_len": None, "sliding_window": None,
-                "logit_softcap": None, "sinks": None, "alibi_slopes": None, "return_lse": False, "k_scale": None,
-                "v_scale": None} | options  # fmt: skip
-        return call_key(*args, *spec.values())
+    def key(**given):
+        spec = {"scale": None, "out": None, "max_q_len": None, "max_seq_len": None, "return_lse": False}
+        options = {name: value for name, value in given.items() if name not in spec}
+        return call_key(*args, *(spec | {k: v for k, v in given.items() if k in spec}).values(), options)
 
     assert key(sliding_window=True) != key(sliding_window=1) != key(sliding_window=1.0)
     assert key(max_q_len=4) != key(max_q_len=5)
@@ -471,3 +477,13 @@ def test_on_cuda_a_hit_launches_the_compiled_kernels_and_computes_the_same(name)
         uncached = _outputs(kernels.paged_attention_triton(*args, **kwargs))
     for a, b, c in zip(first, second, uncached, strict=True):
         assert torch.equal(a.nan_to_num(7.0), b.nan_to_num(7.0)) and torch.equal(b.nan_to_num(7.0), c.nan_to_num(7.0))
+
+
+def test_a_misspelled_option_is_refused_naming_it_even_after_a_hit(recorded):
+    """The options reach the entry as **options: a name the contract lacks is never served a plan."""
+    args = _base_args()
+    for _ in range(2):
+        _launches(recorded, args, {"sliding_window": 4})
+    with pytest.raises(TypeError, match="sliding_windw"):
+        kernels.paged_attention_triton(*args, sliding_windw=4)
+    assert call_key(*args, None, None, None, None, False, {"sliding_windw": 4}) is None

@@ -3,6 +3,7 @@ inputs, the kernels, the grading tables and the report all speak it, and no seco
 
 from __future__ import annotations
 
+import inspect
 from pathlib import Path
 
 import pytest
@@ -11,6 +12,7 @@ import torch
 import kernels
 from harness.backends.builtin import resolve_backends
 from harness.backends.registry import VARIANT_OPTIONS
+from harness.cases import variants
 from harness.cases.inputs import make_inputs
 from harness.cases.spec import CaseSpec, case_file_schema, load_case_file
 from harness.cases.variants import VARIANTS
@@ -20,7 +22,7 @@ from harness.results import report
 from harness.run import grading
 from harness.run.runner import RunConfig
 from harness.timing import ceilings
-from kernels.contract import CALL_OPTIONS, SUPPORTED_DTYPES
+from kernels.contract import CALL_OPTION_TABLE, CALL_OPTIONS, CONTRACT_DOC, SUPPORTED_DTYPES, PagedCall
 from tests.tiny_cases import TINY, write_cases
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -69,9 +71,39 @@ def test_report_rows_speak_the_vocabulary(tmp_path):
 
 
 def test_each_variant_is_named_once_for_the_case_file_the_registry_and_the_kernel_call():
-    contract = (ROOT / "docs" / "contract.md").read_text()
     assert tuple(v.capability for v in VARIANTS) == VARIANT_OPTIONS
     for variant in VARIANTS:
         assert set(variant.case_fields) <= set(CaseSpec.model_fields), variant
-        assert set(variant.keywords) <= {*CALL_OPTIONS, "return_lse"}, variant
-        assert f"`{variant.capability}`" in contract or variant.capability in contract, variant.capability
+
+
+def test_the_harness_rows_and_the_kernels_option_table_name_the_same_keywords():
+    """The kernels never import the harness, so each side has its table: a keyword in one and not the other fails."""
+    harness = {keyword for v in VARIANTS for keyword in v.keywords} - {"return_lse"}  # return_lse: the entry's own
+    assert harness == set(CALL_OPTIONS), (
+        f"only in harness/cases/variants.py: {sorted(harness - set(CALL_OPTIONS))}; "
+        f"only in kernels/contract.py CALL_OPTION_TABLE: {sorted(set(CALL_OPTIONS) - harness)}"
+    )
+
+
+@pytest.mark.parametrize("name", ["paged_attention_reference", "paged_attention_tlsim", "paged_attention_triton",
+                                  "paged_attention_dispatch"])  # fmt: skip
+def test_every_entry_shows_and_takes_each_call_option_by_its_table_row(name):
+    entry = getattr(kernels, name)
+    params = inspect.signature(entry).parameters
+    assert params["return_lse"].kind is inspect.Parameter.KEYWORD_ONLY and not params["return_lse"].default
+    for option in CALL_OPTION_TABLE:
+        param = params[option.name]
+        assert param.kind is inspect.Parameter.KEYWORD_ONLY and param.default is None, option.name
+        assert param.annotation == option.kind.annotation, option.name
+        assert option.name in CONTRACT_DOC and option.name in PagedCall.__dataclass_fields__, option.name
+    assert not any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values()), "the options spelled out"
+    inputs = make_inputs(**TINY)
+    with pytest.raises(TypeError, match="'sliding_windw'"):
+        entry(*inputs.args(), sliding_windw=2)
+
+
+def test_the_contracts_variants_table_is_made_from_the_tables():
+    text = variants.DOC.read_text()
+    assert variants.doc_with_table(text) == text, "docs/contract.md is stale: run python -m harness.cases.variants"
+    for variant in VARIANTS:
+        assert f"| `{variant.capability}` |" in text, variant.capability

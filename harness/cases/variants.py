@@ -15,15 +15,18 @@ the case model, the kernel contract, the inputs and the oracle.
 from __future__ import annotations
 
 import math
+import re
+import sys
 from collections.abc import Callable
 from dataclasses import dataclass, replace
+from pathlib import Path
 from typing import Annotated, Any, Literal
 
 import torch
 from pydantic import BaseModel, ConfigDict, Field, create_model
 
 from harness.cases.vocab import INT32_MAX, Bool, Float, Int, KVDTypeName
-from kernels.contract import MAX_HEAD_DIM, MIN_HEAD_DIM
+from kernels.contract import CALL_OPTION_TABLE, MAX_HEAD_DIM, MIN_HEAD_DIM
 from kernels.fp8 import quantize_kv
 
 
@@ -57,6 +60,9 @@ class Variant:
     fields: dict[str, tuple[Any, Any]]  # the case file's field(s) that turn it on: name -> (type, pydantic Field)
     keywords: tuple[str, ...]  # the contract call's keyword(s); () for a shape (head_dim_v)
     turned_on: Callable[[Any], bool]  # the case's fields (a Case, or make_inputs' arguments) -> on
+    # case-file fields that turn it on in a small case (4 query / 2 KV heads, head_dim 32):
+    # tests/test_attention_variants.py grades every built-in kernel on that case
+    example: dict[str, Any]
     # (inputs, fields) -> inputs: a PagedInputs on the CPU (harness.cases.inputs) -> the same with the
     # variant's keywords in ``options`` (and, for fp8, its pools); None: a shape that make_inputs draws
     inputs: Callable[[Any, Any], Any] | None
@@ -167,6 +173,7 @@ VARIANTS: tuple[Variant, ...] = (
                                                      description="a query sees its W most recent keys"))},
         keywords=("sliding_window",),
         turned_on=lambda c: c.sliding_window is not None,
+        example={"sliding_window": 2},
         inputs=lambda inputs, c: with_options(inputs, sliding_window=int(c.sliding_window)),
         oracle=OracleHook(mask=lambda distance, sliding_window: distance <= -sliding_window),
         meaning="each query sees only its last W keys",
@@ -177,6 +184,7 @@ VARIANTS: tuple[Variant, ...] = (
                                                       description="scaled logits z -> cap * tanh(z / cap)"))},
         keywords=("logit_softcap",),
         turned_on=lambda c: c.logit_softcap is not None,
+        example={"logit_softcap": 1.0},
         inputs=lambda inputs, c: with_options(inputs, logit_softcap=float(c.logit_softcap)),
         oracle=OracleHook(score=lambda logits, distance, logit_softcap:
                           logit_softcap * torch.tanh(logits / logit_softcap)),
@@ -188,6 +196,7 @@ VARIANTS: tuple[Variant, ...] = (
             default=None, description="one sink logit per query head, or { scale, mean } drawn from the seed"))},
         keywords=("sinks",),
         turned_on=lambda c: c.sinks is not None,
+        example={"sinks": [3.0, -1.0, 0.5, 2.0]},
         inputs=sinks_inputs,
         oracle=OracleHook(sink=lambda logits, sinks: per_q_head(sinks, logits)),
         meaning="a per-head logit that joins every softmax's denominator",
@@ -197,6 +206,7 @@ VARIANTS: tuple[Variant, ...] = (
         fields={"alibi": (Bool, Field(default=False, description="ALiBi with the standard slopes 2^(-8i/n)"))},
         keywords=("alibi_slopes",),
         turned_on=lambda c: c.alibi,
+        example={"alibi": True},
         inputs=lambda inputs, c: with_options(inputs, alibi_slopes=torch.tensor(
             standard_alibi_slopes(c.num_q_heads), dtype=torch.float32)),
         oracle=OracleHook(score=lambda logits, distance, alibi_slopes:
@@ -211,6 +221,7 @@ VARIANTS: tuple[Variant, ...] = (
                     "shared_prefix layout: the kernels run it as prefix + suffix merged by lse")))},
         keywords=("return_lse",),
         turned_on=lambda c: c.return_lse or c.cascade,
+        example={"return_lse": True},
         inputs=lambda inputs, c: with_options(inputs, return_lse=True),
         oracle=OracleHook(),  # the oracle returns its lse beside the output when asked (its own return_lse)
         meaning="the log-sum-exp returned beside the output",
@@ -223,6 +234,7 @@ VARIANTS: tuple[Variant, ...] = (
                     "fp8 scales: a float for K and V, 'amax' (per tensor, amax / fp8 max; the default) or 'amax_per_head'")))},
         keywords=("k_scale", "v_scale"),
         turned_on=lambda c: c.kv_dtype is not None,
+        example={"kv_dtype": "float8_e4m3fn"},
         inputs=fp8_inputs,
         oracle=OracleHook(kv=lambda k, v, k_scale=None, v_scale=None:
                           (k * per_kv_head(k_scale, k), v * per_kv_head(v_scale, v))),
@@ -234,6 +246,7 @@ VARIANTS: tuple[Variant, ...] = (
                                                  description="V's head dim when it differs from K's (MLA: 512)"))},
         keywords=(),
         turned_on=lambda c: c.head_dim_v != c.head_dim,
+        example={"head_dim_v": 64},
         inputs=None,  # a shape: make_inputs draws V with head_dim_v
         oracle=OracleHook(),  # the oracle's output takes V's head dim
         meaning="V's head size differs from K's (MLA)",
@@ -250,3 +263,32 @@ VariantFields: type[BaseModel] = create_model(
 def turned_on(case: Any) -> frozenset[str]:
     """The capabilities a case needs of a backend."""
     return frozenset(v.capability for v in VARIANTS if v.turned_on(case))
+
+
+# The variants' table in docs/contract.md, made from the rows and the kernels' option table.
+DOC = Path(__file__).resolve().parents[2] / "docs" / "contract.md"
+BEGIN, END = "<!-- variants: made by python -m harness.cases.variants -->", "<!-- variants end -->"
+
+
+def markdown() -> str:
+    """One line per row: capability, case-file fields, kernel keywords with their kind, meaning.
+    KeyError for a keyword the kernels' table (kernels.contract.CALL_OPTION_TABLE) lacks."""
+    kinds = {option.name: option.kind.name for option in CALL_OPTION_TABLE} | {"return_lse": "the entry's own bool"}
+    lines = ["| capability | case-file fields | kernel keywords (kind) | what it computes |", "|---|---|---|---|"]
+    for v in VARIANTS:
+        keywords = ", ".join(f"`{keyword}` ({kinds[keyword]})" for keyword in v.keywords) or "none: a shape"
+        lines.append(f"| `{v.capability}` | {', '.join(f'`{name}`' for name in v.fields)} | {keywords} | {v.meaning} |")
+    return "\n".join(lines)
+
+
+def doc_with_table(text: str) -> str:
+    """``text`` with the block between BEGIN and END replaced by markdown()."""
+    pattern = re.compile(re.escape(BEGIN) + ".*?" + re.escape(END), re.S)
+    if not pattern.search(text):
+        raise ValueError(f"{DOC}: no {BEGIN} ... {END} block")
+    return pattern.sub(lambda _: f"{BEGIN}\n{markdown()}\n{END}", text)
+
+
+if __name__ == "__main__":
+    DOC.write_text(doc_with_table(DOC.read_text()))
+    print(f"wrote the variants table into {DOC}", file=sys.stderr)
