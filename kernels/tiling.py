@@ -17,6 +17,13 @@ from .contract import PagedCall, fail
 from .tuning import query_class, tile_config
 
 SINGLE_DOT_HEAD_DIM = 256  # above it, K is loaded as two pieces and the heads of a group are tiled
+# Past SINGLE_DOT_HEAD_DIM under fp16 / bf16 q over a half-precision cache (MLA's absorbed decode: K
+# 576 / V 512, 128 heads on one KV head): a program holds up to WIDE_HEADS heads (the dots' M) and
+# V_PART_DIM of V's dims, so its accumulator is [64, 256] fp32, and the programs of a token read K
+# twice and V once instead of 8 times each at 16 heads a program (FlashMLA's split: 64 heads a CTA,
+# V's dims over two warpgroups). None: the 16-head tiling for every dtype.
+WIDE_HEADS: int | None = 64
+V_PART_DIM = 256
 
 
 def window_tile_start(first_q_pos, sliding_window: int | None, tile_n: int):
@@ -218,14 +225,16 @@ def tiling_for(call: PagedCall, max_q_len: int | None = None, max_seq_len: int |
     # Past SINGLE_DOT_HEAD_DIM a program holds heads_per_program heads of its group: to the
     # tiling, num_kv_heads * head_tiles groups of that size. Such dims also take the 16-row
     # tiles (choose_tiling's fp32 rule): a [64, 512] fp32 accumulator would spill registers.
+    # The wide tiling (WIDE_HEADS) keeps half-precision tiles: its accumulator is cut by V_PART_DIM
+    # instead, and its V parts count as programs for the split.
     heads = heads_per_program(call)
-    large = max(call.head_dim, call.head_dim_v) > SINGLE_DOT_HEAD_DIM
+    large = max(call.head_dim, call.head_dim_v) > SINGLE_DOT_HEAD_DIM and not _wide(call)
     return choose_tiling(
         call.head_dim,
         heads,
         q_len,
         call.num_seqs,
-        call.num_kv_heads * cdiv(call.group_size, heads),
+        call.num_kv_heads * cdiv(call.group_size, heads) * v_parts(call),
         kv_bound,
         fp32=call.q.dtype == torch.float32 or large,
         num_tokens=call.num_tokens,
@@ -238,10 +247,36 @@ def heads_per_program(call: PagedCall) -> int:
     head_dim or head_dim_v passes SINGLE_DOT_HEAD_DIM and the group passes 16, where a program
     holds 16 (MLA's 128 heads over one KV head: 8 programs a token, each a [16, 512] fp32
     accumulator instead of one [128, 512] that no register file holds). The kernel's grid
-    axis 1 is then num_kv_heads * ceil(group_size / 16)."""
+    axis 1 is then num_kv_heads * ceil(group_size / 16) (times :func:`v_parts`).
+
+    Under the wide tiling (:func:`_wide`) a program holds up to WIDE_HEADS heads and
+    only V_PART_DIM of V's dims: MLA's 128 heads take 2 head tiles of 64 times 2 V parts."""
+    if _wide(call):
+        return min(call.group_size, WIDE_HEADS)
     if max(call.head_dim, call.head_dim_v) > SINGLE_DOT_HEAD_DIM and call.group_size > 16:
         return 16
     return call.group_size
+
+
+def v_parts(call: PagedCall) -> int:
+    """Programs that share one head tile's rows, each V_PART_DIM of V's padded dims (grid axis 1's
+    fastest part): next_pow2(head_dim_v) // V_PART_DIM under the wide tiling, else 1. Each computes
+    the tile's full logits (both K pieces) and its own columns of p @ v; a column's sums do not
+    depend on the others, and m, l and the lse are the same in every part."""
+    if not _wide(call):
+        return 1
+    return max(1, max(16, next_pow2(call.head_dim_v)) // V_PART_DIM)
+
+
+def _wide(call: PagedCall) -> bool:
+    """The wide tiling: head dims past SINGLE_DOT_HEAD_DIM, fp16 / bf16 q, a half-precision cache
+    (fp32 dots would spill a [64, 256] accumulator; an fp8 cache keeps its measured 16-head tiling)."""
+    return (
+        WIDE_HEADS is not None
+        and max(call.head_dim, call.head_dim_v) > SINGLE_DOT_HEAD_DIM
+        and call.q.dtype in (torch.float16, torch.bfloat16)
+        and not call.kv_fp8
+    )
 
 
 def head_dim_pieces(head_dim: int) -> tuple[int, int]:

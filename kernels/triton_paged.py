@@ -54,7 +54,10 @@ The idea, in a few lines:
   a time. Prefill and verification keep q's dtype (the fp16 path was slower there). V's head dim may
   differ from K's (MLA: HEAD_DIM_V), and K past 256 columns is loaded in two power-of-two
   pieces (DIM_MAIN + DIM_TAIL: 576 = 512 + 64) whose dots add into the same logits, with a
-  large group's heads tiled 16 a program (HEADS_PER_PROGRAM, HEAD_TILES).
+  large group's heads tiled (HEADS_PER_PROGRAM, HEAD_TILES): 16 a program under fp32 q or an fp8
+  cache; 64 under fp16 / bf16 q, each program holding only V_PART_DIM of V's dims (V_PARTS programs
+  a head tile, each with the full logits), so MLA's 128 heads read K twice and V once a token
+  instead of 8 times each (kernels.tiling.WIDE_HEADS, v_parts).
 * Indices are never trusted with memory: without value checks (see ``kernels.contract``)
   a query row past num_tokens is not read or written, and a tile that would read a
   block id outside [0, num_blocks) or a table entry past max_blocks_per_seq loads
@@ -77,7 +80,7 @@ import triton.language as tl
 
 from .contract import PagedCall, contiguous_strides, contract_entry
 from .launch_plan import KernelLaunch, PlanCache
-from .tiling import cdiv, head_dim_pieces, heads_per_program, next_pow2, tiling_for
+from .tiling import cdiv, head_dim_pieces, heads_per_program, next_pow2, tiling_for, v_parts
 
 
 @triton.jit
@@ -226,6 +229,7 @@ def _attend_tiles(
     start, end,  # KV positions [start, end), TILE_N at a time
     seq, seq_len, q_pos, kv_head, dims, dim_valid, tail_dims, tail_valid, v_dims, v_dim_valid, slope, k_scale, v_scale,
     q_unscale,  # [BLOCK_M]: 2^-j of _q_to_fp16 (read when FP16_DOTS)
+    v_first,  # V's first dim this program holds (v_dims[0]; V_PARTS)
     q_ptr, k_cache_ptr, v_cache_ptr, block_table_ptr, qk_scale_log2, sliding_window, cap_unscaled, inv_cap_unscaled,
     num_blocks, max_blocks_per_seq,
     stride_k_block, stride_k_slot, stride_k_head, stride_v_block, stride_v_slot, stride_v_head, stride_bt_seq,
@@ -239,7 +243,7 @@ def _attend_tiles(
     INTERPRETED: tl.constexpr,  # the CPU interpreter (no inline PTX)
 ):  # fmt: skip
     """The online softmax over KV positions [start, end) of one program; returns (m, l, acc)
-    [BLOCK_M], [BLOCK_M], [BLOCK_M, HEAD_DIM_V_PADDED]. The kernel calls it twice: unmasked
+    [BLOCK_M], [BLOCK_M], [BLOCK_M, V_PART_DIM]. The kernel calls it twice: unmasked
     over the tiles every row sees whole, masked over the rest.
 
     V_PAIRS: p @ v contracts over keys, but a key's dims are what lie side by side in memory, and an
@@ -250,7 +254,7 @@ def _attend_tiles(
     BLOCK_M: tl.constexpr = acc.shape[0]
     HALF_DV: tl.constexpr = acc.shape[1] // 2
     acc_even, acc_odd = acc, acc  # unread unless V_PAIRS
-    pairs = tl.arange(0, HALF_DV)
+    pairs = v_first // 2 + tl.arange(0, HALF_DV)  # the pairs of this program's V dims (v_first even)
     if V_PAIRS:
         acc_even, acc_odd = tl.split(tl.reshape(acc, [BLOCK_M, HALF_DV, 2]))
     for tile_start in range(start, end, TILE_N):
@@ -380,6 +384,8 @@ def paged_attention_kernel(
     DIM_TAIL: tl.constexpr,  # 0: no second piece
     HEAD_DIM_V: tl.constexpr,  # V's and the output's
     HEAD_DIM_V_PADDED: tl.constexpr,
+    V_PARTS: tl.constexpr,  # V's padded dims cut in V_PARTS programs of V_PART_DIM (kernels.tiling.v_parts)
+    V_PART_DIM: tl.constexpr,  # HEAD_DIM_V_PADDED // V_PARTS
     BLOCK_SIZE: tl.constexpr,
     BLOCK_M: tl.constexpr,
     BLOCK_Q: tl.constexpr,
@@ -398,8 +404,11 @@ def paged_attention_kernel(
     V_PAIRS: tl.constexpr,  # an fp8 V read as uint16 pairs of dims (_attend_tiles)
     INTERPRETED: tl.constexpr,  # the CPU interpreter
 ):
-    kv_head = tl.program_id(1) // HEAD_TILES
-    head_tile = tl.program_id(1) % HEAD_TILES
+    # Grid axis 1: (KV head, head tile, V part), the V part fastest: the programs that share a head
+    # tile's q and K run side by side (each computes the same logits, and its own V dims of p @ v).
+    v_part = tl.program_id(1) % V_PARTS
+    kv_head = tl.program_id(1) // V_PARTS // HEAD_TILES
+    head_tile = tl.program_id(1) // V_PARTS % HEAD_TILES
     split = tl.program_id(2)
     if ONE_QUERY_PER_SEQ:
         seq = tl.program_id(0)
@@ -427,8 +436,13 @@ def paged_attention_kernel(
     q_pos = seq_len - q_len + token
     dims = tl.arange(0, DIM_MAIN)
     dim_valid = dims < HEAD_DIM
-    v_dims = tl.arange(0, HEAD_DIM_V_PADDED)
+    v_first = v_part * V_PART_DIM
+    v_dims = v_first + tl.arange(0, V_PART_DIM)
     v_dim_valid = v_dims < HEAD_DIM_V
+    # m, l and the lse are the same in every V part (the same logits): V part 0 stores them.
+    state_valid = row_valid
+    if V_PARTS > 1:
+        state_valid = row_valid & ((rows * 0 + v_part) == 0)
 
     q_offs = q_rows[:, None] * stride_q_token + head[:, None] * stride_q_head
     q = tl.load(q_ptr + q_offs + dims[None, :], mask=row_valid[:, None] & dim_valid[None, :], other=0.0)
@@ -446,7 +460,7 @@ def paged_attention_kernel(
 
     m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)  # running max of the unscaled logits
     l_i = tl.zeros([BLOCK_M], tl.float32)
-    acc = tl.zeros([BLOCK_M, HEAD_DIM_V_PADDED], tl.float32)
+    acc = tl.zeros([BLOCK_M, V_PART_DIM], tl.float32)
 
     slope = m_i  # unread unless USE_ALIBI
     if USE_ALIBI:
@@ -488,7 +502,7 @@ def paged_attention_kernel(
         full_end = tl.maximum(kv_start, tl.minimum(kv_end, first_visible_end))
     m_i, l_i, acc = _attend_tiles(
         q, q_tail, m_i, l_i, acc, kv_start, full_end, seq, seq_len, q_pos, kv_head, dims, dim_valid, tail_dims, tail_valid,
-        v_dims, v_dim_valid, slope, k_scale, v_scale, q_unscale, q_ptr, k_cache_ptr, v_cache_ptr, block_table_ptr, qk_scale_log2,
+        v_dims, v_dim_valid, slope, k_scale, v_scale, q_unscale, v_first, q_ptr, k_cache_ptr, v_cache_ptr, block_table_ptr, qk_scale_log2,
         sliding_window, cap_unscaled, inv_cap_unscaled, num_blocks, max_blocks_per_seq,
         stride_k_block, stride_k_slot, stride_k_head, stride_v_block, stride_v_slot, stride_v_head, stride_bt_seq,
         BLOCK_SIZE, TILE_N, DIM_TAIL, DOT_PRECISION, INTERPRETED_BF16, False, USE_WINDOW, USE_SOFTCAP, USE_ALIBI, KV_FP8,
@@ -496,7 +510,7 @@ def paged_attention_kernel(
     )  # fmt: skip
     m_i, l_i, acc = _attend_tiles(
         q, q_tail, m_i, l_i, acc, full_end, kv_end, seq, seq_len, q_pos, kv_head, dims, dim_valid, tail_dims, tail_valid,
-        v_dims, v_dim_valid, slope, k_scale, v_scale, q_unscale, q_ptr, k_cache_ptr, v_cache_ptr, block_table_ptr, qk_scale_log2,
+        v_dims, v_dim_valid, slope, k_scale, v_scale, q_unscale, v_first, q_ptr, k_cache_ptr, v_cache_ptr, block_table_ptr, qk_scale_log2,
         sliding_window, cap_unscaled, inv_cap_unscaled, num_blocks, max_blocks_per_seq,
         stride_k_block, stride_k_slot, stride_k_head, stride_v_block, stride_v_slot, stride_v_head, stride_bt_seq,
         BLOCK_SIZE, TILE_N, DIM_TAIL, DOT_PRECISION, INTERPRETED_BF16, True, USE_WINDOW, USE_SOFTCAP, USE_ALIBI, KV_FP8,
@@ -509,8 +523,8 @@ def paged_attention_kernel(
     if NUM_SPLITS > 1:  # keep this split's state; combine_splits_kernel finishes the rows
         row_ids = (split * num_tokens + q_rows) * num_q_heads + head
         split_rows = NUM_SPLITS * num_tokens * num_q_heads
-        tl.store(partial_ptr + row_ids, m_i, mask=row_valid)
-        tl.store(partial_ptr + split_rows + row_ids, l_i, mask=row_valid)
+        tl.store(partial_ptr + row_ids, m_i, mask=state_valid)
+        tl.store(partial_ptr + split_rows + row_ids, l_i, mask=state_valid)
         acc_offs = 2 * split_rows + row_ids[:, None] * HEAD_DIM_V_PADDED + v_dims[None, :]
         tl.store(partial_ptr + acc_offs, acc, mask=row_valid[:, None])
     else:
@@ -523,7 +537,7 @@ def paged_attention_kernel(
             m_i = m_tot
         if RETURN_LSE:  # ln of the denominator: ln 2 * (m * scale * log2 e + log2 l)
             lse = (m_i * qk_scale_log2 + tl.log2(l_i)) * 0.6931471805599453
-            tl.store(lse_ptr + q_rows * num_q_heads + head, lse, mask=row_valid)
+            tl.store(lse_ptr + q_rows * num_q_heads + head, lse, mask=state_valid)
         acc = acc / l_i[:, None]
         if INTERPRETED_BF16:
             acc = _bf16_rne(acc)
@@ -684,6 +698,7 @@ class TritonPlan:
         cap_u = 1.0 if call.logit_softcap is None else call.logit_softcap / call.scale
         heads = heads_per_program(call)
         head_tiles = cdiv(call.group_size, heads)
+        parts = v_parts(call)
         dim_main, dim_tail = head_dim_pieces(call.head_dim)
         # An fp8 V in a decode under fp16 / bf16 q is read as uint16 pairs of dims (_attend_tiles, V_PAIRS), its
         # strides given in uint16 units; that needs them and V's head dim even, and V's first byte at an even
@@ -703,7 +718,7 @@ class TritonPlan:
         )  # fmt: skip
         cuda = q.device.type == "cuda"
         self.main = KernelLaunch(
-            (tiling.NUM_Q_TILES, call.num_kv_heads * head_tiles, splits),
+            (tiling.NUM_Q_TILES, call.num_kv_heads * head_tiles * parts, splits),
             dict(
                 GROUP_SIZE=call.group_size,
                 HEADS_PER_PROGRAM=heads,
@@ -713,6 +728,8 @@ class TritonPlan:
                 DIM_TAIL=dim_tail,
                 HEAD_DIM_V=call.head_dim_v,
                 HEAD_DIM_V_PADDED=head_dim_v_padded,
+                V_PARTS=parts,
+                V_PART_DIM=head_dim_v_padded // parts,
                 BLOCK_SIZE=call.block_size,
                 BLOCK_M=tiling.BLOCK_M,
                 BLOCK_Q=tiling.BLOCK_Q,

@@ -51,7 +51,7 @@ def compile_for_sm90(fn, dtype, kv_dtype=None, **meta):
 
 
 main = dict(HEAD_DIM=128, DIM_MAIN=128, DIM_TAIL=0, HEAD_DIM_V=128, HEAD_DIM_V_PADDED=128, BLOCK_SIZE=16, TILE_N=64,
-            INTERPRETED_BF16=False, HEAD_TILES=1)
+            INTERPRETED_BF16=False, HEAD_TILES=1, V_PARTS=1, V_PART_DIM=128)
 compile_for_sm90(tp.paged_attention_kernel, "fp16", GROUP_SIZE=4, HEADS_PER_PROGRAM=4, BLOCK_M=64, BLOCK_Q=16,
                  DOT_PRECISION="tf32", ONE_QUERY_PER_SEQ=False, NUM_SPLITS=4, **main, **OFF)
 compile_for_sm90(tp.paged_attention_kernel, "fp32", GROUP_SIZE=4, HEADS_PER_PROGRAM=4, BLOCK_M=16, BLOCK_Q=4,
@@ -68,9 +68,14 @@ for fp8 in ("fp8e4nv", "fp8e5"):
                      **{**main, "TILE_N": 256}, **{**OFF, "KV_FP8": True, "FP16_DOTS": True, "V_PAIRS": True})
 # MLA decode: K 576 = 512 + 64, V 512, 128 heads a KV head in 8 tiles of 16, split KV.
 mla = {**main, "HEAD_DIM": 576, "DIM_MAIN": 512, "DIM_TAIL": 64, "HEAD_DIM_V": 512, "HEAD_DIM_V_PADDED": 512,
-       "TILE_N": 32, "HEAD_TILES": 8}
+       "TILE_N": 32, "HEAD_TILES": 8, "V_PART_DIM": 512}
 compile_for_sm90(tp.paged_attention_kernel, "bf16", GROUP_SIZE=128, HEADS_PER_PROGRAM=16, BLOCK_M=16, BLOCK_Q=1,
                  DOT_PRECISION="tf32", ONE_QUERY_PER_SEQ=True, NUM_SPLITS=8, **mla, **OFF)
+# The wide tiling (kernels.tiling.WIDE_HEADS): 64 heads a program, V in 2 parts of 256, split KV with sinks and the lse.
+compile_for_sm90(tp.paged_attention_kernel, "bf16", GROUP_SIZE=128, HEADS_PER_PROGRAM=64, BLOCK_M=64, BLOCK_Q=1,
+                 DOT_PRECISION="tf32", ONE_QUERY_PER_SEQ=True, NUM_SPLITS=4,
+                 **{**mla, "HEAD_TILES": 2, "V_PARTS": 2, "V_PART_DIM": 256},
+                 **{**OFF, "USE_SINKS": True, "RETURN_LSE": True})
 compile_for_sm90(tp.combine_splits_kernel, "fp16", NUM_Q_HEADS=32, HEAD_DIM_V=128, HEAD_DIM_V_PADDED=128, NUM_SPLITS=4,
                  INTERPRETED_BF16=False, USE_SINKS=True, RETURN_LSE=True)
 compile_for_sm90(tp.combine_splits_kernel, "bf16", NUM_Q_HEADS=128, HEAD_DIM_V=512, HEAD_DIM_V_PADDED=512, NUM_SPLITS=8,

@@ -111,6 +111,22 @@ CASES: list[Edge] = [
         {"dtype": "bfloat16", "kv_dtype": "float8_e4m3fn", "kv_scale": "amax_per_head", "input_scale": 3.0},
     ),
     Edge("k288_tail_dims", (40, 5, 65), (3, 1, 1), {"head_dim": 288, "head_dim_v": 64}),
+    # The wide tiling (kernels.tiling.WIDE_HEADS): 96 heads over one KV head in 2 head tiles of 64 (the
+    # second half empty), V's 300 dims in 2 parts of 256 (the second 44 valid), split KV, sinks, lse.
+    Edge(
+        "wide_head_tiles_v_parts_split",
+        (600, 70),
+        (1, 1),
+        {
+            "dtype": "bfloat16",
+            "num_q_heads": 96,
+            "num_kv_heads": 1,
+            "head_dim": 288,
+            "head_dim_v": 300,
+            "sinks": tuple(float(x) for x in torch.linspace(-2, 6, 96)),
+            "return_lse": True,
+        },
+    ),
 ]
 BY_NAME = {case.name: case for case in CASES}
 

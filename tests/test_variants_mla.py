@@ -3,7 +3,8 @@
 v_cache is [num_blocks, block_size, num_kv_heads, head_dim_v] and the output
 [num_tokens, num_q_heads, head_dim_v]. Every built-in backend matches the oracle; the
 kernel loads K past 256 columns in two pieces (576 = 512 + 64) and tiles a large group's
-heads 16 a program (kernels.tiling.head_dim_pieces, heads_per_program); dropping the
+heads (kernels.tiling.head_dim_pieces, heads_per_program: up to 64 a program under half
+precision, V's dims cut in parts of 256, v_parts; 16 under fp32); dropping the
 second piece fails the grade; the harness skips the peers, naming the option.
 """
 
@@ -22,12 +23,13 @@ from harness.run.grading import grade
 from harness.run.oracle import paged_attention_oracle
 from harness.run.runner import RunConfig
 from kernels.contract import prepare_call
-from kernels.tiling import head_dim_pieces, heads_per_program, tiling_for
+from kernels.tiling import head_dim_pieces, heads_per_program, tiling_for, v_parts
 
 SHAPES = {  # num_q_heads, num_kv_heads, head_dim, head_dim_v, dtype, seq_lens, q_lens
     "mla_decode_2_head_tiles": (32, 1, 576, 512, "bfloat16", [1, 40, 100], [1, 1, 1]),
     "mla_spec_verify": (16, 1, 576, 512, "float32", [30, 17], [3, 2]),
     "mla_split_kv": (32, 1, 576, 512, "float32", [2100, 9], [1, 1]),
+    "mla_split_kv_bf16": (32, 1, 576, 512, "bfloat16", [2100, 9], [1, 1]),  # wide tiling: V parts, split, lse
     "k192_v128_prefill": (8, 2, 192, 128, "float32", [1, 40, 100], [1, 5, 2]),
     "k192_v128_split_bf16": (4, 4, 192, 128, "bfloat16", [2500, 300], [1, 1]),
     "k64_v128_gqa": (8, 2, 64, 128, "float16", [20, 33], [4, 1]),
@@ -71,9 +73,16 @@ def test_mla_tiling_splits_k_and_tiles_the_heads():
     call = prepare_call(*_inputs("mla_decode_2_head_tiles").args())
     assert head_dim_pieces(576) == (512, 64) and head_dim_pieces(192) == (256, 0)
     assert head_dim_pieces(300) == (256, 64) and head_dim_pieces(128) == (128, 0) and head_dim_pieces(80) == (128, 0)
-    assert heads_per_program(call) == 16 and call.group_size == 32
+    # bf16: the wide tiling, the whole group of 32 (up to WIDE_HEADS) a program and V's 512 dims in 2 parts
+    assert heads_per_program(call) == 32 and call.group_size == 32 and v_parts(call) == 2
     tiling = tiling_for(call)
-    assert tiling.BLOCK_M == 16 and tiling.BLOCK_Q == 1
+    assert tiling.BLOCK_M == 32 and tiling.BLOCK_Q == 1
+    deepseek = prepare_call(*make_inputs(num_q_heads=128, num_kv_heads=1, head_dim=576, head_dim_v=512, block_size=16,
+                                         seq_lens=[3], q_lens=[1], dtype="bfloat16", seed=1).args())  # fmt: skip
+    assert heads_per_program(deepseek) == 64 and v_parts(deepseek) == 2
+    assert tiling_for(deepseek).BLOCK_M == 64
+    fp32 = prepare_call(*_inputs("mla_split_kv").args())  # fp32 dots keep 16 heads a program and V whole
+    assert heads_per_program(fp32) == 16 and v_parts(fp32) == 1 and tiling_for(fp32).BLOCK_M == 16
     small = prepare_call(*_inputs("k192_v128_prefill").args())
     assert heads_per_program(small) == small.group_size, "dims up to 256 keep the whole group in one program"
 
@@ -115,7 +124,9 @@ def test_case_field_head_dim_v_reaches_rows_and_peers_skip():
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
-@pytest.mark.parametrize("name", ["mla_decode_2_head_tiles", "mla_split_kv", "k192_v128_split_bf16"])
+@pytest.mark.parametrize(
+    "name", ["mla_decode_2_head_tiles", "mla_split_kv", "mla_split_kv_bf16", "k192_v128_split_bf16"]
+)
 def test_triton_on_cuda_with_mla_shapes(name):
     """The compiled kernel at K 576 / V 512 (two K pieces, head tiles; shared memory on the GPU)."""
     inputs = _inputs(name)
