@@ -13,15 +13,16 @@ Per (case, backend) row present in both runs:
 Per run: rows on one side only, the device or the torch/triton versions differing
 (meta.json).
 
-``normalize_by`` (``compare --normalize-by BACKEND``): runs made on two machines, or hours
-apart on one shared GPU, may differ by a few percent in every row (clocks, power, other
-tenants), which a plain comparison would call a change of the code. With an anchor
-backend whose code did not change (a peer), each case's new latencies are scaled by that
-case's anchor median, base over new, before the verdict: what is judged is the row's time
-relative to the anchor on the same machine at the same time. The anchor's own rows then compare 1.0 by construction (marked ``anchor``); a case
-without the anchor in both runs keeps its raw latencies and is counted in the problems. The
-anchor median's own noise is not propagated (its rows hold hundreds of samples; the minimum
-effect still applies). Duplicated (case, backend) rows are refused (:class:`DuplicateRowsError`).
+``normalize_by`` (``compare --normalize-by BACKEND``): runs made on two machines, or hours apart
+on one shared GPU, may differ by a few percent in every row (clocks, power, other tenants),
+which a plain comparison would call a change of the code. With an anchor backend whose code did
+not change (a peer), each case's new latencies are scaled by that case's anchor median, base
+over new, before the verdict: what is judged is the row's time relative to the anchor on the
+same machine at the same time. The anchor's own rows then compare 1.0 by construction (marked
+``anchor``); a case without the anchor in both runs keeps its raw latencies and is counted in
+the problems. The anchor median's own noise is not propagated (its rows hold hundreds of
+samples; the minimum effect still applies). Duplicated (case, backend) rows are refused
+(:class:`DuplicateRowsError`).
 
 Exit codes (:attr:`Comparison.exit_code`): 0 nothing got worse and the comparison is
 complete; 1 something got worse (a new failure or error, a row now skipped, an error or
