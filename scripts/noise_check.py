@@ -24,15 +24,17 @@ in fresh processes would cost a Triton compile a round). ``--backend`` adds othe
     python scripts/noise_check.py --gpu --backend triton --backend triton_slowable --backend sdpa_contiguous
     python scripts/noise_check.py --gpu --device cpu --cases tiny.toml   # dry run on a CPU
 
-The runs go through a small shim that keeps every sample of ``harness.timing.timer.time_call``
-(at least ``--min-reps``) and sets torch's intra-op threads (``--threads``, default 1: on a
-shared 2-core machine two OpenMP threads fighting other processes make a 1 ms call take
-130 ms).
+The runs go through a small shim that sets the floor of timing samples of each measurement
+(``--min-reps``; a dry run's few samples keep it short) and torch's intra-op threads
+(``--threads``, default 1: on a shared 2-core machine two OpenMP threads fighting other
+processes make a 1 ms call take 130 ms). compare reads every sample from the runs' own
+``latency_samples_us`` column.
 """
 
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import os
 import subprocess
@@ -46,43 +48,40 @@ PLUGIN = str(ROOT / "scripts" / "slowdown_plugin.py")
 GPU_BACKENDS = ["triton", "triton_slowable"]
 
 
-def shimmed_main(min_reps: int, threads: int) -> int:
-    """``python -m harness`` with every timing sample kept as ``latency_samples_us``."""
+MIN_REPS_ENV = "NOISE_CHECK_MIN_REPS"  # a run's floor of timing samples per measurement (--min-reps)
+
+
+def floor_timing_samples(min_reps: int) -> None:
+    """Each measurement of this process's rows takes at least ``min_reps`` samples (the harness's floors otherwise)."""
+    from harness.timing import measure
+
+    measure.time_call = functools.partial(measure.time_call, min_reps=min_reps)
+    measure.time_wall = functools.partial(measure.time_wall, min_reps=min_reps)
+
+
+# Applied on import: a run's isolated plugin worker is spawned by multiprocessing, which imports the run's
+# main module (this file) again in the worker, so its rows get the run's floor too.
+if os.environ.get(MIN_REPS_ENV):
+    floor_timing_samples(int(os.environ[MIN_REPS_ENV]))
+
+
+def shimmed_main(threads: int) -> int:
+    """``python -m harness`` with ``threads`` torch intra-op threads (0: torch's default)."""
     import torch
 
     from harness.cli import main as cli
-    from harness.run import runner
-    from harness.timing import timer as timing
 
     if threads:
         torch.set_num_threads(threads)
-
-    if "latency_samples_us" not in runner.COLUMNS:
-        last = {}
-
-        def time_call(fn, device, **kw):
-            kw["min_reps"] = max(kw.get("min_reps", 3), min_reps)
-            last["t"] = timing.time_call(fn, device, **kw)
-            return last["t"]
-
-        original = runner.run_backend
-
-        def run_backend(ctx, backend, config):
-            last.clear()
-            row = original(ctx, backend, config)
-            if "t" in last and "latency_us" in row:
-                row["latency_samples_us"] = list(last["t"].samples_us)
-            return row
-
-        runner.time_call, runner.run_backend = time_call, run_backend
-        runner.COLUMNS.append("latency_samples_us")
-    return cli.main(sys.argv[4:])
+    return cli.main(sys.argv[3:])
 
 
 def harness_run(args: argparse.Namespace, out: Path, slowdown: float) -> float:
     """One ``harness run`` of the cases into ``out``, ``args.slowed`` slowed by ``slowdown``; its seconds."""
     pythonpath = os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))  # keep the caller's (wheels)
     env = {**os.environ, "HARNESS_SLOWDOWN": str(slowdown), "HARNESS_SLOWED": args.slowed, "PYTHONPATH": pythonpath}
+    if args.min_reps:
+        env[MIN_REPS_ENV] = str(args.min_reps)
     if args.device == "cpu":
         env.setdefault("TRITON_INTERPRET", "1")  # the shim imports Triton before the CLI could choose
         env.setdefault("HARNESS_TRITON_SLOWABLE_CPU", "1" if args.gpu else "0")
@@ -96,7 +95,6 @@ def harness_run(args: argparse.Namespace, out: Path, slowdown: float) -> float:
         sys.executable,
         __file__,
         "--_shim",
-        str(args.min_reps),
         str(args.threads),
         "run",
         *args.cases,
@@ -197,7 +195,11 @@ def main() -> int:
     parser.add_argument("--slowed", help="the backend slowed in run C (reference_slowable; --gpu: triton_slowable)")
     parser.add_argument("--out", type=Path, default=Path("/tmp/noise_check"))
     parser.add_argument("--slowdown", type=float, help="the planted slowdown (0.25; --gpu: 0.05)")
-    parser.add_argument("--min-reps", type=int, default=10, help="timing samples per row at least (10)")
+    parser.add_argument(
+        "--min-reps",
+        type=int,
+        help="timing samples per measurement at least (the harness's floors: 10; CUDA latency 20)",
+    )
     parser.add_argument(
         "--threads", type=int, default=1, help="torch intra-op threads while running (1; 0 = torch's default)"
     )
@@ -265,5 +267,5 @@ def report(args: argparse.Namespace, runs: dict[str, Path], seconds: dict[str, f
 
 if __name__ == "__main__":
     if len(sys.argv) > 2 and sys.argv[1] == "--_shim":
-        sys.exit(shimmed_main(int(sys.argv[2]), int(sys.argv[3])))
+        sys.exit(shimmed_main(int(sys.argv[2])))
     sys.exit(main())

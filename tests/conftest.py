@@ -117,6 +117,31 @@ def triton_launches(monkeypatch, value_reads):
     return main
 
 
+def _nothing_to_draw(*args, **kwargs) -> None:
+    return None
+
+
+@pytest.fixture(autouse=True)
+def _plots_not_drawn(request, monkeypatch):
+    """Pages render without drawing their plots: matplotlib's layout and SVG cost about a second a
+    page, and only the plots' own tests look at them. Each drawing function of
+    :mod:`harness.results.plots` answers "nothing to draw" (None, as for a run with no timed row),
+    so the page leaves its figures out. A test of the plots asks for :func:`drawn_plots`."""
+    if "drawn_plots" in request.fixturenames:
+        return
+    try:
+        from harness.results import plots
+    except ImportError:  # no matplotlib: the pages draw nothing anyway
+        return
+    for name in ("latency_and_bandwidth", "error_vs_tolerance", "scaling_fit", "trend"):
+        monkeypatch.setattr(plots, name, _nothing_to_draw)
+
+
+@pytest.fixture
+def drawn_plots():
+    """The pages' plots drawn for real (every other test leaves them out: :func:`_plots_not_drawn`)."""
+
+
 @pytest.fixture
 def clean_registry():
     """Restore the backend registry after a test that registers backends of its own."""

@@ -72,9 +72,10 @@ KERNEL_CASES: list[KernelCase] = [
     _vary("long", num_q_heads=4, num_kv_heads=1, seq_lens=(3000, 2049), q_lens=(1, 9)),
     # Few programs and long histories: the kernel splits the KV range (see choose_tiling).
     _vary("split_kv_decode", num_q_heads=8, num_kv_heads=1, seq_lens=(2500, 700, 1), q_lens=(1, 1, 1)),
-    # Prefill rows at positions 500..575 see no key of the second split (576..1099): their
-    # partial max stays -inf and must weigh nothing in the combine.
-    _vary("split_kv_prefill_early_rows", num_q_heads=2, num_kv_heads=1, seq_lens=(1100,), q_lens=(600,)),
+    # The table's 1100-key capacity splits the KV range at 576: the first sequence's prefill
+    # rows at positions 560..575 see no key of its second split (576..599): their partial max
+    # stays -inf and must weigh nothing in the combine. The second's rows see both splits.
+    _vary("split_kv_prefill_early_rows", num_q_heads=2, num_kv_heads=1, seq_lens=(600, 1100), q_lens=(40, 40)),
     _vary("bfloat16_split_kv", dtype="bfloat16", num_kv_heads=1, seq_lens=(1500, 1030), q_lens=(3, 1)),
     *(
         _vary(f"{dt}_prefill", dtype=dt, seq_lens=(1, 15, 40, 17), q_lens=(1, 0, 6, 2))

@@ -35,7 +35,7 @@ def test_history_orders_runs_per_machine_and_marks_only_the_regressed_run(runs):
     assert not history.rows[history.rows["machine"] == "cuda H200"]["regressed"].any(), "a new machine has no baseline"
 
 
-def test_history_verb_prints_the_trend_and_writes_a_page_with_plots(runs, tmp_path, capsys):
+def test_history_verb_prints_the_trend_and_writes_a_page_with_plots(runs, tmp_path, capsys, drawn_plots):
     page = tmp_path / "history.html"
     assert main(["history", str(runs), "--html", str(page)]) == 0
     out = capsys.readouterr().out

@@ -100,7 +100,7 @@ def _texts(driver, selector: str) -> list[str]:
     return [e.text for e in driver.find_elements(By.CSS_SELECTOR, selector) if e.is_displayed()]
 
 
-def test_the_review_page_works_in_a_browser(run_dir, browser, tmp_path):
+def test_the_review_page_works_in_a_browser(drawn_plots, run_dir, browser, tmp_path):
     from selenium.webdriver.common.by import By
     from selenium.webdriver.support.ui import Select
 

@@ -114,7 +114,7 @@ def test_report_with_a_baseline_marks_and_lists_regressions(tmp_path):
     assert html.count('class="pass regressed"') == 10
 
 
-def test_plots_are_embedded_as_data_uris():
+def test_plots_are_embedded_as_data_uris(drawn_plots):
     pytest.importorskip("matplotlib", reason="plots need matplotlib")
     html = render_html(rf.frame(num_cases=4), rf.meta())
     assert html.count('<img src="data:image/svg+xml;base64,') >= 2

@@ -135,7 +135,7 @@ def test_noise_check_gpu_preset_runs_dry_on_the_cpu_and_prints_verdict_counts(tm
     )
     done = run_script(
         "scripts/noise_check.py", "--gpu", "--device", "cpu", "--cases", str(cases), "--out", str(tmp_path / "nc"),
-        "--min-reps", "5", timeout=600,
+        "--min-reps", "2", timeout=600,
     )  # fmt: skip
     assert done.returncode == 0, done.stderr[-3000:]
     lines = [line for line in done.stdout.splitlines() if line.startswith("A_vs_")]

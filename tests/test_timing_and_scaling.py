@@ -146,7 +146,7 @@ def test_a_fit_at_r2_0_9_with_no_negative_term_is_kept():
     assert fit_verdict(0.1, 0.0, 1.0) == "", "a zero fixed cost is not negative"
 
 
-def test_a_timed_cli_run_writes_every_timing_column_and_the_page(tmp_path):
+def test_a_timed_cli_run_writes_every_timing_column_and_the_page(tmp_path, drawn_plots):
     from harness.cli.main import main
     from harness.results.storage import load_run
 
@@ -172,7 +172,8 @@ def test_a_timed_cli_run_writes_every_timing_column_and_the_page(tmp_path):
         == 0
     )
     frame, meta = load_run(out)
-    assert (out / "report.html").is_file()
+    # the CLI's page with its plots drawn: latency and bandwidth, error against tolerance
+    assert (out / "report.html").read_text().count('<img src="data:image/svg+xml;base64,') >= 2
     assert frame["latency_us"].notna().all() and frame["call_us"].notna().all()
     assert (frame["timing_reps"] >= 10).all() and all(len(s) >= 10 for s in frame["latency_samples_us"])
     assert frame["tflops"].gt(0).all() and frame["pct_of_peak"].gt(0).all(), "q_len 2 makes it a prefill row"

@@ -7,6 +7,8 @@ window's work instead of all but the last walking nothing.
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 import torch
 
@@ -41,7 +43,7 @@ def test_a_window_wider_than_the_table_changes_nothing():
 
 
 def test_prefill_bound_counts_the_queries():
-    base = CASES_BY_NAME["split_kv_prefill_early_rows"]  # one sequence of 1100 keys, 600 queries
+    base = replace(CASES_BY_NAME["split_kv_prefill_early_rows"], seq_lens=(1100,), q_lens=(600,))  # tiling only
     inputs = base.inputs()
     hinted = tiling_for(prepare_call(*inputs.args(), sliding_window=500), max_q_len=600)
     unhinted = tiling_for(prepare_call(*inputs.args(), sliding_window=500))
@@ -57,8 +59,6 @@ def test_splits_cut_from_the_window_match_the_oracle(fn_name, window):
     """Decode over 4000 and 3900 keys: the window's keys in 2 splits that start at its first tile."""
     if fn_name == "triton" and (reason := kernels.triton_unavailable_reason("cpu")):
         pytest.skip(reason)
-    from dataclasses import replace
-
     base = replace(CASES_BY_NAME["split_kv_decode"], seq_lens=(4000, 3900), q_lens=(1, 1))
     inputs = base.inputs()
     tiling = tiling_for(prepare_call(*inputs.args(), sliding_window=window))

@@ -418,6 +418,9 @@ def sequential_rounds(
                     f"confirm: round 1: {len(left)} row(s) left undecided, the costliest: their rounds to the first "
                     f"look would not fit {FIRST_LOOK_SHARE:.0%} of the box"
                 )
+            if not open_rows:  # nothing left to time: no more rounds of idle workers
+                on_round(k, 0)
+                break
         if k not in looks:
             on_round(k, len(open_rows))
             continue

@@ -9,8 +9,8 @@ from __future__ import annotations
 import time
 import traceback
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
-import pandas as pd
 import torch
 
 from harness.backends.registry import Backend, Unsupported
@@ -25,6 +25,9 @@ from harness.run.oracle_cache import lookup, oracle_key
 from harness.timing.measure import TimingPlan, timing_columns
 from harness.timing.metrics import bytes_moved
 from harness.timing.phases import phase
+
+if TYPE_CHECKING:
+    import pandas as pd
 
 # The note of a row graded but not timed because its one call outlasted the timing budget (compare reads it).
 NOT_TIMED = "not timed: one call took"
@@ -230,6 +233,8 @@ def row_without_call(case: Case, backend: Backend, config: RunConfig, status: st
 def to_frame(rows: list[dict]) -> pd.DataFrame:
     """Rows as a DataFrame with every report column, in order (absent values are NaN)."""
     check_row_keys(rows)
+    import pandas as pd  # not at import: a worker process never builds a frame
+
     frame = pd.DataFrame(rows, columns=COLUMNS)
     for column in ("reason", "note", "timing_method", "tags", "kernels_ran", "grading_note", "worst_location"):
         frame[column] = frame[column].astype(object).fillna("").astype(str)
