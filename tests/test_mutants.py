@@ -2,8 +2,8 @@
 
 Every mutant's text must occur exactly once in its file and name the quick test that catches
 it (a second). Then scripts/mutants.py plants each mutant in a copy of the tree and runs its
-caught_by test there: 80 to 110 CPU-seconds in all, so it runs with the suite (`-m "not slow"`
-leaves it out).
+caught_by test there: 80 to 110 CPU-seconds in all. `nox -s mutants` runs that (CI runs it on
+every change, beside `nox -s tests`, which leaves it out with `-m "not mutants"`).
 """
 
 from __future__ import annotations
@@ -50,6 +50,7 @@ def test_a_mutant_whose_text_is_gone_is_not_applied(tmp_path):
 
 
 @pytest.mark.slow
+@pytest.mark.mutants
 @pytest.mark.interpreter
 @pytest.mark.timeout(1500)
 def test_the_quick_tests_catch_every_planted_slip():

@@ -83,6 +83,7 @@ DIES, HANGS = {"name": "dies_here", "head_dim": 64}, {"name": "hangs_here", "hea
 FINE = [{"name": "fine_a"}, {"name": "fine_b", "seed": 1}]
 
 
+@pytest.mark.slow  # a worker killed, one hung past its limit: about 16 s
 def test_a_killed_worker_costs_one_retry_then_an_error_row_a_hung_one_an_error_row_and_every_other_row_is_kept(
     tmp_path, monkeypatch
 ):

@@ -106,6 +106,7 @@ def test_gpu_run_scripts_are_valid_bash():
         assert done.returncode == 0, done.stderr
 
 
+@pytest.mark.slow  # four harness runs in worker processes: about 16 s
 def test_gpu_scale_script_dry_runs_one_and_two_workers_and_tables_them(tmp_path):
     cases = tmp_path / "c.toml"
     cases.write_text('[[case]]\nname = "c"\nnum_q_heads = 2\nnum_kv_heads = 1\nhead_dim = 32\nseq_lens = [5, 9]\n')
@@ -127,6 +128,7 @@ def test_noise_check_script_answers_help():
     assert done.returncode == 0, done.stderr
 
 
+@pytest.mark.slow  # three runs with isolated workers: about 35 s
 def test_noise_check_gpu_preset_runs_dry_on_the_cpu_and_prints_verdict_counts(tmp_path):
     cases = tmp_path / "tiny.toml"
     cases.write_text(
