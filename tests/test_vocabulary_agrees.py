@@ -12,13 +12,12 @@ import torch
 import kernels
 from harness.backends.builtin import resolve_backends
 from harness.backends.registry import VARIANT_OPTIONS
-from harness.cases import variants
 from harness.cases.inputs import make_inputs
 from harness.cases.spec import CaseSpec, case_file_schema, load_case_file
 from harness.cases.variants import VARIANTS
 from harness.cases.vocab import DEFAULT_TOLERANCES, DTYPE_NAMES, DTYPES, FAILING, GRADED, LAYOUTS, STATUSES, WORST_FIRST
 from harness.execute.local import run_cases
-from harness.results import report
+from harness.results import columns, report
 from harness.run import grading
 from harness.run.runner import RunConfig
 from harness.timing import ceilings
@@ -103,7 +102,7 @@ def test_every_entry_shows_and_takes_each_call_option_by_its_table_row(name):
 
 
 def test_the_contracts_variants_table_is_made_from_the_tables():
-    text = variants.DOC.read_text()
-    assert variants.doc_with_table(text) == text, "docs/contract.md is stale: run python -m harness.cases.variants"
+    text = columns.DOC.read_text()
+    assert columns.doc_with_tables(text) == text, "docs/contract.md is stale: run python -m harness.results.columns"
     for variant in VARIANTS:
         assert f"| `{variant.capability}` |" in text, variant.capability

@@ -15,11 +15,8 @@ the case model, the kernel contract, the inputs and the oracle.
 from __future__ import annotations
 
 import math
-import re
-import sys
 from collections.abc import Callable
 from dataclasses import dataclass, replace
-from pathlib import Path
 from typing import Annotated, Any, Literal
 
 import torch
@@ -265,13 +262,8 @@ def turned_on(case: Any) -> frozenset[str]:
     return frozenset(v.capability for v in VARIANTS if v.turned_on(case))
 
 
-# The variants' table in docs/contract.md, made from the rows and the kernels' option table.
-DOC = Path(__file__).resolve().parents[2] / "docs" / "contract.md"
-BEGIN, END = "<!-- variants: made by python -m harness.cases.variants -->", "<!-- variants end -->"
-
-
 def markdown() -> str:
-    """One line per row: capability, case-file fields, kernel keywords with their kind, meaning.
+    """The variants' table of docs/contract.md (written by ``python -m harness.results.columns``): one line per row: capability, case-file fields, kernel keywords with their kind, meaning.
     KeyError for a keyword the kernels' table (kernels.contract.CALL_OPTION_TABLE) lacks."""
     kinds = {option.name: option.kind.name for option in CALL_OPTION_TABLE} | {"return_lse": "the entry's own bool"}
     lines = ["| capability | case-file fields | kernel keywords (kind) | what it computes |", "|---|---|---|---|"]
@@ -279,16 +271,3 @@ def markdown() -> str:
         keywords = ", ".join(f"`{keyword}` ({kinds[keyword]})" for keyword in v.keywords) or "none: a shape"
         lines.append(f"| `{v.capability}` | {', '.join(f'`{name}`' for name in v.fields)} | {keywords} | {v.meaning} |")
     return "\n".join(lines)
-
-
-def doc_with_table(text: str) -> str:
-    """``text`` with the block between BEGIN and END replaced by markdown()."""
-    pattern = re.compile(re.escape(BEGIN) + ".*?" + re.escape(END), re.S)
-    if not pattern.search(text):
-        raise ValueError(f"{DOC}: no {BEGIN} ... {END} block")
-    return pattern.sub(lambda _: f"{BEGIN}\n{markdown()}\n{END}", text)
-
-
-if __name__ == "__main__":
-    DOC.write_text(doc_with_table(DOC.read_text()))
-    print(f"wrote the variants table into {DOC}", file=sys.stderr)

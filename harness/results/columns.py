@@ -3,7 +3,8 @@ page's header tips are made.
 
 A row is a dict keyed by column name; ``results.parquet`` holds one row per (case, backend)
 with exactly these columns, in this order. ``python -m harness.results.columns`` rewrites the
-table in docs/contract.md; a test checks the two agree.
+generated tables of docs/contract.md (these columns, and the attention variants from
+harness.cases.variants); tests check the doc agrees.
 """
 
 from __future__ import annotations
@@ -12,6 +13,8 @@ import re
 import sys
 from dataclasses import dataclass
 from pathlib import Path
+
+from harness.cases import variants
 
 
 @dataclass(frozen=True)
@@ -103,7 +106,6 @@ TABLE: tuple[Column, ...] = (
 COLUMNS: list[str] = [column.name for column in TABLE]
 MEANINGS: dict[str, str] = {column.name: column.meaning for column in TABLE}
 DOC = Path(__file__).resolve().parents[2] / "docs" / "contract.md"
-BEGIN, END = "<!-- columns: made by python -m harness.results.columns -->", "<!-- columns end -->"
 
 
 class UnknownColumnError(ValueError):
@@ -125,14 +127,18 @@ def markdown() -> str:
     return "\n".join(lines)
 
 
-def doc_with_table(text: str) -> str:
-    """``text`` with the block between BEGIN and END replaced by markdown()."""
-    pattern = re.compile(re.escape(BEGIN) + ".*?" + re.escape(END), re.S)
-    if not pattern.search(text):
-        raise ValueError(f"{DOC}: no {BEGIN} ... {END} block")
-    return pattern.sub(lambda _: f"{BEGIN}\n{markdown()}\n{END}", text)
+def doc_with_tables(text: str) -> str:
+    """``text`` (docs/contract.md) with each generated block, between its two markers, made anew:
+    the columns (:func:`markdown`) and the attention variants (:func:`harness.cases.variants.markdown`)."""
+    for what, make in (("columns", markdown), ("variants", variants.markdown)):
+        begin, end = f"<!-- {what}: made by python -m harness.results.columns -->", f"<!-- {what} end -->"
+        pattern = re.compile(re.escape(begin) + ".*?" + re.escape(end), re.S)
+        if not pattern.search(text):
+            raise ValueError(f"{DOC}: no {begin} ... {end} block")
+        text = pattern.sub(lambda _, begin=begin, end=end, make=make: f"{begin}\n{make()}\n{end}", text)
+    return text
 
 
 if __name__ == "__main__":
-    DOC.write_text(doc_with_table(DOC.read_text()))
-    print(f"wrote the column table into {DOC}", file=sys.stderr)
+    DOC.write_text(doc_with_tables(DOC.read_text()))
+    print(f"wrote the column and variant tables into {DOC}", file=sys.stderr)
