@@ -1,6 +1,6 @@
 """The Triton kernel at a base revision against the working tree's, timed side by side in one process.
 
-    python scripts/kernel_ab.py [SUITE ...] [--base REV] [--case PATTERN] [--rounds 9] [--out ab.json]
+    python scripts/kernel_ab.py [SUITE ...] [--base REV|DIR] [--case PATTERN] [--rounds 9] [--out ab.json]
     python scripts/kernel_ab.py [SUITE ...] --with tiling tuning   # the base's split choice and tuning too
     python scripts/kernel_ab.py --dry          # CPU: one tiny case under the interpreter (CI)
 
@@ -94,6 +94,12 @@ def serve_split_modules() -> None:
 
 
 def _git_show(rev: str, path: Path) -> str:
+    """``path`` (relative to the repository) as of ``rev``: a git revision, or a folder holding a copy
+    of the base tree (a GPU machine's copy of the tree may have no git history)."""
+    if (folder := Path(rev)).is_dir():
+        if not (folder / path).is_file():
+            raise ABError(f"{folder / path}: no such file in the base folder {folder}")
+        return (folder / path).read_text()
     done = subprocess.run(["git", "show", f"{rev}:{path.as_posix()}"], cwd=ROOT, capture_output=True, text=True)
     if done.returncode != 0:
         raise ABError(f"git show {rev}:{path}: {done.stderr.strip()}")
@@ -206,7 +212,9 @@ def time_case(case, modules: dict, device: str, rounds: int, reps: dict) -> dict
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("suites", nargs="*", default=["gpu_peers"])
-    parser.add_argument("--base", default="HEAD", help="the revision whose kernel is the base (HEAD)")
+    parser.add_argument(
+        "--base", default="HEAD", help="the revision whose kernel is the base (HEAD), or a folder holding the base tree"
+    )
     parser.add_argument("--case", default="*", help="fnmatch pattern on case ids")
     parser.add_argument("--rounds", type=int, default=9,
                         help="paired rounds a case (9; at least 6, the fewest whose 95%% interval can exclude 1)")  # fmt: skip

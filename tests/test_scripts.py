@@ -307,3 +307,15 @@ def test_compare_targets_suite_loads_and_its_table_reader_reads_compare_rows(tmp
     table = "WORSE  reference_slowable  decode_a  +31%\nsame   tlsim  decode_a\nUNCONFIRMED  tlsim  decode_b  +40%\n"
     assert compare_targets.flagged(table) == {"WORSE": [("reference_slowable", "decode_a")],
                                               "UNCONFIRMED": [("tlsim", "decode_b")]}  # fmt: skip
+
+
+def test_kernel_ab_reads_the_base_from_a_folder_when_given_one(tmp_path):
+    """A GPU machine's copy of the tree has no git: ``--base DIR`` takes the base files from a copied tree."""
+    from scripts.kernel_ab import ABError, _git_show
+
+    path = Path("kernels/triton_paged.py")
+    (tmp_path / "kernels").mkdir()
+    (tmp_path / path).write_text("# the base\n")
+    assert _git_show(str(tmp_path), path) == "# the base\n"
+    with pytest.raises(ABError, match=r"tuning\.py: no such file in the base folder"):
+        _git_show(str(tmp_path), Path("kernels/tuning.py"))
