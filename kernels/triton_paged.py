@@ -62,7 +62,7 @@ The idea, in a few lines:
   a query row past num_tokens is not read or written, and a tile that would read a
   block id outside [0, num_blocks) or a table entry past max_blocks_per_seq loads
   nothing, and every row of the program that walks it is NaN instead (checked once per
-  program after the tile loops: ``_count_bad_blocks``).
+  program before the tile loops: ``_count_bad_blocks``).
 
 Precision: both dots accumulate in fp32. For fp32 inputs the dots run in IEEE fp32 on
 purpose (Triton's default is TF32, about 1e-3 relative error, which fails the fp32
@@ -204,8 +204,9 @@ def _count_bad_blocks(block_table_ptr, seq, stride_bt_seq, first_col, end_col, n
     """The block-table columns [first_col, end_col) of ``seq`` whose entry is outside [0, num_blocks)
     or past the table (column >= max_blocks_per_seq): how many.
 
-    Checked once, after the tile loops, over the columns the program's tiles read, so the
-    loops need no value of the table beyond their (pipelined) loads' addresses and masks. Checking inside the loop cost every tile a synchronous table load and a reduction
+    Checked once, before the tile loops, over the columns the program's tiles will read, so
+    the loops need no value of the table beyond their (pipelined) loads' addresses and
+    masks. Checking inside the loop cost every tile a synchronous table load and a reduction
     across the warps: the software pipeliner loads the next tile's K and V ahead, but a use
     of the current tile's block ids in the softmax put a second, unpipelined load of them
     at the top of each step (seen in the sm_90 TTGIR; H200 timings in
@@ -490,6 +491,8 @@ def paged_attention_kernel(
     walked = tl.where(tiles <= room // TILE_N, tl.minimum(tiles, room // TILE_N) * TILE_N, room)
     first_col = kv_start // BLOCK_SIZE
     end_col = tl.where(walked > 0, (kv_start + walked - 1) // BLOCK_SIZE + 1, first_col)
+    bad_blocks = _count_bad_blocks(block_table_ptr, seq, stride_bt_seq, first_col, end_col, num_blocks,
+                                   max_blocks_per_seq, 128)  # fmt: skip
     # Tiles wholly before the program's first query position are visible to every row: they
     # skip the causal and length masks (on prefill the elementwise work is what bounds the
     # kernel: 18% of prefill_4x4k's time on an H200). The window masks every tile it touches.
@@ -515,10 +518,6 @@ def paged_attention_kernel(
     )  # fmt: skip
     if KV_FP8:  # (p @ v) * v_scale, per KV head: before the split's store, so the combine needs no scale
         acc = acc * v_scale
-    # Counted after the loops, which need none of it (their loads are masked by block_ok): the
-    # table's entries are then in cache, and the program's first K / V loads do not wait behind it.
-    bad_blocks = _count_bad_blocks(block_table_ptr, seq, stride_bt_seq, first_col, end_col, num_blocks,
-                                   max_blocks_per_seq, 128)  # fmt: skip
     l_i = l_i + tl.where(bad_blocks > 0, float("nan"), 0.0)  # a bad index: NaN out, no stray read
 
     if NUM_SPLITS > 1:  # keep this split's state; combine_splits_kernel finishes the rows
