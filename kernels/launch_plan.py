@@ -10,7 +10,8 @@ The key (:func:`call_key`) covers every input a host decision reads:
 
 * each tensor argument's shape, strides, dtype, device, and its data_ptr mod 16 (Triton
   specializes on a multiple of 16 or not); None for an absent one (query_start_loc, out,
-  a device option such as sinks or k_scale);
+  a device option such as sinks or k_scale); whether v_cache starts where k_cache does (a
+  latent cache's view: kernels.tiling.latent_kv);
 * each host scalar (scale, the hints max_q_len / max_seq_len, return_lse, a host option such
   as sliding_window, a float k_scale) with its exact type and value, so ``True`` (rejected
   as a window) never meets ``1``;
@@ -137,6 +138,7 @@ def call_key(
             q.shape, q.stride(), q.dtype, q.device, q.data_ptr() & 15,
             k_cache.shape, k_cache.stride(), k_cache.dtype, k_cache.device, k_cache.data_ptr() & 15,
             v_cache.shape, v_cache.stride(), v_cache.dtype, v_cache.device, v_cache.data_ptr() & 15,
+            v_cache.data_ptr() == k_cache.data_ptr(),  # V a view of K's first columns (kernels.tiling.latent_kv)
             block_table.shape, block_table.stride(), block_table.dtype, block_table.device, block_table.data_ptr() & 15,
             seq_lens.shape, seq_lens.stride(), seq_lens.dtype, seq_lens.device, seq_lens.data_ptr() & 15,
             None if query_start_loc is None else _describe(query_start_loc),

@@ -24,6 +24,12 @@ SINGLE_DOT_HEAD_DIM = 256  # above it, K is loaded as two pieces and the heads o
 # V's dims over two warpgroups). None: the 16-head tiling for every dtype.
 WIDE_HEADS: int | None = 64
 V_PART_DIM = 256
+# MLA's latent cache (vLLM's MLA and FlashMLA keep one cache of 576 columns, V its first 512): when a
+# wide call's v_cache is a view of k_cache's first head_dim_v columns, head_dim_v K's first piece
+# (:func:`latent_kv`), a program holds V whole and takes it from the K tile it loaded (the kernel's
+# SHARED_KV): the logits once a head tile, half the bytes and the shared memory. False: such a view
+# runs as two tensors.
+LATENT_KV = True
 
 
 def window_tile_start(first_q_pos, sliding_window: int | None, tile_n: int):
@@ -126,6 +132,7 @@ def choose_tiling(
     fp32: bool = False,
     num_tokens: int | None = None,
     kv_fp8: bool = False,
+    latent: bool = False,
 ) -> Tiling:
     """Tile sizes, query-tile count and KV split; the kernel launcher and tlsim both use exactly these.
 
@@ -142,7 +149,8 @@ def choose_tiling(
     max_q_len = max(max_q_len, 1)
     num_tokens = num_seqs * max_q_len if num_tokens is None else num_tokens
     head_dim_padded = max(16, next_pow2(head_dim))
-    precision, q_class = "fp32" if fp32 else ("half_fp8" if kv_fp8 else "half"), query_class(max_q_len)
+    precision = "fp32" if fp32 else ("half_fp8" if kv_fp8 else ("half_latent" if latent else "half"))
+    q_class = query_class(max_q_len)
     config = tile_config(precision, head_dim_padded, q_class)
     if group_size >= 16:  # one token's heads already fill tl.dot's minimum M of 16
         block_m = next_pow2(group_size)
@@ -239,6 +247,7 @@ def tiling_for(call: PagedCall, max_q_len: int | None = None, max_seq_len: int |
         fp32=call.q.dtype == torch.float32 or large,
         num_tokens=call.num_tokens,
         kv_fp8=call.kv_fp8,
+        latent=latent_kv(call),
     )
 
 
@@ -263,9 +272,29 @@ def v_parts(call: PagedCall) -> int:
     fastest part): next_pow2(head_dim_v) // V_PART_DIM under the wide tiling, else 1. Each computes
     the tile's full logits (both K pieces) and its own columns of p @ v; a column's sums do not
     depend on the others, and m, l and the lse are the same in every part."""
-    if not _wide(call):
+    if not _wide(call) or latent_kv(call):
         return 1
     return max(1, max(16, next_pow2(call.head_dim_v)) // V_PART_DIM)
+
+
+def latent_kv(call: PagedCall) -> bool:
+    """Whether the call's V is read from its K tiles (the kernel's SHARED_KV): LATENT_KV on, the wide
+    tiling, head_dim_v equal to K's first piece (MLA: 512 of 576), and v_cache a view of k_cache's first
+    head_dim_v columns, told from metadata alone (no value read, no device sync): the same storage
+    pointer, dtype and block / slot / head strides, both unit-stride in their dims. Then every V element
+    the kernel would load is the K element it loaded at the same (key, dim), so the output is the same
+    as two tensors holding those values give (tests/test_variants_mla.py)."""
+    k, v = call.k_cache, call.v_cache
+    return (
+        LATENT_KV
+        and _wide(call)
+        and head_dim_pieces(call.head_dim)[0] == call.head_dim_v
+        and v.dtype == k.dtype
+        and v.device == k.device
+        and v.data_ptr() == k.data_ptr()
+        and v.stride()[:3] == k.stride()[:3]
+        and v.stride(-1) == 1 == k.stride(-1)
+    )
 
 
 def _wide(call: PagedCall) -> bool:

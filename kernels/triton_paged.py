@@ -80,7 +80,7 @@ import triton.language as tl
 
 from .contract import PagedCall, contiguous_strides, contract_entry
 from .launch_plan import KernelLaunch, PlanCache
-from .tiling import cdiv, head_dim_pieces, heads_per_program, next_pow2, tiling_for, v_parts
+from .tiling import cdiv, head_dim_pieces, heads_per_program, latent_kv, next_pow2, tiling_for, v_parts
 
 
 @triton.jit
@@ -241,6 +241,7 @@ def _attend_tiles(
     V_PAIRS: tl.constexpr,  # an fp8 V read as uint16 pairs of dims, two dots (see below)
     HEAD_DIM_V: tl.constexpr,
     INTERPRETED: tl.constexpr,  # the CPU interpreter (no inline PTX)
+    SHARED_KV: tl.constexpr,  # V is K's first HEAD_DIM_V (== DIM_MAIN) columns: p @ v takes the K tile as loaded
 ):  # fmt: skip
     """The online softmax over KV positions [start, end) of one program; returns (m, l, acc)
     [BLOCK_M], [BLOCK_M], [BLOCK_M, V_PART_DIM]. The kernel calls it twice: unmasked
@@ -318,9 +319,12 @@ def _attend_tiles(
             acc_even = acc_even * alpha[:, None] + tl.dot(p, v_even, out_dtype=tl.float32)
             acc_odd = acc_odd * alpha[:, None] + tl.dot(p, v_odd, out_dtype=tl.float32)
         else:
-            v = tl.load(
-                v_cache_ptr + v_offs + v_dims[None, :], mask=block_ok[:, None] & v_dim_valid[None, :], other=0.0
-            )
+            if SHARED_KV:  # the same elements a V load would bring (the launcher checked the view): no second load
+                v = k
+            else:
+                v = tl.load(
+                    v_cache_ptr + v_offs + v_dims[None, :], mask=block_ok[:, None] & v_dim_valid[None, :], other=0.0
+                )
             if KV_FP8:  # exact, like K; v_scale multiplies the program's acc once, after the loop
                 v = _widen_fp8(v, q.dtype, INTERPRETED_BF16 and not FP16_DOTS, FP16_DOTS or V_PAIRS)
             if INTERPRETED_BF16 and not FP16_DOTS:  # bf16 x bf16 products are exact in fp32: only the sum order moves
@@ -403,6 +407,7 @@ def paged_attention_kernel(
     FP16_DOTS: tl.constexpr,  # bf16 q over an fp8 cache: the dots run in fp16 (_q_to_fp16)
     V_PAIRS: tl.constexpr,  # an fp8 V read as uint16 pairs of dims (_attend_tiles)
     INTERPRETED: tl.constexpr,  # the CPU interpreter
+    SHARED_KV: tl.constexpr = False,  # v_cache is a view of k_cache's first HEAD_DIM_V columns (MLA's latent cache)
 ):
     # Grid axis 1: (KV head, head tile, V part), the V part fastest: the programs that share a head
     # tile's q and K run side by side (each computes the same logits, and its own V dims of p @ v).
@@ -506,7 +511,7 @@ def paged_attention_kernel(
         sliding_window, cap_unscaled, inv_cap_unscaled, num_blocks, max_blocks_per_seq,
         stride_k_block, stride_k_slot, stride_k_head, stride_v_block, stride_v_slot, stride_v_head, stride_bt_seq,
         BLOCK_SIZE, TILE_N, DIM_TAIL, DOT_PRECISION, INTERPRETED_BF16, False, USE_WINDOW, USE_SOFTCAP, USE_ALIBI, KV_FP8,
-        FP16_DOTS, V_PAIRS, HEAD_DIM_V, INTERPRETED,
+        FP16_DOTS, V_PAIRS, HEAD_DIM_V, INTERPRETED, SHARED_KV,
     )  # fmt: skip
     m_i, l_i, acc = _attend_tiles(
         q, q_tail, m_i, l_i, acc, full_end, kv_end, seq, seq_len, q_pos, kv_head, dims, dim_valid, tail_dims, tail_valid,
@@ -514,7 +519,7 @@ def paged_attention_kernel(
         sliding_window, cap_unscaled, inv_cap_unscaled, num_blocks, max_blocks_per_seq,
         stride_k_block, stride_k_slot, stride_k_head, stride_v_block, stride_v_slot, stride_v_head, stride_bt_seq,
         BLOCK_SIZE, TILE_N, DIM_TAIL, DOT_PRECISION, INTERPRETED_BF16, True, USE_WINDOW, USE_SOFTCAP, USE_ALIBI, KV_FP8,
-        FP16_DOTS, V_PAIRS, HEAD_DIM_V, INTERPRETED,
+        FP16_DOTS, V_PAIRS, HEAD_DIM_V, INTERPRETED, SHARED_KV,
     )  # fmt: skip
     if KV_FP8:  # (p @ v) * v_scale, per KV head: before the split's store, so the combine needs no scale
         acc = acc * v_scale
@@ -747,6 +752,7 @@ class TritonPlan:
                 FP16_DOTS=tiling.FP8_DOTS_FP16 and q.dtype == torch.bfloat16,
                 V_PAIRS=v_pairs,
                 INTERPRETED=not isinstance(paged_attention_kernel, triton.runtime.JITFunction),
+                SHARED_KV=latent_kv(call),
             ),
             dict(num_warps=tiling.NUM_WARPS, num_stages=tiling.NUM_STAGES),
             cuda,

@@ -3,7 +3,9 @@
 A launch's shape is looked up by (precision, padded head dim, query class):
 
     precision        "half" (fp16 / bf16: tensor-core dots), "half_fp8" (the same with an fp8
-                     cache; a key it lacks falls back to "half"'s) or "fp32" (IEEE fp32 dots)
+                     cache), "half_latent" (the same with V read from K's tiles: MLA's latent cache,
+                     kernels.tiling.latent_kv; each falls back to "half"'s key it lacks) or "fp32"
+                     (IEEE fp32 dots)
     head_dim_padded  the head dim rounded up to a power of two (at least 16)
     query class      "decode" (one query per sequence), "decode_split" (a decode with too
                      few programs to fill the GPU, whose KV is split), "decode_split_long" (such a
@@ -106,6 +108,15 @@ TUNED: dict[tuple[str, int, str], TileConfig] = {
     # 0.94x the 64-key config before the change over the five prefill cases of cases/gpu_peers.toml
     # (4x4k 1727 -> 1596 us, 1x8k 1656 -> 1527, 16x1k 608 -> 627, 8x2k 970 -> 948, chunked 931 -> 788).
     ("half", 128, "prefill"): TileConfig(max_rows=128, max_tokens=32, tile_n=128, num_warps=8, num_stages=2),
+    # MLA's latent cache (kernels.tiling.latent_kv: 64 heads a program, V whole and taken from the K tile), 32-key
+    # tiles, 8 warps, 2 stages: DeepSeek-V3 decode, 128 heads, bf16, against the wide tiling over two tensors
+    # (64 heads, V in 2 parts, 32-key tiles, 3 stages) 32 x 8k 940.9 -> 519.4 us (77.6 -> 140.6 TFLOP/s), 128 x 2k
+    # 948.5 -> 481.1, 64 x 4k 907.7 -> 517.4; 16-key tiles 762 / 723 / 759 (gpu_results/2026-12-02-h200-mla-latent).
+    ("half_latent", 1024, "decode"): TileConfig(max_rows=64, max_tokens=1, tile_n=32, num_warps=8, num_stages=2),
+    ("half_latent", 1024, "decode_split"): TileConfig(max_rows=64, max_tokens=1, tile_n=32, num_warps=8, num_stages=2),
+    ("half_latent", 1024, "decode_split_long"): TileConfig(
+        max_rows=64, max_tokens=1, tile_n=32, num_warps=8, num_stages=2
+    ),
 }
 
 _override: TileConfig | None = None
@@ -116,7 +127,7 @@ def tile_config(precision: str, head_dim_padded: int, q_class: str) -> TileConfi
     if _override is not None:
         return _override
     tuned = TUNED.get((precision, head_dim_padded, q_class))
-    if tuned is None and precision == "half_fp8":  # an fp8 cache under half q: the bf16 / fp16 entry unless its own
+    if tuned is None and precision in ("half_fp8", "half_latent"):  # the bf16 / fp16 entry unless its own
         tuned = TUNED.get(("half", head_dim_padded, q_class))
     return tuned or default_config(precision, head_dim_padded, q_class)
 

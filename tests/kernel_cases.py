@@ -29,15 +29,19 @@ class KernelCase:
     input_scale: float = 1.0
     seed: int = 0
     q_scale: float = 1.0  # q alone multiplied by it after drawing (logits grow linearly)
+    head_dim_v: int | None = None
+    latent: bool = False  # v_cache a view of k_cache's first head_dim_v columns (MLA's latent cache)
 
     def __str__(self) -> str:
         return self.name
 
     def inputs(self, device: str = "cpu") -> PagedInputs:
         fields = asdict(self)
-        del fields["name"], fields["q_scale"]
+        del fields["name"], fields["q_scale"], fields["latent"]
         fields["seq_lens"], fields["q_lens"] = list(self.seq_lens), list(self.q_lens)
         inputs = make_inputs(**fields, device=device)
+        if self.latent:
+            inputs = replace(inputs, v_cache=inputs.k_cache[..., : inputs.v_cache.shape[-1]])
         return inputs if self.q_scale == 1.0 else replace(inputs, q=inputs.q * self.q_scale)
 
 
@@ -83,6 +87,19 @@ KERNEL_CASES: list[KernelCase] = [
     ),
     *(_vary(f"{dt}_mqa_block5", dtype=dt, num_kv_heads=1, block_size=5) for dt in ("float16", "bfloat16")),
     _vary("bfloat16_large_logits", dtype="bfloat16", input_scale=6.0),
+    # MLA's latent cache: V a view of K's first 512 of 576 columns, read from the K tile (kernels.tiling.latent_kv)
+    _vary(
+        "bfloat16_mla_latent",
+        dtype="bfloat16",
+        num_q_heads=32,
+        num_kv_heads=1,
+        head_dim=576,
+        head_dim_v=512,
+        latent=True,
+        block_size=16,
+        seq_lens=(1, 15, 16, 17, 35),
+        q_lens=(1, 0, 1, 2, 4),
+    ),
 ]
 
 # fp32 at logits near 150 (q scaled by 40): the fp32 rounding of q . k alone is close to the
@@ -115,7 +132,7 @@ def triton_output(key: tuple, inputs: PagedInputs, **kwargs) -> torch.Tensor:
     if key not in _TRITON_OUTPUTS:
         import kernels
 
-        out = torch.full_like(inputs.q, float("nan"))  # an unwritten element fails
+        out = inputs.new_out()  # NaN-filled: an unwritten element fails
         result = kernels.paged_attention_triton(*inputs.args(), out=out, **kwargs)
         assert result is out, "the out buffer must be written in place and returned"
         _TRITON_OUTPUTS[key] = result

@@ -28,12 +28,13 @@ def run_through_cache(case: KernelCase, inputs, device: str) -> torch.Tensor:
         head_dim=case.head_dim,
         dtype=inputs.q.dtype,
         device=device,
+        head_dim_v=inputs.v_cache.shape[-1],
     )
     seq_ids = list(range(100, 100 + len(case.seq_lens)))
     for seq_id, keys, values in zip(seq_ids, inputs.keys, inputs.values, strict=True):
         cache.allocate(seq_id)
         cache.write(1, cache.append(seq_id, keys.shape[0]), keys, values)
-    out = torch.full_like(inputs.q, float("nan"))
+    out = inputs.new_out()
     return cache.paged_attention(1, inputs.q, seq_ids, inputs.query_start_loc, out=out)
 
 
@@ -48,7 +49,7 @@ def call_backend(backend: str, case: KernelCase, inputs, device: str) -> torch.T
         "triton": kernels.paged_attention_triton,
         "dispatch": kernels.paged_attention_dispatch,
     }[backend]
-    out = torch.full_like(inputs.q, float("nan"))  # an unwritten element fails
+    out = inputs.new_out()  # NaN-filled: an unwritten element fails
     result = fn(*inputs.args(), out=out)
     assert result is out, "the out buffer must be written in place and returned"
     return result

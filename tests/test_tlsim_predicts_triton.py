@@ -46,7 +46,12 @@ def test_tlsim_predicts_triton_far_inside_tolerance(case):
         share = 1.0 if case.name == "large_logits" else 0.5  # the module docstring says why
         allowed = share * (atol + rtol * real.abs())
     else:  # the same roundings in the same places: at most two output ulps apart
-        allowed = 2 * torch.finfo(inputs.q.dtype).eps * real.abs().clamp_min(2**-6)
+        # (three for K 576 on a GPU: the tensor cores' fp32 sum order over 576 dims moves a logit
+        # enough to flip a p rounding now and then; 2.5 ulps at 2 of 131072 elements on an H200,
+        # the same with V a view of K, the view run as two tensors, or V a copy:
+        # gpu_results/2026-12-02-h200-mla-latent/tlsim_gap.log)
+        ulps = 3 if DEVICE == "cuda" and case.head_dim > 512 else 2
+        allowed = ulps * torch.finfo(inputs.q.dtype).eps * real.abs().clamp_min(2**-6)
     assert bool((gap <= allowed).all()), f"{case.name}: tlsim is {float(gap.max()):.3g} from the kernel"
 
 

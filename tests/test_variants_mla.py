@@ -22,8 +22,10 @@ from harness.execute.local import run_cases
 from harness.run.grading import grade
 from harness.run.oracle import paged_attention_oracle
 from harness.run.runner import RunConfig
+from kernels import tiling
 from kernels.contract import prepare_call
-from kernels.tiling import head_dim_pieces, heads_per_program, tiling_for, v_parts
+from kernels.launch_plan import call_key, clear_plans, plans_enabled
+from kernels.tiling import head_dim_pieces, heads_per_program, latent_kv, tiling_for, v_parts
 
 SHAPES = {  # num_q_heads, num_kv_heads, head_dim, head_dim_v, dtype, seq_lens, q_lens
     "mla_decode_2_head_tiles": (32, 1, 576, 512, "bfloat16", [1, 40, 100], [1, 1, 1]),
@@ -135,3 +137,79 @@ def test_triton_on_cuda_with_mla_shapes(name):
     tolerance = DEFAULT_TOLERANCES[str(inputs.q.dtype).removeprefix("torch.")]
     graded = grade(result.cpu(), paged_attention_oracle(*inputs.args()), *tolerance)
     assert graded.passed, graded.reason
+
+
+def _latent(name: str, device: str = "cpu"):
+    """The shape's inputs with V taken as a view of K's first head_dim_v columns (MLA's one latent
+    cache), and the same values as a V tensor of its own: (view args, separate args)."""
+    dv = SHAPES[name][3]
+    args = [a.to(device) for a in _inputs(name).args()]
+    view = args[1][..., :dv]
+    return [*args[:2], view, *args[3:]], [*args[:2], view.contiguous(), *args[3:]]
+
+
+def test_latent_kv_is_told_from_metadata_only():
+    view_args, separate_args = _latent("mla_decode_2_head_tiles")
+    view = prepare_call(*view_args)
+    assert latent_kv(view) and v_parts(view) == 1 and tiling_for(view).TUNING_KEY[0] == "half_latent"
+    separate = prepare_call(*separate_args)
+    assert not latent_kv(separate) and v_parts(separate) == 2 and tiling_for(separate).TUNING_KEY[0] == "half"
+    k = view_args[1]
+    shifted = prepare_call(*view_args[:2], k[..., 1:513], *view_args[3:])  # same strides, not K's first columns
+    assert not latent_kv(shifted)
+    fp32 = prepare_call(*_latent("mla_split_kv")[0])  # the 16-head tiling keeps V a tensor of its own
+    assert not latent_kv(fp32)
+    # The plan key tells the view from a V of the same shape and strides elsewhere (a latent plan on
+    # separate tensors would read K's values as V).
+    other = k.clone()[..., :512]
+    assert other.stride() == view_args[2].stride()
+    with plans_enabled(True):
+        keys = [
+            call_key(*a, None, None, None, None, False, {})
+            for a in (view_args, [*view_args[:2], other, *view_args[3:]])
+        ]
+    assert None not in keys and keys[0] != keys[1]
+
+
+@pytest.mark.parametrize("name", ["mla_decode_2_head_tiles", "mla_split_kv_bf16"])
+def test_latent_kv_gives_the_separate_tensors_output(name, monkeypatch):
+    """V read from the K tile (SHARED_KV) against V loaded from a tensor of its own holding the same
+    values, with the same tiles (V whole in both): identical outputs and lse; and the oracle's grade."""
+    if reason := kernels.triton_unavailable_reason("cpu"):
+        pytest.skip(reason)
+    view_args, separate_args = _latent(name)
+    out, lse = kernels.paged_attention_triton(*view_args, return_lse=True)
+    monkeypatch.setattr(tiling, "V_PART_DIM", 512)  # the separate tensors' V whole too: the same tiles
+    clear_plans()
+    same, same_lse = kernels.paged_attention_triton(*separate_args, return_lse=True)
+    assert torch.equal(out, same) and torch.equal(lse, same_lse)
+    monkeypatch.setattr(tiling, "LATENT_KV", False)  # the view as two tensors: the kernel loads V
+    clear_plans()
+    assert torch.equal(kernels.paged_attention_triton(*view_args), out)
+    expected = paged_attention_oracle(*separate_args)
+    assert grade(out, expected, *DEFAULT_TOLERANCES["bfloat16"]).passed
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+@pytest.mark.parametrize("name", ["mla_decode_2_head_tiles", "mla_split_kv_bf16", "deepseek_128_heads"])
+def test_triton_on_cuda_latent_kv_matches_separate(name, monkeypatch):
+    """On the GPU: the latent view's output equals the separate tensors' with V whole, bit for bit,
+    and passes the oracle; the default separate path (V in parts) passes it too."""
+    if name == "deepseek_128_heads":
+        inputs = make_inputs(num_q_heads=128, num_kv_heads=1, head_dim=576, head_dim_v=512, block_size=64,
+                             seq_lens=[3000, 77, 1025], q_lens=[1, 1, 1], dtype="bfloat16", seed=2)  # fmt: skip
+        args = [a.cuda() for a in inputs.args()]
+        view_args = [*args[:2], args[1][..., :512], *args[3:]]
+        separate_args = [*args[:2], args[1][..., :512].contiguous(), *args[3:]]
+    else:
+        view_args, separate_args = _latent(name, "cuda")
+    assert latent_kv(prepare_call(*view_args))
+    out, lse = kernels.paged_attention_triton(*view_args, return_lse=True)
+    expected = paged_attention_oracle(*[a.cpu() for a in separate_args])
+    assert grade(out.cpu(), expected, *DEFAULT_TOLERANCES["bfloat16"]).passed
+    default = kernels.paged_attention_triton(*separate_args)
+    assert grade(default.cpu(), expected, *DEFAULT_TOLERANCES["bfloat16"]).passed
+    monkeypatch.setattr(tiling, "V_PART_DIM", 512)
+    clear_plans()
+    same, same_lse = kernels.paged_attention_triton(*separate_args, return_lse=True)
+    assert torch.equal(out, same) and torch.equal(lse, same_lse)
