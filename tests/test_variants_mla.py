@@ -213,3 +213,24 @@ def test_triton_on_cuda_latent_kv_matches_separate(name, monkeypatch):
     clear_plans()
     same, same_lse = kernels.paged_attention_triton(*separate_args, return_lse=True)
     assert torch.equal(out, same) and torch.equal(lse, same_lse)
+
+
+def test_case_field_latent_kv_makes_v_a_view_of_k_that_survives_a_move():
+    """``latent_kv = true``: the harness's V is K's first head_dim_v columns, one storage, on the
+    device the case runs on too (PagedInputs.to rebuilds the view); refused without a narrower V."""
+    from harness.cases.spec import CaseFileError
+    from harness.run.runner import case_inputs
+
+    spec = {"name": "m", "num_q_heads": 16, "num_kv_heads": 1, "head_dim": 64, "head_dim_v": 32,
+            "latent_kv": True, "dtype": "bfloat16", "seq_lens": [5, 40]}  # fmt: skip
+    (case,) = expand_spec(spec, "t.toml")
+    assert case.options == {"head_dim_v", "latent_kv"}
+    inputs = case_inputs(case, "cpu")
+    assert inputs.v_cache.data_ptr() == inputs.k_cache.data_ptr()
+    assert torch.equal(inputs.v_cache.nan_to_num(), inputs.k_cache[..., :32].nan_to_num())  # NaN: unowned slots
+    moved = inputs.to("cuda" if torch.cuda.is_available() else "meta")
+    assert moved.v_cache._base is moved.k_cache, "V stays a view of the moved K, not a copy of its own"
+    assert (moved.v_cache.shape, moved.v_cache.stride()) == (inputs.v_cache.shape, inputs.v_cache.stride())
+    for bad in ({"head_dim_v": None}, {"head_dim_v": 64}, {"kv_dtype": "float8_e4m3fn"}):
+        with pytest.raises(CaseFileError, match="latent_kv"):
+            expand_spec({**spec, **bad}, "t.toml")

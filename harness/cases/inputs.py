@@ -96,7 +96,12 @@ class PagedInputs:
 
         unquantized = None if self.unquantized is None else (move(self.unquantized[0]), move(self.unquantized[1]))
         options = {name: move(value) for name, value in self.options.items()}
-        return PagedInputs(*map(move, self.args()), options=options, unquantized=unquantized)
+        q, k_cache, v_cache, *rest = map(move, self.args())
+        if self.v_cache.untyped_storage().data_ptr() == self.k_cache.untyped_storage().data_ptr():
+            # a latent cache (V a view of K's first columns) stays one cache: V a view of the moved K
+            v_cache = k_cache.as_strided(self.v_cache.shape, self.v_cache.stride(),
+                                         self.v_cache.storage_offset() - self.k_cache.storage_offset() + k_cache.storage_offset())  # fmt: skip
+        return PagedInputs(q, k_cache, v_cache, *rest, options=options, unquantized=unquantized)
 
     def dequantized_args(self) -> tuple[torch.Tensor, ...]:
         """args() with an fp8 case's pools as fp32 ``k_cache.float() * k_scale`` (the values the oracle attends over)."""

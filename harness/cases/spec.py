@@ -191,6 +191,9 @@ class CaseSpec(VariantFields):
             self._check_cascade()
         if self.kv_scale is not None and self.kv_dtype is None:
             raise FieldError("kv_scale", "kv_scale needs an fp8 kv_dtype (float8_e4m3fn or float8_e5m2)")
+        if self.latent_kv and (self.head_dim_v is None or self.head_dim_v >= self.head_dim or self.kv_dtype):
+            raise FieldError("latent_kv", "latent_kv = true needs head_dim_v below head_dim (V is K's first "
+                             "head_dim_v columns) and a cache in q's dtype (no kv_dtype)")  # fmt: skip
         return self
 
     def _check_cascade(self) -> None:

@@ -248,6 +248,17 @@ VARIANTS: tuple[Variant, ...] = (
         oracle=OracleHook(),  # the oracle's output takes V's head dim
         meaning="V's head size differs from K's (MLA)",
     ),
+    Variant(
+        "latent_kv",
+        fields={"latent_kv": (Bool, Field(default=False, description=(
+            "one cache for K and V, as MLA engines keep it: v_cache is a view of k_cache's first head_dim_v columns")))},
+        keywords=(),
+        turned_on=lambda c: c.latent_kv,
+        example={"head_dim": 64, "head_dim_v": 32, "latent_kv": True},
+        inputs=lambda inputs, c: replace(inputs, v_cache=inputs.k_cache[..., : c.head_dim_v]),
+        oracle=OracleHook(),  # the oracle reads V from the view it is given
+        meaning="V is the first columns of K's cache (MLA's latent cache)",
+    ),
 )  # fmt: skip
 CAPABILITIES: tuple[str, ...] = tuple(v.capability for v in VARIANTS)
 CASE_FIELDS: tuple[str, ...] = tuple(name for v in VARIANTS for name in v.fields)
