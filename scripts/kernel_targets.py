@@ -16,6 +16,12 @@ with this names its run. The targets, each a ratio measured side by side in one 
     prefill     q_len >= 512: device time against the best peer's, at most 1.10x
     verify      q_len 2-8: device time against the same batch's decode, at most 1.30x
     cache       the engine path (backend "cache") against the bare kernel, at most 1.10x
+    fp8         decode over an fp8 cache against its twin (the same batch, a cache in q's dtype), at
+                most 0.60x; its "read" limit is 85% (counted in fp8 bytes)
+    mla         decode with K past 256 dims and 16 or more q heads a KV head (MLA): at least 200 TFLOP/s
+
+RUN_DIR may be given more than once (the GPU session's suites and its variants run): their rows
+are scored together, a case in two runs by its first.
 """
 
 from __future__ import annotations
@@ -43,7 +49,10 @@ def score(frame: pd.DataFrame, backend: str = "triton") -> pd.DataFrame:
     """One row per (target, case): measured value, its limit and whether it is met."""
     ok = frame[(frame["status"] == "pass") & frame["latency_us"].notna()]
     mine = ok[ok["backend"] == backend].set_index("case")
-    against_peer = peer_table(frame, backend).set_index("case")["ratio"]  # backend / the fastest peer
+    peers = peer_table(frame, backend)  # empty for a run without peer rows (a variants run)
+    against_peer = (
+        peers.set_index("case")["ratio"] if not peers.empty else pd.Series(dtype=float)
+    )  # backend / fastest peer
     sdpa_call = ok[ok["backend"] == "sdpa_contiguous"].set_index("case")["call_us"]
     cache = ok[ok["backend"] == "cache"].set_index("case")["latency_us"]
     lines = []
@@ -53,8 +62,14 @@ def score(frame: pd.DataFrame, backend: str = "triton") -> pd.DataFrame:
             lines.append(_line("eager", case, row["call_us"] / sdpa_call[case], 1.10, "x SDPA call"))
         if decode and case in against_peer.index:
             lines.append(_line("decode", case, against_peer[case], 1.05, "x best peer"))
+        fp8 = isinstance(row.get("kv_dtype"), str) and row["kv_dtype"].startswith("float8")
         if decode and row["bytes_moved"] >= READ_TARGET_BYTES and pd.notna(row.get("pct_of_ceiling")):
-            lines.append(_line("read", case, row["pct_of_ceiling"], 90.0, "% read ceiling", higher_is_better=True))
+            limit = 85.0 if fp8 else 90.0
+            lines.append(_line("read", case, row["pct_of_ceiling"], limit, "% read ceiling", higher_is_better=True))
+        if decode and fp8 and (twin := _cache_twin(mine, row)) is not None:
+            lines.append(_line("fp8", case, row["latency_us"] / mine.loc[twin, "latency_us"], 0.60, f"x {twin}"))
+        if decode and row["head_dim"] > 256 and row["num_q_heads"] >= 16 * row["num_kv_heads"]:
+            lines.append(_line("mla", case, row["tflops"], 200.0, "TFLOP/s", higher_is_better=True))
         if row["max_q_len"] >= 512 and case in against_peer.index:
             lines.append(_line("prefill", case, against_peer[case], 1.10, "x best peer"))
         if 2 <= row["max_q_len"] <= 8:
@@ -83,6 +98,15 @@ def host_note(frame: pd.DataFrame, backend: str = "triton") -> str | None:
     )
 
 
+def _cache_twin(mine: pd.DataFrame, row: pd.Series) -> str | None:
+    """The same batch over a cache in q's dtype (an fp8 case's twin), if the run has one."""
+    same = ["num_q_heads", "num_kv_heads", "head_dim", "head_dim_v", "num_seqs", "max_seq_len", "total_kv_tokens",
+            "num_tokens", "block_size", "dtype"]  # fmt: skip
+    plain = mine["kv_dtype"].isna() | (mine["kv_dtype"] == "")
+    twins = mine[plain & (mine[same] == row[same]).all(axis=1)]
+    return None if twins.empty else str(twins.index[0])
+
+
 def _decode_twin(mine: pd.DataFrame, row: pd.Series) -> str | None:
     """The decode case of the same batch (heads, head dim, sequences, length, block size), if the run has one."""
     same = ["num_q_heads", "num_kv_heads", "head_dim", "num_seqs", "max_seq_len", "block_size", "dtype"]
@@ -92,11 +116,15 @@ def _decode_twin(mine: pd.DataFrame, row: pd.Series) -> str | None:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("run_dir", type=Path)
+    parser.add_argument("run_dir", type=Path, nargs="+")
     parser.add_argument("--backend", default="triton")
     args = parser.parse_args(argv)
-    frame, meta = load_run(args.run_dir)
-    print(f"run {args.run_dir.name}: {meta.get('device_name')}, commit {meta.get('commit')}, backend {args.backend}")
+    frames = []
+    for run_dir in args.run_dir:
+        frame, meta = load_run(run_dir)
+        frames.append(frame)
+        print(f"run {run_dir.name}: {meta.get('device_name')}, commit {meta.get('commit')}, backend {args.backend}")
+    frame = pd.concat(frames, ignore_index=True).drop_duplicates(["case", "backend"])
     if (note := host_note(frame, args.backend)) is not None:
         print(note)
     table = score(frame, args.backend)

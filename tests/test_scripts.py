@@ -196,7 +196,7 @@ def test_kernel_ab_times_cases_with_options_passing_them_to_both_sides():
     from harness.cases.packaged import resolve_case_arg
     from scripts.kernel_ab import time_case, timeable
 
-    loaded = load_cases([resolve_case_arg("variants")], device="cpu", backends=["triton"])
+    loaded = load_cases([resolve_case_arg(s) for s in ("variants", "gpu")], device="cpu", backends=["triton"])
     kept = {c.id for c in timeable(loaded)}
     assert "llama3_8b_decode_fp8" in kept and "llama3_8b_decode_bf16_twin" in kept
     case = min((c for c in timeable(loaded) if c.id.startswith("fp8_kv_decode")), key=lambda c: sum(c.seq_lens))
@@ -319,3 +319,28 @@ def test_kernel_ab_reads_the_base_from_a_folder_when_given_one(tmp_path):
     assert _git_show(str(tmp_path), path) == "# the base\n"
     with pytest.raises(ABError, match=r"tuning\.py: no such file in the base folder"):
         _git_show(str(tmp_path), Path("kernels/tuning.py"))
+
+
+def test_kernel_targets_score_fp8_against_its_twin_and_mla_in_tflops():
+    """The fp8 decode is scored against the same batch over a bf16 cache (0.60x), its read at 85%; an
+    MLA decode (K past 256 dims, 16+ q heads a KV head) by its TFLOP/s (200)."""
+    from scripts.kernel_targets import score
+
+    shape = {"num_q_heads": 32, "num_kv_heads": 8, "head_dim": 128, "head_dim_v": 128, "num_seqs": 32,
+             "max_seq_len": 16384, "total_kv_tokens": 524288, "num_tokens": 32, "block_size": 16,
+             "dtype": "bfloat16", "max_q_len": 1, "status": "pass", "backend": "triton",
+             "bytes_moved": 2**31, "tflops": 1.0}  # fmt: skip
+    mla = {**shape, "num_q_heads": 128, "num_kv_heads": 1, "head_dim": 576, "head_dim_v": 512}
+    frame = pd.DataFrame([
+        {**shape, "case": "fp8", "kv_dtype": "float8_e4m3fn", "latency_us": 300.0, "pct_of_ceiling": 86.0},
+        {**shape, "case": "twin", "kv_dtype": "", "latency_us": 510.0, "pct_of_ceiling": 95.0},
+        {**shape, "case": "other_length", "max_seq_len": 8192, "kv_dtype": "", "latency_us": 250.0},
+        {**mla, "case": "mla", "kv_dtype": "", "latency_us": 500.0, "tflops": 150.0},
+    ])  # fmt: skip
+    frame["backend_kind"], frame["call_us"] = "kernel", float("nan")
+    table = score(frame).set_index(["target", "case"])
+    assert table.loc[("fp8", "fp8"), "measured"] == pytest.approx(300 / 510) and table.loc[("fp8", "fp8"), "met"]
+    assert table.loc[("fp8", "fp8"), "unit"] == "x twin"
+    assert table.loc[("read", "fp8"), "limit"] == 85.0 and table.loc[("read", "twin"), "limit"] == 90.0
+    assert table.loc[("mla", "mla"), "measured"] == 150.0 and not table.loc[("mla", "mla"), "met"]
+    assert ("mla", "twin") not in table.index and ("fp8", "twin") not in table.index

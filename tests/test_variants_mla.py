@@ -231,6 +231,10 @@ def test_case_field_latent_kv_makes_v_a_view_of_k_that_survives_a_move():
     moved = inputs.to("cuda" if torch.cuda.is_available() else "meta")
     assert moved.v_cache._base is moved.k_cache, "V stays a view of the moved K, not a copy of its own"
     assert (moved.v_cache.shape, moved.v_cache.stride()) == (inputs.v_cache.shape, inputs.v_cache.stride())
+    from harness.timing.metrics import bytes_moved
+
+    (separate,) = expand_spec({**spec, "latent_kv": False}, "t.toml")
+    assert bytes_moved(separate) - bytes_moved(case) == 2 * 45 * 1 * 32, "a latent cache reads V inside K"
     for bad in ({"head_dim_v": None}, {"head_dim_v": 64}, {"kv_dtype": "float8_e4m3fn"}):
         with pytest.raises(CaseFileError, match="latent_kv"):
             expand_spec({**spec, **bad}, "t.toml")

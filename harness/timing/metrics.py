@@ -38,7 +38,8 @@ def bytes_moved(case: Case) -> int:
 
     bytes = kv_elt * kv_tokens_read * num_kv_heads * (head_dim + head_dim_v)
             + elt * num_tokens * num_q_heads * (head_dim + head_dim_v)
-    (kv_elt: 1 for an fp8 cache, else elt; head_dim_v = head_dim but for MLA-shaped cases)
+    (kv_elt: 1 for an fp8 cache, else elt; head_dim_v = head_dim but for MLA-shaped cases; a latent
+    cache, whose V is K's first head_dim_v columns, reads head_dim a key instead of the sum)
     kv_tokens_read (:func:`kv_tokens_read`): per sequence with queries, the keys its
     queries see (a sliding window's keys only), a shared prefix once; K and V read once
     each. q is read once and out written once. Block tables and lengths (a few KB) are
@@ -48,8 +49,9 @@ def bytes_moved(case: Case) -> int:
     elt = case.element_bytes
     num_tokens = sum(case.q_lens)
     dims = case.head_dim + case.head_dim_v
+    kv_dims = case.head_dim if case.latent_kv else dims  # a latent cache: V is K's first columns, read once
     return (
-        case.kv_element_bytes * kv_tokens_read(case) * case.num_kv_heads * dims
+        case.kv_element_bytes * kv_tokens_read(case) * case.num_kv_heads * kv_dims
         + elt * num_tokens * case.num_q_heads * dims
     )
 
