@@ -93,8 +93,6 @@ class Tiling:
     SPLIT_SIZE: int = 0  # 0 when NUM_SPLITS == 1
     NUM_WARPS: int = 4  # launch settings (no effect on numerics)
     NUM_STAGES: int = 3
-    # The unmasked tile loop with p @ v one tile behind (kernels.tuning.TileConfig.pv_lag; no effect on numerics).
-    PV_LAG: bool = False
     TUNING_KEY: tuple[str, int, str] = ("half", 0, "")  # the kernels.tuning key the config came from
     # An fp8 cache under fp16 / bf16 q in a decode launch: the dots run in fp16 (bf16 q scaled into
     # fp16, p rounded to fp16; kernels.triton_paged._q_to_fp16, V_PAIRS). Other launches keep q's dtype.
@@ -195,7 +193,6 @@ def choose_tiling(
         SPLIT_SIZE=split_size,
         NUM_WARPS=config.num_warps or (4 if block_m * head_dim_padded <= 64 * 128 else 8),
         NUM_STAGES=config.num_stages,
-        PV_LAG=config.pv_lag,
         TUNING_KEY=(precision, head_dim_padded, q_class),
         FP8_DOTS_FP16=kv_fp8 and not fp32 and query_class(max_q_len) == "decode",  # every decode key
     )

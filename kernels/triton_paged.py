@@ -258,14 +258,57 @@ def _attend_tiles(
     if V_PAIRS:
         acc_even, acc_odd = tl.split(tl.reshape(acc, [BLOCK_M, HALF_DV, 2]))
     for tile_start in range(start, end, TILE_N):
-        s, block, slot, block_ok = _tile_logits(
-            q, q_tail, tile_start, end, seq, seq_len, q_pos, kv_head, dims, dim_valid, tail_dims, tail_valid, slope,
-            k_scale, q_unscale, k_cache_ptr, block_table_ptr, sliding_window, cap_unscaled, inv_cap_unscaled,
-            num_blocks, max_blocks_per_seq, stride_k_block, stride_k_slot, stride_k_head, stride_v_block,
-            stride_v_slot, stride_v_head, stride_bt_seq, BLOCK_SIZE, TILE_N, DIM_TAIL, DOT_PRECISION,
-            INTERPRETED_BF16, MASKED, False, USE_WINDOW, USE_SOFTCAP, USE_ALIBI, KV_FP8, FP16_DOTS, FP16_DOTS or V_PAIRS,
-        )  # fmt: skip
-        m_new, l_i, p, alpha = _softmax_step(s, m_i, l_i, q_ptr, qk_scale_log2)
+        k_pos = tile_start + tl.arange(0, TILE_N)
+        k_valid = k_pos < seq_len
+        column = k_pos // BLOCK_SIZE
+        in_table = k_valid & (column < max_blocks_per_seq)
+        block = tl.load(block_table_ptr + seq * stride_bt_seq + column, mask=in_table, other=0).to(tl.int64)
+        block_ok = in_table & (block >= 0) & (block < num_blocks)  # a bad index loads nothing (_count_bad_blocks)
+        slot = k_pos % BLOCK_SIZE
+
+        k_offs = block[:, None] * stride_k_block + slot[:, None] * stride_k_slot + kv_head * stride_k_head
+        k = tl.load(k_cache_ptr + k_offs + dims[None, :], mask=block_ok[:, None] & dim_valid[None, :], other=0.0)
+        if KV_FP8:  # exact: every fp8 value is an fp16 / bf16 value; k_scale multiplies the logits below
+            k = _widen_fp8(k, q.dtype, INTERPRETED_BF16 and not FP16_DOTS, FP16_DOTS or V_PAIRS)
+        if INTERPRETED_BF16 and not FP16_DOTS:
+            k = k.to(tl.float32)
+        s = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION, out_dtype=tl.float32)  # [BLOCK_M, TILE_N]
+        if DIM_TAIL > 0:
+            k_tail = tl.load(k_cache_ptr + k_offs + tail_dims[None, :], mask=block_ok[:, None] & tail_valid[None, :],
+                             other=0.0)  # fmt: skip
+            if KV_FP8:
+                k_tail = _widen_fp8(k_tail, q.dtype, INTERPRETED_BF16 and not FP16_DOTS, FP16_DOTS or V_PAIRS)
+            if INTERPRETED_BF16 and not FP16_DOTS:
+                k_tail = k_tail.to(tl.float32)
+            s += tl.dot(q_tail, tl.trans(k_tail), input_precision=DOT_PRECISION, out_dtype=tl.float32)
+        if FP16_DOTS:  # exact: q's power of two undone (the bf16 dot's value)
+            s = s * q_unscale[:, None]
+        if KV_FP8:  # q . (k * k_scale) = k_scale * (q . k): one multiply per logit, not per K element
+            s = s * k_scale
+        if USE_SOFTCAP:  # on the logit itself, before any bias or mask
+            s = _softcap(s, cap_unscaled, inv_cap_unscaled)
+        distance = k_pos[None, :] - q_pos[:, None]  # key_pos - query_pos, <= 0 where causal (compiled away if unread)
+        if USE_ALIBI:
+            s = s + slope[:, None] * distance.to(tl.float32)
+        if MASKED:
+            visible = (distance <= 0) & k_valid[None, :]
+            if USE_WINDOW:
+                visible = visible & (distance > -sliding_window)
+            s = tl.where(visible, s, float("-inf"))  # [BLOCK_M, TILE_N]
+
+        m_new = tl.maximum(m_i, tl.max(s, 1))
+        # A row that has seen no key yet (possible inside a split) keeps m = -inf; subtract 0
+        # instead so that exp2 gives 0, not NaN. Rows with a finite max are unaffected.
+        m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
+        if q_ptr.dtype.element_ty == tl.float32:  # scale after subtracting: exact near the max (module docstring)
+            alpha = tl.exp2((m_i - m_safe) * qk_scale_log2)
+            p = tl.exp2((s - m_safe[:, None]) * qk_scale_log2)
+        else:  # fp16 / bf16: one multiply-add an element (an fp32 rounding of m * scale, far below p's bf16 / fp16 one)
+            m_scaled = m_safe * qk_scale_log2
+            alpha = tl.exp2(m_i * qk_scale_log2 - m_scaled)
+            p = tl.exp2(s * qk_scale_log2 - m_scaled[:, None])
+        l_i = l_i * alpha + tl.sum(p, 1)
+
         v_offs = block[:, None] * stride_v_block + slot[:, None] * stride_v_slot + kv_head * stride_v_head
         if V_PAIRS:  # V's strides come in uint16 units (the launcher halves them: all even)
             pair = tl.load(v_cache_ptr.to(tl.pointer_type(tl.uint16)) + v_offs + pairs[None, :], mask=block_ok[:, None] & (pairs < HEAD_DIM_V // 2)[None, :],
@@ -275,169 +318,22 @@ def _attend_tiles(
             acc_even = acc_even * alpha[:, None] + tl.dot(p, v_even, out_dtype=tl.float32)
             acc_odd = acc_odd * alpha[:, None] + tl.dot(p, v_odd, out_dtype=tl.float32)
         else:
-            acc = _tile_pv(p, alpha, acc, v_offs, block_ok, v_cache_ptr, v_dims, v_dim_valid, q.dtype, DOT_PRECISION,
-                           INTERPRETED_BF16, KV_FP8, FP16_DOTS)  # fmt: skip
+            v = tl.load(
+                v_cache_ptr + v_offs + v_dims[None, :], mask=block_ok[:, None] & v_dim_valid[None, :], other=0.0
+            )
+            if KV_FP8:  # exact, like K; v_scale multiplies the program's acc once, after the loop
+                v = _widen_fp8(v, q.dtype, INTERPRETED_BF16 and not FP16_DOTS, FP16_DOTS or V_PAIRS)
+            if INTERPRETED_BF16 and not FP16_DOTS:  # bf16 x bf16 products are exact in fp32: only the sum order moves
+                p = _bf16_rne(p).to(tl.float32)
+                v = v.to(tl.float32)
+            else:
+                p = p.to(v.dtype)
+            pv = tl.dot(p, v, input_precision=DOT_PRECISION, out_dtype=tl.float32)
+            acc = acc * alpha[:, None] + pv
         m_i = m_new
     if V_PAIRS:
         acc = tl.reshape(tl.join(acc_even, acc_odd), [BLOCK_M, 2 * HALF_DV])
     return m_i, l_i, acc
-
-
-@triton.jit
-def _attend_tiles_lagged(
-    q, q_tail, m_i, l_i, acc,  # as _attend_tiles
-    start, end,
-    seq, seq_len, q_pos, kv_head, dims, dim_valid, tail_dims, tail_valid, v_dims, v_dim_valid, slope, k_scale, v_scale,
-    q_unscale,
-    v_first,
-    q_ptr, k_cache_ptr, v_cache_ptr, block_table_ptr, qk_scale_log2, sliding_window, cap_unscaled, inv_cap_unscaled,
-    num_blocks, max_blocks_per_seq,
-    stride_k_block, stride_k_slot, stride_k_head, stride_v_block, stride_v_slot, stride_v_head, stride_bt_seq,
-    BLOCK_SIZE: tl.constexpr, TILE_N: tl.constexpr, DIM_TAIL: tl.constexpr, DOT_PRECISION: tl.constexpr,
-    INTERPRETED_BF16: tl.constexpr,
-    MASKED: tl.constexpr,
-    USE_WINDOW: tl.constexpr, USE_SOFTCAP: tl.constexpr, USE_ALIBI: tl.constexpr, KV_FP8: tl.constexpr,
-    FP16_DOTS: tl.constexpr,
-    V_PAIRS: tl.constexpr,
-    HEAD_DIM_V: tl.constexpr,
-    INTERPRETED: tl.constexpr,
-):  # fmt: skip
-    """:func:`_attend_tiles` (same arguments, same result, bit for bit) with p @ v one tile behind (PV_LAG).
-
-    Each step issues tile j's logits, waits for them (and for tile j - 1's p @ v, issued before),
-    issues tile j - 1's p @ v, and only then runs tile j's softmax: the tensor cores run the p @ v
-    while the softmax runs, where _attend_tiles waits for the logits, runs the softmax, then issues
-    p @ v, so the two only overlap the next loads (FlashAttention-3's intra-warpgroup overlap, the
-    form Triton's pipeliner keeps asynchronous: a p @ v whose result is only yielded). Every value
-    takes the same operations in the same order: acc = acc * alpha_j + p_j @ v_j, each tile's p
-    and alpha computed as _attend_tiles computes them; only the order of issue moves.
-
-    Tile ``start`` is computed before the loop and its p @ v after it, both unconditionally, its
-    keys guarded by ``end`` (the range holds whole tiles, so a tile is all in or all out): an empty
-    range loads nothing and gives p = 0, alpha = 0 (the state it gets is the fresh one: m -inf,
-    l 0, acc 0). Under an ``if``, ptxas serialized every wgmma of the kernel (each waited for
-    before the next issues; seen in the sm_90 SASS). V_PAIRS (a decode's fp8 V) is not handled."""
-    tl.static_assert(not V_PAIRS, "the lagged loop does not read V as pairs")
-    s, block, slot, v_ok = _tile_logits(
-        q, q_tail, start, end, seq, seq_len, q_pos, kv_head, dims, dim_valid, tail_dims, tail_valid, slope,
-        k_scale, q_unscale, k_cache_ptr, block_table_ptr, sliding_window, cap_unscaled, inv_cap_unscaled, num_blocks,
-        max_blocks_per_seq, stride_k_block, stride_k_slot, stride_k_head, stride_v_block, stride_v_slot, stride_v_head,
-        stride_bt_seq, BLOCK_SIZE, TILE_N, DIM_TAIL, DOT_PRECISION, INTERPRETED_BF16, MASKED, True, USE_WINDOW,
-        USE_SOFTCAP, USE_ALIBI, KV_FP8, FP16_DOTS, FP16_DOTS,
-    )  # fmt: skip
-    m_i, l_i, p, alpha = _softmax_step(s, m_i, l_i, q_ptr, qk_scale_log2)
-    for tile_start in range(start + TILE_N, end, TILE_N):
-        s, next_block, next_slot, next_ok = _tile_logits(
-            q, q_tail, tile_start, True, seq, seq_len, q_pos, kv_head, dims, dim_valid, tail_dims, tail_valid, slope,
-            k_scale, q_unscale, k_cache_ptr, block_table_ptr, sliding_window, cap_unscaled, inv_cap_unscaled,
-            num_blocks, max_blocks_per_seq, stride_k_block, stride_k_slot, stride_k_head, stride_v_block,
-            stride_v_slot, stride_v_head, stride_bt_seq, BLOCK_SIZE, TILE_N, DIM_TAIL, DOT_PRECISION,
-            INTERPRETED_BF16, MASKED, False, USE_WINDOW, USE_SOFTCAP, USE_ALIBI, KV_FP8, FP16_DOTS, FP16_DOTS,
-        )  # fmt: skip
-        v_offs = block[:, None] * stride_v_block + slot[:, None] * stride_v_slot + kv_head * stride_v_head
-        acc = _tile_pv(p, alpha, acc, v_offs, v_ok, v_cache_ptr, v_dims, v_dim_valid, q.dtype, DOT_PRECISION,
-                       INTERPRETED_BF16, KV_FP8, FP16_DOTS)  # fmt: skip
-        m_i, l_i, p, alpha = _softmax_step(s, m_i, l_i, q_ptr, qk_scale_log2)
-        block, slot, v_ok = next_block, next_slot, next_ok
-    v_offs = block[:, None] * stride_v_block + slot[:, None] * stride_v_slot + kv_head * stride_v_head
-    acc = _tile_pv(p, alpha, acc, v_offs, v_ok, v_cache_ptr, v_dims, v_dim_valid, q.dtype, DOT_PRECISION,
-                   INTERPRETED_BF16, KV_FP8, FP16_DOTS)  # fmt: skip
-    return m_i, l_i, acc
-
-
-@triton.jit
-def _tile_logits(
-    q, q_tail, tile_start, guard_end, seq, seq_len, q_pos, kv_head, dims, dim_valid, tail_dims, tail_valid, slope, k_scale,
-    q_unscale, k_cache_ptr, block_table_ptr, sliding_window, cap_unscaled, inv_cap_unscaled, num_blocks,
-    max_blocks_per_seq, stride_k_block, stride_k_slot, stride_k_head, stride_v_block, stride_v_slot, stride_v_head,
-    stride_bt_seq, BLOCK_SIZE: tl.constexpr, TILE_N: tl.constexpr, DIM_TAIL: tl.constexpr, DOT_PRECISION: tl.constexpr,
-    INTERPRETED_BF16: tl.constexpr, MASKED: tl.constexpr,
-    GUARDED: tl.constexpr,  # keys at or past ``guard_end`` are not loaded and their logits are -inf
-    USE_WINDOW: tl.constexpr, USE_SOFTCAP: tl.constexpr, USE_ALIBI: tl.constexpr, KV_FP8: tl.constexpr,
-    FP16_DOTS: tl.constexpr,
-    DIRECT_FP16: tl.constexpr,  # an fp8 K widened to fp16 in one conversion (_widen_fp8)
-):  # fmt: skip
-    """The logits of the tile at ``tile_start`` [BLOCK_M, TILE_N] (unscaled, masked when MASKED), and its
-    keys' blocks, slots and whether each may be read [TILE_N]: the first half of a step of
-    :func:`_attend_tiles` and :func:`_attend_tiles_lagged`."""
-    k_pos = tile_start + tl.arange(0, TILE_N)
-    k_valid = k_pos < seq_len
-    column = k_pos // BLOCK_SIZE
-    in_table = k_valid & (column < max_blocks_per_seq)
-    if GUARDED:
-        in_table = in_table & (k_pos < guard_end)
-    block = tl.load(block_table_ptr + seq * stride_bt_seq + column, mask=in_table, other=0).to(tl.int64)
-    block_ok = in_table & (block >= 0) & (block < num_blocks)  # a bad index loads nothing (_count_bad_blocks)
-    slot = k_pos % BLOCK_SIZE
-
-    k_offs = block[:, None] * stride_k_block + slot[:, None] * stride_k_slot + kv_head * stride_k_head
-    k = tl.load(k_cache_ptr + k_offs + dims[None, :], mask=block_ok[:, None] & dim_valid[None, :], other=0.0)
-    if KV_FP8:  # exact: every fp8 value is an fp16 / bf16 value; k_scale multiplies the logits below
-        k = _widen_fp8(k, q.dtype, INTERPRETED_BF16 and not FP16_DOTS, DIRECT_FP16)
-    if INTERPRETED_BF16 and not FP16_DOTS:
-        k = k.to(tl.float32)
-    s = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION, out_dtype=tl.float32)  # [BLOCK_M, TILE_N]
-    if DIM_TAIL > 0:
-        k_tail = tl.load(k_cache_ptr + k_offs + tail_dims[None, :], mask=block_ok[:, None] & tail_valid[None, :],
-                         other=0.0)  # fmt: skip
-        if KV_FP8:
-            k_tail = _widen_fp8(k_tail, q.dtype, INTERPRETED_BF16 and not FP16_DOTS, DIRECT_FP16)
-        if INTERPRETED_BF16 and not FP16_DOTS:
-            k_tail = k_tail.to(tl.float32)
-        s += tl.dot(q_tail, tl.trans(k_tail), input_precision=DOT_PRECISION, out_dtype=tl.float32)
-    if FP16_DOTS:  # exact: q's power of two undone (the bf16 dot's value)
-        s = s * q_unscale[:, None]
-    if KV_FP8:  # q . (k * k_scale) = k_scale * (q . k): one multiply per logit, not per K element
-        s = s * k_scale
-    if USE_SOFTCAP:  # on the logit itself, before any bias or mask
-        s = _softcap(s, cap_unscaled, inv_cap_unscaled)
-    distance = k_pos[None, :] - q_pos[:, None]  # key_pos - query_pos, <= 0 where causal (compiled away if unread)
-    if USE_ALIBI:
-        s = s + slope[:, None] * distance.to(tl.float32)
-    if MASKED:
-        visible = (distance <= 0) & k_valid[None, :]
-        if USE_WINDOW:
-            visible = visible & (distance > -sliding_window)
-        s = tl.where(visible, s, float("-inf"))  # [BLOCK_M, TILE_N]
-    if GUARDED:
-        s = tl.where((k_pos < guard_end)[None, :], s, float("-inf"))
-    return s, block, slot, block_ok
-
-
-@triton.jit
-def _softmax_step(s, m_i, l_i, q_ptr, qk_scale_log2):
-    """One tile's online-softmax step on its logits s: (m, l, p, alpha), alpha the rescale of the old state."""
-    m_new = tl.maximum(m_i, tl.max(s, 1))
-    # A row that has seen no key yet (possible inside a split) keeps m = -inf; subtract 0
-    # instead so that exp2 gives 0, not NaN. Rows with a finite max are unaffected.
-    m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
-    if q_ptr.dtype.element_ty == tl.float32:  # scale after subtracting: exact near the max (module docstring)
-        alpha = tl.exp2((m_i - m_safe) * qk_scale_log2)
-        p = tl.exp2((s - m_safe[:, None]) * qk_scale_log2)
-    else:  # fp16 / bf16: one multiply-add an element (an fp32 rounding of m * scale, far below p's bf16 / fp16 one)
-        m_scaled = m_safe * qk_scale_log2
-        alpha = tl.exp2(m_i * qk_scale_log2 - m_scaled)
-        p = tl.exp2(s * qk_scale_log2 - m_scaled[:, None])
-    l_i = l_i * alpha + tl.sum(p, 1)
-    return m_new, l_i, p, alpha
-
-
-@triton.jit
-def _tile_pv(p, alpha, acc, v_offs, v_ok, v_cache_ptr, v_dims, v_dim_valid, q_dtype: tl.constexpr,
-             DOT_PRECISION: tl.constexpr, INTERPRETED_BF16: tl.constexpr, KV_FP8: tl.constexpr,
-             FP16_DOTS: tl.constexpr):  # fmt: skip
-    """acc * alpha + p @ v over one tile's V rows (v_offs [TILE_N, 1]): a step's second half (V whole)."""
-    v = tl.load(v_cache_ptr + v_offs + v_dims[None, :], mask=v_ok[:, None] & v_dim_valid[None, :], other=0.0)
-    if KV_FP8:  # exact, like K; v_scale multiplies the program's acc once, after the loop
-        v = _widen_fp8(v, q_dtype, INTERPRETED_BF16 and not FP16_DOTS, FP16_DOTS)
-    if INTERPRETED_BF16 and not FP16_DOTS:  # bf16 x bf16 products are exact in fp32: only the sum order moves
-        p = _bf16_rne(p).to(tl.float32)
-        v = v.to(tl.float32)
-    else:
-        p = p.to(v.dtype)
-    pv = tl.dot(p, v, input_precision=DOT_PRECISION, out_dtype=tl.float32)
-    acc = acc * alpha[:, None] + pv
-    return acc
 
 
 @triton.jit
@@ -506,7 +402,6 @@ def paged_attention_kernel(
     KV_FP8: tl.constexpr,  # fp8 pools: K = k_cache.float() * k_scale, the scales applied outside the dots
     FP16_DOTS: tl.constexpr,  # bf16 q over an fp8 cache: the dots run in fp16 (_q_to_fp16)
     V_PAIRS: tl.constexpr,  # an fp8 V read as uint16 pairs of dims (_attend_tiles)
-    PV_LAG: tl.constexpr,  # the unmasked tiles through _attend_tiles_lagged (kernels.tiling.Tiling.PV_LAG)
     INTERPRETED: tl.constexpr,  # the CPU interpreter
 ):
     # Grid axis 1: (KV head, head tile, V part), the V part fastest: the programs that share a head
@@ -605,26 +500,14 @@ def paged_attention_kernel(
     if not USE_WINDOW:
         first_visible_end = (seq_len - q_len + q_tile * BLOCK_Q + 1) // TILE_N * TILE_N
         full_end = tl.maximum(kv_start, tl.minimum(kv_end, first_visible_end))
-    # PV_LAG: the same result, p @ v one tile behind so that it runs beside the softmax (_attend_tiles_lagged). A
-    # window masks every tile (the unmasked range is empty), and a decode's V pairs are _attend_tiles' alone.
-    if PV_LAG and not USE_WINDOW and not V_PAIRS:
-        m_i, l_i, acc = _attend_tiles_lagged(
-            q, q_tail, m_i, l_i, acc, kv_start, full_end, seq, seq_len, q_pos, kv_head, dims, dim_valid, tail_dims, tail_valid,
-            v_dims, v_dim_valid, slope, k_scale, v_scale, q_unscale, v_first, q_ptr, k_cache_ptr, v_cache_ptr, block_table_ptr, qk_scale_log2,
-            sliding_window, cap_unscaled, inv_cap_unscaled, num_blocks, max_blocks_per_seq,
-            stride_k_block, stride_k_slot, stride_k_head, stride_v_block, stride_v_slot, stride_v_head, stride_bt_seq,
-            BLOCK_SIZE, TILE_N, DIM_TAIL, DOT_PRECISION, INTERPRETED_BF16, False, USE_WINDOW, USE_SOFTCAP, USE_ALIBI, KV_FP8,
-            FP16_DOTS, V_PAIRS, HEAD_DIM_V, INTERPRETED,
-        )  # fmt: skip
-    else:
-        m_i, l_i, acc = _attend_tiles(
-            q, q_tail, m_i, l_i, acc, kv_start, full_end, seq, seq_len, q_pos, kv_head, dims, dim_valid, tail_dims, tail_valid,
-            v_dims, v_dim_valid, slope, k_scale, v_scale, q_unscale, v_first, q_ptr, k_cache_ptr, v_cache_ptr, block_table_ptr, qk_scale_log2,
-            sliding_window, cap_unscaled, inv_cap_unscaled, num_blocks, max_blocks_per_seq,
-            stride_k_block, stride_k_slot, stride_k_head, stride_v_block, stride_v_slot, stride_v_head, stride_bt_seq,
-            BLOCK_SIZE, TILE_N, DIM_TAIL, DOT_PRECISION, INTERPRETED_BF16, False, USE_WINDOW, USE_SOFTCAP, USE_ALIBI, KV_FP8,
-            FP16_DOTS, V_PAIRS, HEAD_DIM_V, INTERPRETED,
-        )  # fmt: skip
+    m_i, l_i, acc = _attend_tiles(
+        q, q_tail, m_i, l_i, acc, kv_start, full_end, seq, seq_len, q_pos, kv_head, dims, dim_valid, tail_dims, tail_valid,
+        v_dims, v_dim_valid, slope, k_scale, v_scale, q_unscale, v_first, q_ptr, k_cache_ptr, v_cache_ptr, block_table_ptr, qk_scale_log2,
+        sliding_window, cap_unscaled, inv_cap_unscaled, num_blocks, max_blocks_per_seq,
+        stride_k_block, stride_k_slot, stride_k_head, stride_v_block, stride_v_slot, stride_v_head, stride_bt_seq,
+        BLOCK_SIZE, TILE_N, DIM_TAIL, DOT_PRECISION, INTERPRETED_BF16, False, USE_WINDOW, USE_SOFTCAP, USE_ALIBI, KV_FP8,
+        FP16_DOTS, V_PAIRS, HEAD_DIM_V, INTERPRETED,
+    )  # fmt: skip
     m_i, l_i, acc = _attend_tiles(
         q, q_tail, m_i, l_i, acc, full_end, kv_end, seq, seq_len, q_pos, kv_head, dims, dim_valid, tail_dims, tail_valid,
         v_dims, v_dim_valid, slope, k_scale, v_scale, q_unscale, v_first, q_ptr, k_cache_ptr, v_cache_ptr, block_table_ptr, qk_scale_log2,
@@ -863,7 +746,6 @@ class TritonPlan:
                 KV_FP8=call.kv_fp8,
                 FP16_DOTS=tiling.FP8_DOTS_FP16 and q.dtype == torch.bfloat16,
                 V_PAIRS=v_pairs,
-                PV_LAG=tiling.PV_LAG,
                 INTERPRETED=not isinstance(paged_attention_kernel, triton.runtime.JITFunction),
             ),
             dict(num_warps=tiling.NUM_WARPS, num_stages=tiling.NUM_STAGES),

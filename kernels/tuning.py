@@ -31,16 +31,13 @@ class TileConfig:
     """max_rows: the cap on BLOCK_M (rows = query tokens x the group's query heads, for
     groups under 16 heads; a group of 16 or more takes one token a tile); max_tokens: the
     query tokens a tile packs at most; tile_n: KV positions a loop step loads; num_warps
-    (0: 4, or 8 past 64 x 128 tile elements) and num_stages: Triton launch settings;
-    pv_lag: the loop over the tiles every row sees whole issues tile j's p @ v after tile
-    j + 1's logits (kernels.triton_paged._attend_tiles_lagged: the same numerics)."""
+    (0: 4, or 8 past 64 x 128 tile elements) and num_stages: Triton launch settings."""
 
     max_rows: int
     max_tokens: int
     tile_n: int
     num_warps: int
     num_stages: int
-    pv_lag: bool = False
 
 
 def query_class(q_len: int) -> str:
@@ -108,10 +105,6 @@ TUNED: dict[tuple[str, int, str], TileConfig] = {
     # table check out of the tile loop and the multiply-add exp2 (the same probe): 128-key tiles, 2 stages,
     # 0.94x the 64-key config before the change over the five prefill cases of cases/gpu_peers.toml
     # (4x4k 1727 -> 1596 us, 1x8k 1656 -> 1527, 16x1k 608 -> 627, 8x2k 970 -> 948, chunked 931 -> 788).
-    # p @ v one tile behind (pv_lag) measured against this entry (gpu_results/2026-12-02-h200-prefill-pipeline): at
-    # 128-key tiles the lagged loop spills 296 bytes a thread (sm_90, Triton 3.6), so it ran at 64: 0.80-0.95x the
-    # 64-key loop without it (chunked_8x512 990 -> 791 us, 4x4k 1809 -> 1655), but 64-key tiles lose more than that
-    # to this entry: 4x4k 1655 against 1592, 1x8k 1581 against 1448; 16x1k 593 against 625. So it stays off.
     ("half", 128, "prefill"): TileConfig(max_rows=128, max_tokens=32, tile_n=128, num_warps=8, num_stages=2),
 }
 

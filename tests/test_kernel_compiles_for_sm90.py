@@ -29,7 +29,7 @@ FLOATS = {"qk_scale_log2"}
 
 F32_PTRS = {"lse_ptr", "sinks_ptr", "alibi_ptr", "k_scale_ptr", "v_scale_ptr"}
 OFF = dict(USE_WINDOW=False, USE_SOFTCAP=False, USE_ALIBI=False, USE_SINKS=False, RETURN_LSE=False, KV_FP8=False,
-           FP16_DOTS=False, V_PAIRS=False, PV_LAG=False, INTERPRETED=False)
+           FP16_DOTS=False, V_PAIRS=False, INTERPRETED=False)
 
 
 def compile_for_sm90(fn, dtype, kv_dtype=None, **meta):
@@ -76,11 +76,6 @@ compile_for_sm90(tp.paged_attention_kernel, "bf16", GROUP_SIZE=128, HEADS_PER_PR
                  DOT_PRECISION="tf32", ONE_QUERY_PER_SEQ=True, NUM_SPLITS=4,
                  **{**mla, "HEAD_TILES": 2, "V_PARTS": 2, "V_PART_DIM": 256},
                  **{**OFF, "USE_SINKS": True, "RETURN_LSE": True})
-# The bf16 prefill with p @ v one tile behind (PV_LAG), fp8 cache too: the lagged loop's launches.
-for kv in (None, "fp8e4nv"):
-    compile_for_sm90(tp.paged_attention_kernel, "bf16", kv_dtype=kv, GROUP_SIZE=4, HEADS_PER_PROGRAM=4, BLOCK_M=128,
-                     BLOCK_Q=32, DOT_PRECISION="tf32", ONE_QUERY_PER_SEQ=False, NUM_SPLITS=1, **main,
-                     **{**OFF, "PV_LAG": True, "KV_FP8": kv is not None, "USE_SOFTCAP": True, "USE_ALIBI": True})
 compile_for_sm90(tp.combine_splits_kernel, "fp16", NUM_Q_HEADS=32, HEAD_DIM_V=128, HEAD_DIM_V_PADDED=128, NUM_SPLITS=4,
                  INTERPRETED_BF16=False, USE_SINKS=True, RETURN_LSE=True)
 compile_for_sm90(tp.combine_splits_kernel, "bf16", NUM_Q_HEADS=128, HEAD_DIM_V=512, HEAD_DIM_V_PADDED=512, NUM_SPLITS=8,
