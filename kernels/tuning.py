@@ -110,7 +110,7 @@ TUNED: dict[tuple[str, int, str], TileConfig] = {
     # FlashAttention-3's intra-warpgroup overlap (tile j's p @ v issued after tile j + 1's QK^T, beside the softmax; the
     # kernel of commit ad69fb0) measured against this entry (gpu_results/2026-12-02-h200-prefill-pipeline): 0.80-0.95x
     # the plain loop at equal tiles, but at 128 keys it spills 296 bytes a thread (sm_90, Triton 3.6), and with 64-key
-    # tiles it lost to this entry: 4x4k 1655 us against 1592, 1x8k 1581 against 1448 (16x1k 593 against 625).
+    # tiles it lost to this entry: 4x4k 1655 us against 1597, 1x8k 1581 against 1528 (16x1k 593 against 626).
     ("half", 128, "prefill"): TileConfig(max_rows=128, max_tokens=32, tile_n=128, num_warps=8, num_stages=2),
     # MLA's latent cache (kernels.tiling.latent_kv: 64 heads a program, V whole and taken from the K tile), 32-key
     # tiles, 8 warps, 2 stages: DeepSeek-V3 decode, 128 heads, bf16, against the wide tiling over two tensors
