@@ -8,6 +8,14 @@ Measured under the CPU interpreter (scripts/measure_tlsim_closeness.py): the lar
 2-10% of the tolerance on ordinary fp32 cases, and fp16/bf16 outputs are bit-identical
 except one fp16 ulp on one element. GPU numbers are in gpu_results/.
 
+On a GPU the dots' fp32 sums run in the tensor cores' order, not torch's, and a logit that moves
+can flip a rounding of p: the bf16 MLA case (K 576) measured 2.5 ulps on 2 of 131072 elements on
+an H200, hence three ulps past head dim 512 there (gpu_results/2026-12-02-h200-mla-latent). A bf16
+prefill at head dim 128 (8 q / 2 KV heads, lengths 200 and 90, queries 200 and 40; not among the
+cases here) measured one element of 245,760 at 2.5x the two-ulp bound on an H200, under today's
+tiles too (gpu_results/2026-12-02-h200-prefill-pipeline): how closely tlsim models the GPU's
+half-precision prefill is an open question, which these cases do not settle.
+
 The fp32 large-logit case (input_scale 6: logits of ~90) is held to the whole tolerance
 instead of half: there each logit carries an fp32 rounding of ~1e-5 that depends on the
 order of the dot's sum, which tlsim (torch's matmul) and the kernel (the interpreter's
