@@ -57,7 +57,9 @@ The idea, in a few lines:
   large group's heads tiled (HEADS_PER_PROGRAM, HEAD_TILES): 16 a program under fp32 q or an fp8
   cache; 64 under fp16 / bf16 q, each program holding only V_PART_DIM of V's dims (V_PARTS programs
   a head tile, each with the full logits), so MLA's 128 heads read K twice and V once a token
-  instead of 8 times each (kernels.tiling.WIDE_HEADS, v_parts).
+  instead of 8 times each (kernels.tiling.WIDE_HEADS, v_parts). When v_cache is a view of
+  k_cache's first HEAD_DIM_V columns (MLA's one latent cache, kernels.tiling.latent_kv), a program
+  holds V whole and p @ v takes the K tile it loaded (SHARED_KV): the logits once, the bytes halved.
 * Indices are never trusted with memory: without value checks (see ``kernels.contract``)
   a query row past num_tokens is not read or written, and a tile that would read a
   block id outside [0, num_blocks) or a table entry past max_blocks_per_seq loads
