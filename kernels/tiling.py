@@ -269,7 +269,8 @@ def heads_per_program(call: PagedCall) -> int:
 
 def v_parts(call: PagedCall) -> int:
     """Programs that share one head tile's rows, each V_PART_DIM of V's padded dims (grid axis 1's
-    fastest part): next_pow2(head_dim_v) // V_PART_DIM under the wide tiling, else 1. Each computes
+    fastest part): next_pow2(head_dim_v) // V_PART_DIM under the wide tiling, else 1 (and 1 for a
+    latent cache, whose program holds V whole: :func:`latent_kv`). Each computes
     the tile's full logits (both K pieces) and its own columns of p @ v; a column's sums do not
     depend on the others, and m, l and the lse are the same in every part."""
     if not _wide(call) or latent_kv(call):

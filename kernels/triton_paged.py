@@ -255,7 +255,7 @@ def _attend_tiles(
     unsigned (the same values: k_pos >= 0), with the start spelled a multiple of TILE_N, each key's slot
     is a per-lane constant again: 1086 -> 791 SASS instructions a warp a 128-key tile of the 8B split
     decode (unsplit: 801), 380 -> 302 a 32-key tile (unsplit: 295), sm_90, Triton 3.6. On an H200 the
-    split decodes took 1.5-6.2% less time (4 x 128k 542.5 -> 509.6 us, 8 x 32k 285.0 -> 268.3, 4 x 16k
+    split decodes took 1.4-6.2% less time (4 x 128k 542.5 -> 509.6 us, 8 x 32k 285.0 -> 268.3, 4 x 16k
     88.5 -> 85.5; gpu_results/2026-12-02-h200-split-decode). The unsplit launch keeps the signed form,
     which compiles 2-5% shorter there (its loop starts at a known 0).
 

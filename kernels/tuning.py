@@ -108,7 +108,7 @@ TUNED: dict[tuple[str, int, str], TileConfig] = {
     # 0.94x the 64-key config before the change over the five prefill cases of cases/gpu_peers.toml
     # (4x4k 1727 -> 1596 us, 1x8k 1656 -> 1527, 16x1k 608 -> 627, 8x2k 970 -> 948, chunked 931 -> 788).
     # FlashAttention-3's intra-warpgroup overlap (tile j's p @ v issued after tile j + 1's QK^T, beside the softmax; the
-    # kernel of commit ad69fb0) measured against this entry (gpu_results/2026-12-02-h200-prefill-pipeline): 0.80-0.95x
+    # kernel of commit ad69fb0) measured against this entry (gpu_results/2026-12-02-h200-prefill-pipeline): 0.80-1.00x
     # the plain loop at equal tiles, but at 128 keys it spills 296 bytes a thread (sm_90, Triton 3.6), and with 64-key
     # tiles it lost to this entry: 4x4k 1655 us against 1597, 1x8k 1581 against 1528 (16x1k 593 against 626).
     ("half", 128, "prefill"): TileConfig(max_rows=128, max_tokens=32, tile_n=128, num_warps=8, num_stages=2),

@@ -38,7 +38,9 @@ echo "start $START" >"$OUT/phases.raw"
 status=0
 if [ "$MODE" = all ] || [ "$MODE" = tests ]; then
   echo "tests_start $(date +%s.%N)" >>"$OUT/phases.raw"
-  # four workers share the GPU where pytest-xdist is installed (on an H200: 124 s serial, 66 s with 8 workers)
+  # four workers share the GPU where pytest-xdist is installed (on an H200: 124 s serial in
+  # gpu_results/2026-12-01-h200-gpu-session-3, 66 s with 8 workers in 2026-12-01-h200-merged-kernel-check;
+  # 4 workers not yet timed)
   WORKERS=$(python3 -c 'import xdist' 2>/dev/null && echo "-n 4")
   # shellcheck disable=SC2086
   python3 -m pytest -q -p no:cacheprovider $WORKERS -m gpu tests 2>&1 | tee "$OUT/tests.log" | tail -12

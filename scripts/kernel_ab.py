@@ -1,13 +1,14 @@
 """The Triton kernel at a base revision against the working tree's, timed side by side in one process.
 
-    python scripts/kernel_ab.py [SUITE ...] [--base REV|DIR] [--case PATTERN] [--rounds 9] [--out ab.json]
+    python scripts/kernel_ab.py [SUITE ...] [--base REV | --base-dir DIR] [--case PATTERN] [--rounds 9] [--out ab.json]
     python scripts/kernel_ab.py [SUITE ...] --with tiling tuning   # the base's split choice and tuning too
     python scripts/kernel_ab.py --dry          # CPU: one tiny case under the interpreter (CI)
 
 Before merging a kernel change, the question is "is this kernel faster or slower than the one
 it replaces, here, on these shapes". Two runs and a ``compare`` answer it across processes
 (and, on shared machines, across hosts); this script answers it in one process on one GPU:
-``kernels/triton_paged.py`` as of ``--base`` (``git show REV:kernels/triton_paged.py``) and as
+``kernels/triton_paged.py`` as of ``--base`` (``git show REV:kernels/triton_paged.py``; or read from
+``--base-dir``, a copy of the base tree, where there is no git history) and as
 in the working tree are each written to a temporary folder and imported as a module of the
 ``kernels`` package (``kernels._ab_base``, ``kernels._ab_new``), so each has its own compiled
 kernels and launch plans; the registry's ``triton`` backend is pointed at one, then the
@@ -93,13 +94,13 @@ def serve_split_modules() -> None:
         sys.modules[module.__name__] = module
 
 
-def _git_show(rev: str, path: Path) -> str:
-    """``path`` (relative to the repository) as of ``rev``: a git revision, or a folder holding a copy
-    of the base tree (a GPU machine's copy of the tree may have no git history)."""
-    if (folder := Path(rev)).is_dir():
-        if not (folder / path).is_file():
-            raise ABError(f"{folder / path}: no such file in the base folder {folder}")
-        return (folder / path).read_text()
+def _git_show(rev: str | Path, path: Path) -> str:
+    """``path`` (relative to the repository) as of ``rev``: a git revision, or (a Path, ``--base-dir``) a
+    folder holding a copy of the base tree (a GPU machine's copy of the tree may have no git history)."""
+    if isinstance(rev, Path):
+        if not (rev / path).is_file():
+            raise ABError(f"{rev / path}: no such file in the base folder {rev}")
+        return (rev / path).read_text()
     done = subprocess.run(["git", "show", f"{rev}:{path.as_posix()}"], cwd=ROOT, capture_output=True, text=True)
     if done.returncode != 0:
         raise ABError(f"git show {rev}:{path}: {done.stderr.strip()}")
@@ -127,7 +128,7 @@ def _rebind(module, swapped: dict) -> None:
                 setattr(module, attr, vars(base)[attr])
 
 
-def kernel_modules(base_rev: str, folder: Path, with_modules: tuple[str, ...] = ()) -> dict:
+def kernel_modules(base_rev: str | Path, folder: Path, with_modules: tuple[str, ...] = ()) -> dict:
     """{"base": module, "new": module}: the kernel file at ``base_rev`` and the working tree's, written to
     ``folder`` and imported afresh as ``kernels._ab_<side>`` (their relative imports are the working tree's
     kernels). ``with_modules`` (of :data:`WITH`): those modules at ``base_rev`` are imported first as
@@ -212,8 +213,9 @@ def time_case(case, modules: dict, device: str, rounds: int, reps: dict) -> dict
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("suites", nargs="*", default=["gpu_peers"])
+    parser.add_argument("--base", default="HEAD", help="the revision whose kernel is the base (HEAD)")
     parser.add_argument(
-        "--base", default="HEAD", help="the revision whose kernel is the base (HEAD), or a folder holding the base tree"
+        "--base-dir", type=Path, help="instead of --base: a folder holding the base tree (no git needed)"
     )
     parser.add_argument("--case", default="*", help="fnmatch pattern on case ids")
     parser.add_argument("--rounds", type=int, default=9,
@@ -242,10 +244,10 @@ def main(argv: list[str] | None = None) -> int:
     records = []
     try:
         with tempfile.TemporaryDirectory(prefix="kernel-ab-") as folder:
-            modules = kernel_modules(args.base, Path(folder), tuple(args.with_modules))
+            modules = kernel_modules(args.base_dir or args.base, Path(folder), tuple(args.with_modules))
             also = "".join(f" + {name}.py" for name in WITH if name in args.with_modules)
             print(
-                f"# kernel{also} {args.base} (base) against the working tree (new), {args.rounds} paired rounds, {device}"
+                f"# kernel{also} {args.base_dir or args.base} (base) against the working tree (new), {args.rounds} paired rounds, {device}"
             )
             print("| case | base us | new us | new / base | paired CI | verdict |\n|---|---|---|---|---|---|")
             for case in cases:
@@ -262,7 +264,9 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         remove_modules()
     if args.out:
-        args.out.write_text(json.dumps({"device": device, "base": args.base, "records": records}, indent=1))
+        args.out.write_text(
+            json.dumps({"device": device, "base": str(args.base_dir or args.base), "records": records}, indent=1)
+        )
     if any(r["verdict"] == "error" for r in records):
         return 2
     return 1 if any(r["verdict"] in ("slower", "output differs") for r in records) else 0

@@ -1,6 +1,6 @@
 """Score a GPU run against the kernel's speed targets, one line per case and target.
 
-    python scripts/kernel_targets.py RUN_DIR [--backend triton]
+    python scripts/kernel_targets.py RUN_DIR [RUN_DIR ...] [--backend triton]
 
 Every number comes from the run's results.parquet (rows that passed), so a table made
 with this names its run. The targets, each a ratio measured side by side in one run:
@@ -20,8 +20,8 @@ with this names its run. The targets, each a ratio measured side by side in one 
                 most 0.60x; its "read" limit is 85% (counted in fp8 bytes)
     mla         decode with K past 256 dims and 16 or more q heads a KV head (MLA): at least 200 TFLOP/s
 
-RUN_DIR may be given more than once (the GPU session's suites and its variants run): their rows
-are scored together, a case in two runs by its first.
+RUN_DIR may be given more than once: a case's rows all come from the first run that has it, and a
+twin (fp8's, verify's) is looked up in that same run, so every ratio stays within one run.
 """
 
 from __future__ import annotations
@@ -38,6 +38,7 @@ from harness.results.storage import load_run
 from scripts.peer_table import peer_table
 
 READ_TARGET_BYTES = 256 * 2**20
+MLA_TARGET_FLOPS = 10**10  # an MLA decode at serving size (DeepSeek-V3's 32 x 1k-8k: 3.5e10), not a small test case
 
 
 def _line(target: str, case: str, value: float, limit: float, unit: str, higher_is_better: bool = False) -> dict:
@@ -46,7 +47,9 @@ def _line(target: str, case: str, value: float, limit: float, unit: str, higher_
 
 
 def score(frame: pd.DataFrame, backend: str = "triton") -> pd.DataFrame:
-    """One row per (target, case): measured value, its limit and whether it is met."""
+    """One row per (target, case): measured value, its limit and whether it is met. ``frame``: one run's
+    rows, or several runs' with a ``run`` column (main)."""
+    frame = frame if "run" in frame.columns else frame.assign(run=0)
     ok = frame[(frame["status"] == "pass") & frame["latency_us"].notna()]
     mine = ok[ok["backend"] == backend].set_index("case")
     peers = peer_table(frame, backend)  # empty for a run without peer rows (a variants run)
@@ -68,7 +71,8 @@ def score(frame: pd.DataFrame, backend: str = "triton") -> pd.DataFrame:
             lines.append(_line("read", case, row["pct_of_ceiling"], limit, "% read ceiling", higher_is_better=True))
         if decode and fp8 and (twin := _cache_twin(mine, row)) is not None:
             lines.append(_line("fp8", case, row["latency_us"] / mine.loc[twin, "latency_us"], 0.60, f"x {twin}"))
-        if decode and row["head_dim"] > 256 and row["num_q_heads"] >= 16 * row["num_kv_heads"]:
+        mla = row["head_dim"] > 256 and row["num_q_heads"] >= 16 * row["num_kv_heads"]
+        if decode and mla and row["dtype"] in ("float16", "bfloat16") and row["flops"] >= MLA_TARGET_FLOPS:
             lines.append(_line("mla", case, row["tflops"], 200.0, "TFLOP/s", higher_is_better=True))
         if row["max_q_len"] >= 512 and case in against_peer.index:
             lines.append(_line("prefill", case, against_peer[case], 1.10, "x best peer"))
@@ -99,9 +103,10 @@ def host_note(frame: pd.DataFrame, backend: str = "triton") -> str | None:
 
 
 def _cache_twin(mine: pd.DataFrame, row: pd.Series) -> str | None:
-    """The same batch over a cache in q's dtype (an fp8 case's twin), if the run has one."""
+    """The same batch over a cache in q's dtype (an fp8 case's twin), if its run has one: the same shape,
+    lengths and flops (a window changes the flops; an option that does not, a softcap say, is not told)."""
     same = ["num_q_heads", "num_kv_heads", "head_dim", "head_dim_v", "num_seqs", "max_seq_len", "total_kv_tokens",
-            "num_tokens", "block_size", "dtype"]  # fmt: skip
+            "num_tokens", "block_size", "dtype", "flops", "run"]  # fmt: skip
     plain = mine["kv_dtype"].isna() | (mine["kv_dtype"] == "")
     twins = mine[plain & (mine[same] == row[same]).all(axis=1)]
     return None if twins.empty else str(twins.index[0])
@@ -109,7 +114,7 @@ def _cache_twin(mine: pd.DataFrame, row: pd.Series) -> str | None:
 
 def _decode_twin(mine: pd.DataFrame, row: pd.Series) -> str | None:
     """The decode case of the same batch (heads, head dim, sequences, length, block size), if the run has one."""
-    same = ["num_q_heads", "num_kv_heads", "head_dim", "num_seqs", "max_seq_len", "block_size", "dtype"]
+    same = ["num_q_heads", "num_kv_heads", "head_dim", "num_seqs", "max_seq_len", "block_size", "dtype", "run"]
     twins = mine[(mine["max_q_len"] == 1) & (mine[same] == row[same]).all(axis=1)]
     return None if twins.empty else str(twins.index[0])
 
@@ -120,11 +125,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--backend", default="triton")
     args = parser.parse_args(argv)
     frames = []
-    for run_dir in args.run_dir:
+    for index, run_dir in enumerate(args.run_dir):
         frame, meta = load_run(run_dir)
-        frames.append(frame)
+        frames.append(frame.assign(run=index))
         print(f"run {run_dir.name}: {meta.get('device_name')}, commit {meta.get('commit')}, backend {args.backend}")
-    frame = pd.concat(frames, ignore_index=True).drop_duplicates(["case", "backend"])
+    frame = pd.concat(frames, ignore_index=True)
+    frame = frame[frame["run"] == frame.groupby("case")["run"].transform("min")]  # a case from its first run
     if (note := host_note(frame, args.backend)) is not None:
         print(note)
     table = score(frame, args.backend)

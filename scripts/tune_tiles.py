@@ -54,9 +54,12 @@ GRID = {
 
 def key_of(case: Case) -> tuple[str, int, str]:
     """The tuning key a case's launch looks up, as choose_tiling decides it (the triton backend's
-    hints: max_q_len = the longest q_len, max_seq_len = the longest sequence)."""
+    hints: max_q_len = the longest q_len, max_seq_len = the longest sequence; an fp8 or latent cache
+    takes its own precision). Past head dim 256 the launch counts a group's head tiles and V parts as
+    programs (kernels.tiling.tiling_for), which this does not: an MLA case's query class may differ."""
     return choose_tiling(case.head_dim, case.group_size, max(case.q_lens), case.num_seqs, case.num_kv_heads,
-                         case.max_seq_len, fp32=case.dtype == "float32", num_tokens=sum(case.q_lens)).TUNING_KEY  # fmt: skip
+                         case.max_seq_len, fp32=case.dtype == "float32", num_tokens=sum(case.q_lens),
+                         kv_fp8=case.kv_dtype is not None, latent=bool(case.latent_kv)).TUNING_KEY  # fmt: skip
 
 
 def candidates(key: tuple[str, int, str]) -> list[TileConfig]:

@@ -49,6 +49,9 @@ def test_kernel_targets_score_the_committed_run():
     done = run_script("scripts/kernel_targets.py", str(COMMITTED_RUN))
     assert done.returncode == 0, done.stderr
     assert "## prefill: met on 0 of 6 cases (worst 2.29 x best peer)" in done.stdout
+    twice = run_script("scripts/kernel_targets.py", str(COMMITTED_RUN), str(COMMITTED_RUN))
+    assert twice.returncode == 0, twice.stderr
+    assert twice.stdout.split("\n", 2)[2] == done.stdout.split("\n", 1)[1], "a case is scored once, from its first run"
     assert "ok   decode_4x16k" in done.stdout and "MISS decode_32x4k_hd64" in done.stdout
 
 
@@ -310,15 +313,15 @@ def test_compare_targets_suite_loads_and_its_table_reader_reads_compare_rows(tmp
 
 
 def test_kernel_ab_reads_the_base_from_a_folder_when_given_one(tmp_path):
-    """A GPU machine's copy of the tree has no git: ``--base DIR`` takes the base files from a copied tree."""
+    """A GPU machine's copy of the tree has no git: ``--base-dir DIR`` takes the base files from a copied tree."""
     from scripts.kernel_ab import ABError, _git_show
 
     path = Path("kernels/triton_paged.py")
     (tmp_path / "kernels").mkdir()
     (tmp_path / path).write_text("# the base\n")
-    assert _git_show(str(tmp_path), path) == "# the base\n"
+    assert _git_show(tmp_path, path) == "# the base\n"
     with pytest.raises(ABError, match=r"tuning\.py: no such file in the base folder"):
-        _git_show(str(tmp_path), Path("kernels/tuning.py"))
+        _git_show(tmp_path, Path("kernels/tuning.py"))
 
 
 def test_kernel_targets_score_fp8_against_its_twin_and_mla_in_tflops():
@@ -329,13 +332,15 @@ def test_kernel_targets_score_fp8_against_its_twin_and_mla_in_tflops():
     shape = {"num_q_heads": 32, "num_kv_heads": 8, "head_dim": 128, "head_dim_v": 128, "num_seqs": 32,
              "max_seq_len": 16384, "total_kv_tokens": 524288, "num_tokens": 32, "block_size": 16,
              "dtype": "bfloat16", "max_q_len": 1, "status": "pass", "backend": "triton",
-             "bytes_moved": 2**31, "tflops": 1.0}  # fmt: skip
+             "bytes_moved": 2**31, "tflops": 1.0, "flops": 10**11}  # fmt: skip
     mla = {**shape, "num_q_heads": 128, "num_kv_heads": 1, "head_dim": 576, "head_dim_v": 512}
     frame = pd.DataFrame([
         {**shape, "case": "fp8", "kv_dtype": "float8_e4m3fn", "latency_us": 300.0, "pct_of_ceiling": 86.0},
         {**shape, "case": "twin", "kv_dtype": "", "latency_us": 510.0, "pct_of_ceiling": 95.0},
         {**shape, "case": "other_length", "max_seq_len": 8192, "kv_dtype": "", "latency_us": 250.0},
         {**mla, "case": "mla", "kv_dtype": "", "latency_us": 500.0, "tflops": 150.0},
+        {**mla, "case": "mla_small_test_case", "kv_dtype": "", "latency_us": 5.0, "flops": 10**8},
+        {**mla, "case": "mla_fp32", "kv_dtype": "", "latency_us": 500.0, "dtype": "float32"},
     ])  # fmt: skip
     frame["backend_kind"], frame["call_us"] = "kernel", float("nan")
     table = score(frame).set_index(["target", "case"])
@@ -344,3 +349,4 @@ def test_kernel_targets_score_fp8_against_its_twin_and_mla_in_tflops():
     assert table.loc[("read", "fp8"), "limit"] == 85.0 and table.loc[("read", "twin"), "limit"] == 90.0
     assert table.loc[("mla", "mla"), "measured"] == 150.0 and not table.loc[("mla", "mla"), "met"]
     assert ("mla", "twin") not in table.index and ("fp8", "twin") not in table.index
+    assert ("mla", "mla_small_test_case") not in table.index and ("mla", "mla_fp32") not in table.index

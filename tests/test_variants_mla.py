@@ -157,6 +157,8 @@ def test_latent_kv_is_told_from_metadata_only():
     k = view_args[1]
     shifted = prepare_call(*view_args[:2], k[..., 1:513], *view_args[3:])  # same strides, not K's first columns
     assert not latent_kv(shifted)
+    restrided = k.as_strided((*k.shape[:2], 1, 512), (k.stride(0), k.stride(1) // 2, 1, 1))  # K's first element
+    assert not latent_kv(prepare_call(*view_args[:2], restrided, *view_args[3:])), "the slot stride differs"
     fp32 = prepare_call(*_latent("mla_split_kv")[0])  # the 16-head tiling keeps V a tensor of its own
     assert not latent_kv(fp32)
     # The plan key tells the view from a V of the same shape and strides elsewhere (a latent plan on
@@ -169,6 +171,30 @@ def test_latent_kv_is_told_from_metadata_only():
             for a in (view_args, [*view_args[:2], other, *view_args[3:]])
         ]
     assert None not in keys and keys[0] != keys[1]
+
+
+def test_the_launch_takes_v_from_the_k_tile_only_for_the_view(monkeypatch):
+    """SHARED_KV reaches the kernel for the latent view and not for two tensors of the same values (the
+    outputs cannot tell: they are equal either way, so the launch's constexpr is what is checked)."""
+    if reason := kernels.triton_unavailable_reason("cpu"):
+        pytest.skip(reason)
+    from kernels import triton_paged
+
+    launches = []
+
+    class Recorder:
+        def __getitem__(self, grid):
+            return lambda *args, **kwargs: launches.append(kwargs)
+
+    monkeypatch.setattr(triton_paged, "paged_attention_kernel", Recorder())
+    monkeypatch.setattr(triton_paged, "combine_splits_kernel", Recorder())
+    clear_plans()
+    view_args, separate_args = _latent("mla_decode_2_head_tiles")
+    for args, shared in ((view_args, True), (separate_args, False)):
+        launches.clear()
+        kernels.paged_attention_triton(*args)
+        assert launches[0]["SHARED_KV"] is shared and (launches[0]["V_PARTS"] == 1) is shared
+    clear_plans()
 
 
 @pytest.mark.parametrize("name", ["mla_decode_2_head_tiles", "mla_split_kv_bf16"])
@@ -218,6 +244,7 @@ def test_triton_on_cuda_latent_kv_matches_separate(name, monkeypatch):
 def test_case_field_latent_kv_makes_v_a_view_of_k_that_survives_a_move():
     """``latent_kv = true``: the harness's V is K's first head_dim_v columns, one storage, on the
     device the case runs on too (PagedInputs.to rebuilds the view); refused without a narrower V."""
+    from harness.cases.inputs import is_latent_view
     from harness.cases.spec import CaseFileError
     from harness.run.runner import case_inputs
 
@@ -230,7 +257,15 @@ def test_case_field_latent_kv_makes_v_a_view_of_k_that_survives_a_move():
     assert torch.equal(inputs.v_cache.nan_to_num(), inputs.k_cache[..., :32].nan_to_num())  # NaN: unowned slots
     moved = inputs.to("cuda" if torch.cuda.is_available() else "meta")
     assert moved.v_cache._base is moved.k_cache, "V stays a view of the moved K, not a copy of its own"
-    assert (moved.v_cache.shape, moved.v_cache.stride()) == (inputs.v_cache.shape, inputs.v_cache.stride())
+    assert moved.v_cache.shape == inputs.v_cache.shape and is_latent_view(moved.k_cache, moved.v_cache)
+    # Only V at K's first element with K's block / slot / head strides is K's first columns: another
+    # tensor on K's storage (a later column range, other strides) moves as a tensor of its own.
+    big = torch.zeros(2, 4, 1, 600)
+    k = big[..., :576]  # K not dense: a move makes it contiguous, and V must follow K's new strides
+    assert is_latent_view(k, k[..., :512])
+    assert not is_latent_view(k, big[..., 64:576])
+    assert not is_latent_view(k, big.as_strided((2, 4, 1, 512), (1200, 300, 300, 1)))
+    assert not is_latent_view(k, k[..., :512].to(torch.float16))
     from harness.timing.metrics import bytes_moved
 
     (separate,) = expand_spec({**spec, "latent_kv": False}, "t.toml")

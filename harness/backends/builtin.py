@@ -94,9 +94,11 @@ def _triton(*args, **kwargs) -> torch.Tensor:
 add_backend(Backend("triton", contract_prepare(_triton, max_q_len=lambda c: max(c.q_lens), max_seq_len=lambda c: c.max_seq_len),
                     ("cpu", "cuda"), "kernel", "the @triton.jit kernel (interpreted on the CPU)",
                     unavailable=_triton_unavailable, options=frozenset(VARIANT_OPTIONS)))  # fmt: skip
+# PagedKVCache keeps a K pool and a V pool of its own, so it cannot serve a latent cache (V a view of K):
+# a latent case is its skip row, rather than a row that times the two-pool read under the latent name.
 add_backend(Backend("cache", _prepare_cache, ("cpu", "cuda"), "engine path",
                     "write through PagedKVCache's slot mapping, then its dispatched read",
-                    options=frozenset(VARIANT_OPTIONS)))  # fmt: skip
+                    options=frozenset(VARIANT_OPTIONS) - {"latent_kv"}))  # fmt: skip
 
 # The peers register after the kernels, and flex_paged after the peers (the registry keeps this order).
 from harness.backends import flex_paged, peers  # noqa: E402, F401

@@ -97,10 +97,8 @@ class PagedInputs:
         unquantized = None if self.unquantized is None else (move(self.unquantized[0]), move(self.unquantized[1]))
         options = {name: move(value) for name, value in self.options.items()}
         q, k_cache, v_cache, *rest = map(move, self.args())
-        if self.v_cache.untyped_storage().data_ptr() == self.k_cache.untyped_storage().data_ptr():
-            # a latent cache (V a view of K's first columns) stays one cache: V a view of the moved K
-            v_cache = k_cache.as_strided(self.v_cache.shape, self.v_cache.stride(),
-                                         self.v_cache.storage_offset() - self.k_cache.storage_offset() + k_cache.storage_offset())  # fmt: skip
+        if is_latent_view(self.k_cache, self.v_cache):  # one cache stays one cache: V a view of the moved K
+            v_cache = k_cache[..., : self.v_cache.shape[-1]]
         return PagedInputs(q, k_cache, v_cache, *rest, options=options, unquantized=unquantized)
 
     def dequantized_args(self) -> tuple[torch.Tensor, ...]:
@@ -110,6 +108,19 @@ class PagedInputs:
         k = self.k_cache.float() * self.options["k_scale"][:, None]
         v = self.v_cache.float() * self.options["v_scale"][:, None]
         return (self.q, k, v, *self.args()[3:])
+
+
+def is_latent_view(k_cache: torch.Tensor, v_cache: torch.Tensor) -> bool:
+    """Whether v_cache is k_cache[..., :head_dim_v] (a latent cache, the ``latent_kv`` case field): the same
+    first element, dtype and block / slot / head strides, both unit-stride in the last dim."""
+    return (
+        v_cache.data_ptr() == k_cache.data_ptr()
+        and v_cache.dtype == k_cache.dtype
+        and v_cache.shape[:3] == k_cache.shape[:3]
+        and v_cache.stride()[:3] == k_cache.stride()[:3]
+        and v_cache.stride(-1) == k_cache.stride(-1) == 1
+        and v_cache.shape[-1] <= k_cache.shape[-1]
+    )
 
 
 def shared_prefix_blocks(seq_lens: list[int] | tuple[int, ...], block_size: int, layout: str) -> int:
@@ -239,10 +250,11 @@ def make_inputs(
     sequential generator that earlier versions drew from, sequence by sequence.)
     ``head_dim_v`` is V's head dim (default: head_dim). ``variants`` are the attention variants'
     case fields (harness.cases.variants.VARIANTS: sliding_window, logit_softcap, sinks, alibi,
-    return_lse, cascade, kv_dtype, kv_scale; absent: off); each variant turned on applies its
-    input hook, which adds its keywords to ``options`` (an fp8 cache also quantizes the pools).
+    return_lse, cascade, kv_dtype, kv_scale, latent_kv; absent: off); each variant turned on applies
+    its input hook, which adds its keywords to ``options`` (an fp8 cache also quantizes the pools).
     No hook changes a drawn value, so a case with a variant attends over the same tensors as
-    without (an fp8 case over their quantized values).
+    without (an fp8 case over their quantized values), except ``latent_kv``, whose V is K's first
+    head_dim_v columns instead of its own draw.
     """
     if len(seq_lens) != len(q_lens):
         raise ValueError(f"seq_lens has {len(seq_lens)} entries but q_lens has {len(q_lens)}")
