@@ -10,6 +10,7 @@
 #                  was printed; extra arguments go to `harness run` (e.g. --backend triton)
 #   phases.txt     where the time went: tests, start-up, each suite, the write (printed too);
 #                  meta.json's scale.phase_s splits the rows' time (inputs, oracle, grading, timing)
+#   kernel_targets.txt  (suites, all) scripts/kernel_targets.py's score of the run (the targets' lines)
 #   closeness.txt  (closeness only) tlsim vs the Triton kernel on every kernel test case
 # The whole call stays within BUDGET_S (default 570 s): the run gets what the tests left, and a
 # SIGTERM at that limit keeps every finished row in $OUT/run.journal.jsonl (resume it with
@@ -62,4 +63,7 @@ if [ "$MODE" = all ] || [ "$MODE" = suites ]; then
   [ "$code" -eq 124 ] && echo "stopped at the ${BUDGET_S} s budget: the finished rows are in $OUT/run.journal.jsonl"
 fi
 python3 scripts/gpu_phases.py "$OUT" | tee "$OUT/phases.txt"
+if [ -f "$OUT/run/meta.json" ]; then
+  python3 scripts/kernel_targets.py "$OUT/run" >"$OUT/kernel_targets.txt" 2>&1 && grep '^## ' "$OUT/kernel_targets.txt"
+fi
 exit $status
