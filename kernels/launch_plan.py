@@ -134,12 +134,13 @@ def call_key(
         return None
     if not (type(q) is type(k_cache) is type(v_cache) is type(block_table) is type(seq_lens) is torch.Tensor):
         return None  # a subclass or another type: the full path decides
+    k_ptr, v_ptr = k_cache.data_ptr(), v_cache.data_ptr()
     try:
         key = (
             q.shape, q.stride(), q.dtype, q.device, q.data_ptr() & 15,
-            k_cache.shape, k_cache.stride(), k_cache.dtype, k_cache.device, k_cache.data_ptr() & 15,
-            v_cache.shape, v_cache.stride(), v_cache.dtype, v_cache.device, v_cache.data_ptr() & 15,
-            v_cache.data_ptr() == k_cache.data_ptr(),  # V a view of K's first columns (kernels.tiling.latent_kv)
+            k_cache.shape, k_cache.stride(), k_cache.dtype, k_cache.device, k_ptr & 15,
+            v_cache.shape, v_cache.stride(), v_cache.dtype, v_cache.device, v_ptr & 15,
+            v_ptr == k_ptr,  # V a view of K's first columns (kernels.tiling.latent_kv)
             block_table.shape, block_table.stride(), block_table.dtype, block_table.device, block_table.data_ptr() & 15,
             seq_lens.shape, seq_lens.stride(), seq_lens.dtype, seq_lens.device, seq_lens.data_ptr() & 15,
             None if query_start_loc is None else _describe(query_start_loc),

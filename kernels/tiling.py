@@ -285,16 +285,25 @@ def latent_kv(call: PagedCall) -> bool:
     pointer, dtype and block / slot / head strides, both unit-stride in their dims. Then every V element
     the kernel would load is the K element it loaded at the same (key, dim), so the output is the same
     as two tensors holding those values give (tests/test_variants_mla.py)."""
-    k, v = call.k_cache, call.v_cache
     return (
         LATENT_KV
         and _wide(call)
         and head_dim_pieces(call.head_dim)[0] == call.head_dim_v
-        and v.dtype == k.dtype
-        and v.device == k.device
-        and v.data_ptr() == k.data_ptr()
-        and v.stride()[:3] == k.stride()[:3]
-        and v.stride(-1) == 1 == k.stride(-1)
+        and is_latent_view(call.k_cache, call.v_cache)
+    )
+
+
+def is_latent_view(k_cache: torch.Tensor, v_cache: torch.Tensor) -> bool:
+    """Whether v_cache is k_cache[..., :head_dim_v], from metadata alone: the same first element, dtype,
+    device, block / slot / head sizes and strides, both unit-stride in the last dim, V no wider than K."""
+    return (
+        v_cache.data_ptr() == k_cache.data_ptr()
+        and v_cache.dtype == k_cache.dtype
+        and v_cache.device == k_cache.device
+        and v_cache.shape[:3] == k_cache.shape[:3]
+        and v_cache.stride()[:3] == k_cache.stride()[:3]
+        and v_cache.stride(-1) == k_cache.stride(-1) == 1
+        and v_cache.shape[-1] <= k_cache.shape[-1]
     )
 
 

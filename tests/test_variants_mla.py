@@ -244,9 +244,9 @@ def test_triton_on_cuda_latent_kv_matches_separate(name, monkeypatch):
 def test_case_field_latent_kv_makes_v_a_view_of_k_that_survives_a_move():
     """``latent_kv = true``: the harness's V is K's first head_dim_v columns, one storage, on the
     device the case runs on too (PagedInputs.to rebuilds the view); refused without a narrower V."""
-    from harness.cases.inputs import is_latent_view
     from harness.cases.spec import CaseFileError
     from harness.run.runner import case_inputs
+    from kernels.tiling import is_latent_view
 
     spec = {"name": "m", "num_q_heads": 16, "num_kv_heads": 1, "head_dim": 64, "head_dim_v": 32,
             "latent_kv": True, "dtype": "bfloat16", "seq_lens": [5, 40]}  # fmt: skip

@@ -34,6 +34,7 @@ import torch
 
 from harness.cases.variants import VARIANTS
 from harness.cases.vocab import DTYPES, Layout
+from kernels.tiling import is_latent_view
 
 
 @dataclass(frozen=True)
@@ -108,19 +109,6 @@ class PagedInputs:
         k = self.k_cache.float() * self.options["k_scale"][:, None]
         v = self.v_cache.float() * self.options["v_scale"][:, None]
         return (self.q, k, v, *self.args()[3:])
-
-
-def is_latent_view(k_cache: torch.Tensor, v_cache: torch.Tensor) -> bool:
-    """Whether v_cache is k_cache[..., :head_dim_v] (a latent cache, the ``latent_kv`` case field): the same
-    first element, dtype and block / slot / head strides, both unit-stride in the last dim."""
-    return (
-        v_cache.data_ptr() == k_cache.data_ptr()
-        and v_cache.dtype == k_cache.dtype
-        and v_cache.shape[:3] == k_cache.shape[:3]
-        and v_cache.stride()[:3] == k_cache.stride()[:3]
-        and v_cache.stride(-1) == k_cache.stride(-1) == 1
-        and v_cache.shape[-1] <= k_cache.shape[-1]
-    )
 
 
 def shared_prefix_blocks(seq_lens: list[int] | tuple[int, ...], block_size: int, layout: str) -> int:
