@@ -187,7 +187,7 @@ def time_case(case, modules: dict, device: str, rounds: int, reps: dict) -> dict
     for side in SIDES:
         kernels.paged_attention_triton = modules[side].paged_attention_triton
         try:
-            prepared[side] = backend.prepare(case, inputs, torch.full_like(inputs.q, float("nan")))
+            prepared[side] = backend.prepare(case, inputs, inputs.new_out())
             outputs[side] = prepared[side].to_packed(prepared[side].run()).float()
         except Exception as error:  # e.g. a base revision whose entry takes other arguments
             return failed(f"the {side} kernel failed", error)

@@ -82,7 +82,7 @@ def time_case(case: Case, configs: list[TileConfig], device: str, target_s: floa
     inputs = case_inputs(case, device)
     results, expected = {}, None
     for config in configs:
-        out = torch.full_like(inputs.q, float("nan"))
+        out = inputs.new_out()
         with override(config):
             prepared = backend.prepare(case, inputs, out)
             try:

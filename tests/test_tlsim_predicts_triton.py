@@ -39,9 +39,11 @@ from kernels.launch_plan import plans_enabled
 from tests.kernel_cases import KERNEL_CASES, triton_output
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+# Where CUDA is, the kernel runs compiled and the test is a GPU test: `pytest -m gpu` (nox -s gpu) runs it.
+ON_GPU = [pytest.mark.gpu] if DEVICE == "cuda" else []
 
 
-@pytest.mark.parametrize("case", KERNEL_CASES, ids=str)
+@pytest.mark.parametrize("case", [pytest.param(case, marks=ON_GPU, id=str(case)) for case in KERNEL_CASES])
 def test_tlsim_predicts_triton_far_inside_tolerance(case):
     if reason := kernels.triton_unavailable_reason(DEVICE):
         pytest.skip(reason)
