@@ -267,8 +267,9 @@ def _attend_tiles(
     in unsigned compares (``block.to(uint32) < num_blocks`` is block >= 0 and block < num_blocks) and k_valid
     dropped from the unmasked tiles (every key there is before seq_len), the loop of the 8B decode (128-key
     tiles) compiles to 635 SASS instructions a warp a tile against 801 (sm_90, Triton 3.6; decode_32x4k_hd64
-    947 -> 676, the fp8 decode 1551 -> 1408: probes/sass-census, not yet timed on a GPU). Same values, the
-    same outputs bit for bit.
+    947 -> 676, the fp8 decode 1551 -> 1408). Same values, the same outputs bit for bit. An fp32 launch
+    (DOT_PRECISION "ieee": its dots on CUDA cores) keeps k_valid: without it ptxas spilled 864 bytes a thread
+    and the fp32 8B decode took 1.56x as long on an H200.
 
     V_PAIRS: p @ v contracts over keys, but a key's dims are what lie side by side in memory, and an
     8-bit operand cannot be transposed by ldmatrix, so an fp8 V tile taken as it is comes out of
@@ -291,7 +292,7 @@ def _attend_tiles(
         else:
             column = k_pos // BLOCK_SIZE
             slot = k_pos % BLOCK_SIZE
-        if MASKED:
+        if MASKED or DOT_PRECISION == "ieee":  # fp32 (dots on CUDA cores) spills without k_valid: see the docstring
             in_table = k_valid & (column < max_blocks_per_seq)
         else:  # every key here is before seq_len (the unmasked tiles end at or before it): k_valid is all true
             in_table = column.to(tl.uint32) < max_blocks_per_seq  # unsigned (column >= 0; the table's width too)
