@@ -245,6 +245,7 @@ def _attend_tiles(
     INTERPRETED: tl.constexpr,  # the CPU interpreter (no inline PTX)
     SHARED_KV: tl.constexpr,  # V is K's first HEAD_DIM_V (== DIM_MAIN) columns: p @ v takes the K tile as loaded
     POS_UNSIGNED: tl.constexpr,  # a KV split: each key's block column and slot in unsigned arithmetic (below)
+    BLOCK_OFFS_U32: tl.constexpr,  # each key's block offset a 32 x 32 -> 64-bit unsigned product (below)
 ):  # fmt: skip
     """The online softmax over KV positions [start, end) of one program; returns (m, l, acc)
     [BLOCK_M], [BLOCK_M], [BLOCK_M, V_PART_DIM]. The kernel calls it twice: unmasked
@@ -258,6 +259,17 @@ def _attend_tiles(
     split decodes took 1.4-6.2% less time (4 x 128k 542.5 -> 509.6 us, 8 x 32k 285.0 -> 268.3, 4 x 16k
     88.5 -> 85.5; gpu_results/2026-12-02-h200-split-decode). The unsplit launch keeps the signed form,
     which compiles 2-5% shorter there (its loop starts at a known 0).
+
+    BLOCK_OFFS_U32 (the launcher sets it when K's and V's block strides are in [2, 2^31)): a loaded row's block
+    is in [0, num_blocks) (block_ok) and the strides are non-negative, so block * stride is the same value as an
+    unsigned 32 x 32 -> 64-bit product: one IMAD.WIDE.U32 a K / V row, where the signed int64 product took a
+    sign extension and three more IMADs (a masked row's offset is never dereferenced). With the table checks
+    in unsigned compares (``block.to(uint32) < num_blocks`` is block >= 0 and block < num_blocks) and k_valid
+    dropped from the unmasked tiles (every key there is before seq_len), the loop of the 8B decode (128-key
+    tiles) compiles to 635 SASS instructions a warp a tile against 801 (sm_90, Triton 3.6; decode_32x4k_hd64
+    947 -> 676, the fp8 decode 1551 -> 1408). Same values, the same outputs bit for bit. An fp32 launch
+    (DOT_PRECISION "ieee": its dots on CUDA cores) keeps k_valid: without it ptxas spilled 864 bytes a thread
+    and the fp32 8B decode took 1.56x as long on an H200.
 
     V_PAIRS: p @ v contracts over keys, but a key's dims are what lie side by side in memory, and an
     8-bit operand cannot be transposed by ldmatrix, so an fp8 V tile taken as it is comes out of
@@ -280,11 +292,23 @@ def _attend_tiles(
         else:
             column = k_pos // BLOCK_SIZE
             slot = k_pos % BLOCK_SIZE
-        in_table = k_valid & (column < max_blocks_per_seq)
-        block = tl.load(block_table_ptr + seq * stride_bt_seq + column, mask=in_table, other=0).to(tl.int64)
-        block_ok = in_table & (block >= 0) & (block < num_blocks)  # a bad index loads nothing (_count_bad_blocks)
+        if MASKED or DOT_PRECISION == "ieee":  # fp32 (dots on CUDA cores) spills without k_valid: see the docstring
+            in_table = k_valid & (column < max_blocks_per_seq)
+        else:  # every key here is before seq_len (the unmasked tiles end at or before it): k_valid is all true
+            in_table = column.to(tl.uint32) < max_blocks_per_seq  # unsigned (column >= 0; the table's width too)
+        block = tl.load(block_table_ptr + seq * stride_bt_seq + column, mask=in_table, other=0)
+        # a bad index loads nothing (_count_bad_blocks); one unsigned compare is block >= 0 and block < num_blocks
+        block_ok = in_table & (block.to(tl.uint32) < num_blocks)
+        if BLOCK_OFFS_U32:  # a loaded row's block is in [0, num_blocks), the strides >= 0: see the docstring
+            block = block.to(tl.uint32).to(tl.uint64)
+            stride_kb = stride_k_block.to(tl.uint32).to(tl.uint64)
+            stride_vb = stride_v_block.to(tl.uint32).to(tl.uint64)
+        else:
+            block = block.to(tl.int64)
+            stride_kb = stride_k_block
+            stride_vb = stride_v_block
 
-        k_offs = block[:, None] * stride_k_block + slot[:, None] * stride_k_slot + kv_head * stride_k_head
+        k_offs = block[:, None] * stride_kb + slot[:, None] * stride_k_slot + kv_head * stride_k_head
         k = tl.load(k_cache_ptr + k_offs + dims[None, :], mask=block_ok[:, None] & dim_valid[None, :], other=0.0)
         if KV_FP8:  # exact: every fp8 value is an fp16 / bf16 value; k_scale multiplies the logits below
             k = _widen_fp8(k, q.dtype, INTERPRETED_BF16 and not FP16_DOTS, FP16_DOTS or V_PAIRS)
@@ -327,7 +351,7 @@ def _attend_tiles(
             p = tl.exp2(s * qk_scale_log2 - m_scaled[:, None])
         l_i = l_i * alpha + tl.sum(p, 1)
 
-        v_offs = block[:, None] * stride_v_block + slot[:, None] * stride_v_slot + kv_head * stride_v_head
+        v_offs = block[:, None] * stride_vb + slot[:, None] * stride_v_slot + kv_head * stride_v_head
         if V_PAIRS:  # V's strides come in uint16 units (the launcher halves them: all even)
             pair = tl.load(v_cache_ptr.to(tl.pointer_type(tl.uint16)) + v_offs + pairs[None, :], mask=block_ok[:, None] & (pairs < HEAD_DIM_V // 2)[None, :],
                            other=0)  # fmt: skip
@@ -425,6 +449,7 @@ def paged_attention_kernel(
     V_PAIRS: tl.constexpr,  # an fp8 V read as uint16 pairs of dims (_attend_tiles)
     INTERPRETED: tl.constexpr,  # the CPU interpreter
     SHARED_KV: tl.constexpr = False,  # v_cache is a view of k_cache's first HEAD_DIM_V columns (MLA's latent cache)
+    BLOCK_OFFS_U32: tl.constexpr = False,  # K's and V's block strides are in [2, 2^31): _attend_tiles
 ):
     # Grid axis 1: (KV head, head tile, V part), the V part fastest: the programs that share a head
     # tile's q and K run side by side (each computes the same logits, and its own V dims of p @ v).
@@ -530,7 +555,7 @@ def paged_attention_kernel(
         sliding_window, cap_unscaled, inv_cap_unscaled, num_blocks, max_blocks_per_seq,
         stride_k_block, stride_k_slot, stride_k_head, stride_v_block, stride_v_slot, stride_v_head, stride_bt_seq,
         BLOCK_SIZE, TILE_N, DIM_TAIL, DOT_PRECISION, INTERPRETED_BF16, False, USE_WINDOW, USE_SOFTCAP, USE_ALIBI, KV_FP8,
-        FP16_DOTS, V_PAIRS, HEAD_DIM_V, INTERPRETED, SHARED_KV, NUM_SPLITS > 1,
+        FP16_DOTS, V_PAIRS, HEAD_DIM_V, INTERPRETED, SHARED_KV, NUM_SPLITS > 1, BLOCK_OFFS_U32,
     )  # fmt: skip
     m_i, l_i, acc = _attend_tiles(
         q, q_tail, m_i, l_i, acc, full_end, kv_end, seq, seq_len, q_pos, kv_head, dims, dim_valid, tail_dims, tail_valid,
@@ -538,7 +563,7 @@ def paged_attention_kernel(
         sliding_window, cap_unscaled, inv_cap_unscaled, num_blocks, max_blocks_per_seq,
         stride_k_block, stride_k_slot, stride_k_head, stride_v_block, stride_v_slot, stride_v_head, stride_bt_seq,
         BLOCK_SIZE, TILE_N, DIM_TAIL, DOT_PRECISION, INTERPRETED_BF16, True, USE_WINDOW, USE_SOFTCAP, USE_ALIBI, KV_FP8,
-        FP16_DOTS, V_PAIRS, HEAD_DIM_V, INTERPRETED, SHARED_KV, NUM_SPLITS > 1,
+        FP16_DOTS, V_PAIRS, HEAD_DIM_V, INTERPRETED, SHARED_KV, NUM_SPLITS > 1, BLOCK_OFFS_U32,
     )  # fmt: skip
     if KV_FP8:  # (p @ v) * v_scale, per KV head: before the split's store, so the combine needs no scale
         acc = acc * v_scale
@@ -772,6 +797,7 @@ class TritonPlan:
                 V_PAIRS=v_pairs,
                 INTERPRETED=not isinstance(paged_attention_kernel, triton.runtime.JITFunction),
                 SHARED_KV=latent_kv(call),
+                BLOCK_OFFS_U32=all(1 < st < 2**31 for st in (k_st[0], v_units[0])),
             ),
             dict(num_warps=tiling.NUM_WARPS, num_stages=tiling.NUM_STAGES),
             cuda,

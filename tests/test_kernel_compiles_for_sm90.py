@@ -110,13 +110,14 @@ from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 from kernels import triton_paged as tp
 
-def loop_length(splits, tile_n):
+def loop_length(splits, tile_n, offs_u32=False):
     fn = tp.paged_attention_kernel
     const = dict(GROUP_SIZE=4, HEADS_PER_PROGRAM=4, HEAD_TILES=1, HEAD_DIM=128, DIM_MAIN=128, DIM_TAIL=0,
                  HEAD_DIM_V=128, HEAD_DIM_V_PADDED=128, V_PARTS=1, V_PART_DIM=128, BLOCK_SIZE=16, BLOCK_M=16,
                  BLOCK_Q=4, TILE_N=tile_n, DOT_PRECISION="tf32", INTERPRETED_BF16=False, ONE_QUERY_PER_SEQ=True,
                  NUM_SPLITS=splits, USE_WINDOW=False, USE_SOFTCAP=False, USE_ALIBI=False, USE_SINKS=False,
-                 RETURN_LSE=False, KV_FP8=False, FP16_DOTS=False, V_PAIRS=False, INTERPRETED=False)
+                 RETURN_LSE=False, KV_FP8=False, FP16_DOTS=False, V_PAIRS=False, INTERPRETED=False,
+                 BLOCK_OFFS_U32=offs_u32)
     names, sig, marked = fn.arg_names, {}, []
     for p in fn.params:
         if p.is_constexpr:
@@ -149,6 +150,7 @@ def loop_length(splits, tile_n):
 
 for tile_n in (32, 128):
     print(tile_n, loop_length(1, tile_n), loop_length(16, tile_n))
+print("u32", loop_length(1, 32), loop_length(1, 32, True))
 """
 
 
@@ -158,8 +160,30 @@ def test_the_split_decodes_tile_loop_is_no_longer_than_the_unsplit_ones():
     root = Path(__file__).resolve().parent.parent
     result = subprocess.run([sys.executable, "-c", LOOP], cwd=root, env=env, capture_output=True, text=True)
     assert result.returncode == 0, result.stderr[-3000:]
-    for line in result.stdout.strip().splitlines():
+    lines = result.stdout.strip().splitlines()
+    _, signed, unsigned = lines.pop().split()
+    # The block offsets as unsigned 32 x 32 -> 64-bit products (BLOCK_OFFS_U32) and the unmasked loop's unsigned
+    # table checks: Triton 3.9, 32-key tiles, 289 before either, 270 with the checks, 253 with both (Triton 3.6,
+    # 128-key tiles: 801 -> 700 -> 635; probes/sass-census).
+    assert int(unsigned) <= int(signed) * 0.95 <= 270, f"unsigned block offsets {unsigned}, signed {signed}"
+    for line in lines:
         tile_n, unsplit, split = map(int, line.split())
         assert split <= unsplit * 1.03, (
             f"{tile_n}-key tiles: {split} SASS instructions a warp a tile split, {unsplit} unsplit"
         )
+
+
+def test_the_launcher_takes_unsigned_block_offsets_for_ordinary_strides():
+    """BLOCK_OFFS_U32 reaches the launch for a decode's pools (block strides in [2, 2^31))."""
+    import torch
+
+    from kernels.contract import prepare_call
+    from kernels.triton_paged import TritonPlan
+
+    meta = dict(device="meta")
+    q = torch.empty(4, 8, 64, dtype=torch.bfloat16, **meta)
+    k = torch.empty(40, 16, 2, 64, dtype=torch.bfloat16, **meta)
+    table = torch.empty(4, 8, dtype=torch.int32, **meta)
+    lens = torch.empty(4, dtype=torch.int32, **meta)
+    call = prepare_call(q, k, torch.empty_like(k), table, lens, check=False)
+    assert TritonPlan(call, torch.empty_like(q), None, 1, 128).main.constexprs["BLOCK_OFFS_U32"] is True
