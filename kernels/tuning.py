@@ -112,14 +112,16 @@ TUNED: dict[tuple[str, int, str], TileConfig] = {
     # the plain loop at equal tiles, but at 128 keys it spills 296 bytes a thread (sm_90, Triton 3.6), and with 64-key
     # tiles it lost to this entry: 4x4k 1655 us against 1597, 1x8k 1581 against 1528 (16x1k 593 against 626).
     ("half", 128, "prefill"): TileConfig(max_rows=128, max_tokens=32, tile_n=128, num_warps=8, num_stages=2),
-    # MLA's latent cache (kernels.tiling.latent_kv: 64 heads a program, V whole and taken from the K tile), 32-key
-    # tiles, 8 warps, 2 stages: DeepSeek-V3 decode, 128 heads, bf16, against the wide tiling over two tensors
-    # (64 heads, V in 2 parts, 32-key tiles, 3 stages) 32 x 8k 940.9 -> 519.4 us (77.6 -> 140.6 TFLOP/s), 128 x 2k
-    # 948.5 -> 481.1, 64 x 4k 907.7 -> 517.4; 16-key tiles 762 / 723 / 759 (gpu_results/2026-12-02-h200-mla-latent).
-    ("half_latent", 1024, "decode"): TileConfig(max_rows=64, max_tokens=1, tile_n=32, num_warps=8, num_stages=2),
-    ("half_latent", 1024, "decode_split"): TileConfig(max_rows=64, max_tokens=1, tile_n=32, num_warps=8, num_stages=2),
+    # MLA's latent cache (kernels.tiling.latent_kv: 64 heads a program, V whole and taken from the K tile), 64-key
+    # tiles, 8 warps, 2 stages (216 KB of shared memory; the separate V of the same tiles does not fit). DeepSeek-V3
+    # decode, 128 heads, bf16: 32-key tiles took 32 x 8k 940.9 -> 519.4 us against the wide tiling over two tensors,
+    # 128 x 2k 948.5 -> 481.1, 64 x 4k 907.7 -> 517.4; 64-key tiles 417 / 354 us there
+    # (gpu_results/2026-12-02-h200-mla-latent), and on deepseek_v3_mla_decode_latent, with the trimmed tile loop,
+    # 304.4 -> 219.3 us against 32-key tiles (gpu_results/2026-12-02-h200-tile-loop).
+    ("half_latent", 1024, "decode"): TileConfig(max_rows=64, max_tokens=1, tile_n=64, num_warps=8, num_stages=2),
+    ("half_latent", 1024, "decode_split"): TileConfig(max_rows=64, max_tokens=1, tile_n=64, num_warps=8, num_stages=2),
     ("half_latent", 1024, "decode_split_long"): TileConfig(
-        max_rows=64, max_tokens=1, tile_n=32, num_warps=8, num_stages=2
+        max_rows=64, max_tokens=1, tile_n=64, num_warps=8, num_stages=2
     ),
 }
 

@@ -164,7 +164,7 @@ def test_the_split_decodes_tile_loop_is_no_longer_than_the_unsplit_ones():
     _, signed, unsigned = lines.pop().split()
     # The block offsets as unsigned 32 x 32 -> 64-bit products (BLOCK_OFFS_U32) and the unmasked loop's unsigned
     # table checks: Triton 3.9, 32-key tiles, 289 before either, 270 with the checks, 253 with both (Triton 3.6,
-    # 128-key tiles: 801 -> 700 -> 635; probes/sass-census).
+    # 128-key tiles: 801 -> 700 -> 635; gpu_results/2026-12-02-h200-tile-loop).
     assert int(unsigned) <= int(signed) * 0.95 <= 270, f"unsigned block offsets {unsigned}, signed {signed}"
     for line in lines:
         tile_n, unsplit, split = map(int, line.split())

@@ -1,7 +1,7 @@
 """SASS census of the Triton kernel's tile loop for the launches the GPU suites make, compiled for sm_90
 on a machine without a GPU.
 
-    PYTHONPATH=/path/to/triton-3.6:. python probes/sass-census/census.py [--module kernels.triton_paged]
+    PYTHONPATH=/path/to/triton-3.6:. python gpu_results/2026-12-02-h200-tile-loop/census.py [--module kernels.triton_paged]
         [--only NAME ...] [--sass-dir DIR] [--set NAME=VALUE ...]
 
 Each launch is the one the registry's ``triton`` backend makes for the case (its query_start_loc
@@ -45,6 +45,9 @@ DT = {torch.bfloat16: "bf16", torch.float16: "fp16", torch.float32: "fp32", torc
 # name: (q heads, KV heads, head dim, block size, seq lens, q dtype, KV dtype). The lengths set the split
 # (max_seq_len) and the pool's size; the ragged / lognormal ones are their cases' extremes.
 LAUNCHES = {
+    "fp32 decode 8b": (32, 8, 128, 16, [1000, 4000] + [2500] * 30, torch.float32, None),
+    "mla latent 32x8k": (128, 1, 576, 64, [8192] * 32, torch.bfloat16, None),
+    "mla latent 128x2k": (128, 1, 576, 64, [2048] * 128, torch.bfloat16, None),
     "bf16 decode 128 (decode_32x4k, ragged)": (32, 8, 128, 16, [4096] * 32, torch.bfloat16, None),
     "decode_32x4k_hd64": (32, 8, 64, 16, [4096] * 32, torch.bfloat16, None),
     "decode_16x2k_mha40": (40, 40, 128, 16, [2048] * 16, torch.bfloat16, None),
@@ -67,7 +70,7 @@ def plan_of(nq, nkv, hd, bs, lens, dtype, kv_dtype):
     meta = dict(device="meta")
     q = torch.empty(len(lens), nq, hd, dtype=dtype, **meta)
     k = torch.empty(num_blocks, bs, nkv, hd, dtype=kv_dtype or dtype, **meta)
-    v = torch.empty(num_blocks, bs, nkv, hd, dtype=kv_dtype or dtype, **meta)
+    v = k[..., :512] if hd == 576 else torch.empty(num_blocks, bs, nkv, hd, dtype=kv_dtype or dtype, **meta)
     table = torch.empty(len(lens), max(cdiv(n, bs) for n in lens), dtype=torch.int32, **meta)
     seq_lens = torch.empty(len(lens), dtype=torch.int32, **meta)
     starts = torch.empty(len(lens) + 1, dtype=torch.int32, **meta)
@@ -75,7 +78,7 @@ def plan_of(nq, nkv, hd, bs, lens, dtype, kv_dtype):
     if kv_dtype is not None:
         options = dict(k_scale=torch.ones(nkv, **meta), v_scale=torch.ones(nkv, **meta))
     call = prepare_call(q, k, v, table, seq_lens, starts, check=False, **options)
-    out = torch.empty_like(q)
+    out = torch.empty_like(q[..., : v.shape[-1]])
     return TritonPlan(call, out, None, 1, max(lens)), (q, k, v)
 
 
