@@ -264,7 +264,8 @@ def _attend_tiles(
     is in [0, num_blocks) (block_ok) and the strides are non-negative, so block * stride is the same value as an
     unsigned 32 x 32 -> 64-bit product: one IMAD.WIDE.U32 a K / V row, where the signed int64 product took a
     sign extension and three more IMADs (a masked row's offset is never dereferenced). With the table checks
-    in unsigned compares (``block.to(uint32) < num_blocks`` is block >= 0 and block < num_blocks) and k_valid
+    in unsigned compares (``block.to(uint32) < num_blocks`` is block >= 0 and block < num_blocks; the launcher
+    passes num_blocks capped at 2^31, so the compare stays 32-bit) and k_valid
     dropped from the unmasked tiles (every key there is before seq_len), the loop of the 8B decode (128-key
     tiles) compiles to 635 SASS instructions a warp a tile against 801 (sm_90, Triton 3.6; decode_32x4k_hd64
     947 -> 676, the fp8 decode 1551 -> 1408). Same values, the same outputs bit for bit. An fp32 launch
@@ -759,9 +760,11 @@ class TritonPlan:
             and (self.copy_v or v_cache.data_ptr() % 2 == 0)
         )
         v_units = v_st[:3] if not v_pairs else tuple(st // 2 for st in v_st[:3])
+        # num_blocks capped at 2^31: every int32 block id is below it (the same checks), and the kernel's unsigned
+        # table check (_attend_tiles) stays a 32-bit compare, exact for negative ids (an int64 bound would pass them).
         scalars = (
             qk_scale_log2, call.sliding_window or 0, cap_u, 1.0 / cap_u, num_tokens, call.num_seqs, call.num_q_heads,
-            call.num_blocks, call.block_table.shape[1], tiling.SPLIT_SIZE,
+            min(call.num_blocks, 2**31), call.block_table.shape[1], tiling.SPLIT_SIZE,
             q_st[0], q_st[1], o_st[0], o_st[1], k_st[0], k_st[1], k_st[2], *v_units,
             call.block_table.stride(0),
         )  # fmt: skip

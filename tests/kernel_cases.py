@@ -80,7 +80,20 @@ KERNEL_CASES: list[KernelCase] = [
     # rows at positions 560..575 see no key of its second split (576..599): their partial max
     # stays -inf and must weigh nothing in the combine. The second's rows see both splits.
     _vary("split_kv_prefill_early_rows", num_q_heads=2, num_kv_heads=1, seq_lens=(600, 1100), q_lens=(40, 40)),
-    _vary("bfloat16_split_kv", dtype="bfloat16", num_kv_heads=1, seq_lens=(1500, 1030), q_lens=(3, 1)),
+    *(
+        _vary(f"{dt}_split_kv", dtype=dt, num_kv_heads=1, seq_lens=(1500, 1030), q_lens=(3, 1))
+        for dt in ("float16", "bfloat16")
+    ),
+    # fp16 runs the half-precision tile loop on the CPU too (bf16 is interpreted with IEEE dots, which keeps
+    # k_valid in the unmasked tiles, as fp32 does): a chunked prefill over many unmasked tiles in fp16
+    _vary(
+        "float16_prefill_chunk_many_tiles",
+        dtype="float16",
+        num_q_heads=4,
+        num_kv_heads=4,
+        seq_lens=(90, 5),
+        q_lens=(40, 3),
+    ),
     *(
         _vary(f"{dt}_prefill", dtype=dt, seq_lens=(1, 15, 40, 17), q_lens=(1, 0, 6, 2))
         for dt in ("float16", "bfloat16")

@@ -9,6 +9,7 @@ It runs in a fresh interpreter: in this process Triton was imported with TRITON_
 from __future__ import annotations
 
 import importlib.util
+import inspect
 import os
 import subprocess
 import sys
@@ -173,17 +174,27 @@ def test_the_split_decodes_tile_loop_is_no_longer_than_the_unsplit_ones():
         )
 
 
-def test_the_launcher_takes_unsigned_block_offsets_for_ordinary_strides():
-    """BLOCK_OFFS_U32 reaches the launch for a decode's pools (block strides in [2, 2^31))."""
+@pytest.mark.parametrize(
+    "num_blocks, block_stride, unsigned",
+    [(40, 2048, True), (40, 2**31 - 2, True), (40, 2**31, False), (40, 1, False), (2**31 + 1, 2048, True)],
+)
+def test_the_launcher_takes_unsigned_block_offsets_for_ordinary_strides(num_blocks, block_stride, unsigned):
+    """BLOCK_OFFS_U32 reaches the launch when K's and V's block strides are in [2, 2^31), and not otherwise;
+    the kernel's num_blocks is capped at 2^31 (its unsigned table check stays an exact 32-bit compare)."""
     import torch
 
     from kernels.contract import prepare_call
-    from kernels.triton_paged import TritonPlan
+    from kernels.triton_paged import TritonPlan, paged_attention_kernel
 
-    meta = dict(device="meta")
-    q = torch.empty(4, 8, 64, dtype=torch.bfloat16, **meta)
-    k = torch.empty(40, 16, 2, 64, dtype=torch.bfloat16, **meta)
-    table = torch.empty(4, 8, dtype=torch.int32, **meta)
-    lens = torch.empty(4, dtype=torch.int32, **meta)
-    call = prepare_call(q, k, torch.empty_like(k), table, lens, check=False)
-    assert TritonPlan(call, torch.empty_like(q), None, 1, 128).main.constexprs["BLOCK_OFFS_U32"] is True
+    meta = dict(device="meta", dtype=torch.bfloat16)
+    q = torch.empty(4, 8, 64, **meta)
+    k = torch.empty_strided((num_blocks, 16, 2, 64), (block_stride, 128, 64, 1), **meta)
+    table = torch.empty(4, 8, dtype=torch.int32, device="meta")
+    lens = torch.empty(4, dtype=torch.int32, device="meta")
+    plan = TritonPlan(
+        prepare_call(q, k, torch.empty_like(k), table, lens, check=False), torch.empty_like(q), None, 1, 128
+    )
+    assert plan.main.constexprs["BLOCK_OFFS_U32"] is unsigned
+    names = list(inspect.signature(paged_attention_kernel.fn).parameters)
+    scalars = names[names.index("qk_scale_log2") :]
+    assert plan.main.scalars[scalars.index("num_blocks")] == min(num_blocks, 2**31)
