@@ -16,7 +16,8 @@ address arithmetic, predicates and masks, conversions, moves, control).
 
 ``--only`` takes substrings of launch names; ``--set`` overrides a constexpr (``--set BLOCK_OFFS_U32=False``)
 or a compile option (``--set num_stages=2``) in every launch; ``--module`` names another copy of the kernel
-with the same arguments (a base commit's file), whose kernel drops the plan's constexprs it lacks. The SASS
+with the same arguments, a commit's say (``git show REV:kernels/triton_paged.py > kernels/base_paged.py``,
+then ``--module kernels.base_paged``); the plan's constexprs that kernel lacks are dropped. The SASS
 comes from the Triton installation's own cuobjdump; the counts are those of that Triton's compiler
 (the GPU runs Triton 3.6). From Python: ``census(name, overrides)``, ``compile_launch``, ``compile_kernel``,
 ``sass_of``, ``tile_loops``.
