@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import importlib.util
 import inspect
+import json
 import os
 import subprocess
 import sys
@@ -20,35 +21,15 @@ import pytest
 import kernels
 
 COMPILE = r"""
-import triton
-from triton.backends.compiler import GPUTarget
-from triton.compiler import ASTSource
 from kernels import triton_paged as tp
+from scripts.sass_census import compile_kernel
 
-FLOATS = {"qk_scale_log2"}
-
-
-F32_PTRS = {"lse_ptr", "sinks_ptr", "alibi_ptr", "k_scale_ptr", "v_scale_ptr"}
 OFF = dict(USE_WINDOW=False, USE_SOFTCAP=False, USE_ALIBI=False, USE_SINKS=False, RETURN_LSE=False, KV_FP8=False,
            FP16_DOTS=False, V_PAIRS=False, INTERPRETED=False)
 
 
 def compile_for_sm90(fn, dtype, kv_dtype=None, **meta):
-    names = fn.arg_names
-    sig = {}
-    for param in fn.params:
-        name = param.name
-        if param.is_constexpr:
-            sig[name] = "constexpr"
-        elif name.endswith("_ptr"):
-            sig[name] = "*fp32" if name.startswith("partial") or name in F32_PTRS else ("*i32" if name in (
-                "block_table_ptr", "seq_lens_ptr", "query_start_loc_ptr") else "*" + dtype)
-            if name in ("k_cache_ptr", "v_cache_ptr") and kv_dtype:
-                sig[name] = "*" + kv_dtype
-        else:
-            sig[name] = "fp32" if name in FLOATS | {"cap_unscaled", "inv_cap_unscaled"} else "i32"
-    constexprs = {(names.index(k),): v for k, v in meta.items()}
-    return triton.compile(ASTSource(fn=fn, signature=sig, constexprs=constexprs), target=GPUTarget("cuda", 90, 32))
+    compile_kernel(fn, meta, dtype, kv_dtype)  # no launcher specialization: any alignment, any int
 
 
 main = dict(HEAD_DIM=128, DIM_MAIN=128, DIM_TAIL=0, HEAD_DIM_V=128, HEAD_DIM_V_PADDED=128, BLOCK_SIZE=16, TILE_N=64,
@@ -89,14 +70,25 @@ def _ptxas_available() -> bool:
     spec = importlib.util.find_spec("triton")
     if spec is None or not spec.submodule_search_locations:
         return False
-    return (Path(next(iter(spec.submodule_search_locations))) / "backends" / "nvidia" / "bin" / "ptxas").exists()
+    tools = Path(next(iter(spec.submodule_search_locations))) / "backends" / "nvidia" / "bin"
+    return (tools / "ptxas").exists() and (tools / "cuobjdump").exists()
 
 
-@pytest.mark.skipif(not kernels.has_triton() or not _ptxas_available(), reason="needs Triton with its NVIDIA backend")
-def test_kernels_compile_for_sm90_without_a_gpu():
+needs_ptxas = pytest.mark.skipif(
+    not kernels.has_triton() or not _ptxas_available(), reason="needs Triton with its NVIDIA backend (ptxas, cuobjdump)"
+)
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def run_fresh(*args: str) -> subprocess.CompletedProcess:
+    """python ARGS in a fresh interpreter from the repository's root, Triton compiling (not interpreting)."""
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"} | {"TRITON_DEFAULT_FP_FUSION": "1"}
-    root = Path(__file__).resolve().parent.parent
-    result = subprocess.run([sys.executable, "-c", COMPILE], cwd=root, env=env, capture_output=True, text=True)
+    return subprocess.run([sys.executable, *args], cwd=ROOT, env=env, capture_output=True, text=True)
+
+
+@needs_ptxas
+def test_kernels_compile_for_sm90_without_a_gpu():
+    result = run_fresh("-c", COMPILE)
     assert result.returncode == 0 and result.stdout.strip() == "compiled", result.stderr[-3000:]
 
 
@@ -105,61 +97,20 @@ def test_kernels_compile_for_sm90_without_a_gpu():
 # arithmetic from a start the compiler cannot prove non-negative it took 1086 against 801 with Triton 3.6;
 # gpu_results/2026-12-02-h200-split-decode). The split size is marked 16-divisible, as Triton's launcher marks it.
 LOOP = r"""
-import collections, os, re, subprocess, sys, tempfile
-import triton
-from triton.backends.compiler import GPUTarget
-from triton.compiler import ASTSource
-from kernels import triton_paged as tp
+from scripts.sass_census import census
 
-def loop_length(splits, tile_n, offs_u32=False):
-    fn = tp.paged_attention_kernel
-    const = dict(GROUP_SIZE=4, HEADS_PER_PROGRAM=4, HEAD_TILES=1, HEAD_DIM=128, DIM_MAIN=128, DIM_TAIL=0,
-                 HEAD_DIM_V=128, HEAD_DIM_V_PADDED=128, V_PARTS=1, V_PART_DIM=128, BLOCK_SIZE=16, BLOCK_M=16,
-                 BLOCK_Q=4, TILE_N=tile_n, DOT_PRECISION="tf32", INTERPRETED_BF16=False, ONE_QUERY_PER_SEQ=True,
-                 NUM_SPLITS=splits, USE_WINDOW=False, USE_SOFTCAP=False, USE_ALIBI=False, USE_SINKS=False,
-                 RETURN_LSE=False, KV_FP8=False, FP16_DOTS=False, V_PAIRS=False, INTERPRETED=False,
-                 BLOCK_OFFS_U32=offs_u32)
-    names, sig, marked = fn.arg_names, {}, []
-    for p in fn.params:
-        if p.is_constexpr:
-            sig[p.name] = "constexpr"
-        elif p.name.endswith("_ptr"):
-            sig[p.name] = "*bf16" if p.name in ("q_ptr", "k_cache_ptr", "v_cache_ptr", "out_ptr") else "*fp32"
-            if p.name in ("block_table_ptr", "seq_lens_ptr", "query_start_loc_ptr"):
-                sig[p.name] = "*i32"
-            marked.append(p.name)
-        else:
-            sig[p.name] = "fp32" if p.name in ("qk_scale_log2", "cap_unscaled", "inv_cap_unscaled") else "i32"
-            if p.name.startswith("stride") or p.name in ("split_size", "num_blocks", "max_blocks_per_seq"):
-                marked.append(p.name)
-    attrs = {(names.index(n),): [["tt.divisibility", 16]] for n in marked}
-    src = ASTSource(fn=fn, signature=sig, constexprs={(names.index(k),): v for k, v in const.items()}, attrs=attrs)
-    cubin = triton.compile(src, target=GPUTarget("cuda", 90, 32), options=dict(num_warps=4, num_stages=3)).asm["cubin"]
-    tool = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "cuobjdump")
-    with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
-        f.write(cubin)
-        f.flush()
-        sass = subprocess.run([tool, "--dump-sass", f.name], capture_output=True, text=True, check=True).stdout
-    ins = [(int(m.group(1), 16), m.group(2)) for m in re.finditer(r"/\*([0-9a-f]+)\*/\s+([^;]*);", sass)]
-    index = {a: i for i, (a, _) in enumerate(ins)}
-    bodies = []
-    for i, (a, text) in enumerate(ins):
-        m = re.search(r"BRA .*?0x([0-9a-f]+)", text)
-        if m and int(m.group(1), 16) < a and int(m.group(1), 16) in index:
-            bodies.append(i + 1 - index[int(m.group(1), 16)])
-    return [n for n in bodies if n > 100][0]  # the first tile loop (the unmasked one), not the table check's
+def loop(**overrides):  # the first tile loop (the unmasked one), a launch without query_start_loc
+    return census("decode_4x16k (split)", dict(ONE_QUERY_PER_SEQ=True, **overrides))["loop"]
 
 for tile_n in (32, 128):
-    print(tile_n, loop_length(1, tile_n), loop_length(16, tile_n))
-print("u32", loop_length(1, 32), loop_length(1, 32, True))
+    print(tile_n, loop(TILE_N=tile_n, NUM_SPLITS=1), loop(TILE_N=tile_n))
+print("u32", loop(NUM_SPLITS=1, BLOCK_OFFS_U32=False), loop(NUM_SPLITS=1))
 """
 
 
-@pytest.mark.skipif(not kernels.has_triton() or not _ptxas_available(), reason="needs Triton with its NVIDIA backend")
+@needs_ptxas
 def test_the_split_decodes_tile_loop_is_no_longer_than_the_unsplit_ones():
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"} | {"TRITON_DEFAULT_FP_FUSION": "1"}
-    root = Path(__file__).resolve().parent.parent
-    result = subprocess.run([sys.executable, "-c", LOOP], cwd=root, env=env, capture_output=True, text=True)
+    result = run_fresh("-c", LOOP)
     assert result.returncode == 0, result.stderr[-3000:]
     lines = result.stdout.strip().splitlines()
     _, signed, unsigned = lines.pop().split()
@@ -172,6 +123,27 @@ def test_the_split_decodes_tile_loop_is_no_longer_than_the_unsplit_ones():
         assert split <= unsplit * 1.03, (
             f"{tile_n}-key tiles: {split} SASS instructions a warp a tile split, {unsplit} unsplit"
         )
+
+
+@needs_ptxas
+def test_the_sass_census_tables_a_launch_and_set_changes_its_count(tmp_path):
+    """scripts/sass_census.py on one small launch: a table row of positive counts, the JSON the same, and
+    ``--set`` reaching the compile; an unknown launch or constexpr is an error naming it."""
+    census = ("scripts/sass_census.py", "--only", "decode_4x16k")
+    done = run_fresh(*census, "--json", str(tmp_path / "a.json"))
+    assert done.returncode == 0, done.stderr[-3000:]
+    header, rule, *rows = [line.split("|")[1:-1] for line in done.stdout.splitlines() if line.startswith("|")]
+    assert len(rows) == 1 and len(header) == len(rule) == len(rows[0]) and "loop" in header[5]
+    row = json.loads((tmp_path / "a.json").read_text())["rows"][0]
+    assert rows[0][0].strip() == row["launch"] == "decode_4x16k (split)" and int(rows[0][5]) == row["loop"]
+    assert min(row["loop"], row["masked_loop"], row["registers"], row["shared"], sum(row["classes"].values())) > 0
+    signed = run_fresh(*census, "--set", "BLOCK_OFFS_U32=False", "--json", str(tmp_path / "b.json"))
+    assert signed.returncode == 0, signed.stderr[-3000:]
+    assert json.loads((tmp_path / "b.json").read_text())["rows"][0]["loop"] > row["loop"]
+    unknown = run_fresh("scripts/sass_census.py", "--only", "no_such_launch")
+    assert unknown.returncode == 2 and "'no_such_launch'" in unknown.stderr, unknown.stderr
+    bad = run_fresh(*census, "--set", "NO_SUCH=1")
+    assert bad.returncode == 1 and "'decode_4x16k (split)': --set NO_SUCH" in bad.stderr, bad.stderr
 
 
 @pytest.mark.parametrize(
