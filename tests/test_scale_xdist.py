@@ -41,7 +41,7 @@ def test_xdist_workers_rows_merge_into_one_run_folder_equal_to_a_one_process_run
     keep = [c for c in expected.columns if not c.startswith(TIMING)]
     assert len(got) == 6
     pd.testing.assert_frame_equal(got[keep], expected[keep])
-    assert not list(Path(os.environ.get("TMPDIR", "/tmp")).glob("harness-xdist-rows-*/gw*.pkl"))  # cleaned up
+    assert not list(Path(os.environ.get("TMPDIR", "/tmp")).glob("harness-xdist-rows-*/gw*.jsonl"))  # cleaned up
 
 
 def test_each_xdist_worker_is_pinned_to_its_own_gpu_round_robin(monkeypatch):
@@ -69,3 +69,37 @@ def test_no_gpu_pinning_on_a_cpu_run():
     spec = execnet.XSpec("popen")
     pin_gpus(Config(), [spec])
     assert "CUDA_VISIBLE_DEVICES" not in spec.env
+
+
+def test_worker_rows_travel_as_json_lines_that_load_as_data(tmp_path):
+    """A worker's hand-off file is JSON text, one row a line (timing samples as lists, NaN kept): the
+    controller parses it and runs nothing from it (a pickle would run code on load)."""
+    import json
+    import math
+
+    import numpy as np
+
+    from harness.execute import xdist
+
+    class Worker:
+        def __init__(self):
+            self.workerinput = {"workerid": "gw0", xdist.ROWS_DIR: str(tmp_path)}
+
+        def getoption(self, name, default=None):
+            return "cpu" if name == "harness_device" else default
+
+    rows = [{"case": "a", "backend": "tlsim", "latency_samples_us": np.array([1.5, 2.0]), "max_abs_err": math.nan}]
+    path = xdist.save_worker_rows(Worker(), rows)
+    assert path.name == "gw0.jsonl"
+    (line,) = path.read_text().splitlines()
+    assert json.loads(line)["latency_samples_us"] == [1.5, 2.0] and json.loads(line)["worker"] == "gw0"
+
+    class Controller:
+        def __init__(self):
+            self.stash = pytest.Stash()
+
+    controller = Controller()
+    controller.stash[xdist._FOLDER_KEY] = str(tmp_path)
+    (row,) = xdist.collect_rows(controller)
+    assert row["case"] == "a" and row["latency_samples_us"] == [1.5, 2.0] and math.isnan(row["max_abs_err"])
+    assert not tmp_path.exists()  # the hand-off folder is removed once read

@@ -9,7 +9,7 @@
   (:func:`harness.execute.loop.case_events`, through ``HarnessSession.run``). With
   ``--harness-report DIR``, the controller makes a temporary folder and hands its path to
   every worker (``pytest_configure_node``). Each worker, at its session end, writes its rows (with ``host``, ``gpu_index``, ``worker`` = ``gwI``, on CUDA ``gpu_name``) to
-  ``<folder>/<gwI>.pkl`` (temp file + rename), and writes no run folder. The controller's
+  ``<folder>/<gwI>.jsonl`` (one JSON row a line, the journal's form: data, never code; temp file + rename), and writes no run folder. The controller's
   session end (after every worker has finished) reads them all, puts them in the test
   order (cases, then backends) and writes the one run folder (meta.json's ``gpus`` lists the
   workers' GPUs; GPUs of more than one model are named in ``device_name``); the temporary
@@ -18,8 +18,8 @@
 
 from __future__ import annotations
 
+import json
 import os
-import pickle
 import shutil
 import socket
 import tempfile
@@ -28,6 +28,7 @@ from pathlib import Path
 import pytest
 
 from harness.execute.workers import visible_gpus
+from harness.results.journal import plain_row
 from harness.run.options import default_device
 from harness.timing.ceilings import GpuLedger, mixed_models_note
 
@@ -78,16 +79,17 @@ def worker_hands_rows_over(config: pytest.Config) -> bool:
 
 
 def save_worker_rows(config: pytest.Config, rows: list[dict]) -> Path:
-    """Worker side: this worker's rows, labelled, to ``<folder>/<gwI>.pkl`` atomically."""
+    """Worker side: this worker's rows, labelled, to ``<folder>/<gwI>.jsonl`` atomically."""
     worker = config.workerinput.get("workerid", str(os.getpid()))
     labels = {"host": socket.gethostname(), "gpu_index": os.environ.get("CUDA_VISIBLE_DEVICES", ""), "worker": worker}
     if name := _gpu_name(config):
         labels["gpu_name"] = name
     folder = Path(config.workerinput[ROWS_DIR])
-    target = folder / f"{worker}.pkl"
+    target = folder / f"{worker}.jsonl"
     fd, temp = tempfile.mkstemp(dir=folder, prefix=f".{worker}.", suffix=".tmp")
-    with os.fdopen(fd, "wb") as file:
-        pickle.dump([{**row, **labels} for row in rows], file)
+    with os.fdopen(fd, "w") as file:
+        for row in rows:
+            file.write(json.dumps(plain_row({**row, **labels}), allow_nan=True, default=str) + "\n")
     os.replace(temp, target)
     return target
 
@@ -98,9 +100,8 @@ def collect_rows(config: pytest.Config) -> list[dict] | None:
         return None
     folder = Path(config.stash.get(_FOLDER_KEY, ""))
     rows: list[dict] = []
-    for path in sorted(folder.glob("*.pkl")):
-        with path.open("rb") as file:
-            rows.extend(pickle.load(file))
+    for path in sorted(folder.glob("*.jsonl")):
+        rows.extend(json.loads(line) for line in path.read_text().splitlines() if line)
     shutil.rmtree(folder, ignore_errors=True)
     return rows
 

@@ -166,6 +166,12 @@ def _plain(value):
     return int(number) if float(number).is_integer() and not isinstance(value, float) else number
 
 
+def plain_row(row: dict) -> dict:
+    """A row as JSON-safe values (:func:`_plain`): what a journal line, or a pytest-xdist worker's hand-off
+    file, holds; data that a reader parses, never code it runs."""
+    return {key: _plain(value) for key, value in row.items()}
+
+
 class Journal:
     """Append-only rows of one run; see the module docstring."""
 
@@ -278,7 +284,7 @@ class Journal:
     def append(self, row: dict) -> None:
         """One finished row, on disk before this returns (flush + fsync)."""
         self.rows.append(row)
-        self._write({key: _plain(value) for key, value in row.items()})
+        self._write(plain_row(row))
 
     def _write(self, record: dict) -> None:
         line = json.dumps(record, allow_nan=True, default=str)
