@@ -104,21 +104,25 @@ def host_note(frame: pd.DataFrame, backend: str = "triton") -> str | None:
     )
 
 
+def _twin(mine: pd.DataFrame, row: pd.Series, same: list[str], among: pd.Series) -> str | None:
+    """The first case of ``mine`` (rows where ``among`` holds) that equals ``row`` on every ``same`` column
+    and comes from the same run, or None."""
+    twins = mine[among & (mine[[*same, "run"]] == row[[*same, "run"]]).all(axis=1)]
+    return None if twins.empty else str(twins.index[0])
+
+
 def _cache_twin(mine: pd.DataFrame, row: pd.Series) -> str | None:
     """The same batch over a cache in q's dtype (an fp8 case's twin), if its run has one: the same shape,
     lengths and flops (a window changes the flops; an option that does not, a softcap say, is not told)."""
     same = ["num_q_heads", "num_kv_heads", "head_dim", "head_dim_v", "num_seqs", "max_seq_len", "total_kv_tokens",
-            "num_tokens", "block_size", "dtype", "flops", "run"]  # fmt: skip
-    plain = mine["kv_dtype"].isna() | (mine["kv_dtype"] == "")
-    twins = mine[plain & (mine[same] == row[same]).all(axis=1)]
-    return None if twins.empty else str(twins.index[0])
+            "num_tokens", "block_size", "dtype", "flops"]  # fmt: skip
+    return _twin(mine, row, same, mine["kv_dtype"].isna() | (mine["kv_dtype"] == ""))
 
 
 def _decode_twin(mine: pd.DataFrame, row: pd.Series) -> str | None:
     """The decode case of the same batch (heads, head dim, sequences, length, block size), if the run has one."""
-    same = ["num_q_heads", "num_kv_heads", "head_dim", "num_seqs", "max_seq_len", "block_size", "dtype", "run"]
-    twins = mine[(mine["max_q_len"] == 1) & (mine[same] == row[same]).all(axis=1)]
-    return None if twins.empty else str(twins.index[0])
+    same = ["num_q_heads", "num_kv_heads", "head_dim", "num_seqs", "max_seq_len", "block_size", "dtype"]
+    return _twin(mine, row, same, mine["max_q_len"] == 1)
 
 
 def main(argv: list[str] | None = None) -> int:

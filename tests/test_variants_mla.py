@@ -148,10 +148,25 @@ def same_tiles():
 def _latent(name: str, device: str = "cpu"):
     """The shape's inputs with V taken as a view of K's first head_dim_v columns (MLA's one latent
     cache), and the same values as a V tensor of its own: (view args, separate args)."""
-    dv = SHAPES[name][3]
-    args = [a.to(device) for a in _inputs(name).args()]
-    view = args[1][..., :dv]
+    return _latent_args([a.to(device) for a in _inputs(name).args()])
+
+
+def _latent_args(args: list):
+    """(view args, separate args) of paged-attention args: V as K's first head_dim_v columns, and a copy of them."""
+    view = args[1][..., : args[2].shape[-1]]
     return [*args[:2], view, *args[3:]], [*args[:2], view.contiguous(), *args[3:]]
+
+
+def _equal_at_same_tiles(view_args, separate_args, monkeypatch):
+    """At one tile config, V whole in both, the view's output and lse equal the separate tensors'
+    bit for bit; returns the view's output (under those tiles)."""
+    clear_plans()
+    out, lse = kernels.paged_attention_triton(*view_args, return_lse=True)
+    monkeypatch.setattr(tiling, "V_PART_DIM", 512)  # the separate tensors' V whole too: the same tiles
+    clear_plans()
+    same, same_lse = kernels.paged_attention_triton(*separate_args, return_lse=True)
+    assert torch.equal(out, same) and torch.equal(lse, same_lse)
+    return out
 
 
 def test_latent_kv_is_told_from_metadata_only():
@@ -213,12 +228,7 @@ def test_latent_kv_gives_the_separate_tensors_output(name, monkeypatch):
     expected = paged_attention_oracle(*separate_args)
     assert grade(kernels.paged_attention_triton(*view_args), expected, *DEFAULT_TOLERANCES["bfloat16"]).passed
     with same_tiles():
-        clear_plans()
-        out, lse = kernels.paged_attention_triton(*view_args, return_lse=True)
-        monkeypatch.setattr(tiling, "V_PART_DIM", 512)  # the separate tensors' V whole too: the same tiles
-        clear_plans()
-        same, same_lse = kernels.paged_attention_triton(*separate_args, return_lse=True)
-        assert torch.equal(out, same) and torch.equal(lse, same_lse)
+        out = _equal_at_same_tiles(view_args, separate_args, monkeypatch)
         monkeypatch.setattr(tiling, "LATENT_KV", False)  # the view as two tensors: the kernel loads V
         clear_plans()
         assert torch.equal(kernels.paged_attention_triton(*view_args), out)
@@ -233,24 +243,17 @@ def test_triton_on_cuda_latent_kv_matches_separate(name, monkeypatch):
     if name == "deepseek_128_heads":
         inputs = make_inputs(num_q_heads=128, num_kv_heads=1, head_dim=576, head_dim_v=512, block_size=64,
                              seq_lens=[3000, 77, 1025], q_lens=[1, 1, 1], dtype="bfloat16", seed=2)  # fmt: skip
-        args = [a.cuda() for a in inputs.args()]
-        view_args = [*args[:2], args[1][..., :512], *args[3:]]
-        separate_args = [*args[:2], args[1][..., :512].contiguous(), *args[3:]]
+        view_args, separate_args = _latent_args([a.cuda() for a in inputs.args()])
     else:
         view_args, separate_args = _latent(name, "cuda")
     assert latent_kv(prepare_call(*view_args))
-    out, lse = kernels.paged_attention_triton(*view_args, return_lse=True)
+    out, _lse = kernels.paged_attention_triton(*view_args, return_lse=True)
     expected = paged_attention_oracle(*[a.cpu() for a in separate_args])
     assert grade(out.cpu(), expected, *DEFAULT_TOLERANCES["bfloat16"]).passed
     default = kernels.paged_attention_triton(*separate_args)
     assert grade(default.cpu(), expected, *DEFAULT_TOLERANCES["bfloat16"]).passed
     with same_tiles():
-        clear_plans()
-        out, lse = kernels.paged_attention_triton(*view_args, return_lse=True)
-        monkeypatch.setattr(tiling, "V_PART_DIM", 512)
-        clear_plans()
-        same, same_lse = kernels.paged_attention_triton(*separate_args, return_lse=True)
-        assert torch.equal(out, same) and torch.equal(lse, same_lse)
+        _equal_at_same_tiles(view_args, separate_args, monkeypatch)
     clear_plans()
 
 
