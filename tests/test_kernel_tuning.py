@@ -193,3 +193,52 @@ def test_an_fp8_decode_runs_its_fp16_dots_on_every_decode_key_and_never_on_prefi
             ((32, 8, 16384), (4, 8, 16384), (8, 8, 32768))} == {"decode", "decode_split", "decode_split_long"}  # fmt: skip
     assert not choose_tiling(128, 4, 512, 4, 8, 4096, kv_fp8=True).FP8_DOTS_FP16  # prefill keeps its path
     assert not choose_tiling(128, 4, 1, 8, 8, 32768).FP8_DOTS_FP16  # no fp8 cache
+
+
+def _gpu_case_lengths(name: str) -> tuple[int, ...]:
+    from pathlib import Path
+
+    from harness.cases.spec import load_case_file
+
+    files = ("gpu.toml", "gpu_peers.toml", "gpu_long.toml")
+    cases = [c for f in files for c in load_case_file(Path(__file__).parents[1] / "cases" / f)]
+    return next(c for c in cases if c.name == name).seq_lens
+
+
+def test_the_device_split_leaves_a_full_uniform_batch_whole_and_cuts_the_8b_batch_longest(monkeypatch):
+    """The device split's rule (kernels.tiling.device_splits), off by default: with it on, uniform batches
+    that fill the GPU take one split a sequence everywhere; the 64 lengths of llama3_8b_decode_fp8 (seed 7,
+    1000-31024 keys) cut their longest sequences and leave the short ones whole; every split is whole tiles
+    and none is empty; a bound at or under DEVICE_SPLIT_MIN_KEYS, a window, prefill, too many sequences or
+    too few programs (the host's split) keep their tiling."""
+    import kernels.tiling as tiling
+
+    assert tiling.DEVICE_SPLIT is False and choose_tiling(128, 4, 1, 64, 8, 31024, kv_fp8=True).DEVICE_SPLIT is None
+    monkeypatch.setattr(tiling, "DEVICE_SPLIT", True)
+
+    def splits_of(lens, kv_fp8=True, num_kv_heads=8):
+        chosen = choose_tiling(128, 4, 1, len(lens), num_kv_heads, max(lens), kv_fp8=kv_fp8)
+        assert chosen.DEVICE_SPLIT is not None and 1 < chosen.NUM_SPLITS <= tiling.DEVICE_SPLIT_MAX_SPLITS
+        lens_t = torch.tensor(lens, dtype=torch.int32)
+        splits, size = tiling.device_splits(lens_t, chosen.NUM_SPLITS, chosen.TILE_N, *chosen.DEVICE_SPLIT)
+        assert bool((size % chosen.TILE_N == 0).all()) and bool((splits * size >= lens_t).all())
+        assert bool(((splits - 1) * size < lens_t).all()), "an empty split"
+        return splits.tolist()
+
+    for lens in ([16384] * 32, [32768] * 64, [8192] * 64, [4097] * 64, [131072] * 28):  # 224+ programs of 8 KV heads
+        for kv_fp8 in (True, False):
+            assert splits_of(lens, kv_fp8) == [1] * len(lens), (len(lens), lens[0])
+    llama = _gpu_case_lengths("llama3_8b_decode_fp8")
+    assert (len(llama), min(llama), max(llama)) == (64, 1000, 31024)
+    for kv_fp8 in (True, False):
+        by_length = dict(zip(llama, splits_of(llama, kv_fp8), strict=True))
+        assert by_length[max(llama)] > 1 and by_length[min(llama)] == 1
+        assert [n for n, s in sorted(by_length.items()) if s > 1] == sorted(llama)[-6:]  # piece 20914 keys
+    ragged = _gpu_case_lengths("decode_ragged_64x1k_8k")  # 1105-8155: pieces of 11175 keys, none cut
+    assert splits_of(ragged) == [1] * 64
+    assert choose_tiling(128, 4, 1, 64, 8, 4096).DEVICE_SPLIT is None  # a bound at DEVICE_SPLIT_MIN_KEYS or under
+    assert choose_tiling(128, 4, 1, 64, 8, 31024, windowed=True).DEVICE_SPLIT is None
+    assert choose_tiling(128, 4, 512, 64, 8, 31024).DEVICE_SPLIT is None  # prefill
+    assert choose_tiling(128, 4, 1, 2048, 8, 31024).DEVICE_SPLIT is None  # past DEVICE_SPLIT_MAX_SEQS
+    few = choose_tiling(128, 4, 1, 4, 8, 31024)  # 32 programs: the host's split, as before
+    assert few.DEVICE_SPLIT is None and few.NUM_SPLITS > 1 and few.SPLIT_SIZE > 0
