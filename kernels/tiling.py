@@ -78,17 +78,13 @@ class Tiling:
     KV head per GPU), each sequence's KV range is cut into NUM_SPLITS pieces of
     SPLIT_SIZE positions (a multiple of TILE_N, so tile boundaries do not move; the last
     piece takes whatever is left); each piece keeps its own (max, sum, accumulator) and a
-    second pass combines them. When RAGGED_SPLIT_KEYS is set (it is off by default), a decode
-    with programs enough but a length bound past it is split too (the ragged split,
-    :func:`choose_tiling`): the host knows
-    only the bound, and in a ragged batch the longest sequences' programs would run alone at
-    the end; pieces of at most about RAGGED_SPLIT_KEYS keys keep the grid balanced, and a
-    sequence shorter than a piece still runs in one program (its later splits walk no key).
-    When DEVICE_SPLIT is set instead (off by default), such a decode launches NUM_SPLITS programs a
-    (sequence, KV head) but each sequence takes its own number of them, decided on the device from
-    the lengths themselves (:func:`device_splits`; SPLIT_SIZE is then 0 and DEVICE_SPLIT holds the
-    rule's constants): a uniform batch that fills the GPU stays one program a sequence, a ragged
-    batch's longest sequences are cut.
+    second pass combines them. A decode with programs enough but a length bound past
+    DEVICE_SPLIT_MIN_KEYS launches NUM_SPLITS programs a (sequence, KV head) too, but each sequence
+    takes its own number of them, decided on the device from the lengths themselves (the device
+    split, :func:`device_splits`; SPLIT_SIZE is then 0 and DEVICE_SPLIT holds the rule's constants):
+    the host knows only the bound, and in a ragged batch the longest sequences' programs would run
+    alone at the end. A uniform batch that fills the GPU stays one program a sequence (its other
+    programs exit at once), a ragged batch's longest sequences are cut.
 
     Example: GQA 32/8 heads (group 4), BLOCK_M 16 gives BLOCK_Q = 4 tokens a program;
     decode of 4 sequences of 131072 tokens is 4 * 8 = 32 programs, so the range is cut
@@ -120,29 +116,26 @@ MIN_TILES_PER_SPLIT = 8
 MAX_SPLITS = 64
 # A split decode whose splits cover more than this many keys looks up "decode_split_long".
 LONG_SPLIT_KEYS = 1024
-# The ragged split (choose_tiling), off (None) by default: a decode with programs enough to fill the
-# GPU is still cut into splits of at most about this many keys when max_seq_len passes it. Measured on
-# an H200 (gpu_results/2026-12-01-h200-ragged-split), 8B decode, 8192 against off: the 64 lognormal
-# lengths of llama3_8b_decode (1000-31024) fp8 567 -> 455 us, bf16 867 -> 685; but uniform batches,
-# which the host cannot tell from ragged ones by max_seq_len, lose: 32 x 16k fp8 300 -> 333, bf16
-# 508 -> 542; 64 x 32k fp8 1159 -> 1298, bf16 1975 -> 2099 (best of 2 rounds). So it stays off until a call can say its
-# batch is ragged.
-RAGGED_SPLIT_KEYS: int | None = None
-# The device split (choose_tiling, device_splits), off by default: it has not been timed on a GPU. A decode
-# with programs enough to fill the GPU launches up to DEVICE_SPLIT_MAX_SPLITS programs a (sequence, KV
-# head); each reads the whole seq_lens and gives its sequence splits by the sequence's share of the
+# The device split (choose_tiling, device_splits). A decode with programs enough to fill the GPU and a
+# length bound past DEVICE_SPLIT_MIN_KEYS launches up to DEVICE_SPLIT_MAX_SPLITS programs a (sequence,
+# KV head); each reads the whole seq_lens and gives its sequence splits by the sequence's share of the
 # batch's work, so that a uniform batch stays unsplit (its extra programs exit at once) and a ragged
 # batch's longest sequences are cut. Only a batch of at most DEVICE_SPLIT_MAX_SEQS sequences (every
-# program reads them all), without a sliding window (a windowed program walks at most W keys anyway),
-# whose length bound passes DEVICE_SPLIT_MIN_KEYS.
-DEVICE_SPLIT = False
+# program reads them all), without a sliding window (a windowed program walks at most W keys anyway).
+# C = DEVICE_SPLIT_SLACK: a piece holds at most C times the work one of TARGET_PROGRAMS program slots
+# takes when the batch's work is shared evenly (a ratio of ints: the rule runs in integers, the same on
+# the device and in tlsim); a uniform batch of at least TARGET_PROGRAMS / C programs (211 at 264) takes
+# one split a sequence. On an H200 (gpu_results/2026-12-02-h200-device-split, 6 paired rounds against
+# the kernel without it), the 64 lognormal lengths of llama3_8b_decode (1000-31024 keys), C 5/4 with 4
+# splits at most: fp8 538.9 -> 403.2 us, bf16 831.7 -> 663.9; every other decode of the GPU suites timed
+# "same" (0.999-1.011x), the extra programs and the combine launch included. C 17/16 with 8 splits was a
+# little faster there (400.5, 650.6) but splits uniform batches of 212-248 programs, which no run timed.
+# The host's ragged split it replaces (every sequence cut past 8192 keys) took that batch to 455 / 685 us
+# but cost uniform 16k-32k batches 6-12% (gpu_results/2026-12-01-h200-ragged-split).
+DEVICE_SPLIT = True
 DEVICE_SPLIT_MAX_SEQS = 1024
 DEVICE_SPLIT_MAX_SPLITS = 4  # the grid's splits a (sequence, KV head), a power of two (the combine's arange)
 DEVICE_SPLIT_MIN_KEYS = 4096  # no sequence is cut into pieces of fewer keys than this target
-# C = 5/4: a piece holds at most C times the work one of TARGET_PROGRAMS program slots takes when the
-# batch's work is shared evenly (a ratio of ints: the rule runs in integers, the same on the device and
-# in tlsim). A uniform batch of at least TARGET_PROGRAMS / C programs (211 at 264) takes one split a
-# sequence. To be tuned on a GPU.
 DEVICE_SPLIT_SLACK = (5, 4)
 
 
@@ -216,16 +209,6 @@ def choose_tiling(
         num_splits = min(next_pow2(most), DEVICE_SPLIT_MAX_SPLITS)
         if num_splits > 1:
             device_split = (piece_mul, piece_div, DEVICE_SPLIT_MIN_KEYS)
-    elif q_class == "decode" and RAGGED_SPLIT_KEYS and max_seq_len > RAGGED_SPLIT_KEYS:
-        # The ragged split. Enough programs to fill the GPU, but the host does not know the lengths
-        # (only their bound): in a ragged batch the longest sequences' programs would run on alone
-        # after the rest finished (the 64 lognormal lengths of llama3_8b_decode, 1000-31024 keys, read
-        # at 45% of the bandwidth unsplit). So every sequence is cut into pieces of at most
-        # max_seq_len / NUM_SPLITS keys, NUM_SPLITS the power of two (the combine's arange) that
-        # brings that under RAGGED_SPLIT_KEYS: a sequence shorter than one piece runs in one program
-        # as before, and the programs of the splits past its end walk no key and leave the combine an
-        # empty state (m = -inf, weight 0). The tile config stays the decode's (its programs stay long).
-        num_splits = min(next_pow2(cdiv(max_seq_len, RAGGED_SPLIT_KEYS)), MAX_SPLITS)
     # Each split covers ceil(max_seq_len / num_splits) positions, rounded up to whole tiles. Splits of
     # more than LONG_SPLIT_KEYS take their own key (kernels.tuning, "decode_split_long"): the number
     # of splits stays, each split's range is cut in that key's tiles.

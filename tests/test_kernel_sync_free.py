@@ -144,7 +144,7 @@ def test_default_call_makes_no_device_sync(case, _, monkeypatch):
     _assert_matches_oracle(got, args, case)
 
 
-# --- the device split (kernels.tiling.DEVICE_SPLIT, off by default) ----------------------------------
+# --- the device split (kernels.tiling.DEVICE_SPLIT) ----------------------------------
 
 # A ragged decode whose split the kernel decides from seq_lens: 3000 keys in 4 splits down to 1-key sequences
 # in one (the bounds lowered to fit the interpreter: a "GPU" of 32 program slots, pieces of at least 64 keys).
@@ -157,7 +157,6 @@ DEVICE_SPLIT_HINTS = {"max_q_len": 1, "max_seq_len": 3000}
 def device_split_on(monkeypatch):
     from kernels import tiling, tuning
 
-    monkeypatch.setattr(tiling, "DEVICE_SPLIT", True)
     monkeypatch.setattr(tiling, "TARGET_PROGRAMS", 32)
     monkeypatch.setattr(tiling, "DEVICE_SPLIT_MIN_KEYS", 64)
     with tuning.override(tuning.TileConfig(16, 1, 32, 4, 2)):  # a plan of its own (the key sees the override)

@@ -115,7 +115,7 @@ def test_tlsim_and_the_launcher_choose_the_same_tiling(case, hints, monkeypatch)
     assert chosen[tlsim] == chosen[triton_paged]
 
 
-# --- the device split (kernels.tiling.DEVICE_SPLIT, off by default) ----------------------------------
+# --- the device split (kernels.tiling.DEVICE_SPLIT) ----------------------------------
 
 # name: (seq_lens, q_lens (None: decode, query_start_loc None), TARGET_PROGRAMS, the split counts the rule
 # gives). 8 q heads over 2 KV heads; the bounds are lowered to fit the interpreter (pieces of at least 64
@@ -158,7 +158,6 @@ def test_tlsim_predicts_the_device_split(name, dtype, kv, options, monkeypatch):
     from tests.kernel_cases import KernelCase
 
     seq_lens, q_lens, target, counts = DEVICE_SPLIT_CASES[name]
-    monkeypatch.setattr(tiling, "DEVICE_SPLIT", True)
     monkeypatch.setattr(tiling, "TARGET_PROGRAMS", target)
     monkeypatch.setattr(tiling, "DEVICE_SPLIT_MIN_KEYS", 64)
     case = KernelCase(name, num_q_heads=8, num_kv_heads=2, head_dim=32, seq_lens=seq_lens,

@@ -1,30 +1,28 @@
 #!/bin/bash
-# The device split against main, side by side in one process, then the GPU tests with the switch on.
-# Run from the root of a copy of this branch (the copy is changed: its kernels/tiling.py gets the switch
-# on); everything it writes goes under $OUT (6 files).
+# The device split (overlay .probe/dsplit) against this tree (main), kernel_ab side by side, then GPU tests.
 set -u -o pipefail
-: "${OUT:?set OUT to an empty folder}"
-MAIN_REV=c897e21  # main when the branch was cut
-BASE=$(mktemp -d)
-if git rev-parse -q --verify "$MAIN_REV^{commit}" >/dev/null 2>&1; then
-    git archive "$MAIN_REV" | tar -x -C "$BASE"
-    echo "base: main at $MAIN_REV (git archive)" | tee "$OUT/ab.log"
-else  # no history here: this branch as it is (switch off), which compiles to main's SASS (README)
-    cp -r kernels "$BASE/"
-    echo "base: this branch with DEVICE_SPLIT = False (no git here)" | tee "$OUT/ab.log"
-fi
-sed -i 's/^DEVICE_SPLIT = False$/DEVICE_SPLIT = True/' kernels/tiling.py
-grep -q '^DEVICE_SPLIT = True$' kernels/tiling.py || { echo "the switch did not flip" | tee -a "$OUT/ab.log"; exit 2; }
+REPO=$PWD
+source scripts/gpu_wheels.sh >/dev/null 2>&1 || true
 { nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv
-  python3 -c 'import torch, triton; print(torch.__version__, torch.version.cuda, triton.__version__)'; } > "$OUT/env.txt" 2>&1
-status=0
-for run in "gpu:llama3_8b_decode*" "gpu_peers:decode_*" "gpu_long:*decode_128k"; do
-    suite=${run%%:*} pattern=${run#*:}
-    echo "== $suite --case '$pattern'" | tee -a "$OUT/ab.log"
-    python3 scripts/kernel_ab.py "$suite" --case "$pattern" --base-dir "$BASE" --with tiling tuning --rounds 6 \
-        --out "$OUT/ab_$suite.json" 2>&1 | tee -a "$OUT/ab.log" || status=1
-done
-python3 -m pytest -q -n 8 -p no:cacheprovider -m gpu tests/test_tlsim_predicts_triton.py tests/test_kernel_sync_free.py \
-    tests/test_backends_match_oracle.py 2>&1 | tail -n 60 > "$OUT/pytest.log" || status=1
+  python3 -c 'import torch, triton; print(torch.__version__, torch.version.cuda, triton.__version__)'; date -u; } > "$OUT/env.txt" 2>&1
+variant() {  # NAME SLACK_NUM SLACK_DEN MAX_SPLITS
+  rm -rf /tmp/$1; mkdir /tmp/$1; (cd $REPO && tar --exclude=./.probe --exclude=./.whl -cf - .) | tar -xf - -C /tmp/$1
+  cp -r $REPO/.probe/dsplit/. /tmp/$1/
+  sed -i -e "s/^DEVICE_SPLIT = False$/DEVICE_SPLIT = True/" -e "s/^DEVICE_SPLIT_SLACK = (5, 4)$/DEVICE_SPLIT_SLACK = ($2, $3)/" \
+      -e "s/^DEVICE_SPLIT_MAX_SPLITS = 4 /DEVICE_SPLIT_MAX_SPLITS = $4 /" /tmp/$1/kernels/tiling.py
+  echo "== variant $1:" $(grep -E '^DEVICE_SPLIT(_SLACK|_MAX_SPLITS)? =' /tmp/$1/kernels/tiling.py | cut -c1-40) | tee -a "$OUT/ab.log"
+}
+ab() {  # NAME SUITE PATTERN
+  echo "== $1 $2 --case '$3'" | tee -a "$OUT/ab.log"
+  (cd /tmp/$1 && PYTHONPATH=/tmp/site:/tmp/$1 python3 scripts/kernel_ab.py $2 --case "$3" --base-dir "$REPO" --with tiling tuning --rounds 6 \
+      --out "$OUT/$1_$2.json") 2>&1 | grep -v '^\s*$' | tail -n 40 | tee -a "$OUT/ab.log"
+}
+variant A 5 4 4
+variant B 17 16 8
+ab A gpu 'llama3_8b_decode*'
+ab B gpu 'llama3_8b_decode*'
+ab A gpu_peers 'decode_*'
+ab A gpu_long '*decode_128k'
+(cd /tmp/A && PYTHONPATH=/tmp/site:/tmp/A python3 -m pytest -q -n 4 -p no:cacheprovider -m gpu tests/test_tlsim_predicts_triton.py tests/test_kernel_sync_free.py \
+    tests/test_backends_match_oracle.py 2>&1 | tail -n 40) > "$OUT/pytest.log"
 tail -n 3 "$OUT/pytest.log"
-exit $status
