@@ -78,12 +78,13 @@ class Tiling:
     KV head per GPU), each sequence's KV range is cut into NUM_SPLITS pieces of
     SPLIT_SIZE positions (a multiple of TILE_N, so tile boundaries do not move; the last
     piece takes whatever is left); each piece keeps its own (max, sum, accumulator) and a
-    second pass combines them. When RAGGED_SPLIT_KEYS is set (it is off by default), a decode
-    with programs enough but a length bound past it is split too (the ragged split,
-    :func:`choose_tiling`): the host knows
-    only the bound, and in a ragged batch the longest sequences' programs would run alone at
-    the end; pieces of at most about RAGGED_SPLIT_KEYS keys keep the grid balanced, and a
-    sequence shorter than a piece still runs in one program (its later splits walk no key).
+    second pass combines them. A decode with programs enough but a length bound past
+    DEVICE_SPLIT_MIN_KEYS launches NUM_SPLITS programs a (sequence, KV head) too, but each sequence
+    takes its own number of them, decided on the device from the lengths themselves (the device
+    split, :func:`device_splits`; SPLIT_SIZE is then 0 and DEVICE_SPLIT holds the rule's constants):
+    the host knows only the bound, and in a ragged batch the longest sequences' programs would run
+    alone at the end. A uniform batch that fills the GPU stays one program a sequence (its other
+    programs exit at once), a ragged batch's longest sequences are cut.
 
     Example: GQA 32/8 heads (group 4), BLOCK_M 16 gives BLOCK_Q = 4 tokens a program;
     decode of 4 sequences of 131072 tokens is 4 * 8 = 32 programs, so the range is cut
@@ -103,6 +104,9 @@ class Tiling:
     # An fp8 cache under fp16 / bf16 q in a decode launch: the dots run in fp16 (bf16 q scaled into
     # fp16, p rounded to fp16; kernels.triton_paged._q_to_fp16, V_PAIRS). Other launches keep q's dtype.
     FP8_DOTS_FP16: bool = False
+    # The device split (:func:`device_splits`): None, or its (piece_mul, piece_div, piece_min) when each
+    # sequence's number of splits (at most NUM_SPLITS) is decided on the device from seq_lens.
+    DEVICE_SPLIT: tuple[int, int, int] | None = None
 
 
 # Programs the split aims for: two waves of an H100/H200's 132 SMs. A constant, not the
@@ -112,14 +116,27 @@ MIN_TILES_PER_SPLIT = 8
 MAX_SPLITS = 64
 # A split decode whose splits cover more than this many keys looks up "decode_split_long".
 LONG_SPLIT_KEYS = 1024
-# The ragged split (choose_tiling), off (None) by default: a decode with programs enough to fill the
-# GPU is still cut into splits of at most about this many keys when max_seq_len passes it. Measured on
-# an H200 (gpu_results/2026-12-01-h200-ragged-split), 8B decode, 8192 against off: the 64 lognormal
-# lengths of llama3_8b_decode (1000-31024) fp8 567 -> 455 us, bf16 867 -> 685; but uniform batches,
-# which the host cannot tell from ragged ones by max_seq_len, lose: 32 x 16k fp8 300 -> 333, bf16
-# 508 -> 542; 64 x 32k fp8 1159 -> 1298, bf16 1975 -> 2099 (best of 2 rounds). So it stays off until a call can say its
-# batch is ragged.
-RAGGED_SPLIT_KEYS: int | None = None
+# The device split (choose_tiling, device_splits). A decode with programs enough to fill the GPU and a
+# length bound past DEVICE_SPLIT_MIN_KEYS launches up to DEVICE_SPLIT_MAX_SPLITS programs a (sequence,
+# KV head); each reads the whole seq_lens and gives its sequence splits by the sequence's share of the
+# batch's work, so that a uniform batch stays unsplit (its extra programs exit at once) and a ragged
+# batch's longest sequences are cut. Only a batch of at most DEVICE_SPLIT_MAX_SEQS sequences (every
+# program reads them all), without a sliding window (a windowed program walks at most W keys anyway).
+# C = DEVICE_SPLIT_SLACK: a piece holds at most C times the work one of TARGET_PROGRAMS program slots
+# takes when the batch's work is shared evenly (a ratio of ints: the rule runs in integers, the same on
+# the device and in tlsim); a uniform batch of at least TARGET_PROGRAMS / C programs (211 at 264) takes
+# one split a sequence. On an H200 (gpu_results/2026-12-02-h200-device-split, 6 paired rounds against
+# the kernel without it), the 64 lognormal lengths of llama3_8b_decode (1000-31024 keys), C 5/4 with 4
+# splits at most: fp8 538.9 -> 403.2 us, bf16 831.7 -> 663.9; every other decode of the GPU suites timed
+# "same" (0.999-1.011x), the extra programs and the combine launch included. C 17/16 with 8 splits was a
+# little faster there (400.5, 650.6) but splits uniform batches of 212-248 programs, which no run timed.
+# The host's ragged split it replaces (every sequence cut past 8192 keys) took that batch to 455 / 685 us
+# but cost uniform 16k-32k batches 6-12% (gpu_results/2026-12-01-h200-ragged-split).
+DEVICE_SPLIT = True
+DEVICE_SPLIT_MAX_SEQS = 1024
+DEVICE_SPLIT_MAX_SPLITS = 4  # the grid's splits a (sequence, KV head), a power of two (the combine's arange)
+DEVICE_SPLIT_MIN_KEYS = 4096  # no sequence is cut into pieces of fewer keys than this target
+DEVICE_SPLIT_SLACK = (5, 4)
 
 
 def choose_tiling(
@@ -133,6 +150,7 @@ def choose_tiling(
     num_tokens: int | None = None,
     kv_fp8: bool = False,
     latent: bool = False,
+    windowed: bool = False,
 ) -> Tiling:
     """Tile sizes, query-tile count and KV split; the kernel launcher and tlsim both use exactly these.
 
@@ -142,7 +160,7 @@ def choose_tiling(
     at 16: their dots run in IEEE fp32 on CUDA cores, and a 64-row tile spills registers
     (measured on an H200, gpu_results/2026-11-29-h200-tile-probe: prefill at head_dim 128
     took 46 ms with BLOCK_M 64 and 3.7 ms with 16). Half-precision tiles keep 64 rows for
-    tensor cores.
+    tensor cores. ``windowed`` (a sliding window) keeps a decode out of the device split.
     """
     if group_size > 128:
         fail(f"group_size (num_q_heads // num_kv_heads) {group_size} is above the kernel's limit of 128")
@@ -167,21 +185,30 @@ def choose_tiling(
         config = tile_config(precision, head_dim_padded, q_class)
     tile_n = config.tile_n
     num_splits = 1
+    device_split = None
     if programs < TARGET_PROGRAMS // 2:
         by_work = next_pow2(cdiv(TARGET_PROGRAMS, programs))
         by_length = max_seq_len // (MIN_TILES_PER_SPLIT * tile_n)
         while num_splits * 2 <= min(by_work, by_length, MAX_SPLITS):
             num_splits *= 2
-    elif q_class == "decode" and RAGGED_SPLIT_KEYS and max_seq_len > RAGGED_SPLIT_KEYS:
-        # The ragged split. Enough programs to fill the GPU, but the host does not know the lengths
-        # (only their bound): in a ragged batch the longest sequences' programs would run on alone
-        # after the rest finished (the 64 lognormal lengths of llama3_8b_decode, 1000-31024 keys, read
-        # at 45% of the bandwidth unsplit). So every sequence is cut into pieces of at most
-        # max_seq_len / NUM_SPLITS keys, NUM_SPLITS the power of two (the combine's arange) that
-        # brings that under RAGGED_SPLIT_KEYS: a sequence shorter than one piece runs in one program
-        # as before, and the programs of the splits past its end walk no key and leave the combine an
-        # empty state (m = -inf, weight 0). The tile config stays the decode's (its programs stay long).
-        num_splits = min(next_pow2(cdiv(max_seq_len, RAGGED_SPLIT_KEYS)), MAX_SPLITS)
+    elif (
+        q_class == "decode"
+        and DEVICE_SPLIT
+        and not windowed
+        and num_seqs <= DEVICE_SPLIT_MAX_SEQS
+        and max_seq_len > DEVICE_SPLIT_MIN_KEYS
+    ):
+        # The device split: NUM_SPLITS programs a (sequence, KV head), of which sequence i takes
+        # device_splits' count. No sequence takes more than the rule allows any of them: a piece is at
+        # least C * its own length * num_kv_heads / TARGET_PROGRAMS keys (the total includes it) and at
+        # least DEVICE_SPLIT_MIN_KEYS; the grid's NUM_SPLITS is the power of two at or above that bound,
+        # at most DEVICE_SPLIT_MAX_SPLITS.
+        slack_num, slack_den = DEVICE_SPLIT_SLACK
+        piece_mul, piece_div = num_kv_heads * slack_num, TARGET_PROGRAMS * slack_den
+        most = min(cdiv(piece_div, piece_mul), cdiv(max_seq_len, DEVICE_SPLIT_MIN_KEYS))
+        num_splits = min(next_pow2(most), DEVICE_SPLIT_MAX_SPLITS)
+        if num_splits > 1:
+            device_split = (piece_mul, piece_div, DEVICE_SPLIT_MIN_KEYS)
     # Each split covers ceil(max_seq_len / num_splits) positions, rounded up to whole tiles. Splits of
     # more than LONG_SPLIT_KEYS take their own key (kernels.tuning, "decode_split_long"): the number
     # of splits stays, each split's range is cut in that key's tiles.
@@ -190,7 +217,7 @@ def choose_tiling(
         q_class = "decode_split_long"
         config = tile_config(precision, head_dim_padded, q_class)
         tile_n = config.tile_n
-    split_size = cdiv(keys_a_split, tile_n) * tile_n if num_splits > 1 else 0
+    split_size = cdiv(keys_a_split, tile_n) * tile_n if num_splits > 1 and device_split is None else 0
     return Tiling(
         BLOCK_M=block_m,
         BLOCK_Q=block_q,
@@ -203,6 +230,7 @@ def choose_tiling(
         NUM_STAGES=config.num_stages,
         TUNING_KEY=(precision, head_dim_padded, q_class),
         FP8_DOTS_FP16=kv_fp8 and not fp32 and query_class(max_q_len) == "decode",  # every decode key
+        DEVICE_SPLIT=device_split,
     )
 
 
@@ -248,7 +276,35 @@ def tiling_for(call: PagedCall, max_q_len: int | None = None, max_seq_len: int |
         num_tokens=call.num_tokens,
         kv_fp8=call.kv_fp8,
         latent=latent_kv(call),
+        windowed=call.sliding_window is not None,
     )
+
+
+def device_splits(
+    seq_lens: torch.Tensor, num_splits: int, tile_n: int, piece_mul: int, piece_div: int, piece_min: int
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The device split's rule (Tiling.DEVICE_SPLIT): each sequence's splits and the keys a split covers.
+
+    seq_lens [num_seqs] (any integer dtype) -> (splits [num_seqs] int64 in [1, num_splits],
+    split_size [num_seqs] int64, a multiple of tile_n). With total the batch's keys (negative lengths
+    counted as 0), a piece is ``max(ceil(total * piece_mul / piece_div), piece_min)`` keys (piece_mul /
+    piece_div = C * num_kv_heads / TARGET_PROGRAMS: C times a program slot's even share), sequence i
+    takes ``clamp(ceil(len_i / piece), 1, num_splits)`` splits, each ``ceil(len_i / splits_i)`` keys
+    rounded up to whole tiles; split s covers [s * split_size_i, (s + 1) * split_size_i), the last one
+    running to the sequence's end, and splits s >= splits_i run no program. The kernel's
+    ``_device_splits`` is this, line for line, for its own sequence; tlsim calls it on the host. All in
+    int64: the same integers on both sides. Example: 8 KV heads, TARGET_PROGRAMS 264, C 5/4 (mul 40,
+    div 1056), the 64 lengths of llama3_8b_decode_fp8 (552121 keys): piece 20914, so the 6 sequences
+    past it take 2 splits (31024: 2 of 15616 keys in 256-key tiles), the rest 1; 32 x 16384: piece
+    19860, every sequence 1.
+    """
+    lens = seq_lens.long().clamp(min=0)
+    total = lens.sum()
+    piece = ((total * piece_mul + piece_div - 1) // piece_div).clamp(min=piece_min)
+    splits = ((lens + piece - 1) // piece).clamp(1, num_splits)
+    keys = (lens + splits - 1) // splits
+    split_size = (keys + tile_n - 1) // tile_n * tile_n
+    return splits, split_size
 
 
 def heads_per_program(call: PagedCall) -> int:

@@ -36,7 +36,7 @@ import math
 import torch
 
 from .contract import PagedCall, contract_entry
-from .tiling import tiling_for, window_tile_start
+from .tiling import device_splits, tiling_for, window_tile_start
 
 LOG2E = math.log2(math.e)
 LN2 = math.log(2.0)
@@ -103,6 +103,13 @@ def paged_attention_tlsim(
     max_blocks, num_blocks = block_table.shape[1], call.num_blocks
     split_size = tiling.SPLIT_SIZE or kv_end or 1
     num_splits = tiling.NUM_SPLITS
+    last_split = torch.full((num_seqs, 1, 1), num_splits - 1, device=device)  # [S, 1, 1]
+    if (
+        tiling.DEVICE_SPLIT is not None
+    ):  # each sequence's own splits, by the kernel's rule (kernels.tiling.device_splits)
+        seq_splits, seq_split_size = device_splits(call.seq_lens, num_splits, tiling.TILE_N, *tiling.DEVICE_SPLIT)
+        split_size = seq_split_size.clamp(min=1)[:, None, None]  # a length 0 sequence: one split, never cut
+        last_split = (seq_splits - 1)[:, None, None]
     # (m, l, acc) of each KV split, combined at the end as the kernel does: [NUM_SPLITS, S, Hkv, M(, Dv)]
     m_all = torch.full((num_splits, *state_shape), float("-inf"), device=device)
     l_all = torch.zeros((num_splits, *state_shape), device=device)
@@ -122,7 +129,10 @@ def paged_attention_tlsim(
         first_q_pos = (seq_lens_l - q_lens)[q_lens > 0]
         first_tile = int(window_tile_start(first_q_pos, call.sliding_window, tiling.TILE_N).min())
     # Each row's split, as its program cuts them: from the window's first tile of the program's
-    # first query (0 without a window), split_size positions a piece, the last taking the rest.
+    # first query (0 without a window), split_size positions a piece (its sequence's under the
+    # device split), the last taking the rest. The splits a sequence does not take keep their empty
+    # state (m = -inf, l and acc 0): weight 0 in the combine, as the kernel's combine masks them; a
+    # one-split sequence's combine (weight 1, zeros added) is the kernel's single-pass epilogue, bit for bit.
     # A tile before that first one is invisible to every row of the program: a no-op here.
     row_lo = torch.zeros((num_seqs, 1, num_rows), dtype=torch.long, device=device)
     if call.sliding_window is not None:
@@ -131,7 +141,7 @@ def paged_attention_tlsim(
         row_lo = row_lo.repeat_interleave(group, dim=1)[:, None, :]
 
     for tile_start in range(first_tile, kv_end, tiling.TILE_N):
-        split_of = ((tile_start - row_lo) // split_size).clamp(0, num_splits - 1).expand(state_shape)[None]
+        split_of = ((tile_start - row_lo) // split_size).clamp(min=0).minimum(last_split).expand(state_shape)[None]
         acc_index = split_of[..., None].expand(1, *state_shape, call.head_dim_v)
         m_i, l_i = m_all.gather(0, split_of)[0], l_all.gather(0, split_of)[0]
         acc = acc_all.gather(0, acc_index)[0]

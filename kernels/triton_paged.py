@@ -201,6 +201,24 @@ def _find_seq(query_start_loc_ptr, q_tile, num_seqs, BLOCK_Q: tl.constexpr):
 
 
 @triton.jit
+def _device_splits(seq_lens_ptr, seq_len, num_seqs, NUM_SPLITS: tl.constexpr, TILE_N: tl.constexpr,
+                   SEQS_PADDED: tl.constexpr, PIECE_MUL: tl.constexpr, PIECE_DIV: tl.constexpr,
+                   PIECE_MIN: tl.constexpr):  # fmt: skip
+    """kernels.tiling.device_splits, line for line, for the program's own sequence (of length seq_len):
+    (its splits in [1, NUM_SPLITS], the keys a split covers, a multiple of TILE_N), both int32. Every
+    program reads the whole seq_lens (SEQS_PADDED >= num_seqs lanes); int64 like the rule."""
+    seqs = tl.arange(0, SEQS_PADDED)
+    lens = tl.maximum(tl.load(seq_lens_ptr + seqs, mask=seqs < num_seqs, other=0), 0).to(tl.int64)
+    total = tl.sum(lens, 0)
+    piece = tl.maximum((total * PIECE_MUL + PIECE_DIV - 1) // PIECE_DIV, PIECE_MIN)
+    length = tl.maximum(seq_len, 0).to(tl.int64)
+    splits = tl.minimum(tl.maximum((length + piece - 1) // piece, 1), NUM_SPLITS)
+    keys = (length + splits - 1) // splits
+    split_size = (keys + TILE_N - 1) // TILE_N * TILE_N
+    return splits.to(tl.int32), split_size.to(tl.int32)
+
+
+@triton.jit
 def _count_bad_blocks(block_table_ptr, seq, stride_bt_seq, first_col, end_col, num_blocks, max_blocks_per_seq,
                       CHUNK: tl.constexpr):  # fmt: skip
     """The block-table columns [first_col, end_col) of ``seq`` whose entry is outside [0, num_blocks)
@@ -393,7 +411,7 @@ def paged_attention_kernel(
     query_start_loc_ptr,  # [num_seqs + 1] int32 (unread when ONE_QUERY_PER_SEQ)
     out_ptr,  # [num_tokens, num_q_heads, head_dim_v]
     lse_ptr,  # [num_tokens, num_q_heads] fp32, contiguous (written when RETURN_LSE)
-    partial_ptr,  # fp32 workspace, used when NUM_SPLITS > 1: m, l, acc of each split (_partial_numel)
+    partial_ptr,  # fp32 workspace, used when NUM_SPLITS > 1: m, l, acc of each split (and DEVICE_SPLIT's counts: _partial_numel)
     sinks_ptr,  # [num_q_heads] fp32, sink / scale (read when USE_SINKS)
     alibi_ptr,  # [num_q_heads] fp32, slope / scale (read when USE_ALIBI)
     k_scale_ptr,  # [num_kv_heads] fp32, an fp8 cache's dequantization scale (read when KV_FP8)
@@ -408,7 +426,7 @@ def paged_attention_kernel(
     num_q_heads,
     num_blocks,
     max_blocks_per_seq,
-    split_size,  # KV positions a split covers, a multiple of TILE_N
+    split_size,  # KV positions a split covers, a multiple of TILE_N (unread under DEVICE_SPLIT)
     # strides (the head_dim stride of every tensor is 1)
     stride_q_token,
     stride_q_head,
@@ -451,6 +469,11 @@ def paged_attention_kernel(
     INTERPRETED: tl.constexpr,  # the CPU interpreter
     SHARED_KV: tl.constexpr = False,  # v_cache is a view of k_cache's first HEAD_DIM_V columns (MLA's latent cache)
     BLOCK_OFFS_U32: tl.constexpr = False,  # K's and V's block strides are in [2, 2^31): _attend_tiles
+    DEVICE_SPLIT: tl.constexpr = False,  # each sequence's splits decided here from seq_lens (kernels.tiling.device_splits)
+    SEQS_PADDED: tl.constexpr = 1,  # next_pow2(num_seqs) (read when DEVICE_SPLIT), and the rule's constants:
+    PIECE_MUL: tl.constexpr = 0,
+    PIECE_DIV: tl.constexpr = 1,
+    PIECE_MIN: tl.constexpr = 0,
 ):
     # Grid axis 1: (KV head, head tile, V part), the V part fastest: the programs that share a head
     # tile's q and K run side by side (each computes the same logits, and its own V dims of p @ v).
@@ -470,6 +493,13 @@ def paged_attention_kernel(
     if (q_tile < 0) | (q_tile * BLOCK_Q >= q_len):  # a spare tile (q_len 0, or short of a full tile)
         return
     seq_len = tl.load(seq_lens_ptr + seq)
+    last_split = NUM_SPLITS - 1
+    if DEVICE_SPLIT:  # this sequence's own splits (kernels.tiling.device_splits); the programs past them exit
+        seq_splits, split_size = _device_splits(seq_lens_ptr, seq_len, num_seqs, NUM_SPLITS, TILE_N, SEQS_PADDED,
+                                                PIECE_MUL, PIECE_DIV, PIECE_MIN)  # fmt: skip
+        if split >= seq_splits:
+            return
+        last_split = seq_splits - 1
 
     # Row r of the tile: query token q_tile * BLOCK_Q + r // HEADS_PER_PROGRAM, head
     # head_tile * HEADS_PER_PROGRAM + r % HEADS_PER_PROGRAM of the group (the whole group when
@@ -528,7 +558,7 @@ def paged_attention_kernel(
         # split_size is a multiple of TILE_N, spelled so that the compiler sees it: with POS_UNSIGNED, a key's
         # slot is then a per-lane constant in the tile loop (_attend_tiles' docstring).
         kv_start = kv_start + split * (split_size // TILE_N) * TILE_N
-        kv_end = tl.where(split == NUM_SPLITS - 1, kv_end, tl.minimum(kv_end, kv_start + split_size))
+        kv_end = tl.where(split == last_split, kv_end, tl.minimum(kv_end, kv_start + split_size))
     # A bad table entry among the columns the tiles below read (from kv_start, whole tiles,
     # keys before seq_len) turns every row of the program into NaN, as the contract says.
     # The walked length, min(whole tiles, seq_len - kv_start), without an int32 sum past seq_len: a
@@ -570,7 +600,13 @@ def paged_attention_kernel(
         acc = acc * v_scale
     l_i = l_i + tl.where(bad_blocks > 0, float("nan"), 0.0)  # a bad index: NaN out, no stray read
 
-    if NUM_SPLITS > 1:  # keep this split's state; combine_splits_kernel finishes the rows
+    keep_state = NUM_SPLITS > 1
+    if DEVICE_SPLIT:  # a sequence of one split finishes its rows here; the combine reads the count and skips them
+        keep_state = last_split > 0
+        counts = (2 + HEAD_DIM_V_PADDED) * NUM_SPLITS * num_tokens * num_q_heads  # after acc: _partial_numel
+        tl.store(partial_ptr + counts + q_rows * num_q_heads + head, (rows * 0 + last_split + 1).to(tl.float32),
+                 mask=state_valid & ((rows * 0 + split) == 0))  # fmt: skip
+    if keep_state:  # keep this split's state; combine_splits_kernel finishes the rows
         row_ids = (split * num_tokens + q_rows) * num_q_heads + head
         split_rows = NUM_SPLITS * num_tokens * num_q_heads
         tl.store(partial_ptr + row_ids, m_i, mask=state_valid)
@@ -612,19 +648,34 @@ def combine_splits_kernel(
     INTERPRETED_BF16: tl.constexpr,
     USE_SINKS: tl.constexpr,
     RETURN_LSE: tl.constexpr,
+    DEVICE_SPLIT: tl.constexpr = False,  # the row's splits are the count its split 0 stored (1: row done)
 ):
     """out = sum_s w_s acc_s / sum_s w_s l_s, w_s = 2^((m_s - m) * scale * log2(e)), m = max_s m_s; a program a row.
 
     With sinks, m also covers the row's sink, and 2^((sink - m) * scale * log2(e)) joins
     the denominator here, once for all the splits. lse = ln 2 * (m * scale * log2 e + log2 sum_s w_s l_s).
+    Under DEVICE_SPLIT a row reads only its sequence's splits (the rest ran no program: m = -inf, l and
+    acc 0, as an empty split's state), and a row of a one-split sequence, already written, is skipped.
     """
     row = tl.program_id(0)
     splits = tl.arange(0, NUM_SPLITS)
     dims = tl.arange(0, HEAD_DIM_V_PADDED)
     split_rows = NUM_SPLITS * num_rows  # the workspace's layout: _partial_numel
-    m = tl.load(partial_ptr + splits * num_rows + row)
-    l_s = tl.load(partial_ptr + split_rows + splits * num_rows + row)
-    acc = tl.load(partial_ptr + 2 * split_rows + (splits * num_rows + row)[:, None] * HEAD_DIM_V_PADDED + dims[None, :])
+    if DEVICE_SPLIT:
+        row_splits = tl.load(partial_ptr + (2 + HEAD_DIM_V_PADDED) * split_rows + row).to(tl.int32)
+        if row_splits <= 1:
+            return
+        live = splits < row_splits
+        m = tl.load(partial_ptr + splits * num_rows + row, mask=live, other=float("-inf"))
+        l_s = tl.load(partial_ptr + split_rows + splits * num_rows + row, mask=live, other=0.0)
+        acc = tl.load(partial_ptr + 2 * split_rows + (splits * num_rows + row)[:, None] * HEAD_DIM_V_PADDED + dims[None, :],
+                      mask=live[:, None], other=0.0)  # fmt: skip
+    else:
+        m = tl.load(partial_ptr + splits * num_rows + row)
+        l_s = tl.load(partial_ptr + split_rows + splits * num_rows + row)
+        acc = tl.load(
+            partial_ptr + 2 * split_rows + (splits * num_rows + row)[:, None] * HEAD_DIM_V_PADDED + dims[None, :]
+        )
     token = row // NUM_Q_HEADS
     head = row % NUM_Q_HEADS
     m_top = tl.max(m, 0)
@@ -698,12 +749,13 @@ def _strides(t: torch.Tensor, copied: bool) -> tuple[int, ...]:
     return contiguous_strides(t.shape) if copied else t.stride()
 
 
-def _partial_numel(splits: int, num_tokens: int, num_q_heads: int, head_dim_v_padded: int) -> int:
+def _partial_numel(splits: int, num_tokens: int, num_q_heads: int, head_dim_v_padded: int, device_split: bool) -> int:
     """Elements of the split path's fp32 workspace, laid out as three arrays one after another:
     m [splits, num_tokens, num_q_heads], l (the same shape), acc [splits, num_tokens, num_q_heads,
-    head_dim_v_padded]; the kernel stores each split's there and combine_splits_kernel reads them."""
+    head_dim_v_padded]; the kernel stores each split's there and combine_splits_kernel reads them.
+    Under the device split a fourth, counts [num_tokens, num_q_heads]: each row's sequence's splits (as fp32)."""
     rows = splits * num_tokens * num_q_heads
-    return rows * (2 + head_dim_v_padded)
+    return rows * (2 + head_dim_v_padded) + (num_tokens * num_q_heads if device_split else 0)
 
 
 class TritonPlan:
@@ -740,7 +792,9 @@ class TritonPlan:
         interpreted_bf16 = q.device.type != "cuda" and q.dtype == torch.bfloat16
         splits = tiling.NUM_SPLITS
         head_dim_v_padded = max(16, next_pow2(call.head_dim_v))
-        self.partial_numel = _partial_numel(splits, num_tokens, call.num_q_heads, head_dim_v_padded)
+        device_split = tiling.DEVICE_SPLIT
+        self.partial_numel = _partial_numel(splits, num_tokens, call.num_q_heads, head_dim_v_padded,
+                                            device_split is not None)  # fmt: skip
         self.dummy = torch.empty(1, dtype=torch.float32, device=q.device)  # any unread tensor argument
         self.scale = call.scale
         qk_scale_log2 = call.scale * math.log2(math.e)
@@ -801,6 +855,11 @@ class TritonPlan:
                 INTERPRETED=not isinstance(paged_attention_kernel, triton.runtime.JITFunction),
                 SHARED_KV=latent_kv(call),
                 BLOCK_OFFS_U32=all(1 < st < 2**31 for st in (k_st[0], v_units[0])),
+                DEVICE_SPLIT=device_split is not None,
+                SEQS_PADDED=next_pow2(call.num_seqs) if device_split else 1,
+                PIECE_MUL=device_split[0] if device_split else 0,
+                PIECE_DIV=device_split[1] if device_split else 1,
+                PIECE_MIN=device_split[2] if device_split else 0,
             ),
             dict(num_warps=tiling.NUM_WARPS, num_stages=tiling.NUM_STAGES),
             cuda,
@@ -812,7 +871,7 @@ class TritonPlan:
             combine_constexprs = dict(
                 NUM_Q_HEADS=call.num_q_heads, HEAD_DIM_V=call.head_dim_v, HEAD_DIM_V_PADDED=head_dim_v_padded,
                 NUM_SPLITS=splits, INTERPRETED_BF16=interpreted_bf16, USE_SINKS=call.sinks is not None,
-                RETURN_LSE=lse is not None,
+                RETURN_LSE=lse is not None, DEVICE_SPLIT=device_split is not None,
             )  # fmt: skip
             self.combine = KernelLaunch((num_tokens * call.num_q_heads,), combine_constexprs, {}, cuda, combine_scalars)
         direct = self.combine is None and not (self.copy_q or self.copy_k or self.copy_v or self.copy_out)

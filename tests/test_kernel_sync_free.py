@@ -142,3 +142,65 @@ def test_default_call_makes_no_device_sync(case, _, monkeypatch):
     finally:
         torch.cuda.set_sync_debug_mode("default")
     _assert_matches_oracle(got, args, case)
+
+
+# --- the device split (kernels.tiling.DEVICE_SPLIT) ----------------------------------
+
+# A ragged decode whose split the kernel decides from seq_lens: 3000 keys in 4 splits down to 1-key sequences
+# in one (the bounds lowered to fit the interpreter: a "GPU" of 32 program slots, pieces of at least 64 keys).
+DEVICE_SPLIT_DECODE = replace(BASE, name="device_split_decode", seq_lens=(3000, 1, 17, 1300, 600, 2000, 64, 33),
+                              q_lens=(1,) * 8)  # fmt: skip
+DEVICE_SPLIT_HINTS = {"max_q_len": 1, "max_seq_len": 3000}
+
+
+@pytest.fixture
+def device_split_on(monkeypatch):
+    from kernels import tiling, tuning
+
+    monkeypatch.setattr(tiling, "TARGET_PROGRAMS", 32)
+    monkeypatch.setattr(tiling, "DEVICE_SPLIT_MIN_KEYS", 64)
+    with tuning.override(tuning.TileConfig(16, 1, 32, 4, 2)):  # a plan of its own (the key sees the override)
+        yield
+
+
+def _device_split_args(device="cpu"):
+    args = list(DEVICE_SPLIT_DECODE.inputs(device).args())
+    args[5] = None
+    return args
+
+
+def test_the_device_split_reads_no_tensor_value(device_split_on, triton_launches, value_reads):
+    args = _device_split_args()
+    with value_reads.forbidden():
+        got = kernels.paged_attention_triton(*args, **DEVICE_SPLIT_HINTS)
+    assert not value_reads.reads
+    chosen = tiling_for(prepare_call(*args, check=False), **DEVICE_SPLIT_HINTS)
+    assert chosen.DEVICE_SPLIT is not None and triton_launches.grids[0] == (8, 2, chosen.NUM_SPLITS)
+    from kernels import triton_paged
+
+    assert triton_paged.combine_splits_kernel.grids == [(8 * 8,)]  # the combine: a program a row
+    _assert_matches_oracle(got, args, DEVICE_SPLIT_DECODE)
+
+
+@pytest.mark.parametrize("_", [pytest.param(None, marks=GPU, id="cuda")])
+def test_the_device_split_replays_from_a_cuda_graph_and_makes_no_sync(_, device_split_on, monkeypatch):
+    monkeypatch.delenv(kernels.CHECK_ENV, raising=False)
+    args = _device_split_args("cuda")
+    assert tiling_for(prepare_call(*args, check=False), **DEVICE_SPLIT_HINTS).DEVICE_SPLIT is not None
+    out = torch.full_like(args[0], float("nan"))
+    kernels.paged_attention_triton(*args, out=out, **DEVICE_SPLIT_HINTS)  # compile outside the capture
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        out.fill_(float("nan"))
+        kernels.paged_attention_triton(*args, out=out, **DEVICE_SPLIT_HINTS)
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+    _assert_matches_oracle(out, args, DEVICE_SPLIT_DECODE)
+    out.fill_(float("nan"))
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        kernels.paged_attention_triton(*args, out=out, **DEVICE_SPLIT_HINTS)
+    graph.replay()
+    torch.cuda.synchronize()
+    _assert_matches_oracle(out, args, DEVICE_SPLIT_DECODE)

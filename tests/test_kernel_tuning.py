@@ -100,7 +100,8 @@ def test_a_split_of_more_than_1024_keys_takes_the_long_split_key_and_keeps_its_s
     assert (long.TUNING_KEY[2], long.NUM_SPLITS, long.SPLIT_SIZE, long.TILE_N) == ("decode_split_long", 8, 4096, 128)
     ragged = choose_tiling(128, 8, 1, 64, 1, 16000)  # 8 splits of 2000 keys, re-cut in 128-key tiles
     assert ragged.TUNING_KEY[2] == "decode_split_long" and ragged.SPLIT_SIZE == 2048 and ragged.NUM_SPLITS == 8
-    assert choose_tiling(128, 4, 1, 32, 8, 32768).NUM_SPLITS == 1  # 256 programs: no split, no split key
+    full = choose_tiling(128, 4, 1, 32, 8, 32768)  # 256 programs: the device split's, not the split key
+    assert full.TUNING_KEY[2] == "decode" and full.DEVICE_SPLIT is not None and full.SPLIT_SIZE == 0
 
 
 def test_tlsim_follows_a_long_split_re_cut_in_its_own_tiles(monkeypatch):
@@ -122,68 +123,6 @@ def test_tlsim_follows_a_long_split_re_cut_in_its_own_tiles(monkeypatch):
     torch.testing.assert_close(real, sim, atol=1e-5, rtol=1e-4)
 
 
-def test_a_decode_that_fills_the_gpu_is_cut_into_pieces_of_at_most_ragged_split_keys(monkeypatch):
-    """The ragged split, off by default: when set, a sequence longer than RAGGED_SPLIT_KEYS is cut, NUM_SPLITS a
-    power of two, with the decode's own tile config; a bound at or under it, prefill and verification are not cut."""
-    import kernels.tiling as tiling
-
-    assert tiling.RAGGED_SPLIT_KEYS is None and choose_tiling(128, 4, 1, 64, 8, 31024, kv_fp8=True).NUM_SPLITS == 1
-    monkeypatch.setattr(tiling, "RAGGED_SPLIT_KEYS", 8192)
-    llama = choose_tiling(128, 4, 1, 64, 8, 31024, kv_fp8=True)  # llama3_8b_decode_fp8's 64 lengths, 1000-31024
-    assert (llama.NUM_SPLITS, llama.SPLIT_SIZE, llama.TUNING_KEY[2]) == (
-        4,
-        7936,
-        "decode",
-    )  # 31024 / 4 in 256-key tiles
-    assert llama.TILE_N == 256 and llama.FP8_DOTS_FP16
-    twin = choose_tiling(128, 4, 1, 64, 8, 31024)
-    assert (twin.NUM_SPLITS, twin.SPLIT_SIZE, twin.TILE_N) == (4, 7808, 128)
-    assert choose_tiling(128, 4, 1, 32, 8, 16384, kv_fp8=True).NUM_SPLITS == 2
-    assert choose_tiling(128, 4, 1, 64, 8, 8192, kv_fp8=True).NUM_SPLITS == 1  # at the bound: one piece
-    assert choose_tiling(128, 4, 1, 2048, 8, 10**6).NUM_SPLITS == 64  # MAX_SPLITS
-    assert choose_tiling(128, 4, 512, 64, 8, 32768).NUM_SPLITS == 1  # prefill
-    assert choose_tiling(128, 4, 4, 64, 8, 32768).NUM_SPLITS == 1  # verification
-
-
-@pytest.mark.parametrize("kv", ["float32", "bfloat16", "fp8_e4m3"])
-def test_kernel_tlsim_and_oracle_agree_on_a_ragged_split(monkeypatch, kv):
-    """A ragged decode cut by the ragged split (its bounds lowered to fit the interpreter: 8 programs fill
-    the "GPU", pieces of at most 32 keys in 16-key tiles): sequences of 1-4 pieces and empty trailing
-    splits; the kernel matches the oracle, tlsim the kernel, and the split really happened."""
-    import kernels.tiling as tiling
-    from harness.run.oracle import paged_attention_oracle
-    from kernels.fp8 import quantize_kv
-    from tests.kernel_cases import KernelCase
-
-    monkeypatch.setattr(tiling, "TARGET_PROGRAMS", 8)
-    monkeypatch.setattr(tiling, "RAGGED_SPLIT_KEYS", 32)
-    dtype = "float32" if kv == "float32" else "bfloat16"
-    case = KernelCase("ragged", num_q_heads=8, num_kv_heads=2, seq_lens=(100, 7, 40, 33), q_lens=(1, 1, 1, 1),
-                      dtype=dtype)  # fmt: skip
-    inputs = case.inputs("cuda" if torch.cuda.is_available() else "cpu")
-    args, scales = inputs.args(), {}
-    if kv.startswith("fp8"):
-        k_scale = float(inputs.k_cache.float().abs().nan_to_num(0.0).amax()) / 448
-        v_scale = float(inputs.v_cache.float().abs().nan_to_num(0.0).amax()) / 448
-        k8 = quantize_kv(inputs.k_cache, torch.tensor([k_scale] * 2, device=inputs.q.device), torch.float8_e4m3fn)
-        v8 = quantize_kv(inputs.v_cache, torch.tensor([v_scale] * 2, device=inputs.q.device), torch.float8_e4m3fn)
-        args, scales = (args[0], k8, v8, *args[3:]), {"k_scale": k_scale, "v_scale": v_scale}
-    hints = {"max_q_len": 1, "max_seq_len": 100}
-    with tuning.override(tuning.TileConfig(16, 1, 16, 4, 2)):
-        chosen = tiling_for(prepare_call(*args, check=False, **scales), **hints)
-        assert (chosen.NUM_SPLITS, chosen.SPLIT_SIZE, chosen.TUNING_KEY[2]) == (4, 32, "decode")
-        real = kernels.paged_attention_triton(*args, **hints, **scales)
-        sim = kernels.paged_attention_tlsim(*args, **hints, **scales)
-    oracle = paged_attention_oracle(*args, **scales)
-    if kv == "float32":
-        torch.testing.assert_close(real, sim, atol=1e-5, rtol=1e-4)
-        torch.testing.assert_close(real.double().cpu(), oracle.double().cpu(), atol=1e-5, rtol=1e-4)
-    else:  # the same roundings in the same places: two output ulps; the oracle within bf16's tolerance
-        gap = (real.double() - sim.double()).abs()
-        assert bool((gap <= 2 * 2**-7 * real.double().abs().clamp_min(2**-6)).all()), float(gap.max())
-        torch.testing.assert_close(real.double().cpu(), oracle.double().cpu(), atol=1e-2, rtol=1e-2)
-
-
 def test_an_fp8_decode_runs_its_fp16_dots_on_every_decode_key_and_never_on_prefill():
     """The fp16-dot path (FP8_DOTS_FP16) belongs to every decode query class, the long split's included."""
     for seqs, kv_heads, length in ((32, 8, 16384), (4, 8, 16384), (8, 8, 32768)):  # unsplit, split, long split
@@ -193,3 +132,51 @@ def test_an_fp8_decode_runs_its_fp16_dots_on_every_decode_key_and_never_on_prefi
             ((32, 8, 16384), (4, 8, 16384), (8, 8, 32768))} == {"decode", "decode_split", "decode_split_long"}  # fmt: skip
     assert not choose_tiling(128, 4, 512, 4, 8, 4096, kv_fp8=True).FP8_DOTS_FP16  # prefill keeps its path
     assert not choose_tiling(128, 4, 1, 8, 8, 32768).FP8_DOTS_FP16  # no fp8 cache
+
+
+def _gpu_case_lengths(name: str) -> tuple[int, ...]:
+    from pathlib import Path
+
+    from harness.cases.spec import load_case_file
+
+    files = ("gpu.toml", "gpu_peers.toml", "gpu_long.toml")
+    cases = [c for f in files for c in load_case_file(Path(__file__).parents[1] / "cases" / f)]
+    return next(c for c in cases if c.name == name).seq_lens
+
+
+def test_the_device_split_leaves_a_full_uniform_batch_whole_and_cuts_the_8b_batch_longest():
+    """The device split's rule (kernels.tiling.device_splits): uniform batches
+    that fill the GPU take one split a sequence everywhere; the 64 lengths of llama3_8b_decode_fp8 (seed 7,
+    1000-31024 keys) cut their longest sequences and leave the short ones whole; every split is whole tiles
+    and none is empty; a bound at or under DEVICE_SPLIT_MIN_KEYS, a window, prefill, too many sequences or
+    too few programs (the host's split) keep their tiling."""
+    import kernels.tiling as tiling
+
+    assert tiling.DEVICE_SPLIT is True
+
+    def splits_of(lens, kv_fp8=True, num_kv_heads=8):
+        chosen = choose_tiling(128, 4, 1, len(lens), num_kv_heads, max(lens), kv_fp8=kv_fp8)
+        assert chosen.DEVICE_SPLIT is not None and 1 < chosen.NUM_SPLITS <= tiling.DEVICE_SPLIT_MAX_SPLITS
+        lens_t = torch.tensor(lens, dtype=torch.int32)
+        splits, size = tiling.device_splits(lens_t, chosen.NUM_SPLITS, chosen.TILE_N, *chosen.DEVICE_SPLIT)
+        assert bool((size % chosen.TILE_N == 0).all()) and bool((splits * size >= lens_t).all())
+        assert bool(((splits - 1) * size < lens_t).all()), "an empty split"
+        return splits.tolist()
+
+    for lens in ([16384] * 32, [32768] * 64, [8192] * 64, [4097] * 64, [131072] * 28):  # 224+ programs of 8 KV heads
+        for kv_fp8 in (True, False):
+            assert splits_of(lens, kv_fp8) == [1] * len(lens), (len(lens), lens[0])
+    llama = _gpu_case_lengths("llama3_8b_decode_fp8")
+    assert (len(llama), min(llama), max(llama)) == (64, 1000, 31024)
+    for kv_fp8 in (True, False):
+        by_length = dict(zip(llama, splits_of(llama, kv_fp8), strict=True))
+        assert by_length[max(llama)] > 1 and by_length[min(llama)] == 1
+        assert [n for n, s in sorted(by_length.items()) if s > 1] == sorted(llama)[-6:]  # piece 20914 keys
+    ragged = _gpu_case_lengths("decode_ragged_64x1k_8k")  # 1105-8155: pieces of 11175 keys, none cut
+    assert splits_of(ragged) == [1] * 64
+    assert choose_tiling(128, 4, 1, 64, 8, 4096).DEVICE_SPLIT is None  # a bound at DEVICE_SPLIT_MIN_KEYS or under
+    assert choose_tiling(128, 4, 1, 64, 8, 31024, windowed=True).DEVICE_SPLIT is None
+    assert choose_tiling(128, 4, 512, 64, 8, 31024).DEVICE_SPLIT is None  # prefill
+    assert choose_tiling(128, 4, 1, 2048, 8, 31024).DEVICE_SPLIT is None  # past DEVICE_SPLIT_MAX_SEQS
+    few = choose_tiling(128, 4, 1, 4, 8, 31024)  # 32 programs: the host's split, as before
+    assert few.DEVICE_SPLIT is None and few.NUM_SPLITS > 1 and few.SPLIT_SIZE > 0

@@ -233,9 +233,9 @@ def test_kernel_ab_with_tiling_gives_the_base_side_the_base_revisions_split_choi
     from scripts import kernel_ab
 
     real_show = kernel_ab._git_show
-    edited = "RAGGED_SPLIT_KEYS: int | None = 123\n"
+    edited = "DEVICE_SPLIT_MIN_KEYS = 123\n"
 
-    def show(rev, path):  # the base's tiling.py with a ragged split the working tree does not have
+    def show(rev, path):  # the base's tiling.py with a split bound the working tree does not have
         text = real_show(rev, path)
         return text + edited if path.name == "tiling.py" else text
 
@@ -248,7 +248,7 @@ def test_kernel_ab_with_tiling_gives_the_base_side_the_base_revisions_split_choi
         assert base_tiling.tile_config is sys.modules["kernels._ab_base_tuning"].tile_config
         assert base_tiling.tile_config is not kernels.tuning.tile_config
         assert modules["new"].tiling_for is kernels.tiling.tiling_for
-        assert base_tiling.RAGGED_SPLIT_KEYS == 123 and kernels.tiling.RAGGED_SPLIT_KEYS != 123
+        assert base_tiling.DEVICE_SPLIT_MIN_KEYS == 123 and kernels.tiling.DEVICE_SPLIT_MIN_KEYS != 123
         record = kernel_ab.time_case(kernel_ab.dry_case(), modules, "cpu", 6, {"min_reps": 1, "max_reps": 1})
         assert record["verdict"] in {"slower", "faster", "same", "cannot tell"}, record
     finally:

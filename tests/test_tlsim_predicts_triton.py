@@ -113,3 +113,85 @@ def test_tlsim_and_the_launcher_choose_the_same_tiling(case, hints, monkeypatch)
             with pytest.raises(_TilingChosen):
                 fn(*args, **hints)
     assert chosen[tlsim] == chosen[triton_paged]
+
+
+# --- the device split (kernels.tiling.DEVICE_SPLIT) ----------------------------------
+
+# name: (seq_lens, q_lens (None: decode, query_start_loc None), TARGET_PROGRAMS, the split counts the rule
+# gives). 8 q heads over 2 KV heads; the bounds are lowered to fit the interpreter (pieces of at least 64
+# keys, 32-key tiles, a "GPU" of TARGET_PROGRAMS slots) so that every case takes the device split.
+DEVICE_SPLIT_CASES = {
+    "ragged_outlier": ((3000, 1, 17, 1300, 600, 2000, 64, 33), None, 32, [4, 1, 1, 3, 2, 4, 1, 1]),  # 3000: 6, clamped
+    "all_equal": ((300,) * 8, None, 16, [1] * 8),  # every row written by its program, the combine skips them all
+    "zero_length": ((2000, 0, 5, 700), (1, 0, 1, 1), 8, [3, 1, 1, 1]),  # query_start_loc given
+    "one_sequence": ((3000,), None, 3, [2]),  # NUM_SPLITS 2
+}
+DEVICE_SPLIT_PARAMS = [
+    (name, dtype, kv, options)
+    for name in DEVICE_SPLIT_CASES
+    for dtype, kv in (("bfloat16", None), ("float32", None), ("bfloat16", "fp8_e4m3"))
+    for options in ([{}, {"sinks": True, "return_lse": True}] if name == "ragged_outlier" and kv is None else [{}])
+]
+
+
+@pytest.mark.parametrize(
+    "name, dtype, kv, options",
+    [
+        pytest.param(*p, marks=ON_GPU, id="-".join([p[0], p[1], p[2] or "same_cache", *sorted(p[3])]))
+        for p in DEVICE_SPLIT_PARAMS
+    ],
+)
+def test_tlsim_predicts_the_device_split(name, dtype, kv, options, monkeypatch):
+    """The device split: each sequence cut by its own share of the batch, decided in the kernel from
+    seq_lens; a one-split sequence written by its program, the rest combined. The kernel passes the
+    oracle, tlsim predicts it (bf16 bit for bit under the interpreter; fp32, sinks, an fp8 cache and a GPU
+    within the bounds above, as without the split), and
+    the rule really gave the counts named (a rule that drifted between the two would fail here)."""
+    if reason := kernels.triton_unavailable_reason(DEVICE):
+        pytest.skip(reason)
+    import kernels.tiling as tiling
+    from harness.run.grading import grade
+    from harness.run.oracle import paged_attention_oracle
+    from kernels import tuning
+    from kernels.contract import prepare_call
+    from kernels.fp8 import quantize_kv
+    from tests.kernel_cases import KernelCase
+
+    seq_lens, q_lens, target, counts = DEVICE_SPLIT_CASES[name]
+    monkeypatch.setattr(tiling, "TARGET_PROGRAMS", target)
+    monkeypatch.setattr(tiling, "DEVICE_SPLIT_MIN_KEYS", 64)
+    case = KernelCase(name, num_q_heads=8, num_kv_heads=2, head_dim=32, seq_lens=seq_lens,
+                      q_lens=q_lens or (1,) * len(seq_lens), dtype=dtype)  # fmt: skip
+    inputs = case.inputs(DEVICE)
+    args, kwargs = list(inputs.args()), dict(options)
+    if q_lens is None:
+        args[5] = None
+    if kv is not None:  # one amax scale a pool, as the fp8 cases take
+        scales = [float(c.float().abs().nan_to_num(0.0).amax()) / 448 for c in (inputs.k_cache, inputs.v_cache)]
+        args[1], args[2] = (quantize_kv(c, torch.full((2,), s, device=c.device), torch.float8_e4m3fn)
+                            for c, s in zip((inputs.k_cache, inputs.v_cache), scales, strict=True))  # fmt: skip
+        kwargs.update(k_scale=scales[0], v_scale=scales[1])
+    if kwargs.pop("sinks", False):
+        kwargs["sinks"] = torch.tensor([4.0, -3.0, 0.5, 100.0, 1.0, 0.0, -1.0, 2.0], device=inputs.q.device)
+    lse = {"return_lse": True} if kwargs.pop("return_lse", False) else {}
+    hints = {"max_q_len": 1, "max_seq_len": max(seq_lens), **lse}
+    with plans_enabled(False), tuning.override(tuning.TileConfig(16, 1, 32, 4, 2)):
+        chosen = tiling.tiling_for(prepare_call(*args, check=False, **kwargs), max_q_len=1, max_seq_len=max(seq_lens))
+        assert chosen.DEVICE_SPLIT is not None and chosen.NUM_SPLITS > 1 and chosen.TILE_N == 32
+        splits, _ = tiling.device_splits(inputs.seq_lens, chosen.NUM_SPLITS, chosen.TILE_N, *chosen.DEVICE_SPLIT)
+        assert splits.tolist() == counts
+        real = kernels.paged_attention_triton(*args, out=inputs.new_out(), **hints, **kwargs)
+        sim = kernels.paged_attention_tlsim(*args, **hints, **kwargs)
+    oracle = paged_attention_oracle(*args, **kwargs, **lse)
+    pairs = list(zip(real, sim, oracle, strict=True)) if lse else [(real, sim, oracle)]
+    for got, predicted, expected in pairs:
+        result = grade(got, expected.double(), *DEFAULT_TOLERANCES[dtype])
+        assert result.passed, f"{name}: {result.reason}"
+        gap = (got.double() - predicted.double()).abs()
+        if got.dtype == torch.float32:  # the dots' sum order is not tlsim's (the module docstring): half the tolerance
+            atol, rtol = DEFAULT_TOLERANCES["float32"]
+            assert bool((gap <= atol / 2 + rtol / 2 * got.double().abs()).all()), f"{name}: {float(gap.max()):.3g}"
+        elif DEVICE == "cpu" and kv is None and "sinks" not in kwargs:  # the same roundings in the same places
+            assert torch.equal(got, predicted), f"{name}: tlsim is {float(gap.max()):.3g} off"
+        else:  # two output ulps, as above: with sinks or an fp8 cache's fp16 dots the unsplit launch is 1 ulp off too
+            assert bool((gap <= 2 * 2**-7 * got.double().abs().clamp_min(2**-6)).all()), float(gap.max())
