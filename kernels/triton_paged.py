@@ -292,7 +292,7 @@ def _attend_tiles(
     and the fp32 8B decode took 1.56x as long on an H200.
 
     MULTI_QUERY (prefill and verify launches): the masked tiles' mask is causality alone. A row the kernel writes
-    has q_pos = seq_len - q_len + token < seq_len, so a key it sees (k_pos <= q_pos) is before seq_len: k_valid adds
+    has a query position below seq_len (its token is below q_len), so a key it sees (k_pos <= q_pos) is before seq_len: k_valid adds
     nothing to the mask (the loads keep it). With the unmasked loop's end spelled a multiple of TILE_N (it is one),
     the masked loop of prefill_4x4k compiles to 1230 SASS instructions a warp a tile against 1439, the verify's
     (q_len 8) to 1279 against 1555, its unmasked loop 852 against 874 (sm_90, Triton 3.6). Decode launches keep
