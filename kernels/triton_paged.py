@@ -264,6 +264,7 @@ def _attend_tiles(
     SHARED_KV: tl.constexpr,  # V is K's first HEAD_DIM_V (== DIM_MAIN) columns: p @ v takes the K tile as loaded
     POS_UNSIGNED: tl.constexpr,  # a KV split: each key's block column and slot in unsigned arithmetic (below)
     BLOCK_OFFS_U32: tl.constexpr,  # each key's block offset a 32 x 32 -> 64-bit unsigned product (below)
+    CAUSAL_ONLY_MASK: tl.constexpr,  # a verify launch (rows of several query positions): the shorter mask (below)
 ):  # fmt: skip
     """The online softmax over KV positions [start, end) of one program; returns (m, l, acc)
     [BLOCK_M], [BLOCK_M], [BLOCK_M, V_PART_DIM]. The kernel calls it twice: unmasked
@@ -289,6 +290,15 @@ def _attend_tiles(
     947 -> 676, the fp8 decode 1551 -> 1408). Same values, the same outputs bit for bit. An fp32 launch
     (DOT_PRECISION "ieee": its dots on CUDA cores) keeps k_valid: without it ptxas spilled 864 bytes a thread
     and the fp32 8B decode took 1.56x as long on an H200.
+
+    CAUSAL_ONLY_MASK (verify launches): the masked tiles' mask is causality alone. A row the kernel writes
+    has a query position below seq_len (its token is below q_len), so a key it sees (k_pos <= q_pos) is before
+    seq_len: k_valid adds nothing to the mask (the loads keep it). With the unmasked loop's end spelled a multiple
+    of TILE_N (it is one), the q_len 8 verify's masked loop compiles to 1279 SASS instructions a warp a tile against
+    1555, its unmasked loop to 852 against 874 (sm_90, Triton 3.6); on an H200 spec_verify_32x4k at q_len 8 took
+    149.7 -> 146.1 us, q_len 2 and 4 and llama3_8b_spec_verify 0.994-0.997x (gpu_results/2026-12-02-h200-masked-tiles).
+    Prefill launches keep the longer form: with it prefill_4x4k took 1.029x as long (its masked loop 1439 -> 1230,
+    16x1k 0.973x, 1x8k 0.984x), and decode launches too: it compiled their unmasked loop up to 4% longer.
 
     V_PAIRS: p @ v contracts over keys, but a key's dims are what lie side by side in memory, and an
     8-bit operand cannot be transposed by ldmatrix, so an fp8 V tile taken as it is comes out of
@@ -352,7 +362,10 @@ def _attend_tiles(
         if USE_ALIBI:
             s = s + slope[:, None] * distance.to(tl.float32)
         if MASKED:
-            visible = (distance <= 0) & k_valid[None, :]
+            if CAUSAL_ONLY_MASK:  # k_pos <= q_pos < seq_len in every row the kernel writes: causality implies k_valid
+                visible = distance <= 0
+            else:  # the same mask (decode and prefill: see the docstring)
+                visible = (distance <= 0) & k_valid[None, :]
             if USE_WINDOW:
                 visible = visible & (distance > -sliding_window)
             s = tl.where(visible, s, float("-inf"))  # [BLOCK_M, TILE_N]
@@ -469,6 +482,7 @@ def paged_attention_kernel(
     INTERPRETED: tl.constexpr,  # the CPU interpreter
     SHARED_KV: tl.constexpr = False,  # v_cache is a view of k_cache's first HEAD_DIM_V columns (MLA's latent cache)
     BLOCK_OFFS_U32: tl.constexpr = False,  # K's and V's block strides are in [2, 2^31): _attend_tiles
+    CAUSAL_ONLY_MASK: tl.constexpr = False,  # a verify launch: the masked tiles' shorter mask (_attend_tiles)
     DEVICE_SPLIT: tl.constexpr = False,  # each sequence's splits decided here from seq_lens (kernels.tiling.device_splits)
     SEQS_PADDED: tl.constexpr = 1,  # next_pow2(num_seqs) (read when DEVICE_SPLIT), and the rule's constants:
     PIECE_MUL: tl.constexpr = 0,
@@ -580,13 +594,17 @@ def paged_attention_kernel(
     if not USE_WINDOW:
         first_visible_end = (seq_len - q_len + q_tile * BLOCK_Q + 1) // TILE_N * TILE_N
         full_end = tl.maximum(kv_start, tl.minimum(kv_end, first_visible_end))
+        if (
+            CAUSAL_ONLY_MASK
+        ):  # a multiple of TILE_N already (kv_start, first_visible_end and a split's end are): spelled so
+            full_end = full_end // TILE_N * TILE_N
     m_i, l_i, acc = _attend_tiles(
         q, q_tail, m_i, l_i, acc, kv_start, full_end, seq, seq_len, q_pos, kv_head, dims, dim_valid, tail_dims, tail_valid,
         v_dims, v_dim_valid, slope, k_scale, v_scale, q_unscale, v_first, q_ptr, k_cache_ptr, v_cache_ptr, block_table_ptr, qk_scale_log2,
         sliding_window, cap_unscaled, inv_cap_unscaled, num_blocks, max_blocks_per_seq,
         stride_k_block, stride_k_slot, stride_k_head, stride_v_block, stride_v_slot, stride_v_head, stride_bt_seq,
         BLOCK_SIZE, TILE_N, DIM_TAIL, DOT_PRECISION, INTERPRETED_BF16, False, USE_WINDOW, USE_SOFTCAP, USE_ALIBI, KV_FP8,
-        FP16_DOTS, V_PAIRS, HEAD_DIM_V, INTERPRETED, SHARED_KV, NUM_SPLITS > 1, BLOCK_OFFS_U32,
+        FP16_DOTS, V_PAIRS, HEAD_DIM_V, INTERPRETED, SHARED_KV, NUM_SPLITS > 1, BLOCK_OFFS_U32, CAUSAL_ONLY_MASK,
     )  # fmt: skip
     m_i, l_i, acc = _attend_tiles(
         q, q_tail, m_i, l_i, acc, full_end, kv_end, seq, seq_len, q_pos, kv_head, dims, dim_valid, tail_dims, tail_valid,
@@ -594,7 +612,7 @@ def paged_attention_kernel(
         sliding_window, cap_unscaled, inv_cap_unscaled, num_blocks, max_blocks_per_seq,
         stride_k_block, stride_k_slot, stride_k_head, stride_v_block, stride_v_slot, stride_v_head, stride_bt_seq,
         BLOCK_SIZE, TILE_N, DIM_TAIL, DOT_PRECISION, INTERPRETED_BF16, True, USE_WINDOW, USE_SOFTCAP, USE_ALIBI, KV_FP8,
-        FP16_DOTS, V_PAIRS, HEAD_DIM_V, INTERPRETED, SHARED_KV, NUM_SPLITS > 1, BLOCK_OFFS_U32,
+        FP16_DOTS, V_PAIRS, HEAD_DIM_V, INTERPRETED, SHARED_KV, NUM_SPLITS > 1, BLOCK_OFFS_U32, CAUSAL_ONLY_MASK,
     )  # fmt: skip
     if KV_FP8:  # (p @ v) * v_scale, per KV head: before the split's store, so the combine needs no scale
         acc = acc * v_scale
@@ -855,6 +873,7 @@ class TritonPlan:
                 INTERPRETED=not isinstance(paged_attention_kernel, triton.runtime.JITFunction),
                 SHARED_KV=latent_kv(call),
                 BLOCK_OFFS_U32=all(1 < st < 2**31 for st in (k_st[0], v_units[0])),
+                CAUSAL_ONLY_MASK=tiling.TUNING_KEY[2] == "verify",
                 DEVICE_SPLIT=device_split is not None,
                 SEQS_PADDED=next_pow2(call.num_seqs) if device_split else 1,
                 PIECE_MUL=device_split[0] if device_split else 0,
