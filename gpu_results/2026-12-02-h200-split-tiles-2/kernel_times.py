@@ -1,5 +1,6 @@
 """Per-kernel device time of the Triton backend's split decodes (torch.profiler, CUDA activity): how much
 of each call the combine launch takes. python3 gpu_results/2026-12-02-h200-split-tiles-2/kernel_times.py"""
+
 import collections
 import fnmatch
 
@@ -10,14 +11,25 @@ import kernels
 from harness.cases.inputs import make_inputs
 from harness.cases.spec import load_case_file
 
-for suite, pattern in [("gpu_peers", "decode_32x4k_tp8_8q1kv"), ("gpu_peers", "decode_4x16k"), ("gpu_peers", "decode_1x128k"),
-                       ("gpu_long", "llama3_70b_tp8_decode_128k")]:
+for suite, pattern in [
+    ("gpu_peers", "decode_32x4k_tp8_8q1kv"),
+    ("gpu_peers", "decode_4x16k"),
+    ("gpu_peers", "decode_1x128k"),
+    ("gpu_long", "llama3_70b_tp8_decode_128k"),
+]:
     for case in load_case_file(f"cases/{suite}.toml"):
         if not fnmatch.fnmatch(case.name, pattern):
             continue
-        inputs = make_inputs(num_q_heads=case.num_q_heads, num_kv_heads=case.num_kv_heads, head_dim=case.head_dim,
-                             block_size=case.block_size, seq_lens=list(case.seq_lens), q_lens=[1] * case.num_seqs,
-                             dtype="bfloat16", device="cuda")
+        inputs = make_inputs(
+            num_q_heads=case.num_q_heads,
+            num_kv_heads=case.num_kv_heads,
+            head_dim=case.head_dim,
+            block_size=case.block_size,
+            seq_lens=list(case.seq_lens),
+            q_lens=[1] * case.num_seqs,
+            dtype="bfloat16",
+            device="cuda",
+        )
         args = inputs.args()
         hints = dict(max_q_len=1, max_seq_len=max(case.seq_lens))
         for _ in range(5):
