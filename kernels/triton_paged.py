@@ -562,7 +562,7 @@ def paged_attention_kernel(
     if KV_FP8:
         k_scale = tl.load(k_scale_ptr + kv_head)
         v_scale = tl.load(v_scale_ptr + kv_head)
-        if FP16_DOTS:  # 2^-j * k_scale: exact (a power of two times k_scale), so s * it rounds as (s * 2^-j) * k_scale
+        if FP16_DOTS:  # 2^-j * k_scale is exact (in fp32's normal range), so s * it rounds as (s * 2^-j) * k_scale
             q_unscale = q_unscale * k_scale
 
     kv_end = seq_len - q_len + tl.minimum(q_len, (q_tile + 1) * BLOCK_Q)
