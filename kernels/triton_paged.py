@@ -352,9 +352,9 @@ def _attend_tiles(
             if INTERPRETED_BF16 and not FP16_DOTS:
                 k_tail = k_tail.to(tl.float32)
             s += tl.dot(q_tail, tl.trans(k_tail), input_precision=DOT_PRECISION, out_dtype=tl.float32)
-        if FP16_DOTS:  # exact: q's power of two undone (the bf16 dot's value)
+        if FP16_DOTS:  # q's power of two undone and k_scale applied in one multiply (q_unscale holds 2^-j * k_scale)
             s = s * q_unscale[:, None]
-        if KV_FP8:  # q . (k * k_scale) = k_scale * (q . k): one multiply per logit, not per K element
+        elif KV_FP8:  # q . (k * k_scale) = k_scale * (q . k): one multiply per logit, not per K element
             s = s * k_scale
         if USE_SOFTCAP:  # on the logit itself, before any bias or mask
             s = _softcap(s, cap_unscaled, inv_cap_unscaled)
@@ -562,6 +562,8 @@ def paged_attention_kernel(
     if KV_FP8:
         k_scale = tl.load(k_scale_ptr + kv_head)
         v_scale = tl.load(v_scale_ptr + kv_head)
+        if FP16_DOTS:  # 2^-j * k_scale is exact (in fp32's normal range), so s * it rounds as (s * 2^-j) * k_scale
+            q_unscale = q_unscale * k_scale
 
     kv_end = seq_len - q_len + tl.minimum(q_len, (q_tile + 1) * BLOCK_Q)
     kv_start = 0
