@@ -83,8 +83,9 @@ class Tiling:
     takes its own number of them, decided on the device from the lengths themselves (the device
     split, :func:`device_splits`; SPLIT_SIZE is then 0 and DEVICE_SPLIT holds the rule's constants):
     the host knows only the bound, and in a ragged batch the longest sequences' programs would run
-    alone at the end. A uniform batch that fills the GPU stays one program a sequence (its other
-    programs exit at once), a ragged batch's longest sequences are cut.
+    alone at the end. A uniform batch of at least TARGET_PROGRAMS / C programs (211) stays one program
+    a sequence (its other programs exit at once), a ragged batch's longest sequences are cut; a uniform
+    batch of 132-210 programs is cut in two.
 
     Example: GQA 32/8 heads (group 4), BLOCK_M 16 gives BLOCK_Q = 4 tokens a program;
     decode of 4 sequences of 131072 tokens is 4 * 8 = 32 programs, so the range is cut
@@ -97,7 +98,7 @@ class Tiling:
     HEAD_DIM_PADDED: int
     NUM_Q_TILES: int = 1  # grid axis 0
     NUM_SPLITS: int = 1
-    SPLIT_SIZE: int = 0  # 0 when NUM_SPLITS == 1
+    SPLIT_SIZE: int = 0  # 0 when NUM_SPLITS == 1 or under the device split
     NUM_WARPS: int = 4  # launch settings (no effect on numerics)
     NUM_STAGES: int = 3
     TUNING_KEY: tuple[str, int, str] = ("half", 0, "")  # the kernels.tuning key the config came from
@@ -196,6 +197,7 @@ def choose_tiling(
         and DEVICE_SPLIT
         and not windowed
         and num_seqs <= DEVICE_SPLIT_MAX_SEQS
+        and num_tokens <= num_seqs  # a decode by its shapes, not only by its max_q_len hint
         and max_seq_len > DEVICE_SPLIT_MIN_KEYS
     ):
         # The device split: NUM_SPLITS programs a (sequence, KV head), of which sequence i takes

@@ -13,8 +13,9 @@ decode and a superset on prefill.
 It is vectorised over sequences, KV heads and query rows; the only Python loop is over
 KV tiles. Tiles past a sequence's end are exact no-ops (alpha = 1, p = 0), so walking
 every sequence to the longest one changes no bit of the result. Where the kernel splits
-the KV range (few programs, long sequences), tlsim splits it at the same positions and
-combines the splits with the kernel's formula.
+the KV range (few programs, long sequences; or a ragged decode's longest sequences, the
+device split), tlsim splits it at the same positions and combines the splits with the
+kernel's formula.
 
 The attention variants (docs/contract.md) follow the kernel too: everything stays in
 units of the unscaled logit s = q . k (the true logit is s * scale), so the softcap is

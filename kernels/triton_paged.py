@@ -3,7 +3,8 @@
 The idea, in a few lines:
 
 * One program owns one (query tile, KV head, KV split; see ``kernels.tiling.Tiling``
-  for the split, taken when few programs would run). A query tile is BLOCK_Q query tokens of
+  for the split, taken when few programs would run, or per sequence in a ragged decode: the
+  device split). A query tile is BLOCK_Q query tokens of
   one sequence times the group_size query heads that read this KV head, so each KV tile
   is loaded from the pool once and shared by the whole group (MHA: group 1, MQA: group
   num_q_heads).
@@ -596,9 +597,7 @@ def paged_attention_kernel(
     if not USE_WINDOW:
         first_visible_end = (seq_len - q_len + q_tile * BLOCK_Q + 1) // TILE_N * TILE_N
         full_end = tl.maximum(kv_start, tl.minimum(kv_end, first_visible_end))
-        if (
-            CAUSAL_ONLY_MASK
-        ):  # a multiple of TILE_N already (kv_start, first_visible_end and a split's end are): spelled so
+        if CAUSAL_ONLY_MASK:  # a multiple of TILE_N already (kv_start, first_visible_end, a split's end): spelled so
             full_end = full_end // TILE_N * TILE_N
     m_i, l_i, acc = _attend_tiles(
         q, q_tail, m_i, l_i, acc, kv_start, full_end, seq, seq_len, q_pos, kv_head, dims, dim_valid, tail_dims, tail_valid,

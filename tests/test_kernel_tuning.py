@@ -177,6 +177,18 @@ def test_the_device_split_leaves_a_full_uniform_batch_whole_and_cuts_the_8b_batc
     assert choose_tiling(128, 4, 1, 64, 8, 4096).DEVICE_SPLIT is None  # a bound at DEVICE_SPLIT_MIN_KEYS or under
     assert choose_tiling(128, 4, 1, 64, 8, 31024, windowed=True).DEVICE_SPLIT is None
     assert choose_tiling(128, 4, 512, 64, 8, 31024).DEVICE_SPLIT is None  # prefill
+    assert choose_tiling(128, 4, 1, 64, 8, 31024, num_tokens=65).DEVICE_SPLIT is None  # a max_q_len hint of 1 too low
     assert choose_tiling(128, 4, 1, 2048, 8, 31024).DEVICE_SPLIT is None  # past DEVICE_SPLIT_MAX_SEQS
     few = choose_tiling(128, 4, 1, 4, 8, 31024)  # 32 programs: the host's split, as before
     assert few.DEVICE_SPLIT is None and few.NUM_SPLITS > 1 and few.SPLIT_SIZE > 0
+
+
+@pytest.mark.parametrize("q_len, causal_only", [(1, False), (4, True), (8, True), (64, False)])
+def test_only_verify_launches_take_the_causal_only_mask(q_len, causal_only):
+    """CAUSAL_ONLY_MASK (kernels/triton_paged.py) changes no value, so no output test sees it: its scope is pinned
+    here. Verify launches (2-8 queries) take it; decode and prefill compile as they did without it (on an H200 the
+    prefill took 1.029x with it: gpu_results/2026-12-02-h200-masked-tiles)."""
+    from scripts.sass_census import Launch, plan_of
+
+    plan = plan_of(Launch(32, 8, 128, 16, [4096] * 4, q_lens=[q_len] * 4))
+    assert plan.main.constexprs["CAUSAL_ONLY_MASK"] is causal_only

@@ -125,6 +125,9 @@ DEVICE_SPLIT_CASES = {
     "all_equal": ((300,) * 8, None, 16, [1] * 8),  # every row written by its program, the combine skips them all
     "zero_length": ((2000, 0, 5, 700), (1, 0, 1, 1), 8, [3, 1, 1, 1]),  # query_start_loc given
     "one_sequence": ((3000,), None, 3, [2]),  # NUM_SPLITS 2
+    # 15 sequences (seq_lens read through a mask: 16 lanes); the piece from the total (25 keys) is under the
+    # 64-key floor, so 120 takes 2 splits of 64 keys, not 4 of 32
+    "piece_floor": ((300, 120) + (10,) * 13, None, 56, [4, 2] + [1] * 13),
 }
 DEVICE_SPLIT_PARAMS = [
     (name, dtype, kv, options)
