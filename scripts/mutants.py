@@ -7,8 +7,8 @@
     python scripts/mutants.py --json out.json      # the table as JSON too
 
 The tree's kernels, harness, tests and pyproject.toml are copied to a temporary folder (one per
-job). The mutants' caught_by tests (all the quick tests, tests/test_kernel_edges.py, with
---record or while a mutant has none) first run on the unmutated copy, TRITON_INTERPRET=1, and
+job). The mutants' caught_by tests (all the quick tests, tests/test_kernel_edges.py and the device
+split's tlsim tests, with --record or while a mutant has none) first run on the unmutated copy, TRITON_INTERPRET=1, and
 must pass there. Then, per mutant: its ``find`` text is replaced by
 ``replace`` in the copy (the text must occur exactly once: else the mutant is "not-applied",
 a failure, so the catalogue follows the code), and its ``caught_by`` test (one of the quick
@@ -56,7 +56,10 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 CATALOGUE = ROOT / "scripts" / "mutants.toml"
-QUICK_TESTS = ["tests/test_kernel_edges.py"]
+QUICK_TESTS = [
+    "tests/test_kernel_edges.py",
+    "tests/test_tlsim_predicts_triton.py::test_tlsim_predicts_the_device_split",
+]
 COPIED = ["kernels", "harness", "tests", "pyproject.toml"]
 PROJECT = {"kernels", "harness", "tests", "benchmarks", "scripts", "conftest"}
 # Plain asserts: a failing assert fails the test all the same, and the child skips rewriting them.
@@ -118,11 +121,12 @@ def applies(mutant: Mutant, root: Path) -> str | None:
 
 
 def selection(mutant: Mutant | None) -> list[str]:
-    """pytest -k arguments that keep the tests of the backends the mutant's file can change."""
+    """pytest -k arguments that keep the tests of the backends the mutant's file can change (and the device
+    split's tests, which hold tlsim to the kernel: both backends' mutants fail them)."""
     if mutant is None or mutant.file not in FILE_BACKENDS:
         return []
     others = [b for b in BACKENDS if b not in FILE_BACKENDS[mutant.file]]
-    return ["-k", " and ".join(f"not {b}" for b in others)]
+    return ["-k", f"({' and '.join(f'not {b}' for b in others)}) or device_split"]
 
 
 class _Recorder:
