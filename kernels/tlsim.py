@@ -105,9 +105,7 @@ def paged_attention_tlsim(
     split_size = tiling.SPLIT_SIZE or kv_end or 1
     num_splits = tiling.NUM_SPLITS
     last_split = torch.full((num_seqs, 1, 1), num_splits - 1, device=device)  # [S, 1, 1]
-    if (
-        tiling.DEVICE_SPLIT is not None
-    ):  # each sequence's own splits, by the kernel's rule (kernels.tiling.device_splits)
+    if tiling.DEVICE_SPLIT is not None:  # each sequence's own splits, by the kernel's rule (tiling.device_splits)
         seq_splits, seq_split_size = device_splits(call.seq_lens, num_splits, tiling.TILE_N, *tiling.DEVICE_SPLIT)
         split_size = seq_split_size.clamp(min=1)[:, None, None]  # a length 0 sequence: one split, never cut
         last_split = (seq_splits - 1)[:, None, None]

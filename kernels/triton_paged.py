@@ -680,21 +680,16 @@ def combine_splits_kernel(
     splits = tl.arange(0, NUM_SPLITS)
     dims = tl.arange(0, HEAD_DIM_V_PADDED)
     split_rows = NUM_SPLITS * num_rows  # the workspace's layout: _partial_numel
+    live = splits < NUM_SPLITS  # every split
     if DEVICE_SPLIT:
         row_splits = tl.load(partial_ptr + (2 + HEAD_DIM_V_PADDED) * split_rows + row).to(tl.int32)
         if row_splits <= 1:
             return
         live = splits < row_splits
-        m = tl.load(partial_ptr + splits * num_rows + row, mask=live, other=float("-inf"))
-        l_s = tl.load(partial_ptr + split_rows + splits * num_rows + row, mask=live, other=0.0)
-        acc = tl.load(partial_ptr + 2 * split_rows + (splits * num_rows + row)[:, None] * HEAD_DIM_V_PADDED + dims[None, :],
-                      mask=live[:, None], other=0.0)  # fmt: skip
-    else:
-        m = tl.load(partial_ptr + splits * num_rows + row)
-        l_s = tl.load(partial_ptr + split_rows + splits * num_rows + row)
-        acc = tl.load(
-            partial_ptr + 2 * split_rows + (splits * num_rows + row)[:, None] * HEAD_DIM_V_PADDED + dims[None, :]
-        )
+    m = tl.load(partial_ptr + splits * num_rows + row, mask=live, other=float("-inf"))
+    l_s = tl.load(partial_ptr + split_rows + splits * num_rows + row, mask=live, other=0.0)
+    acc = tl.load(partial_ptr + 2 * split_rows + (splits * num_rows + row)[:, None] * HEAD_DIM_V_PADDED + dims[None, :],
+                  mask=live[:, None], other=0.0)  # fmt: skip
     token = row // NUM_Q_HEADS
     head = row % NUM_Q_HEADS
     m_top = tl.max(m, 0)
