@@ -83,7 +83,8 @@ class Tiling:
     takes its own number of them, decided on the device from the lengths themselves (the device
     split, :func:`device_splits`; SPLIT_SIZE is then 0 and DEVICE_SPLIT holds the rule's constants):
     the host knows only the bound, and in a ragged batch the longest sequences' programs would run
-    alone at the end. A uniform batch of at least TARGET_PROGRAMS / C programs (211) stays one program
+    alone at the end; the programs are dispatched longest piece first. A uniform batch of at least
+    TARGET_PROGRAMS / C programs (211) stays one program
     a sequence (its other programs exit at once), a ragged batch's longest sequences are cut; a uniform
     batch of 132-210 programs is cut in two.
 
@@ -133,6 +134,13 @@ LONG_SPLIT_KEYS = 1024
 # little faster there (400.5, 650.6) but splits uniform batches of 212-248 programs, which no run timed.
 # The host's ragged split it replaces (every sequence cut past 8192 keys) took that batch to 455 / 685 us
 # but cost uniform 16k-32k batches 6-12% (gpu_results/2026-12-01-h200-ragged-split).
+# The device split's programs are dispatched longest piece first (the kernel's _program_order: the grid's
+# linear block order given to the sequences sorted by split_size, each sequence's pieces and KV heads side
+# by side), so that the short pieces fill the tail instead of a long one starting last. Against the grid's
+# own order (gpu_results/2026-12-02-h200-longest-first, 6 paired rounds): llama3_8b_decode_fp8 399.3 -> 314.1
+# us, its bf16 twin 661.9 -> 555.6, llama3_8b_decode 348.6 -> 300.4, decode_ragged_64x1k_8k 362.0 -> 303.5;
+# the uniform batches the same. Every decode's programs KV head fastest, without the sort, lost: 4 x 16k
+# 83.6 -> 120.8 us (its host split), the device split's 8B batch 0.96x (bf16) and 1.02x (fp8).
 DEVICE_SPLIT = True
 DEVICE_SPLIT_MAX_SEQS = 1024
 DEVICE_SPLIT_MAX_SPLITS = 4  # the grid's splits a (sequence, KV head), a power of two (the combine's arange)
@@ -294,7 +302,8 @@ def device_splits(
     takes ``clamp(ceil(len_i / piece), 1, num_splits)`` splits, each ``ceil(len_i / splits_i)`` keys
     rounded up to whole tiles; split s covers [s * split_size_i, (s + 1) * split_size_i), the last one
     running to the sequence's end, and splits s >= splits_i run no program. The kernel's
-    ``_device_splits`` is this, line for line, for its own sequence; tlsim calls it on the host. All in
+    ``_device_piece`` and ``_device_splits`` are this, line for line (and ``_program_order`` dispatches the
+    sequences by split_size, longest first); tlsim calls it on the host. All in
     int64: the same integers on both sides. Example: 8 KV heads, TARGET_PROGRAMS 264, C 5/4 (mul 40,
     div 1056), the 64 lengths of llama3_8b_decode_fp8 (552121 keys): piece 20914, so the 6 sequences
     past it take 2 splits (31024: 2 of 15616 keys in 256-key tiles), the rest 1; 32 x 16384: piece

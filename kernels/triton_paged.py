@@ -202,21 +202,58 @@ def _find_seq(query_start_loc_ptr, q_tile, num_seqs, BLOCK_Q: tl.constexpr):
 
 
 @triton.jit
-def _device_splits(seq_lens_ptr, seq_len, num_seqs, NUM_SPLITS: tl.constexpr, TILE_N: tl.constexpr,
-                   SEQS_PADDED: tl.constexpr, PIECE_MUL: tl.constexpr, PIECE_DIV: tl.constexpr,
-                   PIECE_MIN: tl.constexpr):  # fmt: skip
-    """kernels.tiling.device_splits, line for line, for the program's own sequence (of length seq_len):
-    (its splits in [1, NUM_SPLITS], the keys a split covers, a multiple of TILE_N), both int32. Every
-    program reads the whole seq_lens (SEQS_PADDED >= num_seqs lanes); int64 like the rule."""
+def _device_piece(seq_lens_ptr, num_seqs, SEQS_PADDED: tl.constexpr, PIECE_MUL: tl.constexpr,
+                  PIECE_DIV: tl.constexpr, PIECE_MIN: tl.constexpr):  # fmt: skip
+    """The device split's view of the batch, the same in every program: each sequence's length (int64
+    [SEQS_PADDED], negative lengths and the lanes past num_seqs 0) and the piece of kernels.tiling.device_splits."""
     seqs = tl.arange(0, SEQS_PADDED)
     lens = tl.maximum(tl.load(seq_lens_ptr + seqs, mask=seqs < num_seqs, other=0), 0).to(tl.int64)
-    total = tl.sum(lens, 0)
-    piece = tl.maximum((total * PIECE_MUL + PIECE_DIV - 1) // PIECE_DIV, PIECE_MIN)
-    length = tl.maximum(seq_len, 0).to(tl.int64)
+    piece = tl.maximum((tl.sum(lens, 0) * PIECE_MUL + PIECE_DIV - 1) // PIECE_DIV, PIECE_MIN)
+    return lens, piece
+
+
+@triton.jit
+def _device_splits(length, piece, NUM_SPLITS: tl.constexpr, TILE_N: tl.constexpr):
+    """kernels.tiling.device_splits, line for line, for sequences of these lengths (a scalar or a vector):
+    (their splits in [1, NUM_SPLITS], the keys a split covers, a multiple of TILE_N), int64 like the rule."""
+    length = tl.maximum(length, 0).to(tl.int64)
     splits = tl.minimum(tl.maximum((length + piece - 1) // piece, 1), NUM_SPLITS)
     keys = (length + splits - 1) // splits
-    split_size = (keys + TILE_N - 1) // TILE_N * TILE_N
-    return splits.to(tl.int32), split_size.to(tl.int32)
+    return splits, (keys + TILE_N - 1) // TILE_N * TILE_N
+
+
+@triton.jit
+def _program_order(lens, piece, query_start_loc_ptr, num_seqs, ONE_QUERY_PER_SEQ: tl.constexpr,
+                   DEVICE_SPLIT: tl.constexpr, NUM_SPLITS: tl.constexpr, TILE_N: tl.constexpr,
+                   SEQS_PADDED: tl.constexpr):  # fmt: skip
+    """(grid axis 0's index, axis 1's, the split) this program takes: the grid's own, or under the device
+    split (lens and piece: _device_piece) its place in dispatch order (the linear block id, axis 0 fastest)
+    given to the sequences by the keys their splits cover, longest first (ties to the lower index), each
+    sequence's splits one after another and their KV heads fastest: the long pieces start first and the short
+    ones fill the tail (longest processing time first). A permutation of the grid; a batch whose tiles are not
+    one a sequence (a query_start_loc with a q_len other than 1) keeps the sequences' own order."""
+    pid_tile = tl.program_id(0)
+    pid_heads = tl.program_id(1)
+    split = tl.program_id(2)
+    if DEVICE_SPLIT:
+        n_tiles = tl.num_programs(0)
+        n_heads = tl.num_programs(1)
+        slot = pid_tile + n_tiles * (pid_heads + n_heads * split)
+        pid_heads = slot % n_heads
+        split = slot // n_heads % NUM_SPLITS
+        rank = slot // n_heads // NUM_SPLITS
+        pid_tile = rank
+        seqs = tl.arange(0, SEQS_PADDED)
+        live = seqs < num_seqs
+        one_each = n_tiles == num_seqs
+        if not ONE_QUERY_PER_SEQ:  # with n_tiles == num_seqs, query_start_loc[s] == s for all s: tile s is sequence s
+            starts = tl.load(query_start_loc_ptr + seqs, mask=live, other=0)
+            one_each = one_each & (tl.sum((live & (starts != seqs)).to(tl.int32), 0) == 0)
+        if one_each:
+            key = _device_splits(lens, piece, NUM_SPLITS, TILE_N)[1] * SEQS_PADDED + (SEQS_PADDED - 1 - seqs)
+            ranked = tl.sort(tl.where(live, key, -1), descending=True)
+            pid_tile = (SEQS_PADDED - 1 - tl.sum(tl.where(seqs == rank, ranked, 0), 0) % SEQS_PADDED).to(tl.int32)
+    return pid_tile, pid_heads, split
 
 
 @triton.jit
@@ -492,17 +529,21 @@ def paged_attention_kernel(
 ):
     # Grid axis 1: (KV head, head tile, V part), the V part fastest: the programs that share a head
     # tile's q and K run side by side (each computes the same logits, and its own V dims of p @ v).
-    v_part = tl.program_id(1) % V_PARTS
-    kv_head = tl.program_id(1) // V_PARTS // HEAD_TILES
-    head_tile = tl.program_id(1) // V_PARTS % HEAD_TILES
-    split = tl.program_id(2)
+    lens, piece = qk_scale_log2, qk_scale_log2  # unread unless DEVICE_SPLIT
+    if DEVICE_SPLIT:
+        lens, piece = _device_piece(seq_lens_ptr, num_seqs, SEQS_PADDED, PIECE_MUL, PIECE_DIV, PIECE_MIN)
+    pid_tile, pid_heads, split = _program_order(lens, piece, query_start_loc_ptr, num_seqs, ONE_QUERY_PER_SEQ,
+                                                DEVICE_SPLIT, NUM_SPLITS, TILE_N, SEQS_PADDED)  # fmt: skip
+    v_part = pid_heads % V_PARTS
+    kv_head = pid_heads // V_PARTS // HEAD_TILES
+    head_tile = pid_heads // V_PARTS % HEAD_TILES
     if ONE_QUERY_PER_SEQ:
-        seq = tl.program_id(0)
+        seq = pid_tile
         q_tile = seq * 0
         q_start = seq
         q_len = q_tile + 1
     else:
-        seq, q_tile = _find_seq(query_start_loc_ptr, tl.program_id(0), num_seqs, BLOCK_Q)
+        seq, q_tile = _find_seq(query_start_loc_ptr, pid_tile, num_seqs, BLOCK_Q)
         q_start = tl.load(query_start_loc_ptr + seq)
         q_len = tl.load(query_start_loc_ptr + seq + 1) - q_start
     if (q_tile < 0) | (q_tile * BLOCK_Q >= q_len):  # a spare tile (q_len 0, or short of a full tile)
@@ -510,8 +551,9 @@ def paged_attention_kernel(
     seq_len = tl.load(seq_lens_ptr + seq)
     last_split = NUM_SPLITS - 1
     if DEVICE_SPLIT:  # this sequence's own splits (kernels.tiling.device_splits); the programs past them exit
-        seq_splits, split_size = _device_splits(seq_lens_ptr, seq_len, num_seqs, NUM_SPLITS, TILE_N, SEQS_PADDED,
-                                                PIECE_MUL, PIECE_DIV, PIECE_MIN)  # fmt: skip
+        seq_splits, split_size = _device_splits(seq_len, piece, NUM_SPLITS, TILE_N)
+        seq_splits = seq_splits.to(tl.int32)
+        split_size = split_size.to(tl.int32)
         if split >= seq_splits:
             return
         last_split = seq_splits - 1
