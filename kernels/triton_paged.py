@@ -4,9 +4,9 @@ The idea, in a few lines:
 
 * One program owns one (query tile, KV head, KV split; see ``kernels.tiling.Tiling``
   for the split, taken when few programs would run, or per sequence in a ragged decode: the
-  device split). A query tile is BLOCK_Q query tokens of
-  one sequence times the group_size query heads that read this KV head, so each KV tile
-  is loaded from the pool once and shared by the whole group (MHA: group 1, MQA: group
+  device split, whose programs go longest piece first, ``_program_order``). A query tile is BLOCK_Q
+  query tokens of one sequence times the group_size query heads that read this KV head, so each
+  KV tile is loaded from the pool once and shared by the whole group (MHA: group 1, MQA: group
   num_q_heads).
 * The launch reads no tensor value (no device sync; CUDA-graph capturable). The grid is
   sized from num_tokens and num_seqs alone, and each program finds its sequence by a
