@@ -72,7 +72,7 @@ def gpu(session: nox.Session) -> None:
     (every test that needs CUDA), not the whole suite: the rest is CPU logic, or the kernel run
     interpreted on CPU tensors (which fails where Triton compiles), that `nox -s tests` runs in CI. The CPU models (reference, tlsim) are graded on every case and timed within a per-row
     budget (harness.timing.measure.ROW_BUDGET_S; the row's note says when it cut sampling short).
-    The whole call stays within BUDGET_S (570 s); stopped there, the journal keeps every row.
+    The whole call stays within BUDGET_S (570 s); stopped there, it writes the finished rows' report.
 
     Runs in the machine's own Python, installing nothing: a CUDA box's torch and Triton are
     matched to its driver, and images often keep them in a virtualenv that a nested

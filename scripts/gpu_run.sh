@@ -13,8 +13,9 @@
 #   kernel_targets.txt  (suites, all) scripts/kernel_targets.py's score of the run (the targets' lines)
 #   closeness.txt  (closeness only) tlsim vs the Triton kernel on every kernel test case
 # The whole call stays within BUDGET_S (default 570 s): the run gets what the tests left, and a
-# SIGTERM at that limit keeps every finished row in $OUT/run.journal.jsonl (resume it with
-# `harness run --resume $OUT/run`). Wheels of packages the image lacks (pydantic and its three
+# SIGTERM at that limit keeps every finished row in $OUT/run.journal.jsonl, from which the run folder
+# is then written (`harness run --resume $OUT/run --finalize`: meta.json marks it incomplete and names
+# the rows that never ran; `--resume` without --finalize runs them). Wheels of packages the image lacks (pydantic and its three
 # helpers) travel in .whl/ (README: "On a GPU").
 set -uo pipefail
 MODE=${1:-all}
@@ -59,7 +60,10 @@ if [ "$MODE" = all ] || [ "$MODE" = suites ]; then
   code=${PIPESTATUS[0]}
   echo "run_end $(date +%s.%N) $code" >>"$OUT/phases.raw"
   [ "$code" -eq 0 ] || status=$code
-  [ "$code" -eq 124 ] && echo "stopped at the ${BUDGET_S} s budget: the finished rows are in $OUT/run.journal.jsonl"
+  if [ "$code" -eq 124 ] && [ -f "$OUT/run.journal.jsonl" ]; then  # the report of the rows that finished
+    echo "stopped at the ${BUDGET_S} s budget: writing the finished rows' report (meta.json lists the rest)"
+    python3 -m harness run --resume "$OUT/run" --finalize --no-progress 2>&1 | tail -3
+  fi
 fi
 python3 scripts/gpu_phases.py "$OUT" | tee "$OUT/phases.txt"
 if [ -f "$OUT/run/meta.json" ]; then
