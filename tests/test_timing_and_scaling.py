@@ -257,8 +257,8 @@ def test_the_oracle_cache_keeps_attention_variants_of_one_input_apart():
     assert cache_key(args, "cpu", options=sinks) != cache_key(args, "cpu", options={"sinks": torch.tensor([0.5, 2.0])})
 
 
-def _one_row_within_a_short_budget(tmp_path, monkeypatch, fn, model=False):
-    """The row of one tiny case through a backend calling ``fn``, every row's timing budget 0.1 s."""
+def _one_row_within_a_short_budget(tmp_path, monkeypatch, fn, model=False, budget_s=0.1):
+    """The row of one tiny case through a backend calling ``fn``, every row's timing budget ``budget_s``."""
     from harness.backends.registry import Backend, contract_prepare
     from harness.cases.loading import load_cases
     from harness.execute.local import run_cases
@@ -266,7 +266,7 @@ def _one_row_within_a_short_budget(tmp_path, monkeypatch, fn, model=False):
     from harness.run.runner import RunConfig
     from tests.tiny_cases import write_cases
 
-    short = dataclasses.replace(runner.TimingPlan("cpu", {}), budget_s=0.1)
+    short = dataclasses.replace(runner.TimingPlan("cpu", {}), budget_s=budget_s)
     monkeypatch.setattr(runner, "TimingPlan", lambda *a, **k: short)
     cases = load_cases([write_cases(tmp_path / "c.toml", {"name": "tiny"})], device="cpu")
     backend = Backend("slow", contract_prepare(fn), ("cpu",), "plugin", "sleeps past the budget", model=model)
@@ -314,18 +314,27 @@ def test_a_backend_whose_first_call_compiles_past_the_budget_is_still_timed(tmp_
         assert "not timed" not in str(row["note"]) and row["latency_us"] > 0
 
 
-def test_a_python_model_on_a_gpu_is_timed_within_the_short_model_budget():
+def test_a_python_model_on_a_gpu_is_graded_not_timed():
     from harness.backends.builtin import REGISTRY
     from harness.timing import measure
 
     gpu, cpu = measure.TimingPlan("cuda", {}), measure.TimingPlan("cpu", {})
     assert REGISTRY["tlsim"].model and REGISTRY["reference"].model and not REGISTRY["triton"].model
-    assert measure.MODEL_BUDGET_S < measure.ROW_BUDGET_S
+    assert measure.MODEL_BUDGET_S == 0
     assert gpu.for_backend(REGISTRY["tlsim"]).budget_s == measure.MODEL_BUDGET_S
     assert gpu.for_backend(REGISTRY["triton"]).budget_s == measure.ROW_BUDGET_S  # kernels keep the row budget
     assert cpu.for_backend(REGISTRY["tlsim"]).budget_s == measure.ROW_BUDGET_S  # on a CPU the models are the subject
     unbudgeted = dataclasses.replace(gpu, budget_s=None)
     assert unbudgeted.for_backend(REGISTRY["tlsim"]).budget_s is None
+
+
+def test_a_row_under_a_zero_budget_says_it_is_graded_not_timed(tmp_path, monkeypatch):
+    """The row a Python model makes on a GPU (its plan's budget 0): graded, its note saying why it has no latency."""
+    import kernels
+
+    row = _one_row_within_a_short_budget(tmp_path, monkeypatch, kernels.paged_attention_reference, True, 0.0)
+    assert "not timed: one call took" in row["note"] and "graded, not timed" in row["note"]
+    assert row["latency_us"] != row["latency_us"]
 
 
 @pytest.mark.skipif(

@@ -65,7 +65,7 @@ class Backend:
     graphable: bool = True  # False: never time it from a CUDA graph (a capture is tried otherwise)
     unavailable: Callable[[Case, str], str | None] = field(default=lambda case, device: None)
     options: frozenset[str] = frozenset()  # the VARIANT_OPTIONS it supports; empty: none
-    model: bool = False  # a Python model over torch ops (reference, tlsim): on a GPU, timed within MODEL_BUDGET_S
+    model: bool = False  # a Python model over torch ops (reference, tlsim): on a GPU graded, not timed (MODEL_BUDGET_S)
 
     def __post_init__(self):
         unknown = set(self.options) - set(VARIANT_OPTIONS)

@@ -211,8 +211,9 @@ def run_backend(ctx: CaseContext, backend: Backend, config: RunConfig) -> dict:
         if config.timing and plan.budget_s is not None and graded_s > plan.budget_s:
             # One call already outlasts the row's timing budget (a CPU model on a long case): its samples
             # would cost minutes and tell nothing a kernel developer uses, so the row is graded, not timed.
-            row["note"] = "; ".join(filter(None, [row.get("note"), f"{NOT_TIMED} {graded_s:.1f} s, "
-                                                  f"past the row's {plan.budget_s:g} s timing budget"]))  # fmt: skip
+            why = "a Python model on a GPU is graded, not timed" if plan.budget_s == 0 else (
+                f"past the row's {plan.budget_s:g} s timing budget")  # fmt: skip
+            row["note"] = "; ".join(filter(None, [row.get("note"), f"{NOT_TIMED} {graded_s:.1f} s, {why}"]))
         elif config.timing:
             row.update(timing_columns(case, backend, prepared, plan, row["bytes_moved"]))
             if timing_note := row.pop("timing_note", ""):  # sampling cut short by the row's budget

@@ -18,9 +18,9 @@ measurement, and the row's ``note`` says so ("timed within a 3 s budget: K sampl
 kernel's row never comes near it (0.25 s of latency samples, 0.15 s of call samples); a CPU
 model on a GPU (reference, tlsim: Python over torch ops, seconds a call on a 128k-token case)
 would otherwise spend minutes per row on its 20 + 10 samples; on a GPU such a model
-(``Backend.model``) gets ``MODEL_BUDGET_S``, and one whose single graded call already outlasts
-its budget is graded and not timed (:func:`harness.run.runner.run_backend`); any other backend is
-weighed by a second call there, since its first may have compiled.
+(``Backend.model``) gets ``MODEL_BUDGET_S`` (0: graded, not timed), and one whose single graded call
+already outlasts its budget is graded and not timed (:func:`harness.run.runner.run_backend`); any
+other backend is weighed by a second call there, since its first may have compiled.
 
 :func:`row_time_limit` is the default time limit of one isolated or sharded row (grade and
 timing): generous against the row's expected cost, so only a hang reaches it.
@@ -47,9 +47,11 @@ CALL_OVERHEAD_FLAG = 1.5
 # Seconds of timing per row: a kernel's row uses about 1 s of it; a larger budget lets the CPU models
 # on a GPU (reference, tlsim) spend it on every row of a long suite.
 ROW_BUDGET_S = 3.0
-# A Python model (Backend.model: reference, tlsim) on a GPU: launch-bound Python, timed only so the page
-# can place it; a second of samples does that, and a GPU session's ~90 model rows then cost 1.5 min, not 5.
-MODEL_BUDGET_S = 1.0
+# A Python model (Backend.model: reference, tlsim) on a GPU: launch-bound Python whose time tells a kernel
+# developer nothing, so it is graded, not timed (budget 0). Timed within a second, a GPU session's ~90 model
+# rows cost it about 1.5 min (gpu_results/2026-12-02-h200-gpu-session-5: 173 s of tlsim and reference
+# rows), and the session no longer fitted its 570 s (gpu_results/2026-12-02-h200-gpu-session-6).
+MODEL_BUDGET_S = 0.0
 
 # The default row limit (row_time_limit): FACTOR x the calls of a row at the expected rate, plus
 # the timing budget (which bounds the sampling), never below FLOOR_S. Off a GPU (or with no measured ceilings) the
@@ -91,7 +93,8 @@ class TimingPlan:
     budget_s: float | None = ROW_BUDGET_S  # of the row's whole timing; None: no budget
 
     def for_backend(self, backend: Backend) -> TimingPlan:
-        """This plan for one backend's row: a Python model on a GPU gets MODEL_BUDGET_S (less, never more)."""
+        """This plan for one backend's row: a Python model on a GPU gets MODEL_BUDGET_S (less, never more:
+        0, graded and not timed)."""
         if backend.model and torch.device(self.device).type == "cuda" and self.budget_s is not None:
             return dataclasses.replace(self, budget_s=min(self.budget_s, MODEL_BUDGET_S))
         return self
