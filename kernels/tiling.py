@@ -137,10 +137,11 @@ LONG_SPLIT_KEYS = 1024
 # The device split's programs are dispatched longest piece first (the kernel's _program_order: the grid's
 # linear block order given to the sequences sorted by split_size, each sequence's pieces and KV heads side
 # by side), so that the short pieces fill the tail instead of a long one starting last. Against the grid's
-# own order (gpu_results/2026-12-02-h200-longest-first, 6 paired rounds): llama3_8b_decode_fp8 399.3 -> 314.1
-# us, its bf16 twin 661.9 -> 555.6, llama3_8b_decode 348.6 -> 300.4, decode_ragged_64x1k_8k 362.0 -> 303.5;
-# the uniform batches the same. Every decode's programs KV head fastest, without the sort, lost: 4 x 16k
-# 83.6 -> 120.8 us (its host split), the device split's 8B batch 0.96x (bf16) and 1.02x (fp8).
+# own order (gpu_results/2026-12-02-h200-longest-first, probe 2, 6 paired rounds): llama3_8b_decode_fp8
+# 405.7 -> 319.8 us, its bf16 twin 671.5 -> 567.0, llama3_8b_decode at block 16 353.8 -> 304.5,
+# decode_ragged_64x1k_8k 368.0 -> 307.2; the uniform batches the same. Taking every decode's programs KV head
+# fastest as well (probe 1) cost 4 x 16k 83.6 -> 120.8 us through its host split; without the sort it took
+# the device split's 8B batch 0.96x (bf16) and 1.02x (fp8): only the sort is kept, under the device split.
 DEVICE_SPLIT = True
 DEVICE_SPLIT_MAX_SEQS = 1024
 DEVICE_SPLIT_MAX_SPLITS = 4  # the grid's splits a (sequence, KV head), a power of two (the combine's arange)

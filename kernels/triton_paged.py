@@ -246,7 +246,8 @@ def _program_order(lens, piece, query_start_loc_ptr, num_seqs, ONE_QUERY_PER_SEQ
         seqs = tl.arange(0, SEQS_PADDED)
         live = seqs < num_seqs
         one_each = n_tiles == num_seqs
-        if not ONE_QUERY_PER_SEQ:  # with n_tiles == num_seqs, query_start_loc[s] == s for all s: tile s is sequence s
+        if not ONE_QUERY_PER_SEQ:  # tile s is sequence s only if query_start_loc[s] == s for all s (else the
+            # ranking would order tiles by other sequences' lengths: still a permutation, since n_tiles == num_seqs)
             starts = tl.load(query_start_loc_ptr + seqs, mask=live, other=0)
             one_each = one_each & (tl.sum((live & (starts != seqs)).to(tl.int32), 0) == 0)
         if one_each:

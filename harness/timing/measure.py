@@ -19,8 +19,8 @@ kernel's row never comes near it (0.25 s of latency samples, 0.15 s of call samp
 model on a GPU (reference, tlsim: Python over torch ops, seconds a call on a 128k-token case)
 would otherwise spend minutes per row on its 20 + 10 samples; on a GPU such a model
 (``Backend.model``) gets ``MODEL_BUDGET_S`` (0: graded, not timed), and one whose single graded call
-already outlasts its budget is graded and not timed (:func:`harness.run.runner.run_backend`); any
-other backend is weighed by a second call there, since its first may have compiled.
+already outlasts its budget is graded and not timed (:func:`harness.run.runner.run_backend`); on a
+GPU any other backend is weighed by a second call there, since its first may have compiled.
 
 :func:`row_time_limit` is the default time limit of one isolated or sharded row (grade and
 timing): generous against the row's expected cost, so only a hang reaches it.
