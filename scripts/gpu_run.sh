@@ -12,11 +12,11 @@
 #                  meta.json's scale.phase_s splits the rows' time (inputs, oracle, grading, timing)
 #   kernel_targets.txt  (suites, all) scripts/kernel_targets.py's score of the run (the targets' lines)
 #   closeness.txt  (closeness only) tlsim vs the Triton kernel on every kernel test case
-# The whole call stays within BUDGET_S (default 570 s): the run gets what the tests left, and a
-# SIGTERM at that limit keeps every finished row in $OUT/run.journal.jsonl, from which the run folder
-# is then written (`harness run --resume $OUT/run --finalize`: meta.json marks it incomplete and names
-# the rows that never ran; `--resume` without --finalize runs them). Wheels of packages the image lacks (pydantic and its three
-# helpers) travel in .whl/ (README: "On a GPU").
+# The whole call stays within BUDGET_S (default 570 s): the run gets what the tests left, less
+# WRITE_S (20 s) for the report, and a SIGTERM at that limit keeps every finished row in
+# $OUT/run.journal.jsonl, from which the run folder is then written (`harness run --resume $OUT/run
+# --finalize`: meta.json marks it incomplete and names the (case, backend) pairs that never ran).
+# Wheels of packages the image lacks (pydantic and its three helpers) travel in .whl/ (README: "On a GPU").
 set -uo pipefail
 MODE=${1:-all}
 OUT=${OUT:-gpu_out}
@@ -52,7 +52,7 @@ if [ "$MODE" = closeness ]; then
   python3 scripts/measure_tlsim_closeness.py 2>&1 | tee "$OUT/closeness.txt" | tail -3
 fi
 if [ "$MODE" = all ] || [ "$MODE" = suites ]; then
-  LEFT=$((BUDGET_S - ($(date +%s) - START)))
+  LEFT=$((BUDGET_S - ${WRITE_S:-20} - ($(date +%s) - START)))
   echo "run_start $(date +%s.%N)" >>"$OUT/phases.raw"
   # shellcheck disable=SC2086
   timeout -s TERM "$LEFT" python3 -m harness run $SUITES --device cuda --oracle-device cuda --out "$OUT/run" \
@@ -62,7 +62,7 @@ if [ "$MODE" = all ] || [ "$MODE" = suites ]; then
   [ "$code" -eq 0 ] || status=$code
   if [ "$code" -eq 124 ] && [ -f "$OUT/run.journal.jsonl" ]; then  # the report of the rows that finished
     echo "stopped at the ${BUDGET_S} s budget: writing the finished rows' report (meta.json lists the rest)"
-    python3 -m harness run --resume "$OUT/run" --finalize --no-progress 2>&1 | tail -3
+    python3 -m harness run --resume "$OUT/run" --finalize --no-progress 2>&1 | grep -v '^\[' | tail -12
   fi
 fi
 python3 scripts/gpu_phases.py "$OUT" | tee "$OUT/phases.txt"
