@@ -59,6 +59,7 @@ CATALOGUE = ROOT / "scripts" / "mutants.toml"
 QUICK_TESTS = [
     "tests/test_kernel_edges.py",
     "tests/test_tlsim_predicts_triton.py::test_tlsim_predicts_the_device_split",
+    "tests/test_kernel_tuning.py::test_the_device_split_dispatches_its_sequences_longest_piece_first",
 ]
 COPIED = ["kernels", "harness", "tests", "pyproject.toml"]
 PROJECT = {"kernels", "harness", "tests", "benchmarks", "scripts", "conftest"}

@@ -6,11 +6,14 @@ import itertools
 
 import pytest
 import torch
+import triton
+import triton.language as tl
 
 import kernels
 from kernels import tuning
 from kernels.contract import prepare_call
 from kernels.tiling import choose_tiling, tiling_for
+from kernels.triton_paged import _device_piece, _program_order
 from tests.kernel_cases import KERNEL_CASES
 
 
@@ -192,3 +195,51 @@ def test_only_verify_launches_take_the_causal_only_mask(q_len, causal_only):
 
     plan = plan_of(Launch(32, 8, 128, 16, [4096] * 4, q_lens=[q_len] * 4))
     assert plan.main.constexprs["CAUSAL_ONLY_MASK"] is causal_only
+
+
+@triton.jit
+def _order_probe(seq_lens_ptr, starts_ptr, out_ptr, num_seqs, ONE_QUERY_PER_SEQ: tl.constexpr,
+                 NUM_SPLITS: tl.constexpr, TILE_N: tl.constexpr, SEQS_PADDED: tl.constexpr,
+                 PIECE_MUL: tl.constexpr, PIECE_DIV: tl.constexpr, PIECE_MIN: tl.constexpr):  # fmt: skip
+    """The kernel's _program_order alone: out[slot] = (tile, KV head, split) of the program at dispatch slot slot."""
+    lens, piece = _device_piece(seq_lens_ptr, num_seqs, SEQS_PADDED, PIECE_MUL, PIECE_DIV, PIECE_MIN)
+    tile, head, split = _program_order(lens, piece, starts_ptr, num_seqs, ONE_QUERY_PER_SEQ, True, NUM_SPLITS,
+                                       TILE_N, SEQS_PADDED)  # fmt: skip
+    slot = tl.program_id(0) + tl.num_programs(0) * (tl.program_id(1) + tl.num_programs(1) * tl.program_id(2))
+    tl.store(out_ptr + slot * 3, tile)
+    tl.store(out_ptr + slot * 3 + 1, head)
+    tl.store(out_ptr + slot * 3 + 2, split)
+
+
+@pytest.mark.parametrize("offsets", [None, "one_each", "a_query_less_sequence", "as_many_tiles_not_one_each"])
+def test_the_device_split_dispatches_its_sequences_longest_piece_first(offsets):
+    """The kernel's _program_order, run alone on a grid (interpreted on a CPU): dispatch slot k (the linear
+    block id) takes sequence order[k // (heads * splits)], split k // heads % splits, KV head k % heads, where
+    order ranks the sequences by the keys a split of theirs covers (kernels.tiling.device_splits), longest
+    first, ties to the lower index; a batch whose tiles are not one a sequence keeps its own sequence order.
+    Either way every (tile, head, split) of the grid is taken once. A speed rule: a slip here costs time,
+    not correctness, so only this test sees it."""
+    import kernels.tiling as tiling
+
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    lens = [600, 3000, 33, 2000, 1500, 3000]  # 1500 and two halves of 3000: 1504 keys each, ties to the lower index
+    q_lens = {None: [1] * 6, "one_each": [1] * 6, "a_query_less_sequence": [1, 1, 0, 1, 1, 1],
+              "as_many_tiles_not_one_each": [1, 0, 2, 1, 1, 1]}[offsets]  # fmt: skip
+    heads, num_splits, tile_n, mul, div, floor = 2, 4, 32, 10, 64, 64  # C 5/4 over 2 KV heads, 16 program slots
+    splits, size = tiling.device_splits(torch.tensor(lens), num_splits, tile_n, mul, div, floor)
+    assert splits.tolist() == [1, 2, 1, 2, 1, 2]
+    tiles = sum(q_lens)  # tiles of BLOCK_Q 1
+    starts = torch.tensor([0, *itertools.accumulate(q_lens)], dtype=torch.int32, device=device)
+    out = torch.full((tiles * heads * num_splits, 3), -1, dtype=torch.int32, device=device)
+    _order_probe[(tiles, heads, num_splits)](
+        torch.tensor(lens, dtype=torch.int32, device=device), starts, out, len(lens), offsets is None, num_splits,
+        tile_n, 8, mul, div, floor,
+    )  # fmt: skip
+    if offsets in ("a_query_less_sequence", "as_many_tiles_not_one_each"):
+        order = list(range(tiles))
+    else:
+        order = sorted(range(len(lens)), key=lambda s: (-int(size[s]), s))
+        assert order == [1, 4, 5, 3, 0, 2]
+    expected = [(order[k // (heads * num_splits)], k % heads, k // heads % num_splits) for k in range(len(out))]
+    assert [tuple(r) for r in out.tolist()] == expected
+    assert sorted(expected) == sorted(itertools.product(range(tiles), range(heads), range(num_splits)))
