@@ -124,7 +124,7 @@ DEVICE_SPLIT_CASES = {
     "ragged_outlier": ((3000, 1, 17, 1300, 600, 2000, 64, 33), None, 32, [4, 1, 1, 3, 2, 4, 1, 1]),  # 3000: 6, clamped
     "all_equal": ((300,) * 8, None, 16, [1] * 8),  # every row written by its program, the combine skips them all
     "zero_length": ((2000, 0, 5, 700), (1, 0, 1, 1), 8, [3, 1, 1, 1]),  # query_start_loc given: 3 tiles, 4 sequences
-    "offsets_given": ((600, 3000, 33, 2000), (1, 1, 1, 1), 8, [1, 2, 1, 2]),  # one query each: dispatched longest first
+    "offsets_given": ((600, 3000, 33, 2000), (1, 1, 1, 1), 8, [1, 2, 1, 2]),  # one query each: the reordered launch
     # the last sequence without a query: 3 tiles for 4 sequences, so the tiles keep their order (the longest-first
     # order would hand the second slot to that sequence and leave the 33-key one unwritten)
     "last_empty": ((600, 3000, 33, 2000), (1, 1, 1, 0), 8, [1, 2, 1, 2]),
