@@ -142,6 +142,11 @@ LONG_SPLIT_KEYS = 1024
 # decode_ragged_64x1k_8k 368.0 -> 307.2; the uniform batches the same. Taking every decode's programs KV head
 # fastest as well (probe 1) cost 4 x 16k 83.6 -> 120.8 us through its host split; without the sort it took
 # the device split's 8B batch 0.96x (bf16) and 1.02x (fp8): only the sort is kept, under the device split.
+# Every program of the launch sorts, those of the splits a sequence does not take included, and the sort's
+# code grows with the lanes (sm_90 SASS of the fp8 8B decode's launch, scripts/sass_census.py: 376 instructions
+# at 64 sequences, 416 at 128, 904 at 256, 4000 at 1024). Timed at 64 sequences only, it is taken up to
+# LONGEST_FIRST_MAX_SEQS; a larger batch keeps the grid's order.
+LONGEST_FIRST_MAX_SEQS = 128
 DEVICE_SPLIT = True
 DEVICE_SPLIT_MAX_SEQS = 1024
 DEVICE_SPLIT_MAX_SPLITS = 4  # the grid's splits a (sequence, KV head), a power of two (the combine's arange)

@@ -83,7 +83,16 @@ import triton.language as tl
 
 from .contract import PagedCall, contiguous_strides, contract_entry
 from .launch_plan import KernelLaunch, PlanCache
-from .tiling import cdiv, head_dim_pieces, heads_per_program, latent_kv, next_pow2, tiling_for, v_parts
+from .tiling import (
+    LONGEST_FIRST_MAX_SEQS,
+    cdiv,
+    head_dim_pieces,
+    heads_per_program,
+    latent_kv,
+    next_pow2,
+    tiling_for,
+    v_parts,
+)
 
 
 @triton.jit
@@ -224,10 +233,11 @@ def _device_splits(length, piece, NUM_SPLITS: tl.constexpr, TILE_N: tl.constexpr
 
 @triton.jit
 def _program_order(lens, piece, query_start_loc_ptr, num_seqs, ONE_QUERY_PER_SEQ: tl.constexpr,
-                   DEVICE_SPLIT: tl.constexpr, NUM_SPLITS: tl.constexpr, TILE_N: tl.constexpr,
+                   LONGEST_FIRST: tl.constexpr, NUM_SPLITS: tl.constexpr, TILE_N: tl.constexpr,
                    SEQS_PADDED: tl.constexpr):  # fmt: skip
-    """(grid axis 0's index, axis 1's, the split) this program takes: the grid's own, or under the device
-    split (lens and piece: _device_piece) its place in dispatch order (the linear block id, axis 0 fastest)
+    """(grid axis 0's index, axis 1's, the split) this program takes: the grid's own, or under LONGEST_FIRST
+    (the device split of at most kernels.tiling.LONGEST_FIRST_MAX_SEQS sequences; lens and piece:
+    _device_piece) its place in dispatch order (the linear block id, axis 0 fastest)
     given to the sequences by the keys their splits cover, longest first (ties to the lower index), each
     sequence's splits one after another and their KV heads fastest: the long pieces start first and the short
     ones fill the tail (longest processing time first). A permutation of the grid; a batch whose tiles are not
@@ -235,7 +245,7 @@ def _program_order(lens, piece, query_start_loc_ptr, num_seqs, ONE_QUERY_PER_SEQ
     pid_tile = tl.program_id(0)
     pid_heads = tl.program_id(1)
     split = tl.program_id(2)
-    if DEVICE_SPLIT:
+    if LONGEST_FIRST:
         n_tiles = tl.num_programs(0)
         n_heads = tl.num_programs(1)
         slot = pid_tile + n_tiles * (pid_heads + n_heads * split)
@@ -527,6 +537,7 @@ def paged_attention_kernel(
     PIECE_MUL: tl.constexpr = 0,
     PIECE_DIV: tl.constexpr = 1,
     PIECE_MIN: tl.constexpr = 0,
+    LONGEST_FIRST: tl.constexpr = False,  # under DEVICE_SPLIT: the sequences dispatched longest piece first (_program_order)
 ):
     # Grid axis 1: (KV head, head tile, V part), the V part fastest: the programs that share a head
     # tile's q and K run side by side (each computes the same logits, and its own V dims of p @ v).
@@ -534,7 +545,7 @@ def paged_attention_kernel(
     if DEVICE_SPLIT:
         lens, piece = _device_piece(seq_lens_ptr, num_seqs, SEQS_PADDED, PIECE_MUL, PIECE_DIV, PIECE_MIN)
     pid_tile, pid_heads, split = _program_order(lens, piece, query_start_loc_ptr, num_seqs, ONE_QUERY_PER_SEQ,
-                                                DEVICE_SPLIT, NUM_SPLITS, TILE_N, SEQS_PADDED)  # fmt: skip
+                                                LONGEST_FIRST, NUM_SPLITS, TILE_N, SEQS_PADDED)  # fmt: skip
     v_part = pid_heads % V_PARTS
     kv_head = pid_heads // V_PARTS // HEAD_TILES
     head_tile = pid_heads // V_PARTS % HEAD_TILES
@@ -918,6 +929,7 @@ class TritonPlan:
                 PIECE_MUL=device_split[0] if device_split else 0,
                 PIECE_DIV=device_split[1] if device_split else 1,
                 PIECE_MIN=device_split[2] if device_split else 0,
+                LONGEST_FIRST=device_split is not None and next_pow2(call.num_seqs) <= LONGEST_FIRST_MAX_SEQS,
             ),
             dict(num_warps=tiling.NUM_WARPS, num_stages=tiling.NUM_STAGES),
             cuda,

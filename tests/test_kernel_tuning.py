@@ -243,3 +243,18 @@ def test_the_device_split_dispatches_its_sequences_longest_piece_first(offsets):
     expected = [(order[k // (heads * num_splits)], k % heads, k // heads % num_splits) for k in range(len(out))]
     assert [tuple(r) for r in out.tolist()] == expected
     assert sorted(expected) == sorted(itertools.product(range(tiles), range(heads), range(num_splits)))
+
+
+def test_the_longest_first_order_is_taken_up_to_its_batch_bound():
+    """Every program sorts the batch's lengths, and the sort's code grows with them: the launcher takes the order
+    for device-split batches of at most LONGEST_FIRST_MAX_SEQS sequences (their padded count), not past it."""
+    import kernels.tiling as tiling
+    from scripts.sass_census import Launch, plan_of
+
+    def taken(num_seqs):
+        plan = plan_of(Launch(32, 8, 128, 16, [1000, 32000] + [4000] * (num_seqs - 2)))
+        assert plan.tiling.DEVICE_SPLIT is not None
+        return plan.main.constexprs["LONGEST_FIRST"]
+
+    bound = tiling.LONGEST_FIRST_MAX_SEQS
+    assert taken(64) and taken(bound) and not taken(bound + 1)
