@@ -176,7 +176,7 @@ def compare_runs(
 def timed_on_one_side(rows: pd.DataFrame) -> tuple[str, str]:
     """Problems of rows graded in both runs that carry a latency in one run only, their latency not
     compared: (rows of a run made with ``--no-timing``: the comparison is incomplete; rows whose one
-    call outlasted the row's timing budget in one run, a slow Python model under load: said, and
+    call outlasted the row's timing budget in one run, a Python model on a GPU or a slow one under load: said, and
     not counted as incomplete, since both runs were timed). '' for none."""
     graded = rows[(rows["side"] == "both") & rows["status_base"].isin(GRADED) & rows["status_new"].isin(GRADED)]
     base_only = graded["latency_us_base"].notna() & graded["latency_us_new"].isna()
@@ -186,7 +186,8 @@ def timed_on_one_side(rows: pd.DataFrame) -> tuple[str, str]:
     base_only, new_only = base_only & ~over_budget, new_only & ~over_budget
     budget = (
         f"{int(over_budget.sum())} graded row(s) timed in one run only: in the other, one call outlasted the "
-        "row's timing budget (a slow model under load), so the row was graded, not timed; their latency is not compared"
+        "row's timing budget (a Python model on a GPU, or a slow one under load), so the row was graded, not timed; "
+        "their latency is not compared"
         if over_budget.any()
         else ""
     )
