@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from harness.backends.registry import Backend, Unsupported
+from harness.backends.registry import Backend, Prepared, Unsupported
 from harness.cases.inputs import PagedInputs, make_inputs
 from harness.cases.spec import Case
 from harness.cases.vocab import FAILING, GRADED, STATUSES
@@ -155,6 +155,15 @@ def error_reason(error: BaseException) -> str:
     return f"{type(error).__name__}: {message[:300]}{where}"
 
 
+def _timed_call(prepared: Prepared, cuda: bool) -> tuple[object, float]:
+    """One call of the prepared backend: (its result, its wall seconds, the device drained on CUDA)."""
+    started = time.perf_counter()
+    result = prepared.run()
+    if cuda:
+        torch.cuda.synchronize()
+    return result, time.perf_counter() - started
+
+
 def run_backend(ctx: CaseContext, backend: Backend, config: RunConfig) -> dict:
     """One report row: skip, error, or the grade (and timing) of one backend on one case."""
     case = ctx.case
@@ -166,13 +175,11 @@ def run_backend(ctx: CaseContext, backend: Backend, config: RunConfig) -> dict:
         return {**row, "status": "skip", "reason": reason}
     try:
         out = ctx.inputs.new_out()  # NaN: an element the backend does not write fails
+        cuda = torch.device(config.device).type == "cuda"
         with phase("graded call"):
             prepared = backend.prepare(case, ctx.inputs, out)
-            started = time.perf_counter()
-            raw, lse, lse_problem = prepared.run(), None, ""
-            if torch.device(config.device).type == "cuda":
-                torch.cuda.synchronize()
-            graded_s = time.perf_counter() - started
+            raw, graded_s = _timed_call(prepared, cuda)
+            lse, lse_problem = None, ""
         if ctx.expected_lse is not None:  # the call was asked for (out, lse)
             if isinstance(raw, tuple) and len(raw) == 2:
                 raw, lse = raw
@@ -200,17 +207,15 @@ def run_backend(ctx: CaseContext, backend: Backend, config: RunConfig) -> dict:
         if problem:
             row.update(status="fail", reason=problem)
         plan = TimingPlan(config.device, config.ceilings, threads=config.threads).for_backend(backend)
-        cuda = torch.device(config.device).type == "cuda"
-        if config.timing and plan.budget_s is not None and graded_s > plan.budget_s and cuda and not backend.model:
+        over_budget = config.timing and plan.budget_s is not None and graded_s > plan.budget_s
+        if over_budget and cuda and not backend.model:
             # A kernel's or a peer's graded call on a GPU may have compiled (Triton's JIT of a new launch,
             # torch.compile, cuDNN's plans: 3-4 s for the fp8 decode on a fresh H200): a second call says what a
             # call costs. On a CPU nothing compiles (the Triton interpreter included): the first call decides.
             with phase("graded call"):
-                started = time.perf_counter()
-                prepared.run()
-                torch.cuda.synchronize()
-                graded_s = time.perf_counter() - started
-        if config.timing and plan.budget_s is not None and graded_s > plan.budget_s:
+                graded_s = _timed_call(prepared, cuda)[1]
+            over_budget = graded_s > plan.budget_s
+        if over_budget:
             # One call already outlasts the row's timing budget (a CPU model on a long case): its samples
             # would cost minutes and tell nothing a kernel developer uses, so the row is graded, not timed.
             why = "a Python model on a GPU is graded, not timed" if plan.budget_s == 0 else (
