@@ -150,6 +150,9 @@ LONGEST_FIRST_MAX_SEQS = 128
 DEVICE_SPLIT = True
 DEVICE_SPLIT_MAX_SEQS = 1024
 DEVICE_SPLIT_MAX_SPLITS = 4  # the grid's splits a (sequence, KV head), a power of two (the combine's arange)
+# The floor: lower, short uniform batches enter the split and pay for its idle programs (1024 and 2048 keys cost
+# decode_32x4k 1.03-1.10x, fp32 1.39-1.50x; only gemma2's hd256 batch of 500-4000 keys gained, 0.90 at 2048:
+# gpu_results/2026-12-02-h200-split-floor).
 DEVICE_SPLIT_MIN_KEYS = 4096  # no sequence is cut into pieces of fewer keys than this target
 DEVICE_SPLIT_SLACK = (5, 4)
 
