@@ -266,13 +266,12 @@ def _one_row_within_a_short_budget(tmp_path, monkeypatch, fn, model=False, budge
     from harness.run.runner import RunConfig
     from tests.tiny_cases import write_cases
 
-    short = dataclasses.replace(runner.TimingPlan("cpu", {}), budget_s=budget_s)
+    short = dataclasses.replace(runner.TimingPlan(device, {}), budget_s=budget_s)
     monkeypatch.setattr(runner, "TimingPlan", lambda *a, **k: short)
-    cases = load_cases([write_cases(tmp_path / "c.toml", {"name": "tiny"})], device="cpu")
-    backend = Backend("slow", contract_prepare(fn), ("cpu",), "plugin", "sleeps past the budget", model=model)
-    (row,) = run_cases(cases, RunConfig(device="cpu", backends=[backend], timing=True, progress=False)).to_dict(
-        "records"
-    )
+    cases = load_cases([write_cases(tmp_path / "c.toml", {"name": "tiny"})], device=device)
+    backend = Backend("slow", contract_prepare(fn), (device,), "plugin", "sleeps past the budget", model=model)
+    config = RunConfig(device=device, backends=[backend], timing=True, progress=False)
+    (row,) = run_cases(cases, config).to_dict("records")
     assert row["status"] == "pass", row["reason"]
     return row
 
