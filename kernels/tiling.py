@@ -85,8 +85,8 @@ class Tiling:
     the host knows only the bound, and in a ragged batch the longest sequences' programs would run
     alone at the end; the programs are dispatched longest piece first. A uniform batch of at least
     TARGET_PROGRAMS / C programs (211) stays one program
-    a sequence (its other programs exit at once), a ragged batch's longest sequences are cut; a uniform
-    batch of 132-210 programs is cut in two.
+    a sequence (its other programs exit at once), a ragged batch's longest sequences are cut; no
+    sequence shorter than twice the batch's mean length is cut, so a uniform batch never is.
 
     Example: GQA 32/8 heads (group 4), BLOCK_M 16 gives BLOCK_Q = 4 tokens a program;
     decode of 4 sequences of 131072 tokens is 4 * 8 = 32 programs, so the range is cut
@@ -150,11 +150,19 @@ LONGEST_FIRST_MAX_SEQS = 128
 DEVICE_SPLIT = True
 DEVICE_SPLIT_MAX_SEQS = 1024
 DEVICE_SPLIT_MAX_SPLITS = 4  # the grid's splits a (sequence, KV head), a power of two (the combine's arange)
-# The floor: lower, short uniform batches enter the split and pay for its idle programs (1024 and 2048 keys cost
-# decode_32x4k 1.03-1.10x, fp32 1.39-1.50x; only gemma2's hd256 batch of 500-4000 keys gained, 0.90 at 2048:
+# The floor: lower, short uniform batches enter the split and pay for its idle programs (at 2048 / 1024 keys
+# the uniform decode_32x4k ran 1.03 / 1.06x, its hd64 form 1.04 / 1.10x, fp32 1.39 / 1.50x; gemma2's hd256 batch
+# 0.90x at 2048; halved at head_dim 256 alone, ragged batches there ran 0.81-0.92x, uniform ones 1.03-1.14x:
 # gpu_results/2026-12-02-h200-split-floor).
 DEVICE_SPLIT_MIN_KEYS = 4096  # no sequence is cut into pieces of fewer keys than this target
 DEVICE_SPLIT_SLACK = (5, 4)
+# A piece is also at least DEVICE_SPLIT_MEAN_FACTOR times the batch's mean length, so only a sequence past
+# twice the mean is cut and a uniform batch never is. Without it the slack alone cut every sequence of a
+# uniform batch of 132-211 programs in two, and that ran slower than one program a sequence: 24 x 8k
+# 1.08x, 20 x 16k 1.10x, 17 x 8k 1.065x at head_dim 128; 24 x 4k at head_dim 256 1.14x
+# (gpu_results/2026-12-02-h200-split-band). Past 421 programs (C 5/4) the slack's piece is the larger, so
+# every device split the suites time (512 programs) cuts the same sequences as before.
+DEVICE_SPLIT_MEAN_FACTOR = 2
 
 
 def choose_tiling(
@@ -227,7 +235,7 @@ def choose_tiling(
         most = min(cdiv(piece_div, piece_mul), cdiv(max_seq_len, DEVICE_SPLIT_MIN_KEYS))
         num_splits = min(next_pow2(most), DEVICE_SPLIT_MAX_SPLITS)
         if num_splits > 1:
-            device_split = (piece_mul, piece_div, DEVICE_SPLIT_MIN_KEYS)
+            device_split = (piece_mul, piece_div, DEVICE_SPLIT_MIN_KEYS, DEVICE_SPLIT_MEAN_FACTOR)
     # Each split covers ceil(max_seq_len / num_splits) positions, rounded up to whole tiles. Splits of
     # more than LONG_SPLIT_KEYS take their own key (kernels.tuning, "decode_split_long"): the number
     # of splits stays, each split's range is cut in that key's tiles.
@@ -300,14 +308,21 @@ def tiling_for(call: PagedCall, max_q_len: int | None = None, max_seq_len: int |
 
 
 def device_splits(
-    seq_lens: torch.Tensor, num_splits: int, tile_n: int, piece_mul: int, piece_div: int, piece_min: int
+    seq_lens: torch.Tensor,
+    num_splits: int,
+    tile_n: int,
+    piece_mul: int,
+    piece_div: int,
+    piece_min: int,
+    piece_mean: int,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """The device split's rule (Tiling.DEVICE_SPLIT): each sequence's splits and the keys a split covers.
 
     seq_lens [num_seqs] (any integer dtype) -> (splits [num_seqs] int64 in [1, num_splits],
     split_size [num_seqs] int64, a multiple of tile_n). With total the batch's keys (negative lengths
-    counted as 0), a piece is ``max(ceil(total * piece_mul / piece_div), piece_min)`` keys (piece_mul /
-    piece_div = C * num_kv_heads / TARGET_PROGRAMS: C times a program slot's even share), sequence i
+    counted as 0), a piece is ``max(ceil(total * piece_mul / piece_div), piece_min, ceil(total *
+    piece_mean / num_seqs))`` keys (piece_mul / piece_div = C * num_kv_heads / TARGET_PROGRAMS: C times a
+    program slot's even share; piece_mean DEVICE_SPLIT_MEAN_FACTOR, twice the mean length), sequence i
     takes ``clamp(ceil(len_i / piece), 1, num_splits)`` splits, each ``ceil(len_i / splits_i)`` keys
     rounded up to whole tiles; split s covers [s * split_size_i, (s + 1) * split_size_i), the last one
     running to the sequence's end, and splits s >= splits_i run no program. The kernel's
@@ -315,12 +330,14 @@ def device_splits(
     sequences by split_size, longest first); tlsim calls it on the host. All in
     int64: the same integers on both sides. Example: 8 KV heads, TARGET_PROGRAMS 264, C 5/4 (mul 40,
     div 1056), the 64 lengths of llama3_8b_decode_fp8 (552121 keys): piece 20914, so the 6 sequences
-    past it take 2 splits (31024: 2 of 15616 keys in 256-key tiles), the rest 1; 32 x 16384: piece
-    19860, every sequence 1.
+    past it take 2 splits (31024: 2 of 15616 keys in 256-key tiles), the rest 1 (twice the mean, 17254,
+    is smaller); 24 x 8192: piece 16384 (the slack's 7447 would cut every sequence in two), every
+    sequence 1.
     """
     lens = seq_lens.long().clamp(min=0)
     total = lens.sum()
     piece = ((total * piece_mul + piece_div - 1) // piece_div).clamp(min=piece_min)
+    piece = piece.clamp(min=(total * piece_mean + len(lens) - 1) // len(lens))
     splits = ((lens + piece - 1) // piece).clamp(1, num_splits)
     keys = (lens + splits - 1) // splits
     split_size = (keys + tile_n - 1) // tile_n * tile_n

@@ -212,12 +212,14 @@ def _find_seq(query_start_loc_ptr, q_tile, num_seqs, BLOCK_Q: tl.constexpr):
 
 @triton.jit
 def _device_piece(seq_lens_ptr, num_seqs, SEQS_PADDED: tl.constexpr, PIECE_MUL: tl.constexpr,
-                  PIECE_DIV: tl.constexpr, PIECE_MIN: tl.constexpr):  # fmt: skip
+                  PIECE_DIV: tl.constexpr, PIECE_MIN: tl.constexpr, PIECE_MEAN: tl.constexpr):  # fmt: skip
     """The device split's view of the batch, the same in every program: each sequence's length (int64
     [SEQS_PADDED], negative lengths and the lanes past num_seqs 0) and the piece of kernels.tiling.device_splits."""
     seqs = tl.arange(0, SEQS_PADDED)
     lens = tl.maximum(tl.load(seq_lens_ptr + seqs, mask=seqs < num_seqs, other=0), 0).to(tl.int64)
-    piece = tl.maximum((tl.sum(lens, 0) * PIECE_MUL + PIECE_DIV - 1) // PIECE_DIV, PIECE_MIN)
+    total = tl.sum(lens, 0)
+    piece = tl.maximum((total * PIECE_MUL + PIECE_DIV - 1) // PIECE_DIV, PIECE_MIN)
+    piece = tl.maximum(piece, (total * PIECE_MEAN + num_seqs - 1) // num_seqs)
     return lens, piece
 
 
@@ -537,13 +539,14 @@ def paged_attention_kernel(
     PIECE_MUL: tl.constexpr = 0,
     PIECE_DIV: tl.constexpr = 1,
     PIECE_MIN: tl.constexpr = 0,
+    PIECE_MEAN: tl.constexpr = 0,  # a piece is at least PIECE_MEAN times the batch's mean length
     LONGEST_FIRST: tl.constexpr = False,  # under DEVICE_SPLIT: the sequences dispatched longest piece first (_program_order)
 ):
     # Grid axis 1: (KV head, head tile, V part), the V part fastest: the programs that share a head
     # tile's q and K run side by side (each computes the same logits, and its own V dims of p @ v).
     lens, piece = qk_scale_log2, qk_scale_log2  # unread unless DEVICE_SPLIT
     if DEVICE_SPLIT:
-        lens, piece = _device_piece(seq_lens_ptr, num_seqs, SEQS_PADDED, PIECE_MUL, PIECE_DIV, PIECE_MIN)
+        lens, piece = _device_piece(seq_lens_ptr, num_seqs, SEQS_PADDED, PIECE_MUL, PIECE_DIV, PIECE_MIN, PIECE_MEAN)
     pid_tile, pid_heads, split = _program_order(lens, piece, query_start_loc_ptr, num_seqs, ONE_QUERY_PER_SEQ,
                                                 LONGEST_FIRST, NUM_SPLITS, TILE_N, SEQS_PADDED)  # fmt: skip
     v_part = pid_heads % V_PARTS
@@ -929,6 +932,7 @@ class TritonPlan:
                 PIECE_MUL=device_split[0] if device_split else 0,
                 PIECE_DIV=device_split[1] if device_split else 1,
                 PIECE_MIN=device_split[2] if device_split else 0,
+                PIECE_MEAN=device_split[3] if device_split else 0,
                 LONGEST_FIRST=device_split is not None and next_pow2(call.num_seqs) <= LONGEST_FIRST_MAX_SEQS,
             ),
             dict(num_warps=tiling.NUM_WARPS, num_stages=tiling.NUM_STAGES),

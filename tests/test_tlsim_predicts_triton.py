@@ -132,7 +132,11 @@ DEVICE_SPLIT_CASES = {
     # 15 sequences (seq_lens read through a mask: 16 lanes); the piece from the total (25 keys) is under the
     # 64-key floor, so 120 takes 2 splits of 64 keys, not 4 of 32
     "piece_floor": ((300, 120) + (10,) * 13, None, 56, [4, 2] + [1] * 13),
+    # twice the mean (2675 keys) over the slack's 836: only the 3000-key sequence is cut (the cases above set the
+    # mean's factor to 0, to pin the slack, the floor and the clamp alone)
+    "twice_the_mean": ((3000, 1400, 1300, 1200, 1100, 1000, 900, 800), None, 32, [2] + [1] * 7),
 }
+DEVICE_SPLIT_MEAN = {"twice_the_mean": 2}
 DEVICE_SPLIT_PARAMS = [
     (name, dtype, kv, options)
     for name in DEVICE_SPLIT_CASES
@@ -167,6 +171,7 @@ def test_tlsim_predicts_the_device_split(name, dtype, kv, options, monkeypatch):
     seq_lens, q_lens, target, counts = DEVICE_SPLIT_CASES[name]
     monkeypatch.setattr(tiling, "TARGET_PROGRAMS", target)
     monkeypatch.setattr(tiling, "DEVICE_SPLIT_MIN_KEYS", 64)
+    monkeypatch.setattr(tiling, "DEVICE_SPLIT_MEAN_FACTOR", DEVICE_SPLIT_MEAN.get(name, 0))
     case = KernelCase(name, num_q_heads=8, num_kv_heads=2, head_dim=32, seq_lens=seq_lens,
                       q_lens=q_lens or (1,) * len(seq_lens), dtype=dtype)  # fmt: skip
     inputs = case.inputs(DEVICE)
