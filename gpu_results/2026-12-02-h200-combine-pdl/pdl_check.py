@@ -1,5 +1,6 @@
 """The combine launched programmatically dependent (COMBINE_PDL) against the plain launch: bitwise the same
 output on every split decode, eager 200 calls and a CUDA graph replayed 200 times. python3 .probe/pdl_check.py"""
+
 import fnmatch
 
 import torch
@@ -10,14 +11,27 @@ from harness.cases.inputs import make_inputs
 from harness.cases.spec import load_case_file
 
 bad = 0
-for suite, pattern in [("gpu_peers", "decode_32x4k_tp8_8q1kv"), ("gpu_peers", "decode_4x16k"), ("gpu_peers", "decode_1x128k"),
-                       ("gpu_peers", "decode_ragged*"), ("gpu", "llama3_8b_decode"), ("gpu_long", "llama3_70b_tp8_decode_128k")]:
+for suite, pattern in [
+    ("gpu_peers", "decode_32x4k_tp8_8q1kv"),
+    ("gpu_peers", "decode_4x16k"),
+    ("gpu_peers", "decode_1x128k"),
+    ("gpu_peers", "decode_ragged*"),
+    ("gpu", "llama3_8b_decode"),
+    ("gpu_long", "llama3_70b_tp8_decode_128k"),
+]:
     for case in load_case_file(f"cases/{suite}.toml"):
         if not fnmatch.fnmatch(case.name, pattern):
             continue
-        inputs = make_inputs(num_q_heads=case.num_q_heads, num_kv_heads=case.num_kv_heads, head_dim=case.head_dim,
-                             block_size=case.block_size, seq_lens=list(case.seq_lens), q_lens=[1] * case.num_seqs,
-                             dtype="bfloat16", device="cuda")
+        inputs = make_inputs(
+            num_q_heads=case.num_q_heads,
+            num_kv_heads=case.num_kv_heads,
+            head_dim=case.head_dim,
+            block_size=case.block_size,
+            seq_lens=list(case.seq_lens),
+            q_lens=[1] * case.num_seqs,
+            dtype="bfloat16",
+            device="cuda",
+        )
         args = inputs.args()
         hints = dict(max_q_len=1, max_seq_len=max(case.seq_lens))
         outs = {}
@@ -44,7 +58,9 @@ for suite, pattern in [("gpu_peers", "decode_32x4k_tp8_8q1kv"), ("gpu_peers", "d
                 graph.replay()
                 replays += torch.equal(out, first)
             outs[pdl] = first
-            print(case.name, "pdl" if pdl else "plain", "eager 200 same:", same, "graph replays same:", replays, "/ 200")
+            print(
+                case.name, "pdl" if pdl else "plain", "eager 200 same:", same, "graph replays same:", replays, "/ 200"
+            )
             bad += (not same) + (200 - replays)
         print(case.name, "pdl == plain bitwise:", torch.equal(outs[True], outs[False]))
         bad += not torch.equal(outs[True], outs[False])
