@@ -1,5 +1,5 @@
 """The combine launched programmatically dependent (COMBINE_PDL) against the plain launch: bitwise the same
-output on every split decode, eager 200 calls and a CUDA graph replayed 200 times. python3 .probe/pdl_check.py"""
+output on every split decode, eager 200 calls and a CUDA graph replayed 200 times. python3 gpu_results/2026-12-02-h200-combine-pdl/pdl_check.py"""
 
 import fnmatch
 

@@ -7,6 +7,7 @@ source scripts/gpu_wheels.sh >/dev/null 2>&1 || true
 { nvidia-smi --query-gpu=name,driver_version --format=csv
   python3 -c 'import torch, triton; print(torch.__version__, torch.version.cuda, triton.__version__)'; date -u; } > "$OUT/env.txt" 2>&1
 mk() { local d; d=$(mktemp -d); (tar --exclude=./.probe --exclude=./.whl -cf - .) | tar -xf - -C "$d"; echo "$d"; }
+# the base: the kernel as committed at c88d89f (`git show c88d89f:kernels/triton_paged.py`), copied to .probe/ for the call
 BASE=$(mk); cp .probe/base_pdl/triton_paged.py "$BASE/kernels/triton_paged.py"
 ab() {  # suite pattern
   echo "== PDL combine (new) against HEAD: $1 --case '$2'" | tee -a "$OUT/ab.log"
@@ -22,4 +23,4 @@ ab gpu 'llama3_8b_decode*'
 ab gpu 'llama3_70b*'
 ab gpu 'deepseek*'
 ab gpu_long 'llama3_*_decode_128k'
-PYTHONPATH=/tmp/site:$REPO timeout 150 python3 .probe/pdl_check.py 2>&1 | tail -40 | tee "$OUT/pdl_check.log"
+PYTHONPATH=/tmp/site:$REPO timeout 150 python3 gpu_results/2026-12-02-h200-combine-pdl/pdl_check.py 2>&1 | tail -40 | tee "$OUT/pdl_check.log"
