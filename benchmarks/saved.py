@@ -89,7 +89,7 @@ def to_rows(path: Path):
         })  # fmt: skip
     commit = doc.get("commit_info", {})
     meta = {
-        "commit": commit.get("id"), "device": rows[0]["device"] if rows else None, "case_files": sorted(case_files),
+        "commit": commit.get("id"), "dirty": bool(commit.get("dirty")), "device": rows[0]["device"] if rows else None, "case_files": sorted(case_files),
         "command": " ".join(f"--plugin {p}" for p in sorted(plugins)), "timing_threads": threads,
     }  # fmt: skip
     return pd.DataFrame(rows), meta
@@ -138,15 +138,21 @@ def _confirm(comparison, base_meta: dict, new_meta: dict, options, which: str, t
     """Re-time the doubtful benchmarks: the baseline's commit (worktree) against this checkout."""
     import tempfile
 
-    from harness.review.confirm import confirm_slower
+    from harness.review.confirm import ConfirmInputError, checked_commit, confirm_slower
 
     said: list[str] = []
     if not base_meta.get("commit") or not new_meta.get("case_files"):
         return comparison, ["confirm: skipped: the saved runs record no commit or case file"]
+    if base_meta.get("dirty"):
+        return comparison, ["confirm: skipped: the baseline was made from a tree with uncommitted changes"]
+    try:  # the baseline's JSON is data: it may name only a commit of your own history
+        commit = checked_commit(base_meta["commit"], "the baseline's commit_info", cwd=ROOT)
+    except ConfirmInputError as error:
+        return comparison, [f"confirm: skipped: {error}"]
     with tempfile.TemporaryDirectory(prefix="bench-base-") as tmp:
         tree = Path(tmp) / "base"
         made = subprocess.run(
-            ["git", "worktree", "add", "--detach", str(tree), base_meta["commit"]],
+            ["git", "worktree", "add", "--detach", "--", str(tree), commit],
             cwd=ROOT,
             capture_output=True,
             text=True,

@@ -3,8 +3,8 @@
 Two targets, each printed as numbers:
 
 * ``--part planted``: a real commit that makes one backend 25% slower (``PLANTED = 0.25`` in
-  ``scripts/slowdown_plugin.py``, committed on top of HEAD in a temporary worktree, nothing
-  on any branch) against HEAD, on a 3-case suite and 3 backends (reference, tlsim and
+  ``scripts/slowdown_plugin.py``, committed on top of HEAD in a temporary worktree on a
+  temporary local branch, so that compare may re-time it; both removed after) against HEAD, on a 3-case suite and 3 backends (reference, tlsim and
   reference_slowable, the slowed one). Target: ``reference_slowable`` flagged WORSE on all
   3 cases, no other backend flagged, the compare done within 10 minutes.
 * ``--part reruns``: three runs of HEAD on the packaged smoke suite, compared pairwise
@@ -116,7 +116,8 @@ def planted(work: Path, args: argparse.Namespace) -> dict:
     head = git("rev-parse", "HEAD")
     base_tree, new_tree = work / "tree-base", work / "tree-new"
     git("worktree", "add", "--detach", str(base_tree), head)
-    git("worktree", "add", "--detach", str(new_tree), head)
+    branch = f"compare-targets-planted-{os.getpid()}"  # compare re-times only commits a local branch or HEAD reaches
+    git("worktree", "add", "-b", branch, str(new_tree), head)
     try:
         plugin = new_tree / "scripts" / "slowdown_plugin.py"
         plugin.write_text(re.sub(r"^PLANTED = 0\.0", "PLANTED = 0.25", plugin.read_text(), count=1, flags=re.M))
@@ -136,6 +137,7 @@ def planted(work: Path, args: argparse.Namespace) -> dict:
     finally:
         for tree in (base_tree, new_tree):
             subprocess.run(["git", "worktree", "remove", "--force", str(tree)], cwd=ROOT, capture_output=True)
+        subprocess.run(["git", "branch", "-D", branch], cwd=ROOT, capture_output=True)
 
 
 def reruns(work: Path, args: argparse.Namespace) -> dict:

@@ -57,3 +57,26 @@ def test_saved_runs_are_numbered_and_the_newest_is_the_default_baseline(tmp_path
     slow = _run(tmp_path / "c.json", 3, slow={"reference": 1.3})
     assert saved.main(["compare", str(slow), "--storage", str(storage)]) == 1
     assert saved.main(["compare", str(slow), "--storage", str(storage), "--min-effect", "0.5"]) == 0
+
+
+@pytest.mark.parametrize(("commit_info", "why"), [
+    ({"id": "fetched"}, "the baseline's commit_info: field 'commit': {fetched} is not in your history"),
+    ({"id": "head", "dirty": True}, "the baseline was made from a tree with uncommitted changes"),
+])  # fmt: skip
+def test_a_baselines_commit_is_re_timed_only_from_your_own_clean_history(tmp_path, monkeypatch, commit_info, why):
+    """A saved baseline is data: --confirm checks out its commit only when it is in your history and clean."""
+    from tests.test_compare_default_confirm import history
+
+    ids = history(tmp_path / "repo")
+    monkeypatch.setattr(saved, "ROOT", tmp_path / "repo")
+    base = _run(tmp_path / "base.json", 1)
+    doc = json.loads(base.read_text())
+    doc["commit_info"] = {**commit_info, "id": ids[commit_info["id"]]}
+    base.write_text(json.dumps(doc))
+    new = _run(tmp_path / "slow.json", 3, slow={"tlsim": 1.25})
+    doc = json.loads(new.read_text())
+    for b in doc["benchmarks"]:
+        b["extra_info"]["case_file"] = str(tmp_path / "cases.toml")
+    new.write_text(json.dumps(doc))
+    passed, summary = saved.compare_files(base, new, confirm="all")
+    assert not passed and f"confirm: skipped: {why.format(**ids)}" in summary

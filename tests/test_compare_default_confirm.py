@@ -128,6 +128,54 @@ def test_an_explicit_confirm_still_refuses_a_commit_that_is_not_one_as_bad_input
     assert "is not a commit of this repository" in capsys.readouterr().err
 
 
+def history(root: Path) -> dict[str, str]:
+    """A git repository at ``root``: name -> commit id, for "head" (HEAD, on main), "branch" (a local branch
+    HEAD does not contain), "fetched" (only on a remote-tracking branch, as a colleague's pushed work) and
+    "loose" (reachable from no ref)."""
+    root.mkdir()
+
+    def git(*args: str) -> str:
+        env = {"GIT_AUTHOR_NAME": "a", "GIT_AUTHOR_EMAIL": "a@b", "GIT_COMMITTER_NAME": "a", "GIT_COMMITTER_EMAIL": "a@b",
+               "GIT_CONFIG_GLOBAL": "/dev/null", "HOME": str(root)}  # fmt: skip
+        return subprocess.run(
+            ["git", *args], cwd=root, env=env, capture_output=True, text=True, check=True
+        ).stdout.strip()
+
+    git("init", "-q", "-b", "main")
+    git("commit", "-q", "--allow-empty", "-m", "head")
+    head = git("rev-parse", "HEAD")
+    tree = git("rev-parse", "HEAD^{tree}")
+    made = {name: git("commit-tree", tree, "-p", head, "-m", name) for name in ("branch", "fetched", "loose")}
+    git("branch", "side", made["branch"])
+    git("update-ref", "refs/remotes/colleague/pr", made["fetched"])
+    return {"head": head, **made}
+
+
+def test_only_a_commit_of_your_own_history_is_re_timed(tmp_path, monkeypatch):
+    """Re-timing runs the code of the commits the two meta.json name: a commit reachable from HEAD or a local
+    branch is code you checked out; one you only fetched, or that no ref reaches, is refused, naming the field."""
+    ids = history(tmp_path / "repo")
+    monkeypatch.chdir(tmp_path / "repo")
+    assert confirm.checked_commit(ids["head"][:10], "x/meta.json") == ids["head"]
+    assert confirm.checked_commit(ids["branch"], "x/meta.json") == ids["branch"]
+    for name in ("fetched", "loose"):
+        with pytest.raises(
+            confirm.ConfirmInputError, match=f"x/meta.json: field 'commit': {ids[name]} is not in your history"
+        ):
+            confirm.checked_commit(ids[name], "x/meta.json")
+
+
+def test_a_handed_run_naming_a_fetched_commit_is_not_re_timed_but_unconfirmed(tmp_path, rounds, monkeypatch, capsys):
+    ids = history(tmp_path / "repo")
+    monkeypatch.chdir(tmp_path / "repo")
+    base, new = _runs(tmp_path, {"tlsim": 1.5}, base_meta={"commit": ids["fetched"]}, both={"commit": ids["head"]})
+    assert main(["compare", base, new]) == 5
+    out = capsys.readouterr().out
+    assert not rounds and "is not in your history" in out and "UNCONFIRMED" in out
+    assert main(["compare", base, new, "--confirm"]) == 2
+    assert "is not in your history" in capsys.readouterr().err
+
+
 def test_an_accuracy_regression_is_exit_1_without_any_retiming(tmp_path, rounds, capsys):
     new = rf.frame(3, seed=0)  # the same samples: every latency "same"
     new.loc[(new["backend"] == "tlsim") & (new["case"] == "case01"), "max_abs_err"] = 5e-6

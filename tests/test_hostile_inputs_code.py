@@ -351,3 +351,18 @@ def test_ctrl_c_while_a_worker_starts_is_one_line_not_a_childs_traceback(setup):
     while not _gone(child) and time.monotonic() < deadline:
         time.sleep(0.1)
     assert _gone(child)
+
+
+def test_a_recorded_thread_count_past_the_cores_runs_on_the_cores():
+    """A journal's or meta.json's timing_threads reaches torch.set_num_threads (a resume, compare's re-timing
+    workers): a count of a million must not spawn a million threads; the count that ran is returned."""
+    import torch
+
+    from harness.run.options import apply_threads
+
+    before = torch.get_num_threads()
+    try:
+        assert apply_threads(str(10**6), "cpu") == (os.cpu_count() or 1)
+        assert apply_threads("1", "cpu") == 1
+    finally:
+        torch.set_num_threads(before)

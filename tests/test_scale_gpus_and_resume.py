@@ -10,7 +10,7 @@ import pandas as pd
 import pytest
 
 import harness.timing.ceilings
-from harness.cli.main import _resume, _run_options, build_parser, main
+from harness.cli.main import BadInput, _resume, _run_options, build_parser, main
 from harness.results.journal import Journal
 from harness.timing.ceilings import GpuLedger, mixed_models_note
 
@@ -145,6 +145,12 @@ def _stopped_run(tmp_path, cases_file, *flags: str):
     [
         (["--workers", "2"], [], "workers", 2),  # remembered
         (["--workers", "2"], ["--workers", "1"], "workers", 1),  # given again: it wins
+        (
+            ["--workers", "9"],
+            [],
+            "workers",
+            2,
+        ),  # never more workers than cases (a journal's 10^10 builds no 10^10 slots)
         ([], [], "one process", None),
     ],
 )
@@ -158,14 +164,26 @@ def test_resume_runs_the_rest_with_the_runs_own_workers_unless_given_again(
     assert len(pd.read_parquet(out / "results.parquet")) == 2
 
 
-def test_resume_remembers_ray_and_its_address_and_a_flag_given_again_replaces_both(tmp_path, cases_file):
-    out = _stopped_run(tmp_path, cases_file, "--ray", "ray://head:10001", "--workers", "4")
+def test_resume_remembers_a_local_ray_but_a_clusters_address_only_when_given_again(tmp_path, cases_file):
+    """A journal is data: it may say "a local Ray" or "4 workers", never which cluster gets the cases and
+    sends back the rows; a flag given again replaces the journal's."""
+    for folder in ("local", "cluster"):
+        (tmp_path / folder).mkdir()
+    local = _stopped_run(tmp_path / "local", cases_file, "--ray", "--workers", "4")
+    resumed = build_parser().parse_args(["run", "--resume", str(local)])
+    _resume(resumed)
+    assert (resumed.ray, resumed.workers) == ("local", "4")
+    out = _stopped_run(tmp_path / "cluster", cases_file, "--ray", "ray://head:10001", "--workers", "4")
     resumed = build_parser().parse_args(["run", "--resume", str(out)])
-    _resume(resumed)
-    assert (resumed.ray, resumed.workers) == ("ray://head:10001", "4")
-    resumed = build_parser().parse_args(["run", "--resume", str(out), "--workers", "2"])
-    _resume(resumed)
-    assert (resumed.ray, resumed.workers) == (None, "2")
+    with pytest.raises(BadInput, match=r"the Ray cluster at ray://head:10001; name it again .*--ray ray://head:10001"):
+        _resume(resumed)
+    for flags, expected in (
+        (["--ray", "ray://head:10001"], ("ray://head:10001", None)),
+        (["--workers", "2"], (None, "2")),
+    ):
+        resumed = build_parser().parse_args(["run", "--resume", str(out), *flags])
+        _resume(resumed)
+        assert (resumed.ray, resumed.workers) == expected
 
 
 def test_a_gpus_ceilings_are_measured_once_per_process_and_once_per_gpu_where_processes_share_a_folder(

@@ -56,6 +56,7 @@ from harness.execute.plan import add_arguments as add_scale_arguments
 from harness.execute.plan import check_arguments as check_scale_arguments
 from harness.execute.plan import run_rows
 from harness.execute.processes import DEFAULT_TIMEOUT_S, PluginImportError, Worker
+from harness.execute.ray_cluster import LOCAL as RAY_LOCAL
 from harness.execute.shards import MergeError, merge_runs, parse_shard, shard_cases
 from harness.results import report
 from harness.results.environment import collect_meta
@@ -146,7 +147,7 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="RUN_DIR",
         help="finish a killed or unwritten run from its journal RUN_DIR.journal.jsonl, with its options. Options "
         "that change no result win when given again here: --timeout, --isolate, --workers/--ray (those given replace "
-        "both), --profile, --no-progress. Options that would change which rows run or what they measure (cases, "
+        "both; a Ray cluster's address must be given again), --profile, --no-progress. Options that would change which rows run or what they measure (cases, "
         "--backend, --tag, --device, --oracle-device, --no-timing, --threads, --shard, --out) are refused unless "
         "equal to the journal's. Plugins are imported only when named here: pass each --plugin the run used",
     )
@@ -206,8 +207,8 @@ def build_parser() -> argparse.ArgumentParser:
     )  # fmt: skip
     compare.add_argument("--confirm", nargs="?", const="unclear", choices=["slower", "unclear", "all"],
                          help="which rows are re-timed in paired rounds (the default re-times 'unclear': rows judged "
-                         "slower or 'cannot tell'; 'slower'; 'all'); given, a commit id that is not one or a plugin "
-                         "not named is bad input (exit 2) instead of leaving rows unconfirmed")  # fmt: skip
+                         "slower or 'cannot tell'; 'slower'; 'all'); given, a commit that is not one of your history "
+                         "or a plugin not named is bad input (exit 2) instead of leaving rows unconfirmed")  # fmt: skip
     compare.add_argument(
         "--no-confirm", action="store_true",
         help="re-time nothing: latency rows the two runs call slower read 'unconfirmed' and the exit code is 5",
@@ -374,6 +375,9 @@ def _resume(args: argparse.Namespace):
     args.shard = options.get("shard")  # the same slice of the cases, always
     if args.workers is None and args.ray is None:  # given on the resume, they replace the journal's
         args.workers, args.ray = options.get("workers"), options.get("ray")
+        if args.ray not in (None, RAY_LOCAL):  # a journal is data: it never chooses where cases and rows go
+            raise BadInput(f"--resume {run_dir}: the run sent its cases to the Ray cluster at {args.ray}; "
+                           f"name it again to send the rest there (--ray {args.ray}), or give --ray or --workers")  # fmt: skip
     args.out = run_dir
     return journal
 

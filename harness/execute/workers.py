@@ -281,7 +281,7 @@ def worker_threads(run_threads: int | None, workers: int) -> int:
 
 def run_sharded(cases, config, on_row, done=(), workers: str | int = "auto") -> ShardedRun:
     """Run ``cases`` over ``workers`` processes (``--workers``); rows to ``on_row``. Returns the run (timings)."""
-    count = worker_count(workers, config.device, config.threads)
+    count = min(worker_count(workers, config.device, config.threads), max(1, len(cases)))  # no idle worker
     sharded = ShardedRun(config, count, config.plugins, worker_threads(config.threads, count))
     sharded.run(cases, on_row, done)
     return sharded

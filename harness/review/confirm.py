@@ -105,13 +105,14 @@ changes nothing. Rows only: status and accuracy changes are not re-run.
 slowdown on a shared machine (three smoke runs of one commit on a busy CPU all had rows
 "slower", up to +843%), so a verdict read from them alone is not one to act on. Where the
 rows cannot be re-timed (a run records no commit, or was made from a dirty tree; a case
-file is gone; a commit cannot be checked out; a plugin is not named with ``--plugin``;
+file is gone; a commit is not in your history or cannot be checked out; a plugin is not named with ``--plugin``;
 ``--no-confirm``) the rows the two runs call slower become "unconfirmed", each saying
 why, and compare exits 5 rather than 1.
 """
 
 from __future__ import annotations
 
+import functools
 import json
 import math
 import os
@@ -156,8 +157,8 @@ except ImportError:  # a build from before harness/ was grouped in sub-packages
     from harness.inputs import make_inputs
     from harness.timing import time_call
 
-if cfg.get("threads"):
-    torch.set_num_threads(int(cfg["threads"]))
+if cfg.get("threads"):  # the run's recorded count (data): at most this machine's cores
+    torch.set_num_threads(min(int(cfg["threads"]), os.cpu_count() or 1))
 for plugin in cfg["plugins"]:
     load_plugin(plugin)
 cases = {c.id: c for c in load_cases(cfg["case_files"], device=cfg["device"])}
@@ -241,18 +242,32 @@ def _plugins(command: str) -> list[str]:
 _OBJECT_ID = re.compile(r"[0-9a-fA-F]{7,64}")
 
 
-def checked_commit(commit, where: str) -> str:
-    """``commit`` as the full id of a commit of this repository; ConfirmInputError naming ``where`` otherwise.
+def checked_commit(commit, where: str, cwd: Path | None = None) -> str:
+    """``commit`` as the full id of a commit in your own history (of the repository at ``cwd``); a
+    ConfirmInputError naming ``where`` otherwise.
 
-    meta.json is data: its ``commit`` reaches ``git worktree add``, so it must look like a hex object
-    id (nothing git could read as an option) and name a commit git knows."""
+    meta.json is data, but re-timing runs the code of the commit it names: so the id must look like a
+    hex object id (nothing git could read as an option) and name a commit reachable from HEAD or from
+    one of your local branches. A commit you only fetched (a remote-tracking branch) or that nothing
+    reaches is code you never checked out: a handed run folder must not choose to run it. Making a
+    branch at it (``git branch NAME COMMIT``) is how you vouch for it."""
     if not isinstance(commit, str) or not _OBJECT_ID.fullmatch(commit):
         raise ConfirmInputError(f"{where}: field 'commit': {commit!r} is not a git object id (hex digits)")
-    found = subprocess.run(["git", "rev-parse", "--verify", "--quiet", f"{commit}^{{commit}}"],
-                           capture_output=True, text=True)  # fmt: skip
+    git = functools.partial(subprocess.run, capture_output=True, text=True, cwd=cwd)
+    found = git(["git", "rev-parse", "--verify", "--quiet", f"{commit}^{{commit}}"])
     if found.returncode != 0:
         raise ConfirmInputError(f"{where}: field 'commit': {commit} is not a commit of this repository")
-    return found.stdout.strip()
+    full = found.stdout.strip()
+    in_head = git(["git", "merge-base", "--is-ancestor", full, "HEAD"]).returncode == 0
+    if (
+        not in_head
+        and not git(["git", "for-each-ref", "--contains", full, "--format=%(refname)", "refs/heads"]).stdout.strip()
+    ):
+        raise ConfirmInputError(
+            f"{where}: field 'commit': {commit} is not in your history (reachable from HEAD or a local branch): "
+            f"re-timing it would run code you never checked out; `git branch NAME {commit}` vouches for it"
+        )
+    return full
 
 
 def _worktree(commit: str, path: Path) -> Path:

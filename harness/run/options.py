@@ -101,14 +101,16 @@ def apply_threads(value: str | None, device: str) -> int:
     faster than two and made reruns of one commit agree (two threads fight the neighbours
     for cores, and one run's reference timings came out 3.4x off the other's), so timings
     compare across commits. On CUDA the host threads hardly matter: torch's default stays.
-    ``auto`` keeps torch's default anywhere.
+    ``auto`` keeps torch's default anywhere. A count past this machine's cores is taken as
+    the cores (more threads only fight each other; a resumed journal from a larger host, or a
+    file's absurd count, must not spawn thousands): the returned count is what ran.
     """
     if value is None:
         value = "1" if torch.device(device).type == "cpu" else "auto"
     if value != "auto":
         if not value.isdigit() or int(value) < 1:
             raise ValueError(f"--threads {value}: give a positive integer or 'auto'")
-        torch.set_num_threads(int(value))
+        torch.set_num_threads(min(int(value), os.cpu_count() or 1))
     return torch.get_num_threads()
 
 
