@@ -289,6 +289,29 @@ def test_the_sweep_limit_counts_every_table_and_can_be_raised(tmp_path, monkeypa
     assert "HARNESS_MAX_SWEEP_POINTS='lots'" in capsys.readouterr().err
 
 
+def test_sequences_are_counted_over_the_sweep_before_any_point_is_built(tmp_path, monkeypatch):
+    """Each sweep point holds its own seq_lens: 600 lengths swept over 2,000 seeds (a 14 KB file) is 1.2M
+    sequences, refused before any point is validated; one list past MAX_SEQS is refused naming its field."""
+    from harness.cases import spec
+
+    built = []
+    monkeypatch.setattr(spec, "expand_spec", lambda *a: built.append(a) or [])
+    wide = write_cases(
+        tmp_path / "wide.toml", {"name": "w", "seq_lens": [7] * 600, "sweep": {"seed": list(range(2000))}}
+    )
+    with pytest.raises(
+        spec.CaseFileError, match=r"wide.toml: case 'w': field 'seq_lens': 2,000 case\(s\) of up to 600"
+    ):
+        spec.load_case_file(wide)
+    assert not built
+    monkeypatch.undo()
+    long = write_cases(tmp_path / "long.toml", {"name": "l", "seq_lens": [7] * (spec.MAX_SEQS + 1)})
+    with pytest.raises(spec.CaseFileError, match=r"long.toml: case 'l': field 'seq_lens'.*at most 4096 items"):
+        spec.load_case_file(long)
+    assert len(spec.load_case_file(write_cases(tmp_path / "ok.toml", {"name": "o", "seq_lens": [7] * 600, "q_lens": 1,
+                                                                      "sweep": {"seed": [1, 2]}}))) == 2  # fmt: skip
+
+
 # --- the oracle cache -----------------------------------------------------------------------------
 
 

@@ -113,7 +113,7 @@ def test_gpu_run_scripts_are_valid_bash():
 @pytest.mark.slow  # four harness runs in worker processes: about 16 s
 def test_gpu_scale_script_dry_runs_one_and_two_workers_and_tables_them(tmp_path):
     cases = tmp_path / "c.toml"
-    one = 'num_q_heads = 2\nnum_kv_heads = 1\nhead_dim = 32\nseq_lens = [5, 9]\n'
+    one = "num_q_heads = 2\nnum_kv_heads = 1\nhead_dim = 32\nseq_lens = [5, 9]\n"
     cases.write_text(f'[[case]]\nname = "c"\n{one}[[case]]\nname = "d"\n{one}')  # two: a worker each
     env = {**os.environ, "DRY": "1", "OUT": str(tmp_path / "out"), "SUITES": str(cases), "WORKERS": "1 2",
            "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}  # fmt: skip
@@ -152,8 +152,7 @@ def test_noise_check_gpu_preset_runs_dry_on_the_cpu_and_prints_verdict_counts(tm
 
 def test_the_slowdown_plugin_runs_as_a_plugin_and_passes(tmp_path):
     cases = tmp_path / "c.toml"
-    one = 'num_q_heads = 2\nnum_kv_heads = 1\nhead_dim = 32\nseq_lens = [5, 9]\n'
-    cases.write_text(f'[[case]]\nname = "c"\n{one}[[case]]\nname = "d"\n{one}')  # two: a worker each
+    cases.write_text('[[case]]\nname = "c"\nnum_q_heads = 2\nnum_kv_heads = 1\nhead_dim = 32\nseq_lens = [5, 9]\n')
     done = run_script(
         "-m", "harness", "run", str(cases), "--plugin", "scripts/slowdown_plugin.py", "--backend", "reference_slowable",
         "--out", str(tmp_path / "run"), "--no-timing", "--no-progress",

@@ -56,6 +56,10 @@ MAX_FILE_BYTES = 4 * 2**20  # a case file is a few KB; anything past this is not
 # A sweep is a product: six lists of 30 values are 729M cases from a file of a few hundred bytes.
 # The points of a file are counted before any is built, and a file past this many is refused.
 MAX_SWEEP_POINTS = 10_000
+# And each point holds its own seq_lens: a list is capped as the generator's count is, and the
+# sequences of all a file's points (a 400 KB file of 10^5 lengths swept 2,000 times took 7 GB) too.
+MAX_SEQS = 4096
+MAX_FILE_SEQUENCES = 1_000_000
 ENV_MAX_SWEEP_POINTS = "HARNESS_MAX_SWEEP_POINTS"  # overrides it (harness run --max-sweep-points sets it)
 
 
@@ -86,7 +90,7 @@ class _Range(BaseModel):
 class SeqLenGenerator(_Range):
     """Seeded ragged lengths: ``count`` sequences with lengths in [min, max]."""
 
-    count: Int = Field(ge=1, le=4096)
+    count: Int = Field(ge=1, le=MAX_SEQS)
     min: Int = Field(ge=1, le=INT32_MAX)
     max: Int = Field(ge=1, le=INT32_MAX)
     distribution: Literal["uniform", "lognormal", "fixed"] = "uniform"
@@ -118,7 +122,9 @@ class CaseSpec(VariantFields):
     gqa_ratio: Int | None = Field(default=None, ge=1, le=512, description="num_q_heads // num_kv_heads")
     head_dim: Int = Field(ge=MIN_HEAD_DIM, le=MAX_HEAD_DIM)
     block_size: Int = Field(default=16, ge=MIN_BLOCK_SIZE, le=MAX_BLOCK_SIZE)
-    seq_lens: list[Length] | SeqLenGenerator = Field(description="KV length per sequence, or a generator")
+    seq_lens: Annotated[list[Length], Field(min_length=1, max_length=MAX_SEQS)] | SeqLenGenerator = Field(
+        description="KV length per sequence, or a generator"
+    )
     q_lens: Length | list[Length] | QLenGenerator = Field(default=1, description="queries per sequence; 1 is decode")
     dtype: DTypeName = "float32"
     layout: Layout = "shuffled"
@@ -477,10 +483,18 @@ def max_sweep_points() -> int:
     return int(value)
 
 
+def _sequences(seq_lens) -> int:
+    """How many sequences a raw ``seq_lens`` value (a list or a generator table) gives, before validation."""
+    if isinstance(seq_lens, list):
+        return len(seq_lens)
+    count = seq_lens.get("count") if isinstance(seq_lens, dict) else None
+    return count if isinstance(count, int) and count > 0 else 1
+
+
 def count_sweep_points(file: str, tables: list[dict[str, Any]]) -> int:
     """The cases ``tables`` (with defaults merged) expand to, counted from the sweep lists' lengths
     without building any; CaseFileError, with the count per field, past :func:`max_sweep_points`."""
-    limit, total, shapes = max_sweep_points(), 0, []
+    limit, total, shapes, sequences = max_sweep_points(), 0, [], []
     for table in tables:
         sweep = table.get("sweep")
         lengths = {str(k): len(v) for k, v in sweep.items() if isinstance(v, list)} if isinstance(sweep, dict) else {}
@@ -488,6 +502,9 @@ def count_sweep_points(file: str, tables: list[dict[str, Any]]) -> int:
         total += points
         if len(lengths) > 0:
             shapes.append((str(table.get("name", "?")), points, lengths))
+        swept = sweep.get("seq_lens") if isinstance(sweep, dict) else None
+        each = max(_sequences(v) for v in [table.get("seq_lens"), *(swept if isinstance(swept, list) else [])])
+        sequences.append((points * each, str(table.get("name", "?")), points, each))
     if total > limit:
         worst = sorted(shapes, key=lambda shape: -shape[1])[:3]
         detail = "; ".join(
@@ -497,6 +514,12 @@ def count_sweep_points(file: str, tables: list[dict[str, Any]]) -> int:
         raise CaseFileError(
             f"{file}: field 'sweep': {total:,} cases, more than the limit of {limit:,} a file ({detail}); "
             f"split the file, or raise the limit with --max-sweep-points or {ENV_MAX_SWEEP_POINTS}"
+        )
+    if sum(s[0] for s in sequences) > MAX_FILE_SEQUENCES:
+        _, name, points, each = max(sequences)
+        raise CaseFileError(
+            f"{file}: case '{name}': field 'seq_lens': {points:,} case(s) of up to {each:,} sequences bring the "
+            f"file past {MAX_FILE_SEQUENCES:,} sequences in all; split the file"
         )
     return total
 
