@@ -312,6 +312,30 @@ def test_sequences_are_counted_over_the_sweep_before_any_point_is_built(tmp_path
                                                                       "sweep": {"seed": [1, 2]}}))) == 2  # fmt: skip
 
 
+def test_a_run_folder_and_a_journal_are_sized_before_they_are_read(tmp_path, monkeypatch, capsys):
+    """A parquet file holds a million rows of one value in a few KB: its own metadata (rows, uncompressed
+    bytes) is checked before pandas reads it; a meta.json and a journal by their size on disk."""
+    from harness.results import journal, storage
+
+    run = tmp_path / "run"
+    run.mkdir()
+    pd.DataFrame({"case": ["c"] * 11, "backend": ["b"] * 11, "status": ["pass"] * 11}).to_parquet(
+        run / "results.parquet"
+    )
+    (run / "meta.json").write_text("{}")
+    monkeypatch.setattr(pd, "read_parquet", lambda *a, **k: pytest.fail("read before it was sized"))
+    monkeypatch.setattr(storage, "MAX_ROWS", 10)
+    assert main(["report", str(run)]) == 2
+    assert f"{run / 'results.parquet'}: 11 rows, 0.0 GiB uncompressed: past the 10 rows" in capsys.readouterr().err
+    monkeypatch.setattr(storage, "MAX_META_BYTES", 1)
+    assert main(["report", str(run)]) == 2
+    assert f"{run / 'meta.json'}: 2 bytes, past the 1 a meta.json may hold" in capsys.readouterr().err
+    (tmp_path / "stopped.journal.jsonl").write_text('{"journal": 1}\n')
+    monkeypatch.setattr(journal, "MAX_BYTES", 4)
+    assert main(["run", "--resume", str(tmp_path / "stopped")]) == 2
+    assert "stopped.journal.jsonl: 15 bytes, past the 4 a journal may hold" in capsys.readouterr().err
+
+
 # --- the oracle cache -----------------------------------------------------------------------------
 
 

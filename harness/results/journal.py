@@ -68,6 +68,9 @@ class HeaderOptions(_Record):
     shard: str | None = None
 
 
+MAX_BYTES = 2 * 2**30  # a journal of 10,000 rows with their samples is tens of MB
+
+
 class Header(_Record):
     journal: Literal[1]
     pid: int | None = None
@@ -206,6 +209,8 @@ class Journal:
         """A journal's header and rows; a torn last line (killed mid-write) is dropped."""
         path = Path(path)
         try:
+            if path.stat().st_size > MAX_BYTES:  # a handed file is sized before it is read whole
+                raise JournalError(f"{path}: {path.stat().st_size:,} bytes, past the {MAX_BYTES:,} a journal may hold")
             lines = path.read_text(encoding="utf-8").splitlines()
         except FileNotFoundError:
             raise JournalError(f"{path}: no journal here (nothing to resume)") from None

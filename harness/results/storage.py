@@ -194,6 +194,27 @@ def write_run(
     return run_dir
 
 
+# A run folder is data from anywhere: its files are sized before they are read. The largest real runs
+# are a few thousand rows (a merged run of many hosts, tens of thousands) and a meta.json of kilobytes;
+# a parquet file compresses a million rows of one value into a few hundred KB, so its own metadata
+# (rows, uncompressed bytes) is checked, not its size on disk.
+MAX_ROWS = 1_000_000
+MAX_ROWS_BYTES = 2 * 2**30
+MAX_META_BYTES = 16 * 2**20
+
+
+def _sized_parquet(rows_file: Path) -> pd.DataFrame:
+    """The rows of ``rows_file``, RunFolderError when its metadata says they are past MAX_ROWS or MAX_ROWS_BYTES."""
+    import pyarrow.parquet as pq
+
+    shape = pq.ParquetFile(rows_file).metadata
+    size = sum(shape.row_group(i).total_byte_size for i in range(shape.num_row_groups))
+    if shape.num_rows > MAX_ROWS or size > MAX_ROWS_BYTES:
+        raise RunFolderError(f"{rows_file}: {shape.num_rows:,} rows, {size / 2**30:.1f} GiB uncompressed: past "
+                             f"the {MAX_ROWS:,} rows or {MAX_ROWS_BYTES / 2**30:.0f} GiB a run folder may hold")  # fmt: skip
+    return pd.read_parquet(rows_file)
+
+
 def load_run(run_dir: Path) -> tuple[pd.DataFrame, dict]:
     """A stored run's rows and meta, each checked against its schema (:mod:`harness.results.schemas`);
     RunFolderError (a ValueError) naming the file and the field at fault."""
@@ -206,12 +227,18 @@ def load_run(run_dir: Path) -> tuple[pd.DataFrame, dict]:
         if not (run_dir / name).is_file():
             raise RunFolderError(f"{run_dir}: not a run folder (no {name})")
     meta_file, rows_file = run_dir / "meta.json", run_dir / "results.parquet"
+    if meta_file.stat().st_size > MAX_META_BYTES:
+        raise RunFolderError(
+            f"{meta_file}: {meta_file.stat().st_size:,} bytes, past the {MAX_META_BYTES:,} a meta.json may hold"
+        )
     try:
         meta = json.loads(meta_file.read_text(encoding="utf-8"))
     except (OSError, UnicodeDecodeError, json.JSONDecodeError, RecursionError) as error:
         raise RunFolderError(f"{meta_file}: corrupt run metadata: {error}") from None
     try:
-        frame = pd.read_parquet(rows_file)
+        frame = _sized_parquet(rows_file)
+    except RunFolderError:
+        raise
     except Exception as error:  # pyarrow raises several types for a damaged file
         raise RunFolderError(f"{rows_file}: not a readable parquet file: {type(error).__name__}: {error}") from None
     try:
