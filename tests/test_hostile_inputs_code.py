@@ -366,3 +366,26 @@ def test_a_recorded_thread_count_past_the_cores_runs_on_the_cores():
         assert apply_threads("1", "cpu") == 1
     finally:
         torch.set_num_threads(before)
+
+
+def test_a_planted_link_in_a_runs_log_folder_is_replaced_never_written_through(tmp_path):
+    """A resumed run writes its plugins' logs into a folder that came with the run: a link planted there, to a
+    file or as the folder itself, is never followed."""
+    from harness.execute.output import captured_output
+
+    victim = tmp_path / "victim.txt"
+    victim.write_text("mine")
+    logs = tmp_path / "run.logs"
+    logs.mkdir()
+    (logs / "c__plug.log").symlink_to(victim)
+    with captured_output(str(logs / "c__plug.log")):
+        os.write(1, b"the plugin's output\n")
+    assert victim.read_text() == "mine"
+    assert not (logs / "c__plug.log").is_symlink() and (logs / "c__plug.log").read_text() == "the plugin's output\n"
+    (tmp_path / "linked.logs").symlink_to(tmp_path)
+    with (
+        pytest.raises(OSError, match=r"linked\.logs: a symbolic link"),
+        captured_output(str(tmp_path / "linked.logs" / "victim.txt")),
+    ):
+        pass
+    assert victim.read_text() == "mine"

@@ -47,6 +47,14 @@ def test_strings_from_case_files_and_plugins_stay_escaped():
     assert len(re.findall(r"<script>", html)) == 2, "only the page's own two scripts"
 
 
+def test_a_name_with_dollar_signs_is_drawn_as_text_not_parsed_as_tex(drawn_plots):
+    frame = rf.frame(num_cases=2)
+    frame.loc[frame["backend"] == frame.loc[0, "backend"], "backend"] = "$\\frac{$"
+    frame.loc[frame["case"] == "case00", "case"] = "a$b$"
+    html = render_html(frame, rf.meta())
+    assert "$\\frac{$" in html and 'src="data:image/svg+xml;base64,' in html
+
+
 def test_gbps_on_cpu_rows_keeps_significant_digits():
     assert sig(0.0123) == "0.0123" and sig(0.0004567) == "4.57e-04" and sig(1234.5) == "1234" and sig(12.345) == "12.3"
     frame = rf.frame(num_cases=1)

@@ -28,11 +28,17 @@ def captured_output(path: str | None):
     if path is None:
         yield
         return
-    Path(path).parent.mkdir(parents=True, exist_ok=True)
+    folder = Path(path).parent
+    folder.mkdir(parents=True, exist_ok=True)
+    if folder.is_symlink():  # the run folder may be a handed one (--resume): its links are never followed
+        raise OSError(f"{folder}: a symbolic link, not the run's log folder")
+    with contextlib.suppress(FileNotFoundError):
+        if os.path.islink(path):
+            os.unlink(path)
     for stream in (sys.stdout, sys.stderr):
         with contextlib.suppress(Exception):
             stream.flush()
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o644)
     saved = os.dup(1), os.dup(2)
     os.dup2(fd, 1)
     os.dup2(fd, 2)

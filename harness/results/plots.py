@@ -11,6 +11,7 @@ from __future__ import annotations
 import base64
 import io
 
+import matplotlib
 import numpy as np
 import pandas as pd
 from matplotlib.figure import Figure
@@ -18,6 +19,7 @@ from matplotlib.figure import Figure
 from harness.cases.vocab import GRADED
 from harness.timing.scaling import phase_of
 
+matplotlib.rcParams["text.parse_math"] = False  # names are text: a '$' in a case's or backend's name is no TeX
 COLORS = ["#1f77b4", "#d62728", "#2ca02c", "#ff7f0e", "#9467bd", "#8c564b", "#e377c2", "#17becf", "#7f7f7f", "#bcbd22"]
 
 

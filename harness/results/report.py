@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import math
 import os
+import tempfile
 from pathlib import Path
 
 import pandas as pd
@@ -79,8 +80,11 @@ def rebuild_html(run_dir: Path, regressions: Regressions | None = None, baseline
     """(Re)write report.html from a run's stored rows, atomically; ``regressions`` marked (harness.review.compare.regressions_of)."""
     frame, meta = load_run(run_dir)
     target = Path(run_dir) / "report.html"
-    tmp = target.with_name(f".report.html.{os.getpid()}")
-    tmp.write_text(render_html(frame, meta, regressions=regressions, baseline_name=baseline_name))
+    page = render_html(frame, meta, regressions=regressions, baseline_name=baseline_name)
+    fd, tmp = tempfile.mkstemp(dir=run_dir, prefix=".report.html.")  # a new file: no planted link is followed
+    with os.fdopen(fd, "w", encoding="utf-8") as out:
+        os.fchmod(out.fileno(), 0o644)  # as the run's other files (mkstemp's is 0600)
+        out.write(page)
     os.replace(tmp, target)
     return target
 
