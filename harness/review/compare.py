@@ -181,7 +181,7 @@ def timed_on_one_side(rows: pd.DataFrame) -> tuple[str, str]:
     graded = rows[(rows["side"] == "both") & rows["status_base"].isin(GRADED) & rows["status_new"].isin(GRADED)]
     base_only = graded["latency_us_base"].notna() & graded["latency_us_new"].isna()
     new_only = graded["latency_us_new"].notna() & graded["latency_us_base"].isna()
-    untimed_note = graded["note_new"].where(base_only, graded["note_base"]).fillna("").astype(str)
+    untimed_note = graded["note_new"].where(base_only, graded["note_base"]).astype("string").fillna("")
     over_budget = (base_only | new_only) & untimed_note.str.contains(NOT_TIMED, regex=False)
     base_only, new_only = base_only & ~over_budget, new_only & ~over_budget
     budget = (
