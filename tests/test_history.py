@@ -47,6 +47,18 @@ def test_history_verb_prints_the_trend_and_writes_a_page_with_plots(runs, tmp_pa
     assert html.count('<img src="data:image/svg+xml;base64,') == 4  # latency and error, per machine
 
 
+def test_history_says_where_two_runs_drifted_or_share_a_commit(tmp_path, capsys):
+    """Reruns of one commit on a busy machine differ as wholes: history marks their ▲ but says they are no verdict."""
+    root = tmp_path / "reports"
+    rf.write(rf.frame(num_cases=4, seed=1), rf.meta(commit="1" * 40, time="2026-11-01T00:00:00"), root / "r1")
+    drifted = rf.frame(num_cases=4, seed=2, slow={b: 1.5 for b in rf.frame(num_cases=1)["backend"].unique()})
+    rf.write(drifted, rf.meta(commit="1" * 40, time="2026-11-02T00:00:00"), root / "r2")
+    assert main(["history", str(root)]) == 0
+    out = capsys.readouterr().out
+    assert "! 1111111#2: latency drift: " in out and "the same commit as the run before: its latency ▲" in out
+    assert "▲ 1111111#2:" in out
+
+
 def test_history_refuses_a_path_that_holds_no_run(tmp_path, capsys):
     assert main(["history", str(tmp_path / "nothing")]) == 2
     assert "neither a run folder" in capsys.readouterr().err

@@ -203,6 +203,22 @@ def test_stale_cleanup_removes_only_partial_folders_carrying_the_marker(tmp_path
     assert any(f"kept {foreign}" in m for m in messages) and any(f"removed {ours}" in m for m in messages)
 
 
+def test_stale_cleanup_says_a_stopped_run_is_stopped_and_leaves_other_users_runs_alone(tmp_path, monkeypatch):
+    """An --out under a shared folder (/tmp) looks only at this user's leftovers there."""
+    from harness.results.journal import Journal
+
+    Journal.create(tmp_path / "mine", {"cases": []}).close(stopped=True)
+    assert stale_leftovers(tmp_path) == [
+        f"note: unfinished run: 0 rows in {tmp_path / 'mine.journal.jsonl'} (stopped); "
+        f"finish it with: python -m harness run --resume {tmp_path / 'mine'}"
+    ]
+    pid = _dead_pid()
+    (tmp_path / f".theirs.partial-{pid}").mkdir()
+    (tmp_path / f".theirs.partial-{pid}" / PARTIAL_MARKER).write_text(f"{pid}\n")
+    monkeypatch.setattr(os, "getuid", lambda: os.stat(tmp_path).st_uid + 1)  # as another user sees them
+    assert stale_leftovers(tmp_path) == [] and (tmp_path / f".theirs.partial-{pid}").exists()
+
+
 def test_a_finished_run_folder_carries_no_marker(runs):
     assert not (runs / "untimed" / PARTIAL_MARKER).exists()
 

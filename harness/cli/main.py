@@ -1,4 +1,4 @@
-"""python -m harness {run,list,report,compare,history,schema}
+"""python -m harness {run,list,report,compare,history,merge,schema}
 
 Exit codes:
 
@@ -16,9 +16,10 @@ Exit codes:
 * 3   internal error: a bug in the harness (the traceback is printed, with a line saying
       so), or the final write of the run folder failed (the journal is kept, and the
       message gives the --resume command that finishes the run)
-* 4   compare only: nothing got worse, but the comparison is incomplete (cases or
+* 4   incomplete. compare: nothing got worse, but the comparison is incomplete (cases or
       backends on one side only, a status turned skip, rows timed in one run only
-      (--no-timing), another device or versions)
+      (--no-timing), another device or versions); run --finalize: the rows written pass,
+      but (case, backend) pairs never ran
 * 5   compare only: nothing is confirmed worse, but latency rows the two runs alone call
       slower could not be re-timed in paired rounds (no commit recorded, a dirty tree, a
       checkout that failed, a plugin not named with --plugin, or --no-confirm): each such
@@ -72,6 +73,7 @@ from harness.results.storage import (
     write_run,
 )
 from harness.review.compare import (
+    EXIT_INCOMPLETE,
     CompareOptions,
     DuplicateRowsError,
     compare_runs,
@@ -104,7 +106,7 @@ def build_parser() -> argparse.ArgumentParser:
         prog=prog,
         description=__doc__.split("\n")[0],
         epilog="exit codes: 0 success; 1 a failure, an error row, nothing graded, or (compare) a row that got "
-        "worse; 2 bad input; 3 an internal error; 4 (compare) incomplete; 5 (compare) nothing is confirmed worse, "
+        "worse; 2 bad input; 3 an internal error; 4 incomplete (compare, run --finalize); 5 (compare) nothing is confirmed worse, "
         "but some latency rows could not be re-timed (unconfirmed); 130 Ctrl-C; 143 SIGTERM. "
         f"With no verb: this help, exit 0. Run `{prog} VERB --help` for a verb's options.",
     )
@@ -123,7 +125,9 @@ def build_parser() -> argparse.ArgumentParser:
     add_to_argparse(run, advanced=oracle)
     run.add_argument("--out", type=Path, help="run folder to create (default: reports/<time>-<device>-<commit>)")
     run.add_argument("--no-timing", dest="timing", action="store_false", help="grade only; do not time")
-    run.add_argument("--no-progress", dest="progress", action="store_false", help="no progress bar")
+    run.add_argument("--no-progress", dest="progress", action="store_false", default=None,
+                     help="a line a row instead of the progress bar (the default where stderr is not a terminal: "
+                     "a log or CI gets lines, not a bar redrawn with carriage returns)")  # fmt: skip
     reliability.add_argument(
         "--profile", action="append", default=[], metavar="CASE[:BACKEND]",
         help="save a torch.profiler Chrome trace of these rows under RUN/profiles/ (globs; repeatable)",
@@ -155,7 +159,8 @@ def build_parser() -> argparse.ArgumentParser:
         "--finalize",
         action="store_true",
         help="with --resume: run nothing, write the run folder from the journal's rows alone (a run whose "
-        "machine is gone); meta.json says it is incomplete and which (case, backend) pairs never ran",
+        "machine is gone); meta.json says it is incomplete and which (case, backend) pairs never ran; "
+        "INCOMPLETE and exit 4 where some never ran and the rest pass",
     )
     add_scale_arguments(run)  # --workers, --ray, --oracle-cache
 
@@ -203,7 +208,7 @@ def build_parser() -> argparse.ArgumentParser:
     compare.add_argument(
         "--normalize-by", metavar="BACKEND", dest="normalize_by",
         help="judge latencies relative to this unchanged backend (a peer) in the same run and case: cancels a "
-        "drift that moves every kernel alike (across two H200s peers still differed by up to 4%%: README)",
+        "drift that moves every kernel alike, as between runs on different machines (docs/review.md)",
     )  # fmt: skip
     compare.add_argument("--confirm", nargs="?", const="unclear", choices=["slower", "unclear", "all"],
                          help="which rows are re-timed in paired rounds (the default re-times 'unclear': rows judged "
@@ -430,6 +435,8 @@ def _finalize(args: argparse.Namespace, journal) -> int:
           f"incomplete: {len(missing)} (case, backend) pairs never ran (meta.json lists them)", file=sys.stderr)  # fmt: skip
     print(f"report: {Path(args.resume) / 'report.html'}")
     code, messages = verdict(frame, None)
+    if code == 0 and (missing or unknown):  # what ran passes, but not all of the run ran
+        code = EXIT_INCOMPLETE
     for message in messages:
         print(message, file=sys.stderr)
     sys.stderr.flush()
@@ -474,6 +481,8 @@ def cmd_run(args: argparse.Namespace) -> int:
 def _checked_run(args: argparse.Namespace, journal) -> int:
     """Check the device, threads, timeout and scale options, import the plugins, then run."""
     device = args.harness_device or default_device()
+    if args.progress is None:
+        args.progress = sys.stderr.isatty()
     if device == "cuda" and not torch.cuda.is_available():
         raise BadInput("--device cuda: no CUDA device is visible to torch")
     try:

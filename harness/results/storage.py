@@ -119,12 +119,20 @@ def stale_leftovers(reports_root: Path, clean: bool = True) -> list[str]:
     * ``<run>.journal.jsonl`` of a dead pid without ``<run>/``: an unfinished run; kept,
       with the command that finishes it.
     * a journal whose folder exists: the run finished but died before removing it; removed.
+
+    Only entries of this user are looked at: an ``--out`` under a shared folder (/tmp) does
+    not read, report or remove another user's runs.
     """
     root = Path(reports_root)
     if not root.is_dir():
         return []
     messages = []
     for entry in sorted(root.iterdir()):
+        try:
+            if entry.lstat().st_uid != os.getuid():
+                continue
+        except OSError:  # gone meanwhile
+            continue
         match = _PARTIAL.match(entry.name)
         if match and entry.is_dir() and not entry.is_symlink() and not pid_alive(int(match["pid"])):
             marker = entry / PARTIAL_MARKER
@@ -151,10 +159,10 @@ def stale_leftovers(reports_root: Path, clean: bool = True) -> list[str]:
                     entry.unlink(missing_ok=True)
                 messages.append(f"note: removed {entry}: its run folder {target} is complete")
             else:
-                messages.append(
-                    f"note: unfinished run: {len(journal.rows)} rows in {entry} (pid {journal.header.get('last_pid')} "
-                    f"is gone); finish it with: python -m harness run --resume {target}"
-                )
+                pid = journal.header.get("last_pid")
+                how = "stopped" if pid is None else f"pid {pid} is gone"
+                messages.append(f"note: unfinished run: {len(journal.rows)} rows in {entry} ({how}); "
+                                f"finish it with: python -m harness run --resume {target}")  # fmt: skip
     return messages
 
 

@@ -373,7 +373,8 @@ def confirm_slower(
                 index, effects,
                 lambda keys, pooled, new_first: _one_round(trees, envs, config, keys, pooled, new_first),
                 alpha=options.alpha, rounds=rounds, time_s=time_s, log=say,
-                on_round=lambda k, still_open: (bar.update(1), bar.set_postfix(open=still_open)),
+                on_round=(lambda k, still_open: (bar.update(1), bar.set_postfix(open=still_open))) if progress else
+                (lambda k, still_open: log(f"confirm: round {k} of at most {rounds} done, {still_open} row(s) open")),
             )  # fmt: skip
         finally:
             bar.close()

@@ -75,14 +75,18 @@ def load_history(paths: list[Path], *, min_effect: float | None = None, backends
         seen[(machine, commit)] = seen.get((machine, commit), 0) + 1
         label = commit + (f"#{seen[(machine, commit)]}" if seen[(machine, commit)] > 1 else "")
         runs.append({"path": str(path), "machine": machine, "commit": meta.get("commit"), "time": meta.get("time"),
-                     "run_label": label, "run_order": order, "rows": len(frame)})  # fmt: skip
+                     "run_label": label, "run_order": order, "rows": len(frame), "drift": ""})  # fmt: skip
         part = frame.reindex(columns=["case", "backend", *VALUES]).assign(
             machine=machine, run_label=label, run_order=order
         )
         part["regressed"], part["why"], part["latency_regressed"], part["error_regressed"] = False, "", False, False
         if machine in previous:
             base, base_meta = previous[machine]
-            worse = compare_runs(base, frame, base_meta, meta, CompareOptions(min_effect=min_effect)).regressions
+            comparison = compare_runs(base, frame, base_meta, meta, CompareOptions(min_effect=min_effect))
+            worse = comparison.regressions
+            drift = [p.split(";")[0] for p in comparison.problems if p.startswith("latency drift")]
+            same = base_meta.get("commit") and base_meta.get("commit") == meta.get("commit")
+            runs[-1]["drift"] = "; ".join(drift + (["the same commit as the run before"] if same else []))
             why = {(r["case"], r["backend"]): r["why"] for _, r in worse.iterrows()}
             keys = list(zip(part["case"], part["backend"], strict=True))
             part["why"] = [why.get(k, "") for k in keys]
@@ -132,6 +136,9 @@ def format_history(history: History) -> str:
     bad = history.rows[history.rows["regressed"]]
     lines.append(f"{len(bad)} regression(s) between consecutive runs" + (":" if len(bad) else ""))
     lines += [f"  ▲ {r.run_label}: {r.backend} on {r.case}: {r.why}" for r in bad.itertuples()]
+    for run in history.runs[history.runs["drift"] != ""].itertuples():  # the two runs alone are no verdict there
+        lines.append(f"  ! {run.run_label}: {run.drift}: its latency ▲ are more likely the machine than the code; "
+                     f"`harness compare` re-times them in paired rounds")  # fmt: skip
     with pd.option_context("display.max_rows", None, "display.width", 250, "display.max_colwidth", 40):
         for machine, table in trend_table(history).items():
             lines.append(f"\nlatency (µs) per run on {machine} (▲ regressed against the run before):")

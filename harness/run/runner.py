@@ -290,12 +290,14 @@ def verdict_lines(frame: pd.DataFrame, code: int, *, most: int = 8, width: int =
     failing statuses first; then one line per (backend, reason) of the skips, the most
     frequent first (``skip triton (41): ...``), at most ``most`` of them, each cut to
     ``width`` characters: a run whose backend skipped everything says why right there.
+    ``INCOMPLETE`` for code 4 (a folder finalized from a journal: pairs never ran).
     """
     counts = frame["status"].value_counts()
-    order = ("fail", "error", "pass", "skip") if code else ("pass", "skip", "fail", "error")
+    order = ("fail", "error", "pass", "skip") if code == 1 else ("pass", "skip", "fail", "error")
     order += tuple(s for s in counts.index if s not in order)
     tally = ", ".join(f"{int(counts[s])} {s}" for s in order if counts.get(s, 0))
-    lines = [f"{'FAIL' if code else 'PASS'}: {len(frame)} rows" + (f": {tally}" if tally else "")]
+    word = {0: "PASS", 4: "INCOMPLETE"}.get(code, "FAIL")
+    lines = [f"{word}: {len(frame)} rows" + (f": {tally}" if tally else "")]
     skips = frame[frame["status"] == "skip"]
     groups = skips.groupby(["backend", "reason"], sort=False).size().sort_values(ascending=False, kind="stable")
     for (backend, reason), count in groups.head(most).items():
