@@ -177,6 +177,8 @@ def test_resume_remembers_a_local_ray_but_a_clusters_address_only_when_given_aga
     resumed = build_parser().parse_args(["run", "--resume", str(out)])
     with pytest.raises(BadInput, match=r"the Ray cluster at ray://head:10001; name it again .*--ray ray://head:10001"):
         _resume(resumed)
+    finalize = build_parser().parse_args(["run", "--resume", str(out), "--finalize"])  # sends nothing anywhere
+    _resume(finalize).close(stopped=True)
     for flags, expected in (
         (["--ray", "ray://head:10001"], ("ray://head:10001", None)),
         (["--workers", "2"], (None, "2")),
@@ -238,3 +240,10 @@ def test_a_pytest_n_run_lists_its_workers_gpus_and_names_mixed_models():
     assert [(g["gpu_index"], g["workers"]) for g in gpus] == [("0", ["gw0"]), ("1", ["gw1"])]
     assert note.startswith("mixed GPU models: NVIDIA A100-SXM4-80GB + NVIDIA H200")
     assert run_gpus([{**row, "gpu_name": ""} for row in rows]) == ([], "")  # a CPU run
+
+
+def test_resume_refuses_a_log_folder_that_is_a_link_before_anything_runs(tmp_path, cases_file):
+    out = _stopped_run(tmp_path, cases_file)
+    (tmp_path / "run.logs").symlink_to(tmp_path)
+    with pytest.raises(BadInput, match=r"run\.logs is not the run's log folder \(a link or a file\)"):
+        _resume(build_parser().parse_args(["run", "--resume", str(out)]))

@@ -57,9 +57,10 @@ MAX_FILE_BYTES = 4 * 2**20  # a case file is a few KB; anything past this is not
 # The points of a file are counted before any is built, and a file past this many is refused.
 MAX_SWEEP_POINTS = 10_000
 # And each point holds its own seq_lens: a list is capped as the generator's count is, and the
-# sequences of all a file's points (a 400 KB file of 10^5 lengths swept 2,000 times took 7 GB) too.
+# sequences of all a file's points (a 400 KB file of 10^5 lengths swept 2,000 times took 7 GB) at
+# SEQUENCES_PER_POINT a point of the limit (a million at the default; raising the limit raises it).
 MAX_SEQS = 4096
-MAX_FILE_SEQUENCES = 1_000_000
+SEQUENCES_PER_POINT = 100
 ENV_MAX_SWEEP_POINTS = "HARNESS_MAX_SWEEP_POINTS"  # overrides it (harness run --max-sweep-points sets it)
 
 
@@ -515,11 +516,12 @@ def count_sweep_points(file: str, tables: list[dict[str, Any]]) -> int:
             f"{file}: field 'sweep': {total:,} cases, more than the limit of {limit:,} a file ({detail}); "
             f"split the file, or raise the limit with --max-sweep-points or {ENV_MAX_SWEEP_POINTS}"
         )
-    if sum(s[0] for s in sequences) > MAX_FILE_SEQUENCES:
+    if sum(s[0] for s in sequences) > limit * SEQUENCES_PER_POINT:
         _, name, points, each = max(sequences)
         raise CaseFileError(
             f"{file}: case '{name}': field 'seq_lens': {points:,} case(s) of up to {each:,} sequences bring the "
-            f"file past {MAX_FILE_SEQUENCES:,} sequences in all; split the file"
+            f"file past {limit * SEQUENCES_PER_POINT:,} sequences in all ({SEQUENCES_PER_POINT} a point of the "
+            f"limit of {limit:,}); split the file, or raise the limit with --max-sweep-points or {ENV_MAX_SWEEP_POINTS}"
         )
     return total
 

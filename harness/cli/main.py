@@ -22,7 +22,8 @@ Exit codes:
       but (case, backend) pairs never ran
 * 5   compare only: nothing is confirmed worse, but latency rows the two runs alone call
       slower could not be re-timed in paired rounds (no commit recorded, a dirty tree, a
-      checkout that failed, a plugin not named with --plugin, or --no-confirm): each such
+      commit not in your history, a checkout that failed, a plugin not named with --plugin,
+      or --no-confirm): each such
       row reads "unconfirmed" with the reason. Worse rows (1) win over 5, 5 over 4
 * 130 interrupted by Ctrl-C; 143 terminated by SIGTERM: the rows so far are kept in the
       journal, and the message gives the --resume command
@@ -160,7 +161,7 @@ def build_parser() -> argparse.ArgumentParser:
         action="store_true",
         help="with --resume: run nothing, write the run folder from the journal's rows alone (a run whose "
         "machine is gone); meta.json says it is incomplete and which (case, backend) pairs never ran; "
-        "INCOMPLETE and exit 4 where some never ran and the rest pass",
+        "INCOMPLETE and exit 4 where some never ran (or which ran is not known here) and the rest pass",
     )
     add_scale_arguments(run)  # --workers, --ray, --oracle-cache
 
@@ -183,7 +184,7 @@ def build_parser() -> argparse.ArgumentParser:
         "(unreadable run, duplicated rows); 3: an internal error; 4: nothing got worse but the comparison is "
         "incomplete (rows on one side only, rows timed in one run only, device or torch/triton mismatch); 5: nothing "
         "is confirmed worse, but latency rows the two runs call slower could not be re-timed (no commit recorded, a "
-        "dirty tree, a checkout that failed, a plugin not named with --plugin, or --no-confirm): they read "
+        "dirty tree, a commit not in your history, a checkout that failed, a plugin not named with --plugin, or --no-confirm): they read "
         "'unconfirmed', with the reason. 1 wins over 5, 5 over 4.",
     )
     compare.add_argument("base_run", type=Path)
@@ -355,12 +356,20 @@ def _resume(args: argparse.Namespace):
     threads = (journal.header.get("meta") or {}).get("timing_threads")
     if args.harness_threads is not None and threads is not None and args.harness_threads != str(threads):
         raise BadInput(f"--resume {run_dir}: --threads {args.harness_threads} differs from the run's {threads}")
-    if not args.finalize:  # --finalize imports nothing
+    if not args.finalize:  # --finalize imports nothing, runs nothing and sends nothing anywhere
         require_plugins(options.get("plugins", []), args.harness_plugins, f"the journal {journal.path}")
         extra = {plugin_key(p) for p in args.harness_plugins} - {plugin_key(p) for p in options.get("plugins", [])}
         if extra:
             raise BadInput(f"--resume {run_dir}: --plugin {', '.join(sorted(extra))}: the run did not use it; "
                            "a resumed run runs its own backends")  # fmt: skip
+        ray = options.get("ray")
+        if args.workers is None and args.ray is None and ray not in (None, RAY_LOCAL):  # a journal is data: it
+            # never chooses where cases go and rows come from
+            raise BadInput(f"--resume {run_dir}: the run sent its cases to the Ray cluster at {ray}; "
+                           f"name it again to send the rest there (--ray {ray}), or give --ray or --workers")  # fmt: skip
+    logs = _staged_logs(run_dir)
+    if logs.is_symlink() or (logs.exists() and not logs.is_dir()):
+        raise BadInput(f"--resume {run_dir}: {logs} is not the run's log folder (a link or a file); move it away")
     last_pid = journal.header.get("last_pid")
     if last_pid != os.getpid() and pid_alive(last_pid):  # this process's own pid: an earlier resume of it here
         raise BadInput(f"--resume {run_dir}: process {last_pid} is still writing it")
@@ -380,9 +389,6 @@ def _resume(args: argparse.Namespace):
     args.shard = options.get("shard")  # the same slice of the cases, always
     if args.workers is None and args.ray is None:  # given on the resume, they replace the journal's
         args.workers, args.ray = options.get("workers"), options.get("ray")
-        if args.ray not in (None, RAY_LOCAL):  # a journal is data: it never chooses where cases and rows go
-            raise BadInput(f"--resume {run_dir}: the run sent its cases to the Ray cluster at {args.ray}; "
-                           f"name it again to send the rest there (--ray {args.ray}), or give --ray or --workers")  # fmt: skip
     args.out = run_dir
     return journal
 
@@ -745,7 +751,7 @@ def cmd_compare(args: argparse.Namespace) -> int:
             time_s=args.confirm_time,
             plugins=args.harness_plugins,
             sources=(str(args.base_run), str(args.new_run)),
-            progress=sys.stderr.isatty(),
+            progress=True if sys.stderr.isatty() else None,  # a bar, or in a log a line a round
             log=lambda line: print(line, file=sys.stderr, flush=True),
         )
     except ConfirmInputError as error:

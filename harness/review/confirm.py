@@ -315,11 +315,12 @@ def confirm_slower(
     log: Callable[[str], None] = print,
     plugins: list[str] = (),
     sources: tuple[str, str] = ("the base run", "the new run"),
-    progress: bool = False,
+    progress: bool | None = False,
 ) -> Comparison:
     """Re-time rows, base and new alternating per row, and judge them again from the paired rounds.
 
-    ``progress``: a tqdm bar of the rounds on stderr (the log lines then go through ``tqdm.write``).
+    ``progress``: a tqdm bar of the rounds on stderr (the log lines then go through ``tqdm.write``);
+    None: no bar, but a log line a round (a log, where a bar's carriage returns would be one long line).
 
     ``plugins``: the --plugin values of this command line, the only plugins the workers import. A
     chosen row of a backend that is not built in needs the plugins the new run's command names
@@ -373,8 +374,9 @@ def confirm_slower(
                 index, effects,
                 lambda keys, pooled, new_first: _one_round(trees, envs, config, keys, pooled, new_first),
                 alpha=options.alpha, rounds=rounds, time_s=time_s, log=say,
-                on_round=(lambda k, still_open: (bar.update(1), bar.set_postfix(open=still_open))) if progress else
-                (lambda k, still_open: log(f"confirm: round {k} of at most {rounds} done, {still_open} row(s) open")),
+                on_round=lambda k, still_open: (bar.update(1), bar.set_postfix(open=still_open)) if progress else
+                (say(f"confirm: round {k} of at most {rounds} done, {still_open} row(s) open")
+                 if progress is None and k not in looks else None),
             )  # fmt: skip
         finally:
             bar.close()

@@ -136,7 +136,8 @@ def format_history(history: History) -> str:
     bad = history.rows[history.rows["regressed"]]
     lines.append(f"{len(bad)} regression(s) between consecutive runs" + (":" if len(bad) else ""))
     lines += [f"  ▲ {r.run_label}: {r.backend} on {r.case}: {r.why}" for r in bad.itertuples()]
-    for run in history.runs[history.runs["drift"] != ""].itertuples():  # the two runs alone are no verdict there
+    flagged = history.runs["drift"].ne("") & history.runs["run_order"].isin(bad["run_order"])
+    for run in history.runs[flagged].itertuples():  # the two runs alone are no verdict there
         lines.append(f"  ! {run.run_label}: {run.drift}: its latency ▲ are more likely the machine than the code; "
                      f"`harness compare` re-times them in paired rounds")  # fmt: skip
     with pd.option_context("display.max_rows", None, "display.width", 250, "display.max_colwidth", 40):

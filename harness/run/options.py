@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import sys
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -89,7 +90,8 @@ RUN_OPTIONS = [
            "with exit 2 naming an entry that differs (default 1: every hit)",
            {"dest": "harness_verify_oracle_cache", "nargs": "?", "const": "1", "metavar": "FRACTION",
             "action": _set_env("HARNESS_ORACLE_CACHE_VERIFY", check=_fraction)}, advanced=True),
-    Option("--threads", "torch intra-op threads for the run: N or 'auto' (torch's default); default 1 on a CPU",
+    Option("--threads", "torch intra-op threads for the run: N (at most the machine's cores) or 'auto' (torch's default); "
+           "default 1 on a CPU",
            {"dest": "harness_threads", "metavar": "N|auto"}, advanced=True),
 ]  # fmt: skip
 
@@ -110,7 +112,10 @@ def apply_threads(value: str | None, device: str) -> int:
     if value != "auto":
         if not value.isdigit() or int(value) < 1:
             raise ValueError(f"--threads {value}: give a positive integer or 'auto'")
-        torch.set_num_threads(min(int(value), os.cpu_count() or 1))
+        cores = os.cpu_count() or 1
+        if int(value) > cores:
+            print(f"warning: --threads {value}: this machine has {cores} cores; the run uses {cores}", file=sys.stderr)
+        torch.set_num_threads(min(int(value), cores))
     return torch.get_num_threads()
 
 
