@@ -9,6 +9,7 @@ case names) is XML-escaped by matplotlib, and an ``<img>`` runs no script anyway
 from __future__ import annotations
 
 import base64
+import functools
 import io
 
 import matplotlib
@@ -19,8 +20,19 @@ from matplotlib.figure import Figure
 from harness.cases.vocab import GRADED
 from harness.timing.scaling import phase_of
 
-matplotlib.rcParams["text.parse_math"] = False  # names are text: a '$' in a case's or backend's name is no TeX
 COLORS = ["#1f77b4", "#d62728", "#2ca02c", "#ff7f0e", "#9467bd", "#8c564b", "#e377c2", "#17becf", "#7f7f7f", "#bcbd22"]
+
+
+def _names_as_text(draw):
+    """``draw`` with matplotlib's mathtext off: a '$' in a case's or backend's name is text, not TeX (no global
+    setting changes for other code in the process)."""
+
+    @functools.wraps(draw)
+    def drawn(*args, **kwargs):
+        with matplotlib.rc_context({"text.parse_math": False}):
+            return draw(*args, **kwargs)
+
+    return drawn
 
 
 def to_data_uri(fig: Figure) -> str:
@@ -39,6 +51,7 @@ def _timed(frame: pd.DataFrame) -> pd.DataFrame:
     return frame.dropna(subset=["latency_us", "total_kv_tokens"]).sort_values("total_kv_tokens")
 
 
+@_names_as_text
 def latency_and_bandwidth(frame: pd.DataFrame, ceilings: dict[str, float] | None = None) -> str | None:
     """Two panels against total KV tokens per case: latency (us) and GB/s, per backend; ceilings dashed."""
     timed = _timed(frame)
@@ -69,6 +82,7 @@ def latency_and_bandwidth(frame: pd.DataFrame, ceilings: dict[str, float] | None
     return to_data_uri(fig)
 
 
+@_names_as_text
 def error_vs_tolerance(frame: pd.DataFrame) -> str | None:
     """tol_ratio (max error over the allowed error) per backend; the line at 1 is the tolerance."""
     if "tol_ratio" not in frame:
@@ -94,6 +108,7 @@ def error_vs_tolerance(frame: pd.DataFrame) -> str | None:
     return to_data_uri(fig)
 
 
+@_names_as_text
 def scaling_fit(frame: pd.DataFrame, fits: pd.DataFrame | None) -> str | None:
     """Latency against the work that drives it, per backend, with the fitted line fixed_us + per_unit_us * x.
 
@@ -146,6 +161,7 @@ def scaling_fit(frame: pd.DataFrame, fits: pd.DataFrame | None) -> str | None:
     return to_data_uri(fig)
 
 
+@_names_as_text
 def trend(history: pd.DataFrame, value: str, ylabel: str, title: str, flag: str = "regressed") -> str | None:
     """One line per (case, backend) of ``value`` across runs (x: run order); rows where ``flag`` is set circled red."""
     data = history.dropna(subset=[value])
