@@ -100,9 +100,13 @@ class BadInput(Exception):
     """An argument or input the user must fix; printed as one message, exit code 2."""
 
 
+def _prog() -> str:
+    """How the user called us: the console script ``harness``, else ``python -m harness`` (for --help and meta.json)."""
+    return "harness" if Path(sys.argv[0]).name == "harness" else "python -m harness"
+
+
 def build_parser() -> argparse.ArgumentParser:
-    called = Path(sys.argv[0]).name  # the console script's name, or __main__.py under python -m
-    prog = called if called == "harness" else "python -m harness"
+    prog = _prog()
     parser = argparse.ArgumentParser(
         prog=prog,
         description=__doc__.split("\n")[0],
@@ -585,7 +589,7 @@ def _run_and_write(args, device, cases, backends, plugin_backends, worker, journ
     done = journal.done()
     todo = sum((c.id, b.name) not in done for c in cases for b in backends)
     if journal.header.get("meta") is None:  # what a --finalize elsewhere reports as the run's own meta
-        start_meta = collect_meta(device, ["python -m harness", *sys.argv[1:]], {}, oracle_cache.meta_record())
+        start_meta = collect_meta(device, [_prog(), *sys.argv[1:]], {}, oracle_cache.meta_record())
         journal.record_meta({**start_meta, "ceilings": ceilings, "timing_threads": threads, "shard": args.shard})
     print(f"{len(cases)} cases x {len(backends)} backends on {device}"
           + (f": {todo} to run, {len(done)} from the journal" if done else ""), file=sys.stderr)  # fmt: skip
@@ -596,7 +600,7 @@ def _run_and_write(args, device, cases, backends, plugin_backends, worker, journ
     frame = _ordered(to_frame(journal.rows), cases, backends, COLUMNS)
     scale.update(journal_s=round(journal_s, 3), merge_s=round(time.perf_counter() - merging, 3), rows=len(frame))
     bandwidth = {k: v for k, v in ceilings.items() if k.endswith("_gbps")}
-    meta = collect_meta(device, ["python -m harness", *sys.argv[1:]], bandwidth, oracle_cache.meta_record())
+    meta = collect_meta(device, [_prog(), *sys.argv[1:]], bandwidth, oracle_cache.meta_record())
     meta.update(case_files=sorted({c.file for c in cases}), ceilings=ceilings, timing_threads=threads, shard=args.shard)
     meta.update(gpus=scale.pop("gpus"), scale=scale)  # each GPU's ceilings; where the run's time went
     if note := mixed_models_note(meta["gpus"]):
