@@ -89,7 +89,8 @@ def to_rows(path: Path):
         })  # fmt: skip
     commit = doc.get("commit_info", {})
     meta = {
-        "commit": commit.get("id"), "dirty": bool(commit.get("dirty")), "device": rows[0]["device"] if rows else None, "case_files": sorted(case_files),
+        "commit": commit.get("id"), "dirty": bool(commit.get("dirty")), "device": rows[0]["device"] if rows else None,
+        "case_files": sorted(case_files),
         "command": " ".join(f"--plugin {p}" for p in sorted(plugins)), "timing_threads": threads,
     }  # fmt: skip
     return pd.DataFrame(rows), meta
@@ -138,7 +139,7 @@ def _confirm(comparison, base_meta: dict, new_meta: dict, options, which: str, t
     """Re-time the doubtful benchmarks: the baseline's commit (worktree) against this checkout."""
     import tempfile
 
-    from harness.review.confirm import ConfirmInputError, checked_commit, confirm_slower
+    from harness.review.confirm import ConfirmInputError, checked_commit, confirm_slower, worktree
 
     said: list[str] = []
     if not base_meta.get("commit") or not new_meta.get("case_files"):
@@ -150,17 +151,11 @@ def _confirm(comparison, base_meta: dict, new_meta: dict, options, which: str, t
     except ConfirmInputError as error:
         return comparison, [f"confirm: skipped: {error}"]
     with tempfile.TemporaryDirectory(prefix="bench-base-") as tmp:
-        tree = Path(tmp) / "base"
-        made = subprocess.run(
-            ["git", "worktree", "add", "--detach", "--", str(tree), commit],
-            cwd=ROOT,
-            capture_output=True,
-            text=True,
-        )
-        if made.returncode:
-            return comparison, [
-                f"confirm: skipped: cannot check out {base_meta['commit'][:12]}: {made.stderr.strip()[:200]}"
-            ]
+        try:
+            tree = worktree(commit, Path(tmp) / "base", cwd=ROOT)
+        except subprocess.CalledProcessError as error:
+            why = (error.stderr or b"").decode(errors="replace").strip()[:200]
+            return comparison, [f"confirm: skipped: cannot check out {commit[:12]}: {why}"]
         try:
             comparison = confirm_slower(
                 comparison,

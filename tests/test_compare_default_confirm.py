@@ -41,7 +41,7 @@ def rounds(monkeypatch):
         return path
 
     monkeypatch.setattr(confirm, "_one_round", one_round)
-    monkeypatch.setattr(confirm, "_worktree", worktree)
+    monkeypatch.setattr(confirm, "worktree", worktree)
     return timed
 
 
@@ -117,7 +117,7 @@ def test_a_checkout_that_fails_leaves_the_rows_unconfirmed(tmp_path, rounds, mon
     def fails(commit, path):
         raise subprocess.CalledProcessError(128, ["git", "worktree", "add"], stderr=b"fatal: no space left")
 
-    monkeypatch.setattr(confirm, "_worktree", fails)
+    monkeypatch.setattr(confirm, "worktree", fails)
     base, new = _runs(tmp_path, {"tlsim": 1.5})
     assert main(["compare", base, new]) == 5
     assert "checking out a commit failed: fatal: no space left" in capsys.readouterr().out

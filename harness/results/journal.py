@@ -209,8 +209,8 @@ class Journal:
         """A journal's header and rows; a torn last line (killed mid-write) is dropped."""
         path = Path(path)
         try:
-            if path.stat().st_size > MAX_BYTES:  # a handed file is sized before it is read whole
-                raise JournalError(f"{path}: {path.stat().st_size:,} bytes, past the {MAX_BYTES:,} a journal may hold")
+            if (size := path.stat().st_size) > MAX_BYTES:  # a handed file is sized before it is read whole
+                raise JournalError(f"{path}: {size:,} bytes, past the {MAX_BYTES:,} a journal may hold")
             lines = path.read_text(encoding="utf-8").splitlines()
         except FileNotFoundError:
             raise JournalError(f"{path}: no journal here (nothing to resume)") from None

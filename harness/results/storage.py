@@ -235,10 +235,8 @@ def load_run(run_dir: Path) -> tuple[pd.DataFrame, dict]:
         if not (run_dir / name).is_file():
             raise RunFolderError(f"{run_dir}: not a run folder (no {name})")
     meta_file, rows_file = run_dir / "meta.json", run_dir / "results.parquet"
-    if meta_file.stat().st_size > MAX_META_BYTES:
-        raise RunFolderError(
-            f"{meta_file}: {meta_file.stat().st_size:,} bytes, past the {MAX_META_BYTES:,} a meta.json may hold"
-        )
+    if (size := meta_file.stat().st_size) > MAX_META_BYTES:
+        raise RunFolderError(f"{meta_file}: {size:,} bytes, past the {MAX_META_BYTES:,} a meta.json may hold")
     try:
         meta = json.loads(meta_file.read_text(encoding="utf-8"))
     except (OSError, UnicodeDecodeError, json.JSONDecodeError, RecursionError) as error:

@@ -270,8 +270,10 @@ def checked_commit(commit, where: str, cwd: Path | None = None) -> str:
     return full
 
 
-def _worktree(commit: str, path: Path) -> Path:
-    subprocess.run(["git", "worktree", "add", "--detach", "--", str(path), commit], check=True, capture_output=True)
+def worktree(commit: str, path: Path, cwd: Path | None = None) -> Path:
+    """``commit`` (a :func:`checked_commit` id) checked out at ``path``; CalledProcessError, git's stderr on it."""
+    subprocess.run(["git", "worktree", "add", "--detach", "--", str(path), commit], check=True, capture_output=True,
+                   cwd=cwd)  # fmt: skip
     return path
 
 
@@ -361,9 +363,17 @@ def confirm_slower(
     effects = {i: _row_effect(rows.loc[i], options) for i in index}
     looks = look_schedule(rounds)
     with tempfile.TemporaryDirectory(prefix="harness-confirm-") as tmp:
-        trees = checkouts or tuple(_worktree(c, Path(tmp) / s) for c, s in zip(commits, ("base", "new"), strict=True))
+        trees = checkouts or tuple(worktree(c, Path(tmp) / s) for c, s in zip(commits, ("base", "new"), strict=True))
         bar = tqdm(total=rounds, desc="confirm", unit="round", disable=not progress, file=sys.stderr)
         say = (lambda line: tqdm.write(line, file=sys.stderr)) if progress else log  # lines above the bar
+
+        def on_round(k: int, still_open: int) -> None:  # the bar, or (progress None) a line a round between looks
+            if progress:
+                bar.update(1)
+                bar.set_postfix(open=still_open)
+            elif progress is None and k not in looks:
+                say(f"confirm: round {k} of at most {rounds} done, {still_open} row(s) open")
+
         try:
             say(
                 f"confirm: re-timing {len(index)} row(s) ({which}) in paired rounds of fresh base and new processes; "
@@ -374,9 +384,7 @@ def confirm_slower(
                 index, effects,
                 lambda keys, pooled, new_first: _one_round(trees, envs, config, keys, pooled, new_first),
                 alpha=options.alpha, rounds=rounds, time_s=time_s, log=say,
-                on_round=lambda k, still_open: (bar.update(1), bar.set_postfix(open=still_open)) if progress else
-                (say(f"confirm: round {k} of at most {rounds} done, {still_open} row(s) open")
-                 if progress is None and k not in looks else None),
+                on_round=on_round,
             )  # fmt: skip
         finally:
             bar.close()

@@ -20,7 +20,7 @@ import pandas as pd
 from harness.cases.vocab import GRADED
 from harness.results.report import ENV, plots
 from harness.results.storage import load_run
-from harness.review.compare import CompareOptions, compare_runs
+from harness.review.compare import CompareOptions, compare_runs, drift_warning
 
 VALUES = ["status", "latency_us", "max_abs_err", "tol_ratio"]
 
@@ -84,7 +84,7 @@ def load_history(paths: list[Path], *, min_effect: float | None = None, backends
             base, base_meta = previous[machine]
             comparison = compare_runs(base, frame, base_meta, meta, CompareOptions(min_effect=min_effect))
             worse = comparison.regressions
-            drift = [p.split(";")[0] for p in comparison.problems if p.startswith("latency drift")]
+            drift = [warning.split(";")[0] for warning in drift_warning(comparison.rows)]
             same = base_meta.get("commit") and base_meta.get("commit") == meta.get("commit")
             runs[-1]["drift"] = "; ".join(drift + (["the same commit as the run before"] if same else []))
             why = {(r["case"], r["backend"]): r["why"] for _, r in worse.iterrows()}
