@@ -415,14 +415,14 @@ def test_the_users_ctrl_c_stops_a_run_inside_a_hanging_call_and_keeps_the_journa
 
 
 def test_isolate_all_runs_the_built_ins_in_the_worker_too(setup, capsys, monkeypatch):
-    from harness.execute import loop
+    from harness.run import runner
 
-    def no_local_context(*args, **kwargs):
+    def no_local_call(*args, **kwargs):
         raise AssertionError("a built-in ran in-process under --isolate all")
 
-    # The per-case loop's own name (a spawned worker imports its own, unpatched copy): an in-process
-    # row would be an error row "building inputs/oracle: AssertionError ...".
-    monkeypatch.setattr(loop, "build_context", no_local_context)
+    # The driver's own name for calling a backend (a spawned worker imports its own, unpatched copy): an
+    # in-process call would raise here. The driver still builds the oracle and grades: that is its job.
+    monkeypatch.setattr(runner, "call_backend", no_local_call)
     out = setup / "run"
     assert main(["run", str(setup / "cases.toml"), "--out", str(out), "--no-timing", "--no-progress",
                  "--isolate", "all", *backends("tlsim", "reference")]) == 0  # fmt: skip

@@ -47,12 +47,18 @@ class Prepared:
     call      the call as a user makes it (``call_us``); None: the same as ``run``
     to_packed result of run() -> packed [num_tokens, num_q_heads, head_dim]
     note      shown in the report: which path a dispatch chose, which peer variant ran
+    out       the buffer run() is handed, when it is (the contract's ``out``): poisoned with NaN before
+              every timed call, and the result must be it or its values must be in it
+    follows_inputs  run() reads the case's input tensors themselves (not a copy made in prepare), so
+              a change to their values in place is seen by the next call (harness.run.calling)
     """
 
     run: Callable[[], Any]
     to_packed: Callable[[Any], torch.Tensor] = lambda result: result
     note: str = ""
     call: Callable[[], Any] | None = None
+    out: torch.Tensor | None = None
+    follows_inputs: bool = False
 
 
 @dataclass(frozen=True)
@@ -108,8 +114,10 @@ def contract_prepare(fn: Callable[..., torch.Tensor], **hints: Callable[[Case], 
         if case.cascade:  # kernels.cascade: the shared prefix and the rest as two calls, merged by lse
             del options["return_lse"]
             run = partial(cascade_attention, fn, *args, case.prefix_blocks, out=out, **options)
-            return Prepared(run=run, note=f"cascade: {case.prefix_blocks} shared blocks + suffix, merged by lse")
-        return Prepared(run=lambda: fn(*args, out=out, **extra, **options), call=lambda: fn(*args, **options))
+            return Prepared(run=run, note=f"cascade: {case.prefix_blocks} shared blocks + suffix, merged by lse",
+                            out=out, follows_inputs=True)  # fmt: skip
+        return Prepared(run=lambda: fn(*args, out=out, **extra, **options), call=lambda: fn(*args, **options),
+                        out=out, follows_inputs=True)  # fmt: skip
 
     return prepare
 
@@ -122,6 +130,32 @@ def add_backend(backend: Backend) -> Backend:
         raise ValueError(f"backend {backend.name!r} is already registered ({REGISTRY[backend.name].kind})")
     REGISTRY[backend.name] = backend
     return backend
+
+
+def _runs_in_its_worker(case: Case, inputs: PagedInputs, out: torch.Tensor) -> Prepared:
+    raise RuntimeError("a plugin's backend is called in its worker process, never in the driver")
+
+
+def add_remote_backend(registration: dict) -> Backend:
+    """Register, in the driver, a plugin backend its worker reported (name, devices, description,
+    graphable, options): the driver knows it without importing the plugin. ValueError on a field of the
+    wrong type or an unknown variant."""
+
+    def text(value, what: str) -> str:
+        if not isinstance(value, str) or (not value.strip() and what == "name"):
+            raise ValueError(f"a plugin reported a backend whose {what} is not a string: {value!r}")
+        return value
+
+    def texts(value, what: str) -> tuple[str, ...]:
+        if not isinstance(value, list | tuple):
+            raise ValueError(f"a plugin reported a backend whose {what} is not a list: {value!r}")
+        return tuple(text(item, what) for item in value)
+
+    return add_backend(Backend(text(registration.get("name"), "name"), _runs_in_its_worker,
+                               texts(registration.get("devices"), "devices"), "plugin",
+                               text(registration.get("description", ""), "description"),
+                               bool(registration.get("graphable", True)),
+                               options=frozenset(texts(registration.get("options", []), "options"))))  # fmt: skip
 
 
 def load_plugin(module_or_path: str) -> None:

@@ -49,7 +49,7 @@ import torch
 
 import kernels
 from harness.backends.builtin import REGISTRY, load_plugin, resolve_backends
-from harness.backends.registry import UnnamedPluginError, plugin_key, require_plugins
+from harness.backends.registry import UnnamedPluginError, add_remote_backend, plugin_key, require_plugins
 from harness.cases.loading import load_cases
 from harness.cases.packaged import packaged_suites, resolve_case_arg
 from harness.cases.spec import CaseFileError, case_file_schema, check_backend_names, load_case_file, resolve_case_paths
@@ -284,17 +284,39 @@ def _load(cases: list[str], device: str, tags: list[str] | None, backends: list[
 
 
 def _load_plugins(plugins: list[str], isolate: str):
-    """Import the plugins (first in the run's worker when isolating, so one that exits or
-    crashes on import is bad input, not the end of the run); the backend names they added,
-    and the started worker (None when nothing is isolated)."""
+    """Start the run's worker and import the plugins there (a plugin that exits or crashes on import is
+    bad input, not the end of the run), and register their backends here from what the worker reports:
+    this process never imports a plugin. With ``--isolate none`` they are imported here instead (and
+    the run says what that gives up). The backend names they added, and the started worker (None when
+    nothing is isolated)."""
     worker = None
+    before = set(REGISTRY)
     if isolate == "all" or (plugins and isolate == "plugins"):
         worker = Worker(tuple(plugins), torch.get_num_threads())  # the run's threads, as apply_threads set them
         try:
             worker.start()
         except PluginImportError as error:
             raise BadInput(f"--plugin {error}") from None
-    before = set(REGISTRY)
+        for registration in worker.backends:
+            try:
+                add_remote_backend(registration)
+            except ValueError as error:
+                worker.stop()
+                raise BadInput(f"--plugin {', '.join(plugins)}: {error}") from None
+        if plugins and worker.walls:
+            os.environ[oracle_cache.ENV_DIR] = "off"  # the worker could reach the cache: the run does without it
+            print(
+                f"note: the plugins' worker could not wall off the oracle cache ({worker.walls}); this run "
+                "computes every oracle and leaves the cache alone",
+                file=sys.stderr,
+            )
+        if plugins and isolate == "all":
+            print(
+                "note: --isolate all runs the built-ins in the plugins' worker, beside them: a plugin there can "
+                "reach their rows (docs/contract.md#threat-model)",
+                file=sys.stderr,
+            )
+        return set(REGISTRY) - before, worker
     for plugin in plugins:
         try:
             load_plugin(plugin)
@@ -304,6 +326,12 @@ def _load_plugins(plugins: list[str], isolate: str):
             if not raised_by_backend(error):
                 raise
             raise BadInput(f"--plugin {plugin}: importing it raised {type(error).__name__}({error})") from None
+    if plugins:
+        print(
+            "note: --isolate none imports the plugins into the process that grades them: a plugin can reach "
+            "its own verdict (docs/contract.md#threat-model)",
+            file=sys.stderr,
+        )
     return set(REGISTRY) - before, worker
 
 
@@ -506,6 +534,10 @@ def _checked_run(args: argparse.Namespace, journal) -> int:
     except ValueError as error:
         raise BadInput(str(error)) from None
     plugin_backends, worker = _load_plugins(args.harness_plugins, args.isolate)
+    if plugin_backends and (args.workers is not None or args.ray is not None):
+        print("note: with --workers or --ray each worker imports the plugins beside the oracle and the grading: "
+              "a plugin there can reach its own verdict; a run without them keeps it out (docs/contract.md#threat-model)",
+              file=sys.stderr)  # fmt: skip
     try:
         return _run(args, device, journal, plugin_backends, worker)
     finally:

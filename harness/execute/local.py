@@ -18,7 +18,7 @@ from tqdm import tqdm
 from harness.cases.spec import Case
 from harness.execute.loop import Contexts, Task, Tracker, case_events, show_output
 from harness.execute.processes import Worker
-from harness.run.runner import RunConfig, to_frame
+from harness.run.runner import RunConfig, row_without_call, to_frame
 from harness.timing.phases import rounded, take_phases
 
 
@@ -68,9 +68,16 @@ def run_cases(
                     if kind == "row":
                         show_output(config, case.id, row["backend"])
                         emit(row)
+                isolated = [b for b in todo if b.name in config.isolated]
+                called = []
+                for backend in isolated:  # their skips are made here: only the rest go to the worker
+                    if reason := backend.skip_reason(case, config.device):
+                        emit(row_without_call(case, backend, config, "skip", reason))
+                    else:
+                        called.append(backend.name)
+                if called:  # called in the worker, graded here against this process's oracle
+                    worker.call_case(Task(case, called), shipped, tracker, contexts.get(case, config))
                 contexts.drop(config)
-                if isolated := [b.name for b in todo if b.name in config.isolated]:
-                    worker.run_case(Task(case, isolated), shipped, tracker)
                 rows.extend(sorted(case_rows, key=lambda row: order[row["backend"]]))
     finally:
         if worker is not None:

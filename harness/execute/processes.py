@@ -16,6 +16,19 @@ Which backends run isolated is the run's choice (``--isolate``): by default the 
 from outside this repository; the built-ins are this repository's own torch code, and
 isolating them would build every case's inputs and float64 oracle twice on the CPU).
 
+**A plugin never runs where verdicts are made.** The worker that serves a one-process run's
+plugins (:class:`Worker`) builds a case's inputs from its seed, calls the backends
+(:func:`harness.run.calling.call_backend`) and sends back their outputs and timings; the driver
+holds the float64 oracle and grades them (:func:`harness.run.runner.grade_called`), and writes
+the journal and the report. The driver learns a plugin's registration (name, devices, declared
+variants) from the worker's "ready" message, and never imports it. Every message a worker sends
+is a ``torch.save`` of plain values (strings, numbers, lists, dicts, CPU tensors), read with
+``torch.load(weights_only=True)``: a worker cannot make the driver run code by what it sends.
+Before importing a plugin the worker walls off the oracle cache and the harness's source
+(:mod:`harness.execute.sandbox`). After a backend's timing the worker runs a batch of its default
+calls back to back between two messages, which the driver times on its own clock
+(:func:`harness.run.physics.impossible`).
+
 A worker ignores SIGINT from its first instruction (it is started with SIGINT ignored, which
 the new interpreter keeps): the user's Ctrl-C goes to the parent, which stops the workers and
 reports one line, never a child's traceback. A worker dies with its parent
@@ -28,6 +41,7 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import dataclasses
+import io
 import multiprocessing
 import os
 import signal
@@ -42,9 +56,22 @@ import torch
 import kernels
 from harness.backends.builtin import REGISTRY, load_plugin
 from harness.execute.loop import CONTEXT, Contexts, Task, Tracker, row_limit, timed_case
+from harness.execute.output import captured_output, row_log
+from harness.execute.sandbox import wall_off
+from harness.run.calling import Called, call_backend
+from harness.run.oracle_cache import cache_dir
 from harness.run.profiling import profile_pairs
-from harness.run.runner import RunConfig, error_reason
+from harness.run.runner import (
+    CaseContext,
+    RunConfig,
+    build_context,
+    error_reason,
+    flip_seeds,
+    grade_called,
+    row_without_call,
+)
 from harness.timing import ceilings
+from harness.timing.measure import TimingPlan
 from harness.timing.phases import absorb, take_phases
 
 START_TIMEOUT_S = 300.0  # importing torch, kernels and the plugins on a busy laptop
@@ -103,22 +130,47 @@ def sigint_ignored_in_children():
 
 
 _LOADED: set[str] = set()  # plugins imported in this (long-lived) worker process
+BATCH_S, BATCH_MIN, BATCH_MAX = 0.02, 10, 1000  # the back-to-back batch the driver times: about 20 ms of calls
+
+
+def encode(message) -> bytes:
+    """A worker's message as bytes (``torch.save``: plain values and CPU tensors only)."""
+    buffer = io.BytesIO()
+    torch.save(message, buffer)
+    return buffer.getvalue()
+
+
+def decode(data: bytes):
+    """A worker's message; ``weights_only`` loads plain values and tensors and runs no code."""
+    return torch.load(io.BytesIO(data), weights_only=True)
+
+
+def registrations() -> list[dict]:
+    """The plugins' backends in this process, as plain values (what the driver learns in place of importing)."""
+    return [{"name": b.name, "devices": list(b.devices), "description": b.description, "graphable": b.graphable,
+             "options": sorted(b.options)} for b in REGISTRY.values() if b.kind == "plugin"]  # fmt: skip
 
 
 def worker_setup(plugins: tuple[str, ...], threads: int | None, config: RunConfig | None = None) -> dict:
     """What a worker does once, before its first case: the Triton interpreter where there is no
     GPU, its torch threads, the plugins, and (given the run's ``config``) its own device's name and
     ceilings (:func:`harness.timing.ceilings.own_device`, measured once per process, on CUDA when
-    timing): the report the parent records per GPU (meta.json's ``gpus``)."""
+    timing): the report the parent records per GPU (meta.json's ``gpus``). A worker without a
+    ``config`` serves plugins: it walls off the oracle cache and the harness's source first
+    (``walls``: '' when done, else why not) and reports the plugins' registrations."""
     kernels.use_interpreter_if_no_gpu()
     if threads:
         torch.set_num_threads(threads)
+    walls = ""
+    if config is None and plugins:
+        hidden = [folder for folder in [cache_dir()] if folder is not None]
+        walls = wall_off(hidden, [Path(__file__).resolve().parents[1]])
     for plugin in plugins:
         if plugin not in _LOADED:
             load_plugin(plugin)
             _LOADED.add(plugin)
     if config is None:
-        return {"gpu_name": "", "ceilings": {}, "measure_s": 0.0}
+        return {"gpu_name": "", "ceilings": {}, "measure_s": 0.0, "walls": walls, "backends": registrations()}
     dtypes = sorted(config.ceiling_dtypes or config.ceilings.get("matmul_tflops") or {})  # the run's dtypes
     return ceilings.own_device(config.device, dtypes, config.timing)
 
@@ -133,9 +185,9 @@ def _worker_main(conn, plugins, threads, device_config, labels: dict, parent_pid
         device = worker_setup(plugins, threads, device_config)
     except BaseException as error:
         cause = error.__cause__ if isinstance(error, ValueError) and error.__cause__ else error
-        conn.send(("plugin_error", f"{type(cause).__name__}: {cause}"))
+        conn.send_bytes(encode(("plugin_error", f"{type(cause).__name__}: {cause}")))
         return
-    conn.send(("ready", os.getpid(), device))
+    conn.send_bytes(encode(("ready", os.getpid(), device)))
     contexts = Contexts()
     while True:
         free = time.perf_counter()
@@ -149,15 +201,58 @@ def _worker_main(conn, plugins, threads, device_config, labels: dict, parent_pid
             _, case, name, config, folder = message
             try:
                 paths = profile_pairs([(case, REGISTRY[name])], config.device, config.oracle_device, Path(folder))
-                conn.send(("profiled", [str(path) for path in paths], take_phases()))
+                conn.send_bytes(encode(("profiled", [str(path) for path in paths], take_phases())))
             except BaseException as error:
-                conn.send(("error", error_reason(error), take_phases()))
+                conn.send_bytes(encode(("error", error_reason(error), take_phases())))
+            continue
+        if message[0] == "call":
+            _calls(conn, *message[1:], time.perf_counter() - free)
             continue
         _, case, names, config = message
         if device["ceilings"]:  # its rows are judged against its own GPU's
             config = dataclasses.replace(config, ceilings=device["ceilings"])
         for event in timed_case(case, names, config, contexts, labels, time.perf_counter() - free):
-            conn.send(event)
+            conn.send_bytes(encode(event))
+
+
+_INPUTS: dict[str, CaseContext] = {}  # a plugin worker's last case: inputs and guard, no oracle
+
+
+def _calls(conn, case, names: list[str], config: RunConfig, seeds: dict, waited_s: float) -> None:
+    """A plugin worker's answer to ("call", case, names, config, seeds): for each backend ("start", name),
+    ("batch", name, calls) and ("batched", name) around the back-to-back batch the driver times, then
+    ("called", name, what its calls gave); then ("done", ...) as :func:`timed_case` ends."""
+    started = time.perf_counter()
+    take_phases()
+    if case.id not in _INPUTS:
+        _INPUTS.clear()
+        if config.device.startswith("cuda"):
+            torch.cuda.empty_cache()
+        conn.send_bytes(encode(("start", CONTEXT)))
+        _INPUTS[case.id] = build_context(case, config.device, config.oracle_device, oracle=False)
+    ctx = _INPUTS[case.id]
+    for name in names:
+        conn.send_bytes(encode(("start", name)))
+        backend = REGISTRY[name]
+        plan = TimingPlan(config.device, config.ceilings, threads=config.threads).for_backend(backend)
+
+        def batch(prepared, called: Called, name: str = name) -> None:
+            call = prepared.call or prepared.run
+            median_us = (called.timing.get("call_us") or 0) or 1e3
+            calls = int(min(BATCH_MAX, max(BATCH_MIN, BATCH_S / (median_us * 1e-6))))
+            conn.send_bytes(encode(("batch", name, calls)))
+            for _ in range(calls):
+                call()
+            if config.device.startswith("cuda"):
+                torch.cuda.synchronize()
+            conn.send_bytes(encode(("batched", name)))
+
+        log = row_log(config, case.id, name)
+        with captured_output(log[0] if log else None):
+            called = call_backend(case, ctx.inputs, ctx.guard, backend, config.device,
+                                  plan if config.timing else None, tuple(seeds[name]), batch=batch)  # fmt: skip
+        conn.send_bytes(encode(("called", name, called.to_message())))
+    conn.send_bytes(encode(("done", waited_s, time.perf_counter() - started, take_phases())))
 
 
 def spawn(context, gpu: str, name: str, args: tuple) -> tuple[multiprocessing.Process, Any]:
@@ -188,6 +283,8 @@ class Worker:
     def __init__(self, plugins: tuple[str, ...] = (), threads: int | None = None):
         self.plugins, self.threads = tuple(plugins), threads  # threads: the run's (what its rows record)
         self.process = self.conn = None
+        self.backends: list[dict] = []  # the plugins' registrations, as the worker reported them
+        self.walls = ""  # '' when the worker walled off the oracle cache and the source; else why not
 
     def start(self) -> None:
         """Start the worker and import the plugins there. PluginImportError."""
@@ -205,6 +302,7 @@ class Worker:
                 why = reply[1] if reply != DIED else f"the worker {self.stop()} while importing"
             self.stop()
             raise PluginImportError(f"{', '.join(self.plugins) or 'the worker'}: {why}")
+        self.backends, self.walls = reply[2].get("backends", []), reply[2].get("walls", "")
 
     def receive(self, timeout_s: float | None) -> Any:
         """The worker's next message; DIED when it died (EOF), TIMED_OUT when the time ran out."""
@@ -213,16 +311,25 @@ class Worker:
             wait = 1.0 if deadline is None else min(1.0, max(deadline - time.monotonic(), 0))
             try:
                 if self.conn.poll(wait):
-                    return self.conn.recv()
+                    return self._read()
             except (EOFError, OSError):
                 return DIED
             if not self.process.is_alive():
                 try:  # it may have answered just before dying
-                    return self.conn.recv() if self.conn.poll(0) else DIED
+                    return self._read() if self.conn.poll(0) else DIED
                 except (EOFError, OSError):
                     return DIED
             if deadline is not None and time.monotonic() >= deadline:
                 return TIMED_OUT
+
+    def _read(self):
+        """The next message; a message that is not plain values is the worker's fault: it is stopped (DIED)."""
+        data = self.conn.recv_bytes()
+        try:
+            return decode(data)
+        except Exception:  # not a torch.save of plain values: nothing of it is used
+            self.stop()
+            return DIED
 
     def stop(self) -> str:
         """Kill the worker (if alive) and forget it; how it ended ('killed by SIGKILL'). The next call starts
@@ -243,13 +350,20 @@ class Worker:
             self.stop()
             self.start()
 
-    def run_case(self, task: Task, config: RunConfig, tracker: Tracker) -> None:
-        """Every backend of ``task`` through the worker, its events to ``tracker``: after a death or a
-        hang, the backends left go to a fresh worker, until each has a row."""
+    def call_case(self, task: Task, config: RunConfig, tracker: Tracker, ctx: CaseContext | str) -> None:
+        """Every backend of ``task`` called in the worker and graded here against ``ctx`` (the driver's
+        inputs and oracle; a str: why they could not be built, an error row each), its rows to ``tracker``.
+        After a death or a hang, the backends left go to a fresh worker, until each has a row."""
         tracker.skip_hung(task)
+        if isinstance(ctx, str):
+            for name in list(task.names):
+                tracker.made(task, name, "error", ctx)
+            return
+        seeds = {name: flip_seeds() for name in task.names}  # drawn here, sent with the case
+        batches: dict[str, tuple[int, float]] = {}
         while task.names:
             self._ensure()
-            self.conn.send(("case", task.case, list(task.names), config))
+            self.conn.send(("call", task.case, list(task.names), config, {n: seeds[n] for n in task.names}))
             while True:
                 limit = row_limit(task.case, config) if task.running not in (None, CONTEXT) else None
                 reply = self.receive(None if limit is None else task.since + limit - time.monotonic())
@@ -260,10 +374,28 @@ class Worker:
                 if reply == DIED:
                     tracker.died(task, f"the worker process {self.stop()}")
                     break
-                tracker.event(task, reply)
-                if reply[0] == "done":
-                    absorb(reply[3])  # the worker's phases count as this process's (meta.json's scale)
-                    return
+                kind = reply[0]
+                if kind == "batch":
+                    batches[reply[1]] = (int(reply[2]), time.monotonic())
+                elif kind == "batched":
+                    calls, since = batches.get(reply[1], (0, time.monotonic()))
+                    batches[reply[1]] = (calls, time.monotonic() - since)
+                elif kind == "called":
+                    name = reply[1]
+                    if name not in task.names:
+                        continue  # a name it was not asked for: nothing of it is used
+                    try:
+                        called = Called.from_message(reply[2])
+                        row = grade_called(ctx, REGISTRY[name], config, called, seeds[name], batches.get(name))
+                    except Exception as error:  # a message of the wrong shape: the worker's fault
+                        row = {**row_without_call(task.case, REGISTRY[name], config, "error",
+                                                  f"its worker sent a malformed result: {error_reason(error)}")}  # fmt: skip
+                    tracker.event(task, ("row", {**row, **task.labels}))
+                else:
+                    tracker.event(task, reply)
+                    if kind == "done":
+                        absorb(reply[3])
+                        return
             tracker.skip_hung(task)
 
     def profile(self, case, backend: str, config: RunConfig, folder: Path, timeout_s: float) -> list[str] | str:

@@ -53,7 +53,7 @@ from multiprocessing.connection import wait
 
 from harness.cases.spec import Case
 from harness.execute.loop import Task, Tracker
-from harness.execute.processes import START_TIMEOUT_S, Worker, spawn
+from harness.execute.processes import DIED, START_TIMEOUT_S, Worker, spawn
 from harness.run.runner import RunConfig
 from harness.timing.metrics import case_cost
 
@@ -221,8 +221,10 @@ class ShardedRun:
     def _drain(self, slot: _Slot, queue) -> None:
         while slot.conn is not None and slot.conn.poll(0):
             try:
-                message = slot.conn.recv()
+                message = slot._read()
             except (EOFError, OSError):
+                message = DIED
+            if message == DIED:
                 self._died(slot, queue, f"the worker process {self._stop(slot)}")
                 return
             if message[0] == "ready":

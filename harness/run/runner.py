@@ -6,31 +6,31 @@ row), and :mod:`harness.results.report` stores it.
 
 from __future__ import annotations
 
-import time
-import traceback
+import secrets
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 import torch
 
-from harness.backends.registry import Backend, Prepared, Unsupported
+from harness.backends.registry import Backend
 from harness.cases.inputs import PagedInputs, make_inputs
 from harness.cases.spec import Case
 from harness.cases.vocab import FAILING, GRADED, STATUSES
 from harness.results.columns import COLUMNS, check_row_keys
+from harness.run import physics
+from harness.run.calling import NOT_TIMED, Called, call_backend, error_reason, expected_under, sign_mask
 from harness.run.grading import BOUND_RESULT, forward_error_bound, grade, locate
-from harness.run.guard import InputGuard, check_output, raised_by_backend
+from harness.run.guard import InputGuard
 from harness.run.oracle import paged_attention_oracle
 from harness.run.oracle_cache import lookup, oracle_key
-from harness.timing.measure import TimingPlan, timing_columns
+from harness.timing.measure import TimingPlan
 from harness.timing.metrics import bytes_moved
 from harness.timing.phases import phase
 
+__all__ = ["NOT_TIMED", "error_reason"]  # re-exported: compare and the executors read them here
+
 if TYPE_CHECKING:
     import pandas as pd
-
-# The note of a row graded but not timed because its one call outlasted the timing budget (compare reads it).
-NOT_TIMED = "not timed: one call took"
 
 
 @dataclass(frozen=True)
@@ -58,7 +58,7 @@ class CaseContext:
 
     case: Case
     inputs: PagedInputs
-    expected: torch.Tensor  # [num_tokens, num_q_heads, head_dim] float64
+    expected: torch.Tensor | None  # [num_tokens, num_q_heads, head_dim] float64; None in a plugin's worker
     bound: torch.Tensor | None = None  # forward_error_bound of the inputs, expected's shape
     guard: InputGuard | None = None  # fingerprints of the pristine inputs
     expected_lse: torch.Tensor | None = None  # [num_tokens, num_q_heads] float64, when the case asks for it
@@ -66,10 +66,16 @@ class CaseContext:
     oracle_cached: bool = False  # expected or bound came from the oracle cache (the row's oracle_cached)
 
 
-def build_context(case: Case, device: str, oracle_device: str) -> CaseContext:
-    """The case's inputs, oracle output (and lse), error bound and input guard; phases "inputs", "oracle", "guard"."""
+def build_context(case: Case, device: str, oracle_device: str, oracle: bool = True) -> CaseContext:
+    """The case's inputs, oracle output (and lse), error bound and input guard; phases "inputs", "oracle", "guard".
+
+    ``oracle=False``: inputs and guard only (``expected`` is None): what a worker that calls a plugin holds.
+    """
     with phase("inputs"):
         inputs = case_inputs(case, device)
+    if not oracle:
+        with phase("guard"):
+            return CaseContext(case, inputs, None, guard=InputGuard(inputs, lambda: case_inputs(case, device)))
     with phase("oracle"):
         expected, bound, expected_lse, quant_error, cached = _oracle_results(inputs, oracle_device)
     with phase("guard"):
@@ -148,97 +154,96 @@ def case_columns(case: Case, device: str) -> dict:
     }
 
 
-def error_reason(error: BaseException) -> str:
-    last = traceback.extract_tb(error.__traceback__)[-1] if error.__traceback__ else None
-    where = f" (at {last.filename.rsplit('/', 1)[-1]}:{last.lineno})" if last else ""
-    message = str(error).strip().splitlines()[0] if str(error).strip() else ""
-    return f"{type(error).__name__}: {message[:300]}{where}"
-
-
-def _timed_call(prepared: Prepared, cuda: bool) -> tuple[object, float]:
-    """One call of the prepared backend: (its result, its wall seconds, the device drained on CUDA)."""
-    started = time.perf_counter()
-    result = prepared.run()
-    if cuda:
-        torch.cuda.synchronize()
-    return result, time.perf_counter() - started
-
-
 def run_backend(ctx: CaseContext, backend: Backend, config: RunConfig) -> dict:
-    """One report row: skip, error, or the grade (and timing) of one backend on one case."""
+    """One report row of a backend run in this process: its calls (:func:`harness.run.calling.call_backend`),
+    then their grade (:func:`grade_called`)."""
+    seeds = flip_seeds()
+    plan = TimingPlan(config.device, config.ceilings, threads=config.threads).for_backend(backend)
+    called = call_backend(ctx.case, ctx.inputs, ctx.guard, backend, config.device, plan if config.timing else None,
+                          seeds)  # fmt: skip
+    return grade_called(ctx, backend, config, called, seeds)
+
+
+def flip_seeds() -> tuple[int, int, int]:
+    """Fresh seeds of the flips of a row's timed calls (:func:`harness.run.calling.sign_mask`), drawn by the
+    driver from the OS, so the process that runs a backend cannot know them before its calls."""
+    return secrets.randbits(62), secrets.randbits(62), secrets.randbits(62)
+
+
+def grade_called(ctx: CaseContext, backend: Backend, config: RunConfig, called: Called,
+                 seeds: tuple[int, int, int], wall: tuple[int, float] | None = None) -> dict:  # fmt: skip
+    """The row of a backend's calls: every output graded against the oracle, the timing held to physics.
+
+    The graded call's output first; then each further output (the first call on flipped inputs, each
+    measurement's last sample on the driver's fresh flip) against the oracle under its flip. A row
+    passes only if all of them do; the reason says which call failed. ``wall``: (calls, seconds) of
+    a batch of back-to-back default calls this process timed on its own clock (a worker's backend):
+    a ``call_us`` far below it was not measured honestly. A failure graded first is never replaced by
+    an error raised later: the error is added to its reason.
+    """
     case = ctx.case
     row = {**case_columns(case, config.device), "backend": backend.name, "backend_kind": backend.kind,
            "oracle_cached": ctx.oracle_cached}  # fmt: skip
     if ctx.quant_error is not None:
         row["quant_error"] = ctx.quant_error
-    if reason := backend.skip_reason(case, config.device):
-        return {**row, "status": "skip", "reason": reason}
-    try:
-        out = ctx.inputs.new_out()  # NaN: an element the backend does not write fails
-        cuda = torch.device(config.device).type == "cuda"
-        with phase("graded call"):
-            prepared = backend.prepare(case, ctx.inputs, out)
-            raw, graded_s = _timed_call(prepared, cuda)
-            lse, lse_problem = None, ""
-        if ctx.expected_lse is not None:  # the call was asked for (out, lse)
-            if isinstance(raw, tuple) and len(raw) == 2:
-                raw, lse = raw
-            else:
-                lse_problem = f"return_lse=True returned {type(raw).__name__}, not a tuple (out, lse)"
-        packed = prepared.to_packed(raw)
-        with phase("guard"):
-            mutated = ctx.guard.check("in its graded call") if ctx.guard else ""
-        problem = "; ".join(filter(None, [mutated, check_output(packed, ctx.inputs.q, case.head_dim_v), lse_problem]))
-        if not isinstance(packed, torch.Tensor) or packed.shape != ctx.expected.shape:
-            return {**row, "status": "fail", "reason": problem, "note": prepared.note}
-        with phase("grade"):
-            result = grade(packed, ctx.expected, case.atol, case.rtol, ctx.bound)
-        row.update(status="pass" if result.passed else "fail", reason=result.reason, note=prepared.note)
-        row.update(result.columns())
-        if not result.passed and result.worst_index:
-            token, head = result.worst_index[0], result.worst_index[1]
-            starts, lens = ctx.inputs.query_start_loc.tolist(), ctx.inputs.seq_lens.tolist()
-            row["worst_location"] = f"{locate(token, starts, lens)}, head {head}"
-        if lse is not None:
-            lse_grade = grade(lse, ctx.expected_lse, case.atol, case.rtol)
-            row.update(lse_max_abs_err=lse_grade.max_abs_err, lse_tol_ratio=lse_grade.tol_ratio)
-            if not lse_grade.passed and row["status"] == "pass":
-                row.update(status="fail", reason=f"lse: {lse_grade.reason}")
-        if problem:
-            row.update(status="fail", reason=problem)
-        plan = TimingPlan(config.device, config.ceilings, threads=config.threads).for_backend(backend)
-        over_budget = config.timing and plan.budget_s is not None and graded_s > plan.budget_s
-        if over_budget and cuda and not backend.model:
-            # A kernel's or a peer's graded call on a GPU may have compiled (Triton's JIT of a new launch,
-            # torch.compile, cuDNN's plans: 3-4 s for the fp8 decode on a fresh H200): a second call says what a
-            # call costs. On a CPU nothing compiles (the Triton interpreter included): the first call decides.
-            with phase("graded call"):
-                graded_s = _timed_call(prepared, cuda)[1]
-            over_budget = graded_s > plan.budget_s
-        if over_budget:
-            # One call already outlasts the row's timing budget (a CPU model on a long case): its samples
-            # would cost minutes and tell nothing a kernel developer uses, so the row is graded, not timed.
-            why = "a Python model on a GPU is graded, not timed" if plan.budget_s == 0 else (
-                f"past the row's {plan.budget_s:g} s timing budget")  # fmt: skip
-            row["note"] = "; ".join(filter(None, [row.get("note"), f"{NOT_TIMED} {graded_s:.1f} s, {why}"]))
-        elif config.timing:
-            row.update(timing_columns(case, backend, prepared, plan, row["bytes_moved"]))
-            if timing_note := row.pop("timing_note", ""):  # sampling cut short by the row's budget
-                row["note"] = "; ".join(filter(None, [row.get("note"), timing_note]))
-        with phase("guard"):
-            timed_problem = ctx.guard.check("while timed") if ctx.guard else ""
-        if timed_problem and not problem:
-            row.update(status="fail", reason=timed_problem)
-    except Unsupported as refusal:  # the backend cannot serve this case: a skip with its reason
-        return {**row, "status": "skip", "reason": str(refusal)}
-    except BaseException as error:  # a raising (or sys.exit-ing) backend is an error row; the run goes on
-        if not raised_by_backend(error):
-            raise  # the user's Ctrl-C, or SIGTERM
-        if torch.device(config.device).type == "cuda":
-            torch.cuda.synchronize()
-        mutated = ctx.guard.check("before it raised") if ctx.guard else ""
-        return {**row, "status": "error", "reason": "; ".join(filter(None, [error_reason(error), mutated]))}
+    if called.status == "skip":
+        return {**row, "status": "skip", "reason": called.reason}
+    if called.out is None:  # it raised before its graded call returned (or returned no tensor)
+        if called.status == "error":
+            return {**row, "status": "error", "reason": called.reason, "note": called.note}
+        return {**row, "status": "fail", "reason": called.problem or "returned no tensor", "note": called.note}
+    row["note"] = called.note
+    if called.out.shape != ctx.expected.shape:
+        return {**row, "status": "fail", "reason": called.problem}
+    with phase("grade"):
+        result = grade(called.out, ctx.expected, case.atol, case.rtol, ctx.bound)
+    row.update(status="pass" if result.passed else "fail", reason=result.reason)
+    row.update(result.columns())
+    if not result.passed and result.worst_index:
+        token, head = result.worst_index[0], result.worst_index[1]
+        starts, lens = ctx.inputs.query_start_loc.tolist(), ctx.inputs.seq_lens.tolist()
+        row["worst_location"] = f"{locate(token, starts, lens)}, head {head}"
+    if called.lse is not None and ctx.expected_lse is not None:
+        lse_grade = grade(called.lse, ctx.expected_lse, case.atol, case.rtol)
+        row.update(lse_max_abs_err=lse_grade.max_abs_err, lse_tol_ratio=lse_grade.tol_ratio)
+        if not lse_grade.passed and row["status"] == "pass":
+            row.update(status="fail", reason=f"lse: {lse_grade.reason}")
+    if called.problem:
+        row.update(status="fail", reason=called.problem)
+    if row["status"] == "pass" and (later := _later_outputs(ctx, called, seeds)):
+        row.update(status="fail", reason=f"graded call pass; {later}")
+    if row["status"] == "pass" and called.timed_problem:
+        row.update(status="fail", reason=f"graded call pass; {called.timed_problem}")
+    if called.status == "error":  # raised after its graded call: a graded failure stays a failure
+        if row["status"] == "fail":
+            row["reason"] = f"{row['reason']}; then raised {called.reason}"
+        else:
+            row.update(status="error", reason=called.reason)
+    timing = dict(called.timing)
+    if timing_note := timing.pop("timing_note", ""):  # sampling cut short by the row's budget
+        row["note"] = "; ".join(filter(None, [row.get("note"), timing_note]))
+    row.update(timing)
+    if timing and (impossible := physics.impossible(row, config.ceilings, wall)):
+        physics.withdraw(row)
+        reason = f"timing not credited: {impossible}"
+        row.update(status="fail", reason=f"{row['reason']}; {reason}" if row.get("reason") else reason)
     return row
+
+
+def _later_outputs(ctx: CaseContext, called: Called, seeds: tuple[int, int, int]) -> str:
+    """'' when every further output passes; else which call failed and how."""
+    case = ctx.case
+    dims = (case.num_kv_heads, case.head_dim_v or case.head_dim)
+    for label, seed, output in called.outputs:
+        if seed is not None and seed not in seeds:
+            return f"{label}: reported a flip the harness never asked for"
+        expected = ctx.expected if seed is None else expected_under(ctx.expected, sign_mask(seed, *dims))
+        if output.shape != expected.shape:
+            return f"{label} wrong: shape {tuple(output.shape)}, expected {tuple(expected.shape)}"
+        later = grade(output, expected, case.atol, case.rtol)
+        if not later.passed:
+            return f"{label} wrong: {later.reason}"
+    return ""
 
 
 def row_without_call(case: Case, backend: Backend, config: RunConfig, status: str, reason: str) -> dict:

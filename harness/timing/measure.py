@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import dataclasses
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import torch
@@ -40,7 +41,7 @@ from harness.timing.ceilings import ceiling_columns
 from harness.timing.metrics import bytes_moved as case_bytes
 from harness.timing.metrics import flops, gbps, tflops
 from harness.timing.phases import phase
-from harness.timing.timer import Timing, kernels_launched, probe_call, time_call, time_wall
+from harness.timing.timer import SampleHooks, Timing, kernels_launched, probe_call, time_call, time_wall
 
 # A backend whose default call costs this much more than its kernel is flagged in the report.
 CALL_OVERHEAD_FLAG = 1.5
@@ -109,13 +110,17 @@ def _spread(prefix: str, timing: Timing) -> dict:
     }
 
 
-def timing_columns(case: Case, backend: Backend, prepared: Prepared, plan: TimingPlan, bytes_moved: int) -> dict:
-    """Every timing column of one row (see the module docstring)."""
+def timing_columns(case: Case, backend: Backend, prepared: Prepared, plan: TimingPlan,
+                   hooks: Callable[[str], SampleHooks] | None = None) -> dict:  # fmt: skip
+    """Every timing column of one row (see the module docstring). ``hooks(what)``: the sample hooks of
+    the "latency" and the "call" measurement (:func:`harness.timing.timer.time_call`)."""
     device = plan.device
+    bytes_moved = case_bytes(case)
+    hooks = hooks or (lambda what: None)
     deadline = None if plan.budget_s is None else time.monotonic() + plan.budget_s
     with phase("timing: latency"):
         latency = time_call(prepared.run, device, graph=backend.graphable, target_s=plan.latency_target_s,
-                            deadline=deadline)  # fmt: skip
+                            deadline=deadline, hooks=hooks("latency"))  # fmt: skip
     row = {**_spread("latency", latency), "timing_reps": len(latency.samples_us)}
     row["timing_method"] = latency.method
     if prepared.call is None and torch.device(device).type == "cpu":
@@ -124,7 +129,7 @@ def timing_columns(case: Case, backend: Backend, prepared: Prepared, plan: Timin
         host: list[float] = []
         with phase("timing: call"):
             call = time_wall(prepared.call or prepared.run, device, target_s=plan.call_target_s, host_samples=host,
-                             deadline=deadline)  # fmt: skip
+                             deadline=deadline, hooks=hooks("call"))  # fmt: skip
     row.update(_spread("call", call))
     if torch.device(device).type == "cuda":  # on a CPU all of it is host time: no split to report
         row["host_overhead_us"] = row["call_us"] - row["latency_us"]

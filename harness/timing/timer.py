@@ -12,6 +12,15 @@ Two questions, two measurements, each returning raw samples (statistics come aft
   call, with the device drained before the clock starts and after the call returns, so
   queued work can neither hide host overhead nor be hidden by it. Same L2 flush.
 
+Every timed call can be checked: ``hooks`` (:class:`SampleHooks`) are called around each sample,
+outside the timed region (before the L2 flush, and right after the call's end is recorded, on
+the same stream), and one more sample is taken last with ``final=True``: the caller changes the
+inputs and poisons the output there and grades what the call leaves, so a call that is right
+once and then stale, idle while captured, or off the timed stream is seen in its timed calls.
+The clocks (``perf_counter``, the CUDA event's own ``record`` and ``elapsed_time``) are bound
+when this module is imported, before any plugin is: a plugin that replaces ``time`` or wraps
+``torch.cuda.Event`` does not reach them.
+
 Sample counts are time-boxed with a floor: at least ``min_reps`` samples (so a comparison
 across commits has enough to judge), then more until ``target_s`` is spent or ``max_reps``.
 A ``deadline`` (``time.monotonic()``, a row's timing budget) overrides the floor: warm-ups
@@ -30,8 +39,17 @@ import time
 import warnings
 from collections.abc import Callable
 from dataclasses import dataclass
+from time import perf_counter as _clock
+from typing import Protocol
 
 import torch
+
+# The CUDA event's own methods (the C++ base class; a stand-in without methods in a CPU build of torch),
+# bound before any plugin is imported.
+_EVENT_BASE = torch.cuda.Event.__mro__[1]
+_record = getattr(_EVENT_BASE, "record", torch.cuda.Event.record)
+_elapsed_ms = getattr(_EVENT_BASE, "elapsed_time", torch.cuda.Event.elapsed_time)
+_current_stream = torch.cuda.current_stream
 
 L2_FLUSH_BYTES = 256 * 2**20
 DEFAULT_MIN_REPS = {"cpu": 10, "cuda": 20}
@@ -53,6 +71,26 @@ class Timing:
     @property
     def median_us(self) -> float:
         return self.quantile(0.5)
+
+
+class SampleHooks(Protocol):
+    """Called around every timed sample, outside the timed region (see the module docstring)."""
+
+    def before(self, final: bool) -> None: ...
+
+    def after(self, result: object, final: bool) -> None: ...
+
+
+class _NoHooks:
+    def before(self, final: bool) -> None:
+        pass
+
+    def after(self, result: object, final: bool) -> None:
+        pass
+
+
+def _event() -> torch.cuda.Event:
+    return torch.cuda.Event(enable_timing=True)
 
 
 def _is_cuda(device: str | torch.device) -> bool:
@@ -108,47 +146,58 @@ def time_call(
     max_reps: int | None = None,
     graphable: bool | None = None,
     deadline: float | None = None,
+    hooks: SampleHooks | None = None,
 ) -> Timing:
     """Device time of ``fn()`` on ``device``; see the module docstring for the method.
 
     ``graph=False`` forbids the CUDA-graph replay (events around eager calls instead).
-    ``graphable`` is the earlier name of ``graph``, kept because ``compare --confirm``
-    times old commits' code and new code through one call.
+    ``graphable`` is the same as ``graph``: ``compare --confirm`` times other commits' code
+    through one call, and those name it so.
     The returned method is ``cpu_perf_counter``, ``cuda_graph_replay`` or ``cuda_events``.
     ``deadline``: see the module docstring (no graph is captured once it has passed).
+    ``hooks``: called around every sample, and one more sample is taken with ``final=True``
+    (its time is a sample too); with a graph, ``after`` is given what the captured call returned.
     """
     min_reps, max_reps = _reps(device, min_reps, max_reps)
     graph = graph if graphable is None else graphable
+    given = hooks is not None
+    hooks = hooks or _NoHooks()
     if not _is_cuda(device):
         fn()
 
-        def sample(n: int) -> list[float]:
+        def sample(n: int, final: bool = False) -> list[float]:
             out = []
             for _ in range(n):
-                t0 = time.perf_counter()
-                fn()
-                out.append((time.perf_counter() - t0) * 1e6)
+                hooks.before(final)
+                t0 = _clock()
+                result = fn()
+                out.append((_clock() - t0) * 1e6)
+                hooks.after(result, final)
             return out
 
         samples, cut = _collect(sample, target_s, min_reps, max_reps, deadline)
+        samples += sample(1, final=True) if given else []
         return Timing(tuple(samples), "cpu_perf_counter", cut)
     _warm_up(fn, 3, deadline)
     torch.cuda.synchronize()
-    captured = capture_graph(fn) if graph and (deadline is None or time.monotonic() < deadline) else None
-    call = captured.replay if captured is not None else fn
+    captured = _capture(fn) if graph and (deadline is None or time.monotonic() < deadline) else None
     flush = torch.empty(L2_FLUSH_BYTES, dtype=torch.int8, device=device)
 
-    def sample(n: int) -> list[float]:
-        events = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in range(n)]
+    def sample(n: int, final: bool = False) -> list[float]:
+        events = [(_event(), _event()) for _ in range(n)]
         for start, end in events:
+            hooks.before(final)
             flush.zero_()
-            start.record()
-            call()
-            end.record()
-        torch.cuda.synchronize()
-        return [start.elapsed_time(end) * 1e3 for start, end in events]
+            stream = _current_stream()
+            _record(start, stream)
+            result = fn() if captured is None else captured[0].replay()
+            _record(end, stream)
+            hooks.after(result if captured is None else captured[1], final)
+        torch.cuda.synchronize()  # device-wide: work left on another stream is done before the times are read
+        return [_elapsed_ms(start, end) * 1e3 for start, end in events]
 
     samples, cut = _collect(sample, target_s, min_reps, max_reps, deadline)
+    samples += sample(1, final=True) if given else []
     return Timing(tuple(samples), "cuda_graph_replay" if captured is not None else "cuda_events", cut)
 
 
@@ -161,6 +210,7 @@ def time_wall(
     max_reps: int | None = None,
     host_samples: list[float] | None = None,
     deadline: float | None = None,
+    hooks: SampleHooks | None = None,
 ) -> Timing:
     """Wall time a caller waits for one eager ``fn()``, host overhead and device syncs included.
 
@@ -169,34 +219,47 @@ def time_wall(
     ``host_samples``, when given, receives (CUDA only) each sample's host time: from the call to
     its return, before the drain (the Python, checks and launches of one call on an idle device;
     device time only where the call itself waits for the device). It is the ``host_us`` column.
+    ``hooks``: as for :func:`time_call`.
     """
     min_reps = WALL_MIN_REPS if min_reps is None else min_reps
     if not _is_cuda(device):  # no device to drain: the host clock around the call is time_call's
-        return time_call(fn, device, target_s=target_s, min_reps=min_reps, max_reps=max_reps, deadline=deadline)
+        return time_call(fn, device, target_s=target_s, min_reps=min_reps, max_reps=max_reps, deadline=deadline,
+                         hooks=hooks)  # fmt: skip
     min_reps, max_reps = _reps(device, min_reps, max_reps)
+    given = hooks is not None
+    hooks = hooks or _NoHooks()
     _warm_up(fn, 3, deadline)
     flush = torch.empty(L2_FLUSH_BYTES, dtype=torch.int8, device=device)
 
-    def sample(n: int) -> list[float]:
+    def sample(n: int, final: bool = False) -> list[float]:
         out = []
         for _ in range(n):
+            hooks.before(final)
             flush.zero_()
             torch.cuda.synchronize()
-            t0 = time.perf_counter()
-            fn()
-            returned = time.perf_counter()
+            t0 = _clock()
+            result = fn()
+            returned = _clock()
             torch.cuda.synchronize()
-            out.append((time.perf_counter() - t0) * 1e6)
+            out.append((_clock() - t0) * 1e6)
+            hooks.after(result, final)
             if host_samples is not None:
                 host_samples.append((returned - t0) * 1e6)
         return out
 
     samples, cut = _collect(sample, target_s, min_reps, max_reps, deadline)
+    samples += sample(1, final=True) if given else []
     return Timing(tuple(samples), "wall_synchronized", cut)
 
 
 def capture_graph(fn: Callable[[], object]) -> torch.cuda.CUDAGraph | None:
     """A CUDA graph of one call of ``fn``, or None when it cannot be captured (host syncs, say)."""
+    captured = _capture(fn)
+    return None if captured is None else captured[0]
+
+
+def _capture(fn: Callable[[], object]) -> tuple[torch.cuda.CUDAGraph, object] | None:
+    """(graph, what the captured call returned: its static output) of one call of ``fn``, or None."""
     stream = torch.cuda.Stream()
     stream.wait_stream(torch.cuda.current_stream())
     graph = torch.cuda.CUDAGraph()
@@ -204,12 +267,12 @@ def capture_graph(fn: Callable[[], object]) -> torch.cuda.CUDAGraph | None:
         with warnings.catch_warnings():  # a failed capture also warns that the graph is empty
             warnings.simplefilter("ignore")
             with torch.cuda.stream(stream), torch.cuda.graph(graph, stream=stream, capture_error_mode="thread_local"):
-                fn()
+                result = fn()
     except RuntimeError:
         torch.cuda.synchronize()
         return None
     torch.cuda.current_stream().wait_stream(stream)
-    return graph
+    return graph, result
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,350 @@
+"""A backend's calls, made where the backend runs: outputs and timings come back, never a verdict.
+
+:func:`call_backend` prepares a backend on a case's inputs, makes its graded call, then times it
+(:mod:`harness.timing.measure`) and returns a :class:`Called`: the outputs, the timing columns and
+what it saw go wrong, as plain values. It needs no oracle: a plugin's calls run in a worker process
+(:mod:`harness.execute.processes`) that never holds the float64 expected output, and the driver
+grades what comes back (:func:`harness.run.runner.grade_called`). The built-ins run it in the
+driver itself.
+
+Every timed call is checked, not only the first:
+
+* **The inputs change between timed calls.** For a backend that reads the tensors it is handed
+  (``Prepared.follows_inputs``: every kernel called through the contract), the signs of a random
+  set of V's columns (per KV head and dim) are flipped in place before every other sample, by
+  XOR of the sign bit: exact in every dtype, fp8 included. Attention is linear in V, so the
+  expected output is the oracle's with the same columns negated, at no cost; a latent cache (V a
+  view of K) flips q's matching columns too, which leaves every score unchanged. A kernel that
+  caches its answer by pointer, or leaves ``out`` as it was, is wrong on every other call.
+* **The output is poisoned before every timed call** (NaN in ``out``), so a graded call cannot be
+  told from the others by its output buffer, and an output left unwritten is NaN.
+* **Every timed output is compared** with the first output its inputs gave (the driver grades
+  that one against the oracle): ``timed call 37 differs from ...``.
+* **The last sample of each measurement is graded by the driver**: the inputs get a fresh flip
+  the driver chose (:func:`sign_mask` of its seed), ``out`` is poisoned, and what the call leaves,
+  read on the timed stream right after the call (so work on a side stream never joined is
+  missing), goes back as an output to grade against the oracle.
+
+A call's mutation of its inputs is found by fingerprints (:class:`harness.run.guard.InputGuard`)
+and undone before the next backend.
+"""
+
+from __future__ import annotations
+
+import time
+import traceback
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import torch
+
+from harness.backends.registry import Backend, Prepared, Unsupported
+from harness.cases.inputs import PagedInputs
+from harness.cases.spec import Case
+from harness.run.guard import InputGuard, check_output, raised_by_backend
+from harness.timing.measure import TimingPlan, timing_columns
+from harness.timing.phases import phase
+
+# The note of a row graded but not timed because its one call outlasted the timing budget (compare reads it).
+NOT_TIMED = "not timed: one call took"
+_SIGN_BITS = {1: (torch.int8, -(1 << 7)), 2: (torch.int16, -(1 << 15)), 4: (torch.int32, -(1 << 31)),
+              8: (torch.int64, -(1 << 63))}  # fmt: skip
+
+
+def sign_mask(seed: int, num_kv_heads: int, head_dim_v: int) -> torch.Tensor:
+    """[num_kv_heads, head_dim_v] bool: the V columns a flip negates, drawn from ``seed`` (about half)."""
+    generator = torch.Generator().manual_seed(seed)
+    return torch.rand(num_kv_heads, head_dim_v, generator=generator) < 0.5
+
+
+def expected_under(expected: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """The oracle's output [num_tokens, num_q_heads, head_dim_v] for inputs whose V columns ``mask``
+    ([num_kv_heads, head_dim_v]) are negated: those columns of each q head's KV head negated."""
+    group = expected.shape[1] // mask.shape[0]
+    signs = 1.0 - 2.0 * mask.to(expected.device, expected.dtype).repeat_interleave(group, dim=0)
+    return expected * signs
+
+
+def _flip(tensor: torch.Tensor, mask: torch.Tensor) -> None:
+    """Negate ``tensor[..., h, d]`` in place where ``mask[h, d]`` (the sign bit, exact for any dtype)."""
+    int_dtype, bit = _SIGN_BITS[tensor.element_size()]
+    bits = torch.where(mask, bit, 0).to(int_dtype).to(tensor.device)
+    tensor.view(int_dtype).bitwise_xor_(bits)
+
+
+class Flipper:
+    """Flips V's columns (and, for a latent cache, q's matching ones) in place, and undoes it."""
+
+    def __init__(self, inputs: PagedInputs, latent: bool):
+        self.inputs, self.latent, self.state = inputs, latent, None  # state: the mask applied now
+
+    def _apply(self, mask: torch.Tensor) -> None:
+        _flip(self.inputs.v_cache, mask)
+        if self.latent:  # V is K's first columns: flip q's too, so every score stays as it was
+            q = self.inputs.q
+            group = q.shape[1] // mask.shape[0]
+            wide = torch.zeros(q.shape[1], q.shape[2], dtype=torch.bool)
+            wide[:, : mask.shape[1]] = mask.repeat_interleave(group, dim=0)
+            _flip(q, wide)
+
+    def set(self, mask: torch.Tensor | None) -> None:
+        """Make ``mask`` the flip in force (None: the pristine inputs)."""
+        if self.state is not None:
+            self._apply(self.state)
+        if mask is not None:
+            self._apply(mask)
+        self.state = mask
+
+
+def split_result(raw, want_lse: bool) -> tuple[object, object, str]:
+    """(out, lse or None, problem) of a call's result; with ``want_lse`` it must be a tuple (out, lse)."""
+    if not want_lse:
+        return raw, None, ""
+    if isinstance(raw, tuple) and len(raw) == 2:
+        return raw[0], raw[1], ""
+    return raw, None, f"return_lse=True returned {type(raw).__name__}, not a tuple (out, lse)"
+
+
+def out_contract(prepared: Prepared, packed) -> str:
+    """'' unless the call was handed ``out`` and left it unwritten: the contract's result is ``out``, or
+    at least its values are in ``out`` (an engine reads ``out``)."""
+    out = prepared.out
+    if out is None or not isinstance(packed, torch.Tensor) or packed is out:
+        return ""
+    if packed.shape == out.shape and packed.data_ptr() == out.data_ptr():
+        return ""
+    if packed.shape == out.shape and torch.equal(
+        torch.nan_to_num(packed.detach().to(out.dtype)), torch.nan_to_num(out)
+    ):
+        return ""
+    return "returned a tensor other than out and left out unwritten (the contract: write out, return it)"
+
+
+@dataclass
+class Called:
+    """What a backend's calls gave, before any grading (plain values: it crosses a process boundary).
+
+    status   "" (called), "skip" (``Unsupported`` from prepare, or the backend's own skip reason),
+             or "error" (it raised; ``out`` is kept when the graded call had returned)
+    out      the graded call's output [num_tokens, num_q_heads, head_dim_v]; ``lse`` [num_tokens, num_q_heads]
+    problem  what was wrong with the graded call besides its values (shape, dtype, out, inputs)
+    outputs  more outputs to grade: (label, mask seed or None, output), e.g. the first call on flipped
+             inputs and each measurement's last sample on the driver's fresh flip
+    timed_problem  the first timed call whose output differed from its inputs' graded output
+    timing   the timing columns (:func:`harness.timing.measure.timing_columns`), when timed
+    """
+
+    status: str = ""
+    reason: str = ""
+    note: str = ""
+    out: torch.Tensor | None = None
+    lse: torch.Tensor | None = None
+    problem: str = ""
+    outputs: list[tuple[str, int | None, torch.Tensor]] = field(default_factory=list)
+    timed_problem: str = ""
+    timing: dict = field(default_factory=dict)
+    timed_s: float = 0.0  # the timing's own seconds on the clock of the process that ran it
+
+    def to_message(self) -> dict:
+        """A plain dict of CPU tensors, strings and numbers (what a worker sends)."""
+
+        def cpu(t):
+            return None if t is None else t.detach().cpu().clone()
+
+        return {"status": self.status, "reason": self.reason, "note": self.note, "out": cpu(self.out),
+                "lse": cpu(self.lse), "problem": self.problem, "timed_problem": self.timed_problem,
+                "outputs": [[label, seed, cpu(t)] for label, seed, t in self.outputs], "timing": self.timing,
+                "timed_s": self.timed_s}  # fmt: skip
+
+    @classmethod
+    def from_message(cls, message: dict) -> Called:
+        outputs = [(str(label), seed, t) for label, seed, t in message.get("outputs", [])]
+        return cls(**{**message, "outputs": outputs})
+
+
+def prepared_dims(prepared: Prepared, case: Case) -> tuple[int, int]:
+    """(num_kv_heads, head_dim_v) of a case: the shape of a flip's mask."""
+    return case.num_kv_heads, case.head_dim_v or case.head_dim
+
+
+class Checks:
+    """The sample hooks of one measurement (:class:`harness.timing.timer.SampleHooks`): poison, flip, compare."""
+
+    def __init__(self, what: str, prepared: Prepared, flipper: Flipper | None, refs: dict, called: Called,
+                 case: Case, seeds: tuple[int, int], counter: list[int], want_lse: bool):  # fmt: skip
+        self.what, self.prepared, self.flipper, self.refs, self.called = what, prepared, flipper, refs, called
+        self.case, self.counter, self.want_lse = case, counter, want_lse
+        self.alternate_seed, self.final_seed = seeds  # the flip of every other call, the last call's
+        self.dims = prepared_dims(prepared, case)
+        self.alternate = sign_mask(self.alternate_seed, *self.dims)
+        self.seed_now: int | None = None
+        self.bad: list[tuple[int, torch.Tensor]] = []  # (call number, elements off, on the device)
+
+    def before(self, final: bool) -> None:
+        if self.flipper is not None:
+            if final:
+                self.seed_now = self.final_seed
+                self.flipper.set(sign_mask(self.final_seed, *self.dims))
+            else:  # every other call on flipped inputs
+                self.seed_now = None if self.flipper.state is not None else self.alternate_seed
+                self.flipper.set(None if self.seed_now is None else self.alternate)
+        if self.prepared.out is not None:
+            self.prepared.out.fill_(float("nan"))
+
+    def after(self, result, final: bool) -> None:
+        self.counter[0] += 1
+        packed = self.prepared.to_packed(split_result(result, self.want_lse)[0])
+        if not isinstance(packed, torch.Tensor):
+            self.called.timed_problem = self.called.timed_problem or (
+                f"{self.what} call {self.counter[0]} returned {type(packed).__name__}"
+            )
+            return
+        snapshot = packed.detach().clone()  # on the timed stream, right after the call
+        if final:
+            self.called.outputs.append((f"{self.what} call {self.counter[0]} (the last, on fresh inputs)",
+                                        self.seed_now, snapshot))  # fmt: skip
+            return
+        key = self.seed_now
+        if key not in self.refs:  # the first call on these inputs: the driver grades it
+            self.refs[key] = snapshot
+            self.called.outputs.append((f"{self.what} call {self.counter[0]} (inputs changed)", key, snapshot))
+            return
+        ref = self.refs[key]
+        if ref.shape != snapshot.shape:
+            self.bad.append((self.counter[0], torch.tensor(ref.numel())))
+            return
+        ref64, got = ref.double(), snapshot.double()
+        off = ~((got - ref64).abs() <= self.case.atol + self.case.rtol * ref64.abs())  # NaN counts as off
+        self.bad.append((self.counter[0], off.sum()))
+
+    def finish(self) -> None:
+        """Read the comparisons (one sync) and put the inputs back as they were."""
+        if self.flipper is not None:
+            self.flipper.set(None)
+        for number, off in self.bad:
+            if int(off):
+                self.called.timed_problem = self.called.timed_problem or (
+                    f"{self.what} call {number} differs from the first output of its inputs in {int(off)} elements "
+                    f"(beyond atol {self.case.atol:g} + rtol {self.case.rtol:g}): right once, then not"
+                )
+                break
+        self.bad.clear()
+
+
+def _timed_call(prepared: Prepared, cuda: bool) -> tuple[object, float]:
+    """One call of the prepared backend: (its result, its wall seconds, the device drained on CUDA)."""
+    started = time.perf_counter()
+    result = prepared.run()
+    if cuda:
+        torch.cuda.synchronize()
+    return result, time.perf_counter() - started
+
+
+def call_backend(case: Case, inputs: PagedInputs, guard: InputGuard | None, backend: Backend, device: str,
+                 plan: TimingPlan | None, seeds: tuple[int, int, int],
+                 batch: Callable[[Prepared, Called], None] | None = None) -> Called:  # fmt: skip
+    """Prepare ``backend`` on ``inputs``, make its graded call, time it (``plan``; None: not timed) with
+    every timed call checked; ``seeds``: the driver's flips (:func:`sign_mask`) of every other timed call, of
+    the last latency sample and of the last call sample. ``batch(prepared, called)``, after the timing:
+    a worker's back-to-back calls that its driver times (:mod:`harness.execute.processes`)."""
+    called = Called()
+    if reason := backend.skip_reason(case, device):
+        return Called(status="skip", reason=reason)
+    cuda = torch.device(device).type == "cuda"
+    out = inputs.new_out()  # NaN: an element the backend does not write fails
+    try:
+        with phase("graded call"):
+            prepared = backend.prepare(case, inputs, out)
+    except Unsupported as refusal:  # the backend cannot serve this case: a skip with its reason
+        return Called(status="skip", reason=str(refusal))
+    except BaseException as error:
+        if not raised_by_backend(error):
+            raise
+        return _raised(called, error, guard, "before it raised")
+    called.note = prepared.note
+    try:
+        with phase("graded call"):
+            raw, graded_s = _timed_call(prepared, cuda)
+        raw, lse, lse_problem = split_result(raw, "return_lse" in inputs.options)
+        packed = prepared.to_packed(raw)
+        with phase("guard"):
+            mutated = guard.check("in its graded call") if guard else ""
+        problems = [mutated, check_output(packed, inputs.q, case.head_dim_v), out_contract(prepared, packed),
+                    lse_problem]  # fmt: skip
+        called.problem = "; ".join(filter(None, problems))
+        called.out = packed.detach().clone() if isinstance(packed, torch.Tensor) else None
+        called.lse = lse.detach().clone() if isinstance(lse, torch.Tensor) else None
+        if plan is None:
+            return called
+        over_budget = plan.budget_s is not None and graded_s > plan.budget_s
+        if over_budget and cuda and not backend.model:
+            # A kernel's or a peer's graded call on a GPU may have compiled (Triton's JIT of a new launch,
+            # torch.compile, cuDNN's plans): a second call says what a call costs. On a CPU nothing compiles
+            # (the Triton interpreter included): the first call decides.
+            with phase("graded call"):
+                graded_s = _timed_call(prepared, cuda)[1]
+            over_budget = graded_s > plan.budget_s
+        if over_budget:
+            # One call already outlasts the row's timing budget (a CPU model on a long case): its samples
+            # would cost minutes and tell nothing a kernel developer uses, so the row is graded, not timed.
+            why = "a Python model on a GPU is graded, not timed" if plan.budget_s == 0 else (
+                f"past the row's {plan.budget_s:g} s timing budget")  # fmt: skip
+            called.note = "; ".join(filter(None, [called.note, f"{NOT_TIMED} {graded_s:.1f} s, {why}"]))
+            return called
+        started = time.perf_counter()
+        _time(called, case, inputs, backend, prepared, plan, seeds)
+        called.timed_s = time.perf_counter() - started
+        if batch is not None and called.timing:
+            with phase("timing: batch"):
+                batch(prepared, called)
+        with phase("guard"):
+            if timed_problem := guard.check("while timed") if guard else "":
+                called.problem = "; ".join(filter(None, [called.problem, timed_problem]))
+    except Unsupported as refusal:  # raised from a call, not from prepare: the backend broke its word
+        return _raised(called, refusal, guard, "before it raised", what="Unsupported from a call (not from prepare)")
+    except BaseException as error:
+        if not raised_by_backend(error):
+            raise  # the user's Ctrl-C, or SIGTERM
+        return _raised(called, error, guard, "before it raised")
+    return called
+
+
+def _time(called: Called, case: Case, inputs: PagedInputs, backend: Backend, prepared: Prepared,
+          plan: TimingPlan, seeds: tuple[int, int, int]) -> None:  # fmt: skip
+    """The timing columns, every timed call checked (see the module docstring)."""
+    flipper = Flipper(inputs, latent=bool(case.latent_kv)) if prepared.follows_inputs else None
+    refs = {None: called.out} if called.out is not None else {}  # flip seed -> the first output it gave
+    counter, checks = [0], []
+    want_lse = "return_lse" in inputs.options
+
+    def make(what: str) -> Checks:
+        final = seeds[1] if what == "latency" else seeds[2]
+        checks.append(Checks(what, prepared, flipper, refs, called, case, (seeds[0], final), counter, want_lse))
+        return checks[-1]
+
+    try:
+        called.timing = timing_columns(case, backend, prepared, plan, hooks=make)
+    finally:
+        for check in checks:
+            check.finish()
+        if flipper is not None:
+            flipper.set(None)
+
+
+def error_reason(error: BaseException) -> str:
+    """``Type: first line of the message (at file:line)``: an error row's reason."""
+    last = traceback.extract_tb(error.__traceback__)[-1] if error.__traceback__ else None
+    where = f" (at {last.filename.rsplit('/', 1)[-1]}:{last.lineno})" if last else ""
+    message = str(error).strip().splitlines()[0] if str(error).strip() else ""
+    return f"{type(error).__name__}: {message[:300]}{where}"
+
+
+def _raised(called: Called, error: BaseException, guard: InputGuard | None, when: str, what: str = "") -> Called:
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        torch.cuda.synchronize()
+    mutated = guard.check(when) if guard else ""
+    reason = error_reason(error)
+    if what:
+        reason = f"{what}: {reason}"
+    called.status, called.reason = "error", "; ".join(filter(None, [reason, mutated]))
+    return called

@@ -1,0 +1,94 @@
+"""Timings held to physics: a latency the machine could not have given is not credited.
+
+A timed row whose numbers are impossible is a ``fail`` whose reason says why, and its timing
+columns are withdrawn (the claimed median stays in the note), so it never reads as a speedup:
+
+* **Read bound.** ``gbps`` (``bytes_moved / latency_us``) above ``READ_MARGIN`` times the read
+  ceiling measured at the start of the run (``read_gbps``). On a GPU the L2 is flushed before
+  every sample, so a case's bytes come from memory. On a CPU the bound is applied only to cases
+  of at least ``CPU_CACHE_FACTOR`` times the last-level cache: a smaller case may legitimately be
+  served from cache faster than memory reads.
+* **Compute bound.** ``tflops`` above ``COMPUTE_MARGIN`` times the larger of the measured matmul
+  rate and the datasheet peak for the case's dtype, on a GPU. On a CPU a kernel may compute in
+  another dtype than the case's (fp32 for bf16, whose matmul a CPU may emulate slowly), so the
+  dtype's measured matmul rate bounds nothing there.
+* **Wall clock.** For a backend in a worker process, the driver times a batch of back-to-back
+  default calls on its own clock (``wall``: calls, seconds). ``call_us``, each call's wall time as
+  the worker measured it, cannot be below a ``WALL_FACTOR``-th of what the batch took a call
+  (less ``WALL_SLACK_S`` for the messages): a worker whose clock was tampered with is caught here.
+
+This is KernelBench's excessive-speedup check, held against the machine's measured limits
+rather than a guess.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+import os
+from pathlib import Path
+
+READ_MARGIN = 1.1
+COMPUTE_MARGIN = 1.1
+CPU_CACHE_FACTOR = 4
+WALL_FACTOR = 3.0
+WALL_SLACK_S = 0.005
+WITHDRAWN = ("latency_us", "latency_p10_us", "latency_p90_us", "latency_samples_us", "call_us", "call_p10_us",
+             "call_p90_us", "call_samples_us", "host_overhead_us", "host_us", "gbps", "tflops", "pct_of_ceiling",
+             "pct_of_peak")  # fmt: skip
+
+
+@functools.cache
+def last_level_cache_bytes() -> int:
+    """This CPU's largest cache in bytes (64 MiB when the system does not say)."""
+    sizes = []
+    for index in Path("/sys/devices/system/cpu/cpu0/cache").glob("index*"):
+        try:
+            text = (index / "size").read_text().strip()
+        except OSError:
+            continue
+        scale = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}.get(text[-1:], 1)
+        digits = text.rstrip("KMG")
+        if digits.isdigit():
+            sizes.append(int(digits) * scale)
+    with_sysconf = os.sysconf("SC_LEVEL3_CACHE_SIZE") if "SC_LEVEL3_CACHE_SIZE" in os.sysconf_names else 0
+    return max([*sizes, with_sysconf or 0]) or 64 << 20
+
+
+def _number(value) -> float | None:
+    return float(value) if isinstance(value, int | float) and math.isfinite(value) else None
+
+
+def impossible(row: dict, ceilings: dict, wall: tuple[int, float] | None = None) -> str:
+    """'' when the row's timing is within physics; else why not, in words."""
+    gbps, tflops = _number(row.get("gbps")), _number(row.get("tflops"))
+    read = _number(ceilings.get("read_gbps"))
+    cuda = str(row.get("device", "")).startswith("cuda")
+    big_enough = cuda or (row.get("bytes_moved") or 0) >= CPU_CACHE_FACTOR * last_level_cache_bytes()
+    if gbps and read and big_enough and gbps > READ_MARGIN * read:
+        return (f"{row['latency_us']:.3g} us reads {row['bytes_moved']:,} bytes at {gbps:.4g} GB/s, past "
+                f"{READ_MARGIN:g}x the read ceiling measured in this run ({read:.4g} GB/s)")  # fmt: skip
+    dtype = row.get("dtype")
+    peaks = [_number((ceilings.get(key) or {}).get(dtype)) for key in ("matmul_tflops", "peak_tflops")]
+    peak = max([p for p in peaks if p] or [0.0])
+    if cuda and tflops and peak and tflops > COMPUTE_MARGIN * peak:
+        return (f"{row['latency_us']:.3g} us for {row['flops']:,} flops is {tflops:.4g} TFLOP/s, past "
+                f"{COMPUTE_MARGIN:g}x this GPU's matmul peak for {dtype} ({peak:.4g} TFLOP/s)")  # fmt: skip
+    call_us = _number(row.get("call_us"))
+    if wall and call_us and wall[0] > 0:
+        per_call_us = max(0.0, wall[1] - WALL_SLACK_S) / wall[0] * 1e6
+        if call_us * WALL_FACTOR < per_call_us:
+            return (
+                f"call_us {call_us:.3g} us, but {wall[0]} calls back to back took {per_call_us:.3g} us a call "
+                f"on the driver's clock ({per_call_us / call_us:.1f}x more): the worker's clock is not to be trusted"
+            )
+    return ""
+
+
+def withdraw(row: dict) -> None:
+    """Take back a row's timing columns; the claimed median stays in the note."""
+    claimed = _number(row.get("latency_us"))
+    for column in WITHDRAWN:
+        row.pop(column, None)
+    if claimed is not None:
+        row["note"] = "; ".join(filter(None, [row.get("note"), f"claimed latency {claimed:.3g} us (not credited)"]))
