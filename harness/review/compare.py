@@ -43,6 +43,7 @@ import pandas as pd
 
 from harness.cases.vocab import GRADED
 from harness.results.report import ENV, Regressions
+from harness.results.storage import RunFolderError, load_run
 from harness.review import stats
 from harness.run.runner import NOT_TIMED
 
@@ -105,12 +106,34 @@ class Comparison:
         return self.exit_code == EXIT_OK
 
 
-def check_unique(frame: pd.DataFrame, name: str) -> None:
-    """Refuse a run with a (case, backend) row twice, naming the first few."""
+def load_runs(*run_dirs: Path) -> list[tuple[pd.DataFrame, dict]]:
+    """Each run folder's (rows, meta) (:func:`harness.results.storage.load_run`); RunFolderError naming
+    every folder that is not a run, one a line, not only the first."""
+    loaded, errors = [], []
+    for run_dir in run_dirs:
+        try:
+            loaded.append(load_run(run_dir))
+        except RunFolderError as error:
+            errors.append(str(error))
+    if errors:
+        raise RunFolderError("\n".join(errors))
+    return loaded
+
+
+def duplicated_rows(frame: pd.DataFrame, name: str) -> str:
+    """'NAME: duplicated (case, backend) rows: ...' naming the first few, or '' for a run without any."""
     dup = frame[frame.duplicated(KEY, keep=False)]
-    if not dup.empty:
-        pairs = sorted({f"{b} on {c}" for c, b in zip(dup["case"], dup["backend"], strict=True)})
-        raise DuplicateRowsError(f"{name}: duplicated (case, backend) rows: {', '.join(pairs[:5])}")
+    if dup.empty:
+        return ""
+    pairs = sorted({f"{b} on {c}" for c, b in zip(dup["case"], dup["backend"], strict=True)})
+    return f"{name}: duplicated (case, backend) rows: {', '.join(pairs[:5])}"
+
+
+def check_unique(*runs: tuple[pd.DataFrame, str]) -> None:
+    """Refuse runs, given as (frame, name), with a (case, backend) row twice, naming every such run."""
+    found = [text for frame, name in runs if (text := duplicated_rows(frame, name))]
+    if found:
+        raise DuplicateRowsError("\n".join(found))
 
 
 def _side(frame: pd.DataFrame) -> pd.DataFrame:
@@ -137,8 +160,7 @@ def compare_runs(
 ) -> Comparison:
     """Compare ``new`` against ``base`` (report rows); see the module docstring."""
     opts = options or CompareOptions(**overrides)
-    check_unique(base, "base run")
-    check_unique(new, "new run")
+    check_unique((base, "base run"), (new, "new run"))
     rows = _side(base).merge(_side(new), on=KEY, how="outer", suffixes=("_base", "_new"), indicator="side")
     rows["side"] = rows["side"].map({"both": "both", "left_only": "base only", "right_only": "new only"})
     rows = rows.sort_values(KEY, kind="stable").reset_index(drop=True)
