@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import re
+
 import pytest
 
 from harness.cli.main import main
 from harness.review.history import find_runs, load_history
 from tests import review_frames as rf
+from tests.plot_text import drawn_texts, page_plots
 
 
 @pytest.fixture
@@ -35,7 +38,8 @@ def test_history_orders_runs_per_machine_and_marks_only_the_regressed_run(runs):
     assert not history.rows[history.rows["machine"] == "cuda H200"]["regressed"].any(), "a new machine has no baseline"
 
 
-def test_history_verb_prints_the_trend_and_writes_a_page_with_plots(runs, tmp_path, capsys, drawn_plots):
+def test_history_verb_prints_the_trend_and_writes_a_page_with_plots(runs, tmp_path, capsys, drawn_plots,
+                                                                     plot_text_as_text):  # fmt: skip
     page = tmp_path / "history.html"
     assert main(["history", str(runs), "--html", str(page)]) == 0
     out = capsys.readouterr().out
@@ -45,6 +49,9 @@ def test_history_verb_prints_the_trend_and_writes_a_page_with_plots(runs, tmp_pa
     assert "4 regressions" in html
     pytest.importorskip("matplotlib", reason="plots need matplotlib")
     assert html.count('<img src="data:image/svg+xml;base64,') == 4  # latency and error, per machine
+    for uri in page_plots(html):  # the log axes' ticks typeset ("10^2"), not left as TeX source
+        drawn = [t.text for t in drawn_texts(uri)]
+        assert not [t for t in drawn if "$" in t or "\\" in t] and any(re.fullmatch(r"10[−-]?[0-9]+", t) for t in drawn)
 
 
 def test_history_says_where_two_runs_drifted_or_share_a_commit(tmp_path, capsys):

@@ -9,6 +9,7 @@ saying what is missing, when no browser is installed. A full-page screenshot is 
 from __future__ import annotations
 
 import os
+import re
 import shutil
 
 import pandas as pd
@@ -50,7 +51,7 @@ register_backend("exploding<b>", exploding)
 
 
 @pytest.fixture
-def run_dir(tmp_path):
+def run_dir(tmp_path, plot_text_as_text):
     saved = dict(backends_module.REGISTRY)
     (tmp_path / "cases.toml").write_text(CASES)
     (tmp_path / "plugin.py").write_text(PLUGIN)
@@ -170,3 +171,11 @@ def test_the_review_page_works_in_a_browser(drawn_plots, run_dir, browser, tmp_p
     print(f"screenshot: {shot}")
     if os.environ.get("HARNESS_SCREENSHOT_DIR"):
         shutil.copy(shot, os.environ["HARNESS_SCREENSHOT_DIR"])
+
+    # Each plot opened as the browser draws it (its text kept as text: plot_text_as_text): the log
+    # axes' tick labels read as numbers ("10" with its exponent), never as TeX source.
+    for src in [i.get_attribute("src") for i in images]:
+        browser.get(src)
+        drawn = ["".join(t.text.split()) for t in browser.find_elements(By.TAG_NAME, "text")]
+        assert drawn and not [t for t in drawn if "$" in t or "mathdefault" in t], drawn
+        assert any(re.fullmatch(r"10[−-]?[0-9]+", t) for t in drawn), drawn
