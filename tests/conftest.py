@@ -151,6 +151,17 @@ def drawn_plots():
 
 
 @pytest.fixture
+def plot_text_as_text(monkeypatch):
+    """Plots drawn in the test keep their text as SVG ``<text>`` (``svg.fonttype`` 'none'), not glyph
+    outlines, typeset as ever: :mod:`tests.plot_text` reads what a person would read."""
+    try:
+        import matplotlib
+    except ImportError:  # no matplotlib: the pages draw nothing, and the tests that read plots skip
+        return
+    monkeypatch.setitem(matplotlib.rcParams, "svg.fonttype", "none")
+
+
+@pytest.fixture
 def clean_registry():
     """Restore the backend registry after a test that registers backends of its own."""
     from harness.backends.registry import REGISTRY

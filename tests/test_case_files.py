@@ -68,7 +68,7 @@ def test_tolerance_override_applies_to_its_dtype_only(tmp_path):
 
 
 BAD = {
-    "unknown_key": ('colour = "red"\n', "field 'colour': Extra inputs are not permitted"),
+    "unknown_key": ('colour = "red"\n', "field 'colour': not a case field"),
     "wrong_type": ('block_size = "big"\n', "field 'block_size': Input should be a valid integer"),
     "heads_not_multiple": ("num_q_heads = 7\n", "field 'num_q_heads': Value error, num_q_heads (7) must be a multiple"),
     "block_size_range": ("block_size = 512\n", "field 'block_size': Input should be less than or equal to 256"),
@@ -90,6 +90,51 @@ def test_invalid_case_names_file_case_and_field(tmp_path, name):
     text = str(info.value)
     assert text.startswith(f"{path}: case 'base")
     assert message in text
+
+
+# A misspelt key: where it is, and the error the file gets (the whole of it: said once, at its table).
+TYPOS = {
+    "in_defaults": (
+        "[defaults]\ndtpye = 'float16'\n", "",
+        ["[defaults]: field 'dtpye': not a case field; did you mean 'dtype'?"],
+    ),
+    "in_a_case": ("", "hed_dim = 64\n", ["case 'base': field 'hed_dim': not a case field; did you mean 'head_dim'?"]),
+    "in_a_generator": (
+        "", "q_lens = { mni = 0, max = 1 }\n",
+        ["case 'base': field 'q_lens.min': Field required",
+         "case 'base': field 'q_lens.mni': not a field of q_lens; did you mean 'min'?"],
+    ),
+    "in_a_sweep": (
+        "", "[case.sweep]\nblock_szie = [4, 8]\n",
+        ["case 'base': field 'sweep': Value error, cannot sweep 'block_szie': not a case field; "
+         "did you mean 'block_size'?"],
+    ),
+    "in_the_defaults_sweep": (
+        "[defaults.sweep]\nhead_dmi = [64]\n", "",
+        ["[defaults]: field 'sweep': cannot sweep 'head_dmi': not a case field; did you mean 'head_dim'?"],
+    ),
+    "nothing_close": ("[defaults]\ncolour = 'red'\n", "", ["[defaults]: field 'colour': not a case field"]),
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("name", TYPOS)
+def test_a_misspelt_key_is_named_at_its_table_with_the_field_it_was_meant_to_be(tmp_path, name):
+    defaults, case, expected = TYPOS[name]
+    text = GOOD.replace("[defaults]\n", "[defaults]\n" + defaults.removeprefix("[defaults]\n"))
+    if defaults.startswith("[defaults.sweep]"):
+        text = GOOD.replace("[[case]]", defaults + "[[case]]")
+    path = write(tmp_path, text.replace('name = "base"\n', 'name = "base"\n' + case))
+    with pytest.raises(CaseFileError) as info:
+        load_case_file(path)
+    assert str(info.value).splitlines() == [f"{path}: {line}" for line in expected]
+
+
+def test_a_bad_value_from_defaults_says_it_was_set_there(tmp_path):
+    path = write(tmp_path, GOOD.replace("num_q_heads = 8", "num_q_heads = 7") + "[case.sweep]\nblock_size = [4, 8]\n")
+    with pytest.raises(CaseFileError) as info:
+        load_case_file(path)
+    lines = str(info.value).splitlines()
+    assert len(lines) == 2 and all("field 'num_q_heads' (set in [defaults]): Value error" in line for line in lines)
 
 
 def test_invalid_sweep_point_names_the_point(tmp_path):
@@ -143,7 +188,7 @@ REFUSED = {
     "rtol_nan": ("tolerance = { float32 = { atol = 0.0, rtol = nan } }\n", "field 'tolerance.float32.rtol': Input should be a finite number"),
     "input_scale_nan": ("input_scale = nan\n", "field 'input_scale': Input should be a finite number"),
     "input_scale_inf": ("input_scale = inf\n", "field 'input_scale': Input should be a finite number"),
-    "scale_is_no_field": ("scale = nan\n", "field 'scale': Extra inputs are not permitted"),
+    "scale_is_no_field": ("scale = nan\n", "field 'scale': not a case field"),
     "timeout_negative": ("timeout_s = -1.0\n", "field 'timeout_s': Input should be greater than 0"),
     "length_past_int32": ("seq_lens = [5, 4294967296]\n", "field 'seq_lens.1': Input should be less than or equal to 2147483647"),
     "generator_count_zero": ("seq_lens = { count = 0, min = 1, max = 5 }\n", "field 'seq_lens.count': Input should be greater than or equal to 1"),

@@ -3,6 +3,7 @@ re-timed are "unconfirmed" (exit 5); accuracy regressions are exit 1 without any
 
 from __future__ import annotations
 
+import re
 import subprocess
 from pathlib import Path
 
@@ -83,6 +84,40 @@ def test_by_default_rows_the_runs_call_slower_are_retimed_in_paired_rounds_and_o
     assert sum(what == "WORSE" for what in table.values()) == 3, out
     assert "interleaved re-run" in out and "UNCONFIRMED" not in out
     assert code == 1
+
+
+def _page_cells(html: str) -> list[list[str]]:
+    """The compare page's table: each row's cells as text."""
+    body = html[html.index("<tbody>") : html.index("</tbody>")]
+    return [[re.sub(r"<[^>]+>", "", c).strip() for c in re.findall(r"<td[^>]*>(.*?)</td>", row, re.S)]
+            for row in body.split("</tr>") if "<td" in row]  # fmt: skip
+
+
+def test_a_drift_under_which_paired_rounds_confirm_a_slowdown_is_said_as_both_not_put_on_the_load(
+    tmp_path, rounds, capsys
+):
+    # every backend looks 1.5x slower in the new run (the load); paired rounds find only tlsim slower (1.3x)
+    base, new = _runs(tmp_path, {"reference": 1.5, "tlsim": 1.5, "gather_sdpa": 1.5})
+    page = tmp_path / "compare.html"
+    assert main(["compare", base, new, "--html", str(page)]) == 1
+    out = capsys.readouterr().out
+    drift = [line for line in out.splitlines() if line.startswith("! latency drift: 9 of 9 timed rows")]
+    assert len(drift) == 1, out
+    assert "re-timed 9 row(s): 3 slower, 6 same; the 3 confirmed slower are a change of the code, not of the " \
+           "machine's load" in drift[0]  # fmt: skip
+    assert "likely" not in drift[0]
+    assert {b for (b, _), what in _table(out).items() if what == "WORSE"} == {"tlsim"}, out
+    html = page.read_text()
+    assert "the 3 confirmed slower are a change of the code" in html and "likely" not in html
+    cells = _page_cells(html)
+    assert len(cells) == 9 and all(row[8] for row in cells), "every re-timed row has its adjusted p"
+    assert all(float(row[8]) <= 0.05 for row in cells if row[9].startswith("slower"))
+    # the same runs without paired rounds: the drift is read as the load's, and the note says none were re-timed
+    assert main(["compare", base, new, "--no-confirm"]) == 5
+    out = capsys.readouterr().out
+    assert (
+        "the machine's load likely changed between them, and no row was re-timed in paired rounds: --no-confirm" in out
+    )
 
 
 def test_no_confirm_leaves_the_slower_rows_unconfirmed_saying_why_and_exits_5(tmp_path, rounds, capsys):

@@ -61,6 +61,16 @@ def test_the_signed_rank_p_value_is_scipys_exact_one():
     assert t.p_value == pytest.approx(wilcoxon(d, method="exact").pvalue)
 
 
+@pytest.mark.parametrize("looks", [1, 3, 7])
+def test_the_looks_adjusted_p_is_at_most_alpha_exactly_when_the_interval_excludes_1(looks):
+    rng = np.random.default_rng(looks)
+    for _ in range(300):
+        n, shift = int(rng.integers(5, 33)), float(rng.choice([0.0, 0.05, 0.15]))
+        t = stats.paired_ratio(np.ones(n), np.exp(rng.normal(shift, 0.1, n)), looks=looks)
+        excludes = t.ci_low > 1 or t.ci_high < 1
+        assert excludes == (stats.looks_adjusted(t.p_value, looks) <= 0.05), (n, t)
+
+
 def test_the_interval_has_its_stated_coverage_and_is_unbounded_with_too_few_rounds():
     rng = np.random.default_rng(2)
     misses = sum(

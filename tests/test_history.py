@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import re
+
 import pytest
 
 from harness.cli.main import main
 from harness.review.history import find_runs, load_history
 from tests import review_frames as rf
+from tests.plot_text import drawn_texts, page_plots
 
 
 @pytest.fixture
@@ -35,7 +38,8 @@ def test_history_orders_runs_per_machine_and_marks_only_the_regressed_run(runs):
     assert not history.rows[history.rows["machine"] == "cuda H200"]["regressed"].any(), "a new machine has no baseline"
 
 
-def test_history_verb_prints_the_trend_and_writes_a_page_with_plots(runs, tmp_path, capsys, drawn_plots):
+def test_history_verb_prints_the_trend_and_writes_a_page_with_plots(runs, tmp_path, capsys, drawn_plots,
+                                                                     plot_text_as_text):  # fmt: skip
     page = tmp_path / "history.html"
     assert main(["history", str(runs), "--html", str(page)]) == 0
     out = capsys.readouterr().out
@@ -45,18 +49,36 @@ def test_history_verb_prints_the_trend_and_writes_a_page_with_plots(runs, tmp_pa
     assert "4 regressions" in html
     pytest.importorskip("matplotlib", reason="plots need matplotlib")
     assert html.count('<img src="data:image/svg+xml;base64,') == 4  # latency and error, per machine
+    for uri in page_plots(html):  # the log axes' ticks typeset ("10^2"), not left as TeX source
+        drawn = [t.text for t in drawn_texts(uri)]
+        assert not [t for t in drawn if "$" in t or "\\" in t] and any(re.fullmatch(r"10[−-]?[0-9]+", t) for t in drawn)
 
 
-def test_history_says_where_two_runs_drifted_or_share_a_commit(tmp_path, capsys):
-    """Reruns of one commit on a busy machine differ as wholes: history marks their ▲ but says they are no verdict."""
+# The second of two runs moved as a whole (every backend 1.5x): its commit, and what history says of its ▲.
+DRIFTS = {
+    "same_commit": ("1" * 40, {}, "1111111#2", "the same commit as the run before: its latency ▲ are not a change of "
+                    "the code"),
+    "another_commit": ("2" * 40, {}, "2222222", "the two runs alone cannot tell the machine's load from the code: "
+                       "`harness compare {root}/r1 {root}/r2` re-times its latency ▲ in paired rounds"),
+    "same_commit_dirty": ("1" * 40, {"dirty": True}, "1111111+", "the two runs alone cannot tell"),
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("name", DRIFTS)
+def test_history_says_where_two_runs_drifted_and_what_the_two_alone_can_tell(tmp_path, capsys, name):
+    """Runs on a busy machine differ as wholes: history marks their ▲, says the runs drifted, and puts the ▲ on
+    the load only where the code is the same; elsewhere only paired rounds (compare) can tell."""
+    commit, dirty, label, reading = DRIFTS[name]
     root = tmp_path / "reports"
     rf.write(rf.frame(num_cases=4, seed=1), rf.meta(commit="1" * 40, time="2026-11-01T00:00:00"), root / "r1")
-    drifted = rf.frame(num_cases=4, seed=2, slow={b: 1.5 for b in rf.frame(num_cases=1)["backend"].unique()})
-    rf.write(drifted, rf.meta(commit="1" * 40, time="2026-11-02T00:00:00"), root / "r2")
+    drifted = rf.frame(num_cases=4, seed=2, slow={b: 1.5 for b in rf.BACKENDS})
+    rf.write(drifted, rf.meta(commit=commit, time="2026-11-02T00:00:00", **dirty), root / "r2")
     assert main(["history", str(root)]) == 0
     out = capsys.readouterr().out
-    assert "! 1111111#2: latency drift: " in out and "the same commit as the run before: its latency ▲" in out
-    assert "▲ 1111111#2:" in out
+    assert f"▲ {label}:" in out
+    notes = [line.strip() for line in out.splitlines() if line.strip().startswith("!")]
+    assert len(notes) == 1 and notes[0].startswith(f"! {label}: latency drift: 12 of 12 timed rows"), out
+    assert reading.format(root=root) in notes[0] and "more likely" not in notes[0]
 
 
 def test_history_refuses_a_path_that_holds_no_run(tmp_path, capsys):

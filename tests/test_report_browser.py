@@ -9,6 +9,7 @@ saying what is missing, when no browser is installed. A full-page screenshot is 
 from __future__ import annotations
 
 import os
+import re
 import shutil
 
 import pandas as pd
@@ -50,7 +51,7 @@ register_backend("exploding<b>", exploding)
 
 
 @pytest.fixture
-def run_dir(tmp_path):
+def run_dir(tmp_path, plot_text_as_text):
     saved = dict(backends_module.REGISTRY)
     (tmp_path / "cases.toml").write_text(CASES)
     (tmp_path / "plugin.py").write_text(PLUGIN)
@@ -170,3 +171,48 @@ def test_the_review_page_works_in_a_browser(drawn_plots, run_dir, browser, tmp_p
     print(f"screenshot: {shot}")
     if os.environ.get("HARNESS_SCREENSHOT_DIR"):
         shutil.copy(shot, os.environ["HARNESS_SCREENSHOT_DIR"])
+
+    # Each plot opened as the browser draws it (its text kept as text: plot_text_as_text): the log
+    # axes' tick labels read as numbers ("10" with its exponent), never as TeX source.
+    for src in [i.get_attribute("src") for i in images]:
+        browser.get(src)
+        drawn = ["".join(t.text.split()) for t in browser.find_elements(By.TAG_NAME, "text")]
+        assert drawn and not [t for t in drawn if "$" in t or "mathdefault" in t], drawn
+        assert any(re.fullmatch(r"10[−-]?[0-9]+", t) for t in drawn), drawn
+
+
+def test_the_compare_page_gives_its_why_column_room_and_every_judged_row_its_adjusted_p(browser, tmp_path):
+    """A drifted pair of runs whose doubtful rows paired rounds re-timed: one backend confirmed slower."""
+    import numpy as np
+    from selenium.webdriver.common.by import By
+
+    from harness.review.compare import CompareOptions, compare_runs, write_compare_html
+    from harness.review.confirm import rejudge
+    from tests import review_frames as rf
+
+    drifted = {b: 1.5 for b in rf.BACKENDS}
+    runs = [rf.frame(3, seed=0), rf.frame(3, seed=1, slow=drifted)]
+    for frame in runs:  # case ids as a sweep writes them
+        frame["case"] = frame["case"].str.replace("case", "long_half_accumulation/dtype=bfloat16/block_size=")
+    comparison = compare_runs(*runs, rf.meta(), rf.meta())
+    rng = np.random.default_rng(0)
+    index = dict(zip(comparison.rows.index, zip(comparison.rows["case"], comparison.rows["backend"], strict=True),
+                     strict=True))  # fmt: skip
+    pooled = {}
+    for case, backend in index.values():
+        load = np.exp(rng.normal(0, 0.3, 12))
+        truly = 1.3 if backend == "tlsim" else 1.0
+        pooled[(case, backend)] = (list(100 * load), list(100 * truly * load * np.exp(rng.normal(0, 0.02, 12))))
+    page = write_compare_html(rejudge(comparison, index, pooled, CompareOptions()), tmp_path / "compare.html",
+                              ("base", rf.meta()), ("new", rf.meta()))  # fmt: skip
+    browser.get(page.as_uri())
+
+    verdict = browser.find_element(By.ID, "verdict").text
+    assert "exit 1: 3 row(s) got worse" in verdict and "the 3 confirmed slower are a change of the code" in verdict
+    header = [h.text for h in browser.find_elements(By.CSS_SELECTOR, "#cmp thead th")]
+    rows = browser.find_elements(By.CSS_SELECTOR, "#cmp tbody tr")
+    p_cells = [r.find_elements(By.TAG_NAME, "td")[header.index("adj. p")].text for r in rows]
+    assert len(p_cells) == 9 and all(p_cells), p_cells
+    root_px = browser.execute_script("return parseFloat(getComputedStyle(document.documentElement).fontSize)")
+    widths = [r.find_elements(By.TAG_NAME, "td")[header.index("why")].size["width"] for r in rows]
+    assert len(widths) == 9 and min(widths) >= 20 * root_px, f"the why column is squeezed: {widths} px"

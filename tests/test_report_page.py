@@ -2,14 +2,16 @@
 
 from __future__ import annotations
 
+import itertools
 import re
 
 import pandas as pd
 import pytest
 
 from harness.cli.main import main
-from harness.results.report import render_html, sig
+from harness.results.report import plots, render_html, sig
 from tests import review_frames as rf
+from tests.plot_text import drawn_texts, page_plots
 
 EVIL = "<script>alert('x')</script>"
 
@@ -47,12 +49,40 @@ def test_strings_from_case_files_and_plugins_stay_escaped():
     assert len(re.findall(r"<script>", html)) == 2, "only the page's own two scripts"
 
 
-def test_a_name_with_dollar_signs_is_drawn_as_text_not_parsed_as_tex(drawn_plots):
+def test_a_name_with_dollar_signs_is_drawn_as_text_not_parsed_as_tex(drawn_plots, plot_text_as_text):
     frame = rf.frame(num_cases=2)
     frame.loc[frame["backend"] == frame.loc[0, "backend"], "backend"] = "$\\frac{$"
     frame.loc[frame["case"] == "case00", "case"] = "a$b$"
     html = render_html(frame, rf.meta())
+    pytest.importorskip("matplotlib", reason="plots need matplotlib")
     assert "$\\frac{$" in html and 'src="data:image/svg+xml;base64,' in html
+    drawn = [t.text for uri in page_plots(html) for t in drawn_texts(uri)]
+    assert "$\\frac{$" in drawn, "the name as it is, in the legend and under its column of points"
+    assert not [t for t in drawn if "mathdefault" in t], "and the axes' own tick labels still typeset"
+
+
+# A decade tick of a log axis as matplotlib typesets it: "10" and the exponent ("10^3", "10^-2").
+DECADE = re.compile(r"10[−-]?[0-9]+")
+
+
+def test_log_axes_label_their_ticks_with_numbers_not_tex_source(drawn_plots, plot_text_as_text):
+    pytest.importorskip("matplotlib", reason="plots need matplotlib")
+    uris = page_plots(render_html(rf.frame(num_cases=4), rf.meta()))
+    assert len(uris) >= 2
+    for uri in uris:
+        drawn = [t.text for t in drawn_texts(uri)]
+        assert not [t for t in drawn if "$" in t or "\\" in t], drawn
+        assert any(DECADE.fullmatch(t) for t in drawn), drawn
+
+
+def test_close_bandwidth_ceilings_are_labelled_a_line_apart(drawn_plots, plot_text_as_text):
+    pytest.importorskip("matplotlib", reason="plots need matplotlib")
+    uri = plots.latency_and_bandwidth(rf.frame(num_cases=4), {"read": 20.0, "copy": 19.0, "l2": 120.0})
+    labels = {t.text: t for t in drawn_texts(uri) if t.text.endswith(" GB/s")}
+    assert set(labels) == {"read 20 GB/s", "copy 19 GB/s", "l2 120 GB/s"}
+    heights = sorted((t.y, t.size) for t in labels.values())
+    for (y_above, size), (y_below, _) in itertools.pairwise(heights):
+        assert y_below - y_above >= size, f"labels overlap: {labels}"
 
 
 def test_gbps_on_cpu_rows_keeps_significant_digits():

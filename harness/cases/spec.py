@@ -11,6 +11,7 @@ block_size, seq_lens, q_lens, dtype, ...).
 
 from __future__ import annotations
 
+import difflib
 import hashlib
 import itertools
 import json
@@ -155,7 +156,7 @@ class CaseSpec(VariantFields):
     def _sweepable(cls, value: dict[str, list[Any]]):
         for key, values in value.items():
             if key in ("name", "sweep") or key not in cls.model_fields:
-                raise ValueError(f"cannot sweep {key!r}: not a case field")
+                raise ValueError(f"cannot sweep {key!r}: not a case field{did_you_mean(key, cls.model_fields)}")
             if not values:
                 raise ValueError(f"sweep of {key!r} has no values")
         return value
@@ -355,6 +356,14 @@ def _point_id(name: str, point: dict[str, Any]) -> str:
     return "/".join([name, *(f"{k}={short(v)}" for k, v in point.items())])
 
 
+def did_you_mean(key: str, known) -> str:
+    """A suggestion, "; did you mean 'dtype'?", when ``key`` is a near miss of one of ``known`` (difflib); '' if none."""
+    close = difflib.get_close_matches(key, [k for k in known if k != key], n=1)
+    return f"; did you mean {close[0]!r}?" if close else ""
+
+
+# The fields a table nested under a case field may hold, for the suggestion on an unknown one.
+_NESTED_FIELDS = {"seq_lens": SeqLenGenerator, "q_lens": QLenGenerator, "tolerance": Tolerance}
 _TYPE_TAGS = {"int", "float", "str", "bool", "list", "dict", "none"}
 _SHALLOW = {"int_type", "float_type", "list_type", "dict_type", "model_type", "model_attributes_type", "bool_type"}
 
@@ -365,12 +374,23 @@ def _field_path(loc: tuple) -> str:
     return ".".join(parts)
 
 
-def _format_errors(file: str, case_id: str, error: ValidationError) -> list[str]:
+def _unknown_field(path: str) -> str:
+    """The message for a key no model declares: "not a case field", with a near miss suggested."""
+    *parent, key = path.split(".")
+    model = _NESTED_FIELDS.get(parent[0]) if parent else CaseSpec
+    what = "a case field" if not parent else f"a field of {'.'.join(parent)}"
+    return f"not {what}{did_you_mean(key, model.model_fields) if model else ''}"
+
+
+def _format_errors(
+    file: str, case_id: str, error: ValidationError, inherited: frozenset[str] = frozenset()
+) -> list[str]:
     """One line per field in words a case author reads: file, case id, field path, message.
 
     A value checked against a union (``seq_lens``: a list or a generator table) fails once
     per member; the member it was meant for (the one that got past the type check) wins,
-    and a value that matches no member's type gets one line listing what it may be.
+    and a value that matches no member's type gets one line listing what it may be. A field
+    the case took from the file's ``[defaults]`` (``inherited``) says so: that is where to fix it.
     """
 
     def at_union_tag(item: dict) -> bool:  # a type mismatch with one member of a union
@@ -389,17 +409,21 @@ def _format_errors(file: str, case_id: str, error: ValidationError) -> list[str]
             cause = item.get("ctx", {}).get("error")
             field = _field_path(item["loc"]) or getattr(cause, "field", "(case)")
             message = re.sub(r" or instance of \w+", "", item["msg"])  # pydantic's class names mean nothing here
-            lines.append(f"{file}: case '{case_id}': field '{field}': {message}")
+            if item["type"] == "extra_forbidden":
+                message = _unknown_field(field)
+            where = " (set in [defaults])" if field.split(".")[0] in inherited else ""
+            lines.append(f"{file}: case '{case_id}': field '{field}'{where}: {message}")
     return list(dict.fromkeys(lines))
 
 
-def expand_spec(raw: dict[str, Any], file: str) -> list[Case]:
-    """Validate one ``[[case]]`` table (defaults already merged) and expand its sweep."""
+def expand_spec(raw: dict[str, Any], file: str, inherited: frozenset[str] = frozenset()) -> list[Case]:
+    """Validate one ``[[case]]`` table (defaults already merged: ``inherited`` names the fields
+    that came from them) and expand its sweep."""
     name = str(raw.get("name", "?"))
     try:
         spec = CaseSpec.model_validate(raw)
     except ValidationError as error:
-        raise CaseFileError("\n".join(_format_errors(file, name, error))) from None
+        raise CaseFileError("\n".join(_format_errors(file, name, error, inherited))) from None
     keys = list(spec.sweep)
     cases, errors = [], []
     for values in itertools.product(*spec.sweep.values()) if keys else [()]:
@@ -409,7 +433,7 @@ def expand_spec(raw: dict[str, Any], file: str) -> list[Case]:
         try:
             p = CaseSpec.model_validate(data)
         except ValidationError as error:
-            errors.extend(_format_errors(file, case_id, error))
+            errors.extend(_format_errors(file, case_id, error, inherited - set(point)))
             continue
         seq, q = _lengths(p)
         atol, rtol = DEFAULT_TOLERANCES[p.dtype]
@@ -454,12 +478,12 @@ def load_case_file(path: str | Path) -> list[Case]:
     if (not isinstance(defaults, dict) or not isinstance(tables, list) or not tables
             or not all(isinstance(t, dict) for t in tables)):  # fmt: skip
         raise CaseFileError(f"{file}: needs at least one [[case]] table (and [defaults] must be a table)")
+    defaults, errors = known_defaults(file, defaults)
     count_sweep_points(file, [{**defaults, **table} for table in tables])
     cases: list[Case] = []
-    errors: list[str] = []
     for table in tables:
         try:
-            cases.extend(expand_spec({**defaults, **table}, file))
+            cases.extend(expand_spec({**defaults, **table}, file, frozenset(defaults) - set(table)))
         except CaseFileError as error:
             errors.append(str(error))
     seen: set[str] = set()
@@ -470,6 +494,20 @@ def load_case_file(path: str | Path) -> list[Case]:
     if errors:
         raise CaseFileError("\n".join(errors))
     return cases
+
+
+def known_defaults(file: str, defaults: dict[str, Any]) -> tuple[dict[str, Any], list[str]]:
+    """``[defaults]`` without the keys (and sweep keys) that are no case field, and a line for each
+    of those naming the table, with a near miss suggested: said once, not for every case it would
+    be merged into."""
+    lines = [f"{file}: [defaults]: field '{key}': {_unknown_field(str(key))}" for key in defaults
+             if key not in CaseSpec.model_fields]  # fmt: skip
+    known = {key: value for key, value in defaults.items() if key in CaseSpec.model_fields}
+    if isinstance(sweep := known.get("sweep"), dict):
+        bad = [key for key in sweep if key in ("name", "sweep") or key not in CaseSpec.model_fields]
+        lines += [f"{file}: [defaults]: field 'sweep': cannot sweep '{key}': {_unknown_field(str(key))}" for key in bad]
+        known["sweep"] = {key: values for key, values in sweep.items() if key not in bad}
+    return known, lines
 
 
 def max_sweep_points() -> int:

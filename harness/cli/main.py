@@ -79,6 +79,7 @@ from harness.review.compare import (
     DuplicateRowsError,
     compare_runs,
     format_comparison,
+    load_runs,
     regressions_of,
     write_compare_html,
 )
@@ -763,8 +764,7 @@ def cmd_compare(args: argparse.Namespace) -> int:
             f"--confirm-rounds {args.confirm_rounds}: at least {MIN_ROUNDS} rounds are needed for a verdict "
             f"(fewer paired rounds cannot exclude anything at the looks' confidence)"
         )
-    base, base_meta = load_run(args.base_run)
-    new, new_meta = load_run(args.new_run)
+    (base, base_meta), (new, new_meta) = load_runs(args.base_run, args.new_run)
     options = CompareOptions(
         min_effect=args.min_effect,
         alpha=args.alpha,

@@ -4,15 +4,17 @@ Every function takes report rows (a DataFrame) and returns ``data:image/svg+xml;
 for an ``<img src>``, or None when there is nothing to draw. Matplotlib is used through
 ``matplotlib.figure.Figure`` (no pyplot state, no display); text in the SVG (backend and
 case names) is XML-escaped by matplotlib, and an ``<img>`` runs no script anyway.
+
+Every name from a run (backend, case, machine, ceiling) goes through :func:`literal`: its '$'
+escaped, so matplotlib draws it as text, not TeX, while its own tick labels (``10^5`` on a
+log axis, written as mathtext) are still typeset.
 """
 
 from __future__ import annotations
 
 import base64
-import functools
 import io
 
-import matplotlib
 import numpy as np
 import pandas as pd
 from matplotlib.figure import Figure
@@ -23,16 +25,10 @@ from harness.timing.scaling import phase_of
 COLORS = ["#1f77b4", "#d62728", "#2ca02c", "#ff7f0e", "#9467bd", "#8c564b", "#e377c2", "#17becf", "#7f7f7f", "#bcbd22"]
 
 
-def _names_as_text(draw):
-    """``draw`` with matplotlib's mathtext off: a '$' in a case's or backend's name is text, not TeX (no global
-    setting changes for other code in the process)."""
-
-    @functools.wraps(draw)
-    def drawn(*args, **kwargs):
-        with matplotlib.rc_context({"text.parse_math": False}):
-            return draw(*args, **kwargs)
-
-    return drawn
+def literal(name) -> str:
+    """``name`` as matplotlib draws it literally: each '$' escaped, so no pair of them opens TeX
+    (matplotlib then shows ``\\$`` as '$'; a name with no '$' is unchanged)."""
+    return str(name).replace("$", r"\$")
 
 
 def to_data_uri(fig: Figure) -> str:
@@ -51,7 +47,6 @@ def _timed(frame: pd.DataFrame) -> pd.DataFrame:
     return frame.dropna(subset=["latency_us", "total_kv_tokens"]).sort_values("total_kv_tokens")
 
 
-@_names_as_text
 def latency_and_bandwidth(frame: pd.DataFrame, ceilings: dict[str, float] | None = None) -> str | None:
     """Two panels against total KV tokens per case: latency (us) and GB/s, per backend; ceilings dashed."""
     timed = _timed(frame)
@@ -61,16 +56,13 @@ def latency_and_bandwidth(frame: pd.DataFrame, ceilings: dict[str, float] | None
     fig = Figure(figsize=(11, 4))
     lat, bw = fig.subplots(1, 2)
     for backend, rows in timed.groupby("backend"):
-        style = {"color": colors[backend], "marker": "o", "ms": 3.5, "lw": 0, "label": backend}
+        style = {"color": colors[backend], "marker": "o", "ms": 3.5, "lw": 0, "label": literal(backend)}
         lat.plot(rows["total_kv_tokens"], rows["latency_us"], **style)
         if "gbps" in rows:
             bw.plot(rows["total_kv_tokens"], rows["gbps"], **style)
-    for name, value in (ceilings or {}).items():
-        if value and np.isfinite(value):
-            bw.axhline(value, ls="--", lw=1, color="#555")
-            bw.annotate(
-                f"{name} {value:.3g} GB/s", (0.01, value), xycoords=("axes fraction", "data"), fontsize=8, va="bottom"
-            )
+    lines = sorted((float(v), literal(n)) for n, v in (ceilings or {}).items() if v and np.isfinite(v) and v > 0)
+    for value, _ in lines:
+        bw.axhline(value, ls="--", lw=1, color="#555")
     for ax, label in ((lat, "latency (µs, median)"), (bw, "GB/s (bytes moved / latency)")):
         ax.set_xscale("log")
         ax.set_yscale("log")
@@ -79,10 +71,35 @@ def latency_and_bandwidth(frame: pd.DataFrame, ceilings: dict[str, float] | None
         ax.grid(True, which="major", alpha=0.3)
     lat.legend(fontsize=8, loc="upper left")
     fig.tight_layout()
+    _label_ceilings(bw, lines)  # after the layout: the labels are stacked in the axes' final height
     return to_data_uri(fig)
 
 
-@_names_as_text
+CEILING_FONT = 8  # points
+
+
+def _label_ceilings(ax, lines: list[tuple[float, str]]) -> None:
+    """Each ceiling's dashed line labelled in the right margin, ``lines`` = (GB/s, name) ascending.
+
+    A label sits level with its line unless the label below is within a line of text, then just
+    above that one, tied to its line by a thin stroke: close ceilings (read and copy bandwidth a
+    few percent apart) do not print over each other. The y axis is logarithmic.
+    """
+    if not lines:
+        return
+    low, high = np.log10(ax.get_ylim())
+    height_pt = ax.get_position().height * ax.get_figure().get_figheight() * 72
+    gap = 1.5 * CEILING_FONT / height_pt  # a line of text, in fractions of the axes' height
+    y = -np.inf
+    for value, name in lines:
+        y = max((np.log10(value) - low) / (high - low), y + gap)
+        ax.annotate(
+            f"{name} {value:.3g} GB/s", xy=(1, value), xycoords=("axes fraction", "data"), xytext=(1.03, y),
+            textcoords="axes fraction", fontsize=CEILING_FONT, va="center", color="#333",
+            arrowprops={"arrowstyle": "-", "color": "#999", "lw": 0.6, "shrinkA": 0, "shrinkB": 0},
+        )  # fmt: skip
+
+
 def error_vs_tolerance(frame: pd.DataFrame) -> str | None:
     """tol_ratio (max error over the allowed error) per backend; the line at 1 is the tolerance."""
     if "tol_ratio" not in frame:
@@ -100,7 +117,7 @@ def error_vs_tolerance(frame: pd.DataFrame) -> str | None:
         ax.scatter(i + rng.uniform(-0.18, 0.18, len(values)), values, s=12, color=colors[backend], alpha=0.8)
     ax.axhline(1.0, color="#b3261e", lw=1.2, ls="--")
     ax.annotate("tolerance", (len(backends) - 0.5, 1.0), fontsize=8, color="#b3261e", va="bottom", ha="right")
-    ax.set_xticks(range(len(backends)), backends, rotation=20, ha="right", fontsize=8)
+    ax.set_xticks(range(len(backends)), [literal(b) for b in backends], rotation=20, ha="right", fontsize=8)
     ax.set_yscale("log")
     ax.set_ylabel("error / tolerance (tol_ratio)")
     ax.grid(True, axis="y", alpha=0.3)
@@ -108,7 +125,6 @@ def error_vs_tolerance(frame: pd.DataFrame) -> str | None:
     return to_data_uri(fig)
 
 
-@_names_as_text
 def scaling_fit(frame: pd.DataFrame, fits: pd.DataFrame | None) -> str | None:
     """Latency against the work that drives it, per backend, with the fitted line fixed_us + per_unit_us * x.
 
@@ -144,16 +160,17 @@ def scaling_fit(frame: pd.DataFrame, fits: pd.DataFrame | None) -> str | None:
                 continue
             color = colors.get(fit.backend, "#333")
             if not fit.fitted:
-                ax.plot(rows[x], rows["latency_us"], "o", ms=3.5, color=color, label=f"{fit.backend} (no linear fit)")
+                ax.plot(rows[x], rows["latency_us"], "o", ms=3.5, color=color,
+                        label=f"{literal(fit.backend)} (no linear fit)")  # fmt: skip
                 continue
             ax.plot(rows[x], rows["latency_us"], "o", ms=3.5, color=color)
             grid = np.geomspace(rows[x].min(), rows[x].max(), 50)
             ax.plot(grid, fit.fixed_us + fit.per_unit_us * grid, "-", lw=1, color=color,
-                    label=f"{fit.backend} (r²={fit.r2:.2f})")  # fmt: skip
+                    label=f"{literal(fit.backend)} (r²={fit.r2:.2f})")  # fmt: skip
         ax.set_xscale("log")
         ax.set_yscale("log")
-        ax.set_title(f"{phase}: latency against {x}", fontsize=9)
-        ax.set_xlabel(f"{x} (log)")
+        ax.set_title(literal(f"{phase}: latency against {x}"), fontsize=9)
+        ax.set_xlabel(literal(f"{x} (log)"))
         ax.set_ylabel("latency (µs, log)")
         ax.legend(fontsize=7)
         ax.grid(True, which="both", alpha=0.3)
@@ -161,7 +178,6 @@ def scaling_fit(frame: pd.DataFrame, fits: pd.DataFrame | None) -> str | None:
     return to_data_uri(fig)
 
 
-@_names_as_text
 def trend(history: pd.DataFrame, value: str, ylabel: str, title: str, flag: str = "regressed") -> str | None:
     """One line per (case, backend) of ``value`` across runs (x: run order); rows where ``flag`` is set circled red."""
     data = history.dropna(subset=[value])
@@ -177,11 +193,11 @@ def trend(history: pd.DataFrame, value: str, ylabel: str, title: str, flag: str 
         bad = rows[rows[flag].astype(bool)] if flag in rows else rows.iloc[0:0]
         ax.plot(bad["run_order"], bad[value], "o", ms=9, mfc="none", mec="#b3261e", mew=1.5)
     for backend, color in colors.items():
-        ax.plot([], [], "-", color=color, label=backend)
-    ax.set_xticks(range(len(runs)), runs, rotation=20, ha="right", fontsize=7)
+        ax.plot([], [], "-", color=color, label=literal(backend))
+    ax.set_xticks(range(len(runs)), [literal(r) for r in runs], rotation=20, ha="right", fontsize=7)
     ax.set_yscale("log")
     ax.set_ylabel(ylabel)
-    ax.set_title(title, fontsize=10)
+    ax.set_title(literal(title), fontsize=10)
     ax.legend(fontsize=7, ncols=2)
     ax.grid(True, alpha=0.3)
     fig.tight_layout()

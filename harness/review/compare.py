@@ -43,6 +43,7 @@ import pandas as pd
 
 from harness.cases.vocab import GRADED
 from harness.results.report import ENV, Regressions
+from harness.results.storage import RunFolderError, load_run
 from harness.review import stats
 from harness.run.runner import NOT_TIMED
 
@@ -56,6 +57,7 @@ _FIELDS = [
 ]  # fmt: skip
 META_KEYS = ("device", "device_name", "torch", "triton")
 RETIMED = "interleaved re-run"  # how a re-timed row's verdict_reason begins (harness.review.confirm)
+DRIFT = "latency drift"  # how the note of runs that moved as wholes begins (drift_warning)
 
 
 class DuplicateRowsError(ValueError):
@@ -105,12 +107,34 @@ class Comparison:
         return self.exit_code == EXIT_OK
 
 
-def check_unique(frame: pd.DataFrame, name: str) -> None:
-    """Refuse a run with a (case, backend) row twice, naming the first few."""
+def load_runs(*run_dirs: Path) -> list[tuple[pd.DataFrame, dict]]:
+    """Each run folder's (rows, meta) (:func:`harness.results.storage.load_run`); RunFolderError naming
+    every folder that is not a run, one a line, not only the first."""
+    loaded, errors = [], []
+    for run_dir in run_dirs:
+        try:
+            loaded.append(load_run(run_dir))
+        except RunFolderError as error:
+            errors.append(str(error))
+    if errors:
+        raise RunFolderError("\n".join(errors))
+    return loaded
+
+
+def duplicated_rows(frame: pd.DataFrame, name: str) -> str:
+    """'NAME: duplicated (case, backend) rows: ...' naming the first few, or '' for a run without any."""
     dup = frame[frame.duplicated(KEY, keep=False)]
-    if not dup.empty:
-        pairs = sorted({f"{b} on {c}" for c, b in zip(dup["case"], dup["backend"], strict=True)})
-        raise DuplicateRowsError(f"{name}: duplicated (case, backend) rows: {', '.join(pairs[:5])}")
+    if dup.empty:
+        return ""
+    pairs = sorted({f"{b} on {c}" for c, b in zip(dup["case"], dup["backend"], strict=True)})
+    return f"{name}: duplicated (case, backend) rows: {', '.join(pairs[:5])}"
+
+
+def check_unique(*runs: tuple[pd.DataFrame, str]) -> None:
+    """Refuse runs, given as (frame, name), with a (case, backend) row twice, naming every such run."""
+    found = [text for frame, name in runs if (text := duplicated_rows(frame, name))]
+    if found:
+        raise DuplicateRowsError("\n".join(found))
 
 
 def _side(frame: pd.DataFrame) -> pd.DataFrame:
@@ -137,8 +161,7 @@ def compare_runs(
 ) -> Comparison:
     """Compare ``new`` against ``base`` (report rows); see the module docstring."""
     opts = options or CompareOptions(**overrides)
-    check_unique(base, "base run")
-    check_unique(new, "new run")
+    check_unique((base, "base run"), (new, "new run"))
     rows = _side(base).merge(_side(new), on=KEY, how="outer", suffixes=("_base", "_new"), indicator="side")
     rows["side"] = rows["side"].map({"both": "both", "left_only": "base only", "right_only": "new only"})
     rows = rows.sort_values(KEY, kind="stable").reset_index(drop=True)
@@ -221,16 +244,36 @@ def normalize_to_anchor(rows: pd.DataFrame, anchor: str) -> int:
 
 
 def drift_warning(rows: pd.DataFrame) -> list[str]:
-    """A note when many rows of every kind moved one way: more likely the machine's load than the code."""
+    """A note when many rows of every kind moved one way between the two runs alone: more likely the
+    machine's load than the code. What it says after its first '; ' is its reading, which
+    :func:`restate_drift` replaces once paired rounds (or their absence) have said more."""
     judged = rows[rows["verdict"].isin(["slower", "faster", "same", "cannot tell"])]
     moved = judged[judged["verdict"].isin(["slower", "faster"])]
     if len(judged) < 8 or len(moved) < max(4, 0.25 * len(judged)) or moved["backend"].nunique() < 3:
         return []
     return [
-        f"latency drift: {len(moved)} of {len(judged)} timed rows across {moved['backend'].nunique()} backends moved "
-        f"(median ratio {judged['ratio'].median():.2f}); the machine's load likely changed between the runs: "
-        "rows it left doubtful are re-timed in paired rounds unless --no-confirm"
+        f"{DRIFT}: {len(moved)} of {len(judged)} timed rows across {moved['backend'].nunique()} backends moved "
+        f"(median ratio {judged['ratio'].median():.2f}) between the two runs; the machine's load likely changed "
+        "between them: rows it left doubtful are re-timed in paired rounds unless --no-confirm"
     ]
+
+
+def restate_drift(problems: list[str], reading: str) -> list[str]:
+    """``problems`` with the drift note (:func:`drift_warning`) read as ``reading``: what it saw stays."""
+    return [f"{p.split('; ', 1)[0]}; {reading}" if p.startswith(DRIFT) else p for p in problems]
+
+
+def retimed_reading(rows: pd.DataFrame) -> str:
+    """What paired rounds made of a drift. They time both builds under one load, so a row they
+    confirm slower is the code, whatever the load did between the two runs; said with the count
+    of each verdict of the re-timed rows."""
+    retimed = rows[rows["verdict_reason"].fillna("").astype(str).str.startswith(RETIMED)]
+    counts = {v: int((retimed["verdict"] == v).sum()) for v in stats.VERDICTS}
+    found = ", ".join(f"{n} {v}" for v, n in counts.items() if n)
+    said = f"paired rounds (both builds timed under one load) re-timed {len(retimed)} row(s): {found or 'none'}"
+    if counts["slower"]:
+        return f"{said}; the {counts['slower']} confirmed slower are a change of the code, not of the machine's load"
+    return f"{said}; none is confirmed slower"
 
 
 def _effect(r: pd.Series, opts: CompareOptions) -> float:
@@ -324,7 +367,9 @@ def mark_unconfirmed(comparison: Comparison, why: str, options: CompareOptions |
         )
         worse, better = _row_changes(rows.loc[i], opts)
         rows.at[i, "why"], rows.at[i, "better"] = "; ".join(worse), "; ".join(better)
-    return Comparison(rows=rows, problems=comparison.problems, incomplete=comparison.incomplete)
+    reading = f"the machine's load likely changed between them, and no row was re-timed in paired rounds: {why}"
+    problems = restate_drift(comparison.problems, reading)
+    return Comparison(rows=rows, problems=problems, incomplete=comparison.incomplete)
 
 
 def verdict_counts(comparison: Comparison) -> dict[str, int]:
@@ -350,7 +395,7 @@ def format_comparison(comparison: Comparison, base_name: str, new_name: str, *, 
     lines = [f"compared {len(rows)} (case, backend) rows: {base_name} -> {new_name}"]
     lines += [f"! {p}" for p in comparison.problems]
     # Rows the two runs alone call faster while the runs drifted: not a verdict to act on.
-    drifted = any(p.startswith("latency drift") for p in comparison.problems)
+    drifted = any(p.startswith(DRIFT) for p in comparison.problems)
     unpaired_faster = (
         (rows["verdict"] == "faster")
         & ~rows["verdict_reason"].fillna("").str.startswith(RETIMED)
@@ -399,15 +444,20 @@ def format_comparison(comparison: Comparison, base_name: str, new_name: str, *, 
         )
     )
     code = comparison.exit_code
-    summary = {
+    where = {EXIT_INCOMPLETE: " (see '!' above)", EXIT_UNCONFIRMED: " (UNCONFIRMED above says why)"}.get(code, "")
+    lines.append(f"exit {code}: {exit_summary(comparison)}{where}")
+    return "\n".join(lines)
+
+
+def exit_summary(comparison: Comparison) -> str:
+    """What the exit code says, in words (the terminal's last line and the page's verdict)."""
+    return {
         EXIT_OK: "nothing got worse; the comparison is complete",
         EXIT_WORSE: f"{len(comparison.regressions)} row(s) got worse",
-        EXIT_INCOMPLETE: "nothing got worse, but the comparison is incomplete (see '!' above)",
+        EXIT_INCOMPLETE: "nothing got worse, but the comparison is incomplete",
         EXIT_UNCONFIRMED: f"nothing is confirmed worse, but {len(comparison.unconfirmed)} latency row(s) judged slower "
-        "by the two runs alone could not be re-timed in paired rounds (UNCONFIRMED above says why)",
-    }[code]
-    lines.append(f"exit {code}: {summary}")
-    return "\n".join(lines)
+        "by the two runs alone could not be re-timed in paired rounds",
+    }[comparison.exit_code]
 
 
 def regressions_of(frame: pd.DataFrame, meta: dict, baseline: tuple[pd.DataFrame, dict]) -> Regressions:
@@ -438,6 +488,7 @@ def write_compare_html(comparison, path: Path, base: tuple, new: tuple) -> Path:
     html = ENV.get_template("compare.html.j2").render(
         base_name=str(base[0]), base_meta=base[1] or {}, new_name=str(new[0]), new_meta=new[1] or {},
         comparison=comparison, rows=rows.to_dict("records"), counts=verdict_counts(comparison),
+        summary=exit_summary(comparison),
     )  # fmt: skip
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)

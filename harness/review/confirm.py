@@ -131,7 +131,15 @@ from tqdm import tqdm
 from harness.backends.builtin import REGISTRY
 from harness.backends.registry import UnnamedPluginError, require_plugins
 from harness.review import stats
-from harness.review.compare import RETIMED, CompareOptions, Comparison, _row_changes, mark_unconfirmed
+from harness.review.compare import (
+    RETIMED,
+    CompareOptions,
+    Comparison,
+    _row_changes,
+    mark_unconfirmed,
+    restate_drift,
+    retimed_reading,
+)
 
 WORKER = r"""
 import ctypes, json, os, signal, sys
@@ -696,18 +704,21 @@ def rejudge(
 ) -> Comparison:
     """Judge the re-timed rows from their paired rounds (:func:`harness.review.stats.decide_paired`); rebuild their 'why'.
 
-    ``p_value`` keeps the signed-rank p of "no change" for the record; ``p_adjusted`` is
-    NaN: the verdict reads the interval, whose confidence already pays for the looks.
+    ``p_value`` keeps the signed-rank p of "no change"; ``p_adjusted`` is that p adjusted for
+    the ``looks`` (:func:`harness.review.stats.looks_adjusted`), at most alpha exactly when the
+    interval the verdict reads excludes 1. A drift note is restated with what the rounds found
+    (:func:`harness.review.compare.retimed_reading`): a slowdown they confirm is the code's.
     """
     rows = comparison.rows.copy()
     for i, key in index.items():
         t = stats.paired_ratio(*pooled[key], alpha=options.alpha, looks=looks)
         v = stats.decide_paired(t, min_effect=_row_effect(rows.loc[i], options))
         rows.loc[i, ["ratio", "ci_low", "ci_high", "p_value", "p_adjusted"]] = [
-            t.ratio, t.ci_low, t.ci_high, t.p_value, np.nan,
+            t.ratio, t.ci_low, t.ci_high, t.p_value, stats.looks_adjusted(t.p_value, looks),
         ]  # fmt: skip
         rows.at[i, "verdict"], rows.at[i, "evidence"] = v.verdict, "confirmed, interleaved"
         rows.at[i, "verdict_reason"] = f"{RETIMED}, {t.n_base} paired rounds: {v.reason}"
         worse, better = _row_changes(rows.loc[i], options)
         rows.at[i, "why"], rows.at[i, "better"] = "; ".join(worse), "; ".join(better)
-    return Comparison(rows=rows, problems=comparison.problems, incomplete=comparison.incomplete)
+    problems = restate_drift(comparison.problems, retimed_reading(rows))
+    return Comparison(rows=rows, problems=problems, incomplete=comparison.incomplete)

@@ -27,7 +27,8 @@ VALUES = ["status", "latency_us", "max_abs_err", "tol_ratio"]
 
 @dataclass(frozen=True)
 class History:
-    runs: pd.DataFrame  # one row per run: path, machine, commit, time, run_label, run_order
+    runs: pd.DataFrame  # one row per run: path, machine, commit, time, run_label, run_order, and against the run
+    # before on its machine: drift (the note's what-it-saw part), previous (its folder), same_commit
     rows: pd.DataFrame  # one row per (run, case, backend): VALUES, regressed, why
 
 
@@ -69,31 +70,33 @@ def load_history(paths: list[Path], *, min_effect: float | None = None, backends
         raise ValueError(f"no run folders under {', '.join(map(str, paths))}")
     loaded.sort(key=lambda item: (item[3], str(item[2].get("time") or ""), str(item[0])))
     runs, parts, seen = [], [], {}
-    previous: dict[str, tuple[pd.DataFrame, dict]] = {}
+    previous: dict[str, tuple[pd.DataFrame, dict, str]] = {}  # machine -> its last run: rows, meta, folder
     for order, (path, frame, meta, machine) in enumerate(loaded):
         commit = (meta.get("commit") or "nogit")[:7] + ("+" if meta.get("dirty") else "")
         seen[(machine, commit)] = seen.get((machine, commit), 0) + 1
         label = commit + (f"#{seen[(machine, commit)]}" if seen[(machine, commit)] > 1 else "")
         runs.append({"path": str(path), "machine": machine, "commit": meta.get("commit"), "time": meta.get("time"),
-                     "run_label": label, "run_order": order, "rows": len(frame), "drift": ""})  # fmt: skip
+                     "run_label": label, "run_order": order, "rows": len(frame), "drift": "", "previous": "",
+                     "same_commit": False})  # fmt: skip
         part = frame.reindex(columns=["case", "backend", *VALUES]).assign(
             machine=machine, run_label=label, run_order=order
         )
         part["regressed"], part["why"], part["latency_regressed"], part["error_regressed"] = False, "", False, False
         if machine in previous:
-            base, base_meta = previous[machine]
+            base, base_meta, base_path = previous[machine]
             comparison = compare_runs(base, frame, base_meta, meta, CompareOptions(min_effect=min_effect))
             worse = comparison.regressions
-            drift = [warning.split(";")[0] for warning in drift_warning(comparison.rows)]
-            same = base_meta.get("commit") and base_meta.get("commit") == meta.get("commit")
-            runs[-1]["drift"] = "; ".join(drift + (["the same commit as the run before"] if same else []))
+            drift = [note.split("; ")[0] for note in drift_warning(comparison.rows)]  # what it saw, not its reading
+            same = bool(base_meta.get("commit")) and base_meta.get("commit") == meta.get("commit")
+            same = same and not (base_meta.get("dirty") or meta.get("dirty"))  # a dirty tree is not its commit's code
+            runs[-1].update(drift="; ".join(drift), previous=base_path, same_commit=same)
             why = {(r["case"], r["backend"]): r["why"] for _, r in worse.iterrows()}
             keys = list(zip(part["case"], part["backend"], strict=True))
             part["why"] = [why.get(k, "") for k in keys]
             part["regressed"] = part["why"] != ""
             part["latency_regressed"] = part["why"].str.contains("latency ", regex=False)
             part["error_regressed"] = part["why"].str.contains("status|err|margin|NaN", regex=True)
-        previous[machine] = (frame, meta)
+        previous[machine] = (frame, meta, str(path))
         parts.append(part)
     rows = pd.concat(parts, ignore_index=True)
     runs = pd.DataFrame(runs)
@@ -136,10 +139,16 @@ def format_history(history: History) -> str:
     bad = history.rows[history.rows["regressed"]]
     lines.append(f"{len(bad)} regression(s) between consecutive runs" + (":" if len(bad) else ""))
     lines += [f"  ▲ {r.run_label}: {r.backend} on {r.case}: {r.why}" for r in bad.itertuples()]
-    flagged = history.runs["drift"].ne("") & history.runs["run_order"].isin(bad["run_order"])
-    for run in history.runs[flagged].itertuples():  # the two runs alone are no verdict there
-        lines.append(f"  ! {run.run_label}: {run.drift}: its latency ▲ are more likely the machine than the code; "
-                     f"`harness compare` re-times them in paired rounds")  # fmt: skip
+    runs = history.runs
+    flagged = (runs["drift"].ne("") | runs["same_commit"]) & runs["run_order"].isin(bad["run_order"])
+    for run in runs[flagged].itertuples():  # the two runs alone are no verdict on the code there
+        seen = f"{run.drift}; " if run.drift else ""
+        if run.same_commit:
+            reading = "the same commit as the run before: its latency ▲ are not a change of the code"
+        else:  # only paired rounds of both builds under one load tell the load from the code (harness compare)
+            reading = (f"the two runs alone cannot tell the machine's load from the code: "
+                       f"`harness compare {run.previous} {run.path}` re-times its latency ▲ in paired rounds")  # fmt: skip
+        lines.append(f"  ! {run.run_label}: {seen}{reading}")
     with pd.option_context("display.max_rows", None, "display.width", 250, "display.max_colwidth", 40):
         for machine, table in trend_table(history).items():
             lines.append(f"\nlatency (µs) per run on {machine} (▲ regressed against the run before):")

@@ -259,6 +259,17 @@ def paired_ratio(base: Sequence[float], new: Sequence[float], *, alpha: float = 
     return LatencyTest(float(np.exp(np.median(walsh))), low, high, float(p), n, n)
 
 
+def looks_adjusted(p_value: float, looks: int) -> float:
+    """A paired test's p adjusted for the ``looks`` a sequential re-timing may take (Bonferroni:
+    ``min(1, p * looks)``), as its interval's confidence is ``1 - alpha / looks``.
+
+    The exact signed-rank interval is the inversion of the test whose p :func:`paired_ratio`
+    returns, so the interval excludes 1 when this is at most alpha: the "significant" half of
+    :func:`decide_paired`'s rule, on the same scale as the adjusted p of :func:`decide`.
+    """
+    return float(min(1.0, p_value * looks)) if np.isfinite(p_value) else float("nan")
+
+
 def decide_paired(test: LatencyTest, *, min_effect: float) -> Verdict:
     """The verdict of paired rounds: significance from the interval, size from the estimate (module docstring).
 
