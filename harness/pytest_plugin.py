@@ -44,6 +44,12 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     group.addoption("--harness-timing", action="store_true", help="time every (case, backend) row too")
 
 
+PLUGIN_NOTE = (
+    "note: under pytest a plugin is imported into the process that grades it, so it can reach its own "
+    "verdict; `harness run --plugin` keeps it in a worker of its own (docs/contract.md#threat-model)\n"
+)
+
+
 class HarnessSession:
     """Per pytest session: the selected cases and backends, the last case's inputs and oracle, the rows."""
 
@@ -52,6 +58,8 @@ class HarnessSession:
         try:
             for plugin in config.getoption("harness_plugins"):
                 load_plugin(plugin)
+            if config.getoption("harness_plugins"):  # the route's limit, said where it runs
+                sys.stderr.write(PLUGIN_NOTE)
             backends = resolve_backends(config.getoption("harness_backends"))
             given = [resolve_case_arg(p) for p in config.getoption("cases") or []]
             paths = given or [config.rootpath / p for p in DEFAULT_CASES]

@@ -124,7 +124,7 @@ def test_a_plugin_reaches_no_grader_journal_cache_source_or_baseline(tmp_path, m
 def test_a_plugin_that_slows_the_clock_is_not_credited(tmp_path):
     """time.perf_counter and torch.cuda.Event replaced do not reach the timer (bound before the plugin is
     imported); the timer's own clock replaced is caught by the driver's clock over a batch of calls."""
-    code, rows = run(tmp_path, ["clock.py"], ["reference", "slow_clock"])
+    _, rows = run(tmp_path, ["clock.py"], ["reference", "slow_clock"])
     assert (rows.loc["reference", "status"] == "pass").all()
     slow = rows.loc["slow_clock"]
     assert (slow["status"] == "fail").all(), slow["reason"].tolist()

@@ -774,6 +774,10 @@ def cmd_compare(args: argparse.Namespace) -> int:
         normalize_by=args.normalize_by,
     )
     comparison = compare_runs(base, new, base_meta, new_meta, options)
+    if args.harness_plugins and not args.no_confirm:
+        print("note: the paired re-timing imports the plugins beside the built-ins it times: a plugin there can "
+              "reach their timing (docs/contract.md#threat-model); the runs themselves graded it in a worker",
+              file=sys.stderr)  # fmt: skip
     try:
         comparison = retime_or_mark(
             comparison,

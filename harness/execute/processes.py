@@ -145,6 +145,19 @@ def decode(data: bytes):
     return torch.load(io.BytesIO(data), weights_only=True)
 
 
+def cpu_seconds(pid: int) -> float | None:
+    """CPU time a process has run, all its threads, from the OS (``/proc/PID/task/*/schedstat``, in ns);
+    None where there is no such file. The process cannot change it, and a busy machine does not inflate it."""
+    total = 0
+    try:
+        for task in Path(f"/proc/{pid}/task").iterdir():
+            with contextlib.suppress(OSError, ValueError, IndexError):
+                total += int((task / "schedstat").read_text().split()[0])
+    except OSError:
+        return None
+    return total / 1e9
+
+
 def registrations() -> list[dict]:
     """The plugins' backends in this process, as plain values (what the driver learns in place of importing)."""
     return [{"name": b.name, "devices": list(b.devices), "description": b.description, "graphable": b.graphable,
@@ -360,7 +373,7 @@ class Worker:
                 tracker.made(task, name, "error", ctx)
             return
         seeds = {name: flip_seeds() for name in task.names}  # drawn here, sent with the case
-        batches: dict[str, tuple[int, float]] = {}
+        batches: dict[str, tuple] = {}
         while task.names:
             self._ensure()
             self.conn.send(("call", task.case, list(task.names), config, {n: seeds[n] for n in task.names}))
@@ -376,17 +389,20 @@ class Worker:
                     break
                 kind = reply[0]
                 if kind == "batch":
-                    batches[reply[1]] = (int(reply[2]), time.monotonic())
-                elif kind == "batched":
-                    calls, since = batches.get(reply[1], (0, time.monotonic()))
-                    batches[reply[1]] = (calls, time.monotonic() - since)
+                    batches[reply[1]] = (int(reply[2]), time.monotonic(), cpu_seconds(self.process.pid))
+                elif kind == "batched" and reply[1] in batches:
+                    calls, since, cpu = batches[reply[1]]
+                    busy = cpu_seconds(self.process.pid) - cpu if cpu is not None else None
+                    batches[reply[1]] = (calls, time.monotonic() - since, busy, config.threads or os.cpu_count() or 1)
                 elif kind == "called":
                     name = reply[1]
                     if name not in task.names:
                         continue  # a name it was not asked for: nothing of it is used
                     try:
                         called = Called.from_message(reply[2])
-                        row = grade_called(ctx, REGISTRY[name], config, called, seeds[name], batches.get(name))
+                        batch = batches.get(name)
+                        row = grade_called(ctx, REGISTRY[name], config, called, seeds[name],
+                                           batch if batch is not None and len(batch) == 4 else None)  # fmt: skip
                     except Exception as error:  # a message of the wrong shape: the worker's fault
                         row = {**row_without_call(task.case, REGISTRY[name], config, "error",
                                                   f"its worker sent a malformed result: {error_reason(error)}")}  # fmt: skip

@@ -12,10 +12,13 @@ columns are withdrawn (the claimed median stays in the note), so it never reads 
   rate and the datasheet peak for the case's dtype, on a GPU. On a CPU a kernel may compute in
   another dtype than the case's (fp32 for bf16, whose matmul a CPU may emulate slowly), so the
   dtype's measured matmul rate bounds nothing there.
-* **Wall clock.** For a backend in a worker process, the driver times a batch of back-to-back
-  default calls on its own clock (``wall``: calls, seconds). ``call_us``, each call's wall time as
-  the worker measured it, cannot be below a ``WALL_FACTOR``-th of what the batch took a call
-  (less ``WALL_SLACK_S`` for the messages): a worker whose clock was tampered with is caught here.
+* **The driver's clock.** For a backend in a worker process, the driver times a batch of
+  back-to-back default calls (``wall``: calls, wall seconds on its clock, the worker's CPU seconds
+  over the batch as the OS counts them, the worker's threads). A call took at least the batch's
+  wall time a call on a GPU; on a CPU, where a busy machine stretches wall time, at least the
+  smaller of that and the CPU time a call divided by the threads. ``call_us``, each call's wall
+  time as the worker measured it, cannot be below a ``WALL_FACTOR``-th of it (after
+  ``WALL_SLACK_S`` for the messages): a worker whose clock was tampered with is caught here.
 
 This is KernelBench's excessive-speedup check, held against the machine's measured limits
 rather than a guess.
@@ -59,7 +62,7 @@ def _number(value) -> float | None:
     return float(value) if isinstance(value, int | float) and math.isfinite(value) else None
 
 
-def impossible(row: dict, ceilings: dict, wall: tuple[int, float] | None = None) -> str:
+def impossible(row: dict, ceilings: dict, wall: tuple | None = None) -> str:
     """'' when the row's timing is within physics; else why not, in words."""
     gbps, tflops = _number(row.get("gbps")), _number(row.get("tflops"))
     read = _number(ceilings.get("read_gbps"))
@@ -75,14 +78,22 @@ def impossible(row: dict, ceilings: dict, wall: tuple[int, float] | None = None)
         return (f"{row['latency_us']:.3g} us for {row['flops']:,} flops is {tflops:.4g} TFLOP/s, past "
                 f"{COMPUTE_MARGIN:g}x this GPU's matmul peak for {dtype} ({peak:.4g} TFLOP/s)")  # fmt: skip
     call_us = _number(row.get("call_us"))
-    if wall and call_us and wall[0] > 0:
-        per_call_us = max(0.0, wall[1] - WALL_SLACK_S) / wall[0] * 1e6
-        if call_us * WALL_FACTOR < per_call_us:
-            return (
-                f"call_us {call_us:.3g} us, but {wall[0]} calls back to back took {per_call_us:.3g} us a call "
-                f"on the driver's clock ({per_call_us / call_us:.1f}x more): the worker's clock is not to be trusted"
-            )
+    if wall and call_us and (per_call_us := least_per_call_us(wall, cuda)) and call_us * WALL_FACTOR < per_call_us:
+        return (f"call_us {call_us:.3g} us, but {wall[0]} calls back to back took at least {per_call_us:.3g} us a "
+                f"call by the driver's clock ({per_call_us / call_us:.1f}x more): the worker's clock is not to be "
+                "trusted")  # fmt: skip
     return ""
+
+
+def least_per_call_us(wall: tuple, cuda: bool) -> float | None:
+    """What one call of a back-to-back batch took at the least, in us (see the module docstring)."""
+    calls, wall_s, cpu_s, threads = wall
+    if calls <= 0:
+        return None
+    least = max(0.0, wall_s - WALL_SLACK_S)
+    if not cuda and cpu_s is not None:
+        least = min(least, cpu_s / max(1, threads))
+    return least / calls * 1e6
 
 
 def withdraw(row: dict) -> None:

@@ -171,14 +171,13 @@ def flip_seeds() -> tuple[int, int, int]:
 
 
 def grade_called(ctx: CaseContext, backend: Backend, config: RunConfig, called: Called,
-                 seeds: tuple[int, int, int], wall: tuple[int, float] | None = None) -> dict:  # fmt: skip
+                 seeds: tuple[int, int, int], wall: tuple | None = None) -> dict:  # fmt: skip
     """The row of a backend's calls: every output graded against the oracle, the timing held to physics.
 
     The graded call's output first; then each further output (the first call on flipped inputs, each
     measurement's last sample on the driver's fresh flip) against the oracle under its flip. A row
-    passes only if all of them do; the reason says which call failed. ``wall``: (calls, seconds) of
-    a batch of back-to-back default calls this process timed on its own clock (a worker's backend):
-    a ``call_us`` far below it was not measured honestly. A failure graded first is never replaced by
+    passes only if all of them do; the reason says which call failed. ``wall``: a worker's batch of
+    back-to-back default calls as this process measured it (:func:`harness.run.physics.impossible`). A failure graded first is never replaced by
     an error raised later: the error is added to its reason.
     """
     case = ctx.case

@@ -28,7 +28,7 @@ def cached(*args, out=None, scale=None):
 
 def untouched(*args, out=None, scale=None):
     """Later calls leave out as it is."""
-    key, first = _first(args, out, "untouched")
+    key, _ = _first(args, out, "untouched")
     return out if out is not None else _answers[key].clone()
 
 
