@@ -130,3 +130,21 @@ def test_a_plugin_that_slows_the_clock_is_not_credited(tmp_path):
     assert (slow["status"] == "fail").all(), slow["reason"].tolist()
     assert all("timing not credited: call_us" in reason for reason in slow["reason"])
     assert slow["latency_us"].isna().all() and all("claimed latency" in note for note in slow["note"])
+
+
+@pytest.mark.gpu
+def test_on_a_gpu_no_forger_passes_and_the_honest_control_does(tmp_path):
+    """The GPU forms: idle while captured (``knows_timed`` checks the capture), a side stream never joined,
+    the CUDA event and the timer's clocks slowed, and the stale ones, against an honest control."""
+    import torch
+
+    if not torch.cuda.is_available():
+        pytest.skip("needs a CUDA device")
+    names = ["honest", "stale_cached", "stale_untouched", "knows_timed", "side_stream", "fresh"]
+    _, rows = run(tmp_path / "forged", ["honest.py", "stale.py", "knows_timed.py", "contract.py", "side_stream.py"],
+                     names, "--device", "cuda")  # fmt: skip
+    assert (rows.loc["honest", "status"] == "pass").all(), rows.loc["honest", "reason"].tolist()
+    for name in names[1:]:
+        assert (rows.loc[name, "status"] == "fail").all(), (name, rows.loc[name, "reason"].tolist())
+    _, rows = run(tmp_path / "clock", ["clock.py"], ["reference", "slow_clock"], "--device", "cuda")
+    assert (rows.loc["slow_clock", "status"] == "fail").all(), rows.loc["slow_clock", "reason"].tolist()
