@@ -25,6 +25,7 @@ from typing import Any
 
 import torch
 
+from harness.backends.interpreter import correct_bf16
 from harness.cases.inputs import PagedInputs
 from harness.cases.spec import Case
 from harness.cases.variants import CAPABILITIES
@@ -161,8 +162,12 @@ def add_remote_backend(registration: dict) -> Backend:
 def load_plugin(module_or_path: str) -> None:
     """Import a plugin module by dotted name or file path; it calls register_backend.
 
-    Raises ValueError with the cause when the module cannot be found or fails to import.
+    Under Triton's CPU interpreter the interpreter's bf16 is corrected first
+    (:func:`harness.backends.interpreter.correct_bf16`), so a plugged-in Triton kernel computes with
+    bf16 values, as on a GPU. Raises ValueError with the cause when the module cannot be found or
+    fails to import.
     """
+    correct_bf16()
     path = Path(module_or_path)
     try:
         if path.suffix == ".py" or path.exists():
