@@ -26,6 +26,7 @@ from harness.backends.registry import (
 )
 from harness.cases.inputs import PagedInputs
 from harness.cases.spec import Case
+from harness.cases.variants import capability_of
 
 __all__ = [
     "REGISTRY",
@@ -120,8 +121,10 @@ def register_backend(
     lists the device types it runs on; elsewhere its rows are skips with that reason.
     GPU timing tries to capture a call in a CUDA graph and falls back to events when the
     capture fails; ``graphable=False`` skips the attempt. ``options`` names the attention
-    variants ``fn`` takes as keywords (any of VARIANT_OPTIONS; docs/contract.md): a case
-    that turns on another one is a skip row for this backend, never a call without it.
+    variants ``fn`` takes as keywords, each by its case-file field (``harness variants``:
+    ``sliding_window``, ``logit_softcap``, ``alibi``, ``kv_dtype``, ...; its capability or
+    keyword works too): a case that turns on another one is a skip row for this backend,
+    never a call without it.
     Registering a taken name is an error (built-ins cannot be shadowed).
     """
     return add_backend(
@@ -132,7 +135,7 @@ def register_backend(
             "plugin",
             description or (fn.__doc__ or "").strip().split("\n")[0],
             graphable,
-            options=frozenset(options),
+            options=frozenset(map(capability_of, options)),
         )
     )
 

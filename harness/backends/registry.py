@@ -28,7 +28,7 @@ import torch
 from harness.backends.interpreter import correct_bf16
 from harness.cases.inputs import PagedInputs
 from harness.cases.spec import Case
-from harness.cases.variants import CAPABILITIES
+from harness.cases.variants import CAPABILITIES, capability_of
 from kernels.cascade import cascade_attention
 
 KINDS = ("kernel", "engine path", "peer", "plugin")
@@ -139,8 +139,8 @@ def _runs_in_its_worker(case: Case, inputs: PagedInputs, out: torch.Tensor) -> P
 
 def add_remote_backend(registration: dict) -> Backend:
     """Register, in the driver, a plugin backend its worker reported (name, devices, description,
-    graphable, options): the driver knows it without importing the plugin. ValueError on a field of the
-    wrong type or an unknown variant."""
+    graphable, options, each variant by any of its names): the driver knows it without importing the
+    plugin. ValueError on a field of the wrong type or an unknown variant."""
 
     def text(value, what: str) -> str:
         if not isinstance(value, str) or (not value.strip() and what == "name"):
@@ -156,7 +156,7 @@ def add_remote_backend(registration: dict) -> Backend:
                                texts(registration.get("devices"), "devices"), "plugin",
                                text(registration.get("description", ""), "description"),
                                bool(registration.get("graphable", True)),
-                               options=frozenset(texts(registration.get("options", []), "options"))))  # fmt: skip
+                               options=frozenset(map(capability_of, texts(registration.get("options", []), "options")))))  # fmt: skip
 
 
 def load_plugin(module_or_path: str) -> None:
