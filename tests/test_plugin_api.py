@@ -5,13 +5,18 @@ run in the worker, and the contract's decode form in the default call."""
 from __future__ import annotations
 
 import pytest
+import torch
 
+import kernels
 from harness.backends.builtin import register_backend
-from harness.backends.registry import REGISTRY, add_remote_backend
+from harness.backends.registry import REGISTRY, add_remote_backend, contract_prepare
+from harness.cases.spec import load_case_file
 from harness.cases.variants import VARIANTS
 from harness.cli.main import main
 from harness.execute.processes import registrations
+from harness.run.runner import case_inputs
 from kernels import paged_attention_reference
+from tests.tiny_cases import write_cases
 
 # --- variants: one name each, and the others still taken ------------------------------------------
 
@@ -66,3 +71,34 @@ def test_a_workers_registration_carries_its_variants_as_capabilities(clean_regis
     register_backend("declares", paged_attention_reference, options=("alibi", "sliding_window"))
     (reported,) = [r for r in registrations() if r["name"] == "declares"]
     assert reported["options"] == ["alibi_slopes", "sliding_window"]
+
+
+# --- the contract's decode form: query_start_loc=None in the default call -------------------------
+
+
+@pytest.mark.parametrize(("q_lens", "call_form"), [(1, "None"), ([1, 2], "the tensor")])
+def test_the_default_call_of_a_decode_case_passes_query_start_loc_none(q_lens, call_form, tmp_path):
+    """run() (graded, then timed for latency) passes the tensor; call() (the user's default call, timed and
+    graded with every call sample) passes None where every q_len is 1, the contract's decode form."""
+    seen = []
+
+    def kernel(q, k_cache, v_cache, block_table, seq_lens, query_start_loc=None, scale=None, out=None):
+        seen.append("None" if query_start_loc is None else "the tensor")
+        return paged_attention_reference(q, k_cache, v_cache, block_table, seq_lens, query_start_loc, scale, out=out)
+
+    (case,) = load_case_file(write_cases(tmp_path / "one.toml", {"name": "one", "q_lens": q_lens}))
+    inputs = case_inputs(case, "cpu")
+    prepared = contract_prepare(kernel)(case, inputs, inputs.new_out())
+    ran, called = prepared.run().clone(), prepared.call()
+    assert seen == ["the tensor", call_form]
+    assert torch.equal(ran, called)
+
+
+@pytest.mark.parametrize("name", ["reference", "tlsim", "triton"])
+def test_every_built_in_kernel_takes_the_decode_form_of_its_default_call(name, tmp_path):
+    if name == "triton" and (reason := kernels.triton_unavailable_reason("cpu")):
+        pytest.skip(reason)
+    (case,) = load_case_file(write_cases(tmp_path / "one.toml", {"name": "one", "q_lens": 1, "seq_lens": [3, 9, 17]}))
+    inputs = case_inputs(case, "cpu")
+    prepared = REGISTRY[name].prepare(case, inputs, inputs.new_out())
+    torch.testing.assert_close(prepared.call(), prepared.run(), atol=case.atol, rtol=case.rtol)

@@ -102,10 +102,12 @@ def contract_prepare(fn: Callable[..., torch.Tensor], **hints: Callable[[Case], 
     """prepare() for a function with the kernel contract signature.
 
     run() passes the NaN-poisoned ``out`` buffer (and any keyword ``hints``, each computed
-    from the case, such as a host-side max_q_len); call() is the bare default call. Both
-    pass the case's attention variants (``inputs.options``) as keywords (a ``cascade`` case runs
-    :func:`kernels.cascade.cascade_attention` over ``fn`` instead); a case without
-    any passes none, so a function that predates them keeps working.
+    from the case, such as a host-side max_q_len); call() is the bare default call, which
+    passes ``query_start_loc=None`` in a decode case (every q_len 1: the contract's decode
+    form), where run() passes the tensor. Both pass the case's attention variants
+    (``inputs.options``) as keywords (a ``cascade`` case runs :func:`kernels.cascade.cascade_attention`
+    over ``fn`` instead); a case without any passes none, so a function that predates them keeps
+    working.
     """
 
     def prepare(case: Case, inputs: PagedInputs, out: torch.Tensor) -> Prepared:
@@ -117,7 +119,8 @@ def contract_prepare(fn: Callable[..., torch.Tensor], **hints: Callable[[Case], 
             run = partial(cascade_attention, fn, *args, case.prefix_blocks, out=out, **options)
             return Prepared(run=run, note=f"cascade: {case.prefix_blocks} shared blocks + suffix, merged by lse",
                             out=out, follows_inputs=True)  # fmt: skip
-        return Prepared(run=lambda: fn(*args, out=out, **extra, **options), call=lambda: fn(*args, **options),
+        call_args = (*args[:5], None) if all(q_len == 1 for q_len in case.q_lens) else args
+        return Prepared(run=lambda: fn(*args, out=out, **extra, **options), call=lambda: fn(*call_args, **options),
                         out=out, follows_inputs=True)  # fmt: skip
 
     return prepare
