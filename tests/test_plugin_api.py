@@ -4,19 +4,30 @@ run in the worker, and the contract's decode form in the default call."""
 
 from __future__ import annotations
 
+import json
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pandas as pd
 import pytest
 import torch
 
 import kernels
 from harness.backends.builtin import register_backend
+from harness.backends.plugins import Limits, case_facts
 from harness.backends.registry import REGISTRY, add_remote_backend, contract_prepare
 from harness.cases.spec import load_case_file
 from harness.cases.variants import VARIANTS
 from harness.cli.main import main
-from harness.execute.processes import registrations
+from harness.execute.processes import decode, encode, registrations
 from harness.run.runner import case_inputs
 from kernels import paged_attention_reference
 from tests.tiny_cases import write_cases
+
+ROOT = Path(__file__).resolve().parents[1]
 
 # --- variants: one name each, and the others still taken ------------------------------------------
 
@@ -102,3 +113,128 @@ def test_every_built_in_kernel_takes_the_decode_form_of_its_default_call(name, t
     inputs = case_inputs(case, "cpu")
     prepared = REGISTRY[name].prepare(case, inputs, inputs.new_out())
     torch.testing.assert_close(prepared.call(), prepared.run(), atol=case.atol, rtol=case.rtol)
+
+
+# --- limits and the supports hook: skips that name why, decided where the declaration lives ---------
+
+DECLARING_PLUGIN = """
+import dataclasses, json, os
+from pathlib import Path
+import kernels
+from harness import register_backend
+
+DIR = Path(os.environ["HARNESS_TEST_DIR"])
+
+
+def supports(facts):
+    with open(DIR / "supports.jsonl", "a") as file:
+        file.write(json.dumps({"pid": os.getpid(), **dataclasses.asdict(facts)}) + "\\n")
+    return "three sequences or more" if facts.num_seqs >= 3 else None
+
+
+def limited(q, k_cache, v_cache, block_table, seq_lens, query_start_loc=None, scale=None, out=None):
+    return kernels.paged_attention_reference(q, k_cache, v_cache, block_table, seq_lens, query_start_loc, scale, out=out)
+
+
+register_backend("limited", limited, limits={"dtypes": ["float32"], "block_size_multiple_of": 4}, supports=supports)
+"""
+
+
+@pytest.fixture(scope="module")
+def declared_run(tmp_path_factory):
+    """One run of DECLARING_PLUGIN through the CLI (its worker), over a case inside its limits, one
+    outside each plain limit and one its supports hook refuses: (its rows by case, the facts its hook saw)."""
+    folder = tmp_path_factory.mktemp("declared")
+    (folder / "plugin.py").write_text(DECLARING_PLUGIN)
+    cases = write_cases(folder / "cases.toml", {"name": "inside"}, {"name": "bf16", "dtype": "bfloat16"},
+                        {"name": "block_size_2", "block_size": 2},
+                        {"name": "three_seqs", "seq_lens": [3, 9, 4], "q_lens": [1, 2, 1]},
+                        {"name": "fp8", "kv_dtype": "float8_e4m3fn", "kv_scale": "amax_per_head"})  # fmt: skip
+    done = subprocess.run(
+        [sys.executable, "-m", "harness", "run", str(cases), "--plugin", str(folder / "plugin.py"), "--backend",
+         "limited", "--no-timing", "--no-progress", "--out", str(folder / "run")],
+        cwd=ROOT, capture_output=True, text=True, timeout=300,
+        env={**os.environ, "HARNESS_TEST_DIR": str(folder), "TRITON_INTERPRET": "1"},
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    rows = pd.read_parquet(folder / "run" / "results.parquet").set_index("case")
+    seen = [json.loads(line) for line in (folder / "supports.jsonl").read_text().splitlines()]
+    return rows, seen
+
+
+@pytest.mark.parametrize(
+    ("case", "reason"),
+    [
+        ("bf16", "limited limits dtypes to float32; the case's is bfloat16"),
+        ("block_size_2", "limited limits block_size to multiples of 4; the case's is 2"),
+        ("three_seqs", "limited supports(facts): three sequences or more"),
+        ("fp8", "limited does not support fp8_kv (it declares: none)"),
+    ],
+)
+def test_a_case_outside_a_plugins_limits_or_its_supports_hook_is_a_skip_naming_why(declared_run, case, reason):
+    rows, _ = declared_run
+    assert (rows.loc[case, "status"], rows.loc[case, "reason"]) == ("skip", reason)
+    assert rows.loc["inside", "status"] == "pass"
+
+
+def test_plain_limits_are_checked_by_the_driver_and_the_supports_hook_in_the_worker(declared_run):
+    _, seen = declared_run
+    asked = [facts["num_seqs"] for facts in seen]
+    assert sorted(asked) == [2, 3], "the hook saw the cases within the plain limits only, once each"
+    assert {facts["pid"] for facts in seen} != {os.getpid()} and len({facts["pid"] for facts in seen}) == 1
+    (inside,) = [facts for facts in seen if facts["num_seqs"] == 2]
+    assert inside == {**inside, "max_q_len": 2, "num_tokens": 3, "decode": False, "block_size": 4, "dtype": "float32",
+                      "kv_dtype": "float32", "kv_scale": "", "variants": [], "device": "cpu", "interpreted": True}  # fmt: skip
+
+
+def test_a_workers_limits_and_hooks_travel_as_plain_values_and_are_checked(clean_registry):
+    register_backend("declares_all", paged_attention_reference, limits=Limits(dtypes=("float16",), cpu_tags=("small",)),
+                     supports=lambda facts: None)  # fmt: skip
+    (reported,) = [r for r in registrations() if r["name"] == "declares_all"]
+    assert reported["limits"] == {"dtypes": ["float16"], "head_dims": [], "block_size_multiple_of": 1,
+                                  "cpu_tags": ["small"]}  # fmt: skip
+    assert reported["supports"] is True
+    REGISTRY.pop("declares_all")
+    remote = add_remote_backend(decode(encode(reported)))
+    assert remote.limits == Limits(dtypes=("float16",), cpu_tags=("small",)) and remote.supports_hook
+
+
+@pytest.mark.parametrize(
+    ("limits", "message"),
+    [
+        ({"dtype": ["float32"]}, "unknown key(s) 'dtype'"),
+        ({"dtypes": "float32"}, "limits.dtypes must be a list of str"),
+        ({"dtypes": ["fp32"]}, "limits.dtypes: 'fp32' is not a dtype"),
+        ({"head_dims": [64.0]}, "limits.head_dims must be a list of int"),
+        ({"block_size_multiple_of": 0}, "limits.block_size_multiple_of must be a positive int"),
+        ({"block_size_multiple_of": True}, "limits.block_size_multiple_of must be a positive int"),
+        (["float32"], "limits must be a dict"),
+    ],
+)
+def test_a_limit_that_is_not_one_is_refused_where_it_is_declared_and_where_it_arrives(limits, message, clean_registry):
+    with pytest.raises(ValueError, match=re.escape(message)):
+        register_backend("bad_limits", paged_attention_reference, limits=limits)
+    with pytest.raises(ValueError, match=re.escape(message)):
+        add_remote_backend({"name": "bad_limits", "devices": ["cpu"], "limits": limits})
+    assert "bad_limits" not in REGISTRY
+
+
+def test_a_worker_reporting_a_hook_as_anything_but_a_bool_is_refused(clean_registry):
+    with pytest.raises(ValueError, match="whose supports is not a bool"):
+        add_remote_backend({"name": "odd", "devices": ["cpu"], "supports": "yes"})
+
+
+@pytest.mark.parametrize(
+    ("fields", "expected"),
+    [
+        ({"q_lens": 1}, {"decode": True, "max_q_len": 1, "variants": ()}),
+        ({"kv_dtype": "float8_e5m2"}, {"kv_dtype": "float8_e5m2", "kv_scale": "per_tensor", "variants": ("kv_dtype",)}),
+        ({"kv_dtype": "float8_e4m3fn", "kv_scale": 0.5}, {"kv_scale": "per_tensor"}),
+        ({"kv_dtype": "float8_e4m3fn", "kv_scale": "amax_per_head"}, {"kv_scale": "per_head"}),
+        ({"alibi": True, "sliding_window": 4}, {"variants": ("sliding_window", "alibi")}),
+    ],
+)
+def test_case_facts_say_decode_the_fp8_scales_form_and_the_variants_by_name(fields, expected, tmp_path):
+    (case,) = load_case_file(write_cases(tmp_path / "one.toml", {"name": "one", **fields}))
+    facts = case_facts(case, "cpu", interpreted=False)
+    assert {name: getattr(facts, name) for name in expected} == expected

@@ -14,6 +14,7 @@ from collections.abc import Callable
 import torch
 
 import kernels
+from harness.backends.plugins import CaseFacts, Limits
 from harness.backends.registry import (
     REGISTRY,
     VARIANT_OPTIONS,
@@ -22,6 +23,7 @@ from harness.backends.registry import (
     Unsupported,
     add_backend,
     contract_prepare,
+    facts_of,
     load_plugin,
 )
 from harness.cases.inputs import PagedInputs
@@ -31,6 +33,8 @@ from harness.cases.variants import capability_of
 __all__ = [
     "REGISTRY",
     "Backend",
+    "CaseFacts",
+    "Limits",
     "Prepared",
     "Unsupported",
     "load_plugin",
@@ -113,6 +117,8 @@ def register_backend(
     description: str = "",
     graphable: bool = True,
     options: tuple[str, ...] | frozenset[str] = (),
+    limits: Limits | dict | None = None,
+    supports: Callable[[CaseFacts], str | None] | None = None,
 ) -> Backend:
     """Add a kernel with the contract signature to every run that imports this module.
 
@@ -125,8 +131,25 @@ def register_backend(
     ``sliding_window``, ``logit_softcap``, ``alibi``, ``kv_dtype``, ...; its capability or
     keyword works too): a case that turns on another one is a skip row for this backend,
     never a call without it.
+
+    ``limits``: the cases it serves, as plain values (a :class:`harness.backends.plugins.Limits`
+    or its dict: dtypes, head_dims, block_size_multiple_of, cpu_tags); ``supports(facts)``: a
+    refusal of its own from the case's host-side :class:`harness.backends.plugins.CaseFacts`, a
+    string (the skip's reason) or None. A case outside either is a skip row naming why.
     Registering a taken name is an error (built-ins cannot be shadowed).
     """
+
+    def refused(case: Case, device: str) -> str | None:
+        """supports(facts)'s refusal as a skip reason; one that raises or returns another type says so instead."""
+        try:
+            reason = supports(facts_of(case, device))
+        except Exception as error:  # its own bug: a skip row saying so (the verdict lists it), not a dead worker
+            return f"{name} supports(facts) raised {type(error).__name__}: {error}"
+        if reason is not None and not isinstance(reason, str):
+            return f"{name} supports(facts) returned {reason!r}, not a str (why not) or None"
+        return f"{name} supports(facts): {reason}" if reason else None
+
+    hook = {"unavailable": refused} if supports is not None else {}
     return add_backend(
         Backend(
             name,
@@ -135,7 +158,10 @@ def register_backend(
             "plugin",
             description or (fn.__doc__ or "").strip().split("\n")[0],
             graphable,
+            **hook,
             options=frozenset(map(capability_of, options)),
+            limits=Limits.from_plain(limits or {}, f"backend {name!r}: limits"),
+            supports_hook=supports is not None,
         )
     )
 

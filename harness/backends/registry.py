@@ -25,7 +25,8 @@ from typing import Any
 
 import torch
 
-from harness.backends.interpreter import correct_bf16
+from harness.backends.interpreter import correct_bf16, interpreting
+from harness.backends.plugins import CaseFacts, Limits, case_facts
 from harness.cases.inputs import PagedInputs
 from harness.cases.spec import Case
 from harness.cases.variants import CAPABILITIES, capability_of
@@ -73,6 +74,8 @@ class Backend:
     unavailable: Callable[[Case, str], str | None] = field(default=lambda case, device: None)
     options: frozenset[str] = frozenset()  # the VARIANT_OPTIONS it supports; empty: none
     model: bool = False  # a Python model over torch ops (reference, tlsim): on a GPU graded, not timed (MODEL_BUDGET_S)
+    limits: Limits = field(default_factory=Limits)  # the cases it serves (harness.backends.plugins)
+    supports_hook: bool = False  # a supports(facts) hook in ``unavailable`` (run where the backend's code is)
 
     def __post_init__(self):
         unknown = set(self.options) - set(VARIANT_OPTIONS)
@@ -83,7 +86,8 @@ class Backend:
         """Why this backend does not run ``case`` on ``device``, or None when it does.
 
         Checked before ``prepare``: the device, the case file's backend lists, the attention
-        variants the case turns on against the ones the backend declares, then ``unavailable``.
+        variants the case turns on against the ones the backend declares, its limits, then
+        ``unavailable``.
         """
         device_type = torch.device(device).type
         if device_type not in self.devices:
@@ -92,10 +96,17 @@ class Backend:
             return "excluded by the case file"
         if missing := sorted(case.options - self.options):
             return f"{self.name} does not support {', '.join(missing)} (it declares: {', '.join(sorted(self.options)) or 'none'})"
+        if refusal := self.limits.refusal(case, device):
+            return f"{self.name} {refusal}"
         return self.unavailable(case, device)
 
 
 REGISTRY: dict[str, Backend] = {}
+
+
+def facts_of(case: Case, device: str) -> CaseFacts:
+    """The case's :class:`harness.backends.plugins.CaseFacts` in this process (whether Triton is interpreted here)."""
+    return case_facts(case, device, torch.device(device).type == "cpu" and interpreting())
 
 
 def contract_prepare(fn: Callable[..., torch.Tensor], **hints: Callable[[Case], Any]):
@@ -142,8 +153,9 @@ def _runs_in_its_worker(case: Case, inputs: PagedInputs, out: torch.Tensor) -> P
 
 def add_remote_backend(registration: dict) -> Backend:
     """Register, in the driver, a plugin backend its worker reported (name, devices, description,
-    graphable, options, each variant by any of its names): the driver knows it without importing the
-    plugin. ValueError on a field of the wrong type or an unknown variant."""
+    graphable, options, limits, and whether it has a supports hook): the driver knows it without
+    importing the plugin, and checks its limits before sending a case. ValueError on a field of the
+    wrong type, an unknown variant or a limit that is not one."""
 
     def text(value, what: str) -> str:
         if not isinstance(value, str) or (not value.strip() and what == "name"):
@@ -155,11 +167,19 @@ def add_remote_backend(registration: dict) -> Backend:
             raise ValueError(f"a plugin reported a backend whose {what} is not a list: {value!r}")
         return tuple(text(item, what) for item in value)
 
-    return add_backend(Backend(text(registration.get("name"), "name"), _runs_in_its_worker,
-                               texts(registration.get("devices"), "devices"), "plugin",
+    def flag(what: str) -> bool:
+        value = registration.get(what, False)
+        if not isinstance(value, bool):
+            raise ValueError(f"a plugin reported a backend whose {what} is not a bool: {value!r}")
+        return value
+
+    name = text(registration.get("name"), "name")
+    return add_backend(Backend(name, _runs_in_its_worker, texts(registration.get("devices"), "devices"), "plugin",
                                text(registration.get("description", ""), "description"),
                                bool(registration.get("graphable", True)),
-                               options=frozenset(map(capability_of, texts(registration.get("options", []), "options")))))  # fmt: skip
+                               options=frozenset(map(capability_of, texts(registration.get("options", []), "options"))),
+                               limits=Limits.from_plain(registration.get("limits", {}), f"backend {name!r}: limits"),
+                               supports_hook=flag("supports")))  # fmt: skip
 
 
 def load_plugin(module_or_path: str) -> None:
