@@ -193,7 +193,7 @@ def test_a_workers_limits_and_hooks_travel_as_plain_values_and_are_checked(clean
     (reported,) = [r for r in registrations() if r["name"] == "declares_all"]
     assert reported["limits"] == {"dtypes": ["float16"], "head_dims": [], "block_size_multiple_of": 1,
                                   "cpu_tags": ["small"]}  # fmt: skip
-    assert reported["supports"] is True
+    assert (reported["supports"], reported["plan"]) == (True, False)
     REGISTRY.pop("declares_all")
     remote = add_remote_backend(decode(encode(reported)))
     assert remote.limits == Limits(dtypes=("float16",), cpu_tags=("small",)) and remote.supports_hook
@@ -219,9 +219,10 @@ def test_a_limit_that_is_not_one_is_refused_where_it_is_declared_and_where_it_ar
     assert "bad_limits" not in REGISTRY
 
 
-def test_a_worker_reporting_a_hook_as_anything_but_a_bool_is_refused(clean_registry):
-    with pytest.raises(ValueError, match="whose supports is not a bool"):
-        add_remote_backend({"name": "odd", "devices": ["cpu"], "supports": "yes"})
+@pytest.mark.parametrize("field", ["plan", "supports"])
+def test_a_worker_reporting_a_hook_as_anything_but_a_bool_is_refused(field, clean_registry):
+    with pytest.raises(ValueError, match=f"whose {field} is not a bool"):
+        add_remote_backend({"name": "odd", "devices": ["cpu"], field: "yes"})
 
 
 @pytest.mark.parametrize(
@@ -238,3 +239,74 @@ def test_case_facts_say_decode_the_fp8_scales_form_and_the_variants_by_name(fiel
     (case,) = load_case_file(write_cases(tmp_path / "one.toml", {"name": "one", **fields}))
     facts = case_facts(case, "cpu", interpreted=False)
     assert {name: getattr(facts, name) for name in expected} == expected
+
+
+# --- the plan step: once per input set, outside the timed calls, handed to every call ---------------
+
+PLANNING_PLUGIN = """
+import json, os, time
+from pathlib import Path
+import kernels
+from harness import register_backend
+
+DIR = Path(os.environ["HARNESS_TEST_DIR"])
+PLAN_S = 0.05
+
+
+def plan(facts):
+    time.sleep(PLAN_S)  # what a plan costs, which no call may be charged for
+    with open(DIR / "plans.jsonl", "a") as file:
+        file.write(json.dumps({"pid": os.getpid(), "max_q_len": facts.max_q_len}) + "\\n")
+    return {"max_q_len": facts.max_q_len}
+
+
+def planned(q, k_cache, v_cache, block_table, seq_lens, query_start_loc=None, scale=None, out=None, *, plan,
+            return_lse=False):
+    expected = 1 if query_start_loc is None else int((query_start_loc[1:] - query_start_loc[:-1]).max())
+    if plan["max_q_len"] != expected:
+        raise ValueError(f"handed the plan of another input set: {plan}")
+    return kernels.paged_attention_reference(q, k_cache, v_cache, block_table, seq_lens, query_start_loc, scale,
+                                             out=out, return_lse=return_lse)
+
+
+register_backend("planned", planned, plan=plan, options=("return_lse",))
+"""
+
+
+@pytest.fixture(scope="module")
+def planned_run(tmp_path_factory):
+    """One timed run of PLANNING_PLUGIN (in its worker) over a decode case, a mixed one and a cascade:
+    (its rows by case, what each plan step recorded)."""
+    folder = tmp_path_factory.mktemp("planned")
+    (folder / "plugin.py").write_text(PLANNING_PLUGIN)
+    cases = write_cases(folder / "cases.toml", {"name": "decode", "q_lens": 1}, {"name": "mixed"},
+                        {"name": "cascade", "layout": "shared_prefix", "cascade": True, "seq_lens": [21, 26]})  # fmt: skip
+    done = subprocess.run(
+        [sys.executable, "-m", "harness", "run", str(cases), "--plugin", str(folder / "plugin.py"), "--backend",
+         "planned", "--no-progress", "--out", str(folder / "run")],
+        cwd=ROOT, capture_output=True, text=True, timeout=300,
+        env={**os.environ, "HARNESS_TEST_DIR": str(folder), "TRITON_INTERPRET": "1"},
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    rows = pd.read_parquet(folder / "run" / "results.parquet").set_index("case")
+    return rows, [json.loads(line) for line in (folder / "plans.jsonl").read_text().splitlines()]
+
+
+def test_a_plan_step_runs_once_per_input_set_in_the_worker_and_every_call_gets_its_result(planned_run):
+    rows, plans = planned_run
+    assert rows.loc[["decode", "mixed"], "status"].tolist() == ["pass", "pass"], rows["reason"].tolist()
+    assert sorted(p["max_q_len"] for p in plans) == [1, 2], "one plan per row, from that case's facts"
+    assert os.getpid() not in {p["pid"] for p in plans}
+
+
+def test_the_plan_step_is_timed_apart_from_the_calls(planned_run):
+    rows, _ = planned_run
+    for case in ("decode", "mixed"):
+        assert rows.loc[case, "plan_us"] >= 50_000, "the plan's own time"
+        assert rows.loc[case, "latency_us"] < 50_000 and rows.loc[case, "call_us"] < 50_000, "no call pays for it"
+
+
+def test_a_cascade_case_of_a_backend_with_a_plan_step_is_a_skip_saying_why(planned_run):
+    rows, _ = planned_run
+    assert rows.loc["cascade", "status"] == "skip"
+    assert "plan step is made for the case's own" in rows.loc["cascade", "reason"]

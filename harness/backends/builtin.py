@@ -10,6 +10,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import Any
 
 import torch
 
@@ -117,6 +118,7 @@ def register_backend(
     description: str = "",
     graphable: bool = True,
     options: tuple[str, ...] | frozenset[str] = (),
+    plan: Callable[[CaseFacts], Any] | None = None,
     limits: Limits | dict | None = None,
     supports: Callable[[CaseFacts], str | None] | None = None,
 ) -> Backend:
@@ -132,9 +134,11 @@ def register_backend(
     keyword works too): a case that turns on another one is a skip row for this backend,
     never a call without it.
 
-    ``limits``: the cases it serves, as plain values (a :class:`harness.backends.plugins.Limits`
-    or its dict: dtypes, head_dims, block_size_multiple_of, cpu_tags); ``supports(facts)``: a
-    refusal of its own from the case's host-side :class:`harness.backends.plugins.CaseFacts`, a
+    ``plan(facts)``: a plan step, called once per input set outside the timed region with the
+    case's host-side :class:`harness.backends.plugins.CaseFacts`; what it returns is passed to
+    every call as the keyword ``plan`` (its time is the row's ``plan_us``). ``limits``: the cases
+    it serves, as plain values (a :class:`harness.backends.plugins.Limits` or its dict: dtypes,
+    head_dims, block_size_multiple_of, cpu_tags); ``supports(facts)``: a refusal of its own, a
     string (the skip's reason) or None. A case outside either is a skip row naming why.
     Registering a taken name is an error (built-ins cannot be shadowed).
     """
@@ -153,7 +157,7 @@ def register_backend(
     return add_backend(
         Backend(
             name,
-            contract_prepare(fn),
+            contract_prepare(fn, plan=plan),
             tuple(devices),
             "plugin",
             description or (fn.__doc__ or "").strip().split("\n")[0],
@@ -161,6 +165,7 @@ def register_backend(
             **hook,
             options=frozenset(map(capability_of, options)),
             limits=Limits.from_plain(limits or {}, f"backend {name!r}: limits"),
+            plan_step=plan is not None,
             supports_hook=supports is not None,
         )
     )

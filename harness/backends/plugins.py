@@ -1,12 +1,12 @@
 """What a plugged-in kernel declares beside its function: the facts it is told, the limits it keeps.
 
-A plugin's ``register_backend(name, fn, ..., limits=, supports=)`` runs where the plugin is
+A plugin's ``register_backend(name, fn, ..., plan=, limits=, supports=)`` runs where the plugin is
 imported: in a worker process, never in the driver (harness.execute.processes). So what the driver
 must know of it travels as plain values in the worker's registrations: :class:`Limits` as a dict
 of lists and numbers (:meth:`Limits.to_plain`, checked by :meth:`Limits.from_plain`), and only
-whether there is a ``supports`` hook, which runs in the worker.
+whether there is a plan step or a ``supports`` hook, which run in the worker.
 
-:class:`CaseFacts` is what the hook is told of a case: host-side numbers an engine knows
+:class:`CaseFacts` is what both hooks are told of a case: host-side numbers an engine knows
 before it calls the kernel (lengths, shapes, dtypes, the variants turned on), never a tensor.
 """
 
@@ -27,7 +27,7 @@ PER_TENSOR, PER_HEAD = "per_tensor", "per_head"
 
 @dataclass(frozen=True)
 class CaseFacts:
-    """A case as the host knows it, told to a plugin's ``supports`` hook (plain values only).
+    """A case as the host knows it, told to a plugin's plan step and ``supports`` hook (plain values only).
 
     num_seqs        sequences in the batch
     num_tokens      query tokens of all sequences (q's first dim)
