@@ -13,9 +13,35 @@ import pandas as pd
 import pytest
 
 import kernels
+from tests.test_kernel_compiles_for_sm90 import needs_ptxas, run_fresh
 
 ROOT = Path(__file__).resolve().parents[1]
 EXAMPLE = ROOT / "examples" / "triton_paged_plugin.py"
+# The example's kernel compiled for sm_90 (through ptxas), as a GPU launch of each dtype would compile it.
+COMPILE = r"""
+import importlib.util, sys
+import triton
+from triton.backends.compiler import GPUTarget
+from triton.compiler import ASTSource
+
+spec = importlib.util.spec_from_file_location("example_plugin", "examples/triton_paged_plugin.py")
+example = importlib.util.module_from_spec(spec)
+sys.modules["example_plugin"] = example
+spec.loader.exec_module(example)
+fn = example._paged_attention_kernel
+INT_PTRS = ("block_table_ptr", "seq_lens_ptr", "query_start_loc_ptr")
+for dtype, decode, variants, head_dim, head_dim_v, block_size, block_m in [
+    ("bf16", True, False, 128, 128, 16, 16), ("fp16", False, True, 64, 32, 32, 64), ("fp32", False, False, 256, 256, 16, 16)
+]:
+    constexprs = dict(GROUP=4, HEAD_DIM=head_dim, HEAD_DIM_V=head_dim_v, BLOCK_SIZE=block_size, BLOCK_M=block_m,
+                      ONE_QUERY_PER_SEQ=decode, USE_SOFTCAP=variants, USE_WINDOW=variants,
+                      DOT_PRECISION="ieee" if dtype == "fp32" else "tf32")
+    signature = {p.name: "constexpr" if p.is_constexpr else ("*i32" if p.name in INT_PTRS else "*" + dtype)
+                 if p.name.endswith("_ptr") else "fp32" if p.name in ("scale", "softcap") else "i32" for p in fn.params}
+    source = ASTSource(fn=fn, signature=signature, constexprs={(fn.arg_names.index(k),): v for k, v in constexprs.items()})
+    triton.compile(source, target=GPUTarget("cuda", 90, 32))
+print("compiled")
+"""
 
 
 @pytest.mark.timeout(120)
@@ -34,3 +60,10 @@ def test_the_example_triton_plugin_passes_its_cases_and_skips_the_one_outside_it
     assert len(passed) == len(rows) - 1, rows[["status", "reason"]]
     assert {"float32", "float16", "bfloat16"} <= set(passed["dtype"])
     assert "--- output of" not in done.stderr
+
+
+@needs_ptxas
+def test_the_example_kernel_compiles_for_sm90_without_a_gpu():
+    """The interpreter accepts programs the compiler rejects: the example's kernel goes through ptxas for an H200."""
+    result = run_fresh("-c", COMPILE)
+    assert result.returncode == 0 and result.stdout.strip() == "compiled", result.stderr[-3000:]
