@@ -77,7 +77,7 @@ def test_documented_case_files_load(tmp_path):
 
 def test_readme_plugin_example_runs_through_the_cli(tmp_path):
     (doc, plugin), *_ = [b for b in blocks("python") if "register_backend" in b[1]]
-    name = re.search(r'register_backend\("(\w+)"', plugin).group(1)
+    name = re.search(r'register_backend\(\s*"(\w+)"', plugin).group(1)
     (tmp_path / "my_kernel.py").write_text(plugin)
     (tmp_path / "tiny.toml").write_text(TINY_CASE)
     done = subprocess.run(

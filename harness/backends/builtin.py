@@ -10,10 +10,12 @@
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import Any
 
 import torch
 
 import kernels
+from harness.backends.plugins import CaseFacts, Limits
 from harness.backends.registry import (
     REGISTRY,
     VARIANT_OPTIONS,
@@ -22,14 +24,18 @@ from harness.backends.registry import (
     Unsupported,
     add_backend,
     contract_prepare,
+    facts_of,
     load_plugin,
 )
 from harness.cases.inputs import PagedInputs
 from harness.cases.spec import Case
+from harness.cases.variants import capability_of
 
 __all__ = [
     "REGISTRY",
     "Backend",
+    "CaseFacts",
+    "Limits",
     "Prepared",
     "Unsupported",
     "load_plugin",
@@ -112,6 +118,9 @@ def register_backend(
     description: str = "",
     graphable: bool = True,
     options: tuple[str, ...] | frozenset[str] = (),
+    plan: Callable[[CaseFacts], Any] | None = None,
+    limits: Limits | dict | None = None,
+    supports: Callable[[CaseFacts], str | None] | None = None,
 ) -> Backend:
     """Add a kernel with the contract signature to every run that imports this module.
 
@@ -120,19 +129,44 @@ def register_backend(
     lists the device types it runs on; elsewhere its rows are skips with that reason.
     GPU timing tries to capture a call in a CUDA graph and falls back to events when the
     capture fails; ``graphable=False`` skips the attempt. ``options`` names the attention
-    variants ``fn`` takes as keywords (any of VARIANT_OPTIONS; docs/contract.md): a case
-    that turns on another one is a skip row for this backend, never a call without it.
+    variants ``fn`` takes as keywords, each by its case-file field (``harness variants``:
+    ``sliding_window``, ``logit_softcap``, ``alibi``, ``kv_dtype``, ...; its capability or
+    keyword works too): a case that turns on another one is a skip row for this backend,
+    never a call without it.
+
+    ``plan(facts)``: a plan step, called once per input set outside the timed region with the
+    case's host-side :class:`harness.backends.plugins.CaseFacts`; what it returns is passed to
+    every call as the keyword ``plan`` (its time is the row's ``plan_us``). ``limits``: the cases
+    it serves, as plain values (a :class:`harness.backends.plugins.Limits` or its dict: dtypes,
+    head_dims, block_size_multiple_of, cpu_tags); ``supports(facts)``: a refusal of its own, a
+    string (the skip's reason) or None. A case outside either is a skip row naming why.
     Registering a taken name is an error (built-ins cannot be shadowed).
     """
+
+    def refused(case: Case, device: str) -> str | None:
+        """supports(facts)'s refusal as a skip reason; one that raises or returns another type says so instead."""
+        try:
+            reason = supports(facts_of(case, device))
+        except Exception as error:  # its own bug: a skip row saying so (the verdict lists it), not a dead worker
+            return f"{name} supports(facts) raised {type(error).__name__}: {error}"
+        if reason is not None and not isinstance(reason, str):
+            return f"{name} supports(facts) returned {reason!r}, not a str (why not) or None"
+        return f"{name} supports(facts): {reason}" if reason else None
+
+    hook = {"unavailable": refused} if supports is not None else {}
     return add_backend(
         Backend(
             name,
-            contract_prepare(fn),
+            contract_prepare(fn, plan=plan),
             tuple(devices),
             "plugin",
             description or (fn.__doc__ or "").strip().split("\n")[0],
             graphable,
-            options=frozenset(options),
+            **hook,
+            options=frozenset(map(capability_of, options)),
+            limits=Limits.from_plain(limits or {}, f"backend {name!r}: limits"),
+            plan_step=plan is not None,
+            supports_hook=supports is not None,
         )
     )
 

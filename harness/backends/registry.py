@@ -8,6 +8,11 @@ arguments, checks and all), timed for ``call_us``. A backend that cannot serve a
 raises :class:`Unsupported` from ``prepare`` (a skip row with the reason), never a
 silent wrong answer.
 
+A backend may have a plan step (``register_backend(..., plan=fn)``): ``fn(facts)`` is called in
+``prepare``, once per input set, with the case's host-side facts
+(:class:`harness.backends.plugins.CaseFacts`), and what it returns is handed to every call as the
+keyword ``plan``; its time is the row's ``plan_us``, apart from the calls' time.
+
 Tests, benchmarks, scripts and the CLI iterate :data:`REGISTRY`; adding a kernel is one
 :func:`register_backend` call.
 """
@@ -17,6 +22,7 @@ from __future__ import annotations
 import importlib
 import importlib.util
 import sys
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from functools import partial
@@ -25,9 +31,11 @@ from typing import Any
 
 import torch
 
+from harness.backends.interpreter import correct_bf16, interpreting
+from harness.backends.plugins import CaseFacts, Limits, case_facts
 from harness.cases.inputs import PagedInputs
 from harness.cases.spec import Case
-from harness.cases.variants import CAPABILITIES
+from harness.cases.variants import CAPABILITIES, capability_of
 from kernels.cascade import cascade_attention
 
 KINDS = ("kernel", "engine path", "peer", "plugin")
@@ -51,6 +59,7 @@ class Prepared:
               every timed call, and the result must be it or its values must be in it
     follows_inputs  run() reads the case's input tensors themselves (not a copy made in prepare), so
               a change to their values in place is seen by the next call (harness.run.calling)
+    plan_us   the microseconds of the backend's plan step in prepare (its row's ``plan_us``); None: none
     """
 
     run: Callable[[], Any]
@@ -59,6 +68,7 @@ class Prepared:
     call: Callable[[], Any] | None = None
     out: torch.Tensor | None = None
     follows_inputs: bool = False
+    plan_us: float | None = None
 
 
 @dataclass(frozen=True)
@@ -72,6 +82,9 @@ class Backend:
     unavailable: Callable[[Case, str], str | None] = field(default=lambda case, device: None)
     options: frozenset[str] = frozenset()  # the VARIANT_OPTIONS it supports; empty: none
     model: bool = False  # a Python model over torch ops (reference, tlsim): on a GPU graded, not timed (MODEL_BUDGET_S)
+    limits: Limits = field(default_factory=Limits)  # the cases it serves (harness.backends.plugins)
+    plan_step: bool = False  # prepare runs a plan step: its rows carry plan_us
+    supports_hook: bool = False  # a supports(facts) hook in ``unavailable`` (run where the backend's code is)
 
     def __post_init__(self):
         unknown = set(self.options) - set(VARIANT_OPTIONS)
@@ -82,7 +95,8 @@ class Backend:
         """Why this backend does not run ``case`` on ``device``, or None when it does.
 
         Checked before ``prepare``: the device, the case file's backend lists, the attention
-        variants the case turns on against the ones the backend declares, then ``unavailable``.
+        variants the case turns on against the ones the backend declares, its limits, then
+        ``unavailable``.
         """
         device_type = torch.device(device).type
         if device_type not in self.devices:
@@ -91,33 +105,63 @@ class Backend:
             return "excluded by the case file"
         if missing := sorted(case.options - self.options):
             return f"{self.name} does not support {', '.join(missing)} (it declares: {', '.join(sorted(self.options)) or 'none'})"
+        if refusal := self.limits.refusal(case, device):
+            return f"{self.name} {refusal}"
         return self.unavailable(case, device)
 
 
 REGISTRY: dict[str, Backend] = {}
 
 
-def contract_prepare(fn: Callable[..., torch.Tensor], **hints: Callable[[Case], Any]):
+def facts_of(case: Case, device: str) -> CaseFacts:
+    """The case's :class:`harness.backends.plugins.CaseFacts` in this process (whether Triton is interpreted here)."""
+    return case_facts(case, device, torch.device(device).type == "cpu" and interpreting())
+
+
+def _planned(plan: Callable[[CaseFacts], Any], facts: CaseFacts) -> tuple[Any, float]:
+    """(what ``plan(facts)`` returned, its microseconds), the device drained around it on CUDA."""
+    cuda = facts.device == "cuda" and torch.cuda.is_initialized()
+    if cuda:
+        torch.cuda.synchronize()
+    started = time.perf_counter()
+    made = plan(facts)
+    if cuda:
+        torch.cuda.synchronize()
+    return made, (time.perf_counter() - started) * 1e6
+
+
+def contract_prepare(fn: Callable[..., torch.Tensor], plan: Callable[[CaseFacts], Any] | None = None,
+                     **hints: Callable[[Case], Any]):  # fmt: skip
     """prepare() for a function with the kernel contract signature.
 
     run() passes the NaN-poisoned ``out`` buffer (and any keyword ``hints``, each computed
-    from the case, such as a host-side max_q_len); call() is the bare default call. Both
-    pass the case's attention variants (``inputs.options``) as keywords (a ``cascade`` case runs
-    :func:`kernels.cascade.cascade_attention` over ``fn`` instead); a case without
-    any passes none, so a function that predates them keeps working.
+    from the case, such as a host-side max_q_len); call() is the bare default call, which
+    passes ``query_start_loc=None`` in a decode case (every q_len 1: the contract's decode
+    form), where run() passes the tensor. Both pass the case's attention variants
+    (``inputs.options``) as keywords (a ``cascade`` case runs :func:`kernels.cascade.cascade_attention`
+    over ``fn`` instead); a case without any passes none, so a function that predates them keeps
+    working. ``plan``: the backend's plan step, called here once with the case's facts, its
+    result passed to both calls as ``plan=`` and its time kept as ``Prepared.plan_us``.
     """
 
     def prepare(case: Case, inputs: PagedInputs, out: torch.Tensor) -> Prepared:
         args = inputs.args()
         options = dict(inputs.options)
         extra = {name: make(case) for name, make in hints.items()}
+        plan_us = None
         if case.cascade:  # kernels.cascade: the shared prefix and the rest as two calls, merged by lse
+            if plan is not None:
+                raise Unsupported("cascade calls the kernel on the prefix and the suffix, shapes other than the "
+                                  "case's: its plan step is made for the case's own")  # fmt: skip
             del options["return_lse"]
             run = partial(cascade_attention, fn, *args, case.prefix_blocks, out=out, **options)
             return Prepared(run=run, note=f"cascade: {case.prefix_blocks} shared blocks + suffix, merged by lse",
                             out=out, follows_inputs=True)  # fmt: skip
-        return Prepared(run=lambda: fn(*args, out=out, **extra, **options), call=lambda: fn(*args, **options),
-                        out=out, follows_inputs=True)  # fmt: skip
+        if plan is not None:
+            options["plan"], plan_us = _planned(plan, facts_of(case, str(inputs.q.device)))
+        call_args = (*args[:5], None) if all(q_len == 1 for q_len in case.q_lens) else args
+        return Prepared(run=lambda: fn(*args, out=out, **extra, **options), call=lambda: fn(*call_args, **options),
+                        out=out, follows_inputs=True, plan_us=plan_us)  # fmt: skip
 
     return prepare
 
@@ -138,8 +182,9 @@ def _runs_in_its_worker(case: Case, inputs: PagedInputs, out: torch.Tensor) -> P
 
 def add_remote_backend(registration: dict) -> Backend:
     """Register, in the driver, a plugin backend its worker reported (name, devices, description,
-    graphable, options): the driver knows it without importing the plugin. ValueError on a field of the
-    wrong type or an unknown variant."""
+    graphable, options, limits, and whether it has a plan step and a supports hook): the driver knows it
+    without importing the plugin, and checks its limits before sending a case. ValueError on a field of
+    the wrong type, an unknown variant or a limit that is not one."""
 
     def text(value, what: str) -> str:
         if not isinstance(value, str) or (not value.strip() and what == "name"):
@@ -151,18 +196,30 @@ def add_remote_backend(registration: dict) -> Backend:
             raise ValueError(f"a plugin reported a backend whose {what} is not a list: {value!r}")
         return tuple(text(item, what) for item in value)
 
-    return add_backend(Backend(text(registration.get("name"), "name"), _runs_in_its_worker,
-                               texts(registration.get("devices"), "devices"), "plugin",
+    def flag(what: str) -> bool:
+        value = registration.get(what, False)
+        if not isinstance(value, bool):
+            raise ValueError(f"a plugin reported a backend whose {what} is not a bool: {value!r}")
+        return value
+
+    name = text(registration.get("name"), "name")
+    return add_backend(Backend(name, _runs_in_its_worker, texts(registration.get("devices"), "devices"), "plugin",
                                text(registration.get("description", ""), "description"),
                                bool(registration.get("graphable", True)),
-                               options=frozenset(texts(registration.get("options", []), "options"))))  # fmt: skip
+                               options=frozenset(map(capability_of, texts(registration.get("options", []), "options"))),
+                               limits=Limits.from_plain(registration.get("limits", {}), f"backend {name!r}: limits"),
+                               plan_step=flag("plan"), supports_hook=flag("supports")))  # fmt: skip
 
 
 def load_plugin(module_or_path: str) -> None:
     """Import a plugin module by dotted name or file path; it calls register_backend.
 
-    Raises ValueError with the cause when the module cannot be found or fails to import.
+    Under Triton's CPU interpreter the interpreter's bf16 is corrected first
+    (:func:`harness.backends.interpreter.correct_bf16`), so a plugged-in Triton kernel computes with
+    bf16 values, as on a GPU. Raises ValueError with the cause when the module cannot be found or
+    fails to import.
     """
+    correct_bf16()
     path = Path(module_or_path)
     try:
         if path.suffix == ".py" or path.exists():

@@ -14,6 +14,7 @@ the case model, the kernel contract, the inputs and the oracle.
 
 from __future__ import annotations
 
+import difflib
 import math
 from collections.abc import Callable
 from dataclasses import dataclass, replace
@@ -69,6 +70,17 @@ class Variant:
     @property
     def case_fields(self) -> tuple[str, ...]:
         return tuple(self.fields)
+
+    @property
+    def name(self) -> str:
+        """The variant's one name: its first case-file field (``alibi``, ``kv_dtype``), what a case turns on and
+        what a plan step's facts list (harness.backends.plugins.CaseFacts.variants)."""
+        return next(iter(self.fields))
+
+    @property
+    def names(self) -> tuple[str, ...]:
+        """Every name ``register_backend(options=...)`` takes for it: case fields, capability, keywords."""
+        return tuple(dict.fromkeys((*self.fields, self.capability, *self.keywords)))
 
 
 # What the hooks share.
@@ -273,12 +285,67 @@ def turned_on(case: Any) -> frozenset[str]:
     return frozenset(v.capability for v in VARIANTS if v.turned_on(case))
 
 
+def turned_on_names(case: Any) -> tuple[str, ...]:
+    """The variants a case turns on, by their one name (:attr:`Variant.name`), in the table's order."""
+    return tuple(v.name for v in VARIANTS if v.turned_on(case))
+
+
+# Every name a backend may declare a variant by -> its capability (``alibi`` and ``alibi_slopes``; ``kv_dtype``,
+# ``fp8_kv``, ``k_scale``): a case-file field, the capability itself or a keyword of the call.
+OPTION_NAMES: dict[str, str] = {name: v.capability for v in VARIANTS for name in v.names}
+
+
+def capability_of(name: str) -> str:
+    """The capability of a variant named as ``register_backend(options=...)`` may name it (:data:`OPTION_NAMES`).
+
+    ValueError for another name, saying the closest known one and where the names are listed.
+    """
+    if isinstance(name, str) and name in OPTION_NAMES:
+        return OPTION_NAMES[name]
+    close = difflib.get_close_matches(str(name), list(OPTION_NAMES), n=1, cutoff=0.5)
+    hint = f" (did you mean {close[0]!r}?)" if close else ""
+    raise ValueError(
+        f"unknown variant {name!r}{hint}; a variant is named by its case-file field (`harness variants` "
+        f"lists them): {', '.join(v.name for v in VARIANTS)}"
+    )
+
+
+def _keywords(v: Variant) -> str:
+    """The kernel keywords of a variant with their kinds (``k_scale`` (fp8 cache scale), ...); KeyError for a
+    keyword the kernels' table (kernels.contract.CALL_OPTION_TABLE) lacks."""
+    kinds = {option.name: option.kind.name for option in CALL_OPTION_TABLE} | {"return_lse": "the entry's own bool"}
+    return ", ".join(f"`{keyword}` ({kinds[keyword]})" for keyword in v.keywords) or "none: a shape"
+
+
+def variants_text() -> str:
+    """``harness variants``: one line per variant: its name (the case-file field that turns it on, and what
+    ``register_backend(options=...)`` takes), the capability a skip row names, the keywords the kernel
+    receives; then what each computes, and a note on names and fp8 scales."""
+    rows = [("variant (case field)", "capability", "kernel keywords (kind)")]
+    for v in VARIANTS:
+        also = [name for name in v.fields if name != v.name]
+        rows.append((v.name + (f" (or {', '.join(also)})" if also else ""), v.capability,
+                     _keywords(v).replace("`", "")))  # fmt: skip
+    widths = [max(len(row[i]) for row in rows) for i in range(2)]
+    lines = [f"{row[0].ljust(widths[0])}  {row[1].ljust(widths[1])}  {row[2]}".rstrip() for row in rows]
+    lines += ["", *(f"{v.name}: {v.meaning}" for v in VARIANTS), "", VARIANTS_NOTE]
+    return "\n".join(lines)
+
+
+VARIANTS_NOTE = (
+    "register_backend(options=...) takes a variant by any of its names: its case field, its capability or a\n"
+    "keyword (alibi, alibi_slopes; kv_dtype, fp8_kv, k_scale). The keywords arrive only when the case turns the\n"
+    "variant on. fp8 scales always arrive as [num_kv_heads] fp32 tensors, also when the case has one scale per\n"
+    "tensor (every element the same): a plan step's facts say which (CaseFacts.kv_scale: per_tensor, per_head)."
+)
+
+
 def markdown() -> str:
     """The variants' table of docs/contract.md (written by ``python -m harness.results.columns``): one line per row: capability, case-file fields, kernel keywords with their kind, meaning.
     KeyError for a keyword the kernels' table (kernels.contract.CALL_OPTION_TABLE) lacks."""
-    kinds = {option.name: option.kind.name for option in CALL_OPTION_TABLE} | {"return_lse": "the entry's own bool"}
     lines = ["| capability | case-file fields | kernel keywords (kind) | what it computes |", "|---|---|---|---|"]
     for v in VARIANTS:
-        keywords = ", ".join(f"`{keyword}` ({kinds[keyword]})" for keyword in v.keywords) or "none: a shape"
-        lines.append(f"| `{v.capability}` | {', '.join(f'`{name}`' for name in v.fields)} | {keywords} | {v.meaning} |")
+        lines.append(
+            f"| `{v.capability}` | {', '.join(f'`{name}`' for name in v.fields)} | {_keywords(v)} | {v.meaning} |"
+        )
     return "\n".join(lines)

@@ -1,4 +1,4 @@
-"""python -m harness {run,list,report,compare,history,merge,schema}
+"""python -m harness {run,list,report,compare,history,merge,schema,variants}
 
 Exit codes:
 
@@ -53,6 +53,7 @@ from harness.backends.registry import UnnamedPluginError, add_remote_backend, pl
 from harness.cases.loading import load_cases
 from harness.cases.packaged import packaged_suites, resolve_case_arg
 from harness.cases.spec import CaseFileError, case_file_schema, check_backend_names, load_case_file, resolve_case_paths
+from harness.cases.variants import variants_text
 from harness.cases.vocab import GRADED
 from harness.execute.plan import add_arguments as add_scale_arguments
 from harness.execute.plan import check_arguments as check_scale_arguments
@@ -117,7 +118,7 @@ def build_parser() -> argparse.ArgumentParser:
         f"With no verb: this help, exit 0. Run `{prog} VERB --help` for a verb's options.",
     )
     parser.add_argument("--version", action="version", version=f"%(prog)s {_version()}")
-    verbs = parser.add_subparsers(dest="verb", metavar="{run,list,report,compare,history,merge,schema}")
+    verbs = parser.add_subparsers(dest="verb", metavar="{run,list,report,compare,history,merge,schema,variants}")
 
     run = verbs.add_parser("run", help="run cases through backends; write a report folder")
     run.add_argument(
@@ -254,6 +255,7 @@ def build_parser() -> argparse.ArgumentParser:
     merge.add_argument("--allow-mixed-commits", action="store_true",
                        help="merge runs of different commits (meta.json's commit then lists them)")  # fmt: skip
     verbs.add_parser("schema", help="JSON Schema of the case files")
+    verbs.add_parser("variants", help="the attention variants: case field, capability, the keywords a kernel receives")
     return parser
 
 
@@ -841,6 +843,11 @@ def cmd_schema(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def cmd_variants(args: argparse.Namespace) -> int:
+    print(variants_text())
+    return EXIT_OK
+
+
 def console_main() -> None:
     """The ``harness`` console script: main() as the process's exit status."""
     sys.exit(main())
@@ -861,6 +868,7 @@ def main(argv: list[str] | None = None) -> int:
         "history": cmd_history,
         "merge": cmd_merge,
         "schema": cmd_schema,
+        "variants": cmd_variants,
     }
     restore_signals = install_signal_handlers()
     try:

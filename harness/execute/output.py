@@ -4,6 +4,14 @@ A plugin's row runs inside :func:`captured_output` (file descriptors 1 and 2, so
 output too) into :func:`row_log_name` under ``RunConfig.logs``' staging folder, moved to
 ``<run>/logs/`` with the run folder; the terminal gets its first ``TERMINAL_BYTES`` and a line
 saying where the rest is (:func:`report_output`). Empty logs are removed.
+
+Known-harmless warnings (:data:`HARMLESS`) stay in the logs, not on the terminal: numpy's notices
+of inf and NaN arithmetic raised inside Triton's CPU interpreter (``RuntimeWarning: invalid value
+encountered in subtract``, which ``exp(m_old - m_new)`` of two -inf running maxima gives: a GPU
+computes the same IEEE values silently, and the grade sees any NaN that reaches the output) and
+Triton's notice of a changing default (``TRITON_DEFAULT_FP_FUSION is unset``). Each is named on
+the terminal by one line, the first time it appears in a run; a row that printed nothing else
+shows nothing.
 """
 
 from __future__ import annotations
@@ -15,6 +23,19 @@ import sys
 from pathlib import Path
 
 TERMINAL_BYTES = 2048  # of a row's captured output, shown on the terminal; the rest stays in its log file
+CLASSIFY_BYTES = 65536  # a log up to this size is read whole to find its harmless warnings
+# Python warnings as printed (``path:line: Category: message``, then the source line under it) that are
+# known to be harmless, each with why (see the module docstring).
+HARMLESS: tuple[tuple[re.Pattern, str], ...] = (
+    (re.compile(r"^[^\n]*triton/runtime/interpreter\.py:\d+: RuntimeWarning: (?P<message>(?:invalid value|overflow|"
+                r"divide by zero|underflow) encountered in [\w ]+)\n(?:[ \t][^\n]*\n)?", re.M),
+     "numpy's notice of inf/NaN arithmetic in Triton's interpreter, which a GPU does silently; a NaN in the "
+     "output fails the row"),
+    (re.compile(r"^[^\n]*triton/[\w/]+\.py:\d+: UserWarning: (?P<message>TRITON_DEFAULT_FP_FUSION is unset)[^\n]*\n"
+                r"(?:[ \t][^\n]*\n)?", re.M),
+     "Triton's notice that a default changes in a later release"),
+)  # fmt: skip
+_NOTED: set[tuple[str, str]] = set()  # (a run's log folder, a harmless notice) already named on the terminal
 
 
 def row_log_name(case_id: str, backend: str) -> str:
@@ -80,8 +101,21 @@ def report_output(log: tuple[str, str] | None, what: str) -> None:
             path.parent.rmdir()
         return
     with path.open("rb") as file:
-        head = file.read(TERMINAL_BYTES).decode("utf-8", errors="replace")
+        raw = file.read(CLASSIFY_BYTES)
+    rest = raw.decode("utf-8", errors="replace")
+    for pattern, why in HARMLESS:
+        for message in dict.fromkeys(m.group("message") for m in pattern.finditer(rest)):
+            folder = str(Path(log[1]).parent)
+            if (folder, message) not in _NOTED:
+                _NOTED.add((folder, message))
+                print(f"note: {what} printed '{message}': {why}. Shown once; every row's output is in {folder}",
+                      file=sys.stderr)  # fmt: skip
+        rest = pattern.sub("", rest)
+    rest_bytes = rest.encode("utf-8", errors="replace")
+    hidden = size - len(raw) + max(len(rest_bytes) - TERMINAL_BYTES, 0)  # unread, then read but past the head
+    if not rest.strip() and not hidden:
+        return
     print(f"--- output of {what} ({size} bytes; all of it in {log[1]}) ---", file=sys.stderr)
-    print(head.rstrip("\n"), file=sys.stderr)
-    if size > TERMINAL_BYTES:
-        print(f"--- {size - TERMINAL_BYTES} more bytes not shown: see {log[1]} ---", file=sys.stderr)
+    print(rest_bytes[:TERMINAL_BYTES].decode("utf-8", errors="replace").rstrip("\n"), file=sys.stderr)
+    if hidden:
+        print(f"--- {hidden} more bytes not shown: see {log[1]} ---", file=sys.stderr)

@@ -73,6 +73,11 @@ TABLE: tuple[Column, ...] = (
     Column("timing_reps", "int", "samples taken"),
     Column("timing_method", "str", "how the samples were taken (graph, events, wall)"),
     Column("call_us", "float", "median wall time of the eager call, the device drained before and after"),
+    Column(
+        "plan_us",
+        "float",
+        "wall time of the backend's plan step, once per input set outside the timed calls (plugins with `plan=`)",
+    ),
     *_group("call_p10_us call_p90_us", "float", "the 10th and 90th percentiles of the call samples"),
     Column("host_overhead_us", "float", "call_us - latency_us (CUDA only)"),
     Column("host_us", "float", "the host's time of one eager call on cold host caches (CUDA only)"),

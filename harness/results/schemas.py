@@ -142,7 +142,7 @@ _NUMBER_COLUMNS = (
     "num_q_heads", "num_kv_heads", "head_dim", "block_size", "num_seqs", "max_seq_len", "max_abs_err",
     "max_rel_err", "rel_l2_err", "nan_count", "atol", "rtol", "latency_us", "bytes_moved", "gbps",
     "pct_of_ceiling", "tol_ratio", "group_size", "num_tokens", "max_q_len", "total_kv_tokens", "input_scale",
-    "seed", "latency_p10_us", "latency_p90_us", "timing_reps", "call_us", "call_p10_us", "call_p90_us",
+    "seed", "latency_p10_us", "latency_p90_us", "timing_reps", "call_us", "plan_us", "call_p10_us", "call_p90_us",
     "host_overhead_us", "host_us", "graph_capturable", "device_syncs", "timing_threads", "flops", "tflops",
     "pct_of_peak", "error_bound", "fail_count", "lse_max_abs_err", "lse_tol_ratio", "quant_error", "head_dim_v",
 )  # fmt: skip

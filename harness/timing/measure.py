@@ -10,6 +10,7 @@
                  above a hot loop's per-call time, which scripts/host_overhead.py measures)
 ``graph_capturable`` / ``device_syncs``: can the default call be captured; how many syncs
 ``kernels_ran``  the device kernels of one prepared call of a peer, longest first (CUDA)
+``plan_us``      the backend's plan step, once in prepare (``Prepared.plan_us``), outside every sample
 plus bandwidth and rate against the run's measured ceilings.
 
 Every row's timing runs within ``ROW_BUDGET_S`` (:class:`TimingPlan`'s ``budget_s``): the timer
@@ -150,6 +151,8 @@ def timing_columns(case: Case, backend: Backend, prepared: Prepared, plan: Timin
     ):  # which library kernel a peer got (the profiler costs a second or so a row)
         with phase("timing: profiler"):
             row["kernels_ran"] = kernels_launched(prepared.run, device)
+    if prepared.plan_us is not None:
+        row["plan_us"] = prepared.plan_us
     row["timing_threads"] = plan.threads if plan.threads is not None else torch.get_num_threads()
     row["gbps"] = gbps(bytes_moved, row["latency_us"])
     row["flops"] = flops(case)

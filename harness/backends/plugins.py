@@ -1,0 +1,162 @@
+"""What a plugged-in kernel declares beside its function: the facts it is told, the limits it keeps.
+
+A plugin's ``register_backend(name, fn, ..., plan=, limits=, supports=)`` runs where the plugin is
+imported: in a worker process, never in the driver (harness.execute.processes). So what the driver
+must know of it travels as plain values in the worker's registrations: :class:`Limits` as a dict
+of lists and numbers (:meth:`Limits.to_plain`, checked by :meth:`Limits.from_plain`), and only
+whether there is a plan step or a ``supports`` hook, which run in the worker.
+
+:class:`CaseFacts` is what both hooks are told of a case: host-side numbers an engine knows
+before it calls the kernel (lengths, shapes, dtypes, the variants turned on), never a tensor.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+
+import torch
+
+from harness.cases.spec import Case
+from harness.cases.variants import turned_on_names
+from harness.cases.vocab import DTYPE_NAMES
+
+# What a facts' kv_scale says of an fp8 case's scales (the kernel gets [num_kv_heads] tensors either way).
+PER_TENSOR, PER_HEAD = "per_tensor", "per_head"
+
+
+@dataclass(frozen=True)
+class CaseFacts:
+    """A case as the host knows it, told to a plugin's plan step and ``supports`` hook (plain values only).
+
+    num_seqs        sequences in the batch
+    num_tokens      query tokens of all sequences (q's first dim)
+    max_q_len       the longest query; 1 with ``decode``
+    max_seq_len     the longest sequence, its new tokens included
+    decode          every sequence has one query: the default call passes ``query_start_loc=None``
+                    (the graded call passes the tensor [0, 1, ..., num_seqs]: a kernel serves both)
+    num_q_heads, num_kv_heads, head_dim, head_dim_v, block_size: the shapes
+    dtype           q's (and the output's) dtype: "float32", "float16" or "bfloat16"
+    kv_dtype        the pools' dtype: ``dtype``, or "float8_e4m3fn" / "float8_e5m2" for an fp8 cache
+    kv_scale        an fp8 cache's scales: "per_tensor" (k_scale / v_scale hold one value, repeated per KV head:
+                    element 0 is every head's) or "per_head"; "" without fp8
+    variants        the variants the case turns on, by name (``harness variants``): the keywords that arrive
+    tags            the case's tags
+    device          "cpu" or "cuda"
+    interpreted     on the CPU with ``TRITON_INTERPRET=1``: a Triton kernel runs under the interpreter
+                    (seconds a call; bf16 corrected, harness.backends.interpreter)
+    """
+
+    num_seqs: int
+    num_tokens: int
+    max_q_len: int
+    max_seq_len: int
+    decode: bool
+    num_q_heads: int
+    num_kv_heads: int
+    head_dim: int
+    head_dim_v: int
+    block_size: int
+    dtype: str
+    kv_dtype: str
+    kv_scale: str
+    variants: tuple[str, ...]
+    tags: tuple[str, ...]
+    device: str
+    interpreted: bool
+
+
+def case_facts(case: Case, device: str, interpreted: bool) -> CaseFacts:
+    """The :class:`CaseFacts` of ``case`` on ``device`` (its type only), under the interpreter or not."""
+    fp8 = case.kv_dtype is not None
+    return CaseFacts(
+        num_seqs=case.num_seqs,
+        num_tokens=sum(case.q_lens),
+        max_q_len=max(case.q_lens),
+        max_seq_len=case.max_seq_len,
+        decode=all(q_len == 1 for q_len in case.q_lens),
+        num_q_heads=case.num_q_heads,
+        num_kv_heads=case.num_kv_heads,
+        head_dim=case.head_dim,
+        head_dim_v=case.head_dim_v,
+        block_size=case.block_size,
+        dtype=case.dtype,
+        kv_dtype=case.kv_dtype if fp8 else case.dtype,
+        kv_scale=(PER_HEAD if case.kv_scale == "amax_per_head" else PER_TENSOR) if fp8 else "",
+        variants=turned_on_names(case),
+        tags=tuple(case.tags),
+        device=torch.device(device).type,
+        interpreted=interpreted,
+    )
+
+
+@dataclass(frozen=True)
+class Limits:
+    """The cases a backend serves, as plain values the driver checks before any call; empty: no limit.
+
+    dtypes                  q's dtypes it takes ("float32", "float16", "bfloat16")
+    head_dims               the head dims it takes (K's and V's: ``head_dim`` and ``head_dim_v``)
+    block_size_multiple_of  block_size must be a multiple of this (16: a page is one ``tl.dot`` tile)
+    cpu_tags                on the CPU, only cases carrying one of these tags (["small"]: Triton's interpreter
+                            takes seconds a call, so a suite's larger cases are skips there)
+
+    A case outside is a skip row naming the limit (:meth:`refusal`).
+    """
+
+    dtypes: tuple[str, ...] = ()
+    head_dims: tuple[int, ...] = ()
+    block_size_multiple_of: int = 1
+    cpu_tags: tuple[str, ...] = ()
+
+    def refusal(self, case: Case, device: str) -> str | None:
+        """Why ``case`` on ``device`` is outside these limits (naming the limit), or None."""
+        if self.dtypes and case.dtype not in self.dtypes:
+            return f"limits dtypes to {', '.join(self.dtypes)}; the case's is {case.dtype}"
+        for what, value in (("head_dim", case.head_dim), ("head_dim_v", case.head_dim_v)):
+            if self.head_dims and value not in self.head_dims:
+                return f"limits head dims to {', '.join(map(str, self.head_dims))}; the case's {what} is {value}"
+        if case.block_size % self.block_size_multiple_of:
+            return (f"limits block_size to multiples of {self.block_size_multiple_of}; "
+                    f"the case's is {case.block_size}")  # fmt: skip
+        if self.cpu_tags and torch.device(device).type == "cpu" and not set(self.cpu_tags) & set(case.tags):
+            return f"limits the CPU to cases tagged {' or '.join(map(repr, self.cpu_tags))} (cpu_tags)"
+        return None
+
+    def to_plain(self) -> dict:
+        """These limits as a dict of lists and ints (what a worker reports)."""
+        return {name: list(value) if isinstance(value, tuple) else value
+                for name, value in dataclasses.asdict(self).items()}  # fmt: skip
+
+    @classmethod
+    def from_plain(cls, value, where: str = "limits") -> Limits:
+        """Limits from a dict of plain values (a plugin's ``limits=``, or what its worker reported).
+
+        ValueError naming ``where`` and the field: an unknown key, a value of the wrong type, a
+        dtype no case has, a multiple below 1.
+        """
+        if isinstance(value, cls):
+            return value
+        if not isinstance(value, dict):
+            raise ValueError(f"{where} must be a dict of {', '.join(_FIELDS)}, not {type(value).__name__}")
+        if unknown := sorted(set(value) - set(_FIELDS), key=str):
+            raise ValueError(f"{where}: unknown key(s) {', '.join(map(repr, unknown))}; known: {', '.join(_FIELDS)}")
+        fields = {}
+        for name, item in value.items():
+            kind = _FIELDS[name]
+            if kind is None:  # a number
+                if type(item) is not int or item < 1:
+                    raise ValueError(f"{where}.{name} must be a positive int, not {item!r}")
+                fields[name] = item
+            elif isinstance(item, list | tuple) and all(type(element) is kind for element in item):
+                fields[name] = tuple(item)
+            else:
+                raise ValueError(f"{where}.{name} must be a list of {kind.__name__}, not {item!r}")
+        if bad := [dtype for dtype in fields.get("dtypes", ()) if dtype not in DTYPE_NAMES]:
+            raise ValueError(
+                f"{where}.dtypes: {', '.join(map(repr, bad))} is not a dtype; known: {', '.join(DTYPE_NAMES)}"
+            )
+        return cls(**fields)
+
+
+# Each field of Limits: the type of its list's elements, or None for a positive int.
+_FIELDS: dict[str, type | None] = {"dtypes": str, "head_dims": int, "block_size_multiple_of": None, "cpu_tags": str}
