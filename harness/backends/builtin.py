@@ -97,7 +97,7 @@ def _triton(*args, **kwargs) -> torch.Tensor:
 
 
 # run() passes the host-side lengths an engine knows, as an engine calls the kernel; call() does not.
-add_backend(Backend("triton", contract_prepare(_triton, max_q_len=lambda c: max(c.q_lens), max_seq_len=lambda c: c.max_seq_len),
+add_backend(Backend("triton", contract_prepare(_triton, decode_form=False, max_q_len=lambda c: max(c.q_lens), max_seq_len=lambda c: c.max_seq_len),
                     ("cpu", "cuda"), "kernel", "the @triton.jit kernel (interpreted on the CPU)",
                     unavailable=_triton_unavailable, options=frozenset(VARIANT_OPTIONS)))  # fmt: skip
 # PagedKVCache keeps a K pool and a V pool of its own, so it cannot serve a latent cache (V a view of K):

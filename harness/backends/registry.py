@@ -131,7 +131,7 @@ def _planned(plan: Callable[[CaseFacts], Any], facts: CaseFacts) -> tuple[Any, f
 
 
 def contract_prepare(fn: Callable[..., torch.Tensor], plan: Callable[[CaseFacts], Any] | None = None,
-                     **hints: Callable[[Case], Any]):  # fmt: skip
+                     decode_form: bool = True, **hints: Callable[[Case], Any]):  # fmt: skip
     """prepare() for a function with the kernel contract signature.
 
     run() passes the NaN-poisoned ``out`` buffer (and any keyword ``hints``, each computed
@@ -142,6 +142,9 @@ def contract_prepare(fn: Callable[..., torch.Tensor], plan: Callable[[CaseFacts]
     over ``fn`` instead); a case without any passes none, so a function that predates them keeps
     working. ``plan``: the backend's plan step, called here once with the case's facts, its
     result passed to both calls as ``plan=`` and its time kept as ``Prepared.plan_us``.
+    ``decode_form=False``: call() passes the tensor in a decode case too (the built-in Triton kernel,
+    whose decode form the kernel tests cover: on a GPU the form is a launch of its own to compile
+    for every decode case of a run).
     """
 
     def prepare(case: Case, inputs: PagedInputs, out: torch.Tensor) -> Prepared:
@@ -159,7 +162,8 @@ def contract_prepare(fn: Callable[..., torch.Tensor], plan: Callable[[CaseFacts]
                             out=out, follows_inputs=True)  # fmt: skip
         if plan is not None:
             options["plan"], plan_us = _planned(plan, facts_of(case, str(inputs.q.device)))
-        call_args = (*args[:5], None) if all(q_len == 1 for q_len in case.q_lens) else args
+        decode = decode_form and all(q_len == 1 for q_len in case.q_lens)
+        call_args = (*args[:5], None) if decode else args
         return Prepared(run=lambda: fn(*args, out=out, **extra, **options), call=lambda: fn(*call_args, **options),
                         out=out, follows_inputs=True, plan_us=plan_us)  # fmt: skip
 
