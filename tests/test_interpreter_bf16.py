@@ -46,6 +46,17 @@ def _run_third_party() -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.
     return dot, mix, expected_dot, expected_mix
 
 
+@pytest.fixture
+def uncorrected():
+    """The interpreter as Triton ships it for the test's body: another test on this worker may have loaded a
+    plugin, which corrects it for the rest of the process."""
+    corrected_before = interpreter.bf16_corrected()
+    interpreter.restore_bf16()
+    yield
+    if corrected_before:
+        interpreter.correct_bf16()
+
+
 def test_a_third_party_bf16_kernel_computes_as_a_gpu_under_the_corrected_interpreter():
     with interpreter.bf16_correction() as applied:
         assert applied
@@ -54,7 +65,7 @@ def test_a_third_party_bf16_kernel_computes_as_a_gpu_under_the_corrected_interpr
     assert torch.equal(mix, expected_mix), (mix - expected_mix).abs().max()
 
 
-def test_the_uncorrected_interpreter_gets_the_same_kernel_wrong():
+def test_the_uncorrected_interpreter_gets_the_same_kernel_wrong(uncorrected):
     """The defect the correction answers (a Triton that fixed it would fail here: then drop the correction)."""
     assert not interpreter.bf16_corrected()
     dot, _, expected_dot, _ = _run_third_party()
@@ -82,7 +93,7 @@ def test_fp32_to_bf16_keeps_a_nan_a_nan():
     assert np.isnan(interpreter.bf16_to_fp32(interpreter.fp32_to_bf16(nan))).all()
 
 
-def test_the_projects_own_kernel_is_bit_identical_under_the_correction():
+def test_the_projects_own_kernel_is_bit_identical_under_the_correction(uncorrected):
     """kernels.triton_paged rounds by hand and dots in fp32 under the interpreter: it never hands the
     interpreter a bf16 operand, so the correction changes none of its bits."""
     from harness.cases.inputs import make_inputs
@@ -95,7 +106,7 @@ def test_the_projects_own_kernel_is_bit_identical_under_the_correction():
     assert torch.equal(plain.view(torch.int16), corrected.view(torch.int16))
 
 
-def test_importing_a_plugin_corrects_the_interpreter_in_that_process(tmp_path, clean_registry):
+def test_importing_a_plugin_corrects_the_interpreter_in_that_process(tmp_path, clean_registry, uncorrected):
     (tmp_path / "empty_plugin.py").write_text("x = 1\n")
     assert not interpreter.bf16_corrected()
     try:
