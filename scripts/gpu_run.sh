@@ -2,6 +2,7 @@
 # One call on a CUDA machine: check and time, leaving the results in $OUT. `nox -s gpu` runs this.
 #   bash scripts/gpu_run.sh [all|tests|suites|closeness] [harness run arguments...]   (default: all)
 #   versions.txt   GPU, driver, clocks, python/torch/triton versions, date, commit
+#   flashinfer_warmup.txt  FlashInfer's kernels for SUITES built before anything is timed (scripts/flashinfer_warmup.py)
 #   tests.log      (tests, all) the GPU tests natively (Triton compiled): `pytest -m gpu` over the
 #                  whole tree; the rest of the suite is CPU logic (or the interpreted kernel, which
 #                  fails without TRITON_INTERPRET=1 set) that CI runs
@@ -38,6 +39,10 @@ for line in sys.stdin:
 } | tee "$OUT/versions.txt"
 echo "start $START" >"$OUT/phases.raw"
 status=0
+# FlashInfer's kernels compile on first use: build the ones these suites need now, not inside a row's time limit
+# (FLASHINFER_WORKSPACE_BASE keeps them for the run's workers; without FlashInfer it prints one line)
+# shellcheck disable=SC2086
+python3 scripts/flashinfer_warmup.py $SUITES 2>&1 | tee "$OUT/flashinfer_warmup.txt" | tail -20
 if [ "$MODE" = all ] || [ "$MODE" = tests ]; then
   echo "tests_start $(date +%s.%N)" >>"$OUT/phases.raw"
   # four workers share the GPU where pytest-xdist is installed (on an H200: 124 s serial in

@@ -29,6 +29,7 @@ def test_every_script_is_exercised_here():
     exercised |= {"case_setup_cost.py", "kernel_ab.py", "gpu_phases.py"}
     exercised |= {"mutants.py", "mutants.toml", "compare_targets.py"}  # tests/test_mutants.py
     exercised |= {"sass_census.py"}  # tests/test_kernel_compiles_for_sm90.py
+    exercised |= {"flashinfer_warmup.py"}  # tests/test_flashinfer_peer.py
     assert {p.name for p in (ROOT / "scripts").iterdir() if p.is_file()} <= exercised, (
         "a new script needs a dry run here"
     )
