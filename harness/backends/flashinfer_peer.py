@@ -24,9 +24,10 @@ last_page_len 0.
 The calls, made once per input set in ``prepare`` (the plan, its time the row's ``plan_us``),
 then timed:
 
-* decode (every q_len 1): ``BatchDecodeWithPagedKVCacheWrapper``, on tensor cores when more
-  than 4 query heads share a KV head (:func:`use_tensor_cores`, vLLM's rule for FlashInfer),
-  on CUDA cores otherwise;
+* decode (every q_len 1): ``BatchDecodeWithPagedKVCacheWrapper`` on the faster of its two paths for
+  the input set, CUDA cores or tensor cores (:func:`faster_decode`): a peer is raced at its best, and
+  engines differ in which they plan (vLLM's rule once took tensor cores above a GQA group of 4;
+  vLLM and SGLang now plan tensor cores throughout);
 * anything else (prefill, chunked prefill, speculative verify, mixed batches):
   ``BatchPrefillWithPagedKVCacheWrapper``, causal (FlashInfer aligns it to the end of each
   sequence, as the contract does), its backend ``auto``: FA3 on sm90 where FlashInfer has it,
@@ -59,7 +60,7 @@ INSTALL = "pip install '.[flashinfer]'"
 OPTIONS = frozenset({"sliding_window", "logit_softcap", "fp8_kv"})  # the variants it declares
 WORKSPACE_BYTES = 128 * 2**20  # FlashInfer's recommended float workspace (split-KV partial results)
 HEAD_DIMS = (64, 128, 256)  # the head dims FlashInfer's decode and prefill kernels are built for
-TENSOR_CORE_GROUP = 4  # decode runs on tensor cores when more query heads than this share a KV head
+DECODE_TRIALS = 20  # calls of each decode path timed in prepare to pick the faster
 FA3_MIN_Q_LEN = 65  # FlashInfer's auto backend takes FA2 when no sequence has more queries than 64
 
 
@@ -91,11 +92,6 @@ def page_table(block_table: torch.Tensor, seq_lens: torch.Tensor, block_size: in
     return PageTable(indptr=indptr, indices=indices, last_page_len=last_page_len)
 
 
-def use_tensor_cores(case: Case) -> bool:
-    """Decode on tensor cores when more than 4 query heads share a KV head (vLLM's FlashInfer backend's rule)."""
-    return case.group_size > TENSOR_CORE_GROUP
-
-
 def is_decode(case: Case) -> bool:
     return all(q_len == 1 for q_len in case.q_lens)
 
@@ -103,9 +99,9 @@ def is_decode(case: Case) -> bool:
 def module_key(case: Case) -> tuple:
     """What picks the compiled FlashInfer module a case runs: dtypes, head dim, wrapper, cores, FA2/FA3, variants.
 
-    Lengths, head counts (beyond the group's tensor-core choice) and the page size are run-time values.
+    Lengths, head counts and the page size are run-time values; a decode builds both of its paths.
     """
-    return (case.dtype, case.kv_dtype, case.head_dim, is_decode(case), use_tensor_cores(case),
+    return (case.dtype, case.kv_dtype, case.head_dim, is_decode(case),
             max(case.q_lens) >= FA3_MIN_Q_LEN, case.sliding_window is not None, case.logit_softcap is not None)  # fmt: skip
 
 
@@ -165,15 +161,38 @@ def fp8_scales(inputs: PagedInputs) -> dict[str, float]:
     return {name: float(s[0]) for name, s in scales.items()}
 
 
-def _timed(plan: Callable[[], Any], device: torch.device) -> float:
-    """Microseconds of ``plan()``, the device drained around it."""
+def _timed(plan: Callable[[], Any], device: torch.device) -> tuple[Any, float]:
+    """``plan()``'s result and its microseconds, the device drained around it."""
     if device.type == "cuda":
         torch.cuda.synchronize(device)
     started = time.perf_counter()
-    plan()
+    result = plan()
     if device.type == "cuda":
         torch.cuda.synchronize(device)
-    return (time.perf_counter() - started) * 1e6
+    return result, (time.perf_counter() - started) * 1e6
+
+
+def faster_decode(
+    plan: Callable[[bool], Any], run: Callable[[Any], Any], device: torch.device
+) -> tuple[Any, float, str]:
+    """Plan the decode wrapper on CUDA cores and on tensor cores (``plan(tensor_cores)`` returns a planned
+    wrapper, ``run(wrapper)`` calls it), time DECODE_TRIALS calls of each, and keep the faster: (wrapper,
+    its plan's us, a note)."""
+    timed = []
+    for tensor_cores in (False, True):
+        wrapper, plan_us = _timed(lambda cores=tensor_cores: plan(cores), device)
+        run(wrapper)
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        for _ in range(DECODE_TRIALS):
+            run(wrapper)
+        end.record()
+        end.synchronize()
+        timed.append((wrapper, plan_us, start.elapsed_time(end) * 1e3 / DECODE_TRIALS, tensor_cores))
+    wrapper, plan_us, call_us, tensor_cores = min(timed, key=lambda row: row[2])
+    other_us = max(row[2] for row in timed)
+    note = f"decode wrapper, {'tensor' if tensor_cores else 'CUDA'} cores (the faster path: {call_us:.0f} us, the other {other_us:.0f} us)"
+    return wrapper, plan_us, note
 
 
 def prepare_flashinfer(case: Case, inputs: PagedInputs, out: torch.Tensor) -> Prepared:
@@ -193,15 +212,17 @@ def prepare_flashinfer(case: Case, inputs: PagedInputs, out: torch.Tensor) -> Pr
         "sm_scale": case.head_dim**-0.5,
     }
     if is_decode(case):
-        cores = use_tensor_cores(case)
-        wrapper = flashinfer.BatchDecodeWithPagedKVCacheWrapper(workspace, "NHD", use_tensor_cores=cores)
-        plan_us = _timed(lambda: wrapper.plan(table.indptr, table.indices, table.last_page_len, *shape, **options),
-                         device)  # fmt: skip
-        ran = getattr(wrapper, "resolved_backend", "")
-        note = f"decode wrapper, {'tensor' if cores else 'CUDA'} cores (group size {case.group_size}) {ran}".rstrip()
+        kv = (inputs.k_cache, inputs.v_cache)
+
+        def plan(tensor_cores: bool):
+            wrapper = flashinfer.BatchDecodeWithPagedKVCacheWrapper(workspace, "NHD", use_tensor_cores=tensor_cores)
+            wrapper.plan(table.indptr, table.indices, table.last_page_len, *shape, **options)
+            return wrapper
+
+        wrapper, plan_us, note = faster_decode(plan, lambda w: w.run(inputs.q, kv, out=out, **scales), device)
     else:
         wrapper = flashinfer.BatchPrefillWithPagedKVCacheWrapper(workspace, "NHD", backend="auto")
-        plan_us = _timed(lambda: wrapper.plan(inputs.query_start_loc, table.indptr, table.indices,
+        _, plan_us = _timed(lambda: wrapper.plan(inputs.query_start_loc, table.indptr, table.indices,
                                               table.last_page_len, *shape, causal=True, **options), device)  # fmt: skip
         note = f"prefill wrapper, {getattr(wrapper, '_backend', 'auto')}, causal"
     kv = (inputs.k_cache, inputs.v_cache)
