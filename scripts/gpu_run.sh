@@ -18,6 +18,7 @@
 # --finalize`: meta.json marks it incomplete and names the (case, backend) pairs that never ran).
 # Wheels of packages the image lacks (pydantic and its three helpers) travel in .whl/ (README: "On a GPU").
 set -uo pipefail
+case "${1:-}" in -h | --help) sed -n "2,19s/^# \{0,1\}//p" "$0"; exit 0 ;; esac
 MODE=${1:-all}
 OUT=${OUT:-gpu_out}
 SUITES=${SUITES:-cases/smoke.toml cases/gpu_peers.toml cases/gpu.toml cases/gpu_long.toml}
@@ -49,7 +50,7 @@ if [ "$MODE" = all ] || [ "$MODE" = tests ]; then
   echo "tests_end $(date +%s.%N)" >>"$OUT/phases.raw"
 fi
 if [ "$MODE" = closeness ]; then
-  python3 scripts/measure_tlsim_closeness.py 2>&1 | tee "$OUT/closeness.txt" | tail -3
+  python3 scripts/self/measure_tlsim_closeness.py 2>&1 | tee "$OUT/closeness.txt" | tail -3
 fi
 if [ "$MODE" = all ] || [ "$MODE" = suites ]; then
   LEFT=$((BUDGET_S - ${WRITE_S:-20} - ($(date +%s) - START)))
@@ -65,7 +66,7 @@ if [ "$MODE" = all ] || [ "$MODE" = suites ]; then
     python3 -m harness run --resume "$OUT/run" --finalize --no-progress 2>&1 | grep -v '^\[' | tail -12
   fi
 fi
-python3 scripts/gpu_phases.py "$OUT" | tee "$OUT/phases.txt"
+python3 scripts/self/gpu_phases.py "$OUT" | tee "$OUT/phases.txt"
 if [ -f "$OUT/run/meta.json" ]; then
   python3 scripts/kernel_targets.py "$OUT/run" >"$OUT/kernel_targets.txt" 2>&1 && grep '^## ' "$OUT/kernel_targets.txt"
 fi

@@ -4,7 +4,7 @@ tolerance of the Triton kernel, much closer than the backends sit to the oracle'
 Bound, elementwise: fp32, half the tolerance (atol/2 + rtol/2 * |triton|); fp16/bf16, two
 output ulps (2 * eps * |triton|, |triton| floored at 2^-6), since tlsim rounds p and the
 output exactly where the kernel does.
-Measured under the CPU interpreter (scripts/measure_tlsim_closeness.py): the largest gap is
+Measured under the CPU interpreter (scripts/self/measure_tlsim_closeness.py): the largest gap is
 2-10% of the tolerance on ordinary fp32 cases, and fp16/bf16 outputs are bit-identical
 except one fp16 ulp on one element. GPU numbers are in gpu_results/.
 

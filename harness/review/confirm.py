@@ -92,7 +92,7 @@ Confirm mode does that, in the manner of ``asv continuous``:
    0.5 s, starting the two workers about 3 s. With the box checked only at the looks (the
    rule before), a 600 s box stopped every open row at 12 rounds, the interpreter rows'
    included, and the planted +25% on a 20 ms row was still "cannot tell" (0.88-1.70).
-   Measured on the way here (``scripts/noise_check.py``, 600 s): every row given the
+   Measured on the way here (``scripts/self/noise_check.py``, 600 s): every row given the
    first look took 529 s and 576 s of the box (load 4-7) and left both planted long rows
    at 8 rounds; with the first look planned too, but each later look giving the cheapest
    rows all the rounds that fit, 16-round plans of 0.5 s rows crowded out the 3 s rows

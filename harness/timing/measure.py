@@ -7,7 +7,7 @@
 ``host_overhead_us`` call_us - latency_us on CUDA: what the call costs beyond its kernels
 ``host_us``      the host's own time of one eager call on CUDA: from the call to its return, the
                  device drained before it (median over the call_us samples; cold host caches, so
-                 above a hot loop's per-call time, which scripts/host_overhead.py measures)
+                 above a hot loop's per-call time, which scripts/self/host_overhead.py measures)
 ``graph_capturable`` / ``device_syncs``: can the default call be captured; how many syncs
 ``kernels_ran``  the device kernels of one prepared call of a peer, longest first (CUDA)
 ``plan_us``      the backend's plan step, once in prepare (``Prepared.plan_us``), outside every sample
