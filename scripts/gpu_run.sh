@@ -41,8 +41,8 @@ echo "start $START" >"$OUT/phases.raw"
 status=0
 if [ "$MODE" = all ] || [ "$MODE" = tests ]; then
   echo "tests_start $(date +%s.%N)" >>"$OUT/phases.raw"
-  # four workers share the GPU where pytest-xdist is installed (on an H200: 124 s serial in
-  # gpu_results/2026-12-01-h200-gpu-session-3, 72 s for more tests on 4 workers in 2026-12-02-h200-gpu-session-4)
+  # four workers share the GPU where pytest-xdist is installed (on an H200 the GPU tests take
+  # about half the time of one worker)
   WORKERS=$(python3 -c 'import xdist' 2>/dev/null && echo "-n 4")
   # shellcheck disable=SC2086
   python3 -m pytest -q -p no:cacheprovider $WORKERS -m gpu tests 2>&1 | tee "$OUT/tests.log" | tail -12

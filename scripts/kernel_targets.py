@@ -7,8 +7,8 @@ with this names its run. The targets, each a ratio measured side by side in one 
 
     host        not scored here: the 20 us target is a hot loop's host time per call, which
                 scripts/self/host_overhead.py measures. A row's host_us is one call's host time right
-                after the device drained, with cold host caches: 35-255 us for SDPA and the kernel
-                alike on an H200 (gpu_results/2026-11-30-h200-host-us); the script prints
+                after the device drained, with cold host caches (tens to hundreds of us on an
+                H200, docs/performance.md); the script prints
                 the kernel's median host_us against the best peer's instead, as information
     eager       decode: the default eager call against SDPA's eager call, at most 1.10x
     decode      decode device time against the best peer's, at most 1.05x

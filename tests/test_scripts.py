@@ -281,7 +281,7 @@ def test_kernel_ab_exits_2_on_a_base_it_cannot_read_and_leaves_no_module_behind(
     assert not list((ROOT / "kernels").glob("_ab_*.py"))
 
 
-def test_kernel_ab_runs_a_base_from_before_kernels_common_was_split(tmp_path):
+def test_kernel_ab_serves_a_base_kernels_common_imports_from_contract_tiling_and_fp8(tmp_path):
     """A base whose kernel imports ``._common`` gets its helpers from contract.py, tiling.py and fp8.py."""
     import kernels
     from scripts.kernel_ab import MIN_ROUNDS, dry_case, kernel_modules, remove_modules, time_case

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # One call on a 2-GPU host: the scaling, noise and kernel evidence in two lanes, one per GPU, so that
 # a lane's timings never share a GPU (they share the host's CPUs: no FlexAttention compiles here,
-# whose compile workers loaded the 32-core host to 30 in an earlier call).
+# whose compile workers load a 32-core host far past its cores).
 #   lane 0 (GPU 0): scripts/self/noise_check.py --gpu (reruns and a planted 5% slowdown), then the peer
 #                   run (cases/gpu_peers.toml cases/gpu_long.toml, five backends) for the targets
 #   lane 1 (GPU 1): the CUDA-only tests (pytest -m gpu), the GPU variants timed (triton, cache, sdpa_contiguous), scripts/self/host_overhead.py,

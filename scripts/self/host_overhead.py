@@ -92,10 +92,8 @@ def host_us(fn, n: int, device: str, loops: int = LOOPS) -> float:
     """Host time per call with the launch queue not drained: n back-to-back calls on the host clock / n,
     the fastest of ``loops`` such loops (the device drained between them).
 
-    The fastest, as timeit reports: a loop can only be slowed by what else the host does.
-    On H200 hosts one loop of 300 calls gave SDPA 19-29 us and the kernel 25-46 us
-    within a minute (gpu_results/2026-11-30-h200-targets-table-check/host_ab.txt), more than
-    the 20 us target's margin."""
+    The fastest, as timeit reports: a loop can only be slowed by what else the host does, and
+    on a busy host one loop's time moves by more than the 20 us target's margin."""
     fn()
     best = float("inf")
     for _ in range(loops):
