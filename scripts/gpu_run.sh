@@ -19,6 +19,7 @@
 # --finalize`: meta.json marks it incomplete and names the (case, backend) pairs that never ran).
 # Wheels of packages the image lacks (pydantic and its three helpers) travel in .whl/ (README: "On a GPU").
 set -uo pipefail
+case "${1:-}" in -h | --help) sed -n "2,19s/^# \{0,1\}//p" "$0"; exit 0 ;; esac
 MODE=${1:-all}
 OUT=${OUT:-gpu_out}
 SUITES=${SUITES:-cases/smoke.toml cases/gpu_peers.toml cases/gpu.toml cases/gpu_long.toml}
@@ -45,8 +46,8 @@ status=0
 python3 scripts/flashinfer_warmup.py $SUITES 2>&1 | tee "$OUT/flashinfer_warmup.txt" | tail -20
 if [ "$MODE" = all ] || [ "$MODE" = tests ]; then
   echo "tests_start $(date +%s.%N)" >>"$OUT/phases.raw"
-  # four workers share the GPU where pytest-xdist is installed (on an H200: 124 s serial in
-  # gpu_results/2026-12-01-h200-gpu-session-3, 72 s for more tests on 4 workers in 2026-12-02-h200-gpu-session-4)
+  # four workers share the GPU where pytest-xdist is installed (on an H200 the GPU tests take
+  # about half the time of one worker)
   WORKERS=$(python3 -c 'import xdist' 2>/dev/null && echo "-n 4")
   # shellcheck disable=SC2086
   python3 -m pytest -q -p no:cacheprovider $WORKERS -m gpu tests 2>&1 | tee "$OUT/tests.log" | tail -12
@@ -54,7 +55,7 @@ if [ "$MODE" = all ] || [ "$MODE" = tests ]; then
   echo "tests_end $(date +%s.%N)" >>"$OUT/phases.raw"
 fi
 if [ "$MODE" = closeness ]; then
-  python3 scripts/measure_tlsim_closeness.py 2>&1 | tee "$OUT/closeness.txt" | tail -3
+  python3 scripts/self/measure_tlsim_closeness.py 2>&1 | tee "$OUT/closeness.txt" | tail -3
 fi
 if [ "$MODE" = all ] || [ "$MODE" = suites ]; then
   LEFT=$((BUDGET_S - ${WRITE_S:-20} - ($(date +%s) - START)))
@@ -70,7 +71,7 @@ if [ "$MODE" = all ] || [ "$MODE" = suites ]; then
     python3 -m harness run --resume "$OUT/run" --finalize --no-progress 2>&1 | grep -v '^\[' | tail -12
   fi
 fi
-python3 scripts/gpu_phases.py "$OUT" | tee "$OUT/phases.txt"
+python3 scripts/self/gpu_phases.py "$OUT" | tee "$OUT/phases.txt"
 if [ -f "$OUT/run/meta.json" ]; then
   python3 scripts/kernel_targets.py "$OUT/run" >"$OUT/kernel_targets.txt" 2>&1 && grep '^## ' "$OUT/kernel_targets.txt"
 fi
