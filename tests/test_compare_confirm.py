@@ -18,21 +18,12 @@ from tests import review_frames as rf
 
 ROOT = Path(__file__).resolve().parents[1]
 PLUGIN = ROOT / "scripts" / "slowdown_plugin.py"
-CASE_FILE = """
-[[case]]
-name = "tiny"
-num_q_heads = 8
-num_kv_heads = 2
-head_dim = 64
-block_size = 16
-seq_lens = [300, 200, 500, 400]
-"""
 
 
 def _runs(tmp_path, factor: float):
     """Two hand-made runs where both rows look 'slower' by ``factor`` in the new one (as a load drift makes them)."""
     case_file = tmp_path / "tiny.toml"
-    case_file.write_text(CASE_FILE)
+    case_file.write_text(rf.TINY_CASE_FILE)
     rng = np.random.default_rng(0)
     base = pd.DataFrame([rf.row("tiny", b, 300.0, rng) for b in ("reference", "reference_slowable")])
     new = pd.DataFrame([rf.row("tiny", b, 300.0 * factor, rng) for b in ("reference", "reference_slowable")])

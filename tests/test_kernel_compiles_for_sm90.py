@@ -8,17 +8,12 @@ It runs in a fresh interpreter: in this process Triton was imported with TRITON_
 
 from __future__ import annotations
 
-import importlib.util
 import inspect
 import json
-import os
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 
-import kernels
+from tests.fresh_python import needs_ptxas, run_fresh
 
 COMPILE = r"""
 from kernels import triton_paged as tp
@@ -64,26 +59,6 @@ compile_for_sm90(tp.combine_splits_kernel, "bf16", NUM_Q_HEADS=128, HEAD_DIM_V=5
                  INTERPRETED_BF16=False, USE_SINKS=False, RETURN_LSE=False)
 print("compiled")
 """
-
-
-def _ptxas_available() -> bool:
-    spec = importlib.util.find_spec("triton")
-    if spec is None or not spec.submodule_search_locations:
-        return False
-    tools = Path(next(iter(spec.submodule_search_locations))) / "backends" / "nvidia" / "bin"
-    return (tools / "ptxas").exists() and (tools / "cuobjdump").exists()
-
-
-needs_ptxas = pytest.mark.skipif(
-    not kernels.has_triton() or not _ptxas_available(), reason="needs Triton with its NVIDIA backend (ptxas, cuobjdump)"
-)
-ROOT = Path(__file__).resolve().parent.parent
-
-
-def run_fresh(*args: str) -> subprocess.CompletedProcess:
-    """python ARGS in a fresh interpreter from the repository's root, Triton compiling (not interpreting)."""
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"} | {"TRITON_DEFAULT_FP_FUSION": "1"}
-    return subprocess.run([sys.executable, *args], cwd=ROOT, env=env, capture_output=True, text=True)
 
 
 @needs_ptxas

@@ -13,7 +13,7 @@ import pandas as pd
 import pytest
 
 import kernels
-from tests.test_kernel_compiles_for_sm90 import needs_ptxas, run_fresh
+from tests.fresh_python import needs_ptxas, run_fresh
 
 ROOT = Path(__file__).resolve().parents[1]
 EXAMPLE = ROOT / "examples" / "triton_paged_plugin.py"
