@@ -61,6 +61,7 @@ print("compiled")
 """
 
 
+@pytest.mark.slow  # a fresh interpreter compiles through ptxas
 @needs_ptxas
 def test_kernels_compile_for_sm90_without_a_gpu():
     result = run_fresh("-c", COMPILE)
@@ -83,6 +84,7 @@ print("u32", loop(NUM_SPLITS=1, BLOCK_OFFS_U32=False), loop(NUM_SPLITS=1))
 """
 
 
+@pytest.mark.slow  # a fresh interpreter compiles through ptxas
 @needs_ptxas
 def test_the_split_decodes_tile_loop_is_no_longer_than_the_unsplit_ones():
     result = run_fresh("-c", LOOP)
@@ -100,6 +102,7 @@ def test_the_split_decodes_tile_loop_is_no_longer_than_the_unsplit_ones():
         )
 
 
+@pytest.mark.slow  # a fresh interpreter compiles through ptxas
 @needs_ptxas
 def test_the_sass_census_tables_a_launch_and_set_changes_its_count(tmp_path):
     """scripts/sass_census.py on one small launch: a table row of positive counts, the JSON the same, and
