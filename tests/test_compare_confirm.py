@@ -86,6 +86,7 @@ def test_confirm_keeps_a_real_slowdown_and_clears_one_that_interleaved_timing_do
     assert "interleaved re-run, 9 paired rounds" in confirmed.regressions["why"][0]
 
 
+@pytest.mark.slow  # two builds' worker processes timed in rounds
 def test_a_real_round_of_two_build_processes_times_the_planted_slowdown_and_not_the_workers_start(
     tmp_path, monkeypatch
 ):
