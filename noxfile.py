@@ -1,5 +1,6 @@
-"""Sessions: `nox -s tests` (what CI runs), `nox -s cpu` (the CPU case suite's report), `nox -s gpu`
-(a CUDA box), `nox -s bench` (pytest-benchmark, saved and compared across commits), `nox -s lint`.
+"""Sessions: `nox -s tests` (the quick suite), `nox -s slow` (the tests marked slow), `nox -s mutants`
+(the mutant catalogue), `nox -s cpu` (the CPU case suite's report), `nox -s gpu` (a CUDA box),
+`nox -s bench` (pytest-benchmark, saved and compared across commits), `nox -s lint`.
 
 On a CPU machine torch is pinned to its CPU build (TORCH_SPEC, default torch==2.13.0, which
 this team's machines keep on local disk); an unpinned `torch` would pull a multi-GB CUDA
@@ -33,19 +34,32 @@ def install_cpu(session: nox.Session, extras: str = "test,triton") -> None:
     session.install("-e", f".[{extras}]")
 
 
+PYTEST_ON_TWO_CORES = ("python", "-m", "pytest", "-n", "2", "--dist", "worksteal")
+
+
 @nox.session
 def tests(session: nox.Session) -> None:
     """Unit tests of kernels and harness, and the smoke case suite; the Triton kernel runs interpreted.
 
-    With the ray and xdist extras, so the scale-out equivalences (a local 2-CPU Ray cluster,
-    pytest -n 2) and the fault tests run in CI instead of skipping."""
+    With the ray and xdist extras, so the scale-out equivalences (pytest -n 2) run in CI instead of
+    skipping. The tests marked slow (a local Ray cluster, compiling through ptxas or torch.compile,
+    scripts' dry runs) are `nox -s slow`'s; the mutant catalogue's catch run is `nox -s mutants`' (CI
+    runs all three; a later -m wins)."""
     install_cpu(session, "test,triton,ray,xdist")
     # Two workers (`-- -n 0` turns them off; a later -n wins): on a 2-core box the suite is
     # mostly single-threaded Python (the interpreter, fresh worker processes), so two halve it.
     # worksteal: a worker that runs out takes queued tests from the other, so one slow file
     # does not leave a core idle at the end.
-    # The mutant catalogue's catch run is `nox -s mutants`' job (CI runs both; a later -m wins).
-    session.run("python", "-m", "pytest", "-n", "2", "--dist", "worksteal", "-m", "not mutants", *session.posargs,
+    session.run(*PYTEST_ON_TWO_CORES, "-m", "not slow and not mutants", *session.posargs,
+                env={"TRITON_INTERPRET": "1"})  # fmt: skip
+
+
+@nox.session
+def slow(session: nox.Session) -> None:
+    """The tests marked slow, and only those: worker faults and a local 2-CPU Ray cluster, the kernels
+    compiled for sm_90 and through torch.compile on the CPU, the scripts' and the example plugin's dry runs."""
+    install_cpu(session, "test,triton,ray,xdist")
+    session.run(*PYTEST_ON_TWO_CORES, "-m", "slow and not mutants", *session.posargs,
                 env={"TRITON_INTERPRET": "1"})  # fmt: skip
 
 

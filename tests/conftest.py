@@ -9,6 +9,7 @@ unset the variable themselves.
 
 import contextlib
 import os
+import subprocess
 import tempfile
 
 import pytest
@@ -176,3 +177,28 @@ def clean_registry():
 def case_file(tmp_path):
     """tiny.toml: one case, ``tiny`` (tagged ``small``), of :data:`tests.tiny_cases.TINY`'s fields."""
     return write_cases(tmp_path / "tiny.toml", {"name": "tiny", "tags": ["small"]})
+
+
+@pytest.fixture
+def git_history(tmp_path) -> dict[str, str]:
+    """A git repository at ``tmp_path / "repo"``: name -> commit id, for "head" (HEAD, on main), "branch" (a
+    local branch HEAD does not contain), "fetched" (only on a remote-tracking branch, as a colleague's pushed
+    work) and "loose" (reachable from no ref)."""
+    root = tmp_path / "repo"
+    root.mkdir()
+
+    def git(*args: str) -> str:
+        env = {"GIT_AUTHOR_NAME": "a", "GIT_AUTHOR_EMAIL": "a@b", "GIT_COMMITTER_NAME": "a", "GIT_COMMITTER_EMAIL": "a@b",
+               "GIT_CONFIG_GLOBAL": "/dev/null", "HOME": str(root)}  # fmt: skip
+        return subprocess.run(
+            ["git", *args], cwd=root, env=env, capture_output=True, text=True, check=True
+        ).stdout.strip()
+
+    git("init", "-q", "-b", "main")
+    git("commit", "-q", "--allow-empty", "-m", "head")
+    head = git("rev-parse", "HEAD")
+    tree = git("rev-parse", "HEAD^{tree}")
+    made = {name: git("commit-tree", tree, "-p", head, "-m", name) for name in ("branch", "fetched", "loose")}
+    git("branch", "side", made["branch"])
+    git("update-ref", "refs/remotes/colleague/pr", made["fetched"])
+    return {"head": head, **made}

@@ -130,6 +130,31 @@ FP32_PRECISION_CASES: list[KernelCase] = [
 CASES_BY_NAME = {case.name: case for case in (*KERNEL_CASES, *FP32_PRECISION_CASES)}
 
 
+def base_args() -> list:
+    """The base case's call arguments: q, k_cache, v_cache, block_table, seq_lens, query_start_loc."""
+    return list(BASE.inputs().args())
+
+
+def _bad(index, value):
+    args = base_args()
+    args[index] = value(args[index])
+    return args
+
+
+# Calls every backend refuses with a ValueError before any kernel runs: name -> (arguments, words of the message).
+BAD_CALLS = {
+    "q_not_3d": (_bad(0, lambda q: q[0]), "q must be"),
+    "heads_not_multiple": (_bad(0, lambda q: q[:, :7].contiguous()), "multiple of num_kv_heads"),
+    "dtype_mismatch": (_bad(1, lambda k: k.half()), "must share one of"),
+    "block_table_int64": (_bad(3, lambda bt: bt.long()), "must be int32"),
+    "qsl_wrong_total": (
+        _bad(5, lambda qsl: qsl - 1 + torch.nn.functional.pad(torch.ones(1, dtype=torch.int32), (0, len(qsl) - 1))),
+        "query_start_loc",
+    ),
+    "seq_len_past_table": (_bad(4, lambda s: s * 100), "exceeds max_blocks_per_seq"),
+}
+
+
 _TRITON_OUTPUTS: dict[tuple, torch.Tensor] = {}
 
 

@@ -101,6 +101,7 @@ def test_unsupported_raised_from_a_call_is_an_error_not_a_skip(forged):
     assert all(r.startswith("Unsupported from a call (not from prepare)") for r in rows["reason"])
 
 
+@pytest.mark.slow  # a run with isolated plugin workers
 def test_a_plugin_reaches_no_grader_journal_cache_source_or_baseline(tmp_path, monkeypatch):
     """The plugin patches the grader and the journal, drops the built-in reference from its registry, looks
     for the oracle's output, reads and writes the oracle cache and opens the grader's source for writing:
@@ -121,6 +122,7 @@ def test_a_plugin_reaches_no_grader_journal_cache_source_or_baseline(tmp_path, m
     assert "could open the grader's source for writing" not in seen, seen
 
 
+@pytest.mark.slow  # timed runs with isolated plugin workers
 def test_a_plugin_that_slows_the_clock_is_not_credited(tmp_path):
     """time.perf_counter and torch.cuda.Event replaced do not reach the timer (bound before the plugin is
     imported); the timer's own clock replaced is caught by the driver's clock over a batch of calls."""

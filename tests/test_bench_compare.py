@@ -63,11 +63,11 @@ def test_saved_runs_are_numbered_and_the_newest_is_the_default_baseline(tmp_path
     ({"id": "fetched"}, "the baseline's commit_info: field 'commit': {fetched} is not in your history"),
     ({"id": "head", "dirty": True}, "the baseline was made from a tree with uncommitted changes"),
 ])  # fmt: skip
-def test_a_baselines_commit_is_re_timed_only_from_your_own_clean_history(tmp_path, monkeypatch, commit_info, why):
+def test_a_baselines_commit_is_re_timed_only_from_your_own_clean_history(
+    tmp_path, git_history, monkeypatch, commit_info, why
+):
     """A saved baseline is data: --confirm checks out its commit only when it is in your history and clean."""
-    from tests.test_compare_default_confirm import history
-
-    ids = history(tmp_path / "repo")
+    ids = git_history
     monkeypatch.setattr(saved, "ROOT", tmp_path / "repo")
     base = _run(tmp_path / "base.json", 1)
     doc = json.loads(base.read_text())

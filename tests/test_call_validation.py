@@ -10,7 +10,7 @@ import pytest
 import torch
 
 import kernels
-from tests.kernel_cases import BASE
+from tests.kernel_cases import BAD_CALLS, BASE, base_args
 
 BACKENDS = [
     kernels.paged_attention_reference,
@@ -18,29 +18,6 @@ BACKENDS = [
     kernels.paged_attention_triton,
     kernels.paged_attention_dispatch,
 ]
-
-
-def _args():
-    return list(BASE.inputs().args())
-
-
-def _bad(index, value):
-    args = _args()
-    args[index] = value(args[index])
-    return args
-
-
-BAD_CALLS = {
-    "q_not_3d": (_bad(0, lambda q: q[0]), "q must be"),
-    "heads_not_multiple": (_bad(0, lambda q: q[:, :7].contiguous()), "multiple of num_kv_heads"),
-    "dtype_mismatch": (_bad(1, lambda k: k.half()), "must share one of"),
-    "block_table_int64": (_bad(3, lambda bt: bt.long()), "must be int32"),
-    "qsl_wrong_total": (
-        _bad(5, lambda qsl: qsl - 1 + torch.nn.functional.pad(torch.ones(1, dtype=torch.int32), (0, len(qsl) - 1))),
-        "query_start_loc",
-    ),
-    "seq_len_past_table": (_bad(4, lambda s: s * 100), "exceeds max_blocks_per_seq"),
-}
 
 
 @pytest.mark.parametrize("fn", BACKENDS, ids=lambda f: f.__name__)
@@ -52,14 +29,14 @@ def test_bad_call_is_a_value_error_naming_the_argument(fn, name):
 
 
 def test_q_len_above_seq_len_is_rejected():
-    args = _args()
+    args = base_args()
     args[4] = torch.ones_like(args[4])  # every seq_len 1, but one sequence has q_len 4
     with pytest.raises(ValueError, match="q_len <= seq_len"):
         kernels.paged_attention_tlsim(*args)
 
 
 def test_decode_default_needs_one_query_per_sequence():
-    q, k, v, bt, seq_lens, _ = _args()
+    q, k, v, bt, seq_lens, _ = base_args()
     with pytest.raises(ValueError, match="one query per sequence"):
         kernels.paged_attention_tlsim(q, k, v, bt, seq_lens)
 
@@ -68,7 +45,7 @@ def test_triton_sync_free_call_with_hints_matches_the_checked_call():
     """Checks off and launch hints given: the same answer, bit for bit, as the checked call."""
     if reason := kernels.triton_unavailable_reason("cpu"):
         pytest.skip(reason)
-    args = _args()
+    args = base_args()
     checked = kernels.paged_attention_triton(*args, check=True)
     sync_free = kernels.paged_attention_triton(*args, max_q_len=max(BASE.q_lens), max_seq_len=35, check=False)
     torch.testing.assert_close(sync_free, checked, rtol=0, atol=0)
@@ -105,4 +82,4 @@ def test_value_checks_are_opt_in_and_shape_checks_are_not(fn, monkeypatch):
 @pytest.mark.parametrize("scale", [0.0, -0.125, float("nan")])
 def test_non_positive_scale_is_refused(scale):
     with pytest.raises(ValueError, match="scale must be a positive finite number"):
-        kernels.paged_attention_tlsim(*_args(), scale=scale)
+        kernels.paged_attention_tlsim(*base_args(), scale=scale)

@@ -18,21 +18,12 @@ from tests import review_frames as rf
 
 ROOT = Path(__file__).resolve().parents[1]
 PLUGIN = ROOT / "scripts" / "self" / "slowdown_plugin.py"
-CASE_FILE = """
-[[case]]
-name = "tiny"
-num_q_heads = 8
-num_kv_heads = 2
-head_dim = 64
-block_size = 16
-seq_lens = [300, 200, 500, 400]
-"""
 
 
 def _runs(tmp_path, factor: float):
     """Two hand-made runs where both rows look 'slower' by ``factor`` in the new one (as a load drift makes them)."""
     case_file = tmp_path / "tiny.toml"
-    case_file.write_text(CASE_FILE)
+    case_file.write_text(rf.TINY_CASE_FILE)
     rng = np.random.default_rng(0)
     base = pd.DataFrame([rf.row("tiny", b, 300.0, rng) for b in ("reference", "reference_slowable")])
     new = pd.DataFrame([rf.row("tiny", b, 300.0 * factor, rng) for b in ("reference", "reference_slowable")])
@@ -95,6 +86,7 @@ def test_confirm_keeps_a_real_slowdown_and_clears_one_that_interleaved_timing_do
     assert "interleaved re-run, 9 paired rounds" in confirmed.regressions["why"][0]
 
 
+@pytest.mark.slow  # two builds' worker processes timed in rounds
 def test_a_real_round_of_two_build_processes_times_the_planted_slowdown_and_not_the_workers_start(
     tmp_path, monkeypatch
 ):

@@ -13,7 +13,6 @@ import pytest
 from harness.cli.main import main
 from harness.review import confirm
 from tests import review_frames as rf
-from tests.test_compare_confirm import CASE_FILE
 
 ROOT = Path(__file__).resolve().parents[1]
 HEAD = subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True, text=True, check=True).stdout.strip()
@@ -51,7 +50,7 @@ def _runs(
 ) -> tuple[str, str]:
     """Two run folders of one commit; ``slow`` makes backends look slower in the new run (a drift or a real change)."""
     case_file = tmp_path / "tiny.toml"
-    case_file.write_text(CASE_FILE)
+    case_file.write_text(rf.TINY_CASE_FILE)
     meta = rf.meta(**{"commit": HEAD, "case_files": [str(case_file)], "timing_threads": 1, **(both or {})})
     base = rf.write(rf.frame(3, seed=0), {**meta, **(base_meta or {})}, tmp_path / "base")
     new = rf.write(new_frame if new_frame is not None else rf.frame(3, seed=1, slow=slow), meta, tmp_path / "new")
@@ -164,33 +163,10 @@ def test_an_explicit_confirm_still_refuses_a_commit_that_is_not_one_as_bad_input
     assert "is not a commit of this repository" in capsys.readouterr().err
 
 
-def history(root: Path) -> dict[str, str]:
-    """A git repository at ``root``: name -> commit id, for "head" (HEAD, on main), "branch" (a local branch
-    HEAD does not contain), "fetched" (only on a remote-tracking branch, as a colleague's pushed work) and
-    "loose" (reachable from no ref)."""
-    root.mkdir()
-
-    def git(*args: str) -> str:
-        env = {"GIT_AUTHOR_NAME": "a", "GIT_AUTHOR_EMAIL": "a@b", "GIT_COMMITTER_NAME": "a", "GIT_COMMITTER_EMAIL": "a@b",
-               "GIT_CONFIG_GLOBAL": "/dev/null", "HOME": str(root)}  # fmt: skip
-        return subprocess.run(
-            ["git", *args], cwd=root, env=env, capture_output=True, text=True, check=True
-        ).stdout.strip()
-
-    git("init", "-q", "-b", "main")
-    git("commit", "-q", "--allow-empty", "-m", "head")
-    head = git("rev-parse", "HEAD")
-    tree = git("rev-parse", "HEAD^{tree}")
-    made = {name: git("commit-tree", tree, "-p", head, "-m", name) for name in ("branch", "fetched", "loose")}
-    git("branch", "side", made["branch"])
-    git("update-ref", "refs/remotes/colleague/pr", made["fetched"])
-    return {"head": head, **made}
-
-
-def test_only_a_commit_of_your_own_history_is_re_timed(tmp_path, monkeypatch):
+def test_only_a_commit_of_your_own_history_is_re_timed(tmp_path, git_history, monkeypatch):
     """Re-timing runs the code of the commits the two meta.json name: a commit reachable from HEAD or a local
     branch is code you checked out; one you only fetched, or that no ref reaches, is refused, naming the field."""
-    ids = history(tmp_path / "repo")
+    ids = git_history
     monkeypatch.chdir(tmp_path / "repo")
     assert confirm.checked_commit(ids["head"][:10], "x/meta.json") == ids["head"]
     assert confirm.checked_commit(ids["branch"], "x/meta.json") == ids["branch"]
@@ -201,8 +177,10 @@ def test_only_a_commit_of_your_own_history_is_re_timed(tmp_path, monkeypatch):
             confirm.checked_commit(ids[name], "x/meta.json")
 
 
-def test_a_handed_run_naming_a_fetched_commit_is_not_re_timed_but_unconfirmed(tmp_path, rounds, monkeypatch, capsys):
-    ids = history(tmp_path / "repo")
+def test_a_handed_run_naming_a_fetched_commit_is_not_re_timed_but_unconfirmed(
+    tmp_path, git_history, rounds, monkeypatch, capsys
+):
+    ids = git_history
     monkeypatch.chdir(tmp_path / "repo")
     base, new = _runs(tmp_path, {"tlsim": 1.5}, base_meta={"commit": ids["fetched"]}, both={"commit": ids["head"]})
     assert main(["compare", base, new]) == 5

@@ -75,6 +75,7 @@ def test_documented_case_files_load(tmp_path):
         assert load_case_file(path), f"{doc}: the case-file example loads no case"
 
 
+@pytest.mark.slow  # a harness run in a fresh interpreter
 def test_readme_plugin_example_runs_through_the_cli(tmp_path):
     (doc, plugin), *_ = [b for b in blocks("python") if "register_backend" in b[1]]
     name = re.search(r'register_backend\(\s*"(\w+)"', plugin).group(1)

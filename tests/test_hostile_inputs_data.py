@@ -19,6 +19,8 @@ import shutil
 import subprocess
 import sys
 import tempfile
+from collections.abc import Callable
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import pandas as pd
@@ -50,9 +52,10 @@ def runs(tmp_path_factory):
     return root
 
 
-def _copy(run: Path, meta_patch: dict | None = None, frame_fn=None) -> Path:
-    """A copy of ``run`` in a fresh folder, meta.json updated by ``meta_patch``, rows through ``frame_fn``."""
-    copy = Path(tempfile.mkdtemp(prefix="hostile-")) / "run"
+def _copy(run: Path, meta_patch: dict | None = None, frame_fn=None, to: Path | None = None) -> Path:
+    """A copy of ``run`` at ``to`` (default: a fresh folder), meta.json updated by ``meta_patch``, rows
+    through ``frame_fn``."""
+    copy = to or Path(tempfile.mkdtemp(prefix="hostile-")) / "run"
     shutil.copytree(run, copy)
     if meta_patch is not None:
         meta = json.loads((copy / "meta.json").read_text())
@@ -76,19 +79,6 @@ WRONG = {"str": "fast", "number": 5, "bool": True, "list": [1, "x"], "dict": {"a
 
 
 # --- meta.json ---------------------------------------------------------------------------------
-
-
-def test_the_reported_meta_values_are_bad_input_naming_the_field(runs, capsys):
-    good = runs / "untimed"
-    for patch, field in (({"commit": 5}, "commit"), ({"gpus": [{}]}, "gpus[0].gpu_name"),
-                         ({"ceilings": "fast"}, "ceilings")):  # fmt: skip
-        bad = _copy(good, patch)
-        assert main(["compare", str(good), str(bad)]) == 2, patch
-        err = capsys.readouterr().err
-        assert f"{bad / 'meta.json'}: field '{field}'" in err and "Traceback" not in err
-        assert main(["history", str(good), str(bad)]) == 2
-        assert f"{bad / 'meta.json'}: field '{field}'" in capsys.readouterr().err
-        assert main(["report", str(bad)]) == 2
 
 
 @settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
@@ -133,18 +123,6 @@ def test_any_results_column_of_another_type_is_bad_input(runs, capsys, data):
     assert "Traceback" not in err
 
 
-def test_a_string_latency_an_int_case_and_no_rows_are_bad_input(runs, capsys):
-    good = runs / "timed"
-    for name, frame_fn in (("latency_us", lambda f: f.assign(latency_us=["12.5"] * len(f))),
-                           ("case", lambda f: f.assign(case=list(range(len(f))))),
-                           ("", lambda f: f.iloc[:0])):  # fmt: skip
-        bad = _copy(good, frame_fn=frame_fn)
-        assert main(["compare", str(good), str(bad)]) == 2
-        assert main(["history", str(bad)]) == 2
-        err = capsys.readouterr().err
-        assert f"{bad / 'results.parquet'}: " + (f"column '{name}'" if name else "holds no rows") in err
-
-
 def test_every_runner_column_has_a_kind_and_a_line_in_the_contract():
     from harness.run.runner import COLUMNS
 
@@ -152,33 +130,135 @@ def test_every_runner_column_has_a_kind_and_a_line_in_the_contract():
     assert "`oracle_cached`" in (ROOT / "docs" / "contract.md").read_text()
 
 
-def test_an_untouched_run_loads(runs, capsys):
-    assert main(["compare", str(runs / "untimed"), str(runs / "untimed")]) == 0
-    assert main(["history", str(runs / "untimed"), str(runs / "timed")]) == 0
+# --- the table: a hostile input, the exit code it gets and the words that say why ---------------------
 
 
-# --- compare and history ------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Hostile:
+    """One hostile input: ``make(runs, tmp)`` builds it under ``tmp`` and returns the CLI's arguments;
+    ``words`` (``{tmp}`` filled in) must appear in what the command prints."""
+
+    name: str
+    make: Callable[[Path, Path], list[str]]
+    exit: int
+    words: tuple[str, ...] = ()
+    env: dict[str, str] = field(default_factory=dict)
 
 
-def test_a_timed_run_against_an_untimed_one_is_incomplete(runs, capsys):
-    assert main(["compare", str(runs / "timed"), str(runs / "untimed")]) == 4
-    out = capsys.readouterr().out
-    assert "1 graded row(s) timed in one run only (the new run was not timed" in out
-    assert main(["compare", str(runs / "untimed"), str(runs / "timed")]) == 4
-    assert "the base run was not timed" in capsys.readouterr().out
+def _bad_meta(patch: dict, verb: str):
+    def make(runs: Path, tmp: Path) -> list[str]:
+        bad = _copy(runs / "untimed", patch, to=tmp / "bad")
+        return [verb, str(bad)] if verb == "report" else [verb, str(runs / "untimed"), str(bad)]
+
+    return make
 
 
-def test_history_names_a_folder_that_is_not_a_run(runs, tmp_path, capsys):
-    not_a_run = tmp_path / "NOT_A_RUN"
-    not_a_run.mkdir()
-    (not_a_run / "notes.txt").write_text("hello")
-    assert main(["history", str(runs / "untimed"), str(not_a_run)]) == 2
-    assert f"{not_a_run}: not a run folder" in capsys.readouterr().err
-    half = tmp_path / "half"
-    half.mkdir()
-    shutil.copy(runs / "untimed" / "meta.json", half / "meta.json")  # results.parquet missing
-    assert main(["history", str(runs / "untimed"), str(half)]) == 2
-    assert f"{half}: not a run folder (no results.parquet)" in capsys.readouterr().err
+def _bad_rows(frame_fn, verb: str):
+    def make(runs: Path, tmp: Path) -> list[str]:
+        bad = _copy(runs / "timed", frame_fn=frame_fn, to=tmp / "bad")
+        return [verb, str(bad)] if verb == "history" else [verb, str(runs / "timed"), str(bad)]
+
+    return make
+
+
+def _folder(files: dict[str, Path | str]):
+    """A folder ``tmp/folder`` holding ``files`` (a run's file by its name, or text), handed to history."""
+
+    def make(runs: Path, tmp: Path) -> list[str]:
+        folder = tmp / "folder"
+        folder.mkdir()
+        for name, content in files.items():
+            if isinstance(content, Path):
+                shutil.copy(runs / content / name, folder / name)
+            else:
+                (folder / name).write_text(content)
+        return ["history", str(runs / "untimed"), str(folder)]
+
+    return make
+
+
+def _run_args(out: str, *extra: str, case: dict | None = None):
+    """``run`` of one case (the tiny one unless ``case``) into ``tmp/out``: ``out`` is "folder", "dangling"
+    (a symbolic link to nowhere) or an absolute path."""
+
+    def make(runs: Path, tmp: Path) -> list[str]:
+        cases = write_cases(tmp / "cases.toml", case or {"name": "tiny"})
+        target = tmp / "out"
+        if out == "dangling":
+            target.symlink_to(tmp / "nowhere")
+        elif out != "folder":
+            target = Path(out)
+        return ["run", str(cases), "--out", str(target), "--backend", "reference", "--no-progress", *extra]
+
+    return make
+
+
+def _runs_pair(base: str, new: str, verb: str = "compare"):
+    return lambda runs, tmp: [verb, str(runs / base), str(runs / new)]
+
+
+META_FIELDS = {"commit": {"commit": 5}, "gpus[0].gpu_name": {"gpus": [{}]}, "ceilings": {"ceilings": "fast"}}
+ROW_FAULTS = {
+    "column 'latency_us'": lambda f: f.assign(latency_us=["12.5"] * len(f)),
+    "column 'case'": lambda f: f.assign(case=list(range(len(f)))),
+    "holds no rows": lambda f: f.iloc[:0],
+}
+BIG_CASE = {"name": "prefill_8k", "num_q_heads": 32, "num_kv_heads": 8, "head_dim": 128, "seq_lens": [8192],
+            "q_lens": [8192]}  # fmt: skip
+HOSTILE = [
+    # A meta.json field of another type: a traceback or a silent exit 0 before it was checked.
+    *(Hostile(f"meta {name} to {verb}", _bad_meta(patch, verb), 2, (f"{{tmp}}/bad/meta.json: field '{name}'",))
+      for name, patch in META_FIELDS.items() for verb in ("compare", "history", "report")),
+    # A results.parquet column of another type, or no rows.
+    *(Hostile(f"results {words} to {verb}", _bad_rows(fault, verb), 2, (f"{{tmp}}/bad/results.parquet: {words}",))
+      for words, fault in ROW_FAULTS.items() for verb in ("compare", "history")),
+    Hostile("an untouched run to compare", _runs_pair("untimed", "untimed"), 0),
+    Hostile("untouched runs to history", _runs_pair("untimed", "timed", "history"), 0),
+    # A timed run compared with an untimed one: exit 0 before, as if nothing were slower.
+    Hostile("an untimed new run", _runs_pair("timed", "untimed"), 4,
+            ("1 graded row(s) timed in one run only (the new run was not timed",)),
+    Hostile("an untimed base run", _runs_pair("untimed", "timed"), 4, ("the base run was not timed",)),
+    # A folder without runs given to history: ignored before.
+    Hostile("a folder that is not a run", _folder({"notes.txt": "hello"}), 2, ("{tmp}/folder: not a run folder",)),
+    Hostile("a run folder without rows", _folder({"meta.json": Path("untimed")}), 2,
+            ("{tmp}/folder: not a run folder (no results.parquet)",)),
+    # A symlinked or unwritable --out: refused only after the work before.
+    Hostile("a dangling symlink as --out", _run_args("dangling", "--no-timing"), 2, ("{tmp}/out: is a symbolic link",)),
+    Hostile("an unwritable --out", _run_args("/proc/harness-cannot-write-here", "--no-timing"), 2, ("cannot",)),
+    Hostile("a case too large for memory", _run_args("folder", "--no-timing", case=BIG_CASE), 2,
+            ("case 'prefill_8k': field 'seq_lens': too large for cpu memory",)),
+    Hostile("a verify fraction past 1", _run_args("folder", "--verify-oracle-cache", "2"), 2,
+            ("give a fraction in (0, 1]",)),
+    Hostile("a sweep limit that is not a number", lambda runs, tmp: ["list", str(write_cases(tmp / "c.toml", {"name": "c"}))],
+            2, ("HARNESS_MAX_SWEEP_POINTS='lots'",), env={"HARNESS_MAX_SWEEP_POINTS": "lots"}),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize("hostile", HOSTILE, ids=lambda h: h.name)
+def test_a_hostile_input_gets_its_exit_code_and_says_why_before_any_work(hostile, runs, tmp_path, monkeypatch, capsys):
+    """No case runs and no inputs are built for any of them, and none ends in a traceback."""
+    from harness.cases import inputs
+    from harness.execute import local
+    from harness.run import runner
+
+    def work(*args, **kwargs):
+        raise AssertionError("work began on a hostile input")
+
+    args = hostile.make(runs, tmp_path)
+    for module, name in ((local, "run_cases"), (inputs, "make_inputs"), (runner, "make_inputs")):
+        monkeypatch.setattr(module, name, work)
+    for key, value in hostile.env.items():
+        monkeypatch.setenv(key, value)
+    try:
+        code = main(args)
+    except SystemExit as stop:  # argparse's refusals
+        code = stop.code
+    out, err = capsys.readouterr()
+    assert code == hostile.exit, out + err
+    for words in hostile.words:
+        assert words.format(tmp=tmp_path) in out + err, out + err
+    assert "Traceback" not in err and not list(tmp_path.glob("*.journal.jsonl"))
+    assert not (tmp_path / "out").exists() or (tmp_path / "out").is_symlink()  # no run folder either
 
 
 # --- run folders: the stale cleanup and --out -----------------------------------------------------
@@ -221,24 +301,6 @@ def test_stale_cleanup_says_a_stopped_run_is_stopped_and_leaves_other_users_runs
 
 def test_a_finished_run_folder_carries_no_marker(runs):
     assert not (runs / "untimed" / PARTIAL_MARKER).exists()
-
-
-def test_a_dangling_symlink_or_unwritable_out_is_refused_before_any_work(tmp_path, capsys, monkeypatch):
-    cases = write_cases(tmp_path / "tiny.toml", {"name": "tiny"})
-    link = tmp_path / "out"
-    link.symlink_to(tmp_path / "nowhere")
-    from harness.execute import local
-
-    def no_run(*args, **kwargs):
-        raise AssertionError("a case ran")
-
-    monkeypatch.setattr(local, "run_cases", no_run)
-    assert _run(link, cases, "--no-timing") == 2
-    assert f"{link}: is a symbolic link" in capsys.readouterr().err
-    assert not (tmp_path / "out.journal.jsonl").exists()
-    unwritable = Path("/proc/harness-cannot-write-here")  # a read-only file system, even for root
-    assert _run(unwritable, cases, "--no-timing") == 2
-    assert "cannot" in capsys.readouterr().err
 
 
 # --- case files: sweeps counted before they are built -----------------------------------------------
@@ -286,7 +348,7 @@ def test_a_six_field_sweep_of_600m_points_is_refused_fast_and_small(tmp_path):
     assert not (tmp_path / "out").exists() and not (tmp_path / "out.journal.jsonl").exists()
 
 
-def test_the_sweep_limit_counts_every_table_and_can_be_raised(tmp_path, monkeypatch, capsys):
+def test_the_sweep_limit_counts_every_table_and_can_be_raised(tmp_path, monkeypatch):
     from harness.cases.spec import CaseFileError, load_case_file
 
     path = write_cases(tmp_path / "two.toml", {"name": "a", "sweep": {"seed": [1, 2, 3]}},
@@ -300,9 +362,6 @@ def test_the_sweep_limit_counts_every_table_and_can_be_raised(tmp_path, monkeypa
     assert main(["run", str(path), "--out", str(tmp_path / "run"), "--backend", "reference", "--no-timing",
                  "--no-progress", "--max-sweep-points", "7"]) == 0  # fmt: skip
     assert os.environ["HARNESS_MAX_SWEEP_POINTS"] == "7"  # the flag sets it (monkeypatch restores it)
-    monkeypatch.setenv("HARNESS_MAX_SWEEP_POINTS", "lots")
-    assert main(["list", str(path)]) == 2
-    assert "HARNESS_MAX_SWEEP_POINTS='lots'" in capsys.readouterr().err
 
 
 def test_sequences_are_counted_over_the_sweep_before_any_point_is_built(tmp_path, monkeypatch):
@@ -440,26 +499,3 @@ def test_a_symlinked_entry_is_not_read(tmp_path, cache):
     cache.mkdir(parents=True)
     store.path(key).symlink_to(elsewhere / f"{key}.oracle")
     assert store.get(key, "cpu") is None
-
-
-def test_the_verify_fraction_is_checked(tmp_path, capsys):
-    cases = write_cases(tmp_path / "tiny.toml", {"name": "tiny"})
-    with pytest.raises(SystemExit) as stop:
-        _run(tmp_path / "run", cases, "--verify-oracle-cache", "2")
-    assert stop.value.code == 2 and "give a fraction in (0, 1]" in capsys.readouterr().err
-
-
-def test_a_case_too_large_for_memory_is_refused_before_any_tensor_is_built(tmp_path, monkeypatch, capsys):
-    from harness.cases import inputs
-    from harness.run import runner
-
-    def built(*args, **kwargs):
-        raise AssertionError("inputs were allocated before the memory estimate refused the case")
-
-    monkeypatch.setattr(inputs, "make_inputs", built)
-    monkeypatch.setattr(runner, "make_inputs", built)
-    cases = write_cases(tmp_path / "big.toml", {"name": "prefill_8k", "num_q_heads": 32, "num_kv_heads": 8,
-                                                "head_dim": 128, "seq_lens": [8192], "q_lens": [8192]})  # fmt: skip
-    assert _run(tmp_path / "run", cases, "--no-timing") == 2
-    assert "case 'prefill_8k': field 'seq_lens': too large for cpu memory" in capsys.readouterr().err
-    assert not (tmp_path / "run").exists() and not (tmp_path / "run.journal.jsonl").exists()

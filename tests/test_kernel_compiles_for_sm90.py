@@ -8,17 +8,12 @@ It runs in a fresh interpreter: in this process Triton was imported with TRITON_
 
 from __future__ import annotations
 
-import importlib.util
 import inspect
 import json
-import os
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 
-import kernels
+from tests.fresh_python import needs_ptxas, run_fresh
 
 COMPILE = r"""
 from kernels import triton_paged as tp
@@ -66,26 +61,7 @@ print("compiled")
 """
 
 
-def _ptxas_available() -> bool:
-    spec = importlib.util.find_spec("triton")
-    if spec is None or not spec.submodule_search_locations:
-        return False
-    tools = Path(next(iter(spec.submodule_search_locations))) / "backends" / "nvidia" / "bin"
-    return (tools / "ptxas").exists() and (tools / "cuobjdump").exists()
-
-
-needs_ptxas = pytest.mark.skipif(
-    not kernels.has_triton() or not _ptxas_available(), reason="needs Triton with its NVIDIA backend (ptxas, cuobjdump)"
-)
-ROOT = Path(__file__).resolve().parent.parent
-
-
-def run_fresh(*args: str) -> subprocess.CompletedProcess:
-    """python ARGS in a fresh interpreter from the repository's root, Triton compiling (not interpreting)."""
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"} | {"TRITON_DEFAULT_FP_FUSION": "1"}
-    return subprocess.run([sys.executable, *args], cwd=ROOT, env=env, capture_output=True, text=True)
-
-
+@pytest.mark.slow  # a fresh interpreter compiles through ptxas
 @needs_ptxas
 def test_kernels_compile_for_sm90_without_a_gpu():
     result = run_fresh("-c", COMPILE)
@@ -108,6 +84,7 @@ print("u32", loop(NUM_SPLITS=1, BLOCK_OFFS_U32=False), loop(NUM_SPLITS=1))
 """
 
 
+@pytest.mark.slow  # a fresh interpreter compiles through ptxas
 @needs_ptxas
 def test_the_split_decodes_tile_loop_is_no_longer_than_the_unsplit_ones():
     result = run_fresh("-c", LOOP)
@@ -125,6 +102,7 @@ def test_the_split_decodes_tile_loop_is_no_longer_than_the_unsplit_ones():
         )
 
 
+@pytest.mark.slow  # a fresh interpreter compiles through ptxas
 @needs_ptxas
 def test_the_sass_census_tables_a_launch_and_set_changes_its_count(tmp_path):
     """scripts/sass_census.py on one small launch: a table row of positive counts, the JSON the same, and

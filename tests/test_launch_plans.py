@@ -20,8 +20,8 @@ from kernels import launch_plan, tuning
 from kernels.contract import prepare_call
 from kernels.launch_plan import PlanCache, call_key, plans_enabled
 from kernels.tiling import tiling_for
-from tests.kernel_cases import BASE, CASES_BY_NAME
-from tests.test_call_validation import BAD_CALLS
+from tests.fresh_python import run_script
+from tests.kernel_cases import BAD_CALLS, BASE, CASES_BY_NAME
 
 
 def _triton():
@@ -340,8 +340,6 @@ def test_plans_off_keeps_none_and_the_env_var_turns_them_off(recorded):
         _launches(recorded, _base_args(), {})
         _launches(recorded, _base_args(), {})
     assert len(triton_paged.PLANS) == 0 and triton_paged.PLANS.hits == 0
-    from tests.test_scripts import run_script
-
     done = run_script("-c", "from kernels import launch_plan; print(launch_plan.enabled())", timeout=60)
     assert done.stdout.strip() == "True", done.stderr
     done = run_script("-c", "import os; os.environ['PAGED_ATTN_PLAN_CACHE'] = '0'; "

@@ -13,7 +13,7 @@ import pandas as pd
 import pytest
 
 import kernels
-from tests.test_kernel_compiles_for_sm90 import needs_ptxas, run_fresh
+from tests.fresh_python import needs_ptxas, run_fresh
 
 ROOT = Path(__file__).resolve().parents[1]
 EXAMPLE = ROOT / "examples" / "triton_paged_plugin.py"
@@ -44,6 +44,7 @@ print("compiled")
 """
 
 
+@pytest.mark.slow  # a harness run of the example in a fresh interpreter
 @pytest.mark.timeout(120)
 def test_the_example_triton_plugin_passes_its_cases_and_skips_the_one_outside_its_limits(tmp_path):
     if not kernels.has_triton():
@@ -62,6 +63,7 @@ def test_the_example_triton_plugin_passes_its_cases_and_skips_the_one_outside_it
     assert "--- output of" not in done.stderr
 
 
+@pytest.mark.slow  # a fresh interpreter compiles through ptxas
 @needs_ptxas
 def test_the_example_kernel_compiles_for_sm90_without_a_gpu():
     """The interpreter accepts programs the compiler rejects: the example's kernel goes through ptxas for an H200."""

@@ -7,6 +7,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from tests.tiny_cases import write_cases
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -29,6 +31,7 @@ def run(*args: str, cwd: Path = ROOT) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, *args], cwd=cwd, env=env, capture_output=True, text=True, timeout=300)
 
 
+@pytest.mark.slow  # the CLI, the case suite and the benchmarks in fresh interpreters
 def test_one_registration_reaches_the_cli_the_case_suite_and_the_benchmarks(tmp_path):
     plugin = tmp_path / "toy.py"
     plugin.write_text(TOY)

@@ -86,6 +86,7 @@ seq_lens = [8000, 64, 64, 64, 64, 64, 64, 64, 64, 64, 64, 64, 64, 64, 64, 64,
 MEASURED = [("prefill_oracle", PREFILL, "none"), ("ragged_gather_sdpa", RAGGED, "gather_sdpa")]
 
 
+@pytest.mark.slow  # peak memory measured in fresh interpreters
 def test_estimate_covers_the_measured_peak_within_a_factor(tmp_path):
     """Oracle-bound (1024 x 1024 prefill, 16 heads) and padded-peer-bound (a ragged batch)."""
     procs = {}

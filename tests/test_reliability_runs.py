@@ -109,6 +109,7 @@ def rows_of(out):
 # --- 2. no backend can end the run -------------------------------------------------------
 
 
+@pytest.mark.slow  # workers crash and one hangs past its limit
 def test_exit_segfault_hang_and_sys_exit_in_a_plugin_are_error_rows_and_the_run_goes_on(setup, capsys):
     """Case 'first' limits a call to 4 s (timeout_s); 'second' runs only `hangs`, which is hung by then."""
     write_cases(setup / "cases.toml", {**FIRST, "timeout_s": 4.0}, {**SECOND, "backends": ["hangs"]})
@@ -172,6 +173,7 @@ def test_sigterm_keeps_the_journal_and_resume_runs_only_the_missing_pairs(setup,
     assert not journal_path(out).exists(), "the journal goes once the folder is written"
 
 
+@pytest.mark.slow  # runs in fresh interpreters, one killed
 def test_a_sigkilled_run_is_reported_at_the_next_run_and_resumed(setup, capsys):
     (setup / "sigkill").touch()
     reports = setup / "reports"
@@ -364,6 +366,7 @@ def test_load_run_names_a_corrupt_meta_or_a_foreign_parquet(setup, capsys):
     assert "not a readable parquet file" in capsys.readouterr().err
 
 
+@pytest.mark.slow  # runs in fresh interpreters, one stopped
 def test_sigterm_during_the_final_write_leaves_no_partial_folder_and_keeps_the_journal(setup, capsys, monkeypatch):
     from harness.results import report
     from harness.run.guard import Terminated
@@ -383,6 +386,7 @@ def test_sigterm_during_the_final_write_leaves_no_partial_folder_and_keeps_the_j
 
 
 @pytest.mark.parametrize("isolate", ["plugins", "none"])
+@pytest.mark.slow  # a run in a fresh interpreter waits in a hanging call
 def test_the_users_ctrl_c_stops_a_run_inside_a_hanging_call_and_keeps_the_journal(setup, isolate):
     """A real Ctrl-C (SIGINT to the whole process group, as a terminal sends it) while `hangs` runs,
     in the worker or in-process: exit 130 within seconds, the journal kept, no error row for `hangs`."""

@@ -101,6 +101,7 @@ def _texts(driver, selector: str) -> list[str]:
     return [e.text for e in driver.find_elements(By.CSS_SELECTOR, selector) if e.is_displayed()]
 
 
+@pytest.mark.slow  # a browser and a harness run
 def test_the_review_page_works_in_a_browser(drawn_plots, run_dir, browser, tmp_path):
     from selenium.webdriver.common.by import By
     from selenium.webdriver.support.ui import Select

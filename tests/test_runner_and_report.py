@@ -206,6 +206,7 @@ def test_tol_ratio_is_the_margin_to_the_tolerance():
     assert not grade(expected + 1e-3, expected, atol=1e-5, rtol=1e-4).passed
 
 
+@pytest.mark.slow  # a pytest run in a fresh interpreter
 def test_pytest_option_writes_the_same_run_folder(tmp_path, case_file):
     """`pytest --cases F --harness-report DIR` grades every (case, backend) and stores the run."""
     import subprocess

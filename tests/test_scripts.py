@@ -103,6 +103,7 @@ def test_case_setup_cost_tables_each_part_for_each_thread_count():
     assert sum(line.startswith(("| inputs |", "| cache key |", "| oracle (computed) |")) for line in lines) == 3
 
 
+@pytest.mark.slow  # the script times interpreted calls
 def test_host_overhead_script_tables_the_three_calls_plans_off_and_on():
     done = run_script("scripts/self/host_overhead.py", "--dry", "--profile")
     assert done.returncode == 0, done.stderr
@@ -168,6 +169,7 @@ def test_noise_check_gpu_preset_runs_dry_on_the_cpu_and_prints_verdict_counts(tm
     assert lines[1].startswith("A_vs_C (triton_slowable +5%), compare: 2 rows") and "slower on " in lines[1]
 
 
+@pytest.mark.slow  # a harness run in a fresh interpreter
 def test_the_slowdown_plugin_runs_as_a_plugin_and_passes(tmp_path):
     cases = tmp_path / "c.toml"
     cases.write_text('[[case]]\nname = "c"\nnum_q_heads = 2\nnum_kv_heads = 1\nhead_dim = 32\nseq_lens = [5, 9]\n')
@@ -178,6 +180,7 @@ def test_the_slowdown_plugin_runs_as_a_plugin_and_passes(tmp_path):
     assert done.returncode == 0, done.stderr
 
 
+@pytest.mark.slow  # a checkout of HEAD timed against the tree
 def test_kernel_ab_times_head_against_the_tree_and_leaves_no_module_behind(tmp_path):
     done = run_script("scripts/kernel_ab.py", "--dry", "--out", str(tmp_path / "ab.json"))
     assert done.returncode in (0, 1), done.stderr
@@ -243,6 +246,7 @@ def test_kernel_ab_times_cases_with_options_passing_them_to_both_sides():
     assert seen["base"] and seen["new"] and all(k == ["k_scale", "v_scale"] for k in seen["base"] + seen["new"])
 
 
+@pytest.mark.slow  # a checkout of HEAD timed against the tree
 def test_kernel_ab_with_tiling_gives_the_base_side_the_base_revisions_split_choice_and_tuning(tmp_path, monkeypatch):
     """--with tiling tuning: the base kernel's tiling_for is the base revision's, whose tile_config is the base's
     tuning; the new side keeps the working tree's; a base split choice that differs is the one the base runs."""

@@ -151,6 +151,7 @@ DEVICE_SPLIT_PARAMS = [
         for p in DEVICE_SPLIT_PARAMS
     ],
 )
+@pytest.mark.slow  # long interpreted split-KV calls, a grid of them
 def test_tlsim_predicts_the_device_split(name, dtype, kv, options, monkeypatch):
     """The device split: each sequence cut by its own share of the batch, decided in the kernel from
     seq_lens; a one-split sequence written by its program, the rest combined. The kernel passes the

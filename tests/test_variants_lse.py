@@ -23,7 +23,7 @@ from harness.run.grading import grade
 from harness.run.oracle import paged_attention_oracle
 from harness.run.runner import RunConfig, case_inputs
 from kernels.cascade import cascade_attention, merge_attention_states
-from tests.test_attention_variants import BY_NAME, VariantCase, _tolerance
+from tests.variant_cases import BY_NAME, VariantCase, run_through_cache, tolerance
 
 LSE_CASES = [
     BY_NAME[name]
@@ -57,21 +57,19 @@ def test_backend_lse_matches_oracle(case: VariantCase, backend: str):
     assert result is out
     assert lse.dtype == torch.float32 and lse.shape == inputs.q.shape[:2]
     expected, expected_lse = _oracle(case, inputs)
-    assert grade(result, expected, *_tolerance(case)).passed
-    graded = grade(lse, expected_lse, *_tolerance(case))
+    assert grade(result, expected, *tolerance(case)).passed
+    graded = grade(lse, expected_lse, *tolerance(case))
     assert graded.passed, f"{backend} on {case}: lse {graded.reason}"
 
 
 def test_cache_returns_lse():
     case = BY_NAME["sinks_split_kv"]
     inputs = case.inputs()
-    from tests.test_attention_variants import _run_through_cache
-
     with_lse = VariantCase(case.name, case.base, {**case.options, "return_lse": True})
-    out, lse = _run_through_cache(with_lse, inputs)
+    out, lse = run_through_cache(with_lse, inputs)
     expected, expected_lse = _oracle(case, inputs)
-    assert grade(out, expected, *_tolerance(case)).passed
-    assert grade(lse, expected_lse, *_tolerance(case)).passed
+    assert grade(out, expected, *tolerance(case)).passed
+    assert grade(lse, expected_lse, *tolerance(case)).passed
 
 
 def test_lse_is_the_log_of_the_denominator_by_hand():
@@ -120,7 +118,7 @@ def test_oracle_catches_a_wrong_lse(mutant):
     case = BY_NAME["sinks_split_kv"]
     inputs = case.inputs()
     _, expected_lse = _oracle(case, inputs)
-    assert not grade(mutant(case, inputs), expected_lse, *_tolerance(case)).passed
+    assert not grade(mutant(case, inputs), expected_lse, *tolerance(case)).passed
 
 
 # --- merging partial attentions ----------------------------------------------------------------
@@ -149,10 +147,10 @@ def test_merge_of_two_partial_attentions_is_the_whole(backend):
     out_b, lse_b = fn(q, k_cache, v_cache, tail_table, tail_lens, None, return_lse=True)  # the sink once
     merged, lse = merge_attention_states(out_a, lse_a, out_b, lse_b)
     expected, expected_lse = _oracle(case, inputs)
-    assert grade(merged, expected, *_tolerance(case)).passed
-    assert grade(lse, expected_lse, *_tolerance(case)).passed
+    assert grade(merged, expected, *tolerance(case)).passed
+    assert grade(lse, expected_lse, *tolerance(case)).passed
     wrong, _ = merge_attention_states(out_a, lse_b, out_b, lse_a)  # weights swapped
-    assert not grade(wrong, expected, *_tolerance(case)).passed
+    assert not grade(wrong, expected, *tolerance(case)).passed
 
 
 def test_merge_weighs_a_part_with_no_key_zero():

@@ -219,6 +219,7 @@ def test_the_launch_takes_v_from_the_k_tile_only_for_the_view(monkeypatch):
 
 
 @pytest.mark.parametrize("name", ["mla_decode_2_head_tiles", "mla_split_kv_bf16"])
+@pytest.mark.slow  # long interpreted split-KV calls
 def test_latent_kv_gives_the_separate_tensors_output(name, monkeypatch):
     """V read from the K tile (SHARED_KV) against V loaded from a tensor of its own holding the same
     values, with the same tiles (V whole in both): identical outputs and lse; and the oracle's grade."""
