@@ -108,6 +108,7 @@ def main(args: argparse.Namespace) -> int:
     good, bad = commit_of(args.good, "GOOD"), commit_of(args.bad, "BAD")
     if good == bad:
         raise BadInput(f"GOOD {args.good} and BAD {args.bad} are the same commit {good[:12]}")
+    commits = commits_between(good, bad)
     device = args.device or default_device()
     if device == "cuda" and default_device() != "cuda":
         raise BadInput("--device cuda: no CUDA device is visible to torch")
@@ -119,7 +120,6 @@ def main(args: argparse.Namespace) -> int:
     paths = [str(Path(c).resolve()) for c in resolved_cases(args.cases)] or DEFAULT_CASES
     if not any(case.id == args.case for case in load(paths, device, None)):
         raise BadInput(f"--case {args.case}: no such case in {' '.join(paths)} (`harness list` shows the ids)")
-    commits = commits_between(good, bad)
     effect = args.min_effect if args.min_effect is not None else stats.default_effect(device)
     config = {
         "case_files": paths,

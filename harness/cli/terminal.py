@@ -93,19 +93,18 @@ def verdict_lines(frame: pd.DataFrame, code: int, *, most: int = 8, width: int =
     lines = [f"{word}: {len(frame)} rows" + (f": {tally}" if tally else "")]
     skips = frame[frame["status"] == "skip"]
     groups = skips.groupby(["backend", "reason"], sort=False).size().sort_values(ascending=False, kind="stable")
-    shared: dict[tuple[str, int], list[str]] = {}  # (reason without the backend's name, count) -> backends
+    shared: dict[tuple[str, int], list[tuple[str, str]]] = {}  # (reason less the backend's name, count) -> rows
     for (backend, reason), count in groups.items():
-        own = str(reason).removeprefix(f"{backend} ")
-        key = (own, int(count)) if own != reason else (f"{backend}\0{reason}", int(count))
-        shared.setdefault(key, []).append(backend)
-    for (reason, count), backends in list(shared.items())[:most]:
-        if len(backends) > 1:
-            line = f"skip {', '.join(backends)} ({count} each): {reason}"
+        own = str(reason).removeprefix(f"{backend} ")  # a reason that names its backend may be shared
+        shared.setdefault((own if own != reason else f"{backend}: {reason}", int(count)), []).append((backend, reason))
+    for (reason, count), named in list(shared.items())[:most]:
+        if len(named) > 1:
+            line = f"skip {', '.join(b for b, _ in named)} ({count} each): {reason}"
         else:
-            line = f"skip {backends[0]} ({count}): {reason.split(chr(0))[-1] or 'no reason given'}"
+            line = f"skip {named[0][0]} ({count}): {named[0][1] or 'no reason given'}"
         lines.append(line if len(line) <= width else line[: width - 3] + "...")
     if len(shared) > most:
-        rest = sum(count * len(b) for (_, count), b in list(shared.items())[most:])
+        rest = sum(count * len(named) for (_, count), named in list(shared.items())[most:])
         lines.append(f"... and {rest} more skips for {len(shared) - most} other reasons (the report lists them)")
     return "\n".join(lines)
 
