@@ -47,7 +47,10 @@ WAITS = {"first": 0.0, "second": 0.05, "third": 0.05}  # the second commit is th
 
 @pytest.fixture
 def repo(tmp_path, monkeypatch):
-    """A repository (the cwd) of three commits of slowpoke_kernel.py; the plugin and cases beside it."""
+    """A repository (the cwd) of three commits of slowpoke_kernel.py; the plugin and cases beside it.
+
+    Rounds are short (0.1 s of calls a build, not 0.8): the planted 50 ms a call shows in a few calls."""
+    monkeypatch.setattr("harness.review.confirm.ROUND_S", 0.1)
     root = tmp_path / "repo"
     root.mkdir()
     monkeypatch.chdir(root)
@@ -66,10 +69,11 @@ def repo(tmp_path, monkeypatch):
 
 
 @pytest.mark.slow
-@pytest.mark.timeout(240)
+@pytest.mark.timeout(600)  # about 1.5 min at load 2; worker starts dominate under load
 def test_continuous_runs_both_commits_and_confirms_the_slowdown_in_paired_rounds(repo, capsys):
     common = ["--cases", str(repo / "tiny.toml"), "--plugin", str(repo / "plugin.py"), "--backend", "slowpoke"]
-    argv = ["continuous", "HEAD~2", "HEAD", *common, "--min-effect", "0.5", "--out", str(repo / "runs"), "--json"]
+    argv = ["continuous", "HEAD~2", "HEAD", *common, "--min-effect", "0.5", "--out", str(repo / "runs"), "--json",
+            "--confirm-time", "3000"]  # fmt: skip
     assert main(argv) == 1
     out, err = capsys.readouterr()
     (row,) = json.loads(out)["rows"]
@@ -79,12 +83,12 @@ def test_continuous_runs_both_commits_and_confirms_the_slowdown_in_paired_rounds
 
 
 @pytest.mark.slow
-@pytest.mark.timeout(240)
+@pytest.mark.timeout(600)  # about 1.5 min at load 2; worker starts dominate under load
 def test_bisect_names_the_first_commit_where_the_row_got_slower(repo, capsys):
     from harness.backends.builtin import REGISTRY
 
     argv = ["bisect", "HEAD~2", "HEAD", "--case", "tiny", "--backend", "slowpoke", "--cases", str(repo / "tiny.toml"),
-            "--plugin", str(repo / "plugin.py"), "--min-effect", "0.5"]  # fmt: skip
+            "--plugin", str(repo / "plugin.py"), "--min-effect", "0.5", "--step-time", "3000"]  # fmt: skip
     registered = dict(REGISTRY)
     try:
         assert main(argv) == 0
