@@ -69,7 +69,7 @@ def repo(tmp_path, monkeypatch):
 
 
 @pytest.mark.slow
-@pytest.mark.timeout(600)  # about 1.5 min at load 2; worker starts dominate under load
+@pytest.mark.timeout(600)  # fresh worker processes each round: slow on a loaded machine
 def test_continuous_runs_both_commits_and_confirms_the_slowdown_in_paired_rounds(repo, capsys):
     common = ["--cases", str(repo / "tiny.toml"), "--plugin", str(repo / "plugin.py"), "--backend", "slowpoke"]
     argv = ["continuous", "HEAD~2", "HEAD", *common, "--min-effect", "0.5", "--out", str(repo / "runs"), "--json",
@@ -83,7 +83,7 @@ def test_continuous_runs_both_commits_and_confirms_the_slowdown_in_paired_rounds
 
 
 @pytest.mark.slow
-@pytest.mark.timeout(600)  # about 1.5 min at load 2; worker starts dominate under load
+@pytest.mark.timeout(600)  # fresh worker processes each round: slow on a loaded machine
 def test_bisect_names_the_first_commit_where_the_row_got_slower(repo, capsys):
     from harness.backends.builtin import REGISTRY
 
