@@ -261,7 +261,7 @@ def _run_and_write(args, device, cases, backends, plugin_backends, worker, journ
         threads=threads,
         logs=(str(staged_logs(run_dir)), str(run_dir / "logs")),
     )
-    printer = None if args.progress else row_printer(off_device(backends, device), len(cases))
+    printer = None
 
     journal_s = 0.0
 
@@ -280,6 +280,8 @@ def _run_and_write(args, device, cases, backends, plugin_backends, worker, journ
         journal.record_meta({**start_meta, "ceilings": ceilings, "timing_threads": threads, "shard": args.shard})
     print(f"{len(cases)} cases x {len(backends)} backends on {device}"
           + (f": {todo} to run, {len(done)} from the journal" if done else ""), file=sys.stderr)  # fmt: skip
+    if not args.progress:  # a line a row, after one line per backend that cannot run here
+        printer = row_printer(off_device(backends, device), len(cases))
     scale = run_rows(args, cases, config, on_row, done, worker)  # in this process, over --workers, or --ray
     merging = time.perf_counter()
     if sharded_cuda and args.timing and scale.get("gpus"):
