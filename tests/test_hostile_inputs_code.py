@@ -204,7 +204,8 @@ def test_resume_lets_timeout_win_and_refuses_options_that_change_results(setup, 
     assert args.timeout == 300.0 and args.isolate == "plugins"
     _journal(setup, setup / "timed", timing=True)
     for target, extra in [("run", ["--device", "cuda"]), ("run", ["--tag", "big"]),
-                          ("run", ["--oracle-device", "cuda"]), ("timed", ["--no-timing"])]:  # fmt: skip
+                          ("run", ["--oracle-device", "cuda"]), ("run", ["-k", "decode"]),
+                          ("timed", ["--no-timing"])]:  # fmt: skip
         assert main(["run", "--resume", str(setup / target), *extra]) == 2
         err = capsys.readouterr().err
         assert f"{extra[0]}" in err and "differs from the run" in err, err
