@@ -127,41 +127,26 @@ LONG_SPLIT_KEYS = 1024
 # C = DEVICE_SPLIT_SLACK: a piece holds at most C times the work one of TARGET_PROGRAMS program slots
 # takes when the batch's work is shared evenly (a ratio of ints: the rule runs in integers, the same on
 # the device and in tlsim); a uniform batch of at least TARGET_PROGRAMS / C programs (211 at 264) takes
-# one split a sequence. On an H200 (gpu_results/2026-12-02-h200-device-split, 6 paired rounds against
-# the kernel without it), the 64 lognormal lengths of llama3_8b_decode (1000-31024 keys), C 5/4 with 4
-# splits at most: fp8 538.9 -> 403.2 us, bf16 831.7 -> 663.9; every other decode of the GPU suites timed
-# "same" (0.999-1.011x), the extra programs and the combine launch included. C 17/16 with 8 splits was a
-# little faster there (400.5, 650.6) but splits uniform batches of 212-248 programs, which no run timed.
-# The host's ragged split it replaces (every sequence cut past 8192 keys) took that batch to 455 / 685 us
-# but cost uniform 16k-32k batches 6-12% (gpu_results/2026-12-01-h200-ragged-split).
+# one split a sequence. C 5/4 with at most 4 splits balances the 8B decode's ragged lengths on an H200 and
+# leaves every uniform decode of the GPU suites at its unsplit time (docs/performance.md, "fp8 KV caches").
 # The device split's programs are dispatched longest piece first (the kernel's _program_order: the grid's
 # linear block order given to the sequences sorted by split_size, each sequence's pieces and KV heads side
-# by side), so that the short pieces fill the tail instead of a long one starting last. Against the grid's
-# own order (gpu_results/2026-12-02-h200-longest-first, probe 2, 6 paired rounds): llama3_8b_decode_fp8
-# 405.7 -> 319.8 us, its bf16 twin 671.5 -> 567.0, llama3_8b_decode at block 16 353.8 -> 304.5,
-# decode_ragged_64x1k_8k 368.0 -> 307.2; the uniform batches the same. Taking every decode's programs KV head
-# fastest as well (probe 1) cost 4 x 16k 83.6 -> 120.8 us through its host split; without the sort it took
-# the device split's 8B batch 0.96x (bf16) and 1.02x (fp8): only the sort is kept, under the device split.
-# Every program of the launch sorts, those of the splits a sequence does not take included, and the sort's
-# code grows with the lanes (sm_90 SASS of the fp8 8B decode's launch, scripts/sass_census.py: 376 instructions
-# at 64 sequences, 416 at 128, 904 at 256, 4000 at 1024). Timed at 64 sequences only, it is taken up to
-# LONGEST_FIRST_MAX_SEQS; a larger batch keeps the grid's order.
+# by side), so that the short pieces fill the tail instead of a long one starting last. Every program of
+# the launch sorts, those of the splits a sequence does not take included, and the sort's code grows with
+# the lanes (sm_90 SASS of the fp8 8B decode's launch, scripts/sass_census.py: 376 instructions at 64
+# sequences, 416 at 128, 904 at 256, 4000 at 1024), so a batch past LONGEST_FIRST_MAX_SEQS keeps the
+# grid's order.
 LONGEST_FIRST_MAX_SEQS = 128
 DEVICE_SPLIT = True
 DEVICE_SPLIT_MAX_SEQS = 1024
 DEVICE_SPLIT_MAX_SPLITS = 4  # the grid's splits a (sequence, KV head), a power of two (the combine's arange)
-# The floor: lower, short uniform batches enter the split and pay for its idle programs (at 2048 / 1024 keys
-# the uniform decode_32x4k ran 1.03 / 1.06x, its hd64 form 1.04 / 1.10x, fp32 1.39 / 1.50x; gemma2's hd256 batch
-# 0.90x at 2048; halved at head_dim 256 alone, ragged batches there ran 0.81-0.92x, uniform ones 1.03-1.14x:
-# gpu_results/2026-12-02-h200-split-floor).
+# The floor: lower, short uniform batches would enter the split and pay for its idle programs.
 DEVICE_SPLIT_MIN_KEYS = 4096  # no sequence is cut into pieces of fewer keys than this target
 DEVICE_SPLIT_SLACK = (5, 4)
 # A piece is also at least DEVICE_SPLIT_MEAN_FACTOR times the batch's mean length, so only a sequence past
-# twice the mean is cut and a uniform batch never is. Without it the slack alone cut every sequence of a
-# uniform batch of 132-211 programs in two, and that ran slower than one program a sequence: 24 x 8k
-# 1.08x, 20 x 16k 1.10x, 17 x 8k 1.065x at head_dim 128; 24 x 4k at head_dim 256 1.14x
-# (gpu_results/2026-12-02-h200-split-band). Past 421 programs (C 5/4) the slack's piece is the larger, so
-# every device split the suites time (512 programs) cuts the same sequences as before.
+# twice the mean is cut and a uniform batch never is: the slack alone would cut every sequence of a uniform
+# batch of 132-211 programs in two, which runs slower than one program a sequence. Past 421 programs (C 5/4)
+# the slack's piece is the larger.
 DEVICE_SPLIT_MEAN_FACTOR = 2
 
 
@@ -183,9 +168,8 @@ def choose_tiling(
     ``max_q_len`` (a typical query length: it sets the tile height) and ``max_seq_len``
     (an upper bound of the KV lengths: it sets the split) are host-known, derived from
     shapes and hints by :func:`tiling_for`. ``max_seq_len`` 0 means no split. ``num_tokens`` defaults to num_seqs * max_q_len. ``fp32`` inputs keep BLOCK_M
-    at 16: their dots run in IEEE fp32 on CUDA cores, and a 64-row tile spills registers
-    (measured on an H200, gpu_results/2026-11-29-h200-tile-probe: prefill at head_dim 128
-    took 46 ms with BLOCK_M 64 and 3.7 ms with 16). Half-precision tiles keep 64 rows for
+    at 16: their dots run in IEEE fp32 on CUDA cores, and a 64-row tile spills registers.
+    Half-precision tiles keep 64 rows for
     tensor cores. ``windowed`` (a sliding window) keeps a decode out of the device split.
     """
     if group_size > 128:

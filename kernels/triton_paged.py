@@ -28,8 +28,7 @@ The idea, in a few lines:
   not add, while ``s - m`` is exact near the max (tests/kernel_cases.py, fp32 case
   ``large_logits_q40``). The fp32 dot itself errs about as much at such logits; that
   error stays. fp16 and bf16, whose p is rounded to 8 or 11 bits anyway, take the
-  multiply-add form ``exp2(s * c - m * c)`` (one instruction an element fewer: 1-3% of
-  prefill on an H200, gpu_results/2026-11-30-h200-prefill-probe).
+  multiply-add form ``exp2(s * c - m * c)`` (one instruction an element fewer).
 * Causality: query j of a sequence with q_len queries sits at position
   ``seq_len - q_len + j`` and sees keys ``0..position``. The tile loop stops at the last
   position any row of the program can see.
@@ -49,10 +48,10 @@ The idea, in a few lines:
   by tile: each element widened to the dots' dtype unscaled (exact), k_scale applied to the logits
   and v_scale to the accumulator (``_widen_fp8``). A decode launch runs those dots in fp16 under
   bf16 q too (FP16_DOTS: q scaled into fp16 exactly, ``_q_to_fp16``; p rounded to fp16) and reads
-  V as uint16 pairs of dims (V_PAIRS, ``_attend_tiles``): 0.59x the bf16 twin's time on 8B decodes
-  of 32 x 16k, 64 x 8k and 8 x 32k keys (gpu_results/2026-12-01-h200-fp8-round2), against 1.04x
-  with bf16 dots (fp8 -> bf16 goes through fp32 on sm_90) and V read from shared memory a byte at
-  a time. Prefill and verification keep q's dtype (the fp16 path was slower there). V's head dim may
+  V as uint16 pairs of dims (V_PAIRS, ``_attend_tiles``): fp8 -> bf16 goes through fp32 on sm_90,
+  fp8 -> fp16 is one native conversion for two values, and an fp8 V tile read as it is leaves
+  shared memory a byte at a time. Prefill and verification keep q's dtype (the fp16 path is slower
+  there). V's head dim may
   differ from K's (MLA: HEAD_DIM_V), and K past 256 columns is loaded in two power-of-two
   pieces (DIM_MAIN + DIM_TAIL: 576 = 512 + 64) whose dots add into the same logits, with a
   large group's heads tiled (HEADS_PER_PROGRAM, HEAD_TILES): 16 a program under fp32 q or an fp8
@@ -277,11 +276,10 @@ def _count_bad_blocks(block_table_ptr, seq, stride_bt_seq, first_col, end_col, n
 
     Checked once, before the tile loops, over the columns the program's tiles will read, so
     the loops need no value of the table beyond their (pipelined) loads' addresses and
-    masks. Checking inside the loop cost every tile a synchronous table load and a reduction
-    across the warps: the software pipeliner loads the next tile's K and V ahead, but a use
-    of the current tile's block ids in the softmax put a second, unpipelined load of them
-    at the top of each step (seen in the sm_90 TTGIR; H200 timings in
-    gpu_results/2026-11-30-h200-prefill-probe).
+    masks. Checked inside the loop, it would cost every tile a synchronous table load and a
+    reduction across the warps: the software pipeliner loads the next tile's K and V ahead, but a
+    use of the current tile's block ids in the softmax puts a second, unpipelined load of them at
+    the top of each step (seen in the sm_90 TTGIR).
     """
     bad = first_col * 0
     for start in range(first_col, end_col, CHUNK):
@@ -324,11 +322,10 @@ def _attend_tiles(
     POS_UNSIGNED (a split launch): its start, split * split_size, is not one the compiler can prove
     non-negative, so signed // and % by BLOCK_SIZE cost every tile sign fix-ups and 64-bit offsets. As
     unsigned (the same values: k_pos >= 0), with the start spelled a multiple of TILE_N, each key's slot
-    is a per-lane constant again: 1086 -> 791 SASS instructions a warp a 128-key tile of the 8B split
-    decode (unsplit: 801), 380 -> 302 a 32-key tile (unsplit: 295), sm_90, Triton 3.6. On an H200 the
-    split decodes took 1.4-6.2% less time (4 x 128k 542.5 -> 509.6 us, 8 x 32k 285.0 -> 268.3, 4 x 16k
-    88.5 -> 85.5; gpu_results/2026-12-02-h200-split-decode). The unsplit launch keeps the signed form,
-    which compiles 2-5% shorter there (its loop starts at a known 0).
+    is a per-lane constant again: 791 SASS instructions a warp a 128-key tile of the 8B split decode
+    where the signed form takes 1086 (unsplit: 801), 302 a 32-key tile against 380 (unsplit: 295),
+    sm_90, Triton 3.6. The unsplit launch keeps the signed form, which compiles 2-5% shorter there
+    (its loop starts at a known 0).
 
     BLOCK_OFFS_U32 (the launcher sets it when K's and V's block strides are in [2, 2^31)): a loaded row's block
     is in [0, num_blocks) (block_ok) and the strides are non-negative, so block * stride is the same value as an
@@ -337,19 +334,18 @@ def _attend_tiles(
     in unsigned compares (``block.to(uint32) < num_blocks`` is block >= 0 and block < num_blocks; the launcher
     passes num_blocks capped at 2^31, so the compare stays 32-bit) and k_valid
     dropped from the unmasked tiles (every key there is before seq_len), the loop of the 8B decode (128-key
-    tiles) compiles to 635 SASS instructions a warp a tile against 801 (sm_90, Triton 3.6; decode_32x4k_hd64
-    947 -> 676, the fp8 decode 1551 -> 1408). Same values, the same outputs bit for bit. An fp32 launch
-    (DOT_PRECISION "ieee": its dots on CUDA cores) keeps k_valid: without it ptxas spilled 864 bytes a thread
-    and the fp32 8B decode took 1.56x as long on an H200.
+    tiles) compiles to 635 SASS instructions a warp a tile against 801 in the signed form with k_valid (sm_90,
+    Triton 3.6; decode_32x4k_hd64 676 against 947, the fp8 decode 1408 against 1551). Same values, the same
+    outputs bit for bit. An fp32 launch (DOT_PRECISION "ieee": its dots on CUDA cores) keeps k_valid: without
+    it ptxas spills 864 bytes a thread.
 
     CAUSAL_ONLY_MASK (verify launches): the masked tiles' mask is causality alone. A row the kernel writes
     has a query position below seq_len (its token is below q_len), so a key it sees (k_pos <= q_pos) is before
     seq_len: k_valid adds nothing to the mask (the loads keep it). With the unmasked loop's end spelled a multiple
     of TILE_N (it is one), the q_len 8 verify's masked loop compiles to 1279 SASS instructions a warp a tile against
-    1555, its unmasked loop to 852 against 874 (sm_90, Triton 3.6); on an H200 spec_verify_32x4k at q_len 8 took
-    149.7 -> 146.1 us, q_len 2 and 4 and llama3_8b_spec_verify 0.994-0.997x (gpu_results/2026-12-02-h200-masked-tiles).
-    Prefill launches keep the longer form: with it prefill_4x4k took 1.029x as long (its masked loop 1439 -> 1230,
-    16x1k 0.973x, 1x8k 0.984x), and decode launches too: it compiled their unmasked loop up to 4% longer.
+    1555, its unmasked loop to 852 against 874 (sm_90, Triton 3.6). Prefill launches keep the longer form, which
+    runs prefill_4x4k faster on an H200 though its masked loop is longer, and decode launches too: the causal-only
+    mask compiles their unmasked loop up to 4% longer.
 
     V_PAIRS: p @ v contracts over keys, but a key's dims are what lie side by side in memory, and an
     8-bit operand cannot be transposed by ldmatrix, so an fp8 V tile taken as it is comes out of
@@ -636,8 +632,7 @@ def paged_attention_kernel(
     # A bad table entry among the columns the tiles below read (from kv_start, whole tiles,
     # keys before seq_len) turns every row of the program into NaN, as the contract says.
     # The walked length, min(whole tiles, seq_len - kv_start), without an int32 sum past seq_len: a
-    # garbage seq_len near 2^31 wrapped the tile-rounded end. (Done in int64 instead, decode_4x16k
-    # took 129 us against 88 on an H200: gpu_results/2026-11-30-h200-prefill-probe, probe 3.)
+    # garbage seq_len near 2^31 would wrap the tile-rounded end. (int64 arithmetic here is far slower.)
     span = tl.maximum(kv_end - kv_start, 0)
     tiles = span // TILE_N + (span % TILE_N > 0).to(tl.int32)
     room = tl.maximum(seq_len - kv_start, 0)

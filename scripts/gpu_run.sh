@@ -2,6 +2,7 @@
 # One call on a CUDA machine: check and time, leaving the results in $OUT. `nox -s gpu` runs this.
 #   bash scripts/gpu_run.sh [all|tests|suites|closeness] [harness run arguments...]   (default: all)
 #   versions.txt   GPU, driver, clocks, python/torch/triton versions, date, commit
+#   flashinfer_warmup.txt  FlashInfer's kernels for SUITES built before anything is timed (scripts/flashinfer_warmup.py)
 #   tests.log      (tests, all) the GPU tests natively (Triton compiled): `pytest -m gpu` over the
 #                  whole tree; the rest of the suite is CPU logic (or the interpreted kernel, which
 #                  fails without TRITON_INTERPRET=1 set) that CI runs
@@ -18,6 +19,7 @@
 # --finalize`: meta.json marks it incomplete and names the (case, backend) pairs that never ran).
 # Wheels of packages the image lacks (pydantic and its three helpers) travel in .whl/ (README: "On a GPU").
 set -uo pipefail
+case "${1:-}" in -h | --help) sed -n "2,19s/^# \{0,1\}//p" "$0"; exit 0 ;; esac
 MODE=${1:-all}
 OUT=${OUT:-gpu_out}
 SUITES=${SUITES:-cases/smoke.toml cases/gpu_peers.toml cases/gpu.toml cases/gpu_long.toml}
@@ -38,10 +40,14 @@ for line in sys.stdin:
 } | tee "$OUT/versions.txt"
 echo "start $START" >"$OUT/phases.raw"
 status=0
+# FlashInfer's kernels compile on first use: build the ones these suites need now, not inside a row's time limit
+# (FLASHINFER_WORKSPACE_BASE keeps them for the run's workers; without FlashInfer it prints one line)
+# shellcheck disable=SC2086
+python3 scripts/flashinfer_warmup.py $SUITES 2>&1 | tee "$OUT/flashinfer_warmup.txt" | tail -20
 if [ "$MODE" = all ] || [ "$MODE" = tests ]; then
   echo "tests_start $(date +%s.%N)" >>"$OUT/phases.raw"
-  # four workers share the GPU where pytest-xdist is installed (on an H200: 124 s serial in
-  # gpu_results/2026-12-01-h200-gpu-session-3, 72 s for more tests on 4 workers in 2026-12-02-h200-gpu-session-4)
+  # four workers share the GPU where pytest-xdist is installed (on an H200 the GPU tests take
+  # about half the time of one worker)
   WORKERS=$(python3 -c 'import xdist' 2>/dev/null && echo "-n 4")
   # shellcheck disable=SC2086
   python3 -m pytest -q -p no:cacheprovider $WORKERS -m gpu tests 2>&1 | tee "$OUT/tests.log" | tail -12
@@ -49,7 +55,7 @@ if [ "$MODE" = all ] || [ "$MODE" = tests ]; then
   echo "tests_end $(date +%s.%N)" >>"$OUT/phases.raw"
 fi
 if [ "$MODE" = closeness ]; then
-  python3 scripts/measure_tlsim_closeness.py 2>&1 | tee "$OUT/closeness.txt" | tail -3
+  python3 scripts/self/measure_tlsim_closeness.py 2>&1 | tee "$OUT/closeness.txt" | tail -3
 fi
 if [ "$MODE" = all ] || [ "$MODE" = suites ]; then
   LEFT=$((BUDGET_S - ${WRITE_S:-20} - ($(date +%s) - START)))
@@ -65,7 +71,7 @@ if [ "$MODE" = all ] || [ "$MODE" = suites ]; then
     python3 -m harness run --resume "$OUT/run" --finalize --no-progress 2>&1 | grep -v '^\[' | tail -12
   fi
 fi
-python3 scripts/gpu_phases.py "$OUT" | tee "$OUT/phases.txt"
+python3 scripts/self/gpu_phases.py "$OUT" | tee "$OUT/phases.txt"
 if [ -f "$OUT/run/meta.json" ]; then
   python3 scripts/kernel_targets.py "$OUT/run" >"$OUT/kernel_targets.txt" 2>&1 && grep '^## ' "$OUT/kernel_targets.txt"
 fi

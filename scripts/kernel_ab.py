@@ -23,9 +23,9 @@ By default only the kernel file is swapped: the tiling, the tuned table and the 
 tuning`` gives the base side those modules as of ``--base`` too (each imported as
 ``kernels._ab_base_<name>``, tuning first, the names each took from a swapped module rebound to the
 base's after it is imported: :func:`kernel_modules`), so that a change of the split choice or of a
-tuned entry is judged against its base like a kernel change. A base from
-before ``kernels/_common.py`` was split imports its helpers from ``._common``: they are served
-from the working tree's modules that hold them now (``SPLIT``; :func:`serve_split_modules`). The new
+tuned entry is judged against its base like a kernel change. A base kernel that imports its helpers
+from ``._common``, a module the working tree lacks, gets them from the working tree's modules that
+hold them (``SPLIT``; :func:`serve_split_modules`). The new
 side's output must match the base's within the case's tolerance, or the case is reported as
 "output differs" and not timed further. Exit 0: nothing slower; 1: a case slower or its output
 different; 2: a side that does not build or run (reported per case, or for the whole run when
@@ -33,9 +33,7 @@ a kernel does not import). Cases with options (the attention variants, an fp8 ca
 are timed too: the registry's triton backend passes the case's options to whichever side's
 entry it calls, the same keywords to both, so a change to the fp8 path or a variant is judged
 against its base like any other; a base whose entry does not take an option is that case's
-error row (exit 2), not a reason to leave the case out. The earlier form of this script
-(``gpu_results/2026-11-30-h200-prefill-probe/kernel_probe.py``) ran on an H200 four times; it
-found the 88 -> 129 us regression of decode_4x16k that an int64 bound caused.
+error row (exit 2), not a reason to leave the case out.
 """
 
 from __future__ import annotations
@@ -72,7 +70,7 @@ ROOT = Path(__file__).resolve().parents[1]
 KERNEL = Path("kernels") / "triton_paged.py"
 MIN_ROUNDS = 6  # 2 / 2^6 < 0.05: six pairs all one way exclude 1 from the exact signed-rank interval
 SIDES = ("base", "new")
-SPLIT = {"_common": ("contract", "tiling", "fp8")}  # a module of kernels/ that was split -> the modules now
+SPLIT = {"_common": ("contract", "tiling", "fp8")}  # a base's module of kernels/ -> the modules holding its names
 WITH = ("tuning", "tiling")  # modules --with can take from the base, in the order they are imported
 
 
@@ -113,7 +111,7 @@ def _import(name: str, path: Path, text: str, what: str):
     sys.modules[name] = module = importlib.util.module_from_spec(spec)
     try:
         spec.loader.exec_module(module)
-    except Exception as error:  # a half-edited kernel, or a revision that no longer imports here
+    except Exception as error:  # a half-edited kernel, or a revision that does not import here
         raise ABError(f"{what} does not import: {type(error).__name__}: {error}") from None
     return module
 

@@ -6,9 +6,9 @@ Every number comes from the run's results.parquet (rows that passed), so a table
 with this names its run. The targets, each a ratio measured side by side in one run:
 
     host        not scored here: the 20 us target is a hot loop's host time per call, which
-                scripts/host_overhead.py measures. A row's host_us is one call's host time right
-                after the device drained, with cold host caches: 35-255 us for SDPA and the kernel
-                alike on an H200 (gpu_results/2026-11-30-h200-host-us); the script prints
+                scripts/self/host_overhead.py measures. A row's host_us is one call's host time right
+                after the device drained, with cold host caches (tens to hundreds of us on an
+                H200, docs/performance.md); the script prints
                 the kernel's median host_us against the best peer's instead, as information
     eager       decode: the default eager call against SDPA's eager call, at most 1.10x
     decode      decode device time against the best peer's, at most 1.05x
@@ -36,7 +36,7 @@ import pandas as pd
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from harness.results.storage import load_run
-from scripts.peer_table import peer_table
+from scripts.self.peer_table import peer_table
 
 READ_TARGET_BYTES = 256 * 2**20
 MLA_TARGET_FLOPS = 10**10  # an MLA decode at serving size (DeepSeek-V3's 32 x 1k-8k: 3.5e10), not a small test case

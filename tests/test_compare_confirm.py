@@ -17,7 +17,7 @@ from harness.review.confirm import _one_round, _plugins, confirm_slower
 from tests import review_frames as rf
 
 ROOT = Path(__file__).resolve().parents[1]
-PLUGIN = ROOT / "scripts" / "slowdown_plugin.py"
+PLUGIN = ROOT / "scripts" / "self" / "slowdown_plugin.py"
 CASE_FILE = """
 [[case]]
 name = "tiny"

@@ -98,7 +98,7 @@ def _scale_table(run_dir) -> str:
     import io
     from contextlib import redirect_stdout
 
-    from harness.execute.scale_table import main as table_main
+    from scripts.self.scale_table import main as table_main
 
     printed = io.StringIO()
     with redirect_stdout(printed):

@@ -13,7 +13,7 @@ import pandas as pd
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-COMMITTED_RUN = ROOT / "gpu_results" / "2026-11-30-h200-honest"
+COMMITTED_RUN = ROOT / "tests" / "data" / "h200_run"
 
 
 def run_script(*args: str, timeout: float = 300) -> subprocess.CompletedProcess:
@@ -22,26 +22,44 @@ def run_script(*args: str, timeout: float = 300) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, *args], cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout)
 
 
+@pytest.mark.parametrize("tool", ["tune_tiles.py", "kernel_ab.py", "kernel_targets.py", "sass_census.py", "mutants.py",
+                                  "flashinfer_warmup.py", "gpu_run.sh", "gpu_wheels.sh"])  # fmt: skip
+def test_each_kernel_developer_tool_answers_help_with_its_usage(tool):
+    if tool.endswith(".sh"):
+        done = subprocess.run(
+            ["bash", f"scripts/{tool}", "--help"], cwd=ROOT, capture_output=True, text=True, timeout=60
+        )
+    else:
+        done = run_script(f"scripts/{tool}", "--help", timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert f"scripts/{tool}" in done.stdout or "usage:" in done.stdout, done.stdout
+
+
 def test_every_script_is_exercised_here():
-    exercised = {"peer_table.py", "measure_tlsim_closeness.py", "gpu_run.sh", "noise_check.py", "slowdown_plugin.py"}
-    exercised |= {"tune_tiles.py", "kernel_targets.py", "gpu_scale.sh", "host_overhead.py", "gpu_evidence.sh"}
-    exercised |= {"gpu_wheels.sh"}
-    exercised |= {"case_setup_cost.py", "kernel_ab.py", "gpu_phases.py"}
-    exercised |= {"mutants.py", "mutants.toml", "compare_targets.py"}  # tests/test_mutants.py
+    """scripts/ holds the kernel developer's tools, scripts/self/ the harness's measurements of itself."""
+    exercised = {"tune_tiles.py", "kernel_targets.py", "kernel_ab.py", "gpu_run.sh", "gpu_wheels.sh"}
+    exercised |= {"mutants.py", "mutants.toml"}  # tests/test_mutants.py
     exercised |= {"sass_census.py"}  # tests/test_kernel_compiles_for_sm90.py
-    assert {p.name for p in (ROOT / "scripts").iterdir() if p.is_file()} <= exercised, (
-        "a new script needs a dry run here"
-    )
+    exercised |= {f"self/{name}" for name in ("peer_table.py", "measure_tlsim_closeness.py", "noise_check.py")}
+    exercised |= {f"self/{name}" for name in ("slowdown_plugin.py", "gpu_scale.sh", "host_overhead.py")}
+    exercised |= {f"self/{name}" for name in ("gpu_evidence.sh", "case_setup_cost.py", "gpu_phases.py")}
+    exercised |= {"flashinfer_warmup.py"}  # tests/test_flashinfer_peer.py
+    exercised |= {"self/compare_targets.py", "self/scale_table.py"}  # tests/test_scale_gpus_and_resume.py
+    scripts = ROOT / "scripts"
+    present = {
+        p.relative_to(scripts).as_posix() for p in scripts.rglob("*") if p.is_file() and "__pycache__" not in p.parts
+    }
+    assert present <= exercised, "a new script needs a dry run here"
 
 
 def test_peer_table_states_the_kernel_against_the_best_peer_of_the_committed_run():
-    done = run_script("scripts/peer_table.py", str(COMMITTED_RUN), "--backend", "triton")
+    done = run_script("scripts/self/peer_table.py", str(COMMITTED_RUN), "--backend", "triton")
     assert done.returncode == 0, done.stderr
     assert "| prefill_4x4k | 2.28e+03 |" in done.stdout and "sdpa_contiguous" in done.stdout
 
 
 def test_closeness_script_runs_on_the_first_kernel_cases():
-    done = run_script("scripts/measure_tlsim_closeness.py", "--limit", "2")
+    done = run_script("scripts/self/measure_tlsim_closeness.py", "--limit", "2")
     assert done.returncode == 0, done.stderr
     assert len([line for line in done.stdout.splitlines() if line.strip()]) == 3
 
@@ -77,7 +95,7 @@ def test_tile_tuner_times_two_candidates_and_prints_a_table_line(tmp_path):
 
 
 def test_case_setup_cost_tables_each_part_for_each_thread_count():
-    done = run_script("scripts/case_setup_cost.py", "cases/smoke.toml", "spec_verify_mha", "--threads", "1", "2",
+    done = run_script("scripts/self/case_setup_cost.py", "cases/smoke.toml", "spec_verify_mha", "--threads", "1", "2",
                       "--repeat", "1")  # fmt: skip
     assert done.returncode == 0, done.stderr
     lines = done.stdout.splitlines()
@@ -86,7 +104,7 @@ def test_case_setup_cost_tables_each_part_for_each_thread_count():
 
 
 def test_host_overhead_script_tables_the_three_calls_plans_off_and_on():
-    done = run_script("scripts/host_overhead.py", "--dry", "--profile")
+    done = run_script("scripts/self/host_overhead.py", "--dry", "--profile")
     assert done.returncode == 0, done.stderr
     rows = [line for line in done.stdout.splitlines() if line.startswith("| ")]
     assert rows[0].startswith("| call | host us, plans off | host us, plans on |") and len(rows) == 4
@@ -95,7 +113,7 @@ def test_host_overhead_script_tables_the_three_calls_plans_off_and_on():
 
 
 def test_host_overhead_cpu_hit_path_times_each_step_of_a_plan_hit():
-    done = run_script("scripts/host_overhead.py", "--cpu-hit-path", "--dry")
+    done = run_script("scripts/self/host_overhead.py", "--cpu-hit-path", "--dry")
     assert done.returncode == 0, done.stderr
     rows = [line for line in done.stdout.splitlines() if line.startswith("| ")]
     assert rows[0].startswith("| step | us per call") and len(rows) >= 10
@@ -105,7 +123,7 @@ def test_host_overhead_cpu_hit_path_times_each_step_of_a_plan_hit():
 
 def test_gpu_run_scripts_are_valid_bash():
     """gpu_run.sh, gpu_evidence.sh (and the wheels they source) only orchestrate scripts with dry runs here."""
-    for script in ("gpu_run.sh", "gpu_evidence.sh", "gpu_wheels.sh"):
+    for script in ("gpu_run.sh", "self/gpu_evidence.sh", "gpu_wheels.sh"):
         done = subprocess.run(["bash", "-n", str(ROOT / "scripts" / script)], capture_output=True, text=True)
         assert done.returncode == 0, done.stderr
 
@@ -118,7 +136,7 @@ def test_gpu_scale_script_dry_runs_one_and_two_workers_and_tables_them(tmp_path)
     env = {**os.environ, "DRY": "1", "OUT": str(tmp_path / "out"), "SUITES": str(cases), "WORKERS": "1 2",
            "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}  # fmt: skip
     done = subprocess.run(
-        ["bash", "scripts/gpu_scale.sh"], cwd=ROOT, env=env, capture_output=True, text=True, timeout=300
+        ["bash", "scripts/self/gpu_scale.sh"], cwd=ROOT, env=env, capture_output=True, text=True, timeout=300
     )
     assert done.returncode == 0, done.stderr
     speed, phases = (tmp_path / "out" / "scale" / "table.md").read_text().split("\n\nwhere the cases' busy time went")
@@ -129,7 +147,7 @@ def test_gpu_scale_script_dry_runs_one_and_two_workers_and_tables_them(tmp_path)
 
 
 def test_noise_check_script_answers_help():
-    done = run_script("scripts/noise_check.py", "--help", timeout=60)
+    done = run_script("scripts/self/noise_check.py", "--help", timeout=60)
     assert done.returncode == 0, done.stderr
 
 
@@ -141,7 +159,7 @@ def test_noise_check_gpu_preset_runs_dry_on_the_cpu_and_prints_verdict_counts(tm
         "block_size = 4\nseq_lens = [5, 9]\n"
     )
     done = run_script(
-        "scripts/noise_check.py", "--gpu", "--device", "cpu", "--cases", str(cases), "--out", str(tmp_path / "nc"),
+        "scripts/self/noise_check.py", "--gpu", "--device", "cpu", "--cases", str(cases), "--out", str(tmp_path / "nc"),
         "--min-reps", "2", timeout=600,
     )  # fmt: skip
     assert done.returncode == 0, done.stderr[-3000:]
@@ -154,7 +172,7 @@ def test_the_slowdown_plugin_runs_as_a_plugin_and_passes(tmp_path):
     cases = tmp_path / "c.toml"
     cases.write_text('[[case]]\nname = "c"\nnum_q_heads = 2\nnum_kv_heads = 1\nhead_dim = 32\nseq_lens = [5, 9]\n')
     done = run_script(
-        "-m", "harness", "run", str(cases), "--plugin", "scripts/slowdown_plugin.py", "--backend", "reference_slowable",
+        "-m", "harness", "run", str(cases), "--plugin", "scripts/self/slowdown_plugin.py", "--backend", "reference_slowable",
         "--out", str(tmp_path / "run"), "--no-timing", "--no-progress",
     )  # fmt: skip
     assert done.returncode == 0, done.stderr
@@ -264,7 +282,7 @@ def test_kernel_ab_exits_2_on_a_base_it_cannot_read_and_leaves_no_module_behind(
     assert not list((ROOT / "kernels").glob("_ab_*.py"))
 
 
-def test_kernel_ab_runs_a_base_from_before_kernels_common_was_split(tmp_path):
+def test_kernel_ab_serves_a_base_kernels_common_imports_from_contract_tiling_and_fp8(tmp_path):
     """A base whose kernel imports ``._common`` gets its helpers from contract.py, tiling.py and fp8.py."""
     import kernels
     from scripts.kernel_ab import MIN_ROUNDS, dry_case, kernel_modules, remove_modules, time_case
@@ -294,18 +312,18 @@ def test_kernel_ab_reports_a_kernel_that_fails_as_an_error_not_a_verdict():
     assert record["verdict"] == "error" and "the base kernel failed: TypeError" in record["why"]
 
 
-def test_gpu_phases_remakes_the_phase_table_of_the_committed_gpu_session(tmp_path):
-    session = ROOT / "gpu_results" / "2026-12-01-h200-gpu-session"
+def test_gpu_phases_remakes_the_phase_table_of_a_gpu_run(tmp_path):
+    recorded = ROOT / "tests" / "data" / "gpu_run_phases"
     for name in ("phases.raw", "run.log", "run.journal.jsonl", "tests.log"):
-        (tmp_path / name).write_bytes((session / name).read_bytes())
-    done = run_script("scripts/gpu_phases.py", str(tmp_path))
+        (tmp_path / name).write_bytes((recorded / name).read_bytes())
+    done = run_script("scripts/self/gpu_phases.py", str(tmp_path))
     assert done.returncode == 0, done.stderr
-    assert done.stdout.strip() == (session / "phases.txt").read_text().strip()
+    assert done.stdout.strip() == (recorded / "phases.txt").read_text().strip()
 
 
 def test_compare_targets_suite_loads_and_its_table_reader_reads_compare_rows(tmp_path):
     from harness.cases.loading import load_cases
-    from scripts import compare_targets
+    from scripts.self import compare_targets
 
     (tmp_path / "planted.toml").write_text(compare_targets.PLANTED_CASES)
     assert len(load_cases([tmp_path / "planted.toml"], device="cpu")) == 3

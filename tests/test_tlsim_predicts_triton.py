@@ -4,17 +4,17 @@ tolerance of the Triton kernel, much closer than the backends sit to the oracle'
 Bound, elementwise: fp32, half the tolerance (atol/2 + rtol/2 * |triton|); fp16/bf16, two
 output ulps (2 * eps * |triton|, |triton| floored at 2^-6), since tlsim rounds p and the
 output exactly where the kernel does.
-Measured under the CPU interpreter (scripts/measure_tlsim_closeness.py): the largest gap is
+Measured under the CPU interpreter (scripts/self/measure_tlsim_closeness.py): the largest gap is
 2-10% of the tolerance on ordinary fp32 cases, and fp16/bf16 outputs are bit-identical
-except one fp16 ulp on one element. GPU numbers are in gpu_results/.
+except one fp16 ulp on one element. On a GPU these tests run under `pytest -m gpu`
+(gpu_results/2026-12-02-h200-gpu-suites/tests.log).
 
 On a GPU the dots' fp32 sums run in the tensor cores' order, not torch's, and a logit that moves
-can flip a rounding of p: the bf16 MLA case (K 576) measured 2.5 ulps on 2 of 131072 elements on
-an H200, hence three ulps past head dim 512 there (gpu_results/2026-12-02-h200-mla-latent). A bf16
-prefill at head dim 128 (8 q / 2 KV heads, lengths 200 and 90, queries 200 and 40; not among the
-cases here) measured one element of 245,760 at 2.5x the two-ulp bound on an H200, under today's
-tiles too (gpu_results/2026-12-02-h200-prefill-pipeline): how closely tlsim models the GPU's
-half-precision prefill is an open question, which these cases do not settle.
+can flip a rounding of p: the bf16 MLA case (K 576) puts a few elements past two ulps on an H200
+(2.5 at most), hence three ulps past head dim 512 there. A bf16 prefill at head dim 128 (8 q / 2 KV
+heads, lengths 200 and 90, queries 200 and 40; not among the cases here) puts one element of 245,760
+at 2.5x the two-ulp bound on an H200: how closely tlsim models the GPU's half-precision prefill is an
+open question, which these cases do not settle.
 
 The fp32 large-logit case (input_scale 6: logits of ~90) is held to the whole tolerance
 instead of half: there each logit carries an fp32 rounding of ~1e-5 that depends on the
@@ -57,9 +57,8 @@ def test_tlsim_predicts_triton_far_inside_tolerance(case):
         allowed = share * (atol + rtol * real.abs())
     else:  # the same roundings in the same places: at most two output ulps apart
         # (three for K 576 on a GPU: the tensor cores' fp32 sum order over 576 dims moves a logit
-        # enough to flip a p rounding now and then; 2.5 ulps at 2 of 131072 elements on an H200,
-        # the same with V a view of K, the view run as two tensors, or V a copy:
-        # gpu_results/2026-12-02-h200-mla-latent/tlsim_gap.log)
+        # enough to flip a p rounding now and then, whether V is a view of K, the view run as two
+        # tensors, or V a copy)
         ulps = 3 if DEVICE == "cuda" and case.head_dim > 512 else 2
         allowed = ulps * torch.finfo(inputs.q.dtype).eps * real.abs().clamp_min(2**-6)
     assert bool((gap <= allowed).all()), f"{case.name}: tlsim is {float(gap.max()):.3g} from the kernel"

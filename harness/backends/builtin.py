@@ -106,8 +106,9 @@ add_backend(Backend("cache", _prepare_cache, ("cpu", "cuda"), "engine path",
                     "write through PagedKVCache's slot mapping, then its dispatched read",
                     options=frozenset(VARIANT_OPTIONS) - {"latent_kv"}))  # fmt: skip
 
-# The peers register after the kernels, and flex_paged after the peers (the registry keeps this order).
-from harness.backends import flex_paged, peers  # noqa: E402, F401
+# The peers register after the kernels, then flex_paged and flashinfer (the registry keeps this order).
+from harness.backends import flex_paged, peers  # noqa: E402, F401, I001
+from harness.backends import flashinfer_peer  # noqa: E402, F401
 
 
 def register_backend(

@@ -275,9 +275,9 @@ def worker_threads(run_threads: int | None, workers: int) -> int:
     """torch intra-op threads per worker: the run's (or every core) split between the workers.
 
     On CUDA too: each worker still builds its case's inputs and grades on the host, with
-    OpenMP-parallel torch ops; two workers that each kept torch's default (every core) ran
-    64 spinning threads on a 32-core H200 host, and the pair took 81 s where one worker took
-    59 (gpu_results/2026-11-30-h200-variants-split-tiles/scale)."""
+    OpenMP-parallel torch ops; two workers that each kept torch's default (every core) would run
+    twice as many spinning threads as the host has cores, and the pair would be slower than one
+    worker."""
     return max(1, (run_threads or os.cpu_count() or 1) // max(1, workers))
 
 

@@ -1,113 +1,65 @@
 """``compare --confirm``: re-time the doubtful rows, alternating the two builds step by step.
 
-Two runs made minutes apart on a shared machine see different loads: on a busy 2-core
-box whole runs drift by 30% and more, while the samples inside one run are tight, so a
-row can look "slower" with a tiny p-value because the machine was busier. No statistic
-over two separate runs can tell that apart; timing both builds under the same load can.
-Confirm mode does that, in the manner of ``asv continuous``:
+Two runs made minutes apart on a shared machine see different loads: whole runs drift by
+30% and more while the samples inside one run are tight, so a row can look "slower" with a
+tiny p-value because the machine was busier. No statistic over two separate runs can tell
+that apart; timing both builds under the same load can. Confirm mode does that, in the
+manner of ``asv continuous`` (the measurements behind each choice: docs/review.md, "Why
+``--confirm`` exists"):
 
 1. each run's commit (meta.json ``commit``) is checked out with ``git worktree add
    --detach`` into a temporary folder (or given: ``checkouts``);
 2. each round starts one fresh worker process per build in its checkout (its own
    ``harness`` and ``kernels`` on PYTHONPATH, the plugins given with ``--plugin`` loaded, torch
-   threads as the run recorded in ``timing_threads``); a worker builds a row's inputs and
-   answers "time (case, backend)" with the samples of that build's ``time_call``;
+   threads as the run recorded in ``timing_threads``, torch's ``THP_MEM_ALLOC_ENABLE=1`` so
+   that large CPU tensors sit on huge pages: a process keeps its own speed otherwise); a worker
+   builds a row's inputs and answers "time (case, backend)" with that build's ``time_call``;
 3. in each round, every chosen row (by default those judged slower or "cannot tell";
    ``all``: every timed row) is timed by base and new **alternating step by step**: the
-   parent drives both workers, one step at a time, A B B A A B ... (A = base, or new on
-   every second round). A step is a warm-up call and then about ``STEP_S`` (5 ms) of
-   timed calls, one call at least, so a 20 ms call is timed one call at a time, each base
-   call next to a new one. The first step is one call per build, and the faster of the
-   two sets the plan (:func:`step_plan`): about ``ROUND_S`` (0.8 s) of timed calls per
-   build, in at most 24 steps (a 1 s Triton-interpreter call: one step). On CUDA one
-   ``time_call`` block per build, as before. Rows of one call a step run with both
-   workers pinned to one CPU (``os.sched_setaffinity``; the CPUs in turn, round by round).
-   Why, measured on this busy 2-core box (2 co-runners of bursty matmul and copies, load
-   3-6; 14 rounds of fresh process pairs per variant; ``reference_slowable`` +25% on
-   ``long_half_accumulation`` fp16, about 5 ms alone, 10-25 ms a call under that load): the
-   spread (sd) of the per-round log ratio was 0.68 with the rule before (each build's
-   ~10 calls in one block, p10 of each), 0.40 alternating call by call (p10 of 10 calls
-   a build), 0.24 with the blocks pinned to one CPU and **0.17 alternating and pinned**
-   (the median of per-pair ratios instead of p10: 0.25). A 10-30 ms call never runs a
-   whole time slice alone under load, so no sample is clean, and a block of 10 such
-   calls spans 0.1-0.3 s, longer than a co-runner's burst: one build's block falls in a
-   burst and the other's not. Adjacent calls share the burst; pinned to one CPU, the
-   scheduler moves the co-runners to the other CPU rather than the worker. For a 0.7 ms
-   call (``decode_gqa`` fp32) alternating was at least as good as blocks (sd 0.05
-   against 0.07) and pinning made it worse (sd 0.45 from one preempted round; robust
-   spread 0.053 against 0.031), so short rows are not pinned. The spread sets the rounds
-   a row needs: on ``tests/test_compare_paired.py``'s simulated busy box (calibrated to
-   those spreads) a +25% 20 ms row was flagged 45 times in 50 with 12 steps and 50 in 50
-   with 24, and with 0.5 s of calls a round (18-20 steps under load) 75 times in 80. The
-   plan is read in the round, not from the compared runs: runs made under heavier load
-   recorded 0.2-0.7 s for calls of 10-30 ms, which gave the long rows 4 steps;
+   parent drives both workers, A B B A A B ... (A = base, or new on every second round). A
+   step is a warm-up call and then about ``STEP_S`` (5 ms) of timed calls, one call at least,
+   so a 20 ms call is timed one call at a time, each base call next to a new one: adjacent
+   calls share a co-runner's burst. The first step (one call per build) sets the plan
+   (:func:`step_plan`), read in the round rather than from the compared runs: about
+   ``ROUND_S`` (0.8 s) of timed calls per build, in at most 24 steps. On CUDA one
+   ``time_call`` block per build. Rows of one call a step run with both workers pinned to one
+   CPU (``os.sched_setaffinity``; the CPUs in turn, round by round), so that the scheduler
+   moves the co-runners rather than the worker; short rows are not pinned, since one
+   preempted round then costs them more than pinning gains;
 4. each round gives one observation per build: the 10th percentile of its samples of the
-   round (``ROUND_QUANTILE``), the time of a call the scheduler left alone. On a 2-core
-   box with load 8, a 0.8 ms call took either about 0.8 ms or about 10 ms (preempted for
-   a time slice), so a median moves with the share of preempted calls, which the load
-   sets: the per-round log ratio of an unchanged row had a spread of 0.11 with the
-   median and 0.04 with p10, and 0.13 against 0.02 on another row (measured here, 10
-   rounds). A slower build is slower uninterrupted too. A process also has its own
-   persistent speed (memory placement: two identical processes on this loaded 2-core
-   machine differed by 1.5-2x for a whole session, even pinned to one CPU), so samples
-   of one process are not independent observations, while fresh processes per round make
-   that effect part of the noise. For rows with large inputs that effect dominated: the
-   real round driver on ``long_half_accumulation`` fp16 +25% alone, both workers pinned,
-   gave round ratios of either about 1.25 or about 3 or 0.5 (sd of the log ratio 0.71 and
-   0.40 in two batches of 10 rounds, range 0.51-3.26), one of the two fresh processes 2.5x
-   slower for the whole round. The workers therefore run with torch's
-   ``THP_MEM_ALLOC_ENABLE=1`` (large CPU tensors 2 MB-aligned and on transparent huge
-   pages; this box's THP setting is ``madvise``, so without it none are): sd 0.09 and 0.18
-   in two batches of 12 and 10 rounds run between the batches without it, range
-   1.03-1.36 and 0.93-1.58, centre 1.24-1.26. Both builds get the same allocator, so the
-   ratio stays fair; absolute times may differ from a run's;
+   round (``ROUND_QUANTILE``), the time of a call the scheduler left alone (under load a
+   call is either left alone or preempted for a time slice, so a median moves with the load);
 5. the rounds are **paired**: row and round k give ``new_k / base_k``, both timed in the
-   same second, step by step, so a load change that hits the whole round cancels (an
-   unpaired test of the two sets of round medians sees it as noise, and called a real
-   25% slowdown "cannot tell" on 2 of 5 cases here). The verdict is
+   same second, so a load change that hits the whole round cancels. The verdict is
    :func:`harness.review.stats.decide_paired`, asv's rule: slower (faster) when the exact
    signed-rank interval of the paired ratio excludes 1 and the estimate is past the
-   minimum effect, same when the interval lies inside the effect (why paired rounds may
-   judge significance and size apart: harness/stats.py's docstring);
+   minimum effect, same when the interval lies inside the effect;
 6. **sequential**: the rows are looked at after ``MIN_ROUNDS`` rounds and then every
    ``LOOK_EVERY`` rounds up to ``rounds``; a row whose verdict is decided (slower, faster,
    same) stops being re-timed, the rest go on until ``rounds`` or the time box
-   ``time_s``. Each look's interval is at confidence ``1 - alpha / looks`` (``looks`` =
-   the looks the schedule allows), so looking several times cannot raise the chance that
-   an unchanged row's interval excludes 1 (its "slower" also needs the estimate past the
-   effect) above alpha / 2 per row, whatever made a row stop. By default 32
-   rounds at most, looks after 9, 13, ... 29 and 32 (7 looks, confidence 1 - 0.05 / 7);
+   ``time_s``. Each look's interval is at confidence ``1 - alpha / looks``, so looking
+   several times cannot raise the chance that an unchanged row's interval excludes 1
+   above alpha / 2 per row. By default 32 rounds at most, looks after 9, 13, ... 29 and 32;
 7. **the box goes where it is needed**: after round 1 the rows whose rounds to the first
-   look (``MIN_ROUNDS``) fit in ``FIRST_LOOK_SHARE`` (two thirds) of the box go on,
-   cheapest first, so a third at least is left for the rows the first look leaves open.
-   At each look after that, each open row's interval gives a guess of the rounds it still
-   needs (:func:`rounds_to_decide`: the half-width shrinking as 1 / sqrt(rounds)); the
-   rows that seem decidable by the last look get those rounds, the cheapest decision
-   (seconds a round x rounds) first, while they fit in what is left of the box; the rest
-   get the rounds to the next look, cheapest first, if they fit (:func:`within_box`;
-   planned again at each look). A row that does not fit stays "cannot tell". The plan
-   only chooses which rows get more rounds; each is still judged by its interval. On the
-   smoke suite a round of every row took 60-90 s (load 3-5): the 7 Triton-interpreter
-   rows 3.5-5.5 s each, the ``long_half_accumulation`` rows about 3 s, the others about
-   0.5 s, starting the two workers about 3 s. With the box checked only at the looks (the
-   rule before), a 600 s box stopped every open row at 12 rounds, the interpreter rows'
-   included, and the planted +25% on a 20 ms row was still "cannot tell" (0.88-1.70).
-   Measured on the way here (``scripts/noise_check.py``, 600 s): every row given the
-   first look took 529 s and 576 s of the box (load 4-7) and left both planted long rows
-   at 8 rounds; with the first look planned too, but each later look giving the cheapest
-   rows all the rounds that fit, 16-round plans of 0.5 s rows crowded out the 3 s rows
-   (18 rows left at 8 rounds, the planted long rows among them).
+   look fit in ``FIRST_LOOK_SHARE`` (two thirds) of the box go on, cheapest first, so a
+   third at least is left for the rows the first look leaves open. At each look after that,
+   each open row's interval gives a guess of the rounds it still needs
+   (:func:`rounds_to_decide`: the half-width shrinking as 1 / sqrt(rounds)); the rows that
+   seem decidable by the last look get those rounds, the cheapest decision (seconds a round
+   x rounds) first, while they fit in what is left of the box; the rest get the rounds to
+   the next look, cheapest first, if they fit (:func:`within_box`). A row that does not fit
+   stays "cannot tell". The plan only chooses which rows get more rounds; each is still
+   judged by its interval.
 
 The worktrees are removed at the end. Without commits or case files it says why and
 changes nothing. Rows only: status and accuracy changes are not re-run.
 
 ``compare`` re-times by default (:func:`retime_or_mark`): two separate runs cannot show a
-slowdown on a shared machine (three smoke runs of one commit on a busy CPU all had rows
-"slower", up to +843%), so a verdict read from them alone is not one to act on. Where the
-rows cannot be re-timed (a run records no commit, or was made from a dirty tree; a case
-file is gone; a commit is not in your history or cannot be checked out; a plugin is not named with ``--plugin``;
-``--no-confirm``) the rows the two runs call slower become "unconfirmed", each saying
-why, and compare exits 5 rather than 1.
+slowdown on a shared machine, so a verdict read from them alone is not one to act on. Where
+the rows cannot be re-timed (a run records no commit, or was made from a dirty tree; a case
+file is gone; a commit is not in your history or cannot be checked out; a plugin is not named
+with ``--plugin``; ``--no-confirm``) the rows the two runs call slower become "unconfirmed",
+each saying why, and compare exits 5 rather than 1.
 """
 
 from __future__ import annotations
@@ -159,7 +111,7 @@ try:
     from harness.cases.loading import load_cases
     from harness.cases.inputs import make_inputs
     from harness.timing.timer import time_call
-except ImportError:  # a build from before harness/ was grouped in sub-packages
+except ImportError:  # a build whose harness/ is not grouped in sub-packages
     from harness.backends import REGISTRY, load_plugin
     from harness.cases import load_cases
     from harness.inputs import make_inputs

@@ -47,10 +47,9 @@ def measure_read_bandwidth(device: str, size_bytes: int = 1 << 31) -> float:
     (almost) nothing written.
 
     A ceiling is what the best reader achieves, so a kernel's row can only approach it: torch's
-    full reduction alone (1 GiB) read 4.15 TB/s on an H200 while cuDNN's attention read 4.48
-    over a 2 GiB KV, 106% "of the ceiling". A 2 GiB buffer (a fixed launch and tail cost weighs
-    half as much) and a streaming Triton reader (each program sums its stretch into one float)
-    read 4.31 and 4.48 TB/s there (gpu_results/2026-12-01-h200-read-ceiling).
+    full reduction alone over 1 GiB reads less on an H200 than cuDNN's attention reads over a 2 GiB
+    KV. A 2 GiB buffer (a fixed launch and tail cost weighs half as much) and a streaming Triton
+    reader (each program sums its stretch into one float) close that gap.
     """
     size_bytes = _buffer_bytes(device, size_bytes)
     src = torch.rand(size_bytes // 4, dtype=torch.float32, device=device)

@@ -7,7 +7,7 @@
 ``host_overhead_us`` call_us - latency_us on CUDA: what the call costs beyond its kernels
 ``host_us``      the host's own time of one eager call on CUDA: from the call to its return, the
                  device drained before it (median over the call_us samples; cold host caches, so
-                 above a hot loop's per-call time, which scripts/host_overhead.py measures)
+                 above a hot loop's per-call time, which scripts/self/host_overhead.py measures)
 ``graph_capturable`` / ``device_syncs``: can the default call be captured; how many syncs
 ``kernels_ran``  the device kernels of one prepared call of a peer, longest first (CUDA)
 ``plan_us``      the backend's plan step, once in prepare (``Prepared.plan_us``), outside every sample
@@ -50,9 +50,8 @@ CALL_OVERHEAD_FLAG = 1.5
 # on a GPU (reference, tlsim) spend it on every row of a long suite.
 ROW_BUDGET_S = 3.0
 # A Python model (Backend.model: reference, tlsim) on a GPU: launch-bound Python whose time tells a kernel
-# developer nothing, so it is graded, not timed (budget 0). Timed within a second, a GPU session's ~90 model
-# rows cost it about 1.5 min (gpu_results/2026-12-02-h200-gpu-session-5: 173 s of tlsim and reference
-# rows), and the session no longer fitted its 570 s (gpu_results/2026-12-02-h200-gpu-session-6).
+# developer nothing, so it is graded, not timed (budget 0): timed within a second, the ~90 model rows of
+# the GPU suites would cost `nox -s gpu` about 1.5 minutes of its 570 s.
 MODEL_BUDGET_S = 0.0
 
 # The default row limit (row_time_limit): FACTOR x the calls of a row at the expected rate, plus

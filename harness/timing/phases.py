@@ -10,7 +10,7 @@ work queued inside one phase and waited for in a later one is counted in the lat
 phases say where the process waited, which is what a run's wall time is made of. Nested
 phases count in both (the runner does not nest them). Used by the runner (per case: inputs,
 oracle, guard; per row: the graded call, grading, timing) and reported per run in meta.json's
-``scale.phase_s`` and by ``python -m harness.execute.scale_table``.
+``scale.phase_s`` and by ``python -m scripts.self.scale_table``.
 """
 
 from __future__ import annotations

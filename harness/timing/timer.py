@@ -151,8 +151,8 @@ def time_call(
     """Device time of ``fn()`` on ``device``; see the module docstring for the method.
 
     ``graph=False`` forbids the CUDA-graph replay (events around eager calls instead).
-    ``graphable`` is the same as ``graph``: ``compare --confirm`` times other commits' code
-    through one call, and those name it so.
+    ``graphable`` means ``graph``: the ``compare --confirm`` worker passes that keyword, which the
+    timer of every build it times accepts.
     The returned method is ``cpu_perf_counter``, ``cuda_graph_replay`` or ``cuda_events``.
     ``deadline``: see the module docstring (no graph is captured once it has passed).
     ``hooks``: called around every sample, and one more sample is taken with ``final=True``

@@ -1,0 +1,80 @@
+"""Build the FlashInfer kernels a run needs before it starts, so no compile counts against a row's time limit.
+
+    python scripts/flashinfer_warmup.py [CASE_FILES...] [--jobs 4]   # default: the suites scripts/gpu_run.sh runs
+    python scripts/flashinfer_warmup.py --list cases/gpu_peers.toml   # the twins only, nothing called (any machine)
+
+FlashInfer compiles a module per (dtypes, head dim, wrapper, cores, FA2/FA3, variants) on its first
+call; an FA3 prefill module takes about 100 s on an H200. The case files' cases are reduced to one
+small twin per module (harness.backends.flashinfer_peer.warmup_cases), and each twin is prepared and
+called once on the GPU, ``--jobs`` twins at a time in their own processes (the compiles run in
+parallel): FlashInfer keeps what it built in its JIT cache, where the run's workers find
+it. Prints a line per twin (its module, the seconds it took). Without FlashInfer it says so and exits
+0: the run's rows are then skips naming the install command. Exits 1 when a twin's call fails.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import multiprocessing
+import sys
+import time
+from concurrent.futures import ProcessPoolExecutor
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from harness.backends.flashinfer_peer import INSTALL, module_key, prepare_flashinfer, warmup_cases
+from harness.cases.spec import load_case_file, resolve_case_paths
+from harness.run.runner import case_inputs
+
+SUITES = [
+    "cases/smoke.toml",
+    "cases/gpu_peers.toml",
+    "cases/gpu.toml",
+    "cases/gpu_long.toml",
+    "cases/gpu_flashinfer.toml",
+]
+
+
+def build(twin) -> str:
+    """Prepare and call one twin on the GPU; a line saying how long it took and what ran, or why it failed."""
+    import torch
+
+    started = time.perf_counter()
+    try:
+        inputs = case_inputs(twin, "cuda")
+        prepared = prepare_flashinfer(twin, inputs, inputs.new_out())
+        prepared.run()
+        torch.cuda.synchronize()
+    except Exception as error:  # a twin that cannot run: said, and the rest still built
+        return f"  FAILED {twin.id}: {type(error).__name__}: {error}"
+    return f"  {time.perf_counter() - started:6.1f} s  {twin.id}: {prepared.note}"
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("cases", nargs="*", default=SUITES, help="case files (default: the GPU suites)")
+    parser.add_argument("--jobs", type=int, default=4, help="twins built at once, each in its own process")
+    parser.add_argument("--list", action="store_true", help="print the twins and their modules, call nothing")
+    args = parser.parse_args(argv)
+    cases = [case for path in resolve_case_paths(args.cases) for case in load_case_file(path)]
+    twins = warmup_cases(cases)
+    print(f"{len(twins)} FlashInfer modules for {len(cases)} cases")
+    if args.list:
+        for twin in twins:
+            print(f"  {twin.id}: {module_key(twin)}")
+        return 0
+    if importlib.util.find_spec("flashinfer") is None:
+        print(f"FlashInfer is not installed (`{INSTALL}`): nothing to build")
+        return 0
+    context = multiprocessing.get_context("spawn")  # CUDA in each worker: no fork
+    with ProcessPoolExecutor(max_workers=max(1, args.jobs), mp_context=context) as pool:
+        lines = list(pool.map(build, twins))
+    print("\n".join(lines))
+    failed = sum(line.startswith("  FAILED") for line in lines)
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

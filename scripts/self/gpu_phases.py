@@ -1,0 +1,82 @@
+"""Where a scripts/gpu_run.sh call's time went, from its stamps: tests, the run's start-up, each suite, the write.
+
+    python scripts/self/gpu_phases.py OUT     # OUT: gpu_run.sh's output folder
+
+A suite's time runs from the previous suite's last row (the first suite's: from launching
+``harness run``, so the run's imports and ceilings count in it; "launch to first row" says how
+much that was) to its own last row. Rows are stamped as ``run.log`` printed them and mapped to
+their suite by the run folder's ``results.csv`` (``case_file``), or by the journal when the run
+was stopped. The write is from the last row to the run's exit.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import re
+import sys
+from pathlib import Path
+
+ROW = re.compile(r"^(\d+\.\d+) \[\s*[\d.]+s\] (\S+) (\S+): (\w+)")
+
+
+def main(out: Path) -> None:
+    raw = {}
+    for line in (out / "phases.raw").read_text().split("\n"):
+        if line.strip():
+            key, *values = line.split()
+            raw[key] = values
+    start = float(raw["start"][0])
+    lines = []
+    if "tests_start" in raw and "tests_end" in raw:
+        lines.append(f"tests          {float(raw['tests_end'][0]) - float(raw['tests_start'][0]):7.1f} s")
+    if "run_start" in raw:
+        run_start = float(raw["run_start"][0])
+        run_end = float(raw["run_end"][0]) if "run_end" in raw else None
+        rows = [m.groups() for line in (out / "run.log").read_text().splitlines() if (m := ROW.match(line))]
+        suite_of = _suites(out)
+        previous = run_start
+        spans: dict[str, float] = {}
+        counts: dict[str, dict[str, int]] = {}
+        for stamp, case, _backend, status in rows:
+            suite = suite_of.get(case, "?")
+            spans[suite] = spans.get(suite, 0.0) + float(stamp) - previous
+            counts.setdefault(suite, {})[status] = counts.setdefault(suite, {}).get(status, 0) + 1
+            previous = float(stamp)
+        lines.append(f"run start-up, first suite's oracle included below: launch to first row "
+                     f"{float(rows[0][0]) - run_start if rows else 0:.1f} s")  # fmt: skip
+        for suite, seconds in spans.items():
+            tally = ", ".join(f"{n} {s}" for s, n in sorted(counts[suite].items()))
+            lines.append(f"suite {suite:<22} {seconds:7.1f} s  ({tally})")
+        if run_end is not None:
+            lines.append(
+                f"write          {run_end - previous:7.1f} s  (last row to exit; exit code {raw['run_end'][1]})"
+            )
+        meta = out / "run" / "meta.json"
+        if meta.is_file():
+            scale = json.loads(meta.read_text()).get("scale", {})
+            lines.append(f"rows' phases (meta.json scale.phase_s): {json.dumps(scale.get('phase_s', {}))}")
+    end = max(float(v[0]) for k, v in raw.items() if k.endswith("_end") or k == "start")
+    lines.append(f"total          {end - start:7.1f} s")
+    print("\n".join(lines))
+
+
+def _suites(out: Path) -> dict[str, str]:
+    """case id -> its suite's file name, from the run folder's results.csv or the journal."""
+    found = {}
+    csv_path = out / "run" / "results.csv"
+    if csv_path.is_file():
+        with csv_path.open() as file:
+            for row in csv.DictReader(file):
+                found[row["case"]] = Path(row["case_file"]).name
+    journal = out / "run.journal.jsonl"
+    if journal.is_file():
+        for line in journal.read_text().splitlines():
+            record = json.loads(line)
+            if "case" in record and "case_file" in record:
+                found.setdefault(record["case"], Path(record["case_file"]).name)
+    return found
+
+
+if __name__ == "__main__":
+    main(Path(sys.argv[1]))

@@ -1,0 +1,309 @@
+"""Host overhead of the Triton kernel's call, launch plans off and on, against SDPA's eager call.
+
+    python scripts/self/host_overhead.py                 # on a GPU: decode_32x4k's shape
+    python scripts/self/host_overhead.py --shape decode_4x16k   # a decode whose KV is split: two launches a call
+    python scripts/self/host_overhead.py --profile       # and cProfile's top 15 of 300 calls, plans off and on
+    python scripts/self/host_overhead.py --dry           # a tiny case on the CPU (the interpreter; tests/test_scripts.py)
+    python scripts/self/host_overhead.py --cpu-hit-path  # no GPU needed: each Python step of a plan hit, in us (below)
+
+The shape is decode_32x4k's: bf16, 32 query / 8 KV heads, head_dim 128, blocks of 16, 32
+sequences of 4096 keys, one query each. Three ways to call it: ``default`` (query_start_loc
+given, no hints), ``no_offsets`` (query_start_loc None) and ``hints_out`` (max_q_len 1,
+max_seq_len 4096, an out buffer), each with the launch plans (kernels/launch_plan.py) off
+and on. Columns, in microseconds per call (host: the fastest loop; the others medians):
+
+    host     the host's time per call with the launch queue not drained: a loop of
+             --calls back-to-back calls on the host clock, divided by --calls (the device
+             runs behind; nothing here waits for it unless the queue fills); the fastest
+             of 7 such loops
+    eager    what a caller waits for: harness.timing.timer.time_wall (device drained before and after)
+    device   the kernel alone: harness.timing.timer.time_call (CUDA-graph replay, L2 flushed)
+    SDPA     torch.nn.functional.scaled_dot_product_attention (enable_gqa) on contiguous
+             [num_seqs, heads, keys, head_dim] copies of the same KV: host and eager alike
+
+The issue's targets: host (plans on) <= 20 us, and eager (plans on) within 1.1x of SDPA's eager.
+
+``--cpu-hit-path`` times the Python part of a plan hit on the CPU, step by step, with
+decode_32x4k's metadata on CPU tensors (values never read) and Triton's kernel swapped for
+a no-op whose compiled kernel's ``compiled[grid](*args)`` does nothing, so a hit runs every
+host line a CUDA hit runs except Triton's launcher and the CUDA-only ones (the key's
+current device). Each row: best of --repeat timeit runs of --calls calls, microseconds per
+call. These are CPU-side Python costs on the machine at hand, not the H200's host time.
+"""
+
+from __future__ import annotations
+
+import argparse
+import cProfile
+import io
+import os
+import pstats
+import sys
+import time
+import timeit
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+
+import kernels
+from harness.cases.inputs import make_inputs
+from harness.timing.timer import time_call, time_wall
+from kernels import launch_plan
+
+DECODE_32X4K = dict(num_q_heads=32, num_kv_heads=8, head_dim=128, block_size=16, seq_lens=[4096] * 32,
+                    q_lens=[1] * 32, dtype="bfloat16", layout="shuffled")  # fmt: skip
+SHAPES = {  # --shape: decode_32x4k's (one launch), or a decode whose KV is split (the kernel, then the combine)
+    "decode_32x4k": DECODE_32X4K,
+    "decode_4x16k": {**DECODE_32X4K, "seq_lens": [16384] * 4, "q_lens": [1] * 4},
+}
+TINY = dict(num_q_heads=4, num_kv_heads=2, head_dim=32, block_size=4, seq_lens=[8, 8], q_lens=[1, 1],
+            dtype="float32", layout="shuffled")  # fmt: skip
+
+
+def calls(inputs) -> dict[str, callable]:
+    """The three ways of calling the kernel, each a zero-argument closure (setup outside)."""
+    q, k_cache, v_cache, block_table, seq_lens, query_start_loc = inputs.args()
+    out = inputs.new_out()
+    longest = max(inputs.seq_lens.tolist())  # read here, not in the timed call (a device sync)
+    fn = kernels.paged_attention_triton
+    return {
+        "default": lambda: fn(q, k_cache, v_cache, block_table, seq_lens, query_start_loc),
+        "no_offsets": lambda: fn(q, k_cache, v_cache, block_table, seq_lens),
+        "hints_out": lambda: fn(q, k_cache, v_cache, block_table, seq_lens, query_start_loc, out=out, max_q_len=1,
+                                max_seq_len=longest),
+    }  # fmt: skip
+
+
+def sdpa_call(inputs):
+    """SDPA on contiguous copies: q [num_seqs, num_q_heads, 1, head_dim], K/V [num_seqs, num_kv_heads, keys, head_dim]."""
+    q = inputs.q[:, :, None, :].contiguous()
+    k = torch.stack(inputs.keys).permute(0, 2, 1, 3).contiguous().to(q.device)
+    v = torch.stack(inputs.values).permute(0, 2, 1, 3).contiguous().to(q.device)
+    sdpa = torch.nn.functional.scaled_dot_product_attention
+    return lambda: sdpa(q, k, v, enable_gqa=True)
+
+
+LOOPS = 7  # host loops per measurement; the fastest is kept
+
+
+def host_us(fn, n: int, device: str, loops: int = LOOPS) -> float:
+    """Host time per call with the launch queue not drained: n back-to-back calls on the host clock / n,
+    the fastest of ``loops`` such loops (the device drained between them).
+
+    The fastest, as timeit reports: a loop can only be slowed by what else the host does, and
+    on a busy host one loop's time moves by more than the 20 us target's margin."""
+    fn()
+    best = float("inf")
+    for _ in range(loops):
+        if device == "cuda":
+            torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        for _ in range(n):
+            fn()
+        best = min(best, time.perf_counter() - t0)
+    if device == "cuda":
+        torch.cuda.synchronize()
+    return best / n * 1e6
+
+
+def profile(fn, n: int, top: int = 15) -> str:
+    """cProfile's top ``top`` functions by own time over n calls of fn."""
+    fn()
+    profiler = cProfile.Profile()
+    profiler.enable()
+    for _ in range(n):
+        fn()
+    profiler.disable()
+    text = io.StringIO()
+    pstats.Stats(profiler, stream=text).sort_stats("tottime").print_stats(top)
+    return text.getvalue()
+
+
+def measure(inputs, device: str, n: int, reps: dict, loops: int = LOOPS) -> list[dict]:
+    """One row a call kind: host and eager with the plans off and on, device time, SDPA's host and eager.
+
+    ``loops``: host loops per measurement (:func:`host_us`)."""
+    sdpa = sdpa_call(inputs)
+    sdpa_host, sdpa_eager = host_us(sdpa, n, device, loops), time_wall(sdpa, device, **reps).median_us
+    rows = []
+    for name, fn in calls(inputs).items():
+        row = {"call": name, "sdpa_host": sdpa_host, "sdpa_eager": sdpa_eager}
+        for flag, label in ((False, "off"), (True, "on")):
+            with launch_plan.plans_enabled(flag):
+                row[f"host_{label}"] = host_us(fn, n, device, loops)
+                row[f"eager_{label}"] = time_wall(fn, device, **reps).median_us
+        row["device"] = time_call(fn, device, **reps).median_us
+        rows.append(row)
+    return rows
+
+
+def render(rows: list[dict]) -> str:
+    """The markdown table of :func:`measure`'s rows."""
+    lines = [
+        "| call | host us, plans off | host us, plans on | eager us, off | eager us, on | device us | "
+        "SDPA host us | SDPA eager us | eager on / SDPA eager |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
+    for r in rows:
+        lines.append(
+            f"| {r['call']} | {r['host_off']:.1f} | {r['host_on']:.1f} | {r['eager_off']:.1f} | {r['eager_on']:.1f} | "
+            f"{r['device']:.1f} | {r['sdpa_host']:.1f} | {r['sdpa_eager']:.1f} | {r['eager_on'] / r['sdpa_eager']:.2f} |"
+        )
+    return "\n".join(lines)
+
+
+# --- --cpu-hit-path: a plan hit's Python steps on the CPU --------------------------------------
+
+
+class _NoopCompiled:
+    """Stands in for Triton's CompiledKernel: ``compiled[grid](*args)`` runs nothing (it keeps the last args)."""
+
+    def __init__(self):
+        self.last_args = ()
+
+    def __getitem__(self, grid):
+        return self._run
+
+    def _run(self, *args):
+        self.last_args = args
+
+
+class _NoopKernel:
+    """Stands in for the @triton.jit kernel: its JIT-entry launch runs nothing and returns a :class:`_NoopCompiled`."""
+
+    def __getitem__(self, grid):
+        return lambda *args, **kwargs: _NoopCompiled()
+
+
+def _best_us(fn, calls: int, repeat: int) -> float:
+    """Best of ``repeat`` timeit runs of ``calls`` calls of fn, in microseconds per call."""
+    return min(timeit.repeat(fn, number=calls, repeat=repeat)) / calls * 1e6
+
+
+def hit_path_steps(device: str = "cpu") -> dict[str, callable]:
+    """Zero-argument closures, one a step of a plan hit of decode_32x4k's default call, the whole
+    call first (setup, including the plan's first call, outside them)."""
+    from kernels import contract, dispatch, triton_paged
+
+    noop = _NoopKernel()
+    triton_paged.paged_attention_kernel = triton_paged.combine_splits_kernel = noop
+    q = torch.empty(32, 32, 128, dtype=torch.bfloat16, device=device)
+    k_cache = torch.empty(8192, 16, 8, 128, dtype=torch.bfloat16, device=device)  # never touched: not paged in
+    v_cache = torch.empty_like(k_cache)
+    block_table = torch.zeros(32, 256, dtype=torch.int32, device=device)
+    seq_lens = torch.full((32,), 4096, dtype=torch.int32, device=device)
+    query_start_loc = torch.arange(33, dtype=torch.int32, device=device)
+    out = torch.empty_like(q)
+    args = (q, k_cache, v_cache, block_table, seq_lens, query_start_loc)
+    entry, plans = triton_paged.paged_attention_triton, triton_paged.PLANS
+    plans.clear()
+    for kwargs in ({}, {"out": out, "max_q_len": 1, "max_seq_len": 4096}, None):
+        entry(*args, **kwargs) if kwargs is not None else entry(*args[:5])  # the plans' first (JIT-entry) calls
+    compiled = _NoopCompiled()
+    for plan in [recipe.plan for recipe in plans.plans()]:  # what a CUDA plan holds after its first launch
+        for launch in (plan.main, plan.combine):
+            if launch is not None:
+                launch.compiled, launch.jit = compiled, noop
+                launch.constexpr_values = tuple(launch.constexprs.values())
+    key_args = (*args, None, None, None, None, False, {})  # scale, out, the hints, return_lse, the options
+    key = plans.key(*key_args)
+    recipe = plans.get(key)
+    plan = recipe.plan
+    launch_args = (q, k_cache, v_cache, block_table, seq_lens, query_start_loc, out, None, None, None, None, None)
+    plan.launch(*launch_args)
+    tensors = compiled.last_args[: len(compiled.last_args) - len(plan.main.constexpr_values) - len(plan.main.scalars)]
+    runner, grid = compiled[plan.main.grid3], plan.main.grid3
+    run_args = (q, k_cache, v_cache, block_table, seq_lens, query_start_loc, None, {})
+    dispatched = dispatch.paged_attention_dispatch
+    return {
+        "paged_attention_dispatch(..., backend='triton'), whole call": lambda: dispatched(*args, backend="triton"),
+        "paged_attention_triton, whole call (default: offsets, no hints)": lambda: entry(*args),
+        "paged_attention_triton, no_offsets": lambda: entry(*args[:5]),
+        "paged_attention_triton, hints_out": lambda: entry(*args, out=out, max_q_len=1, max_seq_len=4096),
+        "  select_backend(q.device) (auto; the CPU's answer is tlsim)": lambda: dispatch.select_backend(q.device),
+        "  select_backend(q.device, 'triton') (forced)": lambda: dispatch.select_backend(q.device, "triton"),
+        "  _backend_fn('triton') (the entry, looked up)": lambda: dispatch._backend_fn("triton"),
+        "  plans.key (call_key)": lambda: plans.key(*key_args),
+        "  plans.get(key)": lambda: plans.get(key),
+        "  checks_enabled(None) (reads the environment)": lambda: contract.checks_enabled(None),
+        "  recipe.run (allocates out, then plan.launch)": lambda: recipe.run(*run_args),
+        "  torch.empty_like(q) (out)": lambda: torch.empty_like(q),
+        "  plan.launch (down to the no-op compiled kernel)": lambda: plan.launch(*launch_args),
+        "  plan.main(kernel, *tensors) (KernelLaunch)": lambda: plan.main(noop, *tensors),
+        "  compiled[grid](*args) (the no-op floor)": lambda: compiled[grid](*compiled.last_args),
+        "  runner(*args) (a Python call of that many arguments)": lambda: runner(*compiled.last_args),
+        "  lambda: None (timeit's own floor)": lambda: None,
+    }
+
+
+def cpu_hit_path(calls: int, repeat: int) -> str:
+    """The markdown table of :func:`hit_path_steps`, each best of ``repeat`` runs of ``calls`` calls."""
+    os.environ.pop(kernels.CHECK_ENV, None)  # the default call reads no value
+    os.environ.pop(kernels.dispatch.BACKEND_ENV, None)
+    steps = hit_path_steps()
+    from kernels import triton_paged
+
+    hits = triton_paged.PLANS.hits
+    lines = [f"| step | us per call (best of {repeat} x {calls}) |", "|---|---|"]
+    for name, fn in steps.items():
+        lines.append(f"| {name} | {_best_us(fn, calls, repeat):.2f} |")
+    assert triton_paged.PLANS.hits > hits and triton_paged.PLANS.misses == 3, "a timed call missed its plan"
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--dry", action="store_true", help="a tiny case on the CPU, few calls (the test suite's run)")
+    parser.add_argument(
+        "--calls",
+        type=int,
+        default=300,
+        help="back-to-back calls of the host measurement (--cpu-hit-path: 10x that a timeit run)",
+    )
+    parser.add_argument("--profile", action="store_true", help="also print cProfile's top 15, plans off and on")
+    parser.add_argument(
+        "--cpu-hit-path",
+        action="store_true",
+        help="no GPU: time each Python step of a plan hit on CPU tensors (a no-op compiled kernel)",
+    )
+    parser.add_argument("--repeat", type=int, default=15, help="--cpu-hit-path: timeit runs per step (the best kept)")
+    parser.add_argument("--shape", choices=sorted(SHAPES), default="decode_32x4k",
+                        help="the GPU run's shape: decode_4x16k takes the split path (two launches); --dry keeps its tiny one")  # fmt: skip
+    args = parser.parse_args(argv)
+    kernels.use_interpreter_if_no_gpu()
+    if args.cpu_hit_path:
+        per_run = 3 if args.dry else args.calls * 10
+        print("# a plan hit's Python steps on the CPU, decode_32x4k's metadata, Triton's kernel a no-op")
+        print(cpu_hit_path(per_run, 2 if args.dry else args.repeat))
+        return 0
+    device = "cpu" if args.dry or not torch.cuda.is_available() else "cuda"
+    if device == "cpu" and not args.dry:
+        parser.error("no CUDA device: pass --dry for the CPU run")
+    n = 3 if args.dry else args.calls
+    reps = {"min_reps": 2, "max_reps": 2} if args.dry else {}
+    spec = TINY if args.dry else SHAPES[args.shape]
+    inputs = make_inputs(**spec, device=device)
+    from kernels import triton_paged  # after the interpreter choice
+
+    lengths = f"{len(spec['seq_lens'])} x {spec['seq_lens'][0]}"
+    shape = "tiny (dry)" if args.dry else f"{args.shape}: bf16, 32/8 heads, head_dim 128, block 16, {lengths}"
+    print(f"# host overhead of paged_attention_triton, {shape}, on {device}")
+    print(render(measure(inputs, device, n, reps, loops=1 if args.dry else LOOPS)))  # dry: each interpreted call ~0.1 s
+    plans = triton_paged.PLANS
+    compiled = sum(r.plan.main.compiled is not None for r in plans.plans() if not r.plan.noop)
+    launches = launch_plan.fast_launch_status() if device == "cuda" else "JIT entry (the interpreter)"
+    print(f"\nplans (the last 'on' stretch): {plans.hits} hits, {plans.misses} misses, {len(plans)} kept, "
+          f"{compiled} holding a compiled kernel; hits launch through: {launches}")  # fmt: skip
+    if args.profile:
+        fn = calls(inputs)["default"]
+        for flag in (False, True):
+            print(f"\n## cProfile, default call, plans {'on' if flag else 'off'}, {n} calls\n")
+            with launch_plan.plans_enabled(flag):
+                print(profile(fn, n))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,80 @@
+"""Print a run's speed table in Markdown: each backend against the best peer of each case.
+
+    python scripts/self/peer_table.py RUN_DIR [--backend triton] [--backend cache]
+
+For every case: the backend's device time (latency_us) and call time (call_us), the
+fastest peer's device time and name (peers are the rows of kind "peer"; their note says
+in which form they ran), and the ratio backend / best peer (above 1: the peer is faster).
+Prefill rows add TFLOP/s and % of the dtype's peak. Numbers come from the run's
+results.parquet alone, so a README table made with this names its run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+import pandas as pd
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+
+from harness.results.storage import load_run
+
+
+def peer_table(frame: pd.DataFrame, backend: str) -> pd.DataFrame:
+    """One row per case the backend passed: its times, the best peer's, and the ratio."""
+    graded = frame[frame["status"] == "pass"].dropna(subset=["latency_us"])
+    mine = graded[graded["backend"] == backend].set_index("case")
+    peers = graded[graded["backend_kind"] == "peer"]
+    rows = []
+    for case, row in mine.iterrows():
+        rivals = peers[peers["case"] == case]
+        if rivals.empty:
+            continue
+        best = rivals.loc[rivals["latency_us"].idxmin()]
+        rows.append(
+            {
+                "case": case,
+                f"{backend} us": row["latency_us"],
+                f"{backend} call us": row["call_us"],
+                "best peer": best["backend"],
+                "peer us": best["latency_us"],
+                "ratio": row["latency_us"] / best["latency_us"],
+                "% read ceiling": row["pct_of_ceiling"],
+                "TFLOP/s": row["tflops"] if row["max_q_len"] > 1 else float("nan"),
+                "% peak": row["pct_of_peak"],
+            }
+        )
+    return pd.DataFrame(rows)
+
+
+def to_markdown(table: pd.DataFrame) -> str:
+    """A Markdown table, numbers to three significant digits (no tabulate needed)."""
+
+    def cell(value) -> str:
+        if isinstance(value, float):
+            return "" if pd.isna(value) else f"{value:.3g}"
+        return str(value)
+
+    lines = ["| " + " | ".join(table.columns) + " |", "|" + "---|" * len(table.columns)]
+    lines += ["| " + " | ".join(cell(v) for v in row) + " |" for row in table.itertuples(index=False)]
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("run_dir", type=Path)
+    parser.add_argument("--backend", action="append", help="backends to state (default: triton)")
+    args = parser.parse_args(argv)
+    frame, meta = load_run(args.run_dir)
+    print(f"run {args.run_dir.name}: {meta.get('device_name')}, torch {meta.get('torch')}, triton {meta.get('triton')}")
+    for backend in args.backend or ["triton"]:
+        table = peer_table(frame, backend)
+        print(f"\n{backend} against the best peer ({len(table)} cases)\n")
+        print(to_markdown(table) if not table.empty else "(no case with a peer)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,115 @@
+"""The same cases run with different ``--workers``, side by side: wall time, speed-up, overheads.
+
+    python -m scripts.self.scale_table RUN_DIR WALL_S [RUN_DIR WALL_S ...]
+
+``WALL_S`` is the whole command's wall time as the caller measured it (scripts/self/gpu_scale.sh);
+everything else comes from each run's meta.json ``scale`` record (written by ``harness run``
+with ``--workers`` or ``--ray``; :func:`harness.execute.plan.run_rows`). Columns:
+
+    workers     how many worker processes (or "ray")
+    wall s      the whole command: imports, the driver's ceilings, workers, cases, writing the folder
+    cases s     starting the workers to the last row in (``scale.wall_s``)
+    speed-up    the first run's wall s / this one's (and the same for cases s, in brackets)
+    start s     slowest worker start, spawn to ready (imports, CUDA, its GPU's ceilings)
+    ceilings s  of which measuring its GPU's ceilings (slowest worker)
+    wait ms/case  time a free worker waited for its next case (dispatch), per case
+    busy s      the cases' own time, summed over workers (inputs, oracle, every backend)
+    journal ms/row, merge ms/row  the driver's fsynced journal write, and building the frame
+    status      rows per status
+
+The first run is the baseline of the speed-up (give ``--workers 1`` first). Below the table, the busy
+seconds by phase (:func:`format_phases`): what grew when the same cases ran on more workers.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+COLUMNS = ("workers", "wall s", "cases s", "speed-up", "start s", "ceilings s", "wait ms/case", "busy s",
+           "journal ms/row", "merge ms/row", "status")  # fmt: skip
+
+
+def _status(run_dir: Path) -> str:
+    import pandas as pd
+
+    counts = pd.read_parquet(run_dir / "results.parquet", columns=["status"])["status"].value_counts()
+    return " ".join(f"{status} {count}" for status, count in sorted(counts.items()))
+
+
+def _scale(run_dir: Path) -> dict | None:
+    """The run's meta.json ``scale`` record ({} without one), or None when there is no meta.json (a failed run)."""
+    meta_file = Path(run_dir) / "meta.json"
+    return json.loads(meta_file.read_text()).get("scale") or {} if meta_file.is_file() else None
+
+
+def table_rows(runs: list[tuple[Path, float]]) -> list[dict]:
+    """One dict per run (keys: COLUMNS), from its meta.json and the command's wall seconds."""
+    rows, first = [], None
+    for run_dir, wall in runs:
+        scale = _scale(run_dir)
+        if scale is None:
+            rows.append({"workers": Path(run_dir).name, "wall s": f"{wall:.1f}", "status": "no run folder (failed?)"})
+            continue
+        cases_s = scale.get("wall_s", float("nan"))
+        first = first or (wall, cases_s)
+        count, row_count = max(1, scale.get("cases", 0)), max(1, scale.get("rows", 0))
+        rows.append({
+            "workers": "ray" if scale.get("mode") == "ray" else str(scale.get("workers", 1)),
+            "wall s": f"{wall:.1f}",
+            "cases s": f"{cases_s:.1f}",
+            "speed-up": f"{first[0] / wall:.2f} ({first[1] / cases_s:.2f})",
+            "start s": f"{max(scale.get('worker_start_s') or [0]):.1f}",
+            "ceilings s": f"{max(scale.get('ceilings_measure_s') or [0]):.1f}",
+            "wait ms/case": f"{1e3 * scale.get('dispatch_wait_s', 0) / count:.1f}",
+            "busy s": f"{scale.get('case_busy_s', 0):.1f}",
+            "journal ms/row": f"{1e3 * scale.get('journal_s', 0) / row_count:.2f}",
+            "merge ms/row": f"{1e3 * scale.get('merge_s', 0) / row_count:.3f}",
+            "status": _status(Path(run_dir)),
+        })  # fmt: skip
+    return rows
+
+
+def format_table(rows: list[dict]) -> str:
+    """A Markdown table of :func:`table_rows`."""
+    lines = ["| " + " | ".join(COLUMNS) + " |", "|" + "---|" * len(COLUMNS)]
+    lines += ["| " + " | ".join(str(row.get(c, "")) for c in COLUMNS) + " |" for row in rows]
+    return "\n".join(lines)
+
+
+def format_phases(runs: list[tuple[Path, float]]) -> str:
+    """A Markdown table of where each run's busy seconds went (meta.json ``scale.phase_s``), one column per run.
+
+    Phases are :mod:`harness.timing.phases` names (inputs, oracle, guard, graded call, grade, timing: ...),
+    summed over the run's workers; "other" is busy time outside every phase. '' when no run has them.
+    """
+    records = []
+    for run_dir, _ in runs:
+        scale = _scale(run_dir) or {}
+        records.append((Path(run_dir).name, scale.get("phase_s") or {}, scale.get("case_busy_s")))
+    names = sorted({name for _, spent, _ in records for name in spent})
+    if not names:
+        return ""
+    lines = ["| phase, s | " + " | ".join(label for label, _, _ in records) + " |", "|---|" + "---|" * len(records)]
+    for name in names:
+        lines.append(f"| {name} | " + " | ".join(f"{spent.get(name, 0.0):.1f}" for _, spent, _ in records) + " |")
+    other = [f"{busy - sum(spent.values()):.1f}" if busy is not None else "" for _, spent, busy in records]
+    lines.append("| other | " + " | ".join(other) + " |")
+    return "\n".join(lines)
+
+
+def main(argv: list[str]) -> int:
+    if not argv or len(argv) % 2:
+        print(__doc__.split("\n\n")[1].strip(), file=sys.stderr)
+        return 2
+    runs = [(Path(argv[i]), float(argv[i + 1])) for i in range(0, len(argv), 2)]
+    print(format_table(table_rows(runs)))
+    if phases := format_phases(runs):
+        print("\nwhere the cases' busy time went (summed over workers):\n")
+        print(phases)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

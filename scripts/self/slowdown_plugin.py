@@ -1,0 +1,112 @@
+"""A plugin for the noise check: two built-in backends with a planted slowdown.
+
+* ``reference_slowable``: the reference kernel, then a host busy-wait of ``HARNESS_SLOWDOWN``
+  (e.g. 0.25) times the call's own measured time, so the call takes 25% longer. The wait
+  spins on ``time.perf_counter`` (``HARNESS_SLOWDOWN_MODE=spin``, the default): on a loaded
+  machine ``time.sleep`` wakes up late (a 0.25x sleep made calls 2-3x slower here, an easy
+  target); ``HARNESS_SLOWDOWN_MODE=sleep`` sleeps instead.
+* ``triton_slowable`` (CUDA): the Triton kernel exactly as the ``triton`` backend prepares
+  it, then a device busy-wait kernel (``torch.cuda._sleep``) of ``HARNESS_SLOWDOWN`` times
+  the kernel's own device time, measured once per prepared call with the harness's timer
+  (graph replay, L2 flushed: what ``latency_us`` is). It slows device time, as a slower
+  kernel would, and is captured in the CUDA graph with the kernel. On the CPU (only when
+  ``HARNESS_TRITON_SLOWABLE_CPU=1``: the dry run of ``scripts/self/noise_check.py --gpu``) the
+  interpreted kernel is followed by the host busy-wait instead.
+
+``HARNESS_SLOWED`` (comma-separated, default ``reference_slowable``) names the backends that
+are slowed; the others run unchanged. With ``HARNESS_SLOWDOWN`` unset or 0 both backends
+are their kernels with no wrapper at all.
+
+    HARNESS_SLOWDOWN=0.25 python -m harness run cases/cpu.toml --plugin scripts/self/slowdown_plugin.py
+    HARNESS_SLOWDOWN=0.05 HARNESS_SLOWED=triton_slowable python -m harness run cases/gpu.toml \\
+        --device cuda --backend triton_slowable --plugin scripts/self/slowdown_plugin.py
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import time
+
+import torch
+
+import kernels
+from harness import register_backend
+from harness.backends.registry import REGISTRY, add_backend
+
+PLANTED = 0.0  # edit to plant a slowdown in the code itself (what a commit would do); the env var wins
+SLOWDOWN = float(os.environ.get("HARNESS_SLOWDOWN", PLANTED) or 0)
+SLOWED = set(os.environ.get("HARNESS_SLOWED", "reference_slowable").split(","))
+MODE = os.environ.get("HARNESS_SLOWDOWN_MODE", "spin")
+
+
+def _host_wait(start: float, elapsed: float) -> None:
+    """Wait SLOWDOWN x elapsed after a call that started at ``start`` and took ``elapsed`` seconds."""
+    if MODE == "sleep":
+        time.sleep(SLOWDOWN * elapsed)
+        return
+    until = start + (1 + SLOWDOWN) * elapsed
+    while time.perf_counter() < until:
+        pass
+
+
+def reference_slowable(q, k_cache, v_cache, block_table, seq_lens, query_start_loc=None, scale=None, out=None):
+    if not (SLOWDOWN > 0 and "reference_slowable" in SLOWED):
+        return kernels.paged_attention_reference(
+            q, k_cache, v_cache, block_table, seq_lens, query_start_loc, scale, out=out
+        )
+    start = time.perf_counter()
+    result = kernels.paged_attention_reference(
+        q, k_cache, v_cache, block_table, seq_lens, query_start_loc, scale, out=out
+    )
+    _host_wait(start, time.perf_counter() - start)
+    return result
+
+
+def _device_slowed(fn, device: torch.device):
+    """``fn`` followed by a spin kernel of SLOWDOWN x fn's device time (graph replay, L2 flushed)."""
+    from harness.timing.timer import time_call
+
+    kernel_us = time_call(fn, str(device), target_s=0.05).median_us
+    probe = 1_000_000
+    spin_us = time_call(lambda: torch.cuda._sleep(probe), str(device), target_s=0.05).median_us
+    cycles = max(1, int(SLOWDOWN * kernel_us * probe / spin_us))
+
+    def slowed():
+        result = fn()
+        torch.cuda._sleep(cycles)
+        return result
+
+    return slowed
+
+
+def _host_slowed(fn):
+    def slowed():
+        start = time.perf_counter()
+        result = fn()
+        _host_wait(start, time.perf_counter() - start)
+        return result
+
+    return slowed
+
+
+def _prepare_triton_slowable(case, inputs, out):
+    prepared = REGISTRY["triton"].prepare(case, inputs, out)
+    if not (SLOWDOWN > 0 and "triton_slowable" in SLOWED):
+        return prepared
+    device = inputs.q.device
+    slow = (lambda fn: _device_slowed(fn, device)) if device.type == "cuda" else _host_slowed
+    return dataclasses.replace(prepared, run=slow(prepared.run), call=slow(prepared.call or prepared.run))
+
+
+register_backend("reference_slowable", reference_slowable, devices=("cpu", "cuda"))
+add_backend(
+    dataclasses.replace(
+        REGISTRY["triton"],
+        name="triton_slowable",
+        prepare=_prepare_triton_slowable,
+        devices=("cpu", "cuda") if os.environ.get("HARNESS_TRITON_SLOWABLE_CPU") == "1" else ("cuda",),
+        kind="plugin",
+        description="the triton backend, plus a device spin of HARNESS_SLOWDOWN x its time (noise check)",
+    )
+)
