@@ -1,7 +1,7 @@
 """pytest plugin: case files drive tests, one per (case, backend), with readable ids.
 
 Enable it with ``pytest_plugins = ["harness.pytest_plugin"]`` in a conftest.py (this
-repository's tests/conftest.py does). Options (shared with the CLI, see harness.run.options):
+repository's tests/conftest.py does). Options (shared with the CLI, see harness.cli.options):
 
     --cases PATH         case file or folder, or a packaged suite's name (repeatable; default: smoke)
     --backend NAME       only this backend (repeatable)
@@ -26,13 +26,13 @@ from harness.backends.builtin import REGISTRY, load_plugin, resolve_backends
 from harness.cases.loading import load_cases
 from harness.cases.packaged import resolve_case_arg
 from harness.cases.spec import CaseFileError, check_backend_names
+from harness.cli.options import DEFAULT_CASES, add_to_pytest, apply_threads, default_device
 from harness.execute import xdist as xdist_rows
 from harness.execute.loop import Contexts, case_events
 from harness.results import report
 from harness.results.environment import collect_meta
 from harness.results.storage import write_run
 from harness.run import oracle_cache
-from harness.run.options import DEFAULT_CASES, add_to_pytest, apply_threads, default_device
 from harness.run.runner import RunConfig, to_frame
 
 

@@ -1,5 +1,5 @@
-"""The terminal tells the story: a run ends with PASS/FAIL and its counts, then why rows were skipped;
---version, bare ``harness`` and an unknown case name answer without argparse's noise."""
+"""The terminal tells the story: a run ends with PASS/FAIL and its counts, then why rows were skipped,
+then the report's path; --version, bare ``harness`` and an unknown case name answer without argparse's noise."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import pytest
 import harness.cases.packaged
 import kernels.dispatch
 from harness.cli.main import main
-from harness.run.runner import verdict_lines
+from harness.cli.terminal import verdict_lines
 
 CASE_FILE = """
 [[case]]
@@ -56,8 +56,9 @@ def test_a_run_ends_with_the_verdict_and_why_triton_skipped(tmp_path, capsys, mo
     lines = capsys.readouterr().out.strip().splitlines()
     verdict = next(i for i, line in enumerate(lines) if line.startswith(("PASS: ", "FAIL: ")))
     assert lines[verdict].startswith("PASS: " if code == 0 else "FAIL: ") and " skip" in lines[verdict]
-    assert all(line.startswith("skip ") for line in lines[verdict + 1 :]), lines[verdict:]
-    triton = [line for line in lines[verdict + 1 :] if line.startswith("skip triton (1): ")]
+    assert lines[-1] == f"report: {tmp_path / 'r' / 'report.html'}", "the report's path is the last line"
+    assert all(line.startswith("skip ") for line in lines[verdict + 1 : -1]), lines[verdict:]
+    triton = [line for line in lines[verdict + 1 : -1] if line.startswith("skip triton (1): ")]
     why = "Triton is not installed" if not installed else "on the CPU it runs only cases tagged 'small'"
     assert len(triton) == 1 and why in triton[0], lines[verdict:]
 
@@ -67,7 +68,10 @@ def test_a_run_that_grades_nothing_ends_with_fail(tmp_path, capsys):
     case_file.write_text(CASE_FILE)
     argv = ["run", str(case_file), "--backend", "triton", "--out", str(tmp_path / "r"), "--no-progress"]
     assert main([*argv, "--no-timing"]) == 1
-    assert capsys.readouterr().out.strip().splitlines()[-2] == "FAIL: 1 rows: 1 skip"
+    assert capsys.readouterr().out.strip().splitlines()[-3:-1] == [
+        "FAIL: 1 rows: 1 skip",
+        "skip triton (1): the Triton interpreter is slow: on the CPU it runs only cases tagged 'small'",
+    ]
 
 
 def test_version_prints_the_version(capsys):

@@ -22,7 +22,8 @@ import pandas as pd
 import pytest
 
 from harness.backends import builtin as backends_module
-from harness.cli.main import _resume, build_parser, main
+from harness.cli.main import build_parser, main
+from harness.cli.resume import resume
 from harness.results.journal import Journal, journal_path
 from tests import review_frames as rf
 
@@ -196,14 +197,15 @@ def test_resume_lets_timeout_win_and_refuses_options_that_change_results(setup, 
     out = setup / "run"
     _journal(setup, out)
     args = build_parser().parse_args(["run", "--resume", str(out), "--timeout", "5"])
-    _resume(args).close(stopped=True)
+    resume(args).close(stopped=True)
     assert args.timeout == 5.0, "--timeout given with --resume wins over the journal's 300"
     args = build_parser().parse_args(["run", "--resume", str(out)])
-    _resume(args).close(stopped=True)
+    resume(args).close(stopped=True)
     assert args.timeout == 300.0 and args.isolate == "plugins"
     _journal(setup, setup / "timed", timing=True)
     for target, extra in [("run", ["--device", "cuda"]), ("run", ["--tag", "big"]),
-                          ("run", ["--oracle-device", "cuda"]), ("timed", ["--no-timing"])]:  # fmt: skip
+                          ("run", ["--oracle-device", "cuda"]), ("run", ["-k", "decode"]),
+                          ("timed", ["--no-timing"])]:  # fmt: skip
         assert main(["run", "--resume", str(setup / target), *extra]) == 2
         err = capsys.readouterr().err
         assert f"{extra[0]}" in err and "differs from the run" in err, err
@@ -222,7 +224,7 @@ def test_a_second_resume_of_a_journal_being_written_is_refused_naming_the_holder
         assert main(["run", "--resume", str(out), "--no-progress"]) == 2
         assert f"process {holder.pid}" in capsys.readouterr().err
         # the pid check aside (another host's pid, a reused one), the lock alone refuses it
-        monkeypatch.setattr("harness.cli.main.pid_alive", lambda pid: False)
+        monkeypatch.setattr("harness.cli.resume.pid_alive", lambda pid: False)
         assert main(["run", "--resume", str(out), "--no-progress"]) == 2
         assert f"process {holder.pid} holds this journal's lock" in capsys.readouterr().err
     finally:
@@ -358,7 +360,7 @@ def test_a_recorded_thread_count_past_the_cores_runs_on_the_cores():
     workers): a count of a million must not spawn a million threads; the count that ran is returned."""
     import torch
 
-    from harness.run.options import apply_threads
+    from harness.cli.options import apply_threads
 
     before = torch.get_num_threads()
     try:

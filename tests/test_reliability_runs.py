@@ -330,12 +330,12 @@ def test_a_run_that_grades_nothing_or_skips_a_requested_backend_is_not_green(set
 
 
 def test_an_internal_bug_is_exit_3_with_a_traceback_not_bad_input(setup, capsys, monkeypatch):
-    from harness.cli import main as cli
+    from harness.cli import terminal
 
     def bug(frame):
         raise ValueError("an internal bug")
 
-    monkeypatch.setattr(cli, "summarize", bug)
+    monkeypatch.setattr(terminal, "summarize", bug)
     assert run(setup, setup / "run", *backends("tlsim")) == 3
     err = capsys.readouterr().err
     assert "Traceback" in err and "ValueError: an internal bug" in err and "internal error" in err

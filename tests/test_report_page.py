@@ -160,7 +160,7 @@ def test_plots_are_embedded_as_data_uris(drawn_plots):
 
 
 def test_the_page_says_no_linear_fit_where_the_line_does_not_hold_and_the_terminal_prints_no_fits():
-    from harness.run.runner import summarize
+    from harness.cli.terminal import summarize
 
     frame = rf.frame(num_cases=5)
     cloud = frame["backend"] == "tlsim"

@@ -10,7 +10,9 @@ import pandas as pd
 import pytest
 
 import harness.timing.ceilings
-from harness.cli.main import BadInput, _resume, _run_options, build_parser, main
+from harness.cli.main import build_parser, main
+from harness.cli.options import BadInput
+from harness.cli.resume import resume, run_options
 from harness.results.journal import Journal
 from harness.timing.ceilings import GpuLedger, mixed_models_note
 
@@ -136,7 +138,7 @@ def _stopped_run(tmp_path, cases_file, *flags: str):
     """A run that reserved its folder and journal with these flags, then stopped before any row."""
     out = tmp_path / "run"
     args = build_parser().parse_args(["run", str(cases_file), "--backend", "tlsim", "--no-timing", *flags])
-    Journal.create(out, _run_options(args, "cpu")).close(stopped=True)
+    Journal.create(out, run_options(args, "cpu")).close(stopped=True)
     return out
 
 
@@ -171,20 +173,20 @@ def test_resume_remembers_a_local_ray_but_a_clusters_address_only_when_given_aga
         (tmp_path / folder).mkdir()
     local = _stopped_run(tmp_path / "local", cases_file, "--ray", "--workers", "4")
     resumed = build_parser().parse_args(["run", "--resume", str(local)])
-    _resume(resumed)
+    resume(resumed)
     assert (resumed.ray, resumed.workers) == ("local", "4")
     out = _stopped_run(tmp_path / "cluster", cases_file, "--ray", "ray://head:10001", "--workers", "4")
     resumed = build_parser().parse_args(["run", "--resume", str(out)])
     with pytest.raises(BadInput, match=r"the Ray cluster at ray://head:10001; name it again .*--ray ray://head:10001"):
-        _resume(resumed)
+        resume(resumed)
     finalize = build_parser().parse_args(["run", "--resume", str(out), "--finalize"])  # sends nothing anywhere
-    _resume(finalize).close(stopped=True)
+    resume(finalize).close(stopped=True)
     for flags, expected in (
         (["--ray", "ray://head:10001"], ("ray://head:10001", None)),
         (["--workers", "2"], (None, "2")),
     ):
         resumed = build_parser().parse_args(["run", "--resume", str(out), *flags])
-        _resume(resumed)
+        resume(resumed)
         assert (resumed.ray, resumed.workers) == expected
 
 
@@ -246,4 +248,4 @@ def test_resume_refuses_a_log_folder_that_is_a_link_before_anything_runs(tmp_pat
     out = _stopped_run(tmp_path, cases_file)
     (tmp_path / "run.logs").symlink_to(tmp_path)
     with pytest.raises(BadInput, match=r"run\.logs is not the run's log folder \(a link or a file\)"):
-        _resume(build_parser().parse_args(["run", "--resume", str(out)]))
+        resume(build_parser().parse_args(["run", "--resume", str(out)]))

@@ -80,14 +80,15 @@ def test_merge_refuses_overlapping_runs_and_mixed_commits_unless_told(shard_runs
 
 
 def test_resume_keeps_the_runs_shard(tmp_path):
-    from harness.cli.main import _resume, _run_options, build_parser
+    from harness.cli.main import build_parser
+    from harness.cli.resume import resume, run_options
     from harness.results.journal import Journal
 
     out = tmp_path / "run"
     args = build_parser().parse_args([*SMOKE, "--shard", "1/3"])
-    Journal.create(out, _run_options(args, "cpu")).close(stopped=True)
+    Journal.create(out, run_options(args, "cpu")).close(stopped=True)
     again = build_parser().parse_args(["run", "--resume", str(out)])
-    _resume(again)
+    resume(again)
     assert again.shard == "1/3"
 
 

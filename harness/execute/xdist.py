@@ -26,10 +26,10 @@ import tempfile
 from pathlib import Path
 
 import pytest
+import torch
 
 from harness.execute.workers import visible_gpus
 from harness.results.journal import plain_row
-from harness.run.options import default_device
 from harness.timing.ceilings import GpuLedger, mixed_models_note
 
 ROWS_DIR = "harness_rows_dir"  # key in a worker's workerinput
@@ -52,7 +52,7 @@ def pin_gpus(config: pytest.Config, specs) -> None:
 
 
 def _run_device(config: pytest.Config) -> str:
-    return config.getoption("harness_device", None) or default_device()
+    return config.getoption("harness_device", None) or ("cuda" if torch.cuda.is_available() else "cpu")
 
 
 def _gpu_name(config: pytest.Config) -> str:

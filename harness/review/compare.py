@@ -47,7 +47,7 @@ from harness.results.storage import RunFolderError, load_run
 from harness.review import stats
 from harness.run.runner import NOT_TIMED
 
-EXIT_OK, EXIT_WORSE, EXIT_INCOMPLETE, EXIT_UNCONFIRMED = 0, 1, 4, 5  # 2 bad input, 3 internal (harness.cli.main)
+EXIT_OK, EXIT_WORSE, EXIT_INCOMPLETE, EXIT_UNCONFIRMED = 0, 1, 4, 5  # 2 bad input, 3 internal (harness.cli.options)
 UNCONFIRMED = "unconfirmed"  # a latency row the unpaired rule called slower, not re-timed in paired rounds
 _RANK = {"pass": 0, "fail": 1, "error": 2}
 KEY = ["case", "backend"]

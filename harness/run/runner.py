@@ -15,7 +15,7 @@ import torch
 from harness.backends.registry import Backend
 from harness.cases.inputs import PagedInputs, make_inputs
 from harness.cases.spec import Case
-from harness.cases.vocab import FAILING, GRADED, STATUSES
+from harness.cases.vocab import FAILING
 from harness.results.columns import COLUMNS, check_row_keys
 from harness.run import physics
 from harness.run.calling import NOT_TIMED, Called, call_backend, error_reason, expected_under, sign_mask
@@ -259,58 +259,6 @@ def to_frame(rows: list[dict]) -> pd.DataFrame:
     for column in ("reason", "note", "timing_method", "tags", "kernels_ran", "grading_note", "worst_location"):
         frame[column] = frame[column].astype(object).fillna("").astype(str)
     return frame
-
-
-def summarize(frame: pd.DataFrame) -> str:
-    """A short text summary: status counts per backend, the worst error, the slowest case."""
-    if frame.empty:
-        return "no rows"
-    counts = frame.pivot_table(index="backend", columns="status", values="case", aggfunc="count", fill_value=0)
-    counts = counts.reindex(columns=list(STATUSES), fill_value=0)
-    graded = frame[frame["status"].isin(GRADED)]
-    lines = [counts.to_string()]
-    if graded["tol_ratio"].notna().any():
-        worst = graded.loc[graded["tol_ratio"].idxmax()]
-        lines.append(
-            f"closest to its tolerance: {worst['backend']} on {worst['case']}: {worst['tol_ratio']:.2f} of it "
-            f"(max abs {worst['max_abs_err']:.3g}, atol {worst['atol']:g}, rtol {worst['rtol']:g})"
-        )
-    timed = frame.dropna(subset=["latency_us"])
-    if not timed.empty:
-        slow = timed.loc[timed["latency_us"].idxmax()]
-        lines.append(f"slowest: {slow['backend']} on {slow['case']}: {slow['latency_us']:.1f} us")
-    bad = frame[frame["status"].isin(FAILING)]
-    for _, row in bad.head(10).iterrows():
-        lines.append(f"{row['status'].upper()}: {row['backend']} on {row['case']}: {row['reason']}")
-    if len(bad) > 10:
-        lines.append(f"... and {len(bad) - 10} more failures/errors (see the report)")
-    return "\n".join(lines)
-
-
-def verdict_lines(frame: pd.DataFrame, code: int, *, most: int = 8, width: int = 110) -> str:
-    """The run's last words: one verdict line with the status counts, then why rows were skipped.
-
-    ``PASS: 212 rows: 150 pass, 62 skip`` when ``code`` is 0, else ``FAIL: ...`` with the
-    failing statuses first; then one line per (backend, reason) of the skips, the most
-    frequent first (``skip triton (41): ...``), at most ``most`` of them, each cut to
-    ``width`` characters: a run whose backend skipped everything says why right there.
-    ``INCOMPLETE`` for code 4 (a folder finalized from a journal: pairs never ran).
-    """
-    counts = frame["status"].value_counts()
-    order = ("fail", "error", "pass", "skip") if code == 1 else ("pass", "skip", "fail", "error")
-    order += tuple(s for s in counts.index if s not in order)
-    tally = ", ".join(f"{int(counts[s])} {s}" for s in order if counts.get(s, 0))
-    word = {0: "PASS", 4: "INCOMPLETE"}.get(code, "FAIL")
-    lines = [f"{word}: {len(frame)} rows" + (f": {tally}" if tally else "")]
-    skips = frame[frame["status"] == "skip"]
-    groups = skips.groupby(["backend", "reason"], sort=False).size().sort_values(ascending=False, kind="stable")
-    for (backend, reason), count in groups.head(most).items():
-        line = f"skip {backend} ({count}): {reason or 'no reason given'}"
-        lines.append(line if len(line) <= width else line[: width - 3] + "...")
-    if len(groups) > most:
-        rest = int(groups.iloc[most:].sum())
-        lines.append(f"... and {rest} more skips for {len(groups) - most} other reasons (the report lists them)")
-    return "\n".join(lines)
 
 
 def exit_code(frame: pd.DataFrame) -> int:

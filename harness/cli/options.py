@@ -1,27 +1,52 @@
-"""Run options, defined once and added to both the CLI (argparse) and pytest.
+"""What the verbs share: the run options (defined once, added to both the CLI and pytest), the
+case selection (``-k``), bad input and the exit codes.
 
 Destinations carry a ``harness_`` prefix: pytest itself keeps ``-p`` in ``plugins``.
-
 The noxfile passes its arguments through to these same flags.
 """
 
 from __future__ import annotations
 
 import argparse
+import fnmatch
+import importlib.metadata
 import os
+import re
 import sys
+from collections.abc import Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import torch
 
-from harness.cases.packaged import default_cases
+from harness.cases.loading import load_cases
+from harness.cases.packaged import default_cases, packaged_suites, resolve_case_arg
+
+EXIT_OK, EXIT_FAIL, EXIT_BAD_INPUT, EXIT_INTERNAL = 0, 1, 2, 3
+EXIT_INTERRUPTED, EXIT_BROKEN_PIPE, EXIT_TERMINATED = 130, 141, 143  # 128 + SIGINT, SIGPIPE, SIGTERM
 
 DEFAULT_CASES = default_cases()  # what `run`, `list` and pytest read when given no case file
 
 
+class BadInput(Exception):
+    """An argument or input the user must fix; printed as one message, exit code 2."""
+
+
 def default_device() -> str:
     return "cuda" if torch.cuda.is_available() else "cpu"
+
+
+def prog() -> str:
+    """How the user called us: the console script ``harness``, else ``python -m harness`` (for --help and meta.json)."""
+    return "harness" if Path(sys.argv[0]).name == "harness" else "python -m harness"
+
+
+def version() -> str:
+    try:
+        return importlib.metadata.version("paged-attention-harness")
+    except importlib.metadata.PackageNotFoundError:  # run from a checkout that was never installed
+        return "unknown (not installed)"
 
 
 def _positive_int(text: str) -> str:
@@ -130,3 +155,113 @@ def add_to_pytest(group) -> None:
     """``group`` is a pytest OptionGroup (parser.getgroup(...)); it takes argparse-style kwargs."""
     for option in RUN_OPTIONS:
         group.addoption(option.flag, help=option.help, **option.kwargs)
+
+
+PATTERN_HELP = (
+    "only cases whose id matches EXPRESSION, as pytest's -k: a word matches ids containing it (any case), a word "
+    "with * ? or [ is a glob over the whole id; words join with and, or, not and parentheses "
+    "('decode and not fp8', 'prefill_*/dtype=float32')"
+)
+
+
+def add_pattern(parser: argparse.ArgumentParser) -> None:
+    """``-k EXPRESSION`` on ``parser`` (the CLI's only: pytest has a -k of its own)."""
+    parser.add_argument("-k", dest="pattern", metavar="EXPRESSION", help=PATTERN_HELP)
+
+
+def compile_pattern(text: str) -> Callable[[str], bool]:
+    """``-k``'s expression as a test of a case id; BadInput naming what is wrong with it.
+
+    Grammar: ``expr := term ('or' term)*``, ``term := factor ('and' factor)*``,
+    ``factor := 'not' factor | '(' expr ')' | WORD``. A WORD matches an id that contains it,
+    ignoring case; a WORD with ``*``, ``?`` or ``[`` is a glob that must match the whole id.
+    """
+    tokens = re.findall(r"[()]|[^\s()]+", text)
+    position = 0
+
+    def fail(what: str):
+        raise BadInput(f"-k {text!r}: {what}")
+
+    def peek() -> str | None:
+        return tokens[position] if position < len(tokens) else None
+
+    def take() -> str:
+        nonlocal position
+        position += 1
+        return tokens[position - 1]
+
+    def expr() -> Callable[[str], bool]:
+        parts = [term()]
+        while peek() == "or":
+            take()
+            parts.append(term())
+        return parts[0] if len(parts) == 1 else lambda name: any(p(name) for p in parts)
+
+    def term() -> Callable[[str], bool]:
+        parts = [factor()]
+        while peek() == "and":
+            take()
+            parts.append(factor())
+        return parts[0] if len(parts) == 1 else lambda name: all(p(name) for p in parts)
+
+    def factor() -> Callable[[str], bool]:
+        token = peek()
+        if token is None:
+            fail("the expression ends where a name was expected")
+        take()
+        if token == "not":
+            inner = factor()
+            return lambda name: not inner(name)
+        if token == "(":
+            inner = expr()
+            if peek() != ")":
+                fail("a '(' is never closed")
+            take()
+            return inner
+        if token in (")", "and", "or"):
+            fail(f"{token!r} where a name was expected")
+        word = token.lower()
+        if any(c in word for c in "*?["):
+            return lambda name: fnmatch.fnmatchcase(name.lower(), word)
+        return lambda name: word in name.lower()
+
+    if not tokens:
+        fail("an empty expression")
+    matches = expr()
+    if peek() is not None:
+        fail(f"{peek()!r} after a complete expression (join names with and / or)")
+    return matches
+
+
+def resolved_cases(cases: list[str]) -> list:
+    """Case arguments as paths (a packaged suite's name resolved); a name that is neither is bad input."""
+    resolved = [resolve_case_arg(c) for c in cases]
+    for given, found in zip(cases, resolved, strict=True):
+        if not Path(found).exists():
+            raise BadInput(
+                f"{given}: no such case file or folder, and not a packaged suite "
+                f"(packaged suites: {', '.join(packaged_suites())})"
+            )
+    return resolved
+
+
+def select_cases(cases: list, pattern: str | None) -> list:
+    """The cases whose id matches ``-k pattern`` (all when None)."""
+    if pattern is None:
+        return cases
+    matches = compile_pattern(pattern)
+    return [c for c in cases if matches(c.id)]
+
+
+def load(cases: list[str], device: str, tags: list[str] | None, backends: list[str] | None = None,
+         pattern: str | None = None) -> list:  # fmt: skip
+    """The cases a verb works on; bad input when none is selected."""
+    paths = resolved_cases(cases) or DEFAULT_CASES
+    loaded = select_cases(load_cases(paths, device=device, tags=tags, backends=backends), pattern)
+    if not loaded:
+        raise BadInput(
+            f"no cases selected from {' '.join(map(str, paths))}"
+            + (f" with tags {tags}" if tags else "")
+            + (f" matching -k {pattern!r}" if pattern else "")
+        )
+    return loaded

@@ -1,0 +1,59 @@
+"""``harness backends``: what is registered, where it runs, the variants it declares, and whether it runs here.
+
+"Here" is judged on the packaged smoke suite's cases on this machine's device (``--device``
+to ask about another): each backend's skip reasons are the ones a run would give.
+"""
+
+from __future__ import annotations
+
+import argparse
+
+from harness.backends.builtin import REGISTRY
+from harness.backends.registry import VARIANT_OPTIONS
+from harness.cli.options import EXIT_OK, BadInput, default_device, load
+from harness.cli.run import load_plugins
+
+
+def add_parser(verbs) -> None:
+    listing = verbs.add_parser(
+        "backends",
+        help="the registered backends: kind, devices, declared variants, and whether each runs here",
+        description="A backend that cannot run on the device (it needs CUDA, a library is missing, the "
+        "interpreter runs only small cases) says why, in a run's skip words, over the smoke suite's cases.",
+    )
+    listing.add_argument("--device", choices=["cpu", "cuda"], help="judge availability there (default: this machine's)")
+    listing.add_argument("--plugin", action="append", dest="harness_plugins", default=[], metavar="MODULE_OR_PATH",
+                         help="list this plugin's backends too (imported in a worker process, as by run)")  # fmt: skip
+    listing.set_defaults(handler=main)
+
+
+def availability(backend, cases: list, device: str) -> str:
+    """``yes``, ``no: REASON`` or ``N of M smoke cases (others: REASON)``: how a run here would treat it."""
+    reasons = [backend.skip_reason(case, device) for case in cases]
+    runs = sum(reason is None for reason in reasons)
+    skipped = [r for r in reasons if r is not None]
+    why = max(set(skipped), key=skipped.count) if skipped else ""
+    why = why.removeprefix(f"{backend.name} ")
+    if runs == len(cases):
+        return "yes"
+    if runs == 0:
+        return f"no: {why}"
+    return f"{runs} of {len(cases)} smoke cases (others: {why})"
+
+
+def main(args: argparse.Namespace) -> int:
+    device = args.device or default_device()
+    if device == "cuda" and default_device() != "cuda":
+        raise BadInput("--device cuda: no CUDA device is visible to torch")
+    _, worker = load_plugins(args.harness_plugins, "plugins")
+    if worker is not None:
+        worker.stop()
+    cases = load([], device, None)
+    rows = [("backend", "kind", "devices", f"runs here ({device})", "variants")]
+    for b in REGISTRY.values():
+        variants = "all" if b.options == frozenset(VARIANT_OPTIONS) else ",".join(sorted(b.options)) or "none"
+        rows.append((b.name, b.kind, ",".join(b.devices), availability(b, cases, device), variants))
+    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]) - 1)]
+    for row in rows:
+        print("  ".join([*(cell.ljust(width) for cell, width in zip(row, widths, strict=False)), row[-1]]))
+    return EXIT_OK

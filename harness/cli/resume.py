@@ -1,0 +1,188 @@
+"""A run's journal: what it records of the options, ``run --resume`` and ``run --resume --finalize``.
+
+A killed or unwritten run keeps its rows in ``RUN_DIR.journal.jsonl``; ``--resume`` runs what
+it lacks with the options it recorded (those that change a result must not be given otherwise),
+and ``--finalize`` writes the run folder from the journal alone.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from pathlib import Path
+
+from harness.backends.builtin import resolve_backends
+from harness.backends.registry import plugin_key, require_plugins
+from harness.cases.packaged import resolve_case_arg
+from harness.cases.spec import CaseFileError, load_case_file, resolve_case_paths
+from harness.cli.options import DEFAULT_CASES, BadInput, select_cases
+from harness.cli.terminal import finish, verdict
+from harness.execute.ray_cluster import LOCAL as RAY_LOCAL
+from harness.execute.shards import parse_shard, shard_cases
+from harness.results import report
+from harness.results.journal import Journal, journal_path, pid_alive
+from harness.results.storage import write_run
+from harness.review.compare import EXIT_INCOMPLETE
+from harness.run.runner import COLUMNS, to_frame
+
+
+def run_options(args: argparse.Namespace, device: str) -> dict:
+    """What the journal keeps so that --resume runs the same thing (paths made absolute)."""
+
+    def absolute(path: str) -> str:
+        return str(Path(path).resolve()) if Path(path).exists() else path
+
+    return {
+        "cases": [absolute(c) for c in (args.cases or DEFAULT_CASES)],
+        "backends": args.harness_backends,
+        "device": device,
+        "plugins": [absolute(p) for p in args.harness_plugins],
+        "tags": args.harness_tags,
+        "pattern": args.pattern,
+        "oracle_device": args.harness_oracle_device,
+        "timing": args.timing,
+        "isolate": args.isolate,
+        "timeout": args.timeout,
+        "workers": args.workers,  # --workers / --ray: a resume runs the rest the same way (harness.execute.plan)
+        "ray": args.ray,
+        "shard": args.shard,
+    }
+
+
+# What --resume does with an option given again (the --resume help says the same): these change
+# which rows run or what they measure, so a value other than the journal's is refused; --timeout,
+# --isolate, --workers/--ray, --profile and --no-progress change no result, and the value given wins.
+_RESULT_OPTIONS = {  # args attribute -> (flag, journal options key)
+    "harness_device": ("--device", "device"),
+    "harness_tags": ("--tag", "tags"),
+    "pattern": ("-k", "pattern"),
+    "harness_oracle_device": ("--oracle-device", "oracle_device"),
+}
+
+
+def resume(args: argparse.Namespace):
+    """The journal of --resume RUN_DIR, locked by this process, with args set to the stored options."""
+    run_dir = args.resume
+    if args.cases or args.harness_backends or args.out or args.shard is not None:
+        raise BadInput("--resume runs the journal's own cases, backends and --shard; give none of them, nor --out")
+    if run_dir.exists():
+        raise BadInput(f"--resume {run_dir}: the run folder already exists: that run is complete")
+    journal = Journal.read(journal_path(run_dir))
+    for warning in journal.warnings:
+        print(f"warning: {warning}", file=sys.stderr)
+    options = journal.header.get("options", {})
+    for attribute, (flag, key) in _RESULT_OPTIONS.items():
+        given = getattr(args, attribute)
+        if given is not None and given != options.get(key):
+            raise BadInput(f"--resume {run_dir}: {flag} {given} differs from the run's {options.get(key)}; "
+                           f"a resumed run measures what it started with (give no {flag})")  # fmt: skip
+    if not args.timing and options.get("timing", True):
+        raise BadInput(f"--resume {run_dir}: --no-timing differs from the run, which times its rows")
+    threads = (journal.header.get("meta") or {}).get("timing_threads")
+    if args.harness_threads is not None and threads is not None and args.harness_threads != str(threads):
+        raise BadInput(f"--resume {run_dir}: --threads {args.harness_threads} differs from the run's {threads}")
+    if not args.finalize:  # --finalize imports nothing, runs nothing and sends nothing anywhere
+        require_plugins(options.get("plugins", []), args.harness_plugins, f"the journal {journal.path}")
+        extra = {plugin_key(p) for p in args.harness_plugins} - {plugin_key(p) for p in options.get("plugins", [])}
+        if extra:
+            raise BadInput(f"--resume {run_dir}: --plugin {', '.join(sorted(extra))}: the run did not use it; "
+                           "a resumed run runs its own backends")  # fmt: skip
+        ray = options.get("ray")
+        if args.workers is None and args.ray is None and ray not in (None, RAY_LOCAL):  # a journal is data: it
+            # never chooses where cases go and rows come from
+            raise BadInput(f"--resume {run_dir}: the run sent its cases to the Ray cluster at {ray}; "
+                           f"name it again to send the rest there (--ray {ray}), or give --ray or --workers")  # fmt: skip
+    logs = staged_logs(run_dir)
+    if logs.is_symlink() or (logs.exists() and not logs.is_dir()):
+        raise BadInput(f"--resume {run_dir}: {logs} is not the run's log folder (a link or a file); move it away")
+    last_pid = journal.header.get("last_pid")
+    if last_pid != os.getpid() and pid_alive(last_pid):  # this process's own pid: an earlier resume of it here
+        raise BadInput(f"--resume {run_dir}: process {last_pid} is still writing it")
+    journal.lock()  # held until the run folder is written or the run stops: a second resume is refused
+    args.cases = options.get("cases", [])
+    args.harness_backends = options.get("backends")
+    args.harness_device = options.get("device")
+    args.harness_plugins = options.get("plugins", [])
+    args.harness_tags = options.get("tags")
+    args.pattern = options.get("pattern")
+    args.harness_oracle_device = options.get("oracle_device")
+    args.timing = options.get("timing", True)
+    args.isolate = args.isolate or options.get("isolate")
+    if args.timeout is None:
+        args.timeout = options.get("timeout")
+    if args.harness_threads is None and threads is not None:
+        args.harness_threads = str(threads)
+    args.shard = options.get("shard")  # the same slice of the cases, always
+    if args.workers is None and args.ray is None:  # given on the resume, they replace the journal's
+        args.workers, args.ray = options.get("workers"), options.get("ray")
+    args.out = run_dir
+    return journal
+
+
+def finalize(args: argparse.Namespace, journal) -> int:
+    """Write a stopped run's folder from its journal without running anything (``--finalize``).
+
+    The meta is the one the run recorded at its start (device, versions, commit, ceilings),
+    or, for a journal older than that record, only what the header holds; never this
+    machine's. Pairs that never ran are absent from the rows and listed in meta.json.
+    """
+    if not journal.rows:
+        raise BadInput(f"--finalize {args.resume}: the journal holds no row; there is nothing to write")
+    try:  # the journal's case files and backends, to list what never ran (a journal from another
+        # machine may name files or plugin backends this one lacks: the rows are written anyway)
+        paths = resolve_case_paths([resolve_case_arg(c) for c in args.cases] or DEFAULT_CASES)  # suite names too
+        cases = [case for path in paths for case in load_case_file(path)]
+        cases = [c for c in cases if not args.harness_tags or set(args.harness_tags) & set(c.tags)]
+        cases = select_cases(cases, args.pattern)
+        if args.shard is not None:  # only this run's slice could have run
+            cases = shard_cases(cases, *parse_shard(args.shard))
+        backends = resolve_backends(args.harness_backends)
+        unknown = None
+    except (CaseFileError, ValueError, OSError) as error:
+        cases, backends, unknown = [], [], f"the pairs that never ran are not known here: {error}"
+    done = journal.done()
+    missing = [f"{c.id} {b.name}" for c in cases for b in backends if (c.id, b.name) not in done]
+    frame = ordered(to_frame(journal.rows), cases, backends, COLUMNS)
+    header = journal.header
+    meta = dict(header.get("meta") or {"device": header.get("options", {}).get("device"), "host": header.get("host")})
+    meta["incomplete"] = {
+        "finalized_from_journal": True,
+        "started": header.get("started"),
+        "rows": len(frame),
+        "missing_pairs": len(missing),
+        "missing": missing,
+        "note": "the run stopped before these (case, backend) pairs ran; the folder was written from its journal",
+    }
+    if unknown:
+        meta["incomplete"].update(missing_pairs=None, missing=None, missing_unknown=unknown)
+    if header.get("meta") is None:
+        meta["incomplete"]["meta_unknown"] = (
+            "the journal predates the recorded meta: device, versions and ceilings are not known here"
+        )
+    write_run(frame, meta, args.resume, page=report.render_html)
+    journal.remove()
+    if staged_logs(args.resume).is_dir():  # plugin rows' output of the stopped run, kept with its folder
+        os.replace(staged_logs(args.resume), Path(args.resume) / "logs")
+    code, messages = verdict(frame, None)
+    if code == 0 and (missing or unknown):  # what ran passes, but not all of the run ran
+        code = EXIT_INCOMPLETE
+    messages.insert(0, f"incomplete: {unknown}" if unknown else
+                    f"incomplete: {len(missing)} (case, backend) pairs never ran (meta.json lists them)")  # fmt: skip
+    finish(frame, code, messages, str(Path(args.resume) / "report.html"))
+    return code
+
+
+def staged_logs(run_dir: Path) -> Path:
+    """Where plugin rows' output files are written while the run runs (``<run>.logs``, moved to ``<run>/logs``)."""
+    return run_dir.with_name(run_dir.name + ".logs")
+
+
+def ordered(frame, cases, backends, columns):
+    """Rows in case order, then backend order (a resumed run's journal mixes two runs)."""
+    case_rank = {c.id: i for i, c in enumerate(cases)}
+    backend_rank = {b.name: i for i, b in enumerate(backends)}
+    key = frame["case"].map(case_rank).fillna(len(case_rank)) * (len(backend_rank) + 1) + frame["backend"].map(
+        backend_rank
+    ).fillna(len(backend_rank))
+    return frame.iloc[key.argsort(kind="stable")].reset_index(drop=True)[columns]
