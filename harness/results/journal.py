@@ -52,7 +52,7 @@ class _Record(BaseModel):
 
 
 class HeaderOptions(_Record):
-    """The run's options, as cli._run_options recorded them."""
+    """The run's options, as harness.cli.resume.run_options recorded them."""
 
     cases: list[str] = []
     backends: list[str] | None = None
