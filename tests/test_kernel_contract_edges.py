@@ -13,7 +13,9 @@ so a range that moves takes its edges with it:
 * block sizes that are not powers of two, each with a launch that splits the KV and one that does not;
 * every fp8 format under every q dtype, in decode (fp16 dots, V read in pairs) and prefill launches;
 * a long walk at block_size 1: more columns than one chunk of the kernel's bad-index count, with a
-  bad index planted at its start, middle and end.
+  bad index planted at its start, middle and end;
+* the engine's path: PagedKVCache with a fixed-size table (read at its exact capacity, refused past
+  it, for every backend and cache dtype) and every dispatch override (argument and environment).
 
 Each case runs through reference, tlsim and the interpreted Triton kernel against the float64 oracle.
 """
@@ -31,7 +33,10 @@ from harness.cases.inputs import PagedInputs, make_inputs
 from harness.cases.vocab import DEFAULT_TOLERANCES
 from harness.run.grading import grade
 from harness.run.oracle import paged_attention_oracle
+from kernels import dispatch
+from kernels.cache import CacheFullError, PagedKVCache
 from kernels.contract import MAX_HEAD_DIM, MIN_HEAD_DIM, prepare_call
+from kernels.dispatch import DISPATCH_BACKENDS
 from kernels.fp8 import FP8_DTYPES
 from kernels.tiling import SINGLE_DOT_HEAD_DIM, V_PART_DIM, head_dim_pieces, tiling_for, v_parts
 
@@ -171,3 +176,80 @@ def test_the_value_checks_refuse_a_bad_index_anywhere_in_a_long_walk(place: str)
     column = PLACES[place]
     with pytest.raises(ValueError, match=rf"block_table\[0, {column}\]"):
         prepare_call(*_walk_with_bad(column), check=True)
+
+
+# --- the engine's path: a fixed-size table in PagedKVCache, every dispatch override ----------------------
+
+
+def _filled_cache(backend: str | None, dtype=torch.float32, **fixed) -> PagedKVCache:
+    """Two sequences of 9 and 7 keys in blocks of 3 (K 33 dims, V 40), the first filling a row of 3 blocks."""
+    scales = {"k_scale": 0.02, "v_scale": 0.03} if dtype in FP8_DTYPES else {}
+    cache = PagedKVCache(1, 8, 3, 1, 33, dtype=dtype, backend=backend, head_dim_v=40, **scales, **fixed)
+    draw = torch.Generator().manual_seed(0)
+    for seq, length in ((0, 9), (1, 7)):
+        cache.allocate(seq)
+        slots = cache.append(seq, length)
+        cache.write(0, slots, torch.randn(length, 1, 33, generator=draw), torch.randn(length, 1, 40, generator=draw))
+    return cache
+
+
+def _read_against_oracle(cache: PagedKVCache, backend: str | None) -> None:
+    q = torch.randn(3, 2, 33, generator=torch.Generator().manual_seed(1))
+    starts = torch.tensor([0, 2, 3], dtype=torch.int32)  # seq 0: two queries, seq 1: one
+    meta = cache.step_metadata([0, 1], starts)
+    scales = {} if cache.k_scale is None else {"k_scale": cache.k_scale, "v_scale": cache.v_scale}
+    k, v = cache.k_caches[0], cache.v_caches[0]
+    expected = paged_attention_oracle(q, k, v, meta.block_table, meta.seq_lens, starts, **scales)
+    result = grade(cache.paged_attention(0, q, meta), expected, *DEFAULT_TOLERANCES["float32"])
+    assert result.passed, f"{backend}: {result.reason}"
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, *FP8_DTYPES], ids=str)
+@pytest.mark.parametrize("backend", DISPATCH_BACKENDS)
+def test_a_fixed_size_table_reads_the_oracle_at_its_capacity_and_refuses_past_it(backend: str, dtype):
+    if backend == "triton" and (reason := kernels.triton_unavailable_reason("cpu")):
+        pytest.skip(reason)
+    cache = _filled_cache(backend, dtype, max_seqs=2, max_blocks_per_seq=3)
+    table = cache._table
+    _read_against_oracle(cache, backend)
+    with pytest.raises(CacheFullError, match="fixed"):
+        cache.append(0, 1)  # a fourth block for a row of three
+    with pytest.raises(CacheFullError, match="fixed"):
+        cache.allocate(2)  # a third row
+    assert cache._table is table and cache.seq_lens([0, 1]).tolist() == [9, 7], "nothing changed"
+    cache.free(1)
+    cache.allocate(2)  # the freed row is taken again, in place
+    assert cache._table is table
+
+
+def test_a_table_of_no_fixed_size_grows_past_its_first_width():
+    cache = _filled_cache("tlsim")  # 4 columns at first: seq 0's 9 keys take 3 of them
+    cache.append(0, 6)  # 5 blocks
+    assert cache.block_table([0]).shape[1] == 5 and cache._table.shape[1] >= 5
+
+
+@pytest.mark.parametrize("how", ["argument", "environment"])
+@pytest.mark.parametrize("backend", DISPATCH_BACKENDS)
+def test_every_dispatch_override_serves_the_backend_it_names(backend: str, how: str, monkeypatch):
+    if backend == "triton" and (reason := kernels.triton_unavailable_reason("cpu")):
+        pytest.skip(reason)
+    inputs = _inputs("k300")
+    called = []
+    real = dispatch._backend_fn
+    monkeypatch.setattr(dispatch, "_backend_fn", lambda name: called.append(name) or real(name))
+    if how == "environment":
+        monkeypatch.setenv(dispatch.BACKEND_ENV, backend)
+    got = kernels.paged_attention_dispatch(*inputs.args(), **({"backend": backend} if how == "argument" else {}))
+    assert called == [backend]
+    assert grade(got, _expected("k300"), *DEFAULT_TOLERANCES["float32"]).passed
+
+
+def test_forcing_the_kernel_where_it_cannot_run_or_an_unknown_backend_is_refused(monkeypatch):
+    monkeypatch.setenv("TRITON_INTERPRET", "0")
+    with pytest.raises(dispatch.BackendUnavailableError, match="TRITON_INTERPRET"):
+        dispatch.select_backend("cpu", "triton")
+    with pytest.raises(ValueError, match="backend argument"):
+        dispatch.select_backend("cpu", "cuda")
+    monkeypatch.setenv(dispatch.BACKEND_ENV, "nope")
+    with pytest.raises(ValueError, match=dispatch.BACKEND_ENV):
+        dispatch.select_backend("cpu")
