@@ -137,6 +137,8 @@ def main(argv: list[str] | None = None) -> int:
     result = out.with_suffix(".json")
     runner = [sys.executable, str(ROOT / "scripts" / "mutants.py"), "--catalogue", str(out), "--json", str(result)]
     subprocess.run([*runner, *rest], cwd=ROOT, check=False)
+    if not result.exists():
+        return 1  # the runner said why (the baseline failed, say)
     outcomes = json.loads(result.read_text())["outcomes"]
     survived = [o for o in outcomes if o["verdict"] == "survived"]
     caught = [o for o in outcomes if o["verdict"] in ("caught", "misrecorded")]

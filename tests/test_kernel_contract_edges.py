@@ -253,3 +253,27 @@ def test_forcing_the_kernel_where_it_cannot_run_or_an_unknown_backend_is_refused
     monkeypatch.setenv(dispatch.BACKEND_ENV, "nope")
     with pytest.raises(ValueError, match=dispatch.BACKEND_ENV):
         dispatch.select_backend("cpu")
+
+
+@pytest.mark.parametrize(
+    ("name", "extra"), [("k300", {}), ("k300", {"return_lse": True}), ("fp8_e5m2_float32_decode", {})]
+)
+def test_a_repeated_call_is_served_from_its_plan_with_the_same_bits(name: str, extra: dict):
+    """The second call of the same shapes and options is a plan hit (the launcher's checks, tiling and
+    binding skipped) and writes exactly what the first did; with the plans off it writes the same again."""
+    if reason := kernels.triton_unavailable_reason("cpu"):
+        pytest.skip(reason)
+    from kernels.launch_plan import plans_enabled
+    from kernels.triton_paged import PLANS
+
+    inputs, call = _inputs(name), {**_hints(BY_NAME[name]), **_inputs(name).options, **extra}
+    with plans_enabled(True):
+        first = kernels.paged_attention_triton(*inputs.args(), **call)
+        hits = PLANS.hits
+        second = kernels.paged_attention_triton(*inputs.args(), **call)
+        assert PLANS.hits == hits + 1, "the second call is a plan hit"
+    with plans_enabled(False):
+        third = kernels.paged_attention_triton(*inputs.args(), **call)
+    for got in (second, third):
+        for a, b in zip(torch.utils._pytree.tree_leaves(first), torch.utils._pytree.tree_leaves(got), strict=True):
+            assert torch.equal(a, b)
