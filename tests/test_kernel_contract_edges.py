@@ -38,7 +38,7 @@ from kernels.cache import CacheFullError, PagedKVCache
 from kernels.contract import MAX_HEAD_DIM, MIN_HEAD_DIM, prepare_call
 from kernels.dispatch import DISPATCH_BACKENDS
 from kernels.fp8 import FP8_DTYPES
-from kernels.tiling import SINGLE_DOT_HEAD_DIM, V_PART_DIM, head_dim_pieces, tiling_for, v_parts
+from kernels.tiling import SINGLE_DOT_HEAD_DIM, V_PART_DIM, choose_tiling, head_dim_pieces, tiling_for, v_parts
 
 BACKENDS = ("triton", "tlsim", "reference")
 BASE = dict(num_q_heads=2, num_kv_heads=1, head_dim=64, block_size=16, dtype="float32", layout="shuffled", seed=5)
@@ -82,7 +82,7 @@ def contract_edges() -> list[Case]:
         cases.append(Case(f"wide_k{k}_v{v}", *SHORT, fields))
     # Block sizes that are no power of two: a tile spans a partial block. Split (the hint allows
     # two splits of 576) and unsplit (a hint of one split's worth: the one split runs to the end).
-    for bs in (3, 12, 100):
+    for bs in (3, 100):
         for hint, tag in ((1152, "split"), (576, "unsplit")):
             cases.append(Case(f"block{bs}_{tag}", (1100, 577, 5), (1, 1, 1), {"block_size": bs}, {"max_seq_len": hint}))
     # Every fp8 format under every q dtype; decode launches (bf16 q: fp16 dots, V as uint16 pairs) and prefill.
@@ -92,6 +92,18 @@ def contract_edges() -> list[Case]:
             fields = {"dtype": dtype, "kv_dtype": str(fp8).removeprefix("torch."), "kv_scale": "amax_per_head"}
             cases.append(Case(f"fp8_{fmt}_{dtype}_decode", (40, 1, 66), (1, 1, 1), fields))
             cases.append(Case(f"fp8_{fmt}_{dtype}_prefill", (40, 9), (5, 9), {**fields, "input_scale": 2.0}))
+        # K past the single dot: its tail piece widened from fp8, and bf16 q's tail scaled into fp16 with q.
+        fields = {
+            "dtype": "bfloat16",
+            "kv_dtype": str(fp8).removeprefix("torch."),
+            "head_dim": SINGLE_DOT_HEAD_DIM + 44,
+        }
+        cases.append(Case(f"fp8_{fmt}_k{SINGLE_DOT_HEAD_DIM + 44}_bfloat16_decode", (40, 1, 66), (1, 1, 1), fields))
+    # Past the single dot under fp32 a group of more than 16 heads is tiled 16 a program; MLA's latent
+    # cache (V a view of K's first columns) under the wide tiling reads V from the K tile.
+    cases.append(Case("k300_group32", *SHORT, {"head_dim": 300, "num_q_heads": 32}))
+    cases.append(Case("latent_k576_v512", *SHORT, {"head_dim": 576, "head_dim_v": 512, "dtype": "bfloat16",
+                                                   "num_q_heads": 4, "latent_kv": True}))  # fmt: skip
     # A long walk at block_size 1: 300 columns, three chunks of the bad-index count.
     cases.append(Case("block1_long_walk", (300, 2), (1, 1), {"block_size": 1}))
     return cases
@@ -135,7 +147,7 @@ def test_the_generated_cases_reach_every_rule_they_name():
     assert head_dim_pieces(SINGLE_DOT_HEAD_DIM + 44) == (SINGLE_DOT_HEAD_DIM, 64), "a tail padded past the head dim"
     for name, parts in (("wide_k288_v100", 1), ("wide_k64_v257", 2), ("wide_k576_v512", 2)):
         assert v_parts(prepare_call(*_inputs(name).args())) == parts, name
-    for bs in (3, 12, 100):
+    for bs in (3, 100):
         assert _tiling(f"block{bs}_split").NUM_SPLITS == 2 and _tiling(f"block{bs}_unsplit").NUM_SPLITS == 1
     assert _tiling("fp8_e5m2_bfloat16_decode").FP8_DOTS_FP16 and not _tiling("fp8_e5m2_bfloat16_prefill").FP8_DOTS_FP16
     assert max(BY_NAME["block1_long_walk"].seq_lens) > 2 * COUNT_CHUNK
@@ -245,6 +257,8 @@ def test_every_dispatch_override_serves_the_backend_it_names(backend: str, how: 
 
 
 def test_forcing_the_kernel_where_it_cannot_run_or_an_unknown_backend_is_refused(monkeypatch):
+    monkeypatch.delenv(dispatch.BACKEND_ENV, raising=False)
+    assert dispatch.select_backend("cpu") == "tlsim", "unforced on a CPU: tlsim"
     monkeypatch.setenv("TRITON_INTERPRET", "0")
     with pytest.raises(dispatch.BackendUnavailableError, match="TRITON_INTERPRET"):
         dispatch.select_backend("cpu", "triton")
@@ -277,3 +291,35 @@ def test_a_repeated_call_is_served_from_its_plan_with_the_same_bits(name: str, e
     for got in (second, third):
         for a, b in zip(torch.utils._pytree.tree_leaves(first), torch.utils._pytree.tree_leaves(got), strict=True):
             assert torch.equal(a, b)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_head_dim_strides_other_than_one_and_a_call_without_tokens(backend: str):
+    """q, the caches and out each every other element of their last dim (the launcher copies them,
+    and copies out back); a call with no token returns its empty out."""
+    inputs = _inputs("k64_v33")
+    q, k, v, table, lens, starts = inputs.args()
+
+    def spread(t: torch.Tensor) -> torch.Tensor:
+        wide = torch.zeros(*t.shape[:-1], 2 * t.shape[-1], dtype=t.dtype)
+        wide[..., ::2] = t
+        return wide[..., ::2]
+
+    out = spread(inputs.new_out())
+    got = _backend(backend)(spread(q), spread(k), spread(v), table, lens, starts, out=out, **_hints(BY_NAME["k64_v33"]))
+    assert got is out and grade(out, _expected("k64_v33"), *DEFAULT_TOLERANCES["float32"]).passed
+    empty = _backend(backend)(q[:0], k, v, table[:0], lens[:0], starts[:1])
+    assert empty.shape == (0, *q.shape[1:2], v.shape[-1])
+
+
+@pytest.mark.parametrize("backend", ["triton", "tlsim"])
+def test_a_decode_given_without_query_start_loc_matches_the_oracle(backend: str):
+    name = "fp8_e5m2_bfloat16_decode"
+    inputs = _inputs(name)
+    got = _backend(backend)(*inputs.args()[:5], **inputs.options)  # one query a sequence, no hints
+    assert grade(got, _expected(name), *DEFAULT_TOLERANCES["bfloat16"]).passed
+
+
+def test_a_group_past_the_kernels_limit_is_refused():
+    with pytest.raises(ValueError, match="limit of 128"):
+        choose_tiling(64, 129, 1)
