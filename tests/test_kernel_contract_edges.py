@@ -234,10 +234,19 @@ def test_a_fixed_size_table_reads_the_oracle_at_its_capacity_and_refuses_past_it
     assert cache._table is table
 
 
-def test_a_table_of_no_fixed_size_grows_past_its_first_width():
-    cache = _filled_cache("tlsim")  # 4 columns at first: seq 0's 9 keys take 3 of them
-    cache.append(0, 6)  # 5 blocks
-    assert cache.block_table([0]).shape[1] == 5 and cache._table.shape[1] >= 5
+@pytest.mark.parametrize(
+    "fixed", [{}, {"max_seqs": 2}, {"max_blocks_per_seq": 3}], ids=["free", "rows_fixed", "width_fixed"]
+)
+def test_a_table_grows_where_its_size_is_not_fixed(fixed: dict):
+    """Each dimension of the table that was not fixed grows; a fixed one refuses (above)."""
+    cache = _filled_cache("tlsim", **fixed)  # 4 columns at first (3 when fixed): seq 0's 9 keys take 3
+    if "max_blocks_per_seq" not in fixed:
+        cache.append(0, 6)  # 5 blocks
+        assert cache.block_table([0]).shape[1] == 5 and cache._table.shape[1] >= 5
+    if "max_seqs" not in fixed:
+        for seq in range(2, 10):  # past the first 8 rows
+            cache.allocate(seq)
+        assert cache._table.shape[0] >= 10
 
 
 @pytest.mark.parametrize("how", ["argument", "environment"])
