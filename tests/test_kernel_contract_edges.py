@@ -305,7 +305,7 @@ def test_a_repeated_call_is_served_from_its_plan_with_the_same_bits(name: str, e
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_head_dim_strides_other_than_one_and_a_call_without_tokens(backend: str):
     """q, the caches and out each every other element of their last dim (the launcher copies them,
-    and copies out back); a call with no token returns its empty out."""
+    and copies out back); a call with no sequence passes the value checks and returns its empty out."""
     inputs = _inputs("k64_v33")
     q, k, v, table, lens, starts = inputs.args()
 
@@ -317,7 +317,7 @@ def test_head_dim_strides_other_than_one_and_a_call_without_tokens(backend: str)
     out = spread(inputs.new_out())
     got = _backend(backend)(spread(q), spread(k), spread(v), table, lens, starts, out=out, **_hints(BY_NAME["k64_v33"]))
     assert got is out and grade(out, _expected("k64_v33"), *DEFAULT_TOLERANCES["float32"]).passed
-    empty = _backend(backend)(q[:0], k, v, table[:0], lens[:0], starts[:1])
+    empty = _backend(backend)(q[:0], k, v, table[:0], lens[:0], starts[:1], check=True)
     assert empty.shape == (0, *q.shape[1:2], v.shape[-1])
 
 
