@@ -1,6 +1,7 @@
 """Sessions: `nox -s tests` (the quick suite), `nox -s slow` (the tests marked slow), `nox -s mutants`
 (the mutant catalogue), `nox -s cpu` (the CPU case suite's report), `nox -s gpu` (a CUDA box),
-`nox -s bench` (pytest-benchmark, saved and compared across commits), `nox -s lint`.
+`nox -s bench` (pytest-benchmark, saved and compared across commits), `nox -s lint`, `nox -s coverage`
+(branch coverage of kernels/ by the quick kernel tests), `nox -s fuzz` (the long sweeps).
 
 On a CPU machine torch is pinned to its CPU build (TORCH_SPEC, default torch==2.13.0, which
 this team's machines keep on local disk); an unpinned `torch` would pull a multi-GB CUDA
@@ -137,12 +138,31 @@ def bench(session: nox.Session) -> None:
 
 @nox.session
 def fuzz(session: nox.Session) -> None:
-    """The hypothesis property test over the case space, long: 1000 examples (CI runs 30)."""
+    """The wide sweeps, long: the hypothesis property test over the case space (1000 examples; CI runs 30)
+    and the kernel sweep over the contract's ranges (200 examples; the quick loop runs their edges)."""
     install_cpu(session)
-    session.run(
-        "python", "-m", "pytest", "tests/test_hypothesis_cases.py", *session.posargs,
-        env={"TRITON_INTERPRET": "1", "HARNESS_HYPOTHESIS_EXAMPLES": os.environ.get("HARNESS_HYPOTHESIS_EXAMPLES", "1000")},
-    )  # fmt: skip
+    env = {
+        "TRITON_INTERPRET": "1",
+        "HARNESS_HYPOTHESIS_EXAMPLES": os.environ.get("HARNESS_HYPOTHESIS_EXAMPLES", "1000"),
+        "KERNEL_SWEEP_EXAMPLES": os.environ.get("KERNEL_SWEEP_EXAMPLES", "200"),
+    }
+    session.run("python", "-m", "pytest", "tests/test_hypothesis_cases.py", "tests/test_kernel_contract_sweep.py",
+                *session.posargs, env=env)  # fmt: skip
+
+
+# The quick kernel tests: the README's loop after a kernel edit, and what `nox -s coverage` measures.
+QUICK_KERNEL_TESTS = ["tests/test_kernel_edges.py", "tests/test_kernel_contract_edges.py"]
+
+
+@nox.session
+def coverage(session: nox.Session) -> None:
+    """Branch coverage of kernels/ by the quick kernel tests, the Triton kernel interpreted (coverage.py
+    follows its Python): the modules' percentages and the lines and branches not reached (docs/mutants.md
+    names the unreached ones and why). Arguments go to pytest (`-- tests/test_dispatch.py` adds a file)."""
+    install_cpu(session, "test,triton,xdist")
+    session.install("pytest-cov")
+    session.run("python", "-m", "pytest", "-n", "2", "-p", "no:cacheprovider", *QUICK_KERNEL_TESTS, "--cov",
+                "--cov-report=term-missing", *session.posargs, env={"TRITON_INTERPRET": "1"})  # fmt: skip
 
 
 @nox.session

@@ -58,6 +58,7 @@ ROOT = Path(__file__).resolve().parent.parent
 CATALOGUE = ROOT / "scripts" / "mutants.toml"
 QUICK_TESTS = [
     "tests/test_kernel_edges.py",
+    "tests/test_kernel_contract_edges.py",
     "tests/test_tlsim_predicts_triton.py::test_tlsim_predicts_the_device_split",
     "tests/test_kernel_tuning.py::test_the_device_split_dispatches_its_sequences_longest_piece_first",
 ]

@@ -1,0 +1,153 @@
+"""Mutants derived mechanically from the kernels' source, outside the hand-written catalogue.
+
+    python scripts/generate_mutants.py --list                           # count them by file and operator
+    python scripts/generate_mutants.py --sample 40 --out generated.toml  # a seeded sample, as a catalogue
+    python scripts/generate_mutants.py --sample 40 --run                 # and run it (scripts/mutants.py)
+
+Each mutant is one operator swap found by walking the syntax tree of kernels/triton_paged.py,
+tiling.py, launch_plan.py, contract.py, fp8.py, cache.py, dispatch.py and cascade.py:
+
+* comparison flips on a boundary: ``<`` <-> ``<=``, ``>`` <-> ``>=``;
+* off-by-ones: ``x + 1`` and ``x - 1`` lose the 1;
+* dropped masks and conditions: ``a & b`` keeps one side (each side in turn), ``a and b`` likewise.
+
+A mutant is written in scripts/mutants.toml's form (``find``: the source lines holding the
+operator, widened line by line until unique in the file; ``replace``: the same lines swapped), so
+scripts/mutants.py plants and runs it. Generated mutants name no ``caught_by``: the runner's verdict
+``misrecorded`` (a quick test failed, not a named one) is a catch here, and ``survived`` a gap.
+"""
+
+from __future__ import annotations
+
+import argparse
+import ast
+import json
+import random
+import subprocess
+import sys
+import tempfile
+from collections import Counter
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+FILES = ["triton_paged", "tiling", "launch_plan", "contract", "fp8", "cache", "dispatch", "cascade"]
+FLIPS = {ast.Lt: "<=", ast.LtE: "<", ast.Gt: ">=", ast.GtE: ">"}
+
+
+def _swaps(node: ast.AST, lines: list[str]):
+    """(kind, start, end, new text) for each swap of ``node``; start / end are (line, col) of the text replaced."""
+    if isinstance(node, ast.Compare) and len(node.ops) == 1 and type(node.ops[0]) in FLIPS:
+        left, right = node.left, node.comparators[0]
+        if left.end_lineno == right.lineno:  # the operator between them, on one line
+            gap = lines[left.end_lineno - 1][left.end_col_offset : right.col_offset]
+            op = gap.strip()
+            at = left.end_col_offset + gap.index(op)
+            yield "flip", (left.end_lineno, at), (left.end_lineno, at + len(op)), FLIPS[type(node.ops[0])]
+    elif isinstance(node, ast.BinOp) and isinstance(node.op, ast.Add | ast.Sub):
+        if isinstance(node.right, ast.Constant) and node.right.value == 1 and node.left.end_lineno == node.lineno:
+            yield "off-by-one", (node.left.end_lineno, node.left.end_col_offset), (node.lineno, node.end_col_offset), ""
+    elif _is_and(node):
+        left, right = (node.left, node.right) if isinstance(node, ast.BinOp) else node.values
+        if left.end_lineno == right.lineno:
+            line = lines[right.lineno - 1]
+            gap = line[left.end_col_offset : right.col_offset]  # the operator, spaces, any opening parens
+            opened = gap.count("(") - gap.count(")")
+            end = right.end_col_offset
+            for _ in range(opened):  # the closing parens that match the gap's
+                end = line.index(")", end) + 1
+            yield "drop-right", (left.end_lineno, left.end_col_offset), (right.end_lineno, end), ""
+            operator_end = left.end_col_offset + len(gap.rstrip("( ")) + 1
+            yield "drop-left", (left.lineno, left.col_offset), (right.lineno, operator_end), ""
+
+
+def _is_and(node: ast.AST) -> bool:
+    """``a & b`` (a mask's conjunction) or ``a and b`` (a condition's)."""
+    if isinstance(node, ast.BinOp):
+        return isinstance(node.op, ast.BitAnd)
+    return isinstance(node, ast.BoolOp) and isinstance(node.op, ast.And) and len(node.values) == 2
+
+
+def generate(files: list[str] = FILES) -> list[dict]:
+    """Every mutant of ``files`` (module names under kernels/), in source order."""
+    mutants = []
+    for name in files:
+        rel = f"kernels/{name}.py"
+        source = (ROOT / rel).read_text()
+        lines = source.splitlines(keepends=True)
+        for node in ast.walk(ast.parse(source)):
+            for kind, (l0, c0), (l1, c1), new in _swaps(node, lines):
+                first, last = l0, l1
+                block = "".join(lines[first - 1 : last])
+                offset0 = sum(len(x) for x in lines[first - 1 : l0 - 1]) + c0
+                offset1 = sum(len(x) for x in lines[first - 1 : l1 - 1]) + c1
+                mutated = block[:offset0] + new + block[offset1:]
+                while source.count(block) > 1 and first > 1:  # widen until the text is unique
+                    first -= 1
+                    block, mutated = lines[first - 1] + block, lines[first - 1] + mutated
+                if source.count(block) != 1 or mutated == block or not _parses(source.replace(block, mutated)):
+                    continue
+                swapped = lines[l0 - 1][c0:c1] if l0 == l1 else "..."
+                mutants.append({
+                    "id": f"gen-{name}-{l0}-{c0}-{kind}",
+                    "file": rel,
+                    "find": block,
+                    "replace": mutated,
+                    "why": f"generated: {kind} at line {l0} ({swapped.strip()!r} -> {new!r})",
+                })  # fmt: skip
+    return mutants
+
+
+def _parses(source: str) -> bool:
+    try:
+        ast.parse(source)
+    except SyntaxError:
+        return False
+    return True
+
+
+def to_toml(mutants: list[dict]) -> str:
+    return "".join(
+        "[[mutant]]\n" + "".join(f"{key} = {json.dumps(value)}\n" for key, value in m.items()) + "\n" for m in mutants
+    )
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--files", nargs="+", default=FILES, help="modules under kernels/ (default: %(default)s)")
+    parser.add_argument("--sample", type=int, help="this many, drawn with --seed (default: all)")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--out", type=Path, help="write the catalogue here")
+    parser.add_argument("--list", action="store_true", help="print the counts by file and operator")
+    parser.add_argument("--run", action="store_true", help="run them with scripts/mutants.py and report the survivors")
+    args, rest = parser.parse_known_args(argv)
+
+    mutants = generate(args.files)
+    if args.list:
+        for (file, kind), count in sorted(Counter((m["file"], m["why"].split()[1]) for m in mutants).items()):
+            print(f"{file:<26} {kind:<11} {count}")
+    print(f"{len(mutants)} generated mutants")
+    if args.sample is not None:
+        mutants = random.Random(args.seed).sample(mutants, min(args.sample, len(mutants)))
+        print(f"sample of {len(mutants)} (seed {args.seed})")
+    out = args.out or Path(tempfile.mkdtemp(prefix="generated-mutants-")) / "generated.toml"
+    out.write_text(to_toml(mutants))
+    print(f"catalogue: {out}")
+    if not args.run:
+        return 0
+    result = out.with_suffix(".json")
+    runner = [sys.executable, str(ROOT / "scripts" / "mutants.py"), "--catalogue", str(out), "--json", str(result)]
+    subprocess.run([*runner, *rest], cwd=ROOT, check=False)
+    if not result.exists():
+        return 1  # the runner said why (the baseline failed, say)
+    outcomes = json.loads(result.read_text())["outcomes"]
+    survived = [o for o in outcomes if o["verdict"] == "survived"]
+    caught = [o for o in outcomes if o["verdict"] in ("caught", "misrecorded")]
+    print(f"\n{len(caught)} caught, {len(survived)} survived, {len(outcomes) - len(caught) - len(survived)} other")
+    print(f"survival rate {len(survived) / max(len(outcomes), 1):.0%}")
+    for o in survived:
+        print(f"  survived: {o['id']}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

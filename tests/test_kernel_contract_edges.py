@@ -1,0 +1,334 @@
+"""Shapes at the edges of every range and rule the contract declares, generated from the declarations.
+
+The cases are not chosen by hand: :func:`contract_edges` derives them from the constants the
+contract and the tiling state (``kernels.contract.MIN_HEAD_DIM`` / ``MAX_HEAD_DIM``,
+``kernels.tiling.SINGLE_DOT_HEAD_DIM``, ``V_PART_DIM``, ``head_dim_pieces``, ``kernels.fp8.FP8_DTYPES``),
+so a range that moves takes its edges with it:
+
+* K head dims: the range's ends, each power of two inside it (a piece boundary) one below, on it
+  and one above, and past SINGLE_DOT_HEAD_DIM main pieces with a tail that is not a power of two
+  (300 = 256 + 44: the tail's mask must stop at 300, not at the padded 320);
+* V narrower and wider than K, under the 16-head tiling and the wide one (V narrower than one
+  V_PART_DIM part, V one dim past a part);
+* block sizes that are not powers of two, each with a launch that splits the KV and one that does not;
+* every fp8 format under every q dtype, in decode (fp16 dots, V read in pairs) and prefill launches;
+* a long walk at block_size 1: more columns than one chunk of the kernel's bad-index count, with a
+  bad index planted at its start, middle and end;
+* the engine's path: PagedKVCache with a fixed-size table (read at its exact capacity, refused past
+  it, for every backend and cache dtype) and every dispatch override (argument and environment).
+
+Each case runs through reference, tlsim and the interpreted Triton kernel against the float64 oracle.
+"""
+
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass, field
+
+import pytest
+import torch
+
+import kernels
+from harness.cases.inputs import PagedInputs, make_inputs
+from harness.cases.vocab import DEFAULT_TOLERANCES
+from harness.run.grading import grade
+from harness.run.oracle import paged_attention_oracle
+from kernels import dispatch
+from kernels.cache import CacheFullError, PagedKVCache
+from kernels.contract import MAX_HEAD_DIM, MIN_HEAD_DIM, prepare_call
+from kernels.dispatch import DISPATCH_BACKENDS
+from kernels.fp8 import FP8_DTYPES
+from kernels.tiling import SINGLE_DOT_HEAD_DIM, V_PART_DIM, choose_tiling, head_dim_pieces, tiling_for, v_parts
+
+BACKENDS = ("triton", "tlsim", "reference")
+BASE = dict(num_q_heads=2, num_kv_heads=1, head_dim=64, block_size=16, dtype="float32", layout="shuffled", seed=5)
+SHORT = ((1, 37), (1, 3))  # a decode row and a short prefill: (seq_lens, q_lens)
+COUNT_CHUNK = 128  # the block-table columns _count_bad_blocks reads at a time (kernels/triton_paged.py)
+
+
+@dataclass(frozen=True)
+class Case:
+    name: str
+    seq_lens: tuple[int, ...]
+    q_lens: tuple[int, ...]
+    fields: dict = field(default_factory=dict)  # make_inputs keywords beyond BASE
+    hints: dict = field(default_factory=dict)  # max_q_len / max_seq_len; absent: the true ones
+
+    def __str__(self) -> str:
+        return self.name
+
+
+def head_dim_edges() -> list[int]:
+    """K head dims on every edge of [MIN_HEAD_DIM, MAX_HEAD_DIM] and of the pieces K is loaded in."""
+    dims = {MIN_HEAD_DIM, MIN_HEAD_DIM + 1, MAX_HEAD_DIM - 1, MAX_HEAD_DIM}
+    boundary = MIN_HEAD_DIM
+    while boundary <= MAX_HEAD_DIM:
+        dims |= {boundary - 1, boundary, boundary + 1}
+        if boundary >= SINGLE_DOT_HEAD_DIM:  # a main piece and a tail that is no power of two
+            dims.add(boundary + 44)
+        boundary *= 2
+    return sorted(d for d in dims if MIN_HEAD_DIM <= d <= MAX_HEAD_DIM)
+
+
+def contract_edges() -> list[Case]:
+    """The generated cases (see the module docstring)."""
+    cases = [Case(f"k{d}", *SHORT, {"head_dim": d}) for d in head_dim_edges()]
+    # V narrower and wider than K: fp32 (one V piece, 16-head tiling) and bf16 (the wide tiling).
+    for k, v in ((64, 33), (64, 129), (300, 64), (MAX_HEAD_DIM, MIN_HEAD_DIM)):
+        cases.append(Case(f"k{k}_v{v}", *SHORT, {"head_dim": k, "head_dim_v": v}))
+    narrow_v = V_PART_DIM // 2 - 28  # 100: a wide tiling whose V fills less than one V part
+    for k, v in ((SINGLE_DOT_HEAD_DIM + 32, narrow_v), (64, V_PART_DIM + 1), (MAX_HEAD_DIM, 2 * V_PART_DIM)):
+        fields = {"head_dim": k, "head_dim_v": v, "dtype": "bfloat16", "num_q_heads": 4}
+        cases.append(Case(f"wide_k{k}_v{v}", *SHORT, fields))
+    # Block sizes that are no power of two: a tile spans a partial block. Split (the hint allows
+    # two splits of 576) and unsplit (a hint of one split's worth: the one split runs to the end).
+    for bs in (3, 100):
+        for hint, tag in ((1152, "split"), (576, "unsplit")):
+            cases.append(Case(f"block{bs}_{tag}", (1100, 577, 5), (1, 1, 1), {"block_size": bs}, {"max_seq_len": hint}))
+    # Every fp8 format under every q dtype; decode launches (bf16 q: fp16 dots, V as uint16 pairs) and prefill.
+    for fp8 in FP8_DTYPES:
+        fmt = str(fp8).removeprefix("torch.float8_")
+        for dtype in ("float32", "float16", "bfloat16"):
+            fields = {"dtype": dtype, "kv_dtype": str(fp8).removeprefix("torch."), "kv_scale": "amax_per_head"}
+            cases.append(Case(f"fp8_{fmt}_{dtype}_decode", (40, 1, 66), (1, 1, 1), fields))
+            cases.append(Case(f"fp8_{fmt}_{dtype}_prefill", (40, 9), (5, 9), {**fields, "input_scale": 2.0}))
+        # K past the single dot: its tail piece widened from fp8, and bf16 q's tail scaled into fp16 with q.
+        fields = {
+            "dtype": "bfloat16",
+            "kv_dtype": str(fp8).removeprefix("torch."),
+            "head_dim": SINGLE_DOT_HEAD_DIM + 44,
+        }
+        cases.append(Case(f"fp8_{fmt}_k{SINGLE_DOT_HEAD_DIM + 44}_bfloat16_decode", (40, 1, 66), (1, 1, 1), fields))
+    # Past the single dot under fp32 a group of more than 16 heads is tiled 16 a program; MLA's latent
+    # cache (V a view of K's first columns) under the wide tiling reads V from the K tile.
+    cases.append(Case("k300_group32", *SHORT, {"head_dim": 300, "num_q_heads": 32}))
+    cases.append(Case("latent_k576_v512", *SHORT, {"head_dim": 576, "head_dim_v": 512, "dtype": "bfloat16",
+                                                   "num_q_heads": 4, "latent_kv": True}))  # fmt: skip
+    # A long walk at block_size 1: 300 columns, three chunks of the bad-index count.
+    cases.append(Case("block1_long_walk", (300, 2), (1, 1), {"block_size": 1}))
+    return cases
+
+
+CASES = contract_edges()
+BY_NAME = {case.name: case for case in CASES}
+
+
+@functools.cache
+def _inputs(name: str) -> PagedInputs:
+    case = BY_NAME[name]
+    return make_inputs(**{**BASE, **case.fields, "seq_lens": list(case.seq_lens), "q_lens": list(case.q_lens)})
+
+
+@functools.cache
+def _expected(name: str) -> torch.Tensor:
+    inputs = _inputs(name)
+    return paged_attention_oracle(*inputs.args(), **inputs.options)
+
+
+def _hints(case: Case) -> dict:
+    return {"max_q_len": max(case.q_lens), "max_seq_len": max(case.seq_lens), **case.hints}
+
+
+def _backend(name: str):
+    if name == "triton" and (reason := kernels.triton_unavailable_reason("cpu")):
+        pytest.skip(reason)
+    return getattr(kernels, f"paged_attention_{name}")
+
+
+def _tiling(name: str):
+    return tiling_for(prepare_call(*_inputs(name).args(), **_inputs(name).options), **_hints(BY_NAME[name]))
+
+
+def test_the_generated_cases_reach_every_rule_they_name():
+    """The edges mean what their names say: pieces with a tail that is no power of two, V parts,
+    split and unsplit launches, fp16 dots, and a walk longer than two chunks of the count."""
+    dims = head_dim_edges()
+    assert {MIN_HEAD_DIM, SINGLE_DOT_HEAD_DIM + 1, SINGLE_DOT_HEAD_DIM + 44, MAX_HEAD_DIM} <= set(dims)
+    assert head_dim_pieces(SINGLE_DOT_HEAD_DIM + 44) == (SINGLE_DOT_HEAD_DIM, 64), "a tail padded past the head dim"
+    for name, parts in (("wide_k288_v100", 1), ("wide_k64_v257", 2), ("wide_k576_v512", 2)):
+        assert v_parts(prepare_call(*_inputs(name).args())) == parts, name
+    for bs in (3, 100):
+        assert _tiling(f"block{bs}_split").NUM_SPLITS == 2 and _tiling(f"block{bs}_unsplit").NUM_SPLITS == 1
+    assert _tiling("fp8_e5m2_bfloat16_decode").FP8_DOTS_FP16 and not _tiling("fp8_e5m2_bfloat16_prefill").FP8_DOTS_FP16
+    assert max(BY_NAME["block1_long_walk"].seq_lens) > 2 * COUNT_CHUNK
+
+
+@pytest.mark.parametrize(("case", "backend"), [(c, b) for c in CASES for b in BACKENDS], ids=str)
+def test_contract_edge_matches_the_oracle(case: Case, backend: str):
+    inputs = _inputs(case.name)
+    atol, rtol = DEFAULT_TOLERANCES[case.fields.get("dtype", "float32")]
+    got = _backend(backend)(*inputs.args(), out=inputs.new_out(), **_hints(case), **inputs.options)
+    result = grade(got, _expected(case.name), atol, rtol)
+    assert result.passed, f"{backend}: {result.reason} (tol_ratio {result.tol_ratio:.2f})"
+
+
+# --- bad indices planted along a long walk at block_size 1 -------------------------------------------
+
+
+WALK = BY_NAME["block1_long_walk"]
+PLACES = {"start": 0, "middle": WALK.seq_lens[0] // 2, "end": WALK.seq_lens[0] - 1}
+
+
+def _walk_with_bad(column: int) -> list[torch.Tensor]:
+    args = [t.clone() for t in _inputs(WALK.name).args()]
+    args[3][0, column] = args[1].shape[0]  # block id num_blocks: outside the pool
+    return args
+
+
+@pytest.mark.parametrize("backend", ["triton", "tlsim"])
+@pytest.mark.parametrize("place", PLACES)
+def test_a_bad_index_anywhere_in_a_long_walk_makes_its_rows_nan(place: str, backend: str):
+    got = _backend(backend)(*_walk_with_bad(PLACES[place]), check=False, **_hints(WALK))
+    assert bool(got[0].isnan().all()), f"a bad block id at column {PLACES[place]} of {WALK.seq_lens[0]}"
+    assert not bool(got[1].isnan().any()), "the other sequence is untouched"
+
+
+@pytest.mark.parametrize("place", PLACES)
+def test_the_value_checks_refuse_a_bad_index_anywhere_in_a_long_walk(place: str):
+    column = PLACES[place]
+    with pytest.raises(ValueError, match=rf"block_table\[0, {column}\]"):
+        prepare_call(*_walk_with_bad(column), check=True)
+
+
+# --- the engine's path: a fixed-size table in PagedKVCache, every dispatch override ----------------------
+
+
+def _filled_cache(backend: str | None, dtype=torch.float32, **fixed) -> PagedKVCache:
+    """Two sequences of 9 and 7 keys in blocks of 3 (K 33 dims, V 40), the first filling a row of 3 blocks."""
+    scales = {"k_scale": 0.02, "v_scale": 0.03} if dtype in FP8_DTYPES else {}
+    cache = PagedKVCache(1, 8, 3, 1, 33, dtype=dtype, backend=backend, head_dim_v=40, **scales, **fixed)
+    draw = torch.Generator().manual_seed(0)
+    for seq, length in ((0, 9), (1, 7)):
+        cache.allocate(seq)
+        slots = cache.append(seq, length)
+        cache.write(0, slots, torch.randn(length, 1, 33, generator=draw), torch.randn(length, 1, 40, generator=draw))
+    return cache
+
+
+def _read_against_oracle(cache: PagedKVCache, backend: str | None) -> None:
+    q = torch.randn(3, 2, 33, generator=torch.Generator().manual_seed(1))
+    starts = torch.tensor([0, 2, 3], dtype=torch.int32)  # seq 0: two queries, seq 1: one
+    meta = cache.step_metadata([0, 1], starts)
+    scales = {} if cache.k_scale is None else {"k_scale": cache.k_scale, "v_scale": cache.v_scale}
+    k, v = cache.k_caches[0], cache.v_caches[0]
+    expected = paged_attention_oracle(q, k, v, meta.block_table, meta.seq_lens, starts, **scales)
+    result = grade(cache.paged_attention(0, q, meta), expected, *DEFAULT_TOLERANCES["float32"])
+    assert result.passed, f"{backend}: {result.reason}"
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, *FP8_DTYPES], ids=str)
+@pytest.mark.parametrize("backend", DISPATCH_BACKENDS)
+def test_a_fixed_size_table_reads_the_oracle_at_its_capacity_and_refuses_past_it(backend: str, dtype):
+    if backend == "triton" and (reason := kernels.triton_unavailable_reason("cpu")):
+        pytest.skip(reason)
+    cache = _filled_cache(backend, dtype, max_seqs=2, max_blocks_per_seq=3)
+    table = cache._table
+    _read_against_oracle(cache, backend)
+    with pytest.raises(CacheFullError, match="fixed"):
+        cache.append(0, 1)  # a fourth block for a row of three
+    with pytest.raises(CacheFullError, match="fixed"):
+        cache.allocate(2)  # a third row
+    assert cache._table is table and cache.seq_lens([0, 1]).tolist() == [9, 7], "nothing changed"
+    cache.free(1)
+    cache.allocate(2)  # the freed row is taken again, in place
+    assert cache._table is table
+
+
+@pytest.mark.parametrize(
+    "fixed", [{}, {"max_seqs": 2}, {"max_blocks_per_seq": 3}], ids=["free", "rows_fixed", "width_fixed"]
+)
+def test_a_table_grows_where_its_size_is_not_fixed(fixed: dict):
+    """Each dimension of the table that was not fixed grows; a fixed one refuses (above)."""
+    cache = _filled_cache("tlsim", **fixed)  # 4 columns at first (3 when fixed): seq 0's 9 keys take 3
+    if "max_blocks_per_seq" not in fixed:
+        cache.append(0, 6)  # 5 blocks
+        assert cache.block_table([0]).shape[1] == 5 and cache._table.shape[1] >= 5
+    if "max_seqs" not in fixed:
+        for seq in range(2, 10):  # past the first 8 rows
+            cache.allocate(seq)
+        assert cache._table.shape[0] >= 10
+
+
+@pytest.mark.parametrize("how", ["argument", "environment"])
+@pytest.mark.parametrize("backend", DISPATCH_BACKENDS)
+def test_every_dispatch_override_serves_the_backend_it_names(backend: str, how: str, monkeypatch):
+    if backend == "triton" and (reason := kernels.triton_unavailable_reason("cpu")):
+        pytest.skip(reason)
+    inputs = _inputs("k300")
+    called = []
+    real = dispatch._backend_fn
+    monkeypatch.setattr(dispatch, "_backend_fn", lambda name: called.append(name) or real(name))
+    if how == "environment":
+        monkeypatch.setenv(dispatch.BACKEND_ENV, backend)
+    got = kernels.paged_attention_dispatch(*inputs.args(), **({"backend": backend} if how == "argument" else {}))
+    assert called == [backend]
+    assert grade(got, _expected("k300"), *DEFAULT_TOLERANCES["float32"]).passed
+
+
+def test_forcing_the_kernel_where_it_cannot_run_or_an_unknown_backend_is_refused(monkeypatch):
+    monkeypatch.delenv(dispatch.BACKEND_ENV, raising=False)
+    assert dispatch.select_backend("cpu") == "tlsim", "unforced on a CPU: tlsim"
+    monkeypatch.setenv("TRITON_INTERPRET", "0")
+    with pytest.raises(dispatch.BackendUnavailableError, match="TRITON_INTERPRET"):
+        dispatch.select_backend("cpu", "triton")
+    with pytest.raises(ValueError, match="backend argument"):
+        dispatch.select_backend("cpu", "cuda")
+    monkeypatch.setenv(dispatch.BACKEND_ENV, "nope")
+    with pytest.raises(ValueError, match=dispatch.BACKEND_ENV):
+        dispatch.select_backend("cpu")
+
+
+@pytest.mark.parametrize(
+    ("name", "extra"), [("k300", {}), ("k300", {"return_lse": True}), ("fp8_e5m2_float32_decode", {})]
+)
+def test_a_repeated_call_is_served_from_its_plan_with_the_same_bits(name: str, extra: dict):
+    """The second call of the same shapes and options is a plan hit (the launcher's checks, tiling and
+    binding skipped) and writes exactly what the first did; with the plans off it writes the same again."""
+    if reason := kernels.triton_unavailable_reason("cpu"):
+        pytest.skip(reason)
+    from kernels.launch_plan import plans_enabled
+    from kernels.triton_paged import PLANS
+
+    inputs, call = _inputs(name), {**_hints(BY_NAME[name]), **_inputs(name).options, **extra}
+    with plans_enabled(True):
+        first = kernels.paged_attention_triton(*inputs.args(), **call)
+        hits = PLANS.hits
+        second = kernels.paged_attention_triton(*inputs.args(), **call)
+        assert PLANS.hits == hits + 1, "the second call is a plan hit"
+    with plans_enabled(False):
+        third = kernels.paged_attention_triton(*inputs.args(), **call)
+    for got in (second, third):
+        for a, b in zip(torch.utils._pytree.tree_leaves(first), torch.utils._pytree.tree_leaves(got), strict=True):
+            assert torch.equal(a, b)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_head_dim_strides_other_than_one_and_a_call_without_tokens(backend: str):
+    """q, the caches and out each every other element of their last dim (the launcher copies them,
+    and copies out back); a call with no sequence passes the value checks and returns its empty out."""
+    inputs = _inputs("k64_v33")
+    q, k, v, table, lens, starts = inputs.args()
+
+    def spread(t: torch.Tensor) -> torch.Tensor:
+        wide = torch.zeros(*t.shape[:-1], 2 * t.shape[-1], dtype=t.dtype)
+        wide[..., ::2] = t
+        return wide[..., ::2]
+
+    out = spread(inputs.new_out())
+    got = _backend(backend)(spread(q), spread(k), spread(v), table, lens, starts, out=out, **_hints(BY_NAME["k64_v33"]))
+    assert got is out and grade(out, _expected("k64_v33"), *DEFAULT_TOLERANCES["float32"]).passed
+    empty = _backend(backend)(q[:0], k, v, table[:0], lens[:0], starts[:1], check=True)
+    assert empty.shape == (0, *q.shape[1:2], v.shape[-1])
+
+
+@pytest.mark.parametrize("backend", ["triton", "tlsim"])
+def test_a_decode_given_without_query_start_loc_matches_the_oracle(backend: str):
+    name = "fp8_e5m2_bfloat16_decode"
+    inputs = _inputs(name)
+    got = _backend(backend)(*inputs.args()[:5], **inputs.options)  # one query a sequence, no hints
+    assert grade(got, _expected(name), *DEFAULT_TOLERANCES["bfloat16"]).passed
+
+
+def test_a_group_past_the_kernels_limit_is_refused():
+    with pytest.raises(ValueError, match="limit of 128"):
+        choose_tiling(64, 129, 1)
