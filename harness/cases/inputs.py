@@ -234,8 +234,7 @@ def make_inputs(
     :func:`draw_normal` as standard normals times ``input_scale`` for q and K (logits grow
     as input_scale ** 2) and standard normals for V, then cast to ``dtype`` and moved to
     ``device``; ``draw_threads`` threads draw the chunks (default: torch's thread count),
-    which changes no value. (Since the chunked draw, values differ from those of the one
-    sequential generator that earlier versions drew from, sequence by sequence.)
+    which changes no value.
     ``head_dim_v`` is V's head dim (default: head_dim). ``variants`` are the attention variants'
     case fields (harness.cases.variants.VARIANTS: sliding_window, logit_softcap, sinks, alibi,
     return_lse, cascade, kv_dtype, kv_scale, latent_kv; absent: off); each variant turned on applies

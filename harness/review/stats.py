@@ -51,8 +51,7 @@ chance of at most alpha / 2, and then only when its estimate also strays past th
 effect), and the minimum effect only decides which real changes are worth a word. The
 price, on tests/test_compare_paired.py's simulated rows: a row truly 10% slower is called
 slower 722 times in 1000 and one 5% slower 26 times (an estimate that passes the effect
-at any of the looks, with 1 excluded, stops the row), where the rule before held a row at
-the effect to alpha / 2; and alpha / 2 (2.5%) is above the target of 1 false alarm in 100
+at any of the looks, with 1 excluded, stops the row); and alpha / 2 (2.5%) is above the target of 1 false alarm in 100
 unchanged rows, which rests on the estimate having to pass the effect too: 0 in 1000
 simulated unchanged rows whose round ratios spread 0.07 (log sd), 5 in 1000 at 0.17 (the
 5 ms rows under load), 11 in 1000 at 0.28 (measured for real: README). Asking
