@@ -184,7 +184,7 @@ LIMITS = {
 }
 
 register_backend(NAME, paged_attention, ("cpu", "cuda"), description="an example Triton kernel, one page a tile",
-                 options=("sliding_window", "logit_softcap", "head_dim_v"), plan=plan_launch, limits=LIMITS)  # fmt: skip
+                 variants=("sliding_window", "logit_softcap", "head_dim_v"), plan=plan_launch, limits=LIMITS)  # fmt: skip
 
 
 def main(argv: list[str]) -> int:

@@ -162,7 +162,7 @@ def registrations() -> list[dict]:
     """The plugins' backends in this process, as plain values (what the driver learns in place of importing):
     their limits as a dict of lists and ints; of a plan step or a supports hook, only that there is one."""
     return [{"name": b.name, "devices": list(b.devices), "description": b.description, "graphable": b.graphable,
-             "options": sorted(b.options), "limits": b.limits.to_plain(), "plan": b.plan_step,
+             "variants": sorted(b.variants), "limits": b.limits.to_plain(), "plan": b.plan_step,
              "supports": b.supports_hook} for b in REGISTRY.values() if b.kind == "plugin"]  # fmt: skip
 
 
