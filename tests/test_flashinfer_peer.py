@@ -106,7 +106,7 @@ def test_the_install_command_names_an_extra_of_the_project():
     )
 
 
-def test_declared_variants_are_capabilities_of_the_variant_table():
+def test_declared_variants_are_keys_of_the_variant_table():
     assert set(VARIANT_KEYS) >= DECLARED_VARIANTS and REGISTRY["flashinfer"].variants == DECLARED_VARIANTS
     for variant in VARIANTS:
         case = _case(**variant.example) if variant.key != "sinks" else _case(sinks=[1.0] * 8)
