@@ -19,7 +19,7 @@ facts (``harness.backends.plugins.CaseFacts``: the longest query, the head dims.
 BLOCK_M and the grid once per input set, outside the timed region, so a call reads no tensor
 value on the host. ``LIMITS`` are what the kernel serves (a page is one ``tl.dot`` tile, so
 block_size is a multiple of 16; head dims are powers of two); a case outside them is a skip
-row naming the limit. ``options`` names the variants it computes, by their case-file names.
+row naming the limit. ``variants`` names the variants it computes, by their case-file names.
 """
 
 from __future__ import annotations
@@ -184,7 +184,7 @@ LIMITS = {
 }
 
 register_backend(NAME, paged_attention, ("cpu", "cuda"), description="an example Triton kernel, one page a tile",
-                 options=("sliding_window", "logit_softcap", "head_dim_v"), plan=plan_launch, limits=LIMITS)  # fmt: skip
+                 variants=("sliding_window", "logit_softcap", "head_dim_v"), plan=plan_launch, limits=LIMITS)  # fmt: skip
 
 
 def main(argv: list[str]) -> int:

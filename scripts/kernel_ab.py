@@ -163,7 +163,7 @@ def timeable(cases) -> list:
     """The cases the comparison can time: those the triton backend runs, options and all (the backend
     passes a case's options, the same ones, to both sides' entries: :func:`time_case`)."""
     (backend,) = resolve_backends(["triton"])
-    return [c for c in cases if c.wants("triton") and set(c.options) <= backend.options]
+    return [c for c in cases if c.wants("triton") and set(c.variants) <= backend.variants]
 
 
 def dry_case():

@@ -116,7 +116,7 @@ def main(argv: list[str] | None = None) -> int:
     device = "cuda" if torch.cuda.is_available() else "cpu"
     suites = ["smoke"] if args.dry else args.suites
     cases = [c for c in load_cases([resolve_case_arg(s) for s in suites]) if fnmatch.fnmatch(c.id, args.case)]
-    cases = [c for c in cases if c.wants("triton") and not c.options]
+    cases = [c for c in cases if c.wants("triton") and not c.variants]
     if args.q_class:
         cases = [c for c in cases if key_of(c)[2] == args.q_class]
     if args.dry:

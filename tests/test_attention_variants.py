@@ -300,7 +300,7 @@ SPEC = {"name": "v", "num_q_heads": 4, "num_kv_heads": 2, "head_dim": 32, "seq_l
 def test_case_fields_become_call_options():
     (case,) = expand_spec({**SPEC, "sliding_window": 3, "logit_softcap": 10.0, "sinks": {"scale": 2.0},
                            "alibi": True}, "t.toml")  # fmt: skip
-    assert case.options == {"sliding_window", "logit_softcap", "sinks", "alibi_slopes"}
+    assert case.variants == {"sliding_window", "logit_softcap", "sinks", "alibi_slopes"}
     (again,) = expand_spec({**SPEC, "sinks": {"scale": 2.0}}, "t.toml")
     assert again.sinks == case.sinks and len(case.sinks) == 4, "seeded sinks are the same every time"
 
@@ -309,7 +309,7 @@ def test_case_fields_become_call_options():
     assert options["sinks"].dtype == torch.float32 and options["sinks"].tolist() == list(case.sinks)
     assert options["alibi_slopes"].tolist() == [0.25, 0.0625, 0.015625, 0.00390625]
     (plain,) = expand_spec(SPEC, "t.toml")
-    assert plain.options == frozenset() and case_inputs(plain, "cpu").options == {}
+    assert plain.variants == frozenset() and case_inputs(plain, "cpu").options == {}
 
 
 # --- the variant table: each row's hooks take its case field to the call and into the oracle ----
@@ -322,18 +322,16 @@ def _output_form(out) -> tuple:
     return tuple(tuple(t.shape) for t in out) if isinstance(out, tuple) else tuple(out.shape)
 
 
-@pytest.mark.parametrize("variant", VARIANTS, ids=lambda v: v.capability)
+@pytest.mark.parametrize("variant", VARIANTS, ids=lambda v: v.key)
 def test_each_rows_example_turns_on_exactly_its_variant_and_it_has_its_hooks(variant):
     (case,) = expand_spec({**SPEC, **variant.example}, "t.toml")
-    implied = {"head_dim_v"} if variant.capability == "latent_kv" else set()  # a latent cache: V narrower than K
-    assert case.options == {variant.capability} | implied, (
-        f"{variant.capability}'s example turns on {set(case.options)}"
-    )
+    implied = {"head_dim_v"} if variant.key == "latent_kv" else set()  # a latent cache: V narrower than K
+    assert case.variants == {variant.key} | implied, f"{variant.key}'s example turns on {set(case.variants)}"
     # a keyword needs an input hook; an input hook without one only reshapes the inputs (latent_kv alone)
-    assert (variant.inputs is not None) == (bool(variant.keywords) or variant.capability == "latent_kv")
+    assert (variant.inputs is not None) == (bool(variant.keywords) or variant.key == "latent_kv")
 
 
-@pytest.mark.parametrize("variant", VARIANTS, ids=lambda v: v.capability)
+@pytest.mark.parametrize("variant", VARIANTS, ids=lambda v: v.key)
 def test_case_field_reaches_the_call_and_the_oracle_through_the_row_hooks(variant, monkeypatch):
     (case,) = expand_spec({**SPEC, **variant.example}, "t.toml")
     inputs = case_inputs(case, "cpu")
@@ -355,7 +353,7 @@ def test_case_field_reaches_the_call_and_the_oracle_through_the_row_hooks(varian
     monkeypatch.setattr("harness.run.oracle.VARIANTS", hookless)
     without_hook = paged_attention_oracle(*inputs.args(), **inputs.options)
     assert torch.equal(without_hook, paged_attention_oracle(*inputs.args())), "the keywords act through the hook alone"
-    assert (out - without_hook).abs().max() > 1e-2, f"{variant.capability}'s oracle hook changes the oracle's output"
+    assert (out - without_hook).abs().max() > 1e-2, f"{variant.key}'s oracle hook changes the oracle's output"
 
 
 BUILTIN_KERNELS = ("reference", "tlsim", "triton", "cache")  # cache: the engine's path, through dispatch
@@ -372,12 +370,12 @@ def _graded_rows(spec: dict, backend: str):
 
 
 @pytest.mark.parametrize("backend", BUILTIN_KERNELS)
-@pytest.mark.parametrize("variant", VARIANTS, ids=lambda v: v.capability)
+@pytest.mark.parametrize("variant", VARIANTS, ids=lambda v: v.key)
 def test_every_builtin_kernel_passes_each_rows_example(variant, backend):
     """A new row is graded here with no edit: its example through every built-in kernel, against the oracle
     (the engine path declares no latent cache: its pools are two; that row is a skip naming the option)."""
     frame = _graded_rows({**SPEC, **variant.example}, backend)
-    if (variant.capability, backend) == ("latent_kv", "cache"):
+    if (variant.key, backend) == ("latent_kv", "cache"):
         assert frame["status"].tolist() == ["skip"] and "latent_kv" in frame["reason"].iloc[0]
         return
     assert frame["status"].tolist() == ["pass"], frame["reason"].tolist()
@@ -386,7 +384,7 @@ def test_every_builtin_kernel_passes_each_rows_example(variant, backend):
 @pytest.mark.parametrize("backend", BUILTIN_KERNELS)
 def test_every_builtin_kernel_passes_every_rows_example_at_once(backend):
     # a latent cache takes no fp8 cache (the case check refuses the pair): it is graded on its own above
-    examples = {name: value for v in VARIANTS if v.capability != "latent_kv" for name, value in v.example.items()}
+    examples = {name: value for v in VARIANTS if v.key != "latent_kv" for name, value in v.example.items()}
     frame = _graded_rows({**SPEC, **examples}, backend)
     assert frame["status"].tolist() == ["pass"], frame["reason"].tolist()
 
@@ -430,8 +428,8 @@ def test_bad_variant_field_is_refused_naming_it(changes, field):
         expand_spec({**SPEC, **changes}, "t.toml")
 
 
-def _plain_backend(name: str, options=frozenset()) -> Backend:
-    return Backend(name, contract_prepare(kernels.paged_attention_tlsim), ("cpu",), "plugin", options=options)
+def _plain_backend(name: str, variants=frozenset()) -> Backend:
+    return Backend(name, contract_prepare(kernels.paged_attention_tlsim), ("cpu",), "plugin", variants=variants)
 
 
 def test_backend_without_the_option_is_a_skip_naming_it():
@@ -450,16 +448,16 @@ def test_backend_without_the_option_is_a_skip_naming_it():
 
 def test_builtin_kernels_declare_every_option_and_peers_what_their_library_takes():
     from harness.backends.builtin import REGISTRY
-    from harness.backends.registry import VARIANT_OPTIONS
+    from harness.cases.variants import VARIANT_KEYS
 
     for name in ("reference", "tlsim", "triton"):
-        assert REGISTRY[name].options == frozenset(VARIANT_OPTIONS)
-    assert REGISTRY["cache"].options == frozenset(VARIANT_OPTIONS) - {"latent_kv"}  # its K and V pools are two
+        assert REGISTRY[name].variants == frozenset(VARIANT_KEYS)
+    assert REGISTRY["cache"].variants == frozenset(VARIANT_KEYS) - {"latent_kv"}  # its K and V pools are two
     for name in ("gather_sdpa", "varlen_flash", "varlen_flash_paged"):  # a boolean mask; window_size=(W-1, 0)
-        assert REGISTRY[name].options == {"sliding_window"}
-    assert REGISTRY["flex_attention"].options == {"sliding_window", "logit_softcap", "alibi_slopes"}
-    assert not REGISTRY["sdpa_contiguous"].options
-    with pytest.raises(ValueError, match="unknown option"):
+        assert REGISTRY[name].variants == {"sliding_window"}
+    assert REGISTRY["flex_attention"].variants == {"sliding_window", "logit_softcap", "alibi_slopes"}
+    assert not REGISTRY["sdpa_contiguous"].variants
+    with pytest.raises(ValueError, match="unknown variant"):
         _plain_backend("typo", frozenset({"sliding_windows"}))
 
 

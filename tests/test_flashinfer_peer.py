@@ -19,15 +19,15 @@ import torch
 from harness.backends import flashinfer_peer
 from harness.backends.builtin import REGISTRY
 from harness.backends.flashinfer_peer import (
+    DECLARED_VARIANTS,
     INSTALL,
-    OPTIONS,
     module_key,
     page_table,
     prepare_flashinfer,
     warmup_cases,
 )
 from harness.cases.spec import expand_spec, load_case_file
-from harness.cases.variants import CAPABILITIES, VARIANTS
+from harness.cases.variants import VARIANT_KEYS, VARIANTS
 from harness.run.grading import grade
 from harness.run.oracle import paged_attention_oracle
 from harness.run.runner import case_inputs
@@ -106,13 +106,13 @@ def test_the_install_command_names_an_extra_of_the_project():
     )
 
 
-def test_declared_variants_are_capabilities_of_the_variant_table():
-    assert set(CAPABILITIES) >= OPTIONS and REGISTRY["flashinfer"].options == OPTIONS
+def test_declared_variants_are_keys_of_the_variant_table():
+    assert set(VARIANT_KEYS) >= DECLARED_VARIANTS and REGISTRY["flashinfer"].variants == DECLARED_VARIANTS
     for variant in VARIANTS:
-        case = _case(**variant.example) if variant.capability != "sinks" else _case(sinks=[1.0] * 8)
+        case = _case(**variant.example) if variant.key != "sinks" else _case(sinks=[1.0] * 8)
         reason = REGISTRY["flashinfer"].skip_reason(case, "cuda") or ""
         refused = reason.partition("does not support ")[2].partition(" (")[0].split(", ")
-        assert (variant.capability in refused) != (variant.capability in OPTIONS), (variant.capability, reason)
+        assert (variant.key in refused) != (variant.key in DECLARED_VARIANTS), (variant.key, reason)
 
 
 def test_warmup_twins_keep_each_module_once_and_are_ragged():

@@ -94,7 +94,7 @@ def test_a_row_timed_past_its_budget_says_so_in_its_note(tmp_path):
 
     assert measure.ROW_BUDGET_S >= 1  # the test below lowers it for speed
     with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(measure.TimingPlan, "__init__", _plan_with_budget(measure.TimingPlan.__init__, 0.3))
+        patch.setattr(measure.TimingSettings, "__init__", _settings_with_budget(measure.TimingSettings.__init__, 0.3))
         code = main(["run", str(tmp_path / "cases.toml"), "--plugin", str(tmp_path / "slow.py"), "--backend", "slow",
                      "--isolate", "none", "--no-progress", "--device", "cpu", "--out", str(out)])  # fmt: skip
     assert code == 0
@@ -103,7 +103,7 @@ def test_a_row_timed_past_its_budget_says_so_in_its_note(tmp_path):
     assert "timed within a 0.3 s budget:" in row["note"] and row["timing_reps"] < 10
 
 
-def _plan_with_budget(init, budget_s):
+def _settings_with_budget(init, budget_s):
     def patched(self, *args, **kwargs):
         init(self, *args, **kwargs)
         object.__setattr__(self, "budget_s", budget_s)

@@ -188,7 +188,7 @@ def test_kernel_options_tile_kv_within_a_page(block_size, expected):
 
 def test_a_page_size_the_triton_kernel_cannot_tile_is_a_skip_naming_it():
     backend = REGISTRY["flex_paged"]
-    assert backend.options == {"sliding_window", "logit_softcap", "alibi_slopes"}
+    assert backend.variants == {"sliding_window", "logit_softcap", "alibi_slopes"}
     (case,) = expand_spec({**BASE, "block_size": 5, "seq_lens": [9]}, "t.toml")
     if reason := flex_unavailable(case, "cuda"):  # no FlexAttention or no Triton: that reason comes first
         pytest.skip(reason)

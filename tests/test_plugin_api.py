@@ -33,10 +33,10 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 @pytest.mark.parametrize(
-    ("name", "capability"),
+    ("name", "key"),
     [
         ("alibi", "alibi_slopes"),  # the case field
-        ("alibi_slopes", "alibi_slopes"),  # the capability and keyword
+        ("alibi_slopes", "alibi_slopes"),  # the key and keyword
         ("kv_dtype", "fp8_kv"),
         ("kv_scale", "fp8_kv"),
         ("k_scale", "fp8_kv"),
@@ -46,16 +46,16 @@ ROOT = Path(__file__).resolve().parents[1]
         ("head_dim_v", "head_dim_v"),
     ],
 )
-def test_register_backend_takes_a_variant_by_its_case_field_capability_or_keyword(name, capability, clean_registry):
-    backend = register_backend("named", paged_attention_reference, options=(name,))
-    assert backend.options == {capability}
+def test_register_backend_takes_a_variant_by_its_case_field_key_or_keyword(name, key, clean_registry):
+    backend = register_backend("named", paged_attention_reference, variants=(name,))
+    assert backend.variants == {key}
 
 
 @pytest.mark.parametrize(("name", "suggested"), [("softcap", "logit_softcap"), ("alibi_slope", "alibi_slopes"),
                                                  ("rope", None)])  # fmt: skip
 def test_an_unknown_variant_name_is_refused_naming_the_closest_and_the_known_ones(name, suggested, clean_registry):
     with pytest.raises(ValueError, match=f"unknown variant '{name}'") as refused:
-        register_backend("named", paged_attention_reference, options=("sliding_window", name))
+        register_backend("named", paged_attention_reference, variants=("sliding_window", name))
     message = str(refused.value)
     assert (f"did you mean '{suggested}'" in message) if suggested else ("did you mean" not in message)
     assert all(v.name in message for v in VARIANTS) and "harness variants" in message
@@ -63,25 +63,33 @@ def test_an_unknown_variant_name_is_refused_naming_the_closest_and_the_known_one
 
 
 def test_the_driver_takes_a_workers_variant_names_as_register_backend_does(clean_registry):
-    backend = add_remote_backend({"name": "remote", "devices": ["cpu"], "options": ["alibi", "kv_dtype"]})
-    assert backend.options == {"alibi_slopes", "fp8_kv"}
+    backend = add_remote_backend({"name": "remote", "devices": ["cpu"], "variants": ["alibi", "kv_dtype"]})
+    assert backend.variants == {"alibi_slopes", "fp8_kv"}
     with pytest.raises(ValueError, match="unknown variant 'softcap'"):
-        add_remote_backend({"name": "remote2", "devices": ["cpu"], "options": ["softcap"]})
+        add_remote_backend({"name": "remote2", "devices": ["cpu"], "variants": ["softcap"]})
 
 
-def test_harness_variants_prints_each_variants_field_capability_and_keywords(capsys):
+def test_harness_variants_prints_each_variants_field_key_and_keywords(capsys):
     assert main(["variants"]) == 0
     lines = capsys.readouterr().out.splitlines()
     for v in VARIANTS:
-        (line,) = [line for line in lines if line.split()[:1] == [v.name] and v.capability in line]
+        (line,) = [line for line in lines if line.split()[:1] == [v.name] and v.key in line]
         assert all(keyword in line for keyword in v.keywords) or (not v.keywords and "none: a shape" in line)
     assert any("[num_kv_heads]" in line for line in lines), "the fp8 scales' shape is said"
 
 
-def test_a_workers_registration_carries_its_variants_as_capabilities(clean_registry):
-    register_backend("declares", paged_attention_reference, options=("alibi", "sliding_window"))
+def test_a_workers_registration_carries_its_variants_as_keys(clean_registry):
+    register_backend("declares", paged_attention_reference, variants=("alibi", "sliding_window"))
     (reported,) = [r for r in registrations() if r["name"] == "declares"]
-    assert reported["options"] == ["alibi_slopes", "sliding_window"]
+    assert reported["variants"] == ["alibi_slopes", "sliding_window"]
+
+
+def test_options_is_still_taken_for_variants_with_a_deprecation_warning(clean_registry):
+    with pytest.warns(DeprecationWarning, match="variants="):
+        backend = register_backend("old", paged_attention_reference, options=("alibi", "sliding_window"))
+    assert backend.variants == {"alibi_slopes", "sliding_window"}
+    with pytest.raises(TypeError, match="variants= only"):
+        register_backend("both", paged_attention_reference, variants=("alibi",), options=("alibi",))
 
 
 # --- the contract's decode form: query_start_loc=None in the default call -------------------------
@@ -269,7 +277,7 @@ def planned(q, k_cache, v_cache, block_table, seq_lens, query_start_loc=None, sc
                                              out=out, return_lse=return_lse)
 
 
-register_backend("planned", planned, plan=plan, options=("return_lse",))
+register_backend("planned", planned, plan=plan, variants=("return_lse",))
 """
 
 

@@ -124,7 +124,7 @@ def test_the_header_shows_noise_judges_and_ceilings():
     assert "read 20.0 GB/s" in html and "peak 1.50 TFLOP/s (spec)" in html
 
 
-def test_the_header_says_where_a_sharded_runs_time_went_largest_phase_first():
+def test_the_header_says_where_a_process_pool_runs_time_went_largest_phase_first():
     scale = {"mode": "workers", "workers": 2, "wall_s": 85.51, "worker_start_s": [4.8, 4.83], "case_busy_s": 160.9,
              "phase_s": {"inputs": 14.9, "timing: latency": 59.8, "grade": 4.3}}  # fmt: skip
     html = render_html(rf.frame(num_cases=1), rf.meta(scale=scale))

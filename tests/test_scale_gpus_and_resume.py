@@ -1,5 +1,5 @@
-"""Each GPU of a sharded run is judged against its own measured ceilings, a run mixing GPU
-models says so, meta.json keeps where a sharded run's time went, and --resume runs the rest
+"""Each GPU of a process-pool run is judged against its own measured ceilings, a run mixing GPU
+models says so, meta.json keeps where a process-pool run's time went, and --resume runs the rest
 with the run's own --workers / --ray unless told otherwise."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""A run sharded over worker processes (--workers) or Ray tasks (--ray) gives the one-process
+"""A run over worker processes (--workers) or Ray tasks (--ray) gives the one-process
 run's rows, and a worker killed mid-run costs one retry and one error row, nothing else."""
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ import pytest
 from harness.backends.builtin import load_plugin, resolve_backends
 from harness.cases.loading import load_cases
 from harness.cli.main import main
-from harness.execute.workers import EXTRA_COLUMNS, run_sharded, worker_count, worker_threads
+from harness.execute.workers import EXTRA_COLUMNS, run_pool, worker_count, worker_threads
 from harness.run.runner import RunConfig
 from harness.timing.metrics import case_cost
 from tests.tiny_cases import write_cases
@@ -54,9 +54,9 @@ def _without_timing(frame: pd.DataFrame) -> pd.DataFrame:
 def test_two_workers_give_the_one_process_rows_row_for_row(one_process_rows, tmp_path):
     out, cache = tmp_path / "run", tmp_path / "cache"
     assert main([*SMOKE, "--out", str(out), "--workers", "2", "--oracle-cache", str(cache)]) == 0
-    sharded = pd.read_parquet(out / "results.parquet")
-    assert len(sharded) == len(one_process_rows) >= 10
-    pd.testing.assert_frame_equal(_without_timing(sharded), _without_timing(one_process_rows))
+    pooled = pd.read_parquet(out / "results.parquet")
+    assert len(pooled) == len(one_process_rows) >= 10
+    pd.testing.assert_frame_equal(_without_timing(pooled), _without_timing(one_process_rows))
     cases = one_process_rows["case"].nunique()
     assert len(list(cache.glob("*.oracle"))) == cases  # --oracle-cache reached the workers: one entry per case
 
@@ -96,7 +96,7 @@ def test_a_killed_worker_costs_one_retry_then_an_error_row_a_hung_one_an_error_r
     config = RunConfig(device="cpu", backends=resolve_backends(["tlsim", "killer"]), timing=False,
                        progress=False, plugins=(plugin,), threads=1, timeout_s=10.0)  # fmt: skip
     rows: list[dict] = []
-    run_sharded(cases, config, rows.append, workers=2)
+    run_pool(cases, config, rows.append, workers=2)
 
     by_pair = {(r["case"], r["backend"]): r for r in rows}
     assert len(rows) == len(by_pair) == 8  # every (case, backend) once, the run completed
@@ -123,12 +123,12 @@ def test_finished_workers_are_reaped_in_the_background_and_exit(tmp_path):
     cases = load_cases([tmp_path / "cases.toml"], "cpu")
     config = RunConfig(device="cpu", backends=resolve_backends(["tlsim"]), timing=False, progress=False, threads=1)
     rows: list[dict] = []
-    sharded = run_sharded(cases, config, rows.append, workers=2)
+    pool = run_pool(cases, config, rows.append, workers=2)
     assert len(rows) == len(cases)
     deadline = time.monotonic() + 20
-    while any(slot.process is not None for slot in sharded.slots) and time.monotonic() < deadline:
+    while any(slot.process is not None for slot in pool.slots) and time.monotonic() < deadline:
         time.sleep(0.05)  # the reap thread joins each worker, then clears its slot
-    assert all(slot.process is None for slot in sharded.slots)
+    assert all(slot.process is None for slot in pool.slots)
     assert not [p for p in multiprocessing.active_children() if p.name.startswith("harness-worker")]
 
 
@@ -190,10 +190,10 @@ def test_ray_without_ray_installed_is_exit_2_saying_how_to_install_it(tmp_path, 
 
 
 def test_each_worker_is_spawned_seeing_only_its_own_gpu_and_the_parent_keeps_all(monkeypatch):
-    from harness.execute.workers import ShardedRun
+    from harness.execute.workers import PoolRun
 
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "4,6")
-    sharded = ShardedRun(RunConfig(device="cuda", backends=[], timing=False, progress=False), workers=3)
+    pool = PoolRun(RunConfig(device="cuda", backends=[], timing=False, progress=False), workers=3)
     seen = []
 
     class SpawnRecorder:  # stands in for the spawned process: records the environment it would inherit
@@ -203,13 +203,13 @@ def test_each_worker_is_spawned_seeing_only_its_own_gpu_and_the_parent_keeps_all
         def start(self):
             seen.append(os.environ.get("CUDA_VISIBLE_DEVICES"))
 
-    monkeypatch.setattr(sharded.context, "Process", SpawnRecorder)
-    for slot in sharded.slots:
-        sharded._start(slot)
+    monkeypatch.setattr(pool.context, "Process", SpawnRecorder)
+    for slot in pool.slots:
+        pool._start(slot)
         slot.conn.close()
     assert seen == ["4", "6", "4"]  # round robin past the GPU count
     assert os.environ["CUDA_VISIBLE_DEVICES"] == "4,6"
-    assert [sharded.labels(slot)["gpu_index"] for slot in sharded.slots] == ["4", "6", "4"]
+    assert [pool.labels(slot)["gpu_index"] for slot in pool.slots] == ["4", "6", "4"]
 
 
 @pytest.mark.slow  # a local Ray: about 50 s on a busy 2-core box

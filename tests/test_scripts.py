@@ -226,7 +226,7 @@ def test_kernel_ab_times_cases_with_options_passing_them_to_both_sides():
     kept = {c.id for c in timeable(loaded)}
     assert "llama3_8b_decode_fp8" in kept and "llama3_8b_decode_bf16_twin" in kept
     case = min((c for c in timeable(loaded) if c.id.startswith("fp8_kv_decode")), key=lambda c: sum(c.seq_lens))
-    assert "fp8_kv" in case.options
+    assert "fp8_kv" in case.variants
     seen = {"base": [], "new": []}
 
     def side(name):

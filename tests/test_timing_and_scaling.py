@@ -266,8 +266,8 @@ def _one_row_within_a_short_budget(tmp_path, monkeypatch, fn, model=False, budge
     from harness.run.runner import RunConfig
     from tests.tiny_cases import write_cases
 
-    short = dataclasses.replace(runner.TimingPlan(device, {}), budget_s=budget_s)
-    monkeypatch.setattr(runner, "TimingPlan", lambda *a, **k: short)
+    short = dataclasses.replace(runner.TimingSettings(device, {}), budget_s=budget_s)
+    monkeypatch.setattr(runner, "TimingSettings", lambda *a, **k: short)
     cases = load_cases([write_cases(tmp_path / "c.toml", {"name": "tiny"})], device=device)
     backend = Backend("slow", contract_prepare(fn), (device,), "plugin", "sleeps past the budget", model=model)
     config = RunConfig(device=device, backends=[backend], timing=True, progress=False)
@@ -332,7 +332,7 @@ def test_a_python_model_on_a_gpu_is_graded_not_timed():
     from harness.backends.builtin import REGISTRY
     from harness.timing import measure
 
-    gpu, cpu = measure.TimingPlan("cuda", {}), measure.TimingPlan("cpu", {})
+    gpu, cpu = measure.TimingSettings("cuda", {}), measure.TimingSettings("cpu", {})
     assert REGISTRY["tlsim"].model and REGISTRY["reference"].model and not REGISTRY["triton"].model
     assert measure.MODEL_BUDGET_S == 0
     assert gpu.for_backend(REGISTRY["tlsim"]).budget_s == measure.MODEL_BUDGET_S
@@ -343,7 +343,7 @@ def test_a_python_model_on_a_gpu_is_graded_not_timed():
 
 
 def test_a_row_under_a_zero_budget_says_it_is_graded_not_timed(tmp_path, monkeypatch):
-    """The row a Python model makes on a GPU (its plan's budget 0): graded, its note saying why it has no latency."""
+    """The row a Python model makes on a GPU (its timing settings' budget 0): graded, its note saying why it has no latency."""
     import kernels
 
     row = _one_row_within_a_short_budget(tmp_path, monkeypatch, kernels.paged_attention_reference, True, 0.0)

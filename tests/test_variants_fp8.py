@@ -197,7 +197,7 @@ def test_bad_fp8_field_is_refused_naming_it(changes, field):
 
 def test_rows_report_quant_error_and_peers_skip_naming_fp8():
     (case,) = expand_spec({**SPEC, "kv_dtype": "float8_e5m2", "kv_scale": "amax_per_head"}, "t.toml")
-    assert case.options == {"fp8_kv"} and case.kv_element_bytes == 1
+    assert case.variants == {"fp8_kv"} and case.kv_element_bytes == 1
     backends = [REGISTRY[name] for name in ("reference", "tlsim", "cache", "gather_sdpa")]
     rows = run_cases([case], RunConfig(device="cpu", backends=backends, timing=False, progress=False))
     rows = rows.set_index("backend")

@@ -199,7 +199,7 @@ def _run(case, *names):
 
 def test_harness_grades_lse_and_skips_backends_without_it():
     (case,) = expand_spec({**CASCADE_SPEC, "name": "lse", "return_lse": True, "sinks": {"scale": 1.0}}, "t.toml")
-    assert "return_lse" in case.options
+    assert "return_lse" in case.variants
     rows = _run(case, "reference", "tlsim", "cache", "gather_sdpa").set_index("backend")
     for name in ("reference", "tlsim", "cache"):
         assert rows.loc[name, "status"] == "pass", rows.loc[name, "reason"]
@@ -215,9 +215,9 @@ def test_harness_fails_a_backend_whose_lse_is_wrong(monkeypatch):
         return out, lse + 0.01
 
     (case,) = expand_spec({**CASCADE_SPEC, "name": "lse", "return_lse": True}, "t.toml")
-    bad = Backend("bad_lse", contract_prepare(off_by_one), ("cpu",), "plugin", options=frozenset({"return_lse"}))
+    bad = Backend("bad_lse", contract_prepare(off_by_one), ("cpu",), "plugin", variants=frozenset({"return_lse"}))
     only_out = Backend("only_out", contract_prepare(lambda *a, **k: kernels.paged_attention_tlsim(*a, **k)[0]),
-                       ("cpu",), "plugin", options=frozenset({"return_lse"}))  # fmt: skip
+                       ("cpu",), "plugin", variants=frozenset({"return_lse"}))  # fmt: skip
     frame = run_cases([case], RunConfig(device="cpu", backends=[bad, only_out], timing=False, progress=False))
     rows = frame.set_index("backend")
     assert rows.loc["bad_lse", "status"] == "fail" and rows.loc["bad_lse", "reason"].startswith("lse:")

@@ -114,9 +114,9 @@ def test_case_field_head_dim_v_reaches_rows_and_peers_skip():
     spec = {"name": "m", "num_q_heads": 8, "num_kv_heads": 2, "head_dim": 192, "head_dim_v": 128,
             "seq_lens": [5, 40], "tags": ["small"]}  # fmt: skip
     (case,) = expand_spec(spec, "t.toml")
-    assert case.options == {"head_dim_v"} and case.head_dim_v == 128
+    assert case.variants == {"head_dim_v"} and case.head_dim_v == 128
     (same,) = expand_spec({**spec, "head_dim_v": 192}, "t.toml")
-    assert same.options == frozenset(), "a V head dim equal to K's is no option"
+    assert same.variants == frozenset(), "a V head dim equal to K's is no option"
     backends = [REGISTRY[name] for name in ("tlsim", "cache", "gather_sdpa")]
     rows = run_cases([case], RunConfig(device="cpu", backends=backends, timing=False, progress=False))
     rows = rows.set_index("backend")
@@ -268,7 +268,7 @@ def test_case_field_latent_kv_makes_v_a_view_of_k_that_survives_a_move():
     spec = {"name": "m", "num_q_heads": 16, "num_kv_heads": 1, "head_dim": 64, "head_dim_v": 32,
             "latent_kv": True, "dtype": "bfloat16", "seq_lens": [5, 40]}  # fmt: skip
     (case,) = expand_spec(spec, "t.toml")
-    assert case.options == {"head_dim_v", "latent_kv"}
+    assert case.variants == {"head_dim_v", "latent_kv"}
     inputs = case_inputs(case, "cpu")
     assert inputs.v_cache.data_ptr() == inputs.k_cache.data_ptr()
     assert torch.equal(inputs.v_cache.nan_to_num(), inputs.k_cache[..., :32].nan_to_num())  # NaN: unowned slots

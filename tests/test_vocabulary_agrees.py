@@ -11,10 +11,9 @@ import torch
 
 import kernels
 from harness.backends.builtin import resolve_backends
-from harness.backends.registry import VARIANT_OPTIONS
 from harness.cases.inputs import make_inputs
 from harness.cases.spec import CaseSpec, case_file_schema, load_case_file
-from harness.cases.variants import VARIANTS
+from harness.cases.variants import VARIANT_KEYS, VARIANTS
 from harness.cases.vocab import DEFAULT_TOLERANCES, DTYPE_NAMES, DTYPES, FAILING, GRADED, LAYOUTS, STATUSES, WORST_FIRST
 from harness.execute.local import run_cases
 from harness.results import columns, report
@@ -70,7 +69,7 @@ def test_report_rows_speak_the_vocabulary(tmp_path):
 
 
 def test_each_variant_is_named_once_for_the_case_file_the_registry_and_the_kernel_call():
-    assert tuple(v.capability for v in VARIANTS) == VARIANT_OPTIONS
+    assert tuple(v.key for v in VARIANTS) == VARIANT_KEYS
     for variant in VARIANTS:
         assert set(variant.case_fields) <= set(CaseSpec.model_fields), variant
 
@@ -105,4 +104,4 @@ def test_the_contracts_variants_table_is_made_from_the_tables():
     text = columns.DOC.read_text()
     assert columns.doc_with_tables(text) == text, "docs/contract.md is stale: run python -m harness.results.columns"
     for variant in VARIANTS:
-        assert f"| `{variant.capability}` |" in text, variant.capability
+        assert f"| `{variant.key}` |" in text, variant.key

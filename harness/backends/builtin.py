@@ -9,6 +9,7 @@
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Callable
 from typing import Any
 
@@ -18,7 +19,6 @@ import kernels
 from harness.backends.plugins import CaseFacts, Limits
 from harness.backends.registry import (
     REGISTRY,
-    VARIANT_OPTIONS,
     Backend,
     Prepared,
     Unsupported,
@@ -29,7 +29,7 @@ from harness.backends.registry import (
 )
 from harness.cases.inputs import PagedInputs
 from harness.cases.spec import Case
-from harness.cases.variants import capability_of
+from harness.cases.variants import VARIANT_KEYS, variant_key
 
 __all__ = [
     "REGISTRY",
@@ -86,9 +86,9 @@ def _prepare_cache(case: Case, inputs: PagedInputs, out: torch.Tensor) -> Prepar
 
 add_backend(Backend("reference", contract_prepare(kernels.paged_attention_reference), ("cpu", "cuda"), "kernel",
                     "gather each sequence's slots, SDPA in fp32 (the engine's fallback oracle)",
-                    options=frozenset(VARIANT_OPTIONS), model=True))  # fmt: skip
+                    variants=frozenset(VARIANT_KEYS), model=True))  # fmt: skip
 add_backend(Backend("tlsim", contract_prepare(kernels.paged_attention_tlsim), ("cpu", "cuda"), "kernel",
-                    "the Triton kernel's streaming algorithm in torch", options=frozenset(VARIANT_OPTIONS), model=True))  # fmt: skip
+                    "the Triton kernel's streaming algorithm in torch", variants=frozenset(VARIANT_KEYS), model=True))  # fmt: skip
 
 
 def _triton(*args, **kwargs) -> torch.Tensor:
@@ -99,12 +99,12 @@ def _triton(*args, **kwargs) -> torch.Tensor:
 # run() passes the host-side lengths an engine knows, as an engine calls the kernel; call() does not.
 add_backend(Backend("triton", contract_prepare(_triton, decode_form=False, max_q_len=lambda c: max(c.q_lens), max_seq_len=lambda c: c.max_seq_len),
                     ("cpu", "cuda"), "kernel", "the @triton.jit kernel (interpreted on the CPU)",
-                    unavailable=_triton_unavailable, options=frozenset(VARIANT_OPTIONS)))  # fmt: skip
+                    unavailable=_triton_unavailable, variants=frozenset(VARIANT_KEYS)))  # fmt: skip
 # PagedKVCache keeps a K pool and a V pool of its own, so it cannot serve a latent cache (V a view of K):
 # a latent case is its skip row, rather than a row that times the two-pool read under the latent name.
 add_backend(Backend("cache", _prepare_cache, ("cpu", "cuda"), "engine path",
                     "write through PagedKVCache's slot mapping, then its dispatched read",
-                    options=frozenset(VARIANT_OPTIONS) - {"latent_kv"}))  # fmt: skip
+                    variants=frozenset(VARIANT_KEYS) - {"latent_kv"}))  # fmt: skip
 
 # The peers register after the kernels, then flex_paged and flashinfer (the registry keeps this order).
 from harness.backends import flex_paged, peers  # noqa: E402, F401, I001
@@ -118,10 +118,11 @@ def register_backend(
     *,
     description: str = "",
     graphable: bool = True,
-    options: tuple[str, ...] | frozenset[str] = (),
+    variants: tuple[str, ...] | frozenset[str] = (),
     plan: Callable[[CaseFacts], Any] | None = None,
     limits: Limits | dict | None = None,
     supports: Callable[[CaseFacts], str | None] | None = None,
+    options: tuple[str, ...] | frozenset[str] | None = None,
 ) -> Backend:
     """Add a kernel with the contract signature to every run that imports this module.
 
@@ -129,11 +130,12 @@ def register_backend(
     out=None)`` must return [num_tokens, num_q_heads, head_dim] in q's dtype. ``devices``
     lists the device types it runs on; elsewhere its rows are skips with that reason.
     GPU timing tries to capture a call in a CUDA graph and falls back to events when the
-    capture fails; ``graphable=False`` skips the attempt. ``options`` names the attention
+    capture fails; ``graphable=False`` skips the attempt. ``variants`` names the attention
     variants ``fn`` takes as keywords, each by its case-file field (``harness variants``:
-    ``sliding_window``, ``logit_softcap``, ``alibi``, ``kv_dtype``, ...; its capability or
+    ``sliding_window``, ``logit_softcap``, ``alibi``, ``kv_dtype``, ...; its key or
     keyword works too): a case that turns on another one is a skip row for this backend,
-    never a call without it.
+    never a call without it. ``options`` is the earlier name of ``variants``: still taken, with a
+    DeprecationWarning, for one release.
 
     ``plan(facts)``: a plan step, called once per input set outside the timed region with the
     case's host-side :class:`harness.backends.plugins.CaseFacts`; what it returns is passed to
@@ -154,6 +156,11 @@ def register_backend(
             return f"{name} supports(facts) returned {reason!r}, not a str (why not) or None"
         return f"{name} supports(facts): {reason}" if reason else None
 
+    if options is not None:
+        if variants:
+            raise TypeError(f"backend {name!r}: give variants= only (options= is its earlier name)")
+        warnings.warn("register_backend(options=...) is now variants=...", DeprecationWarning, stacklevel=2)
+        variants = options
     hook = {"unavailable": refused} if supports is not None else {}
     return add_backend(
         Backend(
@@ -164,7 +171,7 @@ def register_backend(
             description or (fn.__doc__ or "").strip().split("\n")[0],
             graphable,
             **hook,
-            options=frozenset(map(capability_of, options)),
+            variants=frozenset(map(variant_key, variants)),
             limits=Limits.from_plain(limits or {}, f"backend {name!r}: limits"),
             plan_step=plan is not None,
             supports_hook=supports is not None,

@@ -57,7 +57,7 @@ from harness.cases.spec import Case
 
 NAME = "flashinfer"
 INSTALL = "pip install '.[flashinfer]'"
-OPTIONS = frozenset({"sliding_window", "logit_softcap", "fp8_kv"})  # the variants it declares
+DECLARED_VARIANTS = frozenset({"sliding_window", "logit_softcap", "fp8_kv"})  # the variants it declares
 WORKSPACE_BYTES = 128 * 2**20  # FlashInfer's recommended float workspace (split-KV partial results)
 HEAD_DIMS = (64, 128, 256)  # the head dims FlashInfer's decode and prefill kernels are built for
 DECODE_TRIALS = 20  # calls of each decode path timed in prepare to pick the faster
@@ -135,7 +135,7 @@ def refusal(case: Case) -> str | None:
 
 def serves(case: Case) -> bool:
     """Whether the case asks for this peer, turns on only the variants it declares, and fits :func:`refusal`."""
-    return case.wants(NAME) and case.options <= OPTIONS and refusal(case) is None
+    return case.wants(NAME) and case.variants <= DECLARED_VARIANTS and refusal(case) is None
 
 
 def flashinfer_unavailable(case: Case, device: str) -> str | None:
@@ -238,4 +238,4 @@ def prepare_flashinfer(case: Case, inputs: PagedInputs, out: torch.Tensor) -> Pr
 
 add_backend(Backend(NAME, prepare_flashinfer, ("cuda",), "peer",
                     "FlashInfer's paged decode/prefill wrappers, planned once per input set",
-                    unavailable=flashinfer_unavailable, options=OPTIONS, plan_step=True))  # fmt: skip
+                    unavailable=flashinfer_unavailable, variants=DECLARED_VARIANTS, plan_step=True))  # fmt: skip

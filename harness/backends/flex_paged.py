@@ -280,4 +280,4 @@ def _unavailable(case: Case, device: str) -> str | None:
 add_backend(Backend("flex_paged", prepare_flex_paged, ("cuda",), "peer",
                     "FlexAttention, compiled, over the paged pool (BlockMask from the block table, KV block = page)",
                     unavailable=_unavailable,
-                    options=frozenset({"sliding_window", "logit_softcap", "alibi_slopes"})))  # fmt: skip
+                    variants=frozenset({"sliding_window", "logit_softcap", "alibi_slopes"})))  # fmt: skip

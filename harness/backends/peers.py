@@ -321,16 +321,16 @@ def flex_unavailable(case: Case, device: str) -> str | None:
 
 add_backend(Backend("gather_sdpa", _prepare_gather_sdpa, ("cpu", "cuda"), "peer",
                     "gather the pages, then batched SDPA (what a user writes by hand)",
-                    options=frozenset({"sliding_window"})))  # fmt: skip
+                    variants=frozenset({"sliding_window"})))  # fmt: skip
 add_backend(Backend("sdpa_contiguous", _prepare_sdpa_contiguous, ("cpu", "cuda"), "peer",
                     "SDPA over a contiguous copy, in its fastest form: the non-paged floor"))  # fmt: skip
 add_backend(Backend("varlen_flash", _prepare_varlen_flash, ("cuda",), "peer",
                     "FlashAttention varlen over the packed contiguous KV", unavailable=_varlen_unavailable,
-                    options=frozenset({"sliding_window"})))  # fmt: skip
+                    variants=frozenset({"sliding_window"})))  # fmt: skip
 add_backend(Backend("varlen_flash_paged", _prepare_varlen_flash_paged, ("cuda",), "peer",
                     "FlashAttention varlen over the paged pool (block table)", unavailable=_varlen_unavailable,
-                    options=frozenset({"sliding_window"})))  # fmt: skip
+                    variants=frozenset({"sliding_window"})))  # fmt: skip
 add_backend(Backend("flex_attention", _prepare_flex, ("cuda",), "peer",
                     "FlexAttention, compiled, over a padded contiguous copy (not paged)",
                     unavailable=flex_unavailable,
-                    options=frozenset({"sliding_window", "logit_softcap", "alibi_slopes"})))  # fmt: skip
+                    variants=frozenset({"sliding_window", "logit_softcap", "alibi_slopes"})))  # fmt: skip

@@ -35,12 +35,10 @@ from harness.backends.interpreter import correct_bf16, interpreting
 from harness.backends.plugins import CaseFacts, Limits, case_facts
 from harness.cases.inputs import PagedInputs
 from harness.cases.spec import Case
-from harness.cases.variants import CAPABILITIES, capability_of
+from harness.cases.variants import VARIANT_KEYS, variant_key
 from kernels.cascade import cascade_attention
 
 KINDS = ("kernel", "engine path", "peer", "plugin")
-# The variants a backend may declare (harness.cases.variants); a case that turns on another is a skip row for it.
-VARIANT_OPTIONS = CAPABILITIES
 
 
 class Unsupported(Exception):
@@ -80,16 +78,16 @@ class Backend:
     description: str = ""
     graphable: bool = True  # False: never time it from a CUDA graph (a capture is tried otherwise)
     unavailable: Callable[[Case, str], str | None] = field(default=lambda case, device: None)
-    options: frozenset[str] = frozenset()  # the VARIANT_OPTIONS it supports; empty: none
+    variants: frozenset[str] = frozenset()  # the VARIANT_KEYS it computes; a case turning on another is a skip row
     model: bool = False  # a Python model over torch ops (reference, tlsim): on a GPU graded, not timed (MODEL_BUDGET_S)
     limits: Limits = field(default_factory=Limits)  # the cases it serves (harness.backends.plugins)
     plan_step: bool = False  # prepare runs a plan step: its rows carry plan_us
     supports_hook: bool = False  # a supports(facts) hook in ``unavailable`` (run where the backend's code is)
 
     def __post_init__(self):
-        unknown = set(self.options) - set(VARIANT_OPTIONS)
+        unknown = set(self.variants) - set(VARIANT_KEYS)
         if unknown:
-            raise ValueError(f"backend {self.name!r}: unknown option(s) {sorted(unknown)}; known: {VARIANT_OPTIONS}")
+            raise ValueError(f"backend {self.name!r}: unknown variant(s) {sorted(unknown)}; known: {VARIANT_KEYS}")
 
     def skip_reason(self, case: Case, device: str) -> str | None:
         """Why this backend does not run ``case`` on ``device``, or None when it does.
@@ -103,8 +101,8 @@ class Backend:
             return f"{self.name} runs on {', '.join(self.devices)}, not {device_type}"
         if not case.wants(self.name):
             return "excluded by the case file"
-        if missing := sorted(case.options - self.options):
-            return f"{self.name} does not support {', '.join(missing)} (it declares: {', '.join(sorted(self.options)) or 'none'})"
+        if missing := sorted(case.variants - self.variants):
+            return f"{self.name} does not support {', '.join(missing)} (it declares: {', '.join(sorted(self.variants)) or 'none'})"
         if refusal := self.limits.refusal(case, device):
             return f"{self.name} {refusal}"
         return self.unavailable(case, device)
@@ -210,7 +208,7 @@ def add_remote_backend(registration: dict) -> Backend:
     return add_backend(Backend(name, _runs_in_its_worker, texts(registration.get("devices"), "devices"), "plugin",
                                text(registration.get("description", ""), "description"),
                                bool(registration.get("graphable", True)),
-                               options=frozenset(map(capability_of, texts(registration.get("options", []), "options"))),
+                               variants=frozenset(map(variant_key, texts(registration.get("variants", []), "variants"))),
                                limits=Limits.from_plain(registration.get("limits", {}), f"backend {name!r}: limits"),
                                plan_step=flag("plan"), supports_hook=flag("supports")))  # fmt: skip
 

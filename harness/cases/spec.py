@@ -292,7 +292,7 @@ class Case:
         return sum(cdiv(n, self.block_size) for n in self.seq_lens)
 
     @property
-    def options(self) -> frozenset[str]:
+    def variants(self) -> frozenset[str]:
         """The variants this case turns on (harness.cases.variants): what a backend must declare to run it."""
         return turned_on(self)
 

@@ -1,12 +1,12 @@
 """The attention variants: one row per option, declaring it once for the case file, the backend
 registry, the inputs, the kernel call and the oracle.
 
-A row holds the capability a backend declares (``register_backend(..., options=...)``), the
+A row holds the key a backend declares (``register_backend(..., variants=...)``), the
 case-file field(s) that turn it on (declared here, with their types and bounds:
 :data:`VariantFields`, which the case model extends), the contract call's keyword(s), its input
 hook (how the case's fields become the call's tensors and keywords: harness.cases.inputs applies
 it) and its oracle hook (how the float64 oracle, harness.run.oracle, applies the keywords). A
-case that turns on a variant a backend does not declare is a skip row naming the capability.
+case that turns on a variant a backend does not declare is a skip row naming the key.
 docs/contract.md, "Attention variants", says what each computes and which files a new variant
 touches; tests/test_vocabulary_agrees.py and tests/test_attention_variants.py tie the table to
 the case model, the kernel contract, the inputs and the oracle.
@@ -54,7 +54,7 @@ class OracleHook:
 
 @dataclass(frozen=True)
 class Variant:
-    capability: str  # what a backend declares and a case turns on
+    key: str  # what a backend declares (``Backend.variants``), a case turns on and a skip row names
     fields: dict[str, tuple[Any, Any]]  # the case file's field(s) that turn it on: name -> (type, pydantic Field)
     keywords: tuple[str, ...]  # the contract call's keyword(s); () for a shape (head_dim_v)
     turned_on: Callable[[Any], bool]  # the case's fields (a Case, or make_inputs' arguments) -> on
@@ -79,8 +79,8 @@ class Variant:
 
     @property
     def names(self) -> tuple[str, ...]:
-        """Every name ``register_backend(options=...)`` takes for it: case fields, capability, keywords."""
-        return tuple(dict.fromkeys((*self.fields, self.capability, *self.keywords)))
+        """Every name ``register_backend(variants=...)`` takes for it: case fields, key, keywords."""
+        return tuple(dict.fromkeys((*self.fields, self.key, *self.keywords)))
 
 
 # What the hooks share.
@@ -272,7 +272,7 @@ VARIANTS: tuple[Variant, ...] = (
         meaning="V is the first columns of K's cache (MLA's latent cache)",
     ),
 )  # fmt: skip
-CAPABILITIES: tuple[str, ...] = tuple(v.capability for v in VARIANTS)
+VARIANT_KEYS: tuple[str, ...] = tuple(v.key for v in VARIANTS)
 CASE_FIELDS: tuple[str, ...] = tuple(name for v in VARIANTS for name in v.fields)
 # The case model's variant fields, as the rows declare them (harness.cases.spec.CaseSpec extends it).
 VariantFields: type[BaseModel] = create_model(
@@ -281,8 +281,8 @@ VariantFields: type[BaseModel] = create_model(
 
 
 def turned_on(case: Any) -> frozenset[str]:
-    """The capabilities a case needs of a backend."""
-    return frozenset(v.capability for v in VARIANTS if v.turned_on(case))
+    """The variant keys a case needs of a backend."""
+    return frozenset(v.key for v in VARIANTS if v.turned_on(case))
 
 
 def turned_on_names(case: Any) -> tuple[str, ...]:
@@ -290,19 +290,19 @@ def turned_on_names(case: Any) -> tuple[str, ...]:
     return tuple(v.name for v in VARIANTS if v.turned_on(case))
 
 
-# Every name a backend may declare a variant by -> its capability (``alibi`` and ``alibi_slopes``; ``kv_dtype``,
-# ``fp8_kv``, ``k_scale``): a case-file field, the capability itself or a keyword of the call.
-OPTION_NAMES: dict[str, str] = {name: v.capability for v in VARIANTS for name in v.names}
+# Every name a backend may declare a variant by -> its key (``alibi`` and ``alibi_slopes``; ``kv_dtype``,
+# ``fp8_kv``, ``k_scale``): a case-file field, the key itself or a keyword of the call.
+VARIANT_NAMES: dict[str, str] = {name: v.key for v in VARIANTS for name in v.names}
 
 
-def capability_of(name: str) -> str:
-    """The capability of a variant named as ``register_backend(options=...)`` may name it (:data:`OPTION_NAMES`).
+def variant_key(name: str) -> str:
+    """The key of a variant named as ``register_backend(variants=...)`` may name it (:data:`VARIANT_NAMES`).
 
     ValueError for another name, saying the closest known one and where the names are listed.
     """
-    if isinstance(name, str) and name in OPTION_NAMES:
-        return OPTION_NAMES[name]
-    close = difflib.get_close_matches(str(name), list(OPTION_NAMES), n=1, cutoff=0.5)
+    if isinstance(name, str) and name in VARIANT_NAMES:
+        return VARIANT_NAMES[name]
+    close = difflib.get_close_matches(str(name), list(VARIANT_NAMES), n=1, cutoff=0.5)
     hint = f" (did you mean {close[0]!r}?)" if close else ""
     raise ValueError(
         f"unknown variant {name!r}{hint}; a variant is named by its case-file field (`harness variants` "
@@ -319,12 +319,12 @@ def _keywords(v: Variant) -> str:
 
 def variants_text() -> str:
     """``harness variants``: one line per variant: its name (the case-file field that turns it on, and what
-    ``register_backend(options=...)`` takes), the capability a skip row names, the keywords the kernel
+    ``register_backend(variants=...)`` takes), the key a skip row names, the keywords the kernel
     receives; then what each computes, and a note on names and fp8 scales."""
-    rows = [("variant (case field)", "capability", "kernel keywords (kind)")]
+    rows = [("variant (case field)", "key", "kernel keywords (kind)")]
     for v in VARIANTS:
         also = [name for name in v.fields if name != v.name]
-        rows.append((v.name + (f" (or {', '.join(also)})" if also else ""), v.capability,
+        rows.append((v.name + (f" (or {', '.join(also)})" if also else ""), v.key,
                      _keywords(v).replace("`", "")))  # fmt: skip
     widths = [max(len(row[i]) for row in rows) for i in range(2)]
     lines = [f"{row[0].ljust(widths[0])}  {row[1].ljust(widths[1])}  {row[2]}".rstrip() for row in rows]
@@ -333,7 +333,7 @@ def variants_text() -> str:
 
 
 VARIANTS_NOTE = (
-    "register_backend(options=...) takes a variant by any of its names: its case field, its capability or a\n"
+    "register_backend(variants=...) takes a variant by any of its names: its case field, its key or a\n"
     "keyword (alibi, alibi_slopes; kv_dtype, fp8_kv, k_scale). The keywords arrive only when the case turns the\n"
     "variant on. fp8 scales always arrive as [num_kv_heads] fp32 tensors, also when the case has one scale per\n"
     "tensor (every element the same): a plan step's facts say which (CaseFacts.kv_scale: per_tensor, per_head)."
@@ -341,11 +341,9 @@ VARIANTS_NOTE = (
 
 
 def markdown() -> str:
-    """The variants' table of docs/contract.md (written by ``python -m harness.results.columns``): one line per row: capability, case-file fields, kernel keywords with their kind, meaning.
+    """The variants' table of docs/contract.md (written by ``python -m harness.results.columns``): one line per row: key, case-file fields, kernel keywords with their kind, meaning.
     KeyError for a keyword the kernels' table (kernels.contract.CALL_OPTION_TABLE) lacks."""
-    lines = ["| capability | case-file fields | kernel keywords (kind) | what it computes |", "|---|---|---|---|"]
+    lines = ["| key | case-file fields | kernel keywords (kind) | what it computes |", "|---|---|---|---|"]
     for v in VARIANTS:
-        lines.append(
-            f"| `{v.capability}` | {', '.join(f'`{name}`' for name in v.fields)} | {_keywords(v)} | {v.meaning} |"
-        )
+        lines.append(f"| `{v.key}` | {', '.join(f'`{name}`' for name in v.fields)} | {_keywords(v)} | {v.meaning} |")
     return "\n".join(lines)

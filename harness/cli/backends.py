@@ -9,7 +9,7 @@ from __future__ import annotations
 import argparse
 
 from harness.backends.builtin import REGISTRY
-from harness.backends.registry import VARIANT_OPTIONS
+from harness.cases.variants import VARIANT_KEYS
 from harness.cli.options import EXIT_OK, BadInput, default_device, load
 from harness.cli.run import load_plugins
 
@@ -51,7 +51,7 @@ def main(args: argparse.Namespace) -> int:
     cases = load([], device, None)
     rows = [("backend", "kind", "devices", f"runs here ({device})", "variants")]
     for b in REGISTRY.values():
-        variants = "all" if b.options == frozenset(VARIANT_OPTIONS) else ",".join(sorted(b.options)) or "none"
+        variants = "all" if b.variants == frozenset(VARIANT_KEYS) else ",".join(sorted(b.variants)) or "none"
         rows.append((b.name, b.kind, ",".join(b.devices), availability(b, cases, device), variants))
     widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]) - 1)]
     for row in rows:

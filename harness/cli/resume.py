@@ -44,7 +44,7 @@ def run_options(args: argparse.Namespace, device: str) -> dict:
         "timing": args.timing,
         "isolate": args.isolate,
         "timeout": args.timeout,
-        "workers": args.workers,  # --workers / --ray: a resume runs the rest the same way (harness.execute.plan)
+        "workers": args.workers,  # --workers / --ray: a resume runs the rest the same way (harness.execute.executors)
         "ray": args.ray,
         "shard": args.shard,
     }

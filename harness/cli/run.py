@@ -31,9 +31,9 @@ from harness.cli.options import (
 )
 from harness.cli.resume import finalize, ordered, resume, run_options, staged_logs
 from harness.cli.terminal import finish, off_device, row_printer, verdict
-from harness.execute.plan import add_arguments as add_scale_arguments
-from harness.execute.plan import check_arguments as check_scale_arguments
-from harness.execute.plan import run_rows
+from harness.execute.executors import add_arguments as add_scale_arguments
+from harness.execute.executors import check_arguments as check_scale_arguments
+from harness.execute.executors import run_rows
 from harness.execute.processes import DEFAULT_TIMEOUT_S, PluginImportError, Worker
 from harness.execute.shards import parse_shard, shard_cases
 from harness.results import report
@@ -185,7 +185,7 @@ def _checked_run(args: argparse.Namespace, journal) -> int:
     if args.timeout is not None and not args.timeout > 0:
         raise BadInput(f"--timeout {args.timeout:g}: must be a positive number of seconds")
     try:
-        check_scale_arguments(args)  # --workers, --ray, --oracle-cache (harness.execute.plan)
+        check_scale_arguments(args)  # --workers, --ray, --oracle-cache (harness.execute.executors)
     except ValueError as error:
         raise BadInput(str(error)) from None
     plugin_backends, worker = load_plugins(args.harness_plugins, args.isolate)
@@ -241,11 +241,11 @@ def _run_and_write(args, device, cases, backends, plugin_backends, worker, journ
     threads = torch.get_num_threads()  # as cmd_run set it (--threads)
     to_profile = selected(cases, backends, args.profile)
     dtypes = tuple(sorted({c.dtype for c in cases}))
-    # Sharded on CUDA, every worker measures its own GPU's ceilings as it starts (harness.timing.ceilings.own_device)
+    # Over workers or Ray on CUDA, every worker measures its own GPU's ceilings as it starts (harness.timing.ceilings.own_device)
     # and its rows are judged against them: the driver measuring GPU 0 as well cost 2-3 s (CUDA start and the
     # read, copy and matmul timings) before any worker started. meta.json's ``ceilings`` are then the first GPU's.
-    sharded_cuda = device == "cuda" and (getattr(args, "workers", None) or getattr(args, "ray", None)) is not None
-    ceilings = measure_ceilings(device, list(dtypes)) if args.timing and not sharded_cuda else {}
+    pooled_cuda = device == "cuda" and (getattr(args, "workers", None) or getattr(args, "ray", None)) is not None
+    ceilings = measure_ceilings(device, list(dtypes)) if args.timing and not pooled_cuda else {}
     isolated = {"plugins": plugin_backends, "all": {b.name for b in backends}, "none": set()}[args.isolate]
     config = RunConfig(
         device=device,
@@ -284,7 +284,7 @@ def _run_and_write(args, device, cases, backends, plugin_backends, worker, journ
         printer = row_printer(off_device(backends, device), len(cases))
     scale = run_rows(args, cases, config, on_row, done, worker)  # in this process, over --workers, or --ray
     merging = time.perf_counter()
-    if sharded_cuda and args.timing and scale.get("gpus"):
+    if pooled_cuda and args.timing and scale.get("gpus"):
         ceilings = scale["gpus"][0].get("ceilings") or {}  # the first GPU's, as its worker measured them
     frame = ordered(to_frame(journal.rows), cases, backends, COLUMNS)
     scale.update(journal_s=round(journal_s, 3), merge_s=round(time.perf_counter() - merging, 3), rows=len(frame))

@@ -1,4 +1,4 @@
-"""``harness variants``: each attention variant's case field, capability and the keywords a kernel receives."""
+"""``harness variants``: each attention variant's case field, key and the keywords a kernel receives."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from harness.cli.options import EXIT_OK
 
 def add_parser(verbs) -> None:
     verbs.add_parser(
-        "variants", help="the attention variants: case field, capability, the keywords a kernel receives"
+        "variants", help="the attention variants: case field, key, the keywords a kernel receives"
     ).set_defaults(handler=main)
 
 

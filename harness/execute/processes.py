@@ -71,7 +71,7 @@ from harness.run.runner import (
     row_without_call,
 )
 from harness.timing import ceilings
-from harness.timing.measure import TimingPlan
+from harness.timing.measure import TimingSettings
 from harness.timing.phases import absorb, take_phases
 
 START_TIMEOUT_S = 300.0  # importing torch, kernels and the plugins on a busy laptop
@@ -162,7 +162,7 @@ def registrations() -> list[dict]:
     """The plugins' backends in this process, as plain values (what the driver learns in place of importing):
     their limits as a dict of lists and ints; of a plan step or a supports hook, only that there is one."""
     return [{"name": b.name, "devices": list(b.devices), "description": b.description, "graphable": b.graphable,
-             "options": sorted(b.options), "limits": b.limits.to_plain(), "plan": b.plan_step,
+             "variants": sorted(b.variants), "limits": b.limits.to_plain(), "plan": b.plan_step,
              "supports": b.supports_hook} for b in REGISTRY.values() if b.kind == "plugin"]  # fmt: skip
 
 
@@ -249,7 +249,7 @@ def _calls(conn, case, names: list[str], config: RunConfig, seeds: dict, waited_
     for name in names:
         conn.send_bytes(encode(("start", name)))
         backend = REGISTRY[name]
-        plan = TimingPlan(config.device, config.ceilings, threads=config.threads).for_backend(backend)
+        settings = TimingSettings(config.device, config.ceilings, threads=config.threads).for_backend(backend)
 
         def batch(prepared, called: Called, name: str = name) -> None:
             call = prepared.call or prepared.run
@@ -265,7 +265,7 @@ def _calls(conn, case, names: list[str], config: RunConfig, seeds: dict, waited_
         log = row_log(config, case.id, name)
         with captured_output(log[0] if log else None):
             called = call_backend(case, ctx.inputs, ctx.guard, backend, config.device,
-                                  plan if config.timing else None, tuple(seeds[name]), batch=batch)  # fmt: skip
+                                  settings if config.timing else None, tuple(seeds[name]), batch=batch)  # fmt: skip
         conn.send_bytes(encode(("called", name, called.to_message())))
     conn.send_bytes(encode(("done", waited_s, time.perf_counter() - started, take_phases())))
 

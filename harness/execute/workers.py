@@ -1,4 +1,4 @@
-"""The process-pool executor: a run sharded over worker processes, one per GPU of the host (or N on a CPU).
+"""The process-pool executor: one host's worker processes, one per GPU of the host (or N on a CPU), run the cases.
 
 ``harness run --workers N|auto`` hands each case to a worker process
 (:mod:`harness.execute.processes`), which runs it through the one per-case loop
@@ -24,7 +24,7 @@ as for a one-process run.
   (:func:`harness.timing.ceilings.own_device`), and reports them with its name; its rows'
   ``pct_of_ceiling`` and ``pct_of_peak`` are against them, and meta.json's ``gpus`` lists
   every GPU's.
-* **Overheads**, kept in meta.json's ``scale`` (:meth:`ShardedRun.timings`): each worker's start
+* **Overheads**, kept in meta.json's ``scale`` (:meth:`PoolRun.timings`): each worker's start
   (spawn to ready, its ceilings included), the time workers waited for a case (dispatch), the
   time the cases took, and that time by phase (:mod:`harness.timing.phases`).
 * **Failures** (:class:`harness.execute.loop.Tracker`): a worker that dies loses only the row it
@@ -99,8 +99,8 @@ class _Slot(Worker):
         return self.tasks[0] if self.tasks else None
 
 
-class ShardedRun:
-    """Run cases over worker processes; see the module docstring."""
+class PoolRun:
+    """One run of cases over this host's worker processes; see the module docstring."""
 
     def __init__(self, config, workers: int, plugins: Iterable[str] = (), threads: int | None = None):
         self.config = config
@@ -266,7 +266,7 @@ class ShardedRun:
             self._start(slot)
 
     def timings(self) -> dict:
-        """Where a sharded run's time went besides the cases (meta.json's ``scale``), in seconds."""
+        """Where a pool run's time went besides the cases (meta.json's ``scale``), in seconds."""
         return {"workers": self.workers, "worker_start_s": [round(s, 3) for s in self.start_seconds],
                 "ceilings_measure_s": [round(s, 3) for s in self.measure_seconds], **self.tracker.timings()}  # fmt: skip
 
@@ -281,12 +281,12 @@ def worker_threads(run_threads: int | None, workers: int) -> int:
     return max(1, (run_threads or os.cpu_count() or 1) // max(1, workers))
 
 
-def run_sharded(cases, config, on_row, done=(), workers: str | int = "auto") -> ShardedRun:
+def run_pool(cases, config, on_row, done=(), workers: str | int = "auto") -> PoolRun:
     """Run ``cases`` over ``workers`` processes (``--workers``); rows to ``on_row``. Returns the run (timings)."""
     count = min(worker_count(workers, config.device, config.threads), max(1, len(cases)))  # no idle worker
-    sharded = ShardedRun(config, count, config.plugins, worker_threads(config.threads, count))
-    sharded.run(cases, on_row, done)
-    return sharded
+    pool = PoolRun(config, count, config.plugins, worker_threads(config.threads, count))
+    pool.run(cases, on_row, done)
+    return pool
 
 
 @dataclass
@@ -296,4 +296,4 @@ class ProcessPool:
     workers: str | int = "auto"
 
     def run(self, cases: list[Case], config: RunConfig, on_row: Callable[[dict], None], done) -> dict:
-        return {"mode": "workers", **run_sharded(cases, config, on_row, done, self.workers).timings()}
+        return {"mode": "workers", **run_pool(cases, config, on_row, done, self.workers).timings()}

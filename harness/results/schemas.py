@@ -49,7 +49,7 @@ class Ceilings(_Lenient):
 
 
 class GpuRecord(_Lenient):
-    """One GPU of a sharded run (harness.timing.ceilings.GpuLedger.to_meta)."""
+    """One GPU of a process-pool run (harness.timing.ceilings.GpuLedger.to_meta)."""
 
     gpu_name: str
     host: str | None = None

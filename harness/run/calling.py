@@ -43,7 +43,7 @@ from harness.backends.registry import Backend, Prepared, Unsupported
 from harness.cases.inputs import PagedInputs
 from harness.cases.spec import Case
 from harness.run.guard import InputGuard, check_output, raised_by_backend
-from harness.timing.measure import TimingPlan, timing_columns
+from harness.timing.measure import TimingSettings, timing_columns
 from harness.timing.phases import phase
 
 # The note of a row graded but not timed because its one call outlasted the timing budget (compare reads it).
@@ -279,9 +279,9 @@ def _timed_call(prepared: Prepared, cuda: bool) -> tuple[object, float]:
 
 
 def call_backend(case: Case, inputs: PagedInputs, guard: InputGuard | None, backend: Backend, device: str,
-                 plan: TimingPlan | None, seeds: tuple[int, int, int],
+                 settings: TimingSettings | None, seeds: tuple[int, int, int],
                  batch: Callable[[Prepared, Called], None] | None = None) -> Called:  # fmt: skip
-    """Prepare ``backend`` on ``inputs``, make its graded call, time it (``plan``; None: not timed) with
+    """Prepare ``backend`` on ``inputs``, make its graded call, time it (``settings``; None: not timed) with
     every timed call checked; ``seeds``: the driver's flips (:func:`sign_mask`) of every other timed call, of
     the last latency sample and of the last call sample. ``batch(prepared, called)``, after the timing:
     a worker's back-to-back calls that its driver times (:mod:`harness.execute.processes`)."""
@@ -312,25 +312,25 @@ def call_backend(case: Case, inputs: PagedInputs, guard: InputGuard | None, back
         called.problem = "; ".join(filter(None, problems))
         called.out = packed.detach().clone() if isinstance(packed, torch.Tensor) else None
         called.lse = lse.detach().clone() if isinstance(lse, torch.Tensor) else None
-        if plan is None:
+        if settings is None:
             return called
-        over_budget = plan.budget_s is not None and graded_s > plan.budget_s
+        over_budget = settings.budget_s is not None and graded_s > settings.budget_s
         if over_budget and cuda and not backend.model:
             # A kernel's or a peer's graded call on a GPU may have compiled (Triton's JIT of a new launch,
             # torch.compile, cuDNN's plans): a second call says what a call costs. On a CPU nothing compiles
             # (the Triton interpreter included): the first call decides.
             with phase("graded call"):
                 graded_s = _timed_call(prepared, cuda)[1]
-            over_budget = graded_s > plan.budget_s
+            over_budget = graded_s > settings.budget_s
         if over_budget:
             # One call already outlasts the row's timing budget (a CPU model on a long case): its samples
             # would cost minutes and tell nothing a kernel developer uses, so the row is graded, not timed.
-            why = "a Python model on a GPU is graded, not timed" if plan.budget_s == 0 else (
-                f"past the row's {plan.budget_s:g} s timing budget")  # fmt: skip
+            why = "a Python model on a GPU is graded, not timed" if settings.budget_s == 0 else (
+                f"past the row's {settings.budget_s:g} s timing budget")  # fmt: skip
             called.note = "; ".join(filter(None, [called.note, f"{NOT_TIMED} {graded_s:.1f} s, {why}"]))
             return called
         started = time.perf_counter()
-        _time(called, case, inputs, backend, prepared, plan, seeds)
+        _time(called, case, inputs, backend, prepared, settings, seeds)
         called.timed_s = time.perf_counter() - started
         if batch is not None and called.timing:
             with phase("timing: batch"):
@@ -348,7 +348,7 @@ def call_backend(case: Case, inputs: PagedInputs, guard: InputGuard | None, back
 
 
 def _time(called: Called, case: Case, inputs: PagedInputs, backend: Backend, prepared: Prepared,
-          plan: TimingPlan, seeds: tuple[int, int, int]) -> None:  # fmt: skip
+          settings: TimingSettings, seeds: tuple[int, int, int]) -> None:  # fmt: skip
     """The timing columns, every timed call checked (see the module docstring)."""
     flipper = Flipper(inputs, latent=bool(case.latent_kv)) if prepared.follows_inputs else None
     refs = {None: called.out} if called.out is not None else {}  # flip seed -> the first output it gave
@@ -361,7 +361,7 @@ def _time(called: Called, case: Case, inputs: PagedInputs, backend: Backend, pre
         return checks[-1]
 
     try:
-        called.timing = timing_columns(case, backend, prepared, plan, hooks=make)
+        called.timing = timing_columns(case, backend, prepared, settings, hooks=make)
     finally:
         for check in checks:
             check.finish()

@@ -1,7 +1,7 @@
 """The float64 oracle's outputs, kept on disk by a hash of the inputs they were computed from.
 
 The oracle is the slowest part of a CPU run (a 128k-token case takes minutes in float64),
-and every rerun, every worker of a sharded run and every pytest worker computes the same
+and every rerun, every worker of a process-pool run and every pytest worker computes the same
 outputs again. This cache keys an output by the **content** of the call, not the case's
 name:
 

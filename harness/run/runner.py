@@ -23,7 +23,7 @@ from harness.run.grading import BOUND_RESULT, forward_error_bound, grade, locate
 from harness.run.guard import InputGuard
 from harness.run.oracle import paged_attention_oracle
 from harness.run.oracle_cache import lookup, oracle_key
-from harness.timing.measure import TimingPlan
+from harness.timing.measure import TimingSettings
 from harness.timing.metrics import bytes_moved
 from harness.timing.phases import phase
 
@@ -158,8 +158,8 @@ def run_backend(ctx: CaseContext, backend: Backend, config: RunConfig) -> dict:
     """One report row of a backend run in this process: its calls (:func:`harness.run.calling.call_backend`),
     then their grade (:func:`grade_called`)."""
     seeds = flip_seeds()
-    plan = TimingPlan(config.device, config.ceilings, threads=config.threads).for_backend(backend)
-    called = call_backend(ctx.case, ctx.inputs, ctx.guard, backend, config.device, plan if config.timing else None,
+    settings = TimingSettings(config.device, config.ceilings, threads=config.threads).for_backend(backend)
+    called = call_backend(ctx.case, ctx.inputs, ctx.guard, backend, config.device, settings if config.timing else None,
                           seeds)  # fmt: skip
     return grade_called(ctx, backend, config, called, seeds)
 

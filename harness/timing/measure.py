@@ -13,7 +13,7 @@
 ``plan_us``      the backend's plan step, once in prepare (``Prepared.plan_us``), outside every sample
 plus bandwidth and rate against the run's measured ceilings.
 
-Every row's timing runs within ``ROW_BUDGET_S`` (:class:`TimingPlan`'s ``budget_s``): the timer
+Every row's timing runs within ``ROW_BUDGET_S`` (:class:`TimingSettings`'s ``budget_s``): the timer
 stops sampling once the row's timing has used it, keeping at least one sample of each
 measurement, and the row's ``note`` says so ("timed within a 3 s budget: K samples"). A
 kernel's row never comes near it (0.25 s of latency samples, 0.15 s of call samples); a CPU
@@ -23,7 +23,7 @@ would otherwise spend minutes per row on its 20 + 10 samples; on a GPU such a mo
 already outlasts its budget is graded and not timed (:func:`harness.run.runner.run_backend`); on a
 GPU any other backend is weighed by a second call there, since its first may have compiled.
 
-:func:`row_time_limit` is the default time limit of one isolated or sharded row (grade and
+:func:`row_time_limit` is the default time limit of one isolated or process-pool row (grade and
 timing): generous against the row's expected cost, so only a hang reaches it.
 """
 
@@ -62,7 +62,7 @@ LIMIT_FLOOR_S = 60.0
 LIMIT_FACTOR = 10.0
 CALLS_PER_ROW = 40  # graded call, warm-ups, graph capture, latency and call samples, probe
 CPU_GBPS, CPU_TFLOPS = 0.05, 0.0005  # the interpreter / a Python model on a CPU, pessimistic
-GPU_GBPS, GPU_TFLOPS = 500.0, 20.0  # a GPU whose ceilings were not measured (sharded workers' own)
+GPU_GBPS, GPU_TFLOPS = 500.0, 20.0  # a GPU whose ceilings were not measured (process-pool workers' own)
 
 
 def row_time_limit(case: Case, device: str, ceilings: dict | None = None) -> float:
@@ -83,7 +83,7 @@ def row_time_limit(case: Case, device: str, ceilings: dict | None = None) -> flo
 
 
 @dataclass(frozen=True)
-class TimingPlan:
+class TimingSettings:
     """How rows are timed: the device, the run's ceilings, the time budgets per row."""
 
     device: str
@@ -93,8 +93,8 @@ class TimingPlan:
     threads: int | None = None  # torch intra-op threads while timing (CPU); recorded per row
     budget_s: float | None = ROW_BUDGET_S  # of the row's whole timing; None: no budget
 
-    def for_backend(self, backend: Backend) -> TimingPlan:
-        """This plan for one backend's row: a Python model on a GPU gets MODEL_BUDGET_S (less, never more:
+    def for_backend(self, backend: Backend) -> TimingSettings:
+        """These settings for one backend's row: a Python model on a GPU gets MODEL_BUDGET_S (less, never more:
         0, graded and not timed)."""
         if backend.model and torch.device(self.device).type == "cuda" and self.budget_s is not None:
             return dataclasses.replace(self, budget_s=min(self.budget_s, MODEL_BUDGET_S))
@@ -110,16 +110,16 @@ def _spread(prefix: str, timing: Timing) -> dict:
     }
 
 
-def timing_columns(case: Case, backend: Backend, prepared: Prepared, plan: TimingPlan,
+def timing_columns(case: Case, backend: Backend, prepared: Prepared, settings: TimingSettings,
                    hooks: Callable[[str], SampleHooks] | None = None) -> dict:  # fmt: skip
     """Every timing column of one row (see the module docstring). ``hooks(what)``: the sample hooks of
     the "latency" and the "call" measurement (:func:`harness.timing.timer.time_call`)."""
-    device = plan.device
+    device = settings.device
     bytes_moved = case_bytes(case)
     hooks = hooks or (lambda what: None)
-    deadline = None if plan.budget_s is None else time.monotonic() + plan.budget_s
+    deadline = None if settings.budget_s is None else time.monotonic() + settings.budget_s
     with phase("timing: latency"):
-        latency = time_call(prepared.run, device, graph=backend.graphable, target_s=plan.latency_target_s,
+        latency = time_call(prepared.run, device, graph=backend.graphable, target_s=settings.latency_target_s,
                             deadline=deadline, hooks=hooks("latency"))  # fmt: skip
     row = {**_spread("latency", latency), "timing_reps": len(latency.samples_us)}
     row["timing_method"] = latency.method
@@ -128,7 +128,7 @@ def timing_columns(case: Case, backend: Backend, prepared: Prepared, plan: Timin
     else:
         host: list[float] = []
         with phase("timing: call"):
-            call = time_wall(prepared.call or prepared.run, device, target_s=plan.call_target_s, host_samples=host,
+            call = time_wall(prepared.call or prepared.run, device, target_s=settings.call_target_s, host_samples=host,
                              deadline=deadline, hooks=hooks("call"))  # fmt: skip
     row.update(_spread("call", call))
     if torch.device(device).type == "cuda":  # on a CPU all of it is host time: no split to report
@@ -142,7 +142,7 @@ def timing_columns(case: Case, backend: Backend, prepared: Prepared, plan: Timin
         row["graph_capturable"] = probe.graph_capturable
         row["device_syncs"] = probe.device_syncs
     if latency.cut_short or call.cut_short or spent:
-        row["timing_note"] = (f"timed within a {plan.budget_s:g} s budget: {len(latency.samples_us)} samples"
+        row["timing_note"] = (f"timed within a {settings.budget_s:g} s budget: {len(latency.samples_us)} samples"
                               + ("" if call is latency else f", {len(call.samples_us)} call samples")
                               + ("; no graph/sync probe" if spent else ""))  # fmt: skip
     if (
@@ -152,9 +152,9 @@ def timing_columns(case: Case, backend: Backend, prepared: Prepared, plan: Timin
             row["kernels_ran"] = kernels_launched(prepared.run, device)
     if prepared.plan_us is not None:
         row["plan_us"] = prepared.plan_us
-    row["timing_threads"] = plan.threads if plan.threads is not None else torch.get_num_threads()
+    row["timing_threads"] = settings.threads if settings.threads is not None else torch.get_num_threads()
     row["gbps"] = gbps(bytes_moved, row["latency_us"])
     row["flops"] = flops(case)
     row["tflops"] = tflops(row["flops"], row["latency_us"])
-    row.update(ceiling_columns({**row, "dtype": case.dtype, "max_q_len": max(case.q_lens)}, plan.ceilings))
+    row.update(ceiling_columns({**row, "dtype": case.dtype, "max_q_len": max(case.q_lens)}, settings.ceilings))
     return row

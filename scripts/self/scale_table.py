@@ -4,7 +4,7 @@
 
 ``WALL_S`` is the whole command's wall time as the caller measured it (scripts/self/gpu_scale.sh);
 everything else comes from each run's meta.json ``scale`` record (written by ``harness run``
-with ``--workers`` or ``--ray``; :func:`harness.execute.plan.run_rows`). Columns:
+with ``--workers`` or ``--ray``; :func:`harness.execute.executors.run_rows`). Columns:
 
     workers     how many worker processes (or "ray")
     wall s      the whole command: imports, the driver's ceilings, workers, cases, writing the folder

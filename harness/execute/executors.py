@@ -1,7 +1,7 @@
 """The ``run`` verb's scale-out options, checked before any work, and the choice of executor
 (:class:`harness.execute.loop.Executor`): in this process, over worker processes or over Ray.
 
-    --workers N|auto      shard the cases over N worker processes of this host (harness.execute.workers):
+    --workers N|auto      spread the cases over N worker processes of this host (harness.execute.workers):
                           one per GPU (auto: every visible GPU), or N on a CPU (auto: one per core)
     --ray [ADDRESS]       submit the cases as Ray tasks (harness.execute.ray_cluster): to the cluster at
                           ADDRESS, or (no ADDRESS) to a local Ray started for the run
@@ -33,7 +33,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     group.add_argument(
         "--workers",
         metavar="N|auto",
-        help="shard the run over N worker processes: one per GPU, pinned by CUDA_VISIBLE_DEVICES "
+        help="spread the run over N worker processes: one per GPU, pinned by CUDA_VISIBLE_DEVICES "
         "(auto: every visible GPU; on a CPU, one per core, torch threads split between them)",
     )
     group.add_argument(
@@ -75,7 +75,7 @@ def check_arguments(args: argparse.Namespace) -> None:
 def preload_report_modules() -> threading.Thread:
     """Import what writing the run folder needs (the page, its plots: matplotlib) on a daemon thread.
 
-    A sharded or Ray run's driver mostly waits on its workers; importing these meanwhile takes
+    A process-pool or Ray run's driver mostly waits on its workers; importing these meanwhile takes
     0.7-1 s off the end of the run (measured on the dev box: harness.results.report with matplotlib,
     0.72 s). A one-process run has no idle driver to use, so it imports them when it writes.
     """
@@ -94,7 +94,7 @@ def preload_report_modules() -> threading.Thread:
 
 def executor_for(args: argparse.Namespace, worker=None) -> Executor:
     """--ray, else --workers, else this process (``worker``: its isolation worker, which the CLI
-    started; sharded runs isolate by process already and leave it unused)."""
+    started; process-pool runs isolate by process already and leave it unused)."""
     workers, ray = getattr(args, "workers", None), getattr(args, "ray", None)
     if ray is None and workers is None:
         return InProcess(worker)
