@@ -23,7 +23,7 @@ def run_script(*args: str, timeout: float = 300) -> subprocess.CompletedProcess:
 
 
 @pytest.mark.parametrize("tool", ["tune_tiles.py", "kernel_ab.py", "kernel_targets.py", "sass_census.py", "mutants.py",
-                                  "flashinfer_warmup.py", "gpu_run.sh", "gpu_wheels.sh"])  # fmt: skip
+                                  "generate_mutants.py", "flashinfer_warmup.py", "gpu_run.sh", "gpu_wheels.sh"])  # fmt: skip
 def test_each_kernel_developer_tool_answers_help_with_its_usage(tool):
     if tool.endswith(".sh"):
         done = subprocess.run(
@@ -38,7 +38,7 @@ def test_each_kernel_developer_tool_answers_help_with_its_usage(tool):
 def test_every_script_is_exercised_here():
     """scripts/ holds the kernel developer's tools, scripts/self/ the harness's measurements of itself."""
     exercised = {"tune_tiles.py", "kernel_targets.py", "kernel_ab.py", "gpu_run.sh", "gpu_wheels.sh"}
-    exercised |= {"mutants.py", "mutants.toml"}  # tests/test_mutants.py
+    exercised |= {"mutants.py", "mutants.toml", "generate_mutants.py"}  # tests/test_mutants.py, below
     exercised |= {"sass_census.py"}  # tests/test_kernel_compiles_for_sm90.py
     exercised |= {f"self/{name}" for name in ("peer_table.py", "measure_tlsim_closeness.py", "noise_check.py")}
     exercised |= {f"self/{name}" for name in ("slowdown_plugin.py", "gpu_scale.sh", "host_overhead.py")}
@@ -50,6 +50,16 @@ def test_every_script_is_exercised_here():
         p.relative_to(scripts).as_posix() for p in scripts.rglob("*") if p.is_file() and "__pycache__" not in p.parts
     }
     assert present <= exercised, "a new script needs a dry run here"
+
+
+def test_generated_mutants_are_a_catalogue_whose_every_mutant_applies(tmp_path):
+    catalogue = tmp_path / "generated.toml"
+    done = run_script("scripts/generate_mutants.py", "--sample", "12", "--seed", "3", "--out", str(catalogue))
+    assert done.returncode == 0, done.stderr
+    assert "sample of 12" in done.stdout
+    checked = run_script("scripts/mutants.py", "--check", "--catalogue", str(catalogue))
+    assert checked.returncode == 0, checked.stdout + checked.stderr
+    assert "12/12 mutants apply" in checked.stdout
 
 
 def test_peer_table_states_the_kernel_against_the_best_peer_of_the_committed_run():
