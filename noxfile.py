@@ -45,7 +45,7 @@ def tests(session: nox.Session) -> None:
     With the ray and xdist extras, so the scale-out equivalences (pytest -n 2) run in CI instead of
     skipping. The tests marked slow (a local Ray cluster, compiling through ptxas or torch.compile,
     scripts' dry runs) are `nox -s slow`'s; the mutant catalogue's catch run is `nox -s mutants`' (CI
-    runs all three; a later -m wins)."""
+    runs tests and mutants; `nox -s slow` is run by hand, about 8 minutes; a later -m wins)."""
     install_cpu(session, "test,triton,ray,xdist")
     # Two workers (`-- -n 0` turns them off; a later -n wins): on a 2-core box the suite is
     # mostly single-threaded Python (the interpreter, fresh worker processes), so two halve it.

@@ -9,6 +9,7 @@ written: 1.3x-1.45x on these cases, 1.25x-1.9x on smaller ones).
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 import textwrap
@@ -93,7 +94,11 @@ def test_estimate_covers_the_measured_peak_within_a_factor(tmp_path):
     for name, text, backend in MEASURED:  # in parallel: each is its own process
         path = tmp_path / f"{name}.toml"
         path.write_text(text)
-        procs[name] = subprocess.Popen([sys.executable, "-c", PROBE, str(path), backend], cwd=ROOT,
+        # A clean environment and an oracle cache of its own: nothing another test set in this
+        # worker process (a cache folder, a verify fraction, thread counts) reaches the measurement.
+        env = {"PATH": os.environ.get("PATH", ""), "HOME": os.environ.get("HOME", str(tmp_path)),
+               "PYTHONPATH": str(ROOT), "HARNESS_ORACLE_CACHE": str(tmp_path / f"{name}-oracle")}  # fmt: skip
+        procs[name] = subprocess.Popen([sys.executable, "-c", PROBE, str(path), backend], cwd=ROOT, env=env,
                                        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)  # fmt: skip
     for name, proc in procs.items():
         out, err = proc.communicate(timeout=300)
