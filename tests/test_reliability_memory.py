@@ -1,7 +1,10 @@
 """The pre-run memory estimate covers the oracle's and every backend's peak, and refuses what cannot fit.
 
 Measured on the CPU: each case runs in a fresh process (one thread), after a tiny case
-warmed the same code up; the peak is getrusage's max RSS minus the RSS before the case.
+warmed the same code up; the peak is the case's high-water RSS (VmHWM, reset through
+/proc/self/clear_refs before it) minus the RSS when it starts. The process's lifetime
+high-water mark would not do: it also holds the imports and the warm-up, so whatever of them
+leaves RSS before the case (library pages evicted under memory pressure) counted as the case's.
 The estimate must cover the measured peak and stay within 2.5x of it (measured when
 written: 1.3x-1.45x on these cases, 1.25x-1.9x on smaller ones).
 """
@@ -25,7 +28,7 @@ ROOT = Path(__file__).resolve().parents[1]
 FACTOR = 2.5
 
 PROBE = """
-import json, os, resource, sys
+import json, sys
 import torch
 torch.set_num_threads(1)
 from harness.backends.builtin import REGISTRY
@@ -37,18 +40,20 @@ path, backend = sys.argv[1], sys.argv[2]
 tiny, case = load_case_file(path)
 config = RunConfig(device="cpu", backends=[], timing=False, progress=False)
 
-def rss():
-    with open("/proc/self/statm") as statm:
-        return int(statm.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+def status(field):
+    with open("/proc/self/status") as lines:
+        return next(int(line.split()[1]) * 1024 for line in lines if line.startswith(field))
 
 for c in (tiny, case):
-    base = rss()
+    with open("/proc/self/clear_refs", "w") as clear:
+        clear.write("5")  # the high-water mark restarts at the current RSS
+    base = status("VmRSS:")
     ctx = build_context(c, "cpu", "cpu")
     if backend != "none":
         row = run_backend(ctx, REGISTRY[backend], config)
         assert row["status"] == "pass", row
     del ctx
-peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024 - base
+peak = status("VmHWM:") - base
 need = estimate(case, [] if backend == "none" else [backend])
 print(json.dumps({"measured": peak, "estimate": need.peak}))
 """
