@@ -146,19 +146,19 @@ def fuzz(session: nox.Session) -> None:
         "HARNESS_HYPOTHESIS_EXAMPLES": os.environ.get("HARNESS_HYPOTHESIS_EXAMPLES", "1000"),
         "KERNEL_SWEEP_EXAMPLES": os.environ.get("KERNEL_SWEEP_EXAMPLES", "200"),
     }
-    session.run("python", "-m", "pytest", "tests/test_hypothesis_cases.py", "tests/test_kernel_contract_sweep.py",
+    session.run("python", "-m", "pytest", "tests/harness/test_hypothesis_cases.py", "tests/kernels/test_kernel_contract_sweep.py",
                 *session.posargs, env=env)  # fmt: skip
 
 
 # The quick kernel tests: the README's loop after a kernel edit, and what `nox -s coverage` measures.
-QUICK_KERNEL_TESTS = ["tests/test_kernel_edges.py", "tests/test_kernel_contract_edges.py"]
+QUICK_KERNEL_TESTS = ["tests/kernels/test_kernel_edges.py", "tests/kernels/test_kernel_contract_edges.py"]
 
 
 @nox.session
 def coverage(session: nox.Session) -> None:
     """Branch coverage of kernels/ by the quick kernel tests, the Triton kernel interpreted (coverage.py
     follows its Python): the modules' percentages and the lines and branches not reached (docs/mutants.md
-    names the unreached ones and why). Arguments go to pytest (`-- tests/test_dispatch.py` adds a file)."""
+    names the unreached ones and why). Arguments go to pytest (`-- tests/kernels/test_dispatch.py` adds a file)."""
     install_cpu(session, "test,triton,xdist")
     session.install("pytest-cov")
     session.run("python", "-m", "pytest", "-n", "2", "-p", "no:cacheprovider", *QUICK_KERNEL_TESTS, "--cov",
@@ -177,7 +177,7 @@ def lint(session: nox.Session) -> None:
 @nox.session
 def mutants(session: nox.Session) -> None:
     """Plant each kernel slip of scripts/mutants.toml in a copy of the tree and run the quick kernel
-    test that catches it (tests/test_kernel_edges.py) against it: fails on any survivor, on a mutant
+    test that catches it (tests/kernels/test_kernel_edges.py) against it: fails on any survivor, on a mutant
     whose text is no longer in the code, and when the tests fail on the unmutated tree (docs/mutants.md).
 
         nox -s mutants                                  # all of them, two at a time

@@ -149,7 +149,7 @@ class CallOption:
 # the launch-plan key and what a plan hit hands the launch all follow this table, in its order. An
 # option is off when None. (return_lse and the hints are the entry's own keywords: they shape the
 # output and the launch, not the attention.) The harness's rows (harness/cases/variants.py) name
-# these keywords; tests/test_vocabulary_agrees.py ties the two tables.
+# these keywords; tests/harness/test_vocabulary_agrees.py ties the two tables.
 CALL_OPTION_TABLE: tuple[CallOption, ...] = (
     CallOption("sliding_window", HOST_INT, check_int_at_least_1,
                "host int W >= 1: a query sees its W most recent keys, itself included"),

@@ -3,7 +3,7 @@ heads a program takes and the pieces of a wide head.
 
 Both ``paged_attention_triton`` and ``paged_attention_tlsim`` call :func:`tiling_for`, so the
 model can never drift from the kernel's tiles or its KV split (the Triton entry keeps the
-decision in a launch plan, kernels/launch_plan.py; tests/test_launch_plans.py).
+decision in a launch plan, kernels/launch_plan.py; tests/kernels/test_launch_plans.py).
 """
 
 from __future__ import annotations
@@ -361,7 +361,7 @@ def latent_kv(call: PagedCall) -> bool:
     head_dim_v columns, told from metadata alone (no value read, no device sync): the same storage
     pointer, dtype and block / slot / head strides, both unit-stride in their dims. Then every V element
     the kernel would load is the K element it loaded at the same (key, dim), so the output is the same
-    as two tensors holding those values give (tests/test_variants_mla.py)."""
+    as two tensors holding those values give (tests/kernels/test_variants_mla.py)."""
     return (
         LATENT_KV
         and _wide(call)

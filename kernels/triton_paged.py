@@ -25,7 +25,7 @@ The idea, in a few lines:
   rescaled by ``exp2((m_old - m_new) * scale * log2(e))`` at every tile. Scaling after
   subtracting the max matters at large logits: scaling first turns a logit near 150 into
   ~216 in base 2, which fp32 rounds by up to 7.6e-6, an error a plain ``exp(s - m)`` does
-  not add, while ``s - m`` is exact near the max (tests/kernel_cases.py, fp32 case
+  not add, while ``s - m`` is exact near the max (tests/kernels/kernel_cases.py, fp32 case
   ``large_logits_q40``). The fp32 dot itself errs about as much at such logits; that
   error stays. fp16 and bf16, whose p is rounded to 8 or 11 bits anyway, take the
   multiply-add form ``exp2(s * c - m * c)`` (one instruction an element fewer).

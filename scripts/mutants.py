@@ -7,7 +7,7 @@
     python scripts/mutants.py --json out.json      # the table as JSON too
 
 The tree's kernels, harness, tests and pyproject.toml are copied to a temporary folder (one per
-job). The mutants' caught_by tests (all the quick tests, tests/test_kernel_edges.py and the device
+job). The mutants' caught_by tests (all the quick tests, tests/kernels/test_kernel_edges.py and the device
 split's tlsim tests, with --record or while a mutant has none) first run on the unmutated copy, TRITON_INTERPRET=1, and
 must pass there. Then, per mutant: its ``find`` text is replaced by
 ``replace`` in the copy (the text must occur exactly once: else the mutant is "not-applied",
@@ -57,10 +57,10 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 CATALOGUE = ROOT / "scripts" / "mutants.toml"
 QUICK_TESTS = [
-    "tests/test_kernel_edges.py",
-    "tests/test_kernel_contract_edges.py",
-    "tests/test_tlsim_predicts_triton.py::test_tlsim_predicts_the_device_split",
-    "tests/test_kernel_tuning.py::test_the_device_split_dispatches_its_sequences_longest_piece_first",
+    "tests/kernels/test_kernel_edges.py",
+    "tests/kernels/test_kernel_contract_edges.py",
+    "tests/kernels/test_tlsim_predicts_triton.py::test_tlsim_predicts_the_device_split",
+    "tests/kernels/test_kernel_tuning.py::test_the_device_split_dispatches_its_sequences_longest_piece_first",
 ]
 COPIED = ["kernels", "harness", "tests", "pyproject.toml"]
 PROJECT = {"kernels", "harness", "tests", "benchmarks", "scripts", "conftest"}

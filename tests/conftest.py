@@ -154,7 +154,7 @@ def drawn_plots():
 @pytest.fixture
 def plot_text_as_text(monkeypatch):
     """Plots drawn in the test keep their text as SVG ``<text>`` (``svg.fonttype`` 'none'), not glyph
-    outlines, typeset as ever: :mod:`tests.plot_text` reads what a person would read."""
+    outlines, typeset as ever: :mod:`tests.harness.plot_text` reads what a person would read."""
     try:
         import matplotlib
     except ImportError:  # no matplotlib: the pages draw nothing, and the tests that read plots skip

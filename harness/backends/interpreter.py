@@ -18,7 +18,7 @@ interpreter is on: each of those operations decodes bf16 to fp32 (exact), comput
 interpreter does in fp32, and rounds the result back to bf16 to nearest even, as a GPU does (a
 bf16 ``tl.sum`` is rounded once, where a GPU rounds its partial sums: a few ulps apart at most). A
 kernel that never touches bf16 runs exactly as it would uncorrected; so does the project's kernel, which never
-hands the interpreter a bf16 operand (tests/test_interpreter_bf16.py checks both).
+hands the interpreter a bf16 operand (tests/harness/test_interpreter_bf16.py checks both).
 """
 
 from __future__ import annotations

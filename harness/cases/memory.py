@@ -31,7 +31,7 @@ q_len; Hq/Hkv heads; D head_dim; per-sequence terms take the worst sequence):
   padded peers pay for the padding.
 * plugins: unknown code; charged like reference.
 
-Checked against the CPU's measured peak RSS in tests/test_reliability_memory.py.
+Checked against the CPU's measured peak RSS in tests/harness/test_reliability_memory.py.
 """
 
 from __future__ import annotations

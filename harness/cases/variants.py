@@ -8,7 +8,7 @@ hook (how the case's fields become the call's tensors and keywords: harness.case
 it) and its oracle hook (how the float64 oracle, harness.run.oracle, applies the keywords). A
 case that turns on a variant a backend does not declare is a skip row naming the key.
 docs/contract.md, "Attention variants", says what each computes and which files a new variant
-touches; tests/test_vocabulary_agrees.py and tests/test_attention_variants.py tie the table to
+touches; tests/harness/test_vocabulary_agrees.py and tests/kernels/test_attention_variants.py tie the table to
 the case model, the kernel contract, the inputs and the oracle.
 """
 
@@ -59,7 +59,7 @@ class Variant:
     keywords: tuple[str, ...]  # the contract call's keyword(s); () for a shape (head_dim_v)
     turned_on: Callable[[Any], bool]  # the case's fields (a Case, or make_inputs' arguments) -> on
     # case-file fields that turn it on in a small case (4 query / 2 KV heads, head_dim 32):
-    # tests/test_attention_variants.py grades every built-in kernel on that case
+    # tests/kernels/test_attention_variants.py grades every built-in kernel on that case
     example: dict[str, Any]
     # (inputs, fields) -> inputs: a PagedInputs on the CPU (harness.cases.inputs) -> the same with the
     # variant's keywords in ``options`` (and, for fp8, its pools); None: a shape that make_inputs draws

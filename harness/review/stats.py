@@ -49,7 +49,7 @@ load drift cancels in ``d_k``, and what is left is noise the signed-rank interva
 for: its confidence is the false-alarm bound (an unchanged row is called slower with a
 chance of at most alpha / 2, and then only when its estimate also strays past the
 effect), and the minimum effect only decides which real changes are worth a word. The
-price, on tests/test_compare_paired.py's simulated rows: a row truly 10% slower is called
+price, on tests/harness/test_compare_paired.py's simulated rows: a row truly 10% slower is called
 slower 722 times in 1000 and one 5% slower 26 times (an estimate that passes the effect
 at any of the looks, with 1 excluded, stops the row); and alpha / 2 (2.5%) is above the target of 1 false alarm in 100
 unchanged rows, which rests on the estimate having to pass the effect too: 0 in 1000

@@ -47,7 +47,7 @@ lane0() {
 }
 lane1() {
   export CUDA_VISIBLE_DEVICES=1
-  timeout -s TERM 150 python3 -m pytest -q -p no:cacheprovider -m gpu tests/ --ignore=tests/test_peer_flex_paged.py \
+  timeout -s TERM 150 python3 -m pytest -q -p no:cacheprovider -m gpu tests/ --ignore=tests/harness/test_peer_flex_paged.py \
     >"$OUT/gpu_tests.log" 2>&1  # the CUDA-only tests (FlexAttention's compile last: its workers load the host)
   timeout -s TERM "$(left "${LIMIT1:-540}")" bash -c "$(declare -f run); run cases/variants.toml --tag gpu \
     --backend triton --backend cache --backend sdpa_contiguous --out $OUT/variants_timed" >"$OUT/variants_timed.log" 2>&1
@@ -58,7 +58,7 @@ lane1() {
   timeout -s TERM "$(left "${LIMIT1:-540}")" python3 scripts/self/measure_tlsim_closeness.py >"$OUT/tlsim_closeness.txt" 2>&1
   timeout -s TERM "$(left "${LIMIT1:-540}")" bash -c "$(declare -f run); run cases/variants.toml --no-timing \
     --backend reference --backend tlsim --backend triton --backend cache --out $OUT/variants_graded" >"$OUT/variants_graded.log" 2>&1
-  timeout -s TERM "$(left "${LIMIT1:-540}")" python3 -m pytest -q -p no:cacheprovider -m gpu tests/test_peer_flex_paged.py \
+  timeout -s TERM "$(left "${LIMIT1:-540}")" python3 -m pytest -q -p no:cacheprovider -m gpu tests/harness/test_peer_flex_paged.py \
     >>"$OUT/gpu_tests.log" 2>&1
 }
 lane0 & lane1 & wait

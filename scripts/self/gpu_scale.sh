@@ -2,7 +2,7 @@
 # The 2-GPU scaling measurement: the same cases with --workers 1, then --workers 2, then a table
 # (wall time, speed-up, worker start, dispatch wait, journal and merge per row; scripts.self.scale_table).
 #   bash scripts/self/gpu_scale.sh          on a CUDA host with 2 GPUs: the oracle on each worker's GPU
-#   DRY=1 bash scripts/self/gpu_scale.sh    on a CPU, as tests/test_scripts.py runs it (smoke, untimed)
+#   DRY=1 bash scripts/self/gpu_scale.sh    on a CPU, as tests/harness/test_scripts.py runs it (smoke, untimed)
 # Environment (all optional):
 #   SUITES       case files or suite names (default cases/gpu_sweep.toml, 144 moderate cases: a sweep is
 #                what sharding is for; a one-minute suite is bounded by the fixed costs; dry: smoke)

@@ -3,7 +3,7 @@
     python scripts/self/host_overhead.py                 # on a GPU: decode_32x4k's shape
     python scripts/self/host_overhead.py --shape decode_4x16k   # a decode whose KV is split: two launches a call
     python scripts/self/host_overhead.py --profile       # and cProfile's top 15 of 300 calls, plans off and on
-    python scripts/self/host_overhead.py --dry           # a tiny case on the CPU (the interpreter; tests/test_scripts.py)
+    python scripts/self/host_overhead.py --dry           # a tiny case on the CPU (the interpreter; tests/harness/test_scripts.py)
     python scripts/self/host_overhead.py --cpu-hit-path  # no GPU needed: each Python step of a plan hit, in us (below)
 
 The shape is decode_32x4k's: bf16, 32 query / 8 KV heads, head_dim 128, blocks of 16, 32

@@ -20,7 +20,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", ".."))
 
 import kernels
 from harness.cases.vocab import DEFAULT_TOLERANCES
-from tests.kernel_cases import KERNEL_CASES
+from tests.kernels.kernel_cases import KERNEL_CASES
 
 
 def main(argv: list[str] | None = None) -> None:

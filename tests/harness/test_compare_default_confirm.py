@@ -1,0 +1,214 @@
+"""compare re-times by default: doubtful latency rows go through paired rounds; rows that cannot be
+re-timed are "unconfirmed" (exit 5); accuracy regressions are exit 1 without any re-timing."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from harness.cli.main import main
+from harness.review import confirm
+from tests.harness import review_frames as rf
+
+ROOT = Path(__file__).resolve().parents[2]
+HEAD = subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True, text=True, check=True).stdout.strip()
+TRULY_SLOWER = {"tlsim": 1.3}  # what paired rounds of the two builds measure; every other backend is unchanged
+
+
+@pytest.fixture
+def rounds(monkeypatch):
+    """Paired rounds without git or worker processes: checkouts are empty folders and each round draws both
+    builds' observations from a shared load factor (the round) and a per-process speed, as on a busy box."""
+    timed: list[list] = []
+    rng = np.random.default_rng(7)
+
+    def one_round(trees, envs, config, keys, pooled, new_first):
+        timed.append(list(keys))
+        load = float(np.exp(rng.normal(0, 0.4)))
+        for key in keys:
+            base = 100.0 * load * float(np.exp(rng.normal(0, 0.03)))
+            new = 100.0 * TRULY_SLOWER.get(key[1], 1.0) * load * float(np.exp(rng.normal(0, 0.03)))
+            pooled[key][0].append(base)
+            pooled[key][1].append(new)
+        return {key: 0.01 for key in keys}
+
+    def worktree(commit, path):
+        path.mkdir(parents=True)
+        return path
+
+    monkeypatch.setattr(confirm, "_one_round", one_round)
+    monkeypatch.setattr(confirm, "worktree", worktree)
+    return timed
+
+
+def _runs(
+    tmp_path, slow: dict, *, base_meta: dict | None = None, new_frame=None, both: dict | None = None
+) -> tuple[str, str]:
+    """Two run folders of one commit; ``slow`` makes backends look slower in the new run (a drift or a real change)."""
+    case_file = tmp_path / "tiny.toml"
+    case_file.write_text(rf.TINY_CASE_FILE)
+    meta = rf.meta(**{"commit": HEAD, "case_files": [str(case_file)], "timing_threads": 1, **(both or {})})
+    base = rf.write(rf.frame(3, seed=0), {**meta, **(base_meta or {})}, tmp_path / "base")
+    new = rf.write(new_frame if new_frame is not None else rf.frame(3, seed=1, slow=slow), meta, tmp_path / "new")
+    return str(base), str(new)
+
+
+def _table(out: str) -> dict[tuple[str, str], str]:
+    """(backend, case) -> the first word of its line in compare's table."""
+    found = {}
+    for line in out.splitlines():
+        words = line.split()
+        if len(words) > 2 and words[0] in ("WORSE", "UNCONFIRMED", "better", "?"):
+            found[(words[1], words[2])] = words[0]
+    return found
+
+
+def test_by_default_rows_the_runs_call_slower_are_retimed_in_paired_rounds_and_only_a_real_slowdown_stays(
+    tmp_path, rounds, capsys
+):
+    # the new run looks slower on two backends (a drift and a real change); paired rounds see only tlsim's
+    base, new = _runs(tmp_path, {"reference": 1.5, "tlsim": 1.5})
+    code = main(["compare", base, new])
+    out, err = capsys.readouterr()
+    assert rounds, "no paired round was timed"
+    assert {backend for keys in rounds for _, backend in keys} >= {"reference", "tlsim"}
+    assert "time box 900 s: done within about 15 min" in err
+    assert "confirm: round 1 of at most 32 done" in err  # stderr is no terminal: a line a round, no bar
+    table = _table(out)
+    assert {b for (b, _), what in table.items() if what == "WORSE"} == {"tlsim"}, out
+    assert sum(what == "WORSE" for what in table.values()) == 3, out
+    assert "interleaved re-run" in out and "UNCONFIRMED" not in out
+    assert code == 1
+
+
+def _page_cells(html: str) -> list[list[str]]:
+    """The compare page's table: each row's cells as text."""
+    body = html[html.index("<tbody>") : html.index("</tbody>")]
+    return [[re.sub(r"<[^>]+>", "", c).strip() for c in re.findall(r"<td[^>]*>(.*?)</td>", row, re.S)]
+            for row in body.split("</tr>") if "<td" in row]  # fmt: skip
+
+
+def test_a_drift_under_which_paired_rounds_confirm_a_slowdown_is_said_as_both_not_put_on_the_load(
+    tmp_path, rounds, capsys
+):
+    # every backend looks 1.5x slower in the new run (the load); paired rounds find only tlsim slower (1.3x)
+    base, new = _runs(tmp_path, {"reference": 1.5, "tlsim": 1.5, "gather_sdpa": 1.5})
+    page = tmp_path / "compare.html"
+    assert main(["compare", base, new, "--html", str(page)]) == 1
+    out = capsys.readouterr().out
+    drift = [line for line in out.splitlines() if line.startswith("! latency drift: 9 of 9 timed rows")]
+    assert len(drift) == 1, out
+    assert "re-timed 9 row(s): 3 slower, 6 same; the 3 confirmed slower are a change of the code, not of the " \
+           "machine's load" in drift[0]  # fmt: skip
+    assert "likely" not in drift[0]
+    assert {b for (b, _), what in _table(out).items() if what == "WORSE"} == {"tlsim"}, out
+    html = page.read_text()
+    assert "the 3 confirmed slower are a change of the code" in html and "likely" not in html
+    cells = _page_cells(html)
+    assert len(cells) == 9 and all(row[8] for row in cells), "every re-timed row has its adjusted p"
+    assert all(float(row[8]) <= 0.05 for row in cells if row[9].startswith("slower"))
+    # the same runs without paired rounds: the drift is read as the load's, and the note says none were re-timed
+    assert main(["compare", base, new, "--no-confirm"]) == 5
+    out = capsys.readouterr().out
+    assert (
+        "the machine's load likely changed between them, and no row was re-timed in paired rounds: --no-confirm" in out
+    )
+
+
+def test_no_confirm_leaves_the_slower_rows_unconfirmed_saying_why_and_exits_5(tmp_path, rounds, capsys):
+    base, new = _runs(tmp_path, {"tlsim": 1.5})
+    assert main(["compare", base, new, "--no-confirm"]) == 5
+    out = capsys.readouterr().out
+    assert not rounds
+    table = _table(out)
+    assert sorted(table.values()) == ["UNCONFIRMED"] * 3 and {b for b, _ in table} == {"tlsim"}, out
+    assert "not re-timed in paired rounds: --no-confirm" in out
+    assert "latency verdicts: " in out and "unconfirmed 3" in out
+    assert "exit 5: nothing is confirmed worse, but 3 latency row(s)" in out
+
+
+@pytest.mark.parametrize(
+    ("base_meta", "both", "why"),
+    [
+        ({"commit": None}, {}, "records no commit"),
+        ({"dirty": True}, {}, "uncommitted changes"),
+        ({}, {"case_files": ["/no/such/cases.toml"]}, "case file /no/such/cases.toml is not here"),
+        ({"commit": "f" * 40}, {}, "is not a commit of this repository"),
+    ],
+)
+def test_a_run_whose_build_cannot_be_rebuilt_exits_5_with_the_reason(tmp_path, rounds, capsys, base_meta, both, why):
+    base, new = _runs(tmp_path, {"tlsim": 1.5}, base_meta=base_meta, both=both)
+    assert main(["compare", base, new]) == 5
+    out = capsys.readouterr().out
+    assert not rounds and why in out and "UNCONFIRMED" in out
+
+
+def test_a_checkout_that_fails_leaves_the_rows_unconfirmed(tmp_path, rounds, monkeypatch, capsys):
+    def fails(commit, path):
+        raise subprocess.CalledProcessError(128, ["git", "worktree", "add"], stderr=b"fatal: no space left")
+
+    monkeypatch.setattr(confirm, "worktree", fails)
+    base, new = _runs(tmp_path, {"tlsim": 1.5})
+    assert main(["compare", base, new]) == 5
+    assert "checking out a commit failed: fatal: no space left" in capsys.readouterr().out
+
+
+def test_an_explicit_confirm_still_refuses_a_commit_that_is_not_one_as_bad_input(tmp_path, rounds, capsys):
+    base, new = _runs(tmp_path, {"tlsim": 1.5}, base_meta={"commit": "f" * 40})
+    assert main(["compare", base, new, "--confirm"]) == 2
+    assert "is not a commit of this repository" in capsys.readouterr().err
+
+
+def test_only_a_commit_of_your_own_history_is_re_timed(tmp_path, git_history, monkeypatch):
+    """Re-timing runs the code of the commits the two meta.json name: a commit reachable from HEAD or a local
+    branch is code you checked out; one you only fetched, or that no ref reaches, is refused, naming the field."""
+    ids = git_history
+    monkeypatch.chdir(tmp_path / "repo")
+    assert confirm.checked_commit(ids["head"][:10], "x/meta.json") == ids["head"]
+    assert confirm.checked_commit(ids["branch"], "x/meta.json") == ids["branch"]
+    for name in ("fetched", "loose"):
+        with pytest.raises(
+            confirm.ConfirmInputError, match=f"x/meta.json: field 'commit': {ids[name]} is not in your history"
+        ):
+            confirm.checked_commit(ids[name], "x/meta.json")
+
+
+def test_a_handed_run_naming_a_fetched_commit_is_not_re_timed_but_unconfirmed(
+    tmp_path, git_history, rounds, monkeypatch, capsys
+):
+    ids = git_history
+    monkeypatch.chdir(tmp_path / "repo")
+    base, new = _runs(tmp_path, {"tlsim": 1.5}, base_meta={"commit": ids["fetched"]}, both={"commit": ids["head"]})
+    assert main(["compare", base, new]) == 5
+    out = capsys.readouterr().out
+    assert not rounds and "is not in your history" in out and "UNCONFIRMED" in out
+    assert main(["compare", base, new, "--confirm"]) == 2
+    assert "is not in your history" in capsys.readouterr().err
+
+
+def test_an_accuracy_regression_is_exit_1_without_any_retiming(tmp_path, rounds, capsys):
+    new = rf.frame(3, seed=0)  # the same samples: every latency "same"
+    new.loc[(new["backend"] == "tlsim") & (new["case"] == "case01"), "max_abs_err"] = 5e-6
+    base, new_dir = _runs(tmp_path, {}, new_frame=new)
+    assert main(["compare", base, new_dir]) == 1
+    out = capsys.readouterr().out
+    assert not rounds
+    assert "max abs err 2.00e-07 -> 5.00e-06" in out and "exit 1: 1 row(s) got worse" in out
+
+
+def test_an_accuracy_regression_wins_over_unconfirmed_latency(tmp_path, rounds, capsys):
+    new = rf.frame(3, seed=1, slow={"tlsim": 1.5})
+    new.loc[(new["backend"] == "reference") & (new["case"] == "case00"), "status"] = "fail"
+    base, new_dir = _runs(tmp_path, {}, new_frame=new, base_meta={"commit": None})
+    assert main(["compare", base, new_dir]) == 1
+    out = capsys.readouterr().out
+    assert "status pass -> fail" in out and "UNCONFIRMED" in out and not rounds
+
+
+def test_confirm_and_no_confirm_together_is_bad_input(tmp_path, capsys):
+    assert main(["compare", str(tmp_path), str(tmp_path), "--confirm", "all", "--no-confirm"]) == 2
+    assert "choose one" in capsys.readouterr().err

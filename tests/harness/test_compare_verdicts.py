@@ -1,0 +1,169 @@
+"""Latency verdicts: a rerun is not 'slower', a planted 25% slowdown is, noise is 'cannot tell'."""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from harness.review import stats
+from harness.review.compare import EXIT_OK, EXIT_WORSE, compare_runs
+from harness.run.runner import NOT_TIMED
+from tests.harness import review_frames as rf
+
+
+def test_reruns_of_one_distribution_give_at_most_one_false_alarm_in_a_hundred_rows():
+    base = rf.frame(num_cases=40, seed=1)  # 120 rows
+    false_alarms = 0
+    for seed in range(2, 7):  # five reruns: 600 row comparisons
+        rows = compare_runs(base, rf.frame(num_cases=40, seed=seed)).rows
+        false_alarms += int((rows["verdict"] == "slower").sum())
+    assert false_alarms <= 6, f"{false_alarms} false 'slower' verdicts in 600 rows"
+
+
+def test_a_planted_25pct_slowdown_is_slower_on_every_case_and_nowhere_else():
+    base = rf.frame(num_cases=12, seed=1)
+    new = rf.frame(num_cases=12, seed=2, slow={"tlsim": 1.25})
+    comparison = compare_runs(base, new)
+    rows = comparison.rows.set_index("backend")
+    assert (rows.loc["tlsim", "verdict"] == "slower").all(), rows.loc["tlsim", "verdict_reason"].tolist()
+    assert not (rows.drop(index="tlsim")["verdict"] == "slower").any()
+    assert comparison.exit_code == EXIT_WORSE
+    assert all(w.startswith("latency ") for w in comparison.regressions["why"])
+
+
+def test_a_rerun_passes_compare():
+    assert compare_runs(rf.frame(seed=1), rf.frame(seed=2)).exit_code == EXIT_OK
+
+
+def test_a_faster_backend_is_reported_faster_and_does_not_fail():
+    comparison = compare_runs(rf.frame(seed=1), rf.frame(seed=2, slow={"reference": 0.7}))
+    assert (comparison.rows.set_index("backend").loc["reference", "verdict"] == "faster").all()
+    assert comparison.exit_code == EXIT_OK and len(comparison.improvements) == 10
+
+
+def test_a_slowdown_smaller_than_the_minimum_effect_is_not_slower():
+    comparison = compare_runs(rf.frame(seed=1, spread=0.01), rf.frame(seed=2, spread=0.01, slow={"tlsim": 1.04}))
+    tlsim = comparison.rows[comparison.rows["backend"] == "tlsim"]
+    assert not (tlsim["verdict"] == "slower").any()
+    strict = compare_runs(
+        rf.frame(seed=1, spread=0.01), rf.frame(seed=2, spread=0.01, slow={"tlsim": 1.04}), min_effect=0.02
+    )
+    assert (strict.rows[strict.rows["backend"] == "tlsim"]["verdict"] == "slower").all()
+
+
+def test_cuda_rows_use_a_3pct_effect_by_default():
+    assert stats.default_effect("cuda") == 0.03 and stats.default_effect("cuda:1") == 0.03
+    assert stats.default_effect("cpu") == 0.10
+
+
+def test_too_few_samples_cannot_tell_and_says_so():
+    t = stats.compare_samples([100, 101, 99], [150, 151, 149])
+    v = stats.decide(t, np.nan, min_effect=0.1)
+    assert v.verdict == "cannot tell" and "too few samples" in v.reason
+
+
+def test_a_wide_spread_straddling_the_threshold_cannot_tell():
+    rng = np.random.default_rng(0)
+    base = 100 * np.exp(rng.normal(0, 0.5, 12))
+    new = 115 * np.exp(rng.normal(0, 0.5, 12))
+    t = stats.compare_samples(base, new)
+    v = stats.decide(t, stats.adjust_p_values([t.p_value])[0], min_effect=0.1)
+    assert v.verdict == "cannot tell" and "too noisy" in v.reason
+
+
+def test_identical_distributions_are_same_when_the_ci_fits_the_band():
+    rng = np.random.default_rng(0)
+    t = stats.compare_samples(100 * np.exp(rng.normal(0, 0.02, 30)), 100 * np.exp(rng.normal(0, 0.02, 30)))
+    assert stats.decide(t, 1.0, min_effect=0.1).verdict == "same"
+
+
+def test_benjamini_hochberg_and_holm_match_hand_computed_values():
+    p = [0.01, 0.04, 0.03, np.nan, 0.005]
+    bh = stats.adjust_p_values(p, "bh")
+    np.testing.assert_allclose(bh[[4, 0, 2, 1]], [0.02, 0.02, 0.04, 0.04])
+    assert np.isnan(bh[3])
+    holm = stats.adjust_p_values(p, "holm")
+    np.testing.assert_allclose(holm[[4, 0, 2, 1]], [0.02, 0.03, 0.06, 0.06])
+    with pytest.raises(ValueError, match="unknown p-value correction"):
+        stats.adjust_p_values(p, "bonferroni-ish")
+
+
+def test_old_runs_without_samples_fall_back_to_p10_p90_marked_weak():
+    base, new = rf.frame(seed=1), rf.frame(seed=2, slow={"tlsim": 1.5})
+    for f in (base, new):
+        del f["latency_samples_us"]
+    comparison = compare_runs(base, new)
+    tlsim = comparison.rows[comparison.rows["backend"] == "tlsim"]
+    assert (tlsim["verdict"] == "slower").all() and (tlsim["evidence"] == "p10/p90 (weak)").all()
+    assert all("weak evidence" in why for why in comparison.regressions["why"])
+
+
+def test_samples_survive_a_parquet_round_trip(tmp_path):
+    rf.write(rf.frame(num_cases=2), rf.meta(), tmp_path / "run")
+    stored = pd.read_parquet(tmp_path / "run" / "results.parquet")
+    assert len(stats.clean(stored["latency_samples_us"].iloc[0])) == 20
+
+
+def test_without_scipy_the_mann_whitney_fallback_matches_scipys_normal_approximation(monkeypatch):
+    scipy_stats = pytest.importorskip("scipy.stats")
+    rng = np.random.default_rng(3)
+    x, y = rng.normal(0.4, 1, 12).round(1), rng.normal(0, 1, 9).round(1)  # rounded: ties
+    expected = scipy_stats.mannwhitneyu(x, y, alternative="two-sided", method="asymptotic").pvalue
+    monkeypatch.setattr(stats, "mannwhitneyu", None)
+    assert stats.mann_whitney_p(x, y) == pytest.approx(expected, rel=1e-9)
+
+
+def test_normalizing_by_an_unchanged_backend_cancels_a_machine_wide_drift():
+    """Every row 15% slower (another machine), tlsim 25% on top: raw, every row is 'slower';
+    relative to the reference in the same run and case, only tlsim is, and the anchor says so."""
+    base = rf.frame(num_cases=8, seed=1, spread=0.01)
+    drift = {b: 1.15 for b in rf.BACKENDS}
+    new = rf.frame(num_cases=8, seed=2, spread=0.01, slow={**drift, "tlsim": 1.15 * 1.25})
+    raw = compare_runs(base, new).rows
+    assert (raw["verdict"] == "slower").all()
+    rows = compare_runs(base, new, normalize_by="reference").rows.set_index("backend")
+    assert (rows.loc["tlsim", "verdict"] == "slower").all()
+    assert (rows.loc["reference", "verdict"] == "anchor").all()
+    others = rows.drop(index=["tlsim", "reference"])
+    assert not others["verdict"].isin(["slower", "faster"]).any(), others["verdict"].tolist()
+
+
+def test_a_case_without_the_anchor_is_left_raw_and_counted():
+    base = rf.frame(num_cases=3, seed=1, spread=0.01)
+    new = rf.frame(num_cases=3, seed=2, spread=0.01)
+    new = new[~((new["case"] == "case00") & (new["backend"] == "reference"))]
+    comparison = compare_runs(base, new, normalize_by="reference")
+    assert any("not normalized" in p and "reference" in p for p in comparison.problems), comparison.problems
+
+
+def test_a_row_graded_not_timed_over_its_budget_in_one_run_is_said_and_leaves_the_comparison_complete():
+    """Under load a slow model's one call can outlast its row's timing budget in one run only: both runs
+    were timed, so that row's latency is not compared and the comparison is not "incomplete" (exit 4)."""
+    base, new = rf.frame(num_cases=3, seed=1), rf.frame(num_cases=3, seed=2)
+    over = new.index[(new["case"] == "case01") & (new["backend"] == "tlsim")]
+    timing = [c for c in new.columns if c.startswith("latency") or c == "call_us"]
+    new.loc[over, timing] = None
+    new.loc[over, "note"] = f"{NOT_TIMED} 4.2 s, past the row's 3 s timing budget"
+    result = compare_runs(base, new)
+    assert not result.incomplete
+    assert any("outlasted the row's timing budget" in p and p.startswith("1 graded row") for p in result.problems)
+    no_timing = new.copy()
+    no_timing.loc[over, "note"] = ""  # the same hole without the note: a --no-timing run, incomplete
+    assert compare_runs(base, no_timing).incomplete
+
+
+def test_rows_faster_by_two_drifted_runs_alone_are_marked_doubtful():
+    """Under load drift two runs of one commit call whole groups of rows faster: without a paired
+    re-time those are marked 'better?' and counted as such, not shown as a plain improvement."""
+    from harness.review.compare import format_comparison
+
+    base = rf.frame(num_cases=12, seed=1)
+    drifted = rf.frame(num_cases=12, seed=2, slow={name: 0.6 for name in rf.BACKENDS})  # the machine got quieter
+    comparison = compare_runs(base, drifted)
+    assert any(p.startswith("latency drift") for p in comparison.problems)
+    text = format_comparison(comparison, "A", "B")
+    assert "better?" in text and "faster by the two runs alone while they drifted" in text
+    quiet = compare_runs(base, rf.frame(num_cases=12, seed=2, slow={"tlsim": 0.6}))  # one backend: no drift
+    assert not any(p.startswith("latency drift") for p in quiet.problems)
+    assert "better?" not in format_comparison(quiet, "A", "B")

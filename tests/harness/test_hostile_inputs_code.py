@@ -1,0 +1,393 @@
+"""Files a colleague hands you are data, never code: a run folder's meta.json, a journal, a worker's output.
+
+* plugins are imported only when named with --plugin on this command line (run --resume, compare --confirm);
+* a meta.json ``commit`` is checked as a commit id before it reaches ``git worktree add``;
+* a journal is validated (types, duplicated rows), locked while written, and a resume's options win or are refused;
+* isolated workers die with their parent, keep --profile from ending the run, log a plugin's output per row,
+  run with the recorded thread count, and a Ctrl-C while one starts is one line.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from harness.backends import builtin as backends_module
+from harness.cli.main import build_parser, main
+from harness.cli.resume import resume
+from harness.results.journal import Journal, journal_path
+from tests.harness import review_frames as rf
+
+ROOT = Path(__file__).resolve().parents[2]
+_BUILT_IN = dict(backends_module.REGISTRY)
+
+EVIL = """
+from pathlib import Path
+Path({marker!r}).write_text("imported")
+"""
+
+PLUGIN = """
+import os, sys, time
+from pathlib import Path
+import torch
+import kernels
+from harness import register_backend
+
+DIR = Path(os.environ["HARNESS_TEST_DIR"])
+
+def os_exit(*args, **kwargs):
+    os._exit(0)
+
+def hangs(*args, **kwargs):
+    (DIR / "worker.pid").write_text(str(os.getpid()))
+    time.sleep(3600)
+
+def flood(*args, out=None, **kwargs):
+    sys.stdout.write("o" * 50_000 + "\\n")
+    sys.stderr.write("e" * 50_000 + "\\n")
+    return kernels.paged_attention_tlsim(*args, out=out, **kwargs)
+
+def threads(*args, out=None, **kwargs):
+    (DIR / "threads").write_text(str(torch.get_num_threads()))
+    return kernels.paged_attention_tlsim(*args, out=out, **kwargs)
+
+for fn in (os_exit, hangs, flood, threads):
+    register_backend(fn.__name__, fn)
+"""
+
+# Imported by every Python started with it on PYTHONPATH: a spawned worker (its argv says so) sleeps at start,
+# before it runs any harness code, where a Ctrl-C used to end it with a KeyboardInterrupt of its own.
+SLOW_WORKER_START = """
+import os, sys, time
+if "--multiprocessing-fork" in sys.argv:
+    open(os.path.join(os.environ["HARNESS_TEST_DIR"], "starting"), "w").write(str(os.getpid()))
+    time.sleep(120)
+"""
+
+
+@pytest.fixture(autouse=True)
+def fresh_registry(clean_registry):
+    """Each test starts with the built-in backends only (a plugin a test imports goes with it)."""
+    backends_module.REGISTRY.clear()
+    backends_module.REGISTRY.update(_BUILT_IN)
+
+
+@pytest.fixture
+def setup(tmp_path, monkeypatch, case_file):
+    (tmp_path / "plugin.py").write_text(PLUGIN)
+    (tmp_path / "evil.py").write_text(EVIL.format(marker=str(tmp_path / "evil_ran")))
+    monkeypatch.setenv("HARNESS_TEST_DIR", str(tmp_path))
+    return tmp_path
+
+
+def _harness(setup, *args, env=(), **popen):
+    """`python -m harness ARGS` in a new session (a killed test leaves nothing behind)."""
+    command = [sys.executable, "-m", "harness", *map(str, args)]
+    env = {**os.environ, "HARNESS_TEST_DIR": str(setup), "TRITON_INTERPRET": "1", **dict(env)}
+    return subprocess.Popen(command, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            start_new_session=True, **popen)  # fmt: skip
+
+
+def _finish(proc, timeout=240):
+    try:
+        return proc.communicate(timeout=timeout)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+
+
+def _gone(pid: int) -> bool:
+    """No such process, or a zombie (dead, waiting for whoever adopted it to reap it)."""
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (FileNotFoundError, ProcessLookupError):
+        return True
+    return state == "Z"
+
+
+def _wait_for(path: Path, proc, seconds: float = 240) -> None:
+    deadline = time.monotonic() + seconds
+    while not path.exists():
+        assert proc.poll() is None, proc.communicate()[1][-3000:]
+        assert time.monotonic() < deadline, f"{path} never appeared"
+        time.sleep(0.2)
+
+
+# --- 1. only the command line names code -------------------------------------------------------
+
+
+def _slower_runs(tmp_path, backend: str, **meta_extra) -> tuple[Path, Path]:
+    """Two run folders where ``backend`` is 1.5x slower in the new one, meta.json as given."""
+    rng = np.random.default_rng(0)
+    meta = rf.meta(case_files=[str(tmp_path / "tiny.toml")], timing_threads=1, **meta_extra)
+    base = rf.write(pd.DataFrame([rf.row("tiny", backend, 300.0, rng)]), meta, tmp_path / "base")
+    new = rf.write(pd.DataFrame([rf.row("tiny", backend, 450.0, rng)]), meta, tmp_path / "new")
+    return base, new
+
+
+def _head() -> str:
+    return subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True, text=True).stdout.strip()
+
+
+def test_confirm_never_imports_a_plugin_named_in_a_runs_meta_command(setup, capsys, monkeypatch):
+    monkeypatch.chdir(ROOT)  # git runs here
+    evil = setup / "evil.py"
+    base, new = _slower_runs(setup, "evil_backend", commit=_head(),
+                             command=f"python -m harness run tiny.toml --plugin {evil}")  # fmt: skip
+    assert main(["compare", str(base), str(new), "--confirm", "slower"]) == 2
+    err = capsys.readouterr().err
+    assert f"{new}/meta.json names plugin(s) {evil}" in err and f"pass --plugin {evil}" in err
+    assert not (setup / "evil_ran").exists(), "the plugin named by meta.json was imported"
+
+
+@pytest.mark.parametrize("commit", ["--no-checkout", "deadbeef" * 5, ["a" * 40]])
+def test_a_meta_commit_that_is_not_a_commit_id_is_bad_input_before_git_worktree(setup, capsys, monkeypatch, commit):
+    monkeypatch.chdir(ROOT)
+    before = subprocess.run(["git", "worktree", "list"], cwd=ROOT, capture_output=True, text=True).stdout
+    base, new = _slower_runs(setup, "reference", commit=commit)
+    assert main(["compare", str(base), str(new), "--confirm", "slower"]) == 2
+    err = capsys.readouterr().err
+    assert f"{base}/meta.json: field 'commit'" in err, err
+    assert subprocess.run(["git", "worktree", "list"], cwd=ROOT, capture_output=True, text=True).stdout == before
+
+
+def _journal(setup, out: Path, rows=(), **options) -> Path:
+    """A stopped run's journal: tiny.toml through tlsim, untimed, with ``options`` over those."""
+    stored = {"cases": [str(setup / "tiny.toml")], "backends": ["tlsim"], "device": "cpu", "plugins": [],
+              "tags": None, "oracle_device": None, "timing": False, "isolate": "plugins", "timeout": 300.0,
+              "workers": None, "ray": None, "shard": None, **options}  # fmt: skip
+    journal = Journal.create(out, stored)
+    for row in rows:
+        journal._write(row)
+    journal.close(stopped=True)
+    return journal_path(out)
+
+
+def test_resume_imports_a_journals_plugin_only_when_given_again_with_plugin(setup, capsys, monkeypatch):
+    out = setup / "run"
+    evil = setup / "evil.py"
+    _journal(setup, out, plugins=[str(evil)])
+    assert main(["run", "--resume", str(out), "--no-progress"]) == 2
+    err = capsys.readouterr().err
+    assert f"names plugin(s) {evil}" in err and f"pass --plugin {evil}" in err
+    assert not (setup / "evil_ran").exists(), "the plugin named by the journal was imported"
+    extra = ["--plugin", str(evil), "--plugin", str(setup / "plugin.py")]
+    assert main(["run", "--resume", str(out), "--no-progress", *extra]) == 2
+    assert "the run did not use it" in capsys.readouterr().err
+    assert not (setup / "evil_ran").exists()
+    monkeypatch.chdir(setup)  # the same file by another spelling: matched by its resolved path
+    assert main(["run", "--resume", str(out), "--no-progress", "--plugin", "./evil.py"]) == 0
+    assert (setup / "evil_ran").exists(), "given with --plugin, it is imported"
+
+
+# --- 2. resume is honest and exclusive ------------------------------------------------------
+
+
+def test_resume_lets_timeout_win_and_refuses_options_that_change_results(setup, capsys):
+    out = setup / "run"
+    _journal(setup, out)
+    args = build_parser().parse_args(["run", "--resume", str(out), "--timeout", "5"])
+    resume(args).close(stopped=True)
+    assert args.timeout == 5.0, "--timeout given with --resume wins over the journal's 300"
+    args = build_parser().parse_args(["run", "--resume", str(out)])
+    resume(args).close(stopped=True)
+    assert args.timeout == 300.0 and args.isolate == "plugins"
+    _journal(setup, setup / "timed", timing=True)
+    for target, extra in [("run", ["--device", "cuda"]), ("run", ["--tag", "big"]),
+                          ("run", ["--oracle-device", "cuda"]), ("run", ["-k", "decode"]),
+                          ("timed", ["--no-timing"])]:  # fmt: skip
+        assert main(["run", "--resume", str(setup / target), *extra]) == 2
+        err = capsys.readouterr().err
+        assert f"{extra[0]}" in err and "differs from the run" in err, err
+
+
+def test_a_second_resume_of_a_journal_being_written_is_refused_naming_the_holder(setup, capsys, monkeypatch):
+    out = setup / "run"
+    path = _journal(setup, out)
+    holder = subprocess.Popen(
+        [sys.executable, "-c", "import sys, time\nfrom harness.results.journal import Journal\n"
+         "journal = Journal.read(sys.argv[1])\njournal.lock()\nprint('locked', flush=True)\ntime.sleep(120)", str(path)],
+        cwd=ROOT, stdout=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    try:
+        assert holder.stdout.readline().strip() == "locked"
+        assert main(["run", "--resume", str(out), "--no-progress"]) == 2
+        assert f"process {holder.pid}" in capsys.readouterr().err
+        # the pid check aside (another host's pid, a reused one), the lock alone refuses it
+        monkeypatch.setattr("harness.cli.resume.pid_alive", lambda pid: False)
+        assert main(["run", "--resume", str(out), "--no-progress"]) == 2
+        assert f"process {holder.pid} holds this journal's lock" in capsys.readouterr().err
+    finally:
+        holder.kill()
+        holder.wait()
+    assert main(["run", "--resume", str(out), "--no-progress"]) == 0, "the lock goes with its holder"
+
+
+def test_duplicated_journal_rows_are_dropped_with_a_warning_and_the_folder_loads(setup, capsys):
+    done = setup / "done"
+    assert main(["run", str(setup / "tiny.toml"), "--out", str(done), "--backend", "tlsim", "--no-timing",
+                 "--no-progress"]) == 0  # fmt: skip
+    row = {k: (None if isinstance(v, float) and v != v else v) for k, v in pd.read_parquet(done / "results.parquet")
+           .iloc[0].to_dict().items()}  # fmt: skip
+    row = json.loads(json.dumps(row, default=lambda v: v.tolist() if hasattr(v, "tolist") else str(v)))
+    out = setup / "run"
+    _journal(setup, out, rows=[row, {**row, "reason": "second"}])
+    capsys.readouterr()
+    assert main(["run", "--resume", str(out), "--no-progress"]) == 0
+    err = capsys.readouterr().err
+    assert f"warning: {journal_path(out)}: dropped 1 duplicated row(s)" in err and "tiny tlsim (line 3)" in err
+    assert len(pd.read_parquet(out / "results.parquet")) == 1
+    assert main(["compare", str(done), str(out)]) in (0, 4), "the written folder is loadable by compare"
+
+
+@pytest.mark.parametrize(
+    ("line", "field"),
+    [
+        ({"case": ["tiny"], "backend": "tlsim", "status": "pass"}, "'case'"),
+        ({"case": "tiny", "backend": "tlsim", "status": "pass", "latency_us": "fast"}, "'latency_us'"),
+        ({"case": "tiny", "backend": "tlsim", "status": "great"}, "'status'"),
+        ([1, 2], "a list, not a JSON object"),
+        ({"resumed_by": "me"}, "'resumed_by'"),
+    ],
+)
+def test_a_badly_typed_journal_row_is_bad_input_naming_file_line_and_field(setup, capsys, line, field):
+    out = setup / "run"
+    _journal(setup, out, rows=[line])
+    assert main(["run", "--resume", str(out), "--no-progress"]) == 2
+    err = capsys.readouterr().err
+    assert f"{journal_path(out)}: line 2: " in err and field in err, err
+    assert "Traceback" not in err
+
+
+def test_a_journal_header_whose_plugins_are_not_a_list_of_strings_is_bad_input(setup, capsys):
+    out = setup / "run"
+    _journal(setup, out, plugins=str(setup / "evil.py"))
+    assert main(["run", "--resume", str(out), "--no-progress", "--plugin", str(setup / "evil.py")]) == 2
+    err = capsys.readouterr().err
+    assert f"{journal_path(out)}: line 1: field 'options.plugins'" in err, err
+    assert not (setup / "evil_ran").exists()
+
+
+# --- 3. processes and output ----------------------------------------------------------------
+
+
+def test_an_isolated_worker_dies_with_its_sigkilled_parent(setup):
+    proc = _harness(setup, "run", setup / "tiny.toml", "--out", setup / "run", "--no-timing", "--no-progress",
+                    "--plugin", setup / "plugin.py", "--backend", "hangs")  # fmt: skip
+    try:
+        _wait_for(setup / "worker.pid", proc)
+        worker = int((setup / "worker.pid").read_text())
+        os.kill(proc.pid, signal.SIGKILL)
+        proc.wait(timeout=30)
+        deadline = time.monotonic() + 10
+        while not _gone(worker) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert _gone(worker), f"worker {worker} outlived its SIGKILLed parent"
+    finally:
+        _finish(proc, 30)
+        if (setup / "worker.pid").exists() and not _gone(int((setup / "worker.pid").read_text())):
+            os.kill(int((setup / "worker.pid").read_text()), signal.SIGKILL)
+
+
+def test_profile_of_a_plugin_that_calls_os_exit_cannot_end_the_run(setup):
+    out = setup / "run"
+    proc = _harness(setup, "run", setup / "tiny.toml", "--out", out, "--no-timing", "--no-progress",
+                    "--plugin", setup / "plugin.py", "--backend", "os_exit", "--backend", "tlsim",
+                    "--profile", "tiny:os_exit", "--profile", "tiny:tlsim")  # fmt: skip
+    _, err = _finish(proc)
+    assert proc.returncode == 1, err[-3000:]  # the os_exit row is an error; the profile did not end the run with 0
+    assert "profile: tiny:os_exit failed: the worker process exited with code 0" in err, err[-3000:]
+    assert (out / "profiles" / "tiny__tlsim.trace.json").exists(), "the other pair is still profiled"
+    rows = pd.read_parquet(out / "results.parquet").set_index("backend")
+    assert rows.loc["os_exit", "status"] == "error" and rows.loc["tlsim", "status"] == "pass"
+
+
+def test_a_plugins_flood_of_output_goes_to_its_row_log_and_the_terminal_gets_its_head(setup, capsys):
+    out = setup / "run"
+    assert main(["run", str(setup / "tiny.toml"), "--out", str(out), "--no-timing", "--no-progress",
+                 "--plugin", str(setup / "plugin.py"), "--backend", "flood", "--backend", "tlsim"]) == 0  # fmt: skip
+    captured = capsys.readouterr()
+    log = out / "logs" / "tiny__flood.log"
+    assert log.stat().st_size >= 100_000 and log.read_text().count("o") >= 50_000
+    assert f"more bytes not shown: see {log}" in captured.err
+    assert len(captured.err) + len(captured.out) < 8_000, "the flood reached the terminal"
+    assert sorted(p.name for p in (out / "logs").iterdir()) == ["tiny__flood.log"], "silent rows leave no log"
+    assert not (setup / "run.logs").exists()
+
+
+def test_an_isolated_worker_runs_with_the_thread_count_its_rows_record(setup):
+    out = setup / "run"
+    assert main(["run", str(setup / "tiny.toml"), "--out", str(out), "--no-progress", "--threads", "1",
+                 "--plugin", str(setup / "plugin.py"), "--backend", "threads"]) == 0  # fmt: skip
+    recorded = pd.read_parquet(out / "results.parquet")["timing_threads"].iloc[0]
+    assert recorded == 1 and (setup / "threads").read_text() == "1"
+
+
+def test_ctrl_c_while_a_worker_starts_is_one_line_not_a_childs_traceback(setup):
+    (setup / "site").mkdir()
+    (setup / "site" / "sitecustomize.py").write_text(SLOW_WORKER_START)
+    path = os.pathsep.join(filter(None, [str(setup / "site"), os.environ.get("PYTHONPATH")]))
+    proc = _harness(setup, "run", setup / "tiny.toml", "--out", setup / "run", "--no-timing", "--no-progress",
+                    "--plugin", setup / "plugin.py", env={"PYTHONPATH": path})  # fmt: skip
+    try:
+        _wait_for(setup / "starting", proc)
+        child = int((setup / "starting").read_text())
+        os.killpg(proc.pid, signal.SIGINT)  # as a terminal's Ctrl-C: to the whole process group
+        _, err = proc.communicate(timeout=60)
+    finally:
+        _finish(proc, 30)
+    assert proc.returncode == 130, err[-3000:]
+    assert "Traceback" not in err and "KeyboardInterrupt" not in err, err[-3000:]
+    assert [line for line in err.splitlines() if line.strip()] == ["interrupted: nothing was written"], err
+    deadline = time.monotonic() + 10
+    while not _gone(child) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert _gone(child)
+
+
+def test_a_recorded_thread_count_past_the_cores_runs_on_the_cores():
+    """A journal's or meta.json's timing_threads reaches torch.set_num_threads (a resume, compare's re-timing
+    workers): a count of a million must not spawn a million threads; the count that ran is returned."""
+    import torch
+
+    from harness.cli.options import apply_threads
+
+    before = torch.get_num_threads()
+    try:
+        assert apply_threads(str(10**6), "cpu") == (os.cpu_count() or 1)
+        assert apply_threads("1", "cpu") == 1
+    finally:
+        torch.set_num_threads(before)
+
+
+def test_a_planted_link_in_a_runs_log_folder_is_replaced_never_written_through(tmp_path):
+    """A resumed run writes its plugins' logs into a folder that came with the run: a link planted there, to a
+    file or as the folder itself, is never followed."""
+    from harness.execute.output import captured_output
+
+    victim = tmp_path / "victim.txt"
+    victim.write_text("mine")
+    logs = tmp_path / "run.logs"
+    logs.mkdir()
+    (logs / "c__plug.log").symlink_to(victim)
+    with captured_output(str(logs / "c__plug.log")):
+        os.write(1, b"the plugin's output\n")
+    assert victim.read_text() == "mine"
+    assert not (logs / "c__plug.log").is_symlink() and (logs / "c__plug.log").read_text() == "the plugin's output\n"
+    (tmp_path / "linked.logs").symlink_to(tmp_path)
+    with (
+        pytest.raises(OSError, match=r"linked\.logs: a symbolic link"),
+        captured_output(str(tmp_path / "linked.logs" / "victim.txt")),
+    ):
+        pass
+    assert victim.read_text() == "mine"

@@ -1,0 +1,501 @@
+"""Files a colleague hands you are data: run folders, case files and the oracle cache are checked
+before use, and what does not fit is bad input (exit 2) naming the file and the field.
+
+Each test reproduces one way such a file went wrong: a meta.json or results.parquet field of
+another type (a traceback or a silent exit 0 before it was checked), a sweep of 600M points
+(expanded until memory ran out), a cache entry rewritten with zeros under a valid header
+(graded against as truth), a timed run compared with an untimed one (exit 0), a partial-looking
+folder of someone else's (deleted), a symlinked --out (refused only after the work), and a
+folder without runs given to history (ignored).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pandas as pd
+import pytest
+import torch
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from harness.cli.main import main
+from harness.results.schemas import COLUMN_KINDS, FLAG, NUMBER, SAMPLES, SCALAR, TEXT
+from harness.results.storage import PARTIAL_MARKER, stale_leftovers
+from harness.run import oracle_cache
+from tests.tiny_cases import write_cases
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _run(out: Path, cases: Path, *extra: str) -> int:
+    return main(["run", str(cases), "--out", str(out), "--backend", "reference", "--no-progress", *extra])
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory):
+    """A real untimed run and a real timed run of one tiny case (the reference backend)."""
+    root = tmp_path_factory.mktemp("runs")
+    cases = write_cases(root / "tiny.toml", {"name": "tiny"})
+    assert _run(root / "untimed", cases, "--no-timing") == 0
+    assert _run(root / "timed", cases) == 0
+    return root
+
+
+def _copy(run: Path, meta_patch: dict | None = None, frame_fn=None, to: Path | None = None) -> Path:
+    """A copy of ``run`` at ``to`` (default: a fresh folder), meta.json updated by ``meta_patch``, rows
+    through ``frame_fn``."""
+    copy = to or Path(tempfile.mkdtemp(prefix="hostile-")) / "run"
+    shutil.copytree(run, copy)
+    if meta_patch is not None:
+        meta = json.loads((copy / "meta.json").read_text())
+        meta.update(meta_patch)
+        (copy / "meta.json").write_text(json.dumps(meta))
+    if frame_fn is not None:
+        frame_fn(pd.read_parquet(copy / "results.parquet")).to_parquet(copy / "results.parquet")
+    return copy
+
+
+def _kind(value) -> str:
+    """The JSON kind of a value: numbers are one kind (an int is a valid float)."""
+    if isinstance(value, bool):
+        return "bool"
+    if isinstance(value, int | float):
+        return "number"
+    return {str: "str", list: "list", dict: "dict"}[type(value)]
+
+
+WRONG = {"str": "fast", "number": 5, "bool": True, "list": [1, "x"], "dict": {"a": "b"}}
+
+
+# --- meta.json ---------------------------------------------------------------------------------
+
+
+@settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(data=st.data())
+def test_any_meta_field_of_another_type_is_bad_input(runs, capsys, data):
+    good = runs / "untimed"
+    meta = json.loads((good / "meta.json").read_text())
+    fields = {key: value for key, value in meta.items() if value is not None}
+    fields |= {f"ceilings.{k}": v for k, v in meta["ceilings"].items() if v is not None}  # nested fields too
+    field = data.draw(st.sampled_from(sorted(fields)), label="field")
+    wrong = data.draw(st.sampled_from([k for k in WRONG if k != _kind(fields[field])]), label="kind")
+    if "." in field:
+        outer, inner = field.split(".")
+        patch = {outer: {**meta[outer], inner: WRONG[wrong]}}
+    else:
+        patch = {field: WRONG[wrong]}
+    bad = _copy(good, patch)
+    verb = data.draw(st.sampled_from(["compare", "history"]), label="verb")
+    assert main([verb, str(good), str(bad)]) == 2
+    err = capsys.readouterr().err
+    assert f"{bad / 'meta.json'}: field '{field}'" in err, err
+    assert "Traceback" not in err
+
+
+# --- results.parquet -----------------------------------------------------------------------------
+
+WRONG_VALUE = {TEXT: 7, NUMBER: "fast", SCALAR: {"a": 1}, SAMPLES: "fast", FLAG: "yes"}
+
+
+@settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(data=st.data())
+def test_any_results_column_of_another_type_is_bad_input(runs, capsys, data):
+    good = runs / data.draw(st.sampled_from(["untimed", "timed"]), label="run")
+    columns = [c for c in pd.read_parquet(good / "results.parquet").columns if c in COLUMN_KINDS]
+    column = data.draw(st.sampled_from(columns), label="column")
+    value = WRONG_VALUE[COLUMN_KINDS[column]]
+    bad = _copy(good, frame_fn=lambda frame: frame.assign(**{column: [value] * len(frame)}))
+    verb = data.draw(st.sampled_from(["compare", "history"]), label="verb")
+    assert main([verb, str(good), str(bad)]) == 2
+    err = capsys.readouterr().err
+    assert f"{bad / 'results.parquet'}: column '{column}'" in err, err
+    assert "Traceback" not in err
+
+
+def test_every_runner_column_has_a_kind_and_a_line_in_the_contract():
+    from harness.run.runner import COLUMNS
+
+    assert set(COLUMNS) == set(COLUMN_KINDS)
+    assert "`oracle_cached`" in (ROOT / "docs" / "contract.md").read_text()
+
+
+# --- the table: a hostile input, the exit code it gets and the words that say why ---------------------
+
+
+@dataclass(frozen=True)
+class Hostile:
+    """One hostile input: ``make(runs, tmp)`` builds it under ``tmp`` and returns the CLI's arguments;
+    ``words`` (``{tmp}`` filled in) must appear in what the command prints."""
+
+    name: str
+    make: Callable[[Path, Path], list[str]]
+    exit: int
+    words: tuple[str, ...] = ()
+    env: dict[str, str] = field(default_factory=dict)
+
+
+def _bad_meta(patch: dict, verb: str):
+    def make(runs: Path, tmp: Path) -> list[str]:
+        bad = _copy(runs / "untimed", patch, to=tmp / "bad")
+        return [verb, str(bad)] if verb == "report" else [verb, str(runs / "untimed"), str(bad)]
+
+    return make
+
+
+def _bad_rows(frame_fn, verb: str):
+    def make(runs: Path, tmp: Path) -> list[str]:
+        bad = _copy(runs / "timed", frame_fn=frame_fn, to=tmp / "bad")
+        return [verb, str(bad)] if verb == "history" else [verb, str(runs / "timed"), str(bad)]
+
+    return make
+
+
+def _folder(files: dict[str, Path | str]):
+    """A folder ``tmp/folder`` holding ``files`` (a run's file by its name, or text), handed to history."""
+
+    def make(runs: Path, tmp: Path) -> list[str]:
+        folder = tmp / "folder"
+        folder.mkdir()
+        for name, content in files.items():
+            if isinstance(content, Path):
+                shutil.copy(runs / content / name, folder / name)
+            else:
+                (folder / name).write_text(content)
+        return ["history", str(runs / "untimed"), str(folder)]
+
+    return make
+
+
+def _run_args(out: str, *extra: str, case: dict | None = None):
+    """``run`` of one case (the tiny one unless ``case``) into ``tmp/out``: ``out`` is "folder", "dangling"
+    (a symbolic link to nowhere) or an absolute path."""
+
+    def make(runs: Path, tmp: Path) -> list[str]:
+        cases = write_cases(tmp / "cases.toml", case or {"name": "tiny"})
+        target = tmp / "out"
+        if out == "dangling":
+            target.symlink_to(tmp / "nowhere")
+        elif out != "folder":
+            target = Path(out)
+        return ["run", str(cases), "--out", str(target), "--backend", "reference", "--no-progress", *extra]
+
+    return make
+
+
+def _runs_pair(base: str, new: str, verb: str = "compare"):
+    return lambda runs, tmp: [verb, str(runs / base), str(runs / new)]
+
+
+META_FIELDS = {"commit": {"commit": 5}, "gpus[0].gpu_name": {"gpus": [{}]}, "ceilings": {"ceilings": "fast"}}
+ROW_FAULTS = {
+    "column 'latency_us'": lambda f: f.assign(latency_us=["12.5"] * len(f)),
+    "column 'case'": lambda f: f.assign(case=list(range(len(f)))),
+    "holds no rows": lambda f: f.iloc[:0],
+}
+BIG_CASE = {"name": "prefill_8k", "num_q_heads": 32, "num_kv_heads": 8, "head_dim": 128, "seq_lens": [8192],
+            "q_lens": [8192]}  # fmt: skip
+HOSTILE = [
+    # A meta.json field of another type: a traceback or a silent exit 0 before it was checked.
+    *(Hostile(f"meta {name} to {verb}", _bad_meta(patch, verb), 2, (f"{{tmp}}/bad/meta.json: field '{name}'",))
+      for name, patch in META_FIELDS.items() for verb in ("compare", "history", "report")),
+    # A results.parquet column of another type, or no rows.
+    *(Hostile(f"results {words} to {verb}", _bad_rows(fault, verb), 2, (f"{{tmp}}/bad/results.parquet: {words}",))
+      for words, fault in ROW_FAULTS.items() for verb in ("compare", "history")),
+    Hostile("an untouched run to compare", _runs_pair("untimed", "untimed"), 0),
+    Hostile("untouched runs to history", _runs_pair("untimed", "timed", "history"), 0),
+    # A timed run compared with an untimed one: exit 0 before, as if nothing were slower.
+    Hostile("an untimed new run", _runs_pair("timed", "untimed"), 4,
+            ("1 graded row(s) timed in one run only (the new run was not timed",)),
+    Hostile("an untimed base run", _runs_pair("untimed", "timed"), 4, ("the base run was not timed",)),
+    # A folder without runs given to history: ignored before.
+    Hostile("a folder that is not a run", _folder({"notes.txt": "hello"}), 2, ("{tmp}/folder: not a run folder",)),
+    Hostile("a run folder without rows", _folder({"meta.json": Path("untimed")}), 2,
+            ("{tmp}/folder: not a run folder (no results.parquet)",)),
+    # A symlinked or unwritable --out: refused only after the work before.
+    Hostile("a dangling symlink as --out", _run_args("dangling", "--no-timing"), 2, ("{tmp}/out: is a symbolic link",)),
+    Hostile("an unwritable --out", _run_args("/proc/harness-cannot-write-here", "--no-timing"), 2, ("cannot",)),
+    Hostile("a case too large for memory", _run_args("folder", "--no-timing", case=BIG_CASE), 2,
+            ("case 'prefill_8k': field 'seq_lens': too large for cpu memory",)),
+    Hostile("a verify fraction past 1", _run_args("folder", "--verify-oracle-cache", "2"), 2,
+            ("give a fraction in (0, 1]",)),
+    Hostile("a sweep limit that is not a number", lambda runs, tmp: ["list", str(write_cases(tmp / "c.toml", {"name": "c"}))],
+            2, ("HARNESS_MAX_SWEEP_POINTS='lots'",), env={"HARNESS_MAX_SWEEP_POINTS": "lots"}),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize("hostile", HOSTILE, ids=lambda h: h.name)
+def test_a_hostile_input_gets_its_exit_code_and_says_why_before_any_work(hostile, runs, tmp_path, monkeypatch, capsys):
+    """No case runs and no inputs are built for any of them, and none ends in a traceback."""
+    from harness.cases import inputs
+    from harness.execute import local
+    from harness.run import runner
+
+    def work(*args, **kwargs):
+        raise AssertionError("work began on a hostile input")
+
+    args = hostile.make(runs, tmp_path)
+    for module, name in ((local, "run_cases"), (inputs, "make_inputs"), (runner, "make_inputs")):
+        monkeypatch.setattr(module, name, work)
+    for key, value in hostile.env.items():
+        monkeypatch.setenv(key, value)
+    try:
+        code = main(args)
+    except SystemExit as stop:  # argparse's refusals
+        code = stop.code
+    out, err = capsys.readouterr()
+    assert code == hostile.exit, out + err
+    for words in hostile.words:
+        assert words.format(tmp=tmp_path) in out + err, out + err
+    assert "Traceback" not in err and not list(tmp_path.glob("*.journal.jsonl"))
+    assert not (tmp_path / "out").exists() or (tmp_path / "out").is_symlink()  # no run folder either
+
+
+# --- run folders: the stale cleanup and --out -----------------------------------------------------
+
+
+def _dead_pid() -> int:
+    gone = subprocess.Popen(["true"])
+    gone.wait()
+    return gone.pid
+
+
+def test_stale_cleanup_removes_only_partial_folders_carrying_the_marker(tmp_path):
+    pid = _dead_pid()
+    foreign = tmp_path / f".photos.partial-{pid}"
+    foreign.mkdir()
+    (foreign / "holiday.jpg").write_text("precious")
+    ours = tmp_path / f".run.partial-{pid}"
+    ours.mkdir()
+    (ours / PARTIAL_MARKER).write_text(f"{pid}\n")
+    messages = stale_leftovers(tmp_path)
+    assert (foreign / "holiday.jpg").exists() and not ours.exists()
+    assert any(f"kept {foreign}" in m for m in messages) and any(f"removed {ours}" in m for m in messages)
+
+
+def test_stale_cleanup_says_a_stopped_run_is_stopped_and_leaves_other_users_runs_alone(tmp_path, monkeypatch):
+    """An --out under a shared folder (/tmp) looks only at this user's leftovers there."""
+    from harness.results.journal import Journal
+
+    Journal.create(tmp_path / "mine", {"cases": []}).close(stopped=True)
+    assert stale_leftovers(tmp_path) == [
+        f"note: unfinished run: 0 rows in {tmp_path / 'mine.journal.jsonl'} (stopped); "
+        f"finish it with: python -m harness run --resume {tmp_path / 'mine'}"
+    ]
+    pid = _dead_pid()
+    (tmp_path / f".theirs.partial-{pid}").mkdir()
+    (tmp_path / f".theirs.partial-{pid}" / PARTIAL_MARKER).write_text(f"{pid}\n")
+    monkeypatch.setattr(os, "getuid", lambda: os.stat(tmp_path).st_uid + 1)  # as another user sees them
+    assert stale_leftovers(tmp_path) == [] and (tmp_path / f".theirs.partial-{pid}").exists()
+
+
+def test_a_finished_run_folder_carries_no_marker(runs):
+    assert not (runs / "untimed" / PARTIAL_MARKER).exists()
+
+
+# --- case files: sweeps counted before they are built -----------------------------------------------
+
+
+def _huge_sweep(path: Path) -> Path:
+    """Six swept fields, 30 x 29^5 = 615M points (615,334,470), in 888 bytes."""
+    values = lambda n, first: "[" + ", ".join(str(first + i) for i in range(n)) + "]"  # noqa: E731
+    text = (
+        '[[case]]\nname = "huge"\nnum_q_heads = 8\nhead_dim = 64\nseq_lens = [16]\n[case.sweep]\n'
+        f"num_kv_heads = {values(29, 1)}\nblock_size = {values(29, 1)}\nseed = {values(30, 0)}\n"
+        f"head_dim = {values(29, 16)}\nq_lens = {values(29, 1)}\n"
+        "input_scale = [" + ", ".join(f"{1 + i / 10:g}" for i in range(29)) + "]\n"
+    )
+    text += "# " + "-" * (888 - len(text) - 3) + "\n"  # the reported file's 888 bytes
+    path.write_text(text)
+    return path
+
+
+def test_a_six_field_sweep_of_600m_points_is_refused_fast_and_small(tmp_path):
+    huge = _huge_sweep(tmp_path / "huge.toml")
+    assert huge.stat().st_size == 888
+    # The peak RSS is VmHWM of /proc/self/status: getrusage's ru_maxrss in a child starts at the RSS of
+    # the process that forked it (Linux carries the high-water mark across fork and exec), here pytest's.
+    probe = (
+        "import sys, time\n"
+        "from harness.cli.main import main\n"
+        "start = time.perf_counter()\n"
+        f"code = main(['run', {str(huge)!r}, '--out', {str(tmp_path / 'out')!r}, '--no-timing'])\n"
+        "seconds = time.perf_counter() - start\n"
+        "peak = [line.split()[1] for line in open('/proc/self/status') if line.startswith('VmHWM:')][0]\n"
+        "print('RESULT', code, seconds, peak)\n"
+    )
+    env = {k: v for k, v in os.environ.items() if k != "HARNESS_MAX_SWEEP_POINTS"}
+    result = subprocess.run([sys.executable, "-c", probe], cwd=ROOT, capture_output=True, text=True, timeout=120,
+                            env=env)  # fmt: skip
+    line = [x for x in result.stdout.splitlines() if x.startswith("RESULT")]
+    assert line, result.stderr[-2000:]
+    code, seconds, peak_kib = line[0].split()[1:]
+    assert int(code) == 2, result.stderr[-2000:]
+    assert float(seconds) < 5.0  # from the call to the refusal (the imports before it excluded)
+    assert int(peak_kib) < 500 * 1024  # the whole process, torch's import included (about 300 MiB)
+    assert "615,334,470 cases, more than the limit of 10,000" in result.stderr
+    assert "num_kv_heads 29 x block_size 29 x seed 30 x head_dim 29 x q_lens 29 x input_scale 29" in result.stderr
+    assert not (tmp_path / "out").exists() and not (tmp_path / "out.journal.jsonl").exists()
+
+
+def test_the_sweep_limit_counts_every_table_and_can_be_raised(tmp_path, monkeypatch):
+    from harness.cases.spec import CaseFileError, load_case_file
+
+    path = write_cases(tmp_path / "two.toml", {"name": "a", "sweep": {"seed": [1, 2, 3]}},
+                       {"name": "b", "sweep": {"seed": [1, 2], "block_size": [4, 8]}})  # fmt: skip
+    monkeypatch.setenv("HARNESS_MAX_SWEEP_POINTS", "6")
+    with pytest.raises(CaseFileError, match=r"7 cases, more than the limit of 6 .*case 'b': 4 = seed 2 x block_size 2"):
+        load_case_file(path)
+    monkeypatch.setenv("HARNESS_MAX_SWEEP_POINTS", "7")
+    assert len(load_case_file(path)) == 7
+    monkeypatch.setenv("HARNESS_MAX_SWEEP_POINTS", "6")
+    assert main(["run", str(path), "--out", str(tmp_path / "run"), "--backend", "reference", "--no-timing",
+                 "--no-progress", "--max-sweep-points", "7"]) == 0  # fmt: skip
+    assert os.environ["HARNESS_MAX_SWEEP_POINTS"] == "7"  # the flag sets it (monkeypatch restores it)
+
+
+def test_sequences_are_counted_over_the_sweep_before_any_point_is_built(tmp_path, monkeypatch):
+    """Each sweep point holds its own seq_lens: 600 lengths swept over 2,000 seeds (a 14 KB file) is 1.2M
+    sequences, refused before any point is validated; one list past MAX_SEQS is refused naming its field."""
+    from harness.cases import spec
+
+    built = []
+    monkeypatch.setattr(spec, "expand_spec", lambda *a: built.append(a) or [])
+    wide = write_cases(
+        tmp_path / "wide.toml", {"name": "w", "seq_lens": [7] * 600, "sweep": {"seed": list(range(2000))}}
+    )
+    with pytest.raises(
+        spec.CaseFileError, match=r"wide.toml: case 'w': field 'seq_lens': 2,000 case\(s\) of up to 600"
+    ):
+        spec.load_case_file(wide)
+    assert not built
+    monkeypatch.undo()
+    long = write_cases(tmp_path / "long.toml", {"name": "l", "seq_lens": [7] * (spec.MAX_SEQS + 1)})
+    with pytest.raises(spec.CaseFileError, match=r"long.toml: case 'l': field 'seq_lens'.*at most 4096 items"):
+        spec.load_case_file(long)
+    assert len(spec.load_case_file(write_cases(tmp_path / "ok.toml", {"name": "o", "seq_lens": [7] * 600, "q_lens": 1,
+                                                                      "sweep": {"seed": [1, 2]}}))) == 2  # fmt: skip
+
+
+def test_a_run_folder_and_a_journal_are_sized_before_they_are_read(tmp_path, monkeypatch, capsys):
+    """A parquet file holds a million rows of one value in a few KB: its own metadata (rows, uncompressed
+    bytes) is checked before pandas reads it; a meta.json and a journal by their size on disk."""
+    from harness.results import journal, storage
+
+    run = tmp_path / "run"
+    run.mkdir()
+    pd.DataFrame({"case": ["c"] * 11, "backend": ["b"] * 11, "status": ["pass"] * 11}).to_parquet(
+        run / "results.parquet"
+    )
+    (run / "meta.json").write_text("{}")
+    monkeypatch.setattr(pd, "read_parquet", lambda *a, **k: pytest.fail("read before it was sized"))
+    monkeypatch.setattr(storage, "MAX_ROWS", 10)
+    assert main(["report", str(run)]) == 2
+    assert f"{run / 'results.parquet'}: 11 rows, 0.0 GiB uncompressed: past the 10 rows" in capsys.readouterr().err
+    monkeypatch.setattr(storage, "MAX_META_BYTES", 1)
+    assert main(["report", str(run)]) == 2
+    assert f"{run / 'meta.json'}: 2 bytes, past the 1 a meta.json may hold" in capsys.readouterr().err
+    (tmp_path / "stopped.journal.jsonl").write_text('{"journal": 1}\n')
+    monkeypatch.setattr(journal, "MAX_BYTES", 4)
+    assert main(["run", "--resume", str(tmp_path / "stopped")]) == 2
+    assert "stopped.journal.jsonl: 15 bytes, past the 4 a journal may hold" in capsys.readouterr().err
+
+
+# --- the oracle cache -----------------------------------------------------------------------------
+
+
+def _poison(entry: Path) -> None:
+    """Rewrite a cache entry with zeros under a valid header (magic and the payload's sha256)."""
+    blob = entry.read_bytes()
+    tensor = torch.load(io.BytesIO(blob[len(oracle_cache.MAGIC) + 32 :]), weights_only=True)
+    buffer = io.BytesIO()
+    torch.save(torch.zeros_like(tensor), buffer)
+    payload = buffer.getvalue()
+    entry.write_bytes(oracle_cache.MAGIC + hashlib.sha256(payload).digest() + payload)
+
+
+def _cached(run: Path) -> list:
+    return pd.read_parquet(run / "results.parquet")["oracle_cached"].tolist()
+
+
+@pytest.fixture
+def cache(tmp_path, monkeypatch):
+    folder = tmp_path / "private" / "oracle"
+    monkeypatch.setenv(oracle_cache.ENV_DIR, str(folder))
+    monkeypatch.delenv(oracle_cache.ENV_VERIFY, raising=False)
+    oracle_cache._warned.clear()
+    return folder
+
+
+def test_a_poisoned_entry_is_used_without_verify_and_caught_with_it(tmp_path, cache, capsys, monkeypatch):
+    cases = write_cases(tmp_path / "tiny.toml", {"name": "tiny"})
+    assert _run(tmp_path / "first", cases, "--no-timing") == 0
+    assert cache.stat().st_mode & 0o777 == 0o700
+    assert _cached(tmp_path / "first") == [False]
+    assert json.loads((tmp_path / "first" / "meta.json").read_text())["oracle_cache"] == {
+        "mode": "on", "folder": str(cache)}  # fmt: skip
+    (entry,) = cache.glob("*.oracle")
+    _poison(entry)
+    # Trusted blindly, the zeros fail the kernel; the row says its oracle came from the cache.
+    assert _run(tmp_path / "trusting", cases, "--no-timing") == 1
+    assert _cached(tmp_path / "trusting") == [True]
+    capsys.readouterr()
+    monkeypatch.setenv(oracle_cache.ENV_VERIFY, "")  # restored after the flag sets it
+    assert main(["run", str(cases), "--out", str(tmp_path / "verified"), "--backend", "reference",
+                 "--no-progress", "--no-timing", "--verify-oracle-cache"]) == 2  # fmt: skip
+    err = capsys.readouterr().err
+    assert f"oracle cache entry {entry} (out) differs from the oracle recomputed" in err
+    assert "Traceback" not in err and not entry.exists()
+    assert not (tmp_path / "verified").exists()
+
+
+def test_verify_passes_a_sound_cache_and_records_the_mode(tmp_path, cache, monkeypatch):
+    cases = write_cases(tmp_path / "tiny.toml", {"name": "tiny"})
+    assert _run(tmp_path / "first", cases, "--no-timing") == 0
+    monkeypatch.setenv(oracle_cache.ENV_VERIFY, "")
+    assert _run(tmp_path / "verified", cases, "--no-timing", "--verify-oracle-cache", "1") == 0
+    assert _cached(tmp_path / "verified") == [False]  # recomputed, so not from the cache
+    meta = json.loads((tmp_path / "verified" / "meta.json").read_text())
+    assert meta["oracle_cache"] == {"mode": "verify", "folder": str(cache), "verify_fraction": 1.0}
+
+
+def test_no_oracle_cache_neither_reads_nor_writes(tmp_path, cache, monkeypatch):
+    cases = write_cases(tmp_path / "tiny.toml", {"name": "tiny"})
+    assert _run(tmp_path / "first", cases, "--no-timing", "--no-oracle-cache") == 0
+    assert not cache.exists()
+    assert _cached(tmp_path / "first") == [False]
+    assert json.loads((tmp_path / "first" / "meta.json").read_text())["oracle_cache"]["mode"] == "off"
+
+
+def test_a_group_or_world_writable_cache_folder_is_not_used(tmp_path, cache, capsys):
+    cases = write_cases(tmp_path / "tiny.toml", {"name": "tiny"})
+    assert _run(tmp_path / "first", cases, "--no-timing") == 0
+    cache.chmod(0o777)
+    (entry,) = cache.glob("*.oracle")
+    _poison(entry)  # anyone could have written it: it must not be read
+    assert _run(tmp_path / "second", cases, "--no-timing") == 0
+    assert _cached(tmp_path / "second") == [False]
+    assert f"warning: oracle cache {cache} may be written by group or others (mode 777): not used" in (
+        capsys.readouterr().err
+    )
+
+
+def test_a_symlinked_entry_is_not_read(tmp_path, cache):
+    key = "ab" * 32
+    store = oracle_cache.OracleCache(cache)
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    oracle_cache.OracleCache(elsewhere).put(key, torch.zeros(2, dtype=torch.float64))
+    cache.mkdir(parents=True)
+    store.path(key).symlink_to(elsewhere / f"{key}.oracle")
+    assert store.get(key, "cpu") is None

@@ -1,0 +1,320 @@
+"""What a plugin declares beside its function reaches the driver and the kernel as it said:
+variants by any of their names, limits as plain values, a plan step timed apart, a supports hook
+run in the worker, and the contract's decode form in the default call."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pandas as pd
+import pytest
+import torch
+
+import kernels
+from harness.backends.builtin import register_backend
+from harness.backends.plugins import Limits, case_facts
+from harness.backends.registry import REGISTRY, add_remote_backend, contract_prepare
+from harness.cases.spec import load_case_file
+from harness.cases.variants import VARIANTS
+from harness.cli.main import main
+from harness.execute.processes import decode, encode, registrations
+from harness.run.runner import case_inputs
+from kernels import paged_attention_reference
+from tests.tiny_cases import write_cases
+
+ROOT = Path(__file__).resolve().parents[2]
+
+# --- variants: one name each, and the others still taken ------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("name", "key"),
+    [
+        ("alibi", "alibi_slopes"),  # the case field
+        ("alibi_slopes", "alibi_slopes"),  # the key and keyword
+        ("kv_dtype", "fp8_kv"),
+        ("kv_scale", "fp8_kv"),
+        ("k_scale", "fp8_kv"),
+        ("fp8_kv", "fp8_kv"),
+        ("logit_softcap", "logit_softcap"),
+        ("cascade", "return_lse"),
+        ("head_dim_v", "head_dim_v"),
+    ],
+)
+def test_register_backend_takes_a_variant_by_its_case_field_key_or_keyword(name, key, clean_registry):
+    backend = register_backend("named", paged_attention_reference, variants=(name,))
+    assert backend.variants == {key}
+
+
+@pytest.mark.parametrize(("name", "suggested"), [("softcap", "logit_softcap"), ("alibi_slope", "alibi_slopes"),
+                                                 ("rope", None)])  # fmt: skip
+def test_an_unknown_variant_name_is_refused_naming_the_closest_and_the_known_ones(name, suggested, clean_registry):
+    with pytest.raises(ValueError, match=f"unknown variant '{name}'") as refused:
+        register_backend("named", paged_attention_reference, variants=("sliding_window", name))
+    message = str(refused.value)
+    assert (f"did you mean '{suggested}'" in message) if suggested else ("did you mean" not in message)
+    assert all(v.name in message for v in VARIANTS) and "harness variants" in message
+    assert "named" not in REGISTRY
+
+
+def test_the_driver_takes_a_workers_variant_names_as_register_backend_does(clean_registry):
+    backend = add_remote_backend({"name": "remote", "devices": ["cpu"], "variants": ["alibi", "kv_dtype"]})
+    assert backend.variants == {"alibi_slopes", "fp8_kv"}
+    with pytest.raises(ValueError, match="unknown variant 'softcap'"):
+        add_remote_backend({"name": "remote2", "devices": ["cpu"], "variants": ["softcap"]})
+
+
+def test_harness_variants_prints_each_variants_field_key_and_keywords(capsys):
+    assert main(["variants"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    for v in VARIANTS:
+        (line,) = [line for line in lines if line.split()[:1] == [v.name] and v.key in line]
+        assert all(keyword in line for keyword in v.keywords) or (not v.keywords and "none: a shape" in line)
+    assert any("[num_kv_heads]" in line for line in lines), "the fp8 scales' shape is said"
+
+
+def test_a_workers_registration_carries_its_variants_as_keys(clean_registry):
+    register_backend("declares", paged_attention_reference, variants=("alibi", "sliding_window"))
+    (reported,) = [r for r in registrations() if r["name"] == "declares"]
+    assert reported["variants"] == ["alibi_slopes", "sliding_window"]
+
+
+def test_options_is_still_taken_for_variants_with_a_deprecation_warning(clean_registry):
+    with pytest.warns(DeprecationWarning, match="variants="):
+        backend = register_backend("old", paged_attention_reference, options=("alibi", "sliding_window"))
+    assert backend.variants == {"alibi_slopes", "sliding_window"}
+    with pytest.raises(TypeError, match="variants= only"):
+        register_backend("both", paged_attention_reference, variants=("alibi",), options=("alibi",))
+
+
+# --- the contract's decode form: query_start_loc=None in the default call -------------------------
+
+
+@pytest.mark.parametrize(("q_lens", "call_form"), [(1, "None"), ([1, 2], "the tensor")])
+def test_the_default_call_of_a_decode_case_passes_query_start_loc_none(q_lens, call_form, tmp_path):
+    """run() (graded, then timed for latency) passes the tensor; call() (the user's default call, timed and
+    graded with every call sample) passes None where every q_len is 1, the contract's decode form."""
+    seen = []
+
+    def kernel(q, k_cache, v_cache, block_table, seq_lens, query_start_loc=None, scale=None, out=None):
+        seen.append("None" if query_start_loc is None else "the tensor")
+        return paged_attention_reference(q, k_cache, v_cache, block_table, seq_lens, query_start_loc, scale, out=out)
+
+    (case,) = load_case_file(write_cases(tmp_path / "one.toml", {"name": "one", "q_lens": q_lens}))
+    inputs = case_inputs(case, "cpu")
+    prepared = contract_prepare(kernel)(case, inputs, inputs.new_out())
+    ran, called = prepared.run().clone(), prepared.call()
+    assert seen == ["the tensor", call_form]
+    assert torch.equal(ran, called)
+
+
+@pytest.mark.parametrize("name", ["reference", "tlsim", "triton"])
+def test_every_built_in_kernel_takes_the_decode_form_of_its_default_call(name, tmp_path):
+    if name == "triton" and (reason := kernels.triton_unavailable_reason("cpu")):
+        pytest.skip(reason)
+    (case,) = load_case_file(write_cases(tmp_path / "one.toml", {"name": "one", "q_lens": 1, "seq_lens": [3, 9, 17]}))
+    inputs = case_inputs(case, "cpu")
+    prepared = REGISTRY[name].prepare(case, inputs, inputs.new_out())
+    torch.testing.assert_close(prepared.call(), prepared.run(), atol=case.atol, rtol=case.rtol)
+
+
+# --- limits and the supports hook: skips that name why, decided where the declaration lives ---------
+
+DECLARING_PLUGIN = """
+import dataclasses, json, os
+from pathlib import Path
+import kernels
+from harness import register_backend
+
+DIR = Path(os.environ["HARNESS_TEST_DIR"])
+
+
+def supports(facts):
+    with open(DIR / "supports.jsonl", "a") as file:
+        file.write(json.dumps({"pid": os.getpid(), **dataclasses.asdict(facts)}) + "\\n")
+    return "three sequences or more" if facts.num_seqs >= 3 else None
+
+
+def limited(q, k_cache, v_cache, block_table, seq_lens, query_start_loc=None, scale=None, out=None):
+    return kernels.paged_attention_reference(q, k_cache, v_cache, block_table, seq_lens, query_start_loc, scale, out=out)
+
+
+register_backend("limited", limited, limits={"dtypes": ["float32"], "block_size_multiple_of": 4}, supports=supports)
+"""
+
+
+@pytest.fixture(scope="module")
+def declared_run(tmp_path_factory):
+    """One run of DECLARING_PLUGIN through the CLI (its worker), over a case inside its limits, one
+    outside each plain limit and one its supports hook refuses: (its rows by case, the facts its hook saw)."""
+    folder = tmp_path_factory.mktemp("declared")
+    (folder / "plugin.py").write_text(DECLARING_PLUGIN)
+    cases = write_cases(folder / "cases.toml", {"name": "inside"}, {"name": "bf16", "dtype": "bfloat16"},
+                        {"name": "block_size_2", "block_size": 2},
+                        {"name": "three_seqs", "seq_lens": [3, 9, 4], "q_lens": [1, 2, 1]},
+                        {"name": "fp8", "kv_dtype": "float8_e4m3fn", "kv_scale": "amax_per_head"})  # fmt: skip
+    done = subprocess.run(
+        [sys.executable, "-m", "harness", "run", str(cases), "--plugin", str(folder / "plugin.py"), "--backend",
+         "limited", "--no-timing", "--no-progress", "--out", str(folder / "run")],
+        cwd=ROOT, capture_output=True, text=True, timeout=300,
+        env={**os.environ, "HARNESS_TEST_DIR": str(folder), "TRITON_INTERPRET": "1"},
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    rows = pd.read_parquet(folder / "run" / "results.parquet").set_index("case")
+    seen = [json.loads(line) for line in (folder / "supports.jsonl").read_text().splitlines()]
+    return rows, seen
+
+
+@pytest.mark.parametrize(
+    ("case", "reason"),
+    [
+        ("bf16", "limited limits dtypes to float32; the case's is bfloat16"),
+        ("block_size_2", "limited limits block_size to multiples of 4; the case's is 2"),
+        ("three_seqs", "limited supports(facts): three sequences or more"),
+        ("fp8", "limited does not support fp8_kv (it declares: none)"),
+    ],
+)
+def test_a_case_outside_a_plugins_limits_or_its_supports_hook_is_a_skip_naming_why(declared_run, case, reason):
+    rows, _ = declared_run
+    assert (rows.loc[case, "status"], rows.loc[case, "reason"]) == ("skip", reason)
+    assert rows.loc["inside", "status"] == "pass"
+
+
+def test_plain_limits_are_checked_by_the_driver_and_the_supports_hook_in_the_worker(declared_run):
+    _, seen = declared_run
+    asked = [facts["num_seqs"] for facts in seen]
+    assert sorted(asked) == [2, 3], "the hook saw the cases within the plain limits only, once each"
+    assert {facts["pid"] for facts in seen} != {os.getpid()} and len({facts["pid"] for facts in seen}) == 1
+    (inside,) = [facts for facts in seen if facts["num_seqs"] == 2]
+    assert inside == {**inside, "max_q_len": 2, "num_tokens": 3, "decode": False, "block_size": 4, "dtype": "float32",
+                      "kv_dtype": "float32", "kv_scale": "", "variants": [], "device": "cpu", "interpreted": True}  # fmt: skip
+
+
+def test_a_workers_limits_and_hooks_travel_as_plain_values_and_are_checked(clean_registry):
+    register_backend("declares_all", paged_attention_reference, limits=Limits(dtypes=("float16",), cpu_tags=("small",)),
+                     supports=lambda facts: None)  # fmt: skip
+    (reported,) = [r for r in registrations() if r["name"] == "declares_all"]
+    assert reported["limits"] == {"dtypes": ["float16"], "head_dims": [], "block_size_multiple_of": 1,
+                                  "cpu_tags": ["small"]}  # fmt: skip
+    assert (reported["supports"], reported["plan"]) == (True, False)
+    REGISTRY.pop("declares_all")
+    remote = add_remote_backend(decode(encode(reported)))
+    assert remote.limits == Limits(dtypes=("float16",), cpu_tags=("small",)) and remote.supports_hook
+
+
+@pytest.mark.parametrize(
+    ("limits", "message"),
+    [
+        ({"dtype": ["float32"]}, "unknown key(s) 'dtype'"),
+        ({"dtypes": "float32"}, "limits.dtypes must be a list of str"),
+        ({"dtypes": ["fp32"]}, "limits.dtypes: 'fp32' is not a dtype"),
+        ({"head_dims": [64.0]}, "limits.head_dims must be a list of int"),
+        ({"block_size_multiple_of": 0}, "limits.block_size_multiple_of must be a positive int"),
+        ({"block_size_multiple_of": True}, "limits.block_size_multiple_of must be a positive int"),
+        (["float32"], "limits must be a dict"),
+    ],
+)
+def test_a_limit_that_is_not_one_is_refused_where_it_is_declared_and_where_it_arrives(limits, message, clean_registry):
+    with pytest.raises(ValueError, match=re.escape(message)):
+        register_backend("bad_limits", paged_attention_reference, limits=limits)
+    with pytest.raises(ValueError, match=re.escape(message)):
+        add_remote_backend({"name": "bad_limits", "devices": ["cpu"], "limits": limits})
+    assert "bad_limits" not in REGISTRY
+
+
+@pytest.mark.parametrize("field", ["plan", "supports"])
+def test_a_worker_reporting_a_hook_as_anything_but_a_bool_is_refused(field, clean_registry):
+    with pytest.raises(ValueError, match=f"whose {field} is not a bool"):
+        add_remote_backend({"name": "odd", "devices": ["cpu"], field: "yes"})
+
+
+@pytest.mark.parametrize(
+    ("fields", "expected"),
+    [
+        ({"q_lens": 1}, {"decode": True, "max_q_len": 1, "variants": ()}),
+        ({"kv_dtype": "float8_e5m2"}, {"kv_dtype": "float8_e5m2", "kv_scale": "per_tensor", "variants": ("kv_dtype",)}),
+        ({"kv_dtype": "float8_e4m3fn", "kv_scale": 0.5}, {"kv_scale": "per_tensor"}),
+        ({"kv_dtype": "float8_e4m3fn", "kv_scale": "amax_per_head"}, {"kv_scale": "per_head"}),
+        ({"alibi": True, "sliding_window": 4}, {"variants": ("sliding_window", "alibi")}),
+    ],
+)
+def test_case_facts_say_decode_the_fp8_scales_form_and_the_variants_by_name(fields, expected, tmp_path):
+    (case,) = load_case_file(write_cases(tmp_path / "one.toml", {"name": "one", **fields}))
+    facts = case_facts(case, "cpu", interpreted=False)
+    assert {name: getattr(facts, name) for name in expected} == expected
+
+
+# --- the plan step: once per input set, outside the timed calls, handed to every call ---------------
+
+PLANNING_PLUGIN = """
+import json, os, time
+from pathlib import Path
+import kernels
+from harness import register_backend
+
+DIR = Path(os.environ["HARNESS_TEST_DIR"])
+PLAN_S = 0.05
+
+
+def plan(facts):
+    time.sleep(PLAN_S)  # what a plan costs, which no call may be charged for
+    with open(DIR / "plans.jsonl", "a") as file:
+        file.write(json.dumps({"pid": os.getpid(), "max_q_len": facts.max_q_len}) + "\\n")
+    return {"max_q_len": facts.max_q_len}
+
+
+def planned(q, k_cache, v_cache, block_table, seq_lens, query_start_loc=None, scale=None, out=None, *, plan,
+            return_lse=False):
+    expected = 1 if query_start_loc is None else int((query_start_loc[1:] - query_start_loc[:-1]).max())
+    if plan["max_q_len"] != expected:
+        raise ValueError(f"handed the plan of another input set: {plan}")
+    return kernels.paged_attention_reference(q, k_cache, v_cache, block_table, seq_lens, query_start_loc, scale,
+                                             out=out, return_lse=return_lse)
+
+
+register_backend("planned", planned, plan=plan, variants=("return_lse",))
+"""
+
+
+@pytest.fixture(scope="module")
+def planned_run(tmp_path_factory):
+    """One timed run of PLANNING_PLUGIN (in its worker) over a decode case, a mixed one and a cascade:
+    (its rows by case, what each plan step recorded)."""
+    folder = tmp_path_factory.mktemp("planned")
+    (folder / "plugin.py").write_text(PLANNING_PLUGIN)
+    cases = write_cases(folder / "cases.toml", {"name": "decode", "q_lens": 1}, {"name": "mixed"},
+                        {"name": "cascade", "layout": "shared_prefix", "cascade": True, "seq_lens": [21, 26]})  # fmt: skip
+    done = subprocess.run(
+        [sys.executable, "-m", "harness", "run", str(cases), "--plugin", str(folder / "plugin.py"), "--backend",
+         "planned", "--no-progress", "--out", str(folder / "run")],
+        cwd=ROOT, capture_output=True, text=True, timeout=300,
+        env={**os.environ, "HARNESS_TEST_DIR": str(folder), "TRITON_INTERPRET": "1"},
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    rows = pd.read_parquet(folder / "run" / "results.parquet").set_index("case")
+    return rows, [json.loads(line) for line in (folder / "plans.jsonl").read_text().splitlines()]
+
+
+def test_a_plan_step_runs_once_per_input_set_in_the_worker_and_every_call_gets_its_result(planned_run):
+    rows, plans = planned_run
+    assert rows.loc[["decode", "mixed"], "status"].tolist() == ["pass", "pass"], rows["reason"].tolist()
+    assert sorted(p["max_q_len"] for p in plans) == [1, 2], "one plan per row, from that case's facts"
+    assert os.getpid() not in {p["pid"] for p in plans}
+
+
+def test_the_plan_step_is_timed_apart_from_the_calls(planned_run):
+    rows, _ = planned_run
+    for case in ("decode", "mixed"):
+        assert rows.loc[case, "plan_us"] >= 50_000, "the plan's own time"
+        assert rows.loc[case, "latency_us"] < 50_000 and rows.loc[case, "call_us"] < 50_000, "no call pays for it"
+
+
+def test_a_cascade_case_of_a_backend_with_a_plan_step_is_a_skip_saying_why(planned_run):
+    rows, _ = planned_run
+    assert rows.loc["cascade", "status"] == "skip"
+    assert "plan step is made for the case's own" in rows.loc["cascade", "reason"]

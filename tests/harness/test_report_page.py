@@ -1,0 +1,173 @@
+"""The review page: verdict first, escaped plugin strings, readable numbers, pivot, baseline, old runs."""
+
+from __future__ import annotations
+
+import itertools
+import re
+
+import pandas as pd
+import pytest
+
+from harness.cli.main import main
+from harness.results.report import plots, render_html, sig
+from tests.harness import review_frames as rf
+from tests.harness.plot_text import drawn_texts, page_plots
+
+EVIL = "<script>alert('x')</script>"
+
+
+def _with_failure(frame: pd.DataFrame) -> pd.DataFrame:
+    frame = frame.copy()
+    mask = (frame["case"] == "case01") & (frame["backend"] == "tlsim")
+    frame.loc[mask, ["status", "reason", "tol_ratio"]] = ["fail", "max abs err 3e-4 exceeds atol", 2.5]
+    frame["worst_location"] = ""
+    frame.loc[mask, "worst_location"] = "seq 3, query 5, head 2"
+    frame["fail_count"] = 0
+    frame.loc[mask, "fail_count"] = 17
+    return frame
+
+
+def test_the_verdict_names_the_failing_row_its_location_and_count_before_any_table():
+    html = render_html(_with_failure(rf.frame(num_cases=3)), rf.meta())
+    verdict = html[html.index('id="verdict"') : html.index("Cases × backends")]
+    assert "FAIL" in verdict and "tlsim" in verdict and "case01" in verdict
+    assert "seq 3, query 5, head 2" in verdict and "17 elements outside tolerance" in verdict
+    assert html.index('id="verdict"') < html.index('id="pivot"') < html.index('id="rows"')
+
+
+def test_a_clean_run_says_pass():
+    assert "<b>PASS</b>: all 30 graded rows within tolerance" in render_html(rf.frame(num_cases=10), rf.meta())
+
+
+def test_strings_from_case_files_and_plugins_stay_escaped():
+    frame = rf.frame(num_cases=2)
+    frame.loc[0, ["backend", "reason", "case"]] = [EVIL, EVIL, EVIL]
+    frame.loc[0, "status"] = "error"
+    html = render_html(frame, rf.meta(command=EVIL, cpu_model=EVIL))
+    assert EVIL not in html
+    assert "&lt;script&gt;alert(&#39;x&#39;)&lt;/script&gt;" in html
+    assert len(re.findall(r"<script>", html)) == 2, "only the page's own two scripts"
+
+
+def test_a_name_with_dollar_signs_is_drawn_as_text_not_parsed_as_tex(drawn_plots, plot_text_as_text):
+    frame = rf.frame(num_cases=2)
+    frame.loc[frame["backend"] == frame.loc[0, "backend"], "backend"] = "$\\frac{$"
+    frame.loc[frame["case"] == "case00", "case"] = "a$b$"
+    html = render_html(frame, rf.meta())
+    pytest.importorskip("matplotlib", reason="plots need matplotlib")
+    assert "$\\frac{$" in html and 'src="data:image/svg+xml;base64,' in html
+    drawn = [t.text for uri in page_plots(html) for t in drawn_texts(uri)]
+    assert "$\\frac{$" in drawn, "the name as it is, in the legend and under its column of points"
+    assert not [t for t in drawn if "mathdefault" in t], "and the axes' own tick labels still typeset"
+
+
+# A decade tick of a log axis as matplotlib typesets it: "10" and the exponent ("10^3", "10^-2").
+DECADE = re.compile(r"10[−-]?[0-9]+")
+
+
+def test_log_axes_label_their_ticks_with_numbers_not_tex_source(drawn_plots, plot_text_as_text):
+    pytest.importorskip("matplotlib", reason="plots need matplotlib")
+    uris = page_plots(render_html(rf.frame(num_cases=4), rf.meta()))
+    assert len(uris) >= 2
+    for uri in uris:
+        drawn = [t.text for t in drawn_texts(uri)]
+        assert not [t for t in drawn if "$" in t or "\\" in t], drawn
+        assert any(DECADE.fullmatch(t) for t in drawn), drawn
+
+
+def test_close_bandwidth_ceilings_are_labelled_a_line_apart(drawn_plots, plot_text_as_text):
+    pytest.importorskip("matplotlib", reason="plots need matplotlib")
+    uri = plots.latency_and_bandwidth(rf.frame(num_cases=4), {"read": 20.0, "copy": 19.0, "l2": 120.0})
+    labels = {t.text: t for t in drawn_texts(uri) if t.text.endswith(" GB/s")}
+    assert set(labels) == {"read 20 GB/s", "copy 19 GB/s", "l2 120 GB/s"}
+    heights = sorted((t.y, t.size) for t in labels.values())
+    for (y_above, size), (y_below, _) in itertools.pairwise(heights):
+        assert y_below - y_above >= size, f"labels overlap: {labels}"
+
+
+def test_gbps_on_cpu_rows_keeps_significant_digits():
+    assert sig(0.0123) == "0.0123" and sig(0.0004567) == "4.57e-04" and sig(1234.5) == "1234" and sig(12.345) == "12.3"
+    frame = rf.frame(num_cases=1)
+    frame["gbps"] = 0.0123
+    html = render_html(frame, rf.meta())
+    assert ">0.0123<" in html and ">0.0<" not in html
+
+
+def test_pivot_has_a_cell_per_case_and_backend_and_a_speedup_select():
+    html = render_html(rf.frame(num_cases=3), rf.meta())
+    pivot = html[html.index('id="pivot"') : html.index("</table>", html.index('id="pivot"'))]
+    assert pivot.count("<tr><td") == 3 and pivot.count("data-lat=") == 9
+    assert '<select id="speedup-ref">' in html and '<option value="gather_sdpa">' in html
+
+
+def test_host_overhead_is_flagged_where_call_us_far_exceeds_latency():
+    frame = rf.frame(num_cases=1)
+    frame.loc[0, "call_us"] = frame.loc[0, "latency_us"] * 3
+    html = render_html(frame, rf.meta())
+    assert html.count("⚑ 3.0×") == 1
+
+
+def test_skips_are_folded_away_and_details_hold_the_other_columns():
+    frame = rf.frame(num_cases=1)
+    frame.loc[2, ["status", "reason"]] = ["skip", "gather_sdpa runs on cuda, not cpu"]
+    html = render_html(frame, rf.meta())
+    folded = html[html.index('<details id="skipped">') :]
+    assert "1 skipped row " in folded and "runs on cuda, not cpu" in folded
+    assert '<details class="more">' in html and "bytes_moved" in html
+
+
+def test_the_header_shows_noise_judges_and_ceilings():
+    meta = rf.meta(cpu_model="Xeon Test", logical_cpus=2, load_average=[3.5, 2.0, 1.0], timing_threads=1,
+                   ceilings={"read_gbps": 20.0, "copy_gbps": 12.5, "peak_tflops": 1.5, "peak_source": "spec"})  # fmt: skip
+    html = render_html(rf.frame(num_cases=1), meta)
+    assert "Xeon Test, 2 logical CPUs" in html and "timing threads 1" in html and "busy machine" in html
+    assert "read 20.0 GB/s" in html and "peak 1.50 TFLOP/s (spec)" in html
+
+
+def test_the_header_says_where_a_process_pool_runs_time_went_largest_phase_first():
+    scale = {"mode": "workers", "workers": 2, "wall_s": 85.51, "worker_start_s": [4.8, 4.83], "case_busy_s": 160.9,
+             "phase_s": {"inputs": 14.9, "timing: latency": 59.8, "grade": 4.3}}  # fmt: skip
+    html = render_html(rf.frame(num_cases=1), rf.meta(scale=scale))
+    line = re.search(r'id="time-summary">([^<]*)<', html).group(1)
+    assert line == ("2 workers, 85.5 s from the first case to the last row, workers started in 4.8 s; "
+                    "160.9 s of case work: timing: latency 59.8, inputs 14.9, grade 4.3")  # fmt: skip
+    assert 'id="time-summary"' not in render_html(rf.frame(num_cases=1), rf.meta())  # not recorded: no line
+    resumed = render_html(rf.frame(num_cases=1), rf.meta(scale=scale, resumed={"journal_rows": 7}))
+    assert "(the resumed part only: 7 rows came from the journal)" in resumed
+
+
+def test_an_old_run_without_the_new_columns_still_renders():
+    frame = rf.frame(num_cases=2).drop(columns=["latency_samples_us", "call_us", "tol_ratio"])
+    html = render_html(frame, {"device": "cpu"})
+    assert "<b>PASS</b>" in html and "not recorded (an older run)" in html
+
+
+def test_report_with_a_baseline_marks_and_lists_regressions(tmp_path):
+    rf.write(rf.frame(seed=1), rf.meta(), tmp_path / "base")
+    rf.write(rf.frame(seed=2, slow={"tlsim": 1.3}), rf.meta(), tmp_path / "new")
+    assert main(["report", str(tmp_path / "new"), "--baseline", str(tmp_path / "base")]) == 0
+    html = (tmp_path / "new" / "report.html").read_text()
+    listed = html[html.index('id="regressions"') : html.index("Cases × backends")]
+    assert "10 regressions" in listed and listed.count("<b>tlsim</b>") == 10
+    assert html.count('class="pass regressed"') == 10
+
+
+def test_plots_are_embedded_as_data_uris(drawn_plots):
+    pytest.importorskip("matplotlib", reason="plots need matplotlib")
+    html = render_html(rf.frame(num_cases=4), rf.meta())
+    assert html.count('<img src="data:image/svg+xml;base64,') >= 2
+    assert not re.search(r'(src|href)="(https?:)?//', html), "the page loads nothing from the network"
+
+
+def test_the_page_says_no_linear_fit_where_the_line_does_not_hold_and_the_terminal_prints_no_fits():
+    from harness.cli.terminal import summarize
+
+    frame = rf.frame(num_cases=5)
+    cloud = frame["backend"] == "tlsim"
+    frame.loc[cloud, "latency_us"] = [400.0, 90.0, 350.0, 120.0, 300.0]  # no line through these
+    html = render_html(frame, rf.meta())
+    fits = html[html.index('id="fits"') : html.index("</table>", html.index('id="fits"'))]
+    rows = {re.sub("<[^>]+>", " ", r).split()[0]: r for r in fits.split("<tr>")[2:]}
+    assert "no linear fit (r²" in rows["tlsim"]
+    assert "no linear fit" not in rows["reference"] and "no linear fit" not in rows["gather_sdpa"]
+    assert "scaling" not in summarize(frame) and "us per" not in summarize(frame)

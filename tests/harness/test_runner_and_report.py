@@ -1,0 +1,244 @@
+"""Runner rows (pass, fail, skip, error), NaN poisoning, plugins, exit codes, atomic reports, compare."""
+
+from __future__ import annotations
+
+import pandas as pd
+import pytest
+import torch
+
+import kernels
+from harness import register_backend
+from harness.backends import builtin as backends_module
+from harness.cases.spec import load_case_file
+from harness.cli.main import main
+from harness.execute.local import run_cases
+from harness.results import storage as storage_module
+from harness.review.compare import compare_runs
+from harness.run.runner import RunConfig, exit_code
+from tests.tiny_cases import write_cases
+
+pytestmark = pytest.mark.usefixtures("clean_registry")  # backends registered here vanish after each test
+
+
+def half_written(q, k_cache, v_cache, block_table, seq_lens, query_start_loc=None, scale=None, out=None):
+    """Writes only the first half of the rows."""
+    full = kernels.paged_attention_tlsim(q, k_cache, v_cache, block_table, seq_lens, query_start_loc, scale)
+    out[: q.shape[0] // 2] = full[: q.shape[0] // 2]
+    return out
+
+
+def raises(*args, **kwargs):
+    raise RuntimeError("kernel exploded")
+
+
+def run_rows(case_file, names):
+    config = RunConfig(device="cpu", backends=backends_module.resolve_backends(names), timing=False, progress=False)
+    return run_cases(load_case_file(case_file), config).set_index("backend")
+
+
+def test_rows_for_pass_fail_skip_and_error_and_the_run_goes_on(case_file):
+    register_backend("half_written", half_written)
+    register_backend("raises", raises)
+    register_backend("cuda_only", kernels.paged_attention_tlsim, devices=("cuda",))
+    rows = run_rows(case_file, ["raises", "half_written", "cuda_only", "tlsim"])
+    assert rows.loc["raises", "status"] == "error"
+    assert "RuntimeError: kernel exploded" in rows.loc["raises", "reason"]
+    assert rows.loc["half_written", "status"] == "fail"
+    assert rows.loc["half_written", "nan_count"] > 0, "unwritten rows stay NaN, and NaN never passes"
+    assert "NaN" in rows.loc["half_written", "reason"]
+    assert rows.loc["cuda_only", "status"] == "skip"
+    assert rows.loc["cuda_only", "reason"] == "cuda_only runs on cuda, not cpu"
+    assert rows.loc["tlsim", "status"] == "pass", "a backend after an error still runs"
+    assert exit_code(rows.reset_index()) == 1
+    assert exit_code(rows.loc[["raises", "tlsim"]].reset_index()) == 1, "an error row alone fails the run"
+    assert exit_code(rows.loc[["cuda_only", "tlsim"]].reset_index()) == 0, "skips do not"
+
+
+def test_case_file_can_exclude_a_backend(tmp_path):
+    path = write_cases(tmp_path / "c.toml", {"name": "tiny", "exclude_backends": ["reference"]})
+    rows = run_rows(path, ["reference", "tlsim"])
+    assert rows.loc["reference", "status"] == "skip" and rows.loc["reference", "reason"] == "excluded by the case file"
+
+
+def test_timing_fills_latency_and_bandwidth(case_file):
+    config = RunConfig(device="cpu", backends=backends_module.resolve_backends(["tlsim"]), timing=True,
+                       ceilings={"read_gbps": 10.0}, progress=False)  # fmt: skip
+    row = run_cases(load_case_file(case_file), config).iloc[0]
+    assert row["latency_us"] > 0 and row["timing_reps"] >= 3 and row["timing_method"] == "cpu_perf_counter"
+    assert row["latency_p10_us"] <= row["latency_us"] <= row["latency_p90_us"]
+    assert row["gbps"] == pytest.approx(row["bytes_moved"] / (row["latency_us"] * 1e3))
+    assert row["pct_of_ceiling"] == pytest.approx(100 * row["gbps"] / 10.0)
+
+
+PLUGIN = '''
+import torch
+import kernels
+from harness import register_backend
+
+def scaled_wrong(q, k_cache, v_cache, block_table, seq_lens, query_start_loc=None, scale=None, out=None):
+    """tlsim with a 1% wrong softmax scale."""
+    scale = q.shape[-1] ** -0.5 * 1.01
+    return kernels.paged_attention_tlsim(q, k_cache, v_cache, block_table, seq_lens, query_start_loc, scale, out)
+
+register_backend("my_tlsim", kernels.paged_attention_tlsim)
+register_backend("scaled_wrong", scaled_wrong)
+'''
+
+
+def cli_run(case_file, out, *extra):
+    return main(["run", str(case_file), "--out", str(out), "--no-progress", "--no-timing", *extra])
+
+
+def test_cli_exit_codes_and_plugin_from_a_path(tmp_path, case_file, capsys):
+    plugin = tmp_path / "my_plugin.py"
+    plugin.write_text(PLUGIN)
+    assert cli_run(case_file, tmp_path / "ok", "--plugin", str(plugin), "--backend", "my_tlsim") == 0
+    rows = pd.read_parquet(tmp_path / "ok" / "results.parquet")
+    assert rows["backend"].tolist() == ["my_tlsim"] and rows["status"].tolist() == ["pass"]
+    backends_module.REGISTRY.pop("my_tlsim")
+    backends_module.REGISTRY.pop("scaled_wrong")
+    assert cli_run(case_file, tmp_path / "bad", "--plugin", str(plugin), "--backend", "scaled_wrong") == 1
+    assert cli_run(case_file, tmp_path / "x", "--backend", "nope") == 2
+    assert "unknown backend; registered:" in capsys.readouterr().err
+    assert cli_run(case_file, tmp_path / "y", "--plugin", str(tmp_path / "absent.py")) == 2
+    assert not (tmp_path / "x").exists() and not (tmp_path / "y").exists()
+
+
+def test_report_files_and_failures_listed_first(tmp_path, case_file):
+    register_backend("half_written", half_written)
+    assert cli_run(case_file, tmp_path / "run", "--backend", "tlsim", "--backend", "half_written") == 1
+    run = tmp_path / "run"
+    assert sorted(p.name for p in run.iterdir()) == sorted(storage_module.RESULT_FILES)
+    csv = pd.read_csv(run / "results.csv")
+    assert list(csv.columns[:22]) == [
+        "case", "backend", "device", "dtype", "num_q_heads", "num_kv_heads", "head_dim", "block_size",
+        "num_seqs", "max_seq_len", "status", "reason", "max_abs_err", "max_rel_err", "rel_l2_err",
+        "nan_count", "atol", "rtol", "latency_us", "bytes_moved", "gbps", "pct_of_ceiling",
+    ]  # fmt: skip
+    assert not set(storage_module.SAMPLE_COLUMNS) & set(csv.columns)  # the sample lists: in the parquet only
+    html = (run / "report.html").read_text()
+    assert html.index('<tr class="fail">') < html.index('<tr class="pass">')
+    meta = (run / "meta.json").read_text()
+    assert '"torch"' in meta and '"commit"' in meta and '"command"' in meta
+
+
+def test_an_existing_run_is_never_overwritten(tmp_path, case_file, capsys):
+    assert cli_run(case_file, tmp_path / "run", "--backend", "tlsim") == 0
+    before = (tmp_path / "run" / "results.parquet").read_bytes()
+    assert cli_run(case_file, tmp_path / "run", "--backend", "reference") == 2
+    assert "already exists" in capsys.readouterr().err
+    assert (tmp_path / "run" / "results.parquet").read_bytes() == before
+
+
+def test_write_run_refuses_an_existing_folder(tmp_path):
+    (tmp_path / "run").mkdir()
+    (tmp_path / "run" / "keep.txt").write_text("earlier")
+    frame = pd.DataFrame([{"case": "c", "backend": "b", "status": "pass"}])
+    with pytest.raises(storage_module.RunDirExistsError, match="never overwritten"):
+        storage_module.write_run(frame, {}, tmp_path / "run")
+    assert [p.name for p in (tmp_path / "run").iterdir()] == ["keep.txt"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["run"], "no staging folder left behind"
+
+
+def test_an_interrupted_write_leaves_nothing(tmp_path, monkeypatch):
+    def interrupted(*args):
+        raise KeyboardInterrupt
+
+    frame = pd.DataFrame([{"case": "c", "backend": "b", "status": "pass"}])
+    with pytest.raises(KeyboardInterrupt):
+        storage_module.write_run(frame, {}, tmp_path / "run", page=interrupted)
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_compare_flags_status_error_and_latency_regressions():
+    base = pd.DataFrame(
+        {
+            "case": ["a", "b", "c"], "backend": ["t", "t", "t"], "status": ["pass", "pass", "pass"],
+            "max_abs_err": [1e-7, 1e-7, 1e-7], "atol": [1e-5] * 3, "latency_us": [100.0, 100.0, 100.0],
+            "latency_p10_us": [95.0] * 3, "latency_p90_us": [105.0] * 3,
+        }
+    )  # fmt: skip
+    assert compare_runs(base, base).ok
+    new = base.copy()
+    new.loc[0, "status"] = "fail"
+    new.loc[1, ["latency_us", "latency_p10_us", "latency_p90_us"]] = [130.0, 125.0, 135.0]
+    new.loc[2, "max_abs_err"] = 5e-6
+    whys = compare_runs(base, new).regressions.set_index("case")["why"]
+    assert whys["a"] == "status pass -> fail"
+    assert whys["b"].startswith("latency 100.0 -> 130.0 us")
+    assert whys["c"].startswith("max abs err")
+    noisy = base.copy()
+    noisy.loc[1, ["latency_us", "latency_p10_us", "latency_p90_us"]] = [115.0, 90.0, 140.0]
+    assert compare_runs(base, noisy).ok, "a slowdown inside the spread is noise"
+
+
+def test_cli_compare_exit_code(tmp_path, case_file, capsys):
+    assert cli_run(case_file, tmp_path / "a", "--backend", "tlsim") == 0
+    assert cli_run(case_file, tmp_path / "b", "--backend", "tlsim") == 0
+    assert main(["compare", str(tmp_path / "a"), str(tmp_path / "b")]) == 0
+    frame = pd.read_parquet(tmp_path / "b" / "results.parquet")
+    frame.loc[0, "status"] = "fail"
+    frame.to_parquet(tmp_path / "b" / "results.parquet")
+    assert main(["compare", str(tmp_path / "a"), str(tmp_path / "b")]) == 1
+    assert "status pass -> fail" in capsys.readouterr().out
+    assert main(["compare", str(tmp_path / "a"), str(tmp_path / "missing")]) == 2
+
+
+def test_report_verb_rebuilds_the_page(tmp_path, case_file):
+    assert cli_run(case_file, tmp_path / "run", "--backend", "tlsim") == 0
+    (tmp_path / "run" / "report.html").unlink()
+    assert main(["report", str(tmp_path / "run")]) == 0
+    assert "tiny" in (tmp_path / "run" / "report.html").read_text()
+
+
+def test_sdpa_peers_do_not_leak_pool_nan(case_file):
+    rows = run_rows(case_file, ["gather_sdpa", "sdpa_contiguous"])
+    assert (rows["status"] == "pass").all(), rows["reason"].tolist()
+
+
+def test_tol_ratio_is_the_margin_to_the_tolerance():
+    from harness.run.grading import grade
+
+    expected = torch.tensor([1.0, -2.0, 0.0], dtype=torch.float64)
+    result = grade(expected + torch.tensor([5e-5, 0.0, 4e-6]), expected, atol=1e-5, rtol=1e-4)
+    assert result.tol_ratio == pytest.approx(5e-5 / (1e-5 + 1e-4))
+    assert result.passed
+    assert not grade(expected + 1e-3, expected, atol=1e-5, rtol=1e-4).passed
+
+
+@pytest.mark.slow  # a pytest run in a fresh interpreter
+def test_pytest_option_writes_the_same_run_folder(tmp_path, case_file):
+    """`pytest --cases F --harness-report DIR` grades every (case, backend) and stores the run."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[2]
+    out = tmp_path / "pytest_run"
+    result = subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", str(root / "tests" / "harness" / "test_case_suite.py"),
+         "--cases", str(case_file), "--backend", "tlsim", "--backend", "reference", "--harness-report", str(out)],
+        cwd=root, capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-2000:]
+    assert "2 passed" in result.stdout
+    rows = pd.read_parquet(out / "results.parquet")
+    assert sorted(rows["backend"]) == ["reference", "tlsim"] and set(rows["status"]) == {"pass"}
+    assert (out / "report.html").is_file()
+
+
+def test_list_verb_prints_the_expanded_cases(case_file, capsys):
+    assert main(["list", str(case_file)]) == 0
+    out = capsys.readouterr().out
+    assert "tiny" in out and "4/2" in out and out.rstrip().endswith("1 case")
+
+
+def test_timing_samples_are_kept_in_the_parquet_and_left_out_of_the_csv(tmp_path):
+    import numpy as np
+
+    frame = pd.DataFrame({"case": ["c"], "backend": ["b"], "status": ["pass"], "latency_us": [2.0],
+                          "latency_samples_us": [np.arange(1500.0)], "call_samples_us": [np.ones(3)]})  # fmt: skip
+    run = storage_module.write_run(frame, {"device": "cpu"}, tmp_path / "run")
+    kept = pd.read_parquet(run / "results.parquet")
+    assert list(kept.loc[0, "latency_samples_us"]) == list(range(1500))  # every sample, none elided
+    assert list(pd.read_csv(run / "results.csv").columns) == ["case", "backend", "status", "latency_us"]

@@ -1,0 +1,387 @@
+"""Every script in scripts/ runs here in a dry mode, so none can rot unnoticed."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import types
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+COMMITTED_RUN = ROOT / "tests" / "harness" / "data" / "h200_run"
+
+
+def run_script(*args: str, timeout: float = 300) -> subprocess.CompletedProcess:
+    pythonpath = os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))
+    env = {**os.environ, "PYTHONPATH": pythonpath, "TRITON_INTERPRET": "1"}
+    return subprocess.run([sys.executable, *args], cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout)
+
+
+@pytest.mark.parametrize("tool", ["tune_tiles.py", "kernel_ab.py", "kernel_targets.py", "sass_census.py", "mutants.py",
+                                  "generate_mutants.py", "flashinfer_warmup.py", "gpu_run.sh", "gpu_wheels.sh"])  # fmt: skip
+def test_each_kernel_developer_tool_answers_help_with_its_usage(tool):
+    if tool.endswith(".sh"):
+        done = subprocess.run(
+            ["bash", f"scripts/{tool}", "--help"], cwd=ROOT, capture_output=True, text=True, timeout=60
+        )
+    else:
+        done = run_script(f"scripts/{tool}", "--help", timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert f"scripts/{tool}" in done.stdout or "usage:" in done.stdout, done.stdout
+
+
+def test_every_script_is_exercised_here():
+    """scripts/ holds the kernel developer's tools, scripts/self/ the harness's measurements of itself."""
+    exercised = {"tune_tiles.py", "kernel_targets.py", "kernel_ab.py", "gpu_run.sh", "gpu_wheels.sh"}
+    exercised |= {"mutants.py", "mutants.toml", "generate_mutants.py"}  # tests/kernels/test_mutants.py, below
+    exercised |= {"sass_census.py"}  # tests/kernels/test_kernel_compiles_for_sm90.py
+    exercised |= {f"self/{name}" for name in ("peer_table.py", "measure_tlsim_closeness.py", "noise_check.py")}
+    exercised |= {f"self/{name}" for name in ("slowdown_plugin.py", "gpu_scale.sh", "host_overhead.py")}
+    exercised |= {f"self/{name}" for name in ("gpu_evidence.sh", "case_setup_cost.py", "gpu_phases.py")}
+    exercised |= {"flashinfer_warmup.py"}  # tests/harness/test_flashinfer_peer.py
+    exercised |= {"self/compare_targets.py", "self/scale_table.py"}  # tests/harness/test_scale_gpus_and_resume.py
+    scripts = ROOT / "scripts"
+    present = {
+        p.relative_to(scripts).as_posix() for p in scripts.rglob("*") if p.is_file() and "__pycache__" not in p.parts
+    }
+    assert present <= exercised, "a new script needs a dry run here"
+
+
+def test_generated_mutants_are_a_catalogue_whose_every_mutant_applies(tmp_path):
+    catalogue = tmp_path / "generated.toml"
+    done = run_script("scripts/generate_mutants.py", "--sample", "12", "--seed", "3", "--out", str(catalogue))
+    assert done.returncode == 0, done.stderr
+    assert "sample of 12" in done.stdout
+    checked = run_script("scripts/mutants.py", "--check", "--catalogue", str(catalogue))
+    assert checked.returncode == 0, checked.stdout + checked.stderr
+    assert "12/12 mutants apply" in checked.stdout
+
+
+def test_peer_table_states_the_kernel_against_the_best_peer_of_the_committed_run():
+    done = run_script("scripts/self/peer_table.py", str(COMMITTED_RUN), "--backend", "triton")
+    assert done.returncode == 0, done.stderr
+    assert "| prefill_4x4k | 2.28e+03 |" in done.stdout and "sdpa_contiguous" in done.stdout
+
+
+def test_closeness_script_runs_on_the_first_kernel_cases():
+    done = run_script("scripts/self/measure_tlsim_closeness.py", "--limit", "2")
+    assert done.returncode == 0, done.stderr
+    assert len([line for line in done.stdout.splitlines() if line.strip()]) == 3
+
+
+def test_kernel_targets_score_the_committed_run():
+    done = run_script("scripts/kernel_targets.py", str(COMMITTED_RUN))
+    assert done.returncode == 0, done.stderr
+    assert "## prefill: met on 0 of 6 cases (worst 2.29 x best peer)" in done.stdout
+    twice = run_script("scripts/kernel_targets.py", str(COMMITTED_RUN), str(COMMITTED_RUN))
+    assert twice.returncode == 0, twice.stderr
+    assert twice.stdout.split("\n", 2)[2] == done.stdout.split("\n", 1)[1], "a case is scored once, from its first run"
+    assert "ok   decode_4x16k" in done.stdout and "MISS decode_32x4k_hd64" in done.stdout
+
+
+def test_rows_host_us_is_reported_beside_the_peers_and_not_scored_as_the_hot_loop_target():
+    from scripts.kernel_targets import host_note, score
+
+    older = pd.read_parquet(COMMITTED_RUN / "results.parquet")  # a run from before the host_us column
+    assert host_note(older) is None
+    frame = older.copy()
+    peers = frame.loc[frame["backend_kind"] == "peer", "backend"].unique()
+    frame["host_us"] = frame["backend"].map({"triton": 40.0, **dict.fromkeys(peers, 30.0)})
+    note = host_note(frame)
+    assert "triton median 40.0 us" in note and "its peers 30.0 us" in note
+    assert "host" not in set(score(frame)["target"])
+
+
+def test_tile_tuner_times_two_candidates_and_prints_a_table_line(tmp_path):
+    done = run_script("scripts/tune_tiles.py", "--dry", "--out", str(tmp_path / "tune.json"))
+    assert done.returncode == 0, done.stderr
+    assert "TileConfig(" in done.stdout.split("# kernels/tuning.py TUNED")[1]
+    assert len(__import__("json").loads((tmp_path / "tune.json").read_text())["records"]) == 2
+
+
+def test_case_setup_cost_tables_each_part_for_each_thread_count():
+    done = run_script("scripts/self/case_setup_cost.py", "cases/smoke.toml", "spec_verify_mha", "--threads", "1", "2",
+                      "--repeat", "1")  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    lines = done.stdout.splitlines()
+    assert "| part | 1 thread (s) | 2 threads (s) |" in lines
+    assert sum(line.startswith(("| inputs |", "| cache key |", "| oracle (computed) |")) for line in lines) == 3
+
+
+@pytest.mark.slow  # the script times interpreted calls
+def test_host_overhead_script_tables_the_three_calls_plans_off_and_on():
+    done = run_script("scripts/self/host_overhead.py", "--dry", "--profile")
+    assert done.returncode == 0, done.stderr
+    rows = [line for line in done.stdout.splitlines() if line.startswith("| ")]
+    assert rows[0].startswith("| call | host us, plans off | host us, plans on |") and len(rows) == 4
+    assert [row.split(" | ")[0] for row in rows[1:]] == ["| default", "| no_offsets", "| hints_out"]
+    assert "hits, 1 misses" in done.stdout and done.stdout.count("## cProfile") == 2
+
+
+def test_host_overhead_cpu_hit_path_times_each_step_of_a_plan_hit():
+    done = run_script("scripts/self/host_overhead.py", "--cpu-hit-path", "--dry")
+    assert done.returncode == 0, done.stderr
+    rows = [line for line in done.stdout.splitlines() if line.startswith("| ")]
+    assert rows[0].startswith("| step | us per call") and len(rows) >= 10
+    assert all(float(row.split(" | ")[-1].rstrip(" |")) >= 0 for row in rows[2:])
+    assert any("paged_attention_dispatch" in row for row in rows) and any("plan.launch" in row for row in rows)
+
+
+def test_gpu_run_scripts_are_valid_bash():
+    """gpu_run.sh, gpu_evidence.sh (and the wheels they source) only orchestrate scripts with dry runs here."""
+    for script in ("gpu_run.sh", "self/gpu_evidence.sh", "gpu_wheels.sh"):
+        done = subprocess.run(["bash", "-n", str(ROOT / "scripts" / script)], capture_output=True, text=True)
+        assert done.returncode == 0, done.stderr
+
+
+@pytest.mark.slow  # four harness runs in worker processes: about 16 s
+def test_gpu_scale_script_dry_runs_one_and_two_workers_and_tables_them(tmp_path):
+    cases = tmp_path / "c.toml"
+    one = "num_q_heads = 2\nnum_kv_heads = 1\nhead_dim = 32\nseq_lens = [5, 9]\n"
+    cases.write_text(f'[[case]]\nname = "c"\n{one}[[case]]\nname = "d"\n{one}')  # two: a worker each
+    env = {**os.environ, "DRY": "1", "OUT": str(tmp_path / "out"), "SUITES": str(cases), "WORKERS": "1 2",
+           "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}  # fmt: skip
+    done = subprocess.run(
+        ["bash", "scripts/self/gpu_scale.sh"], cwd=ROOT, env=env, capture_output=True, text=True, timeout=300
+    )
+    assert done.returncode == 0, done.stderr
+    speed, phases = (tmp_path / "out" / "scale" / "table.md").read_text().split("\n\nwhere the cases' busy time went")
+    table = speed.splitlines()
+    assert table[0].startswith("| workers | wall s | cases s | speed-up |") and len(table) == 4
+    assert table[2].startswith("| 1 |") and table[3].startswith("| 2 |") and table[3].endswith("| pass 2 |")
+    assert "| phase, s | workers1 | workers2 |" in phases and "| inputs |" in phases
+
+
+def test_noise_check_script_answers_help():
+    done = run_script("scripts/self/noise_check.py", "--help", timeout=60)
+    assert done.returncode == 0, done.stderr
+
+
+@pytest.mark.slow  # three runs with isolated workers: about 35 s
+def test_noise_check_gpu_preset_runs_dry_on_the_cpu_and_prints_verdict_counts(tmp_path):
+    cases = tmp_path / "tiny.toml"
+    cases.write_text(
+        '[[case]]\nname = "c"\ntags = ["small"]\nnum_q_heads = 2\nnum_kv_heads = 1\nhead_dim = 32\n'
+        "block_size = 4\nseq_lens = [5, 9]\n"
+    )
+    done = run_script(
+        "scripts/self/noise_check.py", "--gpu", "--device", "cpu", "--cases", str(cases), "--out", str(tmp_path / "nc"),
+        "--min-reps", "2", timeout=600,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    lines = [line for line in done.stdout.splitlines() if line.startswith("A_vs_")]
+    assert lines[0].startswith("A_vs_B (same commit), compare: 2 rows, verdicts")
+    assert lines[1].startswith("A_vs_C (triton_slowable +5%), compare: 2 rows") and "slower on " in lines[1]
+
+
+@pytest.mark.slow  # a harness run in a fresh interpreter
+def test_the_slowdown_plugin_runs_as_a_plugin_and_passes(tmp_path):
+    cases = tmp_path / "c.toml"
+    cases.write_text('[[case]]\nname = "c"\nnum_q_heads = 2\nnum_kv_heads = 1\nhead_dim = 32\nseq_lens = [5, 9]\n')
+    done = run_script(
+        "-m", "harness", "run", str(cases), "--plugin", "scripts/self/slowdown_plugin.py", "--backend", "reference_slowable",
+        "--out", str(tmp_path / "run"), "--no-timing", "--no-progress",
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+
+
+@pytest.mark.slow  # a checkout of HEAD timed against the tree
+def test_kernel_ab_times_head_against_the_tree_and_leaves_no_module_behind(tmp_path):
+    done = run_script("scripts/kernel_ab.py", "--dry", "--out", str(tmp_path / "ab.json"))
+    assert done.returncode in (0, 1), done.stderr
+    assert "| case | base us | new us | new / base | paired CI | verdict |" in done.stdout
+    (record,) = json.loads((tmp_path / "ab.json").read_text())["records"]
+    assert record["verdict"] in {"slower", "faster", "same", "cannot tell"}
+    assert len(record["samples"]["base"]) == len(record["samples"]["new"]) == 9
+    assert not list((ROOT / "kernels").glob("_ab_*.py"))
+
+
+def _ab_record(base_fn, new_fn) -> dict:
+    """kernel_ab's record of its dry case with ``base_fn`` and ``new_fn`` as the two sides' kernel entries."""
+    import types
+
+    import kernels
+    from scripts.kernel_ab import dry_case, time_case
+
+    sides = {"base": base_fn, "new": new_fn}
+    modules = {side: types.SimpleNamespace(paged_attention_triton=fn) for side, fn in sides.items()}
+    saved = kernels.paged_attention_triton
+    try:
+        return time_case(dry_case(), modules, "cpu", 9, {"min_reps": 1, "max_reps": 1})
+    finally:
+        kernels.paged_attention_triton = saved
+
+
+def test_kernel_ab_reports_a_kernel_whose_output_differs():
+    """A new kernel that answers differently is never timed: the row says so (and the script exits 1)."""
+    import kernels
+
+    record = _ab_record(kernels.paged_attention_tlsim, lambda *a, **k: kernels.paged_attention_tlsim(*a, **k) + 1)
+    assert record["verdict"] == "output differs" and "ratio" not in record
+
+
+def test_kernel_ab_times_cases_with_options_passing_them_to_both_sides():
+    """An fp8 case's scales and a variant's options reach the base's entry and the new one's alike."""
+    import kernels
+    from harness.cases.loading import load_cases
+    from harness.cases.packaged import resolve_case_arg
+    from scripts.kernel_ab import time_case, timeable
+
+    loaded = load_cases([resolve_case_arg(s) for s in ("variants", "gpu")], device="cpu", backends=["triton"])
+    kept = {c.id for c in timeable(loaded)}
+    assert "llama3_8b_decode_fp8" in kept and "llama3_8b_decode_bf16_twin" in kept
+    case = min((c for c in timeable(loaded) if c.id.startswith("fp8_kv_decode")), key=lambda c: sum(c.seq_lens))
+    assert "fp8_kv" in case.variants
+    seen = {"base": [], "new": []}
+
+    def side(name):
+        def entry(*args, **kwargs):
+            seen[name].append(sorted(k for k in kwargs if k.endswith("_scale") and kwargs[k] is not None))
+            return kernels.paged_attention_tlsim(*args, **kwargs)
+
+        return entry
+
+    saved = kernels.paged_attention_triton
+    try:
+        modules = {name: types.SimpleNamespace(paged_attention_triton=side(name)) for name in seen}
+        record = time_case(case, modules, "cpu", 6, {"min_reps": 1, "max_reps": 1})
+    finally:
+        kernels.paged_attention_triton = saved
+    assert record["verdict"] in {"slower", "faster", "same", "cannot tell"}, record
+    assert seen["base"] and seen["new"] and all(k == ["k_scale", "v_scale"] for k in seen["base"] + seen["new"])
+
+
+@pytest.mark.slow  # a checkout of HEAD timed against the tree
+def test_kernel_ab_with_tiling_gives_the_base_side_the_base_revisions_split_choice_and_tuning(tmp_path, monkeypatch):
+    """--with tiling tuning: the base kernel's tiling_for is the base revision's, whose tile_config is the base's
+    tuning; the new side keeps the working tree's; a base split choice that differs is the one the base runs."""
+    import kernels
+    import kernels.tiling
+    import kernels.tuning
+    from scripts import kernel_ab
+
+    real_show = kernel_ab._git_show
+    edited = "DEVICE_SPLIT_MIN_KEYS = 123\n"
+
+    def show(rev, path):  # the base's tiling.py with a split bound the working tree does not have
+        text = real_show(rev, path)
+        return text + edited if path.name == "tiling.py" else text
+
+    monkeypatch.setattr(kernel_ab, "_git_show", show)
+    saved = kernels.paged_attention_triton
+    try:
+        modules = kernel_ab.kernel_modules("HEAD", tmp_path, ("tiling", "tuning"))
+        base_tiling = sys.modules["kernels._ab_base_tiling"]
+        assert modules["base"].tiling_for is base_tiling.tiling_for is not kernels.tiling.tiling_for
+        assert base_tiling.tile_config is sys.modules["kernels._ab_base_tuning"].tile_config
+        assert base_tiling.tile_config is not kernels.tuning.tile_config
+        assert modules["new"].tiling_for is kernels.tiling.tiling_for
+        assert base_tiling.DEVICE_SPLIT_MIN_KEYS == 123 and kernels.tiling.DEVICE_SPLIT_MIN_KEYS != 123
+        record = kernel_ab.time_case(kernel_ab.dry_case(), modules, "cpu", 6, {"min_reps": 1, "max_reps": 1})
+        assert record["verdict"] in {"slower", "faster", "same", "cannot tell"}, record
+    finally:
+        kernel_ab.remove_modules()
+        kernels.paged_attention_triton = saved
+    assert not any(name.startswith("kernels._ab") for name in sys.modules)
+
+
+def test_kernel_ab_exits_2_on_a_base_it_cannot_read_and_leaves_no_module_behind():
+    done = run_script("scripts/kernel_ab.py", "--dry", "--base", "no-such-revision")
+    assert done.returncode == 2 and "git show no-such-revision" in done.stderr
+    assert not list((ROOT / "kernels").glob("_ab_*.py"))
+
+
+def test_kernel_ab_serves_a_base_kernels_common_imports_from_contract_tiling_and_fp8(tmp_path):
+    """A base whose kernel imports ``._common`` gets its helpers from contract.py, tiling.py and fp8.py."""
+    import kernels
+    from scripts.kernel_ab import MIN_ROUNDS, dry_case, kernel_modules, remove_modules, time_case
+
+    git = ["git", "log", "-1", "--format=%H", "--diff-filter=D", "--", "kernels/_common.py"]
+    split = subprocess.run(git, cwd=ROOT, capture_output=True, text=True).stdout.strip()
+    if not split or subprocess.run(["git", "rev-parse", "-q", "--verify", f"{split}~1"], cwd=ROOT).returncode:
+        pytest.skip("no commit with kernels/_common.py in this clone's history")
+    saved = kernels.paged_attention_triton
+    try:
+        modules = kernel_modules(f"{split}~1", tmp_path)
+        record = time_case(dry_case(), modules, "cpu", MIN_ROUNDS, {"min_reps": 1, "max_reps": 1})
+    finally:
+        remove_modules()
+        kernels.paged_attention_triton = saved
+    assert record["verdict"] in {"slower", "faster", "same", "cannot tell"}, record
+    assert "kernels._common" not in sys.modules and not (ROOT / "kernels" / "_common.py").exists()
+
+
+def test_kernel_ab_reports_a_kernel_that_fails_as_an_error_not_a_verdict():
+    import kernels
+
+    def broken(*args, **kwargs):
+        raise TypeError("paged_attention_triton() got an unexpected keyword argument 'max_q_len'")
+
+    record = _ab_record(broken, kernels.paged_attention_tlsim)
+    assert record["verdict"] == "error" and "the base kernel failed: TypeError" in record["why"]
+
+
+def test_gpu_phases_remakes_the_phase_table_of_a_gpu_run(tmp_path):
+    recorded = ROOT / "tests" / "harness" / "data" / "gpu_run_phases"
+    for name in ("phases.raw", "run.log", "run.journal.jsonl", "tests.log"):
+        (tmp_path / name).write_bytes((recorded / name).read_bytes())
+    done = run_script("scripts/self/gpu_phases.py", str(tmp_path))
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == (recorded / "phases.txt").read_text().strip()
+
+
+def test_compare_targets_suite_loads_and_its_table_reader_reads_compare_rows(tmp_path):
+    from harness.cases.loading import load_cases
+    from scripts.self import compare_targets
+
+    (tmp_path / "planted.toml").write_text(compare_targets.PLANTED_CASES)
+    assert len(load_cases([tmp_path / "planted.toml"], device="cpu")) == 3
+    table = "WORSE  reference_slowable  decode_a  +31%\nsame   tlsim  decode_a\nUNCONFIRMED  tlsim  decode_b  +40%\n"
+    assert compare_targets.flagged(table) == {"WORSE": [("reference_slowable", "decode_a")],
+                                              "UNCONFIRMED": [("tlsim", "decode_b")]}  # fmt: skip
+
+
+def test_kernel_ab_reads_the_base_from_a_folder_when_given_one(tmp_path):
+    """A GPU machine's copy of the tree has no git: ``--base-dir DIR`` takes the base files from a copied tree."""
+    from scripts.kernel_ab import ABError, _git_show
+
+    path = Path("kernels/triton_paged.py")
+    (tmp_path / "kernels").mkdir()
+    (tmp_path / path).write_text("# the base\n")
+    assert _git_show(tmp_path, path) == "# the base\n"
+    with pytest.raises(ABError, match=r"tuning\.py: no such file in the base folder"):
+        _git_show(tmp_path, Path("kernels/tuning.py"))
+
+
+def test_kernel_targets_score_fp8_against_its_twin_and_mla_in_tflops():
+    """The fp8 decode is scored against the same batch over a bf16 cache (0.60x), its read at 85%; an
+    MLA decode (K past 256 dims, 16+ q heads a KV head) by its TFLOP/s (200), not by its read."""
+    from scripts.kernel_targets import score
+
+    shape = {"num_q_heads": 32, "num_kv_heads": 8, "head_dim": 128, "head_dim_v": 128, "num_seqs": 32,
+             "max_seq_len": 16384, "total_kv_tokens": 524288, "num_tokens": 32, "block_size": 16,
+             "dtype": "bfloat16", "max_q_len": 1, "status": "pass", "backend": "triton",
+             "bytes_moved": 2**31, "tflops": 1.0, "flops": 10**11}  # fmt: skip
+    mla = {**shape, "num_q_heads": 128, "num_kv_heads": 1, "head_dim": 576, "head_dim_v": 512}
+    frame = pd.DataFrame([
+        {**shape, "case": "fp8", "kv_dtype": "float8_e4m3fn", "latency_us": 300.0, "pct_of_ceiling": 86.0},
+        {**shape, "case": "twin", "kv_dtype": "", "latency_us": 510.0, "pct_of_ceiling": 95.0},
+        {**shape, "case": "other_length", "max_seq_len": 8192, "kv_dtype": "", "latency_us": 250.0},
+        {**mla, "case": "mla", "kv_dtype": "", "latency_us": 500.0, "tflops": 150.0, "pct_of_ceiling": 12.0},
+        {**mla, "case": "mla_small_test_case", "kv_dtype": "", "latency_us": 5.0, "flops": 10**8},
+        {**mla, "case": "mla_fp32", "kv_dtype": "", "latency_us": 500.0, "dtype": "float32"},
+    ])  # fmt: skip
+    frame["backend_kind"], frame["call_us"] = "kernel", float("nan")
+    table = score(frame).set_index(["target", "case"])
+    assert table.loc[("fp8", "fp8"), "measured"] == pytest.approx(300 / 510) and table.loc[("fp8", "fp8"), "met"]
+    assert table.loc[("fp8", "fp8"), "unit"] == "x twin"
+    assert table.loc[("read", "fp8"), "limit"] == 85.0 and table.loc[("read", "twin"), "limit"] == 90.0
+    assert table.loc[("mla", "mla"), "measured"] == 150.0 and not table.loc[("mla", "mla"), "met"]
+    assert ("read", "mla") not in table.index, "MLA is compute-bound: scored in TFLOP/s, not by its read"
+    assert ("mla", "twin") not in table.index and ("fp8", "twin") not in table.index
+    assert ("mla", "mla_small_test_case") not in table.index and ("mla", "mla_fp32") not in table.index

@@ -1,0 +1,107 @@
+"""One vocabulary (harness.cases.vocab, its dtypes the kernels' own): the case-file schema, the
+inputs, the kernels, the grading tables and the report all speak it, and no second list drifts."""
+
+from __future__ import annotations
+
+import inspect
+from pathlib import Path
+
+import pytest
+import torch
+
+import kernels
+from harness.backends.builtin import resolve_backends
+from harness.cases.inputs import make_inputs
+from harness.cases.spec import CaseSpec, case_file_schema, load_case_file
+from harness.cases.variants import VARIANT_KEYS, VARIANTS
+from harness.cases.vocab import DEFAULT_TOLERANCES, DTYPE_NAMES, DTYPES, FAILING, GRADED, LAYOUTS, STATUSES, WORST_FIRST
+from harness.execute.local import run_cases
+from harness.results import columns, report
+from harness.run import grading
+from harness.run.runner import RunConfig
+from harness.timing import ceilings
+from kernels.contract import CALL_OPTION_TABLE, CALL_OPTIONS, CONTRACT_DOC, SUPPORTED_DTYPES, PagedCall
+from tests.tiny_cases import TINY, write_cases
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def test_the_case_file_schema_offers_exactly_the_vocabulary():
+    case = case_file_schema()["properties"]["case"]["items"]["properties"]
+    assert tuple(case["dtype"]["enum"]) == DTYPE_NAMES
+    assert tuple(case["layout"]["enum"]) == LAYOUTS
+    assert tuple(case["tolerance"]["propertyNames"]["enum"]) == DTYPE_NAMES
+
+
+def test_the_kernels_take_every_dtype_a_case_may_name_and_refuse_others():
+    assert tuple(DTYPES.values()) == SUPPORTED_DTYPES
+    for name in DTYPE_NAMES:
+        inputs = make_inputs(**TINY, dtype=name)
+        assert kernels.paged_attention_tlsim(*inputs.args()).dtype == DTYPES[name]
+    wide = make_inputs(**TINY, dtype=torch.float64)
+    with pytest.raises(ValueError, match="fp32/fp16/bf16"):
+        kernels.paged_attention_tlsim(*wide.args())
+
+
+def test_grading_tables_cover_every_dtype_and_only_those():
+    assert tuple(DEFAULT_TOLERANCES) == DTYPE_NAMES
+    assert tuple(grading.UNIT_ROUNDOFF) == DTYPE_NAMES
+    assert grading.UNIT_ROUNDOFF["float32"] == 2.0**-24 and grading.UNIT_ROUNDOFF["bfloat16"] == 2.0**-8
+    for peaks in ceilings.DATASHEET_PEAK_TFLOPS.values():
+        assert set(peaks) <= set(DTYPE_NAMES)
+
+
+@pytest.mark.parametrize("layout", LAYOUTS)
+def test_every_layout_builds_inputs(layout):
+    inputs = make_inputs(**TINY, layout=layout)
+    assert inputs.block_table.shape[0] == 2
+
+
+def test_report_rows_speak_the_vocabulary(tmp_path):
+    assert sorted(WORST_FIRST) == sorted(STATUSES) and set(GRADED) | set(FAILING) < set(STATUSES)
+    assert list(report._STATUS_ORDER) == list(WORST_FIRST)
+    path = write_cases(tmp_path / "dtypes.toml", {"name": "tiny", "sweep": {"dtype": list(DTYPE_NAMES)}})
+    config = RunConfig(device="cpu", backends=resolve_backends(["reference", "varlen_flash"]), timing=False,
+                       progress=False)  # fmt: skip
+    rows = run_cases(load_case_file(path), config)
+    assert set(rows["status"]) <= set(STATUSES) and "skip" in set(rows["status"])
+    assert tuple(rows["dtype"].drop_duplicates()) == DTYPE_NAMES
+
+
+def test_each_variant_is_named_once_for_the_case_file_the_registry_and_the_kernel_call():
+    assert tuple(v.key for v in VARIANTS) == VARIANT_KEYS
+    for variant in VARIANTS:
+        assert set(variant.case_fields) <= set(CaseSpec.model_fields), variant
+
+
+def test_the_harness_rows_and_the_kernels_option_table_name_the_same_keywords():
+    """The kernels never import the harness, so each side has its table: a keyword in one and not the other fails."""
+    harness = {keyword for v in VARIANTS for keyword in v.keywords} - {"return_lse"}  # return_lse: the entry's own
+    assert harness == set(CALL_OPTIONS), (
+        f"only in harness/cases/variants.py: {sorted(harness - set(CALL_OPTIONS))}; "
+        f"only in kernels/contract.py CALL_OPTION_TABLE: {sorted(set(CALL_OPTIONS) - harness)}"
+    )
+
+
+@pytest.mark.parametrize("name", ["paged_attention_reference", "paged_attention_tlsim", "paged_attention_triton",
+                                  "paged_attention_dispatch"])  # fmt: skip
+def test_every_entry_shows_and_takes_each_call_option_by_its_table_row(name):
+    entry = getattr(kernels, name)
+    params = inspect.signature(entry).parameters
+    assert params["return_lse"].kind is inspect.Parameter.KEYWORD_ONLY and not params["return_lse"].default
+    for option in CALL_OPTION_TABLE:
+        param = params[option.name]
+        assert param.kind is inspect.Parameter.KEYWORD_ONLY and param.default is None, option.name
+        assert param.annotation == option.kind.annotation, option.name
+        assert option.name in CONTRACT_DOC and option.name in PagedCall.__dataclass_fields__, option.name
+    assert not any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values()), "the options spelled out"
+    inputs = make_inputs(**TINY)
+    with pytest.raises(TypeError, match="'sliding_windw'"):
+        entry(*inputs.args(), sliding_windw=2)
+
+
+def test_the_contracts_variants_table_is_made_from_the_tables():
+    text = columns.DOC.read_text()
+    assert columns.doc_with_tables(text) == text, "docs/contract.md is stale: run python -m harness.results.columns"
+    for variant in VARIANTS:
+        assert f"| `{variant.key}` |" in text, variant.key

@@ -1,0 +1,497 @@
+"""The attention variants (docs/contract.md, "Attention variants"): sliding_window,
+logit_softcap, sinks and alibi_slopes.
+
+Every built-in backend matches the float64 oracle with each option and with all of them
+at once; tlsim predicts the Triton kernel with them as closely as without; the window
+skips the tiles it cannot see (poisoned with NaN, they would show); and a mutant of each
+definition (a window off by one, the cap on the unscaled logits, the sink left out of the
+denominator or added once per split, slopes on the wrong head or with the wrong sign)
+fails the grade. Backends declare the options they support; a backend asked for one it
+lacks is a skip row naming it. Each variant's row (harness.cases.variants) carries the hooks
+that take its case field to the call's keywords and into the oracle, and a row is all the
+harness needs of a new variant: the tests parametrized over the rows grade every built-in
+kernel on each row's example (and on all of them at once) with no edit here.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import pytest
+import torch
+from pydantic import Field
+
+import kernels
+from harness.backends.registry import Backend, contract_prepare
+from harness.cases.inputs import make_inputs
+from harness.cases.spec import CaseFileError, expand_spec
+from harness.cases.variants import VARIANTS, OracleHook, Variant, standard_alibi_slopes, with_options
+from harness.cases.vocab import DEFAULT_TOLERANCES, Float
+from harness.execute.local import run_cases
+from harness.run.grading import grade
+from harness.run.oracle import paged_attention_oracle
+from harness.run.runner import RunConfig, case_inputs
+from kernels.reference import gather_kv
+from kernels.tiling import tiling_for, window_tile_start
+from tests.kernels.kernel_cases import CASES_BY_NAME, triton_output
+from tests.kernels.variant_cases import BY_NAME, ORACLE_ONLY, VARIANT_CASES, VariantCase, run_through_cache, tolerance
+from tests.tiny_cases import TINY
+
+
+def _expected(case: VariantCase, inputs) -> torch.Tensor:
+    return paged_attention_oracle(*inputs.args(), **case.kwargs())
+
+
+def _triton_key(case: VariantCase) -> tuple:
+    """What the kernel's output depends on: the base case and the options (VariantCase's hash leaves them out)."""
+    return ("variant", case.base, repr(sorted(case.options.items())))
+
+
+@pytest.mark.parametrize("backend", ["reference", "tlsim", "triton", "dispatch", "cache"])
+@pytest.mark.parametrize("case", VARIANT_CASES, ids=str)
+def test_backend_matches_oracle_with_the_variant(case: VariantCase, backend: str):
+    if backend == "triton" and (reason := kernels.triton_unavailable_reason("cpu")):
+        pytest.skip(reason)
+    inputs = case.inputs()
+    if backend == "cache":
+        result = run_through_cache(case, inputs)
+    elif backend == "triton":  # shared with test_tlsim_predicts_triton_with_the_variant (interpreted, it is slow)
+        result = triton_output(_triton_key(case), inputs, **case.kwargs())
+    else:
+        fn = {"reference": kernels.paged_attention_reference, "tlsim": kernels.paged_attention_tlsim,
+              "triton": kernels.paged_attention_triton, "dispatch": kernels.paged_attention_dispatch}[backend]  # fmt: skip
+        out = torch.full_like(inputs.q, float("nan"))
+        result = fn(*inputs.args(), out=out, **case.kwargs())
+        assert result is out
+    graded = grade(result, _expected(case, inputs), *tolerance(case))
+    assert graded.passed, f"{backend} on {case}: {graded.reason}"
+
+
+@pytest.mark.parametrize("case", [c for c in VARIANT_CASES if c.name not in ORACLE_ONLY], ids=str)
+def test_tlsim_predicts_triton_with_the_variant(case: VariantCase):
+    """The bound of tests/kernels/test_tlsim_predicts_triton.py, with the options on."""
+    if reason := kernels.triton_unavailable_reason("cpu"):
+        pytest.skip(reason)
+    inputs = case.inputs()
+    sim = kernels.paged_attention_tlsim(*inputs.args(), **case.kwargs()).double()
+    real = triton_output(_triton_key(case), inputs, **case.kwargs()).double()
+    gap = (sim - real).abs()
+    if case.base.dtype == "float32":
+        atol, rtol = tolerance(case)
+        allowed = atol / 2 + rtol / 2 * real.abs()
+    else:
+        allowed = 2 * torch.finfo(inputs.q.dtype).eps * real.abs().clamp_min(2**-6)
+    assert bool((gap <= allowed).all()), f"{case}: tlsim is {float(gap.max()):.3g} from the kernel"
+
+
+# --- the window skips the tiles it cannot see -----------------------------------------------
+
+
+def _poison_before(inputs, first_seen: list[int], block_size: int):
+    """A copy of the pools with every slot of sequence s before position first_seen[s] set to NaN."""
+    k, v = inputs.k_cache.clone(), inputs.v_cache.clone()
+    for seq, first in enumerate(first_seen):
+        pos = torch.arange(first)
+        blocks = inputs.block_table[seq, pos // block_size].long()
+        k[blocks, pos % block_size] = float("nan")
+        v[blocks, pos % block_size] = float("nan")
+    return k, v
+
+
+@pytest.mark.parametrize("fn_name", ["tlsim", "triton"])
+@pytest.mark.parametrize("window", [100, 1100])
+def test_window_reads_no_tile_before_the_first_visible_one(fn_name, window):
+    """Decode over 2500 keys: every key before the window's first tile is NaN (1100: split in 2, from that tile)."""
+    if fn_name == "triton" and (reason := kernels.triton_unavailable_reason("cpu")):
+        pytest.skip(reason)
+    fn = getattr(kernels, f"paged_attention_{fn_name}")
+    base = replace(CASES_BY_NAME["split_kv_decode"], seq_lens=(2500, 2400), q_lens=(1, 1))
+    inputs = base.inputs()
+    call = kernels.contract.prepare_call(*inputs.args(), sliding_window=window)
+    tiling = tiling_for(call)
+    assert (tiling.NUM_SPLITS > 1) == (window > 1000), "1100 splits the window's keys, 100 does not"
+    # tlsim walks from the earliest tile any sequence needs; the kernel per program.
+    first = [int(window_tile_start(n - 1, window, tiling.TILE_N)) for n in base.seq_lens]
+    if fn_name == "tlsim":
+        first = [min(first)] * len(first)
+    k, v = _poison_before(inputs, first, base.block_size)
+    assert bool(k.isnan().any())
+    args = (inputs.q, k, v, *inputs.args()[3:])
+    result = fn(*args, sliding_window=window)
+    graded = grade(result, paged_attention_oracle(*inputs.args(), sliding_window=window), 1e-5, 1e-4)
+    assert graded.passed, f"{fn_name} read a tile before the window: {graded.reason}"
+
+
+def test_window_tile_start_worked_example():
+    assert window_tile_start(1000, 100, 64) == 896  # 901 // 64 * 64
+    assert window_tile_start(50, 100, 64) == 0
+    assert window_tile_start(1000, None, 64) == 0
+    assert window_tile_start(torch.tensor([1000, 63]), 64, 64).tolist() == [896, 0]
+
+
+# --- mutants: each wrong definition is caught against the oracle -----------------------------
+
+
+def window_off_by_one_wide(inputs, kw):
+    """Sees W + 1 keys (``q_pos - k_pos <= W``): the classic window off by one."""
+    return kernels.paged_attention_tlsim(*inputs.args(), **{**kw, "sliding_window": kw["sliding_window"] + 1})
+
+
+def window_off_by_one_narrow(inputs, kw):
+    """Sees W - 1 keys (forgets that the query sees itself)."""
+    return kernels.paged_attention_tlsim(*inputs.args(), **{**kw, "sliding_window": kw["sliding_window"] - 1})
+
+
+def window_starts_a_tile_late(inputs, kw, monkeypatch):
+    """The tile loop starts one tile after the first visible one."""
+    from kernels import tlsim
+
+    real = tlsim.window_tile_start
+    monkeypatch.setattr(tlsim, "window_tile_start", lambda p, w, n: real(p, w, n) + n)
+    return kernels.paged_attention_tlsim(*inputs.args(), **kw)
+
+
+def softcap_on_unscaled_logits(inputs, kw):
+    """cap * tanh(s / cap) on s = q . k, scaled afterwards: the same as a cap of cap * scale on z."""
+    scale = inputs.q.shape[-1] ** -0.5
+    return kernels.paged_attention_tlsim(*inputs.args(), **{**kw, "logit_softcap": kw["logit_softcap"] * scale})
+
+
+def softcap_left_out(inputs, kw):
+    return kernels.paged_attention_tlsim(*inputs.args(), **{k: v for k, v in kw.items() if k != "logit_softcap"})
+
+
+def sink_left_out(inputs, kw):
+    """The sink forgotten in the denominator."""
+    return kernels.paged_attention_tlsim(*inputs.args(), **{k: v for k, v in kw.items() if k != "sinks"})
+
+
+def sink_added_per_split(inputs, kw):
+    """Each KV split adds the sink to its own sum: the combine then counts it NUM_SPLITS times."""
+    call = kernels.contract.prepare_call(*inputs.args())
+    splits = tiling_for(call).NUM_SPLITS
+    assert splits > 1
+    return dense_attention(inputs, **kw, sink_copies=splits)
+
+
+def sink_as_a_key_with_value(inputs, kw):
+    """The sink joins the softmax as a key whose value is the first value row (not zero)."""
+    return dense_attention(inputs, **kw, sink_value_first_key=True)
+
+
+def slopes_on_the_wrong_head(inputs, kw):
+    """Head h gets head h + 1's slope."""
+    return kernels.paged_attention_tlsim(*inputs.args(), **{**kw, "alibi_slopes": kw["alibi_slopes"].roll(1)})
+
+
+def alibi_sign_flipped(inputs, kw):
+    """slope * (query_pos - key_pos): old keys favoured instead of penalised."""
+    return kernels.paged_attention_tlsim(*inputs.args(), **{**kw, "alibi_slopes": -kw["alibi_slopes"]})
+
+
+def alibi_before_softcap(inputs, kw):
+    """The bias added before the cap (so the cap bends it too)."""
+    return dense_attention(inputs, **kw, alibi_before_cap=True)
+
+
+def dense_attention(inputs, sliding_window=None, logit_softcap=None, sinks=None, alibi_slopes=None, *,
+                    sink_copies=1, sink_value_first_key=False, alibi_before_cap=False):  # fmt: skip
+    """The definition in fp32, per sequence, with switches for the mutants that no keyword reaches."""
+    q, k_cache, v_cache, table, seq_lens, starts = inputs.args()
+    scale = q.shape[-1] ** -0.5
+    group = q.shape[1] // k_cache.shape[2]
+    out = torch.empty_like(q)
+    for seq, seq_len in enumerate(seq_lens.tolist()):
+        a, b = int(starts[seq]), int(starts[seq + 1])
+        if a == b:
+            continue
+        k = gather_kv(k_cache, table[seq], seq_len).float().repeat_interleave(group, 1).transpose(0, 1)
+        v = gather_kv(v_cache, table[seq], seq_len).float().repeat_interleave(group, 1).transpose(0, 1)
+        z = q[a:b].float().transpose(0, 1) @ k.transpose(-1, -2) * scale  # [heads, q_len, seq_len]
+        distance = torch.arange(seq_len)[None, :] - torch.arange(seq_len - (b - a), seq_len)[:, None]
+        bias = 0 if alibi_slopes is None else alibi_slopes[:, None, None] * distance
+        if alibi_before_cap:
+            z, bias = z + bias, 0
+        if logit_softcap is not None:
+            z = logit_softcap * torch.tanh(z / logit_softcap)
+        z = z + bias
+        hidden = (distance > 0) | (False if sliding_window is None else distance <= -sliding_window)
+        z = z.masked_fill(hidden, float("-inf"))
+        m = z.amax(-1, keepdim=True)
+        if sinks is not None:
+            m = torch.maximum(m, sinks[:, None, None])
+        p = torch.exp(z - m)
+        denominator = p.sum(-1, keepdim=True)
+        o = p @ v
+        if sinks is not None:
+            sink_p = torch.exp(sinks[:, None, None] - m)
+            denominator = denominator + sink_copies * sink_p
+            if sink_value_first_key:
+                o = o + sink_p * v[:, :1]
+        out[a:b] = (o / denominator).transpose(0, 1).to(out.dtype)
+    return out
+
+
+MUTANTS = [
+    (window_off_by_one_wide, "window5_spec_verify"),
+    (window_off_by_one_narrow, "window5_spec_verify"),
+    (window_off_by_one_wide, "window_split_kv_prefill"),
+    (window_starts_a_tile_late, "window_split_kv_decode"),
+    (softcap_on_unscaled_logits, "softcap50_large_logits"),
+    (softcap_left_out, "softcap50_large_logits"),
+    (sink_left_out, "sinks_extreme"),
+    (sink_added_per_split, "sinks_split_kv"),
+    (sink_as_a_key_with_value, "sinks_extreme"),
+    (slopes_on_the_wrong_head, "alibi_gqa_group6"),
+    (alibi_sign_flipped, "alibi_gqa_group6"),
+    (alibi_before_softcap, "all_four_spec_verify"),
+]
+
+
+@pytest.mark.parametrize(("mutant", "case_name"), MUTANTS, ids=[f"{m.__name__}-{c}" for m, c in MUTANTS])
+def test_oracle_catches_a_wrong_variant(mutant, case_name, monkeypatch):
+    case = BY_NAME[case_name]
+    inputs = case.inputs()
+    expected = _expected(case, inputs)
+    bounds = tolerance(case)
+    assert grade(dense_attention(inputs, **case.kwargs()), expected, *bounds).passed, "the unmutated form passes"
+    params = mutant.__code__.co_varnames[: mutant.__code__.co_argcount]
+    result = mutant(inputs, case.kwargs(), monkeypatch) if "monkeypatch" in params else mutant(inputs, case.kwargs())
+    graded = grade(result, expected, *bounds)
+    assert not graded.passed, f"{mutant.__name__} slipped through on {case_name}: {graded}"
+
+
+# --- the contract refuses malformed options ----------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("options", "message"),
+    [
+        ({"sliding_window": 0}, "sliding_window must be an int >= 1"),
+        ({"sliding_window": 2.5}, "sliding_window must be an int >= 1"),
+        ({"logit_softcap": 0.0}, "logit_softcap must be a positive finite"),
+        ({"logit_softcap": float("inf")}, "logit_softcap must be a positive finite"),
+        ({"sinks": torch.zeros(7)}, "sinks must be a float32 tensor [num_q_heads] = [8]"),
+        ({"sinks": torch.zeros(8, dtype=torch.float64)}, "sinks must be a float32 tensor"),
+        ({"alibi_slopes": [0.5] * 8}, "alibi_slopes must be a float32 tensor"),
+    ],
+)
+@pytest.mark.parametrize("fn_name", ["reference", "tlsim", "triton"])
+def test_malformed_option_is_refused_naming_it(options, message, fn_name):
+    if fn_name == "triton" and (reason := kernels.triton_unavailable_reason("cpu")):
+        pytest.skip(reason)
+    inputs = CASES_BY_NAME["base"].inputs()
+    with pytest.raises(ValueError, match=message.replace("[", r"\[").replace("]", r"\]")):
+        getattr(kernels, f"paged_attention_{fn_name}")(*inputs.args(), **options)
+
+
+def test_standard_alibi_slopes_follow_bloom():
+    assert standard_alibi_slopes(8) == [2.0**-i for i in range(1, 9)]
+    twelve = standard_alibi_slopes(12)  # 8 of the 8-head set, then every other one of the 16-head set
+    assert twelve[:8] == standard_alibi_slopes(8)
+    assert twelve[8:] == [2.0 ** (-0.5 * (2 * i + 1)) for i in range(4)]
+
+
+# --- case files and the registry -----------------------------------------------------------------
+
+SPEC = {"name": "v", "num_q_heads": 4, "num_kv_heads": 2, "head_dim": 32, "seq_lens": [5, 9], "tags": ["small"]}
+
+
+def test_case_fields_become_call_options():
+    (case,) = expand_spec({**SPEC, "sliding_window": 3, "logit_softcap": 10.0, "sinks": {"scale": 2.0},
+                           "alibi": True}, "t.toml")  # fmt: skip
+    assert case.variants == {"sliding_window", "logit_softcap", "sinks", "alibi_slopes"}
+    (again,) = expand_spec({**SPEC, "sinks": {"scale": 2.0}}, "t.toml")
+    assert again.sinks == case.sinks and len(case.sinks) == 4, "seeded sinks are the same every time"
+
+    options = case_inputs(case, "cpu").options
+    assert options["sliding_window"] == 3 and options["logit_softcap"] == 10.0
+    assert options["sinks"].dtype == torch.float32 and options["sinks"].tolist() == list(case.sinks)
+    assert options["alibi_slopes"].tolist() == [0.25, 0.0625, 0.015625, 0.00390625]
+    (plain,) = expand_spec(SPEC, "t.toml")
+    assert plain.variants == frozenset() and case_inputs(plain, "cpu").options == {}
+
+
+# --- the variant table: each row's hooks take its case field to the call and into the oracle ----
+
+STAGES = ("kv", "score", "mask", "sink")
+
+
+def _output_form(out) -> tuple:
+    """What the oracle's result shows without reading values: a tuple (the lse) or not, and the shapes."""
+    return tuple(tuple(t.shape) for t in out) if isinstance(out, tuple) else tuple(out.shape)
+
+
+@pytest.mark.parametrize("variant", VARIANTS, ids=lambda v: v.key)
+def test_each_rows_example_turns_on_exactly_its_variant_and_it_has_its_hooks(variant):
+    (case,) = expand_spec({**SPEC, **variant.example}, "t.toml")
+    implied = {"head_dim_v"} if variant.key == "latent_kv" else set()  # a latent cache: V narrower than K
+    assert case.variants == {variant.key} | implied, f"{variant.key}'s example turns on {set(case.variants)}"
+    # a keyword needs an input hook; an input hook without one only reshapes the inputs (latent_kv alone)
+    assert (variant.inputs is not None) == (bool(variant.keywords) or variant.key == "latent_kv")
+
+
+@pytest.mark.parametrize("variant", VARIANTS, ids=lambda v: v.key)
+def test_case_field_reaches_the_call_and_the_oracle_through_the_row_hooks(variant, monkeypatch):
+    (case,) = expand_spec({**SPEC, **variant.example}, "t.toml")
+    inputs = case_inputs(case, "cpu")
+    assert set(inputs.options) == set(variant.keywords), "the input hook gives exactly the row's keywords"
+    out = paged_attention_oracle(*inputs.args(), **inputs.options)
+    if not any(getattr(variant.oracle, stage) for stage in STAGES):
+        # no hook: the oracle's output shows the variant by its form (the lse beside it, V's head dim), or
+        # by its values where the row only reshapes the inputs (latent_kv: V is K's first columns)
+        (plain,) = expand_spec(
+            {**SPEC, **{k: v for k, v in variant.example.items() if k not in variant.fields}}, "t.toml"
+        )
+        plain_out = paged_attention_oracle(*case_inputs(plain, "cpu").args())
+        if variant.inputs is None or variant.keywords:
+            assert _output_form(out) != _output_form(plain_out)
+        else:
+            assert _output_form(out) == _output_form(plain_out) and (out - plain_out).abs().max() > 1e-2
+        return
+    hookless = tuple(replace(v, oracle=OracleHook()) if v is variant else v for v in VARIANTS)
+    monkeypatch.setattr("harness.run.oracle.VARIANTS", hookless)
+    without_hook = paged_attention_oracle(*inputs.args(), **inputs.options)
+    assert torch.equal(without_hook, paged_attention_oracle(*inputs.args())), "the keywords act through the hook alone"
+    assert (out - without_hook).abs().max() > 1e-2, f"{variant.key}'s oracle hook changes the oracle's output"
+
+
+BUILTIN_KERNELS = ("reference", "tlsim", "triton", "cache")  # cache: the engine's path, through dispatch
+
+
+def _graded_rows(spec: dict, backend: str):
+    """The run's rows of one case through one built-in backend (its inputs, oracle and grading the harness's)."""
+    from harness.backends.builtin import REGISTRY
+
+    if backend == "triton" and (reason := kernels.triton_unavailable_reason("cpu")):
+        pytest.skip(reason)
+    (case,) = expand_spec(spec, "t.toml")
+    return run_cases([case], RunConfig(device="cpu", backends=[REGISTRY[backend]], timing=False, progress=False))
+
+
+@pytest.mark.parametrize("backend", BUILTIN_KERNELS)
+@pytest.mark.parametrize("variant", VARIANTS, ids=lambda v: v.key)
+def test_every_builtin_kernel_passes_each_rows_example(variant, backend):
+    """A new row is graded here with no edit: its example through every built-in kernel, against the oracle
+    (the engine path declares no latent cache: its pools are two; that row is a skip naming the option)."""
+    frame = _graded_rows({**SPEC, **variant.example}, backend)
+    if (variant.key, backend) == ("latent_kv", "cache"):
+        assert frame["status"].tolist() == ["skip"] and "latent_kv" in frame["reason"].iloc[0]
+        return
+    assert frame["status"].tolist() == ["pass"], frame["reason"].tolist()
+
+
+@pytest.mark.parametrize("backend", BUILTIN_KERNELS)
+def test_every_builtin_kernel_passes_every_rows_example_at_once(backend):
+    # a latent cache takes no fp8 cache (the case check refuses the pair): it is graded on its own above
+    examples = {name: value for v in VARIANTS if v.key != "latent_kv" for name, value in v.example.items()}
+    frame = _graded_rows({**SPEC, **examples}, backend)
+    assert frame["status"].tolist() == ["pass"], frame["reason"].tolist()
+
+
+def test_a_row_alone_takes_a_new_variant_to_the_call_and_the_oracle(monkeypatch):
+    """A toy temperature T (logits / T) as one more row: make_inputs takes its case field, the call
+    gets its keyword, and the oracle applies it, which is exactly attention at scale / T."""
+    temperature = Variant(
+        "temperature",
+        fields={"temperature": (Float | None, Field(default=None, gt=0))},
+        keywords=("temperature",),
+        turned_on=lambda c: c.temperature is not None,
+        example={"temperature": 2.0},
+        inputs=lambda inputs, c: with_options(inputs, temperature=float(c.temperature)),
+        oracle=OracleHook(score=lambda logits, distance, temperature: logits / temperature),
+        meaning="logits divided by T",
+    )
+    for module in ("harness.cases.inputs", "harness.run.oracle"):
+        monkeypatch.setattr(f"{module}.VARIANTS", (*VARIANTS, temperature))
+    inputs = make_inputs(**TINY, temperature=2.0)
+    assert inputs.options == {"temperature": 2.0}
+    cooled = paged_attention_oracle(*inputs.args(), **inputs.options)
+    assert torch.equal(cooled, paged_attention_oracle(*inputs.args(), scale=TINY["head_dim"] ** -0.5 / 2))
+    assert not torch.equal(cooled, paged_attention_oracle(*inputs.args()))
+    with pytest.raises(TypeError, match="unexpected keyword"):
+        make_inputs(**TINY, heat=2.0)
+
+
+@pytest.mark.parametrize(
+    ("changes", "field"),
+    [
+        ({"sinks": [1.0, 2.0]}, "sinks"),
+        ({"sliding_window": 0}, "sliding_window"),
+        ({"logit_softcap": -1.0}, "logit_softcap"),
+        ({"alibi": 1}, "alibi"),
+        ({"sinks": {"scale": 1.0, "std": 2.0}}, "sinks"),
+    ],
+)
+def test_bad_variant_field_is_refused_naming_it(changes, field):
+    with pytest.raises(CaseFileError, match=f"field '{field}"):
+        expand_spec({**SPEC, **changes}, "t.toml")
+
+
+def _plain_backend(name: str, variants=frozenset()) -> Backend:
+    return Backend(name, contract_prepare(kernels.paged_attention_tlsim), ("cpu",), "plugin", variants=variants)
+
+
+def test_backend_without_the_option_is_a_skip_naming_it():
+    (case,) = expand_spec({**SPEC, "sliding_window": 3, "sinks": [0.0, 1.0, 2.0, 3.0]}, "t.toml")
+    backends = [_plain_backend("knows_none"), _plain_backend("knows_window", frozenset({"sliding_window"})),
+                _plain_backend("knows_both", frozenset({"sliding_window", "sinks"}))]  # fmt: skip
+    frame = run_cases([case], RunConfig(device="cpu", backends=backends, timing=False, progress=False))
+    rows = frame.set_index("backend")
+    assert rows.loc["knows_none", "status"] == "skip"
+    assert "sinks, sliding_window" in rows.loc["knows_none", "reason"]
+    assert (
+        rows.loc["knows_window", "status"] == "skip" and "does not support sinks" in rows.loc["knows_window", "reason"]
+    )
+    assert rows.loc["knows_both", "status"] == "pass", rows.loc["knows_both", "reason"]
+
+
+def test_builtin_kernels_declare_every_option_and_peers_what_their_library_takes():
+    from harness.backends.builtin import REGISTRY
+    from harness.cases.variants import VARIANT_KEYS
+
+    for name in ("reference", "tlsim", "triton"):
+        assert REGISTRY[name].variants == frozenset(VARIANT_KEYS)
+    assert REGISTRY["cache"].variants == frozenset(VARIANT_KEYS) - {"latent_kv"}  # its K and V pools are two
+    for name in ("gather_sdpa", "varlen_flash", "varlen_flash_paged"):  # a boolean mask; window_size=(W-1, 0)
+        assert REGISTRY[name].variants == {"sliding_window"}
+    assert REGISTRY["flex_attention"].variants == {"sliding_window", "logit_softcap", "alibi_slopes"}
+    assert not REGISTRY["sdpa_contiguous"].variants
+    with pytest.raises(ValueError, match="unknown variant"):
+        _plain_backend("typo", frozenset({"sliding_windows"}))
+
+
+@pytest.mark.parametrize("window", [1, 4, 9, 100])
+def test_gather_sdpa_peer_matches_oracle_with_a_window(window):
+    """The peer's padded boolean mask carries the window; prefill, decode and a q_len 0 sequence."""
+    from harness.backends.builtin import REGISTRY
+
+    spec = {**SPEC, "seq_lens": [20, 9, 7], "q_lens": [6, 1, 0], "sliding_window": window}
+    (case,) = expand_spec(spec, "t.toml")
+    frame = run_cases([case], RunConfig(device="cpu", backends=[REGISTRY["gather_sdpa"]], timing=False, progress=False))
+    assert frame["status"].tolist() == ["pass"], frame["reason"].tolist()
+
+
+@pytest.mark.parametrize(
+    "changes",
+    [
+        {"sliding_window": 4},
+        {"logit_softcap": 5.0, "input_scale": 3.0},
+        {"alibi": True},
+        {"sliding_window": 6, "logit_softcap": 5.0, "alibi": True},
+    ],
+    ids=["window", "softcap", "alibi", "all_three"],
+)
+def test_flex_attention_peer_mods_match_oracle(changes, monkeypatch):
+    """The peer's mask_mod and score_mod, run eagerly on the CPU (the registry runs it compiled on CUDA)."""
+    pytest.importorskip("torch.nn.attention.flex_attention")
+    from harness.backends.peers import _prepare_flex
+
+    monkeypatch.setattr(torch, "compile", lambda fn, **kwargs: fn)
+    (case,) = expand_spec({**SPEC, "seq_lens": [20, 9, 7], "q_lens": [6, 1, 0], **changes}, "t.toml")
+    inputs = case_inputs(case, "cpu")
+    prepared = _prepare_flex(case, inputs, torch.empty_like(inputs.q))
+    result = prepared.to_packed(prepared.run())
+    expected = paged_attention_oracle(*inputs.args(), **inputs.options)
+    graded = grade(result, expected, *DEFAULT_TOLERANCES["float32"])
+    assert graded.passed, graded.reason

@@ -1,0 +1,96 @@
+"""The dispatcher's rule: Triton on CUDA when it imports, tlsim elsewhere; forcing is explicit."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+import kernels
+from kernels import dispatch
+from tests.kernels.kernel_cases import BASE
+
+
+def test_cpu_selects_tlsim(monkeypatch):
+    monkeypatch.delenv(kernels.BACKEND_ENV, raising=False)
+    assert kernels.select_backend("cpu") == "tlsim"
+
+
+def test_cuda_selects_triton_when_triton_imports(monkeypatch):
+    monkeypatch.delenv(kernels.BACKEND_ENV, raising=False)
+    monkeypatch.setattr(dispatch, "has_triton", lambda: True)
+    assert kernels.select_backend("cuda") == "triton"
+    monkeypatch.setattr(dispatch, "has_triton", lambda: False)
+    assert kernels.select_backend("cuda") == "tlsim"
+
+
+def test_environment_variable_forces_a_backend(monkeypatch):
+    monkeypatch.setenv(kernels.BACKEND_ENV, "reference")
+    assert kernels.select_backend("cpu") == "reference"
+    assert kernels.select_backend("cpu", backend="tlsim") == "tlsim", "the argument wins over the environment"
+
+
+def test_unknown_backend_name_is_a_clear_error(monkeypatch):
+    monkeypatch.setenv(kernels.BACKEND_ENV, "cutlass")
+    with pytest.raises(ValueError, match="PAGED_ATTENTION_BACKEND is 'cutlass'; expected one of triton, tlsim"):
+        kernels.select_backend("cpu")
+
+
+def test_forcing_triton_where_it_cannot_run_is_an_error(monkeypatch):
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+    with pytest.raises(kernels.BackendUnavailableError, match="needs a CUDA device"):
+        kernels.select_backend("cpu", backend="triton")
+    monkeypatch.setattr(dispatch, "has_triton", lambda: False)
+    with pytest.raises(kernels.BackendUnavailableError, match="Triton is not installed"):
+        kernels.select_backend("cuda", backend="triton")
+
+
+@pytest.mark.parametrize("backend", ["tlsim", "reference"])
+def test_dispatch_calls_the_selected_backend(monkeypatch, backend):
+    calls = []
+    real = dispatch._backend_fn(backend)
+
+    def spy(*args, **kwargs):
+        calls.append(backend)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(dispatch, "_backend_fn", lambda name: spy if name == backend else pytest.fail(name))
+    inputs = BASE.inputs()
+    out = kernels.paged_attention_dispatch(*inputs.args(), backend=backend)
+    assert calls == [backend]
+    torch.testing.assert_close(out, real(*inputs.args()), rtol=0, atol=0)
+
+
+def _python(code: str) -> subprocess.CompletedProcess:
+    """Run ``code`` in a fresh interpreter from the repository root, TRITON_INTERPRET unset."""
+    environ = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    root = Path(__file__).resolve().parents[2]
+    return subprocess.run([sys.executable, "-c", code], cwd=root, env=environ, capture_output=True, text=True)
+
+
+def test_import_kernels_does_not_import_triton_until_the_kernel_is_used():
+    code = (
+        "import sys, kernels\n"
+        "assert 'triton' not in sys.modules, 'import kernels imported Triton'\n"
+        "kernels.use_interpreter_if_no_gpu()\n"
+        "fn = kernels.paged_attention_triton\n"
+        "print(fn.__module__, kernels.has_triton() == ('triton' in sys.modules))\n"
+    )
+    result = _python(code)
+    assert result.returncode == 0, result.stderr
+    expected_module = "kernels.triton_paged" if kernels.has_triton() else "kernels"
+    assert result.stdout.split() == [expected_module, "True"]
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="the interpreter is chosen only without a GPU")
+def test_use_interpreter_if_no_gpu_sets_triton_interpret_only_when_unset(monkeypatch):
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+    monkeypatch.delitem(sys.modules, "triton", raising=False)  # as in a fresh interpreter: no warning
+    assert kernels.use_interpreter_if_no_gpu() is True and os.environ["TRITON_INTERPRET"] == "1"
+    monkeypatch.setenv("TRITON_INTERPRET", "0")
+    assert kernels.use_interpreter_if_no_gpu() is False, "a choice made by the user stays"
+    assert os.environ["TRITON_INTERPRET"] == "0"

@@ -1,0 +1,206 @@
+"""The default call reads no tensor value on the host: no device sync, CUDA-graph capturable.
+
+On the CPU every Python-level value read raises during the call (conftest's
+ValueReadGuard). The Triton launch itself is let through: the interpreter reads values
+to emulate a GPU, which a GPU launch does not; so what is pinned is the launcher's own
+code, and the grid it picks. On a GPU the default call is captured in a CUDA graph and
+run under ``torch.cuda.set_sync_debug_mode("error")``, which also sees syncs made inside torch.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import pytest
+import torch
+
+import kernels
+from harness.cases.vocab import DEFAULT_TOLERANCES
+from harness.run.grading import grade
+from harness.run.oracle import paged_attention_oracle
+from kernels.contract import prepare_call
+from kernels.tiling import tiling_for
+from tests.kernels.kernel_cases import BASE, CASES_BY_NAME
+
+DECODE = replace(BASE, name="decode", q_lens=(1, 1, 1, 1, 1))
+SYNC_FREE_CASES = [BASE, DECODE, CASES_BY_NAME["prefill_full"], CASES_BY_NAME["split_kv_decode"]]
+CUDA = torch.cuda.is_available()
+
+
+def _args(case, device="cpu"):
+    """The case's call; decode passes query_start_loc=None (one query per sequence)."""
+    args = list(case.inputs(device).args())
+    if case is DECODE:
+        args[5] = None
+    return args
+
+
+def _assert_matches_oracle(got, args, case):
+    result = grade(got, paged_attention_oracle(*args), *DEFAULT_TOLERANCES[case.dtype])
+    assert result.passed, f"{case.name}: {result.reason}"
+
+
+@pytest.mark.parametrize("case", SYNC_FREE_CASES, ids=str)
+def test_default_triton_call_reads_no_tensor_value(case, triton_launches, value_reads):
+    args = _args(case)
+    with value_reads.forbidden():
+        got = kernels.paged_attention_triton(*args)
+    assert not value_reads.reads and triton_launches.grids
+    _assert_matches_oracle(got, args, case)
+
+
+def test_dispatched_triton_call_reads_no_tensor_value(triton_launches, value_reads):
+    args = _args(BASE)
+    with value_reads.forbidden():
+        got = kernels.paged_attention_dispatch(*args, backend="triton")
+    _assert_matches_oracle(got, args, BASE)
+
+
+def test_the_guard_catches_the_checked_call(triton_launches, value_reads):
+    """The same call with value checks on must trip the guard: the test above can fail."""
+    with value_reads.forbidden(), pytest.raises(AssertionError, match="read a tensor value"):
+        kernels.paged_attention_triton(*_args(BASE), check=True)
+
+
+@pytest.mark.parametrize("as_offsets", [False, True], ids=["query_start_loc_none", "query_start_loc_ones"])
+def test_decode_launches_one_program_per_sequence_and_kv_head(as_offsets, triton_launches):
+    args = _args(DECODE)
+    if as_offsets:  # all q_len 1 through offsets: the tile numbering is still exact
+        args[5] = torch.arange(len(DECODE.seq_lens) + 1, dtype=torch.int32)
+    kernels.paged_attention_triton(*args)
+    assert triton_launches.grids[0][:2] == (len(DECODE.seq_lens), DECODE.num_kv_heads)
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.float32])
+def test_decode_through_offsets_gets_the_decode_tiling(dtype):
+    """query_start_loc of all-ones is decode too: without reading it, the same tile height and split."""
+    num_seqs, heads, head_dim = 64, (32, 8), 128
+    q = torch.empty(num_seqs, heads[0], head_dim, dtype=dtype)
+    pool = torch.empty(4, 16, heads[1], head_dim, dtype=dtype)
+    table, lens = torch.zeros(num_seqs, 8, dtype=torch.int32), torch.ones(num_seqs, dtype=torch.int32)
+    ones = torch.arange(num_seqs + 1, dtype=torch.int32)
+    as_decode = tiling_for(prepare_call(q, pool, pool, table, lens, None, check=False))
+    assert tiling_for(prepare_call(q, pool, pool, table, lens, ones, check=False)) == as_decode
+
+
+def test_prefill_launches_about_num_tokens_over_block_q_tiles(triton_launches):
+    case = replace(BASE, name="ragged_prefill", seq_lens=(70, 5, 33, 64), q_lens=(70, 0, 9, 64))
+    args = _args(case)
+    kernels.paged_attention_triton(*args)
+    block_q = tiling_for(prepare_call(*args)).BLOCK_Q
+    num_tokens, num_seqs = sum(case.q_lens), len(case.q_lens)
+    assert triton_launches.grids[0][0] <= num_tokens // block_q + num_seqs
+    assert triton_launches.grids[0][0] < num_tokens, "prefill tiles must hold several tokens each"
+
+
+@pytest.mark.parametrize("backend", ["triton", "tlsim"])
+def test_wrong_launch_hints_change_speed_not_the_result(backend):
+    """max_q_len only picks the tile height; max_seq_len below the truth still covers every key
+    (the last KV split runs to the end of the sequence)."""
+    if backend == "triton" and (reason := kernels.triton_unavailable_reason("cpu")):
+        pytest.skip(reason)
+    case = CASES_BY_NAME["split_kv_decode"]
+    args = _args(case)
+    call = prepare_call(*args)
+    assert tiling_for(call, max_seq_len=1024).NUM_SPLITS > 1, "the hint must still split, with too short splits"
+    fn = getattr(kernels, f"paged_attention_{backend}")
+    _assert_matches_oracle(fn(*args, max_q_len=0, max_seq_len=1024), args, case)
+
+
+# --- on a GPU --------------------------------------------------------------------------------
+
+GPU = [pytest.mark.gpu, pytest.mark.skipif(not CUDA, reason="needs a CUDA device (CUDA graphs, sync debug mode)")]
+
+
+@pytest.mark.parametrize("case", SYNC_FREE_CASES, ids=str)
+@pytest.mark.parametrize("_", [pytest.param(None, marks=GPU, id="cuda")])
+def test_default_call_replays_from_a_cuda_graph(case, _, monkeypatch):
+    monkeypatch.delenv(kernels.CHECK_ENV, raising=False)
+    args = _args(case, "cuda")
+    out = torch.full_like(args[0], float("nan"))
+    kernels.paged_attention_triton(*args, out=out)  # compile outside the capture
+    torch.cuda.synchronize()
+    out.fill_(float("nan"))
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        kernels.paged_attention_triton(*args, out=out)
+    graph.replay()
+    torch.cuda.synchronize()
+    _assert_matches_oracle(out, args, case)
+
+
+@pytest.mark.parametrize("case", SYNC_FREE_CASES, ids=str)
+@pytest.mark.parametrize("_", [pytest.param(None, marks=GPU, id="cuda")])
+def test_default_call_makes_no_device_sync(case, _, monkeypatch):
+    monkeypatch.delenv(kernels.CHECK_ENV, raising=False)
+    args = _args(case, "cuda")
+    kernels.paged_attention_triton(*args)  # compile first: Triton's own first launch may sync
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        got = kernels.paged_attention_triton(*args)
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+    _assert_matches_oracle(got, args, case)
+
+
+# --- the device split (kernels.tiling.DEVICE_SPLIT) ----------------------------------
+
+# A ragged decode whose split the kernel decides from seq_lens: 3000 keys in 4 splits down to 1-key sequences
+# in one (the bounds lowered to fit the interpreter: a "GPU" of 32 program slots, pieces of at least 64 keys).
+DEVICE_SPLIT_DECODE = replace(BASE, name="device_split_decode", seq_lens=(3000, 1, 17, 1300, 600, 2000, 64, 33),
+                              q_lens=(1,) * 8)  # fmt: skip
+DEVICE_SPLIT_HINTS = {"max_q_len": 1, "max_seq_len": 3000}
+
+
+@pytest.fixture
+def device_split_on(monkeypatch):
+    from kernels import tiling, tuning
+
+    monkeypatch.setattr(tiling, "TARGET_PROGRAMS", 32)
+    monkeypatch.setattr(tiling, "DEVICE_SPLIT_MIN_KEYS", 64)
+    with tuning.override(tuning.TileConfig(16, 1, 32, 4, 2)):  # a plan of its own (the key sees the override)
+        yield
+
+
+def _device_split_args(device="cpu"):
+    args = list(DEVICE_SPLIT_DECODE.inputs(device).args())
+    args[5] = None
+    return args
+
+
+def test_the_device_split_reads_no_tensor_value(device_split_on, triton_launches, value_reads):
+    args = _device_split_args()
+    with value_reads.forbidden():
+        got = kernels.paged_attention_triton(*args, **DEVICE_SPLIT_HINTS)
+    assert not value_reads.reads
+    chosen = tiling_for(prepare_call(*args, check=False), **DEVICE_SPLIT_HINTS)
+    assert chosen.DEVICE_SPLIT is not None and triton_launches.grids[0] == (8, 2, chosen.NUM_SPLITS)
+    from kernels import triton_paged
+
+    assert triton_paged.combine_splits_kernel.grids == [(8 * 8,)]  # the combine: a program a row
+    _assert_matches_oracle(got, args, DEVICE_SPLIT_DECODE)
+
+
+@pytest.mark.parametrize("_", [pytest.param(None, marks=GPU, id="cuda")])
+def test_the_device_split_replays_from_a_cuda_graph_and_makes_no_sync(_, device_split_on, monkeypatch):
+    monkeypatch.delenv(kernels.CHECK_ENV, raising=False)
+    args = _device_split_args("cuda")
+    assert tiling_for(prepare_call(*args, check=False), **DEVICE_SPLIT_HINTS).DEVICE_SPLIT is not None
+    out = torch.full_like(args[0], float("nan"))
+    kernels.paged_attention_triton(*args, out=out, **DEVICE_SPLIT_HINTS)  # compile outside the capture
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        out.fill_(float("nan"))
+        kernels.paged_attention_triton(*args, out=out, **DEVICE_SPLIT_HINTS)
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+    _assert_matches_oracle(out, args, DEVICE_SPLIT_DECODE)
+    out.fill_(float("nan"))
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        kernels.paged_attention_triton(*args, out=out, **DEVICE_SPLIT_HINTS)
+    graph.replay()
+    torch.cuda.synchronize()
+    _assert_matches_oracle(out, args, DEVICE_SPLIT_DECODE)

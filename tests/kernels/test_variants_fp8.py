@@ -1,0 +1,221 @@
+"""fp8 KV caches: K = k_cache.float() * k_scale (vLLM's convention), q in fp32/fp16/bf16.
+
+Every built-in backend matches the float64 oracle of the *dequantized* cache (so the grade
+measures the kernel, not the quantization), with per-tensor and per-head scales, e4m3fn
+and e5m2, on the single-pass and the split path; PagedKVCache quantizes on write; a scale
+ignored, inverted or taken from the wrong head fails the grade; the harness reports the
+quantization's own error beside the grade and skips the peers, naming the option.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import kernels
+from harness.backends.builtin import REGISTRY
+from harness.cases.spec import CaseFileError, expand_spec
+from harness.cases.vocab import DEFAULT_TOLERANCES
+from harness.execute.local import run_cases
+from harness.run.grading import grade
+from harness.run.oracle import paged_attention_oracle
+from harness.run.runner import RunConfig
+from kernels.fp8 import quantize_kv
+from tests.kernels.kernel_cases import CASES_BY_NAME
+
+FP8 = {"e4m3": torch.float8_e4m3fn, "e5m2": torch.float8_e5m2}
+BASES = ["base", "spec_verify", "split_kv_decode", "bfloat16_split_kv", "float16_prefill"]
+FUNCTIONS = ("reference", "tlsim", "triton", "dispatch", "cache")
+
+
+def _fp8_inputs(base: str, fp8: torch.dtype, per_head: bool):
+    """A kernel case's pools quantized with amax scales (one per tensor, or per KV head)."""
+    inputs = CASES_BY_NAME[base].inputs()
+    num_kv_heads = inputs.k_cache.shape[2]
+    limit = torch.finfo(fp8).max
+
+    def scale_of(pool):
+        amax = pool.float().abs().nan_to_num(0.0).amax(dim=(0, 1, 3))
+        return (amax if per_head else amax.amax().expand(num_kv_heads)).contiguous() / limit
+
+    k_scale, v_scale = scale_of(inputs.k_cache), scale_of(inputs.v_cache)
+    k_cache, v_cache = quantize_kv(inputs.k_cache, k_scale, fp8), quantize_kv(inputs.v_cache, v_scale, fp8)
+    scales = {"k_scale": k_scale, "v_scale": v_scale} if per_head else {"k_scale": float(k_scale[0]),
+                                                                        "v_scale": float(v_scale[0])}  # fmt: skip
+    return inputs, (inputs.q, k_cache, v_cache, *inputs.args()[3:]), scales
+
+
+def _tolerance(q: torch.Tensor) -> tuple[float, float]:
+    from harness.cases.vocab import FP8_KV_TOLERANCES
+
+    name = str(q.dtype).removeprefix("torch.")
+    return FP8_KV_TOLERANCES.get(name, DEFAULT_TOLERANCES[name])
+
+
+def _call(name: str, args, scales, inputs):
+    if name == "triton" and (reason := kernels.triton_unavailable_reason("cpu")):
+        pytest.skip(reason)
+    if name == "cache":
+        q, k_cache, *_ = args
+        base_lens = inputs.seq_lens.tolist()
+        cache = kernels.PagedKVCache(1, sum(-(-n // k_cache.shape[1]) for n in base_lens) + 1, k_cache.shape[1],
+                                     k_cache.shape[2], k_cache.shape[3], dtype=k_cache.dtype, **scales)  # fmt: skip
+        seq_ids = list(range(len(base_lens)))
+        for seq_id, keys, values in zip(seq_ids, inputs.keys, inputs.values, strict=True):
+            cache.allocate(seq_id)
+            cache.write(0, cache.append(seq_id, keys.shape[0]), keys, values)
+        return cache.paged_attention(0, q, seq_ids, inputs.query_start_loc)
+    fn = getattr(kernels, f"paged_attention_{name}")
+    return fn(*args, **scales)
+
+
+# The split cases have one KV head, so there a per-head scale is the per-tensor one, as a tensor: the
+# contract turns a float scale into that same [num_kv_heads] tensor (the other bases test both forms), so
+# the split path runs with per-head scales only.
+SPLIT_BASES = {"split_kv_decode", "bfloat16_split_kv"}
+SCALED = [
+    pytest.param(base, fp8, per_head, id=f"{base}-{fp8}-{'per_head' if per_head else 'per_tensor'}")
+    for base in BASES
+    for fp8 in FP8
+    for per_head in (False, True)
+    if per_head or base not in SPLIT_BASES
+]
+
+
+@pytest.mark.parametrize("backend", FUNCTIONS)
+@pytest.mark.parametrize(("base", "fp8", "per_head"), SCALED)
+def test_backend_matches_oracle_of_the_dequantized_cache(base, fp8, per_head, backend):
+    inputs, args, scales = _fp8_inputs(base, FP8[fp8], per_head)
+    result = _call(backend, args, scales, inputs)
+    graded = grade(result, paged_attention_oracle(*args, **scales), *_tolerance(inputs.q))
+    assert graded.passed, f"{backend} on {base}/{fp8}: {graded.reason}"
+
+
+@pytest.mark.parametrize("base", BASES)
+def test_tlsim_predicts_triton_with_an_fp8_cache(base):
+    if reason := kernels.triton_unavailable_reason("cpu"):
+        pytest.skip(reason)
+    inputs, args, scales = _fp8_inputs(base, torch.float8_e4m3fn, True)
+    sim = kernels.paged_attention_tlsim(*args, **scales).double()
+    real = kernels.paged_attention_triton(*args, **scales).double()
+    if inputs.q.dtype == torch.float32:
+        allowed = 5e-6 + 5e-5 * real.abs()
+    else:
+        allowed = 2 * torch.finfo(inputs.q.dtype).eps * real.abs().clamp_min(2**-6)
+    assert bool(((sim - real).abs() <= allowed).all()), f"tlsim is {float((sim - real).abs().max()):.3g} away"
+
+
+# --- mutants -------------------------------------------------------------------------------------
+
+
+def scale_ignored(args, scales):
+    return kernels.paged_attention_tlsim(*args)
+
+
+def scale_divided(args, scales):
+    return kernels.paged_attention_tlsim(*args, k_scale=1 / scales["k_scale"], v_scale=1 / scales["v_scale"])
+
+
+def scales_swapped(args, scales):
+    return kernels.paged_attention_tlsim(*args, k_scale=scales["v_scale"], v_scale=scales["k_scale"])
+
+
+def scale_of_the_wrong_head(args, scales):
+    return kernels.paged_attention_tlsim(*args, k_scale=scales["k_scale"].roll(1), v_scale=scales["v_scale"].roll(1))
+
+
+@pytest.mark.parametrize("mutant", [scale_ignored, scale_divided, scales_swapped, scale_of_the_wrong_head],
+                         ids=lambda m: m.__name__)  # fmt: skip
+def test_oracle_catches_a_wrong_dequantization(mutant):
+    inputs, args, scales = _fp8_inputs("spec_verify", torch.float8_e4m3fn, True)
+    expected = paged_attention_oracle(*args, **scales)
+    assert grade(kernels.paged_attention_tlsim(*args, **scales), expected, *_tolerance(inputs.q)).passed
+    assert not grade(mutant(args, scales), expected, *_tolerance(inputs.q)).passed
+
+
+# --- the contract refuses what it cannot mean ----------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("change", "message"),
+    [
+        (lambda a: ({"k_scale": 0.5}, a), "k_scale applies to an fp8 cache"),
+        (lambda a: ({"k_scale": -1.0}, _fp8(a)), "k_scale must be a positive finite"),
+        (lambda a: ({"v_scale": torch.ones(3)}, _fp8(a)), "v_scale must be a float or a float32 tensor of 1 or"),
+        (lambda a: ({"k_scale": torch.ones(2, dtype=torch.float64)}, _fp8(a)), "k_scale must be a float or"),
+        (lambda a: ({}, (a[0], a[1].to(torch.float8_e4m3fn), a[2].to(torch.float8_e5m2), *a[3:])), "both one fp8"),
+    ],
+)
+@pytest.mark.parametrize("fn_name", ["reference", "tlsim", "triton"])
+def test_bad_fp8_call_is_refused_naming_the_argument(change, message, fn_name):
+    if fn_name == "triton" and (reason := kernels.triton_unavailable_reason("cpu")):
+        pytest.skip(reason)
+    keywords, args = change(CASES_BY_NAME["base"].inputs().args())
+    with pytest.raises(ValueError, match=message):
+        getattr(kernels, f"paged_attention_{fn_name}")(*args, **keywords)
+
+
+def _fp8(args):
+    return (args[0], args[1].to(torch.float8_e4m3fn), args[2].to(torch.float8_e4m3fn), *args[3:])
+
+
+def test_fp8_cache_quantizes_on_write_and_poisons_freed_blocks():
+    scale = torch.tensor([0.01, 0.02])
+    cache = kernels.PagedKVCache(1, 4, 16, 2, 32, dtype=torch.float8_e4m3fn, k_scale=scale, v_scale=0.5)
+    cache.allocate(0)
+    keys, values = torch.randn(20, 2, 32), torch.randn(20, 2, 32)
+    slots = cache.append(0, 20)
+    cache.write(0, slots, keys, values)
+    stored = cache.k_caches[0].view(-1, 2, 32)[slots]
+    assert torch.equal(stored.view(torch.uint8), quantize_kv(keys, scale, torch.float8_e4m3fn).view(torch.uint8))
+    assert torch.allclose(stored.float() * scale[:, None], keys, rtol=2**-3, atol=scale.max().item() * 2**-6)
+    big = torch.full((1, 2, 32), 1e6)  # saturates at 448 * scale instead of becoming NaN
+    cache.write(0, cache.append(0, 1), big, big)
+    assert bool(cache.k_caches[0].view(-1, 2, 32)[20].float().isfinite().all())
+    cache.free(0)
+    assert bool(cache.k_caches[0].float().isnan().all())
+    with pytest.raises(ValueError, match="k_scale applies to an fp8 cache"):
+        kernels.PagedKVCache(1, 4, 16, 2, 32, dtype=torch.bfloat16, k_scale=0.5)
+
+
+# --- case files and rows ------------------------------------------------------------------------
+
+SPEC = {"name": "f", "num_q_heads": 8, "num_kv_heads": 2, "head_dim": 64, "seq_lens": [5, 40, 100],
+        "dtype": "bfloat16", "tags": ["small"]}  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("changes", "field"),
+    [({"kv_scale": 0.5}, "kv_scale"), ({"kv_dtype": "float8"}, "kv_dtype"),
+     ({"kv_dtype": "float8_e4m3fn", "kv_scale": "max"}, "kv_scale"),
+     ({"kv_dtype": "float8_e4m3fn", "kv_scale": -1.0}, "kv_scale")],
+)  # fmt: skip
+def test_bad_fp8_field_is_refused_naming_it(changes, field):
+    with pytest.raises(CaseFileError, match=f"field '{field}"):
+        expand_spec({**SPEC, **changes}, "t.toml")
+
+
+def test_rows_report_quant_error_and_peers_skip_naming_fp8():
+    (case,) = expand_spec({**SPEC, "kv_dtype": "float8_e5m2", "kv_scale": "amax_per_head"}, "t.toml")
+    assert case.variants == {"fp8_kv"} and case.kv_element_bytes == 1
+    backends = [REGISTRY[name] for name in ("reference", "tlsim", "cache", "gather_sdpa")]
+    rows = run_cases([case], RunConfig(device="cpu", backends=backends, timing=False, progress=False))
+    rows = rows.set_index("backend")
+    for name in ("reference", "tlsim", "cache"):
+        assert rows.loc[name, "status"] == "pass", rows.loc[name, "reason"]
+        assert rows.loc[name, "kv_dtype"] == "float8_e5m2"
+        assert rows.loc[name, "quant_error"] > rows.loc[name, "max_abs_err"], "e5m2's own error exceeds the kernel's"
+    assert rows.loc["gather_sdpa", "status"] == "skip" and "fp8_kv" in rows.loc["gather_sdpa", "reason"]
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+@pytest.mark.parametrize("fp8", list(FP8), ids=str)
+@pytest.mark.parametrize("base", ["bfloat16_split_kv", "float16_prefill", "base"])
+def test_triton_on_cuda_matches_oracle_with_an_fp8_cache(base, fp8):
+    """The compiled kernel's fp8 loads and dequantization (the interpreter only models them)."""
+    inputs, args, scales = _fp8_inputs(base, FP8[fp8], True)
+    cuda_args = [a.cuda() for a in args]
+    cuda_scales = {k: v.cuda() for k, v in scales.items()}
+    result = kernels.paged_attention_triton(*cuda_args, **cuda_scales)
+    graded = grade(result.cpu(), paged_attention_oracle(*args, **scales), *_tolerance(inputs.q))
+    assert graded.passed, graded.reason

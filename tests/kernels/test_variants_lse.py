@@ -1,0 +1,246 @@
+"""return_lse: the log-sum-exp of every row, and the cascade it makes possible.
+
+Every built-in backend returns lse = ln(S + sum_j exp(l_j)) (the sink's term S included,
+docs/contract.md "The log-sum-exp") within the case's tolerance of the float64 oracle's,
+on the single-pass path and through the combine of the KV splits; a wrong lse (the sink
+left out, base 2, the unscaled logits) fails the grade; two partial attentions merged by
+their lse equal the whole; and the harness grades lse where a case asks for it.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import replace
+
+import pytest
+import torch
+
+import kernels
+from harness.backends.builtin import REGISTRY
+from harness.cases.spec import CaseFileError, expand_spec
+from harness.execute.local import run_cases
+from harness.run.grading import grade
+from harness.run.oracle import paged_attention_oracle
+from harness.run.runner import RunConfig, case_inputs
+from kernels.cascade import cascade_attention, merge_attention_states
+from tests.kernels.variant_cases import BY_NAME, VariantCase, run_through_cache, tolerance
+
+LSE_CASES = [
+    BY_NAME[name]
+    for name in ("window1_decode", "window5_spec_verify", "window_split_kv_decode", "sinks_extreme",
+                 "sinks_split_kv", "sinks_float16", "all_four_spec_verify", "all_four_split_kv", "softcap_bfloat16")
+]  # fmt: skip
+FUNCTIONS = {
+    "reference": kernels.paged_attention_reference,
+    "tlsim": kernels.paged_attention_tlsim,
+    "triton": kernels.paged_attention_triton,
+    "dispatch": kernels.paged_attention_dispatch,
+}
+
+
+def _function(name: str):
+    if name == "triton" and (reason := kernels.triton_unavailable_reason("cpu")):
+        pytest.skip(reason)
+    return FUNCTIONS[name]
+
+
+def _oracle(case: VariantCase, inputs):
+    return paged_attention_oracle(*inputs.args(), return_lse=True, **case.kwargs())
+
+
+@pytest.mark.parametrize("backend", list(FUNCTIONS))
+@pytest.mark.parametrize("case", LSE_CASES, ids=str)
+def test_backend_lse_matches_oracle(case: VariantCase, backend: str):
+    inputs = case.inputs()
+    out = torch.full_like(inputs.q, float("nan"))
+    result, lse = _function(backend)(*inputs.args(), out=out, return_lse=True, **case.kwargs())
+    assert result is out
+    assert lse.dtype == torch.float32 and lse.shape == inputs.q.shape[:2]
+    expected, expected_lse = _oracle(case, inputs)
+    assert grade(result, expected, *tolerance(case)).passed
+    graded = grade(lse, expected_lse, *tolerance(case))
+    assert graded.passed, f"{backend} on {case}: lse {graded.reason}"
+
+
+def test_cache_returns_lse():
+    case = BY_NAME["sinks_split_kv"]
+    inputs = case.inputs()
+    with_lse = VariantCase(case.name, case.base, {**case.options, "return_lse": True})
+    out, lse = run_through_cache(with_lse, inputs)
+    expected, expected_lse = _oracle(case, inputs)
+    assert grade(out, expected, *tolerance(case)).passed
+    assert grade(lse, expected_lse, *tolerance(case)).passed
+
+
+def test_lse_is_the_log_of_the_denominator_by_hand():
+    """One query, three keys, a sink: lse = ln(e^z0 + e^z1 + e^z2 + e^sink), natural log, scaled logits."""
+    q = torch.zeros(1, 1, 32)
+    q[0, 0, 0] = 1.0
+    keys = torch.zeros(3, 1, 32)
+    keys[:, 0, 0] = torch.tensor([0.0, 2.0, -1.0])
+    k_cache = keys.view(1, 3, 1, 32)
+    table, lens = torch.zeros(1, 1, dtype=torch.int32), torch.tensor([3], dtype=torch.int32)
+    sinks = torch.tensor([0.5])
+    z = torch.tensor([0.0, 2.0, -1.0]) * 0.5
+    by_hand = math.log(float(z.exp().sum()) + math.exp(0.5))
+    for name in ("reference", "tlsim", "triton"):
+        _, lse = _function(name)(q, k_cache, k_cache, table, lens, None, 0.5, sinks=sinks, return_lse=True)
+        assert abs(float(lse) - by_hand) < 1e-6, name
+
+
+def test_return_lse_must_be_a_bool():
+    inputs = BY_NAME["window1_decode"].inputs()
+    with pytest.raises(ValueError, match="return_lse must be True or False"):
+        kernels.paged_attention_tlsim(*inputs.args(), return_lse=1)
+
+
+# --- mutants: a wrong lse fails the grade ----------------------------------------------------
+
+
+def lse_without_the_sink(case, inputs):
+    kw = {k: v for k, v in case.kwargs().items() if k != "sinks"}
+    return kernels.paged_attention_tlsim(*inputs.args(), return_lse=True, **kw)[1]
+
+
+def lse_in_base_two(case, inputs):
+    return kernels.paged_attention_tlsim(*inputs.args(), return_lse=True, **case.kwargs())[1] / math.log(2)
+
+
+def lse_of_unscaled_logits(case, inputs):
+    """ln sum exp(q . k): the logits before the softmax scale (scale 1)."""
+    return kernels.paged_attention_tlsim(*inputs.args(), 1.0, return_lse=True, **case.kwargs())[1]
+
+
+@pytest.mark.parametrize(
+    "mutant", [lse_without_the_sink, lse_in_base_two, lse_of_unscaled_logits], ids=lambda m: m.__name__
+)
+def test_oracle_catches_a_wrong_lse(mutant):
+    case = BY_NAME["sinks_split_kv"]
+    inputs = case.inputs()
+    _, expected_lse = _oracle(case, inputs)
+    assert not grade(mutant(case, inputs), expected_lse, *tolerance(case)).passed
+
+
+# --- merging partial attentions ----------------------------------------------------------------
+
+
+def _split_table(inputs, at_block: int):
+    """The same sequences cut at logical block ``at_block``: (table, lens) of the head and of the tail."""
+    table, lens = inputs.block_table, inputs.seq_lens
+    cut = at_block * inputs.k_cache.shape[1]
+    head_lens = lens.clamp(max=cut)
+    return (table[:, :at_block].contiguous(), head_lens), (table[:, at_block:].contiguous(), lens - head_lens)
+
+
+@pytest.mark.parametrize("backend", ["reference", "tlsim", "triton"])
+def test_merge_of_two_partial_attentions_is_the_whole(backend):
+    """Decode (every key visible) over keys [0, 32) and [32, seq_len) separately, then merged."""
+    fn = _function(backend)
+    sinks_split_kv = BY_NAME["sinks_split_kv"]
+    case = VariantCase("merge", replace(sinks_split_kv.base, seq_lens=(2500, 700, 40)), sinks_split_kv.options)
+    inputs = case.inputs()
+    q, k_cache, v_cache = inputs.args()[:3]
+    (head_table, head_lens), (tail_table, tail_lens) = _split_table(inputs, 2)
+    assert bool((tail_lens > 0).all())
+    kw = case.kwargs()
+    out_a, lse_a = fn(q, k_cache, v_cache, head_table, head_lens, None, return_lse=True, **kw)
+    out_b, lse_b = fn(q, k_cache, v_cache, tail_table, tail_lens, None, return_lse=True)  # the sink once
+    merged, lse = merge_attention_states(out_a, lse_a, out_b, lse_b)
+    expected, expected_lse = _oracle(case, inputs)
+    assert grade(merged, expected, *tolerance(case)).passed
+    assert grade(lse, expected_lse, *tolerance(case)).passed
+    wrong, _ = merge_attention_states(out_a, lse_b, out_b, lse_a)  # weights swapped
+    assert not grade(wrong, expected, *tolerance(case)).passed
+
+
+def test_merge_weighs_a_part_with_no_key_zero():
+    out_a, out_b = torch.randn(3, 2, 8), torch.randn(3, 2, 8)
+    lse_b = torch.randn(3, 2)
+    merged, lse = merge_attention_states(out_a, torch.full((3, 2), float("-inf")), out_b, lse_b)
+    assert torch.equal(merged, out_b) and torch.equal(lse, lse_b)
+
+
+CASCADE_SPEC = {"name": "c", "num_q_heads": 8, "num_kv_heads": 2, "head_dim": 64, "block_size": 16,
+                "seq_lens": [45, 72, 39, 52], "q_lens": [1, 5, 1, 3], "layout": "shared_prefix", "seed": 3,
+                "tags": ["small"]}  # fmt: skip
+
+
+@pytest.mark.parametrize("backend", ["reference", "tlsim", "triton"])
+@pytest.mark.parametrize(
+    "variants", [{}, {"sinks": {"scale": 2.0}, "logit_softcap": 5.0}], ids=["plain", "sinks_softcap"]
+)
+def test_cascade_equals_the_whole_attention(backend, variants):
+    """Shared prefix of 2 blocks (32 keys) + each sequence's rest, merged by lse == the oracle of the whole."""
+    fn = _function(backend)
+    (case,) = expand_spec({**CASCADE_SPEC, **variants, "return_lse": True}, "t.toml")
+    inputs = case_inputs(case, "cpu")
+    options = {k: v for k, v in inputs.options.items() if k != "return_lse"}
+    assert case.prefix_blocks == 2
+    out, lse = cascade_attention(fn, *inputs.args(), case.prefix_blocks, **options)
+    expected, expected_lse = paged_attention_oracle(*inputs.args(), return_lse=True, **options)
+    assert grade(out, expected, case.atol, case.rtol).passed
+    assert grade(lse, expected_lse, case.atol, case.rtol).passed
+
+
+def test_cascade_refuses_positional_options():
+    (case,) = expand_spec(CASCADE_SPEC, "t.toml")
+    inputs = case_inputs(case, "cpu")
+    with pytest.raises(ValueError, match="sliding_window and alibi_slopes"):
+        cascade_attention(kernels.paged_attention_tlsim, *inputs.args(), 2, sliding_window=8)
+
+
+# --- the harness grades lse ---------------------------------------------------------------------
+
+
+def _run(case, *names):
+    backends = [REGISTRY[name] for name in names]
+    return run_cases([case], RunConfig(device="cpu", backends=backends, timing=False, progress=False))
+
+
+def test_harness_grades_lse_and_skips_backends_without_it():
+    (case,) = expand_spec({**CASCADE_SPEC, "name": "lse", "return_lse": True, "sinks": {"scale": 1.0}}, "t.toml")
+    assert "return_lse" in case.variants
+    rows = _run(case, "reference", "tlsim", "cache", "gather_sdpa").set_index("backend")
+    for name in ("reference", "tlsim", "cache"):
+        assert rows.loc[name, "status"] == "pass", rows.loc[name, "reason"]
+        assert 0 <= rows.loc[name, "lse_tol_ratio"] < 0.5
+    assert rows.loc["gather_sdpa", "status"] == "skip" and "return_lse" in rows.loc["gather_sdpa", "reason"]
+
+
+def test_harness_fails_a_backend_whose_lse_is_wrong(monkeypatch):
+    from harness.backends.registry import Backend, contract_prepare
+
+    def off_by_one(*args, **kwargs):
+        out, lse = kernels.paged_attention_tlsim(*args, **kwargs)
+        return out, lse + 0.01
+
+    (case,) = expand_spec({**CASCADE_SPEC, "name": "lse", "return_lse": True}, "t.toml")
+    bad = Backend("bad_lse", contract_prepare(off_by_one), ("cpu",), "plugin", variants=frozenset({"return_lse"}))
+    only_out = Backend("only_out", contract_prepare(lambda *a, **k: kernels.paged_attention_tlsim(*a, **k)[0]),
+                       ("cpu",), "plugin", variants=frozenset({"return_lse"}))  # fmt: skip
+    frame = run_cases([case], RunConfig(device="cpu", backends=[bad, only_out], timing=False, progress=False))
+    rows = frame.set_index("backend")
+    assert rows.loc["bad_lse", "status"] == "fail" and rows.loc["bad_lse", "reason"].startswith("lse:")
+    assert rows.loc["only_out", "status"] == "fail" and "not a tuple (out, lse)" in rows.loc["only_out", "reason"]
+
+
+def test_harness_runs_a_cascade_case():
+    (case,) = expand_spec({**CASCADE_SPEC, "name": "cascade", "cascade": True}, "t.toml")
+    rows = _run(case, "reference", "tlsim").set_index("backend")
+    for name in ("reference", "tlsim"):
+        assert rows.loc[name, "status"] == "pass", rows.loc[name, "reason"]
+        assert "cascade: 2 shared blocks" in rows.loc[name, "note"]
+
+
+@pytest.mark.parametrize(
+    ("changes", "message"),
+    [
+        ({"layout": "shuffled"}, "needs layout = 'shared_prefix'"),
+        ({"sliding_window": 4}, "cannot take sliding_window or alibi"),
+        ({"seq_lens": [48, 72, 50, 52], "q_lens": [1, 5, 1, 3]}, "sequence 0 (seq_len 48, q_len 1)"),
+        ({"seq_lens": [45], "q_lens": [1]}, "two or more sequences"),
+    ],
+)
+def test_bad_cascade_case_is_refused_naming_the_field(changes, message):
+    with pytest.raises(CaseFileError, match=rf"field 'cascade'.*{message.replace('(', '.').replace(')', '.')}"):
+        expand_spec({**CASCADE_SPEC, "cascade": True, **changes}, "t.toml")
