@@ -1,4 +1,4 @@
-"""Hand-built report rows and run folders for the compare, report and history tests.
+"""Hand-built report rows, run folders and journals for the compare, report, history and resume tests.
 
 Rows carry the runner's columns (harness.run.runner.COLUMNS) and the newer ones the runner
 is gaining (latency_samples_us, call_us, worst_location, ...); samples are drawn from a
@@ -73,3 +73,35 @@ def write(frame_: pd.DataFrame, meta_: dict, path: Path, *, page: bool = False) 
 
 def dumps(meta_: dict) -> str:
     return json.dumps(meta_)
+
+
+def journal(out: Path, cases: Path, rows=(), **options) -> Path:
+    """A stopped run's journal for ``out``: ``cases`` through tlsim, untimed, with ``options`` over those;
+    ``rows`` are written as they are, checked or not. Returns the journal's path."""
+    from harness.results.journal import Journal, journal_path
+
+    stored = {"cases": [str(cases)], "backends": ["tlsim"], "device": "cpu", "plugins": [], "tags": None,
+              "oracle_device": None, "timing": False, "isolate": "plugins", "timeout": 300.0, "workers": None,
+              "ray": None, "shard": None, **options}  # fmt: skip
+    written = Journal.create(out, stored)
+    for row_ in rows:
+        written._write(row_)
+    written.close(stopped=True)
+    return journal_path(out)
+
+
+def copy_run(run: Path, meta_patch: dict | None = None, frame_fn=None, to: Path | None = None) -> Path:
+    """A copy of ``run`` at ``to`` (default: a fresh folder), meta.json updated by ``meta_patch``, rows
+    through ``frame_fn``."""
+    import shutil
+    import tempfile
+
+    copy = to or Path(tempfile.mkdtemp(prefix="run-copy-")) / "run"
+    shutil.copytree(run, copy)
+    if meta_patch is not None:
+        meta_ = json.loads((copy / "meta.json").read_text())
+        meta_.update(meta_patch)
+        (copy / "meta.json").write_text(json.dumps(meta_))
+    if frame_fn is not None:
+        frame_fn(pd.read_parquet(copy / "results.parquet")).to_parquet(copy / "results.parquet")
+    return copy

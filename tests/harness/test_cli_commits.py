@@ -9,6 +9,7 @@ import subprocess
 import pytest
 
 from harness.cli.main import main
+from tests.tiny_cases import write_cases
 
 PLUGIN = '''
 import time
@@ -31,17 +32,6 @@ def slowpoke(q, k_cache, v_cache, block_table, seq_lens, query_start_loc=None, s
 
 register_backend("slowpoke", slowpoke, devices=("cpu",))
 '''
-CASES = """
-[[case]]
-name = "tiny"
-num_q_heads = 4
-num_kv_heads = 2
-head_dim = 32
-block_size = 8
-seq_lens = [5, 17]
-dtype = "float32"
-tags = ["small"]
-"""
 WAITS = {"first": 0.0, "second": 0.05, "third": 0.05}  # the second commit is the slower one (by 50 ms a call)
 
 
@@ -64,7 +54,7 @@ def repo(tmp_path, monkeypatch):
         git("add", "slowpoke_kernel.py")
         git("commit", "-q", "-m", name)
     (tmp_path / "plugin.py").write_text(PLUGIN)
-    (tmp_path / "tiny.toml").write_text(CASES)
+    write_cases(tmp_path / "tiny.toml", {"name": "tiny", "tags": ["small"]})
     return tmp_path
 
 

@@ -4,15 +4,13 @@ continuous and bisect refuse bad commits; the terminal words a run's rows right.
 from __future__ import annotations
 
 import json
-import re
-import subprocess
 
 import pandas as pd
 import pytest
 
 from harness.cli.bisect import search
 from harness.cli.main import main
-from harness.cli.options import BadInput, compile_pattern
+from harness.cli.options import compile_pattern
 from harness.cli.terminal import row_printer, summarize, verdict_lines
 from tests.harness import review_frames as rf
 
@@ -37,30 +35,10 @@ def test_k_picks_case_ids_as_pytest_does(expression, picked):
     assert [i for i in IDS if matches(i)] == picked
 
 
-@pytest.mark.parametrize(
-    ("expression", "words"),
-    [
-        ("decode and", "ends where a name was expected"),
-        ("(decode", "'(' is never closed"),
-        ("decode prefill", "'prefill' after a complete expression"),
-        ("or decode", "'or' where a name was expected"),
-        ("", "an empty expression"),
-    ],
-)
-def test_a_bad_k_is_bad_input_naming_the_expression(expression, words, capsys):
-    with pytest.raises(BadInput, match=re.escape(words)):
-        compile_pattern(expression)
-    assert main(["list", "smoke", "-k", expression]) == 2
-    err = capsys.readouterr().err
-    assert f"-k {expression!r}" in err and words in err
-
-
 def test_list_and_run_take_only_the_cases_k_picks(tmp_path, capsys):
     assert main(["list", "smoke", "-k", "decode_gqa and not bfloat16"]) == 0
     out = capsys.readouterr().out
     assert "decode_gqa/dtype=float32" in out and "decode_gqa/dtype=bfloat16" not in out and out.endswith("2 cases\n")
-    assert main(["list", "smoke", "-k", "nothing_is_called_this"]) == 2
-    assert "matching -k 'nothing_is_called_this'" in capsys.readouterr().err
     out = tmp_path / "run"
     argv = ["run", "smoke", "-k", "decode_gqa/dtype=float32", "--backend", "reference", "--no-timing"]
     assert main([*argv, "--no-progress", "--out", str(out)]) == 0
@@ -94,8 +72,6 @@ def test_compare_json_writes_every_row_and_the_exit_code_to_stdout_or_a_file(tmp
     assert [(r["case"], r["backend"]) for r in worse] == [(new_frame.loc[0, "case"], new_frame.loc[0, "backend"])]
     assert main(["compare", str(base), str(new), "--no-confirm", "--json", str(tmp_path / "c.json")]) == 1
     assert json.loads((tmp_path / "c.json").read_text()) == document
-    assert main(["compare", str(base), str(new), "--json", str(tmp_path)]) == 2
-    assert "a folder; give a file to write" in capsys.readouterr().err
 
 
 def _frame(rows: list[dict]) -> pd.DataFrame:
@@ -164,45 +140,3 @@ def test_bisect_says_when_bad_is_not_bad_and_where_an_undecided_step_leaves_it()
     assert search(commits, lambda c: "good")[0] == "not bad"
     outcome, lo, hi = search(commits, lambda c: "undecided" if c == "c2" else "good")
     assert outcome == "undecided" and commits[lo + 1 : hi + 1] == ["c2", "c3", "c4"]  # c1 was judged good
-
-
-@pytest.fixture
-def repo(tmp_path, monkeypatch):
-    """A git repository of three commits (first, second, third), the cwd; name -> commit id."""
-    env = {"GIT_AUTHOR_NAME": "t", "GIT_AUTHOR_EMAIL": "t@t", "GIT_COMMITTER_NAME": "t", "GIT_COMMITTER_EMAIL": "t@t"}
-    monkeypatch.chdir(tmp_path)
-    for name, value in env.items():
-        monkeypatch.setenv(name, value)
-
-    def git(*args):
-        return subprocess.run(["git", *args], capture_output=True, text=True, check=True).stdout.strip()
-
-    git("init", "-q", "-b", "main")
-    ids = {}
-    for name in ("first", "second", "third"):
-        git("commit", "-q", "--allow-empty", "-m", name)
-        ids[name] = git("rev-parse", "HEAD")
-    return ids
-
-
-@pytest.mark.parametrize(
-    ("argv", "words"),
-    [
-        (["continuous", "no-such-ref"], "BASE 'no-such-ref': not a commit of this repository"),
-        (["continuous", "--help-me"], None),
-        (["continuous", "HEAD", "HEAD"], "are the same commit"),
-        (["bisect", "third", "first", "--case", "c", "--backend", "tlsim"], "is not an ancestor of BAD"),
-        (["bisect", "first", "third", "--case", "c", "--backend", "nope"], "--backend nope: unknown backend"),
-        (["bisect", "first", "third", "--case", "nope", "--backend", "tlsim"], "--case nope: no such case"),
-        (["bisect", "first", "third", "--case", "c", "--backend", "tlsim", "--rounds", "3"], "--rounds 3: at least"),
-    ],
-)
-def test_continuous_and_bisect_refuse_bad_commits_cases_and_backends_with_exit_2(repo, capsys, argv, words):
-    argv = [repo.get(word, word) if i < 3 else word for i, word in enumerate(argv)]
-    if words is None:  # an unknown option: argparse's own exit 2
-        with pytest.raises(SystemExit) as stop:
-            main(argv)
-        assert stop.value.code == 2
-        return
-    assert main(argv) == 2
-    assert words in capsys.readouterr().err

@@ -6,7 +6,6 @@ from __future__ import annotations
 import pandas as pd
 import pytest
 
-import harness.cases.packaged
 import kernels.dispatch
 from harness.cli.main import main
 from harness.cli.terminal import verdict_lines
@@ -86,12 +85,3 @@ def test_bare_harness_prints_its_help_and_exits_0(capsys):
     assert main([]) == 0
     out, err = capsys.readouterr()
     assert out.startswith("usage:") and "compare" in out and "exit codes:" in out and not err
-
-
-@pytest.mark.parametrize("verb", ["run", "list"])
-def test_an_unknown_case_name_is_bad_input_listing_the_packaged_suites(tmp_path, capsys, verb):
-    assert main([verb, "smok", *(["--out", str(tmp_path / "r")] if verb == "run" else [])]) == 2
-    err = capsys.readouterr().err
-    assert "smok: no such case file or folder, and not a packaged suite" in err
-    assert all(name in err for name in harness.cases.packaged.packaged_suites()), err
-    assert not (tmp_path / "r").exists()

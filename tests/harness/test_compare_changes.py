@@ -98,40 +98,6 @@ def test_duplicated_rows_are_refused(base, rerun):
         compare_runs(base, doubled)
 
 
-def _absent(folder):
-    pass
-
-
-def _meta_only(folder):
-    rf.write(rf.frame(num_cases=1), rf.meta(), folder)
-    (folder / "results.parquet").unlink()
-
-
-def _doubled(folder):
-    frame = rf.frame(num_cases=1)
-    rf.write(pd.concat([frame, frame.iloc[:1]]), rf.meta(), folder)
-
-
-# How a folder given to compare is bad, and what the error says of it.
-BAD_RUNS = {
-    "absent": (_absent, "{folder}: not a run folder (no such folder)"),
-    "meta_only": (_meta_only, "{folder}: not a run folder (no results.parquet)"),
-    "doubled": (_doubled, "{side} run: duplicated (case, backend) rows: reference on case00"),
-}
-
-
-@pytest.mark.parametrize(("base_bad", "new_bad"), [("absent", "absent"), ("absent", "meta_only"),
-                                                    ("meta_only", "absent"), ("doubled", "doubled")])  # fmt: skip
-def test_compare_names_every_bad_run_folder_not_only_the_first(tmp_path, capsys, base_bad, new_bad):
-    expected = []
-    for side, bad in (("base", base_bad), ("new", new_bad)):
-        make, message = BAD_RUNS[bad]
-        make(tmp_path / side)
-        expected.append(message.format(folder=tmp_path / side, side=side))
-    assert main(["compare", str(tmp_path / "base"), str(tmp_path / "new")]) == 2
-    assert capsys.readouterr().err.removeprefix("error: ").splitlines() == expected
-
-
 def test_the_terminal_table_lists_changes_and_the_exit_reason(base, rerun):
     new = _set(rerun, "case01", "tlsim", status="fail")
     text = format_comparison(compare_runs(base, new), "A", "B")
@@ -152,9 +118,6 @@ def test_cli_compare_exit_codes_and_html_page_escape_plugin_strings(tmp_path, ba
     html = page.read_text()
     assert evil not in html and "&lt;script&gt;alert(1)&lt;/script&gt;" in html
     assert "status pass -&gt; fail" in html and "exit 1" in html
-    rf.write(pd.concat([rerun, rerun.iloc[:1]]), rf.meta(), tmp_path / "d")
-    assert main(["compare", str(tmp_path / "a"), str(tmp_path / "d")]) == 2
-    assert "duplicated" in capsys.readouterr().err
 
 
 def test_cli_compare_a_planted_slowdown_that_cannot_be_retimed_is_unconfirmed_and_a_rerun_passes(tmp_path):

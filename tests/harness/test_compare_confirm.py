@@ -143,12 +143,3 @@ def test_confirm_without_commits_changes_nothing_and_says_why(tmp_path):
 )
 def test_confirm_reuses_the_plugins_of_the_original_command(command, plugins):
     assert _plugins(command) == plugins
-
-
-def test_too_few_confirm_rounds_is_bad_input_before_any_run_is_read(tmp_path, capsys):
-    """--confirm-rounds below the first look (9) could never decide a row: exit 2 naming the option."""
-    from harness.cli.main import main
-
-    missing = str(tmp_path / "no_such_run")
-    assert main(["compare", missing, missing, "--confirm", "all", "--confirm-rounds", "8"]) == 2
-    assert "--confirm-rounds 8: at least 9 rounds" in capsys.readouterr().err

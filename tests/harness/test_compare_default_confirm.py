@@ -207,8 +207,3 @@ def test_an_accuracy_regression_wins_over_unconfirmed_latency(tmp_path, rounds, 
     assert main(["compare", base, new_dir]) == 1
     out = capsys.readouterr().out
     assert "status pass -> fail" in out and "UNCONFIRMED" in out and not rounds
-
-
-def test_confirm_and_no_confirm_together_is_bad_input(tmp_path, capsys):
-    assert main(["compare", str(tmp_path), str(tmp_path), "--confirm", "all", "--no-confirm"]) == 2
-    assert "choose one" in capsys.readouterr().err

@@ -13,20 +13,11 @@ import pytest
 
 from harness.cases.spec import load_case_file
 from harness.cli.main import build_parser
+from tests.tiny_cases import write_cases
 
 ROOT = Path(__file__).resolve().parents[2]
 DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
 FENCE = re.compile(r"^```(\w*)\n(.*?)^```", re.M | re.S)
-TINY_CASE = """
-[[case]]
-name = "tiny"
-num_q_heads = 4
-num_kv_heads = 2
-head_dim = 32
-block_size = 8
-seq_lens = [5, 17]
-dtype = "float32"
-"""
 
 
 def blocks(language: str) -> list[tuple[str, str]]:
@@ -80,7 +71,7 @@ def test_readme_plugin_example_runs_through_the_cli(tmp_path):
     (doc, plugin), *_ = [b for b in blocks("python") if "register_backend" in b[1]]
     name = re.search(r'register_backend\(\s*"(\w+)"', plugin).group(1)
     (tmp_path / "my_kernel.py").write_text(plugin)
-    (tmp_path / "tiny.toml").write_text(TINY_CASE)
+    write_cases(tmp_path / "tiny.toml", {"name": "tiny"})
     done = subprocess.run(
         [sys.executable, "-m", "harness", "run", str(tmp_path / "tiny.toml"), "--plugin", str(tmp_path / "my_kernel.py"),
          "--backend", name, "--no-timing", "--no-progress", "--out", str(tmp_path / "run")],

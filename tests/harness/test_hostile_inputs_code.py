@@ -24,7 +24,7 @@ import pytest
 from harness.backends import builtin as backends_module
 from harness.cli.main import build_parser, main
 from harness.cli.resume import resume
-from harness.results.journal import Journal, journal_path
+from harness.results.journal import journal_path
 from tests.harness import review_frames as rf
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -161,30 +161,9 @@ def test_a_meta_commit_that_is_not_a_commit_id_is_bad_input_before_git_worktree(
     assert subprocess.run(["git", "worktree", "list"], cwd=ROOT, capture_output=True, text=True).stdout == before
 
 
-def _journal(setup, out: Path, rows=(), **options) -> Path:
-    """A stopped run's journal: tiny.toml through tlsim, untimed, with ``options`` over those."""
-    stored = {"cases": [str(setup / "tiny.toml")], "backends": ["tlsim"], "device": "cpu", "plugins": [],
-              "tags": None, "oracle_device": None, "timing": False, "isolate": "plugins", "timeout": 300.0,
-              "workers": None, "ray": None, "shard": None, **options}  # fmt: skip
-    journal = Journal.create(out, stored)
-    for row in rows:
-        journal._write(row)
-    journal.close(stopped=True)
-    return journal_path(out)
-
-
-def test_resume_imports_a_journals_plugin_only_when_given_again_with_plugin(setup, capsys, monkeypatch):
+def test_resume_imports_a_journals_plugin_given_again_with_plugin_by_any_spelling(setup, monkeypatch):
     out = setup / "run"
-    evil = setup / "evil.py"
-    _journal(setup, out, plugins=[str(evil)])
-    assert main(["run", "--resume", str(out), "--no-progress"]) == 2
-    err = capsys.readouterr().err
-    assert f"names plugin(s) {evil}" in err and f"pass --plugin {evil}" in err
-    assert not (setup / "evil_ran").exists(), "the plugin named by the journal was imported"
-    extra = ["--plugin", str(evil), "--plugin", str(setup / "plugin.py")]
-    assert main(["run", "--resume", str(out), "--no-progress", *extra]) == 2
-    assert "the run did not use it" in capsys.readouterr().err
-    assert not (setup / "evil_ran").exists()
+    rf.journal(out, setup / "tiny.toml", plugins=[str(setup / "evil.py")])
     monkeypatch.chdir(setup)  # the same file by another spelling: matched by its resolved path
     assert main(["run", "--resume", str(out), "--no-progress", "--plugin", "./evil.py"]) == 0
     assert (setup / "evil_ran").exists(), "given with --plugin, it is imported"
@@ -193,27 +172,20 @@ def test_resume_imports_a_journals_plugin_only_when_given_again_with_plugin(setu
 # --- 2. resume is honest and exclusive ------------------------------------------------------
 
 
-def test_resume_lets_timeout_win_and_refuses_options_that_change_results(setup, capsys):
+def test_resume_lets_timeout_win_and_keeps_the_runs_other_options(setup):
     out = setup / "run"
-    _journal(setup, out)
+    rf.journal(out, setup / "tiny.toml")
     args = build_parser().parse_args(["run", "--resume", str(out), "--timeout", "5"])
     resume(args).close(stopped=True)
     assert args.timeout == 5.0, "--timeout given with --resume wins over the journal's 300"
     args = build_parser().parse_args(["run", "--resume", str(out)])
     resume(args).close(stopped=True)
     assert args.timeout == 300.0 and args.isolate == "plugins"
-    _journal(setup, setup / "timed", timing=True)
-    for target, extra in [("run", ["--device", "cuda"]), ("run", ["--tag", "big"]),
-                          ("run", ["--oracle-device", "cuda"]), ("run", ["-k", "decode"]),
-                          ("timed", ["--no-timing"])]:  # fmt: skip
-        assert main(["run", "--resume", str(setup / target), *extra]) == 2
-        err = capsys.readouterr().err
-        assert f"{extra[0]}" in err and "differs from the run" in err, err
 
 
 def test_a_second_resume_of_a_journal_being_written_is_refused_naming_the_holder(setup, capsys, monkeypatch):
     out = setup / "run"
-    path = _journal(setup, out)
+    path = rf.journal(out, setup / "tiny.toml")
     holder = subprocess.Popen(
         [sys.executable, "-c", "import sys, time\nfrom harness.results.journal import Journal\n"
          "journal = Journal.read(sys.argv[1])\njournal.lock()\nprint('locked', flush=True)\ntime.sleep(120)", str(path)],
@@ -241,41 +213,13 @@ def test_duplicated_journal_rows_are_dropped_with_a_warning_and_the_folder_loads
            .iloc[0].to_dict().items()}  # fmt: skip
     row = json.loads(json.dumps(row, default=lambda v: v.tolist() if hasattr(v, "tolist") else str(v)))
     out = setup / "run"
-    _journal(setup, out, rows=[row, {**row, "reason": "second"}])
+    rf.journal(out, setup / "tiny.toml", rows=[row, {**row, "reason": "second"}])
     capsys.readouterr()
     assert main(["run", "--resume", str(out), "--no-progress"]) == 0
     err = capsys.readouterr().err
     assert f"warning: {journal_path(out)}: dropped 1 duplicated row(s)" in err and "tiny tlsim (line 3)" in err
     assert len(pd.read_parquet(out / "results.parquet")) == 1
     assert main(["compare", str(done), str(out)]) in (0, 4), "the written folder is loadable by compare"
-
-
-@pytest.mark.parametrize(
-    ("line", "field"),
-    [
-        ({"case": ["tiny"], "backend": "tlsim", "status": "pass"}, "'case'"),
-        ({"case": "tiny", "backend": "tlsim", "status": "pass", "latency_us": "fast"}, "'latency_us'"),
-        ({"case": "tiny", "backend": "tlsim", "status": "great"}, "'status'"),
-        ([1, 2], "a list, not a JSON object"),
-        ({"resumed_by": "me"}, "'resumed_by'"),
-    ],
-)
-def test_a_badly_typed_journal_row_is_bad_input_naming_file_line_and_field(setup, capsys, line, field):
-    out = setup / "run"
-    _journal(setup, out, rows=[line])
-    assert main(["run", "--resume", str(out), "--no-progress"]) == 2
-    err = capsys.readouterr().err
-    assert f"{journal_path(out)}: line 2: " in err and field in err, err
-    assert "Traceback" not in err
-
-
-def test_a_journal_header_whose_plugins_are_not_a_list_of_strings_is_bad_input(setup, capsys):
-    out = setup / "run"
-    _journal(setup, out, plugins=str(setup / "evil.py"))
-    assert main(["run", "--resume", str(out), "--no-progress", "--plugin", str(setup / "evil.py")]) == 2
-    err = capsys.readouterr().err
-    assert f"{journal_path(out)}: line 1: field 'options.plugins'" in err, err
-    assert not (setup / "evil_ran").exists()
 
 
 # --- 3. processes and output ----------------------------------------------------------------

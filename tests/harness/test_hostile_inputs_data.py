@@ -1,12 +1,11 @@
 """Files a colleague hands you are data: run folders, case files and the oracle cache are checked
 before use, and what does not fit is bad input (exit 2) naming the file and the field.
 
-Each test reproduces one way such a file went wrong: a meta.json or results.parquet field of
-another type (a traceback or a silent exit 0 before it was checked), a sweep of 600M points
-(expanded until memory ran out), a cache entry rewritten with zeros under a valid header
-(graded against as truth), a timed run compared with an untimed one (exit 0), a partial-looking
-folder of someone else's (deleted), a symlinked --out (refused only after the work), and a
-folder without runs given to history (ignored).
+Here: any meta.json field or results.parquet column of another type is bad input, not a traceback or a
+silent exit 0; a partial-looking folder of someone else's is kept; a sweep of 600M points is refused
+before it is expanded; run folders and journals are sized before they are read; an oracle cache entry
+rewritten under a valid header is caught by --verify-oracle-cache. The refusals of single commands are
+the rows of tests/harness/test_cli_errors.py.
 """
 
 from __future__ import annotations
@@ -15,12 +14,8 @@ import hashlib
 import io
 import json
 import os
-import shutil
 import subprocess
 import sys
-import tempfile
-from collections.abc import Callable
-from dataclasses import dataclass, field
 from pathlib import Path
 
 import pandas as pd
@@ -33,6 +28,7 @@ from harness.cli.main import main
 from harness.results.schemas import COLUMN_KINDS, FLAG, NUMBER, SAMPLES, SCALAR, TEXT
 from harness.results.storage import PARTIAL_MARKER, stale_leftovers
 from harness.run import oracle_cache
+from tests.harness import review_frames as rf
 from tests.tiny_cases import write_cases
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -40,30 +36,6 @@ ROOT = Path(__file__).resolve().parents[2]
 
 def _run(out: Path, cases: Path, *extra: str) -> int:
     return main(["run", str(cases), "--out", str(out), "--backend", "reference", "--no-progress", *extra])
-
-
-@pytest.fixture(scope="module")
-def runs(tmp_path_factory):
-    """A real untimed run and a real timed run of one tiny case (the reference backend)."""
-    root = tmp_path_factory.mktemp("runs")
-    cases = write_cases(root / "tiny.toml", {"name": "tiny"})
-    assert _run(root / "untimed", cases, "--no-timing") == 0
-    assert _run(root / "timed", cases) == 0
-    return root
-
-
-def _copy(run: Path, meta_patch: dict | None = None, frame_fn=None, to: Path | None = None) -> Path:
-    """A copy of ``run`` at ``to`` (default: a fresh folder), meta.json updated by ``meta_patch``, rows
-    through ``frame_fn``."""
-    copy = to or Path(tempfile.mkdtemp(prefix="hostile-")) / "run"
-    shutil.copytree(run, copy)
-    if meta_patch is not None:
-        meta = json.loads((copy / "meta.json").read_text())
-        meta.update(meta_patch)
-        (copy / "meta.json").write_text(json.dumps(meta))
-    if frame_fn is not None:
-        frame_fn(pd.read_parquet(copy / "results.parquet")).to_parquet(copy / "results.parquet")
-    return copy
 
 
 def _kind(value) -> str:
@@ -95,7 +67,7 @@ def test_any_meta_field_of_another_type_is_bad_input(runs, capsys, data):
         patch = {outer: {**meta[outer], inner: WRONG[wrong]}}
     else:
         patch = {field: WRONG[wrong]}
-    bad = _copy(good, patch)
+    bad = rf.copy_run(good, patch)
     verb = data.draw(st.sampled_from(["compare", "history"]), label="verb")
     assert main([verb, str(good), str(bad)]) == 2
     err = capsys.readouterr().err
@@ -115,7 +87,7 @@ def test_any_results_column_of_another_type_is_bad_input(runs, capsys, data):
     columns = [c for c in pd.read_parquet(good / "results.parquet").columns if c in COLUMN_KINDS]
     column = data.draw(st.sampled_from(columns), label="column")
     value = WRONG_VALUE[COLUMN_KINDS[column]]
-    bad = _copy(good, frame_fn=lambda frame: frame.assign(**{column: [value] * len(frame)}))
+    bad = rf.copy_run(good, frame_fn=lambda frame: frame.assign(**{column: [value] * len(frame)}))
     verb = data.draw(st.sampled_from(["compare", "history"]), label="verb")
     assert main([verb, str(good), str(bad)]) == 2
     err = capsys.readouterr().err
@@ -130,138 +102,7 @@ def test_every_runner_column_has_a_kind_and_a_line_in_the_contract():
     assert "`oracle_cached`" in (ROOT / "docs" / "contract.md").read_text()
 
 
-# --- the table: a hostile input, the exit code it gets and the words that say why ---------------------
-
-
-@dataclass(frozen=True)
-class Hostile:
-    """One hostile input: ``make(runs, tmp)`` builds it under ``tmp`` and returns the CLI's arguments;
-    ``words`` (``{tmp}`` filled in) must appear in what the command prints."""
-
-    name: str
-    make: Callable[[Path, Path], list[str]]
-    exit: int
-    words: tuple[str, ...] = ()
-    env: dict[str, str] = field(default_factory=dict)
-
-
-def _bad_meta(patch: dict, verb: str):
-    def make(runs: Path, tmp: Path) -> list[str]:
-        bad = _copy(runs / "untimed", patch, to=tmp / "bad")
-        return [verb, str(bad)] if verb == "report" else [verb, str(runs / "untimed"), str(bad)]
-
-    return make
-
-
-def _bad_rows(frame_fn, verb: str):
-    def make(runs: Path, tmp: Path) -> list[str]:
-        bad = _copy(runs / "timed", frame_fn=frame_fn, to=tmp / "bad")
-        return [verb, str(bad)] if verb == "history" else [verb, str(runs / "timed"), str(bad)]
-
-    return make
-
-
-def _folder(files: dict[str, Path | str]):
-    """A folder ``tmp/folder`` holding ``files`` (a run's file by its name, or text), handed to history."""
-
-    def make(runs: Path, tmp: Path) -> list[str]:
-        folder = tmp / "folder"
-        folder.mkdir()
-        for name, content in files.items():
-            if isinstance(content, Path):
-                shutil.copy(runs / content / name, folder / name)
-            else:
-                (folder / name).write_text(content)
-        return ["history", str(runs / "untimed"), str(folder)]
-
-    return make
-
-
-def _run_args(out: str, *extra: str, case: dict | None = None):
-    """``run`` of one case (the tiny one unless ``case``) into ``tmp/out``: ``out`` is "folder", "dangling"
-    (a symbolic link to nowhere) or an absolute path."""
-
-    def make(runs: Path, tmp: Path) -> list[str]:
-        cases = write_cases(tmp / "cases.toml", case or {"name": "tiny"})
-        target = tmp / "out"
-        if out == "dangling":
-            target.symlink_to(tmp / "nowhere")
-        elif out != "folder":
-            target = Path(out)
-        return ["run", str(cases), "--out", str(target), "--backend", "reference", "--no-progress", *extra]
-
-    return make
-
-
-def _runs_pair(base: str, new: str, verb: str = "compare"):
-    return lambda runs, tmp: [verb, str(runs / base), str(runs / new)]
-
-
-META_FIELDS = {"commit": {"commit": 5}, "gpus[0].gpu_name": {"gpus": [{}]}, "ceilings": {"ceilings": "fast"}}
-ROW_FAULTS = {
-    "column 'latency_us'": lambda f: f.assign(latency_us=["12.5"] * len(f)),
-    "column 'case'": lambda f: f.assign(case=list(range(len(f)))),
-    "holds no rows": lambda f: f.iloc[:0],
-}
-BIG_CASE = {"name": "prefill_8k", "num_q_heads": 32, "num_kv_heads": 8, "head_dim": 128, "seq_lens": [8192],
-            "q_lens": [8192]}  # fmt: skip
-HOSTILE = [
-    # A meta.json field of another type: a traceback or a silent exit 0 before it was checked.
-    *(Hostile(f"meta {name} to {verb}", _bad_meta(patch, verb), 2, (f"{{tmp}}/bad/meta.json: field '{name}'",))
-      for name, patch in META_FIELDS.items() for verb in ("compare", "history", "report")),
-    # A results.parquet column of another type, or no rows.
-    *(Hostile(f"results {words} to {verb}", _bad_rows(fault, verb), 2, (f"{{tmp}}/bad/results.parquet: {words}",))
-      for words, fault in ROW_FAULTS.items() for verb in ("compare", "history")),
-    Hostile("an untouched run to compare", _runs_pair("untimed", "untimed"), 0),
-    Hostile("untouched runs to history", _runs_pair("untimed", "timed", "history"), 0),
-    # A timed run compared with an untimed one: exit 0 before, as if nothing were slower.
-    Hostile("an untimed new run", _runs_pair("timed", "untimed"), 4,
-            ("1 graded row(s) timed in one run only (the new run was not timed",)),
-    Hostile("an untimed base run", _runs_pair("untimed", "timed"), 4, ("the base run was not timed",)),
-    # A folder without runs given to history: ignored before.
-    Hostile("a folder that is not a run", _folder({"notes.txt": "hello"}), 2, ("{tmp}/folder: not a run folder",)),
-    Hostile("a run folder without rows", _folder({"meta.json": Path("untimed")}), 2,
-            ("{tmp}/folder: not a run folder (no results.parquet)",)),
-    # A symlinked or unwritable --out: refused only after the work before.
-    Hostile("a dangling symlink as --out", _run_args("dangling", "--no-timing"), 2, ("{tmp}/out: is a symbolic link",)),
-    Hostile("an unwritable --out", _run_args("/proc/harness-cannot-write-here", "--no-timing"), 2, ("cannot",)),
-    Hostile("a case too large for memory", _run_args("folder", "--no-timing", case=BIG_CASE), 2,
-            ("case 'prefill_8k': field 'seq_lens': too large for cpu memory",)),
-    Hostile("a verify fraction past 1", _run_args("folder", "--verify-oracle-cache", "2"), 2,
-            ("give a fraction in (0, 1]",)),
-    Hostile("a sweep limit that is not a number", lambda runs, tmp: ["list", str(write_cases(tmp / "c.toml", {"name": "c"}))],
-            2, ("HARNESS_MAX_SWEEP_POINTS='lots'",), env={"HARNESS_MAX_SWEEP_POINTS": "lots"}),
-]  # fmt: skip
-
-
-@pytest.mark.parametrize("hostile", HOSTILE, ids=lambda h: h.name)
-def test_a_hostile_input_gets_its_exit_code_and_says_why_before_any_work(hostile, runs, tmp_path, monkeypatch, capsys):
-    """No case runs and no inputs are built for any of them, and none ends in a traceback."""
-    from harness.cases import inputs
-    from harness.execute import local
-    from harness.run import runner
-
-    def work(*args, **kwargs):
-        raise AssertionError("work began on a hostile input")
-
-    args = hostile.make(runs, tmp_path)
-    for module, name in ((local, "run_cases"), (inputs, "make_inputs"), (runner, "make_inputs")):
-        monkeypatch.setattr(module, name, work)
-    for key, value in hostile.env.items():
-        monkeypatch.setenv(key, value)
-    try:
-        code = main(args)
-    except SystemExit as stop:  # argparse's refusals
-        code = stop.code
-    out, err = capsys.readouterr()
-    assert code == hostile.exit, out + err
-    for words in hostile.words:
-        assert words.format(tmp=tmp_path) in out + err, out + err
-    assert "Traceback" not in err and not list(tmp_path.glob("*.journal.jsonl"))
-    assert not (tmp_path / "out").exists() or (tmp_path / "out").is_symlink()  # no run folder either
-
-
-# --- run folders: the stale cleanup and --out -----------------------------------------------------
+# --- run folders: the stale cleanup ----------------------------------------------------------
 
 
 def _dead_pid() -> int:

@@ -52,9 +52,7 @@ def test_an_old_journal_without_meta_says_so_instead_of_borrowing_this_machines(
     assert "meta_unknown" in meta["incomplete"] and "device_name" not in meta
 
 
-def test_finalize_refuses_without_resume_and_an_empty_journal(tmp_path, capsys):
-    assert main(["run", "--finalize"]) == 2
-    assert "--finalize needs --resume" in capsys.readouterr().err
+def test_finalize_refuses_an_empty_journal_and_keeps_it(tmp_path, capsys):
     stopped, _ = _stopped_run(tmp_path, 0, None)
     assert main(["run", "--resume", str(stopped), "--finalize"]) == 2
     assert "holds no row" in capsys.readouterr().err and journal_path(stopped).exists()

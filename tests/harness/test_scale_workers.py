@@ -165,30 +165,6 @@ def test_cases_go_out_longest_first(tmp_path):
     assert case_cost(big) > case_cost(small)
 
 
-def test_bad_workers_value_is_exit_2_before_any_work(tmp_path, capsys):
-    out = tmp_path / "run"
-    assert main([*SMOKE, "--out", str(out), "--workers", "none"]) == 2
-    assert "--workers none" in capsys.readouterr().err
-    assert not out.exists()
-
-
-def test_ray_without_ray_installed_is_exit_2_saying_how_to_install_it(tmp_path, capsys, monkeypatch):
-    import builtins
-
-    real_import = builtins.__import__
-
-    def no_ray(name, *args, **kwargs):
-        if name == "ray" or name.startswith("ray."):
-            raise ImportError("No module named 'ray'")
-        return real_import(name, *args, **kwargs)
-
-    monkeypatch.setattr(builtins, "__import__", no_ray)
-    out = tmp_path / "run"
-    assert main([*SMOKE, "--out", str(out), "--ray"]) == 2
-    assert "pip install 'paged-attention-harness[ray]'" in capsys.readouterr().err
-    assert not out.exists()
-
-
 def test_each_worker_is_spawned_seeing_only_its_own_gpu_and_the_parent_keeps_all(monkeypatch):
     from harness.execute.workers import PoolRun
 

@@ -4,15 +4,22 @@ Each case names what it pins. Lengths around a block boundary (1, block-1, block
 block+1) catch off-by-one reads at the end of a sequence's last block; q_len 0 and
 q_len > 1 rows catch a wrong causal offset; shuffled and shared tables catch code that
 assumes blocks are laid out in order or owned once.
+
+The edge tests' cases (:class:`Edge`, :class:`Edges`) are given as make_inputs keywords over a base of
+their own, with the launch hints an engine passes; :func:`backend_fn` and :func:`needs_triton` skip a
+test, with the reason, where the Triton kernel cannot run.
 """
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, dataclass, field, replace
 
+import pytest
 import torch
 
+import kernels
 from harness.cases.inputs import PagedInputs, make_inputs
+from harness.run.oracle import paged_attention_oracle
 
 
 @dataclass(frozen=True)
@@ -168,10 +175,66 @@ def triton_output(key: tuple, inputs: PagedInputs, **kwargs) -> torch.Tensor:
     ``out`` is written in place and returned. Callers must not write to the returned tensor.
     """
     if key not in _TRITON_OUTPUTS:
-        import kernels
-
         out = inputs.new_out()  # NaN-filled: an unwritten element fails
         result = kernels.paged_attention_triton(*inputs.args(), out=out, **kwargs)
         assert result is out, "the out buffer must be written in place and returned"
         _TRITON_OUTPUTS[key] = result
     return _TRITON_OUTPUTS[key]
+
+
+def needs_triton() -> None:
+    """Skip the calling test, with the reason, where the Triton kernel cannot run on the CPU."""
+    if reason := kernels.triton_unavailable_reason("cpu"):
+        pytest.skip(reason)
+
+
+def backend_fn(name: str):
+    """``kernels.paged_attention_<name>``; the test skips where that is the Triton kernel and it cannot run."""
+    if name == "triton":
+        needs_triton()
+    return getattr(kernels, f"paged_attention_{name}")
+
+
+@dataclass(frozen=True)
+class Edge:
+    """An edge case: its lengths, the make_inputs keywords it changes over its set's base, and the
+    max_q_len / max_seq_len hints triton and tlsim get (absent: the true ones, as an engine passes)."""
+
+    name: str
+    seq_lens: tuple[int, ...]
+    q_lens: tuple[int, ...]
+    fields: dict = field(default_factory=dict)
+    hints: dict = field(default_factory=dict)
+
+    def __str__(self) -> str:
+        return self.name
+
+
+def call_hints(case: Edge) -> dict:
+    """The launch hints of ``case``: the true max q_len and seq_len unless the case gives its own."""
+    return {"max_q_len": max(case.q_lens), "max_seq_len": max(case.seq_lens), **case.hints}
+
+
+class Edges:
+    """Edge cases over one base (make_inputs keywords), by name; a case's inputs and float64 oracle
+    output are built once a process, the first time a test asks."""
+
+    def __init__(self, base: dict, cases: list[Edge]):
+        self.base, self.cases = base, cases
+        self.by_name = {case.name: case for case in cases}
+        self._inputs: dict[str, PagedInputs] = {}
+        self._expected: dict[str, torch.Tensor | tuple[torch.Tensor, torch.Tensor]] = {}
+
+    def inputs(self, name: str) -> PagedInputs:
+        if name not in self._inputs:
+            case = self.by_name[name]
+            fields = {**self.base, **case.fields, "seq_lens": list(case.seq_lens), "q_lens": list(case.q_lens)}
+            self._inputs[name] = make_inputs(**fields)
+        return self._inputs[name]
+
+    def expected(self, name: str) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+        """The oracle's output (with the lse where the case asks for it)."""
+        if name not in self._expected:
+            inputs = self.inputs(name)
+            self._expected[name] = paged_attention_oracle(*inputs.args(), **inputs.options)
+        return self._expected[name]

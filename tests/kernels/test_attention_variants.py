@@ -33,7 +33,7 @@ from harness.run.oracle import paged_attention_oracle
 from harness.run.runner import RunConfig, case_inputs
 from kernels.reference import gather_kv
 from kernels.tiling import tiling_for, window_tile_start
-from tests.kernels.kernel_cases import CASES_BY_NAME, triton_output
+from tests.kernels.kernel_cases import CASES_BY_NAME, backend_fn, needs_triton, triton_output
 from tests.kernels.variant_cases import BY_NAME, ORACLE_ONLY, VARIANT_CASES, VariantCase, run_through_cache, tolerance
 from tests.tiny_cases import TINY
 
@@ -50,8 +50,8 @@ def _triton_key(case: VariantCase) -> tuple:
 @pytest.mark.parametrize("backend", ["reference", "tlsim", "triton", "dispatch", "cache"])
 @pytest.mark.parametrize("case", VARIANT_CASES, ids=str)
 def test_backend_matches_oracle_with_the_variant(case: VariantCase, backend: str):
-    if backend == "triton" and (reason := kernels.triton_unavailable_reason("cpu")):
-        pytest.skip(reason)
+    if backend == "triton":
+        needs_triton()
     inputs = case.inputs()
     if backend == "cache":
         result = run_through_cache(case, inputs)
@@ -70,8 +70,7 @@ def test_backend_matches_oracle_with_the_variant(case: VariantCase, backend: str
 @pytest.mark.parametrize("case", [c for c in VARIANT_CASES if c.name not in ORACLE_ONLY], ids=str)
 def test_tlsim_predicts_triton_with_the_variant(case: VariantCase):
     """The bound of tests/kernels/test_tlsim_predicts_triton.py, with the options on."""
-    if reason := kernels.triton_unavailable_reason("cpu"):
-        pytest.skip(reason)
+    needs_triton()
     inputs = case.inputs()
     sim = kernels.paged_attention_tlsim(*inputs.args(), **case.kwargs()).double()
     real = triton_output(_triton_key(case), inputs, **case.kwargs()).double()
@@ -102,9 +101,7 @@ def _poison_before(inputs, first_seen: list[int], block_size: int):
 @pytest.mark.parametrize("window", [100, 1100])
 def test_window_reads_no_tile_before_the_first_visible_one(fn_name, window):
     """Decode over 2500 keys: every key before the window's first tile is NaN (1100: split in 2, from that tile)."""
-    if fn_name == "triton" and (reason := kernels.triton_unavailable_reason("cpu")):
-        pytest.skip(reason)
-    fn = getattr(kernels, f"paged_attention_{fn_name}")
+    fn = backend_fn(fn_name)
     base = replace(CASES_BY_NAME["split_kv_decode"], seq_lens=(2500, 2400), q_lens=(1, 1))
     inputs = base.inputs()
     call = kernels.contract.prepare_call(*inputs.args(), sliding_window=window)
@@ -278,8 +275,8 @@ def test_oracle_catches_a_wrong_variant(mutant, case_name, monkeypatch):
 )
 @pytest.mark.parametrize("fn_name", ["reference", "tlsim", "triton"])
 def test_malformed_option_is_refused_naming_it(options, message, fn_name):
-    if fn_name == "triton" and (reason := kernels.triton_unavailable_reason("cpu")):
-        pytest.skip(reason)
+    if fn_name == "triton":
+        needs_triton()
     inputs = CASES_BY_NAME["base"].inputs()
     with pytest.raises(ValueError, match=message.replace("[", r"\[").replace("]", r"\]")):
         getattr(kernels, f"paged_attention_{fn_name}")(*inputs.args(), **options)
@@ -363,8 +360,8 @@ def _graded_rows(spec: dict, backend: str):
     """The run's rows of one case through one built-in backend (its inputs, oracle and grading the harness's)."""
     from harness.backends.builtin import REGISTRY
 
-    if backend == "triton" and (reason := kernels.triton_unavailable_reason("cpu")):
-        pytest.skip(reason)
+    if backend == "triton":
+        needs_triton()
     (case,) = expand_spec(spec, "t.toml")
     return run_cases([case], RunConfig(device="cpu", backends=[REGISTRY[backend]], timing=False, progress=False))
 

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 import kernels
-from tests.kernels.kernel_cases import BAD_CALLS, BASE, base_args
+from tests.kernels.kernel_cases import BAD_CALLS, BASE, base_args, needs_triton
 
 BACKENDS = [
     kernels.paged_attention_reference,
@@ -43,8 +43,7 @@ def test_decode_default_needs_one_query_per_sequence():
 
 def test_triton_sync_free_call_with_hints_matches_the_checked_call():
     """Checks off and launch hints given: the same answer, bit for bit, as the checked call."""
-    if reason := kernels.triton_unavailable_reason("cpu"):
-        pytest.skip(reason)
+    needs_triton()
     args = base_args()
     checked = kernels.paged_attention_triton(*args, check=True)
     sync_free = kernels.paged_attention_triton(*args, max_q_len=max(BASE.q_lens), max_seq_len=35, check=False)

@@ -15,20 +15,11 @@ import functools
 import pytest
 import torch
 
-import kernels
 from kernels.contract import prepare_call
 from kernels.tiling import tiling_for
-from tests.kernels.kernel_cases import BASE, CASES_BY_NAME
+from tests.kernels.kernel_cases import BASE, CASES_BY_NAME, backend_fn
 
 BACKENDS = ["reference", "tlsim", "triton", "dispatch"]
-
-
-def backend_fn(name: str):
-    if name == "triton" and (reason := kernels.triton_unavailable_reason("cpu")):
-        pytest.skip(reason)
-    if name == "dispatch":
-        return kernels.paged_attention_dispatch
-    return getattr(kernels, f"paged_attention_{name}")
 
 
 @functools.cache

@@ -22,14 +22,10 @@ Each case runs through reference, tlsim and the interpreted Triton kernel agains
 
 from __future__ import annotations
 
-import functools
-from dataclasses import dataclass, field
-
 import pytest
 import torch
 
 import kernels
-from harness.cases.inputs import PagedInputs, make_inputs
 from harness.cases.vocab import DEFAULT_TOLERANCES
 from harness.run.grading import grade
 from harness.run.oracle import paged_attention_oracle
@@ -39,23 +35,13 @@ from kernels.contract import MAX_HEAD_DIM, MIN_HEAD_DIM, prepare_call
 from kernels.dispatch import DISPATCH_BACKENDS
 from kernels.fp8 import FP8_DTYPES
 from kernels.tiling import SINGLE_DOT_HEAD_DIM, V_PART_DIM, choose_tiling, head_dim_pieces, tiling_for, v_parts
+from tests.kernels.kernel_cases import Edge as Case
+from tests.kernels.kernel_cases import Edges, backend_fn, call_hints, needs_triton
 
 BACKENDS = ("triton", "tlsim", "reference")
 BASE = dict(num_q_heads=2, num_kv_heads=1, head_dim=64, block_size=16, dtype="float32", layout="shuffled", seed=5)
 SHORT = ((1, 37), (1, 3))  # a decode row and a short prefill: (seq_lens, q_lens)
 COUNT_CHUNK = 128  # the block-table columns _count_bad_blocks reads at a time (kernels/triton_paged.py)
-
-
-@dataclass(frozen=True)
-class Case:
-    name: str
-    seq_lens: tuple[int, ...]
-    q_lens: tuple[int, ...]
-    fields: dict = field(default_factory=dict)  # make_inputs keywords beyond BASE
-    hints: dict = field(default_factory=dict)  # max_q_len / max_seq_len; absent: the true ones
-
-    def __str__(self) -> str:
-        return self.name
 
 
 def head_dim_edges() -> list[int]:
@@ -110,33 +96,12 @@ def contract_edges() -> list[Case]:
 
 
 CASES = contract_edges()
-BY_NAME = {case.name: case for case in CASES}
-
-
-@functools.cache
-def _inputs(name: str) -> PagedInputs:
-    case = BY_NAME[name]
-    return make_inputs(**{**BASE, **case.fields, "seq_lens": list(case.seq_lens), "q_lens": list(case.q_lens)})
-
-
-@functools.cache
-def _expected(name: str) -> torch.Tensor:
-    inputs = _inputs(name)
-    return paged_attention_oracle(*inputs.args(), **inputs.options)
-
-
-def _hints(case: Case) -> dict:
-    return {"max_q_len": max(case.q_lens), "max_seq_len": max(case.seq_lens), **case.hints}
-
-
-def _backend(name: str):
-    if name == "triton" and (reason := kernels.triton_unavailable_reason("cpu")):
-        pytest.skip(reason)
-    return getattr(kernels, f"paged_attention_{name}")
+EDGES = Edges(BASE, CASES)
+BY_NAME, _inputs, _expected = EDGES.by_name, EDGES.inputs, EDGES.expected
 
 
 def _tiling(name: str):
-    return tiling_for(prepare_call(*_inputs(name).args(), **_inputs(name).options), **_hints(BY_NAME[name]))
+    return tiling_for(prepare_call(*_inputs(name).args(), **_inputs(name).options), **call_hints(BY_NAME[name]))
 
 
 def test_the_generated_cases_reach_every_rule_they_name():
@@ -157,7 +122,7 @@ def test_the_generated_cases_reach_every_rule_they_name():
 def test_contract_edge_matches_the_oracle(case: Case, backend: str):
     inputs = _inputs(case.name)
     atol, rtol = DEFAULT_TOLERANCES[case.fields.get("dtype", "float32")]
-    got = _backend(backend)(*inputs.args(), out=inputs.new_out(), **_hints(case), **inputs.options)
+    got = backend_fn(backend)(*inputs.args(), out=inputs.new_out(), **call_hints(case), **inputs.options)
     result = grade(got, _expected(case.name), atol, rtol)
     assert result.passed, f"{backend}: {result.reason} (tol_ratio {result.tol_ratio:.2f})"
 
@@ -178,7 +143,7 @@ def _walk_with_bad(column: int) -> list[torch.Tensor]:
 @pytest.mark.parametrize("backend", ["triton", "tlsim"])
 @pytest.mark.parametrize("place", PLACES)
 def test_a_bad_index_anywhere_in_a_long_walk_makes_its_rows_nan(place: str, backend: str):
-    got = _backend(backend)(*_walk_with_bad(PLACES[place]), check=False, **_hints(WALK))
+    got = backend_fn(backend)(*_walk_with_bad(PLACES[place]), check=False, **call_hints(WALK))
     assert bool(got[0].isnan().all()), f"a bad block id at column {PLACES[place]} of {WALK.seq_lens[0]}"
     assert not bool(got[1].isnan().any()), "the other sequence is untouched"
 
@@ -219,8 +184,8 @@ def _read_against_oracle(cache: PagedKVCache, backend: str | None) -> None:
 @pytest.mark.parametrize("dtype", [torch.float32, *FP8_DTYPES], ids=str)
 @pytest.mark.parametrize("backend", DISPATCH_BACKENDS)
 def test_a_fixed_size_table_reads_the_oracle_at_its_capacity_and_refuses_past_it(backend: str, dtype):
-    if backend == "triton" and (reason := kernels.triton_unavailable_reason("cpu")):
-        pytest.skip(reason)
+    if backend == "triton":
+        needs_triton()
     cache = _filled_cache(backend, dtype, max_seqs=2, max_blocks_per_seq=3)
     table = cache._table
     _read_against_oracle(cache, backend)
@@ -252,8 +217,8 @@ def test_a_table_grows_where_its_size_is_not_fixed(fixed: dict):
 @pytest.mark.parametrize("how", ["argument", "environment"])
 @pytest.mark.parametrize("backend", DISPATCH_BACKENDS)
 def test_every_dispatch_override_serves_the_backend_it_names(backend: str, how: str, monkeypatch):
-    if backend == "triton" and (reason := kernels.triton_unavailable_reason("cpu")):
-        pytest.skip(reason)
+    if backend == "triton":
+        needs_triton()
     inputs = _inputs("k300")
     called = []
     real = dispatch._backend_fn
@@ -284,12 +249,11 @@ def test_forcing_the_kernel_where_it_cannot_run_or_an_unknown_backend_is_refused
 def test_a_repeated_call_is_served_from_its_plan_with_the_same_bits(name: str, extra: dict):
     """The second call of the same shapes and options is a plan hit (the launcher's checks, tiling and
     binding skipped) and writes exactly what the first did; with the plans off it writes the same again."""
-    if reason := kernels.triton_unavailable_reason("cpu"):
-        pytest.skip(reason)
+    needs_triton()
     from kernels.launch_plan import plans_enabled
     from kernels.triton_paged import PLANS
 
-    inputs, call = _inputs(name), {**_hints(BY_NAME[name]), **_inputs(name).options, **extra}
+    inputs, call = _inputs(name), {**call_hints(BY_NAME[name]), **_inputs(name).options, **extra}
     with plans_enabled(True):
         first = kernels.paged_attention_triton(*inputs.args(), **call)
         hits = PLANS.hits
@@ -315,9 +279,11 @@ def test_head_dim_strides_other_than_one_and_a_call_without_tokens(backend: str)
         return wide[..., ::2]
 
     out = spread(inputs.new_out())
-    got = _backend(backend)(spread(q), spread(k), spread(v), table, lens, starts, out=out, **_hints(BY_NAME["k64_v33"]))
+    got = backend_fn(backend)(
+        spread(q), spread(k), spread(v), table, lens, starts, out=out, **call_hints(BY_NAME["k64_v33"])
+    )
     assert got is out and grade(out, _expected("k64_v33"), *DEFAULT_TOLERANCES["float32"]).passed
-    empty = _backend(backend)(q[:0], k, v, table[:0], lens[:0], starts[:1], check=True)
+    empty = backend_fn(backend)(q[:0], k, v, table[:0], lens[:0], starts[:1], check=True)
     assert empty.shape == (0, *q.shape[1:2], v.shape[-1])
 
 
@@ -325,7 +291,7 @@ def test_head_dim_strides_other_than_one_and_a_call_without_tokens(backend: str)
 def test_a_decode_given_without_query_start_loc_matches_the_oracle(backend: str):
     name = "fp8_e5m2_bfloat16_decode"
     inputs = _inputs(name)
-    got = _backend(backend)(*inputs.args()[:5], **inputs.options)  # one query a sequence, no hints
+    got = backend_fn(backend)(*inputs.args()[:5], **inputs.options)  # one query a sequence, no hints
     assert grade(got, _expected(name), *DEFAULT_TOLERANCES["bfloat16"]).passed
 
 

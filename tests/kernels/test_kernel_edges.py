@@ -26,36 +26,23 @@ their names say if the tuning changes:
 
 from __future__ import annotations
 
-import functools
-from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
 import torch
 
 import kernels
-from harness.cases.inputs import PagedInputs, make_inputs
+from harness.cases.inputs import make_inputs
 from harness.cases.vocab import DEFAULT_TOLERANCES
 from harness.run.grading import grade
 from harness.run.oracle import paged_attention_oracle
 from kernels.contract import prepare_call
 from kernels.tiling import tiling_for
+from tests.kernels.kernel_cases import Edge, Edges, backend_fn, call_hints, needs_triton
 
 BACKENDS = ("triton", "tlsim", "reference")
 BASE = dict(num_q_heads=4, num_kv_heads=2, head_dim=32, block_size=16, dtype="float32", layout="shuffled", seed=3)
 TILE_N, BLOCK_Q, SPLIT = 64, 8, 576  # what the tiling gives these shapes (pinned below)
-
-
-@dataclass(frozen=True)
-class Edge:
-    name: str
-    seq_lens: tuple[int, ...]
-    q_lens: tuple[int, ...]
-    fields: dict = field(default_factory=dict)  # make_inputs keywords beyond BASE
-    hints: dict = field(default_factory=dict)  # max_q_len / max_seq_len for triton and tlsim; None: the harness's
-
-    def __str__(self) -> str:
-        return self.name
 
 
 def _decode(*lens: int) -> tuple[tuple[int, ...], tuple[int, ...]]:
@@ -128,32 +115,13 @@ CASES: list[Edge] = [
         },
     ),
 ]
-BY_NAME = {case.name: case for case in CASES}
-
-
-@functools.cache
-def _inputs(name: str) -> PagedInputs:
-    case = BY_NAME[name]
-    return make_inputs(**{**BASE, **case.fields, "seq_lens": list(case.seq_lens), "q_lens": list(case.q_lens)})
-
-
-@functools.cache
-def _expected(name: str):
-    inputs = _inputs(name)
-    return paged_attention_oracle(*inputs.args(), **inputs.options)
-
-
-def _hints(case: Edge) -> dict:
-    """The harness's hints (max q_len and seq_len, as an engine passes them) unless the case gives its own."""
-    return {"max_q_len": max(case.q_lens), "max_seq_len": max(case.seq_lens), **case.hints}
+EDGES = Edges(BASE, CASES)
+BY_NAME, _inputs, _expected = EDGES.by_name, EDGES.inputs, EDGES.expected
 
 
 def _run(backend: str, case: Edge, **extra):
-    if backend == "triton" and (reason := kernels.triton_unavailable_reason("cpu")):
-        pytest.skip(reason)
     inputs = _inputs(case.name)
-    fn = getattr(kernels, f"paged_attention_{backend}")
-    return fn(*inputs.args(), out=inputs.new_out(), **_hints(case), **inputs.options, **extra)
+    return backend_fn(backend)(*inputs.args(), out=inputs.new_out(), **call_hints(case), **inputs.options, **extra)
 
 
 def test_the_cases_sit_on_the_tilings_boundaries():
@@ -162,7 +130,7 @@ def test_the_cases_sit_on_the_tilings_boundaries():
     def tiling(name: str):
         case = BY_NAME[name]
         options = {k: v for k, v in _inputs(name).options.items() if k != "return_lse"}
-        return tiling_for(prepare_call(*_inputs(name).args(), **options), **_hints(case))
+        return tiling_for(prepare_call(*_inputs(name).args(), **options), **call_hints(case))
 
     decode, prefill = tiling("window36_decode_first_key_on_tile_edges"), tiling("prefill_causal_tile_edges")
     assert (decode.TILE_N, prefill.TILE_N, prefill.BLOCK_Q) == (TILE_N, TILE_N, BLOCK_Q)
@@ -203,7 +171,7 @@ def test_a_second_call_with_another_window_is_not_served_the_first_calls_plan():
     case = BY_NAME["window36_decode_first_key_on_tile_edges"]
     inputs = _inputs(case.name)
     for window in (36, 37):
-        got = kernels.paged_attention_triton(*inputs.args(), sliding_window=window, **_hints(case))
+        got = kernels.paged_attention_triton(*inputs.args(), sliding_window=window, **call_hints(case))
         expected = paged_attention_oracle(*inputs.args(), sliding_window=window)
         assert grade(got, expected, 1e-5, 1e-4).passed, f"window {window}"
 
@@ -227,7 +195,7 @@ def test_a_block_id_equal_to_num_blocks_in_the_last_partial_block_is_nan(backend
     args = _bad_args()
     num_blocks, seq = args[1].shape[0], 1  # seq 1: 65 keys, its last block (column 4) holds one
     args[3][seq, 4] = num_blocks
-    got = getattr(kernels, f"paged_attention_{backend}")(*args, check=False, max_seq_len=165)
+    got = backend_fn(backend)(*args, check=False, max_seq_len=165)
     assert bool(got[seq].isnan().all()), "the query sees that key: its rows are NaN"
     others = torch.cat([got[:seq], got[seq + 1 :]])
     expected = paged_attention_oracle(*_bad_args())
@@ -240,7 +208,7 @@ def test_a_seq_len_one_key_past_the_table_is_nan(backend):
     args = _bad_args()
     capacity = args[3].shape[1] * args[1].shape[1]
     args[4][0] = capacity + 1
-    got = getattr(kernels, f"paged_attention_{backend}")(*args, check=False, max_seq_len=capacity + 1)
+    got = backend_fn(backend)(*args, check=False, max_seq_len=capacity + 1)
     assert bool(got[0].isnan().all())
     assert not bool(got[1:].isnan().any())
 
@@ -253,7 +221,7 @@ def test_a_decode_one_key_past_a_full_table_is_nan_even_when_the_next_row_is_val
     args = [t.clone() for t in inputs.args()]
     capacity = args[3].shape[1] * args[1].shape[1]
     args[4][0] = capacity + 1
-    got = getattr(kernels, f"paged_attention_{backend}")(*args, check=False, max_seq_len=capacity + 1)
+    got = backend_fn(backend)(*args, check=False, max_seq_len=capacity + 1)
     assert bool(got[0].isnan().all()), "a key past the table is a bad index: the query's rows are NaN"
     assert not bool(got[1:].isnan().any())
 
@@ -288,8 +256,7 @@ def test_the_interpreted_kernels_bf16_rounding_sends_ties_to_even():
     """Under the CPU interpreter the kernel rounds fp32 -> bf16 by hand (kernels.triton_paged._bf16_rne)
     to match the GPU. An error there is one bf16 ulp on ties, inside every tolerance, so the oracle
     tests cannot see it: the bits are compared with torch's round-to-nearest-even instead."""
-    if reason := kernels.triton_unavailable_reason("cpu"):
-        pytest.skip(reason)
+    needs_triton()
     # 1.0 and the next bf16 above it (and their negatives), each with a tie (low 16 bits 0x8000),
     # half an ulp less one, half an ulp plus one, and nothing below.
     high = torch.tensor([0x3F80, 0x3F81, 0xBF80, 0xBF81], dtype=torch.int64)[:, None] << 16

@@ -21,12 +21,11 @@ from kernels.contract import prepare_call
 from kernels.launch_plan import PlanCache, call_key, plans_enabled
 from kernels.tiling import tiling_for
 from tests.fresh_python import run_script
-from tests.kernels.kernel_cases import BAD_CALLS, BASE, CASES_BY_NAME
+from tests.kernels.kernel_cases import BAD_CALLS, BASE, CASES_BY_NAME, needs_triton
 
 
 def _triton():
-    if reason := kernels.triton_unavailable_reason("cpu"):
-        pytest.skip(reason)
+    needs_triton()
     from kernels import triton_paged
 
     return triton_paged

@@ -21,7 +21,7 @@ from harness.run.grading import grade
 from harness.run.oracle import paged_attention_oracle
 from harness.run.runner import RunConfig
 from kernels.fp8 import quantize_kv
-from tests.kernels.kernel_cases import CASES_BY_NAME
+from tests.kernels.kernel_cases import CASES_BY_NAME, needs_triton
 
 FP8 = {"e4m3": torch.float8_e4m3fn, "e5m2": torch.float8_e5m2}
 BASES = ["base", "spec_verify", "split_kv_decode", "bfloat16_split_kv", "float16_prefill"]
@@ -53,8 +53,8 @@ def _tolerance(q: torch.Tensor) -> tuple[float, float]:
 
 
 def _call(name: str, args, scales, inputs):
-    if name == "triton" and (reason := kernels.triton_unavailable_reason("cpu")):
-        pytest.skip(reason)
+    if name == "triton":
+        needs_triton()
     if name == "cache":
         q, k_cache, *_ = args
         base_lens = inputs.seq_lens.tolist()
@@ -93,8 +93,7 @@ def test_backend_matches_oracle_of_the_dequantized_cache(base, fp8, per_head, ba
 
 @pytest.mark.parametrize("base", BASES)
 def test_tlsim_predicts_triton_with_an_fp8_cache(base):
-    if reason := kernels.triton_unavailable_reason("cpu"):
-        pytest.skip(reason)
+    needs_triton()
     inputs, args, scales = _fp8_inputs(base, torch.float8_e4m3fn, True)
     sim = kernels.paged_attention_tlsim(*args, **scales).double()
     real = kernels.paged_attention_triton(*args, **scales).double()
@@ -148,8 +147,8 @@ def test_oracle_catches_a_wrong_dequantization(mutant):
 )
 @pytest.mark.parametrize("fn_name", ["reference", "tlsim", "triton"])
 def test_bad_fp8_call_is_refused_naming_the_argument(change, message, fn_name):
-    if fn_name == "triton" and (reason := kernels.triton_unavailable_reason("cpu")):
-        pytest.skip(reason)
+    if fn_name == "triton":
+        needs_triton()
     keywords, args = change(CASES_BY_NAME["base"].inputs().args())
     with pytest.raises(ValueError, match=message):
         getattr(kernels, f"paged_attention_{fn_name}")(*args, **keywords)

@@ -23,6 +23,7 @@ from harness.run.grading import grade
 from harness.run.oracle import paged_attention_oracle
 from harness.run.runner import RunConfig, case_inputs
 from kernels.cascade import cascade_attention, merge_attention_states
+from tests.kernels.kernel_cases import needs_triton
 from tests.kernels.variant_cases import BY_NAME, VariantCase, run_through_cache, tolerance
 
 LSE_CASES = [
@@ -39,8 +40,8 @@ FUNCTIONS = {
 
 
 def _function(name: str):
-    if name == "triton" and (reason := kernels.triton_unavailable_reason("cpu")):
-        pytest.skip(reason)
+    if name == "triton":
+        needs_triton()
     return FUNCTIONS[name]
 
 

@@ -26,6 +26,7 @@ from kernels import tiling, tuning
 from kernels.contract import prepare_call
 from kernels.launch_plan import call_key, clear_plans, plans_enabled
 from kernels.tiling import head_dim_pieces, heads_per_program, latent_kv, tiling_for, v_parts
+from tests.kernels.kernel_cases import needs_triton
 
 SHAPES = {  # num_q_heads, num_kv_heads, head_dim, head_dim_v, dtype, seq_lens, q_lens
     "mla_decode_2_head_tiles": (32, 1, 576, 512, "bfloat16", [1, 40, 100], [1, 1, 1]),
@@ -47,8 +48,8 @@ def _inputs(name: str):
 @pytest.mark.parametrize("backend", ["reference", "tlsim", "triton", "dispatch", "cache"])
 @pytest.mark.parametrize("name", list(SHAPES))
 def test_backend_matches_oracle_with_a_different_v_head_dim(name, backend):
-    if backend == "triton" and (reason := kernels.triton_unavailable_reason("cpu")):
-        pytest.skip(reason)
+    if backend == "triton":
+        needs_triton()
     inputs = _inputs(name)
     tolerance = DEFAULT_TOLERANCES[str(inputs.q.dtype).removeprefix("torch.")]
     expected, expected_lse = paged_attention_oracle(*inputs.args(), return_lse=True)
@@ -91,8 +92,7 @@ def test_mla_tiling_splits_k_and_tiles_the_heads():
 
 def test_kernel_without_the_second_k_piece_fails(monkeypatch):
     """A kernel that dots only K's first 512 columns (the rope part forgotten) is caught."""
-    if reason := kernels.triton_unavailable_reason("cpu"):
-        pytest.skip(reason)
+    needs_triton()
     from kernels import triton_paged
 
     inputs = _inputs("mla_spec_verify")
@@ -197,8 +197,7 @@ def test_latent_kv_is_told_from_metadata_only():
 def test_the_launch_takes_v_from_the_k_tile_only_for_the_view(monkeypatch):
     """SHARED_KV reaches the kernel for the latent view and not for two tensors of the same values (the
     outputs cannot tell: they are equal either way, so the launch's constexpr is what is checked)."""
-    if reason := kernels.triton_unavailable_reason("cpu"):
-        pytest.skip(reason)
+    needs_triton()
     from kernels import triton_paged
 
     launches = []
@@ -223,8 +222,7 @@ def test_the_launch_takes_v_from_the_k_tile_only_for_the_view(monkeypatch):
 def test_latent_kv_gives_the_separate_tensors_output(name, monkeypatch):
     """V read from the K tile (SHARED_KV) against V loaded from a tensor of its own holding the same
     values, with the same tiles (V whole in both): identical outputs and lse; and the oracle's grade."""
-    if reason := kernels.triton_unavailable_reason("cpu"):
-        pytest.skip(reason)
+    needs_triton()
     view_args, separate_args = _latent(name)
     expected = paged_attention_oracle(*separate_args)
     assert grade(kernels.paged_attention_triton(*view_args), expected, *DEFAULT_TOLERANCES["bfloat16"]).passed

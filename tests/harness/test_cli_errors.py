@@ -1,0 +1,384 @@
+"""Every way the CLI refuses, as one table: what is handed to it (built under a fresh folder), the exit code
+it gets and the words that say why. None ends in a traceback, none begins work, none writes a file.
+
+The rows are bad arguments (unknown cases, backends, options, -k expressions, shards), case files and run
+folders that do not fit (a meta.json or results.parquet field of another type, a folder that is not a run,
+duplicated rows, a timed run beside an untimed one), journals a resume refuses (complete, absent, badly
+typed, options that would change the results, plugins not named again), merges that would mix what cannot
+be mixed, and commits continuous and bisect cannot use.
+"""
+
+from __future__ import annotations
+
+import builtins
+import os
+import shutil
+import subprocess
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+from harness.cases.packaged import packaged_suites
+from harness.cli.main import main
+from tests.harness import review_frames as rf
+from tests.tiny_cases import write_cases
+
+
+@dataclass(frozen=True)
+class Refusal:
+    """One refused command: ``argv``, or ``argv(runs, tmp)`` that builds its inputs under ``tmp`` and returns
+    them; ``words`` must appear in what the command prints (``{tmp}`` filled in, in both). ``patch(monkeypatch,
+    tmp)`` changes the world first (a missing module); ``cwd`` (under ``tmp``) is where it runs."""
+
+    name: str
+    argv: list[str] | Callable[[Path, Path], list[str]]
+    exit: int
+    words: tuple[str, ...] = ()
+    env: dict[str, str] = field(default_factory=dict)
+    patch: Callable[[pytest.MonkeyPatch, Path], None] | None = None
+    cwd: str | None = None
+
+
+def _bad_meta(patch: dict, verb: str):
+    def make(runs: Path, tmp: Path) -> list[str]:
+        bad = rf.copy_run(runs / "untimed", patch, to=tmp / "bad")
+        return [verb, str(bad)] if verb == "report" else [verb, str(runs / "untimed"), str(bad)]
+
+    return make
+
+
+def _bad_rows(frame_fn, verb: str):
+    def make(runs: Path, tmp: Path) -> list[str]:
+        bad = rf.copy_run(runs / "timed", frame_fn=frame_fn, to=tmp / "bad")
+        return [verb, str(bad)] if verb == "history" else [verb, str(runs / "timed"), str(bad)]
+
+    return make
+
+
+def _folder(files: dict[str, Path | str | bytes], verb: str = "history"):
+    """A folder ``tmp/folder`` holding ``files`` (a run's file by its name, text or bytes), after a good run."""
+
+    def make(runs: Path, tmp: Path) -> list[str]:
+        folder = tmp / "folder"
+        folder.mkdir()
+        for name, content in files.items():
+            if isinstance(content, Path):
+                shutil.copy(runs / content / name, folder / name)
+            else:
+                (folder / name).write_bytes(content if isinstance(content, bytes) else content.encode())
+        return [verb, str(folder)] if verb == "report" else [verb, str(runs / "untimed"), str(folder)]
+
+    return make
+
+
+def _run_args(out: str, *extra: str, case: dict | None = None, plugin: str | None = None):
+    """``run`` of one case (the tiny one unless ``case``) into ``tmp/out``: ``out`` is "folder", "dangling"
+    (a symbolic link to nowhere), "done" (a finished run's copy), "under a file" or an absolute path;
+    ``plugin`` is written to tmp/plugin.py and named with --plugin."""
+
+    def make(runs: Path, tmp: Path) -> list[str]:
+        cases = write_cases(tmp / "cases.toml", case or {"name": "tiny"})
+        target = tmp / "out"
+        if out == "dangling":
+            target.symlink_to(tmp / "nowhere")
+        elif out == "done":
+            shutil.copytree(runs / "untimed", target)
+        elif out == "under a file":
+            target.write_text("")
+            target = target / "run"
+        elif out != "folder":
+            target = Path(out)
+        if plugin is not None:
+            (tmp / "plugin.py").write_text(plugin)
+            extra_ = ["--plugin", str(tmp / "plugin.py"), *extra]
+        else:
+            extra_ = list(extra)
+        return ["run", str(cases), "--out", str(target), "--backend", "reference", "--no-progress", *extra_]
+
+    return make
+
+
+def _runs_pair(base: str, new: str, verb: str = "compare", *extra: str):
+    return lambda runs, tmp: [verb, str(runs / base), str(runs / new), *extra]
+
+
+def _absent(folder: Path) -> None:
+    pass
+
+
+def _good(folder: Path) -> None:
+    rf.write(rf.frame(num_cases=1), rf.meta(), folder)
+
+
+def _meta_only(folder: Path) -> None:
+    folder.mkdir()
+    (folder / "meta.json").write_text(rf.dumps(rf.meta()))
+
+
+def _doubled(folder: Path) -> None:
+    frame = rf.frame(num_cases=1)
+    rf.write(pd.concat([frame, frame.iloc[:1]]), rf.meta(), folder)
+
+
+def _pair(base: Callable[[Path], None], new: Callable[[Path], None], *extra: str):
+    """compare of the folders ``base(tmp/base)`` and ``new(tmp/new)`` make."""
+
+    def make(runs: Path, tmp: Path) -> list[str]:
+        base(tmp / "base")
+        new(tmp / "new")
+        return ["compare", str(tmp / "base"), str(tmp / "new"), *extra]
+
+    return make
+
+
+def _resume(*extra: str, rows=(), **options):
+    """``run --resume tmp/run`` of a stopped run's journal (``rows`` and ``options`` as written there);
+    tmp/mine.py is a plugin to name, which writes tmp/imported when imported. ``{tmp}`` in an option's
+    text is filled in."""
+
+    def make(runs: Path, tmp: Path) -> list[str]:
+        (tmp / "mine.py").write_text("from pathlib import Path\nPath(__file__).with_name('imported').touch()\n")
+        options_ = {key: [v.format(tmp=tmp) for v in value] if isinstance(value, list) else value
+                    for key, value in options.items()}  # fmt: skip
+        rf.journal(tmp / "run", write_cases(tmp / "tiny.toml", {"name": "tiny"}), rows, **options_)
+        return ["run", "--resume", str(tmp / "run"), "--no-progress", *extra]
+
+    return make
+
+
+def _merge(second: str, out: str = "merged", **meta_changes):
+    """merge of the untimed run and a second run: "itself" (a copy), "nowhere", or the untimed or timed
+    run with its case renamed (so the two do not overlap) and ``meta_changes``."""
+
+    def make(runs: Path, tmp: Path) -> list[str]:
+        first = rf.copy_run(runs / "untimed", to=tmp / "first")
+        if second == "itself":
+            other = rf.copy_run(runs / "untimed", to=tmp / "other")
+        elif second == "nowhere":
+            other = tmp / "nowhere"
+        else:
+            other = rf.copy_run(runs / second, meta_changes, lambda f: f.assign(case="other"), to=tmp / "other")
+        return ["merge", str(tmp / out) if out != "first" else str(first), str(first), str(other)]
+
+    return make
+
+
+BISECT = ["bisect", "first", "third", "--case", "c", "--backend", "tlsim"]
+
+
+def _git(name: str, argv: list[str], *words: str) -> Refusal:
+    """continuous or bisect, exit 2, in a git repository of three commits (first, second, third) at
+    tmp/repo; a commit's name in ``argv`` becomes its id."""
+    return Refusal(name, _repo(*argv), 2, words, cwd="repo")
+
+
+def _repo(*argv: str):
+
+    def make(runs: Path, tmp: Path) -> list[str]:
+        env = {**os.environ, "GIT_AUTHOR_NAME": "t", "GIT_AUTHOR_EMAIL": "t@t", "GIT_COMMITTER_NAME": "t",
+               "GIT_COMMITTER_EMAIL": "t@t"}  # fmt: skip
+
+        def git(*args):
+            done = subprocess.run(["git", *args], cwd=tmp / "repo", env=env, capture_output=True, text=True, check=True)
+            return done.stdout.strip()
+
+        (tmp / "repo").mkdir()
+        git("init", "-q", "-b", "main")
+        ids = {}
+        for name in ("first", "second", "third"):
+            git("commit", "-q", "--allow-empty", "-m", name)
+            ids[name] = git("rev-parse", "HEAD")
+        return [ids.get(word, word) if i < 3 else word for i, word in enumerate(argv)]
+
+    return make
+
+
+def _no_ray(monkeypatch: pytest.MonkeyPatch, tmp: Path) -> None:
+    real_import = builtins.__import__
+
+    def no_ray(name, *args, **kwargs):
+        if name == "ray" or name.startswith("ray."):
+            raise ImportError("No module named 'ray'")
+        return real_import(name, *args, **kwargs)
+
+    monkeypatch.setattr(builtins, "__import__", no_ray)
+
+
+FOREIGN = pd.DataFrame({"x": [1]}).to_parquet()  # a parquet file of no harness run
+SMOKE = ["run", "smoke", "--backend", "reference", "--no-timing", "--no-progress", "--out", "{tmp}/out"]
+META_FIELDS = {"commit": {"commit": 5}, "gpus[0].gpu_name": {"gpus": [{}]}, "ceilings": {"ceilings": "fast"}}
+ROW_FAULTS = {
+    "column 'latency_us'": lambda f: f.assign(latency_us=["12.5"] * len(f)),
+    "column 'case'": lambda f: f.assign(case=list(range(len(f)))),
+    "holds no rows": lambda f: f.iloc[:0],
+}
+BIG_CASE = {"name": "prefill_8k", "num_q_heads": 32, "num_kv_heads": 8, "head_dim": 128, "seq_lens": [8192],
+            "q_lens": [8192]}  # fmt: skip
+BAD_K = {"decode and": "ends where a name was expected", "(decode": "'(' is never closed",
+         "decode prefill": "'prefill' after a complete expression", "or decode": "'or' where a name was expected",
+         "": "an empty expression"}  # fmt: skip
+BAD_CASES = {"num_q_heads = 7": {"num_q_heads": 7}, "an unknown backend": {"backends": ["trtion"]},
+             "a seed past 64 bits": {"seed": 10**20}, "a nan input_scale": {"input_scale": float("nan")}}  # fmt: skip
+BAD_IMPORTS = [
+    ("os._exit", "import os\nos._exit(0)\n", "plugins", "exited with code 0 while importing"),
+    ("a segfault", "import ctypes\nctypes.string_at(0)\n", "plugins", "killed by SIGSEGV while importing"),
+    ("SystemExit in a worker", "raise SystemExit(0)\n", "plugins", "SystemExit"),
+    ("SystemExit in process", "raise SystemExit(0)\n", "none", "importing it raised SystemExit(0)"),
+]
+BAD_JOURNAL_ROWS = [
+    ({"case": ["tiny"], "backend": "tlsim", "status": "pass"}, "'case'"),
+    ({"case": "tiny", "backend": "tlsim", "status": "pass", "latency_us": "fast"}, "'latency_us'"),
+    ({"case": "tiny", "backend": "tlsim", "status": "great"}, "'status'"),
+    ([1, 2], "a list, not a JSON object"),
+    ({"resumed_by": "me"}, "'resumed_by'"),
+]
+BAD_FOLDERS = {
+    "absent": (_absent, "{tmp}/{side}: not a run folder (no such folder)"),
+    "meta_only": (_meta_only, "{tmp}/{side}: not a run folder (no results.parquet)"),
+    "doubled": (_doubled, "{side} run: duplicated (case, backend) rows: reference on case00"),
+}
+REFUSALS = [
+    # --- run: cases, backends, plugins and options -------------------------------------------------
+    *(Refusal(f"an unknown case name to {verb}", [verb, "smok", *(["--out", "{tmp}/out"] if verb == "run" else [])],
+              2, ("smok: no such case file or folder, and not a packaged suite", *packaged_suites()))
+      for verb in ("run", "list")),
+    *(Refusal(f"-k {expression!r}", ["list", "smoke", "-k", expression], 2, (f"-k {expression!r}", words))
+      for expression, words in BAD_K.items()),
+    Refusal("-k matching nothing", ["list", "smoke", "-k", "nothing_is_called_this"], 2,
+            ("matching -k 'nothing_is_called_this'",)),
+    *(Refusal(f"a case file with {name}", _run_args("folder", "--no-timing", case={"name": "base", **fields}), 2,
+              (f"error: {{tmp}}/cases.toml: case 'base': field '{next(iter(fields))}'",))
+      for name, fields in BAD_CASES.items()),
+    Refusal("an unknown backend", _run_args("folder", "--no-timing", "--backend", "nope"), 2,
+            ("--backend nope: unknown backend; registered:",)),
+    Refusal("an absent plugin", _run_args("folder", "--no-timing", "--plugin", "{tmp}/absent.py"), 2, ("absent.py",)),
+    *(Refusal(f"a plugin whose import ends in {name}", _run_args("folder", "--no-timing", "--isolate", isolate,
+                                                                 plugin=body), 2, (words,))
+      for name, body, isolate, words in BAD_IMPORTS),
+    Refusal("a timeout of 0", _run_args("folder", "--timeout", "0"), 2,
+            ("--timeout 0: must be a positive number of seconds",)),
+    Refusal("a verify fraction past 1", _run_args("folder", "--verify-oracle-cache", "2"), 2,
+            ("give a fraction in (0, 1]",)),
+    Refusal("a case too large for memory", _run_args("folder", "--no-timing", case=BIG_CASE), 2,
+            ("case 'prefill_8k': field 'seq_lens': too large for cpu memory",)),
+    Refusal("a sweep limit that is not a number", ["list", "smoke"], 2, ("HARNESS_MAX_SWEEP_POINTS='lots'",),
+            env={"HARNESS_MAX_SWEEP_POINTS": "lots"}),
+    *(Refusal(f"--shard {text}", [*SMOKE, f"--shard={text}"], 2, ("give I/N",))
+      for text in ("2/2", "1", "a/2", "0/0", "-1/3", "1/2/3")),
+    Refusal("--workers none", [*SMOKE, "--workers", "none"], 2, ("--workers none",)),
+    Refusal("--ray without Ray installed", [*SMOKE, "--ray"], 2, ("pip install 'paged-attention-harness[ray]'",),
+            patch=_no_ray),
+    # --- run: where it writes --------------------------------------------------------------------------
+    Refusal("an --out that is a finished run", _run_args("done", "--no-timing"), 2, ("{tmp}/out: already exists",)),
+    Refusal("an --out under a file", _run_args("under a file", "--no-timing"), 2, ("out is a file, not a folder",)),
+    Refusal("a dangling symlink as --out", _run_args("dangling", "--no-timing"), 2, ("{tmp}/out: is a symbolic link",)),
+    Refusal("an unwritable --out", _run_args("/proc/harness-cannot-write-here", "--no-timing"), 2, ("cannot",)),
+    # --- run --resume and --finalize ---------------------------------------------------------------------
+    Refusal("a resume of a finished run", lambda runs, tmp: ["run", "--resume", str(runs / "untimed")], 2,
+            ("already exists: that run is complete",)),
+    Refusal("a resume without a journal", ["run", "--resume", "{tmp}/never"], 2, ("no journal here",)),
+    Refusal("a resume given cases", ["run", "--resume", "{tmp}/never", "smoke"], 2,
+            ("--resume runs the journal's own cases",)),
+    Refusal("a resume given --shard", ["run", "--resume", "{tmp}/never", "--shard", "0/2"], 2, ("--shard",)),
+    Refusal("--finalize without --resume", ["run", "--finalize"], 2, ("--finalize needs --resume",)),
+    *(Refusal(f"a resume given {' '.join(extra)}", _resume(*extra, timing=timing), 2,
+              (extra[0], "differs from the run"))
+      for extra, timing in ((["--device", "cuda"], False), (["--tag", "big"], False),
+                            (["--oracle-device", "cuda"], False), (["-k", "decode"], False), (["--no-timing"], True))),
+    *(Refusal(f"a journal row with {words}", _resume(rows=[line]), 2, ("{tmp}/run.journal.jsonl: line 2: ", words))
+      for line, words in BAD_JOURNAL_ROWS),
+    Refusal("a journal whose plugins are not a list", _resume("--plugin", "{tmp}/mine.py", plugins="/x/mine.py"),
+            2, ("{tmp}/run.journal.jsonl: line 1: field 'options.plugins'",)),
+    Refusal("a journal naming a plugin not given", _resume(plugins=["{tmp}/mine.py"]), 2,
+            ("names plugin(s) {tmp}/mine.py", "pass --plugin {tmp}/mine.py")),
+    Refusal("a plugin the run did not use", _resume("--plugin", "{tmp}/mine.py"), 2, ("the run did not use it",)),
+    # --- compare, report, history: run folders that are not runs -------------------------------------------
+    *(Refusal(f"meta {name} to {verb}", _bad_meta(patch, verb), 2, (f"{{tmp}}/bad/meta.json: field '{name}'",))
+      for name, patch in META_FIELDS.items() for verb in ("compare", "history", "report")),
+    *(Refusal(f"results {words} to {verb}", _bad_rows(fault, verb), 2, (f"{{tmp}}/bad/results.parquet: {words}",))
+      for words, fault in ROW_FAULTS.items() for verb in ("compare", "history")),
+    Refusal("an untouched run to compare", _runs_pair("untimed", "untimed"), 0),
+    Refusal("untouched runs to history", _runs_pair("untimed", "timed", "history"), 0),
+    Refusal("an untimed new run", _runs_pair("timed", "untimed"), 4,
+            ("1 graded row(s) timed in one run only (the new run was not timed",)),
+    Refusal("an untimed base run", _runs_pair("untimed", "timed"), 4, ("the base run was not timed",)),
+    Refusal("a folder that is not a run", _folder({"notes.txt": "hello"}), 2, ("{tmp}/folder: not a run folder",)),
+    Refusal("a run folder without rows", _folder({"meta.json": Path("untimed")}), 2,
+            ("{tmp}/folder: not a run folder (no results.parquet)",)),
+    Refusal("a path that holds no run to history", ["history", "{tmp}/nothing"], 2, ("neither a run folder",)),
+    *(Refusal(f"compare of {base} and {new}", _pair(BAD_FOLDERS[base][0], BAD_FOLDERS[new][0]), 2,
+              (BAD_FOLDERS[base][1].replace("{side}", "base"), BAD_FOLDERS[new][1].replace("{side}", "new")))
+      for base, new in (("absent", "absent"), ("absent", "meta_only"), ("meta_only", "absent"),
+                        ("doubled", "doubled"))),
+    Refusal("a new run with duplicated rows", _pair(_good, _doubled), 2, ("new run: duplicated",)),
+    Refusal("a corrupt meta.json", _folder({"results.parquet": Path("untimed"), "meta.json": "{not json"}, "compare"),
+            2, ("{tmp}/folder/meta.json: corrupt run metadata",)),
+    Refusal("a parquet of no harness run", _folder({"results.parquet": FOREIGN, "meta.json": "{}"}, "compare"), 2,
+            ("{tmp}/folder/results.parquet: not a harness results file: no column(s) case, backend, status",)),
+    Refusal("a results.parquet of text to report", _folder({"results.parquet": "text", "meta.json": "{}"}, "report"),
+            2, ("not a readable parquet file",)),
+    # --- compare's options --------------------------------------------------------------------------------
+    Refusal("--json naming a folder", _pair(_good, _good, "--json", "{tmp}"), 2, ("a folder; give a file to write",)),
+    Refusal("too few --confirm-rounds", ["compare", "{tmp}/none", "{tmp}/none", "--confirm", "all",
+                                         "--confirm-rounds", "8"], 2, ("--confirm-rounds 8: at least 9 rounds",)),
+    Refusal("--confirm with --no-confirm", ["compare", "{tmp}", "{tmp}", "--confirm", "all", "--no-confirm"], 2,
+            ("choose one",)),
+    # --- merge ----------------------------------------------------------------------------------------------
+    Refusal("a merge of overlapping runs", _merge("itself"), 2, ("also in",)),
+    Refusal("a merge of two commits", _merge("untimed", commit="f" * 40), 2, ("different commits",)),
+    Refusal("a merge of two devices", _merge("untimed", device="cuda"), 2, ("different devices",)),
+    Refusal("a merge of a timed and an untimed run", _merge("timed"), 2, ("not timed",)),
+    Refusal("a merge of a folder that is not a run", _merge("nowhere"), 2, ("not a run folder",)),
+    Refusal("a merge into an existing folder", _merge("untimed", out="first"), 2, ("already exists",)),
+    # --- continuous and bisect ------------------------------------------------------------------------------
+    _git("continuous of no commit", ["continuous", "no-such-ref"],
+         "BASE 'no-such-ref': not a commit of this repository"),
+    _git("continuous of an unknown option", ["continuous", "--help-me"]),
+    _git("continuous of one commit twice", ["continuous", "HEAD", "HEAD"], "are the same commit"),
+    _git("bisect of a BAD before GOOD", ["bisect", "third", "first", *BISECT[3:]], "is not an ancestor of BAD"),
+    _git("bisect of an unknown backend", [*BISECT[:-1], "nope"], "--backend nope: unknown backend"),
+    _git("bisect of an unknown case", [*BISECT[:4], "nope", *BISECT[5:]], "--case nope: no such case"),
+    _git("bisect of too few rounds", [*BISECT, "--rounds", "3"], "--rounds 3: at least"),
+]  # fmt: skip
+
+
+def _files(folder: Path) -> dict[str, tuple[int, int]]:
+    return {str(p): (p.lstat().st_size, p.lstat().st_mtime_ns) for p in folder.rglob("*")}
+
+
+@pytest.mark.usefixtures("clean_registry")
+@pytest.mark.parametrize("refusal", REFUSALS, ids=lambda r: r.name)
+def test_a_refused_command_gets_its_exit_code_and_says_why_before_any_work(refusal, runs, tmp_path, monkeypatch,
+                                                                          capsys):  # fmt: skip
+    """No case runs, no inputs are built, nothing under the folder is written or changed, no traceback."""
+    from harness.cases import inputs
+    from harness.execute import local
+    from harness.run import runner
+
+    def work(*args, **kwargs):
+        raise AssertionError("work began on a refused command")
+
+    args = refusal.argv if isinstance(refusal.argv, list) else refusal.argv(runs, tmp_path)
+    args = [arg.format(tmp=tmp_path) for arg in args]
+    for module, name in ((local, "run_cases"), (inputs, "make_inputs"), (runner, "make_inputs")):
+        monkeypatch.setattr(module, name, work)
+    for key, value in refusal.env.items():
+        monkeypatch.setenv(key, value)
+    if refusal.patch is not None:
+        refusal.patch(monkeypatch, tmp_path)
+    if refusal.cwd is not None:
+        monkeypatch.chdir(tmp_path / refusal.cwd)
+    before = _files(tmp_path)
+    try:
+        code = main(args)
+    except SystemExit as stop:  # argparse's refusals
+        code = stop.code
+    out, err = capsys.readouterr()
+    assert code == refusal.exit, out + err
+    for words in refusal.words:
+        assert words.format(tmp=tmp_path) in out + err, out + err
+    assert "Traceback" not in err
+    assert _files(tmp_path) == before
