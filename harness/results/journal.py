@@ -28,7 +28,6 @@ from __future__ import annotations
 import contextlib
 import fcntl
 import json
-import math
 import os
 import socket
 from datetime import UTC, datetime
@@ -336,8 +335,3 @@ def _samples_back(row: dict) -> dict:
             except (ValueError, TypeError):
                 row[key] = None
     return row
-
-
-def row_from_json(row: dict) -> dict:
-    """A journal row back as a report row (JSON null -> NaN for numbers, as the frame keeps them)."""
-    return {key: (math.nan if value is None else value) for key, value in row.items()}
