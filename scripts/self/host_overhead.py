@@ -4,31 +4,13 @@
     python scripts/self/host_overhead.py --shape decode_4x16k   # a decode whose KV is split: two launches a call
     python scripts/self/host_overhead.py --profile       # and cProfile's top 15 of 300 calls, plans off and on
     python scripts/self/host_overhead.py --dry           # a tiny case on the CPU (the interpreter; tests/test_scripts.py)
-    python scripts/self/host_overhead.py --cpu-hit-path  # no GPU needed: each Python step of a plan hit, in us (below)
+    python scripts/self/host_overhead.py --cpu-hit-path  # no GPU needed: each Python step of a plan hit, in us
 
-The shape is decode_32x4k's: bf16, 32 query / 8 KV heads, head_dim 128, blocks of 16, 32
-sequences of 4096 keys, one query each. Three ways to call it: ``default`` (query_start_loc
-given, no hints), ``no_offsets`` (query_start_loc None) and ``hints_out`` (max_q_len 1,
-max_seq_len 4096, an out buffer), each with the launch plans (kernels/launch_plan.py) off
-and on. Columns, in microseconds per call (host: the fastest loop; the others medians):
-
-    host     the host's time per call with the launch queue not drained: a loop of
-             --calls back-to-back calls on the host clock, divided by --calls (the device
-             runs behind; nothing here waits for it unless the queue fills); the fastest
-             of 7 such loops
-    eager    what a caller waits for: harness.timing.timer.time_wall (device drained before and after)
-    device   the kernel alone: harness.timing.timer.time_call (CUDA-graph replay, L2 flushed)
-    SDPA     torch.nn.functional.scaled_dot_product_attention (enable_gqa) on contiguous
-             [num_seqs, heads, keys, head_dim] copies of the same KV: host and eager alike
-
-The issue's targets: host (plans on) <= 20 us, and eager (plans on) within 1.1x of SDPA's eager.
-
-``--cpu-hit-path`` times the Python part of a plan hit on the CPU, step by step, with
-decode_32x4k's metadata on CPU tensors (values never read) and Triton's kernel swapped for
-a no-op whose compiled kernel's ``compiled[grid](*args)`` does nothing, so a hit runs every
-host line a CUDA hit runs except Triton's launcher and the CUDA-only ones (the key's
-current device). Each row: best of --repeat timeit runs of --calls calls, microseconds per
-call. These are CPU-side Python costs on the machine at hand, not the H200's host time.
+Three calls (``default``, ``no_offsets``, ``hints_out``), plans off and on, in us a call: ``host``
+(the fastest of 7 loops of back-to-back calls, queue not drained), ``eager`` (time_wall),
+``device`` (time_call) and SDPA's host and eager. Targets: host (plans on) <= 20 us, eager within
+1.1x of SDPA's. ``--cpu-hit-path`` times a plan hit's Python steps on the CPU with Triton's
+launch swapped for a no-op.
 """
 
 from __future__ import annotations
