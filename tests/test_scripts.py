@@ -114,15 +114,6 @@ def test_host_overhead_script_tables_the_three_calls_plans_off_and_on():
     assert "hits, 1 misses" in done.stdout and done.stdout.count("## cProfile") == 2
 
 
-def test_host_overhead_cpu_hit_path_times_each_step_of_a_plan_hit():
-    done = run_script("scripts/self/host_overhead.py", "--cpu-hit-path", "--dry")
-    assert done.returncode == 0, done.stderr
-    rows = [line for line in done.stdout.splitlines() if line.startswith("| ")]
-    assert rows[0].startswith("| step | us per call") and len(rows) >= 10
-    assert all(float(row.split(" | ")[-1].rstrip(" |")) >= 0 for row in rows[2:])
-    assert any("paged_attention_dispatch" in row for row in rows) and any("plan.launch" in row for row in rows)
-
-
 def test_gpu_run_scripts_are_valid_bash():
     """gpu_run.sh (and the wheels it sources) only orchestrate scripts with dry runs here."""
     for script in ("gpu_run.sh", "gpu_wheels.sh"):
