@@ -10,29 +10,10 @@ false-alarm rates they give: docs/review.md.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
-
-_NOT_LOADED = object()
-# scipy.stats's Mann-Whitney, imported on first use: scipy.stats takes 1-2 s to import, which every
-# `harness run` paid at its start before (through the CLI's import of harness.review.compare). None: scipy is
-# not installed (optional), and the normal approximation in mann_whitney_p stands in.
-mannwhitneyu = _NOT_LOADED
-
-
-def _load_mannwhitneyu():
-    global mannwhitneyu
-    if mannwhitneyu is _NOT_LOADED:
-        try:
-            from scipy.stats import mannwhitneyu as loaded
-        except ImportError:
-            loaded = None
-        mannwhitneyu = loaded
-    return mannwhitneyu
-
 
 MIN_SAMPLES = 5  # below this Mann-Whitney cannot reach p < 0.05 over many rows
 DEFAULT_EFFECT = {"cpu": 0.10, "cuda": 0.03}
@@ -87,26 +68,10 @@ def compare_samples(base: Sequence[float], new: Sequence[float], *, alpha: float
 
 
 def mann_whitney_p(x: np.ndarray, y: np.ndarray) -> float:
-    """Two-sided Mann-Whitney U p-value: scipy's (exact for small samples) when installed,
-    else the normal approximation with tie and continuity corrections."""
-    if (scipy_test := _load_mannwhitneyu()) is not None:
-        return float(scipy_test(x, y, alternative="two-sided").pvalue)
-    n1, n2 = len(x), len(y)
-    values = np.concatenate([x, y])
-    order = values.argsort(kind="mergesort")
-    ranks = np.empty(len(values))
-    sorted_values = values[order]
-    _, first, counts = np.unique(sorted_values, return_index=True, return_counts=True)
-    average = first + (counts + 1) / 2.0  # 1-based average rank of each tie group
-    ranks[order] = np.repeat(average, counts)
-    u = ranks[:n1].sum() - n1 * (n1 + 1) / 2.0
-    n = n1 + n2
-    tie_term = (counts**3 - counts).sum() / (n * (n - 1))
-    sigma = math.sqrt(n1 * n2 / 12.0 * ((n + 1) - tie_term))
-    if sigma == 0:
-        return 1.0
-    z = (abs(u - n1 * n2 / 2.0) - 0.5) / sigma
-    return float(min(1.0, math.erfc(max(z, 0.0) / math.sqrt(2))))
+    """Two-sided Mann-Whitney U p-value (scipy's; imported here, as scipy.stats takes a second or two to import)."""
+    from scipy.stats import mannwhitneyu
+
+    return float(mannwhitneyu(x, y, alternative="two-sided").pvalue)
 
 
 def adjust_p_values(p_values: Sequence[float], method: str = "bh") -> np.ndarray:
