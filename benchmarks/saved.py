@@ -120,9 +120,7 @@ def compare_files(
 
 def _confirm(comparison, base_meta: dict, new_meta: dict, options, which: str, time_s: float):
     """Re-time the doubtful benchmarks: the baseline's commit (worktree) against this checkout."""
-    import tempfile
-
-    from harness.review.confirm import ConfirmInputError, checked_commit, confirm_slower, worktree
+    from harness.review.confirm import ConfirmInputError, checked_commit, checked_out, confirm_slower
 
     said: list[str] = []
     if not base_meta.get("commit") or not new_meta.get("case_files"):
@@ -133,13 +131,8 @@ def _confirm(comparison, base_meta: dict, new_meta: dict, options, which: str, t
         commit = checked_commit(base_meta["commit"], "the baseline's commit_info", cwd=ROOT)
     except ConfirmInputError as error:
         return comparison, [f"confirm: skipped: {error}"]
-    with tempfile.TemporaryDirectory(prefix="bench-base-") as tmp:
-        try:
-            tree = worktree(commit, Path(tmp) / "base", cwd=ROOT)
-        except subprocess.CalledProcessError as error:
-            why = (error.stderr or b"").decode(errors="replace").strip()[:200]
-            return comparison, [f"confirm: skipped: cannot check out {commit[:12]}: {why}"]
-        try:
+    try:
+        with checked_out({"base": commit}, cwd=ROOT) as (tree,):
             comparison = confirm_slower(
                 comparison,
                 base_meta,
@@ -150,8 +143,9 @@ def _confirm(comparison, base_meta: dict, new_meta: dict, options, which: str, t
                 checkouts=(tree, ROOT),
                 log=said.append,
             )
-        finally:
-            subprocess.run(["git", "worktree", "remove", "--force", str(tree)], cwd=ROOT, capture_output=True)
+    except subprocess.CalledProcessError as error:
+        why = (error.stderr or b"").decode(errors="replace").strip()[:200]
+        return comparison, [f"confirm: skipped: cannot check out {commit[:12]}: {why}"]
     return comparison, said
 
 

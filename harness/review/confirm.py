@@ -13,6 +13,7 @@ on the paired round ratios (:func:`harness.review.stats.decide_paired`) at seque
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import json
 import math
@@ -186,6 +187,28 @@ def worktree(commit: str, path: Path, cwd: Path | None = None) -> Path:
     return path
 
 
+def worker_config(case_files, device: str, plugins, threads=None, target_s: float = 0.05) -> dict:
+    """What a :class:`Worker` is started with: plugin paths made absolute (workers run in a checkout),
+    one torch thread on the CPU unless ``threads`` (a run's ``timing_threads``) says otherwise."""
+    plugins = [str(Path(p).resolve()) if Path(p).exists() else p for p in plugins]
+    threads = threads or (1 if device == "cpu" else None)
+    return {"case_files": case_files, "device": device, "plugins": plugins, "threads": threads, "target_s": target_s}
+
+
+@contextlib.contextmanager
+def checked_out(commits: dict[str, str], cwd: Path | None = None):
+    """Each commit (label -> :func:`checked_commit` id) in a worktree of a temporary folder; removed after."""
+    trees: list[Path] = []
+    with tempfile.TemporaryDirectory(prefix="harness-") as tmp:
+        try:
+            for label, commit in commits.items():
+                trees.append(worktree(commit, Path(tmp) / label, *([cwd] if cwd else [])))
+            yield tuple(trees)
+        finally:
+            for tree in trees:
+                subprocess.run(["git", "worktree", "remove", "--force", str(tree)], cwd=cwd, capture_output=True)
+
+
 ROUND_QUANTILE = 0.1  # a round's observation of a build: this quantile of its samples
 STEP_S = 0.005  # one alternating step: about this much of one build's calls, one call at least
 ROUND_S = 0.8  # timed calls per build per row and round, about
@@ -261,18 +284,13 @@ def confirm_slower(
             require_plugins(_plugins(str(new_meta.get("command") or "")), list(plugins), f"{sources[1]}/meta.json")
         except UnnamedPluginError as error:
             raise ConfirmInputError(str(error)) from None
-    config = {
-        "case_files": case_files,
-        "device": str(new_meta.get("device") or "cpu"),
-        "plugins": [str(Path(p).resolve()) if Path(p).exists() else p for p in plugins],  # workers run elsewhere
-        "threads": new_meta.get("timing_threads") or (1 if str(new_meta.get("device") or "cpu") == "cpu" else None),
-        "target_s": target_s,
-    }
+    config = worker_config(case_files, str(new_meta.get("device") or "cpu"), plugins, new_meta.get("timing_threads"),
+                           target_s)  # fmt: skip
     index = dict(zip(chosen.index, zip(chosen["case"], chosen["backend"], strict=True), strict=True))
     effects = {i: _row_effect(rows.loc[i], options) for i in index}
     looks = look_schedule(rounds)
-    with tempfile.TemporaryDirectory(prefix="harness-confirm-") as tmp:
-        trees = checkouts or tuple(worktree(c, Path(tmp) / s) for c, s in zip(commits, ("base", "new"), strict=True))
+    with contextlib.ExitStack() as stack:
+        trees = checkouts or stack.enter_context(checked_out(dict(zip(("base", "new"), commits, strict=True))))
         bar = tqdm(total=rounds, desc="confirm", unit="round", disable=not progress, file=sys.stderr)
         say = (lambda line: tqdm.write(line, file=sys.stderr)) if progress else log  # lines above the bar
 
@@ -297,9 +315,6 @@ def confirm_slower(
             )  # fmt: skip
         finally:
             bar.close()
-            if checkouts is None:
-                for tree in trees:
-                    subprocess.run(["git", "worktree", "remove", "--force", str(tree)], capture_output=True)
     return rejudge(comparison, index, pooled, options, looks=len(looks))
 
 
