@@ -6,7 +6,6 @@ process, over worker processes or over Ray. This module imports no Ray.
 from __future__ import annotations
 
 import argparse
-import contextlib
 import os
 import threading
 import time
@@ -75,8 +74,7 @@ def preload_report_modules() -> threading.Thread:
         import importlib
 
         for name in ("harness.results.report", "harness.results.plots", "harness.timing.scaling"):
-            with contextlib.suppress(ImportError):  # matplotlib is optional: the page then says its plots are missing
-                importlib.import_module(name)
+            importlib.import_module(name)
 
     thread = threading.Thread(target=load, name="preload-report", daemon=True)
     thread.start()
