@@ -81,17 +81,9 @@ def gpu(session: nox.Session) -> None:
     """On a CUDA box, in under 10 minutes on one H200: the GPU tests natively, then every backend on
     the smoke, peer, GPU and 128k-token suites, with a report and where the time went.
 
-    It is ``bash scripts/gpu_run.sh all`` (one definition for both): versions, the tests, one harness
-    run with the float64 oracle on the GPU, phases.txt; outputs under $OUT (default gpu_out/), and
-    arguments after ``--`` go to ``harness run``. The tests part is ``pytest -m gpu`` over the tree
-    (every test that needs CUDA), not the whole suite: the rest is CPU logic, or the kernel run
-    interpreted on CPU tensors (which fails where Triton compiles), that `nox -s tests` runs in CI. The
-    CPU models (reference, tlsim) are graded on every case, not timed (harness.timing.measure.MODEL_BUDGET_S).
-    The whole call stays within BUDGET_S (570 s); stopped there, it writes the finished rows' report.
-
-    Runs in the machine's own Python, installing nothing: a CUDA box's torch and Triton are
-    matched to its driver, and images often keep them in a virtualenv that a nested
-    virtualenv's --system-site-packages would not see.
+    It is ``bash scripts/gpu_run.sh all`` (outputs under $OUT, default gpu_out/; arguments after
+    ``--`` go to ``harness run``), in the machine's own Python, installing nothing: a CUDA box's
+    torch and Triton are matched to its driver.
     """
     env = {"PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
     session.run("bash", "scripts/gpu_run.sh", "all", *session.posargs, env=env, external=True)
@@ -100,20 +92,15 @@ def gpu(session: nox.Session) -> None:
 @nox.session
 def bench(session: nox.Session) -> None:
     """pytest-benchmark suite: run, compare with the last passing run (same statistics as
-    `harness compare`), and save the run only when it passes.
+    `harness compare`, every benchmark re-timed in paired rounds), and save the run only when it passes.
 
         nox -s bench                                  # baseline: the newest saved run of this machine
         nox -s bench -- --baseline 0003               # or a named one (number, part of the name, or a path)
         nox -s bench -- --min-effect 0.2 --cases cases/cpu.toml   # other arguments go to pytest
 
-    Every benchmark is re-timed before the verdict, the baseline's commit (a git worktree)
-    and this checkout alternating in paired rounds until decided (harness.review.confirm).
-    Fails (no traceback) when a benchmark errors or is slower; then nothing is saved. On
-    the CPU it times with one intra-op thread unless OMP_NUM_THREADS is set: two threads
-    fighting other processes on a shared 2-core box made a 1 ms call take 100 ms.
+    On the CPU it times with one intra-op thread unless OMP_NUM_THREADS is set.
     """
     install_cpu(session)
-    session.install("scipy")  # exact Mann-Whitney p-values for small samples (harness.review.stats)
     args, compare_args = list(session.posargs), []
     for flag in ("--baseline", "--min-effect"):
         if flag in args:

@@ -1,30 +1,13 @@
 """Saved pytest-benchmark runs: find the baseline, compare with harness.review.stats, save a passing run.
 
-``nox -s bench`` calls this as a script in its virtualenv, after pytest wrote the new run
-as a JSON file (``--benchmark-json``):
-
     python benchmarks/saved.py compare NEW.json [--baseline NAME_OR_PATH] [--min-effect F]
     python benchmarks/saved.py save NEW.json
 
-Runs live where pytest-benchmark keeps them, ``.benchmarks/<machine id>/NNNN_<commit>.json``,
-so ``pytest-benchmark list`` and ``pytest-benchmark compare 0001 0002 ...`` read them too.
-Only passing runs are saved (the tests passed and nothing was slower), so the newest saved
-run of this machine is the last passing one: the default baseline. ``--baseline`` takes a
-run's number (``0003``), a part of its name, or a path.
-
-The comparison is ``harness compare``'s, run on the saved files turned into report rows:
-per benchmark present in both runs, Mann-Whitney U on the samples
-(``extra_info.samples_us``), a bootstrap CI of the ratio of medians, Benjamini-Hochberg
-over the benchmarks, and a minimum effect (10% on a CPU, 3% on CUDA); a benchmark
-without samples falls back to quartiles, marked weak. With ``--confirm`` (what nox does;
-``--confirm unclear`` or ``slower`` for fewer) every benchmark is then re-timed as
-``compare --confirm all`` does: the baseline's commit (checked out in a git worktree)
-and this checkout alternating in paired rounds of fresh processes, each benchmark until
-its paired verdict is decided (:mod:`harness.review.confirm`, judged by
-:func:`harness.review.stats.decide_paired` as ``compare --confirm`` judges): two saved runs minutes apart on
-a busy machine drift by more than any effect worth flagging, in either direction, so a
-plain verdict of "same" is no safer than one of "slower". Exit 1 with a
-one-line-per-benchmark summary when any benchmark is slower.
+Runs live where pytest-benchmark keeps them (``.benchmarks/<machine id>/NNNN_<commit>.json``);
+only passing runs are saved, so the newest is the default baseline (``--baseline``: a number, a
+part of a name, or a path). The comparison is ``harness compare``'s on the saved samples; with
+``--confirm`` (what ``nox -s bench`` does) every benchmark is re-timed in paired rounds against
+the baseline's commit. Exit 1, a line a benchmark, when any is slower.
 """
 
 from __future__ import annotations
@@ -137,9 +120,7 @@ def compare_files(
 
 def _confirm(comparison, base_meta: dict, new_meta: dict, options, which: str, time_s: float):
     """Re-time the doubtful benchmarks: the baseline's commit (worktree) against this checkout."""
-    import tempfile
-
-    from harness.review.confirm import ConfirmInputError, checked_commit, confirm_slower, worktree
+    from harness.review.confirm import ConfirmInputError, checked_commit, checked_out, confirm_slower
 
     said: list[str] = []
     if not base_meta.get("commit") or not new_meta.get("case_files"):
@@ -150,13 +131,8 @@ def _confirm(comparison, base_meta: dict, new_meta: dict, options, which: str, t
         commit = checked_commit(base_meta["commit"], "the baseline's commit_info", cwd=ROOT)
     except ConfirmInputError as error:
         return comparison, [f"confirm: skipped: {error}"]
-    with tempfile.TemporaryDirectory(prefix="bench-base-") as tmp:
-        try:
-            tree = worktree(commit, Path(tmp) / "base", cwd=ROOT)
-        except subprocess.CalledProcessError as error:
-            why = (error.stderr or b"").decode(errors="replace").strip()[:200]
-            return comparison, [f"confirm: skipped: cannot check out {commit[:12]}: {why}"]
-        try:
+    try:
+        with checked_out({"base": commit}, cwd=ROOT) as (tree,):
             comparison = confirm_slower(
                 comparison,
                 base_meta,
@@ -167,8 +143,9 @@ def _confirm(comparison, base_meta: dict, new_meta: dict, options, which: str, t
                 checkouts=(tree, ROOT),
                 log=said.append,
             )
-        finally:
-            subprocess.run(["git", "worktree", "remove", "--force", str(tree)], cwd=ROOT, capture_output=True)
+    except subprocess.CalledProcessError as error:
+        why = (error.stderr or b"").decode(errors="replace").strip()[:200]
+        return comparison, [f"confirm: skipped: cannot check out {commit[:12]}: {why}"]
     return comparison, said
 
 

@@ -1,16 +1,10 @@
 """pytest-benchmark suite, generated: one benchmark per (case, backend) that runs on the device.
 
-The cases come from the case files (``--cases``, default ``cases/smoke.toml``) and the
-backends from the registry (``harness.backends.builtin.REGISTRY``, plugins included with
-``--plugin``), through the harness's pytest plugin, so a new case or backend is a new
-benchmark with no edit here. Ids read ``test_bench[decode_gqa/dtype=float16-tlsim]``.
-
-Timing goes through the harness's one timer, ``harness.timing.timer.time_call`` (CPU:
-perf_counter per call after a warm-up; CUDA: graph replays or events, L2 flushed), and
-its samples are handed to pytest-benchmark as the rounds of the benchmark, so the saved
-JSON's statistics are the harness's. ``extra_info`` keeps the samples (``samples_us``,
-what ``nox -s bench`` compares with the statistics of ``harness compare``), the bytes
-moved, GB/s and the case's parameters.
+Cases from ``--cases`` (default ``cases/smoke.toml``), backends from the registry, through the
+harness's pytest plugin; ids read ``test_bench[decode_gqa/dtype=float16-tlsim]``. Timing is
+``harness.timing.timer.time_call``, its samples handed to pytest-benchmark as the rounds;
+``extra_info`` keeps them (``samples_us``, what ``nox -s bench`` compares), the bytes moved, GB/s
+and the case's parameters.
 
     nox -s bench                          # run, compare with the last passing run, save if it passes
     nox -s bench -- --cases cases/gpu.toml --baseline 0003

@@ -1,17 +1,8 @@
 """pytest plugin: case files drive tests, one per (case, backend), with readable ids.
 
-Enable it with ``pytest_plugins = ["harness.pytest_plugin"]`` in a conftest.py (this
-repository's tests/conftest.py does). Options (shared with the CLI, see harness.cli.options):
-
-    --cases PATH         case file or folder, or a packaged suite's name (repeatable; default: smoke)
-    --backend NAME       only this backend (repeatable)
-    --device cpu|cuda    default: cuda when a GPU is present
-    --plugin MOD         import a module that calls harness.register_backend (repeatable)
-    --tag TAG            only cases with this tag (repeatable)
-    --harness-report DIR write the usual run folder (parquet, csv, meta, html) at the end
-    --harness-timing     also time every row (off by default: tests grade, benchmarks time)
-
-A test function asks for the fixtures ``harness_case`` and ``harness_backend`` and calls
+Enable it with ``pytest_plugins = ["harness.pytest_plugin"]`` in a conftest.py; its options are
+the CLI's (:mod:`harness.cli.options`) plus ``--harness-report DIR`` and ``--harness-timing``. A
+test asks for ``harness_case`` and ``harness_backend`` and calls
 ``harness_session.run(case, backend)``, which returns the report row.
 """
 

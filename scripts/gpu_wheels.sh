@@ -1,4 +1,4 @@
-# Sourced by the GPU scripts (gpu_run.sh, gpu_scale.sh, gpu_evidence.sh): wheels of packages a
+# Sourced by the GPU scripts (gpu_run.sh, gpu_scale.sh): wheels of packages a
 # CUDA image may lack (pydantic and its helpers) can travel in .whl/ (ignored by git); they are
 # installed into /tmp/site once per machine and put on the paths.
 if [ "${BASH_SOURCE[0]}" = "$0" ]; then

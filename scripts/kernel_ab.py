@@ -4,36 +4,14 @@
     python scripts/kernel_ab.py [SUITE ...] --with tiling tuning   # the base's split choice and tuning too
     python scripts/kernel_ab.py --dry          # CPU: one tiny case under the interpreter (CI)
 
-Before merging a kernel change, the question is "is this kernel faster or slower than the one
-it replaces, here, on these shapes". Two runs and a ``compare`` answer it across processes
-(and, on shared machines, across hosts); this script answers it in one process on one GPU:
-``kernels/triton_paged.py`` as of ``--base`` (``git show REV:kernels/triton_paged.py``; or read from
-``--base-dir``, a copy of the base tree, where there is no git history) and as
-in the working tree are each written to a temporary folder and imported as a module of the
-``kernels`` package (``kernels._ab_base``, ``kernels._ab_new``), so each has its own compiled
-kernels and launch plans; the registry's ``triton`` backend is pointed at one, then the
-other, and timed exactly as ``harness run`` times it (``harness.timing.timer.time_call``: graph
-replay, L2 flushed). Every case gets ``--rounds`` rounds, base and new alternating (the first
-of each round alternating too), and is judged by the rule of ``compare --confirm``
-(:func:`harness.review.stats.paired_ratio` and :func:`harness.review.stats.decide_paired`: slower when the
-paired interval excludes 1 and the estimate passes the minimum effect, 3% on CUDA).
-
-By default only the kernel file is swapped: the tiling, the tuned table and the contract checks
-(``kernels/tiling.py``, ``kernels/tuning.py``) are the working tree's for both sides. ``--with tiling
-tuning`` gives the base side those modules as of ``--base`` too (each imported as
-``kernels._ab_base_<name>``, tuning first, the names each took from a swapped module rebound to the
-base's after it is imported: :func:`kernel_modules`), so that a change of the split choice or of a
-tuned entry is judged against its base like a kernel change. A base kernel that imports its helpers
-from ``._common``, a module the working tree lacks, gets them from the working tree's modules that
-hold them (``SPLIT``; :func:`serve_split_modules`). The new
-side's output must match the base's within the case's tolerance, or the case is reported as
-"output differs" and not timed further. Exit 0: nothing slower; 1: a case slower or its output
-different; 2: a side that does not build or run (reported per case, or for the whole run when
-a kernel does not import). Cases with options (the attention variants, an fp8 cache's scales)
-are timed too: the registry's triton backend passes the case's options to whichever side's
-entry it calls, the same keywords to both, so a change to the fp8 path or a variant is judged
-against its base like any other; a base whose entry does not take an option is that case's
-error row (exit 2), not a reason to leave the case out.
+``kernels/triton_paged.py`` as of ``--base`` (or from ``--base-dir``) and as in the working tree are
+each imported as a module of ``kernels`` (``kernels._ab_base``, ``kernels._ab_new``); the ``triton``
+backend is pointed at one, then the other, and timed as ``harness run`` times it, base and new
+alternating for ``--rounds`` rounds, judged by ``compare --confirm``'s paired rule. ``--with``
+swaps the base's tiling and tuning modules in too (:func:`kernel_modules`). The new output must
+match the base's within the case's tolerance, or the case is "output differs". Exit 0: nothing
+slower; 1: a case slower or different; 2: a side that does not build or run. docs/performance.md
+has the details.
 """
 
 from __future__ import annotations

@@ -6,30 +6,11 @@
     python scripts/mutants.py --record --only ID   # write ID's caught_by: the quick test that fails first (-x)
     python scripts/mutants.py --json out.json      # the table as JSON too
 
-The tree's kernels, harness, tests and pyproject.toml are copied to a temporary folder (one per
-job). The mutants' caught_by tests (all the quick tests, tests/kernels/test_kernel_edges.py and the device
-split's tlsim tests, with --record or while a mutant has none) first run on the unmutated copy, TRITON_INTERPRET=1, and
-must pass there. Then, per mutant: its ``find`` text is replaced by
-``replace`` in the copy (the text must occur exactly once: else the mutant is "not-applied",
-a failure, so the catalogue follows the code), and its ``caught_by`` test (one of the quick
-tests) runs alone; only when that passes does the rest of the quick tests run, with -x. The
-file is restored after.
-
-A mutant of kernels/reference.py, tlsim.py or triton_paged.py (and launch_plan.py, which only
-the Triton entry imports) can change only that backend's results, so that fallback run keeps
-only the tests of that backend and the backend-free ones; a mutant of kernels/contract.py,
-tiling.py or fp8.py runs them all.
-
-Each pytest runs in a child forked from this process, which has imported what the baseline run
-imported outside the tree (torch, Triton, sympy, pandas, matplotlib, hypothesis, ...) and never
-the tree's own modules: a child imports kernels, harness and tests afresh from the mutated copy,
-with bytecode writing off so a mutated module is never served from a stale .pyc (harness and
-tests are compiled once per copy; kernels/ always from source).
-
-Verdicts: caught (a test failed, or the process crashed), misrecorded (caught, but not by its
-caught_by test: run --record), survived (the tests passed), timeout, not-applied, error
-(pytest could not run: the mutant broke collection). Exit status 0 only when every mutant is
-caught and the baseline passed.
+Per mutant, in a copy of the tree: its ``find`` text (which must occur exactly once, else
+"not-applied") is replaced by ``replace``, its ``caught_by`` test runs, then the rest of the quick
+tests with -x, each pytest in a child forked from this process. Verdicts: caught, misrecorded,
+survived, timeout, not-applied, error. Exit 0 only when every mutant is caught and the unmutated
+baseline passed. docs/mutants.md has the details.
 """
 
 from __future__ import annotations

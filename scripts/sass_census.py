@@ -1,26 +1,14 @@
-"""SASS census of the Triton kernel's tile loop, compiled for sm_90 on a machine without a GPU: for each
-launch, the SASS instructions a warp runs a tile in its first (unmasked) tile loop, where a decode spends
-its time, and in the masked one after it; registers, stack, local loads / stores (spills) in the loop,
-shared memory.
+"""SASS census of the Triton kernel's tile loop, compiled for sm_90 on a machine without a GPU: per launch,
+the instructions a warp runs a tile in the unmasked and the masked tile loop, registers, stack, spills
+and shared memory.
 
     PYTHONPATH=<triton-3.6 site>:. python scripts/sass_census.py [--only NAME ...] [--set NAME=VALUE ...]
         [--ops] [--json PATH] [--sass-dir DIR] [--module kernels.triton_paged]
 
-Each launch (LAUNCHES) is the one the registry's ``triton`` backend makes for the case (its
-query_start_loc given, the max_q_len / max_seq_len hints an engine passes): the plan (``TritonPlan``) is
-built from meta tensors of the case's shapes, so its constexprs, warps and stages are the launcher's.
-Triton's launcher specializations are reproduced: every pointer 16-byte aligned, every int argument
-divisible by 16 marked so, an int equal to 1 a constant. The loop's opcodes are sorted into what a tile
-must do (the K / V copies, shared-memory reads, dots, softmax) and what it pays besides (integer and
-address arithmetic, predicates and masks, conversions, moves, control).
-
-``--only`` takes substrings of launch names; ``--set`` overrides a constexpr (``--set BLOCK_OFFS_U32=False``)
-or a compile option (``--set num_stages=2``) in every launch; ``--module`` names another copy of the kernel
-with the same arguments, a commit's say (``git show REV:kernels/triton_paged.py > kernels/base_paged.py``,
-then ``--module kernels.base_paged``); the plan's constexprs that kernel lacks are dropped. The SASS
-comes from the Triton installation's own cuobjdump; the counts are those of that Triton's compiler
-(the GPU runs Triton 3.6). From Python: ``census(name, overrides)``, ``compile_launch``, ``compile_kernel``,
-``sass_of``, ``tile_loops``.
+Each launch (LAUNCHES) is the one the ``triton`` backend makes for the case, its plan built from meta
+tensors, Triton's launcher specializations reproduced. ``--set`` overrides a constexpr or a compile
+option; ``--module`` names another copy of the kernel (a commit's, via ``git show``). From Python:
+``census(name, overrides)``, ``compile_launch``, ``compile_kernel``, ``sass_of``, ``tile_loops``.
 """
 
 from __future__ import annotations

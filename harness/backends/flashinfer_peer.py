@@ -1,43 +1,20 @@
 """The peer ``flashinfer``: FlashInfer's paged wrappers over the same pool the kernel reads.
 
-FlashInfer is an optional extra (``pip install '.[flashinfer]'`` on a CUDA machine). Without
-it every row of this peer is a skip naming that command. Its kernels are compiled on first
-use (JIT): ``scripts/flashinfer_warmup.py`` builds the ones a suite needs before the run, so
-a compile never counts against a row's time limit.
-
-The layouts. Our pools are ``[num_blocks, block_size, num_kv_heads, head_dim]``: FlashInfer's
-``NHD`` page layout, with page = block, so K and V are handed over as they are (no copy).
-Where we keep a padded block table and the lengths, FlashInfer keeps the pages of every
-sequence in one flat list, in CSR form (:func:`page_table`):
+An optional extra (``pip install '.[flashinfer]'``); without it every row is a skip naming that
+command; ``scripts/flashinfer_warmup.py`` builds its JIT kernels before a run. Our pools are its
+``NHD`` layout (page = block); the block table becomes CSR (:func:`page_table`):
 
     indptr        [num_seqs + 1] int32  sequence s owns indices[indptr[s]:indptr[s + 1]]
     indices       [indptr[-1]] int32    physical pages, each sequence's in logical order
     last_page_len [num_seqs] int32      slots filled in each sequence's last page
 
-Example, block_size 16: seq_lens [45, 16, 3] with block_table rows [7, 2, 9, -1],
-[4, -1, -1, -1] and [0, -1, -1, -1] own 3, 1 and 1 pages (ceil(seq_len / 16)), so
-indptr [0, 3, 4, 5], indices [7, 2, 9, 4, 0], last_page_len [13, 16, 3]: 45 = (3 - 1) * 16 + 13,
-16 = (1 - 1) * 16 + 16, 3 = (1 - 1) * 16 + 3. Key position 40 of sequence 0 is slot
-40 % 16 = 8 of page indices[0 + 40 // 16] = 9. A sequence with no keys owns no page and has
-last_page_len 0.
+Block size 16, seq_lens [45, 16, 3], rows [7, 2, 9, -1], [4, ...], [0, ...]: indptr
+[0, 3, 4, 5], indices [7, 2, 9, 4, 0], last_page_len [13, 16, 3] (45 = (3 - 1) * 16 + 13).
 
-The calls, made once per input set in ``prepare`` (the plan, its time the row's ``plan_us``),
-then timed:
-
-* decode (every q_len 1): ``BatchDecodeWithPagedKVCacheWrapper`` on the faster of its two paths for
-  the input set, CUDA cores or tensor cores (:func:`faster_decode`): a peer is raced at its best, and
-  engines differ in which they plan (vLLM's rule once took tensor cores above a GQA group of 4;
-  vLLM and SGLang now plan tensor cores throughout);
-* anything else (prefill, chunked prefill, speculative verify, mixed batches):
-  ``BatchPrefillWithPagedKVCacheWrapper``, causal (FlashInfer aligns it to the end of each
-  sequence, as the contract does), its backend ``auto``: FA3 on sm90 where FlashInfer has it,
-  FA2 elsewhere (an fp8 cache under bf16/fp16 queries is FA2). The row's note names the one planned.
-
-The variants it declares: a sliding window W (``window_left = W - 1``), the logit softcap
-(``logits_soft_cap``, on the scaled logit as the contract has it) and an fp8 cache with one
-scale per tensor (``k_scale`` / ``v_scale`` as floats; per-head scales are a skip). Sinks are
-not declared: ``run(sinks=...)`` is honoured by the trtllm-gen and cuDNN backends (sm100), and
-FlashInfer's CUDA-core decode takes the keyword without applying it.
+Decode runs ``BatchDecodeWithPagedKVCacheWrapper`` on the faster of its two paths
+(:func:`faster_decode`); the rest ``BatchPrefillWithPagedKVCacheWrapper``, causal, backend
+``auto``. Declared: sliding window (``window_left = W - 1``), logit softcap, fp8 with one scale
+per tensor. Sinks are not: FlashInfer's CUDA-core decode takes the keyword without applying it.
 """
 
 from __future__ import annotations

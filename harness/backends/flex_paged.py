@@ -1,49 +1,18 @@
 """The peer ``flex_paged``: FlexAttention reading the paged pool itself, steered by a BlockMask
 built from the block table, whose KV block is the page.
 
-No gather and no copy of K: the pool is one long key sequence,
+The pool ``k_cache [num_blocks, block_size, num_kv_heads, head_dim]`` is viewed as one key
+sequence ``[1, num_kv_heads, num_blocks * block_size, head_dim]``: slot n is page
+n // block_size, offset n % block_size. A query block's ``full_kv_indices`` are the pages every
+row sees whole; its ``kv_indices`` the partial ones (last page, diagonal, window edge), where the
+mask_mod maps a slot back to (owner, position) through ``page_logical`` and checks
+``block_table[seq, logical] == page``. Block size 16, seq_len 45, block_table row [7, 2, 9]:
+pages 7 and 2 are full, page 9 holds 13 slots (45 = (3 - 1) * 16 + 13).
 
-    k_cache [num_blocks, block_size, num_kv_heads, head_dim]
-      -> view    [num_blocks * block_size, num_kv_heads, head_dim]
-      -> permute [1, num_kv_heads, num_blocks * block_size, head_dim]
-
-so pool slot n is page n // block_size, offset n % block_size. With KV_BLOCK_SIZE =
-block_size, FlexAttention's KV block *is* a page, and a query block's ``kv_indices`` list
-the physical pages of its sequence(s) that the causal rule (and the window) lets it see:
-
-* full pages (``full_kv_indices``): every slot filled and visible to every query row of
-  the block, which all belong to one sequence: no mask_mod is evaluated on them;
-* partial pages (``kv_indices``): the sequence's last page, the pages on the causal
-  diagonal or the window's edge, and every page of a block whose rows span sequences:
-  the mask_mod decides slot by slot.
-
-Example, block_size 16: a sequence with seq_len 45, block_table row [7, 2, 9] and 5
-queries (positions 40..44) keeps its keys 32..44 in page 9, pool slots 144..156
-(45 = (3 - 1) * 16 + 13); for a query block holding just those rows, pages 7 and 2 are
-full, page 9 partial (13 of 16 slots filled, and the diagonal).
-
-The mask_mod maps a pool slot back to (page owner, logical position) through an inverse
-table built on the device, ``page_logical[page]`` (the page's logical block index, -1 for
-a page nobody owns), and checks ``block_table[seq, logical] == page`` so that a page shared
-by a prefix of several sequences is still only seen by its owners; a query row maps to
-(seq, position) through ``row_seq`` / ``row_pos``. Query position p = seq_len - q_len + i
-sees keys at positions <= p (and > p - W with a sliding window W).
-
-Two forms of the query, chosen from the case:
-
-* ``packed`` (some q_len > 64: prefill, chunked prefill, mixed batches): q viewed as
-  [1, num_q_heads, num_tokens, head_dim], query blocks of 128 rows; a block may span
-  sequences (it then reads the union of their pages, all partial).
-* ``per_sequence`` (every q_len <= 64: decode, speculative verify): q padded to
-  [num_seqs, num_q_heads, max_q_len, head_dim] (a copy made before timing), K/V broadcast
-  over that batch, one query block per sequence; FlexAttention's decoding kernel takes it
-  where it can (query heads per KV head a power of two).
-
-Everything above is built in ``prepare``, outside the timed region; ``run`` is one call of
-the compiled ``flex_attention`` (eager on the CPU, where it runs only to check
-correctness). Flex's V is read from a copy of the V pool with its NaN poison zeroed: the
-kernel multiplies masked slots of a partial page by a zero weight, and 0 * NaN is NaN (the
-NaN stays in K, so a slot the mask fails to hide still poisons the row).
+``packed`` (some q_len > 64): q as [1, num_q_heads, num_tokens, head_dim]; ``per_sequence``
+(every q_len <= 64): q padded to [num_seqs, num_q_heads, max_q_len, head_dim]. All of it is
+built in ``prepare``; ``run`` is one ``flex_attention`` call. V is read from a copy with its
+NaN poison zeroed (0 * NaN is NaN); K keeps it, so a slot the mask fails to hide still shows.
 """
 
 from __future__ import annotations

@@ -1,24 +1,11 @@
 """Triton's CPU interpreter, corrected where it takes a bf16 tensor's bits for its value.
 
-The interpreter (``TRITON_INTERPRET=1``; Triton 3.9 at least) keeps a bf16 tensor as its
-raw 16 bits in a numpy ``uint16`` array, and hands those integers to numpy as if they were the
-numbers. On a GPU the same kernel computes with the values. Where it shows:
-
-* ``tl.dot`` of bf16 operands multiplies the bit patterns as integers (nonsense);
-* arithmetic, negation, comparisons, ``fma`` and ``tl.sum`` / ``tl.max`` / ``tl.min`` of bf16
-  tensors work on the integers (a sum of two bf16s is a third, unrelated number; -1 compares
-  above 1);
-* an fp32 -> bf16 cast drops the low 16 bits, where a GPU rounds to nearest even.
-
-So a correct Triton kernel fails every bf16 row on the CPU. The project's own kernel works
-around it by itself (``kernels.triton_paged._bf16_rne``: it rounds by hand and dots in fp32
-under the interpreter); a plugged-in kernel gets :func:`correct_bf16`, applied by
-:func:`harness.backends.registry.load_plugin` in every process that imports a plugin while the
-interpreter is on: each of those operations decodes bf16 to fp32 (exact), computes as the
-interpreter does in fp32, and rounds the result back to bf16 to nearest even, as a GPU does (a
-bf16 ``tl.sum`` is rounded once, where a GPU rounds its partial sums: a few ulps apart at most). A
-kernel that never touches bf16 runs exactly as it would uncorrected; so does the project's kernel, which never
-hands the interpreter a bf16 operand (tests/harness/test_interpreter_bf16.py checks both).
+The interpreter (``TRITON_INTERPRET=1``) keeps a bf16 tensor as raw ``uint16`` and hands the
+integers to numpy: ``tl.dot``, arithmetic, comparisons, ``fma`` and reductions of bf16 work on the
+bit patterns, and an fp32 -> bf16 cast truncates. :func:`correct_bf16`, applied by
+:func:`harness.backends.registry.load_plugin` while the interpreter is on, makes each of those
+decode to fp32, compute, and round back to nearest even, as a GPU does. A kernel that never hands
+the interpreter a bf16 operand (the project's own) runs exactly as uncorrected.
 """
 
 from __future__ import annotations

@@ -1,22 +1,10 @@
 """Peers: what the kernel is raced against, each at its best and named for what it is.
 
-* gather_sdpa      -- what a user writes by hand: gather the pages every call, then one
-                      batched SDPA over the padded batch with a boolean mask.
-* sdpa_contiguous  -- SDPA over a contiguous copy made before timing (the non-paged
-                      floor). With equal lengths it runs as SDPA runs best: no mask for
-                      decode, ``is_causal`` when queries and keys coincide, a lower-right
-                      causal bias otherwise, so flash/cuDNN kernels can take it; ragged
-                      batches fall back to padding plus a boolean mask (the note says so).
-* varlen_flash     -- FlashAttention's varlen entry point (torch.nn.attention.varlen) over
-                      the packed contiguous KV: no padding, ragged batches at full speed.
-* varlen_flash_paged -- the same entry point reading the paged pool through the block
-                      table, where this torch's varlen_attn takes one.
-* flex_attention   -- FlexAttention, compiled, over the padded contiguous copy (not paged):
-                      beside flex_paged, what paging costs FlexAttention.
-* flex_paged       -- FlexAttention over the paged pool itself, a BlockMask built from the
-                      block table with KV block = page (harness.backends.flex_paged).
-
-The kernel each peer actually launched is recorded per row on CUDA (``kernels_ran``).
+``gather_sdpa`` (pages gathered every call, one padded SDPA with a mask: what a user writes by
+hand), ``sdpa_contiguous`` (SDPA over a contiguous copy made before timing, without a mask
+where the lengths allow), ``varlen_flash`` and ``varlen_flash_paged`` (FlashAttention's varlen
+entry over packed or paged KV), ``flex_attention`` (compiled, over the padded copy) and
+``flex_paged`` (:mod:`harness.backends.flex_paged`). On CUDA each row records the kernels it ran.
 """
 
 from __future__ import annotations

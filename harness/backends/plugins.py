@@ -1,13 +1,8 @@
 """What a plugged-in kernel declares beside its function: the facts it is told, the limits it keeps.
 
-A plugin's ``register_backend(name, fn, ..., plan=, limits=, supports=)`` runs where the plugin is
-imported: in a worker process, never in the driver (harness.execute.processes). So what the driver
-must know of it travels as plain values in the worker's registrations: :class:`Limits` as a dict
-of lists and numbers (:meth:`Limits.to_plain`, checked by :meth:`Limits.from_plain`), and only
-whether there is a plan step or a ``supports`` hook, which run in the worker.
-
-:class:`CaseFacts` is what both hooks are told of a case: host-side numbers an engine knows
-before it calls the kernel (lengths, shapes, dtypes, the variants turned on), never a tensor.
+A plugin registers in a worker process, so the driver learns its :class:`Limits` as plain values
+(:meth:`Limits.to_plain`, :meth:`Limits.from_plain`) and only whether it has a plan step or a
+``supports`` hook. :class:`CaseFacts` is what both hooks are told: host-side numbers, never a tensor.
 """
 
 from __future__ import annotations

@@ -1,20 +1,10 @@
 """The one list of backends: what each is, where it runs, how it prepares a call.
 
-A backend's ``prepare(case, inputs, out)`` does its setup outside the timed region
-(building a cache, a contiguous copy, a compiled function) and returns a
-:class:`Prepared`: ``run()`` is the call that is graded once and then timed for device
-time, ``call()`` the call exactly as a user makes it through the contract (default
-arguments, checks and all), timed for ``call_us``. A backend that cannot serve a case
-raises :class:`Unsupported` from ``prepare`` (a skip row with the reason), never a
-silent wrong answer.
-
-A backend may have a plan step (``register_backend(..., plan=fn)``): ``fn(facts)`` is called in
-``prepare``, once per input set, with the case's host-side facts
-(:class:`harness.backends.plugins.CaseFacts`), and what it returns is handed to every call as the
-keyword ``plan``; its time is the row's ``plan_us``, apart from the calls' time.
-
-Tests, benchmarks, scripts and the CLI iterate :data:`REGISTRY`; adding a kernel is one
-:func:`register_backend` call.
+``prepare(case, inputs, out)`` does the setup outside the timed region and returns a
+:class:`Prepared`: ``run()`` is graded once and timed (``latency_us``), ``call()`` is the call as a
+user makes it (``call_us``). A backend that cannot serve a case raises :class:`Unsupported` (a
+skip row). A plan step (``register_backend(..., plan=fn)``) is called in ``prepare`` with
+:class:`harness.backends.plugins.CaseFacts`; its result reaches every call as ``plan=``.
 """
 
 from __future__ import annotations

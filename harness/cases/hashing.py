@@ -2,12 +2,8 @@
 
     digest = sha256(sha256(chunk 0) || sha256(chunk 1) || ...), chunks of CHUNK_BYTES
 
-A hash tree of one level: as collision resistant as sha256 itself (two different byte
-strings of one length that collide would need a sha256 collision in a chunk or in the
-top), and its chunks are hashed by a thread pool (hashlib releases the GIL on large
-updates), so a multi-GB pool costs its bytes / (sha256's ~0.7 GB/s x the threads) rather
-than one core's time. The digest does not depend on the number of threads. Used by the
-oracle cache's content key and the guard's CPU fingerprints.
+A one-level hash tree: as collision resistant as sha256, its chunks hashed by a thread pool
+(hashlib releases the GIL), the digest independent of the thread count.
 """
 
 from __future__ import annotations

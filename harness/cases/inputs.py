@@ -1,23 +1,11 @@
 """Deterministic paged inputs for one case, shared by every backend of that case.
 
-The pool is laid out the way a busy engine leaves it: blocks handed out in a shuffled
-order (or in order, for the "contiguous" layout), optionally a prefix shared by every
-sequence (prefix caching), a few spare blocks nobody owns, and NaN in every slot no
-sequence owns, including the tail of each sequence's last block. A backend that reads
-past a sequence's end, or through a -1 table entry, therefore returns NaN and fails.
-
-Values come from :func:`draw_normal`: standard normals in chunks of whole rows (about
-2**20 values), chunk c of the tensor named ``name`` drawn by its own ``torch.Generator``
-seeded from (seed, name, c). A chunk's values depend on nothing else, so a thread pool
-draws them in any order and the tensors are the same whatever the number of threads
-(torch's or the pool's) and whatever the device they end on. K and V are drawn as one
-logical tensor each, [total_kv_tokens, num_kv_heads, head_dim] (sequence after sequence),
-and every chunk is written straight into its slots of the pool.
-
-Machines: torch's CPU ``randn`` has one vectorized path for x86-64 with AVX2 or AVX-512
-(every x86 server: the same bits) and a scalar one elsewhere (an Arm host, or
-``ATEN_CPU_CAPABILITY=default``), whose values differ in the last bits. numpy's PCG64 ``standard_normal`` would not, but drew
-2.4x slower per core on a 2-core x86 machine (18 ns against 7.6 ns a value).
+The pool is laid out as a busy engine leaves it: blocks handed out shuffled (or in order), an
+optional prefix shared by every sequence, spare blocks, and NaN in every slot no sequence owns,
+so a backend that reads past a sequence's end fails. Values come from :func:`draw_normal`: chunk c
+of tensor ``name`` drawn by its own generator seeded from (seed, name, c), so the tensors are the
+same whatever the thread count or device (torch's CPU ``randn`` differs in the last bits between
+x86's vector path and the scalar one elsewhere).
 """
 
 from __future__ import annotations

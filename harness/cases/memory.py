@@ -1,37 +1,15 @@
 """The memory a case needs, estimated before it runs, and what the device has available.
 
-A case's peak is what stays for the whole case plus the largest transient of the steps
-that run one after the other:
-
     peak = inputs + expected + bound + max(oracle, error bound, each backend's call + out)
 
-with (elt = the case dtype's bytes; T tokens; S sequences; L = max_seq_len; Qm = max
-q_len; Hq/Hkv heads; D head_dim; per-sequence terms take the worst sequence):
-
-* inputs: the two pools (owned blocks plus the spare eighth) and q, plus each sequence's
-  keys/values in order (the cache backend's writes): 2 * slots * Hkv * D * elt + T * Hq *
-  D * elt + 2 * sum(seq_lens) * Hkv * D * elt. expected and bound: T * Hq * D * 8 each.
-* oracle (float64): per sequence, the logits q_len x seq_len x Hq four times at once
-  (logits, scaled, logits - max, exp; 3.6x measured) plus K and V in float64.
-* error bound (harness.run.grading): three logits-sized float64 tensors, in chunks of query
-  rows of at most 2**26 logits (so at most about 1.5 GiB plus K and V in float64).
-* a fixed 64 MiB for the allocator's and torch's working memory (what a tiny case adds
-  to the RSS of a warmed-up process, measured: 30-35 MiB).
-* reference: per sequence, K and V gathered, in fp32, repeated to Hq heads (2 * seq_len *
-  Hq * D * 4, twice while copying) and SDPA's fp32 scores q_len x seq_len x Hq, three times.
-* tlsim / triton / cache (dispatches to tlsim on the CPU): q padded to S x Qm (fp32), the
-  (max, sum, acc) state of every KV split (S x Hq x Qm x (D + 2) fp32 each), and one KV
-  tile gathered for every sequence (S x TILE_N x Hkv x D, fp32, a few copies); cache also
-  holds its own pools.
-* gather_sdpa / sdpa_contiguous / flex_attention: the batch padded to rectangles: K and V
-  as S x Hkv x L x D (elt, built by a gather with int64 indices S x L and one pre-mask
-  copy), the bool mask S x Qm x L and SDPA's fp32 scores S x Hq x Qm x L once (torch's
-  SDPA reads GQA's K/V heads without repeating them: measured, no Hq-sized copy). A ragged
-  batch (one long sequence and many short ones) is charged S x L, which is the point:
-  padded peers pay for the padding.
-* plugins: unknown code; charged like reference.
-
-Checked against the CPU's measured peak RSS in tests/harness/test_reliability_memory.py.
+(elt the dtype's bytes; T tokens, S sequences, L max_seq_len, Qm max q_len, Hq/Hkv heads, D
+head_dim; per-sequence terms take the worst sequence): inputs are the two pools, q and each
+sequence's keys/values in order; expected and bound T * Hq * D * 8 each; the float64 oracle four
+logits-sized tensors (3.6x measured) plus K and V; the error bound three, in chunks of at most
+2**26 logits; 64 MiB of allocator working memory. Backends: reference gathers K and V in fp32 to
+Hq heads plus SDPA's scores; tlsim / triton / cache pad q to S x Qm and keep every split's state
+and one gathered tile per sequence; the padded peers pay for S x L (K, V, mask, scores); a plugin
+is charged like reference. Checked against the measured peak RSS in tests/harness/test_reliability_memory.py.
 """
 
 from __future__ import annotations

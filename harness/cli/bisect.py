@@ -14,7 +14,6 @@ from __future__ import annotations
 import argparse
 import subprocess
 import sys
-import tempfile
 from collections.abc import Callable
 from pathlib import Path
 
@@ -31,7 +30,15 @@ from harness.cli.options import (
 )
 from harness.cli.run import load_plugins
 from harness.review import stats
-from harness.review.confirm import DEFAULT_ROUNDS, MIN_ROUNDS, _one_round, look_schedule, sequential_rounds, worktree
+from harness.review.confirm import (
+    DEFAULT_ROUNDS,
+    MIN_ROUNDS,
+    _one_round,
+    checked_out,
+    look_schedule,
+    sequential_rounds,
+    worker_config,
+)
 
 EXIT_UNDECIDED = 4
 
@@ -121,13 +128,7 @@ def main(args: argparse.Namespace) -> int:
     if not any(case.id == args.case for case in load(paths, device, None)):
         raise BadInput(f"--case {args.case}: no such case in {' '.join(paths)} (`harness list` shows the ids)")
     effect = args.min_effect if args.min_effect is not None else stats.default_effect(device)
-    config = {
-        "case_files": paths,
-        "device": device,
-        "plugins": [str(Path(p).resolve()) if Path(p).exists() else p for p in args.harness_plugins],
-        "threads": 1 if device == "cpu" else None,
-        "target_s": 0.05,
-    }
+    config = worker_config(paths, device, args.harness_plugins)
     key = (args.case, args.backend)
     looks = look_schedule(args.rounds)
     say = lambda line: print(line, file=sys.stderr, flush=True)  # noqa: E731
@@ -135,17 +136,12 @@ def main(args: argparse.Namespace) -> int:
         f"{effect:.0%} counts; each step up to {args.rounds} paired rounds against GOOD")  # fmt: skip
 
     def judge(commit: str) -> str:
-        with tempfile.TemporaryDirectory(prefix="harness-bisect-") as tmp:
-            trees = (worktree(good, Path(tmp) / "good"), worktree(commit, Path(tmp) / "step"))
-            try:
-                pooled = sequential_rounds(
-                    {0: key}, {0: effect},
-                    lambda keys, pooled, new_first: _one_round(trees, ({}, {}), config, keys, pooled, new_first),
-                    alpha=args.alpha, rounds=args.rounds, time_s=args.step_time, log=say,
-                )  # fmt: skip
-            finally:
-                for tree in trees:
-                    subprocess.run(["git", "worktree", "remove", "--force", str(tree)], capture_output=True)
+        with checked_out({"good": good, "step": commit}) as trees:
+            pooled = sequential_rounds(
+                {0: key}, {0: effect},
+                lambda keys, pooled, new_first: _one_round(trees, ({}, {}), config, keys, pooled, new_first),
+                alpha=args.alpha, rounds=args.rounds, time_s=args.step_time, log=say,
+            )  # fmt: skip
         test = stats.paired_ratio(*pooled[key], alpha=args.alpha, looks=len(looks))
         verdict = stats.decide_paired(test, min_effect=effect)
         answer = {"slower": "bad", "same": "good", "faster": "good"}.get(verdict.verdict, "undecided")

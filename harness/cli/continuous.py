@@ -13,13 +13,12 @@ import argparse
 import os
 import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 
 from harness.cli import compare
 from harness.cli.options import DEFAULT_CASES, BadInput, add_pattern, add_to_argparse, resolved_cases
-from harness.review.confirm import ConfirmInputError, checked_commit, worktree
+from harness.review.confirm import ConfirmInputError, checked_commit, checked_out
 
 RUN_OK = (0, 1)  # a run that failed rows is still compared: its failures are what compare reports
 
@@ -77,22 +76,18 @@ def run_arguments(args: argparse.Namespace, cases: list[str]) -> list[str]:
 
 def run_commit(commit: str, label: str, out: Path, words: list[str]) -> Path:
     """Run ``commit`` in a worktree into ``out``; its output goes to stderr, indented. The run folder."""
-    with tempfile.TemporaryDirectory(prefix="harness-continuous-") as tmp:
-        tree = worktree(commit, Path(tmp) / label)
-        try:
-            env = {k: v for k, v in os.environ.items() if k != "HARNESS_COMMIT"}  # git in the worktree names it
-            env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(tree), os.environ.get("PYTHONPATH")]))
-            command = [sys.executable, "-m", "harness", "run", *words, "--out", str(out)]
-            print(f"continuous: {label} {commit[:12]}: harness run {' '.join(words)}", file=sys.stderr, flush=True)
-            proc = subprocess.Popen(command, cwd=tree, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                                    text=True)  # fmt: skip
-            said = []
-            for line in proc.stdout:
-                said.append(line)
-                print(f"  {line}", end="", file=sys.stderr, flush=True)
-            code = proc.wait()
-        finally:
-            subprocess.run(["git", "worktree", "remove", "--force", str(tree)], capture_output=True)
+    with checked_out({label: commit}) as (tree,):
+        env = {k: v for k, v in os.environ.items() if k != "HARNESS_COMMIT"}  # git in the worktree names it
+        env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(tree), os.environ.get("PYTHONPATH")]))
+        command = [sys.executable, "-m", "harness", "run", *words, "--out", str(out)]
+        print(f"continuous: {label} {commit[:12]}: harness run {' '.join(words)}", file=sys.stderr, flush=True)
+        proc = subprocess.Popen(command, cwd=tree, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                text=True)  # fmt: skip
+        said = []
+        for line in proc.stdout:
+            said.append(line)
+            print(f"  {line}", end="", file=sys.stderr, flush=True)
+        code = proc.wait()
     if code not in RUN_OK or not (out / "meta.json").is_file():
         last = next((line.strip() for line in reversed(said) if line.strip()), "no output")
         raise BadInput(f"the run of {label} {commit[:12]} ended with exit {code} and no run folder: {last}")

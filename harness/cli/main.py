@@ -1,40 +1,10 @@
 """python -m harness {run,list,backends,variants,schema,report,compare,continuous,bisect,history,merge}
 
-Each verb is the module ``harness.cli.<verb>``: its ``add_parser`` and its ``main``; what
-they share is :mod:`harness.cli.options`.
-
-Exit codes:
-
-* 0   every graded row within tolerance, something was graded, and every backend named
-      with --backend ran (graded or errored) on at least one case
-* 1   a tolerance failure or an error row (a backend that raised, exited, crashed or
-      timed out); nothing graded (every row a skip); a --backend that ran on no case;
-      for compare, a row that got worse
-* 2   bad input, refused before any work with one message naming file, case and field,
-      and nothing written: a case file, an argument, a plugin that does not import (or
-      exits or crashes on import), an output folder that cannot be created or written,
-      a stored run folder that is not one (or whose meta.json or results.parquet does not fit
-      its schema: harness.results.schemas), an oracle cache entry that differs from its recomputation
-      under --verify-oracle-cache
-* 3   internal error: a bug in the harness (the traceback is printed, with a line saying
-      so), or the final write of the run folder failed (the journal is kept, and the
-      message gives the --resume command that finishes the run)
-* 4   incomplete. compare: nothing got worse, but the comparison is incomplete (cases or
-      backends on one side only, a status turned skip, rows timed in one run only
-      (--no-timing), another device or versions); run --finalize: the rows written pass,
-      but (case, backend) pairs never ran
-* 5   compare only: nothing is confirmed worse, but latency rows the two runs alone call
-      slower could not be re-timed in paired rounds (no commit recorded, a dirty tree, a
-      commit not in your history, a checkout that failed, a plugin not named with --plugin,
-      or --no-confirm): each such
-      row reads "unconfirmed" with the reason. Worse rows (1) win over 5, 5 over 4
-* 130 interrupted by Ctrl-C; 143 terminated by SIGTERM: the rows so far are kept in the
-      journal, and the message gives the --resume command
-
-Only the harness's own input errors are exit 2: a ValueError from anywhere else is an
-internal error (exit 3), never "bad input".
-
-``harness`` with no verb prints this help and exits 0; ``harness --version`` the version.
+Each verb is the module ``harness.cli.<verb>``: its ``add_parser`` and its ``main``; what they
+share is :mod:`harness.cli.options`. The exit codes (README, "Reading a run"): 0 success; 1 a
+failure, an error row, nothing graded, or a row that got worse; 2 bad input (only the harness's
+own input errors: a ValueError from elsewhere is 3); 3 an internal error; 4 incomplete;
+5 unconfirmed; 130 Ctrl-C; 143 SIGTERM.
 """
 
 from __future__ import annotations

@@ -1,21 +1,11 @@
-"""The ``run`` verb's scale-out options, checked before any work, and the choice of executor
-(:class:`harness.execute.loop.Executor`): in this process, over worker processes or over Ray.
-
-    --workers N|auto      spread the cases over N worker processes of this host (harness.execute.workers):
-                          one per GPU (auto: every visible GPU), or N on a CPU (auto: one per core)
-    --ray [ADDRESS]       submit the cases as Ray tasks (harness.execute.ray_cluster): to the cluster at
-                          ADDRESS, or (no ADDRESS) to a local Ray started for the run
-    --oracle-cache DIR|off  where the float64 oracle's outputs are cached (harness.run.oracle_cache);
-                          off: recompute every case
-
-``--shard I/N`` is a filter on the cases (:func:`harness.execute.shards.shard_cases`), applied
-before whichever executor runs them. This module imports no Ray.
+"""The ``run`` verb's scale-out options (``--workers``, ``--ray``, ``--oracle-cache``), checked
+before any work, and the choice of executor (:class:`harness.execute.loop.Executor`): in this
+process, over worker processes or over Ray. This module imports no Ray.
 """
 
 from __future__ import annotations
 
 import argparse
-import contextlib
 import os
 import threading
 import time
@@ -84,8 +74,7 @@ def preload_report_modules() -> threading.Thread:
         import importlib
 
         for name in ("harness.results.report", "harness.results.plots", "harness.timing.scaling"):
-            with contextlib.suppress(ImportError):  # matplotlib is optional: the page then says its plots are missing
-                importlib.import_module(name)
+            importlib.import_module(name)
 
     thread = threading.Thread(target=load, name="preload-report", daemon=True)
     thread.start()

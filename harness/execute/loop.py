@@ -1,24 +1,11 @@
 """The one per-case loop every executor runs, and the bookkeeping every driver shares.
 
-An :class:`Executor` runs cases: ``run(cases, config, on_row, done) -> dict`` gives every
-(case, backend) pair not in ``done`` a row, hands each row to ``on_row`` as it finishes (the
-journal) and returns what meta.json's ``scale`` keeps. There are three: in this process
-(:class:`harness.execute.local.InProcess`, isolated backends in a worker process), over worker
-processes (:class:`harness.execute.workers.ProcessPool`, ``--workers``) and over Ray
-(:class:`harness.execute.ray_cluster.RayCluster`, ``--ray``). ``--shard I/N`` filters the cases
-before any of them (:func:`harness.execute.shards.shard_cases`).
-
-Wherever a case runs (this process, a worker process, a Ray task, a pytest test), its rows come
-from :func:`case_events`: skips first, then the case's inputs and float64 oracle built once
-(:class:`Contexts`; a failure there is an error row for each backend), then each backend's row
-(a plugin's output to its row log, :mod:`harness.execute.output`).
-
-A driver whose cases run in other processes tracks each case as a :class:`Task` and hands its
-events, time limits and deaths to one :class:`Tracker`: a row past its limit (:func:`row_limit`)
-is an error row and its backend is hung for the rest of the run (its later rows are skips naming
-the case, :class:`Hung`; not on Ray, see there); a death blames the backend that was running
-(every remaining one while the inputs/oracle were built), retried ``retries`` times, then an
-error row.
+An :class:`Executor` (in process, ``--workers``, ``--ray``) gives every (case, backend) pair not
+in ``done`` a row, hands each to ``on_row`` and returns meta.json's ``scale``. Wherever a case
+runs, its rows come from :func:`case_events`: skips, then inputs and oracle built once
+(:class:`Contexts`), then each backend. A driver of other processes hands each :class:`Task`'s
+events, limits and deaths to one :class:`Tracker`: a row past its limit is an error row and its
+backend :class:`Hung`; a death blames the running backend, retried ``retries`` times.
 """
 
 from __future__ import annotations

@@ -1,17 +1,9 @@
 """A row's output: what a backend writes to stdout and stderr goes to its own file.
 
-A plugin's row runs inside :func:`captured_output` (file descriptors 1 and 2, so native code's
-output too) into :func:`row_log_name` under ``RunConfig.logs``' staging folder, moved to
-``<run>/logs/`` with the run folder; the terminal gets its first ``TERMINAL_BYTES`` and a line
-saying where the rest is (:func:`report_output`). Empty logs are removed.
-
-Known-harmless warnings (:data:`HARMLESS`) stay in the logs, not on the terminal: numpy's notices
-of inf and NaN arithmetic raised inside Triton's CPU interpreter (``RuntimeWarning: invalid value
-encountered in subtract``, which ``exp(m_old - m_new)`` of two -inf running maxima gives: a GPU
-computes the same IEEE values silently, and the grade sees any NaN that reaches the output) and
-Triton's notice of a changing default (``TRITON_DEFAULT_FP_FUSION is unset``). Each is named on
-the terminal by one line, the first time it appears in a run; a row that printed nothing else
-shows nothing.
+A plugin's row runs inside :func:`captured_output` (file descriptors 1 and 2) into a log moved to
+``<run>/logs/`` with the run folder; the terminal gets its first ``TERMINAL_BYTES`` and where the
+rest is (:func:`report_output`). Known-harmless warnings (:data:`HARMLESS`, each with why) stay in
+the logs and are named on the terminal once a run.
 """
 
 from __future__ import annotations

@@ -1,39 +1,13 @@
 """Worker processes: where a crash, an exit or a hang cannot end the run.
 
-A backend in the same process can end the run in ways no ``except`` catches:
-``os._exit(0)``, a segfault (``ctypes.string_at(0)``, an out-of-bounds read in native
-code), or a call that never returns. A worker is a process started with ``multiprocessing``'s
-spawn (it shares no state with the parent) running :func:`_worker_main`: it imports the plugins
-(:func:`worker_setup`), says it is ready, then runs each case it is sent through the one loop
-(:func:`harness.execute.loop.timed_case`) and sends every event back. The same worker serves
-the isolated backends of a one-process run (:class:`Worker`, one at a time) and each slot of
-``--workers`` (:mod:`harness.execute.workers`, with its own GPU: :func:`spawn`). The parent's
-:class:`harness.execute.loop.Tracker` makes a death an error row naming the signal or exit
-code, and a call past its limit a killed worker and an error row "timed out after N s"; the
-next call starts a fresh worker (which rebuilds the case's inputs): the run goes on.
-
-Which backends run isolated is the run's choice (``--isolate``): by default the plugins (code
-from outside this repository; the built-ins are this repository's own torch code, and
-isolating them would build every case's inputs and float64 oracle twice on the CPU).
-
-**A plugin never runs where verdicts are made.** The worker that serves a one-process run's
-plugins (:class:`Worker`) builds a case's inputs from its seed, calls the backends
-(:func:`harness.run.calling.call_backend`) and sends back their outputs and timings; the driver
-holds the float64 oracle and grades them (:func:`harness.run.runner.grade_called`), and writes
-the journal and the report. The driver learns a plugin's registration (name, devices, declared
-variants) from the worker's "ready" message, and never imports it. Every message a worker sends
-is a ``torch.save`` of plain values (strings, numbers, lists, dicts, CPU tensors), read with
-``torch.load(weights_only=True)``: a worker cannot make the driver run code by what it sends.
-Before importing a plugin the worker walls off the oracle cache and the harness's source
-(:mod:`harness.execute.sandbox`). After a backend's timing the worker runs a batch of its default
-calls back to back between two messages, which the driver times on its own clock
-(:func:`harness.run.physics.impossible`).
-
-A worker ignores SIGINT from its first instruction (it is started with SIGINT ignored, which
-the new interpreter keeps): the user's Ctrl-C goes to the parent, which stops the workers and
-reports one line, never a child's traceback. A worker dies with its parent
-(:func:`die_with_parent`), so a killed run leaves no worker behind. ``--profile`` of an isolated
-backend runs in the worker too.
+A worker is a spawned process running :func:`_worker_main`: it imports the plugins
+(:func:`worker_setup`, behind :mod:`harness.execute.sandbox`), says it is ready, runs each case it
+is sent through :func:`harness.execute.loop.timed_case` and sends every event back as a
+``torch.save`` of plain values, read with ``weights_only=True``. It serves a one-process run's
+isolated backends (:class:`Worker`) and each slot of ``--workers`` (:func:`spawn`). It never holds
+the oracle: the driver grades what comes back (docs/contract.md, "Threat model"). A death or a
+hang is an error row and the next call starts a fresh worker. Workers ignore SIGINT (the parent
+stops them) and die with their parent (:func:`die_with_parent`).
 """
 
 from __future__ import annotations

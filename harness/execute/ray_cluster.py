@@ -1,34 +1,12 @@
 """The Ray executor: a run's cases as Ray tasks, one task per case, on any number of hosts.
 
-``harness run --ray [ADDRESS]`` connects to the Ray cluster at ADDRESS (``ray://host:10001``
-or ``auto``; no ADDRESS: a local Ray started for the run, ``--workers N`` CPUs of it) and
-submits one task per case, longest first (:func:`harness.timing.metrics.case_cost`). A task
-runs the case through the one per-case loop (:func:`harness.execute.loop.case_events`: inputs
-and float64 oracle built once, through the oracle cache, whose folder the driver's
-``--oracle-cache``/``$HARNESS_ORACLE_CACHE`` names on every node, then each backend) and streams
-its events to the driver as it goes (a generator task: the device it runs on, ``start`` of
-each backend, each row; :func:`case_task`). Rows carry ``host``, ``gpu_index`` (Ray's GPU id, ""
-without one), ``worker`` (Ray's worker id, shortened) and, on CUDA, ``gpu_name``. The driver
-hands every row to ``on_row`` (the journal) as it arrives; ``cmd_run`` writes the one run folder.
-
-* **Resources.** On CUDA each task asks for ``num_gpus=1`` (Ray sets its
-  ``CUDA_VISIBLE_DEVICES``); otherwise ``num_cpus=1``. Ray gives each GPU task a fresh
-  process, so a GPU's ceilings are measured by its first task and left for the next ones in
-  a folder of the node (:func:`harness.timing.ceilings.own_device`); its rows are judged against them.
-* **Limits and failures** are the shared :class:`harness.execute.loop.Tracker`'s: a backend
-  running past its limit, counted on the driver's clock from the ``start`` the task streamed
-  (a task still queued is not running late), has its task cancelled (Ray kills the worker) and is
-  an ``error`` row at once. It is not marked hung: every case is submitted at the start, so its
-  other cases are already running or queued across the cluster, each under its own limit. A task
-  whose worker dies keeps the rows it streamed and the backend it was running is blamed (every
-  remaining one while building the inputs/oracle), retried once in a new task (Ray's own retries
-  are off: the driver knows which backend was running), then an ``error`` row with Ray's reason.
-  The case's backends that had not run go out in a new task. Ctrl-C cancels every pending task.
-* **Code on the nodes.** Every node needs this package and the plugins importable (the
-  same install, or a ``runtime_env``); plugin paths are resolved on the node.
-
-Ray is optional (``pip install 'paged-attention-harness[ray]'``); :func:`ray_missing` says
-how to get it, and the CLI exits 2 with that message.
+``harness run --ray [ADDRESS]`` submits one generator task per case, longest first
+(:func:`case_task`), each asking for one GPU (or one CPU); a task runs the case through
+:func:`harness.execute.loop.case_events` and streams its events back; rows carry ``host``,
+``gpu_index`` and ``worker``. Limits and failures are :class:`harness.execute.loop.Tracker`'s: a
+late task is cancelled and is an error row, a dead worker's backend is retried once in a new
+task. Every node needs this package and the plugins importable. Ray is optional
+(:func:`ray_missing` says how to get it). Details and overheads: docs/scaling.md.
 """
 
 from __future__ import annotations

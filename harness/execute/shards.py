@@ -1,24 +1,11 @@
 """Many hosts, one run: ``harness run --shard I/N`` picks a host's slice of the cases, and
 ``harness merge OUT RUN...`` joins the hosts' run folders into one.
 
-Sharding is deterministic from the case files alone, so every host computes the same split
-without talking to the others: the expanded cases are ordered by estimated cost, largest first
-(:func:`harness.timing.metrics.case_cost`; ties by case id), and dealt round robin, case ``k`` to shard
-``k % N``. Every shard so gets a similar mix of large and small cases.
-
-Merging refuses what would make the joined run a guess (:class:`MergeError`, naming the run
-folder): a (case, backend) pair in two runs; runs of different commits (``--allow-mixed-commits``
-records them instead), of different devices (cpu, cuda), or timed beside untimed; a run folder
-that is not one. What it joins:
-
-* rows: concatenated, run after run (a case's rows stay together);
-* meta.json: the first run's versions and ceilings, with ``gpus`` every run's GPU records (one per
-  host, index and model: rows keep their own GPU's percentages), ``host`` every host, ``dirty``
-  if any run was, ``merged_from`` (each run's folder, host, commit, dirty, shard, rows, whether it
-  was incomplete, time and ``scale``), ``device_name`` the mixed-models note where the GPU models
-  differ (``compare`` then treats the run as another device), and ``incomplete`` where a run
-  stopped early (its missing pairs joined) or a shard of the I/N set is absent;
-* report.html, rendered as for any run.
+The expanded cases are ordered by estimated cost (ties by id) and dealt round robin, so every
+host computes the same split alone. Merging refuses (:class:`MergeError`, naming the folder) a
+pair in two runs, mixed commits (unless ``--allow-mixed-commits``), mixed devices, or timed
+beside untimed; it concatenates the rows and joins meta.json (``gpus``, ``host``, ``dirty``,
+``merged_from``, ``incomplete``). Details: docs/scaling.md.
 """
 
 from __future__ import annotations

@@ -1,40 +1,11 @@
-"""The process-pool executor: one host's worker processes, one per GPU of the host (or N on a CPU), run the cases.
+"""The process-pool executor: one host's worker processes (one per GPU, or N on a CPU) run the cases.
 
-``harness run --workers N|auto`` hands each case to a worker process
-(:mod:`harness.execute.processes`), which runs it through the one per-case loop
-(:func:`harness.execute.loop.case_events`: inputs and float64 oracle built once, through the
-shared oracle cache, then each backend) and sends each row back as it finishes. The parent
-hands every row to ``on_row`` (the journal) and ``cmd_run`` writes the one run folder, exactly
-as for a one-process run.
-
-* **Pinning.** On CUDA, worker ``i`` is started with ``CUDA_VISIBLE_DEVICES`` set to the
-  ``i``-th visible GPU (:func:`harness.execute.processes.spawn`); ``auto`` is one worker per
-  visible GPU; more workers than GPUs share them round robin (small cases that leave a GPU
-  idle). On a CPU, ``auto`` is one worker per core. On either, the run's torch threads (or every
-  core) are split between the workers (``max(1, threads // N)`` each, :func:`worker_threads`).
-* **Order.** Cases go out longest first, by an estimate of their cost,
-  ``flops(case) + bytes_moved(case)`` (:mod:`harness.timing.metrics`): the oracle and the kernels
-  scale with the first, decode with the second. Each worker is sent ``PREFETCH`` (2) cases
-  ahead, so it never waits on the parent between cases (while at least as many cases as
-  workers are left; then one at a time, so no worker sits on a queued case while another
-  idles). The run folder's rows are in case order whatever order they finished in.
-* **Rows** carry ``host``, ``gpu_index`` (the physical GPU, "" on a CPU), ``worker`` and, on
-  CUDA, ``gpu_name``.
-* **Each GPU's ceilings.** A CUDA worker measures its own GPU's ceilings once, as it starts
-  (:func:`harness.timing.ceilings.own_device`), and reports them with its name; its rows'
-  ``pct_of_ceiling`` and ``pct_of_peak`` are against them, and meta.json's ``gpus`` lists
-  every GPU's.
-* **Overheads**, kept in meta.json's ``scale`` (:meth:`PoolRun.timings`): each worker's start
-  (spawn to ready, its ceilings included), the time workers waited for a case (dispatch), the
-  time the cases took, and that time by phase (:mod:`harness.timing.phases`).
-* **Failures** (:class:`harness.execute.loop.Tracker`): a worker that dies loses only the row it
-  was computing; its rows already sent are kept, cases sent ahead go back to the queue
-  untouched, and the backend that was running is retried once on another worker, then is an
-  ``error`` row. A row past its time limit kills the worker and is an ``error`` row at once; its
-  backend is hung: its rows not yet run are skips (a worker that starts it on a case sent ahead
-  is stopped and restarted). The run completes either way.
-* Plugins are imported in every worker (they are then run in-process there: the worker
-  is the isolation).
+Each case goes to a worker (:mod:`harness.execute.processes`), longest first by
+``flops + bytes_moved``, ``PREFETCH`` ahead; rows come back to ``on_row`` as they finish and
+carry ``host``, ``gpu_index`` and ``worker``. On CUDA worker i sees the i-th GPU and measures its
+own ceilings; torch threads are split between workers (:func:`worker_threads`). A dead worker
+loses only its current row (retried once elsewhere, then an error row); a hung backend's
+remaining rows are skips. Overheads go to meta.json's ``scale``. Details: docs/scaling.md.
 """
 
 from __future__ import annotations

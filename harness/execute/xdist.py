@@ -1,19 +1,9 @@
 """pytest -n N (pytest-xdist): one GPU per worker, and one run folder from every worker's rows.
 
-* **GPUs.** Before the workers start (``pytest_xdist_setupnodes``), worker ``gwI`` gets
-  ``CUDA_VISIBLE_DEVICES`` = the ``I``-th visible GPU (round robin when there are more
-  workers than GPUs) through its execnet spec's ``env``; execnet sets it in the new
-  interpreter before pytest, torch or the conftest are imported, so torch sees one GPU. A
-  spec that already names ``env:CUDA_VISIBLE_DEVICES`` keeps it; without GPUs nothing is set.
-* **Rows.** Each test's row comes from the one per-case loop every executor runs
-  (:func:`harness.execute.loop.case_events`, through ``HarnessSession.run``). With
-  ``--harness-report DIR``, the controller makes a temporary folder and hands its path to
-  every worker (``pytest_configure_node``). Each worker, at its session end, writes its rows (with ``host``, ``gpu_index``, ``worker`` = ``gwI``, on CUDA ``gpu_name``) to
-  ``<folder>/<gwI>.jsonl`` (one JSON row a line, the journal's form: data, never code; temp file + rename), and writes no run folder. The controller's
-  session end (after every worker has finished) reads them all, puts them in the test
-  order (cases, then backends) and writes the one run folder (meta.json's ``gpus`` lists the
-  workers' GPUs; GPUs of more than one model are named in ``device_name``); the temporary
-  folder is removed.
+Worker ``gwI`` gets the I-th visible GPU through its execnet spec's ``env``
+(``pytest_xdist_setupnodes``) unless the spec names one. With ``--harness-report DIR`` each worker
+writes its rows to ``<folder>/<gwI>.jsonl`` in a temporary folder the controller hands it
+(``pytest_configure_node``), and the controller writes the one run folder from them in test order.
 """
 
 from __future__ import annotations

@@ -1,26 +1,11 @@
 """The run journal: every finished row appended, as JSON lines, beside the run folder.
 
-``reports/<run>.journal.jsonl`` is created (O_EXCL: it also reserves the run folder's name)
-before the first case runs. Its first line is a header, the run's options and the pid of
-the process writing it; each later line is one report row, flushed and fsynced as it
-finishes. A run that is killed, or whose final write fails, keeps it, and
-``python -m harness run --resume reports/<run>`` runs only the (case, backend) pairs it
-lacks, then writes the folder. The journal is removed once the folder is in place.
-
-    {"journal": 1, "pid": 4242, "host": "...", "started": "...", "options": {...}}
-    {"case": "decode_gqa/dtype=float32", "backend": "tlsim", "status": "pass", ...}
-    {"resumed_by": 4343}
-    {"stopped_by": 4343}                  (a run stopped by Ctrl-C, SIGTERM or a failed write)
-
-A journal is data handed to the harness (perhaps by a colleague), so :meth:`Journal.read`
-validates every line against the models below before anything uses it: a field of the
-wrong type is a :class:`JournalError` naming the file, the line and the field (exit 2).
-A (case, backend) pair with two rows keeps its first row; the others are dropped and
-listed in ``Journal.warnings`` (a run folder with duplicated rows is not loadable).
-
-The process writing a journal holds an exclusive ``fcntl.flock`` on it (taken without
-waiting, :meth:`Journal.lock`): a second ``--resume`` of the same run is refused, naming
-the pid that holds it, instead of both appending rows.
+``reports/<run>.journal.jsonl`` is created with O_EXCL before the first case runs: a header line
+(options, pid), then one fsynced line per row, and ``resumed_by`` / ``stopped_by`` lines.
+``run --resume`` runs only the pairs it lacks; it is removed once the folder is written. It is
+data: :meth:`Journal.read` validates every line (a :class:`JournalError` names the file, line
+and field); a pair's duplicated rows keep the first (``Journal.warnings``). A writer holds an
+exclusive ``flock`` (:meth:`Journal.lock`), so a second ``--resume`` is refused.
 """
 
 from __future__ import annotations
@@ -28,7 +13,6 @@ from __future__ import annotations
 import contextlib
 import fcntl
 import json
-import math
 import os
 import socket
 from datetime import UTC, datetime
@@ -336,8 +320,3 @@ def _samples_back(row: dict) -> dict:
             except (ValueError, TypeError):
                 row[key] = None
     return row
-
-
-def row_from_json(row: dict) -> dict:
-    """A journal row back as a report row (JSON null -> NaN for numbers, as the frame keeps them)."""
-    return {key: (math.nan if value is None else value) for key, value in row.items()}

@@ -21,14 +21,10 @@ import pandas as pd
 from jinja2 import Environment, PackageLoader, select_autoescape
 
 from harness.cases.vocab import FAILING, WORST_FIRST
+from harness.results import plots
 from harness.results.columns import MEANINGS
 from harness.results.storage import load_run
 from harness.timing.scaling import fit_scaling
-
-try:
-    from harness.results import plots  # needs matplotlib, which is optional
-except ImportError:  # matplotlib is optional: the page says the plots need it
-    plots = None
 
 HOST_OVERHEAD_FLAG = 1.5  # call_us / latency_us above this is flagged as host overhead
 _STATUS_ORDER = {status: i for i, status in enumerate(WORST_FIRST)}
@@ -208,13 +204,11 @@ def render_html(
     backends, pivot = _pivot(rows)
     ceilings = ceilings_of(meta)
     fits = scaling_fits(frame)
-    figures = []
-    if plots is not None:
-        figures = [
-            ("Latency and bandwidth against KV length", plots.latency_and_bandwidth(frame, ceilings)),
-            ("Error against tolerance, per backend", plots.error_vs_tolerance(frame)),
-            ("Scaling fit", plots.scaling_fit(frame, fits)),
-        ]
+    figures = [
+        ("Latency and bandwidth against KV length", plots.latency_and_bandwidth(frame, ceilings)),
+        ("Error against tolerance, per backend", plots.error_vs_tolerance(frame)),
+        ("Scaling fit", plots.scaling_fit(frame, fits)),
+    ]
     return ENV.get_template("report.html.j2").render(
         tips=MEANINGS,
         meta=meta,
@@ -233,6 +227,5 @@ def render_html(
         baseline_problems=problems,
         baseline_name=baseline_name,
         overhead_flag=HOST_OVERHEAD_FLAG,
-        plots_missing=plots is None,
         time_summary=time_summary(meta),
     )

@@ -1,15 +1,8 @@
 """The shapes of the files a run folder holds, checked before anything reads them.
 
-A run folder may come from a colleague, an old harness or a hand edit: it is data, and
-data is checked against a schema before use. :func:`check_meta` validates meta.json with
-a pydantic model (every field optional, since older runs lack newer ones, but each one
-present must have its type: ``commit: 5`` or ``gpus: [{}]`` is refused, not guessed at);
-:func:`check_rows` checks results.parquet's columns against :data:`COLUMN_KINDS`, the
-kind of every column the runner writes (``harness.run.runner.COLUMNS``). Columns unknown
-here are kept unchecked (a newer harness's); a known column of the wrong kind is refused.
-
-Both raise :class:`SchemaError` naming the file and the field; :func:`harness.results.storage.load_run`
-turns it into the run-folder error the CLI reports as bad input (exit 2).
+A run folder is data: :func:`check_meta` validates meta.json (every field optional, each present
+one typed) and :func:`check_rows` results.parquet's columns against :data:`COLUMN_KINDS` (unknown
+columns kept). Both raise :class:`SchemaError` naming the file and field (exit 2).
 """
 
 from __future__ import annotations

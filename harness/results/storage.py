@@ -1,13 +1,8 @@
 """Storing a run: results.parquet, results.csv, meta.json and report.html in one folder.
 
-Writing is atomic: everything goes to a hidden sibling folder ``.<run>.partial-<pid>``
-that is renamed into place at the end, so an interrupted run leaves no half-written
-report, and an existing run folder is never written into. A run reserves its folder's
-name before it starts by creating the name's journal with O_EXCL (:mod:`harness.results.journal`),
-so runs started at the same second never collide. A partial folder or journal left by a
-process that died is found by :func:`stale_leftovers` at the next run: partial folders
-are removed (their rows are in the journal), journals are reported with the command
-that resumes them.
+Written into a hidden ``.<run>.partial-<pid>`` sibling and renamed into place, never into an
+existing folder; the name is reserved by its journal (O_EXCL). :func:`stale_leftovers` removes a
+dead process's partial folders and names its journals with the command that resumes them.
 """
 
 from __future__ import annotations

@@ -1,36 +1,12 @@
 """Compare two runs: what got worse, what got better, and whether the comparison is complete.
 
-Per (case, backend) row present in both runs:
-
-* status: a new failure or error (``status pass -> fail``), a row now skipped, a fix;
-* accuracy: max abs error grown more than ``error_factor`` times (and past atol/10), the
-  tolerance margin shrunk (``tol_ratio`` grown ``error_factor`` times, past 0.1 of the
-  tolerance), more NaN in the output;
-* latency: a statistical verdict from the timing samples (:mod:`harness.review.stats`):
-  slower, faster, same, or cannot tell and why; runs without samples fall back to
-  p10/p90 spreads, marked as weak evidence.
-
-Per run: rows on one side only, the device or the torch/triton versions differing
-(meta.json).
-
-``normalize_by`` (``compare --normalize-by BACKEND``): runs made on two machines, or hours apart
-on one shared GPU, may differ by a few percent in every row (clocks, power, other tenants),
-which a plain comparison would call a change of the code. With an anchor backend whose code did
-not change (a peer), each case's new latencies are scaled by that case's anchor median, base
-over new, before the verdict: what is judged is the row's time relative to the anchor on the
-same machine at the same time. The anchor's own rows then compare 1.0 by construction (marked
-``anchor``); a case without the anchor in both runs keeps its raw latencies and is counted in
-the problems. The anchor median's own noise is not propagated (its rows hold hundreds of
-samples; the minimum effect still applies). Duplicated (case, backend) rows are refused
-(:class:`DuplicateRowsError`).
-
-Exit codes (:attr:`Comparison.exit_code`): 0 nothing got worse and the comparison is
-complete; 1 something got worse (a new failure or error, a row now skipped, an error or
-NaN count grown, a margin shrunk, a latency judged slower); 5 nothing got worse, but latency
-rows judged slower by the two runs alone could not be re-timed in paired rounds
-(:func:`mark_unconfirmed`: their verdict is "unconfirmed", with the reason); 4 nothing got
-worse and nothing is unconfirmed, but the comparison is incomplete (rows on one side only, rows timed in one run only (a run made
-with ``--no-timing`` against a timed one), or a device/version mismatch unless ``allow_mismatch``). Bad input (an unreadable run, duplicated rows) is 2, from the CLI.
+Per row in both runs: status changes, accuracy (max abs error or ``tol_ratio`` grown
+``error_factor`` times, more NaN) and a latency verdict (:mod:`harness.review.stats`). Per run:
+rows on one side only, a device or version mismatch. ``normalize_by`` scales each case's new
+latencies by an unchanged anchor backend's median, base over new, to cancel a drift that moves
+every kernel alike. Exit codes (:attr:`Comparison.exit_code`): 0 nothing worse and complete;
+1 something worse; 5 slower rows left unconfirmed (:func:`mark_unconfirmed`); 4 incomplete.
+How each verdict is reached: docs/review.md.
 """
 
 from __future__ import annotations

@@ -1,69 +1,19 @@
 """``compare --confirm``: re-time the doubtful rows, alternating the two builds step by step.
 
-Two runs made minutes apart on a shared machine see different loads: whole runs drift by
-30% and more while the samples inside one run are tight, so a row can look "slower" with a
-tiny p-value because the machine was busier. No statistic over two separate runs can tell
-that apart; timing both builds under the same load can. Confirm mode does that, in the
-manner of ``asv continuous`` (the measurements behind each choice: docs/review.md, "Why
-``--confirm`` exists"):
-
-1. each run's commit (meta.json ``commit``) is checked out with ``git worktree add
-   --detach`` into a temporary folder (or given: ``checkouts``);
-2. each round starts one fresh worker process per build in its checkout (its own
-   ``harness`` and ``kernels`` on PYTHONPATH, the plugins given with ``--plugin`` loaded, torch
-   threads as the run recorded in ``timing_threads``, torch's ``THP_MEM_ALLOC_ENABLE=1`` so
-   that large CPU tensors sit on huge pages: a process keeps its own speed otherwise); a worker
-   builds a row's inputs and answers "time (case, backend)" with that build's ``time_call``;
-3. in each round, every chosen row (by default those judged slower or "cannot tell";
-   ``all``: every timed row) is timed by base and new **alternating step by step**: the
-   parent drives both workers, A B B A A B ... (A = base, or new on every second round). A
-   step is a warm-up call and then about ``STEP_S`` (5 ms) of timed calls, one call at least,
-   so a 20 ms call is timed one call at a time, each base call next to a new one: adjacent
-   calls share a co-runner's burst. The first step (one call per build) sets the plan
-   (:func:`step_plan`), read in the round rather than from the compared runs: about
-   ``ROUND_S`` (0.8 s) of timed calls per build, in at most 24 steps. On CUDA one
-   ``time_call`` block per build. Rows of one call a step run with both workers pinned to one
-   CPU (``os.sched_setaffinity``; the CPUs in turn, round by round), so that the scheduler
-   moves the co-runners rather than the worker; short rows are not pinned, since one
-   preempted round then costs them more than pinning gains;
-4. each round gives one observation per build: the 10th percentile of its samples of the
-   round (``ROUND_QUANTILE``), the time of a call the scheduler left alone (under load a
-   call is either left alone or preempted for a time slice, so a median moves with the load);
-5. the rounds are **paired**: row and round k give ``new_k / base_k``, both timed in the
-   same second, so a load change that hits the whole round cancels. The verdict is
-   :func:`harness.review.stats.decide_paired`, asv's rule: slower (faster) when the exact
-   signed-rank interval of the paired ratio excludes 1 and the estimate is past the
-   minimum effect, same when the interval lies inside the effect;
-6. **sequential**: the rows are looked at after ``MIN_ROUNDS`` rounds and then every
-   ``LOOK_EVERY`` rounds up to ``rounds``; a row whose verdict is decided (slower, faster,
-   same) stops being re-timed, the rest go on until ``rounds`` or the time box
-   ``time_s``. Each look's interval is at confidence ``1 - alpha / looks``, so looking
-   several times cannot raise the chance that an unchanged row's interval excludes 1
-   above alpha / 2 per row. By default 32 rounds at most, looks after 9, 13, ... 29 and 32;
-7. **the box goes where it is needed**: after round 1 the rows whose rounds to the first
-   look fit in ``FIRST_LOOK_SHARE`` (two thirds) of the box go on, cheapest first, so a
-   third at least is left for the rows the first look leaves open. At each look after that,
-   each open row's interval gives a guess of the rounds it still needs
-   (:func:`rounds_to_decide`: the half-width shrinking as 1 / sqrt(rounds)); the rows that
-   seem decidable by the last look get those rounds, the cheapest decision (seconds a round
-   x rounds) first, while they fit in what is left of the box; the rest get the rounds to
-   the next look, cheapest first, if they fit (:func:`within_box`). A row that does not fit
-   stays "cannot tell". The plan only chooses which rows get more rounds; each is still
-   judged by its interval.
-
-The worktrees are removed at the end. Without commits or case files it says why and
-changes nothing. Rows only: status and accuracy changes are not re-run.
-
-``compare`` re-times by default (:func:`retime_or_mark`): two separate runs cannot show a
-slowdown on a shared machine, so a verdict read from them alone is not one to act on. Where
-the rows cannot be re-timed (a run records no commit, or was made from a dirty tree; a case
-file is gone; a commit is not in your history or cannot be checked out; a plugin is not named
-with ``--plugin``; ``--no-confirm``) the rows the two runs call slower become "unconfirmed",
-each saying why, and compare exits 5 rather than 1.
+Two runs on a shared machine drift as wholes, so timing both builds under the same load is the
+only way to tell a slowdown from a busier machine (docs/review.md, "Why ``--confirm`` exists").
+Each run's commit is checked out into a git worktree; each round starts one fresh worker per
+build (:class:`Worker`) and times every chosen row base and new alternating step by step
+(:func:`alternate`); a round's observation is ``ROUND_QUANTILE`` of its samples; rows are judged
+on the paired round ratios (:func:`harness.review.stats.decide_paired`) at sequential looks
+(:func:`look_schedule`), and the time box goes to the rows that seem decidable
+(:func:`within_box`). Where rows cannot be re-timed, :func:`retime_or_mark` marks them
+"unconfirmed" with the reason (exit 5).
 """
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import json
 import math
@@ -237,16 +187,38 @@ def worktree(commit: str, path: Path, cwd: Path | None = None) -> Path:
     return path
 
 
-ROUND_QUANTILE = 0.1  # a round's observation of a build: this quantile of its samples (module docstring, 4)
+def worker_config(case_files, device: str, plugins, threads=None, target_s: float = 0.05) -> dict:
+    """What a :class:`Worker` is started with: plugin paths made absolute (workers run in a checkout),
+    one torch thread on the CPU unless ``threads`` (a run's ``timing_threads``) says otherwise."""
+    plugins = [str(Path(p).resolve()) if Path(p).exists() else p for p in plugins]
+    threads = threads or (1 if device == "cpu" else None)
+    return {"case_files": case_files, "device": device, "plugins": plugins, "threads": threads, "target_s": target_s}
+
+
+@contextlib.contextmanager
+def checked_out(commits: dict[str, str], cwd: Path | None = None):
+    """Each commit (label -> :func:`checked_commit` id) in a worktree of a temporary folder; removed after."""
+    trees: list[Path] = []
+    with tempfile.TemporaryDirectory(prefix="harness-") as tmp:
+        try:
+            for label, commit in commits.items():
+                trees.append(worktree(commit, Path(tmp) / label, *([cwd] if cwd else [])))
+            yield tuple(trees)
+        finally:
+            for tree in trees:
+                subprocess.run(["git", "worktree", "remove", "--force", str(tree)], cwd=cwd, capture_output=True)
+
+
+ROUND_QUANTILE = 0.1  # a round's observation of a build: this quantile of its samples
 STEP_S = 0.005  # one alternating step: about this much of one build's calls, one call at least
 ROUND_S = 0.8  # timed calls per build per row and round, about
 MAX_STEPS = 24  # alternating steps per build per row and round, at most
-PIN_LONG = True  # rows of one call a step: both builds' workers on one CPU (module docstring, 3)
+PIN_LONG = True  # rows of one call a step: both builds' workers on one CPU
 MIN_ROUNDS = 9  # the first look: with 7 looks (9, 13, ... 29, 32) fewer rounds cannot exclude anything at 1 - 0.05 / 7
 LOOK_EVERY = 4
 DEFAULT_ROUNDS = 32
 DEFAULT_TIME_S = 900.0
-FIRST_LOOK_SHARE = 2 / 3  # of the time box, at most, for the first look's rounds (module docstring, 7)
+FIRST_LOOK_SHARE = 2 / 3  # of the time box, at most, for the first look's rounds
 
 
 def look_schedule(rounds: int) -> list[int]:
@@ -293,7 +265,7 @@ def confirm_slower(
     default) or "all" (every row timed in both runs: a drifted pair of runs can also hide
     a slowdown as "same"). Each re-timed call samples for about ``target_s``. ``rounds``
     is the most rounds a row gets and ``time_s`` the time box; a row stops at the first
-    look that decides it (module docstring).
+    look that decides it.
     """
     rows = comparison.rows
     chosen = rows_to_retime(comparison, which)
@@ -312,18 +284,13 @@ def confirm_slower(
             require_plugins(_plugins(str(new_meta.get("command") or "")), list(plugins), f"{sources[1]}/meta.json")
         except UnnamedPluginError as error:
             raise ConfirmInputError(str(error)) from None
-    config = {
-        "case_files": case_files,
-        "device": str(new_meta.get("device") or "cpu"),
-        "plugins": [str(Path(p).resolve()) if Path(p).exists() else p for p in plugins],  # workers run elsewhere
-        "threads": new_meta.get("timing_threads") or (1 if str(new_meta.get("device") or "cpu") == "cpu" else None),
-        "target_s": target_s,
-    }
+    config = worker_config(case_files, str(new_meta.get("device") or "cpu"), plugins, new_meta.get("timing_threads"),
+                           target_s)  # fmt: skip
     index = dict(zip(chosen.index, zip(chosen["case"], chosen["backend"], strict=True), strict=True))
     effects = {i: _row_effect(rows.loc[i], options) for i in index}
     looks = look_schedule(rounds)
-    with tempfile.TemporaryDirectory(prefix="harness-confirm-") as tmp:
-        trees = checkouts or tuple(worktree(c, Path(tmp) / s) for c, s in zip(commits, ("base", "new"), strict=True))
+    with contextlib.ExitStack() as stack:
+        trees = checkouts or stack.enter_context(checked_out(dict(zip(("base", "new"), commits, strict=True))))
         bar = tqdm(total=rounds, desc="confirm", unit="round", disable=not progress, file=sys.stderr)
         say = (lambda line: tqdm.write(line, file=sys.stderr)) if progress else log  # lines above the bar
 
@@ -348,9 +315,6 @@ def confirm_slower(
             )  # fmt: skip
         finally:
             bar.close()
-            if checkouts is None:
-                for tree in trees:
-                    subprocess.run(["git", "worktree", "remove", "--force", str(tree)], capture_output=True)
     return rejudge(comparison, index, pooled, options, looks=len(looks))
 
 
@@ -367,7 +331,7 @@ def sequential_rounds(
     seconds each key took (key -> s; else the round's time is shared out evenly).
     Returns ``pooled``. ``on_round(k, open)`` is told after each round (the progress bar).
 
-    The box is spent where it is needed (module docstring, 7): a decided row stops being
+    The box is spent where it is needed: a decided row stops being
     re-timed; after round 1 the rows whose first-look rounds fit ``FIRST_LOOK_SHARE`` of
     the box go on, cheapest first; at each later look :func:`within_box` plans the open
     rows (their recent seconds a round, the rounds :func:`rounds_to_decide` guesses, the
@@ -577,7 +541,7 @@ def step_plan(call_us: float) -> tuple[int, int]:
 
     ``call_us``: one call's time, from the round's first step. A step is about ``STEP_S``
     of calls, one call at least; a build gets about ``ROUND_S`` of timed calls per round,
-    in at most ``MAX_STEPS`` steps (module docstring, 3).
+    in at most ``MAX_STEPS`` steps.
     """
     call_s = call_us * 1e-6 if np.isfinite(call_us) and call_us > 0 else STEP_S
     reps = max(1, round(STEP_S / call_s))

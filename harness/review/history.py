@@ -159,7 +159,7 @@ def format_history(history: History) -> str:
 def write_history_html(history: History, path: Path) -> Path:
     """The history page: runs, regressions, latency and error trend plots, the trend tables."""
     figures = []
-    for machine, rows in history.rows.groupby("machine", sort=True) if plots is not None else ():
+    for machine, rows in history.rows.groupby("machine", sort=True):
         figures.append(
             (
                 f"Latency per run on {machine}",

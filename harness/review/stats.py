@@ -1,93 +1,19 @@
 """Latency verdicts from timing samples: faster, slower, same, or cannot tell (and why).
 
-A ratio of two medians says nothing about noise. For one (case, backend) row timed in two
-runs, with samples ``base`` and ``new`` (microseconds, one per timed call):
-
-* ``ratio`` = median(new) / median(base); a bootstrap confidence interval of that ratio
-  (``n_boot`` resamples of each side, percentile interval at ``1 - alpha``);
-* a two-sided Mann-Whitney U test of "the two sample sets come from one distribution";
-  its p-values are adjusted over every row of a comparison (Benjamini-Hochberg by
-  default, Holm on request) so that many rows do not make a false alarm likely;
-* a minimum effect ``min_effect`` (default 10% on a CPU, 3% on CUDA): a change smaller
-  than that is not worth a verdict even when it is real.
-
-Verdicts (see :func:`decide`):
-
-* ``slower``: adjusted p < alpha and the CI's lower bound above ``1 + min_effect``;
-* ``faster``: adjusted p < alpha and the CI's upper bound below ``1 - min_effect``;
-* ``same``: the whole CI inside ``[1 - min_effect, 1 + min_effect]``;
-* ``cannot tell``: anything else, with the reason: too few samples, or too noisy (the CI
-  straddles an effect threshold, or the test is not significant).
-
-Rows without samples (runs from before ``latency_samples_us``) fall back to the old rule,
-marked as weak evidence: slower when the median grew past the effect and the new p10 is
-above the old p90 (:func:`weak_verdict`).
-
-Paired rounds (``compare --confirm``, :func:`paired_ratio` and :func:`decide_paired`):
-base and new timed alternately, one observation per build per round, judged on the
-per-round log ratios ``d_k = log(new_k / base_k)``, so a load change that hits both builds
-of a round cancels. The ratio is exp of their Hodges-Lehmann estimate (the median of the
-pairwise means ``(d_i + d_j) / 2``, i <= j) and its interval the exact Wilcoxon
-signed-rank interval at confidence ``1 - alpha / looks``: ``looks`` is how many times a
-sequential re-timing may look at the row, so stopping at the first decisive look keeps
-the chance that an interval of an unchanged row (true ratio 1) lies wholly above 1 within
-alpha / 2 over all looks together (Bonferroni over looks).
-
-The paired verdict follows asv's rule (``asv compare`` / ``asv continuous`` flag a
-benchmark when the change is statistically significant *and* the ratio passes the
-factor), :func:`decide_paired`:
-
-* ``slower``: the interval's low end above 1 (significant at the look's confidence) and
-  the estimate ``ratio`` above ``1 + min_effect``;
-* ``faster``: the interval's high end below 1 and the estimate below ``1 - min_effect``;
-* ``same``: the whole interval inside ``[1 - min_effect, 1 + min_effect]``;
-* ``cannot tell``: anything else, saying which: significant but the estimate under the
-  effect with the interval reaching past it, or too noisy (the interval straddles 1).
-
-Why the two rules differ. In paired rounds both builds are timed in the same second, so a
-load drift cancels in ``d_k``, and what is left is noise the signed-rank interval accounts
-for: its confidence is the false-alarm bound (an unchanged row is called slower with a
-chance of at most alpha / 2, and then only when its estimate also strays past the
-effect), and the minimum effect only decides which real changes are worth a word. The
-price, on tests/harness/test_compare_paired.py's simulated rows: a row truly 10% slower is called
-slower 722 times in 1000 and one 5% slower 26 times (an estimate that passes the effect
-at any of the looks, with 1 excluded, stops the row); and alpha / 2 (2.5%) is above the target of 1 false alarm in 100
-unchanged rows, which rests on the estimate having to pass the effect too: 0 in 1000
-simulated unchanged rows whose round ratios spread 0.07 (log sd), 5 in 1000 at 0.17 (the
-5 ms rows under load), 11 in 1000 at 0.28 (measured for real: README). Asking
-the whole interval to clear ``1 + min_effect`` as well left a planted 25% slowdown of a
-5 ms call (10-30 ms under load) "cannot tell" at the round limit with intervals like
-1.011-1.476, centred on 1.25. Two separate runs (:func:`decide`) are different: on a
-shared machine whole runs drift by 20-70% against each other, the same for every sample
-of a run, which no test over the samples sees, so there the interval itself must clear
-the effect, and that rule stays.
+Two separate runs (:func:`decide`): the bootstrap interval of the median ratio must clear the
+minimum effect and the Mann-Whitney p (adjusted over the rows) be under alpha; rows without
+samples get :func:`weak_verdict`. Paired rounds (:func:`paired_ratio`, :func:`decide_paired`):
+the Hodges-Lehmann ratio of the per-round ``new_k / base_k`` with its exact signed-rank
+interval at ``1 - alpha / looks``, judged by asv's rule. Why the two rules differ, and the
+false-alarm rates they give: docs/review.md.
 """
 
 from __future__ import annotations
 
-import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
-
-_NOT_LOADED = object()
-# scipy.stats's Mann-Whitney, imported on first use: scipy.stats takes 1-2 s to import, which every
-# `harness run` paid at its start before (through the CLI's import of harness.review.compare). None: scipy is
-# not installed (optional), and the normal approximation in mann_whitney_p stands in.
-mannwhitneyu = _NOT_LOADED
-
-
-def _load_mannwhitneyu():
-    global mannwhitneyu
-    if mannwhitneyu is _NOT_LOADED:
-        try:
-            from scipy.stats import mannwhitneyu as loaded
-        except ImportError:
-            loaded = None
-        mannwhitneyu = loaded
-    return mannwhitneyu
-
 
 MIN_SAMPLES = 5  # below this Mann-Whitney cannot reach p < 0.05 over many rows
 DEFAULT_EFFECT = {"cpu": 0.10, "cuda": 0.03}
@@ -142,26 +68,10 @@ def compare_samples(base: Sequence[float], new: Sequence[float], *, alpha: float
 
 
 def mann_whitney_p(x: np.ndarray, y: np.ndarray) -> float:
-    """Two-sided Mann-Whitney U p-value: scipy's (exact for small samples) when installed,
-    else the normal approximation with tie and continuity corrections."""
-    if (scipy_test := _load_mannwhitneyu()) is not None:
-        return float(scipy_test(x, y, alternative="two-sided").pvalue)
-    n1, n2 = len(x), len(y)
-    values = np.concatenate([x, y])
-    order = values.argsort(kind="mergesort")
-    ranks = np.empty(len(values))
-    sorted_values = values[order]
-    _, first, counts = np.unique(sorted_values, return_index=True, return_counts=True)
-    average = first + (counts + 1) / 2.0  # 1-based average rank of each tie group
-    ranks[order] = np.repeat(average, counts)
-    u = ranks[:n1].sum() - n1 * (n1 + 1) / 2.0
-    n = n1 + n2
-    tie_term = (counts**3 - counts).sum() / (n * (n - 1))
-    sigma = math.sqrt(n1 * n2 / 12.0 * ((n + 1) - tie_term))
-    if sigma == 0:
-        return 1.0
-    z = (abs(u - n1 * n2 / 2.0) - 0.5) / sigma
-    return float(min(1.0, math.erfc(max(z, 0.0) / math.sqrt(2))))
+    """Two-sided Mann-Whitney U p-value (scipy's; imported here, as scipy.stats takes a second or two to import)."""
+    from scipy.stats import mannwhitneyu
+
+    return float(mannwhitneyu(x, y, alternative="two-sided").pvalue)
 
 
 def adjust_p_values(p_values: Sequence[float], method: str = "bh") -> np.ndarray:

@@ -1,33 +1,12 @@
 """A backend's calls, made where the backend runs: outputs and timings come back, never a verdict.
 
-:func:`call_backend` prepares a backend on a case's inputs, makes its graded call, then times it
-(:mod:`harness.timing.measure`) and returns a :class:`Called`: the outputs, the timing columns and
-what it saw go wrong, as plain values. It needs no oracle: a plugin's calls run in a worker process
-(:mod:`harness.execute.processes`) that never holds the float64 expected output, and the driver
-grades what comes back (:func:`harness.run.runner.grade_called`). The built-ins run it in the
-driver itself.
-
-Every timed call is checked, not only the first:
-
-* **The inputs change between timed calls.** For a backend that reads the tensors it is handed
-  (``Prepared.follows_inputs``: every kernel called through the contract), the signs of a random
-  set of V's columns (per KV head and dim) are flipped in place (or flipped back) before the
-  first timed call and every ``FLIP_EVERY``-th after it, by XOR of the sign bit: exact in every
-  dtype, fp8 included. Attention is linear in V, so the expected output is the oracle's with the
-  same columns negated, at no cost; a latent cache (V a view of K) flips q's matching columns
-  too, which leaves every score unchanged. A kernel that caches its answer by pointer, or leaves
-  ``out`` as it was, is wrong from the first timed call on.
-* **The output is poisoned before every timed call** (NaN in ``out``), so a graded call cannot be
-  told from the others by its output buffer, and an output left unwritten is NaN.
-* **Every timed output is compared** with the first output its inputs gave (the driver grades
-  that one against the oracle): ``timed call 37 differs from ...``.
-* **The last sample of each measurement is graded by the driver**: the inputs get a fresh flip
-  the driver chose (:func:`sign_mask` of its seed), ``out`` is poisoned, and what the call leaves,
-  read on the timed stream right after the call (so work on a side stream never joined is
-  missing), goes back as an output to grade against the oracle.
-
-A call's mutation of its inputs is found by fingerprints (:class:`harness.run.guard.InputGuard`)
-and undone before the next backend.
+:func:`call_backend` prepares a backend on a case's inputs, makes its graded call, times it
+(:mod:`harness.timing.measure`) and returns a :class:`Called` of plain values; it needs no oracle,
+so a plugin's calls run in a worker and the driver grades them. Every timed call is checked: V's
+sign bits are flipped between timed calls (every ``FLIP_EVERY``-th), ``out`` is poisoned with
+NaN before each, every timed output is compared with the first, and the last sample is graded
+by the driver on a flip it chose (:func:`sign_mask`). What each check catches:
+docs/contract.md, "Threat model".
 """
 
 from __future__ import annotations

@@ -1,19 +1,12 @@
 """Guards around a backend's call: its inputs stay pristine, its output has q's shape, dtype
 and device, and only the user (not a backend) can stop the run.
 
-* Inputs: every input tensor (q, k_cache, v_cache, block_table, seq_lens,
-  query_start_loc; the per-sequence keys/values are a fresh gather from the pool on every
-  access, so there is nothing of theirs to guard) is fingerprinted when
-  the case's inputs are built (:func:`fingerprint`: its bytes, so NaN-safe) and checked after each
-  backend's graded call and after its timing. A backend that changed one fails with
-  "mutated its input k_cache", and the inputs are restored in place (rebuilt from the
-  case's seed, then copied into the same tensors, so every reference sees them pristine)
-  before the next backend runs. Fingerprints cost one read of the inputs, no second copy.
-* Output: a result that is not a tensor, or whose shape, dtype or device differs from q's,
-  fails with the reason (a float64 result for fp16 inputs would otherwise pass).
-* Stops: ``SystemExit`` and ``KeyboardInterrupt`` raised by a backend are error rows. The
-  user's Ctrl-C (SIGINT, flagged by :func:`install_signal_handlers`) and SIGTERM
-  (:class:`Terminated`) still stop the run.
+Every input tensor is fingerprinted (:func:`fingerprint`, its bytes) and checked after each
+backend's graded call and timing; a change fails the row ("mutated its input k_cache") and the
+inputs are rebuilt in place before the next backend. A result of the wrong type, shape, dtype
+or device fails with the reason. A backend's ``SystemExit`` or ``KeyboardInterrupt`` is an error
+row; the user's SIGINT (:func:`install_signal_handlers`) and SIGTERM (:class:`Terminated`) stop
+the run.
 """
 
 from __future__ import annotations

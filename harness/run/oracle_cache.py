@@ -1,57 +1,12 @@
-"""The float64 oracle's outputs, kept on disk by a hash of the inputs they were computed from.
+"""The float64 oracle's outputs, kept on disk by a sha256 of the inputs they were computed from.
 
-The oracle is the slowest part of a CPU run (a 128k-token case takes minutes in float64),
-and every rerun, every worker of a process-pool run and every pytest worker computes the same
-outputs again. This cache keys an output by the **content** of the call, not the case's
-name:
-
-    key = sha256(ORACLE_SOURCE_HASH, oracle device type,
-                 for q, k_cache, v_cache, block_table, seq_lens, query_start_loc:
-                     dtype, shape, the tensor's bytes (harness.cases.hashing.tensor_digest),
-                 scale)
-
-so a changed seed, shape or dtype misses, a renamed case hits, and an edit of
-``harness/run/oracle.py`` or of the variants' oracle hooks (``harness/cases/variants.py``;
-both sources are hashed in) invalidates every entry.
-
-Only the CPU oracle is cached (the default ``--oracle-device cpu``): hashing reads every
-input byte on the host (sha256 runs at about 0.7 GB/s per core on a 2-core x86 machine, in
-64 MiB chunks on every torch thread: :mod:`harness.cases.hashing`), far less than
-the float64 oracle's time on a CPU, but more than the oracle's time on a GPU
-(``--oracle-device cuda`` computes it every time).
-
-Where: ``$HARNESS_ORACLE_CACHE`` (a folder, or ``off``), else
-``~/.cache/paged-attention-harness/oracle``; ``harness run --oracle-cache DIR|off`` sets
-the variable for the run and its workers. One file per output, ``<key>.oracle``: 8 magic
-bytes, the sha256 of the payload, then the payload (``torch.save`` of the float64 tensor).
-The runner keeps the forward error bound of the same inputs beside it
-(:func:`cached_result`, ``<sha256(key, name)>.derived``, the name carrying grading.py's
-hash): on a CPU it costs about as much as the oracle, and it too is a function of the bytes.
-A file that does not verify (torn, truncated, flipped bits, another format) is ignored,
-removed and rewritten by the next computation.
-
-Shared by concurrent processes: a file is written under a unique temporary name in the
-same folder and renamed into place (atomic on POSIX), so a reader sees a whole file or
-none; two workers computing the same key at once both write, and the last rename wins
-(their contents are the same).
-
-Size: at most ``$HARNESS_ORACLE_CACHE_MAX_BYTES`` (default 2 GiB) of entries. After each
-write, when the folder holds more, the least recently used entries are removed first
-(oldest mtime; a hit touches its file's mtime, because atime is unreliable under
-``relatime``/``noatime``) until it holds at most 90% of the cap. An output larger than
-the whole cap is not stored. The cache never fails a run: a folder that cannot be
-created or written only means a miss.
-
-A convenience, never an authority: whoever can write the folder decides what the harness
-grades against, so the folder is private. It is created mode 0700, and a folder another
-user owns or that group or others may write is not used at all (a warning says so, and
-every oracle is computed). Each report row says whether its oracle came from the cache
-(``oracle_cached``), and meta.json's ``oracle_cache`` records the mode and folder.
-``$HARNESS_ORACLE_CACHE_VERIFY`` (``harness run --verify-oracle-cache [FRACTION]``)
-recomputes that fraction of the hits, chosen at random, and compares: an entry that
-differs from its recomputation (rewritten with zeros under a valid header, say) is removed
-and the run stops with :class:`PoisonedCacheError` naming the entry (exit 2).
-``--no-oracle-cache`` turns the cache off.
+The key hashes the oracle's source, the device type, each input tensor's dtype, shape and bytes
+and the scale: a renamed case hits, a changed seed misses, an oracle edit invalidates all. Only
+the CPU oracle is cached. One file per output (magic, the payload's sha256, the payload), written
+atomically; least recently used entries go past ``$HARNESS_ORACLE_CACHE_MAX_BYTES`` (2 GiB). The
+folder must be private (0700, owned by you) or it is not used; ``--verify-oracle-cache``
+recomputes a fraction of the hits and stops on one that differs (:class:`PoisonedCacheError`).
+Where, and why each rule: docs/scaling.md.
 """
 
 from __future__ import annotations

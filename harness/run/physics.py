@@ -1,27 +1,11 @@
 """Timings held to physics: a latency the machine could not have given is not credited.
 
-A timed row whose numbers are impossible is a ``fail`` whose reason says why, and its timing
-columns are withdrawn (the claimed median stays in the note), so it never reads as a speedup:
-
-* **Read bound.** ``gbps`` (``bytes_moved / latency_us``) above ``READ_MARGIN`` times the read
-  ceiling measured at the start of the run (``read_gbps``). On a GPU the L2 is flushed before
-  every sample, so a case's bytes come from memory. On a CPU the bound is applied only to cases
-  of at least ``CPU_CACHE_FACTOR`` times the last-level cache: a smaller case may legitimately be
-  served from cache faster than memory reads.
-* **Compute bound.** ``tflops`` above ``COMPUTE_MARGIN`` times the larger of the measured matmul
-  rate and the datasheet peak for the case's dtype, on a GPU. On a CPU a kernel may compute in
-  another dtype than the case's (fp32 for bf16, whose matmul a CPU may emulate slowly), so the
-  dtype's measured matmul rate bounds nothing there.
-* **The driver's clock.** For a backend in a worker process, the driver times a batch of
-  back-to-back default calls (``wall``: calls, wall seconds on its clock, the worker's CPU seconds
-  over the batch as the OS counts them, the worker's threads). A call took at least the batch's
-  wall time a call on a GPU; on a CPU, where a busy machine stretches wall time, at least the
-  smaller of that and the CPU time a call divided by the threads. ``call_us``, each call's wall
-  time as the worker measured it, cannot be below a ``WALL_FACTOR``-th of it (after
-  ``WALL_SLACK_S`` for the messages): a worker whose clock was tampered with is caught here.
-
-This is KernelBench's excessive-speedup check, held against the machine's measured limits
-rather than a guess.
+A timed row is a ``fail`` with its timing columns withdrawn (the claimed median kept in the note)
+when its ``gbps`` passes ``READ_MARGIN`` times the measured read ceiling (on a CPU only for cases
+of ``CPU_CACHE_FACTOR`` times the last-level cache), its ``tflops`` passes ``COMPUTE_MARGIN`` times
+the GPU's matmul peak, or (a backend in a worker) its ``call_us`` is below a ``WALL_FACTOR``-th of
+what a call took in a batch the driver timed on its own clock. KernelBench's excessive-speedup
+check, against the machine's measured limits (docs/contract.md, "Threat model").
 """
 
 from __future__ import annotations

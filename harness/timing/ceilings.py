@@ -1,13 +1,8 @@
 """The device's ceilings, measured at the start of a run: what "fast" is measured against.
 
-* read bandwidth  -- a large reduction reads every byte once and writes nothing: the floor
-  of a decode kernel, which only reads its KV. ``pct_of_ceiling`` is against this.
-* copy bandwidth  -- a large device-to-device copy, bytes read plus bytes written.
-* matmul rate     -- a large matrix product in the dtype, measured; beside it the dense
-  datasheet peak where the device is known (``peak_tflops`` and its ``peak_source``),
-  since a prefill kernel is judged against what the chip can do, not against one library.
-
-All through :mod:`harness.timing.timer`, so the ceilings and the rows share one timer.
+Read bandwidth (a large reduction: ``pct_of_ceiling`` is against it), copy bandwidth, and the
+matmul rate per dtype beside the datasheet peak (``peak_tflops``, ``peak_source``), all through
+:mod:`harness.timing.timer`.
 """
 
 from __future__ import annotations

@@ -1,30 +1,10 @@
 """Timing columns of one report row: what the kernel costs on the device and what a caller waits for.
 
-``latency_us``   device time of the prepared call (graph replay where capturable, CUDA
-                 events otherwise; perf_counter on the CPU), the median of its samples
-``call_us``      the eager wall time of the call exactly as a user makes it (default
-                 arguments, checks and all), device drained around it
-``host_overhead_us`` call_us - latency_us on CUDA: what the call costs beyond its kernels
-``host_us``      the host's own time of one eager call on CUDA: from the call to its return, the
-                 device drained before it (median over the call_us samples; cold host caches, so
-                 above a hot loop's per-call time, which scripts/self/host_overhead.py measures)
-``graph_capturable`` / ``device_syncs``: can the default call be captured; how many syncs
-``kernels_ran``  the device kernels of one prepared call of a peer, longest first (CUDA)
-``plan_us``      the backend's plan step, once in prepare (``Prepared.plan_us``), outside every sample
-plus bandwidth and rate against the run's measured ceilings.
-
-Every row's timing runs within ``ROW_BUDGET_S`` (:class:`TimingSettings`'s ``budget_s``): the timer
-stops sampling once the row's timing has used it, keeping at least one sample of each
-measurement, and the row's ``note`` says so ("timed within a 3 s budget: K samples"). A
-kernel's row never comes near it (0.25 s of latency samples, 0.15 s of call samples); a CPU
-model on a GPU (reference, tlsim: Python over torch ops, seconds a call on a 128k-token case)
-would otherwise spend minutes per row on its 20 + 10 samples; on a GPU such a model
-(``Backend.model``) gets ``MODEL_BUDGET_S`` (0: graded, not timed), and one whose single graded call
-already outlasts its budget is graded and not timed (:func:`harness.run.runner.run_backend`); on a
-GPU any other backend is weighed by a second call there, since its first may have compiled.
-
-:func:`row_time_limit` is the default time limit of one isolated or process-pool row (grade and
-timing): generous against the row's expected cost, so only a hang reaches it.
+``latency_us``, ``call_us``, ``host_overhead_us``, ``host_us``, ``graph_capturable``,
+``device_syncs``, ``kernels_ran``, ``plan_us`` and the bandwidth and rate against the run's
+ceilings (docs/contract.md, "Report rows"). A row's timing runs within ``ROW_BUDGET_S``, keeping
+at least one sample of each measurement (the ``note`` says so); a CPU model on a GPU gets
+``MODEL_BUDGET_S``. :func:`row_time_limit` is an isolated row's time limit: only a hang reaches it.
 """
 
 from __future__ import annotations
@@ -44,8 +24,6 @@ from harness.timing.metrics import flops, gbps, tflops
 from harness.timing.phases import phase
 from harness.timing.timer import SampleHooks, Timing, kernels_launched, probe_call, time_call, time_wall
 
-# A backend whose default call costs this much more than its kernel is flagged in the report.
-CALL_OVERHEAD_FLAG = 1.5
 # Seconds of timing per row: a kernel's row uses about 1 s of it; a larger budget lets the CPU models
 # on a GPU (reference, tlsim) spend it on every row of a long suite.
 ROW_BUDGET_S = 3.0

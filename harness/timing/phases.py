@@ -2,15 +2,10 @@
 
     with phase("inputs"):
         inputs = case_inputs(case, device)
-    ...
     spent = take_phases()  # {"inputs": 1.93, ...}; the clock starts again from zero
 
-A phase is host wall time from entering to leaving its block (``time.perf_counter``). On a GPU,
-work queued inside one phase and waited for in a later one is counted in the later one: the
-phases say where the process waited, which is what a run's wall time is made of. Nested
-phases count in both (the runner does not nest them). Used by the runner (per case: inputs,
-oracle, guard; per row: the graded call, grading, timing) and reported per run in meta.json's
-``scale.phase_s`` and by ``python -m scripts.self.scale_table``.
+Host wall time (``perf_counter``): GPU work queued in one phase and waited for in a later one
+counts in the later one. Reported in meta.json's ``scale.phase_s``.
 """
 
 from __future__ import annotations

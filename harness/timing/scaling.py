@@ -1,18 +1,8 @@
 """How each backend's latency scales: a straight-line fit per backend over a run's timed rows.
 
-latency_us ~= fixed_us + per_unit_us * x, fitted by least squares for x = bytes_moved
-(decode) or flops (prefill), for x = total_kv_tokens (the per-token cost of reading the
-cache) and for x = num_seqs (the per-sequence cost),
-separately for decode rows (every q_len <= 1) and prefill rows: their costs differ by an
-order of magnitude, and one line through both explains neither.
-``fixed_us`` is the cost of a call that moves nothing: launch and host overhead. ``r2``
-says how much of the spread the line explains; cases of other head counts or dtypes sit
-off the line, so read a low r2 as "other things than x matter here", not as noise.
-
-A line is kept (``fitted``) only where it describes the rows: r2 >= MIN_R2 and neither
-term negative (a negative fixed cost or per-unit cost is not a cost, just a line through
-a cloud). Elsewhere the row says why in ``reason`` and carries no terms, and the report
-says "no linear fit" for that backend.
+latency_us ~= fixed_us + per_unit_us * x, by least squares, for x = bytes_moved (decode) or
+flops (prefill), total_kv_tokens and num_seqs, decode and prefill rows apart. A line is kept
+(``fitted``) only where r2 >= MIN_R2 and neither term is negative; elsewhere ``reason`` says why.
 """
 
 from __future__ import annotations

@@ -1,36 +1,15 @@
 """The one timing entry point of the harness: every suite, benchmark and script times through it.
 
-Two questions, two measurements, each returning raw samples (statistics come after):
-
-* :func:`time_call` -- device time of a prepared call (``latency_us`` in the report).
-  CPU: ``time.perf_counter`` around each call after one warm-up call. CUDA: three warm-up
-  calls; then replays of a CUDA graph of one call when the call can be captured (launch
-  overhead out: what an engine's captured decode step pays), otherwise CUDA events around
-  each eager call. Before every CUDA sample a 256 MB buffer is zeroed, outside the timed
-  region, so the KV is never served from the 60 MB L2 of the previous repeat.
-* :func:`time_wall` -- what a caller waits for (``call_us``): the host clock around one eager
-  call, with the device drained before the clock starts and after the call returns, so
-  queued work can neither hide host overhead nor be hidden by it. Same L2 flush.
-
-Every timed call can be checked: ``hooks`` (:class:`SampleHooks`) are called around each sample,
-outside the timed region (before the L2 flush, and right after the call's end is recorded, on
-the same stream), and one more sample is taken last with ``final=True``: the caller changes the
-inputs and poisons the output there and grades what the call leaves, so a call that is right
-once and then stale, idle while captured, or off the timed stream is seen in its timed calls.
-The clocks (``perf_counter``, the CUDA event's own ``record`` and ``elapsed_time``) are bound
-when this module is imported, before any plugin is: a plugin that replaces ``time`` or wraps
-``torch.cuda.Event`` does not reach them.
-
-Sample counts are time-boxed with a floor: at least ``min_reps`` samples (so a comparison
-across commits has enough to judge), then more until ``target_s`` is spent or ``max_reps``.
-A ``deadline`` (``time.monotonic()``, a row's timing budget) overrides the floor: warm-ups
-and samples stop once it has passed, after at least one of each, and the Timing is marked
-``cut_short`` (a CPU model on a GPU takes seconds a call).
-
-:func:`probe_call` answers the two yes/no questions about a call on CUDA: can it be
-captured in a CUDA graph, and how many device syncs does one call make (counted with
-``torch.cuda.set_sync_debug_mode``). :func:`kernels_launched` names the device kernels one
-call runs (torch.profiler), so a report can say which SDPA kernel a peer got.
+:func:`time_call` is the device time of a prepared call (``latency_us``): ``perf_counter`` on the
+CPU after one warm-up; on CUDA three warm-ups, then CUDA-graph replays where the call captures,
+CUDA events otherwise, a 256 MB buffer zeroed before every sample so the KV is not in L2.
+:func:`time_wall` is what a caller waits for (``call_us``): the host clock around one eager call,
+the device drained before and after. Both return raw samples: at least ``min_reps``, then more
+until ``target_s`` or ``max_reps``; a passed ``deadline`` stops them (``cut_short``). ``hooks``
+(:class:`SampleHooks`) run around each sample outside the timed region, and a last ``final``
+sample is graded by the caller. The clocks are bound at import, before any plugin is.
+:func:`probe_call` says whether a call captures and how many syncs it makes;
+:func:`kernels_launched` names its device kernels.
 """
 
 from __future__ import annotations

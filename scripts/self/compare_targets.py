@@ -1,20 +1,10 @@
 """Measure what ``harness compare`` answers by default (re-timing doubtful rows in paired rounds) on this machine.
 
-Two targets, each printed as numbers:
-
-* ``--part planted``: a real commit that makes one backend 25% slower (``PLANTED = 0.25`` in
-  ``scripts/self/slowdown_plugin.py``, committed on top of HEAD in a temporary worktree on a
-  temporary local branch, so that compare may re-time it; both removed after) against HEAD, on a 3-case suite and 3 backends (reference, tlsim and
-  reference_slowable, the slowed one). Target: ``reference_slowable`` flagged WORSE on all
-  3 cases, no other backend flagged, the compare done within 10 minutes.
-* ``--part reruns``: three runs of HEAD on the packaged smoke suite, compared pairwise
-  (A-B, A-C, B-C) with the default compare. Target: 0 rows WORSE (every "slower" there is false).
-
-Both run with a spinning process beside them (``--spinners``, 1 by default: a busy CPU) and
-both builds as git worktrees, so compare checks out and times them itself, as a user's
-``harness compare BASE NEW`` does. Each run and compare is a subprocess of this worktree's
-``python -m harness``; the plugin is named as a module (``scripts.self.slowdown_plugin``), so each
-build's worker imports its own checkout's copy.
+``--part planted``: a real commit on top of HEAD (a temporary worktree and local branch, removed
+after) makes ``reference_slowable`` 25% slower (``PLANTED``); target: it flagged WORSE on all 3
+cases, no other backend flagged, within 10 minutes. ``--part reruns``: three smoke runs of HEAD
+compared pairwise; target: 0 rows WORSE. Both beside ``--spinners`` busy processes, the builds as
+git worktrees, as a user's ``harness compare BASE NEW`` sees them.
 
     python scripts/self/compare_targets.py --part planted              # about 10 minutes
     python scripts/self/compare_targets.py --part reruns --confirm-time 600

@@ -4,31 +4,11 @@
     python scripts/self/host_overhead.py --shape decode_4x16k   # a decode whose KV is split: two launches a call
     python scripts/self/host_overhead.py --profile       # and cProfile's top 15 of 300 calls, plans off and on
     python scripts/self/host_overhead.py --dry           # a tiny case on the CPU (the interpreter; tests/harness/test_scripts.py)
-    python scripts/self/host_overhead.py --cpu-hit-path  # no GPU needed: each Python step of a plan hit, in us (below)
 
-The shape is decode_32x4k's: bf16, 32 query / 8 KV heads, head_dim 128, blocks of 16, 32
-sequences of 4096 keys, one query each. Three ways to call it: ``default`` (query_start_loc
-given, no hints), ``no_offsets`` (query_start_loc None) and ``hints_out`` (max_q_len 1,
-max_seq_len 4096, an out buffer), each with the launch plans (kernels/launch_plan.py) off
-and on. Columns, in microseconds per call (host: the fastest loop; the others medians):
-
-    host     the host's time per call with the launch queue not drained: a loop of
-             --calls back-to-back calls on the host clock, divided by --calls (the device
-             runs behind; nothing here waits for it unless the queue fills); the fastest
-             of 7 such loops
-    eager    what a caller waits for: harness.timing.timer.time_wall (device drained before and after)
-    device   the kernel alone: harness.timing.timer.time_call (CUDA-graph replay, L2 flushed)
-    SDPA     torch.nn.functional.scaled_dot_product_attention (enable_gqa) on contiguous
-             [num_seqs, heads, keys, head_dim] copies of the same KV: host and eager alike
-
-The issue's targets: host (plans on) <= 20 us, and eager (plans on) within 1.1x of SDPA's eager.
-
-``--cpu-hit-path`` times the Python part of a plan hit on the CPU, step by step, with
-decode_32x4k's metadata on CPU tensors (values never read) and Triton's kernel swapped for
-a no-op whose compiled kernel's ``compiled[grid](*args)`` does nothing, so a hit runs every
-host line a CUDA hit runs except Triton's launcher and the CUDA-only ones (the key's
-current device). Each row: best of --repeat timeit runs of --calls calls, microseconds per
-call. These are CPU-side Python costs on the machine at hand, not the H200's host time.
+Three calls (``default``, ``no_offsets``, ``hints_out``), plans off and on, in us a call: ``host``
+(the fastest of 7 loops of back-to-back calls, queue not drained), ``eager`` (time_wall),
+``device`` (time_call) and SDPA's host and eager. Targets: host (plans on) <= 20 us, eager within
+1.1x of SDPA's.
 """
 
 from __future__ import annotations
@@ -36,11 +16,9 @@ from __future__ import annotations
 import argparse
 import cProfile
 import io
-import os
 import pstats
 import sys
 import time
-import timeit
 from pathlib import Path
 
 import torch
@@ -154,130 +132,15 @@ def render(rows: list[dict]) -> str:
     return "\n".join(lines)
 
 
-# --- --cpu-hit-path: a plan hit's Python steps on the CPU --------------------------------------
-
-
-class _NoopCompiled:
-    """Stands in for Triton's CompiledKernel: ``compiled[grid](*args)`` runs nothing (it keeps the last args)."""
-
-    def __init__(self):
-        self.last_args = ()
-
-    def __getitem__(self, grid):
-        return self._run
-
-    def _run(self, *args):
-        self.last_args = args
-
-
-class _NoopKernel:
-    """Stands in for the @triton.jit kernel: its JIT-entry launch runs nothing and returns a :class:`_NoopCompiled`."""
-
-    def __getitem__(self, grid):
-        return lambda *args, **kwargs: _NoopCompiled()
-
-
-def _best_us(fn, calls: int, repeat: int) -> float:
-    """Best of ``repeat`` timeit runs of ``calls`` calls of fn, in microseconds per call."""
-    return min(timeit.repeat(fn, number=calls, repeat=repeat)) / calls * 1e6
-
-
-def hit_path_steps(device: str = "cpu") -> dict[str, callable]:
-    """Zero-argument closures, one a step of a plan hit of decode_32x4k's default call, the whole
-    call first (setup, including the plan's first call, outside them)."""
-    from kernels import contract, dispatch, triton_paged
-
-    noop = _NoopKernel()
-    triton_paged.paged_attention_kernel = triton_paged.combine_splits_kernel = noop
-    q = torch.empty(32, 32, 128, dtype=torch.bfloat16, device=device)
-    k_cache = torch.empty(8192, 16, 8, 128, dtype=torch.bfloat16, device=device)  # never touched: not paged in
-    v_cache = torch.empty_like(k_cache)
-    block_table = torch.zeros(32, 256, dtype=torch.int32, device=device)
-    seq_lens = torch.full((32,), 4096, dtype=torch.int32, device=device)
-    query_start_loc = torch.arange(33, dtype=torch.int32, device=device)
-    out = torch.empty_like(q)
-    args = (q, k_cache, v_cache, block_table, seq_lens, query_start_loc)
-    entry, plans = triton_paged.paged_attention_triton, triton_paged.PLANS
-    plans.clear()
-    for kwargs in ({}, {"out": out, "max_q_len": 1, "max_seq_len": 4096}, None):
-        entry(*args, **kwargs) if kwargs is not None else entry(*args[:5])  # the plans' first (JIT-entry) calls
-    compiled = _NoopCompiled()
-    for plan in [recipe.plan for recipe in plans.plans()]:  # what a CUDA plan holds after its first launch
-        for launch in (plan.main, plan.combine):
-            if launch is not None:
-                launch.compiled, launch.jit = compiled, noop
-                launch.constexpr_values = tuple(launch.constexprs.values())
-    key_args = (*args, None, None, None, None, False, {})  # scale, out, the hints, return_lse, the options
-    key = plans.key(*key_args)
-    recipe = plans.get(key)
-    plan = recipe.plan
-    launch_args = (q, k_cache, v_cache, block_table, seq_lens, query_start_loc, out, None, None, None, None, None)
-    plan.launch(*launch_args)
-    tensors = compiled.last_args[: len(compiled.last_args) - len(plan.main.constexpr_values) - len(plan.main.scalars)]
-    runner, grid = compiled[plan.main.grid3], plan.main.grid3
-    run_args = (q, k_cache, v_cache, block_table, seq_lens, query_start_loc, None, {})
-    dispatched = dispatch.paged_attention_dispatch
-    return {
-        "paged_attention_dispatch(..., backend='triton'), whole call": lambda: dispatched(*args, backend="triton"),
-        "paged_attention_triton, whole call (default: offsets, no hints)": lambda: entry(*args),
-        "paged_attention_triton, no_offsets": lambda: entry(*args[:5]),
-        "paged_attention_triton, hints_out": lambda: entry(*args, out=out, max_q_len=1, max_seq_len=4096),
-        "  select_backend(q.device) (auto; the CPU's answer is tlsim)": lambda: dispatch.select_backend(q.device),
-        "  select_backend(q.device, 'triton') (forced)": lambda: dispatch.select_backend(q.device, "triton"),
-        "  _backend_fn('triton') (the entry, looked up)": lambda: dispatch._backend_fn("triton"),
-        "  plans.key (call_key)": lambda: plans.key(*key_args),
-        "  plans.get(key)": lambda: plans.get(key),
-        "  checks_enabled(None) (reads the environment)": lambda: contract.checks_enabled(None),
-        "  recipe.run (allocates out, then plan.launch)": lambda: recipe.run(*run_args),
-        "  torch.empty_like(q) (out)": lambda: torch.empty_like(q),
-        "  plan.launch (down to the no-op compiled kernel)": lambda: plan.launch(*launch_args),
-        "  plan.main(kernel, *tensors) (KernelLaunch)": lambda: plan.main(noop, *tensors),
-        "  compiled[grid](*args) (the no-op floor)": lambda: compiled[grid](*compiled.last_args),
-        "  runner(*args) (a Python call of that many arguments)": lambda: runner(*compiled.last_args),
-        "  lambda: None (timeit's own floor)": lambda: None,
-    }
-
-
-def cpu_hit_path(calls: int, repeat: int) -> str:
-    """The markdown table of :func:`hit_path_steps`, each best of ``repeat`` runs of ``calls`` calls."""
-    os.environ.pop(kernels.CHECK_ENV, None)  # the default call reads no value
-    os.environ.pop(kernels.dispatch.BACKEND_ENV, None)
-    steps = hit_path_steps()
-    from kernels import triton_paged
-
-    hits = triton_paged.PLANS.hits
-    lines = [f"| step | us per call (best of {repeat} x {calls}) |", "|---|---|"]
-    for name, fn in steps.items():
-        lines.append(f"| {name} | {_best_us(fn, calls, repeat):.2f} |")
-    assert triton_paged.PLANS.hits > hits and triton_paged.PLANS.misses == 3, "a timed call missed its plan"
-    return "\n".join(lines)
-
-
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--dry", action="store_true", help="a tiny case on the CPU, few calls (the test suite's run)")
-    parser.add_argument(
-        "--calls",
-        type=int,
-        default=300,
-        help="back-to-back calls of the host measurement (--cpu-hit-path: 10x that a timeit run)",
-    )
+    parser.add_argument("--calls", type=int, default=300, help="back-to-back calls of the host measurement")
     parser.add_argument("--profile", action="store_true", help="also print cProfile's top 15, plans off and on")
-    parser.add_argument(
-        "--cpu-hit-path",
-        action="store_true",
-        help="no GPU: time each Python step of a plan hit on CPU tensors (a no-op compiled kernel)",
-    )
-    parser.add_argument("--repeat", type=int, default=15, help="--cpu-hit-path: timeit runs per step (the best kept)")
     parser.add_argument("--shape", choices=sorted(SHAPES), default="decode_32x4k",
                         help="the GPU run's shape: decode_4x16k takes the split path (two launches); --dry keeps its tiny one")  # fmt: skip
     args = parser.parse_args(argv)
     kernels.use_interpreter_if_no_gpu()
-    if args.cpu_hit_path:
-        per_run = 3 if args.dry else args.calls * 10
-        print("# a plan hit's Python steps on the CPU, decode_32x4k's metadata, Triton's kernel a no-op")
-        print(cpu_hit_path(per_run, 2 if args.dry else args.repeat))
-        return 0
     device = "cpu" if args.dry or not torch.cuda.is_available() else "cuda"
     if device == "cpu" and not args.dry:
         parser.error("no CUDA device: pass --dry for the CPU run")

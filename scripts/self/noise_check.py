@@ -1,34 +1,17 @@
 """Measure compare's false alarms and its power on this machine, for real.
 
-Three runs of one commit, each through ``python -m harness run`` in a subprocess, with
-the plugin ``scripts/self/slowdown_plugin.py`` (``reference_slowable``: the reference kernel,
-then a host busy-wait of ``--slowdown`` times its own call time when asked):
-
-    A: no slowdown      B: no slowdown      C: reference_slowable slowed by 25%
-
-then ``compare A B`` (every "slower" verdict there is a false alarm) and ``compare A C``
-(``reference_slowable`` should be "slower" on every case it runs; any other backend
-judged slower is a false alarm), plainly and with ``--confirm`` (paired, sequential
-re-timing: :mod:`harness.review.confirm`). Prints the counts and writes ``*-noise_check.json``.
+Three runs of one commit through ``python -m harness run`` with ``scripts/self/slowdown_plugin.py``:
+A and B unchanged, C with ``reference_slowable`` slowed by ``--slowdown`` (25%); then ``compare A B``
+(every "slower" is a false alarm) and ``compare A C``, plainly and with ``--confirm``. Prints the
+counts and writes ``*-noise_check.json``.
 
     python scripts/self/noise_check.py                        # cases/cpu.toml, out under /tmp/noise_check
     python scripts/self/noise_check.py --cases cases/smoke.toml --out /tmp/nc
-
-``--gpu`` is the H200 preset (under 4 minutes): cases/gpu.toml on CUDA (oracle on the
-GPU), backends triton and triton_slowable (the same kernel: in A-B both are unchanged
-rows, in A-C triton is), C slows ``triton_slowable`` by 5% of its device time (a spin
-kernel captured in the graph with it), plain compare (3% minimum effect on CUDA; re-timing
-in fresh processes would cost a Triton compile a round). ``--backend`` adds others:
-
     python scripts/self/noise_check.py --gpu --out $OUT/noise         # on the CUDA machine
-    python scripts/self/noise_check.py --gpu --backend triton --backend triton_slowable --backend sdpa_contiguous
     python scripts/self/noise_check.py --gpu --device cpu --cases tiny.toml   # dry run on a CPU
 
-The runs go through a small shim that sets the floor of timing samples of each measurement
-(``--min-reps``; a dry run's few samples keep it short) and torch's intra-op threads
-(``--threads``, default 1: on a shared 2-core machine two OpenMP threads fighting other
-processes make a 1 ms call take 130 ms). compare reads every sample from the runs' own
-``latency_samples_us`` column.
+``--gpu``: cases/gpu.toml on CUDA, backends triton and triton_slowable (C slows it by 5% of its
+device time), plain compare.
 """
 
 from __future__ import annotations

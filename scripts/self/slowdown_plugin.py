@@ -1,25 +1,13 @@
 """A plugin for the noise check: two built-in backends with a planted slowdown.
 
-* ``reference_slowable``: the reference kernel, then a host busy-wait of ``HARNESS_SLOWDOWN``
-  (e.g. 0.25) times the call's own measured time, so the call takes 25% longer. The wait
-  spins on ``time.perf_counter`` (``HARNESS_SLOWDOWN_MODE=spin``, the default): on a loaded
-  machine ``time.sleep`` wakes up late (a 0.25x sleep made calls 2-3x slower here, an easy
-  target); ``HARNESS_SLOWDOWN_MODE=sleep`` sleeps instead.
-* ``triton_slowable`` (CUDA): the Triton kernel exactly as the ``triton`` backend prepares
-  it, then a device busy-wait kernel (``torch.cuda._sleep``) of ``HARNESS_SLOWDOWN`` times
-  the kernel's own device time, measured once per prepared call with the harness's timer
-  (graph replay, L2 flushed: what ``latency_us`` is). It slows device time, as a slower
-  kernel would, and is captured in the CUDA graph with the kernel. On the CPU (only when
-  ``HARNESS_TRITON_SLOWABLE_CPU=1``: the dry run of ``scripts/self/noise_check.py --gpu``) the
-  interpreted kernel is followed by the host busy-wait instead.
-
-``HARNESS_SLOWED`` (comma-separated, default ``reference_slowable``) names the backends that
-are slowed; the others run unchanged. With ``HARNESS_SLOWDOWN`` unset or 0 both backends
-are their kernels with no wrapper at all.
+``reference_slowable`` is the reference kernel, then a host busy-wait of ``HARNESS_SLOWDOWN``
+(e.g. 0.25) times the call's own time (``HARNESS_SLOWDOWN_MODE=sleep`` sleeps instead, which a
+loaded machine stretches). ``triton_slowable`` (CUDA) is the Triton kernel, then a device spin
+(``torch.cuda._sleep``) of that share of its device time, captured in the graph with it (on the CPU,
+with ``HARNESS_TRITON_SLOWABLE_CPU=1``, the host busy-wait). ``HARNESS_SLOWED`` (default
+``reference_slowable``) names the backends slowed; unset or 0, both are their kernels unwrapped.
 
     HARNESS_SLOWDOWN=0.25 python -m harness run cases/cpu.toml --plugin scripts/self/slowdown_plugin.py
-    HARNESS_SLOWDOWN=0.05 HARNESS_SLOWED=triton_slowable python -m harness run cases/gpu.toml \\
-        --device cuda --backend triton_slowable --plugin scripts/self/slowdown_plugin.py
 """
 
 from __future__ import annotations

@@ -145,7 +145,7 @@ def _interval_past_the_effect(test: stats.LatencyTest, *, min_effect: float) -> 
 def test_noisy_rows_like_the_long_ones_keep_false_slower_under_1_in_100_and_a_planted_25pct_is_flagged_more(
     monkeypatch,
 ):
-    """Round ratios spread 0.17 (log sd), as the 5 ms rows' did under load (harness/confirm.py's docstring, 3)."""
+    """Round ratios spread 0.17 (log sd), as the 5 ms rows' did under load (docs/review.md)."""
     unchanged, _ = _simulate([1.0] * 1000, seed=9, process=0.12)
     assert unchanged.count("slower") <= 10 and unchanged.count("faster") <= 10, unchanged.count("slower")  # 5 and 6
     planted, _ = _simulate([1.25] * 200, seed=8, process=0.12)
@@ -270,7 +270,7 @@ class BusyBox:
     are preempted for one or more 4 ms time slices; each fresh worker has its own speed
     (5%). With 20 ms calls, per-round log ratios spread by about 0.5 when each build's 10
     calls are timed in one block, as on the busy box (0.68 measured), and 0.15 alternating
-    call by call (0.17 measured, harness/confirm.py's docstring).
+    call by call (0.17 measured, docs/review.md).
     """
 
     def __init__(self, rng: np.random.Generator, call_s: float, slowdown: float):
