@@ -71,7 +71,7 @@ def test_readme_plugin_example_runs_through_the_cli(tmp_path):
     (doc, plugin), *_ = [b for b in blocks("python") if "register_backend" in b[1]]
     name = re.search(r'register_backend\(\s*"(\w+)"', plugin).group(1)
     (tmp_path / "my_kernel.py").write_text(plugin)
-    write_cases(tmp_path / "tiny.toml", {"name": "tiny"})
+    write_cases(tmp_path / "tiny.toml", {"name": "tiny", "block_size": 8})  # the example takes multiples of 8
     done = subprocess.run(
         [sys.executable, "-m", "harness", "run", str(tmp_path / "tiny.toml"), "--plugin", str(tmp_path / "my_kernel.py"),
          "--backend", name, "--no-timing", "--no-progress", "--out", str(tmp_path / "run")],
