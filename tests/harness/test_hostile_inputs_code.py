@@ -25,6 +25,7 @@ from harness.backends import builtin as backends_module
 from harness.cli.main import build_parser, main
 from harness.cli.resume import resume
 from harness.results.journal import journal_path
+from harness.review import confirm
 from tests.harness import review_frames as rf
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -153,12 +154,13 @@ def test_confirm_never_imports_a_plugin_named_in_a_runs_meta_command(setup, caps
 @pytest.mark.parametrize("commit", ["--no-checkout", "deadbeef" * 5, ["a" * 40]])
 def test_a_meta_commit_that_is_not_a_commit_id_is_bad_input_before_git_worktree(setup, capsys, monkeypatch, commit):
     monkeypatch.chdir(ROOT)
-    before = subprocess.run(["git", "worktree", "list"], cwd=ROOT, capture_output=True, text=True).stdout
+    added = []  # commits handed to `git worktree add`: none may be, the check comes first
+    monkeypatch.setattr(confirm, "worktree", lambda commit, *rest: added.append(commit))
     base, new = _slower_runs(setup, "reference", commit=commit)
     assert main(["compare", str(base), str(new), "--confirm", "slower"]) == 2
     err = capsys.readouterr().err
     assert f"{base}/meta.json: field 'commit'" in err, err
-    assert subprocess.run(["git", "worktree", "list"], cwd=ROOT, capture_output=True, text=True).stdout == before
+    assert added == []
 
 
 def test_resume_imports_a_journals_plugin_given_again_with_plugin_by_any_spelling(setup, monkeypatch):
