@@ -69,7 +69,7 @@ def _is_and(node: ast.AST) -> bool:
 
 def generate(files: list[str] = FILES) -> list[dict]:
     """Every mutant of ``files`` (module names under kernels/), in source order."""
-    mutants = []
+    mutants, seen = [], Counter()
     for name in files:
         rel = f"kernels/{name}.py"
         source = (ROOT / rel).read_text()
@@ -87,8 +87,10 @@ def generate(files: list[str] = FILES) -> list[dict]:
                 if source.count(block) != 1 or mutated == block or not _parses(source.replace(block, mutated)):
                     continue
                 swapped = lines[l0 - 1][c0:c1] if l0 == l1 else "..."
+                mutant_id = f"gen-{name}-{l0}-{c0}-{kind}"
+                seen[mutant_id] += 1  # `a & b & c`: both conjunctions' left sides start at a
                 mutants.append({
-                    "id": f"gen-{name}-{l0}-{c0}-{kind}",
+                    "id": mutant_id + (f"-{seen[mutant_id]}" if seen[mutant_id] > 1 else ""),
                     "file": rel,
                     "find": block,
                     "replace": mutated,
