@@ -147,7 +147,6 @@ def coverage(session: nox.Session) -> None:
     follows its Python): the modules' percentages and the lines and branches not reached (docs/mutants.md
     names the unreached ones and why). Arguments go to pytest (`-- tests/kernels/test_dispatch.py` adds a file)."""
     install_cpu(session, "test,triton,xdist")
-    session.install("pytest-cov")
     session.run("python", "-m", "pytest", "-n", "2", "-p", "no:cacheprovider", *QUICK_KERNEL_TESTS, "--cov",
                 "--cov-report=term-missing", *session.posargs, env={"TRITON_INTERPRET": "1"})  # fmt: skip
 

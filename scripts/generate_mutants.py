@@ -11,6 +11,10 @@ tiling.py, launch_plan.py, contract.py, fp8.py, cache.py, dispatch.py and cascad
 * off-by-ones: ``x + 1`` and ``x - 1`` lose the 1;
 * dropped masks and conditions: ``a & b`` keeps one side (each side in turn), ``a and b`` likewise.
 
+With ``--run``, one coverage pass of the quick tests (pytest-cov, the kernel interpreted) first finds
+the lines they execute: a mutant on a line none of them reaches is reported ``not reached`` without
+a run (a survivor by definition, and the costliest kind: a full serial run of the quick tests each).
+
 A mutant is written in scripts/mutants.toml's form (``find``: the source lines holding the
 operator, widened line by line until unique in the file; ``replace``: the same lines swapped), so
 scripts/mutants.py plants and runs it. Generated mutants name no ``caught_by``: the runner's verdict
@@ -21,8 +25,11 @@ from __future__ import annotations
 
 import argparse
 import ast
+import itertools
 import json
+import os
 import random
+import runpy
 import subprocess
 import sys
 import tempfile
@@ -99,6 +106,31 @@ def generate(files: list[str] = FILES) -> list[dict]:
     return mutants
 
 
+def reached_lines(tests: list[str]) -> dict[str, tuple[set[int], set[int]]]:
+    """The statements of kernels/ that ``tests`` execute and those they miss, by first line, by path
+    relative to the root (pytest-cov, two workers)."""
+    with tempfile.TemporaryDirectory(prefix="reached-") as tmp:
+        data = Path(tmp) / "coverage.json"
+        pytest = [sys.executable, "-m", "pytest", "-q", "-n", "2", "-p", "no:cacheprovider", "--cov=kernels"]
+        done = subprocess.run([*pytest, f"--cov-report=json:{data}", *tests], cwd=ROOT, capture_output=True,
+                              text=True, env={**os.environ, "TRITON_INTERPRET": "1"})  # fmt: skip
+        if done.returncode != 0 or not data.exists():
+            raise SystemExit(f"generate_mutants: the coverage pass of the quick tests failed:\n{done.stdout[-3000:]}")
+        files = json.loads(data.read_text())["files"]
+    return {Path(name).as_posix(): (set(f["executed_lines"]), set(f["missing_lines"])) for name, f in files.items()}
+
+
+def is_reached(mutant: dict, reached: dict[str, tuple[set[int], set[int]]]) -> bool:
+    """Whether the statement holding the swapped operator ran. coverage.py reports a statement by its
+    first line, so the line of the swap (the id is gen-FILE-LINE-COL-KIND) walks up to the nearest
+    statement's."""
+    executed, missing = reached.get(mutant["file"], (set(), set()))
+    line = int(mutant["id"].split("-")[2])
+    while line > 0 and line not in executed and line not in missing:
+        line -= 1
+    return line in executed
+
+
 def _parses(source: str) -> bool:
     try:
         ast.parse(source)
@@ -132,10 +164,20 @@ def main(argv: list[str] | None = None) -> int:
         mutants = random.Random(args.seed).sample(mutants, min(args.sample, len(mutants)))
         print(f"sample of {len(mutants)} (seed {args.seed})")
     out = args.out or Path(tempfile.mkdtemp(prefix="generated-mutants-")) / "generated.toml"
+    unreached = []
+    if args.run:
+        tests = _runner_tests(rest)
+        print(f"coverage pass: {' '.join(tests)}", flush=True)
+        reached = reached_lines(tests)
+        unreached = [m for m in mutants if not is_reached(m, reached)]
+        mutants = [m for m in mutants if m not in unreached]
     out.write_text(to_toml(mutants))
     print(f"catalogue: {out}")
     if not args.run:
         return 0
+    print(f"{len(unreached)} on lines the quick tests never execute (not reached): not run")
+    for m in unreached:
+        print(f"  not reached: {m['id']}")
     result = out.with_suffix(".json")
     runner = [sys.executable, str(ROOT / "scripts" / "mutants.py"), "--catalogue", str(out), "--json", str(result)]
     subprocess.run([*runner, *rest], cwd=ROOT, check=False)
@@ -144,11 +186,21 @@ def main(argv: list[str] | None = None) -> int:
     outcomes = json.loads(result.read_text())["outcomes"]
     survived = [o for o in outcomes if o["verdict"] == "survived"]
     caught = [o for o in outcomes if o["verdict"] in ("caught", "misrecorded")]
-    print(f"\n{len(caught)} caught, {len(survived)} survived, {len(outcomes) - len(caught) - len(survived)} other")
-    print(f"survival rate {len(survived) / max(len(outcomes), 1):.0%}")
+    other = len(outcomes) - len(caught) - len(survived)
+    print(f"\n{len(caught)} caught, {len(survived)} survived, {other} other, {len(unreached)} not reached")
+    print(f"survival rate {(len(survived) + len(unreached)) / max(len(outcomes) + len(unreached), 1):.0%} "
+          f"(survivors and not reached, of all {len(outcomes) + len(unreached)})")  # fmt: skip
     for o in survived:
         print(f"  survived: {o['id']}")
     return 0
+
+
+def _runner_tests(rest: list[str]) -> list[str]:
+    """The tests scripts/mutants.py will run: its --tests among ``rest``, else its QUICK_TESTS."""
+    if "--tests" in rest:
+        after = rest[rest.index("--tests") + 1 :]
+        return list(itertools.takewhile(lambda a: not a.startswith("--"), after))
+    return runpy.run_path(str(ROOT / "scripts" / "mutants.py"))["QUICK_TESTS"]
 
 
 if __name__ == "__main__":

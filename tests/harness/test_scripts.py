@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import runpy
 import subprocess
 import sys
 import types
@@ -63,6 +64,16 @@ def test_generated_mutants_are_a_catalogue_whose_every_mutant_applies_under_its_
     assert f"{count}/{count} mutants apply" in checked.stdout
     sample = run_script("scripts/generate_mutants.py", "--sample", "12", "--seed", "3", "--out", str(catalogue))
     assert "sample of 12" in sample.stdout
+
+
+def test_a_generated_mutant_inside_a_multi_line_statement_is_reached_when_the_statement_ran():
+    is_reached = runpy.run_path(str(ROOT / "scripts" / "generate_mutants.py"))["is_reached"]
+    reached = {"kernels/k.py": ({10, 20}, {30})}  # coverage.py's statements by first line: ran, missed
+    verdicts = {
+        line: is_reached({"id": f"gen-k-{line}-4-flip", "file": "kernels/k.py"}, reached) for line in (10, 12, 31)
+    }
+    assert verdicts == {10: True, 12: True, 31: False}  # 12 continues the statement at 10, 31 the one at 30
+    assert not is_reached({"id": "gen-k-12-4-flip", "file": "kernels/other.py"}, reached)
 
 
 def test_peer_table_states_the_kernel_against_the_best_peer_of_the_committed_run():
