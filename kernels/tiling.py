@@ -32,7 +32,7 @@ V_PART_DIM = 256
 LATENT_KV = True
 
 
-def window_tile_start(first_q_pos, sliding_window: int | None, tile_n: int):
+def window_tile_start(first_q_pos, sliding_window: int, tile_n: int):
     """First KV position (a multiple of TILE_N) whose tile a row at ``first_q_pos`` or later can see.
 
     With a window of W the query at position p sees keys p - W + 1 .. p, so a program whose
@@ -42,8 +42,6 @@ def window_tile_start(first_q_pos, sliding_window: int | None, tile_n: int):
     Example: TILE_N 64, W 100, decode at position 1000: the loop starts at 896 (901 // 64 * 64),
     walking 2 tiles instead of 16.
     """
-    if sliding_window is None:
-        return first_q_pos * 0
     lowest = first_q_pos - sliding_window + 1
     lowest = lowest.clamp(min=0) if isinstance(lowest, torch.Tensor) else max(lowest, 0)
     return lowest // tile_n * tile_n

@@ -113,7 +113,7 @@ def reached_lines(tests: list[str]) -> dict[str, tuple[set[int], set[int]]]:
         data = Path(tmp) / "coverage.json"
         pytest = [sys.executable, "-m", "pytest", "-q", "-n", "2", "-p", "no:cacheprovider", "--cov=kernels"]
         done = subprocess.run([*pytest, f"--cov-report=json:{data}", *tests], cwd=ROOT, capture_output=True,
-                              text=True, env={**os.environ, "TRITON_INTERPRET": "1"})  # fmt: skip
+                              text=True, env={**os.environ, "TRITON_INTERPRET": "1", "COVERAGE_FILE": str(data.with_suffix(""))})  # fmt: skip
         if done.returncode != 0 or not data.exists():
             raise SystemExit(f"generate_mutants: the coverage pass of the quick tests failed:\n{done.stdout[-3000:]}")
         files = json.loads(data.read_text())["files"]

@@ -122,7 +122,6 @@ def test_window_reads_no_tile_before_the_first_visible_one(fn_name, window):
 def test_window_tile_start_worked_example():
     assert window_tile_start(1000, 100, 64) == 896  # 901 // 64 * 64
     assert window_tile_start(50, 100, 64) == 0
-    assert window_tile_start(1000, None, 64) == 0
     assert window_tile_start(torch.tensor([1000, 63]), 64, 64).tolist() == [896, 0]
 
 
