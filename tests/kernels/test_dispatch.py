@@ -94,3 +94,10 @@ def test_use_interpreter_if_no_gpu_sets_triton_interpret_only_when_unset(monkeyp
     monkeypatch.setenv("TRITON_INTERPRET", "0")
     assert kernels.use_interpreter_if_no_gpu() is False, "a choice made by the user stays"
     assert os.environ["TRITON_INTERPRET"] == "0"
+
+
+def test_use_interpreter_if_no_gpu_leaves_a_cuda_machine_compiled(monkeypatch):
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    assert kernels.use_interpreter_if_no_gpu() is False
+    assert "TRITON_INTERPRET" not in os.environ
