@@ -44,6 +44,11 @@ def test_forcing_triton_where_it_cannot_run_is_an_error(monkeypatch):
     monkeypatch.delenv("TRITON_INTERPRET", raising=False)
     with pytest.raises(kernels.BackendUnavailableError, match="needs a CUDA device"):
         kernels.select_backend("cpu", backend="triton")
+    for other in ("tlsim", "reference"):  # only a forced triton asks whether Triton can run
+        assert kernels.select_backend("cpu", backend=other) == other
+    monkeypatch.setenv("TRITON_INTERPRET", "1")  # the interpreter serves the CPU, no other device
+    assert dispatch.triton_unavailable_reason("cpu") is None
+    assert "needs a CUDA device" in dispatch.triton_unavailable_reason("meta")
     monkeypatch.setattr(dispatch, "has_triton", lambda: False)
     with pytest.raises(kernels.BackendUnavailableError, match="Triton is not installed"):
         kernels.select_backend("cuda", backend="triton")
