@@ -43,7 +43,7 @@ QUICK_TESTS = [
     "tests/kernels/test_tlsim_predicts_triton.py::test_tlsim_predicts_the_device_split",
     "tests/kernels/test_kernel_tuning.py::test_the_device_split_dispatches_its_sequences_longest_piece_first",
 ]
-COPIED = ["kernels", "harness", "tests", "pyproject.toml"]
+COPIED = ["kernels", "harness", "tests", "scripts", "pyproject.toml"]  # scripts: tests that import a tool (tune_tiles)
 PROJECT = {"kernels", "harness", "tests", "benchmarks", "scripts", "conftest"}
 # Plain asserts: a failing assert fails the test all the same, and the child skips rewriting them.
 PYTEST_ARGS = ["-q", "-p", "no:cacheprovider", "--assert=plain", "-W", "ignore::RuntimeWarning"]
