@@ -138,12 +138,10 @@ def test_an_fp8_decode_runs_its_fp16_dots_on_every_decode_key_and_never_on_prefi
 
 
 def _gpu_case_lengths(name: str) -> tuple[int, ...]:
-    from pathlib import Path
-
+    from harness.cases.packaged import packaged_suites
     from harness.cases.spec import load_case_file
 
-    files = ("gpu.toml", "gpu_peers.toml", "gpu_long.toml")
-    cases = [c for f in files for c in load_case_file(Path(__file__).parents[2] / "cases" / f)]
+    cases = [c for suite in ("gpu", "gpu_peers", "gpu_long") for c in load_case_file(packaged_suites()[suite])]
     return next(c for c in cases if c.name == name).seq_lens
 
 
