@@ -25,6 +25,7 @@ def test_the_untuned_rule_keeps_the_measured_shapes(monkeypatch):
     assert choose_tiling(128, 4, 4096, 4, 8, 4096, fp32=True).BLOCK_M == 16
     assert choose_tiling(256, 4, 1, 4, 8, 4096).TILE_N == 32
     assert choose_tiling(128, 32, 1, 4, 1, 4096).BLOCK_M == 32  # one token's 32 heads
+    assert choose_tiling(128, 16, 4096, 4, 1, 4096).BLOCK_M == 16  # a group of 16 fills the dot's M: one token a tile
     assert choose_tiling(128, 4, 1, 4, 8, 4096).NUM_WARPS == 4
 
 

@@ -88,6 +88,9 @@ def test_mla_tiling_splits_k_and_tiles_the_heads():
     assert heads_per_program(fp32) == 16 and v_parts(fp32) == 1 and tiling_for(fp32).BLOCK_M == 16
     small = prepare_call(*_inputs("k192_v128_prefill").args())
     assert heads_per_program(small) == small.group_size, "dims up to 256 keep the whole group in one program"
+    group32 = prepare_call(*make_inputs(num_q_heads=32, num_kv_heads=1, head_dim=128, block_size=16, seq_lens=[3],
+                                        q_lens=[1], dtype="float16", seed=1).args())  # fmt: skip
+    assert heads_per_program(group32) == 32, "a group past 16 is cut to 16 a program only past head dim 256"
 
 
 def test_kernel_without_the_second_k_piece_fails(monkeypatch):
