@@ -91,6 +91,9 @@ def test_mla_tiling_splits_k_and_tiles_the_heads():
     group32 = prepare_call(*make_inputs(num_q_heads=32, num_kv_heads=1, head_dim=128, block_size=16, seq_lens=[3],
                                         q_lens=[1], dtype="float16", seed=1).args())  # fmt: skip
     assert heads_per_program(group32) == 32, "a group past 16 is cut to 16 a program only past head dim 256"
+    group4 = prepare_call(*make_inputs(num_q_heads=4, num_kv_heads=1, head_dim=300, block_size=16, seq_lens=[3],
+                                       q_lens=[1], dtype="float32", seed=1).args())  # fmt: skip
+    assert heads_per_program(group4) == 4, "past head dim 256 a group of 16 or fewer stays whole"
 
 
 def test_kernel_without_the_second_k_piece_fails(monkeypatch):
