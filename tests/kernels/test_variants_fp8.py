@@ -140,6 +140,7 @@ def test_oracle_catches_a_wrong_dequantization(mutant):
     [
         (lambda a: ({"k_scale": 0.5}, a), "k_scale applies to an fp8 cache"),
         (lambda a: ({"k_scale": -1.0}, _fp8(a)), "k_scale must be a positive finite"),
+        (lambda a: ({"v_scale": True}, _fp8(a)), "v_scale must be a float or"),  # a bool is no scale
         (lambda a: ({"v_scale": torch.ones(3)}, _fp8(a)), "v_scale must be a float or a float32 tensor of 1 or"),
         (lambda a: ({"k_scale": torch.ones(2, dtype=torch.float64)}, _fp8(a)), "k_scale must be a float or"),
         (lambda a: ({}, (a[0], a[1].to(torch.float8_e4m3fn), a[2].to(torch.float8_e5m2), *a[3:])), "both one fp8"),
