@@ -169,8 +169,9 @@ def main(argv: list[str] | None = None) -> int:
         tests = _runner_tests(rest)
         print(f"coverage pass: {' '.join(tests)}", flush=True)
         reached = reached_lines(tests)
-        unreached = [m for m in mutants if not is_reached(m, reached)]
-        mutants = [m for m in mutants if m not in unreached]
+        verdicts = [is_reached(m, reached) for m in mutants]
+        unreached = [m for m, ran in zip(mutants, verdicts, strict=True) if not ran]
+        mutants = [m for m, ran in zip(mutants, verdicts, strict=True) if ran]
     out.write_text(to_toml(mutants))
     print(f"catalogue: {out}")
     if not args.run:
