@@ -8,8 +8,7 @@ from tests.tiny_cases import write_cases
 
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory):
-    """A real untimed run (``untimed``) and a real timed run (``timed``) of one tiny case through the
-    reference backend, under the returned folder."""
+    """A real untimed run (``untimed``) and timed run (``timed``) of one tiny case through reference."""
     root = tmp_path_factory.mktemp("runs")
     cases = write_cases(root / "tiny.toml", {"name": "tiny"})
     for name, extra in (("untimed", ["--no-timing"]), ("timed", [])):

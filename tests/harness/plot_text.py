@@ -1,11 +1,4 @@
-"""What a plot shows in words: the texts of an SVG plot drawn with its text kept as text.
-
-Matplotlib writes text into an SVG as glyph outlines by default; with ``svg.fonttype`` 'none'
-(the :func:`tests.conftest.plot_text_as_text` fixture) it writes each text as an SVG
-``<text>``, typeset the same way: a tick label that matplotlib typesets as ``10^5`` is the
-characters "105" there, and one left as TeX source is ``$\\mathdefault{10^{5}}$``, which is
-what a person would see drawn.
-"""
+"""The texts of an SVG plot drawn with ``svg.fonttype`` 'none': each text as a person would read it."""
 
 from __future__ import annotations
 

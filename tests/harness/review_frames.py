@@ -1,9 +1,4 @@
-"""Hand-built report rows, run folders and journals for the compare, report, history and resume tests.
-
-Rows carry the runner's columns (harness.run.runner.COLUMNS) and the newer ones the runner
-is gaining (latency_samples_us, call_us, worst_location, ...); samples are drawn from a
-seeded log-normal, so a "rerun" is another draw of the same distribution.
-"""
+"""Hand-built rows (seeded log-normal samples), run folders and journals for the review and resume tests."""
 
 from __future__ import annotations
 
@@ -63,8 +58,7 @@ def meta(**extra) -> dict:
 
 
 def write(frame_: pd.DataFrame, meta_: dict, path: Path, *, page: bool = False) -> Path:
-    """A run folder of ``frame_`` and ``meta_``; report.html only with ``page`` (its plots cost about a
-    second of matplotlib, and compare, history and report read only the parquet and meta.json)."""
+    """A run folder of ``frame_`` and ``meta_``; report.html only with ``page`` (its plots cost a second)."""
     from harness.results.report import render_html
     from harness.results.storage import write_run
 
@@ -76,8 +70,7 @@ def dumps(meta_: dict) -> str:
 
 
 def journal(out: Path, cases: Path, rows=(), **options) -> Path:
-    """A stopped run's journal for ``out``: ``cases`` through tlsim, untimed, with ``options`` over those;
-    ``rows`` are written as they are, checked or not. Returns the journal's path."""
+    """A stopped run's journal for ``out`` (``cases`` through tlsim, untimed, ``options`` over those); its path."""
     from harness.results.journal import Journal, journal_path
 
     stored = {"cases": [str(cases)], "backends": ["tlsim"], "device": "cpu", "plugins": [], "tags": None,
@@ -91,8 +84,7 @@ def journal(out: Path, cases: Path, rows=(), **options) -> Path:
 
 
 def copy_run(run: Path, meta_patch: dict | None = None, frame_fn=None, to: Path | None = None) -> Path:
-    """A copy of ``run`` at ``to`` (default: a fresh folder), meta.json updated by ``meta_patch``, rows
-    through ``frame_fn``."""
+    """A copy of ``run`` at ``to``, meta.json updated by ``meta_patch``, rows through ``frame_fn``."""
     import shutil
     import tempfile
 

@@ -1,10 +1,4 @@
-"""Kernels that try to forge their verdict get none they did not earn (tests/harness/data/adversarial/).
-
-Each plugin there is one way in: right once then stale, idle while timed, contract slips, reaching
-for the grader, the journal, the oracle cache, the source or a baseline from inside its process,
-and reaching for the clock. They run through ``harness run --plugin`` as a user runs them, beside
-an honest control that must still pass with its timing credited.
-"""
+"""Kernels that try to forge their verdict (tests/harness/data/adversarial/) get none; an honest control passes."""
 
 from __future__ import annotations
 
@@ -103,9 +97,7 @@ def test_unsupported_raised_from_a_call_is_an_error_not_a_skip(forged):
 
 @pytest.mark.slow  # a run with isolated plugin workers
 def test_a_plugin_reaches_no_grader_journal_cache_source_or_baseline(tmp_path, monkeypatch):
-    """The plugin patches the grader and the journal, drops the built-in reference from its registry, looks
-    for the oracle's output, reads and writes the oracle cache and opens the grader's source for writing:
-    all in its own worker, none of it reaching the driver's verdict or the disk the driver reads."""
+    """Patching the grader or journal, reading the oracle or its cache, writing the source: none reaches the verdict."""
     cache, log = tmp_path / "cache", tmp_path / "adversary.log"
     monkeypatch.setenv("HARNESS_ORACLE_CACHE", str(cache))
     monkeypatch.setenv("HARNESS_ADVERSARY_LOG", str(log))
@@ -124,8 +116,7 @@ def test_a_plugin_reaches_no_grader_journal_cache_source_or_baseline(tmp_path, m
 
 @pytest.mark.slow  # timed runs with isolated plugin workers
 def test_a_plugin_that_slows_the_clock_is_not_credited(tmp_path):
-    """time.perf_counter and torch.cuda.Event replaced do not reach the timer (bound before the plugin is
-    imported); the timer's own clock replaced is caught by the driver's clock over a batch of calls."""
+    """Slowed time.perf_counter and CUDA events miss the timer; its own clock slowed is caught by the driver's."""
     _, rows = run(tmp_path, ["clock.py"], ["reference", "slow_clock"])
     assert (rows.loc["reference", "status"] == "pass").all()
     slow = rows.loc["slow_clock"]
@@ -136,8 +127,7 @@ def test_a_plugin_that_slows_the_clock_is_not_credited(tmp_path):
 
 @pytest.mark.gpu
 def test_on_a_gpu_no_forger_passes_and_the_honest_control_does(tmp_path):
-    """The GPU forms: idle while captured (``knows_timed`` checks the capture), a side stream never joined,
-    the CUDA event and the timer's clocks slowed, and the stale ones, against an honest control."""
+    """On a GPU: idle while captured, a side stream, slowed clocks and stale output all fail; the control passes."""
     import torch
 
     if not torch.cuda.is_available():

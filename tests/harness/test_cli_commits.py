@@ -1,5 +1,4 @@
-"""continuous and bisect on real commits: a repository whose kernel module gets 50 ms a call slower in its second
-commit, checked out into worktrees, run and timed in paired rounds of fresh processes."""
+"""continuous and bisect on real commits: a kernel 50 ms a call slower in the second, timed in paired rounds."""
 
 from __future__ import annotations
 
@@ -37,9 +36,7 @@ WAITS = {"first": 0.0, "second": 0.05, "third": 0.05}  # the second commit is th
 
 @pytest.fixture
 def repo(tmp_path, monkeypatch):
-    """A repository (the cwd) of three commits of slowpoke_kernel.py; the plugin and cases beside it.
-
-    Rounds are short (0.1 s of calls a build, not 0.8): the planted 50 ms a call shows in a few calls."""
+    """A repository (the cwd) of three commits of slowpoke_kernel.py, plugin and cases beside it; short rounds."""
     monkeypatch.setattr("harness.review.confirm.ROUND_S", 0.1)
     root = tmp_path / "repo"
     root.mkdir()

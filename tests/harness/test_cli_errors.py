@@ -1,12 +1,4 @@
-"""Every way the CLI refuses, as one table: what is handed to it (built under a fresh folder), the exit code
-it gets and the words that say why. None ends in a traceback, none begins work, none writes a file.
-
-The rows are bad arguments (unknown cases, backends, options, -k expressions, shards), case files and run
-folders that do not fit (a meta.json or results.parquet field of another type, a folder that is not a run,
-duplicated rows, a timed run beside an untimed one), journals a resume refuses (complete, absent, badly
-typed, options that would change the results, plugins not named again), merges that would mix what cannot
-be mixed, and commits continuous and bisect cannot use.
-"""
+"""Every way the CLI refuses, as one table: exit code and words; no traceback, no work begun, no file written."""
 
 from __future__ import annotations
 
@@ -29,9 +21,7 @@ from tests.tiny_cases import write_cases
 
 @dataclass(frozen=True)
 class Refusal:
-    """One refused command: ``argv``, or ``argv(runs, tmp)`` that builds its inputs under ``tmp`` and returns
-    them; ``words`` must appear in what the command prints (``{tmp}`` filled in, in both). ``patch(monkeypatch,
-    tmp)`` changes the world first (a missing module); ``cwd`` (under ``tmp``) is where it runs."""
+    """A refused command: ``argv`` (or built under ``tmp``), ``words`` to print (``{tmp}`` filled in), setup."""
 
     name: str
     argv: list[str] | Callable[[Path, Path], list[str]]
@@ -75,9 +65,7 @@ def _folder(files: dict[str, Path | str | bytes], verb: str = "history"):
 
 
 def _run_args(out: str, *extra: str, case: dict | None = None, plugin: str | None = None):
-    """``run`` of one case (the tiny one unless ``case``) into ``tmp/out``: ``out`` is "folder", "dangling"
-    (a symbolic link to nowhere), "done" (a finished run's copy), "under a file" or an absolute path;
-    ``plugin`` is written to tmp/plugin.py and named with --plugin."""
+    """``run`` of one case into ``tmp/out`` (a folder, dangling link, finished run, under a file or a path)."""
 
     def make(runs: Path, tmp: Path) -> list[str]:
         cases = write_cases(tmp / "cases.toml", case or {"name": "tiny"})
@@ -135,9 +123,7 @@ def _pair(base: Callable[[Path], None], new: Callable[[Path], None], *extra: str
 
 
 def _resume(*extra: str, rows=(), **options):
-    """``run --resume tmp/run`` of a stopped run's journal (``rows`` and ``options`` as written there);
-    tmp/mine.py is a plugin to name, which writes tmp/imported when imported. ``{tmp}`` in an option's
-    text is filled in."""
+    """``run --resume tmp/run`` of a stopped journal (``rows``, ``options``); tmp/mine.py is a plugin to name."""
 
     def make(runs: Path, tmp: Path) -> list[str]:
         (tmp / "mine.py").write_text("from pathlib import Path\nPath(__file__).with_name('imported').touch()\n")
@@ -150,8 +136,7 @@ def _resume(*extra: str, rows=(), **options):
 
 
 def _merge(second: str, out: str = "merged", **meta_changes):
-    """merge of the untimed run and a second run: "itself" (a copy), "nowhere", or the untimed or timed
-    run with its case renamed (so the two do not overlap) and ``meta_changes``."""
+    """merge of the untimed run and a second: a copy, nowhere, or a run with its case renamed and ``meta_changes``."""
 
     def make(runs: Path, tmp: Path) -> list[str]:
         first = rf.copy_run(runs / "untimed", to=tmp / "first")
@@ -170,8 +155,7 @@ BISECT = ["bisect", "first", "third", "--case", "c", "--backend", "tlsim"]
 
 
 def _git(name: str, argv: list[str], *words: str) -> Refusal:
-    """continuous or bisect, exit 2, in a git repository of three commits (first, second, third) at
-    tmp/repo; a commit's name in ``argv`` becomes its id."""
+    """continuous or bisect, exit 2, in tmp/repo of commits first, second, third (names in ``argv`` become ids)."""
     return Refusal(name, _repo(*argv), 2, words, cwd="repo")
 
 

@@ -1,5 +1,4 @@
-"""The verbs beyond run: -k picks cases, backends lists the registry, compare --json, bisect's search, and
-continuous and bisect refuse bad commits; the terminal words a run's rows right."""
+"""The verbs beyond run: -k, backends, compare --json, bisect's search; the terminal words a run's rows right."""
 
 from __future__ import annotations
 

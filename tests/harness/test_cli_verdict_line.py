@@ -1,5 +1,4 @@
-"""The terminal tells the story: a run ends with PASS/FAIL and its counts, then why rows were skipped,
-then the report's path; --version, bare ``harness`` and an unknown case name answer without argparse's noise."""
+"""A run ends with PASS/FAIL, its counts, why rows skipped and the report's path; --version and bare harness."""
 
 from __future__ import annotations
 

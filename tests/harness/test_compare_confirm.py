@@ -34,9 +34,7 @@ def _runs(tmp_path, factor: float):
 
 
 class SimulatedWorker:
-    """Stands in for a build's timing process (:class:`harness.review.confirm.Worker`), in this process:
-    a call of either row takes about 1 ms, ``reference_slowable``'s ``1 + HARNESS_SLOWDOWN`` times that
-    (the planted slowdown of the plugin), times this process's own speed and each call's noise."""
+    """A build's timing process in this process: ~1 ms a call, ``reference_slowable`` x (1 + HARNESS_SLOWDOWN)."""
 
     rng = np.random.default_rng(0)
 
@@ -60,8 +58,7 @@ SLOWED_IN_NEW = ({"HARNESS_SLOWDOWN": "0"}, {"HARNESS_SLOWDOWN": "8"})  # only r
 
 
 def test_confirm_keeps_a_real_slowdown_and_clears_one_that_interleaved_timing_does_not_reproduce(tmp_path, monkeypatch):
-    """The whole confirm driver (rounds, alternating steps, looks, verdicts) over simulated build processes;
-    the real processes are the next test's."""
+    """The whole confirm driver (rounds, alternating steps, looks, verdicts) over simulated build processes."""
     monkeypatch.setattr(confirm, "Worker", SimulatedWorker)
     monkeypatch.setattr(SimulatedWorker, "rng", np.random.default_rng(0))
     base, new, meta = _runs(tmp_path, 1.5)
@@ -90,8 +87,7 @@ def test_confirm_keeps_a_real_slowdown_and_clears_one_that_interleaved_timing_do
 def test_a_real_round_of_two_build_processes_times_the_planted_slowdown_and_not_the_workers_start(
     tmp_path, monkeypatch
 ):
-    """confirm end to end with real worker processes (the plugin loaded, each build's environment): one
-    round, after which no row's rounds fit the time box, so confirm stops there and judges that round."""
+    """One round with real worker processes, after which no row's rounds fit the box, so confirm judges that round."""
     monkeypatch.setattr(confirm, "ROUND_S", 0.1)  # a short round: the planted slowdown (9x) shows in a few calls
     rounds = []
 

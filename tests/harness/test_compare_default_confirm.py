@@ -1,5 +1,4 @@
-"""compare re-times by default: doubtful latency rows go through paired rounds; rows that cannot be
-re-timed are "unconfirmed" (exit 5); accuracy regressions are exit 1 without any re-timing."""
+"""compare re-times doubtful latency rows by default; what cannot be re-timed is unconfirmed (exit 5)."""
 
 from __future__ import annotations
 
@@ -21,8 +20,7 @@ TRULY_SLOWER = {"tlsim": 1.3}  # what paired rounds of the two builds measure; e
 
 @pytest.fixture
 def rounds(monkeypatch):
-    """Paired rounds without git or worker processes: checkouts are empty folders and each round draws both
-    builds' observations from a shared load factor (the round) and a per-process speed, as on a busy box."""
+    """Paired rounds without git or workers: empty checkouts, each round a shared load and per-process speed."""
     timed: list[list] = []
     rng = np.random.default_rng(7)
 
@@ -164,8 +162,7 @@ def test_an_explicit_confirm_still_refuses_a_commit_that_is_not_one_as_bad_input
 
 
 def test_only_a_commit_of_your_own_history_is_re_timed(tmp_path, git_history, monkeypatch):
-    """Re-timing runs the code of the commits the two meta.json name: a commit reachable from HEAD or a local
-    branch is code you checked out; one you only fetched, or that no ref reaches, is refused, naming the field."""
+    """Only commits reachable from HEAD or a local branch are re-timed; fetched or loose ones are refused by field."""
     ids = git_history
     monkeypatch.chdir(tmp_path / "repo")
     assert confirm.checked_commit(ids["head"][:10], "x/meta.json") == ids["head"]

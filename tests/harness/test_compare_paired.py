@@ -159,10 +159,7 @@ def _boxed(
     rounds: int = confirm.DEFAULT_ROUNDS,
     log=lambda _: None,
 ):  # fmt: skip
-    """The real sequential procedure against a simulated clock; rows are (slowdown, round noise, seconds a round).
-
-    Returns (verdicts, rounds each row got, simulated seconds spent).
-    """
+    """The sequential procedure on a simulated clock over (slowdown, noise, s a round): (verdicts, rounds, seconds)."""
     rng = np.random.default_rng(seed)
     index = {i: (f"case{i}", "b") for i in range(len(rows))}
     clock = [0.0]
@@ -262,16 +259,7 @@ def test_a_tight_box_gives_no_false_slower_in_a_thousand_unchanged_rows_and_its_
 
 
 class BusyBox:
-    """A fake busy 2-core box timing one row of base (``call_s``) and new (``slowdown`` x ``call_s``) calls.
-
-    A shared clock runs through every call, warm-ups included. A co-runner comes and goes
-    (busy 60% of the time, in bursts of 0.3 s on average, idle gaps of 0.2 s) and, while
-    busy, stretches every call by a share drawn per burst in 1.5-4x; on top, 30% of calls
-    are preempted for one or more 4 ms time slices; each fresh worker has its own speed
-    (5%). With 20 ms calls, per-round log ratios spread by about 0.5 when each build's 10
-    calls are timed in one block, as on the busy box (0.68 measured), and 0.15 alternating
-    call by call (0.17 measured, docs/review.md).
-    """
+    """A busy 2-core box (bursty co-runner, preemptions, per-worker speed) timing base and slowed new calls."""
 
     def __init__(self, rng: np.random.Generator, call_s: float, slowdown: float):
         self.rng, self.call_s, self.slowdown = rng, call_s, slowdown

@@ -1,5 +1,4 @@
-"""The README's and docs' code blocks stay true: every `harness` command parses, every nox
-session and script named exists, the case-file example loads, and the plugin example runs."""
+"""The docs' code blocks stay true: commands parse, named sessions and scripts exist, the examples load and run."""
 
 from __future__ import annotations
 

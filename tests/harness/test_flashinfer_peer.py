@@ -1,11 +1,4 @@
-"""flashinfer: FlashInfer's paged wrappers as a peer.
-
-On the CPU: the block table becomes FlashInfer's pages (indptr / indices / last_page_len) so that
-every key lands in the slot PagedKVCache wrote it to; a missing FlashInfer is a skip naming the
-install command; the variants it declares are the Variant table's; the warm-up's twins cover
-every module a suite needs. On a GPU (``-m gpu``, FlashInfer installed): the real wrappers on
-every twin of the GPU suites, graded against the oracle.
-"""
+"""flashinfer peer: its page table, skip and variants on the CPU; on a GPU its wrappers against the oracle."""
 
 from __future__ import annotations
 

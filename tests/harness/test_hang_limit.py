@@ -1,5 +1,4 @@
-"""A hang costs one time limit: a backend past its limit is hung, its later rows are skips naming the case;
-the default limit follows the row's expected cost; a row's timing stays within its budget."""
+"""A hang costs one time limit; the default limit follows the row's cost; timing stays within its budget."""
 
 from __future__ import annotations
 

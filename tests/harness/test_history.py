@@ -66,8 +66,7 @@ DRIFTS = {
 
 @pytest.mark.parametrize("name", DRIFTS)
 def test_history_says_where_two_runs_drifted_and_what_the_two_alone_can_tell(tmp_path, capsys, name):
-    """Runs on a busy machine differ as wholes: history marks their ▲, says the runs drifted, and puts the ▲ on
-    the load only where the code is the same; elsewhere only paired rounds (compare) can tell."""
+    """Drifted runs: history marks their ▲ and puts it on the load only where the code is the same."""
     commit, dirty, label, reading = DRIFTS[name]
     root = tmp_path / "reports"
     rf.write(rf.frame(num_cases=4, seed=1), rf.meta(commit="1" * 40, time="2026-11-01T00:00:00"), root / "r1")

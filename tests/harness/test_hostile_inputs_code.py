@@ -1,11 +1,4 @@
-"""Files a colleague hands you are data, never code: a run folder's meta.json, a journal, a worker's output.
-
-* plugins are imported only when named with --plugin on this command line (run --resume, compare --confirm);
-* a meta.json ``commit`` is checked as a commit id before it reaches ``git worktree add``;
-* a journal is validated (types, duplicated rows), locked while written, and a resume's options win or are refused;
-* isolated workers die with their parent, keep --profile from ending the run, log a plugin's output per row,
-  run with the recorded thread count, and a Ctrl-C while one starts is one line.
-"""
+"""Files a colleague hands you are data, never code: plugins, meta commits, journals, workers' output."""
 
 from __future__ import annotations
 
@@ -302,8 +295,7 @@ def test_ctrl_c_while_a_worker_starts_is_one_line_not_a_childs_traceback(setup):
 
 
 def test_a_recorded_thread_count_past_the_cores_runs_on_the_cores():
-    """A journal's or meta.json's timing_threads reaches torch.set_num_threads (a resume, compare's re-timing
-    workers): a count of a million must not spawn a million threads; the count that ran is returned."""
+    """A recorded thread count of a million runs on the cores; the count that ran is returned."""
     import torch
 
     from harness.cli.options import apply_threads
@@ -317,8 +309,7 @@ def test_a_recorded_thread_count_past_the_cores_runs_on_the_cores():
 
 
 def test_a_planted_link_in_a_runs_log_folder_is_replaced_never_written_through(tmp_path):
-    """A resumed run writes its plugins' logs into a folder that came with the run: a link planted there, to a
-    file or as the folder itself, is never followed."""
+    """A link planted in a run's log folder, to a file or as the folder, is replaced, never written through."""
     from harness.execute.output import captured_output
 
     victim = tmp_path / "victim.txt"

@@ -1,12 +1,4 @@
-"""Files a colleague hands you are data: run folders, case files and the oracle cache are checked
-before use, and what does not fit is bad input (exit 2) naming the file and the field.
-
-Here: any meta.json field or results.parquet column of another type is bad input, not a traceback or a
-silent exit 0; a partial-looking folder of someone else's is kept; a sweep of 600M points is refused
-before it is expanded; run folders and journals are sized before they are read; an oracle cache entry
-rewritten under a valid header is caught by --verify-oracle-cache. The refusals of single commands are
-the rows of tests/harness/test_cli_errors.py.
-"""
+"""Run folders, case files and the oracle cache are checked before use; what does not fit is exit 2."""
 
 from __future__ import annotations
 
@@ -206,8 +198,7 @@ def test_the_sweep_limit_counts_every_table_and_can_be_raised(tmp_path, monkeypa
 
 
 def test_sequences_are_counted_over_the_sweep_before_any_point_is_built(tmp_path, monkeypatch):
-    """Each sweep point holds its own seq_lens: 600 lengths swept over 2,000 seeds (a 14 KB file) is 1.2M
-    sequences, refused before any point is validated; one list past MAX_SEQS is refused naming its field."""
+    """A sweep's sequences are counted before any point is built; one list past MAX_SEQS is refused by field."""
     from harness.cases import spec
 
     built = []
@@ -229,8 +220,7 @@ def test_sequences_are_counted_over_the_sweep_before_any_point_is_built(tmp_path
 
 
 def test_a_run_folder_and_a_journal_are_sized_before_they_are_read(tmp_path, monkeypatch, capsys):
-    """A parquet file holds a million rows of one value in a few KB: its own metadata (rows, uncompressed
-    bytes) is checked before pandas reads it; a meta.json and a journal by their size on disk."""
+    """A results.parquet is sized by its metadata before pandas reads it; meta.json and journals by their size."""
     from harness.results import journal, storage
 
     run = tmp_path / "run"

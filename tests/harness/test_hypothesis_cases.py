@@ -1,22 +1,4 @@
-"""Property: over the whole case space, reference and tlsim match the float64 oracle at the
-contract tolerances (or, where a tolerance is below the inputs' own round-off, within the
-forward error bound: harness.run.grading).
-
-Drawn: KV heads 1..4 and GQA groups 1..8 (6 included), head_dim 32..256 (any value),
-block sizes 1..256, 1..4 sequences of 1..300 tokens, q_lens 0..8 each (capped at the
-sequence), every layout, dtype and input scale 0.1..4, any seed. Every drawn case goes
-through the case-file validation (harness.cases.spec.expand_spec), so a failure is a case file:
-hypothesis shrinks it and prints it as TOML to paste into cases/.
-
-Quick by default (30 examples, well under 30 s on 2 cores); a longer run:
-
-    HARNESS_HYPOTHESIS_EXAMPLES=1000 TRITON_INTERPRET=1 python -m pytest tests/harness/test_hypothesis_cases.py
-
-The Triton kernel is graded too, over the same space plus a sliding window drawn to put its
-first visible key on a 64-key tile boundary or one off it (and anywhere else). On a CPU it runs
-interpreted, so its cases are smaller (up to 160 keys, head_dim up to 128) and fewer (8 by
-default, HARNESS_HYPOTHESIS_TRITON_EXAMPLES); on a GPU it runs compiled over the full space.
-"""
+"""Property: reference, tlsim and Triton match the oracle over the case space (HARNESS_HYPOTHESIS_EXAMPLES)."""
 
 from __future__ import annotations
 
@@ -85,9 +67,7 @@ def test_reference_and_tlsim_match_the_oracle_anywhere_in_the_case_space(table):
 
 @st.composite
 def windowed_case_tables(draw) -> dict:
-    """A case table for the Triton kernel: on a CPU small enough for the interpreter; a window
-    (or none) whose first visible key, for the first sequence's last query, is often a tile
-    boundary (64, 128) or one key off it."""
+    """A Triton case table (interpreter-sized on a CPU) whose window often starts on or one off a tile boundary."""
     table = draw(case_tables(300, 256) if GPU else case_tables(160, 128))
     kind = draw(st.sampled_from(["none", "tile_edge", "any"]))
     last_pos = table["seq_lens"][0] - 1

@@ -1,9 +1,4 @@
-"""A case's inputs are the same tensors on every build, thread count and device.
-
-harness.cases.inputs draws each chunk of each tensor from its own generator seeded by (seed,
-tensor name, chunk index). Here the chunks are made small (CHUNK_VALUES patched) so a
-tiny case spans many of them and the thread pool really splits the work.
-"""
+"""A case's inputs are the same tensors on every build, thread count and device (small chunks patched in)."""
 
 from __future__ import annotations
 

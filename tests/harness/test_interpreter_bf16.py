@@ -1,6 +1,4 @@
-"""Triton's CPU interpreter takes a bf16 tensor's bits for its value (harness.backends.interpreter):
-a correct third-party kernel failed every bf16 row on the CPU. The correction makes it compute as a GPU
-does, leaves the project's own kernel bit for bit as it was, and is applied wherever a plugin is imported."""
+"""The interpreter's bf16 correction computes as a GPU does and leaves the project's kernel bit for bit."""
 
 from __future__ import annotations
 
@@ -48,8 +46,7 @@ def _run_third_party() -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.
 
 @pytest.fixture
 def uncorrected():
-    """The interpreter as Triton ships it for the test's body: another test on this worker may have loaded a
-    plugin, which corrects it for the rest of the process."""
+    """The interpreter as Triton ships it, for the test's body (a plugin on this worker may have corrected it)."""
     corrected_before = interpreter.bf16_corrected()
     interpreter.restore_bf16()
     yield
@@ -94,8 +91,7 @@ def test_fp32_to_bf16_keeps_a_nan_a_nan():
 
 
 def test_the_projects_own_kernel_is_bit_identical_under_the_correction(uncorrected):
-    """kernels.triton_paged rounds by hand and dots in fp32 under the interpreter: it never hands the
-    interpreter a bf16 operand, so the correction changes none of its bits."""
+    """kernels.triton_paged never hands the interpreter a bf16 operand: the correction changes none of its bits."""
     from harness.cases.inputs import make_inputs
 
     inputs = make_inputs(num_q_heads=4, num_kv_heads=2, head_dim=32, block_size=16, seq_lens=[5, 40], q_lens=[1, 9],

@@ -1,9 +1,4 @@
-"""A peer whose call raises is an error row with the exception's message, never a skip.
-
-Only a declared limit, decided from the case before any call (dtype, head_dim, device,
-library availability), is a skip: a broken peer that became a skip would leave the
-best-peer set silently and flatter the kernel's ratios against the peers left.
-"""
+"""A peer whose call raises is an error row with the message, never a skip; only declared limits skip."""
 
 from __future__ import annotations
 

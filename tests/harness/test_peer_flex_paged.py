@@ -1,19 +1,4 @@
-"""flex_paged: FlexAttention over the paged pool, steered by a BlockMask built from the block table.
-
-Two claims, checked separately on the CPU:
-
-* the call (q rows, pool views, mask_mod, score_mod) matches the oracle: FlexAttention's
-  eager path evaluates the mask_mod on every (query, pool slot) and ignores the block
-  lists, so it checks the mask_mod and the inverse page table;
-* the block lists are exactly what the compiled kernel needs: every slot the causal rule
-  admits lies in a listed page, a full page is admitted on every slot for every row of its
-  query block, no page is listed that no row of the block can see, none twice. Checked
-  against a mask built here with plain loops from the block table, not from the peer.
-
-Together: the compiled kernel, which reads only the listed pages and skips the mask_mod on
-full ones, computes what the eager call computed. One slow test runs it compiled on the
-CPU (the C++ template honours the block lists) as the end-to-end check.
-"""
+"""flex_paged: the call matches the oracle, and its BlockMask lists exactly the pages the compiled kernel needs."""
 
 from __future__ import annotations
 
@@ -202,8 +187,7 @@ def test_a_page_size_the_triton_kernel_cannot_tile_is_a_skip_naming_it():
 @pytest.mark.slow
 @pytest.mark.parametrize("name", ["prefill_ragged_straddling", "chunked_prefill_window", "decode_shared_prefix"])
 def test_flex_paged_compiled_on_the_cpu_matches_oracle(name, monkeypatch):
-    """End to end through the block lists: inductor's CPU template reads only the listed pages
-    (measured: dropping the full pages fails this) and skips the mask_mod on full ones."""
+    """Compiled on the CPU, reading only the listed pages and skipping the mask_mod on full ones, it matches."""
     import torch.nn.attention.flex_attention as flex
 
     monkeypatch.setattr(flex, "flex_attention", torch.compile(flex.flex_attention, dynamic=False))

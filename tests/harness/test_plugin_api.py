@@ -1,6 +1,4 @@
-"""What a plugin declares beside its function reaches the driver and the kernel as it said:
-variants by any of their names, limits as plain values, a plan step timed apart, a supports hook
-run in the worker, and the contract's decode form in the default call."""
+"""A plugin's declarations (variants, limits, plan step, supports hook, decode form) reach driver and kernel."""
 
 from __future__ import annotations
 
@@ -97,8 +95,7 @@ def test_options_is_still_taken_for_variants_with_a_deprecation_warning(clean_re
 
 @pytest.mark.parametrize(("q_lens", "call_form"), [(1, "None"), ([1, 2], "the tensor")])
 def test_the_default_call_of_a_decode_case_passes_query_start_loc_none(q_lens, call_form, tmp_path):
-    """run() (graded, then timed for latency) passes the tensor; call() (the user's default call, timed and
-    graded with every call sample) passes None where every q_len is 1, the contract's decode form."""
+    """run() passes query_start_loc; call() passes None where every q_len is 1, the contract's decode form."""
     seen = []
 
     def kernel(q, k_cache, v_cache, block_table, seq_lens, query_start_loc=None, scale=None, out=None):
@@ -150,8 +147,7 @@ register_backend("limited", limited, limits={"dtypes": ["float32"], "block_size_
 
 @pytest.fixture(scope="module")
 def declared_run(tmp_path_factory):
-    """One run of DECLARING_PLUGIN through the CLI (its worker), over a case inside its limits, one
-    outside each plain limit and one its supports hook refuses: (its rows by case, the facts its hook saw)."""
+    """DECLARING_PLUGIN over cases inside and outside its limits and one its hook refuses: (rows, facts seen)."""
     folder = tmp_path_factory.mktemp("declared")
     (folder / "plugin.py").write_text(DECLARING_PLUGIN)
     cases = write_cases(folder / "cases.toml", {"name": "inside"}, {"name": "bf16", "dtype": "bfloat16"},
@@ -283,8 +279,7 @@ register_backend("planned", planned, plan=plan, variants=("return_lse",))
 
 @pytest.fixture(scope="module")
 def planned_run(tmp_path_factory):
-    """One timed run of PLANNING_PLUGIN (in its worker) over a decode case, a mixed one and a cascade:
-    (its rows by case, what each plan step recorded)."""
+    """One timed run of PLANNING_PLUGIN over decode, mixed and cascade cases: (rows, what each plan recorded)."""
     folder = tmp_path_factory.mktemp("planned")
     (folder / "plugin.py").write_text(PLANNING_PLUGIN)
     cases = write_cases(folder / "cases.toml", {"name": "decode", "q_lens": 1}, {"name": "mixed"},

@@ -1,6 +1,4 @@
-"""The README's worked example, examples/triton_paged_plugin.py: a Triton paged-attention kernel written
-outside this project, with a plan step, declared limits and variants, passes its cases through the CLI
-(on the CPU under Triton's interpreter, bf16 included; on a GPU compiled)."""
+"""The README's examples/triton_paged_plugin.py passes its cases through the CLI (interpreted on a CPU)."""
 
 from __future__ import annotations
 

@@ -1,13 +1,4 @@
-"""The pre-run memory estimate covers the oracle's and every backend's peak, and refuses what cannot fit.
-
-Measured on the CPU: each case runs in a fresh process (one thread), after a tiny case
-warmed the same code up; the peak is the case's high-water RSS (VmHWM, reset through
-/proc/self/clear_refs before it) minus the RSS when it starts. The process's lifetime
-high-water mark would not do: it also holds the imports and the warm-up, so whatever of them
-leaves RSS before the case (library pages evicted under memory pressure) counted as the case's.
-The estimate must cover the measured peak and stay within 2.5x of it (measured when
-written: 1.3x-1.45x on these cases, 1.25x-1.9x on smaller ones).
-"""
+"""The memory estimate covers the measured peak RSS (VmHWM after clear_refs) within 2.5x, and refuses misfits."""
 
 from __future__ import annotations
 
@@ -123,8 +114,7 @@ def write(tmp_path, text):
 
 
 def test_the_issues_misjudged_cases_are_refused_with_the_numbers(tmp_path):
-    """8192 x 8192 prefill with 32 heads (the oracle's logits alone are 16 GiB, estimated at 2.1 GiB
-    before); 1 x 100k + 4095 x 1 ragged (padded peers allocate 4096 x 100k, estimated at 0.1 GiB)."""
+    """An 8192 x 8192 prefill of 32 heads and a 1 x 100k + 4095 x 1 ragged batch are refused with their numbers."""
     path = write(
         tmp_path,
         """

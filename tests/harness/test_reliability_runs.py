@@ -324,8 +324,7 @@ def test_sigterm_during_the_final_write_leaves_no_partial_folder_and_keeps_the_j
 @pytest.mark.parametrize("isolate", ["plugins", "none"])
 @pytest.mark.slow  # a run in a fresh interpreter waits in a hanging call
 def test_the_users_ctrl_c_stops_a_run_inside_a_hanging_call_and_keeps_the_journal(setup, isolate):
-    """A real Ctrl-C (SIGINT to the whole process group, as a terminal sends it) while `hangs` runs,
-    in the worker or in-process: exit 130 within seconds, the journal kept, no error row for `hangs`."""
+    """A terminal's Ctrl-C while `hangs` runs is exit 130 within seconds, journal kept, no error row for `hangs`."""
     import time
 
     out = setup / "reports" / "run"

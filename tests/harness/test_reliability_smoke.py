@@ -1,5 +1,4 @@
-"""The default suite (cases/smoke.toml) fails a kernel without the running max and one with a
-half-precision accumulator, and only because of the cases added for them."""
+"""cases/smoke.toml fails a kernel without the running max and one with a half-precision accumulator."""
 
 from __future__ import annotations
 
@@ -48,8 +47,7 @@ def no_running_max(q, k_cache, v_cache, block_table, seq_lens, query_start_loc=N
 
 
 def half_accumulator(q, k_cache, v_cache, block_table, seq_lens, query_start_loc=None, scale=None, out=None):
-    """The kernel's online softmax over 64-key tiles, but the output accumulator is kept in q's dtype
-    (``acc = tl.zeros(..., dtype=q.dtype)``): rounded to fp16/bf16 after every tile."""
+    """The kernel's online softmax with the output accumulator in q's dtype, rounded after every tile."""
 
     def attend(s, visible, v, dtype):
         s = torch.where(visible, s, float("-inf"))

@@ -1,10 +1,4 @@
-"""The review page in a real browser: verdict, every row, sorting, filtering, speedup, plots, no script error.
-
-Runs headless Chromium through Selenium and Debian's chromedriver (``apt-get install -y
-chromium chromium-driver`` and ``pip install selenium``; .ci/run installs them). Skips,
-saying what is missing, when no browser is installed. A full-page screenshot is saved as
-``report.png`` in the test's tmp dir (its path is printed).
-"""
+"""The review page in headless Chromium (selenium, chromium-driver; skips when absent): it all works."""
 
 from __future__ import annotations
 

@@ -1,5 +1,4 @@
-"""A row's captured output reaches the terminal as a block, but a known-harmless warning does not: it
-stays in the row's log, and the terminal names it once a run (harness.execute.output.report_output)."""
+"""A row's output reaches the terminal as a block; a known-harmless warning is named once a run."""
 
 from __future__ import annotations
 

@@ -59,8 +59,7 @@ def test_finalize_refuses_an_empty_journal_and_keeps_it(tmp_path, capsys):
 
 
 def test_a_run_records_its_meta_in_the_journal_before_its_first_row(tmp_path, monkeypatch):
-    """So a run killed with its machine can still be finalized with the device it ran on: a
-    plugin backend reads the journal while the run is on."""
+    """A run records its meta in the journal before its first row, so a killed run can be finalized."""
     cases = write_cases(tmp_path / "c.toml", {"name": "first"})
     out = tmp_path / "run"
     monkeypatch.setenv("JOURNAL_TO_READ", str(journal_path(out)))

@@ -1,6 +1,4 @@
-"""Each GPU of a process-pool run is judged against its own measured ceilings, a run mixing GPU
-models says so, meta.json keeps where a process-pool run's time went, and --resume runs the rest
-with the run's own --workers / --ray unless told otherwise."""
+"""Each GPU judged by its own ceilings, mixed models said, phases kept; --resume keeps --workers / --ray."""
 
 from __future__ import annotations
 
@@ -167,8 +165,7 @@ def test_resume_runs_the_rest_with_the_runs_own_workers_unless_given_again(
 
 
 def test_resume_remembers_a_local_ray_but_a_clusters_address_only_when_given_again(tmp_path, cases_file):
-    """A journal is data: it may say "a local Ray" or "4 workers", never which cluster gets the cases and
-    sends back the rows; a flag given again replaces the journal's."""
+    """A journal may say a local Ray or 4 workers, never a cluster's address; a flag given again wins."""
     for folder in ("local", "cluster"):
         (tmp_path / folder).mkdir()
     local = _stopped_run(tmp_path / "local", cases_file, "--ray", "--workers", "4")

@@ -1,5 +1,4 @@
-"""Many hosts: ``--shard I/N`` splits the cases the same way on every host, and ``harness merge``
-joins the hosts' run folders into the one-process run's rows, refusing overlaps and mixed commits."""
+"""--shard I/N splits cases alike on every host; merge joins them into the one-process rows."""
 
 from __future__ import annotations
 

@@ -1,6 +1,4 @@
-"""Every executor runs the one per-case loop: the same cases give the same rows, row for row (timing and
-where-it-ran columns aside), in this process, with every backend isolated in a worker process, over two
-worker processes, in a Ray task's body (called as plain Python) and through the pytest session."""
+"""Every executor runs the one per-case loop: the same cases give the same rows, row for row."""
 
 from __future__ import annotations
 
@@ -95,8 +93,7 @@ def test_every_executor_gives_the_same_rows_row_for_row(tmp_path, monkeypatch):
 
 
 def test_a_ray_tasks_poisoned_oracle_cache_entry_is_an_event_that_stops_the_run(tmp_path, monkeypatch):
-    """As from a worker process: the task yields "poisoned" (the driver's Tracker raises it, exit 2), where
-    an escaping exception would read as a dead task, retried and then error rows."""
+    """A Ray task's poisoned cache entry is a 'poisoned' event (exit 2), not an exception read as a dead task."""
     from harness.execute import loop
     from harness.run.oracle_cache import PoisonedCacheError
 

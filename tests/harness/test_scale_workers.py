@@ -1,5 +1,4 @@
-"""A run over worker processes (--workers) or Ray tasks (--ray) gives the one-process
-run's rows, and a worker killed mid-run costs one retry and one error row, nothing else."""
+"""--workers or --ray give the one-process rows; a killed worker costs one retry and one error row."""
 
 from __future__ import annotations
 

@@ -1,5 +1,4 @@
-"""pytest -n 2: each worker gets its own GPU, and --harness-report merges every worker's rows
-into one run folder equal to a one-process run's."""
+"""pytest -n 2: a GPU per worker; --harness-report merges the rows into the one-process run folder."""
 
 from __future__ import annotations
 
@@ -72,8 +71,7 @@ def test_no_gpu_pinning_on_a_cpu_run():
 
 
 def test_worker_rows_travel_as_json_lines_that_load_as_data(tmp_path):
-    """A worker's hand-off file is JSON text, one row a line (timing samples as lists, NaN kept): the
-    controller parses it and runs nothing from it (a pickle would run code on load)."""
+    """A worker's rows travel as JSON lines (samples as lists, NaN kept), never a pickle that runs code."""
     import json
     import math
 

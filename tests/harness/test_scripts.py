@@ -254,8 +254,7 @@ def test_kernel_ab_times_cases_with_options_passing_them_to_both_sides():
 
 @pytest.mark.slow  # a checkout of HEAD timed against the tree
 def test_kernel_ab_with_tiling_gives_the_base_side_the_base_revisions_split_choice_and_tuning(tmp_path, monkeypatch):
-    """--with tiling tuning: the base kernel's tiling_for is the base revision's, whose tile_config is the base's
-    tuning; the new side keeps the working tree's; a base split choice that differs is the one the base runs."""
+    """--with tiling tuning: the base side gets the base revision's tiling_for, tuning and split; new, the tree's."""
     import kernels
     import kernels.tiling
     import kernels.tuning
@@ -355,8 +354,7 @@ def test_kernel_ab_reads_the_base_from_a_folder_when_given_one(tmp_path):
 
 
 def test_kernel_targets_score_fp8_against_its_twin_and_mla_in_tflops():
-    """The fp8 decode is scored against the same batch over a bf16 cache (0.60x), its read at 85%; an
-    MLA decode (K past 256 dims, 16+ q heads a KV head) by its TFLOP/s (200), not by its read."""
+    """fp8 decode is scored against its bf16 twin (0.60x), read at 85%; an MLA decode by TFLOP/s, not its read."""
     from scripts.kernel_targets import score
 
     shape = {"num_q_heads": 32, "num_kv_heads": 8, "head_dim": 128, "head_dim_v": 128, "num_seqs": 32,

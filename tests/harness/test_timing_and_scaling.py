@@ -29,8 +29,7 @@ def test_time_wall_measures_the_whole_call():
 
 
 def test_time_wall_on_cuda_splits_the_hosts_return_from_the_drained_wall(monkeypatch):
-    """host_samples: the call's own time to return; the wall adds the drain after it. A fake device
-    whose drain takes 4 ms, a call whose host work takes 1 ms."""
+    """host_samples are the call's own return time; the wall adds the drain (a fake 4 ms drain, 1 ms call)."""
     import harness.timing.timer as timing
 
     monkeypatch.setattr(timing, "_is_cuda", lambda device: True)
@@ -303,9 +302,7 @@ def test_a_row_whose_one_call_outlasts_the_timing_budget_is_graded_but_not_timed
 def test_a_backend_whose_first_call_compiles_past_the_budget_is_timed_on_a_gpu(
     tmp_path, monkeypatch, device, model, every_call_slow
 ):
-    """On a GPU a kernel's graded call past the budget is weighed again by a second call: its first may be its JIT
-    compile (the fp8 decode took 3.8 s so on a fresh H200 and went untimed); a kernel slow on every call stays
-    untimed after exactly two. On a CPU, where nothing compiles, and for a Python model, the one call decides."""
+    """On a GPU a kernel's call past the budget gets a second call (its first may compile); elsewhere one decides."""
     import time as clock
 
     import kernels

@@ -1,5 +1,4 @@
-"""One vocabulary (harness.cases.vocab, its dtypes the kernels' own): the case-file schema, the
-inputs, the kernels, the grading tables and the report all speak it, and no second list drifts."""
+"""One vocabulary (harness.cases.vocab): schema, inputs, kernels, grading tables and report all speak it."""
 
 from __future__ import annotations
 

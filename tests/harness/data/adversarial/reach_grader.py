@@ -1,5 +1,4 @@
-"""Reaches for the verdict from inside its process: the oracle's output, the grading code, the journal,
-the oracle cache on disk and a built-in baseline. Writes what it found to $HARNESS_ADVERSARY_LOG."""
+"""Reaches for the oracle, grader, journal, cache and baseline in its process; logs to $HARNESS_ADVERSARY_LOG."""
 
 import gc
 import os

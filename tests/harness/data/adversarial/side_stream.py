@@ -1,5 +1,4 @@
-"""Works on a side CUDA stream it never joins: events on the caller's stream see nothing, a graph capture
-records nothing, and a caller's next operation on its stream may read out before the work is done."""
+"""Works on a side CUDA stream it never joins, so the caller's stream and graph capture see nothing."""
 
 import torch
 
