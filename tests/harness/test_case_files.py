@@ -137,23 +137,26 @@ def test_a_bad_value_from_defaults_says_it_was_set_there(tmp_path):
     assert len(lines) == 2 and all("field 'num_q_heads' (set in [defaults]): Value error" in line for line in lines)
 
 
-def test_invalid_sweep_point_names_the_point(tmp_path):
-    path = write(tmp_path, GOOD + "[case.sweep]\nhead_dim = [64, 1000]\n")
-    with pytest.raises(CaseFileError, match=r"case 'base/head_dim=1000': field 'head_dim'"):
-        load_case_file(path)
+UNREADABLE = {
+    "a_bad_sweep_point": (GOOD + "[case.sweep]\nhead_dim = [64, 1000]\n", r"case 'base/head_dim=1000': field 'head_dim'"),
+    "not_toml": ("[[case]\nname=", "not valid TOML"),
+    "nested_too_deeply": ("x = " + "[" * 100_000 + "]" * 100_000 + "\n", "not valid TOML: nested too deeply"),
+    "case_tables_not_tables": ("case = [1, 2]\n", r"needs at least one \[\[case\]\] table"),
+    "absent": (None, "no such case file"),
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("name", UNREADABLE)
+def test_a_file_that_is_not_a_case_file_is_refused_saying_why(tmp_path, name):
+    text, match = UNREADABLE[name]
+    with pytest.raises(CaseFileError, match=match):
+        load_case_file(tmp_path / "absent.toml" if text is None else write(tmp_path, text))
 
 
 def test_case_too_large_for_the_device_is_refused_before_running(tmp_path):
     huge = GOOD.replace("seq_lens = [5, 17]", "seq_lens = { count = 4096, min = 1000000, max = 1000000 }")
     with pytest.raises(CaseFileError, match=r"case 'base': field 'seq_lens': too large for cpu memory"):
         load_cases([write(tmp_path, huge)], device="cpu")
-
-
-def test_not_toml_and_missing_file_are_clear(tmp_path):
-    with pytest.raises(CaseFileError, match="not valid TOML"):
-        load_case_file(write(tmp_path, "[[case]\nname="))
-    with pytest.raises(CaseFileError, match="no such case file"):
-        load_case_file(tmp_path / "absent.toml")
 
 
 def test_schema_lists_the_case_fields(capsys):
@@ -220,17 +223,6 @@ def test_unreadable_kinds_of_path_are_refused_without_hanging(tmp_path):
     big = write(tmp_path, "# " + "x" * (5 * 2**20) + "\n", "big.toml")
     with pytest.raises(CaseFileError, match="larger than 4 MiB"):
         load_case_file(big)
-
-
-def test_deeply_nested_toml_is_refused(tmp_path):
-    path = write(tmp_path, "x = " + "[" * 100_000 + "]" * 100_000 + "\n")
-    with pytest.raises(CaseFileError, match="not valid TOML: nested too deeply"):
-        load_case_file(path)
-
-
-def test_case_tables_that_are_not_tables_are_refused(tmp_path):
-    with pytest.raises(CaseFileError, match=r"needs at least one \[\[case\]\] table"):
-        load_case_file(write(tmp_path, "case = [1, 2]\n"))
 
 
 def test_sweeping_long_lists_keeps_ids_unique(tmp_path):

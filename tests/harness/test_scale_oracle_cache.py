@@ -30,14 +30,16 @@ def _oracle_must_not_run(*args, **kwargs):
     raise AssertionError("the oracle ran although its output was cached")
 
 
-def test_second_build_context_of_a_case_reads_the_cache_instead_of_the_oracle(tmp_path, cache_folder, monkeypatch):
-    case = _case(tmp_path)
-    first = runner.build_context(case, "cpu", "cpu")
+@pytest.mark.parametrize("second", [{}, {"name": "renamed"}], ids=["same_case", "renamed_case"])
+def test_a_second_build_of_the_same_inputs_reads_the_cache_instead_of_the_oracle(
+    tmp_path, cache_folder, monkeypatch, second
+):
+    first = runner.build_context(_case(tmp_path), "cpu", "cpu")
     assert len(list(cache_folder.glob("*.oracle"))) == 1
     monkeypatch.setattr(runner, "paged_attention_oracle", _oracle_must_not_run)
-    second = runner.build_context(case, "cpu", "cpu")
-    assert torch.equal(first.expected, second.expected)
-    assert second.expected.dtype == torch.float64
+    again = runner.build_context(_case(tmp_path, **second), "cpu", "cpu")
+    assert torch.equal(first.expected, again.expected)
+    assert again.expected.dtype == torch.float64
 
 
 def test_second_build_context_reads_the_error_bound_from_the_cache_too(tmp_path, cache_folder, monkeypatch):
@@ -50,12 +52,6 @@ def test_second_build_context_reads_the_error_bound_from_the_cache_too(tmp_path,
     monkeypatch.setattr(runner, "BOUND_RESULT", "forward_error_bound:an edited grading.py")
     with pytest.raises(AssertionError, match="oracle ran"):
         runner.build_context(case, "cpu", "cpu")
-
-
-def test_renamed_case_with_the_same_inputs_hits_the_cache(tmp_path, cache_folder, monkeypatch):
-    runner.build_context(_case(tmp_path), "cpu", "cpu")
-    monkeypatch.setattr(runner, "paged_attention_oracle", _oracle_must_not_run)
-    runner.build_context(_case(tmp_path, name="renamed"), "cpu", "cpu")
 
 
 def test_changed_seed_misses_the_cache(tmp_path, cache_folder, monkeypatch):
@@ -73,25 +69,20 @@ def test_changed_seed_misses_the_cache(tmp_path, cache_folder, monkeypatch):
     assert len(list(cache_folder.glob("*.oracle"))) == 2
 
 
-def test_corrupt_cache_file_is_ignored_and_rewritten(tmp_path, cache_folder, monkeypatch):
+@pytest.mark.parametrize(
+    "damage",
+    [lambda blob: blob[:-100] + bytes([blob[-100] ^ 0xFF]) + blob[-99:], lambda blob: blob[:50]],
+    ids=["one_flipped_byte", "truncated"],
+)
+def test_a_damaged_cache_file_is_a_miss_rewritten_whole_not_an_error(tmp_path, cache_folder, monkeypatch, damage):
     case = _case(tmp_path)
     good = runner.build_context(case, "cpu", "cpu").expected
     (entry,) = cache_folder.glob("*.oracle")
-    blob = bytearray(entry.read_bytes())
-    blob[-100] ^= 0xFF  # one flipped byte in the payload
-    entry.write_bytes(bytes(blob))
-    again = runner.build_context(case, "cpu", "cpu").expected
-    assert torch.equal(good, again)
-    assert entry.read_bytes() != bytes(blob)  # rewritten whole
-    monkeypatch.setattr(runner, "paged_attention_oracle", _oracle_must_not_run)
+    damaged = damage(entry.read_bytes())
+    entry.write_bytes(damaged)
     assert torch.equal(runner.build_context(case, "cpu", "cpu").expected, good)
-
-
-def test_truncated_cache_file_is_a_miss_not_an_error(tmp_path, cache_folder):
-    case = _case(tmp_path)
-    good = runner.build_context(case, "cpu", "cpu").expected
-    (entry,) = cache_folder.glob("*.oracle")
-    entry.write_bytes(entry.read_bytes()[:50])
+    assert entry.read_bytes() != damaged
+    monkeypatch.setattr(runner, "paged_attention_oracle", _oracle_must_not_run)
     assert torch.equal(runner.build_context(case, "cpu", "cpu").expected, good)
 
 
