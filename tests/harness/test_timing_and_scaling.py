@@ -154,22 +154,8 @@ def test_a_timed_cli_run_writes_every_timing_column_and_the_page(tmp_path, drawn
         '[[case]]\nname = "c"\nnum_q_heads = 4\nnum_kv_heads = 2\nhead_dim = 32\nseq_lens = [9, 3]\nq_lens = [2, 1]\n'
     )
     out = tmp_path / "run"
-    assert (
-        main(
-            [
-                "run",
-                str(cases),
-                "--backend",
-                "reference",
-                "--backend",
-                "sdpa_contiguous",
-                "--out",
-                str(out),
-                "--no-progress",
-            ]
-        )
-        == 0
-    )
+    args = ["--backend", "reference", "--backend", "sdpa_contiguous", "--out", str(out), "--no-progress"]
+    assert main(["run", str(cases), *args]) == 0
     frame, meta = load_run(out)
     # the CLI's page with its plots drawn: latency and bandwidth, error against tolerance
     assert (out / "report.html").read_text().count('<img src="data:image/svg+xml;base64,') >= 2
@@ -206,7 +192,7 @@ def test_a_declared_commit_wins_over_a_stale_git_and_the_disagreement_is_recorde
     assert environment.commit_record() == {"commit": "a" * 40, "commit_source": "git"}
 
 
-def test_a_failing_row_names_the_sequence_query_position_and_head_of_its_worst_element():
+def test_a_failing_row_names_the_sequence_query_position_and_head_of_its_worst_element(tmp_path):
     import kernels
     from harness.backends.builtin import REGISTRY, register_backend
     from harness.execute.local import run_cases
@@ -224,10 +210,7 @@ def test_a_failing_row_names_the_sequence_query_position_and_head_of_its_worst_e
 
     register_backend("off_at_one_element", off_at_one_element)
     try:
-        import tempfile
-        from pathlib import Path
-
-        path = Path(tempfile.mkdtemp()) / "c.toml"
+        path = tmp_path / "c.toml"
         path.write_text(
             '[[case]]\nname = "c"\nnum_q_heads = 2\nnum_kv_heads = 1\nhead_dim = 32\nseq_lens = [5, 9]\nq_lens = [2, 3]\n'
         )
