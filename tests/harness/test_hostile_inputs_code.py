@@ -58,8 +58,7 @@ for fn in (os_exit, hangs, flood, threads):
     register_backend(fn.__name__, fn)
 """
 
-# Imported by every Python started with it on PYTHONPATH: a spawned worker (its argv says so) sleeps at start,
-# before it runs any harness code, where a Ctrl-C used to end it with a KeyboardInterrupt of its own.
+# On PYTHONPATH, a sitecustomize that makes a spawned worker sleep at start, before any harness code runs.
 SLOW_WORKER_START = """
 import os, sys, time
 if "--multiprocessing-fork" in sys.argv:

@@ -18,17 +18,8 @@ from harness.timing.metrics import case_cost
 from tests.tiny_cases import write_cases
 
 SMOKE = ["run", "smoke", "--backend", "reference", "--backend", "tlsim", "--no-timing", "--no-progress"]
-# Timing columns, and where a row ran (a one-process run leaves host, gpu_index and worker empty).
-TIMING = (
-    "latency",
-    "call_",
-    "timing_",
-    "host_overhead_us",
-    "host",
-    "gpu_index",
-    "worker",
-    "oracle_cached",
-)  # and the cache state
+# Timing columns, where a row ran (empty in a one-process run) and the cache state.
+TIMING = ("latency", "call_", "timing_", "host_overhead_us", "host", "gpu_index", "worker", "oracle_cached")
 
 
 pytestmark = pytest.mark.usefixtures("clean_registry")  # backends registered here vanish after each test

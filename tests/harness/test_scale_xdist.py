@@ -14,8 +14,7 @@ from harness.cli.main import main
 from tests.tiny_cases import write_cases
 
 ROOT = Path(__file__).resolve().parents[2]
-# Timing columns, where a row ran (a one-process run leaves host, gpu_index and worker empty), and
-# whether its oracle came from the cache (an xdist worker reads what another worker's row of the case wrote).
+# Columns that differ between equal runs: timing, where a row ran, whether its oracle came from the cache.
 TIMING = ("latency", "call_", "timing_", "host_overhead_us", "host", "gpu_index", "worker", "oracle_cached")
 
 CASES = ({"name": "first"}, {"name": "second", "seed": 1}, {"name": "third", "block_size": 8})
