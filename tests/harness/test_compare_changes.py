@@ -40,12 +40,21 @@ def whys(comparison) -> dict:
     return {(r["case"], r["backend"]): r["why"] for _, r in comparison.regressions.iterrows()}
 
 
-def test_a_planted_accuracy_regression_fails_compare(base, rerun):
-    new = _set(rerun, "case01", "tlsim", status="fail", max_abs_err=3e-4, tol_ratio=2.7, reason="max abs err 3e-4")
-    comparison = compare_runs(base, new)
+WORSE_ROWS = {
+    "accuracy": (
+        "case01", "tlsim", {"status": "fail", "max_abs_err": 3e-4, "tol_ratio": 2.7, "reason": "max abs err 3e-4"},
+        ("status pass -> fail", "max abs err", "tolerance margin shrunk"),
+    ),
+    "nan_count": ("case00", "tlsim", {"status": "fail", "nan_count": 12}, ("NaN count 0 -> 12",)),
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("name", WORSE_ROWS)
+def test_a_planted_accuracy_or_nan_count_regression_fails_compare_saying_what_grew(base, rerun, name):
+    case, backend, values, words = WORSE_ROWS[name]
+    comparison = compare_runs(base, _set(rerun, case, backend, **values))
     assert comparison.exit_code == EXIT_WORSE
-    why = whys(comparison)[("case01", "tlsim")]
-    assert "status pass -> fail" in why and "max abs err" in why and "tolerance margin shrunk" in why
+    assert all(w in whys(comparison)[(case, backend)] for w in words), whys(comparison)
 
 
 def test_error_growth_and_margin_shrink_inside_tolerance_still_count(base, rerun):
@@ -54,11 +63,6 @@ def test_error_growth_and_margin_shrink_inside_tolerance_still_count(base, rerun
     assert why == "max abs err 2.00e-07 -> 5.00e-06; tolerance margin shrunk: 0.02 -> 0.60 of the tolerance"
     tiny = _set(rerun, "case02", "reference", max_abs_err=5e-7, tol_ratio=0.05)  # grew, but far inside: noise
     assert compare_runs(base, tiny).exit_code == EXIT_OK
-
-
-def test_nan_count_growth_is_worse(base, rerun):
-    new = _set(rerun, "case00", "tlsim", status="fail", nan_count=12)
-    assert "NaN count 0 -> 12" in whys(compare_runs(base, new))[("case00", "tlsim")]
 
 
 def test_a_row_now_skipped_is_worse_and_a_fix_is_better(base, rerun):
