@@ -1,8 +1,6 @@
 """``harness compare BASE_RUN NEW_RUN``: what got worse, latency rows re-timed in paired rounds.
 
-The comparison is :mod:`harness.review.compare`; the paired re-timing of the doubtful rows,
-both commits checked out into git worktrees and timed alternately, is
-:mod:`harness.review.confirm`. ``continuous`` and ``bisect`` reuse both.
+The comparison is :mod:`harness.review.compare`; the re-timing :mod:`harness.review.confirm`.
 """
 
 from __future__ import annotations

@@ -1,10 +1,7 @@
 """``harness continuous BASE [HEAD]``: run both commits, then compare them, as ``asv continuous`` does.
 
-Each commit is checked out into a git worktree and runs ``python -m harness run`` there, its
-own harness and kernels first on the path, on the same case files (this tree's) and options;
-the two run folders are then compared by ``compare``, whose paired rounds re-time the doubtful
-latency rows from both commits again. A plugin is this tree's file for both commits; what it
-imports from the repository comes from each commit's checkout.
+Each commit runs ``python -m harness run`` in a git worktree on this tree's case files and options;
+the two run folders are then compared by ``compare``.
 """
 
 from __future__ import annotations

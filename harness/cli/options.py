@@ -172,9 +172,8 @@ def add_pattern(parser: argparse.ArgumentParser) -> None:
 def compile_pattern(text: str) -> Callable[[str], bool]:
     """``-k``'s expression as a test of a case id; BadInput naming what is wrong with it.
 
-    Grammar: ``expr := term ('or' term)*``, ``term := factor ('and' factor)*``,
-    ``factor := 'not' factor | '(' expr ')' | WORD``. A WORD matches an id that contains it,
-    ignoring case; a WORD with ``*``, ``?`` or ``[`` is a glob that must match the whole id.
+    ``expr := term ('or' term)*``, ``term := factor ('and' factor)*``, ``factor := 'not' factor | '(' expr ')' | WORD``.
+    A WORD matches an id containing it, ignoring case; one with ``*``, ``?`` or ``[`` is a glob of the whole id.
     """
     tokens = re.findall(r"[()]|[^\s()]+", text)
     position = 0

@@ -63,12 +63,7 @@ def check_arguments(args: argparse.Namespace) -> None:
 
 
 def preload_report_modules() -> threading.Thread:
-    """Import what writing the run folder needs (the page, its plots: matplotlib) on a daemon thread.
-
-    A process-pool or Ray run's driver mostly waits on its workers; importing these meanwhile takes
-    0.7-1 s off the end of the run (measured on the dev box: harness.results.report with matplotlib,
-    0.72 s). A one-process run has no idle driver to use, so it imports them when it writes.
-    """
+    """Import what writing the run folder needs (the page, its plots) on a daemon thread while the driver waits."""
 
     def load() -> None:
         import importlib

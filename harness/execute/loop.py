@@ -1,11 +1,7 @@
 """The one per-case loop every executor runs, and the bookkeeping every driver shares.
 
-An :class:`Executor` (in process, ``--workers``, ``--ray``) gives every (case, backend) pair not
-in ``done`` a row, hands each to ``on_row`` and returns meta.json's ``scale``. Wherever a case
-runs, its rows come from :func:`case_events`: skips, then inputs and oracle built once
-(:class:`Contexts`), then each backend. A driver of other processes hands each :class:`Task`'s
-events, limits and deaths to one :class:`Tracker`: a row past its limit is an error row and its
-backend :class:`Hung`; a death blames the running backend, retried ``retries`` times.
+Every case's rows come from :func:`case_events`; a driver of other processes hands each :class:`Task`'s
+events, limits and deaths to one :class:`Tracker`.
 """
 
 from __future__ import annotations

@@ -1,13 +1,8 @@
 """Worker processes: where a crash, an exit or a hang cannot end the run.
 
-A worker is a spawned process running :func:`_worker_main`: it imports the plugins
-(:func:`worker_setup`, behind :mod:`harness.execute.sandbox`), says it is ready, runs each case it
-is sent through :func:`harness.execute.loop.timed_case` and sends every event back as a
-``torch.save`` of plain values, read with ``weights_only=True``. It serves a one-process run's
-isolated backends (:class:`Worker`) and each slot of ``--workers`` (:func:`spawn`). It never holds
-the oracle: the driver grades what comes back (docs/contract.md, "Threat model"). A death or a
-hang is an error row and the next call starts a fresh worker. Workers ignore SIGINT (the parent
-stops them) and die with their parent (:func:`die_with_parent`).
+A worker imports the plugins (:func:`worker_setup`), runs each case it is sent through
+:func:`harness.execute.loop.timed_case` and sends events back as ``torch.save`` of plain values, read
+with ``weights_only=True``. It never holds the oracle (docs/contract.md, "Threat model").
 """
 
 from __future__ import annotations
@@ -75,10 +70,7 @@ PR_SET_PDEATHSIG = 1  # linux/prctl.h
 def die_with_parent(parent_pid: int) -> None:
     """Make the kernel SIGKILL this process when its parent dies (Linux ``prctl(PR_SET_PDEATHSIG)``).
 
-    A worker left behind by a SIGKILLed run would hold its GPU memory and CPU for as long as the
-    call it was in takes (a hang: forever). The signal follows the parent *thread* that started
-    the process: workers are started from the run's main thread. A parent that died before
-    this call is seen by the changed parent pid: the process exits at once.
+    The signal follows the parent *thread*; a parent already dead is seen by the changed parent pid.
     """
     if sys.platform.startswith("linux"):
         with contextlib.suppress(OSError, AttributeError):
@@ -142,11 +134,10 @@ def registrations() -> list[dict]:
 
 def worker_setup(plugins: tuple[str, ...], threads: int | None, config: RunConfig | None = None) -> dict:
     """What a worker does once, before its first case: the Triton interpreter where there is no
-    GPU, its torch threads, the plugins, and (given the run's ``config``) its own device's name and
-    ceilings (:func:`harness.timing.ceilings.own_device`, measured once per process, on CUDA when
-    timing): the report the parent records per GPU (meta.json's ``gpus``). A worker without a
-    ``config`` serves plugins: it walls off the oracle cache and the harness's source first
-    (``walls``: '' when done, else why not) and reports the plugins' registrations."""
+    GPU, its torch threads, the plugins, and (given ``config``) its device's name and ceilings. A worker
+    without a ``config`` serves plugins: it walls off the oracle cache and the harness's source first
+    (``walls``: '' when done, else why not) and reports the plugins' registrations.
+    """
     kernels.use_interpreter_if_no_gpu()
     if threads:
         torch.set_num_threads(threads)

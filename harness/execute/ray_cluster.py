@@ -1,12 +1,6 @@
 """The Ray executor: a run's cases as Ray tasks, one task per case, on any number of hosts.
 
-``harness run --ray [ADDRESS]`` submits one generator task per case, longest first
-(:func:`case_task`), each asking for one GPU (or one CPU); a task runs the case through
-:func:`harness.execute.loop.case_events` and streams its events back; rows carry ``host``,
-``gpu_index`` and ``worker``. Limits and failures are :class:`harness.execute.loop.Tracker`'s: a
-late task is cancelled and is an error row, a dead worker's backend is retried once in a new
-task. Every node needs this package and the plugins importable. Ray is optional
-(:func:`ray_missing` says how to get it). Details and overheads: docs/scaling.md.
+Limits and failures are :class:`harness.execute.loop.Tracker`'s. Details: docs/scaling.md.
 """
 
 from __future__ import annotations

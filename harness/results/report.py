@@ -1,13 +1,7 @@
 """The review page of a run (report.html) and the comparison page (compare --html).
 
-One self-contained HTML file each: inline CSS and JS, plots as SVG data URIs, no network.
-Every string that comes from a case file, a plugin or an error message is escaped by
-jinja2's autoescape; the page's own script reads numbers from data attributes only.
-
-The run page, top to bottom: the run's facts and noise judges; the verdict (what failed,
-where and why); a pivot of cases x backends (tolerance margin and latency, speedup
-against a chosen backend); plots; the scaling fit; every graded row (sortable,
-filterable, details on demand); skipped rows folded away.
+One self-contained HTML file each: inline CSS and JS, plots as SVG data URIs, no network. Every
+string from a case file, a plugin or an error message is escaped by jinja2's autoescape.
 """
 
 from __future__ import annotations

@@ -1,12 +1,7 @@
 """Compare two runs: what got worse, what got better, and whether the comparison is complete.
 
-Per row in both runs: status changes, accuracy (max abs error or ``tol_ratio`` grown
-``error_factor`` times, more NaN) and a latency verdict (:mod:`harness.review.stats`). Per run:
-rows on one side only, a device or version mismatch. ``normalize_by`` scales each case's new
-latencies by an unchanged anchor backend's median, base over new, to cancel a drift that moves
-every kernel alike. Exit codes (:attr:`Comparison.exit_code`): 0 nothing worse and complete;
-1 something worse; 5 slower rows left unconfirmed (:func:`mark_unconfirmed`); 4 incomplete.
-How each verdict is reached: docs/review.md.
+Exit codes (:attr:`Comparison.exit_code`): 0 nothing worse and complete; 1 something worse; 5 slower
+rows left unconfirmed (:func:`mark_unconfirmed`); 4 incomplete. How each verdict is reached: docs/review.md.
 """
 
 from __future__ import annotations

@@ -1,12 +1,8 @@
 """A backend's calls, made where the backend runs: outputs and timings come back, never a verdict.
 
-:func:`call_backend` prepares a backend on a case's inputs, makes its graded call, times it
-(:mod:`harness.timing.measure`) and returns a :class:`Called` of plain values; it needs no oracle,
-so a plugin's calls run in a worker and the driver grades them. Every timed call is checked: V's
-sign bits are flipped between timed calls (every ``FLIP_EVERY``-th), ``out`` is poisoned with
-NaN before each, every timed output is compared with the first, and the last sample is graded
-by the driver on a flip it chose (:func:`sign_mask`). What each check catches:
-docs/contract.md, "Threat model".
+:func:`call_backend` prepares a backend, makes its graded call, times it and returns a :class:`Called`
+of plain values; it needs no oracle, so a plugin's calls run in a worker. What each check of a timed
+call catches: docs/contract.md, "Threat model".
 """
 
 from __future__ import annotations
@@ -114,12 +110,10 @@ def out_contract(prepared: Prepared, packed) -> str:
 class Called:
     """What a backend's calls gave, before any grading (plain values: it crosses a process boundary).
 
-    status   "" (called), "skip" (``Unsupported`` from prepare, or the backend's own skip reason),
-             or "error" (it raised; ``out`` is kept when the graded call had returned)
+    status   "" (called), "skip" or "error" (``out`` is kept when the graded call had returned)
     out      the graded call's output [num_tokens, num_q_heads, head_dim_v]; ``lse`` [num_tokens, num_q_heads]
-    problem  what was wrong with the graded call besides its values (shape, dtype, out, inputs)
-    outputs  more outputs to grade: (label, mask seed or None, output), e.g. the first call on flipped
-             inputs and each measurement's last sample on the driver's fresh flip
+    problem  what was wrong with the graded call besides its values
+    outputs  more outputs to grade: (label, mask seed or None, output)
     timed_problem  the first timed call whose output differed from its inputs' graded output
     timing   the timing columns (:func:`harness.timing.measure.timing_columns`), when timed
     """
@@ -160,11 +154,8 @@ def prepared_dims(prepared: Prepared, case: Case) -> tuple[int, int]:
 class Checks:
     """The sample hooks of one measurement (:class:`harness.timing.timer.SampleHooks`): poison, flip, compare.
 
-    A timed output is compared with the first output its inputs gave through one weighted sum,
-    ``sum(w * out)`` with fixed random weights ``w``: if every element is within the tolerance of
-    the first output, the sums differ by at most ``sum(|w| * (atol + rtol * |first|))`` (plus the
-    fp32 sum's own round-off), and a stale, zero or unwritten output misses that bound. Three
-    device operations a call, read in one sync when the measurement ends.
+    A timed output is compared with the first through ``sum(w * out)`` with fixed random weights: within
+    tolerance, the sums differ by at most ``sum(|w| * (atol + rtol * |first|))`` plus round-off.
     """
 
     def __init__(self, what: str, prepared: Prepared, flipper: Flipper | None, refs: dict, called: Called,

@@ -1,12 +1,7 @@
 """The float64 oracle's outputs, kept on disk by a sha256 of the inputs they were computed from.
 
-The key hashes the oracle's source, the device type, each input tensor's dtype, shape and bytes
-and the scale: a renamed case hits, a changed seed misses, an oracle edit invalidates all. Only
-the CPU oracle is cached. One file per output (magic, the payload's sha256, the payload), written
-atomically; least recently used entries go past ``$HARNESS_ORACLE_CACHE_MAX_BYTES`` (2 GiB). The
-folder must be private (0700, owned by you) or it is not used; ``--verify-oracle-cache``
-recomputes a fraction of the hits and stops on one that differs (:class:`PoisonedCacheError`).
-Where, and why each rule: docs/scaling.md.
+Only the CPU oracle is cached; least recently used entries go past ``$HARNESS_ORACLE_CACHE_MAX_BYTES``
+(2 GiB); the folder must be private (0700, owned by you). Where, and why each rule: docs/scaling.md.
 """
 
 from __future__ import annotations
@@ -125,12 +120,10 @@ def max_bytes() -> int:
 def cache_key(
     args: Sequence[torch.Tensor | None], device: str, scale: float | None = None, options: dict | None = None
 ) -> str:
-    """sha256 hex of the call's content (see the module docstring).
+    """sha256 hex of the call's content.
 
-    args: (q, k_cache, v_cache, block_table, seq_lens, query_start_loc), any device.
-    options: the attention variants of the call (sliding_window, logit_softcap, sinks,
-    alibi_slopes): scalars by value, tensors by their bytes, so two variants of one input
-    never share an entry.
+    args: (q, k_cache, v_cache, block_table, seq_lens, query_start_loc), any device; options: the
+    variants of the call, scalars by value and tensors by their bytes.
     """
     digest = hashlib.sha256()
     digest.update(
@@ -249,12 +242,9 @@ def lookup(
 ) -> tuple[torch.Tensor, bool]:
     """(the float64 result ``name`` of the call ``key``, of ``shape``, on ``device``; whether it came from the cache).
 
-    From the cache, else ``compute()`` (then stored). ``name`` "out" is the oracle's output,
-    stored under ``key`` itself (``<key>.oracle``); another name (a function of the same inputs,
-    such as the grading's forward error bound, with its code's hash in the name) under
-    ``<sha256(key, name)>.derived``, so one hash of the inputs serves every result. ``key`` None: ``compute()``,
-    nothing stored. In verify mode (:func:`verify_fraction`) a sampled hit is recomputed, and one
-    that differs raises :class:`PoisonedCacheError` (the entry removed).
+    From the cache, else ``compute()`` (then stored). "out" is stored as ``<key>.oracle``, another name as
+    ``<sha256(key, name)>.derived``. ``key`` None: ``compute()``, nothing stored. In verify mode a sampled
+    hit that differs raises :class:`PoisonedCacheError` (the entry removed).
     """
     folder = cache_dir()
     if key is None or folder is None or not private_folder(folder):
