@@ -76,10 +76,9 @@ def module_key(case: Case) -> tuple:
 
 
 def warmup_cases(cases: Iterable[Case]) -> list[Case]:
-    """One small twin per :func:`module_key` among the ``cases`` FlashInfer serves (:func:`serves`): two ragged
-    sequences (a partial last page each) with the case's heads, dtypes, variants and query form, so that
-    running the twins compiles every module the cases need (scripts/flashinfer_warmup.py); the GPU tests
-    grade them against the oracle."""
+    """One small twin per :func:`module_key` among the ``cases`` FlashInfer serves, so that running the
+    twins compiles every module the cases need (scripts/flashinfer_warmup.py).
+    """
     twins: dict[tuple, Case] = {}
     for case in cases:
         if module_key(case) in twins or not serves(case):

@@ -56,10 +56,8 @@ def pad_queries(inputs: PagedInputs, sliding_window: int | None = None) -> Padde
 
 
 def gather_padded(cache: torch.Tensor, block_table: torch.Tensor, seq_lens: torch.Tensor) -> torch.Tensor:
-    """[num_seqs, num_kv_heads, max_seq_len, head_dim] copy of each sequence's KV, zeros past its end.
-
-    Zeros, not the pool's NaN: SDPA multiplies masked-out values by a zero weight, and
-    0 * NaN would still be NaN.
+    """[num_seqs, num_kv_heads, max_seq_len, head_dim] copy of each sequence's KV, zeros past its end
+    (not the pool's NaN: 0 * NaN would still be NaN).
     """
     block_size = cache.shape[1]
     seq_lens = seq_lens.long()
@@ -175,8 +173,7 @@ def _heads_for_varlen(case: Case, kv: torch.Tensor) -> tuple[torch.Tensor, str]:
 def _varlen_unavailable(case: Case, device: str) -> str | None:
     """Why FlashAttention's varlen kernel cannot take this case, from its documented limits, before any call.
 
-    Only these declared limits are skips: a call that raises anyway is an error row (the
-    runner's), so a broken peer is seen instead of silently leaving the best-peer set.
+    A call that raises anyway is an error row, so a broken peer is seen.
     """
     if _varlen_attn() is None:
         return f"torch {torch.__version__} has no torch.nn.attention.varlen.varlen_attn"

@@ -112,11 +112,7 @@ class Limits:
 
     @classmethod
     def from_plain(cls, value, where: str = "limits") -> Limits:
-        """Limits from a dict of plain values (a plugin's ``limits=``, or what its worker reported).
-
-        ValueError naming ``where`` and the field: an unknown key, a value of the wrong type, a
-        dtype no case has, a multiple below 1.
-        """
+        """Limits from a dict of plain values; ValueError naming ``where`` and the field."""
         if isinstance(value, cls):
             return value
         if not isinstance(value, dict):

@@ -156,10 +156,9 @@ def _runs_in_its_worker(case: Case, inputs: PagedInputs, out: torch.Tensor) -> P
 
 
 def add_remote_backend(registration: dict) -> Backend:
-    """Register, in the driver, a plugin backend its worker reported (name, devices, description,
-    graphable, options, limits, and whether it has a plan step and a supports hook): the driver knows it
-    without importing the plugin, and checks its limits before sending a case. ValueError on a field of
-    the wrong type, an unknown variant or a limit that is not one."""
+    """Register, in the driver, a plugin backend its worker reported (plain values), without importing
+    the plugin. ValueError on a field of the wrong type, an unknown variant or a limit that is not one.
+    """
 
     def text(value, what: str) -> str:
         if not isinstance(value, str) or (not value.strip() and what == "name"):

@@ -555,10 +555,8 @@ def count_sweep_points(file: str, tables: list[dict[str, Any]]) -> int:
 
 
 def _read_case_text(path: Path) -> str:
-    """The text of a regular file of at most MAX_FILE_BYTES; CaseFileError for anything else.
-
-    A FIFO would block and /dev/zero never ends, so only regular files are opened, and
-    the read stops past the size limit (a file growing after the stat cannot run away).
+    """The text of a regular file of at most MAX_FILE_BYTES; CaseFileError for anything else (a FIFO
+    would block, /dev/zero never ends).
     """
     file = str(path)
     try:
@@ -582,10 +580,8 @@ def _read_case_text(path: Path) -> str:
 
 
 def resolve_case_paths(paths: list[str | Path]) -> list[Path]:
-    """Files as given; a directory stands for every *.toml in it, sorted. A file named
-    twice (or through two spellings of its path) is read once, with a note on stderr.
-
-    CaseFileError for a directory without any *.toml.
+    """Files as given; a directory stands for every *.toml in it, sorted (CaseFileError if none). A
+    file named twice is read once, with a note on stderr.
     """
     files: list[Path] = []
     seen: dict[Path, Path] = {}

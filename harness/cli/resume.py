@@ -116,10 +116,8 @@ def resume(args: argparse.Namespace):
 
 
 def finalize(args: argparse.Namespace, journal) -> int:
-    """Write a stopped run's folder from its journal without running anything (``--finalize``).
-
-    The meta is the one the run recorded at its start (or what the header holds), never this machine's.
-    Pairs that never ran are absent from the rows and listed in meta.json.
+    """Write a stopped run's folder from its journal without running anything (``--finalize``): the meta
+    the run recorded (never this machine's); pairs that never ran are listed in meta.json.
     """
     if not journal.rows:
         raise BadInput(f"--finalize {args.resume}: the journal holds no row; there is nothing to write")

@@ -25,9 +25,9 @@ def _finite(value) -> bool:
 
 
 def failure_detail(row) -> str:
-    """Where a failing row is wrong, as the page says it: the worst element's place, the elements
-    outside the tolerance and the error against it (``seq 0, query 0, head 0, 311 elements outside
-    the tolerance, error 9.77x it``); '' for a row that has none of these."""
+    """Where a failing row is wrong, as the page says it (``seq 0, query 0, head 0, 311 elements outside
+    the tolerance, error 9.77x it``); '' for a row that has none of these.
+    """
     parts = []
     if row.get("worst_location"):
         parts.append(f"worst at {row['worst_location']}")
@@ -127,11 +127,9 @@ def off_device(backends: list[Backend], device: str) -> dict[str, str]:
 
 
 def row_printer(skipped: dict[str, str], cases: int) -> Callable[[dict], None]:
-    """on_row for runs without a progress bar (logs, CI): one line a row as it finishes, with the time so far.
-
-    The backends in ``skipped`` (:func:`off_device`) are said once, here, as one line per reason
-    (``skip varlen_flash, flex_paged (28 cases each): runs on cuda, not cpu``), and their rows are
-    not listed one by one."""
+    """on_row for runs without a progress bar (logs, CI): one line a row as it finishes, with the time so far;
+    the backends in ``skipped`` (:func:`off_device`) are said once per reason, not row by row.
+    """
     by_reason: dict[str, list[str]] = {}
     for name, reason in skipped.items():
         by_reason.setdefault(reason, []).append(name)

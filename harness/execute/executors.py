@@ -1,6 +1,5 @@
-"""The ``run`` verb's scale-out options (``--workers``, ``--ray``, ``--oracle-cache``), checked
-before any work, and the choice of executor (:class:`harness.execute.loop.Executor`): in this
-process, over worker processes or over Ray. This module imports no Ray.
+"""The ``run`` verb's scale-out options, checked before any work, and the choice of executor
+(:class:`harness.execute.loop.Executor`): in this process, over worker processes or over Ray.
 """
 
 from __future__ import annotations
@@ -87,9 +86,9 @@ def executor_for(args: argparse.Namespace, worker=None) -> Executor:
 
 
 def run_rows(args: argparse.Namespace, cases, config, on_row, done, worker=None) -> dict:
-    """Run the cases through :func:`executor_for`. Returns where the time went, for meta.json's
-    ``scale`` (seconds; ``wall_s`` from the first case to the last row), with ``mode`` and
-    ``gpus``: each GPU's name and measured ceilings (empty in one process and on a CPU)."""
+    """Run the cases through :func:`executor_for`; returns meta.json's ``scale`` (seconds; ``wall_s`` from
+    the first case to the last row), with ``mode`` and ``gpus`` (each GPU's name and measured ceilings).
+    """
     started = time.perf_counter()
     record = executor_for(args, worker).run(cases, config, on_row, done)
     return {**record, "wall_s": round(time.perf_counter() - started, 3)}

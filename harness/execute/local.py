@@ -25,10 +25,9 @@ def run_cases(
     done: Collection[tuple[str, str]] = (),
     worker: Worker | None = None,
 ) -> pd.DataFrame:
-    """Every case through every configured backend; one row per (case, backend).
+    """Every case through every configured backend; one row per (case, backend), each to ``on_row``.
 
-    ``on_row`` gets each row as it finishes. Pairs in ``done`` are not run and not returned. Backends in
-    ``config.isolated`` run in ``worker`` (or a new :class:`Worker`), each row under its limit.
+    Pairs in ``done`` are not run. Backends in ``config.isolated`` run in ``worker`` (or a new one).
     """
     cases = list(cases)
     done = set(done)

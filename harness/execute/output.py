@@ -1,6 +1,9 @@
 """A row's output: what a backend writes to stdout and stderr goes to its own file.
 
-The terminal gets its first ``TERMINAL_BYTES`` and where the rest is (:func:`report_output`).
+A plugin's row runs inside :func:`captured_output` (file descriptors 1 and 2) into a log moved to
+``<run>/logs/`` with the run folder; the terminal gets its first ``TERMINAL_BYTES`` and where the
+rest is (:func:`report_output`). Known-harmless warnings (:data:`HARMLESS`, each with why) stay in
+the logs and are named on the terminal once a run.
 """
 
 from __future__ import annotations

@@ -2,7 +2,8 @@
 
 A worker imports the plugins (:func:`worker_setup`), runs each case it is sent through
 :func:`harness.execute.loop.timed_case` and sends events back as ``torch.save`` of plain values, read
-with ``weights_only=True``. It never holds the oracle (docs/contract.md, "Threat model").
+with ``weights_only=True``. It never holds the oracle (docs/contract.md, "Threat model"). A death or a
+hang is an error row and the next call starts a fresh worker.
 """
 
 from __future__ import annotations
@@ -81,10 +82,9 @@ def die_with_parent(parent_pid: int) -> None:
 
 @contextlib.contextmanager
 def sigint_ignored_in_children():
-    """Start processes inside: they begin with SIGINT ignored (a disposition kept across exec, and kept by a
-    new Python interpreter), so a Ctrl-C while one imports torch is not a traceback in each child.
-
-    This process ignores SIGINT only for the fork and exec; outside the main thread it changes nothing."""
+    """Start processes inside: they begin with SIGINT ignored, so a Ctrl-C while one imports torch is
+    not a traceback in each child (this process ignores it only meanwhile, and only on the main thread).
+    """
     if threading.current_thread() is not threading.main_thread():
         yield
         return
@@ -133,10 +133,9 @@ def registrations() -> list[dict]:
 
 
 def worker_setup(plugins: tuple[str, ...], threads: int | None, config: RunConfig | None = None) -> dict:
-    """What a worker does once, before its first case: the Triton interpreter where there is no
-    GPU, its torch threads, the plugins, and (given ``config``) its device's name and ceilings. A worker
-    without a ``config`` serves plugins: it walls off the oracle cache and the harness's source first
-    (``walls``: '' when done, else why not) and reports the plugins' registrations.
+    """What a worker does once, before its first case: the interpreter where there is no GPU, its torch
+    threads, the plugins, and (given ``config``) its device's name and ceilings. Without a ``config`` it
+    serves plugins: it walls off the oracle cache and the source first and reports the registrations.
     """
     kernels.use_interpreter_if_no_gpu()
     if threads:
@@ -237,8 +236,8 @@ def _calls(conn, case, names: list[str], config: RunConfig, seeds: dict, waited_
 
 def spawn(context, gpu: str, name: str, args: tuple) -> tuple[multiprocessing.Process, Any]:
     """Start a worker (:func:`_worker_main` with ``args``), seeing only ``gpu`` when one is given
-    (``CUDA_VISIBLE_DEVICES`` in the environment it is spawned with, so before its torch initialises
-    CUDA); the process and this end of its pipe."""
+    (``CUDA_VISIBLE_DEVICES``); the process and this end of its pipe.
+    """
     parent, child = context.Pipe()
     saved = os.environ.get("CUDA_VISIBLE_DEVICES")
     if gpu:
@@ -331,9 +330,9 @@ class Worker:
             self.start()
 
     def call_case(self, task: Task, config: RunConfig, tracker: Tracker, ctx: CaseContext | str) -> None:
-        """Every backend of ``task`` called in the worker and graded here against ``ctx`` (the driver's
-        inputs and oracle; a str: why they could not be built, an error row each), its rows to ``tracker``.
-        After a death or a hang, the backends left go to a fresh worker, until each has a row."""
+        """Every backend of ``task`` called in the worker and graded here against ``ctx`` (a str: why it could
+        not be built, an error row each); after a death or a hang the backends left go to a fresh worker.
+        """
         tracker.skip_hung(task)
         if isinstance(ctx, str):
             for name in list(task.names):

@@ -42,9 +42,9 @@ def ray_missing() -> str | None:
 
 
 def case_task(case, names: list[str], config, plugins: tuple[str, ...]) -> Iterator[tuple]:
-    """The body of a Ray task, a generator (Ray streams each item to the driver as it is made):
-    ``("device", report, labels)``, then :func:`harness.execute.loop.timed_case` (``start`` /
-    ``row`` / ``done``). Plain Python: testable without Ray."""
+    """The body of a Ray task, a generator: ``("device", report, labels)``, then
+    :func:`harness.execute.loop.timed_case`'s events. Plain Python: testable without Ray.
+    """
     device = worker_setup(plugins, config.threads, config)
     if device["ceilings"]:
         config = dataclasses.replace(config, ceilings=device["ceilings"])
@@ -72,9 +72,9 @@ class RayCluster:
     workers: str | None = None
 
     def run(self, cases: list[Case], config: RunConfig, on_row: Callable[[dict], None], done) -> dict:
-        """Every (case, backend) pair not in ``done`` as Ray tasks; rows to ``on_row``. Returns what
-        meta.json's ``scale`` keeps: ``init_s`` (connect or start Ray), ``tasks``, the cases' own time
-        by phase and each GPU (:meth:`harness.execute.loop.Tracker.timings`)."""
+        """Every (case, backend) pair not in ``done`` as Ray tasks; rows to ``on_row``. Returns meta.json's
+        ``scale``: ``init_s``, ``tasks``, and :meth:`harness.execute.loop.Tracker.timings`.
+        """
         import ray
 
         started = time.perf_counter()

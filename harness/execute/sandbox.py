@@ -31,8 +31,7 @@ def _mount(libc, source: str | None, target: str, fstype: str | None, flags: int
 def wall_off(hidden: list[Path], read_only: list[Path]) -> str:
     """Enter a private mount namespace with ``hidden`` folders empty and ``read_only`` ones read-only.
 
-    '' when done; otherwise why not (this process is then as it was, or, past the namespace, has
-    only the walls built before the failure: the caller treats any reason as "no walls").
+    '' when done; otherwise why not (the caller treats any reason as "no walls").
     """
     if not sys.platform.startswith("linux"):
         return f"no mount namespaces on {sys.platform}"

@@ -1,7 +1,11 @@
 """Many hosts, one run: ``harness run --shard I/N`` picks a host's slice of the cases, and
 ``harness merge OUT RUN...`` joins the hosts' run folders into one.
 
-Cases are ordered by estimated cost (ties by id) and dealt round robin. Details: docs/scaling.md.
+The expanded cases are ordered by estimated cost (ties by id) and dealt round robin, so every
+host computes the same split alone. Merging refuses (:class:`MergeError`, naming the folder) a
+pair in two runs, mixed commits (unless ``--allow-mixed-commits``), mixed devices, or timed
+beside untimed; it concatenates the rows and joins meta.json (``gpus``, ``host``, ``dirty``,
+``merged_from``, ``incomplete``). Details: docs/scaling.md.
 """
 
 from __future__ import annotations

@@ -162,11 +162,7 @@ def _pivot(rows: list[dict]) -> tuple[list[str], list[dict]]:
 
 
 def time_summary(meta: dict) -> str:
-    """Where the run's time went, one line for the page's header, from meta.json's ``scale``; '' if not recorded.
-
-    Example: "2 workers, 85.5 s from the first case to the last row, workers started in 4.8 s;
-    160.9 s of case work: timing: call 60.8, timing: latency 59.8, inputs 14.9, ..."
-    """
+    """Where the run's time went, one line for the page's header, from meta.json's ``scale``; '' if not recorded."""
     scale = meta.get("scale") or {}
     if "wall_s" not in scale:
         return ""

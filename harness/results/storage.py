@@ -156,9 +156,8 @@ def stale_leftovers(reports_root: Path, clean: bool = True) -> list[str]:
 def write_run(
     frame: pd.DataFrame, meta: dict, run_dir: Path, page: Callable[[pd.DataFrame, dict], str] | None = None
 ) -> Path:
-    """Write the result files into ``run_dir`` atomically; return ``run_dir``.
-
-    ``page(frame, meta)`` renders report.html (harness.results.report.render_html); None writes none.
+    """Write the result files into ``run_dir`` atomically; return ``run_dir``. ``page(frame, meta)``
+    renders report.html; None writes none.
     """
     run_dir = Path(run_dir)
     if run_dir.exists():

@@ -405,10 +405,9 @@ def rows_to_retime(comparison: Comparison, which: str):
 
 
 def cannot_retime(base_meta: dict, new_meta: dict, chosen, plugins, sources: tuple[str, str]) -> str:
-    """Why the ``chosen`` rows cannot be re-timed from both runs' commits ('' when they can).
-
-    A commit id that is not one of this repository's, or a plugin row whose plugin is not named
-    with ``--plugin``, is a ConfirmInputError."""
+    """Why the ``chosen`` rows cannot be re-timed from both runs' commits ('' when they can); a bad
+    commit id or an unnamed plugin is a ConfirmInputError.
+    """
     for meta, source in zip((base_meta, new_meta), sources, strict=True):
         if not meta.get("commit"):
             return f"{source} records no commit"
@@ -465,8 +464,7 @@ def retime_or_mark(
 
 def rounds_to_decide(test: stats.LatencyTest, min_effect: float) -> float:
     """About how many rounds in all this row needs for its interval to decide it (a guess to order
-    rows by, never a verdict); the log-scale half-width shrinks about as 1 / sqrt(rounds).
-    A centre on a bound gives infinity.
+    rows by, never a verdict; a centre on a bound gives infinity).
     """
     if not (test.n_base and np.isfinite(test.ci_high) and test.ci_low > 0):
         return math.inf
@@ -545,9 +543,8 @@ def alternate(
 
 
 def _one_round(trees, envs, config, keys, pooled, new_first: bool) -> dict:
-    """One fresh worker per build; each row timed by alternating steps (``alternate``), long rows on one CPU.
-
-    Returns the seconds each key took (what :func:`sequential_rounds` budgets the box by).
+    """One fresh worker per build; each row timed by :func:`alternate`, long rows on one CPU. Returns
+    the seconds each key took.
     """
     spent = {}
     workers = [Worker(tree, config, env) for tree, env in zip(trees, envs, strict=True)]  # both start at once
@@ -579,10 +576,8 @@ def _row_effect(row, options: CompareOptions) -> float:
 def rejudge(
     comparison: Comparison, index: dict, pooled: dict, options: CompareOptions, *, looks: int = 1
 ) -> Comparison:
-    """Judge the re-timed rows from their paired rounds (:func:`harness.review.stats.decide_paired`); rebuild their 'why'.
-
-    ``p_adjusted`` is the signed-rank ``p_value`` adjusted for the ``looks``; a drift note is restated
-    with what the rounds found.
+    """Judge the re-timed rows from their paired rounds (:func:`harness.review.stats.decide_paired`), with
+    ``p_adjusted`` for the ``looks``; rebuild their 'why' and restate a drift note.
     """
     rows = comparison.rows.copy()
     for i, key in index.items():

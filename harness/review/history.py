@@ -29,9 +29,8 @@ class History:
 
 
 def find_runs(paths: list[Path]) -> list[Path]:
-    """Run folders among ``paths`` and their direct subfolders (hidden, half-written ones skipped).
-
-    A path holding either run file is a run; any other path must be a folder with a run in it (ValueError).
+    """Run folders among ``paths`` and their direct subfolders (hidden, half-written ones skipped); a
+    path that is neither a run nor holds one is a ValueError.
     """
     found = []
     for path in map(Path, paths):

@@ -1,7 +1,9 @@
 """Latency verdicts from timing samples: faster, slower, same, or cannot tell (and why).
 
-Two separate runs: :func:`decide`; paired rounds: :func:`paired_ratio`, :func:`decide_paired`.
-Why the two rules differ: docs/review.md.
+Two separate runs (:func:`decide`): the bootstrap interval of the median ratio must clear the minimum
+effect and the Mann-Whitney p (adjusted over the rows) be under alpha. Paired rounds (:func:`paired_ratio`,
+:func:`decide_paired`): the Hodges-Lehmann ratio with its exact signed-rank interval at ``1 - alpha / looks``,
+judged by asv's rule. Why the two rules differ: docs/review.md.
 """
 
 from __future__ import annotations
@@ -158,9 +160,8 @@ def paired_ratio(base: Sequence[float], new: Sequence[float], *, alpha: float = 
 
 
 def looks_adjusted(p_value: float, looks: int) -> float:
-    """A paired test's p adjusted for the ``looks`` a sequential re-timing may take: ``min(1, p * looks)``.
-
-    The interval excludes 1 exactly when this is at most alpha.
+    """A paired test's p adjusted for the ``looks`` a sequential re-timing may take: ``min(1, p * looks)``
+    (at most alpha exactly when the interval excludes 1).
     """
     return float(min(1.0, p_value * looks)) if np.isfinite(p_value) else float("nan")
 

@@ -1,8 +1,10 @@
 """A backend's calls, made where the backend runs: outputs and timings come back, never a verdict.
 
 :func:`call_backend` prepares a backend, makes its graded call, times it and returns a :class:`Called`
-of plain values; it needs no oracle, so a plugin's calls run in a worker. What each check of a timed
-call catches: docs/contract.md, "Threat model".
+of plain values; it needs no oracle, so a plugin's calls run in a worker. Every timed call is checked:
+V's sign bits are flipped every ``FLIP_EVERY``-th call, ``out`` is poisoned with NaN before each, every
+timed output is compared with the first, and the last sample is graded on the driver's flip
+(:func:`sign_mask`). What each check catches: docs/contract.md, "Threat model".
 """
 
 from __future__ import annotations
@@ -51,10 +53,8 @@ def _sign_bits(tensor: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
 
 
 class Flipper:
-    """Flips V's columns (and, for a latent cache, q's matching ones) in place, and undoes it.
-
-    A flip XORs the sign bits of the masked columns (exact for any dtype, fp8 included): one
-    elementwise pass over V, its bits made on the device once per mask.
+    """Flips V's columns (and, for a latent cache, q's matching ones) in place, and undoes it: an XOR of
+    the sign bits, exact for any dtype.
     """
 
     def __init__(self, inputs: PagedInputs, latent: bool):
@@ -251,10 +251,10 @@ def _timed_call(prepared: Prepared, cuda: bool) -> tuple[object, float]:
 def call_backend(case: Case, inputs: PagedInputs, guard: InputGuard | None, backend: Backend, device: str,
                  settings: TimingSettings | None, seeds: tuple[int, int, int],
                  batch: Callable[[Prepared, Called], None] | None = None) -> Called:  # fmt: skip
-    """Prepare ``backend`` on ``inputs``, make its graded call, time it (``settings``; None: not timed) with
-    every timed call checked; ``seeds``: the driver's flips (:func:`sign_mask`) of every other timed call, of
-    the last latency sample and of the last call sample. ``batch(prepared, called)``, after the timing:
-    a worker's back-to-back calls that its driver times (:mod:`harness.execute.processes`)."""
+    """Prepare ``backend`` on ``inputs``, make its graded call, time it (``settings``; None: not timed)
+    with every timed call checked; ``seeds``: the driver's flips (:func:`sign_mask`). ``batch(prepared, called)``,
+    after the timing: a worker's back-to-back calls that its driver times.
+    """
     called = Called()
     if reason := backend.skip_reason(case, device):
         return Called(status="skip", reason=reason)

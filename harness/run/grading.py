@@ -95,9 +95,8 @@ def _ratio(numerator: torch.Tensor, allowed: torch.Tensor) -> float:
 def grade(
     out: torch.Tensor, expected: torch.Tensor, atol: float, rtol: float, bound: torch.Tensor | None = None
 ) -> Grade:
-    """Compare ``out`` (any dtype, any device) with ``expected`` (float64) elementwise.
-
-    ``bound``, when given, is :func:`forward_error_bound` of the inputs (expected's shape).
+    """Compare ``out`` (any dtype, any device) with ``expected`` (float64) elementwise; ``bound``, when
+    given, is :func:`forward_error_bound` of the inputs (expected's shape).
     """
     actual = out.detach().to(expected.device, torch.float64)
     if actual.shape != expected.shape:
@@ -191,8 +190,7 @@ def forward_error_bound(
 def locate(token: int, query_start_loc: list[int], seq_lens: list[int]) -> str:
     """A packed token index in the words of the case: 'seq 3, query 5 (position 1029)'.
 
-    query_start_loc [num_seqs + 1] and seq_lens [num_seqs] as host lists; query j of a
-    sequence with q_len queries sits at position seq_len - q_len + j.
+    query_start_loc [num_seqs + 1] and seq_lens [num_seqs] as host lists.
     """
     import bisect
 

@@ -1,7 +1,12 @@
 """The float64 oracle's outputs, kept on disk by a sha256 of the inputs they were computed from.
 
-Only the CPU oracle is cached; least recently used entries go past ``$HARNESS_ORACLE_CACHE_MAX_BYTES``
-(2 GiB); the folder must be private (0700, owned by you). Where, and why each rule: docs/scaling.md.
+The key hashes the oracle's source, the device type, each input tensor's dtype, shape and bytes
+and the scale: a renamed case hits, a changed seed misses, an oracle edit invalidates all. Only
+the CPU oracle is cached. One file per output (magic, the payload's sha256, the payload), written
+atomically; least recently used entries go past ``$HARNESS_ORACLE_CACHE_MAX_BYTES`` (2 GiB). The
+folder must be private (0700, owned by you) or it is not used; ``--verify-oracle-cache``
+recomputes a fraction of the hits and stops on one that differs (:class:`PoisonedCacheError`).
+Where, and why each rule: docs/scaling.md.
 """
 
 from __future__ import annotations
@@ -64,9 +69,9 @@ _warned: set[Path] = set()
 
 
 def private_folder(folder: Path) -> bool:
-    """Whether ``folder`` may hold this user's cache: created mode 0700 when missing; an existing
-    one must be a folder this user owns that neither group nor others may write (else a warning,
-    once per folder, and False: the cache is not used)."""
+    """Whether ``folder`` may hold this user's cache: created 0700 when missing; an existing one must be
+    this user's and not group- or world-writable (else a warning, once per folder, and False).
+    """
     try:
         if not folder.exists():
             folder.mkdir(parents=True, mode=0o700)
@@ -120,10 +125,8 @@ def max_bytes() -> int:
 def cache_key(
     args: Sequence[torch.Tensor | None], device: str, scale: float | None = None, options: dict | None = None
 ) -> str:
-    """sha256 hex of the call's content.
-
-    args: (q, k_cache, v_cache, block_table, seq_lens, query_start_loc), any device; options: the
-    variants of the call, scalars by value and tensors by their bytes.
+    """sha256 hex of the call's content: args (q, k_cache, v_cache, block_table, seq_lens,
+    query_start_loc, any device) and the variants' options, tensors by their bytes.
     """
     digest = hashlib.sha256()
     digest.update(

@@ -1,6 +1,11 @@
 """Timings held to physics: a latency the machine could not have given is not credited.
 
-Such a row is a ``fail`` with its timing columns withdrawn (docs/contract.md, "Threat model").
+A timed row is a ``fail`` with its timing columns withdrawn (the claimed median kept in the note)
+when its ``gbps`` passes ``READ_MARGIN`` times the measured read ceiling (on a CPU only for cases
+of ``CPU_CACHE_FACTOR`` times the last-level cache), its ``tflops`` passes ``COMPUTE_MARGIN`` times
+the GPU's matmul peak, or (a backend in a worker) its ``call_us`` is below a ``WALL_FACTOR``-th of
+what a call took in a batch the driver timed on its own clock. KernelBench's excessive-speedup
+check, against the machine's measured limits (docs/contract.md, "Threat model").
 """
 
 from __future__ import annotations

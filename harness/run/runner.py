@@ -1,8 +1,4 @@
-"""Run cases through backends: grade each against the oracle, time it, emit one row each.
-
-The runner knows nothing of files: it returns a DataFrame (and calls ``on_row`` per
-row), and :mod:`harness.results.report` stores it.
-"""
+"""Run cases through backends: grade each against the oracle, time it, emit one row each (a DataFrame)."""
 
 from __future__ import annotations
 
@@ -67,9 +63,8 @@ class CaseContext:
 
 
 def build_context(case: Case, device: str, oracle_device: str, oracle: bool = True) -> CaseContext:
-    """The case's inputs, oracle output (and lse), error bound and input guard; phases "inputs", "oracle", "guard".
-
-    ``oracle=False``: inputs and guard only (``expected`` is None): what a worker that calls a plugin holds.
+    """The case's inputs, oracle output (and lse), error bound and input guard (``oracle=False``: inputs
+    and guard only, ``expected`` None).
     """
     with phase("inputs"):
         inputs = case_inputs(case, device)

@@ -47,10 +47,8 @@ def measure_read_bandwidth(device: str, size_bytes: int = 1 << 31) -> float:
 
 
 def _streaming_reader(src: torch.Tensor) -> tuple | None:
-    """(read, sums): ``read()`` runs a Triton kernel that reads ``src`` (flat float32) once, 128 KiB a
-    program, each program's sum into ``sums`` [programs]; None without Triton.
-
-    Imported here, not at the top: Triton is optional and this module is loaded on CPU-only installs.
+    """(read, sums): ``read()`` runs a Triton kernel that reads ``src`` (flat float32) once, each program's
+    sum into ``sums`` [programs]; None without Triton (optional, so imported here).
     """
     try:
         import triton
@@ -189,10 +187,8 @@ class GpuLedger:
 
 
 def ceiling_columns(row: dict, ceilings: dict) -> dict:
-    """``pct_of_ceiling`` and ``pct_of_peak`` of a timed row (its ``gbps``, ``tflops``) against ``ceilings``.
-
-    pct_of_ceiling = 100 * gbps / read_gbps; pct_of_peak = 100 * tflops / peak_tflops[dtype],
-    on rows with more than one query per sequence (prefill), as :mod:`harness.timing.measure` does.
+    """``pct_of_ceiling`` (100 * gbps / read_gbps) and ``pct_of_peak`` (100 * tflops / peak_tflops[dtype],
+    prefill rows only) of a timed row against ``ceilings``.
     """
     out = {}
     gbps, tflops = row.get("gbps"), row.get("tflops")

@@ -2,8 +2,9 @@
 
 :func:`time_call` is the device time of a prepared call (``latency_us``); :func:`time_wall` is what a
 caller waits for (``call_us``). Both return raw samples (us): at least ``min_reps``, then more until
-``target_s`` or ``max_reps``; a passed ``deadline`` stops them (``cut_short``). The clocks are bound
-at import, before any plugin is.
+``target_s`` or ``max_reps``; a passed ``deadline`` stops them (``cut_short``). ``hooks``
+(:class:`SampleHooks`) run around each sample outside the timed region, and a last ``final`` sample
+is graded by the caller. The clocks are bound at import, before any plugin is.
 """
 
 from __future__ import annotations
@@ -271,9 +272,8 @@ def probe_call(fn: Callable[[], object], device: str) -> CallProbe:
 
 
 def kernels_launched(fn: Callable[[], object], device: str, top: int = 3) -> str:
-    """The device kernels one call of ``fn`` runs, longest first: ``name (share%); ...``.
-
-    Empty off CUDA. Names are cut to 60 characters (templated kernel names run to pages).
+    """The device kernels one call of ``fn`` runs, longest first: ``name (share%); ...`` (empty off
+    CUDA; names cut to 60 characters).
     """
     if not _is_cuda(device):
         return ""
