@@ -1,9 +1,7 @@
 """Paged-attention harness: case files -> inputs -> backends -> graded, timed pandas reports.
 
-Plug in a kernel with :func:`register_backend` in a module named by ``--plugin``.
-``register_backend`` is :func:`harness.backends.builtin.register_backend` itself, looked up on
-first use: importing ``harness`` imports neither the kernels nor Triton, so the CLI and
-pytest can still choose between Triton's compiler and its interpreter.
+Plug in a kernel with :func:`register_backend` in a module named by ``--plugin``; it is looked up on
+first use, so importing ``harness`` imports neither the kernels nor Triton.
 """
 
 from __future__ import annotations

@@ -1,9 +1,7 @@
 """pytest plugin: case files drive tests, one per (case, backend), with readable ids.
 
-Enable it with ``pytest_plugins = ["harness.pytest_plugin"]`` in a conftest.py; its options are
-the CLI's (:mod:`harness.cli.options`) plus ``--harness-report DIR`` and ``--harness-timing``. A
-test asks for ``harness_case`` and ``harness_backend`` and calls
-``harness_session.run(case, backend)``, which returns the report row.
+Enable it with ``pytest_plugins = ["harness.pytest_plugin"]``; a test asks for ``harness_case`` and
+``harness_backend`` and calls ``harness_session.run(case, backend)``, which returns the report row.
 """
 
 from __future__ import annotations

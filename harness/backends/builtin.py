@@ -1,10 +1,8 @@
 """The built-in backends: the kernels under test and the engine path; the peers live in
 :mod:`harness.backends.peers`, the registry in :mod:`harness.backends.registry` (re-exported here).
 
-* reference, tlsim, triton -- the kernels, called through the contract. ``run`` passes the
-  NaN-poisoned ``out``; ``call`` is the bare default call a user makes.
-* cache -- the path an engine takes: every sequence written through PagedKVCache's slot
-  mapping, the step's metadata built once, then the dispatched read of a layer.
+* reference, tlsim, triton -- the kernels, called through the contract.
+* cache -- the path an engine takes: writes through PagedKVCache's slot mapping, then its dispatched read.
 """
 
 from __future__ import annotations
@@ -126,23 +124,9 @@ def register_backend(
 ) -> Backend:
     """Add a kernel with the contract signature to every run that imports this module.
 
-    ``fn(q, k_cache, v_cache, block_table, seq_lens, query_start_loc=None, scale=None,
-    out=None)`` must return [num_tokens, num_q_heads, head_dim] in q's dtype. ``devices``
-    lists the device types it runs on; elsewhere its rows are skips with that reason.
-    GPU timing tries to capture a call in a CUDA graph and falls back to events when the
-    capture fails; ``graphable=False`` skips the attempt. ``variants`` names the attention
-    variants ``fn`` takes as keywords, each by its case-file field (``harness variants``:
-    ``sliding_window``, ``logit_softcap``, ``alibi``, ``kv_dtype``, ...; its key or
-    keyword works too): a case that turns on another one is a skip row for this backend,
-    never a call without it. ``options`` is the earlier name of ``variants``: still taken, with a
-    DeprecationWarning, for one release.
-
-    ``plan(facts)``: a plan step, called once per input set outside the timed region with the
-    case's host-side :class:`harness.backends.plugins.CaseFacts`; what it returns is passed to
-    every call as the keyword ``plan`` (its time is the row's ``plan_us``). ``limits``: the cases
-    it serves, as plain values (a :class:`harness.backends.plugins.Limits` or its dict: dtypes,
-    head_dims, block_size_multiple_of, cpu_tags); ``supports(facts)``: a refusal of its own, a
-    string (the skip's reason) or None. A case outside either is a skip row naming why.
+    ``fn(q, k_cache, v_cache, block_table, seq_lens, query_start_loc=None, scale=None, out=None)`` must
+    return [num_tokens, num_q_heads, head_dim] in q's dtype. The keywords are docs/contract.md's ("Backends");
+    ``options`` is the earlier name of ``variants``, taken with a DeprecationWarning.
     Registering a taken name is an error (built-ins cannot be shadowed).
     """
 

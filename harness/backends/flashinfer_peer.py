@@ -1,20 +1,13 @@
 """The peer ``flashinfer``: FlashInfer's paged wrappers over the same pool the kernel reads.
 
 An optional extra (``pip install '.[flashinfer]'``); without it every row is a skip naming that
-command; ``scripts/flashinfer_warmup.py`` builds its JIT kernels before a run. Our pools are its
-``NHD`` layout (page = block); the block table becomes CSR (:func:`page_table`):
-
-    indptr        [num_seqs + 1] int32  sequence s owns indices[indptr[s]:indptr[s + 1]]
-    indices       [indptr[-1]] int32    physical pages, each sequence's in logical order
-    last_page_len [num_seqs] int32      slots filled in each sequence's last page
-
+command. Our pools are its ``NHD`` layout (page = block); the block table becomes CSR (:func:`page_table`).
 Block size 16, seq_lens [45, 16, 3], rows [7, 2, 9, -1], [4, ...], [0, ...]: indptr
 [0, 3, 4, 5], indices [7, 2, 9, 4, 0], last_page_len [13, 16, 3] (45 = (3 - 1) * 16 + 13).
 
 Decode runs ``BatchDecodeWithPagedKVCacheWrapper`` on the faster of its two paths
-(:func:`faster_decode`); the rest ``BatchPrefillWithPagedKVCacheWrapper``, causal, backend
-``auto``. Declared: sliding window (``window_left = W - 1``), logit softcap, fp8 with one scale
-per tensor. Sinks are not: FlashInfer's CUDA-core decode takes the keyword without applying it.
+(:func:`faster_decode`); the rest ``BatchPrefillWithPagedKVCacheWrapper``. Sinks are not declared:
+FlashInfer's CUDA-core decode takes the keyword without applying it.
 """
 
 from __future__ import annotations
@@ -83,10 +76,9 @@ def module_key(case: Case) -> tuple:
 
 
 def warmup_cases(cases: Iterable[Case]) -> list[Case]:
-    """One small twin per :func:`module_key` among the ``cases`` FlashInfer serves (:func:`serves`): two ragged
-    sequences (a partial last page each) with the case's heads, dtypes, variants and query form, so that
-    running the twins compiles every module the cases need (scripts/flashinfer_warmup.py); the GPU tests
-    grade them against the oracle."""
+    """One small twin per :func:`module_key` among the ``cases`` FlashInfer serves, so that running the
+    twins compiles every module the cases need (scripts/flashinfer_warmup.py).
+    """
     twins: dict[tuple, Case] = {}
     for case in cases:
         if module_key(case) in twins or not serves(case):

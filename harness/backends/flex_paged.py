@@ -2,17 +2,9 @@
 built from the block table, whose KV block is the page.
 
 The pool ``k_cache [num_blocks, block_size, num_kv_heads, head_dim]`` is viewed as one key
-sequence ``[1, num_kv_heads, num_blocks * block_size, head_dim]``: slot n is page
-n // block_size, offset n % block_size. A query block's ``full_kv_indices`` are the pages every
-row sees whole; its ``kv_indices`` the partial ones (last page, diagonal, window edge), where the
-mask_mod maps a slot back to (owner, position) through ``page_logical`` and checks
-``block_table[seq, logical] == page``. Block size 16, seq_len 45, block_table row [7, 2, 9]:
-pages 7 and 2 are full, page 9 holds 13 slots (45 = (3 - 1) * 16 + 13).
-
-``packed`` (some q_len > 64): q as [1, num_q_heads, num_tokens, head_dim]; ``per_sequence``
-(every q_len <= 64): q padded to [num_seqs, num_q_heads, max_q_len, head_dim]. All of it is
-built in ``prepare``; ``run`` is one ``flex_attention`` call. V is read from a copy with its
-NaN poison zeroed (0 * NaN is NaN); K keeps it, so a slot the mask fails to hide still shows.
+sequence ``[1, num_kv_heads, num_blocks * block_size, head_dim]``; the mask_mod maps a slot back
+to (owner, position) through ``page_logical`` and checks ``block_table[seq, logical] == page``.
+V is read from a copy with its NaN poison zeroed (0 * NaN is NaN); K keeps it.
 """
 
 from __future__ import annotations
@@ -98,12 +90,8 @@ def paged_block_mask(rows: QueryRows, block_table: torch.Tensor, seq_lens: torch
                      block_size: int, sliding_window: int | None):  # fmt: skip
     """(kv_num_blocks, kv_indices, full_kv_num_blocks, full_kv_indices) for BlockMask.from_kv_blocks.
 
-    Shapes [batch, 1, num_q_blocks] and [batch, 1, num_q_blocks, num_blocks] int32, pages
-    listed first in increasing order. For each (query block, sequence with rows in it) the
-    rows' positions run over [lo, hi]; logical block l of the sequence (slots l * bs ..
-    last, last = min((l + 1) * bs, seq_len) - 1) is visible when l * bs <= hi and, with a
-    window W, last > lo - W; it is full when, besides, the block's rows are all of that
-    sequence, the page is filled ((l + 1) * bs <= seq_len), last <= lo and l * bs > hi - W.
+    Shapes [batch, 1, num_q_blocks] and [batch, 1, num_q_blocks, num_blocks] int32, pages listed first
+    in increasing order. A page is partial where the last page, the diagonal or a window edge cuts it.
     """
     batch, num_rows = rows.row_seq.shape
     device = rows.row_seq.device
@@ -150,11 +138,9 @@ def paged_block_mask(rows: QueryRows, block_table: torch.Tensor, seq_lens: torch
 def kernel_options_for(block_size: int, device: torch.device, form: str = "per_sequence") -> dict:
     """Triton kernel options for a page size and query form (none on the CPU).
 
-    Flex tiles each KV block in BLOCK_N columns; BLOCK_N must divide the block and be at
-    least 16 (tl.dot). Its default BLOCK_N (16-128 by dtype and head_dim) divides any page
-    that is a multiple of 128; other pages get BLOCK_N = gcd(page, 64). The packed form
-    forces the main kernel: under 128 query rows flex would pick its decoding kernel, whose
-    BLOCK_M (rows x group, to a power of two) must divide Q_BLOCK_SIZE = 128.
+    BLOCK_N must divide the page and be at least 16 (tl.dot): pages not a multiple of 128 get
+    BLOCK_N = gcd(page, 64). The packed form forces the main kernel (flex's decoding kernel needs its
+    BLOCK_M to divide Q_BLOCK_SIZE = 128).
     """
     if device.type != "cuda":
         return {}

@@ -1,11 +1,8 @@
 """Triton's CPU interpreter, corrected where it takes a bf16 tensor's bits for its value.
 
-The interpreter (``TRITON_INTERPRET=1``) keeps a bf16 tensor as raw ``uint16`` and hands the
-integers to numpy: ``tl.dot``, arithmetic, comparisons, ``fma`` and reductions of bf16 work on the
-bit patterns, and an fp32 -> bf16 cast truncates. :func:`correct_bf16`, applied by
-:func:`harness.backends.registry.load_plugin` while the interpreter is on, makes each of those
-decode to fp32, compute, and round back to nearest even, as a GPU does. A kernel that never hands
-the interpreter a bf16 operand (the project's own) runs exactly as uncorrected.
+The interpreter keeps a bf16 tensor as raw ``uint16``: dots, arithmetic, comparisons and reductions
+work on the bit patterns, and an fp32 -> bf16 cast truncates. :func:`correct_bf16` makes each decode
+to fp32, compute, and round back to nearest even, as a GPU does.
 """
 
 from __future__ import annotations

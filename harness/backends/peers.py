@@ -1,10 +1,7 @@
 """Peers: what the kernel is raced against, each at its best and named for what it is.
 
-``gather_sdpa`` (pages gathered every call, one padded SDPA with a mask: what a user writes by
-hand), ``sdpa_contiguous`` (SDPA over a contiguous copy made before timing, without a mask
-where the lengths allow), ``varlen_flash`` and ``varlen_flash_paged`` (FlashAttention's varlen
-entry over packed or paged KV), ``flex_attention`` (compiled, over the padded copy) and
-``flex_paged`` (:mod:`harness.backends.flex_paged`). On CUDA each row records the kernels it ran.
+``gather_sdpa``, ``sdpa_contiguous``, ``varlen_flash``, ``varlen_flash_paged``, ``flex_attention``
+and ``flex_paged`` (:mod:`harness.backends.flex_paged`). On CUDA each row records the kernels it ran.
 """
 
 from __future__ import annotations
@@ -59,10 +56,8 @@ def pad_queries(inputs: PagedInputs, sliding_window: int | None = None) -> Padde
 
 
 def gather_padded(cache: torch.Tensor, block_table: torch.Tensor, seq_lens: torch.Tensor) -> torch.Tensor:
-    """[num_seqs, num_kv_heads, max_seq_len, head_dim] copy of each sequence's KV, zeros past its end.
-
-    Zeros, not the pool's NaN: SDPA multiplies masked-out values by a zero weight, and
-    0 * NaN would still be NaN.
+    """[num_seqs, num_kv_heads, max_seq_len, head_dim] copy of each sequence's KV, zeros past its end
+    (not the pool's NaN: 0 * NaN would still be NaN).
     """
     block_size = cache.shape[1]
     seq_lens = seq_lens.long()
@@ -166,9 +161,7 @@ def _varlen_options(case: Case) -> dict:
 def _heads_for_varlen(case: Case, kv: torch.Tensor) -> tuple[torch.Tensor, str]:
     """KV [tokens, num_kv_heads, head_dim] as varlen_attn takes it, and what was done to it.
 
-    A torch whose varlen_attn has no enable_gqa gets every KV head repeated for its query
-    heads (before timing): the kernel then reads group_size times the KV bytes, which the
-    note says, since it makes this peer slower on memory-bound decode than it could be.
+    Without enable_gqa every KV head is repeated for its query heads (before timing); the note says so.
     """
     if case.group_size == 1 or "enable_gqa" in inspect.signature(_varlen_attn()).parameters:
         return kv, ""
@@ -180,8 +173,7 @@ def _heads_for_varlen(case: Case, kv: torch.Tensor) -> tuple[torch.Tensor, str]:
 def _varlen_unavailable(case: Case, device: str) -> str | None:
     """Why FlashAttention's varlen kernel cannot take this case, from its documented limits, before any call.
 
-    Only these declared limits are skips: a call that raises anyway is an error row (the
-    runner's), so a broken peer is seen instead of silently leaving the best-peer set.
+    A call that raises anyway is an error row, so a broken peer is seen.
     """
     if _varlen_attn() is None:
         return f"torch {torch.__version__} has no torch.nn.attention.varlen.varlen_attn"
@@ -237,10 +229,8 @@ def _prepare_varlen_flash_paged(case: Case, inputs: PagedInputs, out: torch.Tens
 def _prepare_flex(case: Case, inputs: PagedInputs, out: torch.Tensor) -> Prepared:
     """FlexAttention (compiled) over the padded contiguous copy with a length-and-causal mask_mod.
 
-    The attention variants it can express (docs/contract.md): a sliding window in the
-    mask_mod; the softcap and ALiBi in a score_mod, which FlexAttention applies to the
-    scaled logit (cap first, then the bias, as the contract orders them). Sinks have no
-    spelling here.
+    A sliding window goes in the mask_mod; the softcap and ALiBi in a score_mod (cap first, then the
+    bias). Sinks have no spelling here.
     """
     from torch.nn.attention.flex_attention import create_block_mask, flex_attention
 
@@ -280,10 +270,7 @@ def _prepare_flex(case: Case, inputs: PagedInputs, out: torch.Tensor) -> Prepare
 def compiled_flex(flex_attention, first_call):
     """torch.compile(flex_attention), and its first call (the compile) made here, before timing.
 
-    Every prepare compiles the same function, once per shape; past dynamo's recompile limit
-    (8) it would quietly run flex eagerly (unfused, the full score matrix over the whole
-    pool), so the compile happens under a raised limit. Later calls of the same shape hit
-    the cache and never reach the limit.
+    The compile runs under a raised recompile limit: past dynamo's limit (8) flex would quietly run eagerly.
     """
     config = torch._dynamo.config
     names = (  # the limits' names since torch 2.6, and before

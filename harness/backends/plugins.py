@@ -1,8 +1,6 @@
 """What a plugged-in kernel declares beside its function: the facts it is told, the limits it keeps.
 
-A plugin registers in a worker process, so the driver learns its :class:`Limits` as plain values
-(:meth:`Limits.to_plain`, :meth:`Limits.from_plain`) and only whether it has a plan step or a
-``supports`` hook. :class:`CaseFacts` is what both hooks are told: host-side numbers, never a tensor.
+The driver learns a plugin's :class:`Limits` as plain values; :class:`CaseFacts` is what its hooks are told.
 """
 
 from __future__ import annotations
@@ -24,22 +22,13 @@ PER_TENSOR, PER_HEAD = "per_tensor", "per_head"
 class CaseFacts:
     """A case as the host knows it, told to a plugin's plan step and ``supports`` hook (plain values only).
 
-    num_seqs        sequences in the batch
     num_tokens      query tokens of all sequences (q's first dim)
-    max_q_len       the longest query; 1 with ``decode``
-    max_seq_len     the longest sequence, its new tokens included
     decode          every sequence has one query: the default call passes ``query_start_loc=None``
-                    (the graded call passes the tensor [0, 1, ..., num_seqs]: a kernel serves both)
-    num_q_heads, num_kv_heads, head_dim, head_dim_v, block_size: the shapes
     dtype           q's (and the output's) dtype: "float32", "float16" or "bfloat16"
-    kv_dtype        the pools' dtype: ``dtype``, or "float8_e4m3fn" / "float8_e5m2" for an fp8 cache
-    kv_scale        an fp8 cache's scales: "per_tensor" (k_scale / v_scale hold one value, repeated per KV head:
-                    element 0 is every head's) or "per_head"; "" without fp8
-    variants        the variants the case turns on, by name (``harness variants``): the keywords that arrive
-    tags            the case's tags
-    device          "cpu" or "cuda"
-    interpreted     on the CPU with ``TRITON_INTERPRET=1``: a Triton kernel runs under the interpreter
-                    (seconds a call; bf16 corrected, harness.backends.interpreter)
+    kv_dtype        the pools' dtype: ``dtype``, or "float8_e4m3fn" / "float8_e5m2"
+    kv_scale        an fp8 cache's scales: "per_tensor" or "per_head"; "" without fp8
+    variants        the variants the case turns on, by name: the keywords that arrive
+    interpreted     on the CPU with ``TRITON_INTERPRET=1``
     """
 
     num_seqs: int
@@ -89,11 +78,10 @@ def case_facts(case: Case, device: str, interpreted: bool) -> CaseFacts:
 class Limits:
     """The cases a backend serves, as plain values the driver checks before any call; empty: no limit.
 
-    dtypes                  q's dtypes it takes ("float32", "float16", "bfloat16")
-    head_dims               the head dims it takes (K's and V's: ``head_dim`` and ``head_dim_v``)
-    block_size_multiple_of  block_size must be a multiple of this (16: a page is one ``tl.dot`` tile)
-    cpu_tags                on the CPU, only cases carrying one of these tags (["small"]: Triton's interpreter
-                            takes seconds a call, so a suite's larger cases are skips there)
+    dtypes                  q's dtypes it takes
+    head_dims               the head dims it takes (K's and V's)
+    block_size_multiple_of  block_size must be a multiple of this
+    cpu_tags                on the CPU, only cases carrying one of these tags
 
     A case outside is a skip row naming the limit (:meth:`refusal`).
     """
@@ -124,11 +112,7 @@ class Limits:
 
     @classmethod
     def from_plain(cls, value, where: str = "limits") -> Limits:
-        """Limits from a dict of plain values (a plugin's ``limits=``, or what its worker reported).
-
-        ValueError naming ``where`` and the field: an unknown key, a value of the wrong type, a
-        dtype no case has, a multiple below 1.
-        """
+        """Limits from a dict of plain values; ValueError naming ``where`` and the field."""
         if isinstance(value, cls):
             return value
         if not isinstance(value, dict):

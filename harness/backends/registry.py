@@ -1,10 +1,7 @@
 """The one list of backends: what each is, where it runs, how it prepares a call.
 
-``prepare(case, inputs, out)`` does the setup outside the timed region and returns a
-:class:`Prepared`: ``run()`` is graded once and timed (``latency_us``), ``call()`` is the call as a
-user makes it (``call_us``). A backend that cannot serve a case raises :class:`Unsupported` (a
-skip row). A plan step (``register_backend(..., plan=fn)``) is called in ``prepare`` with
-:class:`harness.backends.plugins.CaseFacts`; its result reaches every call as ``plan=``.
+``prepare(case, inputs, out)`` does the setup outside the timed region and returns a :class:`Prepared`;
+a backend that cannot serve a case raises :class:`Unsupported` (a skip row).
 """
 
 from __future__ import annotations
@@ -43,11 +40,9 @@ class Prepared:
     call      the call as a user makes it (``call_us``); None: the same as ``run``
     to_packed result of run() -> packed [num_tokens, num_q_heads, head_dim]
     note      shown in the report: which path a dispatch chose, which peer variant ran
-    out       the buffer run() is handed, when it is (the contract's ``out``): poisoned with NaN before
-              every timed call, and the result must be it or its values must be in it
-    follows_inputs  run() reads the case's input tensors themselves (not a copy made in prepare), so
-              a change to their values in place is seen by the next call (harness.run.calling)
-    plan_us   the microseconds of the backend's plan step in prepare (its row's ``plan_us``); None: none
+    out       the buffer run() is handed, poisoned with NaN before every timed call
+    follows_inputs  run() reads the case's input tensors themselves, so in-place changes reach it
+    plan_us   the microseconds of the backend's plan step in prepare; None: none
     """
 
     run: Callable[[], Any]
@@ -80,12 +75,7 @@ class Backend:
             raise ValueError(f"backend {self.name!r}: unknown variant(s) {sorted(unknown)}; known: {VARIANT_KEYS}")
 
     def skip_reason(self, case: Case, device: str) -> str | None:
-        """Why this backend does not run ``case`` on ``device``, or None when it does.
-
-        Checked before ``prepare``: the device, the case file's backend lists, the attention
-        variants the case turns on against the ones the backend declares, its limits, then
-        ``unavailable``.
-        """
+        """Why this backend does not run ``case`` on ``device``, or None when it does (checked before ``prepare``)."""
         device_type = torch.device(device).type
         if device_type not in self.devices:
             return f"{self.name} runs on {', '.join(self.devices)}, not {device_type}"
@@ -122,17 +112,10 @@ def contract_prepare(fn: Callable[..., torch.Tensor], plan: Callable[[CaseFacts]
                      decode_form: bool = True, **hints: Callable[[Case], Any]):  # fmt: skip
     """prepare() for a function with the kernel contract signature.
 
-    run() passes the NaN-poisoned ``out`` buffer (and any keyword ``hints``, each computed
-    from the case, such as a host-side max_q_len); call() is the bare default call, which
-    passes ``query_start_loc=None`` in a decode case (every q_len 1: the contract's decode
-    form), where run() passes the tensor. Both pass the case's attention variants
-    (``inputs.options``) as keywords (a ``cascade`` case runs :func:`kernels.cascade.cascade_attention`
-    over ``fn`` instead); a case without any passes none, so a function that predates them keeps
-    working. ``plan``: the backend's plan step, called here once with the case's facts, its
-    result passed to both calls as ``plan=`` and its time kept as ``Prepared.plan_us``.
-    ``decode_form=False``: call() passes the tensor in a decode case too (the built-in Triton kernel,
-    whose decode form the kernel tests cover: on a GPU the form is a launch of its own to compile
-    for every decode case of a run).
+    run() passes the NaN-poisoned ``out`` and any keyword ``hints`` computed from the case; call() is the
+    bare default call, with ``query_start_loc=None`` in a decode case (``decode_form=False``: the tensor
+    there too). Both pass the case's attention variants as keywords (none when it has none) and the
+    plan step's result as ``plan=`` (its time is ``Prepared.plan_us``).
     """
 
     def prepare(case: Case, inputs: PagedInputs, out: torch.Tensor) -> Prepared:
@@ -173,10 +156,9 @@ def _runs_in_its_worker(case: Case, inputs: PagedInputs, out: torch.Tensor) -> P
 
 
 def add_remote_backend(registration: dict) -> Backend:
-    """Register, in the driver, a plugin backend its worker reported (name, devices, description,
-    graphable, options, limits, and whether it has a plan step and a supports hook): the driver knows it
-    without importing the plugin, and checks its limits before sending a case. ValueError on a field of
-    the wrong type, an unknown variant or a limit that is not one."""
+    """Register, in the driver, a plugin backend its worker reported (plain values), without importing
+    the plugin. ValueError on a field of the wrong type, an unknown variant or a limit that is not one.
+    """
 
     def text(value, what: str) -> str:
         if not isinstance(value, str) or (not value.strip() and what == "name"):
@@ -206,10 +188,8 @@ def add_remote_backend(registration: dict) -> Backend:
 def load_plugin(module_or_path: str) -> None:
     """Import a plugin module by dotted name or file path; it calls register_backend.
 
-    Under Triton's CPU interpreter the interpreter's bf16 is corrected first
-    (:func:`harness.backends.interpreter.correct_bf16`), so a plugged-in Triton kernel computes with
-    bf16 values, as on a GPU. Raises ValueError with the cause when the module cannot be found or
-    fails to import.
+    Under Triton's CPU interpreter bf16 is corrected first (:func:`harness.backends.interpreter.correct_bf16`).
+    Raises ValueError with the cause when the module cannot be found or fails to import.
     """
     correct_bf16()
     path = Path(module_or_path)

@@ -2,8 +2,7 @@
 
     digest = sha256(sha256(chunk 0) || sha256(chunk 1) || ...), chunks of CHUNK_BYTES
 
-A one-level hash tree: as collision resistant as sha256, its chunks hashed by a thread pool
-(hashlib releases the GIL), the digest independent of the thread count.
+The digest does not depend on the thread count.
 """
 
 from __future__ import annotations

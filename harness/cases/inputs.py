@@ -1,11 +1,8 @@
 """Deterministic paged inputs for one case, shared by every backend of that case.
 
-The pool is laid out as a busy engine leaves it: blocks handed out shuffled (or in order), an
-optional prefix shared by every sequence, spare blocks, and NaN in every slot no sequence owns,
-so a backend that reads past a sequence's end fails. Values come from :func:`draw_normal`: chunk c
-of tensor ``name`` drawn by its own generator seeded from (seed, name, c), so the tensors are the
-same whatever the thread count or device (torch's CPU ``randn`` differs in the last bits between
-x86's vector path and the scalar one elsewhere).
+The pool is laid out as a busy engine leaves it: blocks shuffled (or in order), an optional shared
+prefix, spare blocks, and NaN in every slot no sequence owns. Values come from :func:`draw_normal`,
+the same whatever the thread count or device.
 """
 
 from __future__ import annotations
@@ -34,14 +31,10 @@ class PagedInputs:
     block_table     [num_seqs, max_blocks_per_seq] int32, -1 past each sequence's blocks
     seq_lens        [num_seqs] int32
     query_start_loc [num_seqs + 1] int32
-    keys/values     num_seqs tensors [seq_len, num_kv_heads, head_dim]: each sequence's KV in order
-                    (in q's dtype, before any fp8 quantization: what a cache writes), gathered
-                    from the pool on every access (a fresh copy: changing one changes nothing else)
-    options         the attention variants the case turns on, as keywords of every call
-                    (sliding_window int, logit_softcap float, sinks / alibi_slopes [num_q_heads]
-                    fp32 on q's device; return_lse True: the call returns (out, lse); k_scale and
-                    v_scale [num_kv_heads] fp32 for an fp8 cache);
-                    empty: plain causal attention
+    keys/values     num_seqs tensors [seq_len, num_kv_heads, head_dim]: each sequence's KV in order, in
+                    q's dtype, gathered afresh from the pool on every access
+    options         the attention variants' keywords of every call (sinks / alibi_slopes [num_q_heads]
+                    fp32; k_scale / v_scale [num_kv_heads] fp32); empty: plain causal attention
     """
 
     q: torch.Tensor
@@ -151,13 +144,10 @@ def draw_normal(
 ) -> None:
     """Standard normals times ``scale`` for a tensor of ``shape`` [rows, ...], in ``dtype``, chunk by chunk.
 
-    Chunk c holds rows c * R .. (c + 1) * R - 1, R = max(1, CHUNK_VALUES // values per row),
-    drawn as fp32 by ``torch.randn`` from a generator seeded with :func:`chunk_seed`
-    (seed, name, c), multiplied by ``scale``, then cast to ``dtype``; ``write(first_row, rows)``
-    stores it, from a worker thread (chunks own disjoint rows). ``threads`` workers each do
-    all of a chunk's work, with torch's intra-op threads set to 1 meanwhile (torch's CPU randn
-    releases the GIL and is sequential within a call; OpenMP teams beside the pool only spun
-    and slowed it 3x on a 2-core machine); the values do not depend on ``threads``. Example: [64, 8, 128] in chunks of 1024 rows is one chunk.
+    Chunk c holds rows c * R .. (c + 1) * R - 1, R = max(1, CHUNK_VALUES // values per row), drawn as
+    fp32 from a generator seeded with :func:`chunk_seed` (seed, name, c), scaled, cast and stored by
+    ``write(first_row, rows)`` from ``threads`` worker threads (torch's intra-op threads 1 meanwhile).
+    The values do not depend on ``threads``.
     """
     rows, row_shape = shape[0], shape[1:]
     per_chunk = max(1, CHUNK_VALUES // max(1, math.prod(row_shape)))
@@ -218,18 +208,11 @@ def make_inputs(
 ) -> PagedInputs:
     """Build a case's inputs from its seed; the same arguments always give the same tensors.
 
-    Values are drawn on the CPU (so a case is the same on every device) by
-    :func:`draw_normal` as standard normals times ``input_scale`` for q and K (logits grow
-    as input_scale ** 2) and standard normals for V, then cast to ``dtype`` and moved to
-    ``device``; ``draw_threads`` threads draw the chunks (default: torch's thread count),
-    which changes no value.
-    ``head_dim_v`` is V's head dim (default: head_dim). ``variants`` are the attention variants'
-    case fields (harness.cases.variants.VARIANTS: sliding_window, logit_softcap, sinks, alibi,
-    return_lse, cascade, kv_dtype, kv_scale, latent_kv; absent: off); each variant turned on applies
-    its input hook, which adds its keywords to ``options`` (an fp8 cache also quantizes the pools).
-    No hook changes a drawn value, so a case with a variant attends over the same tensors as
-    without (an fp8 case over their quantized values), except ``latent_kv``, whose V is K's first
-    head_dim_v columns instead of its own draw.
+    Values are drawn on the CPU by :func:`draw_normal`: normals times ``input_scale`` for q and K, plain
+    normals for V, then cast to ``dtype`` and moved to ``device``. ``head_dim_v`` is V's head dim
+    (default: head_dim). ``variants`` are the variants' case fields (harness.cases.variants); each
+    turned on applies its input hook, which changes no drawn value (``latent_kv``'s V is K's first
+    head_dim_v columns).
     """
     if len(seq_lens) != len(q_lens):
         raise ValueError(f"seq_lens has {len(seq_lens)} entries but q_lens has {len(q_lens)}")

@@ -12,9 +12,7 @@ def load_cases(
     paths: list[str | Path], device: str = "cpu", tags: list[str] | None = None, backends: list[str] | None = None
 ) -> list[Case]:
     """Load, validate and expand case files; keep cases with any of ``tags``; check memory
-    (harness.cases.memory: the oracle's and every backend's peak, ``backends`` None: all built-ins).
-
-    Raises CaseFileError listing every problem found (file, case id, field).
+    (``backends`` None: all built-ins). CaseFileError listing every problem found.
     """
     cases: list[Case] = []
     errors: list[str] = []

@@ -1,9 +1,7 @@
 """The case suites that ship inside the package, and how a name on the command line finds one.
 
-``harness run`` with no case file runs the packaged smoke suite, from any folder. A case
-argument that is no existing path but names a packaged suite (``cpu``, ``gpu_peers``, or
-the repository's spelling ``cases/cpu.toml``) resolves to the packaged file; anything else
-is passed on as given, so a missing file is still reported by name.
+A case argument that is no existing path but names a packaged suite (``cpu``, ``cases/cpu.toml``)
+resolves to the packaged file; anything else is passed on as given.
 """
 
 from __future__ import annotations

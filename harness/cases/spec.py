@@ -1,12 +1,7 @@
 """Case files: declarative TOML in, validated and expanded frozen cases out.
 
-A file holds optional ``[defaults]`` merged into every ``[[case]]``; a case may carry a
-``[case.sweep]`` table whose lists expand as a product, each point a case with a stable,
-readable id (``decode_gqa/head_dim=80/block_size=5``). Every point is validated on its
-own, so an error names the file, the case id and the field. No code is executed.
-
-Field names are the report's column names (num_q_heads, num_kv_heads, head_dim,
-block_size, seq_lens, q_lens, dtype, ...).
+``[defaults]`` merges into every ``[[case]]``; a ``[case.sweep]`` table expands as a product, each
+point a case with a readable id (``decode_gqa/head_dim=80/block_size=5``) validated on its own.
 """
 
 from __future__ import annotations
@@ -238,10 +233,7 @@ class CaseSpec(VariantFields):
 class Case:
     """One expanded, validated case: the case file's fields and what the runner needs made concrete.
 
-    ``spec`` is the validated ``[[case]]`` table with its sweep point applied; every field of
-    it reads straight through (``case.head_dim`` is ``case.spec.head_dim``). The fields below
-    are the ones a spec leaves open: ids, lengths and sinks drawn from generators, the KV head
-    count a ``gqa_ratio`` implies, the tolerance of the case's dtype.
+    Every field of ``spec`` reads straight through (``case.head_dim`` is ``case.spec.head_dim``).
     """
 
     id: str
@@ -387,10 +379,8 @@ def _format_errors(
 ) -> list[str]:
     """One line per field in words a case author reads: file, case id, field path, message.
 
-    A value checked against a union (``seq_lens``: a list or a generator table) fails once
-    per member; the member it was meant for (the one that got past the type check) wins,
-    and a value that matches no member's type gets one line listing what it may be. A field
-    the case took from the file's ``[defaults]`` (``inherited``) says so: that is where to fix it.
+    Of a union's failures the member that got past the type check wins; a value matching no member
+    gets one line listing what it may be. A field from ``[defaults]`` (``inherited``) says so.
     """
 
     def at_union_tag(item: dict) -> bool:  # a type mismatch with one member of a union
@@ -565,10 +555,8 @@ def count_sweep_points(file: str, tables: list[dict[str, Any]]) -> int:
 
 
 def _read_case_text(path: Path) -> str:
-    """The text of a regular file of at most MAX_FILE_BYTES; CaseFileError for anything else.
-
-    A FIFO would block and /dev/zero never ends, so only regular files are opened, and
-    the read stops past the size limit (a file growing after the stat cannot run away).
+    """The text of a regular file of at most MAX_FILE_BYTES; CaseFileError for anything else (a FIFO
+    would block, /dev/zero never ends).
     """
     file = str(path)
     try:
@@ -592,10 +580,8 @@ def _read_case_text(path: Path) -> str:
 
 
 def resolve_case_paths(paths: list[str | Path]) -> list[Path]:
-    """Files as given; a directory stands for every *.toml in it, sorted. A file named
-    twice (or through two spellings of its path) is read once, with a note on stderr.
-
-    CaseFileError for a directory without any *.toml.
+    """Files as given; a directory stands for every *.toml in it, sorted (CaseFileError if none). A
+    file named twice is read once, with a note on stderr.
     """
     files: list[Path] = []
     seen: dict[Path, Path] = {}

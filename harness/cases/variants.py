@@ -1,15 +1,9 @@
 """The attention variants: one row per option, declaring it once for the case file, the backend
 registry, the inputs, the kernel call and the oracle.
 
-A row holds the key a backend declares (``register_backend(..., variants=...)``), the
-case-file field(s) that turn it on (declared here, with their types and bounds:
-:data:`VariantFields`, which the case model extends), the contract call's keyword(s), its input
-hook (how the case's fields become the call's tensors and keywords: harness.cases.inputs applies
-it) and its oracle hook (how the float64 oracle, harness.run.oracle, applies the keywords). A
-case that turns on a variant a backend does not declare is a skip row naming the key.
-docs/contract.md, "Attention variants", says what each computes and which files a new variant
-touches; tests/harness/test_vocabulary_agrees.py and tests/kernels/test_attention_variants.py tie the table to
-the case model, the kernel contract, the inputs and the oracle.
+A row holds the key a backend declares, the case-file field(s) that turn it on (:data:`VariantFields`),
+the call's keyword(s), its input hook and its oracle hook. docs/contract.md, "Attention variants",
+says what each computes.
 """
 
 from __future__ import annotations
@@ -32,18 +26,14 @@ from kernels.fp8 import quantize_kv
 class OracleHook:
     """How the float64 oracle applies a variant: a function per stage it acts at (None: not there).
 
-    Each gets the variant's keywords the call gives (not None), by name; every tensor is float64
-    on the oracle's device. The oracle (harness.run.oracle) runs per sequence, per chunk of
+    Each gets the variant's keywords (not None); every tensor is float64. Per sequence and chunk of
     ``rows`` query rows, in this order:
 
-    kv      (k, v, **keywords) -> (k, v): the sequence's keys [seq_len, num_kv_heads, head_dim]
-            and values [seq_len, num_kv_heads, head_dim_v]
-    score   (logits, distance, **keywords) -> logits [num_kv_heads, group, rows, seq_len], from the
-            scaled logits z = scale * q . k; distance [rows, seq_len] is key_pos - query_pos.
-            The score hooks apply in the table's order (the cap before the bias)
+    kv      (k, v, **keywords) -> (k, v): keys [seq_len, num_kv_heads, head_dim], values [.., head_dim_v]
+    score   (logits, distance, **keywords) -> logits [num_kv_heads, group, rows, seq_len] (scaled);
+            distance [rows, seq_len] is key_pos - query_pos; in the table's order (cap before bias)
     mask    (distance, **keywords) -> [rows, seq_len] bool: keys hidden besides the future ones
-    sink    (logits, **keywords) -> [num_kv_heads, group, 1, 1]: a logit that joins each
-            softmax's denominator and not its numerator
+    sink    (logits, **keywords) -> [num_kv_heads, group, 1, 1]: a logit in each softmax's denominator only
     """
 
     kv: Callable[..., tuple[torch.Tensor, torch.Tensor]] | None = None
@@ -121,9 +111,7 @@ def sinks_inputs(inputs: Any, fields: Any) -> Any:
 def standard_alibi_slopes(num_heads: int) -> list[float]:
     """ALiBi's slopes as BLOOM, MPT and vLLM compute them: 2^(-8 i / n), i = 1..n, for n a power of two.
 
-    Otherwise n' = the largest power of two below num_heads gives the first n' slopes, and
-    the rest are every other slope of 2n' heads (2^(-4 (2 i + 1) / n')), as in the ALiBi paper's code.
-    Example: 8 heads: 1/2, 1/4, ..., 1/256.
+    Otherwise the first n' (largest power of two below) and every other slope of 2n' heads.
     """
     closest = 2 ** math.floor(math.log2(num_heads))
     slopes = [2.0 ** (-8.0 * (i + 1) / closest) for i in range(closest)]
@@ -140,9 +128,8 @@ KVScaleMode = Literal["amax", "amax_per_head"]
 def fp8_scales(slots: torch.Tensor, mode: float | str | None, fp8: torch.dtype) -> torch.Tensor:
     """[num_kv_heads] fp32 scales of a pool [num_slots, num_kv_heads, head_dim] for an fp8 cache.
 
-    A float: that scale for every head. "amax" (None too): per tensor, max |x| over the owned
-    slots / the format's largest finite value (448 for e4m3fn, 57344 for e5m2), as vLLM's
-    calculate_kv_scales; "amax_per_head": the same per KV head.
+    A float: that scale for every head. "amax" (None too): max |x| over the owned slots / the format's
+    largest finite value, per tensor; "amax_per_head": the same per KV head.
     """
     num_kv_heads = slots.shape[1]
     if isinstance(mode, float):

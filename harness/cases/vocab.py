@@ -1,10 +1,6 @@
 """The harness's words, each defined once: dtype names, KV-pool layouts, row statuses.
 
-Case files are validated against these (harness.cases.spec, and so the JSON Schema),
-harness.cases.inputs builds tensors from them, the runner writes them into rows and the report
-orders and counts by them. The dtype names are the kernels' own (``kernels.contract.DTYPES``:
-the harness imports the kernels, never the other way round), so a dtype the kernels take is a
-dtype a case file may name.
+The dtype names are the kernels' own (``kernels.contract.DTYPES``).
 """
 
 from __future__ import annotations

@@ -1,7 +1,6 @@
 """``harness backends``: what is registered, where it runs, the variants it declares, and whether it runs here.
 
-"Here" is judged on the packaged smoke suite's cases on this machine's device (``--device``
-to ask about another): each backend's skip reasons are the ones a run would give.
+"Here" is judged on the packaged smoke suite's cases on this machine's device (``--device`` for another).
 """
 
 from __future__ import annotations

@@ -1,8 +1,6 @@
 """``harness compare BASE_RUN NEW_RUN``: what got worse, latency rows re-timed in paired rounds.
 
-The comparison is :mod:`harness.review.compare`; the paired re-timing of the doubtful rows,
-both commits checked out into git worktrees and timed alternately, is
-:mod:`harness.review.confirm`. ``continuous`` and ``bisect`` reuse both.
+The comparison is :mod:`harness.review.compare`; the re-timing :mod:`harness.review.confirm`.
 """
 
 from __future__ import annotations
@@ -12,7 +10,7 @@ import json
 import sys
 from pathlib import Path
 
-from harness.cli.options import BadInput
+from harness.cli.options import BadInput, as_bad_input
 from harness.review.compare import (
     CompareOptions,
     compare_runs,
@@ -141,7 +139,7 @@ def compare(args: argparse.Namespace, base_run: Path, new_run: Path) -> int:
         print("note: the paired re-timing imports the plugins beside the built-ins it times: a plugin there can "
               "reach their timing (docs/contract.md#threat-model); the runs themselves graded it in a worker",
               file=sys.stderr)  # fmt: skip
-    try:
+    with as_bad_input(ConfirmInputError):
         comparison = retime_or_mark(
             comparison,
             base_meta,
@@ -157,8 +155,6 @@ def compare(args: argparse.Namespace, base_run: Path, new_run: Path) -> int:
             progress=True if sys.stderr.isatty() else None,  # a bar, or in a log a line a round
             log=lambda line: print(line, file=sys.stderr, flush=True),
         )
-    except ConfirmInputError as error:
-        raise BadInput(str(error)) from None
     text = format_comparison(comparison, str(base_run), str(new_run), show_all=args.show_all)
     print(text, file=sys.stderr if args.json == "-" else sys.stdout)
     if args.json:

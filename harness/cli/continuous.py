@@ -1,10 +1,7 @@
 """``harness continuous BASE [HEAD]``: run both commits, then compare them, as ``asv continuous`` does.
 
-Each commit is checked out into a git worktree and runs ``python -m harness run`` there, its
-own harness and kernels first on the path, on the same case files (this tree's) and options;
-the two run folders are then compared by ``compare``, whose paired rounds re-time the doubtful
-latency rows from both commits again. A plugin is this tree's file for both commits; what it
-imports from the repository comes from each commit's checkout.
+Each commit runs ``python -m harness run`` in a git worktree on this tree's case files and options;
+the two run folders are then compared by ``compare``.
 """
 
 from __future__ import annotations
@@ -17,7 +14,7 @@ import time
 from pathlib import Path
 
 from harness.cli import compare
-from harness.cli.options import DEFAULT_CASES, BadInput, add_pattern, add_to_argparse, resolved_cases
+from harness.cli.options import DEFAULT_CASES, BadInput, add_pattern, add_to_argparse, as_bad_input, resolved_cases
 from harness.review.confirm import ConfirmInputError, checked_commit, checked_out
 
 RUN_OK = (0, 1)  # a run that failed rows is still compared: its failures are what compare reports
@@ -53,10 +50,8 @@ def commit_of(ref: str, what: str) -> str:
                            capture_output=True, text=True)  # fmt: skip
     if found.returncode != 0:
         raise BadInput(f"{what} {ref!r}: not a commit of this repository")
-    try:
+    with as_bad_input(ConfirmInputError):
         return checked_commit(found.stdout.strip(), what)
-    except ConfirmInputError as error:
-        raise BadInput(str(error)) from None
 
 
 def run_arguments(args: argparse.Namespace, cases: list[str]) -> list[str]:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from harness.cli.options import EXIT_OK, BadInput
+from harness.cli.options import EXIT_OK, as_bad_input
 from harness.review.history import format_history, load_history, write_history_html
 
 
@@ -21,10 +21,8 @@ def add_parser(verbs) -> None:
 
 
 def main(args: argparse.Namespace) -> int:
-    try:
+    with as_bad_input():  # no run folders where the user pointed
         history = load_history(args.runs or [Path("reports")], min_effect=args.min_effect, backends=args.backends)
-    except ValueError as error:  # no run folders where the user pointed: bad input
-        raise BadInput(str(error)) from None
     print(format_history(history))
     if args.html:
         print(f"page: {write_history_html(history, args.html)}")

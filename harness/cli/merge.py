@@ -6,7 +6,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from harness.cli.options import BadInput
+from harness.cli.options import BadInput, as_bad_input
 from harness.cli.terminal import summarize
 from harness.execute.shards import MergeError, merge_runs
 from harness.results import report
@@ -26,10 +26,8 @@ def add_parser(verbs) -> None:
 def main(args: argparse.Namespace) -> int:
     if args.out.exists():
         raise BadInput(f"merge: {args.out} already exists; a run folder is never overwritten (choose another OUT)")
-    try:
+    with as_bad_input(MergeError):
         frame, meta, warnings = merge_runs(args.runs, args.allow_mixed_commits)
-    except MergeError as error:
-        raise BadInput(str(error)) from None
     meta["command"] = " ".join(["harness merge", str(args.out), *map(str, args.runs)]) + (
         " --allow-mixed-commits" if args.allow_mixed_commits else ""
     )

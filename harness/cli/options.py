@@ -1,13 +1,12 @@
 """What the verbs share: the run options (defined once, added to both the CLI and pytest), the
-case selection (``-k``), bad input and the exit codes.
-
-Destinations carry a ``harness_`` prefix: pytest itself keeps ``-p`` in ``plugins``.
-The noxfile passes its arguments through to these same flags.
+case selection (``-k``), bad input and the exit codes. Destinations carry a ``harness_`` prefix
+(pytest keeps ``-p`` in ``plugins``).
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import fnmatch
 import importlib.metadata
 import os
@@ -31,6 +30,15 @@ DEFAULT_CASES = default_cases()  # what `run`, `list` and pytest read when given
 
 class BadInput(Exception):
     """An argument or input the user must fix; printed as one message, exit code 2."""
+
+
+@contextlib.contextmanager
+def as_bad_input(caught: type[Exception] = ValueError):
+    """Re-raise ``caught`` raised inside as BadInput with the same message."""
+    try:
+        yield
+    except caught as error:
+        raise BadInput(str(error)) from None
 
 
 def default_device() -> str:
@@ -67,8 +75,8 @@ def _fraction(text: str) -> str:
 
 class SetEnv(argparse.Action):
     """Checks the value with ``check`` and puts it in the environment variable ``env`` as well as in
-    the namespace: read where the setting is used (the case loader, the oracle cache, a worker
-    process) without threading it through every call."""
+    the namespace, so the case loader, the oracle cache and workers read it without threading it through.
+    """
 
     def __init__(self, *args, env: str, check, **kwargs):
         self.env, self.check = env, check
@@ -122,15 +130,10 @@ RUN_OPTIONS = [
 
 
 def apply_threads(value: str | None, device: str) -> int:
-    """Set torch's intra-op thread count for the run and return it.
+    """Set torch's intra-op thread count for the run and return it (what ran).
 
-    Default on a CPU: 1. On a shared 2-core machine one thread ran the CPU suite about 4x
-    faster than two and made reruns of one commit agree (two threads fight the neighbours
-    for cores, and one run's reference timings came out 3.4x off the other's), so timings
-    compare across commits. On CUDA the host threads hardly matter: torch's default stays.
-    ``auto`` keeps torch's default anywhere. A count past this machine's cores is taken as
-    the cores (more threads only fight each other; a resumed journal from a larger host, or a
-    file's absurd count, must not spawn thousands): the returned count is what ran.
+    Default 1 on a CPU (more threads fight the neighbours for cores and make timings disagree across
+    commits), torch's default on CUDA and for ``auto``. A count past this machine's cores is the cores.
     """
     if value is None:
         value = "1" if torch.device(device).type == "cpu" else "auto"
@@ -172,9 +175,8 @@ def add_pattern(parser: argparse.ArgumentParser) -> None:
 def compile_pattern(text: str) -> Callable[[str], bool]:
     """``-k``'s expression as a test of a case id; BadInput naming what is wrong with it.
 
-    Grammar: ``expr := term ('or' term)*``, ``term := factor ('and' factor)*``,
-    ``factor := 'not' factor | '(' expr ')' | WORD``. A WORD matches an id that contains it,
-    ignoring case; a WORD with ``*``, ``?`` or ``[`` is a glob that must match the whole id.
+    ``expr := term ('or' term)*``, ``term := factor ('and' factor)*``, ``factor := 'not' factor | '(' expr ')' | WORD``.
+    A WORD matches an id containing it, ignoring case; one with ``*``, ``?`` or ``[`` is a glob of the whole id.
     """
     tokens = re.findall(r"[()]|[^\s()]+", text)
     position = 0
@@ -190,19 +192,18 @@ def compile_pattern(text: str) -> Callable[[str], bool]:
         position += 1
         return tokens[position - 1]
 
-    def expr() -> Callable[[str], bool]:
-        parts = [term()]
-        while peek() == "or":
+    def joined(word: str, part: Callable, combine: Callable) -> Callable[[str], bool]:
+        parts = [part()]
+        while peek() == word:
             take()
-            parts.append(term())
-        return parts[0] if len(parts) == 1 else lambda name: any(p(name) for p in parts)
+            parts.append(part())
+        return parts[0] if len(parts) == 1 else lambda name: combine(p(name) for p in parts)
+
+    def expr() -> Callable[[str], bool]:
+        return joined("or", term, any)
 
     def term() -> Callable[[str], bool]:
-        parts = [factor()]
-        while peek() == "and":
-            take()
-            parts.append(factor())
-        return parts[0] if len(parts) == 1 else lambda name: all(p(name) for p in parts)
+        return joined("and", factor, all)
 
     def factor() -> Callable[[str], bool]:
         token = peek()

@@ -1,9 +1,4 @@
-"""A run's journal: what it records of the options, ``run --resume`` and ``run --resume --finalize``.
-
-A killed or unwritten run keeps its rows in ``RUN_DIR.journal.jsonl``; ``--resume`` runs what
-it lacks with the options it recorded (those that change a result must not be given otherwise),
-and ``--finalize`` writes the run folder from the journal alone.
-"""
+"""A run's journal: what it records of the options, ``run --resume`` and ``run --resume --finalize``."""
 
 from __future__ import annotations
 
@@ -121,11 +116,8 @@ def resume(args: argparse.Namespace):
 
 
 def finalize(args: argparse.Namespace, journal) -> int:
-    """Write a stopped run's folder from its journal without running anything (``--finalize``).
-
-    The meta is the one the run recorded at its start (device, versions, commit, ceilings),
-    or, for a journal older than that record, only what the header holds; never this
-    machine's. Pairs that never ran are absent from the rows and listed in meta.json.
+    """Write a stopped run's folder from its journal without running anything (``--finalize``): the meta
+    the run recorded (never this machine's); pairs that never ran are listed in meta.json.
     """
     if not journal.rows:
         raise BadInput(f"--finalize {args.resume}: the journal holds no row; there is nothing to write")

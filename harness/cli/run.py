@@ -25,6 +25,7 @@ from harness.cli.options import (
     add_pattern,
     add_to_argparse,
     apply_threads,
+    as_bad_input,
     default_device,
     load,
     prog,
@@ -105,11 +106,10 @@ def add_parser(verbs) -> None:
 
 
 def load_plugins(plugins: list[str], isolate: str):
-    """Start the run's worker and import the plugins there (a plugin that exits or crashes on import is
-    bad input, not the end of the run), and register their backends here from what the worker reports:
-    this process never imports a plugin. With ``--isolate none`` they are imported here instead (and
-    the run says what that gives up). The backend names they added, and the started worker (None when
-    nothing is isolated)."""
+    """Import the plugins in the run's worker and register their backends here from what it reports
+    (with ``--isolate none``, import them here). The backend names they added, and the started worker
+    (None when nothing is isolated).
+    """
     worker = None
     before = set(REGISTRY)
     if isolate == "all" or (plugins and isolate == "plugins"):
@@ -178,16 +178,12 @@ def _checked_run(args: argparse.Namespace, journal) -> int:
         args.progress = sys.stderr.isatty()
     if device == "cuda" and not torch.cuda.is_available():
         raise BadInput("--device cuda: no CUDA device is visible to torch")
-    try:
+    with as_bad_input():
         apply_threads(args.harness_threads, device)
-    except ValueError as error:
-        raise BadInput(str(error)) from None
     if args.timeout is not None and not args.timeout > 0:
         raise BadInput(f"--timeout {args.timeout:g}: must be a positive number of seconds")
-    try:
+    with as_bad_input():
         check_scale_arguments(args)  # --workers, --ray, --oracle-cache (harness.execute.executors)
-    except ValueError as error:
-        raise BadInput(str(error)) from None
     plugin_backends, worker = load_plugins(args.harness_plugins, args.isolate)
     if plugin_backends and (args.workers is not None or args.ray is not None):
         print("note: with --workers or --ray each worker imports the plugins beside the oracle and the grading: "
@@ -202,10 +198,8 @@ def _checked_run(args: argparse.Namespace, journal) -> int:
 
 def _run(args: argparse.Namespace, device: str, journal, plugin_backends: set[str], worker) -> int:
     """Validate cases and backends, reserve the run folder (its journal), then run and write."""
-    try:
+    with as_bad_input():
         backends = resolve_backends(args.harness_backends)
-    except ValueError as error:
-        raise BadInput(str(error)) from None
     cases = load(args.cases, device, args.harness_tags, [b.name for b in backends], args.pattern)
     check_backend_names(cases, list(REGISTRY))
     if args.shard is not None:

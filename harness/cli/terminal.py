@@ -1,9 +1,4 @@
-"""What a run prints on the terminal: a line a row (or the progress bar), the summary, the verdict.
-
-The order is the run's story: the rows as they finish, the status counts per backend, the
-row nearest to (or furthest over) its tolerance, the failures with where they are, the
-verdict line with why rows were skipped, and last the report's path.
-"""
+"""What a run prints on the terminal: a line a row (or the progress bar), the summary, the verdict."""
 
 from __future__ import annotations
 
@@ -30,9 +25,9 @@ def _finite(value) -> bool:
 
 
 def failure_detail(row) -> str:
-    """Where a failing row is wrong, as the page says it: the worst element's place, the elements
-    outside the tolerance and the error against it (``seq 0, query 0, head 0, 311 elements outside
-    the tolerance, error 9.77x it``); '' for a row that has none of these."""
+    """Where a failing row is wrong, as the page says it (``seq 0, query 0, head 0, 311 elements outside
+    the tolerance, error 9.77x it``); '' for a row that has none of these.
+    """
     parts = []
     if row.get("worst_location"):
         parts.append(f"worst at {row['worst_location']}")
@@ -77,13 +72,10 @@ def summarize(frame: pd.DataFrame) -> str:
 def verdict_lines(frame: pd.DataFrame, code: int, *, most: int = 8, width: int = 110) -> str:
     """The run's verdict: one line with the status counts, then why rows were skipped.
 
-    ``PASS: 212 rows: 150 pass, 62 skip`` when ``code`` is 0, else ``FAIL: ...`` with the
-    failing statuses first; then one line per skip reason, the most frequent first
-    (``skip triton (41): ...``), at most ``most`` of them, each cut to ``width`` characters:
-    a run whose backend skipped everything says why right there. Backends skipped as many
-    times for a reason that differs only by their own name (a CUDA-only backend on a CPU)
-    share one line: ``skip varlen_flash, flex_paged (28 each): runs on cuda, not cpu``.
-    ``INCOMPLETE`` for code 4 (a folder finalized from a journal: pairs never ran).
+    ``PASS: 212 rows: 150 pass, 62 skip`` when ``code`` is 0, else ``FAIL: ...`` (``INCOMPLETE`` for 4);
+    then at most ``most`` skip reasons, the most frequent first, each cut to ``width`` characters.
+    Backends skipped for a reason that differs only by their name share one line:
+    ``skip varlen_flash, flex_paged (28 each): runs on cuda, not cpu``.
     """
     counts = frame["status"].value_counts()
     order = ("fail", "error", "pass", "skip") if code == 1 else ("pass", "skip", "fail", "error")
@@ -135,11 +127,9 @@ def off_device(backends: list[Backend], device: str) -> dict[str, str]:
 
 
 def row_printer(skipped: dict[str, str], cases: int) -> Callable[[dict], None]:
-    """on_row for runs without a progress bar (logs, CI): one line a row as it finishes, with the time so far.
-
-    The backends in ``skipped`` (:func:`off_device`) are said once, here, as one line per reason
-    (``skip varlen_flash, flex_paged (28 cases each): runs on cuda, not cpu``), and their rows are
-    not listed one by one."""
+    """on_row for runs without a progress bar (logs, CI): one line a row as it finishes, with the time so far;
+    the backends in ``skipped`` (:func:`off_device`) are said once per reason, not row by row.
+    """
     by_reason: dict[str, list[str]] = {}
     for name, reason in skipped.items():
         by_reason.setdefault(reason, []).append(name)

@@ -1,6 +1,5 @@
-"""The ``run`` verb's scale-out options (``--workers``, ``--ray``, ``--oracle-cache``), checked
-before any work, and the choice of executor (:class:`harness.execute.loop.Executor`): in this
-process, over worker processes or over Ray. This module imports no Ray.
+"""The ``run`` verb's scale-out options, checked before any work, and the choice of executor
+(:class:`harness.execute.loop.Executor`): in this process, over worker processes or over Ray.
 """
 
 from __future__ import annotations
@@ -63,12 +62,7 @@ def check_arguments(args: argparse.Namespace) -> None:
 
 
 def preload_report_modules() -> threading.Thread:
-    """Import what writing the run folder needs (the page, its plots: matplotlib) on a daemon thread.
-
-    A process-pool or Ray run's driver mostly waits on its workers; importing these meanwhile takes
-    0.7-1 s off the end of the run (measured on the dev box: harness.results.report with matplotlib,
-    0.72 s). A one-process run has no idle driver to use, so it imports them when it writes.
-    """
+    """Import what writing the run folder needs (the page, its plots) on a daemon thread while the driver waits."""
 
     def load() -> None:
         import importlib
@@ -92,9 +86,9 @@ def executor_for(args: argparse.Namespace, worker=None) -> Executor:
 
 
 def run_rows(args: argparse.Namespace, cases, config, on_row, done, worker=None) -> dict:
-    """Run the cases through :func:`executor_for`. Returns where the time went, for meta.json's
-    ``scale`` (seconds; ``wall_s`` from the first case to the last row), with ``mode`` and
-    ``gpus``: each GPU's name and measured ceilings (empty in one process and on a CPU)."""
+    """Run the cases through :func:`executor_for`; returns meta.json's ``scale`` (seconds; ``wall_s`` from
+    the first case to the last row), with ``mode`` and ``gpus`` (each GPU's name and measured ceilings).
+    """
     started = time.perf_counter()
     record = executor_for(args, worker).run(cases, config, on_row, done)
     return {**record, "wall_s": round(time.perf_counter() - started, 3)}

@@ -1,10 +1,6 @@
 """The one-process executor: every case in this process, a backend named in ``config.isolated``
 in a worker process (:class:`harness.execute.processes.Worker`), one row per (case, backend).
-
-Both run the one per-case loop (:func:`harness.execute.loop.case_events`). An isolated backend
-that runs past its row's limit (:func:`harness.execute.loop.row_limit`) is an error row "timed
-out", and is hung for the rest of the run: its later rows are skips "hung on <case> after N s;
-not run", made without starting a worker (:class:`harness.execute.loop.Tracker`)."""
+"""
 
 from __future__ import annotations
 
@@ -29,13 +25,9 @@ def run_cases(
     done: Collection[tuple[str, str]] = (),
     worker: Worker | None = None,
 ) -> pd.DataFrame:
-    """Every case through every configured backend; one row per (case, backend).
+    """Every case through every configured backend; one row per (case, backend), each to ``on_row``.
 
-    ``on_row`` gets each row as it finishes (the journal). Pairs in ``done`` (case id,
-    backend name; a resumed run's journal) are not run and not returned. Backends named
-    in ``config.isolated`` run in a worker process, each row under its limit (a backend past it
-    is hung: its later rows are skips); ``worker``, a started :class:`Worker` to use (the CLI's,
-    which imported the plugins first).
+    Pairs in ``done`` are not run. Backends in ``config.isolated`` run in ``worker`` (or a new one).
     """
     cases = list(cases)
     done = set(done)

@@ -1,11 +1,7 @@
 """The one per-case loop every executor runs, and the bookkeeping every driver shares.
 
-An :class:`Executor` (in process, ``--workers``, ``--ray``) gives every (case, backend) pair not
-in ``done`` a row, hands each to ``on_row`` and returns meta.json's ``scale``. Wherever a case
-runs, its rows come from :func:`case_events`: skips, then inputs and oracle built once
-(:class:`Contexts`), then each backend. A driver of other processes hands each :class:`Task`'s
-events, limits and deaths to one :class:`Tracker`: a row past its limit is an error row and its
-backend :class:`Hung`; a death blames the running backend, retried ``retries`` times.
+Every case's rows come from :func:`case_events`; a driver of other processes hands each :class:`Task`'s
+events, limits and deaths to one :class:`Tracker`.
 """
 
 from __future__ import annotations
@@ -95,8 +91,8 @@ def case_events(
     case: Case, backends: list[Backend], config: RunConfig, contexts: Contexts, labels: dict | None = None
 ) -> Iterator[tuple]:
     """A case's work as events: ``("start", what)`` before each step (:data:`CONTEXT`, then each
-    backend), ``("row", row)`` after each backend (skips first, with no start). ``labels`` (where
-    it ran: host, gpu_index, worker) go on every row. The one loop of every executor."""
+    backend), ``("row", row)`` after each backend (skips first); ``labels`` go on every row.
+    """
     labels = labels or {}
     to_run = []
     for backend in backends:
@@ -122,10 +118,10 @@ def case_events(
 
 def timed_case(case: Case, names: list[str], config: RunConfig, contexts: Contexts, labels: dict,
                waited_s: float = 0.0) -> Iterator[tuple]:  # fmt: skip
-    """:func:`case_events` in a worker process or a Ray task, then ``("done", waited_s, busy_s, phases)``:
-    how long the worker waited for the case, how long it took, and by phase (:mod:`harness.timing.phases`).
-    The case's tensors are freed after it. A bad oracle cache entry ends it with ``("poisoned", why)``:
-    the driver's :class:`Tracker` raises it, and the run stops as it does in one process."""
+    """:func:`case_events` in a worker process or a Ray task, then ``("done", waited_s, busy_s, phases)``.
+
+    A bad oracle cache entry ends it with ``("poisoned", why)``.
+    """
     started = time.perf_counter()
     take_phases()  # this case's phases only
     try:
@@ -156,9 +152,9 @@ class Task:
 
 
 class Tracker:
-    """What every out-of-process driver does with its tasks: rows to ``on_row`` (each GPU's
-    percentages applied, :class:`harness.timing.ceilings.GpuLedger`), time limits and hung
-    backends, deaths and retries, and the cases' busy time by phase."""
+    """What every out-of-process driver does with its tasks: rows to ``on_row`` (each GPU's percentages
+    applied), time limits and hung backends, deaths and retries, and the cases' busy time by phase.
+    """
 
     def __init__(self, config: RunConfig, on_row: Callable[[dict], None], retries: int, tried: str = "on {} workers",
                  hangs: bool = True):  # fmt: skip
@@ -226,9 +222,9 @@ class Tracker:
         task.running = None
 
     def died(self, task: Task, how: str) -> None:
-        """The task's process died (``how``): the running backend is blamed (every remaining one while
-        building the inputs/oracle or between calls); one blamed more than ``retries`` times is an
-        error row. The driver sends the task's remaining backends out again."""
+        """The task's process died (``how``): the running backend is blamed (every remaining one outside a
+        call); one blamed more than ``retries`` times is an error row.
+        """
         blamed = [task.running] if task.running not in (None, CONTEXT) else list(task.names)
         what = "running this backend" if task.running not in (None, CONTEXT) else f"{CONTEXT} (or between calls)"
         for name in blamed:

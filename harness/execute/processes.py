@@ -1,13 +1,9 @@
 """Worker processes: where a crash, an exit or a hang cannot end the run.
 
-A worker is a spawned process running :func:`_worker_main`: it imports the plugins
-(:func:`worker_setup`, behind :mod:`harness.execute.sandbox`), says it is ready, runs each case it
-is sent through :func:`harness.execute.loop.timed_case` and sends every event back as a
-``torch.save`` of plain values, read with ``weights_only=True``. It serves a one-process run's
-isolated backends (:class:`Worker`) and each slot of ``--workers`` (:func:`spawn`). It never holds
-the oracle: the driver grades what comes back (docs/contract.md, "Threat model"). A death or a
-hang is an error row and the next call starts a fresh worker. Workers ignore SIGINT (the parent
-stops them) and die with their parent (:func:`die_with_parent`).
+A worker imports the plugins (:func:`worker_setup`), runs each case it is sent through
+:func:`harness.execute.loop.timed_case` and sends events back as ``torch.save`` of plain values, read
+with ``weights_only=True``. It never holds the oracle (docs/contract.md, "Threat model"). A death or a
+hang is an error row and the next call starts a fresh worker.
 """
 
 from __future__ import annotations
@@ -75,10 +71,7 @@ PR_SET_PDEATHSIG = 1  # linux/prctl.h
 def die_with_parent(parent_pid: int) -> None:
     """Make the kernel SIGKILL this process when its parent dies (Linux ``prctl(PR_SET_PDEATHSIG)``).
 
-    A worker left behind by a SIGKILLed run would hold its GPU memory and CPU for as long as the
-    call it was in takes (a hang: forever). The signal follows the parent *thread* that started
-    the process: workers are started from the run's main thread. A parent that died before
-    this call is seen by the changed parent pid: the process exits at once.
+    The signal follows the parent *thread*; a parent already dead is seen by the changed parent pid.
     """
     if sys.platform.startswith("linux"):
         with contextlib.suppress(OSError, AttributeError):
@@ -89,10 +82,9 @@ def die_with_parent(parent_pid: int) -> None:
 
 @contextlib.contextmanager
 def sigint_ignored_in_children():
-    """Start processes inside: they begin with SIGINT ignored (a disposition kept across exec, and kept by a
-    new Python interpreter), so a Ctrl-C while one imports torch is not a traceback in each child.
-
-    This process ignores SIGINT only for the fork and exec; outside the main thread it changes nothing."""
+    """Start processes inside: they begin with SIGINT ignored, so a Ctrl-C while one imports torch is
+    not a traceback in each child (this process ignores it only meanwhile, and only on the main thread).
+    """
     if threading.current_thread() is not threading.main_thread():
         yield
         return
@@ -141,12 +133,10 @@ def registrations() -> list[dict]:
 
 
 def worker_setup(plugins: tuple[str, ...], threads: int | None, config: RunConfig | None = None) -> dict:
-    """What a worker does once, before its first case: the Triton interpreter where there is no
-    GPU, its torch threads, the plugins, and (given the run's ``config``) its own device's name and
-    ceilings (:func:`harness.timing.ceilings.own_device`, measured once per process, on CUDA when
-    timing): the report the parent records per GPU (meta.json's ``gpus``). A worker without a
-    ``config`` serves plugins: it walls off the oracle cache and the harness's source first
-    (``walls``: '' when done, else why not) and reports the plugins' registrations."""
+    """What a worker does once, before its first case: the interpreter where there is no GPU, its torch
+    threads, the plugins, and (given ``config``) its device's name and ceilings. Without a ``config`` it
+    serves plugins: it walls off the oracle cache and the source first and reports the registrations.
+    """
     kernels.use_interpreter_if_no_gpu()
     if threads:
         torch.set_num_threads(threads)
@@ -246,8 +236,8 @@ def _calls(conn, case, names: list[str], config: RunConfig, seeds: dict, waited_
 
 def spawn(context, gpu: str, name: str, args: tuple) -> tuple[multiprocessing.Process, Any]:
     """Start a worker (:func:`_worker_main` with ``args``), seeing only ``gpu`` when one is given
-    (``CUDA_VISIBLE_DEVICES`` in the environment it is spawned with, so before its torch initialises
-    CUDA); the process and this end of its pipe."""
+    (``CUDA_VISIBLE_DEVICES``); the process and this end of its pipe.
+    """
     parent, child = context.Pipe()
     saved = os.environ.get("CUDA_VISIBLE_DEVICES")
     if gpu:
@@ -340,9 +330,9 @@ class Worker:
             self.start()
 
     def call_case(self, task: Task, config: RunConfig, tracker: Tracker, ctx: CaseContext | str) -> None:
-        """Every backend of ``task`` called in the worker and graded here against ``ctx`` (the driver's
-        inputs and oracle; a str: why they could not be built, an error row each), its rows to ``tracker``.
-        After a death or a hang, the backends left go to a fresh worker, until each has a row."""
+        """Every backend of ``task`` called in the worker and graded here against ``ctx`` (a str: why it could
+        not be built, an error row each); after a death or a hang the backends left go to a fresh worker.
+        """
         tracker.skip_hung(task)
         if isinstance(ctx, str):
             for name in list(task.names):

@@ -1,12 +1,6 @@
 """The Ray executor: a run's cases as Ray tasks, one task per case, on any number of hosts.
 
-``harness run --ray [ADDRESS]`` submits one generator task per case, longest first
-(:func:`case_task`), each asking for one GPU (or one CPU); a task runs the case through
-:func:`harness.execute.loop.case_events` and streams its events back; rows carry ``host``,
-``gpu_index`` and ``worker``. Limits and failures are :class:`harness.execute.loop.Tracker`'s: a
-late task is cancelled and is an error row, a dead worker's backend is retried once in a new
-task. Every node needs this package and the plugins importable. Ray is optional
-(:func:`ray_missing` says how to get it). Details and overheads: docs/scaling.md.
+Limits and failures are :class:`harness.execute.loop.Tracker`'s. Details: docs/scaling.md.
 """
 
 from __future__ import annotations
@@ -48,9 +42,9 @@ def ray_missing() -> str | None:
 
 
 def case_task(case, names: list[str], config, plugins: tuple[str, ...]) -> Iterator[tuple]:
-    """The body of a Ray task, a generator (Ray streams each item to the driver as it is made):
-    ``("device", report, labels)``, then :func:`harness.execute.loop.timed_case` (``start`` /
-    ``row`` / ``done``). Plain Python: testable without Ray."""
+    """The body of a Ray task, a generator: ``("device", report, labels)``, then
+    :func:`harness.execute.loop.timed_case`'s events. Plain Python: testable without Ray.
+    """
     device = worker_setup(plugins, config.threads, config)
     if device["ceilings"]:
         config = dataclasses.replace(config, ceilings=device["ceilings"])
@@ -78,9 +72,9 @@ class RayCluster:
     workers: str | None = None
 
     def run(self, cases: list[Case], config: RunConfig, on_row: Callable[[dict], None], done) -> dict:
-        """Every (case, backend) pair not in ``done`` as Ray tasks; rows to ``on_row``. Returns what
-        meta.json's ``scale`` keeps: ``init_s`` (connect or start Ray), ``tasks``, the cases' own time
-        by phase and each GPU (:meth:`harness.execute.loop.Tracker.timings`)."""
+        """Every (case, backend) pair not in ``done`` as Ray tasks; rows to ``on_row``. Returns meta.json's
+        ``scale``: ``init_s``, ``tasks``, and :meth:`harness.execute.loop.Tracker.timings`.
+        """
         import ray
 
         started = time.perf_counter()

@@ -1,19 +1,9 @@
 """The walls around a plugin's worker process: what it cannot see or change on disk.
 
-A plugin runs as the user who runs the harness, so without walls it could read the float64
-oracle's cached outputs (and pass by copying them), write its own wrong answers there (so a
-later run fails the honest backends), or edit the harness's source for the next run. Before it
-imports any plugin, the worker enters a private mount namespace (Linux ``unshare``: as root a
-mount namespace alone, otherwise inside a user namespace of its own) where
-
-* the oracle cache folder is an empty, private tmpfs (``hidden``): nothing to read, and what is
-  written there is gone with the worker;
-* the harness's own package folder is read-only (``read_only``).
-
-Everything else is as the user sees it: the plugin reads its own files, writes its Triton cache,
-opens the GPU. Where the kernel refuses the namespace (unprivileged user namespaces turned off,
-a seccomp filter, not Linux), :func:`wall_off` says why and the run does without the oracle cache,
-saying so (:func:`harness.execute.processes.Worker.start`).
+Before importing any plugin, the worker enters a private mount namespace (Linux ``unshare``) where
+the oracle cache folder is an empty tmpfs (``hidden``) and the harness's package folder is read-only
+(``read_only``). Where the kernel refuses, :func:`wall_off` says why and the run does without the
+oracle cache.
 """
 
 from __future__ import annotations
@@ -41,8 +31,7 @@ def _mount(libc, source: str | None, target: str, fstype: str | None, flags: int
 def wall_off(hidden: list[Path], read_only: list[Path]) -> str:
     """Enter a private mount namespace with ``hidden`` folders empty and ``read_only`` ones read-only.
 
-    '' when done; otherwise why not (this process is then as it was, or, past the namespace, has
-    only the walls built before the failure: the caller treats any reason as "no walls").
+    '' when done; otherwise why not (the caller treats any reason as "no walls").
     """
     if not sys.platform.startswith("linux"):
         return f"no mount namespaces on {sys.platform}"

@@ -1,11 +1,7 @@
 """The process-pool executor: one host's worker processes (one per GPU, or N on a CPU) run the cases.
 
-Each case goes to a worker (:mod:`harness.execute.processes`), longest first by
-``flops + bytes_moved``, ``PREFETCH`` ahead; rows come back to ``on_row`` as they finish and
-carry ``host``, ``gpu_index`` and ``worker``. On CUDA worker i sees the i-th GPU and measures its
-own ceilings; torch threads are split between workers (:func:`worker_threads`). A dead worker
-loses only its current row (retried once elsewhere, then an error row); a hung backend's
-remaining rows are skips. Overheads go to meta.json's ``scale``. Details: docs/scaling.md.
+Cases go longest first, ``PREFETCH`` ahead; a dead worker loses only its current row (retried once
+elsewhere). Details: docs/scaling.md.
 """
 
 from __future__ import annotations
@@ -104,9 +100,9 @@ class PoolRun:
         return slot.stop()
 
     def stop_all(self, wait: bool = True) -> None:
-        """Ask idle workers to exit, kill busy ones; ``wait=False`` (every row is in): reap them on a
-        daemon thread while the driver writes the run folder, since a CUDA worker's exit (its context
-        torn down) takes a while and nothing waits on it."""
+        """Ask idle workers to exit, kill busy ones; ``wait=False``: reap them on a daemon thread (a CUDA
+        worker's exit takes a while and nothing waits on it).
+        """
         for slot in self.slots:
             if slot.process is not None and slot.process.is_alive() and not slot.tasks and slot.conn is not None:
                 with contextlib.suppress(OSError):
@@ -243,12 +239,7 @@ class PoolRun:
 
 
 def worker_threads(run_threads: int | None, workers: int) -> int:
-    """torch intra-op threads per worker: the run's (or every core) split between the workers.
-
-    On CUDA too: each worker still builds its case's inputs and grades on the host, with
-    OpenMP-parallel torch ops; two workers that each kept torch's default (every core) would run
-    twice as many spinning threads as the host has cores, and the pair would be slower than one
-    worker."""
+    """torch intra-op threads per worker: the run's (or every core) split between the workers, on CUDA too."""
     return max(1, (run_threads or os.cpu_count() or 1) // max(1, workers))
 
 

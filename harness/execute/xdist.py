@@ -1,9 +1,7 @@
 """pytest -n N (pytest-xdist): one GPU per worker, and one run folder from every worker's rows.
 
-Worker ``gwI`` gets the I-th visible GPU through its execnet spec's ``env``
-(``pytest_xdist_setupnodes``) unless the spec names one. With ``--harness-report DIR`` each worker
-writes its rows to ``<folder>/<gwI>.jsonl`` in a temporary folder the controller hands it
-(``pytest_configure_node``), and the controller writes the one run folder from them in test order.
+With ``--harness-report DIR`` each worker writes its rows to ``<folder>/<gwI>.jsonl`` and the
+controller writes the one run folder from them in test order.
 """
 
 from __future__ import annotations

@@ -1,10 +1,8 @@
 """The report's columns: one table, from which the column list, the contract's table and the
 page's header tips are made.
 
-A row is a dict keyed by column name; ``results.parquet`` holds one row per (case, backend)
-with exactly these columns, in this order. ``python -m harness.results.columns`` rewrites the
-generated tables of docs/contract.md (these columns, and the attention variants from
-harness.cases.variants); tests check the doc agrees.
+``results.parquet`` holds exactly these columns, in this order. ``python -m harness.results.columns``
+rewrites the generated tables of docs/contract.md.
 """
 
 from __future__ import annotations

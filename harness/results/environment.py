@@ -1,7 +1,4 @@
-"""What a run records about where it ran: commit, host, device, versions, ceilings.
-
-Everything needed to trust or reproduce a run later, and to judge how noisy it was.
-"""
+"""What a run records about where it ran: commit, host, device, versions, ceilings."""
 
 from __future__ import annotations
 
@@ -89,10 +86,8 @@ def noise_judges(device: str) -> dict:
 def commit_record() -> dict:
     """The run's commit, and where it was read from.
 
-    From git where this is a checkout. A copy of the tree sent to another machine may carry
-    a stale ``.git`` (git then names a commit other than the one sent), so a
-    commit the caller declares in ``HARNESS_COMMIT`` (scripts/gpu_run.sh passes the
-    sender's ``git rev-parse HEAD``) wins, and a disagreement is recorded, not hidden.
+    A commit declared in ``HARNESS_COMMIT`` wins over git's (a copied tree may carry a stale ``.git``);
+    a disagreement is recorded.
     """
     from_git = git("rev-parse", "HEAD") or None
     declared = os.environ.get("HARNESS_COMMIT") or None

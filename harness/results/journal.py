@@ -1,11 +1,8 @@
 """The run journal: every finished row appended, as JSON lines, beside the run folder.
 
-``reports/<run>.journal.jsonl`` is created with O_EXCL before the first case runs: a header line
-(options, pid), then one fsynced line per row, and ``resumed_by`` / ``stopped_by`` lines.
-``run --resume`` runs only the pairs it lacks; it is removed once the folder is written. It is
-data: :meth:`Journal.read` validates every line (a :class:`JournalError` names the file, line
-and field); a pair's duplicated rows keep the first (``Journal.warnings``). A writer holds an
-exclusive ``flock`` (:meth:`Journal.lock`), so a second ``--resume`` is refused.
+``reports/<run>.journal.jsonl``: a header line (options, pid), one fsynced line per row, and
+``resumed_by`` / ``stopped_by`` lines; removed once the folder is written. :meth:`Journal.read`
+validates every line (:class:`JournalError`); a writer holds an exclusive ``flock`` (:meth:`Journal.lock`).
 """
 
 from __future__ import annotations
@@ -237,9 +234,9 @@ class Journal:
         return journal
 
     def lock(self) -> None:
-        """Open for appending and take the journal's lock (no waiting); records this process as its writer.
-
-        JournalError naming the holder's pid when another process holds it (a second resume)."""
+        """Open for appending and take the journal's lock (no waiting), recording this process as its writer;
+        JournalError naming the holder's pid when another process holds it.
+        """
         if self._file is not None:
             return
         file = open(self.path, "a", encoding="utf-8")  # noqa: SIM115 - kept open (and locked) for the run's rows

@@ -1,13 +1,8 @@
 """Plots for the review and history pages, as self-contained SVG data URIs (no files, no network).
 
-Every function takes report rows (a DataFrame) and returns ``data:image/svg+xml;base64,...``
-for an ``<img src>``, or None when there is nothing to draw. Matplotlib is used through
-``matplotlib.figure.Figure`` (no pyplot state, no display); text in the SVG (backend and
-case names) is XML-escaped by matplotlib, and an ``<img>`` runs no script anyway.
-
-Every name from a run (backend, case, machine, ceiling) goes through :func:`literal`: its '$'
-escaped, so matplotlib draws it as text, not TeX, while its own tick labels (``10^5`` on a
-log axis, written as mathtext) are still typeset.
+Every function takes report rows (a DataFrame) and returns ``data:image/svg+xml;base64,...``, or
+None when there is nothing to draw. Every name from a run goes through :func:`literal` ('$' escaped),
+so matplotlib draws it as text, not TeX.
 """
 
 from __future__ import annotations
@@ -81,9 +76,7 @@ CEILING_FONT = 8  # points
 def _label_ceilings(ax, lines: list[tuple[float, str]]) -> None:
     """Each ceiling's dashed line labelled in the right margin, ``lines`` = (GB/s, name) ascending.
 
-    A label sits level with its line unless the label below is within a line of text, then just
-    above that one, tied to its line by a thin stroke: close ceilings (read and copy bandwidth a
-    few percent apart) do not print over each other. The y axis is logarithmic.
+    A label too close to the one below moves up, tied to its line by a thin stroke. The y axis is logarithmic.
     """
     if not lines:
         return
@@ -128,11 +121,8 @@ def error_vs_tolerance(frame: pd.DataFrame) -> str | None:
 def scaling_fit(frame: pd.DataFrame, fits: pd.DataFrame | None) -> str | None:
     """Latency against the work that drives it, per backend, with the fitted line fixed_us + per_unit_us * x.
 
-    One panel per (phase, x) among the fits' work axes (decode: bytes_moved, prefill: flops;
-    token and batch axes when a run has no other), each with only that phase's rows. Both
-    axes are logarithmic, so one slow backend (the interpreted Triton kernel on a CPU, a
-    thousand times the others) does not flatten the rest against the floor. A backend whose
-    line was not kept (``fitted`` False) shows its points only, "no linear fit" in the legend.
+    One panel per (phase, x) among the fits' work axes, both axes logarithmic. A backend whose line was
+    not kept (``fitted`` False) shows its points only, "no linear fit" in the legend.
     """
     if fits is None or fits.empty:
         return None

@@ -1,13 +1,7 @@
 """The review page of a run (report.html) and the comparison page (compare --html).
 
-One self-contained HTML file each: inline CSS and JS, plots as SVG data URIs, no network.
-Every string that comes from a case file, a plugin or an error message is escaped by
-jinja2's autoescape; the page's own script reads numbers from data attributes only.
-
-The run page, top to bottom: the run's facts and noise judges; the verdict (what failed,
-where and why); a pivot of cases x backends (tolerance margin and latency, speedup
-against a chosen backend); plots; the scaling fit; every graded row (sortable,
-filterable, details on demand); skipped rows folded away.
+One self-contained HTML file each: inline CSS and JS, plots as SVG data URIs, no network. Every
+string from a case file, a plugin or an error message is escaped by jinja2's autoescape.
 """
 
 from __future__ import annotations
@@ -168,11 +162,7 @@ def _pivot(rows: list[dict]) -> tuple[list[str], list[dict]]:
 
 
 def time_summary(meta: dict) -> str:
-    """Where the run's time went, one line for the page's header, from meta.json's ``scale``; '' if not recorded.
-
-    Example: "2 workers, 85.5 s from the first case to the last row, workers started in 4.8 s;
-    160.9 s of case work: timing: call 60.8, timing: latency 59.8, inputs 14.9, ..."
-    """
+    """Where the run's time went, one line for the page's header, from meta.json's ``scale``; '' if not recorded."""
     scale = meta.get("scale") or {}
     if "wall_s" not in scale:
         return ""

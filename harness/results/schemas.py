@@ -1,8 +1,6 @@
 """The shapes of the files a run folder holds, checked before anything reads them.
 
-A run folder is data: :func:`check_meta` validates meta.json (every field optional, each present
-one typed) and :func:`check_rows` results.parquet's columns against :data:`COLUMN_KINDS` (unknown
-columns kept). Both raise :class:`SchemaError` naming the file and field (exit 2).
+Both :func:`check_meta` and :func:`check_rows` raise :class:`SchemaError` naming the file and field (exit 2).
 """
 
 from __future__ import annotations

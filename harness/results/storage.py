@@ -1,8 +1,7 @@
 """Storing a run: results.parquet, results.csv, meta.json and report.html in one folder.
 
-Written into a hidden ``.<run>.partial-<pid>`` sibling and renamed into place, never into an
-existing folder; the name is reserved by its journal (O_EXCL). :func:`stale_leftovers` removes a
-dead process's partial folders and names its journals with the command that resumes them.
+Written into a hidden ``.<run>.partial-<pid>`` sibling and renamed into place; the name is reserved
+by its journal (O_EXCL).
 """
 
 from __future__ import annotations
@@ -74,9 +73,8 @@ def _prepare_parent(run_dir: Path) -> None:
 def reserve_run(run_dir: Path | None, reports_root: Path, device: str, options: dict) -> tuple[Path, Journal]:
     """Check the run folder can be written and reserve its name, before any work.
 
-    ``run_dir`` None: the default name under ``reports_root``, the next free suffix when
-    another run holds it. Given (``--out``): it and its journal must not exist
-    (RunDirExistsError). Returns the folder and its open :class:`Journal`.
+    ``run_dir`` None: the default name under ``reports_root`` (the next free suffix); given, it and its
+    journal must not exist (RunDirExistsError). Returns the folder and its open :class:`Journal`;
     NotWritableError when the folder's parent cannot be created or written.
     """
     chosen = Path(run_dir) if run_dir is not None else default_run_dir(Path(reports_root), device)
@@ -109,14 +107,8 @@ PARTIAL_MARKER = ".harness-partial"
 def stale_leftovers(reports_root: Path, clean: bool = True) -> list[str]:
     """Messages about what dead runs left under ``reports_root`` (and the clean-up done).
 
-    * ``.<run>.partial-<pid>/`` of a dead pid: a run killed while writing its folder;
-      removed (when ``clean``), its rows are in ``<run>.journal.jsonl`` if that is there.
-    * ``<run>.journal.jsonl`` of a dead pid without ``<run>/``: an unfinished run; kept,
-      with the command that finishes it.
-    * a journal whose folder exists: the run finished but died before removing it; removed.
-
-    Only entries of this user are looked at: an ``--out`` under a shared folder (/tmp) does
-    not read, report or remove another user's runs.
+    A dead pid's partial folder is removed (when ``clean``); its journal without a folder is kept, with
+    the command that finishes it; a journal whose folder exists is removed. Only this user's entries count.
     """
     root = Path(reports_root)
     if not root.is_dir():
@@ -164,9 +156,8 @@ def stale_leftovers(reports_root: Path, clean: bool = True) -> list[str]:
 def write_run(
     frame: pd.DataFrame, meta: dict, run_dir: Path, page: Callable[[pd.DataFrame, dict], str] | None = None
 ) -> Path:
-    """Write the result files into ``run_dir`` atomically; return ``run_dir``.
-
-    ``page(frame, meta)`` renders report.html (harness.results.report.render_html); None writes none.
+    """Write the result files into ``run_dir`` atomically; return ``run_dir``. ``page(frame, meta)``
+    renders report.html; None writes none.
     """
     run_dir = Path(run_dir)
     if run_dir.exists():

@@ -1,12 +1,10 @@
 """Compare two runs: what got worse, what got better, and whether the comparison is complete.
 
-Per row in both runs: status changes, accuracy (max abs error or ``tol_ratio`` grown
-``error_factor`` times, more NaN) and a latency verdict (:mod:`harness.review.stats`). Per run:
-rows on one side only, a device or version mismatch. ``normalize_by`` scales each case's new
-latencies by an unchanged anchor backend's median, base over new, to cancel a drift that moves
-every kernel alike. Exit codes (:attr:`Comparison.exit_code`): 0 nothing worse and complete;
-1 something worse; 5 slower rows left unconfirmed (:func:`mark_unconfirmed`); 4 incomplete.
-How each verdict is reached: docs/review.md.
+Per row in both runs: status changes, accuracy (max abs error or ``tol_ratio`` grown ``error_factor``
+times, more NaN) and a latency verdict (:mod:`harness.review.stats`). Per run: rows on one side only, a
+device or version mismatch. ``normalize_by`` scales each case's new latencies by an anchor backend's median.
+Exit codes (:attr:`Comparison.exit_code`): 0 nothing worse and complete; 1 something worse; 5 slower
+rows left unconfirmed (:func:`mark_unconfirmed`); 4 incomplete. How each verdict is reached: docs/review.md.
 """
 
 from __future__ import annotations
@@ -173,10 +171,9 @@ def compare_runs(
 
 
 def timed_on_one_side(rows: pd.DataFrame) -> tuple[str, str]:
-    """Problems of rows graded in both runs that carry a latency in one run only, their latency not
-    compared: (rows of a run made with ``--no-timing``: the comparison is incomplete; rows whose one
-    call outlasted the row's timing budget in one run, a Python model on a GPU or a slow one under load: said, and
-    not counted as incomplete, since both runs were timed). '' for none."""
+    """Problems of rows graded in both runs but timed in one only: (``--no-timing`` in one run, which
+    makes the comparison incomplete; a call that outlasted the row's timing budget, said only). '' for none.
+    """
     graded = rows[(rows["side"] == "both") & rows["status_base"].isin(GRADED) & rows["status_new"].isin(GRADED)]
     base_only = graded["latency_us_base"].notna() & graded["latency_us_new"].isna()
     new_only = graded["latency_us_new"].notna() & graded["latency_us_base"].isna()
@@ -220,9 +217,9 @@ def normalize_to_anchor(rows: pd.DataFrame, anchor: str) -> int:
 
 
 def drift_warning(rows: pd.DataFrame) -> list[str]:
-    """A note when many rows of every kind moved one way between the two runs alone: more likely the
-    machine's load than the code. What it says after its first '; ' is its reading, which
-    :func:`restate_drift` replaces once paired rounds (or their absence) have said more."""
+    """A note when many rows of every kind moved one way between the two runs alone (the machine's load,
+    more likely than the code); :func:`restate_drift` replaces what follows its first '; '.
+    """
     judged = rows[rows["verdict"].isin(["slower", "faster", "same", "cannot tell"])]
     moved = judged[judged["verdict"].isin(["slower", "faster"])]
     if len(judged) < 8 or len(moved) < max(4, 0.25 * len(judged)) or moved["backend"].nunique() < 3:
@@ -240,9 +237,9 @@ def restate_drift(problems: list[str], reading: str) -> list[str]:
 
 
 def retimed_reading(rows: pd.DataFrame) -> str:
-    """What paired rounds made of a drift. They time both builds under one load, so a row they
-    confirm slower is the code, whatever the load did between the two runs; said with the count
-    of each verdict of the re-timed rows."""
+    """What paired rounds made of a drift, with the count of each verdict of the re-timed rows: a row they
+    confirm slower is the code, whatever the load did.
+    """
     retimed = rows[rows["verdict_reason"].fillna("").astype(str).str.startswith(RETIMED)]
     counts = {v: int((retimed["verdict"] == v).sum()) for v in stats.VERDICTS}
     found = ", ".join(f"{n} {v}" for v, n in counts.items() if n)

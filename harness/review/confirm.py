@@ -1,14 +1,9 @@
 """``compare --confirm``: re-time the doubtful rows, alternating the two builds step by step.
 
-Two runs on a shared machine drift as wholes, so timing both builds under the same load is the
-only way to tell a slowdown from a busier machine (docs/review.md, "Why ``--confirm`` exists").
-Each run's commit is checked out into a git worktree; each round starts one fresh worker per
-build (:class:`Worker`) and times every chosen row base and new alternating step by step
-(:func:`alternate`); a round's observation is ``ROUND_QUANTILE`` of its samples; rows are judged
-on the paired round ratios (:func:`harness.review.stats.decide_paired`) at sequential looks
-(:func:`look_schedule`), and the time box goes to the rows that seem decidable
-(:func:`within_box`). Where rows cannot be re-timed, :func:`retime_or_mark` marks them
-"unconfirmed" with the reason (exit 5).
+Timing both builds under the same load tells a slowdown from a busier machine (docs/review.md,
+"Why ``--confirm`` exists"). Each run's commit is checked out into a git worktree; each round
+starts one fresh :class:`Worker` per build and times every chosen row alternating (:func:`alternate`);
+rows are judged on the paired round ratios at sequential looks (:func:`look_schedule`).
 """
 
 from __future__ import annotations
@@ -149,18 +144,25 @@ def _plugins(command: str) -> list[str]:
     return [words[i + 1] for i, w in enumerate(words[:-1]) if w == "--plugin"]
 
 
+def _require_plugins(chosen, new_meta: dict, plugins, source: str) -> None:
+    """A plugin's rows need the plugins the new run's command names on this command line too."""
+    built_in = {name for name, backend in REGISTRY.items() if backend.kind != "plugin"}
+    if not set(chosen["backend"]) <= built_in:
+        try:
+            require_plugins(_plugins(str(new_meta.get("command") or "")), list(plugins), f"{source}/meta.json")
+        except UnnamedPluginError as error:
+            raise ConfirmInputError(str(error)) from None
+
+
 _OBJECT_ID = re.compile(r"[0-9a-fA-F]{7,64}")
 
 
 def checked_commit(commit, where: str, cwd: Path | None = None) -> str:
-    """``commit`` as the full id of a commit in your own history (of the repository at ``cwd``); a
-    ConfirmInputError naming ``where`` otherwise.
+    """``commit`` as the full id of a commit reachable from HEAD or a local branch (of the repository at
+    ``cwd``); a ConfirmInputError naming ``where`` otherwise.
 
-    meta.json is data, but re-timing runs the code of the commit it names: so the id must look like a
-    hex object id (nothing git could read as an option) and name a commit reachable from HEAD or from
-    one of your local branches. A commit you only fetched (a remote-tracking branch) or that nothing
-    reaches is code you never checked out: a handed run folder must not choose to run it. Making a
-    branch at it (``git branch NAME COMMIT``) is how you vouch for it."""
+    Re-timing runs the code of the commit meta.json names, so a handed run folder must not choose
+    code you never checked out; ``git branch NAME COMMIT`` vouches for one."""
     if not isinstance(commit, str) or not _OBJECT_ID.fullmatch(commit):
         raise ConfirmInputError(f"{where}: field 'commit': {commit!r} is not a git object id (hex digits)")
     git = functools.partial(subprocess.run, capture_output=True, text=True, cwd=cwd)
@@ -224,9 +226,8 @@ FIRST_LOOK_SHARE = 2 / 3  # of the time box, at most, for the first look's round
 def look_schedule(rounds: int) -> list[int]:
     """The round counts after which rows are judged: 9, 13, 17, ... up to ``rounds`` (its last look).
 
-    With the default 32 rounds: 9, 13, 17, 21, 25, 29, 32, seven looks, each at confidence
-    1 - 0.05 / 7; 8 rounds could not exclude anything at that confidence (the signed-rank
-    sum of 8 pairs reaches its extreme with chance 1/256 = 0.0039 > 0.05 / 14).
+    8 rounds could not exclude anything at 1 - 0.05 / 7 (the signed-rank sum of 8 pairs reaches
+    its extreme with chance 1/256 > 0.05 / 14).
     """
     if rounds < MIN_ROUNDS:
         raise ValueError(f"--confirm-rounds {rounds}: at least {MIN_ROUNDS} rounds are needed for a verdict")
@@ -253,19 +254,11 @@ def confirm_slower(
 ) -> Comparison:
     """Re-time rows, base and new alternating per row, and judge them again from the paired rounds.
 
-    ``progress``: a tqdm bar of the rounds on stderr (the log lines then go through ``tqdm.write``);
-    None: no bar, but a log line a round (a log, where a bar's carriage returns would be one long line).
-
-    ``plugins``: the --plugin values of this command line, the only plugins the workers import. A
-    chosen row of a backend that is not built in needs the plugins the new run's command names
-    (meta.json ``command``); one not given here is a ConfirmInputError naming it and the flag to
-    pass, as is a ``commit`` that is not a commit id (``sources`` name the two run folders).
-
-    ``which``: "slower" (rows judged slower), "unclear" (slower or cannot tell: the
-    default) or "all" (every row timed in both runs: a drifted pair of runs can also hide
-    a slowdown as "same"). Each re-timed call samples for about ``target_s``. ``rounds``
-    is the most rounds a row gets and ``time_s`` the time box; a row stops at the first
-    look that decides it.
+    ``progress``: a tqdm bar of the rounds on stderr; None: a log line a round instead.
+    ``plugins``: the --plugin values of this command line, the only plugins the workers import.
+    ``which``: "slower", "unclear" (slower or cannot tell: the default) or "all" (every row timed
+    in both runs). Each re-timed call samples for about ``target_s``; ``rounds`` is the most rounds
+    a row gets and ``time_s`` the time box; a row stops at the first look that decides it.
     """
     rows = comparison.rows
     chosen = rows_to_retime(comparison, which)
@@ -278,12 +271,7 @@ def confirm_slower(
         return comparison
     if checkouts is None:
         commits = tuple(checked_commit(c, f"{s}/meta.json") for c, s in zip(commits, sources, strict=True))
-    built_in = {name for name, backend in REGISTRY.items() if backend.kind != "plugin"}
-    if not set(chosen["backend"]) <= built_in:  # a plugin's rows: its plugins must be named on this command line
-        try:
-            require_plugins(_plugins(str(new_meta.get("command") or "")), list(plugins), f"{sources[1]}/meta.json")
-        except UnnamedPluginError as error:
-            raise ConfirmInputError(str(error)) from None
+    _require_plugins(chosen, new_meta, plugins, sources[1])
     config = worker_config(case_files, str(new_meta.get("device") or "cpu"), plugins, new_meta.get("timing_threads"),
                            target_s)  # fmt: skip
     index = dict(zip(chosen.index, zip(chosen["case"], chosen["backend"], strict=True), strict=True))
@@ -331,14 +319,10 @@ def sequential_rounds(
     seconds each key took (key -> s; else the round's time is shared out evenly).
     Returns ``pooled``. ``on_round(k, open)`` is told after each round (the progress bar).
 
-    The box is spent where it is needed: a decided row stops being
-    re-timed; after round 1 the rows whose first-look rounds fit ``FIRST_LOOK_SHARE`` of
-    the box go on, cheapest first; at each later look :func:`within_box` plans the open
-    rows (their recent seconds a round, the rounds :func:`rounds_to_decide` guesses, the
-    round's own cost of starting workers), so a 1 s Triton-interpreter row that could not
-    be decided does not use up the rounds a 20 ms row needs. A row left out stays
-    "cannot tell". Which rows go on never changes the rule that judges them: every look
-    is at confidence ``1 - alpha / len(looks)``, whatever stopped a row.
+    A decided row stops being re-timed; after round 1 the rows whose first-look rounds fit
+    ``FIRST_LOOK_SHARE`` of the box go on, cheapest first; at each later look :func:`within_box`
+    plans the open rows. A row left out stays "cannot tell". Every look is at confidence
+    ``1 - alpha / len(looks)``, whatever stopped a row.
     """
     looks = look_schedule(rounds)
     pooled = {key: ([], []) for key in index.values()}
@@ -421,12 +405,9 @@ def rows_to_retime(comparison: Comparison, which: str):
 
 
 def cannot_retime(base_meta: dict, new_meta: dict, chosen, plugins, sources: tuple[str, str]) -> str:
-    """Why the ``chosen`` rows cannot be re-timed from both runs' commits ('' when they can).
-
-    A run without a commit, or made from a tree with uncommitted changes (its commit is not
-    the code that ran), or without its case files here cannot be rebuilt. A commit id that is
-    not one of this repository's, or a plugin row whose plugin is not named with ``--plugin``,
-    is a ConfirmInputError (the explicit ``--confirm`` refuses it as bad input)."""
+    """Why the ``chosen`` rows cannot be re-timed from both runs' commits ('' when they can); a bad
+    commit id or an unnamed plugin is a ConfirmInputError.
+    """
     for meta, source in zip((base_meta, new_meta), sources, strict=True):
         if not meta.get("commit"):
             return f"{source} records no commit"
@@ -440,12 +421,7 @@ def cannot_retime(base_meta: dict, new_meta: dict, chosen, plugins, sources: tup
         return f"case file {missing[0]} is not here"
     for meta, source in zip((base_meta, new_meta), sources, strict=True):
         checked_commit(meta["commit"], f"{source}/meta.json")
-    built_in = {name for name, backend in REGISTRY.items() if backend.kind != "plugin"}
-    if not set(chosen["backend"]) <= built_in:
-        try:
-            require_plugins(_plugins(str(new_meta.get("command") or "")), list(plugins), f"{sources[1]}/meta.json")
-        except UnnamedPluginError as error:
-            raise ConfirmInputError(str(error)) from None
+    _require_plugins(chosen, new_meta, plugins, sources[1])
     return ""
 
 
@@ -453,13 +429,11 @@ def retime_or_mark(
     comparison: Comparison, base_meta: dict, new_meta: dict, options: CompareOptions, *, strict: bool = False,
     which: str = "unclear", skip: str = "", log: Callable[[str], None] = print, **confirm,
 ) -> Comparison:  # fmt: skip
-    """``compare``'s latency verdict to act on: the doubtful rows (``which``) re-timed in paired rounds
-    (:func:`confirm_slower`, ``confirm`` its keywords), or, where they cannot be, the rows the two runs
-    alone call slower marked "unconfirmed" with the reason (:func:`harness.review.compare.mark_unconfirmed`).
+    """The doubtful rows (``which``) re-timed in paired rounds (:func:`confirm_slower`, ``confirm``
+    its keywords), or, where they cannot be, marked "unconfirmed" with the reason.
 
     ``skip``: a reason not to re-time at all (``--no-confirm``). ``strict`` (``--confirm`` given):
-    a commit id that is not one, or a plugin not named, is a ConfirmInputError instead of a reason.
-    A ``git worktree add`` that fails is a reason too."""
+    a ConfirmInputError is raised instead of becoming the reason."""
     chosen = rows_to_retime(comparison, which)
     if chosen.empty:
         return comparison
@@ -489,15 +463,8 @@ def retime_or_mark(
 
 
 def rounds_to_decide(test: stats.LatencyTest, min_effect: float) -> float:
-    """About how many rounds in all this row needs: when its interval would decide it.
-
-    The interval's half-width on the log scale shrinks about as 1 / sqrt(rounds) (from 9
-    rounds, where the 99.3% interval is the whole range of the pairs, faster). A centre past
-    ``1 + min_effect`` (below ``1 - min_effect``) is decided once the interval is narrower
-    than the distance from its centre to 1 (:func:`harness.review.stats.decide_paired`: slower
-    when the interval excludes 1 and the estimate is past the effect); a centre inside
-    the effect once the interval fits inside it. A centre on a bound gives infinity. A
-    guess to order the rows by, never a verdict.
+    """About how many rounds in all this row needs for its interval to decide it (a guess to order
+    rows by, never a verdict; a centre on a bound gives infinity).
     """
     if not (test.n_base and np.isfinite(test.ci_high) and test.ci_low > 0):
         return math.inf
@@ -511,14 +478,10 @@ def rounds_to_decide(test: stats.LatencyTest, min_effect: float) -> float:
 def within_box(plans: dict, overhead: float, horizons: list[int], left_s: float) -> dict:
     """The keys that go on and the rounds each is planned, within ``left_s``.
 
-    ``plans``: key -> (seconds a round of it takes, the rounds from now to the look that
-    seems to decide it, or None when that looks past the last look); ``horizons``: the
-    rounds from now to each later look, ascending; ``overhead``: seconds a round takes
-    besides its keys (starting and closing the workers), paid for as many rounds as the
-    longest kept plan. First the keys that seem decidable, the cheapest decision (seconds
-    a round x rounds) first, each with its rounds while the whole plan fits; then the
-    others, cheapest first, each with the rounds to the next look if they fit. The plan is
-    made again at each look.
+    ``plans``: key -> (seconds a round, rounds to the look that seems to decide it, or None);
+    ``horizons``: rounds from now to each later look, ascending; ``overhead``: seconds a round
+    takes besides its keys, paid for as many rounds as the longest kept plan. The decidable keys
+    go first, cheapest decision first; then the others, cheapest first, to the next look.
     """
     kept: dict = {}
     keys_s, longest = 0.0, 0
@@ -539,9 +502,7 @@ def within_box(plans: dict, overhead: float, horizons: list[int], left_s: float)
 def step_plan(call_us: float) -> tuple[int, int]:
     """(steps, reps) of a row's round on the CPU: ``steps`` alternating steps per build, ``reps`` timed calls each.
 
-    ``call_us``: one call's time, from the round's first step. A step is about ``STEP_S``
-    of calls, one call at least; a build gets about ``ROUND_S`` of timed calls per round,
-    in at most ``MAX_STEPS`` steps.
+    ``call_us``: one call's time (us). A step is about ``STEP_S`` of calls; a build gets about ``ROUND_S``.
     """
     call_s = call_us * 1e-6 if np.isfinite(call_us) and call_us > 0 else STEP_S
     reps = max(1, round(STEP_S / call_s))
@@ -563,12 +524,10 @@ def alternate(
 ) -> tuple[float, float]:  # fmt: skip
     """One row's round, base and new alternating step by step; returns each build's observation.
 
-    ``time_step(side, reps)`` (side 0 base, 1 new) returns ``reps`` samples of that build
-    (0: ``time_call``'s own time-boxed count). On the CPU the first step is one call per
-    build, whose faster sets the plan (:func:`step_plan`, told to ``on_plan``), then the
-    steps go A B B A A B ... (A = new when ``new_first``), so neither build is always
-    first. On CUDA one block per build. A build's observation is ``ROUND_QUANTILE`` of its
-    samples of the round.
+    ``time_step(side, reps)`` (side 0 base, 1 new) returns ``reps`` samples (us) of that build (0:
+    ``time_call``'s time-boxed count). On the CPU one call per build sets the plan (:func:`step_plan`),
+    then steps go A B B A A B ... (A = new when ``new_first``); on CUDA one block per build. A build's
+    observation is ``ROUND_QUANTILE`` of its samples.
     """
     first = (1, 0) if new_first else (0, 1)
     samples: tuple[list[float], list[float]] = ([], [])
@@ -584,9 +543,8 @@ def alternate(
 
 
 def _one_round(trees, envs, config, keys, pooled, new_first: bool) -> dict:
-    """One fresh worker per build; each row timed by alternating steps (``alternate``), long rows on one CPU.
-
-    Returns the seconds each key took (what :func:`sequential_rounds` budgets the box by).
+    """One fresh worker per build; each row timed by :func:`alternate`, long rows on one CPU. Returns
+    the seconds each key took.
     """
     spent = {}
     workers = [Worker(tree, config, env) for tree, env in zip(trees, envs, strict=True)]  # both start at once
@@ -618,12 +576,8 @@ def _row_effect(row, options: CompareOptions) -> float:
 def rejudge(
     comparison: Comparison, index: dict, pooled: dict, options: CompareOptions, *, looks: int = 1
 ) -> Comparison:
-    """Judge the re-timed rows from their paired rounds (:func:`harness.review.stats.decide_paired`); rebuild their 'why'.
-
-    ``p_value`` keeps the signed-rank p of "no change"; ``p_adjusted`` is that p adjusted for
-    the ``looks`` (:func:`harness.review.stats.looks_adjusted`), at most alpha exactly when the
-    interval the verdict reads excludes 1. A drift note is restated with what the rounds found
-    (:func:`harness.review.compare.retimed_reading`): a slowdown they confirm is the code's.
+    """Judge the re-timed rows from their paired rounds (:func:`harness.review.stats.decide_paired`), with
+    ``p_adjusted`` for the ``looks``; rebuild their 'why' and restate a drift note.
     """
     rows = comparison.rows.copy()
     for i, key in index.items():

@@ -1,12 +1,8 @@
 """``harness history``: latency and error of every (case, backend) across runs, commit by commit.
 
-Runs are found as run folders (meta.json + results.parquet) given directly or one level
-inside a given folder (default ``reports/``). They are grouped by machine (meta
-``device`` and ``device_name``: timings from two machines are not a trend) and ordered by
-their meta ``time``; each run is labelled by its short commit (``+`` when the tree was
-dirty, ``#2`` for a second run of one commit). Each run is compared with the run before
-it on the same machine by :func:`harness.review.compare.compare_runs` (same statistics, same
-thresholds), and the rows that got worse are marked as regressions.
+Runs are grouped by machine (meta ``device`` and ``device_name``), ordered by their meta ``time`` and
+labelled by short commit (``+`` dirty, ``#2`` a second run of one commit); each is compared with the
+run before it by :func:`harness.review.compare.compare_runs`.
 """
 
 from __future__ import annotations
@@ -33,11 +29,8 @@ class History:
 
 
 def find_runs(paths: list[Path]) -> list[Path]:
-    """Run folders among ``paths`` and their direct subfolders (hidden, half-written ones skipped).
-
-    A path holding either run file is taken as a run (so :func:`harness.results.storage.load_run` names
-    the file it lacks); any other path given must be a folder with at least one run in it:
-    ValueError naming it otherwise.
+    """Run folders among ``paths`` and their direct subfolders (hidden, half-written ones skipped); a
+    path that is neither a run nor holds one is a ValueError.
     """
     found = []
     for path in map(Path, paths):

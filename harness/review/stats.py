@@ -1,11 +1,9 @@
 """Latency verdicts from timing samples: faster, slower, same, or cannot tell (and why).
 
-Two separate runs (:func:`decide`): the bootstrap interval of the median ratio must clear the
-minimum effect and the Mann-Whitney p (adjusted over the rows) be under alpha; rows without
-samples get :func:`weak_verdict`. Paired rounds (:func:`paired_ratio`, :func:`decide_paired`):
-the Hodges-Lehmann ratio of the per-round ``new_k / base_k`` with its exact signed-rank
-interval at ``1 - alpha / looks``, judged by asv's rule. Why the two rules differ, and the
-false-alarm rates they give: docs/review.md.
+Two separate runs (:func:`decide`): the bootstrap interval of the median ratio must clear the minimum
+effect and the Mann-Whitney p (adjusted over the rows) be under alpha. Paired rounds (:func:`paired_ratio`,
+:func:`decide_paired`): the Hodges-Lehmann ratio with its exact signed-rank interval at ``1 - alpha / looks``,
+judged by asv's rule. Why the two rules differ: docs/review.md.
 """
 
 from __future__ import annotations
@@ -75,12 +73,7 @@ def mann_whitney_p(x: np.ndarray, y: np.ndarray) -> float:
 
 
 def adjust_p_values(p_values: Sequence[float], method: str = "bh") -> np.ndarray:
-    """Adjusted p-values over many rows; NaN stays NaN and is not counted.
-
-    ``bh``: Benjamini-Hochberg (controls the expected share of false alarms among the
-    rows flagged); ``holm``: Holm-Bonferroni (controls the chance of any false alarm);
-    ``none``: unadjusted.
-    """
+    """Adjusted p-values over many rows (``bh``, ``holm`` or ``none``); NaN stays NaN and is not counted."""
     p = np.asarray(p_values, dtype=float)
     out = np.full_like(p, np.nan)
     valid = np.flatnonzero(~np.isnan(p))
@@ -141,10 +134,8 @@ def signed_rank_null(n: int) -> np.ndarray:
 def paired_ratio(base: Sequence[float], new: Sequence[float], *, alpha: float = 0.05, looks: int = 1) -> LatencyTest:
     """Ratio new/base of paired rounds: Hodges-Lehmann of the log ratios, exact signed-rank interval.
 
-    ``base[k]`` and ``new[k]`` are round k's observations of each build (positive; a pair
-    with a missing side is dropped). The interval's confidence is ``1 - alpha / looks``;
-    with too few rounds for that confidence it is (0, inf). ``p_value``: the exact
-    two-sided signed-rank p of "no change" (ratio 1), unadjusted, for the record.
+    A pair with a missing side is dropped. The interval's confidence is ``1 - alpha / looks``; with too
+    few rounds for it, (0, inf). ``p_value``: the exact two-sided signed-rank p of ratio 1, unadjusted.
     """
     b, n_ = np.asarray(base, dtype=float), np.asarray(new, dtype=float)
     keep = np.isfinite(b) & np.isfinite(n_) & (b > 0) & (n_ > 0)
@@ -169,23 +160,17 @@ def paired_ratio(base: Sequence[float], new: Sequence[float], *, alpha: float = 
 
 
 def looks_adjusted(p_value: float, looks: int) -> float:
-    """A paired test's p adjusted for the ``looks`` a sequential re-timing may take (Bonferroni:
-    ``min(1, p * looks)``), as its interval's confidence is ``1 - alpha / looks``.
-
-    The exact signed-rank interval is the inversion of the test whose p :func:`paired_ratio`
-    returns, so the interval excludes 1 when this is at most alpha: the "significant" half of
-    :func:`decide_paired`'s rule, on the same scale as the adjusted p of :func:`decide`.
+    """A paired test's p adjusted for the ``looks`` a sequential re-timing may take: ``min(1, p * looks)``
+    (at most alpha exactly when the interval excludes 1).
     """
     return float(min(1.0, p_value * looks)) if np.isfinite(p_value) else float("nan")
 
 
 def decide_paired(test: LatencyTest, *, min_effect: float) -> Verdict:
-    """The verdict of paired rounds: significance from the interval, size from the estimate (module docstring).
+    """The verdict of paired rounds: significance from the interval, size from the estimate.
 
-    ``slower``: the interval's low end above 1 and the ratio ``test.ratio`` above
-    ``1 + min_effect``; ``faster`` the mirror image; ``same``: the whole interval inside
-    ``±min_effect``; else ``cannot tell``, saying whether the change is significant but
-    smaller than the effect, or the interval straddles 1.
+    ``slower``: the interval above 1 and ``test.ratio`` above ``1 + min_effect``; ``faster`` the mirror;
+    ``same``: the whole interval inside ``±min_effect``; else ``cannot tell``, saying why.
     """
     up, down = 1 + min_effect, 1 - min_effect
     if not np.isfinite(test.ci_high):

@@ -1,12 +1,10 @@
 """A backend's calls, made where the backend runs: outputs and timings come back, never a verdict.
 
-:func:`call_backend` prepares a backend on a case's inputs, makes its graded call, times it
-(:mod:`harness.timing.measure`) and returns a :class:`Called` of plain values; it needs no oracle,
-so a plugin's calls run in a worker and the driver grades them. Every timed call is checked: V's
-sign bits are flipped between timed calls (every ``FLIP_EVERY``-th), ``out`` is poisoned with
-NaN before each, every timed output is compared with the first, and the last sample is graded
-by the driver on a flip it chose (:func:`sign_mask`). What each check catches:
-docs/contract.md, "Threat model".
+:func:`call_backend` prepares a backend, makes its graded call, times it and returns a :class:`Called`
+of plain values; it needs no oracle, so a plugin's calls run in a worker. Every timed call is checked:
+V's sign bits are flipped every ``FLIP_EVERY``-th call, ``out`` is poisoned with NaN before each, every
+timed output is compared with the first, and the last sample is graded on the driver's flip
+(:func:`sign_mask`). What each check catches: docs/contract.md, "Threat model".
 """
 
 from __future__ import annotations
@@ -55,10 +53,8 @@ def _sign_bits(tensor: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
 
 
 class Flipper:
-    """Flips V's columns (and, for a latent cache, q's matching ones) in place, and undoes it.
-
-    A flip XORs the sign bits of the masked columns (exact for any dtype, fp8 included): one
-    elementwise pass over V, its bits made on the device once per mask.
+    """Flips V's columns (and, for a latent cache, q's matching ones) in place, and undoes it: an XOR of
+    the sign bits, exact for any dtype.
     """
 
     def __init__(self, inputs: PagedInputs, latent: bool):
@@ -114,12 +110,10 @@ def out_contract(prepared: Prepared, packed) -> str:
 class Called:
     """What a backend's calls gave, before any grading (plain values: it crosses a process boundary).
 
-    status   "" (called), "skip" (``Unsupported`` from prepare, or the backend's own skip reason),
-             or "error" (it raised; ``out`` is kept when the graded call had returned)
+    status   "" (called), "skip" or "error" (``out`` is kept when the graded call had returned)
     out      the graded call's output [num_tokens, num_q_heads, head_dim_v]; ``lse`` [num_tokens, num_q_heads]
-    problem  what was wrong with the graded call besides its values (shape, dtype, out, inputs)
-    outputs  more outputs to grade: (label, mask seed or None, output), e.g. the first call on flipped
-             inputs and each measurement's last sample on the driver's fresh flip
+    problem  what was wrong with the graded call besides its values
+    outputs  more outputs to grade: (label, mask seed or None, output)
     timed_problem  the first timed call whose output differed from its inputs' graded output
     timing   the timing columns (:func:`harness.timing.measure.timing_columns`), when timed
     """
@@ -160,11 +154,8 @@ def prepared_dims(prepared: Prepared, case: Case) -> tuple[int, int]:
 class Checks:
     """The sample hooks of one measurement (:class:`harness.timing.timer.SampleHooks`): poison, flip, compare.
 
-    A timed output is compared with the first output its inputs gave through one weighted sum,
-    ``sum(w * out)`` with fixed random weights ``w``: if every element is within the tolerance of
-    the first output, the sums differ by at most ``sum(|w| * (atol + rtol * |first|))`` (plus the
-    fp32 sum's own round-off), and a stale, zero or unwritten output misses that bound. Three
-    device operations a call, read in one sync when the measurement ends.
+    A timed output is compared with the first through ``sum(w * out)`` with fixed random weights: within
+    tolerance, the sums differ by at most ``sum(|w| * (atol + rtol * |first|))`` plus round-off.
     """
 
     def __init__(self, what: str, prepared: Prepared, flipper: Flipper | None, refs: dict, called: Called,
@@ -260,10 +251,10 @@ def _timed_call(prepared: Prepared, cuda: bool) -> tuple[object, float]:
 def call_backend(case: Case, inputs: PagedInputs, guard: InputGuard | None, backend: Backend, device: str,
                  settings: TimingSettings | None, seeds: tuple[int, int, int],
                  batch: Callable[[Prepared, Called], None] | None = None) -> Called:  # fmt: skip
-    """Prepare ``backend`` on ``inputs``, make its graded call, time it (``settings``; None: not timed) with
-    every timed call checked; ``seeds``: the driver's flips (:func:`sign_mask`) of every other timed call, of
-    the last latency sample and of the last call sample. ``batch(prepared, called)``, after the timing:
-    a worker's back-to-back calls that its driver times (:mod:`harness.execute.processes`)."""
+    """Prepare ``backend`` on ``inputs``, make its graded call, time it (``settings``; None: not timed)
+    with every timed call checked; ``seeds``: the driver's flips (:func:`sign_mask`). ``batch(prepared, called)``,
+    after the timing: a worker's back-to-back calls that its driver times.
+    """
     called = Called()
     if reason := backend.skip_reason(case, device):
         return Called(status="skip", reason=reason)

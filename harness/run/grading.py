@@ -1,35 +1,21 @@
 """Grading a backend's output against the float64 oracle: an accuracy record, not a bool.
 
-Default tolerances, per dtype, are the ones the kernels are held to (allclose rule:
-``|out - expected| <= atol + rtol * |expected|`` elementwise, and no NaN anywhere):
+Default tolerances per dtype (allclose rule ``|out - expected| <= atol + rtol * |expected|``,
+no NaN anywhere) are the kernels' own: docs/contract.md, "Tolerances". A case file may override
+either number per dtype; the report keeps the ones used.
 
-* float32  atol 1e-5, rtol 1e-4: the kernel's fp32 contract. Streaming softmax only
-  reassociates fp32 sums (errors ~1e-7 on O(1) outputs), so this leaves 100x headroom
-  while still catching TF32 (~1e-3) and any real indexing or masking bug.
-* float16  atol 1e-3, rtol 1e-3: the output is rounded to fp16 (half an ulp at 1.0 is
-  4.9e-4) and p is rounded to fp16 before ``p @ v``; 1e-3 is about two ulps, the figure
-  FlashInfer's and vLLM's fp16 attention tests use.
-* bfloat16 atol 1e-2, rtol 1e-2: bf16 has 8 bits of mantissa (half an ulp at 1.0 is
-  3.9e-3, at 2.0 it is 7.8e-3); 1e-2 is the usual bf16 attention tolerance.
-
-A case file may override either number per dtype; the report keeps the ones used.
-
-Forward error bound (:func:`forward_error_bound`): how far from the exact result an output
-may land from round-off that no correct fp32-softmax kernel avoids. With u the unit
-round-off (fp32: 2**-24; the output dtype's u_out: fp32 2**-24, fp16 2**-11, bf16 2**-8),
-each logit s_j = scale * q . k_j carries an error of at most
+:func:`forward_error_bound` bounds, to first order, how far an output may land from the exact
+result through round-off no correct fp32-softmax kernel avoids. With u the unit round-off
+(fp32 2**-24; u_out the output dtype's), each logit s_j = scale * q . k_j errs by at most
 
     delta_j = u * (|s_j| + sqrt(head_dim) * scale * sum_i |q_i k_ji|)
 
-(the rounding of s_j itself, plus the fp32 dot product's accumulated rounding with the
-sqrt(n) rule of thumb for n = head_dim random-signed roundings; Higham's worst case is n).
-Through the softmax, d out / d s_j = p_j (v_j - out), so to first order
+and, since d out / d s_j = p_j (v_j - out),
 
     error_bound = sum_j p_j * delta_j * (|v_j| + |out|) + u_out * |out|
 
-per output element (|v_j - out| <= |v_j| + |out| keeps it two matrix products) (the last term: rounding the output to its dtype). A row whose
-tolerance (atol + rtol * |expected|) is below this bound at some element grades the
-input's own round-off, not the kernel: its ``grading_note`` says so (the status is kept).
+per output element. A row whose tolerance is below this bound at some element grades the input's
+own round-off, not the kernel: its ``grading_note`` says so (the status is kept).
 """
 
 from __future__ import annotations
@@ -50,18 +36,12 @@ class Grade:
     """How far one output is from the oracle.
 
     max_abs_err  max |out - expected|
-    max_rel_err  max |out - expected| / max(|expected|, atol): relative error where the
-                 expected value is not tiny, and absolute error in atol units where it is
+    max_rel_err  max |out - expected| / max(|expected|, atol)
     rel_l2_err   ||out - expected||_2 / ||expected||_2
     nan_count    elements of out that are NaN or inf (never pass)
-    tol_ratio    max |out - expected| / (atol + rtol * |expected|): the margin to the
-                 tolerance (<= 1 passes; 0.1 means ten times inside it)
-                 (0 where out == expected exactly, even when the tolerance is 0)
-    passed       nan_count == 0 and every element within atol + rtol * |expected|
+    tol_ratio    max |out - expected| / (atol + rtol * |expected|) (<= 1 passes; 0 where exact)
     worst_index  (token, head, dim) of the largest violation of the allclose rule
-    error_bound  max over elements of :func:`forward_error_bound` (NaN when not given)
-    bound_ratio  max over elements of error_bound / (atol + rtol * |expected|): above 1 the
-                 tolerance is tighter than the input's own round-off (NaN when not given)
+    error_bound  max of :func:`forward_error_bound`; bound_ratio, its max over the tolerance (NaN when not given)
     fail_count   elements outside the tolerance (NaN and inf included)
     """
 
@@ -115,9 +95,8 @@ def _ratio(numerator: torch.Tensor, allowed: torch.Tensor) -> float:
 def grade(
     out: torch.Tensor, expected: torch.Tensor, atol: float, rtol: float, bound: torch.Tensor | None = None
 ) -> Grade:
-    """Compare ``out`` (any dtype, any device) with ``expected`` (float64) elementwise.
-
-    ``bound``, when given, is :func:`forward_error_bound` of the inputs (expected's shape).
+    """Compare ``out`` (any dtype, any device) with ``expected`` (float64) elementwise; ``bound``, when
+    given, is :func:`forward_error_bound` of the inputs (expected's shape).
     """
     actual = out.detach().to(expected.device, torch.float64)
     if actual.shape != expected.shape:
@@ -211,8 +190,7 @@ def forward_error_bound(
 def locate(token: int, query_start_loc: list[int], seq_lens: list[int]) -> str:
     """A packed token index in the words of the case: 'seq 3, query 5 (position 1029)'.
 
-    query_start_loc [num_seqs + 1] and seq_lens [num_seqs] as host lists; query j of a
-    sequence with q_len queries sits at position seq_len - q_len + j.
+    query_start_loc [num_seqs + 1] and seq_lens [num_seqs] as host lists.
     """
     import bisect
 

@@ -1,12 +1,5 @@
 """Guards around a backend's call: its inputs stay pristine, its output has q's shape, dtype
 and device, and only the user (not a backend) can stop the run.
-
-Every input tensor is fingerprinted (:func:`fingerprint`, its bytes) and checked after each
-backend's graded call and timing; a change fails the row ("mutated its input k_cache") and the
-inputs are rebuilt in place before the next backend. A result of the wrong type, shape, dtype
-or device fails with the reason. A backend's ``SystemExit`` or ``KeyboardInterrupt`` is an error
-row; the user's SIGINT (:func:`install_signal_handlers`) and SIGTERM (:class:`Terminated`) stop
-the run.
 """
 
 from __future__ import annotations
@@ -61,10 +54,8 @@ def raised_by_backend(error: BaseException) -> bool:
 def fingerprint(tensor: torch.Tensor) -> tuple:
     """(shape, stride, dtype, digest of the bytes): equal iff unchanged (NaN == NaN here).
 
-    CPU: :func:`harness.cases.hashing.tensor_digest` of the bytes (no copy). A device tensor is summed where it lives, in
-    chunks, as 32-bit words: their sum and a position-weighted sum (any change to a value,
-    and any swap of two values, changes one of them), so a multi-GB pool is not copied to
-    the host for every check.
+    CPU: :func:`harness.cases.hashing.tensor_digest`. A device tensor is summed where it lives, in chunks
+    of 32-bit words: their sum and a position-weighted sum, so no pool is copied to the host.
     """
     flat = tensor.detach().contiguous().reshape(-1).view(torch.uint8)
     if flat.device.type != "cpu":

@@ -1,10 +1,7 @@
 """The harness's truth: attention in float64 on the CPU, written from the definition.
 
-It shares no code with the backends it grades: slots are found by flat index
-(``block * block_size + offset``), the softmax is spelled out, and every number is
-float64, so its own rounding is about 1e-16, far under any tolerance graded against it.
-Each attention variant enters through its row's oracle hook (harness.cases.variants), at
-the stage the hook names.
+It shares no code with the backends it grades; each variant enters through its oracle hook
+(harness.cases.variants).
 """
 
 from __future__ import annotations
@@ -36,18 +33,13 @@ def paged_attention_oracle(
 
     q               [num_tokens, num_q_heads, head_dim]
     k_cache         [num_blocks, block_size, num_kv_heads, head_dim]
-    v_cache         [num_blocks, block_size, num_kv_heads, head_dim_v] (MLA: head_dim_v may differ)
+    v_cache         [num_blocks, block_size, num_kv_heads, head_dim_v]
     block_table     [num_seqs, max_blocks_per_seq] int
     seq_lens        [num_seqs] int
     query_start_loc [num_seqs + 1] int, or None for one query per sequence
     device          where the float64 arithmetic runs (the CPU by default)
-    options         the variants' keywords, as the kernel call takes them (harness.cases.variants.VARIANTS:
-                    sliding_window, logit_softcap, sinks, alibi_slopes, k_scale, v_scale); each given
-                    one (not None) applies through its variant's oracle hook (harness.cases.variants.OracleHook
-                    says where). An fp8 cache's scales make the oracle attend over the dequantized cache
-                    k_cache * k_scale, exactly (float64), so the grade measures the kernel and not the quantization
-    return_lse      also return lse [num_tokens, num_q_heads] float64: ln(S + sum_j exp(l_j)),
-                    the log of the softmax's denominator, the sink's term S included
+    options         the variants' keywords, as the kernel call takes them; fp8 scales dequantize exactly
+    return_lse      also return lse [num_tokens, num_q_heads] float64: ln(S + sum_j exp(l_j)), sink included
     returns         [num_tokens, num_q_heads, head_dim_v] float64 on ``device`` (with return_lse: (out, lse))
     """
     keywords = [keyword for v in VARIANTS for keyword in v.keywords if keyword != "return_lse"]
@@ -123,15 +115,13 @@ def oracle_stages(options: dict) -> tuple[list[Callable], ...]:
 def sequence_kv(k_cache, v_cache, table_row, seq_len: int, device) -> tuple[torch.Tensor, torch.Tensor]:
     """One sequence's keys and values in float64, gathered slot by slot.
 
-    Key position p sits at slot ``table_row[p // block_size] * block_size + p % block_size``
-    of the pool flattened to slots (block 7, offset 3, block_size 16: slot 7 * 16 + 3 = 115).
+    Key position p sits at slot ``table_row[p // block_size] * block_size + p % block_size``.
 
-    k_cache         [num_blocks, block_size, num_kv_heads, head_dim], any dtype (no float64
-                    copy of the pool is made, only of the sequence's rows)
+    k_cache         [num_blocks, block_size, num_kv_heads, head_dim], any dtype
     v_cache         [num_blocks, block_size, num_kv_heads, head_dim_v]
-    table_row       [max_blocks_per_seq] int64 on the CPU: the sequence's row of the block table
-    returns         k [seq_len, num_kv_heads, head_dim], v [seq_len, num_kv_heads, head_dim_v],
-                    float64 on ``device`` (an fp8 pool's raw values: its scales are the caller's)
+    table_row       [max_blocks_per_seq] int64 on the CPU
+    returns         k [seq_len, num_kv_heads, head_dim], v [seq_len, num_kv_heads, head_dim_v], float64 on
+                    ``device`` (an fp8 pool's raw values: its scales are the caller's)
     """
     num_blocks, block_size, num_kv_heads, head_dim = k_cache.shape
     pos = torch.arange(seq_len)

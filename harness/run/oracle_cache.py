@@ -69,9 +69,9 @@ _warned: set[Path] = set()
 
 
 def private_folder(folder: Path) -> bool:
-    """Whether ``folder`` may hold this user's cache: created mode 0700 when missing; an existing
-    one must be a folder this user owns that neither group nor others may write (else a warning,
-    once per folder, and False: the cache is not used)."""
+    """Whether ``folder`` may hold this user's cache: created 0700 when missing; an existing one must be
+    this user's and not group- or world-writable (else a warning, once per folder, and False).
+    """
     try:
         if not folder.exists():
             folder.mkdir(parents=True, mode=0o700)
@@ -125,12 +125,8 @@ def max_bytes() -> int:
 def cache_key(
     args: Sequence[torch.Tensor | None], device: str, scale: float | None = None, options: dict | None = None
 ) -> str:
-    """sha256 hex of the call's content (see the module docstring).
-
-    args: (q, k_cache, v_cache, block_table, seq_lens, query_start_loc), any device.
-    options: the attention variants of the call (sliding_window, logit_softcap, sinks,
-    alibi_slopes): scalars by value, tensors by their bytes, so two variants of one input
-    never share an entry.
+    """sha256 hex of the call's content: args (q, k_cache, v_cache, block_table, seq_lens,
+    query_start_loc, any device) and the variants' options, tensors by their bytes.
     """
     digest = hashlib.sha256()
     digest.update(
@@ -249,12 +245,9 @@ def lookup(
 ) -> tuple[torch.Tensor, bool]:
     """(the float64 result ``name`` of the call ``key``, of ``shape``, on ``device``; whether it came from the cache).
 
-    From the cache, else ``compute()`` (then stored). ``name`` "out" is the oracle's output,
-    stored under ``key`` itself (``<key>.oracle``); another name (a function of the same inputs,
-    such as the grading's forward error bound, with its code's hash in the name) under
-    ``<sha256(key, name)>.derived``, so one hash of the inputs serves every result. ``key`` None: ``compute()``,
-    nothing stored. In verify mode (:func:`verify_fraction`) a sampled hit is recomputed, and one
-    that differs raises :class:`PoisonedCacheError` (the entry removed).
+    From the cache, else ``compute()`` (then stored). "out" is stored as ``<key>.oracle``, another name as
+    ``<sha256(key, name)>.derived``. ``key`` None: ``compute()``, nothing stored. In verify mode a sampled
+    hit that differs raises :class:`PoisonedCacheError` (the entry removed).
     """
     folder = cache_dir()
     if key is None or folder is None or not private_folder(folder):

@@ -1,9 +1,6 @@
 """``--profile CASE[:BACKEND]``: a trace of a row's calls, saved beside the run, to open rather than guess.
 
-The trace is torch.profiler's Chrome trace (open it in chrome://tracing or Perfetto): host
-ops, and on CUDA every kernel with its launch, of a few calls of the prepared ``run``
-and of the user's ``call``. Patterns are shell-style globs on the case id and the
-backend name (``llama3_8b_decode*:triton``); no backend means every backend of the case.
+Patterns are shell-style globs on the case id and backend name; no backend means every backend of the case.
 """
 
 from __future__ import annotations

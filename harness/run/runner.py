@@ -1,8 +1,4 @@
-"""Run cases through backends: grade each against the oracle, time it, emit one row each.
-
-The runner knows nothing of files: it returns a DataFrame (and calls ``on_row`` per
-row), and :mod:`harness.results.report` stores it.
-"""
+"""Run cases through backends: grade each against the oracle, time it, emit one row each (a DataFrame)."""
 
 from __future__ import annotations
 
@@ -67,9 +63,8 @@ class CaseContext:
 
 
 def build_context(case: Case, device: str, oracle_device: str, oracle: bool = True) -> CaseContext:
-    """The case's inputs, oracle output (and lse), error bound and input guard; phases "inputs", "oracle", "guard".
-
-    ``oracle=False``: inputs and guard only (``expected`` is None): what a worker that calls a plugin holds.
+    """The case's inputs, oracle output (and lse), error bound and input guard (``oracle=False``: inputs
+    and guard only, ``expected`` None).
     """
     with phase("inputs"):
         inputs = case_inputs(case, device)
@@ -174,11 +169,8 @@ def grade_called(ctx: CaseContext, backend: Backend, config: RunConfig, called: 
                  seeds: tuple[int, int, int], wall: tuple | None = None) -> dict:  # fmt: skip
     """The row of a backend's calls: every output graded against the oracle, the timing held to physics.
 
-    The graded call's output first; then each further output (the first call on flipped inputs, each
-    measurement's last sample on the driver's fresh flip) against the oracle under its flip. A row
-    passes only if all of them do; the reason says which call failed. ``wall``: a worker's batch of
-    back-to-back default calls as this process measured it (:func:`harness.run.physics.impossible`). A failure graded first is never replaced by
-    an error raised later: the error is added to its reason.
+    A row passes only if all outputs do; the reason says which call failed. ``wall``: a worker's batch of
+    default calls as this process measured it. A failure graded first is never replaced by a later error.
     """
     case = ctx.case
     row = {**case_columns(case, config.device), "backend": backend.name, "backend_kind": backend.kind,

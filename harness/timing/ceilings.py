@@ -1,9 +1,4 @@
-"""The device's ceilings, measured at the start of a run: what "fast" is measured against.
-
-Read bandwidth (a large reduction: ``pct_of_ceiling`` is against it), copy bandwidth, and the
-matmul rate per dtype beside the datasheet peak (``peak_tflops``, ``peak_source``), all through
-:mod:`harness.timing.timer`.
-"""
+"""The device's ceilings, measured at the start of a run: what "fast" is measured against."""
 
 from __future__ import annotations
 
@@ -40,11 +35,6 @@ def measure_copy_bandwidth(device: str, size_bytes: int = 1 << 30) -> float:
 def measure_read_bandwidth(device: str, size_bytes: int = 1 << 31) -> float:
     """GB/s of the fastest of the readers below over a large float32 buffer: every byte read once,
     (almost) nothing written.
-
-    A ceiling is what the best reader achieves, so a kernel's row can only approach it: torch's
-    full reduction alone over 1 GiB reads less on an H200 than cuDNN's attention reads over a 2 GiB
-    KV. A 2 GiB buffer (a fixed launch and tail cost weighs half as much) and a streaming Triton
-    reader (each program sums its stretch into one float) close that gap.
     """
     size_bytes = _buffer_bytes(device, size_bytes)
     src = torch.rand(size_bytes // 4, dtype=torch.float32, device=device)
@@ -57,10 +47,8 @@ def measure_read_bandwidth(device: str, size_bytes: int = 1 << 31) -> float:
 
 
 def _streaming_reader(src: torch.Tensor) -> tuple | None:
-    """(read, sums): ``read()`` runs a Triton kernel that reads ``src`` (flat float32) once, 128 KiB a
-    program, each program's sum into ``sums`` [programs]; None without Triton.
-
-    Imported here, not at the top: Triton is optional and this module is loaded on CPU-only installs.
+    """(read, sums): ``read()`` runs a Triton kernel that reads ``src`` (flat float32) once, each program's
+    sum into ``sums`` [programs]; None without Triton (optional, so imported here).
     """
     try:
         import triton
@@ -137,11 +125,8 @@ SHARE_ENV = "HARNESS_CEILINGS_DIR"  # set by a Ray driver: GPU tasks get a fresh
 def own_device(device: str, dtype_names: list[str], timing: bool) -> dict:
     """The device this (worker) process runs on: its name and, on CUDA when timing, its ceilings.
 
-    {"gpu_name": torch's name ("" on a CPU), "ceilings": measure_ceilings(...) or {}, "measure_s"}.
-    Measured once per process (workers start once and run many cases). Where ``$HARNESS_CEILINGS_DIR``
-    is set (a Ray run), once per GPU of the node: the first process on a GPU leaves its report
-    there as ``<CUDA_VISIBLE_DEVICES>.json`` and the next ones read it (``measure_s`` 0).
-    On a CPU the workers share the host's memory: the driver's ceilings stand, nothing is measured.
+    {"gpu_name": torch's name ("" on a CPU), "ceilings": measure_ceilings(...) or {}, "measure_s"}, measured
+    once per process; with ``$HARNESS_CEILINGS_DIR`` once per GPU of the node (later readers: ``measure_s`` 0).
     """
     import json
     import os
@@ -171,10 +156,7 @@ def own_device(device: str, dtype_names: list[str], timing: bool) -> dict:
 class GpuLedger:
     """Each GPU of a run, keyed by (host, gpu_index): its name and the ceilings its worker measured.
 
-    Workers report their device (:func:`own_device`) before their rows; the first report of
-    a GPU is its record (workers sharing a GPU measured it while the other did too). Rows
-    then get their ``pct_of_ceiling`` / ``pct_of_peak`` from their own GPU's record, so a
-    row is never judged against another GPU's ceiling, even one of another model.
+    The first report of a GPU is its record; rows get ``pct_of_ceiling`` / ``pct_of_peak`` from their own GPU's.
     """
 
     def __init__(self):
@@ -205,10 +187,8 @@ class GpuLedger:
 
 
 def ceiling_columns(row: dict, ceilings: dict) -> dict:
-    """``pct_of_ceiling`` and ``pct_of_peak`` of a timed row (its ``gbps``, ``tflops``) against ``ceilings``.
-
-    pct_of_ceiling = 100 * gbps / read_gbps; pct_of_peak = 100 * tflops / peak_tflops[dtype],
-    on rows with more than one query per sequence (prefill), as :mod:`harness.timing.measure` does.
+    """``pct_of_ceiling`` (100 * gbps / read_gbps) and ``pct_of_peak`` (100 * tflops / peak_tflops[dtype],
+    prefill rows only) of a timed row against ``ceilings``.
     """
     out = {}
     gbps, tflops = row.get("gbps"), row.get("tflops")

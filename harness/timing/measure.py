@@ -1,10 +1,9 @@
 """Timing columns of one report row: what the kernel costs on the device and what a caller waits for.
 
-``latency_us``, ``call_us``, ``host_overhead_us``, ``host_us``, ``graph_capturable``,
-``device_syncs``, ``kernels_ran``, ``plan_us`` and the bandwidth and rate against the run's
-ceilings (docs/contract.md, "Report rows"). A row's timing runs within ``ROW_BUDGET_S``, keeping
-at least one sample of each measurement (the ``note`` says so); a CPU model on a GPU gets
-``MODEL_BUDGET_S``. :func:`row_time_limit` is an isolated row's time limit: only a hang reaches it.
+``latency_us``, ``call_us``, ``host_overhead_us``, ``host_us``, ``graph_capturable``, ``device_syncs``,
+``kernels_ran``, ``plan_us`` and the bandwidth and rate against the run's ceilings (docs/contract.md).
+A row's timing runs within ``ROW_BUDGET_S`` (a CPU model on a GPU: ``MODEL_BUDGET_S``), keeping at least
+one sample of each measurement.
 """
 
 from __future__ import annotations
@@ -46,9 +45,7 @@ GPU_GBPS, GPU_TFLOPS = 500.0, 20.0  # a GPU whose ceilings were not measured (pr
 def row_time_limit(case: Case, device: str, ceilings: dict | None = None) -> float:
     """Default time limit (seconds) of one row of ``case``: its graded call and its timing.
 
-    The expected call time is the larger of bytes_moved / read bandwidth and flops / peak rate
-    (:mod:`harness.timing.metrics`), against the run's measured ``ceilings`` on a GPU, else
-    conservative constants. ``--timeout`` and a case's ``timeout_s`` override it.
+    From bytes_moved / read bandwidth and flops / peak rate against ``ceilings`` (else conservative constants).
     """
     ceilings = ceilings or {}
     if torch.device(device).type == "cuda":

@@ -14,12 +14,8 @@ def _first_key_seen(seq_len: int, q_len: int, window: int | None) -> int:
 def kv_tokens_read(case: Case) -> int:
     """Distinct KV positions (per KV head) the call must read, over all sequences.
 
-    A sequence with queries reads the union of the keys its queries see: the keys from
-    its first query's oldest visible key to its end, seq_len - first_key (first_key 0
-    without a window, max(0, seq_len - q_len - W + 1) with a window W). The shared
-    prefix of a "shared_prefix" layout (prefix_blocks * block_size keys, the same pages
-    in every sequence, cascade or not) is one set of pages: it counts once, from the
-    earliest key any sequence reads in it. A sequence with q_len 0 reads nothing.
+    Per sequence with queries, seq_len - first_key (first_key max(0, seq_len - q_len - W + 1) with a
+    window W, else 0); a "shared_prefix" layout's prefix counts once.
     """
     window = case.sliding_window
     prefix = case.prefix_blocks * case.block_size
@@ -38,13 +34,8 @@ def bytes_moved(case: Case) -> int:
 
     bytes = kv_elt * kv_tokens_read * num_kv_heads * (head_dim + head_dim_v)
             + elt * num_tokens * num_q_heads * (head_dim + head_dim_v)
-    (kv_elt: 1 for an fp8 cache, else elt; head_dim_v = head_dim but for MLA-shaped cases; a latent
-    cache, whose V is K's first head_dim_v columns, reads head_dim a key instead of the sum)
-    kv_tokens_read (:func:`kv_tokens_read`): per sequence with queries, the keys its
-    queries see (a sliding window's keys only), a shared prefix once; K and V read once
-    each. q is read once and out written once. Block tables and lengths (a few KB) are
-    left out. A kernel that reads more (a shared prefix per sequence, a window's whole
-    sequence) shows it as a lower gbps, never as a row past the read ceiling.
+    (kv_elt: 1 for an fp8 cache, else elt; a latent cache reads head_dim a key). Block tables and
+    lengths are left out.
     """
     elt = case.element_bytes
     num_tokens = sum(case.q_lens)
@@ -59,10 +50,7 @@ def bytes_moved(case: Case) -> int:
 def attended_pairs(case: Case) -> int:
     """(query, key) pairs the causal rule (and a sliding window) lets attend, summed over sequences.
 
-    Query j of a sequence with q_len queries over seq_len keys sits at position
-    p = seq_len - q_len + j and sees p + 1 keys, so a sequence contributes
-    q_len * (seq_len - q_len) + q_len * (q_len + 1) / 2. With a sliding window W it sees
-    min(p + 1, W) keys.
+    Query j sits at p = seq_len - q_len + j and sees p + 1 keys (with a window W, min(p + 1, W)).
     """
     window = case.sliding_window
     total = 0
@@ -78,9 +66,7 @@ def attended_pairs(case: Case) -> int:
 def flops(case: Case) -> int:
     """Useful floating-point operations: 2 * attended_pairs * num_q_heads * (head_dim + head_dim_v).
 
-    A multiply-add (2 flops) per pair, head and dimension of q . k (head_dim) and of p @ v
-    (head_dim_v): 4 * pairs * heads * head_dim when the two agree. Softmax exponentials and
-    masked-out work (keys outside the causal rule or the window) are not counted.
+    Softmax exponentials and masked-out work are not counted.
     """
     return 2 * attended_pairs(case) * case.num_q_heads * (case.head_dim + case.head_dim_v)
 

@@ -1,11 +1,6 @@
 """Where a process's time goes, by named phase: seconds summed per name, read and reset at will.
 
-    with phase("inputs"):
-        inputs = case_inputs(case, device)
-    spent = take_phases()  # {"inputs": 1.93, ...}; the clock starts again from zero
-
-Host wall time (``perf_counter``): GPU work queued in one phase and waited for in a later one
-counts in the later one. Reported in meta.json's ``scale.phase_s``.
+Host wall time (``perf_counter``), reported in meta.json's ``scale.phase_s``.
 """
 
 from __future__ import annotations

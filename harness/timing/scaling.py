@@ -1,8 +1,7 @@
 """How each backend's latency scales: a straight-line fit per backend over a run's timed rows.
 
-latency_us ~= fixed_us + per_unit_us * x, by least squares, for x = bytes_moved (decode) or
-flops (prefill), total_kv_tokens and num_seqs, decode and prefill rows apart. A line is kept
-(``fitted``) only where r2 >= MIN_R2 and neither term is negative; elsewhere ``reason`` says why.
+latency_us ~= fixed_us + per_unit_us * x, by least squares; kept (``fitted``) only where
+r2 >= MIN_R2 and neither term is negative.
 """
 
 from __future__ import annotations
@@ -53,9 +52,7 @@ def fit_verdict(slope: float, intercept: float, r2: float) -> str:
 def fit_scaling(frame: pd.DataFrame, column: str = "latency_us") -> pd.DataFrame:
     """One row per (backend, phase, x) with at least MIN_POINTS distinct x among the timed rows.
 
-    Columns: backend, phase ("decode" or "prefill"), x, per_unit_us, fixed_us, r2, n, fitted,
-    reason. ``fitted`` False (see :func:`fit_verdict`): per_unit_us and fixed_us are NaN,
-    r2 is the rejected line's, ``reason`` says why.
+    Columns: backend, phase, x, per_unit_us, fixed_us, r2, n, fitted, reason (NaN terms where not fitted).
     """
     columns = ["backend", "phase", "x", "per_unit_us", "fixed_us", "r2", "n", "fitted", "reason"]
     rows = []

@@ -1,15 +1,10 @@
 """The one timing entry point of the harness: every suite, benchmark and script times through it.
 
-:func:`time_call` is the device time of a prepared call (``latency_us``): ``perf_counter`` on the
-CPU after one warm-up; on CUDA three warm-ups, then CUDA-graph replays where the call captures,
-CUDA events otherwise, a 256 MB buffer zeroed before every sample so the KV is not in L2.
-:func:`time_wall` is what a caller waits for (``call_us``): the host clock around one eager call,
-the device drained before and after. Both return raw samples: at least ``min_reps``, then more
-until ``target_s`` or ``max_reps``; a passed ``deadline`` stops them (``cut_short``). ``hooks``
-(:class:`SampleHooks`) run around each sample outside the timed region, and a last ``final``
-sample is graded by the caller. The clocks are bound at import, before any plugin is.
-:func:`probe_call` says whether a call captures and how many syncs it makes;
-:func:`kernels_launched` names its device kernels.
+:func:`time_call` is the device time of a prepared call (``latency_us``); :func:`time_wall` is what a
+caller waits for (``call_us``). Both return raw samples (us): at least ``min_reps``, then more until
+``target_s`` or ``max_reps``; a passed ``deadline`` stops them (``cut_short``). ``hooks``
+(:class:`SampleHooks`) run around each sample outside the timed region, and a last ``final`` sample
+is graded by the caller. The clocks are bound at import, before any plugin is.
 """
 
 from __future__ import annotations
@@ -127,15 +122,12 @@ def time_call(
     deadline: float | None = None,
     hooks: SampleHooks | None = None,
 ) -> Timing:
-    """Device time of ``fn()`` on ``device``; see the module docstring for the method.
+    """Device time of ``fn()`` on ``device``: ``perf_counter`` on the CPU; on CUDA graph replays or events,
+    with L2 flushed before every sample.
 
-    ``graph=False`` forbids the CUDA-graph replay (events around eager calls instead).
-    ``graphable`` means ``graph``: the ``compare --confirm`` worker passes that keyword, which the
-    timer of every build it times accepts.
-    The returned method is ``cpu_perf_counter``, ``cuda_graph_replay`` or ``cuda_events``.
-    ``deadline``: see the module docstring (no graph is captured once it has passed).
-    ``hooks``: called around every sample, and one more sample is taken with ``final=True``
-    (its time is a sample too); with a graph, ``after`` is given what the captured call returned.
+    ``graph=False`` (or ``graphable=False``) forbids the CUDA-graph replay. The returned method is
+    ``cpu_perf_counter``, ``cuda_graph_replay`` or ``cuda_events``. ``hooks``: called around every sample,
+    and one more sample is taken with ``final=True``.
     """
     min_reps, max_reps = _reps(device, min_reps, max_reps)
     graph = graph if graphable is None else graphable
@@ -193,12 +185,8 @@ def time_wall(
 ) -> Timing:
     """Wall time a caller waits for one eager ``fn()``, host overhead and device syncs included.
 
-    The device is drained (synchronize) before the clock starts and after ``fn`` returns,
-    inside the timed region, so the sample is the full latency of the call as made.
-    ``host_samples``, when given, receives (CUDA only) each sample's host time: from the call to
-    its return, before the drain (the Python, checks and launches of one call on an idle device;
-    device time only where the call itself waits for the device). It is the ``host_us`` column.
-    ``hooks``: as for :func:`time_call`.
+    ``host_samples``, when given, receives (CUDA only) each sample's host time before the drain: the
+    ``host_us`` column. ``hooks``: as for :func:`time_call`.
     """
     min_reps = WALL_MIN_REPS if min_reps is None else min_reps
     if not _is_cuda(device):  # no device to drain: the host clock around the call is time_call's
@@ -263,11 +251,8 @@ class CallProbe:
 
 
 def probe_call(fn: Callable[[], object], device: str) -> CallProbe:
-    """Count the device syncs of one call of ``fn`` and try to capture it in a CUDA graph.
-
-    Syncs are counted with ``torch.cuda.set_sync_debug_mode("warn")``, which warns once per
-    synchronizing CUDA operation torch makes (a ``.item()``, a device-to-host copy, a
-    ``nonzero``); a sync inside a third-party extension is not seen.
+    """Count the device syncs of one call of ``fn`` (``set_sync_debug_mode("warn")``) and try to
+    capture it in a CUDA graph.
     """
     if not _is_cuda(device):
         return CallProbe(None, None)
@@ -287,9 +272,8 @@ def probe_call(fn: Callable[[], object], device: str) -> CallProbe:
 
 
 def kernels_launched(fn: Callable[[], object], device: str, top: int = 3) -> str:
-    """The device kernels one call of ``fn`` runs, longest first: ``name (share%); ...``.
-
-    Empty off CUDA. Names are cut to 60 characters (templated kernel names run to pages).
+    """The device kernels one call of ``fn`` runs, longest first: ``name (share%); ...`` (empty off
+    CUDA; names cut to 60 characters).
     """
     if not _is_cuda(device):
         return ""
