@@ -47,8 +47,9 @@ GRID = {
     "decode_split": list(itertools.product([16], [1], [32, 64, 128], [4, 8], [2, 3, 4])),
     "decode_split_long": list(itertools.product([16], [1], [32, 64, 128], [4, 8], [2, 3, 4])),
     "verify": list(itertools.product([32, 64], [8], [64, 128], [4, 8], [2, 3])),
+    # 128 rows hold 32 tokens of a group of 4, 64 of a group of 2
     "prefill": [(64, 16, *rest) for rest in itertools.product([32, 64, 128], [4, 8], [2, 3, 4])]
-    + [(128, 32, *rest) for rest in itertools.product([32, 64, 128], [4, 8], [2, 3, 4])],
+    + [(128, tokens, *rest) for tokens in (32, 64) for rest in itertools.product([32, 64, 128], [4, 8], [2, 3, 4])],
 }
 
 
@@ -116,7 +117,8 @@ def main(argv: list[str] | None = None) -> int:
     device = "cuda" if torch.cuda.is_available() else "cpu"
     suites = ["smoke"] if args.dry else args.suites
     cases = [c for c in load_cases([resolve_case_arg(s) for s in suites]) if fnmatch.fnmatch(c.id, args.case)]
-    cases = [c for c in cases if c.wants("triton") and not c.variants]
+    (backend,) = resolve_backends(["triton"])
+    cases = [c for c in cases if c.wants("triton") and set(c.variants) <= backend.variants]
     if args.q_class:
         cases = [c for c in cases if key_of(c)[2] == args.q_class]
     if args.dry:
