@@ -79,6 +79,8 @@ TUNED: dict[tuple[str, int, str], TileConfig] = {
     ("half", 64, "decode"): TileConfig(max_rows=16, max_tokens=1, tile_n=256, num_warps=4, num_stages=2),
     # gemma2_9b_hd256_decode (16 q / 8 KV heads, 32 sequences of 500-4000), the only hd256 case measured.
     ("half", 256, "decode"): TileConfig(max_rows=16, max_tokens=1, tile_n=64, num_warps=4, num_stages=4),
+    # chunked_8x512_gemma2_softcap (16 q / 8 KV heads, softcap): 128-row tiles of 64 tokens, 64-key tiles.
+    ("half", 256, "prefill"): TileConfig(max_rows=128, max_tokens=64, tile_n=64, num_warps=8, num_stages=2),
     # spec_verify_32x4k, q_len 2, 4 and 8.
     ("half", 128, "verify"): TileConfig(max_rows=64, max_tokens=8, tile_n=128, num_warps=4, num_stages=3),
     # The five prefill cases of cases/gpu_peers.toml. 128-key tiles at 2 stages leave no registers for
