@@ -51,7 +51,14 @@ def captured_output(path: str | None):
     for stream in (sys.stdout, sys.stderr):
         with contextlib.suppress(Exception):
             stream.flush()
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o644)
+    for attempt in range(3):  # another worker's row removes the folder when it is left empty (report_output)
+        try:
+            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o644)
+            break
+        except FileNotFoundError:
+            if attempt == 2:
+                raise
+            folder.mkdir(parents=True, exist_ok=True)
     saved = os.dup(1), os.dup(2)
     os.dup2(fd, 1)
     os.dup2(fd, 2)
