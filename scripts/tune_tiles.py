@@ -38,8 +38,9 @@ from harness.cases.packaged import resolve_case_arg
 from harness.cases.spec import Case
 from harness.run.runner import case_inputs
 from harness.timing.timer import time_call
-from kernels.tiling import choose_tiling
+from kernels.tiling import Tiling, choose_tiling
 from kernels.tuning import TileConfig, default_config, override
+from scripts.kernel_ab import timeable
 
 # The grid per query class: (max_rows, max_tokens, tile_n, num_warps, num_stages).
 GRID = {
@@ -54,13 +55,18 @@ GRID = {
 
 
 def key_of(case: Case) -> tuple[str, int, str]:
-    """The tuning key a case's launch looks up, as choose_tiling decides it (the triton backend's
+    """The tuning key a case's launch looks up (:func:`tiling_of`)."""
+    return tiling_of(case).TUNING_KEY
+
+
+def tiling_of(case: Case) -> Tiling:
+    """The tiling of a case's launch under the config in force, as choose_tiling decides it (the triton backend's
     hints: max_q_len = the longest q_len, max_seq_len = the longest sequence; an fp8 or latent cache
     takes its own precision). Past head dim 256 the launch counts a group's head tiles and V parts as
     programs (kernels.tiling.tiling_for), which this does not: an MLA case's query class may differ."""
     return choose_tiling(case.head_dim, case.group_size, max(case.q_lens), case.num_seqs, case.num_kv_heads,
                          case.max_seq_len, fp32=case.dtype == "float32", num_tokens=sum(case.q_lens),
-                         kv_fp8=case.kv_dtype is not None, latent=bool(case.latent_kv)).TUNING_KEY  # fmt: skip
+                         kv_fp8=case.kv_dtype is not None, latent=bool(case.latent_kv))  # fmt: skip
 
 
 def candidates(key: tuple[str, int, str]) -> list[TileConfig]:
@@ -82,7 +88,17 @@ def time_case(case: Case, configs: list[TileConfig], device: str, target_s: floa
     (backend,) = resolve_backends(["triton"])
     inputs = case_inputs(case, device)
     results, expected = {}, None
+    timed: dict[Tiling, TileConfig] = {}  # a launch's tiling -> the candidate timed for it
     for config in configs:
+        with override(config):
+            tiling = tiling_of(case)
+        if (
+            tiling in timed
+        ):  # the same launch as an earlier candidate's (64 tokens of a group of 4 fill 128 rows as 32 do)
+            if timed[tiling] in results:
+                results[config] = results[timed[tiling]]
+            continue
+        timed[tiling] = config
         out = inputs.new_out()
         with override(config):
             prepared = backend.prepare(case, inputs, out)
@@ -117,8 +133,7 @@ def main(argv: list[str] | None = None) -> int:
     device = "cuda" if torch.cuda.is_available() else "cpu"
     suites = ["smoke"] if args.dry else args.suites
     cases = [c for c in load_cases([resolve_case_arg(s) for s in suites]) if fnmatch.fnmatch(c.id, args.case)]
-    (backend,) = resolve_backends(["triton"])
-    cases = [c for c in cases if c.wants("triton") and set(c.variants) <= backend.variants]
+    cases = timeable(cases)
     if args.q_class:
         cases = [c for c in cases if key_of(c)[2] == args.q_class]
     if args.dry:

@@ -154,8 +154,7 @@ def finalize(args: argparse.Namespace, journal) -> int:
         )
     write_run(frame, meta, args.resume, page=report.render_html)
     journal.remove()
-    if staged_logs(args.resume).is_dir():  # plugin rows' output of the stopped run, kept with its folder
-        os.replace(staged_logs(args.resume), Path(args.resume) / "logs")
+    keep_logs(Path(args.resume))  # plugin rows' output of the stopped run, kept with its folder
     code, messages = verdict(frame, None)
     if code == 0 and (missing or unknown):  # what ran passes, but not all of the run ran
         code = EXIT_INCOMPLETE
@@ -178,3 +177,16 @@ def ordered(frame, cases, backends, columns):
         backend_rank
     ).fillna(len(backend_rank))
     return frame.iloc[key.argsort(kind="stable")].reset_index(drop=True)[columns]
+
+
+def keep_logs(run_dir: Path, move: bool = True) -> None:
+    """Move the staged plugin-row logs into ``<run>/logs`` (``move``: the run folder exists; else they stay staged
+    for --resume); a folder left empty (every row silent) is removed instead. Done once, at the run's end:
+    while it runs, workers share the folder."""
+    staged = staged_logs(run_dir)
+    if not staged.is_dir():
+        return
+    if not any(staged.iterdir()):
+        staged.rmdir()
+    elif move:
+        os.replace(staged, run_dir / "logs")

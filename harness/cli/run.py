@@ -30,7 +30,7 @@ from harness.cli.options import (
     load,
     prog,
 )
-from harness.cli.resume import finalize, ordered, resume, run_options, staged_logs
+from harness.cli.resume import finalize, keep_logs, ordered, resume, run_options, staged_logs
 from harness.cli.terminal import finish, off_device, row_printer, verdict
 from harness.execute.executors import add_arguments as add_scale_arguments
 from harness.execute.executors import check_arguments as check_scale_arguments
@@ -295,13 +295,13 @@ def _run_and_write(args, device, cases, backends, plugin_backends, worker, journ
         write_run(frame, meta, run_dir, page=report.render_html)
     except OSError as error:
         journal.close(stopped=True)
+        keep_logs(run_dir, move=False)
         print(f"error: writing the run folder {run_dir} failed: {error}\n"
               f"the {len(journal.rows)} rows are kept in {journal.path}; once there is room, finish with: "
               f"{resume_hint}", file=sys.stderr)  # fmt: skip
         return EXIT_INTERNAL
     journal.remove()
-    if staged_logs(run_dir).is_dir():  # the plugin rows' output, beside the run until its folder exists
-        os.replace(staged_logs(run_dir), run_dir / "logs")
+    keep_logs(run_dir)  # the plugin rows' output, beside the run until its folder exists
     if to_profile:
         _profile(to_profile, config, worker, run_dir / "profiles")
     code, messages = verdict(frame, args.harness_backends)

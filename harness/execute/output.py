@@ -51,14 +51,7 @@ def captured_output(path: str | None):
     for stream in (sys.stdout, sys.stderr):
         with contextlib.suppress(Exception):
             stream.flush()
-    for attempt in range(3):  # another worker's row removes the folder when it is left empty (report_output)
-        try:
-            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o644)
-            break
-        except FileNotFoundError:
-            if attempt == 2:
-                raise
-            folder.mkdir(parents=True, exist_ok=True)
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o644)
     saved = os.dup(1), os.dup(2)
     os.dup2(fd, 1)
     os.dup2(fd, 2)
@@ -86,7 +79,7 @@ def row_log(config, case_id: str, backend: str) -> tuple[str, str] | None:
 
 def report_output(log: tuple[str, str] | None, what: str) -> None:
     """Show a row's captured output on stderr: its first TERMINAL_BYTES, then where the rest is. An empty log
-    is removed (with its folder, when that is left empty)."""
+    is removed (its folder, shared with the other workers' rows, stays until the run ends: ``harness.cli.resume.keep_logs``)."""
     if log is None:
         return
     path = Path(log[0])
@@ -96,8 +89,6 @@ def report_output(log: tuple[str, str] | None, what: str) -> None:
         return
     if size == 0:
         path.unlink(missing_ok=True)
-        with contextlib.suppress(OSError):
-            path.parent.rmdir()
         return
     with path.open("rb") as file:
         raw = file.read(CLASSIFY_BYTES)
