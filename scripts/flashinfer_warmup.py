@@ -1,6 +1,6 @@
 """Build the FlashInfer kernels a run needs before it starts, so no compile counts against a row's time limit.
 
-    python scripts/flashinfer_warmup.py [CASE_FILES...] [--jobs 4]   # default: the suites scripts/gpu_run.sh runs
+    python scripts/flashinfer_warmup.py [CASE_FILES...] [--jobs N]   # default: the suites gpu_run.sh runs, N half the cores (4 at least)
     python scripts/flashinfer_warmup.py --list cases/gpu_peers.toml   # the twins only, nothing called (any machine)
 
 FlashInfer compiles a module per (dtypes, head dim, wrapper, cores, FA2/FA3, variants) on its first
@@ -17,6 +17,7 @@ from __future__ import annotations
 import argparse
 import importlib.util
 import multiprocessing
+import os
 import sys
 import time
 from concurrent.futures import ProcessPoolExecutor
@@ -55,7 +56,12 @@ def build(twin) -> str:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("cases", nargs="*", default=SUITES, help="case files (default: the GPU suites)")
-    parser.add_argument("--jobs", type=int, default=4, help="twins built at once, each in its own process")
+    parser.add_argument(
+        "--jobs",
+        type=int,
+        default=max(4, (os.cpu_count() or 8) // 2),
+        help="twins built at once, each in its own process",
+    )
     parser.add_argument("--list", action="store_true", help="print the twins and their modules, call nothing")
     args = parser.parse_args(argv)
     cases = [case for path in resolve_case_paths(args.cases) for case in load_case_file(path)]

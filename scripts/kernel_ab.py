@@ -113,6 +113,10 @@ def kernel_modules(base_rev: str | Path, folder: Path, with_modules: tuple[str, 
     tree's). The caller drops the modules (:func:`remove_modules`), also when an import fails."""
     sources = {"base": _git_show(base_rev, KERNEL), "new": (ROOT / KERNEL).read_text()}
     base_parts = {name: _git_show(base_rev, KERNEL.with_name(f"{name}.py")) for name in WITH if name in with_modules}
+    if "tuning" in base_parts and "tiling" not in base_parts:
+        # the kernel reads tuning through tiling only: the base's tuning comes with a fresh copy of the tree's
+        # tiling bound to it (without one, --with tuning would time the tree's tiles on both sides)
+        base_parts["tiling"] = (ROOT / KERNEL.with_name("tiling.py")).read_text()
     serve_split_modules()
     swapped = {}
     for name, text in base_parts.items():

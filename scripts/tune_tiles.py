@@ -123,7 +123,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--case", default="*", help="fnmatch pattern on case ids")
     parser.add_argument("--class", dest="q_class", choices=sorted(GRID), help="only this query class")
     parser.add_argument("--target-s", type=float, default=0.1, help="timing budget per config and case")
-    parser.add_argument("--out", type=Path, help="write every measurement as JSON")
+    parser.add_argument("--out", type=Path, help="write every measurement as JSON (rewritten after each case)")
     parser.add_argument(
         "--candidate", action="append", default=[], metavar="ROWS,TOKENS,TILE_N,WARPS,STAGES",
         help="time only these configs (and the default) instead of the grid; repeatable",
@@ -159,6 +159,8 @@ def main(argv: list[str] | None = None) -> int:
             best = min(times, key=times.get) if times else None
             if best is not None and base:
                 print(f"  {case.id}: default {base:.1f} us, best {times[best]:.1f} us {best}", flush=True)
+            if args.out:  # after every case, so that a tuner stopped at a time limit keeps what it measured
+                args.out.write_text(json.dumps({"device": device, "records": records}, indent=1))
         complete = {c: r for c, r in ratios.items() if len(r) == len(key_cases)}
         if not complete:
             continue
@@ -168,8 +170,6 @@ def main(argv: list[str] | None = None) -> int:
     print("\n# kernels/tuning.py TUNED (geometric-mean time against the default over the key's cases)")
     for key, winner, gain, n in table:
         print(f"    {key!r}: {winner!r},  # {gain:.3f}x the default over {n} case(s)")
-    if args.out:
-        args.out.write_text(json.dumps({"device": device, "records": records}, indent=1))
     return 0
 
 

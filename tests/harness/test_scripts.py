@@ -249,8 +249,12 @@ def test_kernel_ab_times_cases_with_options_passing_them_to_both_sides():
 
 
 @pytest.mark.slow  # a checkout of HEAD timed against the tree
-def test_kernel_ab_with_tiling_gives_the_base_side_the_base_revisions_split_choice_and_tuning(tmp_path, monkeypatch):
-    """--with tiling tuning: the base side gets the base revision's tiling_for, tuning and split; new, the tree's."""
+@pytest.mark.parametrize("with_modules", [("tiling", "tuning"), ("tuning",)])
+def test_kernel_ab_with_gives_the_base_side_the_base_revisions_tuning_and_split_choice(
+    tmp_path, monkeypatch, with_modules
+):
+    """--with tiling tuning: the base side gets the base revision's tiling_for, tuning and split; new, the tree's.
+    --with tuning: the base's tuning through a copy of the tree's tiling (its split bound is the tree's)."""
     import kernels
     import kernels.tiling
     import kernels.tuning
@@ -266,13 +270,14 @@ def test_kernel_ab_with_tiling_gives_the_base_side_the_base_revisions_split_choi
     monkeypatch.setattr(kernel_ab, "_git_show", show)
     saved = kernels.paged_attention_triton
     try:
-        modules = kernel_ab.kernel_modules("HEAD", tmp_path, ("tiling", "tuning"))
+        modules = kernel_ab.kernel_modules("HEAD", tmp_path, with_modules)
         base_tiling = sys.modules["kernels._ab_base_tiling"]
         assert modules["base"].tiling_for is base_tiling.tiling_for is not kernels.tiling.tiling_for
         assert base_tiling.tile_config is sys.modules["kernels._ab_base_tuning"].tile_config
         assert base_tiling.tile_config is not kernels.tuning.tile_config
         assert modules["new"].tiling_for is kernels.tiling.tiling_for
-        assert base_tiling.DEVICE_SPLIT_MIN_KEYS == 123 and kernels.tiling.DEVICE_SPLIT_MIN_KEYS != 123
+        assert (base_tiling.DEVICE_SPLIT_MIN_KEYS == 123) == ("tiling" in with_modules)
+        assert kernels.tiling.DEVICE_SPLIT_MIN_KEYS != 123
         record = kernel_ab.time_case(kernel_ab.dry_case(), modules, "cpu", 6, {"min_reps": 1, "max_reps": 1})
         assert record["verdict"] in {"slower", "faster", "same", "cannot tell"}, record
     finally:
