@@ -51,7 +51,7 @@ def test_bench(benchmark, harness_case, harness_backend, harness_session, reques
     out = inputs.new_out()
     prepared = backend.prepare(case, inputs, out)
     assert not prepared.to_packed(prepared.run()).isnan().any(), "a benchmarked call must produce a full output"
-    timing = time_call(prepared.run, device, graphable=backend.graphable, min_reps=MIN_SAMPLES)
+    timing = time_call(prepared.run, device, graph=backend.graphable, min_reps=MIN_SAMPLES)
     feed_samples(benchmark, list(timing.samples_us))
     columns = case_columns(case, device)
     benchmark.extra_info.update(

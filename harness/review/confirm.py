@@ -85,9 +85,9 @@ for line in sys.stdin:
             ready[(case_id, backend)] = (b.prepare(case, inputs, out).run, b.graphable)
         run, graphable = ready[(case_id, backend)]
         if reps:  # one step of an alternating round: a warm-up call, then exactly `reps` timed calls
-            timing = time_call(run, cfg["device"], graphable=graphable, target_s=0.0, min_reps=reps, max_reps=reps)
+            timing = time_call(run, cfg["device"], graph=graphable, target_s=0.0, min_reps=reps, max_reps=reps)
         else:
-            timing = time_call(run, cfg["device"], graphable=graphable, target_s=cfg["target_s"], min_reps=10)
+            timing = time_call(run, cfg["device"], graph=graphable, target_s=cfg["target_s"], min_reps=10)
         print(json.dumps(list(timing.samples_us)), flush=True)
     except Exception as error:
         print(json.dumps({"error": f"{type(error).__name__}: {error}"}), flush=True)

@@ -118,19 +118,17 @@ def time_call(
     target_s: float = 0.25,
     min_reps: int | None = None,
     max_reps: int | None = None,
-    graphable: bool | None = None,
     deadline: float | None = None,
     hooks: SampleHooks | None = None,
 ) -> Timing:
     """Device time of ``fn()`` on ``device``: ``perf_counter`` on the CPU; on CUDA graph replays or events,
     with L2 flushed before every sample.
 
-    ``graph=False`` (or ``graphable=False``) forbids the CUDA-graph replay. The returned method is
+    ``graph=False`` forbids the CUDA-graph replay. The returned method is
     ``cpu_perf_counter``, ``cuda_graph_replay`` or ``cuda_events``. ``hooks``: called around every sample,
     and one more sample is taken with ``final=True``.
     """
     min_reps, max_reps = _reps(device, min_reps, max_reps)
-    graph = graph if graphable is None else graphable
     given = hooks is not None
     hooks = hooks or _NoHooks()
     if not _is_cuda(device):
