@@ -110,12 +110,10 @@ def kernel_modules(base_rev: str | Path, folder: Path, with_modules: tuple[str, 
     kernels). ``with_modules`` (of :data:`WITH`): those modules at ``base_rev`` are imported first as
     ``kernels._ab_base_<name>``, and in each base module imported after one, the names taken from its
     working-tree counterpart are rebound to it (:func:`_rebind`; module-level code ran with the working
-    tree's). The caller drops the modules (:func:`remove_modules`), also when an import fails."""
+    tree's); tuning without tiling brings a copy of the tree's tiling. The caller drops the modules (:func:`remove_modules`), also when an import fails."""
     sources = {"base": _git_show(base_rev, KERNEL), "new": (ROOT / KERNEL).read_text()}
     base_parts = {name: _git_show(base_rev, KERNEL.with_name(f"{name}.py")) for name in WITH if name in with_modules}
-    if "tuning" in base_parts and "tiling" not in base_parts:
-        # the kernel reads tuning through tiling only: the base's tuning comes with a fresh copy of the tree's
-        # tiling bound to it (without one, --with tuning would time the tree's tiles on both sides)
+    if "tuning" in base_parts and "tiling" not in base_parts:  # the kernel reads tuning through tiling only
         base_parts["tiling"] = (ROOT / KERNEL.with_name("tiling.py")).read_text()
     serve_split_modules()
     swapped = {}
