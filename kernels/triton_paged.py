@@ -322,30 +322,23 @@ def _attend_tiles(
     POS_UNSIGNED (a split launch): its start, split * split_size, is not one the compiler can prove
     non-negative, so signed // and % by BLOCK_SIZE cost every tile sign fix-ups and 64-bit offsets. As
     unsigned (the same values: k_pos >= 0), with the start spelled a multiple of TILE_N, each key's slot
-    is a per-lane constant again: 791 SASS instructions a warp a 128-key tile of the 8B split decode
-    where the signed form takes 1086 (unsplit: 801), 302 a 32-key tile against 380 (unsplit: 295),
-    sm_90, Triton 3.6. The unsplit launch keeps the signed form, which compiles 2-5% shorter there
+    is a per-lane constant again. The unsplit launch keeps the signed form, which compiles shorter there
     (its loop starts at a known 0).
 
     BLOCK_OFFS_U32 (the launcher sets it when K's and V's block strides are in [2, 2^31)): a loaded row's block
     is in [0, num_blocks) (block_ok) and the strides are non-negative, so block * stride is the same value as an
-    unsigned 32 x 32 -> 64-bit product: one IMAD.WIDE.U32 a K / V row, where the signed int64 product took a
-    sign extension and three more IMADs (a masked row's offset is never dereferenced). With the table checks
-    in unsigned compares (``block.to(uint32) < num_blocks`` is block >= 0 and block < num_blocks; the launcher
-    passes num_blocks capped at 2^31, so the compare stays 32-bit) and k_valid
-    dropped from the unmasked tiles (every key there is before seq_len), the loop of the 8B decode (128-key
-    tiles) compiles to 635 SASS instructions a warp a tile against 801 in the signed form with k_valid (sm_90,
-    Triton 3.6; decode_32x4k_hd64 676 against 947, the fp8 decode 1408 against 1551). Same values, the same
-    outputs bit for bit. An fp32 launch (DOT_PRECISION "ieee": its dots on CUDA cores) keeps k_valid: without
-    it ptxas spills 864 bytes a thread.
+    unsigned 32 x 32 -> 64-bit product: one IMAD.WIDE.U32 a K / V row instead of a sign extension and three
+    more IMADs (a masked row's offset is never dereferenced). The table checks are unsigned compares
+    (``block.to(uint32) < num_blocks`` is block >= 0 and block < num_blocks; the launcher passes num_blocks
+    capped at 2^31, so the compare stays 32-bit), and the unmasked tiles drop k_valid (every key there is
+    before seq_len). Same values, the same outputs bit for bit. An fp32 launch (DOT_PRECISION "ieee": its
+    dots on CUDA cores) keeps k_valid: without it ptxas spills registers.
 
     CAUSAL_ONLY_MASK (verify launches): the masked tiles' mask is causality alone. A row the kernel writes
     has a query position below seq_len (its token is below q_len), so a key it sees (k_pos <= q_pos) is before
-    seq_len: k_valid adds nothing to the mask (the loads keep it). With the unmasked loop's end spelled a multiple
-    of TILE_N (it is one), the q_len 8 verify's masked loop compiles to 1279 SASS instructions a warp a tile against
-    1555, its unmasked loop to 852 against 874 (sm_90, Triton 3.6). Prefill launches keep the longer form, which
-    runs prefill_4x4k faster on an H200 though its masked loop is longer, and decode launches too: the causal-only
-    mask compiles their unmasked loop up to 4% longer.
+    seq_len: k_valid adds nothing to the mask (the loads keep it), and with the unmasked loop's end spelled a
+    multiple of TILE_N both loops compile shorter. Prefill and decode launches keep the longer form, which
+    runs them faster. docs/performance.md, "The split decode", has the instruction counts of all three.
 
     V_PAIRS: p @ v contracts over keys, but a key's dims are what lie side by side in memory, and an
     8-bit operand cannot be transposed by ldmatrix, so an fp8 V tile taken as it is comes out of
