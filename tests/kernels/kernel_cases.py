@@ -292,3 +292,21 @@ class Edges:
             inputs = self.inputs(name)
             self._expected[name] = paged_attention_oracle(*inputs.args(), **inputs.options)
         return self._expected[name]
+
+    def run(self, backend: str, name: str, **extra):
+        """Backend ``backend`` on the case, into a NaN out buffer, with its launch hints and options."""
+        inputs = self.inputs(name)
+        fn = backend_fn(backend)
+        return fn(*inputs.args(), out=inputs.new_out(), **call_hints(self.by_name[name]), **inputs.options, **extra)
+
+    def assert_matches_oracle(self, backend: str, case: Edge) -> None:
+        """The backend's output passes the grade at the case dtype's tolerance, and its lse (where the case
+        asks for it) at fp32's."""
+        atol, rtol = DEFAULT_TOLERANCES[case.fields.get("dtype", "float32")]
+        got, expected = self.run(backend, case.name), self.expected(case.name)
+        if isinstance(expected, tuple):
+            (got, got_lse), (expected, expected_lse) = got, expected
+            lse_grade = grade(got_lse, expected_lse, 1e-5, 1e-4)
+            assert lse_grade.passed, f"{backend} lse: {lse_grade.reason}"
+        result = grade(got, expected, atol, rtol)
+        assert result.passed, f"{backend}: {result.reason} (tol_ratio {result.tol_ratio:.2f})"

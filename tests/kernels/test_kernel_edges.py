@@ -33,7 +33,6 @@ import torch
 
 import kernels
 from harness.cases.inputs import make_inputs
-from harness.cases.vocab import DEFAULT_TOLERANCES
 from harness.run.grading import grade
 from harness.run.oracle import paged_attention_oracle
 from kernels.contract import prepare_call
@@ -119,11 +118,6 @@ EDGES = Edges(BASE, CASES)
 BY_NAME, _inputs, _expected = EDGES.by_name, EDGES.inputs, EDGES.expected
 
 
-def _run(backend: str, case: Edge, **extra):
-    inputs = _inputs(case.name)
-    return backend_fn(backend)(*inputs.args(), out=inputs.new_out(), **call_hints(case), **inputs.options, **extra)
-
-
 def test_the_cases_sit_on_the_tilings_boundaries():
     """The tile, query-tile and split sizes the case names rely on."""
 
@@ -156,14 +150,7 @@ def test_value_checks_accept_the_tables_exact_capacity_and_refuse_a_bad_last_par
 
 @pytest.mark.parametrize(("case", "backend"), [(c, b) for c in CASES for b in BACKENDS], ids=lambda v: str(v))
 def test_edge_matches_the_oracle(case: Edge, backend: str):
-    atol, rtol = DEFAULT_TOLERANCES[case.fields.get("dtype", "float32")]
-    got, expected = _run(backend, case), _expected(case.name)
-    if isinstance(expected, tuple):
-        (got, got_lse), (expected, expected_lse) = got, expected
-        lse_grade = grade(got_lse, expected_lse, 1e-5, 1e-4)
-        assert lse_grade.passed, f"{backend} lse: {lse_grade.reason}"
-    result = grade(got, expected, atol, rtol)
-    assert result.passed, f"{backend}: {result.reason} (tol_ratio {result.tol_ratio:.2f})"
+    EDGES.assert_matches_oracle(backend, case)
 
 
 def test_a_second_call_with_another_window_is_not_served_the_first_calls_plan():
