@@ -118,9 +118,6 @@ KERNEL_CASES: list[KernelCase] = [
         head_dim=576,
         head_dim_v=512,
         latent=True,
-        block_size=16,
-        seq_lens=(1, 15, 16, 17, 35),
-        q_lens=(1, 0, 1, 2, 4),
     ),
 ]
 
@@ -159,6 +156,8 @@ BAD_CALLS = {
         "query_start_loc",
     ),
     "seq_len_past_table": (_bad(4, lambda s: s * 100), "exceeds max_blocks_per_seq"),
+    "q_len_past_seq_len": (_bad(4, torch.ones_like), "q_len <= seq_len"),  # every seq_len 1; a sequence has q_len 4
+    "decode_default_with_prefill_rows": (_bad(5, lambda qsl: None), "one query per sequence"),
 }
 
 

@@ -52,13 +52,8 @@ def _decode(*lens: int) -> tuple[tuple[int, ...], tuple[int, ...]]:
 # boundary inside a tile), 63/64/65 and 127/128/129 (tile boundaries); 64/65/66 put the last
 # visible key (the query) at 63/64/65.
 WINDOW_DECODE_LENS = (64, 65, 66, 83, 84, 85, 99, 100, 101, 163, 164, 165)
-SPLIT_LENS = (
-    1152,
-    SPLIT - 1,
-    SPLIT,
-    SPLIT + 1,
-    1,
-)  # split boundary at 576 (a tile boundary): one short, on it, one past
+# The split boundary at 576 (a tile boundary): one short, on it, one past.
+SPLIT_LENS = (1152, SPLIT - 1, SPLIT, SPLIT + 1, 1)
 
 CASES: list[Edge] = [
     Edge("window36_decode_first_key_on_tile_edges", *_decode(*WINDOW_DECODE_LENS), {"sliding_window": 36}),
