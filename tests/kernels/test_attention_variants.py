@@ -15,6 +15,7 @@ kernel on each row's example (and on all of them at once) with no edit here.
 
 from __future__ import annotations
 
+import re
 from dataclasses import replace
 
 import pytest
@@ -27,14 +28,23 @@ from harness.cases.inputs import make_inputs
 from harness.cases.spec import CaseFileError, expand_spec
 from harness.cases.variants import VARIANTS, OracleHook, Variant, standard_alibi_slopes, with_options
 from harness.cases.vocab import DEFAULT_TOLERANCES, Float
-from harness.execute.local import run_cases
 from harness.run.grading import grade
 from harness.run.oracle import paged_attention_oracle
-from harness.run.runner import RunConfig, case_inputs
+from harness.run.runner import case_inputs
+from kernels.contract import prepare_call
 from kernels.reference import gather_kv
 from kernels.tiling import tiling_for, window_tile_start
-from tests.kernels.kernel_cases import CASES_BY_NAME, backend_fn, needs_triton, triton_output
-from tests.kernels.variant_cases import BY_NAME, ORACLE_ONLY, VARIANT_CASES, VariantCase, run_through_cache, tolerance
+from tests.kernels.kernel_cases import (
+    BACKENDS,
+    CASES_BY_NAME,
+    assert_passes,
+    assert_tlsim_close,
+    backend_fn,
+    needs_triton,
+    run_backend,
+    triton_output,
+)
+from tests.kernels.variant_cases import BY_NAME, ORACLE_ONLY, VARIANT_CASES, VariantCase, graded_rows, tolerance
 from tests.tiny_cases import TINY
 
 
@@ -42,29 +52,22 @@ def _expected(case: VariantCase, inputs) -> torch.Tensor:
     return paged_attention_oracle(*inputs.args(), **case.kwargs())
 
 
-def _triton_key(case: VariantCase) -> tuple:
-    """What the kernel's output depends on: the base case and the options (VariantCase's hash leaves them out)."""
-    return ("variant", case.base, repr(sorted(case.options.items())))
+def _triton(case: VariantCase, inputs) -> torch.Tensor:
+    """The kernel's output, shared by the two tests below (interpreted, it is slow); the key names the options,
+    which VariantCase's hash leaves out."""
+    return triton_output(("variant", case.base, repr(sorted(case.options.items()))), inputs, **case.kwargs())
 
 
-@pytest.mark.parametrize("backend", ["reference", "tlsim", "triton", "dispatch", "cache"])
+@pytest.mark.parametrize("backend", BACKENDS)
 @pytest.mark.parametrize("case", VARIANT_CASES, ids=str)
 def test_backend_matches_oracle_with_the_variant(case: VariantCase, backend: str):
+    inputs = case.inputs()
     if backend == "triton":
         needs_triton()
-    inputs = case.inputs()
-    if backend == "cache":
-        result = run_through_cache(case, inputs)
-    elif backend == "triton":  # shared with test_tlsim_predicts_triton_with_the_variant (interpreted, it is slow)
-        result = triton_output(_triton_key(case), inputs, **case.kwargs())
+        result = _triton(case, inputs)
     else:
-        fn = {"reference": kernels.paged_attention_reference, "tlsim": kernels.paged_attention_tlsim,
-              "triton": kernels.paged_attention_triton, "dispatch": kernels.paged_attention_dispatch}[backend]  # fmt: skip
-        out = torch.full_like(inputs.q, float("nan"))
-        result = fn(*inputs.args(), out=out, **case.kwargs())
-        assert result is out
-    graded = grade(result, _expected(case, inputs), *tolerance(case))
-    assert graded.passed, f"{backend} on {case}: {graded.reason}"
+        result = run_backend(backend, inputs, **case.kwargs())
+    assert_passes(result, _expected(case, inputs), tolerance(case), f"{backend} on {case}")
 
 
 @pytest.mark.parametrize("case", [c for c in VARIANT_CASES if c.name not in ORACLE_ONLY], ids=str)
@@ -72,18 +75,11 @@ def test_tlsim_predicts_triton_with_the_variant(case: VariantCase):
     """The bound of tests/kernels/test_tlsim_predicts_triton.py, with the options on."""
     needs_triton()
     inputs = case.inputs()
-    sim = kernels.paged_attention_tlsim(*inputs.args(), **case.kwargs()).double()
-    real = triton_output(_triton_key(case), inputs, **case.kwargs()).double()
-    gap = (sim - real).abs()
-    if case.base.dtype == "float32":
-        atol, rtol = tolerance(case)
-        allowed = atol / 2 + rtol / 2 * real.abs()
-    else:
-        allowed = 2 * torch.finfo(inputs.q.dtype).eps * real.abs().clamp_min(2**-6)
-    assert bool((gap <= allowed).all()), f"{case}: tlsim is {float(gap.max()):.3g} from the kernel"
+    sim = kernels.paged_attention_tlsim(*inputs.args(), **case.kwargs())
+    assert_tlsim_close(sim, _triton(case, inputs), inputs.q.dtype, what=str(case))
 
 
-# --- the window skips the tiles it cannot see -----------------------------------------------
+# --- the window: the tiles it cannot see go unread, and the KV split follows it --------------------
 
 
 def _poison_before(inputs, first_seen: list[int], block_size: int):
@@ -104,8 +100,7 @@ def test_window_reads_no_tile_before_the_first_visible_one(fn_name, window):
     fn = backend_fn(fn_name)
     base = replace(CASES_BY_NAME["split_kv_decode"], seq_lens=(2500, 2400), q_lens=(1, 1))
     inputs = base.inputs()
-    call = kernels.contract.prepare_call(*inputs.args(), sliding_window=window)
-    tiling = tiling_for(call)
+    tiling = tiling_for(prepare_call(*inputs.args(), sliding_window=window))
     assert (tiling.NUM_SPLITS > 1) == (window > 1000), "1100 splits the window's keys, 100 does not"
     # tlsim walks from the earliest tile any sequence needs; the kernel per program.
     first = [int(window_tile_start(n - 1, window, tiling.TILE_N)) for n in base.seq_lens]
@@ -113,10 +108,9 @@ def test_window_reads_no_tile_before_the_first_visible_one(fn_name, window):
         first = [min(first)] * len(first)
     k, v = _poison_before(inputs, first, base.block_size)
     assert bool(k.isnan().any())
-    args = (inputs.q, k, v, *inputs.args()[3:])
-    result = fn(*args, sliding_window=window)
-    graded = grade(result, paged_attention_oracle(*inputs.args(), sliding_window=window), 1e-5, 1e-4)
-    assert graded.passed, f"{fn_name} read a tile before the window: {graded.reason}"
+    result = fn(inputs.q, k, v, *inputs.args()[3:], sliding_window=window)
+    expected = paged_attention_oracle(*inputs.args(), sliding_window=window)
+    assert_passes(result, expected, (1e-5, 1e-4), f"{fn_name} read a tile before the window:")
 
 
 def test_window_tile_start_worked_example():
@@ -125,69 +119,52 @@ def test_window_tile_start_worked_example():
     assert window_tile_start(torch.tensor([1000, 63]), 64, 64).tolist() == [896, 0]
 
 
+def _long_decode_call(window: int | None, seq_len: int = 131072):
+    """4 x 128k decode at 32 / 8 heads (Mistral-7B-shaped), shapes only: the pools hold one block."""
+    q = torch.zeros(4, 32, 128, dtype=torch.bfloat16)
+    pool = torch.zeros(1, 16, 8, 128, dtype=torch.bfloat16)
+    table = torch.zeros(4, seq_len // 16, dtype=torch.int32)
+    lens = torch.full((4,), seq_len, dtype=torch.int32)
+    return prepare_call(q, pool, pool, table, lens, sliding_window=window, check=False)
+
+
+def test_windowed_128k_decode_splits_like_a_decode_of_the_window():
+    """kernels.tiling.tiling_for bounds the keys a program walks by W + the longest q_len, so every split
+    shares the window's work instead of all but the last walking nothing."""
+    windowed, plain = tiling_for(_long_decode_call(4096)), tiling_for(_long_decode_call(None))
+    short = tiling_for(_long_decode_call(None, seq_len=4096 + 16))  # a plain decode of about W keys
+    assert plain.SPLIT_SIZE * plain.NUM_SPLITS >= 131072
+    assert (windowed.NUM_SPLITS, windowed.SPLIT_SIZE) == (short.NUM_SPLITS, short.SPLIT_SIZE)
+    assert windowed.SPLIT_SIZE * windowed.NUM_SPLITS >= 4096 + 1, "the splits cover the window"
+    assert windowed.SPLIT_SIZE * windowed.NUM_SPLITS < 2 * (4096 + 64), "and about nothing else"
+    assert tiling_for(_long_decode_call(1_000_000)) == plain, "a window wider than the table changes nothing"
+
+
+def test_the_windows_split_bound_counts_the_queries():
+    base = replace(CASES_BY_NAME["split_kv_prefill_early_rows"], seq_lens=(1100,), q_lens=(600,))  # tiling only
+    inputs = base.inputs()
+    hinted = tiling_for(prepare_call(*inputs.args(), sliding_window=500), max_q_len=600)
+    unhinted = tiling_for(prepare_call(*inputs.args(), sliding_window=500))
+    assert hinted == unhinted, "without a hint the bound is num_tokens (600 here)"
+    assert hinted.NUM_SPLITS == tiling_for(prepare_call(*inputs.args())).NUM_SPLITS == 2, "1100 keys: both split"
+    narrow = tiling_for(prepare_call(*inputs.args(), sliding_window=100), max_q_len=600)
+    assert narrow.NUM_SPLITS == 1, "100 + 600 keys is too few to split"
+
+
+@pytest.mark.parametrize("fn_name", ["tlsim", "triton"])
+@pytest.mark.parametrize("window", [1100, 1500])
+def test_splits_cut_from_the_window_match_the_oracle(fn_name, window):
+    """Decode over 4000 and 3900 keys: the window's keys in 2 splits that start at its first tile."""
+    fn = backend_fn(fn_name)
+    base = replace(CASES_BY_NAME["split_kv_decode"], seq_lens=(4000, 3900), q_lens=(1, 1))
+    inputs = base.inputs()
+    tiling = tiling_for(prepare_call(*inputs.args(), sliding_window=window))
+    assert tiling.NUM_SPLITS == 2 and window > tiling.SPLIT_SIZE
+    expected = paged_attention_oracle(*inputs.args(), sliding_window=window, return_lse=True)
+    assert_passes(fn(*inputs.args(), sliding_window=window, return_lse=True), expected, (1e-5, 1e-4), fn_name)
+
+
 # --- mutants: each wrong definition is caught against the oracle -----------------------------
-
-
-def window_off_by_one_wide(inputs, kw):
-    """Sees W + 1 keys (``q_pos - k_pos <= W``): the classic window off by one."""
-    return kernels.paged_attention_tlsim(*inputs.args(), **{**kw, "sliding_window": kw["sliding_window"] + 1})
-
-
-def window_off_by_one_narrow(inputs, kw):
-    """Sees W - 1 keys (forgets that the query sees itself)."""
-    return kernels.paged_attention_tlsim(*inputs.args(), **{**kw, "sliding_window": kw["sliding_window"] - 1})
-
-
-def window_starts_a_tile_late(inputs, kw, monkeypatch):
-    """The tile loop starts one tile after the first visible one."""
-    from kernels import tlsim
-
-    real = tlsim.window_tile_start
-    monkeypatch.setattr(tlsim, "window_tile_start", lambda p, w, n: real(p, w, n) + n)
-    return kernels.paged_attention_tlsim(*inputs.args(), **kw)
-
-
-def softcap_on_unscaled_logits(inputs, kw):
-    """cap * tanh(s / cap) on s = q . k, scaled afterwards: the same as a cap of cap * scale on z."""
-    scale = inputs.q.shape[-1] ** -0.5
-    return kernels.paged_attention_tlsim(*inputs.args(), **{**kw, "logit_softcap": kw["logit_softcap"] * scale})
-
-
-def softcap_left_out(inputs, kw):
-    return kernels.paged_attention_tlsim(*inputs.args(), **{k: v for k, v in kw.items() if k != "logit_softcap"})
-
-
-def sink_left_out(inputs, kw):
-    """The sink forgotten in the denominator."""
-    return kernels.paged_attention_tlsim(*inputs.args(), **{k: v for k, v in kw.items() if k != "sinks"})
-
-
-def sink_added_per_split(inputs, kw):
-    """Each KV split adds the sink to its own sum: the combine then counts it NUM_SPLITS times."""
-    call = kernels.contract.prepare_call(*inputs.args())
-    splits = tiling_for(call).NUM_SPLITS
-    assert splits > 1
-    return dense_attention(inputs, **kw, sink_copies=splits)
-
-
-def sink_as_a_key_with_value(inputs, kw):
-    """The sink joins the softmax as a key whose value is the first value row (not zero)."""
-    return dense_attention(inputs, **kw, sink_value_first_key=True)
-
-
-def slopes_on_the_wrong_head(inputs, kw):
-    """Head h gets head h + 1's slope."""
-    return kernels.paged_attention_tlsim(*inputs.args(), **{**kw, "alibi_slopes": kw["alibi_slopes"].roll(1)})
-
-
-def alibi_sign_flipped(inputs, kw):
-    """slope * (query_pos - key_pos): old keys favoured instead of penalised."""
-    return kernels.paged_attention_tlsim(*inputs.args(), **{**kw, "alibi_slopes": -kw["alibi_slopes"]})
-
-
-def alibi_before_softcap(inputs, kw):
-    """The bias added before the cap (so the cap bends it too)."""
-    return dense_attention(inputs, **kw, alibi_before_cap=True)
 
 
 def dense_attention(inputs, sliding_window=None, logit_softcap=None, sinks=None, alibi_slopes=None, *,
@@ -228,57 +205,105 @@ def dense_attention(inputs, sliding_window=None, logit_softcap=None, sinks=None,
     return out
 
 
+def _tlsim_with(change):
+    """A mutant: tlsim called with the case's keywords changed by ``change`` (keywords, inputs) -> keywords."""
+    return lambda inputs, kw, monkeypatch: kernels.paged_attention_tlsim(*inputs.args(), **change(kw, inputs))
+
+
+def _dense_with(**switches):
+    """A mutant: :func:`dense_attention` with a switch no keyword reaches."""
+    return lambda inputs, kw, monkeypatch: dense_attention(inputs, **kw, **switches)
+
+
+def _without(name: str):
+    return _tlsim_with(lambda kw, inputs: {k: v for k, v in kw.items() if k != name})
+
+
+def window_starts_a_tile_late(inputs, kw, monkeypatch):
+    """The tile loop starts one tile after the first visible one."""
+    from kernels import tlsim
+
+    real = tlsim.window_tile_start
+    monkeypatch.setattr(tlsim, "window_tile_start", lambda p, w, n: real(p, w, n) + n)
+    return kernels.paged_attention_tlsim(*inputs.args(), **kw)
+
+
+def sink_added_per_split(inputs, kw, monkeypatch):
+    """Each KV split adds the sink to its own sum: the combine then counts it NUM_SPLITS times."""
+    splits = tiling_for(prepare_call(*inputs.args())).NUM_SPLITS
+    assert splits > 1
+    return dense_attention(inputs, **kw, sink_copies=splits)
+
+
+def _shift_window(by: int):
+    return _tlsim_with(lambda kw, inputs: {**kw, "sliding_window": kw["sliding_window"] + by})
+
+
+# Each: the wrong definition, the mutant (inputs, keywords, monkeypatch) -> output, the case that must catch it.
 MUTANTS = [
-    (window_off_by_one_wide, "window5_spec_verify"),
-    (window_off_by_one_narrow, "window5_spec_verify"),
-    (window_off_by_one_wide, "window_split_kv_prefill"),
-    (window_starts_a_tile_late, "window_split_kv_decode"),
-    (softcap_on_unscaled_logits, "softcap50_large_logits"),
-    (softcap_left_out, "softcap50_large_logits"),
-    (sink_left_out, "sinks_extreme"),
-    (sink_added_per_split, "sinks_split_kv"),
-    (sink_as_a_key_with_value, "sinks_extreme"),
-    (slopes_on_the_wrong_head, "alibi_gqa_group6"),
-    (alibi_sign_flipped, "alibi_gqa_group6"),
-    (alibi_before_softcap, "all_four_spec_verify"),
-]
+    ("window_off_by_one_wide", _shift_window(1), "window5_spec_verify"),  # W + 1 keys: q_pos - k_pos <= W
+    ("window_off_by_one_narrow", _shift_window(-1), "window5_spec_verify"),  # W - 1: forgets the query sees itself
+    ("window_off_by_one_wide", _shift_window(1), "window_split_kv_prefill"),
+    ("window_starts_a_tile_late", window_starts_a_tile_late, "window_split_kv_decode"),
+    # cap * tanh(s / cap) on s = q . k, scaled afterwards: the same as a cap of cap * scale on z
+    ("softcap_on_unscaled_logits",
+     _tlsim_with(lambda kw, inputs: {**kw, "logit_softcap": kw["logit_softcap"] * inputs.q.shape[-1] ** -0.5}),
+     "softcap50_large_logits"),
+    ("softcap_left_out", _without("logit_softcap"), "softcap50_large_logits"),
+    ("sink_left_out", _without("sinks"), "sinks_extreme"),  # forgotten in the denominator
+    ("sink_added_per_split", sink_added_per_split, "sinks_split_kv"),
+    # the sink joins the softmax as a key whose value is the first value row (not zero)
+    ("sink_as_a_key_with_value", _dense_with(sink_value_first_key=True), "sinks_extreme"),
+    ("slopes_on_the_wrong_head",  # head h gets head h + 1's slope
+     _tlsim_with(lambda kw, inputs: {**kw, "alibi_slopes": kw["alibi_slopes"].roll(1)}), "alibi_gqa_group6"),
+    ("alibi_sign_flipped",  # slope * (query_pos - key_pos): old keys favoured instead of penalised
+     _tlsim_with(lambda kw, inputs: {**kw, "alibi_slopes": -kw["alibi_slopes"]}), "alibi_gqa_group6"),
+    ("alibi_before_softcap", _dense_with(alibi_before_cap=True), "all_four_spec_verify"),  # the cap bends the bias
+]  # fmt: skip
 
 
-@pytest.mark.parametrize(("mutant", "case_name"), MUTANTS, ids=[f"{m.__name__}-{c}" for m, c in MUTANTS])
-def test_oracle_catches_a_wrong_variant(mutant, case_name, monkeypatch):
+@pytest.mark.parametrize(("name", "mutant", "case_name"), MUTANTS, ids=[f"{m}-{c}" for m, _, c in MUTANTS])
+def test_oracle_catches_a_wrong_variant(name, mutant, case_name, monkeypatch):
     case = BY_NAME[case_name]
     inputs = case.inputs()
     expected = _expected(case, inputs)
     bounds = tolerance(case)
     assert grade(dense_attention(inputs, **case.kwargs()), expected, *bounds).passed, "the unmutated form passes"
-    params = mutant.__code__.co_varnames[: mutant.__code__.co_argcount]
-    result = mutant(inputs, case.kwargs(), monkeypatch) if "monkeypatch" in params else mutant(inputs, case.kwargs())
-    graded = grade(result, expected, *bounds)
-    assert not graded.passed, f"{mutant.__name__} slipped through on {case_name}: {graded}"
+    graded = grade(mutant(inputs, case.kwargs(), monkeypatch), expected, *bounds)
+    assert not graded.passed, f"{name} slipped through on {case_name}: {graded}"
 
 
 # --- the contract refuses malformed options ----------------------------------------------------
 
+E4M3, E5M2 = torch.float8_e4m3fn, torch.float8_e5m2
+
 
 @pytest.mark.parametrize(
-    ("options", "message"),
+    ("options", "cache_dtypes", "message"),
     [
-        ({"sliding_window": 0}, "sliding_window must be an int >= 1"),
-        ({"sliding_window": 2.5}, "sliding_window must be an int >= 1"),
-        ({"logit_softcap": 0.0}, "logit_softcap must be a positive finite"),
-        ({"logit_softcap": float("inf")}, "logit_softcap must be a positive finite"),
-        ({"sinks": torch.zeros(7)}, "sinks must be a float32 tensor [num_q_heads] = [8]"),
-        ({"sinks": torch.zeros(8, dtype=torch.float64)}, "sinks must be a float32 tensor"),
-        ({"alibi_slopes": [0.5] * 8}, "alibi_slopes must be a float32 tensor"),
+        ({"sliding_window": 0}, None, "sliding_window must be an int >= 1"),
+        ({"sliding_window": 2.5}, None, "sliding_window must be an int >= 1"),
+        ({"logit_softcap": 0.0}, None, "logit_softcap must be a positive finite"),
+        ({"logit_softcap": float("inf")}, None, "logit_softcap must be a positive finite"),
+        ({"sinks": torch.zeros(7)}, None, "sinks must be a float32 tensor [num_q_heads] = [8]"),
+        ({"sinks": torch.zeros(8, dtype=torch.float64)}, None, "sinks must be a float32 tensor"),
+        ({"alibi_slopes": [0.5] * 8}, None, "alibi_slopes must be a float32 tensor"),
+        ({"return_lse": 1}, None, "return_lse must be True or False"),
+        ({"k_scale": 0.5}, None, "k_scale applies to an fp8 cache"),
+        ({"k_scale": -1.0}, (E4M3, E4M3), "k_scale must be a positive finite"),
+        ({"v_scale": True}, (E4M3, E4M3), "v_scale must be a float or"),  # a bool is no scale
+        ({"v_scale": torch.ones(3)}, (E4M3, E4M3), "v_scale must be a float or a float32 tensor of 1 or"),
+        ({"k_scale": torch.ones(2, dtype=torch.float64)}, (E4M3, E4M3), "k_scale must be a float or"),
+        ({}, (E4M3, E5M2), "both one fp8"),
     ],
 )
 @pytest.mark.parametrize("fn_name", ["reference", "tlsim", "triton"])
-def test_malformed_option_is_refused_naming_it(options, message, fn_name):
-    if fn_name == "triton":
-        needs_triton()
-    inputs = CASES_BY_NAME["base"].inputs()
-    with pytest.raises(ValueError, match=message.replace("[", r"\[").replace("]", r"\]")):
-        getattr(kernels, f"paged_attention_{fn_name}")(*inputs.args(), **options)
+def test_malformed_option_is_refused_naming_it(options, cache_dtypes, message, fn_name):
+    q, k, v, *rest = CASES_BY_NAME["base"].inputs().args()
+    if cache_dtypes:
+        k, v = k.to(cache_dtypes[0]), v.to(cache_dtypes[1])
+    with pytest.raises(ValueError, match=re.escape(message)):
+        backend_fn(fn_name)(q, k, v, *rest, **options)
 
 
 def test_standard_alibi_slopes_follow_bloom():
@@ -355,34 +380,28 @@ def test_case_field_reaches_the_call_and_the_oracle_through_the_row_hooks(varian
 BUILTIN_KERNELS = ("reference", "tlsim", "triton", "cache")  # cache: the engine's path, through dispatch
 
 
-def _graded_rows(spec: dict, backend: str):
-    """The run's rows of one case through one built-in backend (its inputs, oracle and grading the harness's)."""
-    from harness.backends.builtin import REGISTRY
-
-    if backend == "triton":
-        needs_triton()
-    (case,) = expand_spec(spec, "t.toml")
-    return run_cases([case], RunConfig(device="cpu", backends=[REGISTRY[backend]], timing=False, progress=False))
-
-
 @pytest.mark.parametrize("backend", BUILTIN_KERNELS)
 @pytest.mark.parametrize("variant", VARIANTS, ids=lambda v: v.key)
 def test_every_builtin_kernel_passes_each_rows_example(variant, backend):
     """A new row is graded here with no edit: its example through every built-in kernel, against the oracle
     (the engine path declares no latent cache: its pools are two; that row is a skip naming the option)."""
-    frame = _graded_rows({**SPEC, **variant.example}, backend)
+    if backend == "triton":
+        needs_triton()
+    rows = graded_rows({**SPEC, **variant.example}, backend)
     if (variant.key, backend) == ("latent_kv", "cache"):
-        assert frame["status"].tolist() == ["skip"] and "latent_kv" in frame["reason"].iloc[0]
+        assert rows["status"].tolist() == ["skip"] and "latent_kv" in rows["reason"].iloc[0]
         return
-    assert frame["status"].tolist() == ["pass"], frame["reason"].tolist()
+    assert rows["status"].tolist() == ["pass"], rows["reason"].tolist()
 
 
 @pytest.mark.parametrize("backend", BUILTIN_KERNELS)
 def test_every_builtin_kernel_passes_every_rows_example_at_once(backend):
     # a latent cache takes no fp8 cache (the case check refuses the pair): it is graded on its own above
+    if backend == "triton":
+        needs_triton()
     examples = {name: value for v in VARIANTS if v.key != "latent_kv" for name, value in v.example.items()}
-    frame = _graded_rows({**SPEC, **examples}, backend)
-    assert frame["status"].tolist() == ["pass"], frame["reason"].tolist()
+    rows = graded_rows({**SPEC, **examples}, backend)
+    assert rows["status"].tolist() == ["pass"], rows["reason"].tolist()
 
 
 def test_a_row_alone_takes_a_new_variant_to_the_call_and_the_oracle(monkeypatch):
@@ -432,8 +451,7 @@ def test_backend_without_the_option_is_a_skip_naming_it():
     (case,) = expand_spec({**SPEC, "sliding_window": 3, "sinks": [0.0, 1.0, 2.0, 3.0]}, "t.toml")
     backends = [_plain_backend("knows_none"), _plain_backend("knows_window", frozenset({"sliding_window"})),
                 _plain_backend("knows_both", frozenset({"sliding_window", "sinks"}))]  # fmt: skip
-    frame = run_cases([case], RunConfig(device="cpu", backends=backends, timing=False, progress=False))
-    rows = frame.set_index("backend")
+    rows = graded_rows(case, *backends)
     assert rows.loc["knows_none", "status"] == "skip"
     assert "sinks, sliding_window" in rows.loc["knows_none", "reason"]
     assert (
@@ -460,12 +478,8 @@ def test_builtin_kernels_declare_every_option_and_peers_what_their_library_takes
 @pytest.mark.parametrize("window", [1, 4, 9, 100])
 def test_gather_sdpa_peer_matches_oracle_with_a_window(window):
     """The peer's padded boolean mask carries the window; prefill, decode and a q_len 0 sequence."""
-    from harness.backends.builtin import REGISTRY
-
-    spec = {**SPEC, "seq_lens": [20, 9, 7], "q_lens": [6, 1, 0], "sliding_window": window}
-    (case,) = expand_spec(spec, "t.toml")
-    frame = run_cases([case], RunConfig(device="cpu", backends=[REGISTRY["gather_sdpa"]], timing=False, progress=False))
-    assert frame["status"].tolist() == ["pass"], frame["reason"].tolist()
+    rows = graded_rows({**SPEC, "seq_lens": [20, 9, 7], "q_lens": [6, 1, 0], "sliding_window": window}, "gather_sdpa")
+    assert rows["status"].tolist() == ["pass"], rows["reason"].tolist()
 
 
 @pytest.mark.parametrize(

@@ -3,21 +3,14 @@
 from __future__ import annotations
 
 import os
-import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 import torch
 
 import kernels
 from kernels import dispatch
-from tests.kernels.kernel_cases import BASE
-
-
-def test_cpu_selects_tlsim(monkeypatch):
-    monkeypatch.delenv(kernels.BACKEND_ENV, raising=False)
-    assert kernels.select_backend("cpu") == "tlsim"
+from tests.fresh_python import run_fresh
 
 
 def test_cuda_selects_triton_when_triton_imports(monkeypatch):
@@ -34,14 +27,15 @@ def test_environment_variable_forces_a_backend(monkeypatch):
     assert kernels.select_backend("cpu", backend="tlsim") == "tlsim", "the argument wins over the environment"
 
 
-def test_unknown_backend_name_is_a_clear_error(monkeypatch):
-    monkeypatch.setenv(kernels.BACKEND_ENV, "cutlass")
-    with pytest.raises(ValueError, match="PAGED_ATTENTION_BACKEND is 'cutlass'; expected one of triton, tlsim"):
-        kernels.select_backend("cpu")
-
-
-def test_forcing_triton_where_it_cannot_run_is_an_error(monkeypatch):
-    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+def test_forcing_an_unknown_backend_or_triton_where_it_cannot_run_is_refused(monkeypatch):
+    monkeypatch.delenv(kernels.BACKEND_ENV, raising=False)
+    assert kernels.select_backend("cpu") == "tlsim", "unforced on a CPU: tlsim"
+    with pytest.raises(ValueError, match="backend argument"):
+        kernels.select_backend("cpu", "cuda")
+    monkeypatch.setenv("TRITON_INTERPRET", "0")
+    with pytest.raises(kernels.BackendUnavailableError, match="TRITON_INTERPRET"):
+        kernels.select_backend("cpu", backend="triton")
+    monkeypatch.delenv("TRITON_INTERPRET")
     with pytest.raises(kernels.BackendUnavailableError, match="needs a CUDA device"):
         kernels.select_backend("cpu", backend="triton")
     for other in ("tlsim", "reference"):  # only a forced triton asks whether Triton can run
@@ -52,29 +46,9 @@ def test_forcing_triton_where_it_cannot_run_is_an_error(monkeypatch):
     monkeypatch.setattr(dispatch, "has_triton", lambda: False)
     with pytest.raises(kernels.BackendUnavailableError, match="Triton is not installed"):
         kernels.select_backend("cuda", backend="triton")
-
-
-@pytest.mark.parametrize("backend", ["tlsim", "reference"])
-def test_dispatch_calls_the_selected_backend(monkeypatch, backend):
-    calls = []
-    real = dispatch._backend_fn(backend)
-
-    def spy(*args, **kwargs):
-        calls.append(backend)
-        return real(*args, **kwargs)
-
-    monkeypatch.setattr(dispatch, "_backend_fn", lambda name: spy if name == backend else pytest.fail(name))
-    inputs = BASE.inputs()
-    out = kernels.paged_attention_dispatch(*inputs.args(), backend=backend)
-    assert calls == [backend]
-    torch.testing.assert_close(out, real(*inputs.args()), rtol=0, atol=0)
-
-
-def _python(code: str) -> subprocess.CompletedProcess:
-    """Run ``code`` in a fresh interpreter from the repository root, TRITON_INTERPRET unset."""
-    environ = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    root = Path(__file__).resolve().parents[2]
-    return subprocess.run([sys.executable, "-c", code], cwd=root, env=environ, capture_output=True, text=True)
+    monkeypatch.setenv(kernels.BACKEND_ENV, "cutlass")
+    with pytest.raises(ValueError, match="PAGED_ATTENTION_BACKEND is 'cutlass'; expected one of triton, tlsim"):
+        kernels.select_backend("cpu")
 
 
 def test_import_kernels_does_not_import_triton_until_the_kernel_is_used():
@@ -85,7 +59,7 @@ def test_import_kernels_does_not_import_triton_until_the_kernel_is_used():
         "fn = kernels.paged_attention_triton\n"
         "print(fn.__module__, kernels.has_triton() == ('triton' in sys.modules))\n"
     )
-    result = _python(code)
+    result = run_fresh("-c", code)
     assert result.returncode == 0, result.stderr
     expected_module = "kernels.triton_paged" if kernels.has_triton() else "kernels"
     assert result.stdout.split() == [expected_module, "True"]

@@ -4,8 +4,7 @@ With value checks on (check=True, or PAGED_ATTENTION_CHECK=1 as in this suite), 
 outside [0, num_blocks) among the blocks a sequence uses, or query_start_loc[0] != 0, is a
 ValueError naming the argument. On the sync-free default path (checks off) index tensors
 of any layout give the contiguous answer, and the kernel and tlsim turn a bad block id
-into NaN rows instead of reading memory they do not own (the Triton launcher used to
-segfault the process on these).
+into NaN rows instead of reading memory they do not own.
 """
 
 from __future__ import annotations

@@ -69,9 +69,9 @@ def test_kernels_compile_for_sm90_without_a_gpu():
 
 
 # The split decode's tile loop, as SASS instructions a warp a tile, against the unsplit one's: the split start
-# spelled a multiple of TILE_N and the unsigned block column / slot (POS_UNSIGNED) keep it as short (with signed
-# arithmetic from a start the compiler cannot prove non-negative it takes 1086 against 801 with Triton 3.6).
-# The split size is marked 16-divisible, as Triton's launcher marks it.
+# spelled a multiple of TILE_N and the unsigned block column / slot (POS_UNSIGNED) keep it as short (signed
+# arithmetic from a start the compiler cannot prove non-negative lengthens it by a third). The split size is
+# marked 16-divisible, as Triton's launcher marks it.
 LOOP = r"""
 from scripts.sass_census import census
 
@@ -91,9 +91,8 @@ def test_the_split_decodes_tile_loop_is_no_longer_than_the_unsplit_ones():
     assert result.returncode == 0, result.stderr[-3000:]
     lines = result.stdout.strip().splitlines()
     _, signed, unsigned = lines.pop().split()
-    # The block offsets as unsigned 32 x 32 -> 64-bit products (BLOCK_OFFS_U32) and the unmasked loop's unsigned
-    # table checks: Triton 3.9, 32-key tiles, 289 with neither, 270 with the checks, 253 with both (Triton 3.6,
-    # 128-key tiles: 801, 700, 635).
+    # The block offsets as unsigned 32 x 32 -> 64-bit products (BLOCK_OFFS_U32) shorten the unmasked loop, whose
+    # unsigned table checks keep it at 270 instructions or fewer at 32-key tiles.
     assert int(unsigned) <= int(signed) * 0.95 <= 270, f"unsigned block offsets {unsigned}, signed {signed}"
     for line in lines:
         tile_n, unsplit, split = map(int, line.split())

@@ -33,7 +33,6 @@ import torch
 
 import kernels
 from harness.cases.inputs import make_inputs
-from harness.cases.vocab import DEFAULT_TOLERANCES
 from harness.run.grading import grade
 from harness.run.oracle import paged_attention_oracle
 from kernels.contract import prepare_call
@@ -53,13 +52,8 @@ def _decode(*lens: int) -> tuple[tuple[int, ...], tuple[int, ...]]:
 # boundary inside a tile), 63/64/65 and 127/128/129 (tile boundaries); 64/65/66 put the last
 # visible key (the query) at 63/64/65.
 WINDOW_DECODE_LENS = (64, 65, 66, 83, 84, 85, 99, 100, 101, 163, 164, 165)
-SPLIT_LENS = (
-    1152,
-    SPLIT - 1,
-    SPLIT,
-    SPLIT + 1,
-    1,
-)  # split boundary at 576 (a tile boundary): one short, on it, one past
+# The split boundary at 576 (a tile boundary): one short, on it, one past.
+SPLIT_LENS = (1152, SPLIT - 1, SPLIT, SPLIT + 1, 1)
 
 CASES: list[Edge] = [
     Edge("window36_decode_first_key_on_tile_edges", *_decode(*WINDOW_DECODE_LENS), {"sliding_window": 36}),
@@ -119,11 +113,6 @@ EDGES = Edges(BASE, CASES)
 BY_NAME, _inputs, _expected = EDGES.by_name, EDGES.inputs, EDGES.expected
 
 
-def _run(backend: str, case: Edge, **extra):
-    inputs = _inputs(case.name)
-    return backend_fn(backend)(*inputs.args(), out=inputs.new_out(), **call_hints(case), **inputs.options, **extra)
-
-
 def test_the_cases_sit_on_the_tilings_boundaries():
     """The tile, query-tile and split sizes the case names rely on."""
 
@@ -156,14 +145,7 @@ def test_value_checks_accept_the_tables_exact_capacity_and_refuse_a_bad_last_par
 
 @pytest.mark.parametrize(("case", "backend"), [(c, b) for c in CASES for b in BACKENDS], ids=lambda v: str(v))
 def test_edge_matches_the_oracle(case: Edge, backend: str):
-    atol, rtol = DEFAULT_TOLERANCES[case.fields.get("dtype", "float32")]
-    got, expected = _run(backend, case), _expected(case.name)
-    if isinstance(expected, tuple):
-        (got, got_lse), (expected, expected_lse) = got, expected
-        lse_grade = grade(got_lse, expected_lse, 1e-5, 1e-4)
-        assert lse_grade.passed, f"{backend} lse: {lse_grade.reason}"
-    result = grade(got, expected, atol, rtol)
-    assert result.passed, f"{backend}: {result.reason} (tol_ratio {result.tol_ratio:.2f})"
+    EDGES.assert_matches_oracle(backend, case)
 
 
 def test_a_second_call_with_another_window_is_not_served_the_first_calls_plan():

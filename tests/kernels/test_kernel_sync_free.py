@@ -112,18 +112,24 @@ def test_wrong_launch_hints_change_speed_not_the_result(backend):
 GPU = [pytest.mark.gpu, pytest.mark.skipif(not CUDA, reason="needs a CUDA device (CUDA graphs, sync debug mode)")]
 
 
-@pytest.mark.parametrize("case", SYNC_FREE_CASES, ids=str)
-@pytest.mark.parametrize("_", [pytest.param(None, marks=GPU, id="cuda")])
-def test_default_call_replays_from_a_cuda_graph(case, _, monkeypatch):
-    monkeypatch.delenv(kernels.CHECK_ENV, raising=False)
-    args = _args(case, "cuda")
+def _assert_no_sync_and_graph_replay(args, case, **hints):
+    """The call (compiled first, outside the checks: Triton's own first launch may sync) makes no device sync
+    under ``set_sync_debug_mode("error")`` and, captured in a CUDA graph, replays into its NaN-filled out; each
+    output passes the oracle."""
     out = torch.full_like(args[0], float("nan"))
-    kernels.paged_attention_triton(*args, out=out)  # compile outside the capture
+    kernels.paged_attention_triton(*args, out=out, **hints)
     torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        out.fill_(float("nan"))
+        kernels.paged_attention_triton(*args, out=out, **hints)
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+    _assert_matches_oracle(out, args, case)
     out.fill_(float("nan"))
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
-        kernels.paged_attention_triton(*args, out=out)
+        kernels.paged_attention_triton(*args, out=out, **hints)
     graph.replay()
     torch.cuda.synchronize()
     _assert_matches_oracle(out, args, case)
@@ -131,17 +137,9 @@ def test_default_call_replays_from_a_cuda_graph(case, _, monkeypatch):
 
 @pytest.mark.parametrize("case", SYNC_FREE_CASES, ids=str)
 @pytest.mark.parametrize("_", [pytest.param(None, marks=GPU, id="cuda")])
-def test_default_call_makes_no_device_sync(case, _, monkeypatch):
+def test_default_call_makes_no_device_sync_and_replays_from_a_cuda_graph(case, _, monkeypatch):
     monkeypatch.delenv(kernels.CHECK_ENV, raising=False)
-    args = _args(case, "cuda")
-    kernels.paged_attention_triton(*args)  # compile first: Triton's own first launch may sync
-    torch.cuda.synchronize()
-    torch.cuda.set_sync_debug_mode("error")
-    try:
-        got = kernels.paged_attention_triton(*args)
-    finally:
-        torch.cuda.set_sync_debug_mode("default")
-    _assert_matches_oracle(got, args, case)
+    _assert_no_sync_and_graph_replay(_args(case, "cuda"), case)
 
 
 # --- the device split (kernels.tiling.DEVICE_SPLIT) ----------------------------------
@@ -187,20 +185,4 @@ def test_the_device_split_replays_from_a_cuda_graph_and_makes_no_sync(_, device_
     monkeypatch.delenv(kernels.CHECK_ENV, raising=False)
     args = _device_split_args("cuda")
     assert tiling_for(prepare_call(*args, check=False), **DEVICE_SPLIT_HINTS).DEVICE_SPLIT is not None
-    out = torch.full_like(args[0], float("nan"))
-    kernels.paged_attention_triton(*args, out=out, **DEVICE_SPLIT_HINTS)  # compile outside the capture
-    torch.cuda.synchronize()
-    torch.cuda.set_sync_debug_mode("error")
-    try:
-        out.fill_(float("nan"))
-        kernels.paged_attention_triton(*args, out=out, **DEVICE_SPLIT_HINTS)
-    finally:
-        torch.cuda.set_sync_debug_mode("default")
-    _assert_matches_oracle(out, args, DEVICE_SPLIT_DECODE)
-    out.fill_(float("nan"))
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        kernels.paged_attention_triton(*args, out=out, **DEVICE_SPLIT_HINTS)
-    graph.replay()
-    torch.cuda.synchronize()
-    _assert_matches_oracle(out, args, DEVICE_SPLIT_DECODE)
+    _assert_no_sync_and_graph_replay(args, DEVICE_SPLIT_DECODE, **DEVICE_SPLIT_HINTS)

@@ -168,7 +168,7 @@ def test_the_device_split_leaves_a_full_uniform_batch_whole_and_cuts_the_8b_batc
     for lens in ([16384] * 32, [32768] * 64, [8192] * 64, [4097] * 64, [131072] * 28):  # 224+ programs of 8 KV heads
         for kv_fp8 in (True, False):
             assert splits_of(lens, kv_fp8) == [1] * len(lens), (len(lens), lens[0])
-    # 136-192 programs, which the slack alone cut in two (1.06-1.10x slower on an H200): twice the mean keeps them
+    # 136-192 programs, which the slack alone would cut in two (slower): twice the mean keeps them whole
     for lens in ([8192] * 24, [16384] * 20, [8192] * 17, [8000] * 16 + [8192] * 8):
         assert splits_of(lens) == [1] * len(lens), (len(lens), lens[0])
     assert splits_of([4000] * 16 + [12000] * 2) == [1] * 16 + [2] * 2  # past twice the mean (9778 keys): cut
@@ -185,7 +185,7 @@ def test_the_device_split_leaves_a_full_uniform_batch_whole_and_cuts_the_8b_batc
     assert choose_tiling(128, 4, 512, 64, 8, 31024).DEVICE_SPLIT is None  # prefill
     assert choose_tiling(128, 4, 1, 64, 8, 31024, num_tokens=65).DEVICE_SPLIT is None  # a max_q_len hint of 1 too low
     assert choose_tiling(128, 4, 1, 2048, 8, 31024).DEVICE_SPLIT is None  # past DEVICE_SPLIT_MAX_SEQS
-    few = choose_tiling(128, 4, 1, 4, 8, 31024)  # 32 programs: the host's split, as before
+    few = choose_tiling(128, 4, 1, 4, 8, 31024)  # 32 programs: the host's split
     assert few.DEVICE_SPLIT is None and few.NUM_SPLITS > 1 and few.SPLIT_SIZE > 0
 
 

@@ -8,6 +8,7 @@ ones run the real kernel under the CPU interpreter and compare outputs bit for b
 
 from __future__ import annotations
 
+import importlib
 import os
 import random
 from dataclasses import replace
@@ -21,7 +22,7 @@ from kernels.contract import prepare_call
 from kernels.launch_plan import PlanCache, call_key, plans_enabled
 from kernels.tiling import tiling_for
 from tests.fresh_python import run_script
-from tests.kernels.kernel_cases import BAD_CALLS, BASE, CASES_BY_NAME, needs_triton
+from tests.kernels.kernel_cases import BAD_CALLS, BASE, CASES_BY_NAME, base_args, needs_triton
 
 
 def _triton():
@@ -219,10 +220,6 @@ def test_the_fast_environment_read_agrees_with_os_environ(monkeypatch):
     assert getenv("PAGED_ATTN_NEVER_SET_ANYWHERE") is None
 
 
-def _base_args():
-    return list(BASE.inputs().args())
-
-
 def _shift(t: torch.Tensor, elements: int = 1) -> torch.Tensor:
     """The same values in a buffer ``elements`` further on: data_ptr no longer a multiple of 16."""
     flat = torch.empty(t.numel() + elements, dtype=t.dtype)[elements:]
@@ -268,7 +265,7 @@ SAME_LAUNCH = {"block_table_strided", "k_cache_head_dim_strided", "q_misaligned"
 @pytest.mark.parametrize("change", CHANGES)
 def test_a_changed_call_after_a_hit_gets_its_own_plan(recorded, change):
     triton_paged = _triton()
-    args, kwargs = _base_args(), {}
+    args, kwargs = base_args(), {}
     _launches(recorded, args, kwargs)
     base = _launches(recorded, args, kwargs)  # a hit
     assert triton_paged.PLANS.hits == 1
@@ -284,7 +281,7 @@ def test_a_changed_call_after_a_hit_gets_its_own_plan(recorded, change):
 def test_a_misaligned_view_has_its_own_key_and_plan(recorded):
     """Triton specializes on data_ptr % 16: a view one element on must not share the aligned call's plan."""
     triton_paged = _triton()
-    args = _base_args()
+    args = base_args()
     aligned = call_key(*args, None, None, None, None, False, {})
     shifted = list(args)
     shifted[1] = _shift(args[1])
@@ -296,7 +293,7 @@ def test_a_misaligned_view_has_its_own_key_and_plan(recorded):
 
 
 def test_a_scalar_key_tells_true_from_one_and_refuses_other_types():
-    args = _base_args()
+    args = base_args()
 
     def key(**given):
         spec = {"scale": None, "out": None, "max_q_len": None, "max_seq_len": None, "return_lse": False}
@@ -314,7 +311,7 @@ def test_a_scalar_key_tells_true_from_one_and_refuses_other_types():
 
 def test_a_tensor_scale_is_read_on_every_call_not_reused_from_a_plan(recorded):
     triton_paged = _triton()
-    args = _base_args()
+    args = base_args()
     first = _launches(recorded, args, {"scale": torch.tensor(0.1)})
     second = _launches(recorded, args, {"scale": torch.tensor(0.9)})
     assert triton_paged.PLANS.hits == 0 and first != second
@@ -323,7 +320,7 @@ def test_a_tensor_scale_is_read_on_every_call_not_reused_from_a_plan(recorded):
 
 
 def test_the_tuning_override_is_part_of_the_key(recorded):
-    args = _base_args()
+    args = base_args()
     plain = _launches(recorded, args, {})
     config = tuning.TileConfig(max_rows=16, max_tokens=2, tile_n=16, num_warps=2, num_stages=1)
     with tuning.override(config):
@@ -336,8 +333,8 @@ def test_the_tuning_override_is_part_of_the_key(recorded):
 def test_plans_off_keeps_none_and_the_env_var_turns_them_off(recorded):
     triton_paged = _triton()
     with plans_enabled(False):
-        _launches(recorded, _base_args(), {})
-        _launches(recorded, _base_args(), {})
+        _launches(recorded, base_args(), {})
+        _launches(recorded, base_args(), {})
     assert len(triton_paged.PLANS) == 0 and triton_paged.PLANS.hits == 0
     done = run_script("-c", "from kernels import launch_plan; print(launch_plan.enabled())", timeout=60)
     assert done.stdout.strip() == "True", done.stderr
@@ -380,7 +377,7 @@ def test_a_bad_call_fails_the_same_way_after_a_good_one(name, monkeypatch):
     """Some of these differ from the good call only in values (value checks, on in the suite): a
     hit must still run them; the others differ in the key and must not meet the good call's plan."""
     _triton()
-    good = _base_args()
+    good = base_args()
     kernels.paged_attention_triton(*good)
     kernels.paged_attention_triton(*good)
     args, message = BAD_CALLS[name]
@@ -390,7 +387,7 @@ def test_a_bad_call_fails_the_same_way_after_a_good_one(name, monkeypatch):
 
 
 def test_value_checks_run_on_a_hit(recorded):
-    args = _base_args()
+    args = base_args()
     kernels.paged_attention_triton(*args, check=True)
     kernels.paged_attention_triton(*args, check=True)
     bad = list(args)
@@ -439,16 +436,24 @@ def _outputs(result):
     return [t.clone() for t in (result if isinstance(result, tuple) else (result,))]
 
 
+ON_CUDA = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")]
+
+
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=ON_CUDA)])
 @pytest.mark.parametrize("name", OUTPUT_CASES)
-def test_a_plan_hit_computes_what_the_full_path_computes(name):
-    triton_paged = _triton()
-    case, spec = OUTPUT_CASES[name]
-    args, kwargs = _output_call(case, spec)
+def test_a_plan_hit_computes_what_the_full_path_computes(name, device):
+    """The hit's outputs equal the first call's and the uncached call's, bit for bit; on CUDA the hit
+    launches the compiled kernels."""
+    triton_paged = _triton() if device == "cpu" else importlib.import_module("kernels.triton_paged")
+    args, kwargs = _output_call(*OUTPUT_CASES[name], device)
     triton_paged.PLANS.clear()
     first = _outputs(kernels.paged_attention_triton(*args, **kwargs))
-    hits = triton_paged.PLANS.hits
     second = _outputs(kernels.paged_attention_triton(*args, **kwargs))
-    assert triton_paged.PLANS.hits == hits + 1
+    assert triton_paged.PLANS.hits == 1
+    if device == "cuda":
+        (plan,) = [recipe.plan for recipe in triton_paged.PLANS.plans()]
+        assert launch_plan.fast_launch_status() == "compiled kernel" and plan.main.compiled is not None
+        assert plan.combine is None or plan.combine.compiled is not None
     with plans_enabled(False):
         uncached = _outputs(kernels.paged_attention_triton(*args, **kwargs))
     for a, b, c in zip(first, second, uncached, strict=True):
@@ -456,29 +461,9 @@ def test_a_plan_hit_computes_what_the_full_path_computes(name):
     assert not first[0].isnan().all()
 
 
-@pytest.mark.gpu
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device (compiled-kernel launches)")
-@pytest.mark.parametrize("name", OUTPUT_CASES)
-def test_on_cuda_a_hit_launches_the_compiled_kernels_and_computes_the_same(name):
-    from kernels import triton_paged
-
-    case, spec = OUTPUT_CASES[name]
-    args, kwargs = _output_call(case, spec, "cuda")
-    triton_paged.PLANS.clear()
-    first = _outputs(kernels.paged_attention_triton(*args, **kwargs))
-    second = _outputs(kernels.paged_attention_triton(*args, **kwargs))
-    (plan,) = [recipe.plan for recipe in triton_paged.PLANS.plans()]
-    assert triton_paged.PLANS.hits == 1 and launch_plan.fast_launch_status() == "compiled kernel"
-    assert plan.main.compiled is not None and (plan.combine is None or plan.combine.compiled is not None)
-    with plans_enabled(False):
-        uncached = _outputs(kernels.paged_attention_triton(*args, **kwargs))
-    for a, b, c in zip(first, second, uncached, strict=True):
-        assert torch.equal(a.nan_to_num(7.0), b.nan_to_num(7.0)) and torch.equal(b.nan_to_num(7.0), c.nan_to_num(7.0))
-
-
 def test_a_misspelled_option_is_refused_naming_it_even_after_a_hit(recorded):
     """The options reach the entry as **options: a name the contract lacks is never served a plan."""
-    args = _base_args()
+    args = base_args()
     for _ in range(2):
         _launches(recorded, args, {"sliding_window": 4})
     with pytest.raises(TypeError, match="sliding_windw"):

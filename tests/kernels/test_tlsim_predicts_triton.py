@@ -1,29 +1,18 @@
 """tlsim is the kernel's numerics model: on the same inputs it must sit well inside the
 tolerance of the Triton kernel, much closer than the backends sit to the oracle's limit.
 
-Bound, elementwise: fp32, half the tolerance (atol/2 + rtol/2 * |triton|); fp16/bf16, two
-output ulps (2 * eps * |triton|, |triton| floored at 2^-6), since tlsim rounds p and the
-output exactly where the kernel does.
-Measured under the CPU interpreter (scripts/self/measure_tlsim_closeness.py): the largest gap is
-2-10% of the tolerance on ordinary fp32 cases, and fp16/bf16 outputs are bit-identical
-except one fp16 ulp on one element. On a GPU these tests run under `pytest -m gpu`
-(gpu_results/2026-12-02-h200-gpu-suites/tests.log).
-
-On a GPU the dots' fp32 sums run in the tensor cores' order, not torch's, and a logit that moves
-can flip a rounding of p: the bf16 MLA case (K 576) puts a few elements past two ulps on an H200
-(2.5 at most), hence three ulps past head dim 512 there. A bf16 prefill at head dim 128 (8 q / 2 KV
-heads, lengths 200 and 90, queries 200 and 40; not among the cases here) puts one element of 245,760
-at 2.5x the two-ulp bound on an H200: how closely tlsim models the GPU's half-precision prefill is an
-open question, which these cases do not settle.
+Bound, elementwise (tests.kernels.kernel_cases.assert_tlsim_close): fp32, half the tolerance
+(atol/2 + rtol/2 * |triton|); fp16/bf16, two output ulps (2 * eps * |triton|, |triton| floored
+at 2^-6), since tlsim rounds p and the output exactly where the kernel does. On a GPU these tests
+run under `pytest -m gpu`; there the dots' fp32 sums run in the tensor cores' order, not torch's,
+and a logit that moves can flip a rounding of p: past head dim 512 (the bf16 MLA case) the bound
+is three ulps there.
 
 The fp32 large-logit case (input_scale 6: logits of ~90) is held to the whole tolerance
 instead of half: there each logit carries an fp32 rounding of ~1e-5 that depends on the
 order of the dot's sum, which tlsim (torch's matmul) and the kernel (the interpreter's
-numpy dot, or the GPU's FMA order) do not share, and the softmax amplifies it. Its gap
-moves with the drawn values alone: over seeds 0-5 it was 0.47, 0.35, 0.42, 0.71, 0.51,
-0.17 of the tolerance with the first input draw and 0.79, 0.13, 0.52, 0.50, 0.50, 0.34
-with the chunked draw (harness/inputs.py), the kernel code unchanged; both backends
-pass the oracle on every one (seed 0 now: Triton 0.23, tlsim 0.90 of the tolerance).
+numpy dot, or the GPU's FMA order) do not share, and the softmax amplifies it; its gap
+moves with the drawn values alone, the kernel code unchanged.
 """
 
 from __future__ import annotations
@@ -36,7 +25,7 @@ import torch
 import kernels
 from harness.cases.vocab import DEFAULT_TOLERANCES
 from kernels.launch_plan import plans_enabled
-from tests.kernels.kernel_cases import KERNEL_CASES, triton_output
+from tests.kernels.kernel_cases import KERNEL_CASES, assert_tlsim_close, triton_output
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 # Where CUDA is, the kernel runs compiled and the test is a GPU test: `pytest -m gpu` (nox -s gpu) runs it.
@@ -48,20 +37,11 @@ def test_tlsim_predicts_triton_far_inside_tolerance(case):
     if reason := kernels.triton_unavailable_reason(DEVICE):
         pytest.skip(reason)
     inputs = case.inputs(DEVICE)
-    sim = kernels.paged_attention_tlsim(*inputs.args()).double()
-    real = triton_output((case, DEVICE), inputs).double()  # shared with the oracle test of the case
-    gap = (sim - real).abs()
-    if case.dtype == "float32":
-        atol, rtol = DEFAULT_TOLERANCES[case.dtype]
-        share = 1.0 if case.name == "large_logits" else 0.5  # the module docstring says why
-        allowed = share * (atol + rtol * real.abs())
-    else:  # the same roundings in the same places: at most two output ulps apart
-        # (three for K 576 on a GPU: the tensor cores' fp32 sum order over 576 dims moves a logit
-        # enough to flip a p rounding now and then, whether V is a view of K, the view run as two
-        # tensors, or V a copy)
-        ulps = 3 if DEVICE == "cuda" and case.head_dim > 512 else 2
-        allowed = ulps * torch.finfo(inputs.q.dtype).eps * real.abs().clamp_min(2**-6)
-    assert bool((gap <= allowed).all()), f"{case.name}: tlsim is {float(gap.max()):.3g} from the kernel"
+    sim = kernels.paged_attention_tlsim(*inputs.args())
+    real = triton_output((case, DEVICE), inputs)  # shared with the oracle test of the case
+    share = 1.0 if case.name == "large_logits" else 0.5  # the module docstring says why
+    ulps = 3 if DEVICE == "cuda" and case.head_dim > 512 else 2
+    assert_tlsim_close(sim, real, inputs.q.dtype, share, ulps, case.name)
 
 
 @functools.cache
@@ -199,11 +179,7 @@ def test_tlsim_predicts_the_device_split(name, dtype, kv, options, monkeypatch):
     for got, predicted, expected in pairs:
         result = grade(got, expected.double(), *DEFAULT_TOLERANCES[dtype])
         assert result.passed, f"{name}: {result.reason}"
-        gap = (got.double() - predicted.double()).abs()
-        if got.dtype == torch.float32:  # the dots' sum order is not tlsim's (the module docstring): half the tolerance
-            atol, rtol = DEFAULT_TOLERANCES["float32"]
-            assert bool((gap <= atol / 2 + rtol / 2 * got.double().abs()).all()), f"{name}: {float(gap.max()):.3g}"
-        elif DEVICE == "cpu" and kv is None and "sinks" not in kwargs:  # the same roundings in the same places
-            assert torch.equal(got, predicted), f"{name}: tlsim is {float(gap.max()):.3g} off"
-        else:  # two output ulps, as above: with sinks or an fp8 cache's fp16 dots the unsplit launch is 1 ulp off too
-            assert bool((gap <= 2 * 2**-7 * got.double().abs().clamp_min(2**-6)).all()), float(gap.max())
+        if DEVICE == "cpu" and kv is None and "sinks" not in kwargs and got.dtype != torch.float32:
+            assert torch.equal(got, predicted), f"{name}: tlsim is not the kernel's bits"  # the same roundings
+        else:  # fp32: the dots' sum order is not tlsim's; with sinks or an fp8 cache's fp16 dots 1 ulp off unsplit too
+            assert_tlsim_close(predicted, got, got.dtype, what=name)

@@ -13,19 +13,23 @@ import pytest
 import torch
 
 import kernels
-from harness.backends.builtin import REGISTRY
 from harness.cases.spec import CaseFileError, expand_spec
-from harness.cases.vocab import DEFAULT_TOLERANCES
-from harness.execute.local import run_cases
+from harness.cases.vocab import DEFAULT_TOLERANCES, FP8_KV_TOLERANCES
 from harness.run.grading import grade
 from harness.run.oracle import paged_attention_oracle
-from harness.run.runner import RunConfig
 from kernels.fp8 import quantize_kv
-from tests.kernels.kernel_cases import CASES_BY_NAME, needs_triton
+from tests.kernels.kernel_cases import (
+    BACKENDS,
+    CASES_BY_NAME,
+    assert_passes,
+    assert_tlsim_close,
+    needs_triton,
+    run_backend,
+)
+from tests.kernels.variant_cases import graded_rows
 
 FP8 = {"e4m3": torch.float8_e4m3fn, "e5m2": torch.float8_e5m2}
 BASES = ["base", "spec_verify", "split_kv_decode", "bfloat16_split_kv", "float16_prefill"]
-FUNCTIONS = ("reference", "tlsim", "triton", "dispatch", "cache")
 
 
 def _fp8_inputs(base: str, fp8: torch.dtype, per_head: bool):
@@ -46,27 +50,8 @@ def _fp8_inputs(base: str, fp8: torch.dtype, per_head: bool):
 
 
 def _tolerance(q: torch.Tensor) -> tuple[float, float]:
-    from harness.cases.vocab import FP8_KV_TOLERANCES
-
     name = str(q.dtype).removeprefix("torch.")
     return FP8_KV_TOLERANCES.get(name, DEFAULT_TOLERANCES[name])
-
-
-def _call(name: str, args, scales, inputs):
-    if name == "triton":
-        needs_triton()
-    if name == "cache":
-        q, k_cache, *_ = args
-        base_lens = inputs.seq_lens.tolist()
-        cache = kernels.PagedKVCache(1, sum(-(-n // k_cache.shape[1]) for n in base_lens) + 1, k_cache.shape[1],
-                                     k_cache.shape[2], k_cache.shape[3], dtype=k_cache.dtype, **scales)  # fmt: skip
-        seq_ids = list(range(len(base_lens)))
-        for seq_id, keys, values in zip(seq_ids, inputs.keys, inputs.values, strict=True):
-            cache.allocate(seq_id)
-            cache.write(0, cache.append(seq_id, keys.shape[0]), keys, values)
-        return cache.paged_attention(0, q, seq_ids, inputs.query_start_loc)
-    fn = getattr(kernels, f"paged_attention_{name}")
-    return fn(*args, **scales)
 
 
 # The split cases have one KV head, so there a per-head scale is the per-tensor one, as a tensor: the
@@ -82,26 +67,21 @@ SCALED = [
 ]
 
 
-@pytest.mark.parametrize("backend", FUNCTIONS)
+@pytest.mark.parametrize("backend", BACKENDS)
 @pytest.mark.parametrize(("base", "fp8", "per_head"), SCALED)
 def test_backend_matches_oracle_of_the_dequantized_cache(base, fp8, per_head, backend):
+    """The cache backend writes the unquantized keys and values into an fp8 cache, which quantizes them."""
     inputs, args, scales = _fp8_inputs(base, FP8[fp8], per_head)
-    result = _call(backend, args, scales, inputs)
-    graded = grade(result, paged_attention_oracle(*args, **scales), *_tolerance(inputs.q))
-    assert graded.passed, f"{backend} on {base}/{fp8}: {graded.reason}"
+    result = run_backend(backend, inputs, args, **scales)
+    assert_passes(result, paged_attention_oracle(*args, **scales), _tolerance(inputs.q), f"{backend} on {base}/{fp8}")
 
 
 @pytest.mark.parametrize("base", BASES)
 def test_tlsim_predicts_triton_with_an_fp8_cache(base):
     needs_triton()
     inputs, args, scales = _fp8_inputs(base, torch.float8_e4m3fn, True)
-    sim = kernels.paged_attention_tlsim(*args, **scales).double()
-    real = kernels.paged_attention_triton(*args, **scales).double()
-    if inputs.q.dtype == torch.float32:
-        allowed = 5e-6 + 5e-5 * real.abs()
-    else:
-        allowed = 2 * torch.finfo(inputs.q.dtype).eps * real.abs().clamp_min(2**-6)
-    assert bool(((sim - real).abs() <= allowed).all()), f"tlsim is {float((sim - real).abs().max()):.3g} away"
+    sim = kernels.paged_attention_tlsim(*args, **scales)
+    assert_tlsim_close(sim, kernels.paged_attention_triton(*args, **scales), inputs.q.dtype, what=base)
 
 
 # --- mutants -------------------------------------------------------------------------------------
@@ -130,33 +110,6 @@ def test_oracle_catches_a_wrong_dequantization(mutant):
     expected = paged_attention_oracle(*args, **scales)
     assert grade(kernels.paged_attention_tlsim(*args, **scales), expected, *_tolerance(inputs.q)).passed
     assert not grade(mutant(args, scales), expected, *_tolerance(inputs.q)).passed
-
-
-# --- the contract refuses what it cannot mean ----------------------------------------------------
-
-
-@pytest.mark.parametrize(
-    ("change", "message"),
-    [
-        (lambda a: ({"k_scale": 0.5}, a), "k_scale applies to an fp8 cache"),
-        (lambda a: ({"k_scale": -1.0}, _fp8(a)), "k_scale must be a positive finite"),
-        (lambda a: ({"v_scale": True}, _fp8(a)), "v_scale must be a float or"),  # a bool is no scale
-        (lambda a: ({"v_scale": torch.ones(3)}, _fp8(a)), "v_scale must be a float or a float32 tensor of 1 or"),
-        (lambda a: ({"k_scale": torch.ones(2, dtype=torch.float64)}, _fp8(a)), "k_scale must be a float or"),
-        (lambda a: ({}, (a[0], a[1].to(torch.float8_e4m3fn), a[2].to(torch.float8_e5m2), *a[3:])), "both one fp8"),
-    ],
-)
-@pytest.mark.parametrize("fn_name", ["reference", "tlsim", "triton"])
-def test_bad_fp8_call_is_refused_naming_the_argument(change, message, fn_name):
-    if fn_name == "triton":
-        needs_triton()
-    keywords, args = change(CASES_BY_NAME["base"].inputs().args())
-    with pytest.raises(ValueError, match=message):
-        getattr(kernels, f"paged_attention_{fn_name}")(*args, **keywords)
-
-
-def _fp8(args):
-    return (args[0], args[1].to(torch.float8_e4m3fn), args[2].to(torch.float8_e4m3fn), *args[3:])
 
 
 def test_fp8_cache_quantizes_on_write_and_poisons_freed_blocks():
@@ -198,9 +151,7 @@ def test_bad_fp8_field_is_refused_naming_it(changes, field):
 def test_rows_report_quant_error_and_peers_skip_naming_fp8():
     (case,) = expand_spec({**SPEC, "kv_dtype": "float8_e5m2", "kv_scale": "amax_per_head"}, "t.toml")
     assert case.variants == {"fp8_kv"} and case.kv_element_bytes == 1
-    backends = [REGISTRY[name] for name in ("reference", "tlsim", "cache", "gather_sdpa")]
-    rows = run_cases([case], RunConfig(device="cpu", backends=backends, timing=False, progress=False))
-    rows = rows.set_index("backend")
+    rows = graded_rows(case, "reference", "tlsim", "cache", "gather_sdpa")
     for name in ("reference", "tlsim", "cache"):
         assert rows.loc[name, "status"] == "pass", rows.loc[name, "reason"]
         assert rows.loc[name, "kv_dtype"] == "float8_e5m2"

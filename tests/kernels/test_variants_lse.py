@@ -16,61 +16,33 @@ import pytest
 import torch
 
 import kernels
-from harness.backends.builtin import REGISTRY
+from harness.backends.registry import Backend, contract_prepare
 from harness.cases.spec import CaseFileError, expand_spec
-from harness.execute.local import run_cases
 from harness.run.grading import grade
 from harness.run.oracle import paged_attention_oracle
-from harness.run.runner import RunConfig, case_inputs
+from harness.run.runner import case_inputs
 from kernels.cascade import cascade_attention, merge_attention_states
-from tests.kernels.kernel_cases import needs_triton
-from tests.kernels.variant_cases import BY_NAME, VariantCase, run_through_cache, tolerance
+from tests.kernels.kernel_cases import BACKENDS, assert_passes, backend_fn, run_backend
+from tests.kernels.variant_cases import BY_NAME, VariantCase, graded_rows, tolerance
 
 LSE_CASES = [
     BY_NAME[name]
     for name in ("window1_decode", "window5_spec_verify", "window_split_kv_decode", "sinks_extreme",
                  "sinks_split_kv", "sinks_float16", "all_four_spec_verify", "all_four_split_kv", "softcap_bfloat16")
 ]  # fmt: skip
-FUNCTIONS = {
-    "reference": kernels.paged_attention_reference,
-    "tlsim": kernels.paged_attention_tlsim,
-    "triton": kernels.paged_attention_triton,
-    "dispatch": kernels.paged_attention_dispatch,
-}
-
-
-def _function(name: str):
-    if name == "triton":
-        needs_triton()
-    return FUNCTIONS[name]
 
 
 def _oracle(case: VariantCase, inputs):
     return paged_attention_oracle(*inputs.args(), return_lse=True, **case.kwargs())
 
 
-@pytest.mark.parametrize("backend", list(FUNCTIONS))
+@pytest.mark.parametrize("backend", BACKENDS)
 @pytest.mark.parametrize("case", LSE_CASES, ids=str)
 def test_backend_lse_matches_oracle(case: VariantCase, backend: str):
     inputs = case.inputs()
-    out = torch.full_like(inputs.q, float("nan"))
-    result, lse = _function(backend)(*inputs.args(), out=out, return_lse=True, **case.kwargs())
-    assert result is out
+    result, lse = run_backend(backend, inputs, return_lse=True, **case.kwargs())
     assert lse.dtype == torch.float32 and lse.shape == inputs.q.shape[:2]
-    expected, expected_lse = _oracle(case, inputs)
-    assert grade(result, expected, *tolerance(case)).passed
-    graded = grade(lse, expected_lse, *tolerance(case))
-    assert graded.passed, f"{backend} on {case}: lse {graded.reason}"
-
-
-def test_cache_returns_lse():
-    case = BY_NAME["sinks_split_kv"]
-    inputs = case.inputs()
-    with_lse = VariantCase(case.name, case.base, {**case.options, "return_lse": True})
-    out, lse = run_through_cache(with_lse, inputs)
-    expected, expected_lse = _oracle(case, inputs)
-    assert grade(out, expected, *tolerance(case)).passed
-    assert grade(lse, expected_lse, *tolerance(case)).passed
+    assert_passes((result, lse), _oracle(case, inputs), tolerance(case), f"{backend} on {case}")
 
 
 def test_lse_is_the_log_of_the_denominator_by_hand():
@@ -85,14 +57,8 @@ def test_lse_is_the_log_of_the_denominator_by_hand():
     z = torch.tensor([0.0, 2.0, -1.0]) * 0.5
     by_hand = math.log(float(z.exp().sum()) + math.exp(0.5))
     for name in ("reference", "tlsim", "triton"):
-        _, lse = _function(name)(q, k_cache, k_cache, table, lens, None, 0.5, sinks=sinks, return_lse=True)
+        _, lse = backend_fn(name)(q, k_cache, k_cache, table, lens, None, 0.5, sinks=sinks, return_lse=True)
         assert abs(float(lse) - by_hand) < 1e-6, name
-
-
-def test_return_lse_must_be_a_bool():
-    inputs = BY_NAME["window1_decode"].inputs()
-    with pytest.raises(ValueError, match="return_lse must be True or False"):
-        kernels.paged_attention_tlsim(*inputs.args(), return_lse=1)
 
 
 # --- mutants: a wrong lse fails the grade ----------------------------------------------------
@@ -136,7 +102,7 @@ def _split_table(inputs, at_block: int):
 @pytest.mark.parametrize("backend", ["reference", "tlsim", "triton"])
 def test_merge_of_two_partial_attentions_is_the_whole(backend):
     """Decode (every key visible) over keys [0, 32) and [32, seq_len) separately, then merged."""
-    fn = _function(backend)
+    fn = backend_fn(backend)
     sinks_split_kv = BY_NAME["sinks_split_kv"]
     case = VariantCase("merge", replace(sinks_split_kv.base, seq_lens=(2500, 700, 40)), sinks_split_kv.options)
     inputs = case.inputs()
@@ -146,10 +112,8 @@ def test_merge_of_two_partial_attentions_is_the_whole(backend):
     kw = case.kwargs()
     out_a, lse_a = fn(q, k_cache, v_cache, head_table, head_lens, None, return_lse=True, **kw)
     out_b, lse_b = fn(q, k_cache, v_cache, tail_table, tail_lens, None, return_lse=True)  # the sink once
-    merged, lse = merge_attention_states(out_a, lse_a, out_b, lse_b)
     expected, expected_lse = _oracle(case, inputs)
-    assert grade(merged, expected, *tolerance(case)).passed
-    assert grade(lse, expected_lse, *tolerance(case)).passed
+    assert_passes(merge_attention_states(out_a, lse_a, out_b, lse_b), (expected, expected_lse), tolerance(case))
     wrong, _ = merge_attention_states(out_a, lse_b, out_b, lse_a)  # weights swapped
     assert not grade(wrong, expected, *tolerance(case)).passed
 
@@ -172,15 +136,15 @@ CASCADE_SPEC = {"name": "c", "num_q_heads": 8, "num_kv_heads": 2, "head_dim": 64
 )
 def test_cascade_equals_the_whole_attention(backend, variants):
     """Shared prefix of 2 blocks (32 keys) + each sequence's rest, merged by lse == the oracle of the whole."""
-    fn = _function(backend)
+    fn = backend_fn(backend)
     (case,) = expand_spec({**CASCADE_SPEC, **variants, "return_lse": True}, "t.toml")
     inputs = case_inputs(case, "cpu")
     options = {k: v for k, v in inputs.options.items() if k != "return_lse"}
     assert case.prefix_blocks == 2
-    out, lse = cascade_attention(fn, *inputs.args(), case.prefix_blocks, **options)
-    expected, expected_lse = paged_attention_oracle(*inputs.args(), return_lse=True, **options)
-    assert grade(out, expected, case.atol, case.rtol).passed
-    assert grade(lse, expected_lse, case.atol, case.rtol).passed
+    expected = paged_attention_oracle(*inputs.args(), return_lse=True, **options)
+    assert_passes(
+        cascade_attention(fn, *inputs.args(), case.prefix_blocks, **options), expected, (case.atol, case.rtol)
+    )
 
 
 def test_cascade_refuses_positional_options():
@@ -193,15 +157,10 @@ def test_cascade_refuses_positional_options():
 # --- the harness grades lse ---------------------------------------------------------------------
 
 
-def _run(case, *names):
-    backends = [REGISTRY[name] for name in names]
-    return run_cases([case], RunConfig(device="cpu", backends=backends, timing=False, progress=False))
-
-
 def test_harness_grades_lse_and_skips_backends_without_it():
     (case,) = expand_spec({**CASCADE_SPEC, "name": "lse", "return_lse": True, "sinks": {"scale": 1.0}}, "t.toml")
     assert "return_lse" in case.variants
-    rows = _run(case, "reference", "tlsim", "cache", "gather_sdpa").set_index("backend")
+    rows = graded_rows(case, "reference", "tlsim", "cache", "gather_sdpa")
     for name in ("reference", "tlsim", "cache"):
         assert rows.loc[name, "status"] == "pass", rows.loc[name, "reason"]
         assert 0 <= rows.loc[name, "lse_tol_ratio"] < 0.5
@@ -209,8 +168,6 @@ def test_harness_grades_lse_and_skips_backends_without_it():
 
 
 def test_harness_fails_a_backend_whose_lse_is_wrong(monkeypatch):
-    from harness.backends.registry import Backend, contract_prepare
-
     def off_by_one(*args, **kwargs):
         out, lse = kernels.paged_attention_tlsim(*args, **kwargs)
         return out, lse + 0.01
@@ -219,15 +176,14 @@ def test_harness_fails_a_backend_whose_lse_is_wrong(monkeypatch):
     bad = Backend("bad_lse", contract_prepare(off_by_one), ("cpu",), "plugin", variants=frozenset({"return_lse"}))
     only_out = Backend("only_out", contract_prepare(lambda *a, **k: kernels.paged_attention_tlsim(*a, **k)[0]),
                        ("cpu",), "plugin", variants=frozenset({"return_lse"}))  # fmt: skip
-    frame = run_cases([case], RunConfig(device="cpu", backends=[bad, only_out], timing=False, progress=False))
-    rows = frame.set_index("backend")
+    rows = graded_rows(case, bad, only_out)
     assert rows.loc["bad_lse", "status"] == "fail" and rows.loc["bad_lse", "reason"].startswith("lse:")
     assert rows.loc["only_out", "status"] == "fail" and "not a tuple (out, lse)" in rows.loc["only_out", "reason"]
 
 
 def test_harness_runs_a_cascade_case():
     (case,) = expand_spec({**CASCADE_SPEC, "name": "cascade", "cascade": True}, "t.toml")
-    rows = _run(case, "reference", "tlsim").set_index("backend")
+    rows = graded_rows(case, "reference", "tlsim")
     for name in ("reference", "tlsim"):
         assert rows.loc[name, "status"] == "pass", rows.loc[name, "reason"]
         assert "cascade: 2 shared blocks" in rows.loc[name, "note"]

@@ -14,19 +14,17 @@ import pytest
 import torch
 
 import kernels
-from harness.backends.builtin import REGISTRY
 from harness.cases.inputs import make_inputs
 from harness.cases.spec import expand_spec
 from harness.cases.vocab import DEFAULT_TOLERANCES
-from harness.execute.local import run_cases
 from harness.run.grading import grade
 from harness.run.oracle import paged_attention_oracle
-from harness.run.runner import RunConfig
 from kernels import tiling, tuning
 from kernels.contract import prepare_call
 from kernels.launch_plan import call_key, clear_plans, plans_enabled
 from kernels.tiling import head_dim_pieces, heads_per_program, latent_kv, tiling_for, v_parts
-from tests.kernels.kernel_cases import needs_triton
+from tests.kernels.kernel_cases import BACKENDS, assert_passes, needs_triton, run_backend
+from tests.kernels.variant_cases import graded_rows
 
 SHAPES = {  # num_q_heads, num_kv_heads, head_dim, head_dim_v, dtype, seq_lens, q_lens
     "mla_decode_2_head_tiles": (32, 1, 576, 512, "bfloat16", [1, 40, 100], [1, 1, 1]),
@@ -45,31 +43,14 @@ def _inputs(name: str):
                        seq_lens=seq_lens, q_lens=q_lens, dtype=dtype, seed=1)  # fmt: skip
 
 
-@pytest.mark.parametrize("backend", ["reference", "tlsim", "triton", "dispatch", "cache"])
+@pytest.mark.parametrize("backend", BACKENDS)
 @pytest.mark.parametrize("name", list(SHAPES))
 def test_backend_matches_oracle_with_a_different_v_head_dim(name, backend):
-    if backend == "triton":
-        needs_triton()
     inputs = _inputs(name)
-    tolerance = DEFAULT_TOLERANCES[str(inputs.q.dtype).removeprefix("torch.")]
-    expected, expected_lse = paged_attention_oracle(*inputs.args(), return_lse=True)
-    if backend == "cache":
-        k = inputs.k_cache
-        cache = kernels.PagedKVCache(1, k.shape[0], k.shape[1], k.shape[2], k.shape[3], dtype=k.dtype,
-                                     head_dim_v=inputs.v_cache.shape[3])  # fmt: skip
-        seq_ids = list(range(inputs.seq_lens.shape[0]))
-        for seq_id, keys, values in zip(seq_ids, inputs.keys, inputs.values, strict=True):
-            cache.allocate(seq_id)
-            cache.write(0, cache.append(seq_id, keys.shape[0]), keys, values)
-        out, lse = cache.paged_attention(0, inputs.q, seq_ids, inputs.query_start_loc, return_lse=True)
-    else:
-        buffer = inputs.new_out()
-        out, lse = getattr(kernels, f"paged_attention_{backend}")(*inputs.args(), out=buffer, return_lse=True)
-        assert out is buffer
+    out, lse = run_backend(backend, inputs, return_lse=True)
     assert out.shape == (*inputs.q.shape[:2], inputs.v_cache.shape[3])
-    graded = grade(out, expected, *tolerance)
-    assert graded.passed, f"{backend} on {name}: {graded.reason}"
-    assert grade(lse, expected_lse, *tolerance).passed
+    expected = paged_attention_oracle(*inputs.args(), return_lse=True)
+    assert_passes((out, lse), expected, DEFAULT_TOLERANCES[str(inputs.q.dtype).removeprefix("torch.")], backend)
 
 
 def test_mla_tiling_splits_k_and_tiles_the_heads():
@@ -123,9 +104,7 @@ def test_case_field_head_dim_v_reaches_rows_and_peers_skip():
     assert case.variants == {"head_dim_v"} and case.head_dim_v == 128
     (same,) = expand_spec({**spec, "head_dim_v": 192}, "t.toml")
     assert same.variants == frozenset(), "a V head dim equal to K's is no option"
-    backends = [REGISTRY[name] for name in ("tlsim", "cache", "gather_sdpa")]
-    rows = run_cases([case], RunConfig(device="cpu", backends=backends, timing=False, progress=False))
-    rows = rows.set_index("backend")
+    rows = graded_rows(case, "tlsim", "cache", "gather_sdpa")
     assert rows.loc["tlsim", "status"] == "pass" and rows.loc["cache", "status"] == "pass", rows["reason"].tolist()
     assert rows.loc["tlsim", "head_dim_v"] == 128
     assert rows.loc["gather_sdpa", "status"] == "skip" and "head_dim_v" in rows.loc["gather_sdpa", "reason"]

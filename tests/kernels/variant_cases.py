@@ -1,6 +1,5 @@
 """The attention-variant cases of the kernel tests: a kernel case of tests/kernels/kernel_cases.py plus the
-variant keywords of its calls (sliding_window, logit_softcap, sinks, alibi_slopes), and how a case
-runs through the paged KV cache."""
+variant keywords of its calls (sliding_window, logit_softcap, sinks, alibi_slopes)."""
 
 from __future__ import annotations
 
@@ -8,9 +7,12 @@ from dataclasses import dataclass, field
 
 import torch
 
-import kernels
+from harness.backends.builtin import REGISTRY
+from harness.cases.spec import expand_spec
 from harness.cases.variants import standard_alibi_slopes
 from harness.cases.vocab import DEFAULT_TOLERANCES
+from harness.execute.local import run_cases
+from harness.run.runner import RunConfig
 from tests.kernels.kernel_cases import CASES_BY_NAME, KernelCase
 
 SINKS_8 = (30.0, -30.0, 5.0, -1000.0, 0.0, 2.0, 100.0, -5.0)
@@ -49,15 +51,13 @@ VARIANT_CASES = [
     _case("window5_spec_verify", "spec_verify", sliding_window=5),
     _case("window_equal_context", "prefill_full", sliding_window=37),
     _case("window_wider_than_context", "base", sliding_window=1000),
-    # Windows of 1200 and 950 keep the split (it is sized for W + the queries' span, 80 tokens
-    # in the prefill case: a window of 300 over 2500 keys no longer splits at all). With 950 the
-    # first sequence's early rows still see no key of its second split, and the second's window
-    # starts inside its first tile.
+    # Windows of 1200 and 950 keep the split (it is sized for W + the queries' span, 80 tokens in the
+    # prefill case). With 950 the first sequence's early rows still see no key of its second split,
+    # and the second's window starts inside its first tile.
     _case("window_split_kv_decode", "split_kv_decode", sliding_window=1200),
     _case("window_split_kv_prefill", "split_kv_prefill_early_rows", sliding_window=950),
-    # Window 200 here puts tlsim 2.5 bf16 ulps from the kernel on one element (token 2, head 2;
-    # 300 and 2000: bit-identical, 500: 1 ulp): a p on the other side of a bf16 rounding,
-    # as far as we can tell from the dots' summation order; fp32 at 200 agrees to 1e-7.
+    # A window of 1200, not a narrow one: narrow windows here can put one p on the other side of a bf16
+    # rounding from the kernel's (the dots' summation order), past the two-ulp closeness bound.
     _case("window_bfloat16_split_kv", "bfloat16_split_kv", sliding_window=1200),
     _case("softcap50_large_logits", "large_logits", logit_softcap=50.0),
     _case("softcap2_prefill", "prefill_chunk_many_tiles", logit_softcap=2.0),
@@ -89,8 +89,7 @@ BY_NAME = {c.name: c for c in VARIANT_CASES}
 # Graded against the oracle only, like tests/kernels/kernel_cases.py's FP32_PRECISION_CASES: a cap of 50
 # over logits of ~36 std spreads the weight over many keys near the cap, so the fp32 rounding
 # of each q . k (whose summation order differs between torch's matmul and the interpreter's
-# numpy) reaches the output: tlsim and the kernel sit 8.7e-6 apart (the closeness bound is
-# ~5e-6), each within 0.24-0.30 of the tolerance against the oracle (the reference 0.24).
+# numpy) reaches the output, past the tlsim-vs-kernel closeness bound but well inside the tolerance.
 ORACLE_ONLY = {"softcap50_large_logits"}
 
 
@@ -99,16 +98,11 @@ def tolerance(case: VariantCase) -> tuple[float, float]:
     return DEFAULT_TOLERANCES[case.base.dtype]
 
 
-def run_through_cache(case: VariantCase, inputs) -> torch.Tensor:
-    """The case's call through a kernels.PagedKVCache holding its keys and values: the output
-    [num_tokens, num_q_heads, head_dim_v], and its lse [num_tokens, num_q_heads] when return_lse is an option."""
-    base = case.base
-    cache = kernels.PagedKVCache(
-        num_layers=1, num_blocks=sum(-(-n // base.block_size) for n in base.seq_lens) + 1, block_size=base.block_size,
-        num_kv_heads=base.num_kv_heads, head_dim=base.head_dim, dtype=inputs.q.dtype, device="cpu",
-    )  # fmt: skip
-    seq_ids = list(range(len(base.seq_lens)))
-    for seq_id, keys, values in zip(seq_ids, inputs.keys, inputs.values, strict=True):
-        cache.allocate(seq_id)
-        cache.write(0, cache.append(seq_id, keys.shape[0]), keys, values)
-    return cache.paged_attention(0, inputs.q, seq_ids, inputs.query_start_loc, **case.kwargs())
+def graded_rows(case, *backends):
+    """The run's rows, indexed by backend, of one case (a spec dict is expanded) through ``backends`` (built-in
+    names or Backends) on the CPU: the harness's own inputs, oracle and grading, untimed."""
+    if isinstance(case, dict):
+        (case,) = expand_spec(case, "t.toml")
+    chosen = [REGISTRY[backend] if isinstance(backend, str) else backend for backend in backends]
+    frame = run_cases([case], RunConfig(device="cpu", backends=chosen, timing=False, progress=False))
+    return frame.set_index("backend")
