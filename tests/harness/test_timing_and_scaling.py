@@ -223,22 +223,6 @@ def test_a_failing_row_names_the_sequence_query_position_and_head_of_its_worst_e
     assert row["worst_location"] == "seq 1, query 1 (position 7), head 1"
 
 
-def test_the_oracle_cache_keeps_attention_variants_of_one_input_apart():
-    import torch
-
-    from harness.run.oracle_cache import cache_key
-
-    args = (torch.ones(2, 2, 32), torch.ones(3, 4, 1, 32), torch.ones(3, 4, 1, 32), torch.zeros(2, 1, dtype=torch.int32),
-            torch.full((2,), 4, dtype=torch.int32), None)  # fmt: skip
-    plain = cache_key(args, "cpu")
-    assert cache_key(args, "cpu", options={"sliding_window": 2}) != plain
-    assert cache_key(args, "cpu", options={"sliding_window": 2}) != cache_key(
-        args, "cpu", options={"sliding_window": 3}
-    )
-    sinks = {"sinks": torch.tensor([0.5, 1.0])}
-    assert cache_key(args, "cpu", options=sinks) != cache_key(args, "cpu", options={"sinks": torch.tensor([0.5, 2.0])})
-
-
 def _one_row_within_a_short_budget(tmp_path, monkeypatch, fn, model=False, budget_s=0.1, device="cpu"):
     """The row of one tiny case through a backend calling ``fn``, every row's timing budget ``budget_s``."""
     from harness.backends.registry import Backend, contract_prepare
