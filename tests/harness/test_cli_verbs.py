@@ -1,18 +1,25 @@
-"""The verbs beyond run: -k, backends, compare --json, bisect's search; the terminal words a run's rows right."""
+"""The verbs beyond run (-k, backends, compare --json, bisect's search, --version, bare harness) and the terminal:
+a run's rows and its closing verdict worded right, a reader that leaves early ending the command quietly."""
 
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
+from pathlib import Path
 
 import pandas as pd
 import pytest
 
+import kernels.dispatch
 from harness.cli.bisect import search
 from harness.cli.main import main
 from harness.cli.options import compile_pattern
 from harness.cli.terminal import row_printer, summarize, verdict_lines
 from tests.harness import review_frames as rf
+from tests.tiny_cases import write_cases
 
+ROOT = Path(__file__).resolve().parents[2]
 IDS = ["decode/dtype=float32", "decode/dtype=bfloat16", "prefill_long", "chunked_prefill/dtype=float32", "mla_decode"]
 
 
@@ -139,3 +146,82 @@ def test_bisect_says_when_bad_is_not_bad_and_where_an_undecided_step_leaves_it()
     assert search(commits, lambda c: "good")[0] == "not bad"
     outcome, lo, hi = search(commits, lambda c: "undecided" if c == "c2" else "good")
     assert outcome == "undecided" and commits[lo + 1 : hi + 1] == ["c2", "c3", "c4"]  # c1 was judged good
+
+
+def _untagged_case(tmp_path) -> Path:
+    return write_cases(tmp_path / "tiny.toml", {"name": "tiny", "block_size": 16, "seq_lens": [40, 17], "q_lens": 1})
+
+
+def _statuses_frame(statuses: list[tuple[str, str, str]]) -> pd.DataFrame:
+    return pd.DataFrame([{"case": f"c{i}", "backend": b, "status": s, "reason": r} for i, (b, s, r) in
+                         enumerate(statuses)])  # fmt: skip
+
+
+def test_a_passing_run_counts_its_rows_and_groups_the_skips_by_backend_and_reason_most_first():
+    frame = _statuses_frame(
+        [("tlsim", "pass", "")] * 3 + [("triton", "skip", "only small")] * 2 + [("cache", "skip", "x")]
+    )
+    assert verdict_lines(frame, 0).splitlines() == [
+        "PASS: 6 rows: 3 pass, 3 skip",
+        "skip triton (2): only small",
+        "skip cache (1): x",
+    ]
+
+
+def test_a_failing_run_puts_fail_and_error_first_and_cuts_long_or_many_reasons():
+    rows = [("tlsim", "fail", "max abs"), ("triton", "error", "boom"), ("tlsim", "pass", "")]
+    rows += [(f"b{i}", "skip", "r" * 200) for i in range(10)]
+    lines = verdict_lines(_statuses_frame(rows), 1, most=3).splitlines()
+    assert lines[0] == "FAIL: 13 rows: 1 fail, 1 error, 1 pass, 10 skip"
+    assert len(lines) == 5 and all(len(line) <= 110 for line in lines[1:4]) and lines[1].endswith("...")
+    assert lines[4] == "... and 7 more skips for 7 other reasons (the report lists them)"
+
+
+@pytest.mark.parametrize("installed", [True, False])
+def test_a_run_ends_with_the_verdict_and_why_triton_skipped(tmp_path, capsys, monkeypatch, installed):
+    if not installed:  # what `pip install .` without Triton gives
+        monkeypatch.setattr(kernels.dispatch, "has_triton", lambda: False)
+    case_file = _untagged_case(tmp_path)  # not tagged small: the interpreter skips it
+    argv = ["run", str(case_file), "--out", str(tmp_path / "r"), "--no-progress", "--no-timing"]
+    code = main(argv)  # every backend
+    lines = capsys.readouterr().out.strip().splitlines()
+    verdict = next(i for i, line in enumerate(lines) if line.startswith(("PASS: ", "FAIL: ")))
+    assert lines[verdict].startswith("PASS: " if code == 0 else "FAIL: ") and " skip" in lines[verdict]
+    assert lines[-1] == f"report: {tmp_path / 'r' / 'report.html'}", "the report's path is the last line"
+    assert all(line.startswith("skip ") for line in lines[verdict + 1 : -1]), lines[verdict:]
+    triton = [line for line in lines[verdict + 1 : -1] if line.startswith("skip triton (1): ")]
+    why = "Triton is not installed" if not installed else "on the CPU it runs only cases tagged 'small'"
+    assert len(triton) == 1 and why in triton[0], lines[verdict:]
+
+
+def test_a_run_that_grades_nothing_ends_with_fail(tmp_path, capsys):
+    case_file = _untagged_case(tmp_path)
+    argv = ["run", str(case_file), "--backend", "triton", "--out", str(tmp_path / "r"), "--no-progress"]
+    assert main([*argv, "--no-timing"]) == 1
+    assert capsys.readouterr().out.strip().splitlines()[-3:-1] == [
+        "FAIL: 1 rows: 1 skip",
+        "skip triton (1): the Triton interpreter is slow: on the CPU it runs only cases tagged 'small'",
+    ]
+
+
+def test_version_prints_the_version(capsys):
+    with pytest.raises(SystemExit) as stop:
+        main(["--version"])
+    assert stop.value.code == 0
+    out = capsys.readouterr().out.split()
+    assert out[-1][0].isdigit() or out[-1] == "installed)", out
+
+
+def test_bare_harness_prints_its_help_and_exits_0(capsys):
+    assert main([]) == 0
+    out, err = capsys.readouterr()
+    assert out.startswith("usage:") and "compare" in out and "exit codes:" in out and not err
+
+
+def test_a_closed_stdout_is_exit_141_without_a_traceback():
+    child = subprocess.Popen([sys.executable, "-m", "harness", "schema"], cwd=ROOT, stdout=subprocess.PIPE,
+                             stderr=subprocess.PIPE)  # fmt: skip
+    child.stdout.close()  # the pipe's reader is gone before the schema is written (importing torch takes seconds)
+    stderr = child.stderr.read().decode()
+    assert child.wait(timeout=120) == 141, stderr
+    assert "internal error" not in stderr and "Traceback" not in stderr

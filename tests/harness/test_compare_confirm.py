@@ -1,8 +1,11 @@
-"""compare --confirm: a drifted 'slower' row is cleared by interleaved re-timing; a real slowdown stays."""
+"""compare re-times doubtful latency rows by default (--confirm): a drifted 'slower' row is cleared by interleaved
+re-timing, a real slowdown stays; what cannot be re-timed is unconfirmed (exit 5)."""
 
 from __future__ import annotations
 
 import os
+import re
+import subprocess
 import time
 from pathlib import Path
 from types import SimpleNamespace
@@ -11,6 +14,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
+from harness.cli.main import main
 from harness.review import confirm
 from harness.review.compare import EXIT_WORSE, CompareOptions, compare_runs
 from harness.review.confirm import _one_round, _plugins, confirm_slower
@@ -18,9 +22,11 @@ from tests.harness import review_frames as rf
 
 ROOT = Path(__file__).resolve().parents[2]
 PLUGIN = ROOT / "scripts" / "self" / "slowdown_plugin.py"
+HEAD = subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True, text=True, check=True).stdout.strip()
+TRULY_SLOWER = {"tlsim": 1.3}  # what paired rounds of the two builds measure; every other backend is unchanged
 
 
-def _runs(tmp_path, factor: float):
+def _drifted(tmp_path, factor: float):
     """Two hand-made runs where both rows look 'slower' by ``factor`` in the new one (as a load drift makes them)."""
     case_file = tmp_path / "tiny.toml"
     case_file.write_text(rf.TINY_CASE_FILE)
@@ -57,24 +63,20 @@ class SimulatedWorker:
 SLOWED_IN_NEW = ({"HARNESS_SLOWDOWN": "0"}, {"HARNESS_SLOWDOWN": "8"})  # only reference_slowable is slower in "new"
 
 
+def _confirm(comparison, meta, **options):
+    """confirm_slower in 9 rounds of two builds of this tree, reference_slowable slower in the new one only."""
+    return confirm_slower(comparison, meta, meta, CompareOptions(), rounds=9, checkouts=(ROOT, ROOT),
+                          envs=SLOWED_IN_NEW, plugins=[str(PLUGIN)], **options)  # fmt: skip
+
+
 def test_confirm_keeps_a_real_slowdown_and_clears_one_that_interleaved_timing_does_not_reproduce(tmp_path, monkeypatch):
     """The whole confirm driver (rounds, alternating steps, looks, verdicts) over simulated build processes."""
     monkeypatch.setattr(confirm, "Worker", SimulatedWorker)
     monkeypatch.setattr(SimulatedWorker, "rng", np.random.default_rng(0))
-    base, new, meta = _runs(tmp_path, 1.5)
+    base, new, meta = _drifted(tmp_path, 1.5)
     comparison = compare_runs(base, new, meta, meta)
     assert (comparison.rows["verdict"] == "slower").all() and comparison.exit_code == EXIT_WORSE
-    confirmed = confirm_slower(
-        comparison,
-        meta,
-        meta,
-        CompareOptions(),
-        rounds=9,
-        checkouts=(ROOT, ROOT),
-        envs=SLOWED_IN_NEW,
-        log=lambda _: None,
-        plugins=[str(PLUGIN)],
-    )
+    confirmed = _confirm(comparison, meta, log=lambda _: None)
     rows = confirmed.rows.set_index("backend")
     assert (rows["evidence"] == "confirmed, interleaved").all()
     assert rows.loc["reference_slowable", "verdict"] == "slower", rows.loc["reference_slowable", "verdict_reason"]
@@ -98,21 +100,10 @@ def test_a_real_round_of_two_build_processes_times_the_planted_slowdown_and_not_
         return spent
 
     monkeypatch.setattr(confirm, "_one_round", one_round)
-    base, new, meta = _runs(tmp_path, 1.5)
+    base, new, meta = _drifted(tmp_path, 1.5)
     said = []
-    confirmed = confirm_slower(
-        compare_runs(base, new, meta, meta),
-        meta,
-        meta,
-        CompareOptions(),
-        rounds=9,
-        time_s=1.0,  # less than the round itself took: nothing more fits
-        checkouts=(ROOT, ROOT),
-        envs=SLOWED_IN_NEW,
-        log=said.append,
-        plugins=[str(PLUGIN)],
-        target_s=0.05,
-    )
+    # a time box of less than the round itself took: nothing more fits
+    confirmed = _confirm(compare_runs(base, new, meta, meta), meta, log=said.append, time_s=1.0, target_s=0.05)
     assert len(rounds) == 1 and "confirm: round 1: 2 row(s) left undecided" in said[1], said
     ((spent, took),) = rounds
     assert set(spent) == {("tiny", "reference"), ("tiny", "reference_slowable")} and all(s > 0 for s in spent.values())
@@ -126,7 +117,7 @@ def test_a_real_round_of_two_build_processes_times_the_planted_slowdown_and_not_
 
 
 def test_confirm_without_commits_changes_nothing_and_says_why(tmp_path):
-    base, new, meta = _runs(tmp_path, 1.5)
+    base, new, meta = _drifted(tmp_path, 1.5)
     meta = {**meta, "commit": None}
     comparison = compare_runs(base, new, meta, meta)
     said = []
@@ -139,3 +130,194 @@ def test_confirm_without_commits_changes_nothing_and_says_why(tmp_path):
 )
 def test_confirm_reuses_the_plugins_of_the_original_command(command, plugins):
     assert _plugins(command) == plugins
+
+
+# --- the compare command, its paired rounds without git or workers ---------------------------------------------------
+
+
+@pytest.fixture
+def rounds(monkeypatch):
+    """Paired rounds without git or workers: empty checkouts, each round a shared load and per-process speed."""
+    timed: list[list] = []
+    rng = np.random.default_rng(7)
+
+    def one_round(trees, envs, config, keys, pooled, new_first):
+        timed.append(list(keys))
+        load = float(np.exp(rng.normal(0, 0.4)))
+        for key in keys:
+            base = 100.0 * load * float(np.exp(rng.normal(0, 0.03)))
+            new = 100.0 * TRULY_SLOWER.get(key[1], 1.0) * load * float(np.exp(rng.normal(0, 0.03)))
+            pooled[key][0].append(base)
+            pooled[key][1].append(new)
+        return {key: 0.01 for key in keys}
+
+    def worktree(commit, path):
+        path.mkdir(parents=True)
+        return path
+
+    monkeypatch.setattr(confirm, "_one_round", one_round)
+    monkeypatch.setattr(confirm, "worktree", worktree)
+    return timed
+
+
+def _runs(
+    tmp_path, slow: dict, *, base_meta: dict | None = None, new_frame=None, both: dict | None = None
+) -> tuple[str, str]:
+    """Two run folders of one commit; ``slow`` makes backends look slower in the new run (a drift or a real change)."""
+    case_file = tmp_path / "tiny.toml"
+    case_file.write_text(rf.TINY_CASE_FILE)
+    meta = rf.meta(**{"commit": HEAD, "case_files": [str(case_file)], "timing_threads": 1, **(both or {})})
+    base = rf.write(rf.frame(3, seed=0), {**meta, **(base_meta or {})}, tmp_path / "base")
+    new = rf.write(new_frame if new_frame is not None else rf.frame(3, seed=1, slow=slow), meta, tmp_path / "new")
+    return str(base), str(new)
+
+
+def _table(out: str) -> dict[tuple[str, str], str]:
+    """(backend, case) -> the first word of its line in compare's table."""
+    found = {}
+    for line in out.splitlines():
+        words = line.split()
+        if len(words) > 2 and words[0] in ("WORSE", "UNCONFIRMED", "better", "?"):
+            found[(words[1], words[2])] = words[0]
+    return found
+
+
+def test_by_default_rows_the_runs_call_slower_are_retimed_in_paired_rounds_and_only_a_real_slowdown_stays(
+    tmp_path, rounds, capsys
+):
+    # the new run looks slower on two backends (a drift and a real change); paired rounds see only tlsim's
+    base, new = _runs(tmp_path, {"reference": 1.5, "tlsim": 1.5})
+    code = main(["compare", base, new])
+    out, err = capsys.readouterr()
+    assert rounds, "no paired round was timed"
+    assert {backend for keys in rounds for _, backend in keys} >= {"reference", "tlsim"}
+    assert "time box 900 s: done within about 15 min" in err
+    assert "confirm: round 1 of at most 32 done" in err  # stderr is no terminal: a line a round, no bar
+    table = _table(out)
+    assert {b for (b, _), what in table.items() if what == "WORSE"} == {"tlsim"}, out
+    assert sum(what == "WORSE" for what in table.values()) == 3, out
+    assert "interleaved re-run" in out and "UNCONFIRMED" not in out
+    assert code == 1
+
+
+def _page_cells(html: str) -> list[list[str]]:
+    """The compare page's table: each row's cells as text."""
+    body = html[html.index("<tbody>") : html.index("</tbody>")]
+    return [[re.sub(r"<[^>]+>", "", c).strip() for c in re.findall(r"<td[^>]*>(.*?)</td>", row, re.S)]
+            for row in body.split("</tr>") if "<td" in row]  # fmt: skip
+
+
+def test_a_drift_under_which_paired_rounds_confirm_a_slowdown_is_said_as_both_not_put_on_the_load(
+    tmp_path, rounds, capsys
+):
+    # every backend looks 1.5x slower in the new run (the load); paired rounds find only tlsim slower (1.3x)
+    base, new = _runs(tmp_path, {"reference": 1.5, "tlsim": 1.5, "gather_sdpa": 1.5})
+    page = tmp_path / "compare.html"
+    assert main(["compare", base, new, "--html", str(page)]) == 1
+    out = capsys.readouterr().out
+    drift = [line for line in out.splitlines() if line.startswith("! latency drift: 9 of 9 timed rows")]
+    assert len(drift) == 1, out
+    assert "re-timed 9 row(s): 3 slower, 6 same; the 3 confirmed slower are a change of the code, not of the " \
+           "machine's load" in drift[0]  # fmt: skip
+    assert "likely" not in drift[0]
+    assert {b for (b, _), what in _table(out).items() if what == "WORSE"} == {"tlsim"}, out
+    html = page.read_text()
+    assert "the 3 confirmed slower are a change of the code" in html and "likely" not in html
+    cells = _page_cells(html)
+    assert len(cells) == 9 and all(row[8] for row in cells), "every re-timed row has its adjusted p"
+    assert all(float(row[8]) <= 0.05 for row in cells if row[9].startswith("slower"))
+    # the same runs without paired rounds: the drift is read as the load's, and the note says none were re-timed
+    assert main(["compare", base, new, "--no-confirm"]) == 5
+    out = capsys.readouterr().out
+    assert (
+        "the machine's load likely changed between them, and no row was re-timed in paired rounds: --no-confirm" in out
+    )
+
+
+def test_no_confirm_leaves_the_slower_rows_unconfirmed_saying_why_and_exits_5(tmp_path, rounds, capsys):
+    base, new = _runs(tmp_path, {"tlsim": 1.5})
+    assert main(["compare", base, new, "--no-confirm"]) == 5
+    out = capsys.readouterr().out
+    assert not rounds
+    table = _table(out)
+    assert sorted(table.values()) == ["UNCONFIRMED"] * 3 and {b for b, _ in table} == {"tlsim"}, out
+    assert "not re-timed in paired rounds: --no-confirm" in out
+    assert "latency verdicts: " in out and "unconfirmed 3" in out
+    assert "exit 5: nothing is confirmed worse, but 3 latency row(s)" in out
+
+
+@pytest.mark.parametrize(
+    ("base_meta", "both", "why"),
+    [
+        ({"commit": None}, {}, "records no commit"),
+        ({"dirty": True}, {}, "uncommitted changes"),
+        ({}, {"case_files": ["/no/such/cases.toml"]}, "case file /no/such/cases.toml is not here"),
+        ({"commit": "f" * 40}, {}, "is not a commit of this repository"),
+    ],
+)
+def test_a_run_whose_build_cannot_be_rebuilt_exits_5_with_the_reason(tmp_path, rounds, capsys, base_meta, both, why):
+    base, new = _runs(tmp_path, {"tlsim": 1.5}, base_meta=base_meta, both=both)
+    assert main(["compare", base, new]) == 5
+    out = capsys.readouterr().out
+    assert not rounds and why in out and "UNCONFIRMED" in out
+
+
+def test_a_checkout_that_fails_leaves_the_rows_unconfirmed(tmp_path, rounds, monkeypatch, capsys):
+    def fails(commit, path):
+        raise subprocess.CalledProcessError(128, ["git", "worktree", "add"], stderr=b"fatal: no space left")
+
+    monkeypatch.setattr(confirm, "worktree", fails)
+    base, new = _runs(tmp_path, {"tlsim": 1.5})
+    assert main(["compare", base, new]) == 5
+    assert "checking out a commit failed: fatal: no space left" in capsys.readouterr().out
+
+
+def test_an_explicit_confirm_still_refuses_a_commit_that_is_not_one_as_bad_input(tmp_path, rounds, capsys):
+    base, new = _runs(tmp_path, {"tlsim": 1.5}, base_meta={"commit": "f" * 40})
+    assert main(["compare", base, new, "--confirm"]) == 2
+    assert "is not a commit of this repository" in capsys.readouterr().err
+
+
+def test_only_a_commit_of_your_own_history_is_re_timed(tmp_path, git_history, monkeypatch):
+    """Only commits reachable from HEAD or a local branch are re-timed; fetched or loose ones are refused by field."""
+    ids = git_history
+    monkeypatch.chdir(tmp_path / "repo")
+    assert confirm.checked_commit(ids["head"][:10], "x/meta.json") == ids["head"]
+    assert confirm.checked_commit(ids["branch"], "x/meta.json") == ids["branch"]
+    for name in ("fetched", "loose"):
+        with pytest.raises(
+            confirm.ConfirmInputError, match=f"x/meta.json: field 'commit': {ids[name]} is not in your history"
+        ):
+            confirm.checked_commit(ids[name], "x/meta.json")
+
+
+def test_a_handed_run_naming_a_fetched_commit_is_not_re_timed_but_unconfirmed(
+    tmp_path, git_history, rounds, monkeypatch, capsys
+):
+    ids = git_history
+    monkeypatch.chdir(tmp_path / "repo")
+    base, new = _runs(tmp_path, {"tlsim": 1.5}, base_meta={"commit": ids["fetched"]}, both={"commit": ids["head"]})
+    assert main(["compare", base, new]) == 5
+    out = capsys.readouterr().out
+    assert not rounds and "is not in your history" in out and "UNCONFIRMED" in out
+    assert main(["compare", base, new, "--confirm"]) == 2
+    assert "is not in your history" in capsys.readouterr().err
+
+
+def test_an_accuracy_regression_is_exit_1_without_any_retiming(tmp_path, rounds, capsys):
+    new = rf.frame(3, seed=0)  # the same samples: every latency "same"
+    new.loc[(new["backend"] == "tlsim") & (new["case"] == "case01"), "max_abs_err"] = 5e-6
+    base, new_dir = _runs(tmp_path, {}, new_frame=new)
+    assert main(["compare", base, new_dir]) == 1
+    out = capsys.readouterr().out
+    assert not rounds
+    assert "max abs err 2.00e-07 -> 5.00e-06" in out and "exit 1: 1 row(s) got worse" in out
+
+
+def test_an_accuracy_regression_wins_over_unconfirmed_latency(tmp_path, rounds, capsys):
+    new = rf.frame(3, seed=1, slow={"tlsim": 1.5})
+    new.loc[(new["backend"] == "reference") & (new["case"] == "case00"), "status"] = "fail"
+    base, new_dir = _runs(tmp_path, {}, new_frame=new, base_meta={"commit": None})
+    assert main(["compare", base, new_dir]) == 1
+    out = capsys.readouterr().out
+    assert "status pass -> fail" in out and "UNCONFIRMED" in out and not rounds

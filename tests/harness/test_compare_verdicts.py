@@ -7,7 +7,7 @@ import pandas as pd
 import pytest
 
 from harness.review import stats
-from harness.review.compare import EXIT_OK, EXIT_WORSE, compare_runs
+from harness.review.compare import EXIT_OK, EXIT_WORSE, compare_runs, format_comparison
 from harness.run.runner import NOT_TIMED
 from tests.harness import review_frames as rf
 
@@ -140,8 +140,6 @@ def test_a_row_graded_not_timed_over_its_budget_in_one_run_is_said_and_leaves_th
 
 def test_rows_faster_by_two_drifted_runs_alone_are_marked_doubtful():
     """Rows faster only between two drifted runs of one commit are 'better?' and counted so, not improvements."""
-    from harness.review.compare import format_comparison
-
     base = rf.frame(num_cases=12, seed=1)
     drifted = rf.frame(num_cases=12, seed=2, slow={name: 0.6 for name in rf.BACKENDS})  # the machine got quieter
     comparison = compare_runs(base, drifted)

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import hashlib
-import io
 import json
 import os
 import subprocess
@@ -12,22 +10,16 @@ from pathlib import Path
 
 import pandas as pd
 import pytest
-import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from harness.cli.main import main
 from harness.results.schemas import COLUMN_KINDS, FLAG, NUMBER, SAMPLES, SCALAR, TEXT
 from harness.results.storage import PARTIAL_MARKER, stale_leftovers
-from harness.run import oracle_cache
 from tests.harness import review_frames as rf
 from tests.tiny_cases import write_cases
 
 ROOT = Path(__file__).resolve().parents[2]
-
-
-def _run(out: Path, cases: Path, *extra: str) -> int:
-    return main(["run", str(cases), "--out", str(out), "--backend", "reference", "--no-progress", *extra])
 
 
 def _kind(value) -> str:
@@ -240,93 +232,3 @@ def test_a_run_folder_and_a_journal_are_sized_before_they_are_read(tmp_path, mon
     monkeypatch.setattr(journal, "MAX_BYTES", 4)
     assert main(["run", "--resume", str(tmp_path / "stopped")]) == 2
     assert "stopped.journal.jsonl: 15 bytes, past the 4 a journal may hold" in capsys.readouterr().err
-
-
-# --- the oracle cache -----------------------------------------------------------------------------
-
-
-def _poison(entry: Path) -> None:
-    """Rewrite a cache entry with zeros under a valid header (magic and the payload's sha256)."""
-    blob = entry.read_bytes()
-    tensor = torch.load(io.BytesIO(blob[len(oracle_cache.MAGIC) + 32 :]), weights_only=True)
-    buffer = io.BytesIO()
-    torch.save(torch.zeros_like(tensor), buffer)
-    payload = buffer.getvalue()
-    entry.write_bytes(oracle_cache.MAGIC + hashlib.sha256(payload).digest() + payload)
-
-
-def _cached(run: Path) -> list:
-    return pd.read_parquet(run / "results.parquet")["oracle_cached"].tolist()
-
-
-@pytest.fixture
-def cache(tmp_path, monkeypatch):
-    folder = tmp_path / "private" / "oracle"
-    monkeypatch.setenv(oracle_cache.ENV_DIR, str(folder))
-    monkeypatch.delenv(oracle_cache.ENV_VERIFY, raising=False)
-    oracle_cache._warned.clear()
-    return folder
-
-
-def test_a_poisoned_entry_is_used_without_verify_and_caught_with_it(tmp_path, cache, capsys, monkeypatch):
-    cases = write_cases(tmp_path / "tiny.toml", {"name": "tiny"})
-    assert _run(tmp_path / "first", cases, "--no-timing") == 0
-    assert cache.stat().st_mode & 0o777 == 0o700
-    assert _cached(tmp_path / "first") == [False]
-    assert json.loads((tmp_path / "first" / "meta.json").read_text())["oracle_cache"] == {
-        "mode": "on", "folder": str(cache)}  # fmt: skip
-    (entry,) = cache.glob("*.oracle")
-    _poison(entry)
-    # Trusted blindly, the zeros fail the kernel; the row says its oracle came from the cache.
-    assert _run(tmp_path / "trusting", cases, "--no-timing") == 1
-    assert _cached(tmp_path / "trusting") == [True]
-    capsys.readouterr()
-    monkeypatch.setenv(oracle_cache.ENV_VERIFY, "")  # restored after the flag sets it
-    assert main(["run", str(cases), "--out", str(tmp_path / "verified"), "--backend", "reference",
-                 "--no-progress", "--no-timing", "--verify-oracle-cache"]) == 2  # fmt: skip
-    err = capsys.readouterr().err
-    assert f"oracle cache entry {entry} (out) differs from the oracle recomputed" in err
-    assert "Traceback" not in err and not entry.exists()
-    assert not (tmp_path / "verified").exists()
-
-
-def test_verify_passes_a_sound_cache_and_records_the_mode(tmp_path, cache, monkeypatch):
-    cases = write_cases(tmp_path / "tiny.toml", {"name": "tiny"})
-    assert _run(tmp_path / "first", cases, "--no-timing") == 0
-    monkeypatch.setenv(oracle_cache.ENV_VERIFY, "")
-    assert _run(tmp_path / "verified", cases, "--no-timing", "--verify-oracle-cache", "1") == 0
-    assert _cached(tmp_path / "verified") == [False]  # recomputed, so not from the cache
-    meta = json.loads((tmp_path / "verified" / "meta.json").read_text())
-    assert meta["oracle_cache"] == {"mode": "verify", "folder": str(cache), "verify_fraction": 1.0}
-
-
-def test_no_oracle_cache_neither_reads_nor_writes(tmp_path, cache, monkeypatch):
-    cases = write_cases(tmp_path / "tiny.toml", {"name": "tiny"})
-    assert _run(tmp_path / "first", cases, "--no-timing", "--no-oracle-cache") == 0
-    assert not cache.exists()
-    assert _cached(tmp_path / "first") == [False]
-    assert json.loads((tmp_path / "first" / "meta.json").read_text())["oracle_cache"]["mode"] == "off"
-
-
-def test_a_group_or_world_writable_cache_folder_is_not_used(tmp_path, cache, capsys):
-    cases = write_cases(tmp_path / "tiny.toml", {"name": "tiny"})
-    assert _run(tmp_path / "first", cases, "--no-timing") == 0
-    cache.chmod(0o777)
-    (entry,) = cache.glob("*.oracle")
-    _poison(entry)  # anyone could have written it: it must not be read
-    assert _run(tmp_path / "second", cases, "--no-timing") == 0
-    assert _cached(tmp_path / "second") == [False]
-    assert f"warning: oracle cache {cache} may be written by group or others (mode 777): not used" in (
-        capsys.readouterr().err
-    )
-
-
-def test_a_symlinked_entry_is_not_read(tmp_path, cache):
-    key = "ab" * 32
-    store = oracle_cache.OracleCache(cache)
-    elsewhere = tmp_path / "elsewhere"
-    elsewhere.mkdir()
-    oracle_cache.OracleCache(elsewhere).put(key, torch.zeros(2, dtype=torch.float64))
-    cache.mkdir(parents=True)
-    store.path(key).symlink_to(elsewhere / f"{key}.oracle")
-    assert store.get(key, "cpu") is None

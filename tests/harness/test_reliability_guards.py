@@ -13,8 +13,11 @@ from harness import register_backend
 from harness.backends import builtin as backends_module
 from harness.cases.inputs import make_inputs
 from harness.cases.spec import load_case_file
+from harness.cli.main import main
 from harness.execute.local import run_cases
+from harness.run import grading, guard
 from harness.run.grading import forward_error_bound, grade
+from harness.run.guard import device_digest, fingerprint
 from harness.run.oracle import paged_attention_oracle
 from harness.run.runner import RunConfig
 from tests.tiny_cases import write_cases
@@ -115,8 +118,6 @@ def test_sys_exit_and_keyboard_interrupt_from_a_backend_are_error_rows(case_file
 
 
 def test_the_users_ctrl_c_still_stops_the_run(case_file):
-    from harness.run import guard
-
     def users_ctrl_c(*args, **kwargs):
         guard.USER_INTERRUPT.set()  # what the SIGINT handler does before raising
         raise KeyboardInterrupt
@@ -139,8 +140,6 @@ def test_tolerance_zero_grades_exact_output_as_pass_with_a_finite_ratio(tmp_path
 
 def test_tolerance_zero_run_exits_0_when_every_row_is_exact(tmp_path, capsys):
     """One key per sequence: the output is v exactly, so tol_ratio is 0 / 0 everywhere (was: exit 2, all NA)."""
-    from harness.cli.main import main
-
     zero = {"atol": 0.0, "rtol": 0.0}
     path = write_cases(tmp_path / "zero.toml", {"name": "tiny", "seq_lens": [1, 1], "q_lens": [1, 1],
                                                 "tolerance": {"float32": zero}})  # fmt: skip
@@ -190,8 +189,6 @@ def test_rows_carry_error_bound_and_grading_note(case_file, tmp_path):
 
 
 def test_fingerprints_see_one_changed_element_and_a_swap_on_either_path():
-    from harness.run.guard import device_digest, fingerprint
-
     pool = torch.full((64, 16, 2, 32), float("nan"))
     pool[:40] = torch.randn(40, 16, 2, 32)
     assert fingerprint(pool) == fingerprint(pool.clone()), "NaN slots compare equal"
@@ -209,8 +206,6 @@ def test_fingerprints_see_one_changed_element_and_a_swap_on_either_path():
 
 
 def test_the_error_bound_in_chunks_of_query_rows_is_the_same_bound(monkeypatch):
-    from harness.run import grading
-
     inputs = make_inputs(num_q_heads=8, num_kv_heads=2, head_dim=64, block_size=16, seq_lens=[300, 500],
                          q_lens=[40, 300], input_scale=3.0, seed=3)  # fmt: skip
     expected = paged_attention_oracle(*inputs.args())

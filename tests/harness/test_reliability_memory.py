@@ -6,7 +6,6 @@ import json
 import os
 import subprocess
 import sys
-import textwrap
 from pathlib import Path
 
 import pytest
@@ -14,6 +13,7 @@ import pytest
 from harness.cases.loading import load_cases
 from harness.cases.memory import estimate
 from harness.cases.spec import CaseFileError, load_case_file
+from tests.tiny_cases import write_cases
 
 ROOT = Path(__file__).resolve().parents[2]
 FACTOR = 2.5
@@ -49,47 +49,24 @@ need = estimate(case, [] if backend == "none" else [backend])
 print(json.dumps({"measured": peak, "estimate": need.peak}))
 """
 
-PREFILL = """
-[defaults]
-num_q_heads = 16
-num_kv_heads = 4
-head_dim = 64
-[[case]]
-name = "tiny"
-seq_lens = [40]
-q_lens = [8]
-[[case]]
-name = "prefill_1024"
-seq_lens = [1024]
-q_lens = [1024]
-"""
-
-RAGGED = """
-[defaults]
-num_q_heads = 8
-num_kv_heads = 2
-head_dim = 64
-q_lens = 16
-[[case]]
-name = "tiny"
-seq_lens = [40, 16, 16]
-[[case]]
-name = "ragged_prefill"
-seq_lens = [8000, 64, 64, 64, 64, 64, 64, 64, 64, 64, 64, 64, 64, 64, 64, 64,
-            64, 64, 64, 64, 64, 64, 64, 64, 64, 64, 64, 64, 64, 64, 64, 64]
-"""
-
+PREFILL = (
+    {"name": "tiny", "seq_lens": [40], "q_lens": [8]},
+    {"name": "prefill_1024", "seq_lens": [1024], "q_lens": [1024]},
+)
+RAGGED = ({"name": "tiny", "seq_lens": [40, 16, 16]}, {"name": "ragged_prefill", "seq_lens": [8000] + [64] * 31})
 # tlsim and reference add tens of MiB on top of these, inside the noise of a small measurement.
-MEASURED = [("prefill_oracle", PREFILL, "none"), ("ragged_gather_sdpa", RAGGED, "gather_sdpa")]
+MEASURED = [
+    ("prefill_oracle", PREFILL, {"num_q_heads": 16, "num_kv_heads": 4, "head_dim": 64}, "none"),
+    ("ragged_gather_sdpa", RAGGED, {"num_q_heads": 8, "num_kv_heads": 2, "head_dim": 64, "q_lens": 16}, "gather_sdpa"),
+]
 
 
 @pytest.mark.slow  # peak memory measured in fresh interpreters
 def test_estimate_covers_the_measured_peak_within_a_factor(tmp_path):
     """Oracle-bound (1024 x 1024 prefill, 16 heads) and padded-peer-bound (a ragged batch)."""
     procs = {}
-    for name, text, backend in MEASURED:  # in parallel: each is its own process
-        path = tmp_path / f"{name}.toml"
-        path.write_text(text)
+    for name, cases, defaults, backend in MEASURED:  # in parallel: each is its own process
+        path = write_cases(tmp_path / f"{name}.toml", *cases, defaults=defaults)
         # A clean environment and an oracle cache of its own: nothing another test set in this
         # worker process (a cache folder, a verify fraction, thread counts) reaches the measurement.
         env = {"PATH": os.environ.get("PATH", ""), "HOME": os.environ.get("HOME", str(tmp_path)),
@@ -107,35 +84,12 @@ def test_estimate_covers_the_measured_peak_within_a_factor(tmp_path):
         assert ratio <= FACTOR, f"{name}: estimate {ratio:.2f}x the measured peak"
 
 
-def write(tmp_path, text):
-    path = tmp_path / "big.toml"
-    path.write_text(textwrap.dedent(text))
-    return path
-
-
 def test_the_issues_misjudged_cases_are_refused_with_the_numbers(tmp_path):
     """An 8192 x 8192 prefill of 32 heads and a 1 x 100k + 4095 x 1 ragged batch are refused with their numbers."""
-    path = write(
-        tmp_path,
-        """
-        [[case]]
-        name = "prefill_8k"
-        num_q_heads = 32
-        num_kv_heads = 8
-        head_dim = 128
-        seq_lens = [8192]
-        q_lens = [8192]
-        dtype = "bfloat16"
-
-        [[case]]
-        name = "ragged_100k"
-        num_q_heads = 32
-        num_kv_heads = 8
-        head_dim = 128
-        seq_lens = { count = 4096, min = 1, max = 1, distribution = "fixed" }
-        dtype = "bfloat16"
-    """,
-    )
+    big = {"num_q_heads": 32, "num_kv_heads": 8, "head_dim": 128, "dtype": "bfloat16"}
+    path = write_cases(tmp_path / "big.toml", {"name": "prefill_8k", "seq_lens": [8192], "q_lens": [8192]},
+                       {"name": "ragged_100k", "seq_lens": {"count": 4096, "min": 1, "max": 1, "distribution": "fixed"}},
+                       defaults=big)  # fmt: skip
     prefill, ragged = load_case_file(path)
     ragged = ragged.__class__(**{**ragged.__dict__, "seq_lens": (100_000,) + (1,) * 4095, "q_lens": (1,) * 4096})
     need = estimate(prefill)
@@ -153,20 +107,9 @@ def test_the_issues_misjudged_cases_are_refused_with_the_numbers(tmp_path):
 
 
 def test_the_estimate_follows_the_backends_chosen(tmp_path):
-    path = write(
-        tmp_path,
-        """
-        [[case]]
-        name = "ragged"
-        num_q_heads = 8
-        num_kv_heads = 8
-        head_dim = 128
-        seq_lens = [200000, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1]
-    """,
-    )
-    case = load_case_file(path)[0]
+    ragged = {"name": "ragged", "num_q_heads": 8, "num_kv_heads": 8, "head_dim": 128, "seq_lens": [200000] + [1] * 31}
+    case = load_case_file(write_cases(tmp_path / "big.toml", ragged, defaults={}))[0]
     assert estimate(case, ["gather_sdpa"]).peak > 3 * estimate(case, ["tlsim"]).peak
-    excluded = write(
-        tmp_path, path.read_text() + 'exclude_backends = ["gather_sdpa", "sdpa_contiguous", "flex_attention"]\n'
-    )
-    assert estimate(load_case_file(excluded)[0]).peak == estimate(case, ["reference", "tlsim", "triton", "cache"]).peak
+    excluded = {**ragged, "exclude_backends": ["gather_sdpa", "sdpa_contiguous", "flex_attention"]}
+    excluded_case = load_case_file(write_cases(tmp_path / "excluded.toml", excluded, defaults={}))[0]
+    assert estimate(excluded_case).peak == estimate(case, ["reference", "tlsim", "triton", "cache"]).peak

@@ -1,23 +1,30 @@
-"""No backend can end the run, no run is lost, no false green: isolation, journal, resume, exit codes."""
+"""No backend can end the run, no run is lost, no false green: isolation, journal, resume, exit codes. Files a
+colleague hands you are data, never code: plugins named in a run's meta.json, meta commits, journals, workers' output."""
 
 from __future__ import annotations
 
 import errno
+import json
 import os
 import signal
 import subprocess
 import sys
 import threading
+import time
 from pathlib import Path
 
+import numpy as np
 import pandas as pd
 import pytest
 
 from harness.backends import builtin as backends_module
-from harness.cli.main import main
+from harness.cli.main import build_parser, main
+from harness.cli.resume import resume
 from harness.results import storage as storage_module
-from harness.results.journal import Journal, JournalError, journal_path
+from harness.results.journal import Journal, journal_path
+from harness.review import confirm
 from harness.run.runner import to_frame
+from tests.harness import review_frames as rf
 from tests.tiny_cases import TINY, write_cases
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -27,20 +34,22 @@ FIRST, SECOND = {"name": "first"}, {"name": "second", "seed": 1}
 PLUGIN = """
 import ctypes, os, signal, sys, time
 from pathlib import Path
+import torch
 import kernels
 from harness import register_backend
 
+DIR = Path(os.environ.get("HARNESS_TEST_DIR", "/nonexistent"))
+
 def _marker(name):
-    path = Path(os.environ.get("HARNESS_TEST_DIR", "/nonexistent")) / name
+    path = DIR / name
     if path.exists():
         path.unlink()
         return True
     return False
 
 def good(*args, out=None, **kwargs):
-    count = Path(os.environ.get("HARNESS_TEST_DIR", "/nonexistent")) / "calls"
-    if count.parent.exists():
-        with count.open("a") as f:
+    if DIR.exists():
+        with (DIR / "calls").open("a") as f:
             f.write("call\\n")
     return kernels.paged_attention_tlsim(*args, out=out, **kwargs)
 
@@ -51,6 +60,8 @@ def segfault(*args, **kwargs):
     ctypes.string_at(0)
 
 def hangs(*args, **kwargs):
+    if DIR.exists():
+        (DIR / "worker.pid").write_text(str(os.getpid()))
     time.sleep(3600)
 
 def sys_exit(*args, **kwargs):
@@ -67,11 +78,32 @@ def sigkill_once(*args, out=None, **kwargs):
         os.kill(os.getpid(), signal.SIGKILL)
     return kernels.paged_attention_tlsim(*args, out=out, **kwargs)
 
-for fn in (good, os_exit, segfault, hangs, sys_exit, sigterm_once, sigkill_once):
+def flood(*args, out=None, **kwargs):
+    sys.stdout.write("o" * 50_000 + "\\n")
+    sys.stderr.write("e" * 50_000 + "\\n")
+    return kernels.paged_attention_tlsim(*args, out=out, **kwargs)
+
+def threads(*args, out=None, **kwargs):
+    (DIR / "threads").write_text(str(torch.get_num_threads()))
+    return kernels.paged_attention_tlsim(*args, out=out, **kwargs)
+
+for fn in (good, os_exit, segfault, hangs, sys_exit, sigterm_once, sigkill_once, flood, threads):
     register_backend(fn.__name__, fn)
 register_backend("cuda_only", good, devices=("cuda",))
 """
 
+EVIL = """
+from pathlib import Path
+Path({marker!r}).write_text("imported")
+"""
+
+# On PYTHONPATH, a sitecustomize that makes a spawned worker sleep at start, before any harness code runs.
+SLOW_WORKER_START = """
+import os, sys, time
+if "--multiprocessing-fork" in sys.argv:
+    open(os.path.join(os.environ["HARNESS_TEST_DIR"], "starting"), "w").write(str(os.getpid()))
+    time.sleep(120)
+"""
 
 _BUILT_IN = dict(backends_module.REGISTRY)
 
@@ -82,20 +114,31 @@ def fresh_registry():
     backends_module.REGISTRY.update(_BUILT_IN)
 
 
-pytestmark = pytest.mark.usefixtures("clean_registry")  # backends registered here vanish after each test
+@pytest.fixture(autouse=True)
+def built_ins_only(clean_registry):
+    """Each test starts with the built-in backends only; those registered here vanish after it."""
+    fresh_registry()
 
 
 @pytest.fixture
-def setup(tmp_path, monkeypatch):
+def setup(tmp_path, monkeypatch, case_file):
+    """tmp_path holding cases.toml (first, second), tiny.toml (the case_file fixture), plugin.py and evil.py."""
     write_cases(tmp_path / "cases.toml", FIRST, SECOND)
-    (tmp_path / "faulty_plugin.py").write_text(PLUGIN)
+    (tmp_path / "plugin.py").write_text(PLUGIN)
+    (tmp_path / "evil.py").write_text(EVIL.format(marker=str(tmp_path / "evil_ran")))
     monkeypatch.setenv("HARNESS_TEST_DIR", str(tmp_path))
     return tmp_path
 
 
 def run(setup, out, *extra):
     return main(["run", str(setup / "cases.toml"), "--out", str(out), "--no-progress", "--no-timing",
-                 "--plugin", str(setup / "faulty_plugin.py"), *extra])  # fmt: skip
+                 "--plugin", str(setup / "plugin.py"), *extra])  # fmt: skip
+
+
+def resume_run(setup, out) -> int:
+    """``run --resume`` in what a new process has: the built-ins, the plugin given again."""
+    fresh_registry()
+    return main(["run", "--resume", str(out), "--no-progress", "--plugin", str(setup / "plugin.py")])
 
 
 def backends(*names):
@@ -106,7 +149,45 @@ def rows_of(out):
     return pd.read_parquet(out / "results.parquet")
 
 
-# --- 2. no backend can end the run -------------------------------------------------------
+def _harness(setup, *args, env=(), **popen):
+    """`python -m harness ARGS` in a new session (a killed test leaves nothing behind)."""
+    command = [sys.executable, "-m", "harness", *map(str, args)]
+    env = {**os.environ, "HARNESS_TEST_DIR": str(setup), "TRITON_INTERPRET": "1", **dict(env)}
+    return subprocess.Popen(command, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            start_new_session=True, **popen)  # fmt: skip
+
+
+def _finish(proc, timeout=240):
+    try:
+        return proc.communicate(timeout=timeout)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+
+
+def _gone(pid: int, seconds: float = 0) -> bool:
+    """No such process, or a zombie (dead, waiting for whoever adopted it to reap it), within ``seconds``."""
+    deadline = time.monotonic() + seconds
+    while True:
+        try:
+            state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+        except (FileNotFoundError, ProcessLookupError):
+            return True
+        if state == "Z" or time.monotonic() >= deadline:
+            return state == "Z"
+        time.sleep(0.1)
+
+
+def _wait_for(path: Path, proc, seconds: float = 240) -> None:
+    deadline = time.monotonic() + seconds
+    while not path.exists():
+        assert proc.poll() is None, proc.communicate()[1][-3000:]
+        assert time.monotonic() < deadline, f"{path} never appeared"
+        time.sleep(0.2)
+
+
+# --- no backend can end the run -------------------------------------------------------
 
 
 @pytest.mark.slow  # workers crash and one hangs past its limit
@@ -128,7 +209,7 @@ def test_exit_segfault_hang_and_sys_exit_in_a_plugin_are_error_rows_and_the_run_
     assert second.loc["hangs", "reason"] == "hung on first after 4 s; not run"
 
 
-# --- 3. the journal: a killed run is resumed -----------------------------------------------
+# --- the journal: a killed run is resumed -----------------------------------------------
 
 
 def test_sigterm_keeps_the_journal_and_resume_runs_only_the_missing_pairs(setup, capsys):
@@ -140,8 +221,7 @@ def test_sigterm_keeps_the_journal_and_resume_runs_only_the_missing_pairs(setup,
     assert f"python -m harness run --resume {out}" in err
     assert not out.exists()
     assert [r["backend"] for r in Journal.read(journal_path(out)).rows] == ["good"]
-    fresh_registry()
-    assert main(["run", "--resume", str(out), "--no-progress", "--plugin", str(setup / "faulty_plugin.py")]) == 0
+    assert resume_run(setup, out) == 0
     assert "3 to run, 1 from the journal" in capsys.readouterr().err
     rows = rows_of(out)
     assert list(zip(rows["case"], rows["backend"], strict=True)) == [
@@ -157,12 +237,10 @@ def test_a_sigkilled_run_is_reported_at_the_next_run_and_resumed(setup, capsys):
     (setup / "sigkill").touch()
     reports = setup / "reports"
     out = reports / "killed"
-    command = [sys.executable, "-m", "harness", "run", str(setup / "cases.toml"), "--out", str(out), "--no-timing",
-               "--no-progress", "--isolate", "none", "--plugin", str(setup / "faulty_plugin.py"),
-               *backends("good", "sigkill_once")]  # fmt: skip
-    result = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=300,
-                            env={**os.environ, "HARNESS_TEST_DIR": str(setup)})  # fmt: skip
-    assert result.returncode == -signal.SIGKILL, result.stderr[-2000:]
+    proc = _harness(setup, "run", setup / "cases.toml", "--out", out, "--no-timing", "--no-progress", "--isolate",
+                    "none", "--plugin", setup / "plugin.py", *backends("good", "sigkill_once"))  # fmt: skip
+    _, err = _finish(proc, 300)
+    assert proc.returncode == -signal.SIGKILL, err[-2000:]
     assert [r["backend"] for r in Journal.read(journal_path(out)).rows] == ["good"]
     dead = subprocess.Popen(["true"])
     dead.wait()
@@ -177,8 +255,7 @@ def test_a_sigkilled_run_is_reported_at_the_next_run_and_resumed(setup, capsys):
     assert f"finish it with: python -m harness run --resume {out}" in err
     assert f"removed {partial}: a run (pid {dead.pid}) died while writing it" in err
     assert not partial.exists()
-    fresh_registry()
-    assert main(["run", "--resume", str(out), "--no-progress", "--plugin", str(setup / "faulty_plugin.py")]) == 0
+    assert resume_run(setup, out) == 0
     assert len(rows_of(out)) == 4 and not journal_path(out).exists()
 
 
@@ -195,14 +272,13 @@ def test_a_failing_final_write_keeps_the_journal_and_says_how_to_resume(setup, c
     assert "writing the run folder" in err and "No space left on device" in err
     assert f"the 4 rows are kept in {journal_path(out)}" in err and f"--resume {out}" in err
     assert sorted(p.name for p in out.parent.iterdir()) == ["run.journal.jsonl"], "no partial folder left"
-    fresh_registry()
-    assert main(["run", "--resume", str(out), "--no-progress", "--plugin", str(setup / "faulty_plugin.py")]) == 0
+    assert resume_run(setup, out) == 0
     assert "0 to run, 4 from the journal" in capsys.readouterr().err
     assert (setup / "calls").read_text().count("call") == 2, "nothing ran again"
     assert len(rows_of(out)) == 4 and set(rows_of(out)["status"]) == {"pass"}
 
 
-# --- 5. writes ------------------------------------------------------------------------------
+# --- writes ------------------------------------------------------------------------------
 
 
 def test_a_read_only_reports_folder_is_exit_2_before_any_work(setup, capsys, monkeypatch):
@@ -270,7 +346,7 @@ def test_runs_started_at_the_same_second_get_distinct_folders(tmp_path, monkeypa
     assert sorted(p.name for p in tmp_path.iterdir()) == sorted(p.name for p in reserved)
 
 
-# --- 4. exit codes: no false green ----------------------------------------------------------
+# --- exit codes: no false green ----------------------------------------------------------
 
 
 @pytest.mark.parametrize(
@@ -316,8 +392,7 @@ def test_sigterm_during_the_final_write_leaves_no_partial_folder_and_keeps_the_j
         assert run(setup, out, *backends("tlsim")) == 143
     assert f"finish with: python -m harness run --resume {out}" in capsys.readouterr().err
     assert sorted(p.name for p in out.parent.iterdir()) == ["run.journal.jsonl"], "no partial folder"
-    fresh_registry()
-    assert main(["run", "--resume", str(out), "--no-progress", "--plugin", str(setup / "faulty_plugin.py")]) == 0
+    assert resume_run(setup, out) == 0
     assert len(rows_of(out)) == 2
 
 
@@ -325,29 +400,15 @@ def test_sigterm_during_the_final_write_leaves_no_partial_folder_and_keeps_the_j
 @pytest.mark.slow  # a run in a fresh interpreter waits in a hanging call
 def test_the_users_ctrl_c_stops_a_run_inside_a_hanging_call_and_keeps_the_journal(setup, isolate):
     """A terminal's Ctrl-C while `hangs` runs is exit 130 within seconds, journal kept, no error row for `hangs`."""
-    import time
-
     out = setup / "reports" / "run"
-    command = [sys.executable, "-m", "harness", "run", str(setup / "cases.toml"), "--out", str(out), "--no-timing",
-               "--no-progress", "--plugin", str(setup / "faulty_plugin.py"), "--isolate", isolate,
-               *backends("tlsim", "hangs")]  # fmt: skip
-    proc = subprocess.Popen(command, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            env={**os.environ, "HARNESS_TEST_DIR": str(setup)}, start_new_session=True)  # fmt: skip
+    proc = _harness(setup, "run", setup / "cases.toml", "--out", out, "--no-timing", "--no-progress", "--plugin",
+                    setup / "plugin.py", "--isolate", isolate, *backends("tlsim", "hangs"))  # fmt: skip
     try:
-        deadline = time.monotonic() + 240
-        while time.monotonic() < deadline and proc.poll() is None:
-            try:  # the run may have created the journal and not yet written its header line
-                if journal_path(out).exists() and len(Journal.read(journal_path(out)).rows) >= 1:
-                    break
-            except JournalError:
-                pass
-            time.sleep(0.2)
-        time.sleep(2)  # the worker is now inside `hangs`
+        _wait_for(setup / "worker.pid", proc)  # `hangs` has begun: tlsim's row is journaled
         os.killpg(proc.pid, signal.SIGINT)
         _, err = proc.communicate(timeout=60)
     finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
+        _finish(proc, 30)
     assert proc.returncode == 130, err[-2000:]
     assert f"interrupted: 1 rows kept in {journal_path(out)}" in err
     assert [r["backend"] for r in Journal.read(journal_path(out)).rows] == ["tlsim"]
@@ -366,3 +427,210 @@ def test_isolate_all_runs_the_built_ins_in_the_worker_too(setup, capsys, monkeyp
     assert main(["run", str(setup / "cases.toml"), "--out", str(out), "--no-timing", "--no-progress",
                  "--isolate", "all", *backends("tlsim", "reference")]) == 0  # fmt: skip
     assert set(rows_of(out)["status"]) == {"pass"} and len(rows_of(out)) == 4
+
+
+# --- only the command line names code -------------------------------------------------------
+
+
+def _slower_runs(tmp_path, backend: str, **meta_extra) -> tuple[Path, Path]:
+    """Two run folders where ``backend`` is 1.5x slower in the new one, meta.json as given."""
+    rng = np.random.default_rng(0)
+    meta = rf.meta(case_files=[str(tmp_path / "tiny.toml")], timing_threads=1, **meta_extra)
+    base = rf.write(pd.DataFrame([rf.row("tiny", backend, 300.0, rng)]), meta, tmp_path / "base")
+    new = rf.write(pd.DataFrame([rf.row("tiny", backend, 450.0, rng)]), meta, tmp_path / "new")
+    return base, new
+
+
+def _head() -> str:
+    return subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True, text=True).stdout.strip()
+
+
+def test_confirm_never_imports_a_plugin_named_in_a_runs_meta_command(setup, capsys, monkeypatch):
+    monkeypatch.chdir(ROOT)  # git runs here
+    evil = setup / "evil.py"
+    base, new = _slower_runs(setup, "evil_backend", commit=_head(),
+                             command=f"python -m harness run tiny.toml --plugin {evil}")  # fmt: skip
+    assert main(["compare", str(base), str(new), "--confirm", "slower"]) == 2
+    err = capsys.readouterr().err
+    assert f"{new}/meta.json names plugin(s) {evil}" in err and f"pass --plugin {evil}" in err
+    assert not (setup / "evil_ran").exists(), "the plugin named by meta.json was imported"
+
+
+@pytest.mark.parametrize("commit", ["--no-checkout", "deadbeef" * 5, ["a" * 40]])
+def test_a_meta_commit_that_is_not_a_commit_id_is_bad_input_before_git_worktree(setup, capsys, monkeypatch, commit):
+    monkeypatch.chdir(ROOT)
+    added = []  # commits handed to `git worktree add`: none may be, the check comes first
+    monkeypatch.setattr(confirm, "worktree", lambda commit, *rest: added.append(commit))
+    base, new = _slower_runs(setup, "reference", commit=commit)
+    assert main(["compare", str(base), str(new), "--confirm", "slower"]) == 2
+    err = capsys.readouterr().err
+    assert f"{base}/meta.json: field 'commit'" in err, err
+    assert added == []
+
+
+def test_resume_imports_a_journals_plugin_given_again_with_plugin_by_any_spelling(setup, monkeypatch):
+    out = setup / "run"
+    rf.journal(out, setup / "tiny.toml", plugins=[str(setup / "evil.py")])
+    monkeypatch.chdir(setup)  # the same file by another spelling: matched by its resolved path
+    assert main(["run", "--resume", str(out), "--no-progress", "--plugin", "./evil.py"]) == 0
+    assert (setup / "evil_ran").exists(), "given with --plugin, it is imported"
+
+
+# --- resume is honest and exclusive ------------------------------------------------------
+
+
+def test_resume_lets_timeout_win_and_keeps_the_runs_other_options(setup):
+    out = setup / "run"
+    rf.journal(out, setup / "tiny.toml")
+    args = build_parser().parse_args(["run", "--resume", str(out), "--timeout", "5"])
+    resume(args).close(stopped=True)
+    assert args.timeout == 5.0, "--timeout given with --resume wins over the journal's 300"
+    args = build_parser().parse_args(["run", "--resume", str(out)])
+    resume(args).close(stopped=True)
+    assert args.timeout == 300.0 and args.isolate == "plugins"
+
+
+def test_a_second_resume_of_a_journal_being_written_is_refused_naming_the_holder(setup, capsys, monkeypatch):
+    out = setup / "run"
+    path = rf.journal(out, setup / "tiny.toml")
+    holder = subprocess.Popen(
+        [sys.executable, "-c", "import sys, time\nfrom harness.results.journal import Journal\n"
+         "journal = Journal.read(sys.argv[1])\njournal.lock()\nprint('locked', flush=True)\ntime.sleep(120)", str(path)],
+        cwd=ROOT, stdout=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    try:
+        assert holder.stdout.readline().strip() == "locked"
+        assert main(["run", "--resume", str(out), "--no-progress"]) == 2
+        assert f"process {holder.pid}" in capsys.readouterr().err
+        # the pid check aside (another host's pid, a reused one), the lock alone refuses it
+        monkeypatch.setattr("harness.cli.resume.pid_alive", lambda pid: False)
+        assert main(["run", "--resume", str(out), "--no-progress"]) == 2
+        assert f"process {holder.pid} holds this journal's lock" in capsys.readouterr().err
+    finally:
+        holder.kill()
+        holder.wait()
+    assert main(["run", "--resume", str(out), "--no-progress"]) == 0, "the lock goes with its holder"
+
+
+def test_duplicated_journal_rows_are_dropped_with_a_warning_and_the_folder_loads(setup, capsys):
+    done = setup / "done"
+    assert main(["run", str(setup / "tiny.toml"), "--out", str(done), "--backend", "tlsim", "--no-timing",
+                 "--no-progress"]) == 0  # fmt: skip
+    row = {k: (None if isinstance(v, float) and v != v else v) for k, v in pd.read_parquet(done / "results.parquet")
+           .iloc[0].to_dict().items()}  # fmt: skip
+    row = json.loads(json.dumps(row, default=lambda v: v.tolist() if hasattr(v, "tolist") else str(v)))
+    out = setup / "run"
+    rf.journal(out, setup / "tiny.toml", rows=[row, {**row, "reason": "second"}])
+    capsys.readouterr()
+    assert main(["run", "--resume", str(out), "--no-progress"]) == 0
+    err = capsys.readouterr().err
+    assert f"warning: {journal_path(out)}: dropped 1 duplicated row(s)" in err and "tiny tlsim (line 3)" in err
+    assert len(pd.read_parquet(out / "results.parquet")) == 1
+    assert main(["compare", str(done), str(out)]) in (0, 4), "the written folder is loadable by compare"
+
+
+# --- processes and output ----------------------------------------------------------------
+
+
+def test_an_isolated_worker_dies_with_its_sigkilled_parent(setup):
+    proc = _harness(setup, "run", setup / "tiny.toml", "--out", setup / "run", "--no-timing", "--no-progress",
+                    "--plugin", setup / "plugin.py", "--backend", "hangs")  # fmt: skip
+    try:
+        _wait_for(setup / "worker.pid", proc)
+        worker = int((setup / "worker.pid").read_text())
+        os.kill(proc.pid, signal.SIGKILL)
+        proc.wait(timeout=30)
+        assert _gone(worker, 10), f"worker {worker} outlived its SIGKILLed parent"
+    finally:
+        _finish(proc, 30)
+        if (setup / "worker.pid").exists() and not _gone(int((setup / "worker.pid").read_text())):
+            os.kill(int((setup / "worker.pid").read_text()), signal.SIGKILL)
+
+
+def test_profile_of_a_plugin_that_calls_os_exit_cannot_end_the_run(setup):
+    out = setup / "run"
+    proc = _harness(setup, "run", setup / "tiny.toml", "--out", out, "--no-timing", "--no-progress",
+                    "--plugin", setup / "plugin.py", "--backend", "os_exit", "--backend", "tlsim",
+                    "--profile", "tiny:os_exit", "--profile", "tiny:tlsim")  # fmt: skip
+    _, err = _finish(proc)
+    assert proc.returncode == 1, err[-3000:]  # the os_exit row is an error; the profile did not end the run with 0
+    assert "profile: tiny:os_exit failed: the worker process exited with code 0" in err, err[-3000:]
+    assert (out / "profiles" / "tiny__tlsim.trace.json").exists(), "the other pair is still profiled"
+    rows = pd.read_parquet(out / "results.parquet").set_index("backend")
+    assert rows.loc["os_exit", "status"] == "error" and rows.loc["tlsim", "status"] == "pass"
+
+
+def test_a_plugins_flood_of_output_goes_to_its_row_log_and_the_terminal_gets_its_head(setup, capsys):
+    out = setup / "run"
+    assert main(["run", str(setup / "tiny.toml"), "--out", str(out), "--no-timing", "--no-progress",
+                 "--plugin", str(setup / "plugin.py"), "--backend", "flood", "--backend", "tlsim"]) == 0  # fmt: skip
+    captured = capsys.readouterr()
+    log = out / "logs" / "tiny__flood.log"
+    assert log.stat().st_size >= 100_000 and log.read_text().count("o") >= 50_000
+    assert f"more bytes not shown: see {log}" in captured.err
+    assert len(captured.err) + len(captured.out) < 8_000, "the flood reached the terminal"
+    assert sorted(p.name for p in (out / "logs").iterdir()) == ["tiny__flood.log"], "silent rows leave no log"
+    assert not (setup / "run.logs").exists()
+
+
+def test_an_isolated_worker_runs_with_the_thread_count_its_rows_record(setup):
+    out = setup / "run"
+    assert main(["run", str(setup / "tiny.toml"), "--out", str(out), "--no-progress", "--threads", "1",
+                 "--plugin", str(setup / "plugin.py"), "--backend", "threads"]) == 0  # fmt: skip
+    recorded = pd.read_parquet(out / "results.parquet")["timing_threads"].iloc[0]
+    assert recorded == 1 and (setup / "threads").read_text() == "1"
+
+
+def test_ctrl_c_while_a_worker_starts_is_one_line_not_a_childs_traceback(setup):
+    (setup / "site").mkdir()
+    (setup / "site" / "sitecustomize.py").write_text(SLOW_WORKER_START)
+    path = os.pathsep.join(filter(None, [str(setup / "site"), os.environ.get("PYTHONPATH")]))
+    proc = _harness(setup, "run", setup / "tiny.toml", "--out", setup / "run", "--no-timing", "--no-progress",
+                    "--plugin", setup / "plugin.py", env={"PYTHONPATH": path})  # fmt: skip
+    try:
+        _wait_for(setup / "starting", proc)
+        child = int((setup / "starting").read_text())
+        os.killpg(proc.pid, signal.SIGINT)  # as a terminal's Ctrl-C: to the whole process group
+        _, err = proc.communicate(timeout=60)
+    finally:
+        _finish(proc, 30)
+    assert proc.returncode == 130, err[-3000:]
+    assert "Traceback" not in err and "KeyboardInterrupt" not in err, err[-3000:]
+    assert [line for line in err.splitlines() if line.strip()] == ["interrupted: nothing was written"], err
+    assert _gone(child, 10)
+
+
+def test_a_recorded_thread_count_past_the_cores_runs_on_the_cores():
+    """A recorded thread count of a million runs on the cores; the count that ran is returned."""
+    import torch
+
+    from harness.cli.options import apply_threads
+
+    before = torch.get_num_threads()
+    try:
+        assert apply_threads(str(10**6), "cpu") == (os.cpu_count() or 1)
+        assert apply_threads("1", "cpu") == 1
+    finally:
+        torch.set_num_threads(before)
+
+
+def test_a_planted_link_in_a_runs_log_folder_is_replaced_never_written_through(tmp_path):
+    """A link planted in a run's log folder, to a file or as the folder, is replaced, never written through."""
+    from harness.execute.output import captured_output
+
+    victim = tmp_path / "victim.txt"
+    victim.write_text("mine")
+    logs = tmp_path / "run.logs"
+    logs.mkdir()
+    (logs / "c__plug.log").symlink_to(victim)
+    with captured_output(str(logs / "c__plug.log")):
+        os.write(1, b"the plugin's output\n")
+    assert victim.read_text() == "mine"
+    assert not (logs / "c__plug.log").is_symlink() and (logs / "c__plug.log").read_text() == "the plugin's output\n"
+    (tmp_path / "linked.logs").symlink_to(tmp_path)
+    with (
+        pytest.raises(OSError, match=r"linked\.logs: a symbolic link"),
+        captured_output(str(tmp_path / "linked.logs" / "victim.txt")),
+    ):
+        pass
+    assert victim.read_text() == "mine"

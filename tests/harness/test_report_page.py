@@ -9,6 +9,7 @@ import pandas as pd
 import pytest
 
 from harness.cli.main import main
+from harness.cli.terminal import summarize
 from harness.results.report import plots, render_html, sig
 from tests.harness import review_frames as rf
 from tests.harness.plot_text import drawn_texts, page_plots
@@ -160,8 +161,6 @@ def test_plots_are_embedded_as_data_uris(drawn_plots):
 
 
 def test_the_page_says_no_linear_fit_where_the_line_does_not_hold_and_the_terminal_prints_no_fits():
-    from harness.cli.terminal import summarize
-
     frame = rf.frame(num_cases=5)
     cloud = frame["backend"] == "tlsim"
     frame.loc[cloud, "latency_us"] = [400.0, 90.0, 350.0, 120.0, 300.0]  # no line through these

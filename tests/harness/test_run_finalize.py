@@ -6,7 +6,9 @@ import json
 
 import pandas as pd
 
+from harness.cases.loading import load_cases
 from harness.cli.main import main
+from harness.execute.shards import shard_cases
 from harness.results.journal import Journal, journal_path
 from tests.tiny_cases import write_cases
 
@@ -117,9 +119,6 @@ def test_a_journal_whose_case_files_are_gone_is_still_written_saying_what_is_unk
 
 def test_finalize_of_a_shard_lists_only_its_own_missing_pairs_and_reads_suite_names(tmp_path):
     """A --shard 0/2 run of the packaged smoke suite (named, not a path) stopped after 2 rows."""
-    from harness.cases.loading import load_cases
-    from harness.execute.shards import shard_cases
-
     whole = tmp_path / "whole"
     assert main(["run", "smoke", "--backend", "tlsim", "--no-timing", "--no-progress", "--shard", "0/2",
                  "--out", str(whole)]) == 0  # fmt: skip

@@ -14,14 +14,17 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
+import kernels
+from tests.fresh_python import run_script
+
 ROOT = Path(__file__).resolve().parents[2]
 COMMITTED_RUN = ROOT / "tests" / "harness" / "data" / "h200_run"
 
 
-def run_script(*args: str, timeout: float = 300) -> subprocess.CompletedProcess:
-    pythonpath = os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))
-    env = {**os.environ, "PYTHONPATH": pythonpath, "TRITON_INTERPRET": "1"}
-    return subprocess.run([sys.executable, *args], cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout)
+@pytest.fixture(autouse=True)
+def triton_entry_restored(monkeypatch):
+    """kernel_ab binds kernels.paged_attention_triton to a side's kernel: the test's binding goes with it."""
+    monkeypatch.setattr(kernels, "paged_attention_triton", kernels.paged_attention_triton)
 
 
 @pytest.mark.parametrize("tool", ["tune_tiles.py", "kernel_ab.py", "kernel_targets.py", "sass_census.py", "mutants.py",
@@ -116,7 +119,7 @@ def test_tile_tuner_times_two_candidates_and_prints_a_table_line(tmp_path):
     done = run_script("scripts/tune_tiles.py", "--dry", "--out", str(tmp_path / "tune.json"))
     assert done.returncode == 0, done.stderr
     assert "TileConfig(" in done.stdout.split("# kernels/tuning.py TUNED")[1]
-    assert len(__import__("json").loads((tmp_path / "tune.json").read_text())["records"]) == 2
+    assert len(json.loads((tmp_path / "tune.json").read_text())["records"]) == 2
 
 
 @pytest.mark.slow  # the script times interpreted calls
@@ -195,31 +198,21 @@ def test_kernel_ab_times_head_against_the_tree_and_leaves_no_module_behind(tmp_p
 
 def _ab_record(base_fn, new_fn) -> dict:
     """kernel_ab's record of its dry case with ``base_fn`` and ``new_fn`` as the two sides' kernel entries."""
-    import types
-
-    import kernels
     from scripts.kernel_ab import dry_case, time_case
 
     sides = {"base": base_fn, "new": new_fn}
     modules = {side: types.SimpleNamespace(paged_attention_triton=fn) for side, fn in sides.items()}
-    saved = kernels.paged_attention_triton
-    try:
-        return time_case(dry_case(), modules, "cpu", 9, {"min_reps": 1, "max_reps": 1})
-    finally:
-        kernels.paged_attention_triton = saved
+    return time_case(dry_case(), modules, "cpu", 9, {"min_reps": 1, "max_reps": 1})
 
 
 def test_kernel_ab_reports_a_kernel_whose_output_differs():
     """A new kernel that answers differently is never timed: the row says so (and the script exits 1)."""
-    import kernels
-
     record = _ab_record(kernels.paged_attention_tlsim, lambda *a, **k: kernels.paged_attention_tlsim(*a, **k) + 1)
     assert record["verdict"] == "output differs" and "ratio" not in record
 
 
 def test_kernel_ab_times_cases_with_options_passing_them_to_both_sides():
     """An fp8 case's scales and a variant's options reach the base's entry and the new one's alike."""
-    import kernels
     from harness.cases.loading import load_cases
     from harness.cases.packaged import resolve_case_arg
     from scripts.kernel_ab import time_case, timeable
@@ -238,12 +231,8 @@ def test_kernel_ab_times_cases_with_options_passing_them_to_both_sides():
 
         return entry
 
-    saved = kernels.paged_attention_triton
-    try:
-        modules = {name: types.SimpleNamespace(paged_attention_triton=side(name)) for name in seen}
-        record = time_case(case, modules, "cpu", 6, {"min_reps": 1, "max_reps": 1})
-    finally:
-        kernels.paged_attention_triton = saved
+    modules = {name: types.SimpleNamespace(paged_attention_triton=side(name)) for name in seen}
+    record = time_case(case, modules, "cpu", 6, {"min_reps": 1, "max_reps": 1})
     assert record["verdict"] in {"slower", "faster", "same", "cannot tell"}, record
     assert seen["base"] and seen["new"] and all(k == ["k_scale", "v_scale"] for k in seen["base"] + seen["new"])
 
@@ -255,7 +244,6 @@ def test_kernel_ab_with_gives_the_base_side_the_base_revisions_tuning_and_split_
 ):
     """--with tiling tuning: the base side gets the base revision's tiling_for, tuning and split; new, the tree's.
     --with tuning: the base's tuning through a copy of the tree's tiling (its split bound is the tree's)."""
-    import kernels
     import kernels.tiling
     import kernels.tuning
     from scripts import kernel_ab
@@ -268,7 +256,6 @@ def test_kernel_ab_with_gives_the_base_side_the_base_revisions_tuning_and_split_
         return text + edited if path.name == "tiling.py" else text
 
     monkeypatch.setattr(kernel_ab, "_git_show", show)
-    saved = kernels.paged_attention_triton
     try:
         modules = kernel_ab.kernel_modules("HEAD", tmp_path, with_modules)
         base_tiling = sys.modules["kernels._ab_base_tiling"]
@@ -282,7 +269,6 @@ def test_kernel_ab_with_gives_the_base_side_the_base_revisions_tuning_and_split_
         assert record["verdict"] in {"slower", "faster", "same", "cannot tell"}, record
     finally:
         kernel_ab.remove_modules()
-        kernels.paged_attention_triton = saved
     assert not any(name.startswith("kernels._ab") for name in sys.modules)
 
 
@@ -294,27 +280,22 @@ def test_kernel_ab_exits_2_on_a_base_it_cannot_read_and_leaves_no_module_behind(
 
 def test_kernel_ab_serves_a_base_kernels_common_imports_from_contract_tiling_and_fp8(tmp_path):
     """A base whose kernel imports ``._common`` gets its helpers from contract.py, tiling.py and fp8.py."""
-    import kernels
     from scripts.kernel_ab import MIN_ROUNDS, dry_case, kernel_modules, remove_modules, time_case
 
     git = ["git", "log", "-1", "--format=%H", "--diff-filter=D", "--", "kernels/_common.py"]
     split = subprocess.run(git, cwd=ROOT, capture_output=True, text=True).stdout.strip()
     if not split or subprocess.run(["git", "rev-parse", "-q", "--verify", f"{split}~1"], cwd=ROOT).returncode:
         pytest.skip("no commit with kernels/_common.py in this clone's history")
-    saved = kernels.paged_attention_triton
     try:
         modules = kernel_modules(f"{split}~1", tmp_path)
         record = time_case(dry_case(), modules, "cpu", MIN_ROUNDS, {"min_reps": 1, "max_reps": 1})
     finally:
         remove_modules()
-        kernels.paged_attention_triton = saved
     assert record["verdict"] in {"slower", "faster", "same", "cannot tell"}, record
     assert "kernels._common" not in sys.modules and not (ROOT / "kernels" / "_common.py").exists()
 
 
 def test_kernel_ab_reports_a_kernel_that_fails_as_an_error_not_a_verdict():
-    import kernels
-
     def broken(*args, **kwargs):
         raise TypeError("paged_attention_triton() got an unexpected keyword argument 'max_q_len'")
 

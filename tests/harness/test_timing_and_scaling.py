@@ -11,10 +11,24 @@ import pandas as pd
 import pytest
 import torch
 
-from harness.cases.spec import expand_spec, load_case_file
+import kernels
+from harness.backends.builtin import REGISTRY, register_backend
+from harness.backends.registry import Backend, contract_prepare
+from harness.cases.inputs import make_inputs
+from harness.cases.loading import load_cases
+from harness.cases.spec import expand_spec
+from harness.cli.main import main
+from harness.execute.local import run_cases
+from harness.results import environment
+from harness.results.storage import load_run
+from harness.run import oracle, runner
+from harness.run.grading import locate
+from harness.run.runner import RunConfig
+from harness.timing import measure
 from harness.timing.metrics import attended_pairs, bytes_moved, flops, kv_tokens_read, tflops
-from harness.timing.scaling import fit_line, fit_scaling
+from harness.timing.scaling import fit_line, fit_scaling, fit_verdict
 from harness.timing.timer import probe_call, time_call, time_wall
+from tests.tiny_cases import write_cases
 
 
 def test_time_call_keeps_at_least_the_floor_of_samples_even_past_its_time_budget():
@@ -47,22 +61,18 @@ def test_probe_call_says_nothing_about_graphs_or_syncs_off_cuda():
     assert probe.graph_capturable is None and probe.device_syncs is None
 
 
-def test_flops_count_each_causal_pair_once(tmp_path):
-    path = tmp_path / "c.toml"
-    path.write_text(
-        '[[case]]\nname = "c"\nnum_q_heads = 2\nnum_kv_heads = 1\nhead_dim = 32\nseq_lens = [5, 3]\nq_lens = [2, 3]\n'
-    )
-    (case,) = load_case_file(path)
-    # seq 0: queries at positions 3, 4 see 4 + 5 keys; seq 1: positions 0, 1, 2 see 1 + 2 + 3
-    assert attended_pairs(case) == 9 + 6
-    assert flops(case) == 4 * 15 * 2 * 32
-    assert tflops(flops(case), 1.0) == pytest.approx(flops(case) / 1e6)
-
-
 def one_case(**fields):
     (case,) = expand_spec({"name": "c", "num_q_heads": 2, "num_kv_heads": 1, "head_dim": 32, "block_size": 4,
                            "dtype": "float16", **fields}, "test")  # fmt: skip
     return case
+
+
+def test_flops_count_each_causal_pair_once():
+    case = one_case(seq_lens=[5, 3], q_lens=[2, 3], block_size=16, dtype="float32")
+    # seq 0: queries at positions 3, 4 see 4 + 5 keys; seq 1: positions 0, 1, 2 see 1 + 2 + 3
+    assert attended_pairs(case) == 9 + 6
+    assert flops(case) == 4 * 15 * 2 * 32
+    assert tflops(flops(case), 1.0) == pytest.approx(flops(case) / 1e6)
 
 
 def test_a_windowed_case_counts_only_the_keys_its_windows_see():
@@ -139,20 +149,12 @@ def test_a_fit_at_r2_0_9_with_no_negative_term_is_kept():
     (fit,) = fit_scaling(scaling_frame(noisy)).itertuples()
     assert fit.fitted
     # just under the bar: 0.899 is rejected, 0.9 itself kept
-    from harness.timing.scaling import fit_verdict
-
     assert fit_verdict(0.1, 1.0, 0.899) == "r² 0.90 < 0.9" and fit_verdict(0.1, 1.0, 0.9) == ""
     assert fit_verdict(0.1, 0.0, 1.0) == "", "a zero fixed cost is not negative"
 
 
 def test_a_timed_cli_run_writes_every_timing_column_and_the_page(tmp_path, drawn_plots):
-    from harness.cli.main import main
-    from harness.results.storage import load_run
-
-    cases = tmp_path / "c.toml"
-    cases.write_text(
-        '[[case]]\nname = "c"\nnum_q_heads = 4\nnum_kv_heads = 2\nhead_dim = 32\nseq_lens = [9, 3]\nq_lens = [2, 1]\n'
-    )
+    cases = write_cases(tmp_path / "c.toml", {"name": "c", "block_size": 16, "seq_lens": [9, 3], "q_lens": [2, 1]})
     out = tmp_path / "run"
     args = ["--backend", "reference", "--backend", "sdpa_contiguous", "--out", str(out), "--no-progress"]
     assert main(["run", str(cases), *args]) == 0
@@ -167,10 +169,6 @@ def test_a_timed_cli_run_writes_every_timing_column_and_the_page(tmp_path, drawn
 
 
 def test_the_oracle_gives_the_same_answer_in_chunks_of_query_rows(monkeypatch):
-
-    from harness.cases.inputs import make_inputs
-    from harness.run import oracle
-
     inputs = make_inputs(
         num_q_heads=4, num_kv_heads=2, head_dim=32, block_size=4, seq_lens=[9, 13], q_lens=[5, 7],
         dtype="float32", layout="shuffled", input_scale=1.0, seed=3, device="cpu",
@@ -182,8 +180,6 @@ def test_the_oracle_gives_the_same_answer_in_chunks_of_query_rows(monkeypatch):
 
 
 def test_a_declared_commit_wins_over_a_stale_git_and_the_disagreement_is_recorded(monkeypatch):
-    from harness.results import environment
-
     monkeypatch.setattr(environment, "git", lambda *args: "a" * 40)
     monkeypatch.setenv("HARNESS_COMMIT", "b" * 40)
     record = environment.commit_record()
@@ -193,12 +189,6 @@ def test_a_declared_commit_wins_over_a_stale_git_and_the_disagreement_is_recorde
 
 
 def test_a_failing_row_names_the_sequence_query_position_and_head_of_its_worst_element(tmp_path):
-    import kernels
-    from harness.backends.builtin import REGISTRY, register_backend
-    from harness.execute.local import run_cases
-    from harness.run.grading import locate
-    from harness.run.runner import RunConfig
-
     assert locate(3, [0, 2, 2, 5], [4, 7, 9]) == "seq 2, query 1 (position 7)", "seq 1 has no query"
 
     def off_at_one_element(q, k_cache, v_cache, block_table, seq_lens, query_start_loc=None, scale=None, out=None):
@@ -210,11 +200,7 @@ def test_a_failing_row_names_the_sequence_query_position_and_head_of_its_worst_e
 
     register_backend("off_at_one_element", off_at_one_element)
     try:
-        path = tmp_path / "c.toml"
-        path.write_text(
-            '[[case]]\nname = "c"\nnum_q_heads = 2\nnum_kv_heads = 1\nhead_dim = 32\nseq_lens = [5, 9]\nq_lens = [2, 3]\n'
-        )
-        (case,) = load_case_file(path)
+        case = one_case(seq_lens=[5, 9], q_lens=[2, 3], block_size=16, dtype="float32")
         config = RunConfig(device="cpu", backends=[REGISTRY["off_at_one_element"]], timing=False, progress=False)
         (row,) = run_cases([case], config).to_dict("records")
     finally:
@@ -223,31 +209,8 @@ def test_a_failing_row_names_the_sequence_query_position_and_head_of_its_worst_e
     assert row["worst_location"] == "seq 1, query 1 (position 7), head 1"
 
 
-def test_the_oracle_cache_keeps_attention_variants_of_one_input_apart():
-    import torch
-
-    from harness.run.oracle_cache import cache_key
-
-    args = (torch.ones(2, 2, 32), torch.ones(3, 4, 1, 32), torch.ones(3, 4, 1, 32), torch.zeros(2, 1, dtype=torch.int32),
-            torch.full((2,), 4, dtype=torch.int32), None)  # fmt: skip
-    plain = cache_key(args, "cpu")
-    assert cache_key(args, "cpu", options={"sliding_window": 2}) != plain
-    assert cache_key(args, "cpu", options={"sliding_window": 2}) != cache_key(
-        args, "cpu", options={"sliding_window": 3}
-    )
-    sinks = {"sinks": torch.tensor([0.5, 1.0])}
-    assert cache_key(args, "cpu", options=sinks) != cache_key(args, "cpu", options={"sinks": torch.tensor([0.5, 2.0])})
-
-
 def _one_row_within_a_short_budget(tmp_path, monkeypatch, fn, model=False, budget_s=0.1, device="cpu"):
     """The row of one tiny case through a backend calling ``fn``, every row's timing budget ``budget_s``."""
-    from harness.backends.registry import Backend, contract_prepare
-    from harness.cases.loading import load_cases
-    from harness.execute.local import run_cases
-    from harness.run import runner
-    from harness.run.runner import RunConfig
-    from tests.tiny_cases import write_cases
-
     short = dataclasses.replace(runner.TimingSettings(device, {}), budget_s=budget_s)
     monkeypatch.setattr(runner, "TimingSettings", lambda *a, **k: short)
     cases = load_cases([write_cases(tmp_path / "c.toml", {"name": "tiny"})], device=device)
@@ -259,12 +222,9 @@ def _one_row_within_a_short_budget(tmp_path, monkeypatch, fn, model=False, budge
 
 
 def test_a_row_whose_one_call_outlasts_the_timing_budget_is_graded_but_not_timed(tmp_path, monkeypatch):
-    import time as clock
-
-    import kernels
 
     def slow_reference(*args, **kwargs):
-        clock.sleep(0.3)
+        time.sleep(0.3)
         return kernels.paged_attention_reference(*args, **kwargs)
 
     row = _one_row_within_a_short_budget(tmp_path, monkeypatch, slow_reference)
@@ -286,9 +246,6 @@ def test_a_backend_whose_first_call_compiles_past_the_budget_is_timed_on_a_gpu(
     tmp_path, monkeypatch, device, model, every_call_slow
 ):
     """On a GPU a kernel's call past the budget gets a second call (its first may compile); elsewhere one decides."""
-    import time as clock
-
-    import kernels
 
     if device == "cuda" and not torch.cuda.is_available():
         pytest.skip("needs a CUDA device")
@@ -296,7 +253,7 @@ def test_a_backend_whose_first_call_compiles_past_the_budget_is_timed_on_a_gpu(
 
     def compiles_once(*args, **kwargs):
         if not calls or every_call_slow:
-            clock.sleep(0.3)  # the "compile"
+            time.sleep(0.3)  # the "compile"
         calls.append(1)
         return kernels.paged_attention_reference(*args, **kwargs)
 
@@ -309,9 +266,6 @@ def test_a_backend_whose_first_call_compiles_past_the_budget_is_timed_on_a_gpu(
 
 
 def test_a_python_model_on_a_gpu_is_graded_not_timed():
-    from harness.backends.builtin import REGISTRY
-    from harness.timing import measure
-
     gpu, cpu = measure.TimingSettings("cuda", {}), measure.TimingSettings("cpu", {})
     assert REGISTRY["tlsim"].model and REGISTRY["reference"].model and not REGISTRY["triton"].model
     assert measure.MODEL_BUDGET_S == 0
@@ -324,8 +278,6 @@ def test_a_python_model_on_a_gpu_is_graded_not_timed():
 
 def test_a_row_under_a_zero_budget_says_it_is_graded_not_timed(tmp_path, monkeypatch):
     """The row a Python model makes on a GPU (its timing settings' budget 0): graded, its note saying why it has no latency."""
-    import kernels
-
     row = _one_row_within_a_short_budget(tmp_path, monkeypatch, kernels.paged_attention_reference, True, 0.0)
     assert "not timed: one call took" in row["note"] and "graded, not timed" in row["note"]
     assert row["latency_us"] != row["latency_us"]

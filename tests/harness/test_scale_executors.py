@@ -1,28 +1,128 @@
-"""--workers or --ray give the one-process rows; a killed worker costs one retry and one error row."""
+"""Every executor runs the one per-case loop: in process, isolated, --workers, a Ray task, pytest and pytest -n
+give the one-process rows, row for row; a killed worker costs one retry and one error row."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import multiprocessing
 import os
+import subprocess
+import sys
+from pathlib import Path
 
 import pandas as pd
 import pytest
+import torch
 
 from harness.backends.builtin import load_plugin, resolve_backends
 from harness.cases.loading import load_cases
 from harness.cli.main import main
-from harness.execute.workers import EXTRA_COLUMNS, run_pool, worker_count, worker_threads
-from harness.run.runner import RunConfig
+from harness.execute.local import InProcess
+from harness.execute.ray_cluster import case_task
+from harness.execute.workers import EXTRA_COLUMNS, ProcessPool, run_pool, worker_count, worker_threads
+from harness.pytest_plugin import HarnessSession
+from harness.run.runner import RunConfig, to_frame
 from harness.timing.metrics import case_cost
 from tests.tiny_cases import write_cases
 
-SMOKE = ["run", "smoke", "--backend", "reference", "--backend", "tlsim", "--no-timing", "--no-progress"]
-# Timing columns, where a row ran (empty in a one-process run) and the cache state.
-TIMING = ("latency", "call_", "timing_", "host_overhead_us", "host", "gpu_index", "worker", "oracle_cached")
-
-
 pytestmark = pytest.mark.usefixtures("clean_registry")  # backends registered here vanish after each test
+
+ROOT = Path(__file__).resolve().parents[2]
+SMOKE = ["run", "smoke", "--backend", "reference", "--backend", "tlsim", "--no-timing", "--no-progress"]
+# Columns that differ between equal runs: timing, where a row ran (empty in a one-process run), whether its oracle
+# came from the cache (which depends on the order).
+TIMING = ("latency", "call_", "timing_", "host_overhead_us", "host", "gpu_index", "worker", "oracle_cached")
+NAMES = ["reference", "tlsim", "raises", "cuda_only"]  # pass, pass, error, skip on the CPU
+
+
+def _without_timing(frame: pd.DataFrame) -> pd.DataFrame:
+    return frame[[c for c in frame.columns if not c.startswith(TIMING)]]
+
+
+def _comparable(rows: list[dict]) -> pd.DataFrame:
+    return _without_timing(to_frame(rows).sort_values(["case", "backend"]).reset_index(drop=True))
+
+
+PLUGIN = """
+import kernels
+from harness import register_backend
+
+def raises(*args, **kwargs):
+    raise RuntimeError("no kernel here")
+
+register_backend("raises", raises)
+register_backend("cuda_only", kernels.paged_attention_tlsim, devices=("cuda",))
+"""
+
+
+class _PytestOptions:
+    """What HarnessSession reads from pytest's config: the same cases, backends and plugin."""
+
+    def __init__(self, options: dict):
+        self.options, self.rootpath = options, Path.cwd()
+
+    def getoption(self, name, default=None):
+        return self.options.get(name, default)
+
+
+def test_every_executor_gives_the_same_rows_row_for_row(tmp_path, monkeypatch):
+    monkeypatch.setenv("HARNESS_ORACLE_CACHE", str(tmp_path / "oracle"))
+    plugin = tmp_path / "plugin.py"
+    plugin.write_text(PLUGIN)
+    load_plugin(str(plugin))
+    cases_file = write_cases(tmp_path / "cases.toml", {"name": "first"}, {"name": "second", "seed": 1, "block_size": 8})
+    cases = load_cases([cases_file], "cpu")
+    config = RunConfig(device="cpu", backends=resolve_backends(NAMES), timing=False, progress=False,
+                       plugins=(str(plugin),), threads=torch.get_num_threads())  # fmt: skip
+
+    def through(executor, run_config=config) -> pd.DataFrame:
+        rows: list[dict] = []
+        executor.run(cases, run_config, rows.append, ())
+        return _comparable(rows)
+
+    expected = through(InProcess())
+    assert list(expected["status"]) == ["skip", "error", "pass", "pass"] * 2  # cuda_only, raises, reference, tlsim
+    assert expected.loc[expected["backend"] == "raises", "reason"].str.contains("no kernel here").all()
+
+    got = {
+        "isolated": through(InProcess(), dataclasses.replace(config, isolated=frozenset(NAMES))),
+        "two workers": through(ProcessPool(2)),
+    }
+    threads = torch.get_num_threads()  # a Ray task's body sets its process's threads, here this one's
+    try:
+        shipped = dataclasses.replace(config, backends=[])
+        events = [event for case in cases for event in case_task(case, NAMES, shipped, ())]  # plugin loaded here
+        got["a Ray task's body"] = _comparable([event[1] for event in events if event[0] == "row"])
+        assert "ray" not in sys.modules or not sys.modules["ray"].is_initialized()  # no local Ray left running
+    finally:
+        torch.set_num_threads(threads)
+    session = HarnessSession(_PytestOptions({"harness_device": "cpu", "harness_plugins": [], "harness_backends": NAMES,
+                                             "cases": [str(cases_file)], "harness_timing": False}))  # fmt: skip
+    got["pytest"] = _comparable(
+        [session.run(case, backend) for case in session.cases for backend in session.config.backends]
+    )
+    for path, frame in got.items():
+        pd.testing.assert_frame_equal(frame, expected, obj=path)
+
+
+def test_a_ray_tasks_poisoned_oracle_cache_entry_is_an_event_that_stops_the_run(tmp_path, monkeypatch):
+    """A Ray task's poisoned cache entry is a 'poisoned' event (exit 2), not an exception read as a dead task."""
+    from harness.execute import loop
+    from harness.run.oracle_cache import PoisonedCacheError
+
+    def poisoned(*args, **kwargs):
+        raise PoisonedCacheError("oracle cache entry abc: its sha256 does not match")
+
+    monkeypatch.setattr(loop, "build_context", poisoned)
+    cases = load_cases([write_cases(tmp_path / "cases.toml", {"name": "first"})], "cpu")
+    config = RunConfig(device="cpu", backends=[], timing=False, progress=False, threads=torch.get_num_threads())
+    threads = torch.get_num_threads()
+    try:
+        events = list(case_task(cases[0], ["reference"], config, ()))
+    finally:
+        torch.set_num_threads(threads)
+    assert events[-1] == ("poisoned", "oracle cache entry abc: its sha256 does not match")
 
 
 @pytest.fixture(autouse=True)
@@ -35,10 +135,6 @@ def one_process_rows(tmp_path_factory):
     out = tmp_path_factory.mktemp("one") / "run"
     assert main([*SMOKE, "--out", str(out), "--oracle-cache", "off"]) == 0
     return pd.read_parquet(out / "results.parquet")
-
-
-def _without_timing(frame: pd.DataFrame) -> pd.DataFrame:
-    return frame[[c for c in frame.columns if not c.startswith(TIMING)]]
 
 
 def test_two_workers_give_the_one_process_rows_row_for_row(one_process_rows, tmp_path):
@@ -122,13 +218,15 @@ def test_finished_workers_are_reaped_in_the_background_and_exit(tmp_path):
     assert not [p for p in multiprocessing.active_children() if p.name.startswith("harness-worker")]
 
 
-def test_workers_auto_is_one_per_core_on_a_cpu_and_a_bad_count_is_refused(monkeypatch):
+def test_workers_auto_is_one_per_core_on_a_cpu_one_per_visible_gpu_on_cuda_and_a_bad_count_is_refused(monkeypatch):
     monkeypatch.setattr(os, "cpu_count", lambda: 8)
     assert worker_count("auto", "cpu", threads=1) == 8
     assert worker_count("auto", "cpu", threads=2) == 4
     assert worker_count("3", "cpu") == 3
     with pytest.raises(ValueError, match="positive integer"):
         worker_count("0", "cpu")
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "2,5,7")
+    assert worker_count("auto", "cuda") == 3
 
 
 def test_workers_split_the_cores_between_them_on_cuda_too(monkeypatch):
@@ -140,18 +238,10 @@ def test_workers_split_the_cores_between_them_on_cuda_too(monkeypatch):
     assert worker_threads(None, 100) == 1
 
 
-def test_workers_auto_on_cuda_is_one_per_visible_gpu(monkeypatch):
-    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "2,5,7")
-    assert worker_count("auto", "cuda") == 3
-
-
 def test_cases_go_out_longest_first(tmp_path):
-    (tmp_path / "c.toml").write_text(
-        '[[case]]\nname = "small"\nnum_q_heads = 4\nnum_kv_heads = 2\nhead_dim = 32\nblock_size = 4\nseq_lens = [3]\n'
-        '[[case]]\nname = "big"\nnum_q_heads = 4\nnum_kv_heads = 2\nhead_dim = 32\nblock_size = 4\nseq_lens = [300]\n'
-        "q_lens = [30]\n"
-    )
-    small, big = load_cases([tmp_path / "c.toml"], "cpu")
+    path = write_cases(tmp_path / "c.toml", {"name": "small", "seq_lens": [3], "q_lens": [1]},
+                       {"name": "big", "seq_lens": [300], "q_lens": [30]})  # fmt: skip
+    small, big = load_cases([path], "cpu")
     assert case_cost(big) > case_cost(small)
 
 
@@ -215,3 +305,87 @@ def test_on_ray_a_killed_and_a_hung_task_are_error_rows_and_the_innocent_rows_ar
     expected = _without_timing(pd.read_parquet(one / "results.parquet"))
     # the same values; a column the error rows leave empty is float beside them, int in the one-process run
     pd.testing.assert_frame_equal(_without_timing(on_ray), expected, check_dtype=False)
+
+
+CASES = ({"name": "first"}, {"name": "second", "seed": 1}, {"name": "third", "block_size": 8})
+
+
+@pytest.mark.slow  # three interpreters start (controller and two workers): about 45 s on a busy 2-core box
+def test_xdist_workers_rows_merge_into_one_run_folder_equal_to_a_one_process_run(tmp_path):
+    pytest.importorskip("xdist", reason="pytest-xdist is an optional extra: pip install '.[xdist]'")
+    cases = write_cases(tmp_path / "cases.toml", *CASES)
+    backends = ["--backend", "reference", "--backend", "tlsim"]
+    one = tmp_path / "one"
+    assert main(["run", str(cases), *backends, "--no-timing", "--no-progress", "--out", str(one)]) == 0
+    merged = tmp_path / "merged"
+    env = {**os.environ, "HARNESS_ORACLE_CACHE": str(tmp_path / "cache"), "TRITON_INTERPRET": "1"}
+    result = subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-p", "xdist", "-n", "2", "-p", "no:cacheprovider",
+         "tests/harness/test_case_suite.py", "--cases", str(cases), *backends, "--harness-report", str(merged)],
+        cwd=ROOT, env=env, capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    expected, got = pd.read_parquet(one / "results.parquet"), pd.read_parquet(merged / "results.parquet")
+    assert len(got) == 6
+    pd.testing.assert_frame_equal(_without_timing(got), _without_timing(expected))
+    assert not list(Path(os.environ.get("TMPDIR", "/tmp")).glob("harness-xdist-rows-*/gw*.jsonl"))  # cleaned up
+
+
+def test_each_xdist_worker_is_pinned_to_its_own_gpu_round_robin(monkeypatch):
+    execnet = pytest.importorskip("execnet", reason="pytest-xdist (and execnet) not installed")
+    from harness.execute.xdist import pin_gpus
+
+    class Config:
+        def getoption(self, name, default=None):
+            return "cuda" if name == "harness_device" else default
+
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "3,5")
+    specs = [execnet.XSpec("popen"), execnet.XSpec("popen"), execnet.XSpec("popen//env:CUDA_VISIBLE_DEVICES=7")]
+    pin_gpus(Config(), specs)
+    assert [spec.env["CUDA_VISIBLE_DEVICES"] for spec in specs] == ["3", "5", "7"]
+
+
+def test_no_gpu_pinning_on_a_cpu_run():
+    execnet = pytest.importorskip("execnet", reason="pytest-xdist (and execnet) not installed")
+    from harness.execute.xdist import pin_gpus
+
+    class Config:
+        def getoption(self, name, default=None):
+            return "cpu" if name == "harness_device" else default
+
+    spec = execnet.XSpec("popen")
+    pin_gpus(Config(), [spec])
+    assert "CUDA_VISIBLE_DEVICES" not in spec.env
+
+
+def test_worker_rows_travel_as_json_lines_that_load_as_data(tmp_path):
+    """A worker's rows travel as JSON lines (samples as lists, NaN kept), never a pickle that runs code."""
+    import json
+    import math
+
+    import numpy as np
+
+    from harness.execute import xdist
+
+    class Worker:
+        def __init__(self):
+            self.workerinput = {"workerid": "gw0", xdist.ROWS_DIR: str(tmp_path)}
+
+        def getoption(self, name, default=None):
+            return "cpu" if name == "harness_device" else default
+
+    rows = [{"case": "a", "backend": "tlsim", "latency_samples_us": np.array([1.5, 2.0]), "max_abs_err": math.nan}]
+    path = xdist.save_worker_rows(Worker(), rows)
+    assert path.name == "gw0.jsonl"
+    (line,) = path.read_text().splitlines()
+    assert json.loads(line)["latency_samples_us"] == [1.5, 2.0] and json.loads(line)["worker"] == "gw0"
+
+    class Controller:
+        def __init__(self):
+            self.stash = pytest.Stash()
+
+    controller = Controller()
+    controller.stash[xdist._FOLDER_KEY] = str(tmp_path)
+    (row,) = xdist.collect_rows(controller)
+    assert row["case"] == "a" and row["latency_samples_us"] == [1.5, 2.0] and math.isnan(row["max_abs_err"])
+    assert not tmp_path.exists()  # the hand-off folder is removed once read

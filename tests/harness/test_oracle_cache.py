@@ -1,22 +1,31 @@
-"""The float64 oracle cache: a second build of the same inputs never recomputes; anything else does."""
+"""The float64 oracle cache: a second build of the same inputs reads it instead of the oracle, anything else misses;
+an entry that is damaged, poisoned, linked or in a folder others may write is never trusted blindly."""
 
 from __future__ import annotations
 
+import hashlib
+import io
+import json
 import os
 
+import pandas as pd
 import pytest
 import torch
 
 from harness.cases.loading import load_cases
+from harness.cli.main import main
 from harness.run import oracle_cache, runner
 from tests.tiny_cases import write_cases
 
 
 @pytest.fixture
 def cache_folder(tmp_path, monkeypatch):
-    folder = tmp_path / "oracle"
+    """The test's own cache folder (not made yet): no size cap, no verify fraction, no warning given yet."""
+    folder = tmp_path / "private" / "oracle"
     monkeypatch.setenv(oracle_cache.ENV_DIR, str(folder))
     monkeypatch.delenv(oracle_cache.ENV_MAX_BYTES, raising=False)
+    monkeypatch.delenv(oracle_cache.ENV_VERIFY, raising=False)
+    oracle_cache._warned.clear()
     return folder
 
 
@@ -28,6 +37,30 @@ def _case(tmp_path, **changes):
 
 def _oracle_must_not_run(*args, **kwargs):
     raise AssertionError("the oracle ran although its output was cached")
+
+
+def _run(tmp_path, out: str, *extra: str) -> int:
+    """An untimed ``harness run`` of the tiny case through reference into ``tmp_path / out``."""
+    cases = write_cases(tmp_path / "tiny.toml", {"name": "tiny"})
+    return main(["run", str(cases), "--out", str(tmp_path / out), "--backend", "reference", "--no-progress",
+                 "--no-timing", *extra])  # fmt: skip
+
+
+def _cached(run) -> list:
+    return pd.read_parquet(run / "results.parquet")["oracle_cached"].tolist()
+
+
+def _poison(entry) -> None:
+    """Rewrite a cache entry with zeros under a valid header (magic and the payload's sha256)."""
+    blob = entry.read_bytes()
+    tensor = torch.load(io.BytesIO(blob[len(oracle_cache.MAGIC) + 32 :]), weights_only=True)
+    buffer = io.BytesIO()
+    torch.save(torch.zeros_like(tensor), buffer)
+    payload = buffer.getvalue()
+    entry.write_bytes(oracle_cache.MAGIC + hashlib.sha256(payload).digest() + payload)
+
+
+# --- builds: hits, misses and damaged entries ------------------------------------------------------
 
 
 @pytest.mark.parametrize("second", [{}, {"name": "renamed"}], ids=["same_case", "renamed_case"])
@@ -108,7 +141,7 @@ def test_cache_off_computes_every_time(tmp_path, monkeypatch):
     assert calls == [1, 1] and torch.equal(result, torch.ones(1))
 
 
-def test_key_covers_every_input_tensor_and_the_oracle_device():
+def test_key_covers_every_input_tensor_the_oracle_device_the_scale_and_the_attention_variants():
     args = [torch.zeros(2, 4, 8), torch.zeros(3, 4, 2, 8), torch.zeros(3, 4, 2, 8),
             torch.zeros(1, 3, dtype=torch.int32), torch.ones(1, dtype=torch.int32), torch.tensor([0, 2], dtype=torch.int32)]  # fmt: skip
     base = oracle_cache.cache_key(args, "cpu")
@@ -120,6 +153,10 @@ def test_key_covers_every_input_tensor_and_the_oracle_device():
         assert oracle_cache.cache_key(changed, "cpu") != base, oracle_cache.ARG_NAMES[i]
     assert oracle_cache.cache_key(args, "cuda") != base
     assert oracle_cache.cache_key(args, "cpu", scale=0.5) != base
+    window = oracle_cache.cache_key(args, "cpu", options={"sliding_window": 2})
+    assert window != base and window != oracle_cache.cache_key(args, "cpu", options={"sliding_window": 3})
+    sinks = oracle_cache.cache_key(args, "cpu", options={"sinks": torch.tensor([0.5, 1.0])})
+    assert sinks != oracle_cache.cache_key(args, "cpu", options={"sinks": torch.tensor([0.5, 2.0])})
 
 
 def test_gpu_oracle_is_not_cached_hashing_would_cost_more_than_it(tmp_path, cache_folder):
@@ -127,3 +164,65 @@ def test_gpu_oracle_is_not_cached_hashing_would_cost_more_than_it(tmp_path, cach
     for _ in range(2):
         oracle_cache.cached_oracle([torch.zeros(1, 1, 1)], "cuda", lambda: calls.append(1) or torch.ones(1))
     assert calls == [1, 1] and not cache_folder.exists()
+
+
+# --- runs: verify, off, and entries that are not trusted -------------------------------------------
+
+
+def test_a_poisoned_entry_is_used_without_verify_and_caught_with_it(tmp_path, cache_folder, capsys, monkeypatch):
+    assert _run(tmp_path, "first") == 0
+    assert cache_folder.stat().st_mode & 0o777 == 0o700
+    assert _cached(tmp_path / "first") == [False]
+    assert json.loads((tmp_path / "first" / "meta.json").read_text())["oracle_cache"] == {
+        "mode": "on", "folder": str(cache_folder)}  # fmt: skip
+    (entry,) = cache_folder.glob("*.oracle")
+    _poison(entry)
+    # Trusted blindly, the zeros fail the kernel; the row says its oracle came from the cache.
+    assert _run(tmp_path, "trusting") == 1
+    assert _cached(tmp_path / "trusting") == [True]
+    capsys.readouterr()
+    monkeypatch.setenv(oracle_cache.ENV_VERIFY, "")  # restored after the flag sets it
+    assert _run(tmp_path, "verified", "--verify-oracle-cache") == 2
+    err = capsys.readouterr().err
+    assert f"oracle cache entry {entry} (out) differs from the oracle recomputed" in err
+    assert "Traceback" not in err and not entry.exists()
+    assert not (tmp_path / "verified").exists()
+
+
+def test_verify_passes_a_sound_cache_and_records_the_mode(tmp_path, cache_folder, monkeypatch):
+    assert _run(tmp_path, "first") == 0
+    monkeypatch.setenv(oracle_cache.ENV_VERIFY, "")
+    assert _run(tmp_path, "verified", "--verify-oracle-cache", "1") == 0
+    assert _cached(tmp_path / "verified") == [False]  # recomputed, so not from the cache
+    meta = json.loads((tmp_path / "verified" / "meta.json").read_text())
+    assert meta["oracle_cache"] == {"mode": "verify", "folder": str(cache_folder), "verify_fraction": 1.0}
+
+
+def test_no_oracle_cache_neither_reads_nor_writes(tmp_path, cache_folder):
+    assert _run(tmp_path, "first", "--no-oracle-cache") == 0
+    assert not cache_folder.exists()
+    assert _cached(tmp_path / "first") == [False]
+    assert json.loads((tmp_path / "first" / "meta.json").read_text())["oracle_cache"]["mode"] == "off"
+
+
+def test_a_group_or_world_writable_cache_folder_is_not_used(tmp_path, cache_folder, capsys):
+    assert _run(tmp_path, "first") == 0
+    cache_folder.chmod(0o777)
+    (entry,) = cache_folder.glob("*.oracle")
+    _poison(entry)  # anyone could have written it: it must not be read
+    assert _run(tmp_path, "second") == 0
+    assert _cached(tmp_path / "second") == [False]
+    assert f"warning: oracle cache {cache_folder} may be written by group or others (mode 777): not used" in (
+        capsys.readouterr().err
+    )
+
+
+def test_a_symlinked_entry_is_not_read(tmp_path, cache_folder):
+    key = "ab" * 32
+    store = oracle_cache.OracleCache(cache_folder)
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    oracle_cache.OracleCache(elsewhere).put(key, torch.zeros(2, dtype=torch.float64))
+    cache_folder.mkdir(parents=True)
+    store.path(key).symlink_to(elsewhere / f"{key}.oracle")
+    assert store.get(key, "cpu") is None
