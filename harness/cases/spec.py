@@ -22,15 +22,7 @@ from pathlib import Path
 from typing import Annotated, Any, Literal
 
 import torch
-from pydantic import (
-    BaseModel,
-    ConfigDict,
-    Field,
-    Strict,
-    ValidationError,
-    field_validator,
-    model_validator,
-)
+from pydantic import BaseModel, ConfigDict, Field, Strict, ValidationError, field_validator, model_validator
 
 from harness.cases.inputs import shared_prefix_blocks
 from harness.cases.variants import CASE_FIELDS, VariantFields, turned_on

@@ -19,15 +19,7 @@ from pathlib import Path
 
 from harness.backends.builtin import REGISTRY
 from harness.cli.continuous import commit_of
-from harness.cli.options import (
-    DEFAULT_CASES,
-    EXIT_FAIL,
-    EXIT_OK,
-    BadInput,
-    default_device,
-    load,
-    resolved_cases,
-)
+from harness.cli.options import DEFAULT_CASES, EXIT_FAIL, EXIT_OK, BadInput, default_device, load, resolved_cases
 from harness.cli.run import load_plugins
 from harness.review import stats
 from harness.review.confirm import (
