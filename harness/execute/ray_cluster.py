@@ -89,11 +89,8 @@ class RayCluster:
                 ray.init(**kwargs, **({} if self.workers in (None, "auto") else {"num_cpus": int(self.workers)}))
         init_s = time.perf_counter() - started
         resources = {"num_gpus": 1} if config.device.startswith("cuda") else {"num_cpus": 1}
-        # A death is retried here, knowing who died. Who died is known only if the task's "started" event
-        # reached this driver before the backend ran: a yielded item is reported to the driver
-        # asynchronously, and a worker killed right after its yield lost it in 12 of 16 tries on a loaded
-        # machine. With a backpressure of one object, the task waits at each yield until the driver has
-        # taken the item (16 of 16), one round trip an event.
+        # A death is retried here, knowing who died only if the task's "start" event reached this driver
+        # first: with a backpressure of one object, a task waits at each yield until the driver took the item.
         remote = ray.remote(max_retries=0, _generator_backpressure_num_objects=1, **resources)(case_task)
         shipped = dataclasses.replace(config, backends=[], progress=False, isolated=frozenset(), logs=None)
         tracker = Tracker(config, on_row, RETRIES, tried="in {} tasks", hangs=False)
