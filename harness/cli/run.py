@@ -26,7 +26,7 @@ from harness.cli.options import (
     add_to_argparse,
     apply_threads,
     as_bad_input,
-    default_device,
+    chosen_device,
     load,
     prog,
 )
@@ -173,11 +173,9 @@ def main(args: argparse.Namespace) -> int:
 
 def _checked_run(args: argparse.Namespace, journal) -> int:
     """Check the device, threads, timeout and scale options, import the plugins, then run."""
-    device = args.harness_device or default_device()
+    device = chosen_device(args.harness_device)
     if args.progress is None:
         args.progress = sys.stderr.isatty()
-    if device == "cuda" and not torch.cuda.is_available():
-        raise BadInput("--device cuda: no CUDA device is visible to torch")
     with as_bad_input():
         apply_threads(args.harness_threads, device)
     if args.timeout is not None and not args.timeout > 0:
