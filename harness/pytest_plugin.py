@@ -59,8 +59,9 @@ class HarnessSession:
         threads = None
         if config.getoption("harness_timing"):
             threads = apply_threads(config.getoption("harness_threads"), self.device)
-        self.config = RunConfig(self.device, backends, timing=config.getoption("harness_timing"), progress=False,
-                                oracle_device=config.getoption("harness_oracle_device") or "cpu", threads=threads)  # fmt: skip
+        oracle_device = config.getoption("harness_oracle_device") or "cpu"
+        self.config = RunConfig(self.device, backends, timing=config.getoption("harness_timing"),
+                                oracle_device=oracle_device, progress=False, threads=threads)  # fmt: skip
         self.rows: list[dict] = []
         self.contexts = Contexts()  # the case's inputs and oracle, shared by its tests
 

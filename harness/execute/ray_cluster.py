@@ -42,9 +42,8 @@ def ray_missing() -> str | None:
 
 
 def case_task(case, names: list[str], config, plugins: tuple[str, ...]) -> Iterator[tuple]:
-    """The body of a Ray task, a generator: ``("device", report, labels)``, then
-    :func:`harness.execute.loop.timed_case`'s events. Plain Python: testable without Ray.
-    """
+    """A Ray task's body (plain Python, testable without Ray): ``("device", report, labels)``, then
+    :func:`harness.execute.loop.timed_case`'s events."""
     device = worker_setup(plugins, config.threads, config)
     if device["ceilings"]:
         config = dataclasses.replace(config, ceilings=device["ceilings"])
@@ -72,9 +71,7 @@ class RayCluster:
     workers: str | None = None
 
     def run(self, cases: list[Case], config: RunConfig, on_row: Callable[[dict], None], done) -> dict:
-        """Every (case, backend) pair not in ``done`` as Ray tasks; rows to ``on_row``. Returns meta.json's
-        ``scale``: ``init_s``, ``tasks``, and :meth:`harness.execute.loop.Tracker.timings`.
-        """
+        """Every (case, backend) pair not in ``done`` as Ray tasks, rows to ``on_row``; meta.json's ``scale``."""
         import ray
 
         started = time.perf_counter()

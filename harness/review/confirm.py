@@ -473,7 +473,8 @@ def within_box(plans: dict, overhead: float, horizons: list[int], left_s: float)
 
 
 def step_plan(call_us: float) -> tuple[int, int]:
-    """(steps, reps) of a row's round on the CPU for calls of ``call_us``: about ``STEP_S`` a step, ``ROUND_S`` a build."""
+    """(steps, reps) of a row's round on the CPU for calls of ``call_us``: about ``STEP_S`` a step, ``ROUND_S``
+    a build."""
     call_s = call_us * 1e-6 if np.isfinite(call_us) and call_us > 0 else STEP_S
     reps = max(1, round(STEP_S / call_s))
     return min(max(math.ceil(ROUND_S / (reps * call_s)), 1), MAX_STEPS), reps
