@@ -67,10 +67,8 @@ def is_decode(case: Case) -> bool:
 
 
 def module_key(case: Case) -> tuple:
-    """What picks the compiled FlashInfer module a case runs: dtypes, head dim, wrapper, cores, FA2/FA3, variants.
-
-    Lengths, head counts and the page size are run-time values; a decode builds both of its paths.
-    """
+    """What picks the compiled FlashInfer module a case runs: dtypes, head dim, wrapper, FA2/FA3, variants
+    (lengths, head counts and the page size are run-time values; a decode builds both of its paths)."""
     return (case.dtype, case.kv_dtype, case.head_dim, is_decode(case),
             max(case.q_lens) >= FA3_MIN_Q_LEN, case.sliding_window is not None, case.logit_softcap is not None)  # fmt: skip
 
