@@ -62,15 +62,11 @@ def add_arguments(parser: argparse.ArgumentParser, *, plugin: bool = True) -> No
                          help="which rows are re-timed in paired rounds (the default re-times 'unclear': rows judged "
                          "slower or 'cannot tell'; 'slower'; 'all'); given, a commit that is not one of your history "
                          "or a plugin not named is bad input (exit 2) instead of leaving rows unconfirmed")  # fmt: skip
-    parser.add_argument(
-        "--no-confirm", action="store_true",
-        help="re-time nothing: latency rows the two runs call slower read 'unconfirmed' and the exit code is 5",
-    )  # fmt: skip
-    parser.add_argument(
-        "--confirm-rounds", type=int, default=32,
-        help="most paired rounds (fresh process pairs) a re-timed row gets; rows are judged after 9, 13, ... "
-        "and stop once decided (32; at least 9)",
-    )  # fmt: skip
+    parser.add_argument("--no-confirm", action="store_true", help="re-time nothing: latency rows the two runs call "
+                        "slower read 'unconfirmed' and the exit code is 5")  # fmt: skip
+    parser.add_argument("--confirm-rounds", type=int, default=32,
+                        help="most paired rounds (fresh process pairs) a re-timed row gets; rows are judged after 9, "
+                        "13, ... and stop once decided (32; at least 9)")  # fmt: skip
     parser.add_argument(
         "--confirm-time", type=float, default=DEFAULT_TIME_S, metavar="SECONDS",
         help="time box of the re-timing, planned: the first look's rounds get 2/3 of it, cheapest rows first, later looks "
