@@ -59,14 +59,9 @@ class HarnessSession:
         threads = None
         if config.getoption("harness_timing"):
             threads = apply_threads(config.getoption("harness_threads"), self.device)
-        self.config = RunConfig(
-            device=self.device,
-            backends=backends,
-            timing=config.getoption("harness_timing"),
-            oracle_device=config.getoption("harness_oracle_device") or "cpu",
-            progress=False,
-            threads=threads,
-        )
+        oracle_device = config.getoption("harness_oracle_device") or "cpu"
+        self.config = RunConfig(self.device, backends, timing=config.getoption("harness_timing"),
+                                oracle_device=oracle_device, progress=False, threads=threads)  # fmt: skip
         self.rows: list[dict] = []
         self.contexts = Contexts()  # the case's inputs and oracle, shared by its tests
 
@@ -90,11 +85,8 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
     if "harness_case" not in metafunc.fixturenames:
         return
     session = _session(metafunc.config)
-    params = [
-        pytest.param(case, backend, id=f"{case.id}-{backend.name}")
-        for case in session.cases
-        for backend in session.config.backends
-    ]
+    backends = session.config.backends
+    params = [pytest.param(case, b, id=f"{case.id}-{b.name}") for case in session.cases for b in backends]
     metafunc.parametrize(("harness_case", "harness_backend"), params)
 
 

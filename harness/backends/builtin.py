@@ -53,27 +53,20 @@ def _triton_unavailable(case: Case, device: str) -> str | None:
 def _prepare_cache(case: Case, inputs: PagedInputs, out: torch.Tensor) -> Prepared:
     """Write every sequence through PagedKVCache's slot mapping; time its dispatched read."""
     device = inputs.q.device
+    # An fp8 case: fp8 pools, quantized on write with the case's scales.
     cache = kernels.PagedKVCache(
-        num_layers=1,
-        num_blocks=case.blocks_needed,
-        block_size=case.block_size,
-        num_kv_heads=case.num_kv_heads,
-        head_dim=case.head_dim,
-        dtype=inputs.k_cache.dtype,  # an fp8 case: fp8 pools, quantized on write with the case's scales
-        device=device,
-        head_dim_v=case.head_dim_v,
-        k_scale=inputs.options.get("k_scale"),
-        v_scale=inputs.options.get("v_scale"),
-    )
+        num_layers=1, num_blocks=case.blocks_needed, block_size=case.block_size, num_kv_heads=case.num_kv_heads,
+        head_dim=case.head_dim, dtype=inputs.k_cache.dtype, device=device, head_dim_v=case.head_dim_v,
+        k_scale=inputs.options.get("k_scale"), v_scale=inputs.options.get("v_scale"),
+    )  # fmt: skip
     options = {name: value for name, value in inputs.options.items() if name not in ("k_scale", "v_scale")}
     seq_ids = list(range(case.num_seqs))
     for seq_id, keys, values in zip(seq_ids, inputs.keys, inputs.values, strict=True):
         cache.allocate(seq_id)
         cache.write(0, cache.append(seq_id, keys.shape[0]), keys, values)
     chosen = kernels.select_backend(device)
-    # The engine builds a step's metadata once (on the host it knows the query lengths) and
-    # every layer's read reuses it: that read is run(). call() is the one-off read by
-    # sequence ids, which builds the metadata on every call.
+    # run(): every layer's read of a step's metadata, built once (an engine knows the query lengths on the host);
+    # call(): the one-off read by sequence ids, which builds the metadata on every call.
     step = cache.step_metadata(seq_ids, inputs.query_start_loc.cpu())
     return Prepared(
         run=lambda: cache.paged_attention(0, inputs.q, step, out=out, **options),
@@ -146,21 +139,11 @@ def register_backend(
         warnings.warn("register_backend(options=...) is now variants=...", DeprecationWarning, stacklevel=2)
         variants = options
     hook = {"unavailable": refused} if supports is not None else {}
-    return add_backend(
-        Backend(
-            name,
-            contract_prepare(fn, plan=plan),
-            tuple(devices),
-            "plugin",
-            description or (fn.__doc__ or "").strip().split("\n")[0],
-            graphable,
-            **hook,
-            variants=frozenset(map(variant_key, variants)),
-            limits=Limits.from_plain(limits or {}, f"backend {name!r}: limits"),
-            plan_step=plan is not None,
-            supports_hook=supports is not None,
-        )
-    )
+    return add_backend(Backend(name, contract_prepare(fn, plan=plan), tuple(devices), "plugin",
+                               description or (fn.__doc__ or "").strip().split("\n")[0], graphable, **hook,
+                               variants=frozenset(map(variant_key, variants)),
+                               limits=Limits.from_plain(limits or {}, f"backend {name!r}: limits"),
+                               plan_step=plan is not None, supports_hook=supports is not None))  # fmt: skip
 
 
 def resolve_backends(names: list[str] | None) -> list[Backend]:

@@ -67,10 +67,8 @@ def is_decode(case: Case) -> bool:
 
 
 def module_key(case: Case) -> tuple:
-    """What picks the compiled FlashInfer module a case runs: dtypes, head dim, wrapper, cores, FA2/FA3, variants.
-
-    Lengths, head counts and the page size are run-time values; a decode builds both of its paths.
-    """
+    """What picks the compiled FlashInfer module a case runs: dtypes, head dim, wrapper, FA2/FA3, variants
+    (lengths, head counts and the page size are run-time values; a decode builds both of its paths)."""
     return (case.dtype, case.kv_dtype, case.head_dim, is_decode(case),
             max(case.q_lens) >= FA3_MIN_Q_LEN, case.sliding_window is not None, case.logit_softcap is not None)  # fmt: skip
 
@@ -173,13 +171,9 @@ def prepare_flashinfer(case: Case, inputs: PagedInputs, out: torch.Tensor) -> Pr
     scales = fp8_scales(inputs)
     workspace = torch.zeros(WORKSPACE_BYTES, dtype=torch.uint8, device=device)
     shape = (case.num_q_heads, case.num_kv_heads, case.head_dim, case.block_size)
-    options = {
-        "window_left": -1 if case.sliding_window is None else case.sliding_window - 1,
-        "logits_soft_cap": case.logit_softcap,
-        "q_data_type": inputs.q.dtype,
-        "kv_data_type": inputs.k_cache.dtype,
-        "sm_scale": case.head_dim**-0.5,
-    }
+    options = {"window_left": -1 if case.sliding_window is None else case.sliding_window - 1,
+               "logits_soft_cap": case.logit_softcap, "q_data_type": inputs.q.dtype,
+               "kv_data_type": inputs.k_cache.dtype, "sm_scale": case.head_dim**-0.5}  # fmt: skip
     if is_decode(case):
         kv = (inputs.k_cache, inputs.v_cache)
 

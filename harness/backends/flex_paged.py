@@ -70,11 +70,8 @@ def query_rows(inputs: PagedInputs, group_size: int) -> QueryRows:
 
 
 def page_logical_table(block_table: torch.Tensor, seq_lens: torch.Tensor, num_blocks: int, block_size: int):
-    """[num_blocks] int32: each physical page's logical block index, -1 where nobody owns it.
-
-    Raises Unsupported when a page sits at two logical indices (then a slot has no single
-    position, and no mask_mod over physical slots can be right).
-    """
+    """[num_blocks] int32: each physical page's logical block index, -1 where nobody owns it; Unsupported when a
+    page sits at two logical indices (a slot then has no single position for a mask_mod)."""
     col = torch.arange(block_table.shape[1], device=block_table.device)
     owned = (col[None, :] < (seq_lens.long()[:, None] + block_size - 1) // block_size) & (block_table >= 0)
     pages = block_table.long()[owned]
@@ -153,10 +150,7 @@ def kernel_options_for(block_size: int, device: torch.device, form: str = "per_s
 
 
 def paged_flex_mask(case: Case, inputs: PagedInputs):
-    """(query rows, BlockMask, page_logical) for a case: what flex_paged builds before timing.
-
-    page_logical [num_blocks] int32 is the inverse page table (see page_logical_table).
-    """
+    """(query rows, BlockMask, page_logical: the inverse page table) for a case, built before timing."""
     from torch.nn.attention.flex_attention import BlockMask
 
     num_blocks, block_size = inputs.k_cache.shape[:2]

@@ -95,10 +95,8 @@ def _corrections():
 
     methods = {"cast_impl": cast_impl, "create_dot": create_dot, "binary_op": binary_op, "unary_op": unary_op,
                "create_fma": create_fma}  # fmt: skip
-    return [(builder, name, method) for name, method in methods.items()] + [
-        (reduce_ops, "min_max", min_max),
-        (reduce_ops, "sum", reduce_sum),
-    ]
+    reductions = [(reduce_ops, "min_max", min_max), (reduce_ops, "sum", reduce_sum)]
+    return [(builder, name, method) for name, method in methods.items()] + reductions
 
 
 def correct_bf16() -> bool:

@@ -139,10 +139,8 @@ def _varlen_attn():
 
 
 def _varlen_options(case: Case) -> dict:
-    """Causal (lower-right aligned), window and GQA options in whichever spelling this torch's varlen_attn takes.
-
-    A sliding window W is FlashAttention's ``window_size = (W - 1, 0)`` (docs/contract.md).
-    """
+    """Causal (lower-right aligned), window (W: ``window_size = (W - 1, 0)``) and GQA options in whichever
+    spelling this torch's varlen_attn takes."""
     params = inspect.signature(_varlen_attn()).parameters
     options: dict = {"scale": case.head_dim**-0.5}
     if case.sliding_window is not None and "window_size" not in params:
@@ -159,10 +157,8 @@ def _varlen_options(case: Case) -> dict:
 
 
 def _heads_for_varlen(case: Case, kv: torch.Tensor) -> tuple[torch.Tensor, str]:
-    """KV [tokens, num_kv_heads, head_dim] as varlen_attn takes it, and what was done to it.
-
-    Without enable_gqa every KV head is repeated for its query heads (before timing); the note says so.
-    """
+    """KV [tokens, num_kv_heads, head_dim] as varlen_attn takes it (without enable_gqa each KV head repeated for
+    its query heads, before timing), and a note saying what was done."""
     if case.group_size == 1 or "enable_gqa" in inspect.signature(_varlen_attn()).parameters:
         return kv, ""
     return kv.repeat_interleave(
@@ -171,10 +167,8 @@ def _heads_for_varlen(case: Case, kv: torch.Tensor) -> tuple[torch.Tensor, str]:
 
 
 def _varlen_unavailable(case: Case, device: str) -> str | None:
-    """Why FlashAttention's varlen kernel cannot take this case, from its documented limits, before any call.
-
-    A call that raises anyway is an error row, so a broken peer is seen.
-    """
+    """Why FlashAttention's varlen kernel cannot take this case, from its documented limits, before any call
+    (a call that raises anyway is an error row, so a broken peer is seen)."""
     if _varlen_attn() is None:
         return f"torch {torch.__version__} has no torch.nn.attention.varlen.varlen_attn"
     if case.dtype == "float32":
@@ -227,11 +221,8 @@ def _prepare_varlen_flash_paged(case: Case, inputs: PagedInputs, out: torch.Tens
 
 
 def _prepare_flex(case: Case, inputs: PagedInputs, out: torch.Tensor) -> Prepared:
-    """FlexAttention (compiled) over the padded contiguous copy with a length-and-causal mask_mod.
-
-    A sliding window goes in the mask_mod; the softcap and ALiBi in a score_mod (cap first, then the
-    bias). Sinks have no spelling here.
-    """
+    """FlexAttention (compiled) over the padded contiguous copy with a length-and-causal mask_mod (and window);
+    the softcap and ALiBi in a score_mod, cap first. Sinks have no spelling here."""
     from torch.nn.attention.flex_attention import create_block_mask, flex_attention
 
     padded, k, v = _padded_batch(inputs)
@@ -268,10 +259,8 @@ def _prepare_flex(case: Case, inputs: PagedInputs, out: torch.Tensor) -> Prepare
 
 
 def compiled_flex(flex_attention, first_call):
-    """torch.compile(flex_attention), and its first call (the compile) made here, before timing.
-
-    The compile runs under a raised recompile limit: past dynamo's limit (8) flex would quietly run eagerly.
-    """
+    """torch.compile(flex_attention), its first call (the compile) made here under a raised recompile limit:
+    past dynamo's limit (8) flex would quietly run eagerly."""
     config = torch._dynamo.config
     names = (  # the limits' names since torch 2.6, and before
         ("recompile_limit", "accumulated_recompile_limit")

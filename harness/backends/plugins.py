@@ -53,25 +53,14 @@ class CaseFacts:
 def case_facts(case: Case, device: str, interpreted: bool) -> CaseFacts:
     """The :class:`CaseFacts` of ``case`` on ``device`` (its type only), under the interpreter or not."""
     fp8 = case.kv_dtype is not None
+    same = ("num_seqs", "max_seq_len", "num_q_heads", "num_kv_heads", "head_dim", "head_dim_v", "block_size", "dtype")
     return CaseFacts(
-        num_seqs=case.num_seqs,
-        num_tokens=sum(case.q_lens),
-        max_q_len=max(case.q_lens),
-        max_seq_len=case.max_seq_len,
-        decode=all(q_len == 1 for q_len in case.q_lens),
-        num_q_heads=case.num_q_heads,
-        num_kv_heads=case.num_kv_heads,
-        head_dim=case.head_dim,
-        head_dim_v=case.head_dim_v,
-        block_size=case.block_size,
-        dtype=case.dtype,
-        kv_dtype=case.kv_dtype if fp8 else case.dtype,
+        **{name: getattr(case, name) for name in same}, num_tokens=sum(case.q_lens), max_q_len=max(case.q_lens),
+        decode=all(q_len == 1 for q_len in case.q_lens), kv_dtype=case.kv_dtype if fp8 else case.dtype,
         kv_scale=(PER_HEAD if case.kv_scale == "amax_per_head" else PER_TENSOR) if fp8 else "",
-        variants=turned_on_names(case),
-        tags=tuple(case.tags),
-        device=torch.device(device).type,
+        variants=turned_on_names(case), tags=tuple(case.tags), device=torch.device(device).type,
         interpreted=interpreted,
-    )
+    )  # fmt: skip
 
 
 @dataclass(frozen=True)

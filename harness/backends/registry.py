@@ -186,11 +186,8 @@ def add_remote_backend(registration: dict) -> Backend:
 
 
 def load_plugin(module_or_path: str) -> None:
-    """Import a plugin module by dotted name or file path; it calls register_backend.
-
-    Under Triton's CPU interpreter bf16 is corrected first (:func:`harness.backends.interpreter.correct_bf16`).
-    Raises ValueError with the cause when the module cannot be found or fails to import.
-    """
+    """Import a plugin module by dotted name or file path (it calls register_backend), bf16 corrected first
+    under Triton's CPU interpreter; ValueError with the cause when it cannot be found or imported."""
     correct_bf16()
     path = Path(module_or_path)
     try:

@@ -1,8 +1,5 @@
-"""A tensor's bytes as one sha256 digest, hashed in parallel chunks on the host.
-
-    digest = sha256(sha256(chunk 0) || sha256(chunk 1) || ...), chunks of CHUNK_BYTES
-
-The digest does not depend on the thread count.
+"""A tensor's bytes as one sha256 digest, hashed in parallel chunks on the host, whatever the thread count:
+``sha256(sha256(chunk 0) || sha256(chunk 1) || ...)``, chunks of CHUNK_BYTES.
 """
 
 from __future__ import annotations
@@ -16,11 +13,8 @@ CHUNK_BYTES = 64 * 2**20
 
 
 def tensor_digest(tensor: torch.Tensor, threads: int | None = None) -> bytes:
-    """sha256 tree digest (module docstring) of ``tensor``'s raw bytes, NaN payloads included.
-
-    tensor  any shape, dtype and device (a device tensor is copied to the host first)
-    threads hashing threads; default torch's thread count (the digest is the same for any)
-    """
+    """sha256 tree digest (module docstring) of ``tensor``'s raw bytes, NaN payloads included: any shape, dtype
+    and device (copied to the host first), hashed on ``threads`` threads (default torch's thread count)."""
     flat = tensor.detach().contiguous().cpu().reshape(-1).view(torch.uint8).numpy()
     chunks = [memoryview(flat[start : start + CHUNK_BYTES]) for start in range(0, flat.size, CHUNK_BYTES)]
     threads = min(threads or torch.get_num_threads(), len(chunks))

@@ -101,11 +101,8 @@ def shared_prefix_blocks(seq_lens: list[int] | tuple[int, ...], block_size: int,
 def assign_blocks(
     seq_lens: list[int], block_size: int, layout: Layout, generator: torch.Generator
 ) -> tuple[torch.Tensor, int]:
-    """Block table [num_seqs, max_blocks] int32 (-1 padded) and the pool's num_blocks.
-
-    "shared_prefix" makes every sequence's first min(seq_lens) // block_size blocks the
-    same physical blocks. A spare eighth of the pool (at least one block) stays unowned.
-    """
+    """Block table [num_seqs, max_blocks] int32 (-1 padded) and the pool's num_blocks; "shared_prefix" shares
+    the first :func:`shared_prefix_blocks`, and a spare eighth of the pool (at least one block) stays unowned."""
     per_seq = [-(-n // block_size) for n in seq_lens]
     shared = shared_prefix_blocks(seq_lens, block_size, layout)
     num_owned = shared + sum(n - shared for n in per_seq)
@@ -144,10 +141,9 @@ def draw_normal(
 ) -> None:
     """Standard normals times ``scale`` for a tensor of ``shape`` [rows, ...], in ``dtype``, chunk by chunk.
 
-    Chunk c holds rows c * R .. (c + 1) * R - 1, R = max(1, CHUNK_VALUES // values per row), drawn as
-    fp32 from a generator seeded with :func:`chunk_seed` (seed, name, c), scaled, cast and stored by
-    ``write(first_row, rows)`` from ``threads`` worker threads (torch's intra-op threads 1 meanwhile).
-    The values do not depend on ``threads``.
+    Chunk c (whole rows, about CHUNK_VALUES values) is drawn as fp32 from a generator seeded with
+    :func:`chunk_seed` (seed, name, c), scaled, cast and stored by ``write(first_row, rows)`` from
+    ``threads`` worker threads; the values do not depend on ``threads``.
     """
     rows, row_shape = shape[0], shape[1:]
     per_chunk = max(1, CHUNK_VALUES // max(1, math.prod(row_shape)))
@@ -180,11 +176,8 @@ def token_positions(seq_lens: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
 
 
 def token_slots(block_table: torch.Tensor, seq_lens: list[int], block_size: int) -> torch.Tensor:
-    """[sum(seq_lens)] int64 on the CPU: the pool slot of every token of every sequence, in order.
-
-    Token p of sequence s sits at slot ``block_table[s, p // block_size] * block_size + p % block_size``
-    (block_size 16, table row [7, 2], p = 19: slot 2 * 16 + 3 = 35).
-    """
+    """[sum(seq_lens)] int64 on the CPU: the pool slot of every token of every sequence, in order; token p of
+    sequence s sits at slot ``block_table[s, p // block_size] * block_size + p % block_size``."""
     seq, pos = token_positions(seq_lens)
     return block_table.long()[seq, pos // block_size] * block_size + pos % block_size
 
@@ -208,11 +201,9 @@ def make_inputs(
 ) -> PagedInputs:
     """Build a case's inputs from its seed; the same arguments always give the same tensors.
 
-    Values are drawn on the CPU by :func:`draw_normal`: normals times ``input_scale`` for q and K, plain
-    normals for V, then cast to ``dtype`` and moved to ``device``. ``head_dim_v`` is V's head dim
-    (default: head_dim). ``variants`` are the variants' case fields (harness.cases.variants); each
-    turned on applies its input hook, which changes no drawn value (``latent_kv``'s V is K's first
-    head_dim_v columns).
+    Values are drawn on the CPU by :func:`draw_normal` (q and K times ``input_scale``), cast to ``dtype`` and
+    moved to ``device``; ``head_dim_v`` is V's head dim (default: head_dim). ``variants`` are the variants'
+    case fields (harness.cases.variants); each turned on applies its input hook, which changes no drawn value.
     """
     if len(seq_lens) != len(q_lens):
         raise ValueError(f"seq_lens has {len(seq_lens)} entries but q_lens has {len(q_lens)}")
@@ -263,15 +254,9 @@ def make_inputs(
     v_slots.index_fill_(0, unowned, float("nan"))
     query_start_loc = torch.zeros(len(q_lens) + 1, dtype=torch.int32)
     query_start_loc[1:] = torch.tensor(q_lens, dtype=torch.int32).cumsum(0)
-    pool = (num_blocks, block_size, num_kv_heads, head_dim)
-    inputs = PagedInputs(
-        q=q,
-        k_cache=k_slots.view(pool),
-        v_cache=v_slots.view(*pool[:3], head_dim_v),
-        block_table=table,
-        seq_lens=torch.tensor(seq_lens, dtype=torch.int32),
-        query_start_loc=query_start_loc,
-    )
+    pool = (num_blocks, block_size, num_kv_heads)
+    inputs = PagedInputs(q, k_slots.view(*pool, head_dim), v_slots.view(*pool, head_dim_v), table,
+                         torch.tensor(seq_lens, dtype=torch.int32), query_start_loc)  # fmt: skip
     fields = SimpleNamespace(num_q_heads=num_q_heads, num_kv_heads=num_kv_heads, head_dim=head_dim,
                              **{**defaults, **variants, "head_dim_v": head_dim_v})  # fmt: skip
     for variant in VARIANTS:  # on the CPU, so an input is the same on every device

@@ -109,10 +109,8 @@ def sinks_inputs(inputs: Any, fields: Any) -> Any:
 
 
 def standard_alibi_slopes(num_heads: int) -> list[float]:
-    """ALiBi's slopes as BLOOM, MPT and vLLM compute them: 2^(-8 i / n), i = 1..n, for n a power of two.
-
-    Otherwise the first n' (largest power of two below) and every other slope of 2n' heads.
-    """
+    """ALiBi's slopes as BLOOM, MPT and vLLM compute them: 2^(-8 i / n), i = 1..n, for n a power of two;
+    otherwise the first n' (largest power of two below) and every other slope of 2n' heads."""
     closest = 2 ** math.floor(math.log2(num_heads))
     slopes = [2.0 ** (-8.0 * (i + 1) / closest) for i in range(closest)]
     slopes += [2.0 ** (-4.0 * (2 * i + 1) / closest) for i in range(num_heads - closest)]
@@ -126,11 +124,8 @@ KVScaleMode = Literal["amax", "amax_per_head"]
 
 
 def fp8_scales(slots: torch.Tensor, mode: float | str | None, fp8: torch.dtype) -> torch.Tensor:
-    """[num_kv_heads] fp32 scales of a pool [num_slots, num_kv_heads, head_dim] for an fp8 cache.
-
-    A float: that scale for every head. "amax" (None too): max |x| over the owned slots / the format's
-    largest finite value, per tensor; "amax_per_head": the same per KV head.
-    """
+    """[num_kv_heads] fp32 scales of a pool [num_slots, num_kv_heads, head_dim] for an fp8 cache: a float for
+    every head; "amax" (None too): max |x| / the format's largest finite value per tensor; "amax_per_head": per head."""
     num_kv_heads = slots.shape[1]
     if isinstance(mode, float):
         return torch.full((num_kv_heads,), mode, dtype=torch.float32)
@@ -283,10 +278,8 @@ VARIANT_NAMES: dict[str, str] = {name: v.key for v in VARIANTS for name in v.nam
 
 
 def variant_key(name: str) -> str:
-    """The key of a variant named as ``register_backend(variants=...)`` may name it (:data:`VARIANT_NAMES`).
-
-    ValueError for another name, saying the closest known one and where the names are listed.
-    """
+    """The key of a variant named as ``register_backend(variants=...)`` may name it (:data:`VARIANT_NAMES`);
+    ValueError for another name, saying the closest known one."""
     if isinstance(name, str) and name in VARIANT_NAMES:
         return VARIANT_NAMES[name]
     close = difflib.get_close_matches(str(name), list(VARIANT_NAMES), n=1, cutoff=0.5)

@@ -9,7 +9,7 @@ import argparse
 
 from harness.backends.builtin import REGISTRY
 from harness.cases.variants import VARIANT_KEYS
-from harness.cli.options import EXIT_OK, BadInput, default_device, load
+from harness.cli.options import EXIT_OK, chosen_device, load
 from harness.cli.run import load_plugins
 
 
@@ -41,9 +41,7 @@ def availability(backend, cases: list, device: str) -> str:
 
 
 def main(args: argparse.Namespace) -> int:
-    device = args.device or default_device()
-    if device == "cuda" and default_device() != "cuda":
-        raise BadInput("--device cuda: no CUDA device is visible to torch")
+    device = chosen_device(args.device)
     _, worker = load_plugins(args.harness_plugins, "plugins")
     if worker is not None:
         worker.stop()

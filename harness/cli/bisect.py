@@ -19,15 +19,7 @@ from pathlib import Path
 
 from harness.backends.builtin import REGISTRY
 from harness.cli.continuous import commit_of
-from harness.cli.options import (
-    DEFAULT_CASES,
-    EXIT_FAIL,
-    EXIT_OK,
-    BadInput,
-    default_device,
-    load,
-    resolved_cases,
-)
+from harness.cli.options import DEFAULT_CASES, EXIT_FAIL, EXIT_OK, BadInput, chosen_device, load, resolved_cases
 from harness.cli.run import load_plugins
 from harness.review import stats
 from harness.review.confirm import (
@@ -84,10 +76,9 @@ def commits_between(good: str, bad: str) -> list[str]:
 def search(commits: list[str], judge: Callable[[str], str]) -> tuple[str, int, int]:
     """Binary search for the first commit ``judge`` calls "bad" (``judge``: "good", "bad" or "undecided").
 
-    ``commits`` are after GOOD, oldest first; the last is BAD, trusted to be bad until the
-    search would end on it untried. Returns (outcome, lo, hi): "found" with ``commits[hi]`` the
-    first bad one; "not bad" when BAD itself was judged good; "undecided" when a step could not
-    be judged, the first bad one then lying in ``commits[lo + 1 : hi + 1]``.
+    ``commits`` are after GOOD, oldest first; the last, BAD, is judged only when the search ends on it.
+    Returns (outcome, lo, hi): "found" (``commits[hi]`` the first bad one), "not bad" (BAD judged good)
+    or "undecided" (the first bad one lies in ``commits[lo + 1 : hi + 1]``).
     """
     lo, hi, tried = -1, len(commits) - 1, False  # commits[lo] good (-1: GOOD), commits[hi] bad
     while True:
@@ -116,9 +107,7 @@ def main(args: argparse.Namespace) -> int:
     if good == bad:
         raise BadInput(f"GOOD {args.good} and BAD {args.bad} are the same commit {good[:12]}")
     commits = commits_between(good, bad)
-    device = args.device or default_device()
-    if device == "cuda" and default_device() != "cuda":
-        raise BadInput("--device cuda: no CUDA device is visible to torch")
+    device = chosen_device(args.device)
     _, worker = load_plugins(args.harness_plugins, "plugins")  # to know the plugins' backend names
     if worker is not None:
         worker.stop()

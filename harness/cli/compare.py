@@ -6,18 +6,13 @@ The comparison is :mod:`harness.review.compare`; the re-timing :mod:`harness.rev
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import sys
 from pathlib import Path
 
 from harness.cli.options import BadInput, as_bad_input
-from harness.review.compare import (
-    CompareOptions,
-    compare_runs,
-    format_comparison,
-    load_runs,
-    write_compare_html,
-)
+from harness.review.compare import CompareOptions, compare_runs, format_comparison, load_runs, write_compare_html
 from harness.review.confirm import DEFAULT_TIME_S, MIN_ROUNDS, ConfirmInputError, retime_or_mark
 
 JSON_DROPPED = ("_samples_us",)  # column suffixes left out of --json: the samples stay in the run folders
@@ -50,18 +45,12 @@ def add_arguments(parser: argparse.ArgumentParser, *, plugin: bool = True) -> No
     parser.add_argument("--min-effect", "--latency-threshold", type=float, dest="min_effect",
                          help="smallest relative latency change that counts (default 0.10 on CPU rows, 0.03 on CUDA)")  # fmt: skip
     parser.add_argument("--alpha", type=float, default=0.05, help="significance level after correction (0.05)")
-    parser.add_argument(
-        "--correction",
-        choices=["bh", "holm", "none"],
-        default="bh",
-        help="multiple-row p-value correction: Benjamini-Hochberg (default), Holm, none",
-    )
-    parser.add_argument(
-        "--error-factor", type=float, default=2.0, help="error / tol_ratio growth factor that counts (2.0)"
-    )
-    parser.add_argument(
-        "--allow-mismatch", action="store_true", help="a device or version mismatch does not change the exit code"
-    )
+    parser.add_argument("--correction", choices=["bh", "holm", "none"], default="bh",
+                        help="multiple-row p-value correction: Benjamini-Hochberg (default), Holm, none")  # fmt: skip
+    parser.add_argument("--error-factor", type=float, default=2.0,
+                        help="error / tol_ratio growth factor that counts (2.0)")  # fmt: skip
+    parser.add_argument("--allow-mismatch", action="store_true",
+                        help="a device or version mismatch does not change the exit code")  # fmt: skip
     parser.add_argument("--html", type=Path, metavar="FILE", help="also write the comparison as an HTML page")
     parser.add_argument("--all", action="store_true", dest="show_all", help="list every row, not only changes")
     parser.add_argument(
@@ -73,21 +62,16 @@ def add_arguments(parser: argparse.ArgumentParser, *, plugin: bool = True) -> No
                          help="which rows are re-timed in paired rounds (the default re-times 'unclear': rows judged "
                          "slower or 'cannot tell'; 'slower'; 'all'); given, a commit that is not one of your history "
                          "or a plugin not named is bad input (exit 2) instead of leaving rows unconfirmed")  # fmt: skip
-    parser.add_argument(
-        "--no-confirm", action="store_true",
-        help="re-time nothing: latency rows the two runs call slower read 'unconfirmed' and the exit code is 5",
-    )  # fmt: skip
-    parser.add_argument(
-        "--confirm-rounds", type=int, default=32,
-        help="most paired rounds (fresh process pairs) a re-timed row gets; rows are judged after 9, 13, ... "
-        "and stop once decided (32; at least 9)",
-    )  # fmt: skip
+    parser.add_argument("--no-confirm", action="store_true", help="re-time nothing: latency rows the two runs call "
+                        "slower read 'unconfirmed' and the exit code is 5")  # fmt: skip
+    parser.add_argument("--confirm-rounds", type=int, default=32,
+                        help="most paired rounds (fresh process pairs) a re-timed row gets; rows are judged after 9, "
+                        "13, ... and stop once decided (32; at least 9)")  # fmt: skip
     parser.add_argument(
         "--confirm-time", type=float, default=DEFAULT_TIME_S, metavar="SECONDS",
         help="time box of the re-timing, planned: the first look's rounds get 2/3 of it, cheapest rows first, later looks "
         "what is left, the cheapest decisions first; a row whose rounds do not fit stays 'cannot tell' (900)",
     )  # fmt: skip
-
     parser.add_argument(
         "--json", nargs="?", const="-", metavar="FILE",
         help="also write the comparison as JSON to FILE, or to stdout without FILE (the text then goes to stderr): "
@@ -115,14 +99,7 @@ def check(args: argparse.Namespace) -> None:
 
 
 def options_of(args: argparse.Namespace) -> CompareOptions:
-    return CompareOptions(
-        min_effect=args.min_effect,
-        alpha=args.alpha,
-        correction=args.correction,
-        error_factor=args.error_factor,
-        allow_mismatch=args.allow_mismatch,
-        normalize_by=args.normalize_by,
-    )
+    return CompareOptions(**{field.name: getattr(args, field.name) for field in dataclasses.fields(CompareOptions)})
 
 
 def main(args: argparse.Namespace) -> int:
@@ -141,20 +118,13 @@ def compare(args: argparse.Namespace, base_run: Path, new_run: Path) -> int:
               file=sys.stderr)  # fmt: skip
     with as_bad_input(ConfirmInputError):
         comparison = retime_or_mark(
-            comparison,
-            base_meta,
-            new_meta,
-            options,
-            strict=args.confirm is not None,
-            which=args.confirm or "unclear",
-            skip="--no-confirm" if args.no_confirm else "",
-            rounds=args.confirm_rounds,
-            time_s=args.confirm_time,
-            plugins=args.harness_plugins,
+            comparison, base_meta, new_meta, options, strict=args.confirm is not None,
+            which=args.confirm or "unclear", skip="--no-confirm" if args.no_confirm else "",
+            rounds=args.confirm_rounds, time_s=args.confirm_time, plugins=args.harness_plugins,
             sources=(str(base_run), str(new_run)),
             progress=True if sys.stderr.isatty() else None,  # a bar, or in a log a line a round
             log=lambda line: print(line, file=sys.stderr, flush=True),
-        )
+        )  # fmt: skip
     text = format_comparison(comparison, str(base_run), str(new_run), show_all=args.show_all)
     print(text, file=sys.stderr if args.json == "-" else sys.stdout)
     if args.json:

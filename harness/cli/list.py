@@ -20,22 +20,10 @@ def main(args: argparse.Namespace) -> int:
 
     cases = load(args.cases, default_device(), args.harness_tags, pattern=args.pattern)
     table = pd.DataFrame(
-        [
-            {
-                "case": c.id,
-                "heads q/kv": f"{c.num_q_heads}/{c.num_kv_heads}",
-                "head_dim": c.head_dim,
-                "block_size": c.block_size,
-                "dtype": c.dtype,
-                "num_seqs": c.num_seqs,
-                "max_seq_len": c.max_seq_len,
-                "max_q_len": max(c.q_lens),
-                "layout": c.layout,
-                "tags": ",".join(c.tags),
-            }
-            for c in cases
-        ]
-    )
+        [{"case": c.id, "heads q/kv": f"{c.num_q_heads}/{c.num_kv_heads}", "head_dim": c.head_dim,
+          "block_size": c.block_size, "dtype": c.dtype, "num_seqs": c.num_seqs, "max_seq_len": c.max_seq_len,
+          "max_q_len": max(c.q_lens), "layout": c.layout, "tags": ",".join(c.tags)} for c in cases]
+    )  # fmt: skip
     with pd.option_context("display.max_rows", None, "display.width", 200):
         print(table.to_string(index=False))
     print(f"{len(cases)} case{'' if len(cases) == 1 else 's'}")

@@ -35,19 +35,11 @@ from harness.run.guard import Terminated, install_signal_handlers
 from harness.run.oracle_cache import PoisonedCacheError
 
 # In --help's order: the everyday verbs, what is there to run, the review of runs, the rest.
-VERBS = (
-    "run",
-    "list",
-    "backends",
-    "variants",
-    "schema",
-    "report",
-    "compare",
-    "continuous",
-    "bisect",
-    "history",
-    "merge",
-)
+VERBS = ("run", "list", "backends", "variants", "schema", "report", "compare", "continuous", "bisect", "history",
+         "merge")  # fmt: skip
+# The errors of the user's input, each said in one line (exit 2).
+BAD_INPUT = (BadInput, CaseFileError, RunDirExistsError, NotWritableError, RunFolderError, JournalError,
+             DuplicateRowsError, PoisonedCacheError, UnnamedPluginError)  # fmt: skip
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -84,17 +76,7 @@ def main(argv: list[str] | None = None) -> int:
         code = args.handler(args)
         sys.stdout.flush()  # a closed pipe shows here, not in the interpreter's flush at exit
         return code
-    except (
-        BadInput,
-        CaseFileError,
-        RunDirExistsError,
-        NotWritableError,
-        RunFolderError,
-        JournalError,
-        DuplicateRowsError,
-        PoisonedCacheError,
-        UnnamedPluginError,
-    ) as error:
+    except BAD_INPUT as error:
         print(f"error: {error}", file=sys.stderr)
         return EXIT_BAD_INPUT
     except KeyboardInterrupt:

@@ -45,6 +45,14 @@ def default_device() -> str:
     return "cuda" if torch.cuda.is_available() else "cpu"
 
 
+def chosen_device(given: str | None) -> str:
+    """``--device`` as given, else :func:`default_device`; BadInput for cuda where torch sees no GPU."""
+    device = given or default_device()
+    if device == "cuda" and not torch.cuda.is_available():
+        raise BadInput("--device cuda: no CUDA device is visible to torch")
+    return device
+
+
 def prog() -> str:
     """How the user called us: the console script ``harness``, else ``python -m harness`` (for --help and meta.json)."""
     return "harness" if Path(sys.argv[0]).name == "harness" else "python -m harness"

@@ -28,23 +28,18 @@ def run_options(args: argparse.Namespace, device: str) -> dict:
     def absolute(path: str) -> str:
         return str(Path(path).resolve()) if Path(path).exists() else path
 
-    return {
-        "cases": [absolute(c) for c in (args.cases or DEFAULT_CASES)],
-        "backends": args.harness_backends,
-        "device": device,
-        "plugins": [absolute(p) for p in args.harness_plugins],
-        "tags": args.harness_tags,
-        "pattern": args.pattern,
-        "oracle_device": args.harness_oracle_device,
-        "timing": args.timing,
-        "isolate": args.isolate,
-        "timeout": args.timeout,
-        "workers": args.workers,  # --workers / --ray: a resume runs the rest the same way (harness.execute.executors)
-        "ray": args.ray,
-        "shard": args.shard,
-    }
+    stored = {key: getattr(args, attribute) for attribute, (key, _) in _STORED.items()}
+    cases, plugins = [absolute(c) for c in (args.cases or DEFAULT_CASES)], [absolute(p) for p in args.harness_plugins]
+    return {**stored, "cases": cases, "device": device, "plugins": plugins}
 
 
+# The options a journal keeps as they were given (args attribute -> (journal options key, its default)); run_options
+# adds the cases and plugins as absolute paths and the device. --workers / --ray: a resume runs the rest the same way.
+_STORED = {
+    "harness_backends": ("backends", None), "harness_tags": ("tags", None), "pattern": ("pattern", None),
+    "harness_oracle_device": ("oracle_device", None), "timing": ("timing", True), "isolate": ("isolate", None),
+    "timeout": ("timeout", None), "workers": ("workers", None), "ray": ("ray", None), "shard": ("shard", None),
+}  # fmt: skip
 # What --resume does with an option given again (the --resume help says the same): these change
 # which rows run or what they measure, so a value other than the journal's is refused; --timeout,
 # --isolate, --workers/--ray, --profile and --no-progress change no result, and the value given wins.
@@ -95,22 +90,19 @@ def resume(args: argparse.Namespace):
     if last_pid != os.getpid() and pid_alive(last_pid):  # this process's own pid: an earlier resume of it here
         raise BadInput(f"--resume {run_dir}: process {last_pid} is still writing it")
     journal.lock()  # held until the run folder is written or the run stops: a second resume is refused
-    args.cases = options.get("cases", [])
-    args.harness_backends = options.get("backends")
-    args.harness_device = options.get("device")
+    # Options that change no result and are given again win: --isolate, --timeout, --workers/--ray (both replaced).
+    given = {"isolate": args.isolate, "timeout": args.timeout, "workers": args.workers, "ray": args.ray}
+    for attribute, (key, default) in _STORED.items():
+        setattr(args, attribute, options.get(key, default))
+    args.cases, args.harness_device = options.get("cases", []), options.get("device")
     args.harness_plugins = options.get("plugins", [])
-    args.harness_tags = options.get("tags")
-    args.pattern = options.get("pattern")
-    args.harness_oracle_device = options.get("oracle_device")
-    args.timing = options.get("timing", True)
-    args.isolate = args.isolate or options.get("isolate")
-    if args.timeout is None:
-        args.timeout = options.get("timeout")
+    args.isolate = given["isolate"] or args.isolate
+    if given["timeout"] is not None:
+        args.timeout = given["timeout"]
     if args.harness_threads is None and threads is not None:
         args.harness_threads = str(threads)
-    args.shard = options.get("shard")  # the same slice of the cases, always
-    if args.workers is None and args.ray is None:  # given on the resume, they replace the journal's
-        args.workers, args.ray = options.get("workers"), options.get("ray")
+    if given["workers"] is not None or given["ray"] is not None:
+        args.workers, args.ray = given["workers"], given["ray"]
     args.out = run_dir
     return journal
 

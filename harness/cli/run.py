@@ -26,7 +26,7 @@ from harness.cli.options import (
     add_to_argparse,
     apply_threads,
     as_bad_input,
-    default_device,
+    chosen_device,
     load,
     prog,
 )
@@ -48,16 +48,9 @@ from harness.timing.ceilings import measure_ceilings, mixed_models_note
 
 
 def add_parser(verbs) -> None:
-    run = verbs.add_parser(
-        "run",
-        help="run cases through backends; write a report folder",
-    )
-    run.add_argument(
-        "cases",
-        nargs="*",
-        help="case files or folders, or a packaged suite's name (smoke, cpu, gpu, gpu_peers, gpu_long, gpu_sweep, "
-        "variants); default: smoke",
-    )
+    run = verbs.add_parser("run", help="run cases through backends; write a report folder")
+    run.add_argument("cases", nargs="*", help="case files or folders, or a packaged suite's name (smoke, cpu, gpu, "
+                     "gpu_peers, gpu_long, gpu_sweep, variants); default: smoke")  # fmt: skip
     oracle = run.add_argument_group("oracle and inputs")
     reliability = run.add_argument_group("interrupted runs, isolation and time limits")
     add_to_argparse(run, advanced=oracle)
@@ -71,35 +64,29 @@ def add_parser(verbs) -> None:
         help="save a torch.profiler Chrome trace of these rows under RUN/profiles/ (globs; repeatable)",
     )  # fmt: skip
     reliability.add_argument(
-        "--isolate",
-        choices=["plugins", "all", "none"],
+        "--isolate", choices=["plugins", "all", "none"],
         help="backends run in a worker process that may crash or hang without ending the run "
         "(default: plugins; 'all' adds the built-ins, 'none' runs everything in-process)",
-    )
+    )  # fmt: skip
     reliability.add_argument(
-        "--timeout",
-        type=float,
-        metavar="SECONDS",
+        "--timeout", type=float, metavar="SECONDS",
         help="time limit of one isolated (or --workers) row, grade and timing; a backend past it is hung: its later "
         "rows are skips (default: the row's expected cost x10, at least 60 s; a case's timeout_s wins)",
-    )
+    )  # fmt: skip
     reliability.add_argument(
-        "--resume",
-        type=Path,
-        metavar="RUN_DIR",
+        "--resume", type=Path, metavar="RUN_DIR",
         help="finish a killed or unwritten run from its journal RUN_DIR.journal.jsonl, with its options. Options "
         "that change no result win when given again here: --timeout, --isolate, --workers/--ray (those given replace "
         "both; a Ray cluster's address must be given again), --profile, --no-progress. Options that would change which rows run or what they measure (cases, "
         "--backend, --tag, --device, --oracle-device, --no-timing, --threads, --shard, --out) are refused unless "
         "equal to the journal's. Plugins are imported only when named here: pass each --plugin the run used",
-    )
+    )  # fmt: skip
     reliability.add_argument(
-        "--finalize",
-        action="store_true",
+        "--finalize", action="store_true",
         help="with --resume: run nothing, write the run folder from the journal's rows alone (a run whose "
         "machine is gone); meta.json says it is incomplete and which (case, backend) pairs never ran; "
         "INCOMPLETE and exit 4 where some never ran (or which ran is not known here) and the rest pass",
-    )
+    )  # fmt: skip
     add_scale_arguments(run)  # --workers, --ray, --oracle-cache
     add_pattern(run)
     run.set_defaults(handler=main)
@@ -173,11 +160,9 @@ def main(args: argparse.Namespace) -> int:
 
 def _checked_run(args: argparse.Namespace, journal) -> int:
     """Check the device, threads, timeout and scale options, import the plugins, then run."""
-    device = args.harness_device or default_device()
+    device = chosen_device(args.harness_device)
     if args.progress is None:
         args.progress = sys.stderr.isatty()
-    if device == "cuda" and not torch.cuda.is_available():
-        raise BadInput("--device cuda: no CUDA device is visible to torch")
     with as_bad_input():
         apply_threads(args.harness_threads, device)
     if args.timeout is not None and not args.timeout > 0:
@@ -214,7 +199,7 @@ def _run(args: argparse.Namespace, device: str, journal, plugin_backends: set[st
         run_dir, journal = reserve_run(args.out, reports_root, device, run_options(args, device))
     else:
         run_dir = args.out
-        journal.reopen()
+        journal.lock()  # a resume took it already: a no-op
     resume_hint = f"python -m harness run --resume {run_dir}"
     try:
         return _run_and_write(args, device, cases, backends, plugin_backends, worker, journal, run_dir, resume_hint)
@@ -235,29 +220,18 @@ def _run_and_write(args, device, cases, backends, plugin_backends, worker, journ
     threads = torch.get_num_threads()  # as cmd_run set it (--threads)
     to_profile = selected(cases, backends, args.profile)
     dtypes = tuple(sorted({c.dtype for c in cases}))
-    # Over workers or Ray on CUDA, every worker measures its own GPU's ceilings as it starts (harness.timing.ceilings.own_device)
-    # and its rows are judged against them: the driver measuring GPU 0 as well cost 2-3 s (CUDA start and the
-    # read, copy and matmul timings) before any worker started. meta.json's ``ceilings`` are then the first GPU's.
+    # Over workers or Ray on CUDA, every worker measures its own GPU's ceilings as it starts and its rows are judged
+    # against them (harness.timing.ceilings.own_device): the driver measures none; meta.json's are the first GPU's.
     pooled_cuda = device == "cuda" and (getattr(args, "workers", None) or getattr(args, "ray", None)) is not None
     ceilings = measure_ceilings(device, list(dtypes)) if args.timing and not pooled_cuda else {}
     isolated = {"plugins": plugin_backends, "all": {b.name for b in backends}, "none": set()}[args.isolate]
     config = RunConfig(
-        device=device,
-        backends=backends,
-        timing=args.timing,
-        oracle_device=args.harness_oracle_device or "cpu",
-        ceilings=ceilings,
-        ceiling_dtypes=dtypes,
-        progress=args.progress,
-        isolated=frozenset(isolated),
-        plugins=tuple(args.harness_plugins),
-        timeout_s=args.timeout,
-        threads=threads,
+        device=device, backends=backends, timing=args.timing, oracle_device=args.harness_oracle_device or "cpu",
+        ceilings=ceilings, ceiling_dtypes=dtypes, progress=args.progress, isolated=frozenset(isolated),
+        plugins=tuple(args.harness_plugins), timeout_s=args.timeout, threads=threads,
         logs=(str(staged_logs(run_dir)), str(run_dir / "logs")),
-    )
-    printer = None
-
-    journal_s = 0.0
+    )  # fmt: skip
+    printer, journal_s = None, 0.0
 
     def on_row(row: dict) -> None:
         nonlocal journal_s

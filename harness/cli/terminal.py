@@ -145,11 +145,8 @@ def row_printer(skipped: dict[str, str], cases: int) -> Callable[[dict], None]:
         timed = f" {latency:.1f} us" if isinstance(latency, float) and latency == latency else ""
         call = row.get("call_us")
         timed += f" (call {call:.1f} us)" if isinstance(call, float) and call == call else ""
-        print(
-            f"[{time.perf_counter() - start:7.1f}s] {row['case']} {row['backend']}: {row['status']}{timed}",
-            file=sys.stderr,
-            flush=True,
-        )
+        elapsed = time.perf_counter() - start
+        print(f"[{elapsed:7.1f}s] {row['case']} {row['backend']}: {row['status']}{timed}", file=sys.stderr, flush=True)
 
     return show
 

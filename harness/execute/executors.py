@@ -19,32 +19,19 @@ from harness.run.oracle_cache import ENV_DIR
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     group = parser.add_argument_group("scale-out")
-    group.add_argument(
-        "--workers",
-        metavar="N|auto",
-        help="spread the run over N worker processes: one per GPU, pinned by CUDA_VISIBLE_DEVICES "
-        "(auto: every visible GPU; on a CPU, one per core, torch threads split between them)",
-    )
-    group.add_argument(
-        "--ray",
-        nargs="?",
-        const=LOCAL,
-        metavar="ADDRESS",
-        help="run the cases as Ray tasks on the cluster at ADDRESS (no ADDRESS: a local Ray); "
-        "needs the optional extra: pip install 'paged-attention-harness[ray]'",
-    )
-    group.add_argument(
-        "--shard",
-        metavar="I/N",
-        help="run only slice I of N of the cases (0 <= I < N; by cost, dealt round robin, the same split on "
-        "every host); join the hosts' run folders with `harness merge OUT RUN...`",
-    )
-    group.add_argument(
-        "--oracle-cache",
-        metavar="DIR|off",
-        help="cache of the CPU float64 oracle's outputs, by input content (default: $HARNESS_ORACLE_CACHE, "
-        "else ~/.cache/paged-attention-harness/oracle; capped at 2 GiB, least recently used pruned); off: no cache",
-    )
+    group.add_argument("--workers", metavar="N|auto", help="spread the run over N worker processes: one per GPU, "
+                       "pinned by CUDA_VISIBLE_DEVICES (auto: every visible GPU; on a CPU, one per core, torch threads "
+                       "split between them)")  # fmt: skip
+    group.add_argument("--ray", nargs="?", const=LOCAL, metavar="ADDRESS",
+                       help="run the cases as Ray tasks on the cluster at ADDRESS (no ADDRESS: a local Ray); "
+                       "needs the optional extra: pip install 'paged-attention-harness[ray]'")  # fmt: skip
+    group.add_argument("--shard", metavar="I/N",
+                       help="run only slice I of N of the cases (0 <= I < N; by cost, dealt round robin, the same "
+                       "split on every host); join the hosts' run folders with `harness merge OUT RUN...`")  # fmt: skip
+    group.add_argument("--oracle-cache", metavar="DIR|off",
+                       help="cache of the CPU float64 oracle's outputs, by input content (default: "
+                       "$HARNESS_ORACLE_CACHE, else ~/.cache/paged-attention-harness/oracle; capped at 2 GiB, least "
+                       "recently used pruned); off: no cache")  # fmt: skip
 
 
 def check_arguments(args: argparse.Namespace) -> None:
@@ -86,9 +73,7 @@ def executor_for(args: argparse.Namespace, worker=None) -> Executor:
 
 
 def run_rows(args: argparse.Namespace, cases, config, on_row, done, worker=None) -> dict:
-    """Run the cases through :func:`executor_for`; returns meta.json's ``scale`` (seconds; ``wall_s`` from
-    the first case to the last row), with ``mode`` and ``gpus`` (each GPU's name and measured ceilings).
-    """
+    """Run the cases through :func:`executor_for`; meta.json's ``scale`` (with ``mode``, ``gpus`` and ``wall_s``)."""
     started = time.perf_counter()
     record = executor_for(args, worker).run(cases, config, on_row, done)
     return {**record, "wall_s": round(time.perf_counter() - started, 3)}

@@ -18,17 +18,10 @@ from harness.run.runner import RunConfig, row_without_call, to_frame
 from harness.timing.phases import rounded, take_phases
 
 
-def run_cases(
-    cases: Iterable[Case],
-    config: RunConfig,
-    on_row: Callable[[dict], None] | None = None,
-    done: Collection[tuple[str, str]] = (),
-    worker: Worker | None = None,
-) -> pd.DataFrame:
-    """Every case through every configured backend; one row per (case, backend), each to ``on_row``.
-
-    Pairs in ``done`` are not run. Backends in ``config.isolated`` run in ``worker`` (or a new one).
-    """
+def run_cases(cases: Iterable[Case], config: RunConfig, on_row: Callable[[dict], None] | None = None,
+              done: Collection[tuple[str, str]] = (), worker: Worker | None = None) -> pd.DataFrame:  # fmt: skip
+    """Every case through every configured backend but the pairs in ``done``; one row per (case, backend),
+    each to ``on_row``. Backends in ``config.isolated`` run in ``worker`` (or a new one)."""
     cases = list(cases)
     done = set(done)
     rows: list[dict] = []

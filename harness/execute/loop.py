@@ -26,11 +26,8 @@ CONTEXT = "building inputs/oracle"  # what a case does before its first backend
 
 
 class Executor(Protocol):
-    def run(
-        self, cases: list[Case], config: RunConfig, on_row: Callable[[dict], None], done: Collection[tuple[str, str]]
-    ) -> dict:
+    def run(self, cases: list[Case], config: RunConfig, on_row: Callable[[dict], None], done: Collection) -> dict:
         """Every (case id, backend name) pair not in ``done``, each row to ``on_row``; meta.json's ``scale``."""
-        ...
 
 
 def row_limit(case: Case, config: RunConfig) -> float:
@@ -90,9 +87,8 @@ class Contexts:
 def case_events(
     case: Case, backends: list[Backend], config: RunConfig, contexts: Contexts, labels: dict | None = None
 ) -> Iterator[tuple]:
-    """A case's work as events: ``("start", what)`` before each step (:data:`CONTEXT`, then each
-    backend), ``("row", row)`` after each backend (skips first); ``labels`` go on every row.
-    """
+    """A case's work as events: ``("start", what)`` before each step (:data:`CONTEXT`, then each backend),
+    ``("row", row)`` after each backend (skips first); ``labels`` go on every row."""
     labels = labels or {}
     to_run = []
     for backend in backends:
@@ -118,10 +114,8 @@ def case_events(
 
 def timed_case(case: Case, names: list[str], config: RunConfig, contexts: Contexts, labels: dict,
                waited_s: float = 0.0) -> Iterator[tuple]:  # fmt: skip
-    """:func:`case_events` in a worker process or a Ray task, then ``("done", waited_s, busy_s, phases)``.
-
-    A bad oracle cache entry ends it with ``("poisoned", why)``.
-    """
+    """:func:`case_events` in a worker process or a Ray task, then ``("done", waited_s, busy_s, phases)``;
+    a bad oracle cache entry ends it with ``("poisoned", why)``."""
     started = time.perf_counter()
     take_phases()  # this case's phases only
     try:
@@ -153,8 +147,7 @@ class Task:
 
 class Tracker:
     """What every out-of-process driver does with its tasks: rows to ``on_row`` (each GPU's percentages
-    applied), time limits and hung backends, deaths and retries, and the cases' busy time by phase.
-    """
+    applied), time limits and hung backends, deaths and retries, and the cases' busy time by phase."""
 
     def __init__(self, config: RunConfig, on_row: Callable[[dict], None], retries: int, tried: str = "on {} workers",
                  hangs: bool = True):  # fmt: skip
@@ -223,8 +216,7 @@ class Tracker:
 
     def died(self, task: Task, how: str) -> None:
         """The task's process died (``how``): the running backend is blamed (every remaining one outside a
-        call); one blamed more than ``retries`` times is an error row.
-        """
+        call); one blamed more than ``retries`` times is an error row."""
         blamed = [task.running] if task.running not in (None, CONTEXT) else list(task.names)
         what = "running this backend" if task.running not in (None, CONTEXT) else f"{CONTEXT} (or between calls)"
         for name in blamed:

@@ -69,10 +69,8 @@ PR_SET_PDEATHSIG = 1  # linux/prctl.h
 
 
 def die_with_parent(parent_pid: int) -> None:
-    """Make the kernel SIGKILL this process when its parent dies (Linux ``prctl(PR_SET_PDEATHSIG)``).
-
-    The signal follows the parent *thread*; a parent already dead is seen by the changed parent pid.
-    """
+    """Make the kernel SIGKILL this process when its parent dies (Linux ``prctl(PR_SET_PDEATHSIG)``); a
+    parent already dead is seen by the changed parent pid."""
     if sys.platform.startswith("linux"):
         with contextlib.suppress(OSError, AttributeError):
             ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
@@ -83,8 +81,7 @@ def die_with_parent(parent_pid: int) -> None:
 @contextlib.contextmanager
 def sigint_ignored_in_children():
     """Start processes inside: they begin with SIGINT ignored, so a Ctrl-C while one imports torch is
-    not a traceback in each child (this process ignores it only meanwhile, and only on the main thread).
-    """
+    not a traceback in each child (this process ignores it only meanwhile, and only on the main thread)."""
     if threading.current_thread() is not threading.main_thread():
         yield
         return
@@ -135,8 +132,7 @@ def registrations() -> list[dict]:
 def worker_setup(plugins: tuple[str, ...], threads: int | None, config: RunConfig | None = None) -> dict:
     """What a worker does once, before its first case: the interpreter where there is no GPU, its torch
     threads, the plugins, and (given ``config``) its device's name and ceilings. Without a ``config`` it
-    serves plugins: it walls off the oracle cache and the source first and reports the registrations.
-    """
+    serves plugins: it walls off the oracle cache and the source first and reports the registrations."""
     kernels.use_interpreter_if_no_gpu()
     if threads:
         torch.set_num_threads(threads)
@@ -236,8 +232,7 @@ def _calls(conn, case, names: list[str], config: RunConfig, seeds: dict, waited_
 
 def spawn(context, gpu: str, name: str, args: tuple) -> tuple[multiprocessing.Process, Any]:
     """Start a worker (:func:`_worker_main` with ``args``), seeing only ``gpu`` when one is given
-    (``CUDA_VISIBLE_DEVICES``); the process and this end of its pipe.
-    """
+    (``CUDA_VISIBLE_DEVICES``); the process and this end of its pipe."""
     parent, child = context.Pipe()
     saved = os.environ.get("CUDA_VISIBLE_DEVICES")
     if gpu:
@@ -331,8 +326,7 @@ class Worker:
 
     def call_case(self, task: Task, config: RunConfig, tracker: Tracker, ctx: CaseContext | str) -> None:
         """Every backend of ``task`` called in the worker and graded here against ``ctx`` (a str: why it could
-        not be built, an error row each); after a death or a hang the backends left go to a fresh worker.
-        """
+        not be built, an error row each); after a death or a hang the backends left go to a fresh worker."""
         tracker.skip_hung(task)
         if isinstance(ctx, str):
             for name in list(task.names):

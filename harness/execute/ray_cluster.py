@@ -42,9 +42,8 @@ def ray_missing() -> str | None:
 
 
 def case_task(case, names: list[str], config, plugins: tuple[str, ...]) -> Iterator[tuple]:
-    """The body of a Ray task, a generator: ``("device", report, labels)``, then
-    :func:`harness.execute.loop.timed_case`'s events. Plain Python: testable without Ray.
-    """
+    """A Ray task's body (plain Python, testable without Ray): ``("device", report, labels)``, then
+    :func:`harness.execute.loop.timed_case`'s events."""
     device = worker_setup(plugins, config.threads, config)
     if device["ceilings"]:
         config = dataclasses.replace(config, ceilings=device["ceilings"])
@@ -72,9 +71,7 @@ class RayCluster:
     workers: str | None = None
 
     def run(self, cases: list[Case], config: RunConfig, on_row: Callable[[dict], None], done) -> dict:
-        """Every (case, backend) pair not in ``done`` as Ray tasks; rows to ``on_row``. Returns meta.json's
-        ``scale``: ``init_s``, ``tasks``, and :meth:`harness.execute.loop.Tracker.timings`.
-        """
+        """Every (case, backend) pair not in ``done`` as Ray tasks, rows to ``on_row``; meta.json's ``scale``."""
         import ray
 
         started = time.perf_counter()
@@ -89,11 +86,8 @@ class RayCluster:
                 ray.init(**kwargs, **({} if self.workers in (None, "auto") else {"num_cpus": int(self.workers)}))
         init_s = time.perf_counter() - started
         resources = {"num_gpus": 1} if config.device.startswith("cuda") else {"num_cpus": 1}
-        # A death is retried here, knowing who died. Who died is known only if the task's "started" event
-        # reached this driver before the backend ran: a yielded item is reported to the driver
-        # asynchronously, and a worker killed right after its yield lost it in 12 of 16 tries on a loaded
-        # machine. With a backpressure of one object, the task waits at each yield until the driver has
-        # taken the item (16 of 16), one round trip an event.
+        # A death is retried here, knowing who died only if the task's "start" event reached this driver
+        # first: with a backpressure of one object, a task waits at each yield until the driver took the item.
         remote = ray.remote(max_retries=0, _generator_backpressure_num_objects=1, **resources)(case_task)
         shipped = dataclasses.replace(config, backends=[], progress=False, isolated=frozenset(), logs=None)
         tracker = Tracker(config, on_row, RETRIES, tried="in {} tasks", hangs=False)

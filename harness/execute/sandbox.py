@@ -29,10 +29,8 @@ def _mount(libc, source: str | None, target: str, fstype: str | None, flags: int
 
 
 def wall_off(hidden: list[Path], read_only: list[Path]) -> str:
-    """Enter a private mount namespace with ``hidden`` folders empty and ``read_only`` ones read-only.
-
-    '' when done; otherwise why not (the caller treats any reason as "no walls").
-    """
+    """Enter a private mount namespace with ``hidden`` folders empty and ``read_only`` ones read-only;
+    '' when done, otherwise why not (the caller treats any reason as "no walls")."""
     if not sys.platform.startswith("linux"):
         return f"no mount namespaces on {sys.platform}"
     for folder in hidden:

@@ -100,9 +100,7 @@ class PoolRun:
         return slot.stop()
 
     def stop_all(self, wait: bool = True) -> None:
-        """Ask idle workers to exit, kill busy ones; ``wait=False``: reap them on a daemon thread (a CUDA
-        worker's exit takes a while and nothing waits on it).
-        """
+        """Ask idle workers to exit, kill busy ones; ``wait=False``: reap them on a daemon thread (nothing waits)."""
         for slot in self.slots:
             if slot.process is not None and slot.process.is_alive() and not slot.tasks and slot.conn is not None:
                 with contextlib.suppress(OSError):

@@ -45,11 +45,7 @@ def _run_device(config: pytest.Config) -> str:
 
 def _gpu_name(config: pytest.Config) -> str:
     """This worker's GPU (it sees one), "" when the run is on a CPU."""
-    if not _run_device(config).startswith("cuda"):
-        return ""
-    import torch
-
-    return torch.cuda.get_device_name(0)
+    return torch.cuda.get_device_name(0) if _run_device(config).startswith("cuda") else ""
 
 
 def hand_rows_folder(node) -> None:

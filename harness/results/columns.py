@@ -39,16 +39,10 @@ TABLE: tuple[Column, ...] = (
     Column("rel_l2_err", "float", "||out - expected|| / ||expected||"),
     Column("nan_count", "int", "NaN or inf elements in the output"),
     *_group("atol rtol", "float", "the tolerance the row was graded with"),
-    Column(
-        "latency_us",
-        "float",
-        "median device time of the prepared call: CUDA graph replay where it captures, CUDA events otherwise, `perf_counter` on a CPU; L2 flushed before each sample",
-    ),
-    Column(
-        "bytes_moved",
-        "int",
-        "fewest bytes the call must move: q, the KV it must read (a window's keys only, a shared prefix once), the output",
-    ),
+    Column("latency_us", "float", "median device time of the prepared call: CUDA graph replay where it captures, CUDA "
+           "events otherwise, `perf_counter` on a CPU; L2 flushed before each sample"),
+    Column("bytes_moved", "int", "fewest bytes the call must move: q, the KV it must read (a window's keys only, a "
+           "shared prefix once), the output"),
     Column("gbps", "float", "bytes_moved / latency_us, in GB/s"),
     Column("pct_of_ceiling", "float", "gbps as a percent of the run's measured read bandwidth"),
     Column("tol_ratio", "float", "max of |out - expected| / (atol + rtol * |expected|); at most 1 passes"),
@@ -62,20 +56,14 @@ TABLE: tuple[Column, ...] = (
     Column("tags", "str", "the case's tags, comma separated"),
     Column("case_file", "str", "the case file the case came from"),
     Column("backend_kind", "str", "`kernel`, `model`, `engine`, `peer` or `plugin`"),
-    Column(
-        "note",
-        "str",
-        "which form a peer or the dispatcher took; whether the row's timing was cut short or skipped by its budget",
-    ),
+    Column("note", "str", "which form a peer or the dispatcher took; whether the row's timing was cut short or "
+           "skipped by its budget"),
     *_group("latency_p10_us latency_p90_us", "float", "the 10th and 90th percentiles of the device-time samples"),
     Column("timing_reps", "int", "samples taken"),
     Column("timing_method", "str", "how the samples were taken (graph, events, wall)"),
     Column("call_us", "float", "median wall time of the eager call, the device drained before and after"),
-    Column(
-        "plan_us",
-        "float",
-        "wall time of the backend's plan step, once per input set outside the timed calls (plugins with `plan=`)",
-    ),
+    Column("plan_us", "float", "wall time of the backend's plan step, once per input set outside the timed calls "
+           "(plugins with `plan=`)"),
     *_group("call_p10_us call_p90_us", "float", "the 10th and 90th percentiles of the call samples"),
     Column("host_overhead_us", "float", "call_us - latency_us (CUDA only)"),
     Column("host_us", "float", "the host's time of one eager call on cold host caches (CUDA only)"),
@@ -93,9 +81,8 @@ TABLE: tuple[Column, ...] = (
     Column("lse_max_abs_err", "float", "max error of the returned log-sum-exp (cases with `return_lse`)"),
     Column("lse_tol_ratio", "float", "the lse's tol_ratio"),
     Column("kv_dtype", "str", "the KV cache's dtype (fp8 cases)"),
-    Column(
-        "quant_error", "float", "max |oracle(dequantized cache) - oracle(unquantized cache)|: what fp8 itself costs"
-    ),
+    Column("quant_error", "float", "max |oracle(dequantized cache) - oracle(unquantized cache)|: what fp8 itself "
+           "costs"),
     Column("head_dim_v", "int", "V's head size (MLA: 512; else head_dim)"),
     Column("host", "str", "the host that ran the row (scale-out runs)"),
     Column("gpu_index", "str", "the GPU that ran the row (scale-out runs)"),
@@ -104,7 +91,7 @@ TABLE: tuple[Column, ...] = (
     Column("oracle_cached", "bool", "whether the row's float64 oracle came from the oracle cache"),
     Column("latency_samples_us", "list", "every device-time sample (parquet only)"),
     Column("call_samples_us", "list", "every call sample (parquet only)"),
-)
+)  # fmt: skip
 
 COLUMNS: list[str] = [column.name for column in TABLE]
 MEANINGS: dict[str, str] = {column.name: column.meaning for column in TABLE}

@@ -58,9 +58,8 @@ def gpu_state() -> list[dict[str, str]] | None:
     except (OSError, subprocess.SubprocessError):
         return None
     keys = GPU_QUERY.split(",")
-    return [
-        dict(zip(keys, (v.strip() for v in line.split(",")), strict=False)) for line in out.splitlines() if line.strip()
-    ]
+    rows = [line for line in out.splitlines() if line.strip()]
+    return [dict(zip(keys, (v.strip() for v in line.split(",")), strict=False)) for line in rows]
 
 
 def harness_version() -> str | None:
@@ -113,15 +112,14 @@ def collect_meta(device: str, argv: list[str], ceilings: dict[str, float], oracl
     except ImportError:
         triton_version = None
     dev = torch.device(device)
+    device_name = torch.cuda.get_device_name(dev) if dev.type == "cuda" else platform.processor() or platform.machine()
     return {
         "dirty": dirty(),
         **commit_record(),  # after dirty: a stale .git makes both unknown
         "time": datetime.now(UTC).isoformat(timespec="seconds"),
         "host": socket.gethostname(),
         "device": device,
-        "device_name": torch.cuda.get_device_name(dev)
-        if dev.type == "cuda"
-        else platform.processor() or platform.machine(),
+        "device_name": device_name,
         "torch": torch.__version__,
         "triton": triton_version,
         "python": platform.python_version(),

@@ -258,10 +258,6 @@ class Journal:
         self._file = file
         self._write({"resumed_by": os.getpid()})
 
-    def reopen(self) -> None:
-        """Append from this process (a resume); takes the lock unless :meth:`lock` already did."""
-        self.lock()
-
     def record_meta(self, meta: dict) -> None:
         """The run's meta (device, versions, commit, ceilings) as measured at its start, so that a
         journal finalized elsewhere (``run --resume RUN --finalize``) still says where it ran."""

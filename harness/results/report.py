@@ -192,30 +192,17 @@ def render_html(
     skipped = [r for r in rows if r["status"] == "skip"]
     counts = {s: sum(r["status"] == s for r in rows) for s in _STATUS_ORDER}
     backends, pivot = _pivot(rows)
-    ceilings = ceilings_of(meta)
-    fits = scaling_fits(frame)
+    ceilings, fits = ceilings_of(meta), scaling_fits(frame)
     figures = [
         ("Latency and bandwidth against KV length", plots.latency_and_bandwidth(frame, ceilings)),
         ("Error against tolerance, per backend", plots.error_vs_tolerance(frame)),
         ("Scaling fit", plots.scaling_fit(frame, fits)),
     ]
     return ENV.get_template("report.html.j2").render(
-        tips=MEANINGS,
-        meta=meta,
-        rows=graded,
-        skipped=skipped,
-        bad=[r for r in rows if r["status"] in FAILING],
-        counts=counts,
-        total=len(rows),
-        backends=backends,
-        pivot=pivot,
-        ceilings=ceilings,
-        peaks=peaks_of(meta),
+        tips=MEANINGS, meta=meta, rows=graded, skipped=skipped, bad=[r for r in rows if r["status"] in FAILING],
+        counts=counts, total=len(rows), backends=backends, pivot=pivot, ceilings=ceilings, peaks=peaks_of(meta),
         figures=[(title, uri) for title, uri in figures if uri],
-        fits=fits.to_dict("records") if fits is not None else [],
-        regressions=regressions,
-        baseline_problems=problems,
-        baseline_name=baseline_name,
-        overhead_flag=HOST_OVERHEAD_FLAG,
+        fits=fits.to_dict("records") if fits is not None else [], regressions=regressions,
+        baseline_problems=problems, baseline_name=baseline_name, overhead_flag=HOST_OVERHEAD_FLAG,
         time_summary=time_summary(meta),
-    )
+    )  # fmt: skip

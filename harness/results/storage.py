@@ -22,9 +22,7 @@ from harness.results.journal import SUFFIX, Journal, JournalError, journal_path,
 from harness.results.schemas import SchemaError, check_meta, check_rows
 
 RESULT_FILES = ("results.parquet", "results.csv", "meta.json", "report.html")
-# Every timing sample of a row (arrays): in results.parquet only. In a CSV they would be numpy's
-# printed arrays, truncated with "..." past 1000 values, and slow to write (a 432-row folder:
-# 3.7 s with them, 1.6 s without).
+# Every timing sample of a row (arrays): in results.parquet only (in a CSV, numpy's printed arrays, cut at 1000).
 SAMPLE_COLUMNS = ("latency_samples_us", "call_samples_us")
 
 
@@ -71,12 +69,8 @@ def _prepare_parent(run_dir: Path) -> None:
 
 
 def reserve_run(run_dir: Path | None, reports_root: Path, device: str, options: dict) -> tuple[Path, Journal]:
-    """Check the run folder can be written and reserve its name, before any work.
-
-    ``run_dir`` None: the default name under ``reports_root`` (the next free suffix); given, it and its
-    journal must not exist (RunDirExistsError). Returns the folder and its open :class:`Journal`;
-    NotWritableError when the folder's parent cannot be created or written.
-    """
+    """The run folder (``run_dir``, else the next free default name under ``reports_root``) and its open
+    :class:`Journal`, reserved before any work; RunDirExistsError for a given one taken, NotWritableError."""
     chosen = Path(run_dir) if run_dir is not None else default_run_dir(Path(reports_root), device)
     _prepare_parent(chosen)
     for _ in range(1000):
@@ -156,9 +150,7 @@ def stale_leftovers(reports_root: Path, clean: bool = True) -> list[str]:
 def write_run(
     frame: pd.DataFrame, meta: dict, run_dir: Path, page: Callable[[pd.DataFrame, dict], str] | None = None
 ) -> Path:
-    """Write the result files into ``run_dir`` atomically; return ``run_dir``. ``page(frame, meta)``
-    renders report.html; None writes none.
-    """
+    """Write the result files into ``run_dir`` atomically; ``page(frame, meta)`` renders report.html (None: none)."""
     run_dir = Path(run_dir)
     if run_dir.exists():
         raise RunDirExistsError(f"{run_dir} already exists; a run is never overwritten (choose another --out)")
@@ -188,10 +180,8 @@ def write_run(
     return run_dir
 
 
-# A run folder is data from anywhere: its files are sized before they are read. The largest real runs
-# are a few thousand rows (a merged run of many hosts, tens of thousands) and a meta.json of kilobytes;
-# a parquet file compresses a million rows of one value into a few hundred KB, so its own metadata
-# (rows, uncompressed bytes) is checked, not its size on disk.
+# A run folder is data from anywhere: its files are sized before they are read (a parquet file by its own
+# metadata, rows and uncompressed bytes: a million rows of one value compress to a few hundred KB).
 MAX_ROWS = 1_000_000
 MAX_ROWS_BYTES = 2 * 2**30
 MAX_META_BYTES = 16 * 2**20

@@ -268,12 +268,8 @@ def _latency_verdicts(rows: pd.DataFrame, opts: CompareOptions) -> None:
         sb, sn = stats.clean(r["latency_samples_us_base"]), stats.clean(r["latency_samples_us_new"])
         if len(sb) and len(sn):
             tests[i] = t = stats.compare_samples(sb, sn, alpha=opts.alpha, seed=i)
-            cols["ratio"][i], cols["ci_low"][i], cols["ci_high"][i], cols["p_value"][i] = (
-                t.ratio,
-                t.ci_low,
-                t.ci_high,
-                t.p_value,
-            )
+            for column in cols:  # ratio, ci_low, ci_high, p_value
+                cols[column][i] = getattr(t, column)
         else:
             v = stats.weak_verdict(
                 r["latency_us_base"], r["latency_us_new"], r["latency_p10_us_base"], r["latency_p90_us_base"],
@@ -444,18 +440,9 @@ def regressions_of(frame: pd.DataFrame, meta: dict, baseline: tuple[pd.DataFrame
 def write_compare_html(comparison, path: Path, base: tuple, new: tuple) -> Path:
     """The comparison as a page: exit verdict, run-level problems, changed rows, then every row."""
     rows = comparison.rows.copy()
-    rows["_kind"] = [
-        "worse"
-        if w
-        else "better"
-        if b
-        else "unclear"
-        if v in ("cannot tell", UNCONFIRMED)
-        else "one side"
-        if s != "both"
-        else "same"
-        for w, b, v, s in zip(rows["why"], rows["better"], rows["verdict"], rows["side"], strict=True)
-    ]
+    unclear = rows["verdict"].isin(["cannot tell", UNCONFIRMED])
+    kinds = [rows["why"].astype(bool), rows["better"].astype(bool), unclear, rows["side"] != "both"]
+    rows["_kind"] = np.select(kinds, ["worse", "better", "unclear", "one side"], "same")
     rank = {"worse": 0, "one side": 1, "unclear": 2, "better": 3, "same": 4}
     rows = rows.assign(_rank=rows["_kind"].map(rank)).sort_values(["_rank", "case", "backend"], kind="stable")
     html = ENV.get_template("compare.html.j2").render(

@@ -101,9 +101,7 @@ class Worker:
         env = {**os.environ, **(env or {})}
         env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(checkout), os.environ.get("PYTHONPATH")]))
         env.setdefault("TRITON_INTERPRET", "1" if config["device"] == "cpu" else "0")
-        env.setdefault(
-            "THP_MEM_ALLOC_ENABLE", "1"
-        )  # torch: large CPU tensors 2 MB-aligned on huge pages (docstring, 4)
+        env.setdefault("THP_MEM_ALLOC_ENABLE", "1")  # torch: large CPU tensors 2 MB-aligned on huge pages
         self.proc = subprocess.Popen(
             [sys.executable, "-c", WORKER, json.dumps({**config, "parent_pid": os.getpid()})],
             cwd=checkout, env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
@@ -159,10 +157,7 @@ _OBJECT_ID = re.compile(r"[0-9a-fA-F]{7,64}")
 
 def checked_commit(commit, where: str, cwd: Path | None = None) -> str:
     """``commit`` as the full id of a commit reachable from HEAD or a local branch (of the repository at
-    ``cwd``); a ConfirmInputError naming ``where`` otherwise.
-
-    Re-timing runs the code of the commit meta.json names, so a handed run folder must not choose
-    code you never checked out; ``git branch NAME COMMIT`` vouches for one."""
+    ``cwd``); a ConfirmInputError naming ``where`` otherwise: a handed run folder must not choose code to run."""
     if not isinstance(commit, str) or not _OBJECT_ID.fullmatch(commit):
         raise ConfirmInputError(f"{where}: field 'commit': {commit!r} is not a git object id (hex digits)")
     git = functools.partial(subprocess.run, capture_output=True, text=True, cwd=cwd)
@@ -171,10 +166,8 @@ def checked_commit(commit, where: str, cwd: Path | None = None) -> str:
         raise ConfirmInputError(f"{where}: field 'commit': {commit} is not a commit of this repository")
     full = found.stdout.strip()
     in_head = git(["git", "merge-base", "--is-ancestor", full, "HEAD"]).returncode == 0
-    if (
-        not in_head
-        and not git(["git", "for-each-ref", "--contains", full, "--format=%(refname)", "refs/heads"]).stdout.strip()
-    ):
+    branches = "" if in_head else git(["git", "for-each-ref", "--contains", full, "--format=%(refname)", "refs/heads"])
+    if not in_head and not branches.stdout.strip():
         raise ConfirmInputError(
             f"{where}: field 'commit': {commit} is not in your history (reachable from HEAD or a local branch): "
             f"re-timing it would run code you never checked out; `git branch NAME {commit}` vouches for it"
@@ -224,11 +217,7 @@ FIRST_LOOK_SHARE = 2 / 3  # of the time box, at most, for the first look's round
 
 
 def look_schedule(rounds: int) -> list[int]:
-    """The round counts after which rows are judged: 9, 13, 17, ... up to ``rounds`` (its last look).
-
-    8 rounds could not exclude anything at 1 - 0.05 / 7 (the signed-rank sum of 8 pairs reaches
-    its extreme with chance 1/256 > 0.05 / 14).
-    """
+    """The round counts after which rows are judged: 9, 13, 17, ... up to ``rounds`` (its last look)."""
     if rounds < MIN_ROUNDS:
         raise ValueError(f"--confirm-rounds {rounds}: at least {MIN_ROUNDS} rounds are needed for a verdict")
     looks = list(range(MIN_ROUNDS, rounds + 1, LOOK_EVERY))
@@ -313,16 +302,11 @@ def sequential_rounds(
 ) -> dict:  # fmt: skip
     """Paired rounds until every row is decided, ``rounds`` are done, or the time box ``time_s`` is spent.
 
-    ``index``: row -> (case, backend); ``effects``: row -> its minimum effect;
-    ``time_round(keys, pooled, new_first)`` times each key once per build, appends the
-    two observations to ``pooled[key]`` = (base list, new list) and may return the
-    seconds each key took (key -> s; else the round's time is shared out evenly).
-    Returns ``pooled``. ``on_round(k, open)`` is told after each round (the progress bar).
-
-    A decided row stops being re-timed; after round 1 the rows whose first-look rounds fit
-    ``FIRST_LOOK_SHARE`` of the box go on, cheapest first; at each later look :func:`within_box`
-    plans the open rows. A row left out stays "cannot tell". Every look is at confidence
-    ``1 - alpha / len(looks)``, whatever stopped a row.
+    ``index``: row -> (case, backend); ``effects``: row -> its minimum effect; ``time_round(keys, pooled,
+    new_first)`` appends each key's two observations to ``pooled[key]`` = (base list, new list) and may
+    return the seconds each key took. Returns ``pooled``; ``on_round(k, open)`` is told after each round.
+    After round 1 and at each look, :func:`within_box` keeps the open rows whose rounds fit the box; a row
+    left out stays "cannot tell". Every look is at confidence ``1 - alpha / len(looks)``.
     """
     looks = look_schedule(rounds)
     pooled = {key: ([], []) for key in index.values()}
@@ -405,9 +389,7 @@ def rows_to_retime(comparison: Comparison, which: str):
 
 
 def cannot_retime(base_meta: dict, new_meta: dict, chosen, plugins, sources: tuple[str, str]) -> str:
-    """Why the ``chosen`` rows cannot be re-timed from both runs' commits ('' when they can); a bad
-    commit id or an unnamed plugin is a ConfirmInputError.
-    """
+    """Why the ``chosen`` rows cannot be re-timed ('' when they can); ConfirmInputError for a bad commit or plugin."""
     for meta, source in zip((base_meta, new_meta), sources, strict=True):
         if not meta.get("commit"):
             return f"{source} records no commit"
@@ -440,13 +422,8 @@ def retime_or_mark(
     why = skip
     if not why:
         try:
-            why = cannot_retime(
-                base_meta,
-                new_meta,
-                chosen,
-                confirm.get("plugins", ()),
-                confirm.get("sources", ("the base run", "the new run")),
-            )
+            sources = confirm.get("sources", ("the base run", "the new run"))
+            why = cannot_retime(base_meta, new_meta, chosen, confirm.get("plugins", ()), sources)
         except ConfirmInputError as error:
             if strict:
                 raise
@@ -463,9 +440,7 @@ def retime_or_mark(
 
 
 def rounds_to_decide(test: stats.LatencyTest, min_effect: float) -> float:
-    """About how many rounds in all this row needs for its interval to decide it (a guess to order
-    rows by, never a verdict; a centre on a bound gives infinity).
-    """
+    """About how many rounds in all this row needs for its interval to decide it (a guess, never a verdict)."""
     if not (test.n_base and np.isfinite(test.ci_high) and test.ci_low > 0):
         return math.inf
     low, high = math.log(test.ci_low), math.log(test.ci_high)
@@ -476,12 +451,10 @@ def rounds_to_decide(test: stats.LatencyTest, min_effect: float) -> float:
 
 
 def within_box(plans: dict, overhead: float, horizons: list[int], left_s: float) -> dict:
-    """The keys that go on and the rounds each is planned, within ``left_s``.
+    """The keys that go on (key -> rounds planned) within ``left_s``: the decidable first, cheapest first.
 
     ``plans``: key -> (seconds a round, rounds to the look that seems to decide it, or None);
-    ``horizons``: rounds from now to each later look, ascending; ``overhead``: seconds a round
-    takes besides its keys, paid for as many rounds as the longest kept plan. The decidable keys
-    go first, cheapest decision first; then the others, cheapest first, to the next look.
+    ``horizons``: rounds from now to each later look; ``overhead``: seconds a round takes besides its keys.
     """
     kept: dict = {}
     keys_s, longest = 0.0, 0
@@ -500,10 +473,8 @@ def within_box(plans: dict, overhead: float, horizons: list[int], left_s: float)
 
 
 def step_plan(call_us: float) -> tuple[int, int]:
-    """(steps, reps) of a row's round on the CPU: ``steps`` alternating steps per build, ``reps`` timed calls each.
-
-    ``call_us``: one call's time (us). A step is about ``STEP_S`` of calls; a build gets about ``ROUND_S``.
-    """
+    """(steps, reps) of a row's round on the CPU for calls of ``call_us``: about ``STEP_S`` a step, ``ROUND_S``
+    a build."""
     call_s = call_us * 1e-6 if np.isfinite(call_us) and call_us > 0 else STEP_S
     reps = max(1, round(STEP_S / call_s))
     return min(max(math.ceil(ROUND_S / (reps * call_s)), 1), MAX_STEPS), reps
@@ -522,12 +493,11 @@ def alternate(
     time_step: Callable[[int, int], list[float]], device: str, new_first: bool,
     on_plan: Callable[[int, int], None] = lambda steps, reps: None,
 ) -> tuple[float, float]:  # fmt: skip
-    """One row's round, base and new alternating step by step; returns each build's observation.
+    """One row's round, base and new alternating step by step; each build's ``ROUND_QUANTILE`` of its samples.
 
-    ``time_step(side, reps)`` (side 0 base, 1 new) returns ``reps`` samples (us) of that build (0:
-    ``time_call``'s time-boxed count). On the CPU one call per build sets the plan (:func:`step_plan`),
-    then steps go A B B A A B ... (A = new when ``new_first``); on CUDA one block per build. A build's
-    observation is ``ROUND_QUANTILE`` of its samples.
+    ``time_step(side, reps)`` (side 0 base, 1 new) returns ``reps`` samples (us; 0: time-boxed). On the
+    CPU one call per build sets the plan (:func:`step_plan`), then steps go A B B A A B ... (A = new when
+    ``new_first``); on CUDA one block per build.
     """
     first = (1, 0) if new_first else (0, 1)
     samples: tuple[list[float], list[float]] = ([], [])
@@ -543,9 +513,7 @@ def alternate(
 
 
 def _one_round(trees, envs, config, keys, pooled, new_first: bool) -> dict:
-    """One fresh worker per build; each row timed by :func:`alternate`, long rows on one CPU. Returns
-    the seconds each key took.
-    """
+    """One fresh worker per build; each row timed by :func:`alternate`, long rows on one CPU; seconds per key."""
     spent = {}
     workers = [Worker(tree, config, env) for tree, env in zip(trees, envs, strict=True)]  # both start at once
     cpus = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else []
@@ -576,9 +544,7 @@ def _row_effect(row, options: CompareOptions) -> float:
 def rejudge(
     comparison: Comparison, index: dict, pooled: dict, options: CompareOptions, *, looks: int = 1
 ) -> Comparison:
-    """Judge the re-timed rows from their paired rounds (:func:`harness.review.stats.decide_paired`), with
-    ``p_adjusted`` for the ``looks``; rebuild their 'why' and restate a drift note.
-    """
+    """Judge the re-timed rows from their paired rounds, ``p_adjusted`` for the ``looks``; restate a drift note."""
     rows = comparison.rows.copy()
     for i, key in index.items():
         t = stats.paired_ratio(*pooled[key], alpha=options.alpha, looks=looks)

@@ -28,6 +28,10 @@ class History:
     rows: pd.DataFrame  # one row per (run, case, backend): VALUES, regressed, why
 
 
+def _holds_run(path: Path) -> bool:
+    return (path / "meta.json").is_file() and (path / "results.parquet").is_file()
+
+
 def find_runs(paths: list[Path]) -> list[Path]:
     """Run folders among ``paths`` and their direct subfolders (hidden, half-written ones skipped); a
     path that is neither a run nor holds one is a ValueError.
@@ -37,11 +41,7 @@ def find_runs(paths: list[Path]) -> list[Path]:
         if (path / "meta.json").exists() or (path / "results.parquet").exists():
             found.append(path)
         elif path.is_dir():
-            inside = [
-                p
-                for p in sorted(path.iterdir())
-                if not p.name.startswith(".") and (p / "meta.json").is_file() and (p / "results.parquet").is_file()
-            ]
+            inside = [p for p in sorted(path.iterdir()) if not p.name.startswith(".") and _holds_run(p)]
             if not inside:
                 raise ValueError(f"{path}: not a run folder (no meta.json and results.parquet), nor a folder of runs")
             found += inside
@@ -126,9 +126,8 @@ def format_history(history: History) -> str:
     """The terminal view: runs per machine, the regressions, then the latency trend table."""
     lines = []
     for machine, runs in history.runs.groupby("machine", sort=True):
-        lines.append(
-            f"{machine}: {len(runs)} run(s): " + ", ".join(f"{r.run_label} ({r.time})" for r in runs.itertuples())
-        )
+        listed = ", ".join(f"{r.run_label} ({r.time})" for r in runs.itertuples())
+        lines.append(f"{machine}: {len(runs)} run(s): {listed}")
     bad = history.rows[history.rows["regressed"]]
     lines.append(f"{len(bad)} regression(s) between consecutive runs" + (":" if len(bad) else ""))
     lines += [f"  ▲ {r.run_label}: {r.backend} on {r.case}: {r.why}" for r in bad.itertuples()]
@@ -153,18 +152,9 @@ def write_history_html(history: History, path: Path) -> Path:
     """The history page: runs, regressions, latency and error trend plots, the trend tables."""
     figures = []
     for machine, rows in history.rows.groupby("machine", sort=True):
-        figures.append(
-            (
-                f"Latency per run on {machine}",
-                plots.trend(rows, "latency_us", "latency (µs, median)", machine, flag="latency_regressed"),
-            )
-        )
-        figures.append(
-            (
-                f"Error / tolerance per run on {machine}",
-                plots.trend(rows, "tol_ratio", "tol_ratio", machine, flag="error_regressed"),
-            )
-        )
+        latency = plots.trend(rows, "latency_us", "latency (µs, median)", machine, flag="latency_regressed")
+        error = plots.trend(rows, "tol_ratio", "tol_ratio", machine, flag="error_regressed")
+        figures += [(f"Latency per run on {machine}", latency), (f"Error / tolerance per run on {machine}", error)]
     html = ENV.get_template("history.html.j2").render(
         runs=history.runs.to_dict("records"),
         regressions=history.rows[history.rows["regressed"]].to_dict("records"),

@@ -146,7 +146,7 @@ class Called:
         return cls(**{**message, "outputs": outputs})
 
 
-def prepared_dims(prepared: Prepared, case: Case) -> tuple[int, int]:
+def prepared_dims(case: Case) -> tuple[int, int]:
     """(num_kv_heads, head_dim_v) of a case: the shape of a flip's mask."""
     return case.num_kv_heads, case.head_dim_v or case.head_dim
 
@@ -163,7 +163,7 @@ class Checks:
         self.what, self.prepared, self.flipper, self.refs, self.called = what, prepared, flipper, refs, called
         self.case, self.counter, self.want_lse = case, counter, want_lse
         self.alternate_seed, self.final_seed = seeds  # the flip of every other call, the last call's
-        self.dims = prepared_dims(prepared, case)
+        self.dims = prepared_dims(case)
         self.alternate = sign_mask(self.alternate_seed, *self.dims)
         self.final = sign_mask(self.final_seed, *self.dims)
         self.seed_now: int | None = None

@@ -115,16 +115,12 @@ def grade(
         max_abs_err=float(finite_diff.max()) if nan_count == 0 else float("inf"),
         max_rel_err=float((finite_diff / expected.abs().clamp_min(atol)).max()) if nan_count == 0 else float("inf"),
         rel_l2_err=float(torch.linalg.vector_norm(finite_diff)) / ref_norm if ref_norm else 0.0,
-        nan_count=nan_count,
-        tol_ratio=_ratio(diff, allowed),
-        atol=atol,
-        rtol=rtol,
-        passed=nan_count == 0 and bool((excess <= 0).all()),
-        worst_index=worst,
+        nan_count=nan_count, tol_ratio=_ratio(diff, allowed), atol=atol, rtol=rtol,
+        passed=nan_count == 0 and bool((excess <= 0).all()), worst_index=worst,
         error_bound=float(bound.max()) if bound is not None else float("nan"),
         bound_ratio=_ratio(bound.to(expected.device, torch.float64), allowed) if bound is not None else float("nan"),
         fail_count=int((excess > 0).sum()),
-    )
+    )  # fmt: skip
 
 
 # Unit round-off u = eps / 2: float32 2**-24, float16 2**-11, bfloat16 2**-8.

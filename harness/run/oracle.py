@@ -16,19 +16,8 @@ from harness.cases.variants import VARIANTS
 CHUNK_BYTES = 1 << 30  # float64 logits of one chunk of query rows: about 1 GiB
 
 
-def paged_attention_oracle(
-    q,
-    k_cache,
-    v_cache,
-    block_table,
-    seq_lens,
-    query_start_loc=None,
-    scale=None,
-    device="cpu",
-    *,
-    return_lse: bool = False,
-    **options,
-):
+def paged_attention_oracle(q, k_cache, v_cache, block_table, seq_lens, query_start_loc=None, scale=None, device="cpu",
+                           *, return_lse: bool = False, **options):  # fmt: skip
     """Exact paged attention, with the variants of docs/contract.md ("Attention variants").
 
     q               [num_tokens, num_q_heads, head_dim]
@@ -52,10 +41,7 @@ def paged_attention_oracle(
     table = block_table.detach().cpu().long()
     lens = seq_lens.detach().cpu().tolist()
     num_seqs = len(lens)
-    if query_start_loc is None:
-        starts = list(range(num_seqs + 1))
-    else:
-        starts = query_start_loc.detach().cpu().tolist()
+    starts = list(range(num_seqs + 1)) if query_start_loc is None else query_start_loc.detach().cpu().tolist()
     num_q_heads = q.shape[1]
     group = num_q_heads // num_kv_heads  # query head h reads KV head h // group
     scale = head_dim**-0.5 if scale is None else float(scale)

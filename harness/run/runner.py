@@ -14,7 +14,7 @@ from harness.cases.spec import Case
 from harness.cases.vocab import FAILING
 from harness.results.columns import COLUMNS, check_row_keys
 from harness.run import physics
-from harness.run.calling import NOT_TIMED, Called, call_backend, error_reason, expected_under, sign_mask
+from harness.run.calling import NOT_TIMED, Called, call_backend, error_reason, expected_under, prepared_dims, sign_mask
 from harness.run.grading import BOUND_RESULT, forward_error_bound, grade, locate
 from harness.run.guard import InputGuard
 from harness.run.oracle import paged_attention_oracle
@@ -63,9 +63,7 @@ class CaseContext:
 
 
 def build_context(case: Case, device: str, oracle_device: str, oracle: bool = True) -> CaseContext:
-    """The case's inputs, oracle output (and lse), error bound and input guard (``oracle=False``: inputs
-    and guard only, ``expected`` None).
-    """
+    """The case's inputs, oracle output (and lse), error bound and input guard (``oracle=False``: no oracle)."""
     with phase("inputs"):
         inputs = case_inputs(case, device)
     if not oracle:
@@ -103,50 +101,23 @@ def _oracle_results(inputs: PagedInputs, oracle_device: str) -> tuple:
     return expected, bound, expected_lse, quant_error, cached or bound_cached
 
 
+_INPUT_FIELDS = ("num_q_heads", "num_kv_heads", "head_dim", "block_size", "dtype", "layout", "input_scale", "seed")
+# The case's fields a row carries as they are (case_columns adds the derived ones).
+_ROW_FIELDS = ("dtype", "num_q_heads", "num_kv_heads", "head_dim", "block_size", "num_seqs", "max_seq_len", "atol",
+               "rtol", "group_size", "layout", "head_dim_v", "input_scale", "seed")  # fmt: skip
+
+
 def case_inputs(case: Case, device: str) -> PagedInputs:
     """The case's inputs, built from its seed (the same tensors every time)."""
-    return make_inputs(
-        num_q_heads=case.num_q_heads,
-        num_kv_heads=case.num_kv_heads,
-        head_dim=case.head_dim,
-        block_size=case.block_size,
-        seq_lens=list(case.seq_lens),
-        q_lens=list(case.q_lens),
-        dtype=case.dtype,
-        layout=case.layout,
-        input_scale=case.input_scale,
-        seed=case.seed,
-        device=device,
-        **case.variant_fields(),
-    )
+    return make_inputs(**{name: getattr(case, name) for name in _INPUT_FIELDS}, seq_lens=list(case.seq_lens),
+                       q_lens=list(case.q_lens), device=device, **case.variant_fields())  # fmt: skip
 
 
 def case_columns(case: Case, device: str) -> dict:
-    return {
-        "case": case.id,
-        "device": device,
-        "dtype": case.dtype,
-        "num_q_heads": case.num_q_heads,
-        "num_kv_heads": case.num_kv_heads,
-        "head_dim": case.head_dim,
-        "block_size": case.block_size,
-        "num_seqs": case.num_seqs,
-        "max_seq_len": case.max_seq_len,
-        "atol": case.atol,
-        "rtol": case.rtol,
-        "bytes_moved": bytes_moved(case),
-        "group_size": case.group_size,
-        "num_tokens": sum(case.q_lens),
-        "max_q_len": max(case.q_lens),
-        "total_kv_tokens": sum(case.seq_lens),
-        "layout": case.layout,
-        "kv_dtype": case.kv_dtype or "",
-        "head_dim_v": case.head_dim_v,
-        "input_scale": case.input_scale,
-        "seed": case.seed,
-        "tags": ",".join(case.tags),
-        "case_file": case.file,
-    }
+    return {"case": case.id, "device": device, **{name: getattr(case, name) for name in _ROW_FIELDS},
+            "bytes_moved": bytes_moved(case), "num_tokens": sum(case.q_lens), "max_q_len": max(case.q_lens),
+            "total_kv_tokens": sum(case.seq_lens), "kv_dtype": case.kv_dtype or "", "tags": ",".join(case.tags),
+            "case_file": case.file}  # fmt: skip
 
 
 def run_backend(ctx: CaseContext, backend: Backend, config: RunConfig) -> dict:
@@ -224,7 +195,7 @@ def grade_called(ctx: CaseContext, backend: Backend, config: RunConfig, called: 
 def _later_outputs(ctx: CaseContext, called: Called, seeds: tuple[int, int, int]) -> str:
     """'' when every further output passes; else which call failed and how."""
     case = ctx.case
-    dims = (case.num_kv_heads, case.head_dim_v or case.head_dim)
+    dims = prepared_dims(case)
     for label, seed, output in called.outputs:
         if seed is not None and seed not in seeds:
             return f"{label}: reported a flip the harness never asked for"

@@ -98,13 +98,8 @@ def measure_ceilings(device: str, dtype_names: list[str]) -> dict:
     {"read_gbps", "copy_gbps", "matmul_tflops": {dtype: measured}, "peak_tflops": {dtype: peak},
      "peak_source": {dtype: "datasheet ..." or "measured matmul"}}
     """
-    ceilings: dict = {
-        "read_gbps": measure_read_bandwidth(device),
-        "copy_gbps": measure_copy_bandwidth(device),
-        "matmul_tflops": {},
-        "peak_tflops": {},
-        "peak_source": {},
-    }
+    ceilings: dict = {"read_gbps": measure_read_bandwidth(device), "copy_gbps": measure_copy_bandwidth(device),
+                      "matmul_tflops": {}, "peak_tflops": {}, "peak_source": {}}  # fmt: skip
     for name in sorted(set(dtype_names)):
         measured = measure_matmul_tflops(device, DTYPES[name])
         ceilings["matmul_tflops"][name] = measured

@@ -68,17 +68,6 @@ def fit_scaling(frame: pd.DataFrame, column: str = "latency_us") -> pd.DataFrame
                 continue
             slope, intercept, r2 = fit_line(x, group[column].to_numpy(dtype=np.float64))
             reason = fit_verdict(slope, intercept, r2)
-            rows.append(
-                {
-                    "backend": backend,
-                    "phase": part,
-                    "x": axis,
-                    "per_unit_us": np.nan if reason else slope,
-                    "fixed_us": np.nan if reason else intercept,
-                    "r2": r2,
-                    "n": len(x),
-                    "fitted": not reason,
-                    "reason": reason,
-                }
-            )
+            terms = (np.nan, np.nan) if reason else (slope, intercept)
+            rows.append(dict(zip(columns, [backend, part, axis, *terms, r2, len(x), not reason, reason], strict=True)))
     return pd.DataFrame(rows, columns=columns)

@@ -14,6 +14,7 @@ import warnings
 from collections.abc import Callable
 from dataclasses import dataclass
 from time import perf_counter as _clock
+from types import SimpleNamespace
 from typing import Protocol
 
 import torch
@@ -55,12 +56,7 @@ class SampleHooks(Protocol):
     def after(self, result: object, final: bool) -> None: ...
 
 
-class _NoHooks:
-    def before(self, final: bool) -> None:
-        pass
-
-    def after(self, result: object, final: bool) -> None:
-        pass
+_NO_HOOKS = SimpleNamespace(before=lambda final: None, after=lambda result, final: None)
 
 
 def _event() -> torch.cuda.Event:
@@ -130,7 +126,7 @@ def time_call(
     """
     min_reps, max_reps = _reps(device, min_reps, max_reps)
     given = hooks is not None
-    hooks = hooks or _NoHooks()
+    hooks = hooks or _NO_HOOKS
     if not _is_cuda(device):
         fn()
 
@@ -192,7 +188,7 @@ def time_wall(
                          hooks=hooks)  # fmt: skip
     min_reps, max_reps = _reps(device, min_reps, max_reps)
     given = hooks is not None
-    hooks = hooks or _NoHooks()
+    hooks = hooks or _NO_HOOKS
     _warm_up(fn, 3, deadline)
     flush = torch.empty(L2_FLUSH_BYTES, dtype=torch.int8, device=device)
 
