@@ -8,7 +8,6 @@ decision in a launch plan, kernels/launch_plan.py; tests/kernels/test_launch_pla
 
 from __future__ import annotations
 
-import dataclasses
 import math
 from dataclasses import dataclass
 
@@ -108,16 +107,8 @@ class Tiling:
     # The device split (:func:`device_splits`): None, or its (piece_mul, piece_div, piece_min) when each
     # sequence's number of splits (at most NUM_SPLITS) is decided on the device from seq_lens.
     DEVICE_SPLIT: tuple[int, int, int] | None = None
-    KV_PACK: int = (
-        1  # adjacent KV heads a program holds as one head (:func:`kv_pack`); the sizes above are the packed call's
-    )
 
 
-# KV head packing (:func:`kv_pack`): a decode program holds up to PACK_MAX_DIM // head_dim adjacent KV heads
-# as one head of their dims side by side, its query rows at most PACK_MAX_ROWS (tl.dot's minimum M, which
-# a decode pads its group up to anyway).
-PACK_MAX_DIM = 128
-PACK_MAX_ROWS = 16
 # Programs the split aims for: two waves of an H100/H200's 132 SMs. A constant, not the
 # device's SM count, so that tlsim makes the same split (and so the same numerics) anywhere.
 TARGET_PROGRAMS = 264
@@ -281,16 +272,14 @@ def tiling_for(call: PagedCall, max_q_len: int | None = None, max_seq_len: int |
     # tiles (choose_tiling's fp32 rule): a [64, 512] fp32 accumulator would spill registers.
     # The wide tiling (WIDE_HEADS) keeps half-precision tiles: its accumulator is cut by V_PART_DIM
     # instead, and its V parts count as programs for the split.
-    # A packed decode (kv_pack) tiles as the call of num_kv_heads / pack heads of pack * head_dim dims.
     heads = heads_per_program(call)
-    pack = kv_pack(call, q_len)
     large = max(call.head_dim, call.head_dim_v) > SINGLE_DOT_HEAD_DIM and not _wide(call)
-    tiling = choose_tiling(
-        call.head_dim * pack,
-        heads * pack,
+    return choose_tiling(
+        call.head_dim,
+        heads,
         q_len,
         call.num_seqs,
-        call.num_kv_heads // pack * cdiv(call.group_size, heads) * v_parts(call),
+        call.num_kv_heads * cdiv(call.group_size, heads) * v_parts(call),
         kv_bound,
         fp32=call.q.dtype == torch.float32 or large,
         num_tokens=call.num_tokens,
@@ -298,37 +287,6 @@ def tiling_for(call: PagedCall, max_q_len: int | None = None, max_seq_len: int |
         latent=latent_kv(call),
         windowed=call.sliding_window is not None,
     )
-    return tiling if pack == 1 else dataclasses.replace(tiling, KV_PACK=pack)
-
-
-def kv_pack(call: PagedCall, q_len: int) -> int:
-    """Adjacent KV heads one decode program holds (1: none). Where a group's query rows fill less than the
-    16 rows a decode tile has and K's and V's heads lie side by side (head stride head_dim, dims unit-stride),
-    a program takes ``pack`` KV heads as one head of ``pack * head_dim`` dims: each key's row is
-    ``pack * head_dim`` contiguous elements (one load of twice the bytes at hd64 instead of two programs
-    each loading half), the grid has ``pack`` times fewer programs, and row r's q is its head's q in that
-    head's dims and zero in the others (block-diagonal), so its logits and p @ v are its own head's: the
-    products against the other heads' dims are exact zeros. The kernel loads q and stores the output
-    (and the split's partial rows) in each row's own dims (``PACK``).
-
-    Only fp16 / bf16 q over a half-precision cache (fp32 dots run on CUDA cores, where the zeros cost
-    time), head_dim == head_dim_v a power of two, one query a sequence (q_len 1), and while the packed
-    head stays within PACK_MAX_DIM dims and the packed group within PACK_MAX_ROWS rows."""
-    dim, group = call.head_dim, call.group_size
-    if (
-        q_len > 1
-        or call.q.dtype not in (torch.float16, torch.bfloat16)
-        or call.kv_fp8
-        or call.head_dim_v != dim
-        or dim & (dim - 1)
-        or dim < 16
-        or any(t.stride(-1) != 1 or t.stride(2) != dim for t in (call.k_cache, call.v_cache))
-    ):
-        return 1
-    pack = 1
-    while pack * 2 * dim <= PACK_MAX_DIM and pack * 2 * group <= PACK_MAX_ROWS and call.num_kv_heads % (pack * 2) == 0:
-        pack *= 2
-    return pack
 
 
 def device_splits(

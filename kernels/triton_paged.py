@@ -530,7 +530,6 @@ def paged_attention_kernel(
     PIECE_MIN: tl.constexpr = 0,
     PIECE_MEAN: tl.constexpr = 0,  # a piece is at least PIECE_MEAN times the batch's mean length
     LONGEST_FIRST: tl.constexpr = False,  # under DEVICE_SPLIT: the sequences dispatched longest piece first (_program_order)
-    PACK: tl.constexpr = 1,  # KV heads packed as one (kernels.tiling.kv_pack): the sizes above are the packed head's
 ):
     # Grid axis 1: (KV head, head tile, V part), the V part fastest: the programs that share a head
     # tile's q and K run side by side (each computes the same logits, and its own V dims of p @ v).
@@ -584,17 +583,8 @@ def paged_attention_kernel(
     if V_PARTS > 1:
         state_valid = row_valid & ((rows * 0 + v_part) == 0)
 
-    # Under PACK a K row holds PACK heads' dims side by side: row r's q fills its own head's dims (sub: which
-    # of the PACK heads) and is zero in the others, and its output is those dims of acc (the same for V).
-    sub = in_group // (GROUP_SIZE // PACK)
-    q_dims, q_dims_ok, o_dims, o_dims_ok = dims[None, :], dim_valid[None, :], v_dims[None, :], v_dim_valid[None, :]
-    if PACK > 1:
-        q_dims = dims[None, :] - sub[:, None] * (HEAD_DIM // PACK)
-        q_dims_ok = (q_dims >= 0) & (q_dims < HEAD_DIM // PACK)
-        o_dims = v_dims[None, :] - sub[:, None] * (HEAD_DIM_V // PACK)
-        o_dims_ok = (o_dims >= 0) & (o_dims < HEAD_DIM_V // PACK)
     q_offs = q_rows[:, None] * stride_q_token + head[:, None] * stride_q_head
-    q = tl.load(q_ptr + q_offs + q_dims, mask=row_valid[:, None] & q_dims_ok, other=0.0)
+    q = tl.load(q_ptr + q_offs + dims[None, :], mask=row_valid[:, None] & dim_valid[None, :], other=0.0)
     q_tail, tail_dims, tail_valid = q, dims, dim_valid  # unread unless DIM_TAIL > 0
     if DIM_TAIL > 0:  # K's columns past DIM_MAIN (MLA's 64 rope dims), a second dot
         tail_dims = DIM_MAIN + tl.arange(0, DIM_TAIL)
@@ -677,7 +667,7 @@ def paged_attention_kernel(
     keep_state = NUM_SPLITS > 1
     if DEVICE_SPLIT:  # a sequence of one split finishes its rows here; the combine reads the count and skips them
         keep_state = last_split > 0
-        counts = (2 + HEAD_DIM_V_PADDED // PACK) * NUM_SPLITS * num_tokens * num_q_heads  # after acc: _partial_numel
+        counts = (2 + HEAD_DIM_V_PADDED) * NUM_SPLITS * num_tokens * num_q_heads  # after acc: _partial_numel
         tl.store(partial_ptr + counts + q_rows * num_q_heads + head, (rows * 0 + last_split + 1).to(tl.float32),
                  mask=state_valid & ((rows * 0 + split) == 0))  # fmt: skip
     if keep_state:  # keep this split's state; combine_splits_kernel finishes the rows
@@ -685,11 +675,8 @@ def paged_attention_kernel(
         split_rows = NUM_SPLITS * num_tokens * num_q_heads
         tl.store(partial_ptr + row_ids, m_i, mask=state_valid)
         tl.store(partial_ptr + split_rows + row_ids, l_i, mask=state_valid)
-        acc_offs = 2 * split_rows + row_ids[:, None] * (HEAD_DIM_V_PADDED // PACK) + o_dims
-        acc_ok = row_valid[:, None]  # the padded dims too (the combine reads them)
-        if PACK > 1:
-            acc_ok = acc_ok & o_dims_ok
-        tl.store(partial_ptr + acc_offs, acc, mask=acc_ok)
+        acc_offs = 2 * split_rows + row_ids[:, None] * HEAD_DIM_V_PADDED + v_dims[None, :]
+        tl.store(partial_ptr + acc_offs, acc, mask=row_valid[:, None])
     else:
         if USE_SINKS:  # the sink joins the denominator once, with no value
             sink = tl.load(sinks_ptr + head, mask=row_valid, other=0.0)
@@ -704,8 +691,8 @@ def paged_attention_kernel(
         acc = acc / l_i[:, None]
         if INTERPRETED_BF16:
             acc = _bf16_rne(acc)
-        o_offs = q_rows[:, None] * stride_o_token + head[:, None] * stride_o_head + o_dims
-        tl.store(out_ptr + o_offs, acc.to(out_ptr.dtype.element_ty), mask=row_valid[:, None] & o_dims_ok)
+        o_offs = q_rows[:, None] * stride_o_token + head[:, None] * stride_o_head + v_dims[None, :]
+        tl.store(out_ptr + o_offs, acc.to(out_ptr.dtype.element_ty), mask=row_valid[:, None] & v_dim_valid[None, :])
 
 
 @triton.jit
@@ -876,7 +863,6 @@ class TritonPlan:
         head_tiles = cdiv(call.group_size, heads)
         parts = v_parts(call)
         dim_main, dim_tail = head_dim_pieces(call.head_dim)
-        pack = tiling.KV_PACK  # the kernel sees pack adjacent KV heads as one (kernels.tiling.kv_pack)
         # An fp8 V in a decode under fp16 / bf16 q is read as uint16 pairs of dims (_attend_tiles, V_PAIRS), its
         # strides given in uint16 units; that needs them and V's head dim even, and V's first byte at an even
         # address (a view one byte in would make every 16-bit load misaligned; a copied V starts aligned).
@@ -892,23 +878,23 @@ class TritonPlan:
         scalars = (
             qk_scale_log2, call.sliding_window or 0, cap_u, 1.0 / cap_u, num_tokens, call.num_seqs, call.num_q_heads,
             min(call.num_blocks, 2**31), call.block_table.shape[1], tiling.SPLIT_SIZE,
-            q_st[0], q_st[1], o_st[0], o_st[1], k_st[0], k_st[1], k_st[2] * pack, *v_units[:2], v_units[2] * pack,
+            q_st[0], q_st[1], o_st[0], o_st[1], k_st[0], k_st[1], k_st[2], *v_units,
             call.block_table.stride(0),
         )  # fmt: skip
         cuda = q.device.type == "cuda"
         self.main = KernelLaunch(
-            (tiling.NUM_Q_TILES, call.num_kv_heads // pack * head_tiles * parts, splits),
+            (tiling.NUM_Q_TILES, call.num_kv_heads * head_tiles * parts, splits),
             dict(
-                GROUP_SIZE=call.group_size * pack,
-                HEADS_PER_PROGRAM=heads * pack,
+                GROUP_SIZE=call.group_size,
+                HEADS_PER_PROGRAM=heads,
                 HEAD_TILES=head_tiles,
-                HEAD_DIM=call.head_dim * pack,
-                DIM_MAIN=dim_main * pack,
+                HEAD_DIM=call.head_dim,
+                DIM_MAIN=dim_main,
                 DIM_TAIL=dim_tail,
-                HEAD_DIM_V=call.head_dim_v * pack,
-                HEAD_DIM_V_PADDED=head_dim_v_padded * pack,
+                HEAD_DIM_V=call.head_dim_v,
+                HEAD_DIM_V_PADDED=head_dim_v_padded,
                 V_PARTS=parts,
-                V_PART_DIM=head_dim_v_padded * pack // parts,
+                V_PART_DIM=head_dim_v_padded // parts,
                 BLOCK_SIZE=call.block_size,
                 BLOCK_M=tiling.BLOCK_M,
                 BLOCK_Q=tiling.BLOCK_Q,
@@ -936,7 +922,6 @@ class TritonPlan:
                 PIECE_MIN=device_split[2] if device_split else 0,
                 PIECE_MEAN=device_split[3] if device_split else 0,
                 LONGEST_FIRST=device_split is not None and next_pow2(call.num_seqs) <= LONGEST_FIRST_MAX_SEQS,
-                PACK=pack,
             ),
             dict(num_warps=tiling.NUM_WARPS, num_stages=tiling.NUM_STAGES),
             cuda,

@@ -115,8 +115,6 @@ def compile_kernel(fn, constexprs: dict, q: str, kv: str | None = None, scalars:
         name = param.name
         if param.is_constexpr:  # given, or its default
             signature[name] = "constexpr"
-            if name not in const and param.has_default:
-                const[name] = param.default
         elif name.endswith("_ptr"):
             marked.append(name)
             signature[name] = "*fp32" if name in F32_PTRS else "*i32" if name in I32_PTRS else "*" + q

@@ -53,10 +53,6 @@ compile_for_sm90(tp.paged_attention_kernel, "bf16", GROUP_SIZE=128, HEADS_PER_PR
                  DOT_PRECISION="tf32", ONE_QUERY_PER_SEQ=True, NUM_SPLITS=4,
                  **{**mla, "HEAD_TILES": 2, "V_PARTS": 2, "V_PART_DIM": 256},
                  **{**OFF, "USE_SINKS": True, "RETURN_LSE": True})
-# KV head packing (kernels.tiling.kv_pack): two KV heads of 64 dims as one of 128, split KV with sinks and the lse.
-compile_for_sm90(tp.paged_attention_kernel, "bf16", GROUP_SIZE=8, HEADS_PER_PROGRAM=8, BLOCK_M=16, BLOCK_Q=2,
-                 DOT_PRECISION="tf32", ONE_QUERY_PER_SEQ=True, NUM_SPLITS=4, PACK=2, **main,
-                 **{**OFF, "USE_SINKS": True, "RETURN_LSE": True})
 compile_for_sm90(tp.combine_splits_kernel, "fp16", NUM_Q_HEADS=32, HEAD_DIM_V=128, HEAD_DIM_V_PADDED=128, NUM_SPLITS=4,
                  INTERPRETED_BF16=False, USE_SINKS=True, RETURN_LSE=True)
 compile_for_sm90(tp.combine_splits_kernel, "bf16", NUM_Q_HEADS=128, HEAD_DIM_V=512, HEAD_DIM_V_PADDED=512, NUM_SPLITS=8,

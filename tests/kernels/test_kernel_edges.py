@@ -91,19 +91,6 @@ CASES: list[Edge] = [
         (1, 3, 1),
         {"dtype": "bfloat16", "kv_dtype": "float8_e4m3fn", "kv_scale": "amax_per_head", "input_scale": 3.0},
     ),
-    # KV head packing (kernels.tiling.kv_pack): bf16 decodes whose two KV heads one program holds as one of 64
-    # dims, each query head's q in its own head's dims; split with sinks and the lse, or ALiBi under a window.
-    Edge(
-        "packed_decode_split_sinks_lse",
-        *_decode(*SPLIT_LENS),
-        {"dtype": "bfloat16", "sinks": (4.0, -3.0, 0.5, 100.0), "return_lse": True},
-        {"max_seq_len": 1152},
-    ),
-    Edge(
-        "packed_decode_alibi_window",
-        *_decode(*WINDOW_DECODE_LENS),
-        {"dtype": "bfloat16", "alibi": True, "sliding_window": 36},
-    ),
     Edge("k288_tail_dims", (40, 5, 65), (3, 1, 1), {"head_dim": 288, "head_dim_v": 64}),
     # The wide tiling (kernels.tiling.WIDE_HEADS): 96 heads over one KV head in 2 head tiles of 64 (the
     # second half empty), V's 300 dims in 2 parts of 256 (the second 44 valid), split KV, sinks, lse.
@@ -143,8 +130,6 @@ def test_the_cases_sit_on_the_tilings_boundaries():
     assert window_split.NUM_SPLITS == 2 and window_split.SPLIT_SIZE < 1040, "the window's keys span both splits"
     for name in ("window6_prefill_program_edges", "softcap2_prefill", "float16_prefill"):
         assert tiling(name).NUM_SPLITS == 1, name
-    packed = tiling("packed_decode_split_sinks_lse")
-    assert (packed.KV_PACK, tiling("packed_decode_alibi_window").KV_PACK) == (2, 2) and packed.NUM_SPLITS > 1
 
 
 def test_value_checks_accept_the_tables_exact_capacity_and_refuse_a_bad_last_partial_block():

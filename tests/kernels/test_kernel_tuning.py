@@ -70,57 +70,6 @@ def test_a_decode_that_splits_takes_its_own_key(monkeypatch):
     assert split.NUM_SPLITS > 1 and tuning.default_config("half", 128, "decode_split").tile_n == split.TILE_N
 
 
-@pytest.mark.parametrize(
-    "change, pack",
-    [
-        ({}, 2),  # 32 query / 8 KV heads of 64 dims: two KV heads a program (128 dims, 8 query rows)
-        ({"head_dim": 32}, 4),
-        ({"q_heads": 8, "head_dim": 16}, 8),
-        ({"q_heads": 64}, 2),  # 16 rows
-        ({"q_heads": 128}, 1),  # a group of 16 fills the rows alone
-        ({"head_dim": 128}, 1),
-        ({"kv_heads": 1, "q_heads": 4}, 1),
-        ({"dtype": torch.float32}, 1),
-        ({"kv_dtype": torch.float8_e4m3fn}, 1),
-        ({"q_len": 2}, 1),
-        ({"heads_apart": True}, 1),  # K's heads a view of every other head: not side by side
-    ],
-    ids=[
-        "hd64",
-        "hd32",
-        "hd16_8q",
-        "group8",
-        "group16",
-        "hd128",
-        "one_kv_head",
-        "fp32",
-        "fp8",
-        "verify",
-        "heads_apart",
-    ],
-)
-def test_a_decode_packs_adjacent_kv_heads_while_the_packed_head_fits(change, pack):
-    """kernels.tiling.kv_pack: the KV heads a decode program holds as one, and the tiling that of the packed call."""
-    shape = dict(q_heads=32, kv_heads=8, head_dim=64, dtype=torch.bfloat16, kv_dtype=None, q_len=1, heads_apart=False)
-    s = {**shape, **change}
-    meta = dict(device="meta")
-    seqs, dim, kv_heads = 4, s["head_dim"], s["kv_heads"]
-    q = torch.empty(seqs * s["q_len"], s["q_heads"], dim, dtype=s["dtype"], **meta)
-    cache = torch.empty(
-        64, 16, kv_heads * (2 if s["heads_apart"] else 1), dim, dtype=s["kv_dtype"] or s["dtype"], **meta
-    )
-    k = cache[:, :, ::2] if s["heads_apart"] else cache
-    starts = None if s["q_len"] == 1 else torch.arange(0, seqs * s["q_len"] + 1, s["q_len"], dtype=torch.int32, **meta)
-    fp8 = dict(k_scale=torch.ones(kv_heads, **meta), v_scale=torch.ones(kv_heads, **meta)) if s["kv_dtype"] else {}
-    table, lens = torch.empty(seqs, 16, dtype=torch.int32, **meta), torch.empty(seqs, dtype=torch.int32, **meta)
-    call = prepare_call(q, k, k, table, lens, starts, check=False, **fp8)
-    tiling = tiling_for(call, max_q_len=s["q_len"], max_seq_len=256)
-    packed = choose_tiling(dim * pack, call.group_size * pack, s["q_len"], seqs, kv_heads // pack, 256,
-                           fp32=s["dtype"] == torch.float32, kv_fp8=bool(fp8))  # fmt: skip
-    assert pack == tiling.KV_PACK
-    assert (tiling.BLOCK_M, tiling.TILE_N, tiling.NUM_SPLITS) == (packed.BLOCK_M, packed.TILE_N, packed.NUM_SPLITS)
-
-
 def test_the_tuner_offers_256_key_tiles_to_head_dim_64_only():
     """kernels.tuning's head_dim 64 decode entry (256-key tiles) is one the tuner can find again on a new GPU."""
     from scripts.tune_tiles import candidates
