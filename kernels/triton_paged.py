@@ -314,6 +314,8 @@ def _attend_tiles(
     POS_UNSIGNED: tl.constexpr,  # a KV split: each key's block column and slot in unsigned arithmetic (below)
     BLOCK_OFFS_U32: tl.constexpr,  # each key's block offset a 32 x 32 -> 64-bit unsigned product (below)
     CAUSAL_ONLY_MASK: tl.constexpr,  # a verify launch (rows of several query positions): the shorter mask (below)
+    k_desc=None, k_tail_desc=None, v_desc=None,  # the pools' tensor descriptors (read when KV_TMA)
+    KV_TMA: tl.constexpr = False,  # each tile one box of its block's rows, loaded by the tensor memory accelerator
 ):  # fmt: skip
     """The online softmax over KV positions [start, end) of one program; returns (m, l, acc)
     [BLOCK_M], [BLOCK_M], [BLOCK_M, V_PART_DIM]. The kernel calls it twice: unmasked
@@ -340,6 +342,15 @@ def _attend_tiles(
     multiple of TILE_N both loops compile shorter. Prefill and decode launches keep the longer form, which
     runs them faster. docs/performance.md, "The split decode", has the instruction counts of all three.
 
+    KV_TMA (the unmasked tiles of a launch whose tiles lie in one block each: BLOCK_SIZE % TILE_N == 0,
+    ``_kv_tma``): a tile is TILE_N consecutive rows of one block, one box of the pool seen as [num_blocks *
+    BLOCK_SIZE, row] (row: a slot's elements), so K and V come by descriptor (Hopper's TMA) instead of a
+    pointer a row and dim: no address arithmetic, and the copy lands in shared memory in the dots' layout.
+    The table entry is one scalar a tile; a bad entry, or a column past the table, takes the row
+    num_blocks * BLOCK_SIZE, wholly past the pool, which the copy fills with zeros without reading (the rows
+    are NaN anyway: _count_bad_blocks). The masked tiles keep the pointer loads, whose masks zero the keys
+    past seq_len (a block's unused slots may hold anything, a NaN among them, which p = 0 would not cancel).
+
     V_PAIRS: p @ v contracts over keys, but a key's dims are what lie side by side in memory, and an
     8-bit operand cannot be transposed by ldmatrix, so an fp8 V tile taken as it is comes out of
     shared memory a byte at a time. Read as uint16 instead, element (key, c) holds dims 2c (low
@@ -354,39 +365,49 @@ def _attend_tiles(
     for tile_start in range(start, end, TILE_N):
         k_pos = tile_start + tl.arange(0, TILE_N)
         k_valid = k_pos < seq_len
-        if POS_UNSIGNED:  # the same values (k_pos >= 0): see the docstring
-            k_pos_u = k_pos.to(tl.uint32)
-            column = (k_pos_u // BLOCK_SIZE).to(tl.int32)
-            slot = (k_pos_u % BLOCK_SIZE).to(tl.int32)
+        if KV_TMA:  # one box of the tile's block: see the docstring
+            box_col = tile_start // BLOCK_SIZE
+            box_ok = box_col < max_blocks_per_seq
+            box_block = tl.load(block_table_ptr + seq * stride_bt_seq + box_col, mask=box_ok, other=-1)
+            box_block = tl.where(box_ok & (box_block.to(tl.uint32) < num_blocks), box_block, num_blocks)
+            box_row = box_block * BLOCK_SIZE + tile_start % BLOCK_SIZE
+            k = k_desc.load([box_row, kv_head * stride_k_head])
         else:
-            column = k_pos // BLOCK_SIZE
-            slot = k_pos % BLOCK_SIZE
-        if MASKED or DOT_PRECISION == "ieee":  # fp32 (dots on CUDA cores) spills without k_valid: see the docstring
-            in_table = k_valid & (column < max_blocks_per_seq)
-        else:  # every key here is before seq_len (the unmasked tiles end at or before it): k_valid is all true
-            in_table = column.to(tl.uint32) < max_blocks_per_seq  # unsigned (column >= 0; the table's width too)
-        block = tl.load(block_table_ptr + seq * stride_bt_seq + column, mask=in_table, other=0)
-        # a bad index loads nothing (_count_bad_blocks); one unsigned compare is block >= 0 and block < num_blocks
-        block_ok = in_table & (block.to(tl.uint32) < num_blocks)
-        if BLOCK_OFFS_U32:  # a loaded row's block is in [0, num_blocks), the strides >= 0: see the docstring
-            block = block.to(tl.uint32).to(tl.uint64)
-            stride_kb = stride_k_block.to(tl.uint32).to(tl.uint64)
-            stride_vb = stride_v_block.to(tl.uint32).to(tl.uint64)
-        else:
-            block = block.to(tl.int64)
-            stride_kb = stride_k_block
-            stride_vb = stride_v_block
-
-        k_offs = block[:, None] * stride_kb + slot[:, None] * stride_k_slot + kv_head * stride_k_head
-        k = tl.load(k_cache_ptr + k_offs + dims[None, :], mask=block_ok[:, None] & dim_valid[None, :], other=0.0)
+            if POS_UNSIGNED:  # the same values (k_pos >= 0): see the docstring
+                k_pos_u = k_pos.to(tl.uint32)
+                column = (k_pos_u // BLOCK_SIZE).to(tl.int32)
+                slot = (k_pos_u % BLOCK_SIZE).to(tl.int32)
+            else:
+                column = k_pos // BLOCK_SIZE
+                slot = k_pos % BLOCK_SIZE
+            if MASKED or DOT_PRECISION == "ieee":  # fp32 (dots on CUDA cores) spills without k_valid: see the docstring
+                in_table = k_valid & (column < max_blocks_per_seq)
+            else:  # every key here is before seq_len (the unmasked tiles end at or before it): k_valid is all true
+                in_table = column.to(tl.uint32) < max_blocks_per_seq  # unsigned (column >= 0; the table's width too)
+            block = tl.load(block_table_ptr + seq * stride_bt_seq + column, mask=in_table, other=0)
+            # a bad index loads nothing (_count_bad_blocks); one unsigned compare is block >= 0 and block < num_blocks
+            block_ok = in_table & (block.to(tl.uint32) < num_blocks)
+            if BLOCK_OFFS_U32:  # a loaded row's block is in [0, num_blocks), the strides >= 0: see the docstring
+                block = block.to(tl.uint32).to(tl.uint64)
+                stride_kb = stride_k_block.to(tl.uint32).to(tl.uint64)
+                stride_vb = stride_v_block.to(tl.uint32).to(tl.uint64)
+            else:
+                block = block.to(tl.int64)
+                stride_kb = stride_k_block
+                stride_vb = stride_v_block
+            k_offs = block[:, None] * stride_kb + slot[:, None] * stride_k_slot + kv_head * stride_k_head
+            k = tl.load(k_cache_ptr + k_offs + dims[None, :], mask=block_ok[:, None] & dim_valid[None, :], other=0.0)
         if KV_FP8:  # exact: every fp8 value is an fp16 / bf16 value; k_scale multiplies the logits below
             k = _widen_fp8(k, q.dtype, INTERPRETED_BF16 and not FP16_DOTS, FP16_DOTS or V_PAIRS)
         if INTERPRETED_BF16 and not FP16_DOTS:
             k = k.to(tl.float32)
         s = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION, out_dtype=tl.float32)  # [BLOCK_M, TILE_N]
         if DIM_TAIL > 0:
-            k_tail = tl.load(k_cache_ptr + k_offs + tail_dims[None, :], mask=block_ok[:, None] & tail_valid[None, :],
-                             other=0.0)  # fmt: skip
+            if KV_TMA:
+                k_tail = k_tail_desc.load([box_row, kv_head * stride_k_head + q.shape[1]])
+            else:
+                k_tail = tl.load(k_cache_ptr + k_offs + tail_dims[None, :],
+                                 mask=block_ok[:, None] & tail_valid[None, :], other=0.0)  # fmt: skip
             if KV_FP8:
                 k_tail = _widen_fp8(k_tail, q.dtype, INTERPRETED_BF16 and not FP16_DOTS, FP16_DOTS or V_PAIRS)
             if INTERPRETED_BF16 and not FP16_DOTS:
@@ -423,7 +444,8 @@ def _attend_tiles(
             p = tl.exp2(s * qk_scale_log2 - m_scaled[:, None])
         l_i = l_i * alpha + tl.sum(p, 1)
 
-        v_offs = block[:, None] * stride_vb + slot[:, None] * stride_v_slot + kv_head * stride_v_head
+        if not KV_TMA:
+            v_offs = block[:, None] * stride_vb + slot[:, None] * stride_v_slot + kv_head * stride_v_head
         if V_PAIRS:  # V's strides come in uint16 units (the launcher halves them: all even)
             pair = tl.load(v_cache_ptr.to(tl.pointer_type(tl.uint16)) + v_offs + pairs[None, :], mask=block_ok[:, None] & (pairs < HEAD_DIM_V // 2)[None, :],
                            other=0)  # fmt: skip
@@ -434,6 +456,8 @@ def _attend_tiles(
         else:
             if SHARED_KV:  # the same elements a V load would bring (the launcher checked the view): no second load
                 v = k
+            elif KV_TMA:
+                v = v_desc.load([box_row, kv_head * stride_v_head + v_first])
             else:
                 v = tl.load(
                     v_cache_ptr + v_offs + v_dims[None, :], mask=block_ok[:, None] & v_dim_valid[None, :], other=0.0
@@ -530,6 +554,7 @@ def paged_attention_kernel(
     PIECE_MIN: tl.constexpr = 0,
     PIECE_MEAN: tl.constexpr = 0,  # a piece is at least PIECE_MEAN times the batch's mean length
     LONGEST_FIRST: tl.constexpr = False,  # under DEVICE_SPLIT: the sequences dispatched longest piece first (_program_order)
+    KV_TMA: tl.constexpr = False,  # the unmasked tiles' K and V by tensor descriptor (_attend_tiles, _kv_tma)
 ):
     # Grid axis 1: (KV head, head tile, V part), the V part fastest: the programs that share a head
     # tile's q and K run side by side (each computes the same logits, and its own V dims of p @ v).
@@ -644,6 +669,18 @@ def paged_attention_kernel(
         full_end = tl.maximum(kv_start, tl.minimum(kv_end, first_visible_end))
         if CAUSAL_ONLY_MASK:  # a multiple of TILE_N already (kv_start, first_visible_end, a split's end): spelled so
             full_end = full_end // TILE_N * TILE_N
+    k_desc, k_tail_desc, v_desc = k_cache_ptr, k_cache_ptr, v_cache_ptr  # unread unless KV_TMA
+    if KV_TMA:  # the pools as [num_blocks * BLOCK_SIZE, a slot's elements]: a tile is one box (_attend_tiles)
+        pool_rows = num_blocks * BLOCK_SIZE
+        k_desc = tl.make_tensor_descriptor(
+            k_cache_ptr, [pool_rows, stride_k_slot], [stride_k_slot, 1], [TILE_N, DIM_MAIN]
+        )
+        if DIM_TAIL > 0:
+            k_tail_desc = tl.make_tensor_descriptor(k_cache_ptr, [pool_rows, stride_k_slot], [stride_k_slot, 1],
+                                                    [TILE_N, DIM_TAIL])  # fmt: skip
+        if not SHARED_KV:
+            v_desc = tl.make_tensor_descriptor(v_cache_ptr, [pool_rows, stride_v_slot], [stride_v_slot, 1],
+                                               [TILE_N, V_PART_DIM])  # fmt: skip
     m_i, l_i, acc = _attend_tiles(
         q, q_tail, m_i, l_i, acc, kv_start, full_end, seq, seq_len, q_pos, kv_head, dims, dim_valid, tail_dims, tail_valid,
         v_dims, v_dim_valid, slope, k_scale, v_scale, q_unscale, v_first, q_ptr, k_cache_ptr, v_cache_ptr, block_table_ptr, qk_scale_log2,
@@ -651,6 +688,7 @@ def paged_attention_kernel(
         stride_k_block, stride_k_slot, stride_k_head, stride_v_block, stride_v_slot, stride_v_head, stride_bt_seq,
         BLOCK_SIZE, TILE_N, DIM_TAIL, DOT_PRECISION, INTERPRETED_BF16, False, USE_WINDOW, USE_SOFTCAP, USE_ALIBI, KV_FP8,
         FP16_DOTS, V_PAIRS, HEAD_DIM_V, INTERPRETED, SHARED_KV, NUM_SPLITS > 1, BLOCK_OFFS_U32, CAUSAL_ONLY_MASK,
+        k_desc, k_tail_desc, v_desc, KV_TMA,
     )  # fmt: skip
     m_i, l_i, acc = _attend_tiles(
         q, q_tail, m_i, l_i, acc, full_end, kv_end, seq, seq_len, q_pos, kv_head, dims, dim_valid, tail_dims, tail_valid,
@@ -773,6 +811,48 @@ def _check_launchable(device: torch.device) -> None:
 
 PLANS = PlanCache()  # this kernel's launch plans (kernels/launch_plan.py)
 
+# The unmasked tiles' K and V by tensor descriptor where a tile is one box of the pool (_kv_tma); False: by
+# pointer everywhere (the same values: a load is a load).
+KV_TMA = True
+
+
+def _kv_tma(call: PagedCall, tiling, strides: tuple, copied: tuple, parts: int) -> bool:
+    """Whether the unmasked tiles load K (and V, unless it is K's view) by tensor descriptor (_attend_tiles'
+    KV_TMA): a tile then lies in one block (block_size a multiple of TILE_N) and the pool is one 2-D tensor
+    of rows (block stride = block_size * slot stride), each head's columns inside a row, the rows and the
+    base 16-byte aligned (the copy engine's rule), and every piece of K and V loaded whole (no padded dims
+    past the head's). An NVIDIA GPU of sm_90 or newer (or the interpreter, which models one); not an fp8
+    cache (its V_PAIRS reads pairs).
+
+    ``strides``: K's and V's strides as launched; ``copied``: whether the launcher copies each."""
+    if not KV_TMA or call.kv_fp8 or call.block_size % tiling.TILE_N:
+        return False
+    if call.q.device.type == "cuda" and (torch.version.hip or torch.cuda.get_device_capability(call.q.device)[0] < 9):
+        return False
+    main, tail = head_dim_pieces(call.head_dim)
+    pools = [(call.k_cache, strides[0], copied[0], call.head_dim)]
+    if not latent_kv(call):
+        if call.head_dim_v % parts or next_pow2(call.head_dim_v // parts) != call.head_dim_v // parts:
+            return False
+        pools.append((call.v_cache, strides[1], copied[1], call.head_dim_v))
+    size = call.k_cache.element_size()
+    return (
+        main + tail == call.head_dim
+        and call.num_blocks * call.block_size < 2**31
+        and all(
+            st[0] == call.block_size * st[1]
+            and (call.num_kv_heads - 1) * st[2] + dim <= st[1] < 2**31
+            and st[1] * size % 16 == 0
+            and (copy or pool.data_ptr() % 16 == 0)
+            for pool, st, copy, dim in pools
+        )
+    )
+
+
+def _tma_scratch(size: int, alignment: int, stream: int | None) -> torch.Tensor:
+    """Triton's allocator for a launch's global scratch: the descriptors each program makes (KV_TMA)."""
+    return torch.empty(size, dtype=torch.int8, device="cuda")
+
 
 @contract_entry(plans=PLANS)
 def paged_attention_triton(
@@ -832,7 +912,7 @@ class TritonPlan:
     """
 
     __slots__ = ("combine", "copy_k", "copy_out", "copy_q", "copy_v", "dummy", "launch", "main", "noop", "partial_numel",
-                 "scale", "tiling")  # fmt: skip
+                 "scale", "scratch", "tiling")  # fmt: skip
 
     def __init__(self, call: PagedCall, out: torch.Tensor, lse: torch.Tensor | None, max_q_len, max_seq_len):
         q, k_cache, v_cache = call.q, call.k_cache, call.v_cache
@@ -882,6 +962,10 @@ class TritonPlan:
             call.block_table.stride(0),
         )  # fmt: skip
         cuda = q.device.type == "cuda"
+        interpreted = not isinstance(paged_attention_kernel, triton.runtime.JITFunction)
+        kv_tma = _kv_tma(call, tiling, (k_st, v_st), (self.copy_k, self.copy_v), parts)
+        # Descriptors made on the device take global scratch, which Triton allocates through its allocator.
+        self.scratch = kv_tma and cuda
         self.main = KernelLaunch(
             (tiling.NUM_Q_TILES, call.num_kv_heads * head_tiles * parts, splits),
             dict(
@@ -911,7 +995,7 @@ class TritonPlan:
                 KV_FP8=call.kv_fp8,
                 FP16_DOTS=tiling.FP8_DOTS_FP16 and q.dtype == torch.bfloat16,
                 V_PAIRS=v_pairs,
-                INTERPRETED=not isinstance(paged_attention_kernel, triton.runtime.JITFunction),
+                INTERPRETED=interpreted,
                 SHARED_KV=latent_kv(call),
                 BLOCK_OFFS_U32=all(1 < st < 2**31 for st in (k_st[0], v_units[0])),
                 CAUSAL_ONLY_MASK=tiling.TUNING_KEY[2] == "verify",
@@ -922,6 +1006,7 @@ class TritonPlan:
                 PIECE_MIN=device_split[2] if device_split else 0,
                 PIECE_MEAN=device_split[3] if device_split else 0,
                 LONGEST_FIRST=device_split is not None and next_pow2(call.num_seqs) <= LONGEST_FIRST_MAX_SEQS,
+                KV_TMA=kv_tma,
             ),
             dict(num_warps=tiling.NUM_WARPS, num_stages=tiling.NUM_STAGES),
             cuda,
@@ -947,6 +1032,8 @@ class TritonPlan:
         """launch with no copy and no KV split: one kernel on the tensors as given (the general
         method's arguments, its split buffers the unread dummy)."""
         unread = self.dummy
+        if self.scratch:
+            triton.set_allocator(_tma_scratch)
         self.main(
             paged_attention_kernel,
             q, k_cache, v_cache, block_table, seq_lens, seq_lens if query_start_loc is None else query_start_loc, out,
@@ -969,6 +1056,8 @@ class TritonPlan:
         sinks_u = partial if sinks is None else sinks / self.scale
         alibi_u = partial if alibi_slopes is None else alibi_slopes / self.scale
         lse_c = partial if lse is None else lse  # unwritten without RETURN_LSE
+        if self.scratch:
+            triton.set_allocator(_tma_scratch)
         self.main(
             paged_attention_kernel,
             q_c, k_c, v_c, block_table, seq_lens, starts, out_c, lse_c, partial, sinks_u,
