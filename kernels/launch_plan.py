@@ -26,7 +26,8 @@ takes the full path, which checks and usually rejects it. Since the shape, dtype
 device checks read only what the key holds, a hit skips them (they passed for this key);
 the value checks (``check=True`` or ``PAGED_ATTENTION_CHECK=1``) read tensor values and
 run on every call, hit or miss. Editing ``kernels.tuning.TUNED`` in place at run time is
-not seen by the key, nor is setting ``kernels.tiling``'s WIDE_HEADS, V_PART_DIM or LATENT_KV:
+not seen by the key, nor is setting ``kernels.tiling``'s WIDE_HEADS, V_PART_DIM or LATENT_KV
+or ``kernels.triton_paged``'s KV_TMA:
 call :func:`clear_plans` after such an edit (``override`` is seen).
 
 Each kernel's cache keeps :data:`MAX_PLANS` plans, dropping the least recently used first
