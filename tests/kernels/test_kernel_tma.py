@@ -22,6 +22,8 @@ from kernels.tiling import tiling_for
 from tests.kernels.kernel_cases import assert_passes, backend_fn, needs_triton
 
 FP32 = (1e-5, 1e-4)
+ON_CUDA = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")]
+DEVICES = ["cpu", pytest.param("cuda", marks=ON_CUDA)]
 BASE = dict(num_q_heads=4, num_kv_heads=2, head_dim=32, block_size=64, dtype="float32", layout="shuffled", seed=5)
 # seq_lens around the tile (= block) edges, decode and prefill rows; name -> (make_inputs keywords, call keywords)
 CASES = {
@@ -38,12 +40,20 @@ CASES = {
 }
 
 
-def _run(keywords: dict, call: dict, tma: bool, monkeypatch) -> torch.Tensor:
+def _kernel(device: str):
+    if device == "cpu":
+        return backend_fn("triton")
+    if torch.cuda.get_device_capability()[0] < 9:
+        pytest.skip("tensor descriptors need sm_90 or newer")
+    return triton_paged.paged_attention_triton
+
+
+def _run(keywords: dict, call: dict, tma: bool, device: str, monkeypatch) -> torch.Tensor:
     monkeypatch.setattr(triton_paged, "KV_TMA", tma)
     clear_plans()  # the plan key does not hold KV_TMA
-    inputs = make_inputs(**{**BASE, **keywords})
+    inputs = make_inputs(**{**BASE, **keywords}, device=device)
     out = inputs.new_out()
-    kernel = backend_fn("triton")
+    kernel = _kernel(device)
     taken = []
     spy = triton_paged._kv_tma
     monkeypatch.setattr(triton_paged, "_kv_tma", lambda *a: taken.append(spy(*a)) or taken[-1])
@@ -52,26 +62,28 @@ def _run(keywords: dict, call: dict, tma: bool, monkeypatch) -> torch.Tensor:
     return inputs, out
 
 
+@pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("name", CASES)
-def test_descriptor_loads_match_pointer_loads_bit_for_bit_and_the_oracle(name, monkeypatch):
+def test_descriptor_loads_match_pointer_loads_bit_for_bit_and_the_oracle(name, device, monkeypatch):
     keywords, call = CASES[name]
-    inputs, by_descriptor = _run(keywords, call, True, monkeypatch)
-    _, by_pointer = _run(keywords, call, False, monkeypatch)
+    inputs, by_descriptor = _run(keywords, call, True, device, monkeypatch)
+    _, by_pointer = _run(keywords, call, False, device, monkeypatch)
     clear_plans()
     assert torch.equal(by_descriptor, by_pointer), "a load is a load: the outputs must be the same bits"
     variants = {key: value for key, value in call.items() if key != "max_seq_len"}
     assert_passes(by_descriptor, paged_attention_oracle(*inputs.args(), **variants), FP32, name)
 
 
-def test_a_bad_block_in_an_unmasked_tile_turns_its_rows_nan_and_no_others(monkeypatch):
+@pytest.mark.parametrize("device", DEVICES)
+def test_a_bad_block_in_an_unmasked_tile_turns_its_rows_nan_and_no_others(device, monkeypatch):
     """A block id of num_blocks in a sequence's first (whole, unmasked) tile: the box lies past the pool."""
-    inputs = make_inputs(**{**BASE, "seq_lens": [130, 129], "q_lens": [1, 1]})
+    inputs = make_inputs(**{**BASE, "seq_lens": [130, 129], "q_lens": [1, 1]}, device=device)
     table = inputs.block_table.clone()
     table[0, 0] = inputs.k_cache.shape[0]
     inputs = replace(inputs, block_table=table)
     monkeypatch.setattr(triton_paged, "KV_TMA", True)
     clear_plans()
-    got = backend_fn("triton")(*inputs.args(), out=inputs.new_out(), check=False)
+    got = _kernel(device)(*inputs.args(), out=inputs.new_out(), check=False)
     clear_plans()
     assert bool(got[0].isnan().all()), "the sequence with the bad block: every row NaN"
     assert not bool(got[1].isnan().any())
