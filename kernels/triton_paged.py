@@ -822,10 +822,12 @@ def _kv_tma(call: PagedCall, tiling, strides: tuple, copied: tuple, parts: int) 
     of rows (block stride = block_size * slot stride), each head's columns inside a row, the rows and the
     base 16-byte aligned (the copy engine's rule), and every piece of K and V loaded whole (no padded dims
     past the head's). An NVIDIA GPU of sm_90 or newer (or the interpreter, which models one); not an fp8
-    cache (its V_PAIRS reads pairs).
+    cache (its V_PAIRS reads pairs). Decode launches only: on an H100 the descriptors ran MLA's decode
+    over two tensors 0.935x its pointer loads' time, the latent cache's 0.98x, a 4 x 4k prefill 1.08x and
+    a q_len 4 verify 1.04x (blocks of 128; docs/performance.md).
 
     ``strides``: K's and V's strides as launched; ``copied``: whether the launcher copies each."""
-    if not KV_TMA or call.kv_fp8 or call.block_size % tiling.TILE_N:
+    if not KV_TMA or call.kv_fp8 or call.block_size % tiling.TILE_N or not tiling.TUNING_KEY[2].startswith("decode"):
         return False
     if call.q.device.type == "cuda" and (torch.version.hip or torch.cuda.get_device_capability(call.q.device)[0] < 9):
         return False

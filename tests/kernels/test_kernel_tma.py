@@ -1,5 +1,6 @@
-"""The unmasked tiles' K and V by tensor descriptor (the kernel's KV_TMA): where it is taken, and that it
-gives the pointer loads' output bit for bit, graded against the oracle, around the tile and block edges.
+"""The unmasked tiles' K and V by tensor descriptor (the kernel's KV_TMA, decode launches): where it is taken,
+and that it gives the pointer loads' output bit for bit, graded against the oracle, around the tile and block
+edges.
 
 The inputs hold NaN in every slot no sequence owns (harness.cases.inputs), so a descriptor load in a tile
 with keys past seq_len, or a box one row off, turns rows NaN or moves them outside the tolerance.
@@ -28,9 +29,8 @@ BASE = dict(num_q_heads=4, num_kv_heads=2, head_dim=32, block_size=64, dtype="fl
 # seq_lens around the tile (= block) edges, decode and prefill rows; name -> (make_inputs keywords, call keywords)
 CASES = {
     "decode_tile_edges": (dict(seq_lens=[63, 64, 65, 128, 129, 200], q_lens=[1] * 6), {}),
-    "prefill_tile_edges": (dict(seq_lens=[130, 64, 70, 191], q_lens=[67, 1, 6, 65]), {}),
-    "block128_two_tiles_a_block": (dict(block_size=128, seq_lens=[127, 255, 300], q_lens=[1, 3, 1]), {}),
-    "head_dim_v_apart": (dict(head_dim_v=16, seq_lens=[65, 190], q_lens=[1, 2]), {}),
+    "block128_two_tiles_a_block": (dict(block_size=128, seq_lens=[127, 255, 300], q_lens=[1, 1, 1]), {}),
+    "head_dim_v_apart": (dict(head_dim_v=16, seq_lens=[65, 190], q_lens=[1, 1]), {}),
     "mqa_window": (dict(num_kv_heads=1, seq_lens=[250, 129], q_lens=[1, 1]), {"sliding_window": 70}),
     "kv_split": (dict(num_q_heads=4, num_kv_heads=1, seq_lens=[1152, 577, 1], q_lens=[1, 1, 1]), {"max_seq_len": 1152}),
     "k_past_256_dims": (
@@ -94,6 +94,7 @@ def test_a_bad_block_in_an_unmasked_tile_turns_its_rows_nan_and_no_others(device
     [
         pytest.param({}, True, id="block_a_multiple_of_the_tile"),
         pytest.param({"block_size": 16}, False, id="tiles_across_blocks"),
+        pytest.param({"seq_lens": [130], "q_lens": [67]}, False, id="prefill"),
         pytest.param({"head_dim": 48}, False, id="padded_head_dim"),
         pytest.param({"head_dim_v": 24}, False, id="padded_v_head_dim"),
         pytest.param({"layout": "head_major"}, False, id="pool_rows_not_one_tensor"),
