@@ -60,6 +60,9 @@ The idea, in a few lines:
   instead of 8 times each (kernels.tiling.WIDE_HEADS, v_parts). When v_cache is a view of
   k_cache's first HEAD_DIM_V columns (MLA's one latent cache, kernels.tiling.latent_kv), a program
   holds V whole and p @ v takes the K tile it loaded (SHARED_KV): the logits once, the bytes halved.
+* A decode launch whose tiles each lie in one block (block_size a multiple of TILE_N) on sm_90 or newer
+  loads its unmasked tiles' K and V by tensor descriptor, a box of the block's rows (KV_TMA, ``_kv_tma``);
+  the masked tiles keep pointer loads, whose masks zero the keys past seq_len.
 * Indices are never trusted with memory: without value checks (see ``kernels.contract``)
   a query row past num_tokens is not read or written, and a tile that would read a
   block id outside [0, num_blocks) or a table entry past max_blocks_per_seq loads
