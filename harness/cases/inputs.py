@@ -107,10 +107,7 @@ def assign_blocks(
     shared = shared_prefix_blocks(seq_lens, block_size, layout)
     num_owned = shared + sum(n - shared for n in per_seq)
     num_blocks = num_owned + max(1, num_owned // 8)
-    if layout == "contiguous":
-        order = torch.arange(num_blocks)
-    else:
-        order = torch.randperm(num_blocks, generator=generator)
+    order = torch.arange(num_blocks) if layout == "contiguous" else torch.randperm(num_blocks, generator=generator)
     table = torch.full((len(seq_lens), max(per_seq, default=0) or 1), -1, dtype=torch.int32)
     prefix = order[:shared]
     next_free = shared
@@ -226,13 +223,10 @@ def make_inputs(
     k_slots = torch.empty(num_slots, num_kv_heads, head_dim, dtype=torch_dtype)
     v_slots = torch.empty(num_slots, num_kv_heads, head_dim_v, dtype=torch_dtype)
     slots = token_slots(table, seq_lens, block_size)  # [total_kv_tokens]: token i of the logical KV -> its slot
+    first_writer = None  # a shared prefix block keeps the first sequence's values; later ones' rows are dropped
     if shared := shared_prefix_blocks(seq_lens, block_size, layout):
-        # A shared prefix block already written by an earlier sequence (the first) keeps its values:
-        # the later sequences' drawn prefix rows are dropped.
         seq, pos = token_positions(seq_lens)
         first_writer = (pos >= shared * block_size) | (seq == 0)
-    else:
-        first_writer = None
 
     def into_pool(pool: torch.Tensor) -> Callable[[int, torch.Tensor], None]:
         def write(first: int, rows: torch.Tensor) -> None:
