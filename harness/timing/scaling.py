@@ -50,10 +50,8 @@ def fit_verdict(slope: float, intercept: float, r2: float) -> str:
 
 
 def fit_scaling(frame: pd.DataFrame, column: str = "latency_us") -> pd.DataFrame:
-    """One row per (backend, phase, x) with at least MIN_POINTS distinct x among the timed rows.
-
-    Columns: backend, phase, x, per_unit_us, fixed_us, r2, n, fitted, reason (NaN terms where not fitted).
-    """
+    """One row per (backend, phase, x) with at least MIN_POINTS distinct x among the timed rows: backend,
+    phase, x, per_unit_us, fixed_us, r2, n, fitted, reason (NaN terms where not fitted)."""
     columns = ["backend", "phase", "x", "per_unit_us", "fixed_us", "r2", "n", "fitted", "reason"]
     rows = []
     if column not in frame or frame.empty:
