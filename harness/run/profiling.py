@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import fnmatch
 import re
+import sys
 from pathlib import Path
 
 import torch
@@ -49,8 +50,6 @@ def trace_name(case: Case, backend: Backend) -> str:
 
 def profile_pairs(pairs: list[tuple[Case, Backend]], device: str, oracle_device: str, folder: Path) -> list[Path]:
     """Write one Chrome trace per pair into ``folder``; returns the paths written (skips say why on stderr)."""
-    import sys
-
     from torch.profiler import ProfilerActivity, profile
 
     folder.mkdir(parents=True, exist_ok=True)

@@ -168,9 +168,6 @@ class GpuLedger:
         row = {**row, "gpu_name": record["gpu_name"]}
         return {**row, **ceiling_columns(row, record["ceilings"])} if record["ceilings"] else row
 
-    def models(self) -> list[str]:
-        return sorted({record["gpu_name"] for record in self.gpus.values()})
-
     def to_meta(self) -> list[dict]:
         """meta.json's ``gpus``: one record per GPU, in (host, gpu_index) order."""
         return [self.gpus[key] for key in sorted(self.gpus)]
