@@ -1,10 +1,8 @@
 """Compare two runs: what got worse, what got better, and whether the comparison is complete.
 
-Per row in both runs: status changes, accuracy (max abs error or ``tol_ratio`` grown ``error_factor``
-times, more NaN) and a latency verdict (:mod:`harness.review.stats`). Per run: rows on one side only, a
-device or version mismatch. ``normalize_by`` scales each case's new latencies by an anchor backend's median.
-Exit codes (:attr:`Comparison.exit_code`): 0 nothing worse and complete; 1 something worse; 5 slower
-rows left unconfirmed (:func:`mark_unconfirmed`); 4 incomplete. How each verdict is reached: docs/review.md.
+Per row: status changes, accuracy (max abs error or ``tol_ratio`` grown ``error_factor`` times, more NaN)
+and a latency verdict (:mod:`harness.review.stats`); per run: one-sided rows, a device or version
+mismatch. Exit codes: :attr:`Comparison.exit_code`. How each verdict is reached: docs/review.md.
 """
 
 from __future__ import annotations
@@ -95,18 +93,14 @@ def load_runs(*run_dirs: Path) -> list[tuple[pd.DataFrame, dict]]:
     return loaded
 
 
-def duplicated_rows(frame: pd.DataFrame, name: str) -> str:
-    """'NAME: duplicated (case, backend) rows: ...' naming the first few, or '' for a run without any."""
-    dup = frame[frame.duplicated(KEY, keep=False)]
-    if dup.empty:
-        return ""
-    pairs = sorted({f"{b} on {c}" for c, b in zip(dup["case"], dup["backend"], strict=True)})
-    return f"{name}: duplicated (case, backend) rows: {', '.join(pairs[:5])}"
-
-
 def check_unique(*runs: tuple[pd.DataFrame, str]) -> None:
-    """Refuse runs, given as (frame, name), with a (case, backend) row twice, naming every such run."""
-    found = [text for frame, name in runs if (text := duplicated_rows(frame, name))]
+    """Refuse runs, given as (frame, name), with a (case, backend) row twice, naming every such run and the
+    first few of its pairs."""
+    found = []
+    for frame, name in runs:
+        if not (dup := frame[frame.duplicated(KEY, keep=False)]).empty:
+            pairs = sorted({f"{b} on {c}" for c, b in zip(dup["case"], dup["backend"], strict=True)})
+            found.append(f"{name}: duplicated (case, backend) rows: {', '.join(pairs[:5])}")
     if found:
         raise DuplicateRowsError("\n".join(found))
 
@@ -145,12 +139,8 @@ def compare_runs(
         anchor_rows = (rows["backend"] == opts.normalize_by) & rows["verdict"].isin(["same", "slower", "faster"])
         rows.loc[anchor_rows, "verdict"] = "anchor"
         rows.loc[anchor_rows, "verdict_reason"] = f"latencies normalized by {opts.normalize_by}: 1.0 by construction"
-    worse, better = [], []
-    for _, r in rows.iterrows():
-        w, b = _row_changes(r, opts)
-        worse.append("; ".join(w))
-        better.append("; ".join(b))
-    rows["why"], rows["better"] = worse, better
+    changes = [_row_changes(r, opts) for _, r in rows.iterrows()]
+    rows["why"], rows["better"] = [["; ".join(c[side]) for c in changes] for side in (0, 1)]
     problems = []
     for side, what in (("base only", "missing from the new run"), ("new only", "new, with no baseline")):
         count = int((rows["side"] == side).sum())
@@ -171,9 +161,8 @@ def compare_runs(
 
 
 def timed_on_one_side(rows: pd.DataFrame) -> tuple[str, str]:
-    """Problems of rows graded in both runs but timed in one only: (``--no-timing`` in one run, which
-    makes the comparison incomplete; a call that outlasted the row's timing budget, said only). '' for none.
-    """
+    """Problems ('' for none) of rows graded in both runs but timed in one only: (``--no-timing`` in one run,
+    which makes the comparison incomplete; a call that outlasted the row's timing budget, said only)."""
     graded = rows[(rows["side"] == "both") & rows["status_base"].isin(GRADED) & rows["status_new"].isin(GRADED)]
     base_only = graded["latency_us_base"].notna() & graded["latency_us_new"].isna()
     new_only = graded["latency_us_new"].notna() & graded["latency_us_base"].isna()
@@ -218,8 +207,7 @@ def normalize_to_anchor(rows: pd.DataFrame, anchor: str) -> int:
 
 def drift_warning(rows: pd.DataFrame) -> list[str]:
     """A note when many rows of every kind moved one way between the two runs alone (the machine's load,
-    more likely than the code); :func:`restate_drift` replaces what follows its first '; '.
-    """
+    more likely than the code); :func:`restate_drift` replaces what follows its first '; '."""
     judged = rows[rows["verdict"].isin(["slower", "faster", "same", "cannot tell"])]
     moved = judged[judged["verdict"].isin(["slower", "faster"])]
     if len(judged) < 8 or len(moved) < max(4, 0.25 * len(judged)) or moved["backend"].nunique() < 3:
@@ -238,8 +226,7 @@ def restate_drift(problems: list[str], reading: str) -> list[str]:
 
 def retimed_reading(rows: pd.DataFrame) -> str:
     """What paired rounds made of a drift, with the count of each verdict of the re-timed rows: a row they
-    confirm slower is the code, whatever the load did.
-    """
+    confirm slower is the code, whatever the load did."""
     retimed = rows[rows["verdict_reason"].fillna("").astype(str).str.startswith(RETIMED)]
     counts = {v: int((retimed["verdict"] == v).sum()) for v in stats.VERDICTS}
     found = ", ".join(f"{n} {v}" for v, n in counts.items() if n)
