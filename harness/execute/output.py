@@ -16,8 +16,7 @@ from pathlib import Path
 
 TERMINAL_BYTES = 2048  # of a row's captured output, shown on the terminal; the rest stays in its log file
 CLASSIFY_BYTES = 65536  # a log up to this size is read whole to find its harmless warnings
-# Python warnings as printed (``path:line: Category: message``, then the source line under it) that are
-# known to be harmless, each with why (see the module docstring).
+# Python warnings as printed (``path:line: Category: message``, then the source line) known to be harmless.
 HARMLESS: tuple[tuple[re.Pattern, str], ...] = (
     (re.compile(r"^[^\n]*triton/runtime/interpreter\.py:\d+: RuntimeWarning: (?P<message>(?:invalid value|overflow|"
                 r"divide by zero|underflow) encountered in [\w ]+)\n(?:[ \t][^\n]*\n)?", re.M),
@@ -79,7 +78,7 @@ def row_log(config, case_id: str, backend: str) -> tuple[str, str] | None:
 
 def report_output(log: tuple[str, str] | None, what: str) -> None:
     """Show a row's captured output on stderr: its first TERMINAL_BYTES, then where the rest is. An empty log
-    is removed (its folder, shared with the other workers' rows, stays until the run ends: ``harness.cli.resume.keep_logs``)."""
+    is removed (not its folder, which other workers share until the run ends)."""
     if log is None:
         return
     path = Path(log[0])
