@@ -1,7 +1,5 @@
-"""pytest plugin: case files drive tests, one per (case, backend), with readable ids.
-
-Enable it with ``pytest_plugins = ["harness.pytest_plugin"]``; a test asks for ``harness_case`` and
-``harness_backend`` and calls ``harness_session.run(case, backend)``, which returns the report row.
+"""pytest plugin (``pytest_plugins = ["harness.pytest_plugin"]``): one test per (case, backend); a test asks
+for ``harness_case`` and ``harness_backend`` and ``harness_session.run(case, backend)`` returns the row.
 """
 
 from __future__ import annotations

@@ -1,8 +1,6 @@
-"""The built-in backends: the kernels under test and the engine path; the peers live in
-:mod:`harness.backends.peers`, the registry in :mod:`harness.backends.registry` (re-exported here).
-
-* reference, tlsim, triton -- the kernels, called through the contract.
-* cache -- the path an engine takes: writes through PagedKVCache's slot mapping, then its dispatched read.
+"""The built-in backends: the kernels under test (reference, tlsim, triton, called through the contract)
+and the engine path (cache); the peers are :mod:`harness.backends.peers`, the registry (re-exported here)
+:mod:`harness.backends.registry`.
 """
 
 from __future__ import annotations
@@ -115,12 +113,11 @@ def register_backend(
     supports: Callable[[CaseFacts], str | None] | None = None,
     options: tuple[str, ...] | frozenset[str] | None = None,
 ) -> Backend:
-    """Add a kernel with the contract signature to every run that imports this module.
+    """Add a kernel with the contract signature to every run that imports this module; a taken name is an error.
 
-    ``fn(q, k_cache, v_cache, block_table, seq_lens, query_start_loc=None, scale=None, out=None)`` must
-    return [num_tokens, num_q_heads, head_dim] in q's dtype. The keywords are docs/contract.md's ("Backends");
-    ``options`` is the earlier name of ``variants``, taken with a DeprecationWarning.
-    Registering a taken name is an error (built-ins cannot be shadowed).
+    ``fn(q, k_cache, v_cache, block_table, seq_lens, query_start_loc=None, scale=None, out=None)`` returns
+    [num_tokens, num_q_heads, head_dim] in q's dtype. The keywords: docs/contract.md, "Backends" (``options``
+    is ``variants``' earlier name, taken with a DeprecationWarning).
     """
 
     def refused(case: Case, device: str) -> str | None:

@@ -1,7 +1,5 @@
-"""Peers: what the kernel is raced against, each at its best and named for what it is.
-
-``gather_sdpa``, ``sdpa_contiguous``, ``varlen_flash``, ``varlen_flash_paged``, ``flex_attention``
-and ``flex_paged`` (:mod:`harness.backends.flex_paged`). On CUDA each row records the kernels it ran.
+"""Peers: what the kernel is raced against, each at its best and named for what it is (``flex_paged``
+and ``flashinfer`` have modules of their own). On CUDA each row records the kernels it ran.
 """
 
 from __future__ import annotations

@@ -109,13 +109,10 @@ def timed_us(fn: Callable[[], Any], cuda: bool, device: torch.device | None = No
 
 def contract_prepare(fn: Callable[..., torch.Tensor], plan: Callable[[CaseFacts], Any] | None = None,
                      decode_form: bool = True, **hints: Callable[[Case], Any]):  # fmt: skip
-    """prepare() for a function with the kernel contract signature.
-
-    run() passes the NaN-poisoned ``out`` and any keyword ``hints`` computed from the case; call() is the
-    bare default call, with ``query_start_loc=None`` in a decode case (``decode_form=False``: the tensor
-    there too). Both pass the case's attention variants as keywords (none when it has none) and the
-    plan step's result as ``plan=`` (its time is ``Prepared.plan_us``).
-    """
+    """prepare() for a function with the kernel contract signature. run() passes the NaN-poisoned ``out`` and
+    the keyword ``hints`` computed from the case; call() is the bare default call, ``query_start_loc=None``
+    in a decode case (unless not ``decode_form``). Both pass the case's variants' keywords and the plan
+    step's result as ``plan=`` (its time: ``Prepared.plan_us``)."""
 
     def prepare(case: Case, inputs: PagedInputs, out: torch.Tensor) -> Prepared:
         args = inputs.args()

@@ -1,7 +1,5 @@
-"""The case suites that ship inside the package, and how a name on the command line finds one.
-
-A case argument that is no existing path but names a packaged suite (``cpu``, ``cases/cpu.toml``)
-resolves to the packaged file; anything else is passed on as given.
+"""The case suites that ship inside the package: a case argument that is no existing path but names one
+(``cpu``, ``cases/cpu.toml``) resolves to the packaged file.
 """
 
 from __future__ import annotations

@@ -452,9 +452,8 @@ def load_case_file(path: str | Path) -> list[Case]:
 
 
 def known_defaults(file: str, defaults: dict[str, Any]) -> tuple[dict[str, Any], list[str]]:
-    """``[defaults]`` without the keys (and sweep keys) that are no case field, and a line for each
-    of those naming the table, with a near miss suggested: said once, not for every case it would
-    be merged into."""
+    """``[defaults]`` without the keys (and sweep keys) that are no case field, and a line for each naming the
+    table, with a near miss suggested (said once, not for every case it is merged into)."""
     lines = [f"{file}: [defaults]: field '{key}': {_unknown_field(str(key))}" for key in defaults
              if key not in CaseSpec.model_fields]  # fmt: skip
     known = {key: value for key, value in defaults.items() if key in CaseSpec.model_fields}

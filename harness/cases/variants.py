@@ -21,10 +21,8 @@ from kernels.fp8 import quantize_kv
 
 @dataclass(frozen=True)
 class OracleHook:
-    """How the float64 oracle applies a variant: a function per stage it acts at (None: not there).
-
-    Each gets the variant's keywords (not None); every tensor is float64. Per sequence and chunk of
-    ``rows`` query rows, in this order:
+    """How the float64 oracle applies a variant: a function per stage it acts at (None: not there), given the
+    variant's keywords (not None); tensors float64. Per sequence and chunk of ``rows`` query rows, in order:
 
     kv      (k, v, **keywords) -> (k, v): keys [seq_len, num_kv_heads, head_dim], values [.., head_dim_v]
     score   (logits, distance, **keywords) -> logits [num_kv_heads, group, rows, seq_len] (scaled);

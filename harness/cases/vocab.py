@@ -1,7 +1,4 @@
-"""The harness's words, each defined once: dtype names, KV-pool layouts, row statuses.
-
-The dtype names are the kernels' own (``kernels.contract.DTYPES``).
-"""
+"""The harness's words, each defined once: dtype names (the kernels' own), KV-pool layouts, row statuses."""
 
 from __future__ import annotations
 

@@ -173,10 +173,8 @@ def add_pattern(parser: argparse.ArgumentParser) -> None:
 
 
 def compile_pattern(text: str) -> Callable[[str], bool]:
-    """``-k``'s expression as a test of a case id; BadInput naming what is wrong with it.
-
+    """``-k``'s expression (:data:`PATTERN_HELP`) as a test of a case id; BadInput naming what is wrong with it.
     ``expr := term ('or' term)*``, ``term := factor ('and' factor)*``, ``factor := 'not' factor | '(' expr ')' | WORD``.
-    A WORD matches an id containing it, ignoring case; one with ``*``, ``?`` or ``[`` is a glob of the whole id.
     """
     tokens = re.findall(r"[()]|[^\s()]+", text)
     position = 0

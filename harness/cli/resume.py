@@ -168,9 +168,8 @@ def ordered(frame, cases, backends, columns):
 
 
 def keep_logs(run_dir: Path, move: bool = True) -> None:
-    """Move the staged plugin-row logs into ``<run>/logs`` (``move``: the run folder exists; else they stay staged
-    for --resume); a folder left empty (every row silent) is removed instead. Done once, at the run's end:
-    while it runs, workers share the folder."""
+    """Move the staged plugin-row logs into ``<run>/logs`` at the run's end (not ``move``: they stay staged for
+    --resume); a folder left empty is removed instead."""
     staged = staged_logs(run_dir)
     if not staged.is_dir():
         return

@@ -1,6 +1,5 @@
-"""The ``run`` verb's scale-out options, checked before any work, and the choice of executor
-(:class:`harness.execute.loop.Executor`): in this process, over worker processes or over Ray.
-"""
+"""The ``run`` verb's scale-out options, checked before any work, and the choice of executor: in this
+process, over worker processes or over Ray."""
 
 from __future__ import annotations
 

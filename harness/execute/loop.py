@@ -1,7 +1,5 @@
-"""The one per-case loop every executor runs, and the bookkeeping every driver shares.
-
-Every case's rows come from :func:`case_events`; a driver of other processes hands each :class:`Task`'s
-events, limits and deaths to one :class:`Tracker`.
+"""The one per-case loop every executor runs (:func:`case_events`), and the bookkeeping every driver of
+other processes shares (:class:`Tracker`).
 """
 
 from __future__ import annotations

@@ -1,9 +1,6 @@
-"""A row's output: what a backend writes to stdout and stderr goes to its own file.
-
-A plugin's row runs inside :func:`captured_output` (file descriptors 1 and 2) into a log moved to
-``<run>/logs/`` with the run folder; the terminal gets its first ``TERMINAL_BYTES`` and where the
-rest is (:func:`report_output`). Known-harmless warnings (:data:`HARMLESS`, each with why) stay in
-the logs and are named on the terminal once a run.
+"""A row's output: what a plugin's row writes to stdout and stderr goes to its own log, moved to
+``<run>/logs/`` with the run folder; the terminal gets its head (:func:`report_output`), and known-harmless
+warnings (:data:`HARMLESS`) are named there once a run.
 """
 
 from __future__ import annotations

@@ -1,7 +1,5 @@
-"""The process-pool executor: one host's worker processes (one per GPU, or N on a CPU) run the cases.
-
-Cases go longest first, ``PREFETCH`` ahead; a dead worker loses only its current row (retried once
-elsewhere). Details: docs/scaling.md.
+"""The process-pool executor: one host's worker processes (one per GPU, or N on a CPU) run the cases, longest
+first, ``PREFETCH`` ahead; a dead worker loses only its current row, retried once (docs/scaling.md).
 """
 
 from __future__ import annotations

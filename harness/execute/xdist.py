@@ -1,7 +1,5 @@
-"""pytest -n N (pytest-xdist): one GPU per worker, and one run folder from every worker's rows.
-
-With ``--harness-report DIR`` each worker writes its rows to ``<folder>/<gwI>.jsonl`` and the
-controller writes the one run folder from them in test order.
+"""pytest -n N (pytest-xdist): one GPU per worker; with ``--harness-report DIR`` each worker writes its rows to
+``<folder>/<gwI>.jsonl`` and the controller writes one run folder from them, in test order.
 """
 
 from __future__ import annotations

@@ -83,11 +83,8 @@ def noise_judges(device: str) -> dict:
 
 
 def commit_record() -> dict:
-    """The run's commit, and where it was read from.
-
-    A commit declared in ``HARNESS_COMMIT`` wins over git's (a copied tree may carry a stale ``.git``);
-    a disagreement is recorded.
-    """
+    """The run's commit, and where it was read from: ``HARNESS_COMMIT`` wins over git's (a copied tree may
+    carry a stale ``.git``), a disagreement recorded."""
     from_git = git("rev-parse", "HEAD") or None
     declared = os.environ.get("HARNESS_COMMIT") or None
     if declared and from_git and declared != from_git:

@@ -1,8 +1,6 @@
-"""The run journal: every finished row appended, as JSON lines, beside the run folder.
-
-``reports/<run>.journal.jsonl``: a header line (options, pid), one fsynced line per row, and
-``resumed_by`` / ``stopped_by`` lines; removed once the folder is written. :meth:`Journal.read`
-validates every line (:class:`JournalError`); a writer holds an exclusive ``flock`` (:meth:`Journal.lock`).
+"""The run journal ``reports/<run>.journal.jsonl``, removed once the run folder is written: a header line
+(options, pid), one fsynced line per finished row, ``resumed_by`` / ``stopped_by`` lines. Every line is
+validated on reading; a writer holds an exclusive ``flock``.
 """
 
 from __future__ import annotations
@@ -235,8 +233,7 @@ class Journal:
 
     def lock(self) -> None:
         """Open for appending and take the journal's lock (no waiting), recording this process as its writer;
-        JournalError naming the holder's pid when another process holds it.
-        """
+        JournalError naming the holder's pid when another process holds it."""
         if self._file is not None:
             return
         file = open(self.path, "a", encoding="utf-8")  # noqa: SIM115 - kept open (and locked) for the run's rows

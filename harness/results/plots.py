@@ -1,8 +1,5 @@
-"""Plots for the review and history pages, as self-contained SVG data URIs (no files, no network).
-
-Every function takes report rows (a DataFrame) and returns ``data:image/svg+xml;base64,...``, or
-None when there is nothing to draw. Every name from a run goes through :func:`literal` ('$' escaped),
-so matplotlib draws it as text, not TeX.
+"""Plots for the review and history pages: report rows in, a self-contained SVG data URI out (None when there
+is nothing to draw). Every name from a run goes through :func:`literal`, so matplotlib draws it as text.
 """
 
 from __future__ import annotations
@@ -74,10 +71,8 @@ CEILING_FONT = 8  # points
 
 
 def _label_ceilings(ax, lines: list[tuple[float, str]]) -> None:
-    """Each ceiling's dashed line labelled in the right margin, ``lines`` = (GB/s, name) ascending.
-
-    A label too close to the one below moves up, tied to its line by a thin stroke. The y axis is logarithmic.
-    """
+    """Each ceiling's dashed line labelled in the right margin, ``lines`` = (GB/s, name) ascending; a label
+    too close to the one below moves up, tied to its line by a thin stroke (the y axis is logarithmic)."""
     if not lines:
         return
     low, high = np.log10(ax.get_ylim())
@@ -119,11 +114,8 @@ def error_vs_tolerance(frame: pd.DataFrame) -> str | None:
 
 
 def scaling_fit(frame: pd.DataFrame, fits: pd.DataFrame | None) -> str | None:
-    """Latency against the work that drives it, per backend, with the fitted line fixed_us + per_unit_us * x.
-
-    One panel per (phase, x) among the fits' work axes, both axes logarithmic. A backend whose line was
-    not kept (``fitted`` False) shows its points only, "no linear fit" in the legend.
-    """
+    """Latency against the work that drives it, per backend, with the fitted line fixed_us + per_unit_us * x:
+    one log-log panel per (phase, x); a backend whose line was not kept shows its points only."""
     if fits is None or fits.empty:
         return None
     timed = _timed(frame)

@@ -1,7 +1,5 @@
-"""The review page of a run (report.html) and the comparison page (compare --html).
-
-One self-contained HTML file each: inline CSS and JS, plots as SVG data URIs, no network. Every
-string from a case file, a plugin or an error message is escaped by jinja2's autoescape.
+"""The review page of a run (report.html) and the comparison page (compare --html): one self-contained HTML
+file each, no network; every string from a case file, a plugin or an error is escaped by jinja2's autoescape.
 """
 
 from __future__ import annotations

@@ -1,7 +1,4 @@
-"""The shapes of the files a run folder holds, checked before anything reads them.
-
-Both :func:`check_meta` and :func:`check_rows` raise :class:`SchemaError` naming the file and field (exit 2).
-"""
+"""The shapes of the files a run folder holds, checked before anything reads them (:class:`SchemaError`)."""
 
 from __future__ import annotations
 

@@ -1,9 +1,6 @@
-"""Latency verdicts from timing samples: faster, slower, same, or cannot tell (and why).
-
-Two separate runs (:func:`decide`): the bootstrap interval of the median ratio must clear the minimum
-effect and the Mann-Whitney p (adjusted over the rows) be under alpha. Paired rounds (:func:`paired_ratio`,
-:func:`decide_paired`): the Hodges-Lehmann ratio with its exact signed-rank interval at ``1 - alpha / looks``,
-judged by asv's rule. Why the two rules differ: docs/review.md.
+"""Latency verdicts from timing samples: faster, slower, same, or cannot tell (and why). Two separate runs
+(:func:`decide`): bootstrap interval of the median ratio and adjusted Mann-Whitney p; paired rounds
+(:func:`decide_paired`): Hodges-Lehmann ratio and exact signed-rank interval. Why they differ: docs/review.md.
 """
 
 from __future__ import annotations

@@ -1,10 +1,7 @@
-"""A backend's calls, made where the backend runs: outputs and timings come back, never a verdict.
-
-:func:`call_backend` prepares a backend, makes its graded call, times it and returns a :class:`Called`
-of plain values; it needs no oracle, so a plugin's calls run in a worker. Every timed call is checked:
-V's sign bits are flipped every ``FLIP_EVERY``-th call, ``out`` is poisoned with NaN before each, every
-timed output is compared with the first, and the last sample is graded on the driver's flip
-(:func:`sign_mask`). What each check catches: docs/contract.md, "Threat model".
+"""A backend's calls, made where the backend runs (no oracle: a plugin's run in a worker): outputs and
+timings come back as plain values, never a verdict. Every timed call is checked: V's sign bits flipped
+every ``FLIP_EVERY``-th call, ``out`` poisoned with NaN before each, every timed output compared with the
+first, the last graded on the driver's flip. What each catches: docs/contract.md, "Threat model".
 """
 
 from __future__ import annotations
@@ -54,8 +51,7 @@ def _sign_bits(tensor: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
 
 class Flipper:
     """Flips V's columns (and, for a latent cache, q's matching ones) in place, and undoes it: an XOR of
-    the sign bits, exact for any dtype.
-    """
+    the sign bits, exact for any dtype."""
 
     def __init__(self, inputs: PagedInputs, latent: bool):
         self.inputs, self.latent, self.state = inputs, latent, None  # state: the mask applied now
@@ -152,11 +148,9 @@ def prepared_dims(case: Case) -> tuple[int, int]:
 
 
 class Checks:
-    """The sample hooks of one measurement (:class:`harness.timing.timer.SampleHooks`): poison, flip, compare.
-
-    A timed output is compared with the first through ``sum(w * out)`` with fixed random weights: within
-    tolerance, the sums differ by at most ``sum(|w| * (atol + rtol * |first|))`` plus round-off.
-    """
+    """The sample hooks of one measurement: poison, flip, compare. A timed output is compared with the first
+    through ``sum(w * out)`` with fixed random weights: within tolerance, the sums differ by at most
+    ``sum(|w| * (atol + rtol * |first|))`` plus round-off."""
 
     def __init__(self, what: str, prepared: Prepared, flipper: Flipper | None, refs: dict, called: Called,
                  case: Case, seeds: tuple[int, int], counter: list[int], want_lse: bool):  # fmt: skip
@@ -251,10 +245,9 @@ def _timed_call(prepared: Prepared, cuda: bool) -> tuple[object, float]:
 def call_backend(case: Case, inputs: PagedInputs, guard: InputGuard | None, backend: Backend, device: str,
                  settings: TimingSettings | None, seeds: tuple[int, int, int],
                  batch: Callable[[Prepared, Called], None] | None = None) -> Called:  # fmt: skip
-    """Prepare ``backend`` on ``inputs``, make its graded call, time it (``settings``; None: not timed)
-    with every timed call checked; ``seeds``: the driver's flips (:func:`sign_mask`). ``batch(prepared, called)``,
-    after the timing: a worker's back-to-back calls that its driver times.
-    """
+    """Prepare ``backend`` on ``inputs``, make its graded call, time it (``settings``; None: not timed) with
+    every timed call checked; ``seeds``: the driver's flips. ``batch(prepared, called)``, after the timing:
+    a worker's back-to-back calls that its driver times."""
     called = Called()
     if reason := backend.skip_reason(case, device):
         return Called(status="skip", reason=reason)

@@ -1,8 +1,5 @@
-"""Grading a backend's output against the float64 oracle: an accuracy record, not a bool.
-
-Default tolerances per dtype (allclose rule ``|out - expected| <= atol + rtol * |expected|``,
-no NaN anywhere) are the kernels' own: docs/contract.md, "Tolerances". A case file may override
-either number per dtype; the report keeps the ones used.
+"""Grading a backend's output against the float64 oracle: an accuracy record, not a bool. The rule is
+allclose's ``|out - expected| <= atol + rtol * |expected|``, no NaN anywhere (docs/contract.md, "Tolerances").
 
 :func:`forward_error_bound` bounds, to first order, how far an output may land from the exact
 result through round-off no correct fp32-softmax kernel avoids. With u the unit round-off

@@ -267,11 +267,8 @@ def lookup(
 def cached_oracle(
     args: Sequence[torch.Tensor | None], device: str, compute: Callable[[], torch.Tensor], options: dict | None = None
 ) -> torch.Tensor:
-    """The oracle's output for ``args`` on ``device``: from the cache, else ``compute()`` (then stored).
-
-    args    (q, k_cache, v_cache, block_table, seq_lens, query_start_loc)
-    returns [num_tokens, num_q_heads, head_dim_v] float64 on ``device``
-    """
+    """The oracle's output [num_tokens, num_q_heads, head_dim_v] float64 for ``args`` (:data:`ARG_NAMES`) on
+    ``device``: from the cache, else ``compute()`` (then stored)."""
     q = args[0]
     shape = (*q.shape[:2], args[2].shape[-1]) if len(args) > 2 and args[2] is not None else tuple(q.shape)
     return lookup(oracle_key(args, device, options), "out", device, shape, compute)[0]

@@ -1,7 +1,4 @@
-"""``--profile CASE[:BACKEND]``: a trace of a row's calls, saved beside the run, to open rather than guess.
-
-Patterns are shell-style globs on the case id and backend name; no backend means every backend of the case.
-"""
+"""``--profile CASE[:BACKEND]`` (globs; no backend: every one): a trace of a row's calls, saved beside the run."""
 
 from __future__ import annotations
 

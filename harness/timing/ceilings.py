@@ -95,11 +95,8 @@ def datasheet_peak(device: str, dtype_name: str) -> float | None:
 
 
 def measure_ceilings(device: str, dtype_names: list[str]) -> dict:
-    """Every ceiling of the run, for meta.json and the rows' percentages.
-
-    {"read_gbps", "copy_gbps", "matmul_tflops": {dtype: measured}, "peak_tflops": {dtype: peak},
-     "peak_source": {dtype: "datasheet ..." or "measured matmul"}}
-    """
+    """Every ceiling of the run, for meta.json and the rows' percentages: read_gbps, copy_gbps, and per dtype
+    matmul_tflops (measured), peak_tflops and peak_source (datasheet, or the measured matmul)."""
     ceilings: dict = {"read_gbps": measure_read_bandwidth(device), "copy_gbps": measure_copy_bandwidth(device),
                       "matmul_tflops": {}, "peak_tflops": {}, "peak_source": {}}  # fmt: skip
     for name in sorted(set(dtype_names)):
@@ -120,11 +117,8 @@ SHARE_ENV = "HARNESS_CEILINGS_DIR"  # set by a Ray driver: GPU tasks get a fresh
 
 
 def own_device(device: str, dtype_names: list[str], timing: bool) -> dict:
-    """The device this (worker) process runs on: its name and, on CUDA when timing, its ceilings.
-
-    {"gpu_name": torch's name ("" on a CPU), "ceilings": measure_ceilings(...) or {}, "measure_s"}, measured
-    once per process; with ``$HARNESS_CEILINGS_DIR`` once per GPU of the node (later readers: ``measure_s`` 0).
-    """
+    """{"gpu_name" ("" on a CPU), "ceilings" (on CUDA when timing, else {}), "measure_s"} of this process's
+    device, measured once per process, or with ``$HARNESS_CEILINGS_DIR`` once per GPU of the node."""
     if device in _OWN:
         return _OWN[device]
     cuda = torch.device(device).type == "cuda"

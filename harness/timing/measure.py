@@ -1,9 +1,5 @@
-"""Timing columns of one report row: what the kernel costs on the device and what a caller waits for.
-
-``latency_us``, ``call_us``, ``host_overhead_us``, ``host_us``, ``graph_capturable``, ``device_syncs``,
-``kernels_ran``, ``plan_us`` and the bandwidth and rate against the run's ceilings (docs/contract.md).
-A row's timing runs within ``ROW_BUDGET_S`` (a CPU model on a GPU: ``MODEL_BUDGET_S``), keeping at least
-one sample of each measurement.
+"""Timing columns of one report row (docs/contract.md): what the kernel costs on the device and what a
+caller waits for, within ``ROW_BUDGET_S`` a row, keeping at least one sample of each measurement.
 """
 
 from __future__ import annotations

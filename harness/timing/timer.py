@@ -1,10 +1,7 @@
-"""The one timing entry point of the harness: every suite, benchmark and script times through it.
-
-:func:`time_call` is the device time of a prepared call (``latency_us``); :func:`time_wall` is what a
-caller waits for (``call_us``). Both return raw samples (us): at least ``min_reps``, then more until
-``target_s`` or ``max_reps``; a passed ``deadline`` stops them (``cut_short``). ``hooks``
-(:class:`SampleHooks`) run around each sample outside the timed region, and a last ``final`` sample
-is graded by the caller. The clocks are bound at import, before any plugin is.
+"""The one timing entry point: :func:`time_call`, the device time of a prepared call (``latency_us``), and
+:func:`time_wall`, what a caller waits for (``call_us``). Both return raw samples (us): at least
+``min_reps``, then more until ``target_s``, ``max_reps`` or ``deadline``; ``hooks`` run around each sample
+outside the timed region, then around a ``final`` one. The clocks are bound at import, before any plugin.
 """
 
 from __future__ import annotations
