@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import importlib.metadata
 import os
 import platform
@@ -28,12 +29,10 @@ def dirty() -> bool | None:
 
 def cpu_model() -> str:
     """The CPU's model name from /proc/cpuinfo (Linux), else what platform knows."""
-    try:
-        for line in open("/proc/cpuinfo", encoding="utf-8", errors="replace"):  # noqa: SIM115
+    with contextlib.suppress(OSError), open("/proc/cpuinfo", encoding="utf-8", errors="replace") as cpuinfo:
+        for line in cpuinfo:
             if line.lower().startswith("model name"):
                 return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
     return platform.processor() or platform.machine()
 
 

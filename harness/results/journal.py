@@ -87,6 +87,9 @@ class Meta(_Record):
 
 
 _TYPE_NAMES = {"str", "int", "float", "bool", "none", "dict", "literal"}
+# A line's kind by the first of these keys it holds: (key, model, kind).
+_KINDS = (("case", Row, "row"), ("backend", Row, "row"), ("meta", Meta, "meta"), ("resumed_by", Resumed, "resumed"),
+          ("stopped_by", Stopped, "stopped"))  # fmt: skip
 
 
 def _invalid(path: Path, number: int, error: ValidationError) -> JournalError:
@@ -104,16 +107,10 @@ def _check(path: Path, number: int, record) -> str:
         model, kind = Header, "header"
     elif not isinstance(record, dict):
         raise JournalError(f"{path}: line {number}: a {type(record).__name__}, not a JSON object")
-    elif "case" in record or "backend" in record:
-        model, kind = Row, "row"
-    elif "meta" in record:
-        model, kind = Meta, "meta"
-    elif "resumed_by" in record:
-        model, kind = Resumed, "resumed"
-    elif "stopped_by" in record:
-        model, kind = Stopped, "stopped"
-    else:
+    elif not (found := next(((m, k) for key, m, k in _KINDS if key in record), None)):
         raise JournalError(f"{path}: line {number}: neither a row nor a meta, resume or stop record")
+    else:
+        model, kind = found
     try:
         model.model_validate(record)
     except ValidationError as error:
@@ -158,9 +155,7 @@ class Journal:
     """Append-only rows of one run; see the module docstring."""
 
     def __init__(self, path: Path, header: dict, rows: list[dict]):
-        self.path = Path(path)
-        self.header = header
-        self.rows = rows
+        self.path, self.header, self.rows = Path(path), header, rows
         self.warnings: list[str] = []  # what reading it dropped (duplicated rows)
         self._file = None
 

@@ -175,8 +175,7 @@ def write_run(
     return run_dir
 
 
-# A run folder is data from anywhere: its files are sized before they are read (a parquet file by its own
-# metadata, rows and uncompressed bytes: a million rows of one value compress to a few hundred KB).
+# A run folder is data from anywhere: its files are sized before they are read (a parquet file by its metadata).
 MAX_ROWS = 1_000_000
 MAX_ROWS_BYTES = 2 * 2**30
 MAX_META_BYTES = 16 * 2**20

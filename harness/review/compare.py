@@ -111,12 +111,8 @@ def _side(frame: pd.DataFrame) -> pd.DataFrame:
 
 def meta_mismatches(base_meta: dict, new_meta: dict) -> list[str]:
     """'device cpu -> cuda', 'torch 2.12 -> 2.13': what differs between the runs' machines."""
-    out = []
-    for key in META_KEYS:
-        b, n = (base_meta or {}).get(key), (new_meta or {}).get(key)
-        if b is not None and n is not None and b != n:
-            out.append(f"{key} {b} -> {n}")
-    return out
+    sides = [(key, (base_meta or {}).get(key), (new_meta or {}).get(key)) for key in META_KEYS]
+    return [f"{key} {b} -> {n}" for key, b, n in sides if b is not None and n is not None and b != n]
 
 
 def compare_runs(
@@ -141,11 +137,9 @@ def compare_runs(
         rows.loc[anchor_rows, "verdict_reason"] = f"latencies normalized by {opts.normalize_by}: 1.0 by construction"
     changes = [_row_changes(r, opts) for _, r in rows.iterrows()]
     rows["why"], rows["better"] = [["; ".join(c[side]) for c in changes] for side in (0, 1)]
-    problems = []
-    for side, what in (("base only", "missing from the new run"), ("new only", "new, with no baseline")):
-        count = int((rows["side"] == side).sum())
-        if count:
-            problems.append(f"{count} row(s) {what}")
+    one_sided = {what: int((rows["side"] == side).sum()) for side, what in
+                 (("base only", "missing from the new run"), ("new only", "new, with no baseline"))}  # fmt: skip
+    problems = [f"{count} row(s) {what}" for what, count in one_sided.items() if count]
     mismatches = meta_mismatches(base_meta or {}, new_meta or {})
     problems += [f"not like for like: {m}" + (" (allowed)" if opts.allow_mismatch else "") for m in mismatches]
     if unanchored:

@@ -22,8 +22,7 @@ from harness.timing.phases import phase
 
 # The note of a row graded but not timed because its one call outlasted the timing budget (compare reads it).
 NOT_TIMED = "not timed: one call took"
-# The inputs change before the first timed call and then every FLIP_EVERY-th: a flip is a pass over V
-# (a GB on a long decode case), so flipping before every call cost a GPU session about a fifth more.
+# The inputs change before the first timed call and then every FLIP_EVERY-th (a flip is a pass over V).
 FLIP_EVERY = 16
 _SIGN_BITS = {1: (torch.int8, -(1 << 7)), 2: (torch.int16, -(1 << 15)), 4: (torch.int32, -(1 << 31)),
               8: (torch.int64, -(1 << 63))}  # fmt: skip
@@ -279,15 +278,13 @@ def call_backend(case: Case, inputs: PagedInputs, guard: InputGuard | None, back
             return called
         over_budget = settings.budget_s is not None and graded_s > settings.budget_s
         if over_budget and cuda and not backend.model:
-            # A kernel's or a peer's graded call on a GPU may have compiled (Triton's JIT of a new launch,
-            # torch.compile, cuDNN's plans): a second call says what a call costs. On a CPU nothing compiles
-            # (the Triton interpreter included): the first call decides.
+            # A graded call on a GPU may have compiled (Triton's JIT, torch.compile, cuDNN's plans): a second
+            # call says what a call costs. On a CPU nothing compiles: the first call decides.
             with phase("graded call"):
                 graded_s = _timed_call(prepared, cuda)[1]
             over_budget = graded_s > settings.budget_s
         if over_budget:
-            # One call already outlasts the row's timing budget (a CPU model on a long case): its samples
-            # would cost minutes and tell nothing a kernel developer uses, so the row is graded, not timed.
+            # One call already outlasts the row's timing budget: the row is graded, not timed.
             why = "a Python model on a GPU is graded, not timed" if settings.budget_s == 0 else (
                 f"past the row's {settings.budget_s:g} s timing budget")  # fmt: skip
             called.note = "; ".join(filter(None, [called.note, f"{NOT_TIMED} {graded_s:.1f} s, {why}"]))

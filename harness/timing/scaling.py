@@ -37,14 +37,9 @@ def phase_of(frame: pd.DataFrame) -> pd.Series | str:
 
 def fit_verdict(slope: float, intercept: float, r2: float) -> str:
     """Why a fitted line does not describe its rows ("" when it does): r2 below MIN_R2, or a negative term."""
-    problems = []
-    if not r2 >= MIN_R2:
-        problems.append(f"r² {r2:.2f} < {MIN_R2}")
-    if slope < 0:
-        problems.append("negative per-unit cost")
-    if intercept < 0:
-        problems.append("negative fixed cost")
-    return ", ".join(problems)
+    checks = ((not r2 >= MIN_R2, f"r² {r2:.2f} < {MIN_R2}"), (slope < 0, "negative per-unit cost"),
+              (intercept < 0, "negative fixed cost"))  # fmt: skip
+    return ", ".join(problem for failed, problem in checks if failed)
 
 
 def fit_scaling(frame: pd.DataFrame, column: str = "latency_us") -> pd.DataFrame:
