@@ -88,13 +88,6 @@ def collect_rows(config: pytest.Config) -> list[dict] | None:
     return rows
 
 
-def in_test_order(rows: list[dict], cases, backends) -> list[dict]:
-    """Rows sorted as a one-process session makes them: case order, then backend order."""
-    case_rank = {case.id: i for i, case in enumerate(cases)}
-    backend_rank = {backend.name: i for i, backend in enumerate(backends)}
-    return sorted(rows, key=lambda r: (case_rank.get(r["case"], len(case_rank)), backend_rank.get(r["backend"], 0)))
-
-
 def run_gpus(rows: list[dict]) -> tuple[list[dict], str]:
     """meta.json's ``gpus`` of a pytest -n run (each GPU's host, index, name and workers; no
     ceilings: the pytest path measures none) and the mixed-models note ("" for one model)."""

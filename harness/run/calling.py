@@ -9,7 +9,7 @@ from __future__ import annotations
 import time
 import traceback
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 
 import torch
 
@@ -92,10 +92,8 @@ def out_contract(prepared: Prepared, packed) -> str:
     out = prepared.out
     if out is None or not isinstance(packed, torch.Tensor) or packed is out:
         return ""
-    if packed.shape == out.shape and packed.data_ptr() == out.data_ptr():
-        return ""
-    if packed.shape == out.shape and torch.equal(
-        torch.nan_to_num(packed.detach().to(out.dtype)), torch.nan_to_num(out)
+    if packed.shape == out.shape and (
+        packed.data_ptr() == out.data_ptr() or torch.equal(packed.detach().to(out.dtype).nan_to_num(), out.nan_to_num())
     ):
         return ""
     return "returned a tensor other than out and left out unwritten (the contract: write out, return it)"
@@ -130,10 +128,8 @@ class Called:
         def cpu(t):
             return None if t is None else t.detach().cpu().clone()
 
-        return {"status": self.status, "reason": self.reason, "note": self.note, "out": cpu(self.out),
-                "lse": cpu(self.lse), "problem": self.problem, "timed_problem": self.timed_problem,
-                "outputs": [[label, seed, cpu(t)] for label, seed, t in self.outputs], "timing": self.timing,
-                "timed_s": self.timed_s}  # fmt: skip
+        return {**{f.name: getattr(self, f.name) for f in fields(self)}, "out": cpu(self.out), "lse": cpu(self.lse),
+                "outputs": [[label, seed, cpu(t)] for label, seed, t in self.outputs]}  # fmt: skip
 
     @classmethod
     def from_message(cls, message: dict) -> Called:
