@@ -250,7 +250,6 @@ class Case:
 
     @property
     def element_bytes(self) -> int:
-        """Bytes of one element of the case's dtype."""
         return torch.finfo(getattr(torch, self.dtype)).bits // 8
 
     @property
@@ -278,7 +277,6 @@ class Case:
         return shared_prefix_blocks(self.seq_lens, self.block_size, self.layout)
 
     def wants(self, backend: str) -> bool:
-        """Whether the case file asks for this backend."""
         return (self.backends is None or backend in self.backends) and backend not in self.exclude_backends
 
 

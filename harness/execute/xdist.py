@@ -41,11 +41,6 @@ def _run_device(config: pytest.Config) -> str:
     return config.getoption("harness_device", None) or ("cuda" if torch.cuda.is_available() else "cpu")
 
 
-def _gpu_name(config: pytest.Config) -> str:
-    """This worker's GPU (it sees one), "" when the run is on a CPU."""
-    return torch.cuda.get_device_name(0) if _run_device(config).startswith("cuda") else ""
-
-
 def hand_rows_folder(node) -> None:
     """Controller side: tell a worker where to leave its rows (only with --harness-report)."""
     config = node.config
@@ -64,7 +59,7 @@ def save_worker_rows(config: pytest.Config, rows: list[dict]) -> Path:
     """Worker side: this worker's rows, labelled, to ``<folder>/<gwI>.jsonl`` atomically."""
     worker = config.workerinput.get("workerid", str(os.getpid()))
     labels = {"host": socket.gethostname(), "gpu_index": os.environ.get("CUDA_VISIBLE_DEVICES", ""), "worker": worker}
-    if name := _gpu_name(config):
+    if _run_device(config).startswith("cuda") and (name := torch.cuda.get_device_name(0)):  # it sees one GPU
         labels["gpu_name"] = name
     folder = Path(config.workerinput[ROWS_DIR])
     target = folder / f"{worker}.jsonl"

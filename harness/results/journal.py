@@ -267,7 +267,6 @@ class Journal:
         os.fsync(self._file.fileno())
 
     def done(self) -> set[tuple[str, str]]:
-        """(case, backend) pairs that have a row."""
         return {(row["case"], row["backend"]) for row in self.rows}
 
     def close(self, stopped: bool = False) -> None:

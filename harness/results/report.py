@@ -43,7 +43,6 @@ def _missing(value) -> bool:
 
 
 def fmt(value, spec: str = ".3g") -> str:
-    """``format(value, spec)``, or "" for a missing value."""
     return "" if _missing(value) else format(value, spec)
 
 

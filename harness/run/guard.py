@@ -88,7 +88,6 @@ class InputGuard:
         self.prints = {name: fingerprint(t) for name, t in named_inputs(inputs).items()}
 
     def mutated(self) -> list[str]:
-        """Names of the inputs that differ from the pristine ones."""
         return [name for name, t in named_inputs(self.inputs).items() if fingerprint(t) != self.prints[name]]
 
     def restore(self, names: list[str]) -> None:
