@@ -56,10 +56,7 @@ def latency_and_bandwidth(frame: pd.DataFrame, ceilings: dict[str, float] | None
     for value, _ in lines:
         bw.axhline(value, ls="--", lw=1, color="#555")
     for ax, label in ((lat, "latency (µs, median)"), (bw, "GB/s (bytes moved / latency)")):
-        ax.set_xscale("log")
-        ax.set_yscale("log")
-        ax.set_xlabel("total KV tokens of the case")
-        ax.set_ylabel(label)
+        ax.set(xscale="log", yscale="log", xlabel="total KV tokens of the case", ylabel=label)
         ax.grid(True, which="major", alpha=0.3)
     lat.legend(fontsize=8, loc="upper left")
     fig.tight_layout()
@@ -106,8 +103,7 @@ def error_vs_tolerance(frame: pd.DataFrame) -> str | None:
     ax.axhline(1.0, color="#b3261e", lw=1.2, ls="--")
     ax.annotate("tolerance", (len(backends) - 0.5, 1.0), fontsize=8, color="#b3261e", va="bottom", ha="right")
     ax.set_xticks(range(len(backends)), [literal(b) for b in backends], rotation=20, ha="right", fontsize=8)
-    ax.set_yscale("log")
-    ax.set_ylabel("error / tolerance (tol_ratio)")
+    ax.set(yscale="log", ylabel="error / tolerance (tol_ratio)")
     ax.grid(True, axis="y", alpha=0.3)
     fig.tight_layout()
     return to_data_uri(fig)
@@ -149,11 +145,8 @@ def scaling_fit(frame: pd.DataFrame, fits: pd.DataFrame | None) -> str | None:
             grid = np.geomspace(rows[x].min(), rows[x].max(), 50)
             ax.plot(grid, fit.fixed_us + fit.per_unit_us * grid, "-", lw=1, color=color,
                     label=f"{literal(fit.backend)} (r²={fit.r2:.2f})")  # fmt: skip
-        ax.set_xscale("log")
-        ax.set_yscale("log")
+        ax.set(xscale="log", yscale="log", xlabel=literal(f"{x} (log)"), ylabel="latency (µs, log)")
         ax.set_title(literal(f"{phase}: latency against {x}"), fontsize=9)
-        ax.set_xlabel(literal(f"{x} (log)"))
-        ax.set_ylabel("latency (µs, log)")
         ax.legend(fontsize=7)
         ax.grid(True, which="both", alpha=0.3)
     fig.tight_layout()
@@ -177,8 +170,7 @@ def trend(history: pd.DataFrame, value: str, ylabel: str, title: str, flag: str 
     for backend, color in colors.items():
         ax.plot([], [], "-", color=color, label=literal(backend))
     ax.set_xticks(range(len(runs)), [literal(r) for r in runs], rotation=20, ha="right", fontsize=7)
-    ax.set_yscale("log")
-    ax.set_ylabel(ylabel)
+    ax.set(yscale="log", ylabel=ylabel)
     ax.set_title(literal(title), fontsize=10)
     ax.legend(fontsize=7, ncols=2)
     ax.grid(True, alpha=0.3)
