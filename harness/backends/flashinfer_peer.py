@@ -169,8 +169,8 @@ def prepare_flashinfer(case: Case, inputs: PagedInputs, out: torch.Tensor) -> Pr
         wrapper, plan_us, note = faster_decode(plan, lambda w: w.run(inputs.q, kv, out=out, **scales), device)
     else:
         wrapper = flashinfer.BatchPrefillWithPagedKVCacheWrapper(workspace, "NHD", backend="auto")
-        _, plan_us = timed_us(lambda: wrapper.plan(inputs.query_start_loc, table.indptr, table.indices,
-                              table.last_page_len, *shape, causal=True, **options), device.type == "cuda", device)  # fmt: skip
+        pages = (inputs.query_start_loc, table.indptr, table.indices, table.last_page_len, *shape)
+        _, plan_us = timed_us(lambda: wrapper.plan(*pages, causal=True, **options), device.type == "cuda", device)
         note = f"prefill wrapper, {getattr(wrapper, '_backend', 'auto')}, causal"
     return Prepared(
         run=lambda: wrapper.run(inputs.q, kv, out=out, **scales),

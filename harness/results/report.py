@@ -113,23 +113,16 @@ def scaling_fits(frame: pd.DataFrame) -> pd.DataFrame | None:
 
 
 def _failing_count(row: dict):
-    for column in FAILING_COUNT_COLUMNS:
-        if not _missing(row.get(column)):
-            return int(row[column])
-    return None
+    return next((int(row[column]) for column in FAILING_COUNT_COLUMNS if not _missing(row.get(column))), None)
 
 
 def _details(row: dict) -> list[tuple[str, str]]:
-    """Every column not in the main table, for the row's details-on-demand."""
-    out = []
-    for key, value in row.items():
-        if key in MAIN_COLUMNS or key.startswith("_") or key.endswith("_samples_us"):
-            continue
-        if isinstance(value, list | tuple) or hasattr(value, "tolist"):
-            continue
-        if not _missing(value) and value != "":
-            out.append((key, sig(value) if isinstance(value, float) else str(value)))
-    return out
+    """Every set column not in the main table (nor a list of samples), for the row's details-on-demand."""
+    shown = [(key, value) for key, value in row.items()
+             if key not in MAIN_COLUMNS and not key.startswith("_") and not key.endswith("_samples_us")
+             and not isinstance(value, list | tuple) and not hasattr(value, "tolist")]  # fmt: skip
+    return [(key, sig(value) if isinstance(value, float) else str(value)) for key, value in shown
+            if not _missing(value) and value != ""]  # fmt: skip
 
 
 def _prepare_rows(frame: pd.DataFrame, regressed: dict[tuple[str, str], str]) -> list[dict]:
