@@ -56,11 +56,7 @@ def _inputs(case: Case) -> int:
     elt, hkv, d = case.element_bytes, case.num_kv_heads, case.head_dim
     owned = case.blocks_needed
     slots = (owned + max(1, owned // 8)) * case.block_size
-    return (
-        2 * slots * hkv * d * elt
-        + sum(case.q_lens) * case.num_q_heads * d * elt
-        + 2 * sum(case.seq_lens) * hkv * d * elt
-    )
+    return d * elt * (2 * slots * hkv + sum(case.q_lens) * case.num_q_heads + 2 * sum(case.seq_lens) * hkv)
 
 
 def _oracle(case: Case) -> int:

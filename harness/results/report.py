@@ -112,10 +112,6 @@ def scaling_fits(frame: pd.DataFrame) -> pd.DataFrame | None:
     return fits if fits is not None and not fits.empty else None
 
 
-def _failing_count(row: dict):
-    return next((int(row[column]) for column in FAILING_COUNT_COLUMNS if not _missing(row.get(column))), None)
-
-
 def _details(row: dict) -> list[tuple[str, str]]:
     """Every set column not in the main table (nor a list of samples), for the row's details-on-demand."""
     shown = [(key, value) for key, value in row.items()
@@ -137,7 +133,7 @@ def _prepare_rows(frame: pd.DataFrame, regressed: dict[tuple[str, str], str]) ->
         row["_overhead"] = overhead if overhead and overhead > HOST_OVERHEAD_FLAG else None
         row["_details"] = _details(row)
         row["_regressed"] = regressed.get((row["case"], row["backend"]), "")
-        row["_failing"] = _failing_count(row)
+        row["_failing"] = next((int(row[c]) for c in FAILING_COUNT_COLUMNS if not _missing(row.get(c))), None)
         rows.append(row)
     return rows
 
