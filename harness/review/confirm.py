@@ -31,6 +31,7 @@ from harness.review.compare import (
     RETIMED,
     CompareOptions,
     Comparison,
+    _effect,
     _row_changes,
     mark_unconfirmed,
     restate_drift,
@@ -261,7 +262,7 @@ def confirm_slower(
     config = worker_config(case_files, str(new_meta.get("device") or "cpu"), plugins, new_meta.get("timing_threads"),
                            target_s)  # fmt: skip
     index = dict(zip(chosen.index, zip(chosen["case"], chosen["backend"], strict=True), strict=True))
-    effects = {i: _row_effect(rows.loc[i], options) for i in index}
+    effects = {i: _effect(rows.loc[i], options) for i in index}
     looks = look_schedule(rounds)
     with contextlib.ExitStack() as stack:
         trees = checkouts or stack.enter_context(checked_out(dict(zip(("base", "new"), commits, strict=True))))
@@ -527,10 +528,6 @@ def _one_round(trees, envs, config, keys, pooled, new_first: bool) -> dict:
     return spent
 
 
-def _row_effect(row, options: CompareOptions) -> float:
-    return options.min_effect if options.min_effect is not None else stats.default_effect(row["device_new"])
-
-
 def rejudge(
     comparison: Comparison, index: dict, pooled: dict, options: CompareOptions, *, looks: int = 1
 ) -> Comparison:
@@ -538,7 +535,7 @@ def rejudge(
     rows = comparison.rows.copy()
     for i, key in index.items():
         t = stats.paired_ratio(*pooled[key], alpha=options.alpha, looks=looks)
-        v = stats.decide_paired(t, min_effect=_row_effect(rows.loc[i], options))
+        v = stats.decide_paired(t, min_effect=_effect(rows.loc[i], options))
         rows.loc[i, ["ratio", "ci_low", "ci_high", "p_value", "p_adjusted"]] = [
             t.ratio, t.ci_low, t.ci_high, t.p_value, stats.looks_adjusted(t.p_value, looks),
         ]  # fmt: skip
