@@ -108,9 +108,7 @@ def flashinfer_unavailable(case: Case, device: str) -> str | None:
     """Why FlashInfer cannot take this case (not installed, its dtypes, head dims, GPU), before any call."""
     if importlib.util.find_spec("flashinfer") is None:
         return f"FlashInfer is not installed: `{INSTALL}` on a CUDA machine"
-    if reason := refusal(case):
-        return reason
-    return below_sm80(device, "FlashInfer's paged kernels")
+    return refusal(case) or below_sm80(device, "FlashInfer's paged kernels")
 
 
 def fp8_scales(inputs: PagedInputs) -> dict[str, float]:

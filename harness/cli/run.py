@@ -145,9 +145,7 @@ def main(args: argparse.Namespace) -> int:
     journal = resume(args) if args.resume else None
     args.isolate = args.isolate or "plugins"
     try:
-        if args.finalize:
-            return finalize(args, journal)
-        return _checked_run(args, journal)
+        return finalize(args, journal) if args.finalize else _checked_run(args, journal)
     except BaseException:
         if journal is not None:  # a resume refused after taking the lock: let it go, say nobody writes it
             journal.close(stopped=True)

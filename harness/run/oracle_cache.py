@@ -54,9 +54,7 @@ ORACLE_SOURCE_HASH = _oracle_source_hash()
 def cache_dir() -> Path | None:
     """The cache folder from the environment; None when the cache is off."""
     value = os.environ.get(ENV_DIR, "").strip()
-    if value.lower() == "off":
-        return None
-    return Path(value or DEFAULT_DIR).expanduser()
+    return None if value.lower() == "off" else Path(value or DEFAULT_DIR).expanduser()
 
 
 class PoisonedCacheError(ValueError):
