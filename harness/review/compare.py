@@ -378,8 +378,7 @@ def format_comparison(comparison: Comparison, base_name: str, new_name: str, *, 
     if table:
         header = ("", "backend", "case", "status", "latency new/base [CI]", "latency", "why")
         widths = [max(len(str(t[k])) for t in [header, *table]) for k in range(6)]
-        for t in [header, *table]:
-            lines.append("  ".join(str(t[k]).ljust(widths[k]) for k in range(6)) + "  " + str(t[6]))
+        lines += ["  ".join(str(t[k]).ljust(widths[k]) for k in range(6)) + "  " + str(t[6]) for t in [header, *table]]
     counts = verdict_counts(comparison)
     weak = int((rows["evidence"] == "p10/p90 (weak)").sum())
     lines.append(
