@@ -1,7 +1,6 @@
 """Paged-attention harness: case files -> inputs -> backends -> graded, timed pandas reports.
 
-Plug in a kernel with :func:`register_backend` in a module named by ``--plugin``; it is looked up on
-first use, so importing ``harness`` imports neither the kernels nor Triton.
+:func:`register_backend` is looked up on first use: importing ``harness`` imports neither the kernels nor Triton.
 """
 
 from __future__ import annotations

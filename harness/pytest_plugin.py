@@ -1,7 +1,5 @@
-"""pytest plugin: case files drive tests, one per (case, backend), with readable ids.
-
-Enable it with ``pytest_plugins = ["harness.pytest_plugin"]``; a test asks for ``harness_case`` and
-``harness_backend`` and calls ``harness_session.run(case, backend)``, which returns the report row.
+"""pytest plugin (``pytest_plugins = ["harness.pytest_plugin"]``): one test per (case, backend); a test asks
+for ``harness_case`` and ``harness_backend`` and ``harness_session.run(case, backend)`` returns the row.
 """
 
 from __future__ import annotations
@@ -16,13 +14,14 @@ from harness.cases.loading import load_cases
 from harness.cases.packaged import resolve_case_arg
 from harness.cases.spec import CaseFileError, check_backend_names
 from harness.cli.options import DEFAULT_CASES, add_to_pytest, apply_threads, default_device
+from harness.cli.resume import ordered
 from harness.execute import xdist as xdist_rows
 from harness.execute.loop import Contexts, case_events
 from harness.results import report
 from harness.results.environment import collect_meta
 from harness.results.storage import write_run
 from harness.run import oracle_cache
-from harness.run.runner import RunConfig, to_frame
+from harness.run.runner import COLUMNS, RunConfig, to_frame
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -105,12 +104,13 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     if target is None or (merged is None and _SESSION_KEY not in session.config.stash):
         return
     harness = _session(session.config)
-    rows = harness.rows if merged is None else xdist_rows.in_test_order(merged, harness.cases, harness.config.backends)
+    frame = to_frame(harness.rows if merged is None else merged)
     meta = collect_meta(harness.device, ["pytest", *sys.argv[1:]], {}, oracle_cache.meta_record())
-    if merged is not None:
+    if merged is not None:  # in test order: case order, then backend order
+        frame = ordered(frame, harness.cases, harness.config.backends, COLUMNS)
         meta["gpus"], note = xdist_rows.run_gpus(merged)
         meta["device_name"] = note or meta["device_name"]
-    path = write_run(to_frame(rows), meta, target, page=report.render_html)
+    path = write_run(frame, meta, target, page=report.render_html)
     print(f"\nharness report: {path / 'report.html'}")
 
 

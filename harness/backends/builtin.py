@@ -1,8 +1,6 @@
-"""The built-in backends: the kernels under test and the engine path; the peers live in
-:mod:`harness.backends.peers`, the registry in :mod:`harness.backends.registry` (re-exported here).
-
-* reference, tlsim, triton -- the kernels, called through the contract.
-* cache -- the path an engine takes: writes through PagedKVCache's slot mapping, then its dispatched read.
+"""The built-in backends: the kernels under test (reference, tlsim, triton, called through the contract)
+and the engine path (cache); the peers are :mod:`harness.backends.peers`, the registry (re-exported here)
+:mod:`harness.backends.registry`.
 """
 
 from __future__ import annotations
@@ -53,7 +51,6 @@ def _triton_unavailable(case: Case, device: str) -> str | None:
 def _prepare_cache(case: Case, inputs: PagedInputs, out: torch.Tensor) -> Prepared:
     """Write every sequence through PagedKVCache's slot mapping; time its dispatched read."""
     device = inputs.q.device
-    # An fp8 case: fp8 pools, quantized on write with the case's scales.
     cache = kernels.PagedKVCache(
         num_layers=1, num_blocks=case.blocks_needed, block_size=case.block_size, num_kv_heads=case.num_kv_heads,
         head_dim=case.head_dim, dtype=inputs.k_cache.dtype, device=device, head_dim_v=case.head_dim_v,
@@ -65,8 +62,7 @@ def _prepare_cache(case: Case, inputs: PagedInputs, out: torch.Tensor) -> Prepar
         cache.allocate(seq_id)
         cache.write(0, cache.append(seq_id, keys.shape[0]), keys, values)
     chosen = kernels.select_backend(device)
-    # run(): every layer's read of a step's metadata, built once (an engine knows the query lengths on the host);
-    # call(): the one-off read by sequence ids, which builds the metadata on every call.
+    # run(): a step's read with its metadata built once (as an engine does); call(): by sequence ids, built each call.
     step = cache.step_metadata(seq_ids, inputs.query_start_loc.cpu())
     return Prepared(
         run=lambda: cache.paged_attention(0, inputs.q, step, out=out, **options),
@@ -91,8 +87,7 @@ def _triton(*args, **kwargs) -> torch.Tensor:
 add_backend(Backend("triton", contract_prepare(_triton, decode_form=False, max_q_len=lambda c: max(c.q_lens), max_seq_len=lambda c: c.max_seq_len),
                     ("cpu", "cuda"), "kernel", "the @triton.jit kernel (interpreted on the CPU)",
                     unavailable=_triton_unavailable, variants=frozenset(VARIANT_KEYS)))  # fmt: skip
-# PagedKVCache keeps a K pool and a V pool of its own, so it cannot serve a latent cache (V a view of K):
-# a latent case is its skip row, rather than a row that times the two-pool read under the latent name.
+# PagedKVCache keeps a K pool and a V pool of its own: it cannot serve a latent cache (V a view of K).
 add_backend(Backend("cache", _prepare_cache, ("cpu", "cuda"), "engine path",
                     "write through PagedKVCache's slot mapping, then its dispatched read",
                     variants=frozenset(VARIANT_KEYS) - {"latent_kv"}))  # fmt: skip
@@ -115,12 +110,11 @@ def register_backend(
     supports: Callable[[CaseFacts], str | None] | None = None,
     options: tuple[str, ...] | frozenset[str] | None = None,
 ) -> Backend:
-    """Add a kernel with the contract signature to every run that imports this module.
+    """Add a kernel with the contract signature to every run that imports this module; a taken name is an error.
 
-    ``fn(q, k_cache, v_cache, block_table, seq_lens, query_start_loc=None, scale=None, out=None)`` must
-    return [num_tokens, num_q_heads, head_dim] in q's dtype. The keywords are docs/contract.md's ("Backends");
-    ``options`` is the earlier name of ``variants``, taken with a DeprecationWarning.
-    Registering a taken name is an error (built-ins cannot be shadowed).
+    ``fn(q, k_cache, v_cache, block_table, seq_lens, query_start_loc=None, scale=None, out=None)`` returns
+    [num_tokens, num_q_heads, head_dim] in q's dtype. The keywords: docs/contract.md, "Backends" (``options``
+    is ``variants``' earlier name, taken with a DeprecationWarning).
     """
 
     def refused(case: Case, device: str) -> str | None:

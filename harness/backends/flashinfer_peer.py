@@ -14,14 +14,14 @@ from __future__ import annotations
 
 import dataclasses
 import importlib.util
-import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 
-from harness.backends.registry import Backend, Prepared, Unsupported, add_backend
+from harness.backends.peers import below_sm80
+from harness.backends.registry import Backend, Prepared, Unsupported, add_backend, timed_us
 from harness.cases.inputs import PagedInputs
 from harness.cases.spec import Case
 
@@ -74,9 +74,8 @@ def module_key(case: Case) -> tuple:
 
 
 def warmup_cases(cases: Iterable[Case]) -> list[Case]:
-    """One small twin per :func:`module_key` among the ``cases`` FlashInfer serves, so that running the
-    twins compiles every module the cases need (scripts/flashinfer_warmup.py).
-    """
+    """One small twin per :func:`module_key` among the ``cases`` FlashInfer serves: running the twins
+    compiles every module the cases need (scripts/flashinfer_warmup.py)."""
     twins: dict[tuple, Case] = {}
     for case in cases:
         if module_key(case) in twins or not serves(case):
@@ -109,13 +108,7 @@ def flashinfer_unavailable(case: Case, device: str) -> str | None:
     """Why FlashInfer cannot take this case (not installed, its dtypes, head dims, GPU), before any call."""
     if importlib.util.find_spec("flashinfer") is None:
         return f"FlashInfer is not installed: `{INSTALL}` on a CUDA machine"
-    if reason := refusal(case):
-        return reason
-    if torch.device(device).type == "cuda" and torch.cuda.is_available():
-        major, minor = torch.cuda.get_device_capability(torch.device(device))
-        if major < 8:
-            return f"FlashInfer's paged kernels need sm80 or newer, not sm{major}{minor}"
-    return None
+    return refusal(case) or below_sm80(device, "FlashInfer's paged kernels")
 
 
 def fp8_scales(inputs: PagedInputs) -> dict[str, float]:
@@ -128,17 +121,6 @@ def fp8_scales(inputs: PagedInputs) -> dict[str, float]:
     return {name: float(s[0]) for name, s in scales.items()}
 
 
-def _timed(plan: Callable[[], Any], device: torch.device) -> tuple[Any, float]:
-    """``plan()``'s result and its microseconds, the device drained around it."""
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-    started = time.perf_counter()
-    result = plan()
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-    return result, (time.perf_counter() - started) * 1e6
-
-
 def faster_decode(
     plan: Callable[[bool], Any], run: Callable[[Any], Any], device: torch.device
 ) -> tuple[Any, float, str]:
@@ -147,7 +129,7 @@ def faster_decode(
     its plan's us, a note)."""
     timed = []
     for tensor_cores in (False, True):
-        wrapper, plan_us = _timed(lambda cores=tensor_cores: plan(cores), device)
+        wrapper, plan_us = timed_us(lambda cores=tensor_cores: plan(cores), device.type == "cuda", device)
         run(wrapper)
         start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         start.record()
@@ -174,8 +156,8 @@ def prepare_flashinfer(case: Case, inputs: PagedInputs, out: torch.Tensor) -> Pr
     options = {"window_left": -1 if case.sliding_window is None else case.sliding_window - 1,
                "logits_soft_cap": case.logit_softcap, "q_data_type": inputs.q.dtype,
                "kv_data_type": inputs.k_cache.dtype, "sm_scale": case.head_dim**-0.5}  # fmt: skip
+    kv = (inputs.k_cache, inputs.v_cache)
     if is_decode(case):
-        kv = (inputs.k_cache, inputs.v_cache)
 
         def plan(tensor_cores: bool):
             wrapper = flashinfer.BatchDecodeWithPagedKVCacheWrapper(workspace, "NHD", use_tensor_cores=tensor_cores)
@@ -185,10 +167,9 @@ def prepare_flashinfer(case: Case, inputs: PagedInputs, out: torch.Tensor) -> Pr
         wrapper, plan_us, note = faster_decode(plan, lambda w: w.run(inputs.q, kv, out=out, **scales), device)
     else:
         wrapper = flashinfer.BatchPrefillWithPagedKVCacheWrapper(workspace, "NHD", backend="auto")
-        _, plan_us = _timed(lambda: wrapper.plan(inputs.query_start_loc, table.indptr, table.indices,
-                                              table.last_page_len, *shape, causal=True, **options), device)  # fmt: skip
+        pages = (inputs.query_start_loc, table.indptr, table.indices, table.last_page_len, *shape)
+        _, plan_us = timed_us(lambda: wrapper.plan(*pages, causal=True, **options), device.type == "cuda", device)
         note = f"prefill wrapper, {getattr(wrapper, '_backend', 'auto')}, causal"
-    kv = (inputs.k_cache, inputs.v_cache)
     return Prepared(
         run=lambda: wrapper.run(inputs.q, kv, out=out, **scales),
         call=lambda: wrapper.run(inputs.q, kv, **scales),

@@ -1,10 +1,9 @@
-"""The peer ``flex_paged``: FlexAttention reading the paged pool itself, steered by a BlockMask
-built from the block table, whose KV block is the page.
+"""The peer ``flex_paged``: FlexAttention reading the paged pool itself, steered by a BlockMask built from
+the block table, whose KV block is the page.
 
-The pool ``k_cache [num_blocks, block_size, num_kv_heads, head_dim]`` is viewed as one key
-sequence ``[1, num_kv_heads, num_blocks * block_size, head_dim]``; the mask_mod maps a slot back
-to (owner, position) through ``page_logical`` and checks ``block_table[seq, logical] == page``.
-V is read from a copy with its NaN poison zeroed (0 * NaN is NaN); K keeps it.
+The pool ``k_cache [num_blocks, block_size, num_kv_heads, head_dim]`` is viewed as one key sequence
+``[1, num_kv_heads, num_blocks * block_size, head_dim]``; the mask_mod maps a slot back to (owner, position)
+through ``page_logical``. V is read from a copy with its NaN poison zeroed (0 * NaN is NaN); K keeps it.
 """
 
 from __future__ import annotations
@@ -85,11 +84,9 @@ def page_logical_table(block_table: torch.Tensor, seq_lens: torch.Tensor, num_bl
 
 def paged_block_mask(rows: QueryRows, block_table: torch.Tensor, seq_lens: torch.Tensor, num_blocks: int,
                      block_size: int, sliding_window: int | None):  # fmt: skip
-    """(kv_num_blocks, kv_indices, full_kv_num_blocks, full_kv_indices) for BlockMask.from_kv_blocks.
-
-    Shapes [batch, 1, num_q_blocks] and [batch, 1, num_q_blocks, num_blocks] int32, pages listed first
-    in increasing order. A page is partial where the last page, the diagonal or a window edge cuts it.
-    """
+    """(kv_num_blocks, kv_indices, full_kv_num_blocks, full_kv_indices) for BlockMask.from_kv_blocks: [batch,
+    1, num_q_blocks] and [batch, 1, num_q_blocks, num_blocks] int32, pages listed first in increasing order.
+    A page is partial where the last page, the diagonal or a window edge cuts it."""
     batch, num_rows = rows.row_seq.shape
     device = rows.row_seq.device
     num_q_blocks = -(-num_rows // rows.q_block)
@@ -133,12 +130,9 @@ def paged_block_mask(rows: QueryRows, block_table: torch.Tensor, seq_lens: torch
 
 
 def kernel_options_for(block_size: int, device: torch.device, form: str = "per_sequence") -> dict:
-    """Triton kernel options for a page size and query form (none on the CPU).
-
-    BLOCK_N must divide the page and be at least 16 (tl.dot): pages not a multiple of 128 get
-    BLOCK_N = gcd(page, 64). The packed form forces the main kernel (flex's decoding kernel needs its
-    BLOCK_M to divide Q_BLOCK_SIZE = 128).
-    """
+    """Triton kernel options for a page size and query form (none on the CPU). BLOCK_N must divide the page
+    and be at least 16 (tl.dot): pages not a multiple of 128 get gcd(page, 64). The packed form forces the
+    main kernel (flex's decoding kernel needs its BLOCK_M to divide Q_BLOCK_SIZE = 128)."""
     if device.type != "cuda":
         return {}
     if block_size % 16:

@@ -124,7 +124,6 @@ def restore_bf16() -> None:
 
 
 def bf16_corrected() -> bool:
-    """Whether :func:`correct_bf16` is in force in this process."""
     return bool(_SAVED)
 
 

@@ -1,7 +1,5 @@
-"""Peers: what the kernel is raced against, each at its best and named for what it is.
-
-``gather_sdpa``, ``sdpa_contiguous``, ``varlen_flash``, ``varlen_flash_paged``, ``flex_attention``
-and ``flex_paged`` (:mod:`harness.backends.flex_paged`). On CUDA each row records the kernels it ran.
+"""Peers: what the kernel is raced against, each at its best and named for what it is (``flex_paged``
+and ``flashinfer`` have modules of their own). On CUDA each row records the kernels it ran.
 """
 
 from __future__ import annotations
@@ -56,9 +54,8 @@ def pad_queries(inputs: PagedInputs, sliding_window: int | None = None) -> Padde
 
 
 def gather_padded(cache: torch.Tensor, block_table: torch.Tensor, seq_lens: torch.Tensor) -> torch.Tensor:
-    """[num_seqs, num_kv_heads, max_seq_len, head_dim] copy of each sequence's KV, zeros past its end
-    (not the pool's NaN: 0 * NaN would still be NaN).
-    """
+    """[num_seqs, num_kv_heads, max_seq_len, head_dim] copy of each sequence's KV, zeros (not the pool's NaN:
+    0 * NaN is NaN) past its end."""
     block_size = cache.shape[1]
     seq_lens = seq_lens.long()
     pos = torch.arange(int(seq_lens.max()), device=cache.device)
@@ -74,18 +71,17 @@ def _prepare_gather_sdpa(case: Case, inputs: PagedInputs, out: torch.Tensor) -> 
     scale = case.head_dim**-0.5
 
     def run() -> torch.Tensor:
-        k = gather_padded(inputs.k_cache, inputs.block_table, inputs.seq_lens)
-        v = gather_padded(inputs.v_cache, inputs.block_table, inputs.seq_lens)
+        k, v = _gathered(inputs)
         return F.scaled_dot_product_attention(padded.q, k, v, attn_mask=padded.mask, scale=scale, enable_gqa=True)
 
     return Prepared(run=run, to_packed=padded.unpad, note="padded batch, boolean mask, pages gathered per call")
 
 
-def _padded_batch(inputs: PagedInputs) -> tuple[Padded, torch.Tensor, torch.Tensor]:
-    """Padded queries and contiguous padded K and V, made once before timing."""
-    k = gather_padded(inputs.k_cache, inputs.block_table, inputs.seq_lens)
-    v = gather_padded(inputs.v_cache, inputs.block_table, inputs.seq_lens)
-    return pad_queries(inputs), k, v
+def _gathered(inputs: PagedInputs) -> tuple[torch.Tensor, torch.Tensor]:
+    """K and V of every sequence, padded (:func:`gather_padded`)."""
+    return tuple(
+        gather_padded(cache, inputs.block_table, inputs.seq_lens) for cache in (inputs.k_cache, inputs.v_cache)
+    )
 
 
 def equal_lengths(case: Case) -> tuple[int, int] | None:
@@ -97,8 +93,7 @@ def equal_lengths(case: Case) -> tuple[int, int] | None:
 
 def _prepare_sdpa_contiguous(case: Case, inputs: PagedInputs, out: torch.Tensor) -> Prepared:
     """The non-paged floor: SDPA over a contiguous copy made before timing, in its fastest form."""
-    padded, k, v = _padded_batch(inputs)
-    k, v = k.contiguous(), v.contiguous()
+    padded, (k, v) = pad_queries(inputs), (x.contiguous() for x in _gathered(inputs))
     scale = case.head_dim**-0.5
     lengths = equal_lengths(case)
     if lengths is None:
@@ -175,10 +170,15 @@ def _varlen_unavailable(case: Case, device: str) -> str | None:
         return "FlashAttention's varlen kernel takes fp16/bf16 only"
     if case.head_dim > 256 or case.head_dim % 8:
         return f"FlashAttention takes head_dim a multiple of 8 up to 256, not {case.head_dim}"
+    return below_sm80(device, "FlashAttention")
+
+
+def below_sm80(device: str, who: str) -> str | None:
+    """'``who`` needs sm80 or newer, not sm75' on an older CUDA device; None otherwise."""
     if torch.device(device).type == "cuda" and torch.cuda.is_available():
         major, minor = torch.cuda.get_device_capability(torch.device(device))
         if major < 8:
-            return f"FlashAttention needs sm80 or newer, not sm{major}{minor}"
+            return f"{who} needs sm80 or newer, not sm{major}{minor}"
     return None
 
 
@@ -225,7 +225,7 @@ def _prepare_flex(case: Case, inputs: PagedInputs, out: torch.Tensor) -> Prepare
     the softcap and ALiBi in a score_mod, cap first. Sinks have no spelling here."""
     from torch.nn.attention.flex_attention import create_block_mask, flex_attention
 
-    padded, k, v = _padded_batch(inputs)
+    padded, (k, v) = pad_queries(inputs), _gathered(inputs)
     seq_lens = inputs.seq_lens.long()
     starts = inputs.query_start_loc.long()
     q_offset = seq_lens - (starts[1:] - starts[:-1])

@@ -1,6 +1,5 @@
-"""What a plugged-in kernel declares beside its function: the facts it is told, the limits it keeps.
-
-The driver learns a plugin's :class:`Limits` as plain values; :class:`CaseFacts` is what its hooks are told.
+"""What a plugged-in kernel declares beside its function: the facts its hooks are told (:class:`CaseFacts`),
+the limits it keeps (:class:`Limits`, which the driver learns as plain values).
 """
 
 from __future__ import annotations
@@ -71,8 +70,6 @@ class Limits:
     head_dims               the head dims it takes (K's and V's)
     block_size_multiple_of  block_size must be a multiple of this
     cpu_tags                on the CPU, only cases carrying one of these tags
-
-    A case outside is a skip row naming the limit (:meth:`refusal`).
     """
 
     dtypes: tuple[str, ...] = ()

@@ -96,27 +96,23 @@ def facts_of(case: Case, device: str) -> CaseFacts:
     return case_facts(case, device, torch.device(device).type == "cpu" and interpreting())
 
 
-def _planned(plan: Callable[[CaseFacts], Any], facts: CaseFacts) -> tuple[Any, float]:
-    """(what ``plan(facts)`` returned, its microseconds), the device drained around it on CUDA."""
-    cuda = facts.device == "cuda" and torch.cuda.is_initialized()
+def timed_us(fn: Callable[[], Any], cuda: bool, device: torch.device | None = None) -> tuple[Any, float]:
+    """(what ``fn()`` returned, its microseconds), ``device`` drained around it when ``cuda``."""
     if cuda:
-        torch.cuda.synchronize()
+        torch.cuda.synchronize(device)
     started = time.perf_counter()
-    made = plan(facts)
+    made = fn()
     if cuda:
-        torch.cuda.synchronize()
+        torch.cuda.synchronize(device)
     return made, (time.perf_counter() - started) * 1e6
 
 
 def contract_prepare(fn: Callable[..., torch.Tensor], plan: Callable[[CaseFacts], Any] | None = None,
                      decode_form: bool = True, **hints: Callable[[Case], Any]):  # fmt: skip
-    """prepare() for a function with the kernel contract signature.
-
-    run() passes the NaN-poisoned ``out`` and any keyword ``hints`` computed from the case; call() is the
-    bare default call, with ``query_start_loc=None`` in a decode case (``decode_form=False``: the tensor
-    there too). Both pass the case's attention variants as keywords (none when it has none) and the
-    plan step's result as ``plan=`` (its time is ``Prepared.plan_us``).
-    """
+    """prepare() for a function with the kernel contract signature. run() passes the NaN-poisoned ``out`` and
+    the keyword ``hints`` computed from the case; call() is the bare default call, ``query_start_loc=None``
+    in a decode case (unless not ``decode_form``). Both pass the case's variants' keywords and the plan
+    step's result as ``plan=`` (its time: ``Prepared.plan_us``)."""
 
     def prepare(case: Case, inputs: PagedInputs, out: torch.Tensor) -> Prepared:
         args = inputs.args()
@@ -132,7 +128,9 @@ def contract_prepare(fn: Callable[..., torch.Tensor], plan: Callable[[CaseFacts]
             return Prepared(run=run, note=f"cascade: {case.prefix_blocks} shared blocks + suffix, merged by lse",
                             out=out, follows_inputs=True)  # fmt: skip
         if plan is not None:
-            options["plan"], plan_us = _planned(plan, facts_of(case, str(inputs.q.device)))
+            facts = facts_of(case, str(inputs.q.device))
+            cuda = facts.device == "cuda" and torch.cuda.is_initialized()
+            options["plan"], plan_us = timed_us(lambda: plan(facts), cuda)
         decode = decode_form and all(q_len == 1 for q_len in case.q_lens)
         call_args = (*args[:5], None) if decode else args
         return Prepared(run=lambda: fn(*args, out=out, **extra, **options), call=lambda: fn(*call_args, **options),
@@ -156,9 +154,8 @@ def _runs_in_its_worker(case: Case, inputs: PagedInputs, out: torch.Tensor) -> P
 
 
 def add_remote_backend(registration: dict) -> Backend:
-    """Register, in the driver, a plugin backend its worker reported (plain values), without importing
-    the plugin. ValueError on a field of the wrong type, an unknown variant or a limit that is not one.
-    """
+    """Register in the driver a plugin backend its worker reported (plain values), without importing the
+    plugin; ValueError on a field of the wrong type, an unknown variant or a limit that is not one."""
 
     def text(value, what: str) -> str:
         if not isinstance(value, str) or (not value.strip() and what == "name"):

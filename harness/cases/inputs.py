@@ -1,8 +1,6 @@
-"""Deterministic paged inputs for one case, shared by every backend of that case.
-
-The pool is laid out as a busy engine leaves it: blocks shuffled (or in order), an optional shared
-prefix, spare blocks, and NaN in every slot no sequence owns. Values come from :func:`draw_normal`,
-the same whatever the thread count or device.
+"""Deterministic paged inputs for one case, shared by every backend of that case: the pool laid out as a
+busy engine leaves it (blocks shuffled or in order, an optional shared prefix, spare blocks, NaN in every
+slot no sequence owns), values from :func:`draw_normal`, the same whatever the thread count or device.
 """
 
 from __future__ import annotations
@@ -107,10 +105,7 @@ def assign_blocks(
     shared = shared_prefix_blocks(seq_lens, block_size, layout)
     num_owned = shared + sum(n - shared for n in per_seq)
     num_blocks = num_owned + max(1, num_owned // 8)
-    if layout == "contiguous":
-        order = torch.arange(num_blocks)
-    else:
-        order = torch.randperm(num_blocks, generator=generator)
+    order = torch.arange(num_blocks) if layout == "contiguous" else torch.randperm(num_blocks, generator=generator)
     table = torch.full((len(seq_lens), max(per_seq, default=0) or 1), -1, dtype=torch.int32)
     prefix = order[:shared]
     next_free = shared
@@ -139,12 +134,9 @@ def draw_normal(
     scale: float = 1.0,
     threads: int = 1,
 ) -> None:
-    """Standard normals times ``scale`` for a tensor of ``shape`` [rows, ...], in ``dtype``, chunk by chunk.
-
-    Chunk c (whole rows, about CHUNK_VALUES values) is drawn as fp32 from a generator seeded with
-    :func:`chunk_seed` (seed, name, c), scaled, cast and stored by ``write(first_row, rows)`` from
-    ``threads`` worker threads; the values do not depend on ``threads``.
-    """
+    """Standard normals times ``scale`` for a tensor of ``shape`` [rows, ...], in ``dtype``: chunk c (whole rows,
+    about CHUNK_VALUES values) is drawn as fp32 from :func:`chunk_seed` (seed, name, c), scaled, cast and
+    stored by ``write(first_row, rows)`` from ``threads`` threads (the values do not depend on them)."""
     rows, row_shape = shape[0], shape[1:]
     per_chunk = max(1, CHUNK_VALUES // max(1, math.prod(row_shape)))
     chunks = range(-(-rows // per_chunk))
@@ -199,12 +191,9 @@ def make_inputs(
     draw_threads: int | None = None,
     **variants: Any,
 ) -> PagedInputs:
-    """Build a case's inputs from its seed; the same arguments always give the same tensors.
-
-    Values are drawn on the CPU by :func:`draw_normal` (q and K times ``input_scale``), cast to ``dtype`` and
-    moved to ``device``; ``head_dim_v`` is V's head dim (default: head_dim). ``variants`` are the variants'
-    case fields (harness.cases.variants); each turned on applies its input hook, which changes no drawn value.
-    """
+    """Build a case's inputs from its seed; the same arguments always give the same tensors. Values are drawn
+    on the CPU (q and K times ``input_scale``), cast to ``dtype`` and moved to ``device``; ``variants``: the
+    variants' case fields, each turned on applying its input hook, which changes no drawn value."""
     if len(seq_lens) != len(q_lens):
         raise ValueError(f"seq_lens has {len(seq_lens)} entries but q_lens has {len(q_lens)}")
     defaults = {name: declared[1].default for v in VARIANTS for name, declared in v.fields.items()}
@@ -226,13 +215,10 @@ def make_inputs(
     k_slots = torch.empty(num_slots, num_kv_heads, head_dim, dtype=torch_dtype)
     v_slots = torch.empty(num_slots, num_kv_heads, head_dim_v, dtype=torch_dtype)
     slots = token_slots(table, seq_lens, block_size)  # [total_kv_tokens]: token i of the logical KV -> its slot
+    first_writer = None  # a shared prefix block keeps the first sequence's values; later ones' rows are dropped
     if shared := shared_prefix_blocks(seq_lens, block_size, layout):
-        # A shared prefix block already written by an earlier sequence (the first) keeps its values:
-        # the later sequences' drawn prefix rows are dropped.
         seq, pos = token_positions(seq_lens)
         first_writer = (pos >= shared * block_size) | (seq == 0)
-    else:
-        first_writer = None
 
     def into_pool(pool: torch.Tensor) -> Callable[[int, torch.Tensor], None]:
         def write(first: int, rows: torch.Tensor) -> None:

@@ -11,9 +11,8 @@ from harness.cases.spec import Case, CaseFileError, load_case_file, resolve_case
 def load_cases(
     paths: list[str | Path], device: str = "cpu", tags: list[str] | None = None, backends: list[str] | None = None
 ) -> list[Case]:
-    """Load, validate and expand case files; keep cases with any of ``tags``; check memory
-    (``backends`` None: all built-ins). CaseFileError listing every problem found.
-    """
+    """Load, validate and expand case files; keep cases with any of ``tags``; check memory (``backends`` None:
+    all built-ins). CaseFileError listing every problem found."""
     cases: list[Case] = []
     errors: list[str] = []
     for file in resolve_case_paths(paths):

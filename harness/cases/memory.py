@@ -2,18 +2,16 @@
 
     peak = inputs + expected + bound + max(oracle, error bound, each backend's call + out)
 
-(elt the dtype's bytes; T tokens, S sequences, L max_seq_len, Qm max q_len, Hq/Hkv heads, D
-head_dim; per-sequence terms take the worst sequence): inputs are the two pools, q and each
-sequence's keys/values in order; expected and bound T * Hq * D * 8 each; the float64 oracle four
-logits-sized tensors (3.6x measured) plus K and V; the error bound three, in chunks of at most
-2**26 logits; 64 MiB of allocator working memory. Backends: reference gathers K and V in fp32 to
-Hq heads plus SDPA's scores; tlsim / triton / cache pad q to S x Qm and keep every split's state
-and one gathered tile per sequence; the padded peers pay for S x L (K, V, mask, scores); a plugin
-is charged like reference. Checked against the measured peak RSS in tests/harness/test_reliability_memory.py.
+Per-sequence terms take the worst sequence: inputs are the pools, q and each sequence's keys/values;
+the float64 oracle four logits-sized tensors plus K and V; the error bound three, in chunks of at most
+2**26 logits; 64 MiB of allocator working memory. Reference gathers K and V in fp32; tlsim / triton /
+cache pad q and keep every split's state; the padded peers pay for num_seqs x max_seq_len; a plugin is
+charged like reference. tests/harness/test_reliability_memory.py checks it against the peak RSS.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 from dataclasses import dataclass
 
@@ -58,11 +56,7 @@ def _inputs(case: Case) -> int:
     elt, hkv, d = case.element_bytes, case.num_kv_heads, case.head_dim
     owned = case.blocks_needed
     slots = (owned + max(1, owned // 8)) * case.block_size
-    return (
-        2 * slots * hkv * d * elt
-        + sum(case.q_lens) * case.num_q_heads * d * elt
-        + 2 * sum(case.seq_lens) * hkv * d * elt
-    )
+    return d * elt * (2 * slots * hkv + sum(case.q_lens) * case.num_q_heads + 2 * sum(case.seq_lens) * hkv)
 
 
 def _oracle(case: Case) -> int:
@@ -93,11 +87,6 @@ def _tlsim(case: Case) -> int:
     return s_ * qm * hq * d * F32 + (tiling.NUM_SPLITS + 1) * state + tile
 
 
-def _cache(case: Case) -> int:
-    pools = 2 * case.blocks_needed * case.block_size * case.num_kv_heads * case.head_dim * case.element_bytes
-    return pools + _tlsim(case)
-
-
 def _padded(case: Case) -> int:
     elt, hq, hkv, d = case.element_bytes, case.num_q_heads, case.num_kv_heads, case.head_dim
     s_, qm, length = case.num_seqs, max(max(case.q_lens), 1), case.max_seq_len
@@ -111,7 +100,9 @@ BACKEND_STEPS = {
     "reference": _reference,
     "tlsim": _tlsim,
     "triton": _tlsim,
-    "cache": _cache,
+    "cache": lambda case: (
+        2 * case.blocks_needed * case.block_size * case.num_kv_heads * case.head_dim * case.element_bytes + _tlsim(case)
+    ),
     "gather_sdpa": _padded,
     "sdpa_contiguous": _padded,
     "flex_attention": _padded,
@@ -134,13 +125,10 @@ def available_bytes(device: str) -> int:
     if torch.device(device).type == "cuda":
         free, _ = torch.cuda.mem_get_info(torch.device(device))
         return free
-    try:
-        with open("/proc/meminfo") as meminfo:
-            for line in meminfo:
-                if line.startswith("MemAvailable:"):
-                    return int(line.split()[1]) * 1024
-    except OSError:
-        pass
+    with contextlib.suppress(OSError), open("/proc/meminfo") as meminfo:
+        for line in meminfo:
+            if line.startswith("MemAvailable:"):
+                return int(line.split()[1]) * 1024
     return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_AVPHYS_PAGES")
 
 

@@ -1,7 +1,5 @@
-"""The case suites that ship inside the package, and how a name on the command line finds one.
-
-A case argument that is no existing path but names a packaged suite (``cpu``, ``cases/cpu.toml``)
-resolves to the packaged file; anything else is passed on as given.
+"""The case suites that ship inside the package: a case argument that is no existing path but names one
+(``cpu``, ``cases/cpu.toml``) resolves to the packaged file.
 """
 
 from __future__ import annotations
@@ -21,11 +19,8 @@ def resolve_case_arg(arg: str | Path) -> str | Path:
     """A case file or folder as given when it exists, else the packaged suite it names."""
     if Path(arg).exists():
         return arg
-    name = Path(arg).name.removesuffix(".toml")
-    suite = packaged_suites().get(name)
-    if suite is not None and (Path(arg).parent.name in ("", "cases", "suites")):
-        return suite
-    return arg
+    suite = packaged_suites().get(Path(arg).name.removesuffix(".toml"))
+    return suite if suite is not None and Path(arg).parent.name in ("", "cases", "suites") else arg
 
 
 def default_cases() -> list[str]:

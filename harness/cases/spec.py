@@ -41,12 +41,9 @@ from kernels.tiling import cdiv
 
 Length = Annotated[int, Strict(), Field(le=INT32_MAX)]  # seq_lens and q_lens are int32 tensors
 MAX_FILE_BYTES = 4 * 2**20  # a case file is a few KB; anything past this is not one
-# A sweep is a product: six lists of 30 values are 729M cases from a file of a few hundred bytes.
-# The points of a file are counted before any is built, and a file past this many is refused.
+# A sweep is a product, so a small file can expand to millions of cases: the points (and all their
+# sequences, SEQUENCES_PER_POINT a point of the limit) are counted before any is built.
 MAX_SWEEP_POINTS = 10_000
-# And each point holds its own seq_lens: a list is capped as the generator's count is, and the
-# sequences of all a file's points (a 400 KB file of 10^5 lengths swept 2,000 times took 7 GB) at
-# SEQUENCES_PER_POINT a point of the limit (a million at the default; raising the limit raises it).
 MAX_SEQS = 4096
 SEQUENCES_PER_POINT = 100
 ENV_MAX_SWEEP_POINTS = "HARNESS_MAX_SWEEP_POINTS"  # overrides it (harness run --max-sweep-points sets it)
@@ -99,9 +96,8 @@ class Tolerance(BaseModel):
 
 
 class CaseSpec(VariantFields):
-    """One ``[[case]]`` table (or one expanded sweep point of it); the attention variants' fields
-    (sliding_window, logit_softcap, sinks, alibi, return_lse, cascade, kv_dtype, kv_scale,
-    head_dim_v) are declared by their rows in harness.cases.variants."""
+    """One ``[[case]]`` table (or one expanded sweep point of it); the attention variants' fields are
+    declared by their rows in harness.cases.variants."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
@@ -157,11 +153,9 @@ class CaseSpec(VariantFields):
         if isinstance(self.q_lens, list):
             if not isinstance(self.seq_lens, list) or len(self.q_lens) != len(self.seq_lens):
                 raise FieldError("q_lens", "a q_lens list needs an explicit seq_lens list of the same length")
-            bad = [
-                (i, q, s) for i, (q, s) in enumerate(zip(self.q_lens, self.seq_lens, strict=True)) if not 0 <= q <= s
-            ]
-            if bad:
-                i, q, s = bad[0]
+            pairs = enumerate(zip(self.q_lens, self.seq_lens, strict=True))
+            if bad := next(((i, q, s) for i, (q, s) in pairs if not 0 <= q <= s), None):
+                i, q, s = bad
                 raise FieldError("q_lens", f"q_lens[{i}] = {q} must be between 0 and seq_lens[{i}] = {s}")
         elif isinstance(self.q_lens, int):
             shortest = min(self.seq_lens) if isinstance(self.seq_lens, list) else self.seq_lens.min
@@ -200,9 +194,8 @@ class CaseSpec(VariantFields):
         prefix = shared_prefix_blocks(seq, self.block_size, self.layout) * self.block_size
         if prefix == 0:
             raise FieldError("cascade", "cascade = true needs two or more sequences sharing at least one block")
-        late = [(i, n, m) for i, (n, m) in enumerate(zip(seq, q, strict=True)) if n - m < prefix]
-        if late:
-            i, n, m = late[0]
+        if late := next(((i, n, m) for i, (n, m) in enumerate(zip(seq, q, strict=True)) if n - m < prefix), None):
+            i, n, m = late
             raise FieldError(
                 "cascade",
                 f"sequence {i} (seq_len {n}, q_len {m}) has a query inside the shared prefix of {prefix} keys",
@@ -257,7 +250,6 @@ class Case:
 
     @property
     def element_bytes(self) -> int:
-        """Bytes of one element of the case's dtype."""
         return torch.finfo(getattr(torch, self.dtype)).bits // 8
 
     @property
@@ -285,7 +277,6 @@ class Case:
         return shared_prefix_blocks(self.seq_lens, self.block_size, self.layout)
 
     def wants(self, backend: str) -> bool:
-        """Whether the case file asks for this backend."""
         return (self.backends is None or backend in self.backends) and backend not in self.exclude_backends
 
 
@@ -399,14 +390,12 @@ def expand_spec(raw: dict[str, Any], file: str, inherited: frozenset[str] = froz
         spec = CaseSpec.model_validate(raw)
     except ValidationError as error:
         raise CaseFileError("\n".join(_format_errors(file, name, error, inherited))) from None
-    keys = list(spec.sweep)
     cases, errors = [], []
-    for values in itertools.product(*spec.sweep.values()) if keys else [()]:
-        point = dict(zip(keys, values, strict=True))
+    for values in itertools.product(*spec.sweep.values()):  # one empty point when nothing is swept
+        point = dict(zip(spec.sweep, values, strict=True))
         case_id = _point_id(spec.name, point)
-        data = {**raw, **point, "sweep": {}}
         try:
-            p = CaseSpec.model_validate(data)
+            p = CaseSpec.model_validate({**raw, **point, "sweep": {}})
         except ValidationError as error:
             errors.extend(_format_errors(file, case_id, error, inherited - set(point)))
             continue
@@ -461,9 +450,8 @@ def load_case_file(path: str | Path) -> list[Case]:
 
 
 def known_defaults(file: str, defaults: dict[str, Any]) -> tuple[dict[str, Any], list[str]]:
-    """``[defaults]`` without the keys (and sweep keys) that are no case field, and a line for each
-    of those naming the table, with a near miss suggested: said once, not for every case it would
-    be merged into."""
+    """``[defaults]`` without the keys (and sweep keys) that are no case field, and a line for each naming the
+    table, with a near miss suggested (said once, not for every case it is merged into)."""
     lines = [f"{file}: [defaults]: field '{key}': {_unknown_field(str(key))}" for key in defaults
              if key not in CaseSpec.model_fields]  # fmt: skip
     known = {key: value for key, value in defaults.items() if key in CaseSpec.model_fields}
@@ -503,7 +491,7 @@ def count_sweep_points(file: str, tables: list[dict[str, Any]]) -> int:
         lengths = {str(k): len(v) for k, v in sweep.items() if isinstance(v, list)} if isinstance(sweep, dict) else {}
         points = math.prod(lengths.values())
         total += points
-        if len(lengths) > 0:
+        if lengths:
             shapes.append((str(table.get("name", "?")), points, lengths))
         swept = sweep.get("seq_lens") if isinstance(sweep, dict) else None
         each = max(_sequences(v) for v in [table.get("seq_lens"), *(swept if isinstance(swept, list) else [])])
@@ -529,9 +517,7 @@ def count_sweep_points(file: str, tables: list[dict[str, Any]]) -> int:
 
 
 def _read_case_text(path: Path) -> str:
-    """The text of a regular file of at most MAX_FILE_BYTES; CaseFileError for anything else (a FIFO
-    would block, /dev/zero never ends).
-    """
+    """The text of a regular file of at most MAX_FILE_BYTES; CaseFileError for anything else (a FIFO blocks)."""
     file = str(path)
     try:
         info = path.stat()
@@ -554,9 +540,7 @@ def _read_case_text(path: Path) -> str:
 
 
 def resolve_case_paths(paths: list[str | Path]) -> list[Path]:
-    """Files as given; a directory stands for every *.toml in it, sorted (CaseFileError if none). A
-    file named twice is read once, with a note on stderr.
-    """
+    """Files as given; a directory stands for its *.toml, sorted (CaseFileError if none); a repeat is read once."""
     files: list[Path] = []
     seen: dict[Path, Path] = {}
     for p in map(Path, paths):
@@ -576,8 +560,7 @@ def resolve_case_paths(paths: list[str | Path]) -> list[Path]:
 def check_backend_names(cases: list[Case], registered: list[str]) -> None:
     """CaseFileError naming file, case and field for every name in ``backends`` or
     ``exclude_backends`` that is not a registered backend (call it after plugins load)."""
-    errors = []
-    known = set(registered)
+    errors, known = [], set(registered)
     for case in cases:
         for field, names in (("backends", case.backends or ()), ("exclude_backends", case.exclude_backends)):
             errors.extend(

@@ -1,8 +1,5 @@
-"""The attention variants: one row per option, declaring it once for the case file, the backend
-registry, the inputs, the kernel call and the oracle.
-
-A row holds the key a backend declares, the case-file field(s) that turn it on (:data:`VariantFields`),
-the call's keyword(s), its input hook and its oracle hook. docs/contract.md, "Attention variants",
+"""The attention variants: one row per option, declaring it once for the case file (:data:`VariantFields`),
+the backend registry, the inputs, the kernel call and the oracle. docs/contract.md, "Attention variants",
 says what each computes.
 """
 
@@ -24,10 +21,8 @@ from kernels.fp8 import quantize_kv
 
 @dataclass(frozen=True)
 class OracleHook:
-    """How the float64 oracle applies a variant: a function per stage it acts at (None: not there).
-
-    Each gets the variant's keywords (not None); every tensor is float64. Per sequence and chunk of
-    ``rows`` query rows, in this order:
+    """How the float64 oracle applies a variant: a function per stage it acts at (None: not there), given the
+    variant's keywords (not None); tensors float64. Per sequence and chunk of ``rows`` query rows, in order:
 
     kv      (k, v, **keywords) -> (k, v): keys [seq_len, num_kv_heads, head_dim], values [.., head_dim_v]
     score   (logits, distance, **keywords) -> logits [num_kv_heads, group, rows, seq_len] (scaled);
@@ -48,11 +43,9 @@ class Variant:
     fields: dict[str, tuple[Any, Any]]  # the case file's field(s) that turn it on: name -> (type, pydantic Field)
     keywords: tuple[str, ...]  # the contract call's keyword(s); () for a shape (head_dim_v)
     turned_on: Callable[[Any], bool]  # the case's fields (a Case, or make_inputs' arguments) -> on
-    # case-file fields that turn it on in a small case (4 query / 2 KV heads, head_dim 32):
-    # tests/kernels/test_attention_variants.py grades every built-in kernel on that case
-    example: dict[str, Any]
-    # (inputs, fields) -> inputs: a PagedInputs on the CPU (harness.cases.inputs) -> the same with the
-    # variant's keywords in ``options`` (and, for fp8, its pools); None: a shape that make_inputs draws
+    example: dict[str, Any]  # fields that turn it on in a small case (tests/kernels/test_attention_variants.py)
+    # (PagedInputs on the CPU, fields) -> the same with the variant's keywords in ``options`` (fp8: and its
+    # pools); None: a shape that make_inputs draws
     inputs: Callable[[Any, Any], Any] | None
     oracle: OracleHook  # empty: the oracle's output already shows it (the lse, a shape)
     meaning: str
@@ -71,9 +64,6 @@ class Variant:
     def names(self) -> tuple[str, ...]:
         """Every name ``register_backend(variants=...)`` takes for it: case fields, key, keywords."""
         return tuple(dict.fromkeys((*self.fields, self.key, *self.keywords)))
-
-
-# What the hooks share.
 
 
 def with_options(inputs: Any, **options: Any) -> Any:
@@ -298,9 +288,8 @@ def _keywords(v: Variant) -> str:
 
 
 def variants_text() -> str:
-    """``harness variants``: one line per variant: its name (the case-file field that turns it on, and what
-    ``register_backend(variants=...)`` takes), the key a skip row names, the keywords the kernel
-    receives; then what each computes, and a note on names and fp8 scales."""
+    """``harness variants``: per variant its name (case-file field), the key a skip row names and the kernel's
+    keywords; then what each computes, and a note on names and fp8 scales."""
     rows = [("variant (case field)", "key", "kernel keywords (kind)")]
     for v in VARIANTS:
         also = [name for name in v.fields if name != v.name]
@@ -321,8 +310,8 @@ VARIANTS_NOTE = (
 
 
 def markdown() -> str:
-    """The variants' table of docs/contract.md (written by ``python -m harness.results.columns``): one line per row: key, case-file fields, kernel keywords with their kind, meaning.
-    KeyError for a keyword the kernels' table (kernels.contract.CALL_OPTION_TABLE) lacks."""
+    """The variants' table of docs/contract.md (``python -m harness.results.columns`` writes it); KeyError
+    as :func:`_keywords`."""
     lines = ["| key | case-file fields | kernel keywords (kind) | what it computes |", "|---|---|---|---|"]
     for v in VARIANTS:
         lines.append(f"| `{v.key}` | {', '.join(f'`{name}`' for name in v.fields)} | {_keywords(v)} | {v.meaning} |")

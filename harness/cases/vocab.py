@@ -1,7 +1,4 @@
-"""The harness's words, each defined once: dtype names, KV-pool layouts, row statuses.
-
-The dtype names are the kernels' own (``kernels.contract.DTYPES``).
-"""
+"""The harness's words, each defined once: dtype names (the kernels' own), KV-pool layouts, row statuses."""
 
 from __future__ import annotations
 
@@ -26,8 +23,7 @@ DTypeName = Literal[DTYPE_NAMES]  # type: ignore[valid-type]  # Literal["float32
 KV_DTYPE_NAMES: tuple[str, ...] = tuple(str(dtype).removeprefix("torch.") for dtype in FP8_DTYPES)
 KVDTypeName = Literal[KV_DTYPE_NAMES]  # type: ignore[valid-type]
 
-# How harness.cases.inputs places sequences' blocks in the pool: in order, shuffled, or with a
-# prefix every sequence shares (harness.cases.inputs.assign_blocks says how).
+# How harness.cases.inputs.assign_blocks places sequences' blocks: in order, shuffled, or with a shared prefix.
 LAYOUTS = ("contiguous", "shuffled", "shared_prefix")
 Layout = Literal[LAYOUTS]  # type: ignore[valid-type]
 
@@ -46,8 +42,6 @@ DEFAULT_TOLERANCES: dict[str, tuple[float, float]] = {
     "float16": (1e-3, 1e-3),
     "bfloat16": (1e-2, 1e-2),
 }
-# Overrides for an fp8 KV cache, by q's dtype. Empty: the built-in kernels widen fp8 values
-# exactly and apply the scales outside the dots, so they round no more than the oracle of the
-# dequantized cache. A kernel that rounds each dequantized element to q's dtype first (two more
-# roundings in fp16) would need about 2e-3 for fp16; a plugin is graded by this same table.
+# Overrides for an fp8 KV cache, by q's dtype. Empty: the built-in kernels widen fp8 values exactly and
+# apply the scales outside the dots, so they round no more than the oracle of the dequantized cache.
 FP8_KV_TOLERANCES: dict[str, tuple[float, float]] = {}

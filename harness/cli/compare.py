@@ -1,6 +1,5 @@
-"""``harness compare BASE_RUN NEW_RUN``: what got worse, latency rows re-timed in paired rounds.
-
-The comparison is :mod:`harness.review.compare`; the re-timing :mod:`harness.review.confirm`.
+"""``harness compare BASE_RUN NEW_RUN``: what got worse (:mod:`harness.review.compare`), latency rows re-timed
+in paired rounds (:mod:`harness.review.confirm`).
 """
 
 from __future__ import annotations

@@ -1,7 +1,5 @@
-"""``harness continuous BASE [HEAD]``: run both commits, then compare them, as ``asv continuous`` does.
-
-Each commit runs ``python -m harness run`` in a git worktree on this tree's case files and options;
-the two run folders are then compared by ``compare``.
+"""``harness continuous BASE [HEAD]``: run both commits, each in a git worktree on this tree's case files
+and options, then compare them, as ``asv continuous`` does.
 """
 
 from __future__ import annotations

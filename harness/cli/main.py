@@ -1,10 +1,8 @@
 """python -m harness {run,list,backends,variants,schema,report,compare,continuous,bisect,history,merge}
 
-Each verb is the module ``harness.cli.<verb>``: its ``add_parser`` and its ``main``; what they
-share is :mod:`harness.cli.options`. The exit codes (README, "Reading a run"): 0 success; 1 a
-failure, an error row, nothing graded, or a row that got worse; 2 bad input (only the harness's
-own input errors: a ValueError from elsewhere is 3); 3 an internal error; 4 incomplete;
-5 unconfirmed; 130 Ctrl-C; 143 SIGTERM.
+Each verb is the module ``harness.cli.<verb>``: its ``add_parser`` and its ``main``; what they share
+is :mod:`harness.cli.options`. Exit codes: the epilog below; 2 only for the harness's own input errors
+(:data:`BAD_INPUT`: a ValueError from elsewhere is 3).
 """
 
 from __future__ import annotations

@@ -1,6 +1,5 @@
-"""What the verbs share: the run options (defined once, added to both the CLI and pytest), the
-case selection (``-k``), bad input and the exit codes. Destinations carry a ``harness_`` prefix
-(pytest keeps ``-p`` in ``plugins``).
+"""What the verbs share: the run options (defined once, added to both the CLI and pytest; destinations
+carry a ``harness_`` prefix, as pytest keeps ``-p`` in ``plugins``), ``-k``, bad input and the exit codes.
 """
 
 from __future__ import annotations
@@ -8,7 +7,6 @@ from __future__ import annotations
 import argparse
 import contextlib
 import fnmatch
-import importlib.metadata
 import os
 import re
 import sys
@@ -21,6 +19,7 @@ import torch
 
 from harness.cases.loading import load_cases
 from harness.cases.packaged import default_cases, packaged_suites, resolve_case_arg
+from harness.results.environment import harness_version
 
 EXIT_OK, EXIT_FAIL, EXIT_BAD_INPUT, EXIT_INTERNAL = 0, 1, 2, 3
 EXIT_INTERRUPTED, EXIT_BROKEN_PIPE, EXIT_TERMINATED = 130, 141, 143  # 128 + SIGINT, SIGPIPE, SIGTERM
@@ -59,10 +58,7 @@ def prog() -> str:
 
 
 def version() -> str:
-    try:
-        return importlib.metadata.version("paged-attention-harness")
-    except importlib.metadata.PackageNotFoundError:  # run from a checkout that was never installed
-        return "unknown (not installed)"
+    return harness_version() or "unknown (not installed)"  # run from a checkout that was never installed
 
 
 def _positive_int(text: str) -> str:
@@ -82,9 +78,8 @@ def _fraction(text: str) -> str:
 
 
 class SetEnv(argparse.Action):
-    """Checks the value with ``check`` and puts it in the environment variable ``env`` as well as in
-    the namespace, so the case loader, the oracle cache and workers read it without threading it through.
-    """
+    """Checks the value with ``check`` and puts it in the environment variable ``env`` as well as in the
+    namespace: the case loader, the oracle cache and workers read it without threading it through."""
 
     def __init__(self, *args, env: str, check, **kwargs):
         self.env, self.check = env, check
@@ -138,11 +133,8 @@ RUN_OPTIONS = [
 
 
 def apply_threads(value: str | None, device: str) -> int:
-    """Set torch's intra-op thread count for the run and return it (what ran).
-
-    Default 1 on a CPU (more threads fight the neighbours for cores and make timings disagree across
-    commits), torch's default on CUDA and for ``auto``. A count past this machine's cores is the cores.
-    """
+    """Set torch's intra-op thread count for the run and return it: default 1 on a CPU (more threads fight
+    the neighbours for cores), torch's default on CUDA and for ``auto``; at most this machine's cores."""
     if value is None:
         value = "1" if torch.device(device).type == "cpu" else "auto"
     if value != "auto":
@@ -181,10 +173,8 @@ def add_pattern(parser: argparse.ArgumentParser) -> None:
 
 
 def compile_pattern(text: str) -> Callable[[str], bool]:
-    """``-k``'s expression as a test of a case id; BadInput naming what is wrong with it.
-
+    """``-k``'s expression (:data:`PATTERN_HELP`) as a test of a case id; BadInput naming what is wrong with it.
     ``expr := term ('or' term)*``, ``term := factor ('and' factor)*``, ``factor := 'not' factor | '(' expr ')' | WORD``.
-    A WORD matches an id containing it, ignoring case; one with ``*``, ``?`` or ``[`` is a glob of the whole id.
     """
     tokens = re.findall(r"[()]|[^\s()]+", text)
     position = 0

@@ -33,16 +33,14 @@ def run_options(args: argparse.Namespace, device: str) -> dict:
     return {**stored, "cases": cases, "device": device, "plugins": plugins}
 
 
-# The options a journal keeps as they were given (args attribute -> (journal options key, its default)); run_options
-# adds the cases and plugins as absolute paths and the device. --workers / --ray: a resume runs the rest the same way.
+# The options a journal keeps as given: args attribute -> (journal options key, its default).
 _STORED = {
     "harness_backends": ("backends", None), "harness_tags": ("tags", None), "pattern": ("pattern", None),
     "harness_oracle_device": ("oracle_device", None), "timing": ("timing", True), "isolate": ("isolate", None),
     "timeout": ("timeout", None), "workers": ("workers", None), "ray": ("ray", None), "shard": ("shard", None),
 }  # fmt: skip
-# What --resume does with an option given again (the --resume help says the same): these change
-# which rows run or what they measure, so a value other than the journal's is refused; --timeout,
-# --isolate, --workers/--ray, --profile and --no-progress change no result, and the value given wins.
+# Options that change which rows run or what they measure: given again to --resume, a value other than the
+# journal's is refused (the rest change no result, and the value given wins).
 _RESULT_OPTIONS = {  # args attribute -> (flag, journal options key)
     "harness_device": ("--device", "device"),
     "harness_tags": ("--tag", "tags"),
@@ -108,13 +106,11 @@ def resume(args: argparse.Namespace):
 
 
 def finalize(args: argparse.Namespace, journal) -> int:
-    """Write a stopped run's folder from its journal without running anything (``--finalize``): the meta
-    the run recorded (never this machine's); pairs that never ran are listed in meta.json.
-    """
+    """Write a stopped run's folder from its journal without running anything (``--finalize``), with the meta
+    the run recorded (never this machine's); pairs that never ran are listed in meta.json."""
     if not journal.rows:
         raise BadInput(f"--finalize {args.resume}: the journal holds no row; there is nothing to write")
-    try:  # the journal's case files and backends, to list what never ran (a journal from another
-        # machine may name files or plugin backends this one lacks: the rows are written anyway)
+    try:  # what never ran (a journal from elsewhere may name files or backends this machine lacks)
         paths = resolve_case_paths([resolve_case_arg(c) for c in args.cases] or DEFAULT_CASES)  # suite names too
         cases = [case for path in paths for case in load_case_file(path)]
         cases = [c for c in cases if not args.harness_tags or set(args.harness_tags) & set(c.tags)]
@@ -172,9 +168,8 @@ def ordered(frame, cases, backends, columns):
 
 
 def keep_logs(run_dir: Path, move: bool = True) -> None:
-    """Move the staged plugin-row logs into ``<run>/logs`` (``move``: the run folder exists; else they stay staged
-    for --resume); a folder left empty (every row silent) is removed instead. Done once, at the run's end:
-    while it runs, workers share the folder."""
+    """Move the staged plugin-row logs into ``<run>/logs`` at the run's end (not ``move``: they stay staged for
+    --resume); a folder left empty is removed instead."""
     staged = staged_logs(run_dir)
     if not staged.is_dir():
         return

@@ -1,7 +1,5 @@
-"""``harness run``: run cases through backends, grade and time every row, write a run folder.
-
-The run's rows go to a journal as they finish (``resume``); plugins are imported in a worker
-process, never here; what the terminal shows is :mod:`harness.cli.terminal`.
+"""``harness run``: run cases through backends, grade and time every row, write a run folder. Rows go to a
+journal as they finish (``resume``); plugins are imported in a worker process, never here.
 """
 
 from __future__ import annotations
@@ -93,10 +91,8 @@ def add_parser(verbs) -> None:
 
 
 def load_plugins(plugins: list[str], isolate: str):
-    """Import the plugins in the run's worker and register their backends here from what it reports
-    (with ``--isolate none``, import them here). The backend names they added, and the started worker
-    (None when nothing is isolated).
-    """
+    """Import the plugins in the run's worker and register their backends here from what it reports (with
+    ``--isolate none``, import them here): the backend names added, and the worker (None: nothing isolated)."""
     worker = None
     before = set(REGISTRY)
     if isolate == "all" or (plugins and isolate == "plugins"):
@@ -149,9 +145,7 @@ def main(args: argparse.Namespace) -> int:
     journal = resume(args) if args.resume else None
     args.isolate = args.isolate or "plugins"
     try:
-        if args.finalize:
-            return finalize(args, journal)
-        return _checked_run(args, journal)
+        return finalize(args, journal) if args.finalize else _checked_run(args, journal)
     except BaseException:
         if journal is not None:  # a resume refused after taking the lock: let it go, say nobody writes it
             journal.close(stopped=True)

@@ -25,9 +25,8 @@ def _finite(value) -> bool:
 
 
 def failure_detail(row) -> str:
-    """Where a failing row is wrong, as the page says it (``seq 0, query 0, head 0, 311 elements outside
-    the tolerance, error 9.77x it``); '' for a row that has none of these.
-    """
+    """Where a failing row is wrong, as the page says it (``worst at seq 0, query 0, head 0, 311 elements
+    outside the tolerance, error 9.77x the tolerance``); '' for a row that has none of these."""
     parts = []
     if row.get("worst_location"):
         parts.append(f"worst at {row['worst_location']}")
@@ -70,12 +69,9 @@ def summarize(frame: pd.DataFrame) -> str:
 
 
 def verdict_lines(frame: pd.DataFrame, code: int, *, most: int = 8, width: int = 110) -> str:
-    """The run's verdict: one line with the status counts, then why rows were skipped.
-
-    ``PASS: 212 rows: 150 pass, 62 skip`` when ``code`` is 0, else ``FAIL: ...`` (``INCOMPLETE`` for 4);
-    then at most ``most`` skip reasons, the most frequent first, each cut to ``width`` characters.
-    Backends skipped for a reason that differs only by their name share one line:
-    ``skip varlen_flash, flex_paged (28 each): runs on cuda, not cpu``.
+    """``PASS: 212 rows: 150 pass, 62 skip`` (``FAIL`` unless ``code`` is 0, ``INCOMPLETE`` for 4), then at
+    most ``most`` skip reasons, the most frequent first, cut to ``width``; backends skipped for a reason that
+    differs only by their name share one line (``skip varlen_flash, flex_paged (28 each): runs on cuda, ...``).
     """
     counts = frame["status"].value_counts()
     order = ("fail", "error", "pass", "skip") if code == 1 else ("pass", "skip", "fail", "error")
@@ -128,8 +124,7 @@ def off_device(backends: list[Backend], device: str) -> dict[str, str]:
 
 def row_printer(skipped: dict[str, str], cases: int) -> Callable[[dict], None]:
     """on_row for runs without a progress bar (logs, CI): one line a row as it finishes, with the time so far;
-    the backends in ``skipped`` (:func:`off_device`) are said once per reason, not row by row.
-    """
+    the backends in ``skipped`` (:func:`off_device`) are said once per reason, not row by row."""
     by_reason: dict[str, list[str]] = {}
     for name, reason in skipped.items():
         by_reason.setdefault(reason, []).append(name)

@@ -1,10 +1,10 @@
-"""The ``run`` verb's scale-out options, checked before any work, and the choice of executor
-(:class:`harness.execute.loop.Executor`): in this process, over worker processes or over Ray.
-"""
+"""The ``run`` verb's scale-out options, checked before any work, and the choice of executor: in this
+process, over worker processes or over Ray."""
 
 from __future__ import annotations
 
 import argparse
+import importlib
 import os
 import threading
 import time
@@ -52,8 +52,6 @@ def preload_report_modules() -> threading.Thread:
     """Import what writing the run folder needs (the page, its plots) on a daemon thread while the driver waits."""
 
     def load() -> None:
-        import importlib
-
         for name in ("harness.results.report", "harness.results.plots", "harness.timing.scaling"):
             importlib.import_module(name)
 

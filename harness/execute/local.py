@@ -1,6 +1,5 @@
-"""The one-process executor: every case in this process, a backend named in ``config.isolated``
-in a worker process (:class:`harness.execute.processes.Worker`), one row per (case, backend).
-"""
+"""The one-process executor: every case in this process, a backend named in ``config.isolated`` in a worker
+process (:class:`harness.execute.processes.Worker`)."""
 
 from __future__ import annotations
 

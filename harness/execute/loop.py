@@ -1,7 +1,5 @@
-"""The one per-case loop every executor runs, and the bookkeeping every driver shares.
-
-Every case's rows come from :func:`case_events`; a driver of other processes hands each :class:`Task`'s
-events, limits and deaths to one :class:`Tracker`.
+"""The one per-case loop every executor runs (:func:`case_events`), and the bookkeeping every driver of
+other processes shares (:class:`Tracker`).
 """
 
 from __future__ import annotations
@@ -33,23 +31,6 @@ class Executor(Protocol):
 def row_limit(case: Case, config: RunConfig) -> float:
     """Seconds one row of ``case`` may take (grade and timing) before its backend counts as hung."""
     return case.timeout_s or config.timeout_s or row_time_limit(case, config.device, config.ceilings)
-
-
-class Hung:
-    """Backends that ran past their limit in this run: where and after how long, and their later rows' skip."""
-
-    def __init__(self):
-        self.where: dict[str, tuple[str, float]] = {}  # backend -> (case id, limit in seconds)
-
-    def mark(self, backend: str, case_id: str, limit_s: float) -> None:
-        self.where.setdefault(backend, (case_id, limit_s))
-
-    def reason(self, backend: str) -> str | None:
-        """The skip reason of a later row of ``backend``, or None when it has not hung."""
-        if backend not in self.where:
-            return None
-        case_id, limit_s = self.where[backend]
-        return f"hung on {case_id} after {limit_s:g} s; not run"
 
 
 class Contexts:
@@ -152,7 +133,7 @@ class Tracker:
     def __init__(self, config: RunConfig, on_row: Callable[[dict], None], retries: int, tried: str = "on {} workers",
                  hangs: bool = True):  # fmt: skip
         self.config, self.on_row, self.retries, self.tried, self.hangs = config, on_row, retries, tried, hangs
-        self.hung = Hung()
+        self.hung: dict[str, tuple[str, float]] = {}  # backend past its limit -> (case id, limit in seconds)
         self.ledger = GpuLedger()
         self.waited_s: list[float] = []  # per case: a worker free, waiting for it (dispatch)
         self.busy_s: list[float] = []  # per case: inputs, oracle and every backend of it
@@ -167,9 +148,15 @@ class Tracker:
         task.names.remove(name)
         self.row({**row_without_call(task.case, REGISTRY[name], self.config, status, reason), **task.labels})
 
+    def hung_reason(self, backend: str) -> str | None:
+        """The skip reason of a later row of a hung ``backend``, or None when it has not hung."""
+        if backend in self.hung:
+            return f"hung on {self.hung[backend][0]} after {self.hung[backend][1]:g} s; not run"
+        return None
+
     def skip_hung(self, task: Task) -> None:
         for name in list(task.names):
-            if reason := self.hung.reason(name):
+            if reason := self.hung_reason(name):
                 self.made(task, name, "skip", reason)
 
     def event(self, task: Task, event: tuple) -> bool:
@@ -178,7 +165,7 @@ class Tracker:
         kind = event[0]
         if kind == "start":
             task.running, task.since = event[1], time.monotonic()
-            return event[1] == CONTEXT or not self.hung.reason(event[1])
+            return event[1] == CONTEXT or not self.hung_reason(event[1])
         if kind == "row":
             if event[1]["backend"] in task.names:
                 task.names.remove(event[1]["backend"])
@@ -204,14 +191,14 @@ class Tracker:
         """The running backend ran past ``limit`` and was stopped (``how``): an error row; it is hung (with ``hangs``)."""
         reason = f"timed out after {limit:g} s ({how})"
         if self.hangs:
-            self.hung.mark(task.running, task.case.id, limit)
+            self.hung.setdefault(task.running, (task.case.id, limit))
             reason += "; hung: its later rows are skipped"
         self.made(task, task.running, "error", reason)
         task.running = None
 
     def abandon(self, task: Task) -> None:
         """The stopped task had started a backend that hung meanwhile: its skip row."""
-        self.made(task, task.running, "skip", self.hung.reason(task.running))
+        self.made(task, task.running, "skip", self.hung_reason(task.running))
         task.running = None
 
     def died(self, task: Task, how: str) -> None:

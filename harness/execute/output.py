@@ -1,9 +1,6 @@
-"""A row's output: what a backend writes to stdout and stderr goes to its own file.
-
-A plugin's row runs inside :func:`captured_output` (file descriptors 1 and 2) into a log moved to
-``<run>/logs/`` with the run folder; the terminal gets its first ``TERMINAL_BYTES`` and where the
-rest is (:func:`report_output`). Known-harmless warnings (:data:`HARMLESS`, each with why) stay in
-the logs and are named on the terminal once a run.
+"""A row's output: what a plugin's row writes to stdout and stderr goes to its own log, moved to
+``<run>/logs/`` with the run folder; the terminal gets its head (:func:`report_output`), and known-harmless
+warnings (:data:`HARMLESS`) are named there once a run.
 """
 
 from __future__ import annotations
@@ -16,8 +13,7 @@ from pathlib import Path
 
 TERMINAL_BYTES = 2048  # of a row's captured output, shown on the terminal; the rest stays in its log file
 CLASSIFY_BYTES = 65536  # a log up to this size is read whole to find its harmless warnings
-# Python warnings as printed (``path:line: Category: message``, then the source line under it) that are
-# known to be harmless, each with why (see the module docstring).
+# Python warnings as printed (``path:line: Category: message``, then the source line) known to be harmless.
 HARMLESS: tuple[tuple[re.Pattern, str], ...] = (
     (re.compile(r"^[^\n]*triton/runtime/interpreter\.py:\d+: RuntimeWarning: (?P<message>(?:invalid value|overflow|"
                 r"divide by zero|underflow) encountered in [\w ]+)\n(?:[ \t][^\n]*\n)?", re.M),
@@ -79,7 +75,7 @@ def row_log(config, case_id: str, backend: str) -> tuple[str, str] | None:
 
 def report_output(log: tuple[str, str] | None, what: str) -> None:
     """Show a row's captured output on stderr: its first TERMINAL_BYTES, then where the rest is. An empty log
-    is removed (its folder, shared with the other workers' rows, stays until the run ends: ``harness.cli.resume.keep_logs``)."""
+    is removed (not its folder, which other workers share until the run ends)."""
     if log is None:
         return
     path = Path(log[0])

@@ -1,9 +1,6 @@
-"""Worker processes: where a crash, an exit or a hang cannot end the run.
-
-A worker imports the plugins (:func:`worker_setup`), runs each case it is sent through
-:func:`harness.execute.loop.timed_case` and sends events back as ``torch.save`` of plain values, read
-with ``weights_only=True``. It never holds the oracle (docs/contract.md, "Threat model"). A death or a
-hang is an error row and the next call starts a fresh worker.
+"""Worker processes: where a crash, an exit or a hang cannot end the run (an error row; the next call
+starts a fresh worker). A worker imports the plugins, runs what it is sent and sends events back as
+``torch.save`` of plain values, read with ``weights_only=True``; it never holds the oracle.
 """
 
 from __future__ import annotations
@@ -130,9 +127,9 @@ def registrations() -> list[dict]:
 
 
 def worker_setup(plugins: tuple[str, ...], threads: int | None, config: RunConfig | None = None) -> dict:
-    """What a worker does once, before its first case: the interpreter where there is no GPU, its torch
-    threads, the plugins, and (given ``config``) its device's name and ceilings. Without a ``config`` it
-    serves plugins: it walls off the oracle cache and the source first and reports the registrations."""
+    """A worker's setup before its first case: the interpreter where there is no GPU, its threads, the plugins,
+    and its device's name and ceilings; without a ``config`` it serves plugins: it walls off the oracle cache
+    and the source first and reports the registrations."""
     kernels.use_interpreter_if_no_gpu()
     if threads:
         torch.set_num_threads(threads)

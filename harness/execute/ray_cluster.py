@@ -1,7 +1,4 @@
-"""The Ray executor: a run's cases as Ray tasks, one task per case, on any number of hosts.
-
-Limits and failures are :class:`harness.execute.loop.Tracker`'s. Details: docs/scaling.md.
-"""
+"""The Ray executor: a run's cases as Ray tasks, one task per case, on any number of hosts (docs/scaling.md)."""
 
 from __future__ import annotations
 

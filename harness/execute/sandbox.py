@@ -1,9 +1,8 @@
 """The walls around a plugin's worker process: what it cannot see or change on disk.
 
-Before importing any plugin, the worker enters a private mount namespace (Linux ``unshare``) where
-the oracle cache folder is an empty tmpfs (``hidden``) and the harness's package folder is read-only
-(``read_only``). Where the kernel refuses, :func:`wall_off` says why and the run does without the
-oracle cache.
+Before importing any plugin, the worker enters a private mount namespace (Linux ``unshare``) where the
+oracle cache folder is an empty tmpfs and the harness's package folder is read-only. Where the kernel
+refuses, :func:`wall_off` says why and the run does without the oracle cache.
 """
 
 from __future__ import annotations
@@ -15,10 +14,6 @@ from pathlib import Path
 
 CLONE_NEWNS, CLONE_NEWUSER = 0x00020000, 0x10000000
 MS_RDONLY, MS_NOSUID, MS_NODEV, MS_REMOUNT, MS_BIND, MS_REC, MS_PRIVATE = 1, 2, 4, 32, 4096, 16384, 1 << 18
-
-
-def _libc():
-    return ctypes.CDLL(None, use_errno=True)
 
 
 def _mount(libc, source: str | None, target: str, fstype: str | None, flags: int, data: str | None = None) -> None:
@@ -35,7 +30,7 @@ def wall_off(hidden: list[Path], read_only: list[Path]) -> str:
         return f"no mount namespaces on {sys.platform}"
     for folder in hidden:
         folder.mkdir(parents=True, exist_ok=True)  # a folder to cover, so the plugin cannot make one first
-    libc = _libc()
+    libc = ctypes.CDLL(None, use_errno=True)
     root = os.geteuid() == 0
     uid, gid = os.geteuid(), os.getegid()
     if libc.unshare(CLONE_NEWNS if root else CLONE_NEWUSER | CLONE_NEWNS) != 0:

@@ -1,11 +1,9 @@
 """Many hosts, one run: ``harness run --shard I/N`` picks a host's slice of the cases, and
 ``harness merge OUT RUN...`` joins the hosts' run folders into one.
 
-The expanded cases are ordered by estimated cost (ties by id) and dealt round robin, so every
-host computes the same split alone. Merging refuses (:class:`MergeError`, naming the folder) a
-pair in two runs, mixed commits (unless ``--allow-mixed-commits``), mixed devices, or timed
-beside untimed; it concatenates the rows and joins meta.json (``gpus``, ``host``, ``dirty``,
-``merged_from``, ``incomplete``). Details: docs/scaling.md.
+The cases are ordered by estimated cost (ties by id) and dealt round robin, so every host computes the
+same split alone. Merging refuses (:class:`MergeError`) a pair in two runs, mixed commits (unless
+``--allow-mixed-commits``), mixed devices, or timed beside untimed. Details: docs/scaling.md.
 """
 
 from __future__ import annotations
@@ -115,13 +113,12 @@ def _refuse_mixed(loaded, key: str, what: str, allow_flag: str | None = None, al
 
 
 def _gpus(loaded) -> list[dict]:
-    """Every run's GPU records: one per (host, index, model), the workers of runs that share it joined."""
+    """Every run's GPU records: one per (host, index, model), the first run's."""
     records: dict[tuple, dict] = {}
     for _, _, m in loaded:
         for gpu in m.get("gpus") or []:
             key = (str(gpu.get("host")), str(gpu.get("gpu_index")), gpu.get("gpu_name"))
-            if key not in records:
-                records[key] = dict(gpu)
+            records.setdefault(key, dict(gpu))
     return [records[key] for key in sorted(records, key=lambda k: (k[0], k[1], str(k[2])))]
 
 

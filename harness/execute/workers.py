@@ -1,7 +1,5 @@
-"""The process-pool executor: one host's worker processes (one per GPU, or N on a CPU) run the cases.
-
-Cases go longest first, ``PREFETCH`` ahead; a dead worker loses only its current row (retried once
-elsewhere). Details: docs/scaling.md.
+"""The process-pool executor: one host's worker processes (one per GPU, or N on a CPU) run the cases, longest
+first, ``PREFETCH`` ahead; a dead worker loses only its current row, retried once (docs/scaling.md).
 """
 
 from __future__ import annotations
@@ -27,7 +25,7 @@ from harness.timing.metrics import case_cost
 MAX_FAILED_STARTS = 3  # workers dying before they are ready (a broken install): the run stops
 PREFETCH = 2  # cases sent to a worker ahead of the one it runs: no parent round trip between cases
 RETRIES = 1  # a backend whose worker died is run again this many times, then it is an error row
-EXTRA_COLUMNS = ("host", "gpu_index", "worker")
+EXTRA_COLUMNS = ("host", "gpu_index", "worker")  # the labels on every row a worker makes
 
 
 def visible_gpus() -> list[str]:

@@ -1,7 +1,5 @@
-"""pytest -n N (pytest-xdist): one GPU per worker, and one run folder from every worker's rows.
-
-With ``--harness-report DIR`` each worker writes its rows to ``<folder>/<gwI>.jsonl`` and the
-controller writes the one run folder from them in test order.
+"""pytest -n N (pytest-xdist): one GPU per worker; with ``--harness-report DIR`` each worker writes its rows to
+``<folder>/<gwI>.jsonl`` and the controller writes one run folder from them, in test order.
 """
 
 from __future__ import annotations
@@ -43,11 +41,6 @@ def _run_device(config: pytest.Config) -> str:
     return config.getoption("harness_device", None) or ("cuda" if torch.cuda.is_available() else "cpu")
 
 
-def _gpu_name(config: pytest.Config) -> str:
-    """This worker's GPU (it sees one), "" when the run is on a CPU."""
-    return torch.cuda.get_device_name(0) if _run_device(config).startswith("cuda") else ""
-
-
 def hand_rows_folder(node) -> None:
     """Controller side: tell a worker where to leave its rows (only with --harness-report)."""
     config = node.config
@@ -66,7 +59,7 @@ def save_worker_rows(config: pytest.Config, rows: list[dict]) -> Path:
     """Worker side: this worker's rows, labelled, to ``<folder>/<gwI>.jsonl`` atomically."""
     worker = config.workerinput.get("workerid", str(os.getpid()))
     labels = {"host": socket.gethostname(), "gpu_index": os.environ.get("CUDA_VISIBLE_DEVICES", ""), "worker": worker}
-    if name := _gpu_name(config):
+    if _run_device(config).startswith("cuda") and (name := torch.cuda.get_device_name(0)):  # it sees one GPU
         labels["gpu_name"] = name
     folder = Path(config.workerinput[ROWS_DIR])
     target = folder / f"{worker}.jsonl"
@@ -88,13 +81,6 @@ def collect_rows(config: pytest.Config) -> list[dict] | None:
         rows.extend(json.loads(line) for line in path.read_text().splitlines() if line)
     shutil.rmtree(folder, ignore_errors=True)
     return rows
-
-
-def in_test_order(rows: list[dict], cases, backends) -> list[dict]:
-    """Rows sorted as a one-process session makes them: case order, then backend order."""
-    case_rank = {case.id: i for i, case in enumerate(cases)}
-    backend_rank = {backend.name: i for i, backend in enumerate(backends)}
-    return sorted(rows, key=lambda r: (case_rank.get(r["case"], len(case_rank)), backend_rank.get(r["backend"], 0)))
 
 
 def run_gpus(rows: list[dict]) -> tuple[list[dict], str]:

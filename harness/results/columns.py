@@ -1,8 +1,6 @@
-"""The report's columns: one table, from which the column list, the contract's table and the
-page's header tips are made.
-
-``results.parquet`` holds exactly these columns, in this order. ``python -m harness.results.columns``
-rewrites the generated tables of docs/contract.md.
+"""The report's columns: one table, from which results.parquet's columns (exactly these, in this order),
+the contract's table (``python -m harness.results.columns`` rewrites docs/contract.md's) and the page's
+header tips are made.
 """
 
 from __future__ import annotations

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import importlib.metadata
 import os
 import platform
@@ -28,12 +29,10 @@ def dirty() -> bool | None:
 
 def cpu_model() -> str:
     """The CPU's model name from /proc/cpuinfo (Linux), else what platform knows."""
-    try:
-        for line in open("/proc/cpuinfo", encoding="utf-8", errors="replace"):  # noqa: SIM115
+    with contextlib.suppress(OSError), open("/proc/cpuinfo", encoding="utf-8", errors="replace") as cpuinfo:
+        for line in cpuinfo:
             if line.lower().startswith("model name"):
                 return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
     return platform.processor() or platform.machine()
 
 
@@ -83,11 +82,8 @@ def noise_judges(device: str) -> dict:
 
 
 def commit_record() -> dict:
-    """The run's commit, and where it was read from.
-
-    A commit declared in ``HARNESS_COMMIT`` wins over git's (a copied tree may carry a stale ``.git``);
-    a disagreement is recorded.
-    """
+    """The run's commit, and where it was read from: ``HARNESS_COMMIT`` wins over git's (a copied tree may
+    carry a stale ``.git``), a disagreement recorded."""
     from_git = git("rev-parse", "HEAD") or None
     declared = os.environ.get("HARNESS_COMMIT") or None
     if declared and from_git and declared != from_git:

@@ -1,8 +1,6 @@
-"""The run journal: every finished row appended, as JSON lines, beside the run folder.
-
-``reports/<run>.journal.jsonl``: a header line (options, pid), one fsynced line per row, and
-``resumed_by`` / ``stopped_by`` lines; removed once the folder is written. :meth:`Journal.read`
-validates every line (:class:`JournalError`); a writer holds an exclusive ``flock`` (:meth:`Journal.lock`).
+"""The run journal ``reports/<run>.journal.jsonl``, removed once the run folder is written: a header line
+(options, pid), one fsynced line per finished row, ``resumed_by`` / ``stopped_by`` lines. Every line is
+validated on reading; a writer holds an exclusive ``flock``.
 """
 
 from __future__ import annotations
@@ -89,6 +87,9 @@ class Meta(_Record):
 
 
 _TYPE_NAMES = {"str", "int", "float", "bool", "none", "dict", "literal"}
+# A line's kind by the first of these keys it holds: (key, model, kind).
+_KINDS = (("case", Row, "row"), ("backend", Row, "row"), ("meta", Meta, "meta"), ("resumed_by", Resumed, "resumed"),
+          ("stopped_by", Stopped, "stopped"))  # fmt: skip
 
 
 def _invalid(path: Path, number: int, error: ValidationError) -> JournalError:
@@ -106,16 +107,10 @@ def _check(path: Path, number: int, record) -> str:
         model, kind = Header, "header"
     elif not isinstance(record, dict):
         raise JournalError(f"{path}: line {number}: a {type(record).__name__}, not a JSON object")
-    elif "case" in record or "backend" in record:
-        model, kind = Row, "row"
-    elif "meta" in record:
-        model, kind = Meta, "meta"
-    elif "resumed_by" in record:
-        model, kind = Resumed, "resumed"
-    elif "stopped_by" in record:
-        model, kind = Stopped, "stopped"
-    else:
+    elif not (found := next(((m, k) for key, m, k in _KINDS if key in record), None)):
         raise JournalError(f"{path}: line {number}: neither a row nor a meta, resume or stop record")
+    else:
+        model, kind = found
     try:
         model.model_validate(record)
     except ValidationError as error:
@@ -160,9 +155,7 @@ class Journal:
     """Append-only rows of one run; see the module docstring."""
 
     def __init__(self, path: Path, header: dict, rows: list[dict]):
-        self.path = Path(path)
-        self.header = header
-        self.rows = rows
+        self.path, self.header, self.rows = Path(path), header, rows
         self.warnings: list[str] = []  # what reading it dropped (duplicated rows)
         self._file = None
 
@@ -235,8 +228,7 @@ class Journal:
 
     def lock(self) -> None:
         """Open for appending and take the journal's lock (no waiting), recording this process as its writer;
-        JournalError naming the holder's pid when another process holds it.
-        """
+        JournalError naming the holder's pid when another process holds it."""
         if self._file is not None:
             return
         file = open(self.path, "a", encoding="utf-8")  # noqa: SIM115 - kept open (and locked) for the run's rows
@@ -275,7 +267,6 @@ class Journal:
         os.fsync(self._file.fileno())
 
     def done(self) -> set[tuple[str, str]]:
-        """(case, backend) pairs that have a row."""
         return {(row["case"], row["backend"]) for row in self.rows}
 
     def close(self, stopped: bool = False) -> None:

@@ -1,8 +1,5 @@
-"""Plots for the review and history pages, as self-contained SVG data URIs (no files, no network).
-
-Every function takes report rows (a DataFrame) and returns ``data:image/svg+xml;base64,...``, or
-None when there is nothing to draw. Every name from a run goes through :func:`literal` ('$' escaped),
-so matplotlib draws it as text, not TeX.
+"""Plots for the review and history pages: report rows in, a self-contained SVG data URI out (None when there
+is nothing to draw). Every name from a run goes through :func:`literal`, so matplotlib draws it as text.
 """
 
 from __future__ import annotations
@@ -59,10 +56,7 @@ def latency_and_bandwidth(frame: pd.DataFrame, ceilings: dict[str, float] | None
     for value, _ in lines:
         bw.axhline(value, ls="--", lw=1, color="#555")
     for ax, label in ((lat, "latency (µs, median)"), (bw, "GB/s (bytes moved / latency)")):
-        ax.set_xscale("log")
-        ax.set_yscale("log")
-        ax.set_xlabel("total KV tokens of the case")
-        ax.set_ylabel(label)
+        ax.set(xscale="log", yscale="log", xlabel="total KV tokens of the case", ylabel=label)
         ax.grid(True, which="major", alpha=0.3)
     lat.legend(fontsize=8, loc="upper left")
     fig.tight_layout()
@@ -74,10 +68,8 @@ CEILING_FONT = 8  # points
 
 
 def _label_ceilings(ax, lines: list[tuple[float, str]]) -> None:
-    """Each ceiling's dashed line labelled in the right margin, ``lines`` = (GB/s, name) ascending.
-
-    A label too close to the one below moves up, tied to its line by a thin stroke. The y axis is logarithmic.
-    """
+    """Each ceiling's dashed line labelled in the right margin, ``lines`` = (GB/s, name) ascending; a label
+    too close to the one below moves up, tied to its line by a thin stroke (the y axis is logarithmic)."""
     if not lines:
         return
     low, high = np.log10(ax.get_ylim())
@@ -111,19 +103,15 @@ def error_vs_tolerance(frame: pd.DataFrame) -> str | None:
     ax.axhline(1.0, color="#b3261e", lw=1.2, ls="--")
     ax.annotate("tolerance", (len(backends) - 0.5, 1.0), fontsize=8, color="#b3261e", va="bottom", ha="right")
     ax.set_xticks(range(len(backends)), [literal(b) for b in backends], rotation=20, ha="right", fontsize=8)
-    ax.set_yscale("log")
-    ax.set_ylabel("error / tolerance (tol_ratio)")
+    ax.set(yscale="log", ylabel="error / tolerance (tol_ratio)")
     ax.grid(True, axis="y", alpha=0.3)
     fig.tight_layout()
     return to_data_uri(fig)
 
 
 def scaling_fit(frame: pd.DataFrame, fits: pd.DataFrame | None) -> str | None:
-    """Latency against the work that drives it, per backend, with the fitted line fixed_us + per_unit_us * x.
-
-    One panel per (phase, x) among the fits' work axes, both axes logarithmic. A backend whose line was
-    not kept (``fitted`` False) shows its points only, "no linear fit" in the legend.
-    """
+    """Latency against the work that drives it, per backend, with the fitted line fixed_us + per_unit_us * x:
+    one log-log panel per (phase, x); a backend whose line was not kept shows its points only."""
     if fits is None or fits.empty:
         return None
     timed = _timed(frame)
@@ -157,11 +145,8 @@ def scaling_fit(frame: pd.DataFrame, fits: pd.DataFrame | None) -> str | None:
             grid = np.geomspace(rows[x].min(), rows[x].max(), 50)
             ax.plot(grid, fit.fixed_us + fit.per_unit_us * grid, "-", lw=1, color=color,
                     label=f"{literal(fit.backend)} (r²={fit.r2:.2f})")  # fmt: skip
-        ax.set_xscale("log")
-        ax.set_yscale("log")
+        ax.set(xscale="log", yscale="log", xlabel=literal(f"{x} (log)"), ylabel="latency (µs, log)")
         ax.set_title(literal(f"{phase}: latency against {x}"), fontsize=9)
-        ax.set_xlabel(literal(f"{x} (log)"))
-        ax.set_ylabel("latency (µs, log)")
         ax.legend(fontsize=7)
         ax.grid(True, which="both", alpha=0.3)
     fig.tight_layout()
@@ -185,8 +170,7 @@ def trend(history: pd.DataFrame, value: str, ylabel: str, title: str, flag: str 
     for backend, color in colors.items():
         ax.plot([], [], "-", color=color, label=literal(backend))
     ax.set_xticks(range(len(runs)), [literal(r) for r in runs], rotation=20, ha="right", fontsize=7)
-    ax.set_yscale("log")
-    ax.set_ylabel(ylabel)
+    ax.set(yscale="log", ylabel=ylabel)
     ax.set_title(literal(title), fontsize=10)
     ax.legend(fontsize=7, ncols=2)
     ax.grid(True, alpha=0.3)

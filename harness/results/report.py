@@ -1,7 +1,5 @@
-"""The review page of a run (report.html) and the comparison page (compare --html).
-
-One self-contained HTML file each: inline CSS and JS, plots as SVG data URIs, no network. Every
-string from a case file, a plugin or an error message is escaped by jinja2's autoescape.
+"""The review page of a run (report.html) and the comparison page (compare --html): one self-contained HTML
+file each, no network; every string from a case file, a plugin or an error is escaped by jinja2's autoescape.
 """
 
 from __future__ import annotations
@@ -45,7 +43,6 @@ def _missing(value) -> bool:
 
 
 def fmt(value, spec: str = ".3g") -> str:
-    """``format(value, spec)``, or "" for a missing value."""
     return "" if _missing(value) else format(value, spec)
 
 
@@ -115,24 +112,13 @@ def scaling_fits(frame: pd.DataFrame) -> pd.DataFrame | None:
     return fits if fits is not None and not fits.empty else None
 
 
-def _failing_count(row: dict):
-    for column in FAILING_COUNT_COLUMNS:
-        if not _missing(row.get(column)):
-            return int(row[column])
-    return None
-
-
 def _details(row: dict) -> list[tuple[str, str]]:
-    """Every column not in the main table, for the row's details-on-demand."""
-    out = []
-    for key, value in row.items():
-        if key in MAIN_COLUMNS or key.startswith("_") or key.endswith("_samples_us"):
-            continue
-        if isinstance(value, list | tuple) or hasattr(value, "tolist"):
-            continue
-        if not _missing(value) and value != "":
-            out.append((key, sig(value) if isinstance(value, float) else str(value)))
-    return out
+    """Every set column not in the main table (nor a list of samples), for the row's details-on-demand."""
+    shown = [(key, value) for key, value in row.items()
+             if key not in MAIN_COLUMNS and not key.startswith("_") and not key.endswith("_samples_us")
+             and not isinstance(value, list | tuple) and not hasattr(value, "tolist")]  # fmt: skip
+    return [(key, sig(value) if isinstance(value, float) else str(value)) for key, value in shown
+            if not _missing(value) and value != ""]  # fmt: skip
 
 
 def _prepare_rows(frame: pd.DataFrame, regressed: dict[tuple[str, str], str]) -> list[dict]:
@@ -147,7 +133,7 @@ def _prepare_rows(frame: pd.DataFrame, regressed: dict[tuple[str, str], str]) ->
         row["_overhead"] = overhead if overhead and overhead > HOST_OVERHEAD_FLAG else None
         row["_details"] = _details(row)
         row["_regressed"] = regressed.get((row["case"], row["backend"]), "")
-        row["_failing"] = _failing_count(row)
+        row["_failing"] = next((int(row[c]) for c in FAILING_COUNT_COLUMNS if not _missing(row.get(c))), None)
         rows.append(row)
     return rows
 

@@ -1,7 +1,4 @@
-"""The shapes of the files a run folder holds, checked before anything reads them.
-
-Both :func:`check_meta` and :func:`check_rows` raise :class:`SchemaError` naming the file and field (exit 2).
-"""
+"""The shapes of the files a run folder holds, checked before anything reads them (:class:`SchemaError`)."""
 
 from __future__ import annotations
 
@@ -204,9 +201,8 @@ def check_rows(frame: pd.DataFrame, file: Path | str) -> pd.DataFrame:
         kind = COLUMN_KINDS.get(str(column))
         if kind is not None and (problem := _column_problem(frame[column], kind)):
             problems.append(f"{file}: column '{column}': {problem}")
-    for column in REQUIRED:
-        if frame[column].isna().any():
-            problems.append(f"{file}: column '{column}': empty in row {int(np.argmax(frame[column].isna()))}")
+    problems += [f"{file}: column '{c}': empty in row {int(np.argmax(frame[c].isna()))}" for c in REQUIRED
+                 if frame[c].isna().any()]  # fmt: skip
     bad = frame.loc[~frame["status"].isin(STATUSES), "status"]
     if not bad.empty and not frame["status"].isna().any():
         problems.append(f"{file}: column 'status': {bad.iloc[0]!r} is none of {', '.join(STATUSES)}")

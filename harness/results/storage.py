@@ -1,7 +1,5 @@
-"""Storing a run: results.parquet, results.csv, meta.json and report.html in one folder.
-
-Written into a hidden ``.<run>.partial-<pid>`` sibling and renamed into place; the name is reserved
-by its journal (O_EXCL).
+"""Storing a run: results.parquet, results.csv, meta.json and report.html in one folder, written into a hidden
+``.<run>.partial-<pid>`` sibling and renamed into place; the name is reserved by its journal (O_EXCL).
 """
 
 from __future__ import annotations
@@ -99,11 +97,8 @@ PARTIAL_MARKER = ".harness-partial"
 
 
 def stale_leftovers(reports_root: Path, clean: bool = True) -> list[str]:
-    """Messages about what dead runs left under ``reports_root`` (and the clean-up done).
-
-    A dead pid's partial folder is removed (when ``clean``); its journal without a folder is kept, with
-    the command that finishes it; a journal whose folder exists is removed. Only this user's entries count.
-    """
+    """Messages about what this user's dead runs left under ``reports_root``: a partial folder is removed
+    (``clean``), a journal without a folder kept (with the command that finishes it), one with a folder removed."""
     root = Path(reports_root)
     if not root.is_dir():
         return []
@@ -180,8 +175,7 @@ def write_run(
     return run_dir
 
 
-# A run folder is data from anywhere: its files are sized before they are read (a parquet file by its own
-# metadata, rows and uncompressed bytes: a million rows of one value compress to a few hundred KB).
+# A run folder is data from anywhere: its files are sized before they are read (a parquet file by its metadata).
 MAX_ROWS = 1_000_000
 MAX_ROWS_BYTES = 2 * 2**30
 MAX_META_BYTES = 16 * 2**20

@@ -1,10 +1,8 @@
 """Compare two runs: what got worse, what got better, and whether the comparison is complete.
 
-Per row in both runs: status changes, accuracy (max abs error or ``tol_ratio`` grown ``error_factor``
-times, more NaN) and a latency verdict (:mod:`harness.review.stats`). Per run: rows on one side only, a
-device or version mismatch. ``normalize_by`` scales each case's new latencies by an anchor backend's median.
-Exit codes (:attr:`Comparison.exit_code`): 0 nothing worse and complete; 1 something worse; 5 slower
-rows left unconfirmed (:func:`mark_unconfirmed`); 4 incomplete. How each verdict is reached: docs/review.md.
+Per row: status changes, accuracy (max abs error or ``tol_ratio`` grown ``error_factor`` times, more NaN)
+and a latency verdict (:mod:`harness.review.stats`); per run: one-sided rows, a device or version
+mismatch. Exit codes: :attr:`Comparison.exit_code`. How each verdict is reached: docs/review.md.
 """
 
 from __future__ import annotations
@@ -95,18 +93,14 @@ def load_runs(*run_dirs: Path) -> list[tuple[pd.DataFrame, dict]]:
     return loaded
 
 
-def duplicated_rows(frame: pd.DataFrame, name: str) -> str:
-    """'NAME: duplicated (case, backend) rows: ...' naming the first few, or '' for a run without any."""
-    dup = frame[frame.duplicated(KEY, keep=False)]
-    if dup.empty:
-        return ""
-    pairs = sorted({f"{b} on {c}" for c, b in zip(dup["case"], dup["backend"], strict=True)})
-    return f"{name}: duplicated (case, backend) rows: {', '.join(pairs[:5])}"
-
-
 def check_unique(*runs: tuple[pd.DataFrame, str]) -> None:
-    """Refuse runs, given as (frame, name), with a (case, backend) row twice, naming every such run."""
-    found = [text for frame, name in runs if (text := duplicated_rows(frame, name))]
+    """Refuse runs, given as (frame, name), with a (case, backend) row twice, naming every such run and the
+    first few of its pairs."""
+    found = []
+    for frame, name in runs:
+        if not (dup := frame[frame.duplicated(KEY, keep=False)]).empty:
+            pairs = sorted({f"{b} on {c}" for c, b in zip(dup["case"], dup["backend"], strict=True)})
+            found.append(f"{name}: duplicated (case, backend) rows: {', '.join(pairs[:5])}")
     if found:
         raise DuplicateRowsError("\n".join(found))
 
@@ -117,12 +111,8 @@ def _side(frame: pd.DataFrame) -> pd.DataFrame:
 
 def meta_mismatches(base_meta: dict, new_meta: dict) -> list[str]:
     """'device cpu -> cuda', 'torch 2.12 -> 2.13': what differs between the runs' machines."""
-    out = []
-    for key in META_KEYS:
-        b, n = (base_meta or {}).get(key), (new_meta or {}).get(key)
-        if b is not None and n is not None and b != n:
-            out.append(f"{key} {b} -> {n}")
-    return out
+    sides = [(key, (base_meta or {}).get(key), (new_meta or {}).get(key)) for key in META_KEYS]
+    return [f"{key} {b} -> {n}" for key, b, n in sides if b is not None and n is not None and b != n]
 
 
 def compare_runs(
@@ -145,17 +135,11 @@ def compare_runs(
         anchor_rows = (rows["backend"] == opts.normalize_by) & rows["verdict"].isin(["same", "slower", "faster"])
         rows.loc[anchor_rows, "verdict"] = "anchor"
         rows.loc[anchor_rows, "verdict_reason"] = f"latencies normalized by {opts.normalize_by}: 1.0 by construction"
-    worse, better = [], []
-    for _, r in rows.iterrows():
-        w, b = _row_changes(r, opts)
-        worse.append("; ".join(w))
-        better.append("; ".join(b))
-    rows["why"], rows["better"] = worse, better
-    problems = []
-    for side, what in (("base only", "missing from the new run"), ("new only", "new, with no baseline")):
-        count = int((rows["side"] == side).sum())
-        if count:
-            problems.append(f"{count} row(s) {what}")
+    changes = [_row_changes(r, opts) for _, r in rows.iterrows()]
+    rows["why"], rows["better"] = [["; ".join(c[side]) for c in changes] for side in (0, 1)]
+    one_sided = {what: int((rows["side"] == side).sum()) for side, what in
+                 (("base only", "missing from the new run"), ("new only", "new, with no baseline"))}  # fmt: skip
+    problems = [f"{count} row(s) {what}" for what, count in one_sided.items() if count]
     mismatches = meta_mismatches(base_meta or {}, new_meta or {})
     problems += [f"not like for like: {m}" + (" (allowed)" if opts.allow_mismatch else "") for m in mismatches]
     if unanchored:
@@ -171,9 +155,8 @@ def compare_runs(
 
 
 def timed_on_one_side(rows: pd.DataFrame) -> tuple[str, str]:
-    """Problems of rows graded in both runs but timed in one only: (``--no-timing`` in one run, which
-    makes the comparison incomplete; a call that outlasted the row's timing budget, said only). '' for none.
-    """
+    """Problems ('' for none) of rows graded in both runs but timed in one only: (``--no-timing`` in one run,
+    which makes the comparison incomplete; a call that outlasted the row's timing budget, said only)."""
     graded = rows[(rows["side"] == "both") & rows["status_base"].isin(GRADED) & rows["status_new"].isin(GRADED)]
     base_only = graded["latency_us_base"].notna() & graded["latency_us_new"].isna()
     new_only = graded["latency_us_new"].notna() & graded["latency_us_base"].isna()
@@ -218,8 +201,7 @@ def normalize_to_anchor(rows: pd.DataFrame, anchor: str) -> int:
 
 def drift_warning(rows: pd.DataFrame) -> list[str]:
     """A note when many rows of every kind moved one way between the two runs alone (the machine's load,
-    more likely than the code); :func:`restate_drift` replaces what follows its first '; '.
-    """
+    more likely than the code); :func:`restate_drift` replaces what follows its first '; '."""
     judged = rows[rows["verdict"].isin(["slower", "faster", "same", "cannot tell"])]
     moved = judged[judged["verdict"].isin(["slower", "faster"])]
     if len(judged) < 8 or len(moved) < max(4, 0.25 * len(judged)) or moved["backend"].nunique() < 3:
@@ -238,8 +220,7 @@ def restate_drift(problems: list[str], reading: str) -> list[str]:
 
 def retimed_reading(rows: pd.DataFrame) -> str:
     """What paired rounds made of a drift, with the count of each verdict of the re-timed rows: a row they
-    confirm slower is the code, whatever the load did.
-    """
+    confirm slower is the code, whatever the load did."""
     retimed = rows[rows["verdict_reason"].fillna("").astype(str).str.startswith(RETIMED)]
     counts = {v: int((retimed["verdict"] == v).sum()) for v in stats.VERDICTS}
     found = ", ".join(f"{n} {v}" for v, n in counts.items() if n)
@@ -397,8 +378,7 @@ def format_comparison(comparison: Comparison, base_name: str, new_name: str, *, 
     if table:
         header = ("", "backend", "case", "status", "latency new/base [CI]", "latency", "why")
         widths = [max(len(str(t[k])) for t in [header, *table]) for k in range(6)]
-        for t in [header, *table]:
-            lines.append("  ".join(str(t[k]).ljust(widths[k]) for k in range(6)) + "  " + str(t[6]))
+        lines += ["  ".join(str(t[k]).ljust(widths[k]) for k in range(6)) + "  " + str(t[6]) for t in [header, *table]]
     counts = verdict_counts(comparison)
     weak = int((rows["evidence"] == "p10/p90 (weak)").sum())
     lines.append(

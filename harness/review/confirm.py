@@ -1,9 +1,8 @@
 """``compare --confirm``: re-time the doubtful rows, alternating the two builds step by step.
 
-Timing both builds under the same load tells a slowdown from a busier machine (docs/review.md,
-"Why ``--confirm`` exists"). Each run's commit is checked out into a git worktree; each round
-starts one fresh :class:`Worker` per build and times every chosen row alternating (:func:`alternate`);
-rows are judged on the paired round ratios at sequential looks (:func:`look_schedule`).
+Timing both builds under the same load tells a slowdown from a busier machine (docs/review.md). Each
+run's commit is checked out into a git worktree; each round starts a fresh :class:`Worker` per build and
+times every chosen row alternating (:func:`alternate`), judged at sequential looks (:func:`look_schedule`).
 """
 
 from __future__ import annotations
@@ -32,6 +31,7 @@ from harness.review.compare import (
     RETIMED,
     CompareOptions,
     Comparison,
+    _effect,
     _row_changes,
     mark_unconfirmed,
     restate_drift,
@@ -243,12 +243,10 @@ def confirm_slower(
 ) -> Comparison:
     """Re-time rows, base and new alternating per row, and judge them again from the paired rounds.
 
-    ``progress``: a tqdm bar of the rounds on stderr; None: a log line a round instead.
-    ``plugins``: the --plugin values of this command line, the only plugins the workers import.
-    ``which``: "slower", "unclear" (slower or cannot tell: the default) or "all" (every row timed
-    in both runs). Each re-timed call samples for about ``target_s``; ``rounds`` is the most rounds
-    a row gets and ``time_s`` the time box; a row stops at the first look that decides it.
-    """
+    ``which``: "slower", "unclear" (slower or cannot tell) or "all" (every row timed in both runs);
+    ``rounds`` the most a row gets, ``time_s`` the time box; a row stops at the first look that decides it.
+    ``plugins``: this command line's --plugin values, the only ones the workers import. ``progress``: a
+    tqdm bar on stderr; None: a log line a round."""
     rows = comparison.rows
     chosen = rows_to_retime(comparison, which)
     if chosen.empty:
@@ -264,7 +262,7 @@ def confirm_slower(
     config = worker_config(case_files, str(new_meta.get("device") or "cpu"), plugins, new_meta.get("timing_threads"),
                            target_s)  # fmt: skip
     index = dict(zip(chosen.index, zip(chosen["case"], chosen["backend"], strict=True), strict=True))
-    effects = {i: _row_effect(rows.loc[i], options) for i in index}
+    effects = {i: _effect(rows.loc[i], options) for i in index}
     looks = look_schedule(rounds)
     with contextlib.ExitStack() as stack:
         trees = checkouts or stack.enter_context(checked_out(dict(zip(("base", "new"), commits, strict=True))))
@@ -300,14 +298,13 @@ def sequential_rounds(
     log: Callable[[str], None] = print, clock: Callable[[], float] = time.monotonic,
     on_round: Callable[[int, int], object] = lambda k, still_open: None,
 ) -> dict:  # fmt: skip
-    """Paired rounds until every row is decided, ``rounds`` are done, or the time box ``time_s`` is spent.
+    """Paired rounds until every row is decided, ``rounds`` are done, or the time box ``time_s`` is spent;
+    returns ``pooled`` (key -> (base list, new list)).
 
-    ``index``: row -> (case, backend); ``effects``: row -> its minimum effect; ``time_round(keys, pooled,
-    new_first)`` appends each key's two observations to ``pooled[key]`` = (base list, new list) and may
-    return the seconds each key took. Returns ``pooled``; ``on_round(k, open)`` is told after each round.
-    After round 1 and at each look, :func:`within_box` keeps the open rows whose rounds fit the box; a row
-    left out stays "cannot tell". Every look is at confidence ``1 - alpha / len(looks)``.
-    """
+    ``index``: row -> (case, backend) key; ``effects``: row -> its minimum effect; ``time_round(keys, pooled,
+    new_first)`` appends each key's two observations and may return the seconds each took. After round 1
+    and at each look (confidence ``1 - alpha / len(looks)``), :func:`within_box` keeps the open rows whose
+    rounds fit the box; a row left out stays "cannot tell"."""
     looks = look_schedule(rounds)
     pooled = {key: ([], []) for key in index.values()}
     cost: dict = {key: [] for key in index.values()}  # key -> seconds of each of its rounds
@@ -411,11 +408,9 @@ def retime_or_mark(
     comparison: Comparison, base_meta: dict, new_meta: dict, options: CompareOptions, *, strict: bool = False,
     which: str = "unclear", skip: str = "", log: Callable[[str], None] = print, **confirm,
 ) -> Comparison:  # fmt: skip
-    """The doubtful rows (``which``) re-timed in paired rounds (:func:`confirm_slower`, ``confirm``
-    its keywords), or, where they cannot be, marked "unconfirmed" with the reason.
-
-    ``skip``: a reason not to re-time at all (``--no-confirm``). ``strict`` (``--confirm`` given):
-    a ConfirmInputError is raised instead of becoming the reason."""
+    """The doubtful rows (``which``) re-timed in paired rounds (:func:`confirm_slower`, ``confirm`` its
+    keywords), or else marked "unconfirmed" with the reason; ``skip``: a reason not to re-time at all.
+    ``strict`` (``--confirm`` given): a ConfirmInputError is raised instead of becoming the reason."""
     chosen = rows_to_retime(comparison, which)
     if chosen.empty:
         return comparison
@@ -451,11 +446,9 @@ def rounds_to_decide(test: stats.LatencyTest, min_effect: float) -> float:
 
 
 def within_box(plans: dict, overhead: float, horizons: list[int], left_s: float) -> dict:
-    """The keys that go on (key -> rounds planned) within ``left_s``: the decidable first, cheapest first.
-
-    ``plans``: key -> (seconds a round, rounds to the look that seems to decide it, or None);
-    ``horizons``: rounds from now to each later look; ``overhead``: seconds a round takes besides its keys.
-    """
+    """The keys that go on (key -> rounds planned) within ``left_s``, the decidable first, cheapest first.
+    ``plans``: key -> (seconds a round, rounds to the look that seems to decide it, or None); ``horizons``:
+    rounds from now to each later look; ``overhead``: seconds a round takes besides its keys."""
     kept: dict = {}
     keys_s, longest = 0.0, 0
 
@@ -494,11 +487,9 @@ def alternate(
     on_plan: Callable[[int, int], None] = lambda steps, reps: None,
 ) -> tuple[float, float]:  # fmt: skip
     """One row's round, base and new alternating step by step; each build's ``ROUND_QUANTILE`` of its samples.
-
-    ``time_step(side, reps)`` (side 0 base, 1 new) returns ``reps`` samples (us; 0: time-boxed). On the
-    CPU one call per build sets the plan (:func:`step_plan`), then steps go A B B A A B ... (A = new when
-    ``new_first``); on CUDA one block per build.
-    """
+    ``time_step(side, reps)`` (side 0 base, 1 new) returns ``reps`` samples (us; 0: time-boxed). On the CPU
+    one call per build sets the plan (:func:`step_plan`), then steps go A B B A A B ... (A = new when
+    ``new_first``); on CUDA one block per build."""
     first = (1, 0) if new_first else (0, 1)
     samples: tuple[list[float], list[float]] = ([], [])
     for side in first:
@@ -537,10 +528,6 @@ def _one_round(trees, envs, config, keys, pooled, new_first: bool) -> dict:
     return spent
 
 
-def _row_effect(row, options: CompareOptions) -> float:
-    return options.min_effect if options.min_effect is not None else stats.default_effect(row["device_new"])
-
-
 def rejudge(
     comparison: Comparison, index: dict, pooled: dict, options: CompareOptions, *, looks: int = 1
 ) -> Comparison:
@@ -548,7 +535,7 @@ def rejudge(
     rows = comparison.rows.copy()
     for i, key in index.items():
         t = stats.paired_ratio(*pooled[key], alpha=options.alpha, looks=looks)
-        v = stats.decide_paired(t, min_effect=_row_effect(rows.loc[i], options))
+        v = stats.decide_paired(t, min_effect=_effect(rows.loc[i], options))
         rows.loc[i, ["ratio", "ci_low", "ci_high", "p_value", "p_adjusted"]] = [
             t.ratio, t.ci_low, t.ci_high, t.p_value, stats.looks_adjusted(t.p_value, looks),
         ]  # fmt: skip

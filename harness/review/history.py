@@ -1,8 +1,6 @@
-"""``harness history``: latency and error of every (case, backend) across runs, commit by commit.
-
-Runs are grouped by machine (meta ``device`` and ``device_name``), ordered by their meta ``time`` and
-labelled by short commit (``+`` dirty, ``#2`` a second run of one commit); each is compared with the
-run before it by :func:`harness.review.compare.compare_runs`.
+"""``harness history``: latency and error of every (case, backend) across runs, commit by commit. Runs are
+grouped by machine, ordered by time, labelled by short commit (``+`` dirty, ``#2`` a second run of one
+commit), each compared with the run before it.
 """
 
 from __future__ import annotations
@@ -34,8 +32,7 @@ def _holds_run(path: Path) -> bool:
 
 def find_runs(paths: list[Path]) -> list[Path]:
     """Run folders among ``paths`` and their direct subfolders (hidden, half-written ones skipped); a
-    path that is neither a run nor holds one is a ValueError.
-    """
+    path that is neither a run nor holds one is a ValueError."""
     found = []
     for path in map(Path, paths):
         if (path / "meta.json").exists() or (path / "results.parquet").exists():

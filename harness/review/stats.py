@@ -1,9 +1,6 @@
-"""Latency verdicts from timing samples: faster, slower, same, or cannot tell (and why).
-
-Two separate runs (:func:`decide`): the bootstrap interval of the median ratio must clear the minimum
-effect and the Mann-Whitney p (adjusted over the rows) be under alpha. Paired rounds (:func:`paired_ratio`,
-:func:`decide_paired`): the Hodges-Lehmann ratio with its exact signed-rank interval at ``1 - alpha / looks``,
-judged by asv's rule. Why the two rules differ: docs/review.md.
+"""Latency verdicts from timing samples: faster, slower, same, or cannot tell (and why). Two separate runs
+(:func:`decide`): bootstrap interval of the median ratio and adjusted Mann-Whitney p; paired rounds
+(:func:`decide_paired`): Hodges-Lehmann ratio and exact signed-rank interval. Why they differ: docs/review.md.
 """
 
 from __future__ import annotations
@@ -132,19 +129,16 @@ def signed_rank_null(n: int) -> np.ndarray:
 
 
 def paired_ratio(base: Sequence[float], new: Sequence[float], *, alpha: float = 0.05, looks: int = 1) -> LatencyTest:
-    """Ratio new/base of paired rounds: Hodges-Lehmann of the log ratios, exact signed-rank interval.
-
-    A pair with a missing side is dropped. The interval's confidence is ``1 - alpha / looks``; with too
-    few rounds for it, (0, inf). ``p_value``: the exact two-sided signed-rank p of ratio 1, unadjusted.
-    """
+    """Ratio new/base of paired rounds (a pair with a missing side dropped): Hodges-Lehmann of the log ratios,
+    exact signed-rank interval at ``1 - alpha / looks`` ((0, inf) with too few rounds), and ``p_value`` the
+    exact two-sided signed-rank p of ratio 1, unadjusted."""
     b, n_ = np.asarray(base, dtype=float), np.asarray(new, dtype=float)
     keep = np.isfinite(b) & np.isfinite(n_) & (b > 0) & (n_ > 0)
     d = np.log(n_[keep] / b[keep])
     n = len(d)
     if n == 0:
         return LatencyTest(float("nan"), float("nan"), float("nan"), float("nan"), 0, 0)
-    walsh = np.sort((d[:, None] + d[None, :])[np.triu_indices(n)])  # n(n+1)/2 pairwise means x 2
-    walsh = walsh / 2.0
+    walsh = np.sort((d[:, None] + d[None, :])[np.triu_indices(n)]) / 2.0  # the n(n+1)/2 pairwise means
     cdf = signed_rank_null(n)
     below = np.flatnonzero(cdf <= alpha / looks / 2)  # T+ <= c rejects at alpha/looks, two-sided
     if len(below):
@@ -160,18 +154,14 @@ def paired_ratio(base: Sequence[float], new: Sequence[float], *, alpha: float = 
 
 
 def looks_adjusted(p_value: float, looks: int) -> float:
-    """A paired test's p adjusted for the ``looks`` a sequential re-timing may take: ``min(1, p * looks)``
-    (at most alpha exactly when the interval excludes 1).
-    """
+    """A paired test's p adjusted for the ``looks`` a sequential re-timing may take: ``min(1, p * looks)``."""
     return float(min(1.0, p_value * looks)) if np.isfinite(p_value) else float("nan")
 
 
 def decide_paired(test: LatencyTest, *, min_effect: float) -> Verdict:
-    """The verdict of paired rounds: significance from the interval, size from the estimate.
-
-    ``slower``: the interval above 1 and ``test.ratio`` above ``1 + min_effect``; ``faster`` the mirror;
-    ``same``: the whole interval inside ``±min_effect``; else ``cannot tell``, saying why.
-    """
+    """The verdict of paired rounds, significance from the interval and size from the estimate: ``slower``
+    (interval above 1, ratio above ``1 + min_effect``), ``faster`` the mirror, ``same`` (the interval inside
+    ``±min_effect``), else ``cannot tell``, saying why."""
     up, down = 1 + min_effect, 1 - min_effect
     if not np.isfinite(test.ci_high):
         return Verdict("cannot tell", f"too few rounds ({test.n_base}) for the interval's confidence", "samples")

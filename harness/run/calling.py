@@ -1,10 +1,7 @@
-"""A backend's calls, made where the backend runs: outputs and timings come back, never a verdict.
-
-:func:`call_backend` prepares a backend, makes its graded call, times it and returns a :class:`Called`
-of plain values; it needs no oracle, so a plugin's calls run in a worker. Every timed call is checked:
-V's sign bits are flipped every ``FLIP_EVERY``-th call, ``out`` is poisoned with NaN before each, every
-timed output is compared with the first, and the last sample is graded on the driver's flip
-(:func:`sign_mask`). What each check catches: docs/contract.md, "Threat model".
+"""A backend's calls, made where the backend runs (no oracle: a plugin's run in a worker): outputs and
+timings come back as plain values, never a verdict. Every timed call is checked: V's sign bits flipped
+every ``FLIP_EVERY``-th call, ``out`` poisoned with NaN before each, every timed output compared with the
+first, the last graded on the driver's flip. What each catches: docs/contract.md, "Threat model".
 """
 
 from __future__ import annotations
@@ -12,7 +9,7 @@ from __future__ import annotations
 import time
 import traceback
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 
 import torch
 
@@ -25,8 +22,7 @@ from harness.timing.phases import phase
 
 # The note of a row graded but not timed because its one call outlasted the timing budget (compare reads it).
 NOT_TIMED = "not timed: one call took"
-# The inputs change before the first timed call and then every FLIP_EVERY-th: a flip is a pass over V
-# (a GB on a long decode case), so flipping before every call cost a GPU session about a fifth more.
+# The inputs change before the first timed call and then every FLIP_EVERY-th (a flip is a pass over V).
 FLIP_EVERY = 16
 _SIGN_BITS = {1: (torch.int8, -(1 << 7)), 2: (torch.int16, -(1 << 15)), 4: (torch.int32, -(1 << 31)),
               8: (torch.int64, -(1 << 63))}  # fmt: skip
@@ -54,8 +50,7 @@ def _sign_bits(tensor: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
 
 class Flipper:
     """Flips V's columns (and, for a latent cache, q's matching ones) in place, and undoes it: an XOR of
-    the sign bits, exact for any dtype.
-    """
+    the sign bits, exact for any dtype."""
 
     def __init__(self, inputs: PagedInputs, latent: bool):
         self.inputs, self.latent, self.state = inputs, latent, None  # state: the mask applied now
@@ -97,10 +92,8 @@ def out_contract(prepared: Prepared, packed) -> str:
     out = prepared.out
     if out is None or not isinstance(packed, torch.Tensor) or packed is out:
         return ""
-    if packed.shape == out.shape and packed.data_ptr() == out.data_ptr():
-        return ""
-    if packed.shape == out.shape and torch.equal(
-        torch.nan_to_num(packed.detach().to(out.dtype)), torch.nan_to_num(out)
+    if packed.shape == out.shape and (
+        packed.data_ptr() == out.data_ptr() or torch.equal(packed.detach().to(out.dtype).nan_to_num(), out.nan_to_num())
     ):
         return ""
     return "returned a tensor other than out and left out unwritten (the contract: write out, return it)"
@@ -135,10 +128,8 @@ class Called:
         def cpu(t):
             return None if t is None else t.detach().cpu().clone()
 
-        return {"status": self.status, "reason": self.reason, "note": self.note, "out": cpu(self.out),
-                "lse": cpu(self.lse), "problem": self.problem, "timed_problem": self.timed_problem,
-                "outputs": [[label, seed, cpu(t)] for label, seed, t in self.outputs], "timing": self.timing,
-                "timed_s": self.timed_s}  # fmt: skip
+        return {**{f.name: getattr(self, f.name) for f in fields(self)}, "out": cpu(self.out), "lse": cpu(self.lse),
+                "outputs": [[label, seed, cpu(t)] for label, seed, t in self.outputs]}  # fmt: skip
 
     @classmethod
     def from_message(cls, message: dict) -> Called:
@@ -152,11 +143,9 @@ def prepared_dims(case: Case) -> tuple[int, int]:
 
 
 class Checks:
-    """The sample hooks of one measurement (:class:`harness.timing.timer.SampleHooks`): poison, flip, compare.
-
-    A timed output is compared with the first through ``sum(w * out)`` with fixed random weights: within
-    tolerance, the sums differ by at most ``sum(|w| * (atol + rtol * |first|))`` plus round-off.
-    """
+    """The sample hooks of one measurement: poison, flip, compare. A timed output is compared with the first
+    through ``sum(w * out)`` with fixed random weights: within tolerance, the sums differ by at most
+    ``sum(|w| * (atol + rtol * |first|))`` plus round-off."""
 
     def __init__(self, what: str, prepared: Prepared, flipper: Flipper | None, refs: dict, called: Called,
                  case: Case, seeds: tuple[int, int], counter: list[int], want_lse: bool):  # fmt: skip
@@ -251,10 +240,9 @@ def _timed_call(prepared: Prepared, cuda: bool) -> tuple[object, float]:
 def call_backend(case: Case, inputs: PagedInputs, guard: InputGuard | None, backend: Backend, device: str,
                  settings: TimingSettings | None, seeds: tuple[int, int, int],
                  batch: Callable[[Prepared, Called], None] | None = None) -> Called:  # fmt: skip
-    """Prepare ``backend`` on ``inputs``, make its graded call, time it (``settings``; None: not timed)
-    with every timed call checked; ``seeds``: the driver's flips (:func:`sign_mask`). ``batch(prepared, called)``,
-    after the timing: a worker's back-to-back calls that its driver times.
-    """
+    """Prepare ``backend`` on ``inputs``, make its graded call, time it (``settings``; None: not timed) with
+    every timed call checked; ``seeds``: the driver's flips. ``batch(prepared, called)``, after the timing:
+    a worker's back-to-back calls that its driver times."""
     called = Called()
     if reason := backend.skip_reason(case, device):
         return Called(status="skip", reason=reason)
@@ -286,15 +274,13 @@ def call_backend(case: Case, inputs: PagedInputs, guard: InputGuard | None, back
             return called
         over_budget = settings.budget_s is not None and graded_s > settings.budget_s
         if over_budget and cuda and not backend.model:
-            # A kernel's or a peer's graded call on a GPU may have compiled (Triton's JIT of a new launch,
-            # torch.compile, cuDNN's plans): a second call says what a call costs. On a CPU nothing compiles
-            # (the Triton interpreter included): the first call decides.
+            # A graded call on a GPU may have compiled (Triton's JIT, torch.compile, cuDNN's plans): a second
+            # call says what a call costs. On a CPU nothing compiles: the first call decides.
             with phase("graded call"):
                 graded_s = _timed_call(prepared, cuda)[1]
             over_budget = graded_s > settings.budget_s
         if over_budget:
-            # One call already outlasts the row's timing budget (a CPU model on a long case): its samples
-            # would cost minutes and tell nothing a kernel developer uses, so the row is graded, not timed.
+            # One call already outlasts the row's timing budget: the row is graded, not timed.
             why = "a Python model on a GPU is graded, not timed" if settings.budget_s == 0 else (
                 f"past the row's {settings.budget_s:g} s timing budget")  # fmt: skip
             called.note = "; ".join(filter(None, [called.note, f"{NOT_TIMED} {graded_s:.1f} s, {why}"]))

@@ -1,8 +1,5 @@
-"""Grading a backend's output against the float64 oracle: an accuracy record, not a bool.
-
-Default tolerances per dtype (allclose rule ``|out - expected| <= atol + rtol * |expected|``,
-no NaN anywhere) are the kernels' own: docs/contract.md, "Tolerances". A case file may override
-either number per dtype; the report keeps the ones used.
+"""Grading a backend's output against the float64 oracle: an accuracy record, not a bool. The rule is
+allclose's ``|out - expected| <= atol + rtol * |expected|``, no NaN anywhere (docs/contract.md, "Tolerances").
 
 :func:`forward_error_bound` bounds, to first order, how far an output may land from the exact
 result through round-off no correct fp32-softmax kernel avoids. With u the unit round-off
@@ -20,6 +17,7 @@ own round-off, not the kernel: its ``grading_note`` says so (the status is kept)
 
 from __future__ import annotations
 
+import bisect
 import hashlib
 from dataclasses import dataclass
 from pathlib import Path
@@ -96,8 +94,7 @@ def grade(
     out: torch.Tensor, expected: torch.Tensor, atol: float, rtol: float, bound: torch.Tensor | None = None
 ) -> Grade:
     """Compare ``out`` (any dtype, any device) with ``expected`` (float64) elementwise; ``bound``, when
-    given, is :func:`forward_error_bound` of the inputs (expected's shape).
-    """
+    given, is :func:`forward_error_bound` of the inputs (expected's shape)."""
     actual = out.detach().to(expected.device, torch.float64)
     if actual.shape != expected.shape:
         raise ValueError(f"output shape {tuple(actual.shape)} differs from expected {tuple(expected.shape)}")
@@ -127,7 +124,7 @@ def grade(
 UNIT_ROUNDOFF = {name: torch.finfo(dtype).eps / 2 for name, dtype in DTYPES.items()}
 
 
-# The bound's name in the oracle cache (harness.run.oracle_cache.cached_result): an edit of this file misses.
+# The bound's name in the oracle cache (harness.run.oracle_cache.lookup): an edit of this file misses.
 BOUND_RESULT = "forward_error_bound:" + hashlib.sha256(Path(__file__).read_bytes()).hexdigest()
 
 
@@ -163,8 +160,7 @@ def forward_error_bound(
             continue
         k, v = sequence_kv(k_cache, v_cache, table[seq], seq_len, device)  # [seq_len, num_kv_heads, head_dim]
         pos = torch.arange(seq_len)
-        # Query rows in chunks of at most BOUND_CHUNK_ELEMENTS logits, three such float64 tensors
-        # at the peak (in place where it can be): a 1024 x 100k prefill does not double the oracle's memory.
+        # Query rows in chunks of at most BOUND_CHUNK_ELEMENTS logits: three such float64 tensors at the peak.
         chunk = max(1, BOUND_CHUNK_ELEMENTS // max(1, seq_len * num_q_heads))
         for first in range(0, q_len, chunk):
             last = min(q_len, first + chunk)
@@ -184,12 +180,7 @@ def forward_error_bound(
 
 
 def locate(token: int, query_start_loc: list[int], seq_lens: list[int]) -> str:
-    """A packed token index in the words of the case: 'seq 3, query 5 (position 1029)'.
-
-    query_start_loc [num_seqs + 1] and seq_lens [num_seqs] as host lists.
-    """
-    import bisect
-
+    """A packed token index in the words of the case, 'seq 3, query 5 (position 1029)'; host lists."""
     seq = bisect.bisect_right(query_start_loc, token) - 1  # past sequences with q_len 0
     j = token - query_start_loc[seq]
     q_len = query_start_loc[seq + 1] - query_start_loc[seq]

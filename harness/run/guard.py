@@ -1,6 +1,5 @@
-"""Guards around a backend's call: its inputs stay pristine, its output has q's shape, dtype
-and device, and only the user (not a backend) can stop the run.
-"""
+"""Guards around a backend's call: its inputs stay pristine, its output has q's shape, dtype and device,
+and only the user (not a backend) can stop the run."""
 
 from __future__ import annotations
 
@@ -12,6 +11,7 @@ import torch
 
 from harness.cases.hashing import CHUNK_BYTES, tensor_digest
 from harness.cases.inputs import PagedInputs
+from harness.run.oracle_cache import ARG_NAMES
 
 
 class Terminated(BaseException):
@@ -52,11 +52,9 @@ def raised_by_backend(error: BaseException) -> bool:
 
 
 def fingerprint(tensor: torch.Tensor) -> tuple:
-    """(shape, stride, dtype, digest of the bytes): equal iff unchanged (NaN == NaN here).
-
-    CPU: :func:`harness.cases.hashing.tensor_digest`. A device tensor is summed where it lives, in chunks
-    of 32-bit words: their sum and a position-weighted sum, so no pool is copied to the host.
-    """
+    """(shape, stride, dtype, digest of the bytes): equal iff unchanged (NaN == NaN here). A CPU tensor's
+    digest is :func:`harness.cases.hashing.tensor_digest`; a device tensor's, :func:`device_digest`, computed
+    where it lives so that no pool is copied to the host."""
     flat = tensor.detach().contiguous().reshape(-1).view(torch.uint8)
     if flat.device.type != "cpu":
         return tuple(tensor.shape), tensor.stride(), tensor.dtype, device_digest(flat)
@@ -78,9 +76,7 @@ def device_digest(flat: torch.Tensor) -> tuple[int, int]:
 
 def named_inputs(inputs: PagedInputs) -> dict[str, torch.Tensor]:
     """Every tensor a backend is handed, by the name an error message uses."""
-    return dict(
-        zip(("q", "k_cache", "v_cache", "block_table", "seq_lens", "query_start_loc"), inputs.args(), strict=True)
-    )
+    return dict(zip(ARG_NAMES, inputs.args(), strict=True))
 
 
 class InputGuard:
@@ -92,7 +88,6 @@ class InputGuard:
         self.prints = {name: fingerprint(t) for name, t in named_inputs(inputs).items()}
 
     def mutated(self) -> list[str]:
-        """Names of the inputs that differ from the pristine ones."""
         return [name for name, t in named_inputs(self.inputs).items() if fingerprint(t) != self.prints[name]]
 
     def restore(self, names: list[str]) -> None:

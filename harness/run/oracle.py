@@ -1,7 +1,5 @@
-"""The harness's truth: attention in float64 on the CPU, written from the definition.
-
-It shares no code with the backends it grades; each variant enters through its oracle hook
-(harness.cases.variants).
+"""The harness's truth: attention in float64 on the CPU, written from the definition; it shares no code with
+the backends it grades (each variant enters through its oracle hook).
 """
 
 from __future__ import annotations
@@ -99,9 +97,8 @@ def oracle_stages(options: dict) -> tuple[list[Callable], ...]:
 
 
 def sequence_kv(k_cache, v_cache, table_row, seq_len: int, device) -> tuple[torch.Tensor, torch.Tensor]:
-    """One sequence's keys and values in float64, gathered slot by slot.
-
-    Key position p sits at slot ``table_row[p // block_size] * block_size + p % block_size``.
+    """One sequence's keys and values in float64; key position p sits at slot
+    ``table_row[p // block_size] * block_size + p % block_size``.
 
     k_cache         [num_blocks, block_size, num_kv_heads, head_dim], any dtype
     v_cache         [num_blocks, block_size, num_kv_heads, head_dim_v]

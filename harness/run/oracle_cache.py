@@ -1,12 +1,10 @@
 """The float64 oracle's outputs, kept on disk by a sha256 of the inputs they were computed from.
 
-The key hashes the oracle's source, the device type, each input tensor's dtype, shape and bytes
-and the scale: a renamed case hits, a changed seed misses, an oracle edit invalidates all. Only
-the CPU oracle is cached. One file per output (magic, the payload's sha256, the payload), written
-atomically; least recently used entries go past ``$HARNESS_ORACLE_CACHE_MAX_BYTES`` (2 GiB). The
-folder must be private (0700, owned by you) or it is not used; ``--verify-oracle-cache``
-recomputes a fraction of the hits and stops on one that differs (:class:`PoisonedCacheError`).
-Where, and why each rule: docs/scaling.md.
+The key hashes the oracle's source, the device type and each input tensor's dtype, shape and bytes:
+a renamed case hits, a changed seed misses, an oracle edit invalidates all. Only the CPU oracle is
+cached, one file per output (magic, the payload's sha256, the payload), written atomically, least
+recently used pruned past ``$HARNESS_ORACLE_CACHE_MAX_BYTES``. The folder must be private (0700, yours);
+``--verify-oracle-cache`` recomputes a fraction of the hits (:class:`PoisonedCacheError`). docs/scaling.md.
 """
 
 from __future__ import annotations
@@ -34,7 +32,7 @@ DEFAULT_MAX_BYTES = 2 << 30  # 2 GiB
 MAGIC = b"PAORC001"
 KEY_VERSION = 2  # 2: tensors hashed as sha256 trees of 64 MiB chunks (1: flat sha256)
 SUFFIX = ".oracle"
-DERIVED_SUFFIX = ".derived"  # another result of the same inputs (cached_result), e.g. the error bound
+DERIVED_SUFFIX = ".derived"  # another result of the same inputs (lookup), e.g. the error bound
 ARG_NAMES = ("q", "k_cache", "v_cache", "block_table", "seq_lens", "query_start_loc")
 
 
@@ -56,9 +54,7 @@ ORACLE_SOURCE_HASH = _oracle_source_hash()
 def cache_dir() -> Path | None:
     """The cache folder from the environment; None when the cache is off."""
     value = os.environ.get(ENV_DIR, "").strip()
-    if value.lower() == "off":
-        return None
-    return Path(value or DEFAULT_DIR).expanduser()
+    return None if value.lower() == "off" else Path(value or DEFAULT_DIR).expanduser()
 
 
 class PoisonedCacheError(ValueError):
@@ -70,8 +66,7 @@ _warned: set[Path] = set()
 
 def private_folder(folder: Path) -> bool:
     """Whether ``folder`` may hold this user's cache: created 0700 when missing; an existing one must be
-    this user's and not group- or world-writable (else a warning, once per folder, and False).
-    """
+    this user's and not group- or world-writable (else a warning, once per folder, and False)."""
     try:
         if not folder.exists():
             folder.mkdir(parents=True, mode=0o700)
@@ -125,9 +120,8 @@ def max_bytes() -> int:
 def cache_key(
     args: Sequence[torch.Tensor | None], device: str, scale: float | None = None, options: dict | None = None
 ) -> str:
-    """sha256 hex of the call's content: args (q, k_cache, v_cache, block_table, seq_lens,
-    query_start_loc, any device) and the variants' options, tensors by their bytes.
-    """
+    """sha256 hex of the call's content: args (:data:`ARG_NAMES`, any device) and the variants' options,
+    tensors by their bytes."""
     digest = hashlib.sha256()
     digest.update(
         f"key={KEY_VERSION};oracle={ORACLE_SOURCE_HASH};device={torch.device(device).type};scale={scale!r}".encode()
@@ -233,22 +227,13 @@ def oracle_key(args: Sequence[torch.Tensor | None], device: str, options: dict |
     return cache_key(args, device, options=options)
 
 
-def cached_result(
-    key: str | None, name: str, device: str, shape: Sequence[int], compute: Callable[[], torch.Tensor]
-) -> torch.Tensor:
-    """The float64 result ``name`` of the call ``key`` (:func:`oracle_key`); see :func:`lookup`."""
-    return lookup(key, name, device, shape, compute)[0]
-
-
 def lookup(
     key: str | None, name: str, device: str, shape: Sequence[int], compute: Callable[[], torch.Tensor]
 ) -> tuple[torch.Tensor, bool]:
-    """(the float64 result ``name`` of the call ``key``, of ``shape``, on ``device``; whether it came from the cache).
-
-    From the cache, else ``compute()`` (then stored). "out" is stored as ``<key>.oracle``, another name as
-    ``<sha256(key, name)>.derived``. ``key`` None: ``compute()``, nothing stored. In verify mode a sampled
-    hit that differs raises :class:`PoisonedCacheError` (the entry removed).
-    """
+    """(the float64 result ``name`` of the call ``key`` (:func:`oracle_key`), of ``shape``, on ``device``;
+    whether it came from the cache), else ``compute()`` (then stored; ``key`` None: nothing stored). "out" is
+    ``<key>.oracle``, another name ``<sha256(key, name)>.derived``. In verify mode a sampled hit that differs
+    raises :class:`PoisonedCacheError` (the entry removed)."""
     folder = cache_dir()
     if key is None or folder is None or not private_folder(folder):
         return compute(), False
@@ -280,11 +265,8 @@ def lookup(
 def cached_oracle(
     args: Sequence[torch.Tensor | None], device: str, compute: Callable[[], torch.Tensor], options: dict | None = None
 ) -> torch.Tensor:
-    """The oracle's output for ``args`` on ``device``: from the cache, else ``compute()`` (then stored).
-
-    args    (q, k_cache, v_cache, block_table, seq_lens, query_start_loc)
-    returns [num_tokens, num_q_heads, head_dim_v] float64 on ``device``
-    """
+    """The oracle's output [num_tokens, num_q_heads, head_dim_v] float64 for ``args`` (:data:`ARG_NAMES`) on
+    ``device``: from the cache, else ``compute()`` (then stored)."""
     q = args[0]
     shape = (*q.shape[:2], args[2].shape[-1]) if len(args) > 2 and args[2] is not None else tuple(q.shape)
-    return cached_result(oracle_key(args, device, options), "out", device, shape, compute)
+    return lookup(oracle_key(args, device, options), "out", device, shape, compute)[0]

@@ -1,11 +1,7 @@
-"""Timings held to physics: a latency the machine could not have given is not credited.
-
-A timed row is a ``fail`` with its timing columns withdrawn (the claimed median kept in the note)
-when its ``gbps`` passes ``READ_MARGIN`` times the measured read ceiling (on a CPU only for cases
-of ``CPU_CACHE_FACTOR`` times the last-level cache), its ``tflops`` passes ``COMPUTE_MARGIN`` times
-the GPU's matmul peak, or (a backend in a worker) its ``call_us`` is below a ``WALL_FACTOR``-th of
-what a call took in a batch the driver timed on its own clock. KernelBench's excessive-speedup
-check, against the machine's measured limits (docs/contract.md, "Threat model").
+"""Timings held to physics (KernelBench's excessive-speedup check, against the measured limits): a timed row
+fails, its timing withdrawn, when its ``gbps`` passes ``READ_MARGIN`` x the read ceiling (on a CPU only for
+cases of ``CPU_CACHE_FACTOR`` x the last-level cache), its ``tflops`` ``COMPUTE_MARGIN`` x the GPU's peak,
+or (a worker's backend) its ``call_us`` is below a ``WALL_FACTOR``-th of a batch the driver timed.
 """
 
 from __future__ import annotations

@@ -1,12 +1,10 @@
-"""``--profile CASE[:BACKEND]``: a trace of a row's calls, saved beside the run, to open rather than guess.
-
-Patterns are shell-style globs on the case id and backend name; no backend means every backend of the case.
-"""
+"""``--profile CASE[:BACKEND]`` (globs; no backend: every one): a trace of a row's calls, saved beside the run."""
 
 from __future__ import annotations
 
 import fnmatch
 import re
+import sys
 from pathlib import Path
 
 import torch
@@ -49,8 +47,6 @@ def trace_name(case: Case, backend: Backend) -> str:
 
 def profile_pairs(pairs: list[tuple[Case, Backend]], device: str, oracle_device: str, folder: Path) -> list[Path]:
     """Write one Chrome trace per pair into ``folder``; returns the paths written (skips say why on stderr)."""
-    import sys
-
     from torch.profiler import ProfilerActivity, profile
 
     folder.mkdir(parents=True, exist_ok=True)

@@ -138,11 +138,9 @@ def flip_seeds() -> tuple[int, int, int]:
 
 def grade_called(ctx: CaseContext, backend: Backend, config: RunConfig, called: Called,
                  seeds: tuple[int, int, int], wall: tuple | None = None) -> dict:  # fmt: skip
-    """The row of a backend's calls: every output graded against the oracle, the timing held to physics.
-
-    A row passes only if all outputs do; the reason says which call failed. ``wall``: a worker's batch of
-    default calls as this process measured it. A failure graded first is never replaced by a later error.
-    """
+    """The row of a backend's calls: every output graded against the oracle (a row passes only if all do; a
+    failure is never replaced by a later error), the timing held to physics (``wall``: a worker's batch of
+    default calls as this process measured it)."""
     case = ctx.case
     row = {**case_columns(case, config.device), "backend": backend.name, "backend_kind": backend.kind,
            "oracle_cached": ctx.oracle_cached}  # fmt: skip

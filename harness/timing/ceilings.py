@@ -2,6 +2,11 @@
 
 from __future__ import annotations
 
+import json
+import os
+import time
+from pathlib import Path
+
 import torch
 
 from harness.cases.vocab import DTYPES
@@ -33,9 +38,7 @@ def measure_copy_bandwidth(device: str, size_bytes: int = 1 << 30) -> float:
 
 
 def measure_read_bandwidth(device: str, size_bytes: int = 1 << 31) -> float:
-    """GB/s of the fastest of the readers below over a large float32 buffer: every byte read once,
-    (almost) nothing written.
-    """
+    """GB/s of the fastest of the readers below over a large float32 buffer: every byte read once."""
     size_bytes = _buffer_bytes(device, size_bytes)
     src = torch.rand(size_bytes // 4, dtype=torch.float32, device=device)
     result = torch.empty((), dtype=torch.float32, device=device)
@@ -48,8 +51,7 @@ def measure_read_bandwidth(device: str, size_bytes: int = 1 << 31) -> float:
 
 def _streaming_reader(src: torch.Tensor) -> tuple | None:
     """(read, sums): ``read()`` runs a Triton kernel that reads ``src`` (flat float32) once, each program's
-    sum into ``sums`` [programs]; None without Triton (optional, so imported here).
-    """
+    sum into ``sums`` [programs]; None without Triton (optional, so imported here)."""
     try:
         import triton
         import triton.language as tl
@@ -93,11 +95,8 @@ def datasheet_peak(device: str, dtype_name: str) -> float | None:
 
 
 def measure_ceilings(device: str, dtype_names: list[str]) -> dict:
-    """Every ceiling of the run, for meta.json and the rows' percentages.
-
-    {"read_gbps", "copy_gbps", "matmul_tflops": {dtype: measured}, "peak_tflops": {dtype: peak},
-     "peak_source": {dtype: "datasheet ..." or "measured matmul"}}
-    """
+    """Every ceiling of the run, for meta.json and the rows' percentages: read_gbps, copy_gbps, and per dtype
+    matmul_tflops (measured), peak_tflops and peak_source (datasheet, or the measured matmul)."""
     ceilings: dict = {"read_gbps": measure_read_bandwidth(device), "copy_gbps": measure_copy_bandwidth(device),
                       "matmul_tflops": {}, "peak_tflops": {}, "peak_source": {}}  # fmt: skip
     for name in sorted(set(dtype_names)):
@@ -118,16 +117,8 @@ SHARE_ENV = "HARNESS_CEILINGS_DIR"  # set by a Ray driver: GPU tasks get a fresh
 
 
 def own_device(device: str, dtype_names: list[str], timing: bool) -> dict:
-    """The device this (worker) process runs on: its name and, on CUDA when timing, its ceilings.
-
-    {"gpu_name": torch's name ("" on a CPU), "ceilings": measure_ceilings(...) or {}, "measure_s"}, measured
-    once per process; with ``$HARNESS_CEILINGS_DIR`` once per GPU of the node (later readers: ``measure_s`` 0).
-    """
-    import json
-    import os
-    import time
-    from pathlib import Path
-
+    """{"gpu_name" ("" on a CPU), "ceilings" (on CUDA when timing, else {}), "measure_s"} of this process's
+    device, measured once per process, or with ``$HARNESS_CEILINGS_DIR`` once per GPU of the node."""
     if device in _OWN:
         return _OWN[device]
     cuda = torch.device(device).type == "cuda"
@@ -149,10 +140,8 @@ def own_device(device: str, dtype_names: list[str], timing: bool) -> dict:
 
 
 class GpuLedger:
-    """Each GPU of a run, keyed by (host, gpu_index): its name and the ceilings its worker measured.
-
-    The first report of a GPU is its record; rows get ``pct_of_ceiling`` / ``pct_of_peak`` from their own GPU's.
-    """
+    """Each GPU of a run, keyed by (host, gpu_index): its name and the ceilings its worker measured (its
+    first report); rows get ``pct_of_ceiling`` / ``pct_of_peak`` from their own GPU's."""
 
     def __init__(self):
         self.gpus: dict[tuple[str, str], dict] = {}
@@ -173,9 +162,6 @@ class GpuLedger:
         row = {**row, "gpu_name": record["gpu_name"]}
         return {**row, **ceiling_columns(row, record["ceilings"])} if record["ceilings"] else row
 
-    def models(self) -> list[str]:
-        return sorted({record["gpu_name"] for record in self.gpus.values()})
-
     def to_meta(self) -> list[dict]:
         """meta.json's ``gpus``: one record per GPU, in (host, gpu_index) order."""
         return [self.gpus[key] for key in sorted(self.gpus)]
@@ -183,8 +169,7 @@ class GpuLedger:
 
 def ceiling_columns(row: dict, ceilings: dict) -> dict:
     """``pct_of_ceiling`` (100 * gbps / read_gbps) and ``pct_of_peak`` (100 * tflops / peak_tflops[dtype],
-    prefill rows only) of a timed row against ``ceilings``.
-    """
+    prefill rows only) of a timed row against ``ceilings``."""
     out = {}
     gbps, tflops = row.get("gbps"), row.get("tflops")
     if isinstance(gbps, float) and gbps == gbps and (read := ceilings.get("read_gbps")):

@@ -1,9 +1,5 @@
-"""Timing columns of one report row: what the kernel costs on the device and what a caller waits for.
-
-``latency_us``, ``call_us``, ``host_overhead_us``, ``host_us``, ``graph_capturable``, ``device_syncs``,
-``kernels_ran``, ``plan_us`` and the bandwidth and rate against the run's ceilings (docs/contract.md).
-A row's timing runs within ``ROW_BUDGET_S`` (a CPU model on a GPU: ``MODEL_BUDGET_S``), keeping at least
-one sample of each measurement.
+"""Timing columns of one report row (docs/contract.md): what the kernel costs on the device and what a
+caller waits for, within ``ROW_BUDGET_S`` a row, keeping at least one sample of each measurement.
 """
 
 from __future__ import annotations
@@ -23,18 +19,14 @@ from harness.timing.metrics import flops, gbps, tflops
 from harness.timing.phases import phase
 from harness.timing.timer import SampleHooks, Timing, kernels_launched, probe_call, time_call, time_wall
 
-# Seconds of timing per row: a kernel's row uses about 1 s of it; a larger budget lets the CPU models
-# on a GPU (reference, tlsim) spend it on every row of a long suite.
-ROW_BUDGET_S = 3.0
-# A Python model (Backend.model: reference, tlsim) on a GPU: launch-bound Python whose time tells a kernel
-# developer nothing, so it is graded, not timed (budget 0): timed within a second, the ~90 model rows of
-# the GPU suites would cost `nox -s gpu` about 1.5 minutes of its 570 s.
+ROW_BUDGET_S = 3.0  # seconds of timing per row (a kernel's row uses about 1 s of it)
+# A Python model (Backend.model: reference, tlsim) on a GPU is launch-bound Python whose time tells a
+# kernel developer nothing: it is graded, not timed.
 MODEL_BUDGET_S = 0.0
 
-# The default row limit (row_time_limit): FACTOR x the calls of a row at the expected rate, plus
-# the timing budget (which bounds the sampling), never below FLOOR_S. Off a GPU (or with no measured ceilings) the
-# rates are conservative constants: the Triton interpreter and the Python models run a
-# 4k-token case in seconds, not microseconds.
+# The default row limit (row_time_limit): FACTOR x the calls of a row at the expected rate, plus the
+# timing budget, never below FLOOR_S. Off a GPU (or without measured ceilings) the rates are
+# conservative constants: the Triton interpreter runs a 4k-token case in seconds.
 LIMIT_FLOOR_S = 60.0
 LIMIT_FACTOR = 10.0
 CALLS_PER_ROW = 40  # graded call, warm-ups, graph capture, latency and call samples, probe
@@ -43,10 +35,8 @@ GPU_GBPS, GPU_TFLOPS = 500.0, 20.0  # a GPU whose ceilings were not measured (pr
 
 
 def row_time_limit(case: Case, device: str, ceilings: dict | None = None) -> float:
-    """Default time limit (seconds) of one row of ``case``: its graded call and its timing.
-
-    From bytes_moved / read bandwidth and flops / peak rate against ``ceilings`` (else conservative constants).
-    """
+    """Default time limit (seconds) of one row of ``case``, its graded call and its timing: from bytes_moved /
+    read bandwidth and flops / peak rate against ``ceilings`` (else conservative constants)."""
     ceilings = ceilings or {}
     if torch.device(device).type == "cuda":
         read_gbps = ceilings.get("read_gbps") or GPU_GBPS
@@ -96,8 +86,7 @@ def timing_columns(case: Case, backend: Backend, prepared: Prepared, settings: T
     with phase("timing: latency"):
         latency = time_call(prepared.run, device, graph=backend.graphable, target_s=settings.latency_target_s,
                             deadline=deadline, hooks=hooks("latency"))  # fmt: skip
-    row = {**_spread("latency", latency), "timing_reps": len(latency.samples_us)}
-    row["timing_method"] = latency.method
+    row = {**_spread("latency", latency), "timing_reps": len(latency.samples_us), "timing_method": latency.method}
     if prepared.call is None and torch.device(device).type == "cpu":
         call = latency  # on the CPU the same callable has the same wall time: no second measurement
     else:
@@ -120,9 +109,7 @@ def timing_columns(case: Case, backend: Backend, prepared: Prepared, settings: T
         row["timing_note"] = (f"timed within a {settings.budget_s:g} s budget: {len(latency.samples_us)} samples"
                               + ("" if call is latency else f", {len(call.samples_us)} call samples")
                               + ("; no graph/sync probe" if spent else ""))  # fmt: skip
-    if (
-        backend.kind == "peer" and not spent
-    ):  # which library kernel a peer got (the profiler costs a second or so a row)
+    if backend.kind == "peer" and not spent:  # which library kernel a peer got (the profiler costs ~1 s a row)
         with phase("timing: profiler"):
             row["kernels_ran"] = kernels_launched(prepared.run, device)
     if prepared.plan_us is not None:

@@ -12,11 +12,8 @@ def _first_key_seen(seq_len: int, q_len: int, window: int | None) -> int:
 
 
 def kv_tokens_read(case: Case) -> int:
-    """Distinct KV positions (per KV head) the call must read, over all sequences.
-
-    Per sequence with queries, seq_len - first_key (first_key max(0, seq_len - q_len - W + 1) with a
-    window W, else 0); a "shared_prefix" layout's prefix counts once.
-    """
+    """Distinct KV positions (per KV head) the call must read: per sequence with queries, seq_len -
+    :func:`_first_key_seen`; a "shared_prefix" layout's prefix counts once."""
     window = case.sliding_window
     prefix = case.prefix_blocks * case.block_size
     own, prefix_start = 0, prefix
@@ -34,8 +31,7 @@ def bytes_moved(case: Case) -> int:
 
     bytes = kv_elt * kv_tokens_read * num_kv_heads * (head_dim + head_dim_v)
             + elt * num_tokens * num_q_heads * (head_dim + head_dim_v)
-    (kv_elt: 1 for an fp8 cache, else elt; a latent cache reads head_dim a key). Block tables and
-    lengths are left out.
+    (kv_elt: 1 for an fp8 cache; a latent cache reads head_dim a key); block tables and lengths left out.
     """
     elt = case.element_bytes
     num_tokens = sum(case.q_lens)
@@ -48,10 +44,8 @@ def bytes_moved(case: Case) -> int:
 
 
 def attended_pairs(case: Case) -> int:
-    """(query, key) pairs the causal rule (and a sliding window) lets attend, summed over sequences.
-
-    Query j sits at p = seq_len - q_len + j and sees p + 1 keys (with a window W, min(p + 1, W)).
-    """
+    """(query, key) pairs the causal rule (and a sliding window) lets attend, summed over sequences: query j
+    sits at p = seq_len - q_len + j and sees p + 1 keys (with a window W, min(p + 1, W))."""
     window = case.sliding_window
     total = 0
     for n, q in zip(case.seq_lens, case.q_lens, strict=True):
@@ -64,10 +58,8 @@ def attended_pairs(case: Case) -> int:
 
 
 def flops(case: Case) -> int:
-    """Useful floating-point operations: 2 * attended_pairs * num_q_heads * (head_dim + head_dim_v).
-
-    Softmax exponentials and masked-out work are not counted.
-    """
+    """Useful floating-point operations: 2 * attended_pairs * num_q_heads * (head_dim + head_dim_v)
+    (softmax exponentials and masked-out work are not counted)."""
     return 2 * attended_pairs(case) * case.num_q_heads * (case.head_dim + case.head_dim_v)
 
 

@@ -1,7 +1,4 @@
-"""Where a process's time goes, by named phase: seconds summed per name, read and reset at will.
-
-Host wall time (``perf_counter``), reported in meta.json's ``scale.phase_s``.
-"""
+"""Where a process's host wall time goes, by named phase (meta.json's ``scale.phase_s``)."""
 
 from __future__ import annotations
 

@@ -1,7 +1,5 @@
-"""How each backend's latency scales: a straight-line fit per backend over a run's timed rows.
-
-latency_us ~= fixed_us + per_unit_us * x, by least squares; kept (``fitted``) only where
-r2 >= MIN_R2 and neither term is negative.
+"""How each backend's latency scales: latency_us ~= fixed_us + per_unit_us * x by least squares over a run's
+timed rows, kept (``fitted``) only where r2 >= MIN_R2 and neither term is negative.
 """
 
 from __future__ import annotations
@@ -39,21 +37,14 @@ def phase_of(frame: pd.DataFrame) -> pd.Series | str:
 
 def fit_verdict(slope: float, intercept: float, r2: float) -> str:
     """Why a fitted line does not describe its rows ("" when it does): r2 below MIN_R2, or a negative term."""
-    problems = []
-    if not r2 >= MIN_R2:
-        problems.append(f"r² {r2:.2f} < {MIN_R2}")
-    if slope < 0:
-        problems.append("negative per-unit cost")
-    if intercept < 0:
-        problems.append("negative fixed cost")
-    return ", ".join(problems)
+    checks = ((not r2 >= MIN_R2, f"r² {r2:.2f} < {MIN_R2}"), (slope < 0, "negative per-unit cost"),
+              (intercept < 0, "negative fixed cost"))  # fmt: skip
+    return ", ".join(problem for failed, problem in checks if failed)
 
 
 def fit_scaling(frame: pd.DataFrame, column: str = "latency_us") -> pd.DataFrame:
-    """One row per (backend, phase, x) with at least MIN_POINTS distinct x among the timed rows.
-
-    Columns: backend, phase, x, per_unit_us, fixed_us, r2, n, fitted, reason (NaN terms where not fitted).
-    """
+    """One row per (backend, phase, x) with at least MIN_POINTS distinct x among the timed rows: backend,
+    phase, x, per_unit_us, fixed_us, r2, n, fitted, reason (NaN terms where not fitted)."""
     columns = ["backend", "phase", "x", "per_unit_us", "fixed_us", "r2", "n", "fitted", "reason"]
     rows = []
     if column not in frame or frame.empty:

@@ -1,10 +1,7 @@
-"""The one timing entry point of the harness: every suite, benchmark and script times through it.
-
-:func:`time_call` is the device time of a prepared call (``latency_us``); :func:`time_wall` is what a
-caller waits for (``call_us``). Both return raw samples (us): at least ``min_reps``, then more until
-``target_s`` or ``max_reps``; a passed ``deadline`` stops them (``cut_short``). ``hooks``
-(:class:`SampleHooks`) run around each sample outside the timed region, and a last ``final`` sample
-is graded by the caller. The clocks are bound at import, before any plugin is.
+"""The one timing entry point: :func:`time_call`, the device time of a prepared call (``latency_us``), and
+:func:`time_wall`, what a caller waits for (``call_us``). Both return raw samples (us): at least
+``min_reps``, then more until ``target_s``, ``max_reps`` or ``deadline``; ``hooks`` run around each sample
+outside the timed region, then around a ``final`` one. The clocks are bound at import, before any plugin.
 """
 
 from __future__ import annotations
@@ -19,8 +16,7 @@ from typing import Protocol
 
 import torch
 
-# The CUDA event's own methods (the C++ base class; a stand-in without methods in a CPU build of torch),
-# bound before any plugin is imported.
+# The CUDA event's own methods (the C++ base class; a stand-in without methods in a CPU build of torch).
 _EVENT_BASE = torch.cuda.Event.__mro__[1]
 _record = getattr(_EVENT_BASE, "record", torch.cuda.Event.record)
 _elapsed_ms = getattr(_EVENT_BASE, "elapsed_time", torch.cuda.Event.elapsed_time)
@@ -117,12 +113,9 @@ def time_call(
     deadline: float | None = None,
     hooks: SampleHooks | None = None,
 ) -> Timing:
-    """Device time of ``fn()`` on ``device``: ``perf_counter`` on the CPU; on CUDA graph replays or events,
-    with L2 flushed before every sample.
-
-    ``graph=False`` forbids the CUDA-graph replay. The returned method is
-    ``cpu_perf_counter``, ``cuda_graph_replay`` or ``cuda_events``. ``hooks``: called around every sample,
-    and one more sample is taken with ``final=True``.
+    """Device time of ``fn()`` on ``device``: ``perf_counter`` on the CPU (method ``cpu_perf_counter``); on
+    CUDA graph replays (``cuda_graph_replay``; ``graph=False`` forbids them) or events (``cuda_events``), with
+    L2 flushed before every sample. ``hooks``: called around every sample, plus one more with ``final=True``.
     """
     min_reps, max_reps = _reps(device, min_reps, max_reps)
     given = hooks is not None
@@ -178,10 +171,7 @@ def time_wall(
     hooks: SampleHooks | None = None,
 ) -> Timing:
     """Wall time a caller waits for one eager ``fn()``, host overhead and device syncs included.
-
-    ``host_samples``, when given, receives (CUDA only) each sample's host time before the drain: the
-    ``host_us`` column. ``hooks``: as for :func:`time_call`.
-    """
+    ``host_samples`` receives (CUDA only) each sample's host time before the drain (``host_us``)."""
     min_reps = WALL_MIN_REPS if min_reps is None else min_reps
     if not _is_cuda(device):  # no device to drain: the host clock around the call is time_call's
         return time_call(fn, device, target_s=target_s, min_reps=min_reps, max_reps=max_reps, deadline=deadline,
@@ -213,14 +203,9 @@ def time_wall(
     return Timing(tuple(samples), "wall_synchronized", cut)
 
 
-def capture_graph(fn: Callable[[], object]) -> torch.cuda.CUDAGraph | None:
-    """A CUDA graph of one call of ``fn``, or None when it cannot be captured (host syncs, say)."""
-    captured = _capture(fn)
-    return None if captured is None else captured[0]
-
-
 def _capture(fn: Callable[[], object]) -> tuple[torch.cuda.CUDAGraph, object] | None:
-    """(graph, what the captured call returned: its static output) of one call of ``fn``, or None."""
+    """(graph, what the captured call returned: its static output) of one call of ``fn``, or None when it
+    cannot be captured (host syncs, say)."""
     stream = torch.cuda.Stream()
     stream.wait_stream(torch.cuda.current_stream())
     graph = torch.cuda.CUDAGraph()
@@ -245,9 +230,7 @@ class CallProbe:
 
 
 def probe_call(fn: Callable[[], object], device: str) -> CallProbe:
-    """Count the device syncs of one call of ``fn`` (``set_sync_debug_mode("warn")``) and try to
-    capture it in a CUDA graph.
-    """
+    """Count the device syncs of one call of ``fn`` (``set_sync_debug_mode("warn")``); try to graph-capture it."""
     if not _is_cuda(device):
         return CallProbe(None, None)
     fn()
@@ -262,13 +245,11 @@ def probe_call(fn: Callable[[], object], device: str) -> CallProbe:
             torch.cuda.set_sync_debug_mode(previous)
     syncs = sum("synchroniz" in str(w.message) for w in caught)
     torch.cuda.synchronize()
-    return CallProbe(capture_graph(fn) is not None, syncs)
+    return CallProbe(_capture(fn) is not None, syncs)
 
 
 def kernels_launched(fn: Callable[[], object], device: str, top: int = 3) -> str:
-    """The device kernels one call of ``fn`` runs, longest first: ``name (share%); ...`` (empty off
-    CUDA; names cut to 60 characters).
-    """
+    """The device kernels one call of ``fn`` runs, longest first: ``name (share%); ...`` (empty off CUDA)."""
     if not _is_cuda(device):
         return ""
     from torch.profiler import ProfilerActivity, profile
