@@ -9,7 +9,6 @@ import shutil
 import pandas as pd
 import pytest
 
-from harness.backends import builtin as backends_module
 from harness.cli.main import main
 
 webdriver = pytest.importorskip("selenium.webdriver", reason="selenium is not installed (pip install selenium)")
@@ -45,27 +44,14 @@ register_backend("exploding<b>", exploding)
 
 
 @pytest.fixture
-def run_dir(tmp_path, plot_text_as_text):
-    saved = dict(backends_module.REGISTRY)
+def run_dir(tmp_path, plot_text_as_text, clean_registry):
     (tmp_path / "cases.toml").write_text(CASES)
-    (tmp_path / "plugin.py").write_text(PLUGIN)
-    out = tmp_path / "run"
-    argv = [
-        "run",
-        str(tmp_path / "cases.toml"),
-        "--out",
-        str(out),
-        "--no-progress",
-        "--plugin",
-        str(tmp_path / "plugin.py"),
-    ]
+    out, plugin = tmp_path / "run", tmp_path / "plugin.py"
+    plugin.write_text(PLUGIN)
+    argv = ["run", str(tmp_path / "cases.toml"), "--out", str(out), "--no-progress", "--plugin", str(plugin)]
     for name in ("reference", "tlsim", "gather_sdpa", "flex_attention", "exploding<b>"):
         argv += ["--backend", name]
-    try:
-        assert main(argv) == 1  # the exploding backend errors
-    finally:
-        backends_module.REGISTRY.clear()
-        backends_module.REGISTRY.update(saved)
+    assert main(argv) == 1  # the exploding backend errors
     return out
 
 
@@ -75,13 +61,8 @@ def browser():
 
     options = webdriver.ChromeOptions()
     options.binary_location = CHROMIUM
-    for flag in (
-        "--headless=new",
-        "--no-sandbox",
-        "--disable-gpu",
-        "--disable-dev-shm-usage",
-        "--window-size=1400,1000",
-    ):
+    flags = ("--headless=new", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage", "--window-size=1400,1000")
+    for flag in flags:
         options.add_argument(flag)
     options.set_capability("goog:loggingPrefs", {"browser": "ALL"})
     driver = webdriver.Chrome(service=Service(DRIVER), options=options)
@@ -104,11 +85,8 @@ def test_the_review_page_works_in_a_browser(drawn_plots, run_dir, browser, tmp_p
     browser.get((run_dir / "report.html").as_uri())
 
     verdict = browser.find_element(By.ID, "verdict").text
-    assert (
-        verdict.startswith("FAIL")
-        and "exploding<b>" in verdict
-        and "<script>window.__pwned = 1</script> boom" in verdict
-    )
+    assert verdict.startswith("FAIL") and "exploding<b>" in verdict, verdict
+    assert "<script>window.__pwned = 1</script> boom" in verdict, verdict
     assert browser.execute_script("return window.__pwned === undefined"), "a plugin's string ran as script"
 
     graded = frame[frame["status"] != "skip"]
