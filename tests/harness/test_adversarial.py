@@ -31,13 +31,7 @@ seq_lens = [24, 9]
 q_lens = [5, 3]
 """
 _BUILT_IN = dict(backends_module.REGISTRY)
-
-
-@pytest.fixture(autouse=True)
-def _registry_as_built():
-    yield
-    backends_module.REGISTRY.clear()
-    backends_module.REGISTRY.update(_BUILT_IN)
+pytestmark = pytest.mark.usefixtures("clean_registry")
 
 
 def run(tmp_path: Path, plugins: list[str], names: list[str], *extra: str) -> tuple[int, pd.DataFrame]:
