@@ -10,6 +10,7 @@ import pandas as pd
 import pytest
 
 from harness.cli.main import main
+from tests.tiny_cases import write_cases
 
 webdriver = pytest.importorskip("selenium.webdriver", reason="selenium is not installed (pip install selenium)")
 
@@ -21,18 +22,8 @@ pytestmark = pytest.mark.skipif(
     f"chromium={CHROMIUM}, chromedriver={DRIVER})",
 )
 
-CASES = """
-[[case]]
-name = "small_decode"
-num_q_heads = 4
-num_kv_heads = 2
-head_dim = 32
-block_size = 4
-seq_lens = [3, 9, 17]
-tags = ["small"]
-[case.sweep]
-dtype = ["float32", "bfloat16"]
-"""
+CASE = {"name": "small_decode", "num_q_heads": 4, "num_kv_heads": 2, "head_dim": 32, "block_size": 4,
+        "seq_lens": [3, 9, 17], "tags": ["small"], "sweep": {"dtype": ["float32", "bfloat16"]}}  # fmt: skip
 PLUGIN = """
 from harness import register_backend
 
@@ -45,7 +36,7 @@ register_backend("exploding<b>", exploding)
 
 @pytest.fixture
 def run_dir(tmp_path, plot_text_as_text, clean_registry):
-    (tmp_path / "cases.toml").write_text(CASES)
+    write_cases(tmp_path / "cases.toml", CASE, defaults={})
     out, plugin = tmp_path / "run", tmp_path / "plugin.py"
     plugin.write_text(PLUGIN)
     argv = ["run", str(tmp_path / "cases.toml"), "--out", str(out), "--no-progress", "--plugin", str(plugin)]
