@@ -15,6 +15,7 @@ from harness.execute.local import run_cases
 from harness.results import storage as storage_module
 from harness.review.compare import compare_runs
 from harness.run.runner import RunConfig, exit_code
+from tests.fresh_python import run_script
 from tests.tiny_cases import write_cases
 
 pytestmark = pytest.mark.usefixtures("clean_registry")  # backends registered here vanish after each test
@@ -196,17 +197,18 @@ def test_tol_ratio_is_the_margin_to_the_tolerance():
 @pytest.mark.slow  # a pytest run in a fresh interpreter
 def test_pytest_option_writes_the_same_run_folder(tmp_path, case_file):
     """`pytest --cases F --harness-report DIR` grades every (case, backend) and stores the run."""
-    import subprocess
-    import sys
-    from pathlib import Path
-
-    root = Path(__file__).resolve().parents[2]
     out = tmp_path / "pytest_run"
-    result = subprocess.run(
-        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", str(root / "tests" / "harness" / "test_case_suite.py"),
-         "--cases", str(case_file), "--backend", "tlsim", "--backend", "reference", "--harness-report", str(out)],
-        cwd=root, capture_output=True, text=True, timeout=300,
-    )  # fmt: skip
+    suite = [
+        "-m",
+        "pytest",
+        "-q",
+        "-p",
+        "no:cacheprovider",
+        "tests/harness/test_case_suite.py",
+        "--cases",
+        str(case_file),
+    ]
+    result = run_script(*suite, "--backend", "tlsim", "--backend", "reference", "--harness-report", str(out))
     assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-2000:]
     assert "2 passed" in result.stdout
     rows = pd.read_parquet(out / "results.parquet")
