@@ -198,9 +198,9 @@ def test_tol_ratio_is_the_margin_to_the_tolerance():
 def test_pytest_option_writes_the_same_run_folder(tmp_path, case_file):
     """`pytest --cases F --harness-report DIR` grades every (case, backend) and stores the run."""
     out = tmp_path / "pytest_run"
-    pytest = ["-m", "pytest", "-q", "-p", "no:cacheprovider", "tests/harness/test_case_suite.py"]
+    command = ["-m", "pytest", "-q", "-p", "no:cacheprovider", "tests/harness/test_case_suite.py"]
     backends = ["--backend", "tlsim", "--backend", "reference"]
-    result = run_script(*pytest, "--cases", str(case_file), *backends, "--harness-report", str(out))
+    result = run_script(*command, "--cases", str(case_file), *backends, "--harness-report", str(out))
     assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-2000:]
     assert "2 passed" in result.stdout
     rows = pd.read_parquet(out / "results.parquet")
