@@ -1,11 +1,5 @@
-"""Shared pytest setup.
-
-Triton decides between compiling and interpreting when it is first imported, so on a
-machine without a GPU the interpreter is switched on here, before anything imports it
-(``import kernels`` does not). The kernels' value checks are switched on for the suite
-(PAGED_ATTENTION_CHECK=1); tests of the sync-free default path pass ``check=False`` or
-unset the variable themselves.
-"""
+"""Shared pytest setup: without a GPU the Triton interpreter is switched on before anything imports Triton
+(``import kernels`` does not); the kernels' value checks are on (PAGED_ATTENTION_CHECK=1) unless a test unsets them."""
 
 import contextlib
 import os
@@ -27,10 +21,8 @@ pytest_plugins = ["harness.pytest_plugin"]
 
 
 def pytest_collection_modifyitems(config, items):
-    """The tests marked slow run first, the rest in their order. Under `pytest -n 2 --dist
-    worksteal` a worker that runs out takes queued tests from the other; with the long tests
-    at the front, what is left to share at the end is short tests, so the two workers finish
-    together instead of one waiting out a 60 s test collected last."""
+    """The tests marked slow run first, so that under `pytest -n 2 --dist worksteal` the short ones left at the end
+    are shared and the workers finish together."""
     items.sort(key=lambda item: item.get_closest_marker("slow") is None)  # stable: False (slow) first
 
 
@@ -40,13 +32,8 @@ VALUE_READERS = ("item", "tolist", "numpy", "__int__", "__float__", "__bool__", 
 
 
 class ValueReadGuard:
-    """Patches every Python-level way to read a tensor's value onto the host (``item``,
-    ``tolist``, ``numpy``, ``int()``, ``float()``, ``bool()``, ``__index__``, ``__array__``)
-    to raise while :meth:`forbidden` is active; :meth:`allowed` lifts it for a stretch
-    inside (the Triton interpreter reads values to run a kernel on the CPU, which a GPU
-    launch does not). C++-internal syncs are out of its reach: the GPU tests use
-    ``torch.cuda.set_sync_debug_mode("error")`` for those.
-    """
+    """Every Python-level read of a tensor's value onto the host (VALUE_READERS) raises while :meth:`forbidden`
+    is active; :meth:`allowed` lifts it inside (for the Triton interpreter). C++-internal syncs are out of its reach."""
 
     def __init__(self):
         self.originals = {name: getattr(torch.Tensor, name) for name in VALUE_READERS if hasattr(torch.Tensor, name)}
@@ -109,10 +96,7 @@ class LaunchRecorder:
 
 @pytest.fixture
 def triton_launches(monkeypatch, value_reads):
-    """The Triton kernel's launches recorded (grids in ``.grids``), value checks off.
-
-    Skips where the kernel cannot run on CPU tensors (a GPU box runs the GPU tests instead).
-    """
+    """The Triton kernel's launches recorded (grids in ``.grids``), value checks off; skips where it cannot run."""
     if reason := kernels.triton_unavailable_reason("cpu"):
         pytest.skip(reason)
     from kernels import triton_paged
@@ -132,10 +116,8 @@ def _nothing_to_draw(*args, **kwargs) -> None:
 
 @pytest.fixture(autouse=True)
 def _plots_not_drawn(request, monkeypatch):
-    """Pages render without drawing their plots: matplotlib's layout and SVG cost about a second a
-    page, and only the plots' own tests look at them. Each drawing function of
-    :mod:`harness.results.plots` answers "nothing to draw" (None, as for a run with no timed row),
-    so the page leaves its figures out. A test of the plots asks for :func:`drawn_plots`."""
+    """Pages render without their plots (about a second a page): each drawing function of
+    :mod:`harness.results.plots` answers None, "nothing to draw". A test of the plots asks for :func:`drawn_plots`."""
     if "drawn_plots" in request.fixturenames:
         return
     try:
@@ -153,8 +135,7 @@ def drawn_plots():
 
 @pytest.fixture
 def plot_text_as_text(monkeypatch):
-    """Plots drawn in the test keep their text as SVG ``<text>`` (``svg.fonttype`` 'none'), not glyph
-    outlines, typeset as ever: :mod:`tests.harness.plot_text` reads what a person would read."""
+    """Plots keep their text as SVG ``<text>`` (``svg.fonttype`` 'none'), for :mod:`tests.harness.plot_text`."""
     try:
         import matplotlib
     except ImportError:  # no matplotlib: the pages draw nothing, and the tests that read plots skip
@@ -181,9 +162,8 @@ def case_file(tmp_path):
 
 @pytest.fixture
 def git_history(tmp_path) -> dict[str, str]:
-    """A git repository at ``tmp_path / "repo"``: name -> commit id, for "head" (HEAD, on main), "branch" (a
-    local branch HEAD does not contain), "fetched" (only on a remote-tracking branch, as a colleague's pushed
-    work) and "loose" (reachable from no ref)."""
+    """A git repository at ``tmp_path / "repo"``: name -> commit id of "head", "branch" (a local branch beside
+    HEAD), "fetched" (only on a remote-tracking branch) and "loose" (reachable from no ref)."""
     root = tmp_path / "repo"
     root.mkdir()
 

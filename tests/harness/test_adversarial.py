@@ -9,41 +9,22 @@ import pytest
 
 from harness.backends import builtin as backends_module
 from harness.cli.main import main
+from tests.tiny_cases import write_cases
 
 PLUGINS = Path(__file__).parent / "data" / "adversarial"
-CASES = """
-[defaults]
-num_q_heads = 4
-num_kv_heads = 2
-head_dim = 32
-block_size = 16
-dtype = "float32"
-layout = "shuffled"
-
-[[case]]
-name = "decode"
-seq_lens = [40, 17, 33]
-q_lens = 1
-
-[[case]]
-name = "prefill"
-seq_lens = [24, 9]
-q_lens = [5, 3]
-"""
+DEFAULTS = {"num_q_heads": 4, "num_kv_heads": 2, "head_dim": 32, "block_size": 16, "dtype": "float32",
+            "layout": "shuffled"}  # fmt: skip
+CASES = (
+    {"name": "decode", "seq_lens": [40, 17, 33], "q_lens": 1},
+    {"name": "prefill", "seq_lens": [24, 9], "q_lens": [5, 3]},
+)
 _BUILT_IN = dict(backends_module.REGISTRY)
-
-
-@pytest.fixture(autouse=True)
-def _registry_as_built():
-    yield
-    backends_module.REGISTRY.clear()
-    backends_module.REGISTRY.update(_BUILT_IN)
+pytestmark = pytest.mark.usefixtures("clean_registry")
 
 
 def run(tmp_path: Path, plugins: list[str], names: list[str], *extra: str) -> tuple[int, pd.DataFrame]:
-    cases = tmp_path / "cases.toml"
     tmp_path.mkdir(parents=True, exist_ok=True)
-    cases.write_text(CASES)
+    cases = write_cases(tmp_path / "cases.toml", *CASES, defaults=DEFAULTS)
     out = tmp_path / "run"
     args = ["run", str(cases), "--out", str(out), "--no-progress", "--device", "cpu", *extra]
     args += [arg for plugin in plugins for arg in ("--plugin", str(PLUGINS / plugin))]

@@ -29,15 +29,17 @@ def write(tmp_path, text: str, name: str = "cases.toml"):
     return path
 
 
+def _refusal(path) -> str:
+    """The CaseFileError's text for loading ``path``."""
+    with pytest.raises(CaseFileError) as info:
+        load_case_file(path)
+    return str(info.value)
+
+
 def test_sweep_expands_as_a_product_with_readable_ids(tmp_path):
     path = write(tmp_path, GOOD + '[case.sweep]\nhead_dim = [64, 80]\ndtype = ["float32", "bfloat16"]\n')
     ids = [c.id for c in load_case_file(path)]
-    assert ids == [
-        "base/head_dim=64/dtype=float32",
-        "base/head_dim=64/dtype=bfloat16",
-        "base/head_dim=80/dtype=float32",
-        "base/head_dim=80/dtype=bfloat16",
-    ]
+    assert ids == [f"base/head_dim={h}/dtype={d}" for h in (64, 80) for d in ("float32", "bfloat16")]
 
 
 def test_generated_lengths_are_deterministic_per_seed(tmp_path):
@@ -58,38 +60,10 @@ def test_gqa_ratio_gives_num_kv_heads(tmp_path):
 
 
 def test_tolerance_override_applies_to_its_dtype_only(tmp_path):
-    text = (
-        GOOD
-        + "[case.tolerance]\nbfloat16 = { atol = 0.05, rtol = 0.02 }\n[case.sweep]\ndtype = ['float32', 'bfloat16']\n"
-    )
-    fp32, bf16 = load_case_file(write(tmp_path, text))
+    tolerance = "[case.tolerance]\nbfloat16 = { atol = 0.05, rtol = 0.02 }\n"
+    fp32, bf16 = load_case_file(write(tmp_path, GOOD + tolerance + "[case.sweep]\ndtype = ['float32', 'bfloat16']\n"))
     assert (fp32.atol, fp32.rtol) == (1e-5, 1e-4)
     assert (bf16.atol, bf16.rtol) == (0.05, 0.02)
-
-
-BAD = {
-    "unknown_key": ('colour = "red"\n', "field 'colour': not a case field"),
-    "wrong_type": ('block_size = "big"\n', "field 'block_size': Input should be a valid integer"),
-    "heads_not_multiple": ("num_q_heads = 7\n", "field 'num_q_heads': Value error, num_q_heads (7) must be a multiple"),
-    "block_size_range": ("block_size = 512\n", "field 'block_size': Input should be less than or equal to 256"),
-    "head_dim_range": ("head_dim = 16\n", "field 'head_dim': Input should be greater than or equal to 32"),
-    "q_len_above_seq_len": (
-        "q_lens = [6, 1]\n",
-        "field 'q_lens': Value error, q_lens[0] = 6 must be between 0 and seq_lens[0] = 5",
-    ),
-    "bad_sweep_field": ("[case.sweep]\nwarp_count = [4]\n", "field 'sweep': Value error, cannot sweep 'warp_count'"),
-}
-
-
-@pytest.mark.parametrize("name", BAD)
-def test_invalid_case_names_file_case_and_field(tmp_path, name):
-    addition, message = BAD[name]
-    path = write(tmp_path, GOOD + addition)
-    with pytest.raises(CaseFileError) as info:
-        load_case_file(path)
-    text = str(info.value)
-    assert text.startswith(f"{path}: case 'base")
-    assert message in text
 
 
 # A misspelt key: where it is, and the error the file gets (the whole of it: said once, at its table).
@@ -124,16 +98,12 @@ def test_a_misspelt_key_is_named_at_its_table_with_the_field_it_was_meant_to_be(
     if defaults.startswith("[defaults.sweep]"):
         text = GOOD.replace("[[case]]", defaults + "[[case]]")
     path = write(tmp_path, text.replace('name = "base"\n', 'name = "base"\n' + case))
-    with pytest.raises(CaseFileError) as info:
-        load_case_file(path)
-    assert str(info.value).splitlines() == [f"{path}: {line}" for line in expected]
+    assert _refusal(path).splitlines() == [f"{path}: {line}" for line in expected]
 
 
 def test_a_bad_value_from_defaults_says_it_was_set_there(tmp_path):
     path = write(tmp_path, GOOD.replace("num_q_heads = 8", "num_q_heads = 7") + "[case.sweep]\nblock_size = [4, 8]\n")
-    with pytest.raises(CaseFileError) as info:
-        load_case_file(path)
-    lines = str(info.value).splitlines()
+    lines = _refusal(path).splitlines()
     assert len(lines) == 2 and all("field 'num_q_heads' (set in [defaults]): Value error" in line for line in lines)
 
 
@@ -175,6 +145,14 @@ def test_shipped_case_files_load():
 # --- hardening: every bad input is refused with file, case and field; nothing runs -------
 
 REFUSED = {
+    "unknown_key": ('colour = "red"\n', "field 'colour': not a case field"),
+    "wrong_type": ('block_size = "big"\n', "field 'block_size': Input should be a valid integer"),
+    "heads_not_multiple": ("num_q_heads = 7\n", "field 'num_q_heads': Value error, num_q_heads (7) must be a multiple"),
+    "block_size_range": ("block_size = 512\n", "field 'block_size': Input should be less than or equal to 256"),
+    "head_dim_range": ("head_dim = 16\n", "field 'head_dim': Input should be greater than or equal to 32"),
+    "q_len_above_seq_len": ("q_lens = [6, 1]\n",
+                            "field 'q_lens': Value error, q_lens[0] = 6 must be between 0 and seq_lens[0] = 5"),
+    "bad_sweep_field": ("[case.sweep]\nwarp_count = [4]\n", "field 'sweep': Value error, cannot sweep 'warp_count'"),
     "seed_past_int64": ("seed = 100000000000000000000\n", "field 'seed': Input should be less than or equal to"),
     "true_is_not_1": ("block_size = true\n", "field 'block_size': Input should be a valid integer"),
     "true_is_not_a_length": ("q_lens = true\n", "field 'q_lens': "),
@@ -194,11 +172,8 @@ REFUSED = {
 @pytest.mark.parametrize("name", REFUSED)
 def test_bad_values_are_refused_naming_file_case_and_field(tmp_path, name):
     addition, message = REFUSED[name]
-    text = GOOD.replace("seq_lens = [5, 17]\n", "") if "seq_lens" in addition else GOOD + "seq_lens = [5, 17]\n"
-    path = write(tmp_path, text.replace('name = "base"', 'name = "base"\n' + addition))
-    with pytest.raises(CaseFileError) as info:
-        load_case_file(path)
-    text = str(info.value)
+    path = write(tmp_path, (GOOD.replace("seq_lens = [5, 17]\n", "") if "seq_lens" in addition else GOOD) + addition)
+    text = _refusal(path)
     assert text.startswith(f"{path}: case 'base': "), text
     assert message in text, text
     for internal in ("function-after", "list[", "constrained", "SeqLenGenerator", "union"):

@@ -71,17 +71,10 @@ def test_continuous_runs_both_commits_and_confirms_the_slowdown_in_paired_rounds
 
 @pytest.mark.slow
 @pytest.mark.timeout(600)  # fresh worker processes each round: slow on a loaded machine
-def test_bisect_names_the_first_commit_where_the_row_got_slower(repo, capsys):
-    from harness.backends.builtin import REGISTRY
-
+def test_bisect_names_the_first_commit_where_the_row_got_slower(repo, capsys, clean_registry):
     argv = ["bisect", "HEAD~2", "HEAD", "--case", "tiny", "--backend", "slowpoke", "--cases", str(repo / "tiny.toml"),
             "--plugin", str(repo / "plugin.py"), "--min-effect", "0.5", "--step-time", "3000"]  # fmt: skip
-    registered = dict(REGISTRY)
-    try:
-        assert main(argv) == 0
-    finally:  # bisect registers the plugin's backend in this process, as a run does
-        REGISTRY.clear()
-        REGISTRY.update(registered)
+    assert main(argv) == 0  # registers the plugin's backend in this process, as a run does: clean_registry
     out, err = capsys.readouterr()
     assert out.startswith("first slower commit: ") and out.strip().endswith(" second"), out
     assert "bisect: 2 commit(s) after" in err

@@ -32,18 +32,13 @@ class Refusal:
     cwd: str | None = None
 
 
-def _bad_meta(patch: dict, verb: str):
+def _bad(verb: str, alone: str, run: str, **changes):
+    """``verb`` of ``run`` and its copy tmp/bad with ``changes`` (rf.copy_run's); of the copy alone if ``verb`` is
+    ``alone``."""
+
     def make(runs: Path, tmp: Path) -> list[str]:
-        bad = rf.copy_run(runs / "untimed", patch, to=tmp / "bad")
-        return [verb, str(bad)] if verb == "report" else [verb, str(runs / "untimed"), str(bad)]
-
-    return make
-
-
-def _bad_rows(frame_fn, verb: str):
-    def make(runs: Path, tmp: Path) -> list[str]:
-        bad = rf.copy_run(runs / "timed", frame_fn=frame_fn, to=tmp / "bad")
-        return [verb, str(bad)] if verb == "history" else [verb, str(runs / "timed"), str(bad)]
+        bad = rf.copy_run(runs / run, to=tmp / "bad", **changes)
+        return [verb, str(bad)] if verb == alone else [verb, str(runs / run), str(bad)]
 
     return make
 
@@ -280,9 +275,11 @@ REFUSALS = [
             ("names plugin(s) {tmp}/mine.py", "pass --plugin {tmp}/mine.py")),
     Refusal("a plugin the run did not use", _resume("--plugin", "{tmp}/mine.py"), 2, ("the run did not use it",)),
     # --- compare, report, history: run folders that are not runs -------------------------------------------
-    *(Refusal(f"meta {name} to {verb}", _bad_meta(patch, verb), 2, (f"{{tmp}}/bad/meta.json: field '{name}'",))
+    *(Refusal(f"meta {name} to {verb}", _bad(verb, "report", "untimed", meta_patch=patch), 2,
+              (f"{{tmp}}/bad/meta.json: field '{name}'",))
       for name, patch in META_FIELDS.items() for verb in ("compare", "history", "report")),
-    *(Refusal(f"results {words} to {verb}", _bad_rows(fault, verb), 2, (f"{{tmp}}/bad/results.parquet: {words}",))
+    *(Refusal(f"results {words} to {verb}", _bad(verb, "history", "timed", frame_fn=fault), 2,
+              (f"{{tmp}}/bad/results.parquet: {words}",))
       for words, fault in ROW_FAULTS.items() for verb in ("compare", "history")),
     Refusal("an untouched run to compare", _runs_pair("untimed", "untimed"), 0),
     Refusal("untouched runs to history", _runs_pair("untimed", "timed", "history"), 0),

@@ -2,15 +2,18 @@
 
 import pytest
 
+from harness.cases.variants import VARIANTS
 from harness.results import columns
 from harness.run.runner import to_frame
 
 
-def test_contract_lists_every_column_of_the_table():
+def test_contract_lists_every_column_and_every_variant_of_the_tables():
     text = columns.DOC.read_text()
     assert columns.doc_with_tables(text) == text, "docs/contract.md is stale: run python -m harness.results.columns"
     for name in columns.COLUMNS:
         assert f"| `{name}` |" in text
+    for variant in VARIANTS:
+        assert f"| `{variant.key}` |" in text, variant.key
 
 
 def test_a_row_key_missing_from_the_table_fails_loudly():

@@ -6,15 +6,8 @@ import pandas as pd
 import pytest
 
 from harness.cli.main import main
-from harness.review.compare import (
-    EXIT_INCOMPLETE,
-    EXIT_OK,
-    EXIT_UNCONFIRMED,
-    EXIT_WORSE,
-    DuplicateRowsError,
-    compare_runs,
-    format_comparison,
-)
+from harness.review import compare
+from harness.review.compare import EXIT_INCOMPLETE, EXIT_OK, EXIT_UNCONFIRMED, EXIT_WORSE, compare_runs
 from tests.harness import review_frames as rf
 
 
@@ -98,13 +91,13 @@ def test_worse_wins_over_incomplete(base, rerun):
 
 def test_duplicated_rows_are_refused(base, rerun):
     doubled = pd.concat([rerun, rerun.iloc[:1]])
-    with pytest.raises(DuplicateRowsError, match=r"new run: duplicated .*reference on case00"):
+    with pytest.raises(compare.DuplicateRowsError, match=r"new run: duplicated .*reference on case00"):
         compare_runs(base, doubled)
 
 
 def test_the_terminal_table_lists_changes_and_the_exit_reason(base, rerun):
     new = _set(rerun, "case01", "tlsim", status="fail")
-    text = format_comparison(compare_runs(base, new), "A", "B")
+    text = compare.format_comparison(compare_runs(base, new), "A", "B")
     assert "WORSE  tlsim" in text and "status pass -> fail" in text
     assert text.splitlines()[-1] == "exit 1: 1 row(s) got worse"
 

@@ -246,30 +246,29 @@ def test_no_confirm_leaves_the_slower_rows_unconfirmed_saying_why_and_exits_5(tm
     assert "exit 5: nothing is confirmed worse, but 3 latency row(s)" in out
 
 
+def _checkout_fails(commit, path):
+    raise subprocess.CalledProcessError(128, ["git", "worktree", "add"], stderr=b"fatal: no space left")
+
+
 @pytest.mark.parametrize(
-    ("base_meta", "both", "why"),
+    ("base_meta", "both", "worktree", "why"),
     [
-        ({"commit": None}, {}, "records no commit"),
-        ({"dirty": True}, {}, "uncommitted changes"),
-        ({}, {"case_files": ["/no/such/cases.toml"]}, "case file /no/such/cases.toml is not here"),
-        ({"commit": "f" * 40}, {}, "is not a commit of this repository"),
+        ({"commit": None}, {}, None, "records no commit"),
+        ({"dirty": True}, {}, None, "uncommitted changes"),
+        ({}, {"case_files": ["/no/such/cases.toml"]}, None, "case file /no/such/cases.toml is not here"),
+        ({"commit": "f" * 40}, {}, None, "is not a commit of this repository"),
+        ({}, {}, _checkout_fails, "checking out a commit failed: fatal: no space left"),
     ],
 )
-def test_a_run_whose_build_cannot_be_rebuilt_exits_5_with_the_reason(tmp_path, rounds, capsys, base_meta, both, why):
+def test_a_run_whose_build_cannot_be_rebuilt_exits_5_with_the_reason(
+    tmp_path, rounds, monkeypatch, capsys, base_meta, both, worktree, why
+):
+    if worktree is not None:
+        monkeypatch.setattr(confirm, "worktree", worktree)
     base, new = _runs(tmp_path, {"tlsim": 1.5}, base_meta=base_meta, both=both)
     assert main(["compare", base, new]) == 5
     out = capsys.readouterr().out
     assert not rounds and why in out and "UNCONFIRMED" in out
-
-
-def test_a_checkout_that_fails_leaves_the_rows_unconfirmed(tmp_path, rounds, monkeypatch, capsys):
-    def fails(commit, path):
-        raise subprocess.CalledProcessError(128, ["git", "worktree", "add"], stderr=b"fatal: no space left")
-
-    monkeypatch.setattr(confirm, "worktree", fails)
-    base, new = _runs(tmp_path, {"tlsim": 1.5})
-    assert main(["compare", base, new]) == 5
-    assert "checking out a commit failed: fatal: no space left" in capsys.readouterr().out
 
 
 def test_an_explicit_confirm_still_refuses_a_commit_that_is_not_one_as_bad_input(tmp_path, rounds, capsys):

@@ -88,16 +88,22 @@ def test_looks_come_after_9_rounds_then_every_4_up_to_32_and_fewer_than_9_rounds
     assert look_schedule(9) == [9] and look_schedule(14) == [9, 13, 14]
     with pytest.raises(ValueError, match="at least 9"):
         look_schedule(8)
-    looks = len(
-        look_schedule(confirm.DEFAULT_ROUNDS)
-    )  # 7 looks, each at 1 - 0.05 / 7: the first must be able to decide
+    looks = len(look_schedule(confirm.DEFAULT_ROUNDS))  # 7 looks, each at 1 - 0.05 / 7: the first must decide
     assert stats.paired_ratio([100] * 9, [130] * 9, looks=looks).ci_low > 1.0
+
+
+def _sequential(num_rows: int, time_round, rounds: int = confirm.DEFAULT_ROUNDS, **box) -> tuple[list, list]:
+    """The real sequential procedure over rows case0, case1, ... timed by ``time_round``: (verdicts, their tests)."""
+    index = {i: (f"case{i}", "b") for i in range(num_rows)}
+    box = {"time_s": 1e9, "log": lambda _: None, **box}
+    pooled = sequential_rounds(index, dict.fromkeys(index, 0.1), time_round, alpha=0.05, rounds=rounds, **box)
+    tests = [stats.paired_ratio(*pooled[key], looks=len(look_schedule(rounds))) for key in index.values()]
+    return [stats.decide_paired(t, min_effect=0.1).verdict for t in tests], tests
 
 
 def _simulate(slowdowns: list[float], seed: int, process: float = 0.05, rounds: int = confirm.DEFAULT_ROUNDS):
     """The real sequential procedure on simulated rows; returns (verdicts, rounds each row got)."""
     rng = np.random.default_rng(seed)
-    index = {i: (f"case{i}", "b") for i in range(len(slowdowns))}
 
     def time_round(keys, pooled, new_first):
         for key in keys:
@@ -105,12 +111,8 @@ def _simulate(slowdowns: list[float], seed: int, process: float = 0.05, rounds: 
             pooled[key][0].append(b[0])
             pooled[key][1].append(n[0])
 
-    pooled = sequential_rounds(
-        index, dict.fromkeys(index, 0.1), time_round, alpha=0.05, rounds=rounds, time_s=1e9, log=lambda _: None
-    )
-    looks = len(look_schedule(rounds))
-    tests = [stats.paired_ratio(*pooled[key], looks=looks) for key in index.values()]
-    return [stats.decide_paired(t, min_effect=0.1).verdict for t in tests], [t.n_base for t in tests]
+    verdicts, tests = _sequential(len(slowdowns), time_round, rounds)
+    return verdicts, [t.n_base for t in tests]
 
 
 def test_sequential_looks_give_no_false_slower_in_a_thousand_unchanged_rows_and_stop_early():
@@ -161,7 +163,6 @@ def _boxed(
 ):  # fmt: skip
     """The sequential procedure on a simulated clock over (slowdown, noise, s a round): (verdicts, rounds, seconds)."""
     rng = np.random.default_rng(seed)
-    index = {i: (f"case{i}", "b") for i in range(len(rows))}
     clock = [0.0]
 
     def time_round(keys, pooled, new_first):
@@ -176,12 +177,8 @@ def _boxed(
             spent[key] = seconds
         return spent
 
-    pooled = sequential_rounds(
-        index, dict.fromkeys(index, 0.1), time_round, alpha=0.05, rounds=rounds, time_s=time_s,
-        log=log, clock=lambda: clock[0],
-    )  # fmt: skip
-    tests = [stats.paired_ratio(*pooled[key], looks=len(look_schedule(rounds))) for key in index.values()]
-    return [stats.decide_paired(t, min_effect=0.1).verdict for t in tests], [t.n_base for t in tests], clock[0]
+    verdicts, tests = _sequential(len(rows), time_round, rounds, time_s=time_s, log=log, clock=lambda: clock[0])
+    return verdicts, [t.n_base for t in tests], clock[0]
 
 
 def test_within_box_plans_the_cheapest_decisions_first_then_the_next_look_of_the_rest_and_leaves_out_what_does_not_fit():
@@ -297,7 +294,6 @@ def _simulate_busy(slowdowns: list[float], seed: int, alternating: bool = True, 
     """The confirm driver (``alternate`` rounds judged by ``sequential_rounds``) on one BusyBox per row."""
     rng = np.random.default_rng(seed)
     boxes = [BusyBox(rng, call_s, s) for s in slowdowns]
-    index = {i: (f"case{i}", "b") for i in range(len(boxes))}
     plans = []
 
     def time_round(keys, pooled, new_first):
@@ -311,14 +307,7 @@ def _simulate_busy(slowdowns: list[float], seed: int, alternating: bool = True, 
             for side in (0, 1):
                 pooled[key][side].append(observed[side])
 
-    pooled = sequential_rounds(
-        index, dict.fromkeys(index, 0.1), time_round, alpha=0.05, rounds=confirm.DEFAULT_ROUNDS, time_s=1e9,
-        log=lambda _: None,
-    )  # fmt: skip
-    tests = [
-        stats.paired_ratio(*pooled[key], looks=len(look_schedule(confirm.DEFAULT_ROUNDS))) for key in index.values()
-    ]
-    verdicts = [stats.decide_paired(t, min_effect=0.1).verdict for t in tests]
+    verdicts, _ = _sequential(len(boxes), time_round)
     return {v: verdicts.count(v) for v in stats.VERDICTS}, plans
 
 

@@ -4,14 +4,13 @@ from __future__ import annotations
 
 import re
 import shlex
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
 from harness.cases.spec import load_case_file
 from harness.cli.main import build_parser
+from tests.fresh_python import run_script
 from tests.tiny_cases import write_cases
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -71,11 +70,8 @@ def test_readme_plugin_example_runs_through_the_cli(tmp_path):
     name = re.search(r'register_backend\(\s*"(\w+)"', plugin).group(1)
     (tmp_path / "my_kernel.py").write_text(plugin)
     write_cases(tmp_path / "tiny.toml", {"name": "tiny", "block_size": 8})  # the example takes multiples of 8
-    done = subprocess.run(
-        [sys.executable, "-m", "harness", "run", str(tmp_path / "tiny.toml"), "--plugin", str(tmp_path / "my_kernel.py"),
-         "--backend", name, "--no-timing", "--no-progress", "--out", str(tmp_path / "run")],
-        cwd=ROOT, capture_output=True, text=True, timeout=300,
-    )  # fmt: skip
+    done = run_script("-m", "harness", "run", str(tmp_path / "tiny.toml"), "--plugin", str(tmp_path / "my_kernel.py"),
+                      "--backend", name, "--no-timing", "--no-progress", "--out", str(tmp_path / "run"))  # fmt: skip
     assert done.returncode == 0, f"{doc}'s plugin example failed:\n{done.stdout[-2000:]}\n{done.stderr[-2000:]}"
 
 

@@ -11,14 +11,7 @@ import torch
 
 from harness.backends import flashinfer_peer
 from harness.backends.builtin import REGISTRY
-from harness.backends.flashinfer_peer import (
-    DECLARED_VARIANTS,
-    INSTALL,
-    module_key,
-    page_table,
-    prepare_flashinfer,
-    warmup_cases,
-)
+from harness.backends.flashinfer_peer import DECLARED_VARIANTS, INSTALL, module_key, page_table, warmup_cases
 from harness.cases.spec import expand_spec, load_case_file
 from harness.cases.variants import VARIANT_KEYS, VARIANTS
 from harness.run.grading import grade
@@ -134,7 +127,7 @@ def test_flashinfer_wrappers_match_the_oracle_on_every_twin(twin):
     pytest.importorskip("flashinfer")
     inputs = case_inputs(twin, "cuda")
     out = inputs.new_out()
-    prepared = prepare_flashinfer(twin, inputs, out)
+    prepared = flashinfer_peer.prepare_flashinfer(twin, inputs, out)
     result = prepared.to_packed(prepared.run())
     expected = paged_attention_oracle(*inputs.args(), **inputs.options)
     graded = grade(result, expected, twin.atol, twin.rtol)

@@ -133,12 +133,18 @@ def test_cap_prunes_the_least_recently_used_entries_first(tmp_path):
     assert sum(size for _, size, _ in cache.entries()) <= 10_000
 
 
-def test_cache_off_computes_every_time(tmp_path, monkeypatch):
-    monkeypatch.setenv(oracle_cache.ENV_DIR, "off")
+@pytest.mark.parametrize(
+    ("folder", "device"), [("off", "cpu"), (None, "cuda")], ids=["cache_off", "gpu_oracle_hashing_would_cost_more"]
+)
+def test_an_oracle_off_the_cache_is_computed_every_time_and_nothing_is_written(
+    cache_folder, monkeypatch, folder, device
+):
+    if folder is not None:
+        monkeypatch.setenv(oracle_cache.ENV_DIR, folder)
     calls = []
-    result = oracle_cache.cached_oracle([torch.zeros(1, 1, 1)], "cpu", lambda: calls.append(1) or torch.ones(1))
-    oracle_cache.cached_oracle([torch.zeros(1, 1, 1)], "cpu", lambda: calls.append(1) or torch.ones(1))
-    assert calls == [1, 1] and torch.equal(result, torch.ones(1))
+    for _ in range(2):
+        result = oracle_cache.cached_oracle([torch.zeros(1, 1, 1)], device, lambda: calls.append(1) or torch.ones(1))
+    assert calls == [1, 1] and torch.equal(result, torch.ones(1)) and not cache_folder.exists()
 
 
 def test_key_covers_every_input_tensor_the_oracle_device_the_scale_and_the_attention_variants():
@@ -157,13 +163,6 @@ def test_key_covers_every_input_tensor_the_oracle_device_the_scale_and_the_atten
     assert window != base and window != oracle_cache.cache_key(args, "cpu", options={"sliding_window": 3})
     sinks = oracle_cache.cache_key(args, "cpu", options={"sinks": torch.tensor([0.5, 1.0])})
     assert sinks != oracle_cache.cache_key(args, "cpu", options={"sinks": torch.tensor([0.5, 2.0])})
-
-
-def test_gpu_oracle_is_not_cached_hashing_would_cost_more_than_it(tmp_path, cache_folder):
-    calls = []
-    for _ in range(2):
-        oracle_cache.cached_oracle([torch.zeros(1, 1, 1)], "cuda", lambda: calls.append(1) or torch.ones(1))
-    assert calls == [1, 1] and not cache_folder.exists()
 
 
 # --- runs: verify, off, and entries that are not trusted -------------------------------------------

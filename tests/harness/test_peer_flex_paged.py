@@ -165,10 +165,8 @@ def test_kernel_options_tile_kv_within_a_page(block_size, expected):
     assert kernel_options_for(block_size, torch.device("cuda")) == expected
     assert kernel_options_for(block_size, torch.device("cpu")) == {}
     # under 128 packed rows flex would take its decoding kernel, whose BLOCK_M need not divide 128
-    assert kernel_options_for(block_size, torch.device("cuda"), "packed") == {
-        **expected,
-        "FORCE_USE_FLEX_ATTENTION": True,
-    }
+    packed = {**expected, "FORCE_USE_FLEX_ATTENTION": True}
+    assert kernel_options_for(block_size, torch.device("cuda"), "packed") == packed
 
 
 def test_a_page_size_the_triton_kernel_cannot_tile_is_a_skip_naming_it():

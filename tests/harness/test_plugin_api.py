@@ -132,7 +132,7 @@ DIR = Path(os.environ["HARNESS_TEST_DIR"])
 
 
 def supports(facts):
-    with open(DIR / "supports.jsonl", "a") as file:
+    with open(DIR / "log.jsonl", "a") as file:
         file.write(json.dumps({"pid": os.getpid(), **dataclasses.asdict(facts)}) + "\\n")
     return "three sequences or more" if facts.num_seqs >= 3 else None
 
@@ -145,25 +145,28 @@ register_backend("limited", limited, limits={"dtypes": ["float32"], "block_size_
 """
 
 
-@pytest.fixture(scope="module")
-def declared_run(tmp_path_factory):
-    """DECLARING_PLUGIN over cases inside and outside its limits and one its hook refuses: (rows, facts seen)."""
-    folder = tmp_path_factory.mktemp("declared")
-    (folder / "plugin.py").write_text(DECLARING_PLUGIN)
-    cases = write_cases(folder / "cases.toml", {"name": "inside"}, {"name": "bf16", "dtype": "bfloat16"},
-                        {"name": "block_size_2", "block_size": 2},
-                        {"name": "three_seqs", "seq_lens": [3, 9, 4], "q_lens": [1, 2, 1]},
-                        {"name": "fp8", "kv_dtype": "float8_e4m3fn", "kv_scale": "amax_per_head"})  # fmt: skip
+def _plugin_run(folder, plugin: str, backend: str, cases: list[dict], *extra: str) -> tuple[pd.DataFrame, list]:
+    """``harness run`` of ``plugin``'s ``backend`` over ``cases`` in a fresh interpreter: (rows by case, what the
+    plugin wrote to its ``log.jsonl``)."""
+    (folder / "plugin.py").write_text(plugin)
     done = subprocess.run(
-        [sys.executable, "-m", "harness", "run", str(cases), "--plugin", str(folder / "plugin.py"), "--backend",
-         "limited", "--no-timing", "--no-progress", "--out", str(folder / "run")],
+        [sys.executable, "-m", "harness", "run", str(write_cases(folder / "cases.toml", *cases)), "--plugin",
+         str(folder / "plugin.py"), "--backend", backend, "--no-progress", "--out", str(folder / "run"), *extra],
         cwd=ROOT, capture_output=True, text=True, timeout=300,
         env={**os.environ, "HARNESS_TEST_DIR": str(folder), "TRITON_INTERPRET": "1"},
     )  # fmt: skip
     assert done.returncode == 0, done.stderr[-3000:]
     rows = pd.read_parquet(folder / "run" / "results.parquet").set_index("case")
-    seen = [json.loads(line) for line in (folder / "supports.jsonl").read_text().splitlines()]
-    return rows, seen
+    return rows, [json.loads(line) for line in (folder / "log.jsonl").read_text().splitlines()]
+
+
+@pytest.fixture(scope="module")
+def declared_run(tmp_path_factory):
+    """DECLARING_PLUGIN over cases inside and outside its limits and one its hook refuses: (rows, facts seen)."""
+    cases = [{"name": "inside"}, {"name": "bf16", "dtype": "bfloat16"}, {"name": "block_size_2", "block_size": 2},
+             {"name": "three_seqs", "seq_lens": [3, 9, 4], "q_lens": [1, 2, 1]},
+             {"name": "fp8", "kv_dtype": "float8_e4m3fn", "kv_scale": "amax_per_head"}]  # fmt: skip
+    return _plugin_run(tmp_path_factory.mktemp("declared"), DECLARING_PLUGIN, "limited", cases, "--no-timing")
 
 
 @pytest.mark.parametrize(
@@ -259,7 +262,7 @@ PLAN_S = 0.05
 
 def plan(facts):
     time.sleep(PLAN_S)  # what a plan costs, which no call may be charged for
-    with open(DIR / "plans.jsonl", "a") as file:
+    with open(DIR / "log.jsonl", "a") as file:
         file.write(json.dumps({"pid": os.getpid(), "max_q_len": facts.max_q_len}) + "\\n")
     return {"max_q_len": facts.max_q_len}
 
@@ -280,19 +283,9 @@ register_backend("planned", planned, plan=plan, variants=("return_lse",))
 @pytest.fixture(scope="module")
 def planned_run(tmp_path_factory):
     """One timed run of PLANNING_PLUGIN over decode, mixed and cascade cases: (rows, what each plan recorded)."""
-    folder = tmp_path_factory.mktemp("planned")
-    (folder / "plugin.py").write_text(PLANNING_PLUGIN)
-    cases = write_cases(folder / "cases.toml", {"name": "decode", "q_lens": 1}, {"name": "mixed"},
-                        {"name": "cascade", "layout": "shared_prefix", "cascade": True, "seq_lens": [21, 26]})  # fmt: skip
-    done = subprocess.run(
-        [sys.executable, "-m", "harness", "run", str(cases), "--plugin", str(folder / "plugin.py"), "--backend",
-         "planned", "--no-progress", "--out", str(folder / "run")],
-        cwd=ROOT, capture_output=True, text=True, timeout=300,
-        env={**os.environ, "HARNESS_TEST_DIR": str(folder), "TRITON_INTERPRET": "1"},
-    )  # fmt: skip
-    assert done.returncode == 0, done.stderr[-3000:]
-    rows = pd.read_parquet(folder / "run" / "results.parquet").set_index("case")
-    return rows, [json.loads(line) for line in (folder / "plans.jsonl").read_text().splitlines()]
+    cases = [{"name": "decode", "q_lens": 1}, {"name": "mixed"},
+             {"name": "cascade", "layout": "shared_prefix", "cascade": True, "seq_lens": [21, 26]}]  # fmt: skip
+    return _plugin_run(tmp_path_factory.mktemp("planned"), PLANNING_PLUGIN, "planned", cases)
 
 
 def test_a_plan_step_runs_once_per_input_set_in_the_worker_and_every_call_gets_its_result(planned_run):

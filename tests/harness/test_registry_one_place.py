@@ -2,16 +2,11 @@
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
-from pathlib import Path
-
 import pytest
 
+from tests.fresh_python import run_script
 from tests.tiny_cases import write_cases
 
-ROOT = Path(__file__).resolve().parents[2]
 TOY = """
 import kernels
 from harness import register_backend
@@ -25,30 +20,22 @@ register_backend("toy", toy_paged_attention)
 """
 
 
-def run(*args: str, cwd: Path = ROOT) -> subprocess.CompletedProcess:
-    pythonpath = os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))
-    env = {**os.environ, "PYTHONPATH": pythonpath, "TRITON_INTERPRET": "1"}
-    return subprocess.run([sys.executable, *args], cwd=cwd, env=env, capture_output=True, text=True, timeout=300)
-
-
 @pytest.mark.slow  # the CLI, the case suite and the benchmarks in fresh interpreters
 def test_one_registration_reaches_the_cli_the_case_suite_and_the_benchmarks(tmp_path):
     plugin = tmp_path / "toy.py"
     plugin.write_text(TOY)
 
     cases = write_cases(tmp_path / "tiny.toml", {"name": "tiny"})
-    done = run("-m", "harness", "run", str(cases), "--plugin", str(plugin), "--backend", "toy", "--no-timing",
-               "--no-progress", "--out", str(tmp_path / "run"))  # fmt: skip
+    done = run_script("-m", "harness", "run", str(cases), "--plugin", str(plugin), "--backend", "toy", "--no-timing",
+                      "--no-progress", "--out", str(tmp_path / "run"))  # fmt: skip
     assert done.returncode == 0, done.stderr
     assert "toy" in done.stdout
 
     # one collection of both suites: each has its own conftest that loads the harness's pytest plugin
-    collected = run("-m", "pytest", "tests/harness/test_case_suite.py", "benchmarks", "--plugin", str(plugin), "--collect-only",
-                    "-q")  # fmt: skip
+    collected = run_script("-m", "pytest", "tests/harness/test_case_suite.py", "benchmarks", "--plugin", str(plugin),
+                           "--collect-only", "-q")  # fmt: skip
     assert collected.returncode == 0, collected.stdout + collected.stderr
     lines = collected.stdout.splitlines()
     for suite in ("tests/harness/test_case_suite.py::", "benchmarks/"):
-        assert any(line.startswith(suite) and line.endswith("-toy]") for line in lines), (
-            suite,
-            collected.stdout[-2000:],
-        )
+        toy = [line for line in lines if line.startswith(suite) and line.endswith("-toy]")]
+        assert toy, (suite, collected.stdout[-2000:])

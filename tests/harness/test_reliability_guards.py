@@ -10,24 +10,15 @@ import torch
 
 import kernels
 from harness import register_backend
-from harness.backends import builtin as backends_module
 from harness.cases.inputs import make_inputs
-from harness.cases.spec import load_case_file
 from harness.cli.main import main
-from harness.execute.local import run_cases
 from harness.run import grading, guard
 from harness.run.grading import forward_error_bound, grade
 from harness.run.guard import device_digest, fingerprint
 from harness.run.oracle import paged_attention_oracle
-from harness.run.runner import RunConfig
 from tests.tiny_cases import write_cases
 
 pytestmark = pytest.mark.usefixtures("clean_registry")  # backends registered here vanish after each test
-
-
-def run_rows(case_file, names, timing=False):
-    config = RunConfig(device="cpu", backends=backends_module.resolve_backends(names), timing=timing, progress=False)
-    return run_cases(load_case_file(case_file), config).set_index("backend")
 
 
 def tlsim_then(mutation):
@@ -51,7 +42,7 @@ MUTATIONS = {
 
 
 @pytest.mark.parametrize("name", MUTATIONS)
-def test_a_backend_that_mutates_an_input_fails_and_the_next_sees_pristine_inputs(case_file, name):
+def test_a_backend_that_mutates_an_input_fails_and_the_next_sees_pristine_inputs(case_file, name, run_rows):
     register_backend("mutator", tlsim_then(MUTATIONS[name]))
     rows = run_rows(case_file, ["mutator", "tlsim", "reference"])
     assert rows.loc["mutator", "status"] == "fail"
@@ -59,7 +50,7 @@ def test_a_backend_that_mutates_an_input_fails_and_the_next_sees_pristine_inputs
     assert (rows.loc[["tlsim", "reference"], "status"] == "pass").all(), rows["reason"].tolist()
 
 
-def test_a_mutation_during_timing_only_is_caught_too(case_file):
+def test_a_mutation_during_timing_only_is_caught_too(case_file, run_rows):
     calls = []
 
     def mutates_from_second_call(q, k_cache, v_cache, block_table, seq_lens, query_start_loc=None, scale=None,
@@ -88,7 +79,7 @@ def returns_none(q, *args, **kwargs):
     return None
 
 
-def test_output_shape_dtype_and_type_are_checked_against_q(case_file):
+def test_output_shape_dtype_and_type_are_checked_against_q(case_file, run_rows):
     register_backend("float64_result", float64_result)
     register_backend("wrong_shape", wrong_shape)
     register_backend("returns_none", returns_none)
@@ -107,7 +98,7 @@ def interrupts(*args, **kwargs):
     raise KeyboardInterrupt
 
 
-def test_sys_exit_and_keyboard_interrupt_from_a_backend_are_error_rows(case_file):
+def test_sys_exit_and_keyboard_interrupt_from_a_backend_are_error_rows(case_file, run_rows):
     register_backend("exits", exits)
     register_backend("interrupts", interrupts)
     rows = run_rows(case_file, ["exits", "interrupts", "tlsim"])
@@ -117,7 +108,7 @@ def test_sys_exit_and_keyboard_interrupt_from_a_backend_are_error_rows(case_file
     assert rows.loc["tlsim", "status"] == "pass"
 
 
-def test_the_users_ctrl_c_still_stops_the_run(case_file):
+def test_the_users_ctrl_c_still_stops_the_run(case_file, run_rows):
     def users_ctrl_c(*args, **kwargs):
         guard.USER_INTERRUPT.set()  # what the SIGINT handler does before raising
         raise KeyboardInterrupt
@@ -179,7 +170,7 @@ def test_error_bound_covers_real_round_off_and_flags_tolerances_below_it():
             assert "tolerance below the input's own round-off: grades the input" in result.grading_note
 
 
-def test_rows_carry_error_bound_and_grading_note(case_file, tmp_path):
+def test_rows_carry_error_bound_and_grading_note(case_file, tmp_path, run_rows):
     path = write_cases(tmp_path / "big.toml", {"name": "tiny", "head_dim": 128, "input_scale": 6.0})
     rows = run_rows(path, ["reference"])
     assert rows.loc["reference", "error_bound"] > 0

@@ -130,9 +130,14 @@ def setup(tmp_path, monkeypatch, case_file):
     return tmp_path
 
 
-def run(setup, out, *extra):
-    return main(["run", str(setup / "cases.toml"), "--out", str(out), "--no-progress", "--no-timing",
-                 "--plugin", str(setup / "plugin.py"), *extra])  # fmt: skip
+def run_argv(setup, cases, out, *extra, plugin=True) -> list[str]:
+    """``run`` of ``setup / cases`` into ``out``, untimed, with plugin.py unless ``plugin`` is False."""
+    plugged = ["--plugin", str(setup / "plugin.py")] if plugin else []
+    return ["run", str(setup / cases), "--out", str(out), "--no-progress", "--no-timing", *plugged, *map(str, extra)]
+
+
+def run(setup, out, *extra, cases="cases.toml", plugin=True) -> int:
+    return main(run_argv(setup, cases, out, *extra, plugin=plugin))
 
 
 def resume_run(setup, out) -> int:
@@ -149,12 +154,12 @@ def rows_of(out):
     return pd.read_parquet(out / "results.parquet")
 
 
-def _harness(setup, *args, env=(), **popen):
-    """`python -m harness ARGS` in a new session (a killed test leaves nothing behind)."""
-    command = [sys.executable, "-m", "harness", *map(str, args)]
+def _harness(setup, cases, out, *extra, env=()):
+    """`python -m harness` running :func:`run_argv` in a new session (a killed test leaves nothing behind)."""
+    command = [sys.executable, "-m", "harness", *run_argv(setup, cases, out, *extra)]
     env = {**os.environ, "HARNESS_TEST_DIR": str(setup), "TRITON_INTERPRET": "1", **dict(env)}
     return subprocess.Popen(command, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            start_new_session=True, **popen)  # fmt: skip
+                            start_new_session=True)  # fmt: skip
 
 
 def _finish(proc, timeout=240):
@@ -237,8 +242,7 @@ def test_a_sigkilled_run_is_reported_at_the_next_run_and_resumed(setup, capsys):
     (setup / "sigkill").touch()
     reports = setup / "reports"
     out = reports / "killed"
-    proc = _harness(setup, "run", setup / "cases.toml", "--out", out, "--no-timing", "--no-progress", "--isolate",
-                    "none", "--plugin", setup / "plugin.py", *backends("good", "sigkill_once"))  # fmt: skip
+    proc = _harness(setup, "cases.toml", out, "--isolate", "none", *backends("good", "sigkill_once"))
     _, err = _finish(proc, 300)
     assert proc.returncode == -signal.SIGKILL, err[-2000:]
     assert [r["backend"] for r in Journal.read(journal_path(out)).rows] == ["good"]
@@ -248,8 +252,7 @@ def test_a_sigkilled_run_is_reported_at_the_next_run_and_resumed(setup, capsys):
     partial.mkdir()
     (partial / ".harness-partial").write_text(f"{dead.pid}\n")  # what write_run puts in its partial folder
     (partial / "results.csv").write_text("half")
-    assert main(["run", str(setup / "cases.toml"), "--out", str(reports / "next"), "--backend", "tlsim",
-                 "--no-timing", "--no-progress"]) == 0  # fmt: skip
+    assert run(setup, reports / "next", "--backend", "tlsim", plugin=False) == 0
     err = capsys.readouterr().err
     assert f"unfinished run: 1 rows in {journal_path(out)}" in err
     assert f"finish it with: python -m harness run --resume {out}" in err
@@ -401,8 +404,7 @@ def test_sigterm_during_the_final_write_leaves_no_partial_folder_and_keeps_the_j
 def test_the_users_ctrl_c_stops_a_run_inside_a_hanging_call_and_keeps_the_journal(setup, isolate):
     """A terminal's Ctrl-C while `hangs` runs is exit 130 within seconds, journal kept, no error row for `hangs`."""
     out = setup / "reports" / "run"
-    proc = _harness(setup, "run", setup / "cases.toml", "--out", out, "--no-timing", "--no-progress", "--plugin",
-                    setup / "plugin.py", "--isolate", isolate, *backends("tlsim", "hangs"))  # fmt: skip
+    proc = _harness(setup, "cases.toml", out, "--isolate", isolate, *backends("tlsim", "hangs"))
     try:
         _wait_for(setup / "worker.pid", proc)  # `hangs` has begun: tlsim's row is journaled
         os.killpg(proc.pid, signal.SIGINT)
@@ -424,8 +426,7 @@ def test_isolate_all_runs_the_built_ins_in_the_worker_too(setup, capsys, monkeyp
     # in-process call would raise here. The driver still builds the oracle and grades: that is its job.
     monkeypatch.setattr(runner, "call_backend", no_local_call)
     out = setup / "run"
-    assert main(["run", str(setup / "cases.toml"), "--out", str(out), "--no-timing", "--no-progress",
-                 "--isolate", "all", *backends("tlsim", "reference")]) == 0  # fmt: skip
+    assert run(setup, out, "--isolate", "all", *backends("tlsim", "reference"), plugin=False) == 0
     assert set(rows_of(out)["status"]) == {"pass"} and len(rows_of(out)) == 4
 
 
@@ -514,8 +515,7 @@ def test_a_second_resume_of_a_journal_being_written_is_refused_naming_the_holder
 
 def test_duplicated_journal_rows_are_dropped_with_a_warning_and_the_folder_loads(setup, capsys):
     done = setup / "done"
-    assert main(["run", str(setup / "tiny.toml"), "--out", str(done), "--backend", "tlsim", "--no-timing",
-                 "--no-progress"]) == 0  # fmt: skip
+    assert run(setup, done, "--backend", "tlsim", cases="tiny.toml", plugin=False) == 0
     row = {k: (None if isinstance(v, float) and v != v else v) for k, v in pd.read_parquet(done / "results.parquet")
            .iloc[0].to_dict().items()}  # fmt: skip
     row = json.loads(json.dumps(row, default=lambda v: v.tolist() if hasattr(v, "tolist") else str(v)))
@@ -533,8 +533,7 @@ def test_duplicated_journal_rows_are_dropped_with_a_warning_and_the_folder_loads
 
 
 def test_an_isolated_worker_dies_with_its_sigkilled_parent(setup):
-    proc = _harness(setup, "run", setup / "tiny.toml", "--out", setup / "run", "--no-timing", "--no-progress",
-                    "--plugin", setup / "plugin.py", "--backend", "hangs")  # fmt: skip
+    proc = _harness(setup, "tiny.toml", setup / "run", "--backend", "hangs")
     try:
         _wait_for(setup / "worker.pid", proc)
         worker = int((setup / "worker.pid").read_text())
@@ -549,9 +548,8 @@ def test_an_isolated_worker_dies_with_its_sigkilled_parent(setup):
 
 def test_profile_of_a_plugin_that_calls_os_exit_cannot_end_the_run(setup):
     out = setup / "run"
-    proc = _harness(setup, "run", setup / "tiny.toml", "--out", out, "--no-timing", "--no-progress",
-                    "--plugin", setup / "plugin.py", "--backend", "os_exit", "--backend", "tlsim",
-                    "--profile", "tiny:os_exit", "--profile", "tiny:tlsim")  # fmt: skip
+    proc = _harness(setup, "tiny.toml", out, *backends("os_exit", "tlsim"), "--profile", "tiny:os_exit", "--profile",
+                    "tiny:tlsim")  # fmt: skip
     _, err = _finish(proc)
     assert proc.returncode == 1, err[-3000:]  # the os_exit row is an error; the profile did not end the run with 0
     assert "profile: tiny:os_exit failed: the worker process exited with code 0" in err, err[-3000:]
@@ -562,8 +560,7 @@ def test_profile_of_a_plugin_that_calls_os_exit_cannot_end_the_run(setup):
 
 def test_a_plugins_flood_of_output_goes_to_its_row_log_and_the_terminal_gets_its_head(setup, capsys):
     out = setup / "run"
-    assert main(["run", str(setup / "tiny.toml"), "--out", str(out), "--no-timing", "--no-progress",
-                 "--plugin", str(setup / "plugin.py"), "--backend", "flood", "--backend", "tlsim"]) == 0  # fmt: skip
+    assert run(setup, out, *backends("flood", "tlsim"), cases="tiny.toml") == 0
     captured = capsys.readouterr()
     log = out / "logs" / "tiny__flood.log"
     assert log.stat().st_size >= 100_000 and log.read_text().count("o") >= 50_000
@@ -585,8 +582,7 @@ def test_ctrl_c_while_a_worker_starts_is_one_line_not_a_childs_traceback(setup):
     (setup / "site").mkdir()
     (setup / "site" / "sitecustomize.py").write_text(SLOW_WORKER_START)
     path = os.pathsep.join(filter(None, [str(setup / "site"), os.environ.get("PYTHONPATH")]))
-    proc = _harness(setup, "run", setup / "tiny.toml", "--out", setup / "run", "--no-timing", "--no-progress",
-                    "--plugin", setup / "plugin.py", env={"PYTHONPATH": path})  # fmt: skip
+    proc = _harness(setup, "tiny.toml", setup / "run", env={"PYTHONPATH": path})
     try:
         _wait_for(setup / "starting", proc)
         child = int((setup / "starting").read_text())
@@ -601,7 +597,6 @@ def test_ctrl_c_while_a_worker_starts_is_one_line_not_a_childs_traceback(setup):
 
 
 def test_a_recorded_thread_count_past_the_cores_runs_on_the_cores():
-    """A recorded thread count of a million runs on the cores; the count that ran is returned."""
     import torch
 
     from harness.cli.options import apply_threads
@@ -615,7 +610,6 @@ def test_a_recorded_thread_count_past_the_cores_runs_on_the_cores():
 
 
 def test_a_planted_link_in_a_runs_log_folder_is_replaced_never_written_through(tmp_path):
-    """A link planted in a run's log folder, to a file or as the folder, is replaced, never written through."""
     from harness.execute.output import captured_output
 
     victim = tmp_path / "victim.txt"

@@ -80,13 +80,9 @@ MUTANTS = {
 
 
 @pytest.fixture(autouse=True)
-def mutants_registered():
-    saved = dict(backends_module.REGISTRY)
+def mutants_registered(clean_registry):
     register_backend("no_running_max", no_running_max)
     register_backend("half_accumulator", half_accumulator)
-    yield
-    backends_module.REGISTRY.clear()
-    backends_module.REGISTRY.update(saved)
 
 
 def test_smoke_fails_each_mutant_exactly_on_the_cases_added_for_it():

@@ -9,8 +9,8 @@ import shutil
 import pandas as pd
 import pytest
 
-from harness.backends import builtin as backends_module
 from harness.cli.main import main
+from tests.tiny_cases import write_cases
 
 webdriver = pytest.importorskip("selenium.webdriver", reason="selenium is not installed (pip install selenium)")
 
@@ -22,18 +22,8 @@ pytestmark = pytest.mark.skipif(
     f"chromium={CHROMIUM}, chromedriver={DRIVER})",
 )
 
-CASES = """
-[[case]]
-name = "small_decode"
-num_q_heads = 4
-num_kv_heads = 2
-head_dim = 32
-block_size = 4
-seq_lens = [3, 9, 17]
-tags = ["small"]
-[case.sweep]
-dtype = ["float32", "bfloat16"]
-"""
+CASE = {"name": "small_decode", "num_q_heads": 4, "num_kv_heads": 2, "head_dim": 32, "block_size": 4,
+        "seq_lens": [3, 9, 17], "tags": ["small"], "sweep": {"dtype": ["float32", "bfloat16"]}}  # fmt: skip
 PLUGIN = """
 from harness import register_backend
 
@@ -45,27 +35,14 @@ register_backend("exploding<b>", exploding)
 
 
 @pytest.fixture
-def run_dir(tmp_path, plot_text_as_text):
-    saved = dict(backends_module.REGISTRY)
-    (tmp_path / "cases.toml").write_text(CASES)
-    (tmp_path / "plugin.py").write_text(PLUGIN)
-    out = tmp_path / "run"
-    argv = [
-        "run",
-        str(tmp_path / "cases.toml"),
-        "--out",
-        str(out),
-        "--no-progress",
-        "--plugin",
-        str(tmp_path / "plugin.py"),
-    ]
+def run_dir(tmp_path, plot_text_as_text, clean_registry):
+    write_cases(tmp_path / "cases.toml", CASE, defaults={})
+    out, plugin = tmp_path / "run", tmp_path / "plugin.py"
+    plugin.write_text(PLUGIN)
+    argv = ["run", str(tmp_path / "cases.toml"), "--out", str(out), "--no-progress", "--plugin", str(plugin)]
     for name in ("reference", "tlsim", "gather_sdpa", "flex_attention", "exploding<b>"):
         argv += ["--backend", name]
-    try:
-        assert main(argv) == 1  # the exploding backend errors
-    finally:
-        backends_module.REGISTRY.clear()
-        backends_module.REGISTRY.update(saved)
+    assert main(argv) == 1  # the exploding backend errors
     return out
 
 
@@ -75,13 +52,8 @@ def browser():
 
     options = webdriver.ChromeOptions()
     options.binary_location = CHROMIUM
-    for flag in (
-        "--headless=new",
-        "--no-sandbox",
-        "--disable-gpu",
-        "--disable-dev-shm-usage",
-        "--window-size=1400,1000",
-    ):
+    flags = ("--headless=new", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage", "--window-size=1400,1000")
+    for flag in flags:
         options.add_argument(flag)
     options.set_capability("goog:loggingPrefs", {"browser": "ALL"})
     driver = webdriver.Chrome(service=Service(DRIVER), options=options)
@@ -104,11 +76,8 @@ def test_the_review_page_works_in_a_browser(drawn_plots, run_dir, browser, tmp_p
     browser.get((run_dir / "report.html").as_uri())
 
     verdict = browser.find_element(By.ID, "verdict").text
-    assert (
-        verdict.startswith("FAIL")
-        and "exploding<b>" in verdict
-        and "<script>window.__pwned = 1</script> boom" in verdict
-    )
+    assert verdict.startswith("FAIL") and "exploding<b>" in verdict, verdict
+    assert "<script>window.__pwned = 1</script> boom" in verdict, verdict
     assert browser.execute_script("return window.__pwned === undefined"), "a plugin's string ran as script"
 
     graded = frame[frame["status"] != "skip"]

@@ -18,13 +18,10 @@ EVIL = "<script>alert('x')</script>"
 
 
 def _with_failure(frame: pd.DataFrame) -> pd.DataFrame:
-    frame = frame.copy()
+    frame = frame.assign(worst_location="", fail_count=0)
+    failed = ["fail", "max abs err 3e-4 exceeds atol", 2.5, "seq 3, query 5, head 2", 17]
     mask = (frame["case"] == "case01") & (frame["backend"] == "tlsim")
-    frame.loc[mask, ["status", "reason", "tol_ratio"]] = ["fail", "max abs err 3e-4 exceeds atol", 2.5]
-    frame["worst_location"] = ""
-    frame.loc[mask, "worst_location"] = "seq 3, query 5, head 2"
-    frame["fail_count"] = 0
-    frame.loc[mask, "fail_count"] = 17
+    frame.loc[mask, ["status", "reason", "tol_ratio", "worst_location", "fail_count"]] = failed
     return frame
 
 

@@ -13,16 +13,16 @@ from harness.results.journal import Journal, journal_path
 from tests.tiny_cases import write_cases
 
 
-def _stopped_run(tmp_path, keep_rows: int, meta: dict | None):
-    """A finished run's first ``keep_rows`` rows in the journal of a second run that 'stopped'."""
-    cases = write_cases(tmp_path / "c.toml", {"name": "first"}, {"name": "second", "seed": 1})
-    whole = tmp_path / "whole"
-    assert main(["run", str(cases), "--backend", "reference", "--backend", "tlsim", "--no-timing",
-                 "--no-progress", "--out", str(whole)]) == 0  # fmt: skip
-    rows = pd.read_parquet(whole / "results.parquet").to_dict("records")
+def _stopped_run(tmp_path, keep_rows: int, meta: dict | None, cases=None, backends=("reference", "tlsim"), shard=None):
+    """A finished run's first ``keep_rows`` rows in the journal of a run (of the same ``shard``) that 'stopped'."""
+    cases = cases or str(write_cases(tmp_path / "c.toml", {"name": "first"}, {"name": "second", "seed": 1}))
+    flags = [arg for backend in backends for arg in ("--backend", backend)] + ["--shard", shard] * bool(shard)
+    assert main(["run", cases, *flags, "--no-timing", "--no-progress", "--out", str(tmp_path / "whole")]) == 0
+    rows = pd.read_parquet(tmp_path / "whole" / "results.parquet").to_dict("records")
     stopped = tmp_path / "stopped"
-    options = {"cases": [str(cases)], "backends": ["reference", "tlsim"], "device": "cpu", "plugins": [],
-               "tags": None, "timing": False, "isolate": "plugins", "timeout": None}  # fmt: skip
+    shards = {"shard": shard} if shard else {}
+    options = {"cases": [cases], "backends": list(backends), "device": "cpu", "plugins": [], "tags": None,
+               "timing": False, "isolate": "plugins", "timeout": None, **shards}  # fmt: skip
     journal = Journal.create(stopped, options)
     if meta is not None:
         journal.record_meta(meta)
@@ -119,17 +119,7 @@ def test_a_journal_whose_case_files_are_gone_is_still_written_saying_what_is_unk
 
 def test_finalize_of_a_shard_lists_only_its_own_missing_pairs_and_reads_suite_names(tmp_path):
     """A --shard 0/2 run of the packaged smoke suite (named, not a path) stopped after 2 rows."""
-    whole = tmp_path / "whole"
-    assert main(["run", "smoke", "--backend", "tlsim", "--no-timing", "--no-progress", "--shard", "0/2",
-                 "--out", str(whole)]) == 0  # fmt: skip
-    rows = pd.read_parquet(whole / "results.parquet").to_dict("records")
-    stopped = tmp_path / "stopped"
-    options = {"cases": ["smoke"], "backends": ["tlsim"], "device": "cpu", "plugins": [], "tags": None,
-               "timing": False, "isolate": "plugins", "timeout": None, "shard": "0/2"}  # fmt: skip
-    journal = Journal.create(stopped, options)
-    for row in rows[:2]:
-        journal.append(row)
-    journal.close(stopped=True)
+    stopped, rows = _stopped_run(tmp_path, 2, None, "smoke", ("tlsim",), "0/2")
     assert main(["run", "--resume", str(stopped), "--finalize"]) == 4
     incomplete = json.loads((stopped / "meta.json").read_text())["incomplete"]
     mine = shard_cases(load_cases(["harness/cases/suites/smoke.toml"], device="cpu"), 0, 2)

@@ -9,12 +9,11 @@ import torch
 import kernels
 from harness import register_backend
 from harness.backends import builtin as backends_module
-from harness.cases.spec import load_case_file
 from harness.cli.main import main
-from harness.execute.local import run_cases
 from harness.results import storage as storage_module
 from harness.review.compare import compare_runs
-from harness.run.runner import RunConfig, exit_code
+from harness.run.runner import exit_code
+from tests.fresh_python import run_script
 from tests.tiny_cases import write_cases
 
 pytestmark = pytest.mark.usefixtures("clean_registry")  # backends registered here vanish after each test
@@ -31,12 +30,7 @@ def raises(*args, **kwargs):
     raise RuntimeError("kernel exploded")
 
 
-def run_rows(case_file, names):
-    config = RunConfig(device="cpu", backends=backends_module.resolve_backends(names), timing=False, progress=False)
-    return run_cases(load_case_file(case_file), config).set_index("backend")
-
-
-def test_rows_for_pass_fail_skip_and_error_and_the_run_goes_on(case_file):
+def test_rows_for_pass_fail_skip_and_error_and_the_run_goes_on(case_file, run_rows):
     register_backend("half_written", half_written)
     register_backend("raises", raises)
     register_backend("cuda_only", kernels.paged_attention_tlsim, devices=("cuda",))
@@ -54,16 +48,14 @@ def test_rows_for_pass_fail_skip_and_error_and_the_run_goes_on(case_file):
     assert exit_code(rows.loc[["cuda_only", "tlsim"]].reset_index()) == 0, "skips do not"
 
 
-def test_case_file_can_exclude_a_backend(tmp_path):
+def test_case_file_can_exclude_a_backend(tmp_path, run_rows):
     path = write_cases(tmp_path / "c.toml", {"name": "tiny", "exclude_backends": ["reference"]})
     rows = run_rows(path, ["reference", "tlsim"])
     assert rows.loc["reference", "status"] == "skip" and rows.loc["reference", "reason"] == "excluded by the case file"
 
 
-def test_timing_fills_latency_and_bandwidth(case_file):
-    config = RunConfig(device="cpu", backends=backends_module.resolve_backends(["tlsim"]), timing=True,
-                       ceilings={"read_gbps": 10.0}, progress=False)  # fmt: skip
-    row = run_cases(load_case_file(case_file), config).iloc[0]
+def test_timing_fills_latency_and_bandwidth(case_file, run_rows):
+    row = run_rows(case_file, ["tlsim"], timing=True, ceilings={"read_gbps": 10.0}).iloc[0]
     assert row["latency_us"] > 0 and row["timing_reps"] >= 3 and row["timing_method"] == "cpu_perf_counter"
     assert row["latency_p10_us"] <= row["latency_us"] <= row["latency_p90_us"]
     assert row["gbps"] == pytest.approx(row["bytes_moved"] / (row["latency_us"] * 1e3))
@@ -178,7 +170,7 @@ def test_report_verb_rebuilds_the_page(tmp_path, case_file):
     assert "tiny" in (tmp_path / "run" / "report.html").read_text()
 
 
-def test_sdpa_peers_do_not_leak_pool_nan(case_file):
+def test_sdpa_peers_do_not_leak_pool_nan(case_file, run_rows):
     rows = run_rows(case_file, ["gather_sdpa", "sdpa_contiguous"])
     assert (rows["status"] == "pass").all(), rows["reason"].tolist()
 
@@ -196,17 +188,10 @@ def test_tol_ratio_is_the_margin_to_the_tolerance():
 @pytest.mark.slow  # a pytest run in a fresh interpreter
 def test_pytest_option_writes_the_same_run_folder(tmp_path, case_file):
     """`pytest --cases F --harness-report DIR` grades every (case, backend) and stores the run."""
-    import subprocess
-    import sys
-    from pathlib import Path
-
-    root = Path(__file__).resolve().parents[2]
     out = tmp_path / "pytest_run"
-    result = subprocess.run(
-        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", str(root / "tests" / "harness" / "test_case_suite.py"),
-         "--cases", str(case_file), "--backend", "tlsim", "--backend", "reference", "--harness-report", str(out)],
-        cwd=root, capture_output=True, text=True, timeout=300,
-    )  # fmt: skip
+    command = ["-m", "pytest", "-q", "-p", "no:cacheprovider", "tests/harness/test_case_suite.py"]
+    backends = ["--backend", "tlsim", "--backend", "reference"]
+    result = run_script(*command, "--cases", str(case_file), *backends, "--harness-report", str(out))
     assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-2000:]
     assert "2 passed" in result.stdout
     rows = pd.read_parquet(out / "results.parquet")

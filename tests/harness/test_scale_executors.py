@@ -331,31 +331,21 @@ def test_xdist_workers_rows_merge_into_one_run_folder_equal_to_a_one_process_run
     assert not list(Path(os.environ.get("TMPDIR", "/tmp")).glob("harness-xdist-rows-*/gw*.jsonl"))  # cleaned up
 
 
-def test_each_xdist_worker_is_pinned_to_its_own_gpu_round_robin(monkeypatch):
+@pytest.mark.parametrize(
+    ("device", "specs", "pinned"),
+    [
+        pytest.param("cuda", ["popen", "popen", "popen//env:CUDA_VISIBLE_DEVICES=7"], ["3", "5", "7"], id="cuda"),
+        pytest.param("cpu", ["popen"], [None], id="none_on_a_cpu_run"),
+    ],
+)
+def test_each_xdist_worker_is_pinned_to_its_own_gpu_round_robin(monkeypatch, device, specs, pinned):
     execnet = pytest.importorskip("execnet", reason="pytest-xdist (and execnet) not installed")
     from harness.execute.xdist import pin_gpus
-
-    class Config:
-        def getoption(self, name, default=None):
-            return "cuda" if name == "harness_device" else default
 
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "3,5")
-    specs = [execnet.XSpec("popen"), execnet.XSpec("popen"), execnet.XSpec("popen//env:CUDA_VISIBLE_DEVICES=7")]
-    pin_gpus(Config(), specs)
-    assert [spec.env["CUDA_VISIBLE_DEVICES"] for spec in specs] == ["3", "5", "7"]
-
-
-def test_no_gpu_pinning_on_a_cpu_run():
-    execnet = pytest.importorskip("execnet", reason="pytest-xdist (and execnet) not installed")
-    from harness.execute.xdist import pin_gpus
-
-    class Config:
-        def getoption(self, name, default=None):
-            return "cpu" if name == "harness_device" else default
-
-    spec = execnet.XSpec("popen")
-    pin_gpus(Config(), [spec])
-    assert "CUDA_VISIBLE_DEVICES" not in spec.env
+    specs = [execnet.XSpec(spec) for spec in specs]
+    pin_gpus(_PytestOptions({"harness_device": device}), specs)
+    assert [spec.env.get("CUDA_VISIBLE_DEVICES") for spec in specs] == pinned
 
 
 def test_worker_rows_travel_as_json_lines_that_load_as_data(tmp_path):
@@ -367,24 +357,16 @@ def test_worker_rows_travel_as_json_lines_that_load_as_data(tmp_path):
 
     from harness.execute import xdist
 
-    class Worker:
-        def __init__(self):
-            self.workerinput = {"workerid": "gw0", xdist.ROWS_DIR: str(tmp_path)}
-
-        def getoption(self, name, default=None):
-            return "cpu" if name == "harness_device" else default
-
+    worker = _PytestOptions({"harness_device": "cpu"})
+    worker.workerinput = {"workerid": "gw0", xdist.ROWS_DIR: str(tmp_path)}
     rows = [{"case": "a", "backend": "tlsim", "latency_samples_us": np.array([1.5, 2.0]), "max_abs_err": math.nan}]
-    path = xdist.save_worker_rows(Worker(), rows)
+    path = xdist.save_worker_rows(worker, rows)
     assert path.name == "gw0.jsonl"
     (line,) = path.read_text().splitlines()
     assert json.loads(line)["latency_samples_us"] == [1.5, 2.0] and json.loads(line)["worker"] == "gw0"
 
-    class Controller:
-        def __init__(self):
-            self.stash = pytest.Stash()
-
-    controller = Controller()
+    controller = _PytestOptions({})
+    controller.stash = pytest.Stash()
     controller.stash[xdist._FOLDER_KEY] = str(tmp_path)
     (row,) = xdist.collect_rows(controller)
     assert row["case"] == "a" and row["latency_samples_us"] == [1.5, 2.0] and math.isnan(row["max_abs_err"])

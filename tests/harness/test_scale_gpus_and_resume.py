@@ -68,9 +68,8 @@ harness.timing.ceilings.own_device = own_device
 
 
 def test_workers_report_their_device_and_meta_keeps_it_with_where_the_time_went(cases_file, tmp_path, monkeypatch):
-    monkeypatch.setattr(
-        harness.timing.ceilings, "own_device", harness.timing.ceilings.own_device
-    )  # the plugin patches it here too
+    own_device = harness.timing.ceilings.own_device
+    monkeypatch.setattr(harness.timing.ceilings, "own_device", own_device)  # the plugin patches it here too
     (tmp_path / "fake_gpu.py").write_text(FAKE_GPU)
     out = tmp_path / "run"
     code = main(["run", str(cases_file), "--backend", "tlsim", "--plugin", str(tmp_path / "fake_gpu.py"),
@@ -140,17 +139,13 @@ def _stopped_run(tmp_path, cases_file, *flags: str):
     return out
 
 
+# remembered; given again, it wins; never more workers than cases (a journal's 10^10 builds no 10^10 slots)
 @pytest.mark.parametrize(
     ("first", "again", "mode", "workers"),
     [
-        (["--workers", "2"], [], "workers", 2),  # remembered
-        (["--workers", "2"], ["--workers", "1"], "workers", 1),  # given again: it wins
-        (
-            ["--workers", "9"],
-            [],
-            "workers",
-            2,
-        ),  # never more workers than cases (a journal's 10^10 builds no 10^10 slots)
+        (["--workers", "2"], [], "workers", 2),
+        (["--workers", "2"], ["--workers", "1"], "workers", 1),
+        (["--workers", "9"], [], "workers", 2),
         ([], [], "one process", None),
     ],
 )
@@ -208,11 +203,8 @@ def test_a_gpus_ceilings_are_measured_once_per_process_and_once_per_gpu_where_pr
     assert len(measured) == 2 and report["ceilings"] == {"read_gbps": 7.0} and report["measure_s"] == 0.0
     assert [p.name for p in (tmp_path / "shared").iterdir()] == ["1.json"]
     monkeypatch.setattr(harness.timing.ceilings, "_OWN", {})
-    assert harness.timing.ceilings.own_device("cpu", ["float32"], timing=True) == {
-        "gpu_name": "",
-        "ceilings": {},
-        "measure_s": pytest.approx(0, abs=0.1),
-    }
+    on_cpu = {"gpu_name": "", "ceilings": {}, "measure_s": pytest.approx(0, abs=0.1)}
+    assert harness.timing.ceilings.own_device("cpu", ["float32"], timing=True) == on_cpu
 
 
 def test_the_report_lists_each_gpu_with_its_read_ceiling():

@@ -54,12 +54,8 @@ def test_merged_shards_give_the_one_process_rows_and_say_where_they_came_from(sh
 
 
 def test_merge_takes_mixed_commits_when_told(shard_runs, tmp_path):
-    host0 = shard_runs / "host0"
-    other = tmp_path / "other_commit"
-    shutil.copytree(shard_runs / "host1", other)
-    meta = json.loads((other / "meta.json").read_text())
-    (other / "meta.json").write_text(json.dumps({**meta, "commit": "f" * 40}))
-    assert main(["merge", str(tmp_path / "m3"), str(host0), str(other), "--allow-mixed-commits"]) == 0
+    other = _edited_copy(shard_runs / "host1", tmp_path / "other_commit", commit="f" * 40)
+    assert main(["merge", str(tmp_path / "m3"), str(shard_runs / "host0"), str(other), "--allow-mixed-commits"]) == 0
     assert json.loads((tmp_path / "m3" / "meta.json").read_text())["commit"].startswith("mixed: ")
 
 

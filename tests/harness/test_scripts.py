@@ -16,9 +16,11 @@ import pytest
 
 import kernels
 from tests.fresh_python import run_script
+from tests.tiny_cases import write_cases
 
 ROOT = Path(__file__).resolve().parents[2]
 COMMITTED_RUN = ROOT / "tests" / "harness" / "data" / "h200_run"
+SMALL = {"num_q_heads": 2, "num_kv_heads": 1, "head_dim": 32, "seq_lens": [5, 9]}  # the scripts' dry-run cases
 
 
 @pytest.fixture(autouse=True)
@@ -141,9 +143,7 @@ def test_gpu_run_scripts_are_valid_bash():
 
 @pytest.mark.slow  # four harness runs in worker processes: about 16 s
 def test_gpu_scale_script_dry_runs_one_and_two_workers_and_tables_them(tmp_path):
-    cases = tmp_path / "c.toml"
-    one = "num_q_heads = 2\nnum_kv_heads = 1\nhead_dim = 32\nseq_lens = [5, 9]\n"
-    cases.write_text(f'[[case]]\nname = "c"\n{one}[[case]]\nname = "d"\n{one}')  # two: a worker each
+    cases = write_cases(tmp_path / "c.toml", {"name": "c"}, {"name": "d"}, defaults=SMALL)  # two: a worker each
     env = {**os.environ, "DRY": "1", "OUT": str(tmp_path / "out"), "SUITES": str(cases), "WORKERS": "1 2",
            "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}  # fmt: skip
     done = subprocess.run(
@@ -159,11 +159,7 @@ def test_gpu_scale_script_dry_runs_one_and_two_workers_and_tables_them(tmp_path)
 
 @pytest.mark.slow  # three runs with isolated workers: about 35 s
 def test_noise_check_gpu_preset_runs_dry_on_the_cpu_and_prints_verdict_counts(tmp_path):
-    cases = tmp_path / "tiny.toml"
-    cases.write_text(
-        '[[case]]\nname = "c"\ntags = ["small"]\nnum_q_heads = 2\nnum_kv_heads = 1\nhead_dim = 32\n'
-        "block_size = 4\nseq_lens = [5, 9]\n"
-    )
+    cases = write_cases(tmp_path / "tiny.toml", {"name": "c", "tags": ["small"], "block_size": 4}, defaults=SMALL)
     done = run_script(
         "scripts/self/noise_check.py", "--gpu", "--device", "cpu", "--cases", str(cases), "--out", str(tmp_path / "nc"),
         "--min-reps", "2", timeout=600,
@@ -176,8 +172,7 @@ def test_noise_check_gpu_preset_runs_dry_on_the_cpu_and_prints_verdict_counts(tm
 
 @pytest.mark.slow  # a harness run in a fresh interpreter
 def test_the_slowdown_plugin_runs_as_a_plugin_and_passes(tmp_path):
-    cases = tmp_path / "c.toml"
-    cases.write_text('[[case]]\nname = "c"\nnum_q_heads = 2\nnum_kv_heads = 1\nhead_dim = 32\nseq_lens = [5, 9]\n')
+    cases = write_cases(tmp_path / "c.toml", {"name": "c"}, defaults=SMALL)
     done = run_script(
         "-m", "harness", "run", str(cases), "--plugin", "scripts/self/slowdown_plugin.py", "--backend", "reference_slowable",
         "--out", str(tmp_path / "run"), "--no-timing", "--no-progress",

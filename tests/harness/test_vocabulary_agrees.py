@@ -15,7 +15,7 @@ from harness.cases.spec import CaseSpec, case_file_schema, load_case_file
 from harness.cases.variants import VARIANT_KEYS, VARIANTS
 from harness.cases.vocab import DEFAULT_TOLERANCES, DTYPE_NAMES, DTYPES, FAILING, GRADED, LAYOUTS, STATUSES, WORST_FIRST
 from harness.execute.local import run_cases
-from harness.results import columns, report
+from harness.results import report
 from harness.run import grading
 from harness.run.runner import RunConfig
 from harness.timing import ceilings
@@ -97,10 +97,3 @@ def test_every_entry_shows_and_takes_each_call_option_by_its_table_row(name):
     inputs = make_inputs(**TINY)
     with pytest.raises(TypeError, match="'sliding_windw'"):
         entry(*inputs.args(), sliding_windw=2)
-
-
-def test_the_contracts_variants_table_is_made_from_the_tables():
-    text = columns.DOC.read_text()
-    assert columns.doc_with_tables(text) == text, "docs/contract.md is stale: run python -m harness.results.columns"
-    for variant in VARIANTS:
-        assert f"| `{variant.key}` |" in text, variant.key
