@@ -3,12 +3,8 @@
     python benchmarks/saved.py compare NEW.json [--baseline NAME_OR_PATH] [--min-effect F]
     python benchmarks/saved.py save NEW.json
 
-Runs live where pytest-benchmark keeps them (``.benchmarks/<machine id>/NNNN_<commit>.json``);
-only passing runs are saved, so the newest is the default baseline (``--baseline``: a number, a
-part of a name, or a path). The comparison is ``harness compare``'s on the saved samples; with
-``--confirm`` (what ``nox -s bench`` does) every benchmark is re-timed in paired rounds against
-the baseline's commit. Exit 1, a line a benchmark, when any is slower.
-"""
+Only passing runs are saved (``.benchmarks/<machine id>/NNNN_<commit>.json``), so the newest is the
+baseline; ``--confirm`` re-times every benchmark against the baseline's commit. Exit 1 when any is slower."""
 
 from __future__ import annotations
 

@@ -4,22 +4,10 @@
     python scripts/generate_mutants.py --sample 40 --out generated.toml  # a seeded sample, as a catalogue
     python scripts/generate_mutants.py --sample 40 --run                 # and run it (scripts/mutants.py)
 
-Each mutant is one operator swap found by walking the syntax tree of kernels/triton_paged.py,
-tiling.py, launch_plan.py, contract.py, fp8.py, cache.py, dispatch.py and cascade.py:
-
-* comparison flips on a boundary: ``<`` <-> ``<=``, ``>`` <-> ``>=``;
-* off-by-ones: ``x + 1`` and ``x - 1`` lose the 1;
-* dropped masks and conditions: ``a & b`` keeps one side (each side in turn), ``a and b`` likewise.
-
-With ``--run``, one coverage pass of the quick tests (pytest-cov, the kernel interpreted) first finds
-the lines they execute: a mutant on a line none of them reaches is reported ``not reached`` without
-a run (a survivor by definition, and the costliest kind: a full serial run of the quick tests each).
-
-A mutant is written in scripts/mutants.toml's form (``find``: the source lines holding the
-operator, widened line by line until unique in the file; ``replace``: the same lines swapped), so
-scripts/mutants.py plants and runs it. Generated mutants name no ``caught_by``: the runner's verdict
-``misrecorded`` (a quick test failed, not a named one) is a catch here, and ``survived`` a gap.
-"""
+One operator swap each, from the syntax trees of FILES: ``<`` <-> ``<=``, ``>`` <-> ``>=``; ``x + 1`` and
+``x - 1`` lose the 1; ``a & b`` and ``a and b`` keep one side. ``--run`` first finds the lines the quick
+tests execute (pytest-cov): a mutant elsewhere is ``not reached``, not run. Written in mutants.toml's
+form, with no ``caught_by``: the runner's ``misrecorded`` is a catch here, ``survived`` a gap."""
 
 from __future__ import annotations
 

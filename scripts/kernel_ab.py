@@ -4,15 +4,10 @@
     python scripts/kernel_ab.py [SUITE ...] --with tiling tuning   # the base's split choice and tuning too
     python scripts/kernel_ab.py --dry          # CPU: one tiny case under the interpreter (CI)
 
-``kernels/triton_paged.py`` as of ``--base`` (or from ``--base-dir``) and as in the working tree are
-each imported as a module of ``kernels`` (``kernels._ab_base``, ``kernels._ab_new``); the ``triton``
-backend is pointed at one, then the other, and timed as ``harness run`` times it, base and new
-alternating for ``--rounds`` rounds, judged by ``compare --confirm``'s paired rule. ``--with``
-swaps the base's tiling and tuning modules in too (:func:`kernel_modules`). The new output must
-match the base's within the case's tolerance, or the case is "output differs". Exit 0: nothing
-slower; 1: a case slower or different; 2: a side that does not build or run. docs/performance.md
-has the details.
-"""
+Both kernel files are imported as ``kernels._ab_base`` / ``kernels._ab_new`` and the ``triton`` backend
+timed on each in alternating paired rounds, judged by ``compare --confirm``'s rule; outputs must agree
+within the case's tolerance. Exit 0: nothing slower; 1: a case slower or different; 2: a side that does
+not build or run. docs/performance.md has the details."""
 
 from __future__ import annotations
 

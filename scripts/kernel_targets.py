@@ -2,28 +2,19 @@
 
     python scripts/kernel_targets.py RUN_DIR [RUN_DIR ...] [--backend triton]
 
-Every number comes from the run's results.parquet (rows that passed), so a table made
-with this names its run. The targets, each a ratio measured side by side in one run:
+All from the run's results.parquet (passing rows), each target a ratio within one run:
 
-    host        not scored here: the 20 us target is a hot loop's host time per call, which
-                scripts/self/host_overhead.py measures. A row's host_us is one call's host time right
-                after the device drained, with cold host caches (tens to hundreds of us on an
-                H200, docs/performance.md); the script prints
-                the kernel's median host_us against the best peer's instead, as information
-    eager       decode: the default eager call against SDPA's eager call, at most 1.10x
-    decode      decode device time against the best peer's, at most 1.05x
-    read        decode with 256 MB of KV or more: at least 90% of the read ceiling (not MLA: 128 heads
-                over one KV head make it compute-bound, and it is scored in TFLOP/s)
-    prefill     q_len >= 512: device time against the best peer's, at most 1.10x
-    verify      q_len 2-8: device time against the same batch's decode, at most 1.30x
-    cache       the engine path (backend "cache") against the bare kernel, at most 1.10x
-    fp8         decode over an fp8 cache against its twin (the same batch, a cache in q's dtype), at
-                most 0.60x; its "read" limit is 85% (counted in fp8 bytes)
-    mla         decode with K past 256 dims and 16 or more q heads a KV head (MLA): at least 200 TFLOP/s
+    eager    decode: the default eager call against SDPA's, at most 1.10x
+    decode   decode device time against the best peer's, at most 1.05x
+    read     decode of 256 MB of KV or more, not MLA: at least 90% of the read ceiling (fp8: 85%)
+    prefill  q_len >= 512: against the best peer's, at most 1.10x
+    verify   q_len 2-8: against the same batch's decode, at most 1.30x
+    cache    the engine path against the bare kernel, at most 1.10x
+    fp8      decode over an fp8 cache against its twin in q's dtype, at most 0.60x
+    mla      decode with K past 256 dims and 16+ q heads a KV head: at least 200 TFLOP/s
 
-RUN_DIR may be given more than once: a case's rows all come from the first run that has it, and a
-twin (fp8's, verify's) is looked up in that same run, so every ratio stays within one run.
-"""
+The 20 us host target is scripts/self/host_overhead.py's; here a row's cold host_us is only printed
+against the peers'. A case's rows, and its twins, come from the first RUN_DIR that has it."""
 
 from __future__ import annotations
 

@@ -6,12 +6,9 @@
     python scripts/mutants.py --record --only ID   # write ID's caught_by: the quick test that fails first (-x)
     python scripts/mutants.py --json out.json      # the table as JSON too
 
-Per mutant, in a copy of the tree: its ``find`` text (which must occur exactly once, else
-"not-applied") is replaced by ``replace``, its ``caught_by`` test runs, then the rest of the quick
-tests with -x, each pytest in a child forked from this process. Verdicts: caught, misrecorded,
-survived, timeout, not-applied, error. Exit 0 only when every mutant is caught and the unmutated
-baseline passed. docs/mutants.md has the details.
-"""
+Per mutant, its ``find`` text (exactly once, else "not-applied") becomes ``replace``, its ``caught_by``
+test runs, then the rest with -x, each pytest in a forked child. Verdicts: caught, misrecorded, survived,
+timeout, not-applied, error; exit 0 only when all are caught. docs/mutants.md has the details."""
 
 from __future__ import annotations
 

@@ -1,15 +1,11 @@
 """SASS census of the Triton kernel's tile loop, compiled for sm_90 on a machine without a GPU: per launch,
-the instructions a warp runs a tile in the unmasked and the masked tile loop, registers, stack, spills
-and shared memory.
+the instructions a warp runs a tile in the unmasked and masked loops, registers, stack, spills, shared memory.
 
     PYTHONPATH=<triton-3.6 site>:. python scripts/sass_census.py [--only NAME ...] [--set NAME=VALUE ...]
         [--ops] [--json PATH] [--sass-dir DIR] [--module kernels.triton_paged]
 
-Each launch (LAUNCHES) is the one the ``triton`` backend makes for the case, its plan built from meta
-tensors, Triton's launcher specializations reproduced. ``--set`` overrides a constexpr or a compile
-option; ``--module`` names another copy of the kernel (a commit's, via ``git show``). From Python:
-``census(name, overrides)``, ``compile_launch``, ``compile_kernel``, ``sass_of``, ``tile_loops``.
-"""
+Each launch (LAUNCHES) is the triton backend's for the case, planned on meta tensors. ``--set``
+overrides a constexpr or compile option; ``--module`` names another copy of the kernel."""
 
 from __future__ import annotations
 

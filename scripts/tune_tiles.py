@@ -4,15 +4,9 @@
                                  [--out tune.json]
     python scripts/tune_tiles.py --dry         # CPU: one tiny case, two candidates (CI)
 
-For every case of the suites (default: the peer suite, cases/gpu_peers.toml) the Triton
-backend is timed, exactly as `harness run` times it (the registry's "triton" backend,
-harness.timing.timer.time_call: graph replay, L2 flushed), under each candidate
-:class:`kernels.tuning.TileConfig` of the case's (precision, padded head dim, query class).
-A candidate whose output differs from the default config's by more than the case's
-tolerance is dropped (a wrong config must never win). Per key, the winner is the
-candidate with the lowest geometric mean of (candidate / default) over the key's cases;
-the printed TUNED lines go into kernels/tuning.py when they beat the default.
-"""
+Each case of the suites (default: gpu_peers) is timed as `harness run` times the triton backend, under
+each candidate TileConfig of its key; a candidate whose output leaves the case's tolerance of the
+default's is dropped. Per key the winner has the lowest geometric mean of candidate / default."""
 
 from __future__ import annotations
 

@@ -1,14 +1,11 @@
 """Measure what ``harness compare`` answers by default (re-timing doubtful rows in paired rounds) on this machine.
 
-``--part planted``: a real commit on top of HEAD (a temporary worktree and local branch, removed
-after) makes ``reference_slowable`` 25% slower (``PLANTED``); target: it flagged WORSE on all 3
-cases, no other backend flagged, within 10 minutes. ``--part reruns``: three smoke runs of HEAD
-compared pairwise; target: 0 rows WORSE. Both beside ``--spinners`` busy processes, the builds as
-git worktrees, as a user's ``harness compare BASE NEW`` sees them.
+``--part planted``: a commit making ``reference_slowable`` 25% slower must be flagged WORSE on all 3
+cases, nothing else, within 10 minutes; ``--part reruns``: three smoke runs of HEAD, 0 rows WORSE.
+Both beside ``--spinners`` busy processes, the builds as temporary git worktrees.
 
     python scripts/self/compare_targets.py --part planted              # about 10 minutes
-    python scripts/self/compare_targets.py --part reruns --confirm-time 600
-"""
+    python scripts/self/compare_targets.py --part reruns --confirm-time 600"""
 
 from __future__ import annotations
 

@@ -3,9 +3,7 @@
     TRITON_INTERPRET=1 python scripts/self/measure_tlsim_closeness.py   # CPU, interpreter
     python scripts/self/measure_tlsim_closeness.py                      # a CUDA machine
 
-Columns: largest |tlsim - triton|, that gap as a fraction of the allclose tolerance
-(atol + rtol * |triton|), and the share of elements that are bit-identical.
-"""
+Columns: largest |tlsim - triton|, as a share of the tolerance, and the share of identical elements."""
 
 from __future__ import annotations
 

@@ -1,18 +1,14 @@
 """Measure compare's false alarms and its power on this machine, for real.
 
-Three runs of one commit through ``python -m harness run`` with ``scripts/self/slowdown_plugin.py``:
-A and B unchanged, C with ``reference_slowable`` slowed by ``--slowdown`` (25%); then ``compare A B``
-(every "slower" is a false alarm) and ``compare A C``, plainly and with ``--confirm``. Prints the
-counts and writes ``*-noise_check.json``.
+Runs A and B unchanged, C with ``--slowed`` slowed by ``--slowdown`` (scripts/self/slowdown_plugin.py);
+then ``compare A B`` (every "slower" a false alarm) and ``compare A C``, plain and with ``--confirm``.
 
     python scripts/self/noise_check.py                        # cases/cpu.toml, out under /tmp/noise_check
     python scripts/self/noise_check.py --cases cases/smoke.toml --out /tmp/nc
     python scripts/self/noise_check.py --gpu --out $OUT/noise         # on the CUDA machine
     python scripts/self/noise_check.py --gpu --device cpu --cases tiny.toml   # dry run on a CPU
 
-``--gpu``: cases/gpu.toml on CUDA, backends triton and triton_slowable (C slows it by 5% of its
-device time), plain compare.
-"""
+``--gpu``: cases/gpu.toml on CUDA, triton_slowable slowed 5%, plain compare."""
 
 from __future__ import annotations
 

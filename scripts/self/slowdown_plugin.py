@@ -1,14 +1,11 @@
 """A plugin for the noise check: two built-in backends with a planted slowdown.
 
-``reference_slowable`` is the reference kernel, then a host busy-wait of ``HARNESS_SLOWDOWN``
-(e.g. 0.25) times the call's own time (``HARNESS_SLOWDOWN_MODE=sleep`` sleeps instead, which a
-loaded machine stretches). ``triton_slowable`` (CUDA) is the Triton kernel, then a device spin
-(``torch.cuda._sleep``) of that share of its device time, captured in the graph with it (on the CPU,
-with ``HARNESS_TRITON_SLOWABLE_CPU=1``, the host busy-wait). ``HARNESS_SLOWED`` (default
-``reference_slowable``) names the backends slowed; unset or 0, both are their kernels unwrapped.
+``reference_slowable``: the reference kernel, then a host busy-wait (``HARNESS_SLOWDOWN_MODE=sleep``:
+a sleep) of ``HARNESS_SLOWDOWN`` times its time; ``triton_slowable``: the Triton kernel, then a device
+spin of that share (the host wait on a CPU with ``HARNESS_TRITON_SLOWABLE_CPU=1``). ``HARNESS_SLOWED``
+names the backends slowed (default ``reference_slowable``).
 
-    HARNESS_SLOWDOWN=0.25 python -m harness run cases/cpu.toml --plugin scripts/self/slowdown_plugin.py
-"""
+    HARNESS_SLOWDOWN=0.25 python -m harness run cases/cpu.toml --plugin scripts/self/slowdown_plugin.py"""
 
 from __future__ import annotations
 

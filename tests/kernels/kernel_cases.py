@@ -1,14 +1,6 @@
-"""Chosen shapes for the kernel tests: one dimension varied at a time around a base.
-
-Each case names what it pins. Lengths around a block boundary (1, block-1, block,
-block+1) catch off-by-one reads at the end of a sequence's last block; q_len 0 and
-q_len > 1 rows catch a wrong causal offset; shuffled and shared tables catch code that
-assumes blocks are laid out in order or owned once.
-
-The edge tests' cases (:class:`Edge`, :class:`Edges`) are given as make_inputs keywords over a base of
-their own, with the launch hints an engine passes; :func:`backend_fn` and :func:`needs_triton` skip a
-test, with the reason, where the Triton kernel cannot run.
-"""
+"""Chosen shapes for the kernel tests, one dimension varied at a time around a base, each named for
+what it pins (lengths around a block boundary, q_len 0 and > 1 rows, shuffled and shared tables);
+the edge tests' cases (:class:`Edge`, :class:`Edges`) as make_inputs keywords with launch hints."""
 
 from __future__ import annotations
 
@@ -121,12 +113,8 @@ KERNEL_CASES: list[KernelCase] = [
     ),
 ]
 
-# fp32 at logits near 150 (q scaled by 40): the fp32 rounding of q . k alone is close to the
-# fp32 tolerance here, so these cases pin the softmax's own rounding (the max subtracted from
-# the unscaled logits), graded against the oracle only. They are kept out of the tlsim-vs-triton
-# closeness test: there the two dots' summation orders (torch's matmul, the interpreter's
-# numpy) differ by more than the closeness bound at these logits, a property of fp32 dot
-# products, not of the algorithm that test pins.
+# fp32 at logits near 150 (q scaled by 40) pins the softmax's own rounding against the oracle only:
+# the two dots' summation orders differ by more than the tlsim-vs-triton closeness bound here.
 FP32_PRECISION_CASES: list[KernelCase] = [
     _vary("large_logits_q40", seq_lens=(9, 20), q_lens=(3, 5), q_scale=40.0, seed=43),
 ]
@@ -165,14 +153,9 @@ _TRITON_OUTPUTS: dict[tuple, torch.Tensor] = {}
 
 
 def triton_output(key: tuple, inputs: PagedInputs, **kwargs) -> torch.Tensor:
-    """``paged_attention_triton(*inputs.args(), out=<NaN buffer>, **kwargs)``, run once per test process per ``key``.
-
-    Interpreted on a CPU one call of a long case costs up to a minute, and the oracle test and
-    the tlsim-closeness test of a case both need it: they share it. ``key`` must name
-    everything the output depends on (the case, its options, the device); inputs are drawn
-    from a seed, so a case's inputs are the same in every test. The first call checks that
-    ``out`` is written in place and returned. Callers must not write to the returned tensor.
-    """
+    """``paged_attention_triton(*inputs.args(), out=<NaN buffer>, **kwargs)``, run once a process per ``key``
+    (which names all the output depends on; interpreted, a long case costs a minute); checks ``out`` is
+    written in place and returned. Callers must not write to the result."""
     if key not in _TRITON_OUTPUTS:
         out = inputs.new_out()  # NaN-filled: an unwritten element fails
         result = kernels.paged_attention_triton(*inputs.args(), out=out, **kwargs)

@@ -1,17 +1,8 @@
-"""The attention variants (docs/contract.md, "Attention variants"): sliding_window,
-logit_softcap, sinks and alibi_slopes.
+"""The attention variants (docs/contract.md, "Attention variants"): sliding_window, logit_softcap, sinks, alibi_slopes.
 
-Every built-in backend matches the float64 oracle with each option and with all of them
-at once; tlsim predicts the Triton kernel with them as closely as without; the window
-skips the tiles it cannot see (poisoned with NaN, they would show); and a mutant of each
-definition (a window off by one, the cap on the unscaled logits, the sink left out of the
-denominator or added once per split, slopes on the wrong head or with the wrong sign)
-fails the grade. Backends declare the options they support; a backend asked for one it
-lacks is a skip row naming it. Each variant's row (harness.cases.variants) carries the hooks
-that take its case field to the call's keywords and into the oracle, and a row is all the
-harness needs of a new variant: the tests parametrized over the rows grade every built-in
-kernel on each row's example (and on all of them at once) with no edit here.
-"""
+Every built-in backend matches the oracle with each and all at once; tlsim predicts the kernel; the window
+skips the tiles it cannot see; a wrong definition of each fails the grade; a backend lacking an option is a
+skip naming it; and a row of harness.cases.variants is all a new variant needs."""
 
 from __future__ import annotations
 

@@ -1,11 +1,8 @@
 """Bad indices are refused, never a crash or a silent wrong answer, on every backend.
 
-With value checks on (check=True, or PAGED_ATTENTION_CHECK=1 as in this suite), a block id
-outside [0, num_blocks) among the blocks a sequence uses, or query_start_loc[0] != 0, is a
-ValueError naming the argument. On the sync-free default path (checks off) index tensors
-of any layout give the contiguous answer, and the kernel and tlsim turn a bad block id
-into NaN rows instead of reading memory they do not own.
-"""
+With value checks on, a block id outside [0, num_blocks) or query_start_loc[0] != 0 is a ValueError
+naming the argument; with them off, any index layout gives the contiguous answer, and the kernel and
+tlsim turn a bad block id into NaN rows instead of reading memory they do not own."""
 
 from __future__ import annotations
 

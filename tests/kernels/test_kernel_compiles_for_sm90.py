@@ -1,10 +1,7 @@
 """The Triton kernels compile for an H100/H200 (sm_90) on a machine without a GPU.
 
-The CPU suite runs the kernels under Triton's interpreter, which accepts some programs
-the compiler rejects (loop-carried types, scalar control flow such as the binary search
-in ``_find_seq``). Compiling to PTX and through ptxas here catches those before a GPU run.
-It runs in a fresh interpreter: in this process Triton was imported with TRITON_INTERPRET=1.
-"""
+The interpreter accepts programs the compiler rejects (loop-carried types, scalar control flow), so
+this compiles through ptxas, in a fresh interpreter (here Triton was imported with TRITON_INTERPRET=1)."""
 
 from __future__ import annotations
 

@@ -1,24 +1,10 @@
-"""Shapes at the edges of every range and rule the contract declares, generated from the declarations.
+"""Shapes at the edges of every range and rule the contract declares, generated from its constants.
 
-The cases are not chosen by hand: :func:`contract_edges` derives them from the constants the
-contract and the tiling state (``kernels.contract.MIN_HEAD_DIM`` / ``MAX_HEAD_DIM``,
-``kernels.tiling.SINGLE_DOT_HEAD_DIM``, ``V_PART_DIM``, ``head_dim_pieces``, ``kernels.fp8.FP8_DTYPES``),
-so a range that moves takes its edges with it:
-
-* K head dims: the range's ends, each power of two inside it (a piece boundary) one below, on it
-  and one above, and past SINGLE_DOT_HEAD_DIM main pieces with a tail that is not a power of two
-  (300 = 256 + 44: the tail's mask must stop at 300, not at the padded 320);
-* V narrower and wider than K, under the 16-head tiling and the wide one (V narrower than one
-  V_PART_DIM part, V one dim past a part);
-* block sizes that are not powers of two, each with a launch that splits the KV and one that does not;
-* every fp8 format under every q dtype, in decode (fp16 dots, V read in pairs) and prefill launches;
-* a long walk at block_size 1: more columns than one chunk of the kernel's bad-index count, with a
-  bad index planted at its start, middle and end;
-* the engine's path: PagedKVCache with a fixed-size table (read at its exact capacity, refused past
-  it, for every backend and cache dtype) and every dispatch override (argument and environment).
-
-Each case runs through reference, tlsim and the interpreted Triton kernel against the float64 oracle.
-"""
+:func:`contract_edges` derives them from ``kernels.contract`` / ``kernels.tiling`` / ``kernels.fp8``, so a
+range that moves takes its edges with it: K head dims on each piece boundary and tails that are no power
+of two, V narrower and wider than K, block sizes no power of two (split and not), every fp8 format under
+every q dtype, a long block_size 1 walk with bad indices, and the engine's fixed-size table and dispatch
+overrides. Each case runs through reference, tlsim and the interpreted kernel against the oracle."""
 
 from __future__ import annotations
 

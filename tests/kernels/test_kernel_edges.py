@@ -1,28 +1,9 @@
 """Every edge on every boundary, through reference, tlsim and the Triton kernel, graded against the oracle.
 
-These are the quick kernel tests scripts/mutants.py runs against each planted slip
-(docs/mutants.md), so every case puts something on a boundary and one key off it. At the
-shapes used here (fp32, head_dim 32, 4 query heads over 2 KV heads, blocks of 16) the
-kernel walks TILE_N = 64 keys a step and packs BLOCK_Q = 8 queries a program;
-``test_the_cases_sit_on_the_tilings_boundaries`` pins that, so the cases keep meaning what
-their names say if the tuning changes:
-
-* a sliding window whose first visible key is a tile boundary (64, 128), one before it
-  and one after it, on a block boundary that is not a tile boundary (48), and whose last
-  visible key (the query itself) is on a tile boundary;
-* the same for a prefill program, whose window starts at its first query's first key;
-* a prefill whose first query sits two keys before a tile boundary (the tiles every row
-  sees whole end there) and q_lens of exactly, and one past, a query tile;
-* KV splits of 576 keys over sequences of 575, 576, 577 and 1152 keys, with sinks, the
-  lse and ALiBi; a max_seq_len hint below the longest sequence (the last split must still
-  run to the end); prefill rows that see no key of the second split;
-* sequence lengths at multiples of the block size and one off, blocks smaller than,
-  equal to and larger than a tile; the variants (softcap, sinks, ALiBi, fp8 with per-head
-  scales, fp16's multiply-add softmax, K past 256 dims) each at least once (the split cases at 4 query heads over one KV head: BLOCK_Q 4, fewer programs);
-* bad indices: a block id equal to num_blocks in a sequence's last partial block, a
-  sequence one key longer than its table; the value checks at the table's exact capacity;
-* the interpreted kernel's fp32 -> bf16 rounding on ties, bit for bit (no tolerance sees it).
-"""
+The quick tests scripts/mutants.py runs against each planted slip (docs/mutants.md): each case puts
+something on a boundary and one key off it, at TILE_N 64 and BLOCK_Q 8 (pinned below): window starts
+on tile and block edges, prefill programs' first keys, KV splits of 576 keys with sinks, lse and ALiBi,
+lengths on block edges, each variant once, bad indices, and the interpreter's bf16 rounding on ties."""
 
 from __future__ import annotations
 

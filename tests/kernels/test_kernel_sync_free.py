@@ -1,11 +1,8 @@
 """The default call reads no tensor value on the host: no device sync, CUDA-graph capturable.
 
-On the CPU every Python-level value read raises during the call (conftest's
-ValueReadGuard). The Triton launch itself is let through: the interpreter reads values
-to emulate a GPU, which a GPU launch does not; so what is pinned is the launcher's own
-code, and the grid it picks. On a GPU the default call is captured in a CUDA graph and
-run under ``torch.cuda.set_sync_debug_mode("error")``, which also sees syncs made inside torch.
-"""
+On the CPU a Python-level value read raises during the call (conftest's ValueReadGuard; the
+interpreted launch itself is let through); on a GPU the call is captured in a CUDA graph under
+``torch.cuda.set_sync_debug_mode("error")``."""
 
 from __future__ import annotations
 

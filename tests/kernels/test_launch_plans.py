@@ -1,10 +1,7 @@
 """A launch plan (kernels/launch_plan.py) launches exactly what the full path would, and only for its own key.
 
-Most tests here swap the Triton kernels for recorders that run nothing, so a call costs no
-interpreter time: a plan hit must then record the same launches (grid, every argument's
-metadata or value, constexprs and options) as the same call with the plans off. The last
-ones run the real kernel under the CPU interpreter and compare outputs bit for bit.
-"""
+Most tests swap the Triton kernels for recorders, so a plan hit must record the same launches as the
+call with plans off; the last ones compare the interpreted kernel's outputs bit for bit."""
 
 from __future__ import annotations
 

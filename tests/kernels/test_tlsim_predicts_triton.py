@@ -1,19 +1,8 @@
-"""tlsim is the kernel's numerics model: on the same inputs it must sit well inside the
-tolerance of the Triton kernel, much closer than the backends sit to the oracle's limit.
+"""tlsim is the kernel's numerics model: on the same inputs it sits well inside the kernel's tolerance.
 
-Bound, elementwise (tests.kernels.kernel_cases.assert_tlsim_close): fp32, half the tolerance
-(atol/2 + rtol/2 * |triton|); fp16/bf16, two output ulps (2 * eps * |triton|, |triton| floored
-at 2^-6), since tlsim rounds p and the output exactly where the kernel does. On a GPU these tests
-run under `pytest -m gpu`; there the dots' fp32 sums run in the tensor cores' order, not torch's,
-and a logit that moves can flip a rounding of p: past head dim 512 (the bf16 MLA case) the bound
-is three ulps there.
-
-The fp32 large-logit case (input_scale 6: logits of ~90) is held to the whole tolerance
-instead of half: there each logit carries an fp32 rounding of ~1e-5 that depends on the
-order of the dot's sum, which tlsim (torch's matmul) and the kernel (the interpreter's
-numpy dot, or the GPU's FMA order) do not share, and the softmax amplifies it; its gap
-moves with the drawn values alone, the kernel code unchanged.
-"""
+Bound (kernel_cases.assert_tlsim_close): fp32, half the tolerance; fp16/bf16, two output ulps (three
+past head dim 512 on a GPU, whose dots sum in the tensor cores' order). The fp32 large-logit case is
+held to the whole tolerance: its logits' fp32 rounding depends on the dot's summation order."""
 
 from __future__ import annotations
 

@@ -1,11 +1,8 @@
 """fp8 KV caches: K = k_cache.float() * k_scale (vLLM's convention), q in fp32/fp16/bf16.
 
-Every built-in backend matches the float64 oracle of the *dequantized* cache (so the grade
-measures the kernel, not the quantization), with per-tensor and per-head scales, e4m3fn
-and e5m2, on the single-pass and the split path; PagedKVCache quantizes on write; a scale
-ignored, inverted or taken from the wrong head fails the grade; the harness reports the
-quantization's own error beside the grade and skips the peers, naming the option.
-"""
+Every built-in backend matches the oracle of the dequantized cache, per-tensor and per-head scales,
+e4m3fn and e5m2, single-pass and split; PagedKVCache quantizes on write; a scale ignored, inverted or
+from the wrong head fails the grade; the harness reports the quantization's error and skips the peers."""
 
 from __future__ import annotations
 

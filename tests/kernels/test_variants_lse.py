@@ -1,11 +1,7 @@
-"""return_lse: the log-sum-exp of every row, and the cascade it makes possible.
+"""return_lse: lse = ln(S + sum_j exp(l_j)) (docs/contract.md "The log-sum-exp"), and the cascade it allows.
 
-Every built-in backend returns lse = ln(S + sum_j exp(l_j)) (the sink's term S included,
-docs/contract.md "The log-sum-exp") within the case's tolerance of the float64 oracle's,
-on the single-pass path and through the combine of the KV splits; a wrong lse (the sink
-left out, base 2, the unscaled logits) fails the grade; two partial attentions merged by
-their lse equal the whole; and the harness grades lse where a case asks for it.
-"""
+Every built-in backend matches the oracle's lse, single-pass and split; a wrong lse fails the grade; two
+partial attentions merged by their lse equal the whole; the harness grades lse where a case asks."""
 
 from __future__ import annotations
 

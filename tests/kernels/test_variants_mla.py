@@ -1,12 +1,8 @@
 """A V head dim different from K's (MLA: K 576 / V 512 over one KV head; and K 192 / V 128).
 
-v_cache is [num_blocks, block_size, num_kv_heads, head_dim_v] and the output
-[num_tokens, num_q_heads, head_dim_v]. Every built-in backend matches the oracle; the
-kernel loads K past 256 columns in two pieces (576 = 512 + 64) and tiles a large group's
-heads (kernels.tiling.head_dim_pieces, heads_per_program: up to 64 a program under half
-precision, V's dims cut in parts of 256, v_parts; 16 under fp32); dropping the
-second piece fails the grade; the harness skips the peers, naming the option.
-"""
+v_cache is [num_blocks, block_size, num_kv_heads, head_dim_v], out [num_tokens, num_q_heads, head_dim_v].
+Every built-in backend matches the oracle; the kernel loads K past 256 columns in two pieces and tiles a
+large group's heads (kernels.tiling); the peers skip, naming the option."""
 
 from __future__ import annotations
 
