@@ -70,20 +70,8 @@ def harness_run(args: argparse.Namespace, out: Path, slowdown: float) -> float:
     ]
     for backend in args.backend or []:
         extra += ["--backend", backend]
-    argv = [
-        sys.executable,
-        __file__,
-        "--_shim",
-        str(args.threads),
-        "run",
-        *args.cases,
-        *extra,
-        "--plugin",
-        PLUGIN,
-        "--out",
-        str(out),
-        "--no-progress",
-    ]
+    argv = [sys.executable, __file__, "--_shim", str(args.threads), "run", *args.cases, *extra]
+    argv += ["--plugin", PLUGIN, "--out", str(out), "--no-progress"]
     start = time.time()
     result = subprocess.run(argv, cwd=ROOT, env=env, capture_output=True, text=True)
     if not (out / "results.parquet").is_file():
@@ -142,18 +130,9 @@ def tally(
     if which == "none":
         return {"compare": plain}
     start = time.time()
-    confirmed = confirm_slower(
-        comparison,
-        bm,
-        nm,
-        options,
-        checkouts=(ROOT, ROOT),
-        envs=envs,
-        which=which,
-        rounds=rounds,
-        time_s=time_s,
-        plugins=[PLUGIN],  # the workers import only the plugins named here, never those a meta.json names
-    )
+    # the workers import only the plugins named here, never those a meta.json names
+    confirmed = confirm_slower(comparison, bm, nm, options, checkouts=(ROOT, ROOT), envs=envs, which=which,
+                               rounds=rounds, time_s=time_s, plugins=[PLUGIN])  # fmt: skip
     seconds = round(time.time() - start)
     return {
         "compare": plain,
@@ -167,9 +146,7 @@ def main() -> int:
     parser.add_argument("--cases", nargs="+", help="case files (cases/cpu.toml; --gpu: cases/gpu.toml)")
     parser.add_argument("--device", help="cpu or cuda (the harness's default; --gpu: cuda)")
     parser.add_argument(
-        "--backend",
-        action="append",
-        help="only these backends (repeatable; --gpu: triton, triton_slowable)",
+        "--backend", action="append", help="only these backends (repeatable; --gpu: triton, triton_slowable)"
     )
     parser.add_argument("--slowed", help="the backend slowed in run C (reference_slowable; --gpu: triton_slowable)")
     parser.add_argument("--out", type=Path, default=Path("/tmp/noise_check"))
@@ -212,24 +189,14 @@ def main() -> int:
 
 def report(args: argparse.Namespace, runs: dict[str, Path], seconds: dict[str, float]) -> int:
     """Compare A-B and A-C, print the tallies and write them as JSON beside the runs."""
-    result = {
-        "cases": args.cases,
-        "runs": {k: str(v) for k, v in runs.items()},
-        "seconds": seconds,
-        "A_vs_B (same commit)": tally(
-            runs["A"], runs["B"], None, 0.0, args.threads, args.confirm, args.confirm_rounds, args.confirm_time
-        ),
-        f"A_vs_C ({args.slowed} +{args.slowdown:.0%})": tally(
-            runs["A"],
-            runs["C"],
-            args.slowed,
-            args.slowdown,
-            args.threads,
-            args.confirm,
-            args.confirm_rounds,
-            args.confirm_time,
-        ),
+    result = {"cases": args.cases, "runs": {k: str(v) for k, v in runs.items()}, "seconds": seconds}
+    pairs = {
+        "A_vs_B (same commit)": ("B", None, 0.0),
+        f"A_vs_C ({args.slowed} +{args.slowdown:.0%})": ("C", args.slowed, args.slowdown),
     }
+    for name, (new, slowed, slowdown) in pairs.items():
+        result[name] = tally(runs["A"], runs[new], slowed, slowdown, args.threads, args.confirm, args.confirm_rounds,
+                             args.confirm_time)  # fmt: skip
     (args.out / f"{Path(runs['A']).name[:-2]}-noise_check.json").write_text(json.dumps(result, indent=2) + "\n")
     print(json.dumps(result, indent=2))
     for name, tallies in result.items():
