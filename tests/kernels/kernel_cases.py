@@ -153,9 +153,7 @@ _TRITON_OUTPUTS: dict[tuple, torch.Tensor] = {}
 
 
 def triton_output(key: tuple, inputs: PagedInputs, **kwargs) -> torch.Tensor:
-    """``paged_attention_triton(*inputs.args(), out=<NaN buffer>, **kwargs)``, run once a process per ``key``
-    (which names all the output depends on; interpreted, a long case costs a minute); checks ``out`` is
-    written in place and returned. Callers must not write to the result."""
+    """``paged_attention_triton(*inputs.args(), out=<NaN out>, **kwargs)``, once a process per ``key``; read only."""
     if key not in _TRITON_OUTPUTS:
         out = inputs.new_out()  # NaN-filled: an unwritten element fails
         result = kernels.paged_attention_triton(*inputs.args(), out=out, **kwargs)
@@ -181,9 +179,7 @@ BACKENDS = ("reference", "tlsim", "triton", "dispatch", "cache")  # cache: the e
 
 
 def run_through_cache(inputs: PagedInputs, *, dtype: torch.dtype | None = None, **kwargs):
-    """The engine's path: layer 1 of a two-layer kernels.PagedKVCache of ``dtype`` (the pools' by default; an
-    fp8 cache quantizes on write with the k_scale / v_scale given) holding each sequence's keys and values,
-    written through the slot mapping, then read into a NaN out buffer with the other keywords."""
+    """The engine's path: layer 1 of a kernels.PagedKVCache of ``dtype`` written with the inputs, then read."""
     scales = {name: kwargs.pop(name) for name in ("k_scale", "v_scale") if name in kwargs}
     k_cache, block_size = inputs.k_cache, inputs.k_cache.shape[1]
     cache = kernels.PagedKVCache(
@@ -199,9 +195,7 @@ def run_through_cache(inputs: PagedInputs, *, dtype: torch.dtype | None = None, 
 
 
 def run_backend(name: str, inputs: PagedInputs, args: tuple | None = None, **kwargs):
-    """Backend ``name`` on ``args`` (the inputs' by default; an fp8 case passes its quantized pools) with
-    ``kwargs``, written into a NaN out buffer it must return (an unwritten element fails the grade); "cache"
-    reads through :func:`run_through_cache`, its pools of the args' cache dtype."""
+    """Backend ``name`` on ``args`` (default: the inputs') into a NaN out it must return; "cache": the engine's path."""
     args = args or inputs.args()
     if name == "cache":
         return run_through_cache(inputs, dtype=args[1].dtype, **kwargs)
@@ -220,8 +214,7 @@ def assert_passes(got, expected, tolerance: tuple[float, float], what: str = "")
 
 
 def assert_tlsim_close(sim, real, dtype: torch.dtype, share: float = 0.5, ulps: int = 2, what: str = "") -> None:
-    """tlsim's output within ``share`` of the fp32 tolerance (atol + rtol * |real|) of the kernel's, or in half
-    precision within ``ulps`` output ulps (|real| floored at 2^-6): tlsim rounds where the kernel does."""
+    """tlsim within ``share`` of the kernel's fp32 tolerance, or in half precision ``ulps`` output ulps."""
     gap = (sim.double() - real.double()).abs()
     if dtype == torch.float32:
         atol, rtol = DEFAULT_TOLERANCES["float32"]
@@ -233,8 +226,7 @@ def assert_tlsim_close(sim, real, dtype: torch.dtype, share: float = 0.5, ulps: 
 
 @dataclass(frozen=True)
 class Edge:
-    """An edge case: its lengths, the make_inputs keywords it changes over its set's base, and the
-    max_q_len / max_seq_len hints triton and tlsim get (absent: the true ones, as an engine passes)."""
+    """An edge case: its lengths, make_inputs keywords over its set's base, launch hints (default: the true)."""
 
     name: str
     seq_lens: tuple[int, ...]
@@ -252,8 +244,7 @@ def call_hints(case: Edge) -> dict:
 
 
 class Edges:
-    """Edge cases over one base (make_inputs keywords), by name; a case's inputs and float64 oracle
-    output are built once a process, the first time a test asks."""
+    """Edge cases over one base (make_inputs keywords), by name; inputs and oracle outputs built once a process."""
 
     def __init__(self, base: dict, cases: list[Edge]):
         self.base, self.cases = base, cases
@@ -282,8 +273,7 @@ class Edges:
         return fn(*inputs.args(), out=inputs.new_out(), **call_hints(self.by_name[name]), **inputs.options, **extra)
 
     def assert_matches_oracle(self, backend: str, case: Edge) -> None:
-        """The backend's output passes the grade at the case dtype's tolerance, and its lse (where the case
-        asks for it) at fp32's."""
+        """The output passes the grade at the case dtype's tolerance, and its lse (if asked) at fp32's."""
         atol, rtol = DEFAULT_TOLERANCES[case.fields.get("dtype", "float32")]
         got, expected = self.run(backend, case.name), self.expected(case.name)
         if isinstance(expected, tuple):

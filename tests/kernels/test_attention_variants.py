@@ -44,8 +44,7 @@ def _expected(case: VariantCase, inputs) -> torch.Tensor:
 
 
 def _triton(case: VariantCase, inputs) -> torch.Tensor:
-    """The kernel's output, shared by the two tests below (interpreted, it is slow); the key names the options,
-    which VariantCase's hash leaves out."""
+    """The kernel's output, shared by the two tests below; the key names the options (the hash leaves them out)."""
     return triton_output(("variant", case.base, repr(sorted(case.options.items()))), inputs, **case.kwargs())
 
 
@@ -120,8 +119,7 @@ def _long_decode_call(window: int | None, seq_len: int = 131072):
 
 
 def test_windowed_128k_decode_splits_like_a_decode_of_the_window():
-    """kernels.tiling.tiling_for bounds the keys a program walks by W + the longest q_len, so every split
-    shares the window's work instead of all but the last walking nothing."""
+    """The keys a program walks are bounded by W + the longest q_len: every split shares the window's work."""
     windowed, plain = tiling_for(_long_decode_call(4096)), tiling_for(_long_decode_call(None))
     short = tiling_for(_long_decode_call(None, seq_len=4096 + 16))  # a plain decode of about W keys
     assert plain.SPLIT_SIZE * plain.NUM_SPLITS >= 131072
@@ -374,8 +372,7 @@ BUILTIN_KERNELS = ("reference", "tlsim", "triton", "cache")  # cache: the engine
 @pytest.mark.parametrize("backend", BUILTIN_KERNELS)
 @pytest.mark.parametrize("variant", VARIANTS, ids=lambda v: v.key)
 def test_every_builtin_kernel_passes_each_rows_example(variant, backend):
-    """A new row is graded here with no edit: its example through every built-in kernel, against the oracle
-    (the engine path declares no latent cache: its pools are two; that row is a skip naming the option)."""
+    """A new row is graded here with no edit (the engine path's pools are two: latent_kv is a skip)."""
     if backend == "triton":
         needs_triton()
     rows = graded_rows({**SPEC, **variant.example}, backend)
@@ -396,8 +393,7 @@ def test_every_builtin_kernel_passes_every_rows_example_at_once(backend):
 
 
 def test_a_row_alone_takes_a_new_variant_to_the_call_and_the_oracle(monkeypatch):
-    """A toy temperature T (logits / T) as one more row: make_inputs takes its case field, the call
-    gets its keyword, and the oracle applies it, which is exactly attention at scale / T."""
+    """A toy temperature T as one more row reaches make_inputs, the call and the oracle (attention at scale / T)."""
     temperature = Variant(
         "temperature",
         fields={"temperature": (Float | None, Field(default=None, gt=0))},

@@ -43,10 +43,7 @@ def test_backend_matches_float64_oracle(case: KernelCase, backend: str, device: 
 
 
 def test_split_kv_cases_really_split_the_kv_range():
-    """The split_kv cases exist to run the two-pass path; a tiling change must not quietly skip it.
-
-    The launcher decides from host-known bounds (the table's capacity), so this asks it the same way.
-    """
+    """The split_kv cases run the two-pass path, asked as the launcher asks (from the table's capacity)."""
     from kernels.contract import prepare_call
     from kernels.tiling import tiling_for
 

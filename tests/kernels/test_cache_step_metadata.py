@@ -16,8 +16,7 @@ CUDA = torch.cuda.is_available()
 
 
 def busy_cache(device="cpu", backend=None, **table_size) -> tuple[kernels.PagedKVCache, list[int]]:
-    """A cache after an engine's churn: interleaved appends, a freed sequence whose row and
-    blocks were reused, more sequences than the table's first rows, every layer written."""
+    """A cache after an engine's churn: interleaved appends, a reused freed row, every layer written."""
     cache = kernels.PagedKVCache(
         NUM_LAYERS, num_blocks=40, block_size=4, num_kv_heads=NUM_KV_HEADS, head_dim=HEAD_DIM,
         dtype=torch.float32, device=device, backend=backend, **table_size,

@@ -107,8 +107,7 @@ def test_unchecked_seq_len_past_the_table_is_nan_not_a_stray_read(backend):
 
 
 def _split_decode_args(table_change=None, window=None):
-    """split_kv_decode (seq_lens 2500, 700, 1; one query each; 8 query heads on 1 KV head), whose KV is
-    split (with a window, the splits cut the window: kernels.tiling.tiling_for)."""
+    """split_kv_decode (seq_lens 2500, 700, 1; 8 query heads on 1 KV head), whose KV is split."""
     args = list(CASES_BY_NAME["split_kv_decode"].inputs().args())
     if table_change is not None:
         args[3] = args[3].clone()
@@ -118,8 +117,7 @@ def _split_decode_args(table_change=None, window=None):
 
 @pytest.mark.parametrize("backend", ["tlsim", "triton"])
 def test_a_bad_block_in_one_kv_split_turns_that_sequence_to_nan(backend):
-    """The kernel checks the table once per program, over the columns its tiles read: a bad id in
-    the middle of a split KV range still reaches the combine as NaN, and only that sequence's."""
+    """A bad id in the middle of a split KV range reaches the combine as NaN, only that sequence's."""
     fn = backend_fn(backend)
     good_args, kw = _split_decode_args()
     assert tiling_for(prepare_call(*good_args[:5], check=False)).NUM_SPLITS > 1
@@ -131,10 +129,7 @@ def test_a_bad_block_in_one_kv_split_turns_that_sequence_to_nan(backend):
 
 @pytest.mark.parametrize("backend", ["tlsim", "triton"])
 def test_a_bad_block_before_the_windows_first_tile_is_not_read_and_changes_nothing(backend):
-    """The kernel walks (and checks) only from the window's first tile, here in two splits: a bad id
-    in block 3 (keys 48-63 of 2500, window 1200 from key 1300) is never read, so the answer is the
-    good table's. (The reference and the value checks count every column below seq_len as used:
-    with check=True this table is refused; without, the reference says NaN.)"""
+    """A bad id in block 3 (keys 48-63; window 1200 from key 1300) is never read: the good table's answer."""
     fn = backend_fn(backend)
     good_args, kw = _split_decode_args(window=1200)
     assert tiling_for(prepare_call(*good_args[:5], check=False, **kw)).NUM_SPLITS > 1
@@ -145,8 +140,7 @@ def test_a_bad_block_before_the_windows_first_tile_is_not_read_and_changes_nothi
 
 @pytest.mark.parametrize("seq_len", [2**31 - 1, 2**31 - 40])
 def test_a_seq_len_near_int32_max_is_nan_not_a_wrapped_bound(seq_len):
-    """A garbage seq_len near 2^31 (checks off) must not wrap the table check's tile-rounded end:
-    the window keeps the walk short; every key past the 4-block table is bad, so the row is NaN."""
+    """A garbage seq_len near 2^31 must not wrap the table check's end: the row is NaN."""
     fn = backend_fn("triton")
     torch.manual_seed(0)
     q, k, v = torch.randn(2, 2, 16), torch.randn(8, 16, 1, 16), torch.randn(8, 16, 1, 16)

@@ -91,8 +91,7 @@ def _tiling(name: str):
 
 
 def test_the_generated_cases_reach_every_rule_they_name():
-    """The edges mean what their names say: pieces with a tail that is no power of two, V parts,
-    split and unsplit launches, fp16 dots, and a walk longer than two chunks of the count."""
+    """The edges mean what their names say: tails, V parts, split and unsplit, fp16 dots, a long walk."""
     dims = head_dim_edges()
     assert {MIN_HEAD_DIM, SINGLE_DOT_HEAD_DIM + 1, SINGLE_DOT_HEAD_DIM + 44, MAX_HEAD_DIM} <= set(dims)
     assert head_dim_pieces(SINGLE_DOT_HEAD_DIM + 44) == (SINGLE_DOT_HEAD_DIM, 64), "a tail padded past the head dim"
@@ -217,8 +216,7 @@ def test_every_dispatch_override_serves_the_backend_it_names(backend: str, how: 
     ("name", "extra"), [("k300", {}), ("k300", {"return_lse": True}), ("fp8_e5m2_float32_decode", {})]
 )
 def test_a_repeated_call_is_served_from_its_plan_with_the_same_bits(name: str, extra: dict):
-    """The second call of the same shapes and options is a plan hit (the launcher's checks, tiling and
-    binding skipped) and writes exactly what the first did; with the plans off it writes the same again."""
+    """The second call is a plan hit writing the first's bits; with the plans off, the same again."""
     needs_triton()
     from kernels.launch_plan import plans_enabled
     from kernels.triton_paged import PLANS
@@ -238,8 +236,7 @@ def test_a_repeated_call_is_served_from_its_plan_with_the_same_bits(name: str, e
 
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_head_dim_strides_other_than_one_and_a_call_without_tokens(backend: str):
-    """q, the caches and out each every other element of their last dim (the launcher copies them,
-    and copies out back); a call with no sequence passes the value checks and returns its empty out."""
+    """Every other element of the last dim for q, caches and out; a call with no sequence returns its empty out."""
     inputs = _inputs("k64_v33")
     q, k, v, table, lens, starts = inputs.args()
 

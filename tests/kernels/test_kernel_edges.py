@@ -178,8 +178,7 @@ def test_a_seq_len_one_key_past_the_table_is_nan(backend):
 
 @pytest.mark.parametrize("backend", ["triton", "tlsim"])
 def test_a_decode_one_key_past_a_full_table_is_nan_even_when_the_next_row_is_valid(backend):
-    """No window: the one column past sequence 0's table is the first entry of sequence 1's row in
-    memory, a valid block id, so only the kernel's own table bound keeps it out."""
+    """The column past sequence 0's table is sequence 1's first block id: only the kernel's bound keeps it out."""
     inputs = make_inputs(**{**BASE, "seq_lens": [64, 64], "q_lens": [1, 1], "layout": "contiguous"})
     args = [t.clone() for t in inputs.args()]
     capacity = args[3].shape[1] * args[1].shape[1]
@@ -190,8 +189,7 @@ def test_a_decode_one_key_past_a_full_table_is_nan_even_when_the_next_row_is_val
 
 
 def test_the_smoke_suites_split_case_splits_the_kv_on_a_cpu():
-    """cases/smoke.toml reaches combine_splits_kernel on a CPU: its split case is tagged small
-    (the interpreter runs it) and, with the hints the harness passes the Triton backend, splits."""
+    """cases/smoke.toml's split case is tagged small and, with the harness's hints, splits."""
     from harness.cases.loading import load_cases
 
     smoke = Path(__file__).resolve().parents[2] / "harness" / "cases" / "suites" / "smoke.toml"  # cases/ links there
@@ -216,9 +214,7 @@ if kernels.has_triton():  # without Triton the test below skips; the other backe
 
 
 def test_the_interpreted_kernels_bf16_rounding_sends_ties_to_even():
-    """Under the CPU interpreter the kernel rounds fp32 -> bf16 by hand (kernels.triton_paged._bf16_rne)
-    to match the GPU. An error there is one bf16 ulp on ties, inside every tolerance, so the oracle
-    tests cannot see it: the bits are compared with torch's round-to-nearest-even instead."""
+    """The interpreter's hand-rounded fp32 -> bf16 (_bf16_rne) matches torch's bits; no tolerance sees a tie."""
     needs_triton()
     # 1.0 and the next bf16 above it (and their negatives), each with a tie (low 16 bits 0x8000),
     # half an ulp less one, half an ulp plus one, and nothing below.

@@ -92,8 +92,7 @@ def test_prefill_launches_about_num_tokens_over_block_q_tiles(triton_launches):
 
 @pytest.mark.parametrize("backend", ["triton", "tlsim"])
 def test_wrong_launch_hints_change_speed_not_the_result(backend):
-    """max_q_len only picks the tile height; max_seq_len below the truth still covers every key
-    (the last KV split runs to the end of the sequence)."""
+    """max_q_len only picks the tile height; a short max_seq_len still covers every key."""
     if backend == "triton":
         needs_triton()
     case = CASES_BY_NAME["split_kv_decode"]
@@ -110,9 +109,7 @@ GPU = [pytest.mark.gpu, pytest.mark.skipif(not CUDA, reason="needs a CUDA device
 
 
 def _assert_no_sync_and_graph_replay(args, case, **hints):
-    """The call (compiled first, outside the checks: Triton's own first launch may sync) makes no device sync
-    under ``set_sync_debug_mode("error")`` and, captured in a CUDA graph, replays into its NaN-filled out; each
-    output passes the oracle."""
+    """After a first (compiling) call: no device sync, a CUDA graph replay into a NaN out, each output graded."""
     out = torch.full_like(args[0], float("nan"))
     kernels.paged_attention_triton(*args, out=out, **hints)
     torch.cuda.synchronize()

@@ -48,8 +48,7 @@ def test_a_tuned_entry_changes_only_its_own_key(monkeypatch, q_class):
 
 @pytest.mark.parametrize("tile_n, max_tokens", list(itertools.product([16, 32, 128], [4, 32])))
 def test_tlsim_follows_an_overridden_tiling(tile_n, max_tokens):
-    """Under any config the kernel (interpreted) and tlsim agree within the kernel's tolerance,
-    and the override really moved the tiling (a tlsim that ignored it would fail elsewhere)."""
+    """Under any config kernel and tlsim agree, and the override really moved the tiling."""
     case = next(c for c in KERNEL_CASES if c.dtype == "float32" and max(c.q_lens) > 1)
     inputs = case.inputs("cuda" if torch.cuda.is_available() else "cpu")
     config = tuning.TileConfig(max_rows=16, max_tokens=max_tokens, tile_n=tile_n, num_warps=4, num_stages=2)
@@ -109,8 +108,7 @@ def test_a_split_of_more_than_1024_keys_takes_the_long_split_key_and_keeps_its_s
 
 
 def test_tlsim_follows_a_long_split_re_cut_in_its_own_tiles(monkeypatch):
-    """A decode whose splits pass LONG_SPLIT_KEYS (lowered here to fit the interpreter) runs the long key's
-    tiles; the kernel and tlsim agree, and the tiling really moved (key, tile and split size)."""
+    """Past LONG_SPLIT_KEYS (lowered) the long key's tiles run; kernel and tlsim agree."""
     import kernels.tiling as tiling
     from tests.kernels.kernel_cases import KernelCase
 
@@ -147,11 +145,7 @@ def _gpu_case_lengths(name: str) -> tuple[int, ...]:
 
 
 def test_the_device_split_leaves_a_full_uniform_batch_whole_and_cuts_the_8b_batch_longest():
-    """The device split's rule (kernels.tiling.device_splits): uniform batches
-    that fill the GPU take one split a sequence everywhere; the 64 lengths of llama3_8b_decode_fp8 (seed 7,
-    1000-31024 keys) cut their longest sequences and leave the short ones whole; every split is whole tiles
-    and none is empty; a bound at or under DEVICE_SPLIT_MIN_KEYS, a window, prefill, too many sequences or
-    too few programs (the host's split) keep their tiling."""
+    """kernels.tiling.device_splits: full uniform batches whole, llama3_8b_decode_fp8's longest cut, the rest kept."""
     import kernels.tiling as tiling
 
     assert tiling.DEVICE_SPLIT is True
@@ -191,9 +185,7 @@ def test_the_device_split_leaves_a_full_uniform_batch_whole_and_cuts_the_8b_batc
 
 @pytest.mark.parametrize("q_len, causal_only", [(1, False), (4, True), (8, True), (64, False)])
 def test_only_verify_launches_take_the_causal_only_mask(q_len, causal_only):
-    """CAUSAL_ONLY_MASK (kernels/triton_paged.py) changes no value, so no output test sees it: its scope is pinned
-    here. Verify launches (2-8 queries) take it; decode and prefill compile without it (it slows prefill on an
-    H200 and lengthens the decode loop)."""
+    """CAUSAL_ONLY_MASK changes no value, so its scope is pinned here: verify launches (2-8 queries) only."""
     from scripts.sass_census import Launch, plan_of
 
     plan = plan_of(Launch(32, 8, 128, 16, [4096] * 4, q_lens=[q_len] * 4))
@@ -217,12 +209,7 @@ def _order_probe(seq_lens_ptr, starts_ptr, out_ptr, num_seqs, ONE_QUERY_PER_SEQ:
 
 @pytest.mark.parametrize("offsets", [None, "one_each", "a_query_less_sequence", "as_many_tiles_not_one_each"])
 def test_the_device_split_dispatches_its_sequences_longest_piece_first(offsets):
-    """The kernel's _program_order, run alone on a grid (interpreted on a CPU): dispatch slot k (the linear
-    block id) takes sequence order[k // (heads * splits)], split k // heads % splits, KV head k % heads, where
-    order ranks the sequences by the keys a split of theirs covers (kernels.tiling.device_splits), longest
-    first, ties to the lower index; a batch whose tiles are not one a sequence keeps its own sequence order.
-    Either way every (tile, head, split) of the grid is taken once. A speed rule: a slip here costs time,
-    not correctness, so only this test sees it."""
+    """_program_order alone: slot k takes the k // (heads * splits)-th longest piece's sequence, each once."""
     import kernels.tiling as tiling
 
     device = "cuda" if torch.cuda.is_available() else "cpu"
@@ -251,8 +238,7 @@ def test_the_device_split_dispatches_its_sequences_longest_piece_first(offsets):
 
 
 def test_the_longest_first_order_is_taken_up_to_its_batch_bound():
-    """Every program sorts the batch's lengths, and the sort's code grows with them: the launcher takes the order
-    for device-split batches of at most LONGEST_FIRST_MAX_SEQS sequences (their padded count), not past it."""
+    """The launcher sorts device-split batches of at most LONGEST_FIRST_MAX_SEQS sequences, not more."""
     import kernels.tiling as tiling
     from scripts.sass_census import Launch, plan_of
 

@@ -110,8 +110,7 @@ RANDOM_SEEDS = range(60)
 
 @pytest.mark.parametrize("seed", RANDOM_SEEDS)
 def test_a_plan_hit_launches_what_the_full_path_launches(recorded, seed):
-    """For random shapes, options and hints: the hit's launches equal the uncached call's, and the
-    plan's tiling is a fresh tiling_for's (the one tlsim asks for)."""
+    """Random shapes, options and hints: the hit launches as the uncached call, its tiling a fresh one."""
     triton_paged = _triton()
     args, kwargs = _random_call(random.Random(seed))
     first = _launches(recorded, args, kwargs)
@@ -128,8 +127,7 @@ def test_a_plan_hit_launches_what_the_full_path_launches(recorded, seed):
 
 @pytest.mark.parametrize("seed", RANDOM_SEEDS[:30])
 def test_the_short_hit_methods_launch_what_the_general_ones_launch(recorded, monkeypatch, seed):
-    """CallRecipe._run_plain and TritonPlan._launch_direct (the usual call's shortcuts) against the
-    general methods they skip: the same launches and the same returned tensors' metadata."""
+    """_run_plain and _launch_direct launch and return what the general methods they skip do."""
     triton_paged = _triton()
     args, kwargs = _random_call(random.Random(seed))
 
@@ -371,8 +369,7 @@ def test_a_failing_compiled_launch_falls_back_to_the_jit_entry_for_good(monkeypa
 
 @pytest.mark.parametrize("name", BAD_CALLS)
 def test_a_bad_call_fails_the_same_way_after_a_good_one(name, monkeypatch):
-    """Some of these differ from the good call only in values (value checks, on in the suite): a
-    hit must still run them; the others differ in the key and must not meet the good call's plan."""
+    """A hit still runs the value checks, and a call that differs in the key never meets the good plan."""
     _triton()
     good = base_args()
     kernels.paged_attention_triton(*good)
@@ -439,8 +436,7 @@ ON_CUDA = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), re
 @pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=ON_CUDA)])
 @pytest.mark.parametrize("name", OUTPUT_CASES)
 def test_a_plan_hit_computes_what_the_full_path_computes(name, device):
-    """The hit's outputs equal the first call's and the uncached call's, bit for bit; on CUDA the hit
-    launches the compiled kernels."""
+    """The hit's outputs equal the first and the uncached call's bit for bit; on CUDA it launches compiled."""
     triton_paged = _triton() if device == "cpu" else importlib.import_module("kernels.triton_paged")
     args, kwargs = _output_call(*OUTPUT_CASES[name], device)
     triton_paged.PLANS.clear()

@@ -51,8 +51,7 @@ def test_a_mutant_whose_text_is_gone_is_not_applied(tmp_path):
 @pytest.mark.interpreter
 @pytest.mark.timeout(1500)
 def test_the_quick_tests_catch_every_planted_slip():
-    """scripts/mutants.py, baseline included, over the whole catalogue, in its own interpreter (a pytest
-    worker has imported the unmutated kernels)."""
+    """scripts/mutants.py over the whole catalogue, in its own interpreter."""
     env = {**os.environ, "TRITON_INTERPRET": "1"}
     done = subprocess.run([sys.executable, "scripts/mutants.py", "--jobs", "2"], cwd=ROOT, env=env,
                           capture_output=True, text=True)  # fmt: skip

@@ -122,11 +122,7 @@ DEVICE_SPLIT_PARAMS = [
 )
 @pytest.mark.slow  # long interpreted split-KV calls, a grid of them
 def test_tlsim_predicts_the_device_split(name, dtype, kv, options, monkeypatch):
-    """The device split: each sequence cut by its own share of the batch, decided in the kernel from
-    seq_lens; a one-split sequence written by its program, the rest combined. The kernel passes the
-    oracle, tlsim predicts it (bf16 bit for bit under the interpreter; fp32, sinks, an fp8 cache and a GPU
-    within the bounds above, as without the split), and
-    the rule really gave the counts named (a rule that drifted between the two would fail here)."""
+    """The device split (decided in the kernel from seq_lens): oracle, tlsim and the counts the rule names."""
     if reason := kernels.triton_unavailable_reason(DEVICE):
         pytest.skip(reason)
     import kernels.tiling as tiling

@@ -127,8 +127,7 @@ def same_tiles():
 
 
 def _latent(name: str, device: str = "cpu"):
-    """The shape's inputs with V taken as a view of K's first head_dim_v columns (MLA's one latent
-    cache), and the same values as a V tensor of its own: (view args, separate args)."""
+    """(view args, separate args): V as a view of K's first head_dim_v columns, and as a copy of them."""
     return _latent_args([a.to(device) for a in _inputs(name).args()])
 
 
@@ -139,8 +138,7 @@ def _latent_args(args: list):
 
 
 def _equal_at_same_tiles(view_args, separate_args, monkeypatch):
-    """At one tile config, V whole in both, the view's output and lse equal the separate tensors'
-    bit for bit; returns the view's output (under those tiles)."""
+    """At one tile config the view's output and lse equal the separate tensors' bit for bit; the view's output."""
     clear_plans()
     out, lse = kernels.paged_attention_triton(*view_args, return_lse=True)
     monkeypatch.setattr(tiling, "V_PART_DIM", 512)  # the separate tensors' V whole too: the same tiles
@@ -176,8 +174,7 @@ def test_latent_kv_is_told_from_metadata_only():
 
 
 def test_the_launch_takes_v_from_the_k_tile_only_for_the_view(monkeypatch):
-    """SHARED_KV reaches the kernel for the latent view and not for two tensors of the same values (the
-    outputs cannot tell: they are equal either way, so the launch's constexpr is what is checked)."""
+    """SHARED_KV reaches the launch for the latent view only (the outputs are equal either way)."""
     needs_triton()
     from kernels import triton_paged
 
@@ -201,8 +198,7 @@ def test_the_launch_takes_v_from_the_k_tile_only_for_the_view(monkeypatch):
 @pytest.mark.parametrize("name", ["mla_decode_2_head_tiles", "mla_split_kv_bf16"])
 @pytest.mark.slow  # long interpreted split-KV calls
 def test_latent_kv_gives_the_separate_tensors_output(name, monkeypatch):
-    """V read from the K tile (SHARED_KV) against V loaded from a tensor of its own holding the same
-    values, with the same tiles (V whole in both): identical outputs and lse; and the oracle's grade."""
+    """V from the K tile against V of its own, same tiles: identical outputs and lse, and the oracle's pass."""
     needs_triton()
     view_args, separate_args = _latent(name)
     expected = paged_attention_oracle(*separate_args)
@@ -218,8 +214,7 @@ def test_latent_kv_gives_the_separate_tensors_output(name, monkeypatch):
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 @pytest.mark.parametrize("name", ["mla_decode_2_head_tiles", "mla_split_kv_bf16", "deepseek_128_heads"])
 def test_triton_on_cuda_latent_kv_matches_separate(name, monkeypatch):
-    """On the GPU: the latent view's output equals the separate tensors' with V whole, bit for bit,
-    and passes the oracle; the default separate path (V in parts) passes it too."""
+    """On a GPU: the latent view equals the separate tensors' bit for bit; both pass the oracle."""
     if name == "deepseek_128_heads":
         inputs = make_inputs(num_q_heads=128, num_kv_heads=1, head_dim=576, head_dim_v=512, block_size=64,
                              seq_lens=[3000, 77, 1025], q_lens=[1, 1, 1], dtype="bfloat16", seed=2)  # fmt: skip
@@ -238,8 +233,7 @@ def test_triton_on_cuda_latent_kv_matches_separate(name, monkeypatch):
 
 
 def test_case_field_latent_kv_makes_v_a_view_of_k_that_survives_a_move():
-    """``latent_kv = true``: the harness's V is K's first head_dim_v columns, one storage, on the
-    device the case runs on too (PagedInputs.to rebuilds the view); refused without a narrower V."""
+    """``latent_kv = true``: V is K's first columns, one storage, also after a move; refused without a narrower V."""
     from harness.cases.spec import CaseFileError
     from harness.run.runner import case_inputs
     from kernels.tiling import is_latent_view

@@ -85,8 +85,7 @@ def tolerance(case: VariantCase) -> tuple[float, float]:
 
 
 def graded_rows(case, *backends):
-    """The run's rows, indexed by backend, of one case (a spec dict is expanded) through ``backends`` (built-in
-    names or Backends) on the CPU: the harness's own inputs, oracle and grading, untimed."""
+    """The CPU run's rows, by backend, of one case (or spec dict) through ``backends`` (names or Backends), untimed."""
     if isinstance(case, dict):
         (case,) = expand_spec(case, "t.toml")
     chosen = [REGISTRY[backend] if isinstance(backend, str) else backend for backend in backends]
