@@ -79,12 +79,7 @@ def compare_files(
     base: Path, new: Path, min_effect: float | None = None, alpha: float = 0.05, confirm: str | None = None,
     confirm_time: float = 900.0,
 ) -> tuple[bool, str]:  # fmt: skip
-    """(passed, summary): is any benchmark of ``new`` slower than in ``base``?
-
-    With ``confirm`` ("all", "unclear" or "slower": which benchmarks), they are re-timed
-    by ``harness.review.confirm`` (base: the baseline's commit in a git worktree; new: this
-    checkout, as it is), base and new alternating in paired rounds, before the verdict.
-    """
+    """(passed, summary): is any benchmark of ``new`` slower than in ``base``? ``confirm``: re-timed first."""
     from harness.review.compare import CompareOptions, compare_runs
 
     (old, old_meta), (cur, cur_meta) = to_rows(base), to_rows(new)

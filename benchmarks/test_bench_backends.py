@@ -24,11 +24,7 @@ CASE_FIELDS = ("dtype", "num_q_heads", "num_kv_heads", "head_dim", "block_size",
 
 
 def feed_samples(benchmark, samples_us: list[float]) -> None:
-    """Record the harness's samples as the benchmark's rounds (seconds, one call each).
-
-    pytest-benchmark has no public call for samples timed elsewhere; this uses its
-    fixture's own stats object (``_make_stats``) as ``pedantic`` does.
-    """
+    """Record the harness's samples as the benchmark's rounds, through the fixture's stats as ``pedantic`` does."""
     benchmark._mode = "harness.timing.timer.time_call"
     stats = benchmark._make_stats(1)
     for sample in samples_us:

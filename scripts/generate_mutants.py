@@ -95,8 +95,7 @@ def generate(files: list[str] = FILES) -> list[dict]:
 
 
 def reached_lines(tests: list[str]) -> dict[str, tuple[set[int], set[int]]]:
-    """The statements of kernels/ that ``tests`` execute and those they miss, by first line, by path
-    relative to the root (pytest-cov, two workers)."""
+    """kernels/' statements ``tests`` execute and those they miss, by first line, by path (pytest-cov)."""
     with tempfile.TemporaryDirectory(prefix="reached-") as tmp:
         data = Path(tmp) / "coverage.json"
         pytest = [sys.executable, "-m", "pytest", "-q", "-n", "2", "-p", "no:cacheprovider", "--cov=kernels"]
@@ -109,9 +108,7 @@ def reached_lines(tests: list[str]) -> dict[str, tuple[set[int], set[int]]]:
 
 
 def is_reached(mutant: dict, reached: dict[str, tuple[set[int], set[int]]]) -> bool:
-    """Whether the statement holding the swapped operator ran. coverage.py reports a statement by its
-    first line, so the line of the swap (the id is gen-FILE-LINE-COL-KIND) walks up to the nearest
-    statement's."""
+    """Whether the statement holding the swap ran (the swap's line walks up to its statement's first line)."""
     executed, missing = reached.get(mutant["file"], (set(), set()))
     line = int(mutant["id"].split("-")[2])
     while line > 0 and line not in executed and line not in missing:

@@ -52,8 +52,7 @@ class ABError(Exception):
 
 
 def serve_split_modules() -> None:
-    """Make each module of ``SPLIT`` that the working tree lacks importable as ``kernels.<old name>``,
-    holding the names of the modules it was split into (the working tree's code, as for every helper)."""
+    """Serve each ``SPLIT`` module the working tree lacks as ``kernels.<old name>``, from its parts."""
     for old, parts in SPLIT.items():
         if f"kernels.{old}" in sys.modules or (ROOT / "kernels" / f"{old}.py").exists():
             continue
@@ -66,8 +65,7 @@ def serve_split_modules() -> None:
 
 
 def _git_show(rev: str | Path, path: Path) -> str:
-    """``path`` (relative to the repository) as of ``rev``: a git revision, or (a Path, ``--base-dir``) a
-    folder holding a copy of the base tree (a GPU machine's copy of the tree may have no git history)."""
+    """``path`` as of ``rev``: a git revision, or (a Path, ``--base-dir``) a folder holding the base tree."""
     if isinstance(rev, Path):
         if not (rev / path).is_file():
             raise ABError(f"{rev / path}: no such file in the base folder {rev}")
@@ -90,8 +88,7 @@ def _import(name: str, path: Path, text: str, what: str):
 
 
 def _rebind(module, swapped: dict) -> None:
-    """Point each name ``module`` took from a working-tree module of ``swapped`` (name -> the base's module)
-    at the base module's object of that name: ``from .tiling import tiling_for`` then calls the base's."""
+    """Point the names ``module`` took from a working-tree module of ``swapped`` at the base module's objects."""
     for old_name, base in swapped.items():
         tree = importlib.import_module(f"kernels.{old_name}")
         for attr, value in list(vars(module).items()):
@@ -100,12 +97,8 @@ def _rebind(module, swapped: dict) -> None:
 
 
 def kernel_modules(base_rev: str | Path, folder: Path, with_modules: tuple[str, ...] = ()) -> dict:
-    """{"base": module, "new": module}: the kernel file at ``base_rev`` and the working tree's, written to
-    ``folder`` and imported afresh as ``kernels._ab_<side>`` (their relative imports are the working tree's
-    kernels). ``with_modules`` (of :data:`WITH`): those modules at ``base_rev`` are imported first as
-    ``kernels._ab_base_<name>``, and in each base module imported after one, the names taken from its
-    working-tree counterpart are rebound to it (:func:`_rebind`; module-level code ran with the working
-    tree's); tuning without tiling brings a copy of the tree's tiling. The caller drops the modules (:func:`remove_modules`), also when an import fails."""
+    """{"base": module, "new": module} imported from ``folder`` as ``kernels._ab_<side>``, ``with_modules``
+    at ``base_rev`` rebound into them (:func:`_rebind`); the caller calls :func:`remove_modules`."""
     sources = {"base": _git_show(base_rev, KERNEL), "new": (ROOT / KERNEL).read_text()}
     base_parts = {name: _git_show(base_rev, KERNEL.with_name(f"{name}.py")) for name in WITH if name in with_modules}
     if "tuning" in base_parts and "tiling" not in base_parts:  # the kernel reads tuning through tiling only
@@ -135,8 +128,7 @@ def remove_modules() -> None:
 
 
 def timeable(cases) -> list:
-    """The cases the comparison can time: those the triton backend runs, options and all (the backend
-    passes a case's options, the same ones, to both sides' entries: :func:`time_case`)."""
+    """The cases the triton backend runs, options and all (both sides get the same options)."""
     (backend,) = resolve_backends(["triton"])
     return [c for c in cases if c.wants("triton") and set(c.variants) <= backend.variants]
 
@@ -147,8 +139,7 @@ def dry_case():
 
 
 def time_case(case, modules: dict, device: str, rounds: int, reps: dict) -> dict:
-    """One case: each side's outputs compared, then ``rounds`` paired rounds (``reps``: time_call's
-    budget keywords); the record with the verdict."""
+    """One case: outputs compared, then ``rounds`` paired rounds (``reps``: time_call's budget); its record."""
     (backend,) = resolve_backends(["triton"])
     inputs = case_inputs(case, device)
     prepared, outputs = {}, {}

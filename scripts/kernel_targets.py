@@ -39,8 +39,7 @@ def _line(target: str, case: str, value: float, limit: float, unit: str, higher_
 
 
 def score(frame: pd.DataFrame, backend: str = "triton") -> pd.DataFrame:
-    """One row per (target, case): measured value, its limit and whether it is met. ``frame``: one run's
-    rows, or several runs' with a ``run`` column (main)."""
+    """One row per (target, case): measured, limit, met. ``frame``: one run's rows, or several with ``run``."""
     frame = frame if "run" in frame.columns else frame.assign(run=0)
     ok = frame[(frame["status"] == "pass") & frame["latency_us"].notna()]
     mine = ok[ok["backend"] == backend].set_index("case")
@@ -79,8 +78,7 @@ def score(frame: pd.DataFrame, backend: str = "triton") -> pd.DataFrame:
 
 
 def host_note(frame: pd.DataFrame, backend: str = "triton") -> str | None:
-    """A line on the rows' host_us (median of ``backend``'s against the median over the peers' rows of the
-    same cases), or None for a run without the column. Information, not a target (module docstring)."""
+    """A line on ``backend``'s median host_us against its peers' on the same cases (None without the column)."""
     if "host_us" not in frame.columns:
         return None
     ok = frame[(frame["status"] == "pass") & frame["host_us"].notna()]
@@ -96,15 +94,13 @@ def host_note(frame: pd.DataFrame, backend: str = "triton") -> str | None:
 
 
 def _twin(mine: pd.DataFrame, row: pd.Series, same: list[str], among: pd.Series) -> str | None:
-    """The first case of ``mine`` (rows where ``among`` holds) that equals ``row`` on every ``same`` column
-    and comes from the same run, or None."""
+    """The first case of ``mine`` where ``among`` holds, equal to ``row`` on ``same`` and its run, or None."""
     twins = mine[among & (mine[[*same, "run"]] == row[[*same, "run"]]).all(axis=1)]
     return None if twins.empty else str(twins.index[0])
 
 
 def _cache_twin(mine: pd.DataFrame, row: pd.Series) -> str | None:
-    """The same batch over a cache in q's dtype (an fp8 case's twin), if its run has one: the same shape,
-    lengths and flops (a window changes the flops; an option that does not, a softcap say, is not told)."""
+    """The same batch over a cache in q's dtype (an fp8 case's twin): same shape, lengths and flops."""
     same = ["num_q_heads", "num_kv_heads", "head_dim", "head_dim_v", "num_seqs", "max_seq_len", "total_kv_tokens",
             "num_tokens", "block_size", "dtype", "flops"]  # fmt: skip
     return _twin(mine, row, same, mine["kv_dtype"].isna() | (mine["kv_dtype"] == ""))

@@ -74,8 +74,7 @@ class Outcome:
 
 @dataclass
 class Run:
-    """One pytest run in a child: its status (None on timeout, negative when killed by a signal),
-    the tests that failed, the output's last line, seconds."""
+    """One child pytest run: status (None: timeout; negative: a signal), failed tests, last line, seconds."""
 
     status: int | None
     failed: list[str]
@@ -101,8 +100,7 @@ def applies(mutant: Mutant, root: Path) -> str | None:
 
 
 def selection(mutant: Mutant | None) -> list[str]:
-    """pytest -k arguments that keep the tests of the backends the mutant's file can change (and the device
-    split's tests, which hold tlsim to the kernel: both backends' mutants fail them)."""
+    """pytest -k keeping the tests of the backends the mutant's file can change, and the device split's."""
     if mutant is None or mutant.file not in FILE_BACKENDS:
         return []
     others = [b for b in BACKENDS if b not in FILE_BACKENDS[mutant.file]]
@@ -110,8 +108,7 @@ def selection(mutant: Mutant | None) -> list[str]:
 
 
 class _Recorder:
-    """pytest plugin (in the child): one JSON line per test phase, written as it ends, so a run
-    killed at its time limit still tells which tests had failed."""
+    """pytest plugin (in the child): a JSON line per test phase as it ends, which outlives a kill."""
 
     def __init__(self, path: str):
         self.path = path
@@ -123,8 +120,7 @@ class _Recorder:
 
 
 def _pytest_child(tree: str, args: list[str], log: str, report: str, modules: str | None) -> None:
-    """In a forked child: pytest ``args`` in ``tree``, output to ``log``; exits with pytest's status.
-    With ``modules``, also writes there the modules it imported from outside the tree."""
+    """In a forked child: pytest ``args`` in ``tree`` into ``log``; ``modules``: where to list the outside imports."""
     sys.dont_write_bytecode = True  # a mutated module must never be served from a stale .pyc
     for name in [n for n in sys.modules if n.split(".")[0] in PROJECT]:
         del sys.modules[name]  # a parent that had imported them (a pytest worker) must not serve the unmutated ones
@@ -187,10 +183,7 @@ def verdict_of(run: Run) -> tuple[str, str]:
 
 
 def preload(names: list[str] = ()) -> None:
-    """Import third-party modules here, so forked children start with them loaded: the tests' usual
-    ones, then ``names`` (what the baseline imported from outside the tree; one that fails to
-    import here is left to the children). Never kernels, harness or tests: those must come from
-    the mutated tree, in the child."""
+    """Import third-party modules (the usual, then ``names``) before forking; never the project's own."""
     os.environ["TRITON_INTERPRET"] = "1"  # before Triton's first import: it decides there
     os.environ["PYTHONDONTWRITEBYTECODE"] = "1"
     os.environ.pop("PYTEST_ADDOPTS", None)  # the children's pytest takes only the arguments given here

@@ -54,18 +54,14 @@ def key_of(case: Case) -> tuple[str, int, str]:
 
 
 def tiling_of(case: Case) -> Tiling:
-    """The tiling of a case's launch under the config in force, as choose_tiling decides it (the triton backend's
-    hints: max_q_len = the longest q_len, max_seq_len = the longest sequence; an fp8 or latent cache
-    takes its own precision). Past head dim 256 the launch counts a group's head tiles and V parts as
-    programs (kernels.tiling.tiling_for), which this does not: an MLA case's query class may differ."""
+    """The tiling choose_tiling gives the case's launch (the triton backend's hints); MLA's class may differ."""
     return choose_tiling(case.head_dim, case.group_size, max(case.q_lens), case.num_seqs, case.num_kv_heads,
                          case.max_seq_len, fp32=case.dtype == "float32", num_tokens=sum(case.q_lens),
                          kv_fp8=case.kv_dtype is not None, latent=bool(case.latent_kv))  # fmt: skip
 
 
 def candidates(key: tuple[str, int, str]) -> list[TileConfig]:
-    """The default config first, then the grid's distinct others (head dims past 128 keep tile_n <= 64,
-    past 64 tile_n <= 128)."""
+    """The default config, then the grid's others (tile_n <= 64 past head dim 128, <= 128 past 64)."""
     default = default_config(*key)
     grid = [TileConfig(*point) for point in GRID[key[2]]]
     if key[1] > 128:

@@ -79,11 +79,7 @@ def format_table(rows: list[dict]) -> str:
 
 
 def format_phases(runs: list[tuple[Path, float]]) -> str:
-    """A Markdown table of where each run's busy seconds went (meta.json ``scale.phase_s``), one column per run.
-
-    Phases are :mod:`harness.timing.phases` names (inputs, oracle, guard, graded call, grade, timing: ...),
-    summed over the run's workers; "other" is busy time outside every phase. '' when no run has them.
-    """
+    """A Markdown table of each run's busy seconds by phase (meta.json ``scale.phase_s``); '' without."""
     records = []
     for run_dir, _ in runs:
         scale = _scale(run_dir) or {}
