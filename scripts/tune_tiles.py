@@ -82,9 +82,8 @@ def time_case(case: Case, configs: list[TileConfig], device: str, target_s: floa
     for config in configs:
         with override(config):
             tiling = tiling_of(case)
-        if (
-            tiling in timed
-        ):  # the same launch as an earlier candidate's (64 tokens of a group of 4 fill 128 rows as 32 do)
+        # the same launch as an earlier candidate's (64 tokens of a group of 4 fill 128 rows as 32 do)
+        if tiling in timed:
             if timed[tiling] in results:
                 results[config] = results[timed[tiling]]
             continue
