@@ -84,29 +84,22 @@ def test_tlsim_predicts_triton_with_an_fp8_cache(base):
 # --- mutants -------------------------------------------------------------------------------------
 
 
-def scale_ignored(args, scales):
-    return kernels.paged_attention_tlsim(*args)
+# Each: the wrong dequantization, as the scale keywords tlsim gets from the right ones (k, v).
+WRONG_SCALES = {
+    "scale_ignored": lambda k, v: {},
+    "scale_divided": lambda k, v: {"k_scale": 1 / k, "v_scale": 1 / v},
+    "scales_swapped": lambda k, v: {"k_scale": v, "v_scale": k},
+    "scale_of_the_wrong_head": lambda k, v: {"k_scale": k.roll(1), "v_scale": v.roll(1)},
+}
 
 
-def scale_divided(args, scales):
-    return kernels.paged_attention_tlsim(*args, k_scale=1 / scales["k_scale"], v_scale=1 / scales["v_scale"])
-
-
-def scales_swapped(args, scales):
-    return kernels.paged_attention_tlsim(*args, k_scale=scales["v_scale"], v_scale=scales["k_scale"])
-
-
-def scale_of_the_wrong_head(args, scales):
-    return kernels.paged_attention_tlsim(*args, k_scale=scales["k_scale"].roll(1), v_scale=scales["v_scale"].roll(1))
-
-
-@pytest.mark.parametrize("mutant", [scale_ignored, scale_divided, scales_swapped, scale_of_the_wrong_head],
-                         ids=lambda m: m.__name__)  # fmt: skip
+@pytest.mark.parametrize("mutant", WRONG_SCALES)
 def test_oracle_catches_a_wrong_dequantization(mutant):
     inputs, args, scales = _fp8_inputs("spec_verify", torch.float8_e4m3fn, True)
     expected = paged_attention_oracle(*args, **scales)
     assert grade(kernels.paged_attention_tlsim(*args, **scales), expected, *_tolerance(inputs.q)).passed
-    assert not grade(mutant(args, scales), expected, *_tolerance(inputs.q)).passed
+    wrong = kernels.paged_attention_tlsim(*args, **WRONG_SCALES[mutant](scales["k_scale"], scales["v_scale"]))
+    assert not grade(wrong, expected, *_tolerance(inputs.q)).passed
 
 
 def test_fp8_cache_quantizes_on_write_and_poisons_freed_blocks():

@@ -60,28 +60,24 @@ def test_lse_is_the_log_of_the_denominator_by_hand():
 # --- mutants: a wrong lse fails the grade ----------------------------------------------------
 
 
-def lse_without_the_sink(case, inputs):
-    kw = {k: v for k, v in case.kwargs().items() if k != "sinks"}
-    return kernels.paged_attention_tlsim(*inputs.args(), return_lse=True, **kw)[1]
+# Each: a wrong lse, from tlsim's lse (scale, keywords) -> lse and the case's keywords.
+WRONG_LSE = {
+    "lse_without_the_sink": lambda tlsim, kw: tlsim(None, {k: v for k, v in kw.items() if k != "sinks"}),
+    "lse_in_base_two": lambda tlsim, kw: tlsim(None, kw) / math.log(2),
+    "lse_of_unscaled_logits": lambda tlsim, kw: tlsim(1.0, kw),  # ln sum exp(q . k): scale 1
+}
 
 
-def lse_in_base_two(case, inputs):
-    return kernels.paged_attention_tlsim(*inputs.args(), return_lse=True, **case.kwargs())[1] / math.log(2)
-
-
-def lse_of_unscaled_logits(case, inputs):
-    """ln sum exp(q . k): the logits before the softmax scale (scale 1)."""
-    return kernels.paged_attention_tlsim(*inputs.args(), 1.0, return_lse=True, **case.kwargs())[1]
-
-
-@pytest.mark.parametrize(
-    "mutant", [lse_without_the_sink, lse_in_base_two, lse_of_unscaled_logits], ids=lambda m: m.__name__
-)
+@pytest.mark.parametrize("mutant", WRONG_LSE)
 def test_oracle_catches_a_wrong_lse(mutant):
     case = BY_NAME["sinks_split_kv"]
     inputs = case.inputs()
     _, expected_lse = _oracle(case, inputs)
-    assert not grade(mutant(case, inputs), expected_lse, *tolerance(case)).passed
+
+    def tlsim(scale, kw):
+        return kernels.paged_attention_tlsim(*inputs.args(), scale, return_lse=True, **kw)[1]
+
+    assert not grade(WRONG_LSE[mutant](tlsim, case.kwargs()), expected_lse, *tolerance(case)).passed
 
 
 # --- merging partial attentions ----------------------------------------------------------------
