@@ -85,9 +85,8 @@ def compare_files(
     (old, old_meta), (cur, cur_meta) = to_rows(base), to_rows(new)
     options = CompareOptions(min_effect=min_effect, alpha=alpha)
     comparison = compare_runs(old.drop(columns="name"), cur.drop(columns="name"), None, None, options)
-    lines = [
-        f"bench: {Path(new).name} against {Path(base).name}: {int((comparison.rows['side'] == 'both').sum())} benchmarks in both"
-    ]
+    both = int((comparison.rows["side"] == "both").sum())
+    lines = [f"bench: {Path(new).name} against {Path(base).name}: {both} benchmarks in both"]
     if confirm:
         comparison, said = _confirm(comparison, old_meta, cur_meta, options, confirm, confirm_time)
         lines += [f"  {line}" for line in said]
@@ -124,16 +123,8 @@ def _confirm(comparison, base_meta: dict, new_meta: dict, options, which: str, t
         return comparison, [f"confirm: skipped: {error}"]
     try:
         with checked_out({"base": commit}, cwd=ROOT) as (tree,):
-            comparison = confirm_slower(
-                comparison,
-                base_meta,
-                new_meta,
-                options,
-                which=which,
-                time_s=time_s,
-                checkouts=(tree, ROOT),
-                log=said.append,
-            )
+            comparison = confirm_slower(comparison, base_meta, new_meta, options, which=which, time_s=time_s,
+                                        checkouts=(tree, ROOT), log=said.append)  # fmt: skip
     except subprocess.CalledProcessError as error:
         why = (error.stderr or b"").decode(errors="replace").strip()[:200]
         return comparison, [f"confirm: skipped: cannot check out {commit[:12]}: {why}"]
@@ -164,12 +155,9 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--storage", type=Path, default=STORAGE)
     parser.add_argument(
-        "--confirm",
-        nargs="?",
-        const="all",
-        choices=["slower", "unclear", "all"],
+        "--confirm", nargs="?", const="all", choices=["slower", "unclear", "all"],
         help="re-time benchmarks (all; or only unclear or slower ones), baseline commit and this checkout alternating",
-    )
+    )  # fmt: skip
     parser.add_argument("--confirm-time", type=float, default=900.0, help="time box of --confirm, s (900)")
     args = parser.parse_args(argv)
     if args.action == "save":

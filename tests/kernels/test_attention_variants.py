@@ -83,14 +83,18 @@ def _poison_before(inputs, first_seen: list[int], block_size: int):
     return k, v
 
 
+def _windowed_decode(fn_name: str, seq_lens: tuple[int, int], window: int):
+    """(the backend, split_kv_decode at ``seq_lens`` with one query each, its inputs, the window's tiling)."""
+    base = replace(CASES_BY_NAME["split_kv_decode"], seq_lens=seq_lens, q_lens=(1, 1))
+    inputs = base.inputs()
+    return backend_fn(fn_name), base, inputs, tiling_for(prepare_call(*inputs.args(), sliding_window=window))
+
+
 @pytest.mark.parametrize("fn_name", ["tlsim", "triton"])
 @pytest.mark.parametrize("window", [100, 1100])
 def test_window_reads_no_tile_before_the_first_visible_one(fn_name, window):
     """Decode over 2500 keys: every key before the window's first tile is NaN (1100: split in 2, from that tile)."""
-    fn = backend_fn(fn_name)
-    base = replace(CASES_BY_NAME["split_kv_decode"], seq_lens=(2500, 2400), q_lens=(1, 1))
-    inputs = base.inputs()
-    tiling = tiling_for(prepare_call(*inputs.args(), sliding_window=window))
+    fn, base, inputs, tiling = _windowed_decode(fn_name, (2500, 2400), window)
     assert (tiling.NUM_SPLITS > 1) == (window > 1000), "1100 splits the window's keys, 100 does not"
     # tlsim walks from the earliest tile any sequence needs; the kernel per program.
     first = [int(window_tile_start(n - 1, window, tiling.TILE_N)) for n in base.seq_lens]
@@ -144,10 +148,7 @@ def test_the_windows_split_bound_counts_the_queries():
 @pytest.mark.parametrize("window", [1100, 1500])
 def test_splits_cut_from_the_window_match_the_oracle(fn_name, window):
     """Decode over 4000 and 3900 keys: the window's keys in 2 splits that start at its first tile."""
-    fn = backend_fn(fn_name)
-    base = replace(CASES_BY_NAME["split_kv_decode"], seq_lens=(4000, 3900), q_lens=(1, 1))
-    inputs = base.inputs()
-    tiling = tiling_for(prepare_call(*inputs.args(), sliding_window=window))
+    fn, _, inputs, tiling = _windowed_decode(fn_name, (4000, 3900), window)
     assert tiling.NUM_SPLITS == 2 and window > tiling.SPLIT_SIZE
     expected = paged_attention_oracle(*inputs.args(), sliding_window=window, return_lse=True)
     assert_passes(fn(*inputs.args(), sliding_window=window, return_lse=True), expected, (1e-5, 1e-4), fn_name)
