@@ -51,9 +51,10 @@ class _Recorder:
 
 @pytest.fixture
 def recorded(monkeypatch):
-    """Both kernels replaced by one :class:`_Recorder`; the plans emptied; value checks off (the tensors are empty)."""
+    """Both kernels replaced by one :class:`_Recorder` (``plans``: the launcher's, emptied); value checks off."""
     triton_paged = _triton()
     recorder = _Recorder()
+    recorder.plans = triton_paged.PLANS
     monkeypatch.setattr(triton_paged, "paged_attention_kernel", recorder)
     monkeypatch.setattr(triton_paged, "combine_splits_kernel", recorder)
     monkeypatch.delenv(kernels.CHECK_ENV, raising=False)
@@ -111,12 +112,11 @@ RANDOM_SEEDS = range(60)
 @pytest.mark.parametrize("seed", RANDOM_SEEDS)
 def test_a_plan_hit_launches_what_the_full_path_launches(recorded, seed):
     """Random shapes, options and hints: the hit launches as the uncached call, its tiling a fresh one."""
-    triton_paged = _triton()
     args, kwargs = _random_call(random.Random(seed))
     first = _launches(recorded, args, kwargs)
-    (plan_tiling,) = [recipe.plan.tiling for recipe in triton_paged.PLANS.plans()]
+    (plan_tiling,) = [recipe.plan.tiling for recipe in recorded.plans.plans()]
     hit = _launches(recorded, args, kwargs)
-    assert triton_paged.PLANS.hits == 1
+    assert recorded.plans.hits == 1
     with plans_enabled(False):
         uncached = _launches(recorded, args, kwargs)
     assert hit == first == uncached and len(hit) in (1, 2)
@@ -156,12 +156,11 @@ def test_the_short_hit_methods_launch_what_the_general_ones_launch(recorded, mon
 @pytest.mark.parametrize("head_dim_v", [32, 16])
 def test_a_hit_allocates_out_as_the_full_path_does(recorded, q_view, head_dim_v):
     """The hit's out (empty_like(q) where that matches) has the full path's shape, strides and dtype."""
-    triton_paged = _triton()
     q = q_view(torch.empty(4, 8, 32))
     k, v = torch.empty(3, 4, 1, 32), torch.empty(3, 4, 1, head_dim_v)
     args = [q, k, v, torch.zeros(4, 2, dtype=torch.int32), torch.zeros(4, dtype=torch.int32)]
     outs = [kernels.paged_attention_triton(*args) for _ in range(2)]
-    assert triton_paged.PLANS.hits == 1
+    assert recorded.plans.hits == 1
     with plans_enabled(False):
         outs.append(kernels.paged_attention_triton(*args))
     assert len({(tuple(o.shape), o.stride(), o.dtype) for o in outs}) == 1 and outs[0].is_contiguous()
@@ -259,14 +258,13 @@ SAME_LAUNCH = {"block_table_strided", "k_cache_head_dim_strided", "q_misaligned"
 
 @pytest.mark.parametrize("change", CHANGES)
 def test_a_changed_call_after_a_hit_gets_its_own_plan(recorded, change):
-    triton_paged = _triton()
     args, kwargs = base_args(), {}
     _launches(recorded, args, kwargs)
     base = _launches(recorded, args, kwargs)  # a hit
-    assert triton_paged.PLANS.hits == 1
+    assert recorded.plans.hits == 1
     args, kwargs = CHANGES[change](args, kwargs)
     changed = _launches(recorded, args, kwargs)
-    assert len(triton_paged.PLANS) == 2 and triton_paged.PLANS.hits == 1
+    assert len(recorded.plans) == 2 and recorded.plans.hits == 1
     with plans_enabled(False):
         assert changed == _launches(recorded, args, kwargs), "the changed call launched a stale plan"
     if change not in SAME_LAUNCH:
@@ -275,7 +273,6 @@ def test_a_changed_call_after_a_hit_gets_its_own_plan(recorded, change):
 
 def test_a_misaligned_view_has_its_own_key_and_plan(recorded):
     """Triton specializes on data_ptr % 16: a view one element on must not share the aligned call's plan."""
-    triton_paged = _triton()
     args = base_args()
     aligned = call_key(*args, None, None, None, None, False, {})
     shifted = list(args)
@@ -284,7 +281,7 @@ def test_a_misaligned_view_has_its_own_key_and_plan(recorded):
     assert call_key(*shifted, None, None, None, None, False, {}) != aligned
     for call_args in (args, shifted, args, shifted):
         _launches(recorded, call_args, {})
-    assert len(triton_paged.PLANS) == 2 and triton_paged.PLANS.hits == 2
+    assert len(recorded.plans) == 2 and recorded.plans.hits == 2
 
 
 def test_a_scalar_key_tells_true_from_one_and_refuses_other_types():
@@ -305,11 +302,10 @@ def test_a_scalar_key_tells_true_from_one_and_refuses_other_types():
 
 
 def test_a_tensor_scale_is_read_on_every_call_not_reused_from_a_plan(recorded):
-    triton_paged = _triton()
     args = base_args()
     first = _launches(recorded, args, {"scale": torch.tensor(0.1)})
     second = _launches(recorded, args, {"scale": torch.tensor(0.9)})
-    assert triton_paged.PLANS.hits == 0 and first != second
+    assert recorded.plans.hits == 0 and first != second
     with plans_enabled(False):
         assert second == _launches(recorded, args, {"scale": torch.tensor(0.9)})
 
@@ -326,11 +322,10 @@ def test_the_tuning_override_is_part_of_the_key(recorded):
 
 
 def test_plans_off_keeps_none_and_the_env_var_turns_them_off(recorded):
-    triton_paged = _triton()
     with plans_enabled(False):
         _launches(recorded, base_args(), {})
         _launches(recorded, base_args(), {})
-    assert len(triton_paged.PLANS) == 0 and triton_paged.PLANS.hits == 0
+    assert len(recorded.plans) == 0 and recorded.plans.hits == 0
     done = run_script("-c", "from kernels import launch_plan; print(launch_plan.enabled())", timeout=60)
     assert done.stdout.strip() == "True", done.stderr
     done = run_script("-c", "import os; os.environ['PAGED_ATTN_PLAN_CACHE'] = '0'; "
