@@ -225,38 +225,29 @@ def planted(mutant: Mutant, tree: Path):
         path.write_text(original)
 
 
-def run_mutant(mutant: Mutant, tree: Path, tests: list[str], timeout: float) -> Outcome:
-    """Apply ``mutant`` in ``tree``, run its caught_by test, then (only if that passes) the rest with -x."""
+def run_mutant(mutant: Mutant, tree: Path, tests: list[str], timeout: float, record: bool = False) -> Outcome:
+    """Apply ``mutant`` in ``tree``, run its caught_by test, then (only if that passes) the rest with -x;
+    ``record``: only the rest, naming the test that fails in ``detail``."""
     if reason := applies(mutant, tree):
         return Outcome(mutant.id, "not-applied", 0.0, reason)
-    seconds = 0.0
+    seconds, caught_by = 0.0, "" if record else mutant.caught_by
     with planted(mutant, tree):
-        if mutant.caught_by:
-            run = run_pytest(tree, [mutant.caught_by], timeout)
+        if caught_by:
+            run = run_pytest(tree, [caught_by], timeout)
             seconds += run.wall
             verdict, detail = verdict_of(run)
             if verdict == "failed":
                 return Outcome(mutant.id, "caught", seconds, detail)
             if verdict != "passed":
                 return Outcome(mutant.id, verdict, seconds, detail)
-        deselect = ["--deselect", mutant.caught_by] if mutant.caught_by else []
+        deselect = ["--deselect", caught_by] if caught_by else []
         run = run_pytest(tree, ["-x", *tests, *selection(mutant), *deselect], timeout)
         seconds += run.wall
         verdict, detail = verdict_of(run)
-    if verdict == "failed":
-        why = f"{mutant.caught_by} passed" if mutant.caught_by else "no caught_by"
+    if verdict == "failed" and not record:
+        why = f"{caught_by} passed" if caught_by else "no caught_by"
         return Outcome(mutant.id, "misrecorded", seconds, f"{detail} ({why}: run --record)")
-    return Outcome(mutant.id, {"passed": "survived"}.get(verdict, verdict), seconds, detail)
-
-
-def record_mutant(mutant: Mutant, tree: Path, tests: list[str], timeout: float) -> Outcome:
-    """Apply ``mutant``, run its selection with -x and name the failing test in ``detail``."""
-    if reason := applies(mutant, tree):
-        return Outcome(mutant.id, "not-applied", 0.0, reason)
-    with planted(mutant, tree):
-        run = run_pytest(tree, ["-x", *tests, *selection(mutant)], timeout)
-    verdict, detail = verdict_of(run)
-    return Outcome(mutant.id, {"passed": "survived", "failed": "caught"}.get(verdict, verdict), run.wall, detail)
+    return Outcome(mutant.id, {"passed": "survived", "failed": "caught"}.get(verdict, verdict), seconds, detail)
 
 
 def write_caught_by(recorded: dict[str, str], path: Path = CATALOGUE) -> None:
@@ -323,12 +314,12 @@ def main(argv: list[str] | None = None) -> int:
             print("mutants.py: the quick tests fail on the unmutated tree; fix that first")
             return 1
         preload(imported.read_text().splitlines())
-        step, timeout = (record_mutant, args.timeout * 3) if args.record else (run_mutant, args.timeout)
+        timeout = args.timeout * 3 if args.record else args.timeout
 
         def one(mutant: Mutant) -> Outcome:
             tree = trees.get()
             try:
-                outcome = step(mutant, tree, args.tests, timeout)
+                outcome = run_mutant(mutant, tree, args.tests, timeout, args.record)
             finally:
                 trees.put(tree)
             print(f"  {outcome.id}: {outcome.verdict} ({outcome.seconds:.1f} s) {outcome.detail}", flush=True)
