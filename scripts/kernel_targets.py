@@ -44,9 +44,8 @@ def score(frame: pd.DataFrame, backend: str = "triton") -> pd.DataFrame:
     ok = frame[(frame["status"] == "pass") & frame["latency_us"].notna()]
     mine = ok[ok["backend"] == backend].set_index("case")
     peers = peer_table(frame, backend)  # empty for a run without peer rows (a variants run)
-    against_peer = (
-        peers.set_index("case")["ratio"] if not peers.empty else pd.Series(dtype=float)
-    )  # backend / fastest peer
+    # backend / fastest peer
+    against_peer = peers.set_index("case")["ratio"] if not peers.empty else pd.Series(dtype=float)
     sdpa_call = ok[ok["backend"] == "sdpa_contiguous"].set_index("case")["call_us"]
     cache = ok[ok["backend"] == "cache"].set_index("case")["latency_us"]
     lines = []
@@ -68,10 +67,8 @@ def score(frame: pd.DataFrame, backend: str = "triton") -> pd.DataFrame:
             lines.append(_line("mla", case, row["tflops"], 200.0, "TFLOP/s", higher_is_better=True))
         if row["max_q_len"] >= 512 and case in against_peer.index:
             lines.append(_line("prefill", case, against_peer[case], 1.10, "x best peer"))
-        if 2 <= row["max_q_len"] <= 8:
-            twin = _decode_twin(mine, row)
-            if twin is not None:
-                lines.append(_line("verify", case, row["latency_us"] / mine.loc[twin, "latency_us"], 1.30, f"x {twin}"))
+        if 2 <= row["max_q_len"] <= 8 and (twin := _decode_twin(mine, row)) is not None:
+            lines.append(_line("verify", case, row["latency_us"] / mine.loc[twin, "latency_us"], 1.30, f"x {twin}"))
         if case in cache.index:
             lines.append(_line("cache", case, cache[case] / row["latency_us"], 1.10, "x kernel"))
     return pd.DataFrame(lines)
@@ -135,9 +132,8 @@ def main(argv: list[str] | None = None) -> int:
         worst = group["measured"].min() if target == "read" else group["measured"].max()
         print(f"\n## {target}: met on {met} of {len(group)} cases (worst {worst:.3g} {group['unit'].iloc[0]})")
         for row in group.itertuples(index=False):
-            print(
-                f"  {'ok  ' if row.met else 'MISS'} {row.case:40s} {row.measured:9.3g} {row.unit} (limit {row.limit:g})"
-            )
+            mark = "ok  " if row.met else "MISS"
+            print(f"  {mark} {row.case:40s} {row.measured:9.3g} {row.unit} (limit {row.limit:g})")
     return 0
 
 

@@ -371,25 +371,17 @@ BUILTIN_KERNELS = ("reference", "tlsim", "triton", "cache")  # cache: the engine
 
 
 @pytest.mark.parametrize("backend", BUILTIN_KERNELS)
-@pytest.mark.parametrize("variant", VARIANTS, ids=lambda v: v.key)
-def test_every_builtin_kernel_passes_each_rows_example(variant, backend):
-    """A new row is graded here with no edit (the engine path's pools are two: latent_kv is a skip)."""
+@pytest.mark.parametrize("variant", [*VARIANTS, None], ids=lambda v: v.key if v else "all_at_once")
+def test_every_builtin_kernel_passes_each_rows_example_and_all_at_once(variant, backend):
+    """A new row is graded here with no edit, alone and with the others (but latent_kv, which takes no fp8
+    cache); the engine path's pools are two, so its latent_kv row is a skip naming the option."""
     if backend == "triton":
         needs_triton()
-    rows = graded_rows({**SPEC, **variant.example}, backend)
-    if (variant.key, backend) == ("latent_kv", "cache"):
+    at_once = {name: value for v in VARIANTS if v.key != "latent_kv" for name, value in v.example.items()}
+    rows = graded_rows({**SPEC, **(variant.example if variant else at_once)}, backend)
+    if variant and (variant.key, backend) == ("latent_kv", "cache"):
         assert rows["status"].tolist() == ["skip"] and "latent_kv" in rows["reason"].iloc[0]
         return
-    assert rows["status"].tolist() == ["pass"], rows["reason"].tolist()
-
-
-@pytest.mark.parametrize("backend", BUILTIN_KERNELS)
-def test_every_builtin_kernel_passes_every_rows_example_at_once(backend):
-    # a latent cache takes no fp8 cache (the case check refuses the pair): it is graded on its own above
-    if backend == "triton":
-        needs_triton()
-    examples = {name: value for v in VARIANTS if v.key != "latent_kv" for name, value in v.example.items()}
-    rows = graded_rows({**SPEC, **examples}, backend)
     assert rows["status"].tolist() == ["pass"], rows["reason"].tolist()
 
 
