@@ -175,6 +175,7 @@ def backend_fn(name: str):
     return getattr(kernels, f"paged_attention_{name}")
 
 
+ON_CUDA = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")]
 BACKENDS = ("reference", "tlsim", "triton", "dispatch", "cache")  # cache: the engine's path, through dispatch
 
 

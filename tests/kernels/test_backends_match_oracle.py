@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import pytest
-import torch
 
 import kernels
 from harness.cases.vocab import DEFAULT_TOLERANCES
@@ -12,19 +11,14 @@ from tests.kernels.kernel_cases import (
     BACKENDS,
     FP32_PRECISION_CASES,
     KERNEL_CASES,
+    ON_CUDA,
     KernelCase,
     assert_passes,
     run_backend,
     triton_output,
 )
 
-DEVICES = [
-    "cpu",
-    pytest.param(
-        "cuda",
-        marks=[pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device here")],
-    ),
-]
+DEVICES = ["cpu", pytest.param("cuda", marks=ON_CUDA)]
 
 
 @pytest.mark.parametrize("device", DEVICES)

@@ -19,7 +19,7 @@ from kernels.contract import prepare_call
 from kernels.launch_plan import PlanCache, call_key, plans_enabled
 from kernels.tiling import tiling_for
 from tests.fresh_python import run_script
-from tests.kernels.kernel_cases import BAD_CALLS, BASE, CASES_BY_NAME, base_args, needs_triton
+from tests.kernels.kernel_cases import BAD_CALLS, BASE, CASES_BY_NAME, ON_CUDA, base_args, needs_triton
 
 
 def _triton():
@@ -423,9 +423,6 @@ def _output_call(case, spec, device="cpu"):
 
 def _outputs(result):
     return [t.clone() for t in (result if isinstance(result, tuple) else (result,))]
-
-
-ON_CUDA = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")]
 
 
 @pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=ON_CUDA)])
