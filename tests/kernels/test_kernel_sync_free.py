@@ -25,9 +25,9 @@ CUDA = torch.cuda.is_available()
 
 
 def _args(case, device="cpu"):
-    """The case's call; decode passes query_start_loc=None (one query per sequence)."""
+    """The case's call; the decodes pass query_start_loc=None (one query per sequence)."""
     args = list(case.inputs(device).args())
-    if case is DECODE:
+    if case.name in ("decode", "device_split_decode"):
         args[5] = None
     return args
 
@@ -155,14 +155,8 @@ def device_split_on(monkeypatch):
         yield
 
 
-def _device_split_args(device="cpu"):
-    args = list(DEVICE_SPLIT_DECODE.inputs(device).args())
-    args[5] = None
-    return args
-
-
 def test_the_device_split_reads_no_tensor_value(device_split_on, triton_launches, value_reads):
-    args = _device_split_args()
+    args = _args(DEVICE_SPLIT_DECODE)
     with value_reads.forbidden():
         got = kernels.paged_attention_triton(*args, **DEVICE_SPLIT_HINTS)
     assert not value_reads.reads
@@ -177,6 +171,6 @@ def test_the_device_split_reads_no_tensor_value(device_split_on, triton_launches
 @pytest.mark.parametrize("_", [pytest.param(None, marks=GPU, id="cuda")])
 def test_the_device_split_replays_from_a_cuda_graph_and_makes_no_sync(_, device_split_on, monkeypatch):
     monkeypatch.delenv(kernels.CHECK_ENV, raising=False)
-    args = _device_split_args("cuda")
+    args = _args(DEVICE_SPLIT_DECODE, "cuda")
     assert tiling_for(prepare_call(*args, check=False), **DEVICE_SPLIT_HINTS).DEVICE_SPLIT is not None
     _assert_no_sync_and_graph_replay(args, DEVICE_SPLIT_DECODE, **DEVICE_SPLIT_HINTS)
