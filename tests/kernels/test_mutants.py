@@ -5,7 +5,6 @@ catalogue (80 to 110 CPU-seconds, marker ``mutants``, `nox -s mutants`)."""
 
 from __future__ import annotations
 
-import importlib.util
 import os
 import subprocess
 import sys
@@ -13,19 +12,12 @@ from pathlib import Path
 
 import pytest
 
+from scripts import mutants as runner
+
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def _runner():
-    spec = importlib.util.spec_from_file_location("mutants_runner", ROOT / "scripts" / "mutants.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    return module
-
-
 def test_every_mutant_applies_to_the_current_code_and_names_its_catching_test():
-    runner = _runner()
     mutants = runner.load_catalogue()
     assert len(mutants) >= 30
     problems = {m.id: reason for m in mutants if (reason := runner.applies(m, ROOT))}
@@ -39,7 +31,6 @@ def test_every_mutant_applies_to_the_current_code_and_names_its_catching_test():
 
 
 def test_a_mutant_whose_text_is_gone_is_not_applied(tmp_path):
-    runner = _runner()
     (tmp_path / "kernels").mkdir()
     (tmp_path / "kernels" / "x.py").write_text("a = 1\n")
     mutant = runner.Mutant("gone", "kernels/x.py", "a = 2", "a = 3", "")
