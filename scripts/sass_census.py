@@ -250,13 +250,10 @@ def main(argv=None) -> None:
         except (ValueError, RuntimeError) as e:
             sys.exit(f"sass_census: {e}")
         rows.append(r)
-        print(
-            f"| {name} | {r['tile_n']} x {r['stages']}, {r['splits']} | {r['registers']} | {r['stack']} | "
-            f"{r['shared']} | {r['loop']} | {r['masked_loop'] or ''} | {r['spill_ops']} | {r['per_128_keys']:.0f} | "
-            + " | ".join(str(r["classes"][c]) for c in order)
-            + " |",
-            flush=True,
-        )
+        cells = [name, f"{r['tile_n']} x {r['stages']}, {r['splits']}", r["registers"], r["stack"], r["shared"],
+                 r["loop"], r["masked_loop"] or "", r["spill_ops"], f"{r['per_128_keys']:.0f}",
+                 *(r["classes"][c] for c in order)]  # fmt: skip
+        print("| " + " | ".join(map(str, cells)) + " |", flush=True)
         if args.ops:
             print("   ", ", ".join(f"{op} {n}" for op, n in r["ops"].items()), flush=True)
     if args.json:
