@@ -4,6 +4,7 @@ the edge tests' cases (:class:`Edge`, :class:`Edges`) as make_inputs keywords wi
 
 from __future__ import annotations
 
+import functools
 from dataclasses import asdict, dataclass, field, replace
 
 import pytest
@@ -250,22 +251,16 @@ class Edges:
     def __init__(self, base: dict, cases: list[Edge]):
         self.base, self.cases = base, cases
         self.by_name = {case.name: case for case in cases}
-        self._inputs: dict[str, PagedInputs] = {}
-        self._expected: dict[str, torch.Tensor | tuple[torch.Tensor, torch.Tensor]] = {}
+        self.inputs, self.expected = functools.cache(self._inputs), functools.cache(self._expected)
 
-    def inputs(self, name: str) -> PagedInputs:
-        if name not in self._inputs:
-            case = self.by_name[name]
-            fields = {**self.base, **case.fields, "seq_lens": list(case.seq_lens), "q_lens": list(case.q_lens)}
-            self._inputs[name] = make_inputs(**fields)
-        return self._inputs[name]
+    def _inputs(self, name: str) -> PagedInputs:
+        case = self.by_name[name]
+        return make_inputs(**{**self.base, **case.fields, "seq_lens": list(case.seq_lens), "q_lens": list(case.q_lens)})
 
-    def expected(self, name: str) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+    def _expected(self, name: str) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
         """The oracle's output (with the lse where the case asks for it)."""
-        if name not in self._expected:
-            inputs = self.inputs(name)
-            self._expected[name] = paged_attention_oracle(*inputs.args(), **inputs.options)
-        return self._expected[name]
+        inputs = self.inputs(name)
+        return paged_attention_oracle(*inputs.args(), **inputs.options)
 
     def run(self, backend: str, name: str, **extra):
         """Backend ``backend`` on the case, into a NaN out buffer, with its launch hints and options."""
