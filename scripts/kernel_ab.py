@@ -16,7 +16,6 @@ import fnmatch
 import importlib
 import importlib.util
 import json
-import os
 import statistics
 import subprocess
 import sys
@@ -26,8 +25,6 @@ from pathlib import Path
 
 import torch
 
-if "TRITON_INTERPRET" not in os.environ and not torch.cuda.is_available():
-    os.environ["TRITON_INTERPRET"] = "1"
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import kernels
@@ -191,6 +188,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--dry", action="store_true",
                         help="the smallest smoke case on the CPU, one call a sample (ignores suites and --case)")  # fmt: skip
     args = parser.parse_args(argv)
+    kernels.use_interpreter_if_no_gpu()
     device = "cuda" if torch.cuda.is_available() else "cpu"
     if device == "cpu" and not args.dry:
         parser.error("no CUDA device: pass --dry for the CPU run")

@@ -15,15 +15,12 @@ import fnmatch
 import itertools
 import json
 import math
-import os
 import sys
 from collections import defaultdict
 from pathlib import Path
 
 import torch
 
-if "TRITON_INTERPRET" not in os.environ and not torch.cuda.is_available():
-    os.environ["TRITON_INTERPRET"] = "1"
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from harness.backends.builtin import resolve_backends
@@ -32,6 +29,7 @@ from harness.cases.packaged import resolve_case_arg
 from harness.cases.spec import Case
 from harness.run.runner import case_inputs
 from harness.timing.timer import time_call
+from kernels import use_interpreter_if_no_gpu
 from kernels.tiling import Tiling, choose_tiling
 from kernels.tuning import TileConfig, default_config, override
 from scripts.kernel_ab import timeable
@@ -119,6 +117,7 @@ def main(argv: list[str] | None = None) -> int:
     )  # fmt: skip
     parser.add_argument("--dry", action="store_true", help="one tiny smoke case, two candidates (CPU)")
     args = parser.parse_args(argv)
+    use_interpreter_if_no_gpu()
     device = "cuda" if torch.cuda.is_available() else "cpu"
     suites = ["smoke"] if args.dry else args.suites
     cases = [c for c in load_cases([resolve_case_arg(s) for s in suites]) if fnmatch.fnmatch(c.id, args.case)]
