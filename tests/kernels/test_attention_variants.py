@@ -14,14 +14,16 @@ import torch
 from pydantic import Field
 
 import kernels
+from harness.backends.builtin import REGISTRY
 from harness.backends.registry import Backend, contract_prepare
 from harness.cases.inputs import make_inputs
 from harness.cases.spec import CaseFileError, expand_spec
-from harness.cases.variants import VARIANTS, OracleHook, Variant, standard_alibi_slopes, with_options
+from harness.cases.variants import VARIANT_KEYS, VARIANTS, OracleHook, Variant, standard_alibi_slopes, with_options
 from harness.cases.vocab import DEFAULT_TOLERANCES, Float
 from harness.run.grading import grade
 from harness.run.oracle import paged_attention_oracle
 from harness.run.runner import case_inputs
+from kernels import tlsim
 from kernels.contract import prepare_call
 from kernels.reference import gather_kv
 from kernels.tiling import tiling_for, window_tile_start
@@ -211,8 +213,6 @@ def _without(name: str):
 
 def window_starts_a_tile_late(inputs, kw, monkeypatch):
     """The tile loop starts one tile after the first visible one."""
-    from kernels import tlsim
-
     real = tlsim.window_tile_start
     monkeypatch.setattr(tlsim, "window_tile_start", lambda p, w, n: real(p, w, n) + n)
     return kernels.paged_attention_tlsim(*inputs.args(), **kw)
@@ -441,9 +441,6 @@ def test_backend_without_the_option_is_a_skip_naming_it():
 
 
 def test_builtin_kernels_declare_every_option_and_peers_what_their_library_takes():
-    from harness.backends.builtin import REGISTRY
-    from harness.cases.variants import VARIANT_KEYS
-
     for name in ("reference", "tlsim", "triton"):
         assert REGISTRY[name].variants == frozenset(VARIANT_KEYS)
     assert REGISTRY["cache"].variants == frozenset(VARIANT_KEYS) - {"latent_kv"}  # its K and V pools are two

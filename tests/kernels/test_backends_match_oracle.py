@@ -10,6 +10,8 @@ import kernels
 from harness.cases.vocab import DEFAULT_TOLERANCES
 from harness.run.grading import grade
 from harness.run.oracle import paged_attention_oracle
+from kernels.contract import prepare_call
+from kernels.tiling import tiling_for
 from tests.kernels.kernel_cases import (
     BACKENDS,
     CASES_BY_NAME,
@@ -42,9 +44,6 @@ def test_backend_matches_float64_oracle(case: KernelCase, backend: str, device: 
 
 def test_split_kv_cases_really_split_the_kv_range():
     """The split_kv cases run the two-pass path, asked as the launcher asks (from the table's capacity)."""
-    from kernels.contract import prepare_call
-    from kernels.tiling import tiling_for
-
     split_cases = [case for case in KERNEL_CASES if case.name.startswith(("split_kv", "bfloat16_split_kv"))]
     assert len(split_cases) == 3
     for case in split_cases:

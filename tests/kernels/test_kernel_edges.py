@@ -14,6 +14,7 @@ import torch
 
 import kernels
 from harness.cases.inputs import make_inputs
+from harness.cases.loading import load_cases
 from harness.run.grading import grade
 from harness.run.oracle import paged_attention_oracle
 from kernels.contract import prepare_call
@@ -190,8 +191,6 @@ def test_a_decode_one_key_past_a_full_table_is_nan_even_when_the_next_row_is_val
 
 def test_the_smoke_suites_split_case_splits_the_kv_on_a_cpu():
     """cases/smoke.toml's split case is tagged small and, with the harness's hints, splits."""
-    from harness.cases.loading import load_cases
-
     smoke = Path(__file__).resolve().parents[2] / "harness" / "cases" / "suites" / "smoke.toml"  # cases/ links there
     (case,) = [c for c in load_cases([smoke], device="cpu") if c.name == "split_kv_combine"]
     assert "small" in case.tags

@@ -15,6 +15,7 @@ import kernels
 from harness.cases.vocab import DEFAULT_TOLERANCES
 from harness.run.grading import grade
 from harness.run.oracle import paged_attention_oracle
+from kernels import tiling, tuning
 from kernels.contract import prepare_call
 from kernels.tiling import tiling_for
 from tests.kernels.kernel_cases import BASE, CASES_BY_NAME, backend_fn
@@ -144,8 +145,6 @@ DEVICE_SPLIT_HINTS = {"max_q_len": 1, "max_seq_len": 3000}
 
 @pytest.fixture
 def device_split_on(monkeypatch):
-    from kernels import tiling, tuning
-
     monkeypatch.setattr(tiling, "TARGET_PROGRAMS", 32)
     monkeypatch.setattr(tiling, "DEVICE_SPLIT_MIN_KEYS", 64)
     with tuning.override(tuning.TileConfig(16, 1, 32, 4, 2)):  # a plan of its own (the key sees the override)

@@ -10,6 +10,8 @@ import triton
 import triton.language as tl
 
 import kernels
+from harness.cases.packaged import packaged_suites
+from harness.cases.spec import load_case_file
 from kernels import tiling, tuning
 from kernels.contract import prepare_call
 from kernels.tiling import choose_tiling, tiling_for
@@ -135,9 +137,6 @@ def test_an_fp8_decode_runs_its_fp16_dots_on_every_decode_key_and_never_on_prefi
 
 
 def _gpu_case_lengths(name: str) -> tuple[int, ...]:
-    from harness.cases.packaged import packaged_suites
-    from harness.cases.spec import load_case_file
-
     cases = [c for suite in ("gpu", "gpu_peers", "gpu_long") for c in load_case_file(packaged_suites()[suite])]
     return next(c for c in cases if c.name == name).seq_lens
 

@@ -15,7 +15,7 @@ import torch
 
 import kernels
 from kernels import launch_plan, tuning
-from kernels.contract import prepare_call
+from kernels.contract import getenv, prepare_call
 from kernels.launch_plan import PlanCache, call_key, plans_enabled
 from kernels.tiling import tiling_for
 from tests.fresh_python import run_script
@@ -203,8 +203,6 @@ def test_a_hit_hands_the_runner_the_current_stream_of_the_plans_device(monkeypat
 
 
 def test_the_fast_environment_read_agrees_with_os_environ(monkeypatch):
-    from kernels.contract import getenv
-
     name = kernels.CHECK_ENV
     for value in ("1", "0", "", "é"):
         monkeypatch.setenv(name, value)

@@ -13,8 +13,13 @@ import torch
 
 import kernels
 from harness.cases.vocab import DEFAULT_TOLERANCES
+from harness.run.grading import grade
+from harness.run.oracle import paged_attention_oracle
+from kernels import tiling, tuning
+from kernels.contract import prepare_call
+from kernels.fp8 import quantize_kv
 from kernels.launch_plan import plans_enabled
-from tests.kernels.kernel_cases import KERNEL_CASES, assert_tlsim_close, triton_output
+from tests.kernels.kernel_cases import KERNEL_CASES, KernelCase, assert_tlsim_close, triton_output
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 # Where CUDA is, the kernel runs compiled and the test is a GPU test: `pytest -m gpu` (nox -s gpu) runs it.
@@ -125,14 +130,6 @@ def test_tlsim_predicts_the_device_split(name, dtype, kv, options, monkeypatch):
     """The device split (decided in the kernel from seq_lens): oracle, tlsim and the counts the rule names."""
     if reason := kernels.triton_unavailable_reason(DEVICE):
         pytest.skip(reason)
-    import kernels.tiling as tiling
-    from harness.run.grading import grade
-    from harness.run.oracle import paged_attention_oracle
-    from kernels import tuning
-    from kernels.contract import prepare_call
-    from kernels.fp8 import quantize_kv
-    from tests.kernels.kernel_cases import KernelCase
-
     seq_lens, q_lens, target, counts = DEVICE_SPLIT_CASES[name]
     monkeypatch.setattr(tiling, "TARGET_PROGRAMS", target)
     monkeypatch.setattr(tiling, "DEVICE_SPLIT_MIN_KEYS", 64)

@@ -11,14 +11,16 @@ import torch
 
 import kernels
 from harness.cases.inputs import make_inputs
-from harness.cases.spec import expand_spec
+from harness.cases.spec import CaseFileError, expand_spec
 from harness.cases.vocab import DEFAULT_TOLERANCES
 from harness.run.grading import grade
 from harness.run.oracle import paged_attention_oracle
+from harness.run.runner import case_inputs
+from harness.timing.metrics import bytes_moved
 from kernels import tiling, tuning
 from kernels.contract import prepare_call
 from kernels.launch_plan import call_key, clear_plans, plans_enabled
-from kernels.tiling import head_dim_pieces, heads_per_program, latent_kv, tiling_for, v_parts
+from kernels.tiling import head_dim_pieces, heads_per_program, is_latent_view, latent_kv, tiling_for, v_parts
 from tests.kernels.kernel_cases import BACKENDS, assert_passes, needs_triton, run_backend
 from tests.kernels.variant_cases import graded_rows
 
@@ -234,10 +236,6 @@ def test_triton_on_cuda_latent_kv_matches_separate(name, monkeypatch):
 
 def test_case_field_latent_kv_makes_v_a_view_of_k_that_survives_a_move():
     """``latent_kv = true``: V is K's first columns, one storage, also after a move; refused without a narrower V."""
-    from harness.cases.spec import CaseFileError
-    from harness.run.runner import case_inputs
-    from kernels.tiling import is_latent_view
-
     spec = {"name": "m", "num_q_heads": 16, "num_kv_heads": 1, "head_dim": 64, "head_dim_v": 32,
             "latent_kv": True, "dtype": "bfloat16", "seq_lens": [5, 40]}  # fmt: skip
     (case,) = expand_spec(spec, "t.toml")
@@ -256,8 +254,6 @@ def test_case_field_latent_kv_makes_v_a_view_of_k_that_survives_a_move():
     assert not is_latent_view(k, big[..., 64:576])
     assert not is_latent_view(k, big.as_strided((2, 4, 1, 512), (1200, 300, 300, 1)))
     assert not is_latent_view(k, k[..., :512].to(torch.float16))
-    from harness.timing.metrics import bytes_moved
-
     (separate,) = expand_spec({**spec, "latent_kv": False}, "t.toml")
     assert bytes_moved(separate) - bytes_moved(case) == 2 * 45 * 1 * 32, "a latent cache reads V inside K"
     for bad in ({"head_dim_v": None}, {"head_dim_v": 64}, {"kv_dtype": "float8_e4m3fn"}):
