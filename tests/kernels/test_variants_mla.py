@@ -128,13 +128,9 @@ def same_tiles():
     return tuning.override(tuning.TileConfig(max_rows=64, max_tokens=1, tile_n=32, num_warps=8, num_stages=2))
 
 
-def _latent(name: str, device: str = "cpu"):
-    """(view args, separate args): V as a view of K's first head_dim_v columns, and as a copy of them."""
-    return _latent_args([a.to(device) for a in _inputs(name).args()])
-
-
-def _latent_args(args: list):
-    """(view args, separate args) of paged-attention args: V as K's first head_dim_v columns, and a copy of them."""
+def _latent(inputs, device: str = "cpu"):
+    """(view args, separate args) of ``inputs`` (or SHAPES[inputs]): V as a view of K's first columns, and a copy."""
+    args = [a.to(device) for a in (_inputs(inputs) if isinstance(inputs, str) else inputs).args()]
     view = args[1][..., : args[2].shape[-1]]
     return [*args[:2], view, *args[3:]], [*args[:2], view.contiguous(), *args[3:]]
 
@@ -217,12 +213,11 @@ def test_latent_kv_gives_the_separate_tensors_output(name, monkeypatch):
 @pytest.mark.parametrize("name", ["mla_decode_2_head_tiles", "mla_split_kv_bf16", "deepseek_128_heads"])
 def test_triton_on_cuda_latent_kv_matches_separate(name, monkeypatch):
     """On a GPU: the latent view equals the separate tensors' bit for bit; both pass the oracle."""
+    inputs = name  # a SHAPES name, or the inputs of DeepSeek's 128 heads
     if name == "deepseek_128_heads":
         inputs = make_inputs(num_q_heads=128, num_kv_heads=1, head_dim=576, head_dim_v=512, block_size=64,
                              seq_lens=[3000, 77, 1025], q_lens=[1, 1, 1], dtype="bfloat16", seed=2)  # fmt: skip
-        view_args, separate_args = _latent_args([a.cuda() for a in inputs.args()])
-    else:
-        view_args, separate_args = _latent(name, "cuda")
+    view_args, separate_args = _latent(inputs, "cuda")
     assert latent_kv(prepare_call(*view_args))
     out, _lse = kernels.paged_attention_triton(*view_args, return_lse=True)
     expected = paged_attention_oracle(*[a.cpu() for a in separate_args])
