@@ -203,14 +203,12 @@ def main(argv: list[str] | None = None) -> int:
     if not cases:
         parser.error(f"no case of {args.suites} matches --case {args.case!r} and runs the triton backend")
     reps = {"min_reps": 1, "max_reps": 2, "target_s": 0.0} if args.dry else {"target_s": args.target_s}
-    records = []
+    records, base = [], args.base_dir or args.base
     try:
         with tempfile.TemporaryDirectory(prefix="kernel-ab-") as folder:
-            modules = kernel_modules(args.base_dir or args.base, Path(folder), tuple(args.with_modules))
+            modules = kernel_modules(base, Path(folder), tuple(args.with_modules))
             also = "".join(f" + {name}.py" for name in WITH if name in args.with_modules)
-            print(
-                f"# kernel{also} {args.base_dir or args.base} (base) against the working tree (new), {args.rounds} paired rounds, {device}"
-            )
+            print(f"# kernel{also} {base} (base) against the working tree (new), {args.rounds} paired rounds, {device}")
             print("| case | base us | new us | new / base | paired CI | verdict |\n|---|---|---|---|---|---|")
             for case in cases:
                 r = time_case(case, modules, device, args.rounds, reps)
@@ -226,9 +224,7 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         remove_modules()
     if args.out:
-        args.out.write_text(
-            json.dumps({"device": device, "base": str(args.base_dir or args.base), "records": records}, indent=1)
-        )
+        args.out.write_text(json.dumps({"device": device, "base": str(base), "records": records}, indent=1))
     if any(r["verdict"] == "error" for r in records):
         return 2
     return 1 if any(r["verdict"] in ("slower", "output differs") for r in records) else 0
