@@ -81,10 +81,7 @@ def test_tlsim_predicts_triton_with_an_fp8_cache(base):
     assert_tlsim_close(sim, kernels.paged_attention_triton(*args, **scales), inputs.q.dtype, what=base)
 
 
-# --- mutants -------------------------------------------------------------------------------------
-
-
-# Each: the wrong dequantization, as the scale keywords tlsim gets from the right ones (k, v).
+# Mutants, each a wrong dequantization as the scale keywords tlsim gets from the right ones (k, v).
 WRONG_SCALES = {
     "scale_ignored": lambda k, v: {},
     "scale_divided": lambda k, v: {"k_scale": 1 / k, "v_scale": 1 / v},

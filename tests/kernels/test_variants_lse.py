@@ -57,10 +57,7 @@ def test_lse_is_the_log_of_the_denominator_by_hand():
         assert abs(float(lse) - by_hand) < 1e-6, name
 
 
-# --- mutants: a wrong lse fails the grade ----------------------------------------------------
-
-
-# Each: a wrong lse, from tlsim's lse (scale, keywords) -> lse and the case's keywords.
+# Mutants, each a wrong lse that fails the grade, from tlsim's (scale, keywords) -> lse and the case's keywords.
 WRONG_LSE = {
     "lse_without_the_sink": lambda tlsim, kw: tlsim(None, {k: v for k, v in kw.items() if k != "sinks"}),
     "lse_in_base_two": lambda tlsim, kw: tlsim(None, kw) / math.log(2),
