@@ -89,8 +89,9 @@ def test_tlsim_and_the_launcher_choose_the_same_tiling(case, hints, monkeypatch)
 
 
 # The device split (kernels.tiling.DEVICE_SPLIT), name: (seq_lens, q_lens (None: decode, query_start_loc None),
-# TARGET_PROGRAMS, the split counts the rule gives). 8 q heads over 2 KV heads; the bounds are lowered to fit the interpreter (pieces of at least 64
-# keys, 32-key tiles, a "GPU" of TARGET_PROGRAMS slots) so that every case takes the device split.
+# TARGET_PROGRAMS, the split counts the rule gives). 8 q heads over 2 KV heads; the bounds are lowered to fit
+# the interpreter (pieces of at least 64 keys, 32-key tiles, a "GPU" of TARGET_PROGRAMS slots) so that every
+# case takes the device split.
 DEVICE_SPLIT_CASES = {
     "ragged_outlier": ((3000, 1, 17, 1300, 600, 2000, 64, 33), None, 32, [4, 1, 1, 3, 2, 4, 1, 1]),  # 3000: 6, clamped
     "all_equal": ((300,) * 8, None, 16, [1] * 8),  # every row written by its program, the combine skips them all
