@@ -22,11 +22,17 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 PLUGIN = "scripts.self.slowdown_plugin"  # a module: each checkout imports its own (a path would be one file for both)
 SLOWED = "reference_slowable"
-PLANTED_CASES = [  # written as a case file, each tagged small
-    dict(name="decode_gqa", num_q_heads=8, num_kv_heads=2, head_dim=64, block_size=16, seq_lens=[300, 200, 500, 400]),
-    dict(name="prefill_mha", num_q_heads=4, num_kv_heads=4, head_dim=64, seq_lens=[96, 64], q_lens=[32, 16]),
-    dict(name="decode_mqa_long", num_q_heads=8, num_kv_heads=1, head_dim=128, block_size=32, seq_lens=[1024, 700]),
+PLANTED_CASES = """case = [
+    {name = "decode_gqa", num_q_heads = 8, num_kv_heads = 2, seq_lens = [300, 200, 500, 400]},
+    {name = "prefill_mha", num_q_heads = 4, num_kv_heads = 4, seq_lens = [96, 64], q_lens = [32, 16]},
+    {name = "decode_mqa_long", num_q_heads = 8, num_kv_heads = 1, head_dim = 128, block_size = 32, seq_lens = [1024, 700]},
 ]
+
+[defaults]
+tags = ["small"]
+head_dim = 64
+block_size = 16
+"""
 ROW = re.compile(r"^(WORSE|UNCONFIRMED|better|\?)\s+(\S+)\s+(\S+)")
 
 
@@ -87,10 +93,7 @@ def planted(work: Path, args: argparse.Namespace) -> dict:
         git("-c", "user.name=compare_targets", "-c", "user.email=none@localhost", "commit", "-qam",
             "plant 25% in reference_slowable", cwd=new_tree)  # fmt: skip
         cases = work / "three.toml"
-        cases.write_text("".join(
-            "[[case]]\n" + "".join(f"{k} = {json.dumps(v)}\n" for k, v in {**c, "tags": ["small"]}.items())
-            for c in PLANTED_CASES
-        ))  # fmt: skip
+        cases.write_text(PLANTED_CASES)
         backends = ["reference", "tlsim", SLOWED]
         seconds = {name: run_in(tree, [str(cases)], work / name, work / "log.txt", backends)
                    for name, tree in (("base", base_tree), ("new", new_tree))}  # fmt: skip
