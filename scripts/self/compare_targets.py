@@ -23,13 +23,14 @@ ROOT = Path(__file__).resolve().parents[2]
 PLUGIN = "scripts.self.slowdown_plugin"  # a module: each checkout imports its own (a path would be one file for both)
 SLOWED = "reference_slowable"
 PLANTED_CASES = """case = [
-    {name = "decode_gqa", num_q_heads = 8, num_kv_heads = 2, seq_lens = [300, 200, 500, 400]},
+    {name = "decode_gqa", num_kv_heads = 2, seq_lens = [300, 200, 500, 400]},
     {name = "prefill_mha", num_q_heads = 4, num_kv_heads = 4, seq_lens = [96, 64], q_lens = [32, 16]},
-    {name = "decode_mqa_long", num_q_heads = 8, num_kv_heads = 1, head_dim = 128, block_size = 32, seq_lens = [1024, 700]},
+    {name = "decode_mqa_long", num_kv_heads = 1, head_dim = 128, block_size = 32, seq_lens = [1024, 700]},
 ]
 
 [defaults]
 tags = ["small"]
+num_q_heads = 8
 head_dim = 64
 block_size = 16
 """
