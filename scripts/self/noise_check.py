@@ -83,28 +83,23 @@ def _counts(rows, slowed: str | None) -> dict:
     judged = rows[rows["verdict"] != ""]
     others = judged[judged["backend"] != slowed] if slowed else judged
     rounds = judged["verdict_reason"].str.extract(r"(\d+) paired rounds")[0].dropna().astype(int)
+    false = others[others["verdict"] == "slower"]
     out = {
         "rows_judged": len(judged),
         **({"paired_rounds": rounds.value_counts().sort_index().to_dict()} if len(rounds) else {}),
         "verdicts": judged["verdict"].value_counts().to_dict(),
-        "false_slower": int((others["verdict"] == "slower").sum()),
-        "false_slower_rows": [
-            f"{r.backend} on {r.case}: {r.verdict_reason}" for r in others[others["verdict"] == "slower"].itertuples()
-        ],
+        "false_slower": len(false),
+        "false_slower_rows": [f"{r.backend} on {r.case}: {r.verdict_reason}" for r in false.itertuples()],
     }
     if slowed:
         target = judged[judged["backend"] == slowed]
+        flagged, missed = target[target["verdict"] == "slower"], target[target["verdict"] != "slower"]
         out.update(
             planted_rows=len(target),
-            planted_flagged=int((target["verdict"] == "slower").sum()),
+            planted_flagged=len(flagged),
             planted_ratio_median=round(float(target["ratio"].median()), 3),
-            planted_missed=[
-                f"{r.case}: {r.verdict} ({r.verdict_reason})"
-                for r in target[target["verdict"] != "slower"].itertuples()
-            ],
-            planted_flagged_rows=[
-                f"{r.case}: {r.verdict_reason}" for r in target[target["verdict"] == "slower"].itertuples()
-            ],
+            planted_missed=[f"{r.case}: {r.verdict} ({r.verdict_reason})" for r in missed.itertuples()],
+            planted_flagged_rows=[f"{r.case}: {r.verdict_reason}" for r in flagged.itertuples()],
         )
     return out
 
