@@ -59,6 +59,7 @@ def _vary(name: str, **changes) -> KernelCase:
     return replace(BASE, name=name, **changes)
 
 
+MANY_TILES = {"num_q_heads": 4, "num_kv_heads": 4, "seq_lens": (90, 5), "q_lens": (40, 3)}  # a chunked prefill
 KERNEL_CASES: list[KernelCase] = [
     BASE,
     *(
@@ -72,7 +73,7 @@ KERNEL_CASES: list[KernelCase] = [
     _vary("layout_contiguous", layout="contiguous"),
     _vary("layout_shared_prefix", layout="shared_prefix", seq_lens=(40, 35, 33, 48), q_lens=(1, 3, 0, 2)),
     _vary("prefill_full", seq_lens=(37, 20), q_lens=(37, 20)),
-    _vary("prefill_chunk_many_tiles", num_q_heads=4, num_kv_heads=4, seq_lens=(90, 5), q_lens=(40, 3)),
+    _vary("prefill_chunk_many_tiles", **MANY_TILES),
     _vary("spec_verify", seq_lens=(50, 51, 52), q_lens=(5, 5, 5)),
     _vary("large_logits", input_scale=6.0),
     _vary("long", num_q_heads=4, num_kv_heads=1, seq_lens=(3000, 2049), q_lens=(1, 9)),
@@ -88,14 +89,7 @@ KERNEL_CASES: list[KernelCase] = [
     ),
     # fp16 runs the half-precision tile loop on the CPU too (bf16 is interpreted with IEEE dots, which keeps
     # k_valid in the unmasked tiles, as fp32 does): a chunked prefill over many unmasked tiles in fp16
-    _vary(
-        "float16_prefill_chunk_many_tiles",
-        dtype="float16",
-        num_q_heads=4,
-        num_kv_heads=4,
-        seq_lens=(90, 5),
-        q_lens=(40, 3),
-    ),
+    _vary("float16_prefill_chunk_many_tiles", dtype="float16", **MANY_TILES),
     *(
         _vary(f"{dt}_prefill", dtype=dt, seq_lens=(1, 15, 40, 17), q_lens=(1, 0, 6, 2))
         for dt in ("float16", "bfloat16")
