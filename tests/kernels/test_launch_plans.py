@@ -401,10 +401,9 @@ def _output_call(case, spec, device="cpu"):
     inputs = case.inputs(device)
     args = list(inputs.args())
     kwargs = {k: v for k, v in spec.items() if k in ("sliding_window", "logit_softcap", "return_lse")}
-    heads = case.num_q_heads
-    for name in ("sinks", "alibi_slopes"):
-        if name in spec:
-            kwargs[name] = torch.linspace(-1, 1, heads, device=device)
+    kwargs |= {
+        n: torch.linspace(-1, 1, case.num_q_heads, device=device) for n in ("sinks", "alibi_slopes") if n in spec
+    }
     if "query_start_loc" in spec:
         args[5] = None
     if spec.get("table") == "strided":
@@ -413,9 +412,8 @@ def _output_call(case, spec, device="cpu"):
         args[1], args[2] = args[1].to(torch.float8_e4m3fn), args[2].to(torch.float8_e4m3fn)
         kwargs["k_scale"], kwargs["v_scale"] = 0.5, 2.0
     if spec.get("out") == "strided":
-        shape = (*args[0].shape[:2], args[2].shape[-1])
-        kwargs["out"] = torch.full((shape[2], shape[0], shape[1]), float("nan"), dtype=args[0].dtype, device=device)
-        kwargs["out"] = kwargs["out"].permute(1, 2, 0)
+        out = torch.full((args[2].shape[-1], *args[0].shape[:2]), float("nan"), dtype=args[0].dtype, device=device)
+        kwargs["out"] = out.permute(1, 2, 0)  # [num_tokens, num_q_heads, head_dim_v], head_dim_v outermost
     return args, kwargs
 
 
