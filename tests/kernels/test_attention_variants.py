@@ -410,14 +410,10 @@ def test_a_row_alone_takes_a_new_variant_to_the_call_and_the_oracle(monkeypatch)
 
 @pytest.mark.parametrize(
     ("changes", "field"),
-    [
-        ({"sinks": [1.0, 2.0]}, "sinks"),
-        ({"sliding_window": 0}, "sliding_window"),
-        ({"logit_softcap": -1.0}, "logit_softcap"),
-        ({"alibi": 1}, "alibi"),
-        ({"sinks": {"scale": 1.0, "std": 2.0}}, "sinks"),
-    ],
-)
+    [({"sinks": [1.0, 2.0]}, "sinks"), ({"sliding_window": 0}, "sliding_window"),
+     ({"logit_softcap": -1.0}, "logit_softcap"), ({"alibi": 1}, "alibi"),
+     ({"sinks": {"scale": 1.0, "std": 2.0}}, "sinks")],
+)  # fmt: skip
 def test_bad_variant_field_is_refused_naming_it(changes, field):
     with pytest.raises(CaseFileError, match=f"field '{field}"):
         expand_spec({**SPEC, **changes}, "t.toml")
