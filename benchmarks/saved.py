@@ -3,12 +3,8 @@
     python benchmarks/saved.py compare NEW.json [--baseline NAME_OR_PATH] [--min-effect F]
     python benchmarks/saved.py save NEW.json
 
-Runs live where pytest-benchmark keeps them (``.benchmarks/<machine id>/NNNN_<commit>.json``);
-only passing runs are saved, so the newest is the default baseline (``--baseline``: a number, a
-part of a name, or a path). The comparison is ``harness compare``'s on the saved samples; with
-``--confirm`` (what ``nox -s bench`` does) every benchmark is re-timed in paired rounds against
-the baseline's commit. Exit 1, a line a benchmark, when any is slower.
-"""
+Only passing runs are saved (``.benchmarks/<machine id>/NNNN_<commit>.json``), so the newest is the
+baseline; ``--confirm`` re-times every benchmark against the baseline's commit. Exit 1 when any is slower."""
 
 from __future__ import annotations
 
@@ -83,20 +79,14 @@ def compare_files(
     base: Path, new: Path, min_effect: float | None = None, alpha: float = 0.05, confirm: str | None = None,
     confirm_time: float = 900.0,
 ) -> tuple[bool, str]:  # fmt: skip
-    """(passed, summary): is any benchmark of ``new`` slower than in ``base``?
-
-    With ``confirm`` ("all", "unclear" or "slower": which benchmarks), they are re-timed
-    by ``harness.review.confirm`` (base: the baseline's commit in a git worktree; new: this
-    checkout, as it is), base and new alternating in paired rounds, before the verdict.
-    """
+    """(passed, summary): is any benchmark of ``new`` slower than in ``base``? ``confirm``: re-timed first."""
     from harness.review.compare import CompareOptions, compare_runs
 
     (old, old_meta), (cur, cur_meta) = to_rows(base), to_rows(new)
     options = CompareOptions(min_effect=min_effect, alpha=alpha)
     comparison = compare_runs(old.drop(columns="name"), cur.drop(columns="name"), None, None, options)
-    lines = [
-        f"bench: {Path(new).name} against {Path(base).name}: {int((comparison.rows['side'] == 'both').sum())} benchmarks in both"
-    ]
+    both = int((comparison.rows["side"] == "both").sum())
+    lines = [f"bench: {Path(new).name} against {Path(base).name}: {both} benchmarks in both"]
     if confirm:
         comparison, said = _confirm(comparison, old_meta, cur_meta, options, confirm, confirm_time)
         lines += [f"  {line}" for line in said]
@@ -133,16 +123,8 @@ def _confirm(comparison, base_meta: dict, new_meta: dict, options, which: str, t
         return comparison, [f"confirm: skipped: {error}"]
     try:
         with checked_out({"base": commit}, cwd=ROOT) as (tree,):
-            comparison = confirm_slower(
-                comparison,
-                base_meta,
-                new_meta,
-                options,
-                which=which,
-                time_s=time_s,
-                checkouts=(tree, ROOT),
-                log=said.append,
-            )
+            comparison = confirm_slower(comparison, base_meta, new_meta, options, which=which, time_s=time_s,
+                                        checkouts=(tree, ROOT), log=said.append)  # fmt: skip
     except subprocess.CalledProcessError as error:
         why = (error.stderr or b"").decode(errors="replace").strip()[:200]
         return comparison, [f"confirm: skipped: cannot check out {commit[:12]}: {why}"]
@@ -173,12 +155,9 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--storage", type=Path, default=STORAGE)
     parser.add_argument(
-        "--confirm",
-        nargs="?",
-        const="all",
-        choices=["slower", "unclear", "all"],
+        "--confirm", nargs="?", const="all", choices=["slower", "unclear", "all"],
         help="re-time benchmarks (all; or only unclear or slower ones), baseline commit and this checkout alternating",
-    )
+    )  # fmt: skip
     parser.add_argument("--confirm-time", type=float, default=900.0, help="time box of --confirm, s (900)")
     args = parser.parse_args(argv)
     if args.action == "save":

@@ -1,14 +1,10 @@
 """pytest-benchmark suite, generated: one benchmark per (case, backend) that runs on the device.
 
-Cases from ``--cases`` (default ``cases/smoke.toml``), backends from the registry, through the
-harness's pytest plugin; ids read ``test_bench[decode_gqa/dtype=float16-tlsim]``. Timing is
-``harness.timing.timer.time_call``, its samples handed to pytest-benchmark as the rounds;
-``extra_info`` keeps them (``samples_us``, what ``nox -s bench`` compares), the bytes moved, GB/s
-and the case's parameters.
+Cases from ``--cases`` (default ``cases/smoke.toml``), timed by ``harness.timing.timer.time_call``;
+``extra_info`` keeps the samples (``samples_us``, what ``nox -s bench`` compares), bytes, GB/s, the case.
 
     nox -s bench                          # run, compare with the last passing run, save if it passes
-    nox -s bench -- --cases cases/gpu.toml --baseline 0003
-"""
+    nox -s bench -- --cases cases/gpu.toml --baseline 0003"""
 
 from __future__ import annotations
 
@@ -28,11 +24,7 @@ CASE_FIELDS = ("dtype", "num_q_heads", "num_kv_heads", "head_dim", "block_size",
 
 
 def feed_samples(benchmark, samples_us: list[float]) -> None:
-    """Record the harness's samples as the benchmark's rounds (seconds, one call each).
-
-    pytest-benchmark has no public call for samples timed elsewhere; this uses its
-    fixture's own stats object (``_make_stats``) as ``pedantic`` does.
-    """
+    """Record the harness's samples as the benchmark's rounds, through the fixture's stats as ``pedantic`` does."""
     benchmark._mode = "harness.timing.timer.time_call"
     stats = benchmark._make_stats(1)
     for sample in samples_us:

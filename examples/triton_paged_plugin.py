@@ -1,26 +1,20 @@
 """A paged-attention kernel written outside this project, plugged into the harness.
 
-It knows nothing of the harness's kernels: a plain Triton kernel an engine might carry, and
-the one ``register_backend`` call that puts it in every run named with ``--plugin``:
+A plain Triton kernel an engine might carry, and the one ``register_backend`` call that puts it in every
+run named with ``--plugin``:
 
     harness run examples/triton_paged_plugin.toml --plugin examples/triton_paged_plugin.py --backend example_triton
     python examples/triton_paged_plugin.py --no-timing   # the same; further arguments go to harness run
 
-**The algorithm.** One program per (sequence, query head, tile of BLOCK_M queries). It walks
-the sequence's pages in order, one page (block_size keys) a step, with the online softmax:
-a running max ``m`` and denominator ``l`` per query row, the accumulator rescaled by
-``exp(m_old - m_new)`` whenever the max grows. Key position ``p`` of sequence ``s`` is slot
-``p % block_size`` of page ``block_table[s, p // block_size]``: with block_size 16, position
-45 is slot 13 of the third page (45 = 2 * 16 + 13). A query at position ``pos`` sees keys
-``0..pos`` (``pos - W < p`` too under a sliding window of ``W``).
+**The algorithm.** One program per (sequence, query head, tile of BLOCK_M queries) walks the sequence's
+pages in order, one page a step, with the online softmax (running max ``m`` and denominator ``l`` per
+row, the accumulator rescaled by ``exp(m_old - m_new)``). Key position ``p`` is slot ``p % block_size``
+of page ``block_table[s, p // block_size]``: with block_size 16, position 45 is slot 13 of the third
+page (45 = 2 * 16 + 13). A query at ``pos`` sees keys ``0..pos`` (and ``pos - W < p`` under a window W).
 
-**What the harness is told.** ``plan_launch`` is the plan step: from the case's host-side
-facts (``harness.backends.plugins.CaseFacts``: the longest query, the head dims...) it picks
-BLOCK_M and the grid once per input set, outside the timed region, so a call reads no tensor
-value on the host. ``LIMITS`` are what the kernel serves (a page is one ``tl.dot`` tile, so
-block_size is a multiple of 16; head dims are powers of two); a case outside them is a skip
-row naming the limit. ``variants`` names the variants it computes, by their case-file names.
-"""
+**What the harness is told.** ``plan_launch`` picks BLOCK_M and the grid from the case's host-side facts,
+once per input set, outside the timed region; ``LIMITS`` are what the kernel serves (a case outside is a
+skip row naming the limit); ``variants`` names the variants it computes."""
 
 from __future__ import annotations
 

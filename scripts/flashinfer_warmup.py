@@ -3,14 +3,9 @@
     python scripts/flashinfer_warmup.py [CASE_FILES...] [--jobs N]   # default: the suites gpu_run.sh runs, N half the cores (4 at least)
     python scripts/flashinfer_warmup.py --list cases/gpu_peers.toml   # the twins only, nothing called (any machine)
 
-FlashInfer compiles a module per (dtypes, head dim, wrapper, cores, FA2/FA3, variants) on its first
-call; an FA3 prefill module takes about 100 s on an H200. The case files' cases are reduced to one
-small twin per module (harness.backends.flashinfer_peer.warmup_cases), and each twin is prepared and
-called once on the GPU, ``--jobs`` twins at a time in their own processes (the compiles run in
-parallel): FlashInfer keeps what it built in its JIT cache, where the run's workers find
-it. Prints a line per twin (its module, the seconds it took). Without FlashInfer it says so and exits
-0: the run's rows are then skips naming the install command. Exits 1 when a twin's call fails.
-"""
+The cases are reduced to one small twin per FlashInfer module (warmup_cases), each called once on the
+GPU, ``--jobs`` at a time, into FlashInfer's JIT cache; a line per twin. Without FlashInfer: exit 0
+(the rows are skips naming the install); exit 1 when a twin's call fails."""
 
 from __future__ import annotations
 

@@ -4,22 +4,10 @@
     python scripts/generate_mutants.py --sample 40 --out generated.toml  # a seeded sample, as a catalogue
     python scripts/generate_mutants.py --sample 40 --run                 # and run it (scripts/mutants.py)
 
-Each mutant is one operator swap found by walking the syntax tree of kernels/triton_paged.py,
-tiling.py, launch_plan.py, contract.py, fp8.py, cache.py, dispatch.py and cascade.py:
-
-* comparison flips on a boundary: ``<`` <-> ``<=``, ``>`` <-> ``>=``;
-* off-by-ones: ``x + 1`` and ``x - 1`` lose the 1;
-* dropped masks and conditions: ``a & b`` keeps one side (each side in turn), ``a and b`` likewise.
-
-With ``--run``, one coverage pass of the quick tests (pytest-cov, the kernel interpreted) first finds
-the lines they execute: a mutant on a line none of them reaches is reported ``not reached`` without
-a run (a survivor by definition, and the costliest kind: a full serial run of the quick tests each).
-
-A mutant is written in scripts/mutants.toml's form (``find``: the source lines holding the
-operator, widened line by line until unique in the file; ``replace``: the same lines swapped), so
-scripts/mutants.py plants and runs it. Generated mutants name no ``caught_by``: the runner's verdict
-``misrecorded`` (a quick test failed, not a named one) is a catch here, and ``survived`` a gap.
-"""
+One operator swap each, from the syntax trees of FILES: ``<`` <-> ``<=``, ``>`` <-> ``>=``; ``x + 1`` and
+``x - 1`` lose the 1; ``a & b`` and ``a and b`` keep one side. ``--run`` first finds the lines the quick
+tests execute (pytest-cov): a mutant elsewhere is ``not reached``, not run. Written in mutants.toml's
+form, with no ``caught_by``: the runner's ``misrecorded`` is a catch here, ``survived`` a gap."""
 
 from __future__ import annotations
 
@@ -107,8 +95,7 @@ def generate(files: list[str] = FILES) -> list[dict]:
 
 
 def reached_lines(tests: list[str]) -> dict[str, tuple[set[int], set[int]]]:
-    """The statements of kernels/ that ``tests`` execute and those they miss, by first line, by path
-    relative to the root (pytest-cov, two workers)."""
+    """kernels/' statements ``tests`` execute and those they miss, by first line, by path (pytest-cov)."""
     with tempfile.TemporaryDirectory(prefix="reached-") as tmp:
         data = Path(tmp) / "coverage.json"
         pytest = [sys.executable, "-m", "pytest", "-q", "-n", "2", "-p", "no:cacheprovider", "--cov=kernels"]
@@ -121,9 +108,7 @@ def reached_lines(tests: list[str]) -> dict[str, tuple[set[int], set[int]]]:
 
 
 def is_reached(mutant: dict, reached: dict[str, tuple[set[int], set[int]]]) -> bool:
-    """Whether the statement holding the swapped operator ran. coverage.py reports a statement by its
-    first line, so the line of the swap (the id is gen-FILE-LINE-COL-KIND) walks up to the nearest
-    statement's."""
+    """Whether the statement holding the swap ran (the swap's line walks up to its statement's first line)."""
     executed, missing = reached.get(mutant["file"], (set(), set()))
     line = int(mutant["id"].split("-")[2])
     while line > 0 and line not in executed and line not in missing:

@@ -4,15 +4,10 @@
     python scripts/kernel_ab.py [SUITE ...] --with tiling tuning   # the base's split choice and tuning too
     python scripts/kernel_ab.py --dry          # CPU: one tiny case under the interpreter (CI)
 
-``kernels/triton_paged.py`` as of ``--base`` (or from ``--base-dir``) and as in the working tree are
-each imported as a module of ``kernels`` (``kernels._ab_base``, ``kernels._ab_new``); the ``triton``
-backend is pointed at one, then the other, and timed as ``harness run`` times it, base and new
-alternating for ``--rounds`` rounds, judged by ``compare --confirm``'s paired rule. ``--with``
-swaps the base's tiling and tuning modules in too (:func:`kernel_modules`). The new output must
-match the base's within the case's tolerance, or the case is "output differs". Exit 0: nothing
-slower; 1: a case slower or different; 2: a side that does not build or run. docs/performance.md
-has the details.
-"""
+Both kernel files are imported as ``kernels._ab_base`` / ``kernels._ab_new`` and the ``triton`` backend
+timed on each in alternating paired rounds, judged by ``compare --confirm``'s rule; outputs must agree
+within the case's tolerance. Exit 0: nothing slower; 1: a case slower or different; 2: a side that does
+not build or run. docs/performance.md has the details."""
 
 from __future__ import annotations
 
@@ -21,7 +16,6 @@ import fnmatch
 import importlib
 import importlib.util
 import json
-import os
 import statistics
 import subprocess
 import sys
@@ -31,8 +25,6 @@ from pathlib import Path
 
 import torch
 
-if "TRITON_INTERPRET" not in os.environ and not torch.cuda.is_available():
-    os.environ["TRITON_INTERPRET"] = "1"
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import kernels
@@ -57,8 +49,7 @@ class ABError(Exception):
 
 
 def serve_split_modules() -> None:
-    """Make each module of ``SPLIT`` that the working tree lacks importable as ``kernels.<old name>``,
-    holding the names of the modules it was split into (the working tree's code, as for every helper)."""
+    """Serve each ``SPLIT`` module the working tree lacks as ``kernels.<old name>``, from its parts."""
     for old, parts in SPLIT.items():
         if f"kernels.{old}" in sys.modules or (ROOT / "kernels" / f"{old}.py").exists():
             continue
@@ -71,8 +62,7 @@ def serve_split_modules() -> None:
 
 
 def _git_show(rev: str | Path, path: Path) -> str:
-    """``path`` (relative to the repository) as of ``rev``: a git revision, or (a Path, ``--base-dir``) a
-    folder holding a copy of the base tree (a GPU machine's copy of the tree may have no git history)."""
+    """``path`` as of ``rev``: a git revision, or (a Path, ``--base-dir``) a folder holding the base tree."""
     if isinstance(rev, Path):
         if not (rev / path).is_file():
             raise ABError(f"{rev / path}: no such file in the base folder {rev}")
@@ -95,8 +85,7 @@ def _import(name: str, path: Path, text: str, what: str):
 
 
 def _rebind(module, swapped: dict) -> None:
-    """Point each name ``module`` took from a working-tree module of ``swapped`` (name -> the base's module)
-    at the base module's object of that name: ``from .tiling import tiling_for`` then calls the base's."""
+    """Point the names ``module`` took from a working-tree module of ``swapped`` at the base module's objects."""
     for old_name, base in swapped.items():
         tree = importlib.import_module(f"kernels.{old_name}")
         for attr, value in list(vars(module).items()):
@@ -105,12 +94,8 @@ def _rebind(module, swapped: dict) -> None:
 
 
 def kernel_modules(base_rev: str | Path, folder: Path, with_modules: tuple[str, ...] = ()) -> dict:
-    """{"base": module, "new": module}: the kernel file at ``base_rev`` and the working tree's, written to
-    ``folder`` and imported afresh as ``kernels._ab_<side>`` (their relative imports are the working tree's
-    kernels). ``with_modules`` (of :data:`WITH`): those modules at ``base_rev`` are imported first as
-    ``kernels._ab_base_<name>``, and in each base module imported after one, the names taken from its
-    working-tree counterpart are rebound to it (:func:`_rebind`; module-level code ran with the working
-    tree's); tuning without tiling brings a copy of the tree's tiling. The caller drops the modules (:func:`remove_modules`), also when an import fails."""
+    """{"base": module, "new": module} imported from ``folder`` as ``kernels._ab_<side>``, ``with_modules``
+    at ``base_rev`` rebound into them (:func:`_rebind`); the caller calls :func:`remove_modules`."""
     sources = {"base": _git_show(base_rev, KERNEL), "new": (ROOT / KERNEL).read_text()}
     base_parts = {name: _git_show(base_rev, KERNEL.with_name(f"{name}.py")) for name in WITH if name in with_modules}
     if "tuning" in base_parts and "tiling" not in base_parts:  # the kernel reads tuning through tiling only
@@ -140,8 +125,7 @@ def remove_modules() -> None:
 
 
 def timeable(cases) -> list:
-    """The cases the comparison can time: those the triton backend runs, options and all (the backend
-    passes a case's options, the same ones, to both sides' entries: :func:`time_case`)."""
+    """The cases the triton backend runs, options and all (both sides get the same options)."""
     (backend,) = resolve_backends(["triton"])
     return [c for c in cases if c.wants("triton") and set(c.variants) <= backend.variants]
 
@@ -152,8 +136,7 @@ def dry_case():
 
 
 def time_case(case, modules: dict, device: str, rounds: int, reps: dict) -> dict:
-    """One case: each side's outputs compared, then ``rounds`` paired rounds (``reps``: time_call's
-    budget keywords); the record with the verdict."""
+    """One case: outputs compared, then ``rounds`` paired rounds (``reps``: time_call's budget); its record."""
     (backend,) = resolve_backends(["triton"])
     inputs = case_inputs(case, device)
     prepared, outputs = {}, {}
@@ -205,6 +188,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--dry", action="store_true",
                         help="the smallest smoke case on the CPU, one call a sample (ignores suites and --case)")  # fmt: skip
     args = parser.parse_args(argv)
+    kernels.use_interpreter_if_no_gpu()
     device = "cuda" if torch.cuda.is_available() else "cpu"
     if device == "cpu" and not args.dry:
         parser.error("no CUDA device: pass --dry for the CPU run")
@@ -219,14 +203,12 @@ def main(argv: list[str] | None = None) -> int:
     if not cases:
         parser.error(f"no case of {args.suites} matches --case {args.case!r} and runs the triton backend")
     reps = {"min_reps": 1, "max_reps": 2, "target_s": 0.0} if args.dry else {"target_s": args.target_s}
-    records = []
+    records, base = [], args.base_dir or args.base
     try:
         with tempfile.TemporaryDirectory(prefix="kernel-ab-") as folder:
-            modules = kernel_modules(args.base_dir or args.base, Path(folder), tuple(args.with_modules))
+            modules = kernel_modules(base, Path(folder), tuple(args.with_modules))
             also = "".join(f" + {name}.py" for name in WITH if name in args.with_modules)
-            print(
-                f"# kernel{also} {args.base_dir or args.base} (base) against the working tree (new), {args.rounds} paired rounds, {device}"
-            )
+            print(f"# kernel{also} {base} (base) against the working tree (new), {args.rounds} paired rounds, {device}")
             print("| case | base us | new us | new / base | paired CI | verdict |\n|---|---|---|---|---|---|")
             for case in cases:
                 r = time_case(case, modules, device, args.rounds, reps)
@@ -242,9 +224,7 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         remove_modules()
     if args.out:
-        args.out.write_text(
-            json.dumps({"device": device, "base": str(args.base_dir or args.base), "records": records}, indent=1)
-        )
+        args.out.write_text(json.dumps({"device": device, "base": str(base), "records": records}, indent=1))
     if any(r["verdict"] == "error" for r in records):
         return 2
     return 1 if any(r["verdict"] in ("slower", "output differs") for r in records) else 0

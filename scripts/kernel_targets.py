@@ -2,28 +2,19 @@
 
     python scripts/kernel_targets.py RUN_DIR [RUN_DIR ...] [--backend triton]
 
-Every number comes from the run's results.parquet (rows that passed), so a table made
-with this names its run. The targets, each a ratio measured side by side in one run:
+All from the run's results.parquet (passing rows), each target a ratio within one run:
 
-    host        not scored here: the 20 us target is a hot loop's host time per call, which
-                scripts/self/host_overhead.py measures. A row's host_us is one call's host time right
-                after the device drained, with cold host caches (tens to hundreds of us on an
-                H200, docs/performance.md); the script prints
-                the kernel's median host_us against the best peer's instead, as information
-    eager       decode: the default eager call against SDPA's eager call, at most 1.10x
-    decode      decode device time against the best peer's, at most 1.05x
-    read        decode with 256 MB of KV or more: at least 90% of the read ceiling (not MLA: 128 heads
-                over one KV head make it compute-bound, and it is scored in TFLOP/s)
-    prefill     q_len >= 512: device time against the best peer's, at most 1.10x
-    verify      q_len 2-8: device time against the same batch's decode, at most 1.30x
-    cache       the engine path (backend "cache") against the bare kernel, at most 1.10x
-    fp8         decode over an fp8 cache against its twin (the same batch, a cache in q's dtype), at
-                most 0.60x; its "read" limit is 85% (counted in fp8 bytes)
-    mla         decode with K past 256 dims and 16 or more q heads a KV head (MLA): at least 200 TFLOP/s
+    eager    decode: the default eager call against SDPA's, at most 1.10x
+    decode   decode device time against the best peer's, at most 1.05x
+    read     decode of 256 MB of KV or more, not MLA: at least 90% of the read ceiling (fp8: 85%)
+    prefill  q_len >= 512: against the best peer's, at most 1.10x
+    verify   q_len 2-8: against the same batch's decode, at most 1.30x
+    cache    the engine path against the bare kernel, at most 1.10x
+    fp8      decode over an fp8 cache against its twin in q's dtype, at most 0.60x
+    mla      decode with K past 256 dims and 16+ q heads a KV head: at least 200 TFLOP/s
 
-RUN_DIR may be given more than once: a case's rows all come from the first run that has it, and a
-twin (fp8's, verify's) is looked up in that same run, so every ratio stays within one run.
-"""
+The 20 us host target is scripts/self/host_overhead.py's; here a row's cold host_us is only printed
+against the peers'. A case's rows, and its twins, come from the first RUN_DIR that has it."""
 
 from __future__ import annotations
 
@@ -48,15 +39,13 @@ def _line(target: str, case: str, value: float, limit: float, unit: str, higher_
 
 
 def score(frame: pd.DataFrame, backend: str = "triton") -> pd.DataFrame:
-    """One row per (target, case): measured value, its limit and whether it is met. ``frame``: one run's
-    rows, or several runs' with a ``run`` column (main)."""
+    """One row per (target, case): measured, limit, met. ``frame``: one run's rows, or several with ``run``."""
     frame = frame if "run" in frame.columns else frame.assign(run=0)
     ok = frame[(frame["status"] == "pass") & frame["latency_us"].notna()]
     mine = ok[ok["backend"] == backend].set_index("case")
     peers = peer_table(frame, backend)  # empty for a run without peer rows (a variants run)
-    against_peer = (
-        peers.set_index("case")["ratio"] if not peers.empty else pd.Series(dtype=float)
-    )  # backend / fastest peer
+    # backend / fastest peer
+    against_peer = peers.set_index("case")["ratio"] if not peers.empty else pd.Series(dtype=float)
     sdpa_call = ok[ok["backend"] == "sdpa_contiguous"].set_index("case")["call_us"]
     cache = ok[ok["backend"] == "cache"].set_index("case")["latency_us"]
     lines = []
@@ -78,18 +67,15 @@ def score(frame: pd.DataFrame, backend: str = "triton") -> pd.DataFrame:
             lines.append(_line("mla", case, row["tflops"], 200.0, "TFLOP/s", higher_is_better=True))
         if row["max_q_len"] >= 512 and case in against_peer.index:
             lines.append(_line("prefill", case, against_peer[case], 1.10, "x best peer"))
-        if 2 <= row["max_q_len"] <= 8:
-            twin = _decode_twin(mine, row)
-            if twin is not None:
-                lines.append(_line("verify", case, row["latency_us"] / mine.loc[twin, "latency_us"], 1.30, f"x {twin}"))
+        if 2 <= row["max_q_len"] <= 8 and (twin := _decode_twin(mine, row)) is not None:
+            lines.append(_line("verify", case, row["latency_us"] / mine.loc[twin, "latency_us"], 1.30, f"x {twin}"))
         if case in cache.index:
             lines.append(_line("cache", case, cache[case] / row["latency_us"], 1.10, "x kernel"))
     return pd.DataFrame(lines)
 
 
 def host_note(frame: pd.DataFrame, backend: str = "triton") -> str | None:
-    """A line on the rows' host_us (median of ``backend``'s against the median over the peers' rows of the
-    same cases), or None for a run without the column. Information, not a target (module docstring)."""
+    """A line on ``backend``'s median host_us against its peers' on the same cases (None without the column)."""
     if "host_us" not in frame.columns:
         return None
     ok = frame[(frame["status"] == "pass") & frame["host_us"].notna()]
@@ -105,15 +91,13 @@ def host_note(frame: pd.DataFrame, backend: str = "triton") -> str | None:
 
 
 def _twin(mine: pd.DataFrame, row: pd.Series, same: list[str], among: pd.Series) -> str | None:
-    """The first case of ``mine`` (rows where ``among`` holds) that equals ``row`` on every ``same`` column
-    and comes from the same run, or None."""
+    """The first case of ``mine`` where ``among`` holds, equal to ``row`` on ``same`` and its run, or None."""
     twins = mine[among & (mine[[*same, "run"]] == row[[*same, "run"]]).all(axis=1)]
     return None if twins.empty else str(twins.index[0])
 
 
 def _cache_twin(mine: pd.DataFrame, row: pd.Series) -> str | None:
-    """The same batch over a cache in q's dtype (an fp8 case's twin), if its run has one: the same shape,
-    lengths and flops (a window changes the flops; an option that does not, a softcap say, is not told)."""
+    """The same batch over a cache in q's dtype (an fp8 case's twin): same shape, lengths and flops."""
     same = ["num_q_heads", "num_kv_heads", "head_dim", "head_dim_v", "num_seqs", "max_seq_len", "total_kv_tokens",
             "num_tokens", "block_size", "dtype", "flops"]  # fmt: skip
     return _twin(mine, row, same, mine["kv_dtype"].isna() | (mine["kv_dtype"] == ""))
@@ -148,9 +132,8 @@ def main(argv: list[str] | None = None) -> int:
         worst = group["measured"].min() if target == "read" else group["measured"].max()
         print(f"\n## {target}: met on {met} of {len(group)} cases (worst {worst:.3g} {group['unit'].iloc[0]})")
         for row in group.itertuples(index=False):
-            print(
-                f"  {'ok  ' if row.met else 'MISS'} {row.case:40s} {row.measured:9.3g} {row.unit} (limit {row.limit:g})"
-            )
+            mark = "ok  " if row.met else "MISS"
+            print(f"  {mark} {row.case:40s} {row.measured:9.3g} {row.unit} (limit {row.limit:g})")
     return 0
 
 

@@ -6,12 +6,9 @@
     python scripts/mutants.py --record --only ID   # write ID's caught_by: the quick test that fails first (-x)
     python scripts/mutants.py --json out.json      # the table as JSON too
 
-Per mutant, in a copy of the tree: its ``find`` text (which must occur exactly once, else
-"not-applied") is replaced by ``replace``, its ``caught_by`` test runs, then the rest of the quick
-tests with -x, each pytest in a child forked from this process. Verdicts: caught, misrecorded,
-survived, timeout, not-applied, error. Exit 0 only when every mutant is caught and the unmutated
-baseline passed. docs/mutants.md has the details.
-"""
+Per mutant, its ``find`` text (exactly once, else "not-applied") becomes ``replace``, its ``caught_by``
+test runs, then the rest with -x, each pytest in a forked child. Verdicts: caught, misrecorded, survived,
+timeout, not-applied, error; exit 0 only when all are caught. docs/mutants.md has the details."""
 
 from __future__ import annotations
 
@@ -77,8 +74,7 @@ class Outcome:
 
 @dataclass
 class Run:
-    """One pytest run in a child: its status (None on timeout, negative when killed by a signal),
-    the tests that failed, the output's last line, seconds."""
+    """One child pytest run: status (None: timeout; negative: a signal), failed tests, last line, seconds."""
 
     status: int | None
     failed: list[str]
@@ -104,8 +100,7 @@ def applies(mutant: Mutant, root: Path) -> str | None:
 
 
 def selection(mutant: Mutant | None) -> list[str]:
-    """pytest -k arguments that keep the tests of the backends the mutant's file can change (and the device
-    split's tests, which hold tlsim to the kernel: both backends' mutants fail them)."""
+    """pytest -k keeping the tests of the backends the mutant's file can change, and the device split's."""
     if mutant is None or mutant.file not in FILE_BACKENDS:
         return []
     others = [b for b in BACKENDS if b not in FILE_BACKENDS[mutant.file]]
@@ -113,8 +108,7 @@ def selection(mutant: Mutant | None) -> list[str]:
 
 
 class _Recorder:
-    """pytest plugin (in the child): one JSON line per test phase, written as it ends, so a run
-    killed at its time limit still tells which tests had failed."""
+    """pytest plugin (in the child): a JSON line per test phase as it ends, which outlives a kill."""
 
     def __init__(self, path: str):
         self.path = path
@@ -126,8 +120,7 @@ class _Recorder:
 
 
 def _pytest_child(tree: str, args: list[str], log: str, report: str, modules: str | None) -> None:
-    """In a forked child: pytest ``args`` in ``tree``, output to ``log``; exits with pytest's status.
-    With ``modules``, also writes there the modules it imported from outside the tree."""
+    """In a forked child: pytest ``args`` in ``tree`` into ``log``; ``modules``: where to list the outside imports."""
     sys.dont_write_bytecode = True  # a mutated module must never be served from a stale .pyc
     for name in [n for n in sys.modules if n.split(".")[0] in PROJECT]:
         del sys.modules[name]  # a parent that had imported them (a pytest worker) must not serve the unmutated ones
@@ -190,10 +183,7 @@ def verdict_of(run: Run) -> tuple[str, str]:
 
 
 def preload(names: list[str] = ()) -> None:
-    """Import third-party modules here, so forked children start with them loaded: the tests' usual
-    ones, then ``names`` (what the baseline imported from outside the tree; one that fails to
-    import here is left to the children). Never kernels, harness or tests: those must come from
-    the mutated tree, in the child."""
+    """Import third-party modules (the usual, then ``names``) before forking; never the project's own."""
     os.environ["TRITON_INTERPRET"] = "1"  # before Triton's first import: it decides there
     os.environ["PYTHONDONTWRITEBYTECODE"] = "1"
     os.environ.pop("PYTEST_ADDOPTS", None)  # the children's pytest takes only the arguments given here
@@ -235,38 +225,29 @@ def planted(mutant: Mutant, tree: Path):
         path.write_text(original)
 
 
-def run_mutant(mutant: Mutant, tree: Path, tests: list[str], timeout: float) -> Outcome:
-    """Apply ``mutant`` in ``tree``, run its caught_by test, then (only if that passes) the rest with -x."""
+def run_mutant(mutant: Mutant, tree: Path, tests: list[str], timeout: float, record: bool = False) -> Outcome:
+    """Apply ``mutant`` in ``tree``, run its caught_by test, then (only if that passes) the rest with -x;
+    ``record``: only the rest, naming the test that fails in ``detail``."""
     if reason := applies(mutant, tree):
         return Outcome(mutant.id, "not-applied", 0.0, reason)
-    seconds = 0.0
+    seconds, caught_by = 0.0, "" if record else mutant.caught_by
     with planted(mutant, tree):
-        if mutant.caught_by:
-            run = run_pytest(tree, [mutant.caught_by], timeout)
+        if caught_by:
+            run = run_pytest(tree, [caught_by], timeout)
             seconds += run.wall
             verdict, detail = verdict_of(run)
             if verdict == "failed":
                 return Outcome(mutant.id, "caught", seconds, detail)
             if verdict != "passed":
                 return Outcome(mutant.id, verdict, seconds, detail)
-        deselect = ["--deselect", mutant.caught_by] if mutant.caught_by else []
+        deselect = ["--deselect", caught_by] if caught_by else []
         run = run_pytest(tree, ["-x", *tests, *selection(mutant), *deselect], timeout)
         seconds += run.wall
         verdict, detail = verdict_of(run)
-    if verdict == "failed":
-        why = f"{mutant.caught_by} passed" if mutant.caught_by else "no caught_by"
+    if verdict == "failed" and not record:
+        why = f"{caught_by} passed" if caught_by else "no caught_by"
         return Outcome(mutant.id, "misrecorded", seconds, f"{detail} ({why}: run --record)")
-    return Outcome(mutant.id, {"passed": "survived"}.get(verdict, verdict), seconds, detail)
-
-
-def record_mutant(mutant: Mutant, tree: Path, tests: list[str], timeout: float) -> Outcome:
-    """Apply ``mutant``, run its selection with -x and name the failing test in ``detail``."""
-    if reason := applies(mutant, tree):
-        return Outcome(mutant.id, "not-applied", 0.0, reason)
-    with planted(mutant, tree):
-        run = run_pytest(tree, ["-x", *tests, *selection(mutant)], timeout)
-    verdict, detail = verdict_of(run)
-    return Outcome(mutant.id, {"passed": "survived", "failed": "caught"}.get(verdict, verdict), run.wall, detail)
+    return Outcome(mutant.id, {"passed": "survived", "failed": "caught"}.get(verdict, verdict), seconds, detail)
 
 
 def write_caught_by(recorded: dict[str, str], path: Path = CATALOGUE) -> None:
@@ -333,12 +314,12 @@ def main(argv: list[str] | None = None) -> int:
             print("mutants.py: the quick tests fail on the unmutated tree; fix that first")
             return 1
         preload(imported.read_text().splitlines())
-        step, timeout = (record_mutant, args.timeout * 3) if args.record else (run_mutant, args.timeout)
+        timeout = args.timeout * 3 if args.record else args.timeout
 
         def one(mutant: Mutant) -> Outcome:
             tree = trees.get()
             try:
-                outcome = step(mutant, tree, args.tests, timeout)
+                outcome = run_mutant(mutant, tree, args.tests, timeout, args.record)
             finally:
                 trees.put(tree)
             print(f"  {outcome.id}: {outcome.verdict} ({outcome.seconds:.1f} s) {outcome.detail}", flush=True)

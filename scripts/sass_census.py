@@ -1,15 +1,11 @@
 """SASS census of the Triton kernel's tile loop, compiled for sm_90 on a machine without a GPU: per launch,
-the instructions a warp runs a tile in the unmasked and the masked tile loop, registers, stack, spills
-and shared memory.
+the instructions a warp runs a tile in the unmasked and masked loops, registers, stack, spills, shared memory.
 
     PYTHONPATH=<triton-3.6 site>:. python scripts/sass_census.py [--only NAME ...] [--set NAME=VALUE ...]
         [--ops] [--json PATH] [--sass-dir DIR] [--module kernels.triton_paged]
 
-Each launch (LAUNCHES) is the one the ``triton`` backend makes for the case, its plan built from meta
-tensors, Triton's launcher specializations reproduced. ``--set`` overrides a constexpr or a compile
-option; ``--module`` names another copy of the kernel (a commit's, via ``git show``). From Python:
-``census(name, overrides)``, ``compile_launch``, ``compile_kernel``, ``sass_of``, ``tile_loops``.
-"""
+Each launch (LAUNCHES) is the triton backend's for the case, planned on meta tensors. ``--set``
+overrides a constexpr or compile option; ``--module`` names another copy of the kernel."""
 
 from __future__ import annotations
 
@@ -45,9 +41,7 @@ OPTIONS = {"num_warps", "num_stages"}
 
 
 class Launch(NamedTuple):
-    """A case's shapes. seq_lens set the split (max_seq_len) and the pool's size; q_lens (one query a
-    sequence when None) make a verify or prefill launch; head_dim_v a V narrower than K, a view of K's
-    first columns (MLA's one latent cache) when latent."""
+    """A case's shapes (q_lens None: decode; latent: V a view of K's first head_dim_v columns)."""
 
     q_heads: int
     kv_heads: int
@@ -106,9 +100,7 @@ def plan_of(launch: Launch):
 
 
 def compile_kernel(fn, constexprs: dict, q: str, kv: str | None = None, scalars: dict | None = None, options=None):
-    """``fn`` (a Triton kernel) compiled for sm_90: its pointers typed by q's dtype (``"bf16"``, ...; the
-    caches' by kv's, the fp32 and int32 buffers by name), its constexprs given. With ``scalars`` (each
-    int argument's value) Triton's launcher specializations are reproduced; without, none."""
+    """``fn`` compiled for sm_90, pointers typed by q's (or kv's) dtype; ``scalars``: the launcher's specializations."""
     names, const = fn.arg_names, dict(constexprs)
     signature, marked = {}, []
     for param in fn.params:
@@ -136,8 +128,7 @@ def compile_kernel(fn, constexprs: dict, q: str, kv: str | None = None, scalars:
 
 
 def compile_launch(name: str, overrides: dict | None = None, module: str = "kernels.triton_paged"):
-    """LAUNCHES[name]'s kernel compiled for sm_90, ``overrides`` laid over the plan's constexprs and
-    options: (the compiled kernel, its constexprs, its options)."""
+    """LAUNCHES[name]'s kernel compiled for sm_90 with ``overrides``: (compiled, constexprs, options)."""
     kernel = importlib.import_module(module).paged_attention_kernel
     overrides = overrides or {}
     unknown = set(overrides) - OPTIONS - {p.name for p in kernel.params if p.is_constexpr}
@@ -174,8 +165,7 @@ def sass_of(cubin: bytes) -> tuple[str, str]:
 
 
 def tile_loops(sass: str) -> list[list[str]]:
-    """The tile loops (the unmasked one first), as instruction texts with their predicates: each backward
-    branch's body longer than 100 instructions (the table check's loop is shorter)."""
+    """The tile loops (unmasked first): each backward branch's body of more than 100 instructions."""
     ins = [(int(m.group(1), 16), m.group(2).strip()) for m in re.finditer(r"/\*([0-9a-f]+)\*/\s+([^;]*);", sass)]
     index = {a: i for i, (a, _) in enumerate(ins)}
     found = []
@@ -260,13 +250,10 @@ def main(argv=None) -> None:
         except (ValueError, RuntimeError) as e:
             sys.exit(f"sass_census: {e}")
         rows.append(r)
-        print(
-            f"| {name} | {r['tile_n']} x {r['stages']}, {r['splits']} | {r['registers']} | {r['stack']} | "
-            f"{r['shared']} | {r['loop']} | {r['masked_loop'] or ''} | {r['spill_ops']} | {r['per_128_keys']:.0f} | "
-            + " | ".join(str(r["classes"][c]) for c in order)
-            + " |",
-            flush=True,
-        )
+        cells = [name, f"{r['tile_n']} x {r['stages']}, {r['splits']}", r["registers"], r["stack"], r["shared"],
+                 r["loop"], r["masked_loop"] or "", r["spill_ops"], f"{r['per_128_keys']:.0f}",
+                 *(r["classes"][c] for c in order)]  # fmt: skip
+        print("| " + " | ".join(map(str, cells)) + " |", flush=True)
         if args.ops:
             print("   ", ", ".join(f"{op} {n}" for op, n in r["ops"].items()), flush=True)
     if args.json:

@@ -4,15 +4,9 @@
                                  [--out tune.json]
     python scripts/tune_tiles.py --dry         # CPU: one tiny case, two candidates (CI)
 
-For every case of the suites (default: the peer suite, cases/gpu_peers.toml) the Triton
-backend is timed, exactly as `harness run` times it (the registry's "triton" backend,
-harness.timing.timer.time_call: graph replay, L2 flushed), under each candidate
-:class:`kernels.tuning.TileConfig` of the case's (precision, padded head dim, query class).
-A candidate whose output differs from the default config's by more than the case's
-tolerance is dropped (a wrong config must never win). Per key, the winner is the
-candidate with the lowest geometric mean of (candidate / default) over the key's cases;
-the printed TUNED lines go into kernels/tuning.py when they beat the default.
-"""
+Each case of the suites (default: gpu_peers) is timed as `harness run` times the triton backend, under
+each candidate TileConfig of its key; a candidate whose output leaves the case's tolerance of the
+default's is dropped. Per key the winner has the lowest geometric mean of candidate / default."""
 
 from __future__ import annotations
 
@@ -21,15 +15,12 @@ import fnmatch
 import itertools
 import json
 import math
-import os
 import sys
 from collections import defaultdict
 from pathlib import Path
 
 import torch
 
-if "TRITON_INTERPRET" not in os.environ and not torch.cuda.is_available():
-    os.environ["TRITON_INTERPRET"] = "1"
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from harness.backends.builtin import resolve_backends
@@ -38,6 +29,7 @@ from harness.cases.packaged import resolve_case_arg
 from harness.cases.spec import Case
 from harness.run.runner import case_inputs
 from harness.timing.timer import time_call
+from kernels import use_interpreter_if_no_gpu
 from kernels.tiling import Tiling, choose_tiling
 from kernels.tuning import TileConfig, default_config, override
 from scripts.kernel_ab import timeable
@@ -60,18 +52,14 @@ def key_of(case: Case) -> tuple[str, int, str]:
 
 
 def tiling_of(case: Case) -> Tiling:
-    """The tiling of a case's launch under the config in force, as choose_tiling decides it (the triton backend's
-    hints: max_q_len = the longest q_len, max_seq_len = the longest sequence; an fp8 or latent cache
-    takes its own precision). Past head dim 256 the launch counts a group's head tiles and V parts as
-    programs (kernels.tiling.tiling_for), which this does not: an MLA case's query class may differ."""
+    """The tiling choose_tiling gives the case's launch (the triton backend's hints); MLA's class may differ."""
     return choose_tiling(case.head_dim, case.group_size, max(case.q_lens), case.num_seqs, case.num_kv_heads,
                          case.max_seq_len, fp32=case.dtype == "float32", num_tokens=sum(case.q_lens),
                          kv_fp8=case.kv_dtype is not None, latent=bool(case.latent_kv))  # fmt: skip
 
 
 def candidates(key: tuple[str, int, str]) -> list[TileConfig]:
-    """The default config first, then the grid's distinct others (head dims past 128 keep tile_n <= 64,
-    past 64 tile_n <= 128)."""
+    """The default config, then the grid's others (tile_n <= 64 past head dim 128, <= 128 past 64)."""
     default = default_config(*key)
     grid = [TileConfig(*point) for point in GRID[key[2]]]
     if key[1] > 128:
@@ -92,9 +80,8 @@ def time_case(case: Case, configs: list[TileConfig], device: str, target_s: floa
     for config in configs:
         with override(config):
             tiling = tiling_of(case)
-        if (
-            tiling in timed
-        ):  # the same launch as an earlier candidate's (64 tokens of a group of 4 fill 128 rows as 32 do)
+        # the same launch as an earlier candidate's (64 tokens of a group of 4 fill 128 rows as 32 do)
+        if tiling in timed:
             if timed[tiling] in results:
                 results[config] = results[timed[tiling]]
             continue
@@ -130,6 +117,7 @@ def main(argv: list[str] | None = None) -> int:
     )  # fmt: skip
     parser.add_argument("--dry", action="store_true", help="one tiny smoke case, two candidates (CPU)")
     args = parser.parse_args(argv)
+    use_interpreter_if_no_gpu()
     device = "cuda" if torch.cuda.is_available() else "cpu"
     suites = ["smoke"] if args.dry else args.suites
     cases = [c for c in load_cases([resolve_case_arg(s) for s in suites]) if fnmatch.fnmatch(c.id, args.case)]

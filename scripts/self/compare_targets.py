@@ -1,14 +1,11 @@
 """Measure what ``harness compare`` answers by default (re-timing doubtful rows in paired rounds) on this machine.
 
-``--part planted``: a real commit on top of HEAD (a temporary worktree and local branch, removed
-after) makes ``reference_slowable`` 25% slower (``PLANTED``); target: it flagged WORSE on all 3
-cases, no other backend flagged, within 10 minutes. ``--part reruns``: three smoke runs of HEAD
-compared pairwise; target: 0 rows WORSE. Both beside ``--spinners`` busy processes, the builds as
-git worktrees, as a user's ``harness compare BASE NEW`` sees them.
+``--part planted``: a commit making ``reference_slowable`` 25% slower must be flagged WORSE on all 3
+cases, nothing else, within 10 minutes; ``--part reruns``: three smoke runs of HEAD, 0 rows WORSE.
+Both beside ``--spinners`` busy processes, the builds as temporary git worktrees.
 
     python scripts/self/compare_targets.py --part planted              # about 10 minutes
-    python scripts/self/compare_targets.py --part reruns --confirm-time 600
-"""
+    python scripts/self/compare_targets.py --part reruns --confirm-time 600"""
 
 from __future__ import annotations
 
@@ -25,34 +22,17 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 PLUGIN = "scripts.self.slowdown_plugin"  # a module: each checkout imports its own (a path would be one file for both)
 SLOWED = "reference_slowable"
-PLANTED_CASES = """
-[[case]]
-name = "decode_gqa"
+PLANTED_CASES = """case = [
+    {name = "decode_gqa", num_kv_heads = 2, seq_lens = [300, 200, 500, 400]},
+    {name = "prefill_mha", num_q_heads = 4, num_kv_heads = 4, seq_lens = [96, 64], q_lens = [32, 16]},
+    {name = "decode_mqa_long", num_kv_heads = 1, head_dim = 128, block_size = 32, seq_lens = [1024, 700]},
+]
+
+[defaults]
 tags = ["small"]
 num_q_heads = 8
-num_kv_heads = 2
 head_dim = 64
 block_size = 16
-seq_lens = [300, 200, 500, 400]
-
-[[case]]
-name = "prefill_mha"
-tags = ["small"]
-num_q_heads = 4
-num_kv_heads = 4
-head_dim = 64
-block_size = 16
-seq_lens = [96, 64]
-q_lens = [32, 16]
-
-[[case]]
-name = "decode_mqa_long"
-tags = ["small"]
-num_q_heads = 8
-num_kv_heads = 1
-head_dim = 128
-block_size = 32
-seq_lens = [1024, 700]
 """
 ROW = re.compile(r"^(WORSE|UNCONFIRMED|better|\?)\s+(\S+)\s+(\S+)")
 

@@ -2,12 +2,8 @@
 
     python scripts/self/gpu_phases.py OUT     # OUT: gpu_run.sh's output folder
 
-A suite's time runs from the previous suite's last row (the first suite's: from launching
-``harness run``, so the run's imports and ceilings count in it; "launch to first row" says how
-much that was) to its own last row. Rows are stamped as ``run.log`` printed them and mapped to
-their suite by the run folder's ``results.csv`` (``case_file``), or by the journal when the run
-was stopped. The write is from the last row to the run's exit.
-"""
+A suite runs from the previous suite's last row (the first: from launching ``harness run``) to its own
+last row, rows mapped to suites by ``results.csv`` or the journal; the write is the last row to the exit."""
 
 from __future__ import annotations
 

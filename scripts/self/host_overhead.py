@@ -5,11 +5,7 @@
     python scripts/self/host_overhead.py --profile       # and cProfile's top 15 of 300 calls, plans off and on
     python scripts/self/host_overhead.py --dry           # a tiny case on the CPU (the interpreter; tests/harness/test_scripts.py)
 
-Three calls (``default``, ``no_offsets``, ``hints_out``), plans off and on, in us a call: ``host``
-(the fastest of 7 loops of back-to-back calls, queue not drained), ``eager`` (time_wall),
-``device`` (time_call) and SDPA's host and eager. Targets: host (plans on) <= 20 us, eager within
-1.1x of SDPA's.
-"""
+Targets: host time (plans on) <= 20 us, eager within 1.1x of SDPA's."""
 
 from __future__ import annotations
 
@@ -67,11 +63,7 @@ LOOPS = 7  # host loops per measurement; the fastest is kept
 
 
 def host_us(fn, n: int, device: str, loops: int = LOOPS) -> float:
-    """Host time per call with the launch queue not drained: n back-to-back calls on the host clock / n,
-    the fastest of ``loops`` such loops (the device drained between them).
-
-    The fastest, as timeit reports: a loop can only be slowed by what else the host does, and
-    on a busy host one loop's time moves by more than the 20 us target's margin."""
+    """Host us a call, queue not drained: the fastest of ``loops`` loops of n back-to-back calls (as timeit)."""
     fn()
     best = float("inf")
     for _ in range(loops):
@@ -100,9 +92,7 @@ def profile(fn, n: int, top: int = 15) -> str:
 
 
 def measure(inputs, device: str, n: int, reps: dict, loops: int = LOOPS) -> list[dict]:
-    """One row a call kind: host and eager with the plans off and on, device time, SDPA's host and eager.
-
-    ``loops``: host loops per measurement (:func:`host_us`)."""
+    """One row a call kind: host and eager with the plans off and on, device time, SDPA's host and eager."""
     sdpa = sdpa_call(inputs)
     sdpa_host, sdpa_eager = host_us(sdpa, n, device, loops), time_wall(sdpa, device, **reps).median_us
     rows = []

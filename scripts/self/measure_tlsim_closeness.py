@@ -3,20 +3,16 @@
     TRITON_INTERPRET=1 python scripts/self/measure_tlsim_closeness.py   # CPU, interpreter
     python scripts/self/measure_tlsim_closeness.py                      # a CUDA machine
 
-Columns: largest |tlsim - triton|, that gap as a fraction of the allclose tolerance
-(atol + rtol * |triton|), and the share of elements that are bit-identical.
-"""
+Columns: largest |tlsim - triton|, as a share of the tolerance, and the share of identical elements."""
 
 from __future__ import annotations
 
-import os
 import sys
+from pathlib import Path
 
 import torch
 
-if "TRITON_INTERPRET" not in os.environ and not torch.cuda.is_available():
-    os.environ["TRITON_INTERPRET"] = "1"
-sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", ".."))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 import kernels
 from harness.cases.vocab import DEFAULT_TOLERANCES
@@ -29,6 +25,7 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description="tlsim against the Triton kernel on the kernel test cases")
     parser.add_argument("--limit", type=int, help="only the first N cases (CI's dry run)")
     args = parser.parse_args(argv)
+    kernels.use_interpreter_if_no_gpu()
     device = "cuda" if torch.cuda.is_available() else "cpu"
     print(f"{'case':28s} {'max_gap':>9s} {'frac_of_tol':>11s} {'identical':>9s}   device={device}")
     for case in KERNEL_CASES[: args.limit]:

@@ -1,18 +1,14 @@
 """Measure compare's false alarms and its power on this machine, for real.
 
-Three runs of one commit through ``python -m harness run`` with ``scripts/self/slowdown_plugin.py``:
-A and B unchanged, C with ``reference_slowable`` slowed by ``--slowdown`` (25%); then ``compare A B``
-(every "slower" is a false alarm) and ``compare A C``, plainly and with ``--confirm``. Prints the
-counts and writes ``*-noise_check.json``.
+Runs A and B unchanged, C with ``--slowed`` slowed by ``--slowdown`` (scripts/self/slowdown_plugin.py);
+then ``compare A B`` (every "slower" a false alarm) and ``compare A C``, plain and with ``--confirm``.
 
     python scripts/self/noise_check.py                        # cases/cpu.toml, out under /tmp/noise_check
     python scripts/self/noise_check.py --cases cases/smoke.toml --out /tmp/nc
     python scripts/self/noise_check.py --gpu --out $OUT/noise         # on the CUDA machine
     python scripts/self/noise_check.py --gpu --device cpu --cases tiny.toml   # dry run on a CPU
 
-``--gpu``: cases/gpu.toml on CUDA, backends triton and triton_slowable (C slows it by 5% of its
-device time), plain compare.
-"""
+``--gpu``: cases/gpu.toml on CUDA, triton_slowable slowed 5%, plain compare."""
 
 from __future__ import annotations
 
@@ -74,20 +70,8 @@ def harness_run(args: argparse.Namespace, out: Path, slowdown: float) -> float:
     ]
     for backend in args.backend or []:
         extra += ["--backend", backend]
-    argv = [
-        sys.executable,
-        __file__,
-        "--_shim",
-        str(args.threads),
-        "run",
-        *args.cases,
-        *extra,
-        "--plugin",
-        PLUGIN,
-        "--out",
-        str(out),
-        "--no-progress",
-    ]
+    argv = [sys.executable, __file__, "--_shim", str(args.threads), "run", *args.cases, *extra]
+    argv += ["--plugin", PLUGIN, "--out", str(out), "--no-progress"]
     start = time.time()
     result = subprocess.run(argv, cwd=ROOT, env=env, capture_output=True, text=True)
     if not (out / "results.parquet").is_file():
@@ -99,28 +83,23 @@ def _counts(rows, slowed: str | None) -> dict:
     judged = rows[rows["verdict"] != ""]
     others = judged[judged["backend"] != slowed] if slowed else judged
     rounds = judged["verdict_reason"].str.extract(r"(\d+) paired rounds")[0].dropna().astype(int)
+    false = others[others["verdict"] == "slower"]
     out = {
         "rows_judged": len(judged),
         **({"paired_rounds": rounds.value_counts().sort_index().to_dict()} if len(rounds) else {}),
         "verdicts": judged["verdict"].value_counts().to_dict(),
-        "false_slower": int((others["verdict"] == "slower").sum()),
-        "false_slower_rows": [
-            f"{r.backend} on {r.case}: {r.verdict_reason}" for r in others[others["verdict"] == "slower"].itertuples()
-        ],
+        "false_slower": len(false),
+        "false_slower_rows": [f"{r.backend} on {r.case}: {r.verdict_reason}" for r in false.itertuples()],
     }
     if slowed:
         target = judged[judged["backend"] == slowed]
+        flagged, missed = target[target["verdict"] == "slower"], target[target["verdict"] != "slower"]
         out.update(
             planted_rows=len(target),
-            planted_flagged=int((target["verdict"] == "slower").sum()),
+            planted_flagged=len(flagged),
             planted_ratio_median=round(float(target["ratio"].median()), 3),
-            planted_missed=[
-                f"{r.case}: {r.verdict} ({r.verdict_reason})"
-                for r in target[target["verdict"] != "slower"].itertuples()
-            ],
-            planted_flagged_rows=[
-                f"{r.case}: {r.verdict_reason}" for r in target[target["verdict"] == "slower"].itertuples()
-            ],
+            planted_missed=[f"{r.case}: {r.verdict} ({r.verdict_reason})" for r in missed.itertuples()],
+            planted_flagged_rows=[f"{r.case}: {r.verdict_reason}" for r in flagged.itertuples()],
         )
     return out
 
@@ -146,18 +125,9 @@ def tally(
     if which == "none":
         return {"compare": plain}
     start = time.time()
-    confirmed = confirm_slower(
-        comparison,
-        bm,
-        nm,
-        options,
-        checkouts=(ROOT, ROOT),
-        envs=envs,
-        which=which,
-        rounds=rounds,
-        time_s=time_s,
-        plugins=[PLUGIN],  # the workers import only the plugins named here, never those a meta.json names
-    )
+    # the workers import only the plugins named here, never those a meta.json names
+    confirmed = confirm_slower(comparison, bm, nm, options, checkouts=(ROOT, ROOT), envs=envs, which=which,
+                               rounds=rounds, time_s=time_s, plugins=[PLUGIN])  # fmt: skip
     seconds = round(time.time() - start)
     return {
         "compare": plain,
@@ -171,9 +141,7 @@ def main() -> int:
     parser.add_argument("--cases", nargs="+", help="case files (cases/cpu.toml; --gpu: cases/gpu.toml)")
     parser.add_argument("--device", help="cpu or cuda (the harness's default; --gpu: cuda)")
     parser.add_argument(
-        "--backend",
-        action="append",
-        help="only these backends (repeatable; --gpu: triton, triton_slowable)",
+        "--backend", action="append", help="only these backends (repeatable; --gpu: triton, triton_slowable)"
     )
     parser.add_argument("--slowed", help="the backend slowed in run C (reference_slowable; --gpu: triton_slowable)")
     parser.add_argument("--out", type=Path, default=Path("/tmp/noise_check"))
@@ -216,24 +184,14 @@ def main() -> int:
 
 def report(args: argparse.Namespace, runs: dict[str, Path], seconds: dict[str, float]) -> int:
     """Compare A-B and A-C, print the tallies and write them as JSON beside the runs."""
-    result = {
-        "cases": args.cases,
-        "runs": {k: str(v) for k, v in runs.items()},
-        "seconds": seconds,
-        "A_vs_B (same commit)": tally(
-            runs["A"], runs["B"], None, 0.0, args.threads, args.confirm, args.confirm_rounds, args.confirm_time
-        ),
-        f"A_vs_C ({args.slowed} +{args.slowdown:.0%})": tally(
-            runs["A"],
-            runs["C"],
-            args.slowed,
-            args.slowdown,
-            args.threads,
-            args.confirm,
-            args.confirm_rounds,
-            args.confirm_time,
-        ),
+    result = {"cases": args.cases, "runs": {k: str(v) for k, v in runs.items()}, "seconds": seconds}
+    pairs = {
+        "A_vs_B (same commit)": ("B", None, 0.0),
+        f"A_vs_C ({args.slowed} +{args.slowdown:.0%})": ("C", args.slowed, args.slowdown),
     }
+    for name, (new, slowed, slowdown) in pairs.items():
+        result[name] = tally(runs["A"], runs[new], slowed, slowdown, args.threads, args.confirm, args.confirm_rounds,
+                             args.confirm_time)  # fmt: skip
     (args.out / f"{Path(runs['A']).name[:-2]}-noise_check.json").write_text(json.dumps(result, indent=2) + "\n")
     print(json.dumps(result, indent=2))
     for name, tallies in result.items():

@@ -2,12 +2,8 @@
 
     python scripts/self/peer_table.py RUN_DIR [--backend triton] [--backend cache]
 
-For every case: the backend's device time (latency_us) and call time (call_us), the
-fastest peer's device time and name (peers are the rows of kind "peer"; their note says
-in which form they ran), and the ratio backend / best peer (above 1: the peer is faster).
-Prefill rows add TFLOP/s and % of the dtype's peak. Numbers come from the run's
-results.parquet alone, so a README table made with this names its run.
-"""
+Per case: the backend's latency_us and call_us, the fastest peer's latency and name, their ratio
+(above 1: the peer is faster), and for prefill TFLOP/s and % of peak; all from results.parquet."""
 
 from __future__ import annotations
 

@@ -2,24 +2,10 @@
 
     python -m scripts.self.scale_table RUN_DIR WALL_S [RUN_DIR WALL_S ...]
 
-``WALL_S`` is the whole command's wall time as the caller measured it (scripts/self/gpu_scale.sh);
-everything else comes from each run's meta.json ``scale`` record (written by ``harness run``
-with ``--workers`` or ``--ray``; :func:`harness.execute.executors.run_rows`). Columns:
-
-    workers     how many worker processes (or "ray")
-    wall s      the whole command: imports, the driver's ceilings, workers, cases, writing the folder
-    cases s     starting the workers to the last row in (``scale.wall_s``)
-    speed-up    the first run's wall s / this one's (and the same for cases s, in brackets)
-    start s     slowest worker start, spawn to ready (imports, CUDA, its GPU's ceilings)
-    ceilings s  of which measuring its GPU's ceilings (slowest worker)
-    wait ms/case  time a free worker waited for its next case (dispatch), per case
-    busy s      the cases' own time, summed over workers (inputs, oracle, every backend)
-    journal ms/row, merge ms/row  the driver's fsynced journal write, and building the frame
-    status      rows per status
-
-The first run is the baseline of the speed-up (give ``--workers 1`` first). Below the table, the busy
-seconds by phase (:func:`format_phases`): what grew when the same cases ran on more workers.
-"""
+``WALL_S`` is the whole command's wall time (scripts/self/gpu_scale.sh); the rest comes from each run's
+meta.json ``scale`` record: the cases' wall time, the speed-up over the first run (give ``--workers 1``
+first), the slowest worker start and its ceilings, dispatch wait a case, busy seconds (and below the table
+by phase, :func:`format_phases`), the journal and merge costs a row, and rows per status."""
 
 from __future__ import annotations
 
@@ -79,11 +65,7 @@ def format_table(rows: list[dict]) -> str:
 
 
 def format_phases(runs: list[tuple[Path, float]]) -> str:
-    """A Markdown table of where each run's busy seconds went (meta.json ``scale.phase_s``), one column per run.
-
-    Phases are :mod:`harness.timing.phases` names (inputs, oracle, guard, graded call, grade, timing: ...),
-    summed over the run's workers; "other" is busy time outside every phase. '' when no run has them.
-    """
+    """A Markdown table of each run's busy seconds by phase (meta.json ``scale.phase_s``); '' without."""
     records = []
     for run_dir, _ in runs:
         scale = _scale(run_dir) or {}

@@ -1,18 +1,16 @@
 """A plugin for the noise check: two built-in backends with a planted slowdown.
 
-``reference_slowable`` is the reference kernel, then a host busy-wait of ``HARNESS_SLOWDOWN``
-(e.g. 0.25) times the call's own time (``HARNESS_SLOWDOWN_MODE=sleep`` sleeps instead, which a
-loaded machine stretches). ``triton_slowable`` (CUDA) is the Triton kernel, then a device spin
-(``torch.cuda._sleep``) of that share of its device time, captured in the graph with it (on the CPU,
-with ``HARNESS_TRITON_SLOWABLE_CPU=1``, the host busy-wait). ``HARNESS_SLOWED`` (default
-``reference_slowable``) names the backends slowed; unset or 0, both are their kernels unwrapped.
+``reference_slowable``: the reference kernel, then a host busy-wait (``HARNESS_SLOWDOWN_MODE=sleep``:
+a sleep) of ``HARNESS_SLOWDOWN`` times its time; ``triton_slowable``: the Triton kernel, then a device
+spin of that share (the host wait on a CPU with ``HARNESS_TRITON_SLOWABLE_CPU=1``). ``HARNESS_SLOWED``
+names the backends slowed (default ``reference_slowable``).
 
-    HARNESS_SLOWDOWN=0.25 python -m harness run cases/cpu.toml --plugin scripts/self/slowdown_plugin.py
-"""
+    HARNESS_SLOWDOWN=0.25 python -m harness run cases/cpu.toml --plugin scripts/self/slowdown_plugin.py"""
 
 from __future__ import annotations
 
 import dataclasses
+import functools
 import os
 import time
 
@@ -39,16 +37,9 @@ def _host_wait(start: float, elapsed: float) -> None:
 
 
 def reference_slowable(q, k_cache, v_cache, block_table, seq_lens, query_start_loc=None, scale=None, out=None):
-    if not (SLOWDOWN > 0 and "reference_slowable" in SLOWED):
-        return kernels.paged_attention_reference(
-            q, k_cache, v_cache, block_table, seq_lens, query_start_loc, scale, out=out
-        )
-    start = time.perf_counter()
-    result = kernels.paged_attention_reference(
-        q, k_cache, v_cache, block_table, seq_lens, query_start_loc, scale, out=out
-    )
-    _host_wait(start, time.perf_counter() - start)
-    return result
+    args = (q, k_cache, v_cache, block_table, seq_lens, query_start_loc, scale)
+    call = functools.partial(kernels.paged_attention_reference, *args, out=out)
+    return _host_slowed(call)() if SLOWDOWN > 0 and "reference_slowable" in SLOWED else call()
 
 
 def _device_slowed(fn, device: torch.device):
@@ -88,13 +79,8 @@ def _prepare_triton_slowable(case, inputs, out):
 
 
 register_backend("reference_slowable", reference_slowable, devices=("cpu", "cuda"))
-add_backend(
-    dataclasses.replace(
-        REGISTRY["triton"],
-        name="triton_slowable",
-        prepare=_prepare_triton_slowable,
-        devices=("cpu", "cuda") if os.environ.get("HARNESS_TRITON_SLOWABLE_CPU") == "1" else ("cuda",),
-        kind="plugin",
-        description="the triton backend, plus a device spin of HARNESS_SLOWDOWN x its time (noise check)",
-    )
-)
+add_backend(dataclasses.replace(
+    REGISTRY["triton"], name="triton_slowable", prepare=_prepare_triton_slowable, kind="plugin",
+    devices=("cpu", "cuda") if os.environ.get("HARNESS_TRITON_SLOWABLE_CPU") == "1" else ("cuda",),
+    description="the triton backend, plus a device spin of HARNESS_SLOWDOWN x its time (noise check)",
+))  # fmt: skip

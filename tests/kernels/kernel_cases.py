@@ -1,17 +1,10 @@
-"""Chosen shapes for the kernel tests: one dimension varied at a time around a base.
-
-Each case names what it pins. Lengths around a block boundary (1, block-1, block,
-block+1) catch off-by-one reads at the end of a sequence's last block; q_len 0 and
-q_len > 1 rows catch a wrong causal offset; shuffled and shared tables catch code that
-assumes blocks are laid out in order or owned once.
-
-The edge tests' cases (:class:`Edge`, :class:`Edges`) are given as make_inputs keywords over a base of
-their own, with the launch hints an engine passes; :func:`backend_fn` and :func:`needs_triton` skip a
-test, with the reason, where the Triton kernel cannot run.
-"""
+"""Chosen shapes for the kernel tests, one dimension varied at a time around a base, each named for
+what it pins (lengths around a block boundary, q_len 0 and > 1 rows, shuffled and shared tables);
+the edge tests' cases (:class:`Edge`, :class:`Edges`) as make_inputs keywords with launch hints."""
 
 from __future__ import annotations
 
+import functools
 from dataclasses import asdict, dataclass, field, replace
 
 import pytest
@@ -66,6 +59,7 @@ def _vary(name: str, **changes) -> KernelCase:
     return replace(BASE, name=name, **changes)
 
 
+MANY_TILES = {"num_q_heads": 4, "num_kv_heads": 4, "seq_lens": (90, 5), "q_lens": (40, 3)}  # a chunked prefill
 KERNEL_CASES: list[KernelCase] = [
     BASE,
     *(
@@ -79,7 +73,7 @@ KERNEL_CASES: list[KernelCase] = [
     _vary("layout_contiguous", layout="contiguous"),
     _vary("layout_shared_prefix", layout="shared_prefix", seq_lens=(40, 35, 33, 48), q_lens=(1, 3, 0, 2)),
     _vary("prefill_full", seq_lens=(37, 20), q_lens=(37, 20)),
-    _vary("prefill_chunk_many_tiles", num_q_heads=4, num_kv_heads=4, seq_lens=(90, 5), q_lens=(40, 3)),
+    _vary("prefill_chunk_many_tiles", **MANY_TILES),
     _vary("spec_verify", seq_lens=(50, 51, 52), q_lens=(5, 5, 5)),
     _vary("large_logits", input_scale=6.0),
     _vary("long", num_q_heads=4, num_kv_heads=1, seq_lens=(3000, 2049), q_lens=(1, 9)),
@@ -95,14 +89,7 @@ KERNEL_CASES: list[KernelCase] = [
     ),
     # fp16 runs the half-precision tile loop on the CPU too (bf16 is interpreted with IEEE dots, which keeps
     # k_valid in the unmasked tiles, as fp32 does): a chunked prefill over many unmasked tiles in fp16
-    _vary(
-        "float16_prefill_chunk_many_tiles",
-        dtype="float16",
-        num_q_heads=4,
-        num_kv_heads=4,
-        seq_lens=(90, 5),
-        q_lens=(40, 3),
-    ),
+    _vary("float16_prefill_chunk_many_tiles", dtype="float16", **MANY_TILES),
     *(
         _vary(f"{dt}_prefill", dtype=dt, seq_lens=(1, 15, 40, 17), q_lens=(1, 0, 6, 2))
         for dt in ("float16", "bfloat16")
@@ -121,12 +108,8 @@ KERNEL_CASES: list[KernelCase] = [
     ),
 ]
 
-# fp32 at logits near 150 (q scaled by 40): the fp32 rounding of q . k alone is close to the
-# fp32 tolerance here, so these cases pin the softmax's own rounding (the max subtracted from
-# the unscaled logits), graded against the oracle only. They are kept out of the tlsim-vs-triton
-# closeness test: there the two dots' summation orders (torch's matmul, the interpreter's
-# numpy) differ by more than the closeness bound at these logits, a property of fp32 dot
-# products, not of the algorithm that test pins.
+# fp32 at logits near 150 (q scaled by 40) pins the softmax's own rounding against the oracle only:
+# the two dots' summation orders differ by more than the tlsim-vs-triton closeness bound here.
 FP32_PRECISION_CASES: list[KernelCase] = [
     _vary("large_logits_q40", seq_lens=(9, 20), q_lens=(3, 5), q_scale=40.0, seed=43),
 ]
@@ -165,14 +148,7 @@ _TRITON_OUTPUTS: dict[tuple, torch.Tensor] = {}
 
 
 def triton_output(key: tuple, inputs: PagedInputs, **kwargs) -> torch.Tensor:
-    """``paged_attention_triton(*inputs.args(), out=<NaN buffer>, **kwargs)``, run once per test process per ``key``.
-
-    Interpreted on a CPU one call of a long case costs up to a minute, and the oracle test and
-    the tlsim-closeness test of a case both need it: they share it. ``key`` must name
-    everything the output depends on (the case, its options, the device); inputs are drawn
-    from a seed, so a case's inputs are the same in every test. The first call checks that
-    ``out`` is written in place and returned. Callers must not write to the returned tensor.
-    """
+    """``paged_attention_triton(*inputs.args(), out=<NaN out>, **kwargs)``, once a process per ``key``; read only."""
     if key not in _TRITON_OUTPUTS:
         out = inputs.new_out()  # NaN-filled: an unwritten element fails
         result = kernels.paged_attention_triton(*inputs.args(), out=out, **kwargs)
@@ -194,13 +170,12 @@ def backend_fn(name: str):
     return getattr(kernels, f"paged_attention_{name}")
 
 
+ON_CUDA = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")]
 BACKENDS = ("reference", "tlsim", "triton", "dispatch", "cache")  # cache: the engine's path, through dispatch
 
 
 def run_through_cache(inputs: PagedInputs, *, dtype: torch.dtype | None = None, **kwargs):
-    """The engine's path: layer 1 of a two-layer kernels.PagedKVCache of ``dtype`` (the pools' by default; an
-    fp8 cache quantizes on write with the k_scale / v_scale given) holding each sequence's keys and values,
-    written through the slot mapping, then read into a NaN out buffer with the other keywords."""
+    """The engine's path: layer 1 of a kernels.PagedKVCache of ``dtype`` written with the inputs, then read."""
     scales = {name: kwargs.pop(name) for name in ("k_scale", "v_scale") if name in kwargs}
     k_cache, block_size = inputs.k_cache, inputs.k_cache.shape[1]
     cache = kernels.PagedKVCache(
@@ -216,9 +191,7 @@ def run_through_cache(inputs: PagedInputs, *, dtype: torch.dtype | None = None, 
 
 
 def run_backend(name: str, inputs: PagedInputs, args: tuple | None = None, **kwargs):
-    """Backend ``name`` on ``args`` (the inputs' by default; an fp8 case passes its quantized pools) with
-    ``kwargs``, written into a NaN out buffer it must return (an unwritten element fails the grade); "cache"
-    reads through :func:`run_through_cache`, its pools of the args' cache dtype."""
+    """Backend ``name`` on ``args`` (default: the inputs') into a NaN out it must return; "cache": the engine's path."""
     args = args or inputs.args()
     if name == "cache":
         return run_through_cache(inputs, dtype=args[1].dtype, **kwargs)
@@ -237,8 +210,7 @@ def assert_passes(got, expected, tolerance: tuple[float, float], what: str = "")
 
 
 def assert_tlsim_close(sim, real, dtype: torch.dtype, share: float = 0.5, ulps: int = 2, what: str = "") -> None:
-    """tlsim's output within ``share`` of the fp32 tolerance (atol + rtol * |real|) of the kernel's, or in half
-    precision within ``ulps`` output ulps (|real| floored at 2^-6): tlsim rounds where the kernel does."""
+    """tlsim within ``share`` of the kernel's fp32 tolerance, or in half precision ``ulps`` output ulps."""
     gap = (sim.double() - real.double()).abs()
     if dtype == torch.float32:
         atol, rtol = DEFAULT_TOLERANCES["float32"]
@@ -250,8 +222,7 @@ def assert_tlsim_close(sim, real, dtype: torch.dtype, share: float = 0.5, ulps: 
 
 @dataclass(frozen=True)
 class Edge:
-    """An edge case: its lengths, the make_inputs keywords it changes over its set's base, and the
-    max_q_len / max_seq_len hints triton and tlsim get (absent: the true ones, as an engine passes)."""
+    """An edge case: its lengths, make_inputs keywords over its set's base, launch hints (default: the true)."""
 
     name: str
     seq_lens: tuple[int, ...]
@@ -269,28 +240,21 @@ def call_hints(case: Edge) -> dict:
 
 
 class Edges:
-    """Edge cases over one base (make_inputs keywords), by name; a case's inputs and float64 oracle
-    output are built once a process, the first time a test asks."""
+    """Edge cases over one base (make_inputs keywords), by name; inputs and oracle outputs built once a process."""
 
     def __init__(self, base: dict, cases: list[Edge]):
         self.base, self.cases = base, cases
         self.by_name = {case.name: case for case in cases}
-        self._inputs: dict[str, PagedInputs] = {}
-        self._expected: dict[str, torch.Tensor | tuple[torch.Tensor, torch.Tensor]] = {}
+        self.inputs, self.expected = functools.cache(self._inputs), functools.cache(self._expected)
 
-    def inputs(self, name: str) -> PagedInputs:
-        if name not in self._inputs:
-            case = self.by_name[name]
-            fields = {**self.base, **case.fields, "seq_lens": list(case.seq_lens), "q_lens": list(case.q_lens)}
-            self._inputs[name] = make_inputs(**fields)
-        return self._inputs[name]
+    def _inputs(self, name: str) -> PagedInputs:
+        case = self.by_name[name]
+        return make_inputs(**{**self.base, **case.fields, "seq_lens": list(case.seq_lens), "q_lens": list(case.q_lens)})
 
-    def expected(self, name: str) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+    def _expected(self, name: str) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
         """The oracle's output (with the lse where the case asks for it)."""
-        if name not in self._expected:
-            inputs = self.inputs(name)
-            self._expected[name] = paged_attention_oracle(*inputs.args(), **inputs.options)
-        return self._expected[name]
+        inputs = self.inputs(name)
+        return paged_attention_oracle(*inputs.args(), **inputs.options)
 
     def run(self, backend: str, name: str, **extra):
         """Backend ``backend`` on the case, into a NaN out buffer, with its launch hints and options."""
@@ -299,8 +263,7 @@ class Edges:
         return fn(*inputs.args(), out=inputs.new_out(), **call_hints(self.by_name[name]), **inputs.options, **extra)
 
     def assert_matches_oracle(self, backend: str, case: Edge) -> None:
-        """The backend's output passes the grade at the case dtype's tolerance, and its lse (where the case
-        asks for it) at fp32's."""
+        """The output passes the grade at the case dtype's tolerance, and its lse (if asked) at fp32's."""
         atol, rtol = DEFAULT_TOLERANCES[case.fields.get("dtype", "float32")]
         got, expected = self.run(backend, case.name), self.expected(case.name)
         if isinstance(expected, tuple):

@@ -1,17 +1,8 @@
-"""The attention variants (docs/contract.md, "Attention variants"): sliding_window,
-logit_softcap, sinks and alibi_slopes.
+"""The attention variants (docs/contract.md, "Attention variants"): sliding_window, logit_softcap, sinks, alibi_slopes.
 
-Every built-in backend matches the float64 oracle with each option and with all of them
-at once; tlsim predicts the Triton kernel with them as closely as without; the window
-skips the tiles it cannot see (poisoned with NaN, they would show); and a mutant of each
-definition (a window off by one, the cap on the unscaled logits, the sink left out of the
-denominator or added once per split, slopes on the wrong head or with the wrong sign)
-fails the grade. Backends declare the options they support; a backend asked for one it
-lacks is a skip row naming it. Each variant's row (harness.cases.variants) carries the hooks
-that take its case field to the call's keywords and into the oracle, and a row is all the
-harness needs of a new variant: the tests parametrized over the rows grade every built-in
-kernel on each row's example (and on all of them at once) with no edit here.
-"""
+Every built-in backend matches the oracle with each and all at once; tlsim predicts the kernel; the window
+skips the tiles it cannot see; a wrong definition of each fails the grade; a backend lacking an option is a
+skip naming it; and a row of harness.cases.variants is all a new variant needs."""
 
 from __future__ import annotations
 
@@ -23,14 +14,16 @@ import torch
 from pydantic import Field
 
 import kernels
+from harness.backends.builtin import REGISTRY
 from harness.backends.registry import Backend, contract_prepare
 from harness.cases.inputs import make_inputs
 from harness.cases.spec import CaseFileError, expand_spec
-from harness.cases.variants import VARIANTS, OracleHook, Variant, standard_alibi_slopes, with_options
+from harness.cases.variants import VARIANT_KEYS, VARIANTS, OracleHook, Variant, standard_alibi_slopes, with_options
 from harness.cases.vocab import DEFAULT_TOLERANCES, Float
 from harness.run.grading import grade
 from harness.run.oracle import paged_attention_oracle
 from harness.run.runner import case_inputs
+from kernels import tlsim
 from kernels.contract import prepare_call
 from kernels.reference import gather_kv
 from kernels.tiling import tiling_for, window_tile_start
@@ -53,8 +46,7 @@ def _expected(case: VariantCase, inputs) -> torch.Tensor:
 
 
 def _triton(case: VariantCase, inputs) -> torch.Tensor:
-    """The kernel's output, shared by the two tests below (interpreted, it is slow); the key names the options,
-    which VariantCase's hash leaves out."""
+    """The kernel's output, shared by the two tests below; the key names the options (the hash leaves them out)."""
     return triton_output(("variant", case.base, repr(sorted(case.options.items()))), inputs, **case.kwargs())
 
 
@@ -93,14 +85,18 @@ def _poison_before(inputs, first_seen: list[int], block_size: int):
     return k, v
 
 
+def _windowed_decode(fn_name: str, seq_lens: tuple[int, int], window: int):
+    """(the backend, split_kv_decode at ``seq_lens`` with one query each, its inputs, the window's tiling)."""
+    base = replace(CASES_BY_NAME["split_kv_decode"], seq_lens=seq_lens, q_lens=(1, 1))
+    inputs = base.inputs()
+    return backend_fn(fn_name), base, inputs, tiling_for(prepare_call(*inputs.args(), sliding_window=window))
+
+
 @pytest.mark.parametrize("fn_name", ["tlsim", "triton"])
 @pytest.mark.parametrize("window", [100, 1100])
 def test_window_reads_no_tile_before_the_first_visible_one(fn_name, window):
     """Decode over 2500 keys: every key before the window's first tile is NaN (1100: split in 2, from that tile)."""
-    fn = backend_fn(fn_name)
-    base = replace(CASES_BY_NAME["split_kv_decode"], seq_lens=(2500, 2400), q_lens=(1, 1))
-    inputs = base.inputs()
-    tiling = tiling_for(prepare_call(*inputs.args(), sliding_window=window))
+    fn, base, inputs, tiling = _windowed_decode(fn_name, (2500, 2400), window)
     assert (tiling.NUM_SPLITS > 1) == (window > 1000), "1100 splits the window's keys, 100 does not"
     # tlsim walks from the earliest tile any sequence needs; the kernel per program.
     first = [int(window_tile_start(n - 1, window, tiling.TILE_N)) for n in base.seq_lens]
@@ -129,8 +125,7 @@ def _long_decode_call(window: int | None, seq_len: int = 131072):
 
 
 def test_windowed_128k_decode_splits_like_a_decode_of_the_window():
-    """kernels.tiling.tiling_for bounds the keys a program walks by W + the longest q_len, so every split
-    shares the window's work instead of all but the last walking nothing."""
+    """The keys a program walks are bounded by W + the longest q_len: every split shares the window's work."""
     windowed, plain = tiling_for(_long_decode_call(4096)), tiling_for(_long_decode_call(None))
     short = tiling_for(_long_decode_call(None, seq_len=4096 + 16))  # a plain decode of about W keys
     assert plain.SPLIT_SIZE * plain.NUM_SPLITS >= 131072
@@ -155,10 +150,7 @@ def test_the_windows_split_bound_counts_the_queries():
 @pytest.mark.parametrize("window", [1100, 1500])
 def test_splits_cut_from_the_window_match_the_oracle(fn_name, window):
     """Decode over 4000 and 3900 keys: the window's keys in 2 splits that start at its first tile."""
-    fn = backend_fn(fn_name)
-    base = replace(CASES_BY_NAME["split_kv_decode"], seq_lens=(4000, 3900), q_lens=(1, 1))
-    inputs = base.inputs()
-    tiling = tiling_for(prepare_call(*inputs.args(), sliding_window=window))
+    fn, _, inputs, tiling = _windowed_decode(fn_name, (4000, 3900), window)
     assert tiling.NUM_SPLITS == 2 and window > tiling.SPLIT_SIZE
     expected = paged_attention_oracle(*inputs.args(), sliding_window=window, return_lse=True)
     assert_passes(fn(*inputs.args(), sliding_window=window, return_lse=True), expected, (1e-5, 1e-4), fn_name)
@@ -221,8 +213,6 @@ def _without(name: str):
 
 def window_starts_a_tile_late(inputs, kw, monkeypatch):
     """The tile loop starts one tile after the first visible one."""
-    from kernels import tlsim
-
     real = tlsim.window_tile_start
     monkeypatch.setattr(tlsim, "window_tile_start", lambda p, w, n: real(p, w, n) + n)
     return kernels.paged_attention_tlsim(*inputs.args(), **kw)
@@ -381,32 +371,22 @@ BUILTIN_KERNELS = ("reference", "tlsim", "triton", "cache")  # cache: the engine
 
 
 @pytest.mark.parametrize("backend", BUILTIN_KERNELS)
-@pytest.mark.parametrize("variant", VARIANTS, ids=lambda v: v.key)
-def test_every_builtin_kernel_passes_each_rows_example(variant, backend):
-    """A new row is graded here with no edit: its example through every built-in kernel, against the oracle
-    (the engine path declares no latent cache: its pools are two; that row is a skip naming the option)."""
+@pytest.mark.parametrize("variant", [*VARIANTS, None], ids=lambda v: v.key if v else "all_at_once")
+def test_every_builtin_kernel_passes_each_rows_example_and_all_at_once(variant, backend):
+    """A new row is graded here with no edit, alone and with the others (but latent_kv, which takes no fp8
+    cache); the engine path's pools are two, so its latent_kv row is a skip naming the option."""
     if backend == "triton":
         needs_triton()
-    rows = graded_rows({**SPEC, **variant.example}, backend)
-    if (variant.key, backend) == ("latent_kv", "cache"):
+    at_once = {name: value for v in VARIANTS if v.key != "latent_kv" for name, value in v.example.items()}
+    rows = graded_rows({**SPEC, **(variant.example if variant else at_once)}, backend)
+    if variant and (variant.key, backend) == ("latent_kv", "cache"):
         assert rows["status"].tolist() == ["skip"] and "latent_kv" in rows["reason"].iloc[0]
         return
     assert rows["status"].tolist() == ["pass"], rows["reason"].tolist()
 
 
-@pytest.mark.parametrize("backend", BUILTIN_KERNELS)
-def test_every_builtin_kernel_passes_every_rows_example_at_once(backend):
-    # a latent cache takes no fp8 cache (the case check refuses the pair): it is graded on its own above
-    if backend == "triton":
-        needs_triton()
-    examples = {name: value for v in VARIANTS if v.key != "latent_kv" for name, value in v.example.items()}
-    rows = graded_rows({**SPEC, **examples}, backend)
-    assert rows["status"].tolist() == ["pass"], rows["reason"].tolist()
-
-
 def test_a_row_alone_takes_a_new_variant_to_the_call_and_the_oracle(monkeypatch):
-    """A toy temperature T (logits / T) as one more row: make_inputs takes its case field, the call
-    gets its keyword, and the oracle applies it, which is exactly attention at scale / T."""
+    """A toy temperature T as one more row reaches make_inputs, the call and the oracle (attention at scale / T)."""
     temperature = Variant(
         "temperature",
         fields={"temperature": (Float | None, Field(default=None, gt=0))},
@@ -430,14 +410,10 @@ def test_a_row_alone_takes_a_new_variant_to_the_call_and_the_oracle(monkeypatch)
 
 @pytest.mark.parametrize(
     ("changes", "field"),
-    [
-        ({"sinks": [1.0, 2.0]}, "sinks"),
-        ({"sliding_window": 0}, "sliding_window"),
-        ({"logit_softcap": -1.0}, "logit_softcap"),
-        ({"alibi": 1}, "alibi"),
-        ({"sinks": {"scale": 1.0, "std": 2.0}}, "sinks"),
-    ],
-)
+    [({"sinks": [1.0, 2.0]}, "sinks"), ({"sliding_window": 0}, "sliding_window"),
+     ({"logit_softcap": -1.0}, "logit_softcap"), ({"alibi": 1}, "alibi"),
+     ({"sinks": {"scale": 1.0, "std": 2.0}}, "sinks")],
+)  # fmt: skip
 def test_bad_variant_field_is_refused_naming_it(changes, field):
     with pytest.raises(CaseFileError, match=f"field '{field}"):
         expand_spec({**SPEC, **changes}, "t.toml")
@@ -454,16 +430,12 @@ def test_backend_without_the_option_is_a_skip_naming_it():
     rows = graded_rows(case, *backends)
     assert rows.loc["knows_none", "status"] == "skip"
     assert "sinks, sliding_window" in rows.loc["knows_none", "reason"]
-    assert (
-        rows.loc["knows_window", "status"] == "skip" and "does not support sinks" in rows.loc["knows_window", "reason"]
-    )
+    assert rows.loc["knows_window", "status"] == "skip"
+    assert "does not support sinks" in rows.loc["knows_window", "reason"]
     assert rows.loc["knows_both", "status"] == "pass", rows.loc["knows_both", "reason"]
 
 
 def test_builtin_kernels_declare_every_option_and_peers_what_their_library_takes():
-    from harness.backends.builtin import REGISTRY
-    from harness.cases.variants import VARIANT_KEYS
-
     for name in ("reference", "tlsim", "triton"):
         assert REGISTRY[name].variants == frozenset(VARIANT_KEYS)
     assert REGISTRY["cache"].variants == frozenset(VARIANT_KEYS) - {"latent_kv"}  # its K and V pools are two

@@ -15,9 +15,14 @@ NUM_LAYERS, NUM_KV_HEADS, HEAD_DIM, NUM_Q_HEADS = 3, 2, 32, 4
 CUDA = torch.cuda.is_available()
 
 
+def _assert_matches_the_oracle(cache, seq_ids, layer: int, q, out, starts=None):
+    table, lens = cache.block_table(seq_ids), cache.seq_lens(seq_ids)
+    expected = paged_attention_oracle(q, cache.k_caches[layer], cache.v_caches[layer], table, lens, starts)
+    assert grade(out, expected, *DEFAULT_TOLERANCES["float32"]).passed, f"layer {layer}"
+
+
 def busy_cache(device="cpu", backend=None, **table_size) -> tuple[kernels.PagedKVCache, list[int]]:
-    """A cache after an engine's churn: interleaved appends, a freed sequence whose row and
-    blocks were reused, more sequences than the table's first rows, every layer written."""
+    """A cache after an engine's churn: interleaved appends, a reused freed row, every layer written."""
     cache = kernels.PagedKVCache(
         NUM_LAYERS, num_blocks=40, block_size=4, num_kv_heads=NUM_KV_HEADS, head_dim=HEAD_DIM,
         dtype=torch.float32, device=device, backend=backend, **table_size,
@@ -83,10 +88,7 @@ def test_reads_through_metadata_equal_reads_through_seq_ids_for_every_layer(quer
         through_meta = cache.paged_attention(layer, q, meta)
         through_ids = cache.paged_attention(layer, q, seq_ids, starts)
         assert torch.equal(through_meta, through_ids), f"layer {layer}"
-        expected = paged_attention_oracle(
-            q, cache.k_caches[layer], cache.v_caches[layer], cache.block_table(seq_ids), cache.seq_lens(seq_ids), starts
-        )
-        assert grade(through_meta, expected, *DEFAULT_TOLERANCES["float32"]).passed, f"layer {layer}"
+        _assert_matches_the_oracle(cache, seq_ids, layer, q, through_meta, starts)
 
 
 def test_read_with_metadata_reads_no_tensor_value(triton_launches, value_reads):
@@ -170,7 +172,8 @@ def test_whole_decode_steps_replay_from_one_cuda_graph(monkeypatch):
             cache.paged_attention(layer, q[layer], meta, out=out[layer])
     graph.replay()
     torch.cuda.synchronize()
-    _assert_every_layer_matches_the_oracle(cache, seq_ids, q, out)
+    for layer in range(NUM_LAYERS):
+        _assert_matches_the_oracle(cache, seq_ids, layer, q[layer], out[layer])
 
     # The next decode step: one more token a sequence, metadata refilled in place, same graph.
     for seq_id in seq_ids:
@@ -182,12 +185,5 @@ def test_whole_decode_steps_replay_from_one_cuda_graph(monkeypatch):
     out.fill_(float("nan"))
     graph.replay()
     torch.cuda.synchronize()
-    _assert_every_layer_matches_the_oracle(cache, seq_ids, q, out)
-
-
-def _assert_every_layer_matches_the_oracle(cache, seq_ids, q, out):
     for layer in range(NUM_LAYERS):
-        expected = paged_attention_oracle(
-            q[layer], cache.k_caches[layer], cache.v_caches[layer], cache.block_table(seq_ids), cache.seq_lens(seq_ids)
-        )
-        assert grade(out[layer], expected, *DEFAULT_TOLERANCES["float32"]).passed, f"layer {layer}"
+        _assert_matches_the_oracle(cache, seq_ids, layer, q[layer], out[layer])

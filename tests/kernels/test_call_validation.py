@@ -1,16 +1,21 @@
-"""Bad calls fail with a message naming the argument, before any kernel runs.
+"""Bad calls fail with a message naming the argument, before any kernel runs; bad indices never crash or
+read memory the call does not own.
 
-Shape, dtype and device checks always run; value checks run when asked (check=True, or
-PAGED_ATTENTION_CHECK=1, which tests/conftest.py sets for the suite).
-"""
+Shape, dtype and device checks always run; value checks (a block id outside [0, num_blocks), say) run when
+asked (check=True, or PAGED_ATTENTION_CHECK=1, which tests/conftest.py sets for the suite). With them off,
+any index layout gives the contiguous answer, and the kernel and tlsim turn a bad block id into NaN rows."""
 
 from __future__ import annotations
+
+import functools
 
 import pytest
 import torch
 
 import kernels
-from tests.kernels.kernel_cases import BAD_CALLS, BASE, base_args, needs_triton
+from kernels.contract import prepare_call
+from kernels.tiling import tiling_for
+from tests.kernels.kernel_cases import BAD_CALLS, BASE, CASES_BY_NAME, backend_fn, base_args, needs_triton
 
 BACKENDS = [
     kernels.paged_attention_reference,
@@ -69,3 +74,140 @@ def test_value_checks_are_opt_in_and_shape_checks_are_not(fn, monkeypatch):
 def test_non_positive_scale_is_refused(scale):
     with pytest.raises(ValueError, match="scale must be a positive finite number"):
         kernels.paged_attention_tlsim(*base_args(), scale=scale)
+
+
+# --- bad indices ---------------------------------------------------------------------------------------
+
+NAMES = ["reference", "tlsim", "triton", "dispatch"]
+
+
+@functools.cache
+def _base_args():
+    return BASE.inputs().args()
+
+
+def args_with(**changes) -> list[torch.Tensor]:
+    """BASE's call (seq_lens 1, 15, 16, 17, 35; block_size 16) with some arguments replaced."""
+    names = ["q", "k_cache", "v_cache", "block_table", "seq_lens", "query_start_loc"]
+    args = [t.clone() for t in _base_args()]
+    for name, change in changes.items():
+        args[names.index(name)] = change(args[names.index(name)])
+    return args
+
+
+def with_block(seq: int, index: int, value: int):
+    def change(table):
+        table[seq, index] = value
+        return table
+
+    return change
+
+
+def strided(t: torch.Tensor) -> torch.Tensor:
+    """The same values, every other element of a twice-as-large buffer (not contiguous)."""
+    doubled = torch.stack([t, torch.full_like(t, 12345)], dim=-1)
+    view = doubled[..., 0]
+    assert not view.is_contiguous()
+    return view
+
+
+@pytest.mark.parametrize("backend", NAMES)
+@pytest.mark.parametrize("which", ["block_table", "seq_lens", "query_start_loc"])
+def test_non_contiguous_index_tensor_gives_the_contiguous_answer(backend, which):
+    fn = backend_fn(backend)
+    expected = fn(*args_with(), check=False)
+    got = fn(*args_with(**{which: strided}), check=False)
+    torch.testing.assert_close(got, expected, rtol=0, atol=0)
+
+
+NUM_BLOCKS = BASE.inputs().k_cache.shape[0]
+BAD_BLOCK_IDS = {"num_blocks": NUM_BLOCKS, "far_past_the_pool": NUM_BLOCKS + 10**7, "minus_one": -1, "minus_five": -5}
+
+
+@pytest.mark.parametrize("backend", NAMES)
+@pytest.mark.parametrize("bad", BAD_BLOCK_IDS)
+def test_used_block_id_outside_the_pool_is_refused_naming_block_table(backend, bad):
+    args = args_with(block_table=with_block(4, 2, BAD_BLOCK_IDS[bad]))  # seq_len 35 uses blocks 0..2
+    with pytest.raises(ValueError, match=r"block_table\[4, 2\] = .* outside \[0, num_blocks"):
+        backend_fn(backend)(*args, check=True)
+
+
+@pytest.mark.parametrize("backend", NAMES)
+def test_unused_table_entries_may_hold_anything(backend):
+    fn = backend_fn(backend)
+    args = args_with(block_table=with_block(0, 1, 10**7))  # seq_len 1 uses block 0 only
+    torch.testing.assert_close(fn(*args, check=True), fn(*args_with(), check=True), rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("backend", NAMES)
+def test_query_start_loc_not_starting_at_zero_is_refused(backend):
+    def start_at_one(starts):
+        starts[0] = 1
+        return starts
+
+    with pytest.raises(ValueError, match=r"query_start_loc\[0\] must be 0, got 1"):
+        backend_fn(backend)(*args_with(query_start_loc=start_at_one), check=True)
+
+
+@pytest.mark.parametrize("backend", ["tlsim", "triton"])
+@pytest.mark.parametrize("bad", BAD_BLOCK_IDS)
+def test_unchecked_bad_block_id_turns_its_rows_to_nan_and_leaves_the_rest(backend, bad):
+    """Checks off: no crash, no stray read, no silent answer: the sequence's rows are NaN."""
+    fn = backend_fn(backend)
+    good = fn(*args_with(), check=False)
+    got = fn(*args_with(block_table=with_block(4, 2, BAD_BLOCK_IDS[bad])), check=False)
+    rows = slice(int(_base_args()[5][4]), int(_base_args()[5][5]))  # sequence 4's queries
+    last_rows = got[rows][-1]  # the last query sees every key, the bad block's included
+    assert bool(last_rows.isnan().all())
+    torch.testing.assert_close(got[: rows.start], good[: rows.start], rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("backend", ["tlsim", "triton"])
+def test_unchecked_seq_len_past_the_table_is_nan_not_a_stray_read(backend):
+    fn = backend_fn(backend)
+    got = fn(*args_with(seq_lens=lambda s: s + 48), check=False)  # the table holds 3 blocks of 16
+    assert bool(got.isnan().all()), "every query sees a key past the table"
+
+
+def _split_decode_args(table_change=None, window=None):
+    """split_kv_decode (seq_lens 2500, 700, 1; 8 query heads on 1 KV head), whose KV is split."""
+    args = list(CASES_BY_NAME["split_kv_decode"].inputs().args())
+    if table_change is not None:
+        args[3] = args[3].clone()
+        table_change(args[3])
+    return args, {"sliding_window": window} if window else {}
+
+
+@pytest.mark.parametrize("backend", ["tlsim", "triton"])
+def test_a_bad_block_in_one_kv_split_turns_that_sequence_to_nan(backend):
+    """A bad id in the middle of a split KV range reaches the combine as NaN, only that sequence's."""
+    fn = backend_fn(backend)
+    good_args, kw = _split_decode_args()
+    assert tiling_for(prepare_call(*good_args[:5], check=False)).NUM_SPLITS > 1
+    good = fn(*good_args[:5], check=False, **kw)
+    got = fn(*_split_decode_args(with_block(0, 100, 10**6))[0][:5], check=False, **kw)  # key 1600 of 2500
+    assert bool(got[0].isnan().all())
+    torch.testing.assert_close(got[1:], good[1:], rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("backend", ["tlsim", "triton"])
+def test_a_bad_block_before_the_windows_first_tile_is_not_read_and_changes_nothing(backend):
+    """A bad id in block 3 (keys 48-63; window 1200 from key 1300) is never read: the good table's answer."""
+    fn = backend_fn(backend)
+    good_args, kw = _split_decode_args(window=1200)
+    assert tiling_for(prepare_call(*good_args[:5], check=False, **kw)).NUM_SPLITS > 1
+    good = fn(*good_args[:5], check=False, **kw)
+    got = fn(*_split_decode_args(with_block(0, 3, -7), window=1200)[0][:5], check=False, **kw)
+    torch.testing.assert_close(got, good, rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("seq_len", [2**31 - 1, 2**31 - 40])
+def test_a_seq_len_near_int32_max_is_nan_not_a_wrapped_bound(seq_len):
+    """A garbage seq_len near 2^31 must not wrap the table check's end: the row is NaN."""
+    fn = backend_fn("triton")
+    torch.manual_seed(0)
+    q, k, v = torch.randn(2, 2, 16), torch.randn(8, 16, 1, 16), torch.randn(8, 16, 1, 16)
+    table = torch.arange(8, dtype=torch.int32).view(2, 4)
+    got = fn(q, k, v, table, torch.tensor([40, seq_len], dtype=torch.int32), check=False, sliding_window=5)
+    assert bool(got[1].isnan().all())
+    assert not bool(got[0].isnan().any())

@@ -1,10 +1,7 @@
 """The Triton kernels compile for an H100/H200 (sm_90) on a machine without a GPU.
 
-The CPU suite runs the kernels under Triton's interpreter, which accepts some programs
-the compiler rejects (loop-carried types, scalar control flow such as the binary search
-in ``_find_seq``). Compiling to PTX and through ptxas here catches those before a GPU run.
-It runs in a fresh interpreter: in this process Triton was imported with TRITON_INTERPRET=1.
-"""
+The interpreter accepts programs the compiler rejects (loop-carried types, scalar control flow), so
+this compiles through ptxas, in a fresh interpreter (here Triton was imported with TRITON_INTERPRET=1)."""
 
 from __future__ import annotations
 
@@ -104,8 +101,7 @@ def test_the_split_decodes_tile_loop_is_no_longer_than_the_unsplit_ones():
 @pytest.mark.slow  # a fresh interpreter compiles through ptxas
 @needs_ptxas
 def test_the_sass_census_tables_a_launch_and_set_changes_its_count(tmp_path):
-    """scripts/sass_census.py on one small launch: a table row of positive counts, the JSON the same, and
-    ``--set`` reaching the compile; an unknown launch or constexpr is an error naming it."""
+    """sass_census on one launch: positive counts, the same JSON, ``--set`` reaching the compile, errors naming."""
     census = ("scripts/sass_census.py", "--only", "decode_4x16k")
     done = run_fresh(*census, "--json", str(tmp_path / "a.json"))
     assert done.returncode == 0, done.stderr[-3000:]
@@ -128,8 +124,7 @@ def test_the_sass_census_tables_a_launch_and_set_changes_its_count(tmp_path):
     [(40, 2048, True), (40, 2**31 - 2, True), (40, 2**31, False), (40, 1, False), (2**31 + 1, 2048, True)],
 )
 def test_the_launcher_takes_unsigned_block_offsets_for_ordinary_strides(num_blocks, block_stride, unsigned):
-    """BLOCK_OFFS_U32 reaches the launch when K's and V's block strides are in [2, 2^31), and not otherwise;
-    the kernel's num_blocks is capped at 2^31 (its unsigned table check stays an exact 32-bit compare)."""
+    """BLOCK_OFFS_U32 only for K and V block strides in [2, 2^31); num_blocks is capped at 2^31."""
     import torch
 
     from kernels.contract import prepare_call

@@ -1,24 +1,10 @@
-"""Shapes at the edges of every range and rule the contract declares, generated from the declarations.
+"""Shapes at the edges of every range and rule the contract declares, generated from its constants.
 
-The cases are not chosen by hand: :func:`contract_edges` derives them from the constants the
-contract and the tiling state (``kernels.contract.MIN_HEAD_DIM`` / ``MAX_HEAD_DIM``,
-``kernels.tiling.SINGLE_DOT_HEAD_DIM``, ``V_PART_DIM``, ``head_dim_pieces``, ``kernels.fp8.FP8_DTYPES``),
-so a range that moves takes its edges with it:
-
-* K head dims: the range's ends, each power of two inside it (a piece boundary) one below, on it
-  and one above, and past SINGLE_DOT_HEAD_DIM main pieces with a tail that is not a power of two
-  (300 = 256 + 44: the tail's mask must stop at 300, not at the padded 320);
-* V narrower and wider than K, under the 16-head tiling and the wide one (V narrower than one
-  V_PART_DIM part, V one dim past a part);
-* block sizes that are not powers of two, each with a launch that splits the KV and one that does not;
-* every fp8 format under every q dtype, in decode (fp16 dots, V read in pairs) and prefill launches;
-* a long walk at block_size 1: more columns than one chunk of the kernel's bad-index count, with a
-  bad index planted at its start, middle and end;
-* the engine's path: PagedKVCache with a fixed-size table (read at its exact capacity, refused past
-  it, for every backend and cache dtype) and every dispatch override (argument and environment).
-
-Each case runs through reference, tlsim and the interpreted Triton kernel against the float64 oracle.
-"""
+:func:`contract_edges` derives them from ``kernels.contract`` / ``kernels.tiling`` / ``kernels.fp8``, so a
+range that moves takes its edges with it: K head dims on each piece boundary and tails that are no power
+of two, V narrower and wider than K, block sizes no power of two (split and not), every fp8 format under
+every q dtype, a long block_size 1 walk with bad indices, and the engine's fixed-size table and dispatch
+overrides. Each case runs through reference, tlsim and the interpreted kernel against the oracle."""
 
 from __future__ import annotations
 
@@ -105,8 +91,7 @@ def _tiling(name: str):
 
 
 def test_the_generated_cases_reach_every_rule_they_name():
-    """The edges mean what their names say: pieces with a tail that is no power of two, V parts,
-    split and unsplit launches, fp16 dots, and a walk longer than two chunks of the count."""
+    """The edges mean what their names say: tails, V parts, split and unsplit, fp16 dots, a long walk."""
     dims = head_dim_edges()
     assert {MIN_HEAD_DIM, SINGLE_DOT_HEAD_DIM + 1, SINGLE_DOT_HEAD_DIM + 44, MAX_HEAD_DIM} <= set(dims)
     assert head_dim_pieces(SINGLE_DOT_HEAD_DIM + 44) == (SINGLE_DOT_HEAD_DIM, 64), "a tail padded past the head dim"
@@ -231,8 +216,7 @@ def test_every_dispatch_override_serves_the_backend_it_names(backend: str, how: 
     ("name", "extra"), [("k300", {}), ("k300", {"return_lse": True}), ("fp8_e5m2_float32_decode", {})]
 )
 def test_a_repeated_call_is_served_from_its_plan_with_the_same_bits(name: str, extra: dict):
-    """The second call of the same shapes and options is a plan hit (the launcher's checks, tiling and
-    binding skipped) and writes exactly what the first did; with the plans off it writes the same again."""
+    """The second call is a plan hit writing the first's bits; with the plans off, the same again."""
     needs_triton()
     from kernels.launch_plan import plans_enabled
     from kernels.triton_paged import PLANS
@@ -252,8 +236,7 @@ def test_a_repeated_call_is_served_from_its_plan_with_the_same_bits(name: str, e
 
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_head_dim_strides_other_than_one_and_a_call_without_tokens(backend: str):
-    """q, the caches and out each every other element of their last dim (the launcher copies them,
-    and copies out back); a call with no sequence passes the value checks and returns its empty out."""
+    """Every other element of the last dim for q, caches and out; a call with no sequence returns its empty out."""
     inputs = _inputs("k64_v33")
     q, k, v, table, lens, starts = inputs.args()
 

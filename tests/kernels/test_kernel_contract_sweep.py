@@ -1,14 +1,9 @@
 """Property: anywhere in the contract's declared ranges, tlsim and the Triton kernel match the float64 oracle.
 
-Drawn from the declarations themselves: K's and V's head dims anywhere in [MIN_HEAD_DIM, MAX_HEAD_DIM]
-(kernels.contract), block sizes 1..256, q dtypes fp32 / fp16 / bf16, a half-precision cache or either
-fp8 format, GQA groups 1..8, 1..3 sequences of up to 300 keys with q_lens 0..4, and a max_seq_len hint
-anywhere from 1 key to the table's capacity (a hint changes the split, never the result).
-tests/kernels/test_kernel_contract_edges.py runs the edges of the same ranges in the quick loop; this is the
-wide sweep, a few examples by default and many under ``nox -s fuzz``:
+Head dims, block sizes, q and cache dtypes, GQA groups, lengths and a max_seq_len hint drawn from the
+declarations (test_kernel_contract_edges.py runs their edges); a few examples, many under ``nox -s fuzz``:
 
-    KERNEL_SWEEP_EXAMPLES=200 TRITON_INTERPRET=1 python -m pytest tests/kernels/test_kernel_contract_sweep.py
-"""
+    KERNEL_SWEEP_EXAMPLES=200 TRITON_INTERPRET=1 python -m pytest tests/kernels/test_kernel_contract_sweep.py"""
 
 from __future__ import annotations
 

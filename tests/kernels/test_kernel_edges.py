@@ -1,28 +1,9 @@
 """Every edge on every boundary, through reference, tlsim and the Triton kernel, graded against the oracle.
 
-These are the quick kernel tests scripts/mutants.py runs against each planted slip
-(docs/mutants.md), so every case puts something on a boundary and one key off it. At the
-shapes used here (fp32, head_dim 32, 4 query heads over 2 KV heads, blocks of 16) the
-kernel walks TILE_N = 64 keys a step and packs BLOCK_Q = 8 queries a program;
-``test_the_cases_sit_on_the_tilings_boundaries`` pins that, so the cases keep meaning what
-their names say if the tuning changes:
-
-* a sliding window whose first visible key is a tile boundary (64, 128), one before it
-  and one after it, on a block boundary that is not a tile boundary (48), and whose last
-  visible key (the query itself) is on a tile boundary;
-* the same for a prefill program, whose window starts at its first query's first key;
-* a prefill whose first query sits two keys before a tile boundary (the tiles every row
-  sees whole end there) and q_lens of exactly, and one past, a query tile;
-* KV splits of 576 keys over sequences of 575, 576, 577 and 1152 keys, with sinks, the
-  lse and ALiBi; a max_seq_len hint below the longest sequence (the last split must still
-  run to the end); prefill rows that see no key of the second split;
-* sequence lengths at multiples of the block size and one off, blocks smaller than,
-  equal to and larger than a tile; the variants (softcap, sinks, ALiBi, fp8 with per-head
-  scales, fp16's multiply-add softmax, K past 256 dims) each at least once (the split cases at 4 query heads over one KV head: BLOCK_Q 4, fewer programs);
-* bad indices: a block id equal to num_blocks in a sequence's last partial block, a
-  sequence one key longer than its table; the value checks at the table's exact capacity;
-* the interpreted kernel's fp32 -> bf16 rounding on ties, bit for bit (no tolerance sees it).
-"""
+The quick tests scripts/mutants.py runs against each planted slip (docs/mutants.md): each case puts
+something on a boundary and one key off it, at TILE_N 64 and BLOCK_Q 8 (pinned below): window starts
+on tile and block edges, prefill programs' first keys, KV splits of 576 keys with sinks, lse and ALiBi,
+lengths on block edges, each variant once, bad indices, and the interpreter's bf16 rounding on ties."""
 
 from __future__ import annotations
 
@@ -33,6 +14,7 @@ import torch
 
 import kernels
 from harness.cases.inputs import make_inputs
+from harness.cases.loading import load_cases
 from harness.run.grading import grade
 from harness.run.oracle import paged_attention_oracle
 from kernels.contract import prepare_call
@@ -197,8 +179,7 @@ def test_a_seq_len_one_key_past_the_table_is_nan(backend):
 
 @pytest.mark.parametrize("backend", ["triton", "tlsim"])
 def test_a_decode_one_key_past_a_full_table_is_nan_even_when_the_next_row_is_valid(backend):
-    """No window: the one column past sequence 0's table is the first entry of sequence 1's row in
-    memory, a valid block id, so only the kernel's own table bound keeps it out."""
+    """The column past sequence 0's table is sequence 1's first block id: only the kernel's bound keeps it out."""
     inputs = make_inputs(**{**BASE, "seq_lens": [64, 64], "q_lens": [1, 1], "layout": "contiguous"})
     args = [t.clone() for t in inputs.args()]
     capacity = args[3].shape[1] * args[1].shape[1]
@@ -209,10 +190,7 @@ def test_a_decode_one_key_past_a_full_table_is_nan_even_when_the_next_row_is_val
 
 
 def test_the_smoke_suites_split_case_splits_the_kv_on_a_cpu():
-    """cases/smoke.toml reaches combine_splits_kernel on a CPU: its split case is tagged small
-    (the interpreter runs it) and, with the hints the harness passes the Triton backend, splits."""
-    from harness.cases.loading import load_cases
-
+    """cases/smoke.toml's split case is tagged small and, with the harness's hints, splits."""
     smoke = Path(__file__).resolve().parents[2] / "harness" / "cases" / "suites" / "smoke.toml"  # cases/ links there
     (case,) = [c for c in load_cases([smoke], device="cpu") if c.name == "split_kv_combine"]
     assert "small" in case.tags
@@ -235,9 +213,7 @@ if kernels.has_triton():  # without Triton the test below skips; the other backe
 
 
 def test_the_interpreted_kernels_bf16_rounding_sends_ties_to_even():
-    """Under the CPU interpreter the kernel rounds fp32 -> bf16 by hand (kernels.triton_paged._bf16_rne)
-    to match the GPU. An error there is one bf16 ulp on ties, inside every tolerance, so the oracle
-    tests cannot see it: the bits are compared with torch's round-to-nearest-even instead."""
+    """The interpreter's hand-rounded fp32 -> bf16 (_bf16_rne) matches torch's bits; no tolerance sees a tie."""
     needs_triton()
     # 1.0 and the next bf16 above it (and their negatives), each with a tie (low 16 bits 0x8000),
     # half an ulp less one, half an ulp plus one, and nothing below.

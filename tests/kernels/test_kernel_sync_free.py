@@ -1,11 +1,8 @@
 """The default call reads no tensor value on the host: no device sync, CUDA-graph capturable.
 
-On the CPU every Python-level value read raises during the call (conftest's
-ValueReadGuard). The Triton launch itself is let through: the interpreter reads values
-to emulate a GPU, which a GPU launch does not; so what is pinned is the launcher's own
-code, and the grid it picks. On a GPU the default call is captured in a CUDA graph and
-run under ``torch.cuda.set_sync_debug_mode("error")``, which also sees syncs made inside torch.
-"""
+On the CPU a Python-level value read raises during the call (conftest's ValueReadGuard; the
+interpreted launch itself is let through); on a GPU the call is captured in a CUDA graph under
+``torch.cuda.set_sync_debug_mode("error")``."""
 
 from __future__ import annotations
 
@@ -18,9 +15,10 @@ import kernels
 from harness.cases.vocab import DEFAULT_TOLERANCES
 from harness.run.grading import grade
 from harness.run.oracle import paged_attention_oracle
+from kernels import tiling, tuning
 from kernels.contract import prepare_call
 from kernels.tiling import tiling_for
-from tests.kernels.kernel_cases import BASE, CASES_BY_NAME, needs_triton
+from tests.kernels.kernel_cases import BASE, CASES_BY_NAME, backend_fn
 
 DECODE = replace(BASE, name="decode", q_lens=(1, 1, 1, 1, 1))
 SYNC_FREE_CASES = [BASE, DECODE, CASES_BY_NAME["prefill_full"], CASES_BY_NAME["split_kv_decode"]]
@@ -28,9 +26,9 @@ CUDA = torch.cuda.is_available()
 
 
 def _args(case, device="cpu"):
-    """The case's call; decode passes query_start_loc=None (one query per sequence)."""
+    """The case's call; the decodes pass query_start_loc=None (one query per sequence)."""
     args = list(case.inputs(device).args())
-    if case is DECODE:
+    if case.name in ("decode", "device_split_decode"):
         args[5] = None
     return args
 
@@ -95,15 +93,11 @@ def test_prefill_launches_about_num_tokens_over_block_q_tiles(triton_launches):
 
 @pytest.mark.parametrize("backend", ["triton", "tlsim"])
 def test_wrong_launch_hints_change_speed_not_the_result(backend):
-    """max_q_len only picks the tile height; max_seq_len below the truth still covers every key
-    (the last KV split runs to the end of the sequence)."""
-    if backend == "triton":
-        needs_triton()
+    """max_q_len only picks the tile height; a short max_seq_len still covers every key."""
+    fn = backend_fn(backend)
     case = CASES_BY_NAME["split_kv_decode"]
     args = _args(case)
-    call = prepare_call(*args)
-    assert tiling_for(call, max_seq_len=1024).NUM_SPLITS > 1, "the hint must still split, with too short splits"
-    fn = getattr(kernels, f"paged_attention_{backend}")
+    assert tiling_for(prepare_call(*args), max_seq_len=1024).NUM_SPLITS > 1, "the hint must still split, too short"
     _assert_matches_oracle(fn(*args, max_q_len=0, max_seq_len=1024), args, case)
 
 
@@ -113,9 +107,7 @@ GPU = [pytest.mark.gpu, pytest.mark.skipif(not CUDA, reason="needs a CUDA device
 
 
 def _assert_no_sync_and_graph_replay(args, case, **hints):
-    """The call (compiled first, outside the checks: Triton's own first launch may sync) makes no device sync
-    under ``set_sync_debug_mode("error")`` and, captured in a CUDA graph, replays into its NaN-filled out; each
-    output passes the oracle."""
+    """After a first (compiling) call: no device sync, a CUDA graph replay into a NaN out, each output graded."""
     out = torch.full_like(args[0], float("nan"))
     kernels.paged_attention_triton(*args, out=out, **hints)
     torch.cuda.synchronize()
@@ -142,10 +134,9 @@ def test_default_call_makes_no_device_sync_and_replays_from_a_cuda_graph(case, _
     _assert_no_sync_and_graph_replay(_args(case, "cuda"), case)
 
 
-# --- the device split (kernels.tiling.DEVICE_SPLIT) ----------------------------------
-
-# A ragged decode whose split the kernel decides from seq_lens: 3000 keys in 4 splits down to 1-key sequences
-# in one (the bounds lowered to fit the interpreter: a "GPU" of 32 program slots, pieces of at least 64 keys).
+# The device split (kernels.tiling.DEVICE_SPLIT): a ragged decode whose split the kernel decides from seq_lens,
+# 3000 keys in 4 splits down to 1-key sequences in one (the bounds lowered to fit the interpreter: a "GPU" of
+# 32 program slots, pieces of at least 64 keys).
 DEVICE_SPLIT_DECODE = replace(BASE, name="device_split_decode", seq_lens=(3000, 1, 17, 1300, 600, 2000, 64, 33),
                               q_lens=(1,) * 8)  # fmt: skip
 DEVICE_SPLIT_HINTS = {"max_q_len": 1, "max_seq_len": 3000}
@@ -153,22 +144,14 @@ DEVICE_SPLIT_HINTS = {"max_q_len": 1, "max_seq_len": 3000}
 
 @pytest.fixture
 def device_split_on(monkeypatch):
-    from kernels import tiling, tuning
-
     monkeypatch.setattr(tiling, "TARGET_PROGRAMS", 32)
     monkeypatch.setattr(tiling, "DEVICE_SPLIT_MIN_KEYS", 64)
     with tuning.override(tuning.TileConfig(16, 1, 32, 4, 2)):  # a plan of its own (the key sees the override)
         yield
 
 
-def _device_split_args(device="cpu"):
-    args = list(DEVICE_SPLIT_DECODE.inputs(device).args())
-    args[5] = None
-    return args
-
-
 def test_the_device_split_reads_no_tensor_value(device_split_on, triton_launches, value_reads):
-    args = _device_split_args()
+    args = _args(DEVICE_SPLIT_DECODE)
     with value_reads.forbidden():
         got = kernels.paged_attention_triton(*args, **DEVICE_SPLIT_HINTS)
     assert not value_reads.reads
@@ -183,6 +166,6 @@ def test_the_device_split_reads_no_tensor_value(device_split_on, triton_launches
 @pytest.mark.parametrize("_", [pytest.param(None, marks=GPU, id="cuda")])
 def test_the_device_split_replays_from_a_cuda_graph_and_makes_no_sync(_, device_split_on, monkeypatch):
     monkeypatch.delenv(kernels.CHECK_ENV, raising=False)
-    args = _device_split_args("cuda")
+    args = _args(DEVICE_SPLIT_DECODE, "cuda")
     assert tiling_for(prepare_call(*args, check=False), **DEVICE_SPLIT_HINTS).DEVICE_SPLIT is not None
     _assert_no_sync_and_graph_replay(args, DEVICE_SPLIT_DECODE, **DEVICE_SPLIT_HINTS)

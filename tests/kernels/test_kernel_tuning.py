@@ -10,11 +10,14 @@ import triton
 import triton.language as tl
 
 import kernels
-from kernels import tuning
+from harness.cases.packaged import packaged_suites
+from harness.cases.spec import load_case_file
+from kernels import tiling, tuning
 from kernels.contract import prepare_call
 from kernels.tiling import choose_tiling, tiling_for
 from kernels.triton_paged import _device_piece, _program_order
-from tests.kernels.kernel_cases import KERNEL_CASES
+from scripts.sass_census import Launch, plan_of
+from tests.kernels.kernel_cases import KERNEL_CASES, KernelCase
 
 
 def test_the_untuned_rule_keeps_the_measured_shapes(monkeypatch):
@@ -37,19 +40,18 @@ def test_a_tuned_entry_changes_only_its_own_key(monkeypatch, q_class):
     tuned = tuning.TileConfig(max_rows=128, max_tokens=32, tile_n=32, num_warps=8, num_stages=2)
     monkeypatch.setitem(tuning.TUNED, ("half", 128, q_class), tuned)
     for name, length in q_lens.items():
-        tiling = choose_tiling(128, 4, length, 64, 8, 8192)
+        chosen = choose_tiling(128, 4, length, 64, 8, 8192)
         if name == q_class:
-            assert (tiling.TILE_N, tiling.NUM_WARPS, tiling.NUM_STAGES) == (32, 8, 2)
-            assert min(128, max(16, 4 * min(length, 32))) == tiling.BLOCK_M
+            assert (chosen.TILE_N, chosen.NUM_WARPS, chosen.NUM_STAGES) == (32, 8, 2)
+            assert min(128, max(16, 4 * min(length, 32))) == chosen.BLOCK_M
         else:
-            assert tiling == untuned[name]
+            assert chosen == untuned[name]
     assert choose_tiling(64, 4, q_lens[q_class], 8, 8, 8192).TILE_N == 64, "another head dim keeps the default"
 
 
 @pytest.mark.parametrize("tile_n, max_tokens", list(itertools.product([16, 32, 128], [4, 32])))
 def test_tlsim_follows_an_overridden_tiling(tile_n, max_tokens):
-    """Under any config the kernel (interpreted) and tlsim agree within the kernel's tolerance,
-    and the override really moved the tiling (a tlsim that ignored it would fail elsewhere)."""
+    """Under any config kernel and tlsim agree, and the override really moved the tiling."""
     case = next(c for c in KERNEL_CASES if c.dtype == "float32" and max(c.q_lens) > 1)
     inputs = case.inputs("cuda" if torch.cuda.is_available() else "cpu")
     config = tuning.TileConfig(max_rows=16, max_tokens=max_tokens, tile_n=tile_n, num_warps=4, num_stages=2)
@@ -109,11 +111,7 @@ def test_a_split_of_more_than_1024_keys_takes_the_long_split_key_and_keeps_its_s
 
 
 def test_tlsim_follows_a_long_split_re_cut_in_its_own_tiles(monkeypatch):
-    """A decode whose splits pass LONG_SPLIT_KEYS (lowered here to fit the interpreter) runs the long key's
-    tiles; the kernel and tlsim agree, and the tiling really moved (key, tile and split size)."""
-    import kernels.tiling as tiling
-    from tests.kernels.kernel_cases import KernelCase
-
+    """Past LONG_SPLIT_KEYS (lowered) the long key's tiles run; kernel and tlsim agree."""
     monkeypatch.setattr(tiling, "LONG_SPLIT_KEYS", 64)
     monkeypatch.setitem(tuning.TUNED, ("fp32", 64, "decode_split"), tuning.TileConfig(16, 1, 16, 4, 2))
     monkeypatch.setitem(tuning.TUNED, ("fp32", 64, "decode_split_long"), tuning.TileConfig(16, 1, 64, 4, 2))
@@ -129,31 +127,22 @@ def test_tlsim_follows_a_long_split_re_cut_in_its_own_tiles(monkeypatch):
 
 def test_an_fp8_decode_runs_its_fp16_dots_on_every_decode_key_and_never_on_prefill():
     """The fp16-dot path (FP8_DOTS_FP16) belongs to every decode query class, the long split's included."""
-    for seqs, kv_heads, length in ((32, 8, 16384), (4, 8, 16384), (8, 8, 32768)):  # unsplit, split, long split
-        tiling = choose_tiling(128, 4, 1, seqs, kv_heads, length, kv_fp8=True)
-        assert tiling.FP8_DOTS_FP16, tiling.TUNING_KEY
-    assert {choose_tiling(128, 4, 1, s, h, n, kv_fp8=True).TUNING_KEY[2] for s, h, n in
-            ((32, 8, 16384), (4, 8, 16384), (8, 8, 32768))} == {"decode", "decode_split", "decode_split_long"}  # fmt: skip
+    decodes = [  # unsplit, split, long split
+        choose_tiling(128, 4, 1, s, h, n, kv_fp8=True) for s, h, n in ((32, 8, 16384), (4, 8, 16384), (8, 8, 32768))
+    ]
+    assert all(t.FP8_DOTS_FP16 for t in decodes), [t.TUNING_KEY for t in decodes]
+    assert {t.TUNING_KEY[2] for t in decodes} == {"decode", "decode_split", "decode_split_long"}
     assert not choose_tiling(128, 4, 512, 4, 8, 4096, kv_fp8=True).FP8_DOTS_FP16  # prefill keeps its path
     assert not choose_tiling(128, 4, 1, 8, 8, 32768).FP8_DOTS_FP16  # no fp8 cache
 
 
 def _gpu_case_lengths(name: str) -> tuple[int, ...]:
-    from harness.cases.packaged import packaged_suites
-    from harness.cases.spec import load_case_file
-
     cases = [c for suite in ("gpu", "gpu_peers", "gpu_long") for c in load_case_file(packaged_suites()[suite])]
     return next(c for c in cases if c.name == name).seq_lens
 
 
 def test_the_device_split_leaves_a_full_uniform_batch_whole_and_cuts_the_8b_batch_longest():
-    """The device split's rule (kernels.tiling.device_splits): uniform batches
-    that fill the GPU take one split a sequence everywhere; the 64 lengths of llama3_8b_decode_fp8 (seed 7,
-    1000-31024 keys) cut their longest sequences and leave the short ones whole; every split is whole tiles
-    and none is empty; a bound at or under DEVICE_SPLIT_MIN_KEYS, a window, prefill, too many sequences or
-    too few programs (the host's split) keep their tiling."""
-    import kernels.tiling as tiling
-
+    """kernels.tiling.device_splits: full uniform batches whole, llama3_8b_decode_fp8's longest cut, the rest kept."""
     assert tiling.DEVICE_SPLIT is True
 
     def splits_of(lens, kv_fp8=True, num_kv_heads=8):
@@ -191,11 +180,7 @@ def test_the_device_split_leaves_a_full_uniform_batch_whole_and_cuts_the_8b_batc
 
 @pytest.mark.parametrize("q_len, causal_only", [(1, False), (4, True), (8, True), (64, False)])
 def test_only_verify_launches_take_the_causal_only_mask(q_len, causal_only):
-    """CAUSAL_ONLY_MASK (kernels/triton_paged.py) changes no value, so no output test sees it: its scope is pinned
-    here. Verify launches (2-8 queries) take it; decode and prefill compile without it (it slows prefill on an
-    H200 and lengthens the decode loop)."""
-    from scripts.sass_census import Launch, plan_of
-
+    """CAUSAL_ONLY_MASK changes no value, so its scope is pinned here: verify launches (2-8 queries) only."""
     plan = plan_of(Launch(32, 8, 128, 16, [4096] * 4, q_lens=[q_len] * 4))
     assert plan.main.constexprs["CAUSAL_ONLY_MASK"] is causal_only
 
@@ -217,14 +202,7 @@ def _order_probe(seq_lens_ptr, starts_ptr, out_ptr, num_seqs, ONE_QUERY_PER_SEQ:
 
 @pytest.mark.parametrize("offsets", [None, "one_each", "a_query_less_sequence", "as_many_tiles_not_one_each"])
 def test_the_device_split_dispatches_its_sequences_longest_piece_first(offsets):
-    """The kernel's _program_order, run alone on a grid (interpreted on a CPU): dispatch slot k (the linear
-    block id) takes sequence order[k // (heads * splits)], split k // heads % splits, KV head k % heads, where
-    order ranks the sequences by the keys a split of theirs covers (kernels.tiling.device_splits), longest
-    first, ties to the lower index; a batch whose tiles are not one a sequence keeps its own sequence order.
-    Either way every (tile, head, split) of the grid is taken once. A speed rule: a slip here costs time,
-    not correctness, so only this test sees it."""
-    import kernels.tiling as tiling
-
+    """_program_order alone: slot k takes the k // (heads * splits)-th longest piece's sequence, each once."""
     device = "cuda" if torch.cuda.is_available() else "cpu"
     lens = [600, 3000, 33, 2000, 1500, 3000]  # 1500 and two halves of 3000: 1504 keys each, ties to the lower index
     q_lens = {None: [1] * 6, "one_each": [1] * 6, "a_query_less_sequence": [1, 1, 0, 1, 1, 1],
@@ -251,10 +229,7 @@ def test_the_device_split_dispatches_its_sequences_longest_piece_first(offsets):
 
 
 def test_the_longest_first_order_is_taken_up_to_its_batch_bound():
-    """Every program sorts the batch's lengths, and the sort's code grows with them: the launcher takes the order
-    for device-split batches of at most LONGEST_FIRST_MAX_SEQS sequences (their padded count), not past it."""
-    import kernels.tiling as tiling
-    from scripts.sass_census import Launch, plan_of
+    """The launcher sorts device-split batches of at most LONGEST_FIRST_MAX_SEQS sequences, not more."""
 
     def taken(num_seqs):
         plan = plan_of(Launch(32, 8, 128, 16, [1000, 32000] + [4000] * (num_seqs - 2)))

@@ -1,10 +1,7 @@
 """A launch plan (kernels/launch_plan.py) launches exactly what the full path would, and only for its own key.
 
-Most tests here swap the Triton kernels for recorders that run nothing, so a call costs no
-interpreter time: a plan hit must then record the same launches (grid, every argument's
-metadata or value, constexprs and options) as the same call with the plans off. The last
-ones run the real kernel under the CPU interpreter and compare outputs bit for bit.
-"""
+Most tests swap the Triton kernels for recorders, so a plan hit must record the same launches as the
+call with plans off; the last ones compare the interpreted kernel's outputs bit for bit."""
 
 from __future__ import annotations
 
@@ -18,11 +15,11 @@ import torch
 
 import kernels
 from kernels import launch_plan, tuning
-from kernels.contract import prepare_call
+from kernels.contract import getenv, prepare_call
 from kernels.launch_plan import PlanCache, call_key, plans_enabled
 from kernels.tiling import tiling_for
 from tests.fresh_python import run_script
-from tests.kernels.kernel_cases import BAD_CALLS, BASE, CASES_BY_NAME, base_args, needs_triton
+from tests.kernels.kernel_cases import BAD_CALLS, BASE, CASES_BY_NAME, ON_CUDA, base_args, needs_triton
 
 
 def _triton():
@@ -54,9 +51,10 @@ class _Recorder:
 
 @pytest.fixture
 def recorded(monkeypatch):
-    """Both kernels replaced by one :class:`_Recorder`; the plans emptied; value checks off (the tensors are empty)."""
+    """Both kernels replaced by one :class:`_Recorder` (``plans``: the launcher's, emptied); value checks off."""
     triton_paged = _triton()
     recorder = _Recorder()
+    recorder.plans = triton_paged.PLANS
     monkeypatch.setattr(triton_paged, "paged_attention_kernel", recorder)
     monkeypatch.setattr(triton_paged, "combine_splits_kernel", recorder)
     monkeypatch.delenv(kernels.CHECK_ENV, raising=False)
@@ -113,14 +111,12 @@ RANDOM_SEEDS = range(60)
 
 @pytest.mark.parametrize("seed", RANDOM_SEEDS)
 def test_a_plan_hit_launches_what_the_full_path_launches(recorded, seed):
-    """For random shapes, options and hints: the hit's launches equal the uncached call's, and the
-    plan's tiling is a fresh tiling_for's (the one tlsim asks for)."""
-    triton_paged = _triton()
+    """Random shapes, options and hints: the hit launches as the uncached call, its tiling a fresh one."""
     args, kwargs = _random_call(random.Random(seed))
     first = _launches(recorded, args, kwargs)
-    (plan_tiling,) = [recipe.plan.tiling for recipe in triton_paged.PLANS.plans()]
+    (plan_tiling,) = [recipe.plan.tiling for recipe in recorded.plans.plans()]
     hit = _launches(recorded, args, kwargs)
-    assert triton_paged.PLANS.hits == 1
+    assert recorded.plans.hits == 1
     with plans_enabled(False):
         uncached = _launches(recorded, args, kwargs)
     assert hit == first == uncached and len(hit) in (1, 2)
@@ -131,8 +127,7 @@ def test_a_plan_hit_launches_what_the_full_path_launches(recorded, seed):
 
 @pytest.mark.parametrize("seed", RANDOM_SEEDS[:30])
 def test_the_short_hit_methods_launch_what_the_general_ones_launch(recorded, monkeypatch, seed):
-    """CallRecipe._run_plain and TritonPlan._launch_direct (the usual call's shortcuts) against the
-    general methods they skip: the same launches and the same returned tensors' metadata."""
+    """_run_plain and _launch_direct launch and return what the general methods they skip do."""
     triton_paged = _triton()
     args, kwargs = _random_call(random.Random(seed))
 
@@ -161,12 +156,11 @@ def test_the_short_hit_methods_launch_what_the_general_ones_launch(recorded, mon
 @pytest.mark.parametrize("head_dim_v", [32, 16])
 def test_a_hit_allocates_out_as_the_full_path_does(recorded, q_view, head_dim_v):
     """The hit's out (empty_like(q) where that matches) has the full path's shape, strides and dtype."""
-    triton_paged = _triton()
     q = q_view(torch.empty(4, 8, 32))
     k, v = torch.empty(3, 4, 1, 32), torch.empty(3, 4, 1, head_dim_v)
     args = [q, k, v, torch.zeros(4, 2, dtype=torch.int32), torch.zeros(4, dtype=torch.int32)]
     outs = [kernels.paged_attention_triton(*args) for _ in range(2)]
-    assert triton_paged.PLANS.hits == 1
+    assert recorded.plans.hits == 1
     with plans_enabled(False):
         outs.append(kernels.paged_attention_triton(*args))
     assert len({(tuple(o.shape), o.stride(), o.dtype) for o in outs}) == 1 and outs[0].is_contiguous()
@@ -209,8 +203,6 @@ def test_a_hit_hands_the_runner_the_current_stream_of_the_plans_device(monkeypat
 
 
 def test_the_fast_environment_read_agrees_with_os_environ(monkeypatch):
-    from kernels.contract import getenv
-
     name = kernels.CHECK_ENV
     for value in ("1", "0", "", "é"):
         monkeypatch.setenv(name, value)
@@ -264,14 +256,13 @@ SAME_LAUNCH = {"block_table_strided", "k_cache_head_dim_strided", "q_misaligned"
 
 @pytest.mark.parametrize("change", CHANGES)
 def test_a_changed_call_after_a_hit_gets_its_own_plan(recorded, change):
-    triton_paged = _triton()
     args, kwargs = base_args(), {}
     _launches(recorded, args, kwargs)
     base = _launches(recorded, args, kwargs)  # a hit
-    assert triton_paged.PLANS.hits == 1
+    assert recorded.plans.hits == 1
     args, kwargs = CHANGES[change](args, kwargs)
     changed = _launches(recorded, args, kwargs)
-    assert len(triton_paged.PLANS) == 2 and triton_paged.PLANS.hits == 1
+    assert len(recorded.plans) == 2 and recorded.plans.hits == 1
     with plans_enabled(False):
         assert changed == _launches(recorded, args, kwargs), "the changed call launched a stale plan"
     if change not in SAME_LAUNCH:
@@ -280,7 +271,6 @@ def test_a_changed_call_after_a_hit_gets_its_own_plan(recorded, change):
 
 def test_a_misaligned_view_has_its_own_key_and_plan(recorded):
     """Triton specializes on data_ptr % 16: a view one element on must not share the aligned call's plan."""
-    triton_paged = _triton()
     args = base_args()
     aligned = call_key(*args, None, None, None, None, False, {})
     shifted = list(args)
@@ -289,7 +279,7 @@ def test_a_misaligned_view_has_its_own_key_and_plan(recorded):
     assert call_key(*shifted, None, None, None, None, False, {}) != aligned
     for call_args in (args, shifted, args, shifted):
         _launches(recorded, call_args, {})
-    assert len(triton_paged.PLANS) == 2 and triton_paged.PLANS.hits == 2
+    assert len(recorded.plans) == 2 and recorded.plans.hits == 2
 
 
 def test_a_scalar_key_tells_true_from_one_and_refuses_other_types():
@@ -310,11 +300,10 @@ def test_a_scalar_key_tells_true_from_one_and_refuses_other_types():
 
 
 def test_a_tensor_scale_is_read_on_every_call_not_reused_from_a_plan(recorded):
-    triton_paged = _triton()
     args = base_args()
     first = _launches(recorded, args, {"scale": torch.tensor(0.1)})
     second = _launches(recorded, args, {"scale": torch.tensor(0.9)})
-    assert triton_paged.PLANS.hits == 0 and first != second
+    assert recorded.plans.hits == 0 and first != second
     with plans_enabled(False):
         assert second == _launches(recorded, args, {"scale": torch.tensor(0.9)})
 
@@ -331,11 +320,10 @@ def test_the_tuning_override_is_part_of_the_key(recorded):
 
 
 def test_plans_off_keeps_none_and_the_env_var_turns_them_off(recorded):
-    triton_paged = _triton()
     with plans_enabled(False):
         _launches(recorded, base_args(), {})
         _launches(recorded, base_args(), {})
-    assert len(triton_paged.PLANS) == 0 and triton_paged.PLANS.hits == 0
+    assert len(recorded.plans) == 0 and recorded.plans.hits == 0
     done = run_script("-c", "from kernels import launch_plan; print(launch_plan.enabled())", timeout=60)
     assert done.stdout.strip() == "True", done.stderr
     done = run_script("-c", "import os; os.environ['PAGED_ATTN_PLAN_CACHE'] = '0'; "
@@ -374,8 +362,7 @@ def test_a_failing_compiled_launch_falls_back_to_the_jit_entry_for_good(monkeypa
 
 @pytest.mark.parametrize("name", BAD_CALLS)
 def test_a_bad_call_fails_the_same_way_after_a_good_one(name, monkeypatch):
-    """Some of these differ from the good call only in values (value checks, on in the suite): a
-    hit must still run them; the others differ in the key and must not meet the good call's plan."""
+    """A hit still runs the value checks, and a call that differs in the key never meets the good plan."""
     _triton()
     good = base_args()
     kernels.paged_attention_triton(*good)
@@ -414,10 +401,9 @@ def _output_call(case, spec, device="cpu"):
     inputs = case.inputs(device)
     args = list(inputs.args())
     kwargs = {k: v for k, v in spec.items() if k in ("sliding_window", "logit_softcap", "return_lse")}
-    heads = case.num_q_heads
-    for name in ("sinks", "alibi_slopes"):
-        if name in spec:
-            kwargs[name] = torch.linspace(-1, 1, heads, device=device)
+    kwargs |= {
+        n: torch.linspace(-1, 1, case.num_q_heads, device=device) for n in ("sinks", "alibi_slopes") if n in spec
+    }
     if "query_start_loc" in spec:
         args[5] = None
     if spec.get("table") == "strided":
@@ -426,9 +412,8 @@ def _output_call(case, spec, device="cpu"):
         args[1], args[2] = args[1].to(torch.float8_e4m3fn), args[2].to(torch.float8_e4m3fn)
         kwargs["k_scale"], kwargs["v_scale"] = 0.5, 2.0
     if spec.get("out") == "strided":
-        shape = (*args[0].shape[:2], args[2].shape[-1])
-        kwargs["out"] = torch.full((shape[2], shape[0], shape[1]), float("nan"), dtype=args[0].dtype, device=device)
-        kwargs["out"] = kwargs["out"].permute(1, 2, 0)
+        out = torch.full((args[2].shape[-1], *args[0].shape[:2]), float("nan"), dtype=args[0].dtype, device=device)
+        kwargs["out"] = out.permute(1, 2, 0)  # [num_tokens, num_q_heads, head_dim_v], head_dim_v outermost
     return args, kwargs
 
 
@@ -436,14 +421,10 @@ def _outputs(result):
     return [t.clone() for t in (result if isinstance(result, tuple) else (result,))]
 
 
-ON_CUDA = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")]
-
-
 @pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=ON_CUDA)])
 @pytest.mark.parametrize("name", OUTPUT_CASES)
 def test_a_plan_hit_computes_what_the_full_path_computes(name, device):
-    """The hit's outputs equal the first call's and the uncached call's, bit for bit; on CUDA the hit
-    launches the compiled kernels."""
+    """The hit's outputs equal the first and the uncached call's bit for bit; on CUDA it launches compiled."""
     triton_paged = _triton() if device == "cpu" else importlib.import_module("kernels.triton_paged")
     args, kwargs = _output_call(*OUTPUT_CASES[name], device)
     triton_paged.PLANS.clear()

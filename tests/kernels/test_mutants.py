@@ -1,14 +1,10 @@
 """The mutant catalogue (scripts/mutants.toml) stays in step with the kernels, and the quick tests catch it.
 
-Every mutant's text must occur exactly once in its file and name the quick test that catches
-it (a second). Then scripts/mutants.py plants each mutant in a copy of the tree and runs its
-caught_by test there: 80 to 110 CPU-seconds in all. `nox -s mutants` runs that (CI runs it on
-every change, beside `nox -s tests`, which leaves it out with `-m "not mutants"`).
-"""
+Every mutant applies once and names its catching test (a second); scripts/mutants.py then runs the whole
+catalogue (80 to 110 CPU-seconds, marker ``mutants``, `nox -s mutants`)."""
 
 from __future__ import annotations
 
-import importlib.util
 import os
 import subprocess
 import sys
@@ -16,19 +12,12 @@ from pathlib import Path
 
 import pytest
 
+from scripts import mutants as runner
+
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def _runner():
-    spec = importlib.util.spec_from_file_location("mutants_runner", ROOT / "scripts" / "mutants.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    return module
-
-
 def test_every_mutant_applies_to_the_current_code_and_names_its_catching_test():
-    runner = _runner()
     mutants = runner.load_catalogue()
     assert len(mutants) >= 30
     problems = {m.id: reason for m in mutants if (reason := runner.applies(m, ROOT))}
@@ -42,7 +31,6 @@ def test_every_mutant_applies_to_the_current_code_and_names_its_catching_test():
 
 
 def test_a_mutant_whose_text_is_gone_is_not_applied(tmp_path):
-    runner = _runner()
     (tmp_path / "kernels").mkdir()
     (tmp_path / "kernels" / "x.py").write_text("a = 1\n")
     mutant = runner.Mutant("gone", "kernels/x.py", "a = 2", "a = 3", "")
@@ -54,8 +42,7 @@ def test_a_mutant_whose_text_is_gone_is_not_applied(tmp_path):
 @pytest.mark.interpreter
 @pytest.mark.timeout(1500)
 def test_the_quick_tests_catch_every_planted_slip():
-    """scripts/mutants.py, baseline included, over the whole catalogue, in its own interpreter (a pytest
-    worker has imported the unmutated kernels)."""
+    """scripts/mutants.py over the whole catalogue, in its own interpreter."""
     env = {**os.environ, "TRITON_INTERPRET": "1"}
     done = subprocess.run([sys.executable, "scripts/mutants.py", "--jobs", "2"], cwd=ROOT, env=env,
                           capture_output=True, text=True)  # fmt: skip

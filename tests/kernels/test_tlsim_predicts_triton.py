@@ -1,19 +1,8 @@
-"""tlsim is the kernel's numerics model: on the same inputs it must sit well inside the
-tolerance of the Triton kernel, much closer than the backends sit to the oracle's limit.
+"""tlsim is the kernel's numerics model: on the same inputs it sits well inside the kernel's tolerance.
 
-Bound, elementwise (tests.kernels.kernel_cases.assert_tlsim_close): fp32, half the tolerance
-(atol/2 + rtol/2 * |triton|); fp16/bf16, two output ulps (2 * eps * |triton|, |triton| floored
-at 2^-6), since tlsim rounds p and the output exactly where the kernel does. On a GPU these tests
-run under `pytest -m gpu`; there the dots' fp32 sums run in the tensor cores' order, not torch's,
-and a logit that moves can flip a rounding of p: past head dim 512 (the bf16 MLA case) the bound
-is three ulps there.
-
-The fp32 large-logit case (input_scale 6: logits of ~90) is held to the whole tolerance
-instead of half: there each logit carries an fp32 rounding of ~1e-5 that depends on the
-order of the dot's sum, which tlsim (torch's matmul) and the kernel (the interpreter's
-numpy dot, or the GPU's FMA order) do not share, and the softmax amplifies it; its gap
-moves with the drawn values alone, the kernel code unchanged.
-"""
+Bound (kernel_cases.assert_tlsim_close): fp32, half the tolerance; fp16/bf16, two output ulps (three
+past head dim 512 on a GPU, whose dots sum in the tensor cores' order). The fp32 large-logit case is
+held to the whole tolerance: its logits' fp32 rounding depends on the dot's summation order."""
 
 from __future__ import annotations
 
@@ -24,8 +13,13 @@ import torch
 
 import kernels
 from harness.cases.vocab import DEFAULT_TOLERANCES
+from harness.run.grading import grade
+from harness.run.oracle import paged_attention_oracle
+from kernels import tiling, tuning
+from kernels.contract import prepare_call
+from kernels.fp8 import quantize_kv
 from kernels.launch_plan import plans_enabled
-from tests.kernels.kernel_cases import KERNEL_CASES, assert_tlsim_close, triton_output
+from tests.kernels.kernel_cases import KERNEL_CASES, KernelCase, assert_tlsim_close, triton_output
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 # Where CUDA is, the kernel runs compiled and the test is a GPU test: `pytest -m gpu` (nox -s gpu) runs it.
@@ -94,11 +88,10 @@ def test_tlsim_and_the_launcher_choose_the_same_tiling(case, hints, monkeypatch)
     assert chosen[tlsim] == chosen[triton_paged]
 
 
-# --- the device split (kernels.tiling.DEVICE_SPLIT) ----------------------------------
-
-# name: (seq_lens, q_lens (None: decode, query_start_loc None), TARGET_PROGRAMS, the split counts the rule
-# gives). 8 q heads over 2 KV heads; the bounds are lowered to fit the interpreter (pieces of at least 64
-# keys, 32-key tiles, a "GPU" of TARGET_PROGRAMS slots) so that every case takes the device split.
+# The device split (kernels.tiling.DEVICE_SPLIT), name: (seq_lens, q_lens (None: decode, query_start_loc None),
+# TARGET_PROGRAMS, the split counts the rule gives). 8 q heads over 2 KV heads; the bounds are lowered to fit
+# the interpreter (pieces of at least 64 keys, 32-key tiles, a "GPU" of TARGET_PROGRAMS slots) so that every
+# case takes the device split.
 DEVICE_SPLIT_CASES = {
     "ragged_outlier": ((3000, 1, 17, 1300, 600, 2000, 64, 33), None, 32, [4, 1, 1, 3, 2, 4, 1, 1]),  # 3000: 6, clamped
     "all_equal": ((300,) * 8, None, 16, [1] * 8),  # every row written by its program, the combine skips them all
@@ -133,21 +126,9 @@ DEVICE_SPLIT_PARAMS = [
 )
 @pytest.mark.slow  # long interpreted split-KV calls, a grid of them
 def test_tlsim_predicts_the_device_split(name, dtype, kv, options, monkeypatch):
-    """The device split: each sequence cut by its own share of the batch, decided in the kernel from
-    seq_lens; a one-split sequence written by its program, the rest combined. The kernel passes the
-    oracle, tlsim predicts it (bf16 bit for bit under the interpreter; fp32, sinks, an fp8 cache and a GPU
-    within the bounds above, as without the split), and
-    the rule really gave the counts named (a rule that drifted between the two would fail here)."""
+    """The device split (decided in the kernel from seq_lens): oracle, tlsim and the counts the rule names."""
     if reason := kernels.triton_unavailable_reason(DEVICE):
         pytest.skip(reason)
-    import kernels.tiling as tiling
-    from harness.run.grading import grade
-    from harness.run.oracle import paged_attention_oracle
-    from kernels import tuning
-    from kernels.contract import prepare_call
-    from kernels.fp8 import quantize_kv
-    from tests.kernels.kernel_cases import KernelCase
-
     seq_lens, q_lens, target, counts = DEVICE_SPLIT_CASES[name]
     monkeypatch.setattr(tiling, "TARGET_PROGRAMS", target)
     monkeypatch.setattr(tiling, "DEVICE_SPLIT_MIN_KEYS", 64)

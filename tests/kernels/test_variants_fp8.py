@@ -1,11 +1,8 @@
 """fp8 KV caches: K = k_cache.float() * k_scale (vLLM's convention), q in fp32/fp16/bf16.
 
-Every built-in backend matches the float64 oracle of the *dequantized* cache (so the grade
-measures the kernel, not the quantization), with per-tensor and per-head scales, e4m3fn
-and e5m2, on the single-pass and the split path; PagedKVCache quantizes on write; a scale
-ignored, inverted or taken from the wrong head fails the grade; the harness reports the
-quantization's own error beside the grade and skips the peers, naming the option.
-"""
+Every built-in backend matches the oracle of the dequantized cache, per-tensor and per-head scales,
+e4m3fn and e5m2, single-pass and split; PagedKVCache quantizes on write; a scale ignored, inverted or
+from the wrong head fails the grade; the harness reports the quantization's error and skips the peers."""
 
 from __future__ import annotations
 
@@ -84,32 +81,22 @@ def test_tlsim_predicts_triton_with_an_fp8_cache(base):
     assert_tlsim_close(sim, kernels.paged_attention_triton(*args, **scales), inputs.q.dtype, what=base)
 
 
-# --- mutants -------------------------------------------------------------------------------------
+# Mutants, each a wrong dequantization as the scale keywords tlsim gets from the right ones (k, v).
+WRONG_SCALES = {
+    "scale_ignored": lambda k, v: {},
+    "scale_divided": lambda k, v: {"k_scale": 1 / k, "v_scale": 1 / v},
+    "scales_swapped": lambda k, v: {"k_scale": v, "v_scale": k},
+    "scale_of_the_wrong_head": lambda k, v: {"k_scale": k.roll(1), "v_scale": v.roll(1)},
+}
 
 
-def scale_ignored(args, scales):
-    return kernels.paged_attention_tlsim(*args)
-
-
-def scale_divided(args, scales):
-    return kernels.paged_attention_tlsim(*args, k_scale=1 / scales["k_scale"], v_scale=1 / scales["v_scale"])
-
-
-def scales_swapped(args, scales):
-    return kernels.paged_attention_tlsim(*args, k_scale=scales["v_scale"], v_scale=scales["k_scale"])
-
-
-def scale_of_the_wrong_head(args, scales):
-    return kernels.paged_attention_tlsim(*args, k_scale=scales["k_scale"].roll(1), v_scale=scales["v_scale"].roll(1))
-
-
-@pytest.mark.parametrize("mutant", [scale_ignored, scale_divided, scales_swapped, scale_of_the_wrong_head],
-                         ids=lambda m: m.__name__)  # fmt: skip
+@pytest.mark.parametrize("mutant", WRONG_SCALES)
 def test_oracle_catches_a_wrong_dequantization(mutant):
     inputs, args, scales = _fp8_inputs("spec_verify", torch.float8_e4m3fn, True)
     expected = paged_attention_oracle(*args, **scales)
     assert grade(kernels.paged_attention_tlsim(*args, **scales), expected, *_tolerance(inputs.q)).passed
-    assert not grade(mutant(args, scales), expected, *_tolerance(inputs.q)).passed
+    wrong = kernels.paged_attention_tlsim(*args, **WRONG_SCALES[mutant](scales["k_scale"], scales["v_scale"]))
+    assert not grade(wrong, expected, *_tolerance(inputs.q)).passed
 
 
 def test_fp8_cache_quantizes_on_write_and_poisons_freed_blocks():

@@ -1,11 +1,7 @@
-"""return_lse: the log-sum-exp of every row, and the cascade it makes possible.
+"""return_lse: lse = ln(S + sum_j exp(l_j)) (docs/contract.md "The log-sum-exp"), and the cascade it allows.
 
-Every built-in backend returns lse = ln(S + sum_j exp(l_j)) (the sink's term S included,
-docs/contract.md "The log-sum-exp") within the case's tolerance of the float64 oracle's,
-on the single-pass path and through the combine of the KV splits; a wrong lse (the sink
-left out, base 2, the unscaled logits) fails the grade; two partial attentions merged by
-their lse equal the whole; and the harness grades lse where a case asks for it.
-"""
+Every built-in backend matches the oracle's lse, single-pass and split; a wrong lse fails the grade; two
+partial attentions merged by their lse equal the whole; the harness grades lse where a case asks."""
 
 from __future__ import annotations
 
@@ -61,31 +57,24 @@ def test_lse_is_the_log_of_the_denominator_by_hand():
         assert abs(float(lse) - by_hand) < 1e-6, name
 
 
-# --- mutants: a wrong lse fails the grade ----------------------------------------------------
+# Mutants, each a wrong lse that fails the grade, from tlsim's (scale, keywords) -> lse and the case's keywords.
+WRONG_LSE = {
+    "lse_without_the_sink": lambda tlsim, kw: tlsim(None, {k: v for k, v in kw.items() if k != "sinks"}),
+    "lse_in_base_two": lambda tlsim, kw: tlsim(None, kw) / math.log(2),
+    "lse_of_unscaled_logits": lambda tlsim, kw: tlsim(1.0, kw),  # ln sum exp(q . k): scale 1
+}
 
 
-def lse_without_the_sink(case, inputs):
-    kw = {k: v for k, v in case.kwargs().items() if k != "sinks"}
-    return kernels.paged_attention_tlsim(*inputs.args(), return_lse=True, **kw)[1]
-
-
-def lse_in_base_two(case, inputs):
-    return kernels.paged_attention_tlsim(*inputs.args(), return_lse=True, **case.kwargs())[1] / math.log(2)
-
-
-def lse_of_unscaled_logits(case, inputs):
-    """ln sum exp(q . k): the logits before the softmax scale (scale 1)."""
-    return kernels.paged_attention_tlsim(*inputs.args(), 1.0, return_lse=True, **case.kwargs())[1]
-
-
-@pytest.mark.parametrize(
-    "mutant", [lse_without_the_sink, lse_in_base_two, lse_of_unscaled_logits], ids=lambda m: m.__name__
-)
+@pytest.mark.parametrize("mutant", WRONG_LSE)
 def test_oracle_catches_a_wrong_lse(mutant):
     case = BY_NAME["sinks_split_kv"]
     inputs = case.inputs()
     _, expected_lse = _oracle(case, inputs)
-    assert not grade(mutant(case, inputs), expected_lse, *tolerance(case)).passed
+
+    def tlsim(scale, kw):
+        return kernels.paged_attention_tlsim(*inputs.args(), scale, return_lse=True, **kw)[1]
+
+    assert not grade(WRONG_LSE[mutant](tlsim, case.kwargs()), expected_lse, *tolerance(case)).passed
 
 
 # --- merging partial attentions ----------------------------------------------------------------

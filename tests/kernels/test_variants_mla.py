@@ -1,12 +1,8 @@
 """A V head dim different from K's (MLA: K 576 / V 512 over one KV head; and K 192 / V 128).
 
-v_cache is [num_blocks, block_size, num_kv_heads, head_dim_v] and the output
-[num_tokens, num_q_heads, head_dim_v]. Every built-in backend matches the oracle; the
-kernel loads K past 256 columns in two pieces (576 = 512 + 64) and tiles a large group's
-heads (kernels.tiling.head_dim_pieces, heads_per_program: up to 64 a program under half
-precision, V's dims cut in parts of 256, v_parts; 16 under fp32); dropping the
-second piece fails the grade; the harness skips the peers, naming the option.
-"""
+v_cache is [num_blocks, block_size, num_kv_heads, head_dim_v], out [num_tokens, num_q_heads, head_dim_v].
+Every built-in backend matches the oracle; the kernel loads K past 256 columns in two pieces and tiles a
+large group's heads (kernels.tiling); the peers skip, naming the option."""
 
 from __future__ import annotations
 
@@ -15,14 +11,16 @@ import torch
 
 import kernels
 from harness.cases.inputs import make_inputs
-from harness.cases.spec import expand_spec
+from harness.cases.spec import CaseFileError, expand_spec
 from harness.cases.vocab import DEFAULT_TOLERANCES
 from harness.run.grading import grade
 from harness.run.oracle import paged_attention_oracle
+from harness.run.runner import case_inputs
+from harness.timing.metrics import bytes_moved
 from kernels import tiling, tuning
 from kernels.contract import prepare_call
 from kernels.launch_plan import call_key, clear_plans, plans_enabled
-from kernels.tiling import head_dim_pieces, heads_per_program, latent_kv, tiling_for, v_parts
+from kernels.tiling import head_dim_pieces, heads_per_program, is_latent_view, latent_kv, tiling_for, v_parts
 from tests.kernels.kernel_cases import BACKENDS, assert_passes, needs_triton, run_backend
 from tests.kernels.variant_cases import graded_rows
 
@@ -130,21 +128,15 @@ def same_tiles():
     return tuning.override(tuning.TileConfig(max_rows=64, max_tokens=1, tile_n=32, num_warps=8, num_stages=2))
 
 
-def _latent(name: str, device: str = "cpu"):
-    """The shape's inputs with V taken as a view of K's first head_dim_v columns (MLA's one latent
-    cache), and the same values as a V tensor of its own: (view args, separate args)."""
-    return _latent_args([a.to(device) for a in _inputs(name).args()])
-
-
-def _latent_args(args: list):
-    """(view args, separate args) of paged-attention args: V as K's first head_dim_v columns, and a copy of them."""
+def _latent(inputs, device: str = "cpu"):
+    """(view args, separate args) of ``inputs`` (or SHAPES[inputs]): V as a view of K's first columns, and a copy."""
+    args = [a.to(device) for a in (_inputs(inputs) if isinstance(inputs, str) else inputs).args()]
     view = args[1][..., : args[2].shape[-1]]
     return [*args[:2], view, *args[3:]], [*args[:2], view.contiguous(), *args[3:]]
 
 
 def _equal_at_same_tiles(view_args, separate_args, monkeypatch):
-    """At one tile config, V whole in both, the view's output and lse equal the separate tensors'
-    bit for bit; returns the view's output (under those tiles)."""
+    """At one tile config the view's output and lse equal the separate tensors' bit for bit; the view's output."""
     clear_plans()
     out, lse = kernels.paged_attention_triton(*view_args, return_lse=True)
     monkeypatch.setattr(tiling, "V_PART_DIM", 512)  # the separate tensors' V whole too: the same tiles
@@ -180,8 +172,7 @@ def test_latent_kv_is_told_from_metadata_only():
 
 
 def test_the_launch_takes_v_from_the_k_tile_only_for_the_view(monkeypatch):
-    """SHARED_KV reaches the kernel for the latent view and not for two tensors of the same values (the
-    outputs cannot tell: they are equal either way, so the launch's constexpr is what is checked)."""
+    """SHARED_KV reaches the launch for the latent view only (the outputs are equal either way)."""
     needs_triton()
     from kernels import triton_paged
 
@@ -205,8 +196,7 @@ def test_the_launch_takes_v_from_the_k_tile_only_for_the_view(monkeypatch):
 @pytest.mark.parametrize("name", ["mla_decode_2_head_tiles", "mla_split_kv_bf16"])
 @pytest.mark.slow  # long interpreted split-KV calls
 def test_latent_kv_gives_the_separate_tensors_output(name, monkeypatch):
-    """V read from the K tile (SHARED_KV) against V loaded from a tensor of its own holding the same
-    values, with the same tiles (V whole in both): identical outputs and lse; and the oracle's grade."""
+    """V from the K tile against V of its own, same tiles: identical outputs and lse, and the oracle's pass."""
     needs_triton()
     view_args, separate_args = _latent(name)
     expected = paged_attention_oracle(*separate_args)
@@ -222,14 +212,12 @@ def test_latent_kv_gives_the_separate_tensors_output(name, monkeypatch):
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 @pytest.mark.parametrize("name", ["mla_decode_2_head_tiles", "mla_split_kv_bf16", "deepseek_128_heads"])
 def test_triton_on_cuda_latent_kv_matches_separate(name, monkeypatch):
-    """On the GPU: the latent view's output equals the separate tensors' with V whole, bit for bit,
-    and passes the oracle; the default separate path (V in parts) passes it too."""
+    """On a GPU: the latent view equals the separate tensors' bit for bit; both pass the oracle."""
+    inputs = name  # a SHAPES name, or the inputs of DeepSeek's 128 heads
     if name == "deepseek_128_heads":
         inputs = make_inputs(num_q_heads=128, num_kv_heads=1, head_dim=576, head_dim_v=512, block_size=64,
                              seq_lens=[3000, 77, 1025], q_lens=[1, 1, 1], dtype="bfloat16", seed=2)  # fmt: skip
-        view_args, separate_args = _latent_args([a.cuda() for a in inputs.args()])
-    else:
-        view_args, separate_args = _latent(name, "cuda")
+    view_args, separate_args = _latent(inputs, "cuda")
     assert latent_kv(prepare_call(*view_args))
     out, _lse = kernels.paged_attention_triton(*view_args, return_lse=True)
     expected = paged_attention_oracle(*[a.cpu() for a in separate_args])
@@ -242,12 +230,7 @@ def test_triton_on_cuda_latent_kv_matches_separate(name, monkeypatch):
 
 
 def test_case_field_latent_kv_makes_v_a_view_of_k_that_survives_a_move():
-    """``latent_kv = true``: the harness's V is K's first head_dim_v columns, one storage, on the
-    device the case runs on too (PagedInputs.to rebuilds the view); refused without a narrower V."""
-    from harness.cases.spec import CaseFileError
-    from harness.run.runner import case_inputs
-    from kernels.tiling import is_latent_view
-
+    """``latent_kv = true``: V is K's first columns, one storage, also after a move; refused without a narrower V."""
     spec = {"name": "m", "num_q_heads": 16, "num_kv_heads": 1, "head_dim": 64, "head_dim_v": 32,
             "latent_kv": True, "dtype": "bfloat16", "seq_lens": [5, 40]}  # fmt: skip
     (case,) = expand_spec(spec, "t.toml")
@@ -266,8 +249,6 @@ def test_case_field_latent_kv_makes_v_a_view_of_k_that_survives_a_move():
     assert not is_latent_view(k, big[..., 64:576])
     assert not is_latent_view(k, big.as_strided((2, 4, 1, 512), (1200, 300, 300, 1)))
     assert not is_latent_view(k, k[..., :512].to(torch.float16))
-    from harness.timing.metrics import bytes_moved
-
     (separate,) = expand_spec({**spec, "latent_kv": False}, "t.toml")
     assert bytes_moved(separate) - bytes_moved(case) == 2 * 45 * 1 * 32, "a latent cache reads V inside K"
     for bad in ({"head_dim_v": None}, {"head_dim_v": 64}, {"kv_dtype": "float8_e4m3fn"}):

@@ -46,6 +46,8 @@ def _slopes(n: int) -> tuple[float, ...]:
     return tuple(standard_alibi_slopes(n))
 
 
+SINKS_SPLIT = tuple(float(x) for x in torch.linspace(-3, 8, 8))
+CAP_AND_SLOPES = {"logit_softcap": 20.0, "alibi_slopes": _slopes(8)}
 VARIANT_CASES = [
     _case("window1_decode", "base", sliding_window=1),
     _case("window5_spec_verify", "spec_verify", sliding_window=5),
@@ -63,33 +65,17 @@ VARIANT_CASES = [
     _case("softcap2_prefill", "prefill_chunk_many_tiles", logit_softcap=2.0),
     _case("softcap_bfloat16", "bfloat16_large_logits", logit_softcap=30.0),
     _case("sinks_extreme", "base", sinks=SINKS_8),
-    _case("sinks_split_kv", "split_kv_decode", sinks=tuple(float(x) for x in torch.linspace(-3, 8, 8))),
+    _case("sinks_split_kv", "split_kv_decode", sinks=SINKS_SPLIT),
     _case("sinks_float16", "float16_prefill", sinks=tuple(float(x) for x in torch.linspace(-2, 2, 8))),
     _case("alibi_gqa_group6", "gqa_group6", alibi_slopes=_slopes(12)),
     _case("alibi_prefill", "prefill_chunk_many_tiles", alibi_slopes=_slopes(4)),
     _case("alibi_split_kv", "split_kv_decode", alibi_slopes=_slopes(8)),
-    _case(
-        "all_four_spec_verify",
-        "spec_verify",
-        sliding_window=9,
-        logit_softcap=20.0,
-        sinks=SINKS_8,
-        alibi_slopes=_slopes(8),
-    ),
-    _case(
-        "all_four_split_kv",
-        "split_kv_decode",
-        sliding_window=1200,
-        logit_softcap=20.0,
-        sinks=tuple(float(x) for x in torch.linspace(-3, 8, 8)),
-        alibi_slopes=_slopes(8),
-    ),
+    _case("all_four_spec_verify", "spec_verify", sliding_window=9, sinks=SINKS_8, **CAP_AND_SLOPES),
+    _case("all_four_split_kv", "split_kv_decode", sliding_window=1200, sinks=SINKS_SPLIT, **CAP_AND_SLOPES),
 ]
 BY_NAME = {c.name: c for c in VARIANT_CASES}
-# Graded against the oracle only, like tests/kernels/kernel_cases.py's FP32_PRECISION_CASES: a cap of 50
-# over logits of ~36 std spreads the weight over many keys near the cap, so the fp32 rounding
-# of each q . k (whose summation order differs between torch's matmul and the interpreter's
-# numpy) reaches the output, past the tlsim-vs-kernel closeness bound but well inside the tolerance.
+# Graded against the oracle only, like kernel_cases.FP32_PRECISION_CASES: a cap of 50 over logits of ~36 std
+# lets each q . k's fp32 summation order reach the output, past the tlsim-vs-kernel closeness bound.
 ORACLE_ONLY = {"softcap50_large_logits"}
 
 
@@ -99,8 +85,7 @@ def tolerance(case: VariantCase) -> tuple[float, float]:
 
 
 def graded_rows(case, *backends):
-    """The run's rows, indexed by backend, of one case (a spec dict is expanded) through ``backends`` (built-in
-    names or Backends) on the CPU: the harness's own inputs, oracle and grading, untimed."""
+    """The CPU run's rows, by backend, of one case (or spec dict) through ``backends`` (names or Backends), untimed."""
     if isinstance(case, dict):
         (case,) = expand_spec(case, "t.toml")
     chosen = [REGISTRY[backend] if isinstance(backend, str) else backend for backend in backends]
