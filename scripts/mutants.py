@@ -37,6 +37,7 @@ CATALOGUE = ROOT / "scripts" / "mutants.toml"
 QUICK_TESTS = [
     "tests/kernels/test_kernel_edges.py",
     "tests/kernels/test_kernel_contract_edges.py",
+    "tests/kernels/test_kernel_tma.py",
     "tests/kernels/test_tlsim_predicts_triton.py::test_tlsim_predicts_the_device_split",
     "tests/kernels/test_kernel_tuning.py::test_the_device_split_dispatches_its_sequences_longest_piece_first",
 ]

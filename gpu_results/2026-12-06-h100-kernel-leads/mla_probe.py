@@ -1,6 +1,7 @@
 """MLA decode (tma_cases.toml) timed through the triton backend: descriptor or pointer loads, tile configs.
 
 Run from the repository root: python gpu_results/2026-12-06-h100-kernel-leads/mla_probe.py"""
+
 import sys
 from pathlib import Path
 
@@ -52,9 +53,14 @@ for name, variants in VARIANTS.items():
             if expected is None:
                 expected = got
             ok = torch.allclose(got, expected, atol=case.atol, rtol=case.rtol)
-            print(f"{name:16s} {label:18s} {us:8.1f} us {flop / us / 1e6:6.1f} TFLOP/s {'' if ok else 'OUTPUT DIFFERS'}", flush=True)
+            print(
+                f"{name:16s} {label:18s} {us:8.1f} us {flop / us / 1e6:6.1f} TFLOP/s {'' if ok else 'OUTPUT DIFFERS'}",
+                flush=True,
+            )
         except Exception as error:
-            print(f"{name:16s} {label:18s} failed: {type(error).__name__}: {str(error).splitlines()[0][:150]}", flush=True)
+            print(
+                f"{name:16s} {label:18s} failed: {type(error).__name__}: {str(error).splitlines()[0][:150]}", flush=True
+            )
         finally:
             for k, v in saved.items():
                 setattr(tp if k == "KV_TMA" else tiling, k, v)
