@@ -7,10 +7,10 @@ last row, rows mapped to suites by ``results.csv`` or the journal; the write is 
 
 from __future__ import annotations
 
+import argparse
 import csv
 import json
 import re
-import sys
 from pathlib import Path
 
 ROW = re.compile(r"^(\d+\.\d+) \[\s*[\d.]+s\] (\S+) (\S+): (\w+)")
@@ -75,4 +75,6 @@ def _suites(out: Path) -> dict[str, str]:
 
 
 if __name__ == "__main__":
-    main(Path(sys.argv[1]))
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("out", type=Path, help="scripts/gpu_run.sh's output folder")
+    main(parser.parse_args().out)

@@ -16,6 +16,7 @@
 #   OUT          where results go (default gpu_out): $OUT/scale/workers<N>/ (a run folder),
 #                workers<N>.log, table.md
 set -uo pipefail
+case "${1:-}" in -h | --help) sed -n "2,17s/^# \{0,1\}//p" "$0"; exit 0 ;; esac
 OUT=${OUT:-gpu_out}
 mkdir -p "$OUT/scale"
 export PYTHONUNBUFFERED=1

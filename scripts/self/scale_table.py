@@ -1,6 +1,6 @@
 """The same cases run with different ``--workers``, side by side: wall time, speed-up, overheads.
 
-    python -m scripts.self.scale_table RUN_DIR WALL_S [RUN_DIR WALL_S ...]
+    python scripts/self/scale_table.py RUN_DIR WALL_S [RUN_DIR WALL_S ...]
 
 ``WALL_S`` is the whole command's wall time (scripts/self/gpu_scale.sh); the rest comes from each run's
 meta.json ``scale`` record: the cases' wall time, the speed-up over the first run (give ``--workers 1``
@@ -82,6 +82,9 @@ def format_phases(runs: list[tuple[Path, float]]) -> str:
 
 
 def main(argv: list[str]) -> int:
+    if argv and argv[0] in ("-h", "--help"):
+        print(__doc__)
+        return 0
     if not argv or len(argv) % 2:
         print(__doc__.split("\n\n")[1].strip(), file=sys.stderr)
         return 2
