@@ -86,9 +86,9 @@ TUNED: dict[tuple[str, int, str], TileConfig] = {
     # The five prefill cases of cases/gpu_peers.toml. 128-key tiles at 2 stages leave no registers for
     # FlashAttention-3's intra-warpgroup overlap (it spills at 128 keys; its 64-key tiles lose to these).
     ("half", 128, "prefill"): TileConfig(max_rows=128, max_tokens=32, tile_n=128, num_warps=8, num_stages=2),
-    # MLA's decode over two tensors (deepseek_v3_mla_decode: 64 heads and 256 of V's dims a program, split):
-    # 32-key tiles at 2 stages, measured on an H100 against the default's 3.
-    ("half", 1024, "decode_split"): TileConfig(max_rows=64, max_tokens=1, tile_n=32, num_warps=8, num_stages=2),
+    # MLA's decode over two tensors (deepseek_v3_mla_decode: 64 heads and 256 of V's dims a program, split in
+    # pieces of 1984 keys): 32-key tiles at 2 stages, measured on an H100 against the default's 3.
+    ("half", 1024, "decode_split_long"): TileConfig(max_rows=64, max_tokens=1, tile_n=32, num_warps=8, num_stages=2),
     # MLA's latent cache (kernels.tiling.latent_kv: 64 heads a program, V whole and taken from the K tile):
     # 64-key tiles, 8 warps, 2 stages in 216 KB of shared memory, which a separate V of the same tiles
     # would not fit.
