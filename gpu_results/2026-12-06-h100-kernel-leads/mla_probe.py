@@ -1,6 +1,6 @@
 """MLA decode (tma_cases.toml) timed through the triton backend: descriptor or pointer loads, tile configs.
 
-Run from the repository root: python gpu_results/2026-12-06-h100-kernel-leads/mla_probe.py"""
+Run from the repository root: python gpu_results/2026-12-06-h100-kernel-leads/mla_probe.py [splits]"""
 
 import sys
 from pathlib import Path
@@ -21,7 +21,7 @@ from kernels.tuning import TileConfig, override
 cases = {c.name: c for c in load_cases([resolve_case_arg(str(Path(__file__).with_name("tma_cases.toml")))])}
 (backend,) = resolve_backends(["triton"])
 T = TileConfig
-VARIANTS = {
+CONFIGS = {
     "mla_latent": [
         ("default (tma)", {}, None),
         ("pointer loads", {"KV_TMA": False}, None),
@@ -35,6 +35,20 @@ VARIANTS = {
         ("64h t32 w8 s2", {}, T(64, 1, 32, 8, 2)),
     ],
 }
+SPLITS = {  # more KV splits through the tiling's program target (and fewer tiles a split)
+    "mla_latent": [
+        ("default", {}, None),
+        ("target 528", {"TARGET_PROGRAMS": 528}, None),
+        ("target 1056 min4", {"TARGET_PROGRAMS": 1056, "MIN_TILES_PER_SPLIT": 4}, None),
+        ("target 528 min4", {"TARGET_PROGRAMS": 528, "MIN_TILES_PER_SPLIT": 4}, None),
+    ],
+    "mla_two_tensors": [
+        ("default", {}, None),
+        ("target 528", {"TARGET_PROGRAMS": 528}, None),
+        ("target 1056 min4", {"TARGET_PROGRAMS": 1056, "MIN_TILES_PER_SPLIT": 4}, None),
+    ],
+}
+VARIANTS = SPLITS if sys.argv[1:] == ["splits"] else CONFIGS
 for name, variants in VARIANTS.items():
     case = cases[name]
     inputs = case_inputs(case, "cuda")
