@@ -163,12 +163,6 @@ class CaseSpec(VariantFields):
                 raise FieldError(
                     "q_lens", f"q_lens = {self.q_lens} must be between 0 and the shortest seq_len ({shortest})"
                 )
-        return self
-
-    @model_validator(mode="after")
-    def _variants_consistent(self) -> CaseSpec:
-        if self.sweep:
-            return self
         if isinstance(self.sinks, list) and len(self.sinks) != self.num_q_heads:
             raise FieldError(
                 "sinks", f"sinks has {len(self.sinks)} values; it needs one per query head ({self.num_q_heads})"
@@ -521,17 +515,16 @@ def _read_case_text(path: Path) -> str:
     file = str(path)
     try:
         info = path.stat()
-    except FileNotFoundError:
-        raise CaseFileError(f"{file}: no such case file") from None
-    except OSError as error:
-        raise CaseFileError(f"{file}: cannot read it: {error.strerror}") from None
-    if stat.S_ISDIR(info.st_mode):
-        raise CaseFileError(f"{file}: is a directory, not a case file (a folder given to run stands for its *.toml)")
-    if not stat.S_ISREG(info.st_mode):
-        raise CaseFileError(f"{file}: not a regular file (a FIFO, device or socket); give a .toml file")
-    try:
+        if stat.S_ISDIR(info.st_mode):
+            raise CaseFileError(
+                f"{file}: is a directory, not a case file (a folder given to run stands for its *.toml)"
+            )
+        if not stat.S_ISREG(info.st_mode):
+            raise CaseFileError(f"{file}: not a regular file (a FIFO, device or socket); give a .toml file")
         with path.open("rb") as handle:
             data = handle.read(MAX_FILE_BYTES + 1)
+    except FileNotFoundError:
+        raise CaseFileError(f"{file}: no such case file") from None
     except OSError as error:
         raise CaseFileError(f"{file}: cannot read it: {error.strerror}") from None
     if len(data) > MAX_FILE_BYTES:

@@ -96,7 +96,7 @@ def verify_fraction() -> float:
     try:
         fraction = float(value) if value else 0.0
     except ValueError:
-        raise ValueError(f"{ENV_VERIFY}={value!r}: give a fraction in (0, 1]") from None
+        fraction = -1.0
     if not 0.0 <= fraction <= 1.0:
         raise ValueError(f"{ENV_VERIFY}={value!r}: give a fraction in (0, 1]")
     return fraction
