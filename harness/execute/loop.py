@@ -33,13 +33,13 @@ def row_limit(case: Case, config: RunConfig) -> float:
     return case.timeout_s or config.timeout_s or row_time_limit(case, config.device, config.ceilings)
 
 
+@dataclass
 class Contexts:
     """The last case's inputs and oracle (:class:`harness.run.runner.CaseContext`), or why they could not
     be built: one case's tensors are held at a time, and a case's backends share them."""
 
-    def __init__(self):
-        self.case_id: str | None = None
-        self.ctx: CaseContext | str | None = None
+    case_id: str | None = None
+    ctx: CaseContext | str | None = None
 
     def holds(self, case: Case) -> bool:
         return self.case_id == case.id

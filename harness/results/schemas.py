@@ -156,9 +156,9 @@ def _is_number(value: Any) -> bool:
 
 
 def _is_samples(value: Any) -> bool:
-    if isinstance(value, list | tuple | np.ndarray):
-        return np.asarray(value).dtype.kind in "fiub" or all(_is_number(x) for x in value)
-    return False
+    return isinstance(value, list | tuple | np.ndarray) and (
+        np.asarray(value).dtype.kind in "fiub" or all(_is_number(x) for x in value)
+    )
 
 
 _VALUE_OK = {

@@ -324,12 +324,10 @@ def mark_unconfirmed(comparison: Comparison, why: str, options: CompareOptions |
 
 def verdict_counts(comparison: Comparison) -> dict[str, int]:
     """How many rows got each latency verdict (rows timed on both sides only)."""
-    judged = comparison.rows[comparison.rows["verdict"] != ""]
-    counts = {v: int((judged["verdict"] == v).sum()) for v in stats.VERDICTS}
-    for extra in ("anchor", UNCONFIRMED):  # --normalize-by's own rows; slower rows nobody re-timed
-        if found := int((judged["verdict"] == extra).sum()):
-            counts[extra] = found
-    return counts
+    found = comparison.rows["verdict"].value_counts()
+    counts = {v: int(found.get(v, 0)) for v in stats.VERDICTS}
+    # --normalize-by's own rows; slower rows nobody re-timed
+    return counts | {extra: int(found[extra]) for extra in ("anchor", UNCONFIRMED) if extra in found}
 
 
 def _fmt_ratio(r: pd.Series) -> str:
