@@ -152,9 +152,7 @@ class Checks:
         self.what, self.prepared, self.flipper, self.refs, self.called = what, prepared, flipper, refs, called
         self.case, self.counter, self.want_lse = case, counter, want_lse
         self.alternate_seed, self.final_seed = seeds  # the flip of every other call, the last call's
-        self.dims = prepared_dims(case)
-        self.alternate = sign_mask(self.alternate_seed, *self.dims)
-        self.final = sign_mask(self.final_seed, *self.dims)
+        self.alternate, self.final = (sign_mask(seed, *prepared_dims(case)) for seed in seeds)
         self.seed_now: int | None = None
         self.samples = 0
         self.sums: list[tuple[int, torch.Tensor, tuple]] = []  # (call number, its weighted sum, its reference)

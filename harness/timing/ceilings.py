@@ -88,10 +88,7 @@ def datasheet_peak(device: str, dtype_name: str) -> float | None:
     if torch.device(device).type != "cuda":
         return None
     name = torch.cuda.get_device_name(torch.device(device))
-    for key, peaks in DATASHEET_PEAK_TFLOPS.items():
-        if key in name:
-            return peaks.get(dtype_name)
-    return None
+    return next((peaks.get(dtype_name) for key, peaks in DATASHEET_PEAK_TFLOPS.items() if key in name), None)
 
 
 def measure_ceilings(device: str, dtype_names: list[str]) -> dict:
