@@ -34,8 +34,6 @@ Regressions = tuple[dict[tuple[str, str], str], list[dict], list[str]]
 
 
 def _missing(value) -> bool:
-    if value is None:
-        return True
     try:
         return bool(pd.isna(value))
     except (TypeError, ValueError):

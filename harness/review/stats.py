@@ -194,12 +194,10 @@ def weak_verdict(
     ratio = median_new / median_base
     apart_up = not np.isfinite(p90_base) or not np.isfinite(p10_new) or p10_new > p90_base
     apart_down = not np.isfinite(p10_base) or not np.isfinite(p90_new) or p90_new < p10_base
-    if ratio > 1 + min_effect:
-        if apart_up:
-            return Verdict("slower", "median past the effect, new p10 above old p90", weak)
-        return Verdict("cannot tell", "too noisy: p10/p90 spreads overlap", weak)
-    if ratio < 1 - min_effect:
-        if apart_down:
-            return Verdict("faster", "median past the effect, new p90 below old p10", weak)
+    if ratio > 1 + min_effect and apart_up:
+        return Verdict("slower", "median past the effect, new p10 above old p90", weak)
+    if ratio < 1 - min_effect and apart_down:
+        return Verdict("faster", "median past the effect, new p90 below old p10", weak)
+    if not 1 - min_effect <= ratio <= 1 + min_effect:
         return Verdict("cannot tell", "too noisy: p10/p90 spreads overlap", weak)
     return Verdict("same", f"median ratio {ratio:.3f} inside ±{min_effect:.0%}", weak)

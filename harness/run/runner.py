@@ -66,13 +66,13 @@ def build_context(case: Case, device: str, oracle_device: str, oracle: bool = Tr
     """The case's inputs, oracle output (and lse), error bound and input guard (``oracle=False``: no oracle)."""
     with phase("inputs"):
         inputs = case_inputs(case, device)
-    if not oracle:
-        with phase("guard"):
-            return CaseContext(case, inputs, None, guard=InputGuard(inputs, lambda: case_inputs(case, device)))
-    with phase("oracle"):
-        expected, bound, expected_lse, quant_error, cached = _oracle_results(inputs, oracle_device)
+    results = (None, None, None, None, False)
+    if oracle:
+        with phase("oracle"):
+            results = _oracle_results(inputs, oracle_device)
     with phase("guard"):
         guard = InputGuard(inputs, lambda: case_inputs(case, device))
+    expected, bound, expected_lse, quant_error, cached = results
     return CaseContext(case, inputs, expected, bound, guard, expected_lse, quant_error, cached)
 
 
