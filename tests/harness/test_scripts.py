@@ -40,6 +40,8 @@ TOOLS = sorted(
 @pytest.mark.parametrize("tool", TOOLS)
 def test_each_script_answers_help_with_its_usage(tool):
     if tool.endswith(".sh"):
+        parsed = subprocess.run(["bash", "-n", f"scripts/{tool}"], cwd=ROOT, capture_output=True, text=True)
+        assert parsed.returncode == 0, parsed.stderr
         done = subprocess.run(
             ["bash", f"scripts/{tool}", "--help"], cwd=ROOT, capture_output=True, text=True, timeout=60
         )
@@ -140,13 +142,6 @@ def test_host_overhead_script_tables_the_three_calls_plans_off_and_on():
     assert "hits, 1 misses" in done.stdout and done.stdout.count("## cProfile") == 2
 
 
-def test_gpu_run_scripts_are_valid_bash():
-    """gpu_run.sh (and the wheels it sources) only orchestrate scripts with dry runs here."""
-    for script in ("gpu_run.sh", "gpu_wheels.sh"):
-        done = subprocess.run(["bash", "-n", str(ROOT / "scripts" / script)], capture_output=True, text=True)
-        assert done.returncode == 0, done.stderr
-
-
 @pytest.mark.slow  # four harness runs in worker processes: about 16 s
 def test_gpu_scale_script_dry_runs_one_and_two_workers_and_tables_them(tmp_path):
     cases = write_cases(tmp_path / "c.toml", {"name": "c"}, {"name": "d"}, defaults=SMALL)  # two: a worker each
@@ -206,10 +201,27 @@ def _ab_record(base_fn, new_fn) -> dict:
     return time_case(dry_case(), modules, "cpu", 9, {"min_reps": 1, "max_reps": 1})
 
 
-def test_kernel_ab_reports_a_kernel_whose_output_differs():
-    """A new kernel that answers differently is never timed: the row says so (and the script exits 1)."""
-    record = _ab_record(kernels.paged_attention_tlsim, lambda *a, **k: kernels.paged_attention_tlsim(*a, **k) + 1)
-    assert record["verdict"] == "output differs" and "ratio" not in record
+def _fails(*args, **kwargs):
+    raise TypeError("paged_attention_triton() got an unexpected keyword argument 'max_q_len'")
+
+
+def _plus_one(*args, **kwargs):
+    return kernels.paged_attention_tlsim(*args, **kwargs) + 1
+
+
+@pytest.mark.parametrize(
+    ("base_fn", "new_fn", "verdict", "why"),
+    [
+        pytest.param(kernels.paged_attention_tlsim, _plus_one, "output differs", None, id="output_differs"),
+        pytest.param(
+            _fails, kernels.paged_attention_tlsim, "error", "the base kernel failed: TypeError", id="base_fails"
+        ),
+    ],
+)
+def test_kernel_ab_reports_a_kernel_that_differs_or_fails_untimed(base_fn, new_fn, verdict, why):
+    record = _ab_record(base_fn, new_fn)
+    assert record["verdict"] == verdict and "ratio" not in record
+    assert why is None or why in record["why"]
 
 
 def test_kernel_ab_times_cases_with_options_passing_them_to_both_sides():
@@ -294,14 +306,6 @@ def test_kernel_ab_serves_a_base_kernels_common_imports_from_contract_tiling_and
         remove_modules()
     assert record["verdict"] in {"slower", "faster", "same", "cannot tell"}, record
     assert "kernels._common" not in sys.modules and not (ROOT / "kernels" / "_common.py").exists()
-
-
-def test_kernel_ab_reports_a_kernel_that_fails_as_an_error_not_a_verdict():
-    def broken(*args, **kwargs):
-        raise TypeError("paged_attention_triton() got an unexpected keyword argument 'max_q_len'")
-
-    record = _ab_record(broken, kernels.paged_attention_tlsim)
-    assert record["verdict"] == "error" and "the base kernel failed: TypeError" in record["why"]
 
 
 def test_gpu_phases_remakes_the_phase_table_of_a_gpu_run(tmp_path):
