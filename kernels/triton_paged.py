@@ -674,16 +674,13 @@ def paged_attention_kernel(
             full_end = full_end // TILE_N * TILE_N
     k_desc, k_tail_desc, v_desc = k_cache_ptr, k_cache_ptr, v_cache_ptr  # unread unless KV_TMA
     if KV_TMA:  # the pools as [num_blocks * BLOCK_SIZE, a slot's elements]: a tile is one box (_attend_tiles)
-        pool_rows = num_blocks * BLOCK_SIZE
-        k_desc = tl.make_tensor_descriptor(
-            k_cache_ptr, [pool_rows, stride_k_slot], [stride_k_slot, 1], [TILE_N, DIM_MAIN]
-        )
+        k_rows = [num_blocks * BLOCK_SIZE, stride_k_slot]
+        k_desc = tl.make_tensor_descriptor(k_cache_ptr, k_rows, [stride_k_slot, 1], [TILE_N, DIM_MAIN])
         if DIM_TAIL > 0:
-            k_tail_desc = tl.make_tensor_descriptor(k_cache_ptr, [pool_rows, stride_k_slot], [stride_k_slot, 1],
-                                                    [TILE_N, DIM_TAIL])  # fmt: skip
+            k_tail_desc = tl.make_tensor_descriptor(k_cache_ptr, k_rows, [stride_k_slot, 1], [TILE_N, DIM_TAIL])
         if not SHARED_KV:
-            v_desc = tl.make_tensor_descriptor(v_cache_ptr, [pool_rows, stride_v_slot], [stride_v_slot, 1],
-                                               [TILE_N, V_PART_DIM])  # fmt: skip
+            v_rows = [num_blocks * BLOCK_SIZE, stride_v_slot]
+            v_desc = tl.make_tensor_descriptor(v_cache_ptr, v_rows, [stride_v_slot, 1], [TILE_N, V_PART_DIM])
     m_i, l_i, acc = _attend_tiles(
         q, q_tail, m_i, l_i, acc, kv_start, full_end, seq, seq_len, q_pos, kv_head, dims, dim_valid, tail_dims, tail_valid,
         v_dims, v_dim_valid, slope, k_scale, v_scale, q_unscale, v_first, q_ptr, k_cache_ptr, v_cache_ptr, block_table_ptr, qk_scale_log2,
@@ -825,9 +822,8 @@ def _kv_tma(call: PagedCall, tiling, strides: tuple, copied: tuple, parts: int) 
     of rows (block stride = block_size * slot stride), each head's columns inside a row, the rows and the
     base 16-byte aligned (the copy engine's rule), and every piece of K and V loaded whole (no padded dims
     past the head's). An NVIDIA GPU of sm_90 or newer (or the interpreter, which models one); not an fp8
-    cache (its V_PAIRS reads pairs). Decode launches only: on an H100 the descriptors ran MLA's decode
-    over two tensors 0.935x its pointer loads' time, the latent cache's 0.98x, a 4 x 4k prefill 1.08x and
-    a q_len 4 verify 1.04x (blocks of 128; docs/performance.md).
+    cache (its V_PAIRS reads pairs). Decode launches only: prefill and verify ran slower with descriptors
+    (docs/performance.md, "Prefill stays at").
 
     ``strides``: K's and V's strides as launched; ``copied``: whether the launcher copies each."""
     if not KV_TMA or call.kv_fp8 or call.block_size % tiling.TILE_N or not tiling.TUNING_KEY[2].startswith("decode"):
@@ -967,7 +963,6 @@ class TritonPlan:
             call.block_table.stride(0),
         )  # fmt: skip
         cuda = q.device.type == "cuda"
-        interpreted = not isinstance(paged_attention_kernel, triton.runtime.JITFunction)
         kv_tma = _kv_tma(call, tiling, (k_st, v_st), (self.copy_k, self.copy_v), parts)
         # Descriptors made on the device take global scratch, which Triton allocates through its allocator.
         self.scratch = kv_tma and cuda
@@ -1000,7 +995,7 @@ class TritonPlan:
                 KV_FP8=call.kv_fp8,
                 FP16_DOTS=tiling.FP8_DOTS_FP16 and q.dtype == torch.bfloat16,
                 V_PAIRS=v_pairs,
-                INTERPRETED=interpreted,
+                INTERPRETED=not isinstance(paged_attention_kernel, triton.runtime.JITFunction),
                 SHARED_KV=latent_kv(call),
                 BLOCK_OFFS_U32=all(1 < st < 2**31 for st in (k_st[0], v_units[0])),
                 CAUSAL_ONLY_MASK=tiling.TUNING_KEY[2] == "verify",

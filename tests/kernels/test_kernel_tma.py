@@ -26,7 +26,7 @@ FP32 = (1e-5, 1e-4)
 ON_CUDA = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")]
 DEVICES = ["cpu", pytest.param("cuda", marks=ON_CUDA)]
 BASE = dict(num_q_heads=4, num_kv_heads=2, head_dim=32, block_size=64, dtype="float32", layout="shuffled", seed=5)
-# seq_lens around the tile (= block) edges, decode and prefill rows; name -> (make_inputs keywords, call keywords)
+# decode lengths around the tile (= block) edges; name -> (make_inputs keywords, call keywords)
 CASES = {
     "decode_tile_edges": (dict(seq_lens=[63, 64, 65, 128, 129, 200], q_lens=[1] * 6), {}),
     "block128_two_tiles_a_block": (dict(block_size=128, seq_lens=[127, 255, 300], q_lens=[1, 1, 1]), {}),
@@ -48,7 +48,7 @@ def _kernel(device: str):
     return triton_paged.paged_attention_triton
 
 
-def _run(keywords: dict, call: dict, tma: bool, device: str, monkeypatch) -> torch.Tensor:
+def _run(keywords: dict, call: dict, tma: bool, device: str, monkeypatch) -> tuple:
     monkeypatch.setattr(triton_paged, "KV_TMA", tma)
     clear_plans()  # the plan key does not hold KV_TMA
     inputs = make_inputs(**{**BASE, **keywords}, device=device)
@@ -102,9 +102,9 @@ def test_a_bad_block_in_an_unmasked_tile_turns_its_rows_nan_and_no_others(device
 )
 def test_the_descriptor_path_is_taken_only_where_a_tile_is_one_box_of_whole_rows(change, taken):
     needs_triton()
-    layout = change.pop("layout", None)
-    inputs = make_inputs(**{**BASE, "seq_lens": [65], "q_lens": [1], **change})
-    if layout == "head_major":  # [num_blocks, num_kv_heads, block_size, head_dim] seen through a permute
+    fields = {key: value for key, value in change.items() if key != "layout"}
+    inputs = make_inputs(**{**BASE, "seq_lens": [65], "q_lens": [1], **fields})
+    if change.get("layout") == "head_major":  # [num_blocks, num_kv_heads, block_size, head_dim] seen through a permute
         k, v = (t.permute(0, 2, 1, 3).contiguous().permute(0, 2, 1, 3) for t in (inputs.k_cache, inputs.v_cache))
         inputs = replace(inputs, k_cache=k, v_cache=v)
     call = prepare_call(*inputs.args())
