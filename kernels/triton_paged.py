@@ -324,11 +324,12 @@ def _attend_tiles(
     [BLOCK_M], [BLOCK_M], [BLOCK_M, V_PART_DIM]. The kernel calls it twice: unmasked
     over the tiles every row sees whole, masked over the rest.
 
-    POS_UNSIGNED (a split launch): its start, split * split_size, is not one the compiler can prove
-    non-negative, so signed // and % by BLOCK_SIZE cost every tile sign fix-ups and 64-bit offsets. As
-    unsigned (the same values: k_pos >= 0), with the start spelled a multiple of TILE_N, each key's slot
-    is a per-lane constant again. The unsplit launch keeps the signed form, which compiles shorter there
-    (its loop starts at a known 0).
+    POS_UNSIGNED (a split launch's loops, and the masked loop but a verify launch's): the start, split *
+    split_size or the end of the unmasked tiles, is not one the compiler can prove non-negative, so signed //
+    and % by BLOCK_SIZE cost every tile sign fix-ups and 64-bit offsets. As unsigned (the same values: k_pos
+    >= 0), with the start spelled a multiple of TILE_N, each key's slot is a per-lane constant again. The
+    unsplit launch's unmasked loop keeps the signed form, which compiles shorter there (its loop starts at a
+    known 0); so does a verify launch's masked loop, whose unsigned form spills registers in the unmasked one.
 
     The loops run only when every table column their keys before seq_len read holds a block id in
     [0, num_blocks) (_count_bad_blocks), so the unmasked tiles load the table and K / V unmasked, and the
@@ -341,11 +342,12 @@ def _attend_tiles(
     unsigned 32 x 32 -> 64-bit product: one IMAD.WIDE.U32 a K / V row instead of a sign extension and three
     more IMADs (a masked row's offset is never dereferenced). Same values, the same outputs bit for bit.
 
-    CAUSAL_ONLY_MASK (verify launches): the masked tiles' mask is causality alone. A row the kernel writes
-    has a query position below seq_len (its token is below q_len), so a key it sees (k_pos <= q_pos) is before
-    seq_len: k_valid adds nothing to the mask (the loads keep it), and with the unmasked loop's end spelled a
+    The masked tiles' mask is one compare an element: key j of the tile is visible to a row where j <=
+    min(q_pos, seq_len - 1) - tile_start, a bound computed once a row. CAUSAL_ONLY_MASK (verify launches): the
+    bound is q_pos alone. A row the kernel writes has a query position below seq_len (its token is below
+    q_len), so a key it sees (k_pos <= q_pos) is before seq_len, and with the unmasked loop's end spelled a
     multiple of TILE_N both loops compile shorter. Prefill and decode launches keep the longer form, which
-    runs them faster. docs/performance.md, "The split decode", has the instruction counts of all three.
+    runs them faster. docs/performance.md, "The split decode", has the instruction counts.
 
     KV_TMA (the unmasked tiles of a launch whose tiles lie in one block each: BLOCK_SIZE % TILE_N == 0,
     ``_kv_tma``): a tile is TILE_N consecutive rows of one block, one box of the pool seen as [num_blocks *
@@ -423,11 +425,12 @@ def _attend_tiles(
         distance = k_pos[None, :] - q_pos[:, None]  # key_pos - query_pos, <= 0 where causal (compiled away if unread)
         if USE_ALIBI:
             s = s + slope[:, None] * distance.to(tl.float32)
-        if MASKED:
+        if MASKED:  # key j of the tile is visible where j <= a row's bound: one compare an element
             if CAUSAL_ONLY_MASK:  # k_pos <= q_pos < seq_len in every row the kernel writes: causality implies k_valid
-                visible = distance <= 0
-            else:  # the same mask (decode and prefill: see the docstring)
-                visible = (distance <= 0) & k_valid[None, :]
+                last_visible = q_pos
+            else:  # k_pos <= q_pos and k_pos < seq_len (decode and prefill: see the docstring)
+                last_visible = tl.minimum(q_pos, seq_len - 1)
+            visible = tl.arange(0, TILE_N)[None, :] <= (last_visible - tile_start)[:, None]
             if USE_WINDOW:
                 visible = visible & (distance > -sliding_window)
             s = tl.where(visible, s, float("-inf"))  # [BLOCK_M, TILE_N]
@@ -695,7 +698,8 @@ def paged_attention_kernel(
         sliding_window, cap_unscaled, inv_cap_unscaled, num_blocks, max_blocks_per_seq,
         stride_k_block, stride_k_slot, stride_k_head, stride_v_block, stride_v_slot, stride_v_head, stride_bt_seq,
         BLOCK_SIZE, TILE_N, DIM_TAIL, DOT_PRECISION, INTERPRETED_BF16, True, USE_WINDOW, USE_SOFTCAP, USE_ALIBI, KV_FP8,
-        FP16_DOTS, V_PAIRS, HEAD_DIM_V, INTERPRETED, SHARED_KV, NUM_SPLITS > 1, BLOCK_OFFS_U32, CAUSAL_ONLY_MASK,
+        FP16_DOTS, V_PAIRS, HEAD_DIM_V, INTERPRETED, SHARED_KV, NUM_SPLITS > 1 or not CAUSAL_ONLY_MASK, BLOCK_OFFS_U32,
+        CAUSAL_ONLY_MASK,
     )  # fmt: skip
     if KV_FP8:  # (p @ v) * v_scale, per KV head: before the split's store, so the combine needs no scale
         acc = acc * v_scale
