@@ -64,10 +64,10 @@ The idea, in a few lines:
   loads its unmasked tiles' K and V by tensor descriptor, a box of the block's rows (KV_TMA, ``_kv_tma``);
   the masked tiles keep pointer loads, whose masks zero the keys past seq_len.
 * Indices are never trusted with memory: without value checks (see ``kernels.contract``)
-  a query row past num_tokens is not read or written, and a program whose tiles would
-  read a block id outside [0, num_blocks) or a table entry past max_blocks_per_seq walks
-  no tile and writes NaN rows (checked once per program before the tile loops:
-  ``_count_bad_blocks``). The loops' loads then mask only the keys past seq_len.
+  a query row past num_tokens is not read or written, and a tile that would read a
+  block id outside [0, num_blocks) or a table entry past max_blocks_per_seq loads
+  nothing, and every row of the program that walks it is NaN instead (checked once per
+  program before the tile loops: ``_count_bad_blocks``).
 
 Precision: both dots accumulate in fp32. For fp32 inputs the dots run in IEEE fp32 on
 purpose (Triton's default is TF32, about 1e-3 relative error, which fails the fp32
@@ -277,12 +277,12 @@ def _count_bad_blocks(block_table_ptr, seq, stride_bt_seq, first_col, end_col, n
     """The block-table columns [first_col, end_col) of ``seq`` whose entry is outside [0, num_blocks)
     or past the table (column >= max_blocks_per_seq): how many.
 
-    Checked once, before the tile loops, over the columns the program's tiles will read; a program
-    with a bad column walks no tile, so the loops load the table and K / V without checks (masks
-    only for the keys past seq_len). Checked inside the loop, it would cost every tile a synchronous
-    table load and a reduction across the warps: the software pipeliner loads the next tile's K and
-    V ahead, but a use of the current tile's block ids in the softmax puts a second, unpipelined load
-    of them at the top of each step (seen in the sm_90 TTGIR).
+    Checked once, before the tile loops, over the columns the program's tiles will read, so
+    the loops need no value of the table beyond their (pipelined) loads' addresses and
+    masks. Checked inside the loop, it would cost every tile a synchronous table load and a
+    reduction across the warps: the software pipeliner loads the next tile's K and V ahead, but a
+    use of the current tile's block ids in the softmax puts a second, unpipelined load of them at
+    the top of each step (seen in the sm_90 TTGIR).
     """
     bad = first_col * 0
     for start in range(first_col, end_col, CHUNK):
@@ -331,16 +331,14 @@ def _attend_tiles(
     unsplit launch's unmasked loop keeps the signed form, which compiles shorter there (its loop starts at a
     known 0); so does a verify launch's masked loop, whose unsigned form spills registers in the unmasked one.
 
-    The loops run only when every table column their keys before seq_len read holds a block id in
-    [0, num_blocks) (_count_bad_blocks), so the unmasked tiles load the table and K / V unmasked, and the
-    masked tiles mask only the keys past seq_len (k_valid), whose columns are unchecked and whose slots may
-    hold a NaN that p = 0 would not cancel. An fp32 launch (DOT_PRECISION "ieee": its dots on CUDA cores)
-    keeps k_valid in the unmasked tiles too, where it is all true: without it ptxas spills registers.
-
-    BLOCK_OFFS_U32 (the launcher sets it when K's and V's block strides are in [2, 2^31)): a read row's block
-    is in [0, num_blocks) and the strides are non-negative, so block * stride is the same value as an
+    BLOCK_OFFS_U32 (the launcher sets it when K's and V's block strides are in [2, 2^31)): a loaded row's block
+    is in [0, num_blocks) (block_ok) and the strides are non-negative, so block * stride is the same value as an
     unsigned 32 x 32 -> 64-bit product: one IMAD.WIDE.U32 a K / V row instead of a sign extension and three
-    more IMADs (a masked row's offset is never dereferenced). Same values, the same outputs bit for bit.
+    more IMADs (a masked row's offset is never dereferenced). The table checks are unsigned compares
+    (``block.to(uint32) < num_blocks`` is block >= 0 and block < num_blocks; the launcher passes num_blocks
+    capped at 2^31, so the compare stays 32-bit), and the unmasked tiles drop k_valid (every key there is
+    before seq_len). Same values, the same outputs bit for bit. An fp32 launch (DOT_PRECISION "ieee": its
+    dots on CUDA cores) keeps k_valid: without it ptxas spills registers.
 
     The masked tiles' mask is one compare an element: key j of the tile is visible to a row where j <=
     min(q_pos, seq_len - 1) - tile_start, a bound computed once a row. CAUSAL_ONLY_MASK (verify launches): the
@@ -353,8 +351,10 @@ def _attend_tiles(
     ``_kv_tma``): a tile is TILE_N consecutive rows of one block, one box of the pool seen as [num_blocks *
     BLOCK_SIZE, row] (row: a slot's elements), so K and V come by descriptor (Hopper's TMA) instead of a
     pointer a row and dim: no address arithmetic, and the copy lands in shared memory in the dots' layout.
-    The table entry is one scalar a tile, checked before the loops like every other. The masked tiles keep
-    the pointer loads, whose masks zero the keys past seq_len.
+    The table entry is one scalar a tile; a bad entry, or a column past the table, takes the row
+    num_blocks * BLOCK_SIZE, wholly past the pool, which the copy fills with zeros without reading (the rows
+    are NaN anyway: _count_bad_blocks). The masked tiles keep the pointer loads, whose masks zero the keys
+    past seq_len (a block's unused slots may hold anything, a NaN among them, which p = 0 would not cancel).
 
     V_PAIRS: p @ v contracts over keys, but a key's dims are what lie side by side in memory, and an
     8-bit operand cannot be transposed by ldmatrix, so an fp8 V tile taken as it is comes out of
@@ -371,7 +371,10 @@ def _attend_tiles(
         k_pos = tile_start + tl.arange(0, TILE_N)
         k_valid = k_pos < seq_len
         if KV_TMA:  # one box of the tile's block: see the docstring
-            box_block = tl.load(block_table_ptr + seq * stride_bt_seq + tile_start // BLOCK_SIZE)
+            box_col = tile_start // BLOCK_SIZE
+            box_ok = box_col < max_blocks_per_seq
+            box_block = tl.load(block_table_ptr + seq * stride_bt_seq + box_col, mask=box_ok, other=-1)
+            box_block = tl.where(box_ok & (box_block.to(tl.uint32) < num_blocks), box_block, num_blocks)
             box_row = box_block * BLOCK_SIZE + tile_start % BLOCK_SIZE
             k = k_desc.load([box_row, kv_head * stride_k_head])
         else:
@@ -382,14 +385,13 @@ def _attend_tiles(
             else:
                 column = k_pos // BLOCK_SIZE
                 slot = k_pos % BLOCK_SIZE
-            # A key before seq_len lies in a column _count_bad_blocks checked (the loops run only when none is bad):
-            # only the keys past it, in the masked tiles, are masked. fp32 (dots on CUDA cores) keeps the mask in the
-            # unmasked tiles too, where it is all true: ptxas spills registers without it.
-            if MASKED or DOT_PRECISION == "ieee":
-                block_ok = k_valid
-            else:
-                block_ok = tl.full([TILE_N], 1, tl.int1)
-            block = tl.load(block_table_ptr + seq * stride_bt_seq + column, mask=block_ok, other=0)
+            if MASKED or DOT_PRECISION == "ieee":  # fp32 (dots on CUDA cores) spills without k_valid: see the docstring
+                in_table = k_valid & (column < max_blocks_per_seq)
+            else:  # every key here is before seq_len (the unmasked tiles end at or before it): k_valid is all true
+                in_table = column.to(tl.uint32) < max_blocks_per_seq  # unsigned (column >= 0; the table's width too)
+            block = tl.load(block_table_ptr + seq * stride_bt_seq + column, mask=in_table, other=0)
+            # a bad index loads nothing (_count_bad_blocks); one unsigned compare is block >= 0 and block < num_blocks
+            block_ok = in_table & (block.to(tl.uint32) < num_blocks)
             if BLOCK_OFFS_U32:  # a loaded row's block is in [0, num_blocks), the strides >= 0: see the docstring
                 block = block.to(tl.uint32).to(tl.uint64)
                 stride_kb = stride_k_block.to(tl.uint32).to(tl.uint64)
@@ -664,7 +666,6 @@ def paged_attention_kernel(
     end_col = tl.where(walked > 0, (kv_start + walked - 1) // BLOCK_SIZE + 1, first_col)
     bad_blocks = _count_bad_blocks(block_table_ptr, seq, stride_bt_seq, first_col, end_col, num_blocks,
                                    max_blocks_per_seq, 128)  # fmt: skip
-    kv_end = tl.where(bad_blocks > 0, kv_start, kv_end)  # its rows are NaN: no tile is walked, no bad id dereferenced
     # Tiles wholly before the program's first query position are visible to every row: they
     # skip the causal and length masks (on prefill the elementwise work is what bounds the
     # kernel: 18% of prefill_4x4k's time on an H200). The window masks every tile it touches.
@@ -957,7 +958,8 @@ class TritonPlan:
             and (self.copy_v or v_cache.data_ptr() % 2 == 0)
         )
         v_units = v_st[:3] if not v_pairs else tuple(st // 2 for st in v_st[:3])
-        # num_blocks capped at 2^31: every int32 block id is below it (the same checks).
+        # num_blocks capped at 2^31: every int32 block id is below it (the same checks), and the kernel's unsigned
+        # table check (_attend_tiles) stays a 32-bit compare, exact for negative ids (an int64 bound would pass them).
         scalars = (
             qk_scale_log2, call.sliding_window or 0, cap_u, 1.0 / cap_u, num_tokens, call.num_seqs, call.num_q_heads,
             min(call.num_blocks, 2**31), call.block_table.shape[1], tiling.SPLIT_SIZE,
