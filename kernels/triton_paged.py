@@ -66,8 +66,8 @@ The idea, in a few lines:
 * Indices are never trusted with memory: without value checks (see ``kernels.contract``)
   a query row past num_tokens is not read or written, and a tile that would read a
   block id outside [0, num_blocks) or a table entry past max_blocks_per_seq loads
-  nothing, and every row of the program that walks it is NaN instead (checked once per
-  program before the tile loops: ``_count_bad_blocks``).
+  nothing: the program walks no tile and its rows are NaN (checked once per program
+  before the tile loops: ``_count_bad_blocks``).
 
 Precision: both dots accumulate in fp32. For fp32 inputs the dots run in IEEE fp32 on
 purpose (Triton's default is TF32, about 1e-3 relative error, which fails the fp32
@@ -331,6 +331,12 @@ def _attend_tiles(
     unsplit launch's unmasked loop keeps the signed form, which compiles shorter there (its loop starts at a
     known 0); so does a verify launch's masked loop, whose unsigned form spills registers in the unmasked one.
 
+    Table checks. A program walks its tiles only when every column its keys before seq_len read holds a block id
+    in [0, num_blocks) (_count_bad_blocks), so the masked tiles mask only the keys past seq_len (k_valid: their
+    columns are unchecked, and their slots may hold a NaN that p = 0 would not cancel). The unmasked tiles keep
+    the per-key checks below, all true there: without them the loop compiles about 100 instructions shorter and
+    ran prefill 1.07-1.09x slower on an H100 (docs/performance.md).
+
     BLOCK_OFFS_U32 (the launcher sets it when K's and V's block strides are in [2, 2^31)): a loaded row's block
     is in [0, num_blocks) (block_ok) and the strides are non-negative, so block * stride is the same value as an
     unsigned 32 x 32 -> 64-bit product: one IMAD.WIDE.U32 a K / V row instead of a sign extension and three
@@ -352,8 +358,8 @@ def _attend_tiles(
     BLOCK_SIZE, row] (row: a slot's elements), so K and V come by descriptor (Hopper's TMA) instead of a
     pointer a row and dim: no address arithmetic, and the copy lands in shared memory in the dots' layout.
     The table entry is one scalar a tile; a bad entry, or a column past the table, takes the row
-    num_blocks * BLOCK_SIZE, wholly past the pool, which the copy fills with zeros without reading (the rows
-    are NaN anyway: _count_bad_blocks). The masked tiles keep the pointer loads, whose masks zero the keys
+    num_blocks * BLOCK_SIZE, wholly past the pool, which the copy fills with zeros without reading (no tile
+    runs past a bad entry anyway: _count_bad_blocks). The masked tiles keep the pointer loads, whose masks zero the keys
     past seq_len (a block's unused slots may hold anything, a NaN among them, which p = 0 would not cancel).
 
     V_PAIRS: p @ v contracts over keys, but a key's dims are what lie side by side in memory, and an
@@ -385,13 +391,17 @@ def _attend_tiles(
             else:
                 column = k_pos // BLOCK_SIZE
                 slot = k_pos % BLOCK_SIZE
-            if MASKED or DOT_PRECISION == "ieee":  # fp32 (dots on CUDA cores) spills without k_valid: see the docstring
-                in_table = k_valid & (column < max_blocks_per_seq)
-            else:  # every key here is before seq_len (the unmasked tiles end at or before it): k_valid is all true
-                in_table = column.to(tl.uint32) < max_blocks_per_seq  # unsigned (column >= 0; the table's width too)
-            block = tl.load(block_table_ptr + seq * stride_bt_seq + column, mask=in_table, other=0)
-            # a bad index loads nothing (_count_bad_blocks); one unsigned compare is block >= 0 and block < num_blocks
-            block_ok = in_table & (block.to(tl.uint32) < num_blocks)
+            if MASKED:  # a key before seq_len lies in a checked column (no tile runs past a bad one): see the docstring
+                block_ok = k_valid
+                block = tl.load(block_table_ptr + seq * stride_bt_seq + column, mask=block_ok, other=0)
+            else:
+                if DOT_PRECISION == "ieee":  # fp32 (dots on CUDA cores) spills without k_valid: see the docstring
+                    in_table = k_valid & (column < max_blocks_per_seq)
+                else:  # every key here is before seq_len (the unmasked tiles end at or before it): k_valid is all true
+                    in_table = column.to(tl.uint32) < max_blocks_per_seq  # unsigned: column >= 0, the width too
+                block = tl.load(block_table_ptr + seq * stride_bt_seq + column, mask=in_table, other=0)
+                # one unsigned compare is block >= 0 and block < num_blocks (redundant here, and faster: the docstring)
+                block_ok = in_table & (block.to(tl.uint32) < num_blocks)
             if BLOCK_OFFS_U32:  # a loaded row's block is in [0, num_blocks), the strides >= 0: see the docstring
                 block = block.to(tl.uint32).to(tl.uint64)
                 stride_kb = stride_k_block.to(tl.uint32).to(tl.uint64)
@@ -666,6 +676,7 @@ def paged_attention_kernel(
     end_col = tl.where(walked > 0, (kv_start + walked - 1) // BLOCK_SIZE + 1, first_col)
     bad_blocks = _count_bad_blocks(block_table_ptr, seq, stride_bt_seq, first_col, end_col, num_blocks,
                                    max_blocks_per_seq, 128)  # fmt: skip
+    kv_end = tl.where(bad_blocks > 0, kv_start, kv_end)  # its rows are NaN: no tile is walked, no bad id read
     # Tiles wholly before the program's first query position are visible to every row: they
     # skip the causal and length masks (on prefill the elementwise work is what bounds the
     # kernel: 18% of prefill_4x4k's time on an H200). The window masks every tile it touches.
