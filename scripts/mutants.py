@@ -39,6 +39,7 @@ QUICK_TESTS = [
     "tests/kernels/test_kernel_contract_edges.py",
     "tests/kernels/test_kernel_tma.py",
     "tests/kernels/test_call_validation.py::test_unchecked_bad_block_id_turns_its_rows_to_nan_and_leaves_the_rest",
+    "tests/kernels/test_call_validation.py::test_a_bad_block_in_one_kv_split_turns_that_sequence_to_nan",
     "tests/kernels/test_tlsim_predicts_triton.py::test_tlsim_predicts_the_device_split",
     "tests/kernels/test_kernel_tuning.py::test_the_device_split_dispatches_its_sequences_longest_piece_first",
 ]
