@@ -74,22 +74,17 @@ def _run_args(out: str, *extra: str, case: dict | None = None, plugin: str | Non
             target = target / "run"
         elif out != "folder":
             target = Path(out)
+        plugged = []
         if plugin is not None:
             (tmp / "plugin.py").write_text(plugin)
-            extra_ = ["--plugin", str(tmp / "plugin.py"), *extra]
-        else:
-            extra_ = list(extra)
-        return ["run", str(cases), "--out", str(target), "--backend", "reference", "--no-progress", *extra_]
+            plugged = ["--plugin", str(tmp / "plugin.py")]
+        return ["run", str(cases), "--out", str(target), "--backend", "reference", "--no-progress", *plugged, *extra]
 
     return make
 
 
 def _runs_pair(base: str, new: str, verb: str = "compare", *extra: str):
     return lambda runs, tmp: [verb, str(runs / base), str(runs / new), *extra]
-
-
-def _absent(folder: Path) -> None:
-    pass
 
 
 def _good(folder: Path) -> None:
@@ -151,10 +146,6 @@ BISECT = ["bisect", "first", "third", "--case", "c", "--backend", "tlsim"]
 
 def _git(name: str, argv: list[str], *words: str) -> Refusal:
     """continuous or bisect, exit 2, in tmp/repo of commits first, second, third (names in ``argv`` become ids)."""
-    return Refusal(name, _repo(*argv), 2, words, cwd="repo")
-
-
-def _repo(*argv: str):
 
     def make(runs: Path, tmp: Path) -> list[str]:
         env = {**os.environ, "GIT_AUTHOR_NAME": "t", "GIT_AUTHOR_EMAIL": "t@t", "GIT_COMMITTER_NAME": "t",
@@ -172,7 +163,7 @@ def _repo(*argv: str):
             ids[name] = git("rev-parse", "HEAD")
         return [ids.get(word, word) if i < 3 else word for i, word in enumerate(argv)]
 
-    return make
+    return Refusal(name, make, 2, words, cwd="repo")
 
 
 def _no_ray(monkeypatch: pytest.MonkeyPatch, tmp: Path) -> None:
@@ -215,7 +206,7 @@ BAD_JOURNAL_ROWS = [
     ({"resumed_by": "me"}, "'resumed_by'"),
 ]
 BAD_FOLDERS = {
-    "absent": (_absent, "{tmp}/{side}: not a run folder (no such folder)"),
+    "absent": (lambda folder: None, "{tmp}/{side}: not a run folder (no such folder)"),
     "meta_only": (_meta_only, "{tmp}/{side}: not a run folder (no results.parquet)"),
     "doubled": (_doubled, "{side} run: duplicated (case, backend) rows: reference on case00"),
 }

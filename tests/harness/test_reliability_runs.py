@@ -3,6 +3,7 @@ colleague hands you are data, never code: plugins named in a run's meta.json, me
 
 from __future__ import annotations
 
+import datetime
 import errno
 import json
 import os
@@ -28,6 +29,7 @@ from tests.harness import review_frames as rf
 from tests.tiny_cases import TINY, write_cases
 
 ROOT = Path(__file__).resolve().parents[2]
+HEAD = subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True, text=True).stdout.strip()
 
 FIRST, SECOND = {"name": "first"}, {"name": "second", "seed": 1}
 
@@ -309,8 +311,6 @@ def test_runs_started_at_the_same_second_get_distinct_folders(tmp_path, monkeypa
     class Frozen:
         @staticmethod
         def now(tz=None):
-            import datetime
-
             return datetime.datetime(2026, 1, 1, tzinfo=tz)
 
     monkeypatch.setattr(storage_module, "datetime", Frozen)
@@ -442,14 +442,10 @@ def _slower_runs(tmp_path, backend: str, **meta_extra) -> tuple[Path, Path]:
     return base, new
 
 
-def _head() -> str:
-    return subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True, text=True).stdout.strip()
-
-
 def test_confirm_never_imports_a_plugin_named_in_a_runs_meta_command(setup, capsys, monkeypatch):
     monkeypatch.chdir(ROOT)  # git runs here
     evil = setup / "evil.py"
-    base, new = _slower_runs(setup, "evil_backend", commit=_head(),
+    base, new = _slower_runs(setup, "evil_backend", commit=HEAD,
                              command=f"python -m harness run tiny.toml --plugin {evil}")  # fmt: skip
     assert main(["compare", str(base), str(new), "--confirm", "slower"]) == 2
     err = capsys.readouterr().err

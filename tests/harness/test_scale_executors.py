@@ -5,12 +5,15 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 import multiprocessing
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
+import numpy as np
 import pandas as pd
 import pytest
 import torch
@@ -203,8 +206,6 @@ def test_a_killed_worker_costs_one_retry_then_an_error_row_a_hung_one_an_error_r
 
 
 def test_finished_workers_are_reaped_in_the_background_and_exit(tmp_path):
-    import time
-
     write_cases(tmp_path / "cases.toml", *FINE)
     cases = load_cases([tmp_path / "cases.toml"], "cpu")
     config = RunConfig(device="cpu", backends=resolve_backends(["tlsim"]), timing=False, progress=False, threads=1)
@@ -350,11 +351,6 @@ def test_each_xdist_worker_is_pinned_to_its_own_gpu_round_robin(monkeypatch, dev
 
 def test_worker_rows_travel_as_json_lines_that_load_as_data(tmp_path):
     """A worker's rows travel as JSON lines (samples as lists, NaN kept), never a pickle that runs code."""
-    import json
-    import math
-
-    import numpy as np
-
     from harness.execute import xdist
 
     worker = _PytestOptions({"harness_device": "cpu"})

@@ -192,15 +192,6 @@ def test_kernel_ab_times_head_against_the_tree_and_leaves_no_module_behind(tmp_p
     assert not list((ROOT / "kernels").glob("_ab_*.py"))
 
 
-def _ab_record(base_fn, new_fn) -> dict:
-    """kernel_ab's record of its dry case with ``base_fn`` and ``new_fn`` as the two sides' kernel entries."""
-    from scripts.kernel_ab import dry_case, time_case
-
-    sides = {"base": base_fn, "new": new_fn}
-    modules = {side: types.SimpleNamespace(paged_attention_triton=fn) for side, fn in sides.items()}
-    return time_case(dry_case(), modules, "cpu", 9, {"min_reps": 1, "max_reps": 1})
-
-
 def _fails(*args, **kwargs):
     raise TypeError("paged_attention_triton() got an unexpected keyword argument 'max_q_len'")
 
@@ -219,7 +210,11 @@ def _plus_one(*args, **kwargs):
     ],
 )
 def test_kernel_ab_reports_a_kernel_that_differs_or_fails_untimed(base_fn, new_fn, verdict, why):
-    record = _ab_record(base_fn, new_fn)
+    from scripts.kernel_ab import dry_case, time_case
+
+    sides = {"base": base_fn, "new": new_fn}
+    modules = {side: types.SimpleNamespace(paged_attention_triton=fn) for side, fn in sides.items()}
+    record = time_case(dry_case(), modules, "cpu", 9, {"min_reps": 1, "max_reps": 1})
     assert record["verdict"] == verdict and "ratio" not in record
     assert why is None or why in record["why"]
 

@@ -143,8 +143,7 @@ def test_a_fit_below_r2_0_9_or_with_a_negative_term_is_no_fit_and_says_why(laten
 
 def test_a_fit_at_r2_0_9_with_no_negative_term_is_kept():
     noisy = [11.0, 12.0, 14.0, 18.0]
-    x = np.array([100, 200, 400, 800.0])
-    _, _, r2 = fit_line(x, np.array(noisy))
+    _, _, r2 = fit_line(np.array([100, 200, 400, 800.0]), np.array(noisy))
     assert r2 > 0.99
     (fit,) = fit_scaling(scaling_frame(noisy)).itertuples()
     assert fit.fitted
@@ -232,7 +231,6 @@ def test_a_backend_whose_first_call_compiles_past_the_budget_is_timed_on_a_gpu(
     tmp_path, monkeypatch, device, model, every_call_slow
 ):
     """On a GPU a kernel's call past the budget gets a second call (its first may compile); elsewhere one decides."""
-
     if device == "cuda" and not torch.cuda.is_available():
         pytest.skip("needs a CUDA device")
     calls = []
