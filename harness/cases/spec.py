@@ -248,7 +248,6 @@ class Case:
 
     @property
     def kv_element_bytes(self) -> int:
-        """Bytes of one element of the KV cache (1 for fp8, else the case's dtype)."""
         return 1 if self.kv_dtype is not None else self.element_bytes
 
     @property
@@ -512,23 +511,22 @@ def count_sweep_points(file: str, tables: list[dict[str, Any]]) -> int:
 
 def _read_case_text(path: Path) -> str:
     """The text of a regular file of at most MAX_FILE_BYTES; CaseFileError for anything else (a FIFO blocks)."""
-    file = str(path)
     try:
         info = path.stat()
         if stat.S_ISDIR(info.st_mode):
             raise CaseFileError(
-                f"{file}: is a directory, not a case file (a folder given to run stands for its *.toml)"
+                f"{path}: is a directory, not a case file (a folder given to run stands for its *.toml)"
             )
         if not stat.S_ISREG(info.st_mode):
-            raise CaseFileError(f"{file}: not a regular file (a FIFO, device or socket); give a .toml file")
+            raise CaseFileError(f"{path}: not a regular file (a FIFO, device or socket); give a .toml file")
         with path.open("rb") as handle:
             data = handle.read(MAX_FILE_BYTES + 1)
     except FileNotFoundError:
-        raise CaseFileError(f"{file}: no such case file") from None
+        raise CaseFileError(f"{path}: no such case file") from None
     except OSError as error:
-        raise CaseFileError(f"{file}: cannot read it: {error.strerror}") from None
+        raise CaseFileError(f"{path}: cannot read it: {error.strerror}") from None
     if len(data) > MAX_FILE_BYTES:
-        raise CaseFileError(f"{file}: larger than {MAX_FILE_BYTES // 2**20} MiB; not a case file")
+        raise CaseFileError(f"{path}: larger than {MAX_FILE_BYTES // 2**20} MiB; not a case file")
     return data.decode("utf-8")
 
 
@@ -553,15 +551,13 @@ def resolve_case_paths(paths: list[str | Path]) -> list[Path]:
 def check_backend_names(cases: list[Case], registered: list[str]) -> None:
     """CaseFileError naming file, case and field for every name in ``backends`` or
     ``exclude_backends`` that is not a registered backend (call it after plugins load)."""
-    errors, known = [], set(registered)
-    for case in cases:
-        for field, names in (("backends", case.backends or ()), ("exclude_backends", case.exclude_backends)):
-            errors.extend(
-                f"{case.file}: case '{case.id}': field '{field}': unknown backend {name!r}; "
-                f"registered: {', '.join(registered)}"
-                for name in names
-                if name not in known
-            )
+    errors = [
+        f"{case.file}: case '{case.id}': field '{field}': unknown backend {name!r}; registered: {', '.join(registered)}"
+        for case in cases
+        for field, names in (("backends", case.backends or ()), ("exclude_backends", case.exclude_backends))
+        for name in names
+        if name not in registered
+    ]
     if errors:
         raise CaseFileError("\n".join(dict.fromkeys(errors)))
 
@@ -576,10 +572,7 @@ def case_file_schema() -> dict[str, Any]:
         "title": "Paged-attention harness case file",
         "type": "object",
         "additionalProperties": False,
-        "properties": {
-            "defaults": defaults,
-            "case": {"type": "array", "minItems": 1, "items": case_schema},
-        },
+        "properties": {"defaults": defaults, "case": {"type": "array", "minItems": 1, "items": case_schema}},
         "required": ["case"],
         "$defs": defs,
     }

@@ -77,9 +77,6 @@ def per_q_head(vector: torch.Tensor, logits: torch.Tensor) -> torch.Tensor:
     return vector.detach().to(logits.device, torch.float64).view(*logits.shape[:2], 1, 1)
 
 
-# sinks: a list per query head, or drawn from the case's seed (harness.cases.spec materializes it).
-
-
 class SinkGenerator(BaseModel):
     """Seeded per-head sinks: ``mean + scale * N(0, 1)``, one per query head (from the case's seed)."""
 
@@ -95,9 +92,6 @@ def sinks_inputs(inputs: Any, fields: Any) -> Any:
     return with_options(inputs, sinks=torch.tensor(list(fields.sinks), dtype=torch.float32))
 
 
-# alibi_slopes: the standard slopes of the case's head count.
-
-
 def standard_alibi_slopes(num_heads: int) -> list[float]:
     """ALiBi's slopes as BLOOM, MPT and vLLM compute them: 2^(-8 i / n), i = 1..n, for n a power of two;
     otherwise the first n' (largest power of two below) and every other slope of 2n' heads."""
@@ -105,9 +99,6 @@ def standard_alibi_slopes(num_heads: int) -> list[float]:
     slopes = [2.0 ** (-8.0 * (i + 1) / closest) for i in range(closest)]
     slopes += [2.0 ** (-4.0 * (2 * i + 1) / closest) for i in range(num_heads - closest)]
     return slopes
-
-
-# fp8_kv: the pools quantized on the CPU, their scales the call's k_scale / v_scale.
 
 
 KVScaleMode = Literal["amax", "amax_per_head"]

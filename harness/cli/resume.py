@@ -42,11 +42,9 @@ _STORED = {
 # Options that change which rows run or what they measure: given again to --resume, a value other than the
 # journal's is refused (the rest change no result, and the value given wins).
 _RESULT_OPTIONS = {  # args attribute -> (flag, journal options key)
-    "harness_device": ("--device", "device"),
-    "harness_tags": ("--tag", "tags"),
-    "pattern": ("-k", "pattern"),
+    "harness_device": ("--device", "device"), "harness_tags": ("--tag", "tags"), "pattern": ("-k", "pattern"),
     "harness_oracle_device": ("--oracle-device", "oracle_device"),
-}
+}  # fmt: skip
 
 
 def resume(args: argparse.Namespace):
@@ -161,9 +159,8 @@ def ordered(frame, cases, backends, columns):
     """Rows in case order, then backend order (a resumed run's journal mixes two runs)."""
     case_rank = {c.id: i for i, c in enumerate(cases)}
     backend_rank = {b.name: i for i, b in enumerate(backends)}
-    key = frame["case"].map(case_rank).fillna(len(case_rank)) * (len(backend_rank) + 1) + frame["backend"].map(
-        backend_rank
-    ).fillna(len(backend_rank))
+    case_key = frame["case"].map(case_rank).fillna(len(case_rank))
+    key = case_key * (len(backend_rank) + 1) + frame["backend"].map(backend_rank).fillna(len(backend_rank))
     return frame.iloc[key.argsort(kind="stable")].reset_index(drop=True)[columns]
 
 

@@ -239,11 +239,10 @@ def spawn(context, gpu: str, name: str, args: tuple) -> tuple[multiprocessing.Pr
         with sigint_ignored_in_children():  # a Ctrl-C while it imports is the parent's one line
             process.start()
     finally:
-        if gpu:
-            if saved is None:
-                os.environ.pop("CUDA_VISIBLE_DEVICES", None)
-            else:
-                os.environ["CUDA_VISIBLE_DEVICES"] = saved
+        if gpu and saved is None:
+            os.environ.pop("CUDA_VISIBLE_DEVICES", None)
+        elif gpu:
+            os.environ["CUDA_VISIBLE_DEVICES"] = saved
     child.close()
     return process, parent
 

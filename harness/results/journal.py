@@ -163,13 +163,8 @@ class Journal:
     def create(cls, run_dir: Path, options: dict) -> Journal:
         """Start the journal of ``run_dir``; FileExistsError when one exists (the name is taken)."""
         path = journal_path(run_dir)
-        header = {
-            "journal": 1,
-            "pid": os.getpid(),
-            "host": socket.gethostname(),
-            "started": datetime.now(UTC).isoformat(timespec="seconds"),
-            "options": options,
-        }
+        started = datetime.now(UTC).isoformat(timespec="seconds")
+        header = dict(journal=1, pid=os.getpid(), host=socket.gethostname(), started=started, options=options)
         fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
         journal = cls(path, header, [])
         journal._file = os.fdopen(fd, "a", encoding="utf-8")

@@ -379,17 +379,15 @@ def format_comparison(comparison: Comparison, base_name: str, new_name: str, *, 
         lines += ["  ".join(str(t[k]).ljust(widths[k]) for k in range(6)) + "  " + str(t[6]) for t in [header, *table]]
     counts = verdict_counts(comparison)
     weak = int((rows["evidence"] == "p10/p90 (weak)").sum())
-    lines.append(
-        "latency verdicts: "
-        + ", ".join(f"{v} {n}" for v, n in counts.items())
-        + (f" ({weak} from p10/p90 only: weak evidence)" if weak else "")
-        + (
+    said = ", ".join(f"{v} {n}" for v, n in counts.items())
+    if weak:
+        said += f" ({weak} from p10/p90 only: weak evidence)"
+    if unpaired_faster.any():
+        said += (
             f" ({int(unpaired_faster.sum())} faster by the two runs alone while they drifted, marked 'better?': "
             "`--confirm all` re-times them)"
-            if unpaired_faster.any()
-            else ""
         )
-    )
+    lines.append(f"latency verdicts: {said}")
     code = comparison.exit_code
     where = {EXIT_INCOMPLETE: " (see '!' above)", EXIT_UNCONFIRMED: " (UNCONFIRMED above says why)"}.get(code, "")
     lines.append(f"exit {code}: {exit_summary(comparison)}{where}")

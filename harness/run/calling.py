@@ -335,8 +335,6 @@ def _raised(called: Called, error: BaseException, guard: InputGuard | None, when
     if torch.cuda.is_available() and torch.cuda.is_initialized():
         torch.cuda.synchronize()
     mutated = guard.check(when) if guard else ""
-    reason = error_reason(error)
-    if what:
-        reason = f"{what}: {reason}"
+    reason = f"{what}: {error_reason(error)}" if what else error_reason(error)
     called.status, called.reason = "error", "; ".join(filter(None, [reason, mutated]))
     return called

@@ -55,10 +55,6 @@ class SampleHooks(Protocol):
 _NO_HOOKS = SimpleNamespace(before=lambda final: None, after=lambda result, final: None)
 
 
-def _event() -> torch.cuda.Event:
-    return torch.cuda.Event(enable_timing=True)
-
-
 def _is_cuda(device: str | torch.device) -> bool:
     return torch.device(device).type == "cuda"
 
@@ -142,7 +138,7 @@ def time_call(
     flush = torch.empty(L2_FLUSH_BYTES, dtype=torch.int8, device=device)
 
     def sample(n: int, final: bool = False) -> list[float]:
-        events = [(_event(), _event()) for _ in range(n)]
+        events = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in range(n)]
         for start, end in events:
             hooks.before(final)
             flush.zero_()
