@@ -157,10 +157,13 @@ def triton_output(key: tuple, inputs: PagedInputs, **kwargs) -> torch.Tensor:
     return _TRITON_OUTPUTS[key]
 
 
-def needs_triton() -> None:
-    """Skip the calling test, with the reason, where the Triton kernel cannot run on the CPU."""
-    if reason := kernels.triton_unavailable_reason("cpu"):
+def needs_triton(device: str = "cpu"):
+    """kernels.triton_paged; the calling test skips, with the reason, where the kernel cannot run on ``device``."""
+    if reason := kernels.triton_unavailable_reason(device):
         pytest.skip(reason)
+    from kernels import triton_paged
+
+    return triton_paged
 
 
 def backend_fn(name: str):

@@ -20,6 +20,7 @@ from tests.kernels.kernel_cases import (
     ON_CUDA,
     KernelCase,
     assert_passes,
+    needs_triton,
     run_backend,
     triton_output,
 )
@@ -31,10 +32,9 @@ DEVICES = ["cpu", pytest.param("cuda", marks=ON_CUDA)]
 @pytest.mark.parametrize("backend", BACKENDS)
 @pytest.mark.parametrize("case", [*KERNEL_CASES, *FP32_PRECISION_CASES], ids=str)
 def test_backend_matches_float64_oracle(case: KernelCase, backend: str, device: str):
-    if backend == "triton" and (reason := kernels.triton_unavailable_reason(device)):
-        pytest.skip(reason)
     inputs = case.inputs(device)
     if backend == "triton":  # shared with tests/kernels/test_tlsim_predicts_triton.py (interpreted, it is slow)
+        needs_triton(device)
         got = triton_output((case, device), inputs)
     else:
         got = run_backend(backend, inputs)

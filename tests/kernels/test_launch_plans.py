@@ -5,7 +5,6 @@ call with plans off; the last ones compare the interpreted kernel's outputs bit 
 
 from __future__ import annotations
 
-import importlib
 import os
 import random
 from dataclasses import replace
@@ -20,13 +19,6 @@ from kernels.launch_plan import PlanCache, call_key, plans_enabled
 from kernels.tiling import tiling_for
 from tests.fresh_python import run_script
 from tests.kernels.kernel_cases import BAD_CALLS, BASE, CASES_BY_NAME, ON_CUDA, base_args, needs_triton
-
-
-def _triton():
-    needs_triton()
-    from kernels import triton_paged
-
-    return triton_paged
 
 
 def _describe(arg):
@@ -52,7 +44,7 @@ class _Recorder:
 @pytest.fixture
 def recorded(monkeypatch):
     """Both kernels replaced by one :class:`_Recorder` (``plans``: the launcher's, emptied); value checks off."""
-    triton_paged = _triton()
+    triton_paged = needs_triton()
     recorder = _Recorder()
     recorder.plans = triton_paged.PLANS
     monkeypatch.setattr(triton_paged, "paged_attention_kernel", recorder)
@@ -128,7 +120,7 @@ def test_a_plan_hit_launches_what_the_full_path_launches(recorded, seed):
 @pytest.mark.parametrize("seed", RANDOM_SEEDS[:30])
 def test_the_short_hit_methods_launch_what_the_general_ones_launch(recorded, monkeypatch, seed):
     """_run_plain and _launch_direct launch and return what the general methods they skip do."""
-    triton_paged = _triton()
+    triton_paged = needs_triton()
     args, kwargs = _random_call(random.Random(seed))
 
     def first_and_hit():
@@ -363,7 +355,7 @@ def test_a_failing_compiled_launch_falls_back_to_the_jit_entry_for_good(monkeypa
 @pytest.mark.parametrize("name", BAD_CALLS)
 def test_a_bad_call_fails_the_same_way_after_a_good_one(name, monkeypatch):
     """A hit still runs the value checks, and a call that differs in the key never meets the good plan."""
-    _triton()
+    needs_triton()
     good = base_args()
     kernels.paged_attention_triton(*good)
     kernels.paged_attention_triton(*good)
@@ -425,7 +417,7 @@ def _outputs(result):
 @pytest.mark.parametrize("name", OUTPUT_CASES)
 def test_a_plan_hit_computes_what_the_full_path_computes(name, device):
     """The hit's outputs equal the first and the uncached call's bit for bit; on CUDA it launches compiled."""
-    triton_paged = _triton() if device == "cpu" else importlib.import_module("kernels.triton_paged")
+    triton_paged = needs_triton(device)
     args, kwargs = _output_call(*OUTPUT_CASES[name], device)
     triton_paged.PLANS.clear()
     first = _outputs(kernels.paged_attention_triton(*args, **kwargs))

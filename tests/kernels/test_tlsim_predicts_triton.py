@@ -19,7 +19,7 @@ from kernels import tiling, tuning
 from kernels.contract import prepare_call
 from kernels.fp8 import quantize_kv
 from kernels.launch_plan import plans_enabled
-from tests.kernels.kernel_cases import KERNEL_CASES, KernelCase, assert_tlsim_close, triton_output
+from tests.kernels.kernel_cases import KERNEL_CASES, KernelCase, assert_tlsim_close, needs_triton, triton_output
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 # Where CUDA is, the kernel runs compiled and the test is a GPU test: `pytest -m gpu` (nox -s gpu) runs it.
@@ -28,8 +28,7 @@ ON_GPU = [pytest.mark.gpu] if DEVICE == "cuda" else []
 
 @pytest.mark.parametrize("case", [pytest.param(case, marks=ON_GPU, id=str(case)) for case in KERNEL_CASES])
 def test_tlsim_predicts_triton_far_inside_tolerance(case):
-    if reason := kernels.triton_unavailable_reason(DEVICE):
-        pytest.skip(reason)
+    needs_triton(DEVICE)
     inputs = case.inputs(DEVICE)
     sim = kernels.paged_attention_tlsim(*inputs.args())
     real = triton_output((case, DEVICE), inputs)  # shared with the oracle test of the case
@@ -127,8 +126,7 @@ DEVICE_SPLIT_PARAMS = [
 @pytest.mark.slow  # long interpreted split-KV calls, a grid of them
 def test_tlsim_predicts_the_device_split(name, dtype, kv, options, monkeypatch):
     """The device split (decided in the kernel from seq_lens): oracle, tlsim and the counts the rule names."""
-    if reason := kernels.triton_unavailable_reason(DEVICE):
-        pytest.skip(reason)
+    needs_triton(DEVICE)
     seq_lens, q_lens, target, counts = DEVICE_SPLIT_CASES[name]
     monkeypatch.setattr(tiling, "TARGET_PROGRAMS", target)
     monkeypatch.setattr(tiling, "DEVICE_SPLIT_MIN_KEYS", 64)

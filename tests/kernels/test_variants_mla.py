@@ -77,9 +77,7 @@ def test_mla_tiling_splits_k_and_tiles_the_heads():
 
 def test_kernel_without_the_second_k_piece_fails(monkeypatch):
     """A kernel that dots only K's first 512 columns (the rope part forgotten) is caught."""
-    needs_triton()
-    from kernels import triton_paged
-
+    triton_paged = needs_triton()
     inputs = _inputs("mla_spec_verify")
     expected = paged_attention_oracle(*inputs.args())
     monkeypatch.setattr(triton_paged, "head_dim_pieces", lambda head_dim: (512, 0))
@@ -173,9 +171,7 @@ def test_latent_kv_is_told_from_metadata_only():
 
 def test_the_launch_takes_v_from_the_k_tile_only_for_the_view(monkeypatch):
     """SHARED_KV reaches the launch for the latent view only (the outputs are equal either way)."""
-    needs_triton()
-    from kernels import triton_paged
-
+    triton_paged = needs_triton()
     launches = []
 
     class Recorder:
