@@ -23,7 +23,7 @@ from kernels.fp8 import FP8_DTYPES
 from kernels.launch_plan import plans_enabled
 from kernels.tiling import SINGLE_DOT_HEAD_DIM, V_PART_DIM, choose_tiling, head_dim_pieces, tiling_for, v_parts
 from tests.kernels.kernel_cases import Edge as Case
-from tests.kernels.kernel_cases import Edges, backend_fn, call_hints, needs_triton
+from tests.kernels.kernel_cases import Edges, assert_passes, backend_fn, call_hints, needs_triton
 
 BACKENDS = ("triton", "tlsim", "reference")
 BASE = dict(num_q_heads=2, num_kv_heads=1, head_dim=64, block_size=16, dtype="float32", layout="shuffled", seed=5)
@@ -159,8 +159,7 @@ def _read_against_oracle(cache: PagedKVCache, backend: str | None) -> None:
     scales = {} if cache.k_scale is None else {"k_scale": cache.k_scale, "v_scale": cache.v_scale}
     k, v = cache.k_caches[0], cache.v_caches[0]
     expected = paged_attention_oracle(q, k, v, meta.block_table, meta.seq_lens, starts, **scales)
-    result = grade(cache.paged_attention(0, q, meta), expected, *DEFAULT_TOLERANCES["float32"])
-    assert result.passed, f"{backend}: {result.reason}"
+    assert_passes(cache.paged_attention(0, q, meta), expected, DEFAULT_TOLERANCES["float32"], str(backend))
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, *FP8_DTYPES], ids=str)

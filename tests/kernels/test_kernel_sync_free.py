@@ -13,12 +13,11 @@ import torch
 
 import kernels
 from harness.cases.vocab import DEFAULT_TOLERANCES
-from harness.run.grading import grade
 from harness.run.oracle import paged_attention_oracle
 from kernels import tiling, tuning
 from kernels.contract import prepare_call
 from kernels.tiling import tiling_for
-from tests.kernels.kernel_cases import BASE, CASES_BY_NAME, backend_fn, needs_triton
+from tests.kernels.kernel_cases import BASE, CASES_BY_NAME, assert_passes, backend_fn, needs_triton
 
 DECODE = replace(BASE, name="decode", q_lens=(1, 1, 1, 1, 1))
 SYNC_FREE_CASES = [BASE, DECODE, CASES_BY_NAME["prefill_full"], CASES_BY_NAME["split_kv_decode"]]
@@ -34,8 +33,7 @@ def _args(case, device="cpu"):
 
 
 def _assert_matches_oracle(got, args, case):
-    result = grade(got, paged_attention_oracle(*args), *DEFAULT_TOLERANCES[case.dtype])
-    assert result.passed, f"{case.name}: {result.reason}"
+    assert_passes(got, paged_attention_oracle(*args), DEFAULT_TOLERANCES[case.dtype], case.name)
 
 
 @pytest.mark.parametrize("case", SYNC_FREE_CASES, ids=str)

@@ -7,9 +7,9 @@ import torch
 
 import kernels
 from harness.cases.vocab import DEFAULT_TOLERANCES
-from harness.run.grading import grade
 from harness.run.oracle import paged_attention_oracle
 from kernels import cache as cache_module
+from tests.kernels.kernel_cases import assert_passes
 
 
 def make_cache(num_blocks=6, block_size=4, dtype=torch.float32):
@@ -91,8 +91,7 @@ def test_read_matches_the_oracle_after_interleaved_appends(dtype):
     expected = paged_attention_oracle(
         q, cache.k_caches[0], cache.v_caches[0], cache.block_table([0, 1]), cache.seq_lens([0, 1]), query_start_loc
     )
-    result = grade(got, expected, *DEFAULT_TOLERANCES[dtype])
-    assert result.passed, result.reason
+    assert_passes(got, expected, DEFAULT_TOLERANCES[dtype])
 
 
 # --- refusals: each before anything changes -------------------------------------------------

@@ -155,5 +155,4 @@ def test_triton_on_cuda_matches_oracle_with_an_fp8_cache(base, fp8):
     cuda_args = [a.cuda() for a in args]
     cuda_scales = {k: v.cuda() for k, v in scales.items()}
     result = kernels.paged_attention_triton(*cuda_args, **cuda_scales)
-    graded = grade(result.cpu(), paged_attention_oracle(*args, **scales), *_tolerance(inputs.q))
-    assert graded.passed, graded.reason
+    assert_passes(result.cpu(), paged_attention_oracle(*args, **scales), _tolerance(inputs.q))

@@ -35,8 +35,9 @@ SHAPES = {  # num_q_heads, num_kv_heads, head_dim, head_dim_v, dtype, seq_lens, 
 }
 
 
-def _inputs(name: str):
-    hq, hkv, d, dv, dtype, seq_lens, q_lens = SHAPES[name]
+def _inputs(shape: str | tuple):
+    """The inputs of SHAPES[shape], or of a tuple of SHAPES' fields."""
+    hq, hkv, d, dv, dtype, seq_lens, q_lens = SHAPES[shape] if isinstance(shape, str) else shape
     return make_inputs(num_q_heads=hq, num_kv_heads=hkv, head_dim=d, head_dim_v=dv, block_size=16,
                        seq_lens=seq_lens, q_lens=q_lens, dtype=dtype, seed=1)  # fmt: skip
 
@@ -59,19 +60,16 @@ def test_mla_tiling_splits_k_and_tiles_the_heads():
     assert heads_per_program(call) == 32 and call.group_size == 32 and v_parts(call) == 2
     tiling = tiling_for(call)
     assert tiling.BLOCK_M == 32 and tiling.BLOCK_Q == 1
-    deepseek = prepare_call(*make_inputs(num_q_heads=128, num_kv_heads=1, head_dim=576, head_dim_v=512, block_size=16,
-                                         seq_lens=[3], q_lens=[1], dtype="bfloat16", seed=1).args())  # fmt: skip
+    deepseek = prepare_call(*_inputs((128, 1, 576, 512, "bfloat16", [3], [1])).args())
     assert heads_per_program(deepseek) == 64 and v_parts(deepseek) == 2
     assert tiling_for(deepseek).BLOCK_M == 64
     fp32 = prepare_call(*_inputs("mla_split_kv").args())  # fp32 dots keep 16 heads a program and V whole
     assert heads_per_program(fp32) == 16 and v_parts(fp32) == 1 and tiling_for(fp32).BLOCK_M == 16
     small = prepare_call(*_inputs("k192_v128_prefill").args())
     assert heads_per_program(small) == small.group_size, "dims up to 256 keep the whole group in one program"
-    group32 = prepare_call(*make_inputs(num_q_heads=32, num_kv_heads=1, head_dim=128, block_size=16, seq_lens=[3],
-                                        q_lens=[1], dtype="float16", seed=1).args())  # fmt: skip
+    group32 = prepare_call(*_inputs((32, 1, 128, 128, "float16", [3], [1])).args())
     assert heads_per_program(group32) == 32, "a group past 16 is cut to 16 a program only past head dim 256"
-    group4 = prepare_call(*make_inputs(num_q_heads=4, num_kv_heads=1, head_dim=300, block_size=16, seq_lens=[3],
-                                       q_lens=[1], dtype="float32", seed=1).args())  # fmt: skip
+    group4 = prepare_call(*_inputs((4, 1, 300, 300, "float32", [3], [1])).args())
     assert heads_per_program(group4) == 4, "past head dim 256 a group of 16 or fewer stays whole"
 
 
@@ -116,8 +114,7 @@ def test_triton_on_cuda_with_mla_shapes(name):
     args = [a.cuda() for a in inputs.args()]
     result = kernels.paged_attention_triton(*args)
     tolerance = DEFAULT_TOLERANCES[str(inputs.q.dtype).removeprefix("torch.")]
-    graded = grade(result.cpu(), paged_attention_oracle(*inputs.args()), *tolerance)
-    assert graded.passed, graded.reason
+    assert_passes(result.cpu(), paged_attention_oracle(*inputs.args()), tolerance)
 
 
 # One tile config for both layouts when their outputs are compared bit for bit: the latent view's tuned
