@@ -117,30 +117,29 @@ FP32_PRECISION_CASES: list[KernelCase] = [
 CASES_BY_NAME = {case.name: case for case in (*KERNEL_CASES, *FP32_PRECISION_CASES)}
 
 
-def base_args() -> list:
-    """The base case's call arguments: q, k_cache, v_cache, block_table, seq_lens, query_start_loc."""
-    return list(BASE.inputs().args())
+ARG_NAMES = ("q", "k_cache", "v_cache", "block_table", "seq_lens", "query_start_loc")
 
 
-def _bad(index, value):
-    args = base_args()
-    args[index] = value(args[index])
+def base_args(**changes) -> list:
+    """The base case's call arguments (ARG_NAMES; seq_lens 1, 15, 16, 17, 35, block_size 16), freshly made,
+    each argument named in ``changes`` replaced by ``change(argument)``."""
+    args = list(BASE.inputs().args())
+    for name, change in changes.items():
+        args[ARG_NAMES.index(name)] = change(args[ARG_NAMES.index(name)])
     return args
 
 
 # Calls every backend refuses with a ValueError before any kernel runs: name -> (arguments, words of the message).
 BAD_CALLS = {
-    "q_not_3d": (_bad(0, lambda q: q[0]), "q must be"),
-    "heads_not_multiple": (_bad(0, lambda q: q[:, :7].contiguous()), "multiple of num_kv_heads"),
-    "dtype_mismatch": (_bad(1, lambda k: k.half()), "must share one of"),
-    "block_table_int64": (_bad(3, lambda bt: bt.long()), "must be int32"),
-    "qsl_wrong_total": (
-        _bad(5, lambda qsl: qsl - 1 + torch.nn.functional.pad(torch.ones(1, dtype=torch.int32), (0, len(qsl) - 1))),
-        "query_start_loc",
-    ),
-    "seq_len_past_table": (_bad(4, lambda s: s * 100), "exceeds max_blocks_per_seq"),
-    "q_len_past_seq_len": (_bad(4, torch.ones_like), "q_len <= seq_len"),  # every seq_len 1; a sequence has q_len 4
-    "decode_default_with_prefill_rows": (_bad(5, lambda qsl: None), "one query per sequence"),
+    "q_not_3d": (base_args(q=lambda q: q[0]), "q must be"),
+    "heads_not_multiple": (base_args(q=lambda q: q[:, :7].contiguous()), "multiple of num_kv_heads"),
+    "dtype_mismatch": (base_args(k_cache=lambda k: k.half()), "must share one of"),
+    "block_table_int64": (base_args(block_table=lambda bt: bt.long()), "must be int32"),
+    "qsl_wrong_total": (base_args(query_start_loc=lambda qsl: torch.cat([qsl[:1], qsl[1:] - 1])), "query_start_loc"),
+    "seq_len_past_table": (base_args(seq_lens=lambda s: s * 100), "exceeds max_blocks_per_seq"),
+    # every seq_len 1; a sequence has q_len 4
+    "q_len_past_seq_len": (base_args(seq_lens=torch.ones_like), "q_len <= seq_len"),
+    "decode_default_with_prefill_rows": (base_args(query_start_loc=lambda qsl: None), "one query per sequence"),
 }
 
 
