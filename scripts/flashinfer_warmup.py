@@ -24,13 +24,7 @@ from harness.backends.flashinfer_peer import INSTALL, module_key, prepare_flashi
 from harness.cases.spec import load_case_file, resolve_case_paths
 from harness.run.runner import case_inputs
 
-SUITES = [
-    "cases/smoke.toml",
-    "cases/gpu_peers.toml",
-    "cases/gpu.toml",
-    "cases/gpu_long.toml",
-    "cases/gpu_flashinfer.toml",
-]
+SUITES = [f"cases/{name}.toml" for name in ("smoke", "gpu_peers", "gpu", "gpu_long", "gpu_flashinfer")]
 
 
 def build(twin) -> str:
@@ -51,12 +45,8 @@ def build(twin) -> str:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("cases", nargs="*", default=SUITES, help="case files (default: the GPU suites)")
-    parser.add_argument(
-        "--jobs",
-        type=int,
-        default=max(4, (os.cpu_count() or 8) // 2),
-        help="twins built at once, each in its own process",
-    )
+    jobs = max(4, (os.cpu_count() or 8) // 2)
+    parser.add_argument("--jobs", type=int, default=jobs, help="twins built at once, each in its own process")
     parser.add_argument("--list", action="store_true", help="print the twins and their modules, call nothing")
     args = parser.parse_args(argv)
     cases = [case for path in resolve_case_paths(args.cases) for case in load_case_file(path)]
@@ -73,8 +63,7 @@ def main(argv: list[str] | None = None) -> int:
     with ProcessPoolExecutor(max_workers=max(1, args.jobs), mp_context=context) as pool:
         lines = list(pool.map(build, twins))
     print("\n".join(lines))
-    failed = sum(line.startswith("  FAILED") for line in lines)
-    return 1 if failed else 0
+    return int(any(line.startswith("  FAILED") for line in lines))
 
 
 if __name__ == "__main__":

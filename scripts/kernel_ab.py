@@ -175,9 +175,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("suites", nargs="*", default=["gpu_peers"])
     parser.add_argument("--base", default="HEAD", help="the revision whose kernel is the base (HEAD)")
-    parser.add_argument(
-        "--base-dir", type=Path, help="instead of --base: a folder holding the base tree (no git needed)"
-    )
+    parser.add_argument("--base-dir", type=Path, help="instead of --base: a folder holding the base tree (no git)")
     parser.add_argument("--case", default="*", help="fnmatch pattern on case ids")
     parser.add_argument("--rounds", type=int, default=9,
                         help="paired rounds a case (9; at least 6, the fewest whose 95%% interval can exclude 1)")  # fmt: skip

@@ -140,25 +140,16 @@ def main() -> int:
     parser.add_argument("--gpu", action="store_true", help="the H200 preset (module docstring)")
     parser.add_argument("--cases", nargs="+", help="case files (cases/cpu.toml; --gpu: cases/gpu.toml)")
     parser.add_argument("--device", help="cpu or cuda (the harness's default; --gpu: cuda)")
-    parser.add_argument(
-        "--backend", action="append", help="only these backends (repeatable; --gpu: triton, triton_slowable)"
-    )
+    parser.add_argument("--backend", action="append",
+                        help="only these backends (repeatable; --gpu: triton, triton_slowable)")  # fmt: skip
     parser.add_argument("--slowed", help="the backend slowed in run C (reference_slowable; --gpu: triton_slowable)")
     parser.add_argument("--out", type=Path, default=Path("/tmp/noise_check"))
     parser.add_argument("--slowdown", type=float, help="the planted slowdown (0.25; --gpu: 0.05)")
-    parser.add_argument(
-        "--min-reps",
-        type=int,
-        help="timing samples per measurement at least (the harness's floors: 10; CUDA latency 20)",
-    )
-    parser.add_argument(
-        "--threads", type=int, default=1, help="torch intra-op threads while running (1; 0 = torch's default)"
-    )
-    parser.add_argument(
-        "--confirm",
-        choices=["none", "slower", "unclear", "all"],
-        help="which rows --confirm re-times (all; --gpu: none)",
-    )
+    parser.add_argument("--min-reps", type=int,
+                        help="timing samples per measurement at least (the harness's floors: 10; CUDA latency 20)")  # fmt: skip
+    parser.add_argument("--threads", type=int, default=1, help="torch intra-op threads (1; 0: torch's default)")
+    parser.add_argument("--confirm", choices=["none", "slower", "unclear", "all"],
+                        help="which rows --confirm re-times (all; --gpu: none)")  # fmt: skip
     parser.add_argument("--confirm-rounds", type=int, default=32, help="most paired rounds per row (32)")
     parser.add_argument("--confirm-time", type=float, default=900.0, help="confirm's time box per comparison, s (900)")
     parser.add_argument("--reuse", nargs=3, type=Path, metavar=("A", "B", "C"), help="compare three existing runs")
@@ -196,11 +187,9 @@ def report(args: argparse.Namespace, runs: dict[str, Path], seconds: dict[str, f
     print(json.dumps(result, indent=2))
     for name, tallies in result.items():
         for how, counts in tallies.items() if name.startswith("A_vs_") else ():
-            planted = (
-                f", {args.slowed} slower on {counts['planted_flagged']} of {counts['planted_rows']}"
-                if "planted_rows" in counts
-                else ""
-            )
+            planted = ""
+            if "planted_rows" in counts:
+                planted = f", {args.slowed} slower on {counts['planted_flagged']} of {counts['planted_rows']}"
             print(f"{name}, {how}: {counts['rows_judged']} rows, verdicts {counts['verdicts']}, "
                   f"false slower {counts['false_slower']}{planted}")  # fmt: skip
     return 0

@@ -29,19 +29,12 @@ def peer_table(frame: pd.DataFrame, backend: str) -> pd.DataFrame:
         if rivals.empty:
             continue
         best = rivals.loc[rivals["latency_us"].idxmin()]
-        rows.append(
-            {
-                "case": case,
-                f"{backend} us": row["latency_us"],
-                f"{backend} call us": row["call_us"],
-                "best peer": best["backend"],
-                "peer us": best["latency_us"],
-                "ratio": row["latency_us"] / best["latency_us"],
-                "% read ceiling": row["pct_of_ceiling"],
-                "TFLOP/s": row["tflops"] if row["max_q_len"] > 1 else float("nan"),
-                "% peak": row["pct_of_peak"],
-            }
-        )
+        rows.append({
+            "case": case, f"{backend} us": row["latency_us"], f"{backend} call us": row["call_us"],
+            "best peer": best["backend"], "peer us": best["latency_us"], "ratio": row["latency_us"] / best["latency_us"],
+            "% read ceiling": row["pct_of_ceiling"], "TFLOP/s": row["tflops"] if row["max_q_len"] > 1 else float("nan"),
+            "% peak": row["pct_of_peak"],
+        })  # fmt: skip
     return pd.DataFrame(rows)
 
 
