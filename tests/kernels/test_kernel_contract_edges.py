@@ -62,15 +62,11 @@ def contract_edges() -> list[Case]:
     for fp8 in FP8_DTYPES:
         fmt = str(fp8).removeprefix("torch.float8_")
         for dtype in ("float32", "float16", "bfloat16"):
-            fields = {"dtype": dtype, "kv_dtype": str(fp8).removeprefix("torch."), "kv_scale": "amax_per_head"}
+            fields = {"dtype": dtype, "kv_dtype": f"float8_{fmt}", "kv_scale": "amax_per_head"}
             cases.append(Case(f"fp8_{fmt}_{dtype}_decode", (40, 1, 66), (1, 1, 1), fields))
             cases.append(Case(f"fp8_{fmt}_{dtype}_prefill", (40, 9), (5, 9), {**fields, "input_scale": 2.0}))
         # K past the single dot: its tail piece widened from fp8, and bf16 q's tail scaled into fp16 with q.
-        fields = {
-            "dtype": "bfloat16",
-            "kv_dtype": str(fp8).removeprefix("torch."),
-            "head_dim": SINGLE_DOT_HEAD_DIM + 44,
-        }
+        fields = {"dtype": "bfloat16", "kv_dtype": f"float8_{fmt}", "head_dim": SINGLE_DOT_HEAD_DIM + 44}
         cases.append(Case(f"fp8_{fmt}_k{SINGLE_DOT_HEAD_DIM + 44}_bfloat16_decode", (40, 1, 66), (1, 1, 1), fields))
     # Past the single dot under fp32 a group of more than 16 heads is tiled 16 a program; MLA's latent
     # cache (V a view of K's first columns) under the wide tiling reads V from the K tile.
