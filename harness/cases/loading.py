@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 
 from harness.cases.memory import too_large
@@ -9,10 +10,14 @@ from harness.cases.spec import Case, CaseFileError, load_case_file, resolve_case
 
 
 def load_cases(
-    paths: list[str | Path], device: str = "cpu", tags: list[str] | None = None, backends: list[str] | None = None
+    paths: list[str | Path],
+    device: str = "cpu",
+    tags: list[str] | None = None,
+    backends: list[str] | None = None,
+    keep: Callable[[str], bool] | None = None,
 ) -> list[Case]:
-    """Load, validate and expand case files; keep cases with any of ``tags``; check memory (``backends`` None:
-    all built-ins). CaseFileError listing every problem found."""
+    """Load, validate and expand case files; keep cases with any of ``tags`` and whose id passes ``keep``; check
+    the memory of those alone (``backends`` None: all built-ins). CaseFileError listing every problem found."""
     cases: list[Case] = []
     errors: list[str] = []
     for file in resolve_case_paths(paths):
@@ -24,6 +29,8 @@ def load_cases(
         raise CaseFileError("\n".join(errors))
     if tags:
         cases = [c for c in cases if set(tags) & set(c.tags)]
+    if keep is not None:
+        cases = [c for c in cases if keep(c.id)]
     errors = too_large(cases, device, backends)
     if errors:
         raise CaseFileError("\n".join(errors))

@@ -256,7 +256,8 @@ def load(cases: list[str], device: str, tags: list[str] | None, backends: list[s
          pattern: str | None = None) -> list:  # fmt: skip
     """The cases a verb works on; bad input when none is selected."""
     paths = resolved_cases(cases) or DEFAULT_CASES
-    loaded = select_cases(load_cases(paths, device=device, tags=tags, backends=backends), pattern)
+    keep = compile_pattern(pattern) if pattern is not None else None
+    loaded = load_cases(paths, device=device, tags=tags, backends=backends, keep=keep)
     if not loaded:
         raise BadInput(
             f"no cases selected from {' '.join(map(str, paths))}"

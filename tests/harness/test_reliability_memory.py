@@ -113,3 +113,13 @@ def test_the_estimate_follows_the_backends_chosen(tmp_path):
     excluded = {**ragged, "exclude_backends": ["gather_sdpa", "sdpa_contiguous", "flex_attention"]}
     excluded_case = load_case_file(write_cases(tmp_path / "excluded.toml", excluded, defaults={}))[0]
     assert estimate(excluded_case).peak == estimate(case, ["reference", "tlsim", "triton", "cache"]).peak
+
+
+def test_a_case_left_out_by_k_is_not_weighed(tmp_path):
+    """`-k` picks the cases before the memory check: a case it leaves out cannot refuse the run."""
+    big = {"num_q_heads": 32, "num_kv_heads": 8, "head_dim": 128, "dtype": "bfloat16"}
+    path = write_cases(tmp_path / "big.toml", {"name": "prefill_8k", "seq_lens": [8192], "q_lens": [8192]},
+                       {"name": "small", "seq_lens": [16]}, defaults=big)  # fmt: skip
+    with pytest.raises(CaseFileError, match="prefill_8k"):
+        load_cases([path], device="cpu")
+    assert [c.id for c in load_cases([path], device="cpu", keep=lambda case_id: case_id == "small")] == ["small"]
