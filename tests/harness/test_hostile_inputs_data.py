@@ -36,7 +36,8 @@ WRONG = {"str": "fast", "number": 5, "bool": True, "list": [1, "x"], "dict": {"a
 WRONG_VALUE = {TEXT: 7, NUMBER: "fast", SCALAR: {"a": 1}, SAMPLES: "fast", FLAG: "yes"}
 
 
-def _bad_meta(good: Path, data) -> tuple[Path, str]:
+def _bad_meta(runs: Path, data) -> tuple[Path, Path, str]:
+    good = runs / "untimed"
     meta = json.loads((good / "meta.json").read_text())
     fields = {key: value for key, value in meta.items() if value is not None}
     fields |= {f"ceilings.{k}": v for k, v in meta["ceilings"].items() if v is not None}  # nested fields too
@@ -44,22 +45,22 @@ def _bad_meta(good: Path, data) -> tuple[Path, str]:
     wrong = WRONG[data.draw(st.sampled_from([k for k in WRONG if k != _kind(fields[field])]), label="kind")]
     outer, _, inner = field.partition(".")
     bad = rf.copy_run(good, {outer: {**meta[outer], inner: wrong} if inner else wrong})
-    return bad, f"{bad / 'meta.json'}: field '{field}'"
+    return good, bad, f"{bad / 'meta.json'}: field '{field}'"
 
 
-def _bad_column(good: Path, data) -> tuple[Path, str]:
+def _bad_column(runs: Path, data) -> tuple[Path, Path, str]:
+    good = runs / data.draw(st.sampled_from(["untimed", "timed"]), label="run")
     columns = [c for c in pd.read_parquet(good / "results.parquet").columns if c in COLUMN_KINDS]
     column = data.draw(st.sampled_from(columns), label="column")
     value = WRONG_VALUE[COLUMN_KINDS[column]]
     bad = rf.copy_run(good, frame_fn=lambda frame: frame.assign(**{column: [value] * len(frame)}))
-    return bad, f"{bad / 'results.parquet'}: column '{column}'"
+    return good, bad, f"{bad / 'results.parquet'}: column '{column}'"
 
 
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(data=st.data())
 def test_any_meta_field_or_results_column_of_another_type_is_bad_input(runs, capsys, data):
-    good = runs / data.draw(st.sampled_from(["untimed", "timed"]), label="run")
-    bad, words = data.draw(st.sampled_from([_bad_meta, _bad_column]), label="file")(good, data)
+    good, bad, words = data.draw(st.sampled_from([_bad_meta, _bad_column]), label="file")(runs, data)
     verb = data.draw(st.sampled_from(["compare", "history"]), label="verb")
     assert main([verb, str(good), str(bad)]) == 2
     err = capsys.readouterr().err
