@@ -288,7 +288,7 @@ def pid_alive(pid) -> bool:
 
 
 def _samples_back(row: dict) -> dict:
-    """Timing samples as lists; journals written before _plain kept sequences wrote them as text ("[1.5, 2.0]")."""
+    """Timing samples as lists, also where an older journal holds them as text ("[1.5, 2.0]")."""
     for key, value in row.items():
         if key.endswith("_samples_us") and isinstance(value, str) and value.startswith("["):
             try:

@@ -93,10 +93,10 @@ def test_the_recorded_meta_keeps_its_nested_values_as_json_not_text(tmp_path):
 
 
 def test_timing_samples_come_back_from_a_journal_as_numbers_so_compare_can_use_them(tmp_path):
-    """Sequences were once journaled as text ("[1.5, 2.0]"): both the new lists and that old text read back as floats."""
+    """Journaled samples read back as floats, from lists and from the text ("[1.5, 2.0]") older journals hold."""
     journal = Journal.create(tmp_path / "run", {"cases": [], "backends": None, "device": "cpu"})
     journal.append({"case": "c", "backend": "b", "status": "pass", "latency_samples_us": (1.5, 2.0)})
-    journal._write({"case": "d", "backend": "b", "status": "pass", "latency_samples_us": "[3.0, 4.5]"})  # the old form
+    journal._write({"case": "d", "backend": "b", "status": "pass", "latency_samples_us": "[3.0, 4.5]"})  # as text
     journal.close(stopped=True)
     rows = Journal.read(journal_path(tmp_path / "run")).rows
     assert [r["latency_samples_us"] for r in rows] == [[1.5, 2.0], [3.0, 4.5]]
