@@ -469,9 +469,9 @@ def _sequences(seq_lens) -> int:
     return count if isinstance(count, int) and count > 0 else 1
 
 
-def count_sweep_points(file: str, tables: list[dict[str, Any]]) -> int:
-    """The cases ``tables`` (with defaults merged) expand to, counted from the sweep lists' lengths
-    without building any; CaseFileError, with the count per field, past :func:`max_sweep_points`."""
+def count_sweep_points(file: str, tables: list[dict[str, Any]]) -> None:
+    """Count the cases ``tables`` (with defaults merged) expand to from the sweep lists' lengths, without
+    building any; CaseFileError, with the count per field, past :func:`max_sweep_points`."""
     limit, total, shapes, sequences = max_sweep_points(), 0, [], []
     for table in tables:
         sweep = table.get("sweep")
@@ -500,7 +500,6 @@ def count_sweep_points(file: str, tables: list[dict[str, Any]]) -> int:
             f"file past {limit * SEQUENCES_PER_POINT:,} sequences in all ({SEQUENCES_PER_POINT} a point of the "
             f"limit of {limit:,}); split the file, or raise the limit with --max-sweep-points or {ENV_MAX_SWEEP_POINTS}"
         )
-    return total
 
 
 def _read_case_text(path: Path) -> str:
