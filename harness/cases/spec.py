@@ -35,6 +35,7 @@ from harness.cases.vocab import (
     Float,
     Int,
     Layout,
+    field_path,
 )
 from kernels.contract import MAX_BLOCK_SIZE, MAX_HEAD_DIM, MIN_BLOCK_SIZE, MIN_HEAD_DIM
 from kernels.tiling import cdiv
@@ -327,14 +328,7 @@ def did_you_mean(key: str, known) -> str:
 
 # The fields a table nested under a case field may hold, for the suggestion on an unknown one.
 _NESTED_FIELDS = {"seq_lens": SeqLenGenerator, "q_lens": QLenGenerator, "tolerance": Tolerance}
-_TYPE_TAGS = {"int", "float", "str", "bool", "list", "dict", "none"}
 _SHALLOW = {"int_type", "float_type", "list_type", "dict_type", "model_type", "model_attributes_type", "bool_type"}
-
-
-def _field_path(loc: tuple) -> str:
-    """A loc without pydantic's union tags: ('seq_lens', 'function-after[...]', 'count') -> 'seq_lens.count'."""
-    parts = [str(p) for p in loc if not (isinstance(p, str) and ("[" in p or "-" in p or p.lower() in _TYPE_TAGS))]
-    return ".".join(parts)
 
 
 def _unknown_field(path: str) -> str:
@@ -354,7 +348,7 @@ def _format_errors(
 
     def at_union_tag(item: dict) -> bool:  # a type mismatch with one member of a union
         last = item["loc"][-1] if item["loc"] else None
-        return item["type"] in _SHALLOW and isinstance(last, str) and _field_path((last,)) == ""
+        return item["type"] in _SHALLOW and isinstance(last, str) and field_path((last,)) == ""
 
     by_top: dict[str, list[dict]] = {}
     for item in error.errors():
@@ -366,7 +360,7 @@ def _format_errors(
             items = [{**items[0], "msg": " or ".join(dict.fromkeys(i["msg"] for i in items))}]
         for item in meant or items:
             cause = item.get("ctx", {}).get("error")
-            field = _field_path(item["loc"]) or getattr(cause, "field", "(case)")
+            field = field_path(item["loc"]) or getattr(cause, "field", "(case)")
             message = re.sub(r" or instance of \w+", "", item["msg"])  # pydantic's class names mean nothing here
             if item["type"] == "extra_forbidden":
                 message = _unknown_field(field)
@@ -475,9 +469,9 @@ def _sequences(seq_lens) -> int:
     return count if isinstance(count, int) and count > 0 else 1
 
 
-def count_sweep_points(file: str, tables: list[dict[str, Any]]) -> int:
-    """The cases ``tables`` (with defaults merged) expand to, counted from the sweep lists' lengths
-    without building any; CaseFileError, with the count per field, past :func:`max_sweep_points`."""
+def count_sweep_points(file: str, tables: list[dict[str, Any]]) -> None:
+    """Count the cases ``tables`` (with defaults merged) expand to from the sweep lists' lengths, without
+    building any; CaseFileError, with the count per field, past :func:`max_sweep_points`."""
     limit, total, shapes, sequences = max_sweep_points(), 0, [], []
     for table in tables:
         sweep = table.get("sweep")
@@ -506,7 +500,6 @@ def count_sweep_points(file: str, tables: list[dict[str, Any]]) -> int:
             f"file past {limit * SEQUENCES_PER_POINT:,} sequences in all ({SEQUENCES_PER_POINT} a point of the "
             f"limit of {limit:,}); split the file, or raise the limit with --max-sweep-points or {ENV_MAX_SWEEP_POINTS}"
         )
-    return total
 
 
 def _read_case_text(path: Path) -> str:

@@ -51,10 +51,6 @@ class Variant:
     meaning: str
 
     @property
-    def case_fields(self) -> tuple[str, ...]:
-        return tuple(self.fields)
-
-    @property
     def name(self) -> str:
         """The variant's one name: its first case-file field (``alibi``, ``kv_dtype``), what a case turns on and
         what a plan step's facts list (harness.backends.plugins.CaseFacts.variants)."""

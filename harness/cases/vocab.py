@@ -45,3 +45,19 @@ DEFAULT_TOLERANCES: dict[str, tuple[float, float]] = {
 # Overrides for an fp8 KV cache, by q's dtype. Empty: the built-in kernels widen fp8 values exactly and
 # apply the scales outside the dots, so they round no more than the oracle of the dequantized cache.
 FP8_KV_TOLERANCES: dict[str, tuple[float, float]] = {}
+
+
+# The tags pydantic puts in an error's location for a union's members ('int', 'list[int]', 'function-after[...]').
+_UNION_TAGS = {"int", "float", "str", "bool", "list", "dict", "none"}
+
+
+def field_path(loc: tuple, brackets: bool = False) -> str:
+    """A pydantic error's location as the field path a person reads, without union member tags: ``('seq_lens',
+    'list[...]', 1)`` -> ``seq_lens.1``; with ``brackets``, ``('gpus', 0, 'gpu_name')`` -> ``gpus[0].gpu_name``."""
+    path = ""
+    for part in loc:
+        if isinstance(part, int):
+            path += f"[{part}]" if brackets else f".{part}"
+        elif not ("[" in part or "-" in part or part.lower() in _UNION_TAGS):
+            path += f".{part}"
+    return path.removeprefix(".")

@@ -16,7 +16,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, ValidationError
 
-from harness.cases.vocab import Status
+from harness.cases.vocab import Status, field_path
 
 SUFFIX = ".journal.jsonl"
 
@@ -86,7 +86,6 @@ class Meta(_Record):
     meta: dict
 
 
-_TYPE_NAMES = {"str", "int", "float", "bool", "none", "dict", "literal"}
 # A line's kind by the first of these keys it holds: (key, model, kind).
 _KINDS = (("case", Row, "row"), ("backend", Row, "row"), ("meta", Meta, "meta"), ("resumed_by", Resumed, "resumed"),
           ("stopped_by", Stopped, "stopped"))  # fmt: skip
@@ -95,9 +94,7 @@ _KINDS = (("case", Row, "row"), ("backend", Row, "row"), ("meta", Meta, "meta"),
 def _invalid(path: Path, number: int, error: ValidationError) -> JournalError:
     """The first problem of a line, as 'file: line N: field F: what is wrong'."""
     first = error.errors()[0]
-    # a union's members show in the location as type names ('list[float]', 'str'): only the field path is kept
-    path_parts = [str(p) for p in first["loc"] if isinstance(p, int) or ("[" not in p and p not in _TYPE_NAMES)]
-    field = ".".join(path_parts) or "(the line)"
+    field = field_path(first["loc"]) or "(the line)"
     return JournalError(f"{path}: line {number}: field {field!r}: {first['msg']} (got {first.get('input')!r:.80})")
 
 
@@ -291,7 +288,7 @@ def pid_alive(pid) -> bool:
 
 
 def _samples_back(row: dict) -> dict:
-    """Timing samples as lists; journals written before _plain kept sequences wrote them as text ("[1.5, 2.0]")."""
+    """Timing samples as lists, also where an older journal holds them as text ("[1.5, 2.0]")."""
     for key, value in row.items():
         if key.endswith("_samples_us") and isinstance(value, str) and value.startswith("["):
             try:

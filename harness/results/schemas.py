@@ -10,7 +10,7 @@ import numpy as np
 import pandas as pd
 from pydantic import BaseModel, ConfigDict, ValidationError
 
-from harness.cases.vocab import STATUSES
+from harness.cases.vocab import STATUSES, field_path
 
 
 class SchemaError(ValueError):
@@ -89,19 +89,6 @@ class RunMeta(_Lenient):
     oracle_cache: OracleCacheRecord | None = None
 
 
-def _field(loc: tuple) -> str:
-    """('gpus', 0, 'gpu_name') -> 'gpus[0].gpu_name', without pydantic's union member tags."""
-    out = ""
-    for part in loc:
-        if isinstance(part, int):
-            out += f"[{part}]"
-        elif "[" in part or part in ("int", "float", "str", "bool", "list", "dict", "function-after"):
-            continue  # a union member's tag, e.g. 'dict[str,union[int,float,none]]'
-        else:
-            out += f".{part}" if out else part
-    return out or "(top level)"
-
-
 def check_meta(meta: Any, file: Path | str) -> dict:
     """``meta`` (parsed meta.json) if it fits :class:`RunMeta`; SchemaError naming file and field."""
     if not isinstance(meta, dict):
@@ -111,7 +98,7 @@ def check_meta(meta: Any, file: Path | str) -> dict:
     except ValidationError as error:
         lines = {}
         for item in error.errors():
-            field = _field(item["loc"])
+            field = field_path(item["loc"], brackets=True) or "(top level)"
             message = re.sub(r" or instance of \w+", "", item["msg"])  # pydantic's class names mean nothing here
             lines.setdefault(field, f"{file}: field '{field}': {message} (got {item['input']!r:.60})")
         raise SchemaError("; ".join(lines.values())) from None

@@ -181,18 +181,6 @@ MAX_ROWS_BYTES = 2 * 2**30
 MAX_META_BYTES = 16 * 2**20
 
 
-def _sized_parquet(rows_file: Path) -> pd.DataFrame:
-    """The rows of ``rows_file``, RunFolderError when its metadata says they are past MAX_ROWS or MAX_ROWS_BYTES."""
-    import pyarrow.parquet as pq
-
-    shape = pq.ParquetFile(rows_file).metadata
-    size = sum(shape.row_group(i).total_byte_size for i in range(shape.num_row_groups))
-    if shape.num_rows > MAX_ROWS or size > MAX_ROWS_BYTES:
-        raise RunFolderError(f"{rows_file}: {shape.num_rows:,} rows, {size / 2**30:.1f} GiB uncompressed: past "
-                             f"the {MAX_ROWS:,} rows or {MAX_ROWS_BYTES / 2**30:.0f} GiB a run folder may hold")  # fmt: skip
-    return pd.read_parquet(rows_file)
-
-
 def load_run(run_dir: Path) -> tuple[pd.DataFrame, dict]:
     """A stored run's rows and meta, each checked against its schema (:mod:`harness.results.schemas`);
     RunFolderError (a ValueError) naming the file and the field at fault."""
@@ -211,12 +199,17 @@ def load_run(run_dir: Path) -> tuple[pd.DataFrame, dict]:
         meta = json.loads(meta_file.read_text(encoding="utf-8"))
     except (OSError, UnicodeDecodeError, json.JSONDecodeError, RecursionError) as error:
         raise RunFolderError(f"{meta_file}: corrupt run metadata: {error}") from None
-    try:
-        frame = _sized_parquet(rows_file)
-    except RunFolderError:
-        raise
+    import pyarrow.parquet as pq
+
+    try:  # sized by its metadata before pandas reads it
+        shape = pq.ParquetFile(rows_file).metadata
+        size = sum(shape.row_group(i).total_byte_size for i in range(shape.num_row_groups))
+        frame = pd.read_parquet(rows_file) if shape.num_rows <= MAX_ROWS and size <= MAX_ROWS_BYTES else None
     except Exception as error:  # pyarrow raises several types for a damaged file
         raise RunFolderError(f"{rows_file}: not a readable parquet file: {type(error).__name__}: {error}") from None
+    if frame is None:
+        raise RunFolderError(f"{rows_file}: {shape.num_rows:,} rows, {size / 2**30:.1f} GiB uncompressed: past "
+                             f"the {MAX_ROWS:,} rows or {MAX_ROWS_BYTES / 2**30:.0f} GiB a run folder may hold")  # fmt: skip
     try:
         return check_rows(frame, rows_file), check_meta(meta, meta_file)
     except SchemaError as error:

@@ -24,8 +24,7 @@ from harness.timing.phases import phase
 NOT_TIMED = "not timed: one call took"
 # The inputs change before the first timed call and then every FLIP_EVERY-th (a flip is a pass over V).
 FLIP_EVERY = 16
-_SIGN_BITS = {1: (torch.int8, -(1 << 7)), 2: (torch.int16, -(1 << 15)), 4: (torch.int32, -(1 << 31)),
-              8: (torch.int64, -(1 << 63))}  # fmt: skip
+_INTS = {1: torch.int8, 2: torch.int16, 4: torch.int32, 8: torch.int64}  # by element size
 
 
 def sign_mask(seed: int, num_kv_heads: int, head_dim_v: int) -> torch.Tensor:
@@ -42,10 +41,10 @@ def expected_under(expected: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
     return expected * signs
 
 
-def _sign_bits(tensor: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-    """``mask`` [H, D] as the sign bits to XOR into ``tensor[..., H, D]`` viewed as integers, on its device."""
-    int_dtype, bit = _SIGN_BITS[tensor.element_size()]
-    return torch.where(mask, bit, 0).to(int_dtype).to(tensor.device)
+def _xor_pair(tensor: torch.Tensor, mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(``tensor`` viewed as integers, ``mask`` [H, D] as the sign bits to XOR into its ``[..., H, D]``)."""
+    ints = tensor.view(_INTS[tensor.element_size()])
+    return ints, torch.where(mask, torch.iinfo(ints.dtype).min, 0).to(ints.dtype).to(tensor.device)
 
 
 class Flipper:
@@ -58,13 +57,12 @@ class Flipper:
 
     def _pairs(self, mask: torch.Tensor) -> list:
         if id(mask) not in self._bits:
-            v = self.inputs.v_cache
-            pairs = [(v.view(_SIGN_BITS[v.element_size()][0]), _sign_bits(v, mask))]
+            pairs = [_xor_pair(self.inputs.v_cache, mask)]
             if self.latent:  # V is K's first columns: flip q's too, so every score stays as it was
                 q = self.inputs.q
                 wide = torch.zeros(q.shape[1], q.shape[2], dtype=torch.bool)
                 wide[:, : mask.shape[1]] = mask.repeat_interleave(q.shape[1] // mask.shape[0], dim=0)
-                pairs.append((q.view(_SIGN_BITS[q.element_size()][0]), _sign_bits(q, wide)))
+                pairs.append(_xor_pair(q, wide))
             self._bits[id(mask)] = (mask, pairs)
         return self._bits[id(mask)][1]
 

@@ -117,15 +117,11 @@ def max_bytes() -> int:
     return int(value) if value.isdigit() else DEFAULT_MAX_BYTES
 
 
-def cache_key(
-    args: Sequence[torch.Tensor | None], device: str, scale: float | None = None, options: dict | None = None
-) -> str:
+def cache_key(args: Sequence[torch.Tensor | None], device: str, options: dict | None = None) -> str:
     """sha256 hex of the call's content: args (:data:`ARG_NAMES`, any device) and the variants' options,
     tensors by their bytes."""
     digest = hashlib.sha256()
-    digest.update(
-        f"key={KEY_VERSION};oracle={ORACLE_SOURCE_HASH};device={torch.device(device).type};scale={scale!r}".encode()
-    )
+    digest.update(f"key={KEY_VERSION};oracle={ORACLE_SOURCE_HASH};device={torch.device(device).type}".encode())
     named = list(zip(ARG_NAMES, args, strict=False))
     for name, value in sorted((options or {}).items()):
         if isinstance(value, torch.Tensor) or value is None:
@@ -224,7 +220,7 @@ def oracle_key(args: Sequence[torch.Tensor | None], device: str, options: dict |
     """:func:`cache_key` of the call, or None where nothing is cached (the cache off, or a non-CPU oracle)."""
     if cache_dir() is None or torch.device(device).type != "cpu":
         return None
-    return cache_key(args, device, options=options)
+    return cache_key(args, device, options)
 
 
 def lookup(
@@ -260,13 +256,3 @@ def lookup(
     result = compute()
     cache.put(key, result, suffix)
     return result, False
-
-
-def cached_oracle(
-    args: Sequence[torch.Tensor | None], device: str, compute: Callable[[], torch.Tensor], options: dict | None = None
-) -> torch.Tensor:
-    """The oracle's output [num_tokens, num_q_heads, head_dim_v] float64 for ``args`` (:data:`ARG_NAMES`) on
-    ``device``: from the cache, else ``compute()`` (then stored)."""
-    q = args[0]
-    shape = (*q.shape[:2], args[2].shape[-1]) if len(args) > 2 and args[2] is not None else tuple(q.shape)
-    return lookup(oracle_key(args, device, options), "out", device, shape, compute)[0]

@@ -14,8 +14,7 @@ DATA_URI = re.compile(r'src="(data:image/svg\+xml;base64,[^"]+)"')
 @dataclass(frozen=True)
 class DrawnText:
     text: str  # as drawn: typeset mathtext is its characters, without the markup
-    x: float | None  # the anchor in SVG pixels (None for typeset mathtext, placed glyph by glyph)
-    y: float | None
+    y: float | None  # the anchor in SVG pixels (None for typeset mathtext, placed glyph by glyph)
     size: float | None  # font size, px
 
 
@@ -25,15 +24,9 @@ def drawn_texts(uri: str) -> list[DrawnText]:
     out = []
     for element in svg.iter(f"{SVG}text"):
         size = re.search(r"font-size: ([\d.]+)px", element.get("style", ""))
-        x, y = element.get("x"), element.get("y")
-        out.append(
-            DrawnText(
-                text="".join(part.strip() for part in element.itertext()),
-                x=float(x) if x else None,
-                y=float(y) if y else None,
-                size=float(size.group(1)) if size else None,
-            )
-        )
+        y = element.get("y")
+        text = "".join(part.strip() for part in element.itertext())
+        out.append(DrawnText(text, float(y) if y else None, float(size.group(1)) if size else None))
     return out
 
 

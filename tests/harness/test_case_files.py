@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import textwrap
 
 import pytest
@@ -107,12 +108,22 @@ def test_a_bad_value_from_defaults_says_it_was_set_there(tmp_path):
     assert len(lines) == 2 and all("field 'num_q_heads' (set in [defaults]): Value error" in line for line in lines)
 
 
+def _fifo(tmp_path):
+    os.mkfifo(tmp_path / "fifo.toml")  # opening it would block forever
+    return tmp_path / "fifo.toml"
+
+
+# What is no case file: its text (None: a path made otherwise) and the words of the refusal, without hanging.
 UNREADABLE = {
     "a_bad_sweep_point": (GOOD + "[case.sweep]\nhead_dim = [64, 1000]\n", r"case 'base/head_dim=1000': field 'head_dim'"),
     "not_toml": ("[[case]\nname=", "not valid TOML"),
     "nested_too_deeply": ("x = " + "[" * 100_000 + "]" * 100_000 + "\n", "not valid TOML: nested too deeply"),
     "case_tables_not_tables": ("case = [1, 2]\n", r"needs at least one \[\[case\]\] table"),
-    "absent": (None, "no such case file"),
+    "larger_than_4_mib": ("# " + "x" * (5 * 2**20) + "\n", "larger than 4 MiB"),
+    "absent": (lambda tmp_path: tmp_path / "absent.toml", "no such case file"),
+    "a_folder": (lambda tmp_path: tmp_path, "is a directory, not a case file"),
+    "a_fifo": (_fifo, "not a regular file"),
+    "dev_zero": (lambda tmp_path: "/dev/zero", "not a regular file"),  # reading it would never end
 }  # fmt: skip
 
 
@@ -120,7 +131,7 @@ UNREADABLE = {
 def test_a_file_that_is_not_a_case_file_is_refused_saying_why(tmp_path, name):
     text, match = UNREADABLE[name]
     with pytest.raises(CaseFileError, match=match):
-        load_case_file(tmp_path / "absent.toml" if text is None else write(tmp_path, text))
+        load_case_file(text(tmp_path) if callable(text) else write(tmp_path, text))
 
 
 def test_case_too_large_for_the_device_is_refused_before_running(tmp_path):
@@ -180,24 +191,9 @@ def test_bad_values_are_refused_naming_file_case_and_field(tmp_path, name):
         assert internal not in text, f"pydantic internals in: {text}"
 
 
-def test_unreadable_kinds_of_path_are_refused_without_hanging(tmp_path):
-    import os
-
-    folder = tmp_path / "folder"
-    folder.mkdir()
-    with pytest.raises(CaseFileError, match="is a directory, not a case file"):
-        load_case_file(folder)
+def test_a_folder_without_case_files_is_refused(tmp_path):
     with pytest.raises(CaseFileError, match=r"a directory with no \*\.toml"):
-        load_cases([folder])
-    fifo = tmp_path / "fifo.toml"
-    os.mkfifo(fifo)  # opening it would block forever
-    with pytest.raises(CaseFileError, match="not a regular file"):
-        load_case_file(fifo)
-    with pytest.raises(CaseFileError, match="not a regular file"):
-        load_case_file("/dev/zero")  # reading it would never end
-    big = write(tmp_path, "# " + "x" * (5 * 2**20) + "\n", "big.toml")
-    with pytest.raises(CaseFileError, match="larger than 4 MiB"):
-        load_case_file(big)
+        load_cases([tmp_path])
 
 
 def test_sweeping_long_lists_keeps_ids_unique(tmp_path):

@@ -31,52 +31,40 @@ def _kind(value) -> str:
     return {str: "str", list: "list", dict: "dict"}[type(value)]
 
 
+# A value of another kind than each meta.json field (by its JSON kind) and each results.parquet column holds.
 WRONG = {"str": "fast", "number": 5, "bool": True, "list": [1, "x"], "dict": {"a": "b"}}
+WRONG_VALUE = {TEXT: 7, NUMBER: "fast", SCALAR: {"a": 1}, SAMPLES: "fast", FLAG: "yes"}
 
 
-# --- meta.json ---------------------------------------------------------------------------------
-
-
-@settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
-@given(data=st.data())
-def test_any_meta_field_of_another_type_is_bad_input(runs, capsys, data):
+def _bad_meta(runs: Path, data) -> tuple[Path, Path, str]:
     good = runs / "untimed"
     meta = json.loads((good / "meta.json").read_text())
     fields = {key: value for key, value in meta.items() if value is not None}
     fields |= {f"ceilings.{k}": v for k, v in meta["ceilings"].items() if v is not None}  # nested fields too
     field = data.draw(st.sampled_from(sorted(fields)), label="field")
-    wrong = data.draw(st.sampled_from([k for k in WRONG if k != _kind(fields[field])]), label="kind")
-    if "." in field:
-        outer, inner = field.split(".")
-        patch = {outer: {**meta[outer], inner: WRONG[wrong]}}
-    else:
-        patch = {field: WRONG[wrong]}
-    bad = rf.copy_run(good, patch)
-    verb = data.draw(st.sampled_from(["compare", "history"]), label="verb")
-    assert main([verb, str(good), str(bad)]) == 2
-    err = capsys.readouterr().err
-    assert f"{bad / 'meta.json'}: field '{field}'" in err, err
-    assert "Traceback" not in err
+    wrong = WRONG[data.draw(st.sampled_from([k for k in WRONG if k != _kind(fields[field])]), label="kind")]
+    outer, _, inner = field.partition(".")
+    bad = rf.copy_run(good, {outer: {**meta[outer], inner: wrong} if inner else wrong})
+    return good, bad, f"{bad / 'meta.json'}: field '{field}'"
 
 
-# --- results.parquet -----------------------------------------------------------------------------
-
-WRONG_VALUE = {TEXT: 7, NUMBER: "fast", SCALAR: {"a": 1}, SAMPLES: "fast", FLAG: "yes"}
-
-
-@settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
-@given(data=st.data())
-def test_any_results_column_of_another_type_is_bad_input(runs, capsys, data):
+def _bad_column(runs: Path, data) -> tuple[Path, Path, str]:
     good = runs / data.draw(st.sampled_from(["untimed", "timed"]), label="run")
     columns = [c for c in pd.read_parquet(good / "results.parquet").columns if c in COLUMN_KINDS]
     column = data.draw(st.sampled_from(columns), label="column")
     value = WRONG_VALUE[COLUMN_KINDS[column]]
     bad = rf.copy_run(good, frame_fn=lambda frame: frame.assign(**{column: [value] * len(frame)}))
+    return good, bad, f"{bad / 'results.parquet'}: column '{column}'"
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(data=st.data())
+def test_any_meta_field_or_results_column_of_another_type_is_bad_input(runs, capsys, data):
+    good, bad, words = data.draw(st.sampled_from([_bad_meta, _bad_column]), label="file")(runs, data)
     verb = data.draw(st.sampled_from(["compare", "history"]), label="verb")
     assert main([verb, str(good), str(bad)]) == 2
     err = capsys.readouterr().err
-    assert f"{bad / 'results.parquet'}: column '{column}'" in err, err
-    assert "Traceback" not in err
+    assert words in err and "Traceback" not in err, err
 
 
 def test_every_runner_column_has_a_kind_and_a_line_in_the_contract():

@@ -53,16 +53,21 @@ def test_reference_and_tlsim_match_the_oracle_anywhere_in_the_case_space(table):
     ctx = build_context(case, "cpu", "cpu")
     RUN["examples"] += 1
     for name, kernel in (("reference", kernels.paged_attention_reference), ("tlsim", kernels.paged_attention_tlsim)):
-        out = kernel(*ctx.inputs.args(), out=torch.full_like(ctx.inputs.q, float("nan")))
-        result = grade(out, ctx.expected, case.atol, case.rtol, ctx.bound)
-        if result.passed:
-            continue
-        # A tolerance below the inputs' own round-off grades the input: hold the kernel to the bound.
-        assert result.grading_note, f"{name}: {result.reason} (tol_ratio {result.tol_ratio:.2f})"
-        event(f"tolerance below round-off ({case.dtype})")
-        assert result.nan_count == 0, f"{name}: {result.reason}"
-        within = (out.double() - ctx.expected).abs() <= ctx.bound
-        assert bool(within.all()), f"{name}: beyond the forward error bound too: {result.reason}"
+        _assert_graded(name, kernel(*ctx.inputs.args(), out=torch.full_like(ctx.inputs.q, float("nan"))), ctx)
+
+
+def _assert_graded(name: str, out: torch.Tensor, ctx) -> None:
+    """``out`` passes; or, where the tolerance is below the inputs' own round-off (the row grades the input),
+    it holds NaN nowhere and lies within the forward error bound."""
+    case = ctx.case
+    result = grade(out, ctx.expected, case.atol, case.rtol, ctx.bound)
+    if result.passed:
+        return
+    assert result.grading_note, f"{name}: {result.reason} (tol_ratio {result.tol_ratio:.2f})"
+    event(f"tolerance below round-off ({case.dtype})")
+    assert result.nan_count == 0, f"{name}: {result.reason}"
+    within = (out.double() - ctx.expected.to(out.device)).abs() <= ctx.bound.to(out.device)
+    assert bool(within.all()), f"{name}: beyond the forward error bound too: {result.reason}"
 
 
 @st.composite
@@ -94,10 +99,4 @@ def test_the_triton_kernel_matches_the_oracle_anywhere_in_the_case_space(table):
         *ctx.inputs.args(), out=torch.full_like(ctx.inputs.q, float("nan")), max_q_len=max(case.q_lens),
         max_seq_len=case.max_seq_len, **ctx.inputs.options,
     )  # fmt: skip
-    result = grade(out, ctx.expected, case.atol, case.rtol, ctx.bound)
-    if result.passed:
-        return
-    assert result.grading_note, f"triton: {result.reason} (tol_ratio {result.tol_ratio:.2f})"
-    assert result.nan_count == 0, f"triton: {result.reason}"
-    within = (out.double() - ctx.expected.to(out.device)).abs() <= ctx.bound.to(out.device)
-    assert bool(within.all()), f"triton: beyond the forward error bound too: {result.reason}"
+    _assert_graded("triton", out, ctx)

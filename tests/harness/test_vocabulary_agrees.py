@@ -70,7 +70,7 @@ def test_report_rows_speak_the_vocabulary(tmp_path):
 def test_each_variant_is_named_once_for_the_case_file_the_registry_and_the_kernel_call():
     assert tuple(v.key for v in VARIANTS) == VARIANT_KEYS
     for variant in VARIANTS:
-        assert set(variant.case_fields) <= set(CaseSpec.model_fields), variant
+        assert set(variant.fields) <= set(CaseSpec.model_fields), variant
 
 
 def test_the_harness_rows_and_the_kernels_option_table_name_the_same_keywords():
