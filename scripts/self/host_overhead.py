@@ -62,7 +62,7 @@ def sdpa_call(inputs):
 LOOPS = 7  # host loops per measurement; the fastest is kept
 
 
-def host_us(fn, n: int, device: str, loops: int = LOOPS) -> float:
+def host_us(fn, n: int, device: str, loops: int) -> float:
     """Host us a call, queue not drained: the fastest of ``loops`` loops of n back-to-back calls (as timeit)."""
     fn()
     best = float("inf")
@@ -91,7 +91,7 @@ def profile(fn, n: int, top: int = 15) -> str:
     return text.getvalue()
 
 
-def measure(inputs, device: str, n: int, reps: dict, loops: int = LOOPS) -> list[dict]:
+def measure(inputs, device: str, n: int, reps: dict, loops: int) -> list[dict]:
     """One row a call kind: host and eager with the plans off and on, device time, SDPA's host and eager."""
     sdpa = sdpa_call(inputs)
     sdpa_host, sdpa_eager = host_us(sdpa, n, device, loops), time_wall(sdpa, device, **reps).median_us
