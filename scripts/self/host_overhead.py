@@ -81,11 +81,9 @@ def host_us(fn, n: int, device: str, loops: int) -> float:
 def profile(fn, n: int, top: int = 15) -> str:
     """cProfile's top ``top`` functions by own time over n calls of fn."""
     fn()
-    profiler = cProfile.Profile()
-    profiler.enable()
-    for _ in range(n):
-        fn()
-    profiler.disable()
+    with cProfile.Profile() as profiler:
+        for _ in range(n):
+            fn()
     text = io.StringIO()
     pstats.Stats(profiler, stream=text).sort_stats("tottime").print_stats(top)
     return text.getvalue()
