@@ -115,8 +115,7 @@ def main(argv: list[str] | None = None) -> int:
     use_interpreter_if_no_gpu()
     device = "cuda" if torch.cuda.is_available() else "cpu"
     suites = ["smoke"] if args.dry else args.suites
-    cases = [c for c in load_cases([resolve_case_arg(s) for s in suites]) if fnmatch.fnmatch(c.id, args.case)]
-    cases = timeable(cases)
+    cases = timeable(c for c in load_cases([resolve_case_arg(s) for s in suites]) if fnmatch.fnmatch(c.id, args.case))
     if args.q_class:
         cases = [c for c in cases if tiling_of(c).TUNING_KEY[2] == args.q_class]
     if args.dry:
