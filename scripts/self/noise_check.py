@@ -64,14 +64,11 @@ def harness_run(args: argparse.Namespace, out: Path, slowdown: float) -> float:
     if args.device == "cpu":
         env.setdefault("TRITON_INTERPRET", "1")  # the shim imports Triton before the CLI could choose
         env.setdefault("HARNESS_TRITON_SLOWABLE_CPU", "1" if args.gpu else "0")
-    extra = [
-        *(["--device", args.device] if args.device else []),
-        *(["--oracle-device", "cuda"] if args.device == "cuda" else []),
-    ]
-    for backend in args.backend or []:
-        extra += ["--backend", backend]
-    argv = [sys.executable, __file__, "--_shim", str(args.threads), "run", *args.cases, *extra]
-    argv += ["--plugin", PLUGIN, "--out", str(out), "--no-progress"]
+    argv = [sys.executable, __file__, "--_shim", str(args.threads), "run", *args.cases, "--plugin", PLUGIN]
+    argv += ["--device", args.device] if args.device else []
+    argv += ["--oracle-device", "cuda"] if args.device == "cuda" else []
+    argv += [word for backend in args.backend or [] for word in ("--backend", backend)]
+    argv += ["--out", str(out), "--no-progress"]
     start = time.time()
     result = subprocess.run(argv, cwd=ROOT, env=env, capture_output=True, text=True)
     if not (out / "results.parquet").is_file():
