@@ -121,12 +121,6 @@ def _parses(source: str) -> bool:
     return True
 
 
-def to_toml(mutants: list[dict]) -> str:
-    return "".join(
-        "[[mutant]]\n" + "".join(f"{key} = {json.dumps(value)}\n" for key, value in m.items()) + "\n" for m in mutants
-    )
-
-
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--files", nargs="+", default=FILES, help="modules under kernels/ (default: %(default)s)")
@@ -154,7 +148,9 @@ def main(argv: list[str] | None = None) -> int:
         verdicts = [is_reached(m, reached) for m in mutants]
         unreached = [m for m, ran in zip(mutants, verdicts, strict=True) if not ran]
         mutants = [m for m, ran in zip(mutants, verdicts, strict=True) if ran]
-    out.write_text(to_toml(mutants))
+    out.write_text(
+        "".join("[[mutant]]\n" + "".join(f"{k} = {json.dumps(v)}\n" for k, v in m.items()) + "\n" for m in mutants)
+    )
     print(f"catalogue: {out}")
     if not args.run:
         return 0

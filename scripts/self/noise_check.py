@@ -29,19 +29,13 @@ GPU_BACKENDS = ["triton", "triton_slowable"]
 
 MIN_REPS_ENV = "NOISE_CHECK_MIN_REPS"  # a run's floor of timing samples per measurement (--min-reps)
 
-
-def floor_timing_samples(min_reps: int) -> None:
-    """Each measurement of this process's rows takes at least ``min_reps`` samples (the harness's floors otherwise)."""
+# Applied on import: a run's isolated plugin worker is spawned by multiprocessing, which imports the run's
+# main module (this file) again in the worker, so its rows get the run's floor too.
+if min_reps := int(os.environ.get(MIN_REPS_ENV) or 0):
     from harness.timing import measure
 
     measure.time_call = functools.partial(measure.time_call, min_reps=min_reps)
     measure.time_wall = functools.partial(measure.time_wall, min_reps=min_reps)
-
-
-# Applied on import: a run's isolated plugin worker is spawned by multiprocessing, which imports the run's
-# main module (this file) again in the worker, so its rows get the run's floor too.
-if os.environ.get(MIN_REPS_ENV):
-    floor_timing_samples(int(os.environ[MIN_REPS_ENV]))
 
 
 def shimmed_main(threads: int) -> int:
