@@ -96,8 +96,7 @@ def compare_files(
             name = names.get((r["case"], r["backend"]), r["case"])
             lines.append(f"  {mark:6} {r['ratio']:6.3f}x  {name}: {r['verdict_reason']}{weak}")
     for side, what in (("base only", "not in the new run"), ("new only", "new, without a baseline")):
-        count = int((comparison.rows["side"] == side).sum())
-        if count:
+        if count := int((comparison.rows["side"] == side).sum()):
             lines.append(f"  {count} benchmark(s) {what}")
     counts = {v: int((comparison.rows["verdict"] == v).sum()) for v in stats.VERDICTS}
     lines.append("  verdicts: " + ", ".join(f"{k} {n}" for k, n in counts.items()))
