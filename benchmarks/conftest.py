@@ -1,14 +1,7 @@
-"""The benchmark suite takes the harness's options: --cases, --backend, --device, --plugin, --tag.
+"""The benchmark suite takes the harness's options: --cases, --backend, --device, --plugin, --tag."""
 
-Triton chooses compiler or interpreter when first imported: on a machine without a GPU the
-interpreter is switched on here, before anything imports it.
-"""
+from kernels import use_interpreter_if_no_gpu
 
-import os
-
-import torch
-
-if "TRITON_INTERPRET" not in os.environ and not torch.cuda.is_available():
-    os.environ["TRITON_INTERPRET"] = "1"
+use_interpreter_if_no_gpu()  # before anything imports Triton, which picks compiler or interpreter then
 
 pytest_plugins = ["harness.pytest_plugin"]

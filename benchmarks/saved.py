@@ -23,19 +23,18 @@ from harness.review import stats  # noqa: E402
 STORAGE = ROOT / ".benchmarks"
 
 
-def machine_dir(storage: Path = STORAGE) -> Path:
+def machine_dir(storage: Path) -> Path:
     from pytest_benchmark.utils import get_machine_id
 
     return storage / get_machine_id()
 
 
-def saved_runs(storage: Path = STORAGE) -> list[Path]:
+def saved_runs(storage: Path) -> list[Path]:
     """This machine's saved runs, oldest first."""
-    folder = machine_dir(storage)
-    return sorted(folder.glob("[0-9][0-9][0-9][0-9]_*.json")) if folder.is_dir() else []
+    return sorted(machine_dir(storage).glob("[0-9][0-9][0-9][0-9]_*.json"))
 
 
-def find_baseline(name: str | None, storage: Path = STORAGE) -> Path | None:
+def find_baseline(name: str | None, storage: Path) -> Path | None:
     """The named saved run (number, part of its name, or a path), or the newest one; None if there is none."""
     runs = saved_runs(storage)
     if name is None:
@@ -76,14 +75,13 @@ def to_rows(path: Path):
 
 
 def compare_files(
-    base: Path, new: Path, min_effect: float | None = None, alpha: float = 0.05, confirm: str | None = None,
-    confirm_time: float = 900.0,
-) -> tuple[bool, str]:  # fmt: skip
+    base: Path, new: Path, min_effect: float | None = None, confirm: str | None = None, confirm_time: float = 900.0
+) -> tuple[bool, str]:
     """(passed, summary): is any benchmark of ``new`` slower than in ``base``? ``confirm``: re-timed first."""
     from harness.review.compare import CompareOptions, compare_runs
 
     (old, old_meta), (cur, cur_meta) = to_rows(base), to_rows(new)
-    options = CompareOptions(min_effect=min_effect, alpha=alpha)
+    options = CompareOptions(min_effect=min_effect)
     comparison = compare_runs(old.drop(columns="name"), cur.drop(columns="name"), None, None, options)
     both = int((comparison.rows["side"] == "both").sum())
     lines = [f"bench: {Path(new).name} against {Path(base).name}: {both} benchmarks in both"]
@@ -98,8 +96,7 @@ def compare_files(
             name = names.get((r["case"], r["backend"]), r["case"])
             lines.append(f"  {mark:6} {r['ratio']:6.3f}x  {name}: {r['verdict_reason']}{weak}")
     for side, what in (("base only", "not in the new run"), ("new only", "new, without a baseline")):
-        count = int((comparison.rows["side"] == side).sum())
-        if count:
+        if count := int((comparison.rows["side"] == side).sum()):
             lines.append(f"  {count} benchmark(s) {what}")
     counts = {v: int((comparison.rows["verdict"] == v).sum()) for v in stats.VERDICTS}
     lines.append("  verdicts: " + ", ".join(f"{k} {n}" for k, n in counts.items()))
@@ -131,16 +128,14 @@ def _confirm(comparison, base_meta: dict, new_meta: dict, options, which: str, t
     return comparison, said
 
 
-def save(new: Path, storage: Path = STORAGE) -> Path:
+def save(new: Path, storage: Path) -> Path:
     """Copy ``new`` into the storage as the next numbered run of this machine, named by commit."""
     folder = machine_dir(storage)
     folder.mkdir(parents=True, exist_ok=True)
     runs = saved_runs(storage)
     number = int(runs[-1].name[:4]) + 1 if runs else 1
-    commit = subprocess.run(
-        ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, cwd=ROOT
-    ).stdout.strip()
-    target = folder / f"{number:04d}_{commit or 'nogit'}.json"
+    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, cwd=ROOT).stdout
+    target = folder / f"{number:04d}_{commit.strip() or 'nogit'}.json"
     shutil.copyfile(new, target)
     return target
 
@@ -167,9 +162,7 @@ def main(argv: list[str] | None = None) -> int:
     if base is None:
         print("bench: no saved run on this machine yet: nothing to compare with (this run becomes the baseline)")
         return 0
-    passed, summary = compare_files(
-        base, args.new, args.min_effect, confirm=args.confirm, confirm_time=args.confirm_time
-    )
+    passed, summary = compare_files(base, args.new, args.min_effect, args.confirm, args.confirm_time)
     print(summary)
     return 0 if passed else 1
 

@@ -19,7 +19,10 @@ skip row naming the limit); ``variants`` names the variants it computes."""
 from __future__ import annotations
 
 import math
+import subprocess
+import sys
 from dataclasses import dataclass
+from pathlib import Path
 
 import torch
 import triton
@@ -183,16 +186,10 @@ register_backend(NAME, paged_attention, ("cpu", "cuda"), description="an example
 
 def main(argv: list[str]) -> int:
     """``harness run`` of the example's cases (examples/triton_paged_plugin.toml) with this file as the plugin."""
-    import subprocess
-    import sys
-    from pathlib import Path
-
     here = Path(__file__).resolve()
     command = ["run", str(here.with_suffix(".toml")), "--plugin", str(here), "--backend", NAME, *argv]
     return subprocess.run([sys.executable, "-m", "harness", *command]).returncode
 
 
 if __name__ == "__main__":
-    import sys
-
     sys.exit(main(sys.argv[1:]))

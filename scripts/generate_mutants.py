@@ -62,7 +62,7 @@ def _is_and(node: ast.AST) -> bool:
     return isinstance(node, ast.BoolOp) and isinstance(node.op, ast.And) and len(node.values) == 2
 
 
-def generate(files: list[str] = FILES) -> list[dict]:
+def generate(files: list[str]) -> list[dict]:
     """Every mutant of ``files`` (module names under kernels/), in source order."""
     mutants, seen = [], Counter()
     for name in files:
@@ -71,11 +71,8 @@ def generate(files: list[str] = FILES) -> list[dict]:
         lines = source.splitlines(keepends=True)
         for node in ast.walk(ast.parse(source)):
             for kind, (l0, c0), (l1, c1), new in _swaps(node, lines):
-                first, last = l0, l1
-                block = "".join(lines[first - 1 : last])
-                offset0 = sum(len(x) for x in lines[first - 1 : l0 - 1]) + c0
-                offset1 = sum(len(x) for x in lines[first - 1 : l1 - 1]) + c1
-                mutated = block[:offset0] + new + block[offset1:]
+                first, block = l0, "".join(lines[l0 - 1 : l1])
+                mutated = block[:c0] + new + block[sum(map(len, lines[l0 - 1 : l1 - 1])) + c1 :]
                 while source.count(block) > 1 and first > 1:  # widen until the text is unique
                     first -= 1
                     block, mutated = lines[first - 1] + block, lines[first - 1] + mutated
@@ -124,12 +121,6 @@ def _parses(source: str) -> bool:
     return True
 
 
-def to_toml(mutants: list[dict]) -> str:
-    return "".join(
-        "[[mutant]]\n" + "".join(f"{key} = {json.dumps(value)}\n" for key, value in m.items()) + "\n" for m in mutants
-    )
-
-
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--files", nargs="+", default=FILES, help="modules under kernels/ (default: %(default)s)")
@@ -157,7 +148,9 @@ def main(argv: list[str] | None = None) -> int:
         verdicts = [is_reached(m, reached) for m in mutants]
         unreached = [m for m, ran in zip(mutants, verdicts, strict=True) if not ran]
         mutants = [m for m, ran in zip(mutants, verdicts, strict=True) if ran]
-    out.write_text(to_toml(mutants))
+    out.write_text(
+        "".join("[[mutant]]\n" + "".join(f"{k} = {json.dumps(v)}\n" for k, v in m.items()) + "\n" for m in mutants)
+    )
     print(f"catalogue: {out}")
     if not args.run:
         return 0

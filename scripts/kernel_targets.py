@@ -31,6 +31,9 @@ from scripts.self.peer_table import peer_table
 
 READ_TARGET_BYTES = 256 * 2**20
 MLA_TARGET_FLOPS = 10**10  # an MLA decode at serving size (DeepSeek-V3's 32 x 1k-8k: 3.5e10), not a small test case
+# A verify case's twin: the decode of the same batch; an fp8 case's: the same batch over a cache in q's dtype.
+DECODE_TWIN = ["num_q_heads", "num_kv_heads", "head_dim", "num_seqs", "max_seq_len", "block_size", "dtype"]
+CACHE_TWIN = [*DECODE_TWIN, "head_dim_v", "total_kv_tokens", "num_tokens", "flops"]
 
 
 def _line(target: str, case: str, value: float, limit: float, unit: str, higher_is_better: bool = False) -> dict:
@@ -61,13 +64,13 @@ def score(frame: pd.DataFrame, backend: str = "triton") -> pd.DataFrame:
         if readable and pd.notna(row.get("pct_of_ceiling")):
             limit = 85.0 if fp8 else 90.0
             lines.append(_line("read", case, row["pct_of_ceiling"], limit, "% read ceiling", higher_is_better=True))
-        if decode and fp8 and (twin := _cache_twin(mine, row)) is not None:
+        if decode and fp8 and (twin := _twin(mine, row, CACHE_TWIN, mine["kv_dtype"].fillna("") == "")) is not None:
             lines.append(_line("fp8", case, row["latency_us"] / mine.loc[twin, "latency_us"], 0.60, f"x {twin}"))
         if decode and mla and row["dtype"] in ("float16", "bfloat16") and row["flops"] >= MLA_TARGET_FLOPS:
             lines.append(_line("mla", case, row["tflops"], 200.0, "TFLOP/s", higher_is_better=True))
         if row["max_q_len"] >= 512 and case in against_peer.index:
             lines.append(_line("prefill", case, against_peer[case], 1.10, "x best peer"))
-        if 2 <= row["max_q_len"] <= 8 and (twin := _decode_twin(mine, row)) is not None:
+        if 2 <= row["max_q_len"] <= 8 and (twin := _twin(mine, row, DECODE_TWIN, mine["max_q_len"] == 1)) is not None:
             lines.append(_line("verify", case, row["latency_us"] / mine.loc[twin, "latency_us"], 1.30, f"x {twin}"))
         if case in cache.index:
             lines.append(_line("cache", case, cache[case] / row["latency_us"], 1.10, "x kernel"))
@@ -94,19 +97,6 @@ def _twin(mine: pd.DataFrame, row: pd.Series, same: list[str], among: pd.Series)
     """The first case of ``mine`` where ``among`` holds, equal to ``row`` on ``same`` and its run, or None."""
     twins = mine[among & (mine[[*same, "run"]] == row[[*same, "run"]]).all(axis=1)]
     return None if twins.empty else str(twins.index[0])
-
-
-def _cache_twin(mine: pd.DataFrame, row: pd.Series) -> str | None:
-    """The same batch over a cache in q's dtype (an fp8 case's twin): same shape, lengths and flops."""
-    same = ["num_q_heads", "num_kv_heads", "head_dim", "head_dim_v", "num_seqs", "max_seq_len", "total_kv_tokens",
-            "num_tokens", "block_size", "dtype", "flops"]  # fmt: skip
-    return _twin(mine, row, same, mine["kv_dtype"].isna() | (mine["kv_dtype"] == ""))
-
-
-def _decode_twin(mine: pd.DataFrame, row: pd.Series) -> str | None:
-    """The decode case of the same batch (heads, head dim, sequences, length, block size), if the run has one."""
-    same = ["num_q_heads", "num_kv_heads", "head_dim", "num_seqs", "max_seq_len", "block_size", "dtype"]
-    return _twin(mine, row, same, mine["max_q_len"] == 1)
 
 
 def main(argv: list[str] | None = None) -> int:

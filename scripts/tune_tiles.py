@@ -46,11 +46,6 @@ GRID = {
 }
 
 
-def key_of(case: Case) -> tuple[str, int, str]:
-    """The tuning key a case's launch looks up (:func:`tiling_of`)."""
-    return tiling_of(case).TUNING_KEY
-
-
 def tiling_of(case: Case) -> Tiling:
     """The tiling choose_tiling gives the case's launch (the triton backend's hints); MLA's class may differ."""
     return choose_tiling(case.head_dim, case.group_size, max(case.q_lens), case.num_seqs, case.num_kv_heads,
@@ -120,15 +115,14 @@ def main(argv: list[str] | None = None) -> int:
     use_interpreter_if_no_gpu()
     device = "cuda" if torch.cuda.is_available() else "cpu"
     suites = ["smoke"] if args.dry else args.suites
-    cases = [c for c in load_cases([resolve_case_arg(s) for s in suites]) if fnmatch.fnmatch(c.id, args.case)]
-    cases = timeable(cases)
+    cases = timeable(c for c in load_cases([resolve_case_arg(s) for s in suites]) if fnmatch.fnmatch(c.id, args.case))
     if args.q_class:
-        cases = [c for c in cases if key_of(c)[2] == args.q_class]
+        cases = [c for c in cases if tiling_of(c).TUNING_KEY[2] == args.q_class]
     if args.dry:
         cases = sorted(cases, key=lambda c: sum(c.seq_lens))[:1]
     by_key: dict[tuple, list[Case]] = defaultdict(list)
     for case in cases:
-        by_key[key_of(case)].append(case)
+        by_key[tiling_of(case).TUNING_KEY].append(case)
     records, table = [], []
     for key, key_cases in sorted(by_key.items()):
         configs = candidates(key)[: 2 if args.dry else None]

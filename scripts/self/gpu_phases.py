@@ -11,42 +11,38 @@ import argparse
 import csv
 import json
 import re
+from collections import Counter, defaultdict
 from pathlib import Path
 
 ROW = re.compile(r"^(\d+\.\d+) \[\s*[\d.]+s\] (\S+) (\S+): (\w+)")
 
 
 def main(out: Path) -> None:
-    raw = {}
-    for line in (out / "phases.raw").read_text().split("\n"):
-        if line.strip():
-            key, *values = line.split()
-            raw[key] = values
+    raw = {words[0]: words[1:] for words in map(str.split, (out / "phases.raw").read_text().splitlines()) if words}
     start = float(raw["start"][0])
     lines = []
     if "tests_start" in raw and "tests_end" in raw:
         lines.append(f"tests          {float(raw['tests_end'][0]) - float(raw['tests_start'][0]):7.1f} s")
     if "run_start" in raw:
         run_start = float(raw["run_start"][0])
-        run_end = float(raw["run_end"][0]) if "run_end" in raw else None
         rows = [m.groups() for line in (out / "run.log").read_text().splitlines() if (m := ROW.match(line))]
         suite_of = _suites(out)
         previous = run_start
-        spans: dict[str, float] = {}
-        counts: dict[str, dict[str, int]] = {}
+        spans: dict[str, float] = defaultdict(float)
+        counts: dict[str, Counter] = defaultdict(Counter)
         for stamp, case, _backend, status in rows:
             suite = suite_of.get(case, "?")
-            spans[suite] = spans.get(suite, 0.0) + float(stamp) - previous
-            counts.setdefault(suite, {})[status] = counts.setdefault(suite, {}).get(status, 0) + 1
+            spans[suite] += float(stamp) - previous
+            counts[suite][status] += 1
             previous = float(stamp)
         lines.append(f"run start-up, first suite's oracle included below: launch to first row "
                      f"{float(rows[0][0]) - run_start if rows else 0:.1f} s")  # fmt: skip
         for suite, seconds in spans.items():
             tally = ", ".join(f"{n} {s}" for s, n in sorted(counts[suite].items()))
             lines.append(f"suite {suite:<22} {seconds:7.1f} s  ({tally})")
-        if run_end is not None:
+        if run_end := raw.get("run_end"):
             lines.append(
-                f"write          {run_end - previous:7.1f} s  (last row to exit; exit code {raw['run_end'][1]})"
+                f"write          {float(run_end[0]) - previous:7.1f} s  (last row to exit; exit code {run_end[1]})"
             )
         meta = out / "run" / "meta.json"
         if meta.is_file():

@@ -20,14 +20,12 @@ case "${1:-}" in -h | --help) sed -n "2,17s/^# \{0,1\}//p" "$0"; exit 0 ;; esac
 OUT=${OUT:-gpu_out}
 mkdir -p "$OUT/scale"
 export PYTHONUNBUFFERED=1
-if [ -z "${DRY:-}" ]; then
-  source scripts/gpu_wheels.sh || exit 1  # wheels the image lacks
-fi
 if [ -n "${DRY:-}" ]; then
   DEVICE="--device cpu --oracle-cache off"  # no cache: the second run must not reuse the first's oracle
   SUITES=${SUITES:-smoke}
   ARGS=${ARGS:---no-timing --backend tlsim}
 else
+  source scripts/gpu_wheels.sh || exit 1  # wheels the image lacks
   DEVICE="--device cuda --oracle-device cuda"
   SUITES=${SUITES:-cases/gpu_sweep.toml}
   ARGS=${ARGS:---backend triton --backend cache --backend sdpa_contiguous}  # not reference: 15-40 ms a call, it ran the H200 measurement past its limit

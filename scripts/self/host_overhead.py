@@ -62,7 +62,7 @@ def sdpa_call(inputs):
 LOOPS = 7  # host loops per measurement; the fastest is kept
 
 
-def host_us(fn, n: int, device: str, loops: int = LOOPS) -> float:
+def host_us(fn, n: int, device: str, loops: int) -> float:
     """Host us a call, queue not drained: the fastest of ``loops`` loops of n back-to-back calls (as timeit)."""
     fn()
     best = float("inf")
@@ -81,17 +81,15 @@ def host_us(fn, n: int, device: str, loops: int = LOOPS) -> float:
 def profile(fn, n: int, top: int = 15) -> str:
     """cProfile's top ``top`` functions by own time over n calls of fn."""
     fn()
-    profiler = cProfile.Profile()
-    profiler.enable()
-    for _ in range(n):
-        fn()
-    profiler.disable()
+    with cProfile.Profile() as profiler:
+        for _ in range(n):
+            fn()
     text = io.StringIO()
     pstats.Stats(profiler, stream=text).sort_stats("tottime").print_stats(top)
     return text.getvalue()
 
 
-def measure(inputs, device: str, n: int, reps: dict, loops: int = LOOPS) -> list[dict]:
+def measure(inputs, device: str, n: int, reps: dict, loops: int) -> list[dict]:
     """One row a call kind: host and eager with the plans off and on, device time, SDPA's host and eager."""
     sdpa = sdpa_call(inputs)
     sdpa_host, sdpa_eager = host_us(sdpa, n, device, loops), time_wall(sdpa, device, **reps).median_us

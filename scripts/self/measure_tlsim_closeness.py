@@ -7,6 +7,7 @@ Columns: largest |tlsim - triton|, as a share of the tolerance, and the share of
 
 from __future__ import annotations
 
+import argparse
 import sys
 from pathlib import Path
 
@@ -20,8 +21,6 @@ from tests.kernels.kernel_cases import KERNEL_CASES
 
 
 def main(argv: list[str] | None = None) -> None:
-    import argparse
-
     parser = argparse.ArgumentParser(description="tlsim against the Triton kernel on the kernel test cases")
     parser.add_argument("--limit", type=int, help="only the first N cases (CI's dry run)")
     args = parser.parse_args(argv)

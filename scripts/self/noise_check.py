@@ -29,19 +29,13 @@ GPU_BACKENDS = ["triton", "triton_slowable"]
 
 MIN_REPS_ENV = "NOISE_CHECK_MIN_REPS"  # a run's floor of timing samples per measurement (--min-reps)
 
-
-def floor_timing_samples(min_reps: int) -> None:
-    """Each measurement of this process's rows takes at least ``min_reps`` samples (the harness's floors otherwise)."""
+# Applied on import: a run's isolated plugin worker is spawned by multiprocessing, which imports the run's
+# main module (this file) again in the worker, so its rows get the run's floor too.
+if min_reps := int(os.environ.get(MIN_REPS_ENV) or 0):
     from harness.timing import measure
 
     measure.time_call = functools.partial(measure.time_call, min_reps=min_reps)
     measure.time_wall = functools.partial(measure.time_wall, min_reps=min_reps)
-
-
-# Applied on import: a run's isolated plugin worker is spawned by multiprocessing, which imports the run's
-# main module (this file) again in the worker, so its rows get the run's floor too.
-if os.environ.get(MIN_REPS_ENV):
-    floor_timing_samples(int(os.environ[MIN_REPS_ENV]))
 
 
 def shimmed_main(threads: int) -> int:
@@ -64,14 +58,11 @@ def harness_run(args: argparse.Namespace, out: Path, slowdown: float) -> float:
     if args.device == "cpu":
         env.setdefault("TRITON_INTERPRET", "1")  # the shim imports Triton before the CLI could choose
         env.setdefault("HARNESS_TRITON_SLOWABLE_CPU", "1" if args.gpu else "0")
-    extra = [
-        *(["--device", args.device] if args.device else []),
-        *(["--oracle-device", "cuda"] if args.device == "cuda" else []),
-    ]
-    for backend in args.backend or []:
-        extra += ["--backend", backend]
-    argv = [sys.executable, __file__, "--_shim", str(args.threads), "run", *args.cases, *extra]
-    argv += ["--plugin", PLUGIN, "--out", str(out), "--no-progress"]
+    argv = [sys.executable, __file__, "--_shim", str(args.threads), "run", *args.cases, "--plugin", PLUGIN]
+    argv += ["--device", args.device] if args.device else []
+    argv += ["--oracle-device", "cuda"] if args.device == "cuda" else []
+    argv += [word for backend in args.backend or [] for word in ("--backend", backend)]
+    argv += ["--out", str(out), "--no-progress"]
     start = time.time()
     result = subprocess.run(argv, cwd=ROOT, env=env, capture_output=True, text=True)
     if not (out / "results.parquet").is_file():
@@ -104,34 +95,31 @@ def _counts(rows, slowed: str | None) -> dict:
     return out
 
 
-def tally(
-    base: Path, new: Path, slowed: str | None, slowdown: float, threads: int, which: str = "all",
-    rounds: int = 32, time_s: float = 900.0,
-) -> dict:  # fmt: skip
-    """Plain compare of two runs, then (unless ``which`` is "none") the same with --confirm in this checkout."""
+def tally(base: Path, new: Path, slowed: str | None, slowdown: float, args: argparse.Namespace) -> dict:
+    """Plain compare of two runs, then (unless ``args.confirm`` is "none") the same with --confirm in this checkout."""
     from harness.results.storage import load_run
     from harness.review.compare import CompareOptions, compare_runs
     from harness.review.confirm import confirm_slower
 
     (b, bm), (n, nm) = load_run(base), load_run(new)
-    nm.setdefault("timing_threads", threads or None)
+    nm.setdefault("timing_threads", args.threads or None)
     options = CompareOptions()
     comparison = compare_runs(b, n, bm, nm, options)
     plain = _counts(comparison.rows, slowed)
+    if args.confirm == "none":
+        return {"compare": plain}
     envs = (
         {"HARNESS_SLOWDOWN": "0"},
         {"HARNESS_SLOWDOWN": str(slowdown if slowed else 0), "HARNESS_SLOWED": slowed or ""},
     )
-    if which == "none":
-        return {"compare": plain}
     start = time.time()
     # the workers import only the plugins named here, never those a meta.json names
-    confirmed = confirm_slower(comparison, bm, nm, options, checkouts=(ROOT, ROOT), envs=envs, which=which,
-                               rounds=rounds, time_s=time_s, plugins=[PLUGIN])  # fmt: skip
+    confirmed = confirm_slower(comparison, bm, nm, options, checkouts=(ROOT, ROOT), envs=envs, which=args.confirm,
+                               rounds=args.confirm_rounds, time_s=args.confirm_time, plugins=[PLUGIN])  # fmt: skip
     seconds = round(time.time() - start)
     return {
         "compare": plain,
-        f"compare --confirm {which}": {**_counts(confirmed.rows, slowed), "confirm_seconds": seconds},
+        f"compare --confirm {args.confirm}": {**_counts(confirmed.rows, slowed), "confirm_seconds": seconds},
     }
 
 
@@ -181,8 +169,7 @@ def report(args: argparse.Namespace, runs: dict[str, Path], seconds: dict[str, f
         f"A_vs_C ({args.slowed} +{args.slowdown:.0%})": ("C", args.slowed, args.slowdown),
     }
     for name, (new, slowed, slowdown) in pairs.items():
-        result[name] = tally(runs["A"], runs[new], slowed, slowdown, args.threads, args.confirm, args.confirm_rounds,
-                             args.confirm_time)  # fmt: skip
+        result[name] = tally(runs["A"], runs[new], slowed, slowdown, args)
     (args.out / f"{Path(runs['A']).name[:-2]}-noise_check.json").write_text(json.dumps(result, indent=2) + "\n")
     print(json.dumps(result, indent=2))
     for name, tallies in result.items():

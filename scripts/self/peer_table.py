@@ -39,16 +39,10 @@ def peer_table(frame: pd.DataFrame, backend: str) -> pd.DataFrame:
 
 
 def to_markdown(table: pd.DataFrame) -> str:
-    """A Markdown table, numbers to three significant digits (no tabulate needed)."""
-
-    def cell(value) -> str:
-        if isinstance(value, float):
-            return "" if pd.isna(value) else f"{value:.3g}"
-        return str(value)
-
+    """A Markdown table, floats to three significant digits, NaN blank (no tabulate needed)."""
+    cells = table.map(lambda v: ("" if pd.isna(v) else f"{v:.3g}") if isinstance(v, float) else str(v))
     lines = ["| " + " | ".join(table.columns) + " |", "|" + "---|" * len(table.columns)]
-    lines += ["| " + " | ".join(cell(v) for v in row) + " |" for row in table.itertuples(index=False)]
-    return "\n".join(lines)
+    return "\n".join(lines + ["| " + " | ".join(row) + " |" for row in cells.itertuples(index=False)])
 
 
 def main(argv: list[str] | None = None) -> int:

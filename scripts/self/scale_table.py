@@ -13,13 +13,17 @@ import json
 import sys
 from pathlib import Path
 
+import pandas as pd
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+
+from scripts.self.peer_table import to_markdown
+
 COLUMNS = ("workers", "wall s", "cases s", "speed-up", "start s", "ceilings s", "wait ms/case", "busy s",
            "journal ms/row", "merge ms/row", "status")  # fmt: skip
 
 
 def _status(run_dir: Path) -> str:
-    import pandas as pd
-
     counts = pd.read_parquet(run_dir / "results.parquet", columns=["status"])["status"].value_counts()
     return " ".join(f"{status} {count}" for status, count in sorted(counts.items()))
 
@@ -59,26 +63,21 @@ def table_rows(runs: list[tuple[Path, float]]) -> list[dict]:
 
 def format_table(rows: list[dict]) -> str:
     """A Markdown table of :func:`table_rows`."""
-    lines = ["| " + " | ".join(COLUMNS) + " |", "|" + "---|" * len(COLUMNS)]
-    lines += ["| " + " | ".join(str(row.get(c, "")) for c in COLUMNS) + " |" for row in rows]
-    return "\n".join(lines)
+    return to_markdown(pd.DataFrame(rows, columns=COLUMNS))
 
 
 def format_phases(runs: list[tuple[Path, float]]) -> str:
     """A Markdown table of each run's busy seconds by phase (meta.json ``scale.phase_s``); '' without."""
-    records = []
-    for run_dir, _ in runs:
-        scale = _scale(run_dir) or {}
-        records.append((Path(run_dir).name, scale.get("phase_s") or {}, scale.get("case_busy_s")))
-    names = sorted({name for _, spent, _ in records for name in spent})
-    if not names:
+    scales = [_scale(run_dir) or {} for run_dir, _ in runs]
+    spent = [scale.get("phase_s") or {} for scale in scales]
+    if not (names := sorted(set().union(*spent))):
         return ""
-    lines = ["| phase, s | " + " | ".join(label for label, _, _ in records) + " |", "|---|" + "---|" * len(records)]
-    for name in names:
-        lines.append(f"| {name} | " + " | ".join(f"{spent.get(name, 0.0):.1f}" for _, spent, _ in records) + " |")
-    other = [f"{busy - sum(spent.values()):.1f}" if busy is not None else "" for _, spent, busy in records]
-    lines.append("| other | " + " | ".join(other) + " |")
-    return "\n".join(lines)
+    rows = [[name, *(f"{phases.get(name, 0.0):.1f}" for phases in spent)] for name in names]
+    busy = [scale.get("case_busy_s") for scale in scales]
+    rows.append(
+        ["other", *("" if b is None else f"{b - sum(p.values()):.1f}" for b, p in zip(busy, spent, strict=True))]
+    )
+    return to_markdown(pd.DataFrame(rows, columns=["phase, s", *(Path(run_dir).name for run_dir, _ in runs)]))
 
 
 def main(argv: list[str]) -> int:

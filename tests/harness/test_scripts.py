@@ -21,6 +21,8 @@ from tests.tiny_cases import write_cases
 ROOT = Path(__file__).resolve().parents[2]
 COMMITTED_RUN = ROOT / "tests" / "harness" / "data" / "h200_run"
 SMALL = {"num_q_heads": 2, "num_kv_heads": 1, "head_dim": 32, "seq_lens": [5, 9]}  # the scripts' dry-run cases
+TIMED = {"slower", "faster", "same", "cannot tell"}  # the verdicts of a case kernel_ab timed
+ONE_REP = {"min_reps": 1, "max_reps": 1}
 
 
 @pytest.fixture(autouse=True)
@@ -56,10 +58,9 @@ def test_every_script_is_exercised_here():
     exercised = {"tune_tiles.py", "kernel_targets.py", "kernel_ab.py", "gpu_run.sh", "gpu_wheels.sh"}
     exercised |= {"mutants.py", "mutants.toml", "generate_mutants.py"}  # tests/kernels/test_mutants.py, below
     exercised |= {"sass_census.py"}  # tests/kernels/test_kernel_compiles_for_sm90.py
-    exercised |= {f"self/{name}" for name in ("peer_table.py", "measure_tlsim_closeness.py", "noise_check.py")}
-    exercised |= {f"self/{name}" for name in ("slowdown_plugin.py", "gpu_scale.sh", "host_overhead.py")}
-    exercised |= {"self/gpu_phases.py"}
     exercised |= {"flashinfer_warmup.py"}  # tests/harness/test_flashinfer_peer.py
+    selves = ("peer_table", "measure_tlsim_closeness", "noise_check", "slowdown_plugin", "host_overhead", "gpu_phases")
+    exercised |= {f"self/{name}.py" for name in selves} | {"self/gpu_scale.sh"}
     exercised |= {"self/compare_targets.py", "self/scale_table.py"}  # tests/harness/test_scale_gpus_and_resume.py
     scripts = ROOT / "scripts"
     present = {
@@ -90,10 +91,21 @@ def test_a_generated_mutant_inside_a_multi_line_statement_is_reached_when_the_st
     assert not is_reached({"id": "gen-k-12-4-flip", "file": "kernels/other.py"}, reached)
 
 
-def test_peer_table_states_the_kernel_against_the_best_peer_of_the_committed_run():
-    done = run_script("scripts/self/peer_table.py", str(COMMITTED_RUN), "--backend", "triton")
-    assert done.returncode == 0, done.stderr
-    assert "| prefill_4x4k | 2.28e+03 |" in done.stdout and "sdpa_contiguous" in done.stdout
+@pytest.mark.parametrize(
+    ("command", "code", "said"),
+    [
+        ("scripts/self/peer_table.py RUN --backend triton", 0, ["| prefill_4x4k | 2.28e+03 |", "sdpa_contiguous"]),
+        ("scripts/kernel_targets.py RUN", 0, ["## prefill: met on 0 of 6 cases (worst 2.29 x best peer)",
+                                              "ok   decode_4x16k", "MISS decode_32x4k_hd64"]),
+        ("scripts/kernel_ab.py --dry --base no-such-revision", 2, ["git show no-such-revision"]),
+    ],
+)  # fmt: skip
+def test_script_prints(command, code, said):
+    """RUN: the committed run of a GPU machine."""
+    done = run_script(*command.replace("RUN", str(COMMITTED_RUN.relative_to(ROOT))).split())
+    assert done.returncode == code, done.stderr
+    assert all(words in (done.stdout if code == 0 else done.stderr) for words in said), done.stdout + done.stderr
+    assert not list((ROOT / "kernels").glob("_ab_*.py")), "kernel_ab leaves no module behind"
 
 
 def test_closeness_script_runs_on_the_first_kernel_cases():
@@ -102,14 +114,10 @@ def test_closeness_script_runs_on_the_first_kernel_cases():
     assert len([line for line in done.stdout.splitlines() if line.strip()]) == 3
 
 
-def test_kernel_targets_score_the_committed_run():
-    done = run_script("scripts/kernel_targets.py", str(COMMITTED_RUN))
-    assert done.returncode == 0, done.stderr
-    assert "## prefill: met on 0 of 6 cases (worst 2.29 x best peer)" in done.stdout
-    twice = run_script("scripts/kernel_targets.py", str(COMMITTED_RUN), str(COMMITTED_RUN))
-    assert twice.returncode == 0, twice.stderr
-    assert twice.stdout.split("\n", 2)[2] == done.stdout.split("\n", 1)[1], "a case is scored once, from its first run"
-    assert "ok   decode_4x16k" in done.stdout and "MISS decode_32x4k_hd64" in done.stdout
+def test_kernel_targets_score_a_case_once_from_its_first_run():
+    once, twice = (run_script("scripts/kernel_targets.py", *[str(COMMITTED_RUN)] * n) for n in (1, 2))
+    assert once.returncode == twice.returncode == 0, twice.stderr
+    assert twice.stdout.split("\n", 2)[2] == once.stdout.split("\n", 1)[1]
 
 
 def test_rows_host_us_is_reported_beside_the_peers_and_not_scored_as_the_hot_loop_target():
@@ -187,7 +195,7 @@ def test_kernel_ab_times_head_against_the_tree_and_leaves_no_module_behind(tmp_p
     assert done.returncode in (0, 1), done.stderr
     assert "| case | base us | new us | new / base | paired CI | verdict |" in done.stdout
     (record,) = json.loads((tmp_path / "ab.json").read_text())["records"]
-    assert record["verdict"] in {"slower", "faster", "same", "cannot tell"}
+    assert record["verdict"] in TIMED
     assert len(record["samples"]["base"]) == len(record["samples"]["new"]) == 9
     assert not list((ROOT / "kernels").glob("_ab_*.py"))
 
@@ -214,7 +222,7 @@ def test_kernel_ab_reports_a_kernel_that_differs_or_fails_untimed(base_fn, new_f
 
     sides = {"base": base_fn, "new": new_fn}
     modules = {side: types.SimpleNamespace(paged_attention_triton=fn) for side, fn in sides.items()}
-    record = time_case(dry_case(), modules, "cpu", 9, {"min_reps": 1, "max_reps": 1})
+    record = time_case(dry_case(), modules, "cpu", 9, ONE_REP)
     assert record["verdict"] == verdict and "ratio" not in record
     assert why is None or why in record["why"]
 
@@ -240,8 +248,8 @@ def test_kernel_ab_times_cases_with_options_passing_them_to_both_sides():
         return entry
 
     modules = {name: types.SimpleNamespace(paged_attention_triton=side(name)) for name in seen}
-    record = time_case(case, modules, "cpu", 6, {"min_reps": 1, "max_reps": 1})
-    assert record["verdict"] in {"slower", "faster", "same", "cannot tell"}, record
+    record = time_case(case, modules, "cpu", 6, ONE_REP)
+    assert record["verdict"] in TIMED, record
     assert seen["base"] and seen["new"] and all(k == ["k_scale", "v_scale"] for k in seen["base"] + seen["new"])
 
 
@@ -273,17 +281,11 @@ def test_kernel_ab_with_gives_the_base_side_the_base_revisions_tuning_and_split_
         assert modules["new"].tiling_for is kernels.tiling.tiling_for
         assert (base_tiling.DEVICE_SPLIT_MIN_KEYS == 123) == ("tiling" in with_modules)
         assert kernels.tiling.DEVICE_SPLIT_MIN_KEYS != 123
-        record = kernel_ab.time_case(kernel_ab.dry_case(), modules, "cpu", 6, {"min_reps": 1, "max_reps": 1})
-        assert record["verdict"] in {"slower", "faster", "same", "cannot tell"}, record
+        record = kernel_ab.time_case(kernel_ab.dry_case(), modules, "cpu", 6, ONE_REP)
+        assert record["verdict"] in TIMED, record
     finally:
         kernel_ab.remove_modules()
     assert not any(name.startswith("kernels._ab") for name in sys.modules)
-
-
-def test_kernel_ab_exits_2_on_a_base_it_cannot_read_and_leaves_no_module_behind():
-    done = run_script("scripts/kernel_ab.py", "--dry", "--base", "no-such-revision")
-    assert done.returncode == 2 and "git show no-such-revision" in done.stderr
-    assert not list((ROOT / "kernels").glob("_ab_*.py"))
 
 
 def test_kernel_ab_serves_a_base_kernels_common_imports_from_contract_tiling_and_fp8(tmp_path):
@@ -296,10 +298,10 @@ def test_kernel_ab_serves_a_base_kernels_common_imports_from_contract_tiling_and
         pytest.skip("no commit with kernels/_common.py in this clone's history")
     try:
         modules = kernel_modules(f"{split}~1", tmp_path)
-        record = time_case(dry_case(), modules, "cpu", MIN_ROUNDS, {"min_reps": 1, "max_reps": 1})
+        record = time_case(dry_case(), modules, "cpu", MIN_ROUNDS, ONE_REP)
     finally:
         remove_modules()
-    assert record["verdict"] in {"slower", "faster", "same", "cannot tell"}, record
+    assert record["verdict"] in TIMED, record
     assert "kernels._common" not in sys.modules and not (ROOT / "kernels" / "_common.py").exists()
 
 
