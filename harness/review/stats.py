@@ -75,27 +75,25 @@ def adjust_p_values(p_values: Sequence[float], method: str = "bh") -> np.ndarray
 class Verdict:
     verdict: str  # one of VERDICTS
     reason: str  # why, in a few words (always set for 'cannot tell')
-    evidence: str  # "samples" or "p10/p90 (weak)"
+    evidence: str = "samples"  # or "p10/p90 (weak)", "none"
 
 
 def decide(test: LatencyTest, p_adjusted: float, *, min_effect: float, alpha: float = 0.05) -> Verdict:
     """The verdict of one row from its test and its adjusted p-value (see the module docstring)."""
     if min(test.n_base, test.n_new) < MIN_SAMPLES:
-        return Verdict(
-            "cannot tell", f"too few samples ({test.n_base} base, {test.n_new} new; need {MIN_SAMPLES})", "samples"
-        )
+        return Verdict("cannot tell", f"too few samples ({test.n_base} base, {test.n_new} new; need {MIN_SAMPLES})")
     up, down = 1 + min_effect, 1 - min_effect
     ci = f"ratio CI {test.ci_low:.3f}-{test.ci_high:.3f}"
     significant = p_adjusted < alpha
     if significant and test.ci_low > up:
-        return Verdict("slower", f"{ci}, p={p_adjusted:.1e}", "samples")
+        return Verdict("slower", f"{ci}, p={p_adjusted:.1e}")
     if significant and test.ci_high < down:
-        return Verdict("faster", f"{ci}, p={p_adjusted:.1e}", "samples")
+        return Verdict("faster", f"{ci}, p={p_adjusted:.1e}")
     if test.ci_low >= down and test.ci_high <= up:
-        return Verdict("same", f"{ci} inside ±{min_effect:.0%}", "samples")
+        return Verdict("same", f"{ci} inside ±{min_effect:.0%}")
     if test.ci_low <= up < test.ci_high or test.ci_low < down <= test.ci_high:
-        return Verdict("cannot tell", f"too noisy: {ci} straddles ±{min_effect:.0%}", "samples")
-    return Verdict("cannot tell", f"too noisy: not significant (adjusted p={p_adjusted:.2g}), {ci}", "samples")
+        return Verdict("cannot tell", f"too noisy: {ci} straddles ±{min_effect:.0%}")
+    return Verdict("cannot tell", f"too noisy: not significant (adjusted p={p_adjusted:.2g}), {ci}")
 
 
 def signed_rank_null(n: int) -> np.ndarray:
@@ -143,23 +141,20 @@ def decide_paired(test: LatencyTest, *, min_effect: float) -> Verdict:
     ``±min_effect``), else ``cannot tell``, saying why."""
     up, down = 1 + min_effect, 1 - min_effect
     if not np.isfinite(test.ci_high):
-        return Verdict("cannot tell", f"too few rounds ({test.n_base}) for the interval's confidence", "samples")
+        return Verdict("cannot tell", f"too few rounds ({test.n_base}) for the interval's confidence")
     ci = f"paired ratio CI {test.ci_low:.3f}-{test.ci_high:.3f}"
     estimate = f"estimate {test.ratio - 1:+.1%}"
     if test.ci_low > 1 and test.ratio > up:
-        return Verdict("slower", f"{ci} above 1, {estimate} past +{min_effect:.0%}", "samples")
+        return Verdict("slower", f"{ci} above 1, {estimate} past +{min_effect:.0%}")
     if test.ci_high < 1 and test.ratio < down:
-        return Verdict("faster", f"{ci} below 1, {estimate} past -{min_effect:.0%}", "samples")
+        return Verdict("faster", f"{ci} below 1, {estimate} past -{min_effect:.0%}")
     if test.ci_low >= down and test.ci_high <= up:
-        return Verdict("same", f"{ci} inside ±{min_effect:.0%}", "samples")
+        return Verdict("same", f"{ci} inside ±{min_effect:.0%}")
     if test.ci_low > 1 or test.ci_high < 1:
         bound = f"+{min_effect:.0%}" if test.ci_low > 1 else f"-{min_effect:.0%}"
-        return Verdict(
-            "cannot tell",
-            f"significant, but the {estimate} is under the {bound} minimum effect and the {ci} reaches past it",
-            "samples",
-        )
-    return Verdict("cannot tell", f"too noisy: {ci} straddles 1 ({estimate})", "samples")
+        reason = f"significant, but the {estimate} is under the {bound} minimum effect and the {ci} reaches past it"
+        return Verdict("cannot tell", reason)
+    return Verdict("cannot tell", f"too noisy: {ci} straddles 1 ({estimate})")
 
 
 def weak_verdict(
