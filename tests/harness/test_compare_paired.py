@@ -101,37 +101,31 @@ def _sequential(num_rows: int, time_round, rounds: int = confirm.DEFAULT_ROUNDS,
     return [stats.decide_paired(t, min_effect=0.1).verdict for t in tests], tests
 
 
-def _simulate(slowdowns: list[float], seed: int, process: float = 0.05):
-    """The sequential procedure on simulated rows, no clock binding: (verdicts, rounds each row got)."""
-    verdicts, rounds, _ = _boxed([(s, process, 0.0) for s in slowdowns], 1e9, seed, overhead=0.0)
-    return verdicts, rounds
+# Rows of the sequential procedure, simulated with no clock binding: (slowdown, rows, seed, process noise (log sd),
+# verdict -> (at least, at most) of the rows, a check of the rounds each row got).
+SIMULATED = {
+    "unchanged rows: under 1 false slower in 100, stopped early": (
+        1.0, 1000, 3, 0.05, {"slower": (0, 10), "same": (950, 1000)}, lambda rounds: np.median(rounds) <= 13),
+    "a row at the effect is mostly slower: the effect is a threshold on the estimate": (
+        1.10, 1000, 4, 0.05, {"slower": (600, 850)}, None),  # 722: an estimate past +10% with 1 excluded stops it
+    "a row at half the effect is rarely slower": (1.05, 1000, 4, 0.05, {"slower": (0, 40), "same": (700, 1000)},
+                                                  None),  # 26 and 799
+    "25% slower with processes 7% apart: every row, some after the first look": (
+        1.25, 200, 5, 0.07, {"slower": (200, 200)}, lambda rounds: max(rounds) > confirm.MIN_ROUNDS),
+    # round ratios spread 0.17 (log sd), as the 5 ms rows' did under load (docs/review.md)
+    "noisy unchanged rows like the long ones: under 1 false alarm in 100": (
+        1.0, 1000, 9, 0.12, {"slower": (0, 10), "faster": (0, 10)}, None),  # 5 and 6
+    "noisy rows like the long ones, 25% slower: every row": (1.25, 200, 8, 0.12, {"slower": (200, 200)}, None),
+}  # fmt: skip
 
 
-def test_sequential_looks_give_no_false_slower_in_a_thousand_unchanged_rows_and_stop_early():
-    verdicts, rounds = _simulate([1.0] * 1000, seed=3)
-    assert verdicts.count("slower") <= 10, "more than 1 false alarm in 100 rows"
-    assert verdicts.count("same") >= 950 and np.median(rounds) <= 13
-
-
-def test_the_effect_is_a_threshold_on_the_estimate_so_a_row_at_it_is_mostly_slower_and_one_at_half_of_it_rarely():
-    at_effect, _ = _simulate([1.10] * 1000, seed=4)
-    assert 600 <= at_effect.count("slower") <= 850  # 722: once an estimate past +10% with 1 excluded stops the row
-    half, _ = _simulate([1.05] * 1000, seed=4)
-    assert half.count("slower") <= 40 and half.count("same") >= 700  # 26 and 799
-
-
-def test_a_25pct_slowdown_is_flagged_on_every_row_even_when_processes_differ_by_7pct():
-    verdicts, rounds = _simulate([1.25] * 200, seed=5, process=0.07)
-    assert verdicts.count("slower") == 200, {v: verdicts.count(v) for v in set(verdicts)}
-    assert max(rounds) > confirm.MIN_ROUNDS  # the noisier rows needed more than the first look
-
-
-def test_noisy_rows_like_the_long_ones_keep_false_slower_under_1_in_100_and_a_planted_25pct_is_flagged_on_each():
-    """Round ratios spread 0.17 (log sd), as the 5 ms rows' did under load (docs/review.md)."""
-    unchanged, _ = _simulate([1.0] * 1000, seed=9, process=0.12)
-    assert unchanged.count("slower") <= 10 and unchanged.count("faster") <= 10, unchanged.count("slower")  # 5 and 6
-    planted, _ = _simulate([1.25] * 200, seed=8, process=0.12)
-    assert planted.count("slower") == 200, planted.count("slower")
+@pytest.mark.parametrize("name", SIMULATED)
+def test_sequential_looks_on_simulated_rows(name):
+    slowdown, num_rows, seed, process, bounds, rounds_ok = SIMULATED[name]
+    verdicts, rounds, _ = _boxed([(slowdown, process, 0.0)] * num_rows, 1e9, seed, overhead=0.0)
+    counts = {v: verdicts.count(v) for v in stats.VERDICTS}
+    assert all(low <= counts[v] <= high for v, (low, high) in bounds.items()), counts
+    assert rounds_ok is None or rounds_ok(rounds), rounds
 
 
 def _boxed(
