@@ -14,8 +14,6 @@ from harness.cli.options import BadInput, as_bad_input
 from harness.review.compare import CompareOptions, compare_runs, format_comparison, load_runs, write_compare_html
 from harness.review.confirm import DEFAULT_TIME_S, MIN_ROUNDS, ConfirmInputError, retime_or_mark
 
-JSON_DROPPED = ("_samples_us",)  # column suffixes left out of --json: the samples stay in the run folders
-
 
 def add_parser(verbs) -> None:
     compare = verbs.add_parser(
@@ -97,10 +95,6 @@ def check(args: argparse.Namespace) -> None:
         raise BadInput(f"--json {args.json}: a folder; give a file to write, or no value for stdout")
 
 
-def options_of(args: argparse.Namespace) -> CompareOptions:
-    return CompareOptions(**{field.name: getattr(args, field.name) for field in dataclasses.fields(CompareOptions)})
-
-
 def main(args: argparse.Namespace) -> int:
     check(args)
     return compare(args, args.base_run, args.new_run)
@@ -109,7 +103,7 @@ def main(args: argparse.Namespace) -> int:
 def compare(args: argparse.Namespace, base_run: Path, new_run: Path) -> int:
     """Compare two run folders as ``args`` say, re-time the doubtful rows, print; the exit code."""
     (base, base_meta), (new, new_meta) = load_runs(base_run, new_run)
-    options = options_of(args)
+    options = CompareOptions(**{field.name: getattr(args, field.name) for field in dataclasses.fields(CompareOptions)})
     comparison = compare_runs(base, new, base_meta, new_meta, options)
     if args.harness_plugins and not args.no_confirm:
         print("note: the paired re-timing imports the plugins beside the built-ins it times: a plugin there can "
@@ -140,9 +134,10 @@ def compare(args: argparse.Namespace, base_run: Path, new_run: Path) -> int:
 
 
 def as_json(comparison, base_run: Path, new_run: Path) -> dict:
-    """The comparison as plain JSON values: every row's columns but the sample lists, NaN as null."""
+    """The comparison as plain JSON values: every row's columns but the sample lists (they stay in the run
+    folders), NaN as null."""
     rows = comparison.rows
-    rows = rows[[c for c in rows.columns if not c.endswith(JSON_DROPPED)]]
+    rows = rows[[c for c in rows.columns if not c.endswith("_samples_us")]]
     return {
         "base": str(base_run),
         "new": str(new_run),

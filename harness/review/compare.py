@@ -93,28 +93,6 @@ def load_runs(*run_dirs: Path) -> list[tuple[pd.DataFrame, dict]]:
     return loaded
 
 
-def check_unique(*runs: tuple[pd.DataFrame, str]) -> None:
-    """Refuse runs, given as (frame, name), with a (case, backend) row twice, naming every such run and the
-    first few of its pairs."""
-    found = []
-    for frame, name in runs:
-        if not (dup := frame[frame.duplicated(KEY, keep=False)]).empty:
-            pairs = sorted({f"{b} on {c}" for c, b in zip(dup["case"], dup["backend"], strict=True)})
-            found.append(f"{name}: duplicated (case, backend) rows: {', '.join(pairs[:5])}")
-    if found:
-        raise DuplicateRowsError("\n".join(found))
-
-
-def _side(frame: pd.DataFrame) -> pd.DataFrame:
-    return frame.reindex(columns=KEY + _FIELDS)
-
-
-def meta_mismatches(base_meta: dict, new_meta: dict) -> list[str]:
-    """'device cpu -> cuda', 'torch 2.12 -> 2.13': what differs between the runs' machines."""
-    sides = [(key, (base_meta or {}).get(key), (new_meta or {}).get(key)) for key in META_KEYS]
-    return [f"{key} {b} -> {n}" for key, b, n in sides if b is not None and n is not None and b != n]
-
-
 def compare_runs(
     base: pd.DataFrame,
     new: pd.DataFrame,
@@ -125,8 +103,15 @@ def compare_runs(
 ) -> Comparison:
     """Compare ``new`` against ``base`` (report rows); see the module docstring."""
     opts = options or CompareOptions(**overrides)
-    check_unique((base, "base run"), (new, "new run"))
-    rows = _side(base).merge(_side(new), on=KEY, how="outer", suffixes=("_base", "_new"), indicator="side")
+    found = []  # every run with a (case, backend) row twice, and the first few of its pairs
+    for frame, name in ((base, "base run"), (new, "new run")):
+        if not (dup := frame[frame.duplicated(KEY, keep=False)]).empty:
+            pairs = sorted({f"{b} on {c}" for c, b in zip(dup["case"], dup["backend"], strict=True)})
+            found.append(f"{name}: duplicated (case, backend) rows: {', '.join(pairs[:5])}")
+    if found:
+        raise DuplicateRowsError("\n".join(found))
+    base, new = base.reindex(columns=KEY + _FIELDS), new.reindex(columns=KEY + _FIELDS)
+    rows = base.merge(new, on=KEY, how="outer", suffixes=("_base", "_new"), indicator="side")
     rows["side"] = rows["side"].map({"both": "both", "left_only": "base only", "right_only": "new only"})
     rows = rows.sort_values(KEY, kind="stable").reset_index(drop=True)
     unanchored = normalize_to_anchor(rows, opts.normalize_by) if opts.normalize_by else 0
@@ -140,7 +125,8 @@ def compare_runs(
     one_sided = {what: int((rows["side"] == side).sum()) for side, what in
                  (("base only", "missing from the new run"), ("new only", "new, with no baseline"))}  # fmt: skip
     problems = [f"{count} row(s) {what}" for what, count in one_sided.items() if count]
-    mismatches = meta_mismatches(base_meta or {}, new_meta or {})
+    sides = [(key, (base_meta or {}).get(key), (new_meta or {}).get(key)) for key in META_KEYS]
+    mismatches = [f"{key} {b} -> {n}" for key, b, n in sides if b is not None and n is not None and b != n]
     problems += [f"not like for like: {m}" + (" (allowed)" if opts.allow_mismatch else "") for m in mismatches]
     if unanchored:
         problems.append(f"{unanchored} timed row(s) not normalized: their case lacks a timed {opts.normalize_by} "
@@ -330,13 +316,6 @@ def verdict_counts(comparison: Comparison) -> dict[str, int]:
     return counts | {extra: int(found[extra]) for extra in ("anchor", UNCONFIRMED) if extra in found}
 
 
-def _fmt_ratio(r: pd.Series) -> str:
-    if pd.isna(r["ratio"]):
-        return ""
-    ci = f" [{r['ci_low']:.2f}-{r['ci_high']:.2f}]" if pd.notna(r["ci_low"]) else ""
-    return f"{r['ratio']:.3f}{ci}"
-
-
 def format_comparison(comparison: Comparison, base_name: str, new_name: str, *, show_all: bool = False) -> str:
     """The terminal view: run-level problems, then the rows that changed (or all), then the tally."""
     rows = comparison.rows
@@ -372,7 +351,9 @@ def format_comparison(comparison: Comparison, base_name: str, new_name: str, *, 
             r["why"] or r["better"] or (r["verdict_reason"] if r["verdict"] in ("cannot tell", UNCONFIRMED) else "")
         )
         status = f"{r['status_base']} -> {r['status_new']}" if r["side"] == "both" else ""
-        table.append((what, r["backend"], r["case"], status, _fmt_ratio(r), r["verdict"], detail))
+        ci = f" [{r['ci_low']:.2f}-{r['ci_high']:.2f}]" if pd.notna(r["ci_low"]) else ""
+        ratio = f"{r['ratio']:.3f}{ci}" if pd.notna(r["ratio"]) else ""
+        table.append((what, r["backend"], r["case"], status, ratio, r["verdict"], detail))
     if table:
         header = ("", "backend", "case", "status", "latency new/base [CI]", "latency", "why")
         widths = [max(len(str(t[k])) for t in [header, *table]) for k in range(6)]

@@ -208,7 +208,6 @@ ROUND_QUANTILE = 0.1  # a round's observation of a build: this quantile of its s
 STEP_S = 0.005  # one alternating step: about this much of one build's calls, one call at least
 ROUND_S = 0.8  # timed calls per build per row and round, about
 MAX_STEPS = 24  # alternating steps per build per row and round, at most
-PIN_LONG = True  # rows of one call a step: both builds' workers on one CPU
 MIN_ROUNDS = 9  # the first look: with 7 looks (9, 13, ... 29, 32) fewer rounds cannot exclude anything at 1 - 0.05 / 7
 LOOK_EVERY = 4
 DEFAULT_ROUNDS = 32
@@ -474,8 +473,9 @@ def step_plan(call_us: float) -> tuple[int, int]:
 
 
 def _pin(workers: list[Worker], cpu: int | None) -> None:
-    """Pin both builds' workers to ``cpu`` (None: every CPU this process may use again)."""
-    if not (PIN_LONG and hasattr(os, "sched_setaffinity")):
+    """Pin both builds' workers to ``cpu`` (None: every CPU this process may use again): rows of one call a
+    step run both builds on one CPU."""
+    if not hasattr(os, "sched_setaffinity"):
         return
     allowed = os.sched_getaffinity(0)
     for worker in workers:

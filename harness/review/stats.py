@@ -40,55 +40,34 @@ def clean(samples: object) -> np.ndarray:
     return array[np.isfinite(array) & (array > 0)]
 
 
-def bootstrap_ratio_ci(
-    base: np.ndarray, new: np.ndarray, *, alpha: float = 0.05, n_boot: int = 2000, seed: int = 0
-) -> tuple[float, float]:
-    """Percentile bootstrap CI of median(new) / median(base) at confidence ``1 - alpha``."""
-    rng = np.random.default_rng(seed)
-    med_base = np.median(base[rng.integers(0, len(base), (n_boot, len(base)))], axis=1)
-    med_new = np.median(new[rng.integers(0, len(new), (n_boot, len(new)))], axis=1)
-    low, high = np.quantile(med_new / med_base, [alpha / 2, 1 - alpha / 2])
-    return float(low), float(high)
-
-
 def compare_samples(base: Sequence[float], new: Sequence[float], *, alpha: float = 0.05, seed: int = 0) -> LatencyTest:
-    """Ratio of medians, its bootstrap CI and the Mann-Whitney p-value of two sample sets."""
+    """Ratio of medians, its percentile bootstrap CI at ``1 - alpha`` and the two-sided Mann-Whitney p-value."""
+    from scipy.stats import mannwhitneyu  # here: scipy.stats takes a second or two to import
+
     base, new = clean(base), clean(new)
     ratio = float(np.median(new) / np.median(base)) if len(base) and len(new) else float("nan")
     if min(len(base), len(new)) < MIN_SAMPLES:
         return LatencyTest(ratio, float("nan"), float("nan"), float("nan"), len(base), len(new))
-    low, high = bootstrap_ratio_ci(base, new, alpha=alpha, seed=seed)
-    p_value = mann_whitney_p(new, base)
-    return LatencyTest(ratio, low, high, p_value, len(base), len(new))
-
-
-def mann_whitney_p(x: np.ndarray, y: np.ndarray) -> float:
-    """Two-sided Mann-Whitney U p-value (scipy's; imported here, as scipy.stats takes a second or two to import)."""
-    from scipy.stats import mannwhitneyu
-
-    return float(mannwhitneyu(x, y, alternative="two-sided").pvalue)
+    rng = np.random.default_rng(seed)
+    boot = [np.median(x[rng.integers(0, len(x), (2000, len(x)))], axis=1) for x in (base, new)]
+    low, high = np.quantile(boot[1] / boot[0], [alpha / 2, 1 - alpha / 2])
+    p_value = float(mannwhitneyu(new, base, alternative="two-sided").pvalue)
+    return LatencyTest(ratio, float(low), float(high), p_value, len(base), len(new))
 
 
 def adjust_p_values(p_values: Sequence[float], method: str = "bh") -> np.ndarray:
     """Adjusted p-values over many rows (``bh``, ``holm`` or ``none``); NaN stays NaN and is not counted."""
-    p = np.asarray(p_values, dtype=float)
-    out = np.full_like(p, np.nan)
-    valid = np.flatnonzero(~np.isnan(p))
-    m = len(valid)
-    if m == 0 or method == "none":
-        out[valid] = p[valid]
-        return out
-    order = valid[np.argsort(p[valid])]
-    ranked = p[order]
-    if method == "bh":
-        scaled = ranked * m / np.arange(1, m + 1)
-        adjusted = np.minimum.accumulate(scaled[::-1])[::-1]
-    elif method == "holm":
-        scaled = ranked * (m - np.arange(m))
-        adjusted = np.maximum.accumulate(scaled)
-    else:
+    if method not in ("bh", "holm", "none"):
         raise ValueError(f"unknown p-value correction {method!r}; use bh, holm or none")
-    out[order] = np.minimum(adjusted, 1.0)
+    p = np.asarray(p_values, dtype=float)
+    out, valid = p.copy(), np.flatnonzero(~np.isnan(p))
+    if len(valid) and method == "bh":
+        from scipy.stats import false_discovery_control
+
+        out[valid] = false_discovery_control(p[valid])
+    elif len(valid) and method == "holm":
+        order = valid[np.argsort(p[valid])]
+        out[order] = np.minimum(np.maximum.accumulate(p[order] * (len(valid) - np.arange(len(valid)))), 1.0)
     return out
 
 
@@ -96,27 +75,25 @@ def adjust_p_values(p_values: Sequence[float], method: str = "bh") -> np.ndarray
 class Verdict:
     verdict: str  # one of VERDICTS
     reason: str  # why, in a few words (always set for 'cannot tell')
-    evidence: str  # "samples" or "p10/p90 (weak)"
+    evidence: str = "samples"  # or "p10/p90 (weak)", "none"
 
 
 def decide(test: LatencyTest, p_adjusted: float, *, min_effect: float, alpha: float = 0.05) -> Verdict:
     """The verdict of one row from its test and its adjusted p-value (see the module docstring)."""
     if min(test.n_base, test.n_new) < MIN_SAMPLES:
-        return Verdict(
-            "cannot tell", f"too few samples ({test.n_base} base, {test.n_new} new; need {MIN_SAMPLES})", "samples"
-        )
+        return Verdict("cannot tell", f"too few samples ({test.n_base} base, {test.n_new} new; need {MIN_SAMPLES})")
     up, down = 1 + min_effect, 1 - min_effect
     ci = f"ratio CI {test.ci_low:.3f}-{test.ci_high:.3f}"
     significant = p_adjusted < alpha
     if significant and test.ci_low > up:
-        return Verdict("slower", f"{ci}, p={p_adjusted:.1e}", "samples")
+        return Verdict("slower", f"{ci}, p={p_adjusted:.1e}")
     if significant and test.ci_high < down:
-        return Verdict("faster", f"{ci}, p={p_adjusted:.1e}", "samples")
+        return Verdict("faster", f"{ci}, p={p_adjusted:.1e}")
     if test.ci_low >= down and test.ci_high <= up:
-        return Verdict("same", f"{ci} inside ±{min_effect:.0%}", "samples")
+        return Verdict("same", f"{ci} inside ±{min_effect:.0%}")
     if test.ci_low <= up < test.ci_high or test.ci_low < down <= test.ci_high:
-        return Verdict("cannot tell", f"too noisy: {ci} straddles ±{min_effect:.0%}", "samples")
-    return Verdict("cannot tell", f"too noisy: not significant (adjusted p={p_adjusted:.2g}), {ci}", "samples")
+        return Verdict("cannot tell", f"too noisy: {ci} straddles ±{min_effect:.0%}")
+    return Verdict("cannot tell", f"too noisy: not significant (adjusted p={p_adjusted:.2g}), {ci}")
 
 
 def signed_rank_null(n: int) -> np.ndarray:
@@ -164,23 +141,20 @@ def decide_paired(test: LatencyTest, *, min_effect: float) -> Verdict:
     ``±min_effect``), else ``cannot tell``, saying why."""
     up, down = 1 + min_effect, 1 - min_effect
     if not np.isfinite(test.ci_high):
-        return Verdict("cannot tell", f"too few rounds ({test.n_base}) for the interval's confidence", "samples")
+        return Verdict("cannot tell", f"too few rounds ({test.n_base}) for the interval's confidence")
     ci = f"paired ratio CI {test.ci_low:.3f}-{test.ci_high:.3f}"
     estimate = f"estimate {test.ratio - 1:+.1%}"
     if test.ci_low > 1 and test.ratio > up:
-        return Verdict("slower", f"{ci} above 1, {estimate} past +{min_effect:.0%}", "samples")
+        return Verdict("slower", f"{ci} above 1, {estimate} past +{min_effect:.0%}")
     if test.ci_high < 1 and test.ratio < down:
-        return Verdict("faster", f"{ci} below 1, {estimate} past -{min_effect:.0%}", "samples")
+        return Verdict("faster", f"{ci} below 1, {estimate} past -{min_effect:.0%}")
     if test.ci_low >= down and test.ci_high <= up:
-        return Verdict("same", f"{ci} inside ±{min_effect:.0%}", "samples")
+        return Verdict("same", f"{ci} inside ±{min_effect:.0%}")
     if test.ci_low > 1 or test.ci_high < 1:
         bound = f"+{min_effect:.0%}" if test.ci_low > 1 else f"-{min_effect:.0%}"
-        return Verdict(
-            "cannot tell",
-            f"significant, but the {estimate} is under the {bound} minimum effect and the {ci} reaches past it",
-            "samples",
-        )
-    return Verdict("cannot tell", f"too noisy: {ci} straddles 1 ({estimate})", "samples")
+        reason = f"significant, but the {estimate} is under the {bound} minimum effect and the {ci} reaches past it"
+        return Verdict("cannot tell", reason)
+    return Verdict("cannot tell", f"too noisy: {ci} straddles 1 ({estimate})")
 
 
 def weak_verdict(

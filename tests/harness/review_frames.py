@@ -65,10 +65,6 @@ def write(frame_: pd.DataFrame, meta_: dict, path: Path, *, page: bool = False) 
     return write_run(frame_, meta_, Path(path), page=render_html if page else None)
 
 
-def dumps(meta_: dict) -> str:
-    return json.dumps(meta_)
-
-
 def journal(out: Path, cases: Path, rows=(), **options) -> Path:
     """A stopped run's journal for ``out`` (``cases`` through tlsim, untimed, ``options`` over those); its path."""
     from harness.results.journal import Journal, journal_path

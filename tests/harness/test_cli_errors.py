@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import builtins
+import json
 import os
 import shutil
 import subprocess
@@ -93,7 +94,7 @@ def _good(folder: Path) -> None:
 
 def _meta_only(folder: Path) -> None:
     folder.mkdir()
-    (folder / "meta.json").write_text(rf.dumps(rf.meta()))
+    (folder / "meta.json").write_text(json.dumps(rf.meta()))
 
 
 def _doubled(folder: Path) -> None:

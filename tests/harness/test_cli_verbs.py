@@ -83,39 +83,25 @@ def test_compare_json_writes_every_row_and_the_exit_code_to_stdout_or_a_file(tmp
 def _frame(rows: list[dict]) -> pd.DataFrame:
     columns = ["case", "backend", "status", "reason", "tol_ratio", "max_abs_err", "atol", "rtol", "latency_us",
                "worst_location", "fail_count"]  # fmt: skip
-    return pd.DataFrame(rows, columns=columns)
+    return pd.DataFrame([{"case": f"c{i}", **row} for i, row in enumerate(rows)], columns=columns)
 
 
-def test_cuda_only_backends_skipped_on_a_cpu_share_one_verdict_line():
-    rows = [{"case": f"c{i}", "backend": b, "status": "skip", "reason": f"{b} runs on cuda, not cpu"}
-            for i in range(3) for b in ("varlen_flash", "flex_paged")]  # fmt: skip
-    rows += [{"case": "c0", "backend": "tlsim", "status": "pass", "reason": ""}]
-    rows += [{"case": "c0", "backend": "triton", "status": "skip", "reason": "triton only small"}]
-    assert verdict_lines(_frame(rows), 0).splitlines() == [
-        "PASS: 8 rows: 1 pass, 7 skip",
-        "skip varlen_flash, flex_paged (3 each): runs on cuda, not cpu",
-        "skip triton (1): triton only small",
-    ]
+def _tolerance_row(status: str, tol_ratio: float, **extra) -> dict:
+    return {"backend": "tlsim", "status": status, "reason": "max abs err", "tol_ratio": tol_ratio, "max_abs_err": 1e-3,
+            "atol": 1e-5, "rtol": 1e-4, "worst_location": "", "fail_count": 0, **extra}  # fmt: skip
 
 
 @pytest.mark.parametrize(
-    ("ratio", "words"),
-    [(0.42, "closest to its tolerance: tlsim on c0: within it, at 0.42 of it"),
-     (9.77, "furthest over its tolerance: tlsim on c0: 9.77x over it")],
+    ("row", "words"),
+    [(_tolerance_row("pass", 0.42), "closest to its tolerance: tlsim on c0: within it, at 0.42 of it"),
+     (_tolerance_row("fail", 9.77), "furthest over its tolerance: tlsim on c0: 9.77x over it"),
+     (_tolerance_row("fail", 9.77, backend="mine", reason="max abs err 0.5", max_abs_err=0.5,
+                     worst_location="seq 0, query 0, head 0", fail_count=311),  # where, on the terminal as on the page
+      "FAIL: mine on c0: worst at seq 0, query 0, head 0, 311 elements outside the tolerance, error 9.77x the "
+      "tolerance: max abs err 0.5")],
 )  # fmt: skip
-def test_the_worst_row_is_worded_within_or_over_its_tolerance(ratio, words):
-    status = "pass" if ratio <= 1 else "fail"
-    row = {"case": "c0", "backend": "tlsim", "status": status, "reason": "max abs err", "tol_ratio": ratio,
-           "max_abs_err": 1e-3, "atol": 1e-5, "rtol": 1e-4, "worst_location": "", "fail_count": 0}  # fmt: skip
+def test_the_summary_words_the_worst_row_within_or_over_its_tolerance_and_where_a_row_failed(row, words):
     assert words in summarize(_frame([row]))
-
-
-def test_a_failed_row_says_where_on_the_terminal_as_the_page_does():
-    row = {"case": "c0", "backend": "mine", "status": "fail", "reason": "max abs err 0.5", "tol_ratio": 9.77,
-           "max_abs_err": 0.5, "atol": 1e-5, "rtol": 1e-4, "worst_location": "seq 0, query 0, head 0",
-           "fail_count": 311}  # fmt: skip
-    assert ("FAIL: mine on c0: worst at seq 0, query 0, head 0, 311 elements outside the tolerance, error 9.77x "
-            "the tolerance: max abs err 0.5") in summarize(_frame([row]))  # fmt: skip
 
 
 def test_the_row_lines_say_a_cuda_only_backend_once_not_once_a_row(capsys):
@@ -152,29 +138,28 @@ def _untagged_case(tmp_path) -> Path:
     return write_cases(tmp_path / "tiny.toml", {"name": "tiny", "block_size": 16, "seq_lens": [40, 17], "q_lens": 1})
 
 
-def _statuses_frame(statuses: list[tuple[str, str, str]]) -> pd.DataFrame:
-    return pd.DataFrame([{"case": f"c{i}", "backend": b, "status": s, "reason": r} for i, (b, s, r) in
-                         enumerate(statuses)])  # fmt: skip
+CUDA_ONLY = [(b, "skip", f"{b} runs on cuda, not cpu") for b in ("varlen_flash", "flex_paged")] * 3
+VERDICT_LINES = {
+    "cuda-only backends skipped on a cpu share one line": (
+        [*CUDA_ONLY, ("tlsim", "pass", ""), ("triton", "skip", "triton only small")], 0, 8,
+        ["PASS: 8 rows: 1 pass, 7 skip", "skip varlen_flash, flex_paged (3 each): runs on cuda, not cpu",
+         "skip triton (1): triton only small"]),
+    "skips grouped by backend and reason, most first": (
+        [("tlsim", "pass", "")] * 3 + [("triton", "skip", "only small")] * 2 + [("cache", "skip", "x")], 0, 8,
+        ["PASS: 6 rows: 3 pass, 3 skip", "skip triton (2): only small", "skip cache (1): x"]),
+    "fail and error first, long and many reasons cut": (
+        [("tlsim", "fail", "max abs"), ("triton", "error", "boom"), ("tlsim", "pass", "")]
+        + [(f"b{i}", "skip", "r" * 200) for i in range(10)], 1, 3,
+        ["FAIL: 13 rows: 1 fail, 1 error, 1 pass, 10 skip", *(f"skip b{i} (1): {'r' * 94}..." for i in range(3)),
+         "... and 7 more skips for 7 other reasons (the report lists them)"]),
+}  # fmt: skip
 
 
-def test_a_passing_run_counts_its_rows_and_groups_the_skips_by_backend_and_reason_most_first():
-    frame = _statuses_frame(
-        [("tlsim", "pass", "")] * 3 + [("triton", "skip", "only small")] * 2 + [("cache", "skip", "x")]
-    )
-    assert verdict_lines(frame, 0).splitlines() == [
-        "PASS: 6 rows: 3 pass, 3 skip",
-        "skip triton (2): only small",
-        "skip cache (1): x",
-    ]
-
-
-def test_a_failing_run_puts_fail_and_error_first_and_cuts_long_or_many_reasons():
-    rows = [("tlsim", "fail", "max abs"), ("triton", "error", "boom"), ("tlsim", "pass", "")]
-    rows += [(f"b{i}", "skip", "r" * 200) for i in range(10)]
-    lines = verdict_lines(_statuses_frame(rows), 1, most=3).splitlines()
-    assert lines[0] == "FAIL: 13 rows: 1 fail, 1 error, 1 pass, 10 skip"
-    assert len(lines) == 5 and all(len(line) <= 110 for line in lines[1:4]) and lines[1].endswith("...")
-    assert lines[4] == "... and 7 more skips for 7 other reasons (the report lists them)"
+@pytest.mark.parametrize("name", VERDICT_LINES)
+def test_the_verdict_counts_the_rows_then_the_skips_by_reason(name):
+    rows, code, most, lines = VERDICT_LINES[name]
+    frame = _frame([{"backend": b, "status": s, "reason": r} for b, s, r in rows])
+    assert verdict_lines(frame, code, most=most).splitlines() == lines
 
 
 @pytest.mark.parametrize("installed", [True, False])

@@ -29,64 +29,54 @@ def rerun():
     return rf.frame(num_cases=4, seed=2)
 
 
-def whys(comparison) -> dict:
-    return {(r["case"], r["backend"]): r["why"] for _, r in comparison.regressions.iterrows()}
+def _fewer(frame: pd.DataFrame) -> pd.DataFrame:
+    return frame[frame["backend"] != "gather_sdpa"]
 
 
-WORSE_ROWS = {
-    "accuracy": (
-        "case01", "tlsim", {"status": "fail", "max_abs_err": 3e-4, "tol_ratio": 2.7, "reason": "max abs err 3e-4"},
-        ("status pass -> fail", "max abs err", "tolerance margin shrunk"),
-    ),
-    "nan_count": ("case00", "tlsim", {"status": "fail", "nan_count": 12}, ("NaN count 0 -> 12",)),
+OTHER = rf.meta(torch="2.14.0", device_name="Other CPU")
+# (base, rerun) -> (base, new run); keywords of compare_runs; exit; where to read: "problems" or (column, case,
+# backend); a str is the whole text (of that cell, or one problem), a tuple words in it.
+CHANGES = {
+    "a planted accuracy regression": (
+        lambda b, r: (b, _set(r, "case01", "tlsim", status="fail", max_abs_err=3e-4, tol_ratio=2.7, reason="3e-4")),
+        {}, EXIT_WORSE, ("why", "case01", "tlsim"), ("status pass -> fail", "max abs err", "tolerance margin shrunk")),
+    "a planted NaN count": (lambda b, r: (b, _set(r, "case00", "tlsim", status="fail", nan_count=12)), {}, EXIT_WORSE,
+                            ("why", "case00", "tlsim"), ("NaN count 0 -> 12",)),
+    "error growth and a margin shrunk inside the tolerance": (
+        lambda b, r: (b, _set(r, "case02", "reference", max_abs_err=5e-6, tol_ratio=0.6)), {}, EXIT_WORSE,
+        ("why", "case02", "reference"),
+        "max abs err 2.00e-07 -> 5.00e-06; tolerance margin shrunk: 0.02 -> 0.60 of the tolerance"),
+    "growth far inside the tolerance (noise)": (
+        lambda b, r: (b, _set(r, "case02", "reference", max_abs_err=5e-7, tol_ratio=0.05)), {}, EXIT_OK, None, ()),
+    "a row now skipped": (lambda b, r: (b, _set(r, "case00", "gather_sdpa", status="skip", reason="gone")), {},
+                          EXIT_WORSE, ("why", "case00", "gather_sdpa"), "status pass -> skip"),
+    "a fix": (lambda b, r: (_set(b, "case03", "tlsim", status="error", reason="RuntimeError"), r), {}, EXIT_OK,
+              ("better", "case03", "tlsim"), "fixed: error -> pass"),
+    "rows missing from the new run": (lambda b, r: (b, _fewer(r)), {}, EXIT_INCOMPLETE, "problems",
+                                      "4 row(s) missing from the new run"),
+    "rows with no baseline": (lambda b, r: (_fewer(r), r), {}, EXIT_INCOMPLETE, "problems",
+                              "4 row(s) new, with no baseline"),
+    "a device or version mismatch": (lambda b, r: (b, r), {"base_meta": rf.meta(), "new_meta": OTHER},
+                                     EXIT_INCOMPLETE, "problems", ("torch 2.13.0 -> 2.14.0",)),
+    "a mismatch allowed": (lambda b, r: (b, r), {"base_meta": rf.meta(), "new_meta": OTHER, "allow_mismatch": True},
+                           EXIT_OK, None, ()),
+    "worse wins over incomplete": (lambda b, r: (b, _set(_fewer(r), "case01", "tlsim", status="fail")), {},
+                                   EXIT_WORSE, None, ()),
 }  # fmt: skip
 
 
-@pytest.mark.parametrize("name", WORSE_ROWS)
-def test_a_planted_accuracy_or_nan_count_regression_fails_compare_saying_what_grew(base, rerun, name):
-    case, backend, values, words = WORSE_ROWS[name]
-    comparison = compare_runs(base, _set(rerun, case, backend, **values))
-    assert comparison.exit_code == EXIT_WORSE
-    assert all(w in whys(comparison)[(case, backend)] for w in words), whys(comparison)
-
-
-def test_error_growth_and_margin_shrink_inside_tolerance_still_count(base, rerun):
-    new = _set(rerun, "case02", "reference", max_abs_err=5e-6, tol_ratio=0.6)
-    why = whys(compare_runs(base, new))[("case02", "reference")]
-    assert why == "max abs err 2.00e-07 -> 5.00e-06; tolerance margin shrunk: 0.02 -> 0.60 of the tolerance"
-    tiny = _set(rerun, "case02", "reference", max_abs_err=5e-7, tol_ratio=0.05)  # grew, but far inside: noise
-    assert compare_runs(base, tiny).exit_code == EXIT_OK
-
-
-def test_a_row_now_skipped_is_worse_and_a_fix_is_better(base, rerun):
-    new = _set(rerun, "case00", "gather_sdpa", status="skip", reason="gone")
-    assert whys(compare_runs(base, new))[("case00", "gather_sdpa")] == "status pass -> skip"
-    broken = _set(base, "case03", "tlsim", status="error", reason="RuntimeError")
-    comparison = compare_runs(broken, rerun)
-    assert comparison.exit_code == EXIT_OK
-    assert comparison.improvements.set_index("case").loc["case03", "better"] == "fixed: error -> pass"
-
-
-def test_rows_on_one_side_make_the_comparison_incomplete(base, rerun):
-    fewer = rerun[rerun["backend"] != "gather_sdpa"]
-    comparison = compare_runs(base, fewer)
-    assert comparison.exit_code == EXIT_INCOMPLETE
-    assert "4 row(s) missing from the new run" in comparison.problems
-    more = compare_runs(fewer, rerun)
-    assert more.exit_code == EXIT_INCOMPLETE and "4 row(s) new, with no baseline" in more.problems
-
-
-def test_a_device_or_version_mismatch_is_incomplete_unless_allowed(base, rerun):
-    other = rf.meta(torch="2.14.0", device_name="Other CPU")
-    comparison = compare_runs(base, rerun, rf.meta(), other)
-    assert comparison.exit_code == EXIT_INCOMPLETE
-    assert any("torch 2.13.0 -> 2.14.0" in p for p in comparison.problems)
-    assert compare_runs(base, rerun, rf.meta(), other, allow_mismatch=True).exit_code == EXIT_OK
-
-
-def test_worse_wins_over_incomplete(base, rerun):
-    new = _set(rerun[rerun["backend"] != "gather_sdpa"], "case01", "tlsim", status="fail")
-    assert compare_runs(base, new).exit_code == EXIT_WORSE
+@pytest.mark.parametrize("name", CHANGES)
+def test_what_got_worse_or_better_and_whether_the_comparison_is_complete_with_the_exit_code(base, rerun, name):
+    make, keywords, exit_code, where, words = CHANGES[name]
+    comparison = compare_runs(*make(base, rerun), **keywords)
+    assert comparison.exit_code == exit_code, comparison.problems
+    if where == "problems":
+        found = comparison.problems if isinstance(words, str) else "\n".join(comparison.problems)
+        assert words in found if isinstance(words, str) else all(w in found for w in words), comparison.problems
+    elif where is not None:
+        column, case, backend = where
+        text = comparison.rows.set_index(["case", "backend"]).loc[(case, backend), column]
+        assert text == words if isinstance(words, str) else all(w in text for w in words), text
 
 
 def test_duplicated_rows_are_refused(base, rerun):

@@ -234,47 +234,57 @@ def test_a_drift_under_which_paired_rounds_confirm_a_slowdown_is_said_as_both_no
     )
 
 
-def test_no_confirm_leaves_the_slower_rows_unconfirmed_saying_why_and_exits_5(tmp_path, rounds, capsys):
-    base, new = _runs(tmp_path, {"tlsim": 1.5})
-    assert main(["compare", base, new, "--no-confirm"]) == 5
-    out = capsys.readouterr().out
-    assert not rounds
-    table = _table(out)
-    assert sorted(table.values()) == ["UNCONFIRMED"] * 3 and {b for b, _ in table} == {"tlsim"}, out
-    assert "not re-timed in paired rounds: --no-confirm" in out
-    assert "latency verdicts: " in out and "unconfirmed 3" in out
-    assert "exit 5: nothing is confirmed worse, but 3 latency row(s)" in out
-
-
 def _checkout_fails(commit, path):
     raise subprocess.CalledProcessError(128, ["git", "worktree", "add"], stderr=b"fatal: no space left")
 
 
-@pytest.mark.parametrize(
-    ("base_meta", "both", "worktree", "why"),
-    [
-        ({"commit": None}, {}, None, "records no commit"),
-        ({"dirty": True}, {}, None, "uncommitted changes"),
-        ({}, {"case_files": ["/no/such/cases.toml"]}, None, "case file /no/such/cases.toml is not here"),
-        ({"commit": "f" * 40}, {}, None, "is not a commit of this repository"),
-        ({}, {}, _checkout_fails, "checking out a commit failed: fatal: no space left"),
-    ],
-)
-def test_a_run_whose_build_cannot_be_rebuilt_exits_5_with_the_reason(
-    tmp_path, rounds, monkeypatch, capsys, base_meta, both, worktree, why
-):
+def _new(seed: int, slow: dict, backend: str, case: str, **values) -> pd.DataFrame:
+    """The new run's rows: ``rf.frame(3, seed, slow)`` with ``values`` set on one row."""
+    frame = rf.frame(3, seed=seed, slow=slow)
+    for column, value in values.items():
+        frame.loc[(frame["backend"] == backend) & (frame["case"] == case), column] = value
+    return frame
+
+
+UNCONFIRMED_TLSIM = (("UNCONFIRMED", "tlsim"),) * 3
+# compare of two runs, tlsim 1.5x slower in the new one unless new_frame: (base_meta, both metas, new_frame, git
+# worktree, extra argv, exit, table lines (first word, backend), words); nothing is re-timed in paired rounds.
+NOT_RETIMED = {
+    "--no-confirm": ({}, {}, None, None, ["--no-confirm"], 5, UNCONFIRMED_TLSIM,
+                     ("not re-timed in paired rounds: --no-confirm", "latency verdicts: ", "unconfirmed 3",
+                      "exit 5: nothing is confirmed worse, but 3 latency row(s)")),
+    "no commit": ({"commit": None}, {}, None, None, [], 5, UNCONFIRMED_TLSIM, ("records no commit",)),
+    "a dirty tree": ({"dirty": True}, {}, None, None, [], 5, UNCONFIRMED_TLSIM, ("uncommitted changes",)),
+    "no case file": ({}, {"case_files": ["/no/such/cases.toml"]}, None, None, [], 5, UNCONFIRMED_TLSIM,
+                     ("case file /no/such/cases.toml is not here",)),
+    "no such commit": ({"commit": "f" * 40}, {}, None, None, [], 5, UNCONFIRMED_TLSIM,
+                       ("is not a commit of this repository",)),
+    "a checkout failing": ({}, {}, None, _checkout_fails, [], 5, UNCONFIRMED_TLSIM,
+                           ("checking out a commit failed: fatal: no space left",)),
+    "--confirm of no such commit": ({"commit": "f" * 40}, {}, None, None, ["--confirm"], 2, (),
+                                    ("is not a commit of this repository",)),
+    "an accuracy regression": ({}, {}, lambda: _new(0, {}, "tlsim", "case01", max_abs_err=5e-6), None, [], 1,
+                               (("WORSE", "tlsim"),), ("max abs err 2.00e-07 -> 5.00e-06", "exit 1: 1 row(s) got worse")),
+    "an accuracy regression beside unconfirmed latency": (
+        {"commit": None}, {}, lambda: _new(1, {"tlsim": 1.5}, "reference", "case00", status="fail"), None, [], 1,
+        (*UNCONFIRMED_TLSIM, ("WORSE", "reference")), ("status pass -> fail",)),
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("name", NOT_RETIMED)
+def test_rows_not_re_timed_get_their_exit_code_and_say_why(tmp_path, rounds, monkeypatch, capsys, name):
+    """Unconfirmed slower rows exit 5 with the reason; an explicit --confirm refuses a bad commit (2); an accuracy
+    regression is exit 1, re-timed or not."""
+    base_meta, both, new_frame, worktree, extra, exit_code, lines, words = NOT_RETIMED[name]
     if worktree is not None:
         monkeypatch.setattr(confirm, "worktree", worktree)
-    base, new = _runs(tmp_path, {"tlsim": 1.5}, base_meta=base_meta, both=both)
-    assert main(["compare", base, new]) == 5
-    out = capsys.readouterr().out
-    assert not rounds and why in out and "UNCONFIRMED" in out
-
-
-def test_an_explicit_confirm_still_refuses_a_commit_that_is_not_one_as_bad_input(tmp_path, rounds, capsys):
-    base, new = _runs(tmp_path, {"tlsim": 1.5}, base_meta={"commit": "f" * 40})
-    assert main(["compare", base, new, "--confirm"]) == 2
-    assert "is not a commit of this repository" in capsys.readouterr().err
+    new_frame = new_frame() if new_frame else None
+    base, new = _runs(tmp_path, {"tlsim": 1.5}, base_meta=base_meta, both=both, new_frame=new_frame)
+    assert main(["compare", base, new, *extra]) == exit_code
+    out, err = capsys.readouterr()
+    assert not rounds
+    assert sorted((word, backend) for (backend, _), word in _table(out).items()) == sorted(lines), out
+    assert all(w in (err if exit_code == 2 else out) for w in words), out + err
 
 
 def test_only_a_commit_of_your_own_history_is_re_timed(tmp_path, git_history, monkeypatch):
@@ -301,22 +311,3 @@ def test_a_handed_run_naming_a_fetched_commit_is_not_re_timed_but_unconfirmed(
     assert not rounds and "is not in your history" in out and "UNCONFIRMED" in out
     assert main(["compare", base, new, "--confirm"]) == 2
     assert "is not in your history" in capsys.readouterr().err
-
-
-def test_an_accuracy_regression_is_exit_1_without_any_retiming(tmp_path, rounds, capsys):
-    new = rf.frame(3, seed=0)  # the same samples: every latency "same"
-    new.loc[(new["backend"] == "tlsim") & (new["case"] == "case01"), "max_abs_err"] = 5e-6
-    base, new_dir = _runs(tmp_path, {}, new_frame=new)
-    assert main(["compare", base, new_dir]) == 1
-    out = capsys.readouterr().out
-    assert not rounds
-    assert "max abs err 2.00e-07 -> 5.00e-06" in out and "exit 1: 1 row(s) got worse" in out
-
-
-def test_an_accuracy_regression_wins_over_unconfirmed_latency(tmp_path, rounds, capsys):
-    new = rf.frame(3, seed=1, slow={"tlsim": 1.5})
-    new.loc[(new["backend"] == "reference") & (new["case"] == "case00"), "status"] = "fail"
-    base, new_dir = _runs(tmp_path, {}, new_frame=new, base_meta={"commit": None})
-    assert main(["compare", base, new_dir]) == 1
-    out = capsys.readouterr().out
-    assert "status pass -> fail" in out and "UNCONFIRMED" in out and not rounds
