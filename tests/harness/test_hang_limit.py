@@ -2,14 +2,16 @@
 
 from __future__ import annotations
 
+import functools
 import time
-from pathlib import Path
 
 import pandas as pd
 import pytest
 
 from harness.cases.spec import load_case_file
 from harness.cli.main import main
+from harness.run import runner
+from harness.timing import measure
 from harness.timing.measure import LIMIT_FLOOR_S, row_time_limit
 from harness.timing.timer import time_call
 from tests.tiny_cases import write_cases
@@ -80,31 +82,20 @@ def test_a_deadline_stops_sampling_and_marks_the_timing_cut_short():
     assert not fast.cut_short and len(fast.samples_us) >= 10
 
 
-def test_a_row_timed_past_its_budget_says_so_in_its_note(tmp_path):
+def test_a_row_timed_past_its_budget_says_so_in_its_note(tmp_path, monkeypatch):
     write_cases(tmp_path / "cases.toml", {"name": "first"})
     out = tmp_path / "run"
-    Path(tmp_path / "slow.py").write_text(
+    (tmp_path / "slow.py").write_text(
         "import time, kernels\nfrom harness import register_backend\n"
         "def slow(*args, out=None, **kwargs):\n    time.sleep(0.05)\n"
         "    return kernels.paged_attention_tlsim(*args, out=out, **kwargs)\n"
         "register_backend('slow', slow)\n"
     )
-    import harness.timing.measure as measure
-
-    assert measure.ROW_BUDGET_S >= 1  # the test below lowers it for speed
-    with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(measure.TimingSettings, "__init__", _settings_with_budget(measure.TimingSettings.__init__, 0.3))
-        code = main(["run", str(tmp_path / "cases.toml"), "--plugin", str(tmp_path / "slow.py"), "--backend", "slow",
-                     "--isolate", "none", "--no-progress", "--device", "cpu", "--out", str(out)])  # fmt: skip
+    assert measure.ROW_BUDGET_S >= 1  # lowered below for speed
+    monkeypatch.setattr(runner, "TimingSettings", functools.partial(measure.TimingSettings, budget_s=0.3))
+    code = main(["run", str(tmp_path / "cases.toml"), "--plugin", str(tmp_path / "slow.py"), "--backend", "slow",
+                 "--isolate", "none", "--no-progress", "--device", "cpu", "--out", str(out)])  # fmt: skip
     assert code == 0
     row = pd.read_parquet(out / "results.parquet").iloc[0]
     assert row["status"] == "pass"
     assert "timed within a 0.3 s budget:" in row["note"] and row["timing_reps"] < 10
-
-
-def _settings_with_budget(init, budget_s):
-    def patched(self, *args, **kwargs):
-        init(self, *args, **kwargs)
-        object.__setattr__(self, "budget_s", budget_s)
-
-    return patched

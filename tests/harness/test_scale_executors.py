@@ -59,6 +59,14 @@ register_backend("cuda_only", kernels.paged_attention_tlsim, devices=("cuda",))
 """
 
 
+@pytest.fixture(autouse=True)
+def private_oracle_cache_and_threads(tmp_path_factory, monkeypatch):
+    monkeypatch.setenv("HARNESS_ORACLE_CACHE", str(tmp_path_factory.getbasetemp() / "oracle"))
+    threads = torch.get_num_threads()
+    yield
+    torch.set_num_threads(threads)  # a Ray task's body sets its process's threads, here this one's
+
+
 class _PytestOptions:
     """What HarnessSession reads from pytest's config: the same cases, backends and plugin."""
 
@@ -92,14 +100,10 @@ def test_every_executor_gives_the_same_rows_row_for_row(tmp_path, monkeypatch):
         "isolated": through(InProcess(), dataclasses.replace(config, isolated=frozenset(NAMES))),
         "two workers": through(ProcessPool(2)),
     }
-    threads = torch.get_num_threads()  # a Ray task's body sets its process's threads, here this one's
-    try:
-        shipped = dataclasses.replace(config, backends=[])
-        events = [event for case in cases for event in case_task(case, NAMES, shipped, ())]  # plugin loaded here
-        got["a Ray task's body"] = _comparable([event[1] for event in events if event[0] == "row"])
-        assert "ray" not in sys.modules or not sys.modules["ray"].is_initialized()  # no local Ray left running
-    finally:
-        torch.set_num_threads(threads)
+    shipped = dataclasses.replace(config, backends=[])
+    events = [event for case in cases for event in case_task(case, NAMES, shipped, ())]  # plugin loaded here
+    got["a Ray task's body"] = _comparable([event[1] for event in events if event[0] == "row"])
+    assert "ray" not in sys.modules or not sys.modules["ray"].is_initialized()  # no local Ray left running
     session = HarnessSession(_PytestOptions({"harness_device": "cpu", "harness_plugins": [], "harness_backends": NAMES,
                                              "cases": [str(cases_file)], "harness_timing": False}))  # fmt: skip
     got["pytest"] = _comparable(
@@ -120,17 +124,8 @@ def test_a_ray_tasks_poisoned_oracle_cache_entry_is_an_event_that_stops_the_run(
     monkeypatch.setattr(loop, "build_context", poisoned)
     cases = load_cases([write_cases(tmp_path / "cases.toml", {"name": "first"})], "cpu")
     config = RunConfig(device="cpu", backends=[], timing=False, progress=False, threads=torch.get_num_threads())
-    threads = torch.get_num_threads()
-    try:
-        events = list(case_task(cases[0], ["reference"], config, ()))
-    finally:
-        torch.set_num_threads(threads)
+    events = list(case_task(cases[0], ["reference"], config, ()))
     assert events[-1] == ("poisoned", "oracle cache entry abc: its sha256 does not match")
-
-
-@pytest.fixture(autouse=True)
-def private_oracle_cache(tmp_path_factory, monkeypatch):
-    monkeypatch.setenv("HARNESS_ORACLE_CACHE", str(tmp_path_factory.getbasetemp() / "oracle"))
 
 
 @pytest.fixture(scope="module")
@@ -228,10 +223,7 @@ def test_workers_auto_is_one_per_core_on_a_cpu_one_per_visible_gpu_on_cuda_and_a
         worker_count("0", "cpu")
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "2,5,7")
     assert worker_count("auto", "cuda") == 3
-
-
-def test_workers_split_the_cores_between_them_on_cuda_too(monkeypatch):
-    """Each worker's torch threads: the run's (or every core) over the workers, never oversubscribed."""
+    # each worker's torch threads: the run's (or every core) over the workers, never oversubscribed, on CUDA too
     monkeypatch.setattr(os, "cpu_count", lambda: 32)
     assert worker_threads(None, 1) == 32
     assert worker_threads(None, 2) == 16  # two GPU workers on a 32-core host: 16 each, not 32 each

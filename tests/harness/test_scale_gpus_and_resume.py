@@ -67,7 +67,9 @@ harness.timing.ceilings.own_device = own_device
 """
 
 
-def test_workers_report_their_device_and_meta_keeps_it_with_where_the_time_went(cases_file, tmp_path, monkeypatch):
+def test_workers_report_their_device_and_meta_keeps_it_with_where_the_time_went(
+    cases_file, tmp_path, monkeypatch, capsys
+):
     own_device = harness.timing.ceilings.own_device
     monkeypatch.setattr(harness.timing.ceilings, "own_device", own_device)  # the plugin patches it here too
     (tmp_path / "fake_gpu.py").write_text(FAKE_GPU)
@@ -88,19 +90,11 @@ def test_workers_report_their_device_and_meta_keeps_it_with_where_the_time_went(
     phases = scale["phase_s"]  # where the busy time went, summed over both workers (harness.timing.phases)
     assert {"inputs", "oracle", "guard", "graded call", "grade"} <= set(phases)
     assert 0 < sum(phases.values()) <= scale["case_busy_s"] + 0.01
-    assert "where the cases' busy time went" in _scale_table(out)
-
-
-def _scale_table(run_dir) -> str:
-    import io
-    from contextlib import redirect_stdout
-
     from scripts.self.scale_table import main as table_main
 
-    printed = io.StringIO()
-    with redirect_stdout(printed):
-        assert table_main([str(run_dir), "12.5"]) == 0
-    return printed.getvalue()
+    capsys.readouterr()
+    assert table_main([str(out), "12.5"]) == 0
+    assert "where the cases' busy time went" in capsys.readouterr().out
 
 
 def test_phases_sum_each_block_once_even_when_it_raises_and_start_again_after_take():
