@@ -67,11 +67,9 @@ class _Slot(Worker):
 class PoolRun:
     """One run of cases over this host's worker processes; see the module docstring."""
 
-    def __init__(self, config, workers: int, plugins: Iterable[str] = (), threads: int | None = None):
-        self.config = config
-        self.workers = workers
-        self.plugins = tuple(plugins)
-        self.threads = threads
+    def __init__(self, config: RunConfig, workers: int):
+        self.config, self.workers = config, workers
+        self.plugins, self.threads = tuple(config.plugins), worker_threads(config.threads, workers)
         self.host = socket.gethostname()
         self.gpus = visible_gpus() if config.device.startswith("cuda") else []
         self.slots = [_Slot(i, self.gpus[i % len(self.gpus)] if self.gpus else "") for i in range(workers)]
@@ -237,7 +235,7 @@ def worker_threads(run_threads: int | None, workers: int) -> int:
 def run_pool(cases, config, on_row, done=(), workers: str | int = "auto") -> PoolRun:
     """Run ``cases`` over ``workers`` processes (``--workers``); rows to ``on_row``. Returns the run (timings)."""
     count = min(worker_count(workers, config.device, config.threads), max(1, len(cases)))  # no idle worker
-    pool = PoolRun(config, count, config.plugins, worker_threads(config.threads, count))
+    pool = PoolRun(config, count)
     pool.run(cases, on_row, done)
     return pool
 
