@@ -12,6 +12,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from types import SimpleNamespace
 
 import numpy as np
 import pandas as pd
@@ -67,14 +68,10 @@ def private_oracle_cache_and_threads(tmp_path_factory, monkeypatch):
     torch.set_num_threads(threads)  # a Ray task's body sets its process's threads, here this one's
 
 
-class _PytestOptions:
-    """What HarnessSession reads from pytest's config: the same cases, backends and plugin."""
-
-    def __init__(self, options: dict):
-        self.options, self.rootpath = options, Path.cwd()
-
-    def getoption(self, name, default=None):
-        return self.options.get(name, default)
+def _pytest_config(options: dict, **attributes) -> SimpleNamespace:
+    """What HarnessSession and the xdist hooks read from pytest's config: options, and ``attributes`` as given."""
+    return SimpleNamespace(getoption=lambda name, default=None: options.get(name, default), rootpath=Path.cwd(),
+                           **attributes)  # fmt: skip
 
 
 def test_every_executor_gives_the_same_rows_row_for_row(tmp_path, monkeypatch):
@@ -104,7 +101,7 @@ def test_every_executor_gives_the_same_rows_row_for_row(tmp_path, monkeypatch):
     events = [event for case in cases for event in case_task(case, NAMES, shipped, ())]  # plugin loaded here
     got["a Ray task's body"] = _comparable([event[1] for event in events if event[0] == "row"])
     assert "ray" not in sys.modules or not sys.modules["ray"].is_initialized()  # no local Ray left running
-    session = HarnessSession(_PytestOptions({"harness_device": "cpu", "harness_plugins": [], "harness_backends": NAMES,
+    session = HarnessSession(_pytest_config({"harness_device": "cpu", "harness_plugins": [], "harness_backends": NAMES,
                                              "cases": [str(cases_file)], "harness_timing": False}))  # fmt: skip
     got["pytest"] = _comparable(
         [session.run(case, backend) for case in session.cases for backend in session.config.backends]
@@ -337,7 +334,7 @@ def test_each_xdist_worker_is_pinned_to_its_own_gpu_round_robin(monkeypatch, dev
 
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "3,5")
     specs = [execnet.XSpec(spec) for spec in specs]
-    pin_gpus(_PytestOptions({"harness_device": device}), specs)
+    pin_gpus(_pytest_config({"harness_device": device}), specs)
     assert [spec.env.get("CUDA_VISIBLE_DEVICES") for spec in specs] == pinned
 
 
@@ -345,16 +342,14 @@ def test_worker_rows_travel_as_json_lines_that_load_as_data(tmp_path):
     """A worker's rows travel as JSON lines (samples as lists, NaN kept), never a pickle that runs code."""
     from harness.execute import xdist
 
-    worker = _PytestOptions({"harness_device": "cpu"})
-    worker.workerinput = {"workerid": "gw0", xdist.ROWS_DIR: str(tmp_path)}
+    worker = _pytest_config({"harness_device": "cpu"}, workerinput={"workerid": "gw0", xdist.ROWS_DIR: str(tmp_path)})
     rows = [{"case": "a", "backend": "tlsim", "latency_samples_us": np.array([1.5, 2.0]), "max_abs_err": math.nan}]
     path = xdist.save_worker_rows(worker, rows)
     assert path.name == "gw0.jsonl"
     (line,) = path.read_text().splitlines()
     assert json.loads(line)["latency_samples_us"] == [1.5, 2.0] and json.loads(line)["worker"] == "gw0"
 
-    controller = _PytestOptions({})
-    controller.stash = pytest.Stash()
+    controller = _pytest_config({}, stash=pytest.Stash())
     controller.stash[xdist._FOLDER_KEY] = str(tmp_path)
     (row,) = xdist.collect_rows(controller)
     assert row["case"] == "a" and row["latency_samples_us"] == [1.5, 2.0] and math.isnan(row["max_abs_err"])
