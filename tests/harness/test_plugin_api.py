@@ -32,18 +32,10 @@ ROOT = Path(__file__).resolve().parents[2]
 
 @pytest.mark.parametrize(
     ("name", "key"),
-    [
-        ("alibi", "alibi_slopes"),  # the case field
-        ("alibi_slopes", "alibi_slopes"),  # the key and keyword
-        ("kv_dtype", "fp8_kv"),
-        ("kv_scale", "fp8_kv"),
-        ("k_scale", "fp8_kv"),
-        ("fp8_kv", "fp8_kv"),
-        ("logit_softcap", "logit_softcap"),
-        ("cascade", "return_lse"),
-        ("head_dim_v", "head_dim_v"),
-    ],
-)
+    [("alibi", "alibi_slopes"), ("alibi_slopes", "alibi_slopes"),  # the case field; the key and keyword
+     ("kv_dtype", "fp8_kv"), ("kv_scale", "fp8_kv"), ("k_scale", "fp8_kv"), ("fp8_kv", "fp8_kv"),
+     ("logit_softcap", "logit_softcap"), ("cascade", "return_lse"), ("head_dim_v", "head_dim_v")],
+)  # fmt: skip
 def test_register_backend_takes_a_variant_by_its_case_field_key_or_keyword(name, key, clean_registry):
     backend = register_backend("named", paged_attention_reference, variants=(name,))
     assert backend.variants == {key}
