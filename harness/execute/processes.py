@@ -65,16 +65,6 @@ def describe_exit(exitcode: int | None) -> str:
 PR_SET_PDEATHSIG = 1  # linux/prctl.h
 
 
-def die_with_parent(parent_pid: int) -> None:
-    """Make the kernel SIGKILL this process when its parent dies (Linux ``prctl(PR_SET_PDEATHSIG)``); a
-    parent already dead is seen by the changed parent pid."""
-    if sys.platform.startswith("linux"):
-        with contextlib.suppress(OSError, AttributeError):
-            ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
-    if os.getppid() != parent_pid:
-        os._exit(1)
-
-
 _LOADED: set[str] = set()  # plugins imported in this (long-lived) worker process
 BATCH_S, BATCH_MIN, BATCH_MAX = 0.02, 10, 1000  # the back-to-back batch the driver times: about 20 ms of calls
 
@@ -138,7 +128,11 @@ def _worker_main(conn, plugins, threads, device_config, labels: dict, parent_pid
     config) its events and "done" (:func:`harness.execute.loop.timed_case`; "poisoned" when the oracle
     cache check failed), for each ("profile", case, name, config, folder) the trace paths; "stop" ends it."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent owns Ctrl-C and stops the workers
-    die_with_parent(parent_pid)  # a SIGKILLed run leaves no worker behind
+    if sys.platform.startswith("linux"):  # a SIGKILLed run leaves no worker behind: the kernel kills it too
+        with contextlib.suppress(OSError, AttributeError):
+            ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+    if os.getppid() != parent_pid:  # the parent died before that: nothing would kill this worker
+        os._exit(1)
     try:
         device = worker_setup(plugins, threads, device_config)
     except BaseException as error:
