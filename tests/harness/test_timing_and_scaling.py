@@ -227,7 +227,7 @@ def test_a_backend_whose_first_call_compiles_past_the_budget_is_timed_on_a_gpu(
         assert why in row["note"] and row["latency_us"] != row["latency_us"], "an untimed row"
 
 
-def test_a_python_model_on_a_gpu_is_graded_not_timed():
+def test_a_python_model_on_a_gpu_is_graded_not_timed(tmp_path, monkeypatch):
     gpu, cpu = measure.TimingSettings("cuda", {}), measure.TimingSettings("cpu", {})
     assert REGISTRY["tlsim"].model and REGISTRY["reference"].model and not REGISTRY["triton"].model
     assert measure.MODEL_BUDGET_S == 0
@@ -236,10 +236,7 @@ def test_a_python_model_on_a_gpu_is_graded_not_timed():
     assert cpu.for_backend(REGISTRY["tlsim"]).budget_s == measure.ROW_BUDGET_S  # on a CPU the models are the subject
     unbudgeted = dataclasses.replace(gpu, budget_s=None)
     assert unbudgeted.for_backend(REGISTRY["tlsim"]).budget_s is None
-
-
-def test_a_row_under_a_zero_budget_says_it_is_graded_not_timed(tmp_path, monkeypatch):
-    """The row a Python model makes on a GPU (its timing settings' budget 0): graded, its note saying why it has no latency."""
+    # the row it makes (its timing settings' budget 0): graded, its note saying why it has no latency
     row = _one_row_within_a_short_budget(tmp_path, monkeypatch, kernels.paged_attention_reference, True, 0.0)
     assert "not timed: one call took" in row["note"] and "graded, not timed" in row["note"]
     assert row["latency_us"] != row["latency_us"]
