@@ -27,17 +27,8 @@ from harness.cases.inputs import PagedInputs
 from harness.cases.spec import Case
 from harness.cases.variants import VARIANT_KEYS, variant_key
 
-__all__ = [
-    "REGISTRY",
-    "Backend",
-    "CaseFacts",
-    "Limits",
-    "Prepared",
-    "Unsupported",
-    "load_plugin",
-    "register_backend",
-    "resolve_backends",
-]
+__all__ = ["REGISTRY", "Backend", "CaseFacts", "Limits", "Prepared", "Unsupported", "load_plugin", "register_backend",
+           "resolve_backends"]  # fmt: skip
 
 
 def _triton_unavailable(case: Case, device: str) -> str | None:

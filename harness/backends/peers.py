@@ -79,9 +79,7 @@ def _prepare_gather_sdpa(case: Case, inputs: PagedInputs, out: torch.Tensor) -> 
 
 def _gathered(inputs: PagedInputs) -> tuple[torch.Tensor, torch.Tensor]:
     """K and V of every sequence, padded (:func:`gather_padded`)."""
-    return tuple(
-        gather_padded(cache, inputs.block_table, inputs.seq_lens) for cache in (inputs.k_cache, inputs.v_cache)
-    )
+    return tuple(gather_padded(x, inputs.block_table, inputs.seq_lens) for x in (inputs.k_cache, inputs.v_cache))
 
 
 def equal_lengths(case: Case) -> tuple[int, int] | None:
@@ -97,13 +95,9 @@ def _prepare_sdpa_contiguous(case: Case, inputs: PagedInputs, out: torch.Tensor)
     scale = case.head_dim**-0.5
     lengths = equal_lengths(case)
     if lengths is None:
-        return Prepared(
-            run=lambda: F.scaled_dot_product_attention(
-                padded.q, k, v, attn_mask=padded.mask, scale=scale, enable_gqa=True
-            ),
-            to_packed=padded.unpad,
-            note="ragged lengths: padded to the longest, boolean mask",
-        )
+        return Prepared(run=lambda: F.scaled_dot_product_attention(padded.q, k, v, attn_mask=padded.mask, scale=scale,
+                                                                   enable_gqa=True),
+                        to_packed=padded.unpad, note="ragged lengths: padded to the longest, boolean mask")  # fmt: skip
     q_len, seq_len = lengths
     num_seqs = case.num_seqs
     q = inputs.q.view(num_seqs, q_len, case.num_q_heads, case.head_dim).transpose(1, 2).contiguous()
