@@ -241,15 +241,9 @@ def test_each_worker_is_spawned_seeing_only_its_own_gpu_and_the_parent_keeps_all
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "4,6")
     pool = PoolRun(RunConfig(device="cuda", backends=[], timing=False, progress=False), workers=3)
     seen = []
-
-    class SpawnRecorder:  # stands in for the spawned process: records the environment it would inherit
-        def __init__(self, **kwargs):
-            self.kwargs = kwargs
-
-        def start(self):
-            seen.append(os.environ.get("CUDA_VISIBLE_DEVICES"))
-
-    monkeypatch.setattr(pool.context, "Process", SpawnRecorder)
+    # stands in for the spawned process: records the environment it would inherit
+    started = SimpleNamespace(start=lambda: seen.append(os.environ.get("CUDA_VISIBLE_DEVICES")))
+    monkeypatch.setattr(pool.context, "Process", lambda **kwargs: started)
     for slot in pool.slots:
         pool._start(slot)
         slot.conn.close()

@@ -205,12 +205,9 @@ def test_the_report_lists_each_gpu_with_its_read_ceiling():
     from harness.results.report import render_html
     from harness.run.runner import to_frame
 
-    frame = to_frame(
-        [{"case": "c", "backend": "triton", "status": "pass", "gpu_index": "1", "gpu_name": "NVIDIA H200"}]
-    )
-    gpus = [
-        {"host": "h", "gpu_index": "1", "gpu_name": "NVIDIA H200", "ceilings": {"read_gbps": 4210.0}, "workers": [1]}
-    ]
+    h200 = {"gpu_index": "1", "gpu_name": "NVIDIA H200"}
+    frame = to_frame([{"case": "c", "backend": "triton", "status": "pass", **h200}])
+    gpus = [{"host": "h", **h200, "ceilings": {"read_gbps": 4210.0}, "workers": [1]}]
     page = render_html(frame, {"device": "cuda", "device_name": "NVIDIA H200", "gpus": gpus})
     assert "h GPU 1: NVIDIA H200, read 4210 GB/s (worker 1)" in page
 

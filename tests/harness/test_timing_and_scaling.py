@@ -89,14 +89,8 @@ def test_the_metrics_count_each_key_read_and_each_causal_pair_once(fields, expec
 
 
 def test_fit_scaling_fits_each_backend_and_skips_too_few_points():
-    frame = pd.DataFrame(
-        {
-            "backend": ["a"] * 4 + ["b"] * 2,
-            "total_kv_tokens": [100, 200, 400, 800, 100, 200],
-            "num_seqs": [1, 1, 1, 1, 1, 2],
-            "latency_us": [11.0, 12.0, 14.0, 18.0, 5.0, 6.0],
-        }
-    )
+    frame = pd.DataFrame({"backend": ["a"] * 4 + ["b"] * 2, "total_kv_tokens": [100, 200, 400, 800, 100, 200],
+                          "num_seqs": [1, 1, 1, 1, 1, 2], "latency_us": [11.0, 12.0, 14.0, 18.0, 5.0, 6.0]})  # fmt: skip
     fits = fit_scaling(frame)
     assert list(fits["backend"]) == ["a"], "b has two points; num_seqs of a has one distinct value"
     (fit,) = fits.itertuples()
