@@ -150,9 +150,8 @@ def _heads_for_varlen(case: Case, kv: torch.Tensor) -> tuple[torch.Tensor, str]:
     its query heads, before timing), and a note saying what was done."""
     if case.group_size == 1 or "enable_gqa" in inspect.signature(_varlen_attn()).parameters:
         return kv, ""
-    return kv.repeat_interleave(
-        case.group_size, dim=1
-    ).contiguous(), "; KV heads repeated (this torch's varlen_attn has no GQA)"
+    repeated = kv.repeat_interleave(case.group_size, dim=1).contiguous()
+    return repeated, "; KV heads repeated (this torch's varlen_attn has no GQA)"
 
 
 def _varlen_unavailable(case: Case, device: str) -> str | None:
@@ -240,16 +239,11 @@ def _prepare_flex(case: Case, inputs: PagedInputs, out: torch.Tensor) -> Prepare
 
     num_seqs, _, max_q, _ = padded.q.shape
     block_mask = create_block_mask(mask_mod, num_seqs, None, max_q, k.shape[2], device=inputs.q.device)
-    scale = case.head_dim**-0.5
     mods = {"score_mod": score_mod} if cap is not None or slopes is not None else {}
-    compiled = compiled_flex(
-        flex_attention, lambda fn: fn(padded.q, k, v, block_mask=block_mask, scale=scale, enable_gqa=True, **mods)
-    )
-    return Prepared(
-        run=lambda: compiled(padded.q, k, v, block_mask=block_mask, scale=scale, enable_gqa=True, **mods),
-        to_packed=padded.unpad,
-        note="padded contiguous copy (not paged), block mask" + (", score_mod" if mods else ""),
-    )
+    options = {"block_mask": block_mask, "scale": case.head_dim**-0.5, "enable_gqa": True, **mods}
+    compiled = compiled_flex(flex_attention, lambda fn: fn(padded.q, k, v, **options))
+    return Prepared(run=lambda: compiled(padded.q, k, v, **options), to_packed=padded.unpad,
+                    note="padded contiguous copy (not paged), block mask" + (", score_mod" if mods else ""))  # fmt: skip
 
 
 def compiled_flex(flex_attention, first_call):
