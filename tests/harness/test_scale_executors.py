@@ -103,9 +103,7 @@ def test_every_executor_gives_the_same_rows_row_for_row(tmp_path, monkeypatch):
     assert "ray" not in sys.modules or not sys.modules["ray"].is_initialized()  # no local Ray left running
     session = HarnessSession(_pytest_config({"harness_device": "cpu", "harness_plugins": [], "harness_backends": NAMES,
                                              "cases": [str(cases_file)], "harness_timing": False}))  # fmt: skip
-    got["pytest"] = _comparable(
-        [session.run(case, backend) for case in session.cases for backend in session.config.backends]
-    )
+    got["pytest"] = _comparable([session.run(c, b) for c in session.cases for b in session.config.backends])
     for path, frame in got.items():
         pd.testing.assert_frame_equal(frame, expected, obj=path)
 

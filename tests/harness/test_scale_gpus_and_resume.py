@@ -112,9 +112,7 @@ def test_phases_sum_each_block_once_even_when_it_raises_and_start_again_after_ta
     assert take_phases() == {}
     assert add_phases({"a": 1.0, "c": 0.5}, {"a": 0.25, "b": 2.0}) == {"a": 1.25, "b": 2.0, "c": 0.5}
     total: dict[str, float] = {}
-    for _ in range(
-        400
-    ):  # 400 cases of 0.4 ms: summed unrounded, then rounded once (rounded per case, each would add 0.0)
+    for _ in range(400):  # 400 cases of 0.4 ms: summed unrounded, then rounded once (per case, each would be 0.0)
         total = add_phases(total, {"guard": 0.0004})
     assert rounded(total) == {"guard": 0.16}
 
