@@ -35,13 +35,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def check_arguments(args: argparse.Namespace) -> None:
     """Refuse bad scale-out options (ValueError, a message for the user); apply --oracle-cache."""
-    workers = getattr(args, "workers", None)
-    ray = getattr(args, "ray", None)
-    if workers is not None:
-        worker_count(workers, "cpu")  # ValueError unless a positive integer or 'auto'
+    if getattr(args, "workers", None) is not None:
+        worker_count(args.workers, "cpu")  # ValueError unless a positive integer or 'auto'
     if getattr(args, "shard", None) is not None:
         parse_shard(args.shard)
-    if ray is not None and (why := ray_missing()):
+    if getattr(args, "ray", None) is not None and (why := ray_missing()):
         raise ValueError(why)
     if getattr(args, "oracle_cache", None):
         os.environ[ENV_DIR] = args.oracle_cache  # read by this process and inherited by its workers
