@@ -64,13 +64,11 @@ def test_the_default_limit_has_a_floor_and_grows_with_the_rows_cost(tmp_path):
                 {"name": "big", "seq_lens": [131072], "q_lens": [4096]},
                 {"name": "bigger", "seq_lens": [131072] * 4, "q_lens": [4096] * 4}, defaults=shape)  # fmt: skip
     small, big, bigger = load_case_file(tmp_path / "cases.toml")
-    assert row_time_limit(small, "cpu") == LIMIT_FLOOR_S
-    assert row_time_limit(small, "cuda", {"read_gbps": 4000.0, "peak_tflops": {"bfloat16": 989.0}}) == LIMIT_FLOOR_S
+    measured = {"read_gbps": 4000.0, "peak_tflops": {"bfloat16": 989.0}}
+    assert row_time_limit(small, "cpu") == row_time_limit(small, "cuda", measured) == LIMIT_FLOOR_S
     assert LIMIT_FLOOR_S < row_time_limit(big, "cpu") < row_time_limit(bigger, "cpu")
     # the same case against a measured GPU is expected to run far faster than on the CPU
-    assert row_time_limit(bigger, "cuda", {"read_gbps": 4000.0, "peak_tflops": {"bfloat16": 989.0}}) < row_time_limit(
-        bigger, "cpu"
-    )
+    assert row_time_limit(bigger, "cuda", measured) < row_time_limit(bigger, "cpu")
 
 
 def test_a_deadline_stops_sampling_and_marks_the_timing_cut_short():
