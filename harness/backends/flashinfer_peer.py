@@ -170,14 +170,9 @@ def prepare_flashinfer(case: Case, inputs: PagedInputs, out: torch.Tensor) -> Pr
         pages = (inputs.query_start_loc, table.indptr, table.indices, table.last_page_len, *shape)
         _, plan_us = timed_us(lambda: wrapper.plan(*pages, causal=True, **options), device.type == "cuda", device)
         note = f"prefill wrapper, {getattr(wrapper, '_backend', 'auto')}, causal"
-    return Prepared(
-        run=lambda: wrapper.run(inputs.q, kv, out=out, **scales),
-        call=lambda: wrapper.run(inputs.q, kv, **scales),
-        note=note + ", NHD pages, planned once",
-        out=out,
-        follows_inputs=True,
-        plan_us=plan_us,
-    )
+    return Prepared(run=lambda: wrapper.run(inputs.q, kv, out=out, **scales),
+                    call=lambda: wrapper.run(inputs.q, kv, **scales), note=note + ", NHD pages, planned once",
+                    out=out, follows_inputs=True, plan_us=plan_us)  # fmt: skip
 
 
 add_backend(Backend(NAME, prepare_flashinfer, ("cuda",), "peer",

@@ -7,9 +7,7 @@ to fp32, compute, and round back to nearest even, as a GPU does.
 
 from __future__ import annotations
 
-import contextlib
 import os
-from collections.abc import Iterator
 
 import numpy as np
 
@@ -125,15 +123,3 @@ def restore_bf16() -> None:
 
 def bf16_corrected() -> bool:
     return bool(_SAVED)
-
-
-@contextlib.contextmanager
-def bf16_correction() -> Iterator[bool]:
-    """:func:`correct_bf16` for the body only (tests); yields whether it applied."""
-    already = bf16_corrected()
-    applied = correct_bf16()
-    try:
-        yield applied
-    finally:
-        if not already:
-            restore_bf16()

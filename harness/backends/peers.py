@@ -79,9 +79,7 @@ def _prepare_gather_sdpa(case: Case, inputs: PagedInputs, out: torch.Tensor) -> 
 
 def _gathered(inputs: PagedInputs) -> tuple[torch.Tensor, torch.Tensor]:
     """K and V of every sequence, padded (:func:`gather_padded`)."""
-    return tuple(
-        gather_padded(cache, inputs.block_table, inputs.seq_lens) for cache in (inputs.k_cache, inputs.v_cache)
-    )
+    return tuple(gather_padded(x, inputs.block_table, inputs.seq_lens) for x in (inputs.k_cache, inputs.v_cache))
 
 
 def equal_lengths(case: Case) -> tuple[int, int] | None:
@@ -97,13 +95,9 @@ def _prepare_sdpa_contiguous(case: Case, inputs: PagedInputs, out: torch.Tensor)
     scale = case.head_dim**-0.5
     lengths = equal_lengths(case)
     if lengths is None:
-        return Prepared(
-            run=lambda: F.scaled_dot_product_attention(
-                padded.q, k, v, attn_mask=padded.mask, scale=scale, enable_gqa=True
-            ),
-            to_packed=padded.unpad,
-            note="ragged lengths: padded to the longest, boolean mask",
-        )
+        return Prepared(run=lambda: F.scaled_dot_product_attention(padded.q, k, v, attn_mask=padded.mask, scale=scale,
+                                                                   enable_gqa=True),
+                        to_packed=padded.unpad, note="ragged lengths: padded to the longest, boolean mask")  # fmt: skip
     q_len, seq_len = lengths
     num_seqs = case.num_seqs
     q = inputs.q.view(num_seqs, q_len, case.num_q_heads, case.head_dim).transpose(1, 2).contiguous()
@@ -156,9 +150,8 @@ def _heads_for_varlen(case: Case, kv: torch.Tensor) -> tuple[torch.Tensor, str]:
     its query heads, before timing), and a note saying what was done."""
     if case.group_size == 1 or "enable_gqa" in inspect.signature(_varlen_attn()).parameters:
         return kv, ""
-    return kv.repeat_interleave(
-        case.group_size, dim=1
-    ).contiguous(), "; KV heads repeated (this torch's varlen_attn has no GQA)"
+    repeated = kv.repeat_interleave(case.group_size, dim=1).contiguous()
+    return repeated, "; KV heads repeated (this torch's varlen_attn has no GQA)"
 
 
 def _varlen_unavailable(case: Case, device: str) -> str | None:
@@ -246,16 +239,11 @@ def _prepare_flex(case: Case, inputs: PagedInputs, out: torch.Tensor) -> Prepare
 
     num_seqs, _, max_q, _ = padded.q.shape
     block_mask = create_block_mask(mask_mod, num_seqs, None, max_q, k.shape[2], device=inputs.q.device)
-    scale = case.head_dim**-0.5
     mods = {"score_mod": score_mod} if cap is not None or slopes is not None else {}
-    compiled = compiled_flex(
-        flex_attention, lambda fn: fn(padded.q, k, v, block_mask=block_mask, scale=scale, enable_gqa=True, **mods)
-    )
-    return Prepared(
-        run=lambda: compiled(padded.q, k, v, block_mask=block_mask, scale=scale, enable_gqa=True, **mods),
-        to_packed=padded.unpad,
-        note="padded contiguous copy (not paged), block mask" + (", score_mod" if mods else ""),
-    )
+    options = {"block_mask": block_mask, "scale": case.head_dim**-0.5, "enable_gqa": True, **mods}
+    compiled = compiled_flex(flex_attention, lambda fn: fn(padded.q, k, v, **options))
+    return Prepared(run=lambda: compiled(padded.q, k, v, **options), to_packed=padded.unpad,
+                    note="padded contiguous copy (not paged), block mask" + (", score_mod" if mods else ""))  # fmt: skip
 
 
 def compiled_flex(flex_attention, first_call):

@@ -10,7 +10,6 @@ import threading
 import time
 
 from harness.execute.local import InProcess
-from harness.execute.loop import Executor
 from harness.execute.ray_cluster import LOCAL, RayCluster, ray_missing
 from harness.execute.shards import parse_shard
 from harness.execute.workers import ProcessPool, worker_count
@@ -36,42 +35,28 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def check_arguments(args: argparse.Namespace) -> None:
     """Refuse bad scale-out options (ValueError, a message for the user); apply --oracle-cache."""
-    workers = getattr(args, "workers", None)
-    ray = getattr(args, "ray", None)
-    if workers is not None:
-        worker_count(workers, "cpu")  # ValueError unless a positive integer or 'auto'
+    if getattr(args, "workers", None) is not None:
+        worker_count(args.workers, "cpu")  # ValueError unless a positive integer or 'auto'
     if getattr(args, "shard", None) is not None:
         parse_shard(args.shard)
-    if ray is not None and (why := ray_missing()):
+    if getattr(args, "ray", None) is not None and (why := ray_missing()):
         raise ValueError(why)
     if getattr(args, "oracle_cache", None):
         os.environ[ENV_DIR] = args.oracle_cache  # read by this process and inherited by its workers
 
 
-def preload_report_modules() -> threading.Thread:
-    """Import what writing the run folder needs (the page, its plots) on a daemon thread while the driver waits."""
-
-    def load() -> None:
-        for name in ("harness.results.report", "harness.results.plots", "harness.timing.scaling"):
-            importlib.import_module(name)
-
-    thread = threading.Thread(target=load, name="preload-report", daemon=True)
-    thread.start()
-    return thread
-
-
-def executor_for(args: argparse.Namespace, worker=None) -> Executor:
-    """--ray, else --workers, else this process (``worker``: its isolation worker, which the CLI
-    started; process-pool runs isolate by process already and leave it unused)."""
+def run_rows(args: argparse.Namespace, cases, config, on_row, done, worker=None) -> dict:
+    """Run the cases with --ray, else --workers, else in this process (``worker``: its isolation worker, which the
+    CLI started; process-pool runs isolate by process already and leave it unused); meta.json's ``scale`` (with
+    ``mode``, ``gpus`` and ``wall_s``)."""
+    started = time.perf_counter()
     workers, ray = getattr(args, "workers", None), getattr(args, "ray", None)
     if ray is None and workers is None:
-        return InProcess(worker)
-    preload_report_modules()
-    return RayCluster(ray, workers) if ray is not None else ProcessPool(workers)
-
-
-def run_rows(args: argparse.Namespace, cases, config, on_row, done, worker=None) -> dict:
-    """Run the cases through :func:`executor_for`; meta.json's ``scale`` (with ``mode``, ``gpus`` and ``wall_s``)."""
-    started = time.perf_counter()
-    record = executor_for(args, worker).run(cases, config, on_row, done)
+        executor = InProcess(worker)
+    else:  # what writing the run folder needs (the page, its plots) is imported on a thread while the driver waits
+        modules = ("harness.results.report", "harness.results.plots", "harness.timing.scaling")
+        threading.Thread(target=lambda: [*map(importlib.import_module, modules)], name="preload-report",
+                         daemon=True).start()  # fmt: skip
+        executor = RayCluster(ray, workers) if ray is not None else ProcessPool(workers)
+    record = executor.run(cases, config, on_row, done)
     return {**record, "wall_s": round(time.perf_counter() - started, 3)}

@@ -44,22 +44,22 @@ def captured_output(path: str | None):
     with contextlib.suppress(FileNotFoundError):
         if os.path.islink(path):
             os.unlink(path)
-    for stream in (sys.stdout, sys.stderr):
-        with contextlib.suppress(Exception):
-            stream.flush()
+
+    def point(fds: tuple[int, int]) -> None:  # Python's buffers flushed first: what they hold goes where it was bound
+        for stream in (sys.stdout, sys.stderr):
+            with contextlib.suppress(Exception):
+                stream.flush()
+        for target, fd in zip((1, 2), fds, strict=True):
+            os.dup2(fd, target)
+
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o644)
     saved = os.dup(1), os.dup(2)
-    os.dup2(fd, 1)
-    os.dup2(fd, 2)
+    point((fd, fd))
     os.close(fd)
     try:
         yield
     finally:
-        for stream in (sys.stdout, sys.stderr):
-            with contextlib.suppress(Exception):
-                stream.flush()
-        os.dup2(saved[0], 1)
-        os.dup2(saved[1], 2)
+        point(saved)
         os.close(saved[0])
         os.close(saved[1])
 

@@ -65,30 +65,6 @@ def describe_exit(exitcode: int | None) -> str:
 PR_SET_PDEATHSIG = 1  # linux/prctl.h
 
 
-def die_with_parent(parent_pid: int) -> None:
-    """Make the kernel SIGKILL this process when its parent dies (Linux ``prctl(PR_SET_PDEATHSIG)``); a
-    parent already dead is seen by the changed parent pid."""
-    if sys.platform.startswith("linux"):
-        with contextlib.suppress(OSError, AttributeError):
-            ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
-    if os.getppid() != parent_pid:
-        os._exit(1)
-
-
-@contextlib.contextmanager
-def sigint_ignored_in_children():
-    """Start processes inside: they begin with SIGINT ignored, so a Ctrl-C while one imports torch is
-    not a traceback in each child (this process ignores it only meanwhile, and only on the main thread)."""
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-    previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
-    try:
-        yield
-    finally:
-        signal.signal(signal.SIGINT, previous)
-
-
 _LOADED: set[str] = set()  # plugins imported in this (long-lived) worker process
 BATCH_S, BATCH_MIN, BATCH_MAX = 0.02, 10, 1000  # the back-to-back batch the driver times: about 20 ms of calls
 
@@ -152,7 +128,11 @@ def _worker_main(conn, plugins, threads, device_config, labels: dict, parent_pid
     config) its events and "done" (:func:`harness.execute.loop.timed_case`; "poisoned" when the oracle
     cache check failed), for each ("profile", case, name, config, folder) the trace paths; "stop" ends it."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent owns Ctrl-C and stops the workers
-    die_with_parent(parent_pid)  # a SIGKILLed run leaves no worker behind
+    if sys.platform.startswith("linux"):  # a SIGKILLed run leaves no worker behind: the kernel kills it too
+        with contextlib.suppress(OSError, AttributeError):
+            ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+    if os.getppid() != parent_pid:  # the parent died before that: nothing would kill this worker
+        os._exit(1)
     try:
         device = worker_setup(plugins, threads, device_config)
     except BaseException as error:
@@ -229,16 +209,21 @@ def _calls(conn, case, names: list[str], config: RunConfig, seeds: dict, waited_
 
 def spawn(context, gpu: str, name: str, args: tuple) -> tuple[multiprocessing.Process, Any]:
     """Start a worker (:func:`_worker_main` with ``args``), seeing only ``gpu`` when one is given
-    (``CUDA_VISIBLE_DEVICES``); the process and this end of its pipe."""
+    (``CUDA_VISIBLE_DEVICES``); the process and this end of its pipe. It starts with SIGINT ignored, so a Ctrl-C
+    while it imports torch is the parent's one line, not a traceback in each child (this process ignores SIGINT
+    only meanwhile, and only on the main thread)."""
     parent, child = context.Pipe()
     saved = os.environ.get("CUDA_VISIBLE_DEVICES")
+    main = threading.current_thread() is threading.main_thread()
+    previous = signal.signal(signal.SIGINT, signal.SIG_IGN) if main else None
     if gpu:
         os.environ["CUDA_VISIBLE_DEVICES"] = gpu  # inherited by the spawned interpreter
     try:
         process = context.Process(target=_worker_main, args=(child, *args, os.getpid()), daemon=True, name=name)
-        with sigint_ignored_in_children():  # a Ctrl-C while it imports is the parent's one line
-            process.start()
+        process.start()
     finally:
+        if main:
+            signal.signal(signal.SIGINT, previous)
         if gpu and saved is None:
             os.environ.pop("CUDA_VISIBLE_DEVICES", None)
         elif gpu:
@@ -266,10 +251,8 @@ class Worker:
             self.stop()
             raise
         if reply in (DIED, TIMED_OUT) or reply[0] != "ready":
-            if reply == TIMED_OUT:
-                why = f"importing took more than {START_TIMEOUT_S:g} s"
-            else:
-                why = reply[1] if reply != DIED else f"the worker {self.stop()} while importing"
+            why = (f"importing took more than {START_TIMEOUT_S:g} s" if reply == TIMED_OUT
+                   else f"the worker {self.stop()} while importing" if reply == DIED else reply[1])  # fmt: skip
             self.stop()
             raise PluginImportError(f"{', '.join(self.plugins) or 'the worker'}: {why}")
         self.backends, self.walls = reply[2].get("backends", []), reply[2].get("walls", "")

@@ -39,24 +39,17 @@ def ray_missing() -> str | None:
 
 
 def case_task(case, names: list[str], config, plugins: tuple[str, ...]) -> Iterator[tuple]:
-    """A Ray task's body (plain Python, testable without Ray): ``("device", report, labels)``, then
-    :func:`harness.execute.loop.timed_case`'s events."""
+    """A Ray task's body (plain Python, testable without Ray): ``("device", report, labels)`` with where it runs
+    (host, Ray's GPU ids and worker id), then :func:`harness.execute.loop.timed_case`'s events."""
     device = worker_setup(plugins, config.threads, config)
     if device["ceilings"]:
         config = dataclasses.replace(config, ceilings=device["ceilings"])
-    labels = _labels()
+    ray = sys.modules.get("ray")  # imported in every Ray worker; asking Ray outside one would start a local Ray
+    inside = ray is not None and ray.is_initialized()  # outside Ray (a direct call): this process's pid
+    labels = {"host": socket.gethostname(), "gpu_index": ",".join(map(str, ray.get_gpu_ids())) if inside else "",
+              "worker": ray.get_runtime_context().get_worker_id()[:12] if inside else str(os.getpid())}  # fmt: skip
     yield "device", device, labels
     yield from timed_case(case, names, config, Contexts(), labels)
-
-
-def _labels() -> dict:
-    """Where a task runs: host, Ray's GPU ids and worker id (outside Ray, a direct call: this process's pid)."""
-    ray = sys.modules.get("ray")  # imported in every Ray worker; asking Ray outside one would start a local Ray
-    gpu, worker = "", str(os.getpid())
-    if ray is not None and ray.is_initialized():
-        gpu = ",".join(str(i) for i in ray.get_gpu_ids())
-        worker = ray.get_runtime_context().get_worker_id()[:12]
-    return {"host": socket.gethostname(), "gpu_index": gpu, "worker": worker}
 
 
 @dataclass

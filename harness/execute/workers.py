@@ -67,11 +67,9 @@ class _Slot(Worker):
 class PoolRun:
     """One run of cases over this host's worker processes; see the module docstring."""
 
-    def __init__(self, config, workers: int, plugins: Iterable[str] = (), threads: int | None = None):
-        self.config = config
-        self.workers = workers
-        self.plugins = tuple(plugins)
-        self.threads = threads
+    def __init__(self, config: RunConfig, workers: int):
+        self.config, self.workers = config, workers
+        self.plugins, self.threads = tuple(config.plugins), worker_threads(config.threads, workers)
         self.host = socket.gethostname()
         self.gpus = visible_gpus() if config.device.startswith("cuda") else []
         self.slots = [_Slot(i, self.gpus[i % len(self.gpus)] if self.gpus else "") for i in range(workers)]
@@ -92,11 +90,6 @@ class PoolRun:
         slot.process, slot.conn = spawn(self.context, slot.gpu, f"harness-worker-{slot.index}", args)
         slot.ready, slot.tasks, slot.started_at = False, [], time.monotonic()
 
-    def _stop(self, slot: _Slot) -> str:
-        """Kill (if alive) and reap; how it ended, e.g. 'killed by SIGKILL'."""
-        slot.ready = False
-        return slot.stop()
-
     def stop_all(self, wait: bool = True) -> None:
         """Ask idle workers to exit, kill busy ones; ``wait=False``: reap them on a daemon thread (nothing waits)."""
         for slot in self.slots:
@@ -112,7 +105,7 @@ class PoolRun:
         for slot in self.slots:
             if slot.process is not None and slot.process.is_alive() and not slot.tasks:
                 slot.process.join(timeout=5)
-            self._stop(slot)
+            slot.stop()
 
     # -- scheduling
 
@@ -169,7 +162,7 @@ class PoolRun:
             if ready is slot.conn:
                 self._drain(slot, queue)
             elif not slot.conn.poll(0):  # dead with nothing left to read
-                self._died(slot, queue, f"the worker process {self._stop(slot)}")
+                self._died(slot, queue)
         now = time.monotonic()
         for slot in self.slots:
             if slot.process is None:
@@ -177,7 +170,7 @@ class PoolRun:
             if not slot.ready and now - slot.started_at > START_TIMEOUT_S:
                 raise RuntimeError(f"worker {slot.index} did not start within {START_TIMEOUT_S:g} s")
             if slot.task and (limit := self.tracker.overdue(slot.task, now)):
-                self._stop(slot)
+                slot.stop()
                 self.tracker.timed_out(slot.task, limit, "the worker was killed")
                 self._requeue(slot, queue)
 
@@ -188,7 +181,7 @@ class PoolRun:
             except (EOFError, OSError):
                 message = DIED
             if message == DIED:
-                self._died(slot, queue, f"the worker process {self._stop(slot)}")
+                self._died(slot, queue)
                 return
             if message[0] == "ready":
                 slot.ready = True
@@ -198,20 +191,20 @@ class PoolRun:
             elif message[0] == "plugin_error":
                 raise RuntimeError(f"worker {slot.index} could not import the plugins: {message[1]}")
             elif not self.tracker.event(slot.task, message):  # a case sent ahead before the backend hung
-                self._stop(slot)
+                slot.stop()
                 self.tracker.abandon(slot.task)
                 self._requeue(slot, queue)
                 return
             elif message[0] == "done":
                 slot.tasks.pop(0)
 
-    def _died(self, slot: _Slot, queue, how: str) -> None:
+    def _died(self, slot: _Slot, queue) -> None:
         """The worker died: keep its sent rows, retry the rest once elsewhere, then error rows."""
-        if not slot.ready:
+        how = f"the worker process {slot.stop()}"
+        if not slot.ready:  # reset when the slot's next worker starts
             self.failed_starts += 1
             if self.failed_starts > MAX_FAILED_STARTS:
                 raise RuntimeError(f"worker processes keep dying before they are ready (last: {how})")
-        self._stop(slot)
         if slot.task is not None:
             self.tracker.died(slot.task, how)
             slot.task.avoid = slot.index
@@ -242,7 +235,7 @@ def worker_threads(run_threads: int | None, workers: int) -> int:
 def run_pool(cases, config, on_row, done=(), workers: str | int = "auto") -> PoolRun:
     """Run ``cases`` over ``workers`` processes (``--workers``); rows to ``on_row``. Returns the run (timings)."""
     count = min(worker_count(workers, config.device, config.threads), max(1, len(cases)))  # no idle worker
-    pool = PoolRun(config, count, config.plugins, worker_threads(config.threads, count))
+    pool = PoolRun(config, count)
     pool.run(cases, on_row, done)
     return pool
 

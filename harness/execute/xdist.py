@@ -22,10 +22,6 @@ ROWS_DIR = "harness_rows_dir"  # key in a worker's workerinput
 _FOLDER_KEY = pytest.StashKey[str]()
 
 
-def _is_worker(config: pytest.Config) -> bool:
-    return hasattr(config, "workerinput")
-
-
 def pin_gpus(config: pytest.Config, specs) -> None:
     """Give each xdist worker spec its own GPU (``CUDA_VISIBLE_DEVICES``), round robin."""
     if not _run_device(config).startswith("cuda"):
@@ -52,7 +48,7 @@ def hand_rows_folder(node) -> None:
 
 
 def worker_hands_rows_over(config: pytest.Config) -> bool:
-    return _is_worker(config) and bool(config.workerinput.get(ROWS_DIR))
+    return hasattr(config, "workerinput") and bool(config.workerinput.get(ROWS_DIR))
 
 
 def save_worker_rows(config: pytest.Config, rows: list[dict]) -> Path:
@@ -72,10 +68,11 @@ def save_worker_rows(config: pytest.Config, rows: list[dict]) -> Path:
 
 
 def collect_rows(config: pytest.Config) -> list[dict] | None:
-    """Controller side: every worker's rows (None when this is not an xdist run with a report)."""
-    if _is_worker(config) or _FOLDER_KEY not in config.stash:
+    """Controller side: every worker's rows (None when this is not an xdist run with a report: only the controller's
+    pytest_configure_node stashes the folder)."""
+    if _FOLDER_KEY not in config.stash:
         return None
-    folder = Path(config.stash.get(_FOLDER_KEY, ""))
+    folder = Path(config.stash[_FOLDER_KEY])
     rows: list[dict] = []
     for path in sorted(folder.glob("*.jsonl")):
         rows.extend(json.loads(line) for line in path.read_text().splitlines() if line)

@@ -10,7 +10,6 @@ from pathlib import Path
 import torch
 
 from harness.cases.vocab import DTYPES
-from harness.timing.metrics import pct_of_ceiling, pct_of_peak
 from harness.timing.timer import time_call
 
 # Dense (no sparsity) tensor-core peaks from NVIDIA's datasheets, TFLOP/s, by dtype.
@@ -165,15 +164,16 @@ class GpuLedger:
 
 
 def ceiling_columns(row: dict, ceilings: dict) -> dict:
-    """``pct_of_ceiling`` (100 * gbps / read_gbps) and ``pct_of_peak`` (100 * tflops / peak_tflops[dtype],
-    prefill rows only) of a timed row against ``ceilings``."""
+    """``pct_of_ceiling`` (100 * gbps / read_gbps: the measured read bandwidth, as a decode kernel only reads) and
+    ``pct_of_peak`` (100 * tflops / peak_tflops[dtype], the dense datasheet rate or the measured matmul; prefill rows
+    only) of a timed row against ``ceilings``."""
     out = {}
     gbps, tflops = row.get("gbps"), row.get("tflops")
     if isinstance(gbps, float) and gbps == gbps and (read := ceilings.get("read_gbps")):
-        out["pct_of_ceiling"] = pct_of_ceiling(gbps, read)
+        out["pct_of_ceiling"] = 100.0 * gbps / read
     peak = (ceilings.get("peak_tflops") or {}).get(row.get("dtype"))
     if isinstance(tflops, float) and tflops == tflops and peak and (row.get("max_q_len") or 0) > 1:
-        out["pct_of_peak"] = pct_of_peak(tflops, peak)
+        out["pct_of_peak"] = 100.0 * tflops / peak
     return out
 
 

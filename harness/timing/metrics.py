@@ -73,16 +73,6 @@ def tflops(num_flops: int, latency_us: float) -> float:
     return num_flops / (latency_us * 1e6)
 
 
-def pct_of_ceiling(achieved_gbps: float, ceiling_gbps: float) -> float:
-    """100 * achieved / ceiling, the ceiling being the measured read bandwidth (a decode kernel only reads)."""
-    return 100.0 * achieved_gbps / ceiling_gbps
-
-
-def pct_of_peak(achieved_tflops: float, peak_tflops: float) -> float:
-    """100 * achieved / peak, the peak being the dtype's dense datasheet rate (or the measured matmul)."""
-    return 100.0 * achieved_tflops / peak_tflops
-
-
 def case_cost(case: Case) -> int:
     """Estimated work of a case, flops + bytes_moved: cases go out longest first by it, and shards deal it round robin."""
     return flops(case) + bytes_moved(case)

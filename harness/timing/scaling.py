@@ -20,8 +20,7 @@ MIN_R2 = 0.9
 
 def fit_line(x: np.ndarray, y: np.ndarray) -> tuple[float, float, float]:
     """(slope, intercept, r2) of the least-squares line y = intercept + slope * x."""
-    design = np.stack([x, np.ones_like(x)], axis=1)
-    (slope, intercept), *_ = np.linalg.lstsq(design, y, rcond=None)
+    slope, intercept = np.polyfit(x, y, 1)
     residual = y - (intercept + slope * x)
     total = float(((y - y.mean()) ** 2).sum())
     r2 = 1.0 - float((residual**2).sum()) / total if total > 0 else 1.0

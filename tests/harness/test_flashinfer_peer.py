@@ -78,18 +78,14 @@ def test_page_table_reads_no_entry_past_a_sequence_of_the_harness_inputs():
     assert pages.indices.tolist() == [page for row in rows for page in row]
 
 
-def test_missing_flashinfer_is_a_skip_row_naming_the_install_command(monkeypatch):
+def test_missing_flashinfer_is_a_skip_row_naming_the_install_command_of_an_extra_of_the_project(monkeypatch):
     real = importlib.util.find_spec
     monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "flashinfer" else real(name, *a))
     reason = REGISTRY["flashinfer"].skip_reason(_case(), "cuda")
     assert reason is not None and INSTALL in reason
-
-
-def test_the_install_command_names_an_extra_of_the_project():
     extras = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["optional-dependencies"]
-    assert INSTALL == "pip install '.[flashinfer]'" and any(
-        d.startswith("flashinfer-python") for d in extras["flashinfer"]
-    )
+    assert INSTALL == "pip install '.[flashinfer]'"
+    assert any(d.startswith("flashinfer-python") for d in extras["flashinfer"])
 
 
 def test_declared_variants_are_keys_of_the_variant_table():
@@ -101,7 +97,7 @@ def test_declared_variants_are_keys_of_the_variant_table():
         assert (variant.key in refused) != (variant.key in DECLARED_VARIANTS), (variant.key, reason)
 
 
-def test_warmup_twins_keep_each_module_once_and_are_ragged():
+def test_warmup_twins_keep_each_module_once_and_are_ragged_and_the_script_lists_them():
     cases = [case for path in GPU_SUITES for case in load_case_file(ROOT / path)]
     served = {module_key(c) for c in cases if flashinfer_peer.serves(c)}
     twins = warmup_cases(cases)
@@ -109,20 +105,13 @@ def test_warmup_twins_keep_each_module_once_and_are_ragged():
     assert {module_key(t) for t in twins} == served
     for twin in twins:
         assert len(set(twin.seq_lens)) == 2 and all(n % twin.block_size for n in twin.seq_lens)
-
-
-def test_warmup_script_lists_the_twins_of_the_case_files():
     from scripts.flashinfer_warmup import main
 
     assert main(["cases/gpu_flashinfer.toml", "--list"]) == 0
 
 
-def _gpu_twins():
-    return warmup_cases(case for path in GPU_SUITES for case in load_case_file(ROOT / path))
-
-
 @pytest.mark.gpu
-@pytest.mark.parametrize("twin", _gpu_twins(), ids=str)
+@pytest.mark.parametrize("twin", warmup_cases(c for path in GPU_SUITES for c in load_case_file(ROOT / path)), ids=str)
 def test_flashinfer_wrappers_match_the_oracle_on_every_twin(twin):
     pytest.importorskip("flashinfer")
     inputs = case_inputs(twin, "cuda")

@@ -2,14 +2,16 @@
 
 from __future__ import annotations
 
+import functools
 import time
-from pathlib import Path
 
 import pandas as pd
 import pytest
 
 from harness.cases.spec import load_case_file
 from harness.cli.main import main
+from harness.run import runner
+from harness.timing import measure
 from harness.timing.measure import LIMIT_FLOOR_S, row_time_limit
 from harness.timing.timer import time_call
 from tests.tiny_cases import write_cases
@@ -62,13 +64,11 @@ def test_the_default_limit_has_a_floor_and_grows_with_the_rows_cost(tmp_path):
                 {"name": "big", "seq_lens": [131072], "q_lens": [4096]},
                 {"name": "bigger", "seq_lens": [131072] * 4, "q_lens": [4096] * 4}, defaults=shape)  # fmt: skip
     small, big, bigger = load_case_file(tmp_path / "cases.toml")
-    assert row_time_limit(small, "cpu") == LIMIT_FLOOR_S
-    assert row_time_limit(small, "cuda", {"read_gbps": 4000.0, "peak_tflops": {"bfloat16": 989.0}}) == LIMIT_FLOOR_S
+    measured = {"read_gbps": 4000.0, "peak_tflops": {"bfloat16": 989.0}}
+    assert row_time_limit(small, "cpu") == row_time_limit(small, "cuda", measured) == LIMIT_FLOOR_S
     assert LIMIT_FLOOR_S < row_time_limit(big, "cpu") < row_time_limit(bigger, "cpu")
     # the same case against a measured GPU is expected to run far faster than on the CPU
-    assert row_time_limit(bigger, "cuda", {"read_gbps": 4000.0, "peak_tflops": {"bfloat16": 989.0}}) < row_time_limit(
-        bigger, "cpu"
-    )
+    assert row_time_limit(bigger, "cuda", measured) < row_time_limit(bigger, "cpu")
 
 
 def test_a_deadline_stops_sampling_and_marks_the_timing_cut_short():
@@ -80,31 +80,20 @@ def test_a_deadline_stops_sampling_and_marks_the_timing_cut_short():
     assert not fast.cut_short and len(fast.samples_us) >= 10
 
 
-def test_a_row_timed_past_its_budget_says_so_in_its_note(tmp_path):
+def test_a_row_timed_past_its_budget_says_so_in_its_note(tmp_path, monkeypatch):
     write_cases(tmp_path / "cases.toml", {"name": "first"})
     out = tmp_path / "run"
-    Path(tmp_path / "slow.py").write_text(
+    (tmp_path / "slow.py").write_text(
         "import time, kernels\nfrom harness import register_backend\n"
         "def slow(*args, out=None, **kwargs):\n    time.sleep(0.05)\n"
         "    return kernels.paged_attention_tlsim(*args, out=out, **kwargs)\n"
         "register_backend('slow', slow)\n"
     )
-    import harness.timing.measure as measure
-
-    assert measure.ROW_BUDGET_S >= 1  # the test below lowers it for speed
-    with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(measure.TimingSettings, "__init__", _settings_with_budget(measure.TimingSettings.__init__, 0.3))
-        code = main(["run", str(tmp_path / "cases.toml"), "--plugin", str(tmp_path / "slow.py"), "--backend", "slow",
-                     "--isolate", "none", "--no-progress", "--device", "cpu", "--out", str(out)])  # fmt: skip
+    assert measure.ROW_BUDGET_S >= 1  # lowered below for speed
+    monkeypatch.setattr(runner, "TimingSettings", functools.partial(measure.TimingSettings, budget_s=0.3))
+    code = main(["run", str(tmp_path / "cases.toml"), "--plugin", str(tmp_path / "slow.py"), "--backend", "slow",
+                 "--isolate", "none", "--no-progress", "--device", "cpu", "--out", str(out)])  # fmt: skip
     assert code == 0
     row = pd.read_parquet(out / "results.parquet").iloc[0]
     assert row["status"] == "pass"
     assert "timed within a 0.3 s budget:" in row["note"] and row["timing_reps"] < 10
-
-
-def _settings_with_budget(init, budget_s):
-    def patched(self, *args, **kwargs):
-        init(self, *args, **kwargs)
-        object.__setattr__(self, "budget_s", budget_s)
-
-    return patched

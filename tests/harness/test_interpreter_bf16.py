@@ -46,18 +46,19 @@ def _run_third_party() -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.
 
 @pytest.fixture
 def uncorrected():
-    """The interpreter as Triton ships it, for the test's body (a plugin on this worker may have corrected it)."""
+    """The interpreter as Triton ships it for the test's body, whatever it corrects (a plugin on this worker may
+    have corrected it before)."""
     corrected_before = interpreter.bf16_corrected()
     interpreter.restore_bf16()
     yield
+    interpreter.restore_bf16()
     if corrected_before:
         interpreter.correct_bf16()
 
 
-def test_a_third_party_bf16_kernel_computes_as_a_gpu_under_the_corrected_interpreter():
-    with interpreter.bf16_correction() as applied:
-        assert applied
-        dot, mix, expected_dot, expected_mix = _run_third_party()
+def test_a_third_party_bf16_kernel_computes_as_a_gpu_under_the_corrected_interpreter(uncorrected):
+    assert interpreter.correct_bf16()
+    dot, mix, expected_dot, expected_mix = _run_third_party()
     torch.testing.assert_close(dot, expected_dot, atol=1e-5, rtol=1e-5)
     assert torch.equal(mix, expected_mix), (mix - expected_mix).abs().max()
 
@@ -97,16 +98,13 @@ def test_the_projects_own_kernel_is_bit_identical_under_the_correction(uncorrect
     inputs = make_inputs(num_q_heads=4, num_kv_heads=2, head_dim=32, block_size=16, seq_lens=[5, 40], q_lens=[1, 9],
                          dtype="bfloat16", layout="shuffled", input_scale=1.0, seed=3, device="cpu")  # fmt: skip
     plain = kernels.paged_attention_triton(*inputs.args(), logit_softcap=4.0)
-    with interpreter.bf16_correction():
-        corrected = kernels.paged_attention_triton(*inputs.args(), logit_softcap=4.0)
+    assert interpreter.correct_bf16()
+    corrected = kernels.paged_attention_triton(*inputs.args(), logit_softcap=4.0)
     assert torch.equal(plain.view(torch.int16), corrected.view(torch.int16))
 
 
 def test_importing_a_plugin_corrects_the_interpreter_in_that_process(tmp_path, clean_registry, uncorrected):
     (tmp_path / "empty_plugin.py").write_text("x = 1\n")
     assert not interpreter.bf16_corrected()
-    try:
-        load_plugin(str(tmp_path / "empty_plugin.py"))
-        assert interpreter.bf16_corrected()
-    finally:
-        interpreter.restore_bf16()
+    load_plugin(str(tmp_path / "empty_plugin.py"))
+    assert interpreter.bf16_corrected()

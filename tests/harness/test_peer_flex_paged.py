@@ -34,15 +34,9 @@ CASES = {
     "decode_window": {"seq_lens": [70, 50, 33], "q_lens": [1, 1, 1], "sliding_window": 20},
     "spec_verify": {"seq_lens": [50, 70], "q_lens": [4, 4]},
     "mixed_with_an_empty_query": {"seq_lens": [20, 9, 7], "q_lens": [6, 1, 0], "block_size": 4},
-    "softcap_alibi_window": {
-        "seq_lens": [300, 90],
-        "q_lens": [140, 1],
-        "sliding_window": 50,
-        "logit_softcap": 5.0,
-        "input_scale": 3.0,
-        "alibi": True,
-    },
-}
+    "softcap_alibi_window": {"seq_lens": [300, 90], "q_lens": [140, 1], "sliding_window": 50, "logit_softcap": 5.0,
+                             "input_scale": 3.0, "alibi": True},
+}  # fmt: skip
 
 
 def _case(name: str):
@@ -85,16 +79,12 @@ def block_list_problems(block_mask, truth: torch.Tensor, q_block: int, block_siz
     batch, num_rows, _ = truth.shape
     problems = []
     covered = torch.zeros_like(truth)
+    kinds = {"partial": (block_mask.kv_num_blocks, block_mask.kv_indices),
+             "full": (block_mask.full_kv_num_blocks, block_mask.full_kv_indices)}  # fmt: skip
     for b in range(batch):
         for j in range(-(-num_rows // q_block)):
             rows = slice(j * q_block, min((j + 1) * q_block, num_rows))
-            lists = {
-                kind: block_mask_list[b, 0, j, : int(count[b, 0, j])].tolist()
-                for kind, (count, block_mask_list) in {
-                    "partial": (block_mask.kv_num_blocks, block_mask.kv_indices),
-                    "full": (block_mask.full_kv_num_blocks, block_mask.full_kv_indices),
-                }.items()
-            }
+            lists = {kind: indices[b, 0, j, : int(count[b, 0, j])].tolist() for kind, (count, indices) in kinds.items()}
             listed = lists["partial"] + lists["full"]
             if len(set(listed)) != len(listed):
                 problems.append(f"batch {b} q block {j}: a page listed twice: {sorted(listed)}")

@@ -32,18 +32,10 @@ ROOT = Path(__file__).resolve().parents[2]
 
 @pytest.mark.parametrize(
     ("name", "key"),
-    [
-        ("alibi", "alibi_slopes"),  # the case field
-        ("alibi_slopes", "alibi_slopes"),  # the key and keyword
-        ("kv_dtype", "fp8_kv"),
-        ("kv_scale", "fp8_kv"),
-        ("k_scale", "fp8_kv"),
-        ("fp8_kv", "fp8_kv"),
-        ("logit_softcap", "logit_softcap"),
-        ("cascade", "return_lse"),
-        ("head_dim_v", "head_dim_v"),
-    ],
-)
+    [("alibi", "alibi_slopes"), ("alibi_slopes", "alibi_slopes"),  # the case field; the key and keyword
+     ("kv_dtype", "fp8_kv"), ("kv_scale", "fp8_kv"), ("k_scale", "fp8_kv"), ("fp8_kv", "fp8_kv"),
+     ("logit_softcap", "logit_softcap"), ("cascade", "return_lse"), ("head_dim_v", "head_dim_v")],
+)  # fmt: skip
 def test_register_backend_takes_a_variant_by_its_case_field_key_or_keyword(name, key, clean_registry):
     backend = register_backend("named", paged_attention_reference, variants=(name,))
     assert backend.variants == {key}
@@ -60,11 +52,14 @@ def test_an_unknown_variant_name_is_refused_naming_the_closest_and_the_known_one
     assert "named" not in REGISTRY
 
 
-def test_the_driver_takes_a_workers_variant_names_as_register_backend_does(clean_registry):
+def test_the_driver_takes_a_workers_variant_names_as_register_backend_does_and_a_worker_reports_keys(clean_registry):
     backend = add_remote_backend({"name": "remote", "devices": ["cpu"], "variants": ["alibi", "kv_dtype"]})
     assert backend.variants == {"alibi_slopes", "fp8_kv"}
     with pytest.raises(ValueError, match="unknown variant 'softcap'"):
         add_remote_backend({"name": "remote2", "devices": ["cpu"], "variants": ["softcap"]})
+    register_backend("declares", paged_attention_reference, variants=("alibi", "sliding_window"))
+    (reported,) = [r for r in registrations() if r["name"] == "declares"]
+    assert reported["variants"] == ["alibi_slopes", "sliding_window"]
 
 
 def test_harness_variants_prints_each_variants_field_key_and_keywords(capsys):
@@ -74,12 +69,6 @@ def test_harness_variants_prints_each_variants_field_key_and_keywords(capsys):
         (line,) = [line for line in lines if line.split()[:1] == [v.name] and v.key in line]
         assert all(keyword in line for keyword in v.keywords) or (not v.keywords and "none: a shape" in line)
     assert any("[num_kv_heads]" in line for line in lines), "the fp8 scales' shape is said"
-
-
-def test_a_workers_registration_carries_its_variants_as_keys(clean_registry):
-    register_backend("declares", paged_attention_reference, variants=("alibi", "sliding_window"))
-    (reported,) = [r for r in registrations() if r["name"] == "declares"]
-    assert reported["variants"] == ["alibi_slopes", "sliding_window"]
 
 
 def test_options_is_still_taken_for_variants_with_a_deprecation_warning(clean_registry):
@@ -288,21 +277,14 @@ def planned_run(tmp_path_factory):
     return _plugin_run(tmp_path_factory.mktemp("planned"), PLANNING_PLUGIN, "planned", cases)
 
 
-def test_a_plan_step_runs_once_per_input_set_in_the_worker_and_every_call_gets_its_result(planned_run):
+def test_a_plan_step_runs_once_per_input_set_in_the_worker_timed_apart_and_every_call_gets_its_result(planned_run):
     rows, plans = planned_run
     assert rows.loc[["decode", "mixed"], "status"].tolist() == ["pass", "pass"], rows["reason"].tolist()
     assert sorted(p["max_q_len"] for p in plans) == [1, 2], "one plan per row, from that case's facts"
     assert os.getpid() not in {p["pid"] for p in plans}
-
-
-def test_the_plan_step_is_timed_apart_from_the_calls(planned_run):
-    rows, _ = planned_run
     for case in ("decode", "mixed"):
         assert rows.loc[case, "plan_us"] >= 50_000, "the plan's own time"
         assert rows.loc[case, "latency_us"] < 50_000 and rows.loc[case, "call_us"] < 50_000, "no call pays for it"
-
-
-def test_a_cascade_case_of_a_backend_with_a_plan_step_is_a_skip_saying_why(planned_run):
-    rows, _ = planned_run
+    # a cascade case calls the kernel on shapes other than the case's: a skip saying why
     assert rows.loc["cascade", "status"] == "skip"
     assert "plan step is made for the case's own" in rows.loc["cascade", "reason"]

@@ -12,6 +12,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from types import SimpleNamespace
 
 import numpy as np
 import pandas as pd
@@ -59,14 +60,18 @@ register_backend("cuda_only", kernels.paged_attention_tlsim, devices=("cuda",))
 """
 
 
-class _PytestOptions:
-    """What HarnessSession reads from pytest's config: the same cases, backends and plugin."""
+@pytest.fixture(autouse=True)
+def private_oracle_cache_and_threads(tmp_path_factory, monkeypatch):
+    monkeypatch.setenv("HARNESS_ORACLE_CACHE", str(tmp_path_factory.getbasetemp() / "oracle"))
+    threads = torch.get_num_threads()
+    yield
+    torch.set_num_threads(threads)  # a Ray task's body sets its process's threads, here this one's
 
-    def __init__(self, options: dict):
-        self.options, self.rootpath = options, Path.cwd()
 
-    def getoption(self, name, default=None):
-        return self.options.get(name, default)
+def _pytest_config(options: dict, **attributes) -> SimpleNamespace:
+    """What HarnessSession and the xdist hooks read from pytest's config: options, and ``attributes`` as given."""
+    return SimpleNamespace(getoption=lambda name, default=None: options.get(name, default), rootpath=Path.cwd(),
+                           **attributes)  # fmt: skip
 
 
 def test_every_executor_gives_the_same_rows_row_for_row(tmp_path, monkeypatch):
@@ -92,19 +97,13 @@ def test_every_executor_gives_the_same_rows_row_for_row(tmp_path, monkeypatch):
         "isolated": through(InProcess(), dataclasses.replace(config, isolated=frozenset(NAMES))),
         "two workers": through(ProcessPool(2)),
     }
-    threads = torch.get_num_threads()  # a Ray task's body sets its process's threads, here this one's
-    try:
-        shipped = dataclasses.replace(config, backends=[])
-        events = [event for case in cases for event in case_task(case, NAMES, shipped, ())]  # plugin loaded here
-        got["a Ray task's body"] = _comparable([event[1] for event in events if event[0] == "row"])
-        assert "ray" not in sys.modules or not sys.modules["ray"].is_initialized()  # no local Ray left running
-    finally:
-        torch.set_num_threads(threads)
-    session = HarnessSession(_PytestOptions({"harness_device": "cpu", "harness_plugins": [], "harness_backends": NAMES,
+    shipped = dataclasses.replace(config, backends=[])
+    events = [event for case in cases for event in case_task(case, NAMES, shipped, ())]  # plugin loaded here
+    got["a Ray task's body"] = _comparable([event[1] for event in events if event[0] == "row"])
+    assert "ray" not in sys.modules or not sys.modules["ray"].is_initialized()  # no local Ray left running
+    session = HarnessSession(_pytest_config({"harness_device": "cpu", "harness_plugins": [], "harness_backends": NAMES,
                                              "cases": [str(cases_file)], "harness_timing": False}))  # fmt: skip
-    got["pytest"] = _comparable(
-        [session.run(case, backend) for case in session.cases for backend in session.config.backends]
-    )
+    got["pytest"] = _comparable([session.run(c, b) for c in session.cases for b in session.config.backends])
     for path, frame in got.items():
         pd.testing.assert_frame_equal(frame, expected, obj=path)
 
@@ -120,17 +119,8 @@ def test_a_ray_tasks_poisoned_oracle_cache_entry_is_an_event_that_stops_the_run(
     monkeypatch.setattr(loop, "build_context", poisoned)
     cases = load_cases([write_cases(tmp_path / "cases.toml", {"name": "first"})], "cpu")
     config = RunConfig(device="cpu", backends=[], timing=False, progress=False, threads=torch.get_num_threads())
-    threads = torch.get_num_threads()
-    try:
-        events = list(case_task(cases[0], ["reference"], config, ()))
-    finally:
-        torch.set_num_threads(threads)
+    events = list(case_task(cases[0], ["reference"], config, ()))
     assert events[-1] == ("poisoned", "oracle cache entry abc: its sha256 does not match")
-
-
-@pytest.fixture(autouse=True)
-def private_oracle_cache(tmp_path_factory, monkeypatch):
-    monkeypatch.setenv("HARNESS_ORACLE_CACHE", str(tmp_path_factory.getbasetemp() / "oracle"))
 
 
 @pytest.fixture(scope="module")
@@ -228,10 +218,7 @@ def test_workers_auto_is_one_per_core_on_a_cpu_one_per_visible_gpu_on_cuda_and_a
         worker_count("0", "cpu")
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "2,5,7")
     assert worker_count("auto", "cuda") == 3
-
-
-def test_workers_split_the_cores_between_them_on_cuda_too(monkeypatch):
-    """Each worker's torch threads: the run's (or every core) over the workers, never oversubscribed."""
+    # each worker's torch threads: the run's (or every core) over the workers, never oversubscribed, on CUDA too
     monkeypatch.setattr(os, "cpu_count", lambda: 32)
     assert worker_threads(None, 1) == 32
     assert worker_threads(None, 2) == 16  # two GPU workers on a 32-core host: 16 each, not 32 each
@@ -252,15 +239,9 @@ def test_each_worker_is_spawned_seeing_only_its_own_gpu_and_the_parent_keeps_all
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "4,6")
     pool = PoolRun(RunConfig(device="cuda", backends=[], timing=False, progress=False), workers=3)
     seen = []
-
-    class SpawnRecorder:  # stands in for the spawned process: records the environment it would inherit
-        def __init__(self, **kwargs):
-            self.kwargs = kwargs
-
-        def start(self):
-            seen.append(os.environ.get("CUDA_VISIBLE_DEVICES"))
-
-    monkeypatch.setattr(pool.context, "Process", SpawnRecorder)
+    # stands in for the spawned process: records the environment it would inherit
+    started = SimpleNamespace(start=lambda: seen.append(os.environ.get("CUDA_VISIBLE_DEVICES")))
+    monkeypatch.setattr(pool.context, "Process", lambda **kwargs: started)
     for slot in pool.slots:
         pool._start(slot)
         slot.conn.close()
@@ -345,7 +326,7 @@ def test_each_xdist_worker_is_pinned_to_its_own_gpu_round_robin(monkeypatch, dev
 
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "3,5")
     specs = [execnet.XSpec(spec) for spec in specs]
-    pin_gpus(_PytestOptions({"harness_device": device}), specs)
+    pin_gpus(_pytest_config({"harness_device": device}), specs)
     assert [spec.env.get("CUDA_VISIBLE_DEVICES") for spec in specs] == pinned
 
 
@@ -353,16 +334,14 @@ def test_worker_rows_travel_as_json_lines_that_load_as_data(tmp_path):
     """A worker's rows travel as JSON lines (samples as lists, NaN kept), never a pickle that runs code."""
     from harness.execute import xdist
 
-    worker = _PytestOptions({"harness_device": "cpu"})
-    worker.workerinput = {"workerid": "gw0", xdist.ROWS_DIR: str(tmp_path)}
+    worker = _pytest_config({"harness_device": "cpu"}, workerinput={"workerid": "gw0", xdist.ROWS_DIR: str(tmp_path)})
     rows = [{"case": "a", "backend": "tlsim", "latency_samples_us": np.array([1.5, 2.0]), "max_abs_err": math.nan}]
     path = xdist.save_worker_rows(worker, rows)
     assert path.name == "gw0.jsonl"
     (line,) = path.read_text().splitlines()
     assert json.loads(line)["latency_samples_us"] == [1.5, 2.0] and json.loads(line)["worker"] == "gw0"
 
-    controller = _PytestOptions({})
-    controller.stash = pytest.Stash()
+    controller = _pytest_config({}, stash=pytest.Stash())
     controller.stash[xdist._FOLDER_KEY] = str(tmp_path)
     (row,) = xdist.collect_rows(controller)
     assert row["case"] == "a" and row["latency_samples_us"] == [1.5, 2.0] and math.isnan(row["max_abs_err"])

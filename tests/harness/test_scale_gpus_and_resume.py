@@ -7,11 +7,11 @@ import json
 import pandas as pd
 import pytest
 
-import harness.timing.ceilings
 from harness.cli.main import build_parser, main
 from harness.cli.options import BadInput
 from harness.cli.resume import resume, run_options
 from harness.results.journal import Journal
+from harness.timing import ceilings
 from harness.timing.ceilings import GpuLedger, mixed_models_note
 
 CASES = """
@@ -67,9 +67,11 @@ harness.timing.ceilings.own_device = own_device
 """
 
 
-def test_workers_report_their_device_and_meta_keeps_it_with_where_the_time_went(cases_file, tmp_path, monkeypatch):
-    own_device = harness.timing.ceilings.own_device
-    monkeypatch.setattr(harness.timing.ceilings, "own_device", own_device)  # the plugin patches it here too
+def test_workers_report_their_device_and_meta_keeps_it_with_where_the_time_went(
+    cases_file, tmp_path, monkeypatch, capsys
+):
+    own_device = ceilings.own_device
+    monkeypatch.setattr(ceilings, "own_device", own_device)  # the plugin patches it here too
     (tmp_path / "fake_gpu.py").write_text(FAKE_GPU)
     out = tmp_path / "run"
     code = main(["run", str(cases_file), "--backend", "tlsim", "--plugin", str(tmp_path / "fake_gpu.py"),
@@ -88,19 +90,11 @@ def test_workers_report_their_device_and_meta_keeps_it_with_where_the_time_went(
     phases = scale["phase_s"]  # where the busy time went, summed over both workers (harness.timing.phases)
     assert {"inputs", "oracle", "guard", "graded call", "grade"} <= set(phases)
     assert 0 < sum(phases.values()) <= scale["case_busy_s"] + 0.01
-    assert "where the cases' busy time went" in _scale_table(out)
-
-
-def _scale_table(run_dir) -> str:
-    import io
-    from contextlib import redirect_stdout
-
     from scripts.self.scale_table import main as table_main
 
-    printed = io.StringIO()
-    with redirect_stdout(printed):
-        assert table_main([str(run_dir), "12.5"]) == 0
-    return printed.getvalue()
+    capsys.readouterr()
+    assert table_main([str(out), "12.5"]) == 0
+    assert "where the cases' busy time went" in capsys.readouterr().out
 
 
 def test_phases_sum_each_block_once_even_when_it_raises_and_start_again_after_take():
@@ -118,7 +112,7 @@ def test_phases_sum_each_block_once_even_when_it_raises_and_start_again_after_ta
     assert take_phases() == {}
     assert add_phases({"a": 1.0, "c": 0.5}, {"a": 0.25, "b": 2.0}) == {"a": 1.25, "b": 2.0, "c": 0.5}
     total: dict[str, float] = {}
-    for _ in range(400):  # 400 cases of 0.4 ms: summed unrounded, rounded once (it read 0.0 when rounded per case)
+    for _ in range(400):  # 400 cases of 0.4 ms: summed unrounded, then rounded once (per case, each would be 0.0)
         total = add_phases(total, {"guard": 0.0004})
     assert rounded(total) == {"guard": 0.16}
 
@@ -186,37 +180,32 @@ def test_a_gpus_ceilings_are_measured_once_per_process_and_once_per_gpu_where_pr
     tmp_path, monkeypatch
 ):
     measured = []
-    monkeypatch.setattr(
-        harness.timing.ceilings, "measure_ceilings", lambda device, dtypes: measured.append(1) or {"read_gbps": 7.0}
-    )
-    monkeypatch.setattr(harness.timing.ceilings.torch.cuda, "get_device_name", lambda device=None: "NVIDIA H200")
-    monkeypatch.setattr(harness.timing.ceilings, "_OWN", {})
+    monkeypatch.setattr(ceilings, "measure_ceilings", lambda device, dtypes: measured.append(1) or {"read_gbps": 7.0})
+    monkeypatch.setattr(ceilings.torch.cuda, "get_device_name", lambda device=None: "NVIDIA H200")
+    monkeypatch.setattr(ceilings, "_OWN", {})
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "1")
-    first = harness.timing.ceilings.own_device("cuda", ["bfloat16"], timing=True)
-    assert harness.timing.ceilings.own_device("cuda", ["bfloat16"], timing=True) is first and len(measured) == 1
+    first = ceilings.own_device("cuda", ["bfloat16"], timing=True)
+    assert ceilings.own_device("cuda", ["bfloat16"], timing=True) is first and len(measured) == 1
     assert first["gpu_name"] == "NVIDIA H200" and first["ceilings"] == {"read_gbps": 7.0}
 
-    monkeypatch.setenv(harness.timing.ceilings.SHARE_ENV, str(tmp_path / "shared"))  # a Ray run: a process per task
+    monkeypatch.setenv(ceilings.SHARE_ENV, str(tmp_path / "shared"))  # a Ray run: a process per task
     for _ in range(2):
-        monkeypatch.setattr(harness.timing.ceilings, "_OWN", {})  # the next task's fresh process
-        report = harness.timing.ceilings.own_device("cuda", ["bfloat16"], timing=True)
+        monkeypatch.setattr(ceilings, "_OWN", {})  # the next task's fresh process
+        report = ceilings.own_device("cuda", ["bfloat16"], timing=True)
     assert len(measured) == 2 and report["ceilings"] == {"read_gbps": 7.0} and report["measure_s"] == 0.0
     assert [p.name for p in (tmp_path / "shared").iterdir()] == ["1.json"]
-    monkeypatch.setattr(harness.timing.ceilings, "_OWN", {})
+    monkeypatch.setattr(ceilings, "_OWN", {})
     on_cpu = {"gpu_name": "", "ceilings": {}, "measure_s": pytest.approx(0, abs=0.1)}
-    assert harness.timing.ceilings.own_device("cpu", ["float32"], timing=True) == on_cpu
+    assert ceilings.own_device("cpu", ["float32"], timing=True) == on_cpu
 
 
 def test_the_report_lists_each_gpu_with_its_read_ceiling():
     from harness.results.report import render_html
     from harness.run.runner import to_frame
 
-    frame = to_frame(
-        [{"case": "c", "backend": "triton", "status": "pass", "gpu_index": "1", "gpu_name": "NVIDIA H200"}]
-    )
-    gpus = [
-        {"host": "h", "gpu_index": "1", "gpu_name": "NVIDIA H200", "ceilings": {"read_gbps": 4210.0}, "workers": [1]}
-    ]
+    h200 = {"gpu_index": "1", "gpu_name": "NVIDIA H200"}
+    frame = to_frame([{"case": "c", "backend": "triton", "status": "pass", **h200}])
+    gpus = [{"host": "h", **h200, "ceilings": {"read_gbps": 4210.0}, "workers": [1]}]
     page = render_html(frame, {"device": "cuda", "device_name": "NVIDIA H200", "gpus": gpus})
     assert "h GPU 1: NVIDIA H200, read 4210 GB/s (worker 1)" in page
 

@@ -31,15 +31,12 @@ from harness.timing.timer import probe_call, time_call, time_wall
 from tests.tiny_cases import write_cases
 
 
-def test_time_call_keeps_at_least_the_floor_of_samples_even_past_its_time_budget():
+def test_time_call_keeps_its_floor_of_samples_past_its_budget_and_time_wall_measures_the_whole_call():
     timing = time_call(lambda: time.sleep(0.002), "cpu", target_s=0.001, min_reps=10)
-    assert len(timing.samples_us) == 10
-    assert min(timing.samples_us) >= 2000
-
-
-def test_time_wall_measures_the_whole_call():
-    timing = time_wall(lambda: time.sleep(0.003), "cpu", min_reps=5, target_s=0.0)
-    assert timing.median_us >= 3000
+    assert len(timing.samples_us) == 10 and min(timing.samples_us) >= 2000
+    assert time_wall(lambda: time.sleep(0.003), "cpu", min_reps=5, target_s=0.0).median_us >= 3000
+    probe = probe_call(lambda: None, "cpu")  # off CUDA: nothing to say about graphs or syncs
+    assert probe.graph_capturable is None and probe.device_syncs is None
 
 
 def test_time_wall_on_cuda_splits_the_hosts_return_from_the_drained_wall(monkeypatch):
@@ -56,70 +53,54 @@ def test_time_wall_on_cuda_splits_the_hosts_return_from_the_drained_wall(monkeyp
     assert all(1000 <= h < w - 3000 for h, w in zip(host, wall.samples_us, strict=True))
 
 
-def test_probe_call_says_nothing_about_graphs_or_syncs_off_cuda():
-    probe = probe_call(lambda: None, "cpu")
-    assert probe.graph_capturable is None and probe.device_syncs is None
-
-
 def one_case(**fields):
     (case,) = expand_spec({"name": "c", "num_q_heads": 2, "num_kv_heads": 1, "head_dim": 32, "block_size": 4,
                            "dtype": "float16", **fields}, "test")  # fmt: skip
     return case
 
 
-def test_flops_count_each_causal_pair_once():
-    case = one_case(seq_lens=[5, 3], q_lens=[2, 3], block_size=16, dtype="float32")
-    # seq 0: queries at positions 3, 4 see 4 + 5 keys; seq 1: positions 0, 1, 2 see 1 + 2 + 3
-    assert attended_pairs(case) == 9 + 6
-    assert flops(case) == 4 * 15 * 2 * 32
+@pytest.mark.parametrize(
+    ("fields", "expected"),
+    [
+        # seq 0: queries at positions 3, 4 see 4 + 5 keys; seq 1: positions 0, 1, 2 see 1 + 2 + 3
+        ({"seq_lens": [5, 3], "q_lens": [2, 3], "block_size": 16, "dtype": "float32"},
+         {"attended_pairs": 9 + 6, "flops": 4 * 15 * 2 * 32}),
+        # seq 0: queries at 17..19 see keys from 13 on (7 keys; 5 + 5 + 5 pairs); seq 1: queries at 0..5 see keys
+        # 0..5 (6 keys; 1 + 2 + 3 + 4 + 5 + 5 pairs)
+        ({"seq_lens": [20, 6], "q_lens": [3, 6], "sliding_window": 5},
+         {"kv_tokens_read": 7 + 6, "bytes_moved": 2 * 13 * 1 * 64 + 2 * 9 * 2 * 64, "attended_pairs": 15 + 20,
+          "flops": 2 * 35 * 2 * 64}),
+        # keys 0..7 are the same two pages in all three sequences: read once
+        ({"seq_lens": [10, 13, 9], "q_lens": [1, 2, 1], "layout": "shared_prefix", "cascade": True},
+         {"prefix_blocks": 2, "kv_tokens_read": 8 + (10 - 8) + (13 - 8) + (9 - 8),
+          "bytes_moved": 2 * 16 * 1 * 64 + 2 * 4 * 2 * 64}),
+        ({"seq_lens": [10, 13, 9], "q_lens": [1, 2, 1]}, {"kv_tokens_read": 32}),
+        # a shared prefix under a window: keys 0..11; seq 0 reads 8..11 (inside it), seq 1 reads 16..19 (its own)
+        ({"seq_lens": [12, 20], "q_lens": [1, 1], "layout": "shared_prefix", "sliding_window": 4},
+         {"kv_tokens_read": 4 + 4}),
+    ],
+)  # fmt: skip
+def test_the_metrics_count_each_key_read_and_each_causal_pair_once(fields, expected):
+    case = one_case(**fields)
+    metrics = {"kv_tokens_read": kv_tokens_read, "bytes_moved": bytes_moved, "attended_pairs": attended_pairs,
+               "flops": flops, "prefix_blocks": lambda case: case.prefix_blocks}  # fmt: skip
+    assert {name: metrics[name](case) for name in expected} == expected
     assert tflops(flops(case), 1.0) == pytest.approx(flops(case) / 1e6)
 
 
-def test_a_windowed_case_counts_only_the_keys_its_windows_see():
-    case = one_case(seq_lens=[20, 6], q_lens=[3, 6], sliding_window=5)
-    # seq 0: queries at 17..19 see keys from 13 on (7 keys); seq 1: queries at 0..5 see keys 0..5 (6 keys)
-    assert kv_tokens_read(case) == 7 + 6
-    assert bytes_moved(case) == 2 * 13 * 1 * 64 + 2 * 9 * 2 * 64
-    # seq 0: 5 + 5 + 5 keys; seq 1: 1 + 2 + 3 + 4 + 5 + 5
-    assert attended_pairs(case) == 15 + 20
-    assert flops(case) == 2 * 35 * 2 * 64
-
-
-def test_a_cascade_case_counts_its_shared_prefix_once():
-    case = one_case(seq_lens=[10, 13, 9], q_lens=[1, 2, 1], layout="shared_prefix", cascade=True)
-    assert case.prefix_blocks == 2  # keys 0..7, the same two pages in all three sequences
-    assert kv_tokens_read(case) == 8 + (10 - 8) + (13 - 8) + (9 - 8)
-    assert bytes_moved(case) == 2 * 16 * 1 * 64 + 2 * 4 * 2 * 64
-    unshared = one_case(seq_lens=[10, 13, 9], q_lens=[1, 2, 1])
-    assert kv_tokens_read(unshared) == 32
-
-
-def test_a_shared_prefix_under_a_window_counts_the_prefix_keys_any_window_sees_once():
-    case = one_case(seq_lens=[12, 20], q_lens=[1, 1], layout="shared_prefix", sliding_window=4)
-    # prefix: keys 0..11; seq 0 reads 8..11 (inside it), seq 1 reads 16..19 (its own)
-    assert kv_tokens_read(case) == 4 + 4
-
-
-def test_fit_line_recovers_a_known_line():
-    x = np.array([1.0, 2.0, 4.0, 8.0])
-    slope, intercept, r2 = fit_line(x, 3.0 + 0.5 * x)
-    assert slope == pytest.approx(0.5) and intercept == pytest.approx(3.0) and r2 == pytest.approx(1.0)
-
-
 def test_fit_scaling_fits_each_backend_and_skips_too_few_points():
-    frame = pd.DataFrame(
-        {
-            "backend": ["a"] * 4 + ["b"] * 2,
-            "total_kv_tokens": [100, 200, 400, 800, 100, 200],
-            "num_seqs": [1, 1, 1, 1, 1, 2],
-            "latency_us": [11.0, 12.0, 14.0, 18.0, 5.0, 6.0],
-        }
-    )
+    frame = pd.DataFrame({"backend": ["a"] * 4 + ["b"] * 2, "total_kv_tokens": [100, 200, 400, 800, 100, 200],
+                          "num_seqs": [1, 1, 1, 1, 1, 2], "latency_us": [11.0, 12.0, 14.0, 18.0, 5.0, 6.0]})  # fmt: skip
     fits = fit_scaling(frame)
     assert list(fits["backend"]) == ["a"], "b has two points; num_seqs of a has one distinct value"
     (fit,) = fits.itertuples()
     assert fit.x == "total_kv_tokens" and fit.per_unit_us == pytest.approx(0.01) and fit.fixed_us == pytest.approx(10.0)
-    assert fit.fitted and fit.reason == ""
+    assert fit.fitted and fit.reason == "" and fit.r2 > 0.99
+    x = np.array([1.0, 2.0, 4.0, 8.0])
+    assert fit_line(x, 3.0 + 0.5 * x) == pytest.approx((0.5, 3.0, 1.0))
+    # just under the bar: 0.899 is rejected, 0.9 itself kept; a zero fixed cost is not negative
+    assert fit_verdict(0.1, 1.0, 0.899) == "r² 0.90 < 0.9" and fit_verdict(0.1, 1.0, 0.9) == ""
+    assert fit_verdict(0.1, 0.0, 1.0) == ""
 
 
 def scaling_frame(latency_us):
@@ -139,17 +120,6 @@ def test_a_fit_below_r2_0_9_or_with_a_negative_term_is_no_fit_and_says_why(laten
     (fit,) = fit_scaling(scaling_frame(latency_us)).itertuples()
     assert not fit.fitted and fit.reason == reason, fit
     assert np.isnan(fit.per_unit_us) and np.isnan(fit.fixed_us)
-
-
-def test_a_fit_at_r2_0_9_with_no_negative_term_is_kept():
-    noisy = [11.0, 12.0, 14.0, 18.0]
-    _, _, r2 = fit_line(np.array([100, 200, 400, 800.0]), np.array(noisy))
-    assert r2 > 0.99
-    (fit,) = fit_scaling(scaling_frame(noisy)).itertuples()
-    assert fit.fitted
-    # just under the bar: 0.899 is rejected, 0.9 itself kept
-    assert fit_verdict(0.1, 1.0, 0.899) == "r² 0.90 < 0.9" and fit_verdict(0.1, 1.0, 0.9) == ""
-    assert fit_verdict(0.1, 0.0, 1.0) == "", "a zero fixed cost is not negative"
 
 
 def test_a_timed_cli_run_writes_every_timing_column_and_the_page(tmp_path, drawn_plots):
@@ -190,10 +160,8 @@ def test_a_declared_commit_wins_over_a_stale_git_and_the_disagreement_is_recorde
 def test_a_failing_row_names_the_sequence_query_position_and_head_of_its_worst_element(clean_registry):
     assert locate(3, [0, 2, 2, 5], [4, 7, 9]) == "seq 2, query 1 (position 7)", "seq 1 has no query"
 
-    def off_at_one_element(q, k_cache, v_cache, block_table, seq_lens, query_start_loc=None, scale=None, out=None):
-        result = kernels.paged_attention_reference(
-            q, k_cache, v_cache, block_table, seq_lens, query_start_loc, scale, out=out
-        )
+    def off_at_one_element(*args, **kwargs):
+        result = kernels.paged_attention_reference(*args, **kwargs)
         result[3, 1, 0] += 1.0  # token 3 = seq 1's second query
         return result
 
@@ -251,7 +219,7 @@ def test_a_backend_whose_first_call_compiles_past_the_budget_is_timed_on_a_gpu(
         assert why in row["note"] and row["latency_us"] != row["latency_us"], "an untimed row"
 
 
-def test_a_python_model_on_a_gpu_is_graded_not_timed():
+def test_a_python_model_on_a_gpu_is_graded_not_timed(tmp_path, monkeypatch):
     gpu, cpu = measure.TimingSettings("cuda", {}), measure.TimingSettings("cpu", {})
     assert REGISTRY["tlsim"].model and REGISTRY["reference"].model and not REGISTRY["triton"].model
     assert measure.MODEL_BUDGET_S == 0
@@ -260,10 +228,7 @@ def test_a_python_model_on_a_gpu_is_graded_not_timed():
     assert cpu.for_backend(REGISTRY["tlsim"]).budget_s == measure.ROW_BUDGET_S  # on a CPU the models are the subject
     unbudgeted = dataclasses.replace(gpu, budget_s=None)
     assert unbudgeted.for_backend(REGISTRY["tlsim"]).budget_s is None
-
-
-def test_a_row_under_a_zero_budget_says_it_is_graded_not_timed(tmp_path, monkeypatch):
-    """The row a Python model makes on a GPU (its timing settings' budget 0): graded, its note saying why it has no latency."""
+    # the row it makes (its timing settings' budget 0): graded, its note saying why it has no latency
     row = _one_row_within_a_short_budget(tmp_path, monkeypatch, kernels.paged_attention_reference, True, 0.0)
     assert "not timed: one call took" in row["note"] and "graded, not timed" in row["note"]
     assert row["latency_us"] != row["latency_us"]
