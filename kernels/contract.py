@@ -350,7 +350,7 @@ def check_values(call: PagedCall) -> None:
         )
     used = (
         torch.arange(call.block_table.shape[1], device=seq_lens.device)[None, :]
-        < cdiv_tensor(seq_lens, call.block_size)[:, None]
+        < ((seq_lens + call.block_size - 1) // call.block_size)[:, None]  # blocks each sequence uses
     )
     bad = used & ((call.block_table < 0) | (call.block_table >= call.num_blocks))
     if bool(bad.any()):
@@ -359,11 +359,6 @@ def check_values(call: PagedCall) -> None:
             f"block_table[{seq}, {index}] = {int(call.block_table[seq, index])} is outside [0, num_blocks = "
             f"{call.num_blocks}), and sequence {seq} uses it (seq_len {int(seq_lens[seq])})"
         )
-
-
-def cdiv_tensor(a: torch.Tensor, b: int) -> torch.Tensor:
-    """Elementwise ceil(a / b) for a non-negative integer tensor."""
-    return (a + b - 1) // b
 
 
 def prepare_lse(call: PagedCall, return_lse: bool) -> torch.Tensor | None:
@@ -377,11 +372,6 @@ def prepare_lse(call: PagedCall, return_lse: bool) -> torch.Tensor | None:
     if not return_lse:
         return None
     return torch.empty((call.num_tokens, call.num_q_heads), dtype=torch.float32, device=call.q.device)
-
-
-def with_lse(out: torch.Tensor, lse: torch.Tensor | None):
-    """What a call returns: ``out``, or ``(out, lse)`` when the log-sum-exp was asked for."""
-    return out if lse is None else (out, lse)
 
 
 def prepare_out(call: PagedCall, out: torch.Tensor | None) -> torch.Tensor:
@@ -489,7 +479,7 @@ def contract_entry(impl=None, *, plans=None):
         plan = impl(call, out, lse, max_q_len=max_q_len, max_seq_len=max_seq_len)
         if key is not None and plan is not None:
             plans.put(key, plans.recipe(call, out_given, lse, (block_table, seq_lens, query_start_loc), options, plan))
-        return with_lse(out, lse)
+        return out if lse is None else (out, lse)
 
     entry.__name__, entry.__qualname__, entry.__module__ = impl.__name__, impl.__qualname__, impl.__module__
     entry.__doc__ = (impl.__doc__ or "").rstrip() + "\n" + CONTRACT_DOC
