@@ -279,6 +279,7 @@ E4M3, E5M2 = torch.float8_e4m3fn, torch.float8_e5m2
         ({"sinks": torch.zeros(8, dtype=torch.float64)}, None, "sinks must be a float32 tensor"),
         ({"alibi_slopes": [0.5] * 8}, None, "alibi_slopes must be a float32 tensor"),
         ({"return_lse": 1}, None, "return_lse must be True or False"),
+        *(({"scale": scale}, None, "scale must be a positive finite number") for scale in (0.0, -0.125, float("nan"))),
         ({"k_scale": 0.5}, None, "k_scale applies to an fp8 cache"),
         ({"k_scale": -1.0}, (E4M3, E4M3), "k_scale must be a positive finite"),
         ({"v_scale": True}, (E4M3, E4M3), "v_scale must be a float or"),  # a bool is no scale
@@ -412,7 +413,9 @@ def test_a_row_alone_takes_a_new_variant_to_the_call_and_the_oracle(monkeypatch)
     ("changes", "field"),
     [({"sinks": [1.0, 2.0]}, "sinks"), ({"sliding_window": 0}, "sliding_window"),
      ({"logit_softcap": -1.0}, "logit_softcap"), ({"alibi": 1}, "alibi"),
-     ({"sinks": {"scale": 1.0, "std": 2.0}}, "sinks")],
+     ({"sinks": {"scale": 1.0, "std": 2.0}}, "sinks"), ({"kv_scale": 0.5}, "kv_scale"),
+     ({"kv_dtype": "float8"}, "kv_dtype"), ({"kv_dtype": "float8_e4m3fn", "kv_scale": "max"}, "kv_scale"),
+     ({"kv_dtype": "float8_e4m3fn", "kv_scale": -1.0}, "kv_scale")],
 )  # fmt: skip
 def test_bad_variant_field_is_refused_naming_it(changes, field):
     with pytest.raises(CaseFileError, match=f"field '{field}"):

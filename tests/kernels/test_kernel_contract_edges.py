@@ -21,7 +21,7 @@ from kernels.contract import MAX_HEAD_DIM, MIN_HEAD_DIM, prepare_call
 from kernels.dispatch import DISPATCH_BACKENDS
 from kernels.fp8 import FP8_DTYPES
 from kernels.launch_plan import plans_enabled
-from kernels.tiling import SINGLE_DOT_HEAD_DIM, V_PART_DIM, choose_tiling, head_dim_pieces, tiling_for, v_parts
+from kernels.tiling import SINGLE_DOT_HEAD_DIM, V_PART_DIM, choose_tiling, head_dim_pieces, v_parts
 from tests.kernels.kernel_cases import Edge as Case
 from tests.kernels.kernel_cases import Edges, assert_passes, backend_fn, call_hints, needs_triton
 
@@ -80,11 +80,7 @@ def contract_edges() -> list[Case]:
 
 CASES = contract_edges()
 EDGES = Edges(BASE, CASES)
-BY_NAME, _inputs, _expected = EDGES.by_name, EDGES.inputs, EDGES.expected
-
-
-def _tiling(name: str):
-    return tiling_for(prepare_call(*_inputs(name).args(), **_inputs(name).options), **call_hints(BY_NAME[name]))
+BY_NAME, _inputs, _expected, _tiling = EDGES.by_name, EDGES.inputs, EDGES.expected, EDGES.tiling
 
 
 def test_the_generated_cases_reach_every_rule_they_name():

@@ -18,34 +18,23 @@ from kernels.contract import getenv, prepare_call
 from kernels.launch_plan import PlanCache, call_key, plans_enabled
 from kernels.tiling import tiling_for
 from tests.fresh_python import run_script
-from tests.kernels.kernel_cases import BAD_CALLS, BASE, CASES_BY_NAME, ON_CUDA, base_args, needs_triton
-
-
-def _describe(arg):
-    """A launch argument as the kernel sees it: a tensor's metadata (its values are the caller's), else the value."""
-    if isinstance(arg, torch.Tensor):
-        return ("tensor", tuple(arg.shape), arg.stride(), arg.dtype, arg.data_ptr() % 16 == 0)
-    return arg
-
-
-class _Recorder:
-    """Stands in for a @triton.jit kernel: records (grid, described arguments, keywords) and runs nothing."""
-
-    def __init__(self):
-        self.launches = []
-
-    def __getitem__(self, grid):
-        def launch(*args, **kwargs):
-            self.launches.append((grid, tuple(map(_describe, args)), kwargs))
-
-        return launch
+from tests.kernels.kernel_cases import (
+    BAD_CALLS,
+    BASE,
+    CASES_BY_NAME,
+    DEVICES,
+    KernelRecorder,
+    base_args,
+    describe_launch_arg,
+    needs_triton,
+)
 
 
 @pytest.fixture
 def recorded(monkeypatch):
-    """Both kernels replaced by one :class:`_Recorder` (``plans``: the launcher's, emptied); value checks off."""
+    """Both kernels replaced by one :class:`KernelRecorder` (``plans``: the launcher's, emptied); value checks off."""
     triton_paged = needs_triton()
-    recorder = _Recorder()
+    recorder = KernelRecorder()
     recorder.plans = triton_paged.PLANS
     monkeypatch.setattr(triton_paged, "paged_attention_kernel", recorder)
     monkeypatch.setattr(triton_paged, "combine_splits_kernel", recorder)
@@ -128,7 +117,7 @@ def test_the_short_hit_methods_launch_what_the_general_ones_launch(recorded, mon
         results = [kernels.paged_attention_triton(*args, **kwargs) for _ in range(2)]
         assert triton_paged.PLANS.hits == 1
         outs = [r if isinstance(r, tuple) else (r,) for r in results]
-        return recorded.launches[-2:], [[_describe(t) for t in out] for out in outs]
+        return recorded.launches[-2:], [[describe_launch_arg(t) for t in out] for out in outs]
 
     short = first_and_hit()
     monkeypatch.setattr(launch_plan.CallRecipe, "_run_plain", launch_plan.CallRecipe._run)
@@ -335,7 +324,7 @@ def test_the_cache_keeps_the_most_recently_used_plans():
 def test_a_failing_compiled_launch_falls_back_to_the_jit_entry_for_good(monkeypatch):
     """A compiled kernel whose launch raises (an API this Triton lacks) is given up without an error."""
     monkeypatch.setattr(launch_plan, "_fast_launch_error", None)
-    recorder = _Recorder()
+    recorder = KernelRecorder()
 
     class Broken:
         def __getitem__(self, grid):
@@ -413,7 +402,7 @@ def _outputs(result):
     return [t.clone() for t in (result if isinstance(result, tuple) else (result,))]
 
 
-@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=ON_CUDA)])
+@pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("name", OUTPUT_CASES)
 def test_a_plan_hit_computes_what_the_full_path_computes(name, device):
     """The hit's outputs equal the first and the uncached call's bit for bit; on CUDA it launches compiled."""
