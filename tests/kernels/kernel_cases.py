@@ -49,11 +49,6 @@ class KernelCase:
         return inputs if self.q_scale == 1.0 else replace(inputs, q=inputs.q * self.q_scale)
 
 
-def boundary_lengths(block_size: int) -> tuple[tuple[int, ...], tuple[int, ...]]:
-    """seq_lens 1, block-1, block, block+1, 2*block+3 with q_lens 1, 0, 1, 2, 4."""
-    return (1, max(block_size - 1, 1), block_size, block_size + 1, 2 * block_size + 3), (1, 0, 1, 2, 4)
-
-
 BASE = KernelCase("base")
 
 
@@ -64,8 +59,9 @@ def _vary(name: str, **changes) -> KernelCase:
 MANY_TILES = {"num_q_heads": 4, "num_kv_heads": 4, "seq_lens": (90, 5), "q_lens": (40, 3)}  # a chunked prefill
 KERNEL_CASES: list[KernelCase] = [
     BASE,
+    # seq_lens around the block size (q_lens the base's 1, 0, 1, 2, 4)
     *(
-        _vary(f"block{bs}", block_size=bs, seq_lens=boundary_lengths(bs)[0], q_lens=boundary_lengths(bs)[1])
+        _vary(f"block{bs}", block_size=bs, seq_lens=(1, max(bs - 1, 1), bs, bs + 1, 2 * bs + 3))
         for bs in (1, 5, 16, 64, 256)
     ),
     _vary("mha", num_q_heads=4, num_kv_heads=4),

@@ -335,17 +335,14 @@ def _output_form(out) -> tuple:
 
 
 @pytest.mark.parametrize("variant", VARIANTS, ids=lambda v: v.key)
-def test_each_rows_example_turns_on_exactly_its_variant_and_it_has_its_hooks(variant):
+def test_each_rows_example_turns_on_its_variant_and_reaches_the_call_and_the_oracle_through_its_hooks(
+    variant, monkeypatch
+):
     (case,) = expand_spec({**SPEC, **variant.example}, "t.toml")
     implied = {"head_dim_v"} if variant.key == "latent_kv" else set()  # a latent cache: V narrower than K
     assert case.variants == {variant.key} | implied, f"{variant.key}'s example turns on {set(case.variants)}"
     # a keyword needs an input hook; an input hook without one only reshapes the inputs (latent_kv alone)
     assert (variant.inputs is not None) == (bool(variant.keywords) or variant.key == "latent_kv")
-
-
-@pytest.mark.parametrize("variant", VARIANTS, ids=lambda v: v.key)
-def test_case_field_reaches_the_call_and_the_oracle_through_the_row_hooks(variant, monkeypatch):
-    (case,) = expand_spec({**SPEC, **variant.example}, "t.toml")
     inputs = case_inputs(case, "cpu")
     assert set(inputs.options) == set(variant.keywords), "the input hook gives exactly the row's keywords"
     out = paged_attention_oracle(*inputs.args(), **inputs.options)

@@ -35,20 +35,15 @@ def _assert_matches_oracle(got, args, case):
     assert_passes(got, paged_attention_oracle(*args), DEFAULT_TOLERANCES[case.dtype], case.name)
 
 
-@pytest.mark.parametrize("case", SYNC_FREE_CASES, ids=str)
-def test_default_triton_call_reads_no_tensor_value(case, triton_launches, value_reads):
-    args = _args(case)
+@pytest.mark.parametrize(
+    ("case", "entry"), [*((case, "triton") for case in SYNC_FREE_CASES), (BASE, "dispatch")], ids=str
+)
+def test_default_triton_call_reads_no_tensor_value(case, entry, triton_launches, value_reads):
+    args, dispatched = _args(case), {"backend": "triton"} if entry == "dispatch" else {}
     with value_reads.forbidden():
-        got = kernels.paged_attention_triton(*args)
+        got = getattr(kernels, f"paged_attention_{entry}")(*args, **dispatched)
     assert not value_reads.reads and triton_launches.grids
     _assert_matches_oracle(got, args, case)
-
-
-def test_dispatched_triton_call_reads_no_tensor_value(triton_launches, value_reads):
-    args = _args(BASE)
-    with value_reads.forbidden():
-        got = kernels.paged_attention_dispatch(*args, backend="triton")
-    _assert_matches_oracle(got, args, BASE)
 
 
 def test_the_guard_catches_the_checked_call(triton_launches, value_reads):

@@ -207,16 +207,11 @@ def _with(args, **at):
     return args
 
 
-def _fewer_seqs(a):
-    """The first three sequences of BASE's call (2 query tokens)."""
-    return _with(a, p0=a[0][: int(a[5][3])], p3=a[3][:3], p4=a[4][:3], p5=a[5][:4])
-
-
 # Each: a change to BASE's call after a hit, (args, kwargs) -> (args, kwargs); it must miss and
 # launch as the full path does.
 CHANGES = {
     "block_table_wider": lambda a, kw: (_with(a, p3=torch.nn.functional.pad(a[3], (0, 3), value=-1)), kw),
-    "fewer_seqs": lambda a, kw: (_fewer_seqs(a), kw),
+    "fewer_seqs": lambda a, kw: (_with(a, p0=a[0][: int(a[5][3])], p3=a[3][:3], p4=a[4][:3], p5=a[5][:4]), kw),
     "dtype": lambda a, kw: (_with(a, p0=a[0].half(), p1=a[1].half(), p2=a[2].half()), kw),
     "q_strided": lambda a, kw: (_with(a, p0=a[0].transpose(0, 1).contiguous().transpose(0, 1)), kw),
     "block_table_strided": lambda a, kw: (_with(a, p3=torch.stack([a[3], a[3]], -1)[..., 0]), kw),
