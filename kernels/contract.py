@@ -31,11 +31,6 @@ MIN_BLOCK_SIZE, MAX_BLOCK_SIZE = 1, 256
 CHECK_ENV = "PAGED_ATTENTION_CHECK"
 
 
-def getenv(name: str) -> str | None:
-    """``os.environ.get(name)``: the one place the kernels read the environment."""
-    return os.environ.get(name)
-
-
 def contiguous_strides(shape) -> tuple[int, ...]:
     """The strides of a contiguous tensor of ``shape`` (torch's rule, size-1 dims included; on the meta device)."""
     return torch.empty(shape, device="meta").stride()
@@ -44,7 +39,7 @@ def contiguous_strides(shape) -> tuple[int, ...]:
 def checks_enabled(check: bool | None = None) -> bool:
     """Whether a call runs its value checks: ``check`` when given, else ``$PAGED_ATTENTION_CHECK == "1"``."""
     if check is None:
-        return getenv(CHECK_ENV) == "1"
+        return os.environ.get(CHECK_ENV) == "1"
     return bool(check)
 
 
@@ -467,7 +462,7 @@ def contract_entry(impl=None, *, plans=None):
             )  # fmt: skip
             if key is not None and (recipe := plans.get(key)) is not None:
                 # checks_enabled(check), inline: value checks read the device, and are never skipped
-                if check if check is not None else getenv(CHECK_ENV) == "1":
+                if check if check is not None else os.environ.get(CHECK_ENV) == "1":
                     prepare_call(
                         q, k_cache, v_cache, block_table, seq_lens, query_start_loc, scale, check=True, **options
                     )

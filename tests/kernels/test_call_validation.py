@@ -36,10 +36,10 @@ def test_triton_sync_free_call_with_hints_matches_the_checked_call():
 
 
 def test_check_none_follows_the_environment_variable(monkeypatch):
-    monkeypatch.setenv(kernels.CHECK_ENV, "1")
-    assert kernels.checks_enabled(None) and not kernels.checks_enabled(False)
-    monkeypatch.setenv(kernels.CHECK_ENV, "0")
-    assert not kernels.checks_enabled(None) and kernels.checks_enabled(True)
+    for value in ("1", "0", "", "é"):
+        monkeypatch.setenv(kernels.CHECK_ENV, value)
+        assert kernels.checks_enabled(None) == kernels.checks_enabled() == (value == "1"), repr(value)
+        assert kernels.checks_enabled(True) and not kernels.checks_enabled(False), "check given wins"
     monkeypatch.delenv(kernels.CHECK_ENV)
     assert not kernels.checks_enabled(None), "value checks are off by default"
 

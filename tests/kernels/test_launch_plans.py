@@ -5,7 +5,6 @@ call with plans off; the last ones compare the interpreted kernel's outputs bit 
 
 from __future__ import annotations
 
-import os
 import random
 from dataclasses import replace
 
@@ -14,7 +13,7 @@ import torch
 
 import kernels
 from kernels import launch_plan, tuning
-from kernels.contract import getenv, prepare_call
+from kernels.contract import prepare_call
 from kernels.launch_plan import PlanCache, call_key, plans_enabled
 from kernels.tiling import tiling_for
 from tests.fresh_python import run_script
@@ -181,16 +180,6 @@ def test_a_hit_hands_the_runner_the_current_stream_of_the_plans_device(monkeypat
     current[3] = 222  # another stream made current (a graph capture's, say): the next hit uses it
     launch(jit, "t1")
     assert calls == [(("t0", 4), 111), (("t1", 4), 222)]
-
-
-def test_the_fast_environment_read_agrees_with_os_environ(monkeypatch):
-    name = kernels.CHECK_ENV
-    for value in ("1", "0", "", "é"):
-        monkeypatch.setenv(name, value)
-        assert getenv(name) == os.environ.get(name) == value and kernels.checks_enabled() == (value == "1")
-    monkeypatch.delenv(name)
-    assert getenv(name) is None and not kernels.checks_enabled()
-    assert getenv("PAGED_ATTN_NEVER_SET_ANYWHERE") is None
 
 
 def _shift(t: torch.Tensor, elements: int = 1) -> torch.Tensor:
