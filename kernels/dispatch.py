@@ -94,23 +94,19 @@ def select_backend(device: torch.device | str, backend: str | None = None) -> st
     return forced
 
 
-def _backend_fn(name: str) -> Callable[..., torch.Tensor]:
-    if name == "triton":
-        module = _triton_module or _import_triton_module()
-        return module.paged_attention_triton  # read at call time, as an import statement would
-    return _TORCH_BACKENDS[name]
-
-
 _TORCH_BACKENDS = {"tlsim": paged_attention_tlsim, "reference": paged_attention_reference}
 _triton_module = None  # kernels.triton_paged once imported (it imports Triton: not at module load)
 
 
-def _import_triton_module():
+def _backend_fn(name: str) -> Callable[..., torch.Tensor]:
     global _triton_module
-    from . import triton_paged
+    if name != "triton":
+        return _TORCH_BACKENDS[name]
+    if _triton_module is None:
+        from . import triton_paged
 
-    _triton_module = triton_paged
-    return triton_paged
+        _triton_module = triton_paged
+    return _triton_module.paged_attention_triton  # read at call time, as an import statement would
 
 
 def paged_attention_dispatch(*args, backend: str | None = None, **kwargs):
