@@ -242,14 +242,13 @@ class PagedCall:
 def prepare_call(q, k_cache, v_cache, block_table, seq_lens, query_start_loc=None, scale=None, check=None, **options):
     """Check a call against the contract; fill in defaults; return the :class:`PagedCall`.
 
-    Reads no tensor value unless checking (``check``: bool or None, see :func:`checks_enabled`).
     ``options`` are the contract's keyword options that shape the call, by name (the rows of
     :data:`CALL_OPTION_TABLE`, each checked by its row's check); another name is a TypeError.
 
     Raises ValueError naming the offending argument. Shapes, dtypes and devices are always
     checked, and the index tensors (block_table, seq_lens, query_start_loc) are made
-    contiguous. Values are checked when :func:`checks_enabled` says so (see the module
-    docstring): see :func:`check_values` for the list.
+    contiguous. Tensor values are read only when :func:`checks_enabled` (``check``) says so:
+    see :func:`check_values` for the list.
     """
     if q.dim() != 3:
         fail(f"q must be [num_tokens, num_q_heads, head_dim], got shape {tuple(q.shape)}")

@@ -160,12 +160,12 @@ def choose_tiling(
 ) -> Tiling:
     """Tile sizes, query-tile count and KV split; the kernel launcher and tlsim both use exactly these.
 
-    ``max_q_len`` (a typical query length: it sets the tile height) and ``max_seq_len``
-    (an upper bound of the KV lengths: it sets the split) are host-known, derived from
-    shapes and hints by :func:`tiling_for`. ``max_seq_len`` 0 means no split. ``num_tokens`` defaults to num_seqs * max_q_len. ``fp32`` inputs keep BLOCK_M
-    at 16: their dots run in IEEE fp32 on CUDA cores, and a 64-row tile spills registers.
-    Half-precision tiles keep 64 rows for
-    tensor cores. ``windowed`` (a sliding window) keeps a decode out of the device split.
+    ``max_q_len`` (a typical query length: it sets the tile height) and ``max_seq_len`` (an upper
+    bound of the KV lengths: it sets the split; 0: no split) are host-known, derived from shapes and
+    hints by :func:`tiling_for`. ``num_tokens`` defaults to num_seqs * max_q_len. ``fp32`` inputs keep
+    BLOCK_M at 16: their dots run in IEEE fp32 on CUDA cores, and a 64-row tile spills registers;
+    half-precision tiles keep 64 rows for tensor cores. ``windowed`` (a sliding window) keeps a decode
+    out of the device split.
     """
     if group_size > 128:
         fail(f"group_size (num_q_heads // num_kv_heads) {group_size} is above the kernel's limit of 128")
