@@ -31,11 +31,6 @@ MIN_BLOCK_SIZE, MAX_BLOCK_SIZE = 1, 256
 CHECK_ENV = "PAGED_ATTENTION_CHECK"
 
 
-def getenv(name: str) -> str | None:
-    """``os.environ.get(name)``: the one place the kernels read the environment."""
-    return os.environ.get(name)
-
-
 def contiguous_strides(shape) -> tuple[int, ...]:
     """The strides of a contiguous tensor of ``shape`` (torch's rule, size-1 dims included; on the meta device)."""
     return torch.empty(shape, device="meta").stride()
@@ -44,7 +39,7 @@ def contiguous_strides(shape) -> tuple[int, ...]:
 def checks_enabled(check: bool | None = None) -> bool:
     """Whether a call runs its value checks: ``check`` when given, else ``$PAGED_ATTENTION_CHECK == "1"``."""
     if check is None:
-        return getenv(CHECK_ENV) == "1"
+        return os.environ.get(CHECK_ENV) == "1"
     return bool(check)
 
 
@@ -247,14 +242,13 @@ class PagedCall:
 def prepare_call(q, k_cache, v_cache, block_table, seq_lens, query_start_loc=None, scale=None, check=None, **options):
     """Check a call against the contract; fill in defaults; return the :class:`PagedCall`.
 
-    Reads no tensor value unless checking (``check``: bool or None, see :func:`checks_enabled`).
     ``options`` are the contract's keyword options that shape the call, by name (the rows of
     :data:`CALL_OPTION_TABLE`, each checked by its row's check); another name is a TypeError.
 
     Raises ValueError naming the offending argument. Shapes, dtypes and devices are always
     checked, and the index tensors (block_table, seq_lens, query_start_loc) are made
-    contiguous. Values are checked when :func:`checks_enabled` says so (see the module
-    docstring): see :func:`check_values` for the list.
+    contiguous. Tensor values are read only when :func:`checks_enabled` (``check``) says so:
+    see :func:`check_values` for the list.
     """
     if q.dim() != 3:
         fail(f"q must be [num_tokens, num_q_heads, head_dim], got shape {tuple(q.shape)}")
@@ -350,7 +344,7 @@ def check_values(call: PagedCall) -> None:
         )
     used = (
         torch.arange(call.block_table.shape[1], device=seq_lens.device)[None, :]
-        < cdiv_tensor(seq_lens, call.block_size)[:, None]
+        < ((seq_lens + call.block_size - 1) // call.block_size)[:, None]  # blocks each sequence uses
     )
     bad = used & ((call.block_table < 0) | (call.block_table >= call.num_blocks))
     if bool(bad.any()):
@@ -359,11 +353,6 @@ def check_values(call: PagedCall) -> None:
             f"block_table[{seq}, {index}] = {int(call.block_table[seq, index])} is outside [0, num_blocks = "
             f"{call.num_blocks}), and sequence {seq} uses it (seq_len {int(seq_lens[seq])})"
         )
-
-
-def cdiv_tensor(a: torch.Tensor, b: int) -> torch.Tensor:
-    """Elementwise ceil(a / b) for a non-negative integer tensor."""
-    return (a + b - 1) // b
 
 
 def prepare_lse(call: PagedCall, return_lse: bool) -> torch.Tensor | None:
@@ -377,11 +366,6 @@ def prepare_lse(call: PagedCall, return_lse: bool) -> torch.Tensor | None:
     if not return_lse:
         return None
     return torch.empty((call.num_tokens, call.num_q_heads), dtype=torch.float32, device=call.q.device)
-
-
-def with_lse(out: torch.Tensor, lse: torch.Tensor | None):
-    """What a call returns: ``out``, or ``(out, lse)`` when the log-sum-exp was asked for."""
-    return out if lse is None else (out, lse)
 
 
 def prepare_out(call: PagedCall, out: torch.Tensor | None) -> torch.Tensor:
@@ -477,7 +461,7 @@ def contract_entry(impl=None, *, plans=None):
             )  # fmt: skip
             if key is not None and (recipe := plans.get(key)) is not None:
                 # checks_enabled(check), inline: value checks read the device, and are never skipped
-                if check if check is not None else getenv(CHECK_ENV) == "1":
+                if check if check is not None else os.environ.get(CHECK_ENV) == "1":
                     prepare_call(
                         q, k_cache, v_cache, block_table, seq_lens, query_start_loc, scale, check=True, **options
                     )
@@ -489,7 +473,7 @@ def contract_entry(impl=None, *, plans=None):
         plan = impl(call, out, lse, max_q_len=max_q_len, max_seq_len=max_seq_len)
         if key is not None and plan is not None:
             plans.put(key, plans.recipe(call, out_given, lse, (block_table, seq_lens, query_start_loc), options, plan))
-        return with_lse(out, lse)
+        return out if lse is None else (out, lse)
 
     entry.__name__, entry.__qualname__, entry.__module__ = impl.__name__, impl.__qualname__, impl.__module__
     entry.__doc__ = (impl.__doc__ or "").rstrip() + "\n" + CONTRACT_DOC

@@ -18,7 +18,6 @@ from collections.abc import Callable
 
 import torch
 
-from .contract import getenv
 from .reference import paged_attention_reference
 from .tlsim import paged_attention_tlsim
 
@@ -62,7 +61,7 @@ def triton_unavailable_reason(device: torch.device | str) -> str | None:
         return "Triton is not installed (pip install triton, or a CUDA build of torch)"
     if device_type == "cuda":
         return None
-    if device_type == "cpu" and getenv("TRITON_INTERPRET") == "1":
+    if device_type == "cpu" and os.environ.get("TRITON_INTERPRET") == "1":
         return None
     return f"the Triton kernel needs a CUDA device (or TRITON_INTERPRET=1 on the CPU), got {device_type}"
 
@@ -84,7 +83,7 @@ def select_backend(device: torch.device | str, backend: str | None = None) -> st
     when Triton imports, else "tlsim". Raises ValueError for an unknown name and
     BackendUnavailableError when the forced backend cannot run on ``device``.
     """
-    forced = backend or getenv(BACKEND_ENV) or None
+    forced = backend or os.environ.get(BACKEND_ENV) or None
     if forced is None:
         return _unforced(_device_type(device) == "cuda")
     if forced not in DISPATCH_BACKENDS:
@@ -95,23 +94,19 @@ def select_backend(device: torch.device | str, backend: str | None = None) -> st
     return forced
 
 
-def _backend_fn(name: str) -> Callable[..., torch.Tensor]:
-    if name == "triton":
-        module = _triton_module or _import_triton_module()
-        return module.paged_attention_triton  # read at call time, as an import statement would
-    return _TORCH_BACKENDS[name]
-
-
 _TORCH_BACKENDS = {"tlsim": paged_attention_tlsim, "reference": paged_attention_reference}
 _triton_module = None  # kernels.triton_paged once imported (it imports Triton: not at module load)
 
 
-def _import_triton_module():
+def _backend_fn(name: str) -> Callable[..., torch.Tensor]:
     global _triton_module
-    from . import triton_paged
+    if name != "triton":
+        return _TORCH_BACKENDS[name]
+    if _triton_module is None:
+        from . import triton_paged
 
-    _triton_module = triton_paged
-    return triton_paged
+        _triton_module = triton_paged
+    return _triton_module.paged_attention_triton  # read at call time, as an import statement would
 
 
 def paged_attention_dispatch(*args, backend: str | None = None, **kwargs):
@@ -124,7 +119,7 @@ def paged_attention_dispatch(*args, backend: str | None = None, **kwargs):
     tensor value, so a dispatched Triton call is as sync-free as a direct one.
     """
     q = args[0] if args else kwargs["q"]
-    if backend or getenv(BACKEND_ENV):
+    if backend or os.environ.get(BACKEND_ENV):
         name = select_backend(q.device, backend)
     else:  # select_backend's unforced rule, on q.is_cuda (q.device builds a device object)
         name = _unforced(q.is_cuda)

@@ -81,10 +81,7 @@ class Tiling:
     takes its own number of them, decided on the device from the lengths themselves (the device
     split, :func:`device_splits`; SPLIT_SIZE is then 0 and DEVICE_SPLIT holds the rule's constants):
     the host knows only the bound, and in a ragged batch the longest sequences' programs would run
-    alone at the end; the programs are dispatched longest piece first. A uniform batch of at least
-    TARGET_PROGRAMS / C programs (211) stays one program
-    a sequence (its other programs exit at once), a ragged batch's longest sequences are cut; no
-    sequence shorter than twice the batch's mean length is cut, so a uniform batch never is.
+    alone at the end (the constants' comment below says which batches it cuts).
 
     Example: GQA 32/8 heads (group 4), BLOCK_M 16 gives BLOCK_Q = 4 tokens a program;
     decode of 4 sequences of 131072 tokens is 4 * 8 = 32 programs, so the range is cut
@@ -104,9 +101,9 @@ class Tiling:
     # An fp8 cache under fp16 / bf16 q in a decode launch: the dots run in fp16 (bf16 q scaled into
     # fp16, p rounded to fp16; kernels.triton_paged._q_to_fp16, V_PAIRS). Other launches keep q's dtype.
     FP8_DOTS_FP16: bool = False
-    # The device split (:func:`device_splits`): None, or its (piece_mul, piece_div, piece_min) when each
-    # sequence's number of splits (at most NUM_SPLITS) is decided on the device from seq_lens.
-    DEVICE_SPLIT: tuple[int, int, int] | None = None
+    # The device split (:func:`device_splits`): None, or its (piece_mul, piece_div, piece_min, piece_mean) when
+    # each sequence's number of splits (at most NUM_SPLITS) is decided on the device from seq_lens.
+    DEVICE_SPLIT: tuple[int, int, int, int] | None = None
 
 
 # Programs the split aims for: two waves of an H100/H200's 132 SMs. A constant, not the
@@ -163,12 +160,12 @@ def choose_tiling(
 ) -> Tiling:
     """Tile sizes, query-tile count and KV split; the kernel launcher and tlsim both use exactly these.
 
-    ``max_q_len`` (a typical query length: it sets the tile height) and ``max_seq_len``
-    (an upper bound of the KV lengths: it sets the split) are host-known, derived from
-    shapes and hints by :func:`tiling_for`. ``max_seq_len`` 0 means no split. ``num_tokens`` defaults to num_seqs * max_q_len. ``fp32`` inputs keep BLOCK_M
-    at 16: their dots run in IEEE fp32 on CUDA cores, and a 64-row tile spills registers.
-    Half-precision tiles keep 64 rows for
-    tensor cores. ``windowed`` (a sliding window) keeps a decode out of the device split.
+    ``max_q_len`` (a typical query length: it sets the tile height) and ``max_seq_len`` (an upper
+    bound of the KV lengths: it sets the split; 0: no split) are host-known, derived from shapes and
+    hints by :func:`tiling_for`. ``num_tokens`` defaults to num_seqs * max_q_len. ``fp32`` inputs keep
+    BLOCK_M at 16: their dots run in IEEE fp32 on CUDA cores, and a 64-row tile spills registers;
+    half-precision tiles keep 64 rows for tensor cores. ``windowed`` (a sliding window) keeps a decode
+    out of the device split.
     """
     if group_size > 128:
         fail(f"group_size (num_q_heads // num_kv_heads) {group_size} is above the kernel's limit of 128")

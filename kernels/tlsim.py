@@ -54,13 +54,6 @@ def softcap_unscaled(s: torch.Tensor, cap_unscaled: float) -> torch.Tensor:
     return torch.where(x < 0, -y, y)
 
 
-def variant_vectors(call) -> tuple[torch.Tensor | None, torch.Tensor | None]:
-    """(sinks / scale, alibi_slopes / scale): the per-head vectors in unscaled-logit units, fp32."""
-    sinks = None if call.sinks is None else call.sinks / call.scale
-    slopes = None if call.alibi_slopes is None else call.alibi_slopes / call.scale
-    return sinks, slopes
-
-
 @contract_entry
 def paged_attention_tlsim(
     call: PagedCall, out: torch.Tensor, lse: torch.Tensor | None, max_q_len: int | None, max_seq_len: int | None
@@ -113,7 +106,9 @@ def paged_attention_tlsim(
     m_all = torch.full((num_splits, *state_shape), float("-inf"), device=device)
     l_all = torch.zeros((num_splits, *state_shape), device=device)
     acc_all = torch.zeros((num_splits, *state_shape, call.head_dim_v), device=device)
-    sinks_u, slopes_u = variant_vectors(call)
+    # The per-head vectors in unscaled-logit units, fp32.
+    sinks_u = None if call.sinks is None else call.sinks / call.scale
+    slopes_u = None if call.alibi_slopes is None else call.alibi_slopes / call.scale
     k_scale = None if call.k_scale is None else call.k_scale.view(1, num_kv_heads, 1, 1)  # per KV head
     # A decode over an fp8 cache under bf16 q runs its dots in fp16 (Tiling.FP8_DOTS_FP16): p is rounded
     # to fp16 before p @ v; q . k keeps its value (kernels.triton_paged._q_to_fp16 undoes q's scaling exactly).

@@ -934,8 +934,8 @@ class TritonPlan:
         q, k_cache, v_cache = call.q, call.k_cache, call.v_cache
         num_tokens = q.shape[0]
         self.noop = call.num_seqs == 0 or num_tokens == 0
-        if self.noop:
-            self.launch = self._launch_nothing
+        if self.noop:  # no sequence or no token: nothing to launch
+            self.launch = lambda *tensors: None
             return
         tiling = self.tiling = tiling_for(call, max_q_len, max_seq_len)
         self.copy_q, self.copy_k, self.copy_v, self.copy_out = (t.stride(-1) != 1 for t in (q, k_cache, v_cache, out))
@@ -1038,9 +1038,6 @@ class TritonPlan:
             self.combine = KernelLaunch((num_tokens * call.num_q_heads,), combine_constexprs, {}, cuda, combine_scalars)
         direct = self.combine is None and not (self.copy_q or self.copy_k or self.copy_v or self.copy_out)
         self.launch = self._launch_direct if direct else self._launch_general
-
-    def _launch_nothing(self, *tensors) -> None:
-        """launch of a call with no sequence or no token."""
 
     def _launch_direct(self, q, k_cache, v_cache, block_table, seq_lens, query_start_loc, out, lse, sinks,
                        alibi_slopes, k_scale, v_scale) -> None:  # fmt: skip

@@ -102,9 +102,9 @@ def applies(mutant: Mutant, root: Path) -> str | None:
     return None if count == 1 else f"the text occurs {count} times in {mutant.file}"
 
 
-def selection(mutant: Mutant | None) -> list[str]:
+def selection(mutant: Mutant) -> list[str]:
     """pytest -k keeping the tests of the backends the mutant's file can change, and the device split's."""
-    if mutant is None or mutant.file not in FILE_BACKENDS:
+    if mutant.file not in FILE_BACKENDS:
         return []
     others = [b for b in BACKENDS if b not in FILE_BACKENDS[mutant.file]]
     return ["-k", f"({' and '.join(f'not {b}' for b in others)}) or device_split"]

@@ -15,6 +15,8 @@ from harness.cases.inputs import PagedInputs, make_inputs
 from harness.cases.vocab import DEFAULT_TOLERANCES
 from harness.run.grading import grade
 from harness.run.oracle import paged_attention_oracle
+from kernels.contract import prepare_call
+from kernels.tiling import tiling_for
 
 
 @dataclass(frozen=True)
@@ -47,11 +49,6 @@ class KernelCase:
         return inputs if self.q_scale == 1.0 else replace(inputs, q=inputs.q * self.q_scale)
 
 
-def boundary_lengths(block_size: int) -> tuple[tuple[int, ...], tuple[int, ...]]:
-    """seq_lens 1, block-1, block, block+1, 2*block+3 with q_lens 1, 0, 1, 2, 4."""
-    return (1, max(block_size - 1, 1), block_size, block_size + 1, 2 * block_size + 3), (1, 0, 1, 2, 4)
-
-
 BASE = KernelCase("base")
 
 
@@ -62,8 +59,9 @@ def _vary(name: str, **changes) -> KernelCase:
 MANY_TILES = {"num_q_heads": 4, "num_kv_heads": 4, "seq_lens": (90, 5), "q_lens": (40, 3)}  # a chunked prefill
 KERNEL_CASES: list[KernelCase] = [
     BASE,
+    # seq_lens around the block size (q_lens the base's 1, 0, 1, 2, 4)
     *(
-        _vary(f"block{bs}", block_size=bs, seq_lens=boundary_lengths(bs)[0], q_lens=boundary_lengths(bs)[1])
+        _vary(f"block{bs}", block_size=bs, seq_lens=(1, max(bs - 1, 1), bs, bs + 1, 2 * bs + 3))
         for bs in (1, 5, 16, 64, 256)
     ),
     _vary("mha", num_q_heads=4, num_kv_heads=4),
@@ -136,6 +134,10 @@ BAD_CALLS = {
     "dtype_mismatch": (base_args(k_cache=lambda k: k.half()), "must share one of"),
     "block_table_int64": (base_args(block_table=lambda bt: bt.long()), "must be int32"),
     "qsl_wrong_total": (base_args(query_start_loc=lambda qsl: torch.cat([qsl[:1], qsl[1:] - 1])), "query_start_loc"),
+    "qsl_not_starting_at_zero": (
+        base_args(query_start_loc=lambda qsl: torch.cat([qsl[:1] + 1, qsl[1:]])),
+        r"query_start_loc\[0\] must be 0, got 1",
+    ),
     "seq_len_past_table": (base_args(seq_lens=lambda s: s * 100), "exceeds max_blocks_per_seq"),
     # every seq_len 1; a sequence has q_len 4
     "q_len_past_seq_len": (base_args(seq_lens=torch.ones_like), "q_len <= seq_len"),
@@ -165,6 +167,23 @@ def needs_triton(device: str = "cpu"):
     return triton_paged
 
 
+def describe_launch_arg(arg):
+    """A launch argument as the kernel sees it: a tensor's metadata (its values are the caller's), else the value."""
+    if isinstance(arg, torch.Tensor):
+        return ("tensor", tuple(arg.shape), arg.stride(), arg.dtype, arg.data_ptr() % 16 == 0)
+    return arg
+
+
+class KernelRecorder:
+    """Stands in for a @triton.jit kernel: records (grid, described arguments, keywords) in ``launches``, runs nothing."""
+
+    def __init__(self):
+        self.launches = []
+
+    def __getitem__(self, grid):
+        return lambda *args, **kwargs: self.launches.append((grid, tuple(map(describe_launch_arg, args)), kwargs))
+
+
 def backend_fn(name: str):
     """``kernels.paged_attention_<name>``; the test skips where that is the Triton kernel and it cannot run."""
     if name == "triton":
@@ -173,6 +192,7 @@ def backend_fn(name: str):
 
 
 ON_CUDA = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")]
+DEVICES = ["cpu", pytest.param("cuda", marks=ON_CUDA)]
 BACKENDS = ("reference", "tlsim", "triton", "dispatch", "cache")  # cache: the engine's path, through dispatch
 
 
@@ -257,6 +277,11 @@ class Edges:
         """The oracle's output (with the lse where the case asks for it)."""
         inputs = self.inputs(name)
         return paged_attention_oracle(*inputs.args(), **inputs.options)
+
+    def tiling(self, name: str):
+        """The tiling of the case's call with its hints and options (the lse aside: it changes no tile)."""
+        options = {k: v for k, v in self.inputs(name).options.items() if k != "return_lse"}
+        return tiling_for(prepare_call(*self.inputs(name).args(), **options), **call_hints(self.by_name[name]))
 
     def run(self, backend: str, name: str, **extra):
         """Backend ``backend`` on the case, into a NaN out buffer, with its launch hints and options."""

@@ -279,6 +279,7 @@ E4M3, E5M2 = torch.float8_e4m3fn, torch.float8_e5m2
         ({"sinks": torch.zeros(8, dtype=torch.float64)}, None, "sinks must be a float32 tensor"),
         ({"alibi_slopes": [0.5] * 8}, None, "alibi_slopes must be a float32 tensor"),
         ({"return_lse": 1}, None, "return_lse must be True or False"),
+        *(({"scale": scale}, None, "scale must be a positive finite number") for scale in (0.0, -0.125, float("nan"))),
         ({"k_scale": 0.5}, None, "k_scale applies to an fp8 cache"),
         ({"k_scale": -1.0}, (E4M3, E4M3), "k_scale must be a positive finite"),
         ({"v_scale": True}, (E4M3, E4M3), "v_scale must be a float or"),  # a bool is no scale
@@ -334,17 +335,14 @@ def _output_form(out) -> tuple:
 
 
 @pytest.mark.parametrize("variant", VARIANTS, ids=lambda v: v.key)
-def test_each_rows_example_turns_on_exactly_its_variant_and_it_has_its_hooks(variant):
+def test_each_rows_example_turns_on_its_variant_and_reaches_the_call_and_the_oracle_through_its_hooks(
+    variant, monkeypatch
+):
     (case,) = expand_spec({**SPEC, **variant.example}, "t.toml")
     implied = {"head_dim_v"} if variant.key == "latent_kv" else set()  # a latent cache: V narrower than K
     assert case.variants == {variant.key} | implied, f"{variant.key}'s example turns on {set(case.variants)}"
     # a keyword needs an input hook; an input hook without one only reshapes the inputs (latent_kv alone)
     assert (variant.inputs is not None) == (bool(variant.keywords) or variant.key == "latent_kv")
-
-
-@pytest.mark.parametrize("variant", VARIANTS, ids=lambda v: v.key)
-def test_case_field_reaches_the_call_and_the_oracle_through_the_row_hooks(variant, monkeypatch):
-    (case,) = expand_spec({**SPEC, **variant.example}, "t.toml")
     inputs = case_inputs(case, "cpu")
     assert set(inputs.options) == set(variant.keywords), "the input hook gives exactly the row's keywords"
     out = paged_attention_oracle(*inputs.args(), **inputs.options)
@@ -412,7 +410,9 @@ def test_a_row_alone_takes_a_new_variant_to_the_call_and_the_oracle(monkeypatch)
     ("changes", "field"),
     [({"sinks": [1.0, 2.0]}, "sinks"), ({"sliding_window": 0}, "sliding_window"),
      ({"logit_softcap": -1.0}, "logit_softcap"), ({"alibi": 1}, "alibi"),
-     ({"sinks": {"scale": 1.0, "std": 2.0}}, "sinks")],
+     ({"sinks": {"scale": 1.0, "std": 2.0}}, "sinks"), ({"kv_scale": 0.5}, "kv_scale"),
+     ({"kv_dtype": "float8"}, "kv_dtype"), ({"kv_dtype": "float8_e4m3fn", "kv_scale": "max"}, "kv_scale"),
+     ({"kv_dtype": "float8_e4m3fn", "kv_scale": -1.0}, "kv_scale")],
 )  # fmt: skip
 def test_bad_variant_field_is_refused_naming_it(changes, field):
     with pytest.raises(CaseFileError, match=f"field '{field}"):

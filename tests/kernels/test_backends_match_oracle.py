@@ -15,17 +15,15 @@ from kernels.tiling import tiling_for
 from tests.kernels.kernel_cases import (
     BACKENDS,
     CASES_BY_NAME,
+    DEVICES,
     FP32_PRECISION_CASES,
     KERNEL_CASES,
-    ON_CUDA,
     KernelCase,
     assert_passes,
     needs_triton,
     run_backend,
     triton_output,
 )
-
-DEVICES = ["cpu", pytest.param("cuda", marks=ON_CUDA)]
 
 
 @pytest.mark.parametrize("device", DEVICES)

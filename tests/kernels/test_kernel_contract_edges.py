@@ -21,7 +21,7 @@ from kernels.contract import MAX_HEAD_DIM, MIN_HEAD_DIM, prepare_call
 from kernels.dispatch import DISPATCH_BACKENDS
 from kernels.fp8 import FP8_DTYPES
 from kernels.launch_plan import plans_enabled
-from kernels.tiling import SINGLE_DOT_HEAD_DIM, V_PART_DIM, choose_tiling, head_dim_pieces, tiling_for, v_parts
+from kernels.tiling import SINGLE_DOT_HEAD_DIM, V_PART_DIM, choose_tiling, head_dim_pieces, v_parts
 from tests.kernels.kernel_cases import Edge as Case
 from tests.kernels.kernel_cases import Edges, assert_passes, backend_fn, call_hints, needs_triton
 
@@ -80,11 +80,7 @@ def contract_edges() -> list[Case]:
 
 CASES = contract_edges()
 EDGES = Edges(BASE, CASES)
-BY_NAME, _inputs, _expected = EDGES.by_name, EDGES.inputs, EDGES.expected
-
-
-def _tiling(name: str):
-    return tiling_for(prepare_call(*_inputs(name).args(), **_inputs(name).options), **call_hints(BY_NAME[name]))
+BY_NAME, _inputs, _expected, _tiling = EDGES.by_name, EDGES.inputs, EDGES.expected, EDGES.tiling
 
 
 def test_the_generated_cases_reach_every_rule_they_name():
@@ -148,16 +144,6 @@ def _filled_cache(backend: str | None, dtype=torch.float32, **fixed) -> PagedKVC
     return cache
 
 
-def _read_against_oracle(cache: PagedKVCache, backend: str | None) -> None:
-    q = torch.randn(3, 2, 33, generator=torch.Generator().manual_seed(1))
-    starts = torch.tensor([0, 2, 3], dtype=torch.int32)  # seq 0: two queries, seq 1: one
-    meta = cache.step_metadata([0, 1], starts)
-    scales = {} if cache.k_scale is None else {"k_scale": cache.k_scale, "v_scale": cache.v_scale}
-    k, v = cache.k_caches[0], cache.v_caches[0]
-    expected = paged_attention_oracle(q, k, v, meta.block_table, meta.seq_lens, starts, **scales)
-    assert_passes(cache.paged_attention(0, q, meta), expected, DEFAULT_TOLERANCES["float32"], str(backend))
-
-
 @pytest.mark.parametrize("dtype", [torch.float32, *FP8_DTYPES], ids=str)
 @pytest.mark.parametrize("backend", DISPATCH_BACKENDS)
 def test_a_fixed_size_table_reads_the_oracle_at_its_capacity_and_refuses_past_it(backend: str, dtype):
@@ -165,7 +151,13 @@ def test_a_fixed_size_table_reads_the_oracle_at_its_capacity_and_refuses_past_it
         needs_triton()
     cache = _filled_cache(backend, dtype, max_seqs=2, max_blocks_per_seq=3)
     table = cache._table
-    _read_against_oracle(cache, backend)
+    q = torch.randn(3, 2, 33, generator=torch.Generator().manual_seed(1))
+    starts = torch.tensor([0, 2, 3], dtype=torch.int32)  # seq 0: two queries, seq 1: one
+    meta = cache.step_metadata([0, 1], starts)
+    scales = {} if cache.k_scale is None else {"k_scale": cache.k_scale, "v_scale": cache.v_scale}
+    expected = paged_attention_oracle(q, cache.k_caches[0], cache.v_caches[0], meta.block_table, meta.seq_lens,
+                                      starts, **scales)  # fmt: skip
+    assert_passes(cache.paged_attention(0, q, meta), expected, DEFAULT_TOLERANCES["float32"], backend)
     with pytest.raises(CacheFullError, match="fixed"):
         cache.append(0, 1)  # a fourth block for a row of three
     with pytest.raises(CacheFullError, match="fixed"):

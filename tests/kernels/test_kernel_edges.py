@@ -82,26 +82,20 @@ CASES: list[Edge] = [
     Edge("wide_head_tiles_v_parts_split", (600, 70), (1, 1), WIDE),
 ]
 EDGES = Edges(BASE, CASES)
-BY_NAME, _inputs, _expected = EDGES.by_name, EDGES.inputs, EDGES.expected
+BY_NAME, _inputs, _expected, _tiling = EDGES.by_name, EDGES.inputs, EDGES.expected, EDGES.tiling
 
 
 def test_the_cases_sit_on_the_tilings_boundaries():
     """The tile, query-tile and split sizes the case names rely on."""
-
-    def tiling(name: str):
-        case = BY_NAME[name]
-        options = {k: v for k, v in _inputs(name).options.items() if k != "return_lse"}
-        return tiling_for(prepare_call(*_inputs(name).args(), **options), **call_hints(case))
-
-    decode, prefill = tiling("window36_decode_first_key_on_tile_edges"), tiling("prefill_causal_tile_edges")
+    decode, prefill = _tiling("window36_decode_first_key_on_tile_edges"), _tiling("prefill_causal_tile_edges")
     assert (decode.TILE_N, prefill.TILE_N, prefill.BLOCK_Q) == (TILE_N, TILE_N, BLOCK_Q)
     for name in ("split_decode_sinks_lse", "split_decode_alibi", "split_prefill_rows_before_the_split"):
-        assert (tiling(name).NUM_SPLITS, tiling(name).SPLIT_SIZE) == (2, SPLIT), name
-    assert (tiling("split_decode_short_hint").NUM_SPLITS, tiling("split_decode_short_hint").SPLIT_SIZE) == (2, 512)
-    window_split = tiling("split_window_decode")
+        assert (_tiling(name).NUM_SPLITS, _tiling(name).SPLIT_SIZE) == (2, SPLIT), name
+    assert (_tiling("split_decode_short_hint").NUM_SPLITS, _tiling("split_decode_short_hint").SPLIT_SIZE) == (2, 512)
+    window_split = _tiling("split_window_decode")
     assert window_split.NUM_SPLITS == 2 and window_split.SPLIT_SIZE < 1040, "the window's keys span both splits"
     for name in ("window6_prefill_program_edges", "softcap2_prefill", "float16_prefill"):
-        assert tiling(name).NUM_SPLITS == 1, name
+        assert _tiling(name).NUM_SPLITS == 1, name
 
 
 def test_value_checks_accept_the_tables_exact_capacity_and_refuse_a_bad_last_partial_block():
@@ -133,14 +127,11 @@ def test_a_second_call_with_another_window_is_not_served_the_first_calls_plan():
 # --- bad indices (value checks off): NaN rows, never a stray read; the checks at the table's capacity ----
 
 
-def _bad_args(**changes):
-    """window36's decode with its table or lengths changed (a fresh copy)."""
+def _bad_args(table: dict | None = None):
+    """window36's decode (a fresh copy), ``table``'s {seq: (column, block id)} written into its block table."""
     args = [t.clone() for t in _inputs("window36_decode_first_key_on_tile_edges").args()]
-    table, lens = args[3], args[4]
-    for seq, (column, value) in changes.get("table", {}).items():
-        table[seq, column] = value
-    for seq, value in changes.get("lens", {}).items():
-        lens[seq] = value
+    for seq, (column, value) in (table or {}).items():
+        args[3][seq, column] = value
     return args
 
 

@@ -17,11 +17,10 @@ from harness.run.oracle import paged_attention_oracle
 from kernels import tiling, tuning
 from kernels.contract import prepare_call
 from kernels.tiling import tiling_for
-from tests.kernels.kernel_cases import BASE, CASES_BY_NAME, assert_passes, backend_fn, needs_triton
+from tests.kernels.kernel_cases import BASE, CASES_BY_NAME, ON_CUDA, assert_passes, backend_fn, needs_triton
 
 DECODE = replace(BASE, name="decode", q_lens=(1, 1, 1, 1, 1))
 SYNC_FREE_CASES = [BASE, DECODE, CASES_BY_NAME["prefill_full"], CASES_BY_NAME["split_kv_decode"]]
-CUDA = torch.cuda.is_available()
 
 
 def _args(case, device="cpu"):
@@ -36,20 +35,15 @@ def _assert_matches_oracle(got, args, case):
     assert_passes(got, paged_attention_oracle(*args), DEFAULT_TOLERANCES[case.dtype], case.name)
 
 
-@pytest.mark.parametrize("case", SYNC_FREE_CASES, ids=str)
-def test_default_triton_call_reads_no_tensor_value(case, triton_launches, value_reads):
-    args = _args(case)
+@pytest.mark.parametrize(
+    ("case", "entry"), [*((case, "triton") for case in SYNC_FREE_CASES), (BASE, "dispatch")], ids=str
+)
+def test_default_triton_call_reads_no_tensor_value(case, entry, triton_launches, value_reads):
+    args, dispatched = _args(case), {"backend": "triton"} if entry == "dispatch" else {}
     with value_reads.forbidden():
-        got = kernels.paged_attention_triton(*args)
+        got = getattr(kernels, f"paged_attention_{entry}")(*args, **dispatched)
     assert not value_reads.reads and triton_launches.grids
     _assert_matches_oracle(got, args, case)
-
-
-def test_dispatched_triton_call_reads_no_tensor_value(triton_launches, value_reads):
-    args = _args(BASE)
-    with value_reads.forbidden():
-        got = kernels.paged_attention_dispatch(*args, backend="triton")
-    _assert_matches_oracle(got, args, BASE)
 
 
 def test_the_guard_catches_the_checked_call(triton_launches, value_reads):
@@ -101,8 +95,6 @@ def test_wrong_launch_hints_change_speed_not_the_result(backend):
 
 # --- on a GPU --------------------------------------------------------------------------------
 
-GPU = [pytest.mark.gpu, pytest.mark.skipif(not CUDA, reason="needs a CUDA device (CUDA graphs, sync debug mode)")]
-
 
 def _assert_no_sync_and_graph_replay(args, case, **hints):
     """After a first (compiling) call: no device sync, a CUDA graph replay into a NaN out, each output graded."""
@@ -126,7 +118,7 @@ def _assert_no_sync_and_graph_replay(args, case, **hints):
 
 
 @pytest.mark.parametrize("case", SYNC_FREE_CASES, ids=str)
-@pytest.mark.parametrize("_", [pytest.param(None, marks=GPU, id="cuda")])
+@pytest.mark.parametrize("_", [pytest.param(None, marks=ON_CUDA, id="cuda")])
 def test_default_call_makes_no_device_sync_and_replays_from_a_cuda_graph(case, _, monkeypatch):
     monkeypatch.delenv(kernels.CHECK_ENV, raising=False)
     _assert_no_sync_and_graph_replay(_args(case, "cuda"), case)
@@ -159,7 +151,7 @@ def test_the_device_split_reads_no_tensor_value(device_split_on, triton_launches
     _assert_matches_oracle(got, args, DEVICE_SPLIT_DECODE)
 
 
-@pytest.mark.parametrize("_", [pytest.param(None, marks=GPU, id="cuda")])
+@pytest.mark.parametrize("_", [pytest.param(None, marks=ON_CUDA, id="cuda")])
 def test_the_device_split_replays_from_a_cuda_graph_and_makes_no_sync(_, device_split_on, monkeypatch):
     monkeypatch.delenv(kernels.CHECK_ENV, raising=False)
     args = _args(DEVICE_SPLIT_DECODE, "cuda")

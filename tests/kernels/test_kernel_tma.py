@@ -20,11 +20,9 @@ from harness.run.oracle import paged_attention_oracle
 from kernels.contract import prepare_call
 from kernels.launch_plan import clear_plans
 from kernels.tiling import tiling_for
-from tests.kernels.kernel_cases import assert_passes, backend_fn, needs_triton
+from tests.kernels.kernel_cases import DEVICES, assert_passes, backend_fn, needs_triton
 
 FP32 = (1e-5, 1e-4)
-ON_CUDA = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")]
-DEVICES = ["cpu", pytest.param("cuda", marks=ON_CUDA)]
 BASE = dict(num_q_heads=4, num_kv_heads=2, head_dim=32, block_size=64, dtype="float32", layout="shuffled", seed=5)
 # decode lengths around the tile (= block) edges; name -> (make_inputs keywords, call keywords)
 CASES = {

@@ -5,7 +5,6 @@ call with plans off; the last ones compare the interpreted kernel's outputs bit 
 
 from __future__ import annotations
 
-import os
 import random
 from dataclasses import replace
 
@@ -14,38 +13,27 @@ import torch
 
 import kernels
 from kernels import launch_plan, tuning
-from kernels.contract import getenv, prepare_call
+from kernels.contract import prepare_call
 from kernels.launch_plan import PlanCache, call_key, plans_enabled
 from kernels.tiling import tiling_for
 from tests.fresh_python import run_script
-from tests.kernels.kernel_cases import BAD_CALLS, BASE, CASES_BY_NAME, ON_CUDA, base_args, needs_triton
-
-
-def _describe(arg):
-    """A launch argument as the kernel sees it: a tensor's metadata (its values are the caller's), else the value."""
-    if isinstance(arg, torch.Tensor):
-        return ("tensor", tuple(arg.shape), arg.stride(), arg.dtype, arg.data_ptr() % 16 == 0)
-    return arg
-
-
-class _Recorder:
-    """Stands in for a @triton.jit kernel: records (grid, described arguments, keywords) and runs nothing."""
-
-    def __init__(self):
-        self.launches = []
-
-    def __getitem__(self, grid):
-        def launch(*args, **kwargs):
-            self.launches.append((grid, tuple(map(_describe, args)), kwargs))
-
-        return launch
+from tests.kernels.kernel_cases import (
+    BAD_CALLS,
+    BASE,
+    CASES_BY_NAME,
+    DEVICES,
+    KernelRecorder,
+    base_args,
+    describe_launch_arg,
+    needs_triton,
+)
 
 
 @pytest.fixture
 def recorded(monkeypatch):
-    """Both kernels replaced by one :class:`_Recorder` (``plans``: the launcher's, emptied); value checks off."""
+    """Both kernels replaced by one :class:`KernelRecorder` (``plans``: the launcher's, emptied); value checks off."""
     triton_paged = needs_triton()
-    recorder = _Recorder()
+    recorder = KernelRecorder()
     recorder.plans = triton_paged.PLANS
     monkeypatch.setattr(triton_paged, "paged_attention_kernel", recorder)
     monkeypatch.setattr(triton_paged, "combine_splits_kernel", recorder)
@@ -128,7 +116,7 @@ def test_the_short_hit_methods_launch_what_the_general_ones_launch(recorded, mon
         results = [kernels.paged_attention_triton(*args, **kwargs) for _ in range(2)]
         assert triton_paged.PLANS.hits == 1
         outs = [r if isinstance(r, tuple) else (r,) for r in results]
-        return recorded.launches[-2:], [[_describe(t) for t in out] for out in outs]
+        return recorded.launches[-2:], [[describe_launch_arg(t) for t in out] for out in outs]
 
     short = first_and_hit()
     monkeypatch.setattr(launch_plan.CallRecipe, "_run_plain", launch_plan.CallRecipe._run)
@@ -194,16 +182,6 @@ def test_a_hit_hands_the_runner_the_current_stream_of_the_plans_device(monkeypat
     assert calls == [(("t0", 4), 111), (("t1", 4), 222)]
 
 
-def test_the_fast_environment_read_agrees_with_os_environ(monkeypatch):
-    name = kernels.CHECK_ENV
-    for value in ("1", "0", "", "é"):
-        monkeypatch.setenv(name, value)
-        assert getenv(name) == os.environ.get(name) == value and kernels.checks_enabled() == (value == "1")
-    monkeypatch.delenv(name)
-    assert getenv(name) is None and not kernels.checks_enabled()
-    assert getenv("PAGED_ATTN_NEVER_SET_ANYWHERE") is None
-
-
 def _shift(t: torch.Tensor, elements: int = 1) -> torch.Tensor:
     """The same values in a buffer ``elements`` further on: data_ptr no longer a multiple of 16."""
     flat = torch.empty(t.numel() + elements, dtype=t.dtype)[elements:]
@@ -218,16 +196,11 @@ def _with(args, **at):
     return args
 
 
-def _fewer_seqs(a):
-    """The first three sequences of BASE's call (2 query tokens)."""
-    return _with(a, p0=a[0][: int(a[5][3])], p3=a[3][:3], p4=a[4][:3], p5=a[5][:4])
-
-
 # Each: a change to BASE's call after a hit, (args, kwargs) -> (args, kwargs); it must miss and
 # launch as the full path does.
 CHANGES = {
     "block_table_wider": lambda a, kw: (_with(a, p3=torch.nn.functional.pad(a[3], (0, 3), value=-1)), kw),
-    "fewer_seqs": lambda a, kw: (_fewer_seqs(a), kw),
+    "fewer_seqs": lambda a, kw: (_with(a, p0=a[0][: int(a[5][3])], p3=a[3][:3], p4=a[4][:3], p5=a[5][:4]), kw),
     "dtype": lambda a, kw: (_with(a, p0=a[0].half(), p1=a[1].half(), p2=a[2].half()), kw),
     "q_strided": lambda a, kw: (_with(a, p0=a[0].transpose(0, 1).contiguous().transpose(0, 1)), kw),
     "block_table_strided": lambda a, kw: (_with(a, p3=torch.stack([a[3], a[3]], -1)[..., 0]), kw),
@@ -335,7 +308,7 @@ def test_the_cache_keeps_the_most_recently_used_plans():
 def test_a_failing_compiled_launch_falls_back_to_the_jit_entry_for_good(monkeypatch):
     """A compiled kernel whose launch raises (an API this Triton lacks) is given up without an error."""
     monkeypatch.setattr(launch_plan, "_fast_launch_error", None)
-    recorder = _Recorder()
+    recorder = KernelRecorder()
 
     class Broken:
         def __getitem__(self, grid):
@@ -413,7 +386,7 @@ def _outputs(result):
     return [t.clone() for t in (result if isinstance(result, tuple) else (result,))]
 
 
-@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=ON_CUDA)])
+@pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("name", OUTPUT_CASES)
 def test_a_plan_hit_computes_what_the_full_path_computes(name, device):
     """The hit's outputs equal the first and the uncached call's bit for bit; on CUDA it launches compiled."""

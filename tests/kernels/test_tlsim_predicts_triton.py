@@ -19,7 +19,14 @@ from kernels import tiling, tuning
 from kernels.contract import prepare_call
 from kernels.fp8 import quantize_kv
 from kernels.launch_plan import plans_enabled
-from tests.kernels.kernel_cases import KERNEL_CASES, KernelCase, assert_tlsim_close, needs_triton, triton_output
+from tests.kernels.kernel_cases import (
+    KERNEL_CASES,
+    KernelCase,
+    KernelRecorder,
+    assert_tlsim_close,
+    needs_triton,
+    triton_output,
+)
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 # Where CUDA is, the kernel runs compiled and the test is a GPU test: `pytest -m gpu` (nox -s gpu) runs it.
@@ -40,11 +47,6 @@ def test_tlsim_predicts_triton_far_inside_tolerance(case):
 @functools.cache
 def _call_args(case) -> tuple[torch.Tensor, ...]:
     return case.inputs().args()
-
-
-class _NoLaunch:
-    def __getitem__(self, grid):
-        return lambda *args, **kwargs: None
 
 
 class _TilingChosen(Exception):
@@ -74,7 +76,7 @@ def test_tlsim_and_the_launcher_choose_the_same_tiling(case, hints, monkeypatch)
 
     for module in (tlsim, triton_paged):
         monkeypatch.setattr(module, "tiling_for", record(module, module.tiling_for))
-    monkeypatch.setattr(triton_paged, "paged_attention_kernel", _NoLaunch())
+    monkeypatch.setattr(triton_paged, "paged_attention_kernel", KernelRecorder())
     args, hints = list(_call_args(case)), dict(hints)
     if widen := hints.pop("wide_table", 0):  # capacity far above every seq_len, as in an engine's table
         args[3] = torch.nn.functional.pad(args[3], (0, widen * args[3].shape[1]), value=-1)

@@ -80,14 +80,6 @@ def test_oracle_catches_a_wrong_lse(mutant):
 # --- merging partial attentions ----------------------------------------------------------------
 
 
-def _split_table(inputs, at_block: int):
-    """The same sequences cut at logical block ``at_block``: (table, lens) of the head and of the tail."""
-    table, lens = inputs.block_table, inputs.seq_lens
-    cut = at_block * inputs.k_cache.shape[1]
-    head_lens = lens.clamp(max=cut)
-    return (table[:, :at_block].contiguous(), head_lens), (table[:, at_block:].contiguous(), lens - head_lens)
-
-
 @pytest.mark.parametrize("backend", ["reference", "tlsim", "triton"])
 def test_merge_of_two_partial_attentions_is_the_whole(backend):
     """Decode (every key visible) over keys [0, 32) and [32, seq_len) separately, then merged."""
@@ -95,8 +87,10 @@ def test_merge_of_two_partial_attentions_is_the_whole(backend):
     sinks_split_kv = BY_NAME["sinks_split_kv"]
     case = VariantCase("merge", replace(sinks_split_kv.base, seq_lens=(2500, 700, 40)), sinks_split_kv.options)
     inputs = case.inputs()
-    q, k_cache, v_cache = inputs.args()[:3]
-    (head_table, head_lens), (tail_table, tail_lens) = _split_table(inputs, 2)
+    q, k_cache, v_cache, table, lens = inputs.args()[:5]
+    head_table, tail_table = table[:, :2].contiguous(), table[:, 2:].contiguous()  # cut at logical block 2
+    head_lens = lens.clamp(max=2 * k_cache.shape[1])
+    tail_lens = lens - head_lens
     assert bool((tail_lens > 0).all())
     kw = case.kwargs()
     out_a, lse_a = fn(q, k_cache, v_cache, head_table, head_lens, None, return_lse=True, **kw)

@@ -21,7 +21,7 @@ from kernels import tiling, tuning
 from kernels.contract import prepare_call
 from kernels.launch_plan import call_key, clear_plans, plans_enabled
 from kernels.tiling import head_dim_pieces, heads_per_program, is_latent_view, latent_kv, tiling_for, v_parts
-from tests.kernels.kernel_cases import BACKENDS, assert_passes, needs_triton, run_backend
+from tests.kernels.kernel_cases import BACKENDS, KernelRecorder, assert_passes, needs_triton, run_backend
 from tests.kernels.variant_cases import graded_rows
 
 SHAPES = {  # num_q_heads, num_kv_heads, head_dim, head_dim_v, dtype, seq_lens, q_lens
@@ -169,20 +169,16 @@ def test_latent_kv_is_told_from_metadata_only():
 def test_the_launch_takes_v_from_the_k_tile_only_for_the_view(monkeypatch):
     """SHARED_KV reaches the launch for the latent view only (the outputs are equal either way)."""
     triton_paged = needs_triton()
-    launches = []
-
-    class Recorder:
-        def __getitem__(self, grid):
-            return lambda *args, **kwargs: launches.append(kwargs)
-
-    monkeypatch.setattr(triton_paged, "paged_attention_kernel", Recorder())
-    monkeypatch.setattr(triton_paged, "combine_splits_kernel", Recorder())
+    recorder = KernelRecorder()
+    monkeypatch.setattr(triton_paged, "paged_attention_kernel", recorder)
+    monkeypatch.setattr(triton_paged, "combine_splits_kernel", recorder)
     clear_plans()
     view_args, separate_args = _latent("mla_decode_2_head_tiles")
     for args, shared in ((view_args, True), (separate_args, False)):
-        launches.clear()
+        recorder.launches.clear()
         kernels.paged_attention_triton(*args)
-        assert launches[0]["SHARED_KV"] is shared and (launches[0]["V_PARTS"] == 1) is shared
+        constexprs = recorder.launches[0][2]
+        assert constexprs["SHARED_KV"] is shared and (constexprs["V_PARTS"] == 1) is shared
     clear_plans()
 
 
