@@ -195,6 +195,25 @@ def test_a_killed_worker_costs_one_retry_then_an_error_row_a_hung_one_an_error_r
     assert {r["worker"] for r in rows} <= {0, 1} and all(r["gpu_index"] == "" for r in rows)
 
 
+def test_workers_killed_after_they_are_ready_are_error_rows_not_a_broken_install(tmp_path, monkeypatch):
+    """MAX_FAILED_STARTS (3) counts the workers that die before they are ready; four deaths of ready workers,
+    two cases killing each worker that runs them, leave two error rows and the run goes on."""
+    monkeypatch.setenv("HARNESS_TEST_DIR", str(tmp_path))
+    (tmp_path / "killer.py").write_text(KILLER)
+    write_cases(tmp_path / "cases.toml", DIES, {**DIES, "name": "dies_again", "seed": 2}, *FINE)
+    plugin = str(tmp_path / "killer.py")
+    load_plugin(plugin)
+    config = RunConfig(device="cpu", backends=resolve_backends(["tlsim", "killer"]), timing=False,
+                       progress=False, plugins=(plugin,), threads=1, timeout_s=10.0)  # fmt: skip
+    rows: list[dict] = []
+    run_pool(load_cases([tmp_path / "cases.toml"], "cpu"), config, rows.append, workers=2)
+
+    status = {(r["case"], r["backend"]): r["status"] for r in rows}
+    assert len(rows) == len(status) == 8
+    assert {pair for pair, s in status.items() if s != "pass"} == {("dies_here", "killer"), ("dies_again", "killer")}
+    assert len(set((tmp_path / "kills").read_text().split())) == 4
+
+
 def test_finished_workers_are_reaped_in_the_background_and_exit(tmp_path):
     write_cases(tmp_path / "cases.toml", *FINE)
     cases = load_cases([tmp_path / "cases.toml"], "cpu")
