@@ -100,7 +100,7 @@ def test_a_generated_mutant_inside_a_multi_line_statement_is_reached_when_the_st
         ("scripts/kernel_ab.py --dry --base no-such-revision", 2, ["git show no-such-revision"]),
     ],
 )  # fmt: skip
-def test_script_prints(command, code, said):
+def test_a_script_on_the_committed_run_exits_with_its_code_and_prints_its_lines(command, code, said):
     """RUN: the committed run of a GPU machine."""
     done = run_script(*command.replace("RUN", str(COMMITTED_RUN.relative_to(ROOT))).split())
     assert done.returncode == code, done.stderr
