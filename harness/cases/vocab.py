@@ -58,6 +58,6 @@ def field_path(loc: tuple, brackets: bool = False) -> str:
     for part in loc:
         if isinstance(part, int):
             path += f"[{part}]" if brackets else f".{part}"
-        elif not ("[" in part or "-" in part or part.lower() in _UNION_TAGS):
+        elif not ("[" in part or part.startswith("function-") or part in _UNION_TAGS):  # a dict key keeps its "-"
             path += f".{part}"
     return path.removeprefix(".")

@@ -201,7 +201,7 @@ class PoolRun:
     def _died(self, slot: _Slot, queue) -> None:
         """The worker died: keep its sent rows, retry the rest once elsewhere, then error rows."""
         how = f"the worker process {slot.stop()}"
-        if not slot.ready:  # reset when the slot's next worker starts
+        if not slot.ready:  # died before it said it is ready (slot.ready: reset by _start)
             self.failed_starts += 1
             if self.failed_starts > MAX_FAILED_STARTS:
                 raise RuntimeError(f"worker processes keep dying before they are ready (last: {how})")

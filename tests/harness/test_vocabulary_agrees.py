@@ -13,7 +13,17 @@ from harness.backends.builtin import resolve_backends
 from harness.cases.inputs import make_inputs
 from harness.cases.spec import CaseSpec, case_file_schema, load_case_file
 from harness.cases.variants import VARIANT_KEYS, VARIANTS
-from harness.cases.vocab import DEFAULT_TOLERANCES, DTYPE_NAMES, DTYPES, FAILING, GRADED, LAYOUTS, STATUSES, WORST_FIRST
+from harness.cases.vocab import (
+    DEFAULT_TOLERANCES,
+    DTYPE_NAMES,
+    DTYPES,
+    FAILING,
+    GRADED,
+    LAYOUTS,
+    STATUSES,
+    WORST_FIRST,
+    field_path,
+)
 from harness.execute.local import run_cases
 from harness.results import report
 from harness.run import grading
@@ -97,3 +107,17 @@ def test_every_entry_shows_and_takes_each_call_option_by_its_table_row(name):
     inputs = make_inputs(**TINY)
     with pytest.raises(TypeError, match="'sliding_windw'"):
         entry(*inputs.args(), sliding_windw=2)
+
+
+@pytest.mark.parametrize(
+    ("loc", "brackets", "path"),
+    [
+        (("seq_lens", "function-after[_check]", "count"), False, "seq_lens.count"),
+        (("seq_lens", "list[int]", 1), False, "seq_lens.1"),
+        (("q_lens", "int"), False, "q_lens"),
+        (("gpus", 0, "gpu_name"), True, "gpus[0].gpu_name"),
+        (("ceilings_gbps", "dict[str,float]", "hbm-read"), True, "ceilings_gbps.hbm-read"),  # a key keeps its "-"
+    ],
+)
+def test_a_pydantic_location_reads_as_its_field_path_without_union_tags(loc, brackets, path):
+    assert field_path(loc, brackets) == path
