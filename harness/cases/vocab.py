@@ -47,7 +47,8 @@ DEFAULT_TOLERANCES: dict[str, tuple[float, float]] = {
 FP8_KV_TOLERANCES: dict[str, tuple[float, float]] = {}
 
 
-# The tags pydantic puts in an error's location for a union's members ('int', 'list[int]', 'function-after[...]').
+# The tags pydantic puts in an error's location for a union's members ('int', 'list[int]', 'function-after[...]',
+# 'constrained-int'): field_path drops them, and so any part with a '-' (no field or meta.json key has one).
 _UNION_TAGS = {"int", "float", "str", "bool", "list", "dict", "none"}
 
 
@@ -58,6 +59,6 @@ def field_path(loc: tuple, brackets: bool = False) -> str:
     for part in loc:
         if isinstance(part, int):
             path += f"[{part}]" if brackets else f".{part}"
-        elif not ("[" in part or part.startswith("function-") or part in _UNION_TAGS):  # a dict key keeps its "-"
+        elif not ("[" in part or "-" in part or part.lower() in _UNION_TAGS):
             path += f".{part}"
     return path.removeprefix(".")

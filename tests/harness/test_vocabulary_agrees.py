@@ -116,7 +116,8 @@ def test_every_entry_shows_and_takes_each_call_option_by_its_table_row(name):
         (("seq_lens", "list[int]", 1), False, "seq_lens.1"),
         (("q_lens", "int"), False, "q_lens"),
         (("gpus", 0, "gpu_name"), True, "gpus[0].gpu_name"),
-        (("ceilings_gbps", "dict[str,float]", "hbm-read"), True, "ceilings_gbps.hbm-read"),  # a key keeps its "-"
+        (("q_lens", "constrained-int"), False, "q_lens"),
+        (("ceilings", "dict[str,float]", "hbm"), True, "ceilings.hbm"),
     ],
 )
 def test_a_pydantic_location_reads_as_its_field_path_without_union_tags(loc, brackets, path):
