@@ -51,6 +51,8 @@ def score(frame: pd.DataFrame, backend: str = "triton") -> pd.DataFrame:
     against_peer = peers.set_index("case")["ratio"] if not peers.empty else pd.Series(dtype=float)
     sdpa_call = ok[ok["backend"] == "sdpa_contiguous"].set_index("case")["call_us"]
     cache = ok[ok["backend"] == "cache"].set_index("case")["latency_us"]
+    decodes = mine["max_q_len"] == 1  # the candidates for a verify case's twin, then for an fp8 case's
+    q_dtype_caches = mine["kv_dtype"].fillna("") == "" if "kv_dtype" in mine else None  # (no fp8 case without it)
     lines = []
     for case, row in mine.iterrows():
         decode = row["max_q_len"] == 1
@@ -64,13 +66,13 @@ def score(frame: pd.DataFrame, backend: str = "triton") -> pd.DataFrame:
         if readable and pd.notna(row.get("pct_of_ceiling")):
             limit = 85.0 if fp8 else 90.0
             lines.append(_line("read", case, row["pct_of_ceiling"], limit, "% read ceiling", higher_is_better=True))
-        if decode and fp8 and (twin := _twin(mine, row, CACHE_TWIN, mine["kv_dtype"].fillna("") == "")) is not None:
+        if decode and fp8 and (twin := _twin(mine, row, CACHE_TWIN, q_dtype_caches)) is not None:
             lines.append(_line("fp8", case, row["latency_us"] / mine.loc[twin, "latency_us"], 0.60, f"x {twin}"))
         if decode and mla and row["dtype"] in ("float16", "bfloat16") and row["flops"] >= MLA_TARGET_FLOPS:
             lines.append(_line("mla", case, row["tflops"], 200.0, "TFLOP/s", higher_is_better=True))
         if row["max_q_len"] >= 512 and case in against_peer.index:
             lines.append(_line("prefill", case, against_peer[case], 1.10, "x best peer"))
-        if 2 <= row["max_q_len"] <= 8 and (twin := _twin(mine, row, DECODE_TWIN, mine["max_q_len"] == 1)) is not None:
+        if 2 <= row["max_q_len"] <= 8 and (twin := _twin(mine, row, DECODE_TWIN, decodes)) is not None:
             lines.append(_line("verify", case, row["latency_us"] / mine.loc[twin, "latency_us"], 1.30, f"x {twin}"))
         if case in cache.index:
             lines.append(_line("cache", case, cache[case] / row["latency_us"], 1.10, "x kernel"))

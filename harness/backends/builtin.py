@@ -27,8 +27,17 @@ from harness.cases.inputs import PagedInputs
 from harness.cases.spec import Case
 from harness.cases.variants import VARIANT_KEYS, variant_key
 
-__all__ = ["REGISTRY", "Backend", "CaseFacts", "Limits", "Prepared", "Unsupported", "load_plugin", "register_backend",
-           "resolve_backends"]  # fmt: skip
+__all__ = [
+    "REGISTRY",
+    "Backend",
+    "CaseFacts",
+    "Limits",
+    "Prepared",
+    "Unsupported",
+    "load_plugin",
+    "register_backend",
+    "resolve_backends",
+]
 
 
 def _triton_unavailable(case: Case, device: str) -> str | None:
@@ -88,11 +97,19 @@ from harness.backends import flex_paged, peers  # noqa: E402, F401, I001
 from harness.backends import flashinfer_peer  # noqa: E402, F401
 
 
-def register_backend(name: str, fn: Callable[..., torch.Tensor], devices: tuple[str, ...] = ("cpu", "cuda"), *,
-                     description: str = "", graphable: bool = True, variants: tuple[str, ...] | frozenset[str] = (),
-                     plan: Callable[[CaseFacts], Any] | None = None, limits: Limits | dict | None = None,
-                     supports: Callable[[CaseFacts], str | None] | None = None,
-                     options: tuple[str, ...] | frozenset[str] | None = None) -> Backend:  # fmt: skip
+def register_backend(
+    name: str,
+    fn: Callable[..., torch.Tensor],
+    devices: tuple[str, ...] = ("cpu", "cuda"),
+    *,
+    description: str = "",
+    graphable: bool = True,
+    variants: tuple[str, ...] | frozenset[str] = (),
+    plan: Callable[[CaseFacts], Any] | None = None,
+    limits: Limits | dict | None = None,
+    supports: Callable[[CaseFacts], str | None] | None = None,
+    options: tuple[str, ...] | frozenset[str] | None = None,
+) -> Backend:
     """Add a kernel with the contract signature to every run that imports this module; a taken name is an error.
 
     ``fn(q, k_cache, v_cache, block_table, seq_lens, query_start_loc=None, scale=None, out=None)`` returns

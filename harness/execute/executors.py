@@ -54,9 +54,12 @@ def run_rows(args: argparse.Namespace, cases, config, on_row, done, worker=None)
     if ray is None and workers is None:
         executor = InProcess(worker)
     else:  # what writing the run folder needs (the page, its plots) is imported on a thread while the driver waits
-        modules = ("harness.results.report", "harness.results.plots", "harness.timing.scaling")
-        threading.Thread(target=lambda: [*map(importlib.import_module, modules)], name="preload-report",
-                         daemon=True).start()  # fmt: skip
+
+        def preload() -> None:
+            for name in ("harness.results.report", "harness.results.plots", "harness.timing.scaling"):
+                importlib.import_module(name)
+
+        threading.Thread(target=preload, name="preload-report", daemon=True).start()
         executor = RayCluster(ray, workers) if ray is not None else ProcessPool(workers)
     record = executor.run(cases, config, on_row, done)
     return {**record, "wall_s": round(time.perf_counter() - started, 3)}

@@ -251,8 +251,10 @@ class Worker:
             self.stop()
             raise
         if reply in (DIED, TIMED_OUT) or reply[0] != "ready":
-            why = (f"importing took more than {START_TIMEOUT_S:g} s" if reply == TIMED_OUT
-                   else f"the worker {self.stop()} while importing" if reply == DIED else reply[1])  # fmt: skip
+            if reply == TIMED_OUT:
+                why = f"importing took more than {START_TIMEOUT_S:g} s"
+            else:
+                why = f"the worker {self.stop()} while importing" if reply == DIED else reply[1]
             self.stop()
             raise PluginImportError(f"{', '.join(self.plugins) or 'the worker'}: {why}")
         self.backends, self.walls = reply[2].get("backends", []), reply[2].get("walls", "")

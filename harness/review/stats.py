@@ -42,12 +42,12 @@ def clean(samples: object) -> np.ndarray:
 
 def compare_samples(base: Sequence[float], new: Sequence[float], *, alpha: float = 0.05, seed: int = 0) -> LatencyTest:
     """Ratio of medians, its percentile bootstrap CI at ``1 - alpha`` and the two-sided Mann-Whitney p-value."""
-    from scipy.stats import mannwhitneyu  # here: scipy.stats takes a second or two to import
-
     base, new = clean(base), clean(new)
     ratio = float(np.median(new) / np.median(base)) if len(base) and len(new) else float("nan")
     if min(len(base), len(new)) < MIN_SAMPLES:
         return LatencyTest(ratio, float("nan"), float("nan"), float("nan"), len(base), len(new))
+    from scipy.stats import mannwhitneyu  # here: scipy.stats takes a second or two to import
+
     rng = np.random.default_rng(seed)
     boot = [np.median(x[rng.integers(0, len(x), (2000, len(x)))], axis=1) for x in (base, new)]
     low, high = np.quantile(boot[1] / boot[0], [alpha / 2, 1 - alpha / 2])

@@ -98,9 +98,17 @@ def _reps(device: str, min_reps: int | None, max_reps: int | None) -> tuple[int,
     return low, max(low, DEFAULT_MAX_REPS[kind] if max_reps is None else max_reps)
 
 
-def time_call(fn: Callable[[], object], device: str, *, graph: bool = True, target_s: float = 0.25,
-              min_reps: int | None = None, max_reps: int | None = None, deadline: float | None = None,
-              hooks: SampleHooks | None = None) -> Timing:  # fmt: skip
+def time_call(
+    fn: Callable[[], object],
+    device: str,
+    *,
+    graph: bool = True,
+    target_s: float = 0.25,
+    min_reps: int | None = None,
+    max_reps: int | None = None,
+    deadline: float | None = None,
+    hooks: SampleHooks | None = None,
+) -> Timing:
     """Device time of ``fn()`` on ``device``: ``perf_counter`` on the CPU (method ``cpu_perf_counter``); on
     CUDA graph replays (``cuda_graph_replay``; ``graph=False`` forbids them) or events (``cuda_events``), with
     L2 flushed before every sample. ``hooks``: called around every sample, plus one more with ``final=True``.
@@ -147,9 +155,17 @@ def time_call(fn: Callable[[], object], device: str, *, graph: bool = True, targ
     return Timing(tuple(samples), "cuda_graph_replay" if captured is not None else "cuda_events", cut)
 
 
-def time_wall(fn: Callable[[], object], device: str, *, target_s: float = 0.15, min_reps: int | None = None,
-              max_reps: int | None = None, host_samples: list[float] | None = None, deadline: float | None = None,
-              hooks: SampleHooks | None = None) -> Timing:  # fmt: skip
+def time_wall(
+    fn: Callable[[], object],
+    device: str,
+    *,
+    target_s: float = 0.15,
+    min_reps: int | None = None,
+    max_reps: int | None = None,
+    host_samples: list[float] | None = None,
+    deadline: float | None = None,
+    hooks: SampleHooks | None = None,
+) -> Timing:
     """Wall time a caller waits for one eager ``fn()``, host overhead and device syncs included.
     ``host_samples`` receives (CUDA only) each sample's host time before the drain (``host_us``)."""
     min_reps = WALL_MIN_REPS if min_reps is None else min_reps
