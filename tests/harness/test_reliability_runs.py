@@ -194,6 +194,16 @@ def _wait_for(path: Path, proc, seconds: float = 240) -> None:
         time.sleep(0.2)
 
 
+def _ctrl_c_once(started: Path, proc) -> str:
+    """A terminal's Ctrl-C (SIGINT to the whole process group) once ``started`` exists; the run's stderr."""
+    try:
+        _wait_for(started, proc)
+        os.killpg(proc.pid, signal.SIGINT)
+        return proc.communicate(timeout=60)[1]
+    finally:
+        _finish(proc, 30)
+
+
 # --- no backend can end the run -------------------------------------------------------
 
 
@@ -405,12 +415,7 @@ def test_the_users_ctrl_c_stops_a_run_inside_a_hanging_call_and_keeps_the_journa
     """A terminal's Ctrl-C while `hangs` runs is exit 130 within seconds, journal kept, no error row for `hangs`."""
     out = setup / "reports" / "run"
     proc = _harness(setup, "cases.toml", out, "--isolate", isolate, *backends("tlsim", "hangs"))
-    try:
-        _wait_for(setup / "worker.pid", proc)  # `hangs` has begun: tlsim's row is journaled
-        os.killpg(proc.pid, signal.SIGINT)
-        _, err = proc.communicate(timeout=60)
-    finally:
-        _finish(proc, 30)
+    err = _ctrl_c_once(setup / "worker.pid", proc)  # `hangs` has begun: tlsim's row is journaled
     assert proc.returncode == 130, err[-2000:]
     assert f"interrupted: 1 rows kept in {journal_path(out)}" in err
     assert [r["backend"] for r in Journal.read(journal_path(out)).rows] == ["tlsim"]
@@ -579,17 +584,11 @@ def test_ctrl_c_while_a_worker_starts_is_one_line_not_a_childs_traceback(setup):
     (setup / "site" / "sitecustomize.py").write_text(SLOW_WORKER_START)
     path = os.pathsep.join(filter(None, [str(setup / "site"), os.environ.get("PYTHONPATH")]))
     proc = _harness(setup, "tiny.toml", setup / "run", env={"PYTHONPATH": path})
-    try:
-        _wait_for(setup / "starting", proc)
-        child = int((setup / "starting").read_text())
-        os.killpg(proc.pid, signal.SIGINT)  # as a terminal's Ctrl-C: to the whole process group
-        _, err = proc.communicate(timeout=60)
-    finally:
-        _finish(proc, 30)
+    err = _ctrl_c_once(setup / "starting", proc)
     assert proc.returncode == 130, err[-3000:]
     assert "Traceback" not in err and "KeyboardInterrupt" not in err, err[-3000:]
     assert [line for line in err.splitlines() if line.strip()] == ["interrupted: nothing was written"], err
-    assert _gone(child, 10)
+    assert _gone(int((setup / "starting").read_text()), 10)
 
 
 def test_a_recorded_thread_count_past_the_cores_runs_on_the_cores():
