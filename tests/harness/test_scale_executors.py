@@ -162,21 +162,29 @@ DIES, HANGS = {"name": "dies_here", "head_dim": 64}, {"name": "hangs_here", "hea
 FINE = [{"name": "fine_a"}, {"name": "fine_b", "seed": 1}]
 
 
-@pytest.mark.slow  # a worker killed, one hung past its limit: about 16 s
-def test_a_killed_worker_costs_one_retry_then_an_error_row_a_hung_one_an_error_row_and_every_other_row_is_kept(
-    tmp_path, monkeypatch
-):
+@pytest.fixture
+def killer(tmp_path, monkeypatch) -> Path:
+    """killer.py in tmp_path, which also takes its log of kills (HARNESS_TEST_DIR, inherited by workers)."""
     monkeypatch.setenv("HARNESS_TEST_DIR", str(tmp_path))
     (tmp_path / "killer.py").write_text(KILLER)
-    write_cases(tmp_path / "cases.toml", DIES, HANGS, *FINE)
-    plugin = str(tmp_path / "killer.py")
-    load_plugin(plugin)
-    cases = load_cases([tmp_path / "cases.toml"], "cpu")
-    config = RunConfig(device="cpu", backends=resolve_backends(["tlsim", "killer"]), timing=False,
-                       progress=False, plugins=(plugin,), threads=1, timeout_s=10.0)  # fmt: skip
-    rows: list[dict] = []
-    run_pool(cases, config, rows.append, workers=2)
+    return tmp_path / "killer.py"
 
+
+def _killer_pool_rows(killer: Path, *cases: dict) -> list[dict]:
+    """The rows of tlsim and killer over ``cases`` on two workers, 10 s a call."""
+    load_plugin(str(killer))
+    config = RunConfig(device="cpu", backends=resolve_backends(["tlsim", "killer"]), timing=False,
+                       progress=False, plugins=(str(killer),), threads=1, timeout_s=10.0)  # fmt: skip
+    rows: list[dict] = []
+    run_pool(load_cases([write_cases(killer.parent / "cases.toml", *cases)], "cpu"), config, rows.append, workers=2)
+    return rows
+
+
+@pytest.mark.slow  # a worker killed, one hung past its limit: about 16 s
+def test_a_killed_worker_costs_one_retry_then_an_error_row_a_hung_one_an_error_row_and_every_other_row_is_kept(
+    tmp_path, killer
+):
+    rows = _killer_pool_rows(killer, DIES, HANGS, *FINE)
     by_pair = {(r["case"], r["backend"]): r for r in rows}
     assert len(rows) == len(by_pair) == 8  # every (case, backend) once, the run completed
     died = by_pair[("dies_here", "killer")]
@@ -195,19 +203,10 @@ def test_a_killed_worker_costs_one_retry_then_an_error_row_a_hung_one_an_error_r
     assert {r["worker"] for r in rows} <= {0, 1} and all(r["gpu_index"] == "" for r in rows)
 
 
-def test_workers_killed_after_they_are_ready_are_error_rows_not_a_broken_install(tmp_path, monkeypatch):
+def test_workers_killed_after_they_are_ready_are_error_rows_not_a_broken_install(tmp_path, killer):
     """MAX_FAILED_STARTS (3) counts the workers that die before they are ready; four deaths of ready workers,
     two cases killing each worker that runs them, leave two error rows and the run goes on."""
-    monkeypatch.setenv("HARNESS_TEST_DIR", str(tmp_path))
-    (tmp_path / "killer.py").write_text(KILLER)
-    write_cases(tmp_path / "cases.toml", DIES, {**DIES, "name": "dies_again", "seed": 2}, *FINE)
-    plugin = str(tmp_path / "killer.py")
-    load_plugin(plugin)
-    config = RunConfig(device="cpu", backends=resolve_backends(["tlsim", "killer"]), timing=False,
-                       progress=False, plugins=(plugin,), threads=1, timeout_s=10.0)  # fmt: skip
-    rows: list[dict] = []
-    run_pool(load_cases([tmp_path / "cases.toml"], "cpu"), config, rows.append, workers=2)
-
+    rows = _killer_pool_rows(killer, DIES, {**DIES, "name": "dies_again", "seed": 2}, *FINE)
     status = {(r["case"], r["backend"]): r["status"] for r in rows}
     assert len(rows) == len(status) == 8
     assert {pair for pair, s in status.items() if s != "pass"} == {("dies_here", "killer"), ("dies_again", "killer")}
@@ -271,14 +270,12 @@ def test_each_worker_is_spawned_seeing_only_its_own_gpu_and_the_parent_keeps_all
 
 @pytest.mark.slow  # a local Ray: about 50 s on a busy 2-core box
 def test_on_ray_a_killed_and_a_hung_task_are_error_rows_and_the_innocent_rows_are_the_one_process_rows(
-    tmp_path, monkeypatch
+    tmp_path, killer
 ):
     pytest.importorskip("ray", reason="Ray is an optional extra: pip install '.[ray]'")
-    monkeypatch.setenv("HARNESS_TEST_DIR", str(tmp_path))  # inherited by the local Ray's workers
-    (tmp_path / "killer.py").write_text(KILLER)
     write_cases(tmp_path / "cases.toml", DIES, HANGS, *FINE)
     out = tmp_path / "run"
-    code = main(["run", str(tmp_path / "cases.toml"), "--plugin", str(tmp_path / "killer.py"), "--backend", "tlsim",
+    code = main(["run", str(tmp_path / "cases.toml"), "--plugin", str(killer), "--backend", "tlsim",
                  "--backend", "killer", "--no-timing", "--no-progress", "--ray", "--workers", "2", "--timeout", "30",
                  "--out", str(out)])  # fmt: skip
     assert code == 1
@@ -287,9 +284,8 @@ def test_on_ray_a_killed_and_a_hung_task_are_error_rows_and_the_innocent_rows_ar
     assert died["status"] == "error" and "WorkerCrashedError" in died["reason"] and "in 2 tasks" in died["reason"]
     assert "while running this backend" in died["reason"]
     hung = rows.loc[("hangs_here", "killer")]
+    # 30 s: beside the whole suite on two cores, a fresh Ray worker's first tlsim row can take more than 10 s
     assert hung["status"] == "error" and hung["reason"].startswith("timed out after 30 s")
-    # 30 s, not 10: with the whole suite beside it on two cores, a fresh Ray worker's first tlsim row once
-    # took more than 10 s and timed out (an innocent row as an error)
     assert rows.loc[("dies_here", "tlsim"), "status"] == "pass"  # the innocent backends of those cases
     assert rows.loc[("hangs_here", "tlsim"), "status"] == "pass"
     others = rows.drop([("dies_here", "killer"), ("hangs_here", "killer")])
