@@ -59,6 +59,8 @@ MEASURED = [
     ("prefill_oracle", PREFILL, {"num_q_heads": 16, "num_kv_heads": 4, "head_dim": 64}, "none"),
     ("ragged_gather_sdpa", RAGGED, {"num_q_heads": 8, "num_kv_heads": 2, "head_dim": 64, "q_lens": 16}, "gather_sdpa"),
 ]
+BIG = {"num_q_heads": 32, "num_kv_heads": 8, "head_dim": 128, "dtype": "bfloat16"}
+PREFILL_8K = {"name": "prefill_8k", "seq_lens": [8192], "q_lens": [8192]}
 
 
 @pytest.mark.slow  # peak memory measured in fresh interpreters
@@ -84,12 +86,11 @@ def test_estimate_covers_the_measured_peak_within_a_factor(tmp_path):
         assert ratio <= FACTOR, f"{name}: estimate {ratio:.2f}x the measured peak"
 
 
-def test_the_issues_misjudged_cases_are_refused_with_the_numbers(tmp_path):
-    """An 8192 x 8192 prefill of 32 heads and a 1 x 100k + 4095 x 1 ragged batch are refused with their numbers."""
-    big = {"num_q_heads": 32, "num_kv_heads": 8, "head_dim": 128, "dtype": "bfloat16"}
-    path = write_cases(tmp_path / "big.toml", {"name": "prefill_8k", "seq_lens": [8192], "q_lens": [8192]},
+def test_an_8k_prefill_and_a_100k_ragged_batch_are_weighed_by_their_worst_step_and_refused_with_the_numbers(tmp_path):
+    """An 8192 x 8192 prefill of 32 heads and a 1 x 100k + 4095 x 1 ragged batch."""
+    path = write_cases(tmp_path / "big.toml", PREFILL_8K,
                        {"name": "ragged_100k", "seq_lens": {"count": 4096, "min": 1, "max": 1, "distribution": "fixed"}},
-                       defaults=big)  # fmt: skip
+                       defaults=BIG)  # fmt: skip
     prefill, ragged = load_case_file(path)
     ragged = ragged.__class__(**{**ragged.__dict__, "seq_lens": (100_000,) + (1,) * 4095, "q_lens": (1,) * 4096})
     need = estimate(prefill)
@@ -117,9 +118,7 @@ def test_the_estimate_follows_the_backends_chosen(tmp_path):
 
 def test_a_case_left_out_by_k_is_not_weighed(tmp_path):
     """`-k` picks the cases before the memory check: a case it leaves out cannot refuse the run."""
-    big = {"num_q_heads": 32, "num_kv_heads": 8, "head_dim": 128, "dtype": "bfloat16"}
-    path = write_cases(tmp_path / "big.toml", {"name": "prefill_8k", "seq_lens": [8192], "q_lens": [8192]},
-                       {"name": "small", "seq_lens": [16]}, defaults=big)  # fmt: skip
+    path = write_cases(tmp_path / "big.toml", PREFILL_8K, {"name": "small", "seq_lens": [16]}, defaults=BIG)
     with pytest.raises(CaseFileError, match="prefill_8k"):
         load_cases([path], device="cpu")
     assert [c.id for c in load_cases([path], device="cpu", keep=lambda case_id: case_id == "small")] == ["small"]

@@ -63,7 +63,6 @@ def test_finalize_refuses_an_empty_journal_and_keeps_it(tmp_path, capsys):
 
 
 def test_a_run_records_its_meta_in_the_journal_before_its_first_row(tmp_path, monkeypatch):
-    """A run records its meta in the journal before its first row, so a killed run can be finalized."""
     cases = write_cases(tmp_path / "c.toml", {"name": "first"})
     out = tmp_path / "run"
     monkeypatch.setenv("JOURNAL_TO_READ", str(journal_path(out)))

@@ -127,6 +127,7 @@ def test_an_isolated_backends_phases_count_in_a_one_process_run(cases_file, tmp_
 
 def _stopped_run(tmp_path, cases_file, *flags: str):
     """A run that reserved its folder and journal with these flags, then stopped before any row."""
+    tmp_path.mkdir(exist_ok=True)
     out = tmp_path / "run"
     args = build_parser().parse_args(["run", str(cases_file), "--backend", "tlsim", "--no-timing", *flags])
     Journal.create(out, run_options(args, "cpu")).close(stopped=True)
@@ -155,8 +156,6 @@ def test_resume_runs_the_rest_with_the_runs_own_workers_unless_given_again(
 
 def test_resume_remembers_a_local_ray_but_a_clusters_address_only_when_given_again(tmp_path, cases_file):
     """A journal may say a local Ray or 4 workers, never a cluster's address; a flag given again wins."""
-    for folder in ("local", "cluster"):
-        (tmp_path / folder).mkdir()
     local = _stopped_run(tmp_path / "local", cases_file, "--ray", "--workers", "4")
     resumed = build_parser().parse_args(["run", "--resume", str(local)])
     resume(resumed)
