@@ -21,6 +21,7 @@ from kernels import PagedKVCache
 
 ROOT = Path(__file__).resolve().parents[2]
 GPU_SUITES = ("cases/gpu_peers.toml", "cases/gpu_flashinfer.toml")
+GPU_SUITE_CASES = [case for path in GPU_SUITES for case in load_case_file(ROOT / path)]
 
 
 def _case(**fields):
@@ -98,9 +99,8 @@ def test_declared_variants_are_keys_of_the_variant_table():
 
 
 def test_warmup_twins_keep_each_module_once_and_are_ragged_and_the_script_lists_them():
-    cases = [case for path in GPU_SUITES for case in load_case_file(ROOT / path)]
-    served = {module_key(c) for c in cases if flashinfer_peer.serves(c)}
-    twins = warmup_cases(cases)
+    served = {module_key(c) for c in GPU_SUITE_CASES if flashinfer_peer.serves(c)}
+    twins = warmup_cases(GPU_SUITE_CASES)
     assert [module_key(t) for t in twins] == list(dict.fromkeys(module_key(t) for t in twins))
     assert {module_key(t) for t in twins} == served
     for twin in twins:
@@ -111,7 +111,7 @@ def test_warmup_twins_keep_each_module_once_and_are_ragged_and_the_script_lists_
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("twin", warmup_cases(c for path in GPU_SUITES for c in load_case_file(ROOT / path)), ids=str)
+@pytest.mark.parametrize("twin", warmup_cases(GPU_SUITE_CASES), ids=str)
 def test_flashinfer_wrappers_match_the_oracle_on_every_twin(twin):
     pytest.importorskip("flashinfer")
     inputs = case_inputs(twin, "cuda")

@@ -44,17 +44,18 @@ def _case(name: str):
     return case, case_inputs(case, "cpu")
 
 
-def _graded(case, inputs, prepared):
+def _graded(case, inputs):
+    """flex_paged's output on ``inputs`` graded against the oracle, and the note of its prepare step."""
+    prepared = prepare_flex_paged(case, inputs, torch.empty_like(inputs.q))
     expected = paged_attention_oracle(*inputs.args(), **inputs.options)
-    return grade(prepared.to_packed(prepared.run()), expected, *DEFAULT_TOLERANCES[case.dtype])
+    return grade(prepared.to_packed(prepared.run()), expected, *DEFAULT_TOLERANCES[case.dtype]), prepared.note
 
 
 @pytest.mark.parametrize("name", CASES)
 def test_flex_paged_matches_oracle(name):
     case, inputs = _case(name)
-    prepared = prepare_flex_paged(case, inputs, torch.empty_like(inputs.q))
-    assert ("packed" if max(case.q_lens) > flex_paged.PER_SEQUENCE_MAX_Q else "per_sequence") in prepared.note
-    graded = _graded(case, inputs, prepared)
+    graded, note = _graded(case, inputs)
+    assert ("packed" if max(case.q_lens) > flex_paged.PER_SEQUENCE_MAX_Q else "per_sequence") in note
     assert graded.passed, graded.reason
 
 
@@ -137,8 +138,7 @@ def test_a_wrong_inverse_page_table_fails_the_oracle(monkeypatch):
         return torch.where(table >= 0, (table + 1) % width, -1)
 
     monkeypatch.setattr(flex_paged, "page_logical_table", shifted)
-    graded = _graded(case, inputs, prepare_flex_paged(case, inputs, torch.empty_like(inputs.q)))
-    assert not graded.passed
+    assert not _graded(case, inputs)[0].passed
 
 
 def test_a_page_at_two_logical_positions_is_refused():
@@ -179,8 +179,7 @@ def test_flex_paged_compiled_on_the_cpu_matches_oracle(name, monkeypatch):
     import torch.nn.attention.flex_attention as flex
 
     monkeypatch.setattr(flex, "flex_attention", torch.compile(flex.flex_attention, dynamic=False))
-    case, inputs = _case(name)
-    graded = _graded(case, inputs, prepare_flex_paged(case, inputs, torch.empty_like(inputs.q)))
+    graded, _ = _graded(*_case(name))
     assert graded.passed, graded.reason
 
 
@@ -206,7 +205,5 @@ GPU_CASES = {
 def test_flex_paged_compiled_on_cuda_matches_oracle(name):
     """The Triton path: page sizes 16-128, decoding and main kernels, both query forms."""
     (case,) = expand_spec({**GPU_BASE, **GPU_CASES[name]}, "t.toml")
-    inputs = case_inputs(case, "cuda")
-    prepared = prepare_flex_paged(case, inputs, torch.empty_like(inputs.q))
-    graded = _graded(case, inputs, prepared)
-    assert graded.passed, f"{graded.reason} ({prepared.note})"
+    graded, note = _graded(case, case_inputs(case, "cuda"))
+    assert graded.passed, f"{graded.reason} ({note})"
