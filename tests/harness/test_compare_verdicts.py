@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import numpy as np
-import pandas as pd
 import pytest
 
 from harness.review import stats
@@ -91,12 +90,6 @@ def test_old_runs_without_samples_fall_back_to_p10_p90_marked_weak():
     tlsim = comparison.rows[comparison.rows["backend"] == "tlsim"]
     assert (tlsim["verdict"] == "slower").all() and (tlsim["evidence"] == "p10/p90 (weak)").all()
     assert all("weak evidence" in why for why in comparison.regressions["why"])
-
-
-def test_samples_survive_a_parquet_round_trip(tmp_path):
-    rf.write(rf.frame(num_cases=2), rf.meta(), tmp_path / "run")
-    stored = pd.read_parquet(tmp_path / "run" / "results.parquet")
-    assert len(stats.clean(stored["latency_samples_us"].iloc[0])) == 20
 
 
 def test_normalizing_by_an_unchanged_backend_cancels_a_machine_wide_drift():
