@@ -38,12 +38,11 @@ def test_a_faster_backend_is_reported_faster_and_does_not_fail():
 
 
 def test_a_slowdown_smaller_than_the_minimum_effect_is_not_slower():
-    comparison = compare_runs(rf.frame(seed=1, spread=0.01), rf.frame(seed=2, spread=0.01, slow={"tlsim": 1.04}))
+    base, new = rf.frame(seed=1, spread=0.01), rf.frame(seed=2, spread=0.01, slow={"tlsim": 1.04})
+    comparison = compare_runs(base, new)
     tlsim = comparison.rows[comparison.rows["backend"] == "tlsim"]
     assert not (tlsim["verdict"] == "slower").any()
-    strict = compare_runs(
-        rf.frame(seed=1, spread=0.01), rf.frame(seed=2, spread=0.01, slow={"tlsim": 1.04}), min_effect=0.02
-    )
+    strict = compare_runs(base, new, min_effect=0.02)
     assert (strict.rows[strict.rows["backend"] == "tlsim"]["verdict"] == "slower").all()
 
 
