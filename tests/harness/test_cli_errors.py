@@ -142,27 +142,21 @@ def _merge(second: str, out: str = "merged", **meta_changes):
     return make
 
 
-BISECT = ["bisect", "first", "third", "--case", "c", "--backend", "tlsim"]
+BISECT = ["bisect", "HEAD~2", "HEAD", "--case", "c", "--backend", "tlsim"]
 
 
 def _git(name: str, argv: list[str], *words: str) -> Refusal:
-    """continuous or bisect, exit 2, in tmp/repo of commits first, second, third (names in ``argv`` become ids)."""
+    """continuous or bisect, exit 2, in tmp/repo of three commits (HEAD~2, HEAD~1, HEAD)."""
 
     def make(runs: Path, tmp: Path) -> list[str]:
         env = {**os.environ, "GIT_AUTHOR_NAME": "t", "GIT_AUTHOR_EMAIL": "t@t", "GIT_COMMITTER_NAME": "t",
                "GIT_COMMITTER_EMAIL": "t@t"}  # fmt: skip
-
-        def git(*args):
-            done = subprocess.run(["git", *args], cwd=tmp / "repo", env=env, capture_output=True, text=True, check=True)
-            return done.stdout.strip()
-
-        (tmp / "repo").mkdir()
-        git("init", "-q", "-b", "main")
-        ids = {}
-        for name in ("first", "second", "third"):
-            git("commit", "-q", "--allow-empty", "-m", name)
-            ids[name] = git("rev-parse", "HEAD")
-        return [ids.get(word, word) if i < 3 else word for i, word in enumerate(argv)]
+        repo = tmp / "repo"
+        repo.mkdir()
+        subprocess.run(["git", "init", "-q", "-b", "main"], cwd=repo, env=env, check=True)
+        for i in range(3):
+            subprocess.run(["git", "commit", "-q", "--allow-empty", "-m", str(i)], cwd=repo, env=env, check=True)
+        return argv
 
     return Refusal(name, make, 2, words, cwd="repo")
 
@@ -311,7 +305,7 @@ REFUSALS = [
          "BASE 'no-such-ref': not a commit of this repository"),
     _git("continuous of an unknown option", ["continuous", "--help-me"]),
     _git("continuous of one commit twice", ["continuous", "HEAD", "HEAD"], "are the same commit"),
-    _git("bisect of a BAD before GOOD", ["bisect", "third", "first", *BISECT[3:]], "is not an ancestor of BAD"),
+    _git("bisect of a BAD before GOOD", ["bisect", "HEAD", "HEAD~2", *BISECT[3:]], "is not an ancestor of BAD"),
     _git("bisect of an unknown backend", [*BISECT[:-1], "nope"], "--backend nope: unknown backend"),
     _git("bisect of an unknown case", [*BISECT[:4], "nope", *BISECT[5:]], "--case nope: no such case"),
     _git("bisect of too few rounds", [*BISECT, "--rounds", "3"], "--rounds 3: at least"),

@@ -107,10 +107,8 @@ def test_cli_compare_exit_codes_and_html_page_escape_plugin_strings(tmp_path, ba
     assert "status pass -&gt; fail" in html and "exit 1" in html
 
 
-def test_cli_compare_a_planted_slowdown_that_cannot_be_retimed_is_unconfirmed_and_a_rerun_passes(tmp_path):
+def test_cli_compare_a_planted_slowdown_that_cannot_be_retimed_is_unconfirmed(tmp_path):
     rf.write(rf.frame(seed=1), rf.meta(), tmp_path / "a")
-    rf.write(rf.frame(seed=2), rf.meta(), tmp_path / "b")
     rf.write(rf.frame(seed=3, slow={"gather_sdpa": 1.25}), rf.meta(), tmp_path / "c")
-    assert main(["compare", str(tmp_path / "a"), str(tmp_path / "b")]) == EXIT_OK
     # these runs record no case files, so the slower rows are not re-timed in paired rounds: exit 5, not 1
     assert main(["compare", str(tmp_path / "a"), str(tmp_path / "c")]) == EXIT_UNCONFIRMED

@@ -179,12 +179,10 @@ def test_rounds_to_decide_is_infinite_when_the_centre_sits_on_a_bound_or_nothing
     assert rounds_to_decide(stats.LatencyTest(1.0, 0.0, math.inf, 1.0, 4, 4), 0.1) == math.inf
 
 
+# The smoke confirm's shape: 7 interpreter rows of 5 s a round too noisy to decide, one 3 s row slowed 25% whose
+# round ratios spread 0.14 (log sd), 50 easy 0.5 s rows, 3 s a round to start the workers: a round of every row
+# takes 66 s, so the 9 rounds of the first look would take 594 s of a 600 s box.
 SMOKE_LIKE = [(1.0, 1.0, 5.0)] * 7 + [(1.25, 0.1, 3.0)] + [(1.0, 0.02, 0.5)] * 50
-"""The smoke confirm's shape: 7 interpreter rows of 5 s a round too noisy to decide, one 3 s
-row slowed 25% whose round ratios spread 0.14 (log sd; 0.09-0.18 measured alone), 50 easy
-0.5 s rows; 3 s a round to start the workers: a round of every row takes 66 s, so the 9
-rounds of the first look would take 594 s of a 600 s box (8 rounds took 529 s and 576 s
-measured)."""
 
 
 def test_the_box_goes_to_an_undecided_cheap_row_not_to_interpreter_rows_that_cannot_be_decided():

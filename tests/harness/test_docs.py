@@ -96,7 +96,7 @@ def _resolves(dotted: str) -> bool:
 
 
 def test_every_dotted_harness_name_in_the_docs_exists():
-    """A module or function moved without its docs fails here (``harness.stats`` after the move to review/)."""
+    """A module or function moved without its docs fails here."""
     named = {m for doc in DOCS for m in re.findall(r"\bharness(?:\.[A-Za-z_]\w*)+", doc.read_text())}
     assert len(named) > 10
     assert not sorted(name for name in named if not _resolves(name))

@@ -152,20 +152,6 @@ def test_compare_flags_status_error_and_latency_regressions():
     assert compare_runs(base, noisy).ok, "a slowdown inside the spread is noise"
 
 
-def test_cli_compare_exit_code_and_the_report_verb_rebuilds_the_page(tmp_path, case_file, capsys):
-    assert cli_run(case_file, tmp_path / "a", "--backend", "tlsim") == 0
-    assert cli_run(case_file, tmp_path / "b", "--backend", "tlsim") == 0
-    assert main(["compare", str(tmp_path / "a"), str(tmp_path / "b")]) == 0
-    frame = pd.read_parquet(tmp_path / "b" / "results.parquet")
-    frame.loc[0, "status"] = "fail"
-    frame.to_parquet(tmp_path / "b" / "results.parquet")
-    assert main(["compare", str(tmp_path / "a"), str(tmp_path / "b")]) == 1
-    assert "status pass -> fail" in capsys.readouterr().out
-    (tmp_path / "a" / "report.html").unlink()
-    assert main(["report", str(tmp_path / "a")]) == 0
-    assert "tiny" in (tmp_path / "a" / "report.html").read_text()
-
-
 def test_sdpa_peers_do_not_leak_pool_nan(case_file, run_rows):
     rows = run_rows(case_file, ["gather_sdpa", "sdpa_contiguous"])
     assert (rows["status"] == "pass").all(), rows["reason"].tolist()

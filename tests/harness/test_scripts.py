@@ -94,15 +94,20 @@ def test_a_generated_mutant_inside_a_multi_line_statement_is_reached_when_the_st
 @pytest.mark.parametrize(
     ("command", "code", "said"),
     [
-        ("scripts/self/peer_table.py RUN --backend triton", 0, ["| prefill_4x4k | 2.28e+03 |", "sdpa_contiguous"]),
-        ("scripts/kernel_targets.py RUN", 0, ["## prefill: met on 0 of 6 cases (worst 2.29 x best peer)",
-                                              "ok   decode_4x16k", "MISS decode_32x4k_hd64"]),
+        ("scripts/self/peer_table.py {run} --backend triton", 0, ["| prefill_4x4k | 2.28e+03 |", "sdpa_contiguous"]),
+        ("scripts/kernel_targets.py {run}", 0, ["## prefill: met on 0 of 6 cases (worst 2.29 x best peer)",
+                                                "ok   decode_4x16k", "MISS decode_32x4k_hd64"]),
         ("scripts/kernel_ab.py --dry --base no-such-revision", 2, ["git show no-such-revision"]),
+        pytest.param("-m harness run {cases} --plugin scripts/self/slowdown_plugin.py --backend reference_slowable "
+                     "--out {tmp}/run --no-timing --no-progress", 0, [], marks=pytest.mark.slow),  # a fresh harness run
     ],
+    ids=["peer_table", "kernel_targets", "kernel_ab_of_no_base", "slowdown_plugin_as_a_plugin"],
 )  # fmt: skip
-def test_a_script_on_the_committed_run_exits_with_its_code_and_prints_its_lines(command, code, said):
-    """RUN: the committed run of a GPU machine."""
-    done = run_script(*command.replace("RUN", str(COMMITTED_RUN.relative_to(ROOT))).split())
+def test_a_script_exits_with_its_code_and_prints_its_lines(tmp_path, command, code, said):
+    """{run}: the committed run of a GPU machine; {cases}: a small case file in {tmp}."""
+    cases = write_cases(tmp_path / "c.toml", {"name": "c"}, defaults=SMALL)
+    run = COMMITTED_RUN.relative_to(ROOT)
+    done = run_script(*command.format(run=run, cases=cases, tmp=tmp_path).split())
     assert done.returncode == code, done.stderr
     assert all(words in (done.stdout if code == 0 else done.stderr) for words in said), done.stdout + done.stderr
     assert not list((ROOT / "kernels").glob("_ab_*.py")), "kernel_ab leaves no module behind"
@@ -177,16 +182,6 @@ def test_noise_check_gpu_preset_runs_dry_on_the_cpu_and_prints_verdict_counts(tm
     lines = [line for line in done.stdout.splitlines() if line.startswith("A_vs_")]
     assert lines[0].startswith("A_vs_B (same commit), compare: 2 rows, verdicts")
     assert lines[1].startswith("A_vs_C (triton_slowable +5%), compare: 2 rows") and "slower on " in lines[1]
-
-
-@pytest.mark.slow  # a harness run in a fresh interpreter
-def test_the_slowdown_plugin_runs_as_a_plugin_and_passes(tmp_path):
-    cases = write_cases(tmp_path / "c.toml", {"name": "c"}, defaults=SMALL)
-    done = run_script(
-        "-m", "harness", "run", str(cases), "--plugin", "scripts/self/slowdown_plugin.py", "--backend", "reference_slowable",
-        "--out", str(tmp_path / "run"), "--no-timing", "--no-progress",
-    )  # fmt: skip
-    assert done.returncode == 0, done.stderr
 
 
 @pytest.mark.slow  # a checkout of HEAD timed against the tree

@@ -9,9 +9,8 @@ import pytest
 import torch
 
 import kernels
-from harness.backends.builtin import resolve_backends
 from harness.cases.inputs import make_inputs
-from harness.cases.spec import CaseSpec, case_file_schema, load_case_file
+from harness.cases.spec import CaseSpec, case_file_schema
 from harness.cases.variants import VARIANT_KEYS, VARIANTS
 from harness.cases.vocab import (
     DEFAULT_TOLERANCES,
@@ -24,10 +23,8 @@ from harness.cases.vocab import (
     WORST_FIRST,
     field_path,
 )
-from harness.execute.local import run_cases
 from harness.results import report
 from harness.run import grading
-from harness.run.runner import RunConfig
 from harness.timing import ceilings
 from kernels.contract import CALL_OPTION_TABLE, CALL_OPTIONS, CONTRACT_DOC, SUPPORTED_DTYPES, PagedCall
 from tests.tiny_cases import TINY, write_cases
@@ -66,13 +63,11 @@ def test_every_layout_builds_inputs(layout):
     assert inputs.block_table.shape[0] == 2
 
 
-def test_report_rows_speak_the_vocabulary(tmp_path):
+def test_report_rows_speak_the_vocabulary(tmp_path, run_rows):
     assert sorted(WORST_FIRST) == sorted(STATUSES) and set(GRADED) | set(FAILING) < set(STATUSES)
     assert list(report._STATUS_ORDER) == list(WORST_FIRST)
     path = write_cases(tmp_path / "dtypes.toml", {"name": "tiny", "sweep": {"dtype": list(DTYPE_NAMES)}})
-    config = RunConfig(device="cpu", backends=resolve_backends(["reference", "varlen_flash"]), timing=False,
-                       progress=False)  # fmt: skip
-    rows = run_cases(load_case_file(path), config)
+    rows = run_rows(path, ["reference", "varlen_flash"])
     assert set(rows["status"]) <= set(STATUSES) and "skip" in set(rows["status"])
     assert tuple(rows["dtype"].drop_duplicates()) == DTYPE_NAMES
 
