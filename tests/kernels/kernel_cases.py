@@ -145,6 +145,13 @@ BAD_CALLS = {
 }
 
 
+def strided(t: torch.Tensor) -> torch.Tensor:
+    """The same values, every other element of a twice-as-large buffer (its last dim's stride 2: not contiguous)."""
+    view = torch.stack([t, torch.full_like(t, 12345)], dim=-1)[..., 0]
+    assert not view.is_contiguous()
+    return view
+
+
 _TRITON_OUTPUTS: dict[tuple, torch.Tensor] = {}
 
 

@@ -23,7 +23,7 @@ from kernels.fp8 import FP8_DTYPES
 from kernels.launch_plan import plans_enabled
 from kernels.tiling import SINGLE_DOT_HEAD_DIM, V_PART_DIM, choose_tiling, head_dim_pieces, v_parts
 from tests.kernels.kernel_cases import Edge as Case
-from tests.kernels.kernel_cases import Edges, assert_passes, backend_fn, call_hints, needs_triton
+from tests.kernels.kernel_cases import Edges, assert_passes, backend_fn, call_hints, needs_triton, strided
 
 BACKENDS = ("triton", "tlsim", "reference")
 BASE = dict(num_q_heads=2, num_kv_heads=1, head_dim=64, block_size=16, dtype="float32", layout="shuffled", seed=5)
@@ -224,15 +224,9 @@ def test_head_dim_strides_other_than_one_and_a_call_without_tokens(backend: str)
     """Every other element of the last dim for q, caches and out; a call with no sequence returns its empty out."""
     inputs = _inputs("k64_v33")
     q, k, v, table, lens, starts = inputs.args()
-
-    def spread(t: torch.Tensor) -> torch.Tensor:
-        wide = torch.zeros(*t.shape[:-1], 2 * t.shape[-1], dtype=t.dtype)
-        wide[..., ::2] = t
-        return wide[..., ::2]
-
-    out = spread(inputs.new_out())
+    out = strided(inputs.new_out())
     got = backend_fn(backend)(
-        spread(q), spread(k), spread(v), table, lens, starts, out=out, **call_hints(BY_NAME["k64_v33"])
+        strided(q), strided(k), strided(v), table, lens, starts, out=out, **call_hints(BY_NAME["k64_v33"])
     )
     assert got is out and grade(out, _expected("k64_v33"), *DEFAULT_TOLERANCES["float32"]).passed
     empty = backend_fn(backend)(q[:0], k, v, table[:0], lens[:0], starts[:1], check=True)

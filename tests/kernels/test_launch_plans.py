@@ -26,6 +26,7 @@ from tests.kernels.kernel_cases import (
     base_args,
     describe_launch_arg,
     needs_triton,
+    strided,
 )
 
 
@@ -203,8 +204,8 @@ CHANGES = {
     "fewer_seqs": lambda a, kw: (_with(a, p0=a[0][: int(a[5][3])], p3=a[3][:3], p4=a[4][:3], p5=a[5][:4]), kw),
     "dtype": lambda a, kw: (_with(a, p0=a[0].half(), p1=a[1].half(), p2=a[2].half()), kw),
     "q_strided": lambda a, kw: (_with(a, p0=a[0].transpose(0, 1).contiguous().transpose(0, 1)), kw),
-    "block_table_strided": lambda a, kw: (_with(a, p3=torch.stack([a[3], a[3]], -1)[..., 0]), kw),
-    "k_cache_head_dim_strided": lambda a, kw: (_with(a, p1=torch.stack([a[1], a[1]], -1)[..., 0]), kw),
+    "block_table_strided": lambda a, kw: (_with(a, p3=strided(a[3])), kw),
+    "k_cache_head_dim_strided": lambda a, kw: (_with(a, p1=strided(a[1])), kw),
     "sliding_window": lambda a, kw: (a, {**kw, "sliding_window": 7}),
     "return_lse": lambda a, kw: (a, {**kw, "return_lse": True}),
     "max_q_len_hint": lambda a, kw: (a, {**kw, "max_q_len": 1}),
@@ -372,7 +373,7 @@ def _output_call(case, spec, device="cpu"):
     if "query_start_loc" in spec:
         args[5] = None
     if spec.get("table") == "strided":
-        args[3] = torch.stack([args[3], args[3]], -1)[..., 0]
+        args[3] = strided(args[3])
     if spec.get("fp8"):
         args[1], args[2] = args[1].to(torch.float8_e4m3fn), args[2].to(torch.float8_e4m3fn)
         kwargs["k_scale"], kwargs["v_scale"] = 0.5, 2.0
