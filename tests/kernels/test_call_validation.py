@@ -13,7 +13,7 @@ import torch
 import kernels
 from kernels.contract import prepare_call
 from kernels.tiling import tiling_for
-from tests.kernels.kernel_cases import BAD_CALLS, BASE, CASES_BY_NAME, backend_fn, base_args, needs_triton
+from tests.kernels.kernel_cases import BAD_CALLS, BASE, CASES_BY_NAME, backend_fn, base_args, needs_triton, strided
 
 NAMES = ["reference", "tlsim", "triton", "dispatch"]
 
@@ -71,14 +71,6 @@ def with_block(seq: int, index: int, value: int):
         return table
 
     return change
-
-
-def strided(t: torch.Tensor) -> torch.Tensor:
-    """The same values, every other element of a twice-as-large buffer (not contiguous)."""
-    doubled = torch.stack([t, torch.full_like(t, 12345)], dim=-1)
-    view = doubled[..., 0]
-    assert not view.is_contiguous()
-    return view
 
 
 @pytest.mark.parametrize("backend", NAMES)

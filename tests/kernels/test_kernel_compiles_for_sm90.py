@@ -9,7 +9,10 @@ import inspect
 import json
 
 import pytest
+import torch
 
+from kernels.contract import prepare_call
+from kernels.triton_paged import TritonPlan, paged_attention_kernel
 from tests.fresh_python import needs_ptxas, run_fresh
 
 COMPILE = r"""
@@ -125,11 +128,6 @@ def test_the_sass_census_tables_a_launch_and_set_changes_its_count(tmp_path):
 )
 def test_the_launcher_takes_unsigned_block_offsets_for_ordinary_strides(num_blocks, block_stride, unsigned):
     """BLOCK_OFFS_U32 only for K and V block strides in [2, 2^31); num_blocks is capped at 2^31."""
-    import torch
-
-    from kernels.contract import prepare_call
-    from kernels.triton_paged import TritonPlan, paged_attention_kernel
-
     meta = dict(device="meta", dtype=torch.bfloat16)
     q = torch.empty(4, 8, 64, **meta)
     k = torch.empty_strided((num_blocks, 16, 2, 64), (block_stride, 128, 64, 1), **meta)

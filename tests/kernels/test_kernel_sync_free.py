@@ -38,18 +38,16 @@ def _assert_matches_oracle(got, args, case):
 @pytest.mark.parametrize(
     ("case", "entry"), [*((case, "triton") for case in SYNC_FREE_CASES), (BASE, "dispatch")], ids=str
 )
-def test_default_triton_call_reads_no_tensor_value(case, entry, triton_launches, value_reads):
-    args, dispatched = _args(case), {"backend": "triton"} if entry == "dispatch" else {}
+def test_default_triton_call_reads_no_tensor_value_unless_checked(case, entry, triton_launches, value_reads):
+    fn, args = getattr(kernels, f"paged_attention_{entry}"), _args(case)
+    dispatched = {"backend": "triton"} if entry == "dispatch" else {}
     with value_reads.forbidden():
-        got = getattr(kernels, f"paged_attention_{entry}")(*args, **dispatched)
+        got = fn(*args, **dispatched)
     assert not value_reads.reads and triton_launches.grids
     _assert_matches_oracle(got, args, case)
-
-
-def test_the_guard_catches_the_checked_call(triton_launches, value_reads):
-    """The same call with value checks on must trip the guard: the test above can fail."""
+    # the same call with value checks on trips the guard: the reads above can fail
     with value_reads.forbidden(), pytest.raises(AssertionError, match="read a tensor value"):
-        kernels.paged_attention_triton(*_args(BASE), check=True)
+        fn(*args, **dispatched, check=True)
 
 
 @pytest.mark.parametrize("as_offsets", [False, True], ids=["query_start_loc_none", "query_start_loc_ones"])

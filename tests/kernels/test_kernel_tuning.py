@@ -19,6 +19,8 @@ from kernels.triton_paged import _device_piece, _program_order
 from scripts.sass_census import Launch, plan_of
 from tests.kernels.kernel_cases import KERNEL_CASES, KernelCase
 
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+
 
 def test_the_untuned_rule_keeps_the_measured_shapes(monkeypatch):
     """Pins the defaults: 64-row half tiles of 16 tokens, 16-row fp32 tiles, 32 keys past head dim 128."""
@@ -53,7 +55,7 @@ def test_a_tuned_entry_changes_only_its_own_key(monkeypatch, q_class):
 def test_tlsim_follows_an_overridden_tiling(tile_n, max_tokens):
     """Under any config kernel and tlsim agree, and the override really moved the tiling."""
     case = next(c for c in KERNEL_CASES if c.dtype == "float32" and max(c.q_lens) > 1)
-    inputs = case.inputs("cuda" if torch.cuda.is_available() else "cpu")
+    inputs = case.inputs(DEVICE)
     config = tuning.TileConfig(max_rows=16, max_tokens=max_tokens, tile_n=tile_n, num_warps=4, num_stages=2)
     with tuning.override(config):
         assert tile_n == tiling_for(prepare_call(*inputs.args(), check=False)).TILE_N
@@ -116,7 +118,7 @@ def test_tlsim_follows_a_long_split_re_cut_in_its_own_tiles(monkeypatch):
     monkeypatch.setitem(tuning.TUNED, ("fp32", 64, "decode_split"), tuning.TileConfig(16, 1, 16, 4, 2))
     monkeypatch.setitem(tuning.TUNED, ("fp32", 64, "decode_split_long"), tuning.TileConfig(16, 1, 64, 4, 2))
     case = KernelCase("long_split", num_q_heads=4, num_kv_heads=1, seq_lens=(700, 333), q_lens=(1, 1))
-    inputs = case.inputs("cuda" if torch.cuda.is_available() else "cpu")
+    inputs = case.inputs(DEVICE)
     chosen = tiling_for(prepare_call(*inputs.args(), check=False), max_q_len=1, max_seq_len=700)
     assert chosen.TUNING_KEY[2] == "decode_split_long" and chosen.TILE_N == 64 and chosen.NUM_SPLITS > 1
     assert chosen.SPLIT_SIZE % 64 == 0 and chosen.SPLIT_SIZE * chosen.NUM_SPLITS >= 700
@@ -203,7 +205,6 @@ def _order_probe(seq_lens_ptr, starts_ptr, out_ptr, num_seqs, ONE_QUERY_PER_SEQ:
 @pytest.mark.parametrize("offsets", [None, "one_each", "a_query_less_sequence", "as_many_tiles_not_one_each"])
 def test_the_device_split_dispatches_its_sequences_longest_piece_first(offsets):
     """_program_order alone: slot k takes the k // (heads * splits)-th longest piece's sequence, each once."""
-    device = "cuda" if torch.cuda.is_available() else "cpu"
     lens = [600, 3000, 33, 2000, 1500, 3000]  # 1500 and two halves of 3000: 1504 keys each, ties to the lower index
     q_lens = {None: [1] * 6, "one_each": [1] * 6, "a_query_less_sequence": [1, 1, 0, 1, 1, 1],
               "as_many_tiles_not_one_each": [1, 0, 2, 1, 1, 1]}[offsets]  # fmt: skip
@@ -212,10 +213,10 @@ def test_the_device_split_dispatches_its_sequences_longest_piece_first(offsets):
     splits, size = tiling.device_splits(torch.tensor(lens), num_splits, tile_n, mul, div, floor, mean)
     assert splits.tolist() == [1, 2, 1, 2, 1, 2]
     tiles = sum(q_lens)  # tiles of BLOCK_Q 1
-    starts = torch.tensor([0, *itertools.accumulate(q_lens)], dtype=torch.int32, device=device)
-    out = torch.full((tiles * heads * num_splits, 3), -1, dtype=torch.int32, device=device)
+    starts = torch.tensor([0, *itertools.accumulate(q_lens)], dtype=torch.int32, device=DEVICE)
+    out = torch.full((tiles * heads * num_splits, 3), -1, dtype=torch.int32, device=DEVICE)
     _order_probe[(tiles, heads, num_splits)](
-        torch.tensor(lens, dtype=torch.int32, device=device), starts, out, len(lens), offsets is None, num_splits,
+        torch.tensor(lens, dtype=torch.int32, device=DEVICE), starts, out, len(lens), offsets is None, num_splits,
         tile_n, 8, mul, div, floor, mean,
     )  # fmt: skip
     if offsets in ("a_query_less_sequence", "as_many_tiles_not_one_each"):

@@ -26,6 +26,7 @@ from tests.kernels.kernel_cases import (
     base_args,
     describe_launch_arg,
     needs_triton,
+    strided,
 )
 
 
@@ -203,8 +204,8 @@ CHANGES = {
     "fewer_seqs": lambda a, kw: (_with(a, p0=a[0][: int(a[5][3])], p3=a[3][:3], p4=a[4][:3], p5=a[5][:4]), kw),
     "dtype": lambda a, kw: (_with(a, p0=a[0].half(), p1=a[1].half(), p2=a[2].half()), kw),
     "q_strided": lambda a, kw: (_with(a, p0=a[0].transpose(0, 1).contiguous().transpose(0, 1)), kw),
-    "block_table_strided": lambda a, kw: (_with(a, p3=torch.stack([a[3], a[3]], -1)[..., 0]), kw),
-    "k_cache_head_dim_strided": lambda a, kw: (_with(a, p1=torch.stack([a[1], a[1]], -1)[..., 0]), kw),
+    "block_table_strided": lambda a, kw: (_with(a, p3=strided(a[3])), kw),
+    "k_cache_head_dim_strided": lambda a, kw: (_with(a, p1=strided(a[1])), kw),
     "sliding_window": lambda a, kw: (a, {**kw, "sliding_window": 7}),
     "return_lse": lambda a, kw: (a, {**kw, "return_lse": True}),
     "max_q_len_hint": lambda a, kw: (a, {**kw, "max_q_len": 1}),
@@ -352,30 +353,35 @@ def test_value_checks_run_on_a_hit(recorded):
 # --- real launches under the interpreter -------------------------------------------------------
 
 DECODE = replace(BASE, name="decode", q_lens=(1, 1, 1, 1, 1))
+# K past the single dot: loaded as a main piece and a tail
+K300 = replace(BASE, name="k300", num_q_heads=2, num_kv_heads=1, head_dim=300, seq_lens=(1, 37), q_lens=(1, 3))
 OUTPUT_CASES = {
     "base": (BASE, {}),
     "decode_no_offsets": (DECODE, {"query_start_loc": None}),
     "split_kv_decode": (CASES_BY_NAME["split_kv_decode"], {"return_lse": True}),
     "variants": (BASE, {"sliding_window": 9, "logit_softcap": 20.0, "return_lse": True, "sinks": 1, "alibi_slopes": 1}),
     "strided_out_and_table": (CASES_BY_NAME["bfloat16_prefill"], {"out": "strided", "table": "strided"}),
-    "fp8_float_scale": (replace(BASE, name="fp8"), {"fp8": True}),
+    "fp8_float_scale": (replace(BASE, name="fp8"), {"fp8": torch.float8_e4m3fn, "k_scale": 0.5, "v_scale": 2.0}),
+    "fp8_e5m2_per_head_scales": (DECODE, {"fp8": torch.float8_e5m2, "k_scale": (0.5, 0.25), "v_scale": (2.0, 1.0)}),
+    "k300_main_and_tail": (K300, {}),
+    "k300_main_and_tail_lse": (K300, {"return_lse": True}),
 }
 
 
 def _output_call(case, spec, device="cpu"):
     inputs = case.inputs(device)
     args = list(inputs.args())
-    kwargs = {k: v for k, v in spec.items() if k in ("sliding_window", "logit_softcap", "return_lse")}
+    options = ("sliding_window", "logit_softcap", "return_lse", "k_scale", "v_scale")
+    kwargs = {k: torch.tensor(v, device=device) if isinstance(v, tuple) else v for k, v in spec.items() if k in options}
     kwargs |= {
         n: torch.linspace(-1, 1, case.num_q_heads, device=device) for n in ("sinks", "alibi_slopes") if n in spec
     }
     if "query_start_loc" in spec:
         args[5] = None
     if spec.get("table") == "strided":
-        args[3] = torch.stack([args[3], args[3]], -1)[..., 0]
-    if spec.get("fp8"):
-        args[1], args[2] = args[1].to(torch.float8_e4m3fn), args[2].to(torch.float8_e4m3fn)
-        kwargs["k_scale"], kwargs["v_scale"] = 0.5, 2.0
+        args[3] = strided(args[3])
+    if fp8 := spec.get("fp8"):
+        args[1], args[2] = args[1].to(fp8), args[2].to(fp8)
     if spec.get("out") == "strided":
         out = torch.full((args[2].shape[-1], *args[0].shape[:2]), float("nan"), dtype=args[0].dtype, device=device)
         kwargs["out"] = out.permute(1, 2, 0)  # [num_tokens, num_q_heads, head_dim_v], head_dim_v outermost

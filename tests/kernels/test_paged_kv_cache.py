@@ -30,16 +30,6 @@ def test_append_maps_tokens_to_slots_of_allocated_blocks():
     assert cache.seq_lens([7, 8]).tolist() == [9, 1]
 
 
-def test_out_of_blocks_is_an_error_that_changes_nothing():
-    cache = make_cache(num_blocks=2)
-    cache.allocate(1)
-    cache.append(1, 5)
-    with pytest.raises(kernels.CacheFullError, match="needs 1 more blocks for 4 tokens but only 0 of 2 are free"):
-        cache.append(1, 4)
-    assert cache.seq_lens([1]).tolist() == [5]
-    assert cache.block_table([1]).tolist() == [[0, 1]]
-
-
 def test_free_returns_blocks_and_poisons_them():
     cache = make_cache()
     cache.allocate(1)
@@ -97,15 +87,23 @@ def test_read_matches_the_oracle_after_interleaved_appends(dtype):
 # --- refusals: each before anything changes -------------------------------------------------
 
 
-@pytest.mark.parametrize("count", [-3, 2.0, True, torch.tensor(2)], ids=["negative", "float", "bool", "tensor"])
-def test_append_refuses_a_bad_count_before_changing_anything(count):
-    cache = make_cache()
+BAD_COUNT = (ValueError, "num_tokens must be a non-negative int")
+
+
+@pytest.mark.parametrize(
+    ("count", "refusal"),
+    [(-3, BAD_COUNT), (2.0, BAD_COUNT), (True, BAD_COUNT), (torch.tensor(2), BAD_COUNT),
+     (4, (kernels.CacheFullError, "needs 1 more blocks for 4 tokens but only 0 of 2 are free"))],
+    ids=["negative", "float", "bool", "tensor", "out_of_blocks"],
+)  # fmt: skip
+def test_append_refuses_a_bad_count_or_a_full_pool_before_changing_anything(count, refusal):
+    cache = make_cache(num_blocks=2)
     cache.allocate(1)
-    cache.append(1, 5)
-    with pytest.raises(ValueError, match="num_tokens must be a non-negative int"):
+    cache.append(1, 5)  # blocks 0 and 1, three slots of block 1 free
+    with pytest.raises(refusal[0], match=refusal[1]):
         cache.append(1, count)
-    assert cache.seq_lens([1]).tolist() == [5]
-    assert cache.num_free_blocks == 4
+    assert cache.seq_lens([1]).tolist() == [5] and cache.block_table([1]).tolist() == [[0, 1]]
+    assert cache.num_free_blocks == 0
     assert cache.append(1, 0).tolist() == [], "zero tokens is a valid no-op"
 
 
