@@ -73,6 +73,11 @@ Precision: both dots accumulate in fp32. For fp32 inputs the dots run in IEEE fp
 purpose (Triton's default is TF32, about 1e-3 relative error, which fails the fp32
 tolerance); p is cast to the value dtype before ``p @ v``, as FlashAttention does.
 ``kernels.tlsim`` is this same algorithm in torch; keep the two in step.
+
+On sm_90 a plain prefill launch (no variant, no lse: ``kernels.gluon_prefill.applies``) runs the
+same algorithm and tiles from ``kernels.gluon_prefill``, whose tiles reach the tensor cores
+through TMA copies a block at a time and warp-specialized wgmma, which this kernel's compiler
+does not do for a paged tile.
 """
 
 from __future__ import annotations
@@ -83,6 +88,7 @@ import torch
 import triton
 import triton.language as tl
 
+from . import gluon_prefill
 from .contract import PagedCall, contiguous_strides, contract_entry
 from .launch_plan import KernelLaunch, PlanCache
 from .tiling import (
@@ -922,13 +928,14 @@ class TritonPlan:
     alibi_slopes, k_scale, v_scale)`` takes the checked tensors (PagedCall's view: index
     tensors contiguous, an fp8 cache's scales as [num_kv_heads] fp32 tensors, ``out``
     allocated, ``lse`` or None) and launches the kernel (and the combine of the splits),
-    allocating only per-call buffers. It is one of three methods, picked here: nothing to
+    allocating only per-call buffers. It is one of four methods, picked here: nothing to
     launch (no sequence or no token), one kernel on the tensors as given (no copy, no KV
-    split: the usual decode), or the general one.
+    split: the usual decode), Hopper's prefill kernel for a plain prefill on sm_90
+    (``kernels.gluon_prefill.applies``), or the general one.
     """
 
-    __slots__ = ("combine", "copy_k", "copy_out", "copy_q", "copy_v", "dummy", "launch", "main", "noop", "partial_numel",
-                 "scale", "scratch", "tiling")  # fmt: skip
+    __slots__ = ("combine", "copy_k", "copy_out", "copy_q", "copy_v", "dummy", "gluon", "launch", "main", "noop",
+                 "partial_numel", "scale", "scratch", "tiling")  # fmt: skip
 
     def __init__(self, call: PagedCall, out: torch.Tensor, lse: torch.Tensor | None, max_q_len, max_seq_len):
         q, k_cache, v_cache = call.q, call.k_cache, call.v_cache
@@ -1038,6 +1045,15 @@ class TritonPlan:
             self.combine = KernelLaunch((num_tokens * call.num_q_heads,), combine_constexprs, {}, cuda, combine_scalars)
         direct = self.combine is None and not (self.copy_q or self.copy_k or self.copy_v or self.copy_out)
         self.launch = self._launch_direct if direct else self._launch_general
+        # On sm_90 a plain prefill launch runs Hopper's kernel (kernels.gluon_prefill), the same algorithm and tiles.
+        self.gluon = None
+        if direct and gluon_prefill.applies(call, tiling, lse):
+            self.gluon = gluon_prefill.GluonPrefill(call, tiling)
+            self.launch = self._launch_gluon
+
+    def _launch_gluon(self, q, k_cache, v_cache, block_table, seq_lens, query_start_loc, out, *unread) -> None:
+        """launch through kernels.gluon_prefill (its applies() holds: no variant, no lse, no copy, no split)."""
+        self.gluon.launch(q, k_cache, v_cache, block_table, seq_lens, query_start_loc, out)
 
     def _launch_direct(self, q, k_cache, v_cache, block_table, seq_lens, query_start_loc, out, lse, sinks,
                        alibi_slopes, k_scale, v_scale) -> None:  # fmt: skip

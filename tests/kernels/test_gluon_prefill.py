@@ -1,0 +1,118 @@
+"""Hopper's prefill (kernels.gluon_prefill): the launches it takes pass the oracle and compute what the Triton
+kernel computes (the same tiles and roundings, so tlsim models both); the launches it cannot do stay with the
+Triton kernel. GPU tests (sm_90)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import triton
+
+import kernels
+from harness.cases.vocab import DEFAULT_TOLERANCES
+from harness.run.oracle import paged_attention_oracle
+from kernels import gluon_prefill
+from kernels.contract import prepare_call
+from kernels.launch_plan import clear_plans
+from kernels.tiling import tiling_for
+from tests.kernels.kernel_cases import KernelCase, assert_passes, assert_tlsim_close, needs_triton
+
+
+def _case(name: str, **fields) -> KernelCase:
+    base = dict(num_q_heads=8, num_kv_heads=2, head_dim=128, block_size=16, dtype="bfloat16")
+    return KernelCase(name, **{**base, **fields})
+
+
+CASES = [
+    _case("dense_2x256", seq_lens=(256, 256), q_lens=(256, 256)),
+    # chunks whose q_len and seq_len end mid-tile and mid-block (keys past seq_len in the last box)
+    _case("chunked_ragged", seq_lens=(1000, 333), q_lens=(300, 200)),
+    _case("varlen_with_an_empty_sequence", seq_lens=(700, 50, 400), q_lens=(300, 0, 140)),
+    _case("block256_tile_inside_a_block", block_size=256, seq_lens=(600, 300), q_lens=(300, 300)),
+    _case("block32_float16", block_size=32, dtype="float16", seq_lens=(513, 257), q_lens=(513, 257)),
+    _case("head_dim64_float16", head_dim=64, dtype="float16", seq_lens=(384, 200), q_lens=(256, 200)),
+    _case("mha", num_q_heads=4, num_kv_heads=4, seq_lens=(300, 260), q_lens=(300, 130)),
+    _case("mqa", num_q_heads=8, num_kv_heads=1, seq_lens=(257, 129), q_lens=(257, 129)),
+    _case("layout_contiguous", layout="contiguous", seq_lens=(384, 130), q_lens=(200, 130)),
+    _case("large_logits", input_scale=6.0, seq_lens=(300, 170), q_lens=(300, 170)),
+]
+
+
+def needs_hopper():
+    if not torch.cuda.is_available():
+        pytest.skip("needs a CUDA device")
+    needs_triton("cuda")
+    if torch.cuda.get_device_capability() != (9, 0) or not triton.__version__.startswith(gluon_prefill.GLUON_TRITON):
+        pytest.skip(f"Hopper's prefill runs on sm_90 under Triton {gluon_prefill.GLUON_TRITON}x only")
+
+
+@pytest.fixture
+def gluon_launches(monkeypatch):
+    """Counts GluonPrefill launches (plans made by earlier tests included)."""
+    launches = []
+    launch = gluon_prefill.GluonPrefill.launch
+    monkeypatch.setattr(gluon_prefill.GluonPrefill, "launch", lambda self, *a: (launches.append(1), launch(self, *a)))
+    return launches
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("case", CASES, ids=str)
+def test_hoppers_prefill_takes_the_launch_passes_the_oracle_and_computes_what_the_triton_kernel_does(
+    case, gluon_launches, monkeypatch
+):
+    needs_hopper()
+    inputs = case.inputs("cuda")
+    got = kernels.paged_attention_triton(*inputs.args(), out=inputs.new_out())
+    assert gluon_launches, "the launch ran the Triton kernel, not Hopper's prefill"
+    assert_passes(got, paged_attention_oracle(*inputs.args()), DEFAULT_TOLERANCES[case.dtype], case.name)
+    monkeypatch.setattr(gluon_prefill, "ENABLED", False)
+    clear_plans()
+    triton_kernel = kernels.paged_attention_triton(*inputs.args(), out=inputs.new_out())
+    clear_plans()
+    assert len(gluon_launches) == 1
+    # the same tiles and roundings: within an output ulp (only the tensor cores' summation order differs)
+    assert_tlsim_close(got, triton_kernel, got.dtype, ulps=1, what=f"{case.name}, against the Triton kernel")
+
+
+@pytest.mark.gpu
+def test_a_bad_block_id_turns_its_sequences_rows_into_nan_and_leaves_the_others(gluon_launches):
+    needs_hopper()
+    case = CASES[1]
+    inputs = case.inputs("cuda")
+    expected = paged_attention_oracle(*inputs.args())
+    table = inputs.block_table.clone()
+    table[0, 0] = inputs.k_cache.shape[0] + 5  # past the pool, in the column every row of sequence 0 reads
+    args = list(inputs.args())
+    args[3] = table
+    got = kernels.paged_attention_triton(*args, out=inputs.new_out(), check=False)
+    assert gluon_launches
+    first = case.q_lens[0]
+    assert got[:first].isnan().all()
+    assert_passes(got[first:], expected[first:], DEFAULT_TOLERANCES[case.dtype], "the other sequence")
+
+
+# Launches Hopper's prefill must leave to the Triton kernel: name -> (case, call keywords, lse)
+NOT_TAKEN = {
+    "sliding_window": (CASES[0], {"sliding_window": 64}, False),
+    "logit_softcap": (CASES[0], {"logit_softcap": 30.0}, False),
+    "lse": (CASES[0], {}, True),
+    "float32": (_case("f32", dtype="float32", seq_lens=(256,), q_lens=(256,)), {}, False),
+    "head_dim96": (_case("hd96", head_dim=96, seq_lens=(256,), q_lens=(256,)), {}, False),
+    "decode": (_case("decode", seq_lens=(256, 300), q_lens=(1, 1)), {}, False),
+    "mean_q_len_below_a_tile": (_case("mixed", seq_lens=(300, 40, 40), q_lens=(300, 1, 1)), {}, False),
+    "block_size8": (_case("bs8", block_size=8, seq_lens=(256,), q_lens=(256,)), {}, False),
+}
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("name", NOT_TAKEN)
+def test_a_launch_hoppers_prefill_cannot_do_stays_with_the_triton_kernel(name):
+    needs_hopper()
+    case, options, lse = NOT_TAKEN[name]
+    call = prepare_call(*case.inputs("cuda").args(), **options)
+    assert not gluon_prefill.applies(call, tiling_for(call), torch.empty(1) if lse else None)
+
+
+def test_the_cpu_never_takes_hoppers_prefill():
+    call = prepare_call(*CASES[0].inputs("cpu").args())
+    assert not gluon_prefill.applies(call, tiling_for(call), None)
