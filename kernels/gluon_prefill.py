@@ -10,9 +10,11 @@ to the tensor cores, which Triton's own compiler does not do for a paged tile on
   paged tile is fed by the copy engine like a contiguous one;
 * a producer warp issues those copies STAGES tiles ahead, behind mbarriers (warp
   specialization: ``gl.warp_specialize``);
-* two consumer warpgroups, each 64 of a program's 128 query rows, run ``warpgroup_mma``
-  (wgmma) and the softmax with no barrier between them; each issues tile j's Q K^T together
-  with tile j - 1's P V and runs tile j's softmax under the P V (FlashAttention-3's overlap).
+* the consumer warps run ``warpgroup_mma`` (wgmma) and the softmax, issuing tile j's Q K^T
+  together with tile j - 1's P V and running tile j's softmax under the P V (FlashAttention-3's
+  overlap). They are one partition of 8 warps for the program's 128 query rows; SPLIT makes them
+  two warpgroup partitions of 64 rows with no barrier between them, which ran dense and chunked
+  prefill 1.02-1.04x slower on an H100 (docs/performance.md, "Hopper's prefill").
 
 One program: 128 query tokens of one query head (the tiles packed over sequences as
 ``kernels.tiling.Tiling`` packs BLOCK_Q tiles, found by binary search). The last tile of a
