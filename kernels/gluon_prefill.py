@@ -35,6 +35,8 @@ import math
 import torch
 import triton
 
+from .contract import CALL_OPTIONS
+
 # Gluon's API moves between Triton releases; this module is written and measured against 3.6.
 GLUON_TRITON = "3.6."
 try:
@@ -61,22 +63,16 @@ ENABLED = True  # False: every launch runs kernels.triton_paged (for A/B runs: s
 def applies(call, tiling, lse) -> bool:
     """Whether a launch takes this path, from host-known facts only: an NVIDIA sm_90 GPU and Triton 3.6;
     a prefill launch (the tiling's class, a mean q_len of at least BLOCK_M, no KV split) over fp16 / bf16
-    q and cache with head_dim == head_dim_v in HEAD_DIMS; no attention variant, no lse; 128- or 64-key tiles
-    (tiling.TILE_N); block_size a power of two from 16; and strides a TMA descriptor can take: q's and each
-    pool's rows 16-byte aligned, each head's dims contiguous."""
+    q and cache with head_dim == head_dim_v in HEAD_DIMS; every call option off (no attention variant) and
+    no lse; 128- or 64-key tiles (tiling.TILE_N); block_size a power of two from 16; and strides a TMA
+    descriptor can take: q's and each pool's rows 16-byte aligned, each head's dims contiguous."""
     q, k, v = call.q, call.k_cache, call.v_cache
     if not (ENABLED and gluon is not None and triton.__version__.startswith(GLUON_TRITON) and q.is_cuda):
         return False
     if torch.version.hip or torch.cuda.get_device_capability(q.device) != (9, 0):
         return False
-    plain = (
-        call.sliding_window is None
-        and call.logit_softcap is None
-        and call.alibi_slopes is None
-        and call.sinks is None
-        and lse is None
-        and not call.kv_fp8
-    )
+    # every call option off (a new one stays with the Triton kernel until this kernel learns it), no lse
+    plain = all(getattr(call, name) is None for name in CALL_OPTIONS) and lse is None and not call.kv_fp8
     shapes = (
         tiling.TUNING_KEY[2] == "prefill"
         and tiling.NUM_SPLITS == 1
