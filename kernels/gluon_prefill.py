@@ -21,8 +21,10 @@ One program: 128 query tokens of one query head (the tiles packed over sequences
 sequence may hold keys past seq_len: their logits are masked, and V's rows there are zeroed
 in shared memory before P V (the pool may hold anything there, NaN included; a box wholly past
 seq_len copies the sequence's first box instead of reading the table past its end). A bad block
-id among the columns a program reads turns its rows into NaN and no tile is read (the
-contract's rule, as in the Triton kernel). Nothing on the host reads a tensor value.
+id among the columns a program reads turns all its rows into NaN and no tile is read: the
+contract's rule, at 128-token programs where the Triton kernel's are BLOCK_Q tokens, so rows
+that come before the bad key in a program that reaches it are NaN here and finite there. With
+the checks off, no length read from the tensors wraps an int32 bound or makes a wait hang. Nothing on the host reads a tensor value.
 
 :func:`applies` says which launches take this path; the rest run ``kernels.triton_paged``.
 Measured against that kernel and cuDNN in docs/performance.md ("Hopper's prefill").
@@ -57,7 +59,7 @@ BLOCK_M = 128  # query tokens a program: two consumer warpgroups of 64
 STAGES = 2  # K/V tiles in flight (a 128-key tile at head_dim 128: 64 KiB of shared memory a stage)
 SPLIT = False  # the 128 query rows as two warpgroup partitions (else one partition of 8 warps)
 HEAD_DIMS = (64, 128)
-ENABLED = True  # False: every launch runs kernels.triton_paged (for A/B runs: scripts/kernel_ab.py)
+ENABLED = True  # False: every launch runs kernels.triton_paged (then kernels.launch_plan.clear_plans(): plans keep their path)
 
 
 def applies(call, tiling, lse) -> bool:
@@ -91,10 +93,16 @@ def applies(call, tiling, lse) -> bool:
 
 
 def _tma_strides(q, k, v, call) -> bool:
-    """q as [num_tokens, q.stride(0)] rows and each pool as [num_blocks * block_size, slot stride] rows, a head's
-    head_dim elements contiguous inside a row, rows and bases 16-byte aligned (the copy engine's rule)."""
+    """q as [num_tokens, q.stride(0)] rows and each pool as [num_blocks * block_size, slot stride] rows, every
+    head's head_dim elements contiguous inside a row (a head-major q is not), rows and bases 16-byte aligned
+    (the copy engine's rule)."""
     size = q.element_size()
-    q_ok = q.stride(2) == 1 and q.stride(1) >= call.head_dim and q.stride(0) * size % 16 == 0
+    q_ok = (
+        q.stride(2) == 1
+        and q.stride(1) >= call.head_dim
+        and (call.num_q_heads - 1) * q.stride(1) + call.head_dim <= q.stride(0)
+        and q.stride(0) * size % 16 == 0
+    )
     pools_ok = all(
         p.stride(3) == 1
         and p.stride(0) == call.block_size * p.stride(1)
@@ -120,7 +128,8 @@ class GluonPrefill:
         self.box, self.head_dim = box, d
         num_q_tiles = (call.num_tokens + call.num_seqs * (BLOCK_M - 1)) // BLOCK_M
         self.grid = (num_q_tiles, call.num_q_heads)
-        self.scalars = (call.num_seqs, call.num_blocks, call.block_table.shape[1], call.scale * math.log2(math.e))
+        self.scalars = (call.num_tokens, call.num_seqs, call.num_blocks, call.block_table.shape[1],
+                        call.scale * math.log2(math.e))  # fmt: skip
         self.constexprs = dict(GROUP=call.group_size, D=d, BN=tiling.TILE_N, BLOCK_SIZE=call.block_size, BOX=box,
                                STAGES=STAGES, SPLIT=SPLIT, num_warps=4 if SPLIT else 8)  # fmt: skip
 
@@ -177,7 +186,7 @@ if gluon is not None:
         dims = gl.arange(0, D, layout=gl.SliceLayout(0, layout))
         offs = (o_row0 + rows).to(gl.int64)[:, None] * stride_o_token + head * stride_o_head + dims[None, :]
         nan = gl.full([BM, D], float("nan"), out_ptr.dtype.element_ty, layout=layout)
-        gl.store(out_ptr + offs, nan, mask=(rows < rows_left)[:, None])
+        gl.store(out_ptr + offs, nan, mask=((rows < rows_left) & (o_row0 + rows >= 0))[:, None])
 
     @gluon.jit
     def _producer(k_desc, v_desc, k_smem, v_smem, k_ready, v_ready, k_free, v_free, bt_row, seq_len, k_col, v_col,
@@ -280,7 +289,7 @@ if gluon is not None:
         rows = gl.arange(0, ROWS, layout=gl.SliceLayout(1, o_layout))
         dims = gl.arange(0, D, layout=gl.SliceLayout(0, o_layout))
         offs = (o_row0 + rows).to(gl.int64)[:, None] * stride_o_token + head * stride_o_head + dims[None, :]
-        gl.store(out_ptr + offs, acc.to(dtype), mask=(rows < rows_left)[:, None])
+        gl.store(out_ptr + offs, acc.to(dtype), mask=((rows < rows_left) & (o_row0 + rows >= 0))[:, None])
 
     @gluon.jit
     def prefill_kernel(
@@ -292,7 +301,7 @@ if gluon is not None:
         seq_lens_ptr,  # [num_seqs] int32
         query_start_loc_ptr,  # [num_seqs + 1] int32
         stride_q_head, stride_k_head, stride_v_head, stride_o_token, stride_o_head, stride_bt_seq,
-        num_seqs, num_blocks, max_blocks_per_seq, qk_scale,  # qk_scale: softmax scale * log2(e)
+        num_tokens, num_seqs, num_blocks, max_blocks_per_seq, qk_scale,  # qk_scale: softmax scale * log2(e)
         GROUP: gl.constexpr,  # query heads a KV head
         D: gl.constexpr,  # head_dim (64 or 128)
         BN: gl.constexpr,  # keys a tile (kernels.tiling's TILE_N)
@@ -312,14 +321,20 @@ if gluon is not None:
             return
         seq_len = gl.load(seq_lens_ptr + seq)
         q_pos0 = seq_len - q_len + q_tile * BM
-        kv_end = gl.maximum(gl.minimum(seq_len, q_pos0 + BM), 1)
-        n_tiles = gl.cdiv(kv_end, BN)
+        # kernels.triton_paged's bounds, spelled so that garbage lengths (checks off) cannot wrap int32: the keys
+        # the program's rows see end at kv_end; its tiles read whole tiles of them, up to seq_len (walked)
+        kv_end = seq_len - q_len + gl.minimum(q_len, (q_tile + 1) * BM)
+        span = gl.maximum(kv_end, 0)
+        n_tiles = span // BN + (span % BN > 0).to(gl.int32)
+        room = gl.maximum(seq_len, 0)
+        walked = gl.where(n_tiles <= room // BN, gl.minimum(n_tiles, room // BN) * BN, room)
+        # columns past the table are bad: counting one of them is enough
+        end_col = gl.minimum(gl.where(walked > 0, (walked - 1) // BLOCK_SIZE + 1, 0), max_blocks_per_seq + 1)
         bt_row = block_table_ptr + seq * stride_bt_seq
-        # The keys the tiles read, whole tiles up to seq_len, summed so that a garbage seq_len cannot wrap int32
-        walked = kv_end + gl.minimum(gl.maximum(seq_len - kv_end, 0), (BN - kv_end % BN) % BN)
         o_row0 = q_start + q_tile * BM
-        rows_left = q_len - q_tile * BM
-        if _count_bad_blocks(bt_row, gl.cdiv(walked, BLOCK_SIZE), num_blocks, max_blocks_per_seq, num_warps) > 0:
+        rows_left = gl.minimum(q_len - q_tile * BM, num_tokens - o_row0)  # none past num_tokens (a bad table)
+        bad = _count_bad_blocks(bt_row, end_col, num_blocks, max_blocks_per_seq, num_warps)
+        if (bad > 0) | (n_tiles < 1):  # a bad block id, or no key to see (q_len > seq_len, checks off): NaN rows
             _store_nan_rows(out_ptr, o_row0, rows_left, head, stride_o_token, stride_o_head, BM, D, num_warps)
             return
         kv_head = head // GROUP

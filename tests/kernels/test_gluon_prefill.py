@@ -35,6 +35,14 @@ CASES = [
     _case("mqa", num_q_heads=8, num_kv_heads=1, seq_lens=(257, 129), q_lens=(257, 129)),
     _case("layout_contiguous", layout="contiguous", seq_lens=(384, 130), q_lens=(200, 130)),
     _case("large_logits", input_scale=6.0, seq_lens=(300, 170), q_lens=(300, 170)),
+    # a sequence shorter than a tile (its first tile is its last), beside a long one
+    _case("a_sequence_shorter_than_a_tile", seq_lens=(300, 50), q_lens=(300, 50)),
+    _case("block64_two_boxes_a_tile", block_size=64, seq_lens=(500, 260), q_lens=(500, 131)),
+    _case(
+        "eight_sequences",
+        seq_lens=(130, 257, 1000, 64, 300, 129, 512, 700),
+        q_lens=(130, 257, 200, 64, 300, 129, 512, 100),
+    ),
 ]
 
 
@@ -75,20 +83,34 @@ def test_hoppers_prefill_takes_the_launch_passes_the_oracle_and_computes_what_th
 
 
 @pytest.mark.gpu
-def test_a_bad_block_id_turns_its_sequences_rows_into_nan_and_leaves_the_others(gluon_launches):
+@pytest.mark.parametrize("column", [0, 50])
+def test_a_bad_block_id_turns_the_rows_that_see_it_into_nan_and_leaves_the_other_sequence(column, gluon_launches):
     needs_hopper()
-    case = CASES[1]
+    case = CASES[1]  # sequence 0: 300 queries at positions 700..999, blocks of 16
     inputs = case.inputs("cuda")
     expected = paged_attention_oracle(*inputs.args())
     table = inputs.block_table.clone()
-    table[0, 0] = inputs.k_cache.shape[0] + 5  # past the pool, in the column every row of sequence 0 reads
+    table[0, column] = inputs.k_cache.shape[0] + 5  # past the pool: keys 16 * column.. of sequence 0
     args = list(inputs.args())
     args[3] = table
     got = kernels.paged_attention_triton(*args, out=inputs.new_out(), check=False)
     assert gluon_launches
-    first = case.q_lens[0]
-    assert got[:first].isnan().all()
-    assert_passes(got[first:], expected[first:], DEFAULT_TOLERANCES[case.dtype], "the other sequence")
+    first_seeing = max(16 * column - 700, 0)  # the first of sequence 0's rows whose keys reach the bad block
+    assert got[first_seeing : case.q_lens[0]].isnan().all()
+    rest = case.q_lens[0]
+    assert_passes(got[rest:], expected[rest:], DEFAULT_TOLERANCES[case.dtype], "the other sequence")
+
+
+@pytest.mark.gpu
+def test_a_head_major_q_stays_with_the_triton_kernel_and_passes():
+    needs_hopper()
+    inputs = CASES[0].inputs("cuda")
+    q = inputs.q.transpose(0, 1).contiguous().transpose(0, 1)  # the same values, each head's tokens contiguous
+    args = (q, *inputs.args()[1:])
+    call = prepare_call(*args)
+    assert not gluon_prefill.applies(call, tiling_for(call), None)
+    got = kernels.paged_attention_triton(*args, out=inputs.new_out())
+    assert_passes(got, paged_attention_oracle(*inputs.args()), DEFAULT_TOLERANCES[CASES[0].dtype], "head-major q")
 
 
 # Launches Hopper's prefill must leave to the Triton kernel: name -> (case, call keywords, lse)
