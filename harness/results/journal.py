@@ -91,13 +91,6 @@ _KINDS = (("case", Row, "row"), ("backend", Row, "row"), ("meta", Meta, "meta"),
           ("stopped_by", Stopped, "stopped"))  # fmt: skip
 
 
-def _invalid(path: Path, number: int, error: ValidationError) -> JournalError:
-    """The first problem of a line, as 'file: line N: field F: what is wrong'."""
-    first = error.errors()[0]
-    field = field_path(first["loc"]) or "(the line)"
-    return JournalError(f"{path}: line {number}: field {field!r}: {first['msg']} (got {first.get('input')!r:.80})")
-
-
 def _check(path: Path, number: int, record) -> str:
     """Validate one journal line; its kind ('header' on line 1, else 'row', 'meta', 'resumed', 'stopped')."""
     if number == 1:
@@ -110,8 +103,11 @@ def _check(path: Path, number: int, record) -> str:
         model, kind = found
     try:
         model.model_validate(record)
-    except ValidationError as error:
-        raise _invalid(path, number, error) from None
+    except ValidationError as error:  # the first problem: 'file: line N: field F: what is wrong'
+        first = error.errors()[0]
+        field = field_path(first["loc"]) or "(the line)"
+        problem = f"{first['msg']} (got {first.get('input')!r:.80})"
+        raise JournalError(f"{path}: line {number}: field {field!r}: {problem}") from None
     return kind
 
 

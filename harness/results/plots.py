@@ -111,17 +111,14 @@ def error_vs_tolerance(frame: pd.DataFrame) -> str | None:
 
 def scaling_fit(frame: pd.DataFrame, fits: pd.DataFrame | None) -> str | None:
     """Latency against the work that drives it, per backend, with the fitted line fixed_us + per_unit_us * x:
-    one log-log panel per (phase, x); a backend whose line was not kept shows its points only."""
+    one log-log panel per (phase, x) of ``fits`` (:func:`harness.timing.scaling.fit_scaling`); a backend
+    whose line was not kept shows its points only."""
     if fits is None or fits.empty:
         return None
     timed = _timed(frame)
     if timed.empty:
         return None
     timed = timed.assign(_phase=phase_of(timed))
-    phases = fits["phase"] if "phase" in fits else pd.Series("all", index=fits.index)
-    fits = fits.assign(phase=phases)
-    if "fitted" not in fits:
-        fits = fits.assign(fitted=True)
     work = fits[fits["x"].isin(["bytes_moved", "flops"])]
     panels = list(dict.fromkeys(zip(work["phase"], work["x"], strict=True))) or list(
         dict.fromkeys(zip(fits["phase"], fits["x"], strict=True))

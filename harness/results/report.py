@@ -107,7 +107,7 @@ def scaling_fits(frame: pd.DataFrame) -> pd.DataFrame | None:
         fits = fit_scaling(frame)
     except Exception:  # the page must render even if a fit cannot be made from these rows
         return None
-    return fits if fits is not None and not fits.empty else None
+    return None if fits.empty else fits
 
 
 def _details(row: dict) -> list[tuple[str, str]]:

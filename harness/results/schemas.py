@@ -11,6 +11,7 @@ import pandas as pd
 from pydantic import BaseModel, ConfigDict, ValidationError
 
 from harness.cases.vocab import STATUSES, field_path
+from harness.results.columns import TABLE
 
 
 class SchemaError(ValueError):
@@ -109,27 +110,13 @@ def check_meta(meta: Any, file: Path | str) -> dict:
 
 TEXT, NUMBER, SCALAR, SAMPLES, FLAG = "text", "number", "text or number", "list of numbers", "bool"
 
-_TEXT_COLUMNS = (
-    "case", "backend", "device", "dtype", "status", "reason", "layout", "tags", "case_file", "backend_kind",
-    "note", "timing_method", "kernels_ran", "grading_note", "worst_location", "kv_dtype", "host", "gpu_name",
-)  # fmt: skip
-_NUMBER_COLUMNS = (
-    "num_q_heads", "num_kv_heads", "head_dim", "block_size", "num_seqs", "max_seq_len", "max_abs_err",
-    "max_rel_err", "rel_l2_err", "nan_count", "atol", "rtol", "latency_us", "bytes_moved", "gbps",
-    "pct_of_ceiling", "tol_ratio", "group_size", "num_tokens", "max_q_len", "total_kv_tokens", "input_scale",
-    "seed", "latency_p10_us", "latency_p90_us", "timing_reps", "call_us", "plan_us", "call_p10_us", "call_p90_us",
-    "host_overhead_us", "host_us", "graph_capturable", "device_syncs", "timing_threads", "flops", "tflops",
-    "pct_of_peak", "error_bound", "fail_count", "lse_max_abs_err", "lse_tol_ratio", "quant_error", "head_dim_v",
-)  # fmt: skip
-# The kind of every column harness.run.runner.COLUMNS declares (tests check the two lists agree).
+# The kind of every column of harness.results.columns.TABLE, by its dtype; a few columns hold wider values.
+_KIND_OF_DTYPE = {"str": TEXT, "int": NUMBER, "float": NUMBER, "bool": FLAG, "list": SAMPLES}
 COLUMN_KINDS: dict[str, str] = {
-    **dict.fromkeys(_TEXT_COLUMNS, TEXT),
-    **dict.fromkeys(_NUMBER_COLUMNS, NUMBER),
+    **{column.name: _KIND_OF_DTYPE[column.dtype] for column in TABLE},
     "gpu_index": SCALAR,  # a GPU's index as CUDA_VISIBLE_DEVICES names it, or its number
     "worker": SCALAR,
-    "latency_samples_us": SAMPLES,
-    "call_samples_us": SAMPLES,
-    "oracle_cached": FLAG,
+    "graph_capturable": NUMBER,
 }
 REQUIRED = ("case", "backend", "status")  # what compare, history and the report read, at least; never empty
 

@@ -5,22 +5,17 @@ from __future__ import annotations
 from harness.cases.spec import Case
 
 
-def _first_key_seen(seq_len: int, q_len: int, window: int | None) -> int:
-    """Position of the earliest key any of a sequence's queries sees: 0, or with a window W
-    the first query's (at seq_len - q_len) oldest key, seq_len - q_len - W + 1."""
-    return 0 if window is None else max(0, seq_len - q_len - window + 1)
-
-
 def kv_tokens_read(case: Case) -> int:
-    """Distinct KV positions (per KV head) the call must read: per sequence with queries, seq_len -
-    :func:`_first_key_seen`; a "shared_prefix" layout's prefix counts once."""
+    """Distinct KV positions (per KV head) the call must read: per sequence with queries, seq_len minus the
+    earliest key any of its queries sees (0, or with a window W the first query's oldest key,
+    seq_len - q_len - W + 1); a "shared_prefix" layout's prefix counts once."""
     window = case.sliding_window
     prefix = case.prefix_blocks * case.block_size
     own, prefix_start = 0, prefix
     for n, q in zip(case.seq_lens, case.q_lens, strict=True):
         if q == 0:
             continue
-        first = _first_key_seen(n, q, window)
+        first = 0 if window is None else max(0, n - q - window + 1)
         own += n - max(first, prefix)
         prefix_start = min(prefix_start, first)
     return own + (prefix - prefix_start)

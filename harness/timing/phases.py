@@ -36,10 +36,7 @@ def absorb(spent: dict[str, float]) -> None:
 
 def add_phases(total: dict[str, float], more: dict[str, float]) -> dict[str, float]:
     """``total`` with ``more``'s seconds added name by name (a new dict; either may be empty; unrounded)."""
-    summed = dict(total)
-    for name, seconds in more.items():
-        summed[name] = summed.get(name, 0.0) + seconds
-    return summed
+    return {**total, **{name: total.get(name, 0.0) + seconds for name, seconds in more.items()}}
 
 
 def rounded(spent: dict[str, float]) -> dict[str, float]:
