@@ -145,9 +145,8 @@ def main(argv: list[str] | None = None) -> int:
         tests = _runner_tests(rest)
         print(f"coverage pass: {' '.join(tests)}", flush=True)
         reached = reached_lines(tests)
-        verdicts = [is_reached(m, reached) for m in mutants]
-        unreached = [m for m, ran in zip(mutants, verdicts, strict=True) if not ran]
-        mutants = [m for m, ran in zip(mutants, verdicts, strict=True) if ran]
+        unreached = [m for m in mutants if not is_reached(m, reached)]
+        mutants = [m for m in mutants if is_reached(m, reached)]
     out.write_text(
         "".join("[[mutant]]\n" + "".join(f"{k} = {json.dumps(v)}\n" for k, v in m.items()) + "\n" for m in mutants)
     )

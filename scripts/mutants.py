@@ -28,6 +28,7 @@ import tempfile
 import time
 import tomllib
 import warnings
+from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -87,8 +88,7 @@ class Run:
 
 def load_catalogue(path: Path = CATALOGUE) -> list[Mutant]:
     mutants = [Mutant(**entry) for entry in tomllib.loads(path.read_text())["mutant"]]
-    ids = [m.id for m in mutants]
-    if duplicates := sorted({i for i in ids if ids.count(i) > 1}):
+    if duplicates := sorted(i for i, n in Counter(m.id for m in mutants).items() if n > 1):
         raise SystemExit(f"mutants.py: duplicate ids in {path}: {duplicates}")
     return mutants
 
@@ -162,11 +162,8 @@ def run_pytest(tree: Path, args: list[str], timeout: float, modules: Path | None
         child.kill()
         child.join()
     wall = time.perf_counter() - start
-    failed = []
-    for line in report.read_text().splitlines() if report.exists() else []:
-        phase = json.loads(line)
-        if phase["outcome"] == "failed" and phase["test"] not in failed:
-            failed.append(phase["test"])
+    phases = [json.loads(line) for line in report.read_text().splitlines()] if report.exists() else []
+    failed = list(dict.fromkeys(phase["test"] for phase in phases if phase["outcome"] == "failed"))
     output = log.read_text(errors="replace").strip() if log.exists() else ""
     tail = output.splitlines()[-1] if output else ""
     return Run(None if timed_out else child.exitcode, failed, tail, wall)

@@ -75,15 +75,13 @@ def time_case(case: Case, configs: list[TileConfig], device: str, target_s: floa
     for config in configs:
         with override(config):
             tiling = tiling_of(case)
-        # the same launch as an earlier candidate's (64 tokens of a group of 4 fill 128 rows as 32 do)
-        if tiling in timed:
-            if timed[tiling] in results:
-                results[config] = results[timed[tiling]]
-            continue
-        timed[tiling] = config
-        out = inputs.new_out()
-        with override(config):
-            prepared = backend.prepare(case, inputs, out)
+            # the same launch as an earlier candidate's (64 tokens of a group of 4 fill 128 rows as 32 do)
+            if tiling in timed:
+                if timed[tiling] in results:
+                    results[config] = results[timed[tiling]]
+                continue
+            timed[tiling] = config
+            prepared = backend.prepare(case, inputs, inputs.new_out())
             try:
                 got = prepared.to_packed(prepared.run()).float()
                 timing = time_call(prepared.run, device, target_s=target_s)
@@ -146,9 +144,9 @@ def main(argv: list[str] | None = None) -> int:
         complete = {c: r for c, r in ratios.items() if len(r) == len(key_cases)}
         if not complete:
             continue
-        winner = min(complete, key=lambda c: math.prod(complete[c]) ** (1 / len(complete[c])))
-        gain = math.prod(complete[winner]) ** (1 / len(complete[winner]))
-        table.append((key, winner, gain, len(key_cases)))
+        gains = {c: math.prod(r) ** (1 / len(r)) for c, r in complete.items()}  # the geometric mean
+        winner = min(gains, key=gains.get)
+        table.append((key, winner, gains[winner], len(key_cases)))
     print("\n# kernels/tuning.py TUNED (geometric-mean time against the default over the key's cases)")
     for key, winner, gain, n in table:
         print(f"    {key!r}: {winner!r},  # {gain:.3f}x the default over {n} case(s)")

@@ -10,6 +10,7 @@ Both beside ``--spinners`` busy processes, the builds as temporary git worktrees
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import re
@@ -52,6 +53,18 @@ def harness(args: list[str], cwd: Path, log: Path) -> tuple[int, str, float]:
     return done.returncode, done.stdout, time.monotonic() - start
 
 
+@contextlib.contextmanager
+def worktree(tree: Path, *branch: str):
+    """A git worktree of HEAD at ``tree`` inside the block (``branch``: "-b", NAME for a new branch), removed after."""
+    git("worktree", "add", *(branch or ["--detach"]), str(tree), git("rev-parse", "HEAD"))
+    try:
+        yield tree
+    finally:
+        subprocess.run(["git", "worktree", "remove", "--force", str(tree)], cwd=ROOT, capture_output=True)
+        if branch:
+            subprocess.run(["git", "branch", "-D", branch[1]], cwd=ROOT, capture_output=True)
+
+
 def flagged(stdout: str) -> dict[str, list[tuple[str, str]]]:
     """compare's table: what (WORSE, UNCONFIRMED, better, ?) -> [(backend, case)]."""
     out: dict[str, list[tuple[str, str]]] = {}
@@ -83,12 +96,8 @@ def compare(base: Path, new: Path, log: Path, confirm_time: float) -> dict:
 
 def planted(work: Path, args: argparse.Namespace) -> dict:
     """HEAD against HEAD + a commit planting 25% in reference_slowable, on 3 cases x 3 backends."""
-    head = git("rev-parse", "HEAD")
-    base_tree, new_tree = work / "tree-base", work / "tree-new"
-    git("worktree", "add", "--detach", str(base_tree), head)
     branch = f"compare-targets-planted-{os.getpid()}"  # compare re-times only commits a local branch or HEAD reaches
-    git("worktree", "add", "-b", branch, str(new_tree), head)
-    try:
+    with worktree(work / "tree-base") as base_tree, worktree(work / "tree-new", "-b", branch) as new_tree:
         plugin = new_tree / "scripts" / "self" / "slowdown_plugin.py"
         plugin.write_text(re.sub(r"^PLANTED = 0\.0", "PLANTED = 0.25", plugin.read_text(), count=1, flags=re.M))
         git("-c", "user.name=compare_targets", "-c", "user.email=none@localhost", "commit", "-qam",
@@ -104,24 +113,16 @@ def planted(work: Path, args: argparse.Namespace) -> dict:
         return {"run_seconds": {k: round(v) for k, v in seconds.items()}, **result,
                 "slowed_flagged": f"{len(hits)} of 3", "others_flagged": others,
                 "target_met": len(hits) == 3 and not others and result["seconds"] <= 600}  # fmt: skip
-    finally:
-        for tree in (base_tree, new_tree):
-            subprocess.run(["git", "worktree", "remove", "--force", str(tree)], cwd=ROOT, capture_output=True)
-        subprocess.run(["git", "branch", "-D", branch], cwd=ROOT, capture_output=True)
 
 
 def reruns(work: Path, args: argparse.Namespace) -> dict:
     """Three smoke runs of HEAD, compared pairwise: every WORSE row is a false alarm."""
-    tree = work / "tree"
-    git("worktree", "add", "--detach", str(tree), git("rev-parse", "HEAD"))
-    try:
+    with worktree(work / "tree") as tree:
         seconds = {n: round(run_in(tree, ["smoke"], work / n, work / "log.txt", [])) for n in "ABC"}
         pairs = {f"{a}-{b}": compare(work / a, work / b, work / "log.txt", args.confirm_time)
                  for a, b in (("A", "B"), ("A", "C"), ("B", "C"))}  # fmt: skip
         false = sum(len(p["worse"]) for p in pairs.values())
         return {"run_seconds": seconds, **pairs, "false_slower": false, "target_met": false == 0}
-    finally:
-        subprocess.run(["git", "worktree", "remove", "--force", str(tree)], cwd=ROOT, capture_output=True)
 
 
 def main() -> int:

@@ -151,8 +151,7 @@ def main() -> int:
     args.out.mkdir(parents=True, exist_ok=True)
     stamp = time.strftime("%H%M%S")
     if args.reuse:
-        runs = dict(zip("ABC", args.reuse, strict=True))
-        return report(args, runs, {})
+        return report(args, dict(zip("ABC", args.reuse, strict=True)), {})
     runs = {name: args.out / f"{stamp}-{name}" for name in ("A", "B", "C")}
     seconds = {}
     for name, slowdown in (("A", 0.0), ("B", 0.0), ("C", args.slowdown)):

@@ -61,11 +61,6 @@ def table_rows(runs: list[tuple[Path, float]]) -> list[dict]:
     return rows
 
 
-def format_table(rows: list[dict]) -> str:
-    """A Markdown table of :func:`table_rows`."""
-    return to_markdown(pd.DataFrame(rows, columns=COLUMNS))
-
-
 def format_phases(runs: list[tuple[Path, float]]) -> str:
     """A Markdown table of each run's busy seconds by phase (meta.json ``scale.phase_s``); '' without."""
     scales = [_scale(run_dir) or {} for run_dir, _ in runs]
@@ -88,7 +83,7 @@ def main(argv: list[str]) -> int:
         print(__doc__.split("\n\n")[1].strip(), file=sys.stderr)
         return 2
     runs = [(Path(argv[i]), float(argv[i + 1])) for i in range(0, len(argv), 2)]
-    print(format_table(table_rows(runs)))
+    print(to_markdown(pd.DataFrame(table_rows(runs), columns=COLUMNS)))
     if phases := format_phases(runs):
         print("\nwhere the cases' busy time went (summed over workers):\n")
         print(phases)

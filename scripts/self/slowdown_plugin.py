@@ -26,16 +26,6 @@ SLOWED = set(os.environ.get("HARNESS_SLOWED", "reference_slowable").split(","))
 MODE = os.environ.get("HARNESS_SLOWDOWN_MODE", "spin")
 
 
-def _host_wait(start: float, elapsed: float) -> None:
-    """Wait SLOWDOWN x elapsed after a call that started at ``start`` and took ``elapsed`` seconds."""
-    if MODE == "sleep":
-        time.sleep(SLOWDOWN * elapsed)
-        return
-    until = start + (1 + SLOWDOWN) * elapsed
-    while time.perf_counter() < until:
-        pass
-
-
 def reference_slowable(q, k_cache, v_cache, block_table, seq_lens, query_start_loc=None, scale=None, out=None):
     args = (q, k_cache, v_cache, block_table, seq_lens, query_start_loc, scale)
     call = functools.partial(kernels.paged_attention_reference, *args, out=out)
@@ -60,10 +50,17 @@ def _device_slowed(fn, device: torch.device):
 
 
 def _host_slowed(fn):
+    """``fn`` followed by a host wait (a busy-wait, or a sleep) of SLOWDOWN x its time."""
+
     def slowed():
         start = time.perf_counter()
         result = fn()
-        _host_wait(start, time.perf_counter() - start)
+        elapsed = time.perf_counter() - start
+        if MODE == "sleep":
+            time.sleep(SLOWDOWN * elapsed)
+        else:
+            while time.perf_counter() < start + (1 + SLOWDOWN) * elapsed:
+                pass
         return result
 
     return slowed
