@@ -95,9 +95,9 @@ def ceilings_of(meta: dict) -> dict[str, float]:
     for key in ("read_gbps", "copy_gbps"):
         if isinstance(new.get(key), int | float):
             out[key.replace("_gbps", "")] = float(new[key])
-    for key, value in (meta.get("ceilings_gbps") or {}).items():
-        if isinstance(value, int | float) and not out:
-            out[key] = float(value)
+    if not out:  # a run folder written before ``ceilings``: every limit of the old key
+        old = meta.get("ceilings_gbps") or {}
+        out = {key: float(value) for key, value in old.items() if isinstance(value, int | float)}
     return out
 
 

@@ -10,7 +10,7 @@ import pytest
 
 from harness.cli.main import main
 from harness.cli.terminal import summarize
-from harness.results.report import plots, render_html, sig
+from harness.results.report import ceilings_of, plots, render_html, sig
 from tests.harness import review_frames as rf
 from tests.harness.plot_text import drawn_texts, page_plots
 
@@ -83,6 +83,19 @@ def test_close_bandwidth_ceilings_are_labelled_a_line_apart(drawn_plots, plot_te
     heights = sorted((t.y, t.size) for t in labels.values())
     for (y_above, size), (y_below, _) in itertools.pairwise(heights):
         assert y_below - y_above >= size, f"labels overlap: {labels}"
+
+
+@pytest.mark.parametrize(
+    ("meta", "expected"),
+    [
+        ({"ceilings": {"read_gbps": 1.0, "copy_gbps": 2.0}}, {"read": 1.0, "copy": 2.0}),
+        ({"ceilings_gbps": {"read_gbps": 1.0, "copy_gbps": 2.0}}, {"read_gbps": 1.0, "copy_gbps": 2.0}),
+        ({"ceilings": {"read_gbps": 1.0}, "ceilings_gbps": {"cpu_copy": 3.0}}, {"read": 1.0}),
+    ],
+    ids=["new_key", "every_limit_of_the_old_key", "the_new_key_wins"],
+)
+def test_the_ceilings_drawn_are_those_meta_json_holds(meta, expected):
+    assert ceilings_of(meta) == expected
 
 
 def test_gbps_on_cpu_rows_keeps_significant_digits():
