@@ -358,3 +358,17 @@ def test_kernel_targets_score_fp8_against_its_twin_and_mla_in_tflops():
     assert ("read", "mla") not in table.index, "MLA is compute-bound: scored in TFLOP/s, not by its read"
     assert ("mla", "twin") not in table.index and ("fp8", "twin") not in table.index
     assert ("mla", "mla_small_test_case") not in table.index and ("mla", "mla_fp32") not in table.index
+
+
+def test_kernel_targets_worst_mla_case_is_its_slowest(monkeypatch, capsys):
+    """MLA is scored in TFLOP/s, higher is better: its summary's worst case is the lowest."""
+    import scripts.kernel_targets as kernel_targets
+
+    mla = {"num_q_heads": 128, "num_kv_heads": 1, "head_dim": 576, "head_dim_v": 512, "num_seqs": 32,
+           "max_seq_len": 4096, "total_kv_tokens": 131072, "num_tokens": 32, "block_size": 64, "dtype": "bfloat16",
+           "max_q_len": 1, "status": "pass", "backend": "triton", "backend_kind": "kernel", "kv_dtype": "",
+           "bytes_moved": 2**30, "flops": 10**11, "latency_us": 500.0, "call_us": float("nan")}  # fmt: skip
+    frame = pd.DataFrame([{**mla, "case": "slow", "tflops": 150.0}, {**mla, "case": "fast", "tflops": 250.0}])
+    monkeypatch.setattr(kernel_targets, "load_run", lambda run_dir: (frame, {}))
+    assert kernel_targets.main(["run"]) == 0
+    assert "## mla: met on 1 of 2 cases (worst 150 TFLOP/s)" in capsys.readouterr().out
