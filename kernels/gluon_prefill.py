@@ -24,7 +24,8 @@ seq_len copies the sequence's first box instead of reading the table past its en
 id among the columns a program reads turns all its rows into NaN and no tile is read: the
 contract's rule, at 128-token programs where the Triton kernel's are BLOCK_Q tokens, so rows
 that come before the bad key in a program that reaches it are NaN here and finite there. With
-the checks off, no length read from the tensors wraps an int32 bound or makes a wait hang. Nothing on the host reads a tensor value.
+the checks off, no length read from the tensors wraps an int32 bound or makes a wait hang.
+Nothing on the host reads a tensor value.
 
 :func:`applies` says which launches take this path; the rest run ``kernels.triton_paged``.
 Measured against that kernel and cuDNN in docs/performance.md ("Hopper's prefill").
@@ -55,11 +56,12 @@ try:
 except ImportError:  # a Triton without Gluon: applies() is False and nothing below is compiled
     gluon = None
 
-BLOCK_M = 128  # query tokens a program: two consumer warpgroups of 64
+BLOCK_M = 128  # query tokens a program: two warpgroups' 64 rows each
 STAGES = 2  # K/V tiles in flight (a 128-key tile at head_dim 128: 64 KiB of shared memory a stage)
 SPLIT = False  # the 128 query rows as two warpgroup partitions (else one partition of 8 warps)
 HEAD_DIMS = (64, 128)
-ENABLED = True  # False: every launch runs kernels.triton_paged (then kernels.launch_plan.clear_plans(): plans keep their path)
+# False: every launch runs kernels.triton_paged (call kernels.launch_plan.clear_plans() after: a plan keeps its path)
+ENABLED = True
 
 
 def applies(call, tiling, lse) -> bool:
