@@ -71,9 +71,7 @@ def applies(call, tiling, lse) -> bool:
     no lse; 128- or 64-key tiles (tiling.TILE_N); block_size a power of two from 16; and strides a TMA
     descriptor can take: q's and each pool's rows 16-byte aligned, each head's dims contiguous."""
     q, k, v = call.q, call.k_cache, call.v_cache
-    if not (ENABLED and gluon is not None and triton.__version__.startswith(GLUON_TRITON) and q.is_cuda):
-        return False
-    if torch.version.hip or torch.cuda.get_device_capability(q.device) != (9, 0):
+    if not (ENABLED and gluon is not None and on_hopper(q.device)):
         return False
     # every call option off (a new one stays with the Triton kernel until this kernel learns it), no lse
     plain = all(getattr(call, name) is None for name in CALL_OPTIONS) and lse is None and not call.kv_fp8
@@ -92,6 +90,13 @@ def applies(call, tiling, lse) -> bool:
         and call.num_blocks * call.block_size < 2**31
     )
     return plain and shapes and _tma_strides(q, k, v, call)
+
+
+def on_hopper(device: torch.device) -> bool:
+    """An NVIDIA sm_90 GPU, and the Triton release this module is written for."""
+    if device.type != "cuda" or torch.version.hip or not triton.__version__.startswith(GLUON_TRITON):
+        return False
+    return torch.cuda.get_device_capability(device) == (9, 0)
 
 
 def _tma_strides(q, k, v, call) -> bool:

@@ -114,25 +114,47 @@ def test_a_head_major_q_stays_with_the_triton_kernel_and_passes():
 
 
 # Launches Hopper's prefill must leave to the Triton kernel: name -> (case, call keywords, lse)
+# Launches Hopper's prefill must leave to the Triton kernel: name -> (case, call keywords, lse, q's change)
 NOT_TAKEN = {
-    "sliding_window": (CASES[0], {"sliding_window": 64}, False),
-    "logit_softcap": (CASES[0], {"logit_softcap": 30.0}, False),
-    "lse": (CASES[0], {}, True),
-    "float32": (_case("f32", dtype="float32", seq_lens=(256,), q_lens=(256,)), {}, False),
-    "head_dim96": (_case("hd96", head_dim=96, seq_lens=(256,), q_lens=(256,)), {}, False),
-    "decode": (_case("decode", seq_lens=(256, 300), q_lens=(1, 1)), {}, False),
-    "mean_q_len_below_a_tile": (_case("mixed", seq_lens=(300, 40, 40), q_lens=(300, 1, 1)), {}, False),
-    "block_size8": (_case("bs8", block_size=8, seq_lens=(256,), q_lens=(256,)), {}, False),
+    "sliding_window": (CASES[0], {"sliding_window": 64}, False, None),
+    "logit_softcap": (CASES[0], {"logit_softcap": 30.0}, False, None),
+    "lse": (CASES[0], {}, True, None),
+    "float32": (_case("f32", dtype="float32", seq_lens=(256,), q_lens=(256,)), {}, False, None),
+    "head_dim96": (_case("hd96", head_dim=96, seq_lens=(256,), q_lens=(256,)), {}, False, None),
+    "decode": (_case("decode", seq_lens=(256, 300), q_lens=(1, 1)), {}, False, None),
+    "mean_q_len_below_a_tile": (_case("mixed", seq_lens=(300, 40, 40), q_lens=(300, 1, 1)), {}, False, None),
+    "block_size8": (_case("bs8", block_size=8, seq_lens=(256,), q_lens=(256,)), {}, False, None),
+    "head_major_q": (CASES[0], {}, False, lambda q: q.transpose(0, 1).contiguous().transpose(0, 1)),
+    "q_base_off_16_bytes": (
+        CASES[0],
+        {},
+        False,
+        lambda q: torch.cat([q.new_zeros(1), q.reshape(-1)])[1:].view(q.shape),
+    ),
 }
 
 
-@pytest.mark.gpu
+@pytest.fixture
+def as_if_on_hopper(monkeypatch):
+    """applies() judged as on an sm_90 GPU under the Triton release it is written for, on any machine."""
+    if gluon_prefill.gluon is None:
+        pytest.skip("this Triton has no Gluon")
+    monkeypatch.setattr(gluon_prefill, "on_hopper", lambda device: True)
+
+
 @pytest.mark.parametrize("name", NOT_TAKEN)
-def test_a_launch_hoppers_prefill_cannot_do_stays_with_the_triton_kernel(name):
-    needs_hopper()
-    case, options, lse = NOT_TAKEN[name]
-    call = prepare_call(*case.inputs("cuda").args(), **options)
+def test_a_launch_hoppers_prefill_cannot_do_stays_with_the_triton_kernel(name, as_if_on_hopper):
+    case, options, lse, change = NOT_TAKEN[name]
+    args = list(case.inputs().args())
+    args[0] = change(args[0]) if change else args[0]
+    call = prepare_call(*args, **options)
     assert not gluon_prefill.applies(call, tiling_for(call), torch.empty(1) if lse else None)
+
+
+@pytest.mark.parametrize("case", CASES, ids=str)
+def test_every_case_above_takes_hoppers_prefill(case, as_if_on_hopper):
+    call = prepare_call(*case.inputs().args())
+    assert gluon_prefill.applies(call, tiling_for(call), None)
 
 
 def test_the_cpu_never_takes_hoppers_prefill():
