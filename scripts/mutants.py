@@ -43,6 +43,7 @@ QUICK_TESTS = [
     "tests/kernels/test_call_validation.py::test_a_bad_block_in_one_kv_split_turns_that_sequence_to_nan",
     "tests/kernels/test_tlsim_predicts_triton.py::test_tlsim_predicts_the_device_split",
     "tests/kernels/test_kernel_tuning.py::test_the_device_split_dispatches_its_sequences_longest_piece_first",
+    "tests/kernels/test_gluon_prefill.py",
 ]
 COPIED = ["kernels", "harness", "tests", "scripts", "pyproject.toml"]  # scripts: tests that import a tool (tune_tiles)
 PROJECT = {"kernels", "harness", "tests", "benchmarks", "scripts", "conftest"}
