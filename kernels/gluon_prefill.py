@@ -12,9 +12,9 @@ to the tensor cores, which Triton's own compiler does not do for a paged tile on
   specialization: ``gl.warp_specialize``);
 * the consumer warps run ``warpgroup_mma`` (wgmma) and the softmax, issuing tile j's Q K^T
   together with tile j - 1's P V and running tile j's softmax under the P V (FlashAttention-3's
-  overlap). They are one partition of 8 warps for the program's 128 query rows; SPLIT makes them
-  two warpgroup partitions of 64 rows with no barrier between them, which ran dense and chunked
-  prefill 1.02-1.04x slower on an H100 (docs/performance.md, "Hopper's prefill").
+  overlap). They are one partition of 8 warps for the program's 128 query rows: as two warpgroup
+  partitions of 64 rows with no barrier between them, dense and chunked prefill ran 1.02-1.04x
+  slower on an H100 (docs/performance.md, "Hopper's prefill").
 
 One program: 128 query tokens of one query head (the tiles packed over sequences as
 ``kernels.tiling.Tiling`` packs BLOCK_Q tiles, found by binary search). The last tile of a
@@ -58,7 +58,7 @@ except ImportError:  # a Triton without Gluon: applies() is False and nothing be
 
 BLOCK_M = 128  # query tokens a program: two warpgroups' 64 rows each
 STAGES = 2  # K/V tiles in flight (a 128-key tile at head_dim 128: 64 KiB of shared memory a stage)
-SPLIT = False  # the 128 query rows as two warpgroup partitions (else one partition of 8 warps)
+NUM_WARPS = 8  # the consumer partition's warps (the producer's one warp comes on top)
 HEAD_DIMS = (64, 128)
 # False: every launch runs kernels.triton_paged (call kernels.launch_plan.clear_plans() after: a plan keeps its path)
 ENABLED = True
@@ -138,7 +138,7 @@ class GluonPrefill:
         self.scalars = (call.num_tokens, call.num_seqs, call.num_blocks, call.block_table.shape[1],
                         call.scale * math.log2(math.e))  # fmt: skip
         self.constexprs = dict(GROUP=call.group_size, D=d, BN=tiling.TILE_N, BLOCK_SIZE=call.block_size, BOX=box,
-                               STAGES=STAGES, SPLIT=SPLIT, num_warps=4 if SPLIT else 8)  # fmt: skip
+                               STAGES=STAGES, BM=BLOCK_M, num_warps=NUM_WARPS)  # fmt: skip
 
     def _desc(self, t: torch.Tensor, rows: int, row_stride: int, block: list, layout) -> TensorDescriptor:
         return TensorDescriptor(t, [rows, row_stride], [row_stride, 1], block, layout)
@@ -233,10 +233,10 @@ if gluon is not None:
         return p, alpha, m_new, l_i
 
     @gluon.jit
-    def _zero_past_end(v_tile, valid, BN: gl.constexpr, D: gl.constexpr, CW: gl.constexpr):
+    def _zero_past_end(v_tile, valid, BN: gl.constexpr, D: gl.constexpr, num_warps: gl.constexpr):
         """V's rows >= valid of one shared tile set to 0 (the pool past seq_len may hold NaN, and 0 * NaN is
         NaN). Both consumers write the same zeros; each fences its own writes before its P V reads them."""
-        layout: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [CW, 1], [1, 0])
+        layout: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [num_warps, 1], [1, 0])
         for c in gl.static_range(BN // 16):
             if c * 16 + 16 > valid:
                 chunk = v_tile.slice(c * 16, 16)
@@ -249,12 +249,12 @@ if gluon is not None:
     def _consumer(q_smem, k_smem, v_smem, q_bar, k_ready, v_ready, k_free, v_free, out_ptr, n_tiles, q_pos0,
                   seq_len, o_row0, rows_left, head, stride_o_token, stride_o_head, qk_scale,
                   ROWS: gl.constexpr, BN: gl.constexpr, D: gl.constexpr, STAGES: gl.constexpr,
-                  CW: gl.constexpr):  # fmt: skip
+                  num_warps: gl.constexpr):  # fmt: skip
         """One warpgroup: query rows q_pos0.. (``rows_left`` of them real), Q K^T of tile j issued with P V of
         tile j - 1 and tile j's softmax run under it; then the normalised rows stored."""
-        s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[CW, 1],
+        s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[num_warps, 1],
                                                            instr_shape=[16, BN, 16])  # fmt: skip
-        o_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[CW, 1],
+        o_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[num_warps, 1],
                                                            instr_shape=[16, D, 16])  # fmt: skip
         p_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=o_layout, k_width=2)
         dtype: gl.constexpr = q_smem.dtype
@@ -288,7 +288,7 @@ if gluon is not None:
         last = n_tiles - 1
         mbarrier.wait(v_ready.index(last % STAGES), (last // STAGES) & 1)
         if (last + 1) * BN > seq_len:
-            _zero_past_end(v_smem.index(last % STAGES), seq_len - last * BN, BN, D, CW)
+            _zero_past_end(v_smem.index(last % STAGES), seq_len - last * BN, BN, D, num_warps)
         acc = warpgroup_mma(gl.convert_layout(p.to(dtype), p_layout), v_smem.index(last % STAGES), acc, is_async=True)
         acc = warpgroup_mma_wait(0, deps=(acc,))
         mbarrier.arrive(v_free.index(last % STAGES), count=1)
@@ -315,11 +315,9 @@ if gluon is not None:
         BLOCK_SIZE: gl.constexpr,
         BOX: gl.constexpr,  # rows a TMA box: min(BLOCK_SIZE, BN)
         STAGES: gl.constexpr,
-        SPLIT: gl.constexpr,  # two consumer partitions of 64 rows (num_warps 4), else one of 128 (num_warps 8)
-        num_warps: gl.constexpr,
+        BM: gl.constexpr,  # query tokens a program (BLOCK_M)
+        num_warps: gl.constexpr,  # the consumer partition's (NUM_WARPS)
     ):  # fmt: skip
-        BM: gl.constexpr = 128
-        HALF: gl.constexpr = BM // 2
         head = gl.program_id(1)
         seq, q_tile = _find_seq(query_start_loc_ptr, gl.program_id(0), num_seqs, BM)
         q_start = gl.load(query_start_loc_ptr + seq)
@@ -357,36 +355,18 @@ if gluon is not None:
         for i in gl.static_range(STAGES):
             mbarrier.init(k_ready.index(i), count=1)
             mbarrier.init(v_ready.index(i), count=1)
-            mbarrier.init(k_free.index(i), count=2 if SPLIT else 1)  # one arrival a consumer partition
-            mbarrier.init(v_free.index(i), count=2 if SPLIT else 1)
+            mbarrier.init(k_free.index(i), count=1)  # the consumer partition's one arrival
+            mbarrier.init(v_free.index(i), count=1)
         mbarrier.expect(q_bar, q_desc.block_type.nbytes)
         tma.async_copy_global_to_shared(q_desc, [q_start + q_tile * BM, head * stride_q_head], q_bar, q_smem)
-        k_col = kv_head * stride_k_head
-        v_col = kv_head * stride_v_head
-        if SPLIT:
-            gl.warp_specialize(
-                [
-                    (_consumer, (q_smem.slice(0, HALF), k_smem, v_smem, q_bar, k_ready, v_ready, k_free, v_free,
-                                 out_ptr, n_tiles, q_pos0, seq_len, o_row0, rows_left, head, stride_o_token,
-                                 stride_o_head, qk_scale, HALF, BN, D, STAGES, 4)),
-                    (_consumer, (q_smem.slice(HALF, HALF), k_smem, v_smem, q_bar, k_ready, v_ready, k_free, v_free,
-                                 out_ptr, n_tiles, q_pos0 + HALF, seq_len, o_row0 + HALF, rows_left - HALF, head,
-                                 stride_o_token, stride_o_head, qk_scale, HALF, BN, D, STAGES, 4)),
-                    (_producer, (k_desc, v_desc, k_smem, v_smem, k_ready, v_ready, k_free, v_free, bt_row, seq_len,
-                                 k_col, v_col, n_tiles, BN, BLOCK_SIZE, BOX, STAGES)),
-                ],
-                [4, 1],
-                [232, 24],
-            )  # fmt: skip
-        else:
-            gl.warp_specialize(
-                [
-                    (_consumer, (q_smem, k_smem, v_smem, q_bar, k_ready, v_ready, k_free, v_free, out_ptr, n_tiles,
-                                 q_pos0, seq_len, o_row0, rows_left, head, stride_o_token, stride_o_head, qk_scale,
-                                 BM, BN, D, STAGES, 8)),
-                    (_producer, (k_desc, v_desc, k_smem, v_smem, k_ready, v_ready, k_free, v_free, bt_row, seq_len,
-                                 k_col, v_col, n_tiles, BN, BLOCK_SIZE, BOX, STAGES)),
-                ],
-                [1],
-                [24],
-            )  # fmt: skip
+        gl.warp_specialize(
+            [
+                (_consumer, (q_smem, k_smem, v_smem, q_bar, k_ready, v_ready, k_free, v_free, out_ptr, n_tiles, q_pos0,
+                             seq_len, o_row0, rows_left, head, stride_o_token, stride_o_head, qk_scale, BM, BN, D,
+                             STAGES, num_warps)),
+                (_producer, (k_desc, v_desc, k_smem, v_smem, k_ready, v_ready, k_free, v_free, bt_row, seq_len,
+                             kv_head * stride_k_head, kv_head * stride_v_head, n_tiles, BN, BLOCK_SIZE, BOX, STAGES)),
+            ],
+            [1],
+            [24],
+        )  # fmt: skip

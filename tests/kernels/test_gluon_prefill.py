@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import pytest
 import torch
-import triton
 
 import kernels
 from harness.cases.vocab import DEFAULT_TOLERANCES
@@ -47,11 +46,9 @@ CASES = [
 
 
 def needs_hopper():
-    if not torch.cuda.is_available():
-        pytest.skip("needs a CUDA device")
-    needs_triton("cuda")
-    if torch.cuda.get_device_capability() != (9, 0) or not triton.__version__.startswith(gluon_prefill.GLUON_TRITON):
+    if not torch.cuda.is_available() or not gluon_prefill.on_hopper(torch.device("cuda")):
         pytest.skip(f"Hopper's prefill runs on sm_90 under Triton {gluon_prefill.GLUON_TRITON}x only")
+    needs_triton("cuda")
 
 
 @pytest.fixture
