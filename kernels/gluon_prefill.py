@@ -58,7 +58,7 @@ except ImportError:  # a Triton without Gluon: applies() is False and nothing be
 
 BLOCK_M = 128  # query tokens a program: two warpgroups' 64 rows each
 STAGES = 2  # K/V tiles in flight (a 128-key tile at head_dim 128: 64 KiB of shared memory a stage)
-NUM_WARPS = 8  # the consumer partition's warps (the producer's one warp comes on top)
+NUM_WARPS = 4  # each consumer partition's warps: one warpgroup of BLOCK_M // 2 rows (the producer's warp on top)
 HEAD_DIMS = (64, 128)
 # False: every launch runs kernels.triton_paged (call kernels.launch_plan.clear_plans() after: a plan keeps its path)
 ENABLED = True
@@ -246,9 +246,9 @@ if gluon is not None:
         fence_async_shared()
 
     @gluon.jit
-    def _consumer(q_smem, k_smem, v_smem, q_bar, k_ready, v_ready, k_free, v_free, out_ptr, n_tiles, q_pos0,
+    def _consumer(q_smem, k_smem, v_smem, q_bar, k_ready, v_ready, k_free, v_free, turn, out_ptr, n_tiles, q_pos0,
                   seq_len, o_row0, rows_left, head, stride_o_token, stride_o_head, qk_scale,
-                  ROWS: gl.constexpr, BN: gl.constexpr, D: gl.constexpr, STAGES: gl.constexpr,
+                  ROWS: gl.constexpr, BN: gl.constexpr, D: gl.constexpr, STAGES: gl.constexpr, W: gl.constexpr,
                   num_warps: gl.constexpr):  # fmt: skip
         """One warpgroup: query rows q_pos0.. (``rows_left`` of them real), Q K^T of tile j issued with P V of
         tile j - 1 and tile j's softmax run under it; then the normalised rows stored."""
@@ -267,7 +267,9 @@ if gluon is not None:
         s_zero = gl.zeros([ROWS, BN], gl.float32, layout=s_layout)
         mbarrier.wait(q_bar, 0)
         mbarrier.wait(k_ready.index(0), 0)
+        mbarrier.wait(turn.index(W), (1 - W) & 1)
         s = warpgroup_mma(q_smem, k_smem.index(0).permute((1, 0)), s_zero, use_acc=False, is_async=True)
+        mbarrier.arrive(turn.index(1 - W), count=1)
         s = warpgroup_mma_wait(0, deps=(s,))
         mbarrier.arrive(k_free.index(0), count=1)
         p, alpha, m_i, l_i = _softmax_step(s, m_i, l_i, 0, q_pos, last_key, unmasked <= 0, qk_scale, BN, s_layout)
@@ -275,9 +277,12 @@ if gluon is not None:
             st = j % STAGES
             prev = (j - 1) % STAGES
             mbarrier.wait(k_ready.index(st), (j // STAGES) & 1)
-            s = warpgroup_mma(q_smem, k_smem.index(st).permute((1, 0)), s_zero, use_acc=False, is_async=True)
             mbarrier.wait(v_ready.index(prev), ((j - 1) // STAGES) & 1)
-            acc = warpgroup_mma(gl.convert_layout(p.to(dtype), p_layout), v_smem.index(prev), acc, is_async=True)
+            p_op = gl.convert_layout(p.to(dtype), p_layout)
+            mbarrier.wait(turn.index(W), (j + 1 - W) & 1)
+            s = warpgroup_mma(q_smem, k_smem.index(st).permute((1, 0)), s_zero, use_acc=False, is_async=True)
+            acc = warpgroup_mma(p_op, v_smem.index(prev), acc, is_async=True)
+            mbarrier.arrive(turn.index(1 - W), count=1)
             s = warpgroup_mma_wait(1, deps=(s,))
             mbarrier.arrive(k_free.index(st), count=1)
             p, alpha, m_i, l_i = _softmax_step(s, m_i, l_i, j * BN, q_pos, last_key, j >= unmasked, qk_scale, BN,
@@ -289,7 +294,10 @@ if gluon is not None:
         mbarrier.wait(v_ready.index(last % STAGES), (last // STAGES) & 1)
         if (last + 1) * BN > seq_len:
             _zero_past_end(v_smem.index(last % STAGES), seq_len - last * BN, BN, D, num_warps)
-        acc = warpgroup_mma(gl.convert_layout(p.to(dtype), p_layout), v_smem.index(last % STAGES), acc, is_async=True)
+        p_op = gl.convert_layout(p.to(dtype), p_layout)
+        mbarrier.wait(turn.index(W), (n_tiles + 1 - W) & 1)
+        acc = warpgroup_mma(p_op, v_smem.index(last % STAGES), acc, is_async=True)
+        mbarrier.arrive(turn.index(1 - W), count=1)
         acc = warpgroup_mma_wait(0, deps=(acc,))
         mbarrier.arrive(v_free.index(last % STAGES), count=1)
         acc = acc / gl.convert_layout(l_i, gl.SliceLayout(1, o_layout))[:, None]
@@ -351,22 +359,29 @@ if gluon is not None:
         v_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
         k_free = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
         v_free = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+        turn = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
         mbarrier.init(q_bar, count=1)
+        mbarrier.init(turn.index(0), count=1)
+        mbarrier.init(turn.index(1), count=1)
         for i in gl.static_range(STAGES):
             mbarrier.init(k_ready.index(i), count=1)
             mbarrier.init(v_ready.index(i), count=1)
-            mbarrier.init(k_free.index(i), count=1)  # the consumer partition's one arrival
-            mbarrier.init(v_free.index(i), count=1)
+            mbarrier.init(k_free.index(i), count=2)  # one arrival a consumer partition
+            mbarrier.init(v_free.index(i), count=2)
         mbarrier.expect(q_bar, q_desc.block_type.nbytes)
         tma.async_copy_global_to_shared(q_desc, [q_start + q_tile * BM, head * stride_q_head], q_bar, q_smem)
+        HALF: gl.constexpr = BM // 2
         gl.warp_specialize(
             [
-                (_consumer, (q_smem, k_smem, v_smem, q_bar, k_ready, v_ready, k_free, v_free, out_ptr, n_tiles, q_pos0,
-                             seq_len, o_row0, rows_left, head, stride_o_token, stride_o_head, qk_scale, BM, BN, D,
-                             STAGES, num_warps)),
+                (_consumer, (q_smem.slice(0, HALF), k_smem, v_smem, q_bar, k_ready, v_ready, k_free, v_free, turn,
+                             out_ptr, n_tiles, q_pos0, seq_len, o_row0, rows_left, head, stride_o_token,
+                             stride_o_head, qk_scale, HALF, BN, D, STAGES, 0, num_warps)),
+                (_consumer, (q_smem.slice(HALF, HALF), k_smem, v_smem, q_bar, k_ready, v_ready, k_free, v_free, turn,
+                             out_ptr, n_tiles, q_pos0 + HALF, seq_len, o_row0 + HALF, rows_left - HALF, head,
+                             stride_o_token, stride_o_head, qk_scale, HALF, BN, D, STAGES, 1, num_warps)),
                 (_producer, (k_desc, v_desc, k_smem, v_smem, k_ready, v_ready, k_free, v_free, bt_row, seq_len,
                              kv_head * stride_k_head, kv_head * stride_v_head, n_tiles, BN, BLOCK_SIZE, BOX, STAGES)),
             ],
-            [1],
-            [24],
+            [num_warps, 1],
+            [232, 24],
         )  # fmt: skip

@@ -41,7 +41,7 @@ KERNEL = Path("kernels") / "triton_paged.py"
 MIN_ROUNDS = 6  # 2 / 2^6 < 0.05: six pairs all one way exclude 1 from the exact signed-rank interval
 SIDES = ("base", "new")
 SPLIT = {"_common": ("contract", "tiling", "fp8")}  # a base's module of kernels/ -> the modules holding its names
-WITH = ("tuning", "tiling")  # modules --with can take from the base, in the order they are imported
+WITH = ("tuning", "tiling", "gluon_prefill")  # modules --with can take from the base, in the order they are imported
 
 
 class ABError(Exception):
@@ -89,7 +89,9 @@ def _rebind(module, swapped: dict) -> None:
     for old_name, base in swapped.items():
         tree = importlib.import_module(f"kernels.{old_name}")
         for attr, value in list(vars(module).items()):
-            if attr in vars(tree) and value is vars(tree)[attr] and attr in vars(base):
+            if value is tree:  # `from . import name`
+                setattr(module, attr, base)
+            elif attr in vars(tree) and value is vars(tree)[attr] and attr in vars(base):
                 setattr(module, attr, vars(base)[attr])
 
 
