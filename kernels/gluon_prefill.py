@@ -10,11 +10,12 @@ to the tensor cores, which Triton's own compiler does not do for a paged tile on
   paged tile is fed by the copy engine like a contiguous one;
 * a producer warp issues those copies STAGES tiles ahead, behind mbarriers (warp
   specialization: ``gl.warp_specialize``);
-* the consumer warps run ``warpgroup_mma`` (wgmma) and the softmax, issuing tile j's Q K^T
-  together with tile j - 1's P V and running tile j's softmax under the P V (FlashAttention-3's
-  overlap). They are one partition of 8 warps for the program's 128 query rows: as two warpgroup
-  partitions of 64 rows with no barrier between them, dense and chunked prefill ran 1.02-1.04x
-  slower on an H100 (docs/performance.md, "Hopper's prefill").
+* two consumer warpgroups of 64 query rows each run ``warpgroup_mma`` (wgmma) and the softmax,
+  issuing tile j's Q K^T together with tile j - 1's P V and running tile j's softmax under it
+  (FlashAttention-3's overlap). They take turns issuing, an mbarrier a turn (FlashAttention-3's
+  ping-pong), so one warpgroup's softmax runs while the other's matrix products do: on an H100 that
+  is 0.95-0.97x the time of one 8-warp partition, and the two warpgroups without turns were slower
+  than it (docs/performance.md, "Hopper's prefill").
 
 One program: 128 query tokens of one query head (the tiles packed over sequences as
 ``kernels.tiling.Tiling`` packs BLOCK_Q tiles, found by binary search). The last tile of a
@@ -250,8 +251,10 @@ if gluon is not None:
                   seq_len, o_row0, rows_left, head, stride_o_token, stride_o_head, qk_scale,
                   ROWS: gl.constexpr, BN: gl.constexpr, D: gl.constexpr, STAGES: gl.constexpr, W: gl.constexpr,
                   num_warps: gl.constexpr):  # fmt: skip
-        """One warpgroup: query rows q_pos0.. (``rows_left`` of them real), Q K^T of tile j issued with P V of
-        tile j - 1 and tile j's softmax run under it; then the normalised rows stored."""
+        """Warpgroup W (0 or 1): query rows q_pos0.. (``rows_left`` of them real), Q K^T of tile j issued with P V
+        of tile j - 1 and tile j's softmax run under it; then the normalised rows stored. Its issues are its
+        turns: turn t waits for the other warpgroup's turn t - 1 (``turn.index(W)``, warpgroup 0 first) and
+        hands over when its wgmma are issued; both take n_tiles + 1 turns."""
         s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[num_warps, 1],
                                                            instr_shape=[16, BN, 16])  # fmt: skip
         o_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[num_warps, 1],
@@ -324,7 +327,7 @@ if gluon is not None:
         BOX: gl.constexpr,  # rows a TMA box: min(BLOCK_SIZE, BN)
         STAGES: gl.constexpr,
         BM: gl.constexpr,  # query tokens a program (BLOCK_M)
-        num_warps: gl.constexpr,  # the consumer partition's (NUM_WARPS)
+        num_warps: gl.constexpr,  # each consumer partition's (NUM_WARPS)
     ):  # fmt: skip
         head = gl.program_id(1)
         seq, q_tile = _find_seq(query_start_loc_ptr, gl.program_id(0), num_seqs, BM)
