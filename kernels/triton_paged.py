@@ -2,82 +2,58 @@
 
 The idea, in a few lines:
 
-* One program owns one (query tile, KV head, KV split; see ``kernels.tiling.Tiling``
-  for the split, taken when few programs would run, or per sequence in a ragged decode: the
-  device split, whose programs go longest piece first, ``_program_order``). A query tile is BLOCK_Q
-  query tokens of one sequence times the group_size query heads that read this KV head, so each
-  KV tile is loaded from the pool once and shared by the whole group (MHA: group 1, MQA: group
-  num_q_heads).
-* The launch reads no tensor value (no device sync; CUDA-graph capturable). The grid is
-  sized from num_tokens and num_seqs alone, and each program finds its sequence by a
-  binary search over query_start_loc (``_find_seq``; the numbering is in
-  ``kernels.tiling.Tiling``). That is num_seqs programs for decode, exactly one per
-  sequence, and about num_tokens / BLOCK_Q for prefill: 16 prefills of 1024 queries at
-  BLOCK_Q 16 launch 1039 tiles. The alternative, bounding max_q_len by num_tokens and
-  giving every sequence that many tiles, would launch 16384 for the same prefill (all
-  but 1024 exiting at once), since the host may not read the true max_q_len.
-* It walks the sequence's keys TILE_N positions at a time. Key position ``p`` lives in
-  physical block ``block_table[seq, p // block_size]`` at offset ``p % block_size``; for
-  block_size 16, position 45 is offset 13 of the table's third entry (45 = 2 * 16 + 13).
-  Tiles are independent of block_size, so any block size from 1 to 256 works.
+* One program owns one (query tile, KV head, KV split). A query tile is BLOCK_Q query tokens of one sequence
+  times the group_size query heads that read this KV head, so each KV tile is loaded from the pool once and
+  shared by the whole group (MHA: group 1, MQA: group num_q_heads). The KV is split (``kernels.tiling.Tiling``)
+  when few programs would run, or per sequence in a ragged decode: the device split, whose programs go longest
+  piece first (``_program_order``).
+* The launch reads no tensor value (no device sync; CUDA-graph capturable). The grid is sized from num_tokens
+  and num_seqs alone, and each program finds its sequence by a binary search over query_start_loc
+  (``_find_seq``; the numbering is in ``kernels.tiling.Tiling``): num_seqs programs for decode, about
+  num_tokens / BLOCK_Q for prefill (16 prefills of 1024 queries at BLOCK_Q 16: 1039 tiles, where giving every
+  sequence num_tokens / BLOCK_Q tiles, since the host may not read the true max_q_len, would launch 16384).
+* It walks the sequence's keys TILE_N positions at a time. Key position ``p`` lives in physical block
+  ``block_table[seq, p // block_size]`` at offset ``p % block_size`` (block_size 16: position 45 is offset 13
+  of the table's third entry). Tiles are independent of block_size, so any block size from 1 to 256 works.
 * Online softmax in base 2 on the unscaled logits ``s = q . k``: running max ``m`` of s,
-  ``p = exp2((s - m) * scale * log2(e))``, running sum ``l``, and an fp32 accumulator
-  rescaled by ``exp2((m_old - m_new) * scale * log2(e))`` at every tile. Scaling after
-  subtracting the max matters at large logits: scaling first turns a logit near 150 into
-  ~216 in base 2, which fp32 rounds by up to 7.6e-6, an error a plain ``exp(s - m)`` does
-  not add, while ``s - m`` is exact near the max (tests/kernels/kernel_cases.py, fp32 case
-  ``large_logits_q40``). The fp32 dot itself errs about as much at such logits; that
-  error stays. fp16 and bf16, whose p is rounded to 8 or 11 bits anyway, take the
-  multiply-add form ``exp2(s * c - m * c)`` (one instruction an element fewer).
-* Causality: query j of a sequence with q_len queries sits at position
-  ``seq_len - q_len + j`` and sees keys ``0..position``. The tile loop stops at the last
-  position any row of the program can see.
-* The attention variants (docs/contract.md, "Attention variants"), each a constexpr switch
-  that compiles away when off. All stay in units of the unscaled logit s, so the online
-  softmax above is unchanged: the softcap becomes ``c * tanh(s / c)`` with c = cap / scale
-  (tanh from exp2: ``_softcap``), ALiBi adds ``(slope / scale) * (key_pos - query_pos)``,
-  and a sink ``sink / scale`` joins the denominator once, at the end (or in the combine of
-  the splits, never once per split). The window hides keys more than W - 1 positions
-  before a query and starts the tile loop at the first tile the program's earliest query
-  can see (``kernels.tiling.window_tile_start``): decode with W 4096 over 128k keys walks
-  65 tiles of 64, not 2048. The KV split follows the window: it is sized for W + q_len keys
-  (``kernels.tiling.tiling_for``) and its pieces are cut from the window's first tile, so
-  the splits share the window's work rather than all but the last walking nothing.
-* More of the contract (docs/contract.md): ``return_lse`` stores ln 2 * (m * scale * log2 e +
-  log2 l) per row in the epilogue or the combine; an fp8 cache (KV_FP8) is dequantized tile
-  by tile: each element widened to the dots' dtype unscaled (exact), k_scale applied to the logits
-  and v_scale to the accumulator (``_widen_fp8``). A decode launch runs those dots in fp16 under
-  bf16 q too (FP16_DOTS: q scaled into fp16 exactly, ``_q_to_fp16``; p rounded to fp16) and reads
-  V as uint16 pairs of dims (V_PAIRS, ``_attend_tiles``): fp8 -> bf16 goes through fp32 on sm_90,
-  fp8 -> fp16 is one native conversion for two values, and an fp8 V tile read as it is leaves
-  shared memory a byte at a time. Prefill and verification keep q's dtype (the fp16 path is slower
-  there). V's head dim may
-  differ from K's (MLA: HEAD_DIM_V), and K past 256 columns is loaded in two power-of-two
-  pieces (DIM_MAIN + DIM_TAIL: 576 = 512 + 64) whose dots add into the same logits, with a
-  large group's heads tiled (HEADS_PER_PROGRAM, HEAD_TILES): 16 a program under fp32 q or an fp8
-  cache; 64 under fp16 / bf16 q, each program holding only V_PART_DIM of V's dims (V_PARTS programs
-  a head tile, each with the full logits), so MLA's 128 heads read K twice and V once a token
-  instead of 8 times each (kernels.tiling.WIDE_HEADS, v_parts). When v_cache is a view of
-  k_cache's first HEAD_DIM_V columns (MLA's one latent cache, kernels.tiling.latent_kv), a program
-  holds V whole and p @ v takes the K tile it loaded (SHARED_KV): the logits once, the bytes halved.
-* A decode launch whose tiles each lie in one block (block_size a multiple of TILE_N) on sm_90 or newer
-  loads its unmasked tiles' K and V by tensor descriptor, a box of the block's rows (KV_TMA, ``_kv_tma``);
-  the masked tiles keep pointer loads, whose masks zero the keys past seq_len.
-* Indices are never trusted with memory: without value checks (see ``kernels.contract``)
-  a query row past num_tokens is not read or written, and a tile that would read a
-  block id outside [0, num_blocks) or a table entry past max_blocks_per_seq loads
-  nothing: the program walks no tile and its rows are NaN (checked once per program
-  before the tile loops: ``_count_bad_blocks``).
+  ``p = exp2((s - m) * scale * log2(e))``, running sum ``l``, and an fp32 accumulator rescaled by
+  ``exp2((m_old - m_new) * scale * log2(e))`` at every tile. fp32 scales after subtracting the max, since
+  ``s - m`` is exact near the max while scaling first turns a logit near 150 into ~216 in base 2, which fp32
+  rounds by up to 7.6e-6 (tests/kernels/kernel_cases.py, ``large_logits_q40``). fp16 and bf16, whose p is
+  rounded to 8 or 11 bits anyway, take the multiply-add form ``exp2(s * c - m * c)``.
+* Causality: query j of a sequence with q_len queries sits at position ``seq_len - q_len + j`` and sees keys
+  ``0..position``. The tile loop stops at the last position any row of the program can see.
+* The attention variants (docs/contract.md, "Attention variants") are constexpr switches that compile away
+  when off, all in units of the unscaled logit s, so the online softmax is unchanged: the softcap is
+  ``c * tanh(s / c)`` with c = cap / scale (``_softcap``), ALiBi adds ``(slope / scale) * (key_pos -
+  query_pos)``, and a sink ``sink / scale`` joins the denominator once, at the end (or in the combine of the
+  splits). The window hides keys more than W - 1 positions before a query and starts the tile loop at the
+  first tile the program's earliest query can see (``kernels.tiling.window_tile_start``): decode with W 4096
+  over 128k keys walks 65 tiles of 64, not 2048. The KV split is sized for W + q_len keys and cut from the
+  window's first tile, so the splits share the window's work (``kernels.tiling.tiling_for``).
+* ``return_lse`` stores ln 2 * (m * scale * log2 e + log2 l) per row in the epilogue or the combine. An fp8
+  cache (KV_FP8) is widened exactly to the dots' dtype, k_scale applied to the logits and v_scale to the
+  accumulator (``_widen_fp8``). A decode runs those dots in fp16 under bf16 q too (FP16_DOTS, ``_q_to_fp16``:
+  fp8 -> fp16 is one native conversion for two values, fp8 -> bf16 goes through fp32 on sm_90) and reads V
+  as uint16 pairs of dims (V_PAIRS, ``_attend_tiles``); prefill and verification keep q's dtype.
+* Wide heads (MLA): V's head dim may differ from K's (HEAD_DIM_V); K past 256 columns is loaded in two
+  power-of-two pieces whose dots add into the same logits (DIM_MAIN + DIM_TAIL: 576 = 512 + 64); a large
+  group's heads are tiled (HEADS_PER_PROGRAM, HEAD_TILES), and each program may hold only V_PART_DIM of V's
+  dims (V_PARTS; ``kernels.tiling.WIDE_HEADS`` says why). When v_cache is a view of k_cache's first HEAD_DIM_V
+  columns (``kernels.tiling.latent_kv``), p @ v takes the K tile already loaded (SHARED_KV).
+* A decode launch whose tiles each lie in one block, on sm_90 or newer, loads its unmasked tiles' K and V by
+  tensor descriptor (KV_TMA, ``_kv_tma``).
+* Indices are never trusted with memory: without value checks (``kernels.contract``) a query row past
+  num_tokens is not read or written, and a program whose tiles would read a block id outside [0, num_blocks)
+  or a table entry past max_blocks_per_seq walks no tile and writes NaN rows (``_count_bad_blocks``).
 
-Precision: both dots accumulate in fp32. For fp32 inputs the dots run in IEEE fp32 on
-purpose (Triton's default is TF32, about 1e-3 relative error, which fails the fp32
-tolerance); p is cast to the value dtype before ``p @ v``, as FlashAttention does.
-``kernels.tlsim`` is this same algorithm in torch; keep the two in step.
+Precision: both dots accumulate in fp32. fp32 inputs dot in IEEE fp32 (Triton's default, TF32, errs about
+1e-3 relative and fails the fp32 tolerance); p is cast to the value dtype before ``p @ v``, as FlashAttention
+does. ``kernels.tlsim`` is this same algorithm in torch; keep the two in step.
 
-On sm_90 a plain prefill launch (no variant, no lse: ``kernels.gluon_prefill.applies``) runs the
-same algorithm and tiles from ``kernels.gluon_prefill``, whose tiles reach the tensor cores
-through TMA copies a block at a time and warp-specialized wgmma, which this kernel's compiler
-does not do for a paged tile.
+On sm_90 a plain prefill launch (``kernels.gluon_prefill.applies``) runs ``kernels.gluon_prefill``: the same
+algorithm and tiles, its tiles fed to wgmma by TMA copies a block at a time, which Triton does not do for a
+paged tile.
 """
 
 from __future__ import annotations
@@ -105,12 +81,10 @@ from .tiling import (
 
 @triton.jit
 def _bf16_rne(x):
-    """fp32 -> bf16 with round-to-nearest-even, done on the bits.
+    """fp32 -> bf16 with round-to-nearest-even, done on the bits (finite inputs only).
 
-    Triton 3.9's CPU interpreter truncates fp32 -> bf16 casts and multiplies bf16 dot
-    operands as integers; the GPU rounds to nearest even and multiplies floats. Under the
-    interpreter the kernel therefore rounds by hand and dots in fp32 (exact for bf16
-    products), so the interpreter predicts what the GPU computes. Finite inputs only.
+    Triton 3.9's CPU interpreter truncates fp32 -> bf16 casts and multiplies bf16 dot operands as integers, so
+    under it the kernel rounds by hand and dots in fp32 (exact for bf16 products), as the GPU computes.
     """
     bits = x.to(tl.uint32, bitcast=True)
     bits = bits + 0x7FFF + ((bits >> 16) & 1)
@@ -121,9 +95,8 @@ def _bf16_rne(x):
 def _softcap(s, cap_unscaled, inv_cap_unscaled):
     """c * tanh(s / c), c = cap / scale: the scaled logit's cap * tanh(z / cap), in unscaled units.
 
-    tanh|x| = (1 - t) / (1 + t), t = 2^(-2 |x| log2 e): exp2 only, no overflow at any x
-    (the interpreter has no tanh). kernels.tlsim.softcap_unscaled is the same expression.
-    """
+    tanh|x| = (1 - t) / (1 + t), t = 2^(-2 |x| log2 e): exp2 only (the interpreter has no tanh), no overflow at
+    any x. kernels.tlsim.softcap_unscaled is the same expression."""
     x = s * inv_cap_unscaled
     t = tl.exp2(tl.abs(x) * (-2.0 * 1.4426950408889634))
     y = cap_unscaled * ((1.0 - t) / (1.0 + t))
@@ -132,16 +105,14 @@ def _softcap(s, cap_unscaled, inv_cap_unscaled):
 
 @triton.jit
 def _widen_fp8(x, out_dtype: tl.constexpr, INTERPRETED_BF16: tl.constexpr, DIRECT_FP16: tl.constexpr):
-    """An fp8 tile in the dots' dtype, unscaled: exact (e4m3 and e5m2 values are all fp16 and bf16
-    values). The scales are applied outside the dots (FlashInfer's way): k_scale to the logits,
-    v_scale to the program's acc, so the kernel makes no rounding the oracle of the dequantized
-    cache does not (rounding ``x.float() * scale`` to q's dtype per element, as vLLM's Triton
-    kernels do, puts fp16 at 0.76 of its tolerance; this way 0.30).
+    """An fp8 tile in the dots' dtype, unscaled: exact (every e4m3 and e5m2 value is an fp16 and a bf16 value).
+    The scales are applied outside the dots (FlashInfer's way): k_scale to the logits, v_scale to the program's
+    acc, so the kernel makes no rounding the dequantized cache's oracle does not (vLLM's Triton kernels round
+    ``x.float() * scale`` to q's dtype per element).
 
-    DIRECT_FP16 (the decode launches, Tiling.FP8_DOTS_FP16): fp8 -> fp16 in one native conversion
-    (two values an instruction on sm_89 and later). Otherwise through fp32, the chain the other
-    launches have always compiled to (Triton 3.6 has no direct fp8 -> bf16 conversion on sm_90: it
-    goes through fp32 either way). Under the interpreter bf16 operands are fp32 (exact as well)."""
+    DIRECT_FP16 (decode launches, Tiling.FP8_DOTS_FP16): fp8 -> fp16 in one native conversion (two values an
+    instruction on sm_89 and later); otherwise through fp32 (Triton 3.6 has no direct fp8 -> bf16 on sm_90).
+    Under the interpreter bf16 operands are fp32 (exact as well)."""
     if INTERPRETED_BF16:
         return x.to(tl.float32)
     if DIRECT_FP16 and out_dtype == tl.float16:
@@ -153,10 +124,9 @@ def _widen_fp8(x, out_dtype: tl.constexpr, INTERPRETED_BF16: tl.constexpr, DIREC
 def _split_pairs(pair, fp8: tl.constexpr, INTERPRETED: tl.constexpr):
     """uint16 elements holding two fp8 values (low byte, high byte) -> the two as fp16 tensors: exact.
 
-    On the GPU one PTX block takes a 32-bit register of two such elements (two keys of one pair of
-    dims, as the dot's operand layout holds them) and makes the even dims' f16x2 and the odd dims'
-    with a byte permute and the native fp8x2 -> f16x2 conversion each: 4 instructions for 4 values,
-    where the same in Triton's integer ops compiles to about 3 times as many."""
+    On the GPU one PTX block takes a 32-bit register of two such elements (two keys of one pair of dims, as the
+    dot's operand layout holds them) and makes the even dims' f16x2 and the odd dims' with a byte permute and
+    the native fp8x2 -> f16x2 conversion each: 4 instructions for 4 values (Triton's integer ops: about 12)."""
     if INTERPRETED:
         return ((pair & 0xFF).to(tl.uint8).to(fp8, bitcast=True).to(tl.float16),
                 (pair >> 8).to(tl.uint8).to(fp8, bitcast=True).to(tl.float16))  # fmt: skip
@@ -175,15 +145,15 @@ def _split_pairs(pair, fp8: tl.constexpr, INTERPRETED: tl.constexpr):
 
 @triton.jit
 def _q_to_fp16(q, q_tail, DIM_TAIL: tl.constexpr):
-    """bf16 q [BLOCK_M, DIM_MAIN] (and q_tail) as fp16 for dots with an fp16-widened fp8 cache:
-    each row times a power of two 2^j that puts its largest |element| in [2^14, 2^15).
+    """bf16 q [BLOCK_M, DIM_MAIN] (and q_tail) as fp16 for dots with an fp16-widened fp8 cache: each row times
+    a power of two 2^j that puts its largest |element| in [2^14, 2^15).
 
-    Returns (q16, q_tail16, unscale [BLOCK_M] = 2^-j). Exact for every element at least 2^-31 of
-    its row's largest (fp16's 11-bit significand holds bf16's 8 and its normal range spans 2^30
-    below 2^15); smaller ones round on fp16's subnormal grid, at most 2^-39 of the row's largest:
-    2^-15 of the fp32 rounding the dot makes anyway. So q . k is the bf16 dot's value times 2^j,
-    and ``s * unscale`` gives it back exactly. j is clamped to [-126, 126] so that 2^j and 2^-j
-    are normal fp32 (it leaves rows under 2^-112 less headroom, none their exactness)."""
+    Returns (q16, q_tail16, unscale [BLOCK_M] = 2^-j). Exact for every element at least 2^-31 of its row's
+    largest (fp16's 11-bit significand holds bf16's 8 and its normal range spans 2^30 below 2^15); smaller ones
+    round on fp16's subnormal grid, at most 2^-39 of the row's largest: 2^-15 of the fp32 rounding the dot
+    makes anyway. So q . k is the bf16 dot's value times 2^j, and ``s * unscale`` gives it back exactly. j is
+    clamped to [-126, 126] so that 2^j and 2^-j are normal fp32 (rows under 2^-112 get less headroom, none
+    loses exactness)."""
     amax = tl.max(tl.abs(q.to(tl.float32)), 1)
     if DIM_TAIL > 0:
         amax = tl.maximum(amax, tl.max(tl.abs(q_tail.to(tl.float32)), 1))
@@ -200,10 +170,9 @@ def _q_to_fp16(q, q_tail, DIM_TAIL: tl.constexpr):
 def _find_seq(query_start_loc_ptr, q_tile, num_seqs, BLOCK_Q: tl.constexpr):
     """The sequence that owns query tile ``q_tile``, and the tile's index within it.
 
-    The last s with first_tile(s) <= q_tile, first_tile(s) = (query_start_loc[s] + s *
-    (BLOCK_Q - 1)) // BLOCK_Q (see kernels.tiling.Tiling): a binary search, log2(num_seqs)
-    loads. A sequence that owns no tile (q_len 0) is skipped, since the next one starts
-    at the same tile.
+    The last s with first_tile(s) <= q_tile, first_tile(s) = (query_start_loc[s] + s * (BLOCK_Q - 1)) // BLOCK_Q
+    (kernels.tiling.Tiling), by binary search: log2(num_seqs) loads. A sequence of q_len 0 owns no tile and is
+    skipped (the next one starts at the same tile).
     """
     lo = q_tile * 0  # invariant: first_tile(lo) <= q_tile < first_tile(hi)
     hi = lo + num_seqs
@@ -246,12 +215,11 @@ def _program_order(lens, piece, query_start_loc_ptr, num_seqs, ONE_QUERY_PER_SEQ
                    LONGEST_FIRST: tl.constexpr, NUM_SPLITS: tl.constexpr, TILE_N: tl.constexpr,
                    SEQS_PADDED: tl.constexpr):  # fmt: skip
     """(grid axis 0's index, axis 1's, the split) this program takes: the grid's own, or under LONGEST_FIRST
-    (the device split of at most kernels.tiling.LONGEST_FIRST_MAX_SEQS sequences; lens and piece:
-    _device_piece) its place in dispatch order (the linear block id, axis 0 fastest)
-    given to the sequences by the keys their splits cover, longest first (ties to the lower index), each
-    sequence's splits one after another and their KV heads fastest: the long pieces start first and the short
-    ones fill the tail (longest processing time first). A permutation of the grid; a batch whose tiles are not
-    one a sequence (a query_start_loc with a q_len other than 1) keeps the sequences' own order."""
+    (the device split of at most kernels.tiling.LONGEST_FIRST_MAX_SEQS sequences; lens and piece: _device_piece)
+    a permutation of it: the linear block id (axis 0 fastest) goes to the sequences ranked by the keys their
+    splits cover, longest first (ties to the lower index), each sequence's splits in a row and their KV heads
+    fastest, so the long pieces start first and the short ones fill the tail. A batch whose tiles are not one a
+    sequence (a q_len other than 1) keeps the sequences' own order."""
     pid_tile = tl.program_id(0)
     pid_heads = tl.program_id(1)
     split = tl.program_id(2)
@@ -280,15 +248,12 @@ def _program_order(lens, piece, query_start_loc_ptr, num_seqs, ONE_QUERY_PER_SEQ
 @triton.jit
 def _count_bad_blocks(block_table_ptr, seq, stride_bt_seq, first_col, end_col, num_blocks, max_blocks_per_seq,
                       CHUNK: tl.constexpr):  # fmt: skip
-    """The block-table columns [first_col, end_col) of ``seq`` whose entry is outside [0, num_blocks)
-    or past the table (column >= max_blocks_per_seq): how many.
+    """How many block-table columns [first_col, end_col) of ``seq`` hold an entry outside [0, num_blocks) or lie
+    past the table (column >= max_blocks_per_seq).
 
-    Checked once, before the tile loops, over the columns the program's tiles will read, so
-    the loops need no value of the table beyond their (pipelined) loads' addresses and
-    masks. Checked inside the loop, it would cost every tile a synchronous table load and a
-    reduction across the warps: the software pipeliner loads the next tile's K and V ahead, but a
-    use of the current tile's block ids in the softmax puts a second, unpipelined load of them at
-    the top of each step (seen in the sm_90 TTGIR).
+    Checked once, before the tile loops, so that the loops use the table only for their pipelined loads'
+    addresses and masks: a use of a tile's block ids in its softmax adds an unpipelined table load and a
+    reduction across the warps to every tile (sm_90 TTGIR).
     """
     bad = first_col * 0
     for start in range(first_col, end_col, CHUNK):
@@ -326,53 +291,46 @@ def _attend_tiles(
     k_desc=None, k_tail_desc=None, v_desc=None,  # the pools' tensor descriptors (read when KV_TMA)
     KV_TMA: tl.constexpr = False,  # each tile one box of its block's rows, loaded by the tensor memory accelerator
 ):  # fmt: skip
-    """The online softmax over KV positions [start, end) of one program; returns (m, l, acc)
-    [BLOCK_M], [BLOCK_M], [BLOCK_M, V_PART_DIM]. The kernel calls it twice: unmasked
-    over the tiles every row sees whole, masked over the rest.
+    """The online softmax over KV positions [start, end) of one program; returns (m, l, acc) [BLOCK_M],
+    [BLOCK_M], [BLOCK_M, V_PART_DIM]. The kernel calls it twice: unmasked over the tiles every row sees whole,
+    masked over the rest.
 
-    POS_UNSIGNED (a split launch's loops, and the masked loop but a verify launch's): the start, split *
-    split_size or the end of the unmasked tiles, is not one the compiler can prove non-negative, so signed //
-    and % by BLOCK_SIZE cost every tile sign fix-ups and 64-bit offsets. As unsigned (the same values: k_pos
-    >= 0), with the start spelled a multiple of TILE_N, each key's slot is a per-lane constant again. The
-    unsplit launch's unmasked loop keeps the signed form, which compiles shorter there (its loop starts at a
-    known 0); so does a verify launch's masked loop, whose unsigned form spills registers in the unmasked one.
+    Table checks: a program walks its tiles only when every column its keys before seq_len read holds a block
+    id in [0, num_blocks) (_count_bad_blocks), so the masked tiles mask only the keys past seq_len (k_valid:
+    their columns are unchecked, and their slots may hold a NaN that p = 0 would not cancel). The unmasked
+    tiles keep the per-key checks, all true there: without them prefill runs slower (docs/performance.md,
+    "Hopper's prefill").
 
-    Table checks. A program walks its tiles only when every column its keys before seq_len read holds a block id
-    in [0, num_blocks) (_count_bad_blocks), so the masked tiles mask only the keys past seq_len (k_valid: their
-    columns are unchecked, and their slots may hold a NaN that p = 0 would not cancel). The unmasked tiles keep
-    the per-key checks below, all true there: without them the loop compiles about 100 instructions shorter and
-    ran prefill 1.07-1.09x slower on an H100 (docs/performance.md).
+    POS_UNSIGNED (a split launch's loops, and the masked loop but a verify launch's): the loop's start is not
+    one the compiler can prove non-negative, so signed // and % by BLOCK_SIZE cost every tile sign fix-ups and
+    64-bit offsets. As unsigned (the same values: k_pos >= 0), with the start spelled a multiple of TILE_N,
+    each key's slot is a per-lane constant. The unsplit unmasked loop (it starts at a known 0) and a verify
+    launch's masked loop (unsigned, it spills registers in the unmasked one) compile shorter signed.
 
-    BLOCK_OFFS_U32 (the launcher sets it when K's and V's block strides are in [2, 2^31)): a loaded row's block
-    is in [0, num_blocks) (block_ok) and the strides are non-negative, so block * stride is the same value as an
-    unsigned 32 x 32 -> 64-bit product: one IMAD.WIDE.U32 a K / V row instead of a sign extension and three
-    more IMADs (a masked row's offset is never dereferenced). The table checks are unsigned compares
-    (``block.to(uint32) < num_blocks`` is block >= 0 and block < num_blocks; the launcher passes num_blocks
-    capped at 2^31, so the compare stays 32-bit), and the unmasked tiles drop k_valid (every key there is
-    before seq_len). Same values, the same outputs bit for bit. An fp32 launch (DOT_PRECISION "ieee": its
-    dots on CUDA cores) keeps k_valid: without it ptxas spills registers.
+    BLOCK_OFFS_U32 (K's and V's block strides in [2, 2^31)): a loaded row's block is in [0, num_blocks) and
+    the strides are non-negative, so block * stride is one unsigned 32 x 32 -> 64-bit product a row
+    (IMAD.WIDE.U32), not a sign extension and three more IMADs (a masked row's offset is never dereferenced).
+    The table checks are one unsigned compare (``block.to(uint32) < num_blocks``, 32-bit: the launcher caps
+    num_blocks at 2^31), and the unmasked tiles drop k_valid (every key there is before seq_len), except in
+    fp32 (DOT_PRECISION "ieee": dots on CUDA cores), where ptxas then spills. The same outputs bit for bit.
 
-    The masked tiles' mask is one compare an element: key j of the tile is visible to a row where j <=
-    min(q_pos, seq_len - 1) - tile_start, a bound computed once a row. CAUSAL_ONLY_MASK (verify launches): the
-    bound is q_pos alone. A row the kernel writes has a query position below seq_len (its token is below
-    q_len), so a key it sees (k_pos <= q_pos) is before seq_len, and with the unmasked loop's end spelled a
-    multiple of TILE_N both loops compile shorter. Prefill and decode launches keep the longer form, which
-    runs them faster. docs/performance.md, "The split decode", has the instruction counts.
+    The masked tiles' mask is one compare an element: key j of the tile is visible to a row where
+    j <= min(q_pos, seq_len - 1) - tile_start. Under CAUSAL_ONLY_MASK (verify launches) the bound is q_pos
+    alone: a row the kernel writes has q_pos < seq_len, so causality implies k_valid, and with the unmasked
+    loop's end spelled a multiple of TILE_N both loops compile shorter. Prefill and decode run faster with the
+    longer form (instruction counts: docs/performance.md, "The split decode" under "Hopper's prefill").
 
-    KV_TMA (the unmasked tiles of a launch whose tiles lie in one block each: BLOCK_SIZE % TILE_N == 0,
-    ``_kv_tma``): a tile is TILE_N consecutive rows of one block, one box of the pool seen as [num_blocks *
-    BLOCK_SIZE, row] (row: a slot's elements), so K and V come by descriptor (Hopper's TMA) instead of a
-    pointer a row and dim: no address arithmetic, and the copy lands in shared memory in the dots' layout.
-    The table entry is one scalar a tile; a bad entry, or a column past the table, takes the row
-    num_blocks * BLOCK_SIZE, wholly past the pool, which the copy fills with zeros without reading (no tile
-    runs past a bad entry anyway: _count_bad_blocks). The masked tiles keep the pointer loads, whose masks zero the keys
-    past seq_len (a block's unused slots may hold anything, a NaN among them, which p = 0 would not cancel).
+    KV_TMA (the unmasked tiles, where BLOCK_SIZE % TILE_N == 0: ``_kv_tma``): a tile is TILE_N consecutive rows
+    of one block, one box of the pool seen as [num_blocks * BLOCK_SIZE, a slot's elements], so K and V come by
+    descriptor (Hopper's TMA) with no address arithmetic, landing in shared memory in the dots' layout. The
+    table entry is one scalar a tile; a bad entry, or a column past the table, takes the row num_blocks *
+    BLOCK_SIZE, wholly past the pool, which the copy fills with zeros without reading (no tile runs past a bad
+    entry anyway). The masked tiles keep pointer loads, whose masks zero the keys past seq_len.
 
-    V_PAIRS: p @ v contracts over keys, but a key's dims are what lie side by side in memory, and an
-    8-bit operand cannot be transposed by ldmatrix, so an fp8 V tile taken as it is comes out of
-    shared memory a byte at a time. Read as uint16 instead, element (key, c) holds dims 2c (low
-    byte) and 2c + 1 of the key and transposes as 16-bit data; the bytes are split, widened to fp16
-    (exact) and dotted separately: acc's even and odd dims, the same sums as one dot over all dims."""
+    V_PAIRS: p @ v contracts over keys, but a key's dims lie side by side in memory and ldmatrix cannot
+    transpose an 8-bit operand, so an fp8 V tile taken as it is leaves shared memory a byte at a time. Read as
+    uint16, element (key, c) holds dims 2c (low byte) and 2c + 1 of the key and transposes as 16-bit data; the
+    bytes are split, widened to fp16 (exact) and dotted separately into acc's even and odd dims."""
     BLOCK_M: tl.constexpr = acc.shape[0]
     HALF_DV: tl.constexpr = acc.shape[1] // 2
     acc_even, acc_odd = acc, acc  # unread unless V_PAIRS
@@ -454,8 +412,7 @@ def _attend_tiles(
             s = tl.where(visible, s, float("-inf"))  # [BLOCK_M, TILE_N]
 
         m_new = tl.maximum(m_i, tl.max(s, 1))
-        # A row that has seen no key yet (possible inside a split) keeps m = -inf; subtract 0
-        # instead so that exp2 gives 0, not NaN. Rows with a finite max are unaffected.
+        # a row that has seen no key yet (possible inside a split) keeps m = -inf: subtract 0, so exp2 gives 0, not NaN
         m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
         if q_ptr.dtype.element_ty == tl.float32:  # scale after subtracting: exact near the max (module docstring)
             alpha = tl.exp2((m_i - m_safe) * qk_scale_log2)
@@ -609,9 +566,8 @@ def paged_attention_kernel(
             return
         last_split = seq_splits - 1
 
-    # Row r of the tile: query token q_tile * BLOCK_Q + r // HEADS_PER_PROGRAM, head
-    # head_tile * HEADS_PER_PROGRAM + r % HEADS_PER_PROGRAM of the group (the whole group when
-    # HEADS_PER_PROGRAM == GROUP_SIZE, the usual case: head_tile is then 0).
+    # Row r of the tile: query token q_tile * BLOCK_Q + r // HEADS_PER_PROGRAM, head head_tile * HEADS_PER_PROGRAM
+    # + r % HEADS_PER_PROGRAM of the group (head_tile is 0 when a program holds the whole group, the usual case).
     rows = tl.arange(0, BLOCK_M)
     token = q_tile * BLOCK_Q + rows // HEADS_PER_PROGRAM
     in_group = head_tile * HEADS_PER_PROGRAM + rows % HEADS_PER_PROGRAM
@@ -669,10 +625,9 @@ def paged_attention_kernel(
         # slot is then a per-lane constant in the tile loop (_attend_tiles' docstring).
         kv_start = kv_start + split * (split_size // TILE_N) * TILE_N
         kv_end = tl.where(split == last_split, kv_end, tl.minimum(kv_end, kv_start + split_size))
-    # A bad table entry among the columns the tiles below read (from kv_start, whole tiles,
-    # keys before seq_len) turns every row of the program into NaN, as the contract says.
-    # The walked length, min(whole tiles, seq_len - kv_start), without an int32 sum past seq_len: a
-    # garbage seq_len near 2^31 would wrap the tile-rounded end. (int64 arithmetic here is far slower.)
+    # A bad table entry among the columns the tiles below read (from kv_start, whole tiles, keys before seq_len)
+    # turns every row of the program into NaN. walked = min(whole tiles, seq_len - kv_start), with no int32 sum
+    # past seq_len (a garbage seq_len near 2^31 would wrap the tile-rounded end; int64 here is far slower).
     span = tl.maximum(kv_end - kv_start, 0)
     tiles = span // TILE_N + (span % TILE_N > 0).to(tl.int32)
     room = tl.maximum(seq_len - kv_start, 0)
@@ -683,9 +638,8 @@ def paged_attention_kernel(
     bad_blocks = _count_bad_blocks(block_table_ptr, seq, stride_bt_seq, first_col, end_col, num_blocks,
                                    max_blocks_per_seq, 128)  # fmt: skip
     kv_end = tl.where(bad_blocks > 0, kv_start, kv_end)  # its rows are NaN: no tile is walked, no bad id read
-    # Tiles wholly before the program's first query position are visible to every row: they
-    # skip the causal and length masks (on prefill the elementwise work is what bounds the
-    # kernel: 18% of prefill_4x4k's time on an H200). The window masks every tile it touches.
+    # Tiles wholly before the program's first query position are visible to every row: they skip the causal and
+    # length masks (the elementwise work bounds prefill). The window masks every tile it touches.
     full_end = kv_start
     if not USE_WINDOW:
         first_visible_end = (seq_len - q_len + q_tile * BLOCK_Q + 1) // TILE_N * TILE_N
@@ -775,10 +729,10 @@ def combine_splits_kernel(
 ):
     """out = sum_s w_s acc_s / sum_s w_s l_s, w_s = 2^((m_s - m) * scale * log2(e)), m = max_s m_s; a program a row.
 
-    With sinks, m also covers the row's sink, and 2^((sink - m) * scale * log2(e)) joins
-    the denominator here, once for all the splits. lse = ln 2 * (m * scale * log2 e + log2 sum_s w_s l_s).
-    Under DEVICE_SPLIT a row reads only its sequence's splits (the rest ran no program: m = -inf, l and
-    acc 0, as an empty split's state), and a row of a one-split sequence, already written, is skipped.
+    With sinks, m also covers the row's sink, and 2^((sink - m) * scale * log2(e)) joins the denominator here,
+    once for all the splits. lse = ln 2 * (m * scale * log2 e + log2 sum_s w_s l_s). Under DEVICE_SPLIT a row
+    reads only its sequence's splits (the rest ran no program), and a one-split sequence's row, already
+    written, is skipped.
     """
     row = tl.program_id(0)
     splits = tl.arange(0, NUM_SPLITS)
@@ -814,13 +768,8 @@ def combine_splits_kernel(
 
 
 def _check_launchable(device: torch.device) -> None:
-    """Fail clearly when the kernel cannot launch on ``device``.
-
-    ``@triton.jit`` chooses between compiling and interpreting when Triton is imported,
-    from TRITON_INTERPRET; triton.language's own helpers are built the same way. So the
-    CPU needs TRITON_INTERPRET=1 in the environment before the first ``import triton``
-    (``kernels.use_interpreter_if_no_gpu()`` sets it; tests/conftest.py and the harness
-    CLI call it).
+    """Fail clearly when the kernel cannot launch on ``device``: the CPU needs TRITON_INTERPRET=1 set before the
+    first ``import triton``, when ``@triton.jit`` picks compiler or interpreter (kernels.use_interpreter_if_no_gpu).
     """
     interpreted = not isinstance(paged_attention_kernel, triton.runtime.JITFunction)
     if device.type != "cuda" and not interpreted:
@@ -839,12 +788,11 @@ KV_TMA = True
 
 def _kv_tma(call: PagedCall, tiling, strides: tuple, copied: tuple, parts: int) -> bool:
     """Whether the unmasked tiles load K (and V, unless it is K's view) by tensor descriptor (_attend_tiles'
-    KV_TMA): a tile then lies in one block (block_size a multiple of TILE_N) and the pool is one 2-D tensor
-    of rows (block stride = block_size * slot stride), each head's columns inside a row, the rows and the
-    base 16-byte aligned (the copy engine's rule), and every piece of K and V loaded whole (no padded dims
-    past the head's). An NVIDIA GPU of sm_90 or newer (or the interpreter, which models one); not an fp8
-    cache (its V_PAIRS reads pairs). Decode launches only: prefill and verify ran slower with descriptors
-    (docs/performance.md, "Prefill stays at").
+    KV_TMA): a tile lies in one block (block_size a multiple of TILE_N), the pool is one 2-D tensor of rows
+    (block stride = block_size * slot stride) with each head's columns inside a row, the rows and the base are
+    16-byte aligned (the copy engine's rule), every piece of K and V is loaded whole (no padded dims), the GPU
+    is NVIDIA sm_90 or newer (or the interpreter) and the cache is not fp8 (V_PAIRS reads pairs). Decode
+    launches only: prefill and verify run slower so (docs/performance.md, "Hopper's prefill").
 
     ``strides``: K's and V's strides as launched; ``copied``: whether the launcher copies each."""
     if not KV_TMA or call.kv_fp8 or call.block_size % tiling.TILE_N or not tiling.TUNING_KEY[2].startswith("decode"):
@@ -880,21 +828,14 @@ def _tma_scratch(size: int, alignment: int, stream: int | None) -> torch.Tensor:
 def paged_attention_triton(
     call: PagedCall, out: torch.Tensor, lse: torch.Tensor | None, max_q_len: int | None, max_seq_len: int | None
 ) -> TritonPlan:
-    """Paged attention through the Triton kernel.
+    """Paged attention through the Triton kernel (kernels.triton_paged's module docstring says how).
 
-    The call reads no tensor value on the host: no device sync, so it can be captured in
-    a CUDA graph. Launch sizes come from shapes and the hints (see the module docstring):
-    max_q_len (decode through query_start_loc: pass 1) picks a smaller tile, max_seq_len
-    the KV split; hints change speed, never the result. With return_lse the single-pass
-    epilogue or the split path's combine writes lse. An fp8 cache is dequantized in the
-    kernel: widened exactly to the dots' dtype (q's, or fp16 in a decode: ``Tiling.FP8_DOTS_FP16``),
-    k_scale applied to the logits and v_scale to the accumulator (FlashInfer's way; ``_widen_fp8``).
-
-    A repeated call with the same shapes, dtypes, strides, alignment and options skips the
-    checks, the tiling and Triton's argument binding: its :class:`TritonPlan` is kept in an
-    LRU (``kernels.launch_plan``; ``PAGED_ATTN_PLAN_CACHE=0`` turns it off).
-
-    On CPU tensors the kernel runs under Triton's interpreter (slow: small cases only).
+    Reads no tensor value on the host: no device sync, so it can be captured in a CUDA graph. The hints size
+    the launch and change speed, never the result: max_q_len the tile height (decode through query_start_loc:
+    pass 1), max_seq_len the KV split. A repeated call with the same shapes, dtypes, strides, alignment and
+    options skips the checks, the tiling and Triton's argument binding: its :class:`TritonPlan` is kept in an
+    LRU (``kernels.launch_plan``; ``PAGED_ATTN_PLAN_CACHE=0`` turns it off). On CPU tensors the kernel runs
+    under Triton's interpreter (slow: small cases only).
     """
     _check_launchable(call.q.device)
     plan = TritonPlan(call, out, lse, max_q_len, max_seq_len)
@@ -920,17 +861,15 @@ def _partial_numel(splits: int, num_tokens: int, num_q_heads: int, head_dim_v_pa
 
 
 class TritonPlan:
-    """Everything the launcher decides on the host for one plan key: the tiling, the grids,
-    the scalar arguments in signature order, the constexprs, which tensors it copies
-    (a head_dim stride other than 1) and the split path's buffers' shapes.
+    """Everything the launcher decides on the host for one plan key: the tiling, the grids, the scalar
+    arguments in signature order, the constexprs, which tensors it copies (a head_dim stride other than 1) and
+    the split path's buffer size.
 
-    ``launch(q, k_cache, v_cache, block_table, seq_lens, query_start_loc, out, lse, sinks,
-    alibi_slopes, k_scale, v_scale)`` takes the checked tensors (PagedCall's view: index
-    tensors contiguous, an fp8 cache's scales as [num_kv_heads] fp32 tensors, ``out``
-    allocated, ``lse`` or None) and launches the kernel (and the combine of the splits),
-    allocating only per-call buffers. It is one of four methods, picked here: nothing to
-    launch (no sequence or no token), one kernel on the tensors as given (no copy, no KV
-    split: the usual decode), Hopper's prefill kernel for a plain prefill on sm_90
+    ``launch(q, k_cache, v_cache, block_table, seq_lens, query_start_loc, out, lse, sinks, alibi_slopes,
+    k_scale, v_scale)`` takes the checked tensors (PagedCall's view; ``out`` allocated, ``lse`` or None) and
+    launches the kernel (and the combine of the splits), allocating only per-call buffers. It is one of four
+    methods, picked here: nothing to launch (no sequence or no token), one kernel on the tensors as given (no
+    copy, no KV split: the usual decode), Hopper's prefill kernel for a plain prefill on sm_90
     (``kernels.gluon_prefill.applies``), or the general one.
     """
 
