@@ -17,30 +17,25 @@ from .contract import PagedCall, fail
 from .tuning import query_class, tile_config
 
 SINGLE_DOT_HEAD_DIM = 256  # above it, K is loaded as two pieces and the heads of a group are tiled
-# Past SINGLE_DOT_HEAD_DIM under fp16 / bf16 q over a half-precision cache (MLA's absorbed decode: K
-# 576 / V 512, 128 heads on one KV head): a program holds up to WIDE_HEADS heads (the dots' M) and
-# V_PART_DIM of V's dims, so its accumulator is [64, 256] fp32, and the programs of a token read K
-# twice and V once instead of 8 times each at 16 heads a program (FlashMLA's split: 64 heads a CTA,
-# V's dims over two warpgroups). None: the 16-head tiling for every dtype.
+# Past SINGLE_DOT_HEAD_DIM under fp16 / bf16 q over a half-precision cache (MLA's absorbed decode: K 576 / V 512,
+# 128 heads on one KV head) a program holds up to WIDE_HEADS heads (the dots' M) and V_PART_DIM of V's dims: a
+# [64, 256] fp32 accumulator, and a token's programs read K twice and V once instead of 8 times each at 16 heads
+# a program (FlashMLA's split: 64 heads a CTA, V's dims over two warpgroups). None: the 16-head tiling always.
 WIDE_HEADS: int | None = 64
 V_PART_DIM = 256
-# MLA's latent cache (vLLM's MLA and FlashMLA keep one cache of 576 columns, V its first 512): when a
-# wide call's v_cache is a view of k_cache's first head_dim_v columns, head_dim_v K's first piece
-# (:func:`latent_kv`), a program holds V whole and takes it from the K tile it loaded (the kernel's
-# SHARED_KV): the logits once a head tile, half the bytes and the shared memory. False: such a view
-# runs as two tensors.
+# MLA's latent cache (vLLM's MLA and FlashMLA keep one cache of 576 columns, V its first 512): when V is a view of
+# K's first piece (:func:`latent_kv`), a program holds V whole and takes it from the K tile it loaded (the
+# kernel's SHARED_KV): the logits once a head tile, half the bytes and the shared memory. False: two tensors.
 LATENT_KV = True
 
 
 def window_tile_start(first_q_pos, sliding_window: int, tile_n: int):
     """First KV position (a multiple of TILE_N) whose tile a row at ``first_q_pos`` or later can see.
 
-    With a window of W the query at position p sees keys p - W + 1 .. p, so a program whose
-    rows start at position p0 needs no tile before ``max(p0 - W + 1, 0)``, rounded down to a
-    tile boundary: the tile loop starts there and decode costs W keys, not seq_len. Works on
-    ints and on integer tensors (tlsim); the kernel spells the same arithmetic in Triton.
-    Example: TILE_N 64, W 100, decode at position 1000: the loop starts at 896 (901 // 64 * 64),
-    walking 2 tiles instead of 16.
+    With a window of W the query at position p sees keys p - W + 1 .. p, so a program whose rows start at
+    position p0 needs no tile before ``max(p0 - W + 1, 0)``, rounded down to a tile boundary: decode costs W
+    keys, not seq_len. Works on ints and on integer tensors (tlsim); the kernel spells it in Triton. Example:
+    TILE_N 64, W 100, decode at position 1000: the loop starts at 896 (901 // 64 * 64), 2 tiles instead of 16.
     """
     lowest = first_q_pos - sliding_window + 1
     lowest = lowest.clamp(min=0) if isinstance(lowest, torch.Tensor) else max(lowest, 0)
@@ -51,41 +46,34 @@ def window_tile_start(first_q_pos, sliding_window: int, tile_n: int):
 class Tiling:
     """How the kernel cuts the work.
 
-    One program owns one (query tile, KV head, KV split). A query tile is BLOCK_Q query
-    tokens of one sequence times the group's query heads: BLOCK_M rows, row r = token
-    r // group_size, head r % group_size, so a KV tile is loaded once and used by every
-    query head of its group. KV is walked in TILE_N key positions at a time, independent
-    of block_size, with an online softmax across tiles.
+    One program owns one (query tile, KV head, KV split). A query tile is BLOCK_Q query tokens of one sequence
+    times the group's query heads: BLOCK_M rows, row r = token r // group_size, head r % group_size, so a KV
+    tile is loaded once and used by every query head of its group. KV is walked TILE_N key positions at a time,
+    independent of block_size, with an online softmax across tiles.
 
-    The query tiles are numbered without reading query_start_loc on the host. Sequence s
-    owns tiles first_tile(s) .. first_tile(s + 1) - 1, with
+    The query tiles are numbered without reading query_start_loc on the host. Sequence s owns tiles
+    first_tile(s) .. first_tile(s + 1) - 1, with
 
         first_tile(s) = (query_start_loc[s] + s * (BLOCK_Q - 1)) // BLOCK_Q,
 
-    at least ceil(q_len_s / BLOCK_Q) of them, and NUM_Q_TILES = first_tile(num_seqs) =
-    (num_tokens + num_seqs * (BLOCK_Q - 1)) // BLOCK_Q in all: exactly num_seqs for
-    decode (one query each), and within num_seqs of num_tokens / BLOCK_Q for prefill.
-    A program finds its sequence by a binary search over query_start_loc (vLLM's
-    unified-attention kernel does the same with first_tile(s) = query_start_loc[s] //
-    BLOCK_Q + s, which over-launches decode by num_seqs / BLOCK_Q programs).
-    Example: BLOCK_Q 4, q_lens [5, 0, 3] (query_start_loc [0, 5, 5, 8]): first_tile =
-    [0, 2, 3], NUM_Q_TILES = (8 + 3 * 3) // 4 = 4; sequence 0 owns tiles 0-1, sequence 1
-    none, sequence 2 tile 3.
+    at least ceil(q_len_s / BLOCK_Q) of them, and NUM_Q_TILES = first_tile(num_seqs) = (num_tokens + num_seqs *
+    (BLOCK_Q - 1)) // BLOCK_Q in all: exactly num_seqs for decode, within num_seqs of num_tokens / BLOCK_Q for
+    prefill. A program finds its sequence by a binary search over query_start_loc (vLLM's unified-attention
+    kernel's first_tile(s) = query_start_loc[s] // BLOCK_Q + s over-launches decode by num_seqs / BLOCK_Q
+    programs). Example: BLOCK_Q 4, q_lens [5, 0, 3] (query_start_loc [0, 5, 5, 8]): first_tile = [0, 2, 3],
+    NUM_Q_TILES = (8 + 3 * 3) // 4 = 4; sequence 0 owns tiles 0-1, sequence 1 none, sequence 2 tile 3.
 
-    When there are too few programs to fill the GPU (long contexts, few sequences, one
-    KV head per GPU), each sequence's KV range is cut into NUM_SPLITS pieces of
-    SPLIT_SIZE positions (a multiple of TILE_N, so tile boundaries do not move; the last
-    piece takes whatever is left); each piece keeps its own (max, sum, accumulator) and a
-    second pass combines them. A decode with programs enough but a length bound past
-    DEVICE_SPLIT_MIN_KEYS launches NUM_SPLITS programs a (sequence, KV head) too, but each sequence
-    takes its own number of them, decided on the device from the lengths themselves (the device
-    split, :func:`device_splits`; SPLIT_SIZE is then 0 and DEVICE_SPLIT holds the rule's constants):
-    the host knows only the bound, and in a ragged batch the longest sequences' programs would run
-    alone at the end (the constants' comment below says which batches it cuts).
+    When too few programs would fill the GPU (long contexts, few sequences, one KV head per GPU), each
+    sequence's KV range is cut into NUM_SPLITS pieces of SPLIT_SIZE positions (a multiple of TILE_N, so tile
+    boundaries do not move; the last piece takes the rest), each keeping its own (max, sum, accumulator) for a
+    second pass to combine. Example: GQA 32/8 heads (group 4), BLOCK_M 16 gives BLOCK_Q 4; a decode of 4
+    sequences of 131072 tokens is 32 programs, so the range is cut in 16 splits of 8192 positions.
 
-    Example: GQA 32/8 heads (group 4), BLOCK_M 16 gives BLOCK_Q = 4 tokens a program;
-    decode of 4 sequences of 131072 tokens is 4 * 8 = 32 programs, so the range is cut
-    in 16 splits of 8192 positions (512 programs).
+    A decode with programs enough but a length bound past DEVICE_SPLIT_MIN_KEYS may take the device split
+    (:func:`device_splits`; SPLIT_SIZE is then 0 and DEVICE_SPLIT holds the rule's constants): NUM_SPLITS
+    programs a (sequence, KV head), of which each sequence takes its own number, decided on the device from the
+    lengths (the host knows only the bound), so that a ragged batch's longest sequences do not run alone at the
+    end.
     """
 
     BLOCK_M: int
@@ -106,31 +94,28 @@ class Tiling:
     DEVICE_SPLIT: tuple[int, int, int, int] | None = None
 
 
-# Programs the split aims for: two waves of an H100/H200's 132 SMs. A constant, not the
-# device's SM count, so that tlsim makes the same split (and so the same numerics) anywhere.
+# Programs the split aims for: two waves of an H100/H200's 132 SMs. A constant, not the device's SM count, so
+# that tlsim makes the same split (and so the same numerics) anywhere.
 TARGET_PROGRAMS = 264
 MIN_TILES_PER_SPLIT = 8
 MAX_SPLITS = 64
 # A split decode whose splits cover more than this many keys looks up "decode_split_long".
 LONG_SPLIT_KEYS = 1024
-# The device split (choose_tiling, device_splits). A decode with programs enough to fill the GPU and a
-# length bound past DEVICE_SPLIT_MIN_KEYS launches up to DEVICE_SPLIT_MAX_SPLITS programs a (sequence,
-# KV head); each reads the whole seq_lens and gives its sequence splits by the sequence's share of the
-# batch's work, so that a uniform batch stays unsplit (its extra programs exit at once) and a ragged
-# batch's longest sequences are cut. Only a batch of at most DEVICE_SPLIT_MAX_SEQS sequences (every
-# program reads them all), without a sliding window (a windowed program walks at most W keys anyway).
-# C = DEVICE_SPLIT_SLACK: a piece holds at most C times the work one of TARGET_PROGRAMS program slots
-# takes when the batch's work is shared evenly (a ratio of ints: the rule runs in integers, the same on
-# the device and in tlsim); a uniform batch of at least TARGET_PROGRAMS / C programs (211 at 264) takes
-# one split a sequence. C 5/4 with at most 4 splits balances the 8B decode's ragged lengths on an H200 and
-# leaves every uniform decode of the GPU suites at its unsplit time (docs/performance.md, "fp8 KV caches").
-# The device split's programs are dispatched longest piece first (the kernel's _program_order: the grid's
-# linear block order given to the sequences sorted by split_size, each sequence's pieces and KV heads side
-# by side), so that the short pieces fill the tail instead of a long one starting last. Every program of
-# the launch sorts, those of the splits a sequence does not take included, and the sort's code grows with
-# the lanes (sm_90 SASS of the fp8 8B decode's launch, scripts/sass_census.py: 376 instructions at 64
-# sequences, 416 at 128, 904 at 256, 4000 at 1024), so a batch past LONGEST_FIRST_MAX_SEQS keeps the
-# grid's order.
+# The device split (choose_tiling, device_splits). A decode with programs enough to fill the GPU and a length
+# bound past DEVICE_SPLIT_MIN_KEYS launches up to DEVICE_SPLIT_MAX_SPLITS programs a (sequence, KV head); each
+# reads the whole seq_lens and gives its sequence splits by the sequence's share of the batch's work, so that a
+# uniform batch stays unsplit (its extra programs exit at once) and a ragged batch's longest sequences are cut.
+# Only for at most DEVICE_SPLIT_MAX_SEQS sequences (every program reads them all) and no sliding window (a
+# windowed program walks at most W keys anyway).
+# C = DEVICE_SPLIT_SLACK: a piece holds at most C times one of TARGET_PROGRAMS program slots' even share of the
+# batch's work (a ratio of ints: the rule runs in integers, the same on the device and in tlsim); a uniform batch
+# of at least TARGET_PROGRAMS / C programs (211 at 264) takes one split a sequence. C 5/4 with at most 4 splits
+# balances the 8B decode's ragged lengths and leaves every uniform decode of the GPU suites at its unsplit time
+# (docs/performance.md, "fp8 KV caches").
+# The device split's programs go longest piece first (the kernel's _program_order), so that the short pieces
+# fill the tail. Every program of the launch sorts, and the sort's code grows with the lanes (sm_90 SASS,
+# scripts/sass_census.py: 376 instructions at 64 sequences, 4000 at 1024), so a batch past
+# LONGEST_FIRST_MAX_SEQS keeps the grid's order.
 LONGEST_FIRST_MAX_SEQS = 128
 DEVICE_SPLIT = True
 DEVICE_SPLIT_MAX_SEQS = 1024
@@ -138,10 +123,9 @@ DEVICE_SPLIT_MAX_SPLITS = 4  # the grid's splits a (sequence, KV head), a power 
 # The floor: lower, short uniform batches would enter the split and pay for its idle programs.
 DEVICE_SPLIT_MIN_KEYS = 4096  # no sequence is cut into pieces of fewer keys than this target
 DEVICE_SPLIT_SLACK = (5, 4)
-# A piece is also at least DEVICE_SPLIT_MEAN_FACTOR times the batch's mean length, so only a sequence past
-# twice the mean is cut and a uniform batch never is: the slack alone would cut every sequence of a uniform
-# batch of 132-211 programs in two, which runs slower than one program a sequence. Past 421 programs (C 5/4)
-# the slack's piece is the larger.
+# A piece is also at least DEVICE_SPLIT_MEAN_FACTOR times the batch's mean length, so only a sequence past twice
+# the mean is cut and a uniform batch never is (the slack alone would cut every sequence of a uniform batch of
+# 132-211 programs in two, which runs slower). Past 421 programs (C 5/4) the slack's piece is the larger.
 DEVICE_SPLIT_MEAN_FACTOR = 2
 
 
@@ -160,12 +144,11 @@ def choose_tiling(
 ) -> Tiling:
     """Tile sizes, query-tile count and KV split; the kernel launcher and tlsim both use exactly these.
 
-    ``max_q_len`` (a typical query length: it sets the tile height) and ``max_seq_len`` (an upper
-    bound of the KV lengths: it sets the split; 0: no split) are host-known, derived from shapes and
-    hints by :func:`tiling_for`. ``num_tokens`` defaults to num_seqs * max_q_len. ``fp32`` inputs keep
-    BLOCK_M at 16: their dots run in IEEE fp32 on CUDA cores, and a 64-row tile spills registers;
-    half-precision tiles keep 64 rows for tensor cores. ``windowed`` (a sliding window) keeps a decode
-    out of the device split.
+    ``max_q_len`` (a typical query length: it sets the tile height) and ``max_seq_len`` (an upper bound of the
+    KV lengths: it sets the split; 0: no split) are host-known, derived from shapes and hints by
+    :func:`tiling_for`. ``num_tokens`` defaults to num_seqs * max_q_len. ``fp32`` inputs keep BLOCK_M at 16:
+    their dots run in IEEE fp32 on CUDA cores, and a 64-row tile spills registers. ``windowed`` (a sliding
+    window) keeps a decode out of the device split.
     """
     if group_size > 128:
         fail(f"group_size (num_q_heads // num_kv_heads) {group_size} is above the kernel's limit of 128")
@@ -243,16 +226,13 @@ def choose_tiling(
 def tiling_for(call: PagedCall, max_q_len: int | None = None, max_seq_len: int | None = None) -> Tiling:
     """The tiling of one call, from host-known sizes only: what the launcher runs and tlsim models.
 
-    Nothing here reads a tensor value. The query length only picks the tile height (the
-    grid covers every token whatever it is): the max_q_len hint when given, else 1 when
-    query_start_loc is None, else the mean q_len ceil(num_tokens / num_seqs), so a decode
-    batch given as offsets gets decode tiles and 16 prefills of 1024 get prefill tiles.
-    max_seq_len, an upper bound that sets the KV split, is the hint when given, else the
-    table's capacity max_blocks_per_seq * block_size; with a sliding window W it is at most
-    W + the longest q_len (max_q_len, else 1 for decode, else num_tokens): the keys a
-    program walks, since the kernel cuts its splits from the window's first tile. So a
-    windowed decode at 128k splits like a decode of W keys. A wrong hint costs speed, never
-    correctness: the last KV split runs to the end of the sequence whatever max_seq_len said.
+    Nothing here reads a tensor value. The query length only picks the tile height (the grid covers every token
+    whatever it is): the max_q_len hint when given, else 1 when query_start_loc is None, else the mean q_len
+    ceil(num_tokens / num_seqs), so a decode batch given as offsets gets decode tiles. max_seq_len, the bound
+    that sets the KV split, is the hint when given, else the table's capacity max_blocks_per_seq * block_size;
+    with a sliding window W it is at most W + the longest q_len (max_q_len, else 1 for decode, else num_tokens):
+    the keys a program walks, since the kernel cuts its splits from the window's first tile. A wrong hint costs
+    speed, never correctness: the last KV split runs to the end of the sequence whatever max_seq_len said.
     """
     if call.given_query_start_loc is None:
         q_len = 1
@@ -264,10 +244,9 @@ def tiling_for(call: PagedCall, max_q_len: int | None = None, max_seq_len: int |
     if call.sliding_window is not None:  # a program walks at most W + its queries' span keys
         longest_q = 1 if call.given_query_start_loc is None else int(max_q_len or call.num_tokens)
         kv_bound = min(kv_bound, call.sliding_window + min(longest_q, call.num_tokens))
-    # Past SINGLE_DOT_HEAD_DIM a program holds heads_per_program heads of its group: to the
-    # tiling, num_kv_heads * head_tiles groups of that size. Such dims also take the 16-row
-    # tiles (choose_tiling's fp32 rule): a [64, 512] fp32 accumulator would spill registers.
-    # The wide tiling (WIDE_HEADS) keeps half-precision tiles: its accumulator is cut by V_PART_DIM
+    # Past SINGLE_DOT_HEAD_DIM a program holds heads_per_program heads of its group: to the tiling, num_kv_heads *
+    # head_tiles groups of that size, on 16-row tiles (choose_tiling's fp32 rule: a [64, 512] fp32 accumulator
+    # would spill). The wide tiling (WIDE_HEADS) keeps half-precision tiles, its accumulator cut by V_PART_DIM
     # instead, and its V parts count as programs for the split.
     heads = heads_per_program(call)
     large = max(call.head_dim, call.head_dim_v) > SINGLE_DOT_HEAD_DIM and not _wide(call)
@@ -297,21 +276,18 @@ def device_splits(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """The device split's rule (Tiling.DEVICE_SPLIT): each sequence's splits and the keys a split covers.
 
-    seq_lens [num_seqs] (any integer dtype) -> (splits [num_seqs] int64 in [1, num_splits],
-    split_size [num_seqs] int64, a multiple of tile_n). With total the batch's keys (negative lengths
-    counted as 0), a piece is ``max(ceil(total * piece_mul / piece_div), piece_min, ceil(total *
-    piece_mean / num_seqs))`` keys (piece_mul / piece_div = C * num_kv_heads / TARGET_PROGRAMS: C times a
-    program slot's even share; piece_mean DEVICE_SPLIT_MEAN_FACTOR, twice the mean length), sequence i
-    takes ``clamp(ceil(len_i / piece), 1, num_splits)`` splits, each ``ceil(len_i / splits_i)`` keys
-    rounded up to whole tiles; split s covers [s * split_size_i, (s + 1) * split_size_i), the last one
-    running to the sequence's end, and splits s >= splits_i run no program. The kernel's
-    ``_device_piece`` and ``_device_splits`` are this, line for line (and ``_program_order`` dispatches the
-    sequences by split_size, longest first); tlsim calls it on the host. All in
-    int64: the same integers on both sides. Example: 8 KV heads, TARGET_PROGRAMS 264, C 5/4 (mul 40,
-    div 1056), the 64 lengths of llama3_8b_decode_fp8 (552121 keys): piece 20914, so the 6 sequences
-    past it take 2 splits (31024: 2 of 15616 keys in 256-key tiles), the rest 1 (twice the mean, 17254,
-    is smaller); 24 x 8192: piece 16384 (the slack's 7447 would cut every sequence in two), every
-    sequence 1.
+    seq_lens [num_seqs] (any integer dtype) -> (splits [num_seqs] int64 in [1, num_splits], split_size
+    [num_seqs] int64, a multiple of tile_n). With total the batch's keys (negative lengths counted as 0), a
+    piece is ``max(ceil(total * piece_mul / piece_div), piece_min, ceil(total * piece_mean / num_seqs))`` keys
+    (piece_mul / piece_div = C * num_kv_heads / TARGET_PROGRAMS: C times a program slot's even share;
+    piece_mean DEVICE_SPLIT_MEAN_FACTOR times the mean length); sequence i takes ``clamp(ceil(len_i / piece),
+    1, num_splits)`` splits of ``ceil(len_i / splits_i)`` keys rounded up to whole tiles; split s covers
+    [s * split_size_i, (s + 1) * split_size_i), the last one running to the sequence's end, and splits
+    s >= splits_i run no program. The kernel's ``_device_piece`` and ``_device_splits`` are this, line for
+    line, in int64 like it; tlsim calls it on the host. Example: 8 KV heads, C 5/4 (mul 40, div 1056), the 64
+    lengths of llama3_8b_decode_fp8 (552121 keys): piece 20914, so the 6 sequences past it take 2 splits
+    (31024: 2 of 15616 keys in 256-key tiles), the rest 1; 24 x 8192: piece 16384 (twice the mean; the
+    slack's 7447 would cut every sequence in two), every sequence 1.
     """
     lens = seq_lens.long().clamp(min=0)
     total = lens.sum()
@@ -324,14 +300,12 @@ def device_splits(
 
 
 def heads_per_program(call: PagedCall) -> int:
-    """Query heads of a KV head's group that one program holds: the whole group, except when
-    head_dim or head_dim_v passes SINGLE_DOT_HEAD_DIM and the group passes 16, where a program
-    holds 16 (MLA's 128 heads over one KV head: 8 programs a token, each a [16, 512] fp32
-    accumulator instead of one [128, 512] that no register file holds). The kernel's grid
-    axis 1 is then num_kv_heads * ceil(group_size / 16) (times :func:`v_parts`).
-
-    Under the wide tiling (:func:`_wide`) a program holds up to WIDE_HEADS heads and
-    only V_PART_DIM of V's dims: MLA's 128 heads take 2 head tiles of 64 times 2 V parts."""
+    """Query heads of a KV head's group that one program holds: the whole group, except when head_dim or
+    head_dim_v passes SINGLE_DOT_HEAD_DIM and the group passes 16, where a program holds 16 (MLA's 128 heads
+    over one KV head: 8 programs a token, each a [16, 512] fp32 accumulator instead of one [128, 512] that no
+    register file holds); the kernel's grid axis 1 is then num_kv_heads * ceil(group_size / 16) (times
+    :func:`v_parts`). Under the wide tiling (:func:`_wide`) a program holds up to WIDE_HEADS heads and only
+    V_PART_DIM of V's dims: MLA's 128 heads take 2 head tiles of 64 times 2 V parts."""
     if _wide(call):
         return min(call.group_size, WIDE_HEADS)
     if max(call.head_dim, call.head_dim_v) > SINGLE_DOT_HEAD_DIM and call.group_size > 16:
@@ -340,23 +314,22 @@ def heads_per_program(call: PagedCall) -> int:
 
 
 def v_parts(call: PagedCall) -> int:
-    """Programs that share one head tile's rows, each V_PART_DIM of V's padded dims (grid axis 1's
-    fastest part): next_pow2(head_dim_v) // V_PART_DIM under the wide tiling, else 1 (and 1 for a
-    latent cache, whose program holds V whole: :func:`latent_kv`). Each computes
-    the tile's full logits (both K pieces) and its own columns of p @ v; a column's sums do not
-    depend on the others, and m, l and the lse are the same in every part."""
+    """Programs that share one head tile's rows, each V_PART_DIM of V's padded dims (grid axis 1's fastest
+    part): next_pow2(head_dim_v) // V_PART_DIM under the wide tiling, else 1 (and 1 for a latent cache, whose
+    program holds V whole: :func:`latent_kv`). Each computes the tile's full logits (both K pieces) and its own
+    columns of p @ v; a column's sums do not depend on the others, and m, l and the lse are the same in every
+    part."""
     if not _wide(call) or latent_kv(call):
         return 1
     return max(1, max(16, next_pow2(call.head_dim_v)) // V_PART_DIM)
 
 
 def latent_kv(call: PagedCall) -> bool:
-    """Whether the call's V is read from its K tiles (the kernel's SHARED_KV): LATENT_KV on, the wide
-    tiling, head_dim_v equal to K's first piece (MLA: 512 of 576), and v_cache a view of k_cache's first
-    head_dim_v columns, told from metadata alone (no value read, no device sync): the same storage
-    pointer, dtype and block / slot / head strides, both unit-stride in their dims. Then every V element
-    the kernel would load is the K element it loaded at the same (key, dim), so the output is the same
-    as two tensors holding those values give (tests/kernels/test_variants_mla.py)."""
+    """Whether the call's V is read from its K tiles (the kernel's SHARED_KV): LATENT_KV on, the wide tiling,
+    head_dim_v equal to K's first piece (MLA: 512 of 576), and v_cache a view of k_cache's first head_dim_v
+    columns (:func:`is_latent_view`, metadata only: no device sync). Every V element the kernel would load is
+    then the K element it loaded at the same (key, dim), so the output is that of two tensors holding those
+    values (tests/kernels/test_variants_mla.py)."""
     return (
         LATENT_KV
         and _wide(call)
@@ -393,10 +366,9 @@ def _wide(call: PagedCall) -> bool:
 def head_dim_pieces(head_dim: int) -> tuple[int, int]:
     """(main, tail): K's head dim as the kernel loads it, each a power of two (tail 0: none).
 
-    Up to SINGLE_DOT_HEAD_DIM one piece, next_pow2(head_dim) (at least 16). Past it, the
-    largest power of two below, then the rest padded: 576 (MLA) = 512 + 64 in two dots
-    instead of one padded to 1024 (which would double the loads and the shared memory);
-    300 = 256 + 64 (44 used).
+    Up to SINGLE_DOT_HEAD_DIM one piece, next_pow2(head_dim) (at least 16). Past it, the largest power of two
+    below, then the rest padded: 576 (MLA) = 512 + 64 in two dots instead of one padded to 1024 (which would
+    double the loads and the shared memory); 300 = 256 + 64 (44 used).
     """
     if head_dim <= SINGLE_DOT_HEAD_DIM:
         return max(16, next_pow2(head_dim)), 0
