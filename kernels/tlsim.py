@@ -1,33 +1,21 @@
-"""tlsim: the Triton kernel's algorithm in torch, so it runs anywhere and predicts the
-kernel's numerics.
+"""tlsim: the Triton kernel's algorithm in torch, so it runs anywhere and predicts the kernel's numerics.
 
-Same tiling as ``kernels.triton_paged`` (keys walked TILE_N positions at a time from
-:func:`kernels.tiling.tiling_for`, from the same host-known bounds and hints, query
-rows ordered token-major then head within the KV head's group), the same base-2 online
-softmax with running max (of the unscaled logits) and sum, the scale applied after
-subtracting the max (fp32; fp16 and bf16 in the kernel's multiply-add form), the same
-fp32 accumulation and the same cast of p to the value dtype before ``p @ v``. A key whose
-block id is outside the pool (or past the table) turns the rows that would see it into
-NaN; the kernel turns every row of a program that walks it into NaN, the same rows on
-decode and a superset on prefill.
-It is vectorised over sequences, KV heads and query rows; the only Python loop is over
-KV tiles. Tiles past a sequence's end are exact no-ops (alpha = 1, p = 0), so walking
-every sequence to the longest one changes no bit of the result. Where the kernel splits
-the KV range (few programs, long sequences; or a ragged decode's longest sequences, the
-device split), tlsim splits it at the same positions and combines the splits with the
-kernel's formula.
+Same tiling as ``kernels.triton_paged`` (:func:`kernels.tiling.tiling_for`, from the same host-known bounds and
+hints; query rows ordered token-major then head within the KV head's group), the same base-2 online softmax of
+the unscaled logits, the scale applied after subtracting the max (fp32; fp16 and bf16 in the kernel's
+multiply-add form), the same fp32 accumulation and the same cast of p to the value dtype before ``p @ v``. The
+attention variants follow the kernel too, in units of the unscaled logit s = q . k (its module docstring says
+how). A key whose block id is outside the pool (or past the table) turns the rows that would see it into NaN;
+the kernel turns every row of a program that walks it into NaN, the same rows on decode and a superset on
+prefill.
 
-The attention variants (docs/contract.md) follow the kernel too: everything stays in
-units of the unscaled logit s = q . k (the true logit is s * scale), so the softcap is
-``c * tanh(s / c)`` with c = cap / scale (the same value, cap * tanh(s * scale / cap),
-in those units; tanh spelled with exp2 as the kernel must), ALiBi adds
-``(slope / scale) * (key_pos - query_pos)``, the window hides keys and skips the tiles
-before the first one any row can see (:func:`kernels.tiling.window_tile_start`), and the
-sink ``sink / scale`` joins the denominator once, in the final normalisation (or the
-combine of the splits).
+It is vectorised over sequences, KV heads and query rows; the only Python loop is over KV tiles. Tiles past a
+sequence's end are exact no-ops (alpha = 1, p = 0), so walking every sequence to the longest one changes no bit
+of the result. Where the kernel splits the KV range (few programs, long sequences; or the device split), tlsim
+splits it at the same positions and combines the splits with the kernel's formula.
 
-What it cannot copy is the order of additions inside a dot product or a row sum, which
-the GPU's matrix units choose; that is why it predicts the kernel closely, not exactly.
+What it cannot copy is the order of additions inside a dot product or a row sum, which the GPU's matrix units
+choose; that is why it predicts the kernel closely, not exactly.
 """
 
 from __future__ import annotations
@@ -60,11 +48,9 @@ def paged_attention_tlsim(
 ) -> None:
     """Paged attention by the kernel's streaming algorithm (the module docstring says how it mirrors it).
 
-    lse (return_lse) is ln 2 * (m * scale * log2 e + log2 l) from the final (or combined)
-    running max and sum, as the kernel stores it; an fp8 cache is dequantized into q's dtype,
-    as the kernel does. max_q_len/max_seq_len are the kernel's launch hints: given the same
-    ones, tlsim makes the kernel's tiling and KV split. tlsim itself reads lengths on the
-    host: it is a model, not a sync-free path.
+    lse is ln 2 * (m * scale * log2 e + log2 l) of the final (or combined) running max and sum, as the kernel
+    stores it. Given the kernel's launch hints (max_q_len, max_seq_len), tlsim makes its tiling and KV split.
+    tlsim itself reads lengths on the host: it is a model, not a sync-free path.
     """
     q, k_cache, v_cache = call.q, call.k_cache, call.v_cache
     num_tokens = q.shape[0]
@@ -122,12 +108,11 @@ def paged_attention_tlsim(
     if call.sliding_window is not None and bool((q_lens > 0).any()):
         first_q_pos = (seq_lens_l - q_lens)[q_lens > 0]
         first_tile = int(window_tile_start(first_q_pos, call.sliding_window, tiling.TILE_N).min())
-    # Each row's split, as its program cuts them: from the window's first tile of the program's
-    # first query (0 without a window), split_size positions a piece (its sequence's under the
-    # device split), the last taking the rest. The splits a sequence does not take keep their empty
-    # state (m = -inf, l and acc 0): weight 0 in the combine, as the kernel's combine masks them; a
+    # Each row's split, as its program cuts them: from the window's first tile of the program's first query (0
+    # without a window; a tile before it is a no-op for every row of the program), split_size positions a piece
+    # (its sequence's under the device split), the last taking the rest. The splits a sequence does not take keep
+    # their empty state (m = -inf, l and acc 0): weight 0 in the combine, as the kernel's combine masks them; a
     # one-split sequence's combine (weight 1, zeros added) is the kernel's single-pass epilogue, bit for bit.
-    # A tile before that first one is invisible to every row of the program: a no-op here.
     row_lo = torch.zeros((num_seqs, 1, num_rows), dtype=torch.long, device=device)
     if call.sliding_window is not None:
         program_first = (seq_lens_l - q_lens)[:, None] + (j // tiling.BLOCK_Q * tiling.BLOCK_Q)[None, :]  # [S, Lq]
