@@ -1,39 +1,32 @@
 """Launch plans: what a repeated call with the same shapes may skip on the host.
 
-A kernel call's host work (the contract's checks, the tiling, the grid, the argument
-list, Triton's binding and specialization of ~60 arguments) depends on the arguments'
-metadata and the host options only, never on tensor values. So the first call of a
-kind builds a *plan* (the outcome of all that work) and files it under a key made of
-exactly those inputs; a later call with the same key takes the plan and launches.
+A kernel call's host work (the contract's checks, the tiling, the grid, the argument list, Triton's binding and
+specialization of ~60 arguments) depends on the arguments' metadata and the host options only, never on tensor
+values. So the first call of a kind builds a *plan* (the outcome of all that work) and files it under a key made
+of exactly those inputs; a later call with the same key takes the plan and launches.
 
 The key (:func:`call_key`) covers every input a host decision reads:
 
-* each tensor argument's shape, strides, dtype, device, and its data_ptr mod 16 (Triton
-  specializes on a multiple of 16 or not); None for an absent one (query_start_loc, out,
-  a device option such as sinks or k_scale); whether v_cache starts where k_cache does (a
-  latent cache's view: kernels.tiling.latent_kv);
-* each host scalar (scale, the hints max_q_len / max_seq_len, return_lse, a host option such
-  as sliding_window, a float k_scale) with its exact type and value, so ``True`` (rejected
-  as a window) never meets ``1``;
-* the keyword options (kernels.contract.CALL_OPTION_TABLE) as the caller gave them: each
-  as (name, its part), in the caller's order (the same options in another order, or one
-  given as None, file a plan of their own: a duplicate, never a wrong one);
-* the tuning override (``kernels.tuning.override``, the tuner's candidates) and, on CUDA,
-  the current device (a compiled kernel is loaded in one device's context).
+* each tensor argument's shape, strides, dtype, device, and its data_ptr mod 16 (Triton specializes on a
+  multiple of 16 or not); None for an absent one (query_start_loc, out, a device option such as sinks or
+  k_scale); whether v_cache starts where k_cache does (a latent cache's view: kernels.tiling.latent_kv);
+* each host scalar (scale, the hints max_q_len / max_seq_len, return_lse, a host option such as sliding_window,
+  a float k_scale) with its exact type and value, so ``True`` (rejected as a window) never meets ``1``;
+* the keyword options (kernels.contract.CALL_OPTION_TABLE) as the caller gave them: each as (name, its part), in
+  the caller's order (another order, or an option given as None, files a duplicate plan, never a wrong one);
+* the tuning override (``kernels.tuning.override``, the tuner's candidates) and, on CUDA, the current device (a
+  compiled kernel is loaded in one device's context).
 
-An argument of any other type (a numpy scalar, a list) makes the call uncacheable: it
-takes the full path, which checks and usually rejects it. Since the shape, dtype and
-device checks read only what the key holds, a hit skips them (they passed for this key);
-the value checks (``check=True`` or ``PAGED_ATTENTION_CHECK=1``) read tensor values and
-run on every call, hit or miss. Editing ``kernels.tuning.TUNED`` in place at run time is
-not seen by the key, nor is setting ``kernels.tiling``'s WIDE_HEADS, V_PART_DIM or LATENT_KV
-or ``kernels.triton_paged``'s KV_TMA:
-call :func:`clear_plans` after such an edit (``override`` is seen).
+An argument of any other type (a numpy scalar, a list) makes the call uncacheable: it takes the full path, which
+checks and usually rejects it. Since the shape, dtype and device checks read only what the key holds, a hit
+skips them (they passed for this key); the value checks (``check=True`` or ``PAGED_ATTENTION_CHECK=1``) read
+tensor values and run on every call, hit or miss. The key does not see ``kernels.tuning.TUNED`` edited in place
+at run time, nor ``kernels.tiling``'s WIDE_HEADS, V_PART_DIM or LATENT_KV or ``kernels.triton_paged``'s KV_TMA
+set: call :func:`clear_plans` after such an edit (``override`` is seen).
 
-Each kernel's cache keeps :data:`MAX_PLANS` plans, dropping the least recently used first
-(:class:`PlanCache`).
-``PAGED_ATTN_PLAN_CACHE=0`` in the environment (read at import) or :func:`set_enabled`
-turns it off, for debugging: every call then takes the full path.
+Each kernel's cache keeps :data:`MAX_PLANS` plans, dropping the least recently used first (:class:`PlanCache`).
+``PAGED_ATTN_PLAN_CACHE=0`` in the environment (read at import) or :func:`set_enabled` turns it off, for
+debugging: every call then takes the full path.
 """
 
 from __future__ import annotations
@@ -122,14 +115,12 @@ def call_key(
     q, k_cache, v_cache, block_table, seq_lens, query_start_loc, scale, out, max_q_len, max_seq_len, return_lse,
     options,
 ) -> tuple | None:  # fmt: skip
-    """The plan key of a contract call, ``options`` its keyword options (a dict); the module
-    docstring lists what it holds. None: not cacheable, or the plans are off (:func:`set_enabled`).
+    """The plan key of a contract call, ``options`` its keyword options (a dict); the module docstring lists
+    what it holds. None: not cacheable (a name that is no call option included: the full path raises TypeError),
+    or the plans are off (:func:`set_enabled`).
 
-    Spelled out flat rather than as a loop: it runs on every call, and its cost is the floor
-    of a hit's (about 5 us on a slow host, most of it torch's attribute reads). A pointer's
-    alignment is kept as ``data_ptr & 15``: each residue its own plan, a finer split than
-    Triton's (multiple of 16 or not), so never a wrong one. A name that is no call option
-    makes the call uncacheable: the full path refuses it (TypeError).
+    Spelled out flat rather than as a loop: it runs on every call, and its cost is the floor of a hit's. Each
+    ``data_ptr & 15`` residue files its own plan, a finer split than Triton's (multiple of 16 or not).
     """
     if not _enabled:
         return None
@@ -229,18 +220,16 @@ _NO_DEVICE_OPTIONS = (None,) * len(DEVICE_OPTIONS)
 
 
 class CallRecipe:
-    """A plan hit's whole replay: the per-call work of :func:`kernels.contract.prepare_call`,
-    ``prepare_out`` and ``prepare_lse``, decided once from the key's metadata, then ``plan.launch``.
+    """A plan hit's whole replay: the per-call work of :func:`kernels.contract.prepare_call`, ``prepare_out``
+    and ``prepare_lse``, decided once from the key's metadata, then ``plan.launch``.
 
-    ``run(q, k_cache, v_cache, block_table, seq_lens, query_start_loc, out, options)`` takes the
-    raw contract arguments (``options``: the keyword options, a dict), makes the tensors the
-    full path would have made (the index tensors contiguous, a copy only where the key says they
-    are not; the device options as their checks make them: a head vector contiguous, an fp8
-    cache's scales as [num_kv_heads] fp32 device tensors; ``out`` or a fresh [num_tokens,
-    num_q_heads, head_dim_v] in q's dtype; a fresh lse [num_tokens, num_q_heads] fp32 when asked
-    for), launches, and returns what the call returns: ``out``, or ``(out, lse)``. A call with
-    none of that to do (the usual one) runs a shorter method: it only allocates ``out`` when not
-    given, and hands the launch its device options as given.
+    ``run(q, k_cache, v_cache, block_table, seq_lens, query_start_loc, out, options)`` takes the raw contract
+    arguments (``options``: the keyword options, a dict), makes the tensors the full path would have made (the
+    index tensors contiguous, a copy only where the key says they are not; the device options as their checks
+    make them: a head vector contiguous, an fp8 cache's scales as [num_kv_heads] fp32 device tensors; ``out``
+    or a fresh [num_tokens, num_q_heads, head_dim_v] in q's dtype; a fresh lse [num_tokens, num_q_heads] fp32
+    when asked for), launches, and returns ``out`` or ``(out, lse)``. A call with none of that to do (the usual
+    one) runs a shorter method that only allocates ``out`` when not given.
     """
 
     __slots__ = ("convert", "copy_index", "lse_shape", "out_like_q", "out_shape", "plan", "run")
@@ -305,26 +294,21 @@ def fast_launch_status() -> str:
 
 
 class KernelLaunch:
-    """One @triton.jit kernel's launch in a plan: the grid, the plan's scalar arguments, the
-    constexprs and launch options, and on CUDA the CompiledKernel that Triton's first (JIT)
-    launch returned.
+    """One @triton.jit kernel's launch in a plan: the grid, the plan's scalar arguments, the constexprs and
+    launch options, and on CUDA the CompiledKernel that Triton's first (JIT) launch returned.
 
-    ``launch(kernel, *tensors)`` takes the kernel's tensor arguments, the ones that come first
-    in its signature; ``scalars`` (fixed by the plan) follow them, then the constexprs. Through
-    the JIT entry (always under the CPU interpreter, and for the first launch) it is
-    ``kernel[grid](*tensors, *scalars, **constexprs, **options)``. Later CUDA launches call
-    ``compiled[grid](*tensors, *scalars, *constexpr_values)``: Triton 3.x's
-    ``CompiledKernel.__getitem__`` returns a runner that passes every argument, constexprs
-    included, in signature order to the launcher, which is what ``JITFunction.run`` passes it
-    (``*bound_args.values()``, every parameter in order), and ``stream=`` the current raw stream of
-    the plan's device, which the runner would look up itself. That is valid because the plan's key
-    fixes everything Triton specializes on (argument dtypes, int values, pointer alignment,
-    constexprs, options). The runner is made once (``compiled[grid]`` only loads the module,
-    once, and closes over the grid; the stream is read at each call) and
-    kept with the arguments that follow the tensors (``tail``). The compiled kernel is used only
-    while ``kernel`` is still the JIT function that returned it (a test may swap the module's
-    kernel for a recorder). If that launch raises, every plan falls back to the JIT entry for
-    the rest of the process.
+    ``launch(kernel, *tensors)`` takes the kernel's tensor arguments, which come first in its signature;
+    ``scalars`` (fixed by the plan) follow them, then the constexprs. Through the JIT entry (always under the
+    CPU interpreter, and for the first launch) it is ``kernel[grid](*tensors, *scalars, **constexprs,
+    **options)``. Later CUDA launches call ``compiled[grid](*tensors, *scalars, *constexpr_values)`` with
+    ``stream=`` the plan's device's current raw stream: Triton 3.x's ``CompiledKernel.__getitem__`` returns a
+    runner that passes every argument, constexprs included, in signature order to the launcher, as
+    ``JITFunction.run`` does. That is valid because the plan's key fixes everything Triton specializes on
+    (argument dtypes, int values, pointer alignment, constexprs, options). The runner is made once and kept
+    with the arguments that follow the tensors (``tail``); the stream is read at each call. The compiled
+    kernel is used only while ``kernel`` is still the JIT function that returned it (a test may swap the
+    module's kernel for a recorder). If that launch raises, every plan falls back to the JIT entry for the rest
+    of the process.
     """
 
     __slots__ = ("compiled", "constexpr_values", "constexprs", "device_index", "grid", "grid3", "jit", "options",
@@ -373,9 +357,8 @@ class KernelLaunch:
             return
         self.constexpr_values = tuple(self.constexprs[name] for name in names[num_runtime:])
         self.compiled, self.jit = compiled, kernel
-        # Triton's runner finds the stream itself when given none: driver.active's current device, then
-        # torch._C._cuda_getCurrentRawStream(device). The plan's key fixes the device (current at its first
-        # launch, this one), so a hit passes that call's result directly (the same stream, graph capture
-        # included) and skips the driver lookups; without the function (another torch), the runner's own.
+        # Given no stream, Triton's runner looks up driver.active's current device, then
+        # torch._C._cuda_getCurrentRawStream(device). The plan's key fixes the device (this one), so a hit passes
+        # that function's result directly (the same stream, graph capture included); without it, the runner's own.
         self.device_index = torch.cuda.current_device()
         self.stream_of = getattr(torch._C, "_cuda_getCurrentRawStream", None)
