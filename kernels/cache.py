@@ -1,9 +1,8 @@
-"""A paged KV cache as an engine keeps one: pools per layer, a block allocator, writes
-through a slot mapping, a block table kept on the device, and an attention read that goes
-through the dispatcher.
+"""A paged KV cache as an engine keeps one: pools per layer, a block allocator, writes through a slot mapping,
+a block table kept on the device, and an attention read that goes through the dispatcher.
 
-A slot is ``block * block_size + offset``. With block_size 16, a sequence whose blocks
-are [7, 2, 9] keeps token 40 in slot 9 * 16 + 8 = 152 (40 = 2 * 16 + 8).
+A slot is ``block * block_size + offset``. With block_size 16, a sequence whose blocks are [7, 2, 9] keeps token
+40 in slot 9 * 16 + 8 = 152 (40 = 2 * 16 + 8).
 
 The read path an engine takes, once per step and then once per layer:
 
@@ -12,10 +11,9 @@ The read path an engine takes, once per step and then once per layer:
         cache.paged_attention(layer, q[layer], meta, out=out[layer])   # no sync, graph-capturable
     cache.step_metadata(seq_ids, into=meta)   # the next step in the same tensors: replay a graph
 
-The device table has one row per live sequence, updated as blocks are handed out
-(allocate/append/free), so a step gathers its rows instead of rebuilding the table on
-the host. ``paged_attention(layer, q, seq_ids, ...)`` still works and builds the
-metadata on every call.
+The device table has one row per live sequence, updated as blocks are handed out (allocate/append/free), so a
+step gathers its rows instead of rebuilding the table on the host. ``paged_attention(layer, q, seq_ids, ...)``
+builds the metadata on every call.
 """
 
 from __future__ import annotations
@@ -37,8 +35,7 @@ class CacheFullError(RuntimeError):
 
 @dataclass(frozen=True)
 class StepMetadata:
-    """One step's read metadata, built once by :meth:`PagedKVCache.step_metadata` and
-    shared by every layer's read.
+    """One step's read metadata, built once by :meth:`PagedKVCache.step_metadata` and shared by every layer's read.
 
     block_table     [num_seqs, max_blocks_per_seq] int32 on the cache's device, -1 past each
                     sequence's blocks (max_blocks_per_seq: the cache's table width)
@@ -65,20 +62,17 @@ class StepMetadata:
 class PagedKVCache:
     """KV pools for ``num_layers`` layers sharing one block allocator.
 
-    k_caches[layer]: [num_blocks, block_size, num_kv_heads, head_dim]; v_caches[layer] the
-    same with head_dim_v (default head_dim; MLA: 576 for K, 512 for V).
-    Floating pools start filled with NaN, and freed blocks are NaN-filled again, so a
-    read of a slot no live sequence owns shows up in the output instead of passing
-    silently.
+    k_caches[layer]: [num_blocks, block_size, num_kv_heads, head_dim]; v_caches[layer] the same with head_dim_v
+    (default head_dim; MLA: 576 for K, 512 for V). Floating pools start filled with NaN, and freed blocks are
+    NaN-filled again, so a read of a slot no live sequence owns shows up in the output.
 
-    An fp8 ``dtype`` (float8_e4m3fn, float8_e5m2) makes fp8 pools: :meth:`write` quantizes
-    with the cache's ``k_scale`` / ``v_scale`` (a float per tensor, or [num_kv_heads] fp32 per
-    head; default 1.0), storing ``key / k_scale`` saturated (kernels.fp8.quantize_kv), and
-    every read passes the scales on (K = k_cache.float() * k_scale, vLLM's meaning of the scales).
+    An fp8 ``dtype`` (float8_e4m3fn, float8_e5m2) makes fp8 pools: :meth:`write` stores ``key / k_scale``
+    saturated (kernels.fp8.quantize_kv; ``k_scale`` / ``v_scale`` a float per tensor, or [num_kv_heads] fp32
+    per head; default 1.0), and every read passes the scales on (K = k_cache.float() * k_scale, vLLM's meaning).
 
-    max_seqs, max_blocks_per_seq: the device table's size. Given, the table is allocated
-    once and never moves (what a CUDA graph that captured a read needs), and more live
-    sequences, or a longer one, is a CacheFullError. Left out, it grows by doubling.
+    max_seqs, max_blocks_per_seq: the device table's size. Given, the table is allocated once and never moves
+    (what a CUDA graph that captured a read needs), and more live sequences, or a longer one, is a
+    CacheFullError. Left out, it grows by doubling.
     """
 
     def __init__(
@@ -144,9 +138,9 @@ class PagedKVCache:
     def append(self, seq_id: int, num_tokens: int) -> torch.Tensor:
         """Reserve slots for ``num_tokens`` (>= 0) more tokens of ``seq_id``.
 
-        Returns the slot mapping, [num_tokens] int64 on the CPU, to pass to :meth:`write`.
-        Raises ValueError for a negative or non-integer count and CacheFullError when the
-        free blocks (or a fixed table width) do not suffice, in both cases before changing anything.
+        Returns the slot mapping, [num_tokens] int64 on the CPU, to pass to :meth:`write`. Raises ValueError for
+        a negative or non-integer count and CacheFullError when the free blocks (or a fixed table width) do not
+        suffice, in both cases before changing anything.
         """
         if seq_id not in self._blocks:
             raise KeyError(f"sequence {seq_id} is not allocated")
@@ -238,13 +232,11 @@ class PagedKVCache:
     ) -> None:
         """Store key/value [num_tokens, num_kv_heads, head_dim] at slot_mapping [num_tokens] (integer dtype).
 
-        Refused with a ValueError naming the argument, before anything is written: a layer
-        outside [0, num_layers); a non-integer slot_mapping; key/value not shaped
-        [len(slot_mapping), num_kv_heads, head_dim]; a slot outside [0, num_blocks *
-        block_size) or in a block no live sequence owns. The slot values are read on the
-        host: always for a CPU slot_mapping (what :meth:`append` returns), and for a device
-        one only when value checks are on (``check``, else $PAGED_ATTENTION_CHECK), since
-        reading it is a device sync.
+        Refused with a ValueError naming the argument, before anything is written: a layer outside
+        [0, num_layers); a non-integer slot_mapping; key/value not shaped [len(slot_mapping), num_kv_heads,
+        head_dim]; a slot outside [0, num_blocks * block_size) or in a block no live sequence owns. The slots are
+        read on the host: always for a CPU slot_mapping (what :meth:`append` returns), for a device one (a sync)
+        only when value checks are on (``check``, else $PAGED_ATTENTION_CHECK).
         """
         k_pool, v_pool = self.k_caches[self._check_layer(layer)], self.v_caches[layer]
         if slot_mapping.dim() != 1 or slot_mapping.dtype.is_floating_point or slot_mapping.dtype.is_complex:
@@ -287,8 +279,8 @@ class PagedKVCache:
     def block_table(self, seq_ids: list[int]) -> torch.Tensor:
         """[len(seq_ids), max_blocks_per_seq] int32, -1 past each sequence's last block, built on the host.
 
-        max_blocks_per_seq here is the longest of these sequences; :meth:`step_metadata`
-        gathers the device table instead (its width is the table's).
+        max_blocks_per_seq here is the longest of these sequences; :meth:`step_metadata` gathers the device table
+        instead (its width is the table's).
         """
         width = max((len(self._blocks[s]) for s in seq_ids), default=0) or 1
         table = torch.full((len(seq_ids), width), -1, dtype=torch.int32)
@@ -306,18 +298,15 @@ class PagedKVCache:
     ) -> StepMetadata:
         """One step's metadata for the sequences ``seq_ids`` (q's packing order); reads no device value.
 
-        query_start_loc [len(seq_ids) + 1] int32, or None for one query per sequence. A CPU
-        tensor gives the host its max_q_len hint for free and is copied to the device; a
-        device tensor is used as it is (max_q_len then unknown: the kernel bounds it by
-        num_tokens). The block table and lengths are rows gathered from the device table:
-        two small device ops, no host loop over blocks; the row indices travel through
-        pinned memory, so building the metadata makes no device sync either.
+        query_start_loc [len(seq_ids) + 1] int32, or None for one query per sequence. A CPU tensor gives the host
+        its max_q_len hint for free and is copied to the device; a device tensor is used as it is (max_q_len then
+        unknown). The block table and lengths are rows gathered from the device table (two small device ops),
+        the row indices sent through pinned memory: no device sync.
 
-        into: an earlier step's metadata with the same number of sequences (and the same
-        kind of query_start_loc): its tensors are refilled in place and shared by the
-        result, so a CUDA graph captured with them replays this step. The launch hints
-        baked into such a graph stay those of its capture, which costs speed, never
-        correctness (see kernels.tiling.tiling_for).
+        into: an earlier step's metadata with the same number of sequences (and the same kind of
+        query_start_loc): its tensors are refilled in place and shared by the result, so a CUDA graph captured
+        with them replays this step. The launch hints baked into such a graph stay those of its capture, which
+        costs speed, never correctness (kernels.tiling.tiling_for).
         """
         seq_ids = tuple(seq_ids)
         missing = [s for s in seq_ids if s not in self._rows]
@@ -372,15 +361,13 @@ class PagedKVCache:
     ) -> torch.Tensor:
         """Attention of q [num_tokens, num_q_heads, head_dim] over this layer's pools.
 
-        ``seqs`` is a :class:`StepMetadata` from :meth:`step_metadata` (the engine's path:
-        no host sync, capturable in a CUDA graph; query_start_loc then lives in it) or a
-        list of sequence ids in q's packing order (metadata built on every call). scale
-        and out are as in the kernel contract; check turns on the value checks (None:
-        $PAGED_ATTENTION_CHECK). The read goes through ``paged_attention_dispatch``, so
-        the backend is the one the engine would run. Returns [num_tokens, num_q_heads, head_dim].
-        ``variants`` (sliding_window, logit_softcap, sinks, alibi_slopes, return_lse;
-        docs/contract.md, "Attention variants") go to the kernel unchanged; with
-        return_lse=True the result is ``(out, lse)``.
+        ``seqs`` is a :class:`StepMetadata` from :meth:`step_metadata` (the engine's path: no host sync,
+        capturable in a CUDA graph; query_start_loc then lives in it) or a list of sequence ids in q's packing
+        order (metadata built on every call). scale, out and check are as in the kernel contract. The read goes
+        through ``paged_attention_dispatch``, so the backend is the one the engine would run. Returns
+        [num_tokens, num_q_heads, head_dim]. ``variants`` (sliding_window, logit_softcap, sinks, alibi_slopes,
+        return_lse; docs/contract.md, "Attention variants") go to the kernel unchanged; with return_lse=True the
+        result is ``(out, lse)``.
         """
         self._check_layer(layer)
         if isinstance(seqs, StepMetadata):

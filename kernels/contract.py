@@ -1,13 +1,11 @@
-"""The call contract every backend keeps: argument checks, the value-check opt-in, the output
-and lse buffers, and the entry decorator that documents and checks a kernel's signature.
+"""The call contract every backend keeps: argument checks, the value-check opt-in, the output and lse buffers,
+and the entry decorator that documents and checks a kernel's signature.
 
-Cheap checks (shapes, dtypes, devices) read only metadata and always run (on a launch-plan
-hit they ran for that key already: the key holds all they read). Value checks read tensor
-values (q_len <= seq_len, query_start_loc well formed, lengths within the table, block ids
-within the pool): on a GPU each is a device-to-host sync (hundreds of microseconds, and
-forbidden inside a CUDA-graph capture), so they run only when asked: ``check=True``, or
-``check=None`` with ``PAGED_ATTENTION_CHECK=1`` in the environment. The test suite turns them
-on (tests/conftest.py).
+Cheap checks (shapes, dtypes, devices) read only metadata and always run (on a launch-plan hit they ran for that
+key already: the key holds all they read). Value checks read tensor values (q_len <= seq_len, query_start_loc
+well formed, lengths within the table, block ids within the pool): on a GPU each is a device-to-host sync
+(hundreds of microseconds, and forbidden inside a CUDA-graph capture), so they run only when asked:
+``check=True``, or ``check=None`` with ``PAGED_ATTENTION_CHECK=1`` in the environment (tests/conftest.py sets it).
 """
 
 from __future__ import annotations
@@ -84,9 +82,8 @@ def check_q_head_vector(name: str, value, q, k_cache) -> torch.Tensor | None:
 def check_kv_scale(name: str, value, kv_fp8: bool, num_kv_heads: int, device: torch.device) -> torch.Tensor | None:
     """k_scale / v_scale of an fp8 cache as a [num_kv_heads] fp32 tensor on q's device; None for another cache.
 
-    Accepted: None (1.0), a positive finite host float (per tensor), or an fp32 tensor of
-    1 or num_kv_heads elements (per tensor, or per KV head). A device tensor is used as it
-    is (no value is read: no sync); a host float becomes a device fill, also sync-free.
+    Accepted: None (1.0), a positive finite host float (per tensor), or an fp32 tensor of 1 or num_kv_heads
+    elements (per tensor, or per KV head). No value is read (no sync): a host float becomes a device fill.
     """
     if not kv_fp8:
         if value is not None:
@@ -114,9 +111,9 @@ def check_cache_scale(name: str, value, q, k_cache) -> torch.Tensor | None:
 
 @dataclass(frozen=True)
 class OptionKind:
-    """How a keyword option travels. A host option is a Python number: a launch plan's key holds
-    its value, and a plan bakes it in. A device option is a tensor (or becomes one): the key holds
-    its metadata, and every launch is handed it (kernels/launch_plan.py)."""
+    """How a keyword option travels. A host option is a Python number: a launch plan's key holds its value, and
+    a plan bakes it in. A device option is a tensor (or becomes one): the key holds its metadata, and every
+    launch is handed it (kernels/launch_plan.py)."""
 
     name: str
     annotation: str  # its annotation in the entry's signature
@@ -139,12 +136,11 @@ class CallOption:
     doc: str  # its line(s) in the entry's docstring (CONTRACT_DOC)
 
 
-# The keyword options that shape a call: the one place the kernels spell them. The entry's signature
-# and docstring, prepare_call's checks, PagedCall's fields (each option's checked value, None: off),
-# the launch-plan key and what a plan hit hands the launch all follow this table, in its order. An
-# option is off when None. (return_lse and the hints are the entry's own keywords: they shape the
-# output and the launch, not the attention.) The harness's rows (harness/cases/variants.py) name
-# these keywords; tests/harness/test_vocabulary_agrees.py ties the two tables.
+# The keyword options that shape a call: the one place the kernels spell them. The entry's signature and
+# docstring, prepare_call's checks, PagedCall's fields (each option's checked value, None: off), the launch-plan
+# key and what a plan hit hands the launch all follow this table, in its order. (return_lse and the hints are the
+# entry's own keywords: they shape the output and the launch, not the attention.) The harness's rows
+# (harness/cases/variants.py) name these keywords; tests/harness/test_vocabulary_agrees.py ties the two tables.
 CALL_OPTION_TABLE: tuple[CallOption, ...] = (
     CallOption("sliding_window", HOST_INT, check_int_at_least_1,
                "host int W >= 1: a query sees its W most recent keys, itself included"),
@@ -242,13 +238,11 @@ class PagedCall:
 def prepare_call(q, k_cache, v_cache, block_table, seq_lens, query_start_loc=None, scale=None, check=None, **options):
     """Check a call against the contract; fill in defaults; return the :class:`PagedCall`.
 
-    ``options`` are the contract's keyword options that shape the call, by name (the rows of
-    :data:`CALL_OPTION_TABLE`, each checked by its row's check); another name is a TypeError.
-
-    Raises ValueError naming the offending argument. Shapes, dtypes and devices are always
-    checked, and the index tensors (block_table, seq_lens, query_start_loc) are made
-    contiguous. Tensor values are read only when :func:`checks_enabled` (``check``) says so:
-    see :func:`check_values` for the list.
+    ``options`` are the contract's keyword options, by name (the rows of :data:`CALL_OPTION_TABLE`, each
+    checked by its row's check); another name is a TypeError. Raises ValueError naming the offending argument.
+    Shapes, dtypes and devices are always checked, and the index tensors (block_table, seq_lens,
+    query_start_loc) made contiguous; tensor values only when :func:`checks_enabled` (``check``) says so
+    (:func:`check_values`).
     """
     if q.dim() != 3:
         fail(f"q must be [num_tokens, num_q_heads, head_dim], got shape {tuple(q.shape)}")
@@ -321,9 +315,9 @@ def prepare_call(q, k_cache, v_cache, block_table, seq_lens, query_start_loc=Non
 def check_values(call: PagedCall) -> None:
     """The value checks (each reads device values: a sync on a GPU). Raises ValueError naming the argument.
 
-    query_start_loc[0] == 0, non-decreasing, query_start_loc[-1] == num_tokens; 0 <= seq_len
-    <= max_blocks_per_seq * block_size; q_len <= seq_len; and every block id a sequence uses
-    (the first ceil(seq_len / block_size) entries of its row) within [0, num_blocks).
+    query_start_loc[0] == 0, non-decreasing, query_start_loc[-1] == num_tokens; 0 <= seq_len <=
+    max_blocks_per_seq * block_size; q_len <= seq_len; and every block id a sequence uses (the first
+    ceil(seq_len / block_size) entries of its row) within [0, num_blocks).
     """
     if call.given_query_start_loc is not None:
         starts = call.given_query_start_loc
@@ -358,8 +352,8 @@ def check_values(call: PagedCall) -> None:
 def prepare_lse(call: PagedCall, return_lse: bool) -> torch.Tensor | None:
     """[num_tokens, num_q_heads] fp32 for the log-sum-exp when ``return_lse`` (a bool), else None.
 
-    lse[t, h] = ln(S + sum_{j visible} exp(l_j)): the natural log of the softmax's
-    denominator, the sink's term S included (docs/contract.md, "The log-sum-exp").
+    lse[t, h] = ln(S + sum_{j visible} exp(l_j)): the natural log of the softmax's denominator, the sink's term
+    S included (docs/contract.md, "The log-sum-exp").
     """
     if not isinstance(return_lse, bool):
         fail(f"return_lse must be True or False, got {return_lse!r}")
@@ -418,21 +412,18 @@ def contract_entry(impl=None, *, plans=None):
     """Turn ``impl(call, out, lse, max_q_len, max_seq_len)`` into a function with the contract's signature.
 
     The one place the contract's arguments are spelled: the returned function checks the call
-    (:func:`prepare_call`), allocates or checks ``out`` and the lse buffer, lets ``impl`` fill
-    them, and returns ``out`` or ``(out, lse)``. It keeps impl's name and module, and its
-    docstring followed by :data:`CONTRACT_DOC`; ``inspect.signature`` and ``help()`` show the
-    real signature below, each call option (:data:`CALL_OPTION_TABLE`) a keyword-only parameter,
-    though the function takes them as ``**options`` (no ``__wrapped__``: impl's own parameters
-    are an implementation detail).
+    (:func:`prepare_call`), allocates or checks ``out`` and the lse buffer, lets ``impl`` fill them, and returns
+    ``out`` or ``(out, lse)``. It keeps impl's name, module and docstring (followed by :data:`CONTRACT_DOC`);
+    ``inspect.signature`` and ``help()`` show the real signature, each call option (:data:`CALL_OPTION_TABLE`)
+    a keyword-only parameter, though the function takes them as ``**options`` (no ``__wrapped__``: impl's own
+    parameters are an implementation detail).
 
-    ``plans`` (a :class:`kernels.launch_plan.PlanCache`; used as ``@contract_entry(plans=...)``)
-    lets a repeated call skip that host work: ``impl`` then returns a plan, an object whose
-    ``launch(q, k_cache, v_cache, block_table, seq_lens, query_start_loc, out, lse, *options)``
-    (``options``: the device options' values, :data:`DEVICE_OPTIONS`: sinks, alibi_slopes,
-    k_scale, v_scale) redoes the call from checked tensors; the cache files it
-    in a recipe (``plans.recipe``) that prepares those tensors from the raw arguments, and a
-    later call with the same key (kernels/launch_plan.py says what it holds) goes straight to
-    ``recipe.run``. The value checks still run on every call that asks for them.
+    ``plans`` (a :class:`kernels.launch_plan.PlanCache`: ``@contract_entry(plans=...)``) lets a repeated call
+    skip that host work: ``impl`` then returns a plan whose ``launch(q, k_cache, v_cache, block_table, seq_lens,
+    query_start_loc, out, lse, *options)`` (``options``: the values of :data:`DEVICE_OPTIONS`) redoes the call
+    from checked tensors; the cache files it in a recipe (``plans.recipe``) that prepares those tensors from the
+    raw arguments, and a later call with the same key goes straight to ``recipe.run``. The value checks still
+    run on every call that asks for them.
     """
     if impl is None:
         return lambda fn: contract_entry(fn, plans=plans)
