@@ -1,18 +1,17 @@
 """Cascade attention: a shared prefix attended once per query, merged with the rest by the log-sum-exp.
 
-Attention over keys A + B equals the two partial attentions over A and over B, each
-normalised on its own, weighted by their denominators. With lse the natural log of a
-part's softmax denominator (docs/contract.md, "The log-sum-exp"):
+Attention over keys A + B equals the two partial attentions over A and over B, each normalised on its own,
+weighted by their denominators. With lse the natural log of a part's softmax denominator (docs/contract.md,
+"The log-sum-exp"):
 
     lse = ln(exp(lse_a) + exp(lse_b))
     out = exp(lse_a - lse) * out_a + exp(lse_b - lse) * out_b
 
-That is how an engine serves many sequences that share a prompt (vLLM's cascade
-attention, FlashInfer's MultiLevelCascadeAttentionWrapper): the shared prefix is one
-partial attention, each sequence's own keys another. Example: block_size 16, four
-sequences sharing 2 blocks (32 keys) then 13, 40, 7, 20 keys of their own: the prefix part
-is each query over the same 32 keys, the suffix part the usual causal call over 13, 40, 7
-and 20 keys, and the merge of the two is the attention over 45, 72, 39 and 52 keys.
+That is how an engine serves many sequences that share a prompt (vLLM's cascade attention, FlashInfer's
+MultiLevelCascadeAttentionWrapper): the shared prefix is one partial attention, each sequence's own keys another.
+Example: block_size 16, four sequences sharing 2 blocks (32 keys) then 13, 40, 7, 20 keys of their own: the
+prefix part is each query over the same 32 keys, the suffix part the usual causal call over 13, 40, 7 and 20
+keys, and their merge is the attention over 45, 72, 39 and 52 keys.
 """
 
 from __future__ import annotations
@@ -67,11 +66,10 @@ def cascade_attention(
                     sit after it (seq_len - q_len >= P for each sequence), so it sees all of it
     other arguments as in the contract; returns (out, lse) as fn(..., return_lse=True) would
 
-    The prefix part is one query per "sequence": each query token over the same P keys
-    (num_tokens rows of the prefix's table, seq_len P); the suffix part is the call itself on
-    the columns after the prefix (seq_lens - P), whose causal alignment is unchanged by the
-    shift. The softcap bends each logit and applies to both; the sink joins one denominator,
-    the prefix's. A sliding window or ALiBi depends on absolute positions, which the
+    The prefix part is one query per "sequence": each query token over the same P keys (num_tokens rows of the
+    prefix's table, seq_len P); the suffix part is the call itself on the columns after the prefix (seq_lens -
+    P), whose causal alignment is unchanged by the shift. The softcap bends each logit and applies to both; the
+    sink joins one denominator, the prefix's. A sliding window or ALiBi depends on absolute positions, which the
     prefix part does not keep: refused. ``hints`` (check, max_q_len) go to both calls.
     """
     if hints.get("sliding_window") is not None or hints.get("alibi_slopes") is not None:

@@ -1,12 +1,11 @@
 """The engine's fallback oracle: gather each sequence's slots, then plain SDPA.
 
-It is deliberately the most obvious program: a Python loop over sequences, the pages
-gathered into a contiguous [seq_len, num_kv_heads, head_dim] copy, KV heads repeated
-for their query-head group, and torch's scaled_dot_product_attention in fp32 with the
-causal offset mask. The harness grades it against a float64 oracle like any backend.
-The attention variants (docs/contract.md) are spelled out the same plain way: a window
-narrows the boolean mask; softcap, ALiBi and sinks turn the SDPA call into its three
-lines (logits, softmax with the sink's column, weights @ v).
+It is deliberately the most obvious program: a Python loop over sequences, the pages gathered into a
+contiguous [seq_len, num_kv_heads, head_dim] copy, KV heads repeated for their query-head group, and torch's
+scaled_dot_product_attention in fp32 with the causal offset mask. The harness grades it against a float64
+oracle like any backend. The attention variants (docs/contract.md) are spelled out the same plain way: a window
+narrows the boolean mask; softcap, ALiBi and sinks turn the SDPA call into its three lines (logits, softmax
+with the sink's column, weights @ v).
 """
 
 from __future__ import annotations
@@ -25,8 +24,7 @@ def gather_kv(cache: torch.Tensor, block_table_row: torch.Tensor, seq_len: int) 
     block_table_row [max_blocks_per_seq] int32; only the first ceil(seq_len / block_size) are read
     returns         [seq_len, num_kv_heads, head_dim], a copy in the cache's dtype
 
-    Example: block_size 16, seq_len 45 reads 3 blocks; position 45 would be offset 13 of
-    the third (45 = 2 * 16 + 13), so the last block holds 13 live slots.
+    Example: block_size 16, seq_len 45 reads 3 blocks, the last holding 13 live slots (45 = 2 * 16 + 13).
     """
     block_size = cache.shape[1]
     num_used = -(-seq_len // block_size)
@@ -48,10 +46,9 @@ def causal_offset_mask(
 def attention_with_variants(q, k, v, mask, scale, logit_softcap, sinks, alibi_slopes):
     """Softmax attention written out, for the variants and the log-sum-exp SDPA cannot give.
 
-    q [num_q_heads, q_len, head_dim], k/v [num_q_heads, seq_len, head_dim] fp32,
-    mask [q_len, seq_len] bool, sinks/alibi_slopes [num_q_heads] fp32 or None.
-    Returns (out [num_q_heads, q_len, head_dim] fp32, lse [num_q_heads, q_len] fp32), lse the
-    natural log of the softmax's denominator (the sink's column included).
+    q [num_q_heads, q_len, head_dim], k/v [num_q_heads, seq_len, head_dim] fp32, mask [q_len, seq_len] bool,
+    sinks/alibi_slopes [num_q_heads] fp32 or None. Returns (out [num_q_heads, q_len, head_dim] fp32,
+    lse [num_q_heads, q_len] fp32), lse the natural log of the softmax's denominator (the sink's column included).
     """
     logits = (q @ k.transpose(-1, -2)) * scale  # [num_q_heads, q_len, seq_len]
     if logit_softcap is not None:
@@ -74,9 +71,8 @@ def attention_with_variants(q, k, v, mask, scale, logit_softcap, sinks, alibi_sl
 def paged_attention_reference(call: PagedCall, out: torch.Tensor, lse: torch.Tensor | None, **hints) -> None:
     """Paged attention by gather + SDPA (softmax in fp32; explicit softmax for the variants and the lse).
 
-    The launch hints (max_q_len, max_seq_len) are accepted and unused. check: the value
-    checks, as in every backend; without them a block id outside the pool is the caller's
-    bug (an IndexError, or a wrapped negative index).
+    The launch hints (max_q_len, max_seq_len) are accepted and unused. Without the value checks a block id
+    outside the pool is the caller's bug (an IndexError, or a wrapped negative index).
     """
     del hints
     q, k_cache, v_cache = call.q, call.k_cache, call.v_cache
