@@ -1,9 +1,8 @@
 """Which backend serves a paged-attention read, and the read itself.
 
-The rule an engine follows: the Triton kernel on a CUDA device when Triton imports,
-tlsim (the same algorithm in torch) everywhere else. ``PAGED_ATTENTION_BACKEND`` in
-the environment, or the ``backend`` argument, forces one of ``triton``, ``tlsim`` or
-``reference``; forcing one that cannot run here is an error, never a silent fallback.
+The rule an engine follows: the Triton kernel on a CUDA device when Triton imports, tlsim (the same algorithm in
+torch) everywhere else. ``PAGED_ATTENTION_BACKEND`` in the environment, or the ``backend`` argument, forces one of
+``triton``, ``tlsim`` or ``reference``; forcing one that cannot run here is an error, never a silent fallback.
 """
 
 from __future__ import annotations
@@ -38,10 +37,9 @@ def has_triton() -> bool:
 def use_interpreter_if_no_gpu() -> bool:
     """Set TRITON_INTERPRET=1 when no CUDA device is present and the variable is unset.
 
-    ``@triton.jit`` picks compiler or interpreter when Triton is first imported, so call
-    this before anything imports Triton (``import kernels`` does not). tests/conftest.py
-    and the harness CLI call it. Returns whether the interpreter is (to be) on; warns when
-    Triton was already imported, since setting the variable then has no effect.
+    ``@triton.jit`` picks compiler or interpreter when Triton is first imported, so call this before anything
+    imports Triton (``import kernels`` does not), as tests/conftest.py and the harness CLI do. Returns whether
+    the interpreter is (to be) on; warns when Triton was already imported (the variable then has no effect).
     """
     if "TRITON_INTERPRET" not in os.environ and not torch.cuda.is_available():
         if "triton" in sys.modules:
@@ -53,8 +51,8 @@ def use_interpreter_if_no_gpu() -> bool:
 def triton_unavailable_reason(device: torch.device | str) -> str | None:
     """Why the Triton kernel cannot run on ``device``, or None when it can.
 
-    On a CPU it runs only under Triton's interpreter, which the user asks for with
-    TRITON_INTERPRET=1 (it is slow: minutes for what a GPU does in microseconds).
+    On a CPU it runs only under Triton's interpreter, asked for with TRITON_INTERPRET=1 (slow: minutes for what
+    a GPU does in microseconds).
     """
     device_type = _device_type(device)
     if not has_triton():
@@ -79,9 +77,9 @@ def _device_type(device: torch.device | str) -> str:
 def select_backend(device: torch.device | str, backend: str | None = None) -> str:
     """Name of the backend that serves a read on ``device``.
 
-    ``backend`` (else $PAGED_ATTENTION_BACKEND) forces one; otherwise "triton" on CUDA
-    when Triton imports, else "tlsim". Raises ValueError for an unknown name and
-    BackendUnavailableError when the forced backend cannot run on ``device``.
+    ``backend`` (else $PAGED_ATTENTION_BACKEND) forces one; otherwise "triton" on CUDA when Triton imports, else
+    "tlsim". Raises ValueError for an unknown name and BackendUnavailableError when the forced backend cannot
+    run on ``device``.
     """
     forced = backend or os.environ.get(BACKEND_ENV) or None
     if forced is None:
@@ -112,11 +110,10 @@ def _backend_fn(name: str) -> Callable[..., torch.Tensor]:
 def paged_attention_dispatch(*args, backend: str | None = None, **kwargs):
     """Paged attention through the backend :func:`select_backend` picks for q's device.
 
-    Arguments and result are the kernel contract (the signature below, docs/contract.md);
-    ``backend`` forces one. Everything else goes to the backend unchanged: the launch hints,
-    check, the attention variants, return_lse (then the result is ``(out, lse)``) and an
-    fp8 cache's k_scale/v_scale; all three backends take every one. Selecting reads no
-    tensor value, so a dispatched Triton call is as sync-free as a direct one.
+    Arguments and result are the kernel contract (the signature below, docs/contract.md); ``backend`` forces
+    one. Everything else (the launch hints, check, the attention variants, return_lse, an fp8 cache's
+    k_scale/v_scale) goes to the backend unchanged. Selecting reads no tensor value, so a dispatched Triton call
+    is as sync-free as a direct one.
     """
     q = args[0] if args else kwargs["q"]
     if backend or os.environ.get(BACKEND_ENV):
