@@ -71,9 +71,10 @@ class Tiling:
 
     A decode with programs enough but a length bound past DEVICE_SPLIT_MIN_KEYS may take the device split
     (:func:`device_splits`; SPLIT_SIZE is then 0 and DEVICE_SPLIT holds the rule's constants): NUM_SPLITS
-    programs a (sequence, KV head), of which each sequence takes its own number, decided on the device from the
-    lengths (the host knows only the bound), so that a ragged batch's longest sequences do not run alone at the
-    end.
+    programs a (sequence, KV head), of which each sequence takes its own number by its share of the batch's
+    work, decided on the device from the lengths (the host knows only the bound). A ragged batch's longest
+    sequences are cut instead of running alone at the end; a uniform batch stays unsplit (the extra programs
+    exit at once).
     """
 
     BLOCK_M: int
@@ -101,21 +102,15 @@ MIN_TILES_PER_SPLIT = 8
 MAX_SPLITS = 64
 # A split decode whose splits cover more than this many keys looks up "decode_split_long".
 LONG_SPLIT_KEYS = 1024
-# The device split (choose_tiling, device_splits). A decode with programs enough to fill the GPU and a length
-# bound past DEVICE_SPLIT_MIN_KEYS launches up to DEVICE_SPLIT_MAX_SPLITS programs a (sequence, KV head); each
-# reads the whole seq_lens and gives its sequence splits by the sequence's share of the batch's work, so that a
-# uniform batch stays unsplit (its extra programs exit at once) and a ragged batch's longest sequences are cut.
-# Only for at most DEVICE_SPLIT_MAX_SEQS sequences (every program reads them all) and no sliding window (a
-# windowed program walks at most W keys anyway).
+# The device split (Tiling's docstring, choose_tiling, device_splits): only for at most DEVICE_SPLIT_MAX_SEQS
+# sequences (every program reads them all) and no sliding window (a windowed program walks at most W keys anyway).
 # C = DEVICE_SPLIT_SLACK: a piece holds at most C times one of TARGET_PROGRAMS program slots' even share of the
 # batch's work (a ratio of ints: the rule runs in integers, the same on the device and in tlsim); a uniform batch
 # of at least TARGET_PROGRAMS / C programs (211 at 264) takes one split a sequence. C 5/4 with at most 4 splits
 # balances the 8B decode's ragged lengths and leaves every uniform decode of the GPU suites at its unsplit time
-# (docs/performance.md, "fp8 KV caches").
-# The device split's programs go longest piece first (the kernel's _program_order), so that the short pieces
-# fill the tail. Every program of the launch sorts, and the sort's code grows with the lanes (sm_90 SASS,
-# scripts/sass_census.py: 376 instructions at 64 sequences, 4000 at 1024), so a batch past
-# LONGEST_FIRST_MAX_SEQS keeps the grid's order.
+# (docs/performance.md, "fp8 KV caches"). The programs go longest piece first (the kernel's _program_order); every
+# program sorts, and the sort's code grows with the lanes (sm_90 SASS, scripts/sass_census.py: 376 instructions
+# at 64 sequences, 4000 at 1024), so a batch past LONGEST_FIRST_MAX_SEQS keeps the grid's order.
 LONGEST_FIRST_MAX_SEQS = 128
 DEVICE_SPLIT = True
 DEVICE_SPLIT_MAX_SEQS = 1024
@@ -187,11 +182,10 @@ def choose_tiling(
         and num_tokens <= num_seqs  # a decode by its shapes, not only by its max_q_len hint
         and max_seq_len > DEVICE_SPLIT_MIN_KEYS
     ):
-        # The device split: NUM_SPLITS programs a (sequence, KV head), of which sequence i takes
-        # device_splits' count. No sequence takes more than the rule allows any of them: a piece is at
-        # least C * its own length * num_kv_heads / TARGET_PROGRAMS keys (the total includes it) and at
-        # least DEVICE_SPLIT_MIN_KEYS; the grid's NUM_SPLITS is the power of two at or above that bound,
-        # at most DEVICE_SPLIT_MAX_SPLITS.
+        # The device split: NUM_SPLITS programs a (sequence, KV head), of which sequence i takes device_splits'
+        # count. A piece is at least C * len_i * num_kv_heads / TARGET_PROGRAMS keys (the total includes len_i) and
+        # at least DEVICE_SPLIT_MIN_KEYS, which bounds every sequence's count; NUM_SPLITS is the power of two at
+        # or above that bound, at most DEVICE_SPLIT_MAX_SPLITS.
         slack_num, slack_den = DEVICE_SPLIT_SLACK
         piece_mul, piece_div = num_kv_heads * slack_num, TARGET_PROGRAMS * slack_den
         most = min(cdiv(piece_div, piece_mul), cdiv(max_seq_len, DEVICE_SPLIT_MIN_KEYS))

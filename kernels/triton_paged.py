@@ -325,7 +325,7 @@ def _attend_tiles(
     descriptor (Hopper's TMA) with no address arithmetic, landing in shared memory in the dots' layout. The
     table entry is one scalar a tile; a bad entry, or a column past the table, takes the row num_blocks *
     BLOCK_SIZE, wholly past the pool, which the copy fills with zeros without reading (no tile runs past a bad
-    entry anyway). The masked tiles keep pointer loads, whose masks zero the keys past seq_len.
+    entry anyway). The masked tiles keep pointer loads.
 
     V_PAIRS: p @ v contracts over keys, but a key's dims lie side by side in memory and ldmatrix cannot
     transpose an 8-bit operand, so an fp8 V tile taken as it is leaves shared memory a byte at a time. Read as
