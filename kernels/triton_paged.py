@@ -566,8 +566,8 @@ def paged_attention_kernel(
             return
         last_split = seq_splits - 1
 
-    # Row r of the tile: query token q_tile * BLOCK_Q + r // HEADS_PER_PROGRAM, head head_tile * HEADS_PER_PROGRAM
-    # + r % HEADS_PER_PROGRAM of the group (head_tile is 0 when a program holds the whole group, the usual case).
+    # Row r of the tile: query token q_tile * BLOCK_Q + r // HEADS_PER_PROGRAM, group head
+    # head_tile * HEADS_PER_PROGRAM + r % HEADS_PER_PROGRAM (head_tile is 0 when a program holds the whole group).
     rows = tl.arange(0, BLOCK_M)
     token = q_tile * BLOCK_Q + rows // HEADS_PER_PROGRAM
     in_group = head_tile * HEADS_PER_PROGRAM + rows % HEADS_PER_PROGRAM

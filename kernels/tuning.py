@@ -54,9 +54,9 @@ def default_config(precision: str, head_dim_padded: int, q_class: str) -> TileCo
     return TileConfig(max_rows, 16, tile_n, 0, 3)
 
 
-# Measured entries; every other key takes default_config. Each is the fastest candidate of `python
-# scripts/tune_tiles.py --class C` on one H200 (torch 2.11, Triton 3.6, bf16, shuffled blocks of 16) over the
-# cases of the GPU suites that the key reaches, against the default config.
+# Measured entries; every other key takes default_config. Each is the fastest candidate, against the default
+# config, of `python scripts/tune_tiles.py --class C` on one H200 (torch 2.11, Triton 3.6, bf16, shuffled blocks
+# of 16) over the cases of the GPU suites that the key reaches.
 TUNED: dict[tuple[str, int, str], TileConfig] = {
     # Unsplit decode: 128-key tiles. A decode whose KV is split keeps 32-key tiles while its pieces are
     # short (128-key tiles would halve the splits a short context allows), 128 past 1024 keys a piece.
