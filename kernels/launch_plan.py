@@ -154,11 +154,10 @@ def call_key(
 class PlanCache:
     """Up to ``size`` plans by :func:`call_key`, the least recently used dropped first.
 
-    Recency is kept the "second chance" way, so that a hit costs one dict lookup (hashing the
-    key once): a hit marks its entry used; when the cache is full, the oldest entry is dropped
-    if unmarked, else unmarked and moved to the back. Lookups are single dict reads (atomic
-    under the GIL); inserts and evictions hold a lock. The hit and miss counts are for
-    reports, approximate under threads.
+    Recency is kept the "second chance" way, so that a hit costs one dict lookup (hashing the key once): a hit
+    marks its entry used; when the cache is full, the oldest entry is dropped if unmarked, else unmarked and
+    moved to the back. Lookups are single dict reads (atomic under the GIL); inserts and evictions hold a lock.
+    The hit and miss counts are for reports, approximate under threads.
     """
 
     def __init__(self, size: int = MAX_PLANS):
