@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-import builtins
 import json
 import os
 import shutil
 import subprocess
+import sys
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -88,10 +88,6 @@ def _runs_pair(base: str, new: str, verb: str = "compare", *extra: str):
     return lambda runs, tmp: [verb, str(runs / base), str(runs / new), *extra]
 
 
-def _good(folder: Path) -> None:
-    rf.write(rf.frame(num_cases=1), rf.meta(), folder)
-
-
 def _meta_only(folder: Path) -> None:
     folder.mkdir()
     (folder / "meta.json").write_text(json.dumps(rf.meta()))
@@ -102,13 +98,13 @@ def _doubled(folder: Path) -> None:
     rf.write(pd.concat([frame, frame.iloc[:1]]), rf.meta(), folder)
 
 
-def _pair(base: Callable[[Path], None], new: Callable[[Path], None], *extra: str):
+def _pair(base: Callable[[Path], None], new: Callable[[Path], None]):
     """compare of the folders ``base(tmp/base)`` and ``new(tmp/new)`` make."""
 
     def make(runs: Path, tmp: Path) -> list[str]:
         base(tmp / "base")
         new(tmp / "new")
-        return ["compare", str(tmp / "base"), str(tmp / "new"), *extra]
+        return ["compare", str(tmp / "base"), str(tmp / "new")]
 
     return make
 
@@ -159,17 +155,6 @@ def _git(name: str, argv: list[str], *words: str) -> Refusal:
         return argv
 
     return Refusal(name, make, 2, words, cwd="repo")
-
-
-def _no_ray(monkeypatch: pytest.MonkeyPatch, tmp: Path) -> None:
-    real_import = builtins.__import__
-
-    def no_ray(name, *args, **kwargs):
-        if name == "ray" or name.startswith("ray."):
-            raise ImportError("No module named 'ray'")
-        return real_import(name, *args, **kwargs)
-
-    monkeypatch.setattr(builtins, "__import__", no_ray)
 
 
 FOREIGN = pd.DataFrame({"x": [1]}).to_parquet()  # a parquet file of no harness run
@@ -235,7 +220,7 @@ REFUSALS = [
       for text in ("2/2", "1", "a/2", "0/0", "-1/3", "1/2/3")),
     Refusal("--workers none", [*SMOKE, "--workers", "none"], 2, ("--workers none",)),
     Refusal("--ray without Ray installed", [*SMOKE, "--ray"], 2, ("pip install 'paged-attention-harness[ray]'",),
-            patch=_no_ray),
+            patch=lambda monkeypatch, tmp: monkeypatch.setitem(sys.modules, "ray", None)),
     # --- run: where it writes --------------------------------------------------------------------------
     Refusal("an --out that is a finished run", _run_args("done", "--no-timing"), 2, ("{tmp}/out: already exists",)),
     Refusal("an --out under a file", _run_args("under a file", "--no-timing"), 2, ("out is a file, not a folder",)),
@@ -280,7 +265,6 @@ REFUSALS = [
               (BAD_FOLDERS[base][1].replace("{side}", "base"), BAD_FOLDERS[new][1].replace("{side}", "new")))
       for base, new in (("absent", "absent"), ("absent", "meta_only"), ("meta_only", "absent"),
                         ("doubled", "doubled"))),
-    Refusal("a new run with duplicated rows", _pair(_good, _doubled), 2, ("new run: duplicated",)),
     Refusal("a corrupt meta.json", _folder({"results.parquet": Path("untimed"), "meta.json": "{not json"}, "compare"),
             2, ("{tmp}/folder/meta.json: corrupt run metadata",)),
     Refusal("a parquet of no harness run", _folder({"results.parquet": FOREIGN, "meta.json": "{}"}, "compare"), 2,
@@ -288,7 +272,8 @@ REFUSALS = [
     Refusal("a results.parquet of text to report", _folder({"results.parquet": "text", "meta.json": "{}"}, "report"),
             2, ("not a readable parquet file",)),
     # --- compare's options --------------------------------------------------------------------------------
-    Refusal("--json naming a folder", _pair(_good, _good, "--json", "{tmp}"), 2, ("a folder; give a file to write",)),
+    Refusal("--json naming a folder", _runs_pair("untimed", "untimed", "compare", "--json", "{tmp}"), 2,
+            ("a folder; give a file to write",)),
     Refusal("too few --confirm-rounds", ["compare", "{tmp}/none", "{tmp}/none", "--confirm", "all",
                                          "--confirm-rounds", "8"], 2, ("--confirm-rounds 8: at least 9 rounds",)),
     Refusal("--confirm with --no-confirm", ["compare", "{tmp}", "{tmp}", "--confirm", "all", "--no-confirm"], 2,
