@@ -257,6 +257,8 @@ NOT_RETIMED = {
     "a dirty tree": ({"dirty": True}, {}, None, None, [], 5, UNCONFIRMED_TLSIM, ("uncommitted changes",)),
     "no case file": ({}, {"case_files": ["/no/such/cases.toml"]}, None, None, [], 5, UNCONFIRMED_TLSIM,
                      ("case file /no/such/cases.toml is not here",)),
+    "no case files recorded": ({}, {"case_files": []}, None, None, [], 5, UNCONFIRMED_TLSIM,
+                               ("the runs record no case files",)),
     "no such commit": ({"commit": "f" * 40}, {}, None, None, [], 5, UNCONFIRMED_TLSIM,
                        ("is not a commit of this repository",)),
     "a checkout failing": ({}, {}, None, _checkout_fails, [], 5, UNCONFIRMED_TLSIM,
