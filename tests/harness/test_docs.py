@@ -34,10 +34,6 @@ def command_lines() -> list[tuple[str, str]]:
     return lines
 
 
-def nox_sessions() -> set[str]:
-    return set(re.findall(r"^def (\w+)\(session", (ROOT / "noxfile.py").read_text(), re.M))
-
-
 @pytest.mark.parametrize(("doc", "line"), command_lines(), ids=lambda v: v if len(v) < 60 else v[:60])
 def test_documented_command_exists(doc, line):
     words = shlex.split(line.replace("$I", "0").replace("$(", "").replace(")", ""))
@@ -48,7 +44,8 @@ def test_documented_command_exists(doc, line):
             pytest.fail(f"{doc}: `{line}` does not parse (exit {stop.code})")
     elif words[0] == "nox":
         session = words[words.index("-s") + 1]
-        assert session in nox_sessions(), f"{doc}: `{line}` names no nox session {session!r}"
+        sessions = re.findall(r"^def (\w+)\(session", (ROOT / "noxfile.py").read_text(), re.M)
+        assert session in sessions, f"{doc}: `{line}` names no nox session {session!r}"
     elif words[0] in ("python", "bash"):
         assert (ROOT / words[1]).is_file(), f"{doc}: `{line}` names a missing script"
     elif words[0] == "pytest":

@@ -22,17 +22,10 @@ from tests.tiny_cases import write_cases
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def _kind(value) -> str:
-    """The JSON kind of a value: numbers are one kind (an int is a valid float)."""
-    if isinstance(value, bool):
-        return "bool"
-    if isinstance(value, int | float):
-        return "number"
-    return {str: "str", list: "list", dict: "dict"}[type(value)]
-
-
 # A value of another kind than each meta.json field (by its JSON kind) and each results.parquet column holds.
 WRONG = {"str": "fast", "number": 5, "bool": True, "list": [1, "x"], "dict": {"a": "b"}}
+# The JSON kind of a value: numbers are one kind (an int is a valid float).
+KIND = {bool: "bool", int: "number", float: "number", str: "str", list: "list", dict: "dict"}
 WRONG_VALUE = {TEXT: 7, NUMBER: "fast", SCALAR: {"a": 1}, SAMPLES: "fast", FLAG: "yes"}
 
 
@@ -42,7 +35,7 @@ def _bad_meta(runs: Path, data) -> tuple[Path, Path, str]:
     fields = {key: value for key, value in meta.items() if value is not None}
     fields |= {f"ceilings.{k}": v for k, v in meta["ceilings"].items() if v is not None}  # nested fields too
     field = data.draw(st.sampled_from(sorted(fields)), label="field")
-    wrong = WRONG[data.draw(st.sampled_from([k for k in WRONG if k != _kind(fields[field])]), label="kind")]
+    wrong = WRONG[data.draw(st.sampled_from([k for k in WRONG if k != KIND[type(fields[field])]]), label="kind")]
     outer, _, inner = field.partition(".")
     bad = rf.copy_run(good, {outer: {**meta[outer], inner: wrong} if inner else wrong})
     return good, bad, f"{bad / 'meta.json'}: field '{field}'"
