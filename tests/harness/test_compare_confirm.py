@@ -200,13 +200,6 @@ def test_by_default_rows_the_runs_call_slower_are_retimed_in_paired_rounds_and_o
     assert code == 1
 
 
-def _page_cells(html: str) -> list[list[str]]:
-    """The compare page's table: each row's cells as text."""
-    body = html[html.index("<tbody>") : html.index("</tbody>")]
-    return [[re.sub(r"<[^>]+>", "", c).strip() for c in re.findall(r"<td[^>]*>(.*?)</td>", row, re.S)]
-            for row in body.split("</tr>") if "<td" in row]  # fmt: skip
-
-
 def test_a_drift_under_which_paired_rounds_confirm_a_slowdown_is_said_as_both_not_put_on_the_load(
     tmp_path, rounds, capsys
 ):
@@ -223,7 +216,9 @@ def test_a_drift_under_which_paired_rounds_confirm_a_slowdown_is_said_as_both_no
     assert {b for (b, _), what in _table(out).items() if what == "WORSE"} == {"tlsim"}, out
     html = page.read_text()
     assert "the 3 confirmed slower are a change of the code" in html and "likely" not in html
-    cells = _page_cells(html)
+    body = html[html.index("<tbody>") : html.index("</tbody>")]  # the compare table's cells as text, by row
+    cells = [[re.sub(r"<[^>]+>", "", c).strip() for c in re.findall(r"<td[^>]*>(.*?)</td>", row, re.S)]
+             for row in body.split("</tr>") if "<td" in row]  # fmt: skip
     assert len(cells) == 9 and all(row[8] for row in cells), "every re-timed row has its adjusted p"
     assert all(float(row[8]) <= 0.05 for row in cells if row[9].startswith("slower"))
     # the same runs without paired rounds: the drift is read as the load's, and the note says none were re-timed

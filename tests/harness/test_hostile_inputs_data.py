@@ -112,7 +112,7 @@ def test_a_finished_run_folder_carries_no_marker(runs):
 # --- case files: sweeps counted before they are built -----------------------------------------------
 
 
-def _huge_sweep(path: Path) -> Path:
+def test_a_six_field_sweep_of_600m_points_is_refused_fast_and_small(tmp_path):
     """Six swept fields, 30 x 29^5 = 615M points (615,334,470), in 888 bytes."""
     values = lambda n, first: "[" + ", ".join(str(first + i) for i in range(n)) + "]"  # noqa: E731
     text = (
@@ -121,13 +121,8 @@ def _huge_sweep(path: Path) -> Path:
         f"head_dim = {values(29, 16)}\nq_lens = {values(29, 1)}\n"
         "input_scale = [" + ", ".join(f"{1 + i / 10:g}" for i in range(29)) + "]\n"
     )
-    text += "# " + "-" * (888 - len(text) - 3) + "\n"  # the reported file's 888 bytes
-    path.write_text(text)
-    return path
-
-
-def test_a_six_field_sweep_of_600m_points_is_refused_fast_and_small(tmp_path):
-    huge = _huge_sweep(tmp_path / "huge.toml")
+    huge = tmp_path / "huge.toml"
+    huge.write_text(text + "# " + "-" * (888 - len(text) - 3) + "\n")  # the reported file's 888 bytes
     assert huge.stat().st_size == 888
     # The peak RSS is VmHWM of /proc/self/status: getrusage's ru_maxrss in a child starts at the RSS of
     # the process that forked it (Linux carries the high-water mark across fork and exec), here pytest's.

@@ -5,7 +5,6 @@ from __future__ import annotations
 import itertools
 import re
 
-import pandas as pd
 import pytest
 
 from harness.cli.main import main
@@ -17,16 +16,12 @@ from tests.harness.plot_text import drawn_texts, page_plots
 EVIL = "<script>alert('x')</script>"
 
 
-def _with_failure(frame: pd.DataFrame) -> pd.DataFrame:
-    frame = frame.assign(worst_location="", fail_count=0)
+def test_the_verdict_names_the_failing_row_its_location_and_count_before_any_table():
+    frame = rf.frame(num_cases=3).assign(worst_location="", fail_count=0)
     failed = ["fail", "max abs err 3e-4 exceeds atol", 2.5, "seq 3, query 5, head 2", 17]
     mask = (frame["case"] == "case01") & (frame["backend"] == "tlsim")
     frame.loc[mask, ["status", "reason", "tol_ratio", "worst_location", "fail_count"]] = failed
-    return frame
-
-
-def test_the_verdict_names_the_failing_row_its_location_and_count_before_any_table():
-    html = render_html(_with_failure(rf.frame(num_cases=3)), rf.meta())
+    html = render_html(frame, rf.meta())
     verdict = html[html.index('id="verdict"') : html.index("Cases × backends")]
     assert "FAIL" in verdict and "tlsim" in verdict and "case01" in verdict
     assert "seq 3, query 5, head 2" in verdict and "17 elements outside tolerance" in verdict
@@ -59,10 +54,6 @@ def test_a_name_with_dollar_signs_is_drawn_as_text_not_parsed_as_tex(drawn_plots
     assert not [t for t in drawn if "mathdefault" in t], "and the axes' own tick labels still typeset"
 
 
-# A decade tick of a log axis as matplotlib typesets it: "10" and the exponent ("10^3", "10^-2").
-DECADE = re.compile(r"10[−-]?[0-9]+")
-
-
 def test_plots_are_embedded_and_label_log_ticks_with_numbers_not_tex_source(drawn_plots, plot_text_as_text):
     pytest.importorskip("matplotlib", reason="plots need matplotlib")
     html = render_html(rf.frame(num_cases=4), rf.meta())
@@ -72,7 +63,7 @@ def test_plots_are_embedded_and_label_log_ticks_with_numbers_not_tex_source(draw
     for uri in uris:
         drawn = [t.text for t in drawn_texts(uri)]
         assert not [t for t in drawn if "$" in t or "\\" in t], drawn
-        assert any(DECADE.fullmatch(t) for t in drawn), drawn
+        assert any(re.fullmatch(r"10[−-]?[0-9]+", t) for t in drawn), drawn  # a log axis's decade: 10 and exponent
 
 
 def test_close_bandwidth_ceilings_are_labelled_a_line_apart(drawn_plots, plot_text_as_text):
