@@ -88,25 +88,27 @@ def _runs_pair(base: str, new: str, verb: str = "compare", *extra: str):
     return lambda runs, tmp: [verb, str(runs / base), str(runs / new), *extra]
 
 
-def _meta_only(folder: Path) -> None:
-    folder.mkdir()
-    (folder / "meta.json").write_text(json.dumps(rf.meta()))
+# A folder that is no run, as made at tmp/{side}, and what compare says of it.
+BAD_FOLDERS = {
+    "absent": (lambda folder: None, "{tmp}/{side}: not a run folder (no such folder)"),
+    "meta_only": (lambda folder: folder.mkdir() or (folder / "meta.json").write_text(json.dumps(rf.meta())),
+                  "{tmp}/{side}: not a run folder (no results.parquet)"),
+    "doubled": (lambda folder: rf.write(rf.frame(num_cases=1).pipe(lambda f: pd.concat([f, f.iloc[:1]])), rf.meta(),
+                                        folder), "{side} run: duplicated (case, backend) rows: reference on case00"),
+}  # fmt: skip
 
 
-def _doubled(folder: Path) -> None:
-    frame = rf.frame(num_cases=1)
-    rf.write(pd.concat([frame, frame.iloc[:1]]), rf.meta(), folder)
-
-
-def _pair(base: Callable[[Path], None], new: Callable[[Path], None]):
-    """compare of the folders ``base(tmp/base)`` and ``new(tmp/new)`` make."""
+def _pair(base: str, new: str) -> Refusal:
+    """compare of tmp/base and tmp/new, folders made as BAD_FOLDERS says, each named in the words."""
+    sides = {"base": base, "new": new}
 
     def make(runs: Path, tmp: Path) -> list[str]:
-        base(tmp / "base")
-        new(tmp / "new")
+        for side, name in sides.items():
+            BAD_FOLDERS[name][0](tmp / side)
         return ["compare", str(tmp / "base"), str(tmp / "new")]
 
-    return make
+    words = tuple(BAD_FOLDERS[name][1].replace("{side}", side) for side, name in sides.items())
+    return Refusal(f"compare of {base} and {new}", make, 2, words)
 
 
 def _resume(*extra: str, rows=(), **options):
@@ -185,11 +187,6 @@ BAD_JOURNAL_ROWS = [
     ([1, 2], "a list, not a JSON object"),
     ({"resumed_by": "me"}, "'resumed_by'"),
 ]
-BAD_FOLDERS = {
-    "absent": (lambda folder: None, "{tmp}/{side}: not a run folder (no such folder)"),
-    "meta_only": (_meta_only, "{tmp}/{side}: not a run folder (no results.parquet)"),
-    "doubled": (_doubled, "{side} run: duplicated (case, backend) rows: reference on case00"),
-}
 REFUSALS = [
     # --- run: cases, backends, plugins and options -------------------------------------------------
     *(Refusal(f"an unknown case name to {verb}", [verb, "smok", *(["--out", "{tmp}/out"] if verb == "run" else [])],
@@ -261,10 +258,8 @@ REFUSALS = [
     Refusal("a run folder without rows", _folder({"meta.json": Path("untimed")}), 2,
             ("{tmp}/folder: not a run folder (no results.parquet)",)),
     Refusal("a path that holds no run to history", ["history", "{tmp}/nothing"], 2, ("neither a run folder",)),
-    *(Refusal(f"compare of {base} and {new}", _pair(BAD_FOLDERS[base][0], BAD_FOLDERS[new][0]), 2,
-              (BAD_FOLDERS[base][1].replace("{side}", "base"), BAD_FOLDERS[new][1].replace("{side}", "new")))
-      for base, new in (("absent", "absent"), ("absent", "meta_only"), ("meta_only", "absent"),
-                        ("doubled", "doubled"))),
+    *(_pair(*sides) for sides in (("absent", "absent"), ("absent", "meta_only"), ("meta_only", "absent"),
+                                  ("doubled", "doubled"))),
     Refusal("a corrupt meta.json", _folder({"results.parquet": Path("untimed"), "meta.json": "{not json"}, "compare"),
             2, ("{tmp}/folder/meta.json: corrupt run metadata",)),
     Refusal("a parquet of no harness run", _folder({"results.parquet": FOREIGN, "meta.json": "{}"}, "compare"), 2,
