@@ -76,7 +76,7 @@ def _dead_pid() -> int:
     return gone.pid
 
 
-def test_stale_cleanup_removes_only_partial_folders_carrying_the_marker(tmp_path):
+def test_stale_cleanup_removes_only_partial_folders_carrying_the_marker_which_a_finished_run_does_not(tmp_path, runs):
     pid = _dead_pid()
     foreign = tmp_path / f".photos.partial-{pid}"
     foreign.mkdir()
@@ -87,6 +87,7 @@ def test_stale_cleanup_removes_only_partial_folders_carrying_the_marker(tmp_path
     messages = stale_leftovers(tmp_path)
     assert (foreign / "holiday.jpg").exists() and not ours.exists()
     assert any(f"kept {foreign}" in m for m in messages) and any(f"removed {ours}" in m for m in messages)
+    assert not (runs / "untimed" / PARTIAL_MARKER).exists()
 
 
 def test_stale_cleanup_says_a_stopped_run_is_stopped_and_leaves_other_users_runs_alone(tmp_path, monkeypatch):
@@ -103,10 +104,6 @@ def test_stale_cleanup_says_a_stopped_run_is_stopped_and_leaves_other_users_runs
     (tmp_path / f".theirs.partial-{pid}" / PARTIAL_MARKER).write_text(f"{pid}\n")
     monkeypatch.setattr(os, "getuid", lambda: os.stat(tmp_path).st_uid + 1)  # as another user sees them
     assert stale_leftovers(tmp_path) == [] and (tmp_path / f".theirs.partial-{pid}").exists()
-
-
-def test_a_finished_run_folder_carries_no_marker(runs):
-    assert not (runs / "untimed" / PARTIAL_MARKER).exists()
 
 
 # --- case files: sweeps counted before they are built -----------------------------------------------
