@@ -16,7 +16,7 @@ from tests.harness.plot_text import drawn_texts, page_plots
 EVIL = "<script>alert('x')</script>"
 
 
-def test_the_verdict_names_the_failing_row_its_location_and_count_before_any_table():
+def test_the_verdict_names_the_failing_row_its_location_and_count_before_any_table_or_says_pass():
     frame = rf.frame(num_cases=3).assign(worst_location="", fail_count=0)
     failed = ["fail", "max abs err 3e-4 exceeds atol", 2.5, "seq 3, query 5, head 2", 17]
     mask = (frame["case"] == "case01") & (frame["backend"] == "tlsim")
@@ -26,9 +26,6 @@ def test_the_verdict_names_the_failing_row_its_location_and_count_before_any_tab
     assert "FAIL" in verdict and "tlsim" in verdict and "case01" in verdict
     assert "seq 3, query 5, head 2" in verdict and "17 elements outside tolerance" in verdict
     assert html.index('id="verdict"') < html.index('id="pivot"') < html.index('id="rows"')
-
-
-def test_a_clean_run_says_pass():
     assert "<b>PASS</b>: all 30 graded rows within tolerance" in render_html(rf.frame(num_cases=10), rf.meta())
 
 
