@@ -31,12 +31,6 @@ def test_a_planted_25pct_slowdown_is_slower_on_every_case_and_nowhere_else():
     assert all(w.startswith("latency ") for w in comparison.regressions["why"])
 
 
-def test_a_faster_backend_is_reported_faster_and_does_not_fail():
-    comparison = compare_runs(rf.frame(seed=1), rf.frame(seed=2, slow={"reference": 0.7}))
-    assert (comparison.rows.set_index("backend").loc["reference", "verdict"] == "faster").all()
-    assert comparison.exit_code == EXIT_OK and len(comparison.improvements) == 10
-
-
 def test_a_slowdown_smaller_than_the_minimum_effect_is_not_slower():
     base, new = rf.frame(seed=1, spread=0.01), rf.frame(seed=2, spread=0.01, slow={"tlsim": 1.04})
     comparison = compare_runs(base, new)
@@ -125,7 +119,8 @@ def test_a_row_graded_not_timed_over_its_budget_in_one_run_is_said_and_leaves_th
 
 
 def test_rows_faster_by_two_drifted_runs_alone_are_marked_doubtful():
-    """Rows faster only between two drifted runs of one commit are 'better?' and counted so, not improvements."""
+    """Rows faster only between two drifted runs of one commit are 'better?' and counted so, not improvements; one
+    backend faster alone is faster, an improvement."""
     base = rf.frame(num_cases=12, seed=1)
     drifted = rf.frame(num_cases=12, seed=2, slow={name: 0.6 for name in rf.BACKENDS})  # the machine got quieter
     comparison = compare_runs(base, drifted)
@@ -135,3 +130,5 @@ def test_rows_faster_by_two_drifted_runs_alone_are_marked_doubtful():
     quiet = compare_runs(base, rf.frame(num_cases=12, seed=2, slow={"tlsim": 0.6}))  # one backend: no drift
     assert not any(p.startswith("latency drift") for p in quiet.problems)
     assert "better?" not in format_comparison(quiet, "A", "B")
+    assert (quiet.rows.set_index("backend").loc["tlsim", "verdict"] == "faster").all(), "faster, and no failure"
+    assert quiet.exit_code == EXIT_OK and len(quiet.improvements) == 12
