@@ -1,4 +1,4 @@
-"""compare beyond latency: accuracy, status, one-sided rows, machine mismatches, duplicates, exit codes, HTML."""
+"""compare beyond latency: accuracy, status, one-sided rows, machine mismatches, exit codes, HTML."""
 
 from __future__ import annotations
 
@@ -6,7 +6,6 @@ import pandas as pd
 import pytest
 
 from harness.cli.main import main
-from harness.review import compare
 from harness.review.compare import EXIT_INCOMPLETE, EXIT_OK, EXIT_WORSE, compare_runs
 from tests.harness import review_frames as rf
 
@@ -77,12 +76,6 @@ def test_what_got_worse_or_better_and_whether_the_comparison_is_complete_with_th
         column, case, backend = where
         text = comparison.rows.set_index(["case", "backend"]).loc[(case, backend), column]
         assert text == words if isinstance(words, str) else all(w in text for w in words), text
-
-
-def test_duplicated_rows_are_refused(base, rerun):
-    doubled = pd.concat([rerun, rerun.iloc[:1]])
-    with pytest.raises(compare.DuplicateRowsError, match=r"new run: duplicated .*reference on case00"):
-        compare_runs(base, doubled)
 
 
 def test_cli_compare_exit_codes_its_table_and_html_page_escape_plugin_strings(tmp_path, base, rerun, capsys):
