@@ -289,9 +289,6 @@ def test_alternate_plans_from_its_first_step_then_goes_abba_from_the_side_asked_
     assert asked == [(0, 0), (1, 0)]  # on CUDA one time-boxed block per build
 
 
-@pytest.mark.parametrize(
-    ("call_us", "plan"),
-    [(35, (24, 143)), (700, (24, 7)), (20_000, (24, 1)), (100_000, (9, 1)), (1e6, (1, 1)), (float("nan"), (24, 1))],
-)
-def test_a_step_is_about_5ms_of_calls_and_a_round_about_0_8_s_of_each_build_in_24_steps_at_most(call_us, plan):
-    assert step_plan(call_us) == plan
+def test_a_step_is_about_5ms_of_calls_and_a_round_about_0_8_s_of_each_build_in_24_steps_at_most():
+    plans = [step_plan(call_us) for call_us in (35, 700, 20_000, 100_000, 1e6, float("nan"))]
+    assert plans == [(24, 143), (24, 7), (24, 1), (9, 1), (1, 1), (24, 1)]

@@ -73,17 +73,12 @@ def test_close_bandwidth_ceilings_are_labelled_a_line_apart(drawn_plots, plot_te
         assert y_below - y_above >= size, f"labels overlap: {labels}"
 
 
-@pytest.mark.parametrize(
-    ("meta", "expected"),
-    [
-        ({"ceilings": {"read_gbps": 1.0, "copy_gbps": 2.0}}, {"read": 1.0, "copy": 2.0}),
-        ({"ceilings_gbps": {"read_gbps": 1.0, "copy_gbps": 2.0}}, {"read_gbps": 1.0, "copy_gbps": 2.0}),
-        ({"ceilings": {"read_gbps": 1.0}, "ceilings_gbps": {"cpu_copy": 3.0}}, {"read": 1.0}),
-    ],
-    ids=["new_key", "every_limit_of_the_old_key", "the_new_key_wins"],
-)
-def test_the_ceilings_drawn_are_those_meta_json_holds(meta, expected):
-    assert ceilings_of(meta) == expected
+def test_the_ceilings_drawn_are_those_meta_json_holds():
+    limits = {"read_gbps": 1.0, "copy_gbps": 2.0}
+    assert ceilings_of({"ceilings": dict(limits)}) == {"read": 1.0, "copy": 2.0}
+    assert ceilings_of({"ceilings_gbps": dict(limits)}) == limits  # every limit of the old key
+    new_wins = {"ceilings": {"read_gbps": 1.0}, "ceilings_gbps": {"cpu_copy": 3.0}}
+    assert ceilings_of(new_wins) == {"read": 1.0}
 
 
 def test_gbps_on_cpu_rows_keeps_significant_digits():
