@@ -8,7 +8,7 @@ import shutil
 import subprocess
 import sys
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 import pandas as pd
@@ -22,15 +22,14 @@ from tests.tiny_cases import write_cases
 
 @dataclass(frozen=True)
 class Refusal:
-    """A refused command: ``argv`` (or built under ``tmp``), ``words`` to print (``{tmp}`` filled in), setup."""
+    """A refused command: ``argv`` (or built under ``tmp``), ``words`` to print (``{tmp}`` filled in), ``patch`` after
+    building it."""
 
     name: str
     argv: list[str] | Callable[[Path, Path], list[str]]
     exit: int
     words: tuple[str, ...] = ()
-    env: dict[str, str] = field(default_factory=dict)
     patch: Callable[[pytest.MonkeyPatch, Path], None] | None = None
-    cwd: str | None = None
 
 
 def _bad(verb: str, alone: str, run: str, **changes):
@@ -156,7 +155,7 @@ def _git(name: str, argv: list[str], *words: str) -> Refusal:
             subprocess.run(["git", "commit", "-q", "--allow-empty", "-m", str(i)], cwd=repo, env=env, check=True)
         return argv
 
-    return Refusal(name, make, 2, words, cwd="repo")
+    return Refusal(name, make, 2, words, patch=lambda monkeypatch, tmp: monkeypatch.chdir(tmp / "repo"))
 
 
 FOREIGN = pd.DataFrame({"x": [1]}).to_parquet()  # a parquet file of no harness run
@@ -212,7 +211,7 @@ REFUSALS = [
     Refusal("a case too large for memory", _run_args("folder", "--no-timing", case=BIG_CASE), 2,
             ("case 'prefill_8k': field 'seq_lens': too large for cpu memory",)),
     Refusal("a sweep limit that is not a number", ["list", "smoke"], 2, ("HARNESS_MAX_SWEEP_POINTS='lots'",),
-            env={"HARNESS_MAX_SWEEP_POINTS": "lots"}),
+            patch=lambda monkeypatch, tmp: monkeypatch.setenv("HARNESS_MAX_SWEEP_POINTS", "lots")),
     *(Refusal(f"--shard {text}", [*SMOKE, f"--shard={text}"], 2, ("give I/N",))
       for text in ("2/2", "1", "a/2", "0/0", "-1/3", "1/2/3")),
     Refusal("--workers none", [*SMOKE, "--workers", "none"], 2, ("--workers none",)),
@@ -312,12 +311,8 @@ def test_a_refused_command_gets_its_exit_code_and_says_why_before_any_work(refus
     args = [arg.format(tmp=tmp_path) for arg in args]
     for module, name in ((local, "run_cases"), (inputs, "make_inputs"), (runner, "make_inputs")):
         monkeypatch.setattr(module, name, work)
-    for key, value in refusal.env.items():
-        monkeypatch.setenv(key, value)
     if refusal.patch is not None:
         refusal.patch(monkeypatch, tmp_path)
-    if refusal.cwd is not None:
-        monkeypatch.chdir(tmp_path / refusal.cwd)
     before = _files(tmp_path)
     try:
         code = main(args)
