@@ -18,23 +18,13 @@ def _set(frame: pd.DataFrame, case: str, backend: str, **values) -> pd.DataFrame
     return frame
 
 
-@pytest.fixture
-def base():
-    return rf.frame(num_cases=4, seed=1)
-
-
-@pytest.fixture
-def rerun():
-    return rf.frame(num_cases=4, seed=2)
-
-
 def _fewer(frame: pd.DataFrame) -> pd.DataFrame:
     return frame[frame["backend"] != "gather_sdpa"]
 
 
 OTHER = rf.meta(torch="2.14.0", device_name="Other CPU")
-# (base, rerun) -> (base, new run); keywords of compare_runs; exit; where to read: "problems" or (column, case,
-# backend); a str is the whole text (of that cell, or one problem), a tuple words in it.
+# (base, rerun: 4 cases, seeds 1 and 2) -> (base, new run); keywords of compare_runs; exit; where to read: "problems"
+# or (column, case, backend); a str is the whole text (of that cell, or one problem), a tuple words in it.
 CHANGES = {
     "a planted accuracy regression": (
         lambda b, r: (b, _set(r, "case01", "tlsim", status="fail", max_abs_err=3e-4, tol_ratio=2.7, reason="3e-4")),
@@ -65,9 +55,9 @@ CHANGES = {
 
 
 @pytest.mark.parametrize("name", CHANGES)
-def test_what_got_worse_or_better_and_whether_the_comparison_is_complete_with_the_exit_code(base, rerun, name):
+def test_what_got_worse_or_better_and_whether_the_comparison_is_complete_with_the_exit_code(name):
     make, keywords, exit_code, where, words = CHANGES[name]
-    comparison = compare_runs(*make(base, rerun), **keywords)
+    comparison = compare_runs(*make(rf.frame(num_cases=4, seed=1), rf.frame(num_cases=4, seed=2)), **keywords)
     assert comparison.exit_code == exit_code, comparison.problems
     if where == "problems":
         found = comparison.problems if isinstance(words, str) else "\n".join(comparison.problems)
@@ -78,7 +68,8 @@ def test_what_got_worse_or_better_and_whether_the_comparison_is_complete_with_th
         assert text == words if isinstance(words, str) else all(w in text for w in words), text
 
 
-def test_cli_compare_exit_codes_its_table_and_html_page_escape_plugin_strings(tmp_path, base, rerun, capsys):
+def test_cli_compare_exit_codes_its_table_and_html_page_escape_plugin_strings(tmp_path, capsys):
+    base, rerun = rf.frame(num_cases=4, seed=1), rf.frame(num_cases=4, seed=2)
     rf.write(base, rf.meta(), tmp_path / "a")
     rf.write(rerun, rf.meta(), tmp_path / "b")
     assert main(["compare", str(tmp_path / "a"), str(tmp_path / "b")]) == EXIT_OK
