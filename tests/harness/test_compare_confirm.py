@@ -280,16 +280,3 @@ def test_only_a_commit_of_your_own_history_is_re_timed(tmp_path, git_history, mo
             confirm.ConfirmInputError, match=f"x/meta.json: field 'commit': {ids[name]} is not in your history"
         ):
             confirm.checked_commit(ids[name], "x/meta.json")
-
-
-def test_a_handed_run_naming_a_fetched_commit_is_not_re_timed_but_unconfirmed(
-    tmp_path, git_history, rounds, monkeypatch, capsys
-):
-    ids = git_history
-    monkeypatch.chdir(tmp_path / "repo")
-    base, new = _runs(tmp_path, {"tlsim": 1.5}, base_meta={"commit": ids["fetched"]}, both={"commit": ids["head"]})
-    assert main(["compare", base, new]) == 5
-    out = capsys.readouterr().out
-    assert not rounds and "is not in your history" in out and "UNCONFIRMED" in out
-    assert main(["compare", base, new, "--confirm"]) == 2
-    assert "is not in your history" in capsys.readouterr().err
