@@ -104,7 +104,6 @@ def test_normalizing_by_an_unchanged_backend_cancels_a_machine_wide_drift():
 
 
 def test_a_row_graded_not_timed_over_its_budget_in_one_run_is_said_and_leaves_the_comparison_complete():
-    """A row timed in one run only (its call past the budget) is said, not compared, and the run is complete."""
     base, new = rf.frame(num_cases=3, seed=1), rf.frame(num_cases=3, seed=2)
     over = new.index[(new["case"] == "case01") & (new["backend"] == "tlsim")]
     timing = [c for c in new.columns if c.startswith("latency") or c == "call_us"]
