@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-import builtins
 import json
 import os
 import shutil
 import subprocess
+import sys
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 import pandas as pd
@@ -22,15 +22,14 @@ from tests.tiny_cases import write_cases
 
 @dataclass(frozen=True)
 class Refusal:
-    """A refused command: ``argv`` (or built under ``tmp``), ``words`` to print (``{tmp}`` filled in), setup."""
+    """A refused command: ``argv`` (or built under ``tmp``), ``words`` to print (``{tmp}`` filled in), ``patch`` after
+    building it."""
 
     name: str
     argv: list[str] | Callable[[Path, Path], list[str]]
     exit: int
     words: tuple[str, ...] = ()
-    env: dict[str, str] = field(default_factory=dict)
     patch: Callable[[pytest.MonkeyPatch, Path], None] | None = None
-    cwd: str | None = None
 
 
 def _bad(verb: str, alone: str, run: str, **changes):
@@ -88,29 +87,27 @@ def _runs_pair(base: str, new: str, verb: str = "compare", *extra: str):
     return lambda runs, tmp: [verb, str(runs / base), str(runs / new), *extra]
 
 
-def _good(folder: Path) -> None:
-    rf.write(rf.frame(num_cases=1), rf.meta(), folder)
+# A folder that is no run, as made at tmp/{side}, and what compare says of it.
+BAD_FOLDERS = {
+    "absent": (lambda folder: None, "{tmp}/{side}: not a run folder (no such folder)"),
+    "meta_only": (lambda folder: folder.mkdir() or (folder / "meta.json").write_text(json.dumps(rf.meta())),
+                  "{tmp}/{side}: not a run folder (no results.parquet)"),
+    "doubled": (lambda folder: rf.write(rf.frame(num_cases=1).pipe(lambda f: pd.concat([f, f.iloc[:1]])), rf.meta(),
+                                        folder), "{side} run: duplicated (case, backend) rows: reference on case00"),
+}  # fmt: skip
 
 
-def _meta_only(folder: Path) -> None:
-    folder.mkdir()
-    (folder / "meta.json").write_text(json.dumps(rf.meta()))
-
-
-def _doubled(folder: Path) -> None:
-    frame = rf.frame(num_cases=1)
-    rf.write(pd.concat([frame, frame.iloc[:1]]), rf.meta(), folder)
-
-
-def _pair(base: Callable[[Path], None], new: Callable[[Path], None], *extra: str):
-    """compare of the folders ``base(tmp/base)`` and ``new(tmp/new)`` make."""
+def _pair(base: str, new: str) -> Refusal:
+    """compare of tmp/base and tmp/new, folders made as BAD_FOLDERS says, each named in the words."""
+    sides = {"base": base, "new": new}
 
     def make(runs: Path, tmp: Path) -> list[str]:
-        base(tmp / "base")
-        new(tmp / "new")
-        return ["compare", str(tmp / "base"), str(tmp / "new"), *extra]
+        for side, name in sides.items():
+            BAD_FOLDERS[name][0](tmp / side)
+        return ["compare", str(tmp / "base"), str(tmp / "new")]
 
-    return make
+    words = tuple(BAD_FOLDERS[name][1].replace("{side}", side) for side, name in sides.items())
+    return Refusal(f"compare of {base} and {new}", make, 2, words)
 
 
 def _resume(*extra: str, rows=(), **options):
@@ -158,18 +155,7 @@ def _git(name: str, argv: list[str], *words: str) -> Refusal:
             subprocess.run(["git", "commit", "-q", "--allow-empty", "-m", str(i)], cwd=repo, env=env, check=True)
         return argv
 
-    return Refusal(name, make, 2, words, cwd="repo")
-
-
-def _no_ray(monkeypatch: pytest.MonkeyPatch, tmp: Path) -> None:
-    real_import = builtins.__import__
-
-    def no_ray(name, *args, **kwargs):
-        if name == "ray" or name.startswith("ray."):
-            raise ImportError("No module named 'ray'")
-        return real_import(name, *args, **kwargs)
-
-    monkeypatch.setattr(builtins, "__import__", no_ray)
+    return Refusal(name, make, 2, words, patch=lambda monkeypatch, tmp: monkeypatch.chdir(tmp / "repo"))
 
 
 FOREIGN = pd.DataFrame({"x": [1]}).to_parquet()  # a parquet file of no harness run
@@ -200,11 +186,6 @@ BAD_JOURNAL_ROWS = [
     ([1, 2], "a list, not a JSON object"),
     ({"resumed_by": "me"}, "'resumed_by'"),
 ]
-BAD_FOLDERS = {
-    "absent": (lambda folder: None, "{tmp}/{side}: not a run folder (no such folder)"),
-    "meta_only": (_meta_only, "{tmp}/{side}: not a run folder (no results.parquet)"),
-    "doubled": (_doubled, "{side} run: duplicated (case, backend) rows: reference on case00"),
-}
 REFUSALS = [
     # --- run: cases, backends, plugins and options -------------------------------------------------
     *(Refusal(f"an unknown case name to {verb}", [verb, "smok", *(["--out", "{tmp}/out"] if verb == "run" else [])],
@@ -230,12 +211,12 @@ REFUSALS = [
     Refusal("a case too large for memory", _run_args("folder", "--no-timing", case=BIG_CASE), 2,
             ("case 'prefill_8k': field 'seq_lens': too large for cpu memory",)),
     Refusal("a sweep limit that is not a number", ["list", "smoke"], 2, ("HARNESS_MAX_SWEEP_POINTS='lots'",),
-            env={"HARNESS_MAX_SWEEP_POINTS": "lots"}),
+            patch=lambda monkeypatch, tmp: monkeypatch.setenv("HARNESS_MAX_SWEEP_POINTS", "lots")),
     *(Refusal(f"--shard {text}", [*SMOKE, f"--shard={text}"], 2, ("give I/N",))
       for text in ("2/2", "1", "a/2", "0/0", "-1/3", "1/2/3")),
     Refusal("--workers none", [*SMOKE, "--workers", "none"], 2, ("--workers none",)),
     Refusal("--ray without Ray installed", [*SMOKE, "--ray"], 2, ("pip install 'paged-attention-harness[ray]'",),
-            patch=_no_ray),
+            patch=lambda monkeypatch, tmp: monkeypatch.setitem(sys.modules, "ray", None)),
     # --- run: where it writes --------------------------------------------------------------------------
     Refusal("an --out that is a finished run", _run_args("done", "--no-timing"), 2, ("{tmp}/out: already exists",)),
     Refusal("an --out under a file", _run_args("under a file", "--no-timing"), 2, ("out is a file, not a folder",)),
@@ -276,11 +257,8 @@ REFUSALS = [
     Refusal("a run folder without rows", _folder({"meta.json": Path("untimed")}), 2,
             ("{tmp}/folder: not a run folder (no results.parquet)",)),
     Refusal("a path that holds no run to history", ["history", "{tmp}/nothing"], 2, ("neither a run folder",)),
-    *(Refusal(f"compare of {base} and {new}", _pair(BAD_FOLDERS[base][0], BAD_FOLDERS[new][0]), 2,
-              (BAD_FOLDERS[base][1].replace("{side}", "base"), BAD_FOLDERS[new][1].replace("{side}", "new")))
-      for base, new in (("absent", "absent"), ("absent", "meta_only"), ("meta_only", "absent"),
-                        ("doubled", "doubled"))),
-    Refusal("a new run with duplicated rows", _pair(_good, _doubled), 2, ("new run: duplicated",)),
+    *(_pair(*sides) for sides in (("absent", "absent"), ("absent", "meta_only"), ("meta_only", "absent"),
+                                  ("doubled", "doubled"))),
     Refusal("a corrupt meta.json", _folder({"results.parquet": Path("untimed"), "meta.json": "{not json"}, "compare"),
             2, ("{tmp}/folder/meta.json: corrupt run metadata",)),
     Refusal("a parquet of no harness run", _folder({"results.parquet": FOREIGN, "meta.json": "{}"}, "compare"), 2,
@@ -288,7 +266,8 @@ REFUSALS = [
     Refusal("a results.parquet of text to report", _folder({"results.parquet": "text", "meta.json": "{}"}, "report"),
             2, ("not a readable parquet file",)),
     # --- compare's options --------------------------------------------------------------------------------
-    Refusal("--json naming a folder", _pair(_good, _good, "--json", "{tmp}"), 2, ("a folder; give a file to write",)),
+    Refusal("--json naming a folder", _runs_pair("untimed", "untimed", "compare", "--json", "{tmp}"), 2,
+            ("a folder; give a file to write",)),
     Refusal("too few --confirm-rounds", ["compare", "{tmp}/none", "{tmp}/none", "--confirm", "all",
                                          "--confirm-rounds", "8"], 2, ("--confirm-rounds 8: at least 9 rounds",)),
     Refusal("--confirm with --no-confirm", ["compare", "{tmp}", "{tmp}", "--confirm", "all", "--no-confirm"], 2,
@@ -332,12 +311,8 @@ def test_a_refused_command_gets_its_exit_code_and_says_why_before_any_work(refus
     args = [arg.format(tmp=tmp_path) for arg in args]
     for module, name in ((local, "run_cases"), (inputs, "make_inputs"), (runner, "make_inputs")):
         monkeypatch.setattr(module, name, work)
-    for key, value in refusal.env.items():
-        monkeypatch.setenv(key, value)
     if refusal.patch is not None:
         refusal.patch(monkeypatch, tmp_path)
-    if refusal.cwd is not None:
-        monkeypatch.chdir(tmp_path / refusal.cwd)
     before = _files(tmp_path)
     try:
         code = main(args)

@@ -125,11 +125,8 @@ def test_confirm_without_commits_changes_nothing_and_says_why(tmp_path):
     assert "cannot be re-run" in said[0]
 
 
-@pytest.mark.parametrize(
-    ("command", "plugins"), [("python -m harness run x --plugin a.py --plugin mod", ["a.py", "mod"]), ("", [])]
-)
-def test_confirm_reuses_the_plugins_of_the_original_command(command, plugins):
-    assert _plugins(command) == plugins
+def test_confirm_reuses_the_plugins_of_the_original_command():
+    assert _plugins("python -m harness run x --plugin a.py --plugin mod") == ["a.py", "mod"] and _plugins("") == []
 
 
 # --- the compare command, its paired rounds without git or workers ---------------------------------------------------
@@ -182,48 +179,31 @@ def _table(out: str) -> dict[tuple[str, str], str]:
     return found
 
 
-def test_by_default_rows_the_runs_call_slower_are_retimed_in_paired_rounds_and_only_a_real_slowdown_stays(
-    tmp_path, rounds, capsys
-):
-    # the new run looks slower on two backends (a drift and a real change); paired rounds see only tlsim's
-    base, new = _runs(tmp_path, {"reference": 1.5, "tlsim": 1.5})
-    code = main(["compare", base, new])
-    out, err = capsys.readouterr()
-    assert rounds, "no paired round was timed"
-    assert {backend for keys in rounds for _, backend in keys} >= {"reference", "tlsim"}
-    assert "time box 900 s: done within about 15 min" in err
-    assert "confirm: round 1 of at most 32 done" in err  # stderr is no terminal: a line a round, no bar
-    table = _table(out)
-    assert {b for (b, _), what in table.items() if what == "WORSE"} == {"tlsim"}, out
-    assert sum(what == "WORSE" for what in table.values()) == 3, out
-    assert "interleaved re-run" in out and "UNCONFIRMED" not in out
-    assert code == 1
-
-
-def _page_cells(html: str) -> list[list[str]]:
-    """The compare page's table: each row's cells as text."""
-    body = html[html.index("<tbody>") : html.index("</tbody>")]
-    return [[re.sub(r"<[^>]+>", "", c).strip() for c in re.findall(r"<td[^>]*>(.*?)</td>", row, re.S)]
-            for row in body.split("</tr>") if "<td" in row]  # fmt: skip
-
-
-def test_a_drift_under_which_paired_rounds_confirm_a_slowdown_is_said_as_both_not_put_on_the_load(
+def test_by_default_the_rows_a_drift_makes_slower_are_retimed_and_a_slowdown_they_confirm_is_said_as_both(
     tmp_path, rounds, capsys
 ):
     # every backend looks 1.5x slower in the new run (the load); paired rounds find only tlsim slower (1.3x)
     base, new = _runs(tmp_path, {"reference": 1.5, "tlsim": 1.5, "gather_sdpa": 1.5})
     page = tmp_path / "compare.html"
     assert main(["compare", base, new, "--html", str(page)]) == 1
-    out = capsys.readouterr().out
+    out, err = capsys.readouterr()
+    assert {backend for keys in rounds for _, backend in keys} == {"reference", "tlsim", "gather_sdpa"}
+    assert "time box 900 s: done within about 15 min" in err
+    assert "confirm: round 1 of at most 32 done" in err  # stderr is no terminal: a line a round, no bar
+    table = _table(out)
+    assert {b for (b, _), what in table.items() if what == "WORSE"} == {"tlsim"}, out
+    assert sum(what == "WORSE" for what in table.values()) == 3, out
+    assert "interleaved re-run" in out and "UNCONFIRMED" not in out
     drift = [line for line in out.splitlines() if line.startswith("! latency drift: 9 of 9 timed rows")]
     assert len(drift) == 1, out
     assert "re-timed 9 row(s): 3 slower, 6 same; the 3 confirmed slower are a change of the code, not of the " \
            "machine's load" in drift[0]  # fmt: skip
     assert "likely" not in drift[0]
-    assert {b for (b, _), what in _table(out).items() if what == "WORSE"} == {"tlsim"}, out
     html = page.read_text()
     assert "the 3 confirmed slower are a change of the code" in html and "likely" not in html
-    cells = _page_cells(html)
+    body = html[html.index("<tbody>") : html.index("</tbody>")]  # the compare table's cells as text, by row
+    cells = [[re.sub(r"<[^>]+>", "", c).strip() for c in re.findall(r"<td[^>]*>(.*?)</td>", row, re.S)]
+             for row in body.split("</tr>") if "<td" in row]  # fmt: skip
     assert len(cells) == 9 and all(row[8] for row in cells), "every re-timed row has its adjusted p"
     assert all(float(row[8]) <= 0.05 for row in cells if row[9].startswith("slower"))
     # the same runs without paired rounds: the drift is read as the load's, and the note says none were re-timed
@@ -257,6 +237,8 @@ NOT_RETIMED = {
     "a dirty tree": ({"dirty": True}, {}, None, None, [], 5, UNCONFIRMED_TLSIM, ("uncommitted changes",)),
     "no case file": ({}, {"case_files": ["/no/such/cases.toml"]}, None, None, [], 5, UNCONFIRMED_TLSIM,
                      ("case file /no/such/cases.toml is not here",)),
+    "no case files recorded": ({}, {"case_files": []}, None, None, [], 5, UNCONFIRMED_TLSIM,
+                               ("the runs record no case files",)),
     "no such commit": ({"commit": "f" * 40}, {}, None, None, [], 5, UNCONFIRMED_TLSIM,
                        ("is not a commit of this repository",)),
     "a checkout failing": ({}, {}, None, _checkout_fails, [], 5, UNCONFIRMED_TLSIM,
@@ -298,16 +280,3 @@ def test_only_a_commit_of_your_own_history_is_re_timed(tmp_path, git_history, mo
             confirm.ConfirmInputError, match=f"x/meta.json: field 'commit': {ids[name]} is not in your history"
         ):
             confirm.checked_commit(ids[name], "x/meta.json")
-
-
-def test_a_handed_run_naming_a_fetched_commit_is_not_re_timed_but_unconfirmed(
-    tmp_path, git_history, rounds, monkeypatch, capsys
-):
-    ids = git_history
-    monkeypatch.chdir(tmp_path / "repo")
-    base, new = _runs(tmp_path, {"tlsim": 1.5}, base_meta={"commit": ids["fetched"]}, both={"commit": ids["head"]})
-    assert main(["compare", base, new]) == 5
-    out = capsys.readouterr().out
-    assert not rounds and "is not in your history" in out and "UNCONFIRMED" in out
-    assert main(["compare", base, new, "--confirm"]) == 2
-    assert "is not in your history" in capsys.readouterr().err

@@ -34,10 +34,6 @@ def command_lines() -> list[tuple[str, str]]:
     return lines
 
 
-def nox_sessions() -> set[str]:
-    return set(re.findall(r"^def (\w+)\(session", (ROOT / "noxfile.py").read_text(), re.M))
-
-
 @pytest.mark.parametrize(("doc", "line"), command_lines(), ids=lambda v: v if len(v) < 60 else v[:60])
 def test_documented_command_exists(doc, line):
     words = shlex.split(line.replace("$I", "0").replace("$(", "").replace(")", ""))
@@ -48,7 +44,8 @@ def test_documented_command_exists(doc, line):
             pytest.fail(f"{doc}: `{line}` does not parse (exit {stop.code})")
     elif words[0] == "nox":
         session = words[words.index("-s") + 1]
-        assert session in nox_sessions(), f"{doc}: `{line}` names no nox session {session!r}"
+        sessions = re.findall(r"^def (\w+)\(session", (ROOT / "noxfile.py").read_text(), re.M)
+        assert session in sessions, f"{doc}: `{line}` names no nox session {session!r}"
     elif words[0] in ("python", "bash"):
         assert (ROOT / words[1]).is_file(), f"{doc}: `{line}` names a missing script"
     elif words[0] == "pytest":
@@ -86,17 +83,15 @@ def test_docs_link_only_inside_the_repository():
         assert "../" not in doc.read_text().replace("](../", ""), f"{doc.name} points outside the repository"
 
 
-def _resolves(dotted: str) -> bool:
-    """Whether ``harness.a.b.name`` names a module, or an attribute of the longest importable prefix."""
-    try:
-        pkgutil.resolve_name(dotted)
-    except (ImportError, AttributeError):
-        return False
-    return True
-
-
 def test_every_dotted_harness_name_in_the_docs_exists():
-    """A module or function moved without its docs fails here."""
+    """A module or function moved without its docs fails here (a module, or an attribute of the longest importable
+    prefix)."""
     named = {m for doc in DOCS for m in re.findall(r"\bharness(?:\.[A-Za-z_]\w*)+", doc.read_text())}
     assert len(named) > 10
-    assert not sorted(name for name in named if not _resolves(name))
+    missing = []
+    for name in sorted(named):
+        try:
+            pkgutil.resolve_name(name)
+        except (ImportError, AttributeError):
+            missing.append(name)
+    assert not missing

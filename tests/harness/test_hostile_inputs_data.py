@@ -22,17 +22,10 @@ from tests.tiny_cases import write_cases
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def _kind(value) -> str:
-    """The JSON kind of a value: numbers are one kind (an int is a valid float)."""
-    if isinstance(value, bool):
-        return "bool"
-    if isinstance(value, int | float):
-        return "number"
-    return {str: "str", list: "list", dict: "dict"}[type(value)]
-
-
 # A value of another kind than each meta.json field (by its JSON kind) and each results.parquet column holds.
 WRONG = {"str": "fast", "number": 5, "bool": True, "list": [1, "x"], "dict": {"a": "b"}}
+# The JSON kind of a value: numbers are one kind (an int is a valid float).
+KIND = {bool: "bool", int: "number", float: "number", str: "str", list: "list", dict: "dict"}
 WRONG_VALUE = {TEXT: 7, NUMBER: "fast", SCALAR: {"a": 1}, SAMPLES: "fast", FLAG: "yes"}
 
 
@@ -42,7 +35,7 @@ def _bad_meta(runs: Path, data) -> tuple[Path, Path, str]:
     fields = {key: value for key, value in meta.items() if value is not None}
     fields |= {f"ceilings.{k}": v for k, v in meta["ceilings"].items() if v is not None}  # nested fields too
     field = data.draw(st.sampled_from(sorted(fields)), label="field")
-    wrong = WRONG[data.draw(st.sampled_from([k for k in WRONG if k != _kind(fields[field])]), label="kind")]
+    wrong = WRONG[data.draw(st.sampled_from([k for k in WRONG if k != KIND[type(fields[field])]]), label="kind")]
     outer, _, inner = field.partition(".")
     bad = rf.copy_run(good, {outer: {**meta[outer], inner: wrong} if inner else wrong})
     return good, bad, f"{bad / 'meta.json'}: field '{field}'"
@@ -83,7 +76,7 @@ def _dead_pid() -> int:
     return gone.pid
 
 
-def test_stale_cleanup_removes_only_partial_folders_carrying_the_marker(tmp_path):
+def test_stale_cleanup_removes_only_partial_folders_carrying_the_marker_which_a_finished_run_does_not(tmp_path, runs):
     pid = _dead_pid()
     foreign = tmp_path / f".photos.partial-{pid}"
     foreign.mkdir()
@@ -94,6 +87,7 @@ def test_stale_cleanup_removes_only_partial_folders_carrying_the_marker(tmp_path
     messages = stale_leftovers(tmp_path)
     assert (foreign / "holiday.jpg").exists() and not ours.exists()
     assert any(f"kept {foreign}" in m for m in messages) and any(f"removed {ours}" in m for m in messages)
+    assert not (runs / "untimed" / PARTIAL_MARKER).exists()
 
 
 def test_stale_cleanup_says_a_stopped_run_is_stopped_and_leaves_other_users_runs_alone(tmp_path, monkeypatch):
@@ -112,14 +106,10 @@ def test_stale_cleanup_says_a_stopped_run_is_stopped_and_leaves_other_users_runs
     assert stale_leftovers(tmp_path) == [] and (tmp_path / f".theirs.partial-{pid}").exists()
 
 
-def test_a_finished_run_folder_carries_no_marker(runs):
-    assert not (runs / "untimed" / PARTIAL_MARKER).exists()
-
-
 # --- case files: sweeps counted before they are built -----------------------------------------------
 
 
-def _huge_sweep(path: Path) -> Path:
+def test_a_six_field_sweep_of_600m_points_is_refused_fast_and_small(tmp_path):
     """Six swept fields, 30 x 29^5 = 615M points (615,334,470), in 888 bytes."""
     values = lambda n, first: "[" + ", ".join(str(first + i) for i in range(n)) + "]"  # noqa: E731
     text = (
@@ -128,13 +118,8 @@ def _huge_sweep(path: Path) -> Path:
         f"head_dim = {values(29, 16)}\nq_lens = {values(29, 1)}\n"
         "input_scale = [" + ", ".join(f"{1 + i / 10:g}" for i in range(29)) + "]\n"
     )
-    text += "# " + "-" * (888 - len(text) - 3) + "\n"  # the reported file's 888 bytes
-    path.write_text(text)
-    return path
-
-
-def test_a_six_field_sweep_of_600m_points_is_refused_fast_and_small(tmp_path):
-    huge = _huge_sweep(tmp_path / "huge.toml")
+    huge = tmp_path / "huge.toml"
+    huge.write_text(text + "# " + "-" * (888 - len(text) - 3) + "\n")  # the reported file's 888 bytes
     assert huge.stat().st_size == 888
     # The peak RSS is VmHWM of /proc/self/status: getrusage's ru_maxrss in a child starts at the RSS of
     # the process that forked it (Linux carries the high-water mark across fork and exec), here pytest's.

@@ -52,14 +52,11 @@ def test_an_unknown_variant_name_is_refused_naming_the_closest_and_the_known_one
     assert "named" not in REGISTRY
 
 
-def test_the_driver_takes_a_workers_variant_names_as_register_backend_does_and_a_worker_reports_keys(clean_registry):
+def test_the_driver_takes_a_workers_variant_names_as_register_backend_does(clean_registry):
     backend = add_remote_backend({"name": "remote", "devices": ["cpu"], "variants": ["alibi", "kv_dtype"]})
     assert backend.variants == {"alibi_slopes", "fp8_kv"}
     with pytest.raises(ValueError, match="unknown variant 'softcap'"):
         add_remote_backend({"name": "remote2", "devices": ["cpu"], "variants": ["softcap"]})
-    register_backend("declares", paged_attention_reference, variants=("alibi", "sliding_window"))
-    (reported,) = [r for r in registrations() if r["name"] == "declares"]
-    assert reported["variants"] == ["alibi_slopes", "sliding_window"]
 
 
 def test_harness_variants_prints_each_variants_field_key_and_keywords(capsys):
@@ -183,16 +180,20 @@ def test_plain_limits_are_checked_by_the_driver_and_the_supports_hook_in_the_wor
                       "kv_dtype": "float32", "kv_scale": "", "variants": [], "device": "cpu", "interpreted": True}  # fmt: skip
 
 
-def test_a_workers_limits_and_hooks_travel_as_plain_values_and_are_checked(clean_registry):
+def test_a_workers_variant_keys_limits_and_hooks_travel_as_plain_values_and_are_checked(clean_registry):
     register_backend("declares_all", paged_attention_reference, limits=Limits(dtypes=("float16",), cpu_tags=("small",)),
-                     supports=lambda facts: None)  # fmt: skip
+                     supports=lambda facts: None, variants=("alibi", "sliding_window"))  # fmt: skip
     (reported,) = [r for r in registrations() if r["name"] == "declares_all"]
+    assert reported["variants"] == ["alibi_slopes", "sliding_window"]
     assert reported["limits"] == {"dtypes": ["float16"], "head_dims": [], "block_size_multiple_of": 1,
                                   "cpu_tags": ["small"]}  # fmt: skip
     assert (reported["supports"], reported["plan"]) == (True, False)
     REGISTRY.pop("declares_all")
     remote = add_remote_backend(decode(encode(reported)))
     assert remote.limits == Limits(dtypes=("float16",), cpu_tags=("small",)) and remote.supports_hook
+    for field in ("plan", "supports"):
+        with pytest.raises(ValueError, match=f"whose {field} is not a bool"):
+            add_remote_backend({"name": "odd", "devices": ["cpu"], field: "yes"})
 
 
 @pytest.mark.parametrize(
@@ -213,12 +214,6 @@ def test_a_limit_that_is_not_one_is_refused_where_it_is_declared_and_where_it_ar
     with pytest.raises(ValueError, match=re.escape(message)):
         add_remote_backend({"name": "bad_limits", "devices": ["cpu"], "limits": limits})
     assert "bad_limits" not in REGISTRY
-
-
-@pytest.mark.parametrize("field", ["plan", "supports"])
-def test_a_worker_reporting_a_hook_as_anything_but_a_bool_is_refused(field, clean_registry):
-    with pytest.raises(ValueError, match=f"whose {field} is not a bool"):
-        add_remote_backend({"name": "odd", "devices": ["cpu"], field: "yes"})
 
 
 @pytest.mark.parametrize(

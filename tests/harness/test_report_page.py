@@ -5,7 +5,6 @@ from __future__ import annotations
 import itertools
 import re
 
-import pandas as pd
 import pytest
 
 from harness.cli.main import main
@@ -17,23 +16,16 @@ from tests.harness.plot_text import drawn_texts, page_plots
 EVIL = "<script>alert('x')</script>"
 
 
-def _with_failure(frame: pd.DataFrame) -> pd.DataFrame:
-    frame = frame.assign(worst_location="", fail_count=0)
+def test_the_verdict_names_the_failing_row_its_location_and_count_before_any_table_or_says_pass():
+    frame = rf.frame(num_cases=3).assign(worst_location="", fail_count=0)
     failed = ["fail", "max abs err 3e-4 exceeds atol", 2.5, "seq 3, query 5, head 2", 17]
     mask = (frame["case"] == "case01") & (frame["backend"] == "tlsim")
     frame.loc[mask, ["status", "reason", "tol_ratio", "worst_location", "fail_count"]] = failed
-    return frame
-
-
-def test_the_verdict_names_the_failing_row_its_location_and_count_before_any_table():
-    html = render_html(_with_failure(rf.frame(num_cases=3)), rf.meta())
+    html = render_html(frame, rf.meta())
     verdict = html[html.index('id="verdict"') : html.index("Cases × backends")]
     assert "FAIL" in verdict and "tlsim" in verdict and "case01" in verdict
     assert "seq 3, query 5, head 2" in verdict and "17 elements outside tolerance" in verdict
     assert html.index('id="verdict"') < html.index('id="pivot"') < html.index('id="rows"')
-
-
-def test_a_clean_run_says_pass():
     assert "<b>PASS</b>: all 30 graded rows within tolerance" in render_html(rf.frame(num_cases=10), rf.meta())
 
 
@@ -59,10 +51,6 @@ def test_a_name_with_dollar_signs_is_drawn_as_text_not_parsed_as_tex(drawn_plots
     assert not [t for t in drawn if "mathdefault" in t], "and the axes' own tick labels still typeset"
 
 
-# A decade tick of a log axis as matplotlib typesets it: "10" and the exponent ("10^3", "10^-2").
-DECADE = re.compile(r"10[−-]?[0-9]+")
-
-
 def test_plots_are_embedded_and_label_log_ticks_with_numbers_not_tex_source(drawn_plots, plot_text_as_text):
     pytest.importorskip("matplotlib", reason="plots need matplotlib")
     html = render_html(rf.frame(num_cases=4), rf.meta())
@@ -72,7 +60,7 @@ def test_plots_are_embedded_and_label_log_ticks_with_numbers_not_tex_source(draw
     for uri in uris:
         drawn = [t.text for t in drawn_texts(uri)]
         assert not [t for t in drawn if "$" in t or "\\" in t], drawn
-        assert any(DECADE.fullmatch(t) for t in drawn), drawn
+        assert any(re.fullmatch(r"10[−-]?[0-9]+", t) for t in drawn), drawn  # a log axis's decade: 10 and exponent
 
 
 def test_close_bandwidth_ceilings_are_labelled_a_line_apart(drawn_plots, plot_text_as_text):
@@ -85,17 +73,12 @@ def test_close_bandwidth_ceilings_are_labelled_a_line_apart(drawn_plots, plot_te
         assert y_below - y_above >= size, f"labels overlap: {labels}"
 
 
-@pytest.mark.parametrize(
-    ("meta", "expected"),
-    [
-        ({"ceilings": {"read_gbps": 1.0, "copy_gbps": 2.0}}, {"read": 1.0, "copy": 2.0}),
-        ({"ceilings_gbps": {"read_gbps": 1.0, "copy_gbps": 2.0}}, {"read_gbps": 1.0, "copy_gbps": 2.0}),
-        ({"ceilings": {"read_gbps": 1.0}, "ceilings_gbps": {"cpu_copy": 3.0}}, {"read": 1.0}),
-    ],
-    ids=["new_key", "every_limit_of_the_old_key", "the_new_key_wins"],
-)
-def test_the_ceilings_drawn_are_those_meta_json_holds(meta, expected):
-    assert ceilings_of(meta) == expected
+def test_the_ceilings_drawn_are_those_meta_json_holds():
+    limits = {"read_gbps": 1.0, "copy_gbps": 2.0}
+    assert ceilings_of({"ceilings": dict(limits)}) == {"read": 1.0, "copy": 2.0}
+    assert ceilings_of({"ceilings_gbps": dict(limits)}) == limits  # every limit of the old key
+    new_wins = {"ceilings": {"read_gbps": 1.0}, "ceilings_gbps": {"cpu_copy": 3.0}}
+    assert ceilings_of(new_wins) == {"read": 1.0}
 
 
 def test_gbps_on_cpu_rows_keeps_significant_digits():
