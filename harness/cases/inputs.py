@@ -1,7 +1,6 @@
-"""Deterministic paged inputs for one case, shared by every backend of that case: the pool laid out as a
-busy engine leaves it (blocks shuffled or in order, an optional shared prefix, spare blocks, NaN in every
-slot no sequence owns), values from :func:`draw_normal`, the same whatever the thread count or device.
-"""
+"""Deterministic paged inputs for one case, shared by its backends: the pool as a busy engine leaves it (blocks
+shuffled or in order, an optional shared prefix, spare blocks, NaN in every slot no sequence owns), values from
+:func:`draw_normal`, the same whatever the thread count or device."""
 
 from __future__ import annotations
 
@@ -107,12 +106,10 @@ def assign_blocks(
     num_blocks = num_owned + max(1, num_owned // 8)
     order = torch.arange(num_blocks) if layout == "contiguous" else torch.randperm(num_blocks, generator=generator)
     table = torch.full((len(seq_lens), max(per_seq, default=0) or 1), -1, dtype=torch.int32)
-    prefix = order[:shared]
     next_free = shared
     for row, n in enumerate(per_seq):
-        own = order[next_free : next_free + n - shared]
+        table[row, :n] = torch.cat([order[:shared], order[next_free : next_free + n - shared]]).to(torch.int32)
         next_free += n - shared
-        table[row, :n] = torch.cat([prefix, own]).to(torch.int32)
     return table, num_blocks
 
 
@@ -134,9 +131,8 @@ def draw_normal(
     scale: float = 1.0,
     threads: int = 1,
 ) -> None:
-    """Standard normals times ``scale`` for a tensor of ``shape`` [rows, ...], in ``dtype``: chunk c (whole rows,
-    about CHUNK_VALUES values) is drawn as fp32 from :func:`chunk_seed` (seed, name, c), scaled, cast and
-    stored by ``write(first_row, rows)`` from ``threads`` threads (the values do not depend on them)."""
+    """Standard normals times ``scale`` in ``dtype`` for a tensor of ``shape`` [rows, ...]: chunk c (whole rows, about
+    CHUNK_VALUES values) drawn in fp32 from :func:`chunk_seed` (seed, name, c), handed to ``write(first, rows)``."""
     rows, row_shape = shape[0], shape[1:]
     per_chunk = max(1, CHUNK_VALUES // max(1, math.prod(row_shape)))
     chunks = range(-(-rows // per_chunk))
@@ -191,9 +187,8 @@ def make_inputs(
     draw_threads: int | None = None,
     **variants: Any,
 ) -> PagedInputs:
-    """Build a case's inputs from its seed; the same arguments always give the same tensors. Values are drawn
-    on the CPU (q and K times ``input_scale``), cast to ``dtype`` and moved to ``device``; ``variants``: the
-    variants' case fields, each turned on applying its input hook, which changes no drawn value."""
+    """A case's inputs from its seed, drawn on the CPU (q and K times ``input_scale``) and moved to ``device``;
+    ``variants``: the variants' case fields, each turned on applying its input hook (no drawn value changes)."""
     if len(seq_lens) != len(q_lens):
         raise ValueError(f"seq_lens has {len(seq_lens)} entries but q_lens has {len(q_lens)}")
     defaults = {name: declared[1].default for v in VARIANTS for name, declared in v.fields.items()}
@@ -205,11 +200,7 @@ def make_inputs(
     threads = draw_threads or torch.get_num_threads()
     num_tokens = sum(q_lens)
     q = torch.empty(num_tokens, num_q_heads, head_dim, dtype=torch_dtype)
-
-    def into_q(first: int, rows: torch.Tensor) -> None:
-        q[first : first + rows.shape[0]] = rows
-
-    draw_normal("q", (num_tokens, num_q_heads, head_dim), seed, into_q, torch_dtype, input_scale, threads)
+    draw_normal("q", q.shape, seed, lambda i, rows: q[i : i + len(rows)].copy_(rows), torch_dtype, input_scale, threads)
     head_dim_v = head_dim if head_dim_v is None else head_dim_v
     num_slots = num_blocks * block_size
     k_slots = torch.empty(num_slots, num_kv_heads, head_dim, dtype=torch_dtype)

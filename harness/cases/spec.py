@@ -1,8 +1,7 @@
 """Case files: declarative TOML in, validated and expanded frozen cases out.
 
 ``[defaults]`` merges into every ``[[case]]``; a ``[case.sweep]`` table expands as a product, each
-point a case with a readable id (``decode_gqa/head_dim=80/block_size=5``) validated on its own.
-"""
+point a case with a readable id (``decode_gqa/head_dim=80/block_size=5``) validated on its own."""
 
 from __future__ import annotations
 
@@ -97,8 +96,7 @@ class Tolerance(BaseModel):
 
 
 class CaseSpec(VariantFields):
-    """One ``[[case]]`` table (or one expanded sweep point of it); the attention variants' fields are
-    declared by their rows in harness.cases.variants."""
+    """One ``[[case]]`` table (or one expanded sweep point of it); the variants' fields: harness.cases.variants."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
@@ -154,10 +152,9 @@ class CaseSpec(VariantFields):
         if isinstance(self.q_lens, list):
             if not isinstance(self.seq_lens, list) or len(self.q_lens) != len(self.seq_lens):
                 raise FieldError("q_lens", "a q_lens list needs an explicit seq_lens list of the same length")
-            pairs = enumerate(zip(self.q_lens, self.seq_lens, strict=True))
-            if bad := next(((i, q, s) for i, (q, s) in pairs if not 0 <= q <= s), None):
-                i, q, s = bad
-                raise FieldError("q_lens", f"q_lens[{i}] = {q} must be between 0 and seq_lens[{i}] = {s}")
+            for i, (q, s) in enumerate(zip(self.q_lens, self.seq_lens, strict=True)):
+                if not 0 <= q <= s:
+                    raise FieldError("q_lens", f"q_lens[{i}] = {q} must be between 0 and seq_lens[{i}] = {s}")
         elif isinstance(self.q_lens, int):
             shortest = min(self.seq_lens) if isinstance(self.seq_lens, list) else self.seq_lens.min
             if not 0 <= self.q_lens <= shortest:
@@ -189,12 +186,10 @@ class CaseSpec(VariantFields):
         prefix = shared_prefix_blocks(seq, self.block_size, self.layout) * self.block_size
         if prefix == 0:
             raise FieldError("cascade", "cascade = true needs two or more sequences sharing at least one block")
-        if late := next(((i, n, m) for i, (n, m) in enumerate(zip(seq, q, strict=True)) if n - m < prefix), None):
-            i, n, m = late
-            raise FieldError(
-                "cascade",
-                f"sequence {i} (seq_len {n}, q_len {m}) has a query inside the shared prefix of {prefix} keys",
-            )
+        for i, (n, m) in enumerate(zip(seq, q, strict=True)):
+            if n - m < prefix:
+                raise FieldError("cascade", f"sequence {i} (seq_len {n}, q_len {m}) has a query inside the shared "
+                                 f"prefix of {prefix} keys")  # fmt: skip
 
     def resolved_num_kv_heads(self) -> int:
         if (self.num_kv_heads is None) == (self.gqa_ratio is None):
@@ -370,8 +365,7 @@ def _format_errors(
 
 
 def expand_spec(raw: dict[str, Any], file: str, inherited: frozenset[str] = frozenset()) -> list[Case]:
-    """Validate one ``[[case]]`` table (defaults already merged: ``inherited`` names the fields
-    that came from them) and expand its sweep."""
+    """Validate one ``[[case]]`` table (defaults merged in; ``inherited``: the fields from them), expand its sweep."""
     name = str(raw.get("name", "?"))
     try:
         spec = CaseSpec.model_validate(raw)
@@ -542,8 +536,7 @@ def resolve_case_paths(paths: list[str | Path]) -> list[Path]:
 
 
 def check_backend_names(cases: list[Case], registered: list[str]) -> None:
-    """CaseFileError naming file, case and field for every name in ``backends`` or
-    ``exclude_backends`` that is not a registered backend (call it after plugins load)."""
+    """CaseFileError naming file, case and field for each unregistered name in ``(exclude_)backends`` (after plugins)."""
     errors = [
         f"{case.file}: case '{case.id}': field '{field}': unknown backend {name!r}; registered: {', '.join(registered)}"
         for case in cases
