@@ -21,25 +21,16 @@ from kernels.tiling import is_latent_view
 
 @dataclass(frozen=True)
 class PagedInputs:
-    """One call's arguments, plus the logical (unpaged) KV the cache backend writes.
+    """One call's arguments, plus the logical (unpaged) KV the cache backend writes (:attr:`keys`, :attr:`values`)."""
 
-    q               [num_tokens, num_q_heads, head_dim]
-    k_cache/v_cache [num_blocks, block_size, num_kv_heads, head_dim], NaN where unowned
-    block_table     [num_seqs, max_blocks_per_seq] int32, -1 past each sequence's blocks
-    seq_lens        [num_seqs] int32
-    query_start_loc [num_seqs + 1] int32
-    keys/values     num_seqs tensors [seq_len, num_kv_heads, head_dim]: each sequence's KV in order, in
-                    q's dtype, gathered afresh from the pool on every access
-    options         the attention variants' keywords of every call (sinks / alibi_slopes [num_q_heads]
-                    fp32; k_scale / v_scale [num_kv_heads] fp32); empty: plain causal attention
-    """
-
-    q: torch.Tensor
-    k_cache: torch.Tensor
-    v_cache: torch.Tensor
-    block_table: torch.Tensor
-    seq_lens: torch.Tensor
-    query_start_loc: torch.Tensor
+    q: torch.Tensor  # [num_tokens, num_q_heads, head_dim]
+    k_cache: torch.Tensor  # [num_blocks, block_size, num_kv_heads, head_dim], NaN where unowned
+    v_cache: torch.Tensor  # [num_blocks, block_size, num_kv_heads, head_dim_v], NaN where unowned
+    block_table: torch.Tensor  # [num_seqs, max_blocks_per_seq] int32, -1 past each sequence's blocks
+    seq_lens: torch.Tensor  # [num_seqs] int32
+    query_start_loc: torch.Tensor  # [num_seqs + 1] int32
+    # The variants' keywords of every call (sinks / alibi_slopes [num_q_heads] fp32; k_scale / v_scale
+    # [num_kv_heads] fp32); empty: plain causal attention.
     options: dict[str, Any] = field(default_factory=dict)
     unquantized: tuple[torch.Tensor, torch.Tensor] | None = None  # an fp8 case's pools before quantizing
 

@@ -1,8 +1,7 @@
 """A backend's calls, made where the backend runs (no oracle: a plugin's run in a worker): outputs and
 timings come back as plain values, never a verdict. Every timed call is checked: V's sign bits flipped
 every ``FLIP_EVERY``-th call, ``out`` poisoned with NaN before each, every timed output compared with the
-first, the last graded on the driver's flip. What each catches: docs/contract.md, "Threat model".
-"""
+first, the last graded on the driver's flip. What each catches: docs/contract.md, "Threat model"."""
 
 from __future__ import annotations
 
@@ -99,25 +98,17 @@ def out_contract(prepared: Prepared, packed) -> str:
 
 @dataclass
 class Called:
-    """What a backend's calls gave, before any grading (plain values: it crosses a process boundary).
+    """What a backend's calls gave, before any grading (plain values: it crosses a process boundary)."""
 
-    status   "" (called), "skip" or "error" (``out`` is kept when the graded call had returned)
-    out      the graded call's output [num_tokens, num_q_heads, head_dim_v]; ``lse`` [num_tokens, num_q_heads]
-    problem  what was wrong with the graded call besides its values
-    outputs  more outputs to grade: (label, mask seed or None, output)
-    timed_problem  the first timed call whose output differed from its inputs' graded output
-    timing   the timing columns (:func:`harness.timing.measure.timing_columns`), when timed
-    """
-
-    status: str = ""
+    status: str = ""  # "" (called), "skip" or "error" (``out`` is kept when the graded call had returned)
     reason: str = ""
     note: str = ""
-    out: torch.Tensor | None = None
-    lse: torch.Tensor | None = None
-    problem: str = ""
-    outputs: list[tuple[str, int | None, torch.Tensor]] = field(default_factory=list)
-    timed_problem: str = ""
-    timing: dict = field(default_factory=dict)
+    out: torch.Tensor | None = None  # the graded call's output [num_tokens, num_q_heads, head_dim_v]
+    lse: torch.Tensor | None = None  # [num_tokens, num_q_heads]
+    problem: str = ""  # what was wrong with the graded call besides its values
+    outputs: list[tuple[str, int | None, torch.Tensor]] = field(default_factory=list)  # (label, mask seed, out)
+    timed_problem: str = ""  # the first timed call whose output differed from its inputs' graded output
+    timing: dict = field(default_factory=dict)  # harness.timing.measure.timing_columns, when timed
     timed_s: float = 0.0  # the timing's own seconds on the clock of the process that ran it
 
     def to_message(self) -> dict:
@@ -250,9 +241,7 @@ def call_backend(case: Case, inputs: PagedInputs, guard: InputGuard | None, back
     except Unsupported as refusal:  # the backend cannot serve this case: a skip with its reason
         return Called(status="skip", reason=str(refusal))
     except BaseException as error:
-        if not raised_by_backend(error):
-            raise
-        return _raised(called, error, guard, "before it raised")
+        return _raised(called, error, guard)
     called.note = prepared.note
     try:
         with phase("graded call"):
@@ -291,11 +280,9 @@ def call_backend(case: Case, inputs: PagedInputs, guard: InputGuard | None, back
             if timed_problem := guard.check("while timed") if guard else "":
                 called.problem = "; ".join(filter(None, [called.problem, timed_problem]))
     except Unsupported as refusal:  # raised from a call, not from prepare: the backend broke its word
-        return _raised(called, refusal, guard, "before it raised", what="Unsupported from a call (not from prepare)")
+        return _raised(called, refusal, guard, what="Unsupported from a call (not from prepare)")
     except BaseException as error:
-        if not raised_by_backend(error):
-            raise  # the user's Ctrl-C, or SIGTERM
-        return _raised(called, error, guard, "before it raised")
+        return _raised(called, error, guard)
     return called
 
 
@@ -329,10 +316,13 @@ def error_reason(error: BaseException) -> str:
     return f"{type(error).__name__}: {message[:300]}{where}"
 
 
-def _raised(called: Called, error: BaseException, guard: InputGuard | None, when: str, what: str = "") -> Called:
+def _raised(called: Called, error: BaseException, guard: InputGuard | None, what: str = "") -> Called:
+    """``called`` as an error row (the inputs restored); ``error`` raised again unless :func:`raised_by_backend`."""
+    if not raised_by_backend(error):
+        raise error  # the user's Ctrl-C, or SIGTERM
     if torch.cuda.is_available() and torch.cuda.is_initialized():
         torch.cuda.synchronize()
-    mutated = guard.check(when) if guard else ""
+    mutated = guard.check("before it raised") if guard else ""
     reason = f"{what}: {error_reason(error)}" if what else error_reason(error)
     called.status, called.reason = "error", "; ".join(filter(None, [reason, mutated]))
     return called

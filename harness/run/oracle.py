@@ -1,6 +1,5 @@
 """The harness's truth: attention in float64 on the CPU, written from the definition; it shares no code with
-the backends it grades (each variant enters through its oracle hook).
-"""
+the backends it grades (each variant enters through its oracle hook)."""
 
 from __future__ import annotations
 
@@ -58,8 +57,8 @@ def paged_attention_oracle(q, k_cache, v_cache, block_table, seq_lens, query_sta
         rows_per_chunk = max(1, CHUNK_BYTES // (8 * num_q_heads * seq_len))
         for first in range(0, q_len, rows_per_chunk):
             last = min(q_len, first + rows_per_chunk)
-            rows = last - first
-            qs = q[starts[seq] + first : starts[seq] + last].view(rows, num_kv_heads, group, head_dim)
+            rows, span = last - first, slice(starts[seq] + first, starts[seq] + last)
+            qs = q[span].view(rows, num_kv_heads, group, head_dim)
             logits = torch.einsum("qhgd,khd->hgqk", qs, k) * scale  # [num_kv_heads, group, rows, seq_len]
             q_pos = seq_len - q_len + first + torch.arange(rows, device=device)
             distance = pos[None, :] - q_pos[:, None]  # [rows, seq_len]: key_pos - query_pos, <= 0 where seen
@@ -78,11 +77,8 @@ def paged_attention_oracle(q, k_cache, v_cache, block_table, seq_lens, query_sta
             for sink in sinks:
                 denominator = denominator + torch.exp(sink - top)
             weights = weights / denominator
-            lse[starts[seq] + first : starts[seq] + last] = (
-                (top + denominator.log()).permute(2, 0, 1, 3).reshape(rows, num_q_heads)
-            )
-            o = torch.einsum("hgqk,khd->qhgd", weights, v)
-            expected[starts[seq] + first : starts[seq] + last] = o.reshape(rows, num_q_heads, head_dim_v)
+            lse[span] = (top + denominator.log()).permute(2, 0, 1, 3).reshape(rows, num_q_heads)
+            expected[span] = torch.einsum("hgqk,khd->qhgd", weights, v).reshape(rows, num_q_heads, head_dim_v)
     return (expected, lse) if return_lse else expected
 
 

@@ -4,8 +4,7 @@ The key hashes the oracle's source, the device type and each input tensor's dtyp
 a renamed case hits, a changed seed misses, an oracle edit invalidates all. Only the CPU oracle is
 cached, one file per output (magic, the payload's sha256, the payload), written atomically, least
 recently used pruned past ``$HARNESS_ORACLE_CACHE_MAX_BYTES``. The folder must be private (0700, yours);
-``--verify-oracle-cache`` recomputes a fraction of the hits (:class:`PoisonedCacheError`). docs/scaling.md.
-"""
+``--verify-oracle-cache`` recomputes a fraction of the hits (:class:`PoisonedCacheError`). docs/scaling.md."""
 
 from __future__ import annotations
 

@@ -80,12 +80,11 @@ def _oracle_results(inputs: PagedInputs, oracle_device: str) -> tuple:
     """(expected, bound, expected_lse or None, quant_error or None, from the cache) of :class:`CaseContext`."""
     options = {name: value for name, value in inputs.options.items() if name != "return_lse"}
     out_shape = (*inputs.q.shape[:2], inputs.v_cache.shape[-1])
-    expected_lse, cached = None, False
+    expected_lse, cached, key = None, False, None
     if "return_lse" in inputs.options:  # out and lse from one oracle call (not cached: the cache keeps out)
         expected, expected_lse = paged_attention_oracle(
             *inputs.args(), device=oracle_device, return_lse=True, **options
         )
-        key = None
     else:  # computed once per input content and variant (harness.run.oracle_cache), hashed once for both results
         key = oracle_key(inputs.args(), oracle_device, options)
         expected, cached = lookup(key, "out", oracle_device, out_shape,
@@ -160,9 +159,8 @@ def grade_called(ctx: CaseContext, backend: Backend, config: RunConfig, called: 
     row.update(status="pass" if result.passed else "fail", reason=result.reason)
     row.update(result.columns())
     if not result.passed and result.worst_index:
-        token, head = result.worst_index[0], result.worst_index[1]
         starts, lens = ctx.inputs.query_start_loc.tolist(), ctx.inputs.seq_lens.tolist()
-        row["worst_location"] = f"{locate(token, starts, lens)}, head {head}"
+        row["worst_location"] = f"{locate(result.worst_index[0], starts, lens)}, head {result.worst_index[1]}"
     if called.lse is not None and ctx.expected_lse is not None:
         lse_grade = grade(called.lse, ctx.expected_lse, case.atol, case.rtol)
         row.update(lse_max_abs_err=lse_grade.max_abs_err, lse_tol_ratio=lse_grade.tol_ratio)
@@ -170,10 +168,8 @@ def grade_called(ctx: CaseContext, backend: Backend, config: RunConfig, called: 
             row.update(status="fail", reason=f"lse: {lse_grade.reason}")
     if called.problem:
         row.update(status="fail", reason=called.problem)
-    if row["status"] == "pass" and (later := _later_outputs(ctx, called, seeds)):
+    if row["status"] == "pass" and (later := _later_outputs(ctx, called, seeds) or called.timed_problem):
         row.update(status="fail", reason=f"graded call pass; {later}")
-    if row["status"] == "pass" and called.timed_problem:
-        row.update(status="fail", reason=f"graded call pass; {called.timed_problem}")
     if called.status == "error":  # raised after its graded call: a graded failure stays a failure
         if row["status"] == "fail":
             row["reason"] = f"{row['reason']}; then raised {called.reason}"
