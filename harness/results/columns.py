@@ -1,7 +1,6 @@
 """The report's columns: one table, from which results.parquet's columns (exactly these, in this order),
 the contract's table (``python -m harness.results.columns`` rewrites docs/contract.md's) and the page's
-header tips are made.
-"""
+header tips are made."""
 
 from __future__ import annotations
 

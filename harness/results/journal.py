@@ -1,7 +1,6 @@
 """The run journal ``reports/<run>.journal.jsonl``, removed once the run folder is written: a header line
 (options, pid), one fsynced line per finished row, ``resumed_by`` / ``stopped_by`` lines. Every line is
-validated on reading; a writer holds an exclusive ``flock``.
-"""
+validated on reading; a writer holds an exclusive ``flock``."""
 
 from __future__ import annotations
 
@@ -14,7 +13,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, ValidationError
+from pydantic import BaseModel, ConfigDict, ValidationError, create_model
 
 from harness.cases.vocab import Status, field_path
 
@@ -74,18 +73,9 @@ class Row(_Record):
     call_samples_us: list[float] | str | float | None = None
 
 
-class Resumed(_Record):
-    resumed_by: int
-
-
-class Stopped(_Record):
-    stopped_by: int
-
-
-class Meta(_Record):
-    meta: dict
-
-
+Resumed = create_model("Resumed", __base__=_Record, resumed_by=(int, ...))
+Stopped = create_model("Stopped", __base__=_Record, stopped_by=(int, ...))
+Meta = create_model("Meta", __base__=_Record, meta=(dict, ...))
 # A line's kind by the first of these keys it holds: (key, model, kind).
 _KINDS = (("case", Row, "row"), ("backend", Row, "row"), ("meta", Meta, "meta"), ("resumed_by", Resumed, "resumed"),
           ("stopped_by", Stopped, "stopped"))  # fmt: skip
