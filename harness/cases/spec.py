@@ -203,8 +203,7 @@ class CaseSpec(VariantFields):
 
 @dataclass(frozen=True)
 class Case:
-    """One expanded, validated case: the case file's fields and what the runner needs made concrete; every
-    field of ``spec`` reads straight through (``case.head_dim`` is ``case.spec.head_dim``)."""
+    """One expanded, validated case; ``spec``'s fields read through (``case.head_dim`` is ``case.spec.head_dim``)."""
 
     id: str
     file: str

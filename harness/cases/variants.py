@@ -265,8 +265,7 @@ def variant_key(name: str) -> str:
 
 
 def _keywords(v: Variant) -> str:
-    """A variant's kernel keywords with their kinds (``k_scale`` (fp8 cache scale), ...); KeyError for one not in
-    kernels.contract.CALL_OPTION_TABLE."""
+    """A variant's kernel keywords with their kinds; KeyError for one not in kernels.contract.CALL_OPTION_TABLE."""
     kinds = {option.name: option.kind.name for option in CALL_OPTION_TABLE} | {"return_lse": "the entry's own bool"}
     return ", ".join(f"`{keyword}` ({kinds[keyword]})" for keyword in v.keywords) or "none: a shape"
 

@@ -115,8 +115,7 @@ def markdown() -> str:
 
 
 def doc_with_tables(text: str) -> str:
-    """``text`` (docs/contract.md) with each generated block, between its two markers, made anew:
-    the columns (:func:`markdown`) and the attention variants (:func:`harness.cases.variants.markdown`)."""
+    """``text`` (docs/contract.md) with the column and variant tables between their markers made anew."""
     for what, make in (("columns", markdown), ("variants", variants.markdown)):
         begin, end = f"<!-- {what}: made by python -m harness.results.columns -->", f"<!-- {what} end -->"
         pattern = re.compile(re.escape(begin) + ".*?" + re.escape(end), re.S)

@@ -113,8 +113,7 @@ def run_dir_of(journal: Path) -> Path:
 
 
 def _plain(value):
-    """JSON-safe value: numpy/torch numbers as Python numbers, sequences (a row's timing
-    samples) as lists of them, mappings (the meta's ceilings) as dicts of them, anything else as text."""
+    """JSON-safe value: numpy/torch numbers as Python numbers, sequences as lists, mappings as dicts, else text."""
     if isinstance(value, bool | int | str) or value is None:
         return value
     if isinstance(value, dict):
@@ -129,8 +128,7 @@ def _plain(value):
 
 
 def plain_row(row: dict) -> dict:
-    """A row as JSON-safe values (:func:`_plain`): what a journal line, or a pytest-xdist worker's hand-off
-    file, holds; data that a reader parses, never code it runs."""
+    """A row as JSON-safe values (:func:`_plain`), as a journal line or a pytest-xdist hand-off file holds it."""
     return {key: _plain(value) for key, value in row.items()}
 
 
@@ -229,8 +227,7 @@ class Journal:
         self._write({"resumed_by": os.getpid()})
 
     def record_meta(self, meta: dict) -> None:
-        """The run's meta (device, versions, commit, ceilings) as measured at its start, so that a
-        journal finalized elsewhere (``run --resume RUN --finalize``) still says where it ran."""
+        """The run's meta as measured at its start: a journal finalized elsewhere still says where it ran."""
         self._write({"meta": _plain(meta)})
 
     def append(self, row: dict) -> None:

@@ -106,9 +106,8 @@ def error_vs_tolerance(frame: pd.DataFrame) -> str | None:
 
 
 def scaling_fit(frame: pd.DataFrame, fits: pd.DataFrame | None) -> str | None:
-    """Latency against the work that drives it, per backend, with the fitted line fixed_us + per_unit_us * x:
-    one log-log panel per (phase, x) of ``fits`` (:func:`harness.timing.scaling.fit_scaling`); a backend
-    whose line was not kept shows its points only."""
+    """Latency per backend with its fitted line fixed_us + per_unit_us * x, one log-log panel per (phase, x) of
+    ``fits`` (:func:`harness.timing.scaling.fit_scaling`); a backend whose line was not kept shows its points only."""
     if fits is None or fits.empty or (timed := _timed(frame)).empty:
         return None
     timed = timed.assign(_phase=phase_of(timed))

@@ -56,8 +56,7 @@ def sig(value, digits: int = 3) -> str:
     return f"{value:.{digits - 1}e}"
 
 
-ENV.filters["fmt"] = fmt
-ENV.filters["sig"] = sig
+ENV.filters.update(fmt=fmt, sig=sig)
 
 
 def rebuild_html(run_dir: Path, regressions: Regressions | None = None, baseline_name: str = "") -> Path:

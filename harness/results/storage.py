@@ -181,8 +181,7 @@ MAX_META_BYTES = 16 * 2**20
 
 
 def load_run(run_dir: Path) -> tuple[pd.DataFrame, dict]:
-    """A stored run's rows and meta, each checked against its schema (:mod:`harness.results.schemas`);
-    RunFolderError (a ValueError) naming the file and the field at fault."""
+    """A stored run's rows and meta, each checked against its schema; RunFolderError naming file and field."""
     run_dir = Path(run_dir)
     if not run_dir.is_dir():
         raise RunFolderError(

@@ -47,8 +47,7 @@ def _xor_pair(tensor: torch.Tensor, mask: torch.Tensor) -> tuple[torch.Tensor, t
 
 
 class Flipper:
-    """Flips V's columns (and, for a latent cache, q's matching ones) in place, and undoes it: an XOR of
-    the sign bits, exact for any dtype."""
+    """Flips V's columns (a latent cache: and q's) in place and back, by an XOR of the sign bits: exact in any dtype."""
 
     def __init__(self, inputs: PagedInputs, latent: bool):
         self.inputs, self.latent, self.state = inputs, latent, None  # state: the mask applied now

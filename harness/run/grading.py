@@ -12,8 +12,7 @@ and, since d out / d s_j = p_j (v_j - out),
     error_bound = sum_j p_j * delta_j * (|v_j| + |out|) + u_out * |out|
 
 per output element. A row whose tolerance is below this bound at some element grades the input's
-own round-off, not the kernel: its ``grading_note`` says so (the status is kept).
-"""
+own round-off, not the kernel: its ``grading_note`` says so (the status is kept)."""
 
 from __future__ import annotations
 
@@ -82,8 +81,7 @@ def _ratio(numerator: torch.Tensor, allowed: torch.Tensor) -> float:
 def grade(
     out: torch.Tensor, expected: torch.Tensor, atol: float, rtol: float, bound: torch.Tensor | None = None
 ) -> Grade:
-    """Compare ``out`` (any dtype, any device) with ``expected`` (float64) elementwise; ``bound``, when
-    given, is :func:`forward_error_bound` of the inputs (expected's shape)."""
+    """Compare ``out`` (any dtype, device) with ``expected`` (float64); ``bound``: :func:`forward_error_bound`'s."""
     actual = out.detach().to(expected.device, torch.float64)
     if actual.shape != expected.shape:
         raise ValueError(f"output shape {tuple(actual.shape)} differs from expected {tuple(expected.shape)}")

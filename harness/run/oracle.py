@@ -83,8 +83,7 @@ def paged_attention_oracle(q, k_cache, v_cache, block_table, seq_lens, query_sta
 
 
 def oracle_stages(options: dict) -> tuple[list[Callable], ...]:
-    """The variants' oracle hooks for the call's keywords ``options``, stage by stage (kv, score, mask,
-    sink; harness.cases.variants.OracleHook), each bound to its variant's given keywords, in the table's order."""
+    """Per stage (kv, score, mask, sink), the variants' oracle hooks bound to their keywords given in ``options``."""
     given = [(v.oracle, {k: options[k] for k in v.keywords if options.get(k) is not None}) for v in VARIANTS]
     return tuple(
         [partial(getattr(hook, stage), **keywords) for hook, keywords in given if keywords and getattr(hook, stage)]

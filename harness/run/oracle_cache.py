@@ -117,8 +117,7 @@ def max_bytes() -> int:
 
 
 def cache_key(args: Sequence[torch.Tensor | None], device: str, options: dict | None = None) -> str:
-    """sha256 hex of the call's content: args (:data:`ARG_NAMES`, any device) and the variants' options,
-    tensors by their bytes."""
+    """sha256 hex of the call's content: args (:data:`ARG_NAMES`, any device) and options, tensors by their bytes."""
     digest = hashlib.sha256()
     digest.update(f"key={KEY_VERSION};oracle={ORACLE_SOURCE_HASH};device={torch.device(device).type}".encode())
     named = list(zip(ARG_NAMES, args, strict=False))

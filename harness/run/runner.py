@@ -120,8 +120,7 @@ def case_columns(case: Case, device: str) -> dict:
 
 
 def run_backend(ctx: CaseContext, backend: Backend, config: RunConfig) -> dict:
-    """One report row of a backend run in this process: its calls (:func:`harness.run.calling.call_backend`),
-    then their grade (:func:`grade_called`)."""
+    """One report row of a backend run in this process: its calls (:func:`call_backend`), then :func:`grade_called`."""
     seeds = flip_seeds()
     settings = TimingSettings(config.device, config.ceilings, threads=config.threads).for_backend(backend)
     called = call_backend(ctx.case, ctx.inputs, ctx.guard, backend, config.device, settings if config.timing else None,
