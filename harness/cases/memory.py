@@ -134,13 +134,10 @@ def available_bytes(device: str) -> int:
 def too_large(cases: list[Case], device: str, backends: list[str] | None = None, fraction: float = 0.9) -> list[str]:
     """One message (file, case, field, the numbers) per case whose estimate exceeds ``fraction`` of the device's."""
     budget = available_bytes(device) * fraction
-    messages = []
-    for case in cases:
-        need = estimate(case, backends)
-        if need.peak > budget:
-            messages.append(
-                f"{case.file}: case '{case.id}': field 'seq_lens': too large for {device} memory: needs "
-                f"{need.describe()}, {fraction:.0%} of the {available_bytes(device) / 2**30:.1f} GiB available "
-                f"is {budget / 2**30:.1f} GiB"
-            )
-    return messages
+    return [
+        f"{case.file}: case '{case.id}': field 'seq_lens': too large for {device} memory: needs "
+        f"{need.describe()}, {fraction:.0%} of the {available_bytes(device) / 2**30:.1f} GiB available "
+        f"is {budget / 2**30:.1f} GiB"
+        for case in cases
+        if (need := estimate(case, backends)).peak > budget
+    ]

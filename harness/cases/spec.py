@@ -336,9 +336,8 @@ def _unknown_field(path: str) -> str:
 def _format_errors(
     file: str, case_id: str, error: ValidationError, inherited: frozenset[str] = frozenset()
 ) -> list[str]:
-    """One line per field in words a case author reads: file, case id, field path, message. Of a union's
-    failures the member that got past the type check wins; a value matching no member gets one line listing
-    what it may be. A field from ``[defaults]`` (``inherited``) says so."""
+    """One line per field (file, case id, field path, message) in a case author's words: of a union's failures
+    the member past the type check wins, else one line lists what it may be; a ``[defaults]`` field says so."""
 
     def at_union_tag(item: dict) -> bool:  # a type mismatch with one member of a union
         last = item["loc"][-1] if item["loc"] else None
@@ -403,8 +402,7 @@ def load_case_file(path: str | Path) -> list[Case]:
         raise CaseFileError(f"{file}: not valid TOML: {error}") from None
     except RecursionError:
         raise CaseFileError(f"{file}: not valid TOML: nested too deeply") from None
-    unknown = set(data) - {"defaults", "case"}
-    if unknown:
+    if unknown := set(data) - {"defaults", "case"}:
         raise CaseFileError(f"{file}: unknown top-level key(s) {sorted(unknown)}; expected [defaults] and [[case]]")
     defaults = data.get("defaults", {})
     tables = data.get("case", [])
@@ -465,18 +463,17 @@ def _sequences(seq_lens) -> int:
 def count_sweep_points(file: str, tables: list[dict[str, Any]]) -> None:
     """Count the cases ``tables`` (with defaults merged) expand to from the sweep lists' lengths, without
     building any; CaseFileError, with the count per field, past :func:`max_sweep_points`."""
-    limit, total, shapes, sequences = max_sweep_points(), 0, [], []
+    limit, shapes, sequences = max_sweep_points(), [], []
     for table in tables:
         sweep = table.get("sweep")
         lengths = {str(k): len(v) for k, v in sweep.items() if isinstance(v, list)} if isinstance(sweep, dict) else {}
         points = math.prod(lengths.values())
-        total += points
         if lengths:
             shapes.append((str(table.get("name", "?")), points, lengths))
         swept = sweep.get("seq_lens") if isinstance(sweep, dict) else None
         each = max(_sequences(v) for v in [table.get("seq_lens"), *(swept if isinstance(swept, list) else [])])
         sequences.append((points * each, str(table.get("name", "?")), points, each))
-    if total > limit:
+    if (total := sum(points for _, _, points, _ in sequences)) > limit:
         worst = sorted(shapes, key=lambda shape: -shape[1])[:3]
         detail = "; ".join(
             f"case '{name}': {points:,} = " + " x ".join(f"{field} {n}" for field, n in lengths.items())
@@ -518,8 +515,7 @@ def _read_case_text(path: Path) -> str:
 
 def resolve_case_paths(paths: list[str | Path]) -> list[Path]:
     """Files as given; a directory stands for its *.toml, sorted (CaseFileError if none); a repeat is read once."""
-    files: list[Path] = []
-    seen: dict[Path, Path] = {}
+    seen: dict[Path, Path] = {}  # resolved -> as given, in order
     for p in map(Path, paths):
         found = sorted(p.glob("*.toml")) if p.is_dir() else [p]
         if p.is_dir() and not found:
@@ -530,8 +526,7 @@ def resolve_case_paths(paths: list[str | Path]) -> list[Path]:
                 print(f"note: {f} is given twice (as {seen[key]}); its cases are read once", file=sys.stderr)
                 continue
             seen[key] = f
-            files.append(f)
-    return files
+    return list(seen.values())
 
 
 def check_backend_names(cases: list[Case], registered: list[str]) -> None:

@@ -131,9 +131,8 @@ def prepared_dims(case: Case) -> tuple[int, int]:
 
 
 class Checks:
-    """The sample hooks of one measurement: poison, flip, compare. A timed output is compared with the first
-    through ``sum(w * out)`` with fixed random weights: within tolerance, the sums differ by at most
-    ``sum(|w| * (atol + rtol * |first|))`` plus round-off."""
+    """The sample hooks of one measurement: poison, flip, compare. A timed output is compared with the first by
+    ``sum(w * out)``, w fixed and random: within tolerance, by ``sum(|w| * (atol + rtol * |first|))`` + round-off."""
 
     def __init__(self, what: str, prepared: Prepared, flipper: Flipper | None, refs: dict, called: Called,
                  case: Case, seeds: tuple[int, int], counter: list[int], want_lse: bool):  # fmt: skip
@@ -171,13 +170,15 @@ class Checks:
         self.refs[("sum", key)] = (weights, total, allowed)
         return self.refs[("sum", key)]
 
+    def _problem(self, what: str) -> None:
+        """The row's timed problem, unless it has one already: ``what`` of this measurement's call."""
+        self.called.timed_problem = self.called.timed_problem or f"{self.what} {what}"
+
     def after(self, result, final: bool) -> None:
         self.counter[0] += 1
         packed = self.prepared.to_packed(split_result(result, self.want_lse)[0])
         if not isinstance(packed, torch.Tensor):
-            self.called.timed_problem = self.called.timed_problem or (
-                f"{self.what} call {self.counter[0]} returned {type(packed).__name__}"
-            )
+            self._problem(f"call {self.counter[0]} returned {type(packed).__name__}")
             return
         key = self.seed_now
         if final or key not in self.refs:  # the driver grades it: a copy, on the timed stream right after the call
@@ -191,9 +192,7 @@ class Checks:
             return
         reference = self.refs.get(("sum", key)) or self._reference(key, self.refs[key])
         if reference[0].shape != packed.shape:
-            self.called.timed_problem = self.called.timed_problem or (
-                f"{self.what} call {self.counter[0]} returned shape {tuple(packed.shape)}"
-            )
+            self._problem(f"call {self.counter[0]} returned shape {tuple(packed.shape)}")
             return
         self.sums.append((self.counter[0], (reference[0] * packed.float()).sum(), reference))
 
@@ -208,9 +207,8 @@ class Checks:
             off = (~((got - want).abs() <= allowed)).tolist()  # NaN is off
             if True in off:
                 number = self.sums[off.index(True)][0]
-                self.called.timed_problem = self.called.timed_problem or (
-                    f"{self.what} call {number} differs from the first output of its inputs (beyond atol "
-                    f"{self.case.atol:g} + rtol {self.case.rtol:g}): right once, then not")  # fmt: skip
+                self._problem(f"call {number} differs from the first output of its inputs (beyond atol "
+                              f"{self.case.atol:g} + rtol {self.case.rtol:g}): right once, then not")  # fmt: skip
         self.sums.clear()
 
 
@@ -226,9 +224,8 @@ def _timed_call(prepared: Prepared, cuda: bool) -> tuple[object, float]:
 def call_backend(case: Case, inputs: PagedInputs, guard: InputGuard | None, backend: Backend, device: str,
                  settings: TimingSettings | None, seeds: tuple[int, int, int],
                  batch: Callable[[Prepared, Called], None] | None = None) -> Called:  # fmt: skip
-    """Prepare ``backend`` on ``inputs``, make its graded call, time it (``settings``; None: not timed) with
-    every timed call checked; ``seeds``: the driver's flips. ``batch(prepared, called)``, after the timing:
-    a worker's back-to-back calls that its driver times."""
+    """Prepare ``backend`` on ``inputs``, make its graded call, time it (``settings``; None: not timed) checking every
+    timed call (``seeds``: the driver's flips); ``batch(prepared, called)`` after: calls a worker's driver times."""
     called = Called()
     if reason := backend.skip_reason(case, device):
         return Called(status="skip", reason=reason)

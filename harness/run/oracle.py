@@ -37,16 +37,15 @@ def paged_attention_oracle(q, k_cache, v_cache, block_table, seq_lens, query_sta
     head_dim_v = v_cache.shape[-1]
     table = block_table.detach().cpu().long()
     lens = seq_lens.detach().cpu().tolist()
-    num_seqs = len(lens)
-    starts = list(range(num_seqs + 1)) if query_start_loc is None else query_start_loc.detach().cpu().tolist()
+    starts = list(range(len(lens) + 1)) if query_start_loc is None else query_start_loc.detach().cpu().tolist()
     num_q_heads = q.shape[1]
     group = num_q_heads // num_kv_heads  # query head h reads KV head h // group
     scale = head_dim**-0.5 if scale is None else float(scale)
 
     expected = torch.zeros((*q.shape[:2], head_dim_v), dtype=torch.float64, device=device)
     lse = torch.zeros(q.shape[:2], dtype=torch.float64, device=device)
-    for seq in range(num_seqs):
-        q_len, seq_len = starts[seq + 1] - starts[seq], lens[seq]
+    for seq, seq_len in enumerate(lens):
+        q_len = starts[seq + 1] - starts[seq]
         if q_len == 0:
             continue
         k, v = sequence_kv(k_cache, v_cache, table[seq], seq_len, device)  # [seq_len, num_kv_heads, head_dim(_v)]
@@ -92,14 +91,12 @@ def oracle_stages(options: dict) -> tuple[list[Callable], ...]:
 
 
 def sequence_kv(k_cache, v_cache, table_row, seq_len: int, device) -> tuple[torch.Tensor, torch.Tensor]:
-    """One sequence's keys and values in float64; key position p sits at slot
-    ``table_row[p // block_size] * block_size + p % block_size``.
+    """One sequence's keys and values in float64 (an fp8 pool's raw values: its scales are the caller's).
 
     k_cache         [num_blocks, block_size, num_kv_heads, head_dim], any dtype
     v_cache         [num_blocks, block_size, num_kv_heads, head_dim_v]
     table_row       [max_blocks_per_seq] int64 on the CPU
-    returns         k [seq_len, num_kv_heads, head_dim], v [seq_len, num_kv_heads, head_dim_v], float64 on
-                    ``device`` (an fp8 pool's raw values: its scales are the caller's)
+    returns         k [seq_len, num_kv_heads, head_dim], v [seq_len, num_kv_heads, head_dim_v] on ``device``
     """
     num_blocks, block_size, num_kv_heads, head_dim = k_cache.shape
     pos = torch.arange(seq_len)

@@ -224,10 +224,9 @@ def oracle_key(args: Sequence[torch.Tensor | None], device: str, options: dict |
 def lookup(
     key: str | None, name: str, device: str, shape: Sequence[int], compute: Callable[[], torch.Tensor]
 ) -> tuple[torch.Tensor, bool]:
-    """(the float64 result ``name`` of the call ``key`` (:func:`oracle_key`), of ``shape``, on ``device``;
-    whether it came from the cache), else ``compute()`` (then stored; ``key`` None: nothing stored). "out" is
-    ``<key>.oracle``, another name ``<sha256(key, name)>.derived``. In verify mode a sampled hit that differs
-    raises :class:`PoisonedCacheError` (the entry removed)."""
+    """(the float64 result ``name`` of the call ``key`` (:func:`oracle_key`), of ``shape``, on ``device``; whether
+    it came from the cache), else ``compute()``, stored unless ``key`` is None: "out" as ``<key>.oracle``, another
+    as ``<sha256(key, name)>.derived``. Verify mode: a sampled hit that differs raises :class:`PoisonedCacheError`."""
     folder = cache_dir()
     if key is None or folder is None or not private_folder(folder):
         return compute(), False

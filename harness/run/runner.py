@@ -54,9 +54,9 @@ class CaseContext:
 
     case: Case
     inputs: PagedInputs
-    expected: torch.Tensor | None  # [num_tokens, num_q_heads, head_dim] float64; None in a plugin's worker
+    guard: InputGuard | None  # fingerprints of the pristine inputs
+    expected: torch.Tensor | None = None  # [num_tokens, num_q_heads, head_dim] float64; None in a plugin's worker
     bound: torch.Tensor | None = None  # forward_error_bound of the inputs, expected's shape
-    guard: InputGuard | None = None  # fingerprints of the pristine inputs
     expected_lse: torch.Tensor | None = None  # [num_tokens, num_q_heads] float64, when the case asks for it
     quant_error: float | None = None  # fp8 cases: max |oracle(dequantized cache) - oracle(unquantized)|
     oracle_cached: bool = False  # expected or bound came from the oracle cache (the row's oracle_cached)
@@ -66,18 +66,17 @@ def build_context(case: Case, device: str, oracle_device: str, oracle: bool = Tr
     """The case's inputs, oracle output (and lse), error bound and input guard (``oracle=False``: no oracle)."""
     with phase("inputs"):
         inputs = case_inputs(case, device)
-    results = (None, None, None, None, False)
+    results = ()
     if oracle:
         with phase("oracle"):
             results = _oracle_results(inputs, oracle_device)
     with phase("guard"):
         guard = InputGuard(inputs, lambda: case_inputs(case, device))
-    expected, bound, expected_lse, quant_error, cached = results
-    return CaseContext(case, inputs, expected, bound, guard, expected_lse, quant_error, cached)
+    return CaseContext(case, inputs, guard, *results)
 
 
 def _oracle_results(inputs: PagedInputs, oracle_device: str) -> tuple:
-    """(expected, bound, expected_lse or None, quant_error or None, from the cache) of :class:`CaseContext`."""
+    """:class:`CaseContext`'s expected, bound, expected_lse or None, quant_error or None and oracle_cached."""
     options = {name: value for name, value in inputs.options.items() if name != "return_lse"}
     out_shape = (*inputs.q.shape[:2], inputs.v_cache.shape[-1])
     expected_lse, cached, key = None, False, None
@@ -136,9 +135,8 @@ def flip_seeds() -> tuple[int, int, int]:
 
 def grade_called(ctx: CaseContext, backend: Backend, config: RunConfig, called: Called,
                  seeds: tuple[int, int, int], wall: tuple | None = None) -> dict:  # fmt: skip
-    """The row of a backend's calls: every output graded against the oracle (a row passes only if all do; a
-    failure is never replaced by a later error), the timing held to physics (``wall``: a worker's batch of
-    default calls as this process measured it)."""
+    """The row of a backend's calls: every output graded (it passes only if all do; a failure is never replaced by a
+    later error), the timing held to physics (``wall``: a worker's batch of calls as this process timed it)."""
     case = ctx.case
     row = {**case_columns(case, config.device), "backend": backend.name, "backend_kind": backend.kind,
            "oracle_cached": ctx.oracle_cached}  # fmt: skip
