@@ -1,6 +1,5 @@
-"""A tensor's bytes as one sha256 digest, hashed in parallel chunks on the host, whatever the thread count:
-``sha256(sha256(chunk 0) || sha256(chunk 1) || ...)``, chunks of CHUNK_BYTES.
-"""
+"""A tensor's bytes as one sha256 digest, the same whatever the thread count: ``sha256(sha256(chunk 0) ||
+sha256(chunk 1) || ...)``, chunks of CHUNK_BYTES hashed in parallel on the host."""
 
 from __future__ import annotations
 
@@ -13,8 +12,7 @@ CHUNK_BYTES = 64 * 2**20
 
 
 def tensor_digest(tensor: torch.Tensor, threads: int | None = None) -> bytes:
-    """sha256 tree digest (module docstring) of ``tensor``'s raw bytes, NaN payloads included: any shape, dtype
-    and device (copied to the host first), hashed on ``threads`` threads (default torch's thread count)."""
+    """The tree digest of ``tensor``'s raw bytes (NaN payloads included), on ``threads`` threads (default torch's)."""
     flat = tensor.detach().contiguous().cpu().reshape(-1).view(torch.uint8).numpy()
     chunks = [memoryview(flat[start : start + CHUNK_BYTES]) for start in range(0, flat.size, CHUNK_BYTES)]
     threads = min(threads or torch.get_num_threads(), len(chunks))

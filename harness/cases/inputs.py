@@ -1,7 +1,6 @@
-"""Deterministic paged inputs for one case, shared by every backend of that case: the pool laid out as a
-busy engine leaves it (blocks shuffled or in order, an optional shared prefix, spare blocks, NaN in every
-slot no sequence owns), values from :func:`draw_normal`, the same whatever the thread count or device.
-"""
+"""Deterministic paged inputs for one case, shared by its backends: the pool as a busy engine leaves it (blocks
+shuffled or in order, an optional shared prefix, spare blocks, NaN in every slot no sequence owns), values from
+:func:`draw_normal`, the same whatever the thread count or device."""
 
 from __future__ import annotations
 
@@ -22,25 +21,16 @@ from kernels.tiling import is_latent_view
 
 @dataclass(frozen=True)
 class PagedInputs:
-    """One call's arguments, plus the logical (unpaged) KV the cache backend writes.
+    """One call's arguments, plus the logical (unpaged) KV the cache backend writes (:attr:`keys`, :attr:`values`)."""
 
-    q               [num_tokens, num_q_heads, head_dim]
-    k_cache/v_cache [num_blocks, block_size, num_kv_heads, head_dim], NaN where unowned
-    block_table     [num_seqs, max_blocks_per_seq] int32, -1 past each sequence's blocks
-    seq_lens        [num_seqs] int32
-    query_start_loc [num_seqs + 1] int32
-    keys/values     num_seqs tensors [seq_len, num_kv_heads, head_dim]: each sequence's KV in order, in
-                    q's dtype, gathered afresh from the pool on every access
-    options         the attention variants' keywords of every call (sinks / alibi_slopes [num_q_heads]
-                    fp32; k_scale / v_scale [num_kv_heads] fp32); empty: plain causal attention
-    """
-
-    q: torch.Tensor
-    k_cache: torch.Tensor
-    v_cache: torch.Tensor
-    block_table: torch.Tensor
-    seq_lens: torch.Tensor
-    query_start_loc: torch.Tensor
+    q: torch.Tensor  # [num_tokens, num_q_heads, head_dim]
+    k_cache: torch.Tensor  # [num_blocks, block_size, num_kv_heads, head_dim], NaN where unowned
+    v_cache: torch.Tensor  # [num_blocks, block_size, num_kv_heads, head_dim_v], NaN where unowned
+    block_table: torch.Tensor  # [num_seqs, max_blocks_per_seq] int32, -1 past each sequence's blocks
+    seq_lens: torch.Tensor  # [num_seqs] int32
+    query_start_loc: torch.Tensor  # [num_seqs + 1] int32
+    # The variants' keywords of every call (sinks / alibi_slopes [num_q_heads] fp32; k_scale / v_scale
+    # [num_kv_heads] fp32); empty: plain causal attention.
     options: dict[str, Any] = field(default_factory=dict)
     unquantized: tuple[torch.Tensor, torch.Tensor] | None = None  # an fp8 case's pools before quantizing
 
@@ -107,12 +97,10 @@ def assign_blocks(
     num_blocks = num_owned + max(1, num_owned // 8)
     order = torch.arange(num_blocks) if layout == "contiguous" else torch.randperm(num_blocks, generator=generator)
     table = torch.full((len(seq_lens), max(per_seq, default=0) or 1), -1, dtype=torch.int32)
-    prefix = order[:shared]
     next_free = shared
     for row, n in enumerate(per_seq):
-        own = order[next_free : next_free + n - shared]
+        table[row, :n] = torch.cat([order[:shared], order[next_free : next_free + n - shared]]).to(torch.int32)
         next_free += n - shared
-        table[row, :n] = torch.cat([prefix, own]).to(torch.int32)
     return table, num_blocks
 
 
@@ -134,9 +122,8 @@ def draw_normal(
     scale: float = 1.0,
     threads: int = 1,
 ) -> None:
-    """Standard normals times ``scale`` for a tensor of ``shape`` [rows, ...], in ``dtype``: chunk c (whole rows,
-    about CHUNK_VALUES values) is drawn as fp32 from :func:`chunk_seed` (seed, name, c), scaled, cast and
-    stored by ``write(first_row, rows)`` from ``threads`` threads (the values do not depend on them)."""
+    """Standard normals times ``scale`` in ``dtype`` for a tensor of ``shape`` [rows, ...]: chunk c (whole rows, about
+    CHUNK_VALUES values) drawn in fp32 from :func:`chunk_seed` (seed, name, c), handed to ``write(first, rows)``."""
     rows, row_shape = shape[0], shape[1:]
     per_chunk = max(1, CHUNK_VALUES // max(1, math.prod(row_shape)))
     chunks = range(-(-rows // per_chunk))
@@ -191,9 +178,8 @@ def make_inputs(
     draw_threads: int | None = None,
     **variants: Any,
 ) -> PagedInputs:
-    """Build a case's inputs from its seed; the same arguments always give the same tensors. Values are drawn
-    on the CPU (q and K times ``input_scale``), cast to ``dtype`` and moved to ``device``; ``variants``: the
-    variants' case fields, each turned on applying its input hook, which changes no drawn value."""
+    """A case's inputs from its seed, drawn on the CPU (q and K times ``input_scale``) and moved to ``device``;
+    ``variants``: the variants' case fields, each turned on applying its input hook (no drawn value changes)."""
     if len(seq_lens) != len(q_lens):
         raise ValueError(f"seq_lens has {len(seq_lens)} entries but q_lens has {len(q_lens)}")
     defaults = {name: declared[1].default for v in VARIANTS for name, declared in v.fields.items()}
@@ -205,11 +191,7 @@ def make_inputs(
     threads = draw_threads or torch.get_num_threads()
     num_tokens = sum(q_lens)
     q = torch.empty(num_tokens, num_q_heads, head_dim, dtype=torch_dtype)
-
-    def into_q(first: int, rows: torch.Tensor) -> None:
-        q[first : first + rows.shape[0]] = rows
-
-    draw_normal("q", (num_tokens, num_q_heads, head_dim), seed, into_q, torch_dtype, input_scale, threads)
+    draw_normal("q", q.shape, seed, lambda i, rows: q[i : i + len(rows)].copy_(rows), torch_dtype, input_scale, threads)
     head_dim_v = head_dim if head_dim_v is None else head_dim_v
     num_slots = num_blocks * block_size
     k_slots = torch.empty(num_slots, num_kv_heads, head_dim, dtype=torch_dtype)

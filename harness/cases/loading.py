@@ -27,11 +27,7 @@ def load_cases(
             errors.append(str(error))
     if errors:
         raise CaseFileError("\n".join(errors))
-    if tags:
-        cases = [c for c in cases if set(tags) & set(c.tags)]
-    if keep is not None:
-        cases = [c for c in cases if keep(c.id)]
-    errors = too_large(cases, device, backends)
-    if errors:
+    cases = [c for c in cases if (not tags or set(tags) & set(c.tags)) and (keep is None or keep(c.id))]
+    if errors := too_large(cases, device, backends):
         raise CaseFileError("\n".join(errors))
     return cases

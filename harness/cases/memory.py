@@ -6,8 +6,7 @@ Per-sequence terms take the worst sequence: inputs are the pools, q and each seq
 the float64 oracle four logits-sized tensors plus K and V; the error bound three, in chunks of at most
 2**26 logits; 64 MiB of allocator working memory. Reference gathers K and V in fp32; tlsim / triton /
 cache pad q and keep every split's state; the padded peers pay for num_seqs x max_seq_len; a plugin is
-charged like reference. tests/harness/test_reliability_memory.py checks it against the peak RSS.
-"""
+charged like reference. tests/harness/test_reliability_memory.py checks it against the peak RSS."""
 
 from __future__ import annotations
 
@@ -133,16 +132,12 @@ def available_bytes(device: str) -> int:
 
 
 def too_large(cases: list[Case], device: str, backends: list[str] | None = None, fraction: float = 0.9) -> list[str]:
-    """One message (file, case, field, the numbers) per case whose estimate exceeds
-    ``fraction`` of the device's available memory."""
+    """One message (file, case, field, the numbers) per case whose estimate exceeds ``fraction`` of the device's."""
     budget = available_bytes(device) * fraction
-    messages = []
-    for case in cases:
-        need = estimate(case, backends)
-        if need.peak > budget:
-            messages.append(
-                f"{case.file}: case '{case.id}': field 'seq_lens': too large for {device} memory: needs "
-                f"{need.describe()}, {fraction:.0%} of the {available_bytes(device) / 2**30:.1f} GiB available "
-                f"is {budget / 2**30:.1f} GiB"
-            )
-    return messages
+    return [
+        f"{case.file}: case '{case.id}': field 'seq_lens': too large for {device} memory: needs "
+        f"{need.describe()}, {fraction:.0%} of the {available_bytes(device) / 2**30:.1f} GiB available "
+        f"is {budget / 2**30:.1f} GiB"
+        for case in cases
+        if (need := estimate(case, backends)).peak > budget
+    ]

@@ -1,6 +1,5 @@
 """The case suites that ship inside the package: a case argument that is no existing path but names one
-(``cpu``, ``cases/cpu.toml``) resolves to the packaged file.
-"""
+(``cpu``, ``cases/cpu.toml``) resolves to the packaged file."""
 
 from __future__ import annotations
 

@@ -1,8 +1,7 @@
 """Case files: declarative TOML in, validated and expanded frozen cases out.
 
 ``[defaults]`` merges into every ``[[case]]``; a ``[case.sweep]`` table expands as a product, each
-point a case with a readable id (``decode_gqa/head_dim=80/block_size=5``) validated on its own.
-"""
+point a case with a readable id (``decode_gqa/head_dim=80/block_size=5``) validated on its own."""
 
 from __future__ import annotations
 
@@ -97,8 +96,7 @@ class Tolerance(BaseModel):
 
 
 class CaseSpec(VariantFields):
-    """One ``[[case]]`` table (or one expanded sweep point of it); the attention variants' fields are
-    declared by their rows in harness.cases.variants."""
+    """One ``[[case]]`` table (or one expanded sweep point of it); the variants' fields: harness.cases.variants."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
@@ -154,10 +152,9 @@ class CaseSpec(VariantFields):
         if isinstance(self.q_lens, list):
             if not isinstance(self.seq_lens, list) or len(self.q_lens) != len(self.seq_lens):
                 raise FieldError("q_lens", "a q_lens list needs an explicit seq_lens list of the same length")
-            pairs = enumerate(zip(self.q_lens, self.seq_lens, strict=True))
-            if bad := next(((i, q, s) for i, (q, s) in pairs if not 0 <= q <= s), None):
-                i, q, s = bad
-                raise FieldError("q_lens", f"q_lens[{i}] = {q} must be between 0 and seq_lens[{i}] = {s}")
+            for i, (q, s) in enumerate(zip(self.q_lens, self.seq_lens, strict=True)):
+                if not 0 <= q <= s:
+                    raise FieldError("q_lens", f"q_lens[{i}] = {q} must be between 0 and seq_lens[{i}] = {s}")
         elif isinstance(self.q_lens, int):
             shortest = min(self.seq_lens) if isinstance(self.seq_lens, list) else self.seq_lens.min
             if not 0 <= self.q_lens <= shortest:
@@ -189,12 +186,10 @@ class CaseSpec(VariantFields):
         prefix = shared_prefix_blocks(seq, self.block_size, self.layout) * self.block_size
         if prefix == 0:
             raise FieldError("cascade", "cascade = true needs two or more sequences sharing at least one block")
-        if late := next(((i, n, m) for i, (n, m) in enumerate(zip(seq, q, strict=True)) if n - m < prefix), None):
-            i, n, m = late
-            raise FieldError(
-                "cascade",
-                f"sequence {i} (seq_len {n}, q_len {m}) has a query inside the shared prefix of {prefix} keys",
-            )
+        for i, (n, m) in enumerate(zip(seq, q, strict=True)):
+            if n - m < prefix:
+                raise FieldError("cascade", f"sequence {i} (seq_len {n}, q_len {m}) has a query inside the shared "
+                                 f"prefix of {prefix} keys")  # fmt: skip
 
     def resolved_num_kv_heads(self) -> int:
         if (self.num_kv_heads is None) == (self.gqa_ratio is None):
@@ -208,8 +203,7 @@ class CaseSpec(VariantFields):
 
 @dataclass(frozen=True)
 class Case:
-    """One expanded, validated case: the case file's fields and what the runner needs made concrete; every
-    field of ``spec`` reads straight through (``case.head_dim`` is ``case.spec.head_dim``)."""
+    """One expanded, validated case; ``spec``'s fields read through (``case.head_dim`` is ``case.spec.head_dim``)."""
 
     id: str
     file: str
@@ -342,9 +336,8 @@ def _unknown_field(path: str) -> str:
 def _format_errors(
     file: str, case_id: str, error: ValidationError, inherited: frozenset[str] = frozenset()
 ) -> list[str]:
-    """One line per field in words a case author reads: file, case id, field path, message. Of a union's
-    failures the member that got past the type check wins; a value matching no member gets one line listing
-    what it may be. A field from ``[defaults]`` (``inherited``) says so."""
+    """One line per field (file, case id, field path, message) in a case author's words: of a union's failures
+    the member past the type check wins, else one line lists what it may be; a ``[defaults]`` field says so."""
 
     def at_union_tag(item: dict) -> bool:  # a type mismatch with one member of a union
         last = item["loc"][-1] if item["loc"] else None
@@ -370,8 +363,7 @@ def _format_errors(
 
 
 def expand_spec(raw: dict[str, Any], file: str, inherited: frozenset[str] = frozenset()) -> list[Case]:
-    """Validate one ``[[case]]`` table (defaults already merged: ``inherited`` names the fields
-    that came from them) and expand its sweep."""
+    """Validate one ``[[case]]`` table (defaults merged in; ``inherited``: the fields from them), expand its sweep."""
     name = str(raw.get("name", "?"))
     try:
         spec = CaseSpec.model_validate(raw)
@@ -410,8 +402,7 @@ def load_case_file(path: str | Path) -> list[Case]:
         raise CaseFileError(f"{file}: not valid TOML: {error}") from None
     except RecursionError:
         raise CaseFileError(f"{file}: not valid TOML: nested too deeply") from None
-    unknown = set(data) - {"defaults", "case"}
-    if unknown:
+    if unknown := set(data) - {"defaults", "case"}:
         raise CaseFileError(f"{file}: unknown top-level key(s) {sorted(unknown)}; expected [defaults] and [[case]]")
     defaults = data.get("defaults", {})
     tables = data.get("case", [])
@@ -472,18 +463,17 @@ def _sequences(seq_lens) -> int:
 def count_sweep_points(file: str, tables: list[dict[str, Any]]) -> None:
     """Count the cases ``tables`` (with defaults merged) expand to from the sweep lists' lengths, without
     building any; CaseFileError, with the count per field, past :func:`max_sweep_points`."""
-    limit, total, shapes, sequences = max_sweep_points(), 0, [], []
+    limit, shapes, sequences = max_sweep_points(), [], []
     for table in tables:
         sweep = table.get("sweep")
         lengths = {str(k): len(v) for k, v in sweep.items() if isinstance(v, list)} if isinstance(sweep, dict) else {}
         points = math.prod(lengths.values())
-        total += points
         if lengths:
             shapes.append((str(table.get("name", "?")), points, lengths))
         swept = sweep.get("seq_lens") if isinstance(sweep, dict) else None
         each = max(_sequences(v) for v in [table.get("seq_lens"), *(swept if isinstance(swept, list) else [])])
         sequences.append((points * each, str(table.get("name", "?")), points, each))
-    if total > limit:
+    if (total := sum(points for _, _, points, _ in sequences)) > limit:
         worst = sorted(shapes, key=lambda shape: -shape[1])[:3]
         detail = "; ".join(
             f"case '{name}': {points:,} = " + " x ".join(f"{field} {n}" for field, n in lengths.items())
@@ -525,8 +515,7 @@ def _read_case_text(path: Path) -> str:
 
 def resolve_case_paths(paths: list[str | Path]) -> list[Path]:
     """Files as given; a directory stands for its *.toml, sorted (CaseFileError if none); a repeat is read once."""
-    files: list[Path] = []
-    seen: dict[Path, Path] = {}
+    seen: dict[Path, Path] = {}  # resolved -> as given, in order
     for p in map(Path, paths):
         found = sorted(p.glob("*.toml")) if p.is_dir() else [p]
         if p.is_dir() and not found:
@@ -537,13 +526,11 @@ def resolve_case_paths(paths: list[str | Path]) -> list[Path]:
                 print(f"note: {f} is given twice (as {seen[key]}); its cases are read once", file=sys.stderr)
                 continue
             seen[key] = f
-            files.append(f)
-    return files
+    return list(seen.values())
 
 
 def check_backend_names(cases: list[Case], registered: list[str]) -> None:
-    """CaseFileError naming file, case and field for every name in ``backends`` or
-    ``exclude_backends`` that is not a registered backend (call it after plugins load)."""
+    """CaseFileError naming file, case and field for each unregistered name in ``(exclude_)backends`` (after plugins)."""
     errors = [
         f"{case.file}: case '{case.id}': field '{field}': unknown backend {name!r}; registered: {', '.join(registered)}"
         for case in cases

@@ -1,7 +1,5 @@
 """The attention variants: one row per option, declaring it once for the case file (:data:`VariantFields`),
-the backend registry, the inputs, the kernel call and the oracle. docs/contract.md, "Attention variants",
-says what each computes.
-"""
+the backend registry, the inputs, the kernel call and the oracle; docs/contract.md says what each computes."""
 
 from __future__ import annotations
 
@@ -52,8 +50,7 @@ class Variant:
 
     @property
     def name(self) -> str:
-        """The variant's one name: its first case-file field (``alibi``, ``kv_dtype``), what a case turns on and
-        what a plan step's facts list (harness.backends.plugins.CaseFacts.variants)."""
+        """Its first case-file field (``alibi``, ``kv_dtype``): what a plan step's facts list (CaseFacts.variants)."""
         return next(iter(self.fields))
 
     @property
@@ -268,15 +265,13 @@ def variant_key(name: str) -> str:
 
 
 def _keywords(v: Variant) -> str:
-    """The kernel keywords of a variant with their kinds (``k_scale`` (fp8 cache scale), ...); KeyError for a
-    keyword the kernels' table (kernels.contract.CALL_OPTION_TABLE) lacks."""
+    """A variant's kernel keywords with their kinds; KeyError for one not in kernels.contract.CALL_OPTION_TABLE."""
     kinds = {option.name: option.kind.name for option in CALL_OPTION_TABLE} | {"return_lse": "the entry's own bool"}
     return ", ".join(f"`{keyword}` ({kinds[keyword]})" for keyword in v.keywords) or "none: a shape"
 
 
 def variants_text() -> str:
-    """``harness variants``: per variant its name (case-file field), the key a skip row names and the kernel's
-    keywords; then what each computes, and a note on names and fp8 scales."""
+    """``harness variants``: each variant's name, key and kernel keywords; what each computes; :data:`VARIANTS_NOTE`."""
     rows = [("variant (case field)", "key", "kernel keywords (kind)")]
     for v in VARIANTS:
         also = [name for name in v.fields if name != v.name]
@@ -297,8 +292,7 @@ VARIANTS_NOTE = (
 
 
 def markdown() -> str:
-    """The variants' table of docs/contract.md (``python -m harness.results.columns`` writes it); KeyError
-    as :func:`_keywords`."""
+    """The variants' table of docs/contract.md (``python -m harness.results.columns`` writes it)."""
     lines = ["| key | case-file fields | kernel keywords (kind) | what it computes |", "|---|---|---|---|"]
     for v in VARIANTS:
         lines.append(f"| `{v.key}` | {', '.join(f'`{name}`' for name in v.fields)} | {_keywords(v)} | {v.meaning} |")

@@ -1,7 +1,6 @@
 """The report's columns: one table, from which results.parquet's columns (exactly these, in this order),
 the contract's table (``python -m harness.results.columns`` rewrites docs/contract.md's) and the page's
-header tips are made.
-"""
+header tips are made."""
 
 from __future__ import annotations
 
@@ -103,8 +102,7 @@ class UnknownColumnError(ValueError):
 def check_row_keys(rows: list[dict]) -> None:
     """Raise UnknownColumnError naming any row key missing from TABLE (keys starting "_" are private)."""
     known = set(COLUMNS)
-    unknown = sorted({key for row in rows for key in row if key not in known and not key.startswith("_")})
-    if unknown:
+    if unknown := sorted({key for row in rows for key in row if key not in known and not key.startswith("_")}):
         raise UnknownColumnError(f"row keys not in harness/results/columns.py TABLE: {', '.join(unknown)}")
 
 
@@ -116,8 +114,7 @@ def markdown() -> str:
 
 
 def doc_with_tables(text: str) -> str:
-    """``text`` (docs/contract.md) with each generated block, between its two markers, made anew:
-    the columns (:func:`markdown`) and the attention variants (:func:`harness.cases.variants.markdown`)."""
+    """``text`` (docs/contract.md) with the column and variant tables between their markers made anew."""
     for what, make in (("columns", markdown), ("variants", variants.markdown)):
         begin, end = f"<!-- {what}: made by python -m harness.results.columns -->", f"<!-- {what} end -->"
         pattern = re.compile(re.escape(begin) + ".*?" + re.escape(end), re.S)

@@ -68,19 +68,6 @@ def harness_version() -> str | None:
         return None
 
 
-def noise_judges(device: str) -> dict:
-    """What says how quiet the machine was: CPU model, logical CPUs, threads, load, GPU clocks."""
-    judges = {
-        "cpu_model": cpu_model(),
-        "logical_cpus": os.cpu_count(),
-        "torch_threads": torch.get_num_threads(),
-        "load_average": load_average(),
-    }
-    if torch.device(device).type == "cuda":
-        judges["gpu_state"] = gpu_state()
-    return judges
-
-
 def commit_record() -> dict:
     """The run's commit, and where it was read from: ``HARNESS_COMMIT`` wins over git's (a copied tree may
     carry a stale ``.git``), a disagreement recorded."""
@@ -124,5 +111,10 @@ def collect_meta(device: str, argv: list[str], ceilings: dict[str, float], oracl
         "ceilings_gbps": ceilings,
         "harness_version": harness_version(),
         "oracle_cache": oracle_cache,  # harness.run.oracle_cache.meta_record(): off, on or verify, and the folder
-        **noise_judges(device),
+        # what says how quiet the machine was
+        "cpu_model": cpu_model(),
+        "logical_cpus": os.cpu_count(),
+        "torch_threads": torch.get_num_threads(),
+        "load_average": load_average(),
+        **({"gpu_state": gpu_state()} if dev.type == "cuda" else {}),
     }

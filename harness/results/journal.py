@@ -1,7 +1,6 @@
 """The run journal ``reports/<run>.journal.jsonl``, removed once the run folder is written: a header line
 (options, pid), one fsynced line per finished row, ``resumed_by`` / ``stopped_by`` lines. Every line is
-validated on reading; a writer holds an exclusive ``flock``.
-"""
+validated on reading; a writer holds an exclusive ``flock``."""
 
 from __future__ import annotations
 
@@ -14,7 +13,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, ValidationError
+from pydantic import BaseModel, ConfigDict, ValidationError, create_model
 
 from harness.cases.vocab import Status, field_path
 
@@ -74,18 +73,9 @@ class Row(_Record):
     call_samples_us: list[float] | str | float | None = None
 
 
-class Resumed(_Record):
-    resumed_by: int
-
-
-class Stopped(_Record):
-    stopped_by: int
-
-
-class Meta(_Record):
-    meta: dict
-
-
+Resumed = create_model("Resumed", __base__=_Record, resumed_by=(int, ...))
+Stopped = create_model("Stopped", __base__=_Record, stopped_by=(int, ...))
+Meta = create_model("Meta", __base__=_Record, meta=(dict, ...))
 # A line's kind by the first of these keys it holds: (key, model, kind).
 _KINDS = (("case", Row, "row"), ("backend", Row, "row"), ("meta", Meta, "meta"), ("resumed_by", Resumed, "resumed"),
           ("stopped_by", Stopped, "stopped"))  # fmt: skip
@@ -123,8 +113,7 @@ def run_dir_of(journal: Path) -> Path:
 
 
 def _plain(value):
-    """JSON-safe value: numpy/torch numbers as Python numbers, sequences (a row's timing
-    samples) as lists of them, mappings (the meta's ceilings) as dicts of them, anything else as text."""
+    """JSON-safe value: numpy/torch numbers as Python numbers, sequences as lists, mappings as dicts, else text."""
     if isinstance(value, bool | int | str) or value is None:
         return value
     if isinstance(value, dict):
@@ -139,8 +128,7 @@ def _plain(value):
 
 
 def plain_row(row: dict) -> dict:
-    """A row as JSON-safe values (:func:`_plain`): what a journal line, or a pytest-xdist worker's hand-off
-    file, holds; data that a reader parses, never code it runs."""
+    """A row as JSON-safe values (:func:`_plain`), as a journal line or a pytest-xdist hand-off file holds it."""
     return {key: _plain(value) for key, value in row.items()}
 
 
@@ -239,8 +227,7 @@ class Journal:
         self._write({"resumed_by": os.getpid()})
 
     def record_meta(self, meta: dict) -> None:
-        """The run's meta (device, versions, commit, ceilings) as measured at its start, so that a
-        journal finalized elsewhere (``run --resume RUN --finalize``) still says where it ran."""
+        """The run's meta as measured at its start: a journal finalized elsewhere still says where it ran."""
         self._write({"meta": _plain(meta)})
 
     def append(self, row: dict) -> None:

@@ -1,6 +1,5 @@
 """Plots for the review and history pages: report rows in, a self-contained SVG data URI out (None when there
-is nothing to draw). Every name from a run goes through :func:`literal`, so matplotlib draws it as text.
-"""
+is nothing to draw). Every name from a run goes through :func:`literal`, so matplotlib draws it as text."""
 
 from __future__ import annotations
 
@@ -87,10 +86,7 @@ def _label_ceilings(ax, lines: list[tuple[float, str]]) -> None:
 
 def error_vs_tolerance(frame: pd.DataFrame) -> str | None:
     """tol_ratio (max error over the allowed error) per backend; the line at 1 is the tolerance."""
-    if "tol_ratio" not in frame:
-        return None
-    graded = frame[frame["status"].isin(GRADED)].dropna(subset=["tol_ratio"])
-    if graded.empty:
+    if "tol_ratio" not in frame or (graded := frame[frame["status"].isin(GRADED)].dropna(subset=["tol_ratio"])).empty:
         return None
     backends = sorted(graded["backend"].unique())
     colors = backend_colors(backends)
@@ -110,19 +106,14 @@ def error_vs_tolerance(frame: pd.DataFrame) -> str | None:
 
 
 def scaling_fit(frame: pd.DataFrame, fits: pd.DataFrame | None) -> str | None:
-    """Latency against the work that drives it, per backend, with the fitted line fixed_us + per_unit_us * x:
-    one log-log panel per (phase, x) of ``fits`` (:func:`harness.timing.scaling.fit_scaling`); a backend
-    whose line was not kept shows its points only."""
-    if fits is None or fits.empty:
-        return None
-    timed = _timed(frame)
-    if timed.empty:
+    """Latency per backend with its fitted line fixed_us + per_unit_us * x, one log-log panel per (phase, x) of
+    ``fits`` (:func:`harness.timing.scaling.fit_scaling`); a backend whose line was not kept shows its points only."""
+    if fits is None or fits.empty or (timed := _timed(frame)).empty:
         return None
     timed = timed.assign(_phase=phase_of(timed))
     work = fits[fits["x"].isin(["bytes_moved", "flops"])]
-    panels = list(dict.fromkeys(zip(work["phase"], work["x"], strict=True))) or list(
-        dict.fromkeys(zip(fits["phase"], fits["x"], strict=True))
-    )
+    work = fits if work.empty else work
+    panels = list(dict.fromkeys(zip(work["phase"], work["x"], strict=True)))
     colors = backend_colors(timed["backend"])
     fig = Figure(figsize=(5.5 * len(panels), 3.8))
     axes = np.atleast_1d(fig.subplots(1, len(panels)))

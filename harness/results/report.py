@@ -1,6 +1,5 @@
 """The review page of a run (report.html) and the comparison page (compare --html): one self-contained HTML
-file each, no network; every string from a case file, a plugin or an error is escaped by jinja2's autoescape.
-"""
+file each, no network; every string from a case file, a plugin or an error is escaped by jinja2's autoescape."""
 
 from __future__ import annotations
 
@@ -57,8 +56,7 @@ def sig(value, digits: int = 3) -> str:
     return f"{value:.{digits - 1}e}"
 
 
-ENV.filters["fmt"] = fmt
-ENV.filters["sig"] = sig
+ENV.filters.update(fmt=fmt, sig=sig)
 
 
 def rebuild_html(run_dir: Path, regressions: Regressions | None = None, baseline_name: str = "") -> Path:
@@ -90,11 +88,8 @@ def peaks_of(meta: dict) -> dict[str, dict]:
 
 def ceilings_of(meta: dict) -> dict[str, float]:
     """GB/s ceilings from meta: the new ``ceilings`` (read, copy) and the old ``ceilings_gbps``."""
-    out = {}
     new = meta.get("ceilings") or {}
-    for key in ("read_gbps", "copy_gbps"):
-        if isinstance(new.get(key), int | float):
-            out[key.replace("_gbps", "")] = float(new[key])
+    out = {n: float(new[f"{n}_gbps"]) for n in ("read", "copy") if isinstance(new.get(f"{n}_gbps"), int | float)}
     if not out:  # a run folder written before ``ceilings``: every limit of the old key
         old = meta.get("ceilings_gbps") or {}
         out = {key: float(value) for key, value in old.items() if isinstance(value, int | float)}
@@ -158,8 +153,7 @@ def time_summary(meta: dict) -> str:
         text += f" (the resumed part only: {meta['resumed'].get('journal_rows', '?')} rows came from the journal)"
     if starts := scale.get("worker_start_s"):
         text += f", workers started in {max(starts):.1f} s"
-    phases = sorted((scale.get("phase_s") or {}).items(), key=lambda item: -item[1])
-    if phases:
+    if phases := sorted((scale.get("phase_s") or {}).items(), key=lambda item: -item[1]):
         busy = scale.get("case_busy_s")
         text += f"; {busy:.1f} s of case work: " if busy is not None else "; case work: "
         text += ", ".join(f"{name} {seconds:.1f}" for name, seconds in phases)

@@ -162,8 +162,7 @@ def _column_problem(series: pd.Series, kind: str) -> str:
 
 def check_rows(frame: pd.DataFrame, file: Path | str) -> pd.DataFrame:
     """``frame`` (results.parquet) if its known columns hold their kinds; SchemaError naming file and column."""
-    missing = [c for c in REQUIRED if c not in frame.columns]
-    if missing:
+    if missing := [c for c in REQUIRED if c not in frame.columns]:
         raise SchemaError(
             f"{file}: not a harness results file: no column(s) {', '.join(missing)} "
             f"(has {', '.join(map(str, frame.columns[:8]))}{'...' if len(frame.columns) > 8 else ''})"

@@ -1,6 +1,5 @@
 """Storing a run: results.parquet, results.csv, meta.json and report.html in one folder, written into a hidden
-``.<run>.partial-<pid>`` sibling and renamed into place; the name is reserved by its journal (O_EXCL).
-"""
+``.<run>.partial-<pid>`` sibling and renamed into place; the name is reserved by its journal (O_EXCL)."""
 
 from __future__ import annotations
 
@@ -182,8 +181,7 @@ MAX_META_BYTES = 16 * 2**20
 
 
 def load_run(run_dir: Path) -> tuple[pd.DataFrame, dict]:
-    """A stored run's rows and meta, each checked against its schema (:mod:`harness.results.schemas`);
-    RunFolderError (a ValueError) naming the file and the field at fault."""
+    """A stored run's rows and meta, each checked against its schema; RunFolderError naming file and field."""
     run_dir = Path(run_dir)
     if not run_dir.is_dir():
         raise RunFolderError(

@@ -1,8 +1,7 @@
 """A backend's calls, made where the backend runs (no oracle: a plugin's run in a worker): outputs and
 timings come back as plain values, never a verdict. Every timed call is checked: V's sign bits flipped
 every ``FLIP_EVERY``-th call, ``out`` poisoned with NaN before each, every timed output compared with the
-first, the last graded on the driver's flip. What each catches: docs/contract.md, "Threat model".
-"""
+first, the last graded on the driver's flip. What each catches: docs/contract.md, "Threat model"."""
 
 from __future__ import annotations
 
@@ -48,8 +47,7 @@ def _xor_pair(tensor: torch.Tensor, mask: torch.Tensor) -> tuple[torch.Tensor, t
 
 
 class Flipper:
-    """Flips V's columns (and, for a latent cache, q's matching ones) in place, and undoes it: an XOR of
-    the sign bits, exact for any dtype."""
+    """Flips V's columns (a latent cache: and q's) in place and back, by an XOR of the sign bits: exact in any dtype."""
 
     def __init__(self, inputs: PagedInputs, latent: bool):
         self.inputs, self.latent, self.state = inputs, latent, None  # state: the mask applied now
@@ -99,25 +97,17 @@ def out_contract(prepared: Prepared, packed) -> str:
 
 @dataclass
 class Called:
-    """What a backend's calls gave, before any grading (plain values: it crosses a process boundary).
+    """What a backend's calls gave, before any grading (plain values: it crosses a process boundary)."""
 
-    status   "" (called), "skip" or "error" (``out`` is kept when the graded call had returned)
-    out      the graded call's output [num_tokens, num_q_heads, head_dim_v]; ``lse`` [num_tokens, num_q_heads]
-    problem  what was wrong with the graded call besides its values
-    outputs  more outputs to grade: (label, mask seed or None, output)
-    timed_problem  the first timed call whose output differed from its inputs' graded output
-    timing   the timing columns (:func:`harness.timing.measure.timing_columns`), when timed
-    """
-
-    status: str = ""
+    status: str = ""  # "" (called), "skip" or "error" (``out`` is kept when the graded call had returned)
     reason: str = ""
     note: str = ""
-    out: torch.Tensor | None = None
-    lse: torch.Tensor | None = None
-    problem: str = ""
-    outputs: list[tuple[str, int | None, torch.Tensor]] = field(default_factory=list)
-    timed_problem: str = ""
-    timing: dict = field(default_factory=dict)
+    out: torch.Tensor | None = None  # the graded call's output [num_tokens, num_q_heads, head_dim_v]
+    lse: torch.Tensor | None = None  # [num_tokens, num_q_heads]
+    problem: str = ""  # what was wrong with the graded call besides its values
+    outputs: list[tuple[str, int | None, torch.Tensor]] = field(default_factory=list)  # (label, mask seed, out)
+    timed_problem: str = ""  # the first timed call whose output differed from its inputs' graded output
+    timing: dict = field(default_factory=dict)  # harness.timing.measure.timing_columns, when timed
     timed_s: float = 0.0  # the timing's own seconds on the clock of the process that ran it
 
     def to_message(self) -> dict:
@@ -141,9 +131,8 @@ def prepared_dims(case: Case) -> tuple[int, int]:
 
 
 class Checks:
-    """The sample hooks of one measurement: poison, flip, compare. A timed output is compared with the first
-    through ``sum(w * out)`` with fixed random weights: within tolerance, the sums differ by at most
-    ``sum(|w| * (atol + rtol * |first|))`` plus round-off."""
+    """The sample hooks of one measurement: poison, flip, compare. A timed output is compared with the first by
+    ``sum(w * out)``, w fixed and random: within tolerance, by ``sum(|w| * (atol + rtol * |first|))`` + round-off."""
 
     def __init__(self, what: str, prepared: Prepared, flipper: Flipper | None, refs: dict, called: Called,
                  case: Case, seeds: tuple[int, int], counter: list[int], want_lse: bool):  # fmt: skip
@@ -181,13 +170,15 @@ class Checks:
         self.refs[("sum", key)] = (weights, total, allowed)
         return self.refs[("sum", key)]
 
+    def _problem(self, what: str) -> None:
+        """The row's timed problem, unless it has one already: ``what`` of this measurement's call."""
+        self.called.timed_problem = self.called.timed_problem or f"{self.what} {what}"
+
     def after(self, result, final: bool) -> None:
         self.counter[0] += 1
         packed = self.prepared.to_packed(split_result(result, self.want_lse)[0])
         if not isinstance(packed, torch.Tensor):
-            self.called.timed_problem = self.called.timed_problem or (
-                f"{self.what} call {self.counter[0]} returned {type(packed).__name__}"
-            )
+            self._problem(f"call {self.counter[0]} returned {type(packed).__name__}")
             return
         key = self.seed_now
         if final or key not in self.refs:  # the driver grades it: a copy, on the timed stream right after the call
@@ -201,9 +192,7 @@ class Checks:
             return
         reference = self.refs.get(("sum", key)) or self._reference(key, self.refs[key])
         if reference[0].shape != packed.shape:
-            self.called.timed_problem = self.called.timed_problem or (
-                f"{self.what} call {self.counter[0]} returned shape {tuple(packed.shape)}"
-            )
+            self._problem(f"call {self.counter[0]} returned shape {tuple(packed.shape)}")
             return
         self.sums.append((self.counter[0], (reference[0] * packed.float()).sum(), reference))
 
@@ -218,9 +207,8 @@ class Checks:
             off = (~((got - want).abs() <= allowed)).tolist()  # NaN is off
             if True in off:
                 number = self.sums[off.index(True)][0]
-                self.called.timed_problem = self.called.timed_problem or (
-                    f"{self.what} call {number} differs from the first output of its inputs (beyond atol "
-                    f"{self.case.atol:g} + rtol {self.case.rtol:g}): right once, then not")  # fmt: skip
+                self._problem(f"call {number} differs from the first output of its inputs (beyond atol "
+                              f"{self.case.atol:g} + rtol {self.case.rtol:g}): right once, then not")  # fmt: skip
         self.sums.clear()
 
 
@@ -236,9 +224,8 @@ def _timed_call(prepared: Prepared, cuda: bool) -> tuple[object, float]:
 def call_backend(case: Case, inputs: PagedInputs, guard: InputGuard | None, backend: Backend, device: str,
                  settings: TimingSettings | None, seeds: tuple[int, int, int],
                  batch: Callable[[Prepared, Called], None] | None = None) -> Called:  # fmt: skip
-    """Prepare ``backend`` on ``inputs``, make its graded call, time it (``settings``; None: not timed) with
-    every timed call checked; ``seeds``: the driver's flips. ``batch(prepared, called)``, after the timing:
-    a worker's back-to-back calls that its driver times."""
+    """Prepare ``backend`` on ``inputs``, make its graded call, time it (``settings``; None: not timed) checking every
+    timed call (``seeds``: the driver's flips); ``batch(prepared, called)`` after: calls a worker's driver times."""
     called = Called()
     if reason := backend.skip_reason(case, device):
         return Called(status="skip", reason=reason)
@@ -250,9 +237,7 @@ def call_backend(case: Case, inputs: PagedInputs, guard: InputGuard | None, back
     except Unsupported as refusal:  # the backend cannot serve this case: a skip with its reason
         return Called(status="skip", reason=str(refusal))
     except BaseException as error:
-        if not raised_by_backend(error):
-            raise
-        return _raised(called, error, guard, "before it raised")
+        return _raised(called, error, guard)
     called.note = prepared.note
     try:
         with phase("graded call"):
@@ -291,11 +276,9 @@ def call_backend(case: Case, inputs: PagedInputs, guard: InputGuard | None, back
             if timed_problem := guard.check("while timed") if guard else "":
                 called.problem = "; ".join(filter(None, [called.problem, timed_problem]))
     except Unsupported as refusal:  # raised from a call, not from prepare: the backend broke its word
-        return _raised(called, refusal, guard, "before it raised", what="Unsupported from a call (not from prepare)")
+        return _raised(called, refusal, guard, what="Unsupported from a call (not from prepare)")
     except BaseException as error:
-        if not raised_by_backend(error):
-            raise  # the user's Ctrl-C, or SIGTERM
-        return _raised(called, error, guard, "before it raised")
+        return _raised(called, error, guard)
     return called
 
 
@@ -329,10 +312,13 @@ def error_reason(error: BaseException) -> str:
     return f"{type(error).__name__}: {message[:300]}{where}"
 
 
-def _raised(called: Called, error: BaseException, guard: InputGuard | None, when: str, what: str = "") -> Called:
+def _raised(called: Called, error: BaseException, guard: InputGuard | None, what: str = "") -> Called:
+    """``called`` as an error row (the inputs restored); ``error`` raised again unless :func:`raised_by_backend`."""
+    if not raised_by_backend(error):
+        raise error  # the user's Ctrl-C, or SIGTERM
     if torch.cuda.is_available() and torch.cuda.is_initialized():
         torch.cuda.synchronize()
-    mutated = guard.check(when) if guard else ""
+    mutated = guard.check("before it raised") if guard else ""
     reason = f"{what}: {error_reason(error)}" if what else error_reason(error)
     called.status, called.reason = "error", "; ".join(filter(None, [reason, mutated]))
     return called

@@ -12,8 +12,7 @@ and, since d out / d s_j = p_j (v_j - out),
     error_bound = sum_j p_j * delta_j * (|v_j| + |out|) + u_out * |out|
 
 per output element. A row whose tolerance is below this bound at some element grades the input's
-own round-off, not the kernel: its ``grading_note`` says so (the status is kept).
-"""
+own round-off, not the kernel: its ``grading_note`` says so (the status is kept)."""
 
 from __future__ import annotations
 
@@ -31,29 +30,19 @@ from harness.run.oracle import sequence_kv
 
 @dataclass(frozen=True)
 class Grade:
-    """How far one output is from the oracle.
+    """How far one output is from the oracle."""
 
-    max_abs_err  max |out - expected|
-    max_rel_err  max |out - expected| / max(|expected|, atol)
-    rel_l2_err   ||out - expected||_2 / ||expected||_2
-    nan_count    elements of out that are NaN or inf (never pass)
-    tol_ratio    max |out - expected| / (atol + rtol * |expected|) (<= 1 passes; 0 where exact)
-    worst_index  (token, head, dim) of the largest violation of the allclose rule
-    error_bound  max of :func:`forward_error_bound`; bound_ratio, its max over the tolerance (NaN when not given)
-    fail_count   elements outside the tolerance (NaN and inf included)
-    """
-
-    max_abs_err: float
-    max_rel_err: float
-    rel_l2_err: float
-    nan_count: int
-    tol_ratio: float
+    max_abs_err: float  # max |out - expected|
+    max_rel_err: float  # max |out - expected| / max(|expected|, atol)
+    rel_l2_err: float  # ||out - expected||_2 / ||expected||_2
+    nan_count: int  # elements of out that are NaN or inf (never pass)
+    tol_ratio: float  # max |out - expected| / (atol + rtol * |expected|) (<= 1 passes; 0 where exact)
     atol: float
     rtol: float
     passed: bool
-    worst_index: tuple[int, ...]
-    error_bound: float = float("nan")
-    bound_ratio: float = float("nan")
+    worst_index: tuple[int, ...]  # (token, head, dim) of the largest violation of the allclose rule
+    error_bound: float = float("nan")  # max of forward_error_bound (NaN when not given)
+    bound_ratio: float = float("nan")  # the bound's max over the tolerance (NaN when not given)
     fail_count: int = 0  # elements outside the tolerance, NaN/inf included
 
     def columns(self) -> dict[str, float | int | str]:
@@ -86,15 +75,13 @@ class Grade:
 
 def _ratio(numerator: torch.Tensor, allowed: torch.Tensor) -> float:
     """max(numerator / allowed), with 0 / 0 = 0 (exact where the tolerance is 0) and x / 0 = inf."""
-    ratio = torch.where(numerator == 0, 0.0, numerator / allowed)
-    return float(ratio.max())
+    return float(torch.where(numerator == 0, 0.0, numerator / allowed).max())
 
 
 def grade(
     out: torch.Tensor, expected: torch.Tensor, atol: float, rtol: float, bound: torch.Tensor | None = None
 ) -> Grade:
-    """Compare ``out`` (any dtype, any device) with ``expected`` (float64) elementwise; ``bound``, when
-    given, is :func:`forward_error_bound` of the inputs (expected's shape)."""
+    """Compare ``out`` (any dtype, device) with ``expected`` (float64); ``bound``: :func:`forward_error_bound`'s."""
     actual = out.detach().to(expected.device, torch.float64)
     if actual.shape != expected.shape:
         raise ValueError(f"output shape {tuple(actual.shape)} differs from expected {tuple(expected.shape)}")

@@ -52,9 +52,8 @@ def raised_by_backend(error: BaseException) -> bool:
 
 
 def fingerprint(tensor: torch.Tensor) -> tuple:
-    """(shape, stride, dtype, digest of the bytes): equal iff unchanged (NaN == NaN here). A CPU tensor's
-    digest is :func:`harness.cases.hashing.tensor_digest`; a device tensor's, :func:`device_digest`, computed
-    where it lives so that no pool is copied to the host."""
+    """(shape, stride, dtype, digest of the bytes): equal iff unchanged (NaN == NaN here). A device tensor's
+    digest is :func:`device_digest`, computed where it lives so that no pool is copied to the host."""
     flat = tensor.detach().contiguous().reshape(-1).view(torch.uint8)
     if flat.device.type != "cpu":
         return tuple(tensor.shape), tensor.stride(), tensor.dtype, device_digest(flat)

@@ -1,6 +1,5 @@
 """The harness's truth: attention in float64 on the CPU, written from the definition; it shares no code with
-the backends it grades (each variant enters through its oracle hook).
-"""
+the backends it grades (each variant enters through its oracle hook)."""
 
 from __future__ import annotations
 
@@ -38,16 +37,15 @@ def paged_attention_oracle(q, k_cache, v_cache, block_table, seq_lens, query_sta
     head_dim_v = v_cache.shape[-1]
     table = block_table.detach().cpu().long()
     lens = seq_lens.detach().cpu().tolist()
-    num_seqs = len(lens)
-    starts = list(range(num_seqs + 1)) if query_start_loc is None else query_start_loc.detach().cpu().tolist()
+    starts = list(range(len(lens) + 1)) if query_start_loc is None else query_start_loc.detach().cpu().tolist()
     num_q_heads = q.shape[1]
     group = num_q_heads // num_kv_heads  # query head h reads KV head h // group
     scale = head_dim**-0.5 if scale is None else float(scale)
 
     expected = torch.zeros((*q.shape[:2], head_dim_v), dtype=torch.float64, device=device)
     lse = torch.zeros(q.shape[:2], dtype=torch.float64, device=device)
-    for seq in range(num_seqs):
-        q_len, seq_len = starts[seq + 1] - starts[seq], lens[seq]
+    for seq, seq_len in enumerate(lens):
+        q_len = starts[seq + 1] - starts[seq]
         if q_len == 0:
             continue
         k, v = sequence_kv(k_cache, v_cache, table[seq], seq_len, device)  # [seq_len, num_kv_heads, head_dim(_v)]
@@ -58,8 +56,8 @@ def paged_attention_oracle(q, k_cache, v_cache, block_table, seq_lens, query_sta
         rows_per_chunk = max(1, CHUNK_BYTES // (8 * num_q_heads * seq_len))
         for first in range(0, q_len, rows_per_chunk):
             last = min(q_len, first + rows_per_chunk)
-            rows = last - first
-            qs = q[starts[seq] + first : starts[seq] + last].view(rows, num_kv_heads, group, head_dim)
+            rows, span = last - first, slice(starts[seq] + first, starts[seq] + last)
+            qs = q[span].view(rows, num_kv_heads, group, head_dim)
             logits = torch.einsum("qhgd,khd->hgqk", qs, k) * scale  # [num_kv_heads, group, rows, seq_len]
             q_pos = seq_len - q_len + first + torch.arange(rows, device=device)
             distance = pos[None, :] - q_pos[:, None]  # [rows, seq_len]: key_pos - query_pos, <= 0 where seen
@@ -78,17 +76,13 @@ def paged_attention_oracle(q, k_cache, v_cache, block_table, seq_lens, query_sta
             for sink in sinks:
                 denominator = denominator + torch.exp(sink - top)
             weights = weights / denominator
-            lse[starts[seq] + first : starts[seq] + last] = (
-                (top + denominator.log()).permute(2, 0, 1, 3).reshape(rows, num_q_heads)
-            )
-            o = torch.einsum("hgqk,khd->qhgd", weights, v)
-            expected[starts[seq] + first : starts[seq] + last] = o.reshape(rows, num_q_heads, head_dim_v)
+            lse[span] = (top + denominator.log()).permute(2, 0, 1, 3).reshape(rows, num_q_heads)
+            expected[span] = torch.einsum("hgqk,khd->qhgd", weights, v).reshape(rows, num_q_heads, head_dim_v)
     return (expected, lse) if return_lse else expected
 
 
 def oracle_stages(options: dict) -> tuple[list[Callable], ...]:
-    """The variants' oracle hooks for the call's keywords ``options``, stage by stage (kv, score, mask,
-    sink; harness.cases.variants.OracleHook), each bound to its variant's given keywords, in the table's order."""
+    """Per stage (kv, score, mask, sink), the variants' oracle hooks bound to their keywords given in ``options``."""
     given = [(v.oracle, {k: options[k] for k in v.keywords if options.get(k) is not None}) for v in VARIANTS]
     return tuple(
         [partial(getattr(hook, stage), **keywords) for hook, keywords in given if keywords and getattr(hook, stage)]
@@ -97,14 +91,12 @@ def oracle_stages(options: dict) -> tuple[list[Callable], ...]:
 
 
 def sequence_kv(k_cache, v_cache, table_row, seq_len: int, device) -> tuple[torch.Tensor, torch.Tensor]:
-    """One sequence's keys and values in float64; key position p sits at slot
-    ``table_row[p // block_size] * block_size + p % block_size``.
+    """One sequence's keys and values in float64 (an fp8 pool's raw values: its scales are the caller's).
 
     k_cache         [num_blocks, block_size, num_kv_heads, head_dim], any dtype
     v_cache         [num_blocks, block_size, num_kv_heads, head_dim_v]
     table_row       [max_blocks_per_seq] int64 on the CPU
-    returns         k [seq_len, num_kv_heads, head_dim], v [seq_len, num_kv_heads, head_dim_v], float64 on
-                    ``device`` (an fp8 pool's raw values: its scales are the caller's)
+    returns         k [seq_len, num_kv_heads, head_dim], v [seq_len, num_kv_heads, head_dim_v] on ``device``
     """
     num_blocks, block_size, num_kv_heads, head_dim = k_cache.shape
     pos = torch.arange(seq_len)

@@ -4,8 +4,7 @@ The key hashes the oracle's source, the device type and each input tensor's dtyp
 a renamed case hits, a changed seed misses, an oracle edit invalidates all. Only the CPU oracle is
 cached, one file per output (magic, the payload's sha256, the payload), written atomically, least
 recently used pruned past ``$HARNESS_ORACLE_CACHE_MAX_BYTES``. The folder must be private (0700, yours);
-``--verify-oracle-cache`` recomputes a fraction of the hits (:class:`PoisonedCacheError`). docs/scaling.md.
-"""
+``--verify-oracle-cache`` recomputes a fraction of the hits (:class:`PoisonedCacheError`). docs/scaling.md."""
 
 from __future__ import annotations
 
@@ -118,8 +117,7 @@ def max_bytes() -> int:
 
 
 def cache_key(args: Sequence[torch.Tensor | None], device: str, options: dict | None = None) -> str:
-    """sha256 hex of the call's content: args (:data:`ARG_NAMES`, any device) and the variants' options,
-    tensors by their bytes."""
+    """sha256 hex of the call's content: args (:data:`ARG_NAMES`, any device) and options, tensors by their bytes."""
     digest = hashlib.sha256()
     digest.update(f"key={KEY_VERSION};oracle={ORACLE_SOURCE_HASH};device={torch.device(device).type}".encode())
     named = list(zip(ARG_NAMES, args, strict=False))
@@ -226,10 +224,9 @@ def oracle_key(args: Sequence[torch.Tensor | None], device: str, options: dict |
 def lookup(
     key: str | None, name: str, device: str, shape: Sequence[int], compute: Callable[[], torch.Tensor]
 ) -> tuple[torch.Tensor, bool]:
-    """(the float64 result ``name`` of the call ``key`` (:func:`oracle_key`), of ``shape``, on ``device``;
-    whether it came from the cache), else ``compute()`` (then stored; ``key`` None: nothing stored). "out" is
-    ``<key>.oracle``, another name ``<sha256(key, name)>.derived``. In verify mode a sampled hit that differs
-    raises :class:`PoisonedCacheError` (the entry removed)."""
+    """(the float64 result ``name`` of the call ``key`` (:func:`oracle_key`), of ``shape``, on ``device``; whether
+    it came from the cache), else ``compute()``, stored unless ``key`` is None: "out" as ``<key>.oracle``, another
+    as ``<sha256(key, name)>.derived``. Verify mode: a sampled hit that differs raises :class:`PoisonedCacheError`."""
     folder = cache_dir()
     if key is None or folder is None or not private_folder(folder):
         return compute(), False

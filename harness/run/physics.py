@@ -1,8 +1,7 @@
 """Timings held to physics (KernelBench's excessive-speedup check, against the measured limits): a timed row
 fails, its timing withdrawn, when its ``gbps`` passes ``READ_MARGIN`` x the read ceiling (on a CPU only for
 cases of ``CPU_CACHE_FACTOR`` x the last-level cache), its ``tflops`` ``COMPUTE_MARGIN`` x the GPU's peak,
-or (a worker's backend) its ``call_us`` is below a ``WALL_FACTOR``-th of a batch the driver timed.
-"""
+or (a worker's backend) its ``call_us`` is below a ``WALL_FACTOR``-th of a batch the driver timed."""
 
 from __future__ import annotations
 

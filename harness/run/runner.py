@@ -54,9 +54,9 @@ class CaseContext:
 
     case: Case
     inputs: PagedInputs
-    expected: torch.Tensor | None  # [num_tokens, num_q_heads, head_dim] float64; None in a plugin's worker
+    guard: InputGuard | None  # fingerprints of the pristine inputs
+    expected: torch.Tensor | None = None  # [num_tokens, num_q_heads, head_dim] float64; None in a plugin's worker
     bound: torch.Tensor | None = None  # forward_error_bound of the inputs, expected's shape
-    guard: InputGuard | None = None  # fingerprints of the pristine inputs
     expected_lse: torch.Tensor | None = None  # [num_tokens, num_q_heads] float64, when the case asks for it
     quant_error: float | None = None  # fp8 cases: max |oracle(dequantized cache) - oracle(unquantized)|
     oracle_cached: bool = False  # expected or bound came from the oracle cache (the row's oracle_cached)
@@ -66,26 +66,24 @@ def build_context(case: Case, device: str, oracle_device: str, oracle: bool = Tr
     """The case's inputs, oracle output (and lse), error bound and input guard (``oracle=False``: no oracle)."""
     with phase("inputs"):
         inputs = case_inputs(case, device)
-    results = (None, None, None, None, False)
+    results = ()
     if oracle:
         with phase("oracle"):
             results = _oracle_results(inputs, oracle_device)
     with phase("guard"):
         guard = InputGuard(inputs, lambda: case_inputs(case, device))
-    expected, bound, expected_lse, quant_error, cached = results
-    return CaseContext(case, inputs, expected, bound, guard, expected_lse, quant_error, cached)
+    return CaseContext(case, inputs, guard, *results)
 
 
 def _oracle_results(inputs: PagedInputs, oracle_device: str) -> tuple:
-    """(expected, bound, expected_lse or None, quant_error or None, from the cache) of :class:`CaseContext`."""
+    """:class:`CaseContext`'s expected, bound, expected_lse or None, quant_error or None and oracle_cached."""
     options = {name: value for name, value in inputs.options.items() if name != "return_lse"}
     out_shape = (*inputs.q.shape[:2], inputs.v_cache.shape[-1])
-    expected_lse, cached = None, False
+    expected_lse, cached, key = None, False, None
     if "return_lse" in inputs.options:  # out and lse from one oracle call (not cached: the cache keeps out)
         expected, expected_lse = paged_attention_oracle(
             *inputs.args(), device=oracle_device, return_lse=True, **options
         )
-        key = None
     else:  # computed once per input content and variant (harness.run.oracle_cache), hashed once for both results
         key = oracle_key(inputs.args(), oracle_device, options)
         expected, cached = lookup(key, "out", oracle_device, out_shape,
@@ -121,8 +119,7 @@ def case_columns(case: Case, device: str) -> dict:
 
 
 def run_backend(ctx: CaseContext, backend: Backend, config: RunConfig) -> dict:
-    """One report row of a backend run in this process: its calls (:func:`harness.run.calling.call_backend`),
-    then their grade (:func:`grade_called`)."""
+    """One report row of a backend run in this process: its calls (:func:`call_backend`), then :func:`grade_called`."""
     seeds = flip_seeds()
     settings = TimingSettings(config.device, config.ceilings, threads=config.threads).for_backend(backend)
     called = call_backend(ctx.case, ctx.inputs, ctx.guard, backend, config.device, settings if config.timing else None,
@@ -138,9 +135,8 @@ def flip_seeds() -> tuple[int, int, int]:
 
 def grade_called(ctx: CaseContext, backend: Backend, config: RunConfig, called: Called,
                  seeds: tuple[int, int, int], wall: tuple | None = None) -> dict:  # fmt: skip
-    """The row of a backend's calls: every output graded against the oracle (a row passes only if all do; a
-    failure is never replaced by a later error), the timing held to physics (``wall``: a worker's batch of
-    default calls as this process measured it)."""
+    """The row of a backend's calls: every output graded (it passes only if all do; a failure is never replaced by a
+    later error), the timing held to physics (``wall``: a worker's batch of calls as this process timed it)."""
     case = ctx.case
     row = {**case_columns(case, config.device), "backend": backend.name, "backend_kind": backend.kind,
            "oracle_cached": ctx.oracle_cached}  # fmt: skip
@@ -160,9 +156,8 @@ def grade_called(ctx: CaseContext, backend: Backend, config: RunConfig, called: 
     row.update(status="pass" if result.passed else "fail", reason=result.reason)
     row.update(result.columns())
     if not result.passed and result.worst_index:
-        token, head = result.worst_index[0], result.worst_index[1]
         starts, lens = ctx.inputs.query_start_loc.tolist(), ctx.inputs.seq_lens.tolist()
-        row["worst_location"] = f"{locate(token, starts, lens)}, head {head}"
+        row["worst_location"] = f"{locate(result.worst_index[0], starts, lens)}, head {result.worst_index[1]}"
     if called.lse is not None and ctx.expected_lse is not None:
         lse_grade = grade(called.lse, ctx.expected_lse, case.atol, case.rtol)
         row.update(lse_max_abs_err=lse_grade.max_abs_err, lse_tol_ratio=lse_grade.tol_ratio)
@@ -170,10 +165,8 @@ def grade_called(ctx: CaseContext, backend: Backend, config: RunConfig, called: 
             row.update(status="fail", reason=f"lse: {lse_grade.reason}")
     if called.problem:
         row.update(status="fail", reason=called.problem)
-    if row["status"] == "pass" and (later := _later_outputs(ctx, called, seeds)):
+    if row["status"] == "pass" and (later := _later_outputs(ctx, called, seeds) or called.timed_problem):
         row.update(status="fail", reason=f"graded call pass; {later}")
-    if row["status"] == "pass" and called.timed_problem:
-        row.update(status="fail", reason=f"graded call pass; {called.timed_problem}")
     if called.status == "error":  # raised after its graded call: a graded failure stays a failure
         if row["status"] == "fail":
             row["reason"] = f"{row['reason']}; then raised {called.reason}"
