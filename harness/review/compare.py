@@ -1,8 +1,7 @@
 """Compare two runs: what got worse, what got better, and whether the comparison is complete.
 
-Per row: status changes, accuracy (max abs error or ``tol_ratio`` grown ``error_factor`` times, more NaN)
-and a latency verdict (:mod:`harness.review.stats`); per run: one-sided rows, a device or version
-mismatch. Exit codes: :attr:`Comparison.exit_code`. How each verdict is reached: docs/review.md.
+Per row: status changes, accuracy (max abs error or ``tol_ratio`` grown ``error_factor`` times, more NaN) and a
+latency verdict (:mod:`harness.review.stats`); per run: one-sided rows, a device or version mismatch (docs/review.md).
 """
 
 from __future__ import annotations
@@ -80,8 +79,7 @@ class Comparison:
 
 
 def load_runs(*run_dirs: Path) -> list[tuple[pd.DataFrame, dict]]:
-    """Each run folder's (rows, meta) (:func:`harness.results.storage.load_run`); RunFolderError naming
-    every folder that is not a run, one a line, not only the first."""
+    """Each run folder's (rows, meta); a RunFolderError names every folder that is not a run, one a line."""
     loaded, errors = [], []
     for run_dir in run_dirs:
         try:
@@ -205,8 +203,7 @@ def restate_drift(problems: list[str], reading: str) -> list[str]:
 
 
 def retimed_reading(rows: pd.DataFrame) -> str:
-    """What paired rounds made of a drift, with the count of each verdict of the re-timed rows: a row they
-    confirm slower is the code, whatever the load did."""
+    """What paired rounds made of a drift: each verdict's count among the re-timed rows (slower ones are the code)."""
     retimed = rows[rows["verdict_reason"].fillna("").astype(str).str.startswith(RETIMED)]
     counts = {v: int((retimed["verdict"] == v).sum()) for v in stats.VERDICTS}
     found = ", ".join(f"{n} {v}" for v, n in counts.items() if n)

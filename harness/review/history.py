@@ -31,8 +31,7 @@ def _holds_run(path: Path) -> bool:
 
 
 def find_runs(paths: list[Path]) -> list[Path]:
-    """Run folders among ``paths`` and their direct subfolders (hidden, half-written ones skipped); a
-    path that is neither a run nor holds one is a ValueError."""
+    """Run folders among ``paths`` and their direct subfolders (hidden, half-written ones skipped); else ValueError."""
     found = []
     for path in map(Path, paths):
         if (path / "meta.json").exists() or (path / "results.parquet").exists():
