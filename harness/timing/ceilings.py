@@ -96,8 +96,7 @@ def measure_ceilings(device: str, dtype_names: list[str]) -> dict:
     ceilings: dict = {"read_gbps": measure_read_bandwidth(device), "copy_gbps": measure_copy_bandwidth(device),
                       "matmul_tflops": {}, "peak_tflops": {}, "peak_source": {}}  # fmt: skip
     for name in sorted(set(dtype_names)):
-        measured = measure_matmul_tflops(device, DTYPES[name])
-        ceilings["matmul_tflops"][name] = measured
+        ceilings["matmul_tflops"][name] = measured = measure_matmul_tflops(device, DTYPES[name])
         peak = datasheet_peak(device, name)
         ceilings["peak_tflops"][name] = peak if peak is not None else measured
         ceilings["peak_source"][name] = DATASHEET_SOURCE if peak is not None else "measured matmul (no datasheet entry)"

@@ -53,8 +53,7 @@ def attended_pairs(case: Case) -> int:
 
 
 def flops(case: Case) -> int:
-    """Useful floating-point operations: 2 * attended_pairs * num_q_heads * (head_dim + head_dim_v)
-    (softmax exponentials and masked-out work are not counted)."""
+    """Useful floating-point operations, 2 * attended_pairs * num_q_heads * (head_dim + head_dim_v): no softmax."""
     return 2 * attended_pairs(case) * case.num_q_heads * (case.head_dim + case.head_dim_v)
 
 
