@@ -111,11 +111,8 @@ def register_backend(
     options: tuple[str, ...] | frozenset[str] | None = None,
 ) -> Backend:
     """Add a kernel with the contract signature to every run that imports this module; a taken name is an error.
-
     ``fn(q, k_cache, v_cache, block_table, seq_lens, query_start_loc=None, scale=None, out=None)`` returns
-    [num_tokens, num_q_heads, head_dim] in q's dtype. The keywords: docs/contract.md, "Backends" (``options``
-    is ``variants``' earlier name, taken with a DeprecationWarning).
-    """
+    [num_tokens, num_q_heads, head_dim] in q's dtype. The keywords: docs/contract.md, "Backends"."""
 
     def refused(case: Case, device: str) -> str | None:
         """supports(facts)'s refusal as a skip reason; one that raises or returns another type says so instead."""
@@ -127,7 +124,7 @@ def register_backend(
             return f"{name} supports(facts) returned {reason!r}, not a str (why not) or None"
         return f"{name} supports(facts): {reason}" if reason else None
 
-    if options is not None:
+    if options is not None:  # variants' earlier name
         if variants:
             raise TypeError(f"backend {name!r}: give variants= only (options= is its earlier name)")
         warnings.warn("register_backend(options=...) is now variants=...", DeprecationWarning, stacklevel=2)

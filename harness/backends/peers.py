@@ -18,16 +18,11 @@ from kernels import has_triton
 
 @dataclass(frozen=True)
 class Padded:
-    """A batch padded to rectangles, for SDPA-style peers.
+    """A batch padded to rectangles, for SDPA-style peers."""
 
-    q    [num_seqs, num_q_heads, max_q_len, head_dim]
-    mask [num_seqs, 1, max_q_len, max_seq_len] bool, True where a query may attend
-    rows [num_seqs, max_q_len] bool, True for real (not padding) query rows
-    """
-
-    q: torch.Tensor
-    mask: torch.Tensor
-    rows: torch.Tensor
+    q: torch.Tensor  # [num_seqs, num_q_heads, max_q_len, head_dim]
+    mask: torch.Tensor  # [num_seqs, 1, max_q_len, max_seq_len] bool, True where a query may attend
+    rows: torch.Tensor  # [num_seqs, max_q_len] bool, True for real (not padding) query rows
 
     def unpad(self, o: torch.Tensor) -> torch.Tensor:
         """[num_seqs, num_q_heads, max_q_len, head_dim] -> packed [num_tokens, num_q_heads, head_dim]."""
@@ -155,8 +150,7 @@ def _heads_for_varlen(case: Case, kv: torch.Tensor) -> tuple[torch.Tensor, str]:
 
 
 def _varlen_unavailable(case: Case, device: str) -> str | None:
-    """Why FlashAttention's varlen kernel cannot take this case, from its documented limits, before any call
-    (a call that raises anyway is an error row, so a broken peer is seen)."""
+    """Why FlashAttention's varlen kernel cannot take this case, by its documented limits (a broken call errors)."""
     if _varlen_attn() is None:
         return f"torch {torch.__version__} has no torch.nn.attention.varlen.varlen_attn"
     if case.dtype == "float32":

@@ -34,24 +34,15 @@ class Unsupported(Exception):
 
 @dataclass(frozen=True)
 class Prepared:
-    """What a backend times, and how its result becomes [num_tokens, num_q_heads, head_dim].
+    """What a backend times, and how its result (``to_packed``) becomes [num_tokens, num_q_heads, head_dim]."""
 
-    run       the call graded and timed for device time (``latency_us``)
-    call      the call as a user makes it (``call_us``); None: the same as ``run``
-    to_packed result of run() -> packed [num_tokens, num_q_heads, head_dim]
-    note      shown in the report: which path a dispatch chose, which peer variant ran
-    out       the buffer run() is handed, poisoned with NaN before every timed call
-    follows_inputs  run() reads the case's input tensors themselves, so in-place changes reach it
-    plan_us   the microseconds of the backend's plan step in prepare; None: none
-    """
-
-    run: Callable[[], Any]
+    run: Callable[[], Any]  # the call graded and timed for device time (latency_us)
     to_packed: Callable[[Any], torch.Tensor] = lambda result: result
-    note: str = ""
-    call: Callable[[], Any] | None = None
-    out: torch.Tensor | None = None
-    follows_inputs: bool = False
-    plan_us: float | None = None
+    note: str = ""  # shown in the report: which path a dispatch chose, which peer variant ran
+    call: Callable[[], Any] | None = None  # the call as a user makes it (call_us); None: the same as run
+    out: torch.Tensor | None = None  # the buffer run() is handed, poisoned with NaN before every timed call
+    follows_inputs: bool = False  # run() reads the case's input tensors themselves: in-place changes reach it
+    plan_us: float | None = None  # microseconds of the backend's plan step in prepare; None: none
 
 
 @dataclass(frozen=True)
