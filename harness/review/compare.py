@@ -164,8 +164,7 @@ def timed_on_one_side(rows: pd.DataFrame) -> tuple[str, str]:
 
 
 def normalize_to_anchor(rows: pd.DataFrame, anchor: str) -> int:
-    """Scale each case's new latencies (samples, median, p10, p90) by its anchor's median, base
-    over new, in place; returns how many timed rows had no anchor to scale by."""
+    """Scale each case's new latencies by its anchor's median base/new, in place; the timed rows with no anchor."""
     both = rows[(rows["side"] == "both") & rows["latency_us_base"].notna() & rows["latency_us_new"].notna()]
     anchors = both[both["backend"] == anchor].set_index("case")
     factor = (anchors["latency_us_base"] / anchors["latency_us_new"]).to_dict()

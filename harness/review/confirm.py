@@ -181,8 +181,7 @@ def worktree(commit: str, path: Path, cwd: Path | None = None) -> Path:
 
 
 def worker_config(case_files, device: str, plugins, threads=None, target_s: float = 0.05) -> dict:
-    """What a :class:`Worker` is started with: plugin paths made absolute (workers run in a checkout),
-    one torch thread on the CPU unless ``threads`` (a run's ``timing_threads``) says otherwise."""
+    """A :class:`Worker`'s config: plugin paths absolute (it runs in a checkout), one CPU thread unless ``threads``."""
     plugins = [str(Path(p).resolve()) if Path(p).exists() else p for p in plugins]
     threads = threads or (1 if device == "cpu" else None)
     return {"case_files": case_files, "device": device, "plugins": plugins, "threads": threads, "target_s": target_s}

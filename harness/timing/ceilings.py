@@ -163,9 +163,8 @@ class GpuLedger:
 
 
 def ceiling_columns(row: dict, ceilings: dict) -> dict:
-    """``pct_of_ceiling`` (100 * gbps / read_gbps: the measured read bandwidth, as a decode kernel only reads) and
-    ``pct_of_peak`` (100 * tflops / peak_tflops[dtype], the dense datasheet rate or the measured matmul; prefill rows
-    only) of a timed row against ``ceilings``."""
+    """A timed row's ``pct_of_ceiling`` (100 * gbps / read_gbps: a decode kernel only reads) and, for prefill rows,
+    ``pct_of_peak`` (100 * tflops / peak_tflops[dtype]) against ``ceilings``."""
     out = {}
     gbps, tflops = row.get("gbps"), row.get("tflops")
     if isinstance(gbps, float) and gbps == gbps and (read := ceilings.get("read_gbps")):

@@ -30,7 +30,7 @@ GPU_GBPS, GPU_TFLOPS = 500.0, 20.0  # a GPU whose ceilings were not measured (pr
 
 
 def row_time_limit(case: Case, device: str, ceilings: dict | None = None) -> float:
-    """Default time limit (s) of one row of ``case`` (graded call and timing) from its bytes and flops at ``ceilings``."""
+    """Default time limit (s) of a row of ``case``, graded call and timing, from its bytes and flops at ``ceilings``."""
     ceilings = ceilings or {}
     if torch.device(device).type == "cuda":
         read_gbps = ceilings.get("read_gbps") or GPU_GBPS

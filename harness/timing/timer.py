@@ -62,9 +62,8 @@ def _is_cuda(device: str | torch.device) -> bool:
 def _collect(
     sample: Callable[[int], list[float]], target_s: float, min_reps: int, max_reps: int, deadline: float | None = None
 ) -> tuple[list[float], bool]:
-    """min_reps samples, then enough more to fill about target_s (from their median), up to max_reps; and
-    whether the deadline cut them short. With a deadline they come in batches that fit the time left (at
-    least one sample is always taken)."""
+    """(min_reps samples, then more to fill about target_s up to max_reps; whether the deadline cut them short).
+    With a deadline they come in batches that fit the time left, at least one."""
     if deadline is None:
         samples = sample(min_reps)
         per_call_s = max(sorted(samples)[len(samples) // 2] * 1e-6, 1e-7)
