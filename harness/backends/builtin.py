@@ -1,6 +1,5 @@
-"""The built-in backends: the kernels under test (reference, tlsim, triton, called through the contract)
-and the engine path (cache); the peers are :mod:`harness.backends.peers`, the registry (re-exported here)
-:mod:`harness.backends.registry`.
+"""The built-in backends: the kernels under test (reference, tlsim, triton, through the contract) and the engine
+path (cache); the peers are in :mod:`harness.backends.peers`, the registry (re-exported here) in its own module.
 """
 
 from __future__ import annotations
@@ -141,7 +140,6 @@ def resolve_backends(names: list[str] | None) -> list[Backend]:
     """Backends by name (all registered, in registration order, when ``names`` is None)."""
     if not names:
         return list(REGISTRY.values())
-    unknown = [n for n in names if n not in REGISTRY]
-    if unknown:
+    if unknown := [n for n in names if n not in REGISTRY]:
         raise ValueError(f"--backend {unknown[0]}: unknown backend; registered: {', '.join(REGISTRY)}")
     return [REGISTRY[n] for n in names]

@@ -1,7 +1,6 @@
 """The one list of backends: what each is, where it runs, how it prepares a call.
 
-``prepare(case, inputs, out)`` does the setup outside the timed region and returns a :class:`Prepared`;
-a backend that cannot serve a case raises :class:`Unsupported` (a skip row).
+``prepare(case, inputs, out)`` does the setup outside the timed region and returns a :class:`Prepared`.
 """
 
 from __future__ import annotations
@@ -61,8 +60,7 @@ class Backend:
     supports_hook: bool = False  # a supports(facts) hook in ``unavailable`` (run where the backend's code is)
 
     def __post_init__(self):
-        unknown = set(self.variants) - set(VARIANT_KEYS)
-        if unknown:
+        if unknown := set(self.variants) - set(VARIANT_KEYS):
             raise ValueError(f"backend {self.name!r}: unknown variant(s) {sorted(unknown)}; known: {VARIANT_KEYS}")
 
     def skip_reason(self, case: Case, device: str) -> str | None:
@@ -122,8 +120,7 @@ def contract_prepare(fn: Callable[..., torch.Tensor], plan: Callable[[CaseFacts]
             facts = facts_of(case, str(inputs.q.device))
             cuda = facts.device == "cuda" and torch.cuda.is_initialized()
             options["plan"], plan_us = timed_us(lambda: plan(facts), cuda)
-        decode = decode_form and all(q_len == 1 for q_len in case.q_lens)
-        call_args = (*args[:5], None) if decode else args
+        call_args = (*args[:5], None) if decode_form and all(q_len == 1 for q_len in case.q_lens) else args
         return Prepared(run=lambda: fn(*args, out=out, **extra, **options), call=lambda: fn(*call_args, **options),
                         out=out, follows_inputs=True, plan_us=plan_us)  # fmt: skip
 
@@ -207,8 +204,7 @@ def require_plugins(needed: list[str], given: list[str], where: str) -> None:
     """Refuse (UnnamedPluginError) unless every plugin in ``needed`` (named by a journal or a run's meta.json) was
     given with --plugin on this command line: a file handed to the harness never chooses code to import."""
     keys = {plugin_key(p) for p in given}
-    missing = [p for p in dict.fromkeys(needed) if plugin_key(p) not in keys]
-    if missing:
+    if missing := [p for p in dict.fromkeys(needed) if plugin_key(p) not in keys]:
         flags = " ".join(f"--plugin {p}" for p in missing)
         raise UnnamedPluginError(
             f"{where} names plugin(s) {', '.join(missing)}; plugins are imported only when named on the command "
