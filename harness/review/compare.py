@@ -318,13 +318,12 @@ def format_comparison(comparison: Comparison, base_name: str, new_name: str, *, 
     lines = [f"compared {len(rows)} (case, backend) rows: {base_name} -> {new_name}"]
     lines += [f"! {p}" for p in comparison.problems]
     # Rows the two runs alone call faster while the runs drifted: not a verdict to act on.
-    drifted = any(p.startswith(DRIFT) for p in comparison.problems)
     unpaired_faster = (
         (rows["verdict"] == "faster")
         & ~rows["verdict_reason"].fillna("").str.startswith(RETIMED)
         & rows["better"].astype(bool)
         & ~rows["why"].astype(bool)  # a row worse otherwise (less accurate) is shown WORSE, not better?
-        if drifted
+        if any(p.startswith(DRIFT) for p in comparison.problems)
         else pd.Series(False, index=rows.index)
     )
     table = []

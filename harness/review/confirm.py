@@ -115,8 +115,7 @@ class Worker:
         """Samples of one row: ``reps`` timed calls after a warm-up, or (0) ``time_call``'s time-boxed count."""
         self.proc.stdin.write(json.dumps([case, backend, reps] if reps else [case, backend]) + "\n")
         self.proc.stdin.flush()
-        line = self.proc.stdout.readline()
-        if not line:
+        if not (line := self.proc.stdout.readline()):
             raise RuntimeError(f"confirm worker exited (code {self.proc.wait()}) timing {backend} on {case}")
         answer = json.loads(line)
         if isinstance(answer, dict):
@@ -143,8 +142,7 @@ def _plugins(command: str) -> list[str]:
 
 def _require_plugins(chosen, new_meta: dict, plugins, source: str) -> None:
     """A plugin's rows need the plugins the new run's command names on this command line too."""
-    built_in = {name for name, backend in REGISTRY.items() if backend.kind != "plugin"}
-    if not set(chosen["backend"]) <= built_in:
+    if not set(chosen["backend"]) <= {name for name, backend in REGISTRY.items() if backend.kind != "plugin"}:
         try:
             require_plugins(_plugins(str(new_meta.get("command") or "")), list(plugins), f"{source}/meta.json")
         except UnnamedPluginError as error:
@@ -312,15 +310,13 @@ def sequential_rounds(
         began = clock()
         spent = time_round(keys, pooled, k % 2 == 0) or {}
         took = clock() - began
-        shared = max(took - sum(spent.values()), 0.0) if spent else 0.0
         for key in keys:
             cost[key].append(spent.get(key, 0.0) if spent else took / len(keys))
-        overhead.append(shared)
+        overhead.append(max(took - sum(spent.values()), 0.0) if spent else 0.0)
         if k == 1 and k not in looks:  # plan the first look: cheapest rows first, within its share of the box
             first = {key: (cost[key][0], None) for key in keys}
-            if left := drop_all_but(
-                within_box(first, overhead[0], [MIN_ROUNDS - 1], FIRST_LOOK_SHARE * time_s - (clock() - start))
-            ):
+            box = FIRST_LOOK_SHARE * time_s - (clock() - start)
+            if left := drop_all_but(within_box(first, overhead[0], [MIN_ROUNDS - 1], box)):
                 log(
                     f"confirm: round 1: {left} row(s) left undecided, the costliest: their rounds to the first "
                     f"look would not fit {FIRST_LOOK_SHARE:.0%} of the box"
@@ -374,11 +370,9 @@ def cannot_retime(base_meta: dict, new_meta: dict, chosen, plugins, sources: tup
             return f"{source} records no commit"
         if meta.get("dirty"):
             return f"{source} was made from a tree with uncommitted changes: its commit is not the code that ran"
-    case_files = new_meta.get("case_files") or base_meta.get("case_files")
-    if not case_files:
+    if not (case_files := new_meta.get("case_files") or base_meta.get("case_files")):
         return "the runs record no case files"
-    missing = [f for f in case_files if not Path(f).exists()]
-    if missing:
+    if missing := [f for f in case_files if not Path(f).exists()]:
         return f"case file {missing[0]} is not here"
     for meta, source in zip((base_meta, new_meta), sources, strict=True):
         checked_commit(meta["commit"], f"{source}/meta.json")
