@@ -91,8 +91,7 @@ def datasheet_peak(device: str, dtype_name: str) -> float | None:
 
 
 def measure_ceilings(device: str, dtype_names: list[str]) -> dict:
-    """Every ceiling of the run, for meta.json and the rows' percentages: read_gbps, copy_gbps, and per dtype
-    matmul_tflops (measured), peak_tflops and peak_source (datasheet, or the measured matmul)."""
+    """Every ceiling of the run (for meta.json and the rows' percentages): bandwidths, per dtype matmul and peak."""
     ceilings: dict = {"read_gbps": measure_read_bandwidth(device), "copy_gbps": measure_copy_bandwidth(device),
                       "matmul_tflops": {}, "peak_tflops": {}, "peak_source": {}}  # fmt: skip
     for name in sorted(set(dtype_names)):
@@ -135,8 +134,7 @@ def own_device(device: str, dtype_names: list[str], timing: bool) -> dict:
 
 
 class GpuLedger:
-    """Each GPU of a run, keyed by (host, gpu_index): its name and the ceilings its worker measured (its
-    first report); rows get ``pct_of_ceiling`` / ``pct_of_peak`` from their own GPU's."""
+    """Each GPU of a run by (host, gpu_index): its name and its worker's first-reported ceilings, for its rows."""
 
     def __init__(self):
         self.gpus: dict[tuple[str, str], dict] = {}
