@@ -1,6 +1,5 @@
-"""The built-in backends: the kernels under test (reference, tlsim, triton, called through the contract)
-and the engine path (cache); the peers are :mod:`harness.backends.peers`, the registry (re-exported here)
-:mod:`harness.backends.registry`.
+"""The built-in backends: the kernels under test (reference, tlsim, triton, through the contract) and the engine
+path (cache); the peers are in :mod:`harness.backends.peers`, the registry (re-exported here) in its own module.
 """
 
 from __future__ import annotations
@@ -111,11 +110,8 @@ def register_backend(
     options: tuple[str, ...] | frozenset[str] | None = None,
 ) -> Backend:
     """Add a kernel with the contract signature to every run that imports this module; a taken name is an error.
-
     ``fn(q, k_cache, v_cache, block_table, seq_lens, query_start_loc=None, scale=None, out=None)`` returns
-    [num_tokens, num_q_heads, head_dim] in q's dtype. The keywords: docs/contract.md, "Backends" (``options``
-    is ``variants``' earlier name, taken with a DeprecationWarning).
-    """
+    [num_tokens, num_q_heads, head_dim] in q's dtype. The keywords: docs/contract.md, "Backends"."""
 
     def refused(case: Case, device: str) -> str | None:
         """supports(facts)'s refusal as a skip reason; one that raises or returns another type says so instead."""
@@ -127,7 +123,7 @@ def register_backend(
             return f"{name} supports(facts) returned {reason!r}, not a str (why not) or None"
         return f"{name} supports(facts): {reason}" if reason else None
 
-    if options is not None:
+    if options is not None:  # variants' earlier name
         if variants:
             raise TypeError(f"backend {name!r}: give variants= only (options= is its earlier name)")
         warnings.warn("register_backend(options=...) is now variants=...", DeprecationWarning, stacklevel=2)
@@ -144,7 +140,6 @@ def resolve_backends(names: list[str] | None) -> list[Backend]:
     """Backends by name (all registered, in registration order, when ``names`` is None)."""
     if not names:
         return list(REGISTRY.values())
-    unknown = [n for n in names if n not in REGISTRY]
-    if unknown:
+    if unknown := [n for n in names if n not in REGISTRY]:
         raise ValueError(f"--backend {unknown[0]}: unknown backend; registered: {', '.join(REGISTRY)}")
     return [REGISTRY[n] for n in names]

@@ -1,13 +1,11 @@
 """The peer ``flashinfer``: FlashInfer's paged wrappers over the same pool the kernel reads.
 
-An optional extra (``pip install '.[flashinfer]'``); without it every row is a skip naming that
-command. Our pools are its ``NHD`` layout (page = block); the block table becomes CSR (:func:`page_table`).
-Block size 16, seq_lens [45, 16, 3], rows [7, 2, 9, -1], [4, ...], [0, ...]: indptr
-[0, 3, 4, 5], indices [7, 2, 9, 4, 0], last_page_len [13, 16, 3] (45 = (3 - 1) * 16 + 13).
+An optional extra (``pip install '.[flashinfer]'``). Our pools are its ``NHD`` layout (page = block); the block
+table becomes CSR (:func:`page_table`). Block size 16, seq_lens [45, 16, 3], rows [7, 2, 9, -1], [4, ...], [0, ...]:
+indptr [0, 3, 4, 5], indices [7, 2, 9, 4, 0], last_page_len [13, 16, 3] (45 = (3 - 1) * 16 + 13).
 
-Decode runs ``BatchDecodeWithPagedKVCacheWrapper`` on the faster of its two paths
-(:func:`faster_decode`); the rest ``BatchPrefillWithPagedKVCacheWrapper``. Sinks are not declared:
-FlashInfer's CUDA-core decode takes the keyword without applying it.
+Decode runs ``BatchDecodeWithPagedKVCacheWrapper`` on the faster of its two paths (:func:`faster_decode`); the rest
+``BatchPrefillWithPagedKVCacheWrapper``. Sinks are not declared: its CUDA-core decode takes the keyword, unapplied.
 """
 
 from __future__ import annotations
@@ -36,16 +34,11 @@ FA3_MIN_Q_LEN = 65  # FlashInfer's auto backend takes FA2 when no sequence has m
 
 @dataclass(frozen=True)
 class PageTable:
-    """A block table in FlashInfer's CSR form (module docstring: the example).
+    """A block table in FlashInfer's CSR form (module docstring: the example)."""
 
-    indptr        [num_seqs + 1] int32
-    indices       [indptr[-1]] int32, physical pages
-    last_page_len [num_seqs] int32, in 0..block_size (0 only for a sequence without keys)
-    """
-
-    indptr: torch.Tensor
-    indices: torch.Tensor
-    last_page_len: torch.Tensor
+    indptr: torch.Tensor  # [num_seqs + 1] int32
+    indices: torch.Tensor  # [indptr[-1]] int32, physical pages
+    last_page_len: torch.Tensor  # [num_seqs] int32, in 0..block_size (0 only for a sequence without keys)
 
 
 def page_table(block_table: torch.Tensor, seq_lens: torch.Tensor, block_size: int) -> PageTable:
@@ -124,9 +117,8 @@ def fp8_scales(inputs: PagedInputs) -> dict[str, float]:
 def faster_decode(
     plan: Callable[[bool], Any], run: Callable[[Any], Any], device: torch.device
 ) -> tuple[Any, float, str]:
-    """Plan the decode wrapper on CUDA cores and on tensor cores (``plan(tensor_cores)`` returns a planned
-    wrapper, ``run(wrapper)`` calls it), time DECODE_TRIALS calls of each, and keep the faster: (wrapper,
-    its plan's us, a note)."""
+    """(wrapper, its plan's us, a note) of the faster of the decode wrapper planned on CUDA cores and on tensor
+    cores (``plan(tensor_cores)``), by DECODE_TRIALS calls of each (``run(wrapper)``)."""
     timed = []
     for tensor_cores in (False, True):
         wrapper, plan_us = timed_us(lambda cores=tensor_cores: plan(cores), device.type == "cuda", device)

@@ -24,20 +24,13 @@ PACKED_Q_BLOCK = 128  # FlexAttention's default Q block; a multiple of every def
 
 @dataclass(frozen=True)
 class QueryRows:
-    """Where each query row of the FlexAttention call comes from.
+    """Where each query row of the FlexAttention call comes from."""
 
-    q        [batch, num_q_heads, rows, head_dim], what flex_attention is given
-    row_seq  [batch, rows] int32, the row's sequence; -1 for a padding row
-    row_pos  [batch, rows] int32, the row's query position in its sequence; -1 for padding
-    q_block  the BlockMask's Q_BLOCK_SIZE
-    form     "packed" or "per_sequence"
-    """
-
-    q: torch.Tensor
-    row_seq: torch.Tensor
-    row_pos: torch.Tensor
-    q_block: int
-    form: str
+    q: torch.Tensor  # [batch, num_q_heads, rows, head_dim], what flex_attention is given
+    row_seq: torch.Tensor  # [batch, rows] int32, the row's sequence; -1 for a padding row
+    row_pos: torch.Tensor  # [batch, rows] int32, the row's query position in its sequence; -1 for padding
+    q_block: int  # the BlockMask's Q_BLOCK_SIZE
+    form: str  # "packed" or "per_sequence"
 
     def to_packed(self, o: torch.Tensor) -> torch.Tensor:
         """flex_attention's [batch, num_q_heads, rows, head_dim] -> [num_tokens, num_q_heads, head_dim]."""

@@ -98,8 +98,7 @@ def _corrections():
 
 
 def correct_bf16() -> bool:
-    """Correct the interpreter's bf16 (see the module docstring) in this process, once; False (and nothing done)
-    when the interpreter is off or Triton is missing."""
+    """Correct the interpreter's bf16 in this process, once; False (nothing done) without the interpreter or Triton."""
     if not interpreting():
         return False
     if _SAVED:

@@ -18,16 +18,11 @@ from kernels import has_triton
 
 @dataclass(frozen=True)
 class Padded:
-    """A batch padded to rectangles, for SDPA-style peers.
+    """A batch padded to rectangles, for SDPA-style peers."""
 
-    q    [num_seqs, num_q_heads, max_q_len, head_dim]
-    mask [num_seqs, 1, max_q_len, max_seq_len] bool, True where a query may attend
-    rows [num_seqs, max_q_len] bool, True for real (not padding) query rows
-    """
-
-    q: torch.Tensor
-    mask: torch.Tensor
-    rows: torch.Tensor
+    q: torch.Tensor  # [num_seqs, num_q_heads, max_q_len, head_dim]
+    mask: torch.Tensor  # [num_seqs, 1, max_q_len, max_seq_len] bool, True where a query may attend
+    rows: torch.Tensor  # [num_seqs, max_q_len] bool, True for real (not padding) query rows
 
     def unpad(self, o: torch.Tensor) -> torch.Tensor:
         """[num_seqs, num_q_heads, max_q_len, head_dim] -> packed [num_tokens, num_q_heads, head_dim]."""
@@ -40,8 +35,7 @@ def pad_queries(inputs: PagedInputs, sliding_window: int | None = None) -> Padde
     seq_lens = inputs.seq_lens.long()
     starts = inputs.query_start_loc.long()
     q_lens = starts[1:] - starts[:-1]
-    max_q = max(int(q_lens.max()), 1)
-    j = torch.arange(max_q, device=seq_lens.device)
+    j = torch.arange(max(int(q_lens.max()), 1), device=seq_lens.device)
     rows = j[None, :] < q_lens[:, None]
     index = (starts[:-1, None] + j[None, :]).clamp(max=max(inputs.q.shape[0] - 1, 0))
     q = torch.where(rows[..., None, None], inputs.q[index], 0).transpose(1, 2)
@@ -146,8 +140,7 @@ def _varlen_options(case: Case) -> dict:
 
 
 def _heads_for_varlen(case: Case, kv: torch.Tensor) -> tuple[torch.Tensor, str]:
-    """KV [tokens, num_kv_heads, head_dim] as varlen_attn takes it (without enable_gqa each KV head repeated for
-    its query heads, before timing), and a note saying what was done."""
+    """(KV [tokens, num_kv_heads, head_dim] as varlen_attn takes it, a note): without enable_gqa, heads repeated."""
     if case.group_size == 1 or "enable_gqa" in inspect.signature(_varlen_attn()).parameters:
         return kv, ""
     repeated = kv.repeat_interleave(case.group_size, dim=1).contiguous()
@@ -155,8 +148,7 @@ def _heads_for_varlen(case: Case, kv: torch.Tensor) -> tuple[torch.Tensor, str]:
 
 
 def _varlen_unavailable(case: Case, device: str) -> str | None:
-    """Why FlashAttention's varlen kernel cannot take this case, from its documented limits, before any call
-    (a call that raises anyway is an error row, so a broken peer is seen)."""
+    """Why FlashAttention's varlen kernel cannot take this case, by its documented limits (a broken call errors)."""
     if _varlen_attn() is None:
         return f"torch {torch.__version__} has no torch.nn.attention.varlen.varlen_attn"
     if case.dtype == "float32":
@@ -266,9 +258,7 @@ def flex_unavailable(case: Case, device: str) -> str | None:
         import torch.nn.attention.flex_attention
     except ImportError:
         return f"torch {torch.__version__} has no FlexAttention"
-    if not has_triton():
-        return "FlexAttention compiles through Triton, which is not installed"
-    return None
+    return None if has_triton() else "FlexAttention compiles through Triton, which is not installed"
 
 
 add_backend(Backend("gather_sdpa", _prepare_gather_sdpa, ("cpu", "cuda"), "peer",

@@ -19,34 +19,25 @@ PER_TENSOR, PER_HEAD = "per_tensor", "per_head"
 
 @dataclass(frozen=True)
 class CaseFacts:
-    """A case as the host knows it, told to a plugin's plan step and ``supports`` hook (plain values only).
-
-    num_tokens      query tokens of all sequences (q's first dim)
-    decode          every sequence has one query: the default call passes ``query_start_loc=None``
-    dtype           q's (and the output's) dtype: "float32", "float16" or "bfloat16"
-    kv_dtype        the pools' dtype: ``dtype``, or "float8_e4m3fn" / "float8_e5m2"
-    kv_scale        an fp8 cache's scales: "per_tensor" or "per_head"; "" without fp8
-    variants        the variants the case turns on, by name: the keywords that arrive
-    interpreted     on the CPU with ``TRITON_INTERPRET=1``
-    """
+    """A case as the host knows it, told to a plugin's plan step and ``supports`` hook (plain values only)."""
 
     num_seqs: int
-    num_tokens: int
+    num_tokens: int  # query tokens of all sequences (q's first dim)
     max_q_len: int
     max_seq_len: int
-    decode: bool
+    decode: bool  # every sequence has one query: the default call passes query_start_loc=None
     num_q_heads: int
     num_kv_heads: int
     head_dim: int
     head_dim_v: int
     block_size: int
-    dtype: str
-    kv_dtype: str
-    kv_scale: str
-    variants: tuple[str, ...]
+    dtype: str  # q's (and the output's) dtype: "float32", "float16" or "bfloat16"
+    kv_dtype: str  # the pools' dtype: dtype, or "float8_e4m3fn" / "float8_e5m2"
+    kv_scale: str  # an fp8 cache's scales: "per_tensor" or "per_head"; "" without fp8
+    variants: tuple[str, ...]  # the variants the case turns on, by name: the keywords that arrive
     tags: tuple[str, ...]
     device: str
-    interpreted: bool
+    interpreted: bool  # on the CPU with TRITON_INTERPRET=1
 
 
 def case_facts(case: Case, device: str, interpreted: bool) -> CaseFacts:
@@ -64,18 +55,12 @@ def case_facts(case: Case, device: str, interpreted: bool) -> CaseFacts:
 
 @dataclass(frozen=True)
 class Limits:
-    """The cases a backend serves, as plain values the driver checks before any call; empty: no limit.
+    """The cases a backend serves, as plain values the driver checks before any call; empty: no limit."""
 
-    dtypes                  q's dtypes it takes
-    head_dims               the head dims it takes (K's and V's)
-    block_size_multiple_of  block_size must be a multiple of this
-    cpu_tags                on the CPU, only cases carrying one of these tags
-    """
-
-    dtypes: tuple[str, ...] = ()
-    head_dims: tuple[int, ...] = ()
-    block_size_multiple_of: int = 1
-    cpu_tags: tuple[str, ...] = ()
+    dtypes: tuple[str, ...] = ()  # q's dtypes it takes
+    head_dims: tuple[int, ...] = ()  # the head dims it takes (K's and V's)
+    block_size_multiple_of: int = 1  # block_size must be a multiple of this
+    cpu_tags: tuple[str, ...] = ()  # on the CPU, only cases carrying one of these tags
 
     def refusal(self, case: Case, device: str) -> str | None:
         """Why ``case`` on ``device`` is outside these limits (naming the limit), or None."""

@@ -1,7 +1,6 @@
 """The one list of backends: what each is, where it runs, how it prepares a call.
 
-``prepare(case, inputs, out)`` does the setup outside the timed region and returns a :class:`Prepared`;
-a backend that cannot serve a case raises :class:`Unsupported` (a skip row).
+``prepare(case, inputs, out)`` does the setup outside the timed region and returns a :class:`Prepared`.
 """
 
 from __future__ import annotations
@@ -34,24 +33,15 @@ class Unsupported(Exception):
 
 @dataclass(frozen=True)
 class Prepared:
-    """What a backend times, and how its result becomes [num_tokens, num_q_heads, head_dim].
+    """What a backend times, and how its result (``to_packed``) becomes [num_tokens, num_q_heads, head_dim]."""
 
-    run       the call graded and timed for device time (``latency_us``)
-    call      the call as a user makes it (``call_us``); None: the same as ``run``
-    to_packed result of run() -> packed [num_tokens, num_q_heads, head_dim]
-    note      shown in the report: which path a dispatch chose, which peer variant ran
-    out       the buffer run() is handed, poisoned with NaN before every timed call
-    follows_inputs  run() reads the case's input tensors themselves, so in-place changes reach it
-    plan_us   the microseconds of the backend's plan step in prepare; None: none
-    """
-
-    run: Callable[[], Any]
+    run: Callable[[], Any]  # the call graded and timed for device time (latency_us)
     to_packed: Callable[[Any], torch.Tensor] = lambda result: result
-    note: str = ""
-    call: Callable[[], Any] | None = None
-    out: torch.Tensor | None = None
-    follows_inputs: bool = False
-    plan_us: float | None = None
+    note: str = ""  # shown in the report: which path a dispatch chose, which peer variant ran
+    call: Callable[[], Any] | None = None  # the call as a user makes it (call_us); None: the same as run
+    out: torch.Tensor | None = None  # the buffer run() is handed, poisoned with NaN before every timed call
+    follows_inputs: bool = False  # run() reads the case's input tensors themselves: in-place changes reach it
+    plan_us: float | None = None  # microseconds of the backend's plan step in prepare; None: none
 
 
 @dataclass(frozen=True)
@@ -70,8 +60,7 @@ class Backend:
     supports_hook: bool = False  # a supports(facts) hook in ``unavailable`` (run where the backend's code is)
 
     def __post_init__(self):
-        unknown = set(self.variants) - set(VARIANT_KEYS)
-        if unknown:
+        if unknown := set(self.variants) - set(VARIANT_KEYS):
             raise ValueError(f"backend {self.name!r}: unknown variant(s) {sorted(unknown)}; known: {VARIANT_KEYS}")
 
     def skip_reason(self, case: Case, device: str) -> str | None:
@@ -131,8 +120,7 @@ def contract_prepare(fn: Callable[..., torch.Tensor], plan: Callable[[CaseFacts]
             facts = facts_of(case, str(inputs.q.device))
             cuda = facts.device == "cuda" and torch.cuda.is_initialized()
             options["plan"], plan_us = timed_us(lambda: plan(facts), cuda)
-        decode = decode_form and all(q_len == 1 for q_len in case.q_lens)
-        call_args = (*args[:5], None) if decode else args
+        call_args = (*args[:5], None) if decode_form and all(q_len == 1 for q_len in case.q_lens) else args
         return Prepared(run=lambda: fn(*args, out=out, **extra, **options), call=lambda: fn(*call_args, **options),
                         out=out, follows_inputs=True, plan_us=plan_us)  # fmt: skip
 
@@ -216,8 +204,7 @@ def require_plugins(needed: list[str], given: list[str], where: str) -> None:
     """Refuse (UnnamedPluginError) unless every plugin in ``needed`` (named by a journal or a run's meta.json) was
     given with --plugin on this command line: a file handed to the harness never chooses code to import."""
     keys = {plugin_key(p) for p in given}
-    missing = [p for p in dict.fromkeys(needed) if plugin_key(p) not in keys]
-    if missing:
+    if missing := [p for p in dict.fromkeys(needed) if plugin_key(p) not in keys]:
         flags = " ".join(f"--plugin {p}" for p in missing)
         raise UnnamedPluginError(
             f"{where} names plugin(s) {', '.join(missing)}; plugins are imported only when named on the command "

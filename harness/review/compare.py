@@ -1,8 +1,7 @@
 """Compare two runs: what got worse, what got better, and whether the comparison is complete.
 
-Per row: status changes, accuracy (max abs error or ``tol_ratio`` grown ``error_factor`` times, more NaN)
-and a latency verdict (:mod:`harness.review.stats`); per run: one-sided rows, a device or version
-mismatch. Exit codes: :attr:`Comparison.exit_code`. How each verdict is reached: docs/review.md.
+Per row: status changes, accuracy (max abs error or ``tol_ratio`` grown ``error_factor`` times, more NaN) and a
+latency verdict (:mod:`harness.review.stats`); per run: one-sided rows, a device or version mismatch (docs/review.md).
 """
 
 from __future__ import annotations
@@ -80,8 +79,7 @@ class Comparison:
 
 
 def load_runs(*run_dirs: Path) -> list[tuple[pd.DataFrame, dict]]:
-    """Each run folder's (rows, meta) (:func:`harness.results.storage.load_run`); RunFolderError naming
-    every folder that is not a run, one a line, not only the first."""
+    """Each run folder's (rows, meta); a RunFolderError names every folder that is not a run, one a line."""
     loaded, errors = [], []
     for run_dir in run_dirs:
         try:
@@ -166,8 +164,7 @@ def timed_on_one_side(rows: pd.DataFrame) -> tuple[str, str]:
 
 
 def normalize_to_anchor(rows: pd.DataFrame, anchor: str) -> int:
-    """Scale each case's new latencies (samples, median, p10, p90) by its anchor's median, base
-    over new, in place; returns how many timed rows had no anchor to scale by."""
+    """Scale each case's new latencies by its anchor's median base/new, in place; the timed rows with no anchor."""
     both = rows[(rows["side"] == "both") & rows["latency_us_base"].notna() & rows["latency_us_new"].notna()]
     anchors = both[both["backend"] == anchor].set_index("case")
     factor = (anchors["latency_us_base"] / anchors["latency_us_new"]).to_dict()
@@ -205,8 +202,7 @@ def restate_drift(problems: list[str], reading: str) -> list[str]:
 
 
 def retimed_reading(rows: pd.DataFrame) -> str:
-    """What paired rounds made of a drift, with the count of each verdict of the re-timed rows: a row they
-    confirm slower is the code, whatever the load did."""
+    """What paired rounds made of a drift: each verdict's count among the re-timed rows (slower ones are the code)."""
     retimed = rows[rows["verdict_reason"].fillna("").astype(str).str.startswith(RETIMED)]
     counts = {v: int((retimed["verdict"] == v).sum()) for v in stats.VERDICTS}
     found = ", ".join(f"{n} {v}" for v, n in counts.items() if n)
@@ -322,13 +318,12 @@ def format_comparison(comparison: Comparison, base_name: str, new_name: str, *, 
     lines = [f"compared {len(rows)} (case, backend) rows: {base_name} -> {new_name}"]
     lines += [f"! {p}" for p in comparison.problems]
     # Rows the two runs alone call faster while the runs drifted: not a verdict to act on.
-    drifted = any(p.startswith(DRIFT) for p in comparison.problems)
     unpaired_faster = (
         (rows["verdict"] == "faster")
         & ~rows["verdict_reason"].fillna("").str.startswith(RETIMED)
         & rows["better"].astype(bool)
         & ~rows["why"].astype(bool)  # a row worse otherwise (less accurate) is shown WORSE, not better?
-        if drifted
+        if any(p.startswith(DRIFT) for p in comparison.problems)
         else pd.Series(False, index=rows.index)
     )
     table = []

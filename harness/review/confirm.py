@@ -1,8 +1,7 @@
 """``compare --confirm``: re-time the doubtful rows, alternating the two builds step by step.
 
-Timing both builds under the same load tells a slowdown from a busier machine (docs/review.md). Each
-run's commit is checked out into a git worktree; each round starts a fresh :class:`Worker` per build and
-times every chosen row alternating (:func:`alternate`), judged at sequential looks (:func:`look_schedule`).
+Both builds timed under one load tell a slowdown from a busier machine (docs/review.md): each round starts
+a fresh :class:`Worker` per build in a worktree of its commit; rows are judged at sequential looks.
 """
 
 from __future__ import annotations
@@ -116,8 +115,7 @@ class Worker:
         """Samples of one row: ``reps`` timed calls after a warm-up, or (0) ``time_call``'s time-boxed count."""
         self.proc.stdin.write(json.dumps([case, backend, reps] if reps else [case, backend]) + "\n")
         self.proc.stdin.flush()
-        line = self.proc.stdout.readline()
-        if not line:
+        if not (line := self.proc.stdout.readline()):
             raise RuntimeError(f"confirm worker exited (code {self.proc.wait()}) timing {backend} on {case}")
         answer = json.loads(line)
         if isinstance(answer, dict):
@@ -144,8 +142,7 @@ def _plugins(command: str) -> list[str]:
 
 def _require_plugins(chosen, new_meta: dict, plugins, source: str) -> None:
     """A plugin's rows need the plugins the new run's command names on this command line too."""
-    built_in = {name for name, backend in REGISTRY.items() if backend.kind != "plugin"}
-    if not set(chosen["backend"]) <= built_in:
+    if not set(chosen["backend"]) <= {name for name, backend in REGISTRY.items() if backend.kind != "plugin"}:
         try:
             require_plugins(_plugins(str(new_meta.get("command") or "")), list(plugins), f"{source}/meta.json")
         except UnnamedPluginError as error:
@@ -165,9 +162,8 @@ def checked_commit(commit, where: str, cwd: Path | None = None) -> str:
     if found.returncode != 0:
         raise ConfirmInputError(f"{where}: field 'commit': {commit} is not a commit of this repository")
     full = found.stdout.strip()
-    in_head = git(["git", "merge-base", "--is-ancestor", full, "HEAD"]).returncode == 0
-    branches = "" if in_head else git(["git", "for-each-ref", "--contains", full, "--format=%(refname)", "refs/heads"])
-    if not in_head and not branches.stdout.strip():
+    branches = ["git", "for-each-ref", "--contains", full, "--format=%(refname)", "refs/heads"]
+    if git(["git", "merge-base", "--is-ancestor", full, "HEAD"]).returncode != 0 and not git(branches).stdout.strip():
         raise ConfirmInputError(
             f"{where}: field 'commit': {commit} is not in your history (reachable from HEAD or a local branch): "
             f"re-timing it would run code you never checked out; `git branch NAME {commit}` vouches for it"
@@ -183,8 +179,7 @@ def worktree(commit: str, path: Path, cwd: Path | None = None) -> Path:
 
 
 def worker_config(case_files, device: str, plugins, threads=None, target_s: float = 0.05) -> dict:
-    """What a :class:`Worker` is started with: plugin paths made absolute (workers run in a checkout),
-    one torch thread on the CPU unless ``threads`` (a run's ``timing_threads``) says otherwise."""
+    """A :class:`Worker`'s config: plugin paths absolute (it runs in a checkout), one CPU thread unless ``threads``."""
     plugins = [str(Path(p).resolve()) if Path(p).exists() else p for p in plugins]
     threads = threads or (1 if device == "cpu" else None)
     return {"case_files": case_files, "device": device, "plugins": plugins, "threads": threads, "target_s": target_s}
@@ -240,13 +235,9 @@ def confirm_slower(
     sources: tuple[str, str] = ("the base run", "the new run"),
     progress: bool | None = False,
 ) -> Comparison:
-    """Re-time rows, base and new alternating per row, and judge them again from the paired rounds.
-
-    ``which``: "slower", "unclear" (slower or cannot tell) or "all" (every row timed in both runs);
-    ``rounds`` the most a row gets, ``time_s`` the time box; a row stops at the first look that decides it.
-    ``plugins``: this command line's --plugin values, the only ones the workers import. ``progress``: a
-    tqdm bar on stderr; None: a log line a round."""
-    rows = comparison.rows
+    """Re-time the rows ``which`` chooses (:func:`rows_to_retime`), base and new alternating, and judge them from
+    the paired rounds: ``rounds`` at most within ``time_s``. ``plugins``: this command line's --plugin values, the
+    only ones the workers import. ``progress``: a tqdm bar on stderr; None: a log line a round."""
     chosen = rows_to_retime(comparison, which)
     if chosen.empty:
         return comparison
@@ -261,11 +252,12 @@ def confirm_slower(
     config = worker_config(case_files, str(new_meta.get("device") or "cpu"), plugins, new_meta.get("timing_threads"),
                            target_s)  # fmt: skip
     index = dict(zip(chosen.index, zip(chosen["case"], chosen["backend"], strict=True), strict=True))
-    effects = {i: _effect(rows.loc[i], options) for i in index}
+    effects = {i: _effect(comparison.rows.loc[i], options) for i in index}
     looks = look_schedule(rounds)
     with contextlib.ExitStack() as stack:
         trees = checkouts or stack.enter_context(checked_out(dict(zip(("base", "new"), commits, strict=True))))
         bar = tqdm(total=rounds, desc="confirm", unit="round", disable=not progress, file=sys.stderr)
+        stack.callback(bar.close)
         say = (lambda line: tqdm.write(line, file=sys.stderr)) if progress else log  # lines above the bar
 
         def on_round(k: int, still_open: int) -> None:  # the bar, or (progress None) a line a round between looks
@@ -275,20 +267,15 @@ def confirm_slower(
             elif progress is None and k not in looks:
                 say(f"confirm: round {k} of at most {rounds} done, {still_open} row(s) open")
 
-        try:
-            say(
-                f"confirm: re-timing {len(index)} row(s) ({which}) in paired rounds of fresh base and new processes; "
-                f"looks after rounds {', '.join(map(str, looks))}; time box {time_s:.0f} s: done within about "
-                f"{math.ceil(time_s / 60)} min (--confirm-time; --no-confirm skips this)"
-            )
-            pooled = sequential_rounds(
-                index, effects,
-                lambda keys, pooled, new_first: _one_round(trees, envs, config, keys, pooled, new_first),
-                alpha=options.alpha, rounds=rounds, time_s=time_s, log=say,
-                on_round=on_round,
-            )  # fmt: skip
-        finally:
-            bar.close()
+        say(
+            f"confirm: re-timing {len(index)} row(s) ({which}) in paired rounds of fresh base and new processes; "
+            f"looks after rounds {', '.join(map(str, looks))}; time box {time_s:.0f} s: done within about "
+            f"{math.ceil(time_s / 60)} min (--confirm-time; --no-confirm skips this)"
+        )
+        pooled = sequential_rounds(
+            index, effects, lambda keys, pooled, new_first: _one_round(trees, envs, config, keys, pooled, new_first),
+            alpha=options.alpha, rounds=rounds, time_s=time_s, log=say, on_round=on_round,
+        )  # fmt: skip
     return rejudge(comparison, index, pooled, options, looks=len(looks))
 
 
@@ -298,12 +285,10 @@ def sequential_rounds(
     on_round: Callable[[int, int], object] = lambda k, still_open: None,
 ) -> dict:  # fmt: skip
     """Paired rounds until every row is decided, ``rounds`` are done, or the time box ``time_s`` is spent;
-    returns ``pooled`` (key -> (base list, new list)).
-
-    ``index``: row -> (case, backend) key; ``effects``: row -> its minimum effect; ``time_round(keys, pooled,
-    new_first)`` appends each key's two observations and may return the seconds each took. After round 1
-    and at each look (confidence ``1 - alpha / len(looks)``), :func:`within_box` keeps the open rows whose
-    rounds fit the box; a row left out stays "cannot tell"."""
+    returns ``pooled`` (key -> (base list, new list)). ``index``: row -> (case, backend) key; ``effects``: row ->
+    its minimum effect; ``time_round(keys, pooled, new_first)`` appends each key's two observations and may
+    return the seconds each took. After round 1 and at each look (confidence ``1 - alpha / len(looks)``),
+    :func:`within_box` keeps the open rows whose rounds fit the box; a row left out stays "cannot tell"."""
     looks = look_schedule(rounds)
     pooled = {key: ([], []) for key in index.values()}
     cost: dict = {key: [] for key in index.values()}  # key -> seconds of each of its rounds
@@ -311,25 +296,29 @@ def sequential_rounds(
     open_rows = dict(index)  # row -> key, still being re-timed
     left_out = 0  # rows stopped undecided because their rounds would not fit the box
     start = clock()
+
+    def drop_all_but(kept: dict) -> int:  # stop the open rows whose key is not kept; how many
+        nonlocal left_out
+        left = [i for i, key in open_rows.items() if key not in kept]
+        for i in left:
+            del open_rows[i]
+        left_out += len(left)
+        return len(left)
+
     for k in range(1, rounds + 1):
         keys = list(dict.fromkeys(open_rows.values()))
         began = clock()
         spent = time_round(keys, pooled, k % 2 == 0) or {}
         took = clock() - began
-        shared = max(took - sum(spent.values()), 0.0) if spent else 0.0
         for key in keys:
             cost[key].append(spent.get(key, 0.0) if spent else took / len(keys))
-        overhead.append(shared)
+        overhead.append(max(took - sum(spent.values()), 0.0) if spent else 0.0)
         if k == 1 and k not in looks:  # plan the first look: cheapest rows first, within its share of the box
             first = {key: (cost[key][0], None) for key in keys}
-            kept = within_box(first, overhead[0], [MIN_ROUNDS - 1], FIRST_LOOK_SHARE * time_s - (clock() - start))
-            left = [i for i, key in open_rows.items() if key not in kept]
-            for i in left:
-                del open_rows[i]
-            left_out += len(left)
-            if left:
+            box = FIRST_LOOK_SHARE * time_s - (clock() - start)
+            if left := drop_all_but(within_box(first, overhead[0], [MIN_ROUNDS - 1], box)):
                 log(
-                    f"confirm: round 1: {len(left)} row(s) left undecided, the costliest: their rounds to the first "
+                    f"confirm: round 1: {left} row(s) left undecided, the costliest: their rounds to the first "
                     f"look would not fit {FIRST_LOOK_SHARE:.0%} of the box"
                 )
             if not open_rows:  # nothing left to time: no more rounds of idle workers
@@ -347,23 +336,17 @@ def sequential_rounds(
                 need[key] = rounds_to_decide(test, effects[i])
         elapsed = clock() - start
         decided = len(index) - len(open_rows) - left_out
-        left = []
+        left = 0
         if open_rows and k < looks[-1]:
             plans = {}
             for key in dict.fromkeys(open_rows.values()):
                 until = next((look for look in looks if look > k and look >= need[key]), None)
                 plans[key] = (float(np.mean(cost[key][-LOOK_EVERY:])), until - k if until else None)
             horizons = [look - k for look in looks if look > k]
-            kept = within_box(plans, float(np.mean(overhead[-LOOK_EVERY:])), horizons, time_s - elapsed)
-            left = [i for i, key in open_rows.items() if key not in kept]
-            for i in left:
-                del open_rows[i]
-            left_out += len(left)
+            left = drop_all_but(within_box(plans, float(np.mean(overhead[-LOOK_EVERY:])), horizons, time_s - elapsed))
         said = f"confirm: look at round {k}: {decided} decided, {len(open_rows)} open, {elapsed:.0f} s"
         if left:
-            said += (
-                f"; {len(left)} left undecided, their rounds would not fit the {max(time_s - elapsed, 0):.0f} s left"
-            )
+            said += f"; {left} left undecided, their rounds would not fit the {max(time_s - elapsed, 0):.0f} s left"
         log(said)
         on_round(k, len(open_rows))
         if not open_rows:
@@ -371,11 +354,7 @@ def sequential_rounds(
     return pooled
 
 
-_WANTED = {
-    "slower": ["slower"],
-    "unclear": ["slower", "cannot tell"],
-    "all": ["slower", "faster", "same", "cannot tell"],
-}
+_WANTED = {"slower": ["slower"], "unclear": ["slower", "cannot tell"], "all": list(stats.VERDICTS)}
 
 
 def rows_to_retime(comparison: Comparison, which: str):
@@ -391,11 +370,9 @@ def cannot_retime(base_meta: dict, new_meta: dict, chosen, plugins, sources: tup
             return f"{source} records no commit"
         if meta.get("dirty"):
             return f"{source} was made from a tree with uncommitted changes: its commit is not the code that ran"
-    case_files = new_meta.get("case_files") or base_meta.get("case_files")
-    if not case_files:
+    if not (case_files := new_meta.get("case_files") or base_meta.get("case_files")):
         return "the runs record no case files"
-    missing = [f for f in case_files if not Path(f).exists()]
-    if missing:
+    if missing := [f for f in case_files if not Path(f).exists()]:
         return f"case file {missing[0]} is not here"
     for meta, source in zip((base_meta, new_meta), sources, strict=True):
         checked_commit(meta["commit"], f"{source}/meta.json")
@@ -465,16 +442,14 @@ def within_box(plans: dict, overhead: float, horizons: list[int], left_s: float)
 
 
 def step_plan(call_us: float) -> tuple[int, int]:
-    """(steps, reps) of a row's round on the CPU for calls of ``call_us``: about ``STEP_S`` a step, ``ROUND_S``
-    a build."""
+    """(steps, reps) of a row's CPU round for calls of ``call_us``: about ``STEP_S`` a step, ``ROUND_S`` a build."""
     call_s = call_us * 1e-6 if np.isfinite(call_us) and call_us > 0 else STEP_S
     reps = max(1, round(STEP_S / call_s))
     return min(max(math.ceil(ROUND_S / (reps * call_s)), 1), MAX_STEPS), reps
 
 
 def _pin(workers: list[Worker], cpu: int | None) -> None:
-    """Pin both builds' workers to ``cpu`` (None: every CPU this process may use again): rows of one call a
-    step run both builds on one CPU."""
+    """Pin both builds' workers to ``cpu`` (rows of one call a step), or to every allowed CPU (None)."""
     if not hasattr(os, "sched_setaffinity"):
         return
     allowed = os.sched_getaffinity(0)

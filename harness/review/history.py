@@ -31,8 +31,7 @@ def _holds_run(path: Path) -> bool:
 
 
 def find_runs(paths: list[Path]) -> list[Path]:
-    """Run folders among ``paths`` and their direct subfolders (hidden, half-written ones skipped); a
-    path that is neither a run nor holds one is a ValueError."""
+    """Run folders among ``paths`` and their direct subfolders (hidden, half-written ones skipped); else ValueError."""
     found = []
     for path in map(Path, paths):
         if (path / "meta.json").exists() or (path / "results.parquet").exists():
@@ -75,14 +74,12 @@ def load_history(paths: list[Path], *, min_effect: float | None = None, backends
         if machine in previous:
             base, base_meta, base_path = previous[machine]
             comparison = compare_runs(base, frame, base_meta, meta, CompareOptions(min_effect=min_effect))
-            worse = comparison.regressions
             drift = [note.split("; ")[0] for note in drift_warning(comparison.rows)]  # what it saw, not its reading
             same = bool(base_meta.get("commit")) and base_meta.get("commit") == meta.get("commit")
             same = same and not (base_meta.get("dirty") or meta.get("dirty"))  # a dirty tree is not its commit's code
             runs[-1].update(drift="; ".join(drift), previous=base_path, same_commit=same)
-            why = {(r["case"], r["backend"]): r["why"] for _, r in worse.iterrows()}
-            keys = list(zip(part["case"], part["backend"], strict=True))
-            part["why"] = [why.get(k, "") for k in keys]
+            why = {(r["case"], r["backend"]): r["why"] for _, r in comparison.regressions.iterrows()}
+            part["why"] = [why.get(k, "") for k in zip(part["case"], part["backend"], strict=True)]
             part["regressed"] = part["why"] != ""
             part["latency_regressed"] = part["why"].str.contains("latency ", regex=False)
             part["error_regressed"] = part["why"].str.contains("status|err|margin|NaN", regex=True)
@@ -108,8 +105,7 @@ def trend_table(history: History, last: int = 8) -> dict[str, pd.DataFrame]:
     """Per machine: (case, backend) rows x the last ``last`` runs, each cell latency (▲ regressed)."""
     out = {}
     for machine, rows in history.rows.groupby("machine", sort=True):
-        orders = sorted(rows["run_order"].unique())[-last:]
-        rows = rows[rows["run_order"].isin(orders)]
+        rows = rows[rows["run_order"].isin(sorted(rows["run_order"].unique())[-last:])]
         labels = rows.drop_duplicates("run_order").set_index("run_order")["run_label"]
         table = rows.assign(cell=rows.apply(_cell, axis=1)).pivot_table(
             index=["case", "backend"], columns="run_order", values="cell", aggfunc="first"

@@ -136,9 +136,7 @@ def looks_adjusted(p_value: float, looks: int) -> float:
 
 
 def decide_paired(test: LatencyTest, *, min_effect: float) -> Verdict:
-    """The verdict of paired rounds, significance from the interval and size from the estimate: ``slower``
-    (interval above 1, ratio above ``1 + min_effect``), ``faster`` the mirror, ``same`` (the interval inside
-    ``±min_effect``), else ``cannot tell``, saying why."""
+    """The verdict of paired rounds: significance from the interval, size from the estimate."""
     up, down = 1 + min_effect, 1 - min_effect
     if not np.isfinite(test.ci_high):
         return Verdict("cannot tell", f"too few rounds ({test.n_base}) for the interval's confidence")

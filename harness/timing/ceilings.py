@@ -91,13 +91,11 @@ def datasheet_peak(device: str, dtype_name: str) -> float | None:
 
 
 def measure_ceilings(device: str, dtype_names: list[str]) -> dict:
-    """Every ceiling of the run, for meta.json and the rows' percentages: read_gbps, copy_gbps, and per dtype
-    matmul_tflops (measured), peak_tflops and peak_source (datasheet, or the measured matmul)."""
+    """Every ceiling of the run (for meta.json and the rows' percentages): bandwidths, per dtype matmul and peak."""
     ceilings: dict = {"read_gbps": measure_read_bandwidth(device), "copy_gbps": measure_copy_bandwidth(device),
                       "matmul_tflops": {}, "peak_tflops": {}, "peak_source": {}}  # fmt: skip
     for name in sorted(set(dtype_names)):
-        measured = measure_matmul_tflops(device, DTYPES[name])
-        ceilings["matmul_tflops"][name] = measured
+        ceilings["matmul_tflops"][name] = measured = measure_matmul_tflops(device, DTYPES[name])
         peak = datasheet_peak(device, name)
         ceilings["peak_tflops"][name] = peak if peak is not None else measured
         ceilings["peak_source"][name] = DATASHEET_SOURCE if peak is not None else "measured matmul (no datasheet entry)"
@@ -136,8 +134,7 @@ def own_device(device: str, dtype_names: list[str], timing: bool) -> dict:
 
 
 class GpuLedger:
-    """Each GPU of a run, keyed by (host, gpu_index): its name and the ceilings its worker measured (its
-    first report); rows get ``pct_of_ceiling`` / ``pct_of_peak`` from their own GPU's."""
+    """Each GPU of a run by (host, gpu_index): its name and its worker's first-reported ceilings, for its rows."""
 
     def __init__(self):
         self.gpus: dict[tuple[str, str], dict] = {}
@@ -164,9 +161,8 @@ class GpuLedger:
 
 
 def ceiling_columns(row: dict, ceilings: dict) -> dict:
-    """``pct_of_ceiling`` (100 * gbps / read_gbps: the measured read bandwidth, as a decode kernel only reads) and
-    ``pct_of_peak`` (100 * tflops / peak_tflops[dtype], the dense datasheet rate or the measured matmul; prefill rows
-    only) of a timed row against ``ceilings``."""
+    """A timed row's ``pct_of_ceiling`` (100 * gbps / read_gbps: a decode kernel only reads) and, for prefill rows,
+    ``pct_of_peak`` (100 * tflops / peak_tflops[dtype]) against ``ceilings``."""
     out = {}
     gbps, tflops = row.get("gbps"), row.get("tflops")
     if isinstance(gbps, float) and gbps == gbps and (read := ceilings.get("read_gbps")):

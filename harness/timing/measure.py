@@ -20,13 +20,8 @@ from harness.timing.phases import phase
 from harness.timing.timer import SampleHooks, Timing, kernels_launched, probe_call, time_call, time_wall
 
 ROW_BUDGET_S = 3.0  # seconds of timing per row (a kernel's row uses about 1 s of it)
-# A Python model (Backend.model: reference, tlsim) on a GPU is launch-bound Python whose time tells a
-# kernel developer nothing: it is graded, not timed.
-MODEL_BUDGET_S = 0.0
+MODEL_BUDGET_S = 0.0  # a Python model (Backend.model) on a GPU: launch-bound Python, graded but not timed
 
-# The default row limit (row_time_limit): FACTOR x the calls of a row at the expected rate, plus the
-# timing budget, never below FLOOR_S. Off a GPU (or without measured ceilings) the rates are
-# conservative constants: the Triton interpreter runs a 4k-token case in seconds.
 LIMIT_FLOOR_S = 60.0
 LIMIT_FACTOR = 10.0
 CALLS_PER_ROW = 40  # graded call, warm-ups, graph capture, latency and call samples, probe
@@ -35,8 +30,7 @@ GPU_GBPS, GPU_TFLOPS = 500.0, 20.0  # a GPU whose ceilings were not measured (pr
 
 
 def row_time_limit(case: Case, device: str, ceilings: dict | None = None) -> float:
-    """Default time limit (seconds) of one row of ``case``, its graded call and its timing: from bytes_moved /
-    read bandwidth and flops / peak rate against ``ceilings`` (else conservative constants)."""
+    """Default time limit (s) of a row of ``case``, graded call and timing, from its bytes and flops at ``ceilings``."""
     ceilings = ceilings or {}
     if torch.device(device).type == "cuda":
         read_gbps = ceilings.get("read_gbps") or GPU_GBPS
@@ -59,8 +53,7 @@ class TimingSettings:
     budget_s: float | None = ROW_BUDGET_S  # of the row's whole timing; None: no budget
 
     def for_backend(self, backend: Backend) -> TimingSettings:
-        """These settings for one backend's row: a Python model on a GPU gets MODEL_BUDGET_S (less, never more:
-        0, graded and not timed)."""
+        """These settings for one backend's row: a Python model on a GPU gets at most MODEL_BUDGET_S."""
         if backend.model and torch.device(self.device).type == "cuda" and self.budget_s is not None:
             return dataclasses.replace(self, budget_s=min(self.budget_s, MODEL_BUDGET_S))
         return self
@@ -77,8 +70,7 @@ def _spread(prefix: str, timing: Timing) -> dict:
 
 def timing_columns(case: Case, backend: Backend, prepared: Prepared, settings: TimingSettings,
                    hooks: Callable[[str], SampleHooks] | None = None) -> dict:  # fmt: skip
-    """Every timing column of one row (see the module docstring). ``hooks(what)``: the sample hooks of
-    the "latency" and the "call" measurement (:func:`harness.timing.timer.time_call`)."""
+    """Every timing column of one row; ``hooks(what)``: the sample hooks of its "latency" and "call" measurements."""
     device = settings.device
     bytes_moved = case_bytes(case)
     hooks = hooks or (lambda what: None)
@@ -103,8 +95,7 @@ def timing_columns(case: Case, backend: Backend, prepared: Prepared, settings: T
     if not spent:  # past the budget the probe (two or three more calls) is left out: its columns stay empty
         with phase("timing: probe"):
             probe = probe_call(prepared.call or prepared.run, device)
-        row["graph_capturable"] = probe.graph_capturable
-        row["device_syncs"] = probe.device_syncs
+        row["graph_capturable"], row["device_syncs"] = probe.graph_capturable, probe.device_syncs
     if latency.cut_short or call.cut_short or spent:
         row["timing_note"] = (f"timed within a {settings.budget_s:g} s budget: {len(latency.samples_us)} samples"
                               + ("" if call is latency else f", {len(call.samples_us)} call samples")

@@ -22,12 +22,8 @@ def kv_tokens_read(case: Case) -> int:
 
 
 def bytes_moved(case: Case) -> int:
-    """Fewest bytes a paged-attention call must move through device memory.
-
-    bytes = kv_elt * kv_tokens_read * num_kv_heads * (head_dim + head_dim_v)
-            + elt * num_tokens * num_q_heads * (head_dim + head_dim_v)
-    (kv_elt: 1 for an fp8 cache; a latent cache reads head_dim a key); block tables and lengths left out.
-    """
+    """Fewest bytes a paged-attention call must move through device memory: the KV it reads (:func:`kv_tokens_read`),
+    q and the output; block tables and lengths left out."""
     elt = case.element_bytes
     num_tokens = sum(case.q_lens)
     dims = case.head_dim + case.head_dim_v
@@ -53,8 +49,7 @@ def attended_pairs(case: Case) -> int:
 
 
 def flops(case: Case) -> int:
-    """Useful floating-point operations: 2 * attended_pairs * num_q_heads * (head_dim + head_dim_v)
-    (softmax exponentials and masked-out work are not counted)."""
+    """Useful floating-point operations, 2 * attended_pairs * num_q_heads * (head_dim + head_dim_v): no softmax."""
     return 2 * attended_pairs(case) * case.num_q_heads * (case.head_dim + case.head_dim_v)
 
 

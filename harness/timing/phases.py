@@ -21,8 +21,7 @@ def phase(name: str) -> Iterator[None]:
 
 
 def take_phases() -> dict[str, float]:
-    """Seconds per phase since the last call (unrounded: sums of many small cases stay exact), then start
-    from zero."""
+    """Seconds per phase since the last call, unrounded (sums of many small cases stay exact); then zero."""
     spent = dict(_SPENT)
     _SPENT.clear()
     return spent

@@ -23,15 +23,12 @@ def fit_line(x: np.ndarray, y: np.ndarray) -> tuple[float, float, float]:
     slope, intercept = np.polyfit(x, y, 1)
     residual = y - (intercept + slope * x)
     total = float(((y - y.mean()) ** 2).sum())
-    r2 = 1.0 - float((residual**2).sum()) / total if total > 0 else 1.0
-    return float(slope), float(intercept), r2
+    return float(slope), float(intercept), (1.0 - float((residual**2).sum()) / total if total > 0 else 1.0)
 
 
 def phase_of(frame: pd.DataFrame) -> pd.Series | str:
     """Each row's phase: "decode" where every q_len <= 1, else "prefill" ("all" without max_q_len)."""
-    if "max_q_len" not in frame:
-        return "all"
-    return frame["max_q_len"].le(1).map({True: "decode", False: "prefill"})
+    return frame["max_q_len"].le(1).map({True: "decode", False: "prefill"}) if "max_q_len" in frame else "all"
 
 
 def fit_verdict(slope: float, intercept: float, r2: float) -> str:

@@ -62,9 +62,8 @@ def _is_cuda(device: str | torch.device) -> bool:
 def _collect(
     sample: Callable[[int], list[float]], target_s: float, min_reps: int, max_reps: int, deadline: float | None = None
 ) -> tuple[list[float], bool]:
-    """min_reps samples, then enough more to fill about target_s (from their median), up to max_reps; and
-    whether the deadline cut them short. With a deadline they come in batches that fit the time left (at
-    least one sample is always taken)."""
+    """(min_reps samples, then more to fill about target_s up to max_reps; whether the deadline cut them short).
+    With a deadline they come in batches that fit the time left, at least one."""
     if deadline is None:
         samples = sample(min_reps)
         per_call_s = max(sorted(samples)[len(samples) // 2] * 1e-6, 1e-7)
@@ -109,10 +108,9 @@ def time_call(
     deadline: float | None = None,
     hooks: SampleHooks | None = None,
 ) -> Timing:
-    """Device time of ``fn()`` on ``device``: ``perf_counter`` on the CPU (method ``cpu_perf_counter``); on
-    CUDA graph replays (``cuda_graph_replay``; ``graph=False`` forbids them) or events (``cuda_events``), with
-    L2 flushed before every sample. ``hooks``: called around every sample, plus one more with ``final=True``.
-    """
+    """Device time of ``fn()`` on ``device``: ``perf_counter`` on the CPU (``cpu_perf_counter``); on CUDA graph
+    replays (``cuda_graph_replay``; ``graph=False`` forbids them) or events (``cuda_events``), L2 flushed before
+    every sample. ``hooks``: called around every sample, plus one more with ``final=True``."""
     min_reps, max_reps = _reps(device, min_reps, max_reps)
     given = hooks is not None
     hooks = hooks or _NO_HOOKS
@@ -200,8 +198,7 @@ def time_wall(
 
 
 def _capture(fn: Callable[[], object]) -> tuple[torch.cuda.CUDAGraph, object] | None:
-    """(graph, what the captured call returned: its static output) of one call of ``fn``, or None when it
-    cannot be captured (host syncs, say)."""
+    """(graph, its static output) of one captured call of ``fn``, or None when it cannot be captured (host syncs)."""
     stream = torch.cuda.Stream()
     stream.wait_stream(torch.cuda.current_stream())
     graph = torch.cuda.CUDAGraph()
