@@ -1,6 +1,5 @@
-"""``harness backends``: what is registered, where it runs, the variants it declares, and whether it runs
-here (on the smoke suite's cases, on this machine's device or ``--device``).
-"""
+"""``harness backends``: what is registered, where it runs, its variants, and whether it runs here (on the
+smoke suite's cases, on this machine's device or ``--device``)."""
 
 from __future__ import annotations
 

@@ -74,12 +74,9 @@ def commits_between(good: str, bad: str) -> list[str]:
 
 
 def search(commits: list[str], judge: Callable[[str], str]) -> tuple[str, int, int]:
-    """Binary search for the first commit ``judge`` calls "bad" (``judge``: "good", "bad" or "undecided").
-
-    ``commits`` are after GOOD, oldest first; the last, BAD, is judged only when the search ends on it.
-    Returns (outcome, lo, hi): "found" (``commits[hi]`` the first bad one), "not bad" (BAD judged good)
-    or "undecided" (the first bad one lies in ``commits[lo + 1 : hi + 1]``).
-    """
+    """Binary search of ``commits`` (after GOOD, oldest first; BAD last, judged only when the search ends on it)
+    for the first that ``judge`` calls "bad" (else "good" or "undecided"). Returns (outcome, lo, hi): "found"
+    (``commits[hi]``), "not bad" (BAD judged good) or "undecided" (it is in ``commits[lo + 1 : hi + 1]``)."""
     lo, hi, tried = -1, len(commits) - 1, False  # commits[lo] good (-1: GOOD), commits[hi] bad
     while True:
         if hi - lo == 1 and tried:

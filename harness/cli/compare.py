@@ -1,6 +1,5 @@
 """``harness compare BASE_RUN NEW_RUN``: what got worse (:mod:`harness.review.compare`), latency rows re-timed
-in paired rounds (:mod:`harness.review.confirm`).
-"""
+in paired rounds (:mod:`harness.review.confirm`)."""
 
 from __future__ import annotations
 
@@ -37,8 +36,7 @@ def add_parser(verbs) -> None:
 
 
 def add_arguments(parser: argparse.ArgumentParser, *, plugin: bool = True) -> None:
-    """The options of a comparison (``compare``'s, and ``continuous``'s after its runs); ``plugin``: add
-    ``--plugin`` too (``continuous`` has the run's)."""
+    """The options of a comparison (``compare``'s and ``continuous``'s); ``plugin``: ``--plugin`` too."""
     parser.add_argument("--min-effect", "--latency-threshold", type=float, dest="min_effect",
                          help="smallest relative latency change that counts (default 0.10 on CPU rows, 0.03 on CUDA)")  # fmt: skip
     parser.add_argument("--alpha", type=float, default=0.05, help="significance level after correction (0.05)")
@@ -134,10 +132,8 @@ def compare(args: argparse.Namespace, base_run: Path, new_run: Path) -> int:
 
 
 def as_json(comparison, base_run: Path, new_run: Path) -> dict:
-    """The comparison as plain JSON values: every row's columns but the sample lists (they stay in the run
-    folders), NaN as null."""
-    rows = comparison.rows
-    rows = rows[[c for c in rows.columns if not c.endswith("_samples_us")]]
+    """The comparison as plain JSON: every row's columns but the sample lists, NaN as null."""
+    rows = comparison.rows.drop(columns=[c for c in comparison.rows.columns if c.endswith("_samples_us")])
     return {
         "base": str(base_run),
         "new": str(new_run),

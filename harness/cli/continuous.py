@@ -1,6 +1,5 @@
 """``harness continuous BASE [HEAD]``: run both commits, each in a git worktree on this tree's case files
-and options, then compare them, as ``asv continuous`` does.
-"""
+and options, then compare them, as ``asv continuous`` does."""
 
 from __future__ import annotations
 
@@ -14,8 +13,6 @@ from pathlib import Path
 from harness.cli import compare
 from harness.cli.options import DEFAULT_CASES, BadInput, add_pattern, add_to_argparse, as_bad_input, resolved_cases
 from harness.review.confirm import ConfirmInputError, checked_commit, checked_out
-
-RUN_OK = (0, 1)  # a run that failed rows is still compared: its failures are what compare reports
 
 
 def add_parser(verbs) -> None:
@@ -81,7 +78,7 @@ def run_commit(commit: str, label: str, out: Path, words: list[str]) -> Path:
             said.append(line)
             print(f"  {line}", end="", file=sys.stderr, flush=True)
         code = proc.wait()
-    if code not in RUN_OK or not (out / "meta.json").is_file():
+    if code not in (0, 1) or not (out / "meta.json").is_file():  # failed rows are what compare reports
         last = next((line.strip() for line in reversed(said) if line.strip()), "no output")
         raise BadInput(f"the run of {label} {commit[:12]} ended with exit {code} and no run folder: {last}")
     return out

@@ -1,9 +1,4 @@
-"""python -m harness {run,list,backends,variants,schema,report,compare,continuous,bisect,history,merge}
-
-Each verb is the module ``harness.cli.<verb>``: its ``add_parser`` and its ``main``; what they share
-is :mod:`harness.cli.options`. Exit codes: the epilog below; 2 only for the harness's own input errors
-(:data:`BAD_INPUT`: a ValueError from elsewhere is 3).
-"""
+"""python -m harness {run,list,backends,variants,schema,report,compare,continuous,bisect,history,merge}"""
 
 from __future__ import annotations
 
@@ -17,15 +12,7 @@ import kernels
 from harness.backends.registry import UnnamedPluginError
 from harness.cases.spec import CaseFileError
 from harness.cli import options
-from harness.cli.options import (
-    EXIT_BAD_INPUT,
-    EXIT_BROKEN_PIPE,
-    EXIT_INTERNAL,
-    EXIT_INTERRUPTED,
-    EXIT_OK,
-    EXIT_TERMINATED,
-    BadInput,
-)
+from harness.results.environment import harness_version
 from harness.results.journal import JournalError
 from harness.results.storage import NotWritableError, RunDirExistsError, RunFolderError
 from harness.review.compare import DuplicateRowsError
@@ -35,8 +22,8 @@ from harness.run.oracle_cache import PoisonedCacheError
 # In --help's order: the everyday verbs, what is there to run, the review of runs, the rest.
 VERBS = ("run", "list", "backends", "variants", "schema", "report", "compare", "continuous", "bisect", "history",
          "merge")  # fmt: skip
-# The errors of the user's input, each said in one line (exit 2).
-BAD_INPUT = (BadInput, CaseFileError, RunDirExistsError, NotWritableError, RunFolderError, JournalError,
+# The errors of the user's input, each said in one line (exit 2); a ValueError from elsewhere is a bug (3).
+BAD_INPUT = (options.BadInput, CaseFileError, RunDirExistsError, NotWritableError, RunFolderError, JournalError,
              DuplicateRowsError, PoisonedCacheError, UnnamedPluginError)  # fmt: skip
 
 
@@ -50,7 +37,8 @@ def build_parser() -> argparse.ArgumentParser:
         "but some latency rows could not be re-timed (unconfirmed); 130 Ctrl-C; 143 SIGTERM. "
         f"With no verb: this help, exit 0. Run `{prog} VERB --help` for a verb's options.",
     )
-    parser.add_argument("--version", action="version", version=f"%(prog)s {options.version()}")
+    installed = harness_version() or "unknown (not installed)"  # run from a checkout that was never installed
+    parser.add_argument("--version", action="version", version=f"%(prog)s {installed}")
     verbs = parser.add_subparsers(dest="verb", metavar="{" + ",".join(VERBS) + "}")
     for verb in VERBS:
         importlib.import_module(f"harness.cli.{verb}").add_parser(verbs)
@@ -68,7 +56,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.verb is None:  # bare `harness`: what it can do, not argparse's "required: verb"
         parser.print_help()
-        return EXIT_OK
+        return options.EXIT_OK
     restore_signals = install_signal_handlers()
     try:
         code = args.handler(args)
@@ -76,20 +64,18 @@ def main(argv: list[str] | None = None) -> int:
         return code
     except BAD_INPUT as error:
         print(f"error: {error}", file=sys.stderr)
-        return EXIT_BAD_INPUT
-    except KeyboardInterrupt:
-        print("interrupted: nothing was written", file=sys.stderr)
-        return EXIT_INTERRUPTED
-    except Terminated:
-        print("terminated (SIGTERM): nothing was written", file=sys.stderr)
-        return EXIT_TERMINATED
+        return options.EXIT_BAD_INPUT
+    except (KeyboardInterrupt, Terminated) as stop:
+        interrupted = isinstance(stop, KeyboardInterrupt)
+        print(f"{'interrupted' if interrupted else 'terminated (SIGTERM)'}: nothing was written", file=sys.stderr)
+        return options.EXIT_INTERRUPTED if interrupted else options.EXIT_TERMINATED
     except BrokenPipeError:  # `harness schema | head`: the reader left early; not a bug, and not a success
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # the flush at exit would raise again
-        return EXIT_BROKEN_PIPE
+        return options.EXIT_BROKEN_PIPE
     except Exception:
         traceback.print_exc()
         print("internal error: the traceback above is a bug in the harness, not in your input; please report it",
               file=sys.stderr)  # fmt: skip
-        return EXIT_INTERNAL
+        return options.EXIT_INTERNAL
     finally:
         restore_signals()

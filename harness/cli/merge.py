@@ -28,9 +28,8 @@ def main(args: argparse.Namespace) -> int:
         raise BadInput(f"merge: {args.out} already exists; a run folder is never overwritten (choose another OUT)")
     with as_bad_input(MergeError):
         frame, meta, warnings = merge_runs(args.runs, args.allow_mixed_commits)
-    meta["command"] = " ".join(["harness merge", str(args.out), *map(str, args.runs)]) + (
-        " --allow-mixed-commits" if args.allow_mixed_commits else ""
-    )
+    flags = ["--allow-mixed-commits"] if args.allow_mixed_commits else []
+    meta["command"] = " ".join(["harness merge", str(args.out), *map(str, args.runs), *flags])
     try:
         write_run(frame, meta, args.out, page=report.render_html)
     except RunDirExistsError as error:

@@ -1,6 +1,5 @@
-"""What the verbs share: the run options (defined once, added to both the CLI and pytest; destinations
-carry a ``harness_`` prefix, as pytest keeps ``-p`` in ``plugins``), ``-k``, bad input and the exit codes.
-"""
+"""What the verbs share: the run options (for the CLI and pytest, so destinations carry a ``harness_`` prefix:
+pytest keeps ``-p`` in ``plugins``), ``-k``, bad input and the exit codes."""
 
 from __future__ import annotations
 
@@ -19,7 +18,6 @@ import torch
 
 from harness.cases.loading import load_cases
 from harness.cases.packaged import default_cases, packaged_suites, resolve_case_arg
-from harness.results.environment import harness_version
 
 EXIT_OK, EXIT_FAIL, EXIT_BAD_INPUT, EXIT_INTERNAL = 0, 1, 2, 3
 EXIT_INTERRUPTED, EXIT_BROKEN_PIPE, EXIT_TERMINATED = 130, 141, 143  # 128 + SIGINT, SIGPIPE, SIGTERM
@@ -57,10 +55,6 @@ def prog() -> str:
     return "harness" if Path(sys.argv[0]).name == "harness" else "python -m harness"
 
 
-def version() -> str:
-    return harness_version() or "unknown (not installed)"  # run from a checkout that was never installed
-
-
 def _positive_int(text: str) -> str:
     if not text.isdigit() or int(text) < 1:
         raise ValueError("give a positive integer")
@@ -68,13 +62,10 @@ def _positive_int(text: str) -> str:
 
 
 def _fraction(text: str) -> str:
-    try:
-        value = float(text)
-    except ValueError:
-        value = -1.0
-    if not 0.0 < value <= 1.0:
-        raise ValueError("give a fraction in (0, 1]")
-    return repr(value)
+    with contextlib.suppress(ValueError):
+        if 0.0 < (value := float(text)) <= 1.0:
+            return repr(value)
+    raise ValueError("give a fraction in (0, 1]")
 
 
 class SetEnv(argparse.Action):
@@ -176,24 +167,18 @@ def compile_pattern(text: str) -> Callable[[str], bool]:
     """``-k``'s expression (:data:`PATTERN_HELP`) as a test of a case id; BadInput naming what is wrong with it.
     ``expr := term ('or' term)*``, ``term := factor ('and' factor)*``, ``factor := 'not' factor | '(' expr ')' | WORD``.
     """
-    tokens = re.findall(r"[()]|[^\s()]+", text)
-    position = 0
+    tokens = re.findall(r"[()]|[^\s()]+", text)[::-1]  # taken from the end
 
     def fail(what: str):
         raise BadInput(f"-k {text!r}: {what}")
 
     def peek() -> str | None:
-        return tokens[position] if position < len(tokens) else None
-
-    def take() -> str:
-        nonlocal position
-        position += 1
-        return tokens[position - 1]
+        return tokens[-1] if tokens else None
 
     def joined(word: str, part: Callable, combine: Callable) -> Callable[[str], bool]:
         parts = [part()]
         while peek() == word:
-            take()
+            tokens.pop()
             parts.append(part())
         return parts[0] if len(parts) == 1 else lambda name: combine(p(name) for p in parts)
 
@@ -204,10 +189,9 @@ def compile_pattern(text: str) -> Callable[[str], bool]:
         return joined("and", factor, all)
 
     def factor() -> Callable[[str], bool]:
-        token = peek()
-        if token is None:
+        if not tokens:
             fail("the expression ends where a name was expected")
-        take()
+        token = tokens.pop()
         if token == "not":
             inner = factor()
             return lambda name: not inner(name)
@@ -215,7 +199,7 @@ def compile_pattern(text: str) -> Callable[[str], bool]:
             inner = expr()
             if peek() != ")":
                 fail("a '(' is never closed")
-            take()
+            tokens.pop()
             return inner
         if token in (")", "and", "or"):
             fail(f"{token!r} where a name was expected")
@@ -242,14 +226,6 @@ def resolved_cases(cases: list[str]) -> list:
                 f"(packaged suites: {', '.join(packaged_suites())})"
             )
     return resolved
-
-
-def select_cases(cases: list, pattern: str | None) -> list:
-    """The cases whose id matches ``-k pattern`` (all when None)."""
-    if pattern is None:
-        return cases
-    matches = compile_pattern(pattern)
-    return [c for c in cases if matches(c.id)]
 
 
 def load(cases: list[str], device: str, tags: list[str] | None, backends: list[str] | None = None,

@@ -19,8 +19,6 @@ def add_parser(verbs) -> None:
 
 
 def main(args: argparse.Namespace) -> int:
-    marks = None
-    if args.baseline:
-        marks = regressions_of(*load_run(args.run_dir), load_run(args.baseline))
+    marks = regressions_of(*load_run(args.run_dir), load_run(args.baseline)) if args.baseline else None
     print(rebuild_html(args.run_dir, marks, str(args.baseline or "")))
     return EXIT_OK

@@ -11,7 +11,7 @@ from harness.backends.builtin import resolve_backends
 from harness.backends.registry import plugin_key, require_plugins
 from harness.cases.packaged import resolve_case_arg
 from harness.cases.spec import CaseFileError, load_case_file, resolve_case_paths
-from harness.cli.options import DEFAULT_CASES, BadInput, select_cases
+from harness.cli.options import DEFAULT_CASES, BadInput, compile_pattern
 from harness.cli.terminal import finish, verdict
 from harness.execute.ray_cluster import LOCAL as RAY_LOCAL
 from harness.execute.shards import parse_shard, shard_cases
@@ -39,8 +39,7 @@ _STORED = {
     "harness_oracle_device": ("oracle_device", None), "timing": ("timing", True), "isolate": ("isolate", None),
     "timeout": ("timeout", None), "workers": ("workers", None), "ray": ("ray", None), "shard": ("shard", None),
 }  # fmt: skip
-# Options that change which rows run or what they measure: given again to --resume, a value other than the
-# journal's is refused (the rest change no result, and the value given wins).
+# Options that change which rows run or what they measure: given again to --resume, one unlike the journal's is refused.
 _RESULT_OPTIONS = {  # args attribute -> (flag, journal options key)
     "harness_device": ("--device", "device"), "harness_tags": ("--tag", "tags"), "pattern": ("-k", "pattern"),
     "harness_oracle_device": ("--oracle-device", "oracle_device"),
@@ -74,9 +73,8 @@ def resume(args: argparse.Namespace):
         if extra:
             raise BadInput(f"--resume {run_dir}: --plugin {', '.join(sorted(extra))}: the run did not use it; "
                            "a resumed run runs its own backends")  # fmt: skip
-        ray = options.get("ray")
-        if args.workers is None and args.ray is None and ray not in (None, RAY_LOCAL):  # a journal is data: it
-            # never chooses where cases go and rows come from
+        ray = options.get("ray")  # a journal is data: it never chooses where cases go and rows come from
+        if args.workers is None and args.ray is None and ray not in (None, RAY_LOCAL):
             raise BadInput(f"--resume {run_dir}: the run sent its cases to the Ray cluster at {ray}; "
                            f"name it again to send the rest there (--ray {ray}), or give --ray or --workers")  # fmt: skip
     logs = staged_logs(run_dir)
@@ -87,32 +85,31 @@ def resume(args: argparse.Namespace):
         raise BadInput(f"--resume {run_dir}: process {last_pid} is still writing it")
     journal.lock()  # held until the run folder is written or the run stops: a second resume is refused
     # Options that change no result and are given again win: --isolate, --timeout, --workers/--ray (both replaced).
-    given = {"isolate": args.isolate, "timeout": args.timeout, "workers": args.workers, "ray": args.ray}
+    given = {key: value for key, value in (("isolate", args.isolate), ("timeout", args.timeout)) if value is not None}
+    if args.workers is not None or args.ray is not None:
+        given.update(workers=args.workers, ray=args.ray)
     for attribute, (key, default) in _STORED.items():
         setattr(args, attribute, options.get(key, default))
     args.cases, args.harness_device = options.get("cases", []), options.get("device")
     args.harness_plugins = options.get("plugins", [])
-    args.isolate = given["isolate"] or args.isolate
-    if given["timeout"] is not None:
-        args.timeout = given["timeout"]
     if args.harness_threads is None and threads is not None:
         args.harness_threads = str(threads)
-    if given["workers"] is not None or given["ray"] is not None:
-        args.workers, args.ray = given["workers"], given["ray"]
-    args.out = run_dir
+    vars(args).update(given, out=run_dir)
     return journal
 
 
 def finalize(args: argparse.Namespace, journal) -> int:
-    """Write a stopped run's folder from its journal without running anything (``--finalize``), with the meta
-    the run recorded (never this machine's); pairs that never ran are listed in meta.json."""
+    """``--finalize``: write a stopped run's folder from its journal and the meta it recorded (never this
+    machine's), running nothing; meta.json lists the pairs that never ran."""
     if not journal.rows:
         raise BadInput(f"--finalize {args.resume}: the journal holds no row; there is nothing to write")
     try:  # what never ran (a journal from elsewhere may name files or backends this machine lacks)
         paths = resolve_case_paths([resolve_case_arg(c) for c in args.cases] or DEFAULT_CASES)  # suite names too
         cases = [case for path in paths for case in load_case_file(path)]
         cases = [c for c in cases if not args.harness_tags or set(args.harness_tags) & set(c.tags)]
-        cases = select_cases(cases, args.pattern)
+        if args.pattern is not None:
+            keep = compile_pattern(args.pattern)
+            cases = [c for c in cases if keep(c.id)]
         if args.shard is not None:  # only this run's slice could have run
             cases = shard_cases(cases, *parse_shard(args.shard))
         backends = resolve_backends(args.harness_backends)
@@ -165,8 +162,8 @@ def ordered(frame, cases, backends, columns):
 
 
 def keep_logs(run_dir: Path, move: bool = True) -> None:
-    """Move the staged plugin-row logs into ``<run>/logs`` at the run's end (not ``move``: they stay staged for
-    --resume); a folder left empty is removed instead."""
+    """Move the staged plugin-row logs into ``<run>/logs`` (not ``move``: they stay for --resume); an empty
+    folder is removed instead."""
     staged = staged_logs(run_dir)
     if not staged.is_dir():
         return

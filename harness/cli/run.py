@@ -1,6 +1,5 @@
 """``harness run``: run cases through backends, grade and time every row, write a run folder. Rows go to a
-journal as they finish (``resume``); plugins are imported in a worker process, never here.
-"""
+journal as they finish (``resume``); plugins are imported in a worker process, never here."""
 
 from __future__ import annotations
 
@@ -191,9 +190,8 @@ def _run(args: argparse.Namespace, device: str, journal, plugin_backends: set[st
         print(message, file=sys.stderr)
     if journal is None:
         run_dir, journal = reserve_run(args.out, reports_root, device, run_options(args, device))
-    else:
+    else:  # resume() locked it
         run_dir = args.out
-        journal.lock()  # a resume took it already: a no-op
     resume_hint = f"python -m harness run --resume {run_dir}"
     try:
         return _run_and_write(args, device, cases, backends, plugin_backends, worker, journal, run_dir, resume_hint)
@@ -211,12 +209,11 @@ def _run(args: argparse.Namespace, device: str, journal, plugin_backends: set[st
 
 def _run_and_write(args, device, cases, backends, plugin_backends, worker, journal, run_dir, resume_hint) -> int:
     """Time the ceiling, run what the journal lacks, write the folder, drop the journal; the exit code."""
-    threads = torch.get_num_threads()  # as cmd_run set it (--threads)
+    threads = torch.get_num_threads()  # as apply_threads set it (--threads)
     to_profile = selected(cases, backends, args.profile)
     dtypes = tuple(sorted({c.dtype for c in cases}))
-    # Over workers or Ray on CUDA, every worker measures its own GPU's ceilings as it starts and its rows are judged
-    # against them (harness.timing.ceilings.own_device): the driver measures none; meta.json's are the first GPU's.
-    pooled_cuda = device == "cuda" and (getattr(args, "workers", None) or getattr(args, "ray", None)) is not None
+    # Over workers or Ray on CUDA each worker measures its own GPU's ceilings; meta.json's are the first GPU's.
+    pooled_cuda = device == "cuda" and (args.workers is not None or args.ray is not None)
     ceilings = measure_ceilings(device, list(dtypes)) if args.timing and not pooled_cuda else {}
     isolated = {"plugins": plugin_backends, "all": {b.name for b in backends}, "none": set()}[args.isolate]
     config = RunConfig(

@@ -69,10 +69,8 @@ def summarize(frame: pd.DataFrame) -> str:
 
 
 def verdict_lines(frame: pd.DataFrame, code: int, *, most: int = 8, width: int = 110) -> str:
-    """``PASS: 212 rows: 150 pass, 62 skip`` (``FAIL`` unless ``code`` is 0, ``INCOMPLETE`` for 4), then at
-    most ``most`` skip reasons, the most frequent first, cut to ``width``; backends skipped for a reason that
-    differs only by their name share one line (``skip varlen_flash, flex_paged (28 each): runs on cuda, ...``).
-    """
+    """``PASS: 212 rows: 150 pass, 62 skip`` (``FAIL`` unless ``code`` is 0, ``INCOMPLETE`` for 4), then the ``most``
+    most frequent skip reasons, cut to ``width``; one reason but for the backend's name shares a line."""
     counts = frame["status"].value_counts()
     order = ("fail", "error", "pass", "skip") if code == 1 else ("pass", "skip", "fail", "error")
     order += tuple(s for s in counts.index if s not in order)

@@ -1,5 +1,4 @@
-"""The ``run`` verb's scale-out options, checked before any work, and the choice of executor: in this
-process, over worker processes or over Ray."""
+"""The ``run`` verb's scale-out options, checked before any work, and the choice of executor."""
 
 from __future__ import annotations
 
@@ -35,23 +34,21 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def check_arguments(args: argparse.Namespace) -> None:
     """Refuse bad scale-out options (ValueError, a message for the user); apply --oracle-cache."""
-    if getattr(args, "workers", None) is not None:
+    if args.workers is not None:
         worker_count(args.workers, "cpu")  # ValueError unless a positive integer or 'auto'
-    if getattr(args, "shard", None) is not None:
+    if args.shard is not None:
         parse_shard(args.shard)
-    if getattr(args, "ray", None) is not None and (why := ray_missing()):
+    if args.ray is not None and (why := ray_missing()):
         raise ValueError(why)
-    if getattr(args, "oracle_cache", None):
+    if args.oracle_cache:
         os.environ[ENV_DIR] = args.oracle_cache  # read by this process and inherited by its workers
 
 
 def run_rows(args: argparse.Namespace, cases, config, on_row, done, worker=None) -> dict:
-    """Run the cases with --ray, else --workers, else in this process (``worker``: its isolation worker, which the
-    CLI started; process-pool runs isolate by process already and leave it unused); meta.json's ``scale`` (with
-    ``mode``, ``gpus`` and ``wall_s``)."""
+    """Run the cases with --ray, else --workers, else in this process (``worker``: the CLI's isolation worker,
+    unused by a process pool); meta.json's ``scale`` (with ``mode``, ``gpus`` and ``wall_s``)."""
     started = time.perf_counter()
-    workers, ray = getattr(args, "workers", None), getattr(args, "ray", None)
-    if ray is None and workers is None:
+    if args.ray is None and args.workers is None:
         executor = InProcess(worker)
     else:  # what writing the run folder needs (the page, its plots) is imported on a thread while the driver waits
 
@@ -60,6 +57,6 @@ def run_rows(args: argparse.Namespace, cases, config, on_row, done, worker=None)
                 importlib.import_module(name)
 
         threading.Thread(target=preload, name="preload-report", daemon=True).start()
-        executor = RayCluster(ray, workers) if ray is not None else ProcessPool(workers)
+        executor = RayCluster(args.ray, args.workers) if args.ray is not None else ProcessPool(args.workers)
     record = executor.run(cases, config, on_row, done)
     return {**record, "wall_s": round(time.perf_counter() - started, 3)}

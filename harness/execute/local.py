@@ -19,8 +19,8 @@ from harness.timing.phases import rounded, take_phases
 
 def run_cases(cases: Iterable[Case], config: RunConfig, on_row: Callable[[dict], None] | None = None,
               done: Collection[tuple[str, str]] = (), worker: Worker | None = None) -> pd.DataFrame:  # fmt: skip
-    """Every case through every configured backend but the pairs in ``done``; one row per (case, backend),
-    each to ``on_row``. Backends in ``config.isolated`` run in ``worker`` (or a new one)."""
+    """Every (case, backend) pair but those in ``done``, each row to ``on_row``; backends in ``config.isolated``
+    run in ``worker`` (or a new one)."""
     cases = list(cases)
     done = set(done)
     rows: list[dict] = []
@@ -52,9 +52,8 @@ def run_cases(cases: Iterable[Case], config: RunConfig, on_row: Callable[[dict],
                     if kind == "row":
                         show_output(config, case.id, row["backend"])
                         emit(row)
-                isolated = [b for b in todo if b.name in config.isolated]
                 called = []
-                for backend in isolated:  # their skips are made here: only the rest go to the worker
+                for backend in (b for b in todo if b.name in config.isolated):  # skips made here, the rest there
                     if reason := backend.skip_reason(case, config.device):
                         emit(row_without_call(case, backend, config, "skip", reason))
                     else:
@@ -71,8 +70,7 @@ def run_cases(cases: Iterable[Case], config: RunConfig, on_row: Callable[[dict],
 
 @dataclass
 class InProcess:
-    """The executor of a run without ``--workers`` or ``--ray`` (:class:`harness.execute.loop.Executor`);
-    ``worker``: the isolation worker the CLI started (the plugins imported there first)."""
+    """The executor of a run without ``--workers`` or ``--ray``; ``worker``: the CLI's isolation worker."""
 
     worker: Worker | None = None
 

@@ -1,6 +1,5 @@
 """The one per-case loop every executor runs (:func:`case_events`), and the bookkeeping every driver of
-other processes shares (:class:`Tracker`).
-"""
+other processes shares (:class:`Tracker`)."""
 
 from __future__ import annotations
 

@@ -1,7 +1,5 @@
-"""A row's output: what a plugin's row writes to stdout and stderr goes to its own log, moved to
-``<run>/logs/`` with the run folder; the terminal gets its head (:func:`report_output`), and known-harmless
-warnings (:data:`HARMLESS`) are named there once a run.
-"""
+"""A row's output: what a plugin's row prints goes to its own log (``<run>/logs/``); the terminal gets its
+head, and known-harmless warnings (:data:`HARMLESS`) are named there once a run."""
 
 from __future__ import annotations
 

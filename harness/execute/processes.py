@@ -1,7 +1,6 @@
 """Worker processes: where a crash, an exit or a hang cannot end the run (an error row; the next call
 starts a fresh worker). A worker imports the plugins, runs what it is sent and sends events back as
-``torch.save`` of plain values, read with ``weights_only=True``; it never holds the oracle.
-"""
+``torch.save`` of plain values, read with ``weights_only=True``; it never holds the oracle."""
 
 from __future__ import annotations
 
@@ -44,6 +43,10 @@ from harness.timing.phases import absorb, take_phases
 START_TIMEOUT_S = 300.0  # importing torch, kernels and the plugins on a busy laptop
 DEFAULT_TIMEOUT_S = 600.0  # of one --profile of an isolated backend, unless --timeout or the case's timeout_s
 DIED, TIMED_OUT = "died", "timed out"  # what Worker.receive returns instead of a message
+PR_SET_PDEATHSIG = 1  # linux/prctl.h
+BATCH_S, BATCH_MIN, BATCH_MAX = 0.02, 10, 1000  # the back-to-back batch the driver times: about 20 ms of calls
+_LOADED: set[str] = set()  # plugins imported in this (long-lived) worker process
+_INPUTS: dict[str, CaseContext] = {}  # a plugin worker's last case: inputs and guard, no oracle
 
 
 class PluginImportError(Exception):
@@ -62,13 +65,6 @@ def describe_exit(exitcode: int | None) -> str:
     return f"exited with code {exitcode}"
 
 
-PR_SET_PDEATHSIG = 1  # linux/prctl.h
-
-
-_LOADED: set[str] = set()  # plugins imported in this (long-lived) worker process
-BATCH_S, BATCH_MIN, BATCH_MAX = 0.02, 10, 1000  # the back-to-back batch the driver times: about 20 ms of calls
-
-
 def encode(message) -> bytes:
     """A worker's message as bytes (``torch.save``: plain values and CPU tensors only)."""
     buffer = io.BytesIO()
@@ -82,8 +78,8 @@ def decode(data: bytes):
 
 
 def cpu_seconds(pid: int) -> float | None:
-    """CPU time a process has run, all its threads, from the OS (``/proc/PID/task/*/schedstat``, in ns);
-    None where there is no such file. The process cannot change it, and a busy machine does not inflate it."""
+    """CPU seconds of all a process's threads from ``/proc/PID/task/*/schedstat`` (None without it): the
+    process cannot change it, and a busy machine does not inflate it."""
     total = 0
     try:
         for task in Path(f"/proc/{pid}/task").iterdir():
@@ -95,17 +91,16 @@ def cpu_seconds(pid: int) -> float | None:
 
 
 def registrations() -> list[dict]:
-    """The plugins' backends in this process, as plain values (what the driver learns in place of importing):
-    their limits as a dict of lists and ints; of a plan step or a supports hook, only that there is one."""
+    """The plugins' backends here as plain values, what the driver learns in place of importing (of a plan
+    step or a supports hook, only that there is one)."""
     return [{"name": b.name, "devices": list(b.devices), "description": b.description, "graphable": b.graphable,
              "variants": sorted(b.variants), "limits": b.limits.to_plain(), "plan": b.plan_step,
              "supports": b.supports_hook} for b in REGISTRY.values() if b.kind == "plugin"]  # fmt: skip
 
 
 def worker_setup(plugins: tuple[str, ...], threads: int | None, config: RunConfig | None = None) -> dict:
-    """A worker's setup before its first case: the interpreter where there is no GPU, its threads, the plugins,
-    and its device's name and ceilings; without a ``config`` it serves plugins: it walls off the oracle cache
-    and the source first and reports the registrations."""
+    """A worker's setup: the interpreter where there is no GPU, threads, plugins, its device's name and ceilings;
+    without a ``config`` it serves plugins: it walls off the oracle cache and the source first."""
     kernels.use_interpreter_if_no_gpu()
     if threads:
         torch.set_num_threads(threads)
@@ -167,9 +162,6 @@ def _worker_main(conn, plugins, threads, device_config, labels: dict, parent_pid
             conn.send_bytes(encode(event))
 
 
-_INPUTS: dict[str, CaseContext] = {}  # a plugin worker's last case: inputs and guard, no oracle
-
-
 def _calls(conn, case, names: list[str], config: RunConfig, seeds: dict, waited_s: float) -> None:
     """A plugin worker's answer to ("call", case, names, config, seeds): for each backend ("start", name),
     ("batch", name, calls) and ("batched", name) around the back-to-back batch the driver times, then
@@ -208,10 +200,8 @@ def _calls(conn, case, names: list[str], config: RunConfig, seeds: dict, waited_
 
 
 def spawn(context, gpu: str, name: str, args: tuple) -> tuple[multiprocessing.Process, Any]:
-    """Start a worker (:func:`_worker_main` with ``args``), seeing only ``gpu`` when one is given
-    (``CUDA_VISIBLE_DEVICES``); the process and this end of its pipe. It starts with SIGINT ignored, so a Ctrl-C
-    while it imports torch is the parent's one line, not a traceback in each child (this process ignores SIGINT
-    only meanwhile, and only on the main thread)."""
+    """Start :func:`_worker_main` with ``args``, seeing only ``gpu`` if given; the process and this end of its
+    pipe. SIGINT is ignored while it starts: a Ctrl-C during its imports is the parent's one line."""
     parent, child = context.Pipe()
     saved = os.environ.get("CUDA_VISIBLE_DEVICES")
     main = threading.current_thread() is threading.main_thread()
@@ -267,13 +257,10 @@ class Worker:
             try:
                 if self.conn.poll(wait):
                     return self._read()
+                if not self.process.is_alive():  # it may have answered just before dying
+                    return self._read() if self.conn.poll(0) else DIED
             except (EOFError, OSError):
                 return DIED
-            if not self.process.is_alive():
-                try:  # it may have answered just before dying
-                    return self._read() if self.conn.poll(0) else DIED
-                except (EOFError, OSError):
-                    return DIED
             if deadline is not None and time.monotonic() >= deadline:
                 return TIMED_OUT
 
@@ -287,8 +274,7 @@ class Worker:
             return DIED
 
     def stop(self) -> str:
-        """Kill the worker (if alive) and forget it; how it ended ('killed by SIGKILL'). The next call starts
-        a fresh one."""
+        """Kill the worker (if alive) and forget it; how it ended ('killed by SIGKILL')."""
         how = "was not running"
         if self.process is not None:
             if self.process.is_alive():
@@ -314,7 +300,7 @@ class Worker:
                 tracker.made(task, name, "error", ctx)
             return
         seeds = {name: flip_seeds() for name in task.names}  # drawn here, sent with the case
-        batches: dict[str, tuple] = {}
+        started, batches = {}, {}  # per backend: its batch's (calls, start, CPU s) while it runs, then its timing
         while task.names:
             self._ensure()
             self.conn.send(("call", task.case, list(task.names), config, {n: seeds[n] for n in task.names}))
@@ -330,9 +316,9 @@ class Worker:
                     break
                 kind = reply[0]
                 if kind == "batch":
-                    batches[reply[1]] = (int(reply[2]), time.monotonic(), cpu_seconds(self.process.pid))
-                elif kind == "batched" and reply[1] in batches:
-                    calls, since, cpu = batches[reply[1]]
+                    started[reply[1]] = (int(reply[2]), time.monotonic(), cpu_seconds(self.process.pid))
+                elif kind == "batched" and reply[1] in started:
+                    calls, since, cpu = started.pop(reply[1])
                     busy = cpu_seconds(self.process.pid) - cpu if cpu is not None else None
                     batches[reply[1]] = (calls, time.monotonic() - since, busy, config.threads or os.cpu_count() or 1)
                 elif kind == "called":
@@ -341,9 +327,7 @@ class Worker:
                         continue  # a name it was not asked for: nothing of it is used
                     try:
                         called = Called.from_message(reply[2])
-                        batch = batches.get(name)
-                        row = grade_called(ctx, REGISTRY[name], config, called, seeds[name],
-                                           batch if batch is not None and len(batch) == 4 else None)  # fmt: skip
+                        row = grade_called(ctx, REGISTRY[name], config, called, seeds[name], batches.get(name))
                     except Exception as error:  # a message of the wrong shape: the worker's fault
                         row = {**row_without_call(task.case, REGISTRY[name], config, "error",
                                                   f"its worker sent a malformed result: {error_reason(error)}")}  # fmt: skip

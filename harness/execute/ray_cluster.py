@@ -57,8 +57,7 @@ def case_task(case, names: list[str], config, plugins: tuple[str, ...]) -> Itera
 
 @dataclass
 class RayCluster:
-    """The ``--ray [ADDRESS]`` executor (:class:`harness.execute.loop.Executor`): ``address`` is
-    :data:`LOCAL` for a local Ray of ``workers`` CPUs."""
+    """The ``--ray [ADDRESS]`` executor: ``address`` is :data:`LOCAL` for a local Ray of ``workers`` CPUs."""
 
     address: str = LOCAL
     workers: str | None = None

@@ -1,9 +1,5 @@
-"""The walls around a plugin's worker process: what it cannot see or change on disk.
-
-Before importing any plugin, the worker enters a private mount namespace (Linux ``unshare``) where the
-oracle cache folder is an empty tmpfs and the harness's package folder is read-only. Where the kernel
-refuses, :func:`wall_off` says why and the run does without the oracle cache.
-"""
+"""The walls around a plugin's worker process: a private mount namespace (Linux ``unshare``) where the
+oracle cache folder is an empty tmpfs and the harness's package folder is read-only."""
 
 from __future__ import annotations
 
@@ -25,7 +21,7 @@ def _mount(libc, source: str | None, target: str, fstype: str | None, flags: int
 
 def wall_off(hidden: list[Path], read_only: list[Path]) -> str:
     """Enter a private mount namespace with ``hidden`` folders empty and ``read_only`` ones read-only;
-    '' when done, otherwise why not (the caller treats any reason as "no walls")."""
+    '' when done, otherwise why not (the run then does without the oracle cache)."""
     if not sys.platform.startswith("linux"):
         return f"no mount namespaces on {sys.platform}"
     for folder in hidden:

@@ -1,10 +1,5 @@
 """Many hosts, one run: ``harness run --shard I/N`` picks a host's slice of the cases, and
-``harness merge OUT RUN...`` joins the hosts' run folders into one.
-
-The cases are ordered by estimated cost (ties by id) and dealt round robin, so every host computes the
-same split alone. Merging refuses (:class:`MergeError`) a pair in two runs, mixed commits (unless
-``--allow-mixed-commits``), mixed devices, or timed beside untimed. Details: docs/scaling.md.
-"""
+``harness merge OUT RUN...`` joins the hosts' run folders into one (docs/scaling.md)."""
 
 from __future__ import annotations
 
@@ -31,16 +26,16 @@ def parse_shard(text: str) -> tuple[int, int]:
 
 
 def shard_cases(cases: list[Case], index: int, count: int) -> list[Case]:
-    """Shard ``index`` of ``count``: cases by cost, largest first (ties by id), dealt round robin;
-    returned in their original order."""
+    """Shard ``index`` of ``count``: cases by cost, largest first (ties by id), dealt round robin, so every host
+    computes the same split alone; returned in their original order."""
     ranked = sorted(range(len(cases)), key=lambda i: (-case_cost(cases[i]), cases[i].id))
     mine = {i for rank, i in enumerate(ranked) if rank % count == index}
     return [case for i, case in enumerate(cases) if i in mine]
 
 
 def merge_runs(run_dirs: list[Path], allow_mixed_commits: bool = False) -> tuple[pd.DataFrame, dict, list[str]]:
-    """The joined rows and meta of ``run_dirs`` (module docstring), and warnings for the user
-    (shards missing from an I/N set); MergeError on a conflict."""
+    """The joined rows and meta of ``run_dirs``, and warnings (shards missing from an I/N set); MergeError on a
+    pair in two runs, mixed commits (unless ``allow_mixed_commits``), mixed devices, or timed beside untimed."""
     if len(run_dirs) < 2:
         raise MergeError("merge needs at least two run folders")
     loaded = []
@@ -78,17 +73,14 @@ def merge_runs(run_dirs: list[Path], allow_mixed_commits: bool = False) -> tuple
     meta["case_files"] = sorted({c for _, _, m in loaded for c in m.get("case_files") or []})
     meta["host"] = ", ".join(dict.fromkeys(str(m.get("host")) for _, _, m in loaded))
     meta["dirty"] = any(m.get("dirty") for _, _, m in loaded)
-    for key in ("scale", "resumed", "shard"):  # each run's own is in merged_from
+    for key in ("scale", "resumed", "shard", "incomplete"):  # each run's own is in merged_from
         meta.pop(key, None)
-    names = {m.get("device_name") for _, _, m in loaded}
     if note := mixed_models_note(meta["gpus"]):
         meta["device_name"] = note
-    elif len(names) > 1:
+    elif len(names := {m.get("device_name") for _, _, m in loaded}) > 1:
         meta["device_name"] = f"mixed devices: {' + '.join(sorted(str(n) for n in names))}"
-    commits = {m.get("commit") for _, _, m in loaded}
-    if len(commits) > 1:
+    if len(commits := {m.get("commit") for _, _, m in loaded}) > 1:
         meta["commit"] = "mixed: " + " + ".join(sorted(str(c)[:12] for c in commits))
-    meta.pop("incomplete", None)
     warnings = _shard_warnings(loaded)
     incomplete = [(run_dir, m["incomplete"]) for run_dir, _, m in loaded if "incomplete" in m]
     if incomplete or warnings:

@@ -1,6 +1,5 @@
 """The process-pool executor: one host's worker processes (one per GPU, or N on a CPU) run the cases, longest
-first, ``PREFETCH`` ahead; a dead worker loses only its current row, retried once (docs/scaling.md).
-"""
+first, ``PREFETCH`` ahead; a dead worker loses only its current row, retried once (docs/scaling.md)."""
 
 from __future__ import annotations
 
@@ -51,8 +50,7 @@ def worker_count(value: str | int, device: str, threads: int | None = None) -> i
 
 
 class _Slot(Worker):
-    """One worker of the pool: its GPU ("" on a CPU), the cases sent to it in order (the first is
-    running), whether it said it is ready."""
+    """One worker of the pool: its GPU ("" on a CPU), the cases sent to it (the first runs), whether it is ready."""
 
     def __init__(self, index: int, gpu: str):
         super().__init__()
@@ -60,7 +58,6 @@ class _Slot(Worker):
 
     @property
     def task(self) -> Task | None:
-        """The case the worker is on (the first sent and not done)."""
         return self.tasks[0] if self.tasks else None
 
 
@@ -83,8 +80,6 @@ class PoolRun:
     def labels(self, slot: _Slot) -> dict:
         return {"host": self.host, "gpu_index": slot.gpu, "worker": slot.index}
 
-    # -- processes
-
     def _start(self, slot: _Slot) -> None:
         args = (self.plugins, self.threads, self.worker_config, self.labels(slot))
         slot.process, slot.conn = spawn(self.context, slot.gpu, f"harness-worker-{slot.index}", args)
@@ -106,8 +101,6 @@ class PoolRun:
             if slot.process is not None and slot.process.is_alive() and not slot.tasks:
                 slot.process.join(timeout=5)
             slot.stop()
-
-    # -- scheduling
 
     def run(
         self, cases: Iterable[Case], on_row: Callable[[dict], None], done: Collection[tuple[str, str]] = ()
@@ -211,8 +204,8 @@ class PoolRun:
         self._requeue(slot, queue)
 
     def _requeue(self, slot: _Slot, queue) -> None:
-        """The slot's worker is stopped: its case's backends left, then the cases sent ahead (untouched),
-        go back to the front of the queue, and a fresh worker takes the slot while work is left."""
+        """The slot's worker is stopped: its case's backends left, then the cases sent ahead, go back to the front
+        of the queue; a fresh worker takes the slot while work is left."""
         task, waiting = slot.task, slot.tasks[1:]
         slot.tasks = []
         queue.extendleft(reversed(waiting))

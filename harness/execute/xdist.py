@@ -1,6 +1,5 @@
 """pytest -n N (pytest-xdist): one GPU per worker; with ``--harness-report DIR`` each worker writes its rows to
-``<folder>/<gwI>.jsonl`` and the controller writes one run folder from them, in test order.
-"""
+``<folder>/<gwI>.jsonl`` and the controller writes one run folder from them, in test order."""
 
 from __future__ import annotations
 
@@ -24,10 +23,7 @@ _FOLDER_KEY = pytest.StashKey[str]()
 
 def pin_gpus(config: pytest.Config, specs) -> None:
     """Give each xdist worker spec its own GPU (``CUDA_VISIBLE_DEVICES``), round robin."""
-    if not _run_device(config).startswith("cuda"):
-        return
-    gpus = visible_gpus()
-    if not gpus:
+    if not (_run_device(config).startswith("cuda") and (gpus := visible_gpus())):
         return
     for index, spec in enumerate(specs):
         spec.env.setdefault("CUDA_VISIBLE_DEVICES", gpus[index % len(gpus)])
@@ -68,8 +64,7 @@ def save_worker_rows(config: pytest.Config, rows: list[dict]) -> Path:
 
 
 def collect_rows(config: pytest.Config) -> list[dict] | None:
-    """Controller side: every worker's rows (None when this is not an xdist run with a report: only the controller's
-    pytest_configure_node stashes the folder)."""
+    """Controller side: every worker's rows; None unless this is an xdist run with a report."""
     if _FOLDER_KEY not in config.stash:
         return None
     folder = Path(config.stash[_FOLDER_KEY])
@@ -81,8 +76,8 @@ def collect_rows(config: pytest.Config) -> list[dict] | None:
 
 
 def run_gpus(rows: list[dict]) -> tuple[list[dict], str]:
-    """meta.json's ``gpus`` of a pytest -n run (each GPU's host, index, name and workers; no
-    ceilings: the pytest path measures none) and the mixed-models note ("" for one model)."""
+    """meta.json's ``gpus`` of a pytest -n run (no ceilings: the pytest path measures none) and the
+    mixed-models note ("" for one model)."""
     ledger = GpuLedger()
     for row in rows:
         ledger.add(row["host"], row["gpu_index"], row["worker"], {"gpu_name": row.get("gpu_name"), "ceilings": {}})
