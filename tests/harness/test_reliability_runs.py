@@ -12,18 +12,27 @@ import subprocess
 import sys
 import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from types import SimpleNamespace
 
 import numpy as np
 import pandas as pd
 import pytest
+import torch
 
 from harness.backends import builtin as backends_module
+from harness.cli import terminal
 from harness.cli.main import build_parser, main
+from harness.cli.options import apply_threads
 from harness.cli.resume import resume
+from harness.execute.output import captured_output
+from harness.results import report
 from harness.results import storage as storage_module
 from harness.results.journal import Journal, journal_path
 from harness.review import confirm
+from harness.run import runner
+from harness.run.guard import Terminated
 from harness.run.runner import to_frame
 from tests.harness import review_frames as rf
 from tests.tiny_cases import TINY, write_cases
@@ -42,12 +51,8 @@ from harness import register_backend
 
 DIR = Path(os.environ.get("HARNESS_TEST_DIR", "/nonexistent"))
 
-def _marker(name):
-    path = DIR / name
-    if path.exists():
-        path.unlink()
-        return True
-    return False
+def _marker(name):  # True once the test has made DIR / name, which it takes
+    return (DIR / name).exists() and (DIR / name).unlink() is None
 
 def good(*args, out=None, **kwargs):
     if DIR.exists():
@@ -55,19 +60,10 @@ def good(*args, out=None, **kwargs):
             f.write("call\\n")
     return kernels.paged_attention_tlsim(*args, out=out, **kwargs)
 
-def os_exit(*args, **kwargs):
-    os._exit(0)
-
-def segfault(*args, **kwargs):
-    ctypes.string_at(0)
-
 def hangs(*args, **kwargs):
     if DIR.exists():
         (DIR / "worker.pid").write_text(str(os.getpid()))
     time.sleep(3600)
-
-def sys_exit(*args, **kwargs):
-    sys.exit(0)
 
 def sigterm_once(*args, out=None, **kwargs):
     if _marker("sigterm"):
@@ -89,8 +85,11 @@ def threads(*args, out=None, **kwargs):
     (DIR / "threads").write_text(str(torch.get_num_threads()))
     return kernels.paged_attention_tlsim(*args, out=out, **kwargs)
 
-for fn in (good, os_exit, segfault, hangs, sys_exit, sigterm_once, sigkill_once, flood, threads):
+for fn in (good, hangs, sigterm_once, sigkill_once, flood, threads):
     register_backend(fn.__name__, fn)
+register_backend("os_exit", lambda *args, **kwargs: os._exit(0))
+register_backend("segfault", lambda *args, **kwargs: ctypes.string_at(0))
+register_backend("sys_exit", lambda *args, **kwargs: sys.exit(0))
 register_backend("cuda_only", good, devices=("cuda",))
 """
 
@@ -318,12 +317,8 @@ def test_a_read_only_reports_folder_is_exit_2_before_any_work(setup, capsys, mon
 
 
 def test_runs_started_at_the_same_second_get_distinct_folders(tmp_path, monkeypatch):
-    class Frozen:
-        @staticmethod
-        def now(tz=None):
-            return datetime.datetime(2026, 1, 1, tzinfo=tz)
-
-    monkeypatch.setattr(storage_module, "datetime", Frozen)
+    frozen = SimpleNamespace(now=lambda tz=None: datetime.datetime(2026, 1, 1, tzinfo=tz))
+    monkeypatch.setattr(storage_module, "datetime", frozen)
     real_default = storage_module.default_run_dir
     same_name = real_default(tmp_path, "cpu")
     first_call = threading.local()
@@ -336,25 +331,17 @@ def test_runs_started_at_the_same_second_get_distinct_folders(tmp_path, monkeypa
 
     monkeypatch.setattr(storage_module, "default_run_dir", raced_default)
     frame = to_frame([{"case": "c", "backend": "b", "status": "pass"}])
-    reserved, errors = [], []
     barrier = threading.Barrier(6)
 
-    def one_run():
-        try:
-            barrier.wait()
-            run_dir, journal = storage_module.reserve_run(None, tmp_path, "cpu", {})
-            storage_module.write_run(frame, {}, run_dir)
-            journal.remove()
-            reserved.append(run_dir)
-        except Exception as error:  # collected: a thread's exception would vanish
-            errors.append(error)
+    def one_run(_):
+        barrier.wait()
+        run_dir, journal = storage_module.reserve_run(None, tmp_path, "cpu", {})
+        storage_module.write_run(frame, {}, run_dir)
+        journal.remove()
+        return run_dir
 
-    threads = [threading.Thread(target=one_run) for _ in range(6)]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join()
-    assert not errors, errors
+    with ThreadPoolExecutor(6) as pool:
+        reserved = list(pool.map(one_run, range(6)))  # raises a thread's exception
     assert len(set(reserved)) == 6
     assert sorted(p.name for p in tmp_path.iterdir()) == sorted(p.name for p in reserved)
 
@@ -380,8 +367,6 @@ def test_a_run_that_grades_nothing_or_skips_a_requested_backend_is_not_green(set
 
 
 def test_an_internal_bug_is_exit_3_with_a_traceback_not_bad_input(setup, capsys, monkeypatch):
-    from harness.cli import terminal
-
     def bug(frame):
         raise ValueError("an internal bug")
 
@@ -393,9 +378,6 @@ def test_an_internal_bug_is_exit_3_with_a_traceback_not_bad_input(setup, capsys,
 
 @pytest.mark.slow  # runs in fresh interpreters, one stopped
 def test_sigterm_during_the_final_write_leaves_no_partial_folder_and_keeps_the_journal(setup, capsys, monkeypatch):
-    from harness.results import report
-    from harness.run.guard import Terminated
-
     def terminated_while_rendering(*args):
         raise Terminated  # what the SIGTERM handler raises, arriving while the folder is written
 
@@ -422,8 +404,6 @@ def test_the_users_ctrl_c_stops_a_run_inside_a_hanging_call_and_keeps_the_journa
 
 
 def test_isolate_all_runs_the_built_ins_in_the_worker_too(setup, capsys, monkeypatch):
-    from harness.run import runner
-
     def no_local_call(*args, **kwargs):
         raise AssertionError("a built-in ran in-process under --isolate all")
 
@@ -592,10 +572,6 @@ def test_ctrl_c_while_a_worker_starts_is_one_line_not_a_childs_traceback(setup):
 
 
 def test_a_recorded_thread_count_past_the_cores_runs_on_the_cores():
-    import torch
-
-    from harness.cli.options import apply_threads
-
     before = torch.get_num_threads()
     try:
         assert apply_threads(str(10**6), "cpu") == (os.cpu_count() or 1)
@@ -605,8 +581,6 @@ def test_a_recorded_thread_count_past_the_cores_runs_on_the_cores():
 
 
 def test_a_planted_link_in_a_runs_log_folder_is_replaced_never_written_through(tmp_path):
-    from harness.execute.output import captured_output
-
     victim = tmp_path / "victim.txt"
     victim.write_text("mine")
     logs = tmp_path / "run.logs"
