@@ -103,11 +103,6 @@ def test_fit_scaling_fits_each_backend_and_skips_too_few_points():
     assert fit_verdict(0.1, 0.0, 1.0) == ""
 
 
-def scaling_frame(latency_us):
-    return pd.DataFrame({"backend": "a", "total_kv_tokens": [100, 200, 400, 800], "num_seqs": 1,
-                         "latency_us": latency_us})  # fmt: skip
-
-
 @pytest.mark.parametrize(
     ("latency_us", "reason"),
     [
@@ -117,7 +112,9 @@ def scaling_frame(latency_us):
     ],
 )
 def test_a_fit_below_r2_0_9_or_with_a_negative_term_is_no_fit_and_says_why(latency_us, reason):
-    (fit,) = fit_scaling(scaling_frame(latency_us)).itertuples()
+    frame = pd.DataFrame({"backend": "a", "total_kv_tokens": [100, 200, 400, 800], "num_seqs": 1,
+                          "latency_us": latency_us})  # fmt: skip
+    (fit,) = fit_scaling(frame).itertuples()
     assert not fit.fitted and fit.reason == reason, fit
     assert np.isnan(fit.per_unit_us) and np.isnan(fit.fixed_us)
 
