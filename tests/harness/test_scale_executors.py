@@ -123,21 +123,15 @@ def test_a_ray_tasks_poisoned_oracle_cache_entry_is_an_event_that_stops_the_run(
     assert events[-1] == ("poisoned", "oracle cache entry abc: its sha256 does not match")
 
 
-@pytest.fixture(scope="module")
-def one_process_rows(tmp_path_factory):
-    out = tmp_path_factory.mktemp("one") / "run"
-    assert main([*SMOKE, "--out", str(out), "--oracle-cache", "off"]) == 0
-    return pd.read_parquet(out / "results.parquet")
-
-
-def test_two_workers_give_the_one_process_rows_row_for_row(one_process_rows, tmp_path):
-    out, cache = tmp_path / "run", tmp_path / "cache"
+def test_two_workers_give_the_one_process_rows_row_for_row(tmp_path):
+    one, out, cache = tmp_path / "one", tmp_path / "run", tmp_path / "cache"
+    assert main([*SMOKE, "--out", str(one), "--oracle-cache", "off"]) == 0
     assert main([*SMOKE, "--out", str(out), "--workers", "2", "--oracle-cache", str(cache)]) == 0
-    pooled = pd.read_parquet(out / "results.parquet")
-    assert len(pooled) == len(one_process_rows) >= 10
-    pd.testing.assert_frame_equal(_without_timing(pooled), _without_timing(one_process_rows))
-    cases = one_process_rows["case"].nunique()
-    assert len(list(cache.glob("*.oracle"))) == cases  # --oracle-cache reached the workers: one entry per case
+    expected, pooled = (pd.read_parquet(run / "results.parquet") for run in (one, out))
+    assert len(pooled) == len(expected) >= 10
+    pd.testing.assert_frame_equal(_without_timing(pooled), _without_timing(expected))
+    # --oracle-cache reached the workers: one entry per case
+    assert len(list(cache.glob("*.oracle"))) == expected["case"].nunique()
 
 
 KILLER = """
