@@ -23,9 +23,8 @@ import torch
 
 from harness.backends import builtin as backends_module
 from harness.cli import terminal
-from harness.cli.main import build_parser, main
+from harness.cli.main import main
 from harness.cli.options import apply_threads
-from harness.cli.resume import resume
 from harness.execute.output import captured_output
 from harness.results import report
 from harness.results import storage as storage_module
@@ -459,17 +458,6 @@ def test_resume_imports_a_journals_plugin_given_again_with_plugin_by_any_spellin
 
 
 # --- resume is honest and exclusive ------------------------------------------------------
-
-
-def test_resume_lets_timeout_win_and_keeps_the_runs_other_options(setup):
-    out = setup / "run"
-    rf.journal(out, setup / "tiny.toml")
-    args = build_parser().parse_args(["run", "--resume", str(out), "--timeout", "5"])
-    resume(args).close(stopped=True)
-    assert args.timeout == 5.0, "--timeout given with --resume wins over the journal's 300"
-    args = build_parser().parse_args(["run", "--resume", str(out)])
-    resume(args).close(stopped=True)
-    assert args.timeout == 300.0 and args.isolate == "plugins"
 
 
 def test_a_second_resume_of_a_journal_being_written_is_refused_naming_the_holder(setup, capsys, monkeypatch):

@@ -59,19 +59,6 @@ def test_merge_takes_mixed_commits_when_told(shard_runs, tmp_path):
     assert json.loads((tmp_path / "m3" / "meta.json").read_text())["commit"].startswith("mixed: ")
 
 
-def test_resume_keeps_the_runs_shard(tmp_path):
-    from harness.cli.main import build_parser
-    from harness.cli.resume import resume, run_options
-    from harness.results.journal import Journal
-
-    out = tmp_path / "run"
-    args = build_parser().parse_args([*SMOKE, "--shard", "1/3"])
-    Journal.create(out, run_options(args, "cpu")).close(stopped=True)
-    again = build_parser().parse_args(["run", "--resume", str(out)])
-    resume(again)
-    assert again.shard == "1/3"
-
-
 def _edited_copy(source, target, **meta_changes):
     shutil.copytree(source, target)
     meta = json.loads((target / "meta.json").read_text())
