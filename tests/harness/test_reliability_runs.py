@@ -89,7 +89,6 @@ for fn in (good, hangs, sigterm_once, sigkill_once, flood, threads):
 register_backend("os_exit", lambda *args, **kwargs: os._exit(0))
 register_backend("segfault", lambda *args, **kwargs: ctypes.string_at(0))
 register_backend("sys_exit", lambda *args, **kwargs: sys.exit(0))
-register_backend("cuda_only", good, devices=("cuda",))
 """
 
 EVIL = """
@@ -353,7 +352,6 @@ def test_runs_started_at_the_same_second_get_distinct_folders(tmp_path, monkeypa
     [
         (None, {"backends": ["flex_attention"]}, "nothing was graded: "),
         (backends("flex_attention", "tlsim"), {}, "--backend flex_attention ran on no case"),
-        (backends("cuda_only"), {}, "nothing was graded"),
     ],
 )
 def test_a_run_that_grades_nothing_or_skips_a_requested_backend_is_not_green(setup, capsys, extra, case_addition,
