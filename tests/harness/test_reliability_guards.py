@@ -54,14 +54,12 @@ def test_a_backend_that_mutates_an_input_fails_and_the_next_sees_pristine_inputs
 def test_a_mutation_during_timing_only_is_caught_too(case_file, run_rows):
     calls = []
 
-    def mutates_from_second_call(q, k_cache, v_cache, block_table, seq_lens, query_start_loc=None, scale=None,
-                                 out=None):  # fmt: skip
+    def from_the_second_call(**inputs):
         calls.append(1)
         if len(calls) > 1:
-            k_cache.mul_(2)
-        return kernels.paged_attention_tlsim(q, k_cache, v_cache, block_table, seq_lens, query_start_loc, scale, out)
+            inputs["k_cache"].mul_(2)
 
-    register_backend("late_mutator", mutates_from_second_call)
+    register_backend("late_mutator", tlsim_then(from_the_second_call))
     rows = run_rows(case_file, ["late_mutator", "tlsim"], timing=True)
     assert rows.loc["late_mutator", "status"] == "fail"
     assert "mutated its input k_cache while timed" in rows.loc["late_mutator", "reason"]
