@@ -1,4 +1,4 @@
-"""Each GPU judged by its own ceilings, mixed models said, phases kept; --resume keeps --workers / --ray."""
+"""Each GPU judged by its own ceilings, mixed models said, phases kept; --resume keeps the run's own options."""
 
 from __future__ import annotations
 
@@ -129,7 +129,6 @@ def test_an_isolated_backends_phases_count_in_a_one_process_run(cases_file, tmp_
 
 def _stopped_run(tmp_path, cases_file, *flags: str):
     """A run that reserved its folder and journal with these flags, then stopped before any row."""
-    tmp_path.mkdir(exist_ok=True)
     out = tmp_path / "run"
     args = build_parser().parse_args(["run", str(cases_file), "--backend", "tlsim", "--no-timing", *flags])
     Journal.create(out, run_options(args, "cpu")).close(stopped=True)

@@ -24,7 +24,7 @@ from harness.results.storage import load_run
 from harness.run import oracle, runner
 from harness.run.grading import locate
 from harness.run.runner import RunConfig
-from harness.timing import measure
+from harness.timing import measure, timer
 from harness.timing.metrics import attended_pairs, bytes_moved, flops, kv_tokens_read, tflops
 from harness.timing.scaling import fit_line, fit_scaling, fit_verdict
 from harness.timing.timer import probe_call, time_call, time_wall
@@ -41,10 +41,8 @@ def test_time_call_keeps_its_floor_of_samples_past_its_budget_and_time_wall_meas
 
 def test_time_wall_on_cuda_splits_the_hosts_return_from_the_drained_wall(monkeypatch):
     """host_samples are the call's own return time; the wall adds the drain (a fake 4 ms drain, 1 ms call)."""
-    import harness.timing.timer as timing
-
-    monkeypatch.setattr(timing, "_is_cuda", lambda device: True)
-    monkeypatch.setattr(timing, "L2_FLUSH_BYTES", 16)
+    monkeypatch.setattr(timer, "_is_cuda", lambda device: True)
+    monkeypatch.setattr(timer, "L2_FLUSH_BYTES", 16)
     drains = []
     monkeypatch.setattr(torch.cuda, "synchronize", lambda *a: drains.append(time.sleep(0.004)))
     host: list[float] = []
@@ -210,8 +208,7 @@ def test_a_backend_whose_first_call_compiles_past_the_budget_is_timed_on_a_gpu(
     if device == "cuda" and not model and not every_call_slow:
         assert "not timed" not in str(row["note"]) and row["latency_us"] > 0
     else:
-        expected_calls = 2 if every_call_slow else 1
-        assert "not timed: one call took" in row["note"] and len(calls) == expected_calls, "the calls that decide"
+        assert "not timed: one call took" in row["note"] and len(calls) == 1 + every_call_slow, "the calls that decide"
         why = "a Python model on a GPU is graded" if device == "cuda" and model else "0.1 s timing budget"
         assert why in row["note"] and row["latency_us"] != row["latency_us"], "an untimed row"
 
