@@ -139,7 +139,6 @@ def _stopped_run(tmp_path, cases_file, *flags: str):
 @pytest.mark.parametrize(
     ("first", "again", "mode", "workers"),
     [
-        (["--workers", "2"], [], "workers", 2),
         (["--workers", "2"], ["--workers", "1"], "workers", 1),
         (["--workers", "9"], [], "workers", 2),
         ([], [], "one process", None),
