@@ -115,8 +115,7 @@ def fresh_registry():
 
 @pytest.fixture(autouse=True)
 def built_ins_only(clean_registry):
-    """Each test starts with the built-in backends only; those registered here vanish after it."""
-    fresh_registry()
+    fresh_registry()  # each test starts with the built-ins only; those registered here vanish after it
 
 
 @pytest.fixture

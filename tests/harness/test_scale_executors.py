@@ -182,8 +182,7 @@ def test_a_killed_worker_costs_one_retry_then_an_error_row_a_hung_one_an_error_r
     by_pair = {(r["case"], r["backend"]): r for r in rows}
     assert len(rows) == len(by_pair) == 8  # every (case, backend) once, the run completed
     died = by_pair[("dies_here", "killer")]
-    assert died["status"] == "error"
-    assert "killed by SIGKILL" in died["reason"] and "on 2 workers" in died["reason"]
+    assert died["status"] == "error" and "killed by SIGKILL" in died["reason"] and "on 2 workers" in died["reason"]
     kills = (tmp_path / "kills").read_text().split()
     assert len(kills) == 2 and kills[0] != kills[1]  # tried once more, in another process
     hung = by_pair[("hangs_here", "killer")]
@@ -208,8 +207,7 @@ def test_workers_killed_after_they_are_ready_are_error_rows_not_a_broken_install
 
 
 def test_finished_workers_are_reaped_in_the_background_and_exit(tmp_path):
-    write_cases(tmp_path / "cases.toml", *FINE)
-    cases = load_cases([tmp_path / "cases.toml"], "cpu")
+    cases = load_cases([write_cases(tmp_path / "cases.toml", *FINE)], "cpu")
     config = RunConfig(device="cpu", backends=resolve_backends(["tlsim"]), timing=False, progress=False, threads=1)
     rows: list[dict] = []
     pool = run_pool(cases, config, rows.append, workers=2)

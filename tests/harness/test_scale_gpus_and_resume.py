@@ -74,8 +74,7 @@ harness.timing.ceilings.own_device = own_device
 def test_workers_report_their_device_and_meta_keeps_it_with_where_the_time_went(
     cases_file, tmp_path, monkeypatch, capsys
 ):
-    own_device = ceilings.own_device
-    monkeypatch.setattr(ceilings, "own_device", own_device)  # the plugin patches it here too
+    monkeypatch.setattr(ceilings, "own_device", ceilings.own_device)  # the plugin patches it here too: restored
     (tmp_path / "fake_gpu.py").write_text(FAKE_GPU)
     out = tmp_path / "run"
     code = main(["run", str(cases_file), "--backend", "tlsim", "--plugin", str(tmp_path / "fake_gpu.py"),
