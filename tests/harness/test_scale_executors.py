@@ -292,13 +292,10 @@ def test_on_ray_a_killed_and_a_hung_task_are_error_rows_and_the_innocent_rows_ar
     pd.testing.assert_frame_equal(_without_timing(on_ray), expected, check_dtype=False)
 
 
-CASES = ({"name": "first"}, {"name": "second", "seed": 1}, {"name": "third", "block_size": 8})
-
-
 @pytest.mark.slow  # three interpreters start (controller and two workers): about 45 s on a busy 2-core box
 def test_xdist_workers_rows_merge_into_one_run_folder_equal_to_a_one_process_run(tmp_path):
     pytest.importorskip("xdist", reason="pytest-xdist is an optional extra: pip install '.[xdist]'")
-    cases = write_cases(tmp_path / "cases.toml", *CASES)
+    cases = write_cases(tmp_path / "cases.toml", *FINE, {"name": "third", "block_size": 8})
     backends = ["--backend", "reference", "--backend", "tlsim"]
     one = tmp_path / "one"
     assert main(["run", str(cases), *backends, "--no-timing", "--no-progress", "--out", str(one)]) == 0
