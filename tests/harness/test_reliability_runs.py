@@ -200,9 +200,6 @@ def _ctrl_c_once(started: Path, proc) -> str:
         _finish(proc, 30)
 
 
-# --- no backend can end the run -------------------------------------------------------
-
-
 @pytest.mark.slow  # workers crash and one hangs past its limit
 def test_exit_segfault_hang_and_sys_exit_in_a_plugin_are_error_rows_and_the_run_goes_on(setup, capsys):
     """Case 'first' limits a call to 4 s (timeout_s); 'second' runs only `hangs`, which is hung by then."""
@@ -219,9 +216,6 @@ def test_exit_segfault_hang_and_sys_exit_in_a_plugin_are_error_rows_and_the_run_
     assert rows.loc["tlsim", "status"] == "pass"
     hung = rows_of(out).set_index(["case", "backend"]).loc[("second", "hangs")]
     assert (hung["status"], hung["reason"]) == ("skip", "hung on first after 4 s; not run")
-
-
-# --- the journal: a killed run is resumed -----------------------------------------------
 
 
 def test_sigterm_keeps_the_journal_and_resume_runs_only_the_missing_pairs(setup, capsys):
@@ -288,9 +282,6 @@ def test_a_failing_final_write_keeps_the_journal_and_says_how_to_resume(setup, c
     assert len(rows_of(out)) == 4 and set(rows_of(out)["status"]) == {"pass"}
 
 
-# --- writes ------------------------------------------------------------------------------
-
-
 def test_a_read_only_reports_folder_is_exit_2_before_any_work(setup, capsys, monkeypatch):
     reports = setup / "reports"
     reports.mkdir()
@@ -340,9 +331,6 @@ def test_runs_started_at_the_same_second_get_distinct_folders(tmp_path, monkeypa
         reserved = list(pool.map(one_run, range(6)))  # raises a thread's exception
     assert len(set(reserved)) == 6
     assert sorted(p.name for p in tmp_path.iterdir()) == sorted(p.name for p in reserved)
-
-
-# --- exit codes: no false green ----------------------------------------------------------
 
 
 @pytest.mark.parametrize(
@@ -410,9 +398,6 @@ def test_isolate_all_runs_the_built_ins_in_the_worker_too(setup, capsys, monkeyp
     assert set(rows_of(out)["status"]) == {"pass"} and len(rows_of(out)) == 4
 
 
-# --- only the command line names code -------------------------------------------------------
-
-
 def _slower_runs(tmp_path, backend: str, **meta_extra) -> tuple[Path, Path]:
     """Two run folders where ``backend`` is 1.5x slower in the new one, meta.json as given."""
     rng = np.random.default_rng(0)
@@ -453,9 +438,6 @@ def test_resume_imports_a_journals_plugin_given_again_with_plugin_by_any_spellin
     assert (setup / "evil_ran").exists(), "given with --plugin, it is imported"
 
 
-# --- resume is honest and exclusive ------------------------------------------------------
-
-
 def test_a_second_resume_of_a_journal_being_written_is_refused_naming_the_holder(setup, capsys, monkeypatch):
     out = setup / "run"
     path = rf.journal(out, setup / "tiny.toml")
@@ -492,9 +474,6 @@ def test_duplicated_journal_rows_are_dropped_with_a_warning_and_the_folder_loads
     assert f"warning: {journal_path(out)}: dropped 1 duplicated row(s)" in err and "tiny tlsim (line 3)" in err
     assert len(pd.read_parquet(out / "results.parquet")) == 1
     assert main(["compare", str(done), str(out)]) in (0, 4), "the written folder is loadable by compare"
-
-
-# --- processes and output ----------------------------------------------------------------
 
 
 def test_an_isolated_worker_dies_with_its_sigkilled_parent(setup):
