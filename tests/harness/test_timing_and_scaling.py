@@ -220,8 +220,7 @@ def test_a_python_model_on_a_gpu_is_graded_not_timed(tmp_path, monkeypatch):
     assert gpu.for_backend(REGISTRY["tlsim"]).budget_s == measure.MODEL_BUDGET_S
     assert gpu.for_backend(REGISTRY["triton"]).budget_s == measure.ROW_BUDGET_S  # kernels keep the row budget
     assert cpu.for_backend(REGISTRY["tlsim"]).budget_s == measure.ROW_BUDGET_S  # on a CPU the models are the subject
-    unbudgeted = dataclasses.replace(gpu, budget_s=None)
-    assert unbudgeted.for_backend(REGISTRY["tlsim"]).budget_s is None
+    assert dataclasses.replace(gpu, budget_s=None).for_backend(REGISTRY["tlsim"]).budget_s is None  # unbudgeted
     # the row it makes (its timing settings' budget 0): graded, its note saying why it has no latency
     row = _one_row_within_a_short_budget(tmp_path, monkeypatch, kernels.paged_attention_reference, True, 0.0)
     assert "not timed: one call took" in row["note"] and "graded, not timed" in row["note"]
