@@ -54,58 +54,41 @@ def test_a_backend_that_mutates_an_input_fails_and_the_next_sees_pristine_inputs
 def test_a_mutation_during_timing_only_is_caught_too(case_file, run_rows):
     calls = []
 
-    def mutates_from_second_call(q, k_cache, v_cache, block_table, seq_lens, query_start_loc=None, scale=None,
-                                 out=None):  # fmt: skip
+    def from_the_second_call(**inputs):
         calls.append(1)
         if len(calls) > 1:
-            k_cache.mul_(2)
-        return kernels.paged_attention_tlsim(q, k_cache, v_cache, block_table, seq_lens, query_start_loc, scale, out)
+            inputs["k_cache"].mul_(2)
 
-    register_backend("late_mutator", mutates_from_second_call)
+    register_backend("late_mutator", tlsim_then(from_the_second_call))
     rows = run_rows(case_file, ["late_mutator", "tlsim"], timing=True)
     assert rows.loc["late_mutator", "status"] == "fail"
     assert "mutated its input k_cache while timed" in rows.loc["late_mutator", "reason"]
     assert rows.loc["tlsim", "status"] == "pass"
 
 
-def float64_result(q, k_cache, v_cache, block_table, seq_lens, query_start_loc=None, scale=None, out=None):
-    return paged_attention_oracle(q, k_cache, v_cache, block_table, seq_lens, query_start_loc, scale)
+def _raise(error):
+    raise error
 
 
-def wrong_shape(q, k_cache, v_cache, block_table, seq_lens, query_start_loc=None, scale=None, out=None):
-    return kernels.paged_attention_tlsim(q, k_cache, v_cache, block_table, seq_lens, query_start_loc)[:, None]
+# backend -> (a kernel returning an output unlike q's or exiting, its row's status, its reason)
+OUTPUTS = {
+    "float64_result": (lambda *a, out=None: paged_attention_oracle(*a), "fail", r"dtype float64, expected q's float32"),
+    "wrong_shape": (lambda *a, out=None: kernels.paged_attention_tlsim(*a)[:, None], "fail", r"shape \(3, 1, 4, 32\)"),
+    "returns_none": (lambda *a, **k: None, "fail", r"not a tensor"),
+    "exits": (lambda *a, **k: sys.exit(0), "error", r"^SystemExit"),
+    "interrupts": (lambda *a, **k: _raise(KeyboardInterrupt), "error", r"^KeyboardInterrupt"),
+}  # fmt: skip
 
 
-def returns_none(q, *args, **kwargs):
-    return None
-
-
-def exits(*args, **kwargs):
-    sys.exit(0)
-
-
-def interrupts(*args, **kwargs):
-    raise KeyboardInterrupt
-
-
-@pytest.mark.parametrize(
-    ("kernel", "status", "reason"),
-    [
-        (float64_result, "fail", r"dtype float64, expected q's float32"),
-        (wrong_shape, "fail", r"shape \(3, 1, 4, 32\)"),
-        (returns_none, "fail", r"not a tensor"),
-        (exits, "error", r"^SystemExit"),
-        (interrupts, "error", r"^KeyboardInterrupt"),
-    ],
-    ids=["float64_result", "wrong_shape", "returns_none", "exits", "interrupts"],
-)
+@pytest.mark.parametrize("name", OUTPUTS)
 def test_an_output_unlike_qs_or_an_exit_from_a_backend_is_its_row_and_the_next_backend_passes(
-    case_file, run_rows, kernel, status, reason
+    case_file, run_rows, name
 ):
-    register_backend(kernel.__name__, kernel)
-    rows = run_rows(case_file, [kernel.__name__, "tlsim"])
-    assert rows.loc[kernel.__name__, "status"] == status
-    assert re.search(reason, rows.loc[kernel.__name__, "reason"]), rows.loc[kernel.__name__, "reason"]
+    kernel, status, reason = OUTPUTS[name]
+    register_backend(name, kernel)
+    rows = run_rows(case_file, [name, "tlsim"])
+    assert rows.loc[name, "status"] == status
+    assert re.search(reason, rows.loc[name, "reason"]), rows.loc[name, "reason"]
     assert rows.loc["tlsim", "status"] == "pass"
 
 
@@ -122,7 +105,7 @@ def test_the_users_ctrl_c_still_stops_the_run(case_file, run_rows):
         guard.USER_INTERRUPT.clear()
 
 
-def test_tolerance_zero_grades_exact_output_as_pass_with_a_finite_ratio(tmp_path):
+def test_tolerance_zero_grades_exact_output_as_pass_with_a_finite_ratio():
     expected = torch.tensor([1.0, 0.0, -2.0], dtype=torch.float64)
     exact = grade(expected.clone(), expected, atol=0.0, rtol=0.0)
     assert exact.passed and exact.tol_ratio == 0.0
@@ -142,27 +125,20 @@ def test_tolerance_zero_run_exits_0_when_every_row_is_exact(tmp_path, capsys):
     assert "closest to its tolerance: " in capsys.readouterr().out
 
 
-def float64_result_as_float32(q, k_cache, v_cache, block_table, seq_lens, query_start_loc=None, scale=None, out=None):
-    """The exact result rounded to q's dtype: the best any kernel can do."""
-    return paged_attention_oracle(q, k_cache, v_cache, block_table, seq_lens, query_start_loc, scale).to(q.dtype)
-
-
-def bound_and_errors(input_scale, dtype="float32", seed=0):
-    inputs = make_inputs(num_q_heads=8, num_kv_heads=2, head_dim=128, block_size=16, seq_lens=[300, 77, 1000],
-                         q_lens=[3, 1, 2], dtype=dtype, input_scale=input_scale, seed=seed)  # fmt: skip
-    expected = paged_attention_oracle(*inputs.args())
-    bound = forward_error_bound(*inputs.args(), expected)
-    return inputs, expected, bound
-
-
 def test_error_bound_covers_real_round_off_and_flags_tolerances_below_it():
     atol, rtol = 1e-5, 1e-4
     for scale in (1.0, 3.0, 8.0):
-        inputs, expected, bound = bound_and_errors(scale)
-        for kernel in (kernels.paged_attention_reference, kernels.paged_attention_tlsim, float64_result_as_float32):
-            err = (kernel(*inputs.args()).double() - expected).abs()
-            assert bool((err <= bound).all()), f"{kernel.__name__} beyond the bound at input_scale {scale}"
-        result = grade(kernels.paged_attention_reference(*inputs.args()), expected, atol, rtol, bound)
+        inputs = make_inputs(num_q_heads=8, num_kv_heads=2, head_dim=128, block_size=16, seq_lens=[300, 77, 1000],
+                             q_lens=[3, 1, 2], dtype="float32", input_scale=scale, seed=0)  # fmt: skip
+        expected = paged_attention_oracle(*inputs.args())
+        bound = forward_error_bound(*inputs.args(), expected)
+        reference = kernels.paged_attention_reference(*inputs.args())
+        tlsim = kernels.paged_attention_tlsim(*inputs.args())
+        # the last: the exact result rounded to q's dtype, the best any kernel can do
+        for name, output in zip(("reference", "tlsim", "exact"), (reference, tlsim, expected.float()), strict=True):
+            err = (output.double() - expected).abs()
+            assert bool((err <= bound).all()), f"{name} beyond the bound at input_scale {scale}"
+        result = grade(reference, expected, atol, rtol, bound)
         assert result.error_bound == float(bound.max())
         if scale == 1.0:
             assert result.bound_ratio < 1 and result.grading_note == ""
@@ -183,18 +159,14 @@ def test_rows_carry_error_bound_and_grading_note(case_file, tmp_path, run_rows):
 def test_fingerprints_see_one_changed_element_and_a_swap_on_either_path():
     pool = torch.full((64, 16, 2, 32), float("nan"))
     pool[:40] = torch.randn(40, 16, 2, 32)
-    assert fingerprint(pool) == fingerprint(pool.clone()), "NaN slots compare equal"
     changed = pool.clone()
     changed[3, 4, 1, 7] += 1e-6
     swapped = pool.clone()
     swapped[[0, 1]] = pool[[1, 0]]
-    for other in (changed, swapped):
-        assert fingerprint(other) != fingerprint(pool)
-        as_bytes = [t.reshape(-1).view(torch.uint8) for t in (pool, other)]
-        assert device_digest(as_bytes[0]) != device_digest(as_bytes[1]), "the on-device digest used for CUDA"
-    assert device_digest(pool.reshape(-1).view(torch.uint8)) == device_digest(
-        pool.clone().reshape(-1).view(torch.uint8)
-    )
+    for other, same in ((pool.clone(), True), (changed, False), (swapped, False)):  # NaN slots compare equal
+        assert (fingerprint(other) == fingerprint(pool)) == same
+        on_device = [device_digest(t.reshape(-1).view(torch.uint8)) for t in (pool, other)]  # the one used for CUDA
+        assert (on_device[0] == on_device[1]) == same
 
 
 def test_the_error_bound_in_chunks_of_query_rows_is_the_same_bound(monkeypatch):

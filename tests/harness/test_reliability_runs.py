@@ -12,18 +12,26 @@ import subprocess
 import sys
 import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from types import SimpleNamespace
 
 import numpy as np
 import pandas as pd
 import pytest
+import torch
 
 from harness.backends import builtin as backends_module
-from harness.cli.main import build_parser, main
-from harness.cli.resume import resume
+from harness.cli import terminal
+from harness.cli.main import main
+from harness.cli.options import apply_threads
+from harness.execute.output import captured_output
+from harness.results import report
 from harness.results import storage as storage_module
 from harness.results.journal import Journal, journal_path
 from harness.review import confirm
+from harness.run import runner
+from harness.run.guard import Terminated
 from harness.run.runner import to_frame
 from tests.harness import review_frames as rf
 from tests.tiny_cases import TINY, write_cases
@@ -42,12 +50,8 @@ from harness import register_backend
 
 DIR = Path(os.environ.get("HARNESS_TEST_DIR", "/nonexistent"))
 
-def _marker(name):
-    path = DIR / name
-    if path.exists():
-        path.unlink()
-        return True
-    return False
+def _marker(name):  # True once the test has made DIR / name, which it takes
+    return (DIR / name).exists() and (DIR / name).unlink() is None
 
 def good(*args, out=None, **kwargs):
     if DIR.exists():
@@ -55,19 +59,10 @@ def good(*args, out=None, **kwargs):
             f.write("call\\n")
     return kernels.paged_attention_tlsim(*args, out=out, **kwargs)
 
-def os_exit(*args, **kwargs):
-    os._exit(0)
-
-def segfault(*args, **kwargs):
-    ctypes.string_at(0)
-
 def hangs(*args, **kwargs):
     if DIR.exists():
         (DIR / "worker.pid").write_text(str(os.getpid()))
     time.sleep(3600)
-
-def sys_exit(*args, **kwargs):
-    sys.exit(0)
 
 def sigterm_once(*args, out=None, **kwargs):
     if _marker("sigterm"):
@@ -89,9 +84,11 @@ def threads(*args, out=None, **kwargs):
     (DIR / "threads").write_text(str(torch.get_num_threads()))
     return kernels.paged_attention_tlsim(*args, out=out, **kwargs)
 
-for fn in (good, os_exit, segfault, hangs, sys_exit, sigterm_once, sigkill_once, flood, threads):
+for fn in (good, hangs, sigterm_once, sigkill_once, flood, threads):
     register_backend(fn.__name__, fn)
-register_backend("cuda_only", good, devices=("cuda",))
+register_backend("os_exit", lambda *args, **kwargs: os._exit(0))
+register_backend("segfault", lambda *args, **kwargs: ctypes.string_at(0))
+register_backend("sys_exit", lambda *args, **kwargs: sys.exit(0))
 """
 
 EVIL = """
@@ -118,8 +115,7 @@ def fresh_registry():
 
 @pytest.fixture(autouse=True)
 def built_ins_only(clean_registry):
-    """Each test starts with the built-in backends only; those registered here vanish after it."""
-    fresh_registry()
+    fresh_registry()  # each test starts with the built-ins only; those registered here vanish after it
 
 
 @pytest.fixture
@@ -204,9 +200,6 @@ def _ctrl_c_once(started: Path, proc) -> str:
         _finish(proc, 30)
 
 
-# --- no backend can end the run -------------------------------------------------------
-
-
 @pytest.mark.slow  # workers crash and one hangs past its limit
 def test_exit_segfault_hang_and_sys_exit_in_a_plugin_are_error_rows_and_the_run_goes_on(setup, capsys):
     """Case 'first' limits a call to 4 s (timeout_s); 'second' runs only `hangs`, which is hung by then."""
@@ -221,12 +214,8 @@ def test_exit_segfault_hang_and_sys_exit_in_a_plugin_are_error_rows_and_the_run_
     assert rows.loc["sys_exit", "status"] == "error" and rows.loc["sys_exit", "reason"].startswith("SystemExit")
     assert rows.loc["good", "status"] == "pass", "an isolated call after three deaths runs in a fresh worker"
     assert rows.loc["tlsim", "status"] == "pass"
-    second = rows_of(out).set_index(["case", "backend"]).loc["second"]
-    assert second.loc["hangs", "status"] == "skip"
-    assert second.loc["hangs", "reason"] == "hung on first after 4 s; not run"
-
-
-# --- the journal: a killed run is resumed -----------------------------------------------
+    hung = rows_of(out).set_index(["case", "backend"]).loc[("second", "hangs")]
+    assert (hung["status"], hung["reason"]) == ("skip", "hung on first after 4 s; not run")
 
 
 def test_sigterm_keeps_the_journal_and_resume_runs_only_the_missing_pairs(setup, capsys):
@@ -293,9 +282,6 @@ def test_a_failing_final_write_keeps_the_journal_and_says_how_to_resume(setup, c
     assert len(rows_of(out)) == 4 and set(rows_of(out)["status"]) == {"pass"}
 
 
-# --- writes ------------------------------------------------------------------------------
-
-
 def test_a_read_only_reports_folder_is_exit_2_before_any_work(setup, capsys, monkeypatch):
     reports = setup / "reports"
     reports.mkdir()
@@ -318,12 +304,8 @@ def test_a_read_only_reports_folder_is_exit_2_before_any_work(setup, capsys, mon
 
 
 def test_runs_started_at_the_same_second_get_distinct_folders(tmp_path, monkeypatch):
-    class Frozen:
-        @staticmethod
-        def now(tz=None):
-            return datetime.datetime(2026, 1, 1, tzinfo=tz)
-
-    monkeypatch.setattr(storage_module, "datetime", Frozen)
+    frozen = SimpleNamespace(now=lambda tz=None: datetime.datetime(2026, 1, 1, tzinfo=tz))
+    monkeypatch.setattr(storage_module, "datetime", frozen)
     real_default = storage_module.default_run_dir
     same_name = real_default(tmp_path, "cpu")
     first_call = threading.local()
@@ -336,30 +318,19 @@ def test_runs_started_at_the_same_second_get_distinct_folders(tmp_path, monkeypa
 
     monkeypatch.setattr(storage_module, "default_run_dir", raced_default)
     frame = to_frame([{"case": "c", "backend": "b", "status": "pass"}])
-    reserved, errors = [], []
     barrier = threading.Barrier(6)
 
-    def one_run():
-        try:
-            barrier.wait()
-            run_dir, journal = storage_module.reserve_run(None, tmp_path, "cpu", {})
-            storage_module.write_run(frame, {}, run_dir)
-            journal.remove()
-            reserved.append(run_dir)
-        except Exception as error:  # collected: a thread's exception would vanish
-            errors.append(error)
+    def one_run(_):
+        barrier.wait()
+        run_dir, journal = storage_module.reserve_run(None, tmp_path, "cpu", {})
+        storage_module.write_run(frame, {}, run_dir)
+        journal.remove()
+        return run_dir
 
-    threads = [threading.Thread(target=one_run) for _ in range(6)]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join()
-    assert not errors, errors
+    with ThreadPoolExecutor(6) as pool:
+        reserved = list(pool.map(one_run, range(6)))  # raises a thread's exception
     assert len(set(reserved)) == 6
     assert sorted(p.name for p in tmp_path.iterdir()) == sorted(p.name for p in reserved)
-
-
-# --- exit codes: no false green ----------------------------------------------------------
 
 
 @pytest.mark.parametrize(
@@ -367,7 +338,6 @@ def test_runs_started_at_the_same_second_get_distinct_folders(tmp_path, monkeypa
     [
         (None, {"backends": ["flex_attention"]}, "nothing was graded: "),
         (backends("flex_attention", "tlsim"), {}, "--backend flex_attention ran on no case"),
-        (backends("cuda_only"), {}, "nothing was graded"),
     ],
 )
 def test_a_run_that_grades_nothing_or_skips_a_requested_backend_is_not_green(setup, capsys, extra, case_addition,
@@ -380,8 +350,6 @@ def test_a_run_that_grades_nothing_or_skips_a_requested_backend_is_not_green(set
 
 
 def test_an_internal_bug_is_exit_3_with_a_traceback_not_bad_input(setup, capsys, monkeypatch):
-    from harness.cli import terminal
-
     def bug(frame):
         raise ValueError("an internal bug")
 
@@ -393,9 +361,6 @@ def test_an_internal_bug_is_exit_3_with_a_traceback_not_bad_input(setup, capsys,
 
 @pytest.mark.slow  # runs in fresh interpreters, one stopped
 def test_sigterm_during_the_final_write_leaves_no_partial_folder_and_keeps_the_journal(setup, capsys, monkeypatch):
-    from harness.results import report
-    from harness.run.guard import Terminated
-
     def terminated_while_rendering(*args):
         raise Terminated  # what the SIGTERM handler raises, arriving while the folder is written
 
@@ -422,8 +387,6 @@ def test_the_users_ctrl_c_stops_a_run_inside_a_hanging_call_and_keeps_the_journa
 
 
 def test_isolate_all_runs_the_built_ins_in_the_worker_too(setup, capsys, monkeypatch):
-    from harness.run import runner
-
     def no_local_call(*args, **kwargs):
         raise AssertionError("a built-in ran in-process under --isolate all")
 
@@ -433,9 +396,6 @@ def test_isolate_all_runs_the_built_ins_in_the_worker_too(setup, capsys, monkeyp
     out = setup / "run"
     assert run(setup, out, "--isolate", "all", *backends("tlsim", "reference"), plugin=False) == 0
     assert set(rows_of(out)["status"]) == {"pass"} and len(rows_of(out)) == 4
-
-
-# --- only the command line names code -------------------------------------------------------
 
 
 def _slower_runs(tmp_path, backend: str, **meta_extra) -> tuple[Path, Path]:
@@ -478,20 +438,6 @@ def test_resume_imports_a_journals_plugin_given_again_with_plugin_by_any_spellin
     assert (setup / "evil_ran").exists(), "given with --plugin, it is imported"
 
 
-# --- resume is honest and exclusive ------------------------------------------------------
-
-
-def test_resume_lets_timeout_win_and_keeps_the_runs_other_options(setup):
-    out = setup / "run"
-    rf.journal(out, setup / "tiny.toml")
-    args = build_parser().parse_args(["run", "--resume", str(out), "--timeout", "5"])
-    resume(args).close(stopped=True)
-    assert args.timeout == 5.0, "--timeout given with --resume wins over the journal's 300"
-    args = build_parser().parse_args(["run", "--resume", str(out)])
-    resume(args).close(stopped=True)
-    assert args.timeout == 300.0 and args.isolate == "plugins"
-
-
 def test_a_second_resume_of_a_journal_being_written_is_refused_naming_the_holder(setup, capsys, monkeypatch):
     out = setup / "run"
     path = rf.journal(out, setup / "tiny.toml")
@@ -528,9 +474,6 @@ def test_duplicated_journal_rows_are_dropped_with_a_warning_and_the_folder_loads
     assert f"warning: {journal_path(out)}: dropped 1 duplicated row(s)" in err and "tiny tlsim (line 3)" in err
     assert len(pd.read_parquet(out / "results.parquet")) == 1
     assert main(["compare", str(done), str(out)]) in (0, 4), "the written folder is loadable by compare"
-
-
-# --- processes and output ----------------------------------------------------------------
 
 
 def test_an_isolated_worker_dies_with_its_sigkilled_parent(setup):
@@ -592,10 +535,6 @@ def test_ctrl_c_while_a_worker_starts_is_one_line_not_a_childs_traceback(setup):
 
 
 def test_a_recorded_thread_count_past_the_cores_runs_on_the_cores():
-    import torch
-
-    from harness.cli.options import apply_threads
-
     before = torch.get_num_threads()
     try:
         assert apply_threads(str(10**6), "cpu") == (os.cpu_count() or 1)
@@ -605,8 +544,6 @@ def test_a_recorded_thread_count_past_the_cores_runs_on_the_cores():
 
 
 def test_a_planted_link_in_a_runs_log_folder_is_replaced_never_written_through(tmp_path):
-    from harness.execute.output import captured_output
-
     victim = tmp_path / "victim.txt"
     victim.write_text("mine")
     logs = tmp_path / "run.logs"

@@ -1,4 +1,4 @@
-"""Each GPU judged by its own ceilings, mixed models said, phases kept; --resume keeps --workers / --ray."""
+"""Each GPU judged by its own ceilings, mixed models said, phases kept; --resume keeps the run's own options."""
 
 from __future__ import annotations
 
@@ -10,9 +10,13 @@ import pytest
 from harness.cli.main import build_parser, main
 from harness.cli.options import BadInput
 from harness.cli.resume import resume, run_options
+from harness.execute.xdist import run_gpus
 from harness.results.journal import Journal
+from harness.results.report import render_html
+from harness.run.runner import to_frame
 from harness.timing import ceilings
 from harness.timing.ceilings import GpuLedger, mixed_models_note
+from harness.timing.phases import add_phases, phase, rounded, take_phases
 
 CASES = """
 defaults = {num_q_heads = 4, num_kv_heads = 2, head_dim = 32, block_size = 4}
@@ -70,8 +74,7 @@ harness.timing.ceilings.own_device = own_device
 def test_workers_report_their_device_and_meta_keeps_it_with_where_the_time_went(
     cases_file, tmp_path, monkeypatch, capsys
 ):
-    own_device = ceilings.own_device
-    monkeypatch.setattr(ceilings, "own_device", own_device)  # the plugin patches it here too
+    monkeypatch.setattr(ceilings, "own_device", ceilings.own_device)  # the plugin patches it here too: restored
     (tmp_path / "fake_gpu.py").write_text(FAKE_GPU)
     out = tmp_path / "run"
     code = main(["run", str(cases_file), "--backend", "tlsim", "--plugin", str(tmp_path / "fake_gpu.py"),
@@ -98,8 +101,6 @@ def test_workers_report_their_device_and_meta_keeps_it_with_where_the_time_went(
 
 
 def test_phases_sum_each_block_once_even_when_it_raises_and_start_again_after_take():
-    from harness.timing.phases import add_phases, phase, rounded, take_phases
-
     take_phases()
     with phase("a"):
         pass
@@ -127,7 +128,6 @@ def test_an_isolated_backends_phases_count_in_a_one_process_run(cases_file, tmp_
 
 def _stopped_run(tmp_path, cases_file, *flags: str):
     """A run that reserved its folder and journal with these flags, then stopped before any row."""
-    tmp_path.mkdir(exist_ok=True)
     out = tmp_path / "run"
     args = build_parser().parse_args(["run", str(cases_file), "--backend", "tlsim", "--no-timing", *flags])
     Journal.create(out, run_options(args, "cpu")).close(stopped=True)
@@ -138,7 +138,6 @@ def _stopped_run(tmp_path, cases_file, *flags: str):
 @pytest.mark.parametrize(
     ("first", "again", "mode", "workers"),
     [
-        (["--workers", "2"], [], "workers", 2),
         (["--workers", "2"], ["--workers", "1"], "workers", 1),
         (["--workers", "9"], [], "workers", 2),
         ([], [], "one process", None),
@@ -154,25 +153,33 @@ def test_resume_runs_the_rest_with_the_runs_own_workers_unless_given_again(
     assert len(pd.read_parquet(out / "results.parquet")) == 2
 
 
-def test_resume_remembers_a_local_ray_but_a_clusters_address_only_when_given_again(tmp_path, cases_file):
-    """A journal may say a local Ray or 4 workers, never a cluster's address; a flag given again wins."""
-    local = _stopped_run(tmp_path / "local", cases_file, "--ray", "--workers", "4")
-    resumed = build_parser().parse_args(["run", "--resume", str(local)])
-    resume(resumed)
-    assert (resumed.ray, resumed.workers) == ("local", "4")
-    out = _stopped_run(tmp_path / "cluster", cases_file, "--ray", "ray://head:10001", "--workers", "4")
-    resumed = build_parser().parse_args(["run", "--resume", str(out)])
+CLUSTER = ["--ray", "ray://head:10001", "--workers", "4"]
+
+
+# the options that change no result: kept from the run, those given again win (--workers and --ray together);
+# a journal may say a local Ray, never a cluster's address
+@pytest.mark.parametrize(
+    ("first", "again", "expected"),
+    [
+        (["--shard", "1/3"], [], {"shard": "1/3"}),
+        (["--timeout", "300", "--isolate", "none"], [], {"timeout": 300.0, "isolate": "none"}),
+        (["--timeout", "300", "--isolate", "none"], ["--timeout", "5"], {"timeout": 5.0, "isolate": "none"}),
+        (["--ray", "--workers", "4"], [], {"ray": "local", "workers": "4"}),
+        (CLUSTER, ["--ray", "ray://head:10001"], {"ray": "ray://head:10001", "workers": None}),
+        (CLUSTER, ["--workers", "2"], {"ray": None, "workers": "2"}),
+    ],
+)
+def test_resume_takes_the_runs_own_options_unless_given_again(tmp_path, cases_file, first, again, expected):
+    args = build_parser().parse_args(["run", "--resume", str(_stopped_run(tmp_path, cases_file, *first)), *again])
+    resume(args).close(stopped=True)
+    assert {name: getattr(args, name) for name in expected} == expected
+
+
+def test_resume_of_a_run_on_a_ray_cluster_needs_its_address_given_again_unless_it_finalizes(tmp_path, cases_file):
+    out = _stopped_run(tmp_path, cases_file, *CLUSTER)
     with pytest.raises(BadInput, match=r"the Ray cluster at ray://head:10001; name it again .*--ray ray://head:10001"):
-        resume(resumed)
-    finalize = build_parser().parse_args(["run", "--resume", str(out), "--finalize"])  # sends nothing anywhere
-    resume(finalize).close(stopped=True)
-    for flags, expected in (
-        (["--ray", "ray://head:10001"], ("ray://head:10001", None)),
-        (["--workers", "2"], (None, "2")),
-    ):
-        resumed = build_parser().parse_args(["run", "--resume", str(out), *flags])
-        resume(resumed)
-        assert (resumed.ray, resumed.workers) == expected
+        resume(build_parser().parse_args(["run", "--resume", str(out)]))
+    resume(build_parser().parse_args(["run", "--resume", str(out), "--finalize"])).close(stopped=True)  # sends nothing
 
 
 def test_a_gpus_ceilings_are_measured_once_per_process_and_once_per_gpu_where_processes_share_a_folder(
@@ -199,9 +206,6 @@ def test_a_gpus_ceilings_are_measured_once_per_process_and_once_per_gpu_where_pr
 
 
 def test_the_report_lists_each_gpu_with_its_read_ceiling():
-    from harness.results.report import render_html
-    from harness.run.runner import to_frame
-
     h200 = {"gpu_index": "1", "gpu_name": "NVIDIA H200"}
     frame = to_frame([{"case": "c", "backend": "triton", "status": "pass", **h200}])
     gpus = [{"host": "h", **h200, "ceilings": {"read_gbps": 4210.0}, "workers": [1]}]
@@ -210,8 +214,6 @@ def test_the_report_lists_each_gpu_with_its_read_ceiling():
 
 
 def test_a_pytest_n_run_lists_its_workers_gpus_and_names_mixed_models():
-    from harness.execute.xdist import run_gpus
-
     rows = [{"host": "h", "gpu_index": "0", "worker": "gw0", "gpu_name": "NVIDIA H200"},
             {"host": "h", "gpu_index": "0", "worker": "gw0", "gpu_name": "NVIDIA H200"},
             {"host": "h", "gpu_index": "1", "worker": "gw1", "gpu_name": "NVIDIA A100-SXM4-80GB"}]  # fmt: skip

@@ -53,25 +53,6 @@ def test_merged_shards_give_the_one_process_rows_and_say_where_they_came_from(sh
     assert (out / "report.html").is_file() and "scale" not in meta
 
 
-def test_merge_takes_mixed_commits_when_told(shard_runs, tmp_path):
-    other = _edited_copy(shard_runs / "host1", tmp_path / "other_commit", commit="f" * 40)
-    assert main(["merge", str(tmp_path / "m3"), str(shard_runs / "host0"), str(other), "--allow-mixed-commits"]) == 0
-    assert json.loads((tmp_path / "m3" / "meta.json").read_text())["commit"].startswith("mixed: ")
-
-
-def test_resume_keeps_the_runs_shard(tmp_path):
-    from harness.cli.main import build_parser
-    from harness.cli.resume import resume, run_options
-    from harness.results.journal import Journal
-
-    out = tmp_path / "run"
-    args = build_parser().parse_args([*SMOKE, "--shard", "1/3"])
-    Journal.create(out, run_options(args, "cpu")).close(stopped=True)
-    again = build_parser().parse_args(["run", "--resume", str(out)])
-    resume(again)
-    assert again.shard == "1/3"
-
-
 def _edited_copy(source, target, **meta_changes):
     shutil.copytree(source, target)
     meta = json.loads((target / "meta.json").read_text())
@@ -79,18 +60,20 @@ def _edited_copy(source, target, **meta_changes):
     return target
 
 
-def test_merge_joins_incomplete_records_keeps_every_gpu_model_and_warns_of_absent_shards(shard_runs, tmp_path, capsys):
+def test_merge_joins_incomplete_records_keeps_every_gpu_model_warns_of_absent_shards_and_takes_mixed_commits_when_told(
+    shard_runs, tmp_path, capsys
+):
     host0 = _edited_copy(shard_runs / "host0", tmp_path / "h0", shard="0/3",
                          gpus=[{"host": "node", "gpu_index": "0", "gpu_name": "NVIDIA H200", "ceilings": {}}])  # fmt: skip
-    host1 = _edited_copy(shard_runs / "host1", tmp_path / "h1", shard="1/3",
+    host1 = _edited_copy(shard_runs / "host1", tmp_path / "h1", shard="1/3", commit="f" * 40,
                          incomplete={"missing": ["x tlsim", "y tlsim"], "missing_pairs": 2},
                          gpus=[{"host": "node", "gpu_index": "0", "gpu_name": "NVIDIA H100", "ceilings": {}}])  # fmt: skip
     out = tmp_path / "merged"
-    assert main(["merge", str(out), str(host0), str(host1)]) == 0
+    assert main(["merge", str(out), str(host0), str(host1), "--allow-mixed-commits"]) == 0
     assert "shards 2/3 are not among the runs" in capsys.readouterr().err
     meta = json.loads((out / "meta.json").read_text())
     assert meta["incomplete"]["missing"] == ["x tlsim", "y tlsim"] and meta["incomplete"]["runs"] == [str(host1)]
     assert meta["incomplete"]["shards"] == ["shards 2/3 are not among the runs"]
     assert [g["gpu_name"] for g in meta["gpus"]] == ["NVIDIA H100", "NVIDIA H200"]  # same host and index: both kept
     assert meta["device_name"].startswith("mixed GPU models") and meta["command"].startswith("harness merge ")
-    assert [m["shard"] for m in meta["merged_from"]] == ["0/3", "1/3"]
+    assert [m["shard"] for m in meta["merged_from"]] == ["0/3", "1/3"] and meta["commit"].startswith("mixed: ")

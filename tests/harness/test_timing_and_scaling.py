@@ -24,7 +24,7 @@ from harness.results.storage import load_run
 from harness.run import oracle, runner
 from harness.run.grading import locate
 from harness.run.runner import RunConfig
-from harness.timing import measure
+from harness.timing import measure, timer
 from harness.timing.metrics import attended_pairs, bytes_moved, flops, kv_tokens_read, tflops
 from harness.timing.scaling import fit_line, fit_scaling, fit_verdict
 from harness.timing.timer import probe_call, time_call, time_wall
@@ -41,10 +41,8 @@ def test_time_call_keeps_its_floor_of_samples_past_its_budget_and_time_wall_meas
 
 def test_time_wall_on_cuda_splits_the_hosts_return_from_the_drained_wall(monkeypatch):
     """host_samples are the call's own return time; the wall adds the drain (a fake 4 ms drain, 1 ms call)."""
-    import harness.timing.timer as timing
-
-    monkeypatch.setattr(timing, "_is_cuda", lambda device: True)
-    monkeypatch.setattr(timing, "L2_FLUSH_BYTES", 16)
+    monkeypatch.setattr(timer, "_is_cuda", lambda device: True)
+    monkeypatch.setattr(timer, "L2_FLUSH_BYTES", 16)
     drains = []
     monkeypatch.setattr(torch.cuda, "synchronize", lambda *a: drains.append(time.sleep(0.004)))
     host: list[float] = []
@@ -103,11 +101,6 @@ def test_fit_scaling_fits_each_backend_and_skips_too_few_points():
     assert fit_verdict(0.1, 0.0, 1.0) == ""
 
 
-def scaling_frame(latency_us):
-    return pd.DataFrame({"backend": "a", "total_kv_tokens": [100, 200, 400, 800], "num_seqs": 1,
-                         "latency_us": latency_us})  # fmt: skip
-
-
 @pytest.mark.parametrize(
     ("latency_us", "reason"),
     [
@@ -117,7 +110,9 @@ def scaling_frame(latency_us):
     ],
 )
 def test_a_fit_below_r2_0_9_or_with_a_negative_term_is_no_fit_and_says_why(latency_us, reason):
-    (fit,) = fit_scaling(scaling_frame(latency_us)).itertuples()
+    frame = pd.DataFrame({"backend": "a", "total_kv_tokens": [100, 200, 400, 800], "num_seqs": 1,
+                          "latency_us": latency_us})  # fmt: skip
+    (fit,) = fit_scaling(frame).itertuples()
     assert not fit.fitted and fit.reason == reason, fit
     assert np.isnan(fit.per_unit_us) and np.isnan(fit.fixed_us)
 
@@ -213,8 +208,7 @@ def test_a_backend_whose_first_call_compiles_past_the_budget_is_timed_on_a_gpu(
     if device == "cuda" and not model and not every_call_slow:
         assert "not timed" not in str(row["note"]) and row["latency_us"] > 0
     else:
-        expected_calls = 2 if every_call_slow else 1
-        assert "not timed: one call took" in row["note"] and len(calls) == expected_calls, "the calls that decide"
+        assert "not timed: one call took" in row["note"] and len(calls) == 1 + every_call_slow, "the calls that decide"
         why = "a Python model on a GPU is graded" if device == "cuda" and model else "0.1 s timing budget"
         assert why in row["note"] and row["latency_us"] != row["latency_us"], "an untimed row"
 
@@ -226,8 +220,7 @@ def test_a_python_model_on_a_gpu_is_graded_not_timed(tmp_path, monkeypatch):
     assert gpu.for_backend(REGISTRY["tlsim"]).budget_s == measure.MODEL_BUDGET_S
     assert gpu.for_backend(REGISTRY["triton"]).budget_s == measure.ROW_BUDGET_S  # kernels keep the row budget
     assert cpu.for_backend(REGISTRY["tlsim"]).budget_s == measure.ROW_BUDGET_S  # on a CPU the models are the subject
-    unbudgeted = dataclasses.replace(gpu, budget_s=None)
-    assert unbudgeted.for_backend(REGISTRY["tlsim"]).budget_s is None
+    assert dataclasses.replace(gpu, budget_s=None).for_backend(REGISTRY["tlsim"]).budget_s is None  # unbudgeted
     # the row it makes (its timing settings' budget 0): graded, its note saying why it has no latency
     row = _one_row_within_a_short_budget(tmp_path, monkeypatch, kernels.paged_attention_reference, True, 0.0)
     assert "not timed: one call took" in row["note"] and "graded, not timed" in row["note"]
