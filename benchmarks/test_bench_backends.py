@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from harness.run.runner import case_columns
+from harness.run.runner import case_columns, case_inputs
 from harness.timing.metrics import gbps
 from harness.timing.timer import time_call
 
@@ -32,8 +32,6 @@ def feed_samples(benchmark, samples_us: list[float]) -> None:
 
 
 def test_bench(benchmark, harness_case, harness_backend, harness_session, request):
-    from harness.run.runner import case_inputs
-
     case, backend, device = harness_case, harness_backend, harness_session.device
     if reason := backend.skip_reason(case, device):
         pytest.skip(reason)

@@ -1,20 +1,15 @@
 """A paged-attention kernel written outside this project, plugged into the harness.
 
-A plain Triton kernel an engine might carry, and the one ``register_backend`` call that puts it in every
-run named with ``--plugin``:
+A plain Triton kernel and the one ``register_backend`` call that puts it in every run named with ``--plugin``:
 
     harness run examples/triton_paged_plugin.toml --plugin examples/triton_paged_plugin.py --backend example_triton
     python examples/triton_paged_plugin.py --no-timing   # the same; further arguments go to harness run
 
-**The algorithm.** One program per (sequence, query head, tile of BLOCK_M queries) walks the sequence's
-pages in order, one page a step, with the online softmax (running max ``m`` and denominator ``l`` per
-row, the accumulator rescaled by ``exp(m_old - m_new)``). Key position ``p`` is slot ``p % block_size``
-of page ``block_table[s, p // block_size]``: with block_size 16, position 45 is slot 13 of the third
-page (45 = 2 * 16 + 13). A query at ``pos`` sees keys ``0..pos`` (and ``pos - W < p`` under a window W).
-
-**What the harness is told.** ``plan_launch`` picks BLOCK_M and the grid from the case's host-side facts,
-once per input set, outside the timed region; ``LIMITS`` are what the kernel serves (a case outside is a
-skip row naming the limit); ``variants`` names the variants it computes."""
+One program per (sequence, query head, tile of BLOCK_M queries) walks the sequence's pages in order, one
+page a step, with the online softmax (running max ``m`` and denominator ``l`` per row, the accumulator
+rescaled by ``exp(m_old - m_new)``). Key position ``p`` is slot ``p % block_size`` of page
+``block_table[s, p // block_size]``; a query at ``pos`` sees keys ``0..pos`` (and ``pos - W < p`` under a
+window W). ``plan_launch`` picks BLOCK_M and the grid on the host, once per input set, outside the timed region."""
 
 from __future__ import annotations
 
@@ -65,9 +60,7 @@ def _paged_attention_kernel(
     USE_WINDOW: tl.constexpr,
     DOT_PRECISION: tl.constexpr,  # "ieee" for fp32 (no tf32), "tf32" otherwise (unused by fp16/bf16 dots)
 ):  # fmt: skip
-    seq = tl.program_id(0)
-    head = tl.program_id(1)
-    tile = tl.program_id(2)
+    seq, head, tile = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     kv_head = head // GROUP
     seq_len = tl.load(seq_lens_ptr + seq)
     if ONE_QUERY_PER_SEQ:

@@ -18,6 +18,8 @@ import time
 from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
+import torch
+
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from harness.backends.flashinfer_peer import INSTALL, module_key, prepare_flashinfer, warmup_cases
@@ -29,8 +31,6 @@ SUITES = [f"cases/{name}.toml" for name in ("smoke", "gpu_peers", "gpu", "gpu_lo
 
 def build(twin) -> str:
     """Prepare and call one twin on the GPU; a line saying how long it took and what ran, or why it failed."""
-    import torch
-
     started = time.perf_counter()
     try:
         inputs = case_inputs(twin, "cuda")

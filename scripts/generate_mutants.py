@@ -115,10 +115,9 @@ def is_reached(mutant: dict, reached: dict[str, tuple[set[int], set[int]]]) -> b
 
 def _parses(source: str) -> bool:
     try:
-        ast.parse(source)
+        return bool(ast.parse(source))
     except SyntaxError:
         return False
-    return True
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -108,19 +108,17 @@ def kernel_modules(base_rev: str | Path, folder: Path, with_modules: tuple[str, 
         module = _import(f"kernels._ab_base_{name}", folder / f"_ab_base_{name}.py", text, f"the base's {name}.py")
         _rebind(module, swapped)
         swapped[name] = module
-    modules = {}
-    for side, text in sources.items():
-        modules[side] = _import(f"kernels._ab_{side}", folder / f"_ab_{side}.py", text, f"the {side} kernel")
-        if side == "base":
-            _rebind(modules[side], swapped)
+    modules = {
+        side: _import(f"kernels._ab_{side}", folder / f"_ab_{side}.py", text, f"the {side} kernel")
+        for side, text in sources.items()
+    }
+    _rebind(modules["base"], swapped)
     return modules
 
 
 def remove_modules() -> None:
-    for side in SIDES:
-        sys.modules.pop(f"kernels._ab_{side}", None)
-    for name in WITH:
-        sys.modules.pop(f"kernels._ab_base_{name}", None)
+    for name in [*(f"_ab_{side}" for side in SIDES), *(f"_ab_base_{name}" for name in WITH)]:
+        sys.modules.pop(f"kernels.{name}", None)
     for old in SPLIT:
         if hasattr(sys.modules.get(f"kernels.{old}"), "__served_from__"):
             sys.modules.pop(f"kernels.{old}")
@@ -197,8 +195,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.dry:
         cases = [dry_case()]
     else:
-        paths = [resolve_case_arg(s) for s in args.suites]
-        loaded = load_cases(paths, device=device, backends=["triton"])
+        loaded = load_cases([resolve_case_arg(s) for s in args.suites], device=device, backends=["triton"])
         cases = timeable(c for c in loaded if fnmatch.fnmatch(c.id, args.case))
     if not cases:
         parser.error(f"no case of {args.suites} matches --case {args.case!r} and runs the triton backend")

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import argparse
 import compileall
-import contextlib
 import gc
 import importlib
 import json
@@ -77,16 +76,6 @@ class Outcome:
     detail: str = ""
 
 
-@dataclass
-class Run:
-    """One child pytest run: status (None: timeout; negative: a signal), failed tests, last line, seconds."""
-
-    status: int | None
-    failed: list[str]
-    tail: str
-    wall: float
-
-
 def load_catalogue(path: Path = CATALOGUE) -> list[Mutant]:
     mutants = [Mutant(**entry) for entry in tomllib.loads(path.read_text())["mutant"]]
     if duplicates := sorted(i for i, n in Counter(m.id for m in mutants).items() if n > 1):
@@ -118,9 +107,8 @@ class _Recorder:
         self.path = path
 
     def pytest_runtest_logreport(self, report) -> None:
-        line = {"test": report.nodeid, "outcome": report.outcome}
         with open(self.path, "a") as f:
-            f.write(json.dumps(line) + "\n")
+            f.write(json.dumps({"test": report.nodeid, "outcome": report.outcome}) + "\n")
 
 
 def _pytest_child(tree: str, args: list[str], log: str, report: str, modules: str | None) -> None:
@@ -148,8 +136,9 @@ def _outside_tree(name: str, module, tree: str) -> bool:
     return not name.startswith("__") and name.split(".")[0] not in PROJECT and not source.startswith(tree)
 
 
-def run_pytest(tree: Path, args: list[str], timeout: float, modules: Path | None = None) -> Run:
-    """pytest ``args`` in ``tree``, in a child forked from this process (see the module's docstring)."""
+def run_pytest(tree: Path, args: list[str], timeout: float, modules: Path | None = None) -> tuple[str, str, float]:
+    """pytest ``args`` in ``tree``, in a child forked from this process: its verdict ("failed" | "passed" |
+    "timeout" | "error"), the first failing test or why, and its seconds."""
     log, report = tree / ".mutant-pytest.log", tree / ".mutant-tests.jsonl"
     report.unlink(missing_ok=True)
     context = multiprocessing.get_context("fork")
@@ -158,29 +147,22 @@ def run_pytest(tree: Path, args: list[str], timeout: float, modules: Path | None
     child = context.Process(target=_pytest_child, args=child_args)
     child.start()
     child.join(timeout)
-    timed_out = child.is_alive()
-    if timed_out:
+    if timed_out := child.is_alive():
         child.kill()
         child.join()
-    wall = time.perf_counter() - start
+    wall, status = time.perf_counter() - start, child.exitcode
     phases = [json.loads(line) for line in report.read_text().splitlines()] if report.exists() else []
-    failed = list(dict.fromkeys(phase["test"] for phase in phases if phase["outcome"] == "failed"))
-    output = log.read_text(errors="replace").strip() if log.exists() else ""
-    tail = output.splitlines()[-1] if output else ""
-    return Run(None if timed_out else child.exitcode, failed, tail, wall)
-
-
-def verdict_of(run: Run) -> tuple[str, str]:
-    """("failed" | "passed" | "timeout" | "error", the first failing test or why)."""
-    if run.status is None:
-        return "timeout", f"no verdict within {run.wall:.0f} s"
-    if run.status == 0:
-        return "passed", ""
-    if run.status == 1:  # a test failed
-        return "failed", run.failed[0] if run.failed else run.tail
-    if run.status < 0:  # the child died of a signal inside a test: the mutant broke the kernel
-        return "failed", f"crashed (signal {-run.status}) in {run.failed[0] if run.failed else 'a test'}"
-    return "error", run.tail or f"exit {run.status}"
+    failed = next((phase["test"] for phase in phases if phase["outcome"] == "failed"), None)
+    tail = (log.read_text(errors="replace").strip().splitlines() or [""])[-1] if log.exists() else ""
+    if timed_out:
+        return "timeout", f"no verdict within {wall:.0f} s", wall
+    if status == 0:
+        return "passed", "", wall
+    if status == 1:  # a test failed
+        return "failed", failed or tail, wall
+    if status < 0:  # the child died of a signal inside a test: the mutant broke the kernel
+        return "failed", f"crashed (signal {-status}) in {failed or 'a test'}", wall
+    return "error", tail or f"exit {status}", wall
 
 
 def preload(names: list[str] = ()) -> None:
@@ -192,8 +174,7 @@ def preload(names: list[str] = ()) -> None:
         if name.split(".")[0] in PROJECT or name in sys.modules:
             continue
         try:
-            with warnings.catch_warnings():
-                warnings.simplefilter("ignore")
+            with warnings.catch_warnings(action="ignore"):
                 importlib.import_module(name)
         except Exception:  # a module only its importer can load: the children import it then
             continue
@@ -214,37 +195,28 @@ def copy_tree(dest: Path) -> Path:
     return dest
 
 
-@contextlib.contextmanager
-def planted(mutant: Mutant, tree: Path):
-    """``mutant`` applied to its file in ``tree`` inside the block, the file restored after."""
-    path = tree / mutant.file
-    original = path.read_text()
-    path.write_text(original.replace(mutant.find, mutant.replace, 1))
-    try:
-        yield
-    finally:
-        path.write_text(original)
-
-
 def run_mutant(mutant: Mutant, tree: Path, tests: list[str], timeout: float, record: bool = False) -> Outcome:
     """Apply ``mutant`` in ``tree``, run its caught_by test, then (only if that passes) the rest with -x;
     ``record``: only the rest, naming the test that fails in ``detail``."""
     if reason := applies(mutant, tree):
         return Outcome(mutant.id, "not-applied", 0.0, reason)
     seconds, caught_by = 0.0, "" if record else mutant.caught_by
-    with planted(mutant, tree):
+    path = tree / mutant.file
+    original = path.read_text()
+    path.write_text(original.replace(mutant.find, mutant.replace, 1))
+    try:  # the file restored after
         if caught_by:
-            run = run_pytest(tree, [caught_by], timeout)
-            seconds += run.wall
-            verdict, detail = verdict_of(run)
+            verdict, detail, wall = run_pytest(tree, [caught_by], timeout)
+            seconds += wall
             if verdict == "failed":
                 return Outcome(mutant.id, "caught", seconds, detail)
             if verdict != "passed":
                 return Outcome(mutant.id, verdict, seconds, detail)
         deselect = ["--deselect", caught_by] if caught_by else []
-        run = run_pytest(tree, ["-x", *tests, *selection(mutant), *deselect], timeout)
-        seconds += run.wall
-        verdict, detail = verdict_of(run)
+        verdict, detail, wall = run_pytest(tree, ["-x", *tests, *selection(mutant), *deselect], timeout)
+        seconds += wall
+    finally:
+        path.write_text(original)
     if verdict == "failed" and not record:
         why = f"{caught_by} passed" if caught_by else "no caught_by"
         return Outcome(mutant.id, "misrecorded", seconds, f"{detail} ({why}: run --record)")
@@ -265,13 +237,6 @@ def write_caught_by(recorded: dict[str, str], path: Path = CATALOGUE) -> None:
     path.write_text("".join(blocks))
 
 
-def print_table(outcomes: list[Outcome]) -> None:
-    width = max(len(o.id) for o in outcomes)
-    print(f"{'mutant':<{width}}  {'verdict':<11}  {'seconds':>7}  caught by / detail")
-    for o in outcomes:
-        print(f"{o.id:<{width}}  {o.verdict:<11}  {o.seconds:7.1f}  {o.detail}")
-
-
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--only", nargs="+", metavar="ID", help="run these mutants only")
@@ -287,8 +252,7 @@ def main(argv: list[str] | None = None) -> int:
 
     mutants = load_catalogue(args.catalogue)
     if args.only:
-        unknown = sorted(set(args.only) - {m.id for m in mutants})
-        if unknown:
+        if unknown := sorted(set(args.only) - {m.id for m in mutants}):
             parser.error(f"unknown mutant ids: {unknown}")
         mutants = [m for m in mutants if m.id in args.only]
     if args.check:
@@ -308,9 +272,8 @@ def main(argv: list[str] | None = None) -> int:
         # The tests the mutants run: their caught_by tests, or all quick tests while one has none (or --record).
         recorded = sorted({m.caught_by for m in mutants})
         baseline_tests = args.tests if args.record or "" in recorded else recorded
-        baseline = run_pytest(tree, baseline_tests, args.timeout * 3, modules=imported)
-        verdict, detail = verdict_of(baseline)
-        print(f"baseline (unmutated): {verdict} in {baseline.wall:.1f} s {detail}", flush=True)
+        verdict, detail, wall = run_pytest(tree, baseline_tests, args.timeout * 3, modules=imported)
+        print(f"baseline (unmutated): {verdict} in {wall:.1f} s {detail}", flush=True)
         if verdict != "passed":
             print("mutants.py: the quick tests fail on the unmutated tree; fix that first")
             return 1
@@ -329,8 +292,10 @@ def main(argv: list[str] | None = None) -> int:
         with ThreadPoolExecutor(max(args.jobs, 1)) as pool:
             outcomes = list(pool.map(one, mutants))
     total = time.perf_counter() - started
-    print()
-    print_table(outcomes)
+    width = max(len(o.id) for o in outcomes)
+    print(f"\n{'mutant':<{width}}  {'verdict':<11}  {'seconds':>7}  caught by / detail")
+    for o in outcomes:
+        print(f"{o.id:<{width}}  {o.verdict:<11}  {o.seconds:7.1f}  {o.detail}")
     caught = [o for o in outcomes if o.verdict == "caught"]
     slowest = max((o.seconds for o in caught), default=0.0)
     print(f"\n{len(caught)}/{len(outcomes)} caught; slowest catch {slowest:.1f} s; total {total:.0f} s")

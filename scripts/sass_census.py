@@ -1,8 +1,7 @@
 """SASS census of the Triton kernel's tile loop, compiled for sm_90 on a machine without a GPU: per launch,
 the instructions a warp runs a tile in the unmasked and masked loops, registers, stack, spills, shared memory.
 
-    PYTHONPATH=<triton-3.6 site>:. python scripts/sass_census.py [--only NAME ...] [--set NAME=VALUE ...]
-        [--ops] [--json PATH] [--sass-dir DIR] [--module kernels.triton_paged]
+    PYTHONPATH=<triton-3.6 site>:. python scripts/sass_census.py [--only NAME ...] [--set NAME=VALUE ...] [--ops]
 
 Each launch (LAUNCHES) is the triton backend's for the case, planned on meta tensors. ``--set``
 overrides a constexpr or compile option; ``--module`` names another copy of the kernel."""
@@ -92,10 +91,8 @@ def plan_of(launch: Launch):
     table = torch.empty(len(lens), max(cdiv(n, bs) for n in lens), dtype=torch.int32, **meta)
     seq_lens = torch.empty(len(lens), dtype=torch.int32, **meta)
     starts = torch.empty(len(lens) + 1, dtype=torch.int32, **meta)
-    options = {}
-    if launch.kv_dtype is not None:
-        options = dict(k_scale=torch.ones(launch.kv_heads, **meta), v_scale=torch.ones(launch.kv_heads, **meta))
-    call = prepare_call(q, k, v, table, seq_lens, starts, check=False, **options)
+    scales = {n: torch.ones(launch.kv_heads, **meta) for n in ("k_scale", "v_scale") if launch.kv_dtype is not None}
+    call = prepare_call(q, k, v, table, seq_lens, starts, check=False, **scales)
     return TritonPlan(call, torch.empty_like(q[..., :dim_v]), None, max(q_lens), max(lens))
 
 
@@ -131,8 +128,7 @@ def compile_launch(name: str, overrides: dict | None = None, module: str = "kern
     """LAUNCHES[name]'s kernel compiled for sm_90 with ``overrides``: (compiled, constexprs, options)."""
     kernel = importlib.import_module(module).paged_attention_kernel
     overrides = overrides or {}
-    unknown = set(overrides) - OPTIONS - {p.name for p in kernel.params if p.is_constexpr}
-    if unknown:
+    if unknown := set(overrides) - OPTIONS - {p.name for p in kernel.params if p.is_constexpr}:
         raise ValueError(f"launch {name!r}: --set {', '.join(sorted(unknown))}: not a constexpr of {module}'s "
                          f"kernel nor one of {sorted(OPTIONS)}")  # fmt: skip
     launch = LAUNCHES[name]
@@ -176,10 +172,6 @@ def tile_loops(sass: str) -> list[list[str]]:
     return [body for body in found if len(body) > 100]
 
 
-def opcode(text: str) -> str:
-    return re.sub(r"^@!?U?P\w+\s+", "", text).split()[0]
-
-
 # What a tile must do, and what it pays besides. Uniform-datapath ops (U*) are listed apart: they issue
 # from the warp's instruction stream too, but the per-lane datapath is free meanwhile.
 CLASSES = [
@@ -204,7 +196,7 @@ def census(name: str, overrides: dict | None = None, module: str = "kernels.trit
     if sass_dir:
         with open(os.path.join(sass_dir, re.sub(r"[^A-Za-z0-9_]+", "_", name).strip("_") + ".sass"), "w") as f:
             f.write("\n".join(m.group(1) for m in re.finditer(r"/\*[0-9a-f]+\*/\s+([^;]*);", sass)))
-    loops = [[opcode(t) for t in body] for body in tile_loops(sass)]
+    loops = [[re.sub(r"^@!?U?P\w+\s+", "", t).split()[0] for t in body] for body in tile_loops(sass)]  # opcodes
     ops = collections.Counter(loops[0])
     classes = collections.Counter(next(c for c, p in CLASSES if re.match(p, op)) for op in loops[0])
     return dict(

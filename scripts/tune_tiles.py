@@ -1,7 +1,6 @@
 """Measure the Triton kernel's tile configs on this GPU and print the table for kernels/tuning.py.
 
-    python scripts/tune_tiles.py [SUITE ...] [--case PATTERN] [--class decode|verify|prefill]
-                                 [--out tune.json]
+    python scripts/tune_tiles.py [SUITE ...] [--case PATTERN] [--class decode|verify|prefill] [--out tune.json]
     python scripts/tune_tiles.py --dry         # CPU: one tiny case, two candidates (CI)
 
 Each case of the suites (default: gpu_peers) is timed as `harness run` times the triton backend, under
@@ -57,10 +56,8 @@ def candidates(key: tuple[str, int, str]) -> list[TileConfig]:
     """The default config, then the grid's others (tile_n <= 64 past head dim 128, <= 128 past 64)."""
     default = default_config(*key)
     grid = [TileConfig(*point) for point in GRID[key[2]]]
-    if key[1] > 128:
-        grid = [c for c in grid if c.tile_n <= 64]
-    if key[1] > 64:  # 256-key tiles only where a K tile stays small (head_dim 64: 32 KB of bf16)
-        grid = [c for c in grid if c.tile_n <= 128]
+    # 256-key tiles only where a K tile stays small (head_dim 64: 32 KB of bf16)
+    grid = [c for c in grid if key[1] <= 64 or c.tile_n <= (64 if key[1] > 128 else 128)]
     if key[0] == "fp32":  # 16-row tiles only (see kernels.tuning.default_config)
         grid = list(dict.fromkeys(TileConfig(16, c.max_tokens, c.tile_n, c.num_warps, c.num_stages) for c in grid))
     return [default] + [c for c in grid if c != default]
@@ -136,17 +133,15 @@ def main(argv: list[str] | None = None) -> int:
                 records.append({"case": case.id, "key": list(key), "config": vars(config), "median_us": us})
                 if base:
                     ratios[config].append(us / base)
-            best = min(times, key=times.get) if times else None
-            if best is not None and base:
+            if times and base:
+                best = min(times, key=times.get)
                 print(f"  {case.id}: default {base:.1f} us, best {times[best]:.1f} us {best}", flush=True)
             if args.out:  # after every case, so that a tuner stopped at a time limit keeps what it measured
                 args.out.write_text(json.dumps({"device": device, "records": records}, indent=1))
-        complete = {c: r for c, r in ratios.items() if len(r) == len(key_cases)}
-        if not complete:
-            continue
-        gains = {c: math.prod(r) ** (1 / len(r)) for c, r in complete.items()}  # the geometric mean
-        winner = min(gains, key=gains.get)
-        table.append((key, winner, gains[winner], len(key_cases)))
+        # the geometric mean, over the configs timed on every case
+        if gains := {c: math.prod(r) ** (1 / len(r)) for c, r in ratios.items() if len(r) == len(key_cases)}:
+            winner = min(gains, key=gains.get)
+            table.append((key, winner, gains[winner], len(key_cases)))
     print("\n# kernels/tuning.py TUNED (geometric-mean time against the default over the key's cases)")
     for key, winner, gain, n in table:
         print(f"    {key!r}: {winner!r},  # {gain:.3f}x the default over {n} case(s)")

@@ -76,9 +76,7 @@ def flagged(stdout: str) -> dict[str, list[tuple[str, str]]]:
 
 def run_in(tree: Path, cases: list[str], out: Path, log: Path, backends: list[str]) -> float:
     argv = ["run", *cases, "--plugin", PLUGIN, "--out", str(out), "--no-progress", "--threads", "1"]
-    for backend in backends:
-        argv += ["--backend", backend]
-    code, _, seconds = harness(argv, tree, log)
+    code, _, seconds = harness(argv + [w for backend in backends for w in ("--backend", backend)], tree, log)
     if not (out / "results.parquet").is_file():
         sys.exit(f"harness run in {tree} failed (exit {code}); see {log}")
     return seconds

@@ -64,17 +64,16 @@ LOOPS = 7  # host loops per measurement; the fastest is kept
 
 def host_us(fn, n: int, device: str, loops: int) -> float:
     """Host us a call, queue not drained: the fastest of ``loops`` loops of n back-to-back calls (as timeit)."""
+    sync = torch.cuda.synchronize if device == "cuda" else lambda: None
     fn()
     best = float("inf")
     for _ in range(loops):
-        if device == "cuda":
-            torch.cuda.synchronize()
+        sync()
         t0 = time.perf_counter()
         for _ in range(n):
             fn()
         best = min(best, time.perf_counter() - t0)
-    if device == "cuda":
-        torch.cuda.synchronize()
+    sync()
     return best / n * 1e6
 
 
@@ -89,33 +88,24 @@ def profile(fn, n: int, top: int = 15) -> str:
     return text.getvalue()
 
 
-def measure(inputs, device: str, n: int, reps: dict, loops: int) -> list[dict]:
-    """One row a call kind: host and eager with the plans off and on, device time, SDPA's host and eager."""
+def measure(inputs, device: str, n: int, reps: dict, loops: int) -> str:
+    """A markdown table, a row a call kind: host and eager with the plans off and on, device time, SDPA's."""
     sdpa = sdpa_call(inputs)
     sdpa_host, sdpa_eager = host_us(sdpa, n, device, loops), time_wall(sdpa, device, **reps).median_us
-    rows = []
-    for name, fn in calls(inputs).items():
-        row = {"call": name, "sdpa_host": sdpa_host, "sdpa_eager": sdpa_eager}
-        for flag, label in ((False, "off"), (True, "on")):
-            with launch_plan.plans_enabled(flag):
-                row[f"host_{label}"] = host_us(fn, n, device, loops)
-                row[f"eager_{label}"] = time_wall(fn, device, **reps).median_us
-        row["device"] = time_call(fn, device, **reps).median_us
-        rows.append(row)
-    return rows
-
-
-def render(rows: list[dict]) -> str:
-    """The markdown table of :func:`measure`'s rows."""
     lines = [
         "| call | host us, plans off | host us, plans on | eager us, off | eager us, on | device us | "
         "SDPA host us | SDPA eager us | eager on / SDPA eager |",
         "|---|---|---|---|---|---|---|---|---|",
     ]
-    for r in rows:
+    for name, fn in calls(inputs).items():
+        host, eager = {}, {}  # by plans on
+        for on in (False, True):
+            with launch_plan.plans_enabled(on):
+                host[on], eager[on] = host_us(fn, n, device, loops), time_wall(fn, device, **reps).median_us
         lines.append(
-            f"| {r['call']} | {r['host_off']:.1f} | {r['host_on']:.1f} | {r['eager_off']:.1f} | {r['eager_on']:.1f} | "
-            f"{r['device']:.1f} | {r['sdpa_host']:.1f} | {r['sdpa_eager']:.1f} | {r['eager_on'] / r['sdpa_eager']:.2f} |"
+            f"| {name} | {host[False]:.1f} | {host[True]:.1f} | {eager[False]:.1f} | {eager[True]:.1f} | "
+            f"{time_call(fn, device, **reps).median_us:.1f} | {sdpa_host:.1f} | {sdpa_eager:.1f} | "
+            f"{eager[True] / sdpa_eager:.2f} |"
         )
     return "\n".join(lines)
 
@@ -141,7 +131,7 @@ def main(argv: list[str] | None = None) -> int:
     lengths = f"{len(spec['seq_lens'])} x {spec['seq_lens'][0]}"
     shape = "tiny (dry)" if args.dry else f"{args.shape}: bf16, 32/8 heads, head_dim 128, block 16, {lengths}"
     print(f"# host overhead of paged_attention_triton, {shape}, on {device}")
-    print(render(measure(inputs, device, n, reps, loops=1 if args.dry else LOOPS)))  # dry: each interpreted call ~0.1 s
+    print(measure(inputs, device, n, reps, loops=1 if args.dry else LOOPS))  # dry: each interpreted call ~0.1 s
     plans = triton_paged.PLANS
     compiled = sum(r.plan.main.compiled is not None for r in plans.plans() if not r.plan.noop)
     launches = launch_plan.fast_launch_status() if device == "cuda" else "JIT entry (the interpreter)"

@@ -3,9 +3,7 @@
     python scripts/self/scale_table.py RUN_DIR WALL_S [RUN_DIR WALL_S ...]
 
 ``WALL_S`` is the whole command's wall time (scripts/self/gpu_scale.sh); the rest comes from each run's
-meta.json ``scale`` record: the cases' wall time, the speed-up over the first run (give ``--workers 1``
-first), the slowest worker start and its ceilings, dispatch wait a case, busy seconds (and below the table
-by phase, :func:`format_phases`), the journal and merge costs a row, and rows per status."""
+meta.json ``scale`` record. The speed-up is over the first run: give ``--workers 1`` first."""
 
 from __future__ import annotations
 

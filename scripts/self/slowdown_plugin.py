@@ -1,9 +1,8 @@
 """A plugin for the noise check: two built-in backends with a planted slowdown.
 
-``reference_slowable``: the reference kernel, then a host busy-wait (``HARNESS_SLOWDOWN_MODE=sleep``:
-a sleep) of ``HARNESS_SLOWDOWN`` times its time; ``triton_slowable``: the Triton kernel, then a device
-spin of that share (the host wait on a CPU with ``HARNESS_TRITON_SLOWABLE_CPU=1``). ``HARNESS_SLOWED``
-names the backends slowed (default ``reference_slowable``).
+``reference_slowable``: the reference kernel, then a host busy-wait of ``HARNESS_SLOWDOWN`` times its time;
+``triton_slowable``: the Triton kernel, then a device spin of that share (the host wait on a CPU with
+``HARNESS_TRITON_SLOWABLE_CPU=1``). ``HARNESS_SLOWED`` names the backends slowed (default ``reference_slowable``).
 
     HARNESS_SLOWDOWN=0.25 python -m harness run cases/cpu.toml --plugin scripts/self/slowdown_plugin.py"""
 
@@ -23,7 +22,6 @@ from harness.backends.registry import REGISTRY, add_backend
 PLANTED = 0.0  # edit to plant a slowdown in the code itself (what a commit would do); the env var wins
 SLOWDOWN = float(os.environ.get("HARNESS_SLOWDOWN", PLANTED) or 0)
 SLOWED = set(os.environ.get("HARNESS_SLOWED", "reference_slowable").split(","))
-MODE = os.environ.get("HARNESS_SLOWDOWN_MODE", "spin")
 
 
 def reference_slowable(q, k_cache, v_cache, block_table, seq_lens, query_start_loc=None, scale=None, out=None):
@@ -50,17 +48,14 @@ def _device_slowed(fn, device: torch.device):
 
 
 def _host_slowed(fn):
-    """``fn`` followed by a host wait (a busy-wait, or a sleep) of SLOWDOWN x its time."""
+    """``fn`` followed by a host busy-wait of SLOWDOWN x its time."""
 
     def slowed():
         start = time.perf_counter()
         result = fn()
-        elapsed = time.perf_counter() - start
-        if MODE == "sleep":
-            time.sleep(SLOWDOWN * elapsed)
-        else:
-            while time.perf_counter() < start + (1 + SLOWDOWN) * elapsed:
-                pass
+        end = start + (1 + SLOWDOWN) * (time.perf_counter() - start)
+        while time.perf_counter() < end:
+            pass
         return result
 
     return slowed
