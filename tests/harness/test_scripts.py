@@ -283,6 +283,21 @@ def test_kernel_ab_with_gives_the_base_side_the_base_revisions_tuning_and_split_
     assert not any(name.startswith("kernels._ab") for name in sys.modules)
 
 
+def test_kernel_ab_with_gluon_prefill_gives_the_base_side_the_base_revisions_hopper_prefill(tmp_path):
+    """--with gluon_prefill: the base kernel's ``gluon_prefill`` is the base revision's module; new, the tree's."""
+    import kernels.gluon_prefill
+    from scripts import kernel_ab
+
+    try:
+        modules = kernel_ab.kernel_modules("HEAD", tmp_path, ("gluon_prefill",))
+        base = sys.modules["kernels._ab_base_gluon_prefill"]
+        assert modules["base"].gluon_prefill is base is not kernels.gluon_prefill
+        assert modules["new"].gluon_prefill is kernels.gluon_prefill
+    finally:
+        kernel_ab.remove_modules()
+    assert not any(name.startswith("kernels._ab") for name in sys.modules)
+
+
 def test_kernel_ab_serves_a_base_kernels_common_imports_from_contract_tiling_and_fp8(tmp_path):
     """A base whose kernel imports ``._common`` gets its helpers from contract.py, tiling.py and fp8.py."""
     from scripts.kernel_ab import MIN_ROUNDS, dry_case, kernel_modules, remove_modules, time_case
