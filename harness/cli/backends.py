@@ -40,8 +40,7 @@ def availability(backend, cases: list, device: str) -> str:
 
 def main(args: argparse.Namespace) -> int:
     device = chosen_device(args.device)
-    _, worker = load_plugins(args.harness_plugins, "plugins")
-    if worker is not None:
+    if (worker := load_plugins(args.harness_plugins, "plugins")[1]) is not None:
         worker.stop()
     cases = load([], device, None)
     rows = [("backend", "kind", "devices", f"runs here ({device})", "variants")]

@@ -105,8 +105,7 @@ def main(args: argparse.Namespace) -> int:
         raise BadInput(f"GOOD {args.good} and BAD {args.bad} are the same commit {good[:12]}")
     commits = commits_between(good, bad)
     device = chosen_device(args.device)
-    _, worker = load_plugins(args.harness_plugins, "plugins")  # to know the plugins' backend names
-    if worker is not None:
+    if (worker := load_plugins(args.harness_plugins, "plugins")[1]) is not None:  # to know the plugins' backends
         worker.stop()
     if args.backend not in REGISTRY:
         raise BadInput(f"--backend {args.backend}: unknown backend; registered: {', '.join(REGISTRY)}")

@@ -39,14 +39,13 @@ def add_parser(verbs) -> None:
 
 def commit_of(ref: str, what: str) -> str:
     """``ref`` as the full id of a commit of your history; BadInput naming ``what`` otherwise."""
-    if not ref or ref.startswith("-"):  # nothing git could read as an option
-        raise BadInput(f"{what} {ref!r}: not a commit of this repository")
-    found = subprocess.run(["git", "rev-parse", "--verify", "--quiet", f"{ref}^{{commit}}"],
-                           capture_output=True, text=True)  # fmt: skip
-    if found.returncode != 0:
-        raise BadInput(f"{what} {ref!r}: not a commit of this repository")
-    with as_bad_input(ConfirmInputError):
-        return checked_commit(found.stdout.strip(), what)
+    if ref and not ref.startswith("-"):  # nothing git could read as an option
+        found = subprocess.run(["git", "rev-parse", "--verify", "--quiet", f"{ref}^{{commit}}"],
+                               capture_output=True, text=True)  # fmt: skip
+        if found.returncode == 0:
+            with as_bad_input(ConfirmInputError):
+                return checked_commit(found.stdout.strip(), what)
+    raise BadInput(f"{what} {ref!r}: not a commit of this repository")
 
 
 def run_arguments(args: argparse.Namespace, cases: list[str]) -> list[str]:

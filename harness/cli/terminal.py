@@ -10,14 +10,13 @@ from typing import TYPE_CHECKING
 import torch
 
 from harness.cases.vocab import FAILING, GRADED, STATUSES
+from harness.cli.options import EXIT_FAIL
 from harness.run.runner import exit_code
 
 if TYPE_CHECKING:
     import pandas as pd
 
     from harness.backends.registry import Backend
-
-EXIT_FAIL = 1
 
 
 def _finite(value) -> bool:

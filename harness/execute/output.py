@@ -24,11 +24,6 @@ HARMLESS: tuple[tuple[re.Pattern, str], ...] = (
 _NOTED: set[tuple[str, str]] = set()  # (a run's log folder, a harmless notice) already named on the terminal
 
 
-def row_log_name(case_id: str, backend: str) -> str:
-    """The log file of one row's output: ``<case>__<backend>.log``, with path characters replaced."""
-    return re.sub(r"[^A-Za-z0-9_.=-]+", "_", f"{case_id}__{backend}") + ".log"
-
-
 @contextlib.contextmanager
 def captured_output(path: str | None):
     """This process's stdout and stderr (file descriptors 1 and 2, so native code's too) go to ``path``."""
@@ -67,7 +62,7 @@ def row_log(config, case_id: str, backend: str) -> tuple[str, str] | None:
     if not getattr(config, "logs", None):
         return None
     staging, final = config.logs
-    name = row_log_name(case_id, backend)
+    name = re.sub(r"[^A-Za-z0-9_.=-]+", "_", f"{case_id}__{backend}") + ".log"  # path characters replaced
     return str(Path(staging) / name), str(Path(final) / name)
 
 

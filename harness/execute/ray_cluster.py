@@ -47,10 +47,8 @@ def case_task(case, names: list[str], config, plugins: tuple[str, ...]) -> Itera
     ray = sys.modules.get("ray")  # imported in every Ray worker; asking Ray outside one would start a local Ray
     labels = {"host": socket.gethostname(), "gpu_index": "", "worker": str(os.getpid())}  # outside Ray: a direct call
     if ray is not None and ray.is_initialized():
-        labels |= {
-            "gpu_index": ",".join(map(str, ray.get_gpu_ids())),
-            "worker": ray.get_runtime_context().get_worker_id()[:12],
-        }
+        labels["gpu_index"] = ",".join(map(str, ray.get_gpu_ids()))
+        labels["worker"] = ray.get_runtime_context().get_worker_id()[:12]
     yield "device", device, labels
     yield from timed_case(case, names, config, Contexts(), labels)
 
