@@ -61,7 +61,8 @@ def good(*args, out=None, **kwargs):
 
 def hangs(*args, **kwargs):
     if DIR.exists():
-        (DIR / "worker.pid").write_text(str(os.getpid()))
+        (DIR / "worker.tmp").write_text(str(os.getpid()))
+        (DIR / "worker.tmp").rename(DIR / "worker.pid")  # a reader never sees the file empty
     time.sleep(3600)
 
 def sigterm_once(*args, out=None, **kwargs):
