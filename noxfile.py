@@ -1,9 +1,4 @@
-"""Sessions: `nox -s tests` (the quick suite), `nox -s slow` (the tests marked slow), `nox -s mutants`
-(the mutant catalogue), `nox -s cpu` (the CPU case suite's report), `nox -s gpu` (a CUDA box),
-`nox -s bench` (pytest-benchmark, saved and compared across commits), `nox -s lint`, `nox -s coverage`
-(branch coverage of kernels/ by the quick kernel tests), `nox -s fuzz` (the long sweeps).
-
-On a CPU machine torch is pinned to its CPU build (TORCH_SPEC, default torch==2.13.0, which
+"""On a CPU machine torch is pinned to its CPU build (TORCH_SPEC, default torch==2.13.0, which
 this team's machines keep on local disk); an unpinned `torch` would pull a multi-GB CUDA
 build. The gpu session reuses the CUDA machine's own torch and Triton instead.
 """
@@ -17,15 +12,11 @@ import nox
 from nox.command import CommandFailed
 
 nox.options.sessions = ["tests"]
-# Reuse a session's virtualenv when it exists (`nox -s tests` the second time skips the
-# ~2 min install); `nox --no-reuse-existing-virtualenvs` or `-N` rebuilds after a
-# dependency change. Safe here: every session installs the project in editable mode, so a
-# reused environment always runs the current code.
+# Reuse a session's virtualenv (skips a ~2 min install; `-N` rebuilds after a dependency change):
+# every session installs the project in editable mode, so a reused one runs the current code.
 nox.options.reuse_existing_virtualenvs = True
 TORCH_SPEC = os.environ.get("TORCH_SPEC", "torch==2.13.0")
-# Where a CPU-only torch comes from on a machine whose default index serves the CUDA build
-# (PyPI does for Linux): TORCH_INDEX=https://download.pytorch.org/whl/cpu. Unset, pip's
-# configured index is used (this team's machines keep the CPU wheel on local disk).
+# Where the default index serves the CUDA build (PyPI does for Linux): TORCH_INDEX=https://download.pytorch.org/whl/cpu.
 TORCH_INDEX = os.environ.get("TORCH_INDEX")
 ROOT = Path(__file__).parent
 
@@ -35,6 +26,8 @@ def install_cpu(session: nox.Session, extras: str = "test,triton") -> None:
     session.install("-e", f".[{extras}]")
 
 
+# Two workers (`-- -n 0` turns them off): on a 2-core box the suite is mostly single-threaded Python, so two
+# halve it; worksteal: a worker that runs out takes the other's queued tests, leaving no core idle at the end.
 PYTEST_ON_TWO_CORES = ("python", "-m", "pytest", "-n", "2", "--dist", "worksteal")
 
 
@@ -47,10 +40,6 @@ def tests(session: nox.Session) -> None:
     scripts' dry runs) are `nox -s slow`'s; the mutant catalogue's catch run is `nox -s mutants`' (CI
     runs tests and mutants; `nox -s slow` is run by hand, about 8 minutes; a later -m wins)."""
     install_cpu(session, "test,triton,ray,xdist")
-    # Two workers (`-- -n 0` turns them off; a later -n wins): on a 2-core box the suite is
-    # mostly single-threaded Python (the interpreter, fresh worker processes), so two halve it.
-    # worksteal: a worker that runs out takes queued tests from the other, so one slow file
-    # does not leave a core idle at the end.
     session.run(*PYTEST_ON_TWO_CORES, "-m", "not slow and not mutants", *session.posargs,
                 env={"TRITON_INTERPRET": "1"})  # fmt: skip
 
@@ -66,11 +55,8 @@ def slow(session: nox.Session) -> None:
 
 @nox.session
 def cpu(session: nox.Session) -> None:
-    """The CPU case suite through every CPU backend, with its report (about two minutes on 2 cores).
-
-    The unit tests are `nox -s tests`' job: run first here, they kept the report waiting for
-    minutes behind them.
-    """
+    """The CPU case suite through every CPU backend, with its report (about two minutes on 2 cores); the unit
+    tests are `nox -s tests`' job."""
     install_cpu(session)
     env = {"TRITON_INTERPRET": "1"}
     session.run("python", "-m", "harness", "run", "cases/cpu.toml", "--device", "cpu", *session.posargs, env=env)
@@ -137,17 +123,14 @@ def fuzz(session: nox.Session) -> None:
                 *session.posargs, env=env)  # fmt: skip
 
 
-# The quick kernel tests: the README's loop after a kernel edit, and what `nox -s coverage` measures.
-QUICK_KERNEL_TESTS = ["tests/kernels/test_kernel_edges.py", "tests/kernels/test_kernel_contract_edges.py"]
-
-
 @nox.session
 def coverage(session: nox.Session) -> None:
     """Branch coverage of kernels/ by the quick kernel tests, the Triton kernel interpreted (coverage.py
     follows its Python): the modules' percentages and the lines and branches not reached (docs/mutants.md
     names the unreached ones and why). Arguments go to pytest (`-- tests/kernels/test_dispatch.py` adds a file)."""
     install_cpu(session, "test,triton,xdist")
-    session.run("python", "-m", "pytest", "-n", "2", "-p", "no:cacheprovider", *QUICK_KERNEL_TESTS, "--cov",
+    quick = ["tests/kernels/test_kernel_edges.py", "tests/kernels/test_kernel_contract_edges.py"]  # README's loop
+    session.run("python", "-m", "pytest", "-n", "2", "-p", "no:cacheprovider", *quick, "--cov",
                 "--cov-report=term-missing", *session.posargs, env={"TRITON_INTERPRET": "1"})  # fmt: skip
 
 
