@@ -35,10 +35,9 @@ PYTEST_ON_TWO_CORES = ("python", "-m", "pytest", "-n", "2", "--dist", "worksteal
 def tests(session: nox.Session) -> None:
     """Unit tests of kernels and harness, and the smoke case suite; the Triton kernel runs interpreted.
 
-    With the ray and xdist extras, so the scale-out equivalences (pytest -n 2) run in CI instead of
-    skipping. The tests marked slow (a local Ray cluster, compiling through ptxas or torch.compile,
-    scripts' dry runs) are `nox -s slow`'s; the mutant catalogue's catch run is `nox -s mutants`' (CI
-    runs tests and mutants; `nox -s slow` is run by hand, about 8 minutes; a later -m wins)."""
+    With the ray and xdist extras, so the scale-out equivalences run in CI instead of skipping. The tests marked
+    slow are `nox -s slow`'s (run by hand, about 8 minutes), the mutants' catch run `nox -s mutants`' (a later -m
+    wins)."""
     install_cpu(session, "test,triton,ray,xdist")
     session.run(*PYTEST_ON_TWO_CORES, "-m", "not slow and not mutants", *session.posargs,
                 env={"TRITON_INTERPRET": "1"})  # fmt: skip
@@ -64,13 +63,10 @@ def cpu(session: nox.Session) -> None:
 
 @nox.session(venv_backend="none")
 def gpu(session: nox.Session) -> None:
-    """On a CUDA box, in under 10 minutes on one H200: the GPU tests natively, then every backend on
-    the smoke, peer, GPU and 128k-token suites, with a report and where the time went.
-
-    It is ``bash scripts/gpu_run.sh all`` (outputs under $OUT, default gpu_out/; arguments after
-    ``--`` go to ``harness run``), in the machine's own Python, installing nothing: a CUDA box's
-    torch and Triton are matched to its driver.
-    """
+    """On a CUDA box, in under 10 minutes on one H200: the GPU tests natively, then every backend on the smoke,
+    peer, GPU and 128k-token suites, with a report and where the time went (outputs under $OUT, default gpu_out/;
+    arguments after ``--`` go to ``harness run``). The machine's own Python, installing nothing: a CUDA box's
+    torch and Triton are matched to its driver."""
     env = {"PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
     session.run("bash", "scripts/gpu_run.sh", "all", *session.posargs, env=env, external=True)
 
@@ -145,9 +141,9 @@ def lint(session: nox.Session) -> None:
 
 @nox.session
 def mutants(session: nox.Session) -> None:
-    """Plant each kernel slip of scripts/mutants.toml in a copy of the tree and run the quick kernel
-    test that catches it (tests/kernels/test_kernel_edges.py) against it: fails on any survivor, on a mutant
-    whose text is no longer in the code, and when the tests fail on the unmutated tree (docs/mutants.md).
+    """Plant each kernel slip of scripts/mutants.toml in a copy of the tree and run the quick tests against it:
+    fails on any survivor, on a mutant whose text is no longer in the code, and when the tests fail on the
+    unmutated tree (docs/mutants.md).
 
         nox -s mutants                                  # all of them, two at a time
         nox -s mutants -- --only triton-alibi-sign      # some (arguments go to scripts/mutants.py)
