@@ -41,7 +41,9 @@ def _swaps(node: ast.AST, lines: list[str]):
     elif isinstance(node, ast.BinOp) and isinstance(node.op, ast.Add | ast.Sub):
         if isinstance(node.right, ast.Constant) and node.right.value == 1 and node.left.end_lineno == node.lineno:
             yield "off-by-one", (node.left.end_lineno, node.left.end_col_offset), (node.lineno, node.end_col_offset), ""
-    elif _is_and(node):
+    elif (isinstance(node, ast.BinOp) and isinstance(node.op, ast.BitAnd)) or (  # `a & b`: a mask's conjunction
+        isinstance(node, ast.BoolOp) and isinstance(node.op, ast.And) and len(node.values) == 2  # `a and b`
+    ):
         left, right = (node.left, node.right) if isinstance(node, ast.BinOp) else node.values
         if left.end_lineno == right.lineno:
             line = lines[right.lineno - 1]
@@ -53,13 +55,6 @@ def _swaps(node: ast.AST, lines: list[str]):
             yield "drop-right", (left.end_lineno, left.end_col_offset), (right.end_lineno, end), ""
             operator_end = left.end_col_offset + len(gap.rstrip("( ")) + 1
             yield "drop-left", (left.lineno, left.col_offset), (right.lineno, operator_end), ""
-
-
-def _is_and(node: ast.AST) -> bool:
-    """``a & b`` (a mask's conjunction) or ``a and b`` (a condition's)."""
-    if isinstance(node, ast.BinOp):
-        return isinstance(node.op, ast.BitAnd)
-    return isinstance(node, ast.BoolOp) and isinstance(node.op, ast.And) and len(node.values) == 2
 
 
 def generate(files: list[str]) -> list[dict]:
@@ -141,7 +136,10 @@ def main(argv: list[str] | None = None) -> int:
     out = args.out or Path(tempfile.mkdtemp(prefix="generated-mutants-")) / "generated.toml"
     unreached = []
     if args.run:
-        tests = _runner_tests(rest)
+        if "--tests" in rest:  # the tests scripts/mutants.py will run: its --tests, else its QUICK_TESTS
+            tests = list(itertools.takewhile(lambda a: not a.startswith("--"), rest[rest.index("--tests") + 1 :]))
+        else:
+            tests = runpy.run_path(str(ROOT / "scripts" / "mutants.py"))["QUICK_TESTS"]
         print(f"coverage pass: {' '.join(tests)}", flush=True)
         reached = reached_lines(tests)
         unreached = [m for m in mutants if not is_reached(m, reached)]
@@ -170,14 +168,6 @@ def main(argv: list[str] | None = None) -> int:
     for o in survived:
         print(f"  survived: {o['id']}")
     return 0
-
-
-def _runner_tests(rest: list[str]) -> list[str]:
-    """The tests scripts/mutants.py will run: its --tests among ``rest``, else its QUICK_TESTS."""
-    if "--tests" in rest:
-        after = rest[rest.index("--tests") + 1 :]
-        return list(itertools.takewhile(lambda a: not a.startswith("--"), after))
-    return runpy.run_path(str(ROOT / "scripts" / "mutants.py"))["QUICK_TESTS"]
 
 
 if __name__ == "__main__":
