@@ -47,7 +47,6 @@ def score(frame: pd.DataFrame, backend: str = "triton") -> pd.DataFrame:
     ok = frame[(frame["status"] == "pass") & frame["latency_us"].notna()]
     mine = ok[ok["backend"] == backend].set_index("case")
     peers = peer_table(frame, backend)  # empty for a run without peer rows (a variants run)
-    # backend / fastest peer
     against_peer = peers.set_index("case")["ratio"] if not peers.empty else pd.Series(dtype=float)
     sdpa_call = ok[ok["backend"] == "sdpa_contiguous"].set_index("case")["call_us"]
     cache = ok[ok["backend"] == "cache"].set_index("case")["latency_us"]
