@@ -106,9 +106,8 @@ def compile_kernel(fn, constexprs: dict, q: str, kv: str | None = None, scalars:
             signature[name] = "constexpr"
         elif name.endswith("_ptr"):
             marked.append(name)
-            signature[name] = "*fp32" if name in F32_PTRS else "*i32" if name in I32_PTRS else "*" + q
-            if kv and name in ("k_cache_ptr", "v_cache_ptr"):
-                signature[name] = "*" + kv
+            data = kv if kv and name in ("k_cache_ptr", "v_cache_ptr") else q
+            signature[name] = "*fp32" if name in F32_PTRS else "*i32" if name in I32_PTRS else "*" + data
         elif name in FLOATS:
             signature[name] = "fp32"
         elif scalars is not None and int(scalars[name]) == 1:  # the launcher specializes an int equal to 1

@@ -83,8 +83,7 @@ def main(argv: list[str]) -> int:
     runs = [(Path(argv[i]), float(argv[i + 1])) for i in range(0, len(argv), 2)]
     print(to_markdown(pd.DataFrame(table_rows(runs), columns=COLUMNS)))
     if phases := format_phases(runs):
-        print("\nwhere the cases' busy time went (summed over workers):\n")
-        print(phases)
+        print(f"\nwhere the cases' busy time went (summed over workers):\n\n{phases}")
     return 0
 
 
