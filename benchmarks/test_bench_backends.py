@@ -1,10 +1,8 @@
 """pytest-benchmark suite, generated: one benchmark per (case, backend) that runs on the device.
 
 Cases from ``--cases`` (default ``cases/smoke.toml``), timed by ``harness.timing.timer.time_call``;
-``extra_info`` keeps the samples (``samples_us``, what ``nox -s bench`` compares), bytes, GB/s, the case.
-
-    nox -s bench                          # run, compare with the last passing run, save if it passes
-    nox -s bench -- --cases cases/gpu.toml --baseline 0003"""
+``extra_info`` keeps the samples (``samples_us``, what ``nox -s bench`` compares: its docstring has the usage),
+bytes, GB/s, the case."""
 
 from __future__ import annotations
 
