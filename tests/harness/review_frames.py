@@ -51,6 +51,14 @@ def frame(num_cases: int = 10, seed: int = 0, slow: dict[str, float] | None = No
     return pd.DataFrame(rows)
 
 
+def with_row(frame_: pd.DataFrame, case: str, backend: str, **values) -> pd.DataFrame:
+    """A copy of ``frame_`` with ``values`` set on the row of ``case`` and ``backend``."""
+    frame_ = frame_.copy()
+    for column, value in values.items():
+        frame_.loc[(frame_["case"] == case) & (frame_["backend"] == backend), column] = value
+    return frame_
+
+
 def meta(**extra) -> dict:
     return {"commit": "a" * 40, "dirty": False, "time": "2026-11-30T00:00:00+00:00", "device": "cpu",
             "device_name": "x86_64", "torch": "2.13.0", "triton": "3.9.0", "python": "3.11",

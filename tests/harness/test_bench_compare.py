@@ -10,7 +10,8 @@ import pytest
 from benchmarks import saved
 
 
-def _run(path, seed: int, slow: dict[str, float] | None = None, samples: bool = True):
+def _run(path, seed: int, slow: dict[str, float] | None = None, samples: bool = True, case_file=None, **doc):
+    """A saved run of 8 cases x 2 backends; ``case_file`` in each benchmark's extra_info, ``doc`` at the top."""
     rng = np.random.default_rng(seed)
     benchmarks = []
     for i in range(8):
@@ -21,9 +22,10 @@ def _run(path, seed: int, slow: dict[str, float] | None = None, samples: bool = 
             benchmarks.append({
                 "fullname": f"benchmarks/test_bench_backends.py::test_bench[case{i}-{backend}]",
                 "stats": {"median": quart[1], "q1": quart[0], "q3": quart[2]},
-                "extra_info": {"device": "cpu", **({"samples_us": [float(x) for x in data]} if samples else {})},
+                "extra_info": {"device": "cpu", **({"samples_us": [float(x) for x in data]} if samples else {}),
+                               **({"case_file": case_file} if case_file else {})},
             })  # fmt: skip
-    path.write_text(json.dumps({"benchmarks": benchmarks}))
+    path.write_text(json.dumps({"benchmarks": benchmarks, **doc}))
     return path
 
 
@@ -69,14 +71,7 @@ def test_a_baselines_commit_is_re_timed_only_from_your_own_clean_history(
     """A saved baseline is data: --confirm checks out its commit only when it is in your history and clean."""
     ids = git_history
     monkeypatch.setattr(saved, "ROOT", tmp_path / "repo")
-    base = _run(tmp_path / "base.json", 1)
-    doc = json.loads(base.read_text())
-    doc["commit_info"] = {**commit_info, "id": ids[commit_info["id"]]}
-    base.write_text(json.dumps(doc))
-    new = _run(tmp_path / "slow.json", 3, slow={"tlsim": 1.25})
-    doc = json.loads(new.read_text())
-    for b in doc["benchmarks"]:
-        b["extra_info"]["case_file"] = str(tmp_path / "cases.toml")
-    new.write_text(json.dumps(doc))
+    base = _run(tmp_path / "base.json", 1, commit_info={**commit_info, "id": ids[commit_info["id"]]})
+    new = _run(tmp_path / "slow.json", 3, slow={"tlsim": 1.25}, case_file=str(tmp_path / "cases.toml"))
     passed, summary = saved.compare_files(base, new, confirm="all")
     assert not passed and f"confirm: skipped: {why.format(**ids)}" in summary

@@ -36,10 +36,23 @@ def _refusal(path) -> str:
     return str(info.value)
 
 
-def test_sweep_expands_as_a_product_with_readable_ids(tmp_path):
-    path = write(tmp_path, GOOD + '[case.sweep]\nhead_dim = [64, 80]\ndtype = ["float32", "bfloat16"]\n')
-    ids = [c.id for c in load_case_file(path)]
-    assert ids == [f"base/head_dim={h}/dtype={d}" for h in (64, 80) for d in ("float32", "bfloat16")]
+# A case file (GOOD, changed) -> the fields named, of each case it loads, in order.
+LOADED = {
+    "a sweep expands as a product with readable ids": (
+        GOOD + '[case.sweep]\nhead_dim = [64, 80]\ndtype = ["float32", "bfloat16"]\n', ("id",),
+        [(f"base/head_dim={h}/dtype={d}",) for h in (64, 80) for d in ("float32", "bfloat16")]),
+    "gqa_ratio gives num_kv_heads": (GOOD.replace("num_kv_heads = 2", "gqa_ratio = 4"), ("num_q_heads", "num_kv_heads"),
+                                     [(8, 2)]),
+    "a tolerance override applies to its dtype only": (
+        GOOD + "[case.tolerance]\nbfloat16 = { atol = 0.05, rtol = 0.02 }\n"
+        "[case.sweep]\ndtype = ['float32', 'bfloat16']\n", ("atol", "rtol"), [(1e-5, 1e-4), (0.05, 0.02)]),
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("name", LOADED)
+def test_a_case_file_loads_into_the_cases_it_describes(tmp_path, name):
+    text, fields, expected = LOADED[name]
+    assert [tuple(getattr(c, f) for f in fields) for c in load_case_file(write(tmp_path, text))] == expected
 
 
 def test_generated_lengths_are_deterministic_per_seed(tmp_path):
@@ -52,18 +65,6 @@ def test_generated_lengths_are_deterministic_per_seed(tmp_path):
     assert all(0 <= q <= min(9, s) for q, s in zip(first[0].q_lens, first[0].seq_lens, strict=True))
     reseeded = load_case_file(write(tmp_path, text + "seed = 5\n", "other.toml"))
     assert reseeded[0].seq_lens != first[0].seq_lens
-
-
-def test_gqa_ratio_gives_num_kv_heads(tmp_path):
-    case = load_case_file(write(tmp_path, GOOD.replace("num_kv_heads = 2", "gqa_ratio = 4")))[0]
-    assert (case.num_q_heads, case.num_kv_heads) == (8, 2)
-
-
-def test_tolerance_override_applies_to_its_dtype_only(tmp_path):
-    tolerance = "[case.tolerance]\nbfloat16 = { atol = 0.05, rtol = 0.02 }\n"
-    fp32, bf16 = load_case_file(write(tmp_path, GOOD + tolerance + "[case.sweep]\ndtype = ['float32', 'bfloat16']\n"))
-    assert (fp32.atol, fp32.rtol) == (1e-5, 1e-4)
-    assert (bf16.atol, bf16.rtol) == (0.05, 0.02)
 
 
 # A misspelt key: where it is, and the error the file gets (the whole of it: said once, at its table).
@@ -107,12 +108,8 @@ def test_a_bad_value_from_defaults_says_it_was_set_there(tmp_path):
     assert len(lines) == 2 and all("field 'num_q_heads' (set in [defaults]): Value error" in line for line in lines)
 
 
-def _fifo(tmp_path):
-    os.mkfifo(tmp_path / "fifo.toml")  # opening it would block forever
-    return tmp_path / "fifo.toml"
-
-
-# What is no case file: its text (None: a path made otherwise) and the words of the refusal, without hanging.
+# What is no case file: its text (or a function of tmp_path making the path) and the words of the refusal, without
+# hanging: opening a FIFO blocks forever, reading /dev/zero never ends.
 UNREADABLE = {
     "a_bad_sweep_point": (GOOD + "[case.sweep]\nhead_dim = [64, 1000]\n", r"case 'base/head_dim=1000': field 'head_dim'"),
     "not_toml": ("[[case]\nname=", "not valid TOML"),
@@ -121,8 +118,8 @@ UNREADABLE = {
     "larger_than_4_mib": ("# " + "x" * (5 * 2**20) + "\n", "larger than 4 MiB"),
     "absent": (lambda tmp_path: tmp_path / "absent.toml", "no such case file"),
     "a_folder": (lambda tmp_path: tmp_path, "is a directory, not a case file"),
-    "a_fifo": (_fifo, "not a regular file"),
-    "dev_zero": (lambda tmp_path: "/dev/zero", "not a regular file"),  # reading it would never end
+    "a_fifo": (lambda tmp_path: os.mkfifo(tmp_path / "f.toml") or tmp_path / "f.toml", "not a regular file"),
+    "dev_zero": (lambda tmp_path: "/dev/zero", "not a regular file"),
 }  # fmt: skip
 
 
@@ -149,7 +146,6 @@ def test_shipped_case_files_load():
 # --- hardening: every bad input is refused with file, case and field; nothing runs -------
 
 REFUSED = {
-    "unknown_key": ('colour = "red"\n', "field 'colour': not a case field"),
     "wrong_type": ('block_size = "big"\n', "field 'block_size': Input should be a valid integer"),
     "heads_not_multiple": ("num_q_heads = 7\n", "field 'num_q_heads': Value error, num_q_heads (7) must be a multiple"),
     "block_size_range": ("block_size = 512\n", "field 'block_size': Input should be less than or equal to 256"),

@@ -8,7 +8,6 @@ import subprocess
 import pytest
 
 from harness.cli.main import main
-from tests.tiny_cases import write_cases
 
 PLUGIN = '''
 import time
@@ -35,8 +34,8 @@ WAITS = {"first": 0.0, "second": 0.05, "third": 0.05}  # the second commit is th
 
 
 @pytest.fixture
-def repo(tmp_path, monkeypatch):
-    """A repository (the cwd) of three commits of slowpoke_kernel.py, plugin and cases beside it; short rounds."""
+def repo(tmp_path, monkeypatch, case_file):
+    """A repository (the cwd) of three commits of slowpoke_kernel.py, plugin and case_file beside it; short rounds."""
     monkeypatch.setattr("harness.review.confirm.ROUND_S", 0.1)
     root = tmp_path / "repo"
     root.mkdir()
@@ -51,7 +50,6 @@ def repo(tmp_path, monkeypatch):
         git("add", "slowpoke_kernel.py")
         git("commit", "-q", "-m", name)
     (tmp_path / "plugin.py").write_text(PLUGIN)
-    write_cases(tmp_path / "tiny.toml", {"name": "tiny", "tags": ["small"]})
     return tmp_path
 
 

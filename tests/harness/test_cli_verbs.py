@@ -66,8 +66,7 @@ def test_backends_lists_every_backend_with_its_devices_variants_and_why_it_canno
 
 def test_compare_json_writes_every_row_and_the_exit_code_to_stdout_or_a_file(tmp_path, capsys):
     base = rf.write(rf.frame(3, seed=1), rf.meta(), tmp_path / "base")
-    new_frame = rf.frame(3, seed=2)
-    new_frame.loc[0, "status"], new_frame.loc[0, "reason"] = "fail", "max abs err 1 at (token, head, dim) (0, 0, 0)"
+    new_frame = rf.with_row(rf.frame(3, seed=2), "case00", "reference", status="fail", reason="max abs err 1")
     new = rf.write(new_frame, rf.meta(), tmp_path / "new")
     code = main(["compare", str(base), str(new), "--no-confirm", "--json"])
     out, err = capsys.readouterr()
@@ -75,7 +74,7 @@ def test_compare_json_writes_every_row_and_the_exit_code_to_stdout_or_a_file(tmp
     assert document["exit_code"] == code == 1 and str(new) in err
     assert len(document["rows"]) == len(new_frame) and not any(k.endswith("_samples_us") for k in document["rows"][0])
     worse = [r for r in document["rows"] if r["why"]]
-    assert [(r["case"], r["backend"]) for r in worse] == [(new_frame.loc[0, "case"], new_frame.loc[0, "backend"])]
+    assert [(r["case"], r["backend"]) for r in worse] == [("case00", "reference")]
     assert main(["compare", str(base), str(new), "--no-confirm", "--json", str(tmp_path / "c.json")]) == 1
     assert json.loads((tmp_path / "c.json").read_text()) == document
 

@@ -4,6 +4,7 @@ import pytest
 
 from harness.cases.variants import VARIANTS
 from harness.results import columns
+from harness.results.schemas import COLUMN_KINDS
 from harness.run.runner import to_frame
 
 
@@ -21,7 +22,8 @@ def test_a_row_key_missing_from_the_table_fails_loudly():
         to_frame([{"case": "c", "backend": "b", "status": "pass", "speedup": 2.0}])
 
 
-def test_frame_has_the_table_columns_in_order_each_named_once_and_typed():
+def test_frame_has_the_table_columns_in_order_each_named_once_and_typed_as_the_readers_check_them():
     frame = to_frame([{"case": "c", "backend": "b", "status": "pass", "_private": 1}])
     assert list(frame.columns) == columns.COLUMNS and len(set(columns.COLUMNS)) == len(columns.COLUMNS)
     assert {c.dtype for c in columns.TABLE} <= {"str", "int", "float", "bool", "list"}
+    assert set(columns.COLUMNS) == set(COLUMN_KINDS)

@@ -8,14 +8,7 @@ import pytest
 from harness.cli.main import main
 from harness.review.compare import EXIT_INCOMPLETE, EXIT_OK, EXIT_WORSE, compare_runs
 from tests.harness import review_frames as rf
-
-
-def _set(frame: pd.DataFrame, case: str, backend: str, **values) -> pd.DataFrame:
-    frame = frame.copy()
-    mask = (frame["case"] == case) & (frame["backend"] == backend)
-    for key, value in values.items():
-        frame.loc[mask, key] = value
-    return frame
+from tests.harness.review_frames import with_row
 
 
 def _fewer(frame: pd.DataFrame) -> pd.DataFrame:
@@ -27,19 +20,19 @@ OTHER = rf.meta(torch="2.14.0", device_name="Other CPU")
 # or (column, case, backend); a str is the whole text (of that cell, or one problem), a tuple words in it.
 CHANGES = {
     "a planted accuracy regression": (
-        lambda b, r: (b, _set(r, "case01", "tlsim", status="fail", max_abs_err=3e-4, tol_ratio=2.7, reason="3e-4")),
+        lambda b, r: (b, with_row(r, "case01", "tlsim", status="fail", max_abs_err=3e-4, tol_ratio=2.7, reason="3e-4")),
         {}, EXIT_WORSE, ("why", "case01", "tlsim"), ("status pass -> fail", "max abs err", "tolerance margin shrunk")),
-    "a planted NaN count": (lambda b, r: (b, _set(r, "case00", "tlsim", status="fail", nan_count=12)), {}, EXIT_WORSE,
-                            ("why", "case00", "tlsim"), ("NaN count 0 -> 12",)),
+    "a planted NaN count": (lambda b, r: (b, with_row(r, "case00", "tlsim", status="fail", nan_count=12)), {},
+                            EXIT_WORSE, ("why", "case00", "tlsim"), ("NaN count 0 -> 12",)),
     "error growth and a margin shrunk inside the tolerance": (
-        lambda b, r: (b, _set(r, "case02", "reference", max_abs_err=5e-6, tol_ratio=0.6)), {}, EXIT_WORSE,
+        lambda b, r: (b, with_row(r, "case02", "reference", max_abs_err=5e-6, tol_ratio=0.6)), {}, EXIT_WORSE,
         ("why", "case02", "reference"),
         "max abs err 2.00e-07 -> 5.00e-06; tolerance margin shrunk: 0.02 -> 0.60 of the tolerance"),
     "growth far inside the tolerance (noise)": (
-        lambda b, r: (b, _set(r, "case02", "reference", max_abs_err=5e-7, tol_ratio=0.05)), {}, EXIT_OK, None, ()),
-    "a row now skipped": (lambda b, r: (b, _set(r, "case00", "gather_sdpa", status="skip", reason="gone")), {},
+        lambda b, r: (b, with_row(r, "case02", "reference", max_abs_err=5e-7, tol_ratio=0.05)), {}, EXIT_OK, None, ()),
+    "a row now skipped": (lambda b, r: (b, with_row(r, "case00", "gather_sdpa", status="skip", reason="gone")), {},
                           EXIT_WORSE, ("why", "case00", "gather_sdpa"), "status pass -> skip"),
-    "a fix": (lambda b, r: (_set(b, "case03", "tlsim", status="error", reason="RuntimeError"), r), {}, EXIT_OK,
+    "a fix": (lambda b, r: (with_row(b, "case03", "tlsim", status="error", reason="RuntimeError"), r), {}, EXIT_OK,
               ("better", "case03", "tlsim"), "fixed: error -> pass"),
     "rows missing from the new run": (lambda b, r: (b, _fewer(r)), {}, EXIT_INCOMPLETE, "problems",
                                       "4 row(s) missing from the new run"),
@@ -49,7 +42,7 @@ CHANGES = {
                                      EXIT_INCOMPLETE, "problems", ("torch 2.13.0 -> 2.14.0",)),
     "a mismatch allowed": (lambda b, r: (b, r), {"base_meta": rf.meta(), "new_meta": OTHER, "allow_mismatch": True},
                            EXIT_OK, None, ()),
-    "worse wins over incomplete": (lambda b, r: (b, _set(_fewer(r), "case01", "tlsim", status="fail")), {},
+    "worse wins over incomplete": (lambda b, r: (b, with_row(_fewer(r), "case01", "tlsim", status="fail")), {},
                                    EXIT_WORSE, None, ()),
 }  # fmt: skip
 
@@ -74,7 +67,7 @@ def test_cli_compare_exit_codes_its_table_and_html_page_escape_plugin_strings(tm
     rf.write(rerun, rf.meta(), tmp_path / "b")
     assert main(["compare", str(tmp_path / "a"), str(tmp_path / "b")]) == EXIT_OK
     evil = "<script>alert(1)</script>"
-    bad = _set(rerun, "case01", "tlsim", status="fail", reason=evil)
+    bad = with_row(rerun, "case01", "tlsim", status="fail", reason=evil)
     bad.loc[bad["backend"] == "reference", "backend"] = evil
     rf.write(bad, rf.meta(), tmp_path / "c")
     page = tmp_path / "cmp.html"

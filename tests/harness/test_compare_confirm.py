@@ -218,14 +218,6 @@ def _checkout_fails(commit, path):
     raise subprocess.CalledProcessError(128, ["git", "worktree", "add"], stderr=b"fatal: no space left")
 
 
-def _new(seed: int, slow: dict, backend: str, case: str, **values) -> pd.DataFrame:
-    """The new run's rows: ``rf.frame(3, seed, slow)`` with ``values`` set on one row."""
-    frame = rf.frame(3, seed=seed, slow=slow)
-    for column, value in values.items():
-        frame.loc[(frame["backend"] == backend) & (frame["case"] == case), column] = value
-    return frame
-
-
 UNCONFIRMED_TLSIM = (("UNCONFIRMED", "tlsim"),) * 3
 # compare of two runs, tlsim 1.5x slower in the new one unless new_frame: (base_meta, both metas, new_frame, git
 # worktree, extra argv, exit, table lines (first word, backend), words); nothing is re-timed in paired rounds.
@@ -245,11 +237,13 @@ NOT_RETIMED = {
                            ("checking out a commit failed: fatal: no space left",)),
     "--confirm of no such commit": ({"commit": "f" * 40}, {}, None, None, ["--confirm"], 2, (),
                                     ("is not a commit of this repository",)),
-    "an accuracy regression": ({}, {}, lambda: _new(0, {}, "tlsim", "case01", max_abs_err=5e-6), None, [], 1,
-                               (("WORSE", "tlsim"),), ("max abs err 2.00e-07 -> 5.00e-06", "exit 1: 1 row(s) got worse")),
+    "an accuracy regression": ({}, {}, lambda: rf.with_row(rf.frame(3, seed=0), "case01", "tlsim", max_abs_err=5e-6),
+                               None, [], 1, (("WORSE", "tlsim"),),
+                               ("max abs err 2.00e-07 -> 5.00e-06", "exit 1: 1 row(s) got worse")),
     "an accuracy regression beside unconfirmed latency": (
-        {"commit": None}, {}, lambda: _new(1, {"tlsim": 1.5}, "reference", "case00", status="fail"), None, [], 1,
-        (*UNCONFIRMED_TLSIM, ("WORSE", "reference")), ("status pass -> fail",)),
+        {"commit": None}, {}, lambda: rf.with_row(rf.frame(3, seed=1, slow={"tlsim": 1.5}), "case00", "reference",
+                                                  status="fail"),
+        None, [], 1, (*UNCONFIRMED_TLSIM, ("WORSE", "reference")), ("status pass -> fail",)),
 }  # fmt: skip
 
 

@@ -105,15 +105,14 @@ def test_normalizing_by_an_unchanged_backend_cancels_a_machine_wide_drift():
 
 def test_a_row_graded_not_timed_over_its_budget_in_one_run_is_said_and_leaves_the_comparison_complete():
     base, new = rf.frame(num_cases=3, seed=1), rf.frame(num_cases=3, seed=2)
-    over = new.index[(new["case"] == "case01") & (new["backend"] == "tlsim")]
     timing = [c for c in new.columns if c.startswith("latency") or c == "call_us"]
-    new.loc[over, timing] = None
-    new.loc[over, "note"] = f"{NOT_TIMED} 4.2 s, past the row's 3 s timing budget"
+    new = rf.with_row(
+        new, "case01", "tlsim", **dict.fromkeys(timing), note=f"{NOT_TIMED} 4.2 s, past the row's 3 s timing budget"
+    )
     result = compare_runs(base, new)
     assert not result.incomplete
     assert any("outlasted the row's timing budget" in p and p.startswith("1 graded row") for p in result.problems)
-    no_timing = new.copy()
-    no_timing.loc[over, "note"] = ""  # the same hole without the note: a --no-timing run, incomplete
+    no_timing = rf.with_row(new, "case01", "tlsim", note="")  # the same hole without the note: a --no-timing run
     assert compare_runs(base, no_timing).incomplete
 
 

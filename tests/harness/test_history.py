@@ -17,8 +17,7 @@ def runs(tmp_path):
     root = tmp_path / "reports"
     rf.write(rf.frame(num_cases=3, seed=1), rf.meta(commit="1" * 40, time="2026-11-01T00:00:00"), root / "r1")
     rf.write(rf.frame(num_cases=3, seed=2), rf.meta(commit="2" * 40, time="2026-11-02T00:00:00"), root / "r2")
-    slow = rf.frame(num_cases=3, seed=3, slow={"tlsim": 1.4})
-    slow.loc[(slow["case"] == "case02") & (slow["backend"] == "reference"), "status"] = "fail"
+    slow = rf.with_row(rf.frame(num_cases=3, seed=3, slow={"tlsim": 1.4}), "case02", "reference", status="fail")
     rf.write(slow, rf.meta(commit="3" * 40, time="2026-11-03T00:00:00"), root / "r3")
     rf.write(rf.frame(num_cases=3, seed=4), rf.meta(commit="4" * 40, time="2026-11-04T00:00:00", device="cuda",
                                                    device_name="H200"), root / "r4")  # fmt: skip

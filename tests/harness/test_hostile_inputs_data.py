@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 import os
 import subprocess
-import sys
 from pathlib import Path
 
 import pandas as pd
@@ -16,11 +15,9 @@ from hypothesis import strategies as st
 from harness.cli.main import main
 from harness.results.schemas import COLUMN_KINDS, FLAG, NUMBER, SAMPLES, SCALAR, TEXT
 from harness.results.storage import PARTIAL_MARKER, stale_leftovers
+from tests.fresh_python import run_script
 from tests.harness import review_frames as rf
 from tests.tiny_cases import write_cases
-
-ROOT = Path(__file__).resolve().parents[2]
-
 
 # A value of another kind than each meta.json field (by its JSON kind) and each results.parquet column holds.
 WRONG = {"str": "fast", "number": 5, "bool": True, "list": [1, "x"], "dict": {"a": "b"}}
@@ -60,30 +57,21 @@ def test_any_meta_field_or_results_column_of_another_type_is_bad_input(runs, cap
     assert words in err and "Traceback" not in err, err
 
 
-def test_every_runner_column_has_a_kind_and_a_line_in_the_contract():
-    from harness.run.runner import COLUMNS
-
-    assert set(COLUMNS) == set(COLUMN_KINDS)
-    assert "`oracle_cached`" in (ROOT / "docs" / "contract.md").read_text()
-
-
 # --- run folders: the stale cleanup ----------------------------------------------------------
 
 
-def _dead_pid() -> int:
+def _partial(folder: Path, name: str, file: str = PARTIAL_MARKER) -> Path:
+    """``folder/.{name}.partial-{pid}`` of a process that has exited, holding ``file`` (by default the marker)."""
     gone = subprocess.Popen(["true"])
     gone.wait()
-    return gone.pid
+    partial = folder / f".{name}.partial-{gone.pid}"
+    partial.mkdir()
+    (partial / file).write_text(f"{gone.pid}\n")
+    return partial
 
 
 def test_stale_cleanup_removes_only_partial_folders_carrying_the_marker_which_a_finished_run_does_not(tmp_path, runs):
-    pid = _dead_pid()
-    foreign = tmp_path / f".photos.partial-{pid}"
-    foreign.mkdir()
-    (foreign / "holiday.jpg").write_text("precious")
-    ours = tmp_path / f".run.partial-{pid}"
-    ours.mkdir()
-    (ours / PARTIAL_MARKER).write_text(f"{pid}\n")
+    foreign, ours = _partial(tmp_path, "photos", "holiday.jpg"), _partial(tmp_path, "run")
     messages = stale_leftovers(tmp_path)
     assert (foreign / "holiday.jpg").exists() and not ours.exists()
     assert any(f"kept {foreign}" in m for m in messages) and any(f"removed {ours}" in m for m in messages)
@@ -99,17 +87,15 @@ def test_stale_cleanup_says_a_stopped_run_is_stopped_and_leaves_other_users_runs
         f"note: unfinished run: 0 rows in {tmp_path / 'mine.journal.jsonl'} (stopped); "
         f"finish it with: python -m harness run --resume {tmp_path / 'mine'}"
     ]
-    pid = _dead_pid()
-    (tmp_path / f".theirs.partial-{pid}").mkdir()
-    (tmp_path / f".theirs.partial-{pid}" / PARTIAL_MARKER).write_text(f"{pid}\n")
+    theirs = _partial(tmp_path, "theirs")
     monkeypatch.setattr(os, "getuid", lambda: os.stat(tmp_path).st_uid + 1)  # as another user sees them
-    assert stale_leftovers(tmp_path) == [] and (tmp_path / f".theirs.partial-{pid}").exists()
+    assert stale_leftovers(tmp_path) == [] and theirs.exists()
 
 
 # --- case files: sweeps counted before they are built -----------------------------------------------
 
 
-def test_a_six_field_sweep_of_600m_points_is_refused_fast_and_small(tmp_path):
+def test_a_six_field_sweep_of_600m_points_is_refused_fast_and_small(tmp_path, monkeypatch):
     """Six swept fields, 30 x 29^5 = 615M points (615,334,470), in 888 bytes."""
     values = lambda n, first: "[" + ", ".join(str(first + i) for i in range(n)) + "]"  # noqa: E731
     text = (
@@ -132,12 +118,10 @@ def test_a_six_field_sweep_of_600m_points_is_refused_fast_and_small(tmp_path):
         "peak = [line.split()[1] for line in open('/proc/self/status') if line.startswith('VmHWM:')][0]\n"
         "print('RESULT', code, seconds, peak)\n"
     )
-    env = {k: v for k, v in os.environ.items() if k != "HARNESS_MAX_SWEEP_POINTS"}
-    result = subprocess.run([sys.executable, "-c", probe], cwd=ROOT, capture_output=True, text=True, timeout=120,
-                            env=env)  # fmt: skip
-    line = [x for x in result.stdout.splitlines() if x.startswith("RESULT")]
-    assert line, result.stderr[-2000:]
-    code, seconds, peak_kib = line[0].split()[1:]
+    monkeypatch.delenv("HARNESS_MAX_SWEEP_POINTS", raising=False)
+    result = run_script("-c", probe, timeout=120)
+    assert "RESULT" in result.stdout, result.stderr[-2000:]
+    code, seconds, peak_kib = result.stdout.split("RESULT")[-1].split()
     assert int(code) == 2, result.stderr[-2000:]
     assert float(seconds) < 5.0  # from the call to the refusal (the imports before it excluded)
     assert int(peak_kib) < 500 * 1024  # the whole process, torch's import included (about 300 MiB)

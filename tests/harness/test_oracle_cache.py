@@ -29,10 +29,10 @@ def cache_folder(tmp_path, monkeypatch):
     return folder
 
 
-def _case(tmp_path, **changes):
-    """The tiny case (seed 3), with ``changes``, loaded."""
+def _built(tmp_path, **changes):
+    """The tiny case (seed 3), with ``changes``, built on the CPU: its inputs, oracle output and error bound."""
     path = write_cases(tmp_path / "cases.toml", {"name": "tiny", "seed": 3, **changes})
-    return load_cases([path], "cpu")[0]
+    return runner.build_context(load_cases([path], "cpu")[0], "cpu", "cpu")
 
 
 def _oracle_must_not_run(*args, **kwargs):
@@ -67,21 +67,21 @@ def _poison(entry) -> None:
 def test_a_second_build_of_the_same_inputs_reads_the_oracle_and_its_error_bound_from_the_cache(
     tmp_path, cache_folder, monkeypatch, second
 ):
-    first = runner.build_context(_case(tmp_path), "cpu", "cpu")
+    first = _built(tmp_path)
     assert len(list(cache_folder.glob("*.oracle"))) == len(list(cache_folder.glob("*.derived"))) == 1
     monkeypatch.setattr(runner, "paged_attention_oracle", _oracle_must_not_run)
     monkeypatch.setattr(runner, "forward_error_bound", _oracle_must_not_run)
-    again = runner.build_context(_case(tmp_path, **second), "cpu", "cpu")
+    again = _built(tmp_path, **second)
     assert torch.equal(first.expected, again.expected) and torch.equal(first.bound, again.bound)
     assert again.expected.dtype == again.bound.dtype == torch.float64
     monkeypatch.setattr(runner, "BOUND_RESULT", "forward_error_bound:an edited grading.py")
     with pytest.raises(AssertionError, match="oracle ran"):  # the bound of another grading.py is computed anew
-        runner.build_context(_case(tmp_path), "cpu", "cpu")
+        _built(tmp_path)
 
 
 def test_changed_seed_misses_the_cache(tmp_path, cache_folder):
-    first = runner.build_context(_case(tmp_path), "cpu", "cpu")
-    second = runner.build_context(_case(tmp_path, seed=4), "cpu", "cpu")  # a miss computes and stores anew
+    first = _built(tmp_path)
+    second = _built(tmp_path, seed=4)  # a miss computes and stores anew
     assert not second.oracle_cached and not torch.equal(first.expected, second.expected)
     assert len(list(cache_folder.glob("*.oracle"))) == 2
 
@@ -92,15 +92,14 @@ def test_changed_seed_misses_the_cache(tmp_path, cache_folder):
     ids=["one_flipped_byte", "truncated"],
 )
 def test_a_damaged_cache_file_is_a_miss_rewritten_whole_not_an_error(tmp_path, cache_folder, monkeypatch, damage):
-    case = _case(tmp_path)
-    good = runner.build_context(case, "cpu", "cpu").expected
+    good = _built(tmp_path).expected
     (entry,) = cache_folder.glob("*.oracle")
     damaged = damage(entry.read_bytes())
     entry.write_bytes(damaged)
-    assert torch.equal(runner.build_context(case, "cpu", "cpu").expected, good)
+    assert torch.equal(_built(tmp_path).expected, good)
     assert entry.read_bytes() != damaged
     monkeypatch.setattr(runner, "paged_attention_oracle", _oracle_must_not_run)
-    assert torch.equal(runner.build_context(case, "cpu", "cpu").expected, good)
+    assert torch.equal(_built(tmp_path).expected, good)
 
 
 def test_cap_prunes_the_least_recently_used_entries_first(tmp_path):
