@@ -42,28 +42,20 @@ MUTATIONS = {
 }
 
 
-@pytest.mark.parametrize("name", MUTATIONS)
-def test_a_backend_that_mutates_an_input_fails_and_the_next_sees_pristine_inputs(case_file, name, run_rows):
-    register_backend("mutator", tlsim_then(MUTATIONS[name]))
-    rows = run_rows(case_file, ["mutator", "tlsim", "reference"])
-    assert rows.loc["mutator", "status"] == "fail"
-    assert f"mutated its input {name}" in rows.loc["mutator", "reason"]
-    assert (rows.loc[["tlsim", "reference"], "status"] == "pass").all(), rows["reason"].tolist()
-
-
-def test_a_mutation_during_timing_only_is_caught_too(case_file, run_rows):
+@pytest.mark.parametrize(("name", "timed"), [*((name, False) for name in MUTATIONS), ("k_cache", True)])
+def test_a_backend_that_mutates_an_input_fails_and_the_next_sees_pristine_inputs(case_file, name, timed, run_rows):
     calls = []
 
-    def from_the_second_call(**inputs):
+    def mutation(**inputs):  # timed: from the second call on, while timed only
         calls.append(1)
-        if len(calls) > 1:
-            inputs["k_cache"].mul_(2)
+        if not timed or len(calls) > 1:
+            MUTATIONS[name](**inputs)
 
-    register_backend("late_mutator", tlsim_then(from_the_second_call))
-    rows = run_rows(case_file, ["late_mutator", "tlsim"], timing=True)
-    assert rows.loc["late_mutator", "status"] == "fail"
-    assert "mutated its input k_cache while timed" in rows.loc["late_mutator", "reason"]
-    assert rows.loc["tlsim", "status"] == "pass"
+    register_backend("mutator", tlsim_then(mutation))
+    rows = run_rows(case_file, ["mutator", "tlsim", "reference"], timing=timed)
+    assert rows.loc["mutator", "status"] == "fail"
+    assert f"mutated its input {name}{' while timed' * timed}" in rows.loc["mutator", "reason"]
+    assert (rows.loc[["tlsim", "reference"], "status"] == "pass").all(), rows["reason"].tolist()
 
 
 def _raise(error):
@@ -105,12 +97,21 @@ def test_the_users_ctrl_c_still_stops_the_run(case_file, run_rows):
         guard.USER_INTERRUPT.clear()
 
 
-def test_tolerance_zero_grades_exact_output_as_pass_with_a_finite_ratio():
-    expected = torch.tensor([1.0, 0.0, -2.0], dtype=torch.float64)
-    exact = grade(expected.clone(), expected, atol=0.0, rtol=0.0)
-    assert exact.passed and exact.tol_ratio == 0.0
-    off = grade(expected + 1e-9, expected, atol=0.0, rtol=0.0)
-    assert not off.passed and off.tol_ratio == math.inf
+@pytest.mark.parametrize(
+    ("offset", "atol", "rtol", "passed", "tol_ratio"),
+    [
+        ([5e-5, 0.0, 4e-6], 1e-5, 1e-4, True, 5e-5 / (1e-5 + 1e-4)),  # the largest err / (atol + rtol |expected|)
+        (1e-3, 1e-5, 1e-4, False, 1e-3 / 1e-5),
+        (0.0, 0.0, 0.0, True, 0.0),  # tolerance zero: exact output passes, its ratio finite
+        (1e-9, 0.0, 0.0, False, math.inf),
+    ],
+)
+def test_tol_ratio_is_the_margin_to_the_tolerance_and_tolerance_zero_passes_exact_output(
+    offset, atol, rtol, passed, tol_ratio
+):
+    expected = torch.tensor([1.0, -2.0, 0.0], dtype=torch.float64)
+    result = grade(expected + torch.tensor(offset, dtype=torch.float64), expected, atol=atol, rtol=rtol)
+    assert result.passed == passed and result.tol_ratio == pytest.approx(tol_ratio)
 
 
 def test_tolerance_zero_run_exits_0_when_every_row_is_exact(tmp_path, capsys):

@@ -30,7 +30,6 @@ from harness.results import report
 from harness.results import storage as storage_module
 from harness.results.journal import Journal, journal_path
 from harness.review import confirm
-from harness.run import runner
 from harness.run.guard import Terminated
 from harness.run.runner import to_frame
 from tests.harness import review_frames as rf
@@ -219,23 +218,50 @@ def test_exit_segfault_hang_and_sys_exit_in_a_plugin_are_error_rows_and_the_run_
     assert (hung["status"], hung["reason"]) == ("skip", "hung on first after 4 s; not run")
 
 
-def test_sigterm_keeps_the_journal_and_resume_runs_only_the_missing_pairs(setup, capsys):
+def _disk_full(self, *args, **kwargs):
+    raise OSError(errno.ENOSPC, "No space left on device")
+
+
+def _terminated(*args):
+    raise Terminated  # what the SIGTERM handler raises, arriving while the folder is written
+
+
+# how the run stops -> (the backend beside `good`, what is patched, the exit, its words, the pairs a resume runs,
+# what the reports folder holds then: never the run folder, nor a partial one)
+STOPS = {
+    "sigterm_mid_run": ("sigterm_once", None, 143,
+                        ["terminated (SIGTERM): 1 rows kept in {journal}", "python -m harness run --resume {out}"], 3,
+                        ["run.journal.jsonl", "run.logs"]),
+    "disk_full_at_the_final_write": ("tlsim", (pd.DataFrame, "to_parquet", _disk_full), 3,
+                                     ["writing the run folder", "No space left on device",
+                                      "the 4 rows are kept in {journal}", "--resume {out}"], 0, ["run.journal.jsonl"]),
+    "sigterm_at_the_final_write": ("tlsim", (report, "render_html", _terminated), 143,
+                                   ["finish with: python -m harness run --resume {out}"], 0,
+                                   ["run.journal.jsonl", "run.logs"]),
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("stop", STOPS)
+def test_a_stopped_run_or_a_failed_final_write_keeps_the_journal_and_resume_runs_only_the_missing_pairs(
+    setup, capsys, monkeypatch, stop
+):
+    other, patched, code, said, to_run, left = STOPS[stop]
     (setup / "sigterm").touch()
     out = setup / "reports" / "run"
-    assert run(setup, out, "--isolate", "none", *backends("good", "sigterm_once")) == 143
+    with monkeypatch.context() as patch:
+        if patched:
+            patch.setattr(*patched)
+        assert run(setup, out, "--isolate", "none", *backends("good", other)) == code
     err = capsys.readouterr().err
-    assert f"terminated (SIGTERM): 1 rows kept in {journal_path(out)}" in err
-    assert f"python -m harness run --resume {out}" in err
-    assert not out.exists()
-    assert [r["backend"] for r in Journal.read(journal_path(out)).rows] == ["good"]
+    assert all(words.format(journal=journal_path(out), out=out) in err for words in said), err
+    assert sorted(p.name for p in out.parent.iterdir()) == left
+    assert len(Journal.read(journal_path(out)).rows) == 4 - to_run
     assert resume_run(setup, out) == 0
-    assert "3 to run, 1 from the journal" in capsys.readouterr().err
+    assert f"{to_run} to run, {4 - to_run} from the journal" in capsys.readouterr().err
     rows = rows_of(out)
-    assert list(zip(rows["case"], rows["backend"], strict=True)) == [
-        ("first", "good"), ("first", "sigterm_once"), ("second", "good"), ("second", "sigterm_once")
-    ]  # fmt: skip
-    assert set(rows["status"]) == {"pass"}
-    assert (setup / "calls").read_text().count("call") == 2, "the journaled pair was not run again"
+    pairs = [(case, backend) for case in ("first", "second") for backend in ("good", other)]
+    assert list(zip(rows["case"], rows["backend"], strict=True)) == pairs and set(rows["status"]) == {"pass"}
+    assert (setup / "calls").read_text().count("call") == 2, "no journaled pair ran again"
     assert not journal_path(out).exists(), "the journal goes once the folder is written"
 
 
@@ -262,25 +288,6 @@ def test_a_sigkilled_run_is_reported_at_the_next_run_and_resumed(setup, capsys):
     assert not partial.exists()
     assert resume_run(setup, out) == 0
     assert len(rows_of(out)) == 4 and not journal_path(out).exists()
-
-
-def test_a_failing_final_write_keeps_the_journal_and_says_how_to_resume(setup, capsys, monkeypatch):
-    out = setup / "reports" / "run"
-
-    def disk_full(self, *args, **kwargs):
-        raise OSError(errno.ENOSPC, "No space left on device")
-
-    with monkeypatch.context() as patch:
-        patch.setattr(pd.DataFrame, "to_parquet", disk_full)
-        assert run(setup, out, *backends("good", "tlsim")) == 3
-    err = capsys.readouterr().err
-    assert "writing the run folder" in err and "No space left on device" in err
-    assert f"the 4 rows are kept in {journal_path(out)}" in err and f"--resume {out}" in err
-    assert sorted(p.name for p in out.parent.iterdir()) == ["run.journal.jsonl"], "no partial folder left"
-    assert resume_run(setup, out) == 0
-    assert "0 to run, 4 from the journal" in capsys.readouterr().err
-    assert (setup / "calls").read_text().count("call") == 2, "nothing ran again"
-    assert len(rows_of(out)) == 4 and set(rows_of(out)["status"]) == {"pass"}
 
 
 def test_a_read_only_reports_folder_is_exit_2_before_any_work(setup, capsys, monkeypatch):
@@ -360,21 +367,6 @@ def test_an_internal_bug_is_exit_3_with_a_traceback_not_bad_input(setup, capsys,
     assert "Traceback" in err and "ValueError: an internal bug" in err and "internal error" in err
 
 
-@pytest.mark.slow  # runs in fresh interpreters, one stopped
-def test_sigterm_during_the_final_write_leaves_no_partial_folder_and_keeps_the_journal(setup, capsys, monkeypatch):
-    def terminated_while_rendering(*args):
-        raise Terminated  # what the SIGTERM handler raises, arriving while the folder is written
-
-    out = setup / "reports" / "run"
-    with monkeypatch.context() as patch:
-        patch.setattr(report, "render_html", terminated_while_rendering)
-        assert run(setup, out, *backends("tlsim")) == 143
-    assert f"finish with: python -m harness run --resume {out}" in capsys.readouterr().err
-    assert sorted(p.name for p in out.parent.iterdir()) == ["run.journal.jsonl"], "no partial folder"
-    assert resume_run(setup, out) == 0
-    assert len(rows_of(out)) == 2
-
-
 @pytest.mark.parametrize("isolate", ["plugins", "none"])
 @pytest.mark.slow  # a run in a fresh interpreter waits in a hanging call
 def test_the_users_ctrl_c_stops_a_run_inside_a_hanging_call_and_keeps_the_journal(setup, isolate):
@@ -385,18 +377,6 @@ def test_the_users_ctrl_c_stops_a_run_inside_a_hanging_call_and_keeps_the_journa
     assert proc.returncode == 130, err[-2000:]
     assert f"interrupted: 1 rows kept in {journal_path(out)}" in err
     assert [r["backend"] for r in Journal.read(journal_path(out)).rows] == ["tlsim"]
-
-
-def test_isolate_all_runs_the_built_ins_in_the_worker_too(setup, capsys, monkeypatch):
-    def no_local_call(*args, **kwargs):
-        raise AssertionError("a built-in ran in-process under --isolate all")
-
-    # The driver's own name for calling a backend (a spawned worker imports its own, unpatched copy): an
-    # in-process call would raise here. The driver still builds the oracle and grades: that is its job.
-    monkeypatch.setattr(runner, "call_backend", no_local_call)
-    out = setup / "run"
-    assert run(setup, out, "--isolate", "all", *backends("tlsim", "reference"), plugin=False) == 0
-    assert set(rows_of(out)["status"]) == {"pass"} and len(rows_of(out)) == 4
 
 
 def _slower_runs(tmp_path, backend: str, **meta_extra) -> tuple[Path, Path]:
@@ -515,12 +495,18 @@ def test_a_plugins_flood_of_output_goes_to_its_row_log_and_the_terminal_gets_its
     assert not (setup / "run.logs").exists()
 
 
-def test_an_isolated_worker_runs_with_the_thread_count_its_rows_record(setup):
+def test_an_isolated_worker_runs_with_the_thread_count_its_rows_record_and_no_more_than_the_cores(setup):
     out = setup / "run"
     assert main(["run", str(setup / "tiny.toml"), "--out", str(out), "--no-progress", "--threads", "1",
                  "--plugin", str(setup / "plugin.py"), "--backend", "threads"]) == 0  # fmt: skip
     recorded = pd.read_parquet(out / "results.parquet")["timing_threads"].iloc[0]
     assert recorded == 1 and (setup / "threads").read_text() == "1"
+    before = torch.get_num_threads()
+    try:  # a recorded thread count past the cores runs on the cores
+        assert apply_threads(str(10**6), "cpu") == (os.cpu_count() or 1)
+        assert apply_threads("1", "cpu") == 1
+    finally:
+        torch.set_num_threads(before)
 
 
 def test_ctrl_c_while_a_worker_starts_is_one_line_not_a_childs_traceback(setup):
@@ -533,15 +519,6 @@ def test_ctrl_c_while_a_worker_starts_is_one_line_not_a_childs_traceback(setup):
     assert "Traceback" not in err and "KeyboardInterrupt" not in err, err[-3000:]
     assert [line for line in err.splitlines() if line.strip()] == ["interrupted: nothing was written"], err
     assert _gone(int((setup / "starting").read_text()), 10)
-
-
-def test_a_recorded_thread_count_past_the_cores_runs_on_the_cores():
-    before = torch.get_num_threads()
-    try:
-        assert apply_threads(str(10**6), "cpu") == (os.cpu_count() or 1)
-        assert apply_threads("1", "cpu") == 1
-    finally:
-        torch.set_num_threads(before)
 
 
 def test_a_planted_link_in_a_runs_log_folder_is_replaced_never_written_through(tmp_path):

@@ -4,17 +4,12 @@ from __future__ import annotations
 
 from functools import partial
 
+import pandas as pd
 import pytest
 import torch
 
 from harness import register_backend
-from harness.backends import builtin as backends_module
-from harness.cases.loading import load_cases
 from harness.cli.main import main
-from harness.execute.local import run_cases
-from harness.run.runner import RunConfig
-
-SMOKE = "cases/smoke.toml"
 
 
 def _per_sequence(attend, q, k_cache, v_cache, block_table, seq_lens, query_start_loc=None, scale=None, out=None):
@@ -79,11 +74,12 @@ def mutants_registered(clean_registry):
         register_backend(attend.__name__, partial(_per_sequence, attend))
 
 
-def test_smoke_fails_each_mutant_exactly_on_the_cases_added_for_it():
-    cases = load_cases([SMOKE])
-    names = ["no_running_max", "half_accumulator", "tlsim", "reference"]
-    config = RunConfig(device="cpu", backends=backends_module.resolve_backends(names), timing=False, progress=False)
-    rows = run_cases(cases, config)
+def test_harness_run_with_no_case_file_fails_each_mutant_exactly_on_the_cases_added_for_it(tmp_path):
+    """`harness run` reads cases/smoke.toml relative to the working directory: the repository root here."""
+    out = tmp_path / "run"
+    backends = [arg for name in [*MUTANTS, "tlsim", "reference"] for arg in ("--backend", name)]
+    assert main(["run", "--out", str(out), "--no-timing", "--no-progress", *backends]) == 1
+    rows = pd.read_parquet(out / "results.parquet")
     for mutant, (may, must) in MUTANTS.items():
         mine = rows[rows["backend"] == mutant].set_index("case")["status"]
         caught = {case for case, status in mine.items() if status == "fail"}
@@ -91,11 +87,3 @@ def test_smoke_fails_each_mutant_exactly_on_the_cases_added_for_it():
         assert all(case.startswith(may) for case in caught), f"{mutant} failed elsewhere too: {caught}"
     correct = rows[rows["backend"].isin(["tlsim", "reference"])]
     assert (correct["status"] == "pass").all(), correct[correct["status"] != "pass"][["case", "reason"]]
-
-
-def test_harness_run_with_no_case_file_exits_1_for_each_mutant(tmp_path):
-    """`harness run` reads cases/smoke.toml relative to the working directory: the repository root here."""
-    for mutant in MUTANTS:
-        out = tmp_path / mutant
-        assert main(["run", "--backend", mutant, "--out", str(out), "--no-timing", "--no-progress"]) == 1
-        assert out.is_dir()

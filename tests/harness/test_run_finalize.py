@@ -83,22 +83,18 @@ def test_a_run_records_its_meta_in_the_journal_before_its_first_row(tmp_path, mo
     assert json.loads((tmp_path / "run.journal.jsonl.seen").read_text()) == "cpu"
 
 
-def test_the_recorded_meta_keeps_its_nested_values_as_json_not_text(tmp_path):
+def test_a_journal_reads_back_its_meta_and_samples_as_json_values_not_text(tmp_path):
+    """Nested meta values, and timing samples from lists and from the text ("[1.5, 2.0]") older journals hold,
+    read back as JSON values, so compare can use them."""
     journal = Journal.create(tmp_path / "run", {"cases": [], "backends": None, "device": "cuda"})
     journal.record_meta({"device": "cuda", "ceilings": {"read_gbps": 4210.5}, "load_average": (1.0, 2.0)})
-    journal.close(stopped=True)
-    meta = Journal.read(journal_path(tmp_path / "run")).header["meta"]
-    assert meta["ceilings"] == {"read_gbps": 4210.5} and meta["load_average"] == [1.0, 2.0]
-
-
-def test_timing_samples_come_back_from_a_journal_as_numbers_so_compare_can_use_them(tmp_path):
-    """Journaled samples read back as floats, from lists and from the text ("[1.5, 2.0]") older journals hold."""
-    journal = Journal.create(tmp_path / "run", {"cases": [], "backends": None, "device": "cpu"})
     journal.append({"case": "c", "backend": "b", "status": "pass", "latency_samples_us": (1.5, 2.0)})
     journal._write({"case": "d", "backend": "b", "status": "pass", "latency_samples_us": "[3.0, 4.5]"})  # as text
     journal.close(stopped=True)
-    rows = Journal.read(journal_path(tmp_path / "run")).rows
-    assert [r["latency_samples_us"] for r in rows] == [[1.5, 2.0], [3.0, 4.5]]
+    read = Journal.read(journal_path(tmp_path / "run"))
+    meta = read.header["meta"]
+    assert meta["ceilings"] == {"read_gbps": 4210.5} and meta["load_average"] == [1.0, 2.0]
+    assert [r["latency_samples_us"] for r in read.rows] == [[1.5, 2.0], [3.0, 4.5]]
 
 
 def test_a_journal_whose_case_files_are_gone_is_still_written_saying_what_is_unknown(tmp_path):

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import pandas as pd
 import pytest
-import torch
 
 import kernels
 from harness import register_backend
@@ -30,11 +29,12 @@ def raises(*args, **kwargs):
     raise RuntimeError("kernel exploded")
 
 
-def test_rows_for_pass_fail_skip_and_error_and_the_run_goes_on(case_file, run_rows):
+def test_rows_for_pass_fail_skip_and_error_and_the_run_goes_on(tmp_path, run_rows):
     register_backend("half_written", half_written)
     register_backend("raises", raises)
     register_backend("cuda_only", kernels.paged_attention_tlsim, devices=("cuda",))
-    rows = run_rows(case_file, ["raises", "half_written", "cuda_only", "tlsim"])
+    path = write_cases(tmp_path / "c.toml", {"name": "tiny", "exclude_backends": ["reference"]})
+    rows = run_rows(path, ["raises", "half_written", "cuda_only", "reference", "tlsim"])
     assert rows.loc["raises", "status"] == "error"
     assert "RuntimeError: kernel exploded" in rows.loc["raises", "reason"]
     assert rows.loc["half_written", "status"] == "fail"
@@ -42,24 +42,11 @@ def test_rows_for_pass_fail_skip_and_error_and_the_run_goes_on(case_file, run_ro
     assert "NaN" in rows.loc["half_written", "reason"]
     assert rows.loc["cuda_only", "status"] == "skip"
     assert rows.loc["cuda_only", "reason"] == "cuda_only runs on cuda, not cpu"
+    assert rows.loc["reference", "status"] == "skip" and rows.loc["reference", "reason"] == "excluded by the case file"
     assert rows.loc["tlsim", "status"] == "pass", "a backend after an error still runs"
     assert exit_code(rows.reset_index()) == 1
     assert exit_code(rows.loc[["raises", "tlsim"]].reset_index()) == 1, "an error row alone fails the run"
     assert exit_code(rows.loc[["cuda_only", "tlsim"]].reset_index()) == 0, "skips do not"
-
-
-def test_case_file_can_exclude_a_backend(tmp_path, run_rows):
-    path = write_cases(tmp_path / "c.toml", {"name": "tiny", "exclude_backends": ["reference"]})
-    rows = run_rows(path, ["reference", "tlsim"])
-    assert rows.loc["reference", "status"] == "skip" and rows.loc["reference", "reason"] == "excluded by the case file"
-
-
-def test_timing_fills_latency_and_bandwidth(case_file, run_rows):
-    row = run_rows(case_file, ["tlsim"], timing=True, ceilings={"read_gbps": 10.0}).iloc[0]
-    assert row["latency_us"] > 0 and row["timing_reps"] >= 3 and row["timing_method"] == "cpu_perf_counter"
-    assert row["latency_p10_us"] <= row["latency_us"] <= row["latency_p90_us"]
-    assert row["gbps"] == pytest.approx(row["bytes_moved"] / (row["latency_us"] * 1e3))
-    assert row["pct_of_ceiling"] == pytest.approx(100 * row["gbps"] / 10.0)
 
 
 PLUGIN = '''
@@ -103,31 +90,26 @@ def test_report_files_and_failures_listed_first(tmp_path, case_file):
         "num_seqs", "max_seq_len", "status", "reason", "max_abs_err", "max_rel_err", "rel_l2_err",
         "nan_count", "atol", "rtol", "latency_us", "bytes_moved", "gbps", "pct_of_ceiling",
     ]  # fmt: skip
-    assert not set(storage_module.SAMPLE_COLUMNS) & set(csv.columns)  # the sample lists: in the parquet only
     html = (run / "report.html").read_text()
     assert html.index('<tr class="fail">') < html.index('<tr class="pass">')
     meta = (run / "meta.json").read_text()
     assert '"torch"' in meta and '"commit"' in meta and '"command"' in meta
 
 
-def test_write_run_refuses_an_existing_folder(tmp_path):
+def test_write_run_refuses_an_existing_folder_and_an_interrupted_write_leaves_nothing(tmp_path):
     (tmp_path / "run").mkdir()
     (tmp_path / "run" / "keep.txt").write_text("earlier")
     frame = pd.DataFrame([{"case": "c", "backend": "b", "status": "pass"}])
     with pytest.raises(storage_module.RunDirExistsError, match="never overwritten"):
         storage_module.write_run(frame, {}, tmp_path / "run")
     assert [p.name for p in (tmp_path / "run").iterdir()] == ["keep.txt"]
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["run"], "no staging folder left behind"
 
-
-def test_an_interrupted_write_leaves_nothing(tmp_path, monkeypatch):
     def interrupted(*args):
         raise KeyboardInterrupt
 
-    frame = pd.DataFrame([{"case": "c", "backend": "b", "status": "pass"}])
     with pytest.raises(KeyboardInterrupt):
-        storage_module.write_run(frame, {}, tmp_path / "run", page=interrupted)
-    assert list(tmp_path.iterdir()) == []
+        storage_module.write_run(frame, {}, tmp_path / "other", page=interrupted)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["run"], "no staging folder, no partial one left behind"
 
 
 def test_compare_flags_status_error_and_latency_regressions():
@@ -155,16 +137,6 @@ def test_compare_flags_status_error_and_latency_regressions():
 def test_sdpa_peers_do_not_leak_pool_nan(case_file, run_rows):
     rows = run_rows(case_file, ["gather_sdpa", "sdpa_contiguous"])
     assert (rows["status"] == "pass").all(), rows["reason"].tolist()
-
-
-def test_tol_ratio_is_the_margin_to_the_tolerance():
-    from harness.run.grading import grade
-
-    expected = torch.tensor([1.0, -2.0, 0.0], dtype=torch.float64)
-    result = grade(expected + torch.tensor([5e-5, 0.0, 4e-6]), expected, atol=1e-5, rtol=1e-4)
-    assert result.tol_ratio == pytest.approx(5e-5 / (1e-5 + 1e-4))
-    assert result.passed
-    assert not grade(expected + 1e-3, expected, atol=1e-5, rtol=1e-4).passed
 
 
 @pytest.mark.slow  # a pytest run in a fresh interpreter

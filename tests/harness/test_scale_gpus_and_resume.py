@@ -13,21 +13,19 @@ from harness.cli.resume import resume, run_options
 from harness.execute.xdist import run_gpus
 from harness.results.journal import Journal
 from harness.results.report import render_html
+from harness.run import runner
 from harness.run.runner import to_frame
 from harness.timing import ceilings
 from harness.timing.ceilings import GpuLedger, mixed_models_note
 from harness.timing.phases import add_phases, phase, rounded, take_phases
-
-CASES = """
-defaults = {num_q_heads = 4, num_kv_heads = 2, head_dim = 32, block_size = 4}
-case = [{name = "a", seq_lens = [3, 9]}, {name = "b", seq_lens = [5, 7], q_lens = [2, 1]}]
-"""
+from tests.tiny_cases import write_cases
 
 
 @pytest.fixture
 def cases_file(tmp_path):
-    (tmp_path / "cases.toml").write_text(CASES)
-    return tmp_path / "cases.toml"
+    return write_cases(
+        tmp_path / "cases.toml", {"name": "a", "q_lens": 1}, {"name": "b", "seq_lens": [5, 7], "q_lens": [2, 1]}
+    )
 
 
 def _report(name: str, read_gbps: float, peak: float) -> dict:
@@ -76,10 +74,12 @@ def test_workers_report_their_device_and_meta_keeps_it_with_where_the_time_went(
 ):
     monkeypatch.setattr(ceilings, "own_device", ceilings.own_device)  # the plugin patches it here too: restored
     (tmp_path / "fake_gpu.py").write_text(FAKE_GPU)
-    out = tmp_path / "run"
+    out, cache = tmp_path / "run", tmp_path / "cache"
     code = main(["run", str(cases_file), "--backend", "tlsim", "--plugin", str(tmp_path / "fake_gpu.py"),
-                 "--isolate", "none", "--no-progress", "--workers", "2", "--out", str(out)])  # fmt: skip
+                 "--isolate", "none", "--no-progress", "--workers", "2", "--oracle-cache", str(cache),
+                 "--out", str(out)])  # fmt: skip
     assert code == 0
+    assert len(list(cache.glob("*.oracle"))) == 2, "--oracle-cache reached the workers: one entry per case"
     meta = json.loads((out / "meta.json").read_text())
     rows = pd.read_parquet(out / "results.parquet")
     assert [g["gpu_name"] for g in meta["gpus"]] == ["Fake GPU"] and sorted(meta["gpus"][0]["workers"]) == [0, 1]
@@ -118,10 +118,19 @@ def test_phases_sum_each_block_once_even_when_it_raises_and_start_again_after_ta
     assert rounded(total) == {"guard": 0.16}
 
 
-def test_an_isolated_backends_phases_count_in_a_one_process_run(cases_file, tmp_path):
+def test_isolate_all_runs_the_built_ins_in_the_worker_and_their_phases_count_in_a_one_process_run(
+    cases_file, tmp_path, monkeypatch
+):
+    def no_local_call(*args, **kwargs):
+        raise AssertionError("a built-in ran in-process under --isolate all")
+
+    # The driver's own name for calling a backend (a spawned worker imports its own, unpatched copy): an
+    # in-process call would raise here. The driver still builds the oracle and grades: that is its job.
+    monkeypatch.setattr(runner, "call_backend", no_local_call)
     out = tmp_path / "run"
-    assert main(["run", str(cases_file), "--backend", "tlsim", "--isolate", "all", "--no-timing", "--no-progress",
-                 "--out", str(out)]) == 0  # fmt: skip
+    assert main(["run", str(cases_file), "--backend", "tlsim", "--backend", "reference", "--isolate", "all",
+                 "--no-timing", "--no-progress", "--out", str(out)]) == 0  # fmt: skip
+    assert set(pd.read_parquet(out / "results.parquet")["status"]) == {"pass"}
     phases = json.loads((out / "meta.json").read_text())["scale"]["phase_s"]
     assert {"inputs", "oracle", "graded call", "grade"} <= set(phases) and phases["graded call"] > 0
 

@@ -127,6 +127,10 @@ def test_a_timed_cli_run_writes_every_timing_column_and_the_page(tmp_path, drawn
     assert (out / "report.html").read_text().count('<img src="data:image/svg+xml;base64,') >= 2
     assert frame["latency_us"].notna().all() and frame["call_us"].notna().all()
     assert (frame["timing_reps"] >= 10).all() and all(len(s) >= 10 for s in frame["latency_samples_us"])
+    assert (frame["timing_method"] == "cpu_perf_counter").all()
+    assert frame["latency_us"].between(frame["latency_p10_us"], frame["latency_p90_us"]).all()
+    assert list(frame["gbps"]) == pytest.approx(list(frame["bytes_moved"] / (frame["latency_us"] * 1e3)))
+    assert list(frame["pct_of_ceiling"]) == pytest.approx(list(100 * frame["gbps"] / meta["ceilings"]["read_gbps"]))
     assert frame["tflops"].gt(0).all() and frame["pct_of_peak"].gt(0).all(), "q_len 2 makes it a prefill row"
     assert meta["ceilings"]["read_gbps"] > 0 and meta["timing_threads"] == 1
     assert "float32" in meta["ceilings"]["peak_tflops"]

@@ -32,11 +32,16 @@ from tests.tiny_cases import TINY, write_cases
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def test_the_case_file_schema_offers_exactly_the_vocabulary():
+def test_the_case_file_schema_and_the_grading_tables_offer_exactly_the_vocabulary():
     case = case_file_schema()["properties"]["case"]["items"]["properties"]
     assert tuple(case["dtype"]["enum"]) == DTYPE_NAMES
     assert tuple(case["layout"]["enum"]) == LAYOUTS
     assert tuple(case["tolerance"]["propertyNames"]["enum"]) == DTYPE_NAMES
+    assert tuple(DEFAULT_TOLERANCES) == DTYPE_NAMES
+    assert tuple(grading.UNIT_ROUNDOFF) == DTYPE_NAMES
+    assert grading.UNIT_ROUNDOFF["float32"] == 2.0**-24 and grading.UNIT_ROUNDOFF["bfloat16"] == 2.0**-8
+    for peaks in ceilings.DATASHEET_PEAK_TFLOPS.values():
+        assert set(peaks) <= set(DTYPE_NAMES)
 
 
 def test_the_kernels_take_every_dtype_a_case_may_name_and_refuse_others():
@@ -47,14 +52,6 @@ def test_the_kernels_take_every_dtype_a_case_may_name_and_refuse_others():
     wide = make_inputs(**TINY, dtype=torch.float64)
     with pytest.raises(ValueError, match="fp32/fp16/bf16"):
         kernels.paged_attention_tlsim(*wide.args())
-
-
-def test_grading_tables_cover_every_dtype_and_only_those():
-    assert tuple(DEFAULT_TOLERANCES) == DTYPE_NAMES
-    assert tuple(grading.UNIT_ROUNDOFF) == DTYPE_NAMES
-    assert grading.UNIT_ROUNDOFF["float32"] == 2.0**-24 and grading.UNIT_ROUNDOFF["bfloat16"] == 2.0**-8
-    for peaks in ceilings.DATASHEET_PEAK_TFLOPS.values():
-        assert set(peaks) <= set(DTYPE_NAMES)
 
 
 @pytest.mark.parametrize("layout", LAYOUTS)
@@ -72,14 +69,11 @@ def test_report_rows_speak_the_vocabulary(tmp_path, run_rows):
     assert tuple(rows["dtype"].drop_duplicates()) == DTYPE_NAMES
 
 
-def test_each_variant_is_named_once_for_the_case_file_the_registry_and_the_kernel_call():
+def test_each_variant_is_named_once_and_the_harness_and_the_kernels_option_table_name_the_same_keywords():
+    """The kernels never import the harness, so each side has its table: a keyword in one and not the other fails."""
     assert tuple(v.key for v in VARIANTS) == VARIANT_KEYS
     for variant in VARIANTS:
         assert set(variant.fields) <= set(CaseSpec.model_fields), variant
-
-
-def test_the_harness_rows_and_the_kernels_option_table_name_the_same_keywords():
-    """The kernels never import the harness, so each side has its table: a keyword in one and not the other fails."""
     harness = {keyword for v in VARIANTS for keyword in v.keywords} - {"return_lse"}  # return_lse: the entry's own
     assert harness == set(CALL_OPTIONS), (
         f"only in harness/cases/variants.py: {sorted(harness - set(CALL_OPTIONS))}; "
