@@ -17,14 +17,17 @@ to the tensor cores, which Triton's own compiler does not do for a paged tile on
   is 0.95-0.97x the time of one 8-warp partition, and the two warpgroups without turns were slower
   than it (docs/performance.md, "Hopper's prefill").
 
-One program: 128 query tokens of one query head (the tiles packed over sequences as
-``kernels.tiling.Tiling`` packs BLOCK_Q tiles, found by binary search). The last tile of a
+A work item: 128 query tokens of one query head (the tiles packed over sequences as
+``kernels.tiling.Tiling`` packs BLOCK_Q tiles, found by binary search). The grid is persistent:
+one program a multiprocessor walks the items, a sequence's last (longest) query tiles first and
+the heads of one tile side by side, and the producer copies the next item's Q and first K/V
+tiles while the consumers finish the last one's P V and store its rows. The last tile of a
 sequence may hold keys past seq_len: their logits are masked, and V's rows there are zeroed
 in shared memory before P V (the pool may hold anything there, NaN included; a box wholly past
 seq_len copies the sequence's first box instead of reading the table past its end). A bad block
-id among the columns a program reads turns all its rows into NaN and no tile is read: the
-contract's rule, at 128-token programs where the Triton kernel's are BLOCK_Q tokens, so rows
-that come before the bad key in a program that reaches it are NaN here and finite there. With
+id among the columns a work item reads turns all its rows into NaN and no tile is read: the
+contract's rule, at 128-token items where the Triton kernel's programs are BLOCK_Q tokens, so rows
+that come before the bad key in an item that reaches it are NaN here and finite there. With
 the checks off, no length read from the tensors wraps an int32 bound or makes a wait hang.
 Nothing on the host reads a tensor value.
 
@@ -57,7 +60,7 @@ try:
 except ImportError:  # a Triton without Gluon: applies() is False and nothing below is compiled
     gluon = None
 
-BLOCK_M = 128  # query tokens a program: two warpgroups' 64 rows each
+BLOCK_M = 128  # query tokens a work item: two warpgroups' 64 rows each
 STAGES = 2  # K/V tiles in flight (a 128-key tile at head_dim 128: 64 KiB of shared memory a stage)
 NUM_WARPS = 4  # each consumer partition's warps: one warpgroup of BLOCK_M // 2 rows (the producer's warp on top)
 HEAD_DIMS = (64, 128)
@@ -68,14 +71,15 @@ ENABLED = True
 def applies(call, tiling, lse) -> bool:
     """Whether a launch takes this path, from host-known facts only: an NVIDIA sm_90 GPU and Triton 3.6;
     a prefill launch (the tiling's class, a mean q_len of at least BLOCK_M, no KV split) over fp16 / bf16
-    q and cache with head_dim == head_dim_v in HEAD_DIMS; every call option off (no attention variant) and
-    no lse; 128- or 64-key tiles (tiling.TILE_N); block_size a power of two from 16; and strides a TMA
+    q and cache with head_dim == head_dim_v in HEAD_DIMS; no attention variant but a sliding window, and no
+    lse; 128- or 64-key tiles (tiling.TILE_N); block_size a power of two from 16; and strides a TMA
     descriptor can take: q's and each pool's rows 16-byte aligned, each head's dims contiguous."""
     q, k, v = call.q, call.k_cache, call.v_cache
     if not (ENABLED and gluon is not None and on_hopper(q.device)):
         return False
-    # every call option off (a new one stays with the Triton kernel until this kernel learns it), no lse
-    plain = all(getattr(call, name) is None for name in CALL_OPTIONS) and lse is None and not call.kv_fp8
+    # every call option but the window off (a new one stays with the Triton kernel until this kernel learns it)
+    plain = all(getattr(call, name) is None for name in CALL_OPTIONS if name != "sliding_window")
+    plain = plain and lse is None and not call.kv_fp8
     shapes = (
         tiling.TUNING_KEY[2] == "prefill"
         and tiling.NUM_SPLITS == 1
@@ -135,11 +139,14 @@ class GluonPrefill:
         self.kv_layout = gl.NVMMASharedLayout.get_default_for([box, d], dtype)
         self.box, self.head_dim = box, d
         num_q_tiles = (call.num_tokens + call.num_seqs * (BLOCK_M - 1)) // BLOCK_M
-        self.grid = (num_q_tiles, call.num_q_heads)
-        self.scalars = (call.num_tokens, call.num_seqs, call.num_blocks, call.block_table.shape[1],
-                        call.scale * math.log2(math.e))  # fmt: skip
+        programs = torch.cuda.get_device_properties(call.q.device).multi_processor_count  # one a multiprocessor
+        self.grid = (min(num_q_tiles * call.num_q_heads, programs),)
+        self.scalars = (num_q_tiles, call.num_q_heads, call.num_tokens, call.num_seqs, call.num_blocks,
+                        call.block_table.shape[1], call.scale * math.log2(math.e))  # fmt: skip
+        self.scalars += (call.sliding_window or 0,)
         self.constexprs = dict(GROUP=call.group_size, D=d, BN=tiling.TILE_N, BLOCK_SIZE=call.block_size, BOX=box,
-                               STAGES=STAGES, BM=BLOCK_M, num_warps=NUM_WARPS)  # fmt: skip
+                               STAGES=STAGES, BM=BLOCK_M, USE_WINDOW=call.sliding_window is not None,
+                               num_warps=NUM_WARPS)  # fmt: skip
 
     def _desc(self, t: torch.Tensor, rows: int, row_stride: int, block: list, layout) -> TensorDescriptor:
         return TensorDescriptor(t, [rows, row_stride], [row_stride, 1], block, layout)
@@ -174,11 +181,11 @@ if gluon is not None:
         return lo, q_tile - first
 
     @gluon.jit
-    def _count_bad_blocks(bt_row, end_col, num_blocks, max_blocks_per_seq, num_warps: gl.constexpr):
-        """Block-table columns [0, end_col) whose entry is outside [0, num_blocks) or past the table."""
+    def _count_bad_blocks(bt_row, first_col, end_col, num_blocks, max_blocks_per_seq, num_warps: gl.constexpr):
+        """Block-table columns [first_col, end_col) whose entry is outside [0, num_blocks) or past the table."""
         layout: gl.constexpr = gl.BlockedLayout([1], [32], [num_warps], [0])
         bad = end_col * 0
-        for c0 in range(0, end_col, 128):
+        for c0 in range(first_col, end_col, 128):
             cols = c0 + gl.arange(0, 128, layout=layout)
             inside = cols < end_col
             ids = gl.load(bt_row + cols, mask=inside & (cols < max_blocks_per_seq), other=-1)
@@ -188,7 +195,7 @@ if gluon is not None:
     @gluon.jit
     def _store_nan_rows(out_ptr, o_row0, rows_left, head, stride_o_token, stride_o_head, BM: gl.constexpr,
                         D: gl.constexpr, num_warps: gl.constexpr):  # fmt: skip
-        """A program whose block ids include a bad one: NaN in its rows, and no tile read."""
+        """A work item whose block ids include a bad one: NaN in its rows, and no tile read."""
         layout: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [num_warps, 1], [1, 0])
         rows = gl.arange(0, BM, layout=gl.SliceLayout(1, layout))
         dims = gl.arange(0, D, layout=gl.SliceLayout(0, layout))
@@ -197,34 +204,109 @@ if gluon is not None:
         gl.store(out_ptr + offs, nan, mask=((rows < rows_left) & (o_row0 + rows >= 0))[:, None])
 
     @gluon.jit
-    def _producer(k_desc, v_desc, k_smem, v_smem, k_ready, v_ready, k_free, v_free, bt_row, seq_len, k_col, v_col,
-                  n_tiles, BN: gl.constexpr, BLOCK_SIZE: gl.constexpr, BOX: gl.constexpr, STAGES: gl.constexpr):  # fmt: skip
-        """One warp: each tile's K and V, a TMA box of BOX rows at a time, STAGES tiles ahead of the consumers.
-        A box wholly past seq_len copies the sequence's first box instead (finite values the masks ignore)."""
-        BOXES: gl.constexpr = BN // BOX
-        for j in range(n_tiles):
-            st = j % STAGES
-            phase = (j // STAGES) & 1
-            mbarrier.wait(k_free.index(st), phase ^ 1)
-            mbarrier.wait(v_free.index(st), phase ^ 1)
-            mbarrier.expect(k_ready.index(st), BOXES * k_desc.block_type.nbytes)
-            mbarrier.expect(v_ready.index(st), BOXES * v_desc.block_type.nbytes)
-            for i in gl.static_range(BOXES):
-                key = j * BN + i * BOX
-                key = gl.where(key < seq_len, key, 0)
-                row = gl.load(bt_row + key // BLOCK_SIZE) * BLOCK_SIZE + key % BLOCK_SIZE
-                tma.async_copy_global_to_shared(k_desc, [row, k_col], k_ready.index(st),
-                                                k_smem.index(st).slice(i * BOX, BOX))  # fmt: skip
-                tma.async_copy_global_to_shared(v_desc, [row, v_col], v_ready.index(st),
-                                                v_smem.index(st).slice(i * BOX, BOX))  # fmt: skip
+    def _rounds(sizes):
+        """The rounds of the persistent grid: one work item a program a round, num_q_tiles * num_q_heads in all."""
+        return (sizes[0] * sizes[1] + gl.num_programs(0) - 1) // gl.num_programs(0)
 
     @gluon.jit
-    def _softmax_step(s, m_i, l_i, key0, q_pos, last_key, masked, qk_scale, BN: gl.constexpr, s_layout: gl.constexpr):
+    def _item_index(k):
+        """The program's work item in round k: programs take a round's items in order on even rounds and in
+        reverse on odd ones, so no program takes the heaviest item of every round (items come heaviest first)."""
+        reverse = gl.num_programs(0) - 1 - gl.program_id(0)
+        return k * gl.num_programs(0) + gl.where(k % 2 == 0, gl.program_id(0), reverse)
+
+    @gluon.jit
+    def _work_item(w, walk, sizes, sliding_window, BM: gl.constexpr, BN: gl.constexpr, BLOCK_SIZE: gl.constexpr,
+                   USE_WINDOW: gl.constexpr, WARPS: gl.constexpr):  # fmt: skip
+        """Work item w of the persistent grid (``walk`` and ``sizes``: the tuples prefill_kernel builds): query tile
+        num_q_tiles - 1 - w // num_q_heads (a sequence's last tiles, the longest, first) of query head
+        w % num_q_heads; a w past the last item (in the last round) is a spare tile. Returns the head, the
+        sequence's block-table row and seq_len, the tile's first query position, first row of q and out and real
+        rows, its key tiles [t0, t_end) (t0 > 0 where a window hides the tiles before it:
+        kernels.tiling.window_tile_start of the item's first query), and ``state``: 0 a spare tile (no query
+        rows), 1 NaN rows (a bad block id among the columns it reads, or no key to see), 2 a tile to attend."""
+        query_start_loc_ptr, seq_lens_ptr, block_table_ptr, stride_bt_seq = walk
+        num_q_tiles, num_q_heads, num_tokens, num_seqs, num_blocks, max_blocks_per_seq = sizes
+        head = w % num_q_heads
+        seq, q_tile = _find_seq(query_start_loc_ptr, num_q_tiles - 1 - w // num_q_heads, num_seqs, BM)
+        q_start = gl.load(query_start_loc_ptr + seq)
+        q_len = gl.load(query_start_loc_ptr + seq + 1) - q_start
+        seq_len = gl.load(seq_lens_ptr + seq)
+        q_pos0 = seq_len - q_len + q_tile * BM
+        # kernels.triton_paged's bounds, spelled so that garbage lengths (checks off) cannot wrap int32: the keys
+        # the tile's rows see end at kv_end; its tiles read whole tiles of them, up to seq_len (walked)
+        kv_end = seq_len - q_len + gl.minimum(q_len, (q_tile + 1) * BM)
+        kv_start = q_pos0 * 0
+        if USE_WINDOW:
+            kv_start = gl.maximum(q_pos0 - sliding_window + 1, 0) // BN * BN
+        span = gl.maximum(kv_end - kv_start, 0)
+        n_tiles = span // BN + (span % BN > 0).to(gl.int32)
+        room = gl.maximum(seq_len - kv_start, 0)
+        walked = gl.where(n_tiles <= room // BN, gl.minimum(n_tiles, room // BN) * BN, room)
+        # columns past the table are bad: counting one of them is enough
+        first_col = gl.minimum(kv_start // BLOCK_SIZE, max_blocks_per_seq)
+        end_col = gl.where(walked > 0, (kv_start + walked - 1) // BLOCK_SIZE + 1, first_col)
+        end_col = gl.minimum(end_col, max_blocks_per_seq + 1)
+        bt_row = block_table_ptr + seq * stride_bt_seq
+        o_row0 = q_start + q_tile * BM
+        rows_left = gl.minimum(q_len - q_tile * BM, num_tokens - o_row0)  # none past num_tokens (a bad table)
+        bad = _count_bad_blocks(bt_row, first_col, end_col, num_blocks, max_blocks_per_seq, WARPS)
+        spare = (q_tile < 0) | (q_tile * BM >= q_len)  # q_len 0, or short of a full tile
+        state = gl.where(spare, 0, gl.where((bad > 0) | (n_tiles < 1), 1, 2))
+        t0 = kv_start // BN
+        return head, bt_row, seq_len, q_pos0, o_row0, rows_left, t0, t0 + n_tiles, state
+
+    @gluon.jit
+    def _producer(q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_ready, q_free, k_ready, v_ready, k_free, v_free,
+                  walk, sizes, sliding_window, stride_q_head, stride_k_head, stride_v_head, GROUP: gl.constexpr,
+                  BM: gl.constexpr, BN: gl.constexpr, BLOCK_SIZE: gl.constexpr, BOX: gl.constexpr, STAGES: gl.constexpr,
+                  USE_WINDOW: gl.constexpr):  # fmt: skip
+        """One warp: each work item's Q once both consumers are done with the last one's, and its K and V tiles,
+        a TMA box of BOX rows at a time, STAGES tiles ahead of the consumers (across work items). A box wholly
+        past seq_len copies the sequence's first box instead (finite values the masks ignore)."""
+        BOXES: gl.constexpr = BN // BOX
+        done = 0  # tiles copied so far: the ring's slot and phase
+        items = 0  # work items attended so far: Q's phase
+        for k in range(_rounds(sizes)):
+            w = _item_index(k)
+            head, bt_row, seq_len, _, q_row, _, t0, t_end, state = _work_item(w, walk, sizes, sliding_window, BM, BN,
+                                                                               BLOCK_SIZE, USE_WINDOW, 1)  # fmt: skip
+            if state == 2:
+                mbarrier.wait(q_free, (items & 1) ^ 1)
+                mbarrier.expect(q_ready, q_desc.block_type.nbytes)
+                tma.async_copy_global_to_shared(q_desc, [q_row, head * stride_q_head], q_ready, q_smem)
+                k_col = (head // GROUP) * stride_k_head
+                v_col = (head // GROUP) * stride_v_head
+                for t in range(t0, t_end):
+                    st = (done + t - t0) % STAGES
+                    phase = ((done + t - t0) // STAGES) & 1
+                    mbarrier.wait(k_free.index(st), phase ^ 1)
+                    mbarrier.wait(v_free.index(st), phase ^ 1)
+                    mbarrier.expect(k_ready.index(st), BOXES * k_desc.block_type.nbytes)
+                    mbarrier.expect(v_ready.index(st), BOXES * v_desc.block_type.nbytes)
+                    for i in gl.static_range(BOXES):
+                        key = t * BN + i * BOX
+                        key = gl.where(key < seq_len, key, 0)
+                        row = gl.load(bt_row + key // BLOCK_SIZE) * BLOCK_SIZE + key % BLOCK_SIZE
+                        tma.async_copy_global_to_shared(k_desc, [row, k_col], k_ready.index(st),
+                                                        k_smem.index(st).slice(i * BOX, BOX))  # fmt: skip
+                        tma.async_copy_global_to_shared(v_desc, [row, v_col], v_ready.index(st),
+                                                        v_smem.index(st).slice(i * BOX, BOX))  # fmt: skip
+                done += t_end - t0
+                items += 1
+
+    @gluon.jit
+    def _softmax_step(s, m_i, l_i, key0, q_pos, last_key, masked, qk_scale, sliding_window, BN: gl.constexpr,
+                      USE_WINDOW: gl.constexpr, s_layout: gl.constexpr):  # fmt: skip
         """One tile's online-softmax update (kernels.triton_paged._attend_tiles' fp16 / bf16 form): s [ROWS, BN]
-        unscaled logits of keys key0.., masked to k_pos <= min(q_pos, last_key) where ``masked``."""
+        unscaled logits of keys key0.., masked to k_pos <= min(q_pos, last_key) where ``masked`` (and, with the
+        window, to k_pos > q_pos - sliding_window)."""
         if masked:
+            cols = gl.arange(0, BN, layout=gl.SliceLayout(0, s_layout))
             bound = gl.minimum(q_pos, last_key) - key0
-            visible = gl.arange(0, BN, layout=gl.SliceLayout(0, s_layout))[None, :] <= bound[:, None]
+            visible = cols[None, :] <= bound[:, None]
+            if USE_WINDOW:
+                visible = visible & ((key0 + cols)[None, :] - q_pos[:, None] > -sliding_window)
             s = gl.where(visible, s, -float("inf"))
         m_new = gl.maximum(m_i, gl.max(s, axis=1))
         m_scaled = gl.where(m_new == -float("inf"), 0.0, m_new) * qk_scale
@@ -247,14 +329,15 @@ if gluon is not None:
         fence_async_shared()
 
     @gluon.jit
-    def _consumer(q_smem, k_smem, v_smem, q_bar, k_ready, v_ready, k_free, v_free, turn, out_ptr, n_tiles, q_pos0,
-                  seq_len, o_row0, rows_left, head, stride_o_token, stride_o_head, qk_scale,
-                  ROWS: gl.constexpr, BN: gl.constexpr, D: gl.constexpr, STAGES: gl.constexpr, W: gl.constexpr,
-                  num_warps: gl.constexpr):  # fmt: skip
-        """Warpgroup W (0 or 1): query rows q_pos0.. (``rows_left`` of them real), Q K^T of tile j issued with P V
-        of tile j - 1 and tile j's softmax run under it; then the normalised rows stored. Its issues are its
-        turns: turn t waits for the other warpgroup's turn t - 1 (``turn.index(W)``, warpgroup 0 first) and
-        hands over when its wgmma are issued; both take n_tiles + 1 turns."""
+    def _attend(q_smem, k_smem, v_smem, q_ready, q_free, k_ready, v_ready, k_free, v_free, turn, out_ptr, t0, t_end,
+                q_pos0, seq_len, o_row0, rows_left, head, stride_o_token, stride_o_head, qk_scale, sliding_window,
+                done, items, turns, ROWS: gl.constexpr, BN: gl.constexpr, D: gl.constexpr, STAGES: gl.constexpr,
+                W: gl.constexpr, USE_WINDOW: gl.constexpr, num_warps: gl.constexpr):  # fmt: skip
+        """Warpgroup W (0 or 1) on one work item: query rows q_pos0.. (``rows_left`` of them real) over key tiles
+        t0..t_end - 1, Q K^T of tile t issued with P V of tile t - 1 and tile t's softmax run under it; then the
+        normalised rows stored. The item's tiles are the ring's tiles done.., its Q the items-th. Its issues are
+        its turns: turn i waits for the other warpgroup's turn i - 1 (``turn.index(W)``, warpgroup 0 first) and
+        hands over when its wgmma are issued; both take t_end - t0 + 1 turns an item, counted from ``turns``."""
         s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[num_warps, 1],
                                                            instr_shape=[16, BN, 16])  # fmt: skip
         o_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[num_warps, 1],
@@ -262,43 +345,46 @@ if gluon is not None:
         p_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=o_layout, k_width=2)
         dtype: gl.constexpr = q_smem.dtype
         q_pos = q_pos0 + gl.arange(0, ROWS, layout=gl.SliceLayout(1, s_layout))
-        unmasked = (q_pos0 + 1) // BN  # tiles before it lie wholly below every row's diagonal and before seq_len
+        # tiles before it lie wholly below every row's diagonal and before seq_len; the window masks every tile
+        unmasked = gl.where(USE_WINDOW, 0, (q_pos0 + 1) // BN)
         last_key = seq_len - 1
         m_i = gl.full([ROWS], -float("inf"), gl.float32, layout=gl.SliceLayout(1, s_layout))
         l_i = gl.zeros([ROWS], gl.float32, layout=gl.SliceLayout(1, s_layout))
         acc = gl.zeros([ROWS, D], gl.float32, layout=o_layout)
         s_zero = gl.zeros([ROWS, BN], gl.float32, layout=s_layout)
-        mbarrier.wait(q_bar, 0)
-        mbarrier.wait(k_ready.index(0), 0)
-        mbarrier.wait(turn.index(W), (1 - W) & 1)
-        s = warpgroup_mma(q_smem, k_smem.index(0).permute((1, 0)), s_zero, use_acc=False, is_async=True)
+        mbarrier.wait(q_ready, items & 1)
+        mbarrier.wait(k_ready.index(done % STAGES), (done // STAGES) & 1)
+        mbarrier.wait(turn.index(W), (turns + 1 - W) & 1)
+        s = warpgroup_mma(q_smem, k_smem.index(done % STAGES).permute((1, 0)), s_zero, use_acc=False, is_async=True)
         mbarrier.arrive(turn.index(1 - W), count=1)
         s = warpgroup_mma_wait(0, deps=(s,))
-        mbarrier.arrive(k_free.index(0), count=1)
-        p, alpha, m_i, l_i = _softmax_step(s, m_i, l_i, 0, q_pos, last_key, unmasked <= 0, qk_scale, BN, s_layout)
-        for j in range(1, n_tiles):
-            st = j % STAGES
-            prev = (j - 1) % STAGES
-            mbarrier.wait(k_ready.index(st), (j // STAGES) & 1)
-            mbarrier.wait(v_ready.index(prev), ((j - 1) // STAGES) & 1)
+        mbarrier.arrive(k_free.index(done % STAGES), count=1)
+        p, alpha, m_i, l_i = _softmax_step(s, m_i, l_i, t0 * BN, q_pos, last_key, t0 >= unmasked, qk_scale,
+                                           sliding_window, BN, USE_WINDOW, s_layout)  # fmt: skip
+        for j in range(1, t_end - t0):  # tile t0 + j, the ring's tile done + j
+            st = (done + j) % STAGES
+            prev = (done + j - 1) % STAGES
+            mbarrier.wait(k_ready.index(st), ((done + j) // STAGES) & 1)
+            mbarrier.wait(v_ready.index(prev), ((done + j - 1) // STAGES) & 1)
             p_op = gl.convert_layout(p.to(dtype), p_layout)
-            mbarrier.wait(turn.index(W), (j + 1 - W) & 1)
+            mbarrier.wait(turn.index(W), (turns + j + 1 - W) & 1)
             s = warpgroup_mma(q_smem, k_smem.index(st).permute((1, 0)), s_zero, use_acc=False, is_async=True)
             acc = warpgroup_mma(p_op, v_smem.index(prev), acc, is_async=True)
             mbarrier.arrive(turn.index(1 - W), count=1)
             s = warpgroup_mma_wait(1, deps=(s,))
             mbarrier.arrive(k_free.index(st), count=1)
-            p, alpha, m_i, l_i = _softmax_step(s, m_i, l_i, j * BN, q_pos, last_key, j >= unmasked, qk_scale, BN,
-                                               s_layout)  # fmt: skip
+            p, alpha, m_i, l_i = _softmax_step(s, m_i, l_i, (t0 + j) * BN, q_pos, last_key, t0 + j >= unmasked,
+                                               qk_scale, sliding_window, BN, USE_WINDOW, s_layout)  # fmt: skip
             acc = warpgroup_mma_wait(0, deps=(acc,))
             mbarrier.arrive(v_free.index(prev), count=1)
             acc = acc * gl.convert_layout(alpha, gl.SliceLayout(1, o_layout))[:, None]
-        last = n_tiles - 1
+        mbarrier.arrive(q_free, count=1)  # every Q K^T is done: the producer may copy the next item's Q
+        last = done + t_end - t0 - 1
         mbarrier.wait(v_ready.index(last % STAGES), (last // STAGES) & 1)
-        if (last + 1) * BN > seq_len:
-            _zero_past_end(v_smem.index(last % STAGES), seq_len - last * BN, BN, D, num_warps)
+        if t_end * BN > seq_len:
+            _zero_past_end(v_smem.index(last % STAGES), seq_len - (t_end - 1) * BN, BN, D, num_warps)
         p_op = gl.convert_layout(p.to(dtype), p_layout)
-        mbarrier.wait(turn.index(W), (n_tiles + 1 - W) & 1)
+        mbarrier.wait(turn.index(W), (turns + t_end - t0 + 1 - W) & 1)
         acc = warpgroup_mma(p_op, v_smem.index(last % STAGES), acc, is_async=True)
         mbarrier.arrive(turn.index(1 - W), count=1)
         acc = warpgroup_mma_wait(0, deps=(acc,))
@@ -310,6 +396,34 @@ if gluon is not None:
         gl.store(out_ptr + offs, acc.to(dtype), mask=((rows < rows_left) & (o_row0 + rows >= 0))[:, None])
 
     @gluon.jit
+    def _consumer(q_smem, k_smem, v_smem, q_ready, q_free, k_ready, v_ready, k_free, v_free, turn, out_ptr, walk,
+                  sizes, sliding_window, stride_o_token, stride_o_head, qk_scale,
+                  ROWS: gl.constexpr, BM: gl.constexpr, BN: gl.constexpr, D: gl.constexpr, BLOCK_SIZE: gl.constexpr,
+                  STAGES: gl.constexpr, W: gl.constexpr, USE_WINDOW: gl.constexpr,
+                  num_warps: gl.constexpr):  # fmt: skip
+        """Warpgroup W's walk over the program's work items: rows W * ROWS.. of each tile attended
+        (:func:`_attend`) or set to NaN; the ring's tiles, Q's and the turns counted as the producer counts them."""
+        done = 0
+        items = 0
+        turns = 0
+        for k in range(_rounds(sizes)):
+            w = _item_index(k)
+            head, _, seq_len, q_pos0, o_row0, rows_left, t0, t_end, state = _work_item(
+                w, walk, sizes, sliding_window, BM, BN, BLOCK_SIZE, USE_WINDOW, num_warps
+            )
+            if state == 2:
+                _attend(q_smem, k_smem, v_smem, q_ready, q_free, k_ready, v_ready, k_free, v_free, turn, out_ptr, t0,
+                        t_end, q_pos0 + W * ROWS, seq_len, o_row0 + W * ROWS, rows_left - W * ROWS, head,
+                        stride_o_token, stride_o_head, qk_scale, sliding_window, done, items, turns, ROWS, BN, D,
+                        STAGES, W, USE_WINDOW, num_warps)  # fmt: skip
+                done += t_end - t0
+                items += 1
+                turns += t_end - t0 + 1
+            elif state == 1:
+                _store_nan_rows(out_ptr, o_row0 + W * ROWS, rows_left - W * ROWS, head, stride_o_token,
+                                stride_o_head, ROWS, D, num_warps)  # fmt: skip
+
+    @gluon.jit
     def prefill_kernel(
         q_desc,  # q [num_tokens, num_q_heads, head_dim] as rows of q.stride(0) elements, boxes [128, D]
         k_desc,  # k_cache [num_blocks, block_size, num_kv_heads, D] as rows of a slot, boxes [BOX, D]
@@ -319,71 +433,52 @@ if gluon is not None:
         seq_lens_ptr,  # [num_seqs] int32
         query_start_loc_ptr,  # [num_seqs + 1] int32
         stride_q_head, stride_k_head, stride_v_head, stride_o_token, stride_o_head, stride_bt_seq,
-        num_tokens, num_seqs, num_blocks, max_blocks_per_seq, qk_scale,  # qk_scale: softmax scale * log2(e)
+        num_q_tiles, num_q_heads, num_tokens, num_seqs, num_blocks, max_blocks_per_seq,
+        qk_scale,  # softmax scale * log2(e)
+        sliding_window,  # W (read when USE_WINDOW)
         GROUP: gl.constexpr,  # query heads a KV head
         D: gl.constexpr,  # head_dim (64 or 128)
         BN: gl.constexpr,  # keys a tile (kernels.tiling's TILE_N)
         BLOCK_SIZE: gl.constexpr,
         BOX: gl.constexpr,  # rows a TMA box: min(BLOCK_SIZE, BN)
         STAGES: gl.constexpr,
-        BM: gl.constexpr,  # query tokens a program (BLOCK_M)
+        BM: gl.constexpr,  # query tokens a work item (BLOCK_M)
+        USE_WINDOW: gl.constexpr,  # a query at position p sees keys p - W + 1 .. p
         num_warps: gl.constexpr,  # each consumer partition's (NUM_WARPS)
     ):  # fmt: skip
-        head = gl.program_id(1)
-        seq, q_tile = _find_seq(query_start_loc_ptr, gl.program_id(0), num_seqs, BM)
-        q_start = gl.load(query_start_loc_ptr + seq)
-        q_len = gl.load(query_start_loc_ptr + seq + 1) - q_start
-        if (q_tile < 0) | (q_tile * BM >= q_len):  # a spare tile (q_len 0, or short of a full tile)
-            return
-        seq_len = gl.load(seq_lens_ptr + seq)
-        q_pos0 = seq_len - q_len + q_tile * BM
-        # kernels.triton_paged's bounds, spelled so that garbage lengths (checks off) cannot wrap int32: the keys
-        # the program's rows see end at kv_end; its tiles read whole tiles of them, up to seq_len (walked)
-        kv_end = seq_len - q_len + gl.minimum(q_len, (q_tile + 1) * BM)
-        span = gl.maximum(kv_end, 0)
-        n_tiles = span // BN + (span % BN > 0).to(gl.int32)
-        room = gl.maximum(seq_len, 0)
-        walked = gl.where(n_tiles <= room // BN, gl.minimum(n_tiles, room // BN) * BN, room)
-        # columns past the table are bad: counting one of them is enough
-        end_col = gl.minimum(gl.where(walked > 0, (walked - 1) // BLOCK_SIZE + 1, 0), max_blocks_per_seq + 1)
-        bt_row = block_table_ptr + seq * stride_bt_seq
-        o_row0 = q_start + q_tile * BM
-        rows_left = gl.minimum(q_len - q_tile * BM, num_tokens - o_row0)  # none past num_tokens (a bad table)
-        bad = _count_bad_blocks(bt_row, end_col, num_blocks, max_blocks_per_seq, num_warps)
-        if (bad > 0) | (n_tiles < 1):  # a bad block id, or no key to see (q_len > seq_len, checks off): NaN rows
-            _store_nan_rows(out_ptr, o_row0, rows_left, head, stride_o_token, stride_o_head, BM, D, num_warps)
-            return
-        kv_head = head // GROUP
         q_smem = gl.allocate_shared_memory(q_desc.dtype, [BM, D], q_desc.layout)
         k_smem = gl.allocate_shared_memory(k_desc.dtype, [STAGES, BN, D], k_desc.layout)
         v_smem = gl.allocate_shared_memory(v_desc.dtype, [STAGES, BN, D], v_desc.layout)
-        q_bar = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
+        q_ready = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
+        q_free = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
         k_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
         v_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
         k_free = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
         v_free = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
         turn = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
-        mbarrier.init(q_bar, count=1)
+        mbarrier.init(q_ready, count=1)
+        mbarrier.init(q_free, count=2)  # one arrival a consumer partition, as the free barriers below
         mbarrier.init(turn.index(0), count=1)
         mbarrier.init(turn.index(1), count=1)
         for i in gl.static_range(STAGES):
             mbarrier.init(k_ready.index(i), count=1)
             mbarrier.init(v_ready.index(i), count=1)
-            mbarrier.init(k_free.index(i), count=2)  # one arrival a consumer partition
+            mbarrier.init(k_free.index(i), count=2)
             mbarrier.init(v_free.index(i), count=2)
-        mbarrier.expect(q_bar, q_desc.block_type.nbytes)
-        tma.async_copy_global_to_shared(q_desc, [q_start + q_tile * BM, head * stride_q_head], q_bar, q_smem)
         HALF: gl.constexpr = BM // 2
+        walk = (query_start_loc_ptr, seq_lens_ptr, block_table_ptr, stride_bt_seq)
+        sizes = (num_q_tiles, num_q_heads, num_tokens, num_seqs, num_blocks, max_blocks_per_seq)
         gl.warp_specialize(
             [
-                (_consumer, (q_smem.slice(0, HALF), k_smem, v_smem, q_bar, k_ready, v_ready, k_free, v_free, turn,
-                             out_ptr, n_tiles, q_pos0, seq_len, o_row0, rows_left, head, stride_o_token,
-                             stride_o_head, qk_scale, HALF, BN, D, STAGES, 0, num_warps)),
-                (_consumer, (q_smem.slice(HALF, HALF), k_smem, v_smem, q_bar, k_ready, v_ready, k_free, v_free, turn,
-                             out_ptr, n_tiles, q_pos0 + HALF, seq_len, o_row0 + HALF, rows_left - HALF, head,
-                             stride_o_token, stride_o_head, qk_scale, HALF, BN, D, STAGES, 1, num_warps)),
-                (_producer, (k_desc, v_desc, k_smem, v_smem, k_ready, v_ready, k_free, v_free, bt_row, seq_len,
-                             kv_head * stride_k_head, kv_head * stride_v_head, n_tiles, BN, BLOCK_SIZE, BOX, STAGES)),
+                (_consumer, (q_smem.slice(0, HALF), k_smem, v_smem, q_ready, q_free, k_ready, v_ready, k_free, v_free,
+                             turn, out_ptr, walk, sizes, sliding_window, stride_o_token, stride_o_head, qk_scale, HALF,
+                             BM, BN, D, BLOCK_SIZE, STAGES, 0, USE_WINDOW, num_warps)),
+                (_consumer, (q_smem.slice(HALF, HALF), k_smem, v_smem, q_ready, q_free, k_ready, v_ready, k_free,
+                             v_free, turn, out_ptr, walk, sizes, sliding_window, stride_o_token, stride_o_head,
+                             qk_scale, HALF, BM, BN, D, BLOCK_SIZE, STAGES, 1, USE_WINDOW, num_warps)),
+                (_producer, (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_ready, q_free, k_ready, v_ready, k_free,
+                             v_free, walk, sizes, sliding_window, stride_q_head, stride_k_head, stride_v_head, GROUP,
+                             BM, BN, BLOCK_SIZE, BOX, STAGES, USE_WINDOW)),
             ],
             [num_warps, 1],
             [232, 24],

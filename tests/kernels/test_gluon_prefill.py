@@ -43,6 +43,18 @@ CASES = [
         q_lens=(130, 257, 200, 64, 300, 129, 512, 100),
     ),
 ]
+# (case, call keywords): every case plain, and windows that start an item's walk at tile 0, mid-sequence, on a
+# tile edge (W 129: the first visible key of a row at 128k + 128 is 128k) and at one key
+RUNS = (
+    [(case, {}) for case in CASES]
+    + [(CASES[1], {"sliding_window": w}) for w in (1, 100, 129, 700, 5000)]
+    + [(CASES[-1], {"sliding_window": 200})]
+)
+
+
+def _run_id(run) -> str:
+    case, options = run
+    return case.name + "".join(f"-{key}{value}" for key, value in options.items())
 
 
 def needs_hopper():
@@ -61,18 +73,19 @@ def gluon_launches(monkeypatch):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("case", CASES, ids=str)
+@pytest.mark.parametrize("run", RUNS, ids=_run_id)
 def test_hoppers_prefill_takes_the_launch_passes_the_oracle_and_computes_what_the_triton_kernel_does(
-    case, gluon_launches, monkeypatch
+    run, gluon_launches, monkeypatch
 ):
     needs_hopper()
+    case, options = run
     inputs = case.inputs("cuda")
-    got = kernels.paged_attention_triton(*inputs.args(), out=inputs.new_out())
+    got = kernels.paged_attention_triton(*inputs.args(), out=inputs.new_out(), **options)
     assert gluon_launches, "the launch ran the Triton kernel, not Hopper's prefill"
-    assert_passes(got, paged_attention_oracle(*inputs.args()), DEFAULT_TOLERANCES[case.dtype], case.name)
+    assert_passes(got, paged_attention_oracle(*inputs.args(), **options), DEFAULT_TOLERANCES[case.dtype], case.name)
     monkeypatch.setattr(gluon_prefill, "ENABLED", False)
     clear_plans()
-    triton_kernel = kernels.paged_attention_triton(*inputs.args(), out=inputs.new_out())
+    triton_kernel = kernels.paged_attention_triton(*inputs.args(), out=inputs.new_out(), **options)
     clear_plans()
     assert len(gluon_launches) == 1
     # the same tiles and roundings: within an output ulp (only the tensor cores' summation order differs)
@@ -110,11 +123,10 @@ def test_a_head_major_q_stays_with_the_triton_kernel_and_passes():
     assert_passes(got, paged_attention_oracle(*inputs.args()), DEFAULT_TOLERANCES[CASES[0].dtype], "head-major q")
 
 
-# Launches Hopper's prefill must leave to the Triton kernel: name -> (case, call keywords, lse)
 # Launches Hopper's prefill must leave to the Triton kernel: name -> (case, call keywords, lse, q's change)
 NOT_TAKEN = {
-    "sliding_window": (CASES[0], {"sliding_window": 64}, False, None),
     "logit_softcap": (CASES[0], {"logit_softcap": 30.0}, False, None),
+    "window_with_softcap": (CASES[0], {"sliding_window": 64, "logit_softcap": 30.0}, False, None),
     "lse": (CASES[0], {}, True, None),
     "float32": (_case("f32", dtype="float32", seq_lens=(256,), q_lens=(256,)), {}, False, None),
     "head_dim96": (_case("hd96", head_dim=96, seq_lens=(256,), q_lens=(256,)), {}, False, None),
@@ -148,9 +160,10 @@ def test_a_launch_hoppers_prefill_cannot_do_stays_with_the_triton_kernel(name, a
     assert not gluon_prefill.applies(call, tiling_for(call), torch.empty(1) if lse else None)
 
 
-@pytest.mark.parametrize("case", CASES, ids=str)
-def test_every_case_above_takes_hoppers_prefill(case, as_if_on_hopper):
-    call = prepare_call(*case.inputs().args())
+@pytest.mark.parametrize("run", RUNS, ids=_run_id)
+def test_every_run_above_takes_hoppers_prefill(run, as_if_on_hopper):
+    case, options = run
+    call = prepare_call(*case.inputs().args(), **options)
     assert gluon_prefill.applies(call, tiling_for(call), None)
 
 
