@@ -28,7 +28,7 @@ from harness.cli.options import (
     prog,
 )
 from harness.cli.resume import finalize, keep_logs, ordered, resume, run_options, staged_logs
-from harness.cli.terminal import finish, off_device, row_printer, verdict
+from harness.cli.terminal import finish, row_printer, verdict
 from harness.execute.executors import add_arguments as add_scale_arguments
 from harness.execute.executors import check_arguments as check_scale_arguments
 from harness.execute.executors import run_rows
@@ -92,7 +92,6 @@ def add_parser(verbs) -> None:
 def load_plugins(plugins: list[str], isolate: str):
     """Import the plugins in the run's worker and register their backends here from what it reports (with
     ``--isolate none``, import them here): the backend names added, and the worker (None: nothing isolated)."""
-    worker = None
     before = set(REGISTRY)
     if isolate == "all" or (plugins and isolate == "plugins"):
         worker = Worker(tuple(plugins), torch.get_num_threads())  # the run's threads, as apply_threads set them
@@ -135,7 +134,7 @@ def load_plugins(plugins: list[str], isolate: str):
             "its own verdict (docs/contract.md#threat-model)",
             file=sys.stderr,
         )
-    return set(REGISTRY) - before, worker
+    return set(REGISTRY) - before, None
 
 
 def main(args: argparse.Namespace) -> int:
@@ -240,7 +239,9 @@ def _run_and_write(args, device, cases, backends, plugin_backends, worker, journ
     print(f"{len(cases)} cases x {len(backends)} backends on {device}"
           + (f": {todo} to run, {len(done)} from the journal" if done else ""), file=sys.stderr)  # fmt: skip
     if not args.progress:  # a line a row, after one line per backend that cannot run here
-        printer = row_printer(off_device(backends, device), len(cases))
+        kind = torch.device(device).type
+        skipped = {b.name: f"runs on {', '.join(b.devices)}, not {kind}" for b in backends if kind not in b.devices}
+        printer = row_printer(skipped, len(cases))
     scale = run_rows(args, cases, config, on_row, done, worker)  # in this process, over --workers, or --ray
     merging = time.perf_counter()
     if pooled_cuda and args.timing and scale.get("gpus"):
