@@ -155,11 +155,10 @@ def _checked_run(args: argparse.Namespace, journal) -> int:
     device = chosen_device(args.harness_device)
     if args.progress is None:
         args.progress = sys.stderr.isatty()
-    with as_bad_input():
-        apply_threads(args.harness_threads, device)
     if args.timeout is not None and not args.timeout > 0:
         raise BadInput(f"--timeout {args.timeout:g}: must be a positive number of seconds")
     with as_bad_input():
+        apply_threads(args.harness_threads, device)
         check_scale_arguments(args)  # --workers, --ray, --oracle-cache (harness.execute.executors)
     plugin_backends, worker = load_plugins(args.harness_plugins, args.isolate)
     if plugin_backends and (args.workers is not None or args.ray is not None):
@@ -285,11 +284,10 @@ def _profile(pairs, config, worker, folder: Path) -> None:
                 if worker is None:
                     worker = Worker(config.plugins, config.threads)
                 limit = case.timeout_s or config.timeout_s or DEFAULT_TIMEOUT_S
-                result = worker.profile(case, backend.name, config, folder, limit)
-                if isinstance(result, str):
-                    print(f"profile: {case.id}:{backend.name} failed: {result}", file=sys.stderr)
+                paths = worker.profile(case, backend.name, config, folder, limit)
+                if isinstance(paths, str):
+                    print(f"profile: {case.id}:{backend.name} failed: {paths}", file=sys.stderr)
                     continue
-                paths = result
             else:
                 paths = profile_pairs([(case, backend)], config.device, config.oracle_device, folder)
             for path in paths:
