@@ -26,16 +26,12 @@ def add_parser(verbs) -> None:
 
 def availability(backend, cases: list, device: str) -> str:
     """``yes``, ``no: REASON`` or ``N of M smoke cases (others: REASON)``: how a run here would treat it."""
-    reasons = [backend.skip_reason(case, device) for case in cases]
-    runs = sum(reason is None for reason in reasons)
-    skipped = [r for r in reasons if r is not None]
-    why = max(set(skipped), key=skipped.count) if skipped else ""
-    why = why.removeprefix(f"{backend.name} ")
-    if runs == len(cases):
+    skipped = [reason for case in cases if (reason := backend.skip_reason(case, device)) is not None]
+    if not skipped:
         return "yes"
-    if runs == 0:
-        return f"no: {why}"
-    return f"{runs} of {len(cases)} smoke cases (others: {why})"
+    why = max(set(skipped), key=skipped.count).removeprefix(f"{backend.name} ")  # the most frequent reason
+    runs = len(cases) - len(skipped)
+    return f"{runs} of {len(cases)} smoke cases (others: {why})" if runs else f"no: {why}"
 
 
 def main(args: argparse.Namespace) -> int:

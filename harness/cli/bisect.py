@@ -64,15 +64,6 @@ def add_parser(verbs) -> None:
     bisect.set_defaults(handler=main)
 
 
-def commits_between(good: str, bad: str) -> list[str]:
-    """The commits after ``good`` up to ``bad``, oldest first; BadInput when ``good`` is not an ancestor."""
-    if subprocess.run(["git", "merge-base", "--is-ancestor", good, bad]).returncode != 0:
-        raise BadInput(f"GOOD {good[:12]} is not an ancestor of BAD {bad[:12]}: nothing lies between them in order")
-    listed = subprocess.run(["git", "rev-list", "--reverse", "--topo-order", "--ancestry-path", f"{good}..{bad}"],
-                            capture_output=True, text=True, check=True)  # fmt: skip
-    return listed.stdout.split()
-
-
 def search(commits: list[str], judge: Callable[[str], str]) -> tuple[str, int, int]:
     """Binary search of ``commits`` (after GOOD, oldest first; BAD last, judged only when the search ends on it)
     for the first that ``judge`` calls "bad" (else "good" or "undecided"). Returns (outcome, lo, hi): "found"
@@ -103,7 +94,11 @@ def main(args: argparse.Namespace) -> int:
     good, bad = commit_of(args.good, "GOOD"), commit_of(args.bad, "BAD")
     if good == bad:
         raise BadInput(f"GOOD {args.good} and BAD {args.bad} are the same commit {good[:12]}")
-    commits = commits_between(good, bad)
+    if subprocess.run(["git", "merge-base", "--is-ancestor", good, bad]).returncode != 0:
+        raise BadInput(f"GOOD {good[:12]} is not an ancestor of BAD {bad[:12]}: nothing lies between them in order")
+    listed = subprocess.run(["git", "rev-list", "--reverse", "--topo-order", "--ancestry-path", f"{good}..{bad}"],
+                            capture_output=True, text=True, check=True)  # fmt: skip
+    commits = listed.stdout.split()  # after GOOD up to BAD, oldest first
     device = chosen_device(args.device)
     if (worker := load_plugins(args.harness_plugins, "plugins")[1]) is not None:  # to know the plugins' backends
         worker.stop()

@@ -118,8 +118,17 @@ def compare(args: argparse.Namespace, base_run: Path, new_run: Path) -> int:
         )  # fmt: skip
     text = format_comparison(comparison, str(base_run), str(new_run), show_all=args.show_all)
     print(text, file=sys.stderr if args.json == "-" else sys.stdout)
-    if args.json:
-        document = json.dumps(as_json(comparison, base_run, new_run), indent=1, allow_nan=False)
+    if args.json:  # every row's columns but the sample lists, NaN as null
+        rows = comparison.rows.drop(columns=[c for c in comparison.rows.columns if c.endswith("_samples_us")])
+        record = {
+            "base": str(base_run),
+            "new": str(new_run),
+            "exit_code": comparison.exit_code,
+            "incomplete": bool(comparison.incomplete),
+            "problems": list(comparison.problems),
+            "rows": json.loads(rows.to_json(orient="records")),
+        }
+        document = json.dumps(record, indent=1, allow_nan=False)
         if args.json == "-":
             print(document)
         else:
@@ -129,16 +138,3 @@ def compare(args: argparse.Namespace, base_run: Path, new_run: Path) -> int:
         page = write_compare_html(comparison, args.html, (base_run, base_meta), (new_run, new_meta))
         print(f"page: {page}", file=sys.stderr if args.json == "-" else sys.stdout)
     return comparison.exit_code
-
-
-def as_json(comparison, base_run: Path, new_run: Path) -> dict:
-    """The comparison as plain JSON: every row's columns but the sample lists, NaN as null."""
-    rows = comparison.rows.drop(columns=[c for c in comparison.rows.columns if c.endswith("_samples_us")])
-    return {
-        "base": str(base_run),
-        "new": str(new_run),
-        "exit_code": comparison.exit_code,
-        "incomplete": bool(comparison.incomplete),
-        "problems": list(comparison.problems),
-        "rows": json.loads(rows.to_json(orient="records")),
-    }

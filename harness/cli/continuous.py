@@ -72,13 +72,12 @@ def run_commit(commit: str, label: str, out: Path, words: list[str]) -> Path:
         print(f"continuous: {label} {commit[:12]}: harness run {' '.join(words)}", file=sys.stderr, flush=True)
         proc = subprocess.Popen(command, cwd=tree, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                                 text=True)  # fmt: skip
-        said = []
+        last = "no output"  # its last line that is not blank, said if it fails
         for line in proc.stdout:
-            said.append(line)
+            last = line.strip() or last
             print(f"  {line}", end="", file=sys.stderr, flush=True)
         code = proc.wait()
     if code not in (0, 1) or not (out / "meta.json").is_file():  # failed rows are what compare reports
-        last = next((line.strip() for line in reversed(said) if line.strip()), "no output")
         raise BadInput(f"the run of {label} {commit[:12]} ended with exit {code} and no run folder: {last}")
     return out
 

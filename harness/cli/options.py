@@ -68,25 +68,20 @@ def _fraction(text: str) -> str:
     raise ValueError("give a fraction in (0, 1]")
 
 
-class SetEnv(argparse.Action):
-    """Checks the value with ``check`` and puts it in the environment variable ``env`` as well as in the
-    namespace: the case loader, the oracle cache and workers read it without threading it through."""
+def _set_env(env: str, check=_positive_int) -> type[argparse.Action]:
+    """An action that checks the value with ``check`` and puts it in the environment variable ``env`` as well as
+    in the namespace: the case loader, the oracle cache and workers read it without threading it through."""
 
-    def __init__(self, *args, env: str, check, **kwargs):
-        self.env, self.check = env, check
-        super().__init__(*args, **kwargs)
+    class SetEnv(argparse.Action):
+        def __call__(self, parser, namespace, values, option_string=None):
+            try:
+                value = check(str(values))
+            except ValueError as error:
+                parser.error(f"{option_string} {values}: {error}")
+            os.environ[env] = value
+            setattr(namespace, self.dest, value)
 
-    def __call__(self, parser, namespace, values, option_string=None):
-        try:
-            value = self.check(str(values))
-        except ValueError as error:
-            parser.error(f"{option_string} {values}: {error}")
-        os.environ[self.env] = value
-        setattr(namespace, self.dest, value)
-
-
-def _set_env(env: str, check=_positive_int):
-    return lambda *args, **kwargs: SetEnv(*args, env=env, check=check, **kwargs)
+    return SetEnv
 
 
 @dataclass(frozen=True)

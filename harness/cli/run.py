@@ -28,7 +28,7 @@ from harness.cli.options import (
     prog,
 )
 from harness.cli.resume import finalize, keep_logs, ordered, resume, run_options, staged_logs
-from harness.cli.terminal import finish, off_device, row_printer, verdict
+from harness.cli.terminal import finish, row_printer, verdict
 from harness.execute.executors import add_arguments as add_scale_arguments
 from harness.execute.executors import check_arguments as check_scale_arguments
 from harness.execute.executors import run_rows
@@ -92,7 +92,6 @@ def add_parser(verbs) -> None:
 def load_plugins(plugins: list[str], isolate: str):
     """Import the plugins in the run's worker and register their backends here from what it reports (with
     ``--isolate none``, import them here): the backend names added, and the worker (None: nothing isolated)."""
-    worker = None
     before = set(REGISTRY)
     if isolate == "all" or (plugins and isolate == "plugins"):
         worker = Worker(tuple(plugins), torch.get_num_threads())  # the run's threads, as apply_threads set them
@@ -135,7 +134,7 @@ def load_plugins(plugins: list[str], isolate: str):
             "its own verdict (docs/contract.md#threat-model)",
             file=sys.stderr,
         )
-    return set(REGISTRY) - before, worker
+    return set(REGISTRY) - before, None
 
 
 def main(args: argparse.Namespace) -> int:
@@ -156,11 +155,10 @@ def _checked_run(args: argparse.Namespace, journal) -> int:
     device = chosen_device(args.harness_device)
     if args.progress is None:
         args.progress = sys.stderr.isatty()
-    with as_bad_input():
-        apply_threads(args.harness_threads, device)
     if args.timeout is not None and not args.timeout > 0:
         raise BadInput(f"--timeout {args.timeout:g}: must be a positive number of seconds")
     with as_bad_input():
+        apply_threads(args.harness_threads, device)
         check_scale_arguments(args)  # --workers, --ray, --oracle-cache (harness.execute.executors)
     plugin_backends, worker = load_plugins(args.harness_plugins, args.isolate)
     if plugin_backends and (args.workers is not None or args.ray is not None):
@@ -240,7 +238,9 @@ def _run_and_write(args, device, cases, backends, plugin_backends, worker, journ
     print(f"{len(cases)} cases x {len(backends)} backends on {device}"
           + (f": {todo} to run, {len(done)} from the journal" if done else ""), file=sys.stderr)  # fmt: skip
     if not args.progress:  # a line a row, after one line per backend that cannot run here
-        printer = row_printer(off_device(backends, device), len(cases))
+        kind = torch.device(device).type
+        skipped = {b.name: f"runs on {', '.join(b.devices)}, not {kind}" for b in backends if kind not in b.devices}
+        printer = row_printer(skipped, len(cases))
     scale = run_rows(args, cases, config, on_row, done, worker)  # in this process, over --workers, or --ray
     merging = time.perf_counter()
     if pooled_cuda and args.timing and scale.get("gpus"):
@@ -284,11 +284,10 @@ def _profile(pairs, config, worker, folder: Path) -> None:
                 if worker is None:
                     worker = Worker(config.plugins, config.threads)
                 limit = case.timeout_s or config.timeout_s or DEFAULT_TIMEOUT_S
-                result = worker.profile(case, backend.name, config, folder, limit)
-                if isinstance(result, str):
-                    print(f"profile: {case.id}:{backend.name} failed: {result}", file=sys.stderr)
+                paths = worker.profile(case, backend.name, config, folder, limit)
+                if isinstance(paths, str):
+                    print(f"profile: {case.id}:{backend.name} failed: {paths}", file=sys.stderr)
                     continue
-                paths = result
             else:
                 paths = profile_pairs([(case, backend)], config.device, config.oracle_device, folder)
             for path in paths:

@@ -7,16 +7,12 @@ import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
-import torch
-
 from harness.cases.vocab import FAILING, GRADED, STATUSES
 from harness.cli.options import EXIT_FAIL
 from harness.run.runner import exit_code
 
 if TYPE_CHECKING:
     import pandas as pd
-
-    from harness.backends.registry import Backend
 
 
 def _finite(value) -> bool:
@@ -113,15 +109,9 @@ def verdict(frame: pd.DataFrame, requested: list[str] | None) -> tuple[int, list
     return code, messages
 
 
-def off_device(backends: list[Backend], device: str) -> dict[str, str]:
-    """Backend name -> why none of its rows can run on ``device`` (it runs on other devices only)."""
-    kind = torch.device(device).type
-    return {b.name: f"runs on {', '.join(b.devices)}, not {kind}" for b in backends if kind not in b.devices}
-
-
 def row_printer(skipped: dict[str, str], cases: int) -> Callable[[dict], None]:
     """on_row for runs without a progress bar (logs, CI): one line a row as it finishes, with the time so far;
-    the backends in ``skipped`` (:func:`off_device`) are said once per reason, not row by row."""
+    the backends in ``skipped`` (name -> why it cannot run here) are said once per reason, not row by row."""
     by_reason: dict[str, list[str]] = {}
     for name, reason in skipped.items():
         by_reason.setdefault(reason, []).append(name)
@@ -133,10 +123,8 @@ def row_printer(skipped: dict[str, str], cases: int) -> Callable[[dict], None]:
     def show(row: dict) -> None:
         if row["backend"] in skipped and row["status"] == "skip":
             return
-        latency = row.get("latency_us")
-        timed = f" {latency:.1f} us" if isinstance(latency, float) and latency == latency else ""
-        call = row.get("call_us")
-        timed += f" (call {call:.1f} us)" if isinstance(call, float) and call == call else ""
+        timed = f" {row['latency_us']:.1f} us" if _finite(row.get("latency_us")) else ""
+        timed += f" (call {row['call_us']:.1f} us)" if _finite(row.get("call_us")) else ""
         elapsed = time.perf_counter() - start
         print(f"[{elapsed:7.1f}s] {row['case']} {row['backend']}: {row['status']}{timed}", file=sys.stderr, flush=True)
 

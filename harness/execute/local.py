@@ -11,7 +11,7 @@ import pandas as pd
 from tqdm import tqdm
 
 from harness.cases.spec import Case
-from harness.execute.loop import Contexts, Task, Tracker, case_events, show_output
+from harness.execute.loop import Contexts, Task, Tracker, case_events
 from harness.execute.processes import Worker
 from harness.run.runner import RunConfig, row_without_call, to_frame
 from harness.timing.phases import rounded, take_phases
@@ -50,8 +50,7 @@ def run_cases(cases: Iterable[Case], config: RunConfig, on_row: Callable[[dict],
                 local = [b for b in todo if b.name not in config.isolated]
                 for kind, row in case_events(case, local, config, contexts):
                     if kind == "row":
-                        show_output(config, case.id, row["backend"])
-                        emit(row)
+                        tracker.row(row)  # its output shown, then emit
                 called = []
                 for backend in (b for b in todo if b.name in config.isolated):  # skips made here, the rest there
                     if reason := backend.skip_reason(case, config.device):

@@ -107,11 +107,6 @@ def timed_case(case: Case, names: list[str], config: RunConfig, contexts: Contex
     yield "done", waited_s, time.perf_counter() - started, take_phases()
 
 
-def show_output(config: RunConfig, case_id: str, backend: str) -> None:
-    """A row's captured output on stderr (its head; :func:`harness.execute.output.report_output`), if any."""
-    report_output(row_log(config, case_id, backend), f"{backend} on {case_id}")
-
-
 @dataclass
 class Task:
     """A case sent out of this process, and its backends still without a row; which runs, since when."""
@@ -139,7 +134,7 @@ class Tracker:
         self.phase_s: dict[str, float] = {}
 
     def row(self, row: dict) -> None:
-        show_output(self.config, row["case"], row["backend"])
+        report_output(row_log(self.config, row["case"], row["backend"]), f"{row['backend']} on {row['case']}")
         self.on_row(self.ledger.apply(row))
 
     def made(self, task: Task, name: str, status: str, reason: str) -> None:

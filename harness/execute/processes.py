@@ -57,12 +57,11 @@ def describe_exit(exitcode: int | None) -> str:
     """'killed by SIGSEGV' / 'exited with code 0' for a process's exit code."""
     if exitcode is None:
         return "stopped answering"
-    if exitcode < 0:
-        try:
-            return f"killed by {signal.Signals(-exitcode).name}"
-        except ValueError:
-            return f"killed by signal {-exitcode}"
-    return f"exited with code {exitcode}"
+    if exitcode >= 0:
+        return f"exited with code {exitcode}"
+    with contextlib.suppress(ValueError):  # a signal Python has no name for
+        return f"killed by {signal.Signals(-exitcode).name}"
+    return f"killed by signal {-exitcode}"
 
 
 def encode(message) -> bytes:
