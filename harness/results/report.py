@@ -59,17 +59,23 @@ def sig(value, digits: int = 3) -> str:
 ENV.filters.update(fmt=fmt, sig=sig)
 
 
-def rebuild_html(run_dir: Path, regressions: Regressions | None = None, baseline_name: str = "") -> Path:
-    """(Re)write report.html from a run's stored rows, atomically; ``regressions`` marked (harness.review.compare.regressions_of)."""
-    frame, meta = load_run(run_dir)
-    target = Path(run_dir) / "report.html"
-    page = render_html(frame, meta, regressions=regressions, baseline_name=baseline_name)
-    fd, tmp = tempfile.mkstemp(dir=run_dir, prefix=".report.html.")  # a new file: no planted link is followed
+def write_page(path: Path, page: str) -> Path:
+    """Write ``page`` to ``path`` (its folder made if need be) atomically, through a new file renamed into place."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")  # a new file: no planted link is followed
     with os.fdopen(fd, "w", encoding="utf-8") as out:
         os.fchmod(out.fileno(), 0o644)  # as the run's other files (mkstemp's is 0600)
         out.write(page)
-    os.replace(tmp, target)
-    return target
+    os.replace(tmp, path)
+    return path
+
+
+def rebuild_html(run_dir: Path, regressions: Regressions | None = None, baseline_name: str = "") -> Path:
+    """(Re)write report.html from a run's stored rows, atomically; ``regressions`` marked (harness.review.compare.regressions_of)."""
+    frame, meta = load_run(run_dir)
+    page = render_html(frame, meta, regressions=regressions, baseline_name=baseline_name)
+    return write_page(Path(run_dir) / "report.html", page)
 
 
 def peaks_of(meta: dict) -> dict[str, dict]:

@@ -13,7 +13,7 @@ import numpy as np
 import pandas as pd
 
 from harness.cases.vocab import GRADED
-from harness.results.report import ENV, Regressions
+from harness.results.report import ENV, Regressions, write_page
 from harness.results.storage import RunFolderError, load_run
 from harness.review import stats
 from harness.run.runner import NOT_TIMED
@@ -402,7 +402,4 @@ def write_compare_html(comparison, path: Path, base: tuple, new: tuple) -> Path:
         comparison=comparison, rows=rows.to_dict("records"), counts=verdict_counts(comparison),
         summary=exit_summary(comparison),
     )  # fmt: skip
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(html)
-    return path
+    return write_page(path, html)

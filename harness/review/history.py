@@ -5,14 +5,13 @@ commit), each compared with the run before it.
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
 from pathlib import Path
 
 import pandas as pd
 
 from harness.cases.vocab import GRADED
-from harness.results.report import ENV, plots
+from harness.results.report import ENV, plots, write_page
 from harness.results.storage import load_run
 from harness.review.compare import CompareOptions, compare_runs, drift_warning
 
@@ -154,9 +153,4 @@ def write_history_html(history: History, path: Path) -> Path:
         tables={m: t.reset_index().to_dict("split") for m, t in trend_table(history, last=12).items()},
         figures=[(t, uri) for t, uri in figures if uri],
     )
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}")
-    tmp.write_text(html)
-    os.replace(tmp, path)
-    return path
+    return write_page(path, html)
