@@ -516,7 +516,6 @@ def rejudge(
         ]  # fmt: skip
         rows.at[i, "verdict"], rows.at[i, "evidence"] = v.verdict, "confirmed, interleaved"
         rows.at[i, "verdict_reason"] = f"{RETIMED}, {t.n_base} paired rounds: {v.reason}"
-        worse, better = _row_changes(rows.loc[i], options)
-        rows.at[i, "why"], rows.at[i, "better"] = "; ".join(worse), "; ".join(better)
+        rows.loc[i, ["why", "better"]] = _row_changes(rows.loc[i], options)
     problems = restate_drift(comparison.problems, retimed_reading(rows))
     return Comparison(rows=rows, problems=problems, incomplete=comparison.incomplete)
