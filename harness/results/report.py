@@ -102,15 +102,6 @@ def ceilings_of(meta: dict) -> dict[str, float]:
     return out
 
 
-def scaling_fits(frame: pd.DataFrame) -> pd.DataFrame | None:
-    """harness.timing.scaling.fit_scaling(frame), or None when no fit can be made."""
-    try:
-        fits = fit_scaling(frame)
-    except Exception:  # the page must render even if a fit cannot be made from these rows
-        return None
-    return None if fits.empty else fits
-
-
 def _details(row: dict) -> list[tuple[str, str]]:
     """Every set column not in the main table (nor a list of samples), for the row's details-on-demand."""
     shown = [(key, value) for key, value in row.items()
@@ -135,15 +126,6 @@ def _prepare_rows(frame: pd.DataFrame, regressed: dict[tuple[str, str], str]) ->
         row["_failing"] = next((int(row[c]) for c in FAILING_COUNT_COLUMNS if not _missing(row.get(c))), None)
         rows.append(row)
     return rows
-
-
-def _pivot(rows: list[dict]) -> tuple[list[str], list[dict]]:
-    """Cases as rows, backends that ran anywhere as columns; each cell status, tol_ratio, latency (or skip)."""
-    backends = sorted({r["backend"] for r in rows if r["status"] != "skip"})  # a backend that never ran: skips list
-    cases: dict[str, dict] = {}
-    for r in sorted(rows, key=lambda r: r["case"]):
-        cases.setdefault(r["case"], {"case": r["case"], "cells": {}})["cells"][r["backend"]] = r
-    return backends, list(cases.values())
 
 
 def time_summary(meta: dict) -> str:
@@ -175,8 +157,16 @@ def render_html(
     graded = [r for r in rows if r["status"] != "skip"]
     skipped = [r for r in rows if r["status"] == "skip"]
     counts = {s: sum(r["status"] == s for r in rows) for s in _STATUS_ORDER}
-    backends, pivot = _pivot(rows)
-    ceilings, fits = ceilings_of(meta), scaling_fits(frame)
+    # the pivot: cases as rows, backends that ran anywhere as columns (a backend that never ran: the skips list)
+    backends = sorted({r["backend"] for r in graded})
+    pivot: dict[str, dict] = {}
+    for r in sorted(rows, key=lambda r: r["case"]):
+        pivot.setdefault(r["case"], {"case": r["case"], "cells": {}})["cells"][r["backend"]] = r
+    ceilings = ceilings_of(meta)
+    try:
+        fits = fit_scaling(frame)
+    except Exception:  # the page must render even if a fit cannot be made from these rows
+        fits = pd.DataFrame()
     figures = [
         ("Latency and bandwidth against KV length", plots.latency_and_bandwidth(frame, ceilings)),
         ("Error against tolerance, per backend", plots.error_vs_tolerance(frame)),
@@ -184,9 +174,8 @@ def render_html(
     ]
     return ENV.get_template("report.html.j2").render(
         tips=MEANINGS, meta=meta, rows=graded, skipped=skipped, bad=[r for r in rows if r["status"] in FAILING],
-        counts=counts, total=len(rows), backends=backends, pivot=pivot, ceilings=ceilings, peaks=peaks_of(meta),
-        figures=[(title, uri) for title, uri in figures if uri],
-        fits=fits.to_dict("records") if fits is not None else [], regressions=regressions,
-        baseline_problems=problems, baseline_name=baseline_name, overhead_flag=HOST_OVERHEAD_FLAG,
-        time_summary=time_summary(meta),
+        counts=counts, total=len(rows), backends=backends, pivot=list(pivot.values()), ceilings=ceilings,
+        peaks=peaks_of(meta), figures=[(title, uri) for title, uri in figures if uri],
+        fits=fits.to_dict("records"), regressions=regressions, baseline_problems=problems,
+        baseline_name=baseline_name, overhead_flag=HOST_OVERHEAD_FLAG, time_summary=time_summary(meta),
     )  # fmt: skip

@@ -69,7 +69,7 @@ def load_history(paths: list[Path], *, min_effect: float | None = None, backends
         part = frame.reindex(columns=["case", "backend", *VALUES]).assign(
             machine=machine, run_label=label, run_order=order
         )
-        part["regressed"], part["why"], part["latency_regressed"], part["error_regressed"] = False, "", False, False
+        part["why"] = ""
         if machine in previous:
             base, base_meta, base_path = previous[machine]
             comparison = compare_runs(base, frame, base_meta, meta, CompareOptions(min_effect=min_effect))
@@ -79,9 +79,9 @@ def load_history(paths: list[Path], *, min_effect: float | None = None, backends
             runs[-1].update(drift="; ".join(drift), previous=base_path, same_commit=same)
             why = {(r["case"], r["backend"]): r["why"] for _, r in comparison.regressions.iterrows()}
             part["why"] = [why.get(k, "") for k in zip(part["case"], part["backend"], strict=True)]
-            part["regressed"] = part["why"] != ""
-            part["latency_regressed"] = part["why"].str.contains("latency ", regex=False)
-            part["error_regressed"] = part["why"].str.contains("status|err|margin|NaN", regex=True)
+        part["regressed"] = part["why"] != ""
+        part["latency_regressed"] = part["why"].str.contains("latency ", regex=False)
+        part["error_regressed"] = part["why"].str.contains("status|err|margin|NaN", regex=True)
         previous[machine] = (frame, meta, str(path))
         parts.append(part)
     rows = pd.concat(parts, ignore_index=True)
