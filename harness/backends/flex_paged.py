@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 import torch
 
-from harness.backends.peers import compiled_flex, flex_unavailable
+from harness.backends.peers import compiled_flex, flex_unavailable, padded_q
 from harness.backends.registry import Backend, Prepared, Unsupported, add_backend
 from harness.cases.inputs import PagedInputs
 from harness.cases.spec import Case
@@ -42,23 +42,17 @@ def query_rows(inputs: PagedInputs, group_size: int) -> QueryRows:
     seq_lens = inputs.seq_lens.long()
     starts = inputs.query_start_loc.long()
     q_lens = starts[1:] - starts[:-1]
-    first_pos = seq_lens - q_lens  # position of each sequence's first query
     max_q = int(q_lens.max()) if len(q_lens) else 0
     if max_q > PER_SEQUENCE_MAX_Q:
         seq = torch.repeat_interleave(torch.arange(len(q_lens), device=q_lens.device), q_lens)
-        pos = first_pos[seq] + torch.arange(len(seq), device=seq.device) - starts[seq]
+        pos = (seq_lens - q_lens)[seq] + torch.arange(len(seq), device=seq.device) - starts[seq]  # in its sequence
         q = inputs.q.permute(1, 0, 2)[None]  # a view: [1, num_q_heads, num_tokens, head_dim]
         return QueryRows(q, seq[None].int(), pos[None].int(), PACKED_Q_BLOCK, "packed")
-    max_q = max(max_q, 1)
-    j = torch.arange(max_q, device=q_lens.device)
-    real = j[None, :] < q_lens[:, None]
-    index = (starts[:-1, None] + j[None, :]).clamp(max=max(inputs.q.shape[0] - 1, 0))
-    q = torch.where(real[..., None, None], inputs.q[index], 0).transpose(1, 2).contiguous()
+    q, real, q_pos = padded_q(inputs)
     seq = torch.where(real, torch.arange(len(q_lens), device=q_lens.device)[:, None], -1)
-    pos = torch.where(real, first_pos[:, None] + j[None, :], -1)
     # flex's decoding kernel needs its BLOCK_M (max_q_len * group, to a power of two) to divide Q_BLOCK_SIZE
-    q_block = max(PACKED_Q_BLOCK, 1 << (max_q * group_size - 1).bit_length())
-    return QueryRows(q, seq.int(), pos.int(), q_block, "per_sequence")
+    q_block = max(PACKED_Q_BLOCK, 1 << (max(max_q, 1) * group_size - 1).bit_length())
+    return QueryRows(q.contiguous(), seq.int(), torch.where(real, q_pos, -1).int(), q_block, "per_sequence")
 
 
 def page_logical_table(block_table: torch.Tensor, seq_lens: torch.Tensor, num_blocks: int, block_size: int):

@@ -41,8 +41,6 @@ def _corrections():
 
     builder, reduce_ops, handle = interpreter.InterpreterBuilder, interpreter.ReduceOps, interpreter.TensorHandle
     bf16 = tl.bfloat16
-    original = {name: getattr(builder, name) for name in ("cast_impl", "create_dot", "binary_op", "unary_op",
-                                                          "create_fma")}  # fmt: skip
     original_min_max, original_sum = reduce_ops.min_max, reduce_ops.sum
 
     def as_fp32(h):
@@ -93,6 +91,7 @@ def _corrections():
 
     methods = {"cast_impl": cast_impl, "create_dot": create_dot, "binary_op": binary_op, "unary_op": unary_op,
                "create_fma": create_fma}  # fmt: skip
+    original = {name: getattr(builder, name) for name in methods}  # what each correction calls through to
     reductions = [(reduce_ops, "min_max", min_max), (reduce_ops, "sum", reduce_sum)]
     return [(builder, name, method) for name, method in methods.items()] + reductions
 

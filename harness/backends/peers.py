@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import inspect
 from dataclasses import dataclass
+from functools import partial
 
 import torch
 import torch.nn.functional as F
@@ -29,18 +30,25 @@ class Padded:
         return o.transpose(1, 2)[self.rows]
 
 
-def pad_queries(inputs: PagedInputs, sliding_window: int | None = None) -> Padded:
-    """The batch padded to max_q_len; the mask is causal, and with ``sliding_window`` W also
-    hides keys more than W - 1 positions before each query (docs/contract.md)."""
+def padded_q(inputs: PagedInputs) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(q padded per sequence [num_seqs, num_q_heads, max(max_q_len, 1), head_dim] with zero rows, the real rows
+    [num_seqs, max_q_len] bool, each row's query position in its sequence [num_seqs, max_q_len] int64)."""
     seq_lens = inputs.seq_lens.long()
     starts = inputs.query_start_loc.long()
     q_lens = starts[1:] - starts[:-1]
-    j = torch.arange(max(int(q_lens.max()), 1), device=seq_lens.device)
+    j = torch.arange(max(int(q_lens.max()) if len(q_lens) else 0, 1), device=seq_lens.device)
     rows = j[None, :] < q_lens[:, None]
     index = (starts[:-1, None] + j[None, :]).clamp(max=max(inputs.q.shape[0] - 1, 0))
     q = torch.where(rows[..., None, None], inputs.q[index], 0).transpose(1, 2)
+    return q, rows, (seq_lens - q_lens)[:, None] + j[None, :]
+
+
+def pad_queries(inputs: PagedInputs, sliding_window: int | None = None) -> Padded:
+    """The batch padded to max_q_len; the mask is causal, and with ``sliding_window`` W also
+    hides keys more than W - 1 positions before each query (docs/contract.md)."""
+    q, rows, q_pos = padded_q(inputs)
+    seq_lens = inputs.seq_lens.long()
     keys = torch.arange(int(seq_lens.max()), device=seq_lens.device)
-    q_pos = (seq_lens - q_lens)[:, None] + j[None, :]
     mask = (keys[None, None, :] <= q_pos[..., None]) & (keys[None, None, :] < seq_lens[:, None, None])
     if sliding_window is not None:
         mask &= keys[None, None, :] > q_pos[..., None] - sliding_window
@@ -76,23 +84,15 @@ def _gathered(inputs: PagedInputs) -> tuple[torch.Tensor, torch.Tensor]:
     return tuple(gather_padded(x, inputs.block_table, inputs.seq_lens) for x in (inputs.k_cache, inputs.v_cache))
 
 
-def equal_lengths(case: Case) -> tuple[int, int] | None:
-    """(q_len, seq_len) when every sequence has the same of each and q_len > 0; else None."""
-    if len(set(case.q_lens)) == 1 and len(set(case.seq_lens)) == 1 and case.q_lens[0] > 0:
-        return case.q_lens[0], case.seq_lens[0]
-    return None
-
-
 def _prepare_sdpa_contiguous(case: Case, inputs: PagedInputs, out: torch.Tensor) -> Prepared:
     """The non-paged floor: SDPA over a contiguous copy made before timing, in its fastest form."""
     padded, (k, v) = pad_queries(inputs), (x.contiguous() for x in _gathered(inputs))
     scale = case.head_dim**-0.5
-    lengths = equal_lengths(case)
-    if lengths is None:
+    if len(set(case.q_lens)) > 1 or len(set(case.seq_lens)) > 1 or case.q_lens[0] == 0:
         return Prepared(run=lambda: F.scaled_dot_product_attention(padded.q, k, v, attn_mask=padded.mask, scale=scale,
                                                                    enable_gqa=True),
                         to_packed=padded.unpad, note="ragged lengths: padded to the longest, boolean mask")  # fmt: skip
-    q_len, seq_len = lengths
+    q_len, seq_len = case.q_lens[0], case.seq_lens[0]
     num_seqs = case.num_seqs
     q = inputs.q.view(num_seqs, q_len, case.num_q_heads, case.head_dim).transpose(1, 2).contiguous()
     options: dict = {"scale": scale, "enable_gqa": True}
@@ -169,17 +169,12 @@ def below_sm80(device: str, who: str) -> str | None:
 
 def _prepare_varlen_flash(case: Case, inputs: PagedInputs, out: torch.Tensor) -> Prepared:
     """FlashAttention varlen over the packed contiguous KV (made before timing); q stays packed."""
-    varlen_attn = _varlen_attn()
     k, expanded = _heads_for_varlen(case, torch.cat(inputs.keys))  # [total_kv_tokens, heads, head_dim]
     v, _ = _heads_for_varlen(case, torch.cat(inputs.values))
     cu_seq_k = torch.zeros(case.num_seqs + 1, dtype=torch.int32, device=k.device)
     cu_seq_k[1:] = torch.cumsum(inputs.seq_lens, 0)
-    options = _varlen_options(case)
-    max_q, max_k = max(case.q_lens), case.max_seq_len
-
-    def run() -> torch.Tensor:
-        return varlen_attn(inputs.q, k, v, inputs.query_start_loc, cu_seq_k, max_q, max_k, **options)
-
+    max_q, max_k, options = max(case.q_lens), case.max_seq_len, _varlen_options(case)
+    run = partial(_varlen_attn(), inputs.q, k, v, inputs.query_start_loc, cu_seq_k, max_q, max_k, **options)
     window = "" if case.sliding_window is None else f", window_size ({case.sliding_window - 1}, 0)"
     return Prepared(run=run, note="packed contiguous KV, lower-right causal" + window + expanded)
 
@@ -192,15 +187,9 @@ def _prepare_varlen_flash_paged(case: Case, inputs: PagedInputs, out: torch.Tens
         raise Unsupported(f"torch {torch.__version__}'s varlen_attn takes no block_table")
     if case.group_size > 1 and "enable_gqa" not in params:
         raise Unsupported(f"torch {torch.__version__}'s varlen_attn takes no enable_gqa, and a pool cannot be expanded")
-    options = _varlen_options(case)
-    max_q, max_k = max(case.q_lens), case.max_seq_len
-
-    def run() -> torch.Tensor:
-        return varlen_attn(
-            inputs.q, inputs.k_cache, inputs.v_cache, inputs.query_start_loc, None, max_q, max_k,
-            seqused_k=inputs.seq_lens, block_table=inputs.block_table, **options,
-        )  # fmt: skip
-
+    max_q, max_k, options = max(case.q_lens), case.max_seq_len, _varlen_options(case)
+    run = partial(varlen_attn, inputs.q, inputs.k_cache, inputs.v_cache, inputs.query_start_loc, None, max_q, max_k,
+                  seqused_k=inputs.seq_lens, block_table=inputs.block_table, **options)  # fmt: skip
     window = "" if case.sliding_window is None else f", window_size ({case.sliding_window - 1}, 0)"
     return Prepared(run=run, note="paged pool through the block table, lower-right causal" + window)
 

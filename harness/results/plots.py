@@ -125,14 +125,12 @@ def scaling_fit(frame: pd.DataFrame, fits: pd.DataFrame | None) -> str | None:
             if rows.empty:
                 continue
             color = colors.get(fit.backend, "#333")
-            if not fit.fitted:
-                ax.plot(rows[x], rows["latency_us"], "o", ms=3.5, color=color,
-                        label=f"{literal(fit.backend)} (no linear fit)")  # fmt: skip
-                continue
-            ax.plot(rows[x], rows["latency_us"], "o", ms=3.5, color=color)
-            grid = np.geomspace(rows[x].min(), rows[x].max(), 50)
-            ax.plot(grid, fit.fixed_us + fit.per_unit_us * grid, "-", lw=1, color=color,
-                    label=f"{literal(fit.backend)} (r²={fit.r2:.2f})")  # fmt: skip
+            unfitted = None if fit.fitted else f"{literal(fit.backend)} (no linear fit)"
+            ax.plot(rows[x], rows["latency_us"], "o", ms=3.5, color=color, label=unfitted)
+            if fit.fitted:
+                grid = np.geomspace(rows[x].min(), rows[x].max(), 50)
+                ax.plot(grid, fit.fixed_us + fit.per_unit_us * grid, "-", lw=1, color=color,
+                        label=f"{literal(fit.backend)} (r²={fit.r2:.2f})")  # fmt: skip
         ax.set(xscale="log", yscale="log", xlabel=literal(f"{x} (log)"), ylabel="latency (µs, log)")
         ax.set_title(literal(f"{phase}: latency against {x}"), fontsize=9)
         ax.legend(fontsize=7)

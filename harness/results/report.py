@@ -59,17 +59,23 @@ def sig(value, digits: int = 3) -> str:
 ENV.filters.update(fmt=fmt, sig=sig)
 
 
-def rebuild_html(run_dir: Path, regressions: Regressions | None = None, baseline_name: str = "") -> Path:
-    """(Re)write report.html from a run's stored rows, atomically; ``regressions`` marked (harness.review.compare.regressions_of)."""
-    frame, meta = load_run(run_dir)
-    target = Path(run_dir) / "report.html"
-    page = render_html(frame, meta, regressions=regressions, baseline_name=baseline_name)
-    fd, tmp = tempfile.mkstemp(dir=run_dir, prefix=".report.html.")  # a new file: no planted link is followed
+def write_page(path: Path, page: str) -> Path:
+    """Write ``page`` to ``path`` (its folder made if need be) atomically, through a new file renamed into place."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")  # a new file: no planted link is followed
     with os.fdopen(fd, "w", encoding="utf-8") as out:
         os.fchmod(out.fileno(), 0o644)  # as the run's other files (mkstemp's is 0600)
         out.write(page)
-    os.replace(tmp, target)
-    return target
+    os.replace(tmp, path)
+    return path
+
+
+def rebuild_html(run_dir: Path, regressions: Regressions | None = None, baseline_name: str = "") -> Path:
+    """(Re)write report.html from a run's stored rows, atomically; ``regressions`` marked (harness.review.compare.regressions_of)."""
+    frame, meta = load_run(run_dir)
+    page = render_html(frame, meta, regressions=regressions, baseline_name=baseline_name)
+    return write_page(Path(run_dir) / "report.html", page)
 
 
 def peaks_of(meta: dict) -> dict[str, dict]:
@@ -96,15 +102,6 @@ def ceilings_of(meta: dict) -> dict[str, float]:
     return out
 
 
-def scaling_fits(frame: pd.DataFrame) -> pd.DataFrame | None:
-    """harness.timing.scaling.fit_scaling(frame), or None when no fit can be made."""
-    try:
-        fits = fit_scaling(frame)
-    except Exception:  # the page must render even if a fit cannot be made from these rows
-        return None
-    return None if fits.empty else fits
-
-
 def _details(row: dict) -> list[tuple[str, str]]:
     """Every set column not in the main table (nor a list of samples), for the row's details-on-demand."""
     shown = [(key, value) for key, value in row.items()
@@ -129,15 +126,6 @@ def _prepare_rows(frame: pd.DataFrame, regressed: dict[tuple[str, str], str]) ->
         row["_failing"] = next((int(row[c]) for c in FAILING_COUNT_COLUMNS if not _missing(row.get(c))), None)
         rows.append(row)
     return rows
-
-
-def _pivot(rows: list[dict]) -> tuple[list[str], list[dict]]:
-    """Cases as rows, backends that ran anywhere as columns; each cell status, tol_ratio, latency (or skip)."""
-    backends = sorted({r["backend"] for r in rows if r["status"] != "skip"})  # a backend that never ran: skips list
-    cases: dict[str, dict] = {}
-    for r in sorted(rows, key=lambda r: r["case"]):
-        cases.setdefault(r["case"], {"case": r["case"], "cells": {}})["cells"][r["backend"]] = r
-    return backends, list(cases.values())
 
 
 def time_summary(meta: dict) -> str:
@@ -169,8 +157,16 @@ def render_html(
     graded = [r for r in rows if r["status"] != "skip"]
     skipped = [r for r in rows if r["status"] == "skip"]
     counts = {s: sum(r["status"] == s for r in rows) for s in _STATUS_ORDER}
-    backends, pivot = _pivot(rows)
-    ceilings, fits = ceilings_of(meta), scaling_fits(frame)
+    # the pivot: cases as rows, backends that ran anywhere as columns (a backend that never ran: the skips list)
+    backends = sorted({r["backend"] for r in graded})
+    pivot: dict[str, dict] = {}
+    for r in sorted(rows, key=lambda r: r["case"]):
+        pivot.setdefault(r["case"], {"case": r["case"], "cells": {}})["cells"][r["backend"]] = r
+    ceilings = ceilings_of(meta)
+    try:
+        fits = fit_scaling(frame)
+    except Exception:  # the page must render even if a fit cannot be made from these rows
+        fits = pd.DataFrame()
     figures = [
         ("Latency and bandwidth against KV length", plots.latency_and_bandwidth(frame, ceilings)),
         ("Error against tolerance, per backend", plots.error_vs_tolerance(frame)),
@@ -178,9 +174,8 @@ def render_html(
     ]
     return ENV.get_template("report.html.j2").render(
         tips=MEANINGS, meta=meta, rows=graded, skipped=skipped, bad=[r for r in rows if r["status"] in FAILING],
-        counts=counts, total=len(rows), backends=backends, pivot=pivot, ceilings=ceilings, peaks=peaks_of(meta),
-        figures=[(title, uri) for title, uri in figures if uri],
-        fits=fits.to_dict("records") if fits is not None else [], regressions=regressions,
-        baseline_problems=problems, baseline_name=baseline_name, overhead_flag=HOST_OVERHEAD_FLAG,
-        time_summary=time_summary(meta),
+        counts=counts, total=len(rows), backends=backends, pivot=list(pivot.values()), ceilings=ceilings,
+        peaks=peaks_of(meta), figures=[(title, uri) for title, uri in figures if uri],
+        fits=fits.to_dict("records"), regressions=regressions, baseline_problems=problems,
+        baseline_name=baseline_name, overhead_flag=HOST_OVERHEAD_FLAG, time_summary=time_summary(meta),
     )  # fmt: skip

@@ -13,7 +13,7 @@ import numpy as np
 import pandas as pd
 
 from harness.cases.vocab import GRADED
-from harness.results.report import ENV, Regressions
+from harness.results.report import ENV, Regressions, write_page
 from harness.results.storage import RunFolderError, load_run
 from harness.review import stats
 from harness.run.runner import NOT_TIMED
@@ -119,7 +119,7 @@ def compare_runs(
         rows.loc[anchor_rows, "verdict"] = "anchor"
         rows.loc[anchor_rows, "verdict_reason"] = f"latencies normalized by {opts.normalize_by}: 1.0 by construction"
     changes = [_row_changes(r, opts) for _, r in rows.iterrows()]
-    rows["why"], rows["better"] = [["; ".join(c[side]) for c in changes] for side in (0, 1)]
+    rows["why"], rows["better"] = [[c[side] for c in changes] for side in (0, 1)]
     one_sided = {what: int((rows["side"] == side).sum()) for side, what in
                  (("base only", "missing from the new run"), ("new only", "new, with no baseline"))}  # fmt: skip
     problems = [f"{count} row(s) {what}" for what, count in one_sided.items() if count]
@@ -253,10 +253,10 @@ def _grew(base: float, new: float, factor: float, floor: float) -> bool:
     return pd.notna(base) and pd.notna(new) and new > factor * base and new > floor
 
 
-def _row_changes(r: pd.Series, opts: CompareOptions) -> tuple[list[str], list[str]]:
-    """(what got worse, what got better) in one merged row."""
+def _row_changes(r: pd.Series, opts: CompareOptions) -> tuple[str, str]:
+    """(what got worse, what got better) in one merged row, each change joined by "; "."""
     if r["side"] != "both":
-        return [], []
+        return "", ""
     worse, better = [], []
     sb, sn = r["status_base"], r["status_new"]
     if sn == "skip" and sb != "skip":
@@ -282,7 +282,7 @@ def _row_changes(r: pd.Series, opts: CompareOptions) -> tuple[list[str], list[st
         weak = ", weak evidence" if str(r["evidence"]).startswith("p10/p90") else ""
         text = f"latency {lb:.1f} -> {ln:.1f} us ({100 * (ln / lb - 1):+.0f}%; {r['verdict_reason']}{weak})"
         (worse if verdict == "slower" else better).append(text)  # the reason holds no "; "
-    return worse, better
+    return "; ".join(worse), "; ".join(better)
 
 
 def mark_unconfirmed(comparison: Comparison, why: str, options: CompareOptions | None = None) -> Comparison:
@@ -297,8 +297,7 @@ def mark_unconfirmed(comparison: Comparison, why: str, options: CompareOptions |
             f"latency {lb:.1f} -> {ln:.1f} us ({100 * (ln / lb - 1):+.0f}%) in two separate runs, "
             f"not re-timed in paired rounds: {why}"
         )
-        worse, better = _row_changes(rows.loc[i], opts)
-        rows.at[i, "why"], rows.at[i, "better"] = "; ".join(worse), "; ".join(better)
+        rows.loc[i, ["why", "better"]] = _row_changes(rows.loc[i], opts)
     reading = f"the machine's load likely changed between them, and no row was re-timed in paired rounds: {why}"
     problems = restate_drift(comparison.problems, reading)
     return Comparison(rows=rows, problems=problems, incomplete=comparison.incomplete)
@@ -402,7 +401,4 @@ def write_compare_html(comparison, path: Path, base: tuple, new: tuple) -> Path:
         comparison=comparison, rows=rows.to_dict("records"), counts=verdict_counts(comparison),
         summary=exit_summary(comparison),
     )  # fmt: skip
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(html)
-    return path
+    return write_page(path, html)

@@ -294,15 +294,13 @@ def sequential_rounds(
     cost: dict = {key: [] for key in index.values()}  # key -> seconds of each of its rounds
     overhead: list[float] = []  # seconds of each round not spent on any key (worker start, close)
     open_rows = dict(index)  # row -> key, still being re-timed
-    left_out = 0  # rows stopped undecided because their rounds would not fit the box
+    decided = 0
     start = clock()
 
     def drop_all_but(kept: dict) -> int:  # stop the open rows whose key is not kept; how many
-        nonlocal left_out
         left = [i for i, key in open_rows.items() if key not in kept]
         for i in left:
             del open_rows[i]
-        left_out += len(left)
         return len(left)
 
     for k in range(1, rounds + 1):
@@ -332,10 +330,10 @@ def sequential_rounds(
             test = stats.paired_ratio(*pooled[key], alpha=alpha, looks=len(looks))
             if stats.decide_paired(test, min_effect=effects[i]).verdict != "cannot tell":
                 del open_rows[i]
+                decided += 1
             else:
                 need[key] = rounds_to_decide(test, effects[i])
         elapsed = clock() - start
-        decided = len(index) - len(open_rows) - left_out
         left = 0
         if open_rows and k < looks[-1]:
             plans = {}
@@ -516,7 +514,6 @@ def rejudge(
         ]  # fmt: skip
         rows.at[i, "verdict"], rows.at[i, "evidence"] = v.verdict, "confirmed, interleaved"
         rows.at[i, "verdict_reason"] = f"{RETIMED}, {t.n_base} paired rounds: {v.reason}"
-        worse, better = _row_changes(rows.loc[i], options)
-        rows.at[i, "why"], rows.at[i, "better"] = "; ".join(worse), "; ".join(better)
+        rows.loc[i, ["why", "better"]] = _row_changes(rows.loc[i], options)
     problems = restate_drift(comparison.problems, retimed_reading(rows))
     return Comparison(rows=rows, problems=problems, incomplete=comparison.incomplete)

@@ -5,14 +5,13 @@ commit), each compared with the run before it.
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
 from pathlib import Path
 
 import pandas as pd
 
 from harness.cases.vocab import GRADED
-from harness.results.report import ENV, plots
+from harness.results.report import ENV, plots, write_page
 from harness.results.storage import load_run
 from harness.review.compare import CompareOptions, compare_runs, drift_warning
 
@@ -70,7 +69,7 @@ def load_history(paths: list[Path], *, min_effect: float | None = None, backends
         part = frame.reindex(columns=["case", "backend", *VALUES]).assign(
             machine=machine, run_label=label, run_order=order
         )
-        part["regressed"], part["why"], part["latency_regressed"], part["error_regressed"] = False, "", False, False
+        part["why"] = ""
         if machine in previous:
             base, base_meta, base_path = previous[machine]
             comparison = compare_runs(base, frame, base_meta, meta, CompareOptions(min_effect=min_effect))
@@ -80,9 +79,9 @@ def load_history(paths: list[Path], *, min_effect: float | None = None, backends
             runs[-1].update(drift="; ".join(drift), previous=base_path, same_commit=same)
             why = {(r["case"], r["backend"]): r["why"] for _, r in comparison.regressions.iterrows()}
             part["why"] = [why.get(k, "") for k in zip(part["case"], part["backend"], strict=True)]
-            part["regressed"] = part["why"] != ""
-            part["latency_regressed"] = part["why"].str.contains("latency ", regex=False)
-            part["error_regressed"] = part["why"].str.contains("status|err|margin|NaN", regex=True)
+        part["regressed"] = part["why"] != ""
+        part["latency_regressed"] = part["why"].str.contains("latency ", regex=False)
+        part["error_regressed"] = part["why"].str.contains("status|err|margin|NaN", regex=True)
         previous[machine] = (frame, meta, str(path))
         parts.append(part)
     rows = pd.concat(parts, ignore_index=True)
@@ -154,9 +153,4 @@ def write_history_html(history: History, path: Path) -> Path:
         tables={m: t.reset_index().to_dict("split") for m, t in trend_table(history, last=12).items()},
         figures=[(t, uri) for t, uri in figures if uri],
     )
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}")
-    tmp.write_text(html)
-    os.replace(tmp, path)
-    return path
+    return write_page(path, html)
