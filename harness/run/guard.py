@@ -9,9 +9,8 @@ from collections.abc import Callable
 
 import torch
 
-from harness.cases.hashing import CHUNK_BYTES, tensor_digest
 from harness.cases.inputs import PagedInputs
-from harness.run.oracle_cache import ARG_NAMES
+from harness.run.oracle_cache import ARG_NAMES, CHUNK_BYTES, tensor_digest
 
 
 class Terminated(BaseException):
@@ -64,7 +63,7 @@ def device_digest(flat: torch.Tensor) -> tuple[int, int]:
     """(sum, position-weighted sum) of a uint8 tensor's bytes as int32 words, computed on its device."""
     words = torch.nn.functional.pad(flat, (0, -flat.numel() % 4)).view(torch.int32)
     total = weighted = 0
-    step = CHUNK_BYTES // 4  # device tensors are summed in chunks of harness.cases.hashing's size
+    step = CHUNK_BYTES // 4  # device tensors are summed in chunks of the host digest's size
     for start in range(0, words.numel(), step):
         chunk = words[start : start + step].long()
         position = torch.arange(start, start + chunk.numel(), device=chunk.device) % 65521 + 1

@@ -17,11 +17,10 @@ import stat
 import sys
 import tempfile
 from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import torch
-
-from harness.cases.hashing import tensor_digest
 
 ENV_DIR = "HARNESS_ORACLE_CACHE"
 ENV_MAX_BYTES = "HARNESS_ORACLE_CACHE_MAX_BYTES"
@@ -33,6 +32,21 @@ KEY_VERSION = 2  # 2: tensors hashed as sha256 trees of 64 MiB chunks (1: flat s
 SUFFIX = ".oracle"
 DERIVED_SUFFIX = ".derived"  # another result of the same inputs (lookup), e.g. the error bound
 ARG_NAMES = ("q", "k_cache", "v_cache", "block_table", "seq_lens", "query_start_loc")
+CHUNK_BYTES = 64 * 2**20
+
+
+def tensor_digest(tensor: torch.Tensor, threads: int | None = None) -> bytes:
+    """A tensor's raw bytes (NaN payloads included) as one sha256 digest, the same whatever the thread count:
+    ``sha256(sha256(chunk 0) || sha256(chunk 1) || ...)``, chunks of CHUNK_BYTES hashed on ``threads`` threads."""
+    flat = tensor.detach().contiguous().cpu().reshape(-1).view(torch.uint8).numpy()
+    chunks = [memoryview(flat[start : start + CHUNK_BYTES]) for start in range(0, flat.size, CHUNK_BYTES)]
+    threads = min(threads or torch.get_num_threads(), len(chunks))
+    if threads <= 1:
+        leaves = [hashlib.sha256(chunk).digest() for chunk in chunks]
+    else:
+        with ThreadPoolExecutor(threads) as pool:
+            leaves = list(pool.map(lambda chunk: hashlib.sha256(chunk).digest(), chunks))
+    return hashlib.sha256(b"".join(leaves)).digest()
 
 
 def _oracle_source_hash() -> str:
