@@ -88,25 +88,19 @@ class InputGuard:
     def mutated(self) -> list[str]:
         return [name for name, t in named_inputs(self.inputs).items() if fingerprint(t) != self.prints[name]]
 
-    def restore(self, names: list[str]) -> None:
-        """Copy pristine values back into the named input tensors, in place."""
-        pristine = named_inputs(self.rebuild())
-        for name, tensor in named_inputs(self.inputs).items():
-            if name in names:
-                with torch.no_grad():
-                    if tensor.shape != pristine[name].shape or tensor.dtype != pristine[name].dtype:
-                        tensor.set_(pristine[name].clone())
-                    else:
-                        tensor.copy_(pristine[name])
+    def check(self, when: str) -> str:
+        """'' when the inputs are pristine; else the reason, after copying pristine values back in place."""
+        if not (names := self.mutated()):
+            return ""
+        pristine, current = named_inputs(self.rebuild()), named_inputs(self.inputs)
+        with torch.no_grad():
+            for name in names:
+                if current[name].shape != pristine[name].shape or current[name].dtype != pristine[name].dtype:
+                    current[name].set_(pristine[name].clone())
+                else:
+                    current[name].copy_(pristine[name])
         if still := self.mutated():
             raise RuntimeError(f"could not restore the inputs {still} after a backend changed them")
-
-    def check(self, when: str) -> str:
-        """'' when the inputs are pristine; else the reason, after restoring them."""
-        names = self.mutated()
-        if not names:
-            return ""
-        self.restore(names)
         return f"mutated its input {', '.join(names)} {when} (restored for the next backend)"
 
 
