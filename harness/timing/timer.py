@@ -60,27 +60,25 @@ def _is_cuda(device: str | torch.device) -> bool:
 
 
 def _collect(
-    sample: Callable[[int], list[float]], target_s: float, min_reps: int, max_reps: int, deadline: float | None = None
-) -> tuple[list[float], bool]:
-    """(min_reps samples, then more to fill about target_s up to max_reps; whether the deadline cut them short).
-    With a deadline they come in batches that fit the time left, at least one."""
-    if deadline is None:
-        samples = sample(min_reps)
-        per_call_s = max(sorted(samples)[len(samples) // 2] * 1e-6, 1e-7)
-        extra = min(max_reps, int(target_s / per_call_s)) - min_reps
-        if extra > 0:
-            samples += sample(extra)
-        return samples, False
-    samples = sample(1)
+    sample: Callable, target_s: float, min_reps: int, max_reps: int, deadline: float | None, final: bool, method: str
+) -> Timing:
+    """min_reps samples, then more to fill about target_s up to max_reps (``cut_short``: the deadline stopped
+    them), then with ``final`` one ``sample(1, final=True)``. With a deadline they come in batches that fit the
+    time left, at least one."""
+    samples, cut = sample(1 if deadline is not None else min_reps), False
     while True:
         per_call_s = max(sorted(samples)[len(samples) // 2] * 1e-6, 1e-7)
         wanted = max(min_reps, min(max_reps, int(target_s / per_call_s)))
         if len(samples) >= wanted:
-            return samples, False
-        fit = int((deadline - time.monotonic()) / per_call_s)
-        if fit < 1:
-            return samples, True
+            break
+        if deadline is None:
+            samples += sample(wanted - len(samples))
+            break
+        if (fit := int((deadline - time.monotonic()) / per_call_s)) < 1:
+            cut = True
+            break
         samples += sample(min(wanted - len(samples), max(1, fit // 2)))
+    return Timing(tuple(samples + (sample(1, final=True) if final else [])), method, cut)
 
 
 def _warm_up(fn: Callable[[], object], calls: int, deadline: float | None) -> None:
@@ -127,9 +125,7 @@ def time_call(
                 hooks.after(result, final)
             return out
 
-        samples, cut = _collect(sample, target_s, min_reps, max_reps, deadline)
-        samples += sample(1, final=True) if given else []
-        return Timing(tuple(samples), "cpu_perf_counter", cut)
+        return _collect(sample, target_s, min_reps, max_reps, deadline, given, "cpu_perf_counter")
     _warm_up(fn, 3, deadline)
     torch.cuda.synchronize()
     captured = _capture(fn) if graph and (deadline is None or time.monotonic() < deadline) else None
@@ -148,9 +144,8 @@ def time_call(
         torch.cuda.synchronize()  # device-wide: work left on another stream is done before the times are read
         return [_elapsed_ms(start, end) * 1e3 for start, end in events]
 
-    samples, cut = _collect(sample, target_s, min_reps, max_reps, deadline)
-    samples += sample(1, final=True) if given else []
-    return Timing(tuple(samples), "cuda_graph_replay" if captured is not None else "cuda_events", cut)
+    method = "cuda_graph_replay" if captured is not None else "cuda_events"
+    return _collect(sample, target_s, min_reps, max_reps, deadline, given, method)
 
 
 def time_wall(
@@ -192,9 +187,7 @@ def time_wall(
                 host_samples.append((returned - t0) * 1e6)
         return out
 
-    samples, cut = _collect(sample, target_s, min_reps, max_reps, deadline)
-    samples += sample(1, final=True) if given else []
-    return Timing(tuple(samples), "wall_synchronized", cut)
+    return _collect(sample, target_s, min_reps, max_reps, deadline, given, "wall_synchronized")
 
 
 def _capture(fn: Callable[[], object]) -> tuple[torch.cuda.CUDAGraph, object] | None:
