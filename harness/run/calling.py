@@ -26,10 +26,10 @@ FLIP_EVERY = 16
 _INTS = {1: torch.int8, 2: torch.int16, 4: torch.int32, 8: torch.int64}  # by element size
 
 
-def sign_mask(seed: int, num_kv_heads: int, head_dim_v: int) -> torch.Tensor:
-    """[num_kv_heads, head_dim_v] bool: the V columns a flip negates, drawn from ``seed`` (about half)."""
+def sign_mask(seed: int, case: Case) -> torch.Tensor:
+    """[num_kv_heads, head_dim_v] bool: the V columns of ``case`` a flip negates, drawn from ``seed`` (about half)."""
     generator = torch.Generator().manual_seed(seed)
-    return torch.rand(num_kv_heads, head_dim_v, generator=generator) < 0.5
+    return torch.rand(case.num_kv_heads, case.head_dim_v, generator=generator) < 0.5
 
 
 def expected_under(expected: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
@@ -125,11 +125,6 @@ class Called:
         return cls(**{**message, "outputs": outputs})
 
 
-def prepared_dims(case: Case) -> tuple[int, int]:
-    """(num_kv_heads, head_dim_v) of a case: the shape of a flip's mask."""
-    return case.num_kv_heads, case.head_dim_v or case.head_dim
-
-
 class Checks:
     """The sample hooks of one measurement: poison, flip, compare. A timed output is compared with the first by
     ``sum(w * out)``, w fixed and random: within tolerance, by ``sum(|w| * (atol + rtol * |first|))`` + round-off."""
@@ -139,7 +134,7 @@ class Checks:
         self.what, self.prepared, self.flipper, self.refs, self.called = what, prepared, flipper, refs, called
         self.case, self.counter, self.want_lse = case, counter, want_lse
         self.alternate_seed, self.final_seed = seeds  # the flip of every other call, the last call's
-        self.alternate, self.final = (sign_mask(seed, *prepared_dims(case)) for seed in seeds)
+        self.alternate, self.final = (sign_mask(seed, case) for seed in seeds)
         self.seed_now: int | None = None
         self.samples = 0
         self.sums: list[tuple[int, torch.Tensor, tuple]] = []  # (call number, its weighted sum, its reference)
