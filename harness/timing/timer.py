@@ -114,18 +114,7 @@ def time_call(
     hooks = hooks or _NO_HOOKS
     if not _is_cuda(device):
         fn()
-
-        def sample(n: int, final: bool = False) -> list[float]:
-            out = []
-            for _ in range(n):
-                hooks.before(final)
-                t0 = _clock()
-                result = fn()
-                out.append((_clock() - t0) * 1e6)
-                hooks.after(result, final)
-            return out
-
-        return _collect(sample, target_s, min_reps, max_reps, deadline, given, "cpu_perf_counter")
+        return _collect(_host_clock(fn, hooks), target_s, min_reps, max_reps, deadline, given, "cpu_perf_counter")
     _warm_up(fn, 3, deadline)
     torch.cuda.synchronize()
     captured = _capture(fn) if graph and (deadline is None or time.monotonic() < deadline) else None
@@ -170,24 +159,35 @@ def time_wall(
     hooks = hooks or _NO_HOOKS
     _warm_up(fn, 3, deadline)
     flush = torch.empty(L2_FLUSH_BYTES, dtype=torch.int8, device=device)
+    sample = _host_clock(fn, hooks, flush, host_samples)
+    return _collect(sample, target_s, min_reps, max_reps, deadline, given, "wall_synchronized")
+
+
+def _host_clock(fn: Callable, hooks: SampleHooks, flush: torch.Tensor | None = None, host_samples: list | None = None):
+    """``sample(n, final=False)``: n host-clock times (us) of ``fn()``, the hooks around each. With ``flush`` (CUDA),
+    L2 is flushed and the device drained before each call and drained after it; ``host_samples`` receives each
+    call's time until it returned."""
 
     def sample(n: int, final: bool = False) -> list[float]:
         out = []
         for _ in range(n):
             hooks.before(final)
-            flush.zero_()
-            torch.cuda.synchronize()
+            if flush is not None:
+                flush.zero_()
+                torch.cuda.synchronize()
             t0 = _clock()
             result = fn()
-            returned = _clock()
-            torch.cuda.synchronize()
-            out.append((_clock() - t0) * 1e6)
+            end = returned = _clock()
+            if flush is not None:
+                torch.cuda.synchronize()
+                end = _clock()
+            out.append((end - t0) * 1e6)
             hooks.after(result, final)
             if host_samples is not None:
                 host_samples.append((returned - t0) * 1e6)
         return out
 
-    return _collect(sample, target_s, min_reps, max_reps, deadline, given, "wall_synchronized")
+    return sample
 
 
 def _capture(fn: Callable[[], object]) -> tuple[torch.cuda.CUDAGraph, object] | None:
