@@ -20,27 +20,21 @@ class Terminated(BaseException):
 USER_INTERRUPT = threading.Event()  # set by the SIGINT handler: this KeyboardInterrupt is the user's
 
 
-def _on_sigint(signum, frame):
-    USER_INTERRUPT.set()
-    raise KeyboardInterrupt
-
-
-def _on_sigterm(signum, frame):
-    raise Terminated
-
-
 def install_signal_handlers() -> Callable[[], None]:
     """Ctrl-C flags itself as the user's; SIGTERM raises :class:`Terminated`. Returns a restorer."""
     if threading.current_thread() is not threading.main_thread():
         return lambda: None
     USER_INTERRUPT.clear()
-    saved = signal.signal(signal.SIGINT, _on_sigint), signal.signal(signal.SIGTERM, _on_sigterm)
 
-    def restore() -> None:
-        signal.signal(signal.SIGINT, saved[0])
-        signal.signal(signal.SIGTERM, saved[1])
+    def on_sigint(signum, frame):
+        USER_INTERRUPT.set()
+        raise KeyboardInterrupt
 
-    return restore
+    def on_sigterm(signum, frame):
+        raise Terminated
+
+    saved = [(sig, signal.signal(sig, new)) for sig, new in ((signal.SIGINT, on_sigint), (signal.SIGTERM, on_sigterm))]
+    return lambda: [signal.signal(sig, old) for sig, old in saved]  # the restorer
 
 
 def raised_by_backend(error: BaseException) -> bool:
