@@ -110,8 +110,7 @@ def time_call(
     replays (``cuda_graph_replay``; ``graph=False`` forbids them) or events (``cuda_events``), L2 flushed before
     every sample. ``hooks``: called around every sample, plus one more with ``final=True``."""
     min_reps, max_reps = _reps(device, min_reps, max_reps)
-    given = hooks is not None
-    hooks = hooks or _NO_HOOKS
+    given, hooks = hooks is not None, hooks or _NO_HOOKS
     if not _is_cuda(device):
         fn()
         return _collect(_host_clock(fn, hooks), target_s, min_reps, max_reps, deadline, given, "cpu_perf_counter")
@@ -150,13 +149,11 @@ def time_wall(
 ) -> Timing:
     """Wall time a caller waits for one eager ``fn()``, host overhead and device syncs included.
     ``host_samples`` receives (CUDA only) each sample's host time before the drain (``host_us``)."""
-    min_reps = WALL_MIN_REPS if min_reps is None else min_reps
-    if not _is_cuda(device):  # no device to drain: the host clock around the call is time_call's
-        return time_call(fn, device, target_s=target_s, min_reps=min_reps, max_reps=max_reps, deadline=deadline,
-                         hooks=hooks)  # fmt: skip
-    min_reps, max_reps = _reps(device, min_reps, max_reps)
-    given = hooks is not None
-    hooks = hooks or _NO_HOOKS
+    min_reps, max_reps = _reps(device, WALL_MIN_REPS if min_reps is None else min_reps, max_reps)
+    given, hooks = hooks is not None, hooks or _NO_HOOKS
+    if not _is_cuda(device):  # no device to drain: the host clock around the call, as time_call takes it
+        fn()
+        return _collect(_host_clock(fn, hooks), target_s, min_reps, max_reps, deadline, given, "cpu_perf_counter")
     _warm_up(fn, 3, deadline)
     flush = torch.empty(L2_FLUSH_BYTES, dtype=torch.int8, device=device)
     sample = _host_clock(fn, hooks, flush, host_samples)
