@@ -189,8 +189,7 @@ def make_inputs(
     generator = torch.Generator().manual_seed(seed)
     table, num_blocks = assign_blocks(seq_lens, block_size, layout, generator)
     threads = draw_threads or torch.get_num_threads()
-    num_tokens = sum(q_lens)
-    q = torch.empty(num_tokens, num_q_heads, head_dim, dtype=torch_dtype)
+    q = torch.empty(sum(q_lens), num_q_heads, head_dim, dtype=torch_dtype)
     draw_normal("q", q.shape, seed, lambda i, rows: q[i : i + len(rows)].copy_(rows), torch_dtype, input_scale, threads)
     head_dim_v = head_dim if head_dim_v is None else head_dim_v
     num_slots = num_blocks * block_size

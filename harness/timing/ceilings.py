@@ -170,8 +170,7 @@ def ceiling_columns(row: dict, ceilings: dict) -> dict:
 
 def mixed_models_note(gpus: list[dict]) -> str:
     """ "" when the run's GPUs (meta.json's ``gpus``) are of one model; else a note naming them."""
-    models = sorted({gpu["gpu_name"] for gpu in gpus if gpu.get("gpu_name")})
-    if len(models) < 2:
+    if len(models := sorted({gpu["gpu_name"] for gpu in gpus if gpu.get("gpu_name")})) < 2:
         return ""
     return (
         f"mixed GPU models: {' + '.join(models)} (each row's pct_of_ceiling is against its own GPU; "
