@@ -189,13 +189,13 @@ def make_inputs(
     generator = torch.Generator().manual_seed(seed)
     table, num_blocks = assign_blocks(seq_lens, block_size, layout, generator)
     threads = draw_threads or torch.get_num_threads()
-    num_tokens = sum(q_lens)
-    q = torch.empty(num_tokens, num_q_heads, head_dim, dtype=torch_dtype)
+    q = torch.empty(sum(q_lens), num_q_heads, head_dim, dtype=torch_dtype)
     draw_normal("q", q.shape, seed, lambda i, rows: q[i : i + len(rows)].copy_(rows), torch_dtype, input_scale, threads)
     head_dim_v = head_dim if head_dim_v is None else head_dim_v
     num_slots = num_blocks * block_size
-    k_slots = torch.empty(num_slots, num_kv_heads, head_dim, dtype=torch_dtype)
-    v_slots = torch.empty(num_slots, num_kv_heads, head_dim_v, dtype=torch_dtype)
+    # NaN stays in every slot no sequence owns; the draws below fill every owned one.
+    k_slots = torch.full((num_slots, num_kv_heads, head_dim), float("nan"), dtype=torch_dtype)
+    v_slots = torch.full((num_slots, num_kv_heads, head_dim_v), float("nan"), dtype=torch_dtype)
     slots = token_slots(table, seq_lens, block_size)  # [total_kv_tokens]: token i of the logical KV -> its slot
     first_writer = None  # a shared prefix block keeps the first sequence's values; later ones' rows are dropped
     if shared := shared_prefix_blocks(seq_lens, block_size, layout):
@@ -215,11 +215,6 @@ def make_inputs(
     total_kv = len(slots)
     draw_normal("k", (total_kv, num_kv_heads, head_dim), seed, into_pool(k_slots), torch_dtype, input_scale, threads)
     draw_normal("v", (total_kv, num_kv_heads, head_dim_v), seed, into_pool(v_slots), torch_dtype, 1.0, threads)
-    owned = torch.zeros(num_slots, dtype=torch.bool)
-    owned[slots] = True
-    unowned = (~owned).nonzero().squeeze(1)
-    k_slots.index_fill_(0, unowned, float("nan"))
-    v_slots.index_fill_(0, unowned, float("nan"))
     query_start_loc = torch.zeros(len(q_lens) + 1, dtype=torch.int32)
     query_start_loc[1:] = torch.tensor(q_lens, dtype=torch.int32).cumsum(0)
     pool = (num_blocks, block_size, num_kv_heads)

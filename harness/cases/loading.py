@@ -18,8 +18,7 @@ def load_cases(
 ) -> list[Case]:
     """Load, validate and expand case files; keep cases with any of ``tags`` and whose id passes ``keep``; check
     the memory of those alone (``backends`` None: all built-ins). CaseFileError listing every problem found."""
-    cases: list[Case] = []
-    errors: list[str] = []
+    cases, errors = [], []
     for file in resolve_case_paths(paths):
         try:
             cases.extend(load_case_file(file))

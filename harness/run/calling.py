@@ -26,10 +26,10 @@ FLIP_EVERY = 16
 _INTS = {1: torch.int8, 2: torch.int16, 4: torch.int32, 8: torch.int64}  # by element size
 
 
-def sign_mask(seed: int, num_kv_heads: int, head_dim_v: int) -> torch.Tensor:
-    """[num_kv_heads, head_dim_v] bool: the V columns a flip negates, drawn from ``seed`` (about half)."""
+def sign_mask(seed: int, case: Case) -> torch.Tensor:
+    """[num_kv_heads, head_dim_v] bool: the V columns of ``case`` a flip negates, drawn from ``seed`` (about half)."""
     generator = torch.Generator().manual_seed(seed)
-    return torch.rand(num_kv_heads, head_dim_v, generator=generator) < 0.5
+    return torch.rand(case.num_kv_heads, case.head_dim_v, generator=generator) < 0.5
 
 
 def expected_under(expected: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
@@ -108,7 +108,6 @@ class Called:
     outputs: list[tuple[str, int | None, torch.Tensor]] = field(default_factory=list)  # (label, mask seed, out)
     timed_problem: str = ""  # the first timed call whose output differed from its inputs' graded output
     timing: dict = field(default_factory=dict)  # harness.timing.measure.timing_columns, when timed
-    timed_s: float = 0.0  # the timing's own seconds on the clock of the process that ran it
 
     def to_message(self) -> dict:
         """A plain dict of CPU tensors, strings and numbers (what a worker sends)."""
@@ -125,11 +124,6 @@ class Called:
         return cls(**{**message, "outputs": outputs})
 
 
-def prepared_dims(case: Case) -> tuple[int, int]:
-    """(num_kv_heads, head_dim_v) of a case: the shape of a flip's mask."""
-    return case.num_kv_heads, case.head_dim_v or case.head_dim
-
-
 class Checks:
     """The sample hooks of one measurement: poison, flip, compare. A timed output is compared with the first by
     ``sum(w * out)``, w fixed and random: within tolerance, by ``sum(|w| * (atol + rtol * |first|))`` + round-off."""
@@ -139,7 +133,7 @@ class Checks:
         self.what, self.prepared, self.flipper, self.refs, self.called = what, prepared, flipper, refs, called
         self.case, self.counter, self.want_lse = case, counter, want_lse
         self.alternate_seed, self.final_seed = seeds  # the flip of every other call, the last call's
-        self.alternate, self.final = (sign_mask(seed, *prepared_dims(case)) for seed in seeds)
+        self.alternate, self.final = (sign_mask(seed, case) for seed in seeds)
         self.seed_now: int | None = None
         self.samples = 0
         self.sums: list[tuple[int, torch.Tensor, tuple]] = []  # (call number, its weighted sum, its reference)
@@ -229,7 +223,7 @@ def call_backend(case: Case, inputs: PagedInputs, guard: InputGuard | None, back
     called = Called()
     if reason := backend.skip_reason(case, device):
         return Called(status="skip", reason=reason)
-    cuda = torch.device(device).type == "cuda"
+    cuda, want_lse = torch.device(device).type == "cuda", "return_lse" in inputs.options
     out = inputs.new_out()  # NaN: an element the backend does not write fails
     try:
         with phase("graded call"):
@@ -242,7 +236,7 @@ def call_backend(case: Case, inputs: PagedInputs, guard: InputGuard | None, back
     try:
         with phase("graded call"):
             raw, graded_s = _timed_call(prepared, cuda)
-        raw, lse, lse_problem = split_result(raw, "return_lse" in inputs.options)
+        raw, lse, lse_problem = split_result(raw, want_lse)
         packed = prepared.to_packed(raw)
         with phase("guard"):
             mutated = guard.check("in its graded call") if guard else ""
@@ -266,9 +260,23 @@ def call_backend(case: Case, inputs: PagedInputs, guard: InputGuard | None, back
                 f"past the row's {settings.budget_s:g} s timing budget")  # fmt: skip
             called.note = "; ".join(filter(None, [called.note, f"{NOT_TIMED} {graded_s:.1f} s, {why}"]))
             return called
-        started = time.perf_counter()
-        _time(called, case, inputs, backend, prepared, settings, seeds)
-        called.timed_s = time.perf_counter() - started
+        # The timing columns, every timed call checked (see the module docstring).
+        flipper = Flipper(inputs, latent=bool(case.latent_kv)) if prepared.follows_inputs else None
+        refs = {None: called.out} if called.out is not None else {}  # flip seed -> the first output it gave
+        counter, checks = [0], []
+
+        def make(what: str) -> Checks:
+            final = seeds[1] if what == "latency" else seeds[2]
+            checks.append(Checks(what, prepared, flipper, refs, called, case, (seeds[0], final), counter, want_lse))
+            return checks[-1]
+
+        try:
+            called.timing = timing_columns(case, backend, prepared, settings, hooks=make)
+        finally:
+            for check in checks:
+                check.finish()
+            if flipper is not None:
+                flipper.set(None)
         if batch is not None and called.timing:
             with phase("timing: batch"):
                 batch(prepared, called)
@@ -280,28 +288,6 @@ def call_backend(case: Case, inputs: PagedInputs, guard: InputGuard | None, back
     except BaseException as error:
         return _raised(called, error, guard)
     return called
-
-
-def _time(called: Called, case: Case, inputs: PagedInputs, backend: Backend, prepared: Prepared,
-          settings: TimingSettings, seeds: tuple[int, int, int]) -> None:  # fmt: skip
-    """The timing columns, every timed call checked (see the module docstring)."""
-    flipper = Flipper(inputs, latent=bool(case.latent_kv)) if prepared.follows_inputs else None
-    refs = {None: called.out} if called.out is not None else {}  # flip seed -> the first output it gave
-    counter, checks = [0], []
-    want_lse = "return_lse" in inputs.options
-
-    def make(what: str) -> Checks:
-        final = seeds[1] if what == "latency" else seeds[2]
-        checks.append(Checks(what, prepared, flipper, refs, called, case, (seeds[0], final), counter, want_lse))
-        return checks[-1]
-
-    try:
-        called.timing = timing_columns(case, backend, prepared, settings, hooks=make)
-    finally:
-        for check in checks:
-            check.finish()
-        if flipper is not None:
-            flipper.set(None)
 
 
 def error_reason(error: BaseException) -> str:

@@ -9,9 +9,8 @@ from collections.abc import Callable
 
 import torch
 
-from harness.cases.hashing import CHUNK_BYTES, tensor_digest
 from harness.cases.inputs import PagedInputs
-from harness.run.oracle_cache import ARG_NAMES
+from harness.run.oracle_cache import ARG_NAMES, CHUNK_BYTES, tensor_digest
 
 
 class Terminated(BaseException):
@@ -21,27 +20,21 @@ class Terminated(BaseException):
 USER_INTERRUPT = threading.Event()  # set by the SIGINT handler: this KeyboardInterrupt is the user's
 
 
-def _on_sigint(signum, frame):
-    USER_INTERRUPT.set()
-    raise KeyboardInterrupt
-
-
-def _on_sigterm(signum, frame):
-    raise Terminated
-
-
 def install_signal_handlers() -> Callable[[], None]:
     """Ctrl-C flags itself as the user's; SIGTERM raises :class:`Terminated`. Returns a restorer."""
     if threading.current_thread() is not threading.main_thread():
         return lambda: None
     USER_INTERRUPT.clear()
-    saved = signal.signal(signal.SIGINT, _on_sigint), signal.signal(signal.SIGTERM, _on_sigterm)
 
-    def restore() -> None:
-        signal.signal(signal.SIGINT, saved[0])
-        signal.signal(signal.SIGTERM, saved[1])
+    def on_sigint(signum, frame):
+        USER_INTERRUPT.set()
+        raise KeyboardInterrupt
 
-    return restore
+    def on_sigterm(signum, frame):
+        raise Terminated
+
+    saved = [(sig, signal.signal(sig, new)) for sig, new in ((signal.SIGINT, on_sigint), (signal.SIGTERM, on_sigterm))]
+    return lambda: [signal.signal(sig, old) for sig, old in saved]  # the restorer
 
 
 def raised_by_backend(error: BaseException) -> bool:
@@ -64,7 +57,7 @@ def device_digest(flat: torch.Tensor) -> tuple[int, int]:
     """(sum, position-weighted sum) of a uint8 tensor's bytes as int32 words, computed on its device."""
     words = torch.nn.functional.pad(flat, (0, -flat.numel() % 4)).view(torch.int32)
     total = weighted = 0
-    step = CHUNK_BYTES // 4  # device tensors are summed in chunks of harness.cases.hashing's size
+    step = CHUNK_BYTES // 4  # device tensors are summed in chunks of the host digest's size
     for start in range(0, words.numel(), step):
         chunk = words[start : start + step].long()
         position = torch.arange(start, start + chunk.numel(), device=chunk.device) % 65521 + 1
@@ -89,25 +82,19 @@ class InputGuard:
     def mutated(self) -> list[str]:
         return [name for name, t in named_inputs(self.inputs).items() if fingerprint(t) != self.prints[name]]
 
-    def restore(self, names: list[str]) -> None:
-        """Copy pristine values back into the named input tensors, in place."""
-        pristine = named_inputs(self.rebuild())
-        for name, tensor in named_inputs(self.inputs).items():
-            if name in names:
-                with torch.no_grad():
-                    if tensor.shape != pristine[name].shape or tensor.dtype != pristine[name].dtype:
-                        tensor.set_(pristine[name].clone())
-                    else:
-                        tensor.copy_(pristine[name])
+    def check(self, when: str) -> str:
+        """'' when the inputs are pristine; else the reason, after copying pristine values back in place."""
+        if not (names := self.mutated()):
+            return ""
+        pristine, current = named_inputs(self.rebuild()), named_inputs(self.inputs)
+        with torch.no_grad():
+            for name in names:
+                if current[name].shape != pristine[name].shape or current[name].dtype != pristine[name].dtype:
+                    current[name].set_(pristine[name].clone())
+                else:
+                    current[name].copy_(pristine[name])
         if still := self.mutated():
             raise RuntimeError(f"could not restore the inputs {still} after a backend changed them")
-
-    def check(self, when: str) -> str:
-        """'' when the inputs are pristine; else the reason, after restoring them."""
-        names = self.mutated()
-        if not names:
-            return ""
-        self.restore(names)
         return f"mutated its input {', '.join(names)} {when} (restored for the next backend)"
 
 

@@ -3,7 +3,6 @@ the backends it grades (each variant enters through its oracle hook)."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from functools import partial
 
 import torch
@@ -31,7 +30,12 @@ def paged_attention_oracle(q, k_cache, v_cache, block_table, seq_lens, query_sta
     keywords = [keyword for v in VARIANTS for keyword in v.keywords if keyword != "return_lse"]
     if unknown := sorted(set(options) - set(keywords)):
         raise TypeError(f"paged_attention_oracle got unexpected keyword(s) {unknown}; the variants': {keywords}")
-    kv_hooks, score_hooks, mask_hooks, sink_hooks = oracle_stages(options)
+    # Per stage, the hooks of the variants whose keywords ``options`` gives, bound to them.
+    given = [(v.oracle, {k: options[k] for k in v.keywords if options.get(k) is not None}) for v in VARIANTS]
+    kv_hooks, score_hooks, mask_hooks, sink_hooks = (
+        [partial(getattr(hook, stage), **keywords) for hook, keywords in given if keywords and getattr(hook, stage)]
+        for stage in ("kv", "score", "mask", "sink")
+    )
     q = q.detach().to(device, torch.float64)
     num_kv_heads, head_dim = k_cache.shape[2:]
     head_dim_v = v_cache.shape[-1]
@@ -79,15 +83,6 @@ def paged_attention_oracle(q, k_cache, v_cache, block_table, seq_lens, query_sta
             lse[span] = (top + denominator.log()).permute(2, 0, 1, 3).reshape(rows, num_q_heads)
             expected[span] = torch.einsum("hgqk,khd->qhgd", weights, v).reshape(rows, num_q_heads, head_dim_v)
     return (expected, lse) if return_lse else expected
-
-
-def oracle_stages(options: dict) -> tuple[list[Callable], ...]:
-    """Per stage (kv, score, mask, sink), the variants' oracle hooks bound to their keywords given in ``options``."""
-    given = [(v.oracle, {k: options[k] for k in v.keywords if options.get(k) is not None}) for v in VARIANTS]
-    return tuple(
-        [partial(getattr(hook, stage), **keywords) for hook, keywords in given if keywords and getattr(hook, stage)]
-        for stage in ("kv", "score", "mask", "sink")
-    )
 
 
 def sequence_kv(k_cache, v_cache, table_row, seq_len: int, device) -> tuple[torch.Tensor, torch.Tensor]:

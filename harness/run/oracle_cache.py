@@ -17,11 +17,10 @@ import stat
 import sys
 import tempfile
 from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import torch
-
-from harness.cases.hashing import tensor_digest
 
 ENV_DIR = "HARNESS_ORACLE_CACHE"
 ENV_MAX_BYTES = "HARNESS_ORACLE_CACHE_MAX_BYTES"
@@ -33,6 +32,21 @@ KEY_VERSION = 2  # 2: tensors hashed as sha256 trees of 64 MiB chunks (1: flat s
 SUFFIX = ".oracle"
 DERIVED_SUFFIX = ".derived"  # another result of the same inputs (lookup), e.g. the error bound
 ARG_NAMES = ("q", "k_cache", "v_cache", "block_table", "seq_lens", "query_start_loc")
+CHUNK_BYTES = 64 * 2**20
+
+
+def tensor_digest(tensor: torch.Tensor) -> bytes:
+    """A tensor's raw bytes (NaN payloads included) as one sha256 digest, the same whatever the thread count:
+    ``sha256(sha256(chunk 0) || sha256(chunk 1) || ...)``, chunks of CHUNK_BYTES hashed on torch's threads."""
+    flat = tensor.detach().contiguous().cpu().reshape(-1).view(torch.uint8).numpy()
+    chunks = [memoryview(flat[start : start + CHUNK_BYTES]) for start in range(0, flat.size, CHUNK_BYTES)]
+    threads = min(torch.get_num_threads(), len(chunks))
+    if threads <= 1:
+        leaves = [hashlib.sha256(chunk).digest() for chunk in chunks]
+    else:
+        with ThreadPoolExecutor(threads) as pool:
+            leaves = list(pool.map(lambda chunk: hashlib.sha256(chunk).digest(), chunks))
+    return hashlib.sha256(b"".join(leaves)).digest()
 
 
 def _oracle_source_hash() -> str:
@@ -103,17 +117,11 @@ def verify_fraction() -> float:
 
 def meta_record() -> dict:
     """meta.json's ``oracle_cache``: the mode (off, on, verify) and the folder."""
-    folder = cache_dir()
-    if folder is None:
+    if (folder := cache_dir()) is None:
         return {"mode": "off", "folder": None}
-    fraction = verify_fraction()
-    record = {"mode": "verify" if fraction else "on", "folder": str(folder)}
-    return record | ({"verify_fraction": fraction} if fraction else {})
-
-
-def max_bytes() -> int:
-    value = os.environ.get(ENV_MAX_BYTES, "").strip()
-    return int(value) if value.isdigit() else DEFAULT_MAX_BYTES
+    if fraction := verify_fraction():
+        return {"mode": "verify", "folder": str(folder), "verify_fraction": fraction}
+    return {"mode": "on", "folder": str(folder)}
 
 
 def cache_key(args: Sequence[torch.Tensor | None], device: str, options: dict | None = None) -> str:
@@ -233,7 +241,8 @@ def lookup(
     suffix = SUFFIX
     if name != "out":
         key, suffix = hashlib.sha256(f"{key};result={name}".encode()).hexdigest(), DERIVED_SUFFIX
-    cache = OracleCache(folder, max_bytes())
+    limit = os.environ.get(ENV_MAX_BYTES, "").strip()
+    cache = OracleCache(folder, int(limit) if limit.isdigit() else DEFAULT_MAX_BYTES)
     found = cache.get(key, device, suffix)
     if found is not None and tuple(found.shape) == tuple(shape):
         fraction = verify_fraction()

@@ -57,22 +57,17 @@ def impossible(row: dict, ceilings: dict, wall: tuple | None = None) -> str:
         return (f"{row['latency_us']:.3g} us for {row['flops']:,} flops is {tflops:.4g} TFLOP/s, past "
                 f"{COMPUTE_MARGIN:g}x this GPU's matmul peak for {dtype} ({peak:.4g} TFLOP/s)")  # fmt: skip
     call_us = _number(row.get("call_us"))
-    if wall and call_us and (per_call_us := least_per_call_us(wall, cuda)) and call_us * WALL_FACTOR < per_call_us:
-        return (f"call_us {call_us:.3g} us, but {wall[0]} calls back to back took at least {per_call_us:.3g} us a "
-                f"call by the driver's clock ({per_call_us / call_us:.1f}x more): the worker's clock is not to be "
-                "trusted")  # fmt: skip
-    return ""
-
-
-def least_per_call_us(wall: tuple, cuda: bool) -> float | None:
-    """What one call of a back-to-back batch took at the least, in us (see the module docstring)."""
-    calls, wall_s, cpu_s, threads = wall
-    if calls <= 0:
-        return None
+    if not (wall and call_us and wall[0] > 0):
+        return ""
+    calls, wall_s, cpu_s, threads = wall  # a batch of calls back to back: what one took at the least
     least = max(0.0, wall_s - WALL_SLACK_S)
     if not cuda and cpu_s is not None:
         least = min(least, cpu_s / max(1, threads))
-    return least / calls * 1e6
+    if call_us * WALL_FACTOR < (per_call_us := least / calls * 1e6):
+        return (f"call_us {call_us:.3g} us, but {calls} calls back to back took at least {per_call_us:.3g} us a "
+                f"call by the driver's clock ({per_call_us / call_us:.1f}x more): the worker's clock is not to be "
+                "trusted")  # fmt: skip
+    return ""
 
 
 def withdraw(row: dict) -> None:

@@ -14,7 +14,7 @@ from harness.cases.spec import Case
 from harness.cases.vocab import FAILING
 from harness.results.columns import COLUMNS, check_row_keys
 from harness.run import physics
-from harness.run.calling import NOT_TIMED, Called, call_backend, error_reason, expected_under, prepared_dims, sign_mask
+from harness.run.calling import NOT_TIMED, Called, call_backend, error_reason, expected_under, sign_mask
 from harness.run.grading import BOUND_RESULT, forward_error_bound, grade, locate
 from harness.run.guard import InputGuard
 from harness.run.oracle import paged_attention_oracle
@@ -186,11 +186,10 @@ def grade_called(ctx: CaseContext, backend: Backend, config: RunConfig, called: 
 def _later_outputs(ctx: CaseContext, called: Called, seeds: tuple[int, int, int]) -> str:
     """'' when every further output passes; else which call failed and how."""
     case = ctx.case
-    dims = prepared_dims(case)
     for label, seed, output in called.outputs:
         if seed is not None and seed not in seeds:
             return f"{label}: reported a flip the harness never asked for"
-        expected = ctx.expected if seed is None else expected_under(ctx.expected, sign_mask(seed, *dims))
+        expected = ctx.expected if seed is None else expected_under(ctx.expected, sign_mask(seed, case))
         if output.shape != expected.shape:
             return f"{label} wrong: shape {tuple(output.shape)}, expected {tuple(expected.shape)}"
         later = grade(output, expected, case.atol, case.rtol)

@@ -82,24 +82,19 @@ def measure_matmul_tflops(device: str, dtype: torch.dtype) -> float:
     return 2 * n**3 / (timing.median_us * 1e6)
 
 
-def datasheet_peak(device: str, dtype_name: str) -> float | None:
-    """The dense datasheet peak of the device for the dtype, or None when the device is not listed."""
-    if torch.device(device).type != "cuda":
-        return None
-    name = torch.cuda.get_device_name(torch.device(device))
-    return next((peaks.get(dtype_name) for key, peaks in DATASHEET_PEAK_TFLOPS.items() if key in name), None)
-
-
 def measure_ceilings(device: str, dtype_names: list[str]) -> dict:
-    """Every ceiling of the run (for meta.json and the rows' percentages): bandwidths, per dtype matmul and peak."""
+    """Every ceiling of the run (for meta.json and the rows' percentages): bandwidths, per dtype matmul and peak
+    (the datasheet's for a listed GPU, else the measured matmul)."""
     ceilings: dict = {"read_gbps": measure_read_bandwidth(device), "copy_gbps": measure_copy_bandwidth(device),
                       "matmul_tflops": {}, "peak_tflops": {}, "peak_source": {}}  # fmt: skip
+    cuda = torch.device(device).type == "cuda"
+    gpu = torch.cuda.get_device_name(torch.device(device)) if cuda else ""
     for name in sorted(set(dtype_names)):
         ceilings["matmul_tflops"][name] = measured = measure_matmul_tflops(device, DTYPES[name])
-        peak = datasheet_peak(device, name)
+        peak = next((peaks.get(name) for key, peaks in DATASHEET_PEAK_TFLOPS.items() if key in gpu), None)
         ceilings["peak_tflops"][name] = peak if peak is not None else measured
         ceilings["peak_source"][name] = DATASHEET_SOURCE if peak is not None else "measured matmul (no datasheet entry)"
-    if torch.device(device).type == "cuda":
+    if cuda:
         torch.cuda.empty_cache()  # its buffers (2 GiB) go back before the first case
     return ceilings
 
@@ -175,8 +170,7 @@ def ceiling_columns(row: dict, ceilings: dict) -> dict:
 
 def mixed_models_note(gpus: list[dict]) -> str:
     """ "" when the run's GPUs (meta.json's ``gpus``) are of one model; else a note naming them."""
-    models = sorted({gpu["gpu_name"] for gpu in gpus if gpu.get("gpu_name")})
-    if len(models) < 2:
+    if len(models := sorted({gpu["gpu_name"] for gpu in gpus if gpu.get("gpu_name")})) < 2:
         return ""
     return (
         f"mixed GPU models: {' + '.join(models)} (each row's pct_of_ceiling is against its own GPU; "

@@ -14,8 +14,7 @@ import torch
 from harness.backends.registry import Backend, Prepared
 from harness.cases.spec import Case
 from harness.timing.ceilings import ceiling_columns
-from harness.timing.metrics import bytes_moved as case_bytes
-from harness.timing.metrics import flops, gbps, tflops
+from harness.timing.metrics import bytes_moved, flops, gbps, tflops
 from harness.timing.phases import phase
 from harness.timing.timer import SampleHooks, Timing, kernels_launched, probe_call, time_call, time_wall
 
@@ -37,7 +36,7 @@ def row_time_limit(case: Case, device: str, ceilings: dict | None = None) -> flo
         peak = (ceilings.get("peak_tflops") or {}).get(case.dtype) or GPU_TFLOPS
     else:
         read_gbps, peak = CPU_GBPS, CPU_TFLOPS
-    call_s = max(case_bytes(case) / (read_gbps * 1e9), flops(case) / (peak * 1e12))
+    call_s = max(bytes_moved(case) / (read_gbps * 1e9), flops(case) / (peak * 1e12))
     return max(LIMIT_FLOOR_S, LIMIT_FACTOR * CALLS_PER_ROW * call_s + ROW_BUDGET_S)
 
 
@@ -72,7 +71,6 @@ def timing_columns(case: Case, backend: Backend, prepared: Prepared, settings: T
                    hooks: Callable[[str], SampleHooks] | None = None) -> dict:  # fmt: skip
     """Every timing column of one row; ``hooks(what)``: the sample hooks of its "latency" and "call" measurements."""
     device = settings.device
-    bytes_moved = case_bytes(case)
     hooks = hooks or (lambda what: None)
     deadline = None if settings.budget_s is None else time.monotonic() + settings.budget_s
     with phase("timing: latency"):
@@ -92,21 +90,21 @@ def timing_columns(case: Case, backend: Backend, prepared: Prepared, settings: T
         if host:
             row["host_us"] = Timing(tuple(host), "host_return").median_us
     spent = deadline is not None and time.monotonic() >= deadline
-    if not spent:  # past the budget the probe (two or three more calls) is left out: its columns stay empty
+    if not spent:  # past the budget the probe (two or three more calls) and the profiler are left out
         with phase("timing: probe"):
             probe = probe_call(prepared.call or prepared.run, device)
         row["graph_capturable"], row["device_syncs"] = probe.graph_capturable, probe.device_syncs
+        if backend.kind == "peer":  # which library kernel a peer got (the profiler costs ~1 s a row)
+            with phase("timing: profiler"):
+                row["kernels_ran"] = kernels_launched(prepared.run, device)
     if latency.cut_short or call.cut_short or spent:
         row["timing_note"] = (f"timed within a {settings.budget_s:g} s budget: {len(latency.samples_us)} samples"
                               + ("" if call is latency else f", {len(call.samples_us)} call samples")
                               + ("; no graph/sync probe" if spent else ""))  # fmt: skip
-    if backend.kind == "peer" and not spent:  # which library kernel a peer got (the profiler costs ~1 s a row)
-        with phase("timing: profiler"):
-            row["kernels_ran"] = kernels_launched(prepared.run, device)
     if prepared.plan_us is not None:
         row["plan_us"] = prepared.plan_us
     row["timing_threads"] = settings.threads if settings.threads is not None else torch.get_num_threads()
-    row["gbps"] = gbps(bytes_moved, row["latency_us"])
+    row["gbps"] = gbps(bytes_moved(case), row["latency_us"])
     row["flops"] = flops(case)
     row["tflops"] = tflops(row["flops"], row["latency_us"])
     row.update(ceiling_columns({**row, "dtype": case.dtype, "max_q_len": max(case.q_lens)}, settings.ceilings))

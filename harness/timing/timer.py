@@ -60,27 +60,25 @@ def _is_cuda(device: str | torch.device) -> bool:
 
 
 def _collect(
-    sample: Callable[[int], list[float]], target_s: float, min_reps: int, max_reps: int, deadline: float | None = None
-) -> tuple[list[float], bool]:
-    """(min_reps samples, then more to fill about target_s up to max_reps; whether the deadline cut them short).
-    With a deadline they come in batches that fit the time left, at least one."""
-    if deadline is None:
-        samples = sample(min_reps)
-        per_call_s = max(sorted(samples)[len(samples) // 2] * 1e-6, 1e-7)
-        extra = min(max_reps, int(target_s / per_call_s)) - min_reps
-        if extra > 0:
-            samples += sample(extra)
-        return samples, False
-    samples = sample(1)
+    sample: Callable, target_s: float, min_reps: int, max_reps: int, deadline: float | None, final: bool, method: str
+) -> Timing:
+    """min_reps samples, then more to fill about target_s up to max_reps (``cut_short``: the deadline stopped
+    them), then with ``final`` one ``sample(1, final=True)``. With a deadline they come in batches that fit the
+    time left, at least one."""
+    samples, cut = sample(1 if deadline is not None else min_reps), False
     while True:
         per_call_s = max(sorted(samples)[len(samples) // 2] * 1e-6, 1e-7)
         wanted = max(min_reps, min(max_reps, int(target_s / per_call_s)))
         if len(samples) >= wanted:
-            return samples, False
-        fit = int((deadline - time.monotonic()) / per_call_s)
-        if fit < 1:
-            return samples, True
+            break
+        if deadline is None:
+            samples += sample(wanted - len(samples))
+            break
+        if (fit := int((deadline - time.monotonic()) / per_call_s)) < 1:
+            cut = True
+            break
         samples += sample(min(wanted - len(samples), max(1, fit // 2)))
+    return Timing(tuple(samples + (sample(1, final=True) if final else [])), method, cut)
 
 
 def _warm_up(fn: Callable[[], object], calls: int, deadline: float | None) -> None:
@@ -112,24 +110,10 @@ def time_call(
     replays (``cuda_graph_replay``; ``graph=False`` forbids them) or events (``cuda_events``), L2 flushed before
     every sample. ``hooks``: called around every sample, plus one more with ``final=True``."""
     min_reps, max_reps = _reps(device, min_reps, max_reps)
-    given = hooks is not None
-    hooks = hooks or _NO_HOOKS
+    given, hooks = hooks is not None, hooks or _NO_HOOKS
     if not _is_cuda(device):
         fn()
-
-        def sample(n: int, final: bool = False) -> list[float]:
-            out = []
-            for _ in range(n):
-                hooks.before(final)
-                t0 = _clock()
-                result = fn()
-                out.append((_clock() - t0) * 1e6)
-                hooks.after(result, final)
-            return out
-
-        samples, cut = _collect(sample, target_s, min_reps, max_reps, deadline)
-        samples += sample(1, final=True) if given else []
-        return Timing(tuple(samples), "cpu_perf_counter", cut)
+        return _collect(_host_clock(fn, hooks), target_s, min_reps, max_reps, deadline, given, "cpu_perf_counter")
     _warm_up(fn, 3, deadline)
     torch.cuda.synchronize()
     captured = _capture(fn) if graph and (deadline is None or time.monotonic() < deadline) else None
@@ -148,9 +132,8 @@ def time_call(
         torch.cuda.synchronize()  # device-wide: work left on another stream is done before the times are read
         return [_elapsed_ms(start, end) * 1e3 for start, end in events]
 
-    samples, cut = _collect(sample, target_s, min_reps, max_reps, deadline)
-    samples += sample(1, final=True) if given else []
-    return Timing(tuple(samples), "cuda_graph_replay" if captured is not None else "cuda_events", cut)
+    method = "cuda_graph_replay" if captured is not None else "cuda_events"
+    return _collect(sample, target_s, min_reps, max_reps, deadline, given, method)
 
 
 def time_wall(
@@ -166,35 +149,42 @@ def time_wall(
 ) -> Timing:
     """Wall time a caller waits for one eager ``fn()``, host overhead and device syncs included.
     ``host_samples`` receives (CUDA only) each sample's host time before the drain (``host_us``)."""
-    min_reps = WALL_MIN_REPS if min_reps is None else min_reps
-    if not _is_cuda(device):  # no device to drain: the host clock around the call is time_call's
-        return time_call(fn, device, target_s=target_s, min_reps=min_reps, max_reps=max_reps, deadline=deadline,
-                         hooks=hooks)  # fmt: skip
-    min_reps, max_reps = _reps(device, min_reps, max_reps)
-    given = hooks is not None
-    hooks = hooks or _NO_HOOKS
+    min_reps, max_reps = _reps(device, WALL_MIN_REPS if min_reps is None else min_reps, max_reps)
+    given, hooks = hooks is not None, hooks or _NO_HOOKS
+    if not _is_cuda(device):  # no device to drain: the host clock around the call, as time_call takes it
+        fn()
+        return _collect(_host_clock(fn, hooks), target_s, min_reps, max_reps, deadline, given, "cpu_perf_counter")
     _warm_up(fn, 3, deadline)
     flush = torch.empty(L2_FLUSH_BYTES, dtype=torch.int8, device=device)
+    sample = _host_clock(fn, hooks, flush, host_samples)
+    return _collect(sample, target_s, min_reps, max_reps, deadline, given, "wall_synchronized")
+
+
+def _host_clock(fn: Callable, hooks: SampleHooks, flush: torch.Tensor | None = None, host_samples: list | None = None):
+    """``sample(n, final=False)``: n host-clock times (us) of ``fn()``, the hooks around each. With ``flush`` (CUDA),
+    L2 is flushed and the device drained before each call and drained after it; ``host_samples`` receives each
+    call's time until it returned."""
 
     def sample(n: int, final: bool = False) -> list[float]:
         out = []
         for _ in range(n):
             hooks.before(final)
-            flush.zero_()
-            torch.cuda.synchronize()
+            if flush is not None:
+                flush.zero_()
+                torch.cuda.synchronize()
             t0 = _clock()
             result = fn()
-            returned = _clock()
-            torch.cuda.synchronize()
-            out.append((_clock() - t0) * 1e6)
+            end = returned = _clock()
+            if flush is not None:
+                torch.cuda.synchronize()
+                end = _clock()
+            out.append((end - t0) * 1e6)
             hooks.after(result, final)
             if host_samples is not None:
                 host_samples.append((returned - t0) * 1e6)
         return out
 
-    samples, cut = _collect(sample, target_s, min_reps, max_reps, deadline)
-    samples += sample(1, final=True) if given else []
-    return Timing(tuple(samples), "wall_synchronized", cut)
+    return sample
 
 
 def _capture(fn: Callable[[], object]) -> tuple[torch.cuda.CUDAGraph, object] | None:
