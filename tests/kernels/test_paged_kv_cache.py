@@ -6,10 +6,7 @@ import pytest
 import torch
 
 import kernels
-from harness.cases.vocab import DEFAULT_TOLERANCES
-from harness.run.oracle import paged_attention_oracle
 from kernels import cache as cache_module
-from tests.kernels.kernel_cases import assert_passes
 
 
 def make_cache(num_blocks=6, block_size=4, dtype=torch.float32):
@@ -60,28 +57,6 @@ def test_read_calls_dispatcher_once_with_this_layers_pools(monkeypatch):
     k_pool, v_pool, table, lens, backend = calls[0]
     assert k_pool is cache.k_caches[1] and v_pool is cache.v_caches[1]
     assert table == [[0, 1]] and lens == [5] and backend is None
-
-
-@pytest.mark.parametrize("dtype", ["float32", "float16"])
-def test_read_matches_the_oracle_after_interleaved_appends(dtype):
-    """Two sequences appended in turns, so their blocks interleave in the pool."""
-    torch_dtype = getattr(torch, dtype)
-    cache = make_cache(num_blocks=12, block_size=4, dtype=torch_dtype)
-    gen = torch.Generator().manual_seed(3)
-    for seq_id in (0, 1):
-        cache.allocate(seq_id)
-    for step in range(5):
-        for seq_id in (0, 1):
-            n = 1 + (step + seq_id) % 4
-            kv = torch.randn(2, n, 2, 32, generator=gen).to(torch_dtype)
-            cache.write(0, cache.append(seq_id, n), kv[0], kv[1])
-    q = torch.randn(3, 4, 32, generator=gen).to(torch_dtype)
-    query_start_loc = torch.tensor([0, 2, 3], dtype=torch.int32)
-    got = cache.paged_attention(0, q, [0, 1], query_start_loc)
-    expected = paged_attention_oracle(
-        q, cache.k_caches[0], cache.v_caches[0], cache.block_table([0, 1]), cache.seq_lens([0, 1]), query_start_loc
-    )
-    assert_passes(got, expected, DEFAULT_TOLERANCES[dtype])
 
 
 # --- refusals: each before anything changes -------------------------------------------------
