@@ -93,19 +93,22 @@ def _windowed_decode(fn_name: str, seq_lens: tuple[int, int], window: int):
 
 
 @pytest.mark.parametrize("fn_name", ["tlsim", "triton"])
-@pytest.mark.parametrize("window", [100, 1100])
-def test_window_reads_no_tile_before_the_first_visible_one(fn_name, window):
-    """Decode over 2500 keys: every key before the window's first tile is NaN (1100: split in 2, from that tile)."""
-    fn, base, inputs, tiling = _windowed_decode(fn_name, (2500, 2400), window)
-    assert (tiling.NUM_SPLITS > 1) == (window > 1000), "1100 splits the window's keys, 100 does not"
+@pytest.mark.parametrize(
+    ("seq_lens", "window"), [((2500, 2400), 100), ((2500, 2400), 1100), ((4000, 3900), 1100), ((4000, 3900), 1500)]
+)
+def test_window_reads_no_tile_before_the_first_visible_one_and_splits_from_it(fn_name, seq_lens, window):
+    """Decode: every key before the window's first tile is NaN; 100 does not split, the wider windows' keys are
+    cut in 2 splits that start at that tile. Output and lse match the oracle."""
+    fn, base, inputs, tiling = _windowed_decode(fn_name, seq_lens, window)
+    assert tiling.NUM_SPLITS == 1 if window == 100 else (tiling.NUM_SPLITS == 2 and window > tiling.SPLIT_SIZE)
     # tlsim walks from the earliest tile any sequence needs; the kernel per program.
     first = [int(window_tile_start(n - 1, window, tiling.TILE_N)) for n in base.seq_lens]
     if fn_name == "tlsim":
         first = [min(first)] * len(first)
     k, v = _poison_before(inputs, first, base.block_size)
     assert bool(k.isnan().any())
-    result = fn(inputs.q, k, v, *inputs.args()[3:], sliding_window=window)
-    expected = paged_attention_oracle(*inputs.args(), sliding_window=window)
+    result = fn(inputs.q, k, v, *inputs.args()[3:], sliding_window=window, return_lse=True)
+    expected = paged_attention_oracle(*inputs.args(), sliding_window=window, return_lse=True)
     assert_passes(result, expected, (1e-5, 1e-4), f"{fn_name} read a tile before the window:")
 
 
@@ -144,16 +147,6 @@ def test_the_windows_split_bound_counts_the_queries():
     assert hinted.NUM_SPLITS == tiling_for(prepare_call(*inputs.args())).NUM_SPLITS == 2, "1100 keys: both split"
     narrow = tiling_for(prepare_call(*inputs.args(), sliding_window=100), max_q_len=600)
     assert narrow.NUM_SPLITS == 1, "100 + 600 keys is too few to split"
-
-
-@pytest.mark.parametrize("fn_name", ["tlsim", "triton"])
-@pytest.mark.parametrize("window", [1100, 1500])
-def test_splits_cut_from_the_window_match_the_oracle(fn_name, window):
-    """Decode over 4000 and 3900 keys: the window's keys in 2 splits that start at its first tile."""
-    fn, _, inputs, tiling = _windowed_decode(fn_name, (4000, 3900), window)
-    assert tiling.NUM_SPLITS == 2 and window > tiling.SPLIT_SIZE
-    expected = paged_attention_oracle(*inputs.args(), sliding_window=window, return_lse=True)
-    assert_passes(fn(*inputs.args(), sliding_window=window, return_lse=True), expected, (1e-5, 1e-4), fn_name)
 
 
 # --- mutants: each wrong definition is caught against the oracle -----------------------------
