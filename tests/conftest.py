@@ -110,10 +110,6 @@ def triton_launches(monkeypatch, value_reads):
     return main
 
 
-def _nothing_to_draw(*args, **kwargs) -> None:
-    return None
-
-
 @pytest.fixture(autouse=True)
 def _plots_not_drawn(request, monkeypatch):
     """Pages render without their plots (about a second a page): each drawing function of
@@ -125,7 +121,7 @@ def _plots_not_drawn(request, monkeypatch):
     except ImportError:  # no matplotlib: the pages draw nothing anyway
         return
     for name in ("latency_and_bandwidth", "error_vs_tolerance", "scaling_fit", "trend"):
-        monkeypatch.setattr(plots, name, _nothing_to_draw)
+        monkeypatch.setattr(plots, name, lambda *args, **kwargs: None)
 
 
 @pytest.fixture
