@@ -412,6 +412,29 @@ def test_bad_variant_field_is_refused_naming_it(changes, field):
         expand_spec({**SPEC, **changes}, "t.toml")
 
 
+# Each: case fields, the variants they turn on, what each built-in kernel's row shows of them (case, row -> bool).
+ROWS_SHOW = {
+    "fp8_kv": ({"kv_dtype": "float8_e5m2", "kv_scale": "amax_per_head", "dtype": "bfloat16"}, {"fp8_kv"},
+               # e5m2's own error exceeds the kernel's
+               lambda case, row: case.kv_element_bytes == 1 and row["kv_dtype"] == "float8_e5m2"
+               and row["quant_error"] > row["max_abs_err"]),
+    "return_lse": ({"return_lse": True, "sinks": {"scale": 1.0}}, {"return_lse", "sinks"},
+                   lambda case, row: 0 <= row["lse_tol_ratio"] < 0.5),
+    "head_dim_v": ({"head_dim": 192, "head_dim_v": 128}, {"head_dim_v"}, lambda case, row: row["head_dim_v"] == 128),
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("name", ROWS_SHOW)
+def test_the_rows_show_the_variant_and_a_peer_without_it_skips_naming_it(name):
+    fields, variants, shows = ROWS_SHOW[name]
+    (case,) = expand_spec({**SPEC, **fields}, "t.toml")
+    assert case.variants == variants
+    rows = graded_rows(case, "reference", "tlsim", "cache", "gather_sdpa")
+    for backend in ("reference", "tlsim", "cache"):
+        assert rows.loc[backend, "status"] == "pass" and shows(case, rows.loc[backend]), rows.loc[backend].to_dict()
+    assert rows.loc["gather_sdpa", "status"] == "skip" and name in rows.loc["gather_sdpa", "reason"]
+
+
 def _plain_backend(name: str, variants=frozenset()) -> Backend:
     return Backend(name, contract_prepare(kernels.paged_attention_tlsim), ("cpu",), "plugin", variants=variants)
 
