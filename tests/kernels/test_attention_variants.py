@@ -53,7 +53,7 @@ def _triton(case: VariantCase, inputs) -> torch.Tensor:
 @pytest.mark.parametrize("backend", BACKENDS)
 @pytest.mark.parametrize("case", VARIANT_CASES, ids=str)
 def test_backend_matches_oracle_with_the_variant(case: VariantCase, backend: str):
-    inputs = case.inputs()
+    inputs = case.base.inputs()
     if backend == "triton":
         needs_triton()
         result = _triton(case, inputs)
@@ -66,7 +66,7 @@ def test_backend_matches_oracle_with_the_variant(case: VariantCase, backend: str
 def test_tlsim_predicts_triton_with_the_variant(case: VariantCase):
     """The bound of tests/kernels/test_tlsim_predicts_triton.py, with the options on."""
     needs_triton()
-    inputs = case.inputs()
+    inputs = case.base.inputs()
     sim = kernels.paged_attention_tlsim(*inputs.args(), **case.kwargs())
     assert_tlsim_close(sim, _triton(case, inputs), inputs.q.dtype, what=str(case))
 
@@ -248,7 +248,7 @@ MUTANTS = [
 @pytest.mark.parametrize(("name", "mutant", "case_name"), MUTANTS, ids=[f"{m}-{c}" for m, _, c in MUTANTS])
 def test_oracle_catches_a_wrong_variant(name, mutant, case_name, monkeypatch):
     case = BY_NAME[case_name]
-    inputs = case.inputs()
+    inputs = case.base.inputs()
     expected = _expected(case, inputs)
     bounds = tolerance(case)
     assert grade(dense_attention(inputs, **case.kwargs()), expected, *bounds).passed, "the unmutated form passes"
