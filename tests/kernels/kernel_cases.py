@@ -286,15 +286,11 @@ class Edges:
         options = {k: v for k, v in self.inputs(name).options.items() if k != "return_lse"}
         return tiling_for(prepare_call(*self.inputs(name).args(), **options), **call_hints(self.by_name[name]))
 
-    def run(self, backend: str, name: str, **extra):
-        """Backend ``backend`` on the case, into a NaN out buffer, with its launch hints and options."""
-        inputs = self.inputs(name)
-        fn = backend_fn(backend)
-        return fn(*inputs.args(), out=inputs.new_out(), **call_hints(self.by_name[name]), **inputs.options, **extra)
-
     def assert_matches_oracle(self, backend: str, case: Edge) -> None:
-        """The output passes the grade at the case dtype's tolerance, and its lse (if asked) at fp32's."""
-        got, expected = self.run(backend, case.name), self.expected(case.name)
+        """Backend ``backend`` on the case (its launch hints and options, a NaN out): the output passes the grade at
+        the case dtype's tolerance, and its lse (if asked) at fp32's."""
+        inputs, expected = self.inputs(case.name), self.expected(case.name)
+        got = backend_fn(backend)(*inputs.args(), out=inputs.new_out(), **call_hints(case), **inputs.options)
         if isinstance(expected, tuple):
             assert_passes(got[1], expected[1], DEFAULT_TOLERANCES["float32"], f"{backend} lse:")
             got, expected = got[0], expected[0]
