@@ -182,13 +182,24 @@ def describe_launch_arg(arg):
 
 
 class KernelRecorder:
-    """Stands in for a @triton.jit kernel: records (grid, described arguments, keywords) in ``launches``, runs nothing."""
+    """Stands in for a @triton.jit kernel: records (grid, described arguments, keywords) in ``launches``, then runs
+    ``kernel`` if given, with value reads allowed by ``guard`` (tests/conftest.py's ValueReadGuard), else nothing."""
 
-    def __init__(self):
-        self.launches = []
+    def __init__(self, kernel=None, guard=None):
+        self.kernel, self.guard, self.launches = kernel, guard, []
+
+    @property
+    def grids(self) -> list:
+        return [grid for grid, _, _ in self.launches]
 
     def __getitem__(self, grid):
-        return lambda *args, **kwargs: self.launches.append((grid, tuple(map(describe_launch_arg, args)), kwargs))
+        def launch(*args, **kwargs):
+            self.launches.append((grid, tuple(map(describe_launch_arg, args)), kwargs))
+            if self.kernel is not None:
+                with self.guard.allowed():
+                    return self.kernel[grid](*args, **kwargs)
+
+        return launch
 
 
 def backend_fn(name: str):
