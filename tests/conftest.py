@@ -95,6 +95,23 @@ def triton_launches(monkeypatch, value_reads):
     return main
 
 
+@pytest.fixture
+def recorded(monkeypatch):
+    """Both Triton kernels replaced by one recorder (tests/kernels/kernel_cases.py's KernelRecorder) that runs
+    nothing (``plans``: the launcher's, emptied); value checks off; skips where the kernel cannot run."""
+    from tests.kernels.kernel_cases import KernelRecorder, needs_triton
+
+    triton_paged = needs_triton()
+    recorder = KernelRecorder()
+    recorder.plans = triton_paged.PLANS
+    monkeypatch.setattr(triton_paged, "paged_attention_kernel", recorder)
+    monkeypatch.setattr(triton_paged, "combine_splits_kernel", recorder)
+    monkeypatch.delenv(kernels.CHECK_ENV, raising=False)
+    triton_paged.PLANS.clear()
+    yield recorder
+    triton_paged.PLANS.clear()
+
+
 @pytest.fixture(autouse=True)
 def _plots_not_drawn(request, monkeypatch):
     """Pages render without their plots (about a second a page): each drawing function of

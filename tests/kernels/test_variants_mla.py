@@ -21,7 +21,7 @@ from kernels import tiling, tuning
 from kernels.contract import prepare_call
 from kernels.launch_plan import call_key, clear_plans, plans_enabled
 from kernels.tiling import head_dim_pieces, heads_per_program, is_latent_view, latent_kv, tiling_for, v_parts
-from tests.kernels.kernel_cases import BACKENDS, KernelRecorder, assert_passes, needs_triton, run_backend
+from tests.kernels.kernel_cases import BACKENDS, assert_passes, needs_triton, run_backend
 
 SHAPES = {  # num_q_heads, num_kv_heads, head_dim, head_dim_v, dtype, seq_lens, q_lens
     "mla_decode_2_head_tiles": (32, 1, 576, 512, "bfloat16", [1, 40, 100], [1, 1, 1]),
@@ -152,20 +152,14 @@ def test_latent_kv_is_told_from_metadata_only():
     assert None not in keys and keys[0] != keys[1]
 
 
-def test_the_launch_takes_v_from_the_k_tile_only_for_the_view(monkeypatch):
+def test_the_launch_takes_v_from_the_k_tile_only_for_the_view(recorded):
     """SHARED_KV reaches the launch for the latent view only (the outputs are equal either way)."""
-    triton_paged = needs_triton()
-    recorder = KernelRecorder()
-    monkeypatch.setattr(triton_paged, "paged_attention_kernel", recorder)
-    monkeypatch.setattr(triton_paged, "combine_splits_kernel", recorder)
-    clear_plans()
     view_args, separate_args = _latent("mla_decode_2_head_tiles")
     for args, shared in ((view_args, True), (separate_args, False)):
-        recorder.launches.clear()
+        recorded.launches.clear()
         kernels.paged_attention_triton(*args)
-        constexprs = recorder.launches[0][2]
+        constexprs = recorded.launches[0][2]
         assert constexprs["SHARED_KV"] is shared and (constexprs["V_PARTS"] == 1) is shared
-    clear_plans()
 
 
 @pytest.mark.parametrize("name", ["mla_decode_2_head_tiles", "mla_split_kv_bf16"])
