@@ -78,40 +78,38 @@ def value_reads():
     guard._patch(False)
 
 
-class LaunchRecorder:
-    """Stands in for a @triton.jit kernel: records each launch's grid, then runs the real
-    kernel with value reads allowed (see :class:`ValueReadGuard`)."""
-
-    def __init__(self, kernel, guard: ValueReadGuard):
-        self.kernel, self.guard, self.grids = kernel, guard, []
-
-    def __getitem__(self, grid):
-        def launch(*args, **kwargs):
-            self.grids.append(grid)
-            with self.guard.allowed():
-                return self.kernel[grid](*args, **kwargs)
-
-        return launch
-
-
 @pytest.fixture
 def triton_launches(monkeypatch, value_reads):
     """The Triton kernel's launches recorded (grids in ``.grids``), value checks off; skips where it cannot run."""
     if reason := kernels.triton_unavailable_reason("cpu"):
         pytest.skip(reason)
     from kernels import triton_paged
+    from tests.kernels.kernel_cases import KernelRecorder
 
-    main = LaunchRecorder(triton_paged.paged_attention_kernel, value_reads)
+    main = KernelRecorder(triton_paged.paged_attention_kernel, value_reads)
     monkeypatch.setattr(triton_paged, "paged_attention_kernel", main)
     monkeypatch.setattr(
-        triton_paged, "combine_splits_kernel", LaunchRecorder(triton_paged.combine_splits_kernel, value_reads)
+        triton_paged, "combine_splits_kernel", KernelRecorder(triton_paged.combine_splits_kernel, value_reads)
     )
     monkeypatch.delenv(kernels.CHECK_ENV, raising=False)
     return main
 
 
-def _nothing_to_draw(*args, **kwargs) -> None:
-    return None
+@pytest.fixture
+def recorded(monkeypatch):
+    """Both Triton kernels replaced by one recorder (tests/kernels/kernel_cases.py's KernelRecorder) that runs
+    nothing (``plans``: the launcher's, emptied); value checks off; skips where the kernel cannot run."""
+    from tests.kernels.kernel_cases import KernelRecorder, needs_triton
+
+    triton_paged = needs_triton()
+    recorder = KernelRecorder()
+    recorder.plans = triton_paged.PLANS
+    monkeypatch.setattr(triton_paged, "paged_attention_kernel", recorder)
+    monkeypatch.setattr(triton_paged, "combine_splits_kernel", recorder)
+    monkeypatch.delenv(kernels.CHECK_ENV, raising=False)
+    triton_paged.PLANS.clear()
+    yield recorder
+    triton_paged.PLANS.clear()
 
 
 @pytest.fixture(autouse=True)
@@ -125,7 +123,7 @@ def _plots_not_drawn(request, monkeypatch):
     except ImportError:  # no matplotlib: the pages draw nothing anyway
         return
     for name in ("latency_and_bandwidth", "error_vs_tolerance", "scaling_fit", "trend"):
-        monkeypatch.setattr(plots, name, _nothing_to_draw)
+        monkeypatch.setattr(plots, name, lambda *args, **kwargs: None)
 
 
 @pytest.fixture

@@ -182,13 +182,24 @@ def describe_launch_arg(arg):
 
 
 class KernelRecorder:
-    """Stands in for a @triton.jit kernel: records (grid, described arguments, keywords) in ``launches``, runs nothing."""
+    """Stands in for a @triton.jit kernel: records (grid, described arguments, keywords) in ``launches``, then runs
+    ``kernel`` if given, with value reads allowed by ``guard`` (tests/conftest.py's ValueReadGuard), else nothing."""
 
-    def __init__(self):
-        self.launches = []
+    def __init__(self, kernel=None, guard=None):
+        self.kernel, self.guard, self.launches = kernel, guard, []
+
+    @property
+    def grids(self) -> list:
+        return [grid for grid, _, _ in self.launches]
 
     def __getitem__(self, grid):
-        return lambda *args, **kwargs: self.launches.append((grid, tuple(map(describe_launch_arg, args)), kwargs))
+        def launch(*args, **kwargs):
+            self.launches.append((grid, tuple(map(describe_launch_arg, args)), kwargs))
+            if self.kernel is not None:
+                with self.guard.allowed():
+                    return self.kernel[grid](*args, **kwargs)
+
+        return launch
 
 
 def backend_fn(name: str):
@@ -203,27 +214,23 @@ DEVICES = ["cpu", pytest.param("cuda", marks=ON_CUDA)]
 BACKENDS = ("reference", "tlsim", "triton", "dispatch", "cache")  # cache: the engine's path, through dispatch
 
 
-def run_through_cache(inputs: PagedInputs, *, dtype: torch.dtype | None = None, **kwargs):
-    """The engine's path: layer 1 of a kernels.PagedKVCache of ``dtype`` written with the inputs, then read."""
-    scales = {name: kwargs.pop(name) for name in ("k_scale", "v_scale") if name in kwargs}
-    k_cache, block_size = inputs.k_cache, inputs.k_cache.shape[1]
-    cache = kernels.PagedKVCache(
-        num_layers=2, num_blocks=sum(-(-n // block_size) for n in inputs.seq_lens.tolist()) + 3,
-        block_size=block_size, num_kv_heads=k_cache.shape[2], head_dim=k_cache.shape[3],
-        dtype=dtype or k_cache.dtype, device=k_cache.device, head_dim_v=inputs.v_cache.shape[3], **scales,
-    )  # fmt: skip
-    seq_ids = list(range(100, 100 + inputs.seq_lens.shape[0]))
-    for seq_id, keys, values in zip(seq_ids, inputs.keys, inputs.values, strict=True):
-        cache.allocate(seq_id)
-        cache.write(1, cache.append(seq_id, keys.shape[0]), keys, values)
-    return cache.paged_attention(1, inputs.q, seq_ids, inputs.query_start_loc, out=inputs.new_out(), **kwargs)
-
-
 def run_backend(name: str, inputs: PagedInputs, args: tuple | None = None, **kwargs):
-    """Backend ``name`` on ``args`` (default: the inputs') into a NaN out it must return; "cache": the engine's path."""
+    """Backend ``name`` on ``args`` (default: the inputs') into a NaN out it must return; "cache": the engine's path,
+    layer 1 of a kernels.PagedKVCache of the dtype of ``args``' k_cache written with the inputs, then read."""
     args = args or inputs.args()
     if name == "cache":
-        return run_through_cache(inputs, dtype=args[1].dtype, **kwargs)
+        scales = {key: kwargs.pop(key) for key in ("k_scale", "v_scale") if key in kwargs}
+        k_cache, block_size = inputs.k_cache, inputs.k_cache.shape[1]
+        cache = kernels.PagedKVCache(
+            num_layers=2, num_blocks=sum(-(-n // block_size) for n in inputs.seq_lens.tolist()) + 3,
+            block_size=block_size, num_kv_heads=k_cache.shape[2], head_dim=k_cache.shape[3],
+            dtype=args[1].dtype, device=k_cache.device, head_dim_v=inputs.v_cache.shape[3], **scales,
+        )  # fmt: skip
+        seq_ids = list(range(100, 100 + inputs.seq_lens.shape[0]))
+        for seq_id, keys, values in zip(seq_ids, inputs.keys, inputs.values, strict=True):
+            cache.allocate(seq_id)
+            cache.write(1, cache.append(seq_id, keys.shape[0]), keys, values)
+        return cache.paged_attention(1, inputs.q, seq_ids, inputs.query_start_loc, out=inputs.new_out(), **kwargs)
     out = inputs.new_out()
     result = backend_fn(name)(*args, out=out, **kwargs)
     assert (result[0] if isinstance(result, tuple) else result) is out, "out must be written in place and returned"
@@ -290,15 +297,11 @@ class Edges:
         options = {k: v for k, v in self.inputs(name).options.items() if k != "return_lse"}
         return tiling_for(prepare_call(*self.inputs(name).args(), **options), **call_hints(self.by_name[name]))
 
-    def run(self, backend: str, name: str, **extra):
-        """Backend ``backend`` on the case, into a NaN out buffer, with its launch hints and options."""
-        inputs = self.inputs(name)
-        fn = backend_fn(backend)
-        return fn(*inputs.args(), out=inputs.new_out(), **call_hints(self.by_name[name]), **inputs.options, **extra)
-
     def assert_matches_oracle(self, backend: str, case: Edge) -> None:
-        """The output passes the grade at the case dtype's tolerance, and its lse (if asked) at fp32's."""
-        got, expected = self.run(backend, case.name), self.expected(case.name)
+        """Backend ``backend`` on the case (its launch hints and options, a NaN out): the output passes the grade at
+        the case dtype's tolerance, and its lse (if asked) at fp32's."""
+        inputs, expected = self.inputs(case.name), self.expected(case.name)
+        got = backend_fn(backend)(*inputs.args(), out=inputs.new_out(), **call_hints(case), **inputs.options)
         if isinstance(expected, tuple):
             assert_passes(got[1], expected[1], DEFAULT_TOLERANCES["float32"], f"{backend} lse:")
             got, expected = got[0], expected[0]

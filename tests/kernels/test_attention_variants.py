@@ -53,7 +53,7 @@ def _triton(case: VariantCase, inputs) -> torch.Tensor:
 @pytest.mark.parametrize("backend", BACKENDS)
 @pytest.mark.parametrize("case", VARIANT_CASES, ids=str)
 def test_backend_matches_oracle_with_the_variant(case: VariantCase, backend: str):
-    inputs = case.inputs()
+    inputs = case.base.inputs()
     if backend == "triton":
         needs_triton()
         result = _triton(case, inputs)
@@ -66,7 +66,7 @@ def test_backend_matches_oracle_with_the_variant(case: VariantCase, backend: str
 def test_tlsim_predicts_triton_with_the_variant(case: VariantCase):
     """The bound of tests/kernels/test_tlsim_predicts_triton.py, with the options on."""
     needs_triton()
-    inputs = case.inputs()
+    inputs = case.base.inputs()
     sim = kernels.paged_attention_tlsim(*inputs.args(), **case.kwargs())
     assert_tlsim_close(sim, _triton(case, inputs), inputs.q.dtype, what=str(case))
 
@@ -93,19 +93,22 @@ def _windowed_decode(fn_name: str, seq_lens: tuple[int, int], window: int):
 
 
 @pytest.mark.parametrize("fn_name", ["tlsim", "triton"])
-@pytest.mark.parametrize("window", [100, 1100])
-def test_window_reads_no_tile_before_the_first_visible_one(fn_name, window):
-    """Decode over 2500 keys: every key before the window's first tile is NaN (1100: split in 2, from that tile)."""
-    fn, base, inputs, tiling = _windowed_decode(fn_name, (2500, 2400), window)
-    assert (tiling.NUM_SPLITS > 1) == (window > 1000), "1100 splits the window's keys, 100 does not"
+@pytest.mark.parametrize(
+    ("seq_lens", "window"), [((2500, 2400), 100), ((2500, 2400), 1100), ((4000, 3900), 1100), ((4000, 3900), 1500)]
+)
+def test_window_reads_no_tile_before_the_first_visible_one_and_splits_from_it(fn_name, seq_lens, window):
+    """Decode: every key before the window's first tile is NaN; 100 does not split, the wider windows' keys are
+    cut in 2 splits that start at that tile. Output and lse match the oracle."""
+    fn, base, inputs, tiling = _windowed_decode(fn_name, seq_lens, window)
+    assert tiling.NUM_SPLITS == 1 if window == 100 else (tiling.NUM_SPLITS == 2 and window > tiling.SPLIT_SIZE)
     # tlsim walks from the earliest tile any sequence needs; the kernel per program.
     first = [int(window_tile_start(n - 1, window, tiling.TILE_N)) for n in base.seq_lens]
     if fn_name == "tlsim":
         first = [min(first)] * len(first)
     k, v = _poison_before(inputs, first, base.block_size)
     assert bool(k.isnan().any())
-    result = fn(inputs.q, k, v, *inputs.args()[3:], sliding_window=window)
-    expected = paged_attention_oracle(*inputs.args(), sliding_window=window)
+    result = fn(inputs.q, k, v, *inputs.args()[3:], sliding_window=window, return_lse=True)
+    expected = paged_attention_oracle(*inputs.args(), sliding_window=window, return_lse=True)
     assert_passes(result, expected, (1e-5, 1e-4), f"{fn_name} read a tile before the window:")
 
 
@@ -144,16 +147,6 @@ def test_the_windows_split_bound_counts_the_queries():
     assert hinted.NUM_SPLITS == tiling_for(prepare_call(*inputs.args())).NUM_SPLITS == 2, "1100 keys: both split"
     narrow = tiling_for(prepare_call(*inputs.args(), sliding_window=100), max_q_len=600)
     assert narrow.NUM_SPLITS == 1, "100 + 600 keys is too few to split"
-
-
-@pytest.mark.parametrize("fn_name", ["tlsim", "triton"])
-@pytest.mark.parametrize("window", [1100, 1500])
-def test_splits_cut_from_the_window_match_the_oracle(fn_name, window):
-    """Decode over 4000 and 3900 keys: the window's keys in 2 splits that start at its first tile."""
-    fn, _, inputs, tiling = _windowed_decode(fn_name, (4000, 3900), window)
-    assert tiling.NUM_SPLITS == 2 and window > tiling.SPLIT_SIZE
-    expected = paged_attention_oracle(*inputs.args(), sliding_window=window, return_lse=True)
-    assert_passes(fn(*inputs.args(), sliding_window=window, return_lse=True), expected, (1e-5, 1e-4), fn_name)
 
 
 # --- mutants: each wrong definition is caught against the oracle -----------------------------
@@ -255,7 +248,7 @@ MUTANTS = [
 @pytest.mark.parametrize(("name", "mutant", "case_name"), MUTANTS, ids=[f"{m}-{c}" for m, _, c in MUTANTS])
 def test_oracle_catches_a_wrong_variant(name, mutant, case_name, monkeypatch):
     case = BY_NAME[case_name]
-    inputs = case.inputs()
+    inputs = case.base.inputs()
     expected = _expected(case, inputs)
     bounds = tolerance(case)
     assert grade(dense_attention(inputs, **case.kwargs()), expected, *bounds).passed, "the unmutated form passes"
@@ -417,6 +410,34 @@ def test_a_row_alone_takes_a_new_variant_to_the_call_and_the_oracle(monkeypatch)
 def test_bad_variant_field_is_refused_naming_it(changes, field):
     with pytest.raises(CaseFileError, match=f"field '{field}"):
         expand_spec({**SPEC, **changes}, "t.toml")
+
+
+def _fp8_row(case, row) -> bool:
+    """One byte a KV element, the cache's dtype, and e5m2's own error above the kernel's."""
+    return case.kv_element_bytes == 1 and row["kv_dtype"] == "float8_e5m2" and row["quant_error"] > row["max_abs_err"]
+
+
+# Each: case fields, the variants they turn on, what each built-in kernel's row shows of them (case, row -> bool).
+ROWS_SHOW = {
+    "fp8_kv": ({"kv_dtype": "float8_e5m2", "kv_scale": "amax_per_head", "dtype": "bfloat16"}, {"fp8_kv"}, _fp8_row),
+    "return_lse": (
+        {"return_lse": True, "sinks": {"scale": 1.0}},
+        {"return_lse", "sinks"},
+        lambda case, row: 0 <= row["lse_tol_ratio"] < 0.5,
+    ),
+    "head_dim_v": ({"head_dim": 192, "head_dim_v": 128}, {"head_dim_v"}, lambda case, row: row["head_dim_v"] == 128),
+}
+
+
+@pytest.mark.parametrize("name", ROWS_SHOW)
+def test_the_rows_show_the_variant_and_a_peer_without_it_skips_naming_it(name):
+    fields, variants, shows = ROWS_SHOW[name]
+    (case,) = expand_spec({**SPEC, **fields}, "t.toml")
+    assert case.variants == variants
+    rows = graded_rows(case, "reference", "tlsim", "cache", "gather_sdpa")
+    for backend in ("reference", "tlsim", "cache"):
+        assert rows.loc[backend, "status"] == "pass" and shows(case, rows.loc[backend]), rows.loc[backend].to_dict()
+    assert rows.loc["gather_sdpa", "status"] == "skip" and name in rows.loc["gather_sdpa", "reason"]
 
 
 def _plain_backend(name: str, variants=frozenset()) -> Backend:

@@ -65,18 +65,14 @@ def test_import_kernels_does_not_import_triton_until_the_kernel_is_used():
     assert result.stdout.split() == [expected_module, "True"]
 
 
-@pytest.mark.skipif(torch.cuda.is_available(), reason="the interpreter is chosen only without a GPU")
-def test_use_interpreter_if_no_gpu_sets_triton_interpret_only_when_unset(monkeypatch):
+def test_use_interpreter_if_no_gpu_sets_triton_interpret_only_when_unset_and_without_a_gpu(monkeypatch):
     monkeypatch.delenv("TRITON_INTERPRET", raising=False)
     monkeypatch.delitem(sys.modules, "triton", raising=False)  # as in a fresh interpreter: no warning
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    assert kernels.use_interpreter_if_no_gpu() is False, "a CUDA machine stays compiled"
+    assert "TRITON_INTERPRET" not in os.environ
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     assert kernels.use_interpreter_if_no_gpu() is True and os.environ["TRITON_INTERPRET"] == "1"
     monkeypatch.setenv("TRITON_INTERPRET", "0")
     assert kernels.use_interpreter_if_no_gpu() is False, "a choice made by the user stays"
     assert os.environ["TRITON_INTERPRET"] == "0"
-
-
-def test_use_interpreter_if_no_gpu_leaves_a_cuda_machine_compiled(monkeypatch):
-    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
-    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
-    assert kernels.use_interpreter_if_no_gpu() is False
-    assert "TRITON_INTERPRET" not in os.environ

@@ -30,20 +30,6 @@ from tests.kernels.kernel_cases import (
 )
 
 
-@pytest.fixture
-def recorded(monkeypatch):
-    """Both kernels replaced by one :class:`KernelRecorder` (``plans``: the launcher's, emptied); value checks off."""
-    triton_paged = needs_triton()
-    recorder = KernelRecorder()
-    recorder.plans = triton_paged.PLANS
-    monkeypatch.setattr(triton_paged, "paged_attention_kernel", recorder)
-    monkeypatch.setattr(triton_paged, "combine_splits_kernel", recorder)
-    monkeypatch.delenv(kernels.CHECK_ENV, raising=False)
-    triton_paged.PLANS.clear()
-    yield recorder
-    triton_paged.PLANS.clear()
-
-
 def _launches(recorder, args, kwargs):
     """The launches one call makes."""
     before = len(recorder.launches)

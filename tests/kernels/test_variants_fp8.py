@@ -2,7 +2,7 @@
 
 Every built-in backend matches the oracle of the dequantized cache, per-tensor and per-head scales,
 e4m3fn and e5m2, single-pass and split; PagedKVCache quantizes on write; a scale ignored, inverted or
-from the wrong head fails the grade; the harness reports the quantization's error and skips the peers."""
+from the wrong head fails the grade (the rows' quant_error: tests/kernels/test_attention_variants.py)."""
 
 from __future__ import annotations
 
@@ -10,7 +10,6 @@ import pytest
 import torch
 
 import kernels
-from harness.cases.spec import expand_spec
 from harness.cases.vocab import DEFAULT_TOLERANCES, FP8_KV_TOLERANCES
 from harness.run.grading import grade
 from harness.run.oracle import paged_attention_oracle
@@ -23,7 +22,6 @@ from tests.kernels.kernel_cases import (
     needs_triton,
     run_backend,
 )
-from tests.kernels.variant_cases import graded_rows
 
 FP8 = {"e4m3": torch.float8_e4m3fn, "e5m2": torch.float8_e5m2}
 BASES = ["base", "spec_verify", "split_kv_decode", "bfloat16_split_kv", "float16_prefill"]
@@ -116,23 +114,6 @@ def test_fp8_cache_quantizes_on_write_and_poisons_freed_blocks():
     assert bool(cache.k_caches[0].float().isnan().all())
     with pytest.raises(ValueError, match="k_scale applies to an fp8 cache"):
         kernels.PagedKVCache(1, 4, 16, 2, 32, dtype=torch.bfloat16, k_scale=0.5)
-
-
-# --- case files and rows ------------------------------------------------------------------------
-
-SPEC = {"name": "f", "num_q_heads": 8, "num_kv_heads": 2, "head_dim": 64, "seq_lens": [5, 40, 100],
-        "dtype": "bfloat16", "tags": ["small"]}  # fmt: skip
-
-
-def test_rows_report_quant_error_and_peers_skip_naming_fp8():
-    (case,) = expand_spec({**SPEC, "kv_dtype": "float8_e5m2", "kv_scale": "amax_per_head"}, "t.toml")
-    assert case.variants == {"fp8_kv"} and case.kv_element_bytes == 1
-    rows = graded_rows(case, "reference", "tlsim", "cache", "gather_sdpa")
-    for name in ("reference", "tlsim", "cache"):
-        assert rows.loc[name, "status"] == "pass", rows.loc[name, "reason"]
-        assert rows.loc[name, "kv_dtype"] == "float8_e5m2"
-        assert rows.loc[name, "quant_error"] > rows.loc[name, "max_abs_err"], "e5m2's own error exceeds the kernel's"
-    assert rows.loc["gather_sdpa", "status"] == "skip" and "fp8_kv" in rows.loc["gather_sdpa", "reason"]
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")

@@ -2,7 +2,7 @@
 
 v_cache is [num_blocks, block_size, num_kv_heads, head_dim_v], out [num_tokens, num_q_heads, head_dim_v].
 Every built-in backend matches the oracle; the kernel loads K past 256 columns in two pieces and tiles a
-large group's heads (kernels.tiling); the peers skip, naming the option."""
+large group's heads (kernels.tiling); the peers skip, naming the option (test_attention_variants.py)."""
 
 from __future__ import annotations
 
@@ -21,8 +21,7 @@ from kernels import tiling, tuning
 from kernels.contract import prepare_call
 from kernels.launch_plan import call_key, clear_plans, plans_enabled
 from kernels.tiling import head_dim_pieces, heads_per_program, is_latent_view, latent_kv, tiling_for, v_parts
-from tests.kernels.kernel_cases import BACKENDS, KernelRecorder, assert_passes, needs_triton, run_backend
-from tests.kernels.variant_cases import graded_rows
+from tests.kernels.kernel_cases import BACKENDS, assert_passes, needs_triton, run_backend
 
 SHAPES = {  # num_q_heads, num_kv_heads, head_dim, head_dim_v, dtype, seq_lens, q_lens
     "mla_decode_2_head_tiles": (32, 1, 576, 512, "bfloat16", [1, 40, 100], [1, 1, 1]),
@@ -91,19 +90,6 @@ def test_out_of_the_wrong_width_is_refused():
         kernels.paged_attention_tlsim(inputs.q, inputs.k_cache, inputs.v_cache[:, :, :1], *inputs.args()[3:])
 
 
-def test_case_field_head_dim_v_reaches_rows_and_peers_skip():
-    spec = {"name": "m", "num_q_heads": 8, "num_kv_heads": 2, "head_dim": 192, "head_dim_v": 128,
-            "seq_lens": [5, 40], "tags": ["small"]}  # fmt: skip
-    (case,) = expand_spec(spec, "t.toml")
-    assert case.variants == {"head_dim_v"} and case.head_dim_v == 128
-    (same,) = expand_spec({**spec, "head_dim_v": 192}, "t.toml")
-    assert same.variants == frozenset(), "a V head dim equal to K's is no option"
-    rows = graded_rows(case, "tlsim", "cache", "gather_sdpa")
-    assert rows.loc["tlsim", "status"] == "pass" and rows.loc["cache", "status"] == "pass", rows["reason"].tolist()
-    assert rows.loc["tlsim", "head_dim_v"] == 128
-    assert rows.loc["gather_sdpa", "status"] == "skip" and "head_dim_v" in rows.loc["gather_sdpa", "reason"]
-
-
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 @pytest.mark.parametrize(
     "name", ["mla_decode_2_head_tiles", "mla_split_kv", "mla_split_kv_bf16", "k192_v128_split_bf16"]
@@ -166,20 +152,14 @@ def test_latent_kv_is_told_from_metadata_only():
     assert None not in keys and keys[0] != keys[1]
 
 
-def test_the_launch_takes_v_from_the_k_tile_only_for_the_view(monkeypatch):
+def test_the_launch_takes_v_from_the_k_tile_only_for_the_view(recorded):
     """SHARED_KV reaches the launch for the latent view only (the outputs are equal either way)."""
-    triton_paged = needs_triton()
-    recorder = KernelRecorder()
-    monkeypatch.setattr(triton_paged, "paged_attention_kernel", recorder)
-    monkeypatch.setattr(triton_paged, "combine_splits_kernel", recorder)
-    clear_plans()
     view_args, separate_args = _latent("mla_decode_2_head_tiles")
     for args, shared in ((view_args, True), (separate_args, False)):
-        recorder.launches.clear()
+        recorded.launches.clear()
         kernels.paged_attention_triton(*args)
-        constexprs = recorder.launches[0][2]
+        constexprs = recorded.launches[0][2]
         assert constexprs["SHARED_KV"] is shared and (constexprs["V_PARTS"] == 1) is shared
-    clear_plans()
 
 
 @pytest.mark.parametrize("name", ["mla_decode_2_head_tiles", "mla_split_kv_bf16"])
@@ -239,6 +219,8 @@ def test_case_field_latent_kv_makes_v_a_view_of_k_that_survives_a_move():
     assert not is_latent_view(k, big.as_strided((2, 4, 1, 512), (1200, 300, 300, 1)))
     assert not is_latent_view(k, k[..., :512].to(torch.float16))
     (separate,) = expand_spec({**spec, "latent_kv": False}, "t.toml")
+    (same,) = expand_spec({**spec, "latent_kv": False, "head_dim_v": 64}, "t.toml")
+    assert same.variants == frozenset(), "a V head dim equal to K's is no option"
     assert bytes_moved(separate) - bytes_moved(case) == 2 * 45 * 1 * 32, "a latent cache reads V inside K"
     for bad in ({"head_dim_v": None}, {"head_dim_v": 64}, {"kv_dtype": "float8_e4m3fn"}):
         with pytest.raises(CaseFileError, match="latent_kv"):

@@ -29,9 +29,6 @@ class VariantCase:
     def __str__(self) -> str:
         return self.name
 
-    def inputs(self, device: str = "cpu"):
-        return self.base.inputs(device)
-
     def kwargs(self, device: str = "cpu") -> dict:
         """The options as call keywords: tuples become [num_q_heads] fp32 tensors on ``device``."""
         return {k: torch.tensor(v, dtype=torch.float32, device=device) if isinstance(v, tuple) else v
