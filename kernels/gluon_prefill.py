@@ -24,10 +24,11 @@ the heads of one tile side by side, and the producer copies the next item's Q an
 tiles while the consumers finish the last one's P V and store its rows. The last tile of a
 sequence may hold keys past seq_len: their logits are masked, and V's rows there are zeroed
 in shared memory before P V (the pool may hold anything there, NaN included; a box wholly past
-seq_len copies the sequence's first box instead of reading the table past its end). A bad block
+seq_len copies the item's first box instead of reading the table past its end). A bad block
 id among the columns a work item reads turns all its rows into NaN and no tile is read: the
 contract's rule, at 128-token items where the Triton kernel's programs are BLOCK_Q tokens, so rows
-that come before the bad key in an item that reaches it are NaN here and finite there. With
+that come before the bad key in an item that reaches it are NaN here and finite there (and, with a
+window, rows whose window starts past it). With
 the checks off, no length read from the tensors wraps an int32 bound or makes a wait hang.
 Nothing on the host reads a tensor value.
 
@@ -238,7 +239,7 @@ if gluon is not None:
         kv_end = seq_len - q_len + gl.minimum(q_len, (q_tile + 1) * BM)
         kv_start = q_pos0 * 0
         if USE_WINDOW:
-            kv_start = gl.maximum(q_pos0 - sliding_window + 1, 0) // BN * BN
+            kv_start = gl.where(q_pos0 >= sliding_window, q_pos0 - sliding_window + 1, 0) // BN * BN  # no wrap
         span = gl.maximum(kv_end - kv_start, 0)
         n_tiles = span // BN + (span % BN > 0).to(gl.int32)
         room = gl.maximum(seq_len - kv_start, 0)
@@ -263,7 +264,7 @@ if gluon is not None:
                   USE_WINDOW: gl.constexpr):  # fmt: skip
         """One warp: each work item's Q once both consumers are done with the last one's, and its K and V tiles,
         a TMA box of BOX rows at a time, STAGES tiles ahead of the consumers (across work items). A box wholly
-        past seq_len copies the sequence's first box instead (finite values the masks ignore)."""
+        past seq_len copies the item's first box instead (a checked column; finite values the masks ignore)."""
         BOXES: gl.constexpr = BN // BOX
         done = 0  # tiles copied so far: the ring's slot and phase
         items = 0  # work items attended so far: Q's phase
@@ -286,7 +287,7 @@ if gluon is not None:
                     mbarrier.expect(v_ready.index(st), BOXES * v_desc.block_type.nbytes)
                     for i in gl.static_range(BOXES):
                         key = t * BN + i * BOX
-                        key = gl.where(key < seq_len, key, 0)
+                        key = gl.where(key < seq_len, key, t0 * BN)
                         row = gl.load(bt_row + key // BLOCK_SIZE) * BLOCK_SIZE + key % BLOCK_SIZE
                         tma.async_copy_global_to_shared(k_desc, [row, k_col], k_ready.index(st),
                                                         k_smem.index(st).slice(i * BOX, BOX))  # fmt: skip

@@ -170,3 +170,56 @@ def test_every_run_above_takes_hoppers_prefill(run, as_if_on_hopper):
 def test_the_cpu_never_takes_hoppers_prefill():
     call = prepare_call(*CASES[0].inputs("cpu").args())
     assert not gluon_prefill.applies(call, tiling_for(call), None)
+
+
+@pytest.fixture
+def cap_programs(monkeypatch):
+    """cap_programs(n): plans made after it launch at most n programs, so each walks many work items."""
+
+    def cap(programs: int) -> None:
+        init = gluon_prefill.GluonPrefill.__init__
+
+        def capped(self, call, tiling):
+            init(self, call, tiling)
+            self.grid = (min(self.grid[0], programs),)
+
+        monkeypatch.setattr(gluon_prefill.GluonPrefill, "__init__", capped)
+        clear_plans()
+
+    yield cap
+    clear_plans()
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("programs", [1, 3])
+@pytest.mark.parametrize("run", [RUNS[0], RUNS[2], RUNS[-1], (CASES[1], {"sliding_window": 100})], ids=_run_id)
+def test_a_grid_of_few_programs_walks_every_item_and_computes_what_the_full_grid_does(run, programs, cap_programs):
+    """Each program walks many items: Q's buffer, the K/V ring and the turns carry their phases from item to item,
+    spare items fall among them, and the output is the full grid's bit for bit."""
+    needs_hopper()
+    case, options = run
+    inputs = case.inputs("cuda")
+    clear_plans()
+    full = kernels.paged_attention_triton(*inputs.args(), out=inputs.new_out(), **options)
+    cap_programs(programs)
+    got = kernels.paged_attention_triton(*inputs.args(), out=inputs.new_out(), **options)
+    assert torch.equal(got, full), f"{_run_id(run)} on {programs} programs differs from the full grid"
+
+
+@pytest.mark.gpu
+def test_a_bad_block_id_in_one_programs_walk_leaves_the_items_after_it_right(cap_programs):
+    """One program walks every item: an item of NaN rows (a bad block id) among attended ones keeps the walk in
+    step, and the other sequence still passes the oracle."""
+    needs_hopper()
+    case = CASES[1]  # sequence 0: 300 queries at positions 700..999; column 50 holds keys 800..815
+    inputs = case.inputs("cuda")
+    expected = paged_attention_oracle(*inputs.args())
+    table = inputs.block_table.clone()
+    table[0, 50] = inputs.k_cache.shape[0] + 5
+    args = list(inputs.args())
+    args[3] = table
+    cap_programs(1)
+    got = kernels.paged_attention_triton(*args, out=inputs.new_out(), check=False)
+    assert got[100 : case.q_lens[0]].isnan().all()
+    rest = case.q_lens[0]
+    assert_passes(got[rest:], expected[rest:], DEFAULT_TOLERANCES[case.dtype], "the other sequence")
