@@ -143,8 +143,7 @@ class GluonPrefill:
         programs = torch.cuda.get_device_properties(call.q.device).multi_processor_count  # one a multiprocessor
         self.grid = (min(num_q_tiles * call.num_q_heads, programs),)
         self.scalars = (num_q_tiles, call.num_q_heads, call.num_tokens, call.num_seqs, call.num_blocks,
-                        call.block_table.shape[1], call.scale * math.log2(math.e))  # fmt: skip
-        self.scalars += (call.sliding_window or 0,)
+                        call.block_table.shape[1], call.scale * math.log2(math.e), call.sliding_window or 0)  # fmt: skip
         self.constexprs = dict(GROUP=call.group_size, D=d, BN=tiling.TILE_N, BLOCK_SIZE=call.block_size, BOX=box,
                                STAGES=STAGES, BM=BLOCK_M, USE_WINDOW=call.sliding_window is not None,
                                num_warps=NUM_WARPS)  # fmt: skip
@@ -278,15 +277,15 @@ if gluon is not None:
                 tma.async_copy_global_to_shared(q_desc, [q_row, head * stride_q_head], q_ready, q_smem)
                 k_col = (head // GROUP) * stride_k_head
                 v_col = (head // GROUP) * stride_v_head
-                for t in range(t0, t_end):
-                    st = (done + t - t0) % STAGES
-                    phase = ((done + t - t0) // STAGES) & 1
+                for j in range(t_end - t0):  # tile t0 + j, the ring's tile done + j
+                    st = (done + j) % STAGES
+                    phase = ((done + j) // STAGES) & 1
                     mbarrier.wait(k_free.index(st), phase ^ 1)
                     mbarrier.wait(v_free.index(st), phase ^ 1)
                     mbarrier.expect(k_ready.index(st), BOXES * k_desc.block_type.nbytes)
                     mbarrier.expect(v_ready.index(st), BOXES * v_desc.block_type.nbytes)
                     for i in gl.static_range(BOXES):
-                        key = t * BN + i * BOX
+                        key = (t0 + j) * BN + i * BOX
                         key = gl.where(key < seq_len, key, t0 * BN)
                         row = gl.load(bt_row + key // BLOCK_SIZE) * BLOCK_SIZE + key % BLOCK_SIZE
                         tma.async_copy_global_to_shared(k_desc, [row, k_col], k_ready.index(st),

@@ -51,9 +51,9 @@ Precision: both dots accumulate in fp32. fp32 inputs dot in IEEE fp32 (Triton's 
 1e-3 relative and fails the fp32 tolerance); p is cast to the value dtype before ``p @ v``, as FlashAttention
 does. ``kernels.tlsim`` is this same algorithm in torch; keep the two in step.
 
-On sm_90 a plain prefill launch (``kernels.gluon_prefill.applies``) runs ``kernels.gluon_prefill``: the same
-algorithm and tiles, its tiles fed to wgmma by TMA copies a block at a time, which Triton does not do for a
-paged tile.
+On sm_90 a prefill launch with no variant but a window (``kernels.gluon_prefill.applies``) runs
+``kernels.gluon_prefill``: the same algorithm and tiles, its tiles fed to wgmma by TMA copies a block at a time,
+which Triton does not do for a paged tile.
 """
 
 from __future__ import annotations
@@ -869,7 +869,7 @@ class TritonPlan:
     k_scale, v_scale)`` takes the checked tensors (PagedCall's view; ``out`` allocated, ``lse`` or None) and
     launches the kernel (and the combine of the splits), allocating only per-call buffers. It is one of four
     methods, picked here: nothing to launch (no sequence or no token), one kernel on the tensors as given (no
-    copy, no KV split: the usual decode), Hopper's prefill kernel for a plain prefill on sm_90
+    copy, no KV split: the usual decode), Hopper's prefill kernel for a prefill it serves on sm_90
     (``kernels.gluon_prefill.applies``), or the general one.
     """
 
@@ -984,7 +984,7 @@ class TritonPlan:
             self.combine = KernelLaunch((num_tokens * call.num_q_heads,), combine_constexprs, {}, cuda, combine_scalars)
         direct = self.combine is None and not (self.copy_q or self.copy_k or self.copy_v or self.copy_out)
         self.launch = self._launch_direct if direct else self._launch_general
-        # On sm_90 a plain prefill launch runs Hopper's kernel (kernels.gluon_prefill), the same algorithm and tiles.
+        # On sm_90 a prefill it serves (no variant but a window) runs Hopper's kernel: the same algorithm and tiles.
         self.gluon = None
         if direct and gluon_prefill.applies(call, tiling, lse):
             self.gluon = gluon_prefill.GluonPrefill(call, tiling)
