@@ -199,6 +199,11 @@ def _capture(fn: Callable[[], object]) -> tuple[torch.cuda.CUDAGraph, object] | 
                 result = fn()
     except RuntimeError:
         torch.cuda.synchronize()
+        # torch ends the device generator's capture only when the capture itself ends well: left as it is, every
+        # later CUDA RNG call of the process (another backend's, the next case's) raises. A copy of its state
+        # (seed and offset, not the capture) takes its place.
+        generator = torch.cuda.default_generators[torch.cuda.current_device()]
+        generator.graphsafe_set_state(generator.clone_state())
         return None
     torch.cuda.current_stream().wait_stream(stream)
     return graph, result

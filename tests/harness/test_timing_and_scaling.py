@@ -57,6 +57,16 @@ def one_case(**fields):
     return case
 
 
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_a_call_that_cannot_be_captured_leaves_the_cuda_rng_usable():
+    """A host sync inside the probe's capture fails it; the device generator must not stay in capture mode."""
+    x = torch.ones(4, device="cuda")
+    assert not probe_call(lambda: x.sum().item(), "cuda").graph_capturable
+    first = torch.randn(4, device="cuda")  # raised "Offset increment outside graph capture" before
+    assert first.isfinite().all() and not torch.equal(first, torch.randn(4, device="cuda"))
+
+
 @pytest.mark.parametrize(
     ("fields", "expected"),
     [
