@@ -106,9 +106,9 @@ class CaseSpec(VariantFields):
     gqa_ratio: Int | None = Field(default=None, ge=1, le=512, description="num_q_heads // num_kv_heads")
     head_dim: Int = Field(ge=MIN_HEAD_DIM, le=MAX_HEAD_DIM)
     block_size: Int = Field(default=16, ge=MIN_BLOCK_SIZE, le=MAX_BLOCK_SIZE)
-    seq_lens: Annotated[list[Length], Field(min_length=1, max_length=MAX_SEQS)] | SeqLenGenerator = Field(
-        description="KV length per sequence, or a generator"
-    )
+    seq_lens: (
+        Annotated[list[Annotated[Length, Field(ge=1)]], Field(min_length=1, max_length=MAX_SEQS)] | SeqLenGenerator
+    ) = Field(description="KV length per sequence, or a generator")
     q_lens: Length | list[Length] | QLenGenerator = Field(default=1, description="queries per sequence; 1 is decode")
     dtype: DTypeName = "float32"
     layout: Layout = "shuffled"
@@ -121,23 +121,16 @@ class CaseSpec(VariantFields):
     backends: list[str] | None = Field(default=None, description="only these backends (default: all)")
     exclude_backends: list[str] = Field(default_factory=list)
     tags: list[str] = Field(default_factory=list)
-    sweep: dict[str, list[Any]] = Field(default_factory=dict, description="field -> values, expanded as a product")
-
-    @field_validator("seq_lens")
-    @classmethod
-    def _positive_lengths(cls, value):
-        if isinstance(value, list) and any(n < 1 for n in value):  # an empty list fails the field's min_length
-            raise ValueError(f"every length must be >= 1, got {value}")
-        return value
+    sweep: dict[str, Annotated[list[Any], Field(min_length=1)]] = Field(
+        default_factory=dict, description="field -> values, expanded as a product"
+    )
 
     @field_validator("sweep")
     @classmethod
     def _sweepable(cls, value: dict[str, list[Any]]):
-        for key, values in value.items():
+        for key in value:
             if key in ("name", "sweep") or key not in cls.model_fields:
                 raise ValueError(f"cannot sweep {key!r}: not a case field{did_you_mean(key, cls.model_fields)}")
-            if not values:
-                raise ValueError(f"sweep of {key!r} has no values")
         return value
 
     @model_validator(mode="after")
