@@ -11,7 +11,7 @@ import time
 from pathlib import Path
 
 from harness.cli import compare
-from harness.cli.options import DEFAULT_CASES, BadInput, add_pattern, add_to_argparse, as_bad_input, resolved_cases
+from harness.cli.options import DEFAULT_CASES, BadInput, add_pattern, add_run_options, as_bad_input, resolved_cases
 from harness.review.confirm import ConfirmInputError, checked_commit, checked_out
 
 
@@ -31,7 +31,7 @@ def add_parser(verbs) -> None:
                             help="case file or folder, or a packaged suite's name (repeatable; default: smoke)")  # fmt: skip
     continuous.add_argument("--out", type=Path, metavar="DIR",
                             help="where the two run folders go (default: reports/continuous-<UTC time>)")  # fmt: skip
-    add_to_argparse(continuous)
+    add_run_options(continuous)
     add_pattern(continuous)
     compare.add_arguments(continuous, plugin=False)
     continuous.set_defaults(handler=main)

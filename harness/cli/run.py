@@ -20,7 +20,7 @@ from harness.cli.options import (
     EXIT_TERMINATED,
     BadInput,
     add_pattern,
-    add_to_argparse,
+    add_run_options,
     apply_threads,
     as_bad_input,
     chosen_device,
@@ -50,7 +50,7 @@ def add_parser(verbs) -> None:
                      "gpu_peers, gpu_long, gpu_sweep, variants); default: smoke")  # fmt: skip
     oracle = run.add_argument_group("oracle and inputs")
     reliability = run.add_argument_group("interrupted runs, isolation and time limits")
-    add_to_argparse(run, advanced=oracle)
+    add_run_options(run, advanced=oracle)
     run.add_argument("--out", type=Path, help="run folder to create (default: reports/<time>-<device>-<commit>)")
     run.add_argument("--no-timing", dest="timing", action="store_false", help="grade only; do not time")
     run.add_argument("--no-progress", dest="progress", action="store_false", default=None,
