@@ -361,8 +361,9 @@ def rows_to_retime(comparison: Comparison, which: str):
     return rows[rows["verdict"].isin(_WANTED[which]) & rows["latency_us_new"].notna()]
 
 
-def cannot_retime(base_meta: dict, new_meta: dict, chosen, plugins, sources: tuple[str, str]) -> str:
-    """Why the ``chosen`` rows cannot be re-timed ('' when they can); ConfirmInputError for a bad commit or plugin."""
+def cannot_retime(base_meta: dict, new_meta: dict, sources: tuple[str, str]) -> str:
+    """Why the runs' rows cannot be re-timed here ('' when they can; :func:`confirm_slower` checks commits and
+    plugins, a ConfirmInputError)."""
     for meta, source in zip((base_meta, new_meta), sources, strict=True):
         if not meta.get("commit"):
             return f"{source} records no commit"
@@ -372,9 +373,6 @@ def cannot_retime(base_meta: dict, new_meta: dict, chosen, plugins, sources: tup
         return "the runs record no case files"
     if missing := [f for f in case_files if not Path(f).exists()]:
         return f"case file {missing[0]} is not here"
-    for meta, source in zip((base_meta, new_meta), sources, strict=True):
-        checked_commit(meta["commit"], f"{source}/meta.json")
-    _require_plugins(chosen, new_meta, plugins, sources[1])
     return ""
 
 
@@ -388,18 +386,14 @@ def retime_or_mark(
     chosen = rows_to_retime(comparison, which)
     if chosen.empty:
         return comparison
-    why = skip
-    if not why:
-        try:
-            sources = confirm.get("sources", ("the base run", "the new run"))
-            why = cannot_retime(base_meta, new_meta, chosen, confirm.get("plugins", ()), sources)
-        except ConfirmInputError as error:
-            if strict:
-                raise
-            why = str(error)
+    why = skip or cannot_retime(base_meta, new_meta, confirm.get("sources", ("the base run", "the new run")))
     if not why:
         try:
             return confirm_slower(comparison, base_meta, new_meta, options, which=which, log=log, **confirm)
+        except ConfirmInputError as error:  # a commit not in this history, a plugin not named here
+            if strict:
+                raise
+            why = str(error)
         except subprocess.CalledProcessError as error:  # git worktree add: the commit is not checked out here
             detail = (error.stderr or b"").decode(errors="replace").strip().splitlines()
             why = f"checking out a commit failed: {detail[-1] if detail else error}"
