@@ -140,15 +140,6 @@ def _plugins(command: str) -> list[str]:
     return [words[i + 1] for i, w in enumerate(words[:-1]) if w == "--plugin"]
 
 
-def _require_plugins(chosen, new_meta: dict, plugins, source: str) -> None:
-    """A plugin's rows need the plugins the new run's command names on this command line too."""
-    if not set(chosen["backend"]) <= {name for name, backend in REGISTRY.items() if backend.kind != "plugin"}:
-        try:
-            require_plugins(_plugins(str(new_meta.get("command") or "")), list(plugins), f"{source}/meta.json")
-        except UnnamedPluginError as error:
-            raise ConfirmInputError(str(error)) from None
-
-
 _OBJECT_ID = re.compile(r"[0-9a-fA-F]{7,64}")
 
 
@@ -248,7 +239,11 @@ def confirm_slower(
         return comparison
     if checkouts is None:
         commits = tuple(checked_commit(c, f"{s}/meta.json") for c, s in zip(commits, sources, strict=True))
-    _require_plugins(chosen, new_meta, plugins, sources[1])
+    if not set(chosen["backend"]) <= {name for name, backend in REGISTRY.items() if backend.kind != "plugin"}:
+        try:  # a plugin's rows need the plugins the new run's command names on this command line too
+            require_plugins(_plugins(str(new_meta.get("command") or "")), list(plugins), f"{sources[1]}/meta.json")
+        except UnnamedPluginError as error:
+            raise ConfirmInputError(str(error)) from None
     config = worker_config(case_files, str(new_meta.get("device") or "cpu"), plugins, new_meta.get("timing_threads"),
                            target_s)  # fmt: skip
     index = dict(zip(chosen.index, zip(chosen["case"], chosen["backend"], strict=True), strict=True))
