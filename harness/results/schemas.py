@@ -121,10 +121,6 @@ COLUMN_KINDS: dict[str, str] = {
 REQUIRED = ("case", "backend", "status")  # what compare, history and the report read, at least; never empty
 
 
-def _null(value: Any) -> bool:
-    return value is None or (isinstance(value, float) and np.isnan(value))
-
-
 def _is_number(value: Any) -> bool:
     return isinstance(value, int | float | np.integer | np.floating | np.bool_) and not isinstance(value, str)
 
@@ -155,7 +151,7 @@ def _column_problem(series: pd.Series, kind: str) -> str:
         return f"{kind} expected, found a column of dtype {dtype}"
     check = _VALUE_OK[kind]
     for position, value in enumerate(series.tolist()):
-        if not _null(value) and not check(value):
+        if not (value is None or (isinstance(value, float) and np.isnan(value)) or check(value)):
             return f"{kind} expected, row {position} holds {type(value).__name__} {value!r:.40}"
     return ""
 
