@@ -16,7 +16,7 @@ import pandas as pd
 
 from harness.results.environment import git
 from harness.results.journal import SUFFIX, Journal, JournalError, journal_path, pid_alive, run_dir_of
-from harness.results.schemas import SchemaError, check_meta, check_rows
+from harness.results.schemas import RunFolderError, check_meta, check_rows
 
 RESULT_FILES = ("results.parquet", "results.csv", "meta.json", "report.html")
 # Every timing sample of a row (arrays): in results.parquet only (in a CSV, numpy's printed arrays, cut at 1000).
@@ -25,10 +25,6 @@ SAMPLE_COLUMNS = ("latency_samples_us", "call_samples_us")
 
 class RunDirExistsError(FileExistsError):
     """The run folder already exists; runs are never overwritten."""
-
-
-class RunFolderError(ValueError):
-    """A folder given as a stored run is not one (missing, corrupt or foreign files); names the file."""
 
 
 class NotWritableError(OSError):
@@ -208,7 +204,4 @@ def load_run(run_dir: Path) -> tuple[pd.DataFrame, dict]:
     if frame is None:
         raise RunFolderError(f"{rows_file}: {shape.num_rows:,} rows, {size / 2**30:.1f} GiB uncompressed: past "
                              f"the {MAX_ROWS:,} rows or {MAX_ROWS_BYTES / 2**30:.0f} GiB a run folder may hold")  # fmt: skip
-    try:
-        return check_rows(frame, rows_file), check_meta(meta, meta_file)
-    except SchemaError as error:
-        raise RunFolderError(str(error)) from None
+    return check_rows(frame, rows_file), check_meta(meta, meta_file)
