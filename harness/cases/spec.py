@@ -23,19 +23,10 @@ from typing import Annotated, Any, Literal
 import torch
 from pydantic import BaseModel, ConfigDict, Field, Strict, ValidationError, field_validator, model_validator
 
+from harness.cases import vocab
 from harness.cases.inputs import shared_prefix_blocks
 from harness.cases.variants import CASE_FIELDS, VariantFields, turned_on
-from harness.cases.vocab import (
-    DEFAULT_TOLERANCES,
-    FP8_KV_TOLERANCES,
-    INT32_MAX,
-    INT64_MAX,
-    DTypeName,
-    Float,
-    Int,
-    Layout,
-    field_path,
-)
+from harness.cases.vocab import INT32_MAX, DTypeName, Float, Int
 from kernels.contract import MAX_BLOCK_SIZE, MAX_HEAD_DIM, MIN_BLOCK_SIZE, MIN_HEAD_DIM
 from kernels.tiling import cdiv
 
@@ -111,11 +102,11 @@ class CaseSpec(VariantFields):
     ) = Field(description="KV length per sequence, or a generator")
     q_lens: Length | list[Length] | QLenGenerator = Field(default=1, description="queries per sequence; 1 is decode")
     dtype: DTypeName = "float32"
-    layout: Layout = "shuffled"
+    layout: vocab.Layout = "shuffled"
     input_scale: Float = Field(
         default=1.0, gt=0, le=1e4, description="q and K are scaled by it: logits grow as its square"
     )
-    seed: Int = Field(default=0, ge=0, le=INT64_MAX)
+    seed: Int = Field(default=0, ge=0, le=vocab.INT64_MAX)
     timeout_s: Float | None = Field(default=None, gt=0, description="per-call time limit of isolated backends")
     tolerance: dict[DTypeName, Tolerance] = Field(default_factory=dict, description="per-dtype overrides")
     backends: list[str] | None = Field(default=None, description="only these backends (default: all)")
@@ -334,7 +325,7 @@ def _format_errors(
 
     def at_union_tag(item: dict) -> bool:  # a type mismatch with one member of a union
         last = item["loc"][-1] if item["loc"] else None
-        return item["type"] in _SHALLOW and isinstance(last, str) and field_path((last,)) == ""
+        return item["type"] in _SHALLOW and isinstance(last, str) and vocab.field_path((last,)) == ""
 
     by_top: dict[str, list[dict]] = {}
     for item in error.errors():
@@ -346,7 +337,7 @@ def _format_errors(
             items = [{**items[0], "msg": " or ".join(dict.fromkeys(i["msg"] for i in items))}]
         for item in meant or items:
             cause = item.get("ctx", {}).get("error")
-            field = field_path(item["loc"]) or getattr(cause, "field", "(case)")
+            field = vocab.field_path(item["loc"]) or getattr(cause, "field", "(case)")
             message = re.sub(r" or instance of \w+", "", item["msg"])  # pydantic's class names mean nothing here
             if item["type"] == "extra_forbidden":
                 message = _unknown_field(field)
@@ -372,9 +363,9 @@ def expand_spec(raw: dict[str, Any], file: str, inherited: frozenset[str] = froz
             errors.extend(_format_errors(file, case_id, error, inherited - set(point)))
             continue
         seq, q = _lengths(p)
-        atol, rtol = DEFAULT_TOLERANCES[p.dtype]
+        atol, rtol = vocab.DEFAULT_TOLERANCES[p.dtype]
         if p.kv_dtype is not None:
-            atol, rtol = FP8_KV_TOLERANCES.get(p.dtype, (atol, rtol))
+            atol, rtol = vocab.FP8_KV_TOLERANCES.get(p.dtype, (atol, rtol))
         if p.dtype in p.tolerance:
             atol, rtol = p.tolerance[p.dtype].atol, p.tolerance[p.dtype].rtol
         head_dim_v = p.head_dim if p.head_dim_v is None else p.head_dim_v

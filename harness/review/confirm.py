@@ -25,17 +25,8 @@ from tqdm import tqdm
 
 from harness.backends.builtin import REGISTRY
 from harness.backends.registry import UnnamedPluginError, require_plugins
-from harness.review import stats
-from harness.review.compare import (
-    RETIMED,
-    CompareOptions,
-    Comparison,
-    _effect,
-    _row_changes,
-    mark_unconfirmed,
-    restate_drift,
-    retimed_reading,
-)
+from harness.review import compare, stats
+from harness.review.compare import CompareOptions, Comparison
 
 WORKER = r"""
 import ctypes, json, os, signal, sys
@@ -247,7 +238,7 @@ def confirm_slower(
     config = worker_config(case_files, str(new_meta.get("device") or "cpu"), plugins, new_meta.get("timing_threads"),
                            target_s)  # fmt: skip
     index = dict(zip(chosen.index, zip(chosen["case"], chosen["backend"], strict=True), strict=True))
-    effects = {i: _effect(comparison.rows.loc[i], options) for i in index}
+    effects = {i: compare._effect(comparison.rows.loc[i], options) for i in index}
     looks = look_schedule(rounds)
     with contextlib.ExitStack() as stack:
         trees = checkouts or stack.enter_context(checked_out(dict(zip(("base", "new"), commits, strict=True))))
@@ -394,7 +385,7 @@ def retime_or_mark(
             why = f"checking out a commit failed: {detail[-1] if detail else error}"
     if (chosen["verdict"] == "slower").any():
         log(f"confirm: not re-timed: {why}")
-    return mark_unconfirmed(comparison, why, options)
+    return compare.mark_unconfirmed(comparison, why, options)
 
 
 def rounds_to_decide(test: stats.LatencyTest, min_effect: float) -> float:
@@ -497,12 +488,12 @@ def rejudge(
     rows = comparison.rows.copy()
     for i, key in index.items():
         t = stats.paired_ratio(*pooled[key], alpha=options.alpha, looks=looks)
-        v = stats.decide_paired(t, min_effect=_effect(rows.loc[i], options))
+        v = stats.decide_paired(t, min_effect=compare._effect(rows.loc[i], options))
         rows.loc[i, ["ratio", "ci_low", "ci_high", "p_value", "p_adjusted"]] = [
             t.ratio, t.ci_low, t.ci_high, t.p_value, stats.looks_adjusted(t.p_value, looks),
         ]  # fmt: skip
         rows.at[i, "verdict"], rows.at[i, "evidence"] = v.verdict, "confirmed, interleaved"
-        rows.at[i, "verdict_reason"] = f"{RETIMED}, {t.n_base} paired rounds: {v.reason}"
-        rows.loc[i, ["why", "better"]] = _row_changes(rows.loc[i], options)
-    problems = restate_drift(comparison.problems, retimed_reading(rows))
+        rows.at[i, "verdict_reason"] = f"{compare.RETIMED}, {t.n_base} paired rounds: {v.reason}"
+        rows.loc[i, ["why", "better"]] = compare._row_changes(rows.loc[i], options)
+    problems = compare.restate_drift(comparison.problems, compare.retimed_reading(rows))
     return Comparison(rows=rows, problems=problems, incomplete=comparison.incomplete)
