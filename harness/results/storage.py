@@ -91,9 +91,9 @@ _PARTIAL = re.compile(r"^\.(?P<name>.+)\.partial-(?P<pid>\d+)$")
 PARTIAL_MARKER = ".harness-partial"
 
 
-def stale_leftovers(reports_root: Path, clean: bool = True) -> list[str]:
-    """Messages about what this user's dead runs left under ``reports_root``: a partial folder is removed
-    (``clean``), a journal without a folder kept (with the command that finishes it), one with a folder removed."""
+def stale_leftovers(reports_root: Path) -> list[str]:
+    """Messages about what this user's dead runs left under ``reports_root``: a partial folder is removed, a journal
+    without a folder kept (with the command that finishes it), one with a folder removed."""
     root = Path(reports_root)
     if not root.is_dir():
         return []
@@ -113,8 +113,7 @@ def stale_leftovers(reports_root: Path, clean: bool = True) -> list[str]:
                 continue
             journal = root / (match["name"] + SUFFIX)
             kept = f"; its rows are in {journal}" if journal.exists() else ""
-            if clean:
-                shutil.rmtree(entry, ignore_errors=True)
+            shutil.rmtree(entry, ignore_errors=True)
             messages.append(f"note: removed {entry}: a run (pid {match['pid']}) died while writing it{kept}")
         elif entry.name.endswith(SUFFIX) and entry.is_file():
             try:
@@ -126,8 +125,7 @@ def stale_leftovers(reports_root: Path, clean: bool = True) -> list[str]:
                 continue  # a run still going
             target = run_dir_of(entry)
             if target.is_dir():
-                if clean:
-                    entry.unlink(missing_ok=True)
+                entry.unlink(missing_ok=True)
                 messages.append(f"note: removed {entry}: its run folder {target} is complete")
             else:
                 pid = journal.header.get("last_pid")
