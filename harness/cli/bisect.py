@@ -21,6 +21,7 @@ from harness.backends.builtin import REGISTRY
 from harness.cli.continuous import commit_of
 from harness.cli.options import DEFAULT_CASES, EXIT_FAIL, EXIT_OK, BadInput, chosen_device, load, resolved_cases
 from harness.cli.run import load_plugins
+from harness.results.environment import git
 from harness.review import confirm, stats
 from harness.review.confirm import DEFAULT_ROUNDS, MIN_ROUNDS
 
@@ -77,7 +78,7 @@ def search(commits: list[str], judge: Callable[[str], str]) -> tuple[str, int, i
 
 
 def subject(commit: str) -> str:
-    return subprocess.run(["git", "log", "-1", "--format=%h %s", commit], capture_output=True, text=True).stdout.strip()
+    return git("log", "-1", "--format=%h %s", commit)
 
 
 def main(args: argparse.Namespace) -> int:
@@ -88,9 +89,7 @@ def main(args: argparse.Namespace) -> int:
         raise BadInput(f"GOOD {args.good} and BAD {args.bad} are the same commit {good[:12]}")
     if subprocess.run(["git", "merge-base", "--is-ancestor", good, bad]).returncode != 0:
         raise BadInput(f"GOOD {good[:12]} is not an ancestor of BAD {bad[:12]}: nothing lies between them in order")
-    listed = subprocess.run(["git", "rev-list", "--reverse", "--topo-order", "--ancestry-path", f"{good}..{bad}"],
-                            capture_output=True, text=True, check=True)  # fmt: skip
-    commits = listed.stdout.split()  # after GOOD up to BAD, oldest first
+    commits = git("rev-list", "--reverse", "--topo-order", "--ancestry-path", f"{good}..{bad}").split()  # oldest first
     device = chosen_device(args.device)
     if (worker := load_plugins(args.harness_plugins, "plugins")[1]) is not None:  # to know the plugins' backends
         worker.stop()
