@@ -5,6 +5,7 @@ point a case with a readable id (``decode_gqa/head_dim=80/block_size=5``) valida
 
 from __future__ import annotations
 
+import collections
 import difflib
 import hashlib
 import itertools
@@ -401,11 +402,8 @@ def load_case_file(path: str | Path) -> list[Case]:
             cases.extend(expand_spec({**defaults, **table}, file, frozenset(defaults) - set(table)))
         except CaseFileError as error:
             errors.append(str(error))
-    seen: set[str] = set()
-    for case in cases:
-        if case.id in seen:
-            errors.append(f"{file}: case '{case.id}': field 'name': the same id appears twice")
-        seen.add(case.id)
+    counts = collections.Counter(case.id for case in cases)
+    errors += [f"{file}: case '{id_}': field 'name': the same id appears twice" for id_, n in counts.items() if n > 1]
     if errors:
         raise CaseFileError("\n".join(errors))
     return cases
