@@ -13,7 +13,7 @@ from harness.backends.builtin import REGISTRY, load_plugin, resolve_backends
 from harness.cases.loading import load_cases
 from harness.cases.packaged import resolve_case_arg
 from harness.cases.spec import CaseFileError, check_backend_names
-from harness.cli.options import DEFAULT_CASES, add_to_pytest, apply_threads, default_device
+from harness.cli.options import DEFAULT_CASES, add_run_options, apply_threads, default_device
 from harness.cli.resume import ordered
 from harness.execute import xdist as xdist_rows
 from harness.execute.loop import Contexts, case_events
@@ -27,7 +27,7 @@ from harness.run.runner import COLUMNS, RunConfig, to_frame
 def pytest_addoption(parser: pytest.Parser) -> None:
     group = parser.getgroup("paged-attention harness")
     group.addoption("--cases", action="append", default=None, metavar="PATH", help="case file or folder (repeatable)")
-    add_to_pytest(group)
+    add_run_options(group)
     group.addoption("--harness-report", type=Path, default=None, metavar="DIR", help="write a run folder at the end")
     group.addoption("--harness-timing", action="store_true", help="time every (case, backend) row too")
 

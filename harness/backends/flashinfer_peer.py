@@ -1,11 +1,7 @@
-"""The peer ``flashinfer``: FlashInfer's paged wrappers over the same pool the kernel reads.
-
-An optional extra (``pip install '.[flashinfer]'``). Our pools are its ``NHD`` layout (page = block); the block
-table becomes CSR (:func:`page_table`). Block size 16, seq_lens [45, 16, 3], rows [7, 2, 9, -1], [4, ...], [0, ...]:
-indptr [0, 3, 4, 5], indices [7, 2, 9, 4, 0], last_page_len [13, 16, 3] (45 = (3 - 1) * 16 + 13).
-
-Decode runs ``BatchDecodeWithPagedKVCacheWrapper`` on the faster of its two paths (:func:`faster_decode`); the rest
-``BatchPrefillWithPagedKVCacheWrapper``. Sinks are not declared: its CUDA-core decode takes the keyword, unapplied.
+"""The peer ``flashinfer``: FlashInfer's paged wrappers over the same pool the kernel reads (an optional extra,
+``pip install '.[flashinfer]'``). docs/performance.md, "FlashInfer": the block table as its CSR page table
+(:func:`page_table`, a worked example), decode on the faster of its two paths (:func:`faster_decode`), the rest
+prefill. Sinks are not declared: its CUDA-core decode takes the keyword, unapplied.
 """
 
 from __future__ import annotations
@@ -34,7 +30,7 @@ FA3_MIN_Q_LEN = 65  # FlashInfer's auto backend takes FA2 when no sequence has m
 
 @dataclass(frozen=True)
 class PageTable:
-    """A block table in FlashInfer's CSR form (module docstring: the example)."""
+    """A block table in FlashInfer's CSR form (docs/performance.md, "FlashInfer": the example)."""
 
     indptr: torch.Tensor  # [num_seqs + 1] int32
     indices: torch.Tensor  # [indptr[-1]] int32, physical pages

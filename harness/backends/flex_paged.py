@@ -1,9 +1,5 @@
-"""The peer ``flex_paged``: FlexAttention reading the paged pool itself, steered by a BlockMask built from
-the block table, whose KV block is the page.
-
-The pool ``k_cache [num_blocks, block_size, num_kv_heads, head_dim]`` is viewed as one key sequence
-``[1, num_kv_heads, num_blocks * block_size, head_dim]``; the mask_mod maps a slot back to (owner, position)
-through ``page_logical``. V is read from a copy with its NaN poison zeroed (0 * NaN is NaN); K keeps it.
+"""The peer ``flex_paged``: FlexAttention reading the paged pool itself (viewed as one key sequence), steered by a
+BlockMask built from the block table, whose KV block is the page; docs/performance.md says how it is built and timed.
 """
 
 from __future__ import annotations

@@ -145,29 +145,24 @@ def add_remote_backend(registration: dict) -> Backend:
     """Register in the driver a plugin backend its worker reported (plain values), without importing the
     plugin; ValueError on a field of the wrong type, an unknown variant or a limit that is not one."""
 
-    def text(value, what: str) -> str:
-        if not isinstance(value, str) or (not value.strip() and what == "name"):
-            raise ValueError(f"a plugin reported a backend whose {what} is not a string: {value!r}")
+    def checked(what: str, kind: type, default=None, value=...):
+        """The registration's ``what`` (or ``value``, one of its items) if a ``kind`` (a name not blank)."""
+        value = registration.get(what, default) if value is ... else value
+        if not isinstance(value, kind) or (what == "name" and not value.strip()):
+            words = {str: "a string", bool: "a bool"}.get(kind, "a list")
+            raise ValueError(f"a plugin reported a backend whose {what} is not {words}: {value!r}")
         return value
 
-    def texts(value, what: str) -> tuple[str, ...]:
-        if not isinstance(value, list | tuple):
-            raise ValueError(f"a plugin reported a backend whose {what} is not a list: {value!r}")
-        return tuple(text(item, what) for item in value)
+    def texts(what: str, default=None) -> tuple[str, ...]:
+        return tuple(checked(what, str, value=item) for item in checked(what, list | tuple, default))
 
-    def flag(what: str) -> bool:
-        value = registration.get(what, False)
-        if not isinstance(value, bool):
-            raise ValueError(f"a plugin reported a backend whose {what} is not a bool: {value!r}")
-        return value
-
-    name = text(registration.get("name"), "name")
-    return add_backend(Backend(name, _runs_in_its_worker, texts(registration.get("devices"), "devices"), "plugin",
-                               text(registration.get("description", ""), "description"),
+    name = checked("name", str)
+    return add_backend(Backend(name, _runs_in_its_worker, texts("devices"), "plugin", checked("description", str, ""),
                                bool(registration.get("graphable", True)),
-                               variants=frozenset(map(variant_key, texts(registration.get("variants", []), "variants"))),
+                               variants=frozenset(map(variant_key, texts("variants", []))),
                                limits=Limits.from_plain(registration.get("limits", {}), f"backend {name!r}: limits"),
-                               plan_step=flag("plan"), supports_hook=flag("supports")))  # fmt: skip
+                               plan_step=checked("plan", bool, False),
+                               supports_hook=checked("supports", bool, False)))  # fmt: skip
 
 
 def load_plugin(module_or_path: str) -> None:

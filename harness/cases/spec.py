@@ -5,6 +5,7 @@ point a case with a readable id (``decode_gqa/head_dim=80/block_size=5``) valida
 
 from __future__ import annotations
 
+import collections
 import difflib
 import hashlib
 import itertools
@@ -23,19 +24,10 @@ from typing import Annotated, Any, Literal
 import torch
 from pydantic import BaseModel, ConfigDict, Field, Strict, ValidationError, field_validator, model_validator
 
+from harness.cases import vocab
 from harness.cases.inputs import shared_prefix_blocks
 from harness.cases.variants import CASE_FIELDS, VariantFields, turned_on
-from harness.cases.vocab import (
-    DEFAULT_TOLERANCES,
-    FP8_KV_TOLERANCES,
-    INT32_MAX,
-    INT64_MAX,
-    DTypeName,
-    Float,
-    Int,
-    Layout,
-    field_path,
-)
+from harness.cases.vocab import INT32_MAX, DTypeName, Float, Int
 from kernels.contract import MAX_BLOCK_SIZE, MAX_HEAD_DIM, MIN_BLOCK_SIZE, MIN_HEAD_DIM
 from kernels.tiling import cdiv
 
@@ -106,38 +98,31 @@ class CaseSpec(VariantFields):
     gqa_ratio: Int | None = Field(default=None, ge=1, le=512, description="num_q_heads // num_kv_heads")
     head_dim: Int = Field(ge=MIN_HEAD_DIM, le=MAX_HEAD_DIM)
     block_size: Int = Field(default=16, ge=MIN_BLOCK_SIZE, le=MAX_BLOCK_SIZE)
-    seq_lens: Annotated[list[Length], Field(min_length=1, max_length=MAX_SEQS)] | SeqLenGenerator = Field(
-        description="KV length per sequence, or a generator"
-    )
+    seq_lens: (
+        Annotated[list[Annotated[Length, Field(ge=1)]], Field(min_length=1, max_length=MAX_SEQS)] | SeqLenGenerator
+    ) = Field(description="KV length per sequence, or a generator")
     q_lens: Length | list[Length] | QLenGenerator = Field(default=1, description="queries per sequence; 1 is decode")
     dtype: DTypeName = "float32"
-    layout: Layout = "shuffled"
+    layout: vocab.Layout = "shuffled"
     input_scale: Float = Field(
         default=1.0, gt=0, le=1e4, description="q and K are scaled by it: logits grow as its square"
     )
-    seed: Int = Field(default=0, ge=0, le=INT64_MAX)
+    seed: Int = Field(default=0, ge=0, le=vocab.INT64_MAX)
     timeout_s: Float | None = Field(default=None, gt=0, description="per-call time limit of isolated backends")
     tolerance: dict[DTypeName, Tolerance] = Field(default_factory=dict, description="per-dtype overrides")
     backends: list[str] | None = Field(default=None, description="only these backends (default: all)")
     exclude_backends: list[str] = Field(default_factory=list)
     tags: list[str] = Field(default_factory=list)
-    sweep: dict[str, list[Any]] = Field(default_factory=dict, description="field -> values, expanded as a product")
-
-    @field_validator("seq_lens")
-    @classmethod
-    def _positive_lengths(cls, value):
-        if isinstance(value, list) and any(n < 1 for n in value):  # an empty list fails the field's min_length
-            raise ValueError(f"every length must be >= 1, got {value}")
-        return value
+    sweep: dict[str, Annotated[list[Any], Field(min_length=1)]] = Field(
+        default_factory=dict, description="field -> values, expanded as a product"
+    )
 
     @field_validator("sweep")
     @classmethod
     def _sweepable(cls, value: dict[str, list[Any]]):
-        for key, values in value.items():
+        for key in value:
             if key in ("name", "sweep") or key not in cls.model_fields:
                 raise ValueError(f"cannot sweep {key!r}: not a case field{did_you_mean(key, cls.model_fields)}")
-            if not values:
-                raise ValueError(f"sweep of {key!r} has no values")
         return value
 
     @model_validator(mode="after")
@@ -341,7 +326,7 @@ def _format_errors(
 
     def at_union_tag(item: dict) -> bool:  # a type mismatch with one member of a union
         last = item["loc"][-1] if item["loc"] else None
-        return item["type"] in _SHALLOW and isinstance(last, str) and field_path((last,)) == ""
+        return item["type"] in _SHALLOW and isinstance(last, str) and vocab.field_path((last,)) == ""
 
     by_top: dict[str, list[dict]] = {}
     for item in error.errors():
@@ -353,7 +338,7 @@ def _format_errors(
             items = [{**items[0], "msg": " or ".join(dict.fromkeys(i["msg"] for i in items))}]
         for item in meant or items:
             cause = item.get("ctx", {}).get("error")
-            field = field_path(item["loc"]) or getattr(cause, "field", "(case)")
+            field = vocab.field_path(item["loc"]) or getattr(cause, "field", "(case)")
             message = re.sub(r" or instance of \w+", "", item["msg"])  # pydantic's class names mean nothing here
             if item["type"] == "extra_forbidden":
                 message = _unknown_field(field)
@@ -379,9 +364,9 @@ def expand_spec(raw: dict[str, Any], file: str, inherited: frozenset[str] = froz
             errors.extend(_format_errors(file, case_id, error, inherited - set(point)))
             continue
         seq, q = _lengths(p)
-        atol, rtol = DEFAULT_TOLERANCES[p.dtype]
+        atol, rtol = vocab.DEFAULT_TOLERANCES[p.dtype]
         if p.kv_dtype is not None:
-            atol, rtol = FP8_KV_TOLERANCES.get(p.dtype, (atol, rtol))
+            atol, rtol = vocab.FP8_KV_TOLERANCES.get(p.dtype, (atol, rtol))
         if p.dtype in p.tolerance:
             atol, rtol = p.tolerance[p.dtype].atol, p.tolerance[p.dtype].rtol
         head_dim_v = p.head_dim if p.head_dim_v is None else p.head_dim_v
@@ -417,11 +402,8 @@ def load_case_file(path: str | Path) -> list[Case]:
             cases.extend(expand_spec({**defaults, **table}, file, frozenset(defaults) - set(table)))
         except CaseFileError as error:
             errors.append(str(error))
-    seen: set[str] = set()
-    for case in cases:
-        if case.id in seen:
-            errors.append(f"{file}: case '{case.id}': field 'name': the same id appears twice")
-        seen.add(case.id)
+    counts = collections.Counter(case.id for case in cases)
+    errors += [f"{file}: case '{id_}': field 'name': the same id appears twice" for id_, n in counts.items() if n > 1]
     if errors:
         raise CaseFileError("\n".join(errors))
     return cases

@@ -21,16 +21,9 @@ from harness.backends.builtin import REGISTRY
 from harness.cli.continuous import commit_of
 from harness.cli.options import DEFAULT_CASES, EXIT_FAIL, EXIT_OK, BadInput, chosen_device, load, resolved_cases
 from harness.cli.run import load_plugins
-from harness.review import stats
-from harness.review.confirm import (
-    DEFAULT_ROUNDS,
-    MIN_ROUNDS,
-    _one_round,
-    checked_out,
-    look_schedule,
-    sequential_rounds,
-    worker_config,
-)
+from harness.results.environment import git
+from harness.review import confirm, stats
+from harness.review.confirm import DEFAULT_ROUNDS, MIN_ROUNDS
 
 EXIT_UNDECIDED = 4
 
@@ -85,7 +78,7 @@ def search(commits: list[str], judge: Callable[[str], str]) -> tuple[str, int, i
 
 
 def subject(commit: str) -> str:
-    return subprocess.run(["git", "log", "-1", "--format=%h %s", commit], capture_output=True, text=True).stdout.strip()
+    return git("log", "-1", "--format=%h %s", commit)
 
 
 def main(args: argparse.Namespace) -> int:
@@ -96,9 +89,7 @@ def main(args: argparse.Namespace) -> int:
         raise BadInput(f"GOOD {args.good} and BAD {args.bad} are the same commit {good[:12]}")
     if subprocess.run(["git", "merge-base", "--is-ancestor", good, bad]).returncode != 0:
         raise BadInput(f"GOOD {good[:12]} is not an ancestor of BAD {bad[:12]}: nothing lies between them in order")
-    listed = subprocess.run(["git", "rev-list", "--reverse", "--topo-order", "--ancestry-path", f"{good}..{bad}"],
-                            capture_output=True, text=True, check=True)  # fmt: skip
-    commits = listed.stdout.split()  # after GOOD up to BAD, oldest first
+    commits = git("rev-list", "--reverse", "--topo-order", "--ancestry-path", f"{good}..{bad}").split()  # oldest first
     device = chosen_device(args.device)
     if (worker := load_plugins(args.harness_plugins, "plugins")[1]) is not None:  # to know the plugins' backends
         worker.stop()
@@ -108,18 +99,18 @@ def main(args: argparse.Namespace) -> int:
     if not any(case.id == args.case for case in load(paths, device, None)):
         raise BadInput(f"--case {args.case}: no such case in {' '.join(paths)} (`harness list` shows the ids)")
     effect = args.min_effect if args.min_effect is not None else stats.default_effect(device)
-    config = worker_config(paths, device, args.harness_plugins)
+    config = confirm.worker_config(paths, device, args.harness_plugins)
     key = (args.case, args.backend)
-    looks = look_schedule(args.rounds)
+    looks = confirm.look_schedule(args.rounds)
     say = lambda line: print(line, file=sys.stderr, flush=True)  # noqa: E731
     say(f"bisect: {len(commits)} commit(s) after {subject(good)}; {args.backend} on {args.case}, slower by "
         f"{effect:.0%} counts; each step up to {args.rounds} paired rounds against GOOD")  # fmt: skip
 
     def judge(commit: str) -> str:
-        with checked_out({"good": good, "step": commit}) as trees:
-            pooled = sequential_rounds(
+        with confirm.checked_out({"good": good, "step": commit}) as trees:
+            pooled = confirm.sequential_rounds(
                 {0: key}, {0: effect},
-                lambda keys, pooled, new_first: _one_round(trees, ({}, {}), config, keys, pooled, new_first),
+                lambda keys, pooled, new_first: confirm._one_round(trees, ({}, {}), config, keys, pooled, new_first),
                 alpha=args.alpha, rounds=args.rounds, time_s=args.step_time, log=say,
             )  # fmt: skip
         test = stats.paired_ratio(*pooled[key], alpha=args.alpha, looks=len(looks))

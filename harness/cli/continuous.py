@@ -11,7 +11,8 @@ import time
 from pathlib import Path
 
 from harness.cli import compare
-from harness.cli.options import DEFAULT_CASES, BadInput, add_pattern, add_to_argparse, as_bad_input, resolved_cases
+from harness.cli.options import DEFAULT_CASES, BadInput, add_pattern, add_run_options, as_bad_input, resolved_cases
+from harness.results.environment import git
 from harness.review.confirm import ConfirmInputError, checked_commit, checked_out
 
 
@@ -31,7 +32,7 @@ def add_parser(verbs) -> None:
                             help="case file or folder, or a packaged suite's name (repeatable; default: smoke)")  # fmt: skip
     continuous.add_argument("--out", type=Path, metavar="DIR",
                             help="where the two run folders go (default: reports/continuous-<UTC time>)")  # fmt: skip
-    add_to_argparse(continuous)
+    add_run_options(continuous)
     add_pattern(continuous)
     compare.add_arguments(continuous, plugin=False)
     continuous.set_defaults(handler=main)
@@ -39,12 +40,10 @@ def add_parser(verbs) -> None:
 
 def commit_of(ref: str, what: str) -> str:
     """``ref`` as the full id of a commit of your history; BadInput naming ``what`` otherwise."""
-    if ref and not ref.startswith("-"):  # nothing git could read as an option
-        found = subprocess.run(["git", "rev-parse", "--verify", "--quiet", f"{ref}^{{commit}}"],
-                               capture_output=True, text=True)  # fmt: skip
-        if found.returncode == 0:
-            with as_bad_input(ConfirmInputError):
-                return checked_commit(found.stdout.strip(), what)
+    # a ref starting with '-' never reaches git, which would read it as an option
+    if ref and not ref.startswith("-") and (found := git("rev-parse", "--verify", "--quiet", f"{ref}^{{commit}}")):
+        with as_bad_input(ConfirmInputError):
+            return checked_commit(found, what)
     raise BadInput(f"{what} {ref!r}: not a commit of this repository")
 
 

@@ -133,17 +133,13 @@ def apply_threads(value: str | None, device: str) -> int:
     return torch.get_num_threads()
 
 
-def add_to_argparse(parser: argparse.ArgumentParser, advanced=None) -> None:
-    """The run options on ``parser``; the advanced ones on ``advanced`` (an argument group) when given."""
+def add_run_options(parser, advanced=None) -> None:
+    """The run options on ``parser``, an argparse parser (the advanced ones on ``advanced``, an argument group, when
+    given) or a pytest OptionGroup (parser.getgroup(...), whose addoption takes argparse's keywords)."""
     for option in RUN_OPTIONS:
         target = advanced if option.advanced and advanced is not None else parser
-        target.add_argument(option.flag, help=option.help, **option.kwargs)
-
-
-def add_to_pytest(group) -> None:
-    """``group`` is a pytest OptionGroup (parser.getgroup(...)); it takes argparse-style kwargs."""
-    for option in RUN_OPTIONS:
-        group.addoption(option.flag, help=option.help, **option.kwargs)
+        add = target.addoption if hasattr(target, "addoption") else target.add_argument
+        add(option.flag, help=option.help, **option.kwargs)
 
 
 PATTERN_HELP = (

@@ -9,8 +9,9 @@ from pathlib import Path
 
 from harness.backends.builtin import resolve_backends
 from harness.backends.registry import plugin_key, require_plugins
+from harness.cases.loading import load_cases
 from harness.cases.packaged import resolve_case_arg
-from harness.cases.spec import CaseFileError, load_case_file, resolve_case_paths
+from harness.cases.spec import CaseFileError
 from harness.cli.options import DEFAULT_CASES, BadInput, compile_pattern
 from harness.cli.terminal import finish, verdict
 from harness.execute.ray_cluster import LOCAL as RAY_LOCAL
@@ -104,12 +105,9 @@ def finalize(args: argparse.Namespace, journal) -> int:
     if not journal.rows:
         raise BadInput(f"--finalize {args.resume}: the journal holds no row; there is nothing to write")
     try:  # what never ran (a journal from elsewhere may name files or backends this machine lacks)
-        paths = resolve_case_paths([resolve_case_arg(c) for c in args.cases] or DEFAULT_CASES)  # suite names too
-        cases = [case for path in paths for case in load_case_file(path)]
-        cases = [c for c in cases if not args.harness_tags or set(args.harness_tags) & set(c.tags)]
-        if args.pattern is not None:
-            keep = compile_pattern(args.pattern)
-            cases = [c for c in cases if keep(c.id)]
+        keep = compile_pattern(args.pattern) if args.pattern is not None else None
+        paths = [resolve_case_arg(c) for c in args.cases] or DEFAULT_CASES  # suite names too
+        cases = load_cases(paths, None, args.harness_tags, keep=keep)  # no memory check: nothing runs
         if args.shard is not None:  # only this run's slice could have run
             cases = shard_cases(cases, *parse_shard(args.shard))
         backends = resolve_backends(args.harness_backends)

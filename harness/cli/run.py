@@ -14,19 +14,8 @@ import torch
 from harness.backends.builtin import REGISTRY, load_plugin, resolve_backends
 from harness.backends.registry import add_remote_backend
 from harness.cases.spec import check_backend_names
-from harness.cli.options import (
-    EXIT_INTERNAL,
-    EXIT_INTERRUPTED,
-    EXIT_TERMINATED,
-    BadInput,
-    add_pattern,
-    add_to_argparse,
-    apply_threads,
-    as_bad_input,
-    chosen_device,
-    load,
-    prog,
-)
+from harness.cli import options
+from harness.cli.options import BadInput
 from harness.cli.resume import finalize, keep_logs, ordered, resume, run_options, staged_logs
 from harness.cli.terminal import finish, row_printer, verdict
 from harness.execute.executors import add_arguments as add_scale_arguments
@@ -50,7 +39,7 @@ def add_parser(verbs) -> None:
                      "gpu_peers, gpu_long, gpu_sweep, variants); default: smoke")  # fmt: skip
     oracle = run.add_argument_group("oracle and inputs")
     reliability = run.add_argument_group("interrupted runs, isolation and time limits")
-    add_to_argparse(run, advanced=oracle)
+    options.add_run_options(run, advanced=oracle)
     run.add_argument("--out", type=Path, help="run folder to create (default: reports/<time>-<device>-<commit>)")
     run.add_argument("--no-timing", dest="timing", action="store_false", help="grade only; do not time")
     run.add_argument("--no-progress", dest="progress", action="store_false", default=None,
@@ -85,7 +74,7 @@ def add_parser(verbs) -> None:
         "INCOMPLETE and exit 4 where some never ran (or which ran is not known here) and the rest pass",
     )  # fmt: skip
     add_scale_arguments(run)  # --workers, --ray, --oracle-cache
-    add_pattern(run)
+    options.add_pattern(run)
     run.set_defaults(handler=main)
 
 
@@ -152,13 +141,13 @@ def main(args: argparse.Namespace) -> int:
 
 def _checked_run(args: argparse.Namespace, journal) -> int:
     """Check the device, threads, timeout and scale options, import the plugins, then run."""
-    device = chosen_device(args.harness_device)
+    device = options.chosen_device(args.harness_device)
     if args.progress is None:
         args.progress = sys.stderr.isatty()
     if args.timeout is not None and not args.timeout > 0:
         raise BadInput(f"--timeout {args.timeout:g}: must be a positive number of seconds")
-    with as_bad_input():
-        apply_threads(args.harness_threads, device)
+    with options.as_bad_input():
+        options.apply_threads(args.harness_threads, device)
         check_scale_arguments(args)  # --workers, --ray, --oracle-cache (harness.execute.executors)
     plugin_backends, worker = load_plugins(args.harness_plugins, args.isolate)
     if plugin_backends and (args.workers is not None or args.ray is not None):
@@ -174,9 +163,9 @@ def _checked_run(args: argparse.Namespace, journal) -> int:
 
 def _run(args: argparse.Namespace, device: str, journal, plugin_backends: set[str], worker) -> int:
     """Validate cases and backends, reserve the run folder (its journal), then run and write."""
-    with as_bad_input():
+    with options.as_bad_input():
         backends = resolve_backends(args.harness_backends)
-    cases = load(args.cases, device, args.harness_tags, [b.name for b in backends], args.pattern)
+    cases = options.load(args.cases, device, args.harness_tags, [b.name for b in backends], args.pattern)
     check_backend_names(cases, list(REGISTRY))
     if args.shard is not None:
         cases = shard_cases(cases, *parse_shard(args.shard))
@@ -197,7 +186,7 @@ def _run(args: argparse.Namespace, device: str, journal, plugin_backends: set[st
         journal.close(stopped=True)
         what = "interrupted" if isinstance(stop, KeyboardInterrupt) else "terminated (SIGTERM)"
         print(f"{what}: {len(journal.rows)} rows kept in {journal.path}; finish with: {resume_hint}", file=sys.stderr)
-        return EXIT_INTERRUPTED if isinstance(stop, KeyboardInterrupt) else EXIT_TERMINATED
+        return options.EXIT_INTERRUPTED if isinstance(stop, KeyboardInterrupt) else options.EXIT_TERMINATED
     except BaseException:
         journal.close(stopped=True)
         print(f"the {len(journal.rows)} rows so far are kept in {journal.path}; after a fix: {resume_hint}",
@@ -233,7 +222,7 @@ def _run_and_write(args, device, cases, backends, plugin_backends, worker, journ
     done = journal.done()
     todo = sum((c.id, b.name) not in done for c in cases for b in backends)
     if journal.header.get("meta") is None:  # what a --finalize elsewhere reports as the run's own meta
-        start_meta = collect_meta(device, [prog(), *sys.argv[1:]], {}, oracle_cache.meta_record())
+        start_meta = collect_meta(device, [options.prog(), *sys.argv[1:]], {}, oracle_cache.meta_record())
         journal.record_meta({**start_meta, "ceilings": ceilings, "timing_threads": threads, "shard": args.shard})
     print(f"{len(cases)} cases x {len(backends)} backends on {device}"
           + (f": {todo} to run, {len(done)} from the journal" if done else ""), file=sys.stderr)  # fmt: skip
@@ -248,7 +237,7 @@ def _run_and_write(args, device, cases, backends, plugin_backends, worker, journ
     frame = ordered(to_frame(journal.rows), cases, backends, COLUMNS)
     scale.update(journal_s=round(journal_s, 3), merge_s=round(time.perf_counter() - merging, 3), rows=len(frame))
     bandwidth = {k: v for k, v in ceilings.items() if k.endswith("_gbps")}
-    meta = collect_meta(device, [prog(), *sys.argv[1:]], bandwidth, oracle_cache.meta_record())
+    meta = collect_meta(device, [options.prog(), *sys.argv[1:]], bandwidth, oracle_cache.meta_record())
     meta.update(case_files=sorted({c.file for c in cases}), ceilings=ceilings, timing_threads=threads, shard=args.shard)
     meta.update(gpus=scale.pop("gpus"), scale=scale)  # each GPU's ceilings; where the run's time went
     if note := mixed_models_note(meta["gpus"]):
@@ -264,7 +253,7 @@ def _run_and_write(args, device, cases, backends, plugin_backends, worker, journ
         print(f"error: writing the run folder {run_dir} failed: {error}\n"
               f"the {len(journal.rows)} rows are kept in {journal.path}; once there is room, finish with: "
               f"{resume_hint}", file=sys.stderr)  # fmt: skip
-        return EXIT_INTERNAL
+        return options.EXIT_INTERNAL
     journal.remove()
     keep_logs(run_dir)  # the plugin rows' output, beside the run until its folder exists
     if to_profile:

@@ -8,7 +8,7 @@ from pathlib import Path
 import pandas as pd
 
 from harness.cases.spec import Case
-from harness.results.storage import RunFolderError, load_run
+from harness.results.storage import load_run
 from harness.timing.ceilings import mixed_models_note
 from harness.timing.metrics import case_cost
 
@@ -34,16 +34,12 @@ def shard_cases(cases: list[Case], index: int, count: int) -> list[Case]:
 
 
 def merge_runs(run_dirs: list[Path], allow_mixed_commits: bool = False) -> tuple[pd.DataFrame, dict, list[str]]:
-    """The joined rows and meta of ``run_dirs``, and warnings (shards missing from an I/N set); MergeError on a
-    pair in two runs, mixed commits (unless ``allow_mixed_commits``), mixed devices, or timed beside untimed."""
+    """The joined rows and meta of ``run_dirs``, and warnings (shards missing from an I/N set); RunFolderError for a
+    folder that is not a run, MergeError on a pair in two runs, mixed commits (unless ``allow_mixed_commits``), mixed
+    devices, or timed beside untimed."""
     if len(run_dirs) < 2:
         raise MergeError("merge needs at least two run folders")
-    loaded = []
-    for run_dir in run_dirs:
-        try:
-            loaded.append((Path(run_dir), *load_run(Path(run_dir))))
-        except RunFolderError as error:
-            raise MergeError(str(error)) from None
+    loaded = [(Path(run_dir), *load_run(Path(run_dir))) for run_dir in run_dirs]  # RunFolderError: not a run
     owner: dict[tuple[str, str], Path] = {}
     for run_dir, frame, _ in loaded:
         for pair in zip(frame["case"], frame["backend"], strict=True):

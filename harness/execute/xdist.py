@@ -15,6 +15,7 @@ import torch
 
 from harness.execute.workers import visible_gpus
 from harness.results.journal import plain_row
+from harness.results.report import write_page
 from harness.timing.ceilings import GpuLedger, mixed_models_note
 
 ROWS_DIR = "harness_rows_dir"  # key in a worker's workerinput
@@ -53,14 +54,8 @@ def save_worker_rows(config: pytest.Config, rows: list[dict]) -> Path:
     labels = {"host": socket.gethostname(), "gpu_index": os.environ.get("CUDA_VISIBLE_DEVICES", ""), "worker": worker}
     if _run_device(config).startswith("cuda") and (name := torch.cuda.get_device_name(0)):  # it sees one GPU
         labels["gpu_name"] = name
-    folder = Path(config.workerinput[ROWS_DIR])
-    target = folder / f"{worker}.jsonl"
-    fd, temp = tempfile.mkstemp(dir=folder, prefix=f".{worker}.", suffix=".tmp")
-    with os.fdopen(fd, "w") as file:
-        for row in rows:
-            file.write(json.dumps(plain_row({**row, **labels}), allow_nan=True, default=str) + "\n")
-    os.replace(temp, target)
-    return target
+    lines = [json.dumps(plain_row({**row, **labels}), allow_nan=True, default=str) + "\n" for row in rows]
+    return write_page(Path(config.workerinput[ROWS_DIR]) / f"{worker}.jsonl", "".join(lines))
 
 
 def collect_rows(config: pytest.Config) -> list[dict] | None:

@@ -191,7 +191,13 @@ class Journal:
                 dropped.append(f"{record['case']} {record['backend']} (line {number})")
             elif kind == "row":
                 seen.add((record["case"], record["backend"]))
-                rows.append(_samples_back(record))
+                rows.append(record)
+                for key, value in record.items():  # samples as lists, also where an older journal holds text "[1.5]"
+                    if key.endswith("_samples_us") and isinstance(value, str) and value.startswith("["):
+                        try:
+                            record[key] = [float(x) for x in json.loads(value)]
+                        except (ValueError, TypeError):
+                            record[key] = None
         header["last_pid"] = pid
         header["meta"] = metas[-1] if metas else None  # the run's meta.json as it stood at its start
         journal = cls(path, header, rows)
@@ -268,14 +274,3 @@ def pid_alive(pid) -> bool:
     except PermissionError:
         return True
     return True
-
-
-def _samples_back(row: dict) -> dict:
-    """Timing samples as lists, also where an older journal holds them as text ("[1.5, 2.0]")."""
-    for key, value in row.items():
-        if key.endswith("_samples_us") and isinstance(value, str) and value.startswith("["):
-            try:
-                row[key] = [float(x) for x in json.loads(value)]
-            except (ValueError, TypeError):
-                row[key] = None
-    return row

@@ -23,7 +23,6 @@ MAIN_COLUMNS = [
     "status", "case", "backend", "dtype", "tol_ratio", "max_abs_err", "latency_us", "latency_p10_us",
     "latency_p90_us", "call_us", "gbps", "pct_of_ceiling", "reason",
 ]  # fmt: skip
-FAILING_COUNT_COLUMNS = ("fail_count", "num_failing", "failing_elements", "num_bad")
 
 ENV = Environment(loader=PackageLoader("harness.results", "templates"), autoescape=select_autoescape(["html", "j2"]))
 
@@ -60,7 +59,8 @@ ENV.filters.update(fmt=fmt, sig=sig)
 
 
 def write_page(path: Path, page: str) -> Path:
-    """Write ``page`` to ``path`` (its folder made if need be) atomically, through a new file renamed into place."""
+    """Write ``page`` (a page, or xdist workers' rows) to ``path`` (its folder made if need be) atomically, through a
+    new file renamed into place."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")  # a new file: no planted link is followed
@@ -123,7 +123,7 @@ def _prepare_rows(frame: pd.DataFrame, regressed: dict[tuple[str, str], str]) ->
         row["_overhead"] = overhead if overhead and overhead > HOST_OVERHEAD_FLAG else None
         row["_details"] = _details(row)
         row["_regressed"] = regressed.get((row["case"], row["backend"]), "")
-        row["_failing"] = next((int(row[c]) for c in FAILING_COUNT_COLUMNS if not _missing(row.get(c))), None)
+        row["_failing"] = None if _missing(row.get("fail_count")) else int(row["fail_count"])
         rows.append(row)
     return rows
 

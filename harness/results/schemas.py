@@ -1,4 +1,4 @@
-"""The shapes of the files a run folder holds, checked before anything reads them (:class:`SchemaError`)."""
+"""The shapes of the files a run folder holds, checked before anything reads them (:class:`RunFolderError`)."""
 
 from __future__ import annotations
 
@@ -14,8 +14,9 @@ from harness.cases.vocab import STATUSES, field_path
 from harness.results.columns import TABLE
 
 
-class SchemaError(ValueError):
-    """A file whose content does not have the expected shape; the message names file and field."""
+class RunFolderError(ValueError):
+    """A folder given as a stored run is not one (missing, corrupt or foreign files, or a file whose content does not
+    have the expected shape); names the file and field."""
 
 
 # --- meta.json ---------------------------------------------------------------------------------
@@ -91,9 +92,9 @@ class RunMeta(_Lenient):
 
 
 def check_meta(meta: Any, file: Path | str) -> dict:
-    """``meta`` (parsed meta.json) if it fits :class:`RunMeta`; SchemaError naming file and field."""
+    """``meta`` (parsed meta.json) if it fits :class:`RunMeta`; RunFolderError naming file and field."""
     if not isinstance(meta, dict):
-        raise SchemaError(f"{file}: a JSON object expected, got {type(meta).__name__}")
+        raise RunFolderError(f"{file}: a JSON object expected, got {type(meta).__name__}")
     try:
         RunMeta.model_validate(meta)
     except ValidationError as error:
@@ -102,7 +103,7 @@ def check_meta(meta: Any, file: Path | str) -> dict:
             field = field_path(item["loc"], brackets=True) or "(top level)"
             message = re.sub(r" or instance of \w+", "", item["msg"])  # pydantic's class names mean nothing here
             lines.setdefault(field, f"{file}: field '{field}': {message} (got {item['input']!r:.60})")
-        raise SchemaError("; ".join(lines.values())) from None
+        raise RunFolderError("; ".join(lines.values())) from None
     return meta
 
 
@@ -119,10 +120,6 @@ COLUMN_KINDS: dict[str, str] = {
     "graph_capturable": NUMBER,
 }
 REQUIRED = ("case", "backend", "status")  # what compare, history and the report read, at least; never empty
-
-
-def _null(value: Any) -> bool:
-    return value is None or (isinstance(value, float) and np.isnan(value))
 
 
 def _is_number(value: Any) -> bool:
@@ -155,20 +152,20 @@ def _column_problem(series: pd.Series, kind: str) -> str:
         return f"{kind} expected, found a column of dtype {dtype}"
     check = _VALUE_OK[kind]
     for position, value in enumerate(series.tolist()):
-        if not _null(value) and not check(value):
+        if not (value is None or (isinstance(value, float) and np.isnan(value)) or check(value)):
             return f"{kind} expected, row {position} holds {type(value).__name__} {value!r:.40}"
     return ""
 
 
 def check_rows(frame: pd.DataFrame, file: Path | str) -> pd.DataFrame:
-    """``frame`` (results.parquet) if its known columns hold their kinds; SchemaError naming file and column."""
+    """``frame`` (results.parquet) if its known columns hold their kinds; RunFolderError naming file and column."""
     if missing := [c for c in REQUIRED if c not in frame.columns]:
-        raise SchemaError(
+        raise RunFolderError(
             f"{file}: not a harness results file: no column(s) {', '.join(missing)} "
             f"(has {', '.join(map(str, frame.columns[:8]))}{'...' if len(frame.columns) > 8 else ''})"
         )
     if frame.empty:
-        raise SchemaError(f"{file}: holds no rows (a run writes one per case and backend)")
+        raise RunFolderError(f"{file}: holds no rows (a run writes one per case and backend)")
     problems = []
     for column in frame.columns:
         kind = COLUMN_KINDS.get(str(column))
@@ -180,5 +177,5 @@ def check_rows(frame: pd.DataFrame, file: Path | str) -> pd.DataFrame:
     if not bad.empty and not frame["status"].isna().any():
         problems.append(f"{file}: column 'status': {bad.iloc[0]!r} is none of {', '.join(STATUSES)}")
     if problems:
-        raise SchemaError("; ".join(problems))
+        raise RunFolderError("; ".join(problems))
     return frame

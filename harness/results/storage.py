@@ -16,7 +16,7 @@ import pandas as pd
 
 from harness.results.environment import git
 from harness.results.journal import SUFFIX, Journal, JournalError, journal_path, pid_alive, run_dir_of
-from harness.results.schemas import SchemaError, check_meta, check_rows
+from harness.results.schemas import RunFolderError, check_meta, check_rows
 
 RESULT_FILES = ("results.parquet", "results.csv", "meta.json", "report.html")
 # Every timing sample of a row (arrays): in results.parquet only (in a CSV, numpy's printed arrays, cut at 1000).
@@ -25,10 +25,6 @@ SAMPLE_COLUMNS = ("latency_samples_us", "call_samples_us")
 
 class RunDirExistsError(FileExistsError):
     """The run folder already exists; runs are never overwritten."""
-
-
-class RunFolderError(ValueError):
-    """A folder given as a stored run is not one (missing, corrupt or foreign files); names the file."""
 
 
 class NotWritableError(OSError):
@@ -95,9 +91,9 @@ _PARTIAL = re.compile(r"^\.(?P<name>.+)\.partial-(?P<pid>\d+)$")
 PARTIAL_MARKER = ".harness-partial"
 
 
-def stale_leftovers(reports_root: Path, clean: bool = True) -> list[str]:
-    """Messages about what this user's dead runs left under ``reports_root``: a partial folder is removed
-    (``clean``), a journal without a folder kept (with the command that finishes it), one with a folder removed."""
+def stale_leftovers(reports_root: Path) -> list[str]:
+    """Messages about what this user's dead runs left under ``reports_root``: a partial folder is removed, a journal
+    without a folder kept (with the command that finishes it), one with a folder removed."""
     root = Path(reports_root)
     if not root.is_dir():
         return []
@@ -117,8 +113,7 @@ def stale_leftovers(reports_root: Path, clean: bool = True) -> list[str]:
                 continue
             journal = root / (match["name"] + SUFFIX)
             kept = f"; its rows are in {journal}" if journal.exists() else ""
-            if clean:
-                shutil.rmtree(entry, ignore_errors=True)
+            shutil.rmtree(entry, ignore_errors=True)
             messages.append(f"note: removed {entry}: a run (pid {match['pid']}) died while writing it{kept}")
         elif entry.name.endswith(SUFFIX) and entry.is_file():
             try:
@@ -130,8 +125,7 @@ def stale_leftovers(reports_root: Path, clean: bool = True) -> list[str]:
                 continue  # a run still going
             target = run_dir_of(entry)
             if target.is_dir():
-                if clean:
-                    entry.unlink(missing_ok=True)
+                entry.unlink(missing_ok=True)
                 messages.append(f"note: removed {entry}: its run folder {target} is complete")
             else:
                 pid = journal.header.get("last_pid")
@@ -208,7 +202,4 @@ def load_run(run_dir: Path) -> tuple[pd.DataFrame, dict]:
     if frame is None:
         raise RunFolderError(f"{rows_file}: {shape.num_rows:,} rows, {size / 2**30:.1f} GiB uncompressed: past "
                              f"the {MAX_ROWS:,} rows or {MAX_ROWS_BYTES / 2**30:.0f} GiB a run folder may hold")  # fmt: skip
-    try:
-        return check_rows(frame, rows_file), check_meta(meta, meta_file)
-    except SchemaError as error:
-        raise RunFolderError(str(error)) from None
+    return check_rows(frame, rows_file), check_meta(meta, meta_file)

@@ -25,17 +25,8 @@ from tqdm import tqdm
 
 from harness.backends.builtin import REGISTRY
 from harness.backends.registry import UnnamedPluginError, require_plugins
-from harness.review import stats
-from harness.review.compare import (
-    RETIMED,
-    CompareOptions,
-    Comparison,
-    _effect,
-    _row_changes,
-    mark_unconfirmed,
-    restate_drift,
-    retimed_reading,
-)
+from harness.review import compare, stats
+from harness.review.compare import CompareOptions, Comparison
 
 WORKER = r"""
 import ctypes, json, os, signal, sys
@@ -140,15 +131,6 @@ def _plugins(command: str) -> list[str]:
     return [words[i + 1] for i, w in enumerate(words[:-1]) if w == "--plugin"]
 
 
-def _require_plugins(chosen, new_meta: dict, plugins, source: str) -> None:
-    """A plugin's rows need the plugins the new run's command names on this command line too."""
-    if not set(chosen["backend"]) <= {name for name, backend in REGISTRY.items() if backend.kind != "plugin"}:
-        try:
-            require_plugins(_plugins(str(new_meta.get("command") or "")), list(plugins), f"{source}/meta.json")
-        except UnnamedPluginError as error:
-            raise ConfirmInputError(str(error)) from None
-
-
 _OBJECT_ID = re.compile(r"[0-9a-fA-F]{7,64}")
 
 
@@ -248,11 +230,15 @@ def confirm_slower(
         return comparison
     if checkouts is None:
         commits = tuple(checked_commit(c, f"{s}/meta.json") for c, s in zip(commits, sources, strict=True))
-    _require_plugins(chosen, new_meta, plugins, sources[1])
+    if not set(chosen["backend"]) <= {name for name, backend in REGISTRY.items() if backend.kind != "plugin"}:
+        try:  # a plugin's rows need the plugins the new run's command names on this command line too
+            require_plugins(_plugins(str(new_meta.get("command") or "")), list(plugins), f"{sources[1]}/meta.json")
+        except UnnamedPluginError as error:
+            raise ConfirmInputError(str(error)) from None
     config = worker_config(case_files, str(new_meta.get("device") or "cpu"), plugins, new_meta.get("timing_threads"),
                            target_s)  # fmt: skip
     index = dict(zip(chosen.index, zip(chosen["case"], chosen["backend"], strict=True), strict=True))
-    effects = {i: _effect(comparison.rows.loc[i], options) for i in index}
+    effects = {i: compare._effect(comparison.rows.loc[i], options) for i in index}
     looks = look_schedule(rounds)
     with contextlib.ExitStack() as stack:
         trees = checkouts or stack.enter_context(checked_out(dict(zip(("base", "new"), commits, strict=True))))
@@ -361,8 +347,9 @@ def rows_to_retime(comparison: Comparison, which: str):
     return rows[rows["verdict"].isin(_WANTED[which]) & rows["latency_us_new"].notna()]
 
 
-def cannot_retime(base_meta: dict, new_meta: dict, chosen, plugins, sources: tuple[str, str]) -> str:
-    """Why the ``chosen`` rows cannot be re-timed ('' when they can); ConfirmInputError for a bad commit or plugin."""
+def cannot_retime(base_meta: dict, new_meta: dict, sources: tuple[str, str]) -> str:
+    """Why the runs' rows cannot be re-timed here ('' when they can; :func:`confirm_slower` checks commits and
+    plugins, a ConfirmInputError)."""
     for meta, source in zip((base_meta, new_meta), sources, strict=True):
         if not meta.get("commit"):
             return f"{source} records no commit"
@@ -372,9 +359,6 @@ def cannot_retime(base_meta: dict, new_meta: dict, chosen, plugins, sources: tup
         return "the runs record no case files"
     if missing := [f for f in case_files if not Path(f).exists()]:
         return f"case file {missing[0]} is not here"
-    for meta, source in zip((base_meta, new_meta), sources, strict=True):
-        checked_commit(meta["commit"], f"{source}/meta.json")
-    _require_plugins(chosen, new_meta, plugins, sources[1])
     return ""
 
 
@@ -388,24 +372,20 @@ def retime_or_mark(
     chosen = rows_to_retime(comparison, which)
     if chosen.empty:
         return comparison
-    why = skip
-    if not why:
-        try:
-            sources = confirm.get("sources", ("the base run", "the new run"))
-            why = cannot_retime(base_meta, new_meta, chosen, confirm.get("plugins", ()), sources)
-        except ConfirmInputError as error:
-            if strict:
-                raise
-            why = str(error)
+    why = skip or cannot_retime(base_meta, new_meta, confirm.get("sources", ("the base run", "the new run")))
     if not why:
         try:
             return confirm_slower(comparison, base_meta, new_meta, options, which=which, log=log, **confirm)
+        except ConfirmInputError as error:  # a commit not in this history, a plugin not named here
+            if strict:
+                raise
+            why = str(error)
         except subprocess.CalledProcessError as error:  # git worktree add: the commit is not checked out here
             detail = (error.stderr or b"").decode(errors="replace").strip().splitlines()
             why = f"checking out a commit failed: {detail[-1] if detail else error}"
     if (chosen["verdict"] == "slower").any():
         log(f"confirm: not re-timed: {why}")
-    return mark_unconfirmed(comparison, why, options)
+    return compare.mark_unconfirmed(comparison, why, options)
 
 
 def rounds_to_decide(test: stats.LatencyTest, min_effect: float) -> float:
@@ -508,12 +488,12 @@ def rejudge(
     rows = comparison.rows.copy()
     for i, key in index.items():
         t = stats.paired_ratio(*pooled[key], alpha=options.alpha, looks=looks)
-        v = stats.decide_paired(t, min_effect=_effect(rows.loc[i], options))
+        v = stats.decide_paired(t, min_effect=compare._effect(rows.loc[i], options))
         rows.loc[i, ["ratio", "ci_low", "ci_high", "p_value", "p_adjusted"]] = [
             t.ratio, t.ci_low, t.ci_high, t.p_value, stats.looks_adjusted(t.p_value, looks),
         ]  # fmt: skip
         rows.at[i, "verdict"], rows.at[i, "evidence"] = v.verdict, "confirmed, interleaved"
-        rows.at[i, "verdict_reason"] = f"{RETIMED}, {t.n_base} paired rounds: {v.reason}"
-        rows.loc[i, ["why", "better"]] = _row_changes(rows.loc[i], options)
-    problems = restate_drift(comparison.problems, retimed_reading(rows))
+        rows.at[i, "verdict_reason"] = f"{compare.RETIMED}, {t.n_base} paired rounds: {v.reason}"
+        rows.loc[i, ["why", "better"]] = compare._row_changes(rows.loc[i], options)
+    problems = compare.restate_drift(comparison.problems, compare.retimed_reading(rows))
     return Comparison(rows=rows, problems=problems, incomplete=comparison.incomplete)

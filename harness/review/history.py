@@ -25,10 +25,6 @@ class History:
     rows: pd.DataFrame  # one row per (run, case, backend): VALUES, regressed, why
 
 
-def _holds_run(path: Path) -> bool:
-    return (path / "meta.json").is_file() and (path / "results.parquet").is_file()
-
-
 def find_runs(paths: list[Path]) -> list[Path]:
     """Run folders among ``paths`` and their direct subfolders (hidden, half-written ones skipped); else ValueError."""
     found = []
@@ -36,7 +32,8 @@ def find_runs(paths: list[Path]) -> list[Path]:
         if (path / "meta.json").exists() or (path / "results.parquet").exists():
             found.append(path)
         elif path.is_dir():
-            inside = [p for p in sorted(path.iterdir()) if not p.name.startswith(".") and _holds_run(p)]
+            inside = [p for p in sorted(path.iterdir()) if not p.name.startswith(".")]
+            inside = [p for p in inside if (p / "meta.json").is_file() and (p / "results.parquet").is_file()]
             if not inside:
                 raise ValueError(f"{path}: not a run folder (no meta.json and results.parquet), nor a folder of runs")
             found += inside

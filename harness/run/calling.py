@@ -5,14 +5,13 @@ first, the last graded on the driver's flip. What each catches: docs/contract.md
 
 from __future__ import annotations
 
-import time
 import traceback
 from collections.abc import Callable
 from dataclasses import dataclass, field, fields
 
 import torch
 
-from harness.backends.registry import Backend, Prepared, Unsupported
+from harness.backends.registry import Backend, Prepared, Unsupported, timed_us
 from harness.cases.inputs import PagedInputs
 from harness.cases.spec import Case
 from harness.run.guard import InputGuard, check_output, raised_by_backend
@@ -206,15 +205,6 @@ class Checks:
         self.sums.clear()
 
 
-def _timed_call(prepared: Prepared, cuda: bool) -> tuple[object, float]:
-    """One call of the prepared backend: (its result, its wall seconds, the device drained on CUDA)."""
-    started = time.perf_counter()
-    result = prepared.run()
-    if cuda:
-        torch.cuda.synchronize()
-    return result, time.perf_counter() - started
-
-
 def call_backend(case: Case, inputs: PagedInputs, guard: InputGuard | None, backend: Backend, device: str,
                  settings: TimingSettings | None, seeds: tuple[int, int, int],
                  batch: Callable[[Prepared, Called], None] | None = None) -> Called:  # fmt: skip
@@ -235,7 +225,7 @@ def call_backend(case: Case, inputs: PagedInputs, guard: InputGuard | None, back
     called.note = prepared.note
     try:
         with phase("graded call"):
-            raw, graded_s = _timed_call(prepared, cuda)
+            raw, graded_us = timed_us(prepared.run, cuda)
         raw, lse, lse_problem = split_result(raw, want_lse)
         packed = prepared.to_packed(raw)
         with phase("guard"):
@@ -247,18 +237,18 @@ def call_backend(case: Case, inputs: PagedInputs, guard: InputGuard | None, back
         called.lse = lse.detach().clone() if isinstance(lse, torch.Tensor) else None
         if settings is None:
             return called
-        over_budget = settings.budget_s is not None and graded_s > settings.budget_s
+        over_budget = settings.budget_s is not None and graded_us > settings.budget_s * 1e6
         if over_budget and cuda and not backend.model:
             # A graded call on a GPU may have compiled (Triton's JIT, torch.compile, cuDNN's plans): a second
             # call says what a call costs. On a CPU nothing compiles: the first call decides.
             with phase("graded call"):
-                graded_s = _timed_call(prepared, cuda)[1]
-            over_budget = graded_s > settings.budget_s
+                graded_us = timed_us(prepared.run, cuda)[1]
+            over_budget = graded_us > settings.budget_s * 1e6
         if over_budget:
             # One call already outlasts the row's timing budget: the row is graded, not timed.
             why = "a Python model on a GPU is graded, not timed" if settings.budget_s == 0 else (
                 f"past the row's {settings.budget_s:g} s timing budget")  # fmt: skip
-            called.note = "; ".join(filter(None, [called.note, f"{NOT_TIMED} {graded_s:.1f} s, {why}"]))
+            called.note = "; ".join(filter(None, [called.note, f"{NOT_TIMED} {graded_us / 1e6:.1f} s, {why}"]))
             return called
         # The timing columns, every timed call checked (see the module docstring).
         flipper = Flipper(inputs, latent=bool(case.latent_kv)) if prepared.follows_inputs else None
