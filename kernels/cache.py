@@ -4,16 +4,9 @@ a block table kept on the device, and an attention read that goes through the di
 A slot is ``block * block_size + offset``. With block_size 16, a sequence whose blocks are [7, 2, 9] keeps token
 40 in slot 9 * 16 + 8 = 152 (40 = 2 * 16 + 8).
 
-The read path an engine takes, once per step and then once per layer:
-
-    meta = cache.step_metadata(seq_ids, query_start_loc)   # a few device ops, no sync
-    for layer in range(num_layers):
-        cache.paged_attention(layer, q[layer], meta, out=out[layer])   # no sync, graph-capturable
-    cache.step_metadata(seq_ids, into=meta)   # the next step in the same tensors: replay a graph
-
 The device table has one row per live sequence, updated as blocks are handed out (allocate/append/free), so a
-step gathers its rows instead of rebuilding the table on the host. ``paged_attention(layer, q, seq_ids, ...)``
-builds the metadata on every call.
+step's metadata (:meth:`PagedKVCache.step_metadata`, built once for every layer's read: docs/contract.md, "The
+engine's path") gathers its rows instead of rebuilding the table on the host.
 """
 
 from __future__ import annotations
@@ -239,12 +232,9 @@ class PagedKVCache:
         only when value checks are on (``check``, else $PAGED_ATTENTION_CHECK).
         """
         k_pool, v_pool = self.k_caches[self._check_layer(layer)], self.v_caches[layer]
-        if slot_mapping.dim() != 1 or slot_mapping.dtype.is_floating_point or slot_mapping.dtype.is_complex:
-            raise ValueError(
-                f"slot_mapping must be a 1-d integer tensor, got {slot_mapping.dtype} {tuple(slot_mapping.shape)}"
-            )
-        if slot_mapping.dtype == torch.bool:
-            raise ValueError("slot_mapping must be a 1-d integer tensor, got torch.bool")
+        dtype = slot_mapping.dtype
+        if slot_mapping.dim() != 1 or dtype.is_floating_point or dtype.is_complex or dtype == torch.bool:
+            raise ValueError(f"slot_mapping must be a 1-d integer tensor, got {dtype} {tuple(slot_mapping.shape)}")
         for name, tensor, pool in (("key", key, k_pool), ("value", value, v_pool)):
             expected = (slot_mapping.shape[0], *pool.shape[2:])
             if tuple(tensor.shape) != expected:
@@ -333,13 +323,12 @@ class PagedKVCache:
                 max_seq_len=max_seq_len,
                 seq_ids=seq_ids,
             )
-        if into.block_table.shape != (len(seq_ids), self._table.shape[1]) or (into.query_start_loc is None) != (
-            query_start_loc is None
-        ):
+        shape = (len(seq_ids), self._table.shape[1])
+        if into.block_table.shape != shape or (into.query_start_loc is None) != (query_start_loc is None):
             raise ValueError(
                 f"into holds {tuple(into.block_table.shape)} tables and query_start_loc "
                 f"{'None' if into.query_start_loc is None else 'given'}; this step needs "
-                f"{(len(seq_ids), self._table.shape[1])} and {'None' if query_start_loc is None else 'given'}"
+                f"{shape} and {'None' if query_start_loc is None else 'given'}"
             )
         torch.index_select(self._table, 0, rows, out=into.block_table)
         torch.index_select(self._device_lens, 0, rows, out=into.seq_lens)
