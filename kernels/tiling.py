@@ -23,9 +23,8 @@ SINGLE_DOT_HEAD_DIM = 256  # above it, K is loaded as two pieces and the heads o
 # a program (FlashMLA's split: 64 heads a CTA, V's dims over two warpgroups). None: the 16-head tiling always.
 WIDE_HEADS: int | None = 64
 V_PART_DIM = 256
-# MLA's latent cache (vLLM's MLA and FlashMLA keep one cache of 576 columns, V its first 512): when V is a view of
-# K's first piece (:func:`latent_kv`), a program holds V whole and takes it from the K tile it loaded (the
-# kernel's SHARED_KV): the logits once a head tile, half the bytes and the shared memory. False: two tensors.
+# MLA's latent cache (vLLM's MLA and FlashMLA keep one cache of 576 columns, V its first 512; :func:`latent_kv`):
+# the logits once a head tile, half the bytes and the shared memory. False: two tensors always.
 LATENT_KV = True
 
 
@@ -70,11 +69,9 @@ class Tiling:
     sequences of 131072 tokens is 32 programs, so the range is cut in 16 splits of 8192 positions.
 
     A decode with programs enough but a length bound past DEVICE_SPLIT_MIN_KEYS may take the device split
-    (:func:`device_splits`; SPLIT_SIZE is then 0 and DEVICE_SPLIT holds the rule's constants): NUM_SPLITS
-    programs a (sequence, KV head), of which each sequence takes its own number by its share of the batch's
-    work, decided on the device from the lengths (the host knows only the bound). A ragged batch's longest
-    sequences are cut instead of running alone at the end; a uniform batch stays unsplit (the extra programs
-    exit at once).
+    (:func:`device_splits`): each sequence takes its own number of the NUM_SPLITS, decided on the device from
+    the lengths (the host knows only the bound), so a ragged batch's longest sequences are cut instead of
+    running alone at the end; a uniform batch stays unsplit (the extra programs exit at once).
     """
 
     BLOCK_M: int
@@ -90,8 +87,7 @@ class Tiling:
     # An fp8 cache under fp16 / bf16 q in a decode launch: the dots run in fp16 (bf16 q scaled into
     # fp16, p rounded to fp16; kernels.triton_paged._q_to_fp16, V_PAIRS). Other launches keep q's dtype.
     FP8_DOTS_FP16: bool = False
-    # The device split (:func:`device_splits`): None, or its (piece_mul, piece_div, piece_min, piece_mean) when
-    # each sequence's number of splits (at most NUM_SPLITS) is decided on the device from seq_lens.
+    # The device split's (piece_mul, piece_div, piece_min, piece_mean) (:func:`device_splits`), or None.
     DEVICE_SPLIT: tuple[int, int, int, int] | None = None
 
 
@@ -102,11 +98,10 @@ MIN_TILES_PER_SPLIT = 8
 MAX_SPLITS = 64
 # A split decode whose splits cover more than this many keys looks up "decode_split_long".
 LONG_SPLIT_KEYS = 1024
-# The device split (Tiling's docstring, choose_tiling, device_splits): only for at most DEVICE_SPLIT_MAX_SEQS
-# sequences (every program reads them all) and no sliding window (a windowed program walks at most W keys anyway).
-# C = DEVICE_SPLIT_SLACK: a piece holds at most C times one of TARGET_PROGRAMS program slots' even share of the
-# batch's work (a ratio of ints: the rule runs in integers, the same on the device and in tlsim); a uniform batch
-# of at least TARGET_PROGRAMS / C programs (211 at 264) takes one split a sequence. C 5/4 with at most 4 splits
+# The device split (device_splits): only for at most DEVICE_SPLIT_MAX_SEQS sequences (every program reads them
+# all) and no sliding window (a windowed program walks at most W keys anyway). C = DEVICE_SPLIT_SLACK, a ratio of
+# ints (the rule runs in integers, the same on the device and in tlsim): a uniform batch of at least
+# TARGET_PROGRAMS / C programs (211 at 264) takes one split a sequence. C 5/4 with at most 4 splits
 # balances the 8B decode's ragged lengths and leaves every uniform decode of the GPU suites at its unsplit time
 # (docs/performance.md, "fp8 KV caches"). The programs go longest piece first (the kernel's _program_order); every
 # program sorts, and the sort's code grows with the lanes (sm_90 SASS, scripts/sass_census.py: 376 instructions
@@ -182,10 +177,8 @@ def choose_tiling(
         and num_tokens <= num_seqs  # a decode by its shapes, not only by its max_q_len hint
         and max_seq_len > DEVICE_SPLIT_MIN_KEYS
     ):
-        # The device split: NUM_SPLITS programs a (sequence, KV head), of which sequence i takes device_splits'
-        # count. A piece is at least C * len_i * num_kv_heads / TARGET_PROGRAMS keys (the total includes len_i) and
-        # at least DEVICE_SPLIT_MIN_KEYS, which bounds every sequence's count; NUM_SPLITS is the power of two at
-        # or above that bound, at most DEVICE_SPLIT_MAX_SPLITS.
+        # The device split: a piece (device_splits) of at least C * len_i * num_kv_heads / TARGET_PROGRAMS keys
+        # and DEVICE_SPLIT_MIN_KEYS bounds every sequence's count; NUM_SPLITS is the power of two at or above it.
         slack_num, slack_den = DEVICE_SPLIT_SLACK
         piece_mul, piece_div = num_kv_heads * slack_num, TARGET_PROGRAMS * slack_den
         most = min(cdiv(piece_div, piece_mul), cdiv(max_seq_len, DEVICE_SPLIT_MIN_KEYS))
@@ -294,12 +287,10 @@ def device_splits(
 
 
 def heads_per_program(call: PagedCall) -> int:
-    """Query heads of a KV head's group that one program holds: the whole group, except when head_dim or
-    head_dim_v passes SINGLE_DOT_HEAD_DIM and the group passes 16, where a program holds 16 (MLA's 128 heads
-    over one KV head: 8 programs a token, each a [16, 512] fp32 accumulator instead of one [128, 512] that no
-    register file holds); the kernel's grid axis 1 is then num_kv_heads * ceil(group_size / 16) (times
-    :func:`v_parts`). Under the wide tiling (:func:`_wide`) a program holds up to WIDE_HEADS heads and only
-    V_PART_DIM of V's dims: MLA's 128 heads take 2 head tiles of 64 times 2 V parts."""
+    """Query heads of a KV head's group that one program holds (grid axis 1: num_kv_heads * ceil(group_size /
+    heads) * :func:`v_parts`): the whole group, except past SINGLE_DOT_HEAD_DIM with a group past 16, where a
+    program holds 16 (MLA's 128 heads over one KV head: [16, 512] fp32 accumulators, not one [128, 512] that no
+    register file holds), or up to WIDE_HEADS under the wide tiling (:func:`_wide`)."""
     if _wide(call):
         return min(call.group_size, WIDE_HEADS)
     if max(call.head_dim, call.head_dim_v) > SINGLE_DOT_HEAD_DIM and call.group_size > 16:
