@@ -2,27 +2,23 @@
 
 The idea, in a few lines:
 
-* One program owns one (query tile, KV head, KV split). A query tile is BLOCK_Q query tokens of one sequence
-  times the group_size query heads that read this KV head, so each KV tile is loaded from the pool once and
-  shared by the whole group (MHA: group 1, MQA: group num_q_heads). The KV is split (``kernels.tiling.Tiling``)
-  when few programs would run, or per sequence in a ragged decode: the device split, whose programs go longest
-  piece first (``_program_order``).
+* One program owns one (query tile, KV head, KV split) (``kernels.tiling.Tiling`` says how the work is cut), so
+  each KV tile is loaded from the pool once and shared by the group's query heads. The device split's programs
+  go longest piece first (``_program_order``).
 * The launch reads no tensor value (no device sync; CUDA-graph capturable). The grid is sized from num_tokens
   and num_seqs alone, and each program finds its sequence by a binary search over query_start_loc
   (``_find_seq``; the numbering is in ``kernels.tiling.Tiling``): num_seqs programs for decode, about
   num_tokens / BLOCK_Q for prefill (16 prefills of 1024 queries at BLOCK_Q 16: 1039 tiles, where giving every
   sequence num_tokens / BLOCK_Q tiles, since the host may not read the true max_q_len, would launch 16384).
-* It walks the sequence's keys TILE_N positions at a time. Key position ``p`` lives in physical block
-  ``block_table[seq, p // block_size]`` at offset ``p % block_size`` (block_size 16: position 45 is offset 13
-  of the table's third entry). Tiles are independent of block_size, so any block size from 1 to 256 works.
+* It walks the sequence's keys TILE_N positions at a time, key position ``p`` at offset ``p % block_size`` of
+  block ``block_table[seq, p // block_size]``: tiles are independent of block_size, so any from 1 to 256 works.
 * Online softmax in base 2 on the unscaled logits ``s = q . k``: running max ``m`` of s,
   ``p = exp2((s - m) * scale * log2(e))``, running sum ``l``, and an fp32 accumulator rescaled by
   ``exp2((m_old - m_new) * scale * log2(e))`` at every tile. fp32 scales after subtracting the max, since
   ``s - m`` is exact near the max while scaling first turns a logit near 150 into ~216 in base 2, which fp32
   rounds by up to 7.6e-6 (tests/kernels/kernel_cases.py, ``large_logits_q40``). fp16 and bf16, whose p is
   rounded to 8 or 11 bits anyway, take the multiply-add form ``exp2(s * c - m * c)``.
-* Causality: query j of a sequence with q_len queries sits at position ``seq_len - q_len + j`` and sees keys
-  ``0..position``. The tile loop stops at the last position any row of the program can see.
+* Causality (docs/contract.md): the tile loop stops at the last position any row of the program can see.
 * The attention variants (docs/contract.md, "Attention variants") are constexpr switches that compile away
   when off, all in units of the unscaled logit s, so the online softmax is unchanged: the softcap is
   ``c * tanh(s / c)`` with c = cap / scale (``_softcap``), ALiBi adds ``(slope / scale) * (key_pos -
@@ -788,13 +784,11 @@ KV_TMA = True
 
 def _kv_tma(call: PagedCall, tiling, strides: tuple, copied: tuple, parts: int) -> bool:
     """Whether the unmasked tiles load K (and V, unless it is K's view) by tensor descriptor (_attend_tiles'
-    KV_TMA): a tile lies in one block (block_size a multiple of TILE_N), the pool is one 2-D tensor of rows
-    (block stride = block_size * slot stride) with each head's columns inside a row, the rows and the base are
-    16-byte aligned (the copy engine's rule), every piece of K and V is loaded whole (no padded dims), the GPU
-    is NVIDIA sm_90 or newer (or the interpreter) and the cache is not fp8 (V_PAIRS reads pairs). Decode
-    launches only: prefill and verify run slower so (docs/performance.md, "Hopper's prefill").
-
-    ``strides``: K's and V's strides as launched; ``copied``: whether the launcher copies each."""
+    KV_TMA): a tile in one block, the pool one 2-D tensor of rows with each head's columns inside a row, the rows
+    and the base 16-byte aligned (the copy engine's rule), every piece of K and V loaded whole, NVIDIA sm_90 or
+    newer (or the interpreter), no fp8 cache (V_PAIRS reads pairs). Decode launches only: prefill and verify run
+    slower so (docs/performance.md, "Hopper's prefill"). ``strides``: K's and V's as launched; ``copied``:
+    whether the launcher copies each."""
     if not KV_TMA or call.kv_fp8 or call.block_size % tiling.TILE_N or not tiling.TUNING_KEY[2].startswith("decode"):
         return False
     if call.q.device.type == "cuda" and (torch.version.hip or torch.cuda.get_device_capability(call.q.device)[0] < 9):
@@ -846,11 +840,6 @@ def paged_attention_triton(
     return plan
 
 
-def _strides(t: torch.Tensor, copied: bool) -> tuple[int, ...]:
-    """t's strides, or those of t.contiguous() when the launcher copies it (torch's rule, on the meta device)."""
-    return contiguous_strides(t.shape) if copied else t.stride()
-
-
 def _partial_numel(splits: int, num_tokens: int, num_q_heads: int, head_dim_v_padded: int, device_split: bool) -> int:
     """Elements of the split path's fp32 workspace, laid out as three arrays one after another:
     m [splits, num_tokens, num_q_heads], l (the same shape), acc [splits, num_tokens, num_q_heads,
@@ -884,11 +873,11 @@ class TritonPlan:
             self.launch = lambda *tensors: None
             return
         tiling = self.tiling = tiling_for(call, max_q_len, max_seq_len)
-        self.copy_q, self.copy_k, self.copy_v, self.copy_out = (t.stride(-1) != 1 for t in (q, k_cache, v_cache, out))
-        q_st, k_st, v_st, o_st = (
-            _strides(q, self.copy_q), _strides(k_cache, self.copy_k), _strides(v_cache, self.copy_v),
-            _strides(out, self.copy_out),
-        )  # fmt: skip
+        tensors = (q, k_cache, v_cache, out)
+        self.copy_q, self.copy_k, self.copy_v, self.copy_out = copies = [t.stride(-1) != 1 for t in tensors]
+        # The strides as launched: those of t.contiguous() where the launcher copies t.
+        launched = zip(tensors, copies, strict=True)
+        q_st, k_st, v_st, o_st = (contiguous_strides(t.shape) if c else t.stride() for t, c in launched)
         one_query_per_seq = call.given_query_start_loc is None
         interpreted_bf16 = q.device.type != "cuda" and q.dtype == torch.bfloat16
         splits = tiling.NUM_SPLITS
