@@ -5,17 +5,12 @@ specialization of ~60 arguments) depends on the arguments' metadata and the host
 values. So the first call of a kind builds a *plan* (the outcome of all that work) and files it under a key made
 of exactly those inputs; a later call with the same key takes the plan and launches.
 
-The key (:func:`call_key`) covers every input a host decision reads:
-
-* each tensor argument's shape, strides, dtype, device, and its data_ptr mod 16 (Triton specializes on a
-  multiple of 16 or not); None for an absent one (query_start_loc, out, a device option such as sinks or
-  k_scale); whether v_cache starts where k_cache does (a latent cache's view: kernels.tiling.latent_kv);
-* each host scalar (scale, the hints max_q_len / max_seq_len, return_lse, a host option such as sliding_window,
-  a float k_scale) with its exact type and value, so ``True`` (rejected as a window) never meets ``1``;
-* the keyword options (kernels.contract.CALL_OPTION_TABLE) as the caller gave them: each as (name, its part), in
-  the caller's order (another order, or an option given as None, files a duplicate plan, never a wrong one);
-* the tuning override (``kernels.tuning.override``, the tuner's candidates) and, on CUDA, the current device (a
-  compiled kernel is loaded in one device's context).
+The key (:func:`call_key`) holds every input a host decision reads: each tensor argument's shape, strides,
+dtype, device and data_ptr mod 16 (Triton specializes on a multiple of 16 or not), and whether v_cache starts
+where k_cache does (kernels.tiling.latent_kv); each host scalar (a float k_scale too) with its exact type and
+value, so ``True`` (rejected as a window) never meets ``1``; the keyword options in the caller's order (another
+order, or an option given as None, files a duplicate plan, never a wrong one); the tuning override and, on CUDA,
+the current device (a compiled kernel is loaded in one device's context).
 
 An argument of any other type (a numpy scalar, a list) makes the call uncacheable: it takes the full path, which
 checks and usually rejects it. Since the shape, dtype and device checks read only what the key holds, a hit
