@@ -225,11 +225,9 @@ class PagedKVCache:
     ) -> None:
         """Store key/value [num_tokens, num_kv_heads, head_dim] at slot_mapping [num_tokens] (integer dtype).
 
-        Refused with a ValueError naming the argument, before anything is written: a layer outside
-        [0, num_layers); a non-integer slot_mapping; key/value not shaped [len(slot_mapping), num_kv_heads,
-        head_dim]; a slot outside [0, num_blocks * block_size) or in a block no live sequence owns. The slots are
-        read on the host: always for a CPU slot_mapping (what :meth:`append` returns), for a device one (a sync)
-        only when value checks are on (``check``, else $PAGED_ATTENTION_CHECK).
+        A bad argument, or a slot in a block no live sequence owns, is refused with a ValueError naming it before
+        anything is written. The slots are read on the host: always for a CPU slot_mapping (what :meth:`append`
+        returns), for a device one (a sync) only when value checks are on (``check``, else $PAGED_ATTENTION_CHECK).
         """
         k_pool, v_pool = self.k_caches[self._check_layer(layer)], self.v_caches[layer]
         dtype = slot_mapping.dtype
@@ -290,8 +288,7 @@ class PagedKVCache:
 
         query_start_loc [len(seq_ids) + 1] int32, or None for one query per sequence. A CPU tensor gives the host
         its max_q_len hint for free and is copied to the device; a device tensor is used as it is (max_q_len then
-        unknown). The block table and lengths are rows gathered from the device table (two small device ops),
-        the row indices sent through pinned memory: no device sync.
+        unknown). The row indices of the device table go through pinned memory: no device sync.
 
         into: an earlier step's metadata with the same number of sequences (and the same kind of
         query_start_loc): its tensors are refilled in place and shared by the result, so a CUDA graph captured
@@ -352,11 +349,9 @@ class PagedKVCache:
 
         ``seqs`` is a :class:`StepMetadata` from :meth:`step_metadata` (the engine's path: no host sync,
         capturable in a CUDA graph; query_start_loc then lives in it) or a list of sequence ids in q's packing
-        order (metadata built on every call). scale, out and check are as in the kernel contract. The read goes
-        through ``paged_attention_dispatch``, so the backend is the one the engine would run. Returns
-        [num_tokens, num_q_heads, head_dim]. ``variants`` (sliding_window, logit_softcap, sinks, alibi_slopes,
-        return_lse; docs/contract.md, "Attention variants") go to the kernel unchanged; with return_lse=True the
-        result is ``(out, lse)``.
+        order (metadata built on every call). The read goes through ``paged_attention_dispatch``, so the backend
+        is the one the engine would run; the other arguments and ``variants`` (return_lse included) go to it as
+        the kernel contract has them.
         """
         self._check_layer(layer)
         if isinstance(seqs, StepMetadata):
