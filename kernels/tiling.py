@@ -17,10 +17,9 @@ from .contract import PagedCall, fail
 from .tuning import query_class, tile_config
 
 SINGLE_DOT_HEAD_DIM = 256  # above it, K is loaded as two pieces and the heads of a group are tiled
-# Past SINGLE_DOT_HEAD_DIM under fp16 / bf16 q over a half-precision cache (MLA's absorbed decode: K 576 / V 512,
-# 128 heads on one KV head) a program holds up to WIDE_HEADS heads (the dots' M) and V_PART_DIM of V's dims: a
-# [64, 256] fp32 accumulator, and a token's programs read K twice and V once instead of 8 times each at 16 heads
-# a program (FlashMLA's split: 64 heads a CTA, V's dims over two warpgroups). None: the 16-head tiling always.
+# The wide tiling (:func:`_wide`; docs/contract.md, "V's head dim (MLA)"): a program holds up to WIDE_HEADS heads
+# and V_PART_DIM of V's dims (FlashMLA's split: 64 heads a CTA, V's dims over two warpgroups). None: the 16-head
+# tiling always.
 WIDE_HEADS: int | None = 64
 V_PART_DIM = 256
 # MLA's latent cache (vLLM's MLA and FlashMLA keep one cache of 576 columns, V its first 512; :func:`latent_kv`):
@@ -301,9 +300,7 @@ def heads_per_program(call: PagedCall) -> int:
 def v_parts(call: PagedCall) -> int:
     """Programs that share one head tile's rows, each V_PART_DIM of V's padded dims (grid axis 1's fastest
     part): next_pow2(head_dim_v) // V_PART_DIM under the wide tiling, else 1 (and 1 for a latent cache, whose
-    program holds V whole: :func:`latent_kv`). Each computes the tile's full logits (both K pieces) and its own
-    columns of p @ v; a column's sums do not depend on the others, and m, l and the lse are the same in every
-    part."""
+    program holds V whole: :func:`latent_kv`)."""
     if not _wide(call) or latent_kv(call):
         return 1
     return max(1, max(16, next_pow2(call.head_dim_v)) // V_PART_DIM)
@@ -349,12 +346,9 @@ def _wide(call: PagedCall) -> bool:
 
 
 def head_dim_pieces(head_dim: int) -> tuple[int, int]:
-    """(main, tail): K's head dim as the kernel loads it, each a power of two (tail 0: none).
-
-    Up to SINGLE_DOT_HEAD_DIM one piece, next_pow2(head_dim) (at least 16). Past it, the largest power of two
-    below, then the rest padded: 576 (MLA) = 512 + 64 in two dots instead of one padded to 1024 (which would
-    double the loads and the shared memory); 300 = 256 + 64 (44 used).
-    """
+    """(main, tail): K's head dim as the kernel loads it, each a power of two (tail 0: none): up to
+    SINGLE_DOT_HEAD_DIM one piece, past it the largest power of two below and the rest padded (576 = 512 + 64,
+    300 = 256 + 64; docs/contract.md, "V's head dim (MLA)", says why)."""
     if head_dim <= SINGLE_DOT_HEAD_DIM:
         return max(16, next_pow2(head_dim)), 0
     main = 2 ** int(math.log2(head_dim))

@@ -23,20 +23,18 @@ The idea, in a few lines:
   when off, all in units of the unscaled logit s, so the online softmax is unchanged: the softcap is
   ``c * tanh(s / c)`` with c = cap / scale (``_softcap``), ALiBi adds ``(slope / scale) * (key_pos -
   query_pos)``, and a sink ``sink / scale`` joins the denominator once, at the end (or in the combine of the
-  splits). The window hides keys more than W - 1 positions before a query and starts the tile loop at the
-  first tile the program's earliest query can see (``kernels.tiling.window_tile_start``): decode with W 4096
-  over 128k keys walks 65 tiles of 64, not 2048. The KV split is sized for W + q_len keys and cut from the
-  window's first tile, so the splits share the window's work (``kernels.tiling.tiling_for``).
+  splits). The window hides keys more than W - 1 positions before a query; the tile loop, and the KV split
+  sized for W + q_len keys, start at the first tile the program's earliest query can see
+  (``kernels.tiling.window_tile_start``, ``tiling_for``).
 * ``return_lse`` stores ln 2 * (m * scale * log2 e + log2 l) per row in the epilogue or the combine. An fp8
   cache (KV_FP8) is widened exactly to the dots' dtype, k_scale applied to the logits and v_scale to the
   accumulator (``_widen_fp8``). A decode runs those dots in fp16 under bf16 q too (FP16_DOTS, ``_q_to_fp16``:
   fp8 -> fp16 is one native conversion for two values, fp8 -> bf16 goes through fp32 on sm_90) and reads V
   as uint16 pairs of dims (V_PAIRS, ``_attend_tiles``); prefill and verification keep q's dtype.
-* Wide heads (MLA): V's head dim may differ from K's (HEAD_DIM_V); K past 256 columns is loaded in two
-  power-of-two pieces whose dots add into the same logits (DIM_MAIN + DIM_TAIL: 576 = 512 + 64); a large
-  group's heads are tiled (HEADS_PER_PROGRAM, HEAD_TILES), and each program may hold only V_PART_DIM of V's
-  dims (V_PARTS; ``kernels.tiling.WIDE_HEADS`` says why). When v_cache is a view of k_cache's first HEAD_DIM_V
-  columns (``kernels.tiling.latent_kv``), p @ v takes the K tile already loaded (SHARED_KV).
+* Wide heads (MLA; docs/contract.md, "V's head dim (MLA)"): HEAD_DIM_V may differ from K's; K past 256 columns
+  is two power-of-two pieces whose dots add into the same logits (DIM_MAIN + DIM_TAIL); a large group's heads
+  are tiled (HEADS_PER_PROGRAM, HEAD_TILES), V's dims may be too (V_PARTS), and a latent cache's p @ v takes
+  the K tile already loaded (SHARED_KV).
 * A decode launch whose tiles each lie in one block, on sm_90 or newer, loads its unmasked tiles' K and V by
   tensor descriptor (KV_TMA, ``_kv_tma``).
 * Indices are never trusted with memory: without value checks (``kernels.contract``) a query row past
@@ -826,10 +824,8 @@ def paged_attention_triton(
 
     Reads no tensor value on the host: no device sync, so it can be captured in a CUDA graph. The hints size
     the launch and change speed, never the result: max_q_len the tile height (decode through query_start_loc:
-    pass 1), max_seq_len the KV split. A repeated call with the same shapes, dtypes, strides, alignment and
-    options skips the checks, the tiling and Triton's argument binding: its :class:`TritonPlan` is kept in an
-    LRU (``kernels.launch_plan``; ``PAGED_ATTN_PLAN_CACHE=0`` turns it off). On CPU tensors the kernel runs
-    under Triton's interpreter (slow: small cases only).
+    pass 1), max_seq_len the KV split. A repeated call of the same plan key replays its :class:`TritonPlan`
+    (``kernels.launch_plan``). On CPU tensors the kernel runs under Triton's interpreter (slow: small cases only).
     """
     _check_launchable(call.q.device)
     plan = TritonPlan(call, out, lse, max_q_len, max_seq_len)
