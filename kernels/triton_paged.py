@@ -846,9 +846,8 @@ def _partial_numel(splits: int, num_tokens: int, num_q_heads: int, head_dim_v_pa
 
 
 class TritonPlan:
-    """Everything the launcher decides on the host for one plan key: the tiling, the grids, the scalar
-    arguments in signature order, the constexprs, which tensors it copies (a head_dim stride other than 1) and
-    the split path's buffer size.
+    """Everything the launcher decides on the host for one plan key (it copies a tensor whose head_dim stride is
+    not 1).
 
     ``launch(q, k_cache, v_cache, block_table, seq_lens, query_start_loc, out, lse, sinks, alibi_slopes,
     k_scale, v_scale)`` takes the checked tensors (PagedCall's view; ``out`` allocated, ``lse`` or None) and
