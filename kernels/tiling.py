@@ -97,14 +97,13 @@ MIN_TILES_PER_SPLIT = 8
 MAX_SPLITS = 64
 # A split decode whose splits cover more than this many keys looks up "decode_split_long".
 LONG_SPLIT_KEYS = 1024
-# The device split (device_splits): only for at most DEVICE_SPLIT_MAX_SEQS sequences (every program reads them
-# all) and no sliding window (a windowed program walks at most W keys anyway). C = DEVICE_SPLIT_SLACK, a ratio of
-# ints (the rule runs in integers, the same on the device and in tlsim): a uniform batch of at least
-# TARGET_PROGRAMS / C programs (211 at 264) takes one split a sequence. C 5/4 with at most 4 splits
-# balances the 8B decode's ragged lengths and leaves every uniform decode of the GPU suites at its unsplit time
-# (docs/performance.md, "fp8 KV caches"). The programs go longest piece first (the kernel's _program_order); every
-# program sorts, and the sort's code grows with the lanes (sm_90 SASS, scripts/sass_census.py: 376 instructions
-# at 64 sequences, 4000 at 1024), so a batch past LONGEST_FIRST_MAX_SEQS keeps the grid's order.
+# The device split (device_splits; the measurements behind these constants: docs/performance.md, "fp8 KV
+# caches"): only for at most DEVICE_SPLIT_MAX_SEQS sequences (every program reads them all) and no sliding window
+# (a windowed program walks at most W keys anyway). C = DEVICE_SPLIT_SLACK is a ratio of ints (the rule runs in
+# integers, the same on the device and in tlsim); 5/4 with at most 4 splits balances the 8B decode's ragged
+# lengths and leaves every uniform decode of the GPU suites at its unsplit time. Past LONGEST_FIRST_MAX_SEQS the
+# programs keep the grid's order (each one sorts the lengths, and the sort's code grows with the lanes:
+# scripts/sass_census.py, 376 instructions at 64 sequences, 4000 at 1024).
 LONGEST_FIRST_MAX_SEQS = 128
 DEVICE_SPLIT = True
 DEVICE_SPLIT_MAX_SEQS = 1024
@@ -113,8 +112,7 @@ DEVICE_SPLIT_MAX_SPLITS = 4  # the grid's splits a (sequence, KV head), a power 
 DEVICE_SPLIT_MIN_KEYS = 4096  # no sequence is cut into pieces of fewer keys than this target
 DEVICE_SPLIT_SLACK = (5, 4)
 # A piece is also at least DEVICE_SPLIT_MEAN_FACTOR times the batch's mean length, so only a sequence past twice
-# the mean is cut and a uniform batch never is (the slack alone would cut every sequence of a uniform batch of
-# 132-211 programs in two, which runs slower). Past 421 programs (C 5/4) the slack's piece is the larger.
+# the mean is cut and a uniform batch never is (the slack alone cuts a uniform batch of 132-211 programs in two).
 DEVICE_SPLIT_MEAN_FACTOR = 2
 
 
