@@ -82,11 +82,8 @@ def check_q_head_vector(name: str, value, q, k_cache) -> torch.Tensor | None:
 
 
 def check_kv_scale(name: str, value, kv_fp8: bool, num_kv_heads: int, device: torch.device) -> torch.Tensor | None:
-    """k_scale / v_scale of an fp8 cache as a [num_kv_heads] fp32 tensor on q's device; None for another cache.
-
-    Accepted: None (1.0), a positive finite host float (per tensor), or an fp32 tensor of 1 or num_kv_heads
-    elements (per tensor, or per KV head). No value is read (no sync): a host float becomes a device fill.
-    """
+    """k_scale / v_scale of an fp8 cache (None: 1.0) as a [num_kv_heads] fp32 tensor on q's device; None for another
+    cache. No value is read (no sync): a host float becomes a device fill."""
     if not kv_fp8:
         if value is not None:
             fail(f"{name} applies to an fp8 cache (float8_e4m3fn, float8_e5m2) only; this cache is not fp8")
