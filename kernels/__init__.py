@@ -1,7 +1,5 @@
-"""The code under test: paged-attention backends sharing one contract (see docs/contract.md).
-
-out = fn(q, k_cache, v_cache, block_table, seq_lens, query_start_loc=None, scale=None, out=None,
-         *, max_q_len=None, max_seq_len=None, check=None, <variants>, return_lse=False)
+"""The code under test: paged-attention backends sharing one contract (docs/contract.md; ``help()`` of any of
+them shows its signature).
 
 Importing this package does not import Triton: ``paged_attention_triton`` is loaded on
 first use, so ``use_interpreter_if_no_gpu()`` can still choose Triton's CPU interpreter.

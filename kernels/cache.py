@@ -4,16 +4,9 @@ a block table kept on the device, and an attention read that goes through the di
 A slot is ``block * block_size + offset``. With block_size 16, a sequence whose blocks are [7, 2, 9] keeps token
 40 in slot 9 * 16 + 8 = 152 (40 = 2 * 16 + 8).
 
-The read path an engine takes, once per step and then once per layer:
-
-    meta = cache.step_metadata(seq_ids, query_start_loc)   # a few device ops, no sync
-    for layer in range(num_layers):
-        cache.paged_attention(layer, q[layer], meta, out=out[layer])   # no sync, graph-capturable
-    cache.step_metadata(seq_ids, into=meta)   # the next step in the same tensors: replay a graph
-
 The device table has one row per live sequence, updated as blocks are handed out (allocate/append/free), so a
-step gathers its rows instead of rebuilding the table on the host. ``paged_attention(layer, q, seq_ids, ...)``
-builds the metadata on every call.
+step's metadata (:meth:`PagedKVCache.step_metadata`, built once for every layer's read: docs/contract.md, "The
+engine's path") gathers its rows instead of rebuilding the table on the host.
 """
 
 from __future__ import annotations
@@ -232,19 +225,14 @@ class PagedKVCache:
     ) -> None:
         """Store key/value [num_tokens, num_kv_heads, head_dim] at slot_mapping [num_tokens] (integer dtype).
 
-        Refused with a ValueError naming the argument, before anything is written: a layer outside
-        [0, num_layers); a non-integer slot_mapping; key/value not shaped [len(slot_mapping), num_kv_heads,
-        head_dim]; a slot outside [0, num_blocks * block_size) or in a block no live sequence owns. The slots are
-        read on the host: always for a CPU slot_mapping (what :meth:`append` returns), for a device one (a sync)
-        only when value checks are on (``check``, else $PAGED_ATTENTION_CHECK).
+        A bad argument, or a slot in a block no live sequence owns, is refused with a ValueError naming it before
+        anything is written. The slots are read on the host: always for a CPU slot_mapping (what :meth:`append`
+        returns), for a device one (a sync) only when value checks are on (``check``, else $PAGED_ATTENTION_CHECK).
         """
         k_pool, v_pool = self.k_caches[self._check_layer(layer)], self.v_caches[layer]
-        if slot_mapping.dim() != 1 or slot_mapping.dtype.is_floating_point or slot_mapping.dtype.is_complex:
-            raise ValueError(
-                f"slot_mapping must be a 1-d integer tensor, got {slot_mapping.dtype} {tuple(slot_mapping.shape)}"
-            )
-        if slot_mapping.dtype == torch.bool:
-            raise ValueError("slot_mapping must be a 1-d integer tensor, got torch.bool")
+        dtype = slot_mapping.dtype
+        if slot_mapping.dim() != 1 or dtype.is_floating_point or dtype.is_complex or dtype == torch.bool:
+            raise ValueError(f"slot_mapping must be a 1-d integer tensor, got {dtype} {tuple(slot_mapping.shape)}")
         for name, tensor, pool in (("key", key, k_pool), ("value", value, v_pool)):
             expected = (slot_mapping.shape[0], *pool.shape[2:])
             if tuple(tensor.shape) != expected:
@@ -300,8 +288,7 @@ class PagedKVCache:
 
         query_start_loc [len(seq_ids) + 1] int32, or None for one query per sequence. A CPU tensor gives the host
         its max_q_len hint for free and is copied to the device; a device tensor is used as it is (max_q_len then
-        unknown). The block table and lengths are rows gathered from the device table (two small device ops),
-        the row indices sent through pinned memory: no device sync.
+        unknown). The row indices of the device table go through pinned memory: no device sync.
 
         into: an earlier step's metadata with the same number of sequences (and the same kind of
         query_start_loc): its tensors are refilled in place and shared by the result, so a CUDA graph captured
@@ -333,13 +320,12 @@ class PagedKVCache:
                 max_seq_len=max_seq_len,
                 seq_ids=seq_ids,
             )
-        if into.block_table.shape != (len(seq_ids), self._table.shape[1]) or (into.query_start_loc is None) != (
-            query_start_loc is None
-        ):
+        shape = (len(seq_ids), self._table.shape[1])
+        if into.block_table.shape != shape or (into.query_start_loc is None) != (query_start_loc is None):
             raise ValueError(
                 f"into holds {tuple(into.block_table.shape)} tables and query_start_loc "
                 f"{'None' if into.query_start_loc is None else 'given'}; this step needs "
-                f"{(len(seq_ids), self._table.shape[1])} and {'None' if query_start_loc is None else 'given'}"
+                f"{shape} and {'None' if query_start_loc is None else 'given'}"
             )
         torch.index_select(self._table, 0, rows, out=into.block_table)
         torch.index_select(self._device_lens, 0, rows, out=into.seq_lens)
@@ -363,11 +349,9 @@ class PagedKVCache:
 
         ``seqs`` is a :class:`StepMetadata` from :meth:`step_metadata` (the engine's path: no host sync,
         capturable in a CUDA graph; query_start_loc then lives in it) or a list of sequence ids in q's packing
-        order (metadata built on every call). scale, out and check are as in the kernel contract. The read goes
-        through ``paged_attention_dispatch``, so the backend is the one the engine would run. Returns
-        [num_tokens, num_q_heads, head_dim]. ``variants`` (sliding_window, logit_softcap, sinks, alibi_slopes,
-        return_lse; docs/contract.md, "Attention variants") go to the kernel unchanged; with return_lse=True the
-        result is ``(out, lse)``.
+        order (metadata built on every call). The read goes through ``paged_attention_dispatch``, so the backend
+        is the one the engine would run; the other arguments and ``variants`` (return_lse included) go to it as
+        the kernel contract has them.
         """
         self._check_layer(layer)
         if isinstance(seqs, StepMetadata):

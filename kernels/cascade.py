@@ -1,17 +1,15 @@
 """Cascade attention: a shared prefix attended once per query, merged with the rest by the log-sum-exp.
 
-Attention over keys A + B equals the two partial attentions over A and over B, each normalised on its own,
-weighted by their denominators. With lse the natural log of a part's softmax denominator (docs/contract.md,
-"The log-sum-exp"):
+Attention over keys A + B is the partial attentions over A and over B, each normalised on its own, weighted by
+their denominators (lse: the natural log of a part's denominator; docs/contract.md, "The log-sum-exp"):
 
     lse = ln(exp(lse_a) + exp(lse_b))
     out = exp(lse_a - lse) * out_a + exp(lse_b - lse) * out_b
 
-That is how an engine serves many sequences that share a prompt (vLLM's cascade attention, FlashInfer's
-MultiLevelCascadeAttentionWrapper): the shared prefix is one partial attention, each sequence's own keys another.
-Example: block_size 16, four sequences sharing 2 blocks (32 keys) then 13, 40, 7, 20 keys of their own: the
-prefix part is each query over the same 32 keys, the suffix part the usual causal call over 13, 40, 7 and 20
-keys, and their merge is the attention over 45, 72, 39 and 52 keys.
+An engine serves sequences that share a prompt so (vLLM's cascade attention, FlashInfer's
+MultiLevelCascadeAttentionWrapper): with block_size 16, four sequences sharing 2 blocks (32 keys) then 13, 40, 7
+and 20 keys of their own take each query over the same 32 keys, then the usual causal call over their own keys;
+the merge is the attention over 45, 72, 39 and 52 keys.
 """
 
 from __future__ import annotations

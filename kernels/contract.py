@@ -2,9 +2,8 @@
 and the entry decorator that documents and checks a kernel's signature.
 
 Cheap checks (shapes, dtypes, devices) read only metadata and always run (on a launch-plan hit they ran for that
-key already: the key holds all they read). Value checks read tensor values (q_len <= seq_len, query_start_loc
-well formed, lengths within the table, block ids within the pool): on a GPU each is a device-to-host sync
-(hundreds of microseconds, and forbidden inside a CUDA-graph capture), so they run only when asked:
+key already: the key holds all they read). Value checks read tensor values: on a GPU each is a device-to-host
+sync (hundreds of microseconds, and forbidden inside a CUDA-graph capture), so they run only when asked:
 ``check=True``, or ``check=None`` with ``PAGED_ATTENTION_CHECK=1`` in the environment (tests/conftest.py sets it).
 """
 
@@ -56,14 +55,17 @@ def check_int_at_least_1(name: str, value, q, k_cache) -> int | None:
     return value
 
 
-def check_positive_float(name: str, value, q, k_cache) -> float | None:
-    """None, or a positive finite host number (as a float)."""
-    if value is None:
-        return None
+def positive_finite(name: str, value, or_none: str = "") -> float:
+    """``float(value)``, refused unless positive and finite."""
     value = float(value)
     if not (value > 0 and math.isfinite(value)):
-        fail(f"{name} must be a positive finite number or None, got {value}")
+        fail(f"{name} must be a positive finite number{or_none}, got {value}")
     return value
+
+
+def check_positive_float(name: str, value, q, k_cache) -> float | None:
+    """None, or a positive finite host number (as a float)."""
+    return None if value is None else positive_finite(name, value, " or None")
 
 
 def check_q_head_vector(name: str, value, q, k_cache) -> torch.Tensor | None:
@@ -80,19 +82,14 @@ def check_q_head_vector(name: str, value, q, k_cache) -> torch.Tensor | None:
 
 
 def check_kv_scale(name: str, value, kv_fp8: bool, num_kv_heads: int, device: torch.device) -> torch.Tensor | None:
-    """k_scale / v_scale of an fp8 cache as a [num_kv_heads] fp32 tensor on q's device; None for another cache.
-
-    Accepted: None (1.0), a positive finite host float (per tensor), or an fp32 tensor of 1 or num_kv_heads
-    elements (per tensor, or per KV head). No value is read (no sync): a host float becomes a device fill.
-    """
+    """k_scale / v_scale of an fp8 cache (None: 1.0) as a [num_kv_heads] fp32 tensor on q's device; None for another
+    cache. No value is read (no sync): a host float becomes a device fill."""
     if not kv_fp8:
         if value is not None:
             fail(f"{name} applies to an fp8 cache (float8_e4m3fn, float8_e5m2) only; this cache is not fp8")
         return None
     if value is None or (isinstance(value, int | float) and not isinstance(value, bool)):
-        value = 1.0 if value is None else float(value)
-        if not (value > 0 and math.isfinite(value)):
-            fail(f"{name} must be a positive finite number, got {value}")
+        value = positive_finite(name, 1.0 if value is None else value)
         return torch.full((num_kv_heads,), value, dtype=torch.float32, device=device)
     if not isinstance(value, torch.Tensor) or value.dtype != torch.float32 or value.numel() not in (1, num_kv_heads):
         got = f"{value.dtype} {tuple(value.shape)}" if isinstance(value, torch.Tensor) else type(value).__name__
@@ -236,13 +233,9 @@ class PagedCall:
 
 
 def prepare_call(q, k_cache, v_cache, block_table, seq_lens, query_start_loc=None, scale=None, check=None, **options):
-    """Check a call against the contract; fill in defaults; return the :class:`PagedCall`.
-
-    ``options`` are the contract's keyword options, by name (the rows of :data:`CALL_OPTION_TABLE`, each
-    checked by its row's check); another name is a TypeError. Raises ValueError naming the offending argument.
-    Shapes, dtypes and devices are always checked, and the index tensors (block_table, seq_lens,
-    query_start_loc) made contiguous; tensor values only when :func:`checks_enabled` (``check``) says so
-    (:func:`check_values`).
+    """Check a call against the contract (a ValueError names the argument); fill in defaults; return the
+    :class:`PagedCall`, its index tensors made contiguous. ``options``: the keyword options by name (another name
+    is a TypeError). The value checks run only when :func:`checks_enabled` (``check``) says so.
     """
     if q.dim() != 3:
         fail(f"q must be [num_tokens, num_q_heads, head_dim], got shape {tuple(q.shape)}")
@@ -285,9 +278,7 @@ def prepare_call(q, k_cache, v_cache, block_table, seq_lens, query_start_loc=Non
         query_start_loc = query_start_loc.contiguous()
     if len(devices) != 1:
         fail(f"all tensors must be on one device, got {sorted(map(str, devices))}")
-    scale = float(head_dim**-0.5 if scale is None else scale)
-    if not (scale > 0 and math.isfinite(scale)):
-        fail(f"scale must be a positive finite number, got {scale}")
+    scale = positive_finite("scale", head_dim**-0.5 if scale is None else scale)
     if unknown := sorted(set(options) - set(CALL_OPTIONS)):
         raise TypeError(f"paged attention got unexpected keyword argument(s) {unknown}; options: {CALL_OPTIONS}")
     checked_options = {o.name: o.check(o.name, options.get(o.name), q, k_cache) for o in CALL_OPTION_TABLE}
@@ -313,12 +304,7 @@ def prepare_call(q, k_cache, v_cache, block_table, seq_lens, query_start_loc=Non
 
 
 def check_values(call: PagedCall) -> None:
-    """The value checks (each reads device values: a sync on a GPU). Raises ValueError naming the argument.
-
-    query_start_loc[0] == 0, non-decreasing, query_start_loc[-1] == num_tokens; 0 <= seq_len <=
-    max_blocks_per_seq * block_size; q_len <= seq_len; and every block id a sequence uses (the first
-    ceil(seq_len / block_size) entries of its row) within [0, num_blocks).
-    """
+    """The value checks (each reads device values: a sync on a GPU). Raises ValueError naming the argument."""
     if call.given_query_start_loc is not None:
         starts = call.given_query_start_loc
         if int(starts[0]) != 0:
@@ -350,11 +336,7 @@ def check_values(call: PagedCall) -> None:
 
 
 def prepare_lse(call: PagedCall, return_lse: bool) -> torch.Tensor | None:
-    """[num_tokens, num_q_heads] fp32 for the log-sum-exp when ``return_lse`` (a bool), else None.
-
-    lse[t, h] = ln(S + sum_{j visible} exp(l_j)): the natural log of the softmax's denominator, the sink's term
-    S included (docs/contract.md, "The log-sum-exp").
-    """
+    """[num_tokens, num_q_heads] fp32 for the lse (docs/contract.md) when ``return_lse`` (a bool), else None."""
     if not isinstance(return_lse, bool):
         fail(f"return_lse must be True or False, got {return_lse!r}")
     if not return_lse:
@@ -370,12 +352,6 @@ def prepare_out(call: PagedCall, out: torch.Tensor | None) -> torch.Tensor:
     if out.shape != shape or out.dtype != call.q.dtype or out.device != call.q.device:
         fail(f"out must be {shape} in q's dtype ({call.q.dtype}), got {tuple(out.shape)}, {out.dtype}")
     return out
-
-
-def _option_doc(option: CallOption) -> str:
-    """A call option's lines in CONTRACT_DOC: its name, then its doc, continued under the doc's first line."""
-    first, *rest = option.doc.split("\n")
-    return "".join([f"    {option.name:<15} {first}\n", *(f"{'':20}{line}\n" for line in rest)])
 
 
 CONTRACT_DOC = """
@@ -396,16 +372,7 @@ CONTRACT_DOC = """
     check           run the value checks (device syncs); None: $PAGED_ATTENTION_CHECK == "1"
     return_lse      also return lse [num_tokens, num_q_heads] fp32, ln of each row's softmax
                     denominator, the sink included
-""" + "".join(map(_option_doc, CALL_OPTION_TABLE))
-
-
-def _entry_signature(entry) -> inspect.Signature:
-    """entry's signature with its ``**options`` spelled out: a keyword-only parameter per call option, default None."""
-    signature = inspect.signature(entry)
-    fixed = [p for p in signature.parameters.values() if p.kind is not inspect.Parameter.VAR_KEYWORD]
-    options = [inspect.Parameter(o.name, inspect.Parameter.KEYWORD_ONLY, default=None, annotation=o.kind.annotation)
-               for o in CALL_OPTION_TABLE]  # fmt: skip
-    return signature.replace(parameters=[*fixed, *options])
+""" + "".join(f"    {o.name:<15} " + o.doc.replace("\n", "\n" + " " * 20) + "\n" for o in CALL_OPTION_TABLE)
 
 
 def contract_entry(impl=None, *, plans=None):
@@ -413,17 +380,15 @@ def contract_entry(impl=None, *, plans=None):
 
     The one place the contract's arguments are spelled: the returned function checks the call
     (:func:`prepare_call`), allocates or checks ``out`` and the lse buffer, lets ``impl`` fill them, and returns
-    ``out`` or ``(out, lse)``. It keeps impl's name, module and docstring (followed by :data:`CONTRACT_DOC`);
-    ``inspect.signature`` and ``help()`` show the real signature, each call option (:data:`CALL_OPTION_TABLE`)
-    a keyword-only parameter, though the function takes them as ``**options`` (no ``__wrapped__``: impl's own
-    parameters are an implementation detail).
+    ``out`` or ``(out, lse)``. It keeps impl's name, module and docstring (followed by :data:`CONTRACT_DOC`), and
+    its signature shows each call option as a keyword-only parameter (no ``__wrapped__``: impl's own parameters
+    are an implementation detail).
 
-    ``plans`` (a :class:`kernels.launch_plan.PlanCache`: ``@contract_entry(plans=...)``) lets a repeated call
-    skip that host work: ``impl`` then returns a plan whose ``launch(q, k_cache, v_cache, block_table, seq_lens,
-    query_start_loc, out, lse, *options)`` (``options``: the values of :data:`DEVICE_OPTIONS`) redoes the call
-    from checked tensors; the cache files it in a recipe (``plans.recipe``) that prepares those tensors from the
-    raw arguments, and a later call with the same key goes straight to ``recipe.run``. The value checks still
-    run on every call that asks for them.
+    ``plans`` (a :class:`kernels.launch_plan.PlanCache`) lets a repeated call skip that host work: ``impl`` then
+    returns a plan whose ``launch(q, k_cache, v_cache, block_table, seq_lens, query_start_loc, out, lse,
+    *options)`` (the values of :data:`DEVICE_OPTIONS`) redoes the call from checked tensors, filed in a recipe
+    (``plans.recipe``) that a later call with the same key runs. The value checks still run on every call that
+    asks for them.
     """
     if impl is None:
         return lambda fn: contract_entry(fn, plans=plans)
@@ -468,5 +433,10 @@ def contract_entry(impl=None, *, plans=None):
 
     entry.__name__, entry.__qualname__, entry.__module__ = impl.__name__, impl.__qualname__, impl.__module__
     entry.__doc__ = (impl.__doc__ or "").rstrip() + "\n" + CONTRACT_DOC
-    entry.__signature__ = _entry_signature(entry)
+    # The signature with **options spelled out: a keyword-only parameter per call option, default None.
+    signature = inspect.signature(entry)
+    fixed = [p for p in signature.parameters.values() if p.kind is not inspect.Parameter.VAR_KEYWORD]
+    options = [inspect.Parameter(o.name, inspect.Parameter.KEYWORD_ONLY, default=None, annotation=o.kind.annotation)
+               for o in CALL_OPTION_TABLE]  # fmt: skip
+    entry.__signature__ = signature.replace(parameters=[*fixed, *options])
     return entry

@@ -49,17 +49,12 @@ def use_interpreter_if_no_gpu() -> bool:
 
 
 def triton_unavailable_reason(device: torch.device | str) -> str | None:
-    """Why the Triton kernel cannot run on ``device``, or None when it can.
-
-    On a CPU it runs only under Triton's interpreter, asked for with TRITON_INTERPRET=1 (slow: minutes for what
-    a GPU does in microseconds).
-    """
+    """Why the Triton kernel cannot run on ``device``, or None when it can (on a CPU only under Triton's
+    interpreter, TRITON_INTERPRET=1: minutes for what a GPU does in microseconds)."""
     device_type = _device_type(device)
     if not has_triton():
         return "Triton is not installed (pip install triton, or a CUDA build of torch)"
-    if device_type == "cuda":
-        return None
-    if device_type == "cpu" and os.environ.get("TRITON_INTERPRET") == "1":
+    if device_type == "cuda" or (device_type == "cpu" and os.environ.get("TRITON_INTERPRET") == "1"):
         return None
     return f"the Triton kernel needs a CUDA device (or TRITON_INTERPRET=1 on the CPU), got {device_type}"
 
@@ -75,12 +70,9 @@ def _device_type(device: torch.device | str) -> str:
 
 
 def select_backend(device: torch.device | str, backend: str | None = None) -> str:
-    """Name of the backend that serves a read on ``device``.
-
-    ``backend`` (else $PAGED_ATTENTION_BACKEND) forces one; otherwise "triton" on CUDA when Triton imports, else
-    "tlsim". Raises ValueError for an unknown name and BackendUnavailableError when the forced backend cannot
-    run on ``device``.
-    """
+    """Name of the backend that serves a read on ``device``, by the module docstring's rule (``backend`` before
+    $PAGED_ATTENTION_BACKEND). Raises ValueError for an unknown name and BackendUnavailableError when the forced
+    backend cannot run on ``device``."""
     forced = backend or os.environ.get(BACKEND_ENV) or None
     if forced is None:
         return _unforced(_device_type(device) == "cuda")
@@ -108,13 +100,9 @@ def _backend_fn(name: str) -> Callable[..., torch.Tensor]:
 
 
 def paged_attention_dispatch(*args, backend: str | None = None, **kwargs):
-    """Paged attention through the backend :func:`select_backend` picks for q's device.
-
-    Arguments and result are the kernel contract (the signature below, docs/contract.md); ``backend`` forces
-    one. Everything else (the launch hints, check, the attention variants, return_lse, an fp8 cache's
-    k_scale/v_scale) goes to the backend unchanged. Selecting reads no tensor value, so a dispatched Triton call
-    is as sync-free as a direct one.
-    """
+    """Paged attention through the backend :func:`select_backend` picks for q's device (``backend`` forces one);
+    every other argument goes to it unchanged. Selecting reads no tensor value, so a dispatched Triton call is as
+    sync-free as a direct one."""
     q = args[0] if args else kwargs["q"]
     if backend or os.environ.get(BACKEND_ENV):
         name = select_backend(q.device, backend)

@@ -1,4 +1,4 @@
-"""fp8 KV caches: the scale arguments checked, and quantizing and dequantizing a cache.
+"""fp8 KV caches: quantizing and dequantizing a cache (contract.check_kv_scale checks the scales).
 
 A cache stored as ``float8_e4m3fn`` or ``float8_e5m2`` holds ``x / scale``; the kernels widen
 each stored value exactly and multiply the logits by ``k_scale`` and the accumulator by
@@ -25,8 +25,7 @@ def quantize_kv(x: torch.Tensor, scale: torch.Tensor, dtype: torch.dtype) -> tor
 
 def dequantize_kv(stored: torch.Tensor, scale: torch.Tensor | None, dtype: torch.dtype) -> torch.Tensor:
     """stored [..., num_kv_heads, head_dim] dequantized: ``stored.float() * scale`` in ``dtype`` (the
-    reference passes fp32: exact); unchanged when scale is None (not fp8). The Triton kernel and
-    tlsim do not round this per element: they widen the fp8 values and scale outside the dots."""
+    reference passes fp32: exact); unchanged when scale is None (not fp8)."""
     if scale is None:
         return stored
     return (stored.float() * scale[:, None]).to(dtype)

@@ -5,17 +5,12 @@ specialization of ~60 arguments) depends on the arguments' metadata and the host
 values. So the first call of a kind builds a *plan* (the outcome of all that work) and files it under a key made
 of exactly those inputs; a later call with the same key takes the plan and launches.
 
-The key (:func:`call_key`) covers every input a host decision reads:
-
-* each tensor argument's shape, strides, dtype, device, and its data_ptr mod 16 (Triton specializes on a
-  multiple of 16 or not); None for an absent one (query_start_loc, out, a device option such as sinks or
-  k_scale); whether v_cache starts where k_cache does (a latent cache's view: kernels.tiling.latent_kv);
-* each host scalar (scale, the hints max_q_len / max_seq_len, return_lse, a host option such as sliding_window,
-  a float k_scale) with its exact type and value, so ``True`` (rejected as a window) never meets ``1``;
-* the keyword options (kernels.contract.CALL_OPTION_TABLE) as the caller gave them: each as (name, its part), in
-  the caller's order (another order, or an option given as None, files a duplicate plan, never a wrong one);
-* the tuning override (``kernels.tuning.override``, the tuner's candidates) and, on CUDA, the current device (a
-  compiled kernel is loaded in one device's context).
+The key (:func:`call_key`) holds every input a host decision reads: each tensor argument's shape, strides,
+dtype, device and data_ptr mod 16 (Triton specializes on a multiple of 16 or not), and whether v_cache starts
+where k_cache does (kernels.tiling.latent_kv); each host scalar (a float k_scale too) with its exact type and
+value, so ``True`` (rejected as a window) never meets ``1``; the keyword options in the caller's order (another
+order, or an option given as None, files a duplicate plan, never a wrong one); the tuning override and, on CUDA,
+the current device (a compiled kernel is loaded in one device's context).
 
 An argument of any other type (a numpy scalar, a list) makes the call uncacheable: it takes the full path, which
 checks and usually rejects it. Since the shape, dtype and device checks read only what the key holds, a hit
@@ -84,17 +79,6 @@ def clear_plans() -> None:
         cache.clear()
 
 
-def _describe(x: Any) -> Any:
-    """One argument's part of the key: None, a tensor's metadata, or a host scalar's (type, value)."""
-    if x is None:
-        return None
-    if type(x) in _SCALARS:
-        return (type(x), x)
-    if isinstance(x, torch.Tensor):
-        return (x.shape, x.stride(), x.dtype, x.device, x.data_ptr() & 15)
-    raise _Uncacheable
-
-
 def _describe_host_scalar(x: Any) -> Any:
     """A host-scalar argument's part of the key (scale, the length hints, sliding_window, logit_softcap):
     None or (type, value). A tensor there is read for its value by the full path (``float(scale)``), which
@@ -104,6 +88,13 @@ def _describe_host_scalar(x: Any) -> Any:
     if type(x) in _SCALARS:
         return (type(x), x)
     raise _Uncacheable
+
+
+def _describe(x: Any) -> Any:
+    """One argument's part of the key: a tensor's metadata, else as a host scalar's."""
+    if isinstance(x, torch.Tensor):
+        return (x.shape, x.stride(), x.dtype, x.device, x.data_ptr() & 15)
+    return _describe_host_scalar(x)
 
 
 # Each call option's part of the key, by name: a host option is read for its value, a device option
@@ -151,67 +142,6 @@ def call_key(
     return key
 
 
-class PlanCache:
-    """Up to ``size`` plans by :func:`call_key`, the least recently used dropped first.
-
-    Recency is kept the "second chance" way, so that a hit costs one dict lookup (hashing the key once): a hit
-    marks its entry used; when the cache is full, the oldest entry is dropped if unmarked, else unmarked and
-    moved to the back. Lookups are single dict reads (atomic under the GIL); inserts and evictions hold a lock.
-    The hit and miss counts are for reports, approximate under threads.
-    """
-
-    def __init__(self, size: int = MAX_PLANS):
-        self.size = size
-        self._plans: dict[tuple, list] = {}  # key -> [plan, used since it last reached the front]
-        self._lock = threading.Lock()
-        self.hits = self.misses = 0
-        _caches.append(self)
-
-    # call_key of the contract's arguments (None when the caches are off or it is uncacheable); a
-    # staticmethod so that ``plans.key(...)`` is one Python call, not a bound method forwarding *args.
-    key = staticmethod(call_key)
-
-    def get(self, key: tuple):
-        """The plan filed under ``key``, or None."""
-        entry = self._plans.get(key)
-        if entry is None:
-            self.misses += 1
-            return None
-        self.hits += 1
-        entry[1] = True
-        return entry[0]
-
-    def put(self, key: tuple, plan) -> None:
-        with self._lock:
-            self._plans.pop(key, None)
-            self._plans[key] = [plan, False]
-            while len(self._plans) > self.size:
-                oldest = next(iter(self._plans))
-                entry = self._plans.pop(oldest)
-                if entry[1]:  # used since it was filed or last moved: a second chance at the back
-                    entry[1] = False
-                    self._plans[oldest] = entry
-
-    @staticmethod
-    def recipe(call, out_given: bool, lse, raw_index, raw_options, plan) -> CallRecipe:
-        """The :class:`CallRecipe` a hit of this call replays (the arguments are CallRecipe's): what to file."""
-        return CallRecipe(call, out_given, lse, raw_index, raw_options, plan)
-
-    def clear(self) -> None:
-        """Forget every plan and zero the hit and miss counts."""
-        with self._lock:
-            self._plans.clear()
-            self.hits = self.misses = 0
-
-    def plans(self) -> list:
-        """The plans kept (their :class:`CallRecipe`, whose ``plan`` is the kernel's), oldest first."""
-        with self._lock:
-            return [entry[0] for entry in self._plans.values()]
-
-    def __len__(self) -> int:
-        return len(self._plans)
-
-
 # The device options' checks, in DEVICE_OPTIONS order (a plan's launch takes the options so, after lse);
 # and what a call without them hands the launch.
 _DEVICE_CHECKS = tuple((o.name, o.check) for o in CALL_OPTION_TABLE if not o.kind.host)
@@ -223,20 +153,17 @@ class CallRecipe:
     and ``prepare_lse``, decided once from the key's metadata, then ``plan.launch``.
 
     ``run(q, k_cache, v_cache, block_table, seq_lens, query_start_loc, out, options)`` takes the raw contract
-    arguments (``options``: the keyword options, a dict), makes the tensors the full path would have made (the
-    index tensors contiguous, a copy only where the key says they are not; the device options as their checks
-    make them: a head vector contiguous, an fp8 cache's scales as [num_kv_heads] fp32 device tensors; ``out``
-    or a fresh [num_tokens, num_q_heads, head_dim_v] in q's dtype; a fresh lse [num_tokens, num_q_heads] fp32
-    when asked for), launches, and returns ``out`` or ``(out, lse)``. A call with none of that to do (the usual
-    one) runs a shorter method that only allocates ``out`` when not given.
+    arguments, makes the tensors the full path would have made (the index tensors contiguous, the device options
+    as their checks make them, ``out`` [num_tokens, num_q_heads, head_dim_v] when not given, lse [num_tokens,
+    num_q_heads] fp32 when asked for), launches, and returns ``out`` or ``(out, lse)``. A call with nothing to
+    do but allocate ``out`` (the usual one) runs a shorter method.
     """
 
     __slots__ = ("convert", "copy_index", "lse_shape", "out_like_q", "out_shape", "plan", "run")
 
     def __init__(self, call, out_given: bool, lse: torch.Tensor | None, raw_index, raw_options, plan):
-        """``call``: the checked PagedCall; ``raw_index``: (block_table, seq_lens, query_start_loc)
-        and ``raw_options``: the keyword options, as the caller passed them; ``plan``: what
-        the kernel's entry returned (its ``launch`` is :func:`kernels.contract.contract_entry`'s)."""
+        """``call``: the checked PagedCall; ``raw_index`` (block_table, seq_lens, query_start_loc) and
+        ``raw_options``: as the caller passed them; ``plan``: what the kernel's entry returned."""
         self.copy_index = tuple(t is not None and not t.is_contiguous() for t in raw_index)
         q = call.q
         self.out_shape = None if out_given else (*q.shape[:2], call.head_dim_v)
@@ -282,6 +209,63 @@ class CallRecipe:
         return out if lse is None else (out, lse)
 
 
+class PlanCache:
+    """Up to ``size`` plans by :func:`call_key`, the least recently used dropped first.
+
+    Recency is kept the "second chance" way, so that a hit costs one dict lookup (hashing the key once): a hit
+    marks its entry used; when the cache is full, the oldest entry is dropped if unmarked, else unmarked and
+    moved to the back. Lookups are single dict reads (atomic under the GIL); inserts and evictions hold a lock.
+    The hit and miss counts are for reports, approximate under threads.
+    """
+
+    def __init__(self, size: int = MAX_PLANS):
+        self.size = size
+        self._plans: dict[tuple, list] = {}  # key -> [plan, used since it last reached the front]
+        self._lock = threading.Lock()
+        self.hits = self.misses = 0
+        _caches.append(self)
+
+    # call_key of the contract's arguments (None when the caches are off or it is uncacheable); a
+    # staticmethod so that ``plans.key(...)`` is one Python call, not a bound method forwarding *args.
+    key = staticmethod(call_key)
+    recipe = CallRecipe  # what a hit of this call replays: the thing to file
+
+    def get(self, key: tuple):
+        """The plan filed under ``key``, or None."""
+        entry = self._plans.get(key)
+        if entry is None:
+            self.misses += 1
+            return None
+        self.hits += 1
+        entry[1] = True
+        return entry[0]
+
+    def put(self, key: tuple, plan) -> None:
+        with self._lock:
+            self._plans.pop(key, None)
+            self._plans[key] = [plan, False]
+            while len(self._plans) > self.size:
+                oldest = next(iter(self._plans))
+                entry = self._plans.pop(oldest)
+                if entry[1]:  # used since it was filed or last moved: a second chance at the back
+                    entry[1] = False
+                    self._plans[oldest] = entry
+
+    def clear(self) -> None:
+        """Forget every plan and zero the hit and miss counts."""
+        with self._lock:
+            self._plans.clear()
+            self.hits = self.misses = 0
+
+    def plans(self) -> list:
+        """The plans kept (their :class:`CallRecipe`, whose ``plan`` is the kernel's), oldest first."""
+        with self._lock:
+            return [entry[0] for entry in self._plans.values()]
+
+    def __len__(self) -> int:
+        return len(self._plans)
+
+
 # --- the launch itself: Triton's JIT entry once, then its compiled kernel -----------------------
 
 _fast_launch_error: str | None = None  # why the compiled-kernel launch was given up, if it was
@@ -299,15 +283,12 @@ class KernelLaunch:
     ``launch(kernel, *tensors)`` takes the kernel's tensor arguments, which come first in its signature;
     ``scalars`` (fixed by the plan) follow them, then the constexprs. Through the JIT entry (always under the
     CPU interpreter, and for the first launch) it is ``kernel[grid](*tensors, *scalars, **constexprs,
-    **options)``. Later CUDA launches call ``compiled[grid](*tensors, *scalars, *constexpr_values)`` with
-    ``stream=`` the plan's device's current raw stream: Triton 3.x's ``CompiledKernel.__getitem__`` returns a
-    runner that passes every argument, constexprs included, in signature order to the launcher, as
-    ``JITFunction.run`` does. That is valid because the plan's key fixes everything Triton specializes on
-    (argument dtypes, int values, pointer alignment, constexprs, options). The runner is made once and kept
-    with the arguments that follow the tensors (``tail``); the stream is read at each call. The compiled
-    kernel is used only while ``kernel`` is still the JIT function that returned it (a test may swap the
-    module's kernel for a recorder). If that launch raises, every plan falls back to the JIT entry for the rest
-    of the process.
+    **options)``. Later CUDA launches call the runner ``compiled[grid]`` (Triton 3.x's: every argument,
+    constexprs included, in signature order, as ``JITFunction.run`` passes them) with ``stream=`` the plan's
+    device's current raw stream. That is valid because the plan's key fixes everything Triton specializes on
+    (argument dtypes, int values, pointer alignment, constexprs, options). The compiled kernel is used only
+    while ``kernel`` is still the JIT function that returned it (a test may swap the module's kernel for a
+    recorder). If that launch raises, every plan falls back to the JIT entry for the rest of the process.
     """
 
     __slots__ = ("compiled", "constexpr_values", "constexprs", "device_index", "grid", "grid3", "jit", "options",

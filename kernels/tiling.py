@@ -17,15 +17,13 @@ from .contract import PagedCall, fail
 from .tuning import query_class, tile_config
 
 SINGLE_DOT_HEAD_DIM = 256  # above it, K is loaded as two pieces and the heads of a group are tiled
-# Past SINGLE_DOT_HEAD_DIM under fp16 / bf16 q over a half-precision cache (MLA's absorbed decode: K 576 / V 512,
-# 128 heads on one KV head) a program holds up to WIDE_HEADS heads (the dots' M) and V_PART_DIM of V's dims: a
-# [64, 256] fp32 accumulator, and a token's programs read K twice and V once instead of 8 times each at 16 heads
-# a program (FlashMLA's split: 64 heads a CTA, V's dims over two warpgroups). None: the 16-head tiling always.
+# The wide tiling (:func:`_wide`; docs/contract.md, "V's head dim (MLA)"): a program holds up to WIDE_HEADS heads
+# and V_PART_DIM of V's dims (FlashMLA's split: 64 heads a CTA, V's dims over two warpgroups). None: the 16-head
+# tiling always.
 WIDE_HEADS: int | None = 64
 V_PART_DIM = 256
-# MLA's latent cache (vLLM's MLA and FlashMLA keep one cache of 576 columns, V its first 512): when V is a view of
-# K's first piece (:func:`latent_kv`), a program holds V whole and takes it from the K tile it loaded (the
-# kernel's SHARED_KV): the logits once a head tile, half the bytes and the shared memory. False: two tensors.
+# MLA's latent cache (vLLM's MLA and FlashMLA keep one cache of 576 columns, V its first 512; :func:`latent_kv`):
+# the logits once a head tile, half the bytes and the shared memory. False: two tensors always.
 LATENT_KV = True
 
 
@@ -70,11 +68,9 @@ class Tiling:
     sequences of 131072 tokens is 32 programs, so the range is cut in 16 splits of 8192 positions.
 
     A decode with programs enough but a length bound past DEVICE_SPLIT_MIN_KEYS may take the device split
-    (:func:`device_splits`; SPLIT_SIZE is then 0 and DEVICE_SPLIT holds the rule's constants): NUM_SPLITS
-    programs a (sequence, KV head), of which each sequence takes its own number by its share of the batch's
-    work, decided on the device from the lengths (the host knows only the bound). A ragged batch's longest
-    sequences are cut instead of running alone at the end; a uniform batch stays unsplit (the extra programs
-    exit at once).
+    (:func:`device_splits`): each sequence takes its own number of the NUM_SPLITS, decided on the device from
+    the lengths (the host knows only the bound), so a ragged batch's longest sequences are cut instead of
+    running alone at the end; a uniform batch stays unsplit (the extra programs exit at once).
     """
 
     BLOCK_M: int
@@ -90,8 +86,7 @@ class Tiling:
     # An fp8 cache under fp16 / bf16 q in a decode launch: the dots run in fp16 (bf16 q scaled into
     # fp16, p rounded to fp16; kernels.triton_paged._q_to_fp16, V_PAIRS). Other launches keep q's dtype.
     FP8_DOTS_FP16: bool = False
-    # The device split (:func:`device_splits`): None, or its (piece_mul, piece_div, piece_min, piece_mean) when
-    # each sequence's number of splits (at most NUM_SPLITS) is decided on the device from seq_lens.
+    # The device split's (piece_mul, piece_div, piece_min, piece_mean) (:func:`device_splits`), or None.
     DEVICE_SPLIT: tuple[int, int, int, int] | None = None
 
 
@@ -102,15 +97,13 @@ MIN_TILES_PER_SPLIT = 8
 MAX_SPLITS = 64
 # A split decode whose splits cover more than this many keys looks up "decode_split_long".
 LONG_SPLIT_KEYS = 1024
-# The device split (Tiling's docstring, choose_tiling, device_splits): only for at most DEVICE_SPLIT_MAX_SEQS
-# sequences (every program reads them all) and no sliding window (a windowed program walks at most W keys anyway).
-# C = DEVICE_SPLIT_SLACK: a piece holds at most C times one of TARGET_PROGRAMS program slots' even share of the
-# batch's work (a ratio of ints: the rule runs in integers, the same on the device and in tlsim); a uniform batch
-# of at least TARGET_PROGRAMS / C programs (211 at 264) takes one split a sequence. C 5/4 with at most 4 splits
-# balances the 8B decode's ragged lengths and leaves every uniform decode of the GPU suites at its unsplit time
-# (docs/performance.md, "fp8 KV caches"). The programs go longest piece first (the kernel's _program_order); every
-# program sorts, and the sort's code grows with the lanes (sm_90 SASS, scripts/sass_census.py: 376 instructions
-# at 64 sequences, 4000 at 1024), so a batch past LONGEST_FIRST_MAX_SEQS keeps the grid's order.
+# The device split (device_splits; the measurements behind these constants: docs/performance.md, "fp8 KV
+# caches"): only for at most DEVICE_SPLIT_MAX_SEQS sequences (every program reads them all) and no sliding window
+# (a windowed program walks at most W keys anyway). C = DEVICE_SPLIT_SLACK is a ratio of ints (the rule runs in
+# integers, the same on the device and in tlsim); 5/4 with at most 4 splits balances the 8B decode's ragged
+# lengths and leaves every uniform decode of the GPU suites at its unsplit time. Past LONGEST_FIRST_MAX_SEQS the
+# programs keep the grid's order (each one sorts the lengths, and the sort's code grows with the lanes:
+# scripts/sass_census.py, 376 instructions at 64 sequences, 4000 at 1024).
 LONGEST_FIRST_MAX_SEQS = 128
 DEVICE_SPLIT = True
 DEVICE_SPLIT_MAX_SEQS = 1024
@@ -119,8 +112,7 @@ DEVICE_SPLIT_MAX_SPLITS = 4  # the grid's splits a (sequence, KV head), a power 
 DEVICE_SPLIT_MIN_KEYS = 4096  # no sequence is cut into pieces of fewer keys than this target
 DEVICE_SPLIT_SLACK = (5, 4)
 # A piece is also at least DEVICE_SPLIT_MEAN_FACTOR times the batch's mean length, so only a sequence past twice
-# the mean is cut and a uniform batch never is (the slack alone would cut every sequence of a uniform batch of
-# 132-211 programs in two, which runs slower). Past 421 programs (C 5/4) the slack's piece is the larger.
+# the mean is cut and a uniform batch never is (the slack alone cuts a uniform batch of 132-211 programs in two).
 DEVICE_SPLIT_MEAN_FACTOR = 2
 
 
@@ -182,10 +174,8 @@ def choose_tiling(
         and num_tokens <= num_seqs  # a decode by its shapes, not only by its max_q_len hint
         and max_seq_len > DEVICE_SPLIT_MIN_KEYS
     ):
-        # The device split: NUM_SPLITS programs a (sequence, KV head), of which sequence i takes device_splits'
-        # count. A piece is at least C * len_i * num_kv_heads / TARGET_PROGRAMS keys (the total includes len_i) and
-        # at least DEVICE_SPLIT_MIN_KEYS, which bounds every sequence's count; NUM_SPLITS is the power of two at
-        # or above that bound, at most DEVICE_SPLIT_MAX_SPLITS.
+        # The device split: a piece (device_splits) of at least C * len_i * num_kv_heads / TARGET_PROGRAMS keys
+        # and DEVICE_SPLIT_MIN_KEYS bounds every sequence's count; NUM_SPLITS is the power of two at or above it.
         slack_num, slack_den = DEVICE_SPLIT_SLACK
         piece_mul, piece_div = num_kv_heads * slack_num, TARGET_PROGRAMS * slack_den
         most = min(cdiv(piece_div, piece_mul), cdiv(max_seq_len, DEVICE_SPLIT_MIN_KEYS))
@@ -294,12 +284,10 @@ def device_splits(
 
 
 def heads_per_program(call: PagedCall) -> int:
-    """Query heads of a KV head's group that one program holds: the whole group, except when head_dim or
-    head_dim_v passes SINGLE_DOT_HEAD_DIM and the group passes 16, where a program holds 16 (MLA's 128 heads
-    over one KV head: 8 programs a token, each a [16, 512] fp32 accumulator instead of one [128, 512] that no
-    register file holds); the kernel's grid axis 1 is then num_kv_heads * ceil(group_size / 16) (times
-    :func:`v_parts`). Under the wide tiling (:func:`_wide`) a program holds up to WIDE_HEADS heads and only
-    V_PART_DIM of V's dims: MLA's 128 heads take 2 head tiles of 64 times 2 V parts."""
+    """Query heads of a KV head's group that one program holds (grid axis 1: num_kv_heads * ceil(group_size /
+    heads) * :func:`v_parts`): the whole group, except past SINGLE_DOT_HEAD_DIM with a group past 16, where a
+    program holds 16 (MLA's 128 heads over one KV head: [16, 512] fp32 accumulators, not one [128, 512] that no
+    register file holds), or up to WIDE_HEADS under the wide tiling (:func:`_wide`)."""
     if _wide(call):
         return min(call.group_size, WIDE_HEADS)
     if max(call.head_dim, call.head_dim_v) > SINGLE_DOT_HEAD_DIM and call.group_size > 16:
@@ -310,9 +298,7 @@ def heads_per_program(call: PagedCall) -> int:
 def v_parts(call: PagedCall) -> int:
     """Programs that share one head tile's rows, each V_PART_DIM of V's padded dims (grid axis 1's fastest
     part): next_pow2(head_dim_v) // V_PART_DIM under the wide tiling, else 1 (and 1 for a latent cache, whose
-    program holds V whole: :func:`latent_kv`). Each computes the tile's full logits (both K pieces) and its own
-    columns of p @ v; a column's sums do not depend on the others, and m, l and the lse are the same in every
-    part."""
+    program holds V whole: :func:`latent_kv`)."""
     if not _wide(call) or latent_kv(call):
         return 1
     return max(1, max(16, next_pow2(call.head_dim_v)) // V_PART_DIM)
@@ -358,12 +344,9 @@ def _wide(call: PagedCall) -> bool:
 
 
 def head_dim_pieces(head_dim: int) -> tuple[int, int]:
-    """(main, tail): K's head dim as the kernel loads it, each a power of two (tail 0: none).
-
-    Up to SINGLE_DOT_HEAD_DIM one piece, next_pow2(head_dim) (at least 16). Past it, the largest power of two
-    below, then the rest padded: 576 (MLA) = 512 + 64 in two dots instead of one padded to 1024 (which would
-    double the loads and the shared memory); 300 = 256 + 64 (44 used).
-    """
+    """(main, tail): K's head dim as the kernel loads it, each a power of two (tail 0: none): up to
+    SINGLE_DOT_HEAD_DIM one piece, past it the largest power of two below and the rest padded (576 = 512 + 64,
+    300 = 256 + 64; docs/contract.md, "V's head dim (MLA)", says why)."""
     if head_dim <= SINGLE_DOT_HEAD_DIM:
         return max(16, next_pow2(head_dim)), 0
     main = 2 ** int(math.log2(head_dim))

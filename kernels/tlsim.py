@@ -1,21 +1,15 @@
 """tlsim: the Triton kernel's algorithm in torch, so it runs anywhere and predicts the kernel's numerics.
 
-Same tiling as ``kernels.triton_paged`` (:func:`kernels.tiling.tiling_for`, from the same host-known bounds and
-hints; query rows ordered token-major then head within the KV head's group), the same base-2 online softmax of
-the unscaled logits, the scale applied after subtracting the max (fp32; fp16 and bf16 in the kernel's
-multiply-add form), the same fp32 accumulation and the same cast of p to the value dtype before ``p @ v``. The
-attention variants follow the kernel too, in units of the unscaled logit s = q . k (its module docstring says
-how). A key whose block id is outside the pool (or past the table) turns the rows that would see it into NaN;
-the kernel turns every row of a program that walks it into NaN, the same rows on decode and a superset on
-prefill.
+The kernel's tiling and KV split (:func:`kernels.tiling.tiling_for`; query rows token-major, then head within
+the KV head's group), and its online softmax, casts, variants and combine as ``kernels.triton_paged``'s module
+docstring tells them. A key whose block id is outside the pool (or past the table) turns the rows that would
+see it into NaN; the kernel turns every row of a program that walks it into NaN, the same rows on decode and a
+superset on prefill.
 
 It is vectorised over sequences, KV heads and query rows; the only Python loop is over KV tiles. Tiles past a
 sequence's end are exact no-ops (alpha = 1, p = 0), so walking every sequence to the longest one changes no bit
-of the result. Where the kernel splits the KV range (few programs, long sequences; or the device split), tlsim
-splits it at the same positions and combines the splits with the kernel's formula.
-
-What it cannot copy is the order of additions inside a dot product or a row sum, which the GPU's matrix units
-choose; that is why it predicts the kernel closely, not exactly.
+of the result. What it cannot copy is the order of additions inside a dot product or a row sum, which the GPU's
+matrix units choose; that is why it predicts the kernel closely, not exactly.
 """
 
 from __future__ import annotations
@@ -32,10 +26,7 @@ LN2 = math.log(2.0)
 
 
 def softcap_unscaled(s: torch.Tensor, cap_unscaled: float) -> torch.Tensor:
-    """c * tanh(s / c) for unscaled logits s (c = cap / scale), tanh from exp2 exactly as the kernel spells it.
-
-    tanh|x| = (1 - t) / (1 + t) with t = 2^(-2 |x| log2 e) in (0, 1]: no overflow at any x.
-    """
+    """c * tanh(s / c) for unscaled logits s (c = cap / scale), from exp2 as the kernel's ``_softcap`` spells it."""
     x = s * (1.0 / cap_unscaled)
     t = torch.exp2(x.abs() * (-2.0 * LOG2E))
     y = cap_unscaled * ((1.0 - t) / (1.0 + t))
@@ -46,12 +37,8 @@ def softcap_unscaled(s: torch.Tensor, cap_unscaled: float) -> torch.Tensor:
 def paged_attention_tlsim(
     call: PagedCall, out: torch.Tensor, lse: torch.Tensor | None, max_q_len: int | None, max_seq_len: int | None
 ) -> None:
-    """Paged attention by the kernel's streaming algorithm (the module docstring says how it mirrors it).
-
-    lse is ln 2 * (m * scale * log2 e + log2 l) of the final (or combined) running max and sum, as the kernel
-    stores it. Given the kernel's launch hints (max_q_len, max_seq_len), tlsim makes its tiling and KV split.
-    tlsim itself reads lengths on the host: it is a model, not a sync-free path.
-    """
+    """Paged attention by the kernel's streaming algorithm, with the tiling and KV split the kernel's launch
+    hints (max_q_len, max_seq_len) give it. It reads lengths on the host: a model, not a sync-free path."""
     q, k_cache, v_cache = call.q, call.k_cache, call.v_cache
     num_tokens = q.shape[0]
     if call.num_seqs == 0 or num_tokens == 0:

@@ -2,45 +2,39 @@
 
 The idea, in a few lines:
 
-* One program owns one (query tile, KV head, KV split). A query tile is BLOCK_Q query tokens of one sequence
-  times the group_size query heads that read this KV head, so each KV tile is loaded from the pool once and
-  shared by the whole group (MHA: group 1, MQA: group num_q_heads). The KV is split (``kernels.tiling.Tiling``)
-  when few programs would run, or per sequence in a ragged decode: the device split, whose programs go longest
-  piece first (``_program_order``).
+* One program owns one (query tile, KV head, KV split) (``kernels.tiling.Tiling`` says how the work is cut), so
+  each KV tile is loaded from the pool once and shared by the group's query heads. The device split's programs
+  go longest piece first (``_program_order``).
 * The launch reads no tensor value (no device sync; CUDA-graph capturable). The grid is sized from num_tokens
   and num_seqs alone, and each program finds its sequence by a binary search over query_start_loc
   (``_find_seq``; the numbering is in ``kernels.tiling.Tiling``): num_seqs programs for decode, about
   num_tokens / BLOCK_Q for prefill (16 prefills of 1024 queries at BLOCK_Q 16: 1039 tiles, where giving every
   sequence num_tokens / BLOCK_Q tiles, since the host may not read the true max_q_len, would launch 16384).
-* It walks the sequence's keys TILE_N positions at a time. Key position ``p`` lives in physical block
-  ``block_table[seq, p // block_size]`` at offset ``p % block_size`` (block_size 16: position 45 is offset 13
-  of the table's third entry). Tiles are independent of block_size, so any block size from 1 to 256 works.
+* It walks the sequence's keys TILE_N positions at a time, key position ``p`` at offset ``p % block_size`` of
+  block ``block_table[seq, p // block_size]``: tiles are independent of block_size, so any from 1 to 256 works.
 * Online softmax in base 2 on the unscaled logits ``s = q . k``: running max ``m`` of s,
   ``p = exp2((s - m) * scale * log2(e))``, running sum ``l``, and an fp32 accumulator rescaled by
   ``exp2((m_old - m_new) * scale * log2(e))`` at every tile. fp32 scales after subtracting the max, since
   ``s - m`` is exact near the max while scaling first turns a logit near 150 into ~216 in base 2, which fp32
   rounds by up to 7.6e-6 (tests/kernels/kernel_cases.py, ``large_logits_q40``). fp16 and bf16, whose p is
   rounded to 8 or 11 bits anyway, take the multiply-add form ``exp2(s * c - m * c)``.
-* Causality: query j of a sequence with q_len queries sits at position ``seq_len - q_len + j`` and sees keys
-  ``0..position``. The tile loop stops at the last position any row of the program can see.
+* Causality (docs/contract.md): the tile loop stops at the last position any row of the program can see.
 * The attention variants (docs/contract.md, "Attention variants") are constexpr switches that compile away
   when off, all in units of the unscaled logit s, so the online softmax is unchanged: the softcap is
   ``c * tanh(s / c)`` with c = cap / scale (``_softcap``), ALiBi adds ``(slope / scale) * (key_pos -
   query_pos)``, and a sink ``sink / scale`` joins the denominator once, at the end (or in the combine of the
-  splits). The window hides keys more than W - 1 positions before a query and starts the tile loop at the
-  first tile the program's earliest query can see (``kernels.tiling.window_tile_start``): decode with W 4096
-  over 128k keys walks 65 tiles of 64, not 2048. The KV split is sized for W + q_len keys and cut from the
-  window's first tile, so the splits share the window's work (``kernels.tiling.tiling_for``).
+  splits). The window hides keys more than W - 1 positions before a query; the tile loop, and the KV split
+  sized for W + q_len keys, start at the first tile the program's earliest query can see
+  (``kernels.tiling.window_tile_start``, ``tiling_for``).
 * ``return_lse`` stores ln 2 * (m * scale * log2 e + log2 l) per row in the epilogue or the combine. An fp8
   cache (KV_FP8) is widened exactly to the dots' dtype, k_scale applied to the logits and v_scale to the
   accumulator (``_widen_fp8``). A decode runs those dots in fp16 under bf16 q too (FP16_DOTS, ``_q_to_fp16``:
   fp8 -> fp16 is one native conversion for two values, fp8 -> bf16 goes through fp32 on sm_90) and reads V
   as uint16 pairs of dims (V_PAIRS, ``_attend_tiles``); prefill and verification keep q's dtype.
-* Wide heads (MLA): V's head dim may differ from K's (HEAD_DIM_V); K past 256 columns is loaded in two
-  power-of-two pieces whose dots add into the same logits (DIM_MAIN + DIM_TAIL: 576 = 512 + 64); a large
-  group's heads are tiled (HEADS_PER_PROGRAM, HEAD_TILES), and each program may hold only V_PART_DIM of V's
-  dims (V_PARTS; ``kernels.tiling.WIDE_HEADS`` says why). When v_cache is a view of k_cache's first HEAD_DIM_V
-  columns (``kernels.tiling.latent_kv``), p @ v takes the K tile already loaded (SHARED_KV).
+* Wide heads (MLA; docs/contract.md, "V's head dim (MLA)"): HEAD_DIM_V may differ from K's; K past 256 columns
+  is two power-of-two pieces whose dots add into the same logits (DIM_MAIN + DIM_TAIL); a large group's heads
+  are tiled (HEADS_PER_PROGRAM, HEAD_TILES), V's dims may be too (V_PARTS), and a latent cache's p @ v takes
+  the K tile already loaded (SHARED_KV).
 * A decode launch whose tiles each lie in one block, on sm_90 or newer, loads its unmasked tiles' K and V by
   tensor descriptor (KV_TMA, ``_kv_tma``).
 * Indices are never trusted with memory: without value checks (``kernels.contract``) a query row past
@@ -788,13 +782,11 @@ KV_TMA = True
 
 def _kv_tma(call: PagedCall, tiling, strides: tuple, copied: tuple, parts: int) -> bool:
     """Whether the unmasked tiles load K (and V, unless it is K's view) by tensor descriptor (_attend_tiles'
-    KV_TMA): a tile lies in one block (block_size a multiple of TILE_N), the pool is one 2-D tensor of rows
-    (block stride = block_size * slot stride) with each head's columns inside a row, the rows and the base are
-    16-byte aligned (the copy engine's rule), every piece of K and V is loaded whole (no padded dims), the GPU
-    is NVIDIA sm_90 or newer (or the interpreter) and the cache is not fp8 (V_PAIRS reads pairs). Decode
-    launches only: prefill and verify run slower so (docs/performance.md, "Hopper's prefill").
-
-    ``strides``: K's and V's strides as launched; ``copied``: whether the launcher copies each."""
+    KV_TMA): a tile in one block, the pool one 2-D tensor of rows with each head's columns inside a row, the rows
+    and the base 16-byte aligned (the copy engine's rule), every piece of K and V loaded whole, NVIDIA sm_90 or
+    newer (or the interpreter), no fp8 cache (V_PAIRS reads pairs). Decode launches only: prefill and verify run
+    slower so (docs/performance.md, "Hopper's prefill"). ``strides``: K's and V's as launched; ``copied``:
+    whether the launcher copies each."""
     if not KV_TMA or call.kv_fp8 or call.block_size % tiling.TILE_N or not tiling.TUNING_KEY[2].startswith("decode"):
         return False
     if call.q.device.type == "cuda" and (torch.version.hip or torch.cuda.get_device_capability(call.q.device)[0] < 9):
@@ -832,10 +824,8 @@ def paged_attention_triton(
 
     Reads no tensor value on the host: no device sync, so it can be captured in a CUDA graph. The hints size
     the launch and change speed, never the result: max_q_len the tile height (decode through query_start_loc:
-    pass 1), max_seq_len the KV split. A repeated call with the same shapes, dtypes, strides, alignment and
-    options skips the checks, the tiling and Triton's argument binding: its :class:`TritonPlan` is kept in an
-    LRU (``kernels.launch_plan``; ``PAGED_ATTN_PLAN_CACHE=0`` turns it off). On CPU tensors the kernel runs
-    under Triton's interpreter (slow: small cases only).
+    pass 1), max_seq_len the KV split. A repeated call of the same plan key replays its :class:`TritonPlan`
+    (``kernels.launch_plan``). On CPU tensors the kernel runs under Triton's interpreter (slow: small cases only).
     """
     _check_launchable(call.q.device)
     plan = TritonPlan(call, out, lse, max_q_len, max_seq_len)
@@ -844,11 +834,6 @@ def paged_attention_triton(
         call.sinks, call.alibi_slopes, call.k_scale, call.v_scale,
     )  # fmt: skip
     return plan
-
-
-def _strides(t: torch.Tensor, copied: bool) -> tuple[int, ...]:
-    """t's strides, or those of t.contiguous() when the launcher copies it (torch's rule, on the meta device)."""
-    return contiguous_strides(t.shape) if copied else t.stride()
 
 
 def _partial_numel(splits: int, num_tokens: int, num_q_heads: int, head_dim_v_padded: int, device_split: bool) -> int:
@@ -861,9 +846,8 @@ def _partial_numel(splits: int, num_tokens: int, num_q_heads: int, head_dim_v_pa
 
 
 class TritonPlan:
-    """Everything the launcher decides on the host for one plan key: the tiling, the grids, the scalar
-    arguments in signature order, the constexprs, which tensors it copies (a head_dim stride other than 1) and
-    the split path's buffer size.
+    """Everything the launcher decides on the host for one plan key (it copies a tensor whose head_dim stride is
+    not 1).
 
     ``launch(q, k_cache, v_cache, block_table, seq_lens, query_start_loc, out, lse, sinks, alibi_slopes,
     k_scale, v_scale)`` takes the checked tensors (PagedCall's view; ``out`` allocated, ``lse`` or None) and
@@ -884,11 +868,11 @@ class TritonPlan:
             self.launch = lambda *tensors: None
             return
         tiling = self.tiling = tiling_for(call, max_q_len, max_seq_len)
-        self.copy_q, self.copy_k, self.copy_v, self.copy_out = (t.stride(-1) != 1 for t in (q, k_cache, v_cache, out))
-        q_st, k_st, v_st, o_st = (
-            _strides(q, self.copy_q), _strides(k_cache, self.copy_k), _strides(v_cache, self.copy_v),
-            _strides(out, self.copy_out),
-        )  # fmt: skip
+        tensors = (q, k_cache, v_cache, out)
+        self.copy_q, self.copy_k, self.copy_v, self.copy_out = copies = [t.stride(-1) != 1 for t in tensors]
+        # The strides as launched: those of t.contiguous() where the launcher copies t.
+        launched = zip(tensors, copies, strict=True)
+        q_st, k_st, v_st, o_st = (contiguous_strides(t.shape) if c else t.stride() for t, c in launched)
         one_query_per_seq = call.given_query_start_loc is None
         interpreted_bf16 = q.device.type != "cuda" and q.dtype == torch.bfloat16
         splits = tiling.NUM_SPLITS
