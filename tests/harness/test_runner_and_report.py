@@ -7,7 +7,6 @@ import pytest
 
 import kernels
 from harness import register_backend
-from harness.backends import builtin as backends_module
 from harness.cli.main import main
 from harness.results import storage as storage_module
 from harness.review.compare import compare_runs
@@ -68,15 +67,15 @@ def cli_run(case_file, out, *extra):
     return main(["run", str(case_file), "--out", str(out), "--no-progress", "--no-timing", *extra])
 
 
-def test_cli_exit_codes_and_plugin_from_a_path(tmp_path, case_file, capsys):
+def test_a_plugin_from_a_path_runs_and_its_wrong_backend_fails_the_run(tmp_path, case_file):
+    """In process (a plugin imported from a path by a worker: test_plugin_api.py's declared_run): exit 1 for the
+    wrong backend's row beside the right one's pass."""
     plugin = tmp_path / "my_plugin.py"
     plugin.write_text(PLUGIN)
-    assert cli_run(case_file, tmp_path / "ok", "--plugin", str(plugin), "--backend", "my_tlsim") == 0
-    rows = pd.read_parquet(tmp_path / "ok" / "results.parquet")
-    assert rows["backend"].tolist() == ["my_tlsim"] and rows["status"].tolist() == ["pass"]
-    backends_module.REGISTRY.pop("my_tlsim")
-    backends_module.REGISTRY.pop("scaled_wrong")
-    assert cli_run(case_file, tmp_path / "bad", "--plugin", str(plugin), "--backend", "scaled_wrong") == 1
+    assert cli_run(case_file, tmp_path / "run", "--plugin", str(plugin), "--isolate", "none", "--backend", "my_tlsim",
+                   "--backend", "scaled_wrong") == 1  # fmt: skip
+    rows = pd.read_parquet(tmp_path / "run" / "results.parquet")
+    assert rows["backend"].tolist() == ["my_tlsim", "scaled_wrong"] and rows["status"].tolist() == ["pass", "fail"]
 
 
 def test_report_files_and_failures_listed_first(tmp_path, case_file):
