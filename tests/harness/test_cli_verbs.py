@@ -16,10 +16,10 @@ from harness.cli.bisect import search
 from harness.cli.main import main
 from harness.cli.options import compile_pattern
 from harness.cli.terminal import row_printer, summarize, verdict_lines
+from tests.fresh_python import ROOT
 from tests.harness import review_frames as rf
 from tests.tiny_cases import write_cases
 
-ROOT = Path(__file__).resolve().parents[2]
 IDS = ["decode/dtype=float32", "decode/dtype=bfloat16", "prefill_long", "chunked_prefill/dtype=float32", "mla_decode"]
 
 

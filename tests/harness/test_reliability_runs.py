@@ -32,10 +32,10 @@ from harness.results.journal import Journal, journal_path
 from harness.review import confirm
 from harness.run.guard import Terminated
 from harness.run.runner import to_frame
+from tests.fresh_python import ROOT
 from tests.harness import review_frames as rf
 from tests.tiny_cases import write_cases
 
-ROOT = Path(__file__).resolve().parents[2]
 HEAD = subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True, text=True).stdout.strip()
 
 FIRST, SECOND = {"name": "first"}, {"name": "second", "seed": 1}

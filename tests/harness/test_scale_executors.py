@@ -30,11 +30,11 @@ from harness.pytest_plugin import HarnessSession
 from harness.run.oracle_cache import PoisonedCacheError
 from harness.run.runner import RunConfig, to_frame
 from harness.timing.metrics import case_cost
+from tests.fresh_python import ROOT
 from tests.tiny_cases import write_cases
 
 pytestmark = pytest.mark.usefixtures("clean_registry")  # backends registered here vanish after each test
 
-ROOT = Path(__file__).resolve().parents[2]
 # Columns that differ between equal runs: timing, where a row ran (empty in a one-process run), whether its oracle
 # came from the cache (which depends on the order).
 TIMING = ("latency", "call_", "timing_", "host_overhead_us", "host", "gpu_index", "worker", "oracle_cached")

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import inspect
-from pathlib import Path
 
 import pytest
 import torch
@@ -28,8 +27,6 @@ from harness.run import grading
 from harness.timing import ceilings
 from kernels.contract import CALL_OPTION_TABLE, CALL_OPTIONS, CONTRACT_DOC, SUPPORTED_DTYPES, PagedCall
 from tests.tiny_cases import TINY, write_cases
-
-ROOT = Path(__file__).resolve().parents[2]
 
 
 def test_the_case_file_schema_and_the_grading_tables_offer_exactly_the_vocabulary():
