@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import shutil
@@ -159,6 +160,21 @@ def _sized(limit: str, value: int):
     return patch
 
 
+def _read_only_reports(monkeypatch: pytest.MonkeyPatch, tmp: Path) -> None:
+    """tmp/reports, read-only; root writes anyway, so for root os.open answers there as the kernel answers a user."""
+    (reports := tmp / "reports").mkdir()
+    reports.chmod(0o555)
+    real_open = os.open
+
+    def read_only(path, flags, *args):
+        if str(path).startswith(str(reports)) and flags & os.O_CREAT:
+            raise PermissionError(errno.EACCES, "Permission denied", str(path))
+        return real_open(path, flags, *args)
+
+    if os.geteuid() == 0:
+        monkeypatch.setattr(os, "open", read_only)
+
+
 BISECT = ["bisect", "HEAD~2", "HEAD", "--case", "c", "--backend", "tlsim"]
 
 
@@ -215,6 +231,8 @@ REFUSALS = [
       for verb in ("run", "list")),
     *(Refusal(f"-k {expression!r}", ["list", "smoke", "-k", expression], 2, (f"-k {expression!r}", words))
       for expression, words in BAD_K.items()),
+    Refusal("a folder without case files", ["list", "{tmp}/empty"], 2, ("{tmp}/empty: a directory with no *.toml",),
+            patch=lambda monkeypatch, tmp: (tmp / "empty").mkdir()),
     Refusal("-k matching nothing", ["list", "smoke", "-k", "nothing_is_called_this"], 2,
             ("matching -k 'nothing_is_called_this'",)),
     *(Refusal(f"a case file with {name}", _run_args("folder", "--no-timing", case={"name": "base", **fields}), 2,
@@ -244,6 +262,8 @@ REFUSALS = [
     Refusal("an --out under a file", _run_args("under a file", "--no-timing"), 2, ("out is a file, not a folder",)),
     Refusal("a dangling symlink as --out", _run_args("dangling", "--no-timing"), 2, ("{tmp}/out: is a symbolic link",)),
     Refusal("an unwritable --out", _run_args("/proc/harness-cannot-write-here", "--no-timing"), 2, ("cannot",)),
+    Refusal("an --out in a read-only folder", _run_args("{tmp}/reports/run", "--no-timing"), 2, ("Permission denied",),
+            patch=_read_only_reports),
     # --- run --resume and --finalize ---------------------------------------------------------------------
     Refusal("a resume of a finished run", lambda runs, tmp: ["run", "--resume", str(runs / "untimed")], 2,
             ("already exists: that run is complete",)),
