@@ -40,57 +40,6 @@ HEAD = subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=Tru
 
 FIRST, SECOND = {"name": "first"}, {"name": "second", "seed": 1}
 
-PLUGIN = """
-import ctypes, os, signal, sys, time
-from pathlib import Path
-import torch
-import kernels
-from harness import register_backend
-
-DIR = Path(os.environ.get("HARNESS_TEST_DIR", "/nonexistent"))
-
-def _marker(name):  # True once the test has made DIR / name, which it takes
-    return (DIR / name).exists() and (DIR / name).unlink() is None
-
-def good(*args, out=None, **kwargs):
-    if DIR.exists():
-        with (DIR / "calls").open("a") as f:
-            f.write("call\\n")
-    return kernels.paged_attention_tlsim(*args, out=out, **kwargs)
-
-def hangs(*args, **kwargs):
-    if DIR.exists():
-        (DIR / "worker.tmp").write_text(str(os.getpid()))
-        (DIR / "worker.tmp").rename(DIR / "worker.pid")  # a reader never sees the file empty
-    time.sleep(3600)
-
-def sigterm_once(*args, out=None, **kwargs):
-    if _marker("sigterm"):
-        os.kill(os.getpid(), signal.SIGTERM)
-        time.sleep(5)
-    return kernels.paged_attention_tlsim(*args, out=out, **kwargs)
-
-def sigkill_once(*args, out=None, **kwargs):
-    if _marker("sigkill"):
-        os.kill(os.getpid(), signal.SIGKILL)
-    return kernels.paged_attention_tlsim(*args, out=out, **kwargs)
-
-def flood(*args, out=None, **kwargs):
-    sys.stdout.write("o" * 50_000 + "\\n")
-    sys.stderr.write("e" * 50_000 + "\\n")
-    return kernels.paged_attention_tlsim(*args, out=out, **kwargs)
-
-def threads(*args, out=None, **kwargs):
-    (DIR / "threads").write_text(str(torch.get_num_threads()))
-    return kernels.paged_attention_tlsim(*args, out=out, **kwargs)
-
-for fn in (good, hangs, sigterm_once, sigkill_once, flood, threads):
-    register_backend(fn.__name__, fn)
-register_backend("os_exit", lambda *args, **kwargs: os._exit(0))
-register_backend("segfault", lambda *args, **kwargs: ctypes.string_at(0))
-register_backend("sys_exit", lambda *args, **kwargs: sys.exit(0))
-"""
-
 EVIL = """
 from pathlib import Path
 Path({marker!r}).write_text("imported")
@@ -119,12 +68,11 @@ def built_ins_only(clean_registry):
 
 
 @pytest.fixture
-def setup(tmp_path, monkeypatch, case_file):
-    """tmp_path holding cases.toml (first, second), tiny.toml (the case_file fixture), plugin.py and evil.py."""
+def setup(tmp_path, plugin, case_file):
+    """tmp_path holding cases.toml (first, second), tiny.toml (the case_file fixture), plugin.py (the plugin fixture's,
+    which logs here) and evil.py."""
     write_cases(tmp_path / "cases.toml", FIRST, SECOND)
-    (tmp_path / "plugin.py").write_text(PLUGIN)
     (tmp_path / "evil.py").write_text(EVIL.format(marker=str(tmp_path / "evil_ran")))
-    monkeypatch.setenv("HARNESS_TEST_DIR", str(tmp_path))
     return tmp_path
 
 
