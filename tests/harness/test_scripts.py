@@ -33,25 +33,22 @@ def triton_entry_restored(monkeypatch):
 @pytest.fixture
 def in_process(monkeypatch, capsys):
     """``in_process(*command)``: ``python COMMAND`` (``scripts/TOOL ARGS`` or ``-m harness ARGS``) run in this
-    process as a fresh interpreter would run it, from the root, a script's folder first on sys.path: (exit code,
-    stdout, stderr). A fresh interpreter costs seconds of imports a command."""
+    process as a fresh interpreter runs it (from the root, a script's folder first on sys.path), without its seconds
+    of imports: (exit code, stdout, stderr)."""
 
     def run(*command: str) -> tuple[int, str, str]:
+        module, args = (command[1], command[2:]) if command[0] == "-m" else (None, command[1:])
         monkeypatch.chdir(ROOT)
-        module = command[1] if command[0] == "-m" else None
-        monkeypatch.setattr(sys, "argv", [module or command[0], *command[2 if module else 1 :]])
+        monkeypatch.setattr(sys, "argv", [module or command[0], *args])
         monkeypatch.setattr(sys, "path", [str(ROOT if module else (ROOT / command[0]).parent), *sys.path])
+        code = 0
         try:
-            if module:
-                runpy.run_module(module, run_name="__main__", alter_sys=True)
-            else:
-                runpy.run_path(command[0], run_name="__main__")
-            code, said = 0, ""
-        except SystemExit as stop:  # sys.exit(text) prints the text and exits 1, as Python does
-            code = stop.code if isinstance(stop.code, int) else int(stop.code is not None)
-            said = "" if stop.code is None or isinstance(stop.code, int) else f"{stop.code}\n"
-        out, err = capsys.readouterr()
-        return code, out, err + said
+            runpy.run_module(module, run_name="__main__") if module else runpy.run_path(command[0], run_name="__main__")
+        except SystemExit as stop:
+            code = stop.code
+        if isinstance(code, str):  # sys.exit(text) prints the text and exits 1, as Python does
+            code = print(code, file=sys.stderr) or 1
+        return code or 0, *capsys.readouterr()
 
     return run
 
