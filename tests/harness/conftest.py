@@ -1,5 +1,7 @@
 """Fixtures of the harness tests."""
 
+from pathlib import Path
+
 import pytest
 
 from harness.backends.builtin import resolve_backends
@@ -10,9 +12,10 @@ from harness.run.runner import RunConfig
 from tests.tiny_cases import write_cases
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def runs(tmp_path_factory):
-    """A real untimed run (``untimed``) and timed run (``timed``) of one tiny case through reference."""
+    """A real untimed run (``untimed``) and timed run (``timed``) of one tiny case through reference; made once a
+    session (a worker's), read and copied but never changed by the tests."""
     root = tmp_path_factory.mktemp("runs")
     cases = write_cases(root / "tiny.toml", {"name": "tiny"})
     for name, extra in (("untimed", ["--no-timing"]), ("timed", [])):
@@ -30,3 +33,78 @@ def run_rows():
         return run_cases(load_case_file(case_file), config).set_index("backend")
 
     return run
+
+
+# Backends of the ``plugin`` fixture's plugin.py, each misbehaving its own way; they log under HARNESS_TEST_DIR.
+PLUGIN = """
+import ctypes, os, signal, sys, time
+from pathlib import Path
+import torch
+import kernels
+from harness import register_backend
+
+DIR = Path(os.environ.get("HARNESS_TEST_DIR", "/nonexistent"))
+
+def _marker(name):  # True once the test has made DIR / name, which it takes
+    return (DIR / name).exists() and (DIR / name).unlink() is None
+
+def good(*args, out=None, **kwargs):
+    if DIR.exists():
+        with (DIR / "calls").open("a") as f:
+            f.write("call\\n")
+    return kernels.paged_attention_tlsim(*args, out=out, **kwargs)
+
+def hangs(*args, **kwargs):  # its pid a line in DIR / "hung" a call, and in DIR / "worker.pid"
+    if DIR.exists():
+        with (DIR / "hung").open("a") as f:
+            f.write(f"{os.getpid()}\\n")
+        (DIR / "worker.tmp").write_text(str(os.getpid()))
+        (DIR / "worker.tmp").rename(DIR / "worker.pid")  # a reader never sees the file empty
+    time.sleep(3600)
+
+def sigterm_once(*args, out=None, **kwargs):
+    if _marker("sigterm"):
+        os.kill(os.getpid(), signal.SIGTERM)
+        time.sleep(5)
+    return kernels.paged_attention_tlsim(*args, out=out, **kwargs)
+
+def sigkill_once(*args, out=None, **kwargs):
+    if _marker("sigkill"):
+        os.kill(os.getpid(), signal.SIGKILL)
+    return kernels.paged_attention_tlsim(*args, out=out, **kwargs)
+
+def flood(*args, out=None, **kwargs):
+    sys.stdout.write("o" * 50_000 + "\\n")
+    sys.stderr.write("e" * 50_000 + "\\n")
+    return kernels.paged_attention_tlsim(*args, out=out, **kwargs)
+
+def threads(*args, out=None, **kwargs):
+    (DIR / "threads").write_text(str(torch.get_num_threads()))
+    return kernels.paged_attention_tlsim(*args, out=out, **kwargs)
+
+def slow(*args, out=None, **kwargs):  # 50 ms a call
+    time.sleep(0.05)
+    return kernels.paged_attention_tlsim(*args, out=out, **kwargs)
+
+def scaled_wrong(q, k_cache, v_cache, block_table, seq_lens, query_start_loc=None, scale=None, out=None):  # 1% off
+    scale = q.shape[-1] ** -0.5 * 1.01
+    return kernels.paged_attention_tlsim(q, k_cache, v_cache, block_table, seq_lens, query_start_loc, scale, out)
+
+def raises(*args, **kwargs):
+    raise RuntimeError("no kernel here")
+
+for fn in (good, hangs, sigterm_once, sigkill_once, flood, threads, slow, scaled_wrong, raises):
+    register_backend(fn.__name__, fn)
+register_backend("cuda_only", kernels.paged_attention_tlsim, devices=("cuda",))
+register_backend("os_exit", lambda *args, **kwargs: os._exit(0))
+register_backend("segfault", lambda *args, **kwargs: ctypes.string_at(0))
+register_backend("sys_exit", lambda *args, **kwargs: sys.exit(0))
+"""
+
+
+@pytest.fixture
+def plugin(tmp_path, monkeypatch) -> Path:
+    """tmp_path / "plugin.py" (PLUGIN's backends); HARNESS_TEST_DIR, which workers inherit, is tmp_path."""
+    monkeypatch.setenv("HARNESS_TEST_DIR", str(tmp_path))
+    (tmp_path / "plugin.py").write_text(PLUGIN)
+    return tmp_path / "plugin.py"

@@ -1,4 +1,4 @@
-"""Hand-built rows (seeded log-normal samples), run folders and journals for the review and resume tests."""
+"""Hand-built rows (seeded log-normal samples), run and partial folders, journals for the review and resume tests."""
 
 from __future__ import annotations
 
@@ -85,6 +85,18 @@ def journal(out: Path, cases: Path, rows=(), **options) -> Path:
         written._write(row_)
     written.close(stopped=True)
     return journal_path(out)
+
+
+def partial(folder: Path, name: str, file: str = ".harness-partial") -> Path:
+    """``folder/.{name}.partial-{pid}`` of a process that has exited, holding ``file`` (by default write_run's marker)."""
+    import subprocess
+
+    gone = subprocess.Popen(["true"])
+    gone.wait()
+    made = folder / f".{name}.partial-{gone.pid}"
+    made.mkdir()
+    (made / file).write_text(f"{gone.pid}\n")
+    return made
 
 
 def copy_run(run: Path, meta_patch: dict | None = None, frame_fn=None, to: Path | None = None) -> Path:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import shutil
@@ -139,6 +140,41 @@ def _merge(second: str, out: str = "merged", **meta_changes):
     return make
 
 
+def _journal_text(text: str):
+    """``run --resume tmp/stopped`` of a journal holding ``text``."""
+
+    def make(runs: Path, tmp: Path) -> list[str]:
+        (tmp / "stopped.journal.jsonl").write_text(text)
+        return ["run", "--resume", str(tmp / "stopped")]
+
+    return make
+
+
+def _sized(limit: str, value: int):
+    """A patch lowering the size limit harness.results.{limit} to ``value``, where pandas may read no parquet file."""
+
+    def patch(monkeypatch: pytest.MonkeyPatch, tmp: Path) -> None:
+        monkeypatch.setattr(f"harness.results.{limit}", value)
+        monkeypatch.setattr(pd, "read_parquet", lambda *a, **k: pytest.fail("read before it was sized"))
+
+    return patch
+
+
+def _read_only_reports(monkeypatch: pytest.MonkeyPatch, tmp: Path) -> None:
+    """tmp/reports, read-only; root writes anyway, so for root os.open answers there as the kernel answers a user."""
+    (reports := tmp / "reports").mkdir()
+    reports.chmod(0o555)
+    real_open = os.open
+
+    def read_only(path, flags, *args):
+        if str(path).startswith(str(reports)) and flags & os.O_CREAT:
+            raise PermissionError(errno.EACCES, "Permission denied", str(path))
+        return real_open(path, flags, *args)
+
+    if os.geteuid() == 0:
+        monkeypatch.setattr(os, "open", read_only)
+
+
 BISECT = ["bisect", "HEAD~2", "HEAD", "--case", "c", "--backend", "tlsim"]
 
 
@@ -159,6 +195,8 @@ def _git(name: str, argv: list[str], *words: str) -> Refusal:
 
 
 FOREIGN = pd.DataFrame({"x": [1]}).to_parquet()  # a parquet file of no harness run
+ELEVEN_ROWS = {"results.parquet": pd.DataFrame({"case": ["c"] * 11, "backend": "b", "status": "pass"}).to_parquet(),
+               "meta.json": "{}"}  # fmt: skip
 SMOKE = ["run", "smoke", "--backend", "reference", "--no-timing", "--no-progress", "--out", "{tmp}/out"]
 META_FIELDS = {"commit": {"commit": 5}, "gpus[0].gpu_name": {"gpus": [{}]}, "ceilings": {"ceilings": "fast"}}
 ROW_FAULTS = {
@@ -193,6 +231,8 @@ REFUSALS = [
       for verb in ("run", "list")),
     *(Refusal(f"-k {expression!r}", ["list", "smoke", "-k", expression], 2, (f"-k {expression!r}", words))
       for expression, words in BAD_K.items()),
+    Refusal("a folder without case files", ["list", "{tmp}/empty"], 2, ("{tmp}/empty: a directory with no *.toml",),
+            patch=lambda monkeypatch, tmp: (tmp / "empty").mkdir()),
     Refusal("-k matching nothing", ["list", "smoke", "-k", "nothing_is_called_this"], 2,
             ("matching -k 'nothing_is_called_this'",)),
     *(Refusal(f"a case file with {name}", _run_args("folder", "--no-timing", case={"name": "base", **fields}), 2,
@@ -222,6 +262,8 @@ REFUSALS = [
     Refusal("an --out under a file", _run_args("under a file", "--no-timing"), 2, ("out is a file, not a folder",)),
     Refusal("a dangling symlink as --out", _run_args("dangling", "--no-timing"), 2, ("{tmp}/out: is a symbolic link",)),
     Refusal("an unwritable --out", _run_args("/proc/harness-cannot-write-here", "--no-timing"), 2, ("cannot",)),
+    Refusal("an --out in a read-only folder", _run_args("{tmp}/reports/run", "--no-timing"), 2, ("Permission denied",),
+            patch=_read_only_reports),
     # --- run --resume and --finalize ---------------------------------------------------------------------
     Refusal("a resume of a finished run", lambda runs, tmp: ["run", "--resume", str(runs / "untimed")], 2,
             ("already exists: that run is complete",)),
@@ -241,6 +283,11 @@ REFUSALS = [
     Refusal("a journal naming a plugin not given", _resume(plugins=["{tmp}/mine.py"]), 2,
             ("names plugin(s) {tmp}/mine.py", "pass --plugin {tmp}/mine.py")),
     Refusal("a plugin the run did not use", _resume("--plugin", "{tmp}/mine.py"), 2, ("the run did not use it",)),
+    Refusal("a resume whose log folder is a link", _resume(), 2,
+            ("{tmp}/run.logs is not the run's log folder (a link or a file)",),
+            patch=lambda monkeypatch, tmp: (tmp / "elsewhere").mkdir() or (tmp / "run.logs").symlink_to(tmp / "elsewhere")),
+    Refusal("a journal past its size limit, sized before it is read", _journal_text('{"journal": 1}\n'), 2,
+            ("{tmp}/stopped.journal.jsonl: 15 bytes, past the 4 a journal may hold",), patch=_sized("journal.MAX_BYTES", 4)),
     # --- compare, report, history: run folders that are not runs -------------------------------------------
     *(Refusal(f"meta {name} to {verb}", _bad(verb, "report", "untimed", meta_patch=patch), 2,
               (f"{{tmp}}/bad/meta.json: field '{name}'",))
@@ -263,6 +310,11 @@ REFUSALS = [
             2, ("{tmp}/folder/meta.json: corrupt run metadata",)),
     Refusal("a parquet of no harness run", _folder({"results.parquet": FOREIGN, "meta.json": "{}"}, "compare"), 2,
             ("{tmp}/folder/results.parquet: not a harness results file: no column(s) case, backend, status",)),
+    Refusal("a results.parquet past its row limit, sized before it is read", _folder(ELEVEN_ROWS, "report"), 2,
+            ("{tmp}/folder/results.parquet: 11 rows, 0.0 GiB uncompressed: past the 10 rows",),
+            patch=_sized("storage.MAX_ROWS", 10)),
+    Refusal("a meta.json past its size limit", _folder(ELEVEN_ROWS, "report"), 2,
+            ("{tmp}/folder/meta.json: 2 bytes, past the 1 a meta.json may hold",), patch=_sized("storage.MAX_META_BYTES", 1)),
     Refusal("a results.parquet of text to report", _folder({"results.parquet": "text", "meta.json": "{}"}, "report"),
             2, ("not a readable parquet file",)),
     # --- compare's options --------------------------------------------------------------------------------

@@ -7,7 +7,6 @@ import os
 import re
 import subprocess
 import time
-from pathlib import Path
 from types import SimpleNamespace
 
 import numpy as np
@@ -18,9 +17,9 @@ from harness.cli.main import main
 from harness.review import confirm
 from harness.review.compare import EXIT_WORSE, CompareOptions, compare_runs
 from harness.review.confirm import _one_round, _plugins, confirm_slower
+from tests.fresh_python import ROOT
 from tests.harness import review_frames as rf
 
-ROOT = Path(__file__).resolve().parents[2]
 PLUGIN = ROOT / "scripts" / "self" / "slowdown_plugin.py"
 HEAD = subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True, text=True, check=True).stdout.strip()
 TRULY_SLOWER = {"tlsim": 1.3}  # what paired rounds of the two builds measure; every other backend is unchanged

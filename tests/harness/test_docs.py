@@ -5,16 +5,14 @@ from __future__ import annotations
 import pkgutil
 import re
 import shlex
-from pathlib import Path
 
 import pytest
 
 from harness.cases.spec import load_case_file
 from harness.cli.main import build_parser
-from tests.fresh_python import run_script
+from tests.fresh_python import ROOT, run_script
 from tests.tiny_cases import write_cases
 
-ROOT = Path(__file__).resolve().parents[2]
 DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
 FENCE = re.compile(r"^```(\w*)\n(.*?)^```", re.M | re.S)
 

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import importlib.util
 import tomllib
-from pathlib import Path
 
 import pytest
 import torch
@@ -18,8 +17,8 @@ from harness.run.grading import grade
 from harness.run.oracle import paged_attention_oracle
 from harness.run.runner import case_inputs
 from kernels import PagedKVCache
+from tests.fresh_python import ROOT
 
-ROOT = Path(__file__).resolve().parents[2]
 GPU_SUITES = ("cases/gpu_peers.toml", "cases/gpu_flashinfer.toml")
 GPU_SUITE_CASES = [case for path in GPU_SUITES for case in load_case_file(ROOT / path)]
 

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
 from pathlib import Path
 
 import pandas as pd
@@ -12,6 +11,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from harness.cases import spec
 from harness.cli.main import main
 from harness.results.schemas import COLUMN_KINDS, FLAG, NUMBER, SAMPLES, SCALAR, TEXT
 from harness.results.storage import PARTIAL_MARKER, stale_leftovers
@@ -60,18 +60,8 @@ def test_any_meta_field_or_results_column_of_another_type_is_bad_input(runs, cap
 # --- run folders: the stale cleanup ----------------------------------------------------------
 
 
-def _partial(folder: Path, name: str, file: str = PARTIAL_MARKER) -> Path:
-    """``folder/.{name}.partial-{pid}`` of a process that has exited, holding ``file`` (by default the marker)."""
-    gone = subprocess.Popen(["true"])
-    gone.wait()
-    partial = folder / f".{name}.partial-{gone.pid}"
-    partial.mkdir()
-    (partial / file).write_text(f"{gone.pid}\n")
-    return partial
-
-
 def test_stale_cleanup_removes_only_partial_folders_carrying_the_marker_which_a_finished_run_does_not(tmp_path, runs):
-    foreign, ours = _partial(tmp_path, "photos", "holiday.jpg"), _partial(tmp_path, "run")
+    foreign, ours = rf.partial(tmp_path, "photos", "holiday.jpg"), rf.partial(tmp_path, "run")
     messages = stale_leftovers(tmp_path)
     assert (foreign / "holiday.jpg").exists() and not ours.exists()
     assert any(f"kept {foreign}" in m for m in messages) and any(f"removed {ours}" in m for m in messages)
@@ -87,7 +77,7 @@ def test_stale_cleanup_says_a_stopped_run_is_stopped_and_leaves_other_users_runs
         f"note: unfinished run: 0 rows in {tmp_path / 'mine.journal.jsonl'} (stopped); "
         f"finish it with: python -m harness run --resume {tmp_path / 'mine'}"
     ]
-    theirs = _partial(tmp_path, "theirs")
+    theirs = rf.partial(tmp_path, "theirs")
     monkeypatch.setattr(os, "getuid", lambda: os.stat(tmp_path).st_uid + 1)  # as another user sees them
     assert stale_leftovers(tmp_path) == [] and theirs.exists()
 
@@ -130,62 +120,40 @@ def test_a_six_field_sweep_of_600m_points_is_refused_fast_and_small(tmp_path, mo
     assert not (tmp_path / "out").exists() and not (tmp_path / "out.journal.jsonl").exists()
 
 
-def test_the_sweep_limit_counts_every_table_and_can_be_raised(tmp_path, monkeypatch):
-    from harness.cases.spec import CaseFileError, load_case_file
+SWEPT = ({"name": "a", "sweep": {"seed": [1, 2, 3]}}, {"name": "b", "sweep": {"seed": [1, 2], "block_size": [4, 8]}})
+# a case file against the sweep limit (HARNESS_MAX_SWEEP_POINTS): (its cases, the limit, the cases built before the
+# refusal, the refusal's words, or the number of cases loaded); every table counts, sequences too, before any is built
+SWEEPS = {
+    "7_points_past_a_limit_of_6": (SWEPT, "6", 0, r"c.toml: field 'sweep': 7 cases, more than the limit of 6 "
+                                   r".*case 'b': 4 = seed 2 x block_size 2"),
+    "7_points_within_a_raised_limit_of_7": (SWEPT, "7", 2, 7),
+    "2000_points_of_600_sequences": (({"name": "w", "seq_lens": [7] * 600, "sweep": {"seed": list(range(2000))}},),
+                                     None, 0, r"c.toml: case 'w': field 'seq_lens': 2,000 case\(s\) of up to 600"),
+    "2_points_of_600_sequences": (({"name": "o", "seq_lens": [7] * 600, "q_lens": 1, "sweep": {"seed": [1, 2]}},),
+                                  None, 1, 2),
+    "one_list_past_max_seqs_refused_by_field": (({"name": "l", "seq_lens": [7] * (spec.MAX_SEQS + 1)},), None, 1,
+                                                r"c.toml: case 'l': field 'seq_lens'.*at most 4096 items"),
+}  # fmt: skip
 
-    path = write_cases(tmp_path / "two.toml", {"name": "a", "sweep": {"seed": [1, 2, 3]}},
-                       {"name": "b", "sweep": {"seed": [1, 2], "block_size": [4, 8]}})  # fmt: skip
-    monkeypatch.setenv("HARNESS_MAX_SWEEP_POINTS", "6")
-    with pytest.raises(CaseFileError, match=r"7 cases, more than the limit of 6 .*case 'b': 4 = seed 2 x block_size 2"):
-        load_case_file(path)
-    monkeypatch.setenv("HARNESS_MAX_SWEEP_POINTS", "7")
-    assert len(load_case_file(path)) == 7
+
+@pytest.mark.parametrize("name", SWEEPS)
+def test_a_sweep_is_counted_against_its_limit_before_any_point_is_built(tmp_path, monkeypatch, name):
+    cases, limit, built_before, outcome = SWEEPS[name]
+    monkeypatch.setenv("HARNESS_MAX_SWEEP_POINTS", limit or "")  # empty: the default limit
+    built, expand = [], spec.expand_spec
+    monkeypatch.setattr(spec, "expand_spec", lambda *a: built.append(a) or expand(*a))
+    path = write_cases(tmp_path / "c.toml", *cases)
+    if isinstance(outcome, int):
+        assert len(spec.load_case_file(path)) == outcome
+    else:
+        with pytest.raises(spec.CaseFileError, match=outcome):
+            spec.load_case_file(path)
+    assert len(built) == built_before
+
+
+def test_max_sweep_points_raises_the_limit_for_the_run(tmp_path, monkeypatch):
+    path = write_cases(tmp_path / "two.toml", *SWEPT)
     monkeypatch.setenv("HARNESS_MAX_SWEEP_POINTS", "6")
     assert main(["run", str(path), "--out", str(tmp_path / "run"), "--backend", "reference", "--no-timing",
                  "--no-progress", "--max-sweep-points", "7"]) == 0  # fmt: skip
     assert os.environ["HARNESS_MAX_SWEEP_POINTS"] == "7"  # the flag sets it (monkeypatch restores it)
-
-
-def test_sequences_are_counted_over_the_sweep_before_any_point_is_built(tmp_path, monkeypatch):
-    """A sweep's sequences are counted before any point is built; one list past MAX_SEQS is refused by field."""
-    from harness.cases import spec
-
-    built = []
-    monkeypatch.setattr(spec, "expand_spec", lambda *a: built.append(a) or [])
-    wide = write_cases(
-        tmp_path / "wide.toml", {"name": "w", "seq_lens": [7] * 600, "sweep": {"seed": list(range(2000))}}
-    )
-    with pytest.raises(
-        spec.CaseFileError, match=r"wide.toml: case 'w': field 'seq_lens': 2,000 case\(s\) of up to 600"
-    ):
-        spec.load_case_file(wide)
-    assert not built
-    monkeypatch.undo()
-    long = write_cases(tmp_path / "long.toml", {"name": "l", "seq_lens": [7] * (spec.MAX_SEQS + 1)})
-    with pytest.raises(spec.CaseFileError, match=r"long.toml: case 'l': field 'seq_lens'.*at most 4096 items"):
-        spec.load_case_file(long)
-    assert len(spec.load_case_file(write_cases(tmp_path / "ok.toml", {"name": "o", "seq_lens": [7] * 600, "q_lens": 1,
-                                                                      "sweep": {"seed": [1, 2]}}))) == 2  # fmt: skip
-
-
-def test_a_run_folder_and_a_journal_are_sized_before_they_are_read(tmp_path, monkeypatch, capsys):
-    """A results.parquet is sized by its metadata before pandas reads it; meta.json and journals by their size."""
-    from harness.results import journal, storage
-
-    run = tmp_path / "run"
-    run.mkdir()
-    pd.DataFrame({"case": ["c"] * 11, "backend": ["b"] * 11, "status": ["pass"] * 11}).to_parquet(
-        run / "results.parquet"
-    )
-    (run / "meta.json").write_text("{}")
-    monkeypatch.setattr(pd, "read_parquet", lambda *a, **k: pytest.fail("read before it was sized"))
-    monkeypatch.setattr(storage, "MAX_ROWS", 10)
-    assert main(["report", str(run)]) == 2
-    assert f"{run / 'results.parquet'}: 11 rows, 0.0 GiB uncompressed: past the 10 rows" in capsys.readouterr().err
-    monkeypatch.setattr(storage, "MAX_META_BYTES", 1)
-    assert main(["report", str(run)]) == 2
-    assert f"{run / 'meta.json'}: 2 bytes, past the 1 a meta.json may hold" in capsys.readouterr().err
-    (tmp_path / "stopped.journal.jsonl").write_text('{"journal": 1}\n')
-    monkeypatch.setattr(journal, "MAX_BYTES", 4)
-    assert main(["run", "--resume", str(tmp_path / "stopped")]) == 2
-    assert "stopped.journal.jsonl: 15 bytes, past the 4 a journal may hold" in capsys.readouterr().err

@@ -7,6 +7,7 @@ import torch
 
 from harness.cases import inputs as inputs_module
 from harness.cases.inputs import PagedInputs, make_inputs, shared_prefix_blocks, token_slots
+from harness.cases.vocab import LAYOUTS
 
 CASE = dict(num_q_heads=8, num_kv_heads=2, head_dim=32, block_size=16, seq_lens=[300, 77, 1000, 33],
             q_lens=[4, 1, 7, 1], dtype="bfloat16", input_scale=2.0, seed=5)  # fmt: skip
@@ -35,7 +36,7 @@ def differing(a: PagedInputs, b: PagedInputs) -> list[str]:
             or not torch.equal(bits(first[name]), bits(second[name]))]  # fmt: skip
 
 
-@pytest.mark.parametrize("layout", ["shuffled", "contiguous", "shared_prefix"])
+@pytest.mark.parametrize("layout", LAYOUTS)  # every layout a case may name
 def test_the_same_case_built_twice_is_bitwise_equal(layout):
     assert differing(make_inputs(**CASE, layout=layout), make_inputs(**CASE, layout=layout)) == []
 
@@ -96,7 +97,7 @@ def test_every_layout_attends_over_the_same_sequences_unless_it_shares_a_prefix(
     assert not torch.equal(shared.keys[1], shuffled.keys[1]), "a later sequence's prefix is the first one's"
 
 
-@pytest.mark.parametrize("layout", ["shuffled", "contiguous", "shared_prefix"])
+@pytest.mark.parametrize("layout", LAYOUTS)  # every layout a case may name
 def test_exactly_the_unowned_slots_are_nan(layout):
     inputs = make_inputs(**CASE, layout=layout)
     num_blocks, block_size, num_kv_heads, head_dim = inputs.k_cache.shape

@@ -7,7 +7,6 @@ import os
 import re
 import subprocess
 import sys
-from pathlib import Path
 
 import pandas as pd
 import pytest
@@ -23,9 +22,8 @@ from harness.cli.main import main
 from harness.execute.processes import decode, encode, registrations
 from harness.run.runner import case_inputs
 from kernels import paged_attention_reference
+from tests.fresh_python import ROOT
 from tests.tiny_cases import write_cases
-
-ROOT = Path(__file__).resolve().parents[2]
 
 # --- variants: one name each, and the others still taken ------------------------------------------
 

@@ -5,15 +5,13 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
-from pathlib import Path
 
 import pandas as pd
 import pytest
 
 import kernels
-from tests.fresh_python import needs_ptxas, run_fresh
+from tests.fresh_python import ROOT, needs_ptxas, run_fresh
 
-ROOT = Path(__file__).resolve().parents[2]
 EXAMPLE = ROOT / "examples" / "triton_paged_plugin.py"
 # The example's kernel compiled for sm_90 (through ptxas), as a GPU launch of each dtype would compile it.
 COMPILE = r"""

@@ -6,16 +6,15 @@ import json
 import os
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 
 from harness.cases.loading import load_cases
 from harness.cases.memory import estimate
 from harness.cases.spec import CaseFileError, load_case_file
+from tests.fresh_python import ROOT
 from tests.tiny_cases import write_cases
 
-ROOT = Path(__file__).resolve().parents[2]
 FACTOR = 2.5
 
 PROBE = """

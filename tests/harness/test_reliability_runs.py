@@ -32,64 +32,13 @@ from harness.results.journal import Journal, journal_path
 from harness.review import confirm
 from harness.run.guard import Terminated
 from harness.run.runner import to_frame
+from tests.fresh_python import ROOT
 from tests.harness import review_frames as rf
-from tests.tiny_cases import TINY, write_cases
+from tests.tiny_cases import write_cases
 
-ROOT = Path(__file__).resolve().parents[2]
 HEAD = subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True, text=True).stdout.strip()
 
 FIRST, SECOND = {"name": "first"}, {"name": "second", "seed": 1}
-
-PLUGIN = """
-import ctypes, os, signal, sys, time
-from pathlib import Path
-import torch
-import kernels
-from harness import register_backend
-
-DIR = Path(os.environ.get("HARNESS_TEST_DIR", "/nonexistent"))
-
-def _marker(name):  # True once the test has made DIR / name, which it takes
-    return (DIR / name).exists() and (DIR / name).unlink() is None
-
-def good(*args, out=None, **kwargs):
-    if DIR.exists():
-        with (DIR / "calls").open("a") as f:
-            f.write("call\\n")
-    return kernels.paged_attention_tlsim(*args, out=out, **kwargs)
-
-def hangs(*args, **kwargs):
-    if DIR.exists():
-        (DIR / "worker.tmp").write_text(str(os.getpid()))
-        (DIR / "worker.tmp").rename(DIR / "worker.pid")  # a reader never sees the file empty
-    time.sleep(3600)
-
-def sigterm_once(*args, out=None, **kwargs):
-    if _marker("sigterm"):
-        os.kill(os.getpid(), signal.SIGTERM)
-        time.sleep(5)
-    return kernels.paged_attention_tlsim(*args, out=out, **kwargs)
-
-def sigkill_once(*args, out=None, **kwargs):
-    if _marker("sigkill"):
-        os.kill(os.getpid(), signal.SIGKILL)
-    return kernels.paged_attention_tlsim(*args, out=out, **kwargs)
-
-def flood(*args, out=None, **kwargs):
-    sys.stdout.write("o" * 50_000 + "\\n")
-    sys.stderr.write("e" * 50_000 + "\\n")
-    return kernels.paged_attention_tlsim(*args, out=out, **kwargs)
-
-def threads(*args, out=None, **kwargs):
-    (DIR / "threads").write_text(str(torch.get_num_threads()))
-    return kernels.paged_attention_tlsim(*args, out=out, **kwargs)
-
-for fn in (good, hangs, sigterm_once, sigkill_once, flood, threads):
-    register_backend(fn.__name__, fn)
-register_backend("os_exit", lambda *args, **kwargs: os._exit(0))
-register_backend("segfault", lambda *args, **kwargs: ctypes.string_at(0))
-register_backend("sys_exit", lambda *args, **kwargs: sys.exit(0))
-"""
 
 EVIL = """
 from pathlib import Path
@@ -119,12 +68,11 @@ def built_ins_only(clean_registry):
 
 
 @pytest.fixture
-def setup(tmp_path, monkeypatch, case_file):
-    """tmp_path holding cases.toml (first, second), tiny.toml (the case_file fixture), plugin.py and evil.py."""
+def setup(tmp_path, plugin, case_file):
+    """tmp_path holding cases.toml (first, second), tiny.toml (the case_file fixture), plugin.py (the plugin fixture's,
+    which logs here) and evil.py."""
     write_cases(tmp_path / "cases.toml", FIRST, SECOND)
-    (tmp_path / "plugin.py").write_text(PLUGIN)
     (tmp_path / "evil.py").write_text(EVIL.format(marker=str(tmp_path / "evil_ran")))
-    monkeypatch.setenv("HARNESS_TEST_DIR", str(tmp_path))
     return tmp_path
 
 
@@ -274,41 +222,16 @@ def test_a_sigkilled_run_is_reported_at_the_next_run_and_resumed(setup, capsys):
     _, err = _finish(proc, 300)
     assert proc.returncode == -signal.SIGKILL, err[-2000:]
     assert [r["backend"] for r in Journal.read(journal_path(out)).rows] == ["good"]
-    dead = subprocess.Popen(["true"])
-    dead.wait()
-    partial = reports / f".gone.partial-{dead.pid}"
-    partial.mkdir()
-    (partial / ".harness-partial").write_text(f"{dead.pid}\n")  # what write_run puts in its partial folder
+    partial = rf.partial(reports, "gone")  # with write_run's marker
     (partial / "results.csv").write_text("half")
     assert run(setup, reports / "next", "--backend", "tlsim", plugin=False) == 0
     err = capsys.readouterr().err
     assert f"unfinished run: 1 rows in {journal_path(out)}" in err
     assert f"finish it with: python -m harness run --resume {out}" in err
-    assert f"removed {partial}: a run (pid {dead.pid}) died while writing it" in err
+    assert f"removed {partial}: a run (pid {partial.name.rsplit('-', 1)[1]}) died while writing it" in err
     assert not partial.exists()
     assert resume_run(setup, out) == 0
     assert len(rows_of(out)) == 4 and not journal_path(out).exists()
-
-
-def test_a_read_only_reports_folder_is_exit_2_before_any_work(setup, capsys, monkeypatch):
-    reports = setup / "reports"
-    reports.mkdir()
-    reports.chmod(0o555)
-    try:
-        if os.geteuid() == 0:  # root writes anyway: make the kernel's answer the one a user gets
-            real_open = os.open
-
-            def read_only(path, flags, *args):
-                if str(path).startswith(str(reports)) and flags & os.O_CREAT:
-                    raise PermissionError(errno.EACCES, "Permission denied", str(path))
-                return real_open(path, flags, *args)
-
-            monkeypatch.setattr(os, "open", read_only)
-        assert run(setup, reports / "run", *backends("good")) == 2
-    finally:
-        reports.chmod(0o755)
-    assert "Permission denied" in capsys.readouterr().err
-    assert not (setup / "calls").exists(), "no backend ran"
 
 
 def test_runs_started_at_the_same_second_get_distinct_folders(tmp_path, monkeypatch):
@@ -341,19 +264,11 @@ def test_runs_started_at_the_same_second_get_distinct_folders(tmp_path, monkeypa
     assert sorted(p.name for p in tmp_path.iterdir()) == sorted(p.name for p in reserved)
 
 
-@pytest.mark.parametrize(
-    ("extra", "case_addition", "message"),
-    [
-        (None, {"backends": ["flex_attention"]}, "nothing was graded: "),
-        (backends("flex_attention", "tlsim"), {}, "--backend flex_attention ran on no case"),
-    ],
-)
-def test_a_run_that_grades_nothing_or_skips_a_requested_backend_is_not_green(setup, capsys, extra, case_addition,
-                                                                              message):  # fmt: skip
-    write_cases(setup / "cases.toml", FIRST, SECOND, defaults={**TINY, **case_addition})
+def test_a_run_that_skips_a_requested_backend_on_every_case_is_not_green(setup, capsys):
+    """(A run that grades nothing: test_cli_verbs.py's test_a_run_that_grades_nothing_ends_with_fail.)"""
     out = setup / "run"
-    assert run(setup, out, *(extra or [])) == 1
-    assert message in capsys.readouterr().err
+    assert run(setup, out, *backends("flex_attention", "tlsim")) == 1
+    assert "--backend flex_attention ran on no case" in capsys.readouterr().err
     assert out.is_dir(), "the report is still written"
 
 
@@ -388,27 +303,33 @@ def _slower_runs(tmp_path, backend: str, **meta_extra) -> tuple[Path, Path]:
     return base, new
 
 
-def test_confirm_never_imports_a_plugin_named_in_a_runs_meta_command(setup, capsys, monkeypatch):
+# compare --confirm of two runs (``backend`` 1.5x slower) whose meta.json names a plugin, or a commit that is no commit
+# id: (backend, meta.json's fields, the words): exit 2 before any plugin is imported or `git worktree add` is run
+META_REFUSED = {
+    "a_plugin_named_in_its_command": ("evil_backend", {"commit": HEAD, "command": "python -m harness run tiny.toml "
+                                      "--plugin {evil}"}, ["{new}/meta.json names plugin(s) {evil}", "pass --plugin {evil}"]),
+    "an_option_as_its_commit": ("reference", {"commit": "--no-checkout"}, ["{base}/meta.json: field 'commit'"]),
+    "an_id_of_no_commit": ("reference", {"commit": "deadbeef" * 5}, ["{base}/meta.json: field 'commit'"]),
+    "a_list_as_its_commit": ("reference", {"commit": ["a" * 40]}, ["{base}/meta.json: field 'commit'"]),
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("name", META_REFUSED)
+def test_confirm_imports_no_plugin_a_runs_meta_names_and_checks_out_nothing_that_is_no_commit_id(
+    setup, capsys, monkeypatch, name
+):
+    backend, fields, said = META_REFUSED[name]
     monkeypatch.chdir(ROOT)  # git runs here
-    evil = setup / "evil.py"
-    base, new = _slower_runs(setup, "evil_backend", commit=HEAD,
-                             command=f"python -m harness run tiny.toml --plugin {evil}")  # fmt: skip
-    assert main(["compare", str(base), str(new), "--confirm", "slower"]) == 2
-    err = capsys.readouterr().err
-    assert f"{new}/meta.json names plugin(s) {evil}" in err and f"pass --plugin {evil}" in err
-    assert not (setup / "evil_ran").exists(), "the plugin named by meta.json was imported"
-
-
-@pytest.mark.parametrize("commit", ["--no-checkout", "deadbeef" * 5, ["a" * 40]])
-def test_a_meta_commit_that_is_not_a_commit_id_is_bad_input_before_git_worktree(setup, capsys, monkeypatch, commit):
-    monkeypatch.chdir(ROOT)
-    added = []  # commits handed to `git worktree add`: none may be, the check comes first
+    added = []  # commits handed to `git worktree add`: none may be, the checks come first
     monkeypatch.setattr(confirm, "worktree", lambda commit, *rest: added.append(commit))
-    base, new = _slower_runs(setup, "reference", commit=commit)
+    evil = setup / "evil.py"
+    base, new = _slower_runs(
+        setup, backend, **{k: v.format(evil=evil) if k == "command" else v for k, v in fields.items()}
+    )
     assert main(["compare", str(base), str(new), "--confirm", "slower"]) == 2
     err = capsys.readouterr().err
-    assert f"{base}/meta.json: field 'commit'" in err, err
-    assert added == []
+    assert all(words.format(base=base, new=new, evil=evil) in err for words in said), err
+    assert added == [] and not (setup / "evil_ran").exists(), "a plugin named by meta.json was imported"
 
 
 def test_resume_imports_a_journals_plugin_given_again_with_plugin_by_any_spelling(setup, monkeypatch):

@@ -14,9 +14,53 @@ from tests.harness import review_frames as rf
 from tests.harness.plot_text import drawn_texts, page_plots
 
 EVIL = "<script>alert('x')</script>"
+SCALE = {"mode": "workers", "workers": 2, "wall_s": 85.51, "worker_start_s": [4.8, 4.83], "case_busy_s": 160.9,
+         "phase_s": {"inputs": 14.9, "timing: latency": 59.8, "grade": 4.3}}  # fmt: skip
 
 
-def test_the_verdict_names_the_failing_row_its_location_and_count_before_any_table_or_says_pass():
+def _first_row(frame, **values):
+    frame.loc[0, list(values)] = list(values.values())
+    return frame
+
+
+# the page of rf.frame(cases) through ``change``, with ``meta``: (words it shows, words it shows exactly n times)
+PAGES = {
+    "all_rows_pass_says_pass": (10, None, rf.meta(), ["<b>PASS</b>: all 30 graded rows within tolerance"], {}),
+    "strings_from_case_files_and_plugins_stay_escaped": (
+        2, lambda f: _first_row(f, backend=EVIL, reason=EVIL, case=EVIL, status="error"),
+        rf.meta(command=EVIL, cpu_model=EVIL), ["&lt;script&gt;alert(&#39;x&#39;)&lt;/script&gt;"],
+        {EVIL: 0, "<script>": 2}),  # only the page's own two scripts
+    "gbps_of_cpu_rows_keeps_significant_digits": (1, lambda f: f.assign(gbps=0.0123), rf.meta(), [">0.0123<"],
+                                                  {">0.0<": 0}),
+    "host_overhead_flagged_where_call_us_far_exceeds_latency": (
+        1, lambda f: _first_row(f, call_us=f.loc[0, "latency_us"] * 3), rf.meta(), [], {"⚑ 3.0×": 1}),
+    "header_shows_noise_judges_and_ceilings": (
+        1, None, rf.meta(cpu_model="Xeon Test", logical_cpus=2, load_average=[3.5, 2.0, 1.0], timing_threads=1,
+                         ceilings={"read_gbps": 20.0, "copy_gbps": 12.5, "peak_tflops": 1.5, "peak_source": "spec"}),
+        ["Xeon Test, 2 logical CPUs", "timing threads 1", "busy machine", "read 20.0 GB/s", "peak 1.50 TFLOP/s (spec)"],
+        {}),
+    "a_process_pool_runs_time_summary_largest_phase_first": (1, None, rf.meta(scale=SCALE), [], {
+        'id="time-summary">2 workers, 85.5 s from the first case to the last row, workers started in 4.8 s; '
+        '160.9 s of case work: timing: latency 59.8, inputs 14.9, grade 4.3<': 1}),
+    "no_time_summary_where_the_run_recorded_none": (1, None, rf.meta(), [], {'id="time-summary"': 0}),
+    "a_resumed_runs_time_summary_says_so": (1, None, rf.meta(scale=SCALE, resumed={"journal_rows": 7}),
+                                            ["(the resumed part only: 7 rows came from the journal)"], {}),
+    "an_old_run_without_the_new_columns_still_renders": (
+        2, lambda f: f.drop(columns=["latency_samples_us", "call_us", "tol_ratio"]), {"device": "cpu"},
+        ["<b>PASS</b>", "not recorded (an older run)"], {}),
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("name", PAGES)
+def test_the_page_shows_the_words_of_its_rows_and_meta(name):
+    num_cases, change, meta, shown, counted = PAGES[name]
+    frame = rf.frame(num_cases=num_cases)
+    html = render_html(change(frame) if change else frame, meta)
+    assert [w for w in shown if w not in html] == []
+    assert {w: html.count(w) for w in counted} == counted
+
+
+def test_the_verdict_names_the_failing_row_its_location_and_count_before_any_table():
     frame = rf.frame(num_cases=3).assign(worst_location="", fail_count=0)
     failed = ["fail", "max abs err 3e-4 exceeds atol", 2.5, "seq 3, query 5, head 2", 17]
     mask = (frame["case"] == "case01") & (frame["backend"] == "tlsim")
@@ -26,17 +70,6 @@ def test_the_verdict_names_the_failing_row_its_location_and_count_before_any_tab
     assert "FAIL" in verdict and "tlsim" in verdict and "case01" in verdict
     assert "seq 3, query 5, head 2" in verdict and "17 elements outside tolerance" in verdict
     assert html.index('id="verdict"') < html.index('id="pivot"') < html.index('id="rows"')
-    assert "<b>PASS</b>: all 30 graded rows within tolerance" in render_html(rf.frame(num_cases=10), rf.meta())
-
-
-def test_strings_from_case_files_and_plugins_stay_escaped():
-    frame = rf.frame(num_cases=2)
-    frame.loc[0, ["backend", "reason", "case"]] = [EVIL, EVIL, EVIL]
-    frame.loc[0, "status"] = "error"
-    html = render_html(frame, rf.meta(command=EVIL, cpu_model=EVIL))
-    assert EVIL not in html
-    assert "&lt;script&gt;alert(&#39;x&#39;)&lt;/script&gt;" in html
-    assert len(re.findall(r"<script>", html)) == 2, "only the page's own two scripts"
 
 
 def test_a_name_with_dollar_signs_is_drawn_as_text_not_parsed_as_tex(drawn_plots, plot_text_as_text):
@@ -83,10 +116,6 @@ def test_the_ceilings_drawn_are_those_meta_json_holds():
 
 def test_gbps_on_cpu_rows_keeps_significant_digits():
     assert sig(0.0123) == "0.0123" and sig(0.0004567) == "4.57e-04" and sig(1234.5) == "1234" and sig(12.345) == "12.3"
-    frame = rf.frame(num_cases=1)
-    frame["gbps"] = 0.0123
-    html = render_html(frame, rf.meta())
-    assert ">0.0123<" in html and ">0.0<" not in html
 
 
 def test_pivot_has_a_cell_per_case_and_backend_and_a_speedup_select():
@@ -96,13 +125,6 @@ def test_pivot_has_a_cell_per_case_and_backend_and_a_speedup_select():
     assert '<select id="speedup-ref">' in html and '<option value="gather_sdpa">' in html
 
 
-def test_host_overhead_is_flagged_where_call_us_far_exceeds_latency():
-    frame = rf.frame(num_cases=1)
-    frame.loc[0, "call_us"] = frame.loc[0, "latency_us"] * 3
-    html = render_html(frame, rf.meta())
-    assert html.count("⚑ 3.0×") == 1
-
-
 def test_skips_are_folded_away_and_details_hold_the_other_columns():
     frame = rf.frame(num_cases=1)
     frame.loc[2, ["status", "reason"]] = ["skip", "gather_sdpa runs on cuda, not cpu"]
@@ -110,32 +132,6 @@ def test_skips_are_folded_away_and_details_hold_the_other_columns():
     folded = html[html.index('<details id="skipped">') :]
     assert "1 skipped row " in folded and "runs on cuda, not cpu" in folded
     assert '<details class="more">' in html and "bytes_moved" in html
-
-
-def test_the_header_shows_noise_judges_and_ceilings():
-    meta = rf.meta(cpu_model="Xeon Test", logical_cpus=2, load_average=[3.5, 2.0, 1.0], timing_threads=1,
-                   ceilings={"read_gbps": 20.0, "copy_gbps": 12.5, "peak_tflops": 1.5, "peak_source": "spec"})  # fmt: skip
-    html = render_html(rf.frame(num_cases=1), meta)
-    assert "Xeon Test, 2 logical CPUs" in html and "timing threads 1" in html and "busy machine" in html
-    assert "read 20.0 GB/s" in html and "peak 1.50 TFLOP/s (spec)" in html
-
-
-def test_the_header_says_where_a_process_pool_runs_time_went_largest_phase_first():
-    scale = {"mode": "workers", "workers": 2, "wall_s": 85.51, "worker_start_s": [4.8, 4.83], "case_busy_s": 160.9,
-             "phase_s": {"inputs": 14.9, "timing: latency": 59.8, "grade": 4.3}}  # fmt: skip
-    html = render_html(rf.frame(num_cases=1), rf.meta(scale=scale))
-    line = re.search(r'id="time-summary">([^<]*)<', html).group(1)
-    assert line == ("2 workers, 85.5 s from the first case to the last row, workers started in 4.8 s; "
-                    "160.9 s of case work: timing: latency 59.8, inputs 14.9, grade 4.3")  # fmt: skip
-    assert 'id="time-summary"' not in render_html(rf.frame(num_cases=1), rf.meta())  # not recorded: no line
-    resumed = render_html(rf.frame(num_cases=1), rf.meta(scale=scale, resumed={"journal_rows": 7}))
-    assert "(the resumed part only: 7 rows came from the journal)" in resumed
-
-
-def test_an_old_run_without_the_new_columns_still_renders():
-    frame = rf.frame(num_cases=2).drop(columns=["latency_samples_us", "call_us", "tol_ratio"])
-    html = render_html(frame, {"device": "cpu"})
-    assert "<b>PASS</b>" in html and "not recorded (an older run)" in html
 
 
 def test_report_with_a_baseline_marks_and_lists_regressions(tmp_path):

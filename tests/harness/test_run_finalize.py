@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 
 import pandas as pd
+import pytest
 
 from harness.cases.loading import load_cases
 from harness.cli.main import main
@@ -32,14 +33,20 @@ def _stopped_run(tmp_path, keep_rows: int, meta: dict | None, cases=None, backen
     return stopped, rows
 
 
-def test_finalize_writes_its_rows_keeps_the_runs_own_meta_and_lists_what_never_ran_on_the_page_too(tmp_path, capsys):
-    stopped, rows = _stopped_run(tmp_path, 3, {"device": "cuda", "device_name": "NVIDIA H200", "commit": "abc"})
+@pytest.mark.parametrize("recorded", [{"device": "cuda", "device_name": "NVIDIA H200", "commit": "abc"}, None],
+                         ids=["its_own_meta", "an_old_journals_without_meta_said_so_not_this_machines_borrowed"])  # fmt: skip
+def test_finalize_writes_its_rows_with_the_runs_meta_and_lists_what_never_ran_on_the_page_too(
+    tmp_path, capsys, recorded
+):
+    stopped, rows = _stopped_run(tmp_path, 3, recorded)
     capsys.readouterr()
     assert main(["run", "--resume", str(stopped), "--finalize"]) == 4  # what ran passes; not all of it ran
     frame = pd.read_parquet(stopped / "results.parquet")
     assert len(frame) == 3 and list(frame["case"]) == [r["case"] for r in rows[:3]]
     meta = json.loads((stopped / "meta.json").read_text())
-    assert meta["device_name"] == "NVIDIA H200" and meta["commit"] == "abc", "the run's meta, not this machine's"
+    kept = ("device_name", "commit")  # the run's meta, never this machine's
+    assert {key: meta.get(key) for key in kept} == {key: (recorded or {}).get(key) for key in kept}
+    assert ("meta_unknown" in meta["incomplete"]) == (recorded is None) and ("device_name" in meta) == bool(recorded)
     assert meta["incomplete"]["missing_pairs"] == 1 and meta["incomplete"]["missing"] == ["second tlsim"]
     assert not journal_path(stopped).exists()
     page = (stopped / "report.html").read_text()
@@ -47,13 +54,6 @@ def test_finalize_writes_its_rows_keeps_the_runs_own_meta_and_lists_what_never_r
     out = capsys.readouterr()
     assert "1 (case, backend) pairs never ran" in out.err and "INCOMPLETE: 3 rows: 3 pass" in out.out
     assert "PASS" not in out.out
-
-
-def test_an_old_journal_without_meta_says_so_instead_of_borrowing_this_machines(tmp_path):
-    stopped, _ = _stopped_run(tmp_path, 2, None)
-    assert main(["run", "--resume", str(stopped), "--finalize"]) == 4
-    meta = json.loads((stopped / "meta.json").read_text())
-    assert "meta_unknown" in meta["incomplete"] and "device_name" not in meta
 
 
 def test_finalize_refuses_an_empty_journal_and_keeps_it(tmp_path, capsys):

@@ -7,7 +7,7 @@ import pytest
 
 import kernels
 from harness import register_backend
-from harness.backends import builtin as backends_module
+from harness.backends.builtin import load_plugin
 from harness.cli.main import main
 from harness.results import storage as storage_module
 from harness.review.compare import compare_runs
@@ -25,18 +25,13 @@ def half_written(q, k_cache, v_cache, block_table, seq_lens, query_start_loc=Non
     return out
 
 
-def raises(*args, **kwargs):
-    raise RuntimeError("kernel exploded")
-
-
-def test_rows_for_pass_fail_skip_and_error_and_the_run_goes_on(tmp_path, run_rows):
+def test_rows_for_pass_fail_skip_and_error_and_the_run_goes_on(tmp_path, run_rows, plugin):
+    load_plugin(str(plugin))  # raises and cuda_only among its backends
     register_backend("half_written", half_written)
-    register_backend("raises", raises)
-    register_backend("cuda_only", kernels.paged_attention_tlsim, devices=("cuda",))
     path = write_cases(tmp_path / "c.toml", {"name": "tiny", "exclude_backends": ["reference"]})
     rows = run_rows(path, ["raises", "half_written", "cuda_only", "reference", "tlsim"])
     assert rows.loc["raises", "status"] == "error"
-    assert "RuntimeError: kernel exploded" in rows.loc["raises", "reason"]
+    assert "RuntimeError: no kernel here" in rows.loc["raises", "reason"]
     assert rows.loc["half_written", "status"] == "fail"
     assert rows.loc["half_written", "nan_count"] > 0, "unwritten rows stay NaN, and NaN never passes"
     assert "NaN" in rows.loc["half_written", "reason"]
@@ -49,34 +44,18 @@ def test_rows_for_pass_fail_skip_and_error_and_the_run_goes_on(tmp_path, run_row
     assert exit_code(rows.loc[["cuda_only", "tlsim"]].reset_index()) == 0, "skips do not"
 
 
-PLUGIN = '''
-import torch
-import kernels
-from harness import register_backend
-
-def scaled_wrong(q, k_cache, v_cache, block_table, seq_lens, query_start_loc=None, scale=None, out=None):
-    """tlsim with a 1% wrong softmax scale."""
-    scale = q.shape[-1] ** -0.5 * 1.01
-    return kernels.paged_attention_tlsim(q, k_cache, v_cache, block_table, seq_lens, query_start_loc, scale, out)
-
-register_backend("my_tlsim", kernels.paged_attention_tlsim)
-register_backend("scaled_wrong", scaled_wrong)
-'''
-
-
 def cli_run(case_file, out, *extra):
     return main(["run", str(case_file), "--out", str(out), "--no-progress", "--no-timing", *extra])
 
 
-def test_cli_exit_codes_and_plugin_from_a_path(tmp_path, case_file, capsys):
-    plugin = tmp_path / "my_plugin.py"
-    plugin.write_text(PLUGIN)
-    assert cli_run(case_file, tmp_path / "ok", "--plugin", str(plugin), "--backend", "my_tlsim") == 0
-    rows = pd.read_parquet(tmp_path / "ok" / "results.parquet")
-    assert rows["backend"].tolist() == ["my_tlsim"] and rows["status"].tolist() == ["pass"]
-    backends_module.REGISTRY.pop("my_tlsim")
-    backends_module.REGISTRY.pop("scaled_wrong")
-    assert cli_run(case_file, tmp_path / "bad", "--plugin", str(plugin), "--backend", "scaled_wrong") == 1
+def test_a_plugin_from_a_path_runs_and_its_wrong_backend_fails_the_run(case_file, plugin):
+    """In process (a plugin imported from a path by a worker: test_plugin_api.py's declared_run): exit 1 for the
+    wrong backend's row (a 1% wrong softmax scale) beside the right one's pass."""
+    out = plugin.parent / "run"
+    backends = ["--backend", "good", "--backend", "scaled_wrong"]
+    assert cli_run(case_file, out, "--plugin", str(plugin), "--isolate", "none", *backends) == 1
+    rows = pd.read_parquet(out / "results.parquet")
+    assert rows["backend"].tolist() == ["good", "scaled_wrong"] and rows["status"].tolist() == ["pass", "fail"]
 
 
 def test_report_files_and_failures_listed_first(tmp_path, case_file):

@@ -30,15 +30,15 @@ from harness.pytest_plugin import HarnessSession
 from harness.run.oracle_cache import PoisonedCacheError
 from harness.run.runner import RunConfig, to_frame
 from harness.timing.metrics import case_cost
+from tests.fresh_python import ROOT
 from tests.tiny_cases import write_cases
 
 pytestmark = pytest.mark.usefixtures("clean_registry")  # backends registered here vanish after each test
 
-ROOT = Path(__file__).resolve().parents[2]
 # Columns that differ between equal runs: timing, where a row ran (empty in a one-process run), whether its oracle
 # came from the cache (which depends on the order).
 TIMING = ("latency", "call_", "timing_", "host_overhead_us", "host", "gpu_index", "worker", "oracle_cached")
-NAMES = ["reference", "tlsim", "raises", "cuda_only"]  # pass, pass, error, skip on the CPU
+NAMES = ["reference", "tlsim", "raises", "cuda_only"]  # pass, pass, error, skip on the CPU (the plugin fixture's)
 
 
 def _without_timing(frame: pd.DataFrame) -> pd.DataFrame:
@@ -47,18 +47,6 @@ def _without_timing(frame: pd.DataFrame) -> pd.DataFrame:
 
 def _comparable(rows: list[dict]) -> pd.DataFrame:
     return _without_timing(to_frame(rows).sort_values(["case", "backend"]).reset_index(drop=True))
-
-
-PLUGIN = """
-import kernels
-from harness import register_backend
-
-def raises(*args, **kwargs):
-    raise RuntimeError("no kernel here")
-
-register_backend("raises", raises)
-register_backend("cuda_only", kernels.paged_attention_tlsim, devices=("cuda",))
-"""
 
 
 @pytest.fixture(autouse=True)
@@ -75,9 +63,7 @@ def _pytest_config(options: dict, **attributes) -> SimpleNamespace:
                            **attributes)  # fmt: skip
 
 
-def test_every_executor_gives_the_same_rows_row_for_row(tmp_path):
-    plugin = tmp_path / "plugin.py"
-    plugin.write_text(PLUGIN)
+def test_every_executor_gives_the_same_rows_row_for_row(tmp_path, plugin):
     load_plugin(str(plugin))
     cases_file = write_cases(tmp_path / "cases.toml", {"name": "first"}, {"name": "second", "seed": 1, "block_size": 8})
     cases = load_cases([cases_file], "cpu")

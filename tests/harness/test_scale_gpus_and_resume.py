@@ -230,10 +230,3 @@ def test_a_pytest_n_run_lists_its_workers_gpus_and_names_mixed_models():
     assert [(g["gpu_index"], g["workers"]) for g in gpus] == [("0", ["gw0"]), ("1", ["gw1"])]
     assert note.startswith("mixed GPU models: NVIDIA A100-SXM4-80GB + NVIDIA H200")
     assert run_gpus([{**row, "gpu_name": ""} for row in rows]) == ([], "")  # a CPU run
-
-
-def test_resume_refuses_a_log_folder_that_is_a_link_before_anything_runs(tmp_path, cases_file):
-    out = _stopped_run(tmp_path, cases_file)
-    (tmp_path / "run.logs").symlink_to(tmp_path)
-    with pytest.raises(BadInput, match=r"run\.logs is not the run's log folder \(a link or a file\)"):
-        resume(build_parser().parse_args(["run", "--resume", str(out)]))

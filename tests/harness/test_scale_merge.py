@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import shutil
 
 import pandas as pd
 import pytest
@@ -12,6 +11,7 @@ from harness.cases.loading import load_cases
 from harness.cli.main import main
 from harness.execute.shards import shard_cases
 from harness.timing.metrics import case_cost
+from tests.harness import review_frames as rf
 
 SMOKE = ["run", "smoke", "--backend", "reference", "--backend", "tlsim", "--no-timing", "--no-progress",
          "--oracle-cache", "off"]  # fmt: skip
@@ -53,21 +53,15 @@ def test_merged_shards_give_the_one_process_rows_and_say_where_they_came_from(sh
     assert (out / "report.html").is_file() and "scale" not in meta
 
 
-def _edited_copy(source, target, **meta_changes):
-    shutil.copytree(source, target)
-    meta = json.loads((target / "meta.json").read_text())
-    (target / "meta.json").write_text(json.dumps({**meta, **meta_changes}))
-    return target
-
-
 def test_merge_joins_incomplete_records_keeps_every_gpu_model_warns_of_absent_shards_and_takes_mixed_commits_when_told(
     shard_runs, tmp_path, capsys
 ):
-    host0 = _edited_copy(shard_runs / "host0", tmp_path / "h0", shard="0/3",
-                         gpus=[{"host": "node", "gpu_index": "0", "gpu_name": "NVIDIA H200", "ceilings": {}}])  # fmt: skip
-    host1 = _edited_copy(shard_runs / "host1", tmp_path / "h1", shard="1/3", commit="f" * 40,
-                         incomplete={"missing": ["x tlsim", "y tlsim"], "missing_pairs": 2},
-                         gpus=[{"host": "node", "gpu_index": "0", "gpu_name": "NVIDIA H100", "ceilings": {}}])  # fmt: skip
+    gpu = {"host": "node", "gpu_index": "0", "ceilings": {}}
+    host0 = rf.copy_run(shard_runs / "host0", {"shard": "0/3", "gpus": [{**gpu, "gpu_name": "NVIDIA H200"}]},
+                        to=tmp_path / "h0")  # fmt: skip
+    host1 = rf.copy_run(shard_runs / "host1", {"shard": "1/3", "commit": "f" * 40, "gpus": [{**gpu, "gpu_name":
+                        "NVIDIA H100"}], "incomplete": {"missing": ["x tlsim", "y tlsim"], "missing_pairs": 2}},
+                        to=tmp_path / "h1")  # fmt: skip
     out = tmp_path / "merged"
     assert main(["merge", str(out), str(host0), str(host1), "--allow-mixed-commits"]) == 0
     assert "shards 2/3 are not among the runs" in capsys.readouterr().err

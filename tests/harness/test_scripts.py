@@ -15,10 +15,9 @@ import pandas as pd
 import pytest
 
 import kernels
-from tests.fresh_python import run_script
+from tests.fresh_python import ROOT, run_script
 from tests.tiny_cases import write_cases
 
-ROOT = Path(__file__).resolve().parents[2]
 COMMITTED_RUN = ROOT / "tests" / "harness" / "data" / "h200_run"
 SMALL = {"num_q_heads": 2, "num_kv_heads": 1, "head_dim": 32, "seq_lens": [5, 9]}  # the scripts' dry-run cases
 TIMED = {"slower", "faster", "same", "cannot tell"}  # the verdicts of a case kernel_ab timed
@@ -31,6 +30,29 @@ def triton_entry_restored(monkeypatch):
     monkeypatch.setattr(kernels, "paged_attention_triton", kernels.paged_attention_triton)
 
 
+@pytest.fixture
+def in_process(monkeypatch, capsys):
+    """``in_process(*command)``: ``python COMMAND`` (``scripts/TOOL ARGS`` or ``-m harness ARGS``) run in this
+    process as a fresh interpreter runs it (from the root, a script's folder first on sys.path), without its seconds
+    of imports: (exit code, stdout, stderr)."""
+
+    def run(*command: str) -> tuple[int, str, str]:
+        module, args = (command[1], command[2:]) if command[0] == "-m" else (None, command[1:])
+        monkeypatch.chdir(ROOT)
+        monkeypatch.setattr(sys, "argv", [module or command[0], *args])
+        monkeypatch.setattr(sys, "path", [str(ROOT if module else (ROOT / command[0]).parent), *sys.path])
+        code = 0
+        try:
+            runpy.run_module(module, run_name="__main__") if module else runpy.run_path(command[0], run_name="__main__")
+        except SystemExit as stop:
+            code = stop.code
+        if isinstance(code, str):  # sys.exit(text) prints the text and exits 1, as Python does
+            code = print(code, file=sys.stderr) or 1
+        return code or 0, *capsys.readouterr()
+
+    return run
+
+
 # Every script, but the noise check's plugin (a --plugin module, not a command).
 TOOLS = sorted(
     str(p.relative_to(ROOT / "scripts"))
@@ -40,17 +62,18 @@ TOOLS = sorted(
 
 
 @pytest.mark.parametrize("tool", TOOLS)
-def test_each_script_answers_help_with_its_usage(tool):
+def test_each_script_answers_help_with_its_usage(tool, in_process):
     if tool.endswith(".sh"):
         parsed = subprocess.run(["bash", "-n", f"scripts/{tool}"], cwd=ROOT, capture_output=True, text=True)
         assert parsed.returncode == 0, parsed.stderr
         done = subprocess.run(
             ["bash", f"scripts/{tool}", "--help"], cwd=ROOT, capture_output=True, text=True, timeout=60
         )
+        code, out, err = done.returncode, done.stdout, done.stderr
     else:
-        done = run_script(f"scripts/{tool}", "--help", timeout=120)
-    assert done.returncode == 0, done.stderr
-    assert f"scripts/{tool}" in done.stdout or "usage:" in done.stdout, done.stdout
+        code, out, err = in_process(f"scripts/{tool}", "--help")
+    assert code == 0, err
+    assert f"scripts/{tool}" in out or "usage:" in out, out
 
 
 def test_every_script_is_exercised_here():
@@ -95,34 +118,38 @@ def test_a_generated_mutant_inside_a_multi_line_statement_is_reached_when_the_st
     ("command", "code", "said"),
     [
         ("scripts/self/peer_table.py {run} --backend triton", 0, ["| prefill_4x4k | 2.28e+03 |", "sdpa_contiguous"]),
-        ("scripts/kernel_targets.py {run}", 0, ["## prefill: met on 0 of 6 cases (worst 2.29 x best peer)",
-                                                "ok   decode_4x16k", "MISS decode_32x4k_hd64"]),
         ("scripts/kernel_ab.py --dry --base no-such-revision", 2, ["git show no-such-revision"]),
         pytest.param("-m harness run {cases} --plugin scripts/self/slowdown_plugin.py --backend reference_slowable "
-                     "--out {tmp}/run --no-timing --no-progress", 0, [], marks=pytest.mark.slow),  # a fresh harness run
+                     "--out {tmp}/run --no-timing --no-progress", 0, [], marks=pytest.mark.slow),  # a plugin worker
     ],
-    ids=["peer_table", "kernel_targets", "kernel_ab_of_no_base", "slowdown_plugin_as_a_plugin"],
+    ids=["peer_table", "kernel_ab_of_no_base", "slowdown_plugin_as_a_plugin"],
 )  # fmt: skip
-def test_a_script_exits_with_its_code_and_prints_its_lines(tmp_path, command, code, said):
+def test_a_script_exits_with_its_code_and_prints_its_lines(tmp_path, in_process, clean_registry, command, code, said):
     """{run}: the committed run of a GPU machine; {cases}: a small case file in {tmp}."""
     cases = write_cases(tmp_path / "c.toml", {"name": "c"}, defaults=SMALL)
     run = COMMITTED_RUN.relative_to(ROOT)
-    done = run_script(*command.format(run=run, cases=cases, tmp=tmp_path).split())
-    assert done.returncode == code, done.stderr
-    assert all(words in (done.stdout if code == 0 else done.stderr) for words in said), done.stdout + done.stderr
+    got, out, err = in_process(*command.format(run=run, cases=cases, tmp=tmp_path).split())
+    assert got == code, err
+    assert all(words in (out if code == 0 else err) for words in said), out + err
     assert not list((ROOT / "kernels").glob("_ab_*.py")), "kernel_ab leaves no module behind"
 
 
-def test_closeness_script_runs_on_the_first_kernel_cases():
-    done = run_script("scripts/self/measure_tlsim_closeness.py", "--limit", "2")
-    assert done.returncode == 0, done.stderr
-    assert len([line for line in done.stdout.splitlines() if line.strip()]) == 3
+def test_closeness_script_runs_on_the_first_kernel_cases(in_process):
+    code, out, err = in_process("scripts/self/measure_tlsim_closeness.py", "--limit", "2")
+    assert code == 0, err
+    assert len([line for line in out.splitlines() if line.strip()]) == 3
 
 
-def test_kernel_targets_score_a_case_once_from_its_first_run():
-    once, twice = (run_script("scripts/kernel_targets.py", *[str(COMMITTED_RUN)] * n) for n in (1, 2))
-    assert once.returncode == twice.returncode == 0, twice.stderr
-    assert twice.stdout.split("\n", 2)[2] == once.stdout.split("\n", 1)[1]
+def test_kernel_targets_score_the_committed_run_and_a_case_once_from_its_first_run(capsys):
+    """In process (its command line: test_each_script_answers_help_with_its_usage)."""
+    from scripts import kernel_targets
+
+    assert kernel_targets.main([str(COMMITTED_RUN)]) == 0
+    once = capsys.readouterr().out
+    said = ["## prefill: met on 0 of 6 cases (worst 2.29 x best peer)", "ok   decode_4x16k", "MISS decode_32x4k_hd64"]
+    assert [words for words in said if words not in once] == [], once
+    assert kernel_targets.main([str(COMMITTED_RUN)] * 2) == 0
+    assert capsys.readouterr().out.split("\n", 2)[2] == once.split("\n", 1)[1]
 
 
 def test_rows_host_us_is_reported_beside_the_peers_and_not_scored_as_the_hot_loop_target():
@@ -138,10 +165,10 @@ def test_rows_host_us_is_reported_beside_the_peers_and_not_scored_as_the_hot_loo
     assert "host" not in set(score(frame)["target"])
 
 
-def test_tile_tuner_times_two_candidates_and_prints_a_table_line(tmp_path):
-    done = run_script("scripts/tune_tiles.py", "--dry", "--out", str(tmp_path / "tune.json"))
-    assert done.returncode == 0, done.stderr
-    assert "TileConfig(" in done.stdout.split("# kernels/tuning.py TUNED")[1]
+def test_tile_tuner_times_two_candidates_and_prints_a_table_line(tmp_path, in_process):
+    code, out, err = in_process("scripts/tune_tiles.py", "--dry", "--out", str(tmp_path / "tune.json"))
+    assert code == 0, err
+    assert "TileConfig(" in out.split("# kernels/tuning.py TUNED")[1]
     assert len(json.loads((tmp_path / "tune.json").read_text())["records"]) == 2
 
 
@@ -315,13 +342,13 @@ def test_kernel_ab_serves_a_base_kernels_common_imports_from_contract_tiling_and
     assert "kernels._common" not in sys.modules and not (ROOT / "kernels" / "_common.py").exists()
 
 
-def test_gpu_phases_remakes_the_phase_table_of_a_gpu_run(tmp_path):
+def test_gpu_phases_remakes_the_phase_table_of_a_gpu_run(tmp_path, in_process):
     recorded = ROOT / "tests" / "harness" / "data" / "gpu_run_phases"
     for name in ("phases.raw", "run.log", "run.journal.jsonl", "tests.log"):
         (tmp_path / name).write_bytes((recorded / name).read_bytes())
-    done = run_script("scripts/self/gpu_phases.py", str(tmp_path))
-    assert done.returncode == 0, done.stderr
-    assert done.stdout.strip() == (recorded / "phases.txt").read_text().strip()
+    code, out, err = in_process("scripts/self/gpu_phases.py", str(tmp_path))
+    assert code == 0, err
+    assert out.strip() == (recorded / "phases.txt").read_text().strip()
 
 
 def test_compare_targets_suite_loads_and_its_table_reader_reads_compare_rows(tmp_path):
