@@ -78,6 +78,8 @@ def resume(args: argparse.Namespace):
         if args.workers is None and args.ray is None and ray not in (None, RAY_LOCAL):
             raise BadInput(f"--resume {run_dir}: the run sent its cases to the Ray cluster at {ray}; "
                            f"name it again to send the rest there (--ray {ray}), or give --ray or --workers")  # fmt: skip
+    if args.finalize and not journal.rows:  # refused before the lock, which writes this process into the journal
+        raise BadInput(f"--finalize {run_dir}: the journal holds no row; there is nothing to write")
     logs = staged_logs(run_dir)
     if logs.is_symlink() or (logs.exists() and not logs.is_dir()):
         raise BadInput(f"--resume {run_dir}: {logs} is not the run's log folder (a link or a file); move it away")
@@ -102,8 +104,6 @@ def resume(args: argparse.Namespace):
 def finalize(args: argparse.Namespace, journal) -> int:
     """``--finalize``: write a stopped run's folder from its journal and the meta it recorded (never this
     machine's), running nothing; meta.json lists the pairs that never ran."""
-    if not journal.rows:
-        raise BadInput(f"--finalize {args.resume}: the journal holds no row; there is nothing to write")
     try:  # what never ran (a journal from elsewhere may name files or backends this machine lacks)
         keep = compile_pattern(args.pattern) if args.pattern is not None else None
         paths = [resolve_case_arg(c) for c in args.cases] or DEFAULT_CASES  # suite names too

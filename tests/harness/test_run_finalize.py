@@ -58,8 +58,9 @@ def test_finalize_writes_its_rows_with_the_runs_meta_and_lists_what_never_ran_on
 
 def test_finalize_refuses_an_empty_journal_and_keeps_it(tmp_path, capsys):
     stopped, _ = _stopped_run(tmp_path, 0, None)
+    before = journal_path(stopped).read_bytes()
     assert main(["run", "--resume", str(stopped), "--finalize"]) == 2
-    assert "holds no row" in capsys.readouterr().err and journal_path(stopped).exists()
+    assert "holds no row" in capsys.readouterr().err and journal_path(stopped).read_bytes() == before
 
 
 def test_a_run_records_its_meta_in_the_journal_before_its_first_row(tmp_path, monkeypatch):
