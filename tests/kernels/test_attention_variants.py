@@ -35,7 +35,6 @@ from tests.kernels.kernel_cases import (
     backend_fn,
     needs_triton,
     run_backend,
-    triton_output,
 )
 from tests.kernels.variant_cases import BY_NAME, ORACLE_ONLY, VARIANT_CASES, VariantCase, graded_rows, tolerance
 from tests.tiny_cases import TINY
@@ -45,30 +44,16 @@ def _expected(case: VariantCase, inputs) -> torch.Tensor:
     return paged_attention_oracle(*inputs.args(), **case.kwargs())
 
 
-def _triton(case: VariantCase, inputs) -> torch.Tensor:
-    """The kernel's output, shared by the two tests below; the key names the options (the hash leaves them out)."""
-    return triton_output(("variant", case.base, repr(sorted(case.options.items()))), inputs, **case.kwargs())
-
-
 @pytest.mark.parametrize("backend", BACKENDS)
 @pytest.mark.parametrize("case", VARIANT_CASES, ids=str)
 def test_backend_matches_oracle_with_the_variant(case: VariantCase, backend: str):
+    """Triton's rows also hold tlsim to the bound of tests/kernels/test_tlsim_predicts_triton.py (but ORACLE_ONLY)."""
     inputs = case.base.inputs()
-    if backend == "triton":
-        needs_triton()
-        result = _triton(case, inputs)
-    else:
-        result = run_backend(backend, inputs, **case.kwargs())
+    result = run_backend(backend, inputs, **case.kwargs())
     assert_passes(result, _expected(case, inputs), tolerance(case), f"{backend} on {case}")
-
-
-@pytest.mark.parametrize("case", [c for c in VARIANT_CASES if c.name not in ORACLE_ONLY], ids=str)
-def test_tlsim_predicts_triton_with_the_variant(case: VariantCase):
-    """The bound of tests/kernels/test_tlsim_predicts_triton.py, with the options on."""
-    needs_triton()
-    inputs = case.base.inputs()
-    sim = kernels.paged_attention_tlsim(*inputs.args(), **case.kwargs())
-    assert_tlsim_close(sim, _triton(case, inputs), inputs.q.dtype, what=str(case))
+    if backend == "triton" and case.name not in ORACLE_ONLY:
+        sim = kernels.paged_attention_tlsim(*inputs.args(), **case.kwargs())
+        assert_tlsim_close(sim, result, inputs.q.dtype, what=str(case))
 
 
 # --- the window: the tiles it cannot see go unread, and the KV split follows it --------------------
@@ -85,13 +70,6 @@ def _poison_before(inputs, first_seen: list[int], block_size: int):
     return k, v
 
 
-def _windowed_decode(fn_name: str, seq_lens: tuple[int, int], window: int):
-    """(the backend, split_kv_decode at ``seq_lens`` with one query each, its inputs, the window's tiling)."""
-    base = replace(CASES_BY_NAME["split_kv_decode"], seq_lens=seq_lens, q_lens=(1, 1))
-    inputs = base.inputs()
-    return backend_fn(fn_name), base, inputs, tiling_for(prepare_call(*inputs.args(), sliding_window=window))
-
-
 @pytest.mark.parametrize("fn_name", ["tlsim", "triton"])
 @pytest.mark.parametrize(
     ("seq_lens", "window"), [((2500, 2400), 100), ((2500, 2400), 1100), ((4000, 3900), 1100), ((4000, 3900), 1500)]
@@ -99,7 +77,9 @@ def _windowed_decode(fn_name: str, seq_lens: tuple[int, int], window: int):
 def test_window_reads_no_tile_before_the_first_visible_one_and_splits_from_it(fn_name, seq_lens, window):
     """Decode: every key before the window's first tile is NaN; 100 does not split, the wider windows' keys are
     cut in 2 splits that start at that tile. Output and lse match the oracle."""
-    fn, base, inputs, tiling = _windowed_decode(fn_name, seq_lens, window)
+    base = replace(CASES_BY_NAME["split_kv_decode"], seq_lens=seq_lens, q_lens=(1, 1))
+    fn, inputs = backend_fn(fn_name), base.inputs()
+    tiling = tiling_for(prepare_call(*inputs.args(), sliding_window=window))
     assert tiling.NUM_SPLITS == 1 if window == 100 else (tiling.NUM_SPLITS == 2 and window > tiling.SPLIT_SIZE)
     # tlsim walks from the earliest tile any sequence needs; the kernel per program.
     first = [int(window_tile_start(n - 1, window, tiling.TILE_N)) for n in base.seq_lens]
