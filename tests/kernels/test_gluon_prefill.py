@@ -96,18 +96,23 @@ def test_hoppers_prefill_takes_the_launch_passes_the_oracle_and_computes_what_th
 @pytest.mark.parametrize("column", [0, 50])
 def test_a_bad_block_id_turns_the_rows_that_see_it_into_nan_and_leaves_the_other_sequence(column, gluon_launches):
     needs_hopper()
-    case = CASES[1]  # sequence 0: 300 queries at positions 700..999, blocks of 16
-    inputs = case.inputs("cuda")
-    expected = paged_attention_oracle(*inputs.args())
-    table = inputs.block_table.clone()
-    table[0, column] = inputs.k_cache.shape[0] + 5  # past the pool: keys 16 * column.. of sequence 0
-    args = list(inputs.args())
-    args[3] = table
-    got = kernels.paged_attention_triton(*args, out=inputs.new_out(), check=False)
+    _assert_a_bad_block_nans_only_the_rows_that_see_it(column, lambda: None)
     assert gluon_launches
-    first_seeing = max(16 * column - 700, 0)  # the first of sequence 0's rows whose keys reach the bad block
-    assert got[first_seeing : case.q_lens[0]].isnan().all()
+
+
+def _assert_a_bad_block_nans_only_the_rows_that_see_it(column: int, before_the_call) -> None:
+    """CASES[1] (sequence 0: 300 queries at positions 700..999, blocks of 16) with a block id past the pool at
+    ``column`` of sequence 0 (keys 16 * column..): the rows that reach it are NaN, the other sequence passes."""
+    case = CASES[1]
+    inputs = case.inputs("cuda")
+    args = list(inputs.args())
+    args[3] = inputs.block_table.clone()
+    args[3][0, column] = inputs.k_cache.shape[0] + 5
+    before_the_call()
+    got = kernels.paged_attention_triton(*args, out=inputs.new_out(), check=False)
+    assert got[max(16 * column - 700, 0) : case.q_lens[0]].isnan().all()
     rest = case.q_lens[0]
+    expected = paged_attention_oracle(*inputs.args())
     assert_passes(got[rest:], expected[rest:], DEFAULT_TOLERANCES[case.dtype], "the other sequence")
 
 
@@ -211,15 +216,4 @@ def test_a_bad_block_id_in_one_programs_walk_leaves_the_items_after_it_right(cap
     """One program walks every item: an item of NaN rows (a bad block id) among attended ones keeps the walk in
     step, and the other sequence still passes the oracle."""
     needs_hopper()
-    case = CASES[1]  # sequence 0: 300 queries at positions 700..999; column 50 holds keys 800..815
-    inputs = case.inputs("cuda")
-    expected = paged_attention_oracle(*inputs.args())
-    table = inputs.block_table.clone()
-    table[0, 50] = inputs.k_cache.shape[0] + 5
-    args = list(inputs.args())
-    args[3] = table
-    cap_programs(1)
-    got = kernels.paged_attention_triton(*args, out=inputs.new_out(), check=False)
-    assert got[100 : case.q_lens[0]].isnan().all()
-    rest = case.q_lens[0]
-    assert_passes(got[rest:], expected[rest:], DEFAULT_TOLERANCES[case.dtype], "the other sequence")
+    _assert_a_bad_block_nans_only_the_rows_that_see_it(50, lambda: cap_programs(1))  # keys 800..815: rows 100..
