@@ -134,39 +134,25 @@ def test_a_hit_allocates_out_as_the_full_path_does(recorded, q_view, head_dim_v)
     assert outs[1].stride() == torch.empty(outs[1].shape).stride()
 
 
-def test_the_compiled_runner_is_made_once_and_gets_tensors_scalars_then_constexprs(monkeypatch):
+def test_the_compiled_runner_is_made_once_and_gets_tensors_scalars_constexprs_and_the_current_stream(monkeypatch):
     monkeypatch.setattr(launch_plan, "_fast_launch_error", None)
-    made, calls = [], []
+    made, calls, current = [], [], {3: 111}
 
     class Compiled:
         def __getitem__(self, grid):
             made.append(grid)
-            return lambda *args: calls.append(args)
+            return lambda *args, **kwargs: calls.append((args, kwargs))
 
     jit = object()
     launch = launch_plan.KernelLaunch((2,), {"N": 4, "M": 8}, {"num_warps": 4}, cuda=True, scalars=(0.5, 7))
     launch.compiled, launch.jit, launch.constexpr_values = Compiled(), jit, (8, 4)
-    for tensor in ("t0", "t1"):
-        launch(jit, tensor)
-    assert made == [(2, 1, 1)] and calls == [("t0", 0.5, 7, 8, 4), ("t1", 0.5, 7, 8, 4)]
-
-
-def test_a_hit_hands_the_runner_the_current_stream_of_the_plans_device(monkeypatch):
-    monkeypatch.setattr(launch_plan, "_fast_launch_error", None)
-    calls, current = [], {3: 111}
-
-    class Compiled:
-        def __getitem__(self, grid):
-            return lambda *args, stream=None: calls.append((args, stream))
-
-    jit = object()
-    launch = launch_plan.KernelLaunch((2,), {"N": 4}, {"num_warps": 4}, cuda=True)
-    launch.compiled, launch.jit, launch.constexpr_values = Compiled(), jit, (4,)
+    launch(jit, "t0")  # no stream_of: the runner looks its stream up itself
     launch.device_index, launch.stream_of = 3, current.__getitem__
-    launch(jit, "t0")
-    current[3] = 222  # another stream made current (a graph capture's, say): the next hit uses it
     launch(jit, "t1")
-    assert calls == [(("t0", 4), 111), (("t1", 4), 222)]
+    current[3] = 222  # another stream made current (a graph capture's, say): the next hit uses it
+    launch(jit, "t2")
+    args = [(name, 0.5, 7, 8, 4) for name in ("t0", "t1", "t2")]
+    assert made == [(2, 1, 1)] and calls == [(args[0], {}), (args[1], {"stream": 111}), (args[2], {"stream": 222})]
 
 
 def _shift(t: torch.Tensor, elements: int = 1) -> torch.Tensor:
@@ -276,11 +262,9 @@ def test_plans_off_keeps_none_and_the_env_var_turns_them_off(recorded):
         _launches(recorded, base_args(), {})
         _launches(recorded, base_args(), {})
     assert len(recorded.plans) == 0 and recorded.plans.hits == 0
-    done = run_script("-c", "from kernels import launch_plan; print(launch_plan.enabled())", timeout=60)
-    assert done.stdout.strip() == "True", done.stderr
-    done = run_script("-c", "import os; os.environ['PAGED_ATTN_PLAN_CACHE'] = '0'; "
-                      "from kernels import launch_plan; print(launch_plan.enabled())", timeout=60)  # fmt: skip
-    assert done.stdout.strip() == "False", done.stderr
+    for env, enabled in (("", "True"), ("import os; os.environ['PAGED_ATTN_PLAN_CACHE'] = '0'; ", "False")):
+        done = run_script("-c", f"{env}from kernels import launch_plan; print(launch_plan.enabled())", timeout=60)
+        assert done.stdout.strip() == enabled, done.stderr
 
 
 def test_the_cache_keeps_the_most_recently_used_plans():
