@@ -152,19 +152,6 @@ def strided(t: torch.Tensor) -> torch.Tensor:
     return view
 
 
-_TRITON_OUTPUTS: dict[tuple, torch.Tensor] = {}
-
-
-def triton_output(key: tuple, inputs: PagedInputs, **kwargs) -> torch.Tensor:
-    """``paged_attention_triton(*inputs.args(), out=<NaN out>, **kwargs)``, once a process per ``key``; read only."""
-    if key not in _TRITON_OUTPUTS:
-        out = inputs.new_out()  # NaN-filled: an unwritten element fails
-        result = kernels.paged_attention_triton(*inputs.args(), out=out, **kwargs)
-        assert result is out, "the out buffer must be written in place and returned"
-        _TRITON_OUTPUTS[key] = result
-    return _TRITON_OUTPUTS[key]
-
-
 def needs_triton(device: str = "cpu"):
     """kernels.triton_paged; the calling test skips, with the reason, where the kernel cannot run on ``device``."""
     if reason := kernels.triton_unavailable_reason(device):
@@ -202,10 +189,11 @@ class KernelRecorder:
         return launch
 
 
-def backend_fn(name: str):
-    """``kernels.paged_attention_<name>``; the test skips where that is the Triton kernel and it cannot run."""
+def backend_fn(name: str, device: str = "cpu"):
+    """``kernels.paged_attention_<name>``; the test skips where that is the Triton kernel and it cannot run on
+    ``device``."""
     if name == "triton":
-        needs_triton()
+        needs_triton(device)
     return getattr(kernels, f"paged_attention_{name}")
 
 
@@ -232,7 +220,7 @@ def run_backend(name: str, inputs: PagedInputs, args: tuple | None = None, **kwa
             cache.write(1, cache.append(seq_id, keys.shape[0]), keys, values)
         return cache.paged_attention(1, inputs.q, seq_ids, inputs.query_start_loc, out=inputs.new_out(), **kwargs)
     out = inputs.new_out()
-    result = backend_fn(name)(*args, out=out, **kwargs)
+    result = backend_fn(name, inputs.q.device.type)(*args, out=out, **kwargs)
     assert (result[0] if isinstance(result, tuple) else result) is out, "out must be written in place and returned"
     return result
 
