@@ -4,10 +4,8 @@
     python scripts/generate_mutants.py --sample 40 --out generated.toml  # a seeded sample, as a catalogue
     python scripts/generate_mutants.py --sample 40 --run                 # and run it (scripts/mutants.py)
 
-One operator swap each, from the syntax trees of FILES: ``<`` <-> ``<=``, ``>`` <-> ``>=``; ``x + 1`` and
-``x - 1`` lose the 1; ``a & b`` and ``a and b`` keep one side. ``--run`` first finds the lines the quick
-tests execute (pytest-cov): a mutant elsewhere is ``not reached``, not run. Written in mutants.toml's
-form, with no ``caught_by``: the runner's ``misrecorded`` is a catch here, ``survived`` a gap."""
+One operator swap each (docs/mutants.md has the operators). ``--run`` runs only those on lines the quick tests
+execute (pytest-cov); with no ``caught_by``, the runner's ``misrecorded`` is a catch here, ``survived`` a gap."""
 
 from __future__ import annotations
 

@@ -4,10 +4,8 @@
     python scripts/kernel_ab.py [SUITE ...] --with tiling tuning   # the base's split choice and tuning too
     python scripts/kernel_ab.py --dry          # CPU: one tiny case under the interpreter (CI)
 
-Both kernel files are imported as ``kernels._ab_base`` / ``kernels._ab_new`` and the ``triton`` backend
-timed on each in alternating paired rounds, judged by ``compare --confirm``'s rule; outputs must agree
-within the case's tolerance. Exit 0: nothing slower; 1: a case slower or different; 2: a side that does
-not build or run. docs/performance.md has the details."""
+Exit 0: nothing slower; 1: a case slower or its output different; 2: a side that does not build or run
+(docs/performance.md has the details)."""
 
 from __future__ import annotations
 

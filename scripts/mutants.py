@@ -6,9 +6,8 @@
     python scripts/mutants.py --record --only ID   # write ID's caught_by: the quick test that fails first (-x)
     python scripts/mutants.py --json out.json      # the table as JSON too
 
-Per mutant, its ``find`` text (exactly once, else "not-applied") becomes ``replace``, its ``caught_by``
-test runs, then the rest with -x, each pytest in a forked child. Verdicts: caught, misrecorded, survived,
-timeout, not-applied, error; exit 0 only when all are caught. docs/mutants.md has the details."""
+Verdicts: caught, misrecorded, survived, timeout, not-applied, error; exit 0 only when all are caught
+(docs/mutants.md, "What a run does")."""
 
 from __future__ import annotations
 
