@@ -142,25 +142,20 @@ def test_whole_decode_steps_replay_from_one_cuda_graph(monkeypatch):
             cache.paged_attention(layer, q[layer], meta, out=out[layer])
     finally:
         torch.cuda.set_sync_debug_mode("default")
-    out.fill_(float("nan"))
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
         for layer in range(NUM_LAYERS):
             cache.paged_attention(layer, q[layer], meta, out=out[layer])
-    graph.replay()
-    torch.cuda.synchronize()
-    for layer in range(NUM_LAYERS):
-        _assert_matches_the_oracle(cache, seq_ids, layer, q[layer], out[layer])
-
-    # The next decode step: one more token a sequence, metadata refilled in place, same graph.
-    for seq_id in seq_ids:
-        slots = cache.append(seq_id, 1)
+    for step in range(2):  # this step, then the next: one more token a sequence, metadata refilled in place
+        if step:
+            for seq_id in seq_ids:
+                slots = cache.append(seq_id, 1)
+                for layer in range(NUM_LAYERS):
+                    kv = torch.randn(2, 1, NUM_KV_HEADS, HEAD_DIM, device="cuda")
+                    cache.write(layer, slots, kv[0], kv[1])
+            cache.step_metadata(seq_ids, into=meta)
+        out.fill_(float("nan"))
+        graph.replay()
+        torch.cuda.synchronize()
         for layer in range(NUM_LAYERS):
-            kv = torch.randn(2, 1, NUM_KV_HEADS, HEAD_DIM, device="cuda")
-            cache.write(layer, slots, kv[0], kv[1])
-    cache.step_metadata(seq_ids, into=meta)
-    out.fill_(float("nan"))
-    graph.replay()
-    torch.cuda.synchronize()
-    for layer in range(NUM_LAYERS):
-        _assert_matches_the_oracle(cache, seq_ids, layer, q[layer], out[layer])
+            _assert_matches_the_oracle(cache, seq_ids, layer, q[layer], out[layer])
