@@ -67,6 +67,7 @@ def test_q_k_and_v_are_different_draws():
     assert not torch.equal(k, v) and not torch.equal(inputs.q[:1].float(), k[:1])
 
 
+@pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 def test_cpu_and_cuda_inputs_hold_the_same_values():
     on_cuda = make_inputs(**CASE, layout="shared_prefix", device="cuda")

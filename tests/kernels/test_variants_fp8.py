@@ -104,6 +104,7 @@ def test_fp8_cache_quantizes_on_write_and_poisons_freed_blocks():
         kernels.PagedKVCache(1, 4, 16, 2, 32, dtype=torch.bfloat16, k_scale=0.5)
 
 
+@pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 @pytest.mark.parametrize("fp8", list(FP8), ids=str)
 @pytest.mark.parametrize("base", ["bfloat16_split_kv", "float16_prefill", "base"])

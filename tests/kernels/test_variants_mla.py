@@ -90,6 +90,7 @@ def test_out_of_the_wrong_width_is_refused():
         kernels.paged_attention_tlsim(inputs.q, inputs.k_cache, inputs.v_cache[:, :, :1], *inputs.args()[3:])
 
 
+@pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 @pytest.mark.parametrize(
     "name", ["mla_decode_2_head_tiles", "mla_split_kv", "mla_split_kv_bf16", "k192_v128_split_bf16"]
@@ -178,6 +179,7 @@ def test_latent_kv_gives_the_separate_tensors_output(name, monkeypatch):
     clear_plans()
 
 
+@pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 @pytest.mark.parametrize("name", ["mla_decode_2_head_tiles", "mla_split_kv_bf16", "deepseek_128_heads"])
 def test_triton_on_cuda_latent_kv_matches_separate(name, monkeypatch):
