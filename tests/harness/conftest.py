@@ -14,8 +14,7 @@ from tests.tiny_cases import write_cases
 
 @pytest.fixture(scope="session")
 def runs(tmp_path_factory):
-    """A real untimed run (``untimed``) and timed run (``timed``) of one tiny case through reference; made once a
-    session (a worker's), read and copied but never changed by the tests."""
+    """Untimed (``untimed``) and timed (``timed``) runs of one tiny case through reference, shared read-only."""
     root = tmp_path_factory.mktemp("runs")
     cases = write_cases(root / "tiny.toml", {"name": "tiny"})
     for name, extra in (("untimed", ["--no-timing"]), ("timed", [])):

@@ -23,8 +23,7 @@ from tests.tiny_cases import write_cases
 
 @dataclass(frozen=True)
 class Refusal:
-    """A refused command: ``argv`` (or built under ``tmp``), ``words`` to print (``{tmp}`` filled in), ``patch`` after
-    building it."""
+    """A refused command: ``argv`` (or built under ``tmp``), ``words`` it prints, ``patch`` applied after."""
 
     name: str
     argv: list[str] | Callable[[Path, Path], list[str]]
@@ -34,8 +33,7 @@ class Refusal:
 
 
 def _bad(verb: str, alone: str, run: str, **changes):
-    """``verb`` of ``run`` and its copy tmp/bad with ``changes`` (rf.copy_run's); of the copy alone if ``verb`` is
-    ``alone``."""
+    """``verb`` of ``run`` and its copy tmp/bad with ``changes``; of the copy alone if ``verb`` is ``alone``."""
 
     def make(runs: Path, tmp: Path) -> list[str]:
         bad = rf.copy_run(runs / run, to=tmp / "bad", **changes)

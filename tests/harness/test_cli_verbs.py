@@ -1,5 +1,4 @@
-"""The verbs beyond run (-k, backends, compare --json, bisect's search, --version, bare harness) and the terminal:
-a run's rows and its closing verdict worded right, a reader that leaves early ending the command quietly."""
+"""The verbs beyond run (-k, backends, compare --json, bisect, --version) and the terminal's row and verdict lines."""
 
 from __future__ import annotations
 

@@ -1,5 +1,4 @@
-"""compare re-times doubtful latency rows by default (--confirm): a drifted 'slower' row is cleared by interleaved
-re-timing, a real slowdown stays; what cannot be re-timed is unconfirmed (exit 5)."""
+"""compare --confirm re-times doubtful 'slower' rows: drift is cleared, a real slowdown stays, the rest exit 5."""
 
 from __future__ import annotations
 
@@ -248,8 +247,7 @@ NOT_RETIMED = {
 
 @pytest.mark.parametrize("name", NOT_RETIMED)
 def test_rows_not_re_timed_get_their_exit_code_and_say_why(tmp_path, rounds, monkeypatch, capsys, name):
-    """Unconfirmed slower rows exit 5 with the reason; an explicit --confirm refuses a bad commit (2); an accuracy
-    regression is exit 1, re-timed or not."""
+    """Unconfirmed slower rows exit 5 saying why; --confirm of a bad commit is 2; an accuracy regression is 1."""
     base_meta, both, new_frame, worktree, extra, exit_code, lines, words = NOT_RETIMED[name]
     if worktree is not None:
         monkeypatch.setattr(confirm, "worktree", worktree)

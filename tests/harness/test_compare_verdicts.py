@@ -86,8 +86,7 @@ def test_old_runs_without_samples_fall_back_to_p10_p90_marked_weak():
 
 
 def test_normalizing_by_an_unchanged_backend_cancels_a_machine_wide_drift():
-    """Every row 15% slower, tlsim 25% more: normalized by the reference only tlsim is slower, and it says so; a case
-    without the anchor is left raw and counted."""
+    """All rows 15% slower, tlsim 25% more: normalized, only tlsim is slower; a case without the anchor is counted."""
     base = rf.frame(num_cases=8, seed=1, spread=0.01)
     drift = {b: 1.15 for b in rf.BACKENDS}
     new = rf.frame(num_cases=8, seed=2, spread=0.01, slow={**drift, "tlsim": 1.15 * 1.25})
@@ -117,8 +116,7 @@ def test_a_row_graded_not_timed_over_its_budget_in_one_run_is_said_and_leaves_th
 
 
 def test_rows_faster_by_two_drifted_runs_alone_are_marked_doubtful():
-    """Rows faster only between two drifted runs of one commit are 'better?' and counted so, not improvements; one
-    backend faster alone is faster, an improvement."""
+    """Rows faster only by two drifted runs are 'better?', not improvements; one backend faster alone is faster."""
     base = rf.frame(num_cases=12, seed=1)
     drifted = rf.frame(num_cases=12, seed=2, slow={name: 0.6 for name in rf.BACKENDS})  # the machine got quieter
     comparison = compare_runs(base, drifted)

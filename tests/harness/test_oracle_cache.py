@@ -1,5 +1,4 @@
-"""The float64 oracle cache: a second build of the same inputs reads it instead of the oracle, anything else misses;
-an entry that is damaged, poisoned, linked or in a folder others may write is never trusted blindly."""
+"""The oracle cache: the same inputs hit, anything else misses; a damaged or untrusted entry is never used blindly."""
 
 from __future__ import annotations
 

@@ -125,8 +125,7 @@ register_backend("limited", limited, limits={"dtypes": ["float32"], "block_size_
 
 
 def _plugin_run(folder, plugin: str, backend: str, cases: list[dict], *extra: str) -> tuple[pd.DataFrame, list]:
-    """``harness run`` of ``plugin``'s ``backend`` over ``cases`` in a fresh interpreter: (rows by case, what the
-    plugin wrote to its ``log.jsonl``)."""
+    """``harness run`` of ``plugin``'s ``backend`` in a fresh interpreter: (rows by case, its ``log.jsonl``)."""
     (folder / "plugin.py").write_text(plugin)
     done = subprocess.run(
         [sys.executable, "-m", "harness", "run", str(write_cases(folder / "cases.toml", *cases)), "--plugin",

@@ -1,5 +1,4 @@
-"""No backend can end the run, no run is lost, no false green: isolation, journal, resume, exit codes. Files a
-colleague hands you are data, never code: plugins named in a run's meta.json, meta commits, journals, workers' output."""
+"""No backend ends the run, no run is lost, no false green; a run's files are data, never code."""
 
 from __future__ import annotations
 
@@ -69,8 +68,7 @@ def built_ins_only(clean_registry):
 
 @pytest.fixture
 def setup(tmp_path, plugin, case_file):
-    """tmp_path holding cases.toml (first, second), tiny.toml (the case_file fixture), plugin.py (the plugin fixture's,
-    which logs here) and evil.py."""
+    """tmp_path holding cases.toml (first, second), tiny.toml, plugin.py (logging here) and evil.py."""
     write_cases(tmp_path / "cases.toml", FIRST, SECOND)
     (tmp_path / "evil.py").write_text(EVIL.format(marker=str(tmp_path / "evil_ran")))
     return tmp_path

@@ -85,8 +85,7 @@ def test_a_run_records_its_meta_in_the_journal_before_its_first_row(tmp_path, mo
 
 
 def test_a_journal_reads_back_its_meta_and_samples_as_json_values_not_text(tmp_path):
-    """Nested meta values, and timing samples from lists and from the text ("[1.5, 2.0]") older journals hold,
-    read back as JSON values, so compare can use them."""
+    """Nested meta values and timing samples (lists, or older journals' text "[1.5, 2.0]") read back as JSON."""
     journal = Journal.create(tmp_path / "run", {"cases": [], "backends": None, "device": "cuda"})
     journal.record_meta({"device": "cuda", "ceilings": {"read_gbps": 4210.5}, "load_average": (1.0, 2.0)})
     journal.append({"case": "c", "backend": "b", "status": "pass", "latency_samples_us": (1.5, 2.0)})

@@ -49,8 +49,7 @@ def cli_run(case_file, out, *extra):
 
 
 def test_a_plugin_from_a_path_runs_and_its_wrong_backend_fails_the_run(case_file, plugin):
-    """In process (a plugin imported from a path by a worker: test_plugin_api.py's declared_run): exit 1 for the
-    wrong backend's row (a 1% wrong softmax scale) beside the right one's pass."""
+    """In process: exit 1 for the wrong backend's row (a 1% wrong softmax scale) beside the right one's pass."""
     out = plugin.parent / "run"
     backends = ["--backend", "good", "--backend", "scaled_wrong"]
     assert cli_run(case_file, out, "--plugin", str(plugin), "--isolate", "none", *backends) == 1

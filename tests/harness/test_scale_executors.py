@@ -1,5 +1,4 @@
-"""Every executor runs the one per-case loop: in process, isolated, --workers, a Ray task, pytest and pytest -n
-give the one-process rows, row for row; a killed worker costs one retry and one error row."""
+"""Every executor gives the one-process rows, row for row; a killed worker costs one retry and one error row."""
 
 from __future__ import annotations
 
@@ -170,8 +169,7 @@ def test_a_killed_worker_costs_one_retry_then_an_error_row_a_hung_one_an_error_r
 
 
 def test_workers_killed_after_they_are_ready_are_error_rows_not_a_broken_install(tmp_path, killer):
-    """MAX_FAILED_STARTS (3) counts the workers that die before they are ready; four deaths of ready workers,
-    two cases killing each worker that runs them, leave two error rows and the run goes on."""
+    """Four deaths of ready workers (not counted as failed starts) leave two error rows and the run goes on."""
     rows = _killer_pool_rows(killer, DIES, {**DIES, "name": "dies_again", "seed": 2}, *FINE)
     status = {(r["case"], r["backend"]): r["status"] for r in rows}
     assert len(rows) == len(status) == 8

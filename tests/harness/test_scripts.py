@@ -32,9 +32,7 @@ def triton_entry_restored(monkeypatch):
 
 @pytest.fixture
 def in_process(monkeypatch, capsys):
-    """``in_process(*command)``: ``python COMMAND`` (``scripts/TOOL ARGS`` or ``-m harness ARGS``) run in this
-    process as a fresh interpreter runs it (from the root, a script's folder first on sys.path), without its seconds
-    of imports: (exit code, stdout, stderr)."""
+    """``in_process(*command)``: ``python COMMAND`` run in process as a fresh interpreter would: (code, out, err)."""
 
     def run(*command: str) -> tuple[int, str, str]:
         module, args = (command[1], command[2:]) if command[0] == "-m" else (None, command[1:])
@@ -280,8 +278,7 @@ def test_kernel_ab_times_cases_with_options_passing_them_to_both_sides():
 def test_kernel_ab_with_gives_the_base_side_the_base_revisions_tuning_and_split_choice(
     tmp_path, monkeypatch, with_modules
 ):
-    """--with tiling tuning: the base side gets the base revision's tiling_for, tuning and split; new, the tree's.
-    --with tuning: the base's tuning through a copy of the tree's tiling (its split bound is the tree's)."""
+    """The base side gets the base revision's tuning, and its tiling and split bound only with --with tiling."""
     import kernels.tiling
     import kernels.tuning
     from scripts import kernel_ab
@@ -375,8 +372,7 @@ def test_kernel_ab_reads_the_base_from_a_folder_when_given_one(tmp_path):
 
 
 def test_kernel_targets_score_fp8_against_its_twin_and_mla_in_tflops_its_worst_case_the_slowest(monkeypatch, capsys):
-    """fp8 decode is scored against its bf16 twin (0.60x), read at 85%; an MLA decode by TFLOP/s, not its read,
-    higher being better: its summary's worst case is the lowest."""
+    """fp8 decode is scored against its bf16 twin, read at 85%; MLA by TFLOP/s, its worst case the lowest."""
     import scripts.kernel_targets as kernel_targets
 
     shape = {"num_q_heads": 32, "num_kv_heads": 8, "head_dim": 128, "head_dim_v": 128, "num_seqs": 32,
