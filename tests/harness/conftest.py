@@ -92,7 +92,16 @@ def scaled_wrong(q, k_cache, v_cache, block_table, seq_lens, query_start_loc=Non
 def raises(*args, **kwargs):
     raise RuntimeError("no kernel here")
 
-for fn in (good, hangs, sigterm_once, sigkill_once, flood, threads, slow, scaled_wrong, raises):
+def killer(q, *args, out=None, **kwargs):  # head_dim 48: a hang; head_dim 64: its worker killed (logged), every time
+    if q.shape[-1] == 48:
+        time.sleep(3600)
+    if q.shape[-1] == 64:
+        with (DIR / "kills").open("a") as f:
+            f.write(f"{os.getpid()}\\n")
+        os.kill(os.getpid(), signal.SIGKILL)
+    return kernels.paged_attention_tlsim(q, *args, out=out, **kwargs)
+
+for fn in (good, hangs, sigterm_once, sigkill_once, flood, threads, slow, scaled_wrong, raises, killer):
     register_backend(fn.__name__, fn)
 register_backend("cuda_only", kernels.paged_attention_tlsim, devices=("cuda",))
 register_backend("os_exit", lambda *args, **kwargs: os._exit(0))
