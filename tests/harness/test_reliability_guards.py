@@ -13,7 +13,7 @@ import kernels
 from harness import register_backend
 from harness.cases.inputs import make_inputs
 from harness.cli.main import main
-from harness.run import grading, guard
+from harness.run import grading, guard, oracle
 from harness.run.grading import forward_error_bound, grade
 from harness.run.guard import device_digest, fingerprint
 from harness.run.oracle import paged_attention_oracle
@@ -170,10 +170,13 @@ def test_fingerprints_see_one_changed_element_and_a_swap_on_either_path():
         assert (on_device[0] == on_device[1]) == same
 
 
-def test_the_error_bound_in_chunks_of_query_rows_is_the_same_bound(monkeypatch):
+def test_the_oracle_and_the_error_bound_in_chunks_of_query_rows_are_the_same(monkeypatch):
     inputs = make_inputs(num_q_heads=8, num_kv_heads=2, head_dim=64, block_size=16, seq_lens=[300, 500],
                          q_lens=[40, 300], input_scale=3.0, seed=3)  # fmt: skip
     expected = paged_attention_oracle(*inputs.args())
     whole = forward_error_bound(*inputs.args(), expected)
+    monkeypatch.setattr(oracle, "CHUNK_BYTES", 8 * 8 * 500 * 2)  # two query rows a chunk
     monkeypatch.setattr(grading, "BOUND_CHUNK_ELEMENTS", 5000)  # a few query rows a chunk
+    chunked = paged_attention_oracle(*inputs.args())
+    assert (chunked - expected).abs().max() < 1e-12, "float64 reassociation only; a misplaced row is O(1)"
     assert torch.allclose(forward_error_bound(*inputs.args(), expected), whole, rtol=1e-12, atol=0)

@@ -14,14 +14,13 @@ import torch
 import kernels
 from harness.backends.builtin import REGISTRY, register_backend
 from harness.backends.registry import Backend, contract_prepare
-from harness.cases.inputs import make_inputs
 from harness.cases.loading import load_cases
 from harness.cases.spec import expand_spec
 from harness.cli.main import main
 from harness.execute.local import run_cases
 from harness.results import environment
 from harness.results.storage import load_run
-from harness.run import oracle, runner
+from harness.run import runner
 from harness.run.grading import locate
 from harness.run.runner import RunConfig
 from harness.timing import measure, timer
@@ -144,17 +143,6 @@ def test_a_timed_cli_run_writes_every_timing_column_and_the_page(tmp_path, drawn
     assert frame["tflops"].gt(0).all() and frame["pct_of_peak"].gt(0).all(), "q_len 2 makes it a prefill row"
     assert meta["ceilings"]["read_gbps"] > 0 and meta["timing_threads"] == 1
     assert "float32" in meta["ceilings"]["peak_tflops"]
-
-
-def test_the_oracle_gives_the_same_answer_in_chunks_of_query_rows(monkeypatch):
-    inputs = make_inputs(
-        num_q_heads=4, num_kv_heads=2, head_dim=32, block_size=4, seq_lens=[9, 13], q_lens=[5, 7],
-        dtype="float32", layout="shuffled", input_scale=1.0, seed=3, device="cpu",
-    )  # fmt: skip
-    whole = oracle.paged_attention_oracle(*inputs.args())
-    monkeypatch.setattr(oracle, "CHUNK_BYTES", 8 * 4 * 13 * 2)  # two query rows a chunk
-    chunked = oracle.paged_attention_oracle(*inputs.args())
-    assert (chunked - whole).abs().max() < 1e-12, "float64 reassociation only; a misplaced row is O(1)"
 
 
 def test_a_declared_commit_wins_over_a_stale_git_and_the_disagreement_is_recorded(monkeypatch):
