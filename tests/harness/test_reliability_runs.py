@@ -292,15 +292,6 @@ def test_the_users_ctrl_c_stops_a_run_inside_a_hanging_call_and_keeps_the_journa
     assert [r["backend"] for r in Journal.read(journal_path(out)).rows] == ["tlsim"]
 
 
-def _slower_runs(tmp_path, backend: str, **meta_extra) -> tuple[Path, Path]:
-    """Two run folders where ``backend`` is 1.5x slower in the new one, meta.json as given."""
-    rng = np.random.default_rng(0)
-    meta = rf.meta(case_files=[str(tmp_path / "tiny.toml")], timing_threads=1, **meta_extra)
-    base = rf.write(pd.DataFrame([rf.row("tiny", backend, 300.0, rng)]), meta, tmp_path / "base")
-    new = rf.write(pd.DataFrame([rf.row("tiny", backend, 450.0, rng)]), meta, tmp_path / "new")
-    return base, new
-
-
 # compare --confirm of two runs (``backend`` 1.5x slower) whose meta.json names a plugin, or a commit that is no commit
 # id: (backend, meta.json's fields, the words): exit 2 before any plugin is imported or `git worktree add` is run
 META_REFUSED = {
@@ -320,10 +311,11 @@ def test_confirm_imports_no_plugin_a_runs_meta_names_and_checks_out_nothing_that
     monkeypatch.chdir(ROOT)  # git runs here
     added = []  # commits handed to `git worktree add`: none may be, the checks come first
     monkeypatch.setattr(confirm, "worktree", lambda commit, *rest: added.append(commit))
-    evil = setup / "evil.py"
-    base, new = _slower_runs(
-        setup, backend, **{k: v.format(evil=evil) if k == "command" else v for k, v in fields.items()}
-    )
+    evil, rng = setup / "evil.py", np.random.default_rng(0)
+    fields = {k: v.format(evil=evil) if k == "command" else v for k, v in fields.items()}
+    meta = rf.meta(case_files=[str(setup / "tiny.toml")], timing_threads=1, **fields)
+    base, new = (rf.write(pd.DataFrame([rf.row("tiny", backend, us, rng)]), meta, setup / name)
+                 for name, us in (("base", 300.0), ("new", 450.0)))  # fmt: skip
     assert main(["compare", str(base), str(new), "--confirm", "slower"]) == 2
     err = capsys.readouterr().err
     assert all(words.format(base=base, new=new, evil=evil) in err for words in said), err
