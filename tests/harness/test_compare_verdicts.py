@@ -62,9 +62,7 @@ _DRAWS = np.random.default_rng(0).normal(0, 1, 60)
         (100 * np.exp(0.02 * _DRAWS[:30]), 100 * np.exp(0.02 * _DRAWS[30:]), "same", "inside ±10%"),  # the CI fits
     ],
 )
-def test_few_samples_and_a_spread_straddling_the_effect_cannot_tell_and_a_ci_inside_it_is_same(
-    base, new, verdict, words
-):
+def test_few_samples_or_a_spread_straddling_the_effect_cannot_tell_a_ci_inside_it_is_same(base, new, verdict, words):
     t = stats.compare_samples(base, new)
     v = stats.decide(t, stats.adjust_p_values([t.p_value])[0], min_effect=0.1)
     assert v.verdict == verdict and words in v.reason, v
@@ -268,9 +266,7 @@ def test_saved_runs_are_numbered_and_the_newest_is_the_default_baseline(tmp_path
     ({"id": "fetched"}, "the baseline's commit_info: field 'commit': {fetched} is not in your history"),
     ({"id": "head", "dirty": True}, "the baseline was made from a tree with uncommitted changes"),
 ])  # fmt: skip
-def test_a_baselines_commit_is_re_timed_only_from_your_own_clean_history(
-    tmp_path, git_history, monkeypatch, commit_info, why
-):
+def test_a_baseline_is_re_timed_only_from_your_own_clean_history(tmp_path, git_history, monkeypatch, commit_info, why):
     """A saved baseline is data: --confirm checks out its commit only when it is in your history and clean."""
     ids = git_history
     monkeypatch.setattr(saved, "ROOT", tmp_path / "repo")

@@ -73,9 +73,7 @@ OUTPUTS = {
 
 
 @pytest.mark.parametrize("name", OUTPUTS)
-def test_an_output_unlike_qs_or_an_exit_from_a_backend_is_its_row_and_the_next_backend_passes(
-    case_file, run_rows, name
-):
+def test_an_output_unlike_qs_or_an_exit_from_a_backend_is_its_row_and_the_next_one_passes(case_file, run_rows, name):
     kernel, status, reason = OUTPUTS[name]
     register_backend(name, kernel)
     rows = run_rows(case_file, [name, "tlsim"])
@@ -106,9 +104,7 @@ def test_the_users_ctrl_c_still_stops_the_run(case_file, run_rows):
         (1e-9, 0.0, 0.0, False, math.inf),
     ],
 )
-def test_tol_ratio_is_the_margin_to_the_tolerance_and_tolerance_zero_passes_exact_output(
-    offset, atol, rtol, passed, tol_ratio
-):
+def test_tol_ratio_is_the_margin_to_tolerance_tolerance_0_passes_exact_output(offset, atol, rtol, passed, tol_ratio):
     expected = torch.tensor([1.0, -2.0, 0.0], dtype=torch.float64)
     result = grade(expected + torch.tensor(offset, dtype=torch.float64), expected, atol=atol, rtol=rtol)
     assert result.passed == passed and result.tol_ratio == pytest.approx(tol_ratio)

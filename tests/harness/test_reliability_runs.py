@@ -188,9 +188,7 @@ STOPS = {
 
 
 @pytest.mark.parametrize("stop", STOPS)
-def test_a_stopped_run_or_a_failed_final_write_keeps_the_journal_and_resume_runs_only_the_missing_pairs(
-    setup, capsys, monkeypatch, stop
-):
+def test_a_stopped_run_or_failed_final_write_keeps_its_journal_resume_runs_the_rest(setup, capsys, monkeypatch, stop):
     other, patched, code, said, to_run, left = STOPS[stop]
     (setup / "sigterm").touch()
     out = setup / "reports" / "run"
@@ -304,9 +302,7 @@ META_REFUSED = {
 
 
 @pytest.mark.parametrize("name", META_REFUSED)
-def test_confirm_imports_no_plugin_a_runs_meta_names_and_checks_out_nothing_that_is_no_commit_id(
-    setup, capsys, monkeypatch, name
-):
+def test_confirm_imports_no_plugin_a_meta_names_and_checks_out_only_commit_ids(setup, capsys, monkeypatch, name):
     backend, fields, said = META_REFUSED[name]
     monkeypatch.chdir(ROOT)  # git runs here
     added = []  # commits handed to `git worktree add`: none may be, the checks come first

@@ -35,9 +35,7 @@ def _stopped_run(tmp_path, keep_rows: int, meta: dict | None, cases=None, backen
 
 @pytest.mark.parametrize("recorded", [{"device": "cuda", "device_name": "NVIDIA H200", "commit": "abc"}, None],
                          ids=["its_own_meta", "an_old_journals_without_meta_said_so_not_this_machines_borrowed"])  # fmt: skip
-def test_finalize_writes_its_rows_with_the_runs_meta_and_lists_what_never_ran_on_the_page_too(
-    tmp_path, capsys, recorded
-):
+def test_finalize_writes_its_rows_with_the_runs_meta_and_lists_what_never_ran_on_the_page(tmp_path, capsys, recorded):
     stopped, rows = _stopped_run(tmp_path, 3, recorded)
     capsys.readouterr()
     assert main(["run", "--resume", str(stopped), "--finalize"]) == 4  # what ran passes; not all of it ran

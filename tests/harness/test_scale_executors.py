@@ -121,9 +121,7 @@ def _killer_pool_rows(plugin: Path, *cases: dict) -> list[dict]:
 
 
 @pytest.mark.slow  # a worker killed, one hung past its limit: about 16 s
-def test_a_killed_worker_costs_one_retry_then_an_error_row_a_hung_one_an_error_row_and_every_other_row_is_kept(
-    tmp_path, plugin
-):
+def test_a_killed_worker_costs_one_retry_then_an_error_row_a_hung_one_an_error_row_the_rest_are_kept(tmp_path, plugin):
     rows = _killer_pool_rows(plugin, DIES, HANGS, *FINE)
     by_pair = {(r["case"], r["backend"]): r for r in rows}
     assert len(rows) == len(by_pair) == 8  # every (case, backend) once, the run completed
@@ -204,9 +202,7 @@ def test_each_worker_is_spawned_seeing_only_its_own_gpu_and_the_parent_keeps_all
 
 
 @pytest.mark.slow  # a local Ray: about 50 s on a busy 2-core box
-def test_on_ray_a_killed_and_a_hung_task_are_error_rows_and_the_innocent_rows_are_the_one_process_rows(
-    tmp_path, plugin
-):
+def test_on_ray_a_killed_and_a_hung_task_are_error_rows_and_the_others_are_the_one_process_rows(tmp_path, plugin):
     pytest.importorskip("ray", reason="Ray is an optional extra: pip install '.[ray]'")
     write_cases(tmp_path / "cases.toml", DIES, HANGS, *FINE)
     out = tmp_path / "run"

@@ -69,9 +69,7 @@ harness.timing.ceilings.own_device = own_device
 """
 
 
-def test_workers_report_their_device_and_meta_keeps_it_with_where_the_time_went(
-    cases_file, tmp_path, monkeypatch, capsys
-):
+def test_workers_report_their_device_and_meta_keeps_it_with_where_time_went(cases_file, tmp_path, monkeypatch, capsys):
     monkeypatch.setattr(ceilings, "own_device", ceilings.own_device)  # the plugin patches it here too: restored
     (tmp_path / "fake_gpu.py").write_text(FAKE_GPU)
     out, cache = tmp_path / "run", tmp_path / "cache"
@@ -118,9 +116,7 @@ def test_phases_sum_each_block_once_even_when_it_raises_and_start_again_after_ta
     assert rounded(total) == {"guard": 0.16}
 
 
-def test_isolate_all_runs_the_built_ins_in_the_worker_and_their_phases_count_in_a_one_process_run(
-    cases_file, tmp_path, monkeypatch
-):
+def test_isolate_all_runs_built_ins_in_the_worker_their_phases_count_in_one_process(cases_file, tmp_path, monkeypatch):
     def no_local_call(*args, **kwargs):
         raise AssertionError("a built-in ran in-process under --isolate all")
 
@@ -152,9 +148,7 @@ def _stopped_run(tmp_path, cases_file, *flags: str):
         ([], [], "one process", None),
     ],
 )
-def test_resume_runs_the_rest_with_the_runs_own_workers_unless_given_again(
-    tmp_path, cases_file, first, again, mode, workers
-):
+def test_resume_keeps_the_runs_own_workers_unless_given_again(tmp_path, cases_file, first, again, mode, workers):
     out = _stopped_run(tmp_path, cases_file, *first)
     assert main(["run", "--resume", str(out), "--no-progress", *again]) == 0
     scale = json.loads((out / "meta.json").read_text())["scale"]
@@ -192,9 +186,7 @@ def test_resume_of_a_run_on_a_ray_cluster_needs_its_address_given_again_unless_i
         resume(build_parser().parse_args(["run", "--resume", str(out), "--finalize"]))
 
 
-def test_a_gpus_ceilings_are_measured_once_per_process_and_once_per_gpu_where_processes_share_a_folder(
-    tmp_path, monkeypatch
-):
+def test_a_gpus_ceilings_are_measured_once_per_process_and_per_gpu_where_processes_share(tmp_path, monkeypatch):
     measured = []
     monkeypatch.setattr(ceilings, "measure_ceilings", lambda device, dtypes: measured.append(1) or {"read_gbps": 7.0})
     monkeypatch.setattr(ceilings.torch.cuda, "get_device_name", lambda device=None: "NVIDIA H200")

@@ -275,9 +275,7 @@ def test_kernel_ab_times_cases_with_options_passing_them_to_both_sides():
 
 @pytest.mark.slow  # a checkout of HEAD timed against the tree
 @pytest.mark.parametrize("with_modules", [("tiling", "tuning"), ("tuning",)])
-def test_kernel_ab_with_gives_the_base_side_the_base_revisions_tuning_and_split_choice(
-    tmp_path, monkeypatch, with_modules
-):
+def test_kernel_ab_with_gives_the_base_side_the_base_revisions_tuning_and_split(tmp_path, monkeypatch, with_modules):
     """The base side gets the base revision's tuning, and its tiling and split bound only with --with tiling."""
     import kernels.tiling
     import kernels.tuning

@@ -196,9 +196,7 @@ def _one_row_within_a_short_budget(tmp_path, monkeypatch, fn, model=False, budge
         pytest.param("cpu", True, False, id="python_model"),
     ],
 )
-def test_a_backend_whose_first_call_compiles_past_the_budget_is_timed_on_a_gpu(
-    tmp_path, monkeypatch, device, model, every_call_slow
-):
+def test_a_kernel_compiling_past_the_budget_is_timed_on_a_gpu(tmp_path, monkeypatch, device, model, every_call_slow):
     """On a GPU a kernel's call past the budget gets a second call (its first may compile); elsewhere one decides."""
     if device == "cuda" and not torch.cuda.is_available():
         pytest.skip("needs a CUDA device")
@@ -260,9 +258,7 @@ LIMIT = 3
 
 
 @pytest.mark.parametrize("scale", [[], ["--workers", "1"]], ids=["isolated", "workers"])
-def test_a_backend_that_hangs_on_its_first_case_costs_one_limit_then_its_rows_are_skips_naming_the_case(
-    tmp_path, plugin, scale
-):
+def test_a_backend_hanging_on_its_first_case_costs_one_limit_then_its_rows_are_skips_naming_it(tmp_path, plugin, scale):
     write_cases(tmp_path / "cases.toml", *CASES)
     out = tmp_path / "run"
     started = time.monotonic()
