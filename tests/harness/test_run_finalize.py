@@ -7,6 +7,8 @@ import json
 import pandas as pd
 import pytest
 
+import kernels
+from harness import register_backend
 from harness.cases.loading import load_cases
 from harness.cli.main import main
 from harness.execute.shards import shard_cases
@@ -61,25 +63,19 @@ def test_finalize_refuses_an_empty_journal_and_keeps_it(tmp_path, capsys):
     assert "holds no row" in capsys.readouterr().err and journal_path(stopped).read_bytes() == before
 
 
-def test_a_run_records_its_meta_in_the_journal_before_its_first_row(tmp_path, monkeypatch):
+def test_a_run_records_its_meta_in_the_journal_before_its_first_row(tmp_path, clean_registry):
+    out, seen = tmp_path / "run", []
+
+    def peek(*args, **kwargs):  # the journal's meta devices, read at the first call
+        lines = journal_path(out).read_text().splitlines()
+        seen.append([json.loads(line)["meta"]["device"] for line in lines if '"meta"' in line])
+        return kernels.paged_attention_reference(*args, **kwargs)
+
+    register_backend("peek", peek)
     cases = write_cases(tmp_path / "c.toml", {"name": "first"})
-    out = tmp_path / "run"
-    monkeypatch.setenv("JOURNAL_TO_READ", str(journal_path(out)))
-    plugin = tmp_path / "peek.py"
-    plugin.write_text(
-        "import os, json, pathlib, kernels\n"
-        "from harness import register_backend\n"
-        "def peek(*args, **kwargs):\n"
-        "    lines = pathlib.Path(os.environ['JOURNAL_TO_READ']).read_text().splitlines()\n"
-        "    metas = [json.loads(l)['meta'] for l in lines if '\"meta\"' in l]\n"
-        "    pathlib.Path(os.environ['JOURNAL_TO_READ'] + '.seen').write_text(json.dumps(metas[0]['device']))\n"
-        "    return kernels.paged_attention_reference(*args, **kwargs)\n"
-        "register_backend('peek', peek)\n"
-    )
-    code = main(["run", str(cases), "--plugin", str(plugin), "--isolate", "none", "--backend", "peek",
-                 "--no-timing", "--no-progress", "--out", str(out)])  # fmt: skip
-    assert code == 0
-    assert json.loads((tmp_path / "run.journal.jsonl.seen").read_text()) == "cpu"
+    assert main(["run", str(cases), "--isolate", "none", "--backend", "peek", "--no-timing", "--no-progress",
+                 "--out", str(out)]) == 0  # fmt: skip
+    assert seen[0][:1] == ["cpu"]
 
 
 def test_a_journal_reads_back_its_meta_and_samples_as_json_values_not_text(tmp_path):
