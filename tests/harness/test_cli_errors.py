@@ -138,16 +138,6 @@ def _merge(second: str, out: str = "merged", **meta_changes):
     return make
 
 
-def _journal_text(text: str):
-    """``run --resume tmp/stopped`` of a journal holding ``text``."""
-
-    def make(runs: Path, tmp: Path) -> list[str]:
-        (tmp / "stopped.journal.jsonl").write_text(text)
-        return ["run", "--resume", str(tmp / "stopped")]
-
-    return make
-
-
 def _sized(limit: str, value: int):
     """A patch lowering the size limit harness.results.{limit} to ``value``, where pandas may read no parquet file."""
 
@@ -284,8 +274,10 @@ REFUSALS = [
     Refusal("a resume whose log folder is a link", _resume(), 2,
             ("{tmp}/run.logs is not the run's log folder (a link or a file)",),
             patch=lambda monkeypatch, tmp: (tmp / "elsewhere").mkdir() or (tmp / "run.logs").symlink_to(tmp / "elsewhere")),
-    Refusal("a journal past its size limit, sized before it is read", _journal_text('{"journal": 1}\n'), 2,
-            ("{tmp}/stopped.journal.jsonl: 15 bytes, past the 4 a journal may hold",), patch=_sized("journal.MAX_BYTES", 4)),
+    Refusal("a journal past its size limit, sized before it is read", ["run", "--resume", "{tmp}/stopped"], 2,
+            ("{tmp}/stopped.journal.jsonl: 15 bytes, past the 4 a journal may hold",),
+            patch=lambda monkeypatch, tmp: (tmp / "stopped.journal.jsonl").write_text('{"journal": 1}\n')
+            and _sized("journal.MAX_BYTES", 4)(monkeypatch, tmp)),
     # --- compare, report, history: run folders that are not runs -------------------------------------------
     *(Refusal(f"meta {name} to {verb}", _bad(verb, "report", "untimed", meta_patch=patch), 2,
               (f"{{tmp}}/bad/meta.json: field '{name}'",))
