@@ -14,8 +14,7 @@ from tests.tiny_cases import write_cases
 
 @pytest.fixture(scope="session")
 def runs(tmp_path_factory):
-    """A real untimed run (``untimed``) and timed run (``timed``) of one tiny case through reference; made once a
-    session (a worker's), read and copied but never changed by the tests."""
+    """Untimed (``untimed``) and timed (``timed``) runs of one tiny case through reference, shared read-only."""
     root = tmp_path_factory.mktemp("runs")
     cases = write_cases(root / "tiny.toml", {"name": "tiny"})
     for name, extra in (("untimed", ["--no-timing"]), ("timed", [])):
@@ -82,10 +81,6 @@ def threads(*args, out=None, **kwargs):
     (DIR / "threads").write_text(str(torch.get_num_threads()))
     return kernels.paged_attention_tlsim(*args, out=out, **kwargs)
 
-def slow(*args, out=None, **kwargs):  # 50 ms a call
-    time.sleep(0.05)
-    return kernels.paged_attention_tlsim(*args, out=out, **kwargs)
-
 def scaled_wrong(q, k_cache, v_cache, block_table, seq_lens, query_start_loc=None, scale=None, out=None):  # 1% off
     scale = q.shape[-1] ** -0.5 * 1.01
     return kernels.paged_attention_tlsim(q, k_cache, v_cache, block_table, seq_lens, query_start_loc, scale, out)
@@ -93,7 +88,16 @@ def scaled_wrong(q, k_cache, v_cache, block_table, seq_lens, query_start_loc=Non
 def raises(*args, **kwargs):
     raise RuntimeError("no kernel here")
 
-for fn in (good, hangs, sigterm_once, sigkill_once, flood, threads, slow, scaled_wrong, raises):
+def killer(q, *args, out=None, **kwargs):  # head_dim 48: a hang; head_dim 64: its worker killed (logged), every time
+    if q.shape[-1] == 48:
+        time.sleep(3600)
+    if q.shape[-1] == 64:
+        with (DIR / "kills").open("a") as f:
+            f.write(f"{os.getpid()}\\n")
+        os.kill(os.getpid(), signal.SIGKILL)
+    return kernels.paged_attention_tlsim(q, *args, out=out, **kwargs)
+
+for fn in (good, hangs, sigterm_once, sigkill_once, flood, threads, scaled_wrong, raises, killer):
     register_backend(fn.__name__, fn)
 register_backend("cuda_only", kernels.paged_attention_tlsim, devices=("cuda",))
 register_backend("os_exit", lambda *args, **kwargs: os._exit(0))

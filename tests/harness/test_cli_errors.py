@@ -23,8 +23,7 @@ from tests.tiny_cases import write_cases
 
 @dataclass(frozen=True)
 class Refusal:
-    """A refused command: ``argv`` (or built under ``tmp``), ``words`` to print (``{tmp}`` filled in), ``patch`` after
-    building it."""
+    """A refused command: ``argv`` (or built under ``tmp``), ``words`` it prints, ``patch`` applied after."""
 
     name: str
     argv: list[str] | Callable[[Path, Path], list[str]]
@@ -34,8 +33,7 @@ class Refusal:
 
 
 def _bad(verb: str, alone: str, run: str, **changes):
-    """``verb`` of ``run`` and its copy tmp/bad with ``changes`` (rf.copy_run's); of the copy alone if ``verb`` is
-    ``alone``."""
+    """``verb`` of ``run`` and its copy tmp/bad with ``changes``; of the copy alone if ``verb`` is ``alone``."""
 
     def make(runs: Path, tmp: Path) -> list[str]:
         bad = rf.copy_run(runs / run, to=tmp / "bad", **changes)
@@ -136,16 +134,6 @@ def _merge(second: str, out: str = "merged", **meta_changes):
         else:
             other = rf.copy_run(runs / second, meta_changes, lambda f: f.assign(case="other"), to=tmp / "other")
         return ["merge", str(tmp / out) if out != "first" else str(first), str(first), str(other)]
-
-    return make
-
-
-def _journal_text(text: str):
-    """``run --resume tmp/stopped`` of a journal holding ``text``."""
-
-    def make(runs: Path, tmp: Path) -> list[str]:
-        (tmp / "stopped.journal.jsonl").write_text(text)
-        return ["run", "--resume", str(tmp / "stopped")]
 
     return make
 
@@ -286,8 +274,10 @@ REFUSALS = [
     Refusal("a resume whose log folder is a link", _resume(), 2,
             ("{tmp}/run.logs is not the run's log folder (a link or a file)",),
             patch=lambda monkeypatch, tmp: (tmp / "elsewhere").mkdir() or (tmp / "run.logs").symlink_to(tmp / "elsewhere")),
-    Refusal("a journal past its size limit, sized before it is read", _journal_text('{"journal": 1}\n'), 2,
-            ("{tmp}/stopped.journal.jsonl: 15 bytes, past the 4 a journal may hold",), patch=_sized("journal.MAX_BYTES", 4)),
+    Refusal("a journal past its size limit, sized before it is read", ["run", "--resume", "{tmp}/stopped"], 2,
+            ("{tmp}/stopped.journal.jsonl: 15 bytes, past the 4 a journal may hold",),
+            patch=lambda monkeypatch, tmp: (tmp / "stopped.journal.jsonl").write_text('{"journal": 1}\n')
+            and _sized("journal.MAX_BYTES", 4)(monkeypatch, tmp)),
     # --- compare, report, history: run folders that are not runs -------------------------------------------
     *(Refusal(f"meta {name} to {verb}", _bad(verb, "report", "untimed", meta_patch=patch), 2,
               (f"{{tmp}}/bad/meta.json: field '{name}'",))

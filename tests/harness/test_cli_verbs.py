@@ -1,5 +1,4 @@
-"""The verbs beyond run (-k, backends, compare --json, bisect's search, --version, bare harness) and the terminal:
-a run's rows and its closing verdict worded right, a reader that leaves early ending the command quietly."""
+"""The verbs beyond run (-k, backends, compare --json, bisect, --version) and the terminal: rows, output, verdict."""
 
 from __future__ import annotations
 
@@ -16,6 +15,7 @@ from harness.cli.bisect import search
 from harness.cli.main import main
 from harness.cli.options import compile_pattern
 from harness.cli.terminal import row_printer, summarize, verdict_lines
+from harness.execute.output import report_output
 from tests.fresh_python import ROOT
 from tests.harness import review_frames as rf
 from tests.tiny_cases import write_cases
@@ -208,3 +208,138 @@ def test_a_closed_stdout_is_exit_141_without_a_traceback():
     stderr = child.stderr.read().decode()
     assert child.wait(timeout=120) == 141, stderr
     assert "internal error" not in stderr and "Traceback" not in stderr
+
+
+# --- continuous and bisect on real commits: a kernel 50 ms a call slower in the second, timed in paired rounds ----
+
+
+PLUGIN = '''
+import time
+
+from harness import register_backend
+
+
+def slowpoke(q, k_cache, v_cache, block_table, seq_lens, query_start_loc=None, scale=None, out=None):
+    """The reference kernel, then a wait that each commit's slowpoke_kernel.py sets."""
+    import slowpoke_kernel  # from the commit's checkout
+
+    from kernels import paged_attention_reference
+
+    result = paged_attention_reference(q, k_cache, v_cache, block_table, seq_lens, query_start_loc, scale, out)
+    end = time.perf_counter() + slowpoke_kernel.WAIT_S
+    while time.perf_counter() < end:
+        pass
+    return result
+
+
+register_backend("slowpoke", slowpoke, devices=("cpu",))
+'''
+WAITS = {"first": 0.0, "second": 0.05, "third": 0.05}  # the second commit is the slower one (by 50 ms a call)
+
+
+@pytest.fixture
+def repo(tmp_path, monkeypatch, case_file):
+    """A repository (the cwd) of three commits of slowpoke_kernel.py, plugin and case_file beside it; short rounds."""
+    monkeypatch.setattr("harness.review.confirm.ROUND_S", 0.1)
+    root = tmp_path / "repo"
+    root.mkdir()
+    monkeypatch.chdir(root)
+    for key in ("AUTHOR", "COMMITTER"):
+        monkeypatch.setenv(f"GIT_{key}_NAME", "t")
+        monkeypatch.setenv(f"GIT_{key}_EMAIL", "t@t")
+    git = lambda *args: subprocess.run(["git", *args], capture_output=True, text=True, check=True).stdout.strip()  # noqa: E731
+    git("init", "-q", "-b", "main")
+    for name, wait in WAITS.items():
+        (root / "slowpoke_kernel.py").write_text(f"WAIT_S = {wait}  # {name}\n")
+        git("add", "slowpoke_kernel.py")
+        git("commit", "-q", "-m", name)
+    (tmp_path / "plugin.py").write_text(PLUGIN)
+    return tmp_path
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(600)  # fresh worker processes each round: slow on a loaded machine
+def test_continuous_runs_both_commits_and_confirms_the_slowdown_in_paired_rounds(repo, capsys):
+    common = ["--cases", str(repo / "tiny.toml"), "--plugin", str(repo / "plugin.py"), "--backend", "slowpoke"]
+    argv = ["continuous", "HEAD~2", "HEAD", *common, "--min-effect", "0.5", "--out", str(repo / "runs"), "--json",
+            "--confirm-time", "3000"]  # fmt: skip
+    assert main(argv) == 1
+    out, err = capsys.readouterr()
+    (row,) = json.loads(out)["rows"]
+    assert row["verdict"] == "slower" and "paired rounds" in row["verdict_reason"] and row["ratio"] > 2, row
+    assert (repo / "runs" / "base" / "results.parquet").is_file() and (repo / "runs" / "head" / "meta.json").is_file()
+    assert "continuous: base" in err and "continuous: head" in err
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(600)  # fresh worker processes each round: slow on a loaded machine
+def test_bisect_names_the_first_commit_where_the_row_got_slower(repo, capsys, clean_registry):
+    argv = ["bisect", "HEAD~2", "HEAD", "--case", "tiny", "--backend", "slowpoke", "--cases", str(repo / "tiny.toml"),
+            "--plugin", str(repo / "plugin.py"), "--min-effect", "0.5", "--step-time", "3000"]  # fmt: skip
+    assert main(argv) == 0  # registers the plugin's backend in this process, as a run does: clean_registry
+    out, err = capsys.readouterr()
+    assert out.startswith("first slower commit: ") and out.strip().endswith(" second"), out
+    assert "bisect: 2 commit(s) after" in err
+
+
+# --- a row's output reaches the terminal as a block; a known-harmless warning is named once a run ------------------
+
+
+# What Triton's interpreter leaves in a row's log when a kernel computes exp(-inf - -inf), as printed.
+INTERPRETER_WARNING = (
+    "/venv/lib/python3.11/site-packages/triton/runtime/interpreter.py:599: RuntimeWarning: invalid value "
+    "encountered in subtract\n  output = op(lhs.data, rhs.data)\n"
+)
+OVERFLOW_WARNING = (
+    "/venv/lib/python3.11/site-packages/triton/runtime/interpreter.py:704: RuntimeWarning: overflow "
+    "encountered in exp\n  create_exp = lambda self, arg: self.unary_op(arg, np.exp)\n"
+)
+OWN_WARNING = "/home/me/my_kernel.py:12: UserWarning: falling back to the slow path\n  warnings.warn(msg)\n"
+
+
+def _row_logs(tmp_path, run: str, *texts: str) -> list[tuple[str, str]]:
+    """One staged log per text, as harness.execute.output.row_log names them: (staged, final) paths."""
+    logs = []
+    for i, text in enumerate(texts):
+        staged = tmp_path / f"{run}.logs" / f"case{i}__mine.log"
+        staged.parent.mkdir(exist_ok=True)
+        staged.write_text(text)
+        logs.append((str(staged), str(tmp_path / run / "logs" / staged.name)))
+    return logs
+
+
+def test_a_harmless_interpreter_warning_on_every_row_is_one_line_a_run_not_a_block_a_row(tmp_path, capsys):
+    logs = _row_logs(tmp_path, "run", *[INTERPRETER_WARNING] * 5)
+    for i, log in enumerate(logs):
+        report_output(log, f"mine on case{i}")
+    err = capsys.readouterr().err
+    assert "--- output of" not in err
+    (line,) = err.splitlines()
+    assert line.startswith("note: mine on case0 printed 'invalid value encountered in subtract'") and "run/logs" in line
+    assert all(Path(staged).read_text() == INTERPRETER_WARNING for staged, _ in logs), "the logs keep every warning"
+
+
+def test_each_run_and_each_harmless_notice_is_named_once(tmp_path, capsys):
+    for run in ("first", "second"):
+        for log in _row_logs(tmp_path, run, INTERPRETER_WARNING + OVERFLOW_WARNING, OVERFLOW_WARNING):
+            report_output(log, "mine")
+    notes = capsys.readouterr().err.splitlines()
+    assert [note.split("'")[1] for note in notes] == ["invalid value encountered in subtract",
+                                                      "overflow encountered in exp"] * 2  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("text", "shown", "hidden"),
+    [
+        (INTERPRETER_WARNING + "step 3: 0.25\n", "step 3: 0.25", "RuntimeWarning"),
+        (OWN_WARNING, "UserWarning: falling back to the slow path", None),
+        ("triton/runtime/interpreter.py:1: RuntimeWarning: something new\n", "something new", None),
+    ],
+    ids=["the rest of a row's output", "a plugin's own warning", "an interpreter warning not known harmless"],
+)
+def test_what_is_not_known_harmless_is_still_shown_as_the_rows_block(tmp_path, capsys, text, shown, hidden):
+    (log,) = _row_logs(tmp_path, "run", text)
+    report_output(log, "mine on case0")
+    err = capsys.readouterr().err
+    block = err[err.index("--- output of mine on case0") :]
+    assert shown in block and (hidden is None or hidden not in block)

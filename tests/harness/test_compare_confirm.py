@@ -1,5 +1,4 @@
-"""compare re-times doubtful latency rows by default (--confirm): a drifted 'slower' row is cleared by interleaved
-re-timing, a real slowdown stays; what cannot be re-timed is unconfirmed (exit 5)."""
+"""compare --confirm re-times doubtful 'slower' rows: drift is cleared, a real slowdown stays, the rest exit 5."""
 
 from __future__ import annotations
 
@@ -85,9 +84,7 @@ def test_confirm_keeps_a_real_slowdown_and_clears_one_that_interleaved_timing_do
 
 
 @pytest.mark.slow  # two builds' worker processes timed in rounds
-def test_a_real_round_of_two_build_processes_times_the_planted_slowdown_and_not_the_workers_start(
-    tmp_path, monkeypatch
-):
+def test_a_real_round_of_two_build_processes_times_the_planted_slowdown_not_the_workers_start(tmp_path, monkeypatch):
     """One round with real worker processes, after which no row's rounds fit the box, so confirm judges that round."""
     monkeypatch.setattr(confirm, "ROUND_S", 0.1)  # a short round: the planted slowdown (9x) shows in a few calls
     rounds = []
@@ -178,9 +175,7 @@ def _table(out: str) -> dict[tuple[str, str], str]:
     return found
 
 
-def test_by_default_the_rows_a_drift_makes_slower_are_retimed_and_a_slowdown_they_confirm_is_said_as_both(
-    tmp_path, rounds, capsys
-):
+def test_rows_a_drift_makes_slower_are_retimed_by_default_and_a_confirmed_slowdown_says_so(tmp_path, rounds, capsys):
     # every backend looks 1.5x slower in the new run (the load); paired rounds find only tlsim slower (1.3x)
     base, new = _runs(tmp_path, {"reference": 1.5, "tlsim": 1.5, "gather_sdpa": 1.5})
     page = tmp_path / "compare.html"
@@ -248,8 +243,7 @@ NOT_RETIMED = {
 
 @pytest.mark.parametrize("name", NOT_RETIMED)
 def test_rows_not_re_timed_get_their_exit_code_and_say_why(tmp_path, rounds, monkeypatch, capsys, name):
-    """Unconfirmed slower rows exit 5 with the reason; an explicit --confirm refuses a bad commit (2); an accuracy
-    regression is exit 1, re-timed or not."""
+    """Unconfirmed slower rows exit 5 saying why; --confirm of a bad commit is 2; an accuracy regression is 1."""
     base_meta, both, new_frame, worktree, extra, exit_code, lines, words = NOT_RETIMED[name]
     if worktree is not None:
         monkeypatch.setattr(confirm, "worktree", worktree)

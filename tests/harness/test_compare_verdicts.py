@@ -1,14 +1,20 @@
-"""Latency verdicts: a rerun is not 'slower', a planted 25% slowdown is, noise is 'cannot tell'."""
+"""Compare verdicts: latency (a rerun is not 'slower', a planted 25% slowdown is), accuracy, status, exit codes."""
 
 from __future__ import annotations
 
+import json
+
 import numpy as np
+import pandas as pd
 import pytest
 
+from benchmarks import saved
+from harness.cli.main import main
 from harness.review import stats
-from harness.review.compare import EXIT_OK, EXIT_WORSE, compare_runs, format_comparison
+from harness.review.compare import EXIT_INCOMPLETE, EXIT_OK, EXIT_WORSE, compare_runs, format_comparison
 from harness.run.runner import NOT_TIMED
 from tests.harness import review_frames as rf
+from tests.harness.review_frames import with_row
 
 
 def test_reruns_of_one_distribution_give_at_most_one_false_alarm_in_a_hundred_rows():
@@ -56,9 +62,7 @@ _DRAWS = np.random.default_rng(0).normal(0, 1, 60)
         (100 * np.exp(0.02 * _DRAWS[:30]), 100 * np.exp(0.02 * _DRAWS[30:]), "same", "inside ±10%"),  # the CI fits
     ],
 )
-def test_few_samples_and_a_spread_straddling_the_effect_cannot_tell_and_a_ci_inside_it_is_same(
-    base, new, verdict, words
-):
+def test_few_samples_or_a_spread_straddling_the_effect_cannot_tell_a_ci_inside_it_is_same(base, new, verdict, words):
     t = stats.compare_samples(base, new)
     v = stats.decide(t, stats.adjust_p_values([t.p_value])[0], min_effect=0.1)
     assert v.verdict == verdict and words in v.reason, v
@@ -86,8 +90,7 @@ def test_old_runs_without_samples_fall_back_to_p10_p90_marked_weak():
 
 
 def test_normalizing_by_an_unchanged_backend_cancels_a_machine_wide_drift():
-    """Every row 15% slower, tlsim 25% more: normalized by the reference only tlsim is slower, and it says so; a case
-    without the anchor is left raw and counted."""
+    """All rows 15% slower, tlsim 25% more: normalized, only tlsim is slower; a case without the anchor is counted."""
     base = rf.frame(num_cases=8, seed=1, spread=0.01)
     drift = {b: 1.15 for b in rf.BACKENDS}
     new = rf.frame(num_cases=8, seed=2, spread=0.01, slow={**drift, "tlsim": 1.15 * 1.25})
@@ -117,8 +120,7 @@ def test_a_row_graded_not_timed_over_its_budget_in_one_run_is_said_and_leaves_th
 
 
 def test_rows_faster_by_two_drifted_runs_alone_are_marked_doubtful():
-    """Rows faster only between two drifted runs of one commit are 'better?' and counted so, not improvements; one
-    backend faster alone is faster, an improvement."""
+    """Rows faster only by two drifted runs are 'better?', not improvements; one backend faster alone is faster."""
     base = rf.frame(num_cases=12, seed=1)
     drifted = rf.frame(num_cases=12, seed=2, slow={name: 0.6 for name in rf.BACKENDS})  # the machine got quieter
     comparison = compare_runs(base, drifted)
@@ -130,3 +132,145 @@ def test_rows_faster_by_two_drifted_runs_alone_are_marked_doubtful():
     assert "better?" not in format_comparison(quiet, "A", "B")
     assert (quiet.rows.set_index("backend").loc["tlsim", "verdict"] == "faster").all(), "faster, and no failure"
     assert quiet.exit_code == EXIT_OK and len(quiet.improvements) == 12
+
+
+# --- beyond latency: accuracy, status, one-sided rows, machine mismatches, exit codes, HTML ---------------------
+
+
+def _fewer(frame: pd.DataFrame) -> pd.DataFrame:
+    return frame[frame["backend"] != "gather_sdpa"]
+
+
+OTHER = rf.meta(torch="2.14.0", device_name="Other CPU")
+# (base, rerun: 4 cases, seeds 1 and 2) -> (base, new run); keywords of compare_runs; exit; where to read: "problems"
+# or (column, case, backend); a str is the whole text (of that cell, or one problem), a tuple words in it.
+CHANGES = {
+    "a planted accuracy regression": (
+        lambda b, r: (b, with_row(r, "case01", "tlsim", status="fail", max_abs_err=3e-4, tol_ratio=2.7, reason="3e-4")),
+        {}, EXIT_WORSE, ("why", "case01", "tlsim"), ("status pass -> fail", "max abs err", "tolerance margin shrunk")),
+    "a planted NaN count": (lambda b, r: (b, with_row(r, "case00", "tlsim", status="fail", nan_count=12)), {},
+                            EXIT_WORSE, ("why", "case00", "tlsim"), ("NaN count 0 -> 12",)),
+    "error growth and a margin shrunk inside the tolerance": (
+        lambda b, r: (b, with_row(r, "case02", "reference", max_abs_err=5e-6, tol_ratio=0.6)), {}, EXIT_WORSE,
+        ("why", "case02", "reference"),
+        "max abs err 2.00e-07 -> 5.00e-06; tolerance margin shrunk: 0.02 -> 0.60 of the tolerance"),
+    "growth far inside the tolerance (noise)": (
+        lambda b, r: (b, with_row(r, "case02", "reference", max_abs_err=5e-7, tol_ratio=0.05)), {}, EXIT_OK, None, ()),
+    "a row now skipped": (lambda b, r: (b, with_row(r, "case00", "gather_sdpa", status="skip", reason="gone")), {},
+                          EXIT_WORSE, ("why", "case00", "gather_sdpa"), "status pass -> skip"),
+    "a fix": (lambda b, r: (with_row(b, "case03", "tlsim", status="error", reason="RuntimeError"), r), {}, EXIT_OK,
+              ("better", "case03", "tlsim"), "fixed: error -> pass"),
+    "rows missing from the new run": (lambda b, r: (b, _fewer(r)), {}, EXIT_INCOMPLETE, "problems",
+                                      "4 row(s) missing from the new run"),
+    "rows with no baseline": (lambda b, r: (_fewer(r), r), {}, EXIT_INCOMPLETE, "problems",
+                              "4 row(s) new, with no baseline"),
+    "a device or version mismatch": (lambda b, r: (b, r), {"base_meta": rf.meta(), "new_meta": OTHER},
+                                     EXIT_INCOMPLETE, "problems", ("torch 2.13.0 -> 2.14.0",)),
+    "a mismatch allowed": (lambda b, r: (b, r), {"base_meta": rf.meta(), "new_meta": OTHER, "allow_mismatch": True},
+                           EXIT_OK, None, ()),
+    "worse wins over incomplete": (lambda b, r: (b, with_row(_fewer(r), "case01", "tlsim", status="fail")), {},
+                                   EXIT_WORSE, None, ()),
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("name", CHANGES)
+def test_what_got_worse_or_better_and_whether_the_comparison_is_complete_with_the_exit_code(name):
+    make, keywords, exit_code, where, words = CHANGES[name]
+    comparison = compare_runs(*make(rf.frame(num_cases=4, seed=1), rf.frame(num_cases=4, seed=2)), **keywords)
+    assert comparison.exit_code == exit_code, comparison.problems
+    if where == "problems":
+        found = comparison.problems if isinstance(words, str) else "\n".join(comparison.problems)
+        assert words in found if isinstance(words, str) else all(w in found for w in words), comparison.problems
+    elif where is not None:
+        column, case, backend = where
+        text = comparison.rows.set_index(["case", "backend"]).loc[(case, backend), column]
+        assert text == words if isinstance(words, str) else all(w in text for w in words), text
+
+
+def test_cli_compare_exit_codes_its_table_and_html_page_escape_plugin_strings(tmp_path, capsys):
+    base, rerun = rf.frame(num_cases=4, seed=1), rf.frame(num_cases=4, seed=2)
+    rf.write(base, rf.meta(), tmp_path / "a")
+    rf.write(rerun, rf.meta(), tmp_path / "b")
+    assert main(["compare", str(tmp_path / "a"), str(tmp_path / "b")]) == EXIT_OK
+    evil = "<script>alert(1)</script>"
+    bad = with_row(rerun, "case01", "tlsim", status="fail", reason=evil)
+    bad.loc[bad["backend"] == "reference", "backend"] = evil
+    rf.write(bad, rf.meta(), tmp_path / "c")
+    page = tmp_path / "cmp.html"
+    assert main(["compare", str(tmp_path / "a"), str(tmp_path / "c"), "--html", str(page)]) == EXIT_WORSE
+    out = capsys.readouterr().out
+    assert any(
+        line.split()[:2] == ["WORSE", "tlsim"] and line.endswith("status pass -> fail") for line in out.split("\n")
+    )
+    assert out.splitlines()[-2:] == ["exit 1: 1 row(s) got worse", f"page: {page}"]
+    html = page.read_text()
+    assert evil not in html and "&lt;script&gt;alert(1)&lt;/script&gt;" in html
+    assert "status pass -&gt; fail" in html and "exit 1" in html
+
+
+# --- nox -s bench's comparison of saved pytest-benchmark runs: a rerun passes, a planted slowdown fails --------------
+
+
+def _run(path, seed: int, slow: dict[str, float] | None = None, samples: bool = True, case_file=None, **doc):
+    """A saved run of 8 cases x 2 backends; ``case_file`` in each benchmark's extra_info, ``doc`` at the top."""
+    rng = np.random.default_rng(seed)
+    benchmarks = []
+    for i in range(8):
+        for backend in ("reference", "tlsim"):
+            median = (200 + 50 * i) * (slow or {}).get(backend, 1.0)
+            data = sorted(median * np.exp(rng.normal(0, 0.05, 15)))
+            quart = np.quantile(data, [0.25, 0.5, 0.75]) * 1e-6
+            benchmarks.append({
+                "fullname": f"benchmarks/test_bench_backends.py::test_bench[case{i}-{backend}]",
+                "stats": {"median": quart[1], "q1": quart[0], "q3": quart[2]},
+                "extra_info": {"device": "cpu", **({"samples_us": [float(x) for x in data]} if samples else {}),
+                               **({"case_file": case_file} if case_file else {})},
+            })  # fmt: skip
+    path.write_text(json.dumps({"benchmarks": benchmarks, **doc}))
+    return path
+
+
+def test_a_rerun_passes_and_a_planted_slowdown_fails_with_a_readable_summary(tmp_path):
+    base = _run(tmp_path / "base.json", 1)
+    passed, summary = saved.compare_files(base, _run(tmp_path / "rerun.json", 2))
+    assert passed, summary
+    passed, summary = saved.compare_files(base, _run(tmp_path / "slow.json", 3, slow={"tlsim": 1.25}))
+    assert not passed
+    assert summary.count("SLOWER") == 8 and "test_bench[case0-tlsim]" in summary
+    assert summary.splitlines()[-1] == "bench: FAIL: 8 benchmark(s) slower"
+    assert "Traceback" not in summary
+
+
+def test_runs_without_samples_fall_back_to_quartiles_marked_weak(tmp_path):
+    base = _run(tmp_path / "base.json", 1, samples=False)
+    passed, summary = saved.compare_files(base, _run(tmp_path / "slow.json", 3, slow={"tlsim": 1.5}, samples=False))
+    assert not passed and "(weak evidence)" in summary
+
+
+def test_saved_runs_are_numbered_and_the_newest_is_the_default_baseline(tmp_path, capsys):
+    storage = tmp_path / ".benchmarks"
+    assert saved.main(["compare", str(_run(tmp_path / "a.json", 1)), "--storage", str(storage)]) == 0
+    assert "nothing to compare with" in capsys.readouterr().out
+    first = saved.save(_run(tmp_path / "a.json", 1), storage)
+    second = saved.save(_run(tmp_path / "b.json", 2), storage)
+    assert first.name.startswith("0001_") and second.name.startswith("0002_")
+    assert saved.find_baseline(None, storage) == second and saved.find_baseline("0001", storage) == first
+    with pytest.raises(SystemExit, match="no saved run matches '0009'"):
+        saved.find_baseline("0009", storage)
+    slow = _run(tmp_path / "c.json", 3, slow={"reference": 1.3})
+    assert saved.main(["compare", str(slow), "--storage", str(storage)]) == 1
+    assert saved.main(["compare", str(slow), "--storage", str(storage), "--min-effect", "0.5"]) == 0
+
+
+@pytest.mark.parametrize(("commit_info", "why"), [
+    ({"id": "fetched"}, "the baseline's commit_info: field 'commit': {fetched} is not in your history"),
+    ({"id": "head", "dirty": True}, "the baseline was made from a tree with uncommitted changes"),
+])  # fmt: skip
+def test_a_baseline_is_re_timed_only_from_your_own_clean_history(tmp_path, git_history, monkeypatch, commit_info, why):
+    """A saved baseline is data: --confirm checks out its commit only when it is in your history and clean."""
+    ids = git_history
+    monkeypatch.setattr(saved, "ROOT", tmp_path / "repo")
+    base = _run(tmp_path / "base.json", 1, commit_info={**commit_info, "id": ids[commit_info["id"]]})
+    new = _run(tmp_path / "slow.json", 3, slow={"tlsim": 1.25}, case_file=str(tmp_path / "cases.toml"))
+    passed, summary = saved.compare_files(base, new, confirm="all")
+    assert not passed and f"confirm: skipped: {why.format(**ids)}" in summary

@@ -82,8 +82,7 @@ def test_docs_link_only_inside_the_repository():
 
 
 def test_every_dotted_harness_name_in_the_docs_exists():
-    """A module or function moved without its docs fails here (a module, or an attribute of the longest importable
-    prefix)."""
+    """A module or function moved without its docs fails here."""
     named = {m for doc in DOCS for m in re.findall(r"\bharness(?:\.[A-Za-z_]\w*)+", doc.read_text())}
     assert len(named) > 10
     missing = []

@@ -55,8 +55,7 @@ def test_reference_and_tlsim_match_the_oracle_anywhere_in_the_case_space(table):
 
 
 def _assert_graded(name: str, out: torch.Tensor, ctx) -> None:
-    """``out`` passes; or, where the tolerance is below the inputs' own round-off (the row grades the input),
-    it holds NaN nowhere and lies within the forward error bound."""
+    """``out`` passes, or (tolerance below the inputs' round-off) holds no NaN and lies within the error bound."""
     case = ctx.case
     result = grade(out, ctx.expected, case.atol, case.rtol, ctx.bound)
     if result.passed:

@@ -46,8 +46,7 @@ def _run_third_party() -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.
 
 @pytest.fixture
 def uncorrected():
-    """The interpreter as Triton ships it for the test's body, whatever it corrects (a plugin on this worker may
-    have corrected it before)."""
+    """The interpreter as Triton ships it for the test's body, whatever a plugin corrected before."""
     corrected_before = interpreter.bf16_corrected()
     interpreter.restore_bf16()
     yield

@@ -1,5 +1,4 @@
-"""The float64 oracle cache: a second build of the same inputs reads it instead of the oracle, anything else misses;
-an entry that is damaged, poisoned, linked or in a folder others may write is never trusted blindly."""
+"""The oracle cache: the same inputs hit, anything else misses; a damaged or untrusted entry is never used blindly."""
 
 from __future__ import annotations
 
@@ -64,9 +63,7 @@ def _poison(entry) -> None:
 
 
 @pytest.mark.parametrize("second", [{}, {"name": "renamed"}], ids=["same_case", "renamed_case"])
-def test_a_second_build_of_the_same_inputs_reads_the_oracle_and_its_error_bound_from_the_cache(
-    tmp_path, cache_folder, monkeypatch, second
-):
+def test_the_same_inputs_built_again_read_oracle_and_bound_from_the_cache(tmp_path, cache_folder, monkeypatch, second):
     first = _built(tmp_path)
     assert len(list(cache_folder.glob("*.oracle"))) == len(list(cache_folder.glob("*.derived"))) == 1
     monkeypatch.setattr(runner, "paged_attention_oracle", _oracle_must_not_run)
@@ -118,9 +115,7 @@ def test_cap_prunes_the_least_recently_used_entries_first(tmp_path):
 @pytest.mark.parametrize(
     ("folder", "device"), [("off", "cpu"), (None, "cuda")], ids=["cache_off", "gpu_oracle_hashing_would_cost_more"]
 )
-def test_an_oracle_off_the_cache_is_computed_every_time_and_nothing_is_written(
-    cache_folder, monkeypatch, folder, device
-):
+def test_an_oracle_off_the_cache_is_computed_every_time_and_nothing_written(cache_folder, monkeypatch, folder, device):
     if folder is not None:
         monkeypatch.setenv(oracle_cache.ENV_DIR, folder)
     calls, args = [], [torch.zeros(1, 1, 1)]
@@ -149,9 +144,7 @@ def test_key_covers_every_input_tensor_the_oracle_device_and_the_attention_varia
 # --- runs: verify, off, and entries that are not trusted -------------------------------------------
 
 
-def test_verify_passes_a_sound_cache_and_a_poisoned_entry_is_used_without_verify_and_caught_with_it(
-    tmp_path, cache_folder, capsys, monkeypatch
-):
+def test_verify_passes_sound_entries_catches_poisoned_ones_used_without_it(tmp_path, cache_folder, capsys, monkeypatch):
     assert _run(tmp_path, "first") == 0
     assert cache_folder.stat().st_mode & 0o777 == 0o700
     assert _cached(tmp_path / "first") == [False]

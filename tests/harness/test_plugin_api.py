@@ -1,4 +1,4 @@
-"""A plugin's declarations (variants, limits, plan step, supports hook, decode form) reach driver and kernel."""
+"""One registration reaches CLI, case suite and benchmarks; its declarations reach the driver and kernel."""
 
 from __future__ import annotations
 
@@ -22,7 +22,7 @@ from harness.cli.main import main
 from harness.execute.processes import decode, encode, registrations
 from harness.run.runner import case_inputs
 from kernels import paged_attention_reference
-from tests.fresh_python import ROOT
+from tests.fresh_python import ROOT, run_script
 from tests.tiny_cases import write_cases
 
 # --- variants: one name each, and the others still taken ------------------------------------------
@@ -125,8 +125,7 @@ register_backend("limited", limited, limits={"dtypes": ["float32"], "block_size_
 
 
 def _plugin_run(folder, plugin: str, backend: str, cases: list[dict], *extra: str) -> tuple[pd.DataFrame, list]:
-    """``harness run`` of ``plugin``'s ``backend`` over ``cases`` in a fresh interpreter: (rows by case, what the
-    plugin wrote to its ``log.jsonl``)."""
+    """``harness run`` of ``plugin``'s ``backend`` in a fresh interpreter: (rows by case, its ``log.jsonl``)."""
     (folder / "plugin.py").write_text(plugin)
     done = subprocess.run(
         [sys.executable, "-m", "harness", "run", str(write_cases(folder / "cases.toml", *cases)), "--plugin",
@@ -276,3 +275,37 @@ def test_a_plan_step_runs_once_per_input_set_in_the_worker_timed_apart_and_every
     # a cascade case calls the kernel on shapes other than the case's: a skip saying why
     assert rows.loc["cascade", "status"] == "skip"
     assert "plan step is made for the case's own" in rows.loc["cascade", "reason"]
+
+
+# --- one registration: the CLI, pytest's case suite and the benchmarks all pick it up ------------
+
+TOY = """
+import kernels
+from harness import register_backend
+
+
+def toy_paged_attention(q, k_cache, v_cache, block_table, seq_lens, query_start_loc=None, scale=None, out=None):
+    return kernels.paged_attention_reference(q, k_cache, v_cache, block_table, seq_lens, query_start_loc, scale, out=out)
+
+
+register_backend("toy", toy_paged_attention)
+"""
+
+
+@pytest.mark.slow  # the CLI, the case suite and the benchmarks in fresh interpreters
+def test_one_registration_reaches_the_cli_the_case_suite_and_the_benchmarks(tmp_path):
+    plugin = tmp_path / "toy.py"
+    plugin.write_text(TOY)
+    cases = write_cases(tmp_path / "tiny.toml", {"name": "tiny"})
+    done = run_script("-m", "harness", "run", str(cases), "--plugin", str(plugin), "--backend", "toy", "--no-timing",
+                      "--no-progress", "--out", str(tmp_path / "run"))  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    assert "toy" in done.stdout
+    # one collection of both suites: each has its own conftest that loads the harness's pytest plugin
+    collected = run_script("-m", "pytest", "tests/harness/test_case_suite.py", "benchmarks", "--plugin", str(plugin),
+                           "--collect-only", "-q")  # fmt: skip
+    assert collected.returncode == 0, collected.stdout + collected.stderr
+    lines = collected.stdout.splitlines()
+    for suite in ("tests/harness/test_case_suite.py::", "benchmarks/"):
+        toy = [line for line in lines if line.startswith(suite) and line.endswith("-toy]")]
+        assert toy, (suite, collected.stdout[-2000:])

@@ -1,5 +1,4 @@
-"""No backend can end the run, no run is lost, no false green: isolation, journal, resume, exit codes. Files a
-colleague hands you are data, never code: plugins named in a run's meta.json, meta commits, journals, workers' output."""
+"""No backend ends the run, no run is lost, no false green; a run's files are data, never code."""
 
 from __future__ import annotations
 
@@ -69,8 +68,7 @@ def built_ins_only(clean_registry):
 
 @pytest.fixture
 def setup(tmp_path, plugin, case_file):
-    """tmp_path holding cases.toml (first, second), tiny.toml (the case_file fixture), plugin.py (the plugin fixture's,
-    which logs here) and evil.py."""
+    """tmp_path holding cases.toml (first, second), tiny.toml, plugin.py (logging here) and evil.py."""
     write_cases(tmp_path / "cases.toml", FIRST, SECOND)
     (tmp_path / "evil.py").write_text(EVIL.format(marker=str(tmp_path / "evil_ran")))
     return tmp_path
@@ -190,9 +188,7 @@ STOPS = {
 
 
 @pytest.mark.parametrize("stop", STOPS)
-def test_a_stopped_run_or_a_failed_final_write_keeps_the_journal_and_resume_runs_only_the_missing_pairs(
-    setup, capsys, monkeypatch, stop
-):
+def test_a_stopped_run_or_failed_final_write_keeps_its_journal_resume_runs_the_rest(setup, capsys, monkeypatch, stop):
     other, patched, code, said, to_run, left = STOPS[stop]
     (setup / "sigterm").touch()
     out = setup / "reports" / "run"
@@ -294,15 +290,6 @@ def test_the_users_ctrl_c_stops_a_run_inside_a_hanging_call_and_keeps_the_journa
     assert [r["backend"] for r in Journal.read(journal_path(out)).rows] == ["tlsim"]
 
 
-def _slower_runs(tmp_path, backend: str, **meta_extra) -> tuple[Path, Path]:
-    """Two run folders where ``backend`` is 1.5x slower in the new one, meta.json as given."""
-    rng = np.random.default_rng(0)
-    meta = rf.meta(case_files=[str(tmp_path / "tiny.toml")], timing_threads=1, **meta_extra)
-    base = rf.write(pd.DataFrame([rf.row("tiny", backend, 300.0, rng)]), meta, tmp_path / "base")
-    new = rf.write(pd.DataFrame([rf.row("tiny", backend, 450.0, rng)]), meta, tmp_path / "new")
-    return base, new
-
-
 # compare --confirm of two runs (``backend`` 1.5x slower) whose meta.json names a plugin, or a commit that is no commit
 # id: (backend, meta.json's fields, the words): exit 2 before any plugin is imported or `git worktree add` is run
 META_REFUSED = {
@@ -315,17 +302,16 @@ META_REFUSED = {
 
 
 @pytest.mark.parametrize("name", META_REFUSED)
-def test_confirm_imports_no_plugin_a_runs_meta_names_and_checks_out_nothing_that_is_no_commit_id(
-    setup, capsys, monkeypatch, name
-):
+def test_confirm_imports_no_plugin_a_meta_names_and_checks_out_only_commit_ids(setup, capsys, monkeypatch, name):
     backend, fields, said = META_REFUSED[name]
     monkeypatch.chdir(ROOT)  # git runs here
     added = []  # commits handed to `git worktree add`: none may be, the checks come first
     monkeypatch.setattr(confirm, "worktree", lambda commit, *rest: added.append(commit))
-    evil = setup / "evil.py"
-    base, new = _slower_runs(
-        setup, backend, **{k: v.format(evil=evil) if k == "command" else v for k, v in fields.items()}
-    )
+    evil, rng = setup / "evil.py", np.random.default_rng(0)
+    fields = {k: v.format(evil=evil) if k == "command" else v for k, v in fields.items()}
+    meta = rf.meta(case_files=[str(setup / "tiny.toml")], timing_threads=1, **fields)
+    base, new = (rf.write(pd.DataFrame([rf.row("tiny", backend, us, rng)]), meta, setup / name)
+                 for name, us in (("base", 300.0), ("new", 450.0)))  # fmt: skip
     assert main(["compare", str(base), str(new), "--confirm", "slower"]) == 2
     err = capsys.readouterr().err
     assert all(words.format(base=base, new=new, evil=evil) in err for words in said), err

@@ -1,19 +1,25 @@
-"""Runner rows (pass, fail, skip, error), NaN poisoning, plugins, exit codes, atomic reports, compare."""
+"""Runner rows (pass, fail, skip, error; a peer that raises errs), NaN poisoning, plugins, exit codes, reports."""
 
 from __future__ import annotations
 
+import dataclasses
+
 import pandas as pd
 import pytest
+import torch
 
 import kernels
 from harness import register_backend
+from harness.backends import peers
 from harness.backends.builtin import load_plugin
+from harness.backends.registry import REGISTRY
+from harness.cases.spec import expand_spec
 from harness.cli.main import main
 from harness.results import storage as storage_module
 from harness.review.compare import compare_runs
-from harness.run.runner import exit_code
+from harness.run.runner import RunConfig, build_context, exit_code, run_backend
 from tests.fresh_python import run_script
-from tests.tiny_cases import write_cases
+from tests.tiny_cases import TINY, write_cases
 
 pytestmark = pytest.mark.usefixtures("clean_registry")  # backends registered here vanish after each test
 
@@ -49,8 +55,7 @@ def cli_run(case_file, out, *extra):
 
 
 def test_a_plugin_from_a_path_runs_and_its_wrong_backend_fails_the_run(case_file, plugin):
-    """In process (a plugin imported from a path by a worker: test_plugin_api.py's declared_run): exit 1 for the
-    wrong backend's row (a 1% wrong softmax scale) beside the right one's pass."""
+    """In process: exit 1 for the wrong backend's row (a 1% wrong softmax scale) beside the right one's pass."""
     out = plugin.parent / "run"
     backends = ["--backend", "good", "--backend", "scaled_wrong"]
     assert cli_run(case_file, out, "--plugin", str(plugin), "--isolate", "none", *backends) == 1
@@ -147,3 +152,54 @@ def test_timing_samples_are_kept_in_the_parquet_and_left_out_of_the_csv(tmp_path
     kept = pd.read_parquet(run / "results.parquet")
     assert list(kept.loc[0, "latency_samples_us"]) == list(range(1500))  # every sample, none elided
     assert list(pd.read_csv(run / "results.csv").columns) == ["case", "backend", "status", "latency_us"]
+
+
+# --- a peer whose call raises is an error row with its message, never a skip; only declared limits skip ------------
+
+
+CONFIG = RunConfig(device="cpu", backends=[], timing=False, progress=False)
+
+
+def case(**fields):
+    (made,) = expand_spec({"name": "peer", **TINY, "dtype": "float16", **fields}, "test")
+    return made
+
+
+def broken_varlen_attn(*args, **kwargs):
+    raise AssertionError("a peer outside its declared limits was called")
+
+
+@pytest.mark.parametrize(
+    ("name", "error"),
+    [("varlen_flash", RuntimeError), ("varlen_flash_paged", RuntimeError), ("varlen_flash", ValueError),
+     ("varlen_flash", TypeError)],
+)  # fmt: skip
+def test_any_exception_of_a_peers_call_is_an_error_row_with_its_message_not_a_refusal(name, error, monkeypatch):
+    def raising(query, key, value, cu_seq_q, cu_seq_k, max_q, max_k, *, scale=None, window_size=(-1, -1),
+                enable_gqa=False, seqused_k=None, block_table=None):  # fmt: skip
+        raise error("varlen kernel exploded: illegal memory access")
+
+    monkeypatch.setattr(peers, "_varlen_attn", lambda: raising)
+    backend = dataclasses.replace(REGISTRY[name], devices=("cpu",))  # the fake runs anywhere
+    the_case = case()
+    assert backend.skip_reason(the_case, "cpu") is None
+    row = run_backend(build_context(the_case, "cpu", "cpu"), backend, CONFIG)
+    assert row["status"] == "error", row
+    assert row["reason"].split(" (at")[0] == f"{error.__name__}: varlen kernel exploded: illegal memory access"
+
+
+@pytest.mark.parametrize(
+    ("fields", "reason"),
+    [({"dtype": "float32"}, "fp16/bf16 only"), ({"head_dim": 36}, "multiple of 8 up to 256, not 36")],
+)
+def test_a_declared_limit_is_still_a_skip_with_its_reason(fields, reason, monkeypatch):
+    monkeypatch.setattr(peers, "_varlen_attn", lambda: broken_varlen_attn)  # never called: decided before
+    backend = dataclasses.replace(REGISTRY["varlen_flash"], devices=("cpu",))
+    row = run_backend(build_context(case(**fields), "cpu", "cpu"), backend, CONFIG)
+    assert row["status"] == "skip" and reason in row["reason"], row
+
+
+def test_without_varlen_attn_in_this_torch_the_row_is_a_skip(monkeypatch):
+    monkeypatch.setattr(peers, "_varlen_attn", lambda: None)
+    reason = REGISTRY["varlen_flash"].skip_reason(case(), "cuda")
+    assert reason == f"torch {torch.__version__} has no torch.nn.attention.varlen.varlen_attn"

@@ -1,5 +1,4 @@
-"""Every executor runs the one per-case loop: in process, isolated, --workers, a Ray task, pytest and pytest -n
-give the one-process rows, row for row; a killed worker costs one retry and one error row."""
+"""Every executor gives the one-process rows, row for row; a killed worker costs one retry and one error row."""
 
 from __future__ import annotations
 
@@ -107,51 +106,23 @@ def test_a_ray_tasks_poisoned_oracle_cache_entry_is_an_event_that_stops_the_run(
     assert events[-1] == ("poisoned", "oracle cache entry abc: its sha256 does not match")
 
 
-KILLER = """
-import os, signal, time
-from pathlib import Path
-import kernels
-from harness import register_backend
-
-def killer(q, *args, out=None, **kwargs):
-    if q.shape[-1] == 48:  # the case with head_dim 48: a hang
-        time.sleep(3600)
-    if q.shape[-1] == 64:  # the case with head_dim 64 only: the worker dies on it, every time
-        with open(Path(os.environ["HARNESS_TEST_DIR"]) / "kills", "a") as log:
-            log.write(f"{os.getpid()}\\n")
-        os.kill(os.getpid(), signal.SIGKILL)
-    return kernels.paged_attention_tlsim(q, *args, out=out, **kwargs)
-
-register_backend("killer", killer)
-"""
-
 DIES, HANGS = {"name": "dies_here", "head_dim": 64}, {"name": "hangs_here", "head_dim": 48}
 FINE = [{"name": "fine_a"}, {"name": "fine_b", "seed": 1}]
 
 
-@pytest.fixture
-def killer(tmp_path, monkeypatch) -> Path:
-    """killer.py in tmp_path, which also takes its log of kills (HARNESS_TEST_DIR, inherited by workers)."""
-    monkeypatch.setenv("HARNESS_TEST_DIR", str(tmp_path))
-    (tmp_path / "killer.py").write_text(KILLER)
-    return tmp_path / "killer.py"
-
-
-def _killer_pool_rows(killer: Path, *cases: dict) -> list[dict]:
-    """The rows of tlsim and killer over ``cases`` on two workers, 10 s a call."""
-    load_plugin(str(killer))
+def _killer_pool_rows(plugin: Path, *cases: dict) -> list[dict]:
+    """The rows of tlsim and the plugin fixture's killer over ``cases`` on two workers, 10 s a call."""
+    load_plugin(str(plugin))
     config = RunConfig(device="cpu", backends=resolve_backends(["tlsim", "killer"]), timing=False,
-                       progress=False, plugins=(str(killer),), threads=1, timeout_s=10.0)  # fmt: skip
+                       progress=False, plugins=(str(plugin),), threads=1, timeout_s=10.0)  # fmt: skip
     rows: list[dict] = []
-    run_pool(load_cases([write_cases(killer.parent / "cases.toml", *cases)], "cpu"), config, rows.append, workers=2)
+    run_pool(load_cases([write_cases(plugin.parent / "cases.toml", *cases)], "cpu"), config, rows.append, workers=2)
     return rows
 
 
 @pytest.mark.slow  # a worker killed, one hung past its limit: about 16 s
-def test_a_killed_worker_costs_one_retry_then_an_error_row_a_hung_one_an_error_row_and_every_other_row_is_kept(
-    tmp_path, killer
-):
-    rows = _killer_pool_rows(killer, DIES, HANGS, *FINE)
+def test_a_killed_worker_costs_one_retry_then_an_error_row_a_hung_one_an_error_row_the_rest_are_kept(tmp_path, plugin):
+    rows = _killer_pool_rows(plugin, DIES, HANGS, *FINE)
     by_pair = {(r["case"], r["backend"]): r for r in rows}
     assert len(rows) == len(by_pair) == 8  # every (case, backend) once, the run completed
     died = by_pair[("dies_here", "killer")]
@@ -169,10 +140,9 @@ def test_a_killed_worker_costs_one_retry_then_an_error_row_a_hung_one_an_error_r
     assert {r["worker"] for r in rows} <= {0, 1} and all(r["gpu_index"] == "" for r in rows)
 
 
-def test_workers_killed_after_they_are_ready_are_error_rows_not_a_broken_install(tmp_path, killer):
-    """MAX_FAILED_STARTS (3) counts the workers that die before they are ready; four deaths of ready workers,
-    two cases killing each worker that runs them, leave two error rows and the run goes on."""
-    rows = _killer_pool_rows(killer, DIES, {**DIES, "name": "dies_again", "seed": 2}, *FINE)
+def test_workers_killed_after_they_are_ready_are_error_rows_not_a_broken_install(tmp_path, plugin):
+    """Four deaths of ready workers (not counted as failed starts) leave two error rows and the run goes on."""
+    rows = _killer_pool_rows(plugin, DIES, {**DIES, "name": "dies_again", "seed": 2}, *FINE)
     status = {(r["case"], r["backend"]): r["status"] for r in rows}
     assert len(rows) == len(status) == 8
     assert {pair for pair, s in status.items() if s != "pass"} == {("dies_here", "killer"), ("dies_again", "killer")}
@@ -232,13 +202,11 @@ def test_each_worker_is_spawned_seeing_only_its_own_gpu_and_the_parent_keeps_all
 
 
 @pytest.mark.slow  # a local Ray: about 50 s on a busy 2-core box
-def test_on_ray_a_killed_and_a_hung_task_are_error_rows_and_the_innocent_rows_are_the_one_process_rows(
-    tmp_path, killer
-):
+def test_on_ray_a_killed_and_a_hung_task_are_error_rows_and_the_others_are_the_one_process_rows(tmp_path, plugin):
     pytest.importorskip("ray", reason="Ray is an optional extra: pip install '.[ray]'")
     write_cases(tmp_path / "cases.toml", DIES, HANGS, *FINE)
     out = tmp_path / "run"
-    code = main(["run", str(tmp_path / "cases.toml"), "--plugin", str(killer), "--backend", "tlsim",
+    code = main(["run", str(tmp_path / "cases.toml"), "--plugin", str(plugin), "--backend", "tlsim",
                  "--backend", "killer", "--no-timing", "--no-progress", "--ray", "--workers", "2", "--timeout", "30",
                  "--out", str(out)])  # fmt: skip
     assert code == 1

@@ -53,9 +53,7 @@ def test_merged_shards_give_the_one_process_rows_and_say_where_they_came_from(sh
     assert (out / "report.html").is_file() and "scale" not in meta
 
 
-def test_merge_joins_incomplete_records_keeps_every_gpu_model_warns_of_absent_shards_and_takes_mixed_commits_when_told(
-    shard_runs, tmp_path, capsys
-):
+def test_merge_keeps_incomplete_records_gpu_models_mixed_commits_warns_of_absent_shards(shard_runs, tmp_path, capsys):
     gpu = {"host": "node", "gpu_index": "0", "ceilings": {}}
     host0 = rf.copy_run(shard_runs / "host0", {"shard": "0/3", "gpus": [{**gpu, "gpu_name": "NVIDIA H200"}]},
                         to=tmp_path / "h0")  # fmt: skip

@@ -31,10 +31,18 @@ def triton_entry_restored(monkeypatch):
 
 
 @pytest.fixture
+def kernel_ab():
+    """scripts.kernel_ab; after the test, none of the base revision's modules it served is left in sys.modules."""
+    from scripts import kernel_ab
+
+    yield kernel_ab
+    kernel_ab.remove_modules()
+    assert not [name for name in sys.modules if name.startswith("kernels._ab") or name == "kernels._common"]
+
+
+@pytest.fixture
 def in_process(monkeypatch, capsys):
-    """``in_process(*command)``: ``python COMMAND`` (``scripts/TOOL ARGS`` or ``-m harness ARGS``) run in this
-    process as a fresh interpreter runs it (from the root, a script's folder first on sys.path), without its seconds
-    of imports: (exit code, stdout, stderr)."""
+    """``in_process(*command)``: ``python COMMAND`` run in process as a fresh interpreter would: (code, out, err)."""
 
     def run(*command: str) -> tuple[int, str, str]:
         module, args = (command[1], command[2:]) if command[0] == "-m" else (None, command[1:])
@@ -277,14 +285,10 @@ def test_kernel_ab_times_cases_with_options_passing_them_to_both_sides():
 
 @pytest.mark.slow  # a checkout of HEAD timed against the tree
 @pytest.mark.parametrize("with_modules", [("tiling", "tuning"), ("tuning",)])
-def test_kernel_ab_with_gives_the_base_side_the_base_revisions_tuning_and_split_choice(
-    tmp_path, monkeypatch, with_modules
-):
-    """--with tiling tuning: the base side gets the base revision's tiling_for, tuning and split; new, the tree's.
-    --with tuning: the base's tuning through a copy of the tree's tiling (its split bound is the tree's)."""
+def test_kernel_ab_with_gives_the_base_its_revisions_tuning_and_split(tmp_path, monkeypatch, kernel_ab, with_modules):
+    """The base side gets the base revision's tuning, and its tiling and split bound only with --with tiling."""
     import kernels.tiling
     import kernels.tuning
-    from scripts import kernel_ab
 
     real_show = kernel_ab._git_show
     edited = "DEVICE_SPLIT_MIN_KEYS = 123\n"
@@ -294,52 +298,38 @@ def test_kernel_ab_with_gives_the_base_side_the_base_revisions_tuning_and_split_
         return text + edited if path.name == "tiling.py" else text
 
     monkeypatch.setattr(kernel_ab, "_git_show", show)
-    try:
-        modules = kernel_ab.kernel_modules("HEAD", tmp_path, with_modules)
-        base_tiling = sys.modules["kernels._ab_base_tiling"]
-        assert modules["base"].tiling_for is base_tiling.tiling_for is not kernels.tiling.tiling_for
-        assert base_tiling.tile_config is sys.modules["kernels._ab_base_tuning"].tile_config
-        assert base_tiling.tile_config is not kernels.tuning.tile_config
-        assert modules["new"].tiling_for is kernels.tiling.tiling_for
-        assert (base_tiling.DEVICE_SPLIT_MIN_KEYS == 123) == ("tiling" in with_modules)
-        assert kernels.tiling.DEVICE_SPLIT_MIN_KEYS != 123
-        record = kernel_ab.time_case(kernel_ab.dry_case(), modules, "cpu", 6, ONE_REP)
-        assert record["verdict"] in TIMED, record
-    finally:
-        kernel_ab.remove_modules()
-    assert not any(name.startswith("kernels._ab") for name in sys.modules)
+    modules = kernel_ab.kernel_modules("HEAD", tmp_path, with_modules)
+    base_tiling = sys.modules["kernels._ab_base_tiling"]
+    assert modules["base"].tiling_for is base_tiling.tiling_for is not kernels.tiling.tiling_for
+    assert base_tiling.tile_config is sys.modules["kernels._ab_base_tuning"].tile_config
+    assert base_tiling.tile_config is not kernels.tuning.tile_config
+    assert modules["new"].tiling_for is kernels.tiling.tiling_for
+    assert (base_tiling.DEVICE_SPLIT_MIN_KEYS == 123) == ("tiling" in with_modules)
+    assert kernels.tiling.DEVICE_SPLIT_MIN_KEYS != 123
+    record = kernel_ab.time_case(kernel_ab.dry_case(), modules, "cpu", 6, ONE_REP)
+    assert record["verdict"] in TIMED, record
 
 
-def test_kernel_ab_with_gluon_prefill_gives_the_base_side_the_base_revisions_hopper_prefill(tmp_path):
+def test_kernel_ab_with_gluon_prefill_gives_the_base_side_the_base_revisions_hopper_prefill(tmp_path, kernel_ab):
     """--with gluon_prefill: the base kernel's ``gluon_prefill`` is the base revision's module; new, the tree's."""
     import kernels.gluon_prefill
-    from scripts import kernel_ab
 
-    try:
-        modules = kernel_ab.kernel_modules("HEAD", tmp_path, ("gluon_prefill",))
-        base = sys.modules["kernels._ab_base_gluon_prefill"]
-        assert modules["base"].gluon_prefill is base is not kernels.gluon_prefill
-        assert modules["new"].gluon_prefill is kernels.gluon_prefill
-    finally:
-        kernel_ab.remove_modules()
-    assert not any(name.startswith("kernels._ab") for name in sys.modules)
+    modules = kernel_ab.kernel_modules("HEAD", tmp_path, ("gluon_prefill",))
+    base = sys.modules["kernels._ab_base_gluon_prefill"]
+    assert modules["base"].gluon_prefill is base is not kernels.gluon_prefill
+    assert modules["new"].gluon_prefill is kernels.gluon_prefill
 
 
-def test_kernel_ab_serves_a_base_kernels_common_imports_from_contract_tiling_and_fp8(tmp_path):
+def test_kernel_ab_serves_a_base_kernels_common_imports_from_contract_tiling_and_fp8(tmp_path, kernel_ab):
     """A base whose kernel imports ``._common`` gets its helpers from contract.py, tiling.py and fp8.py."""
-    from scripts.kernel_ab import MIN_ROUNDS, dry_case, kernel_modules, remove_modules, time_case
-
     git = ["git", "log", "-1", "--format=%H", "--diff-filter=D", "--", "kernels/_common.py"]
     split = subprocess.run(git, cwd=ROOT, capture_output=True, text=True).stdout.strip()
     if not split or subprocess.run(["git", "rev-parse", "-q", "--verify", f"{split}~1"], cwd=ROOT).returncode:
         pytest.skip("no commit with kernels/_common.py in this clone's history")
-    try:
-        modules = kernel_modules(f"{split}~1", tmp_path)
-        record = time_case(dry_case(), modules, "cpu", MIN_ROUNDS, ONE_REP)
-    finally:
-        remove_modules()
+    modules = kernel_ab.kernel_modules(f"{split}~1", tmp_path)
+    record = kernel_ab.time_case(kernel_ab.dry_case(), modules, "cpu", kernel_ab.MIN_ROUNDS, ONE_REP)
     assert record["verdict"] in TIMED, record
-    assert "kernels._common" not in sys.modules and not (ROOT / "kernels" / "_common.py").exists()
+    assert not (ROOT / "kernels" / "_common.py").exists()
 
 
 def test_gpu_phases_remakes_the_phase_table_of_a_gpu_run(tmp_path, in_process):
@@ -375,8 +365,7 @@ def test_kernel_ab_reads_the_base_from_a_folder_when_given_one(tmp_path):
 
 
 def test_kernel_targets_score_fp8_against_its_twin_and_mla_in_tflops_its_worst_case_the_slowest(monkeypatch, capsys):
-    """fp8 decode is scored against its bf16 twin (0.60x), read at 85%; an MLA decode by TFLOP/s, not its read,
-    higher being better: its summary's worst case is the lowest."""
+    """fp8 decode is scored against its bf16 twin, read at 85%; MLA by TFLOP/s, its worst case the lowest."""
     import scripts.kernel_targets as kernel_targets
 
     shape = {"num_q_heads": 32, "num_kv_heads": 8, "head_dim": 128, "head_dim_v": 128, "num_seqs": 32,

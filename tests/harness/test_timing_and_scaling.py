@@ -1,4 +1,4 @@
-"""The timer's sample floor, the call/latency split, the derived metrics and the scaling fit."""
+"""The timer's sample floor and budget, hang limits, the call/latency split, the derived metrics and the scaling fit."""
 
 from __future__ import annotations
 
@@ -14,21 +14,23 @@ import torch
 import kernels
 from harness.backends.builtin import REGISTRY, register_backend
 from harness.backends.registry import Backend, contract_prepare
-from harness.cases.inputs import make_inputs
 from harness.cases.loading import load_cases
-from harness.cases.spec import expand_spec
+from harness.cases.spec import expand_spec, load_case_file
 from harness.cli.main import main
 from harness.execute.local import run_cases
 from harness.results import environment
 from harness.results.storage import load_run
-from harness.run import oracle, runner
+from harness.run import runner
 from harness.run.grading import locate
 from harness.run.runner import RunConfig
 from harness.timing import measure, timer
+from harness.timing.measure import LIMIT_FLOOR_S, row_time_limit
 from harness.timing.metrics import attended_pairs, bytes_moved, flops, kv_tokens_read, tflops
 from harness.timing.scaling import fit_line, fit_scaling, fit_verdict
 from harness.timing.timer import probe_call, time_call, time_wall
 from tests.tiny_cases import write_cases
+
+pytestmark = pytest.mark.usefixtures("clean_registry")  # backends registered here vanish after each test
 
 
 def test_time_call_keeps_its_floor_of_samples_past_its_budget_and_time_wall_measures_the_whole_call():
@@ -146,17 +148,6 @@ def test_a_timed_cli_run_writes_every_timing_column_and_the_page(tmp_path, drawn
     assert "float32" in meta["ceilings"]["peak_tflops"]
 
 
-def test_the_oracle_gives_the_same_answer_in_chunks_of_query_rows(monkeypatch):
-    inputs = make_inputs(
-        num_q_heads=4, num_kv_heads=2, head_dim=32, block_size=4, seq_lens=[9, 13], q_lens=[5, 7],
-        dtype="float32", layout="shuffled", input_scale=1.0, seed=3, device="cpu",
-    )  # fmt: skip
-    whole = oracle.paged_attention_oracle(*inputs.args())
-    monkeypatch.setattr(oracle, "CHUNK_BYTES", 8 * 4 * 13 * 2)  # two query rows a chunk
-    chunked = oracle.paged_attention_oracle(*inputs.args())
-    assert (chunked - whole).abs().max() < 1e-12, "float64 reassociation only; a misplaced row is O(1)"
-
-
 def test_a_declared_commit_wins_over_a_stale_git_and_the_disagreement_is_recorded(monkeypatch):
     monkeypatch.setattr(environment, "git", lambda *args: "a" * 40)
     monkeypatch.setenv("HARNESS_COMMIT", "b" * 40)
@@ -166,7 +157,7 @@ def test_a_declared_commit_wins_over_a_stale_git_and_the_disagreement_is_recorde
     assert environment.commit_record() == {"commit": "a" * 40, "commit_source": "git"}
 
 
-def test_a_failing_row_names_the_sequence_query_position_and_head_of_its_worst_element(clean_registry):
+def test_a_failing_row_names_the_sequence_query_position_and_head_of_its_worst_element():
     assert locate(3, [0, 2, 2, 5], [4, 7, 9]) == "seq 2, query 1 (position 7)", "seq 1 has no query"
 
     def off_at_one_element(*args, **kwargs):
@@ -204,9 +195,7 @@ def _one_row_within_a_short_budget(tmp_path, monkeypatch, fn, model=False, budge
         pytest.param("cpu", True, False, id="python_model"),
     ],
 )
-def test_a_backend_whose_first_call_compiles_past_the_budget_is_timed_on_a_gpu(
-    tmp_path, monkeypatch, device, model, every_call_slow
-):
+def test_a_kernel_compiling_past_the_budget_is_timed_on_a_gpu(tmp_path, monkeypatch, device, model, every_call_slow):
     """On a GPU a kernel's call past the budget gets a second call (its first may compile); elsewhere one decides."""
     if device == "cuda" and not torch.cuda.is_available():
         pytest.skip("needs a CUDA device")
@@ -258,3 +247,57 @@ def test_the_read_ceilings_streaming_reader_reads_every_element_once():
     read()
     assert sums.numel() == 4
     torch.testing.assert_close(sums.sum(), src.sum(), rtol=1e-5, atol=1e-3)
+
+
+# --- hangs: one time limit each; the default limit follows the row's cost ---------------------------------------------
+
+
+CASES = [{"name": "first"}, {"name": "second", "seed": 1}, {"name": "third", "seed": 2}]
+LIMIT = 3
+
+
+@pytest.mark.parametrize("scale", [[], ["--workers", "1"]], ids=["isolated", "workers"])
+def test_a_backend_hanging_on_its_first_case_costs_one_limit_then_its_rows_are_skips_naming_it(tmp_path, plugin, scale):
+    write_cases(tmp_path / "cases.toml", *CASES)
+    out = tmp_path / "run"
+    started = time.monotonic()
+    code = main(["run", str(tmp_path / "cases.toml"), "--plugin", str(plugin), "--backend", "hangs",
+                 "--no-timing", "--no-progress", "--timeout", str(LIMIT), "--device", "cpu", "--out", str(out), *scale])  # fmt: skip
+    elapsed = time.monotonic() - started
+    assert code == 1
+    rows = pd.read_parquet(out / "results.parquet").set_index("case")
+    assert rows.loc["first", "status"] == "error" and "timed out after 3 s" in rows.loc["first", "reason"]
+    for case in ("second", "third"):
+        assert rows.loc[case, "status"] == "skip"
+        assert rows.loc[case, "reason"] == "hung on first after 3 s; not run"
+    assert len((tmp_path / "hung").read_text().split()) == 1  # called once: the hung backend got no more cases
+    assert elapsed < 3 * LIMIT + 60  # one limit, plus starting workers on a busy machine; not three limits each
+
+
+def test_the_default_limit_has_a_floor_and_grows_with_the_rows_cost(tmp_path):
+    shape = {"num_q_heads": 32, "num_kv_heads": 8, "head_dim": 128, "block_size": 16, "dtype": "bfloat16"}
+    write_cases(tmp_path / "cases.toml", {"name": "small", "seq_lens": [16]},
+                {"name": "big", "seq_lens": [131072], "q_lens": [4096]},
+                {"name": "bigger", "seq_lens": [131072] * 4, "q_lens": [4096] * 4}, defaults=shape)  # fmt: skip
+    small, big, bigger = load_case_file(tmp_path / "cases.toml")
+    measured = {"read_gbps": 4000.0, "peak_tflops": {"bfloat16": 989.0}}
+    assert row_time_limit(small, "cpu") == row_time_limit(small, "cuda", measured) == LIMIT_FLOOR_S
+    assert LIMIT_FLOOR_S < row_time_limit(big, "cpu") < row_time_limit(bigger, "cpu")
+    # the same case against a measured GPU is expected to run far faster than on the CPU
+    assert row_time_limit(bigger, "cuda", measured) < row_time_limit(bigger, "cpu")
+
+
+def test_a_deadline_stops_sampling_and_marks_the_timing_cut_short():
+    started = time.monotonic()
+    timing = time_call(lambda: time.sleep(0.05), "cpu", deadline=started + 0.2)
+    assert timing.cut_short and 1 <= len(timing.samples_us) < 10
+    assert time.monotonic() - started < 1.0
+    fast = time_call(lambda: None, "cpu", deadline=time.monotonic() + 5)
+    assert not fast.cut_short and len(fast.samples_us) >= 10
+
+
+def test_a_row_timed_past_its_budget_says_so_in_its_note(tmp_path, monkeypatch):
+    assert measure.ROW_BUDGET_S >= 1  # lowered below for speed
+    slow = lambda *args, **kwargs: time.sleep(0.05) or kernels.paged_attention_tlsim(*args, **kwargs)  # noqa: E731
+    row = _one_row_within_a_short_budget(tmp_path, monkeypatch, slow, budget_s=0.3)  # 50 ms a call
+    assert "timed within a 0.3 s budget:" in row["note"] and row["timing_reps"] < 10

@@ -1,4 +1,4 @@
-"""One vocabulary (harness.cases.vocab): schema, inputs, kernels, grading tables and report all speak it."""
+"""One vocabulary (harness.cases.vocab) and one column table: schema, inputs, kernels, grading and report follow them."""
 
 from __future__ import annotations
 
@@ -22,8 +22,10 @@ from harness.cases.vocab import (
     WORST_FIRST,
     field_path,
 )
-from harness.results import report
+from harness.results import columns, report
+from harness.results.schemas import COLUMN_KINDS
 from harness.run import grading
+from harness.run.runner import to_frame
 from harness.timing import ceilings
 from kernels.contract import CALL_OPTION_TABLE, CALL_OPTIONS, CONTRACT_DOC, SUPPORTED_DTYPES, PagedCall
 from tests.tiny_cases import TINY, write_cases
@@ -102,3 +104,24 @@ def test_every_entry_shows_and_takes_each_call_option_by_its_table_row(name):
 )
 def test_a_pydantic_location_reads_as_its_field_path_without_union_tags(loc, brackets, path):
     assert field_path(loc, brackets) == path
+
+
+def test_contract_lists_every_column_and_every_variant_of_the_tables():
+    text = columns.DOC.read_text()
+    assert columns.doc_with_tables(text) == text, "docs/contract.md is stale: run python -m harness.results.columns"
+    for name in columns.COLUMNS:
+        assert f"| `{name}` |" in text
+    for variant in VARIANTS:
+        assert f"| `{variant.key}` |" in text, variant.key
+
+
+def test_a_row_key_missing_from_the_table_fails_loudly():
+    with pytest.raises(columns.UnknownColumnError, match="speedup"):
+        to_frame([{"case": "c", "backend": "b", "status": "pass", "speedup": 2.0}])
+
+
+def test_frame_has_the_table_columns_in_order_each_named_once_and_typed_as_the_readers_check_them():
+    frame = to_frame([{"case": "c", "backend": "b", "status": "pass", "_private": 1}])
+    assert list(frame.columns) == columns.COLUMNS and len(set(columns.COLUMNS)) == len(columns.COLUMNS)
+    assert {c.dtype for c in columns.TABLE} <= {"str", "int", "float", "bool", "list"}
+    assert set(columns.COLUMNS) == set(COLUMN_KINDS)
