@@ -1,53 +1,33 @@
 """Paged attention as one Triton kernel: decode, chunked prefill and GQA in a single launch.
 
-The idea, in a few lines:
-
-* One program owns one (query tile, KV head, KV split) (``kernels.tiling.Tiling`` says how the work is cut), so
-  each KV tile is loaded from the pool once and shared by the group's query heads. The device split's programs
-  go longest piece first (``_program_order``).
-* The launch reads no tensor value (no device sync; CUDA-graph capturable). The grid is sized from num_tokens
-  and num_seqs alone, and each program finds its sequence by a binary search over query_start_loc
-  (``_find_seq``; the numbering is in ``kernels.tiling.Tiling``): num_seqs programs for decode, about
-  num_tokens / BLOCK_Q for prefill (16 prefills of 1024 queries at BLOCK_Q 16: 1039 tiles, where giving every
-  sequence num_tokens / BLOCK_Q tiles, since the host may not read the true max_q_len, would launch 16384).
-* It walks the sequence's keys TILE_N positions at a time, key position ``p`` at offset ``p % block_size`` of
-  block ``block_table[seq, p // block_size]``: tiles are independent of block_size, so any from 1 to 256 works.
-* Online softmax in base 2 on the unscaled logits ``s = q . k``: running max ``m`` of s,
-  ``p = exp2((s - m) * scale * log2(e))``, running sum ``l``, and an fp32 accumulator rescaled by
-  ``exp2((m_old - m_new) * scale * log2(e))`` at every tile. fp32 scales after subtracting the max, since
-  ``s - m`` is exact near the max while scaling first turns a logit near 150 into ~216 in base 2, which fp32
-  rounds by up to 7.6e-6 (tests/kernels/kernel_cases.py, ``large_logits_q40``). fp16 and bf16, whose p is
-  rounded to 8 or 11 bits anyway, take the multiply-add form ``exp2(s * c - m * c)``.
+* One program owns one (query tile, KV head, KV split) (``kernels.tiling.Tiling``), so each KV tile is loaded
+  once and shared by the group's query heads; the device split's programs go longest piece first.
+* The launch reads no tensor value (no device sync; CUDA-graph capturable): the grid is sized from num_tokens
+  and num_seqs alone, and each program finds its sequence by a binary search over query_start_loc (``_find_seq``).
+* Key position ``p`` lies at offset ``p % block_size`` of block ``block_table[seq, p // block_size]``; tiles of
+  TILE_N keys are independent of block_size.
+* Online softmax in base 2 on the unscaled logits ``s = q . k``, the accumulator rescaled at every tile. fp32
+  scales after subtracting the max (``s - m`` is exact near the max; scaling first rounds large logits:
+  ``large_logits_q40``); fp16 and bf16, whose p is rounded to 8 or 11 bits anyway, use ``exp2(s * c - m * c)``.
 * Causality (docs/contract.md): the tile loop stops at the last position any row of the program can see.
-* The attention variants (docs/contract.md, "Attention variants") are constexpr switches that compile away
-  when off, all in units of the unscaled logit s, so the online softmax is unchanged: the softcap is
-  ``c * tanh(s / c)`` with c = cap / scale (``_softcap``), ALiBi adds ``(slope / scale) * (key_pos -
-  query_pos)``, and a sink ``sink / scale`` joins the denominator once, at the end (or in the combine of the
-  splits). The window hides keys more than W - 1 positions before a query; the tile loop, and the KV split
-  sized for W + q_len keys, start at the first tile the program's earliest query can see
-  (``kernels.tiling.window_tile_start``, ``tiling_for``).
-* ``return_lse`` stores ln 2 * (m * scale * log2 e + log2 l) per row in the epilogue or the combine. An fp8
-  cache (KV_FP8) is widened exactly to the dots' dtype, k_scale applied to the logits and v_scale to the
-  accumulator (``_widen_fp8``). A decode runs those dots in fp16 under bf16 q too (FP16_DOTS, ``_q_to_fp16``:
-  fp8 -> fp16 is one native conversion for two values, fp8 -> bf16 goes through fp32 on sm_90) and reads V
-  as uint16 pairs of dims (V_PAIRS, ``_attend_tiles``); prefill and verification keep q's dtype.
-* Wide heads (MLA; docs/contract.md, "V's head dim (MLA)"): HEAD_DIM_V may differ from K's; K past 256 columns
-  is two power-of-two pieces whose dots add into the same logits (DIM_MAIN + DIM_TAIL); a large group's heads
-  are tiled (HEADS_PER_PROGRAM, HEAD_TILES), V's dims may be too (V_PARTS), and a latent cache's p @ v takes
-  the K tile already loaded (SHARED_KV).
-* A decode launch whose tiles each lie in one block, on sm_90 or newer, loads its unmasked tiles' K and V by
-  tensor descriptor (KV_TMA, ``_kv_tma``).
-* Indices are never trusted with memory: without value checks (``kernels.contract``) a query row past
-  num_tokens is not read or written, and a program whose tiles would read a block id outside [0, num_blocks)
-  or a table entry past max_blocks_per_seq walks no tile and writes NaN rows (``_count_bad_blocks``).
+* The variants (docs/contract.md, "Attention variants") are constexpr switches in units of the unscaled logit:
+  softcap ``c * tanh(s / c)`` with c = cap / scale, ALiBi ``(slope / scale) * (key_pos - query_pos)``, a sink
+  ``sink / scale`` in the denominator once at the end; the window's loop starts at the first tile the
+  program's earliest query sees (``kernels.tiling.window_tile_start``).
+* An fp8 cache (KV_FP8) is widened exactly to the dots' dtype, k_scale applied to the logits and v_scale to the
+  accumulator. A decode dots in fp16 under bf16 q too (FP16_DOTS, ``_q_to_fp16``: fp8 -> fp16 is one native
+  conversion, fp8 -> bf16 goes through fp32 on sm_90) and reads V as uint16 pairs of dims (V_PAIRS).
+* Wide heads (MLA; docs/contract.md, "V's head dim (MLA)"): K past 256 columns is two power-of-two pieces
+  (DIM_MAIN + DIM_TAIL), a large group's heads are tiled (HEADS_PER_PROGRAM), V's dims may be too (V_PARTS),
+  and a latent cache's p @ v takes the K tile already loaded (SHARED_KV).
+* A decode whose tiles each lie in one block loads its unmasked tiles by tensor descriptor on sm_90 (KV_TMA).
+* Indices are never trusted with memory: a query row past num_tokens is not touched, and a program whose tiles
+  would read a block id outside [0, num_blocks) or past the table walks no tile and writes NaN rows.
 
-Precision: both dots accumulate in fp32. fp32 inputs dot in IEEE fp32 (Triton's default, TF32, errs about
-1e-3 relative and fails the fp32 tolerance); p is cast to the value dtype before ``p @ v``, as FlashAttention
-does. ``kernels.tlsim`` is this same algorithm in torch; keep the two in step.
-
-On sm_90 a prefill launch with no variant but a window (``kernels.gluon_prefill.applies``) runs
-``kernels.gluon_prefill``: the same algorithm and tiles, its tiles fed to wgmma by TMA copies a block at a time,
-which Triton does not do for a paged tile.
+Both dots accumulate in fp32; fp32 inputs dot in IEEE fp32 (TF32 fails the fp32 tolerance); p is cast to the
+value dtype before ``p @ v``, as FlashAttention does. ``kernels.tlsim`` is this algorithm in torch: keep them in
+step. On sm_90 a prefill with no variant but a window runs ``kernels.gluon_prefill`` instead (TMA copies of a
+paged tile, which Triton does not make).
 """
 
 from __future__ import annotations
@@ -75,11 +55,8 @@ from .tiling import (
 
 @triton.jit
 def _bf16_rne(x):
-    """fp32 -> bf16 with round-to-nearest-even, done on the bits (finite inputs only).
-
-    Triton 3.9's CPU interpreter truncates fp32 -> bf16 casts and multiplies bf16 dot operands as integers, so
-    under it the kernel rounds by hand and dots in fp32 (exact for bf16 products), as the GPU computes.
-    """
+    """fp32 -> bf16 rounded to nearest even on the bits (finite inputs): the CPU interpreter truncates such
+    casts and multiplies bf16 dot operands as integers, so under it the kernel rounds by hand and dots in fp32."""
     bits = x.to(tl.uint32, bitcast=True)
     bits = bits + 0x7FFF + ((bits >> 16) & 1)
     return (bits >> 16).to(tl.uint16).to(tl.bfloat16, bitcast=True)
@@ -87,10 +64,8 @@ def _bf16_rne(x):
 
 @triton.jit
 def _softcap(s, cap_unscaled, inv_cap_unscaled):
-    """c * tanh(s / c), c = cap / scale: the scaled logit's cap * tanh(z / cap), in unscaled units.
-
-    tanh|x| = (1 - t) / (1 + t), t = 2^(-2 |x| log2 e): exp2 only (the interpreter has no tanh), no overflow at
-    any x. kernels.tlsim.softcap_unscaled is the same expression."""
+    """c * tanh(s / c), c = cap / scale, as tanh|x| = (1 - t) / (1 + t), t = 2^(-2 |x| log2 e): exp2 only (the
+    interpreter has no tanh), no overflow. kernels.tlsim.softcap_unscaled is the same expression."""
     x = s * inv_cap_unscaled
     t = tl.exp2(tl.abs(x) * (-2.0 * 1.4426950408889634))
     y = cap_unscaled * ((1.0 - t) / (1.0 + t))
@@ -99,14 +74,9 @@ def _softcap(s, cap_unscaled, inv_cap_unscaled):
 
 @triton.jit
 def _widen_fp8(x, out_dtype: tl.constexpr, INTERPRETED_BF16: tl.constexpr, DIRECT_FP16: tl.constexpr):
-    """An fp8 tile in the dots' dtype, unscaled: exact (every e4m3 and e5m2 value is an fp16 and a bf16 value).
-    The scales are applied outside the dots (FlashInfer's way): k_scale to the logits, v_scale to the program's
-    acc, so the kernel makes no rounding the dequantized cache's oracle does not (vLLM's Triton kernels round
-    ``x.float() * scale`` to q's dtype per element).
-
-    DIRECT_FP16 (decode launches, Tiling.FP8_DOTS_FP16): fp8 -> fp16 in one native conversion (two values an
-    instruction on sm_89 and later); otherwise through fp32 (Triton 3.6 has no direct fp8 -> bf16 on sm_90).
-    Under the interpreter bf16 operands are fp32 (exact as well)."""
+    """An fp8 tile in the dots' dtype, unscaled: exact (every fp8 value is an fp16 and a bf16 value). The scales
+    apply outside the dots, so the kernel makes no rounding the dequantized cache's oracle does not. DIRECT_FP16:
+    fp8 -> fp16 in one native conversion; otherwise through fp32 (no direct fp8 -> bf16 on sm_90)."""
     if INTERPRETED_BF16:
         return x.to(tl.float32)
     if DIRECT_FP16 and out_dtype == tl.float16:
@@ -116,11 +86,8 @@ def _widen_fp8(x, out_dtype: tl.constexpr, INTERPRETED_BF16: tl.constexpr, DIREC
 
 @triton.jit
 def _split_pairs(pair, fp8: tl.constexpr, INTERPRETED: tl.constexpr):
-    """uint16 elements holding two fp8 values (low byte, high byte) -> the two as fp16 tensors: exact.
-
-    On the GPU one PTX block takes a 32-bit register of two such elements (two keys of one pair of dims, as the
-    dot's operand layout holds them) and makes the even dims' f16x2 and the odd dims' with a byte permute and
-    the native fp8x2 -> f16x2 conversion each: 4 instructions for 4 values (Triton's integer ops: about 12)."""
+    """uint16 elements holding two fp8 values (low byte, high byte) -> the two as fp16 tensors, exactly. On the GPU
+    a byte permute and the native fp8x2 -> f16x2 conversion each: 4 instructions for 4 values."""
     if INTERPRETED:
         return ((pair & 0xFF).to(tl.uint8).to(fp8, bitcast=True).to(tl.float16),
                 (pair >> 8).to(tl.uint8).to(fp8, bitcast=True).to(tl.float16))  # fmt: skip
@@ -140,14 +107,9 @@ def _split_pairs(pair, fp8: tl.constexpr, INTERPRETED: tl.constexpr):
 @triton.jit
 def _q_to_fp16(q, q_tail, DIM_TAIL: tl.constexpr):
     """bf16 q [BLOCK_M, DIM_MAIN] (and q_tail) as fp16 for dots with an fp16-widened fp8 cache: each row times
-    a power of two 2^j that puts its largest |element| in [2^14, 2^15).
-
-    Returns (q16, q_tail16, unscale [BLOCK_M] = 2^-j). Exact for every element at least 2^-31 of its row's
-    largest (fp16's 11-bit significand holds bf16's 8 and its normal range spans 2^30 below 2^15); smaller ones
-    round on fp16's subnormal grid, at most 2^-39 of the row's largest: 2^-15 of the fp32 rounding the dot
-    makes anyway. So q . k is the bf16 dot's value times 2^j, and ``s * unscale`` gives it back exactly. j is
-    clamped to [-126, 126] so that 2^j and 2^-j are normal fp32 (rows under 2^-112 get less headroom, none
-    loses exactness)."""
+    2^j, which puts its largest |element| in [2^14, 2^15); returns (q16, q_tail16, unscale [BLOCK_M] = 2^-j).
+    Exact for elements at least 2^-31 of the row's largest; smaller ones round far below the dot's own fp32
+    rounding. j is clamped to [-126, 126] so that 2^j and 2^-j are normal fp32."""
     amax = tl.max(tl.abs(q.to(tl.float32)), 1)
     if DIM_TAIL > 0:
         amax = tl.maximum(amax, tl.max(tl.abs(q_tail.to(tl.float32)), 1))
@@ -162,12 +124,8 @@ def _q_to_fp16(q, q_tail, DIM_TAIL: tl.constexpr):
 
 @triton.jit
 def _find_seq(query_start_loc_ptr, q_tile, num_seqs, BLOCK_Q: tl.constexpr):
-    """The sequence that owns query tile ``q_tile``, and the tile's index within it.
-
-    The last s with first_tile(s) <= q_tile, first_tile(s) = (query_start_loc[s] + s * (BLOCK_Q - 1)) // BLOCK_Q
-    (kernels.tiling.Tiling), by binary search: log2(num_seqs) loads. A sequence of q_len 0 owns no tile and is
-    skipped (the next one starts at the same tile).
-    """
+    """(the sequence that owns query tile ``q_tile``, the tile's index in it): the last s with first_tile(s) <=
+    q_tile (kernels.tiling.Tiling), by binary search; a sequence of q_len 0 owns no tile."""
     lo = q_tile * 0  # invariant: first_tile(lo) <= q_tile < first_tile(hi)
     hi = lo + num_seqs
     while hi - lo > 1:
@@ -208,12 +166,10 @@ def _device_splits(length, piece, NUM_SPLITS: tl.constexpr, TILE_N: tl.constexpr
 def _program_order(lens, piece, query_start_loc_ptr, num_seqs, ONE_QUERY_PER_SEQ: tl.constexpr,
                    LONGEST_FIRST: tl.constexpr, NUM_SPLITS: tl.constexpr, TILE_N: tl.constexpr,
                    SEQS_PADDED: tl.constexpr):  # fmt: skip
-    """(grid axis 0's index, axis 1's, the split) this program takes: the grid's own, or under LONGEST_FIRST
-    (the device split of at most kernels.tiling.LONGEST_FIRST_MAX_SEQS sequences; lens and piece: _device_piece)
-    a permutation of it: the linear block id (axis 0 fastest) goes to the sequences ranked by the keys their
-    splits cover, longest first (ties to the lower index), each sequence's splits in a row and their KV heads
-    fastest, so the long pieces start first and the short ones fill the tail. A batch whose tiles are not one a
-    sequence (a q_len other than 1) keeps the sequences' own order."""
+    """(grid axis 0's index, axis 1's, the split) this program takes: the grid's own, or under LONGEST_FIRST a
+    permutation giving the linear block id to the sequences ranked by the keys their splits cover, longest first
+    (ties to the lower index), so the long pieces start first and the short ones fill the tail. A batch whose
+    tiles are not one a sequence keeps the sequences' own order."""
     pid_tile = tl.program_id(0)
     pid_heads = tl.program_id(1)
     split = tl.program_id(2)
@@ -243,12 +199,8 @@ def _program_order(lens, piece, query_start_loc_ptr, num_seqs, ONE_QUERY_PER_SEQ
 def _count_bad_blocks(block_table_ptr, seq, stride_bt_seq, first_col, end_col, num_blocks, max_blocks_per_seq,
                       CHUNK: tl.constexpr):  # fmt: skip
     """How many block-table columns [first_col, end_col) of ``seq`` hold an entry outside [0, num_blocks) or lie
-    past the table (column >= max_blocks_per_seq).
-
-    Checked once, before the tile loops, so that the loops use the table only for their pipelined loads'
-    addresses and masks: a use of a tile's block ids in its softmax adds an unpipelined table load and a
-    reduction across the warps to every tile (sm_90 TTGIR).
-    """
+    past the table: checked once before the tile loops, since a use of a tile's block ids in its softmax adds an
+    unpipelined table load and a cross-warp reduction to every tile."""
     bad = first_col * 0
     for start in range(first_col, end_col, CHUNK):
         column = start + tl.arange(0, CHUNK)
@@ -285,46 +237,32 @@ def _attend_tiles(
     k_desc=None, k_tail_desc=None, v_desc=None,  # the pools' tensor descriptors (read when KV_TMA)
     KV_TMA: tl.constexpr = False,  # each tile one box of its block's rows, loaded by the tensor memory accelerator
 ):  # fmt: skip
-    """The online softmax over KV positions [start, end) of one program; returns (m, l, acc) [BLOCK_M],
-    [BLOCK_M], [BLOCK_M, V_PART_DIM]. The kernel calls it twice: unmasked over the tiles every row sees whole,
-    masked over the rest.
+    """The online softmax over KV positions [start, end) of one program; returns (m [BLOCK_M], l [BLOCK_M],
+    acc [BLOCK_M, V_PART_DIM]). Called twice: unmasked over the tiles every row sees whole, masked over the rest.
 
-    Table checks: a program walks its tiles only when every column its keys before seq_len read holds a block
-    id in [0, num_blocks) (_count_bad_blocks), so the masked tiles mask only the keys past seq_len (k_valid:
-    their columns are unchecked, and their slots may hold a NaN that p = 0 would not cancel). The unmasked
-    tiles keep the per-key checks, all true there: without them prefill runs slower (docs/performance.md,
-    "Hopper's prefill").
+    A program walks its tiles only when every table column its keys before seq_len read is valid
+    (_count_bad_blocks), so the masked tiles mask only keys past seq_len (k_valid: their slots may hold NaN).
+    The unmasked tiles keep the per-key checks: without them prefill runs slower (docs/performance.md).
 
-    POS_UNSIGNED (a split launch's loops, and the masked loop but a verify launch's): the loop's start is not
-    one the compiler can prove non-negative, so signed // and % by BLOCK_SIZE cost every tile sign fix-ups and
-    64-bit offsets. As unsigned (the same values: k_pos >= 0), with the start spelled a multiple of TILE_N,
-    each key's slot is a per-lane constant. The unsplit unmasked loop (it starts at a known 0) and a verify
-    launch's masked loop (unsigned, it spills registers in the unmasked one) compile shorter signed.
+    POS_UNSIGNED: where the compiler cannot prove the loop start non-negative, signed // and % by BLOCK_SIZE
+    cost sign fix-ups and 64-bit offsets; unsigned (the same values) with the start a multiple of TILE_N, a key's
+    slot is a per-lane constant. The loops that compile shorter signed leave it off.
 
-    BLOCK_OFFS_U32 (K's and V's block strides in [2, 2^31)): a loaded row's block is in [0, num_blocks) and
-    the strides are non-negative, so block * stride is one unsigned 32 x 32 -> 64-bit product a row
-    (IMAD.WIDE.U32), not a sign extension and three more IMADs (a masked row's offset is never dereferenced).
-    The table checks are one unsigned compare (``block.to(uint32) < num_blocks``, 32-bit: the launcher caps
-    num_blocks at 2^31), and the unmasked tiles drop k_valid (every key there is before seq_len), except in
-    fp32 (DOT_PRECISION "ieee": dots on CUDA cores), where ptxas then spills. The same outputs bit for bit.
+    BLOCK_OFFS_U32 (block strides in [2, 2^31)): block * stride is one unsigned 32 x 32 -> 64-bit product a row,
+    the table check one unsigned compare (the launcher caps num_blocks at 2^31), and the unmasked tiles drop
+    k_valid, except in fp32 ("ieee" dots on CUDA cores), where ptxas then spills. The same outputs bit for bit.
 
-    The masked tiles' mask is one compare an element: key j of the tile is visible to a row where
-    j <= min(q_pos, seq_len - 1) - tile_start. Under CAUSAL_ONLY_MASK (verify launches) the bound is q_pos
-    alone: a row the kernel writes has q_pos < seq_len, so causality implies k_valid, and with the unmasked
-    loop's end spelled a multiple of TILE_N both loops compile shorter. Prefill and decode run faster with the
-    longer form (instruction counts: docs/performance.md, "The split decode" under "Hopper's prefill").
+    Masked tiles: key j is visible where j <= min(q_pos, seq_len - 1) - tile_start, one compare an element.
+    Under CAUSAL_ONLY_MASK (verify) the bound is q_pos alone (a written row has q_pos < seq_len), which compiles
+    shorter there; prefill and decode run faster with the longer form (docs/performance.md).
 
-    KV_TMA (the unmasked tiles, where BLOCK_SIZE % TILE_N == 0: ``_kv_tma``): a tile is TILE_N consecutive rows
-    of one block, one box of the pool seen as [num_blocks * BLOCK_SIZE, a slot's elements], so K and V come by
-    descriptor (Hopper's TMA) with no address arithmetic, landing in shared memory in the dots' layout. The
-    table entry is one scalar a tile; a bad entry, or a column past the table, takes the row num_blocks *
-    BLOCK_SIZE, wholly past the pool, which the copy fills with zeros without reading (no tile runs past a bad
-    entry anyway). The masked tiles keep pointer loads.
+    KV_TMA (unmasked tiles, BLOCK_SIZE % TILE_N == 0): a tile is one box of the pool seen as [num_blocks *
+    BLOCK_SIZE, a slot's elements], loaded by descriptor; a bad entry or a column past the table takes the row
+    num_blocks * BLOCK_SIZE, past the pool, which the copy fills with zeros without reading.
 
-    V_PAIRS: p @ v contracts over keys, but a key's dims lie side by side in memory and ldmatrix cannot
-    transpose an 8-bit operand, so an fp8 V tile taken as it is leaves shared memory a byte at a time. Read as
-    uint16, element (key, c) holds dims 2c (low byte) and 2c + 1 of the key and transposes as 16-bit data; the
-    bytes are split, widened to fp16 (exact) and dotted separately into acc's even and odd dims."""
+    V_PAIRS: ldmatrix cannot transpose an 8-bit operand, so an fp8 V read as is leaves shared memory a byte at
+    a time. Read as uint16, element (key, c) holds dims 2c and 2c + 1 and transposes as 16-bit data; the bytes
+    are split, widened to fp16 (exact) and dotted into acc's even and odd dims."""
     BLOCK_M: tl.constexpr = acc.shape[0]
     HALF_DV: tl.constexpr = acc.shape[1] // 2
     acc_even, acc_odd = acc, acc  # unread unless V_PAIRS
@@ -722,12 +660,8 @@ def combine_splits_kernel(
     DEVICE_SPLIT: tl.constexpr = False,  # the row's splits are the count its split 0 stored (1: row done)
 ):
     """out = sum_s w_s acc_s / sum_s w_s l_s, w_s = 2^((m_s - m) * scale * log2(e)), m = max_s m_s; a program a row.
-
-    With sinks, m also covers the row's sink, and 2^((sink - m) * scale * log2(e)) joins the denominator here,
-    once for all the splits. lse = ln 2 * (m * scale * log2 e + log2 sum_s w_s l_s). Under DEVICE_SPLIT a row
-    reads only its sequence's splits (the rest ran no program), and a one-split sequence's row, already
-    written, is skipped.
-    """
+    A sink joins m and the denominator once here. Under DEVICE_SPLIT a row reads only its sequence's splits, and
+    a one-split sequence's row, already written, is skipped."""
     row = tl.program_id(0)
     splits = tl.arange(0, NUM_SPLITS)
     dims = tl.arange(0, HEAD_DIM_V_PADDED)
@@ -762,9 +696,7 @@ def combine_splits_kernel(
 
 
 def _check_launchable(device: torch.device) -> None:
-    """Fail clearly when the kernel cannot launch on ``device``: the CPU needs TRITON_INTERPRET=1 set before the
-    first ``import triton``, when ``@triton.jit`` picks compiler or interpreter (kernels.use_interpreter_if_no_gpu).
-    """
+    """Fail clearly on CPU tensors when Triton was imported without TRITON_INTERPRET=1."""
     interpreted = not isinstance(paged_attention_kernel, triton.runtime.JITFunction)
     if device.type != "cuda" and not interpreted:
         raise RuntimeError(
@@ -775,18 +707,13 @@ def _check_launchable(device: torch.device) -> None:
 
 PLANS = PlanCache()  # this kernel's launch plans (kernels/launch_plan.py)
 
-# The unmasked tiles' K and V by tensor descriptor where a tile is one box of the pool (_kv_tma); False: by
-# pointer everywhere (the same values: a load is a load).
-KV_TMA = True
+KV_TMA = True  # the unmasked tiles' K and V by tensor descriptor where _kv_tma allows; False: by pointer
 
 
 def _kv_tma(call: PagedCall, tiling, strides: tuple, copied: tuple, parts: int) -> bool:
-    """Whether the unmasked tiles load K (and V, unless it is K's view) by tensor descriptor (_attend_tiles'
-    KV_TMA): a tile in one block, the pool one 2-D tensor of rows with each head's columns inside a row, the rows
-    and the base 16-byte aligned (the copy engine's rule), every piece of K and V loaded whole, NVIDIA sm_90 or
-    newer (or the interpreter), no fp8 cache (V_PAIRS reads pairs). Decode launches only: prefill and verify run
-    slower so (docs/performance.md, "Hopper's prefill"). ``strides``: K's and V's as launched; ``copied``:
-    whether the launcher copies each."""
+    """Whether the unmasked tiles load K (and V, unless K's view) by tensor descriptor: a decode (prefill and
+    verify run slower so), a tile in one block, the pool rows of 16-byte aligned heads, every piece loaded whole,
+    sm_90 or newer (or the interpreter), no fp8 cache. ``strides``, ``copied``: K's and V's as launched."""
     if not KV_TMA or call.kv_fp8 or call.block_size % tiling.TILE_N or not tiling.TUNING_KEY[2].startswith("decode"):
         return False
     if call.q.device.type == "cuda" and (torch.version.hip or torch.cuda.get_device_capability(call.q.device)[0] < 9):
@@ -820,13 +747,9 @@ def _tma_scratch(size: int, alignment: int, stream: int | None) -> torch.Tensor:
 def paged_attention_triton(
     call: PagedCall, out: torch.Tensor, lse: torch.Tensor | None, max_q_len: int | None, max_seq_len: int | None
 ) -> TritonPlan:
-    """Paged attention through the Triton kernel (kernels.triton_paged's module docstring says how).
-
-    Reads no tensor value on the host: no device sync, so it can be captured in a CUDA graph. The hints size
-    the launch and change speed, never the result: max_q_len the tile height (decode through query_start_loc:
-    pass 1), max_seq_len the KV split. A repeated call of the same plan key replays its :class:`TritonPlan`
-    (``kernels.launch_plan``). On CPU tensors the kernel runs under Triton's interpreter (slow: small cases only).
-    """
+    """Paged attention through the Triton kernel; reads no tensor value on the host (CUDA-graph capturable).
+    The hints change speed, never the result: max_q_len the tile height, max_seq_len the KV split. On CPU
+    tensors the kernel runs under Triton's interpreter (small cases only)."""
     _check_launchable(call.q.device)
     plan = TritonPlan(call, out, lse, max_q_len, max_seq_len)
     plan.launch(
@@ -837,25 +760,19 @@ def paged_attention_triton(
 
 
 def _partial_numel(splits: int, num_tokens: int, num_q_heads: int, head_dim_v_padded: int, device_split: bool) -> int:
-    """Elements of the split path's fp32 workspace, laid out as three arrays one after another:
-    m [splits, num_tokens, num_q_heads], l (the same shape), acc [splits, num_tokens, num_q_heads,
-    head_dim_v_padded]; the kernel stores each split's there and combine_splits_kernel reads them.
-    Under the device split a fourth, counts [num_tokens, num_q_heads]: each row's sequence's splits (as fp32)."""
+    """Elements of the split path's fp32 workspace: m [splits, num_tokens, num_q_heads], l (the same), acc
+    [splits, num_tokens, num_q_heads, head_dim_v_padded], and under the device split counts [num_tokens,
+    num_q_heads] (each row's sequence's splits)."""
     rows = splits * num_tokens * num_q_heads
     return rows * (2 + head_dim_v_padded) + (num_tokens * num_q_heads if device_split else 0)
 
 
 class TritonPlan:
-    """Everything the launcher decides on the host for one plan key (it copies a tensor whose head_dim stride is
-    not 1).
-
-    ``launch(q, k_cache, v_cache, block_table, seq_lens, query_start_loc, out, lse, sinks, alibi_slopes,
-    k_scale, v_scale)`` takes the checked tensors (PagedCall's view; ``out`` allocated, ``lse`` or None) and
-    launches the kernel (and the combine of the splits), allocating only per-call buffers. It is one of four
-    methods, picked here: nothing to launch (no sequence or no token), one kernel on the tensors as given (no
-    copy, no KV split: the usual decode), Hopper's prefill kernel for a prefill it serves on sm_90
-    (``kernels.gluon_prefill.applies``), or the general one.
-    """
+    """Everything the launcher decides on the host for one plan key. ``launch(q, k_cache, v_cache, block_table,
+    seq_lens, query_start_loc, out, lse, sinks, alibi_slopes, k_scale, v_scale)`` takes the checked tensors and
+    launches, allocating only per-call buffers: nothing (no sequence or token), one kernel on the tensors as
+    given (no copy, no split), Hopper's prefill kernel (``kernels.gluon_prefill.applies``), or the general path
+    (copies of tensors whose head_dim stride is not 1, the split's combine)."""
 
     __slots__ = ("combine", "copy_k", "copy_out", "copy_q", "copy_v", "dummy", "gluon", "launch", "main", "noop",
                  "partial_numel", "scale", "scratch", "tiling")  # fmt: skip
@@ -975,13 +892,10 @@ class TritonPlan:
             self.launch = self._launch_gluon
 
     def _launch_gluon(self, q, k_cache, v_cache, block_table, seq_lens, query_start_loc, out, *unread) -> None:
-        """launch through kernels.gluon_prefill (its applies() holds: no variant, no lse, no copy, no split)."""
         self.gluon.launch(q, k_cache, v_cache, block_table, seq_lens, query_start_loc, out)
 
     def _launch_direct(self, q, k_cache, v_cache, block_table, seq_lens, query_start_loc, out, lse, sinks,
                        alibi_slopes, k_scale, v_scale) -> None:  # fmt: skip
-        """launch with no copy and no KV split: one kernel on the tensors as given (the general
-        method's arguments, its split buffers the unread dummy)."""
         unread = self.dummy
         if self.scratch:
             triton.set_allocator(_tma_scratch)
@@ -995,7 +909,6 @@ class TritonPlan:
 
     def _launch_general(self, q, k_cache, v_cache, block_table, seq_lens, query_start_loc, out, lse, sinks,
                         alibi_slopes, k_scale, v_scale) -> None:  # fmt: skip
-        """Run the call: the kernel, then the combine when the KV is split. Reads no tensor value."""
         q_c = q.contiguous() if self.copy_q else q
         k_c = k_cache.contiguous() if self.copy_k else k_cache
         v_c = v_cache.contiguous() if self.copy_v else v_cache
