@@ -1,10 +1,5 @@
-"""The tiling shared by the Triton kernel and its torch model: tile sizes, the KV split, the
-heads a program takes and the pieces of a wide head.
-
-Both ``paged_attention_triton`` and ``paged_attention_tlsim`` call :func:`tiling_for`, so the
-model can never drift from the kernel's tiles or its KV split (the Triton entry keeps the
-decision in a launch plan, kernels/launch_plan.py; tests/kernels/test_launch_plans.py).
-"""
+"""The tiling shared by the Triton kernel and tlsim (both call :func:`tiling_for`, so the model cannot drift
+from the kernel): tile sizes, the KV split, the heads a program takes and the pieces of a wide head."""
 
 from __future__ import annotations
 
@@ -17,24 +12,18 @@ from .contract import PagedCall, fail
 from .tuning import query_class, tile_config
 
 SINGLE_DOT_HEAD_DIM = 256  # above it, K is loaded as two pieces and the heads of a group are tiled
-# The wide tiling (:func:`_wide`; docs/contract.md, "V's head dim (MLA)"): a program holds up to WIDE_HEADS heads
-# and V_PART_DIM of V's dims (FlashMLA's split: 64 heads a CTA, V's dims over two warpgroups). None: the 16-head
-# tiling always.
+# The wide tiling (:func:`_wide`): a program holds up to WIDE_HEADS heads and V_PART_DIM of V's dims (FlashMLA's
+# split). None: the 16-head tiling always.
 WIDE_HEADS: int | None = 64
 V_PART_DIM = 256
-# MLA's latent cache (vLLM's MLA and FlashMLA keep one cache of 576 columns, V its first 512; :func:`latent_kv`):
-# the logits once a head tile, half the bytes and the shared memory. False: two tensors always.
+# MLA's latent cache (one cache of 576 columns, V its first 512; :func:`latent_kv`): half the bytes and shared
+# memory. False: two tensors always.
 LATENT_KV = True
 
 
 def window_tile_start(first_q_pos, sliding_window: int, tile_n: int):
-    """First KV position (a multiple of TILE_N) whose tile a row at ``first_q_pos`` or later can see.
-
-    With a window of W the query at position p sees keys p - W + 1 .. p, so a program whose rows start at
-    position p0 needs no tile before ``max(p0 - W + 1, 0)``, rounded down to a tile boundary: decode costs W
-    keys, not seq_len. Works on ints and on integer tensors (tlsim); the kernel spells it in Triton. Example:
-    TILE_N 64, W 100, decode at position 1000: the loop starts at 896 (901 // 64 * 64), 2 tiles instead of 16.
-    """
+    """First KV position (a multiple of TILE_N) whose tile a row at ``first_q_pos`` or later can see: the query at
+    p sees keys p - W + 1 .. p, so ``max(p0 - W + 1, 0)`` rounded down to a tile. Ints or integer tensors."""
     lowest = first_q_pos - sliding_window + 1
     lowest = lowest.clamp(min=0) if isinstance(lowest, torch.Tensor) else max(lowest, 0)
     return lowest // tile_n * tile_n
@@ -42,35 +31,21 @@ def window_tile_start(first_q_pos, sliding_window: int, tile_n: int):
 
 @dataclass(frozen=True)
 class Tiling:
-    """How the kernel cuts the work.
+    """How the kernel cuts the work: one program owns one (query tile, KV head, KV split).
 
-    One program owns one (query tile, KV head, KV split). A query tile is BLOCK_Q query tokens of one sequence
-    times the group's query heads: BLOCK_M rows, row r = token r // group_size, head r % group_size, so a KV
-    tile is loaded once and used by every query head of its group. KV is walked TILE_N key positions at a time,
-    independent of block_size, with an online softmax across tiles.
+    A query tile is BLOCK_Q tokens of one sequence times the group's query heads: BLOCK_M rows, row r = token
+    r // group_size, head r % group_size, so a KV tile is loaded once for the whole group. KV is walked TILE_N
+    key positions at a time, independent of block_size.
 
-    The query tiles are numbered without reading query_start_loc on the host. Sequence s owns tiles
-    first_tile(s) .. first_tile(s + 1) - 1, with
+    The query tiles are numbered without reading query_start_loc on the host: sequence s owns tiles
+    first_tile(s) .. first_tile(s + 1) - 1, first_tile(s) = (query_start_loc[s] + s * (BLOCK_Q - 1)) // BLOCK_Q,
+    and NUM_Q_TILES = (num_tokens + num_seqs * (BLOCK_Q - 1)) // BLOCK_Q: exactly num_seqs for decode. Example:
+    BLOCK_Q 4, q_lens [5, 0, 3]: first_tile = [0, 2, 3], NUM_Q_TILES 4; sequence 1 owns no tile.
 
-        first_tile(s) = (query_start_loc[s] + s * (BLOCK_Q - 1)) // BLOCK_Q,
-
-    at least ceil(q_len_s / BLOCK_Q) of them, and NUM_Q_TILES = first_tile(num_seqs) = (num_tokens + num_seqs *
-    (BLOCK_Q - 1)) // BLOCK_Q in all: exactly num_seqs for decode, within num_seqs of num_tokens / BLOCK_Q for
-    prefill. A program finds its sequence by a binary search over query_start_loc (vLLM's unified-attention
-    kernel's first_tile(s) = query_start_loc[s] // BLOCK_Q + s over-launches decode by num_seqs / BLOCK_Q
-    programs). Example: BLOCK_Q 4, q_lens [5, 0, 3] (query_start_loc [0, 5, 5, 8]): first_tile = [0, 2, 3],
-    NUM_Q_TILES = (8 + 3 * 3) // 4 = 4; sequence 0 owns tiles 0-1, sequence 1 none, sequence 2 tile 3.
-
-    When too few programs would fill the GPU (long contexts, few sequences, one KV head per GPU), each
-    sequence's KV range is cut into NUM_SPLITS pieces of SPLIT_SIZE positions (a multiple of TILE_N, so tile
-    boundaries do not move; the last piece takes the rest), each keeping its own (max, sum, accumulator) for a
-    second pass to combine. Example: GQA 32/8 heads (group 4), BLOCK_M 16 gives BLOCK_Q 4; a decode of 4
-    sequences of 131072 tokens is 32 programs, so the range is cut in 16 splits of 8192 positions.
-
-    A decode with programs enough but a length bound past DEVICE_SPLIT_MIN_KEYS may take the device split
-    (:func:`device_splits`): each sequence takes its own number of the NUM_SPLITS, decided on the device from
-    the lengths (the host knows only the bound), so a ragged batch's longest sequences are cut instead of
-    running alone at the end; a uniform batch stays unsplit (the extra programs exit at once).
+    When too few programs would fill the GPU, each sequence's KV range is cut into NUM_SPLITS pieces of
+    SPLIT_SIZE positions (a multiple of TILE_N; the last takes the rest), combined in a second pass. Under the
+    device split (:func:`device_splits`) each sequence takes its own number of splits, decided on the device
+    from the lengths, so a ragged batch's longest sequences are cut instead of running alone at the end.
     """
 
     BLOCK_M: int
@@ -97,13 +72,10 @@ MIN_TILES_PER_SPLIT = 8
 MAX_SPLITS = 64
 # A split decode whose splits cover more than this many keys looks up "decode_split_long".
 LONG_SPLIT_KEYS = 1024
-# The device split (device_splits; the measurements behind these constants: docs/performance.md, "fp8 KV
-# caches"): only for at most DEVICE_SPLIT_MAX_SEQS sequences (every program reads them all) and no sliding window
-# (a windowed program walks at most W keys anyway). C = DEVICE_SPLIT_SLACK is a ratio of ints (the rule runs in
-# integers, the same on the device and in tlsim); 5/4 with at most 4 splits balances the 8B decode's ragged
-# lengths and leaves every uniform decode of the GPU suites at its unsplit time. Past LONGEST_FIRST_MAX_SEQS the
-# programs keep the grid's order (each one sorts the lengths, and the sort's code grows with the lanes:
-# scripts/sass_census.py, 376 instructions at 64 sequences, 4000 at 1024).
+# The device split (device_splits; measurements: docs/performance.md, "fp8 KV caches"): at most
+# DEVICE_SPLIT_MAX_SEQS sequences (every program reads them all), no window. DEVICE_SPLIT_SLACK is a ratio of ints
+# (the rule runs in integers, the same on the device and in tlsim). Past LONGEST_FIRST_MAX_SEQS the programs keep
+# the grid's order (each one sorts the lengths, and the sort's code grows with the lanes).
 LONGEST_FIRST_MAX_SEQS = 128
 DEVICE_SPLIT = True
 DEVICE_SPLIT_MAX_SEQS = 1024
