@@ -1,12 +1,9 @@
 """A paged KV cache as an engine keeps one: pools per layer, a block allocator, writes through a slot mapping,
 a block table kept on the device, and an attention read that goes through the dispatcher.
 
-A slot is ``block * block_size + offset``. With block_size 16, a sequence whose blocks are [7, 2, 9] keeps token
-40 in slot 9 * 16 + 8 = 152 (40 = 2 * 16 + 8).
-
-The device table has one row per live sequence, updated as blocks are handed out (allocate/append/free), so a
-step's metadata (:meth:`PagedKVCache.step_metadata`, built once for every layer's read: docs/contract.md, "The
-engine's path") gathers its rows instead of rebuilding the table on the host.
+A slot is ``block * block_size + offset``: with block_size 16, a sequence whose blocks are [7, 2, 9] keeps token
+40 in slot 9 * 16 + 8 = 152. The device table has one row per live sequence, updated as blocks are handed out, so
+a step's metadata (docs/contract.md, "The engine's path") gathers its rows instead of rebuilding the table.
 """
 
 from __future__ import annotations
@@ -56,16 +53,11 @@ class PagedKVCache:
     """KV pools for ``num_layers`` layers sharing one block allocator.
 
     k_caches[layer]: [num_blocks, block_size, num_kv_heads, head_dim]; v_caches[layer] the same with head_dim_v
-    (default head_dim; MLA: 576 for K, 512 for V). Floating pools start filled with NaN, and freed blocks are
-    NaN-filled again, so a read of a slot no live sequence owns shows up in the output.
-
-    An fp8 ``dtype`` (float8_e4m3fn, float8_e5m2) makes fp8 pools: :meth:`write` stores ``key / k_scale``
-    saturated (kernels.fp8.quantize_kv; ``k_scale`` / ``v_scale`` a float per tensor, or [num_kv_heads] fp32
-    per head; default 1.0), and every read passes the scales on (K = k_cache.float() * k_scale, vLLM's meaning).
-
-    max_seqs, max_blocks_per_seq: the device table's size. Given, the table is allocated once and never moves
-    (what a CUDA graph that captured a read needs), and more live sequences, or a longer one, is a
-    CacheFullError. Left out, it grows by doubling.
+    (default head_dim). Floating pools start NaN and freed blocks are NaN again, so a read of a slot no live
+    sequence owns shows in the output. An fp8 ``dtype`` makes fp8 pools: :meth:`write` stores ``key / k_scale``
+    saturated (``k_scale`` / ``v_scale`` a float, or [num_kv_heads] fp32; default 1.0), and reads pass the scales
+    on. max_seqs, max_blocks_per_seq: the device table's size; given, it never moves (what a captured CUDA graph
+    needs) and outgrowing it is a CacheFullError; left out, it grows by doubling.
     """
 
     def __init__(
@@ -129,12 +121,8 @@ class PagedKVCache:
         self._lens[seq_id] = 0
 
     def append(self, seq_id: int, num_tokens: int) -> torch.Tensor:
-        """Reserve slots for ``num_tokens`` (>= 0) more tokens of ``seq_id``.
-
-        Returns the slot mapping, [num_tokens] int64 on the CPU, to pass to :meth:`write`. Raises ValueError for
-        a negative or non-integer count and CacheFullError when the free blocks (or a fixed table width) do not
-        suffice, in both cases before changing anything.
-        """
+        """Reserve slots for ``num_tokens`` (>= 0) more tokens of ``seq_id``: the slot mapping, [num_tokens] int64
+        on the CPU, for :meth:`write`. A bad count (ValueError) or too few blocks (CacheFullError) changes nothing."""
         if seq_id not in self._blocks:
             raise KeyError(f"sequence {seq_id} is not allocated")
         try:
@@ -265,11 +253,7 @@ class PagedKVCache:
     # --- reads -------------------------------------------------------------------------
 
     def block_table(self, seq_ids: list[int]) -> torch.Tensor:
-        """[len(seq_ids), max_blocks_per_seq] int32, -1 past each sequence's last block, built on the host.
-
-        max_blocks_per_seq here is the longest of these sequences; :meth:`step_metadata` gathers the device table
-        instead (its width is the table's).
-        """
+        """[len(seq_ids), the longest one's blocks] int32, -1 past each sequence's last block, built on the host."""
         width = max((len(self._blocks[s]) for s in seq_ids), default=0) or 1
         table = torch.full((len(seq_ids), width), -1, dtype=torch.int32)
         for row, seq_id in enumerate(seq_ids):
@@ -286,14 +270,10 @@ class PagedKVCache:
     ) -> StepMetadata:
         """One step's metadata for the sequences ``seq_ids`` (q's packing order); reads no device value.
 
-        query_start_loc [len(seq_ids) + 1] int32, or None for one query per sequence. A CPU tensor gives the host
-        its max_q_len hint for free and is copied to the device; a device tensor is used as it is (max_q_len then
-        unknown). The row indices of the device table go through pinned memory: no device sync.
-
-        into: an earlier step's metadata with the same number of sequences (and the same kind of
-        query_start_loc): its tensors are refilled in place and shared by the result, so a CUDA graph captured
-        with them replays this step. The launch hints baked into such a graph stay those of its capture, which
-        costs speed, never correctness (kernels.tiling.tiling_for).
+        query_start_loc [len(seq_ids) + 1] int32, or None for one query per sequence; a CPU one also gives the
+        max_q_len hint. into: an earlier step's metadata of as many sequences (and the same kind of
+        query_start_loc), refilled in place, so a CUDA graph captured with its tensors replays this step (its
+        baked-in launch hints cost speed, never correctness).
         """
         seq_ids = tuple(seq_ids)
         missing = [s for s in seq_ids if s not in self._rows]
@@ -312,14 +292,8 @@ class PagedKVCache:
             query_start_loc = self._upload(query_start_loc)
         max_seq_len = max((self._lens[s] for s in seq_ids), default=0)
         if into is None:
-            return StepMetadata(
-                block_table=self._table.index_select(0, rows),
-                seq_lens=self._device_lens.index_select(0, rows),
-                query_start_loc=query_start_loc,
-                max_q_len=max_q_len,
-                max_seq_len=max_seq_len,
-                seq_ids=seq_ids,
-            )
+            table, lens = self._table.index_select(0, rows), self._device_lens.index_select(0, rows)
+            return StepMetadata(table, lens, query_start_loc, max_q_len, max_seq_len, seq_ids)
         shape = (len(seq_ids), self._table.shape[1])
         if into.block_table.shape != shape or (into.query_start_loc is None) != (query_start_loc is None):
             raise ValueError(
@@ -334,25 +308,11 @@ class PagedKVCache:
         return dataclasses.replace(into, max_q_len=max_q_len, max_seq_len=max_seq_len, seq_ids=seq_ids)
 
     def paged_attention(
-        self,
-        layer,
-        q,
-        seqs,
-        query_start_loc=None,
-        scale=None,
-        out=None,
-        *,
-        check: bool | None = None,
-        **variants,
+        self, layer, q, seqs, query_start_loc=None, scale=None, out=None, *, check: bool | None = None, **variants
     ) -> torch.Tensor:
-        """Attention of q [num_tokens, num_q_heads, head_dim] over this layer's pools.
-
-        ``seqs`` is a :class:`StepMetadata` from :meth:`step_metadata` (the engine's path: no host sync,
-        capturable in a CUDA graph; query_start_loc then lives in it) or a list of sequence ids in q's packing
-        order (metadata built on every call). The read goes through ``paged_attention_dispatch``, so the backend
-        is the one the engine would run; the other arguments and ``variants`` (return_lse included) go to it as
-        the kernel contract has them.
-        """
+        """Attention of q [num_tokens, num_q_heads, head_dim] over this layer's pools, through the dispatcher.
+        ``seqs``: a :class:`StepMetadata` (the engine's path: no host sync) or sequence ids in q's packing order;
+        the rest goes to ``paged_attention_dispatch`` as the kernel contract has it."""
         self._check_layer(layer)
         if isinstance(seqs, StepMetadata):
             if query_start_loc is not None:
@@ -360,19 +320,9 @@ class PagedKVCache:
             meta = seqs
         else:
             meta = self.step_metadata(seqs, query_start_loc)
+        scales = {} if self.k_scale is None else {"k_scale": self.k_scale, "v_scale": self.v_scale}
         return paged_attention_dispatch(
-            q,
-            self.k_caches[layer],
-            self.v_caches[layer],
-            meta.block_table,
-            meta.seq_lens,
-            meta.query_start_loc,
-            scale,
-            out,
-            backend=self.backend,
-            max_q_len=meta.max_q_len,
-            max_seq_len=meta.max_seq_len,
-            check=check,
-            **variants,
-            **({} if self.k_scale is None else {"k_scale": self.k_scale, "v_scale": self.v_scale}),
-        )
+            q, self.k_caches[layer], self.v_caches[layer], meta.block_table, meta.seq_lens, meta.query_start_loc,
+            scale, out, backend=self.backend, max_q_len=meta.max_q_len, max_seq_len=meta.max_seq_len, check=check,
+            **variants, **scales,
+        )  # fmt: skip

@@ -1,10 +1,9 @@
 """The call contract every backend keeps: argument checks, the value-check opt-in, the output and lse buffers,
 and the entry decorator that documents and checks a kernel's signature.
 
-Cheap checks (shapes, dtypes, devices) read only metadata and always run (on a launch-plan hit they ran for that
-key already: the key holds all they read). Value checks read tensor values: on a GPU each is a device-to-host
-sync (hundreds of microseconds, and forbidden inside a CUDA-graph capture), so they run only when asked:
-``check=True``, or ``check=None`` with ``PAGED_ATTENTION_CHECK=1`` in the environment (tests/conftest.py sets it).
+Cheap checks (shapes, dtypes, devices) read only metadata and always run (a launch-plan hit ran them for its key).
+Value checks read tensor values, a device sync each (forbidden inside a CUDA-graph capture), so they run only
+when asked: ``check=True``, or ``check=None`` with ``PAGED_ATTENTION_CHECK=1`` in the environment.
 """
 
 from __future__ import annotations
@@ -108,9 +107,8 @@ def check_cache_scale(name: str, value, q, k_cache) -> torch.Tensor | None:
 
 @dataclass(frozen=True)
 class OptionKind:
-    """How a keyword option travels. A host option is a Python number: a launch plan's key holds its value, and
-    a plan bakes it in. A device option is a tensor (or becomes one): the key holds its metadata, and every
-    launch is handed it (kernels/launch_plan.py)."""
+    """How a keyword option travels: a host option is a Python number whose value a launch plan's key holds; a
+    device option is a tensor (or becomes one) whose metadata the key holds, handed to every launch."""
 
     name: str
     annotation: str  # its annotation in the entry's signature
@@ -133,11 +131,9 @@ class CallOption:
     doc: str  # its line(s) in the entry's docstring (CONTRACT_DOC)
 
 
-# The keyword options that shape a call: the one place the kernels spell them. The entry's signature and
-# docstring, prepare_call's checks, PagedCall's fields (each option's checked value, None: off), the launch-plan
-# key and what a plan hit hands the launch all follow this table, in its order. (return_lse and the hints are the
-# entry's own keywords: they shape the output and the launch, not the attention.) The harness's rows
-# (harness/cases/variants.py) name these keywords; tests/harness/test_vocabulary_agrees.py ties the two tables.
+# The keyword options that shape the attention, the one place the kernels spell them: the entry's signature and
+# docstring, prepare_call's checks, PagedCall's fields, the launch-plan key and a plan hit's launch follow this
+# table, in its order (harness/cases/variants.py names the same keywords; test_vocabulary_agrees.py ties them).
 CALL_OPTION_TABLE: tuple[CallOption, ...] = (
     CallOption("sliding_window", HOST_INT, check_int_at_least_1,
                "host int W >= 1: a query sees its W most recent keys, itself included"),
@@ -283,21 +279,11 @@ def prepare_call(q, k_cache, v_cache, block_table, seq_lens, query_start_loc=Non
         raise TypeError(f"paged attention got unexpected keyword argument(s) {unknown}; options: {CALL_OPTIONS}")
     checked_options = {o.name: o.check(o.name, options.get(o.name), q, k_cache) for o in CALL_OPTION_TABLE}
     call = PagedCall(
-        q=q,
-        k_cache=k_cache,
-        v_cache=v_cache,
-        block_table=block_table.contiguous(),
-        seq_lens=seq_lens.contiguous(),
-        given_query_start_loc=query_start_loc,
-        scale=scale,
-        num_seqs=num_seqs,
-        num_q_heads=num_q_heads,
-        num_kv_heads=num_kv_heads,
-        head_dim=head_dim,
-        block_size=block_size,
-        head_dim_v=v_cache.shape[3],
+        q=q, k_cache=k_cache, v_cache=v_cache, block_table=block_table.contiguous(), seq_lens=seq_lens.contiguous(),
+        given_query_start_loc=query_start_loc, scale=scale, num_seqs=num_seqs, num_q_heads=num_q_heads,
+        num_kv_heads=num_kv_heads, head_dim=head_dim, block_size=block_size, head_dim_v=v_cache.shape[3],
         **checked_options,
-    )
+    )  # fmt: skip
     if checks_enabled(check):
         check_values(call)
     return call
@@ -376,39 +362,22 @@ CONTRACT_DOC = """
 
 
 def contract_entry(impl=None, *, plans=None):
-    """Turn ``impl(call, out, lse, max_q_len, max_seq_len)`` into a function with the contract's signature.
-
-    The one place the contract's arguments are spelled: the returned function checks the call
-    (:func:`prepare_call`), allocates or checks ``out`` and the lse buffer, lets ``impl`` fill them, and returns
-    ``out`` or ``(out, lse)``. It keeps impl's name, module and docstring (followed by :data:`CONTRACT_DOC`), and
-    its signature shows each call option as a keyword-only parameter (no ``__wrapped__``: impl's own parameters
-    are an implementation detail).
+    """Turn ``impl(call, out, lse, max_q_len, max_seq_len)`` into a function with the contract's signature, the one
+    place its arguments are spelled: it checks the call, allocates or checks ``out`` and the lse buffer, lets
+    ``impl`` fill them, and returns ``out`` or ``(out, lse)``, with impl's name and docstring (then
+    :data:`CONTRACT_DOC`) and each call option a keyword-only parameter of its signature.
 
     ``plans`` (a :class:`kernels.launch_plan.PlanCache`) lets a repeated call skip that host work: ``impl`` then
     returns a plan whose ``launch(q, k_cache, v_cache, block_table, seq_lens, query_start_loc, out, lse,
-    *options)`` (the values of :data:`DEVICE_OPTIONS`) redoes the call from checked tensors, filed in a recipe
-    (``plans.recipe``) that a later call with the same key runs. The value checks still run on every call that
-    asks for them.
+    *device options)`` redoes the call, filed in a recipe that a later call with the same key runs. The value
+    checks still run on every call that asks for them.
     """
     if impl is None:
         return lambda fn: contract_entry(fn, plans=plans)
 
-    def entry(
-        q,
-        k_cache,
-        v_cache,
-        block_table,
-        seq_lens,
-        query_start_loc=None,
-        scale=None,
-        out=None,
-        *,
-        max_q_len: int | None = None,
-        max_seq_len: int | None = None,
-        check: bool | None = None,
-        return_lse: bool = False,
-        **options,
-    ):
+    def entry(q, k_cache, v_cache, block_table, seq_lens, query_start_loc=None, scale=None, out=None, *,
+              max_q_len: int | None = None, max_seq_len: int | None = None, check: bool | None = None,
+              return_lse: bool = False, **options):  # fmt: skip
         key = None
         if plans is not None:
             key = plans.key(
