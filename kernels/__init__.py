@@ -1,8 +1,6 @@
-"""The code under test: paged-attention backends sharing one contract (docs/contract.md; ``help()`` of any of
-them shows its signature).
-
-Importing this package does not import Triton: ``paged_attention_triton`` is loaded on
-first use, so ``use_interpreter_if_no_gpu()`` can still choose Triton's CPU interpreter.
+"""The code under test: paged-attention backends sharing one contract (docs/contract.md). Importing this package
+does not import Triton (``paged_attention_triton`` loads on first use), so ``use_interpreter_if_no_gpu()`` can
+still choose Triton's CPU interpreter.
 """
 
 from .cache import CacheFullError, PagedKVCache, StepMetadata
@@ -39,21 +37,8 @@ def __getattr__(name: str):
 
 
 __all__ = [
-    "BACKEND_ENV",
-    "CHECK_ENV",
-    "BackendUnavailableError",
-    "CacheFullError",
-    "PagedKVCache",
-    "StepMetadata",
-    "cascade_attention",
-    "checks_enabled",
-    "has_triton",
-    "merge_attention_states",
-    "paged_attention_dispatch",
-    "paged_attention_reference",
-    "paged_attention_tlsim",
-    "paged_attention_triton",
-    "select_backend",
-    "triton_unavailable_reason",
-    "use_interpreter_if_no_gpu",
-]
+    "BACKEND_ENV", "CHECK_ENV", "BackendUnavailableError", "CacheFullError", "PagedKVCache", "StepMetadata",
+    "cascade_attention", "checks_enabled", "has_triton", "merge_attention_states", "paged_attention_dispatch",
+    "paged_attention_reference", "paged_attention_tlsim", "paged_attention_triton", "select_backend",
+    "triton_unavailable_reason", "use_interpreter_if_no_gpu",
+]  # fmt: skip

@@ -7,9 +7,8 @@ their denominators (lse: the natural log of a part's denominator; docs/contract.
     out = exp(lse_a - lse) * out_a + exp(lse_b - lse) * out_b
 
 An engine serves sequences that share a prompt so (vLLM's cascade attention, FlashInfer's
-MultiLevelCascadeAttentionWrapper): with block_size 16, four sequences sharing 2 blocks (32 keys) then 13, 40, 7
-and 20 keys of their own take each query over the same 32 keys, then the usual causal call over their own keys;
-the merge is the attention over 45, 72, 39 and 52 keys.
+MultiLevelCascadeAttentionWrapper): each query over the shared prefix's keys, then the usual causal call over
+each sequence's own keys, merged.
 """
 
 from __future__ import annotations
@@ -39,22 +38,9 @@ def merge_attention_states(out_a, lse_a, out_b, lse_b, out=None) -> tuple[torch.
     return out, lse
 
 
-def cascade_attention(
-    fn: Callable,
-    q,
-    k_cache,
-    v_cache,
-    block_table,
-    seq_lens,
-    query_start_loc,
-    prefix_blocks: int,
-    scale=None,
-    out=None,
-    *,
-    logit_softcap: float | None = None,
-    sinks: torch.Tensor | None = None,
-    **hints,
-) -> tuple[torch.Tensor, torch.Tensor]:
+def cascade_attention(fn: Callable, q, k_cache, v_cache, block_table, seq_lens, query_start_loc, prefix_blocks: int,
+                      scale=None, out=None, *, logit_softcap: float | None = None, sinks: torch.Tensor | None = None,
+                      **hints) -> tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
     """The contract's attention, as a shared-prefix part and a suffix part merged by their lse.
 
     fn              a contract function that takes return_lse (kernels.paged_attention_*)
@@ -64,11 +50,10 @@ def cascade_attention(
                     sit after it (seq_len - q_len >= P for each sequence), so it sees all of it
     other arguments as in the contract; returns (out, lse) as fn(..., return_lse=True) would
 
-    The prefix part is one query per "sequence": each query token over the same P keys (num_tokens rows of the
-    prefix's table, seq_len P); the suffix part is the call itself on the columns after the prefix (seq_lens -
-    P), whose causal alignment is unchanged by the shift. The softcap bends each logit and applies to both; the
-    sink joins one denominator, the prefix's. A sliding window or ALiBi depends on absolute positions, which the
-    prefix part does not keep: refused. ``hints`` (check, max_q_len) go to both calls.
+    The prefix part is each query token over the same P keys (one query per "sequence"); the suffix part is the
+    call itself on the columns after the prefix (seq_lens - P). The softcap applies to both; the sink joins the
+    prefix's denominator only. A window or ALiBi depends on positions the prefix part drops: refused. ``hints``
+    (check, max_q_len) go to both calls.
     """
     if hints.get("sliding_window") is not None or hints.get("alibi_slopes") is not None:
         raise ValueError("cascade_attention: sliding_window and alibi_slopes depend on positions the prefix part drops")

@@ -35,11 +35,8 @@ def has_triton() -> bool:
 
 
 def use_interpreter_if_no_gpu() -> bool:
-    """Set TRITON_INTERPRET=1 when no CUDA device is present and the variable is unset.
-
-    ``@triton.jit`` picks compiler or interpreter when Triton is first imported, so call this before anything
-    imports Triton (``import kernels`` does not), as tests/conftest.py and the harness CLI do. Returns whether
-    the interpreter is (to be) on; warns when Triton was already imported (the variable then has no effect).
+    """Set TRITON_INTERPRET=1 when no CUDA device is present and the variable is unset; whether the interpreter
+    is (to be) on. Triton reads it at its first import, so call this before (a warning says when it is too late).
     """
     if "TRITON_INTERPRET" not in os.environ and not torch.cuda.is_available():
         if "triton" in sys.modules:
@@ -113,9 +110,5 @@ def paged_attention_dispatch(*args, backend: str | None = None, **kwargs):
 
 # The contract's signature (kernels.contract.contract_entry), plus ``backend``, for inspect and help().
 _contract = inspect.signature(paged_attention_reference)
-paged_attention_dispatch.__signature__ = _contract.replace(
-    parameters=[
-        *_contract.parameters.values(),
-        inspect.Parameter("backend", inspect.Parameter.KEYWORD_ONLY, default=None, annotation="str | None"),
-    ]
-)
+_backend = inspect.Parameter("backend", inspect.Parameter.KEYWORD_ONLY, default=None, annotation="str | None")
+paged_attention_dispatch.__signature__ = _contract.replace(parameters=[*_contract.parameters.values(), _backend])

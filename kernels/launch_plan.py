@@ -1,27 +1,18 @@
 """Launch plans: what a repeated call with the same shapes may skip on the host.
 
-A kernel call's host work (the contract's checks, the tiling, the grid, the argument list, Triton's binding and
-specialization of ~60 arguments) depends on the arguments' metadata and the host options only, never on tensor
-values. So the first call of a kind builds a *plan* (the outcome of all that work) and files it under a key made
-of exactly those inputs; a later call with the same key takes the plan and launches.
+A kernel call's host work (the contract's checks, the tiling, the grid, Triton's binding of ~60 arguments)
+depends on the arguments' metadata and the host options only, never on tensor values. So the first call of a
+kind builds a *plan* and files it under a key of exactly those inputs (:func:`call_key`): each tensor's shape,
+strides, dtype, device and data_ptr mod 16 (Triton specializes on it), whether v_cache starts where k_cache
+does, each host scalar with its exact type and value (``True`` never meets ``1``), the keyword options in the
+caller's order, the tuning override and, on CUDA, the current device. An argument of another type makes the
+call uncacheable: the full path checks (and usually rejects) it. A hit skips the metadata checks (they passed
+for this key); the value checks run on every call that asks for them.
 
-The key (:func:`call_key`) holds every input a host decision reads: each tensor argument's shape, strides,
-dtype, device and data_ptr mod 16 (Triton specializes on a multiple of 16 or not), and whether v_cache starts
-where k_cache does (kernels.tiling.latent_kv); each host scalar (a float k_scale too) with its exact type and
-value, so ``True`` (rejected as a window) never meets ``1``; the keyword options in the caller's order (another
-order, or an option given as None, files a duplicate plan, never a wrong one); the tuning override and, on CUDA,
-the current device (a compiled kernel is loaded in one device's context).
-
-An argument of any other type (a numpy scalar, a list) makes the call uncacheable: it takes the full path, which
-checks and usually rejects it. Since the shape, dtype and device checks read only what the key holds, a hit
-skips them (they passed for this key); the value checks (``check=True`` or ``PAGED_ATTENTION_CHECK=1``) read
-tensor values and run on every call, hit or miss. The key does not see ``kernels.tuning.TUNED`` edited in place
-at run time, nor ``kernels.tiling``'s WIDE_HEADS, V_PART_DIM or LATENT_KV or ``kernels.triton_paged``'s KV_TMA
-set: call :func:`clear_plans` after such an edit (``override`` is seen).
-
-Each kernel's cache keeps :data:`MAX_PLANS` plans, dropping the least recently used first (:class:`PlanCache`).
-``PAGED_ATTN_PLAN_CACHE=0`` in the environment (read at import) or :func:`set_enabled` turns it off, for
-debugging: every call then takes the full path.
+The key does not see ``kernels.tuning.TUNED``, ``kernels.tiling``'s WIDE_HEADS, V_PART_DIM or LATENT_KV, or
+``kernels.triton_paged``'s KV_TMA edited at run time: call :func:`clear_plans` after such an edit. Each kernel's
+cache keeps :data:`MAX_PLANS` plans, least recently used dropped first; ``PAGED_ATTN_PLAN_CACHE=0`` in the
+environment (read at import) or :func:`plans_enabled` turns them off.
 """
 
 from __future__ import annotations
@@ -37,10 +28,9 @@ import torch
 from . import tuning
 from .contract import CALL_OPTION_TABLE, DEVICE_OPTIONS, contiguous_strides
 
-PLAN_CACHE_ENV = "PAGED_ATTN_PLAN_CACHE"
 MAX_PLANS = 256
 
-_enabled = os.environ.get(PLAN_CACHE_ENV, "1") != "0"
+_enabled = os.environ.get("PAGED_ATTN_PLAN_CACHE", "1") != "0"
 _caches: list[PlanCache] = []
 _SCALARS = (int, float, bool)
 
@@ -50,27 +40,23 @@ class _Uncacheable(Exception):
 
 
 def enabled() -> bool:
-    """Whether calls use their plan caches (``$PAGED_ATTN_PLAN_CACHE`` at import, then :func:`set_enabled`)."""
+    """Whether calls use their plan caches (``$PAGED_ATTN_PLAN_CACHE`` at import, then :func:`plans_enabled`)."""
     return _enabled
-
-
-def set_enabled(flag: bool) -> None:
-    """Turn every plan cache on or off for this process; turning off also empties them."""
-    global _enabled
-    _enabled = bool(flag)
-    if not _enabled:
-        clear_plans()
 
 
 @contextlib.contextmanager
 def plans_enabled(flag: bool) -> Iterator[None]:
-    """Inside the block the plan caches are on (``flag`` True) or off; the previous state after."""
-    saved = _enabled
-    set_enabled(flag)
+    """Inside the block the plan caches are on (``flag`` True) or off (and emptied); the previous state after."""
+    global _enabled
+    saved, _enabled = _enabled, bool(flag)
+    if not _enabled:
+        clear_plans()
     try:
         yield
     finally:
-        set_enabled(saved)
+        _enabled = saved
+        if not saved:
+            clear_plans()
 
 
 def clear_plans() -> None:
@@ -80,9 +66,8 @@ def clear_plans() -> None:
 
 
 def _describe_host_scalar(x: Any) -> Any:
-    """A host-scalar argument's part of the key (scale, the length hints, sliding_window, logit_softcap):
-    None or (type, value). A tensor there is read for its value by the full path (``float(scale)``), which
-    a key of its metadata would not see change: such a call is not cached."""
+    """A host-scalar argument's part of the key: None or (type, value). A tensor there is read for its value by the
+    full path (``float(scale)``), which a key of its metadata would not see change: not cached."""
     if x is None:
         return None
     if type(x) in _SCALARS:
@@ -106,12 +91,8 @@ def call_key(
     q, k_cache, v_cache, block_table, seq_lens, query_start_loc, scale, out, max_q_len, max_seq_len, return_lse,
     options,
 ) -> tuple | None:  # fmt: skip
-    """The plan key of a contract call, ``options`` its keyword options (a dict); the module docstring lists
-    what it holds. None: not cacheable (a name that is no call option included: the full path raises TypeError),
-    or the plans are off (:func:`set_enabled`).
-
-    Spelled out flat rather than as a loop: it runs on every call, and its cost is the floor of a hit's. Each
-    ``data_ptr & 15`` residue files its own plan, a finer split than Triton's (multiple of 16 or not).
+    """The plan key of a contract call (``options``: its keyword options), or None: not cacheable, or the plans
+    are off. Spelled out flat rather than as a loop: it runs on every call, and its cost is the floor of a hit's.
     """
     if not _enabled:
         return None
@@ -149,14 +130,10 @@ _NO_DEVICE_OPTIONS = (None,) * len(DEVICE_OPTIONS)
 
 
 class CallRecipe:
-    """A plan hit's whole replay: the per-call work of :func:`kernels.contract.prepare_call`, ``prepare_out``
-    and ``prepare_lse``, decided once from the key's metadata, then ``plan.launch``.
-
-    ``run(q, k_cache, v_cache, block_table, seq_lens, query_start_loc, out, options)`` takes the raw contract
-    arguments, makes the tensors the full path would have made (the index tensors contiguous, the device options
-    as their checks make them, ``out`` [num_tokens, num_q_heads, head_dim_v] when not given, lse [num_tokens,
-    num_q_heads] fp32 when asked for), launches, and returns ``out`` or ``(out, lse)``. A call with nothing to
-    do but allocate ``out`` (the usual one) runs a shorter method.
+    """A plan hit's whole replay: the per-call work of ``prepare_call``, ``prepare_out`` and ``prepare_lse``,
+    decided once from the key's metadata, then ``plan.launch``. ``run(q, k_cache, v_cache, block_table, seq_lens,
+    query_start_loc, out, options)`` makes the tensors the full path would have made, launches, and returns
+    ``out`` or ``(out, lse)``; a call with nothing to do but allocate ``out`` runs a shorter method.
     """
 
     __slots__ = ("convert", "copy_index", "lse_shape", "out_like_q", "out_shape", "plan", "run")
@@ -172,9 +149,8 @@ class CallRecipe:
         self.out_like_q = self.out_shape == tuple(q.shape) and q.stride() == contiguous_strides(q.shape)
         self.lse_shape = None if lse is None else tuple(lse.shape)
         self.plan = plan
-        # Per device option, its check where that handed the kernel another object than the one given (a
-        # contiguous copy, a scale made a tensor), None where it passed the given one on (absent, a contiguous
-        # vector): the key's metadata decides which, for every hit of this key. None: nothing to convert.
+        # Per device option, its check where that handed the kernel another object than the one given (a copy, a
+        # scale made a tensor), else None: the key's metadata decides which. None: nothing to convert.
         convert = tuple((name, None if getattr(call, name) is raw_options.get(name) else check)
                         for name, check in _DEVICE_CHECKS)  # fmt: skip
         self.convert = convert if any(check for _, check in convert) else None
@@ -210,12 +186,9 @@ class CallRecipe:
 
 
 class PlanCache:
-    """Up to ``size`` plans by :func:`call_key`, the least recently used dropped first.
-
-    Recency is kept the "second chance" way, so that a hit costs one dict lookup (hashing the key once): a hit
-    marks its entry used; when the cache is full, the oldest entry is dropped if unmarked, else unmarked and
-    moved to the back. Lookups are single dict reads (atomic under the GIL); inserts and evictions hold a lock.
-    The hit and miss counts are for reports, approximate under threads.
+    """Up to ``size`` plans by :func:`call_key`, the least recently used dropped first, kept the "second chance"
+    way so that a hit costs one dict lookup: a hit marks its entry; when full, the oldest entry is dropped if
+    unmarked, else unmarked and moved to the back. Inserts hold a lock; the hit and miss counts are approximate.
     """
 
     def __init__(self, size: int = MAX_PLANS):
@@ -277,18 +250,13 @@ def fast_launch_status() -> str:
 
 
 class KernelLaunch:
-    """One @triton.jit kernel's launch in a plan: the grid, the plan's scalar arguments, the constexprs and
-    launch options, and on CUDA the CompiledKernel that Triton's first (JIT) launch returned.
+    """One @triton.jit kernel's launch in a plan: the grid, the plan's scalars, constexprs and launch options.
 
-    ``launch(kernel, *tensors)`` takes the kernel's tensor arguments, which come first in its signature;
-    ``scalars`` (fixed by the plan) follow them, then the constexprs. Through the JIT entry (always under the
-    CPU interpreter, and for the first launch) it is ``kernel[grid](*tensors, *scalars, **constexprs,
-    **options)``. Later CUDA launches call the runner ``compiled[grid]`` (Triton 3.x's: every argument,
-    constexprs included, in signature order, as ``JITFunction.run`` passes them) with ``stream=`` the plan's
-    device's current raw stream. That is valid because the plan's key fixes everything Triton specializes on
-    (argument dtypes, int values, pointer alignment, constexprs, options). The compiled kernel is used only
-    while ``kernel`` is still the JIT function that returned it (a test may swap the module's kernel for a
-    recorder). If that launch raises, every plan falls back to the JIT entry for the rest of the process.
+    ``launch(kernel, *tensors)``: the first launch (and every one under the interpreter) is ``kernel[grid](
+    *tensors, *scalars, **constexprs, **options)``; later CUDA launches call the CompiledKernel it returned
+    directly (``compiled[grid]`` with every argument in signature order, on the device's current stream), valid
+    because the plan's key fixes everything Triton specializes on, and only while ``kernel`` is still that JIT
+    function. If that launch raises, every plan falls back to the JIT entry for the rest of the process.
     """
 
     __slots__ = ("compiled", "constexpr_values", "constexprs", "device_index", "grid", "grid3", "jit", "options",
@@ -337,8 +305,6 @@ class KernelLaunch:
             return
         self.constexpr_values = tuple(self.constexprs[name] for name in names[num_runtime:])
         self.compiled, self.jit = compiled, kernel
-        # Given no stream, Triton's runner looks up driver.active's current device, then
-        # torch._C._cuda_getCurrentRawStream(device). The plan's key fixes the device (this one), so a hit passes
-        # that function's result directly (the same stream, graph capture included); without it, the runner's own.
+        # The key fixes the device, so a hit passes the current raw stream itself, as Triton's runner would look it up.
         self.device_index = torch.cuda.current_device()
         self.stream_of = getattr(torch._C, "_cuda_getCurrentRawStream", None)

@@ -1,11 +1,7 @@
-"""The engine's fallback oracle: gather each sequence's slots, then plain SDPA.
-
-It is deliberately the most obvious program: a Python loop over sequences, the pages gathered into a
-contiguous [seq_len, num_kv_heads, head_dim] copy, KV heads repeated for their query-head group, and torch's
-scaled_dot_product_attention in fp32 with the causal offset mask. The harness grades it against a float64
-oracle like any backend. The attention variants (docs/contract.md) are spelled out the same plain way: a window
-narrows the boolean mask; softcap, ALiBi and sinks turn the SDPA call into its three lines (logits, softmax
-with the sink's column, weights @ v).
+"""The engine's fallback oracle, deliberately the most obvious program: a Python loop over sequences, each one's
+pages gathered into a contiguous copy, KV heads repeated for their group, and torch's SDPA in fp32 with the causal
+offset mask. The variants are spelled out as plainly: a window narrows the mask; softcap, ALiBi and sinks turn
+SDPA into its three lines (logits, softmax with the sink's column, weights @ v).
 """
 
 from __future__ import annotations
@@ -69,11 +65,8 @@ def attention_with_variants(q, k, v, mask, scale, logit_softcap, sinks, alibi_sl
 
 @contract_entry
 def paged_attention_reference(call: PagedCall, out: torch.Tensor, lse: torch.Tensor | None, **hints) -> None:
-    """Paged attention by gather + SDPA (softmax in fp32; explicit softmax for the variants and the lse).
-
-    The launch hints (max_q_len, max_seq_len) are accepted and unused. Without the value checks a block id
-    outside the pool is the caller's bug (an IndexError, or a wrapped negative index).
-    """
+    """Paged attention by gather + SDPA in fp32 (explicit softmax for the variants and the lse); the launch hints
+    are unused. Without the value checks a block id outside the pool is the caller's bug (IndexError or wrap)."""
     del hints
     q, k_cache, v_cache = call.q, call.k_cache, call.v_cache
     explicit = call.logit_softcap is not None or call.sinks is not None or call.alibi_slopes is not None
