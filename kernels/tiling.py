@@ -88,26 +88,12 @@ DEVICE_SPLIT_SLACK = (5, 4)
 DEVICE_SPLIT_MEAN_FACTOR = 2
 
 
-def choose_tiling(
-    head_dim: int,
-    group_size: int,
-    max_q_len: int,
-    num_seqs: int = 1,
-    num_kv_heads: int = 1,
-    max_seq_len: int = 0,
-    fp32: bool = False,
-    num_tokens: int | None = None,
-    kv_fp8: bool = False,
-    latent: bool = False,
-    windowed: bool = False,
-) -> Tiling:
-    """Tile sizes, query-tile count and KV split; the kernel launcher and tlsim both use exactly these.
-
-    ``max_q_len`` (a typical query length: it sets the tile height) and ``max_seq_len`` (an upper bound of the
-    KV lengths: it sets the split; 0: no split) are host-known, derived from shapes and hints by
-    :func:`tiling_for`. ``num_tokens`` defaults to num_seqs * max_q_len. ``fp32`` inputs keep BLOCK_M at 16:
-    their dots run in IEEE fp32 on CUDA cores, and a 64-row tile spills registers. ``windowed`` (a sliding
-    window) keeps a decode out of the device split.
+def choose_tiling(head_dim: int, group_size: int, max_q_len: int, num_seqs: int = 1, num_kv_heads: int = 1,
+                  max_seq_len: int = 0, fp32: bool = False, num_tokens: int | None = None, kv_fp8: bool = False,
+                  latent: bool = False, windowed: bool = False) -> Tiling:  # fmt: skip
+    """Tile sizes, query-tile count and KV split for :func:`tiling_for`'s host-known sizes: ``max_q_len`` sets the
+    tile height, ``max_seq_len`` (an upper bound of the KV lengths; 0: no split) the split. ``num_tokens``
+    defaults to num_seqs * max_q_len; ``windowed`` keeps a decode out of the device split.
     """
     if group_size > 128:
         fail(f"group_size (num_q_heads // num_kv_heads) {group_size} is above the kernel's limit of 128")
@@ -164,31 +150,22 @@ def choose_tiling(
         tile_n = config.tile_n
     split_size = cdiv(keys_a_split, tile_n) * tile_n if num_splits > 1 and device_split is None else 0
     return Tiling(
-        BLOCK_M=block_m,
-        BLOCK_Q=block_q,
-        TILE_N=tile_n,
-        HEAD_DIM_PADDED=head_dim_padded,
-        NUM_Q_TILES=num_q_tiles,
-        NUM_SPLITS=num_splits,
-        SPLIT_SIZE=split_size,
+        BLOCK_M=block_m, BLOCK_Q=block_q, TILE_N=tile_n, HEAD_DIM_PADDED=head_dim_padded, NUM_Q_TILES=num_q_tiles,
+        NUM_SPLITS=num_splits, SPLIT_SIZE=split_size,
         NUM_WARPS=config.num_warps or (4 if block_m * head_dim_padded <= 64 * 128 else 8),
-        NUM_STAGES=config.num_stages,
-        TUNING_KEY=(precision, head_dim_padded, q_class),
+        NUM_STAGES=config.num_stages, TUNING_KEY=(precision, head_dim_padded, q_class),
         FP8_DOTS_FP16=kv_fp8 and not fp32 and query_class(max_q_len) == "decode",  # every decode key
         DEVICE_SPLIT=device_split,
-    )
+    )  # fmt: skip
 
 
 def tiling_for(call: PagedCall, max_q_len: int | None = None, max_seq_len: int | None = None) -> Tiling:
-    """The tiling of one call, from host-known sizes only: what the launcher runs and tlsim models.
+    """The tiling of one call from host-known sizes only (no tensor value): what the launcher runs and tlsim models.
 
-    Nothing here reads a tensor value. The query length only picks the tile height (the grid covers every token
-    whatever it is): the max_q_len hint when given, else 1 when query_start_loc is None, else the mean q_len
-    ceil(num_tokens / num_seqs), so a decode batch given as offsets gets decode tiles. max_seq_len, the bound
-    that sets the KV split, is the hint when given, else the table's capacity max_blocks_per_seq * block_size;
-    with a sliding window W it is at most W + the longest q_len (max_q_len, else 1 for decode, else num_tokens):
-    the keys a program walks, since the kernel cuts its splits from the window's first tile. A wrong hint costs
-    speed, never correctness: the last KV split runs to the end of the sequence whatever max_seq_len said.
+    The query length picks only the tile height: the max_q_len hint, else 1 without query_start_loc, else the
+    mean q_len. The KV bound that sets the split: the max_seq_len hint, else the table's capacity, and under a
+    window W at most W + the longest q_len (the keys a program walks). A wrong hint costs speed, never
+    correctness: the last KV split runs to the end of the sequence.
     """
     if call.given_query_start_loc is None:
         q_len = 1
@@ -207,29 +184,14 @@ def tiling_for(call: PagedCall, max_q_len: int | None = None, max_seq_len: int |
     heads = heads_per_program(call)
     large = max(call.head_dim, call.head_dim_v) > SINGLE_DOT_HEAD_DIM and not _wide(call)
     return choose_tiling(
-        call.head_dim,
-        heads,
-        q_len,
-        call.num_seqs,
-        call.num_kv_heads * cdiv(call.group_size, heads) * v_parts(call),
-        kv_bound,
-        fp32=call.q.dtype == torch.float32 or large,
-        num_tokens=call.num_tokens,
-        kv_fp8=call.kv_fp8,
-        latent=latent_kv(call),
-        windowed=call.sliding_window is not None,
-    )
+        call.head_dim, heads, q_len, call.num_seqs, call.num_kv_heads * cdiv(call.group_size, heads) * v_parts(call),
+        kv_bound, fp32=call.q.dtype == torch.float32 or large, num_tokens=call.num_tokens, kv_fp8=call.kv_fp8,
+        latent=latent_kv(call), windowed=call.sliding_window is not None,
+    )  # fmt: skip
 
 
-def device_splits(
-    seq_lens: torch.Tensor,
-    num_splits: int,
-    tile_n: int,
-    piece_mul: int,
-    piece_div: int,
-    piece_min: int,
-    piece_mean: int,
-) -> tuple[torch.Tensor, torch.Tensor]:
+def device_splits(seq_lens: torch.Tensor, num_splits: int, tile_n: int, piece_mul: int, piece_div: int,
+                  piece_min: int, piece_mean: int) -> tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
     """The device split's rule (Tiling.DEVICE_SPLIT): each sequence's splits and the keys a split covers.
 
     seq_lens [num_seqs] (any integer dtype) -> (splits [num_seqs] int64 in [1, num_splits], split_size
@@ -240,10 +202,8 @@ def device_splits(
     1, num_splits)`` splits of ``ceil(len_i / splits_i)`` keys rounded up to whole tiles; split s covers
     [s * split_size_i, (s + 1) * split_size_i), the last one running to the sequence's end, and splits
     s >= splits_i run no program. The kernel's ``_device_piece`` and ``_device_splits`` are this, line for
-    line, in int64 like it; tlsim calls it on the host. Example: 8 KV heads, C 5/4 (mul 40, div 1056), the 64
-    lengths of llama3_8b_decode_fp8 (552121 keys): piece 20914, so the 6 sequences past it take 2 splits
-    (31024: 2 of 15616 keys in 256-key tiles), the rest 1; 24 x 8192: piece 16384 (twice the mean; the
-    slack's 7447 would cut every sequence in two), every sequence 1.
+    line, in int64; tlsim calls it on the host. Example: 24 x 8192 keys, 8 KV heads, C 5/4: piece 16384 (twice
+    the mean; the slack's 7447 would cut every sequence in two), every sequence 1 split.
     """
     lens = seq_lens.long().clamp(min=0)
     total = lens.sum()
