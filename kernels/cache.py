@@ -60,22 +60,11 @@ class PagedKVCache:
     needs) and outgrowing it is a CacheFullError; left out, it grows by doubling.
     """
 
-    def __init__(
-        self,
-        num_layers: int,
-        num_blocks: int,
-        block_size: int,
-        num_kv_heads: int,
-        head_dim: int,
-        dtype: torch.dtype = torch.float16,
-        device: torch.device | str = "cpu",
-        backend: str | None = None,
-        max_seqs: int | None = None,
-        max_blocks_per_seq: int | None = None,
-        k_scale: float | torch.Tensor | None = None,
-        v_scale: float | torch.Tensor | None = None,
-        head_dim_v: int | None = None,
-    ):
+    def __init__(self, num_layers: int, num_blocks: int, block_size: int, num_kv_heads: int, head_dim: int,
+                 dtype: torch.dtype = torch.float16, device: torch.device | str = "cpu", backend: str | None = None,
+                 max_seqs: int | None = None, max_blocks_per_seq: int | None = None,
+                 k_scale: float | torch.Tensor | None = None, v_scale: float | torch.Tensor | None = None,
+                 head_dim_v: int | None = None):  # fmt: skip
         if min(num_layers, num_blocks, block_size, num_kv_heads, head_dim) < 1:
             raise ValueError("num_layers, num_blocks, block_size, num_kv_heads and head_dim must all be >= 1")
         shape = (num_blocks, block_size, num_kv_heads, head_dim)
@@ -202,15 +191,8 @@ class PagedKVCache:
             raise ValueError(f"layer must be an int in [0, {self.num_layers}), got {layer!r}")
         return layer
 
-    def write(
-        self,
-        layer: int,
-        slot_mapping: torch.Tensor,
-        key: torch.Tensor,
-        value: torch.Tensor,
-        *,
-        check: bool | None = None,
-    ) -> None:
+    def write(self, layer: int, slot_mapping: torch.Tensor, key: torch.Tensor, value: torch.Tensor, *,
+              check: bool | None = None) -> None:  # fmt: skip
         """Store key/value [num_tokens, num_kv_heads, head_dim] at slot_mapping [num_tokens] (integer dtype).
 
         A bad argument, or a slot in a block no live sequence owns, is refused with a ValueError naming it before

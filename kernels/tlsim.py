@@ -1,15 +1,10 @@
 """tlsim: the Triton kernel's algorithm in torch, so it runs anywhere and predicts the kernel's numerics.
 
-The kernel's tiling and KV split (:func:`kernels.tiling.tiling_for`; query rows token-major, then head within
-the KV head's group), and its online softmax, casts, variants and combine as ``kernels.triton_paged``'s module
-docstring tells them. A key whose block id is outside the pool (or past the table) turns the rows that would
-see it into NaN; the kernel turns every row of a program that walks it into NaN, the same rows on decode and a
-superset on prefill.
-
-It is vectorised over sequences, KV heads and query rows; the only Python loop is over KV tiles. Tiles past a
-sequence's end are exact no-ops (alpha = 1, p = 0), so walking every sequence to the longest one changes no bit
-of the result. What it cannot copy is the order of additions inside a dot product or a row sum, which the GPU's
-matrix units choose; that is why it predicts the kernel closely, not exactly.
+The kernel's tiling and KV split (:func:`kernels.tiling.tiling_for`), online softmax, casts, variants and
+combine. A bad block id turns the rows that would see it into NaN (the kernel: every row of the program, the
+same rows on decode, a superset on prefill). Vectorised over sequences, KV heads and query rows, it loops over KV
+tiles only; tiles past a sequence's end are exact no-ops (alpha = 1, p = 0). It cannot copy the order of
+additions inside a dot or a row sum, which the GPU chooses: it predicts the kernel closely, not exactly.
 """
 
 from __future__ import annotations
@@ -53,8 +48,7 @@ def paged_attention_tlsim(
     head_dim, block_size = call.head_dim, call.block_size
     seq_lens_l = call.seq_lens.long()
 
-    # Queries padded per sequence: [num_seqs, longest_q] token index, then rows ordered as
-    # in the kernel: row = token * group + head_in_group.
+    # Queries padded per sequence [num_seqs, longest_q], rows as in the kernel: row = token * group + head_in_group.
     j = torch.arange(longest_q, device=device)
     token_valid = j[None, :] < q_lens[:, None]  # [num_seqs, longest_q]
     token_index = (call.query_start_loc[:-1, None].long() + j[None, :]).clamp(0, num_tokens - 1)
@@ -89,17 +83,14 @@ def paged_attention_tlsim(
     if slopes_u is not None:  # [S, Hkv, M, 1], row order as q_rows
         slopes_u = slopes_u.view(1, num_kv_heads, 1, group).expand(1, num_kv_heads, longest_q, group)
         slopes_u = slopes_u.reshape(1, num_kv_heads, num_rows, 1)
-    # The window: no row of any sequence sees a tile before the earliest one a first query sees.
-    # Tiles skipped by the kernel but walked here would be exact no-ops anyway.
+    # The window: no row sees a tile before the earliest one a first query sees (the rest are no-ops anyway).
     first_tile = 0
     if call.sliding_window is not None and bool((q_lens > 0).any()):
         first_q_pos = (seq_lens_l - q_lens)[q_lens > 0]
         first_tile = int(window_tile_start(first_q_pos, call.sliding_window, tiling.TILE_N).min())
-    # Each row's split, as its program cuts them: from the window's first tile of the program's first query (0
-    # without a window; a tile before it is a no-op for every row of the program), split_size positions a piece
-    # (its sequence's under the device split), the last taking the rest. The splits a sequence does not take keep
-    # their empty state (m = -inf, l and acc 0): weight 0 in the combine, as the kernel's combine masks them; a
-    # one-split sequence's combine (weight 1, zeros added) is the kernel's single-pass epilogue, bit for bit.
+    # Each row's split, as its program cuts them: from the window's first tile of the program's first query,
+    # split_size positions a piece, the last taking the rest. Splits a sequence does not take keep their empty
+    # state (weight 0 in the combine); a one-split sequence's combine is the kernel's epilogue, bit for bit.
     row_lo = torch.zeros((num_seqs, 1, num_rows), dtype=torch.long, device=device)
     if call.sliding_window is not None:
         program_first = (seq_lens_l - q_lens)[:, None] + (j // tiling.BLOCK_Q * tiling.BLOCK_Q)[None, :]  # [S, Lq]
@@ -118,8 +109,7 @@ def paged_attention_tlsim(
         bad = k_valid & ((column >= max_blocks)[None, :] | (blocks < 0) | (blocks >= num_blocks))  # [S, N]
         blocks = torch.where(k_valid & ~bad, blocks, 0)
         slots = (k_pos % block_size).expand(num_seqs, -1)
-        # An fp8 pool is widened to the dots' dtype unscaled (exact), as the kernel does: k_scale then
-        # multiplies the logits and v_scale the accumulator (kernels.triton_paged._widen_fp8).
+        # An fp8 pool widened to the dots' dtype unscaled (exact); k_scale scales the logits, v_scale the acc.
         k = torch.where(k_valid[..., None, None], k_cache[blocks, slots].to(dot_dtype), 0)
         v = torch.where(k_valid[..., None, None], v_cache[blocks, slots].to(dot_dtype), 0)
         k = k.permute(0, 2, 1, 3).float()  # [S, Hkv, N, D]

@@ -69,7 +69,11 @@ def generate(files: list[str]) -> list[dict]:
                 while source.count(block) > 1 and first > 1:  # widen until the text is unique
                     first -= 1
                     block, mutated = lines[first - 1] + block, lines[first - 1] + mutated
-                if source.count(block) != 1 or mutated == block or not _parses(source.replace(block, mutated)):
+                if source.count(block) != 1 or mutated == block:
+                    continue
+                try:
+                    ast.parse(source.replace(block, mutated))
+                except SyntaxError:
                     continue
                 swapped = lines[l0 - 1][c0:c1] if l0 == l1 else "..."
                 mutant_id = f"gen-{name}-{l0}-{c0}-{kind}"
@@ -104,13 +108,6 @@ def is_reached(mutant: dict, reached: dict[str, tuple[set[int], set[int]]]) -> b
     while line > 0 and line not in executed and line not in missing:
         line -= 1
     return line in executed
-
-
-def _parses(source: str) -> bool:
-    try:
-        return bool(ast.parse(source))
-    except SyntaxError:
-        return False
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -25,8 +25,6 @@ ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))  # this worktree's harness, not an installed one
 PLUGIN = str(ROOT / "scripts" / "self" / "slowdown_plugin.py")
 GPU_BACKENDS = ["triton", "triton_slowable"]
-
-
 MIN_REPS_ENV = "NOISE_CHECK_MIN_REPS"  # a run's floor of timing samples per measurement (--min-reps)
 
 # Applied on import: a run's isolated plugin worker is spawned by multiprocessing, which imports the run's
@@ -78,20 +76,18 @@ def _counts(rows, slowed: str | None) -> dict:
     out = {
         "rows_judged": len(judged),
         **({"paired_rounds": rounds.value_counts().sort_index().to_dict()} if len(rounds) else {}),
-        "verdicts": judged["verdict"].value_counts().to_dict(),
-        "false_slower": len(false),
+        "verdicts": judged["verdict"].value_counts().to_dict(), "false_slower": len(false),
         "false_slower_rows": [f"{r.backend} on {r.case}: {r.verdict_reason}" for r in false.itertuples()],
-    }
+    }  # fmt: skip
     if slowed:
         target = judged[judged["backend"] == slowed]
         flagged, missed = target[target["verdict"] == "slower"], target[target["verdict"] != "slower"]
         out.update(
-            planted_rows=len(target),
-            planted_flagged=len(flagged),
+            planted_rows=len(target), planted_flagged=len(flagged),
             planted_ratio_median=round(float(target["ratio"].median()), 3),
             planted_missed=[f"{r.case}: {r.verdict} ({r.verdict_reason})" for r in missed.itertuples()],
             planted_flagged_rows=[f"{r.case}: {r.verdict_reason}" for r in flagged.itertuples()],
-        )
+        )  # fmt: skip
     return out
 
 
@@ -117,10 +113,8 @@ def tally(base: Path, new: Path, slowed: str | None, slowdown: float, args: argp
     confirmed = confirm_slower(comparison, bm, nm, options, checkouts=(ROOT, ROOT), envs=envs, which=args.confirm,
                                rounds=args.confirm_rounds, time_s=args.confirm_time, plugins=[PLUGIN])  # fmt: skip
     seconds = round(time.time() - start)
-    return {
-        "compare": plain,
-        f"compare --confirm {args.confirm}": {**_counts(confirmed.rows, slowed), "confirm_seconds": seconds},
-    }
+    confirmed_counts = {**_counts(confirmed.rows, slowed), "confirm_seconds": seconds}
+    return {"compare": plain, f"compare --confirm {args.confirm}": confirmed_counts}
 
 
 def main() -> int:

@@ -21,11 +21,6 @@ COLUMNS = ("workers", "wall s", "cases s", "speed-up", "start s", "ceilings s", 
            "journal ms/row", "merge ms/row", "status")  # fmt: skip
 
 
-def _status(run_dir: Path) -> str:
-    counts = pd.read_parquet(run_dir / "results.parquet", columns=["status"])["status"].value_counts()
-    return " ".join(f"{status} {count}" for status, count in sorted(counts.items()))
-
-
 def _scale(run_dir: Path) -> dict | None:
     """The run's meta.json ``scale`` record ({} without one), or None when there is no meta.json (a failed run)."""
     meta_file = Path(run_dir) / "meta.json"
@@ -43,18 +38,17 @@ def table_rows(runs: list[tuple[Path, float]]) -> list[dict]:
         cases_s = scale.get("wall_s", float("nan"))
         first = first or (wall, cases_s)
         count, row_count = max(1, scale.get("cases", 0)), max(1, scale.get("rows", 0))
+        status = pd.read_parquet(Path(run_dir) / "results.parquet", columns=["status"])["status"].value_counts()
         rows.append({
-            "workers": "ray" if scale.get("mode") == "ray" else str(scale.get("workers", 1)),
-            "wall s": f"{wall:.1f}",
-            "cases s": f"{cases_s:.1f}",
-            "speed-up": f"{first[0] / wall:.2f} ({first[1] / cases_s:.2f})",
+            "workers": "ray" if scale.get("mode") == "ray" else str(scale.get("workers", 1)), "wall s": f"{wall:.1f}",
+            "cases s": f"{cases_s:.1f}", "speed-up": f"{first[0] / wall:.2f} ({first[1] / cases_s:.2f})",
             "start s": f"{max(scale.get('worker_start_s') or [0]):.1f}",
             "ceilings s": f"{max(scale.get('ceilings_measure_s') or [0]):.1f}",
             "wait ms/case": f"{1e3 * scale.get('dispatch_wait_s', 0) / count:.1f}",
             "busy s": f"{scale.get('case_busy_s', 0):.1f}",
             "journal ms/row": f"{1e3 * scale.get('journal_s', 0) / row_count:.2f}",
             "merge ms/row": f"{1e3 * scale.get('merge_s', 0) / row_count:.3f}",
-            "status": _status(Path(run_dir)),
+            "status": " ".join(f"{s} {n}" for s, n in sorted(status.items())),
         })  # fmt: skip
     return rows
 
