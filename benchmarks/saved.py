@@ -74,9 +74,8 @@ def to_rows(path: Path):
     return pd.DataFrame(rows), meta
 
 
-def compare_files(
-    base: Path, new: Path, min_effect: float | None = None, confirm: str | None = None, confirm_time: float = 900.0
-) -> tuple[bool, str]:
+def compare_files(base: Path, new: Path, min_effect: float | None = None, confirm: str | None = None,
+                  confirm_time: float = 900.0) -> tuple[bool, str]:  # fmt: skip
     """(passed, summary): is any benchmark of ``new`` slower than in ``base``? ``confirm``: re-timed first."""
     from harness.review.compare import CompareOptions, compare_runs
 
@@ -145,14 +144,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("action", choices=["compare", "save"])
     parser.add_argument("new", type=Path, help="the new run's JSON (pytest --benchmark-json)")
     parser.add_argument("--baseline", help="a saved run's number, part of its name, or a path (default: the newest)")
-    parser.add_argument(
-        "--min-effect", type=float, help="smallest relative slowdown that counts (default 0.10 CPU, 0.03 CUDA)"
-    )
+    parser.add_argument("--min-effect", type=float, help="smallest slowdown that counts (default 0.10 CPU, 0.03 CUDA)")
     parser.add_argument("--storage", type=Path, default=STORAGE)
-    parser.add_argument(
-        "--confirm", nargs="?", const="all", choices=["slower", "unclear", "all"],
-        help="re-time benchmarks (all; or only unclear or slower ones), baseline commit and this checkout alternating",
-    )  # fmt: skip
+    parser.add_argument("--confirm", nargs="?", const="all", choices=["slower", "unclear", "all"],
+                        help="re-time benchmarks (all; or only unclear or slower ones), baseline commit and this checkout alternating")  # fmt: skip
     parser.add_argument("--confirm-time", type=float, default=900.0, help="time box of --confirm, s (900)")
     args = parser.parse_args(argv)
     if args.action == "save":

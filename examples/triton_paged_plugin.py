@@ -5,11 +5,9 @@ A plain Triton kernel and the one ``register_backend`` call that puts it in ever
     harness run examples/triton_paged_plugin.toml --plugin examples/triton_paged_plugin.py --backend example_triton
     python examples/triton_paged_plugin.py --no-timing   # the same; further arguments go to harness run
 
-One program per (sequence, query head, tile of BLOCK_M queries) walks the sequence's pages in order, one
-page a step, with the online softmax (running max ``m`` and denominator ``l`` per row, the accumulator
-rescaled by ``exp(m_old - m_new)``). Key position ``p`` is slot ``p % block_size`` of page
-``block_table[s, p // block_size]``; a query at ``pos`` sees keys ``0..pos`` (and ``pos - W < p`` under a
-window W). ``plan_launch`` picks BLOCK_M and the grid on the host, once per input set, outside the timed region."""
+One program per (sequence, query head, tile of BLOCK_M queries) walks the sequence's pages in order, one page a
+step, with the online softmax. Key position ``p`` is slot ``p % block_size`` of page ``block_table[s, p //
+block_size]``. ``plan_launch`` picks BLOCK_M and the grid on the host, once per input set, outside the timed region."""
 
 from __future__ import annotations
 

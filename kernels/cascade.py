@@ -24,9 +24,8 @@ def merge_attention_states(out_a, lse_a, out_b, lse_b, out=None) -> tuple[torch.
     out_a/out_b [num_tokens, num_q_heads, head_dim_v], any float dtype (each normalised by its own part)
     lse_a/lse_b [num_tokens, num_q_heads] fp32, the natural log of each part's denominator
     out         optional buffer like out_a, written and returned
-    returns     (out [num_tokens, num_q_heads, head_dim_v] in out_a's dtype, lse [num_tokens, num_q_heads] fp32)
-
-    A part that saw no key (lse -inf) weighs 0; the merge is computed in fp32.
+    returns     (out [num_tokens, num_q_heads, head_dim_v] in out_a's dtype, lse [num_tokens, num_q_heads] fp32),
+                merged in fp32; a part that saw no key (lse -inf) weighs 0
     """
     lse = torch.logaddexp(lse_a.float(), lse_b.float())
     weight_a = torch.exp(lse_a.float() - lse)[..., None]

@@ -1,8 +1,6 @@
-"""Which backend serves a paged-attention read, and the read itself.
-
-The rule an engine follows: the Triton kernel on a CUDA device when Triton imports, tlsim (the same algorithm in
-torch) everywhere else. ``PAGED_ATTENTION_BACKEND`` in the environment, or the ``backend`` argument, forces one of
-``triton``, ``tlsim`` or ``reference``; forcing one that cannot run here is an error, never a silent fallback.
+"""Which backend serves a paged-attention read: the Triton kernel on a CUDA device when Triton imports, tlsim
+everywhere else. ``PAGED_ATTENTION_BACKEND`` or the ``backend`` argument forces one of ``triton``, ``tlsim`` or
+``reference``; forcing one that cannot run here is an error, never a silent fallback.
 """
 
 from __future__ import annotations

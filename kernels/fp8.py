@@ -1,9 +1,6 @@
-"""fp8 KV caches: quantizing and dequantizing a cache (contract.check_kv_scale checks the scales).
-
-A cache stored as ``float8_e4m3fn`` or ``float8_e5m2`` holds ``x / scale``; the kernels widen
-each stored value exactly and multiply the logits by ``k_scale`` and the accumulator by
-``v_scale``, so they round no more than the oracle of the dequantized cache does.
-"""
+"""fp8 KV caches: a cache stored as ``float8_e4m3fn`` or ``float8_e5m2`` holds ``x / scale``; the kernels widen
+each stored value exactly and apply ``k_scale`` to the logits and ``v_scale`` to the accumulator, so they round
+no more than the oracle of the dequantized cache does."""
 
 from __future__ import annotations
 
@@ -13,12 +10,8 @@ FP8_DTYPES = (torch.float8_e4m3fn, torch.float8_e5m2)  # KV caches only; q stays
 
 
 def quantize_kv(x: torch.Tensor, scale: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
-    """What an fp8 cache stores for x [..., num_kv_heads, head_dim]: x / scale, saturated, in ``dtype``.
-
-    scale [num_kv_heads] fp32. The kernels read it back as ``stored.float() * scale`` (vLLM's
-    convention). Saturating at the format's largest finite value (448 for e4m3fn, 57344 for
-    e5m2) keeps an outlier finite; NaN stays NaN (the poisoned slots).
-    """
+    """What an fp8 cache stores for x [..., num_kv_heads, head_dim]: x / scale [num_kv_heads] fp32 in ``dtype``,
+    saturated at the format's largest finite value (an outlier stays finite; NaN stays NaN: the poisoned slots)."""
     limit = torch.finfo(dtype).max
     return (x.float() / scale[:, None]).clamp(-limit, limit).to(dtype)
 

@@ -14,14 +14,9 @@ from .fp8 import dequantize_kv
 
 
 def gather_kv(cache: torch.Tensor, block_table_row: torch.Tensor, seq_len: int) -> torch.Tensor:
-    """One sequence's keys (or values) in position order.
-
-    cache           [num_blocks, block_size, num_kv_heads, head_dim]
-    block_table_row [max_blocks_per_seq] int32; only the first ceil(seq_len / block_size) are read
-    returns         [seq_len, num_kv_heads, head_dim], a copy in the cache's dtype
-
-    Example: block_size 16, seq_len 45 reads 3 blocks, the last holding 13 live slots (45 = 2 * 16 + 13).
-    """
+    """One sequence's keys (or values) in position order, a copy [seq_len, num_kv_heads, head_dim] in the cache's
+    dtype, from cache [num_blocks, block_size, num_kv_heads, head_dim] and block_table_row [max_blocks_per_seq]
+    int32, of which the first ceil(seq_len / block_size) are read (seq_len 45, block_size 16: 3 blocks)."""
     block_size = cache.shape[1]
     num_used = -(-seq_len // block_size)
     blocks = block_table_row[:num_used].long()

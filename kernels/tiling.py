@@ -177,10 +177,8 @@ def tiling_for(call: PagedCall, max_q_len: int | None = None, max_seq_len: int |
     if call.sliding_window is not None:  # a program walks at most W + its queries' span keys
         longest_q = 1 if call.given_query_start_loc is None else int(max_q_len or call.num_tokens)
         kv_bound = min(kv_bound, call.sliding_window + min(longest_q, call.num_tokens))
-    # Past SINGLE_DOT_HEAD_DIM a program holds heads_per_program heads of its group: to the tiling, num_kv_heads *
-    # head_tiles groups of that size, on 16-row tiles (choose_tiling's fp32 rule: a [64, 512] fp32 accumulator
-    # would spill). The wide tiling (WIDE_HEADS) keeps half-precision tiles, its accumulator cut by V_PART_DIM
-    # instead, and its V parts count as programs for the split.
+    # Past SINGLE_DOT_HEAD_DIM a program holds heads_per_program heads of its group, on 16-row tiles (the fp32
+    # rule: a [64, 512] fp32 accumulator would spill), unless the wide tiling cuts the accumulator by V_PART_DIM.
     heads = heads_per_program(call)
     large = max(call.head_dim, call.head_dim_v) > SINGLE_DOT_HEAD_DIM and not _wide(call)
     return choose_tiling(
@@ -195,15 +193,10 @@ def device_splits(seq_lens: torch.Tensor, num_splits: int, tile_n: int, piece_mu
     """The device split's rule (Tiling.DEVICE_SPLIT): each sequence's splits and the keys a split covers.
 
     seq_lens [num_seqs] (any integer dtype) -> (splits [num_seqs] int64 in [1, num_splits], split_size
-    [num_seqs] int64, a multiple of tile_n). With total the batch's keys (negative lengths counted as 0), a
-    piece is ``max(ceil(total * piece_mul / piece_div), piece_min, ceil(total * piece_mean / num_seqs))`` keys
-    (piece_mul / piece_div = C * num_kv_heads / TARGET_PROGRAMS: C times a program slot's even share;
-    piece_mean DEVICE_SPLIT_MEAN_FACTOR times the mean length); sequence i takes ``clamp(ceil(len_i / piece),
-    1, num_splits)`` splits of ``ceil(len_i / splits_i)`` keys rounded up to whole tiles; split s covers
-    [s * split_size_i, (s + 1) * split_size_i), the last one running to the sequence's end, and splits
-    s >= splits_i run no program. The kernel's ``_device_piece`` and ``_device_splits`` are this, line for
-    line, in int64; tlsim calls it on the host. Example: 24 x 8192 keys, 8 KV heads, C 5/4: piece 16384 (twice
-    the mean; the slack's 7447 would cut every sequence in two), every sequence 1 split.
+    [num_seqs] int64, a multiple of tile_n). A piece is at least C times a program slot's even share of the
+    batch's keys (piece_mul / piece_div = C * num_kv_heads / TARGET_PROGRAMS), piece_min, and piece_mean times
+    the mean length; a sequence takes one split a piece, the last split running to its end, and its splits past
+    that run no program. The kernel's ``_device_piece`` and ``_device_splits`` are this, line for line, in int64.
     """
     lens = seq_lens.long().clamp(min=0)
     total = lens.sum()

@@ -51,9 +51,7 @@ TUNED: dict[tuple[str, int, str], TileConfig] = {
     # An fp8 decode does more per key (its conversions): longer tiles unsplit, 5 stages split (two K / V buffers).
     ("half_fp8", 128, "decode"): TileConfig(max_rows=16, max_tokens=1, tile_n=256, num_warps=4, num_stages=3),
     ("half_fp8", 128, "decode_split"): TileConfig(max_rows=16, max_tokens=1, tile_n=128, num_warps=4, num_stages=5),
-    ("half_fp8", 128, "decode_split_long"): TileConfig(
-        max_rows=16, max_tokens=1, tile_n=128, num_warps=4, num_stages=5
-    ),
+    ("half_fp8", 128, "decode_split_long"): TileConfig(max_rows=16, max_tokens=1, tile_n=128, num_warps=4, num_stages=5),
     ("half", 64, "decode"): TileConfig(max_rows=16, max_tokens=1, tile_n=256, num_warps=4, num_stages=2),
     ("half", 256, "decode"): TileConfig(max_rows=16, max_tokens=1, tile_n=64, num_warps=4, num_stages=4),
     ("half", 256, "prefill"): TileConfig(max_rows=128, max_tokens=64, tile_n=64, num_warps=8, num_stages=2),
@@ -65,10 +63,8 @@ TUNED: dict[tuple[str, int, str], TileConfig] = {
     # MLA's latent cache: 2 stages of 64-key tiles fit shared memory because V is taken from the K tile.
     ("half_latent", 1024, "decode"): TileConfig(max_rows=64, max_tokens=1, tile_n=64, num_warps=8, num_stages=2),
     ("half_latent", 1024, "decode_split"): TileConfig(max_rows=64, max_tokens=1, tile_n=64, num_warps=8, num_stages=2),
-    ("half_latent", 1024, "decode_split_long"): TileConfig(
-        max_rows=64, max_tokens=1, tile_n=64, num_warps=8, num_stages=2
-    ),
-}
+    ("half_latent", 1024, "decode_split_long"): TileConfig(max_rows=64, max_tokens=1, tile_n=64, num_warps=8, num_stages=2),
+}  # fmt: skip
 
 _override: TileConfig | None = None
 

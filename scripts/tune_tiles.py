@@ -101,10 +101,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--class", dest="q_class", choices=sorted(GRID), help="only this query class")
     parser.add_argument("--target-s", type=float, default=0.1, help="timing budget per config and case")
     parser.add_argument("--out", type=Path, help="write every measurement as JSON (rewritten after each case)")
-    parser.add_argument(
-        "--candidate", action="append", default=[], metavar="ROWS,TOKENS,TILE_N,WARPS,STAGES",
-        help="time only these configs (and the default) instead of the grid; repeatable",
-    )  # fmt: skip
+    parser.add_argument("--candidate", action="append", default=[], metavar="ROWS,TOKENS,TILE_N,WARPS,STAGES",
+                        help="time only these configs (and the default) instead of the grid; repeatable")  # fmt: skip
     parser.add_argument("--dry", action="store_true", help="one tiny smoke case, two candidates (CPU)")
     args = parser.parse_args(argv)
     use_interpreter_if_no_gpu()
