@@ -43,8 +43,7 @@ def fail(msg: str) -> None:
     raise ValueError(f"paged attention: {msg}")
 
 
-# The keyword options' checks: (name, value, q, k_cache) -> the value the kernels get; each raises
-# ValueError naming the option. They read metadata only (q and k_cache already checked).
+# The keyword options' checks: (name, value, q, k_cache) -> the value the kernels get, from metadata only.
 
 
 def check_int_at_least_1(name: str, value, q, k_cache) -> int | None:
@@ -187,9 +186,7 @@ class PagedCall:
     head_dim: int
     block_size: int
     head_dim_v: int = 0  # V's head dim (the output's); 0 given means head_dim
-    # Then a field per call option (CALL_OPTION_TABLE), its checked value: sliding_window, logit_softcap,
-    # sinks and alibi_slopes ([num_q_heads] fp32, contiguous) as given; an fp8 cache's k_scale and v_scale
-    # as [num_kv_heads] fp32 (a per-tensor scale repeated); None: off (k_scale None: not fp8).
+    # Then a field per call option, its checked value (None: off; k_scale and v_scale [num_kv_heads] fp32).
 
     @property
     def kv_fp8(self) -> bool:
@@ -236,10 +233,8 @@ def prepare_call(q, k_cache, v_cache, block_table, seq_lens, query_start_loc=Non
     if q.dim() != 3:
         fail(f"q must be [num_tokens, num_q_heads, head_dim], got shape {tuple(q.shape)}")
     if k_cache.dim() != 4 or v_cache.dim() != 4 or k_cache.shape[:3] != v_cache.shape[:3]:
-        fail(
-            "k_cache must be [num_blocks, block_size, num_kv_heads, head_dim] and v_cache "
-            f"[num_blocks, block_size, num_kv_heads, head_dim_v], got {tuple(k_cache.shape)} and {tuple(v_cache.shape)}"
-        )
+        fail("k_cache must be [num_blocks, block_size, num_kv_heads, head_dim] and v_cache "
+             f"[num_blocks, block_size, num_kv_heads, head_dim_v], got {tuple(k_cache.shape)} and {tuple(v_cache.shape)}")  # fmt: skip
     num_tokens, num_q_heads, head_dim = q.shape
     _, block_size, num_kv_heads, kv_head_dim = k_cache.shape
     if kv_head_dim != head_dim:
@@ -247,30 +242,24 @@ def prepare_call(q, k_cache, v_cache, block_table, seq_lens, query_start_loc=Non
     if num_q_heads % num_kv_heads:
         fail(f"num_q_heads ({num_q_heads}) must be a multiple of num_kv_heads ({num_kv_heads})")
     if q.dtype not in SUPPORTED_DTYPES or k_cache.dtype not in (q.dtype, *FP8_DTYPES) or v_cache.dtype != k_cache.dtype:
-        fail(
-            "q, k_cache, v_cache must share one of fp32/fp16/bf16 (or k_cache and v_cache both one fp8 "
-            f"dtype: float8_e4m3fn, float8_e5m2), got {q.dtype}, {k_cache.dtype}, {v_cache.dtype}"
-        )
+        fail("q, k_cache, v_cache must share one of fp32/fp16/bf16 (or k_cache and v_cache both one fp8 "
+             f"dtype: float8_e4m3fn, float8_e5m2), got {q.dtype}, {k_cache.dtype}, {v_cache.dtype}")  # fmt: skip
     if block_table.dim() != 2 or seq_lens.dim() != 1 or block_table.shape[0] != seq_lens.shape[0]:
-        fail(
-            "block_table must be [num_seqs, max_blocks_per_seq] and seq_lens [num_seqs], "
-            f"got {tuple(block_table.shape)} and {tuple(seq_lens.shape)}"
-        )
+        fail("block_table must be [num_seqs, max_blocks_per_seq] and seq_lens [num_seqs], "
+             f"got {tuple(block_table.shape)} and {tuple(seq_lens.shape)}")  # fmt: skip
     if block_table.dtype != torch.int32 or seq_lens.dtype != torch.int32:
         fail(f"block_table and seq_lens must be int32, got {block_table.dtype} and {seq_lens.dtype}")
     num_seqs = seq_lens.shape[0]
     devices = {t.device for t in (q, k_cache, v_cache, block_table, seq_lens)}
     if query_start_loc is None:
         if num_tokens != num_seqs:
-            fail(
-                f"query_start_loc=None means one query per sequence, but q has {num_tokens} rows for {num_seqs} sequences"
-            )
+            fail(f"query_start_loc=None means one query per sequence, but q has {num_tokens} rows "
+                 f"for {num_seqs} sequences")  # fmt: skip
     else:
         devices.add(query_start_loc.device)
         if query_start_loc.shape != (num_seqs + 1,) or query_start_loc.dtype != torch.int32:
-            fail(
-                f"query_start_loc must be int32 [num_seqs + 1] = [{num_seqs + 1}], got {query_start_loc.dtype} {tuple(query_start_loc.shape)}"
-            )
+            fail(f"query_start_loc must be int32 [num_seqs + 1] = [{num_seqs + 1}], "
+                 f"got {query_start_loc.dtype} {tuple(query_start_loc.shape)}")  # fmt: skip
         query_start_loc = query_start_loc.contiguous()
     if len(devices) != 1:
         fail(f"all tensors must be on one device, got {sorted(map(str, devices))}")
@@ -305,9 +294,8 @@ def check_values(call: PagedCall) -> None:
     if bool((q_lens > seq_lens).any()):
         fail("every sequence needs 0 <= q_len <= seq_len (query_start_loc against seq_lens)")
     if call.num_seqs and int(seq_lens.max()) > call.table_capacity:
-        fail(
-            f"a seq_len exceeds max_blocks_per_seq * block_size = {call.table_capacity} (seq_lens against block_table)"
-        )
+        fail(f"a seq_len exceeds max_blocks_per_seq * block_size = {call.table_capacity} "
+             "(seq_lens against block_table)")  # fmt: skip
     used = (
         torch.arange(call.block_table.shape[1], device=seq_lens.device)[None, :]
         < ((seq_lens + call.block_size - 1) // call.block_size)[:, None]  # blocks each sequence uses
@@ -315,10 +303,8 @@ def check_values(call: PagedCall) -> None:
     bad = used & ((call.block_table < 0) | (call.block_table >= call.num_blocks))
     if bool(bad.any()):
         seq, index = (int(i) for i in bad.nonzero()[0])
-        fail(
-            f"block_table[{seq}, {index}] = {int(call.block_table[seq, index])} is outside [0, num_blocks = "
-            f"{call.num_blocks}), and sequence {seq} uses it (seq_len {int(seq_lens[seq])})"
-        )
+        fail(f"block_table[{seq}, {index}] = {int(call.block_table[seq, index])} is outside [0, num_blocks = "
+             f"{call.num_blocks}), and sequence {seq} uses it (seq_len {int(seq_lens[seq])})")  # fmt: skip
 
 
 def prepare_lse(call: PagedCall, return_lse: bool) -> torch.Tensor | None:

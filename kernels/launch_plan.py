@@ -123,8 +123,7 @@ def call_key(
     return key
 
 
-# The device options' checks, in DEVICE_OPTIONS order (a plan's launch takes the options so, after lse);
-# and what a call without them hands the launch.
+# The device options' checks in DEVICE_OPTIONS order, and what a call without them hands the launch.
 _DEVICE_CHECKS = tuple((o.name, o.check) for o in CALL_OPTION_TABLE if not o.kind.host)
 _NO_DEVICE_OPTIONS = (None,) * len(DEVICE_OPTIONS)
 
@@ -144,8 +143,7 @@ class CallRecipe:
         self.copy_index = tuple(t is not None and not t.is_contiguous() for t in raw_index)
         q = call.q
         self.out_shape = None if out_given else (*q.shape[:2], call.head_dim_v)
-        # q.new_empty(out_shape) is contiguous; so is empty_like(q), a little cheaper, when q has
-        # that shape and the contiguous strides themselves (the key fixes both).
+        # empty_like(q) is a little cheaper than q.new_empty(out_shape) and the same when q is contiguous of that shape.
         self.out_like_q = self.out_shape == tuple(q.shape) and q.stride() == contiguous_strides(q.shape)
         self.lse_shape = None if lse is None else tuple(lse.shape)
         self.plan = plan
@@ -198,8 +196,7 @@ class PlanCache:
         self.hits = self.misses = 0
         _caches.append(self)
 
-    # call_key of the contract's arguments (None when the caches are off or it is uncacheable); a
-    # staticmethod so that ``plans.key(...)`` is one Python call, not a bound method forwarding *args.
+    # A staticmethod so that ``plans.key(...)`` is one Python call, not a bound method forwarding *args.
     key = staticmethod(call_key)
     recipe = CallRecipe  # what a hit of this call replays: the thing to file
 

@@ -77,8 +77,7 @@ def paged_attention_tlsim(
     sinks_u = None if call.sinks is None else call.sinks / call.scale
     slopes_u = None if call.alibi_slopes is None else call.alibi_slopes / call.scale
     k_scale = None if call.k_scale is None else call.k_scale.view(1, num_kv_heads, 1, 1)  # per KV head
-    # A decode over an fp8 cache under bf16 q runs its dots in fp16 (Tiling.FP8_DOTS_FP16): p is rounded
-    # to fp16 before p @ v; q . k keeps its value (kernels.triton_paged._q_to_fp16 undoes q's scaling exactly).
+    # An fp8 decode dots in fp16 (Tiling.FP8_DOTS_FP16): p is rounded to fp16; q . k keeps its value (_q_to_fp16).
     dot_dtype = torch.float16 if tiling.FP8_DOTS_FP16 else q.dtype
     if slopes_u is not None:  # [S, Hkv, M, 1], row order as q_rows
         slopes_u = slopes_u.view(1, num_kv_heads, 1, group).expand(1, num_kv_heads, longest_q, group)

@@ -4,8 +4,6 @@
   once and shared by the group's query heads; the device split's programs go longest piece first.
 * The launch reads no tensor value (no device sync; CUDA-graph capturable): the grid is sized from num_tokens
   and num_seqs alone, and each program finds its sequence by a binary search over query_start_loc (``_find_seq``).
-* Key position ``p`` lies at offset ``p % block_size`` of block ``block_table[seq, p // block_size]``; tiles of
-  TILE_N keys are independent of block_size.
 * Online softmax in base 2 on the unscaled logits ``s = q . k``, the accumulator rescaled at every tile. fp32
   scales after subtracting the max (``s - m`` is exact near the max; scaling first rounds large logits:
   ``large_logits_q40``); fp16 and bf16, whose p is rounded to 8 or 11 bits anyway, use ``exp2(s * c - m * c)``.
@@ -20,7 +18,6 @@
 * Wide heads (MLA; docs/contract.md, "V's head dim (MLA)"): K past 256 columns is two power-of-two pieces
   (DIM_MAIN + DIM_TAIL), a large group's heads are tiled (HEADS_PER_PROGRAM), V's dims may be too (V_PARTS),
   and a latent cache's p @ v takes the K tile already loaded (SHARED_KV).
-* A decode whose tiles each lie in one block loads its unmasked tiles by tensor descriptor on sm_90 (KV_TMA).
 * Indices are never trusted with memory: a query row past num_tokens is not touched, and a program whose tiles
   would read a block id outside [0, num_blocks) or past the table walks no tile and writes NaN rows.
 
