@@ -247,9 +247,8 @@ class PagedKVCache:
         """[len(seq_ids)] int32 KV lengths, built on the host."""
         return torch.tensor([self._lens[s] for s in seq_ids], dtype=torch.int32, device=self.device)
 
-    def step_metadata(
-        self, seq_ids, query_start_loc: torch.Tensor | None = None, *, into: StepMetadata | None = None
-    ) -> StepMetadata:
+    def step_metadata(self, seq_ids, query_start_loc: torch.Tensor | None = None, *,
+                      into: StepMetadata | None = None) -> StepMetadata:  # fmt: skip
         """One step's metadata for the sequences ``seq_ids`` (q's packing order); reads no device value.
 
         query_start_loc [len(seq_ids) + 1] int32, or None for one query per sequence; a CPU one also gives the

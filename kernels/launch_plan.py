@@ -165,12 +165,9 @@ class CallRecipe:
 
     def _run(self, q, k_cache, v_cache, block_table, seq_lens, query_start_loc, out, options):
         copy_bt, copy_sl, copy_qsl = self.copy_index
-        if copy_bt:
-            block_table = block_table.contiguous()
-        if copy_sl:
-            seq_lens = seq_lens.contiguous()
-        if copy_qsl:
-            query_start_loc = query_start_loc.contiguous()
+        block_table = block_table.contiguous() if copy_bt else block_table
+        seq_lens = seq_lens.contiguous() if copy_sl else seq_lens
+        query_start_loc = query_start_loc.contiguous() if copy_qsl else query_start_loc
         if self.convert is None:
             device_options = tuple(map(options.get, DEVICE_OPTIONS)) if options else _NO_DEVICE_OPTIONS
         else:  # the checks passed for this key: here they only convert (contiguous; a host float becomes a device fill)

@@ -29,9 +29,7 @@ class TileConfig:
 
 def query_class(q_len: int) -> str:
     """ "decode" for 1 query, "verify" for 2-8 (speculative decoding), "prefill" beyond."""
-    if q_len <= 1:
-        return "decode"
-    return "verify" if q_len <= 8 else "prefill"
+    return "decode" if q_len <= 1 else "verify" if q_len <= 8 else "prefill"
 
 
 def default_config(precision: str, head_dim_padded: int, q_class: str) -> TileConfig:

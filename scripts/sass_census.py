@@ -117,9 +117,8 @@ def compile_kernel(fn, constexprs: dict, q: str, kv: str | None = None, scalars:
             if scalars is not None and int(scalars[name]) % 16 == 0:
                 marked.append(name)
     attrs = {(names.index(n),): [["tt.divisibility", 16]] for n in marked} if scalars is not None else {}
-    src = ASTSource(
-        fn=fn, signature=signature, constexprs={(names.index(n),): v for n, v in const.items()}, attrs=attrs
-    )
+    constexprs = {(names.index(n),): v for n, v in const.items()}
+    src = ASTSource(fn=fn, signature=signature, constexprs=constexprs, attrs=attrs)
     return triton.compile(src, target=GPUTarget("cuda", 90, 32), options=options)
 
 

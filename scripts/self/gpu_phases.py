@@ -41,9 +41,8 @@ def main(out: Path) -> None:
             tally = ", ".join(f"{n} {s}" for s, n in sorted(counts[suite].items()))
             lines.append(f"suite {suite:<22} {seconds:7.1f} s  ({tally})")
         if run_end := raw.get("run_end"):
-            lines.append(
-                f"write          {float(run_end[0]) - previous:7.1f} s  (last row to exit; exit code {run_end[1]})"
-            )
+            lines.append(f"write          {float(run_end[0]) - previous:7.1f} s  "
+                         f"(last row to exit; exit code {run_end[1]})")  # fmt: skip
         meta = out / "run" / "meta.json"
         if meta.is_file():
             scale = json.loads(meta.read_text()).get("scale", {})

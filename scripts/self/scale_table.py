@@ -61,9 +61,8 @@ def format_phases(runs: list[tuple[Path, float]]) -> str:
         return ""
     rows = [[name, *(f"{phases.get(name, 0.0):.1f}" for phases in spent)] for name in names]
     busy = [scale.get("case_busy_s") for scale in scales]
-    rows.append(
-        ["other", *("" if b is None else f"{b - sum(p.values()):.1f}" for b, p in zip(busy, spent, strict=True))]
-    )
+    other = ("" if b is None else f"{b - sum(p.values()):.1f}" for b, p in zip(busy, spent, strict=True))
+    rows.append(["other", *other])
     return to_markdown(pd.DataFrame(rows, columns=["phase, s", *(Path(run_dir).name for run_dir, _ in runs)]))
 
 
