@@ -26,17 +26,8 @@ from harness.cases.inputs import PagedInputs
 from harness.cases.spec import Case
 from harness.cases.variants import VARIANT_KEYS, variant_key
 
-__all__ = [
-    "REGISTRY",
-    "Backend",
-    "CaseFacts",
-    "Limits",
-    "Prepared",
-    "Unsupported",
-    "load_plugin",
-    "register_backend",
-    "resolve_backends",
-]
+__all__ = ["REGISTRY", "Backend", "CaseFacts", "Limits", "Prepared", "Unsupported", "load_plugin", "register_backend",
+           "resolve_backends"]  # fmt: skip
 
 
 def _triton_unavailable(case: Case, device: str) -> str | None:
@@ -97,18 +88,11 @@ from harness.backends import flashinfer_peer  # noqa: E402, F401
 
 
 def register_backend(
-    name: str,
-    fn: Callable[..., torch.Tensor],
-    devices: tuple[str, ...] = ("cpu", "cuda"),
-    *,
-    description: str = "",
-    graphable: bool = True,
-    variants: tuple[str, ...] | frozenset[str] = (),
-    plan: Callable[[CaseFacts], Any] | None = None,
-    limits: Limits | dict | None = None,
-    supports: Callable[[CaseFacts], str | None] | None = None,
+    name: str, fn: Callable[..., torch.Tensor], devices: tuple[str, ...] = ("cpu", "cuda"), *, description: str = "",
+    graphable: bool = True, variants: tuple[str, ...] | frozenset[str] = (), plan: Callable[[CaseFacts], Any] | None = None,
+    limits: Limits | dict | None = None, supports: Callable[[CaseFacts], str | None] | None = None,
     options: tuple[str, ...] | frozenset[str] | None = None,
-) -> Backend:
+) -> Backend:  # fmt: skip
     """Add a kernel with the contract signature to every run that imports this module; a taken name is an error.
     ``fn(q, k_cache, v_cache, block_table, seq_lens, query_start_loc=None, scale=None, out=None)`` returns
     [num_tokens, num_q_heads, head_dim] in q's dtype. The keywords: docs/contract.md, "Backends"."""

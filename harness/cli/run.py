@@ -96,17 +96,11 @@ def load_plugins(plugins: list[str], isolate: str):
                 raise BadInput(f"--plugin {', '.join(plugins)}: {error}") from None
         if plugins and worker.walls:
             os.environ[oracle_cache.ENV_DIR] = "off"  # the worker could reach the cache: the run does without it
-            print(
-                f"note: the plugins' worker could not wall off the oracle cache ({worker.walls}); this run "
-                "computes every oracle and leaves the cache alone",
-                file=sys.stderr,
-            )
+            print(f"note: the plugins' worker could not wall off the oracle cache ({worker.walls}); this run "
+                  "computes every oracle and leaves the cache alone", file=sys.stderr)  # fmt: skip
         if plugins and isolate == "all":
-            print(
-                "note: --isolate all runs the built-ins in the plugins' worker, beside them: a plugin there can "
-                "reach their rows (docs/contract.md#threat-model)",
-                file=sys.stderr,
-            )
+            print("note: --isolate all runs the built-ins in the plugins' worker, beside them: a plugin there can "
+                  "reach their rows (docs/contract.md#threat-model)", file=sys.stderr)  # fmt: skip
         return set(REGISTRY) - before, worker
     for plugin in plugins:
         try:
@@ -118,11 +112,8 @@ def load_plugins(plugins: list[str], isolate: str):
                 raise
             raise BadInput(f"--plugin {plugin}: importing it raised {type(error).__name__}({error})") from None
     if plugins:
-        print(
-            "note: --isolate none imports the plugins into the process that grades them: a plugin can reach "
-            "its own verdict (docs/contract.md#threat-model)",
-            file=sys.stderr,
-        )
+        print("note: --isolate none imports the plugins into the process that grades them: a plugin can reach "
+              "its own verdict (docs/contract.md#threat-model)", file=sys.stderr)  # fmt: skip
     return set(REGISTRY) - before, None
 
 

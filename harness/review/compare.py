@@ -91,14 +91,8 @@ def load_runs(*run_dirs: Path) -> list[tuple[pd.DataFrame, dict]]:
     return loaded
 
 
-def compare_runs(
-    base: pd.DataFrame,
-    new: pd.DataFrame,
-    base_meta: dict | None = None,
-    new_meta: dict | None = None,
-    options: CompareOptions | None = None,
-    **overrides,
-) -> Comparison:
+def compare_runs(base: pd.DataFrame, new: pd.DataFrame, base_meta: dict | None = None, new_meta: dict | None = None,
+                 options: CompareOptions | None = None, **overrides) -> Comparison:  # fmt: skip
     """Compare ``new`` against ``base`` (report rows); see the module docstring."""
     opts = options or CompareOptions(**overrides)
     found = []  # every run with a (case, backend) row twice, and the first few of its pairs

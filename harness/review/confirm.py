@@ -190,6 +190,7 @@ LOOK_EVERY = 4
 DEFAULT_ROUNDS = 32
 DEFAULT_TIME_S = 900.0
 FIRST_LOOK_SHARE = 2 / 3  # of the time box, at most, for the first look's rounds
+SOURCES = ("the base run", "the new run")
 
 
 def look_schedule(rounds: int) -> list[int]:
@@ -201,22 +202,11 @@ def look_schedule(rounds: int) -> list[int]:
 
 
 def confirm_slower(
-    comparison: Comparison,
-    base_meta: dict,
-    new_meta: dict,
-    options: CompareOptions,
-    *,
-    rounds: int = DEFAULT_ROUNDS,
-    time_s: float = DEFAULT_TIME_S,
-    which: str = "unclear",
-    target_s: float = 0.05,
-    checkouts: tuple[Path, Path] | None = None,
-    envs: tuple[dict, dict] = ({}, {}),
-    log: Callable[[str], None] = print,
-    plugins: list[str] = (),
-    sources: tuple[str, str] = ("the base run", "the new run"),
-    progress: bool | None = False,
-) -> Comparison:
+    comparison: Comparison, base_meta: dict, new_meta: dict, options: CompareOptions, *, rounds: int = DEFAULT_ROUNDS,
+    time_s: float = DEFAULT_TIME_S, which: str = "unclear", target_s: float = 0.05,
+    checkouts: tuple[Path, Path] | None = None, envs: tuple[dict, dict] = ({}, {}), log: Callable[[str], None] = print,
+    plugins: list[str] = (), sources: tuple[str, str] = SOURCES, progress: bool | None = False,
+) -> Comparison:  # fmt: skip
     """Re-time the rows ``which`` chooses (:func:`rows_to_retime`), base and new alternating, and judge them from
     the paired rounds: ``rounds`` at most within ``time_s``. ``plugins``: this command line's --plugin values, the
     only ones the workers import. ``progress``: a tqdm bar on stderr; None: a log line a round."""
@@ -270,11 +260,10 @@ def sequential_rounds(
     log: Callable[[str], None] = print, clock: Callable[[], float] = time.monotonic,
     on_round: Callable[[int, int], object] = lambda k, still_open: None,
 ) -> dict:  # fmt: skip
-    """Paired rounds until every row is decided, ``rounds`` are done, or the time box ``time_s`` is spent;
-    returns ``pooled`` (key -> (base list, new list)). ``index``: row -> (case, backend) key; ``effects``: row ->
-    its minimum effect; ``time_round(keys, pooled, new_first)`` appends each key's two observations and may
-    return the seconds each took. After round 1 and at each look (confidence ``1 - alpha / len(looks)``),
-    :func:`within_box` keeps the open rows whose rounds fit the box; a row left out stays "cannot tell"."""
+    """Paired rounds until every row is decided, ``rounds`` are done, or ``time_s`` is spent; returns ``pooled``
+    (key -> (base list, new list)). ``index``: row -> (case, backend) key; ``effects``: row -> its minimum effect;
+    ``time_round(keys, pooled, new_first)`` appends each key's two observations and may return the seconds each
+    took. After round 1 and at each look, :func:`within_box` keeps the open rows whose rounds fit the box."""
     looks = look_schedule(rounds)
     pooled = {key: ([], []) for key in index.values()}
     cost: dict = {key: [] for key in index.values()}  # key -> seconds of each of its rounds
@@ -372,7 +361,7 @@ def retime_or_mark(
     chosen = rows_to_retime(comparison, which)
     if chosen.empty:
         return comparison
-    why = skip or cannot_retime(base_meta, new_meta, confirm.get("sources", ("the base run", "the new run")))
+    why = skip or cannot_retime(base_meta, new_meta, confirm.get("sources", SOURCES))
     if not why:
         try:
             return confirm_slower(comparison, base_meta, new_meta, options, which=which, log=log, **confirm)
@@ -481,9 +470,7 @@ def _one_round(trees, envs, config, keys, pooled, new_first: bool) -> dict:
     return spent
 
 
-def rejudge(
-    comparison: Comparison, index: dict, pooled: dict, options: CompareOptions, *, looks: int = 1
-) -> Comparison:
+def rejudge(comparison: Comparison, index: dict, pooled: dict, options: CompareOptions, *, looks: int = 1) -> Comparison:  # fmt: skip
     """Judge the re-timed rows from their paired rounds, ``p_adjusted`` for the ``looks``; restate a drift note."""
     rows = comparison.rows.copy()
     for i, key in index.items():
