@@ -513,13 +513,10 @@ def resolve_case_paths(paths: list[str | Path]) -> list[Path]:
 
 def check_backend_names(cases: list[Case], registered: list[str]) -> None:
     """CaseFileError naming file, case and field for each unregistered name in ``(exclude_)backends`` (after plugins)."""
-    errors = [
-        f"{case.file}: case '{case.id}': field '{field}': unknown backend {name!r}; registered: {', '.join(registered)}"
-        for case in cases
-        for field, names in (("backends", case.backends or ()), ("exclude_backends", case.exclude_backends))
-        for name in names
-        if name not in registered
-    ]
+    errors = [f"{case.file}: case '{case.id}': field '{field}': unknown backend {name!r}; registered: "
+              f"{', '.join(registered)}" for case in cases
+              for field, names in (("backends", case.backends or ()), ("exclude_backends", case.exclude_backends))
+              for name in names if name not in registered]  # fmt: skip
     if errors:
         raise CaseFileError("\n".join(dict.fromkeys(errors)))
 
@@ -529,12 +526,7 @@ def case_file_schema() -> dict[str, Any]:
     case_schema = CaseSpec.model_json_schema()
     defs = case_schema.pop("$defs", {})
     defaults = {**case_schema, "required": [], "title": "Defaults"}
-    return {
-        "$schema": "https://json-schema.org/draft/2020-12/schema",
-        "title": "Paged-attention harness case file",
-        "type": "object",
-        "additionalProperties": False,
-        "properties": {"defaults": defaults, "case": {"type": "array", "minItems": 1, "items": case_schema}},
-        "required": ["case"],
-        "$defs": defs,
-    }
+    return {"$schema": "https://json-schema.org/draft/2020-12/schema", "title": "Paged-attention harness case file",
+            "type": "object", "additionalProperties": False,
+            "properties": {"defaults": defaults, "case": {"type": "array", "minItems": 1, "items": case_schema}},
+            "required": ["case"], "$defs": defs}  # fmt: skip

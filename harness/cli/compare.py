@@ -120,14 +120,9 @@ def compare(args: argparse.Namespace, base_run: Path, new_run: Path) -> int:
     print(text, file=sys.stderr if args.json == "-" else sys.stdout)
     if args.json:  # every row's columns but the sample lists, NaN as null
         rows = comparison.rows.drop(columns=[c for c in comparison.rows.columns if c.endswith("_samples_us")])
-        record = {
-            "base": str(base_run),
-            "new": str(new_run),
-            "exit_code": comparison.exit_code,
-            "incomplete": bool(comparison.incomplete),
-            "problems": list(comparison.problems),
-            "rows": json.loads(rows.to_json(orient="records")),
-        }
+        record = {"base": str(base_run), "new": str(new_run), "exit_code": comparison.exit_code,
+                  "incomplete": bool(comparison.incomplete), "problems": list(comparison.problems),
+                  "rows": json.loads(rows.to_json(orient="records"))}  # fmt: skip
         document = json.dumps(record, indent=1, allow_nan=False)
         if args.json == "-":
             print(document)
