@@ -1,8 +1,7 @@
 """The peer ``flashinfer``: FlashInfer's paged wrappers over the same pool the kernel reads (an optional extra,
 ``pip install '.[flashinfer]'``). docs/performance.md, "FlashInfer": the block table as its CSR page table
 (:func:`page_table`, a worked example), decode on the faster of its two paths (:func:`faster_decode`), the rest
-prefill. Sinks are not declared: its CUDA-core decode takes the keyword, unapplied.
-"""
+prefill. Sinks are not declared: its CUDA-core decode takes the keyword, unapplied."""
 
 from __future__ import annotations
 

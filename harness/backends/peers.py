@@ -1,6 +1,5 @@
 """Peers: what the kernel is raced against, each at its best and named for what it is (``flex_paged``
-and ``flashinfer`` have modules of their own). On CUDA each row records the kernels it ran.
-"""
+and ``flashinfer`` have modules of their own). On CUDA each row records the kernels it ran."""
 
 from __future__ import annotations
 

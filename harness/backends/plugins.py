@@ -1,6 +1,5 @@
 """What a plugged-in kernel declares beside its function: the facts its hooks are told (:class:`CaseFacts`),
-the limits it keeps (:class:`Limits`, which the driver learns as plain values).
-"""
+the limits it keeps (:class:`Limits`, which the driver learns as plain values)."""
 
 from __future__ import annotations
 

@@ -26,8 +26,7 @@ class OracleHook:
     score   (logits, distance, **keywords) -> logits [num_kv_heads, group, rows, seq_len] (scaled);
             distance [rows, seq_len] is key_pos - query_pos; in the table's order (cap before bias)
     mask    (distance, **keywords) -> [rows, seq_len] bool: keys hidden besides the future ones
-    sink    (logits, **keywords) -> [num_kv_heads, group, 1, 1]: a logit in each softmax's denominator only
-    """
+    sink    (logits, **keywords) -> [num_kv_heads, group, 1, 1]: a logit in each softmax's denominator only"""
 
     kv: Callable[..., tuple[torch.Tensor, torch.Tensor]] | None = None
     score: Callable[..., torch.Tensor] | None = None

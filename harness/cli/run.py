@@ -45,20 +45,15 @@ def add_parser(verbs) -> None:
     run.add_argument("--no-progress", dest="progress", action="store_false", default=None,
                      help="a line a row instead of the progress bar (the default where stderr is not a terminal: "
                      "a log or CI gets lines, not a bar redrawn with carriage returns)")  # fmt: skip
-    reliability.add_argument(
-        "--profile", action="append", default=[], metavar="CASE[:BACKEND]",
-        help="save a torch.profiler Chrome trace of these rows under RUN/profiles/ (globs; repeatable)",
-    )  # fmt: skip
-    reliability.add_argument(
-        "--isolate", choices=["plugins", "all", "none"],
-        help="backends run in a worker process that may crash or hang without ending the run "
-        "(default: plugins; 'all' adds the built-ins, 'none' runs everything in-process)",
-    )  # fmt: skip
-    reliability.add_argument(
-        "--timeout", type=float, metavar="SECONDS",
-        help="time limit of one isolated (or --workers) row, grade and timing; a backend past it is hung: its later "
-        "rows are skips (default: the row's expected cost x10, at least 60 s; a case's timeout_s wins)",
-    )  # fmt: skip
+    reliability.add_argument("--profile", action="append", default=[], metavar="CASE[:BACKEND]",
+                             help="save a torch.profiler Chrome trace of these rows under RUN/profiles/ (globs; "
+                             "repeatable)")  # fmt: skip
+    reliability.add_argument("--isolate", choices=["plugins", "all", "none"],
+                             help="backends run in a worker process that may crash or hang without ending the run "
+                             "(default: plugins; 'all' adds the built-ins, 'none' runs everything in-process)")  # fmt: skip
+    reliability.add_argument("--timeout", type=float, metavar="SECONDS", help="time limit of one isolated (or "
+                             "--workers) row, grade and timing; a backend past it is hung: its later rows are skips "
+                             "(default: the row's expected cost x10, at least 60 s; a case's timeout_s wins)")  # fmt: skip
     reliability.add_argument(
         "--resume", type=Path, metavar="RUN_DIR",
         help="finish a killed or unwritten run from its journal RUN_DIR.journal.jsonl, with its options. Options "
@@ -67,12 +62,10 @@ def add_parser(verbs) -> None:
         "--backend, --tag, --device, --oracle-device, --no-timing, --threads, --shard, --out) are refused unless "
         "equal to the journal's. Plugins are imported only when named here: pass each --plugin the run used",
     )  # fmt: skip
-    reliability.add_argument(
-        "--finalize", action="store_true",
-        help="with --resume: run nothing, write the run folder from the journal's rows alone (a run whose "
-        "machine is gone); meta.json says it is incomplete and which (case, backend) pairs never ran; "
-        "INCOMPLETE and exit 4 where some never ran (or which ran is not known here) and the rest pass",
-    )  # fmt: skip
+    reliability.add_argument("--finalize", action="store_true", help="with --resume: run nothing, write the run "
+                             "folder from the journal's rows alone (a run whose machine is gone); meta.json says it "
+                             "is incomplete and which (case, backend) pairs never ran; INCOMPLETE and exit 4 where "
+                             "some never ran (or which ran is not known here) and the rest pass")  # fmt: skip
     add_scale_arguments(run)  # --workers, --ray, --oracle-cache
     options.add_pattern(run)
     run.set_defaults(handler=main)

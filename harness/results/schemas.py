@@ -113,12 +113,10 @@ TEXT, NUMBER, SCALAR, SAMPLES, FLAG = "text", "number", "text or number", "list 
 
 # The kind of every column of harness.results.columns.TABLE, by its dtype; a few columns hold wider values.
 _KIND_OF_DTYPE = {"str": TEXT, "int": NUMBER, "float": NUMBER, "bool": FLAG, "list": SAMPLES}
-COLUMN_KINDS: dict[str, str] = {
-    **{column.name: _KIND_OF_DTYPE[column.dtype] for column in TABLE},
-    "gpu_index": SCALAR,  # a GPU's index as CUDA_VISIBLE_DEVICES names it, or its number
-    "worker": SCALAR,
+COLUMN_KINDS: dict[str, str] = {  # gpu_index: as CUDA_VISIBLE_DEVICES names it, or its number
+    **{column.name: _KIND_OF_DTYPE[column.dtype] for column in TABLE}, "gpu_index": SCALAR, "worker": SCALAR,
     "graph_capturable": NUMBER,
-}
+}  # fmt: skip
 REQUIRED = ("case", "backend", "status")  # what compare, history and the report read, at least; never empty
 
 
@@ -127,18 +125,12 @@ def _is_number(value: Any) -> bool:
 
 
 def _is_samples(value: Any) -> bool:
-    return isinstance(value, list | tuple | np.ndarray) and (
-        np.asarray(value).dtype.kind in "fiub" or all(_is_number(x) for x in value)
-    )
+    return isinstance(value, list | tuple | np.ndarray) and (np.asarray(value).dtype.kind in "fiub"
+                                                             or all(_is_number(x) for x in value))  # fmt: skip
 
 
-_VALUE_OK = {
-    TEXT: lambda v: isinstance(v, str),
-    NUMBER: _is_number,
-    SCALAR: lambda v: isinstance(v, str) or _is_number(v),
-    SAMPLES: _is_samples,
-    FLAG: lambda v: isinstance(v, bool | np.bool_),
-}
+_VALUE_OK = {TEXT: lambda v: isinstance(v, str), NUMBER: _is_number, SCALAR: lambda v: isinstance(v, str) or _is_number(v),
+             SAMPLES: _is_samples, FLAG: lambda v: isinstance(v, bool | np.bool_)}  # fmt: skip
 
 
 def _column_problem(series: pd.Series, kind: str) -> str:
@@ -160,10 +152,8 @@ def _column_problem(series: pd.Series, kind: str) -> str:
 def check_rows(frame: pd.DataFrame, file: Path | str) -> pd.DataFrame:
     """``frame`` (results.parquet) if its known columns hold their kinds; RunFolderError naming file and column."""
     if missing := [c for c in REQUIRED if c not in frame.columns]:
-        raise RunFolderError(
-            f"{file}: not a harness results file: no column(s) {', '.join(missing)} "
-            f"(has {', '.join(map(str, frame.columns[:8]))}{'...' if len(frame.columns) > 8 else ''})"
-        )
+        raise RunFolderError(f"{file}: not a harness results file: no column(s) {', '.join(missing)} "
+                             f"(has {', '.join(map(str, frame.columns[:8]))}{'...' if len(frame.columns) > 8 else ''})")  # fmt: skip
     if frame.empty:
         raise RunFolderError(f"{file}: holds no rows (a run writes one per case and backend)")
     problems = []

@@ -1,8 +1,7 @@
 """``compare --confirm``: re-time the doubtful rows, alternating the two builds step by step.
 
 Both builds timed under one load tell a slowdown from a busier machine (docs/review.md): each round starts
-a fresh :class:`Worker` per build in a worktree of its commit; rows are judged at sequential looks.
-"""
+a fresh :class:`Worker` per build in a worktree of its commit; rows are judged at sequential looks."""
 
 from __future__ import annotations
 

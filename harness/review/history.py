@@ -1,7 +1,6 @@
 """``harness history``: latency and error of every (case, backend) across runs, commit by commit. Runs are
 grouped by machine, ordered by time, labelled by short commit (``+`` dirty, ``#2`` a second run of one
-commit), each compared with the run before it.
-"""
+commit), each compared with the run before it."""
 
 from __future__ import annotations
 

@@ -126,8 +126,7 @@ def forward_error_bound(
     block_table     [num_seqs, max_blocks_per_seq] int;  seq_lens [num_seqs] int
     query_start_loc [num_seqs + 1] int
     expected        [num_tokens, num_q_heads, head_dim_v] float64: the oracle's output
-    returns         [num_tokens, num_q_heads, head_dim_v] float64 on expected's device
-    """
+    returns         [num_tokens, num_q_heads, head_dim_v] float64 on expected's device"""
     device = expected.device
     u = UNIT_ROUNDOFF["float32"]
     u_out = UNIT_ROUNDOFF.get(str(q.dtype).removeprefix("torch."), u)

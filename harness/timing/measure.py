@@ -1,6 +1,5 @@
 """Timing columns of one report row (docs/contract.md): what the kernel costs on the device and what a
-caller waits for, within ``ROW_BUDGET_S`` a row, keeping at least one sample of each measurement.
-"""
+caller waits for, within ``ROW_BUDGET_S`` a row, keeping at least one sample of each measurement."""
 
 from __future__ import annotations
 
@@ -59,12 +58,8 @@ class TimingSettings:
 
 
 def _spread(prefix: str, timing: Timing) -> dict:
-    return {
-        f"{prefix}_us": timing.median_us,
-        f"{prefix}_p10_us": timing.quantile(0.1),
-        f"{prefix}_p90_us": timing.quantile(0.9),
-        f"{prefix}_samples_us": [round(s, 3) for s in timing.samples_us],
-    }
+    return {f"{prefix}_us": timing.median_us, f"{prefix}_p10_us": timing.quantile(0.1),
+            f"{prefix}_p90_us": timing.quantile(0.9), f"{prefix}_samples_us": [round(s, 3) for s in timing.samples_us]}  # fmt: skip
 
 
 def timing_columns(case: Case, backend: Backend, prepared: Prepared, settings: TimingSettings,

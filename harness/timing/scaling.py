@@ -1,6 +1,5 @@
 """How each backend's latency scales: latency_us ~= fixed_us + per_unit_us * x by least squares over a run's
-timed rows, kept (``fitted``) only where r2 >= MIN_R2 and neither term is negative.
-"""
+timed rows, kept (``fitted``) only where r2 >= MIN_R2 and neither term is negative."""
 
 from __future__ import annotations
 

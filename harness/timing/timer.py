@@ -1,8 +1,7 @@
 """The one timing entry point: :func:`time_call`, the device time of a prepared call (``latency_us``), and
 :func:`time_wall`, what a caller waits for (``call_us``). Both return raw samples (us): at least
 ``min_reps``, then more until ``target_s``, ``max_reps`` or ``deadline``; ``hooks`` run around each sample
-outside the timed region, then around a ``final`` one. The clocks are bound at import, before any plugin.
-"""
+outside the timed region, then around a ``final`` one. The clocks are bound at import, before any plugin."""
 
 from __future__ import annotations
 
