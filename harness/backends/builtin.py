@@ -40,11 +40,10 @@ def _triton_unavailable(case: Case, device: str) -> str | None:
 def _prepare_cache(case: Case, inputs: PagedInputs, out: torch.Tensor) -> Prepared:
     """Write every sequence through PagedKVCache's slot mapping; time its dispatched read."""
     device = inputs.q.device
-    cache = kernels.PagedKVCache(
-        num_layers=1, num_blocks=case.blocks_needed, block_size=case.block_size, num_kv_heads=case.num_kv_heads,
-        head_dim=case.head_dim, dtype=inputs.k_cache.dtype, device=device, head_dim_v=case.head_dim_v,
-        k_scale=inputs.options.get("k_scale"), v_scale=inputs.options.get("v_scale"),
-    )  # fmt: skip
+    cache = kernels.PagedKVCache(num_layers=1, num_blocks=case.blocks_needed, block_size=case.block_size,
+                                 num_kv_heads=case.num_kv_heads, head_dim=case.head_dim, dtype=inputs.k_cache.dtype,
+                                 device=device, head_dim_v=case.head_dim_v, k_scale=inputs.options.get("k_scale"),
+                                 v_scale=inputs.options.get("v_scale"))  # fmt: skip
     options = {name: value for name, value in inputs.options.items() if name not in ("k_scale", "v_scale")}
     seq_ids = list(range(case.num_seqs))
     for seq_id, keys, values in zip(seq_ids, inputs.keys, inputs.values, strict=True):
@@ -53,11 +52,9 @@ def _prepare_cache(case: Case, inputs: PagedInputs, out: torch.Tensor) -> Prepar
     chosen = kernels.select_backend(device)
     # run(): a step's read with its metadata built once (as an engine does); call(): by sequence ids, built each call.
     step = cache.step_metadata(seq_ids, inputs.query_start_loc.cpu())
-    return Prepared(
-        run=lambda: cache.paged_attention(0, inputs.q, step, out=out, **options),
-        call=lambda: cache.paged_attention(0, inputs.q, seq_ids, inputs.query_start_loc, **options),
-        note=f"dispatch -> {chosen}; step metadata built once",
-    )
+    return Prepared(run=lambda: cache.paged_attention(0, inputs.q, step, out=out, **options),
+                    call=lambda: cache.paged_attention(0, inputs.q, seq_ids, inputs.query_start_loc, **options),
+                    note=f"dispatch -> {chosen}; step metadata built once")  # fmt: skip
 
 
 add_backend(Backend("reference", contract_prepare(kernels.paged_attention_reference), ("cpu", "cuda"), "kernel",

@@ -114,12 +114,10 @@ def fp8_inputs(inputs: Any, fields: Any) -> Any:
     fp8 = getattr(torch, fields.kv_dtype)
     k, v = inputs.k_cache.flatten(0, 1), inputs.v_cache.flatten(0, 1)  # [num_slots, num_kv_heads, head_dim(_v)]
     k_scale, v_scale = fp8_scales(k, fields.kv_scale, fp8), fp8_scales(v, fields.kv_scale, fp8)
-    return replace(
-        with_options(inputs, k_scale=k_scale, v_scale=v_scale),
-        k_cache=quantize_kv(k, k_scale, fp8).view(inputs.k_cache.shape),
-        v_cache=quantize_kv(v, v_scale, fp8).view(inputs.v_cache.shape),
-        unquantized=(inputs.k_cache, inputs.v_cache),
-    )
+    return replace(with_options(inputs, k_scale=k_scale, v_scale=v_scale),
+                   k_cache=quantize_kv(k, k_scale, fp8).view(inputs.k_cache.shape),
+                   v_cache=quantize_kv(v, v_scale, fp8).view(inputs.v_cache.shape),
+                   unquantized=(inputs.k_cache, inputs.v_cache))  # fmt: skip
 
 
 def per_kv_head(scale: float | torch.Tensor | None, x: torch.Tensor) -> torch.Tensor:

@@ -187,12 +187,11 @@ def _run_and_write(args, device, cases, backends, plugin_backends, worker, journ
     pooled_cuda = device == "cuda" and (args.workers is not None or args.ray is not None)
     ceilings = measure_ceilings(device, list(dtypes)) if args.timing and not pooled_cuda else {}
     isolated = {"plugins": plugin_backends, "all": {b.name for b in backends}, "none": set()}[args.isolate]
-    config = RunConfig(
-        device=device, backends=backends, timing=args.timing, oracle_device=args.harness_oracle_device or "cpu",
-        ceilings=ceilings, ceiling_dtypes=dtypes, progress=args.progress, isolated=frozenset(isolated),
-        plugins=tuple(args.harness_plugins), timeout_s=args.timeout, threads=threads,
-        logs=(str(staged_logs(run_dir)), str(run_dir / "logs")),
-    )  # fmt: skip
+    config = RunConfig(device=device, backends=backends, timing=args.timing,
+                       oracle_device=args.harness_oracle_device or "cpu", ceilings=ceilings, ceiling_dtypes=dtypes,
+                       progress=args.progress, isolated=frozenset(isolated), plugins=tuple(args.harness_plugins),
+                       timeout_s=args.timeout, threads=threads,
+                       logs=(str(staged_logs(run_dir)), str(run_dir / "logs")))  # fmt: skip
     printer, journal_s = None, 0.0
 
     def on_row(row: dict) -> None:

@@ -220,10 +220,9 @@ def _latency_verdicts(rows: pd.DataFrame, opts: CompareOptions) -> None:
             for column in cols:  # ratio, ci_low, ci_high, p_value
                 cols[column][i] = getattr(t, column)
         else:
-            v = stats.weak_verdict(
-                r["latency_us_base"], r["latency_us_new"], r["latency_p10_us_base"], r["latency_p90_us_base"],
-                r["latency_p10_us_new"], r["latency_p90_us_new"], min_effect=_effect(r, opts),
-            )  # fmt: skip
+            v = stats.weak_verdict(r["latency_us_base"], r["latency_us_new"], r["latency_p10_us_base"],
+                                   r["latency_p90_us_base"], r["latency_p10_us_new"], r["latency_p90_us_new"],
+                                   min_effect=_effect(r, opts))  # fmt: skip
             verdict[i], reason[i], evidence[i] = v.verdict, v.reason, v.evidence
     p_adjusted = stats.adjust_p_values(cols["p_value"], opts.correction)
     for i, t in tests.items():
