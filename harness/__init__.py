@@ -2,8 +2,6 @@
 
 :func:`register_backend` is looked up on first use: importing ``harness`` imports neither the kernels nor Triton."""
 
-from __future__ import annotations
-
 __all__ = ["register_backend"]
 
 

@@ -1,8 +1,6 @@
 """The built-in backends: the kernels under test (reference, tlsim, triton, through the contract) and the engine
 path (cache); the peers are in :mod:`harness.backends.peers`, the registry (re-exported here) in its own module."""
 
-from __future__ import annotations
-
 import warnings
 from collections.abc import Callable
 from typing import Any

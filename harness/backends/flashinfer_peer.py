@@ -3,8 +3,6 @@
 (:func:`page_table`, a worked example), decode on the faster of its two paths (:func:`faster_decode`), the rest
 prefill. Sinks are not declared: its CUDA-core decode takes the keyword, unapplied."""
 
-from __future__ import annotations
-
 import dataclasses
 import importlib.util
 from collections.abc import Callable, Iterable

@@ -1,8 +1,6 @@
 """The peer ``flex_paged``: FlexAttention reading the paged pool itself (viewed as one key sequence), steered by a
 BlockMask built from the block table, whose KV block is the page; docs/performance.md says how it is built and timed."""
 
-from __future__ import annotations
-
 import math
 from dataclasses import dataclass
 

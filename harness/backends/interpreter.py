@@ -4,8 +4,6 @@ The interpreter keeps a bf16 tensor as raw ``uint16``: dots, arithmetic, compari
 work on the bit patterns, and an fp32 -> bf16 cast truncates. :func:`correct_bf16` makes each decode
 to fp32, compute, and round back to nearest even, as a GPU does."""
 
-from __future__ import annotations
-
 import os
 
 import numpy as np

@@ -1,8 +1,6 @@
 """Peers: what the kernel is raced against, each at its best and named for what it is (``flex_paged``
 and ``flashinfer`` have modules of their own). On CUDA each row records the kernels it ran."""
 
-from __future__ import annotations
-
 import inspect
 from dataclasses import dataclass
 from functools import partial

@@ -2,8 +2,6 @@
 
 ``prepare(case, inputs, out)`` does the setup outside the timed region and returns a :class:`Prepared`."""
 
-from __future__ import annotations
-
 import importlib
 import importlib.util
 import sys

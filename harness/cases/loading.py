@@ -1,7 +1,5 @@
 """Case files to cases: read and validate every file, keep the tagged ones, refuse what would not fit in memory."""
 
-from __future__ import annotations
-
 from collections.abc import Callable
 from pathlib import Path
 

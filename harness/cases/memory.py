@@ -8,8 +8,6 @@ the float64 oracle four logits-sized tensors plus K and V; the error bound three
 cache pad q and keep every split's state; the padded peers pay for num_seqs x max_seq_len; a plugin is
 charged like reference. tests/harness/test_reliability_memory.py checks it against the peak RSS."""
 
-from __future__ import annotations
-
 import contextlib
 import os
 from dataclasses import dataclass

@@ -1,8 +1,6 @@
 """The attention variants: one row per option, declaring it once for the case file (:data:`VariantFields`),
 the backend registry, the inputs, the kernel call and the oracle; docs/contract.md says what each computes."""
 
-from __future__ import annotations
-
 import difflib
 import math
 from collections.abc import Callable

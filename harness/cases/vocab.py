@@ -1,7 +1,5 @@
 """The harness's words, each defined once: dtype names (the kernels' own), KV-pool layouts, row statuses."""
 
-from __future__ import annotations
-
 from typing import Annotated, Literal
 
 from pydantic import AllowInfNan, Strict

@@ -1,8 +1,6 @@
 """``harness backends``: what is registered, where it runs, its variants, and whether it runs here (on the
 smoke suite's cases, on this machine's device or ``--device``)."""
 
-from __future__ import annotations
-
 import argparse
 
 from harness.backends.builtin import REGISTRY

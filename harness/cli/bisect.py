@@ -9,8 +9,6 @@ BAD itself is timed only when the search ends at it, so a BAD that is not slower
 Latency only: a row that fails its tolerance is found with ``run`` on the commits.
 """
 
-from __future__ import annotations
-
 import argparse
 import subprocess
 import sys

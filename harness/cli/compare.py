@@ -1,8 +1,6 @@
 """``harness compare BASE_RUN NEW_RUN``: what got worse (:mod:`harness.review.compare`), latency rows re-timed
 in paired rounds (:mod:`harness.review.confirm`)."""
 
-from __future__ import annotations
-
 import argparse
 import dataclasses
 import json

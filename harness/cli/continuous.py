@@ -1,8 +1,6 @@
 """``harness continuous BASE [HEAD]``: run both commits, each in a git worktree on this tree's case files
 and options, then compare them, as ``asv continuous`` does."""
 
-from __future__ import annotations
-
 import argparse
 import os
 import subprocess

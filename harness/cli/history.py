@@ -1,7 +1,5 @@
 """``harness history``: latency and error trends across runs (commits), per case and backend."""
 
-from __future__ import annotations
-
 import argparse
 from pathlib import Path
 

@@ -1,7 +1,5 @@
 """python -m harness {run,list,backends,variants,schema,report,compare,continuous,bisect,history,merge}"""
 
-from __future__ import annotations
-
 import argparse
 import importlib
 import os

@@ -1,8 +1,6 @@
 """What the verbs share: the run options (for the CLI and pytest, so destinations carry a ``harness_`` prefix:
 pytest keeps ``-p`` in ``plugins``), ``-k``, bad input and the exit codes."""
 
-from __future__ import annotations
-
 import argparse
 import contextlib
 import fnmatch

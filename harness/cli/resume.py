@@ -1,7 +1,5 @@
 """A run's journal: what it records of the options, ``run --resume`` and ``run --resume --finalize``."""
 
-from __future__ import annotations
-
 import argparse
 import os
 import sys

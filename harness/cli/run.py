@@ -1,8 +1,6 @@
 """``harness run``: run cases through backends, grade and time every row, write a run folder. Rows go to a
 journal as they finish (``resume``); plugins are imported in a worker process, never here."""
 
-from __future__ import annotations
-
 import argparse
 import os
 import sys

@@ -1,8 +1,6 @@
 """The one-process executor: every case in this process, a backend named in ``config.isolated`` in a worker
 process (:class:`harness.execute.processes.Worker`)."""
 
-from __future__ import annotations
-
 import dataclasses
 from collections.abc import Callable, Collection, Iterable
 from dataclasses import dataclass

@@ -1,8 +1,6 @@
 """The one per-case loop every executor runs (:func:`case_events`), and the bookkeeping every driver of
 other processes shares (:class:`Tracker`)."""
 
-from __future__ import annotations
-
 import time
 from collections.abc import Callable, Collection, Iterator
 from dataclasses import dataclass, field

@@ -1,7 +1,5 @@
 """The Ray executor: a run's cases as Ray tasks, one task per case, on any number of hosts (docs/scaling.md)."""
 
-from __future__ import annotations
-
 import dataclasses
 import os
 import shutil

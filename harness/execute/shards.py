@@ -1,8 +1,6 @@
 """Many hosts, one run: ``harness run --shard I/N`` picks a host's slice of the cases, and
 ``harness merge OUT RUN...`` joins the hosts' run folders into one (docs/scaling.md)."""
 
-from __future__ import annotations
-
 from pathlib import Path
 
 import pandas as pd

@@ -1,8 +1,6 @@
 """pytest -n N (pytest-xdist): one GPU per worker; with ``--harness-report DIR`` each worker writes its rows to
 ``<folder>/<gwI>.jsonl`` and the controller writes one run folder from them, in test order."""
 
-from __future__ import annotations
-
 import json
 import os
 import shutil

@@ -1,7 +1,5 @@
 """What a run records about where it ran: commit, host, device, versions, ceilings."""
 
-from __future__ import annotations
-
 import contextlib
 import importlib.metadata
 import os

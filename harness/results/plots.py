@@ -1,8 +1,6 @@
 """Plots for the review and history pages: report rows in, a self-contained SVG data URI out (None when there
 is nothing to draw). Every name from a run goes through :func:`literal`, so matplotlib draws it as text."""
 
-from __future__ import annotations
-
 import base64
 import io
 

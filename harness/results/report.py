@@ -1,8 +1,6 @@
 """The review page of a run (report.html) and the comparison page (compare --html): one self-contained HTML
 file each, no network; every string from a case file, a plugin or an error is escaped by jinja2's autoescape."""
 
-from __future__ import annotations
-
 import math
 import os
 import tempfile

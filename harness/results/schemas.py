@@ -1,7 +1,5 @@
 """The shapes of the files a run folder holds, checked before anything reads them (:class:`RunFolderError`)."""
 
-from __future__ import annotations
-
 import re
 from pathlib import Path
 from typing import Any

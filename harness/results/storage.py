@@ -1,8 +1,6 @@
 """Storing a run: results.parquet, results.csv, meta.json and report.html in one folder, written into a hidden
 ``.<run>.partial-<pid>`` sibling and renamed into place; the name is reserved by its journal (O_EXCL)."""
 
-from __future__ import annotations
-
 import errno
 import json
 import os

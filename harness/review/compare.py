@@ -4,8 +4,6 @@ Per row: status changes, accuracy (max abs error or ``tol_ratio`` grown ``error_
 latency verdict (:mod:`harness.review.stats`); per run: one-sided rows, a device or version mismatch (docs/review.md).
 """
 
-from __future__ import annotations
-
 from dataclasses import dataclass, field
 from pathlib import Path
 

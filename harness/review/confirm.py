@@ -3,8 +3,6 @@
 Both builds timed under one load tell a slowdown from a busier machine (docs/review.md): each round starts
 a fresh :class:`Worker` per build in a worktree of its commit; rows are judged at sequential looks."""
 
-from __future__ import annotations
-
 import contextlib
 import functools
 import json

@@ -2,8 +2,6 @@
 grouped by machine, ordered by time, labelled by short commit (``+`` dirty, ``#2`` a second run of one
 commit), each compared with the run before it."""
 
-from __future__ import annotations
-
 from dataclasses import dataclass
 from pathlib import Path
 

@@ -2,8 +2,6 @@
 (:func:`decide`): bootstrap interval of the median ratio and adjusted Mann-Whitney p; paired rounds
 (:func:`decide_paired`): Hodges-Lehmann ratio and exact signed-rank interval. Why they differ: docs/review.md."""
 
-from __future__ import annotations
-
 from collections.abc import Sequence
 from dataclasses import dataclass
 

@@ -14,8 +14,6 @@ and, since d out / d s_j = p_j (v_j - out),
 per output element. A row whose tolerance is below this bound at some element grades the input's
 own round-off, not the kernel: its ``grading_note`` says so (the status is kept)."""
 
-from __future__ import annotations
-
 import bisect
 import hashlib
 from dataclasses import dataclass

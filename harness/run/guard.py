@@ -1,8 +1,6 @@
 """Guards around a backend's call: its inputs stay pristine, its output has q's shape, dtype and device,
 and only the user (not a backend) can stop the run."""
 
-from __future__ import annotations
-
 import signal
 import threading
 from collections.abc import Callable

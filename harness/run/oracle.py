@@ -1,8 +1,6 @@
 """The harness's truth: attention in float64 on the CPU, written from the definition; it shares no code with
 the backends it grades (each variant enters through its oracle hook)."""
 
-from __future__ import annotations
-
 from functools import partial
 
 import torch

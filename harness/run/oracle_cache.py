@@ -6,8 +6,6 @@ cached, one file per output (magic, the payload's sha256, the payload), written 
 recently used pruned past ``$HARNESS_ORACLE_CACHE_MAX_BYTES``. The folder must be private (0700, yours);
 ``--verify-oracle-cache`` recomputes a fraction of the hits (:class:`PoisonedCacheError`). docs/scaling.md."""
 
-from __future__ import annotations
-
 import contextlib
 import hashlib
 import io

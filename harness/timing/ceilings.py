@@ -1,7 +1,5 @@
 """The device's ceilings, measured at the start of a run: what "fast" is measured against."""
 
-from __future__ import annotations
-
 import json
 import os
 import time

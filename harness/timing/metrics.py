@@ -1,7 +1,5 @@
 """Derived metrics: pure functions of a case and a measured latency (one formula each)."""
 
-from __future__ import annotations
-
 from harness.cases.spec import Case
 
 

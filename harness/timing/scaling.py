@@ -1,8 +1,6 @@
 """How each backend's latency scales: latency_us ~= fixed_us + per_unit_us * x by least squares over a run's
 timed rows, kept (``fitted``) only where r2 >= MIN_R2 and neither term is negative."""
 
-from __future__ import annotations
-
 import numpy as np
 import pandas as pd
 

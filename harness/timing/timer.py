@@ -3,8 +3,6 @@
 ``min_reps``, then more until ``target_s``, ``max_reps`` or ``deadline``; ``hooks`` run around each sample
 outside the timed region, then around a ``final`` one. The clocks are bound at import, before any plugin."""
 
-from __future__ import annotations
-
 import time
 import warnings
 from collections.abc import Callable
