@@ -6,7 +6,7 @@ from typing import Any
 
 import numpy as np
 import pandas as pd
-from pydantic import BaseModel, ConfigDict, ValidationError
+from pydantic import BaseModel, ConfigDict, ValidationError, create_model
 
 from harness.cases.vocab import STATUSES, field_path
 from harness.results.columns import TABLE
@@ -54,43 +54,22 @@ class OracleCacheRecord(_Lenient):
     verify_fraction: Number | None = None
 
 
-class RunMeta(_Lenient):
-    """meta.json (harness.results.environment.collect_meta plus what the CLI adds)."""
-
-    commit: str | None = None
-    commit_source: str | None = None
-    dirty: bool | None = None
-    time: str | None = None
-    host: str | None = None
-    device: str | None = None
-    device_name: str | None = None
-    torch: str | None = None
-    triton: str | None = None
-    python: str | None = None
-    triton_interpret: str | None = None
-    command: str | None = None
-    harness_version: str | None = None
-    cpu_model: str | None = None
-    logical_cpus: int | None = None
-    torch_threads: int | None = None
-    load_average: list[Number] | None = None
-    gpu_state: list[dict[str, str]] | None = None
-    ceilings_gbps: dict[str, Number | None] | None = None
-    ceilings: Ceilings | None = None
-    timing_threads: int | None = None
-    case_files: list[str] | None = None
-    shard: str | None = None
-    gpus: list[GpuRecord] | None = None
-    scale: dict[str, Any] | None = None
-    resumed: dict[str, Any] | None = None
-    incomplete: dict[str, Any] | None = None
-    merged_from: list[Any] | None = None
-    timing: bool | None = None
-    oracle_cache: OracleCacheRecord | None = None
+# meta.json (harness.results.environment.collect_meta plus what the CLI adds): every key optional, typed when there.
+_TEXT = str | None
+RunMeta = create_model("RunMeta", __base__=_Lenient, **{name: (kind, None) for name, kind in {
+    "commit": _TEXT, "commit_source": _TEXT, "dirty": bool | None, "time": _TEXT, "host": _TEXT, "device": _TEXT,
+    "device_name": _TEXT, "torch": _TEXT, "triton": _TEXT, "python": _TEXT, "triton_interpret": _TEXT,
+    "command": _TEXT, "harness_version": _TEXT, "cpu_model": _TEXT, "logical_cpus": int | None,
+    "torch_threads": int | None, "load_average": list[Number] | None, "gpu_state": list[dict[str, str]] | None,
+    "ceilings_gbps": dict[str, Number | None] | None, "ceilings": Ceilings | None, "timing_threads": int | None,
+    "case_files": list[str] | None, "shard": _TEXT, "gpus": list[GpuRecord] | None, "scale": dict[str, Any] | None,
+    "resumed": dict[str, Any] | None, "incomplete": dict[str, Any] | None, "merged_from": list[Any] | None,
+    "timing": bool | None, "oracle_cache": OracleCacheRecord | None,
+}.items()})  # fmt: skip
 
 
 def check_meta(meta: Any, file: Path | str) -> dict:
-    """``meta`` (parsed meta.json) if it fits :class:`RunMeta`; RunFolderError naming file and field."""
+    """``meta`` (parsed meta.json) if it fits :data:`RunMeta`; RunFolderError naming file and field."""
     if not isinstance(meta, dict):
         raise RunFolderError(f"{file}: a JSON object expected, got {type(meta).__name__}")
     try:
