@@ -457,10 +457,8 @@ def count_sweep_points(file: str, tables: list[dict[str, Any]]) -> None:
         sequences.append((points * each, str(table.get("name", "?")), points, each))
     if (total := sum(points for _, _, points, _ in sequences)) > limit:
         worst = sorted(shapes, key=lambda shape: -shape[1])[:3]
-        detail = "; ".join(
-            f"case '{name}': {points:,} = " + " x ".join(f"{field} {n}" for field, n in lengths.items())
-            for name, points, lengths in worst
-        )
+        detail = "; ".join(f"case '{name}': {points:,} = " + " x ".join(f"{field} {n}" for field, n in lengths.items())
+                           for name, points, lengths in worst)  # fmt: skip
         raise CaseFileError(
             f"{file}: field 'sweep': {total:,} cases, more than the limit of {limit:,} a file ({detail}); "
             f"split the file, or raise the limit with --max-sweep-points or {ENV_MAX_SWEEP_POINTS}"

@@ -241,10 +241,8 @@ def variant_key(name: str) -> str:
         return VARIANT_NAMES[name]
     close = difflib.get_close_matches(str(name), list(VARIANT_NAMES), n=1, cutoff=0.5)
     hint = f" (did you mean {close[0]!r}?)" if close else ""
-    raise ValueError(
-        f"unknown variant {name!r}{hint}; a variant is named by its case-file field (`harness variants` "
-        f"lists them): {', '.join(v.name for v in VARIANTS)}"
-    )
+    raise ValueError(f"unknown variant {name!r}{hint}; a variant is named by its case-file field (`harness variants` "
+                     f"lists them): {', '.join(v.name for v in VARIANTS)}")  # fmt: skip
 
 
 def _keywords(v: Variant) -> str:

@@ -75,10 +75,8 @@ def check(args: argparse.Namespace) -> None:
     if args.confirm and args.no_confirm:
         raise BadInput(f"--confirm {args.confirm} and --no-confirm: choose one")
     if not args.no_confirm and args.confirm_rounds < MIN_ROUNDS:
-        raise BadInput(
-            f"--confirm-rounds {args.confirm_rounds}: at least {MIN_ROUNDS} rounds are needed for a verdict "
-            f"(fewer paired rounds cannot exclude anything at the looks' confidence)"
-        )
+        raise BadInput(f"--confirm-rounds {args.confirm_rounds}: at least {MIN_ROUNDS} rounds are needed for a verdict "
+                       f"(fewer paired rounds cannot exclude anything at the looks' confidence)")  # fmt: skip
     if args.json not in (None, "-") and Path(args.json).is_dir():
         raise BadInput(f"--json {args.json}: a folder; give a file to write, or no value for stdout")
 

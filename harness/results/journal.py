@@ -223,10 +223,8 @@ class Journal:
             except JournalError:
                 holder = None
             who = f"process {holder}" if holder else "another process"
-            raise JournalError(
-                f"{self.path}: {who} holds this journal's lock: it is resuming (writing) this run now; "
-                "wait for it to finish or stop it"
-            ) from None
+            raise JournalError(f"{self.path}: {who} holds this journal's lock: it is resuming (writing) this run now; "
+                               "wait for it to finish or stop it") from None  # fmt: skip
         except OSError:  # a filesystem without flock (some network mounts): only the pid check guards it
             pass
         self._file = file

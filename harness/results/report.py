@@ -17,10 +17,8 @@ from harness.timing.scaling import fit_scaling
 
 HOST_OVERHEAD_FLAG = 1.5  # call_us / latency_us above this is flagged as host overhead
 _STATUS_ORDER = {status: i for i, status in enumerate(WORST_FIRST)}
-MAIN_COLUMNS = [
-    "status", "case", "backend", "dtype", "tol_ratio", "max_abs_err", "latency_us", "latency_p10_us",
-    "latency_p90_us", "call_us", "gbps", "pct_of_ceiling", "reason",
-]  # fmt: skip
+MAIN_COLUMNS = ["status", "case", "backend", "dtype", "tol_ratio", "max_abs_err", "latency_us", "latency_p10_us",
+                "latency_p90_us", "call_us", "gbps", "pct_of_ceiling", "reason"]  # fmt: skip
 
 ENV = Environment(loader=PackageLoader("harness.results", "templates"), autoescape=select_autoescape(["html", "j2"]))
 
@@ -81,10 +79,8 @@ def peaks_of(meta: dict) -> dict[str, dict]:
     ceilings = meta.get("ceilings") or {}
     peaks, sources = ceilings.get("peak_tflops"), ceilings.get("peak_source") or {}
     if isinstance(peaks, dict):
-        return {
-            d: {"tflops": v, "source": sources.get(d, "") if isinstance(sources, dict) else sources}
-            for d, v in peaks.items()
-        }
+        return {d: {"tflops": v, "source": sources.get(d, "") if isinstance(sources, dict) else sources}
+                for d, v in peaks.items()}  # fmt: skip
     if peaks is not None:
         return {"all dtypes": {"tflops": peaks, "source": sources if isinstance(sources, str) else ""}}
     return {}
@@ -165,11 +161,9 @@ def render_html(
         fits = fit_scaling(frame)
     except Exception:  # the page must render even if a fit cannot be made from these rows
         fits = pd.DataFrame()
-    figures = [
-        ("Latency and bandwidth against KV length", plots.latency_and_bandwidth(frame, ceilings)),
-        ("Error against tolerance, per backend", plots.error_vs_tolerance(frame)),
-        ("Scaling fit", plots.scaling_fit(frame, fits)),
-    ]
+    figures = [("Latency and bandwidth against KV length", plots.latency_and_bandwidth(frame, ceilings)),
+               ("Error against tolerance, per backend", plots.error_vs_tolerance(frame)),
+               ("Scaling fit", plots.scaling_fit(frame, fits))]  # fmt: skip
     return ENV.get_template("report.html.j2").render(
         tips=MEANINGS, meta=meta, rows=graded, skipped=skipped, bad=[r for r in rows if r["status"] in FAILING],
         counts=counts, total=len(rows), backends=backends, pivot=list(pivot.values()), ceilings=ceilings,

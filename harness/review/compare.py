@@ -20,10 +20,8 @@ EXIT_OK, EXIT_WORSE, EXIT_INCOMPLETE, EXIT_UNCONFIRMED = 0, 1, 4, 5  # 2 bad inp
 UNCONFIRMED = "unconfirmed"  # a latency row the unpaired rule called slower, not re-timed in paired rounds
 _RANK = {"pass": 0, "fail": 1, "error": 2}
 KEY = ["case", "backend"]
-_FIELDS = [
-    "device", "status", "reason", "max_abs_err", "atol", "tol_ratio", "nan_count", "latency_us",
-    "latency_p10_us", "latency_p90_us", "latency_samples_us", "call_us", "worst_location", "note",
-]  # fmt: skip
+_FIELDS = ["device", "status", "reason", "max_abs_err", "atol", "tol_ratio", "nan_count", "latency_us",
+           "latency_p10_us", "latency_p90_us", "latency_samples_us", "call_us", "worst_location", "note"]  # fmt: skip
 META_KEYS = ("device", "device_name", "torch", "triton")
 RETIMED = "interleaved re-run"  # how a re-timed row's verdict_reason begins (harness.review.confirm)
 DRIFT = "latency drift"  # how the note of runs that moved as wholes begins (drift_warning)

@@ -240,11 +240,9 @@ def confirm_slower(
             elif progress is None and k not in looks:
                 say(f"confirm: round {k} of at most {rounds} done, {still_open} row(s) open")
 
-        say(
-            f"confirm: re-timing {len(index)} row(s) ({which}) in paired rounds of fresh base and new processes; "
+        say(f"confirm: re-timing {len(index)} row(s) ({which}) in paired rounds of fresh base and new processes; "
             f"looks after rounds {', '.join(map(str, looks))}; time box {time_s:.0f} s: done within about "
-            f"{math.ceil(time_s / 60)} min (--confirm-time; --no-confirm skips this)"
-        )
+            f"{math.ceil(time_s / 60)} min (--confirm-time; --no-confirm skips this)")  # fmt: skip
         pooled = sequential_rounds(
             index, effects, lambda keys, pooled, new_first: _one_round(trees, envs, config, keys, pooled, new_first),
             alpha=options.alpha, rounds=rounds, time_s=time_s, log=say, on_round=on_round,
@@ -287,10 +285,8 @@ def sequential_rounds(
             first = {key: (cost[key][0], None) for key in keys}
             box = FIRST_LOOK_SHARE * time_s - (clock() - start)
             if left := drop_all_but(within_box(first, overhead[0], [MIN_ROUNDS - 1], box)):
-                log(
-                    f"confirm: round 1: {left} row(s) left undecided, the costliest: their rounds to the first "
-                    f"look would not fit {FIRST_LOOK_SHARE:.0%} of the box"
-                )
+                log(f"confirm: round 1: {left} row(s) left undecided, the costliest: their rounds to the first "
+                    f"look would not fit {FIRST_LOOK_SHARE:.0%} of the box")  # fmt: skip
             if not open_rows:  # nothing left to time: no more rounds of idle workers
                 on_round(k, 0)
                 break

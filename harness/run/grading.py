@@ -53,10 +53,8 @@ class Grade:
         """Non-empty when the tolerance is below the forward error bound of the inputs."""
         if not self.bound_ratio > 1:
             return ""
-        return (
-            f"tolerance below the input's own round-off: grades the input, not the kernel "
-            f"(error bound {self.error_bound:.3g} is {self.bound_ratio:.2f}x the tolerance)"
-        )
+        return (f"tolerance below the input's own round-off: grades the input, not the kernel "
+                f"(error bound {self.error_bound:.3g} is {self.bound_ratio:.2f}x the tolerance)")  # fmt: skip
 
     @property
     def reason(self) -> str:
@@ -65,10 +63,8 @@ class Grade:
             return ""
         if self.nan_count:
             return f"{self.nan_count} NaN/inf outputs (unwritten rows, or a read of an unowned slot)"
-        return (
-            f"max abs err {self.max_abs_err:.3g} at (token, head, dim) {self.worst_index} "
-            f"exceeds atol {self.atol:g} + rtol {self.rtol:g} * |expected|"
-        )
+        return (f"max abs err {self.max_abs_err:.3g} at (token, head, dim) {self.worst_index} "
+                f"exceeds atol {self.atol:g} + rtol {self.rtol:g} * |expected|")  # fmt: skip
 
 
 def _ratio(numerator: torch.Tensor, allowed: torch.Tensor) -> float:

@@ -6,11 +6,9 @@ import pandas as pd
 
 # Per phase: the work that should drive the cost (bytes for decode, flops for prefill), then
 # the KV tokens and the batch. Across cases of other head counts only the first fits well.
-SCALING_AXES = {
-    "decode": ("bytes_moved", "total_kv_tokens", "num_seqs"),
-    "prefill": ("flops", "total_kv_tokens", "num_seqs"),
-    "all": ("total_kv_tokens", "num_seqs"),
-}
+SCALING_AXES = {"decode": ("bytes_moved", "total_kv_tokens", "num_seqs"),
+                "prefill": ("flops", "total_kv_tokens", "num_seqs"),
+                "all": ("total_kv_tokens", "num_seqs")}  # fmt: skip
 MIN_POINTS = 3
 MIN_R2 = 0.9
 
