@@ -1,5 +1,4 @@
-"""``harness compare BASE_RUN NEW_RUN``: what got worse (:mod:`harness.review.compare`), latency rows re-timed
-in paired rounds (:mod:`harness.review.confirm`)."""
+"""``harness compare BASE_RUN NEW_RUN``: what got worse (:mod:`harness.review.compare`), re-timed in paired rounds."""
 
 import argparse
 import dataclasses

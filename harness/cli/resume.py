@@ -151,8 +151,7 @@ def ordered(frame, cases, backends, columns):
 
 
 def keep_logs(run_dir: Path, move: bool = True) -> None:
-    """Move the staged plugin-row logs into ``<run>/logs`` (not ``move``: they stay for --resume); an empty
-    folder is removed instead."""
+    """Move the staged plugin-row logs into ``<run>/logs`` (not ``move``: kept for --resume); remove an empty folder."""
     staged = staged_logs(run_dir)
     if not staged.is_dir():
         return

@@ -65,8 +65,7 @@ def harness_version() -> str | None:
 
 
 def commit_record() -> dict:
-    """The run's commit, and where it was read from: ``HARNESS_COMMIT`` wins over git's (a copied tree may
-    carry a stale ``.git``), a disagreement recorded."""
+    """The run's commit and its source: ``HARNESS_COMMIT`` wins over git's (a copy may carry a stale ``.git``)."""
     from_git = git("rev-parse", "HEAD") or None
     declared = os.environ.get("HARNESS_COMMIT") or None
     if declared and from_git and declared != from_git:

@@ -55,8 +55,7 @@ ENV.filters.update(fmt=fmt, sig=sig)
 
 
 def write_page(path: Path, page: str) -> Path:
-    """Write ``page`` (a page, or xdist workers' rows) to ``path`` (its folder made if need be) atomically, through a
-    new file renamed into place."""
+    """Write ``page`` (a page, or xdist workers' rows) to ``path`` atomically, through a new file renamed into place."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")  # a new file: no planted link is followed

@@ -330,8 +330,7 @@ def rows_to_retime(comparison: Comparison, which: str):
 
 
 def cannot_retime(base_meta: dict, new_meta: dict, sources: tuple[str, str]) -> str:
-    """Why the runs' rows cannot be re-timed here ('' when they can; :func:`confirm_slower` checks commits and
-    plugins, a ConfirmInputError)."""
+    """Why the runs' rows cannot be re-timed here, or '' (:func:`confirm_slower` checks commits and plugins)."""
     for meta, source in zip((base_meta, new_meta), sources, strict=True):
         if not meta.get("commit"):
             return f"{source} records no commit"
