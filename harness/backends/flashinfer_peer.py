@@ -107,9 +107,8 @@ def fp8_scales(inputs: PagedInputs) -> dict[str, float]:
     return {name: float(s[0]) for name, s in scales.items()}
 
 
-def faster_decode(
-    plan: Callable[[bool], Any], run: Callable[[Any], Any], device: torch.device
-) -> tuple[Any, float, str]:
+def faster_decode(plan: Callable[[bool], Any], run: Callable[[Any], Any],
+                  device: torch.device) -> tuple[Any, float, str]:  # fmt: skip
     """(wrapper, its plan's us, a note) of the faster of the decode wrapper planned on CUDA cores and on tensor
     cores (``plan(tensor_cores)``), by DECODE_TRIALS calls of each (``run(wrapper)``)."""
     timed = []

@@ -318,9 +318,8 @@ def _unknown_field(path: str) -> str:
     return f"not {what}{did_you_mean(key, model.model_fields) if model else ''}"
 
 
-def _format_errors(
-    file: str, case_id: str, error: ValidationError, inherited: frozenset[str] = frozenset()
-) -> list[str]:
+def _format_errors(file: str, case_id: str, error: ValidationError,
+                   inherited: frozenset[str] = frozenset()) -> list[str]:  # fmt: skip
     """One line per field (file, case id, field path, message) in a case author's words: of a union's failures
     the member past the type check wins, else one line lists what it may be; a ``[defaults]`` field says so."""
 

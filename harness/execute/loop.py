@@ -62,9 +62,8 @@ class Contexts:
                 torch.cuda.empty_cache()
 
 
-def case_events(
-    case: Case, backends: list[Backend], config: RunConfig, contexts: Contexts, labels: dict | None = None
-) -> Iterator[tuple]:
+def case_events(case: Case, backends: list[Backend], config: RunConfig, contexts: Contexts,
+                labels: dict | None = None) -> Iterator[tuple]:  # fmt: skip
     """A case's work as events: ``("start", what)`` before each step (:data:`CONTEXT`, then each backend),
     ``("row", row)`` after each backend (skips first); ``labels`` go on every row."""
     labels = labels or {}

@@ -141,9 +141,8 @@ def time_summary(meta: dict) -> str:
     return text
 
 
-def render_html(
-    frame: pd.DataFrame, meta: dict, *, regressions: Regressions | None = None, baseline_name: str = ""
-) -> str:
+def render_html(frame: pd.DataFrame, meta: dict, *, regressions: Regressions | None = None,
+                baseline_name: str = "") -> str:  # fmt: skip
     """The review page of one run; ``regressions`` (against a baseline run) are marked and listed."""
     marked, regressions, problems = regressions or ({}, [], [])
     rows = _prepare_rows(frame, marked)

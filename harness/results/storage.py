@@ -133,9 +133,8 @@ def stale_leftovers(reports_root: Path) -> list[str]:
     return messages
 
 
-def write_run(
-    frame: pd.DataFrame, meta: dict, run_dir: Path, page: Callable[[pd.DataFrame, dict], str] | None = None
-) -> Path:
+def write_run(frame: pd.DataFrame, meta: dict, run_dir: Path,
+              page: Callable[[pd.DataFrame, dict], str] | None = None) -> Path:  # fmt: skip
     """Write the result files into ``run_dir`` atomically; ``page(frame, meta)`` renders report.html (None: none)."""
     run_dir = Path(run_dir)
     if run_dir.exists():

@@ -72,9 +72,8 @@ def _ratio(numerator: torch.Tensor, allowed: torch.Tensor) -> float:
     return float(torch.where(numerator == 0, 0.0, numerator / allowed).max())
 
 
-def grade(
-    out: torch.Tensor, expected: torch.Tensor, atol: float, rtol: float, bound: torch.Tensor | None = None
-) -> Grade:
+def grade(out: torch.Tensor, expected: torch.Tensor, atol: float, rtol: float,
+          bound: torch.Tensor | None = None) -> Grade:  # fmt: skip
     """Compare ``out`` (any dtype, device) with ``expected`` (float64); ``bound``: :func:`forward_error_bound`'s."""
     actual = out.detach().to(expected.device, torch.float64)
     if actual.shape != expected.shape:
@@ -109,9 +108,8 @@ UNIT_ROUNDOFF = {name: torch.finfo(dtype).eps / 2 for name, dtype in DTYPES.item
 BOUND_RESULT = "forward_error_bound:" + hashlib.sha256(Path(__file__).read_bytes()).hexdigest()
 
 
-def forward_error_bound(
-    q, k_cache, v_cache, block_table, seq_lens, query_start_loc, expected: torch.Tensor, scale=None
-) -> torch.Tensor:
+def forward_error_bound(q, k_cache, v_cache, block_table, seq_lens, query_start_loc, expected: torch.Tensor,
+                        scale=None) -> torch.Tensor:  # fmt: skip
     """Per-element first-order bound on |out - exact| from unavoidable fp32 round-off (module docstring).
 
     q               [num_tokens, num_q_heads, head_dim] (its dtype sets the output's u)
