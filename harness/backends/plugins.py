@@ -1,8 +1,6 @@
 """What a plugged-in kernel declares beside its function: the facts its hooks are told (:class:`CaseFacts`),
 the limits it keeps (:class:`Limits`, which the driver learns as plain values)."""
 
-from __future__ import annotations
-
 import dataclasses
 from dataclasses import dataclass
 
@@ -80,7 +78,7 @@ class Limits:
                 for name, value in dataclasses.asdict(self).items()}  # fmt: skip
 
     @classmethod
-    def from_plain(cls, value, where: str = "limits") -> Limits:
+    def from_plain(cls, value, where: str = "limits") -> "Limits":
         """Limits from a dict of plain values; ValueError naming ``where`` and the field."""
         if isinstance(value, cls):
             return value

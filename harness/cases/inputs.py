@@ -2,8 +2,6 @@
 shuffled or in order, an optional shared prefix, spare blocks, NaN in every slot no sequence owns), values from
 :func:`draw_normal`, the same whatever the thread count or device."""
 
-from __future__ import annotations
-
 import hashlib
 import math
 from collections.abc import Callable
@@ -58,7 +56,7 @@ class PagedInputs:
         shape = (*self.q.shape[:2], self.v_cache.shape[-1])
         return torch.full(shape, float("nan"), dtype=self.q.dtype, device=self.q.device)
 
-    def to(self, device: torch.device | str) -> PagedInputs:
+    def to(self, device: torch.device | str) -> "PagedInputs":
         """These inputs with every tensor (the options' and the unquantized pools' too) on ``device``."""
 
         def move(x: Any) -> Any:

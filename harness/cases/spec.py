@@ -3,8 +3,6 @@
 ``[defaults]`` merges into every ``[[case]]``; a ``[case.sweep]`` table expands as a product, each
 point a case with a readable id (``decode_gqa/head_dim=80/block_size=5``) validated on its own."""
 
-from __future__ import annotations
-
 import collections
 import difflib
 import hashlib
@@ -126,7 +124,7 @@ class CaseSpec(VariantFields):
         return value
 
     @model_validator(mode="after")
-    def _consistent(self) -> CaseSpec:
+    def _consistent(self) -> "CaseSpec":
         if self.sweep:  # checked per expanded point instead
             return self
         kv = self.resolved_num_kv_heads()

@@ -1,8 +1,6 @@
 """Timing columns of one report row (docs/contract.md): what the kernel costs on the device and what a
 caller waits for, within ``ROW_BUDGET_S`` a row, keeping at least one sample of each measurement."""
 
-from __future__ import annotations
-
 import dataclasses
 import time
 from collections.abc import Callable
@@ -50,7 +48,7 @@ class TimingSettings:
     threads: int | None = None  # torch intra-op threads while timing (CPU); recorded per row
     budget_s: float | None = ROW_BUDGET_S  # of the row's whole timing; None: no budget
 
-    def for_backend(self, backend: Backend) -> TimingSettings:
+    def for_backend(self, backend: Backend) -> "TimingSettings":
         """These settings for one backend's row: a Python model on a GPU gets at most MODEL_BUDGET_S."""
         if backend.model and torch.device(self.device).type == "cuda" and self.budget_s is not None:
             return dataclasses.replace(self, budget_s=min(self.budget_s, MODEL_BUDGET_S))
