@@ -62,14 +62,11 @@ for line in sys.stdin:
     try:
         if (case_id, backend) not in ready:
             case, b = cases[case_id], REGISTRY[backend]
-            inputs = make_inputs(
-                num_q_heads=case.num_q_heads, num_kv_heads=case.num_kv_heads, head_dim=case.head_dim,
-                block_size=case.block_size, seq_lens=list(case.seq_lens), q_lens=list(case.q_lens),
-                dtype=case.dtype, layout=case.layout, input_scale=case.input_scale, seed=case.seed,
-                device=cfg["device"], **(case.variant_fields() if hasattr(case, "variant_fields") else {}),
-            )
-            out = inputs.new_out()
-            ready[(case_id, backend)] = (b.prepare(case, inputs, out).run, b.graphable)
+            shape = ("num_q_heads", "num_kv_heads", "head_dim", "block_size", "dtype", "layout", "input_scale", "seed")
+            inputs = make_inputs(**{name: getattr(case, name) for name in shape}, seq_lens=list(case.seq_lens),
+                                 q_lens=list(case.q_lens), device=cfg["device"],
+                                 **(case.variant_fields() if hasattr(case, "variant_fields") else {}))
+            ready[(case_id, backend)] = (b.prepare(case, inputs, inputs.new_out()).run, b.graphable)
         run, graphable = ready[(case_id, backend)]
         if reps:  # one step of an alternating round: a warm-up call, then exactly `reps` timed calls
             timing = time_call(run, cfg["device"], graph=graphable, target_s=0.0, min_reps=reps, max_reps=reps)
