@@ -1,9 +1,6 @@
 """Paged-attention harness: case files -> inputs -> backends -> graded, timed pandas reports.
 
-:func:`register_backend` is looked up on first use: importing ``harness`` imports neither the kernels nor Triton.
-"""
-
-from __future__ import annotations
+:func:`register_backend` is looked up on first use: importing ``harness`` imports neither the kernels nor Triton."""
 
 __all__ = ["register_backend"]
 

@@ -1,8 +1,5 @@
 """pytest plugin (``pytest_plugins = ["harness.pytest_plugin"]``): one test per (case, backend); a test asks
-for ``harness_case`` and ``harness_backend`` and ``harness_session.run(case, backend)`` returns the row.
-"""
-
-from __future__ import annotations
+for ``harness_case`` and ``harness_backend`` and ``harness_session.run(case, backend)`` returns the row."""
 
 import sys
 from pathlib import Path

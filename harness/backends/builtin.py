@@ -1,8 +1,5 @@
 """The built-in backends: the kernels under test (reference, tlsim, triton, through the contract) and the engine
-path (cache); the peers are in :mod:`harness.backends.peers`, the registry (re-exported here) in its own module.
-"""
-
-from __future__ import annotations
+path (cache); the peers are in :mod:`harness.backends.peers`, the registry (re-exported here) in its own module."""
 
 import warnings
 from collections.abc import Callable
@@ -26,17 +23,8 @@ from harness.cases.inputs import PagedInputs
 from harness.cases.spec import Case
 from harness.cases.variants import VARIANT_KEYS, variant_key
 
-__all__ = [
-    "REGISTRY",
-    "Backend",
-    "CaseFacts",
-    "Limits",
-    "Prepared",
-    "Unsupported",
-    "load_plugin",
-    "register_backend",
-    "resolve_backends",
-]
+__all__ = ["REGISTRY", "Backend", "CaseFacts", "Limits", "Prepared", "Unsupported", "load_plugin", "register_backend",
+           "resolve_backends"]  # fmt: skip
 
 
 def _triton_unavailable(case: Case, device: str) -> str | None:
@@ -50,11 +38,10 @@ def _triton_unavailable(case: Case, device: str) -> str | None:
 def _prepare_cache(case: Case, inputs: PagedInputs, out: torch.Tensor) -> Prepared:
     """Write every sequence through PagedKVCache's slot mapping; time its dispatched read."""
     device = inputs.q.device
-    cache = kernels.PagedKVCache(
-        num_layers=1, num_blocks=case.blocks_needed, block_size=case.block_size, num_kv_heads=case.num_kv_heads,
-        head_dim=case.head_dim, dtype=inputs.k_cache.dtype, device=device, head_dim_v=case.head_dim_v,
-        k_scale=inputs.options.get("k_scale"), v_scale=inputs.options.get("v_scale"),
-    )  # fmt: skip
+    cache = kernels.PagedKVCache(num_layers=1, num_blocks=case.blocks_needed, block_size=case.block_size,
+                                 num_kv_heads=case.num_kv_heads, head_dim=case.head_dim, dtype=inputs.k_cache.dtype,
+                                 device=device, head_dim_v=case.head_dim_v, k_scale=inputs.options.get("k_scale"),
+                                 v_scale=inputs.options.get("v_scale"))  # fmt: skip
     options = {name: value for name, value in inputs.options.items() if name not in ("k_scale", "v_scale")}
     seq_ids = list(range(case.num_seqs))
     for seq_id, keys, values in zip(seq_ids, inputs.keys, inputs.values, strict=True):
@@ -63,11 +50,9 @@ def _prepare_cache(case: Case, inputs: PagedInputs, out: torch.Tensor) -> Prepar
     chosen = kernels.select_backend(device)
     # run(): a step's read with its metadata built once (as an engine does); call(): by sequence ids, built each call.
     step = cache.step_metadata(seq_ids, inputs.query_start_loc.cpu())
-    return Prepared(
-        run=lambda: cache.paged_attention(0, inputs.q, step, out=out, **options),
-        call=lambda: cache.paged_attention(0, inputs.q, seq_ids, inputs.query_start_loc, **options),
-        note=f"dispatch -> {chosen}; step metadata built once",
-    )
+    return Prepared(run=lambda: cache.paged_attention(0, inputs.q, step, out=out, **options),
+                    call=lambda: cache.paged_attention(0, inputs.q, seq_ids, inputs.query_start_loc, **options),
+                    note=f"dispatch -> {chosen}; step metadata built once")  # fmt: skip
 
 
 add_backend(Backend("reference", contract_prepare(kernels.paged_attention_reference), ("cpu", "cuda"), "kernel",
@@ -97,18 +82,11 @@ from harness.backends import flashinfer_peer  # noqa: E402, F401
 
 
 def register_backend(
-    name: str,
-    fn: Callable[..., torch.Tensor],
-    devices: tuple[str, ...] = ("cpu", "cuda"),
-    *,
-    description: str = "",
-    graphable: bool = True,
-    variants: tuple[str, ...] | frozenset[str] = (),
-    plan: Callable[[CaseFacts], Any] | None = None,
-    limits: Limits | dict | None = None,
-    supports: Callable[[CaseFacts], str | None] | None = None,
+    name: str, fn: Callable[..., torch.Tensor], devices: tuple[str, ...] = ("cpu", "cuda"), *, description: str = "",
+    graphable: bool = True, variants: tuple[str, ...] | frozenset[str] = (), plan: Callable[[CaseFacts], Any] | None = None,
+    limits: Limits | dict | None = None, supports: Callable[[CaseFacts], str | None] | None = None,
     options: tuple[str, ...] | frozenset[str] | None = None,
-) -> Backend:
+) -> Backend:  # fmt: skip
     """Add a kernel with the contract signature to every run that imports this module; a taken name is an error.
     ``fn(q, k_cache, v_cache, block_table, seq_lens, query_start_loc=None, scale=None, out=None)`` returns
     [num_tokens, num_q_heads, head_dim] in q's dtype. The keywords: docs/contract.md, "Backends"."""

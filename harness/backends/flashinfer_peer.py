@@ -1,10 +1,7 @@
 """The peer ``flashinfer``: FlashInfer's paged wrappers over the same pool the kernel reads (an optional extra,
 ``pip install '.[flashinfer]'``). docs/performance.md, "FlashInfer": the block table as its CSR page table
 (:func:`page_table`, a worked example), decode on the faster of its two paths (:func:`faster_decode`), the rest
-prefill. Sinks are not declared: its CUDA-core decode takes the keyword, unapplied.
-"""
-
-from __future__ import annotations
+prefill. Sinks are not declared: its CUDA-core decode takes the keyword, unapplied."""
 
 import dataclasses
 import importlib.util
@@ -110,9 +107,8 @@ def fp8_scales(inputs: PagedInputs) -> dict[str, float]:
     return {name: float(s[0]) for name, s in scales.items()}
 
 
-def faster_decode(
-    plan: Callable[[bool], Any], run: Callable[[Any], Any], device: torch.device
-) -> tuple[Any, float, str]:
+def faster_decode(plan: Callable[[bool], Any], run: Callable[[Any], Any],
+                  device: torch.device) -> tuple[Any, float, str]:  # fmt: skip
     """(wrapper, its plan's us, a note) of the faster of the decode wrapper planned on CUDA cores and on tensor
     cores (``plan(tensor_cores)``), by DECODE_TRIALS calls of each (``run(wrapper)``)."""
     timed = []

@@ -1,8 +1,5 @@
 """The peer ``flex_paged``: FlexAttention reading the paged pool itself (viewed as one key sequence), steered by a
-BlockMask built from the block table, whose KV block is the page; docs/performance.md says how it is built and timed.
-"""
-
-from __future__ import annotations
+BlockMask built from the block table, whose KV block is the page; docs/performance.md says how it is built and timed."""
 
 import math
 from dataclasses import dataclass
@@ -146,10 +143,8 @@ def paged_flex_mask(case: Case, inputs: PagedInputs):
         seen = (seq >= 0) & (logical >= 0) & owner & (key_pos <= p)
         return seen if window is None else seen & (key_pos > p - window)
 
-    block_mask = BlockMask.from_kv_blocks(
-        *masks, BLOCK_SIZE=(rows.q_block, block_size), mask_mod=mask_mod,
-        seq_lengths=(rows.q.shape[2], num_blocks * block_size),
-    )  # fmt: skip
+    block_mask = BlockMask.from_kv_blocks(*masks, BLOCK_SIZE=(rows.q_block, block_size), mask_mod=mask_mod,
+                                          seq_lengths=(rows.q.shape[2], num_blocks * block_size))  # fmt: skip
     return rows, block_mask, page_logical
 
 

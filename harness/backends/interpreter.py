@@ -2,10 +2,7 @@
 
 The interpreter keeps a bf16 tensor as raw ``uint16``: dots, arithmetic, comparisons and reductions
 work on the bit patterns, and an fp32 -> bf16 cast truncates. :func:`correct_bf16` makes each decode
-to fp32, compute, and round back to nearest even, as a GPU does.
-"""
-
-from __future__ import annotations
+to fp32, compute, and round back to nearest even, as a GPU does."""
 
 import os
 

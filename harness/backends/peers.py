@@ -1,8 +1,5 @@
 """Peers: what the kernel is raced against, each at its best and named for what it is (``flex_paged``
-and ``flashinfer`` have modules of their own). On CUDA each row records the kernels it ran.
-"""
-
-from __future__ import annotations
+and ``flashinfer`` have modules of their own). On CUDA each row records the kernels it ran."""
 
 import inspect
 from dataclasses import dataclass
@@ -56,8 +53,7 @@ def pad_queries(inputs: PagedInputs, sliding_window: int | None = None) -> Padde
 
 
 def gather_padded(cache: torch.Tensor, block_table: torch.Tensor, seq_lens: torch.Tensor) -> torch.Tensor:
-    """[num_seqs, num_kv_heads, max_seq_len, head_dim] copy of each sequence's KV, zeros (not the pool's NaN:
-    0 * NaN is NaN) past its end."""
+    """[num_seqs, num_kv_heads, max_seq_len, head_dim] copy of each sequence's KV, zero (0 * NaN is NaN) past its end"""
     block_size = cache.shape[1]
     seq_lens = seq_lens.long()
     pos = torch.arange(int(seq_lens.max()), device=cache.device)
@@ -122,8 +118,7 @@ def _varlen_attn():
 
 
 def _varlen_options(case: Case) -> dict:
-    """Causal (lower-right aligned), window (W: ``window_size = (W - 1, 0)``) and GQA options in whichever
-    spelling this torch's varlen_attn takes."""
+    """Causal (lower-right), window (``window_size = (W - 1, 0)``) and GQA options, as this varlen_attn spells them."""
     params = inspect.signature(_varlen_attn()).parameters
     options: dict = {"scale": case.head_dim**-0.5}
     if case.sliding_window is not None and "window_size" not in params:

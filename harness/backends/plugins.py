@@ -1,8 +1,5 @@
 """What a plugged-in kernel declares beside its function: the facts its hooks are told (:class:`CaseFacts`),
-the limits it keeps (:class:`Limits`, which the driver learns as plain values).
-"""
-
-from __future__ import annotations
+the limits it keeps (:class:`Limits`, which the driver learns as plain values)."""
 
 import dataclasses
 from dataclasses import dataclass
@@ -44,13 +41,12 @@ def case_facts(case: Case, device: str, interpreted: bool) -> CaseFacts:
     """The :class:`CaseFacts` of ``case`` on ``device`` (its type only), under the interpreter or not."""
     fp8 = case.kv_dtype is not None
     same = ("num_seqs", "max_seq_len", "num_q_heads", "num_kv_heads", "head_dim", "head_dim_v", "block_size", "dtype")
-    return CaseFacts(
-        **{name: getattr(case, name) for name in same}, num_tokens=sum(case.q_lens), max_q_len=max(case.q_lens),
-        decode=all(q_len == 1 for q_len in case.q_lens), kv_dtype=case.kv_dtype if fp8 else case.dtype,
-        kv_scale=(PER_HEAD if case.kv_scale == "amax_per_head" else PER_TENSOR) if fp8 else "",
-        variants=turned_on_names(case), tags=tuple(case.tags), device=torch.device(device).type,
-        interpreted=interpreted,
-    )  # fmt: skip
+    return CaseFacts(**{name: getattr(case, name) for name in same}, num_tokens=sum(case.q_lens),
+                     max_q_len=max(case.q_lens), decode=all(q_len == 1 for q_len in case.q_lens),
+                     kv_dtype=case.kv_dtype if fp8 else case.dtype,
+                     kv_scale=(PER_HEAD if case.kv_scale == "amax_per_head" else PER_TENSOR) if fp8 else "",
+                     variants=turned_on_names(case), tags=tuple(case.tags), device=torch.device(device).type,
+                     interpreted=interpreted)  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -82,7 +78,7 @@ class Limits:
                 for name, value in dataclasses.asdict(self).items()}  # fmt: skip
 
     @classmethod
-    def from_plain(cls, value, where: str = "limits") -> Limits:
+    def from_plain(cls, value, where: str = "limits") -> "Limits":
         """Limits from a dict of plain values; ValueError naming ``where`` and the field."""
         if isinstance(value, cls):
             return value

@@ -1,9 +1,6 @@
 """The one list of backends: what each is, where it runs, how it prepares a call.
 
-``prepare(case, inputs, out)`` does the setup outside the timed region and returns a :class:`Prepared`.
-"""
-
-from __future__ import annotations
+``prepare(case, inputs, out)`` does the setup outside the timed region and returns a :class:`Prepared`."""
 
 import importlib
 import importlib.util

@@ -2,8 +2,6 @@
 shuffled or in order, an optional shared prefix, spare blocks, NaN in every slot no sequence owns), values from
 :func:`draw_normal`, the same whatever the thread count or device."""
 
-from __future__ import annotations
-
 import hashlib
 import math
 from collections.abc import Callable
@@ -58,7 +56,7 @@ class PagedInputs:
         shape = (*self.q.shape[:2], self.v_cache.shape[-1])
         return torch.full(shape, float("nan"), dtype=self.q.dtype, device=self.q.device)
 
-    def to(self, device: torch.device | str) -> PagedInputs:
+    def to(self, device: torch.device | str) -> "PagedInputs":
         """These inputs with every tensor (the options' and the unquantized pools' too) on ``device``."""
 
         def move(x: Any) -> Any:
@@ -86,9 +84,7 @@ def shared_prefix_blocks(seq_lens: list[int] | tuple[int, ...], block_size: int,
     return min(seq_lens) // block_size if layout == "shared_prefix" and len(seq_lens) > 1 else 0
 
 
-def assign_blocks(
-    seq_lens: list[int], block_size: int, layout: Layout, generator: torch.Generator
-) -> tuple[torch.Tensor, int]:
+def assign_blocks(seq_lens: list[int], block_size: int, layout: Layout, generator: torch.Generator) -> tuple[torch.Tensor, int]:  # fmt: skip
     """Block table [num_seqs, max_blocks] int32 (-1 padded) and the pool's num_blocks; "shared_prefix" shares
     the first :func:`shared_prefix_blocks`, and a spare eighth of the pool (at least one block) stays unowned."""
     per_seq = [-(-n // block_size) for n in seq_lens]
@@ -113,15 +109,8 @@ def chunk_seed(seed: int, name: str, chunk: int) -> int:
     return int.from_bytes(digest, "little") >> 1
 
 
-def draw_normal(
-    name: str,
-    shape: tuple[int, ...],
-    seed: int,
-    write: Callable[[int, torch.Tensor], None],
-    dtype: torch.dtype,
-    scale: float = 1.0,
-    threads: int = 1,
-) -> None:
+def draw_normal(name: str, shape: tuple[int, ...], seed: int, write: Callable[[int, torch.Tensor], None],
+                dtype: torch.dtype, scale: float = 1.0, threads: int = 1) -> None:  # fmt: skip
     """Standard normals times ``scale`` in ``dtype`` for a tensor of ``shape`` [rows, ...]: chunk c (whole rows, about
     CHUNK_VALUES values) drawn in fp32 from :func:`chunk_seed` (seed, name, c), handed to ``write(first, rows)``."""
     rows, row_shape = shape[0], shape[1:]
@@ -162,22 +151,10 @@ def token_slots(block_table: torch.Tensor, seq_lens: list[int], block_size: int)
 
 
 def make_inputs(
-    *,
-    num_q_heads: int,
-    num_kv_heads: int,
-    head_dim: int,
-    block_size: int,
-    seq_lens: list[int],
-    q_lens: list[int],
-    dtype: str | torch.dtype = "float32",
-    layout: Layout = "shuffled",
-    input_scale: float = 1.0,
-    seed: int = 0,
-    device: torch.device | str = "cpu",
-    head_dim_v: int | None = None,
-    draw_threads: int | None = None,
-    **variants: Any,
-) -> PagedInputs:
+    *, num_q_heads: int, num_kv_heads: int, head_dim: int, block_size: int, seq_lens: list[int], q_lens: list[int],
+    dtype: str | torch.dtype = "float32", layout: Layout = "shuffled", input_scale: float = 1.0, seed: int = 0,
+    device: torch.device | str = "cpu", head_dim_v: int | None = None, draw_threads: int | None = None, **variants: Any,
+) -> PagedInputs:  # fmt: skip
     """A case's inputs from its seed, drawn on the CPU (q and K times ``input_scale``) and moved to ``device``;
     ``variants``: the variants' case fields, each turned on applying its input hook (no drawn value changes)."""
     if len(seq_lens) != len(q_lens):

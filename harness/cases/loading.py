@@ -1,7 +1,5 @@
 """Case files to cases: read and validate every file, keep the tagged ones, refuse what would not fit in memory."""
 
-from __future__ import annotations
-
 from collections.abc import Callable
 from pathlib import Path
 
@@ -9,13 +7,8 @@ from harness.cases.memory import too_large
 from harness.cases.spec import Case, CaseFileError, load_case_file, resolve_case_paths
 
 
-def load_cases(
-    paths: list[str | Path],
-    device: str | None = "cpu",
-    tags: list[str] | None = None,
-    backends: list[str] | None = None,
-    keep: Callable[[str], bool] | None = None,
-) -> list[Case]:
+def load_cases(paths: list[str | Path], device: str | None = "cpu", tags: list[str] | None = None,
+               backends: list[str] | None = None, keep: Callable[[str], bool] | None = None) -> list[Case]:  # fmt: skip
     """Load, validate and expand case files; keep cases with any of ``tags`` and whose id passes ``keep``; check
     the memory of those alone on ``device`` (None: no check; ``backends`` None: all built-ins). CaseFileError
     listing every problem found."""

@@ -8,8 +8,6 @@ the float64 oracle four logits-sized tensors plus K and V; the error bound three
 cache pad q and keep every split's state; the padded peers pay for num_seqs x max_seq_len; a plugin is
 charged like reference. tests/harness/test_reliability_memory.py checks it against the peak RSS."""
 
-from __future__ import annotations
-
 import contextlib
 import os
 from dataclasses import dataclass
@@ -66,10 +64,8 @@ def _oracle(case: Case) -> int:
 def _bound(case: Case) -> int:
     """harness.run.grading.forward_error_bound: three chunk-sized float64 tensors, K and V in float64."""
     hq, hkv, d = case.num_q_heads, case.num_kv_heads, case.head_dim
-    return max(
-        (3 * min(q * s * hq, max(BOUND_CHUNK_ELEMENTS, s * hq)) * F64 + 2 * s * hkv * d * F64 for q, s in _pairs(case)),
-        default=0,
-    )
+    return max((3 * min(q * s * hq, max(BOUND_CHUNK_ELEMENTS, s * hq)) * F64 + 2 * s * hkv * d * F64
+                for q, s in _pairs(case)), default=0)  # fmt: skip
 
 
 def _reference(case: Case) -> int:
@@ -96,16 +92,12 @@ def _padded(case: Case) -> int:
 
 
 BACKEND_STEPS = {
-    "reference": _reference,
-    "tlsim": _tlsim,
-    "triton": _tlsim,
+    "reference": _reference, "tlsim": _tlsim, "triton": _tlsim,
     "cache": lambda case: (
         2 * case.blocks_needed * case.block_size * case.num_kv_heads * case.head_dim * case.element_bytes + _tlsim(case)
     ),
-    "gather_sdpa": _padded,
-    "sdpa_contiguous": _padded,
-    "flex_attention": _padded,
-}
+    "gather_sdpa": _padded, "sdpa_contiguous": _padded, "flex_attention": _padded,
+}  # fmt: skip
 
 
 def estimate(case: Case, backends: list[str] | None = None) -> Estimate:
@@ -134,10 +126,6 @@ def available_bytes(device: str) -> int:
 def too_large(cases: list[Case], device: str, backends: list[str] | None = None, fraction: float = 0.9) -> list[str]:
     """One message (file, case, field, the numbers) per case whose estimate exceeds ``fraction`` of the device's."""
     budget = available_bytes(device) * fraction
-    return [
-        f"{case.file}: case '{case.id}': field 'seq_lens': too large for {device} memory: needs "
-        f"{need.describe()}, {fraction:.0%} of the {available_bytes(device) / 2**30:.1f} GiB available "
-        f"is {budget / 2**30:.1f} GiB"
-        for case in cases
-        if (need := estimate(case, backends)).peak > budget
-    ]
+    return [f"{case.file}: case '{case.id}': field 'seq_lens': too large for {device} memory: needs "
+            f"{need.describe()}, {fraction:.0%} of the {available_bytes(device) / 2**30:.1f} GiB available "
+            f"is {budget / 2**30:.1f} GiB" for case in cases if (need := estimate(case, backends)).peak > budget]  # fmt: skip

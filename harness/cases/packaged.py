@@ -1,8 +1,6 @@
 """The case suites that ship inside the package: a case argument that is no existing path but names one
 (``cpu``, ``cases/cpu.toml``) resolves to the packaged file."""
 
-from __future__ import annotations
-
 from pathlib import Path
 
 SUITES_DIR = Path(__file__).resolve().parent / "suites"

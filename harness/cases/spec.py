@@ -3,8 +3,6 @@
 ``[defaults]`` merges into every ``[[case]]``; a ``[case.sweep]`` table expands as a product, each
 point a case with a readable id (``decode_gqa/head_dim=80/block_size=5``) validated on its own."""
 
-from __future__ import annotations
-
 import collections
 import difflib
 import hashlib
@@ -126,7 +124,7 @@ class CaseSpec(VariantFields):
         return value
 
     @model_validator(mode="after")
-    def _consistent(self) -> CaseSpec:
+    def _consistent(self) -> "CaseSpec":
         if self.sweep:  # checked per expanded point instead
             return self
         kv = self.resolved_num_kv_heads()
@@ -318,9 +316,8 @@ def _unknown_field(path: str) -> str:
     return f"not {what}{did_you_mean(key, model.model_fields) if model else ''}"
 
 
-def _format_errors(
-    file: str, case_id: str, error: ValidationError, inherited: frozenset[str] = frozenset()
-) -> list[str]:
+def _format_errors(file: str, case_id: str, error: ValidationError,
+                   inherited: frozenset[str] = frozenset()) -> list[str]:  # fmt: skip
     """One line per field (file, case id, field path, message) in a case author's words: of a union's failures
     the member past the type check wins, else one line lists what it may be; a ``[defaults]`` field says so."""
 
@@ -457,10 +454,8 @@ def count_sweep_points(file: str, tables: list[dict[str, Any]]) -> None:
         sequences.append((points * each, str(table.get("name", "?")), points, each))
     if (total := sum(points for _, _, points, _ in sequences)) > limit:
         worst = sorted(shapes, key=lambda shape: -shape[1])[:3]
-        detail = "; ".join(
-            f"case '{name}': {points:,} = " + " x ".join(f"{field} {n}" for field, n in lengths.items())
-            for name, points, lengths in worst
-        )
+        detail = "; ".join(f"case '{name}': {points:,} = " + " x ".join(f"{field} {n}" for field, n in lengths.items())
+                           for name, points, lengths in worst)  # fmt: skip
         raise CaseFileError(
             f"{file}: field 'sweep': {total:,} cases, more than the limit of {limit:,} a file ({detail}); "
             f"split the file, or raise the limit with --max-sweep-points or {ENV_MAX_SWEEP_POINTS}"
@@ -513,13 +508,10 @@ def resolve_case_paths(paths: list[str | Path]) -> list[Path]:
 
 def check_backend_names(cases: list[Case], registered: list[str]) -> None:
     """CaseFileError naming file, case and field for each unregistered name in ``(exclude_)backends`` (after plugins)."""
-    errors = [
-        f"{case.file}: case '{case.id}': field '{field}': unknown backend {name!r}; registered: {', '.join(registered)}"
-        for case in cases
-        for field, names in (("backends", case.backends or ()), ("exclude_backends", case.exclude_backends))
-        for name in names
-        if name not in registered
-    ]
+    errors = [f"{case.file}: case '{case.id}': field '{field}': unknown backend {name!r}; registered: "
+              f"{', '.join(registered)}" for case in cases
+              for field, names in (("backends", case.backends or ()), ("exclude_backends", case.exclude_backends))
+              for name in names if name not in registered]  # fmt: skip
     if errors:
         raise CaseFileError("\n".join(dict.fromkeys(errors)))
 
@@ -529,12 +521,7 @@ def case_file_schema() -> dict[str, Any]:
     case_schema = CaseSpec.model_json_schema()
     defs = case_schema.pop("$defs", {})
     defaults = {**case_schema, "required": [], "title": "Defaults"}
-    return {
-        "$schema": "https://json-schema.org/draft/2020-12/schema",
-        "title": "Paged-attention harness case file",
-        "type": "object",
-        "additionalProperties": False,
-        "properties": {"defaults": defaults, "case": {"type": "array", "minItems": 1, "items": case_schema}},
-        "required": ["case"],
-        "$defs": defs,
-    }
+    return {"$schema": "https://json-schema.org/draft/2020-12/schema", "title": "Paged-attention harness case file",
+            "type": "object", "additionalProperties": False,
+            "properties": {"defaults": defaults, "case": {"type": "array", "minItems": 1, "items": case_schema}},
+            "required": ["case"], "$defs": defs}  # fmt: skip

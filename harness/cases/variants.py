@@ -1,8 +1,6 @@
 """The attention variants: one row per option, declaring it once for the case file (:data:`VariantFields`),
 the backend registry, the inputs, the kernel call and the oracle; docs/contract.md says what each computes."""
 
-from __future__ import annotations
-
 import difflib
 import math
 from collections.abc import Callable
@@ -26,8 +24,7 @@ class OracleHook:
     score   (logits, distance, **keywords) -> logits [num_kv_heads, group, rows, seq_len] (scaled);
             distance [rows, seq_len] is key_pos - query_pos; in the table's order (cap before bias)
     mask    (distance, **keywords) -> [rows, seq_len] bool: keys hidden besides the future ones
-    sink    (logits, **keywords) -> [num_kv_heads, group, 1, 1]: a logit in each softmax's denominator only
-    """
+    sink    (logits, **keywords) -> [num_kv_heads, group, 1, 1]: a logit in each softmax's denominator only"""
 
     kv: Callable[..., tuple[torch.Tensor, torch.Tensor]] | None = None
     score: Callable[..., torch.Tensor] | None = None
@@ -115,12 +112,10 @@ def fp8_inputs(inputs: Any, fields: Any) -> Any:
     fp8 = getattr(torch, fields.kv_dtype)
     k, v = inputs.k_cache.flatten(0, 1), inputs.v_cache.flatten(0, 1)  # [num_slots, num_kv_heads, head_dim(_v)]
     k_scale, v_scale = fp8_scales(k, fields.kv_scale, fp8), fp8_scales(v, fields.kv_scale, fp8)
-    return replace(
-        with_options(inputs, k_scale=k_scale, v_scale=v_scale),
-        k_cache=quantize_kv(k, k_scale, fp8).view(inputs.k_cache.shape),
-        v_cache=quantize_kv(v, v_scale, fp8).view(inputs.v_cache.shape),
-        unquantized=(inputs.k_cache, inputs.v_cache),
-    )
+    return replace(with_options(inputs, k_scale=k_scale, v_scale=v_scale),
+                   k_cache=quantize_kv(k, k_scale, fp8).view(inputs.k_cache.shape),
+                   v_cache=quantize_kv(v, v_scale, fp8).view(inputs.v_cache.shape),
+                   unquantized=(inputs.k_cache, inputs.v_cache))  # fmt: skip
 
 
 def per_kv_head(scale: float | torch.Tensor | None, x: torch.Tensor) -> torch.Tensor:
@@ -136,8 +131,7 @@ VARIANTS: tuple[Variant, ...] = (
         "sliding_window",
         fields={"sliding_window": (Int | None, Field(default=None, ge=1, le=INT32_MAX,
                                                      description="a query sees its W most recent keys"))},
-        keywords=("sliding_window",),
-        turned_on=lambda c: c.sliding_window is not None,
+        keywords=("sliding_window",), turned_on=lambda c: c.sliding_window is not None,
         example={"sliding_window": 2},
         inputs=lambda inputs, c: with_options(inputs, sliding_window=int(c.sliding_window)),
         oracle=OracleHook(mask=lambda distance, sliding_window: distance <= -sliding_window),
@@ -147,8 +141,7 @@ VARIANTS: tuple[Variant, ...] = (
         "logit_softcap",
         fields={"logit_softcap": (Float | None, Field(default=None, gt=0, le=1e6,
                                                       description="scaled logits z -> cap * tanh(z / cap)"))},
-        keywords=("logit_softcap",),
-        turned_on=lambda c: c.logit_softcap is not None,
+        keywords=("logit_softcap",), turned_on=lambda c: c.logit_softcap is not None,
         example={"logit_softcap": 1.0},
         inputs=lambda inputs, c: with_options(inputs, logit_softcap=float(c.logit_softcap)),
         oracle=OracleHook(score=lambda logits, distance, logit_softcap:
@@ -159,18 +152,15 @@ VARIANTS: tuple[Variant, ...] = (
         "sinks",
         fields={"sinks": (list[Float] | SinkGenerator | None, Field(
             default=None, description="one sink logit per query head, or { scale, mean } drawn from the seed"))},
-        keywords=("sinks",),
-        turned_on=lambda c: c.sinks is not None,
-        example={"sinks": [3.0, -1.0, 0.5, 2.0]},
-        inputs=sinks_inputs,
+        keywords=("sinks",), turned_on=lambda c: c.sinks is not None,
+        example={"sinks": [3.0, -1.0, 0.5, 2.0]}, inputs=sinks_inputs,
         oracle=OracleHook(sink=lambda logits, sinks: per_q_head(sinks, logits)),
         meaning="a per-head logit that joins every softmax's denominator",
     ),
     Variant(
         "alibi_slopes",
         fields={"alibi": (Bool, Field(default=False, description="ALiBi with the standard slopes 2^(-8i/n)"))},
-        keywords=("alibi_slopes",),
-        turned_on=lambda c: c.alibi,
+        keywords=("alibi_slopes",), turned_on=lambda c: c.alibi,
         example={"alibi": True},
         inputs=lambda inputs, c: with_options(inputs, alibi_slopes=torch.tensor(
             standard_alibi_slopes(c.num_q_heads), dtype=torch.float32)),
@@ -184,10 +174,8 @@ VARIANTS: tuple[Variant, ...] = (
                     "the call also returns the log-sum-exp, graded against the oracle's"))),
                 "cascade": (Bool, Field(default=False, description=(
                     "shared_prefix layout: the kernels run it as prefix + suffix merged by lse")))},
-        keywords=("return_lse",),
-        turned_on=lambda c: c.return_lse or c.cascade,
-        example={"return_lse": True},
-        inputs=lambda inputs, c: with_options(inputs, return_lse=True),
+        keywords=("return_lse",), turned_on=lambda c: c.return_lse or c.cascade,
+        example={"return_lse": True}, inputs=lambda inputs, c: with_options(inputs, return_lse=True),
         oracle=OracleHook(),  # the oracle returns its lse beside the output when asked (its own return_lse)
         meaning="the log-sum-exp returned beside the output",
     ),
@@ -197,10 +185,8 @@ VARIANTS: tuple[Variant, ...] = (
                     default=None, description="an fp8 KV cache (q keeps dtype); K = k_cache.float() * k_scale")),
                 "kv_scale": (Annotated[Float, Field(gt=0, le=1e6)] | KVScaleMode | None, Field(default=None, description=(
                     "fp8 scales: a float for K and V, 'amax' (per tensor, amax / fp8 max; the default) or 'amax_per_head'")))},
-        keywords=("k_scale", "v_scale"),
-        turned_on=lambda c: c.kv_dtype is not None,
-        example={"kv_dtype": "float8_e4m3fn"},
-        inputs=fp8_inputs,
+        keywords=("k_scale", "v_scale"), turned_on=lambda c: c.kv_dtype is not None,
+        example={"kv_dtype": "float8_e4m3fn"}, inputs=fp8_inputs,
         oracle=OracleHook(kv=lambda k, v, k_scale=None, v_scale=None:
                           (k * per_kv_head(k_scale, k), v * per_kv_head(v_scale, v))),
         meaning="an fp8 KV cache with per-head scales",
@@ -209,10 +195,8 @@ VARIANTS: tuple[Variant, ...] = (
         "head_dim_v",
         fields={"head_dim_v": (Int | None, Field(default=None, ge=MIN_HEAD_DIM, le=MAX_HEAD_DIM,
                                                  description="V's head dim when it differs from K's (MLA: 512)"))},
-        keywords=(),
-        turned_on=lambda c: c.head_dim_v != c.head_dim,
-        example={"head_dim_v": 64},
-        inputs=None,  # a shape: make_inputs draws V with head_dim_v
+        keywords=(), turned_on=lambda c: c.head_dim_v != c.head_dim,
+        example={"head_dim_v": 64}, inputs=None,  # a shape: make_inputs draws V with head_dim_v
         oracle=OracleHook(),  # the oracle's output takes V's head dim
         meaning="V's head size differs from K's (MLA)",
     ),
@@ -220,8 +204,7 @@ VARIANTS: tuple[Variant, ...] = (
         "latent_kv",
         fields={"latent_kv": (Bool, Field(default=False, description=(
             "one cache for K and V, as MLA engines keep it: v_cache is a view of k_cache's first head_dim_v columns")))},
-        keywords=(),
-        turned_on=lambda c: c.latent_kv,
+        keywords=(), turned_on=lambda c: c.latent_kv,
         example={"head_dim": 64, "head_dim_v": 32, "latent_kv": True},
         inputs=lambda inputs, c: replace(inputs, v_cache=inputs.k_cache[..., : c.head_dim_v]),
         oracle=OracleHook(),  # the oracle reads V from the view it is given
@@ -258,10 +241,8 @@ def variant_key(name: str) -> str:
         return VARIANT_NAMES[name]
     close = difflib.get_close_matches(str(name), list(VARIANT_NAMES), n=1, cutoff=0.5)
     hint = f" (did you mean {close[0]!r}?)" if close else ""
-    raise ValueError(
-        f"unknown variant {name!r}{hint}; a variant is named by its case-file field (`harness variants` "
-        f"lists them): {', '.join(v.name for v in VARIANTS)}"
-    )
+    raise ValueError(f"unknown variant {name!r}{hint}; a variant is named by its case-file field (`harness variants` "
+                     f"lists them): {', '.join(v.name for v in VARIANTS)}")  # fmt: skip
 
 
 def _keywords(v: Variant) -> str:

@@ -1,7 +1,5 @@
 """The harness's words, each defined once: dtype names (the kernels' own), KV-pool layouts, row statuses."""
 
-from __future__ import annotations
-
 from typing import Annotated, Literal
 
 from pydantic import AllowInfNan, Strict
@@ -37,11 +35,9 @@ WORST_FIRST = ("error", "fail", "pass", "skip")  # the order of the report's tab
 
 # The tolerance each dtype's output is held to: allclose's |out - expected| <= atol + rtol * |expected|
 # against the float64 oracle (docs/contract.md, "Tolerances"). fp32's is the kernel's contract.
-DEFAULT_TOLERANCES: dict[str, tuple[float, float]] = {
-    "float32": (1e-5, 1e-4),
-    "float16": (1e-3, 1e-3),
-    "bfloat16": (1e-2, 1e-2),
-}
+DEFAULT_TOLERANCES: dict[str, tuple[float, float]] = {"float32": (1e-5, 1e-4),
+                                                      "float16": (1e-3, 1e-3),
+                                                      "bfloat16": (1e-2, 1e-2)}  # fmt: skip
 # Overrides for an fp8 KV cache, by q's dtype. Empty: the built-in kernels widen fp8 values exactly and
 # apply the scales outside the dots, so they round no more than the oracle of the dequantized cache.
 FP8_KV_TOLERANCES: dict[str, tuple[float, float]] = {}

@@ -1,8 +1,6 @@
 """``harness backends``: what is registered, where it runs, its variants, and whether it runs here (on the
 smoke suite's cases, on this machine's device or ``--device``)."""
 
-from __future__ import annotations
-
 import argparse
 
 from harness.backends.builtin import REGISTRY
@@ -13,11 +11,10 @@ from harness.cli.run import load_plugins
 
 def add_parser(verbs) -> None:
     listing = verbs.add_parser(
-        "backends",
-        help="the registered backends: kind, devices, declared variants, and whether each runs here",
+        "backends", help="the registered backends: kind, devices, declared variants, and whether each runs here",
         description="A backend that cannot run on the device (it needs CUDA, a library is missing, the "
         "interpreter runs only small cases) says why, in a run's skip words, over the smoke suite's cases.",
-    )
+    )  # fmt: skip
     listing.add_argument("--device", choices=["cpu", "cuda"], help="judge availability there (default: this machine's)")
     listing.add_argument("--plugin", action="append", dest="harness_plugins", default=[], metavar="MODULE_OR_PATH",
                          help="list this plugin's backends too (imported in a worker process, as by run)")  # fmt: skip

@@ -9,8 +9,6 @@ BAD itself is timed only when the search ends at it, so a BAD that is not slower
 Latency only: a row that fails its tolerance is found with ``run`` on the commits.
 """
 
-from __future__ import annotations
-
 import argparse
 import subprocess
 import sys
@@ -29,14 +27,12 @@ EXIT_UNDECIDED = 4
 
 
 def add_parser(verbs) -> None:
-    bisect = verbs.add_parser(
-        "bisect",
-        help="find the first commit between GOOD and BAD where one row got slower, judged in paired rounds",
-        description=__doc__.split("\n\n", 1)[1],
-        epilog="Exit 0: the first slower commit is named; 1: BAD is not slower than GOOD; 2: bad input (a commit "
-        "not of your history, GOOD not an ancestor of BAD, a case or backend that is not one); 4: a step could "
-        "not be decided in its rounds (the commits left are named).",
-    )
+    bisect = verbs.add_parser("bisect", help="find the first commit between GOOD and BAD where one row got slower, "
+                              "judged in paired rounds", description=__doc__.split("\n\n", 1)[1],
+                              epilog="Exit 0: the first slower commit is named; 1: BAD is not slower than GOOD; 2: "
+                              "bad input (a commit not of your history, GOOD not an ancestor of BAD, a case or "
+                              "backend that is not one); 4: a step could not be decided in its rounds (the commits "
+                              "left are named).")  # fmt: skip
     bisect.add_argument("good", metavar="GOOD", help="a commit where the row is as it should be")
     bisect.add_argument("bad", metavar="BAD", help="a later commit where it is slower")
     bisect.add_argument("--case", required=True, help="the case id, as in the report (`harness list` shows them)")

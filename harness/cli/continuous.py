@@ -1,8 +1,6 @@
 """``harness continuous BASE [HEAD]``: run both commits, each in a git worktree on this tree's case files
 and options, then compare them, as ``asv continuous`` does."""
 
-from __future__ import annotations
-
 import argparse
 import os
 import subprocess
@@ -17,15 +15,14 @@ from harness.review.confirm import ConfirmInputError, checked_commit, checked_ou
 
 
 def add_parser(verbs) -> None:
-    continuous = verbs.add_parser(
-        "continuous",
-        help="run BASE and HEAD (default: HEAD) in worktrees and compare them, re-timing in paired rounds",
-        description="Checks out each commit into a git worktree, runs the cases there with that commit's harness "
-        "and kernels, then compares the two runs as `compare` does (latency rows the runs cannot separate are "
-        "re-timed in paired rounds). The run folders are kept under --out.",
-        epilog="Exit codes as compare's: 0 nothing got worse; 1 something got worse; 2 bad input (a commit that is "
-        "not one of your history, a run that refused its options); 4 incomplete; 5 unconfirmed.",
-    )
+    continuous = verbs.add_parser("continuous", help="run BASE and HEAD (default: HEAD) in worktrees and compare "
+                                  "them, re-timing in paired rounds", description="Checks out each commit into a "
+                                  "git worktree, runs the cases there with that commit's harness and kernels, then "
+                                  "compares the two runs as `compare` does (latency rows the runs cannot separate "
+                                  "are re-timed in paired rounds). The run folders are kept under --out.",
+                                  epilog="Exit codes as compare's: 0 nothing got worse; 1 something got worse; 2 "
+                                  "bad input (a commit that is not one of your history, a run that refused its "
+                                  "options); 4 incomplete; 5 unconfirmed.")  # fmt: skip
     continuous.add_argument("base", metavar="BASE", help="the commit to compare against: a branch, tag or id")
     continuous.add_argument("head", metavar="HEAD", nargs="?", default="HEAD", help="the commit judged (HEAD)")
     continuous.add_argument("--cases", action="append", default=[], metavar="CASES",

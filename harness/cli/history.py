@@ -1,7 +1,5 @@
 """``harness history``: latency and error trends across runs (commits), per case and backend."""
 
-from __future__ import annotations
-
 import argparse
 from pathlib import Path
 
@@ -14,9 +12,8 @@ def add_parser(verbs) -> None:
     history.add_argument("runs", nargs="*", type=Path, help="run folders, or folders of runs (default: reports/)")
     history.add_argument("--html", type=Path, metavar="FILE", help="also write an HTML page with plots")
     history.add_argument("--min-effect", type=float, dest="min_effect", help="as for compare")
-    history.add_argument(
-        "--backend", action="append", dest="backends", metavar="NAME", help="only this backend (repeatable)"
-    )
+    history.add_argument("--backend", action="append", dest="backends", metavar="NAME",
+                         help="only this backend (repeatable)")  # fmt: skip
     history.set_defaults(handler=main)
 
 

@@ -1,7 +1,5 @@
 """``harness list``: the expanded cases, as a table (what ``run`` would run, before it runs)."""
 
-from __future__ import annotations
-
 import argparse
 
 from harness.cli.options import EXIT_OK, add_pattern, default_device, load

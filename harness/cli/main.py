@@ -1,7 +1,5 @@
 """python -m harness {run,list,backends,variants,schema,report,compare,continuous,bisect,history,merge}"""
 
-from __future__ import annotations
-
 import argparse
 import importlib
 import os
@@ -30,13 +28,12 @@ BAD_INPUT = (options.BadInput, CaseFileError, RunDirExistsError, NotWritableErro
 def build_parser() -> argparse.ArgumentParser:
     prog = options.prog()
     parser = argparse.ArgumentParser(
-        prog=prog,
-        description=__doc__.split("\n")[0],
-        epilog="exit codes: 0 success; 1 a failure, an error row, nothing graded, or (compare) a row that got "
-        "worse; 2 bad input; 3 an internal error; 4 incomplete (compare, run --finalize); 5 (compare) nothing is confirmed worse, "
-        "but some latency rows could not be re-timed (unconfirmed); 130 Ctrl-C; 143 SIGTERM. "
+        prog=prog, description=__doc__.split("\n")[0],
+        epilog="exit codes: 0 success; 1 a failure, an error row, nothing graded, or (compare) a row that got worse; 2 "
+        "bad input; 3 an internal error; 4 incomplete (compare, run --finalize); 5 (compare) nothing is confirmed "
+        "worse, but some latency rows could not be re-timed (unconfirmed); 130 Ctrl-C; 143 SIGTERM. "
         f"With no verb: this help, exit 0. Run `{prog} VERB --help` for a verb's options.",
-    )
+    )  # fmt: skip
     installed = harness_version() or "unknown (not installed)"  # run from a checkout that was never installed
     parser.add_argument("--version", action="version", version=f"%(prog)s {installed}")
     verbs = parser.add_subparsers(dest="verb", metavar="{" + ",".join(VERBS) + "}")

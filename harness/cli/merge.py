@@ -1,7 +1,5 @@
 """``harness merge OUT RUN RUN...``: join run folders of one commit (hosts' ``--shard`` slices) into one."""
 
-from __future__ import annotations
-
 import argparse
 import sys
 from pathlib import Path

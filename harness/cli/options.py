@@ -1,8 +1,6 @@
 """What the verbs share: the run options (for the CLI and pytest, so destinations carry a ``harness_`` prefix:
 pytest keeps ``-p`` in ``plugins``), ``-k``, bad input and the exit codes."""
 
-from __future__ import annotations
-
 import argparse
 import contextlib
 import fnmatch
@@ -212,10 +210,8 @@ def resolved_cases(cases: list[str]) -> list:
     resolved = [resolve_case_arg(c) for c in cases]
     for given, found in zip(cases, resolved, strict=True):
         if not Path(found).exists():
-            raise BadInput(
-                f"{given}: no such case file or folder, and not a packaged suite "
-                f"(packaged suites: {', '.join(packaged_suites())})"
-            )
+            raise BadInput(f"{given}: no such case file or folder, and not a packaged suite "
+                           f"(packaged suites: {', '.join(packaged_suites())})")  # fmt: skip
     return resolved
 
 
@@ -226,9 +222,7 @@ def load(cases: list[str], device: str, tags: list[str] | None, backends: list[s
     keep = compile_pattern(pattern) if pattern is not None else None
     loaded = load_cases(paths, device=device, tags=tags, backends=backends, keep=keep)
     if not loaded:
-        raise BadInput(
-            f"no cases selected from {' '.join(map(str, paths))}"
-            + (f" with tags {tags}" if tags else "")
-            + (f" matching -k {pattern!r}" if pattern else "")
-        )
+        raise BadInput(f"no cases selected from {' '.join(map(str, paths))}"
+                       + (f" with tags {tags}" if tags else "")
+                       + (f" matching -k {pattern!r}" if pattern else ""))  # fmt: skip
     return loaded

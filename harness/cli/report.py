@@ -1,7 +1,5 @@
 """``harness report RUN``: rebuild a run folder's report.html (marking regressions against a baseline)."""
 
-from __future__ import annotations
-
 import argparse
 from pathlib import Path
 

@@ -1,7 +1,5 @@
 """A run's journal: what it records of the options, ``run --resume`` and ``run --resume --finalize``."""
 
-from __future__ import annotations
-
 import argparse
 import os
 import sys
@@ -119,20 +117,13 @@ def finalize(args: argparse.Namespace, journal) -> int:
     frame = ordered(to_frame(journal.rows), cases, backends, COLUMNS)
     header = journal.header
     meta = dict(header.get("meta") or {"device": header.get("options", {}).get("device"), "host": header.get("host")})
-    meta["incomplete"] = {
-        "finalized_from_journal": True,
-        "started": header.get("started"),
-        "rows": len(frame),
-        "missing_pairs": len(missing),
-        "missing": missing,
-        "note": "the run stopped before these (case, backend) pairs ran; the folder was written from its journal",
-    }
+    meta["incomplete"] = {"finalized_from_journal": True, "started": header.get("started"), "rows": len(frame),
+                          "missing_pairs": len(missing), "missing": missing, "note": "the run stopped before these "
+                          "(case, backend) pairs ran; the folder was written from its journal"}  # fmt: skip
     if unknown:
         meta["incomplete"].update(missing_pairs=None, missing=None, missing_unknown=unknown)
     if header.get("meta") is None:
-        meta["incomplete"]["meta_unknown"] = (
-            "the journal predates the recorded meta: device, versions and ceilings are not known here"
-        )
+        meta["incomplete"]["meta_unknown"] = "the journal predates the recorded meta: device, versions and ceilings are not known here"  # fmt: skip
     write_run(frame, meta, args.resume, page=report.render_html)
     journal.remove()
     keep_logs(Path(args.resume))  # plugin rows' output of the stopped run, kept with its folder
@@ -160,8 +151,7 @@ def ordered(frame, cases, backends, columns):
 
 
 def keep_logs(run_dir: Path, move: bool = True) -> None:
-    """Move the staged plugin-row logs into ``<run>/logs`` (not ``move``: they stay for --resume); an empty
-    folder is removed instead."""
+    """Move the staged plugin-row logs into ``<run>/logs`` (not ``move``: kept for --resume); remove an empty folder."""
     staged = staged_logs(run_dir)
     if not staged.is_dir():
         return

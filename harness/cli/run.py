@@ -1,8 +1,6 @@
 """``harness run``: run cases through backends, grade and time every row, write a run folder. Rows go to a
 journal as they finish (``resume``); plugins are imported in a worker process, never here."""
 
-from __future__ import annotations
-
 import argparse
 import os
 import sys
@@ -45,20 +43,15 @@ def add_parser(verbs) -> None:
     run.add_argument("--no-progress", dest="progress", action="store_false", default=None,
                      help="a line a row instead of the progress bar (the default where stderr is not a terminal: "
                      "a log or CI gets lines, not a bar redrawn with carriage returns)")  # fmt: skip
-    reliability.add_argument(
-        "--profile", action="append", default=[], metavar="CASE[:BACKEND]",
-        help="save a torch.profiler Chrome trace of these rows under RUN/profiles/ (globs; repeatable)",
-    )  # fmt: skip
-    reliability.add_argument(
-        "--isolate", choices=["plugins", "all", "none"],
-        help="backends run in a worker process that may crash or hang without ending the run "
-        "(default: plugins; 'all' adds the built-ins, 'none' runs everything in-process)",
-    )  # fmt: skip
-    reliability.add_argument(
-        "--timeout", type=float, metavar="SECONDS",
-        help="time limit of one isolated (or --workers) row, grade and timing; a backend past it is hung: its later "
-        "rows are skips (default: the row's expected cost x10, at least 60 s; a case's timeout_s wins)",
-    )  # fmt: skip
+    reliability.add_argument("--profile", action="append", default=[], metavar="CASE[:BACKEND]",
+                             help="save a torch.profiler Chrome trace of these rows under RUN/profiles/ (globs; "
+                             "repeatable)")  # fmt: skip
+    reliability.add_argument("--isolate", choices=["plugins", "all", "none"],
+                             help="backends run in a worker process that may crash or hang without ending the run "
+                             "(default: plugins; 'all' adds the built-ins, 'none' runs everything in-process)")  # fmt: skip
+    reliability.add_argument("--timeout", type=float, metavar="SECONDS", help="time limit of one isolated (or "
+                             "--workers) row, grade and timing; a backend past it is hung: its later rows are skips "
+                             "(default: the row's expected cost x10, at least 60 s; a case's timeout_s wins)")  # fmt: skip
     reliability.add_argument(
         "--resume", type=Path, metavar="RUN_DIR",
         help="finish a killed or unwritten run from its journal RUN_DIR.journal.jsonl, with its options. Options "
@@ -67,12 +60,10 @@ def add_parser(verbs) -> None:
         "--backend, --tag, --device, --oracle-device, --no-timing, --threads, --shard, --out) are refused unless "
         "equal to the journal's. Plugins are imported only when named here: pass each --plugin the run used",
     )  # fmt: skip
-    reliability.add_argument(
-        "--finalize", action="store_true",
-        help="with --resume: run nothing, write the run folder from the journal's rows alone (a run whose "
-        "machine is gone); meta.json says it is incomplete and which (case, backend) pairs never ran; "
-        "INCOMPLETE and exit 4 where some never ran (or which ran is not known here) and the rest pass",
-    )  # fmt: skip
+    reliability.add_argument("--finalize", action="store_true", help="with --resume: run nothing, write the run "
+                             "folder from the journal's rows alone (a run whose machine is gone); meta.json says it "
+                             "is incomplete and which (case, backend) pairs never ran; INCOMPLETE and exit 4 where "
+                             "some never ran (or which ran is not known here) and the rest pass")  # fmt: skip
     add_scale_arguments(run)  # --workers, --ray, --oracle-cache
     options.add_pattern(run)
     run.set_defaults(handler=main)
@@ -96,17 +87,11 @@ def load_plugins(plugins: list[str], isolate: str):
                 raise BadInput(f"--plugin {', '.join(plugins)}: {error}") from None
         if plugins and worker.walls:
             os.environ[oracle_cache.ENV_DIR] = "off"  # the worker could reach the cache: the run does without it
-            print(
-                f"note: the plugins' worker could not wall off the oracle cache ({worker.walls}); this run "
-                "computes every oracle and leaves the cache alone",
-                file=sys.stderr,
-            )
+            print(f"note: the plugins' worker could not wall off the oracle cache ({worker.walls}); this run "
+                  "computes every oracle and leaves the cache alone", file=sys.stderr)  # fmt: skip
         if plugins and isolate == "all":
-            print(
-                "note: --isolate all runs the built-ins in the plugins' worker, beside them: a plugin there can "
-                "reach their rows (docs/contract.md#threat-model)",
-                file=sys.stderr,
-            )
+            print("note: --isolate all runs the built-ins in the plugins' worker, beside them: a plugin there can "
+                  "reach their rows (docs/contract.md#threat-model)", file=sys.stderr)  # fmt: skip
         return set(REGISTRY) - before, worker
     for plugin in plugins:
         try:
@@ -118,11 +103,8 @@ def load_plugins(plugins: list[str], isolate: str):
                 raise
             raise BadInput(f"--plugin {plugin}: importing it raised {type(error).__name__}({error})") from None
     if plugins:
-        print(
-            "note: --isolate none imports the plugins into the process that grades them: a plugin can reach "
-            "its own verdict (docs/contract.md#threat-model)",
-            file=sys.stderr,
-        )
+        print("note: --isolate none imports the plugins into the process that grades them: a plugin can reach "
+              "its own verdict (docs/contract.md#threat-model)", file=sys.stderr)  # fmt: skip
     return set(REGISTRY) - before, None
 
 
@@ -203,12 +185,11 @@ def _run_and_write(args, device, cases, backends, plugin_backends, worker, journ
     pooled_cuda = device == "cuda" and (args.workers is not None or args.ray is not None)
     ceilings = measure_ceilings(device, list(dtypes)) if args.timing and not pooled_cuda else {}
     isolated = {"plugins": plugin_backends, "all": {b.name for b in backends}, "none": set()}[args.isolate]
-    config = RunConfig(
-        device=device, backends=backends, timing=args.timing, oracle_device=args.harness_oracle_device or "cpu",
-        ceilings=ceilings, ceiling_dtypes=dtypes, progress=args.progress, isolated=frozenset(isolated),
-        plugins=tuple(args.harness_plugins), timeout_s=args.timeout, threads=threads,
-        logs=(str(staged_logs(run_dir)), str(run_dir / "logs")),
-    )  # fmt: skip
+    config = RunConfig(device=device, backends=backends, timing=args.timing,
+                       oracle_device=args.harness_oracle_device or "cpu", ceilings=ceilings, ceiling_dtypes=dtypes,
+                       progress=args.progress, isolated=frozenset(isolated), plugins=tuple(args.harness_plugins),
+                       timeout_s=args.timeout, threads=threads,
+                       logs=(str(staged_logs(run_dir)), str(run_dir / "logs")))  # fmt: skip
     printer, journal_s = None, 0.0
 
     def on_row(row: dict) -> None:

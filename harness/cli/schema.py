@@ -1,7 +1,5 @@
 """``harness schema``: the JSON Schema of the case files (for an editor's completion and checks)."""
 
-from __future__ import annotations
-
 import argparse
 import json
 

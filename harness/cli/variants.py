@@ -1,7 +1,5 @@
 """``harness variants``: each attention variant's case field, key and the keywords a kernel receives."""
 
-from __future__ import annotations
-
 import argparse
 
 from harness.cases.variants import variants_text

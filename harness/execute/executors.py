@@ -1,7 +1,5 @@
 """The ``run`` verb's scale-out options, checked before any work, and the choice of executor."""
 
-from __future__ import annotations
-
 import argparse
 import importlib
 import os

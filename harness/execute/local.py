@@ -1,7 +1,4 @@
-"""The one-process executor: every case in this process, a backend named in ``config.isolated`` in a worker
-process (:class:`harness.execute.processes.Worker`)."""
-
-from __future__ import annotations
+"""The one-process executor: cases run here, ``config.isolated`` backends in a :class:`processes.Worker` process."""
 
 import dataclasses
 from collections.abc import Callable, Collection, Iterable
@@ -19,8 +16,7 @@ from harness.timing.phases import rounded, take_phases
 
 def run_cases(cases: Iterable[Case], config: RunConfig, on_row: Callable[[dict], None] | None = None,
               done: Collection[tuple[str, str]] = (), worker: Worker | None = None) -> pd.DataFrame:  # fmt: skip
-    """Every (case, backend) pair but those in ``done``, each row to ``on_row``; backends in ``config.isolated``
-    run in ``worker`` (or a new one)."""
+    """Every (case, backend) not in ``done``, rows to ``on_row``; ``config.isolated`` backends run in ``worker``."""
     cases = list(cases)
     done = set(done)
     rows: list[dict] = []

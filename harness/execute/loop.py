@@ -1,8 +1,6 @@
 """The one per-case loop every executor runs (:func:`case_events`), and the bookkeeping every driver of
 other processes shares (:class:`Tracker`)."""
 
-from __future__ import annotations
-
 import time
 from collections.abc import Callable, Collection, Iterator
 from dataclasses import dataclass, field
@@ -64,9 +62,8 @@ class Contexts:
                 torch.cuda.empty_cache()
 
 
-def case_events(
-    case: Case, backends: list[Backend], config: RunConfig, contexts: Contexts, labels: dict | None = None
-) -> Iterator[tuple]:
+def case_events(case: Case, backends: list[Backend], config: RunConfig, contexts: Contexts,
+                labels: dict | None = None) -> Iterator[tuple]:  # fmt: skip
     """A case's work as events: ``("start", what)`` before each step (:data:`CONTEXT`, then each backend),
     ``("row", row)`` after each backend (skips first); ``labels`` go on every row."""
     labels = labels or {}

@@ -1,8 +1,6 @@
 """A row's output: what a plugin's row prints goes to its own log (``<run>/logs/``); the terminal gets its
 head, and known-harmless warnings (:data:`HARMLESS`) are named there once a run."""
 
-from __future__ import annotations
-
 import contextlib
 import os
 import re

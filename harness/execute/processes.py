@@ -2,8 +2,6 @@
 starts a fresh worker). A worker imports the plugins, runs what it is sent and sends events back as
 ``torch.save`` of plain values, read with ``weights_only=True``; it never holds the oracle."""
 
-from __future__ import annotations
-
 import contextlib
 import ctypes
 import dataclasses

@@ -1,7 +1,5 @@
 """The Ray executor: a run's cases as Ray tasks, one task per case, on any number of hosts (docs/scaling.md)."""
 
-from __future__ import annotations
-
 import dataclasses
 import os
 import shutil
@@ -31,10 +29,8 @@ def ray_missing() -> str | None:
     try:
         import ray  # noqa: F401
     except ImportError:
-        return (
-            "--ray: Ray is not installed; install the optional extra: "
-            "pip install 'paged-attention-harness[ray]' (or pip install 'ray>=2.9')"
-        )
+        return ("--ray: Ray is not installed; install the optional extra: "
+                "pip install 'paged-attention-harness[ray]' (or pip install 'ray>=2.9')")  # fmt: skip
     return None
 
 

@@ -1,8 +1,6 @@
 """The walls around a plugin's worker process: a private mount namespace (Linux ``unshare``) where the
 oracle cache folder is an empty tmpfs and the harness's package folder is read-only."""
 
-from __future__ import annotations
-
 import ctypes
 import os
 import sys

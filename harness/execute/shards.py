@@ -1,8 +1,6 @@
 """Many hosts, one run: ``harness run --shard I/N`` picks a host's slice of the cases, and
 ``harness merge OUT RUN...`` joins the hosts' run folders into one (docs/scaling.md)."""
 
-from __future__ import annotations
-
 from pathlib import Path
 
 import pandas as pd
@@ -44,10 +42,8 @@ def merge_runs(run_dirs: list[Path], allow_mixed_commits: bool = False) -> tuple
     for run_dir, frame, _ in loaded:
         for pair in zip(frame["case"], frame["backend"], strict=True):
             if pair in owner:
-                raise MergeError(
-                    f"{run_dir}: case {pair[0]!r} with backend {pair[1]!r} is also in {owner[pair]}: "
-                    "shards must not overlap (give each host its own --shard I/N)"
-                )
+                raise MergeError(f"{run_dir}: case {pair[0]!r} with backend {pair[1]!r} is also in {owner[pair]}: "
+                                 "shards must not overlap (give each host its own --shard I/N)")  # fmt: skip
             owner[pair] = run_dir
     _refuse_mixed(loaded, "commit", "commits", "--allow-mixed-commits", allow_mixed_commits)
     _refuse_mixed(loaded, "device", "devices (cpu and cuda rows do not make one run)")
@@ -84,11 +80,9 @@ def merge_runs(run_dirs: list[Path], allow_mixed_commits: bool = False) -> tuple
         meta["incomplete"] = {
             "runs": [str(run_dir) for run_dir, _ in incomplete],
             "missing_pairs": None if any(r.get("missing") is None for _, r in incomplete) else len(missing),
-            "missing": missing,
-            "shards": warnings,
-            "note": "merged from runs that stopped early (each run's 'incomplete' record) or from an incomplete "
-            "set of shards",
-        }
+            "missing": missing, "shards": warnings,
+            "note": "merged from runs that stopped early (each run's 'incomplete' record) or from an incomplete set of shards",
+        }  # fmt: skip
     return frame, meta, warnings
 
 

@@ -1,8 +1,6 @@
 """The process-pool executor: one host's worker processes (one per GPU, or N on a CPU) run the cases, longest
 first, ``PREFETCH`` ahead; a dead worker loses only its current row, retried once (docs/scaling.md)."""
 
-from __future__ import annotations
-
 import collections
 import contextlib
 import dataclasses

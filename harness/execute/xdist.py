@@ -1,8 +1,6 @@
 """pytest -n N (pytest-xdist): one GPU per worker; with ``--harness-report DIR`` each worker writes its rows to
 ``<folder>/<gwI>.jsonl`` and the controller writes one run folder from them, in test order."""
 
-from __future__ import annotations
-
 import json
 import os
 import shutil
@@ -71,8 +69,7 @@ def collect_rows(config: pytest.Config) -> list[dict] | None:
 
 
 def run_gpus(rows: list[dict]) -> tuple[list[dict], str]:
-    """meta.json's ``gpus`` of a pytest -n run (no ceilings: the pytest path measures none) and the
-    mixed-models note ("" for one model)."""
+    """meta.json's ``gpus`` of a pytest -n run (no ceilings: pytest measures none) and the mixed-models note."""
     ledger = GpuLedger()
     for row in rows:
         ledger.add(row["host"], row["gpu_index"], row["worker"], {"gpu_name": row.get("gpu_name"), "ceilings": {}})

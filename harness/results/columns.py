@@ -2,8 +2,6 @@
 the contract's table (``python -m harness.results.columns`` rewrites docs/contract.md's) and the page's
 header tips are made."""
 
-from __future__ import annotations
-
 import re
 import sys
 from dataclasses import dataclass

@@ -1,7 +1,5 @@
 """What a run records about where it ran: commit, host, device, versions, ceilings."""
 
-from __future__ import annotations
-
 import contextlib
 import importlib.metadata
 import os
@@ -50,10 +48,8 @@ GPU_QUERY = "clocks.sm,clocks.mem,temperature.gpu,power.draw"
 def gpu_state() -> list[dict[str, str]] | None:
     """Per GPU: SM and memory clocks, temperature, power (nvidia-smi, read only); None if unreadable."""
     try:
-        out = subprocess.run(
-            ["nvidia-smi", f"--query-gpu={GPU_QUERY}", "--format=csv,noheader"],
-            capture_output=True, text=True, check=True, timeout=10,
-        ).stdout  # fmt: skip
+        out = subprocess.run(["nvidia-smi", f"--query-gpu={GPU_QUERY}", "--format=csv,noheader"], capture_output=True,
+                             text=True, check=True, timeout=10).stdout  # fmt: skip
     except (OSError, subprocess.SubprocessError):
         return None
     keys = GPU_QUERY.split(",")
@@ -69,16 +65,12 @@ def harness_version() -> str | None:
 
 
 def commit_record() -> dict:
-    """The run's commit, and where it was read from: ``HARNESS_COMMIT`` wins over git's (a copied tree may
-    carry a stale ``.git``), a disagreement recorded."""
+    """The run's commit and its source: ``HARNESS_COMMIT`` wins over git's (a copy may carry a stale ``.git``)."""
     from_git = git("rev-parse", "HEAD") or None
     declared = os.environ.get("HARNESS_COMMIT") or None
     if declared and from_git and declared != from_git:
-        return {
-            "commit": declared,
-            "commit_source": f"HARNESS_COMMIT; git here says {from_git[:12]} (a stale copy of .git)",
-            "dirty": None,
-        }
+        stale = f"HARNESS_COMMIT; git here says {from_git[:12]} (a stale copy of .git)"
+        return {"commit": declared, "commit_source": stale, "dirty": None}
     if from_git:
         return {"commit": from_git, "commit_source": "git"}
     if declared:
@@ -97,24 +89,13 @@ def collect_meta(device: str, argv: list[str], ceilings: dict[str, float], oracl
     dev = torch.device(device)
     device_name = torch.cuda.get_device_name(dev) if dev.type == "cuda" else platform.processor() or platform.machine()
     return {
-        "dirty": dirty(),
-        **commit_record(),  # after dirty: a stale .git makes both unknown
-        "time": datetime.now(UTC).isoformat(timespec="seconds"),
-        "host": socket.gethostname(),
-        "device": device,
-        "device_name": device_name,
-        "torch": torch.__version__,
-        "triton": triton_version,
-        "python": platform.python_version(),
-        "triton_interpret": os.environ.get("TRITON_INTERPRET"),
-        "command": " ".join(argv),
-        "ceilings_gbps": ceilings,
-        "harness_version": harness_version(),
+        "dirty": dirty(), **commit_record(),  # after dirty: a stale .git makes both unknown
+        "time": datetime.now(UTC).isoformat(timespec="seconds"), "host": socket.gethostname(), "device": device,
+        "device_name": device_name, "torch": torch.__version__, "triton": triton_version,
+        "python": platform.python_version(), "triton_interpret": os.environ.get("TRITON_INTERPRET"),
+        "command": " ".join(argv), "ceilings_gbps": ceilings, "harness_version": harness_version(),
         "oracle_cache": oracle_cache,  # harness.run.oracle_cache.meta_record(): off, on or verify, and the folder
         # what says how quiet the machine was
-        "cpu_model": cpu_model(),
-        "logical_cpus": os.cpu_count(),
-        "torch_threads": torch.get_num_threads(),
-        "load_average": load_average(),
-        **({"gpu_state": gpu_state()} if dev.type == "cuda" else {}),
-    }
+        "cpu_model": cpu_model(), "logical_cpus": os.cpu_count(), "torch_threads": torch.get_num_threads(),
+        "load_average": load_average(), **({"gpu_state": gpu_state()} if dev.type == "cuda" else {}),
+    }  # fmt: skip

@@ -2,8 +2,6 @@
 (options, pid), one fsynced line per finished row, ``resumed_by`` / ``stopped_by`` lines. Every line is
 validated on reading; a writer holds an exclusive ``flock``."""
 
-from __future__ import annotations
-
 import contextlib
 import fcntl
 import json
@@ -141,7 +139,7 @@ class Journal:
         self._file = None
 
     @classmethod
-    def create(cls, run_dir: Path, options: dict) -> Journal:
+    def create(cls, run_dir: Path, options: dict) -> "Journal":
         """Start the journal of ``run_dir``; FileExistsError when one exists (the name is taken)."""
         path = journal_path(run_dir)
         started = datetime.now(UTC).isoformat(timespec="seconds")
@@ -155,7 +153,7 @@ class Journal:
         return journal
 
     @classmethod
-    def read(cls, path: Path) -> Journal:
+    def read(cls, path: Path) -> "Journal":
         """A journal's header and rows; a torn last line (killed mid-write) is dropped."""
         path = Path(path)
         try:
@@ -223,10 +221,8 @@ class Journal:
             except JournalError:
                 holder = None
             who = f"process {holder}" if holder else "another process"
-            raise JournalError(
-                f"{self.path}: {who} holds this journal's lock: it is resuming (writing) this run now; "
-                "wait for it to finish or stop it"
-            ) from None
+            raise JournalError(f"{self.path}: {who} holds this journal's lock: it is resuming (writing) this run now; "
+                               "wait for it to finish or stop it") from None  # fmt: skip
         except OSError:  # a filesystem without flock (some network mounts): only the pid check guards it
             pass
         self._file = file

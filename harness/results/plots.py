@@ -1,8 +1,6 @@
 """Plots for the review and history pages: report rows in, a self-contained SVG data URI out (None when there
 is nothing to draw). Every name from a run goes through :func:`literal`, so matplotlib draws it as text."""
 
-from __future__ import annotations
-
 import base64
 import io
 
@@ -77,11 +75,9 @@ def _label_ceilings(ax, lines: list[tuple[float, str]]) -> None:
     y = -np.inf
     for value, name in lines:
         y = max((np.log10(value) - low) / (high - low), y + gap)
-        ax.annotate(
-            f"{name} {value:.3g} GB/s", xy=(1, value), xycoords=("axes fraction", "data"), xytext=(1.03, y),
-            textcoords="axes fraction", fontsize=CEILING_FONT, va="center", color="#333",
-            arrowprops={"arrowstyle": "-", "color": "#999", "lw": 0.6, "shrinkA": 0, "shrinkB": 0},
-        )  # fmt: skip
+        ax.annotate(f"{name} {value:.3g} GB/s", xy=(1, value), xycoords=("axes fraction", "data"), xytext=(1.03, y),
+                    textcoords="axes fraction", fontsize=CEILING_FONT, va="center", color="#333",
+                    arrowprops={"arrowstyle": "-", "color": "#999", "lw": 0.6, "shrinkA": 0, "shrinkB": 0})  # fmt: skip
 
 
 def error_vs_tolerance(frame: pd.DataFrame) -> str | None:

@@ -1,8 +1,6 @@
 """The review page of a run (report.html) and the comparison page (compare --html): one self-contained HTML
 file each, no network; every string from a case file, a plugin or an error is escaped by jinja2's autoescape."""
 
-from __future__ import annotations
-
 import math
 import os
 import tempfile
@@ -19,10 +17,8 @@ from harness.timing.scaling import fit_scaling
 
 HOST_OVERHEAD_FLAG = 1.5  # call_us / latency_us above this is flagged as host overhead
 _STATUS_ORDER = {status: i for i, status in enumerate(WORST_FIRST)}
-MAIN_COLUMNS = [
-    "status", "case", "backend", "dtype", "tol_ratio", "max_abs_err", "latency_us", "latency_p10_us",
-    "latency_p90_us", "call_us", "gbps", "pct_of_ceiling", "reason",
-]  # fmt: skip
+MAIN_COLUMNS = ["status", "case", "backend", "dtype", "tol_ratio", "max_abs_err", "latency_us", "latency_p10_us",
+                "latency_p90_us", "call_us", "gbps", "pct_of_ceiling", "reason"]  # fmt: skip
 
 ENV = Environment(loader=PackageLoader("harness.results", "templates"), autoescape=select_autoescape(["html", "j2"]))
 
@@ -59,8 +55,7 @@ ENV.filters.update(fmt=fmt, sig=sig)
 
 
 def write_page(path: Path, page: str) -> Path:
-    """Write ``page`` (a page, or xdist workers' rows) to ``path`` (its folder made if need be) atomically, through a
-    new file renamed into place."""
+    """Write ``page`` (a page, or xdist workers' rows) to ``path`` atomically, through a new file renamed into place."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")  # a new file: no planted link is followed
@@ -83,10 +78,8 @@ def peaks_of(meta: dict) -> dict[str, dict]:
     ceilings = meta.get("ceilings") or {}
     peaks, sources = ceilings.get("peak_tflops"), ceilings.get("peak_source") or {}
     if isinstance(peaks, dict):
-        return {
-            d: {"tflops": v, "source": sources.get(d, "") if isinstance(sources, dict) else sources}
-            for d, v in peaks.items()
-        }
+        return {d: {"tflops": v, "source": sources.get(d, "") if isinstance(sources, dict) else sources}
+                for d, v in peaks.items()}  # fmt: skip
     if peaks is not None:
         return {"all dtypes": {"tflops": peaks, "source": sources if isinstance(sources, str) else ""}}
     return {}
@@ -148,9 +141,8 @@ def time_summary(meta: dict) -> str:
     return text
 
 
-def render_html(
-    frame: pd.DataFrame, meta: dict, *, regressions: Regressions | None = None, baseline_name: str = ""
-) -> str:
+def render_html(frame: pd.DataFrame, meta: dict, *, regressions: Regressions | None = None,
+                baseline_name: str = "") -> str:  # fmt: skip
     """The review page of one run; ``regressions`` (against a baseline run) are marked and listed."""
     marked, regressions, problems = regressions or ({}, [], [])
     rows = _prepare_rows(frame, marked)
@@ -167,11 +159,9 @@ def render_html(
         fits = fit_scaling(frame)
     except Exception:  # the page must render even if a fit cannot be made from these rows
         fits = pd.DataFrame()
-    figures = [
-        ("Latency and bandwidth against KV length", plots.latency_and_bandwidth(frame, ceilings)),
-        ("Error against tolerance, per backend", plots.error_vs_tolerance(frame)),
-        ("Scaling fit", plots.scaling_fit(frame, fits)),
-    ]
+    figures = [("Latency and bandwidth against KV length", plots.latency_and_bandwidth(frame, ceilings)),
+               ("Error against tolerance, per backend", plots.error_vs_tolerance(frame)),
+               ("Scaling fit", plots.scaling_fit(frame, fits))]  # fmt: skip
     return ENV.get_template("report.html.j2").render(
         tips=MEANINGS, meta=meta, rows=graded, skipped=skipped, bad=[r for r in rows if r["status"] in FAILING],
         counts=counts, total=len(rows), backends=backends, pivot=list(pivot.values()), ceilings=ceilings,

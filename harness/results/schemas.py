@@ -1,14 +1,12 @@
 """The shapes of the files a run folder holds, checked before anything reads them (:class:`RunFolderError`)."""
 
-from __future__ import annotations
-
 import re
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pandas as pd
-from pydantic import BaseModel, ConfigDict, ValidationError
+from pydantic import BaseModel, ConfigDict, ValidationError, create_model
 
 from harness.cases.vocab import STATUSES, field_path
 from harness.results.columns import TABLE
@@ -56,43 +54,22 @@ class OracleCacheRecord(_Lenient):
     verify_fraction: Number | None = None
 
 
-class RunMeta(_Lenient):
-    """meta.json (harness.results.environment.collect_meta plus what the CLI adds)."""
-
-    commit: str | None = None
-    commit_source: str | None = None
-    dirty: bool | None = None
-    time: str | None = None
-    host: str | None = None
-    device: str | None = None
-    device_name: str | None = None
-    torch: str | None = None
-    triton: str | None = None
-    python: str | None = None
-    triton_interpret: str | None = None
-    command: str | None = None
-    harness_version: str | None = None
-    cpu_model: str | None = None
-    logical_cpus: int | None = None
-    torch_threads: int | None = None
-    load_average: list[Number] | None = None
-    gpu_state: list[dict[str, str]] | None = None
-    ceilings_gbps: dict[str, Number | None] | None = None
-    ceilings: Ceilings | None = None
-    timing_threads: int | None = None
-    case_files: list[str] | None = None
-    shard: str | None = None
-    gpus: list[GpuRecord] | None = None
-    scale: dict[str, Any] | None = None
-    resumed: dict[str, Any] | None = None
-    incomplete: dict[str, Any] | None = None
-    merged_from: list[Any] | None = None
-    timing: bool | None = None
-    oracle_cache: OracleCacheRecord | None = None
+# meta.json (harness.results.environment.collect_meta plus what the CLI adds): every key optional, typed when there.
+_TEXT = str | None
+RunMeta = create_model("RunMeta", __base__=_Lenient, **{name: (kind, None) for name, kind in {
+    "commit": _TEXT, "commit_source": _TEXT, "dirty": bool | None, "time": _TEXT, "host": _TEXT, "device": _TEXT,
+    "device_name": _TEXT, "torch": _TEXT, "triton": _TEXT, "python": _TEXT, "triton_interpret": _TEXT,
+    "command": _TEXT, "harness_version": _TEXT, "cpu_model": _TEXT, "logical_cpus": int | None,
+    "torch_threads": int | None, "load_average": list[Number] | None, "gpu_state": list[dict[str, str]] | None,
+    "ceilings_gbps": dict[str, Number | None] | None, "ceilings": Ceilings | None, "timing_threads": int | None,
+    "case_files": list[str] | None, "shard": _TEXT, "gpus": list[GpuRecord] | None, "scale": dict[str, Any] | None,
+    "resumed": dict[str, Any] | None, "incomplete": dict[str, Any] | None, "merged_from": list[Any] | None,
+    "timing": bool | None, "oracle_cache": OracleCacheRecord | None,
+}.items()})  # fmt: skip
 
 
 def check_meta(meta: Any, file: Path | str) -> dict:
-    """``meta`` (parsed meta.json) if it fits :class:`RunMeta`; RunFolderError naming file and field."""
+    """``meta`` (parsed meta.json) if it fits :data:`RunMeta`; RunFolderError naming file and field."""
     if not isinstance(meta, dict):
         raise RunFolderError(f"{file}: a JSON object expected, got {type(meta).__name__}")
     try:
@@ -113,12 +90,10 @@ TEXT, NUMBER, SCALAR, SAMPLES, FLAG = "text", "number", "text or number", "list 
 
 # The kind of every column of harness.results.columns.TABLE, by its dtype; a few columns hold wider values.
 _KIND_OF_DTYPE = {"str": TEXT, "int": NUMBER, "float": NUMBER, "bool": FLAG, "list": SAMPLES}
-COLUMN_KINDS: dict[str, str] = {
-    **{column.name: _KIND_OF_DTYPE[column.dtype] for column in TABLE},
-    "gpu_index": SCALAR,  # a GPU's index as CUDA_VISIBLE_DEVICES names it, or its number
-    "worker": SCALAR,
+COLUMN_KINDS: dict[str, str] = {  # gpu_index: as CUDA_VISIBLE_DEVICES names it, or its number
+    **{column.name: _KIND_OF_DTYPE[column.dtype] for column in TABLE}, "gpu_index": SCALAR, "worker": SCALAR,
     "graph_capturable": NUMBER,
-}
+}  # fmt: skip
 REQUIRED = ("case", "backend", "status")  # what compare, history and the report read, at least; never empty
 
 
@@ -127,18 +102,12 @@ def _is_number(value: Any) -> bool:
 
 
 def _is_samples(value: Any) -> bool:
-    return isinstance(value, list | tuple | np.ndarray) and (
-        np.asarray(value).dtype.kind in "fiub" or all(_is_number(x) for x in value)
-    )
+    return isinstance(value, list | tuple | np.ndarray) and (np.asarray(value).dtype.kind in "fiub"
+                                                             or all(_is_number(x) for x in value))  # fmt: skip
 
 
-_VALUE_OK = {
-    TEXT: lambda v: isinstance(v, str),
-    NUMBER: _is_number,
-    SCALAR: lambda v: isinstance(v, str) or _is_number(v),
-    SAMPLES: _is_samples,
-    FLAG: lambda v: isinstance(v, bool | np.bool_),
-}
+_VALUE_OK = {TEXT: lambda v: isinstance(v, str), NUMBER: _is_number, SCALAR: lambda v: isinstance(v, str) or _is_number(v),
+             SAMPLES: _is_samples, FLAG: lambda v: isinstance(v, bool | np.bool_)}  # fmt: skip
 
 
 def _column_problem(series: pd.Series, kind: str) -> str:
@@ -160,10 +129,8 @@ def _column_problem(series: pd.Series, kind: str) -> str:
 def check_rows(frame: pd.DataFrame, file: Path | str) -> pd.DataFrame:
     """``frame`` (results.parquet) if its known columns hold their kinds; RunFolderError naming file and column."""
     if missing := [c for c in REQUIRED if c not in frame.columns]:
-        raise RunFolderError(
-            f"{file}: not a harness results file: no column(s) {', '.join(missing)} "
-            f"(has {', '.join(map(str, frame.columns[:8]))}{'...' if len(frame.columns) > 8 else ''})"
-        )
+        raise RunFolderError(f"{file}: not a harness results file: no column(s) {', '.join(missing)} "
+                             f"(has {', '.join(map(str, frame.columns[:8]))}{'...' if len(frame.columns) > 8 else ''})")  # fmt: skip
     if frame.empty:
         raise RunFolderError(f"{file}: holds no rows (a run writes one per case and backend)")
     problems = []

@@ -1,8 +1,6 @@
 """Storing a run: results.parquet, results.csv, meta.json and report.html in one folder, written into a hidden
 ``.<run>.partial-<pid>`` sibling and renamed into place; the name is reserved by its journal (O_EXCL)."""
 
-from __future__ import annotations
-
 import errno
 import json
 import os
@@ -135,9 +133,8 @@ def stale_leftovers(reports_root: Path) -> list[str]:
     return messages
 
 
-def write_run(
-    frame: pd.DataFrame, meta: dict, run_dir: Path, page: Callable[[pd.DataFrame, dict], str] | None = None
-) -> Path:
+def write_run(frame: pd.DataFrame, meta: dict, run_dir: Path,
+              page: Callable[[pd.DataFrame, dict], str] | None = None) -> Path:  # fmt: skip
     """Write the result files into ``run_dir`` atomically; ``page(frame, meta)`` renders report.html (None: none)."""
     run_dir = Path(run_dir)
     if run_dir.exists():

@@ -4,8 +4,6 @@ Per row: status changes, accuracy (max abs error or ``tol_ratio`` grown ``error_
 latency verdict (:mod:`harness.review.stats`); per run: one-sided rows, a device or version mismatch (docs/review.md).
 """
 
-from __future__ import annotations
-
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -22,10 +20,8 @@ EXIT_OK, EXIT_WORSE, EXIT_INCOMPLETE, EXIT_UNCONFIRMED = 0, 1, 4, 5  # 2 bad inp
 UNCONFIRMED = "unconfirmed"  # a latency row the unpaired rule called slower, not re-timed in paired rounds
 _RANK = {"pass": 0, "fail": 1, "error": 2}
 KEY = ["case", "backend"]
-_FIELDS = [
-    "device", "status", "reason", "max_abs_err", "atol", "tol_ratio", "nan_count", "latency_us",
-    "latency_p10_us", "latency_p90_us", "latency_samples_us", "call_us", "worst_location", "note",
-]  # fmt: skip
+_FIELDS = ["device", "status", "reason", "max_abs_err", "atol", "tol_ratio", "nan_count", "latency_us",
+           "latency_p10_us", "latency_p90_us", "latency_samples_us", "call_us", "worst_location", "note"]  # fmt: skip
 META_KEYS = ("device", "device_name", "torch", "triton")
 RETIMED = "interleaved re-run"  # how a re-timed row's verdict_reason begins (harness.review.confirm)
 DRIFT = "latency drift"  # how the note of runs that moved as wholes begins (drift_warning)
@@ -91,14 +87,8 @@ def load_runs(*run_dirs: Path) -> list[tuple[pd.DataFrame, dict]]:
     return loaded
 
 
-def compare_runs(
-    base: pd.DataFrame,
-    new: pd.DataFrame,
-    base_meta: dict | None = None,
-    new_meta: dict | None = None,
-    options: CompareOptions | None = None,
-    **overrides,
-) -> Comparison:
+def compare_runs(base: pd.DataFrame, new: pd.DataFrame, base_meta: dict | None = None, new_meta: dict | None = None,
+                 options: CompareOptions | None = None, **overrides) -> Comparison:  # fmt: skip
     """Compare ``new`` against ``base`` (report rows); see the module docstring."""
     opts = options or CompareOptions(**overrides)
     found = []  # every run with a (case, backend) row twice, and the first few of its pairs
@@ -147,20 +137,14 @@ def timed_on_one_side(rows: pd.DataFrame) -> tuple[str, str]:
     untimed_note = graded["note_new"].where(base_only, graded["note_base"]).astype("string").fillna("")
     over_budget = (base_only | new_only) & untimed_note.str.contains(NOT_TIMED, regex=False)
     base_only, new_only = base_only & ~over_budget, new_only & ~over_budget
-    budget = (
-        f"{int(over_budget.sum())} graded row(s) timed in one run only: in the other, one call outlasted the "
-        "row's timing budget (a Python model on a GPU, or a slow one under load), so the row was graded, not timed; "
-        "their latency is not compared"
-        if over_budget.any()
-        else ""
-    )
+    budget = (f"{int(over_budget.sum())} graded row(s) timed in one run only: in the other, one call outlasted the "
+              "row's timing budget (a Python model on a GPU, or a slow one under load), so the row was graded, not "
+              "timed; their latency is not compared" if over_budget.any() else "")  # fmt: skip
     if not base_only.any() and not new_only.any():
         return "", budget
     untimed = "the new run" if base_only.sum() >= new_only.sum() else "the base run"
-    return (
-        f"{int(base_only.sum() + new_only.sum())} graded row(s) timed in one run only ({untimed} was not timed: "
-        "--no-timing?); their latency is not compared"
-    ), budget
+    return (f"{int(base_only.sum() + new_only.sum())} graded row(s) timed in one run only ({untimed} was not timed: "
+            "--no-timing?); their latency is not compared"), budget  # fmt: skip
 
 
 def normalize_to_anchor(rows: pd.DataFrame, anchor: str) -> int:
@@ -189,11 +173,9 @@ def drift_warning(rows: pd.DataFrame) -> list[str]:
     moved = judged[judged["verdict"].isin(["slower", "faster"])]
     if len(judged) < 8 or len(moved) < max(4, 0.25 * len(judged)) or moved["backend"].nunique() < 3:
         return []
-    return [
-        f"{DRIFT}: {len(moved)} of {len(judged)} timed rows across {moved['backend'].nunique()} backends moved "
-        f"(median ratio {judged['ratio'].median():.2f}) between the two runs; the machine's load likely changed "
-        "between them: rows it left doubtful are re-timed in paired rounds unless --no-confirm"
-    ]
+    return [f"{DRIFT}: {len(moved)} of {len(judged)} timed rows across {moved['backend'].nunique()} backends moved "
+            f"(median ratio {judged['ratio'].median():.2f}) between the two runs; the machine's load likely changed "
+            "between them: rows it left doubtful are re-timed in paired rounds unless --no-confirm"]  # fmt: skip
 
 
 def restate_drift(problems: list[str], reading: str) -> list[str]:
@@ -234,10 +216,9 @@ def _latency_verdicts(rows: pd.DataFrame, opts: CompareOptions) -> None:
             for column in cols:  # ratio, ci_low, ci_high, p_value
                 cols[column][i] = getattr(t, column)
         else:
-            v = stats.weak_verdict(
-                r["latency_us_base"], r["latency_us_new"], r["latency_p10_us_base"], r["latency_p90_us_base"],
-                r["latency_p10_us_new"], r["latency_p90_us_new"], min_effect=_effect(r, opts),
-            )  # fmt: skip
+            v = stats.weak_verdict(r["latency_us_base"], r["latency_us_new"], r["latency_p10_us_base"],
+                                   r["latency_p90_us_base"], r["latency_p10_us_new"], r["latency_p90_us_new"],
+                                   min_effect=_effect(r, opts))  # fmt: skip
             verdict[i], reason[i], evidence[i] = v.verdict, v.reason, v.evidence
     p_adjusted = stats.adjust_p_values(cols["p_value"], opts.correction)
     for i, t in tests.items():
@@ -293,10 +274,8 @@ def mark_unconfirmed(comparison: Comparison, why: str, options: CompareOptions |
     for i in rows.index[rows["verdict"] == "slower"]:
         lb, ln = rows.at[i, "latency_us_base"], rows.at[i, "latency_us_new"]
         rows.at[i, "verdict"] = UNCONFIRMED
-        rows.at[i, "verdict_reason"] = (
-            f"latency {lb:.1f} -> {ln:.1f} us ({100 * (ln / lb - 1):+.0f}%) in two separate runs, "
-            f"not re-timed in paired rounds: {why}"
-        )
+        rows.at[i, "verdict_reason"] = (f"latency {lb:.1f} -> {ln:.1f} us ({100 * (ln / lb - 1):+.0f}%) in two "
+                                        f"separate runs, not re-timed in paired rounds: {why}")  # fmt: skip
         rows.loc[i, ["why", "better"]] = _row_changes(rows.loc[i], opts)
     reading = f"the machine's load likely changed between them, and no row was re-timed in paired rounds: {why}"
     problems = restate_drift(comparison.problems, reading)
@@ -317,14 +296,11 @@ def format_comparison(comparison: Comparison, base_name: str, new_name: str, *, 
     lines = [f"compared {len(rows)} (case, backend) rows: {base_name} -> {new_name}"]
     lines += [f"! {p}" for p in comparison.problems]
     # Rows the two runs alone call faster while the runs drifted: not a verdict to act on.
-    unpaired_faster = (
-        (rows["verdict"] == "faster")
-        & ~rows["verdict_reason"].fillna("").str.startswith(RETIMED)
-        & rows["better"].astype(bool)
-        & ~rows["why"].astype(bool)  # a row worse otherwise (less accurate) is shown WORSE, not better?
-        if any(p.startswith(DRIFT) for p in comparison.problems)
-        else pd.Series(False, index=rows.index)
-    )
+    unpaired_faster = (  # a row worse otherwise (less accurate) is shown WORSE, not better?
+        (rows["verdict"] == "faster") & ~rows["verdict_reason"].fillna("").str.startswith(RETIMED)
+        & rows["better"].astype(bool) & ~rows["why"].astype(bool)
+        if any(p.startswith(DRIFT) for p in comparison.problems) else pd.Series(False, index=rows.index)
+    )  # fmt: skip
     table = []
     for i, r in rows.iterrows():
         if r["why"]:
@@ -358,10 +334,8 @@ def format_comparison(comparison: Comparison, base_name: str, new_name: str, *, 
     if weak:
         said += f" ({weak} from p10/p90 only: weak evidence)"
     if unpaired_faster.any():
-        said += (
-            f" ({int(unpaired_faster.sum())} faster by the two runs alone while they drifted, marked 'better?': "
-            "`--confirm all` re-times them)"
-        )
+        said += (f" ({int(unpaired_faster.sum())} faster by the two runs alone while they drifted, marked 'better?': "
+                 "`--confirm all` re-times them)")  # fmt: skip
     lines.append(f"latency verdicts: {said}")
     code = comparison.exit_code
     where = {EXIT_INCOMPLETE: " (see '!' above)", EXIT_UNCONFIRMED: " (UNCONFIRMED above says why)"}.get(code, "")

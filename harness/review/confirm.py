@@ -1,10 +1,7 @@
 """``compare --confirm``: re-time the doubtful rows, alternating the two builds step by step.
 
 Both builds timed under one load tell a slowdown from a busier machine (docs/review.md): each round starts
-a fresh :class:`Worker` per build in a worktree of its commit; rows are judged at sequential looks.
-"""
-
-from __future__ import annotations
+a fresh :class:`Worker` per build in a worktree of its commit; rows are judged at sequential looks."""
 
 import contextlib
 import functools
@@ -65,14 +62,11 @@ for line in sys.stdin:
     try:
         if (case_id, backend) not in ready:
             case, b = cases[case_id], REGISTRY[backend]
-            inputs = make_inputs(
-                num_q_heads=case.num_q_heads, num_kv_heads=case.num_kv_heads, head_dim=case.head_dim,
-                block_size=case.block_size, seq_lens=list(case.seq_lens), q_lens=list(case.q_lens),
-                dtype=case.dtype, layout=case.layout, input_scale=case.input_scale, seed=case.seed,
-                device=cfg["device"], **(case.variant_fields() if hasattr(case, "variant_fields") else {}),
-            )
-            out = inputs.new_out()
-            ready[(case_id, backend)] = (b.prepare(case, inputs, out).run, b.graphable)
+            shape = ("num_q_heads", "num_kv_heads", "head_dim", "block_size", "dtype", "layout", "input_scale", "seed")
+            inputs = make_inputs(**{name: getattr(case, name) for name in shape}, seq_lens=list(case.seq_lens),
+                                 q_lens=list(case.q_lens), device=cfg["device"],
+                                 **(case.variant_fields() if hasattr(case, "variant_fields") else {}))
+            ready[(case_id, backend)] = (b.prepare(case, inputs, inputs.new_out()).run, b.graphable)
         run, graphable = ready[(case_id, backend)]
         if reps:  # one step of an alternating round: a warm-up call, then exactly `reps` timed calls
             timing = time_call(run, cfg["device"], graph=graphable, target_s=0.0, min_reps=reps, max_reps=reps)
@@ -190,6 +184,7 @@ LOOK_EVERY = 4
 DEFAULT_ROUNDS = 32
 DEFAULT_TIME_S = 900.0
 FIRST_LOOK_SHARE = 2 / 3  # of the time box, at most, for the first look's rounds
+SOURCES = ("the base run", "the new run")
 
 
 def look_schedule(rounds: int) -> list[int]:
@@ -201,22 +196,11 @@ def look_schedule(rounds: int) -> list[int]:
 
 
 def confirm_slower(
-    comparison: Comparison,
-    base_meta: dict,
-    new_meta: dict,
-    options: CompareOptions,
-    *,
-    rounds: int = DEFAULT_ROUNDS,
-    time_s: float = DEFAULT_TIME_S,
-    which: str = "unclear",
-    target_s: float = 0.05,
-    checkouts: tuple[Path, Path] | None = None,
-    envs: tuple[dict, dict] = ({}, {}),
-    log: Callable[[str], None] = print,
-    plugins: list[str] = (),
-    sources: tuple[str, str] = ("the base run", "the new run"),
-    progress: bool | None = False,
-) -> Comparison:
+    comparison: Comparison, base_meta: dict, new_meta: dict, options: CompareOptions, *, rounds: int = DEFAULT_ROUNDS,
+    time_s: float = DEFAULT_TIME_S, which: str = "unclear", target_s: float = 0.05,
+    checkouts: tuple[Path, Path] | None = None, envs: tuple[dict, dict] = ({}, {}), log: Callable[[str], None] = print,
+    plugins: list[str] = (), sources: tuple[str, str] = SOURCES, progress: bool | None = False,
+) -> Comparison:  # fmt: skip
     """Re-time the rows ``which`` chooses (:func:`rows_to_retime`), base and new alternating, and judge them from
     the paired rounds: ``rounds`` at most within ``time_s``. ``plugins``: this command line's --plugin values, the
     only ones the workers import. ``progress``: a tqdm bar on stderr; None: a log line a round."""
@@ -253,11 +237,9 @@ def confirm_slower(
             elif progress is None and k not in looks:
                 say(f"confirm: round {k} of at most {rounds} done, {still_open} row(s) open")
 
-        say(
-            f"confirm: re-timing {len(index)} row(s) ({which}) in paired rounds of fresh base and new processes; "
+        say(f"confirm: re-timing {len(index)} row(s) ({which}) in paired rounds of fresh base and new processes; "
             f"looks after rounds {', '.join(map(str, looks))}; time box {time_s:.0f} s: done within about "
-            f"{math.ceil(time_s / 60)} min (--confirm-time; --no-confirm skips this)"
-        )
+            f"{math.ceil(time_s / 60)} min (--confirm-time; --no-confirm skips this)")  # fmt: skip
         pooled = sequential_rounds(
             index, effects, lambda keys, pooled, new_first: _one_round(trees, envs, config, keys, pooled, new_first),
             alpha=options.alpha, rounds=rounds, time_s=time_s, log=say, on_round=on_round,
@@ -270,11 +252,10 @@ def sequential_rounds(
     log: Callable[[str], None] = print, clock: Callable[[], float] = time.monotonic,
     on_round: Callable[[int, int], object] = lambda k, still_open: None,
 ) -> dict:  # fmt: skip
-    """Paired rounds until every row is decided, ``rounds`` are done, or the time box ``time_s`` is spent;
-    returns ``pooled`` (key -> (base list, new list)). ``index``: row -> (case, backend) key; ``effects``: row ->
-    its minimum effect; ``time_round(keys, pooled, new_first)`` appends each key's two observations and may
-    return the seconds each took. After round 1 and at each look (confidence ``1 - alpha / len(looks)``),
-    :func:`within_box` keeps the open rows whose rounds fit the box; a row left out stays "cannot tell"."""
+    """Paired rounds until every row is decided, ``rounds`` are done, or ``time_s`` is spent; returns ``pooled``
+    (key -> (base list, new list)). ``index``: row -> (case, backend) key; ``effects``: row -> its minimum effect;
+    ``time_round(keys, pooled, new_first)`` appends each key's two observations and may return the seconds each
+    took. After round 1 and at each look, :func:`within_box` keeps the open rows whose rounds fit the box."""
     looks = look_schedule(rounds)
     pooled = {key: ([], []) for key in index.values()}
     cost: dict = {key: [] for key in index.values()}  # key -> seconds of each of its rounds
@@ -301,10 +282,8 @@ def sequential_rounds(
             first = {key: (cost[key][0], None) for key in keys}
             box = FIRST_LOOK_SHARE * time_s - (clock() - start)
             if left := drop_all_but(within_box(first, overhead[0], [MIN_ROUNDS - 1], box)):
-                log(
-                    f"confirm: round 1: {left} row(s) left undecided, the costliest: their rounds to the first "
-                    f"look would not fit {FIRST_LOOK_SHARE:.0%} of the box"
-                )
+                log(f"confirm: round 1: {left} row(s) left undecided, the costliest: their rounds to the first "
+                    f"look would not fit {FIRST_LOOK_SHARE:.0%} of the box")  # fmt: skip
             if not open_rows:  # nothing left to time: no more rounds of idle workers
                 on_round(k, 0)
                 break
@@ -348,8 +327,7 @@ def rows_to_retime(comparison: Comparison, which: str):
 
 
 def cannot_retime(base_meta: dict, new_meta: dict, sources: tuple[str, str]) -> str:
-    """Why the runs' rows cannot be re-timed here ('' when they can; :func:`confirm_slower` checks commits and
-    plugins, a ConfirmInputError)."""
+    """Why the runs' rows cannot be re-timed here, or '' (:func:`confirm_slower` checks commits and plugins)."""
     for meta, source in zip((base_meta, new_meta), sources, strict=True):
         if not meta.get("commit"):
             return f"{source} records no commit"
@@ -372,7 +350,7 @@ def retime_or_mark(
     chosen = rows_to_retime(comparison, which)
     if chosen.empty:
         return comparison
-    why = skip or cannot_retime(base_meta, new_meta, confirm.get("sources", ("the base run", "the new run")))
+    why = skip or cannot_retime(base_meta, new_meta, confirm.get("sources", SOURCES))
     if not why:
         try:
             return confirm_slower(comparison, base_meta, new_meta, options, which=which, log=log, **confirm)
@@ -481,9 +459,7 @@ def _one_round(trees, envs, config, keys, pooled, new_first: bool) -> dict:
     return spent
 
 
-def rejudge(
-    comparison: Comparison, index: dict, pooled: dict, options: CompareOptions, *, looks: int = 1
-) -> Comparison:
+def rejudge(comparison: Comparison, index: dict, pooled: dict, options: CompareOptions, *, looks: int = 1) -> Comparison:  # fmt: skip
     """Judge the re-timed rows from their paired rounds, ``p_adjusted`` for the ``looks``; restate a drift note."""
     rows = comparison.rows.copy()
     for i, key in index.items():

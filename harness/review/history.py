@@ -1,9 +1,6 @@
 """``harness history``: latency and error of every (case, backend) across runs, commit by commit. Runs are
 grouped by machine, ordered by time, labelled by short commit (``+`` dirty, ``#2`` a second run of one
-commit), each compared with the run before it.
-"""
-
-from __future__ import annotations
+commit), each compared with the run before it."""
 
 from dataclasses import dataclass
 from pathlib import Path
@@ -63,9 +60,8 @@ def load_history(paths: list[Path], *, min_effect: float | None = None, backends
         runs.append({"path": str(path), "machine": machine, "commit": meta.get("commit"), "time": meta.get("time"),
                      "run_label": label, "run_order": order, "rows": len(frame), "drift": "", "previous": "",
                      "same_commit": False})  # fmt: skip
-        part = frame.reindex(columns=["case", "backend", *VALUES]).assign(
-            machine=machine, run_label=label, run_order=order
-        )
+        part = frame.reindex(columns=["case", "backend", *VALUES]).assign(machine=machine, run_label=label,
+                                                                          run_order=order)  # fmt: skip
         part["why"] = ""
         if machine in previous:
             base, base_meta, base_path = previous[machine]

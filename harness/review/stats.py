@@ -1,9 +1,6 @@
 """Latency verdicts from timing samples: faster, slower, same, or cannot tell (and why). Two separate runs
 (:func:`decide`): bootstrap interval of the median ratio and adjusted Mann-Whitney p; paired rounds
-(:func:`decide_paired`): Hodges-Lehmann ratio and exact signed-rank interval. Why they differ: docs/review.md.
-"""
-
-from __future__ import annotations
+(:func:`decide_paired`): Hodges-Lehmann ratio and exact signed-rank interval. Why they differ: docs/review.md."""
 
 from collections.abc import Sequence
 from dataclasses import dataclass

@@ -3,8 +3,6 @@ timings come back as plain values, never a verdict. Every timed call is checked:
 every ``FLIP_EVERY``-th call, ``out`` poisoned with NaN before each, every timed output compared with the
 first, the last graded on the driver's flip. What each catches: docs/contract.md, "Threat model"."""
 
-from __future__ import annotations
-
 import traceback
 from collections.abc import Callable
 from dataclasses import dataclass, field, fields
@@ -118,7 +116,7 @@ class Called:
                 "outputs": [[label, seed, cpu(t)] for label, seed, t in self.outputs]}  # fmt: skip
 
     @classmethod
-    def from_message(cls, message: dict) -> Called:
+    def from_message(cls, message: dict) -> "Called":
         outputs = [(str(label), seed, t) for label, seed, t in message.get("outputs", [])]
         return cls(**{**message, "outputs": outputs})
 

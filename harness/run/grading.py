@@ -14,8 +14,6 @@ and, since d out / d s_j = p_j (v_j - out),
 per output element. A row whose tolerance is below this bound at some element grades the input's
 own round-off, not the kernel: its ``grading_note`` says so (the status is kept)."""
 
-from __future__ import annotations
-
 import bisect
 import hashlib
 from dataclasses import dataclass
@@ -55,10 +53,8 @@ class Grade:
         """Non-empty when the tolerance is below the forward error bound of the inputs."""
         if not self.bound_ratio > 1:
             return ""
-        return (
-            f"tolerance below the input's own round-off: grades the input, not the kernel "
-            f"(error bound {self.error_bound:.3g} is {self.bound_ratio:.2f}x the tolerance)"
-        )
+        return (f"tolerance below the input's own round-off: grades the input, not the kernel "
+                f"(error bound {self.error_bound:.3g} is {self.bound_ratio:.2f}x the tolerance)")  # fmt: skip
 
     @property
     def reason(self) -> str:
@@ -67,10 +63,8 @@ class Grade:
             return ""
         if self.nan_count:
             return f"{self.nan_count} NaN/inf outputs (unwritten rows, or a read of an unowned slot)"
-        return (
-            f"max abs err {self.max_abs_err:.3g} at (token, head, dim) {self.worst_index} "
-            f"exceeds atol {self.atol:g} + rtol {self.rtol:g} * |expected|"
-        )
+        return (f"max abs err {self.max_abs_err:.3g} at (token, head, dim) {self.worst_index} "
+                f"exceeds atol {self.atol:g} + rtol {self.rtol:g} * |expected|")  # fmt: skip
 
 
 def _ratio(numerator: torch.Tensor, allowed: torch.Tensor) -> float:
@@ -78,9 +72,8 @@ def _ratio(numerator: torch.Tensor, allowed: torch.Tensor) -> float:
     return float(torch.where(numerator == 0, 0.0, numerator / allowed).max())
 
 
-def grade(
-    out: torch.Tensor, expected: torch.Tensor, atol: float, rtol: float, bound: torch.Tensor | None = None
-) -> Grade:
+def grade(out: torch.Tensor, expected: torch.Tensor, atol: float, rtol: float,
+          bound: torch.Tensor | None = None) -> Grade:  # fmt: skip
     """Compare ``out`` (any dtype, device) with ``expected`` (float64); ``bound``: :func:`forward_error_bound`'s."""
     actual = out.detach().to(expected.device, torch.float64)
     if actual.shape != expected.shape:
@@ -115,9 +108,8 @@ UNIT_ROUNDOFF = {name: torch.finfo(dtype).eps / 2 for name, dtype in DTYPES.item
 BOUND_RESULT = "forward_error_bound:" + hashlib.sha256(Path(__file__).read_bytes()).hexdigest()
 
 
-def forward_error_bound(
-    q, k_cache, v_cache, block_table, seq_lens, query_start_loc, expected: torch.Tensor, scale=None
-) -> torch.Tensor:
+def forward_error_bound(q, k_cache, v_cache, block_table, seq_lens, query_start_loc, expected: torch.Tensor,
+                        scale=None) -> torch.Tensor:  # fmt: skip
     """Per-element first-order bound on |out - exact| from unavoidable fp32 round-off (module docstring).
 
     q               [num_tokens, num_q_heads, head_dim] (its dtype sets the output's u)
@@ -126,8 +118,7 @@ def forward_error_bound(
     block_table     [num_seqs, max_blocks_per_seq] int;  seq_lens [num_seqs] int
     query_start_loc [num_seqs + 1] int
     expected        [num_tokens, num_q_heads, head_dim_v] float64: the oracle's output
-    returns         [num_tokens, num_q_heads, head_dim_v] float64 on expected's device
-    """
+    returns         [num_tokens, num_q_heads, head_dim_v] float64 on expected's device"""
     device = expected.device
     u = UNIT_ROUNDOFF["float32"]
     u_out = UNIT_ROUNDOFF.get(str(q.dtype).removeprefix("torch."), u)

@@ -1,7 +1,4 @@
-"""Guards around a backend's call: its inputs stay pristine, its output has q's shape, dtype and device,
-and only the user (not a backend) can stop the run."""
-
-from __future__ import annotations
+"""Guards of a backend's call: pristine inputs, an output of q's shape, dtype and device; only the user stops a run."""
 
 import signal
 import threading

@@ -1,8 +1,6 @@
 """The harness's truth: attention in float64 on the CPU, written from the definition; it shares no code with
 the backends it grades (each variant enters through its oracle hook)."""
 
-from __future__ import annotations
-
 from functools import partial
 
 import torch
@@ -25,8 +23,7 @@ def paged_attention_oracle(q, k_cache, v_cache, block_table, seq_lens, query_sta
     device          where the float64 arithmetic runs (the CPU by default)
     options         the variants' keywords, as the kernel call takes them; fp8 scales dequantize exactly
     return_lse      also return lse [num_tokens, num_q_heads] float64: ln(S + sum_j exp(l_j)), sink included
-    returns         [num_tokens, num_q_heads, head_dim_v] float64 on ``device`` (with return_lse: (out, lse))
-    """
+    returns         [num_tokens, num_q_heads, head_dim_v] float64 on ``device`` (with return_lse: (out, lse))"""
     keywords = [keyword for v in VARIANTS for keyword in v.keywords if keyword != "return_lse"]
     if unknown := sorted(set(options) - set(keywords)):
         raise TypeError(f"paged_attention_oracle got unexpected keyword(s) {unknown}; the variants': {keywords}")
@@ -91,8 +88,7 @@ def sequence_kv(k_cache, v_cache, table_row, seq_len: int, device) -> tuple[torc
     k_cache         [num_blocks, block_size, num_kv_heads, head_dim], any dtype
     v_cache         [num_blocks, block_size, num_kv_heads, head_dim_v]
     table_row       [max_blocks_per_seq] int64 on the CPU
-    returns         k [seq_len, num_kv_heads, head_dim], v [seq_len, num_kv_heads, head_dim_v] on ``device``
-    """
+    returns         k [seq_len, num_kv_heads, head_dim], v [seq_len, num_kv_heads, head_dim_v] on ``device``"""
     num_blocks, block_size, num_kv_heads, head_dim = k_cache.shape
     pos = torch.arange(seq_len)
     slots = (table_row[pos // block_size] * block_size + pos % block_size).to(k_cache.device)

@@ -6,8 +6,6 @@ cached, one file per output (magic, the payload's sha256, the payload), written 
 recently used pruned past ``$HARNESS_ORACLE_CACHE_MAX_BYTES``. The folder must be private (0700, yours);
 ``--verify-oracle-cache`` recomputes a fraction of the hits (:class:`PoisonedCacheError`). docs/scaling.md."""
 
-from __future__ import annotations
-
 import contextlib
 import hashlib
 import io
@@ -229,9 +227,8 @@ def oracle_key(args: Sequence[torch.Tensor | None], device: str, options: dict |
     return cache_key(args, device, options)
 
 
-def lookup(
-    key: str | None, name: str, device: str, shape: Sequence[int], compute: Callable[[], torch.Tensor]
-) -> tuple[torch.Tensor, bool]:
+def lookup(key: str | None, name: str, device: str, shape: Sequence[int],
+           compute: Callable[[], torch.Tensor]) -> tuple[torch.Tensor, bool]:  # fmt: skip
     """(the float64 result ``name`` of the call ``key`` (:func:`oracle_key`), of ``shape``, on ``device``; whether
     it came from the cache), else ``compute()``, stored unless ``key`` is None: "out" as ``<key>.oracle``, another
     as ``<sha256(key, name)>.derived``. Verify mode: a sampled hit that differs raises :class:`PoisonedCacheError`."""

@@ -3,8 +3,6 @@ fails, its timing withdrawn, when its ``gbps`` passes ``READ_MARGIN`` x the read
 cases of ``CPU_CACHE_FACTOR`` x the last-level cache), its ``tflops`` ``COMPUTE_MARGIN`` x the GPU's peak,
 or (a worker's backend) its ``call_us`` is below a ``WALL_FACTOR``-th of a batch the driver timed."""
 
-from __future__ import annotations
-
 import functools
 import math
 import os

@@ -1,7 +1,5 @@
 """``--profile CASE[:BACKEND]`` (globs; no backend: every one): a trace of a row's calls, saved beside the run."""
 
-from __future__ import annotations
-
 import fnmatch
 import re
 import sys

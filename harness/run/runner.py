@@ -81,9 +81,8 @@ def _oracle_results(inputs: PagedInputs, oracle_device: str) -> tuple:
     out_shape = (*inputs.q.shape[:2], inputs.v_cache.shape[-1])
     expected_lse, cached, key = None, False, None
     if "return_lse" in inputs.options:  # out and lse from one oracle call (not cached: the cache keeps out)
-        expected, expected_lse = paged_attention_oracle(
-            *inputs.args(), device=oracle_device, return_lse=True, **options
-        )
+        expected, expected_lse = paged_attention_oracle(*inputs.args(), device=oracle_device, return_lse=True,
+                                                        **options)  # fmt: skip
     else:  # computed once per input content and variant (harness.run.oracle_cache), hashed once for both results
         key = oracle_key(inputs.args(), oracle_device, options)
         expected, cached = lookup(key, "out", oracle_device, out_shape,

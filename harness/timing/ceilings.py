@@ -1,7 +1,5 @@
 """The device's ceilings, measured at the start of a run: what "fast" is measured against."""
 
-from __future__ import annotations
-
 import json
 import os
 import time
@@ -14,11 +12,9 @@ from harness.timing.timer import time_call
 
 # Dense (no sparsity) tensor-core peaks from NVIDIA's datasheets, TFLOP/s, by dtype.
 # H100 and H200 SXM share the compute die; the H200 has more and faster memory only.
-DATASHEET_PEAK_TFLOPS = {
-    "H200": {"bfloat16": 989.4, "float16": 989.4, "float32": 66.9},
-    "H100 80GB HBM3": {"bfloat16": 989.4, "float16": 989.4, "float32": 66.9},
-    "A100": {"bfloat16": 312.0, "float16": 312.0, "float32": 19.5},
-}
+DATASHEET_PEAK_TFLOPS = {"H200": {"bfloat16": 989.4, "float16": 989.4, "float32": 66.9},
+                         "H100 80GB HBM3": {"bfloat16": 989.4, "float16": 989.4, "float32": 66.9},
+                         "A100": {"bfloat16": 312.0, "float16": 312.0, "float32": 19.5}}  # fmt: skip
 DATASHEET_SOURCE = "NVIDIA datasheet, SXM, dense (float32: non-tensor-core FP32)"
 
 
@@ -172,7 +168,5 @@ def mixed_models_note(gpus: list[dict]) -> str:
     """ "" when the run's GPUs (meta.json's ``gpus``) are of one model; else a note naming them."""
     if len(models := sorted({gpu["gpu_name"] for gpu in gpus if gpu.get("gpu_name")})) < 2:
         return ""
-    return (
-        f"mixed GPU models: {' + '.join(models)} (each row's pct_of_ceiling is against its own GPU; "
-        "latencies compare only between rows of one gpu_name)"
-    )
+    return (f"mixed GPU models: {' + '.join(models)} (each row's pct_of_ceiling is against its own GPU; "
+            "latencies compare only between rows of one gpu_name)")  # fmt: skip

@@ -1,8 +1,5 @@
 """Timing columns of one report row (docs/contract.md): what the kernel costs on the device and what a
-caller waits for, within ``ROW_BUDGET_S`` a row, keeping at least one sample of each measurement.
-"""
-
-from __future__ import annotations
+caller waits for, within ``ROW_BUDGET_S`` a row, keeping at least one sample of each measurement."""
 
 import dataclasses
 import time
@@ -51,7 +48,7 @@ class TimingSettings:
     threads: int | None = None  # torch intra-op threads while timing (CPU); recorded per row
     budget_s: float | None = ROW_BUDGET_S  # of the row's whole timing; None: no budget
 
-    def for_backend(self, backend: Backend) -> TimingSettings:
+    def for_backend(self, backend: Backend) -> "TimingSettings":
         """These settings for one backend's row: a Python model on a GPU gets at most MODEL_BUDGET_S."""
         if backend.model and torch.device(self.device).type == "cuda" and self.budget_s is not None:
             return dataclasses.replace(self, budget_s=min(self.budget_s, MODEL_BUDGET_S))
@@ -59,12 +56,8 @@ class TimingSettings:
 
 
 def _spread(prefix: str, timing: Timing) -> dict:
-    return {
-        f"{prefix}_us": timing.median_us,
-        f"{prefix}_p10_us": timing.quantile(0.1),
-        f"{prefix}_p90_us": timing.quantile(0.9),
-        f"{prefix}_samples_us": [round(s, 3) for s in timing.samples_us],
-    }
+    return {f"{prefix}_us": timing.median_us, f"{prefix}_p10_us": timing.quantile(0.1),
+            f"{prefix}_p90_us": timing.quantile(0.9), f"{prefix}_samples_us": [round(s, 3) for s in timing.samples_us]}  # fmt: skip
 
 
 def timing_columns(case: Case, backend: Backend, prepared: Prepared, settings: TimingSettings,

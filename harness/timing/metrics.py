@@ -1,7 +1,5 @@
 """Derived metrics: pure functions of a case and a measured latency (one formula each)."""
 
-from __future__ import annotations
-
 from harness.cases.spec import Case
 
 
@@ -28,10 +26,8 @@ def bytes_moved(case: Case) -> int:
     num_tokens = sum(case.q_lens)
     dims = case.head_dim + case.head_dim_v
     kv_dims = case.head_dim if case.latent_kv else dims  # a latent cache: V is K's first columns, read once
-    return (
-        case.kv_element_bytes * kv_tokens_read(case) * case.num_kv_heads * kv_dims
-        + elt * num_tokens * case.num_q_heads * dims
-    )
+    return (case.kv_element_bytes * kv_tokens_read(case) * case.num_kv_heads * kv_dims
+            + elt * num_tokens * case.num_q_heads * dims)  # fmt: skip
 
 
 def attended_pairs(case: Case) -> int:

@@ -1,7 +1,5 @@
 """Where a process's host wall time goes, by named phase (meta.json's ``scale.phase_s``)."""
 
-from __future__ import annotations
-
 import time
 from collections import defaultdict
 from collections.abc import Iterator

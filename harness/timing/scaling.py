@@ -1,19 +1,14 @@
 """How each backend's latency scales: latency_us ~= fixed_us + per_unit_us * x by least squares over a run's
-timed rows, kept (``fitted``) only where r2 >= MIN_R2 and neither term is negative.
-"""
-
-from __future__ import annotations
+timed rows, kept (``fitted``) only where r2 >= MIN_R2 and neither term is negative."""
 
 import numpy as np
 import pandas as pd
 
 # Per phase: the work that should drive the cost (bytes for decode, flops for prefill), then
 # the KV tokens and the batch. Across cases of other head counts only the first fits well.
-SCALING_AXES = {
-    "decode": ("bytes_moved", "total_kv_tokens", "num_seqs"),
-    "prefill": ("flops", "total_kv_tokens", "num_seqs"),
-    "all": ("total_kv_tokens", "num_seqs"),
-}
+SCALING_AXES = {"decode": ("bytes_moved", "total_kv_tokens", "num_seqs"),
+                "prefill": ("flops", "total_kv_tokens", "num_seqs"),
+                "all": ("total_kv_tokens", "num_seqs")}  # fmt: skip
 MIN_POINTS = 3
 MIN_R2 = 0.9
 

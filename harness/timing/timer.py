@@ -1,10 +1,7 @@
 """The one timing entry point: :func:`time_call`, the device time of a prepared call (``latency_us``), and
 :func:`time_wall`, what a caller waits for (``call_us``). Both return raw samples (us): at least
 ``min_reps``, then more until ``target_s``, ``max_reps`` or ``deadline``; ``hooks`` run around each sample
-outside the timed region, then around a ``final`` one. The clocks are bound at import, before any plugin.
-"""
-
-from __future__ import annotations
+outside the timed region, then around a ``final`` one. The clocks are bound at import, before any plugin."""
 
 import time
 import warnings
@@ -59,9 +56,8 @@ def _is_cuda(device: str | torch.device) -> bool:
     return torch.device(device).type == "cuda"
 
 
-def _collect(
-    sample: Callable, target_s: float, min_reps: int, max_reps: int, deadline: float | None, final: bool, method: str
-) -> Timing:
+def _collect(sample: Callable, target_s: float, min_reps: int, max_reps: int, deadline: float | None, final: bool,
+             method: str) -> Timing:  # fmt: skip
     """min_reps samples, then more to fill about target_s up to max_reps (``cut_short``: the deadline stopped
     them), then with ``final`` one ``sample(1, final=True)``. With a deadline they come in batches that fit the
     time left, at least one."""
@@ -95,17 +91,9 @@ def _reps(device: str, min_reps: int | None, max_reps: int | None) -> tuple[int,
     return low, max(low, DEFAULT_MAX_REPS[kind] if max_reps is None else max_reps)
 
 
-def time_call(
-    fn: Callable[[], object],
-    device: str,
-    *,
-    graph: bool = True,
-    target_s: float = 0.25,
-    min_reps: int | None = None,
-    max_reps: int | None = None,
-    deadline: float | None = None,
-    hooks: SampleHooks | None = None,
-) -> Timing:
+def time_call(fn: Callable[[], object], device: str, *, graph: bool = True, target_s: float = 0.25,
+              min_reps: int | None = None, max_reps: int | None = None, deadline: float | None = None,
+              hooks: SampleHooks | None = None) -> Timing:  # fmt: skip
     """Device time of ``fn()`` on ``device``: ``perf_counter`` on the CPU (``cpu_perf_counter``); on CUDA graph
     replays (``cuda_graph_replay``; ``graph=False`` forbids them) or events (``cuda_events``), L2 flushed before
     every sample. ``hooks``: called around every sample, plus one more with ``final=True``."""
@@ -136,17 +124,9 @@ def time_call(
     return _collect(sample, target_s, min_reps, max_reps, deadline, given, method)
 
 
-def time_wall(
-    fn: Callable[[], object],
-    device: str,
-    *,
-    target_s: float = 0.15,
-    min_reps: int | None = None,
-    max_reps: int | None = None,
-    host_samples: list[float] | None = None,
-    deadline: float | None = None,
-    hooks: SampleHooks | None = None,
-) -> Timing:
+def time_wall(fn: Callable[[], object], device: str, *, target_s: float = 0.15, min_reps: int | None = None,
+              max_reps: int | None = None, host_samples: list[float] | None = None, deadline: float | None = None,
+              hooks: SampleHooks | None = None) -> Timing:  # fmt: skip
     """Wall time a caller waits for one eager ``fn()``, host overhead and device syncs included.
     ``host_samples`` receives (CUDA only) each sample's host time before the drain (``host_us``)."""
     min_reps, max_reps = _reps(device, WALL_MIN_REPS if min_reps is None else min_reps, max_reps)
