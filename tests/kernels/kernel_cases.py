@@ -115,6 +115,15 @@ FP32_PRECISION_CASES: list[KernelCase] = [
 CASES_BY_NAME = {case.name: case for case in (*KERNEL_CASES, *FP32_PRECISION_CASES)}
 
 
+@functools.cache
+def graded_inputs(case, device: str = "cpu", return_lse: bool = False) -> tuple[PagedInputs, torch.Tensor | tuple]:
+    """A KernelCase's inputs, or a variant case's (its ``base`` and ``kwargs()``), and the oracle's output on them
+    (with the lse if asked): made once a process for the backends of a grid, which only read them."""
+    inputs = getattr(case, "base", case).inputs(device)
+    options = case.kwargs(device) if hasattr(case, "kwargs") else {}
+    return inputs, paged_attention_oracle(*inputs.args(), return_lse=return_lse, **options)
+
+
 ARG_NAMES = ("q", "k_cache", "v_cache", "block_table", "seq_lens", "query_start_loc")
 
 
