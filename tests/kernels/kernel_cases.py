@@ -211,6 +211,21 @@ DEVICES = ["cpu", pytest.param("cuda", marks=ON_CUDA)]
 BACKENDS = ("reference", "tlsim", "triton", "dispatch", "cache")  # cache: the engine's path, through dispatch
 
 
+def backend_grid(cases: list, with_device: bool = False) -> list:
+    """(case, backend[, device]) rows, ids ``case-backend[-device]``: every backend on every case, but "dispatch" on
+    the CPU on the first case only. There it calls tlsim with the row's own arguments: its other rows would repeat
+    the tlsim rows. With ``with_device``, CUDA rows too (every one kept)."""
+    devices = [("cpu", ()), ("cuda", ON_CUDA)][: 1 + with_device]
+    return [
+        pytest.param(case, backend, *[device][:with_device], marks=marks,
+                     id="-".join([str(case), backend, *[device][:with_device]]))
+        for case in cases
+        for backend in BACKENDS
+        for device, marks in devices
+        if backend != "dispatch" or device == "cuda" or case is cases[0]
+    ]  # fmt: skip
+
+
 def run_backend(name: str, inputs: PagedInputs, args: tuple | None = None, **kwargs):
     """Backend ``name`` on ``args`` (default: the inputs') into a NaN out it must return; "cache": the engine's path,
     layer 1 of a kernels.PagedKVCache of the dtype of ``args``' k_cache written with the inputs, then read."""

@@ -28,11 +28,11 @@ from kernels.contract import prepare_call
 from kernels.reference import gather_kv
 from kernels.tiling import tiling_for, window_tile_start
 from tests.kernels.kernel_cases import (
-    BACKENDS,
     CASES_BY_NAME,
     assert_passes,
     assert_tlsim_close,
     backend_fn,
+    backend_grid,
     graded_inputs,
     needs_triton,
     run_backend,
@@ -45,8 +45,7 @@ def _expected(case: VariantCase, inputs) -> torch.Tensor:
     return paged_attention_oracle(*inputs.args(), **case.kwargs())
 
 
-@pytest.mark.parametrize("backend", BACKENDS)
-@pytest.mark.parametrize("case", VARIANT_CASES, ids=str)
+@pytest.mark.parametrize(("case", "backend"), backend_grid(VARIANT_CASES))
 def test_backend_matches_oracle_with_the_variant(case: VariantCase, backend: str):
     """Triton's rows also hold tlsim to the bound of tests/kernels/test_tlsim_predicts_triton.py (but ORACLE_ONLY)."""
     inputs, expected = graded_inputs(case)

@@ -18,22 +18,19 @@ from harness.run.oracle import paged_attention_oracle
 from kernels.contract import prepare_call
 from kernels.tiling import tiling_for
 from tests.kernels.kernel_cases import (
-    BACKENDS,
     CASES_BY_NAME,
-    DEVICES,
     FP32_PRECISION_CASES,
     KERNEL_CASES,
     KernelCase,
     assert_passes,
     assert_tlsim_close,
+    backend_grid,
     graded_inputs,
     run_backend,
 )
 
 
-@pytest.mark.parametrize("device", DEVICES)
-@pytest.mark.parametrize("backend", BACKENDS)
-@pytest.mark.parametrize("case", [*KERNEL_CASES, *FP32_PRECISION_CASES], ids=str)
+@pytest.mark.parametrize(("case", "backend", "device"), backend_grid([*KERNEL_CASES, *FP32_PRECISION_CASES], True))
 def test_backend_matches_float64_oracle(case: KernelCase, backend: str, device: str):
     inputs, expected = graded_inputs(case, device)
     got = run_backend(backend, inputs)

@@ -18,7 +18,7 @@ from harness.run.grading import grade
 from harness.run.oracle import paged_attention_oracle
 from harness.run.runner import case_inputs
 from kernels.cascade import cascade_attention, merge_attention_states
-from tests.kernels.kernel_cases import BACKENDS, assert_passes, backend_fn, graded_inputs, run_backend
+from tests.kernels.kernel_cases import assert_passes, backend_fn, backend_grid, graded_inputs, run_backend
 from tests.kernels.variant_cases import BY_NAME, VariantCase, graded_rows, tolerance
 
 LSE_CASES = [
@@ -32,8 +32,7 @@ def _oracle(case: VariantCase, inputs):
     return paged_attention_oracle(*inputs.args(), return_lse=True, **case.kwargs())
 
 
-@pytest.mark.parametrize("backend", BACKENDS)
-@pytest.mark.parametrize("case", LSE_CASES, ids=str)
+@pytest.mark.parametrize(("case", "backend"), backend_grid(LSE_CASES))
 def test_backend_lse_matches_oracle(case: VariantCase, backend: str):
     inputs, expected = graded_inputs(case, return_lse=True)
     result, lse = run_backend(backend, inputs, return_lse=True, **case.kwargs())

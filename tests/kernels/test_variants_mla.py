@@ -23,7 +23,7 @@ from kernels import tiling, tuning
 from kernels.contract import prepare_call
 from kernels.launch_plan import call_key, clear_plans, plans_enabled
 from kernels.tiling import head_dim_pieces, heads_per_program, is_latent_view, latent_kv, tiling_for, v_parts
-from tests.kernels.kernel_cases import BACKENDS, assert_passes, needs_triton, run_backend
+from tests.kernels.kernel_cases import assert_passes, backend_grid, needs_triton, run_backend
 
 SHAPES = {  # num_q_heads, num_kv_heads, head_dim, head_dim_v, dtype, seq_lens, q_lens
     "mla_decode_2_head_tiles": (32, 1, 576, 512, "bfloat16", [1, 40, 100], [1, 1, 1]),
@@ -54,8 +54,7 @@ def _graded(name: str):
     return inputs, paged_attention_oracle(*inputs.args(), return_lse=True)
 
 
-@pytest.mark.parametrize("backend", BACKENDS)
-@pytest.mark.parametrize("name", list(SHAPES))
+@pytest.mark.parametrize(("name", "backend"), backend_grid(list(SHAPES)))
 def test_backend_matches_oracle_with_a_different_v_head_dim(name, backend):
     inputs, expected = _graded(name)
     out, lse = run_backend(backend, inputs, return_lse=True)
