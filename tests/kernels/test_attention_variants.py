@@ -41,10 +41,6 @@ from tests.kernels.variant_cases import BY_NAME, ORACLE_ONLY, VARIANT_CASES, Var
 from tests.tiny_cases import TINY
 
 
-def _expected(case: VariantCase, inputs) -> torch.Tensor:
-    return paged_attention_oracle(*inputs.args(), **case.kwargs())
-
-
 @pytest.mark.parametrize(("case", "backend"), backend_grid(VARIANT_CASES))
 def test_backend_matches_oracle_with_the_variant(case: VariantCase, backend: str):
     """Triton's rows also hold tlsim to the bound of tests/kernels/test_tlsim_predicts_triton.py (but ORACLE_ONLY)."""
@@ -228,8 +224,7 @@ MUTANTS = [
 @pytest.mark.parametrize(("name", "mutant", "case_name"), MUTANTS, ids=[f"{m}-{c}" for m, _, c in MUTANTS])
 def test_oracle_catches_a_wrong_variant(name, mutant, case_name, monkeypatch):
     case = BY_NAME[case_name]
-    inputs = case.base.inputs()
-    expected = _expected(case, inputs)
+    inputs, expected = graded_inputs(case)
     bounds = tolerance(case)
     assert grade(dense_attention(inputs, **case.kwargs()), expected, *bounds).passed, "the unmutated form passes"
     graded = grade(mutant(inputs, case.kwargs(), monkeypatch), expected, *bounds)

@@ -14,7 +14,6 @@ import torch
 import kernels
 from harness.cases.vocab import DEFAULT_TOLERANCES
 from harness.run.grading import grade
-from harness.run.oracle import paged_attention_oracle
 from kernels.contract import prepare_call
 from kernels.tiling import tiling_for
 from tests.kernels.kernel_cases import (
@@ -100,8 +99,7 @@ MUTANTS = [
 @pytest.mark.parametrize(("mutant", "case_name"), MUTANTS, ids=[m.__name__ for m, _ in MUTANTS])
 def test_grading_fails_a_broken_kernel(mutant, case_name):
     case = CASES_BY_NAME[case_name]
-    inputs = case.inputs()
-    expected = paged_attention_oracle(*inputs.args())
+    inputs, expected = graded_inputs(case)
     assert grade(kernels.paged_attention_tlsim(*inputs.args()), expected, *DEFAULT_TOLERANCES[case.dtype]).passed
     out = torch.full_like(inputs.q, float("nan"))
     result = grade(mutant(*inputs.args(), out=out), expected, *DEFAULT_TOLERANCES[case.dtype])
