@@ -112,23 +112,34 @@ def recorded(monkeypatch):
     triton_paged.PLANS.clear()
 
 
-@pytest.fixture(autouse=True)
-def _plots_not_drawn(request, monkeypatch):
-    """Pages render without their plots (about a second a page): each drawing function of
-    :mod:`harness.results.plots` answers None, "nothing to draw". A test of the plots asks for :func:`drawn_plots`."""
-    if "drawn_plots" in request.fixturenames:
-        return
+PLOTS = ("latency_and_bandwidth", "error_vs_tolerance", "scaling_fit", "trend")
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _plots_not_drawn():
+    """Pages render without their plots (about a second a page), in the runs of module and session fixtures too:
+    each drawing function of :mod:`harness.results.plots` answers None, "nothing to draw". Yields the drawing
+    functions by name, for :func:`drawn_plots`."""
     try:
         from harness.results import plots
     except ImportError:  # no matplotlib: the pages draw nothing anyway
+        yield {}
         return
-    for name in ("latency_and_bandwidth", "error_vs_tolerance", "scaling_fit", "trend"):
-        monkeypatch.setattr(plots, name, lambda *args, **kwargs: None)
+    drawing = {name: getattr(plots, name) for name in PLOTS}
+    with pytest.MonkeyPatch.context() as patch:
+        for name in PLOTS:
+            patch.setattr(plots, name, lambda *args, **kwargs: None)
+        yield drawing
 
 
 @pytest.fixture
-def drawn_plots():
-    """The pages' plots drawn for real (every other test leaves them out: :func:`_plots_not_drawn`)."""
+def drawn_plots(_plots_not_drawn, monkeypatch):
+    """The pages' plots drawn for real, for this test (every other test leaves them out: :func:`_plots_not_drawn`)."""
+    if _plots_not_drawn:
+        from harness.results import plots
+
+        for name, draw in _plots_not_drawn.items():
+            monkeypatch.setattr(plots, name, draw)
 
 
 @pytest.fixture

@@ -106,9 +106,19 @@ register_backend("sys_exit", lambda *args, **kwargs: sys.exit(0))
 """
 
 
+@pytest.fixture(scope="session")
+def write_plugin():
+    """``write_plugin(folder)``: writes PLUGIN's backends to ``folder / "plugin.py"`` and returns that path."""
+
+    def write(folder: Path) -> Path:
+        (folder / "plugin.py").write_text(PLUGIN)
+        return folder / "plugin.py"
+
+    return write
+
+
 @pytest.fixture
-def plugin(tmp_path, monkeypatch) -> Path:
+def plugin(tmp_path, monkeypatch, write_plugin) -> Path:
     """tmp_path / "plugin.py" (PLUGIN's backends); HARNESS_TEST_DIR, which workers inherit, is tmp_path."""
     monkeypatch.setenv("HARNESS_TEST_DIR", str(tmp_path))
-    (tmp_path / "plugin.py").write_text(PLUGIN)
-    return tmp_path / "plugin.py"
+    return write_plugin(tmp_path)

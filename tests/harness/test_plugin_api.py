@@ -5,8 +5,6 @@ from __future__ import annotations
 import json
 import os
 import re
-import subprocess
-import sys
 
 import pandas as pd
 import pytest
@@ -22,7 +20,7 @@ from harness.cli.main import main
 from harness.execute.processes import decode, encode, registrations
 from harness.run.runner import case_inputs
 from kernels import paged_attention_reference
-from tests.fresh_python import ROOT, run_script
+from tests.fresh_python import run_script
 from tests.tiny_cases import write_cases
 
 # --- variants: one name each, and the others still taken ------------------------------------------
@@ -125,15 +123,17 @@ register_backend("limited", limited, limits={"dtypes": ["float32"], "block_size_
 
 
 def _plugin_run(folder, plugin: str, backend: str, cases: list[dict], *extra: str) -> tuple[pd.DataFrame, list]:
-    """``harness run`` of ``plugin``'s ``backend`` in a fresh interpreter: (rows by case, its ``log.jsonl``)."""
+    """``harness run`` of ``plugin``'s ``backend`` (its calls in the isolated worker): (rows by case, its
+    ``log.jsonl``). The registry is restored after it, as for :func:`clean_registry`."""
     (folder / "plugin.py").write_text(plugin)
-    done = subprocess.run(
-        [sys.executable, "-m", "harness", "run", str(write_cases(folder / "cases.toml", *cases)), "--plugin",
-         str(folder / "plugin.py"), "--backend", backend, "--no-progress", "--out", str(folder / "run"), *extra],
-        cwd=ROOT, capture_output=True, text=True, timeout=300,
-        env={**os.environ, "HARNESS_TEST_DIR": str(folder), "TRITON_INTERPRET": "1"},
-    )  # fmt: skip
-    assert done.returncode == 0, done.stderr[-3000:]
+    saved = dict(REGISTRY)
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("HARNESS_TEST_DIR", str(folder))
+        code = main(["run", str(write_cases(folder / "cases.toml", *cases)), "--plugin", str(folder / "plugin.py"),
+                     "--backend", backend, "--no-progress", "--out", str(folder / "run"), *extra])  # fmt: skip
+    REGISTRY.clear()
+    REGISTRY.update(saved)
+    assert code == 0
     rows = pd.read_parquet(folder / "run" / "results.parquet").set_index("case")
     return rows, [json.loads(line) for line in (folder / "log.jsonl").read_text().splitlines()]
 

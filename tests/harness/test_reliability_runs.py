@@ -263,7 +263,7 @@ def test_runs_started_at_the_same_second_get_distinct_folders(tmp_path, monkeypa
 def test_a_run_that_skips_a_requested_backend_on_every_case_is_not_green(setup, capsys):
     """(A run that grades nothing: test_cli_verbs.py's test_a_run_that_grades_nothing_ends_with_fail.)"""
     out = setup / "run"
-    assert run(setup, out, *backends("flex_attention", "tlsim")) == 1
+    assert run(setup, out, *backends("flex_attention", "tlsim"), plugin=False) == 1
     assert "--backend flex_attention ran on no case" in capsys.readouterr().err
     assert out.is_dir(), "the report is still written"
 
@@ -273,7 +273,7 @@ def test_an_internal_bug_is_exit_3_with_a_traceback_not_bad_input(setup, capsys,
         raise ValueError("an internal bug")
 
     monkeypatch.setattr(terminal, "summarize", bug)
-    assert run(setup, setup / "run", *backends("tlsim")) == 3
+    assert run(setup, setup / "run", *backends("tlsim"), plugin=False) == 3
     err = capsys.readouterr().err
     assert "Traceback" in err and "ValueError: an internal bug" in err and "internal error" in err
 

@@ -19,6 +19,7 @@ import pytest
 import torch
 
 from harness.backends.builtin import load_plugin, resolve_backends
+from harness.backends.registry import REGISTRY
 from harness.cases.loading import load_cases
 from harness.cli.main import main
 from harness.execute import loop, xdist
@@ -110,19 +111,33 @@ DIES, HANGS = {"name": "dies_here", "head_dim": 64}, {"name": "hangs_here", "hea
 FINE = [{"name": "fine_a"}, {"name": "fine_b", "seed": 1}]
 
 
-def _killer_pool_rows(plugin: Path, *cases: dict) -> list[dict]:
-    """The rows of tlsim and the plugin fixture's killer over ``cases`` on two workers, 10 s a call."""
+def _killer_pool(plugin: Path, *cases: dict) -> tuple[list[dict], PoolRun]:
+    """The rows of tlsim and the plugin fixture's killer over ``cases`` on two workers, 10 s a call; the pool."""
     load_plugin(str(plugin))
     config = RunConfig(device="cpu", backends=resolve_backends(["tlsim", "killer"]), timing=False,
                        progress=False, plugins=(str(plugin),), threads=1, timeout_s=10.0)  # fmt: skip
     rows: list[dict] = []
-    run_pool(load_cases([write_cases(plugin.parent / "cases.toml", *cases)], "cpu"), config, rows.append, workers=2)
-    return rows
+    cases = load_cases([write_cases(plugin.parent / "cases.toml", *cases)], "cpu")
+    return rows, run_pool(cases, config, rows.append, workers=2)
+
+
+@pytest.fixture(scope="module")
+def killed_ready_workers(tmp_path_factory, write_plugin):
+    """killer's workers killed four times, each once it was ready, over two cases, beside two fine ones: (rows, the
+    pool, the pids killed)."""
+    folder = tmp_path_factory.mktemp("killed")
+    saved = dict(REGISTRY)
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("HARNESS_TEST_DIR", str(folder))
+        rows, pool = _killer_pool(write_plugin(folder), DIES, {**DIES, "name": "dies_again", "seed": 2}, *FINE)
+    REGISTRY.clear()
+    REGISTRY.update(saved)
+    return rows, pool, (folder / "kills").read_text().split()
 
 
 @pytest.mark.slow  # a worker killed, one hung past its limit: about 16 s
 def test_a_killed_worker_costs_one_retry_then_an_error_row_a_hung_one_an_error_row_the_rest_are_kept(tmp_path, plugin):
-    rows = _killer_pool_rows(plugin, DIES, HANGS, *FINE)
+    rows, _ = _killer_pool(plugin, DIES, HANGS, *FINE)
     by_pair = {(r["case"], r["backend"]): r for r in rows}
     assert len(rows) == len(by_pair) == 8  # every (case, backend) once, the run completed
     died = by_pair[("dies_here", "killer")]
@@ -140,21 +155,17 @@ def test_a_killed_worker_costs_one_retry_then_an_error_row_a_hung_one_an_error_r
     assert {r["worker"] for r in rows} <= {0, 1} and all(r["gpu_index"] == "" for r in rows)
 
 
-def test_workers_killed_after_they_are_ready_are_error_rows_not_a_broken_install(tmp_path, plugin):
+def test_workers_killed_after_they_are_ready_are_error_rows_not_a_broken_install(killed_ready_workers):
     """Four deaths of ready workers (not counted as failed starts) leave two error rows and the run goes on."""
-    rows = _killer_pool_rows(plugin, DIES, {**DIES, "name": "dies_again", "seed": 2}, *FINE)
+    rows, _, kills = killed_ready_workers
     status = {(r["case"], r["backend"]): r["status"] for r in rows}
     assert len(rows) == len(status) == 8
     assert {pair for pair, s in status.items() if s != "pass"} == {("dies_here", "killer"), ("dies_again", "killer")}
-    assert len(set((tmp_path / "kills").read_text().split())) == 4
+    assert len(set(kills)) == 4
 
 
-def test_finished_workers_are_reaped_in_the_background_and_exit(tmp_path):
-    cases = load_cases([write_cases(tmp_path / "cases.toml", *FINE)], "cpu")
-    config = RunConfig(device="cpu", backends=resolve_backends(["tlsim"]), timing=False, progress=False, threads=1)
-    rows: list[dict] = []
-    pool = run_pool(cases, config, rows.append, workers=2)
-    assert len(rows) == len(cases)
+def test_finished_workers_are_reaped_in_the_background_and_exit(killed_ready_workers):
+    _, pool, _ = killed_ready_workers
     deadline = time.monotonic() + 20
     while any(slot.process is not None for slot in pool.slots) and time.monotonic() < deadline:
         time.sleep(0.05)  # the reap thread joins each worker, then clears its slot

@@ -115,6 +115,15 @@ FP32_PRECISION_CASES: list[KernelCase] = [
 CASES_BY_NAME = {case.name: case for case in (*KERNEL_CASES, *FP32_PRECISION_CASES)}
 
 
+@functools.cache
+def graded_inputs(case, device: str = "cpu", return_lse: bool = False) -> tuple[PagedInputs, torch.Tensor | tuple]:
+    """A KernelCase's inputs, or a variant case's (its ``base`` and ``kwargs()``), and the oracle's output on them
+    (with the lse if asked): made once a process for the backends of a grid, which only read them."""
+    inputs = getattr(case, "base", case).inputs(device)
+    options = case.kwargs(device) if hasattr(case, "kwargs") else {}
+    return inputs, paged_attention_oracle(*inputs.args(), return_lse=return_lse, **options)
+
+
 ARG_NAMES = ("q", "k_cache", "v_cache", "block_table", "seq_lens", "query_start_loc")
 
 
@@ -200,6 +209,21 @@ def backend_fn(name: str, device: str = "cpu"):
 ON_CUDA = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")]
 DEVICES = ["cpu", pytest.param("cuda", marks=ON_CUDA)]
 BACKENDS = ("reference", "tlsim", "triton", "dispatch", "cache")  # cache: the engine's path, through dispatch
+
+
+def backend_grid(cases: list, with_device: bool = False) -> list:
+    """(case, backend[, device]) rows, ids ``case-backend[-device]``: every backend on every case, but "dispatch" on
+    the CPU on the first case only. There it calls tlsim with the row's own arguments: its other rows would repeat
+    the tlsim rows. With ``with_device``, CUDA rows too (every one kept)."""
+    devices = [("cpu", ()), ("cuda", ON_CUDA)][: 1 + with_device]
+    return [
+        pytest.param(case, backend, *[device][:with_device], marks=marks,
+                     id="-".join([str(case), backend, *[device][:with_device]]))
+        for case in cases
+        for backend in BACKENDS
+        for device, marks in devices
+        if backend != "dispatch" or device == "cuda" or case is cases[0]
+    ]  # fmt: skip
 
 
 def run_backend(name: str, inputs: PagedInputs, args: tuple | None = None, **kwargs):

@@ -28,11 +28,12 @@ from kernels.contract import prepare_call
 from kernels.reference import gather_kv
 from kernels.tiling import tiling_for, window_tile_start
 from tests.kernels.kernel_cases import (
-    BACKENDS,
     CASES_BY_NAME,
     assert_passes,
     assert_tlsim_close,
     backend_fn,
+    backend_grid,
+    graded_inputs,
     needs_triton,
     run_backend,
 )
@@ -40,17 +41,12 @@ from tests.kernels.variant_cases import BY_NAME, ORACLE_ONLY, VARIANT_CASES, Var
 from tests.tiny_cases import TINY
 
 
-def _expected(case: VariantCase, inputs) -> torch.Tensor:
-    return paged_attention_oracle(*inputs.args(), **case.kwargs())
-
-
-@pytest.mark.parametrize("backend", BACKENDS)
-@pytest.mark.parametrize("case", VARIANT_CASES, ids=str)
+@pytest.mark.parametrize(("case", "backend"), backend_grid(VARIANT_CASES))
 def test_backend_matches_oracle_with_the_variant(case: VariantCase, backend: str):
     """Triton's rows also hold tlsim to the bound of tests/kernels/test_tlsim_predicts_triton.py (but ORACLE_ONLY)."""
-    inputs = case.base.inputs()
+    inputs, expected = graded_inputs(case)
     result = run_backend(backend, inputs, **case.kwargs())
-    assert_passes(result, _expected(case, inputs), tolerance(case), f"{backend} on {case}")
+    assert_passes(result, expected, tolerance(case), f"{backend} on {case}")
     if backend == "triton" and case.name not in ORACLE_ONLY:
         sim = kernels.paged_attention_tlsim(*inputs.args(), **case.kwargs())
         assert_tlsim_close(sim, result, inputs.q.dtype, what=str(case))
@@ -228,8 +224,7 @@ MUTANTS = [
 @pytest.mark.parametrize(("name", "mutant", "case_name"), MUTANTS, ids=[f"{m}-{c}" for m, _, c in MUTANTS])
 def test_oracle_catches_a_wrong_variant(name, mutant, case_name, monkeypatch):
     case = BY_NAME[case_name]
-    inputs = case.base.inputs()
-    expected = _expected(case, inputs)
+    inputs, expected = graded_inputs(case)
     bounds = tolerance(case)
     assert grade(dense_attention(inputs, **case.kwargs()), expected, *bounds).passed, "the unmutated form passes"
     graded = grade(mutant(inputs, case.kwargs(), monkeypatch), expected, *bounds)

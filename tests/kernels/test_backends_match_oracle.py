@@ -14,30 +14,27 @@ import torch
 import kernels
 from harness.cases.vocab import DEFAULT_TOLERANCES
 from harness.run.grading import grade
-from harness.run.oracle import paged_attention_oracle
 from kernels.contract import prepare_call
 from kernels.tiling import tiling_for
 from tests.kernels.kernel_cases import (
-    BACKENDS,
     CASES_BY_NAME,
-    DEVICES,
     FP32_PRECISION_CASES,
     KERNEL_CASES,
     KernelCase,
     assert_passes,
     assert_tlsim_close,
+    backend_grid,
+    graded_inputs,
     run_backend,
 )
 
 
-@pytest.mark.parametrize("device", DEVICES)
-@pytest.mark.parametrize("backend", BACKENDS)
-@pytest.mark.parametrize("case", [*KERNEL_CASES, *FP32_PRECISION_CASES], ids=str)
+@pytest.mark.parametrize(("case", "backend", "device"), backend_grid([*KERNEL_CASES, *FP32_PRECISION_CASES], True))
 def test_backend_matches_float64_oracle(case: KernelCase, backend: str, device: str):
-    inputs = case.inputs(device)
+    inputs, expected = graded_inputs(case, device)
     got = run_backend(backend, inputs)
     assert got.dtype == inputs.q.dtype
-    assert_passes(got, paged_attention_oracle(*inputs.args()), DEFAULT_TOLERANCES[case.dtype], f"{backend} on {case}")
+    assert_passes(got, expected, DEFAULT_TOLERANCES[case.dtype], f"{backend} on {case}")
     if backend == "triton" and case in KERNEL_CASES:  # tlsim predicts the kernel (the module docstring)
         share = 1.0 if case.name == "large_logits" else 0.5
         ulps = 3 if device == "cuda" and case.head_dim > 512 else 2
@@ -102,8 +99,7 @@ MUTANTS = [
 @pytest.mark.parametrize(("mutant", "case_name"), MUTANTS, ids=[m.__name__ for m, _ in MUTANTS])
 def test_grading_fails_a_broken_kernel(mutant, case_name):
     case = CASES_BY_NAME[case_name]
-    inputs = case.inputs()
-    expected = paged_attention_oracle(*inputs.args())
+    inputs, expected = graded_inputs(case)
     assert grade(kernels.paged_attention_tlsim(*inputs.args()), expected, *DEFAULT_TOLERANCES[case.dtype]).passed
     out = torch.full_like(inputs.q, float("nan"))
     result = grade(mutant(*inputs.args(), out=out), expected, *DEFAULT_TOLERANCES[case.dtype])

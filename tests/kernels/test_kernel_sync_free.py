@@ -51,12 +51,12 @@ def test_default_triton_call_reads_no_tensor_value_unless_checked(case, entry, t
 
 
 @pytest.mark.parametrize("as_offsets", [False, True], ids=["query_start_loc_none", "query_start_loc_ones"])
-def test_decode_launches_one_program_per_sequence_and_kv_head(as_offsets, triton_launches):
+def test_decode_launches_one_program_per_sequence_and_kv_head(as_offsets, recorded):
     args = _args(DECODE)
     if as_offsets:  # all q_len 1 through offsets: the tile numbering is still exact
         args[5] = torch.arange(len(DECODE.seq_lens) + 1, dtype=torch.int32)
     kernels.paged_attention_triton(*args)
-    assert triton_launches.grids[0][:2] == (len(DECODE.seq_lens), DECODE.num_kv_heads)
+    assert recorded.grids[0][:2] == (len(DECODE.seq_lens), DECODE.num_kv_heads)
 
 
 @pytest.mark.parametrize("dtype", [torch.float16, torch.float32])
@@ -71,14 +71,14 @@ def test_decode_through_offsets_gets_the_decode_tiling(dtype):
     assert tiling_for(prepare_call(q, pool, pool, table, lens, ones, check=False)) == as_decode
 
 
-def test_prefill_launches_about_num_tokens_over_block_q_tiles(triton_launches):
+def test_prefill_launches_about_num_tokens_over_block_q_tiles(recorded):
     case = replace(BASE, name="ragged_prefill", seq_lens=(70, 5, 33, 64), q_lens=(70, 0, 9, 64))
     args = _args(case)
     kernels.paged_attention_triton(*args)
     block_q = tiling_for(prepare_call(*args)).BLOCK_Q
     num_tokens, num_seqs = sum(case.q_lens), len(case.q_lens)
-    assert triton_launches.grids[0][0] <= num_tokens // block_q + num_seqs
-    assert triton_launches.grids[0][0] < num_tokens, "prefill tiles must hold several tokens each"
+    assert recorded.grids[0][0] <= num_tokens // block_q + num_seqs
+    assert recorded.grids[0][0] < num_tokens, "prefill tiles must hold several tokens each"
 
 
 @pytest.mark.parametrize("backend", ["triton", "tlsim"])

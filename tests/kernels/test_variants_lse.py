@@ -18,7 +18,7 @@ from harness.run.grading import grade
 from harness.run.oracle import paged_attention_oracle
 from harness.run.runner import case_inputs
 from kernels.cascade import cascade_attention, merge_attention_states
-from tests.kernels.kernel_cases import BACKENDS, assert_passes, backend_fn, run_backend
+from tests.kernels.kernel_cases import assert_passes, backend_fn, backend_grid, graded_inputs, run_backend
 from tests.kernels.variant_cases import BY_NAME, VariantCase, graded_rows, tolerance
 
 LSE_CASES = [
@@ -28,17 +28,12 @@ LSE_CASES = [
 ]  # fmt: skip
 
 
-def _oracle(case: VariantCase, inputs):
-    return paged_attention_oracle(*inputs.args(), return_lse=True, **case.kwargs())
-
-
-@pytest.mark.parametrize("backend", BACKENDS)
-@pytest.mark.parametrize("case", LSE_CASES, ids=str)
+@pytest.mark.parametrize(("case", "backend"), backend_grid(LSE_CASES))
 def test_backend_lse_matches_oracle(case: VariantCase, backend: str):
-    inputs = case.base.inputs()
+    inputs, expected = graded_inputs(case, return_lse=True)
     result, lse = run_backend(backend, inputs, return_lse=True, **case.kwargs())
     assert lse.dtype == torch.float32 and lse.shape == inputs.q.shape[:2]
-    assert_passes((result, lse), _oracle(case, inputs), tolerance(case), f"{backend} on {case}")
+    assert_passes((result, lse), expected, tolerance(case), f"{backend} on {case}")
 
 
 def test_lse_is_the_log_of_the_denominator_by_hand():
@@ -68,8 +63,7 @@ WRONG_LSE = {
 @pytest.mark.parametrize("mutant", WRONG_LSE)
 def test_oracle_catches_a_wrong_lse(mutant):
     case = BY_NAME["sinks_split_kv"]
-    inputs = case.base.inputs()
-    _, expected_lse = _oracle(case, inputs)
+    inputs, (_, expected_lse) = graded_inputs(case, return_lse=True)
 
     def tlsim(scale, kw):
         return kernels.paged_attention_tlsim(*inputs.args(), scale, return_lse=True, **kw)[1]
@@ -86,7 +80,7 @@ def test_merge_of_two_partial_attentions_is_the_whole(backend):
     fn = backend_fn(backend)
     sinks_split_kv = BY_NAME["sinks_split_kv"]
     case = VariantCase("merge", replace(sinks_split_kv.base, seq_lens=(2500, 700, 40)), sinks_split_kv.options)
-    inputs = case.base.inputs()
+    inputs, (expected, expected_lse) = graded_inputs(case, return_lse=True)
     q, k_cache, v_cache, table, lens = inputs.args()[:5]
     head_table, tail_table = table[:, :2].contiguous(), table[:, 2:].contiguous()  # cut at logical block 2
     head_lens = lens.clamp(max=2 * k_cache.shape[1])
@@ -95,7 +89,6 @@ def test_merge_of_two_partial_attentions_is_the_whole(backend):
     kw = case.kwargs()
     out_a, lse_a = fn(q, k_cache, v_cache, head_table, head_lens, None, return_lse=True, **kw)
     out_b, lse_b = fn(q, k_cache, v_cache, tail_table, tail_lens, None, return_lse=True)  # the sink once
-    expected, expected_lse = _oracle(case, inputs)
     assert_passes(merge_attention_states(out_a, lse_a, out_b, lse_b), (expected, expected_lse), tolerance(case))
     wrong, _ = merge_attention_states(out_a, lse_b, out_b, lse_a)  # weights swapped
     assert not grade(wrong, expected, *tolerance(case)).passed
