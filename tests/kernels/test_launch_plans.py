@@ -264,9 +264,9 @@ def test_plans_off_keeps_none_and_the_env_var_turns_them_off(recorded):
     assert len(recorded.plans) == 0 and recorded.plans.hits == 0
     for env, enabled in ((None, True), ("0", False)):  # read at import: a fresh copy of the module imported
         with pytest.MonkeyPatch.context() as patch:
-            patch.delenv(launch_plan.PLAN_CACHE_ENV, raising=False)
+            patch.delenv("PAGED_ATTN_PLAN_CACHE", raising=False)
             if env is not None:
-                patch.setenv(launch_plan.PLAN_CACHE_ENV, env)
+                patch.setenv("PAGED_ATTN_PLAN_CACHE", env)
             spec = importlib.util.spec_from_file_location("kernels._launch_plan_imported_here", launch_plan.__file__)
             imported = importlib.util.module_from_spec(spec)
             spec.loader.exec_module(imported)
