@@ -6,13 +6,35 @@ backend grades in well under a second on a CPU. A test says only what its cases 
 
     write_cases(path, {"name": "first"}, {"name": "second", "seed": 1})
     write_cases(path, {"name": "big", "head_dim": 128, "input_scale": 6.0})
+
+A run in the test's own process that loads a plugin goes in ``with plugin_run_scope(folder):``.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 from pathlib import Path
 from typing import Any
+
+import pytest
+
+
+@contextlib.contextmanager
+def plugin_run_scope(folder: Path):
+    """Inside: HARNESS_TEST_DIR (which workers inherit) is ``folder``; after, even on an error, the variable and the
+    backend registry are as they were (a plugin loaded in this process registers its backends)."""
+    from harness.backends.registry import REGISTRY
+
+    saved = dict(REGISTRY)
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("HARNESS_TEST_DIR", str(folder))
+        try:
+            yield
+        finally:
+            REGISTRY.clear()
+            REGISTRY.update(saved)
+
 
 TINY: dict[str, Any] = {
     "num_q_heads": 4,

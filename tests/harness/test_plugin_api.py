@@ -21,7 +21,7 @@ from harness.execute.processes import decode, encode, registrations
 from harness.run.runner import case_inputs
 from kernels import paged_attention_reference
 from tests.fresh_python import run_script
-from tests.tiny_cases import write_cases
+from tests.tiny_cases import plugin_run_scope, write_cases
 
 # --- variants: one name each, and the others still taken ------------------------------------------
 
@@ -124,15 +124,11 @@ register_backend("limited", limited, limits={"dtypes": ["float32"], "block_size_
 
 def _plugin_run(folder, plugin: str, backend: str, cases: list[dict], *extra: str) -> tuple[pd.DataFrame, list]:
     """``harness run`` of ``plugin``'s ``backend`` (its calls in the isolated worker): (rows by case, its
-    ``log.jsonl``). The registry is restored after it, as for :func:`clean_registry`."""
+    ``log.jsonl``); the registry as it was after it."""
     (folder / "plugin.py").write_text(plugin)
-    saved = dict(REGISTRY)
-    with pytest.MonkeyPatch.context() as patch:
-        patch.setenv("HARNESS_TEST_DIR", str(folder))
+    with plugin_run_scope(folder):
         code = main(["run", str(write_cases(folder / "cases.toml", *cases)), "--plugin", str(folder / "plugin.py"),
                      "--backend", backend, "--no-progress", "--out", str(folder / "run"), *extra])  # fmt: skip
-    REGISTRY.clear()
-    REGISTRY.update(saved)
     assert code == 0
     rows = pd.read_parquet(folder / "run" / "results.parquet").set_index("case")
     return rows, [json.loads(line) for line in (folder / "log.jsonl").read_text().splitlines()]

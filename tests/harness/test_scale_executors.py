@@ -19,7 +19,6 @@ import pytest
 import torch
 
 from harness.backends.builtin import load_plugin, resolve_backends
-from harness.backends.registry import REGISTRY
 from harness.cases.loading import load_cases
 from harness.cli.main import main
 from harness.execute import loop, xdist
@@ -31,7 +30,7 @@ from harness.run.oracle_cache import PoisonedCacheError
 from harness.run.runner import RunConfig, to_frame
 from harness.timing.metrics import case_cost
 from tests.fresh_python import ROOT
-from tests.tiny_cases import write_cases
+from tests.tiny_cases import plugin_run_scope, write_cases
 
 pytestmark = pytest.mark.usefixtures("clean_registry")  # backends registered here vanish after each test
 
@@ -126,12 +125,8 @@ def killed_ready_workers(tmp_path_factory, write_plugin):
     """killer's workers killed four times, each once it was ready, over two cases, beside two fine ones: (rows, the
     pool, the pids killed)."""
     folder = tmp_path_factory.mktemp("killed")
-    saved = dict(REGISTRY)
-    with pytest.MonkeyPatch.context() as patch:
-        patch.setenv("HARNESS_TEST_DIR", str(folder))
+    with plugin_run_scope(folder):
         rows, pool = _killer_pool(write_plugin(folder), DIES, {**DIES, "name": "dies_again", "seed": 2}, *FINE)
-    REGISTRY.clear()
-    REGISTRY.update(saved)
     return rows, pool, (folder / "kills").read_text().split()
 
 
