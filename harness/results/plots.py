@@ -6,7 +6,6 @@ import io
 
 import numpy as np
 import pandas as pd
-from matplotlib.figure import Figure
 
 from harness.cases.vocab import GRADED
 from harness.timing.scaling import phase_of
@@ -20,7 +19,15 @@ def literal(name) -> str:
     return str(name).replace("$", r"\$")
 
 
-def to_data_uri(fig: Figure) -> str:
+def figure(width: float, height: float):
+    """A matplotlib Figure, imported here: a process that writes no plot (a worker, a CLI verb) skips
+    matplotlib's import, about a second."""
+    from matplotlib.figure import Figure
+
+    return Figure(figsize=(width, height))
+
+
+def to_data_uri(fig) -> str:
     buffer = io.BytesIO()
     fig.savefig(buffer, format="svg", bbox_inches="tight")
     return "data:image/svg+xml;base64," + base64.b64encode(buffer.getvalue()).decode("ascii")
@@ -42,7 +49,7 @@ def latency_and_bandwidth(frame: pd.DataFrame, ceilings: dict[str, float] | None
     if timed.empty:
         return None
     colors = backend_colors(timed["backend"])
-    fig = Figure(figsize=(11, 4))
+    fig = figure(11, 4)
     lat, bw = fig.subplots(1, 2)
     for backend, rows in timed.groupby("backend"):
         style = {"color": colors[backend], "marker": "o", "ms": 3.5, "lw": 0, "label": literal(backend)}
@@ -86,7 +93,7 @@ def error_vs_tolerance(frame: pd.DataFrame) -> str | None:
         return None
     backends = sorted(graded["backend"].unique())
     colors = backend_colors(backends)
-    fig = Figure(figsize=(11, 3.2))
+    fig = figure(11, 3.2)
     ax = fig.subplots()
     rng = np.random.default_rng(0)
     for i, backend in enumerate(backends):
@@ -111,7 +118,7 @@ def scaling_fit(frame: pd.DataFrame, fits: pd.DataFrame | None) -> str | None:
     work = fits if work.empty else work
     panels = list(dict.fromkeys(zip(work["phase"], work["x"], strict=True)))
     colors = backend_colors(timed["backend"])
-    fig = Figure(figsize=(5.5 * len(panels), 3.8))
+    fig = figure(5.5 * len(panels), 3.8)
     axes = np.atleast_1d(fig.subplots(1, len(panels)))
     for ax, (phase, x) in zip(axes, panels, strict=True):
         for fit in fits[(fits["x"] == x) & (fits["phase"] == phase)].itertuples():
@@ -142,7 +149,7 @@ def trend(history: pd.DataFrame, value: str, ylabel: str, title: str, flag: str 
         return None
     runs = list(dict.fromkeys(data.sort_values("run_order")["run_label"]))
     colors = backend_colors(data["backend"])
-    fig = Figure(figsize=(11, 3.8))
+    fig = figure(11, 3.8)
     ax = fig.subplots()
     for (_case, backend), rows in data.groupby(["case", "backend"]):
         rows = rows.sort_values("run_order")
