@@ -93,7 +93,7 @@ def harness_session(request: pytest.FixtureRequest) -> HarnessSession:
 
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     target = session.config.getoption("harness_report", None)
-    if xdist_rows.worker_hands_rows_over(session.config):  # pytest -n: the controller writes the run
+    if getattr(session.config, "workerinput", {}).get(xdist_rows.ROWS_DIR):  # pytest -n: the controller writes the run
         if _SESSION_KEY in session.config.stash:
             xdist_rows.save_worker_rows(session.config, session.config.stash[_SESSION_KEY].rows)
         return

@@ -162,31 +162,26 @@ def below_sm80(device: str, who: str) -> str | None:
     return None
 
 
-def _prepare_varlen_flash(case: Case, inputs: PagedInputs, out: torch.Tensor) -> Prepared:
-    """FlashAttention varlen over the packed contiguous KV (made before timing); q stays packed."""
+def _prepare_varlen(case: Case, inputs: PagedInputs, out: torch.Tensor, paged: bool = False) -> Prepared:
+    """FlashAttention varlen, q packed: over the packed contiguous KV (made before timing), or (``paged``) reading
+    the pool through the block table, the same pages the kernel reads."""
+    params = inspect.signature(_varlen_attn()).parameters
+    if paged and "block_table" not in params:
+        raise Unsupported(f"torch {torch.__version__}'s varlen_attn takes no block_table")
+    if paged and case.group_size > 1 and "enable_gqa" not in params:
+        raise Unsupported(f"torch {torch.__version__}'s varlen_attn takes no enable_gqa, and a pool cannot be expanded")
+    lengths, options = (max(case.q_lens), case.max_seq_len), _varlen_options(case)
+    window = "" if case.sliding_window is None else f", window_size ({case.sliding_window - 1}, 0)"
+    if paged:
+        run = partial(_varlen_attn(), inputs.q, inputs.k_cache, inputs.v_cache, inputs.query_start_loc, None, *lengths,
+                      seqused_k=inputs.seq_lens, block_table=inputs.block_table, **options)  # fmt: skip
+        return Prepared(run=run, note="paged pool through the block table, lower-right causal" + window)
     k, expanded = _heads_for_varlen(case, torch.cat(inputs.keys))  # [total_kv_tokens, heads, head_dim]
     v, _ = _heads_for_varlen(case, torch.cat(inputs.values))
     cu_seq_k = torch.zeros(case.num_seqs + 1, dtype=torch.int32, device=k.device)
     cu_seq_k[1:] = torch.cumsum(inputs.seq_lens, 0)
-    max_q, max_k, options = max(case.q_lens), case.max_seq_len, _varlen_options(case)
-    run = partial(_varlen_attn(), inputs.q, k, v, inputs.query_start_loc, cu_seq_k, max_q, max_k, **options)
-    window = "" if case.sliding_window is None else f", window_size ({case.sliding_window - 1}, 0)"
+    run = partial(_varlen_attn(), inputs.q, k, v, inputs.query_start_loc, cu_seq_k, *lengths, **options)
     return Prepared(run=run, note="packed contiguous KV, lower-right causal" + window + expanded)
-
-
-def _prepare_varlen_flash_paged(case: Case, inputs: PagedInputs, out: torch.Tensor) -> Prepared:
-    """FlashAttention varlen reading the paged pool through the block table (the same pages the kernel reads)."""
-    varlen_attn = _varlen_attn()
-    params = inspect.signature(varlen_attn).parameters
-    if "block_table" not in params:
-        raise Unsupported(f"torch {torch.__version__}'s varlen_attn takes no block_table")
-    if case.group_size > 1 and "enable_gqa" not in params:
-        raise Unsupported(f"torch {torch.__version__}'s varlen_attn takes no enable_gqa, and a pool cannot be expanded")
-    max_q, max_k, options = max(case.q_lens), case.max_seq_len, _varlen_options(case)
-    run = partial(varlen_attn, inputs.q, inputs.k_cache, inputs.v_cache, inputs.query_start_loc, None, max_q, max_k,
-                  seqused_k=inputs.seq_lens, block_table=inputs.block_table, **options)  # fmt: skip
-    window = "" if case.sliding_window is None else f", window_size ({case.sliding_window - 1}, 0)"
-    return Prepared(run=run, note="paged pool through the block table, lower-right causal" + window)
 
 
 def _prepare_flex(case: Case, inputs: PagedInputs, out: torch.Tensor) -> Prepared:
@@ -250,10 +245,10 @@ add_backend(Backend("gather_sdpa", _prepare_gather_sdpa, ("cpu", "cuda"), "peer"
                     variants=frozenset({"sliding_window"})))  # fmt: skip
 add_backend(Backend("sdpa_contiguous", _prepare_sdpa_contiguous, ("cpu", "cuda"), "peer",
                     "SDPA over a contiguous copy, in its fastest form: the non-paged floor"))  # fmt: skip
-add_backend(Backend("varlen_flash", _prepare_varlen_flash, ("cuda",), "peer",
+add_backend(Backend("varlen_flash", _prepare_varlen, ("cuda",), "peer",
                     "FlashAttention varlen over the packed contiguous KV", unavailable=_varlen_unavailable,
                     variants=frozenset({"sliding_window"})))  # fmt: skip
-add_backend(Backend("varlen_flash_paged", _prepare_varlen_flash_paged, ("cuda",), "peer",
+add_backend(Backend("varlen_flash_paged", partial(_prepare_varlen, paged=True), ("cuda",), "peer",
                     "FlashAttention varlen over the paged pool (block table)", unavailable=_varlen_unavailable,
                     variants=frozenset({"sliding_window"})))  # fmt: skip
 add_backend(Backend("flex_attention", _prepare_flex, ("cuda",), "peer",

@@ -42,10 +42,6 @@ def hand_rows_folder(node) -> None:
     node.workerinput[ROWS_DIR] = config.stash[_FOLDER_KEY]
 
 
-def worker_hands_rows_over(config: pytest.Config) -> bool:
-    return hasattr(config, "workerinput") and bool(config.workerinput.get(ROWS_DIR))
-
-
 def save_worker_rows(config: pytest.Config, rows: list[dict]) -> Path:
     """Worker side: this worker's rows, labelled, to ``<folder>/<gwI>.jsonl`` atomically."""
     worker = config.workerinput.get("workerid", str(os.getpid()))

@@ -151,19 +151,14 @@ def normalize_to_anchor(rows: pd.DataFrame, anchor: str) -> int:
     """Scale each case's new latencies by its anchor's median base/new, in place; the timed rows with no anchor."""
     both = rows[(rows["side"] == "both") & rows["latency_us_base"].notna() & rows["latency_us_new"].notna()]
     anchors = both[both["backend"] == anchor].set_index("case")
-    factor = (anchors["latency_us_base"] / anchors["latency_us_new"]).to_dict()
-    missing = 0
-    for i, r in both.iterrows():
-        f = factor.get(r["case"])
-        if f is None or not np.isfinite(f):
-            missing += 1
-            continue
-        for col in ("latency_us_new", "latency_p10_us_new", "latency_p90_us_new"):
-            rows.at[i, col] = r[col] * f
-        samples = r["latency_samples_us_new"]
-        if samples is not None and not (isinstance(samples, float) and np.isnan(samples)):
+    factor = both["case"].map(anchors["latency_us_base"] / anchors["latency_us_new"])
+    factor = factor[np.isfinite(factor)]  # NaN: the case has no timed anchor row
+    scaled = ["latency_us_new", "latency_p10_us_new", "latency_p90_us_new"]
+    rows.loc[factor.index, scaled] = rows.loc[factor.index, scaled].mul(factor, axis=0)
+    for i, f in factor.items():  # the sample lists; None or NaN where a run kept none
+        if (samples := rows.at[i, "latency_samples_us_new"]) is not None and not isinstance(samples, float):
             rows.at[i, "latency_samples_us_new"] = [s * f for s in samples]
-    return missing
+    return len(both) - len(factor)
 
 
 def drift_warning(rows: pd.DataFrame) -> list[str]:

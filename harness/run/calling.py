@@ -243,12 +243,10 @@ def call_backend(case: Case, inputs: PagedInputs, guard: InputGuard | None, back
                 graded_us = timed_us(prepared.run, cuda)[1]
             over_budget = graded_us > settings.budget_s * 1e6
         if over_budget:
-            # One call already outlasts the row's timing budget: the row is graded, not timed.
             why = "a Python model on a GPU is graded, not timed" if settings.budget_s == 0 else (
                 f"past the row's {settings.budget_s:g} s timing budget")  # fmt: skip
             called.note = "; ".join(filter(None, [called.note, f"{NOT_TIMED} {graded_us / 1e6:.1f} s, {why}"]))
             return called
-        # The timing columns, every timed call checked (see the module docstring).
         flipper = Flipper(inputs, latent=bool(case.latent_kv)) if prepared.follows_inputs else None
         refs = {None: called.out} if called.out is not None else {}  # flip seed -> the first output it gave
         counter, checks = [0], []

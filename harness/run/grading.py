@@ -23,7 +23,7 @@ import torch
 
 from harness.cases.memory import BOUND_CHUNK_ELEMENTS
 from harness.cases.vocab import DTYPES
-from harness.run.oracle import sequence_kv
+from harness.run.oracle import sequences
 
 
 @dataclass(frozen=True)
@@ -128,21 +128,14 @@ def forward_error_bound(q, k_cache, v_cache, block_table, seq_lens, query_start_
     num_q_heads = qd.shape[1]
     group = num_q_heads // num_kv_heads
     head_dim_v = v_cache.shape[-1]
-    table = block_table.detach().cpu().long()
-    lens = seq_lens.detach().cpu().tolist()
-    starts = query_start_loc.detach().cpu().tolist()
     bound = u_out * expected.abs()
-    for seq, seq_len in enumerate(lens):
-        q_len = starts[seq + 1] - starts[seq]
-        if q_len == 0:
-            continue
-        k, v = sequence_kv(k_cache, v_cache, table[seq], seq_len, device)  # [seq_len, num_kv_heads, head_dim]
+    for start, q_len, seq_len, k, v in sequences(k_cache, v_cache, block_table, seq_lens, query_start_loc, device):
         pos = torch.arange(seq_len)
         # Query rows in chunks of at most BOUND_CHUNK_ELEMENTS logits: three such float64 tensors at the peak.
         chunk = max(1, BOUND_CHUNK_ELEMENTS // max(1, seq_len * num_q_heads))
         for first in range(0, q_len, chunk):
             last = min(q_len, first + chunk)
-            rows = slice(starts[seq] + first, starts[seq] + last)
+            rows = slice(start + first, start + last)
             qs = qd[rows].view(last - first, num_kv_heads, group, head_dim)
             s = torch.einsum("qhgd,khd->hgqk", qs, k).mul_(scale)  # [num_kv_heads, group, rows, seq_len]
             delta = torch.einsum("qhgd,khd->hgqk", qs.abs(), k.abs()).mul_(head_dim**0.5 * scale)

@@ -1,6 +1,7 @@
 """The harness's truth: attention in float64 on the CPU, written from the definition; it shares no code with
 the backends it grades (each variant enters through its oracle hook)."""
 
+from collections.abc import Iterator
 from functools import partial
 
 import torch
@@ -36,20 +37,13 @@ def paged_attention_oracle(q, k_cache, v_cache, block_table, seq_lens, query_sta
     q = q.detach().to(device, torch.float64)
     num_kv_heads, head_dim = k_cache.shape[2:]
     head_dim_v = v_cache.shape[-1]
-    table = block_table.detach().cpu().long()
-    lens = seq_lens.detach().cpu().tolist()
-    starts = list(range(len(lens) + 1)) if query_start_loc is None else query_start_loc.detach().cpu().tolist()
     num_q_heads = q.shape[1]
     group = num_q_heads // num_kv_heads  # query head h reads KV head h // group
     scale = head_dim**-0.5 if scale is None else float(scale)
 
     expected = torch.zeros((*q.shape[:2], head_dim_v), dtype=torch.float64, device=device)
     lse = torch.zeros(q.shape[:2], dtype=torch.float64, device=device)
-    for seq, seq_len in enumerate(lens):
-        q_len = starts[seq + 1] - starts[seq]
-        if q_len == 0:
-            continue
-        k, v = sequence_kv(k_cache, v_cache, table[seq], seq_len, device)  # [seq_len, num_kv_heads, head_dim(_v)]
+    for start, q_len, seq_len, k, v in sequences(k_cache, v_cache, block_table, seq_lens, query_start_loc, device):
         for hook in kv_hooks:
             k, v = hook(k, v)
         pos = torch.arange(seq_len, device=device)
@@ -57,7 +51,7 @@ def paged_attention_oracle(q, k_cache, v_cache, block_table, seq_lens, query_sta
         rows_per_chunk = max(1, CHUNK_BYTES // (8 * num_q_heads * seq_len))
         for first in range(0, q_len, rows_per_chunk):
             last = min(q_len, first + rows_per_chunk)
-            rows, span = last - first, slice(starts[seq] + first, starts[seq] + last)
+            rows, span = last - first, slice(start + first, start + last)
             qs = q[span].view(rows, num_kv_heads, group, head_dim)
             logits = torch.einsum("qhgd,khd->hgqk", qs, k) * scale  # [num_kv_heads, group, rows, seq_len]
             q_pos = seq_len - q_len + first + torch.arange(rows, device=device)
@@ -82,16 +76,20 @@ def paged_attention_oracle(q, k_cache, v_cache, block_table, seq_lens, query_sta
     return (expected, lse) if return_lse else expected
 
 
-def sequence_kv(k_cache, v_cache, table_row, seq_len: int, device) -> tuple[torch.Tensor, torch.Tensor]:
-    """One sequence's keys and values in float64 (an fp8 pool's raw values: its scales are the caller's).
+def sequences(k_cache, v_cache, block_table, seq_lens, query_start_loc, device) -> Iterator[tuple]:
+    """(first query row, q_len, seq_len, k, v) of each sequence with queries (query_start_loc None: one each), its
+    keys and values in float64 on ``device`` (an fp8 pool's raw values: its scales are the caller's).
 
     k_cache         [num_blocks, block_size, num_kv_heads, head_dim], any dtype
     v_cache         [num_blocks, block_size, num_kv_heads, head_dim_v]
-    table_row       [max_blocks_per_seq] int64 on the CPU
-    returns         k [seq_len, num_kv_heads, head_dim], v [seq_len, num_kv_heads, head_dim_v] on ``device``"""
+    yields          k [seq_len, num_kv_heads, head_dim], v [seq_len, num_kv_heads, head_dim_v]"""
     num_blocks, block_size, num_kv_heads, head_dim = k_cache.shape
-    pos = torch.arange(seq_len)
-    slots = (table_row[pos // block_size] * block_size + pos % block_size).to(k_cache.device)
-    k = k_cache.detach().reshape(num_blocks * block_size, num_kv_heads, head_dim)[slots]
-    v = v_cache.detach().reshape(num_blocks * block_size, num_kv_heads, v_cache.shape[-1])[slots]
-    return k.to(device, torch.float64), v.to(device, torch.float64)
+    k_slots = k_cache.detach().reshape(num_blocks * block_size, num_kv_heads, head_dim)
+    v_slots = v_cache.detach().reshape(num_blocks * block_size, num_kv_heads, v_cache.shape[-1])
+    table, lens = block_table.detach().cpu().long(), seq_lens.detach().cpu().tolist()
+    starts = list(range(len(lens) + 1)) if query_start_loc is None else query_start_loc.detach().cpu().tolist()
+    for seq, seq_len in enumerate(lens):
+        if q_len := starts[seq + 1] - starts[seq]:
+            pos = torch.arange(seq_len)
+            slots = (table[seq, pos // block_size] * block_size + pos % block_size).to(k_cache.device)
+            yield starts[seq], q_len, seq_len, *(x[slots].to(device, torch.float64) for x in (k_slots, v_slots))

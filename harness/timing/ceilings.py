@@ -18,23 +18,21 @@ DATASHEET_PEAK_TFLOPS = {"H200": {"bfloat16": 989.4, "float16": 989.4, "float32"
 DATASHEET_SOURCE = "NVIDIA datasheet, SXM, dense (float32: non-tensor-core FP32)"
 
 
-def _buffer_bytes(device: str, size_bytes: int) -> int:
-    # CPU: 256 MB, large enough to leave the caches, small enough for a laptop.
-    return min(size_bytes, 256 * 2**20) if torch.device(device).type == "cpu" else size_bytes
+CPU_BUFFER_BYTES = 256 * 2**20  # large enough to leave the caches, small enough for a laptop
 
 
-def measure_copy_bandwidth(device: str, size_bytes: int = 1 << 30) -> float:
-    """GB/s of a device-to-device copy, counting bytes read + bytes written."""
-    size_bytes = _buffer_bytes(device, size_bytes)
+def measure_copy_bandwidth(device: str) -> float:
+    """GB/s of a device-to-device copy of 1 GiB (CPU_BUFFER_BYTES on a CPU), counting bytes read + bytes written."""
+    size_bytes = CPU_BUFFER_BYTES if torch.device(device).type == "cpu" else 1 << 30
     src = torch.empty(size_bytes, dtype=torch.uint8, device=device).fill_(1)
     dst = torch.empty_like(src)
     timing = time_call(lambda: dst.copy_(src), device, graph=False, target_s=0.3, min_reps=5)
     return 2 * size_bytes / (timing.median_us * 1e3)
 
 
-def measure_read_bandwidth(device: str, size_bytes: int = 1 << 31) -> float:
-    """GB/s of the fastest of the readers below over a large float32 buffer: every byte read once."""
-    size_bytes = _buffer_bytes(device, size_bytes)
+def measure_read_bandwidth(device: str) -> float:
+    """GB/s of the fastest reader below over 2 GiB of float32 (CPU_BUFFER_BYTES on a CPU), each byte read once."""
+    size_bytes = CPU_BUFFER_BYTES if torch.device(device).type == "cpu" else 1 << 31
     src = torch.rand(size_bytes // 4, dtype=torch.float32, device=device)
     result = torch.empty((), dtype=torch.float32, device=device)
     readers = [lambda: torch.sum(src, dim=0, out=result)]
