@@ -51,7 +51,6 @@ class Tiling:
     BLOCK_M: int
     BLOCK_Q: int
     TILE_N: int
-    HEAD_DIM_PADDED: int
     NUM_Q_TILES: int = 1  # grid axis 0
     NUM_SPLITS: int = 1
     SPLIT_SIZE: int = 0  # 0 when NUM_SPLITS == 1 or under the device split
@@ -150,8 +149,8 @@ def choose_tiling(head_dim: int, group_size: int, max_q_len: int, num_seqs: int 
         tile_n = config.tile_n
     split_size = cdiv(keys_a_split, tile_n) * tile_n if num_splits > 1 and device_split is None else 0
     return Tiling(
-        BLOCK_M=block_m, BLOCK_Q=block_q, TILE_N=tile_n, HEAD_DIM_PADDED=head_dim_padded, NUM_Q_TILES=num_q_tiles,
-        NUM_SPLITS=num_splits, SPLIT_SIZE=split_size,
+        BLOCK_M=block_m, BLOCK_Q=block_q, TILE_N=tile_n, NUM_Q_TILES=num_q_tiles, NUM_SPLITS=num_splits,
+        SPLIT_SIZE=split_size,
         NUM_WARPS=config.num_warps or (4 if block_m * head_dim_padded <= 64 * 128 else 8),
         NUM_STAGES=config.num_stages, TUNING_KEY=(precision, head_dim_padded, q_class),
         FP8_DOTS_FP16=kv_fp8 and not fp32 and query_class(max_q_len) == "decode",  # every decode key

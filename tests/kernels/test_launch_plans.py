@@ -184,6 +184,8 @@ CHANGES = {
     "scale": lambda a, kw: (a, {**kw, "scale": 0.3}),
     "out_given_strided": lambda a, kw: (a, {**kw, "out": torch.empty(8, a[0].shape[0], 64).transpose(0, 1)}),
     "q_misaligned": lambda a, kw: (_with(a, p0=_shift(a[0])), kw),
+    # Triton specializes on data_ptr % 16: a view one element on must not share the aligned call's plan
+    "k_cache_misaligned": lambda a, kw: (_with(a, p1=_shift(a[1])), kw),
 }
 
 # Changes the launch does not show: the launcher copies these tensors to contiguous ones (a
@@ -205,19 +207,6 @@ def test_a_changed_call_after_a_hit_gets_its_own_plan(recorded, change):
         assert changed == _launches(recorded, args, kwargs), "the changed call launched a stale plan"
     if change not in SAME_LAUNCH:
         assert changed != base
-
-
-def test_a_misaligned_view_has_its_own_key_and_plan(recorded):
-    """Triton specializes on data_ptr % 16: a view one element on must not share the aligned call's plan."""
-    args = base_args()
-    aligned = call_key(*args, None, None, None, None, False, {})
-    shifted = list(args)
-    shifted[1] = _shift(args[1])
-    assert shifted[1].data_ptr() % 16 and shifted[1].shape == args[1].shape and shifted[1].stride() == args[1].stride()
-    assert call_key(*shifted, None, None, None, None, False, {}) != aligned
-    for call_args in (args, shifted, args, shifted):
-        _launches(recorded, call_args, {})
-    assert len(recorded.plans) == 2 and recorded.plans.hits == 2
 
 
 def test_a_scalar_key_tells_true_from_one_and_refuses_other_types():
@@ -315,17 +304,6 @@ def test_a_bad_call_fails_the_same_way_after_a_good_one(name, recorded, monkeypa
     for _ in range(2):
         with pytest.raises(ValueError, match=message):
             kernels.paged_attention_triton(*args)
-
-
-def test_value_checks_run_on_a_hit(recorded):
-    args = base_args()
-    kernels.paged_attention_triton(*args, check=True)
-    kernels.paged_attention_triton(*args, check=True)
-    bad = list(args)
-    bad[3] = torch.full_like(args[3], 10_000)  # block ids outside the pool: only a value check sees it
-    with pytest.raises(ValueError, match="outside"):
-        kernels.paged_attention_triton(*bad, check=True)
-    kernels.paged_attention_triton(*bad, check=False)  # the default call reads no value: it launches
 
 
 # --- real launches under the interpreter -------------------------------------------------------

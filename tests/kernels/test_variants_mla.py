@@ -6,8 +6,6 @@ large group's heads (kernels.tiling); the peers skip, naming the option (test_at
 
 from __future__ import annotations
 
-import functools
-
 import pytest
 import torch
 
@@ -23,7 +21,7 @@ from kernels import tiling, tuning
 from kernels.contract import prepare_call
 from kernels.launch_plan import call_key, clear_plans, plans_enabled
 from kernels.tiling import head_dim_pieces, heads_per_program, is_latent_view, latent_kv, tiling_for, v_parts
-from tests.kernels.kernel_cases import assert_passes, backend_grid, needs_triton, run_backend
+from tests.kernels.kernel_cases import KernelCase, assert_passes, backend_grid, graded_inputs, needs_triton, run_backend
 
 SHAPES = {  # num_q_heads, num_kv_heads, head_dim, head_dim_v, dtype, seq_lens, q_lens
     "mla_decode_2_head_tiles": (32, 1, 576, 512, "bfloat16", [1, 40, 100], [1, 1, 1]),
@@ -38,55 +36,47 @@ SHAPES = {  # num_q_heads, num_kv_heads, head_dim, head_dim_v, dtype, seq_lens, 
 GPU_SEQ_LENS = {"mla_split_kv": [2100, 9], "mla_split_kv_bf16": [2100, 9], "k192_v128_split_bf16": [2500, 300]}
 
 
-def _inputs(shape: str | tuple, device: str = "cpu"):
-    """The inputs of SHAPES[shape] (on "cuda", with GPU_SEQ_LENS), or of a tuple of SHAPES' fields."""
+def _case(shape: str | tuple, device: str = "cpu") -> KernelCase:
+    """SHAPES[shape] (on "cuda", with GPU_SEQ_LENS), or a tuple of SHAPES' fields, as a kernel case."""
     hq, hkv, d, dv, dtype, seq_lens, q_lens = SHAPES[shape] if isinstance(shape, str) else shape
     if device == "cuda" and isinstance(shape, str):
         seq_lens = GPU_SEQ_LENS.get(shape, seq_lens)
-    return make_inputs(num_q_heads=hq, num_kv_heads=hkv, head_dim=d, head_dim_v=dv, block_size=16,
-                       seq_lens=seq_lens, q_lens=q_lens, dtype=dtype, seed=1)  # fmt: skip
-
-
-@functools.cache
-def _graded(name: str):
-    """The inputs of SHAPES[name] and the oracle's (out, lse) on them, made once a process for the backends."""
-    inputs = _inputs(name)
-    return inputs, paged_attention_oracle(*inputs.args(), return_lse=True)
+    return KernelCase(str(shape), hq, hkv, d, 16, tuple(seq_lens), tuple(q_lens), dtype, seed=1, head_dim_v=dv)
 
 
 @pytest.mark.parametrize(("name", "backend"), backend_grid(list(SHAPES)))
 def test_backend_matches_oracle_with_a_different_v_head_dim(name, backend):
-    inputs, expected = _graded(name)
+    inputs, expected = graded_inputs(_case(name), return_lse=True)
     out, lse = run_backend(backend, inputs, return_lse=True)
     assert out.shape == (*inputs.q.shape[:2], inputs.v_cache.shape[3])
     assert_passes((out, lse), expected, DEFAULT_TOLERANCES[str(inputs.q.dtype).removeprefix("torch.")], backend)
 
 
 def test_mla_tiling_splits_k_and_tiles_the_heads():
-    call = prepare_call(*_inputs("mla_decode_2_head_tiles").args())
+    call = prepare_call(*_case("mla_decode_2_head_tiles").inputs().args())
     assert head_dim_pieces(576) == (512, 64) and head_dim_pieces(192) == (256, 0)
     assert head_dim_pieces(300) == (256, 64) and head_dim_pieces(128) == (128, 0) and head_dim_pieces(80) == (128, 0)
     # bf16: the wide tiling, the whole group of 32 (up to WIDE_HEADS) a program and V's 512 dims in 2 parts
     assert heads_per_program(call) == 32 and call.group_size == 32 and v_parts(call) == 2
     tiling = tiling_for(call)
     assert tiling.BLOCK_M == 32 and tiling.BLOCK_Q == 1
-    deepseek = prepare_call(*_inputs((128, 1, 576, 512, "bfloat16", [3], [1])).args())
+    deepseek = prepare_call(*_case((128, 1, 576, 512, "bfloat16", [3], [1])).inputs().args())
     assert heads_per_program(deepseek) == 64 and v_parts(deepseek) == 2
     assert tiling_for(deepseek).BLOCK_M == 64
-    fp32 = prepare_call(*_inputs("mla_split_kv").args())  # fp32 dots keep 16 heads a program and V whole
+    fp32 = prepare_call(*_case("mla_split_kv").inputs().args())  # fp32 dots keep 16 heads a program and V whole
     assert heads_per_program(fp32) == 16 and v_parts(fp32) == 1 and tiling_for(fp32).BLOCK_M == 16
-    small = prepare_call(*_inputs("k192_v128_prefill").args())
+    small = prepare_call(*_case("k192_v128_prefill").inputs().args())
     assert heads_per_program(small) == small.group_size, "dims up to 256 keep the whole group in one program"
-    group32 = prepare_call(*_inputs((32, 1, 128, 128, "float16", [3], [1])).args())
+    group32 = prepare_call(*_case((32, 1, 128, 128, "float16", [3], [1])).inputs().args())
     assert heads_per_program(group32) == 32, "a group past 16 is cut to 16 a program only past head dim 256"
-    group4 = prepare_call(*_inputs((4, 1, 300, 300, "float32", [3], [1])).args())
+    group4 = prepare_call(*_case((4, 1, 300, 300, "float32", [3], [1])).inputs().args())
     assert heads_per_program(group4) == 4, "past head dim 256 a group of 16 or fewer stays whole"
 
 
 def test_kernel_without_the_second_k_piece_fails(monkeypatch):
     """A kernel that dots only K's first 512 columns (the rope part forgotten) is caught."""
     triton_paged = needs_triton()
-    inputs = _inputs("mla_spec_verify")
+    inputs = _case("mla_spec_verify").inputs()
     expected = paged_attention_oracle(*inputs.args())
     monkeypatch.setattr(triton_paged, "head_dim_pieces", lambda head_dim: (512, 0))
     graded = grade(kernels.paged_attention_triton(*inputs.args()), expected, *DEFAULT_TOLERANCES["float32"])
@@ -94,7 +84,7 @@ def test_kernel_without_the_second_k_piece_fails(monkeypatch):
 
 
 def test_out_of_the_wrong_width_is_refused():
-    inputs = _inputs("k192_v128_prefill")
+    inputs = _case("k192_v128_prefill").inputs()
     with pytest.raises(ValueError, match=r"out must be \(8, 8, 128\)"):
         kernels.paged_attention_tlsim(*inputs.args(), out=torch.empty_like(inputs.q))
     with pytest.raises(ValueError, match="v_cache"):
@@ -108,7 +98,7 @@ def test_out_of_the_wrong_width_is_refused():
 )
 def test_triton_on_cuda_with_mla_shapes(name):
     """The compiled kernel at K 576 / V 512 (two K pieces, head tiles; shared memory on the GPU)."""
-    inputs = _inputs(name, "cuda")
+    inputs = _case(name, "cuda").inputs()
     args = [a.cuda() for a in inputs.args()]
     result = kernels.paged_attention_triton(*args)
     tolerance = DEFAULT_TOLERANCES[str(inputs.q.dtype).removeprefix("torch.")]
@@ -123,7 +113,7 @@ def same_tiles():
 
 def _latent(inputs, device: str = "cpu"):
     """(view args, separate args) of ``inputs`` (or SHAPES[inputs]): V as a view of K's first columns, and a copy."""
-    args = [a.to(device) for a in (_inputs(inputs, device) if isinstance(inputs, str) else inputs).args()]
+    args = [a.to(device) for a in (_case(inputs, device).inputs() if isinstance(inputs, str) else inputs).args()]
     view = args[1][..., : args[2].shape[-1]]
     return [*args[:2], view, *args[3:]], [*args[:2], view.contiguous(), *args[3:]]
 
@@ -145,16 +135,11 @@ def test_latent_kv_is_told_from_metadata_only():
     assert latent_kv(view) and v_parts(view) == 1 and tiling_for(view).TUNING_KEY[0] == "half_latent"
     separate = prepare_call(*separate_args)
     assert not latent_kv(separate) and v_parts(separate) == 2 and tiling_for(separate).TUNING_KEY[0] == "half"
-    k = view_args[1]
-    shifted = prepare_call(*view_args[:2], k[..., 1:513], *view_args[3:])  # same strides, not K's first columns
-    assert not latent_kv(shifted)
-    restrided = k.as_strided((*k.shape[:2], 1, 512), (k.stride(0), k.stride(1) // 2, 1, 1))  # K's first element
-    assert not latent_kv(prepare_call(*view_args[:2], restrided, *view_args[3:])), "the slot stride differs"
     fp32 = prepare_call(*_latent("mla_split_kv")[0])  # the 16-head tiling keeps V a tensor of its own
     assert not latent_kv(fp32)
     # The plan key tells the view from a V of the same shape and strides elsewhere (a latent plan on
     # separate tensors would read K's values as V).
-    other = k.clone()[..., :512]
+    other = view_args[1].clone()[..., :512]
     assert other.stride() == view_args[2].stride()
     with plans_enabled(True):
         keys = [
@@ -229,7 +214,7 @@ def test_case_field_latent_kv_makes_v_a_view_of_k_that_survives_a_move():
     k = big[..., :576]  # K not dense: a move makes it contiguous, and V must follow K's new strides
     assert is_latent_view(k, k[..., :512])
     assert not is_latent_view(k, big[..., 64:576])
-    assert not is_latent_view(k, big.as_strided((2, 4, 1, 512), (1200, 300, 300, 1)))
+    assert not is_latent_view(k, big.as_strided((2, 4, 1, 512), (2400, 300, 300, 1)))  # the slot stride differs
     assert not is_latent_view(k, k[..., :512].to(torch.float16))
     (separate,) = expand_spec({**spec, "latent_kv": False}, "t.toml")
     (same,) = expand_spec({**spec, "latent_kv": False, "head_dim_v": 64}, "t.toml")
