@@ -150,11 +150,10 @@ def _stopped_run(tmp_path, cases_file, *flags: str, rows=(), meta: dict | None =
     return out
 
 
-# remembered; given again, it wins; never more workers than cases (a journal's 10^10 builds no 10^10 slots)
+# remembered (given again it wins: the next test); never more workers than cases (a journal's 10^10: no 10^10 slots)
 @pytest.mark.parametrize(
     ("first", "again", "mode", "workers"),
     [
-        (["--workers", "2"], ["--workers", "1"], "workers", 1),
         (["--workers", "9"], [], "workers", 2),
         ([], [], "one process", None),
     ],
