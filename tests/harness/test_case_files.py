@@ -10,17 +10,11 @@ import pytest
 from harness.cases.loading import load_cases
 from harness.cases.spec import CaseFileError, load_case_file
 from harness.cli.main import main
+from tests.tiny_cases import case_file_text
 
-GOOD = """
-[defaults]
-num_q_heads = 8
-num_kv_heads = 2
-head_dim = 64
-seq_lens = [5, 17]
-
-[[case]]
-name = "base"
-"""
+GOOD = case_file_text(
+    {"name": "base"}, defaults={"num_q_heads": 8, "num_kv_heads": 2, "head_dim": 64, "seq_lens": [5, 17]}
+)
 
 
 def write(tmp_path, text: str, name: str = "cases.toml"):
