@@ -69,11 +69,9 @@ def value_reads():
 @pytest.fixture
 def triton_launches(monkeypatch, value_reads):
     """The Triton kernel's launches recorded (grids in ``.grids``), value checks off; skips where it cannot run."""
-    if reason := kernels.triton_unavailable_reason("cpu"):
-        pytest.skip(reason)
-    from kernels import triton_paged
-    from tests.kernels.kernel_cases import KernelRecorder
+    from tests.kernels.kernel_cases import KernelRecorder, needs_triton
 
+    triton_paged = needs_triton()
     main = KernelRecorder(triton_paged.paged_attention_kernel, value_reads)
     monkeypatch.setattr(triton_paged, "paged_attention_kernel", main)
     monkeypatch.setattr(
