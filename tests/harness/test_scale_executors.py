@@ -239,7 +239,7 @@ def test_on_ray_a_killed_and_a_hung_task_are_error_rows_and_the_others_are_the_o
     pd.testing.assert_frame_equal(_without_timing(on_ray), expected, check_dtype=False)
 
 
-@pytest.mark.slow  # pytest alone, then a controller and two workers: about 60 s on a busy 2-core box
+@pytest.mark.slow  # pytest in a fresh interpreter (with -n, a controller and two workers): up to 45 s on 2 busy cores
 @pytest.mark.parametrize("workers", [[], ["-p", "xdist", "-n", "2"]], ids=["one_process", "xdist"])
 def test_pytest_harness_report_writes_the_one_process_rows_with_or_without_xdist_workers(tmp_path, workers):
     """`pytest --cases F --harness-report DIR` grades every (case, backend) and stores the run; under -n the
