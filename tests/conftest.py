@@ -38,7 +38,6 @@ class ValueReadGuard:
     def __init__(self):
         self.originals = {name: getattr(torch.Tensor, name) for name in VALUE_READERS if hasattr(torch.Tensor, name)}
         self.reads: list[str] = []
-        self.active = False
 
     def _raiser(self, name):
         def read(tensor, *args, **kwargs):
@@ -47,45 +46,32 @@ class ValueReadGuard:
 
         return read
 
-    def _patch(self, on: bool):
-        self.active = on
-        for name, original in self.originals.items():
-            setattr(torch.Tensor, name, self._raiser(name) if on else original)
-
     @contextlib.contextmanager
-    def forbidden(self):
-        self._patch(True)
-        try:
+    def _readers(self, readers: dict):
+        with pytest.MonkeyPatch.context() as patch:  # undone on leaving, to what was there on entering
+            for name, reader in readers.items():
+                patch.setattr(torch.Tensor, name, reader)
             yield self
-        finally:
-            self._patch(False)
 
-    @contextlib.contextmanager
+    def forbidden(self):
+        return self._readers({name: self._raiser(name) for name in self.originals})
+
     def allowed(self):
-        was_active = self.active
-        self._patch(False)
-        try:
-            yield
-        finally:
-            self._patch(was_active)
+        return self._readers(self.originals)
 
 
 @pytest.fixture
 def value_reads():
-    """A :class:`ValueReadGuard`; the patches are always undone."""
-    guard = ValueReadGuard()
-    yield guard
-    guard._patch(False)
+    """A :class:`ValueReadGuard`; its patches are undone as each of its blocks ends."""
+    return ValueReadGuard()
 
 
 @pytest.fixture
 def triton_launches(monkeypatch, value_reads):
     """The Triton kernel's launches recorded (grids in ``.grids``), value checks off; skips where it cannot run."""
-    if reason := kernels.triton_unavailable_reason("cpu"):
-        pytest.skip(reason)
-    from kernels import triton_paged
-    from tests.kernels.kernel_cases import KernelRecorder
+    from tests.kernels.kernel_cases import KernelRecorder, needs_triton
 
+    triton_paged = needs_triton()
     main = KernelRecorder(triton_paged.paged_attention_kernel, value_reads)
     monkeypatch.setattr(triton_paged, "paged_attention_kernel", main)
     monkeypatch.setattr(

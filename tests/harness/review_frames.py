@@ -9,16 +9,6 @@ import numpy as np
 import pandas as pd
 
 BACKENDS = ("reference", "tlsim", "gather_sdpa")
-# The case file of the runs the confirm tests re-time: one small case, "tiny".
-TINY_CASE_FILE = """
-[[case]]
-name = "tiny"
-num_q_heads = 8
-num_kv_heads = 2
-head_dim = 64
-block_size = 16
-seq_lens = [300, 200, 500, 400]
-"""
 
 
 def row(

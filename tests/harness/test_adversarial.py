@@ -7,9 +7,8 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from harness.backends import builtin as backends_module
 from harness.cli.main import main
-from tests.tiny_cases import write_cases
+from tests.tiny_cases import plugin_run_scope, write_cases
 
 PLUGINS = Path(__file__).parent / "data" / "adversarial"
 DEFAULTS = {"num_q_heads": 4, "num_kv_heads": 2, "head_dim": 32, "block_size": 16, "dtype": "float32",
@@ -18,7 +17,6 @@ CASES = (
     {"name": "decode", "seq_lens": [40, 17, 33], "q_lens": 1},
     {"name": "prefill", "seq_lens": [24, 9], "q_lens": [5, 3]},
 )
-_BUILT_IN = dict(backends_module.REGISTRY)
 pytestmark = pytest.mark.usefixtures("clean_registry")
 
 
@@ -38,11 +36,9 @@ def forged(tmp_path_factory):
     """One run of the plugins that touch nothing but their own calls, beside the honest control."""
     names = ["honest", "stale_cached", "stale_untouched", "stale_zeros", "knows_timed", "fresh",
              "refuses_in_a_call", "wrong_then_refuses"]  # fmt: skip
-    code, rows = run(tmp_path_factory.mktemp("forged"), ["honest.py", "stale.py", "knows_timed.py", "contract.py"],
-                     names)  # fmt: skip
-    backends_module.REGISTRY.clear()
-    backends_module.REGISTRY.update(_BUILT_IN)
-    return code, rows
+    folder = tmp_path_factory.mktemp("forged")
+    with plugin_run_scope(folder):
+        return run(folder, ["honest.py", "stale.py", "knows_timed.py", "contract.py"], names)
 
 
 def test_the_honest_control_passes_with_its_timing_credited(forged):

@@ -260,6 +260,7 @@ REFUSALS = [
             ("--resume runs the journal's own cases",)),
     Refusal("a resume given --shard", ["run", "--resume", "{tmp}/never", "--shard", "0/2"], 2, ("--shard",)),
     Refusal("--finalize without --resume", ["run", "--finalize"], 2, ("--finalize needs --resume",)),
+    Refusal("a finalize of a journal that holds no row", _resume("--finalize"), 2, ("holds no row",)),
     *(Refusal(f"a resume given {' '.join(extra)}", _resume(*extra, timing=timing), 2,
               (extra[0], "differs from the run"))
       for extra, timing in ((["--device", "cuda"], False), (["--tag", "big"], False),

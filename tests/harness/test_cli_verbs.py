@@ -178,16 +178,21 @@ def test_a_run_ends_with_the_verdict_and_why_triton_skipped(tmp_path, capsys, mo
     assert len(triton) == 1 and why in triton[0], lines[verdict:]
 
 
-def test_a_run_that_grades_nothing_ends_with_fail(tmp_path, capsys):
-    case_file = _untagged_case(tmp_path)
-    argv = ["run", str(case_file), "--backend", "triton", "--out", str(tmp_path / "r"), "--no-progress"]
-    assert main([*argv, "--no-timing"]) == 1
+@pytest.mark.parametrize(
+    ("backends", "said", "verdict"),
+    [(["triton"], "nothing was graded: ", ["FAIL: 1 rows: 1 skip", "skip triton (1): the Triton interpreter is slow: "
+                                           "on the CPU it runs only cases tagged 'small'"]),
+     (["flex_attention", "tlsim"], "--backend flex_attention ran on no case",
+      ["FAIL: 2 rows: 1 pass, 1 skip", "skip flex_attention (1): flex_attention runs on cuda, not cpu"])],
+    ids=["grades_nothing", "skips_a_requested_backend_on_every_case"],
+)  # fmt: skip
+def test_a_run_that_grades_nothing_or_runs_a_requested_backend_on_no_case_ends_with_fail(tmp_path, capsys, backends,
+                                                                                         said, verdict):  # fmt: skip
+    argv = ["run", str(_untagged_case(tmp_path)), "--out", str(tmp_path / "r"), "--no-progress", "--no-timing"]
+    assert main([*argv, *(arg for name in backends for arg in ("--backend", name))]) == 1
     out, err = capsys.readouterr()
-    assert "nothing was graded: " in err and (tmp_path / "r").is_dir(), "the report is still written"
-    assert out.strip().splitlines()[-3:-1] == [
-        "FAIL: 1 rows: 1 skip",
-        "skip triton (1): the Triton interpreter is slow: on the CPU it runs only cases tagged 'small'",
-    ]
+    assert said in err and (tmp_path / "r").is_dir(), "the report is still written"
+    assert out.strip().splitlines()[-3:-1] == verdict
 
 
 def test_bare_harness_prints_its_help_and_version_the_version_both_exit_0(capsys):
@@ -308,24 +313,18 @@ def _row_logs(tmp_path, run: str, *texts: str) -> list[tuple[str, str]]:
     return logs
 
 
-def test_a_harmless_interpreter_warning_on_every_row_is_one_line_a_run_not_a_block_a_row(tmp_path, capsys):
-    logs = _row_logs(tmp_path, "run", *[INTERPRETER_WARNING] * 5)
-    for i, log in enumerate(logs):
-        report_output(log, f"mine on case{i}")
-    err = capsys.readouterr().err
-    assert "--- output of" not in err
-    (line,) = err.splitlines()
-    assert line.startswith("note: mine on case0 printed 'invalid value encountered in subtract'") and "run/logs" in line
-    assert all(Path(staged).read_text() == INTERPRETER_WARNING for staged, _ in logs), "the logs keep every warning"
-
-
-def test_each_run_and_each_harmless_notice_is_named_once(tmp_path, capsys):
+def test_each_harmless_interpreter_warning_is_one_line_a_run_not_a_block_a_row(tmp_path, capsys):
+    texts = [INTERPRETER_WARNING + OVERFLOW_WARNING, OVERFLOW_WARNING, INTERPRETER_WARNING]
     for run in ("first", "second"):
-        for log in _row_logs(tmp_path, run, INTERPRETER_WARNING + OVERFLOW_WARNING, OVERFLOW_WARNING):
-            report_output(log, "mine")
-    notes = capsys.readouterr().err.splitlines()
+        for i, log in enumerate(_row_logs(tmp_path, run, *texts)):
+            report_output(log, f"mine on case{i}")
+    notes = capsys.readouterr().err.splitlines()  # these notes and nothing else: no row's block
     assert [note.split("'")[1] for note in notes] == ["invalid value encountered in subtract",
                                                       "overflow encountered in exp"] * 2  # fmt: skip
+    assert notes[0].startswith("note: mine on case0 printed 'invalid value encountered in subtract'")
+    assert "first/logs" in notes[0] and "second/logs" in notes[2]
+    staged = tmp_path / "first.logs"
+    assert [(staged / f"case{i}__mine.log").read_text() for i in range(3)] == texts, "the logs keep every warning"
 
 
 @pytest.mark.parametrize(

@@ -18,16 +18,18 @@ from harness.review.compare import EXIT_WORSE, CompareOptions, compare_runs
 from harness.review.confirm import _one_round, _plugins, confirm_slower
 from tests.fresh_python import ROOT
 from tests.harness import review_frames as rf
+from tests.tiny_cases import write_cases
 
 PLUGIN = ROOT / "scripts" / "self" / "slowdown_plugin.py"
 HEAD = subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True, text=True, check=True).stdout.strip()
 TRULY_SLOWER = {"tlsim": 1.3}  # what paired rounds of the two builds measure; every other backend is unchanged
+# The case of the runs re-timed here, in a file of its own: the shape review_frames.row gives its rows.
+TINY = dict(name="tiny", num_q_heads=8, num_kv_heads=2, head_dim=64, block_size=16, seq_lens=[300, 200, 500, 400])
 
 
 def _drifted(tmp_path, factor: float):
     """Two hand-made runs where both rows look 'slower' by ``factor`` in the new one (as a load drift makes them)."""
-    case_file = tmp_path / "tiny.toml"
-    case_file.write_text(rf.TINY_CASE_FILE)
+    case_file = write_cases(tmp_path / "tiny.toml", TINY, defaults={})
     rng = np.random.default_rng(0)
     base = pd.DataFrame([rf.row("tiny", b, 300.0, rng) for b in ("reference", "reference_slowable")])
     new = pd.DataFrame([rf.row("tiny", b, 300.0 * factor, rng) for b in ("reference", "reference_slowable")])
@@ -157,8 +159,7 @@ def _runs(
     tmp_path, slow: dict, *, base_meta: dict | None = None, new_frame=None, both: dict | None = None
 ) -> tuple[str, str]:
     """Two run folders of one commit; ``slow`` makes backends look slower in the new run (a drift or a real change)."""
-    case_file = tmp_path / "tiny.toml"
-    case_file.write_text(rf.TINY_CASE_FILE)
+    case_file = write_cases(tmp_path / "tiny.toml", TINY, defaults={})
     meta = rf.meta(**{"commit": HEAD, "case_files": [str(case_file)], "timing_threads": 1, **(both or {})})
     base = rf.write(rf.frame(3, seed=0), {**meta, **(base_meta or {})}, tmp_path / "base")
     new = rf.write(new_frame if new_frame is not None else rf.frame(3, seed=1, slow=slow), meta, tmp_path / "new")

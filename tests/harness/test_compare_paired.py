@@ -182,7 +182,11 @@ SMOKE_LIKE = [(1.0, 1.0, 5.0)] * 7 + [(1.25, 0.1, 3.0)] + [(1.0, 0.02, 0.5)] * 5
 
 
 def test_the_box_goes_to_an_undecided_cheap_row_not_to_interpreter_rows_that_cannot_be_decided():
-    runs = [_boxed(SMOKE_LIKE, time_s=600.0, seed=seed) for seed in range(60)]
+    """And the looks say how many rows were decided and how many the box left undecided (the first run's log)."""
+    said = []
+    runs = [_boxed(SMOKE_LIKE, 600.0, seed, log=said.append if seed == 0 else lambda _: None) for seed in range(60)]
+    assert said[0].startswith("confirm: round 1: 5 row(s) left undecided, the costliest"), said[0]
+    assert said[1] == "confirm: look at round 9: 50 decided, 3 open, 394 s"  # 5 interpreter rows left at round 1
     for verdicts, rounds, seconds in runs:
         assert seconds <= 600.0, seconds  # no look starts rounds that would overrun the box
         assert verdicts[7] == "slower" or rounds[7] >= 16, rounds[:8]  # it, not the interpreter rows, got the box
@@ -195,13 +199,6 @@ def test_the_box_goes_to_an_undecided_cheap_row_not_to_interpreter_rows_that_can
     hard = [*SMOKE_LIKE[:7], (1.25, 0.2, 3.0), *SMOKE_LIKE[8:]]
     flagged = sum(verdicts[7] == "slower" for verdicts, _, _ in (_boxed(hard, 600.0, seed) for seed in range(60)))
     assert flagged >= 40, flagged  # 47
-
-
-def test_the_looks_say_how_many_rows_were_decided_and_how_many_the_box_left_undecided():
-    said = []
-    _boxed(SMOKE_LIKE, time_s=600.0, seed=0, log=said.append)
-    assert said[0].startswith("confirm: round 1: 5 row(s) left undecided, the costliest"), said[0]
-    assert said[1] == "confirm: look at round 9: 50 decided, 3 open, 394 s"  # 5 interpreter rows left at round 1
 
 
 def test_a_tight_box_gives_no_false_slower_in_a_thousand_unchanged_rows_and_its_rounds_to_the_cheap_ones():

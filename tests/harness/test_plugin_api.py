@@ -109,7 +109,7 @@ DIR = Path(os.environ["HARNESS_TEST_DIR"])
 
 
 def supports(facts):
-    with open(DIR / "log.jsonl", "a") as file:
+    with open(DIR / "limited.jsonl", "a") as file:
         file.write(json.dumps({"pid": os.getpid(), **dataclasses.asdict(facts)}) + "\\n")
     return "three sequences or more" if facts.num_seqs >= 3 else None
 
@@ -122,25 +122,30 @@ register_backend("limited", limited, limits={"dtypes": ["float32"], "block_size_
 """
 
 
-def _plugin_run(folder, plugin: str, backend: str, cases: list[dict], *extra: str) -> tuple[pd.DataFrame, list]:
-    """``harness run`` of ``plugin``'s ``backend`` (its calls in the isolated worker): (rows by case, its
-    ``log.jsonl``); the registry as it was after it."""
-    (folder / "plugin.py").write_text(plugin)
-    with plugin_run_scope(folder):
-        code = main(["run", str(write_cases(folder / "cases.toml", *cases)), "--plugin", str(folder / "plugin.py"),
-                     "--backend", backend, "--no-progress", "--out", str(folder / "run"), *extra])  # fmt: skip
-    assert code == 0
-    rows = pd.read_parquet(folder / "run" / "results.parquet").set_index("case")
-    return rows, [json.loads(line) for line in (folder / "log.jsonl").read_text().splitlines()]
-
-
 @pytest.fixture(scope="module")
-def declared_run(tmp_path_factory):
-    """DECLARING_PLUGIN over cases inside and outside its limits and one its hook refuses: (rows, facts seen)."""
-    cases = [{"name": "inside"}, {"name": "bf16", "dtype": "bfloat16"}, {"name": "block_size_2", "block_size": 2},
-             {"name": "three_seqs", "seq_lens": [3, 9, 4], "q_lens": [1, 2, 1]},
-             {"name": "fp8", "kv_dtype": "float8_e4m3fn", "kv_scale": "amax_per_head"}]  # fmt: skip
-    return _plugin_run(tmp_path_factory.mktemp("declared"), DECLARING_PLUGIN, "limited", cases, "--no-timing")
+def plugin_runs(tmp_path_factory) -> dict[str, tuple[pd.DataFrame, list]]:
+    """One timed ``harness run``, the plugins' calls in their isolated worker, of DECLARING_PLUGIN's ``limited`` over
+    cases inside and outside its limits and one its hook refuses, and of PLANNING_PLUGIN's ``planned`` over a decode,
+    a mixed and a cascade case: backend -> (its rows by case, what its hook or its plans logged); the registry as it
+    was after it."""
+    folder = tmp_path_factory.mktemp("plugins")
+    cases = {"limited": [{"name": "inside"}, {"name": "bf16", "dtype": "bfloat16"}, {"name": "block_size_2", "block_size": 2},
+                         {"name": "three_seqs", "seq_lens": [3, 9, 4], "q_lens": [1, 2, 1]},
+                         {"name": "fp8", "kv_dtype": "float8_e4m3fn", "kv_scale": "amax_per_head"}],
+             "planned": [{"name": "decode", "q_lens": 1}, {"name": "mixed"},
+                         {"name": "cascade", "layout": "shared_prefix", "cascade": True, "seq_lens": [21, 26]}]}  # fmt: skip
+    path = write_cases(folder / "cases.toml", *({**case, "backends": [name]} for name in cases for case in cases[name]))
+    argv = ["run", str(path), "--no-progress", "--out", str(folder / "run")]
+    for name, plugin in (("limited", DECLARING_PLUGIN), ("planned", PLANNING_PLUGIN)):
+        (folder / f"{name}.py").write_text(plugin)
+        argv += ["--plugin", str(folder / f"{name}.py"), "--backend", name]
+    with plugin_run_scope(folder):
+        assert main(argv) == 0
+    frame = pd.read_parquet(folder / "run" / "results.parquet")
+    logged = {
+        name: [json.loads(line) for line in (folder / f"{name}.jsonl").read_text().splitlines()] for name in cases
+    }
+    return {name: (frame[frame["backend"] == name].set_index("case"), logged[name]) for name in cases}
 
 
 @pytest.mark.parametrize(
@@ -152,14 +157,14 @@ def declared_run(tmp_path_factory):
         ("fp8", "limited does not support fp8_kv (it declares: none)"),
     ],
 )
-def test_a_case_outside_a_plugins_limits_or_its_supports_hook_is_a_skip_naming_why(declared_run, case, reason):
-    rows, _ = declared_run
+def test_a_case_outside_a_plugins_limits_or_its_supports_hook_is_a_skip_naming_why(plugin_runs, case, reason):
+    rows, _ = plugin_runs["limited"]
     assert (rows.loc[case, "status"], rows.loc[case, "reason"]) == ("skip", reason)
     assert rows.loc["inside", "status"] == "pass"
 
 
-def test_plain_limits_are_checked_by_the_driver_and_the_supports_hook_in_the_worker(declared_run):
-    _, seen = declared_run
+def test_plain_limits_are_checked_by_the_driver_and_the_supports_hook_in_the_worker(plugin_runs):
+    _, seen = plugin_runs["limited"]
     asked = [facts["num_seqs"] for facts in seen]
     assert sorted(asked) == [2, 3], "the hook saw the cases within the plain limits only, once each"
     assert {facts["pid"] for facts in seen} != {os.getpid()} and len({facts["pid"] for facts in seen}) == 1
@@ -234,7 +239,7 @@ PLAN_S = 0.05
 
 def plan(facts):
     time.sleep(PLAN_S)  # what a plan costs, which no call may be charged for
-    with open(DIR / "log.jsonl", "a") as file:
+    with open(DIR / "planned.jsonl", "a") as file:
         file.write(json.dumps({"pid": os.getpid(), "max_q_len": facts.max_q_len}) + "\\n")
     return {"max_q_len": facts.max_q_len}
 
@@ -252,16 +257,8 @@ register_backend("planned", planned, plan=plan, variants=("return_lse",))
 """
 
 
-@pytest.fixture(scope="module")
-def planned_run(tmp_path_factory):
-    """One timed run of PLANNING_PLUGIN over decode, mixed and cascade cases: (rows, what each plan recorded)."""
-    cases = [{"name": "decode", "q_lens": 1}, {"name": "mixed"},
-             {"name": "cascade", "layout": "shared_prefix", "cascade": True, "seq_lens": [21, 26]}]  # fmt: skip
-    return _plugin_run(tmp_path_factory.mktemp("planned"), PLANNING_PLUGIN, "planned", cases)
-
-
-def test_a_plan_step_runs_once_per_input_set_in_the_worker_timed_apart_and_every_call_gets_its_result(planned_run):
-    rows, plans = planned_run
+def test_a_plan_step_runs_once_per_input_set_in_the_worker_timed_apart_and_every_call_gets_its_result(plugin_runs):
+    rows, plans = plugin_runs["planned"]
     assert rows.loc[["decode", "mixed"], "status"].tolist() == ["pass", "pass"], rows["reason"].tolist()
     assert sorted(p["max_q_len"] for p in plans) == [1, 2], "one plan per row, from that case's facts"
     assert os.getpid() not in {p["pid"] for p in plans}

@@ -239,9 +239,13 @@ def test_on_ray_a_killed_and_a_hung_task_are_error_rows_and_the_others_are_the_o
     pd.testing.assert_frame_equal(_without_timing(on_ray), expected, check_dtype=False)
 
 
-@pytest.mark.slow  # three interpreters start (controller and two workers): about 45 s on a busy 2-core box
-def test_xdist_workers_rows_merge_into_one_run_folder_equal_to_a_one_process_run(tmp_path):
-    pytest.importorskip("xdist", reason="pytest-xdist is an optional extra: pip install '.[xdist]'")
+@pytest.mark.slow  # pytest in a fresh interpreter (with -n, a controller and two workers): up to 45 s on 2 busy cores
+@pytest.mark.parametrize("workers", [[], ["-p", "xdist", "-n", "2"]], ids=["one_process", "xdist"])
+def test_pytest_harness_report_writes_the_one_process_rows_with_or_without_xdist_workers(tmp_path, workers):
+    """`pytest --cases F --harness-report DIR` grades every (case, backend) and stores the run; under -n the
+    workers' rows merge into that one folder."""
+    if workers:
+        pytest.importorskip("xdist", reason="pytest-xdist is an optional extra: pip install '.[xdist]'")
     cases = write_cases(tmp_path / "cases.toml", *FINE, {"name": "third", "block_size": 8})
     backends = ["--backend", "reference", "--backend", "tlsim"]
     one = tmp_path / "one"
@@ -249,13 +253,13 @@ def test_xdist_workers_rows_merge_into_one_run_folder_equal_to_a_one_process_run
     merged = tmp_path / "merged"
     env = {**os.environ, "HARNESS_ORACLE_CACHE": str(tmp_path / "cache"), "TRITON_INTERPRET": "1"}
     result = subprocess.run(
-        [sys.executable, "-m", "pytest", "-q", "-p", "xdist", "-n", "2", "-p", "no:cacheprovider",
+        [sys.executable, "-m", "pytest", "-q", *workers, "-p", "no:cacheprovider",
          "tests/harness/test_case_suite.py", "--cases", str(cases), *backends, "--harness-report", str(merged)],
         cwd=ROOT, env=env, capture_output=True, text=True, timeout=300,
     )  # fmt: skip
-    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    assert result.returncode == 0 and "6 passed" in result.stdout, result.stdout[-3000:] + result.stderr[-3000:]
     expected, got = pd.read_parquet(one / "results.parquet"), pd.read_parquet(merged / "results.parquet")
-    assert len(got) == 6
+    assert len(got) == 6 and (merged / "report.html").is_file()
     pd.testing.assert_frame_equal(_without_timing(got), _without_timing(expected))
     assert not list(Path(os.environ.get("TMPDIR", "/tmp")).glob("harness-xdist-rows-*/gw*.jsonl"))  # cleaned up
 

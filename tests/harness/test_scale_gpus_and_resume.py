@@ -135,19 +135,25 @@ def test_isolate_all_runs_built_ins_in_the_worker_their_phases_count_in_one_proc
     assert {"inputs", "oracle", "graded call", "grade"} <= set(phases) and phases["graded call"] > 0
 
 
-def _stopped_run(tmp_path, cases_file, *flags: str):
-    """A run that reserved its folder and journal with these flags, then stopped before any row."""
+def _stopped_run(tmp_path, cases_file, *flags: str, rows=(), meta: dict | None = None):
+    """A run (through tlsim unless ``flags`` name backends) that reserved its folder and journal with these flags,
+    recorded ``meta`` when given, then stopped after ``rows``."""
     out = tmp_path / "run"
-    args = build_parser().parse_args(["run", str(cases_file), "--backend", "tlsim", "--no-timing", *flags])
-    Journal.create(out, run_options(args, "cpu")).close(stopped=True)
+    tlsim = [] if "--backend" in flags else ["--backend", "tlsim"]
+    args = build_parser().parse_args(["run", str(cases_file), *tlsim, "--no-timing", *flags])
+    journal = Journal.create(out, run_options(args, "cpu"))
+    if meta is not None:
+        journal.record_meta(meta)
+    for row in rows:
+        journal.append(row)
+    journal.close(stopped=True)
     return out
 
 
-# remembered; given again, it wins; never more workers than cases (a journal's 10^10 builds no 10^10 slots)
+# remembered (given again it wins: the next test); never more workers than cases (a journal's 10^10: no 10^10 slots)
 @pytest.mark.parametrize(
     ("first", "again", "mode", "workers"),
     [
-        (["--workers", "2"], ["--workers", "1"], "workers", 1),
         (["--workers", "9"], [], "workers", 2),
         ([], [], "one process", None),
     ],
@@ -238,17 +244,7 @@ def _rows_journal(tmp_path, keep_rows: int, meta: dict | None, cases=None, backe
     flags = [arg for backend in backends for arg in ("--backend", backend)] + ["--shard", shard] * bool(shard)
     assert main(["run", cases, *flags, "--no-timing", "--no-progress", "--out", str(tmp_path / "whole")]) == 0
     rows = pd.read_parquet(tmp_path / "whole" / "results.parquet").to_dict("records")
-    stopped = tmp_path / "stopped"
-    shards = {"shard": shard} if shard else {}
-    options = {"cases": [cases], "backends": list(backends), "device": "cpu", "plugins": [], "tags": None,
-               "timing": False, "isolate": "plugins", "timeout": None, **shards}  # fmt: skip
-    journal = Journal.create(stopped, options)
-    if meta is not None:
-        journal.record_meta(meta)
-    for row in rows[:keep_rows]:
-        journal.append(row)
-    journal.close(stopped=True)
-    return stopped, rows
+    return _stopped_run(tmp_path, cases, *flags, rows=rows[:keep_rows], meta=meta), rows
 
 
 @pytest.mark.parametrize("recorded", [{"device": "cuda", "device_name": "NVIDIA H200", "commit": "abc"}, None],
@@ -270,13 +266,6 @@ def test_finalize_writes_its_rows_with_the_runs_meta_and_lists_what_never_ran_on
     out = capsys.readouterr()
     assert "1 (case, backend) pairs never ran" in out.err and "INCOMPLETE: 3 rows: 3 pass" in out.out
     assert "PASS" not in out.out
-
-
-def test_finalize_refuses_an_empty_journal_and_keeps_it(tmp_path, cases_file, capsys):
-    stopped = _stopped_run(tmp_path, cases_file)
-    before = journal_path(stopped).read_bytes()
-    assert main(["run", "--resume", str(stopped), "--finalize"]) == 2
-    assert "holds no row" in capsys.readouterr().err and journal_path(stopped).read_bytes() == before
 
 
 def test_a_run_records_its_meta_in_the_journal_before_its_first_row(tmp_path, clean_registry):

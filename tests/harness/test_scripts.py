@@ -19,6 +19,7 @@ from tests.fresh_python import ROOT, run_script
 from tests.tiny_cases import write_cases
 
 COMMITTED_RUN = ROOT / "tests" / "harness" / "data" / "h200_run"
+PHASES = ROOT / "tests" / "harness" / "data" / "gpu_run_phases"
 SMALL = {"num_q_heads": 2, "num_kv_heads": 1, "head_dim": 32, "seq_lens": [5, 9]}  # the scripts' dry-run cases
 TIMED = {"slower", "faster", "same", "cannot tell"}  # the verdicts of a case kernel_ab timed
 ONE_REP = {"min_reps": 1, "max_reps": 1}
@@ -122,30 +123,39 @@ def test_a_generated_mutant_inside_a_multi_line_statement_is_reached_when_the_st
     assert not is_reached({"id": "gen-k-12-4-flip", "file": "kernels/other.py"}, reached)
 
 
+def _tuned(out: str, tmp: Path) -> bool:
+    """A TileConfig line follows the table's header, and the JSON written holds both candidates' records."""
+    table = out.split("# kernels/tuning.py TUNED")[1]
+    return "TileConfig(" in table and len(json.loads((tmp / "tune.json").read_text())["records"]) == 2
+
+
 @pytest.mark.parametrize(
-    ("command", "code", "said"),
+    ("command", "code", "said", "check"),
     [
-        ("scripts/self/peer_table.py {run} --backend triton", 0, ["| prefill_4x4k | 2.28e+03 |", "sdpa_contiguous"]),
-        ("scripts/kernel_ab.py --dry --base no-such-revision", 2, ["git show no-such-revision"]),
+        ("scripts/self/peer_table.py {run} --backend triton", 0, ["| prefill_4x4k | 2.28e+03 |", "sdpa_contiguous"],
+         None),
+        ("scripts/kernel_ab.py --dry --base no-such-revision", 2, ["git show no-such-revision"], None),
+        ("scripts/self/measure_tlsim_closeness.py --limit 2", 0, [],
+         lambda out, tmp: len([line for line in out.splitlines() if line.strip()]) == 3),  # a header, a line a case
+        ("scripts/tune_tiles.py --dry --out {tmp}/tune.json", 0, [], _tuned),
+        ("scripts/self/gpu_phases.py {phases}", 0, [],  # it reads the folder of a GPU run's stamps, writes nothing
+         lambda out, tmp: out.strip() == (PHASES / "phases.txt").read_text().strip()),
         pytest.param("-m harness run {cases} --plugin scripts/self/slowdown_plugin.py --backend reference_slowable "
-                     "--out {tmp}/run --no-timing --no-progress", 0, [], marks=pytest.mark.slow),  # a plugin worker
+                     "--out {tmp}/run --no-timing --no-progress", 0, [], None, marks=pytest.mark.slow),  # a worker
     ],
-    ids=["peer_table", "kernel_ab_of_no_base", "slowdown_plugin_as_a_plugin"],
+    ids=["peer_table", "kernel_ab_of_no_base", "closeness", "tile_tuner", "gpu_phases", "slowdown_plugin_as_a_plugin"],
 )  # fmt: skip
-def test_a_script_exits_with_its_code_and_prints_its_lines(tmp_path, in_process, clean_registry, command, code, said):
-    """{run}: the committed run of a GPU machine; {cases}: a small case file in {tmp}."""
+def test_a_script_exits_with_its_code_and_prints_its_lines(tmp_path, in_process, clean_registry, command, code, said,
+                                                           check):  # fmt: skip
+    """{run}: the committed run of a GPU machine; {cases}: a small case file in {tmp}; ``check(stdout, tmp)``: the
+    rest of what the script must print or write."""
     cases = write_cases(tmp_path / "c.toml", {"name": "c"}, defaults=SMALL)
-    run = COMMITTED_RUN.relative_to(ROOT)
-    got, out, err = in_process(*command.format(run=run, cases=cases, tmp=tmp_path).split())
+    run, phases = COMMITTED_RUN.relative_to(ROOT), PHASES.relative_to(ROOT)
+    got, out, err = in_process(*command.format(run=run, cases=cases, tmp=tmp_path, phases=phases).split())
     assert got == code, err
     assert all(words in (out if code == 0 else err) for words in said), out + err
+    assert check is None or check(out, tmp_path), out
     assert not list((ROOT / "kernels").glob("_ab_*.py")), "kernel_ab leaves no module behind"
-
-
-def test_closeness_script_runs_on_the_first_kernel_cases(in_process):
-    code, out, err = in_process("scripts/self/measure_tlsim_closeness.py", "--limit", "2")
-    assert code == 0, err
-    assert len([line for line in out.splitlines() if line.strip()]) == 3
 
 
 def test_kernel_targets_score_the_committed_run_and_a_case_once_from_its_first_run(capsys):
@@ -171,13 +181,6 @@ def test_rows_host_us_is_reported_beside_the_peers_and_not_scored_as_the_hot_loo
     note = host_note(frame)
     assert "triton median 40.0 us" in note and "its peers 30.0 us" in note
     assert "host" not in set(score(frame)["target"])
-
-
-def test_tile_tuner_times_two_candidates_and_prints_a_table_line(tmp_path, in_process):
-    code, out, err = in_process("scripts/tune_tiles.py", "--dry", "--out", str(tmp_path / "tune.json"))
-    assert code == 0, err
-    assert "TileConfig(" in out.split("# kernels/tuning.py TUNED")[1]
-    assert len(json.loads((tmp_path / "tune.json").read_text())["records"]) == 2
 
 
 @pytest.mark.slow  # the script times interpreted calls
@@ -330,15 +333,6 @@ def test_kernel_ab_serves_a_base_kernels_common_imports_from_contract_tiling_and
     record = kernel_ab.time_case(kernel_ab.dry_case(), modules, "cpu", kernel_ab.MIN_ROUNDS, ONE_REP)
     assert record["verdict"] in TIMED, record
     assert not (ROOT / "kernels" / "_common.py").exists()
-
-
-def test_gpu_phases_remakes_the_phase_table_of_a_gpu_run(tmp_path, in_process):
-    recorded = ROOT / "tests" / "harness" / "data" / "gpu_run_phases"
-    for name in ("phases.raw", "run.log", "run.journal.jsonl", "tests.log"):
-        (tmp_path / name).write_bytes((recorded / name).read_bytes())
-    code, out, err = in_process("scripts/self/gpu_phases.py", str(tmp_path))
-    assert code == 0, err
-    assert out.strip() == (recorded / "phases.txt").read_text().strip()
 
 
 def test_compare_targets_suite_loads_and_its_table_reader_reads_compare_rows(tmp_path):

@@ -157,7 +157,7 @@ def test_a_declared_commit_wins_over_a_stale_git_and_the_disagreement_is_recorde
     assert environment.commit_record() == {"commit": "a" * 40, "commit_source": "git"}
 
 
-def test_a_failing_row_names_the_sequence_query_position_and_head_of_its_worst_element():
+def test_a_failing_row_names_the_sequence_query_position_and_head_of_its_worst_element(tmp_path, run_rows):
     assert locate(3, [0, 2, 2, 5], [4, 7, 9]) == "seq 2, query 1 (position 7)", "seq 1 has no query"
 
     def off_at_one_element(*args, **kwargs):
@@ -166,9 +166,8 @@ def test_a_failing_row_names_the_sequence_query_position_and_head_of_its_worst_e
         return result
 
     register_backend("off_at_one_element", off_at_one_element)
-    case = one_case(seq_lens=[5, 9], q_lens=[2, 3], block_size=16, dtype="float32")
-    config = RunConfig(device="cpu", backends=[REGISTRY["off_at_one_element"]], timing=False, progress=False)
-    (row,) = run_cases([case], config).to_dict("records")
+    path = write_cases(tmp_path / "c.toml", {"name": "c", "seq_lens": [5, 9], "q_lens": [2, 3], "block_size": 16})
+    row = run_rows(path, ["off_at_one_element"]).loc["off_at_one_element"]
     assert row["status"] == "fail" and row["fail_count"] == 1
     assert row["worst_location"] == "seq 1, query 1 (position 7), head 1"
 
