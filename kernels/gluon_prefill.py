@@ -19,9 +19,12 @@ to the tensor cores, which Triton's own compiler does not do for a paged tile on
 
 A work item: 128 query tokens of one query head (the tiles packed over sequences as
 ``kernels.tiling.Tiling`` packs BLOCK_Q tiles, found by binary search). The grid is persistent:
-one program a multiprocessor walks the items, a sequence's last (longest) query tiles first and
-the heads of one tile side by side, and the producer copies the next item's Q and first K/V
-tiles while the consumers finish the last one's P V and store its rows. The last tile of a
+one program a multiprocessor, each taking item program_id first and then, as it nears the end of
+an item, the next one no program has taken (an atomic counter, zeroed at each launch: greedy, as
+the hardware hands out the programs of a grid of one program an item). Items are numbered a
+sequence's last (longest) query tiles first, the heads of one tile side by side, and the producer
+copies the next item's Q and first K/V tiles while the consumers finish the last one's P V and
+store its rows. The last tile of a
 sequence may hold keys past seq_len: their logits are masked, and V's rows there are zeroed
 in shared memory before P V (the pool may hold anything there, NaN included; a box wholly past
 seq_len copies the item's first box instead of reading the table past its end). A bad block
@@ -156,14 +159,16 @@ class GluonPrefill:
         q_desc = self._desc(q, q.shape[0], q.stride(0), [BLOCK_M, d], self.q_layout)
         k_desc = self._desc(k_cache, rows, k_cache.stride(1), [self.box, d], self.kv_layout)
         v_desc = self._desc(v_cache, rows, v_cache.stride(1), [self.box, d], self.kv_layout)
+        item_counter = torch.zeros(1, dtype=torch.int32, device=q.device)
         prefill_kernel[self.grid](
-            q_desc, k_desc, v_desc, out, block_table, seq_lens, query_start_loc,
+            q_desc, k_desc, v_desc, out, block_table, seq_lens, query_start_loc, item_counter,
             q.stride(1), k_cache.stride(2), v_cache.stride(2), out.stride(0), out.stride(1), block_table.stride(0),
             *self.scalars, **self.constexprs,
         )  # fmt: skip
 
 
 if gluon is not None:
+    ITEM_SLOTS = gl.constexpr(2)  # work items handed from the producer to the consumers ahead of their reads
 
     @gluon.jit
     def _find_seq(query_start_loc_ptr, q_tile, num_seqs, BM: gl.constexpr):
@@ -204,23 +209,31 @@ if gluon is not None:
         gl.store(out_ptr + offs, nan, mask=((rows < rows_left) & (o_row0 + rows >= 0))[:, None])
 
     @gluon.jit
-    def _rounds(sizes):
-        """The rounds of the persistent grid: one work item a program a round, num_q_tiles * num_q_heads in all."""
-        return (sizes[0] * sizes[1] + gl.num_programs(0) - 1) // gl.num_programs(0)
+    def _publish_item(item_smem, item_ready, item_free, w, taken, SLOTS: gl.constexpr):
+        """The producer hands work item w, its program's taken-th, to both consumers through a ring of SLOTS
+        shared words (one ready barrier a slot, and a free one both consumers arrive on once they have read it)."""
+        slot = taken % SLOTS
+        mbarrier.wait(item_free.index(slot), ((taken // SLOTS) & 1) ^ 1)
+        layout: gl.constexpr = gl.BlockedLayout([1], [32], [1], [0])
+        item_smem.index(slot).store(gl.full([1], w, gl.int32, layout))
+        mbarrier.arrive(item_ready.index(slot), count=1)
 
     @gluon.jit
-    def _item_index(k):
-        """The program's work item in round k: items program_id, program_id + programs, ... (a fixed order: on an
-        H100 it ran fewer sequences' prefill up to 6% slower than a program an item, many sequences' faster, and
-        taking odd rounds in reverse the other way round; docs/performance.md, "Hopper's prefill")."""
-        return k * gl.num_programs(0) + gl.program_id(0)
+    def _next_item(item_smem, item_ready, item_free, taken, SLOTS: gl.constexpr, num_warps: gl.constexpr):
+        """A consumer's taken-th work item, as :func:`_publish_item` handed it over."""
+        slot = taken % SLOTS
+        mbarrier.wait(item_ready.index(slot), (taken // SLOTS) & 1)
+        layout: gl.constexpr = gl.BlockedLayout([1], [32], [num_warps], [0])
+        w = gl.max(item_smem.index(slot).load(layout), axis=0)
+        mbarrier.arrive(item_free.index(slot), count=1)
+        return w
 
     @gluon.jit
     def _work_item(w, walk, sizes, sliding_window, BM: gl.constexpr, BN: gl.constexpr, BLOCK_SIZE: gl.constexpr,
                    USE_WINDOW: gl.constexpr, WARPS: gl.constexpr):  # fmt: skip
         """Work item w of the persistent grid (``walk`` and ``sizes``: the tuples prefill_kernel builds): query tile
         num_q_tiles - 1 - w // num_q_heads (a sequence's last tiles, the longest, first) of query head
-        w % num_q_heads; a w past the last item (in the last round) is a spare tile. Returns the head, the
+        w % num_q_heads. Returns the head, the
         sequence's block-table row and seq_len, the tile's first query position, first row of q and out and real
         rows, its key tiles [t0, t_end) (t0 > 0 where a window hides the tiles before it:
         kernels.tiling.window_tile_start of the item's first query), and ``state``: 0 a spare tile (no query
@@ -258,17 +271,21 @@ if gluon is not None:
 
     @gluon.jit
     def _producer(q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_ready, q_free, k_ready, v_ready, k_free, v_free,
-                  walk, sizes, sliding_window, stride_q_head, stride_k_head, stride_v_head, GROUP: gl.constexpr,
+                  item_counter_ptr, item_smem, item_ready, item_free, walk, sizes, sliding_window, stride_q_head, stride_k_head, stride_v_head, GROUP: gl.constexpr,
                   BM: gl.constexpr, BN: gl.constexpr, BLOCK_SIZE: gl.constexpr, BOX: gl.constexpr, STAGES: gl.constexpr,
                   USE_WINDOW: gl.constexpr):  # fmt: skip
-        """One warp: each work item's Q once both consumers are done with the last one's, and its K and V tiles,
-        a TMA box of BOX rows at a time, STAGES tiles ahead of the consumers (across work items). A box wholly
-        past seq_len copies the item's first box instead (a checked column; finite values the masks ignore)."""
+        """One warp: the program's work items, item program_id first and then the next one not yet taken by any
+        program (an atomic counter, taken once this item's copies are issued), each handed to the consumers; each
+        item's Q once both consumers are done with the last one's, and its K and V tiles, a TMA box of BOX rows at
+        a time, STAGES tiles ahead of the consumers (across work items). A box wholly past seq_len copies the item's
+        first box instead (a checked column; finite values the masks ignore)."""
         BOXES: gl.constexpr = BN // BOX
         done = 0  # tiles copied so far: the ring's slot and phase
         items = 0  # work items attended so far: Q's phase
-        for k in range(_rounds(sizes)):
-            w = _item_index(k)
+        taken = 0  # work items taken so far: the item ring's slot and phase
+        w = gl.program_id(0)
+        _publish_item(item_smem, item_ready, item_free, w, taken, ITEM_SLOTS)
+        while w < sizes[0] * sizes[1]:
             head, bt_row, seq_len, _, q_row, _, t0, t_end, state = _work_item(w, walk, sizes, sliding_window, BM, BN,
                                                                                BLOCK_SIZE, USE_WINDOW, 1)  # fmt: skip
             if state == 2:
@@ -294,6 +311,9 @@ if gluon is not None:
                                                         v_smem.index(st).slice(i * BOX, BOX))  # fmt: skip
                 done += t_end - t0
                 items += 1
+            w = gl.num_programs(0) + gl.atomic_add(item_counter_ptr, 1, sem="relaxed")  # no data rides on it
+            taken += 1
+            _publish_item(item_smem, item_ready, item_free, w, taken, ITEM_SLOTS)
 
     @gluon.jit
     def _softmax_step(s, m_i, l_i, key0, q_pos, last_key, masked, qk_scale, sliding_window, BN: gl.constexpr,
@@ -396,18 +416,20 @@ if gluon is not None:
         gl.store(out_ptr + offs, acc.to(dtype), mask=((rows < rows_left) & (o_row0 + rows >= 0))[:, None])
 
     @gluon.jit
-    def _consumer(q_smem, k_smem, v_smem, q_ready, q_free, k_ready, v_ready, k_free, v_free, turn, out_ptr, walk,
-                  sizes, sliding_window, stride_o_token, stride_o_head, qk_scale,
+    def _consumer(q_smem, k_smem, v_smem, q_ready, q_free, k_ready, v_ready, k_free, v_free, turn, item_smem,
+                  item_ready, item_free, out_ptr, walk, sizes, sliding_window, stride_o_token, stride_o_head, qk_scale,
                   ROWS: gl.constexpr, BM: gl.constexpr, BN: gl.constexpr, D: gl.constexpr, BLOCK_SIZE: gl.constexpr,
                   STAGES: gl.constexpr, W: gl.constexpr, USE_WINDOW: gl.constexpr,
                   num_warps: gl.constexpr):  # fmt: skip
         """Warpgroup W's walk over the program's work items: rows W * ROWS.. of each tile attended
-        (:func:`_attend`) or set to NaN; the ring's tiles, Q's and the turns counted as the producer counts them."""
+        (:func:`_attend`) or set to NaN, in the order the producer hands them over; the ring's tiles, Q's and the
+        turns counted as the producer counts them."""
         done = 0
         items = 0
         turns = 0
-        for k in range(_rounds(sizes)):
-            w = _item_index(k)
+        taken = 0
+        w = _next_item(item_smem, item_ready, item_free, taken, ITEM_SLOTS, num_warps)
+        while w < sizes[0] * sizes[1]:
             head, _, seq_len, q_pos0, o_row0, rows_left, t0, t_end, state = _work_item(
                 w, walk, sizes, sliding_window, BM, BN, BLOCK_SIZE, USE_WINDOW, num_warps
             )
@@ -422,6 +444,8 @@ if gluon is not None:
             elif state == 1:
                 _store_nan_rows(out_ptr, o_row0 + W * ROWS, rows_left - W * ROWS, head, stride_o_token,
                                 stride_o_head, ROWS, D, num_warps)  # fmt: skip
+            taken += 1
+            w = _next_item(item_smem, item_ready, item_free, taken, ITEM_SLOTS, num_warps)
 
     @gluon.jit
     def prefill_kernel(
@@ -432,6 +456,7 @@ if gluon is not None:
         block_table_ptr,  # [num_seqs, max_blocks_per_seq] int32
         seq_lens_ptr,  # [num_seqs] int32
         query_start_loc_ptr,  # [num_seqs + 1] int32
+        item_counter_ptr,  # [1] int32, 0 at launch: work items taken past the first one of each program
         stride_q_head, stride_k_head, stride_v_head, stride_o_token, stride_o_head, stride_bt_seq,
         num_q_tiles, num_q_heads, num_tokens, num_seqs, num_blocks, max_blocks_per_seq,
         qk_scale,  # softmax scale * log2(e)
@@ -456,10 +481,17 @@ if gluon is not None:
         k_free = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
         v_free = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
         turn = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
+        item_layout: gl.constexpr = gl.SwizzledSharedLayout(vec=1, per_phase=1, max_phase=1, order=[0])
+        item_smem = gl.allocate_shared_memory(gl.int32, [ITEM_SLOTS, 1], item_layout)
+        item_ready = gl.allocate_shared_memory(gl.int64, [ITEM_SLOTS, 1], mbarrier.MBarrierLayout())
+        item_free = gl.allocate_shared_memory(gl.int64, [ITEM_SLOTS, 1], mbarrier.MBarrierLayout())
         mbarrier.init(q_ready, count=1)
         mbarrier.init(q_free, count=2)  # one arrival a consumer partition, as the free barriers below
         mbarrier.init(turn.index(0), count=1)
         mbarrier.init(turn.index(1), count=1)
+        for i in gl.static_range(ITEM_SLOTS):
+            mbarrier.init(item_ready.index(i), count=1)
+            mbarrier.init(item_free.index(i), count=2)
         for i in gl.static_range(STAGES):
             mbarrier.init(k_ready.index(i), count=1)
             mbarrier.init(v_ready.index(i), count=1)
@@ -471,13 +503,13 @@ if gluon is not None:
         gl.warp_specialize(
             [
                 (_consumer, (q_smem.slice(0, HALF), k_smem, v_smem, q_ready, q_free, k_ready, v_ready, k_free, v_free,
-                             turn, out_ptr, walk, sizes, sliding_window, stride_o_token, stride_o_head, qk_scale, HALF,
+                             turn, item_smem, item_ready, item_free, out_ptr, walk, sizes, sliding_window, stride_o_token, stride_o_head, qk_scale, HALF,
                              BM, BN, D, BLOCK_SIZE, STAGES, 0, USE_WINDOW, num_warps)),
                 (_consumer, (q_smem.slice(HALF, HALF), k_smem, v_smem, q_ready, q_free, k_ready, v_ready, k_free,
-                             v_free, turn, out_ptr, walk, sizes, sliding_window, stride_o_token, stride_o_head,
+                             v_free, turn, item_smem, item_ready, item_free, out_ptr, walk, sizes, sliding_window, stride_o_token, stride_o_head,
                              qk_scale, HALF, BM, BN, D, BLOCK_SIZE, STAGES, 1, USE_WINDOW, num_warps)),
                 (_producer, (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_ready, q_free, k_ready, v_ready, k_free,
-                             v_free, walk, sizes, sliding_window, stride_q_head, stride_k_head, stride_v_head, GROUP,
+                             v_free, item_counter_ptr, item_smem, item_ready, item_free, walk, sizes, sliding_window, stride_q_head, stride_k_head, stride_v_head, GROUP,
                              BM, BN, BLOCK_SIZE, BOX, STAGES, USE_WINDOW)),
             ],
             [num_warps, 1],
