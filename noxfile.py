@@ -2,9 +2,11 @@
 this team's machines keep on local disk); an unpinned `torch` would pull a multi-GB CUDA
 build. The gpu session reuses the CUDA machine's own torch and Triton instead.
 
-Virtualenvs are made and filled by uv where it is installed (`pip install nox uv`), else by virtualenv and pip:
-on 2 cores uv installs the tests' dependencies in about 15 s against pip's 105. uv reads no pip configuration,
-so a wheel folder handed to pip through PIP_FIND_LINKS is handed to uv too (UV_FIND_LINKS).
+Virtualenvs are made and filled by uv where it is installed (`pip install nox uv`), else by virtualenv and pip.
+uv compiles the bytecode as it installs, as pip does: the suite starts hundreds of interpreters, and where
+PYTHONDONTWRITEBYTECODE is set (CI machines often set it) none of them would cache torch's, so each would compile
+it again (an import of torch twice as slow). uv reads no pip configuration, so a wheel folder handed to pip
+through PIP_FIND_LINKS is handed to uv too (UV_FIND_LINKS).
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ nox.options.sessions = ["tests"]
 # every session installs the project in editable mode, so a reused one runs the current code.
 nox.options.reuse_existing_virtualenvs = True
 nox.options.default_venv_backend = "uv|virtualenv"
+os.environ.setdefault("UV_COMPILE_BYTECODE", "1")
 if os.environ.get("PIP_FIND_LINKS") and not os.environ.get("UV_FIND_LINKS"):
     os.environ["UV_FIND_LINKS"] = os.environ["PIP_FIND_LINKS"]
 TORCH_SPEC = os.environ.get("TORCH_SPEC", "torch==2.13.0")
