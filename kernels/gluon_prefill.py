@@ -24,10 +24,10 @@ an item, the next one no program has taken (an atomic counter, zeroed at each la
 the hardware hands out the programs of a grid of one program an item). Items are numbered a
 sequence's last (longest) query tiles first, the heads of one tile side by side, and the producer
 copies the next item's Q and first K/V tiles while the consumers finish the last one's P V and
-store its rows. The last tile of a
-sequence may hold keys past seq_len: their logits are masked, and V's rows there are zeroed
-in shared memory before P V (the pool may hold anything there, NaN included; a box wholly past
-seq_len copies the item's first box instead of reading the table past its end). A bad block
+store its rows. The last tile of a sequence may hold keys past seq_len: their logits are masked,
+and V's rows there are zeroed in shared memory before P V (the pool may hold anything there, NaN
+included; a box wholly past seq_len copies the item's first box instead of reading the table past
+its end). A bad block
 id among the columns a work item reads turns all its rows into NaN and no tile is read: the
 contract's rule, at 128-token items where the Triton kernel's programs are BLOCK_Q tokens, so rows
 that come before the bad key in an item that reaches it are NaN here and finite there (and, with a
@@ -233,10 +233,9 @@ if gluon is not None:
                    USE_WINDOW: gl.constexpr, WARPS: gl.constexpr):  # fmt: skip
         """Work item w of the persistent grid (``walk`` and ``sizes``: the tuples prefill_kernel builds): query tile
         num_q_tiles - 1 - w // num_q_heads (a sequence's last tiles, the longest, first) of query head
-        w % num_q_heads. Returns the head, the
-        sequence's block-table row and seq_len, the tile's first query position, first row of q and out and real
-        rows, its key tiles [t0, t_end) (t0 > 0 where a window hides the tiles before it:
-        kernels.tiling.window_tile_start of the item's first query), and ``state``: 0 a spare tile (no query
+        w % num_q_heads. Returns the head, the sequence's block-table row and seq_len, the tile's first query
+        position, first row of q and out and real rows, its key tiles [t0, t_end) (t0 > 0 where a window hides the tiles before
+        it: kernels.tiling.window_tile_start of the item's first query), and ``state``: 0 a spare tile (no query
         rows), 1 NaN rows (a bad block id among the columns it reads, or no key to see), 2 a tile to attend."""
         query_start_loc_ptr, seq_lens_ptr, block_table_ptr, stride_bt_seq = walk
         num_q_tiles, num_q_heads, num_tokens, num_seqs, num_blocks, max_blocks_per_seq = sizes
@@ -271,7 +270,8 @@ if gluon is not None:
 
     @gluon.jit
     def _producer(q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_ready, q_free, k_ready, v_ready, k_free, v_free,
-                  item_counter_ptr, item_smem, item_ready, item_free, walk, sizes, sliding_window, stride_q_head, stride_k_head, stride_v_head, GROUP: gl.constexpr,
+                  item_counter_ptr, item_smem, item_ready, item_free, walk, sizes, sliding_window, stride_q_head,
+                  stride_k_head, stride_v_head, GROUP: gl.constexpr,
                   BM: gl.constexpr, BN: gl.constexpr, BLOCK_SIZE: gl.constexpr, BOX: gl.constexpr, STAGES: gl.constexpr,
                   USE_WINDOW: gl.constexpr):  # fmt: skip
         """One warp: the program's work items, item program_id first and then the next one not yet taken by any
@@ -503,13 +503,16 @@ if gluon is not None:
         gl.warp_specialize(
             [
                 (_consumer, (q_smem.slice(0, HALF), k_smem, v_smem, q_ready, q_free, k_ready, v_ready, k_free, v_free,
-                             turn, item_smem, item_ready, item_free, out_ptr, walk, sizes, sliding_window, stride_o_token, stride_o_head, qk_scale, HALF,
+                             turn, item_smem, item_ready, item_free, out_ptr, walk, sizes, sliding_window,
+                             stride_o_token, stride_o_head, qk_scale, HALF,
                              BM, BN, D, BLOCK_SIZE, STAGES, 0, USE_WINDOW, num_warps)),
                 (_consumer, (q_smem.slice(HALF, HALF), k_smem, v_smem, q_ready, q_free, k_ready, v_ready, k_free,
-                             v_free, turn, item_smem, item_ready, item_free, out_ptr, walk, sizes, sliding_window, stride_o_token, stride_o_head,
+                             v_free, turn, item_smem, item_ready, item_free, out_ptr, walk, sizes, sliding_window,
+                             stride_o_token, stride_o_head,
                              qk_scale, HALF, BM, BN, D, BLOCK_SIZE, STAGES, 1, USE_WINDOW, num_warps)),
                 (_producer, (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_ready, q_free, k_ready, v_ready, k_free,
-                             v_free, item_counter_ptr, item_smem, item_ready, item_free, walk, sizes, sliding_window, stride_q_head, stride_k_head, stride_v_head, GROUP,
+                             v_free, item_counter_ptr, item_smem, item_ready, item_free, walk, sizes, sliding_window,
+                             stride_q_head, stride_k_head, stride_v_head, GROUP,
                              BM, BN, BLOCK_SIZE, BOX, STAGES, USE_WINDOW)),
             ],
             [num_warps, 1],
