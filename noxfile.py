@@ -4,11 +4,12 @@ build. The gpu session reuses the CUDA machine's own torch and Triton instead.
 
 Virtualenvs are made and filled by uv where it is installed (`pip install nox uv`), else by virtualenv and pip.
 The suite starts hundreds of interpreters, and each would compile torch's bytecode again where none is cached
-(an import of torch twice as slow). So the sessions write bytecode as they import, clearing the
-PYTHONDONTWRITEBYTECODE that CI machines often set: that compiles only the modules imported, where compiling the
-venv at install (pip's way) made a 4 s install 41 s on 2 cores. The mutants session compiles at install
-instead, since scripts/mutants.py turns writing off in its copies of the tree. uv reads no pip configuration, so a
-wheel folder handed to pip through PIP_FIND_LINKS is handed to uv too (UV_FIND_LINKS).
+(an import of torch twice as slow). So the sessions write bytecode as they import, into .nox/pycache
+(PYTHONPYCACHEPREFIX, which keeps it out of the source tree and the folders tests watch), clearing the
+PYTHONDONTWRITEBYTECODE that CI machines often set. That compiles only the modules imported, where compiling the
+venv at install (pip's way) made a 4 s install 41 s on 2 cores. The mutants session compiles at install instead,
+since scripts/mutants.py turns writing off. uv reads no pip configuration, so a wheel folder handed to pip through
+PIP_FIND_LINKS is handed to uv too (UV_FIND_LINKS).
 """
 
 from __future__ import annotations
@@ -24,13 +25,14 @@ nox.options.sessions = ["tests"]
 # every session installs the project in editable mode, so a reused one runs the current code.
 nox.options.reuse_existing_virtualenvs = True
 nox.options.default_venv_backend = "uv|virtualenv"
+ROOT = Path(__file__).parent
 os.environ.pop("PYTHONDONTWRITEBYTECODE", None)
+os.environ["PYTHONPYCACHEPREFIX"] = str(ROOT / ".nox" / "pycache")
 if os.environ.get("PIP_FIND_LINKS") and not os.environ.get("UV_FIND_LINKS"):
     os.environ["UV_FIND_LINKS"] = os.environ["PIP_FIND_LINKS"]
 TORCH_SPEC = os.environ.get("TORCH_SPEC", "torch==2.13.0")
 # Where the default index serves the CUDA build (PyPI does for Linux): TORCH_INDEX=https://download.pytorch.org/whl/cpu.
 TORCH_INDEX = os.environ.get("TORCH_INDEX")
-ROOT = Path(__file__).parent
 
 
 def install_cpu(session: nox.Session, extras: str = "test,triton", compile_bytecode: bool = False) -> None:
@@ -163,4 +165,5 @@ def mutants(session: nox.Session) -> None:
         nox -s mutants -- --record                      # rewrite each mutant's caught_by
     """
     install_cpu(session, compile_bytecode=True)
-    session.run("python", "scripts/mutants.py", *session.posargs, env={"TRITON_INTERPRET": "1"})
+    env = {"TRITON_INTERPRET": "1", "PYTHONPYCACHEPREFIX": None}  # the venv's own __pycache__, compiled at install
+    session.run("python", "scripts/mutants.py", *session.posargs, env=env)

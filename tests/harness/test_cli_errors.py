@@ -335,7 +335,10 @@ REFUSALS = [
 
 
 def _files(folder: Path) -> dict[str, tuple[int, int]]:
-    return {str(p): (p.lstat().st_size, p.lstat().st_mtime_ns) for p in folder.rglob("*")}
+    """Every path under ``folder`` with its size and mtime, less the bytecode Python caches on importing a plugin."""
+    return {
+        str(p): (p.lstat().st_size, p.lstat().st_mtime_ns) for p in folder.rglob("*") if "__pycache__" not in p.parts
+    }
 
 
 @pytest.mark.usefixtures("clean_registry")
