@@ -27,13 +27,12 @@ copies the next item's Q and first K/V tiles while the consumers finish the last
 store its rows. The last tile of a sequence may hold keys past seq_len: their logits are masked,
 and V's rows there are zeroed in shared memory before P V (the pool may hold anything there, NaN
 included; a box wholly past seq_len copies the item's first box instead of reading the table past
-its end). A bad block
-id among the columns a work item reads turns all its rows into NaN and no tile is read: the
-contract's rule, at 128-token items where the Triton kernel's programs are BLOCK_Q tokens, so rows
-that come before the bad key in an item that reaches it are NaN here and finite there (and, with a
-window, rows whose window starts past it). With
-the checks off, no length read from the tensors wraps an int32 bound or makes a wait hang.
-Nothing on the host reads a tensor value.
+its end). A bad block id among the columns a work item reads turns all its rows into NaN and no
+tile is read: the contract's rule, at 128-token items where the Triton kernel's programs are
+BLOCK_Q tokens, so rows that come before the bad key in an item that reaches it are NaN here and
+finite there (and, with a window, rows whose window starts past it). With the checks off, no
+length read from the tensors wraps an int32 bound or makes a wait hang. Nothing on the host reads
+a tensor value.
 
 :func:`applies` says which launches take this path; the rest run ``kernels.triton_paged``.
 Measured against that kernel and cuDNN in docs/performance.md ("Hopper's prefill").
@@ -234,9 +233,10 @@ if gluon is not None:
         """Work item w of the persistent grid (``walk`` and ``sizes``: the tuples prefill_kernel builds): query tile
         num_q_tiles - 1 - w // num_q_heads (a sequence's last tiles, the longest, first) of query head
         w % num_q_heads. Returns the head, the sequence's block-table row and seq_len, the tile's first query
-        position, first row of q and out and real rows, its key tiles [t0, t_end) (t0 > 0 where a window hides the tiles before
-        it: kernels.tiling.window_tile_start of the item's first query), and ``state``: 0 a spare tile (no query
-        rows), 1 NaN rows (a bad block id among the columns it reads, or no key to see), 2 a tile to attend."""
+        position, first row of q and out and real rows, its key tiles [t0, t_end) (t0 > 0 where a window hides the
+        tiles before it: kernels.tiling.window_tile_start of the item's first query), and ``state``: 0 a spare tile
+        (no query rows), 1 NaN rows (a bad block id among the columns it reads, or no key to see), 2 a tile to
+        attend."""
         query_start_loc_ptr, seq_lens_ptr, block_table_ptr, stride_bt_seq = walk
         num_q_tiles, num_q_heads, num_tokens, num_seqs, num_blocks, max_blocks_per_seq = sizes
         head = w % num_q_heads
