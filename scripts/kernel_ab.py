@@ -18,7 +18,6 @@ import statistics
 import subprocess
 import sys
 import tempfile
-import types
 from pathlib import Path
 
 import torch
@@ -38,25 +37,11 @@ ROOT = Path(__file__).resolve().parents[1]
 KERNEL = Path("kernels") / "triton_paged.py"
 MIN_ROUNDS = 6  # 2 / 2^6 < 0.05: six pairs all one way exclude 1 from the exact signed-rank interval
 SIDES = ("base", "new")
-SPLIT = {"_common": ("contract", "tiling", "fp8")}  # a base's module of kernels/ -> the modules holding its names
 WITH = ("tuning", "tiling", "gluon_prefill")  # modules --with can take from the base, in the order they are imported
 
 
 class ABError(Exception):
     """A side that cannot be built or run: exit 2, not a verdict."""
-
-
-def serve_split_modules() -> None:
-    """Serve each ``SPLIT`` module the working tree lacks as ``kernels.<old name>``, from its parts."""
-    for old, parts in SPLIT.items():
-        if f"kernels.{old}" in sys.modules or (ROOT / "kernels" / f"{old}.py").exists():
-            continue
-        module = types.ModuleType(f"kernels.{old}", f"kernels/{old}.py of a base revision")
-        module.__served_from__ = parts
-        for part in parts:
-            public = vars(importlib.import_module(f"kernels.{part}"))
-            module.__dict__.update({name: value for name, value in public.items() if not name.startswith("__")})
-        sys.modules[module.__name__] = module
 
 
 def _git_show(rev: str | Path, path: Path) -> str:
@@ -100,7 +85,6 @@ def kernel_modules(base_rev: str | Path, folder: Path, with_modules: tuple[str, 
     base_parts = {name: _git_show(base_rev, KERNEL.with_name(f"{name}.py")) for name in WITH if name in with_modules}
     if "tuning" in base_parts and "tiling" not in base_parts:  # the kernel reads tuning through tiling only
         base_parts["tiling"] = (ROOT / KERNEL.with_name("tiling.py")).read_text()
-    serve_split_modules()
     swapped = {}
     for name, text in base_parts.items():
         module = _import(f"kernels._ab_base_{name}", folder / f"_ab_base_{name}.py", text, f"the base's {name}.py")
@@ -117,9 +101,6 @@ def kernel_modules(base_rev: str | Path, folder: Path, with_modules: tuple[str, 
 def remove_modules() -> None:
     for name in [*(f"_ab_{side}" for side in SIDES), *(f"_ab_base_{name}" for name in WITH)]:
         sys.modules.pop(f"kernels.{name}", None)
-    for old in SPLIT:
-        if hasattr(sys.modules.get(f"kernels.{old}"), "__served_from__"):
-            sys.modules.pop(f"kernels.{old}")
 
 
 def timeable(cases) -> list:
