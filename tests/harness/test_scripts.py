@@ -38,7 +38,7 @@ def kernel_ab():
 
     yield kernel_ab
     kernel_ab.remove_modules()
-    assert not [name for name in sys.modules if name.startswith("kernels._ab") or name == "kernels._common"]
+    assert not [name for name in sys.modules if name.startswith("kernels._ab")]
 
 
 @pytest.fixture
@@ -321,18 +321,6 @@ def test_kernel_ab_with_gluon_prefill_gives_the_base_side_the_base_revisions_hop
     base = sys.modules["kernels._ab_base_gluon_prefill"]
     assert modules["base"].gluon_prefill is base is not kernels.gluon_prefill
     assert modules["new"].gluon_prefill is kernels.gluon_prefill
-
-
-def test_kernel_ab_serves_a_base_kernels_common_imports_from_contract_tiling_and_fp8(tmp_path, kernel_ab):
-    """A base whose kernel imports ``._common`` gets its helpers from contract.py, tiling.py and fp8.py."""
-    git = ["git", "log", "-1", "--format=%H", "--diff-filter=D", "--", "kernels/_common.py"]
-    split = subprocess.run(git, cwd=ROOT, capture_output=True, text=True).stdout.strip()
-    if not split or subprocess.run(["git", "rev-parse", "-q", "--verify", f"{split}~1"], cwd=ROOT).returncode:
-        pytest.skip("no commit with kernels/_common.py in this clone's history")
-    modules = kernel_ab.kernel_modules(f"{split}~1", tmp_path)
-    record = kernel_ab.time_case(kernel_ab.dry_case(), modules, "cpu", kernel_ab.MIN_ROUNDS, ONE_REP)
-    assert record["verdict"] in TIMED, record
-    assert not (ROOT / "kernels" / "_common.py").exists()
 
 
 def test_compare_targets_suite_loads_and_its_table_reader_reads_compare_rows(tmp_path):
