@@ -8,7 +8,6 @@ DEFAULT_SUITE = "smoke"
 
 
 def packaged_suites() -> dict[str, Path]:
-    """Suite name -> its TOML file inside the package."""
     return {path.stem: path for path in sorted(SUITES_DIR.glob("*.toml"))}
 
 

@@ -29,7 +29,6 @@ class BadInput(Exception):
 
 @contextlib.contextmanager
 def as_bad_input(caught: type[Exception] = ValueError):
-    """Re-raise ``caught`` raised inside as BadInput with the same message."""
     try:
         yield
     except caught as error:
