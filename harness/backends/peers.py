@@ -76,7 +76,6 @@ def _prepare_gather_sdpa(case: Case, inputs: PagedInputs, out: torch.Tensor) -> 
 
 
 def _gathered(inputs: PagedInputs) -> tuple[torch.Tensor, torch.Tensor]:
-    """K and V of every sequence, padded (:func:`gather_padded`)."""
     return tuple(gather_padded(x, inputs.block_table, inputs.seq_lens) for x in (inputs.k_cache, inputs.v_cache))
 
 

@@ -4,11 +4,9 @@
 from pathlib import Path
 
 SUITES_DIR = Path(__file__).resolve().parent / "suites"
-DEFAULT_SUITE = "smoke"
 
 
 def packaged_suites() -> dict[str, Path]:
-    """Suite name -> its TOML file inside the package."""
     return {path.stem: path for path in sorted(SUITES_DIR.glob("*.toml"))}
 
 
@@ -18,8 +16,3 @@ def resolve_case_arg(arg: str | Path) -> str | Path:
         return arg
     suite = packaged_suites().get(Path(arg).name.removesuffix(".toml"))
     return suite if suite is not None and Path(arg).parent.name in ("", "cases", "suites") else arg
-
-
-def default_cases() -> list[str]:
-    """What run, list and pytest read when given no case file: the packaged smoke suite."""
-    return [str(packaged_suites()[DEFAULT_SUITE])]

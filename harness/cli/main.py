@@ -43,7 +43,6 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def console_main() -> None:
-    """The ``harness`` console script: main() as the process's exit status."""
     sys.exit(main())
 
 

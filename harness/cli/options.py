@@ -15,12 +15,12 @@ from typing import Any
 import torch
 
 from harness.cases.loading import load_cases
-from harness.cases.packaged import default_cases, packaged_suites, resolve_case_arg
+from harness.cases.packaged import packaged_suites, resolve_case_arg
 
 EXIT_OK, EXIT_FAIL, EXIT_BAD_INPUT, EXIT_INTERNAL = 0, 1, 2, 3
 EXIT_INTERRUPTED, EXIT_BROKEN_PIPE, EXIT_TERMINATED = 130, 141, 143  # 128 + SIGINT, SIGPIPE, SIGTERM
 
-DEFAULT_CASES = default_cases()  # what `run`, `list` and pytest read when given no case file
+DEFAULT_CASES = [str(packaged_suites()["smoke"])]  # what `run`, `list` and pytest read when given no case file
 
 
 class BadInput(Exception):
@@ -29,7 +29,6 @@ class BadInput(Exception):
 
 @contextlib.contextmanager
 def as_bad_input(caught: type[Exception] = ValueError):
-    """Re-raise ``caught`` raised inside as BadInput with the same message."""
     try:
         yield
     except caught as error:

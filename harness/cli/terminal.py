@@ -5,14 +5,12 @@ from __future__ import annotations
 import sys
 import time
 from collections.abc import Callable
-from typing import TYPE_CHECKING
+
+import pandas as pd
 
 from harness.cases.vocab import FAILING, GRADED, STATUSES
 from harness.cli.options import EXIT_FAIL
 from harness.run.runner import exit_code
-
-if TYPE_CHECKING:
-    import pandas as pd
 
 
 def _finite(value) -> bool:
@@ -37,8 +35,7 @@ def summarize(frame: pd.DataFrame) -> str:
     """A short text summary: status counts per backend, the worst error, the slowest case, the failures."""
     if frame.empty:
         return "no rows"
-    counts = frame.pivot_table(index="backend", columns="status", values="case", aggfunc="count", fill_value=0)
-    counts = counts.reindex(columns=list(STATUSES), fill_value=0)
+    counts = pd.crosstab(frame["backend"], frame["status"]).reindex(columns=list(STATUSES), fill_value=0)
     graded = frame[frame["status"].isin(GRADED)]
     lines = [counts.to_string()]
     if graded["tol_ratio"].notna().any():

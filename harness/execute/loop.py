@@ -140,7 +140,6 @@ class Tracker:
         self.row({**row_without_call(task.case, REGISTRY[name], self.config, status, reason), **task.labels})
 
     def hung_reason(self, backend: str) -> str | None:
-        """The skip reason of a later row of a hung ``backend``, or None when it has not hung."""
         if backend in self.hung:
             return f"hung on {self.hung[backend][0]} after {self.hung[backend][1]:g} s; not run"
         return None
@@ -172,7 +171,6 @@ class Tracker:
         return True
 
     def overdue(self, task: Task, now: float) -> float | None:
-        """The running backend's limit when it has run past it, else None."""
         if task.running in (None, CONTEXT):
             return None
         limit = row_limit(task.case, self.config)

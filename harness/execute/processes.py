@@ -63,7 +63,6 @@ def describe_exit(exitcode: int | None) -> str:
 
 
 def encode(message) -> bytes:
-    """A worker's message as bytes (``torch.save``: plain values and CPU tensors only)."""
     buffer = io.BytesIO()
     torch.save(message, buffer)
     return buffer.getvalue()

@@ -224,7 +224,6 @@ def worker_threads(run_threads: int | None, workers: int) -> int:
 
 
 def run_pool(cases, config, on_row, done=(), workers: str | int = "auto") -> PoolRun:
-    """Run ``cases`` over ``workers`` processes (``--workers``); rows to ``on_row``. Returns the run (timings)."""
     count = min(worker_count(workers, config.device, config.threads), max(1, len(cases)))  # no idle worker
     pool = PoolRun(config, count)
     pool.run(cases, on_row, done)

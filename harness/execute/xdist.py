@@ -21,7 +21,6 @@ _FOLDER_KEY = pytest.StashKey[str]()
 
 
 def pin_gpus(config: pytest.Config, specs) -> None:
-    """Give each xdist worker spec its own GPU (``CUDA_VISIBLE_DEVICES``), round robin."""
     if not (_run_device(config).startswith("cuda") and (gpus := visible_gpus())):
         return
     for index, spec in enumerate(specs):

@@ -98,7 +98,6 @@ class UnknownColumnError(ValueError):
 
 
 def check_row_keys(rows: list[dict]) -> None:
-    """Raise UnknownColumnError naming any row key missing from TABLE (keys starting "_" are private)."""
     known = set(COLUMNS)
     if unknown := sorted({key for row in rows for key in row if key not in known and not key.startswith("_")}):
         raise UnknownColumnError(f"row keys not in harness/results/columns.py TABLE: {', '.join(unknown)}")

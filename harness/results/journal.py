@@ -100,13 +100,11 @@ def _check(path: Path, number: int, record) -> str:
 
 
 def journal_path(run_dir: Path) -> Path:
-    """reports/<run> -> reports/<run>.journal.jsonl"""
     run_dir = Path(run_dir)
     return run_dir.with_name(run_dir.name + SUFFIX)
 
 
 def run_dir_of(journal: Path) -> Path:
-    """reports/<run>.journal.jsonl -> reports/<run>"""
     return journal.with_name(journal.name.removesuffix(SUFFIX))
 
 

@@ -50,8 +50,6 @@ def _prepare_parent(run_dir: Path) -> None:
         raise NotWritableError(f"{run_dir}: cannot create its folder: {parent} is a file, not a folder") from None
     except OSError as error:
         raise NotWritableError(f"{run_dir}: cannot create its folder {parent}: {error.strerror}") from None
-    if not parent.is_dir():
-        raise NotWritableError(f"{run_dir}: cannot create its folder: {parent} is not a folder")
     if not os.access(parent, os.W_OK | os.X_OK):
         raise NotWritableError(f"{run_dir}: cannot write in {parent}: permission denied")
     if run_dir.is_symlink():  # a dangling link is no folder, yet the final rename would fail on it after the work

@@ -162,7 +162,6 @@ class Checks:
         return self.refs[("sum", key)]
 
     def _problem(self, what: str) -> None:
-        """The row's timed problem, unless it has one already: ``what`` of this measurement's call."""
         self.called.timed_problem = self.called.timed_problem or f"{self.what} {what}"
 
     def after(self, result, final: bool) -> None:

@@ -63,7 +63,6 @@ ORACLE_SOURCE_HASH = _oracle_source_hash()
 
 
 def cache_dir() -> Path | None:
-    """The cache folder from the environment; None when the cache is off."""
     value = os.environ.get(ENV_DIR, "").strip()
     return None if value.lower() == "off" else Path(value or DEFAULT_DIR).expanduser()
 
@@ -221,7 +220,6 @@ class OracleCache:
 
 
 def oracle_key(args: Sequence[torch.Tensor | None], device: str, options: dict | None = None) -> str | None:
-    """:func:`cache_key` of the call, or None where nothing is cached (the cache off, or a non-CPU oracle)."""
     if cache_dir() is None or torch.device(device).type != "cpu":
         return None
     return cache_key(args, device, options)

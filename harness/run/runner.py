@@ -214,5 +214,4 @@ def to_frame(rows: list[dict]) -> pd.DataFrame:
 
 
 def exit_code(frame: pd.DataFrame) -> int:
-    """0 when every graded row is within tolerance, 1 when any row failed or errored."""
     return 1 if frame["status"].isin(FAILING).any() else 0

@@ -145,7 +145,6 @@ class GpuLedger:
         return {**row, **ceiling_columns(row, record["ceilings"])} if record["ceilings"] else row
 
     def to_meta(self) -> list[dict]:
-        """meta.json's ``gpus``: one record per GPU, in (host, gpu_index) order."""
         return [self.gpus[key] for key in sorted(self.gpus)]
 
 

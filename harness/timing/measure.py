@@ -49,7 +49,6 @@ class TimingSettings:
     budget_s: float | None = ROW_BUDGET_S  # of the row's whole timing; None: no budget
 
     def for_backend(self, backend: Backend) -> "TimingSettings":
-        """These settings for one backend's row: a Python model on a GPU gets at most MODEL_BUDGET_S."""
         if backend.model and torch.device(self.device).type == "cuda" and self.budget_s is not None:
             return dataclasses.replace(self, budget_s=min(self.budget_s, MODEL_BUDGET_S))
         return self

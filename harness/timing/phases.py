@@ -32,10 +32,8 @@ def absorb(spent: dict[str, float]) -> None:
 
 
 def add_phases(total: dict[str, float], more: dict[str, float]) -> dict[str, float]:
-    """``total`` with ``more``'s seconds added name by name (a new dict; either may be empty; unrounded)."""
     return {**total, **{name: total.get(name, 0.0) + seconds for name, seconds in more.items()}}
 
 
 def rounded(spent: dict[str, float]) -> dict[str, float]:
-    """``spent`` to the millisecond, as meta.json keeps it."""
     return {name: round(seconds, 3) for name, seconds in spent.items()}

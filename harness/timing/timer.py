@@ -78,7 +78,6 @@ def _collect(sample: Callable, target_s: float, min_reps: int, max_reps: int, de
 
 
 def _warm_up(fn: Callable[[], object], calls: int, deadline: float | None) -> None:
-    """``calls`` calls of ``fn``, or fewer (at least one) once the deadline has passed."""
     for i in range(calls):
         if i and deadline is not None and time.monotonic() >= deadline:
             return
