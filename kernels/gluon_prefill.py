@@ -316,12 +316,13 @@ if gluon is not None:
             _publish_item(item_smem, item_ready, item_free, w, taken, ITEM_SLOTS)
 
     @gluon.jit
-    def _softmax_step(s, m_i, l_i, key0, q_pos, last_key, masked, qk_scale, sliding_window, BN: gl.constexpr,
-                      USE_WINDOW: gl.constexpr, s_layout: gl.constexpr):  # fmt: skip
+    def _softmax_step(s, m_i, l_i, key0, q_pos, last_key, qk_scale, sliding_window, BN: gl.constexpr,
+                      MASKED: gl.constexpr, USE_WINDOW: gl.constexpr, s_layout: gl.constexpr):  # fmt: skip
         """One tile's online-softmax update (kernels.triton_paged._attend_tiles' fp16 / bf16 form): s [ROWS, BN]
-        unscaled logits of keys key0.., masked to k_pos <= min(q_pos, last_key) where ``masked`` (and, with the
-        window, to k_pos > q_pos - sliding_window)."""
-        if masked:
+        unscaled logits of keys key0.., masked to k_pos <= min(q_pos, last_key) where MASKED (and, with the
+        window, to k_pos > q_pos - sliding_window). MASKED is a constexpr: a runtime flag is compiled to a compare
+        and a select on every logit of every tile, a fifth of the loop's instructions."""
+        if MASKED:
             cols = gl.arange(0, BN, layout=gl.SliceLayout(0, s_layout))
             bound = gl.minimum(q_pos, last_key) - key0
             visible = cols[None, :] <= bound[:, None]
@@ -347,6 +348,32 @@ if gluon is not None:
                 vals = chunk.load(layout)
                 chunk.store(gl.where((rows < valid)[:, None], vals, gl.zeros_like(vals)))
         fence_async_shared()
+
+    @gluon.jit
+    def _tile(q_smem, k_smem, v_smem, k_ready, v_ready, k_free, v_free, turn, p, m_i, l_i, acc, s_zero, c, turn_i, key0,
+              q_pos, last_key, qk_scale, sliding_window, BN: gl.constexpr, STAGES: gl.constexpr, W: gl.constexpr,
+              MASKED: gl.constexpr, USE_WINDOW: gl.constexpr, s_layout: gl.constexpr, o_layout: gl.constexpr,
+              p_layout: gl.constexpr):  # fmt: skip
+        """:func:`_attend`'s step over the ring's tile c (keys key0..): its Q K^T issued with the last tile's P V
+        (p), in the warpgroup's turn turn_i; this tile's softmax under the P V; acc rescaled. Returns p, m_i, l_i,
+        acc."""
+        st = c % STAGES
+        prev = (c - 1) % STAGES
+        mbarrier.wait(k_ready.index(st), (c // STAGES) & 1)
+        mbarrier.wait(v_ready.index(prev), ((c - 1) // STAGES) & 1)
+        p_op = gl.convert_layout(p.to(q_smem.dtype), p_layout)
+        mbarrier.wait(turn.index(W), (turn_i + 1 - W) & 1)
+        s = warpgroup_mma(q_smem, k_smem.index(st).permute((1, 0)), s_zero, use_acc=False, is_async=True)
+        acc = warpgroup_mma(p_op, v_smem.index(prev), acc, is_async=True)
+        mbarrier.arrive(turn.index(1 - W), count=1)
+        s = warpgroup_mma_wait(1, deps=(s,))
+        mbarrier.arrive(k_free.index(st), count=1)
+        p, alpha, m_i, l_i = _softmax_step(s, m_i, l_i, key0, q_pos, last_key, qk_scale, sliding_window, BN, MASKED,
+                                           USE_WINDOW, s_layout)  # fmt: skip
+        acc = warpgroup_mma_wait(0, deps=(acc,))
+        mbarrier.arrive(v_free.index(prev), count=1)
+        acc = acc * gl.convert_layout(alpha, gl.SliceLayout(1, o_layout))[:, None]
+        return p, m_i, l_i, acc
 
     @gluon.jit
     def _attend(q_smem, k_smem, v_smem, q_ready, q_free, k_ready, v_ready, k_free, v_free, turn, out_ptr, t0, t_end,
@@ -379,25 +406,24 @@ if gluon is not None:
         mbarrier.arrive(turn.index(1 - W), count=1)
         s = warpgroup_mma_wait(0, deps=(s,))
         mbarrier.arrive(k_free.index(done % STAGES), count=1)
-        p, alpha, m_i, l_i = _softmax_step(s, m_i, l_i, t0 * BN, q_pos, last_key, t0 >= unmasked, qk_scale,
-                                           sliding_window, BN, USE_WINDOW, s_layout)  # fmt: skip
-        for j in range(1, t_end - t0):  # tile t0 + j, the ring's tile done + j
-            st = (done + j) % STAGES
-            prev = (done + j - 1) % STAGES
-            mbarrier.wait(k_ready.index(st), ((done + j) // STAGES) & 1)
-            mbarrier.wait(v_ready.index(prev), ((done + j - 1) // STAGES) & 1)
-            p_op = gl.convert_layout(p.to(dtype), p_layout)
-            mbarrier.wait(turn.index(W), (turns + j + 1 - W) & 1)
-            s = warpgroup_mma(q_smem, k_smem.index(st).permute((1, 0)), s_zero, use_acc=False, is_async=True)
-            acc = warpgroup_mma(p_op, v_smem.index(prev), acc, is_async=True)
-            mbarrier.arrive(turn.index(1 - W), count=1)
-            s = warpgroup_mma_wait(1, deps=(s,))
-            mbarrier.arrive(k_free.index(st), count=1)
-            p, alpha, m_i, l_i = _softmax_step(s, m_i, l_i, (t0 + j) * BN, q_pos, last_key, t0 + j >= unmasked,
-                                               qk_scale, sliding_window, BN, USE_WINDOW, s_layout)  # fmt: skip
-            acc = warpgroup_mma_wait(0, deps=(acc,))
-            mbarrier.arrive(v_free.index(prev), count=1)
-            acc = acc * gl.convert_layout(alpha, gl.SliceLayout(1, o_layout))[:, None]
+        if t0 >= unmasked:
+            p, _, m_i, l_i = _softmax_step(s, m_i, l_i, t0 * BN, q_pos, last_key, qk_scale, sliding_window, BN,
+                                           True, USE_WINDOW, s_layout)  # fmt: skip
+        else:
+            p, _, m_i, l_i = _softmax_step(s, m_i, l_i, t0 * BN, q_pos, last_key, qk_scale, sliding_window, BN,
+                                           False, USE_WINDOW, s_layout)  # fmt: skip
+        # tiles t0 + 1 .. unmasked - 1 need no mask, the rest do: one loop each
+        free = gl.minimum(gl.maximum(unmasked - t0, 1), t_end - t0)
+        for j in range(1, free):
+            p, m_i, l_i, acc = _tile(q_smem, k_smem, v_smem, k_ready, v_ready, k_free, v_free, turn, p, m_i, l_i, acc,
+                                     s_zero, done + j, turns + j, (t0 + j) * BN, q_pos, last_key, qk_scale,
+                                     sliding_window, BN, STAGES, W, False, USE_WINDOW, s_layout, o_layout,
+                                     p_layout)  # fmt: skip
+        for j in range(free, t_end - t0):
+            p, m_i, l_i, acc = _tile(q_smem, k_smem, v_smem, k_ready, v_ready, k_free, v_free, turn, p, m_i, l_i, acc,
+                                     s_zero, done + j, turns + j, (t0 + j) * BN, q_pos, last_key, qk_scale,
+                                     sliding_window, BN, STAGES, W, True, USE_WINDOW, s_layout, o_layout,
+                                     p_layout)  # fmt: skip
         mbarrier.arrive(q_free, count=1)  # every Q K^T is done: the producer may copy the next item's Q
         last = done + t_end - t0 - 1
         mbarrier.wait(v_ready.index(last % STAGES), (last // STAGES) & 1)
