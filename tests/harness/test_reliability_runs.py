@@ -309,7 +309,7 @@ def test_confirm_imports_no_plugin_a_meta_names_and_checks_out_only_commit_ids(s
 
 def test_resume_imports_a_journals_plugin_given_again_with_plugin_by_any_spelling(setup, monkeypatch):
     out = setup / "run"
-    rf.journal(out, setup / "tiny.toml", plugins=[str(setup / "evil.py")])
+    rf.journal(out, setup / "tiny.toml", plugins=[str(setup / "evil.py")], isolate="none")  # imported in this process
     monkeypatch.chdir(setup)  # the same file by another spelling: matched by its resolved path
     assert main(["run", "--resume", str(out), "--no-progress", "--plugin", "./evil.py"]) == 0
     assert (setup / "evil_ran").exists(), "given with --plugin, it is imported"
