@@ -3,13 +3,13 @@
 
 import contextlib
 import os
-import subprocess
 import tempfile
 
 import pytest
 import torch
 
 import kernels
+from tests.fresh_python import git_in
 from tests.tiny_cases import write_cases
 
 kernels.use_interpreter_if_no_gpu()
@@ -159,17 +159,7 @@ def case_file(tmp_path):
 def git_history(tmp_path) -> dict[str, str]:
     """A git repository at ``tmp_path / "repo"``: name -> commit id of "head", "branch" (a local branch beside
     HEAD), "fetched" (only on a remote-tracking branch) and "loose" (reachable from no ref)."""
-    root = tmp_path / "repo"
-    root.mkdir()
-
-    def git(*args: str) -> str:
-        env = {"GIT_AUTHOR_NAME": "a", "GIT_AUTHOR_EMAIL": "a@b", "GIT_COMMITTER_NAME": "a", "GIT_COMMITTER_EMAIL": "a@b",
-               "GIT_CONFIG_GLOBAL": "/dev/null", "HOME": str(root)}  # fmt: skip
-        return subprocess.run(
-            ["git", *args], cwd=root, env=env, capture_output=True, text=True, check=True
-        ).stdout.strip()
-
-    git("init", "-q", "-b", "main")
+    git = git_in(tmp_path / "repo")
     git("commit", "-q", "--allow-empty", "-m", "head")
     head = git("rev-parse", "HEAD")
     tree = git("rev-parse", "HEAD^{tree}")

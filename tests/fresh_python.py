@@ -1,5 +1,6 @@
 """Python in a fresh interpreter from the repository's root, for tests whose subject is a new process:
-a script's command line, an environment variable read at import, Triton compiling instead of interpreting."""
+a script's command line, an environment variable read at import, Triton compiling instead of interpreting;
+and git in a repository of the test's own."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ import importlib.util
 import os
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -27,6 +29,21 @@ def run_fresh(*args: str) -> subprocess.CompletedProcess:
     """python ARGS, Triton compiling (not interpreting)."""
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"} | {"TRITON_DEFAULT_FP_FUSION": "1"}
     return subprocess.run([sys.executable, *args], cwd=ROOT, env=env, capture_output=True, text=True)
+
+
+def git_in(root: Path) -> Callable[..., str]:
+    """``git(*args)`` in ``root``, made a new repository (branch main), by a fixed author and without the user's
+    git config; it returns git's stdout, stripped."""
+    root.mkdir(parents=True, exist_ok=True)
+    env = {**os.environ, "GIT_AUTHOR_NAME": "t", "GIT_AUTHOR_EMAIL": "t@t", "GIT_COMMITTER_NAME": "t",
+           "GIT_COMMITTER_EMAIL": "t@t", "GIT_CONFIG_GLOBAL": "/dev/null"}  # fmt: skip
+
+    def git(*args: str) -> str:
+        done = subprocess.run(["git", *args], cwd=root, env=env, capture_output=True, text=True, check=True)
+        return done.stdout.strip()
+
+    git("init", "-q", "-b", "main")
+    return git
 
 
 def _ptxas_available() -> bool:

@@ -6,7 +6,6 @@ import errno
 import json
 import os
 import shutil
-import subprocess
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -17,6 +16,7 @@ import pytest
 
 from harness.cases.packaged import packaged_suites
 from harness.cli.main import main
+from tests.fresh_python import git_in
 from tests.harness import review_frames as rf
 from tests.tiny_cases import write_cases
 
@@ -170,13 +170,9 @@ def _git(name: str, argv: list[str], *words: str) -> Refusal:
     """continuous or bisect, exit 2, in tmp/repo of three commits (HEAD~2, HEAD~1, HEAD)."""
 
     def make(runs: Path, tmp: Path) -> list[str]:
-        env = {**os.environ, "GIT_AUTHOR_NAME": "t", "GIT_AUTHOR_EMAIL": "t@t", "GIT_COMMITTER_NAME": "t",
-               "GIT_COMMITTER_EMAIL": "t@t"}  # fmt: skip
-        repo = tmp / "repo"
-        repo.mkdir()
-        subprocess.run(["git", "init", "-q", "-b", "main"], cwd=repo, env=env, check=True)
+        git = git_in(tmp / "repo")
         for i in range(3):
-            subprocess.run(["git", "commit", "-q", "--allow-empty", "-m", str(i)], cwd=repo, env=env, check=True)
+            git("commit", "-q", "--allow-empty", "-m", str(i))
         return argv
 
     return Refusal(name, make, 2, words, patch=lambda monkeypatch, tmp: monkeypatch.chdir(tmp / "repo"))

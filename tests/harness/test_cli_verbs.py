@@ -16,7 +16,7 @@ from harness.cli.main import main
 from harness.cli.options import compile_pattern
 from harness.cli.terminal import row_printer, summarize, verdict_lines
 from harness.execute.output import report_output
-from tests.fresh_python import ROOT
+from tests.fresh_python import ROOT, git_in
 from tests.harness import review_frames as rf
 from tests.tiny_cases import write_cases
 
@@ -247,13 +247,8 @@ def repo(tmp_path, monkeypatch, case_file):
     """A repository (the cwd) of three commits of slowpoke_kernel.py, plugin and case_file beside it; short rounds."""
     monkeypatch.setattr("harness.review.confirm.ROUND_S", 0.1)
     root = tmp_path / "repo"
-    root.mkdir()
+    git = git_in(root)
     monkeypatch.chdir(root)
-    for key in ("AUTHOR", "COMMITTER"):
-        monkeypatch.setenv(f"GIT_{key}_NAME", "t")
-        monkeypatch.setenv(f"GIT_{key}_EMAIL", "t@t")
-    git = lambda *args: subprocess.run(["git", *args], capture_output=True, text=True, check=True).stdout.strip()  # noqa: E731
-    git("init", "-q", "-b", "main")
     for name, wait in WAITS.items():
         (root / "slowpoke_kernel.py").write_text(f"WAIT_S = {wait}  # {name}\n")
         git("add", "slowpoke_kernel.py")

@@ -87,6 +87,10 @@ def test_old_runs_without_samples_fall_back_to_p10_p90_marked_weak():
     tlsim = comparison.rows[comparison.rows["backend"] == "tlsim"]
     assert (tlsim["verdict"] == "slower").all() and (tlsim["evidence"] == "p10/p90 (weak)").all()
     assert all("weak evidence" in why for why in comparison.regressions["why"])
+    median = base.loc[0, "latency_us"]  # 15% slower, its p10..p90 straddling the base's: noise
+    noisy = with_row(base, "case00", base.loc[0, "backend"], latency_us=1.15 * median, latency_p10_us=0.9 * median,
+                     latency_p90_us=1.4 * median)  # fmt: skip
+    assert compare_runs(base, noisy).ok, "a slowdown inside the spread is noise"
 
 
 def test_normalizing_by_an_unchanged_backend_cancels_a_machine_wide_drift():

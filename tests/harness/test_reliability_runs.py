@@ -309,7 +309,7 @@ def test_confirm_imports_no_plugin_a_meta_names_and_checks_out_only_commit_ids(s
 
 def test_resume_imports_a_journals_plugin_given_again_with_plugin_by_any_spelling(setup, monkeypatch):
     out = setup / "run"
-    rf.journal(out, setup / "tiny.toml", plugins=[str(setup / "evil.py")])
+    rf.journal(out, setup / "tiny.toml", plugins=[str(setup / "evil.py")], isolate="none")  # imported in this process
     monkeypatch.chdir(setup)  # the same file by another spelling: matched by its resolved path
     assert main(["run", "--resume", str(out), "--no-progress", "--plugin", "./evil.py"]) == 0
     assert (setup / "evil_ran").exists(), "given with --plugin, it is imported"
@@ -367,21 +367,26 @@ def test_an_isolated_worker_dies_with_its_sigkilled_parent(setup):
             os.kill(int((setup / "worker.pid").read_text()), signal.SIGKILL)
 
 
-def test_profile_of_a_plugin_that_calls_os_exit_cannot_end_the_run(setup):
+def test_profile_of_a_plugin_that_calls_os_exit_cannot_end_the_run(setup, capsys):
     out = setup / "run"
-    proc = _harness(setup, "tiny.toml", out, *backends("os_exit", "tlsim"), "--profile", "tiny:os_exit", "--profile",
-                    "tiny:tlsim")  # fmt: skip
-    _, err = _finish(proc)
-    assert proc.returncode == 1, err[-3000:]  # the os_exit row is an error; the profile did not end the run with 0
+    code = run(setup, out, *backends("os_exit", "reference"), "--profile", "tiny:os_exit", "--profile", "tiny:reference",
+               cases="tiny.toml")  # fmt: skip
+    err = capsys.readouterr().err
+    assert code == 1, err[-3000:]  # the os_exit row is an error; the profile did not end the run with 0
     assert "profile: tiny:os_exit failed: the worker process exited with code 0" in err, err[-3000:]
-    assert (out / "profiles" / "tiny__tlsim.trace.json").exists(), "the other pair is still profiled"
+    assert (out / "profiles" / "tiny__reference.trace.json").exists(), "the other pair is still profiled"
     rows = pd.read_parquet(out / "results.parquet").set_index("backend")
-    assert rows.loc["os_exit", "status"] == "error" and rows.loc["tlsim", "status"] == "pass"
+    assert rows.loc["os_exit", "status"] == "error" and rows.loc["reference", "status"] == "pass"
 
 
-def test_a_plugins_flood_of_output_goes_to_its_row_log_and_the_terminal_gets_its_head(setup, capsys):
+def test_an_isolated_workers_flood_goes_to_its_row_log_and_a_worker_runs_with_the_thread_count_its_rows_record(
+    setup, capsys
+):
+    """One timed run: ``flood``'s output reaches its row's log and the terminal gets its head; ``threads`` (in its
+    worker) runs with the --threads its row records."""
     out = setup / "run"
-    assert run(setup, out, *backends("flood", "tlsim"), cases="tiny.toml") == 0
+    assert main(["run", str(setup / "tiny.toml"), "--out", str(out), "--no-progress", "--threads", "1",
+                 "--plugin", str(setup / "plugin.py"), *backends("flood", "threads", "tlsim")]) == 0  # fmt: skip
     captured = capsys.readouterr()
     log = out / "logs" / "tiny__flood.log"
     assert log.stat().st_size >= 100_000 and log.read_text().count("o") >= 50_000
@@ -389,14 +394,8 @@ def test_a_plugins_flood_of_output_goes_to_its_row_log_and_the_terminal_gets_its
     assert len(captured.err) + len(captured.out) < 8_000, "the flood reached the terminal"
     assert sorted(p.name for p in (out / "logs").iterdir()) == ["tiny__flood.log"], "silent rows leave no log"
     assert not (setup / "run.logs").exists()
-
-
-def test_an_isolated_worker_runs_with_the_thread_count_its_rows_record_and_no_more_than_the_cores(setup):
-    out = setup / "run"
-    assert main(["run", str(setup / "tiny.toml"), "--out", str(out), "--no-progress", "--threads", "1",
-                 "--plugin", str(setup / "plugin.py"), "--backend", "threads"]) == 0  # fmt: skip
-    recorded = pd.read_parquet(out / "results.parquet")["timing_threads"].iloc[0]
-    assert recorded == 1 and (setup / "threads").read_text() == "1"
+    recorded = pd.read_parquet(out / "results.parquet").set_index("backend")["timing_threads"]
+    assert recorded["threads"] == 1 and (setup / "threads").read_text() == "1"
     before = torch.get_num_threads()
     try:  # a recorded thread count past the cores runs on the cores
         assert apply_threads(str(10**6), "cpu") == (os.cpu_count() or 1)

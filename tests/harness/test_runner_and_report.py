@@ -15,7 +15,6 @@ from harness.backends.registry import REGISTRY
 from harness.cases.spec import expand_spec
 from harness.cli.main import main
 from harness.results import storage as storage_module
-from harness.review.compare import compare_runs
 from harness.run.runner import RunConfig, build_context, exit_code, run_backend
 from tests.tiny_cases import TINY, write_cases
 
@@ -79,28 +78,6 @@ def test_write_run_refuses_an_existing_folder_and_an_interrupted_write_leaves_no
     with pytest.raises(KeyboardInterrupt):
         storage_module.write_run(frame, {}, tmp_path / "other", page=interrupted)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["run"], "no staging folder, no partial one left behind"
-
-
-def test_compare_flags_status_error_and_latency_regressions():
-    base = pd.DataFrame(
-        {
-            "case": ["a", "b", "c"], "backend": ["t", "t", "t"], "status": ["pass", "pass", "pass"],
-            "max_abs_err": [1e-7, 1e-7, 1e-7], "atol": [1e-5] * 3, "latency_us": [100.0, 100.0, 100.0],
-            "latency_p10_us": [95.0] * 3, "latency_p90_us": [105.0] * 3,
-        }
-    )  # fmt: skip
-    assert compare_runs(base, base).ok
-    new = base.copy()
-    new.loc[0, "status"] = "fail"
-    new.loc[1, ["latency_us", "latency_p10_us", "latency_p90_us"]] = [130.0, 125.0, 135.0]
-    new.loc[2, "max_abs_err"] = 5e-6
-    whys = compare_runs(base, new).regressions.set_index("case")["why"]
-    assert whys["a"] == "status pass -> fail"
-    assert whys["b"].startswith("latency 100.0 -> 130.0 us")
-    assert whys["c"].startswith("max abs err")
-    noisy = base.copy()
-    noisy.loc[1, ["latency_us", "latency_p10_us", "latency_p90_us"]] = [115.0, 90.0, 140.0]
-    assert compare_runs(base, noisy).ok, "a slowdown inside the spread is noise"
 
 
 def test_sdpa_peers_do_not_leak_pool_nan(case_file, run_rows):

@@ -24,7 +24,7 @@ from harness.cli.main import main
 from harness.execute import loop, xdist
 from harness.execute.local import InProcess
 from harness.execute.ray_cluster import case_task
-from harness.execute.workers import EXTRA_COLUMNS, PoolRun, ProcessPool, run_pool, worker_count, worker_threads
+from harness.execute.workers import EXTRA_COLUMNS, PoolRun, run_pool, worker_count, worker_threads
 from harness.pytest_plugin import HarnessSession
 from harness.run.oracle_cache import PoisonedCacheError
 from harness.run.runner import RunConfig, to_frame
@@ -62,9 +62,11 @@ def _pytest_config(options: dict, **attributes) -> SimpleNamespace:
                            **attributes)  # fmt: skip
 
 
-def test_every_executor_gives_the_same_rows_row_for_row(tmp_path, plugin):
+def test_every_executor_gives_the_same_rows_row_for_row(killed_ready_workers):
+    """Two workers (the killed_ready_workers run, its killer's rows set aside), an isolated backend, a Ray task's
+    body and pytest's case suite each give the one-process rows."""
+    pool_rows, _, _, cases_file, plugin = killed_ready_workers
     load_plugin(str(plugin))
-    cases_file = write_cases(tmp_path / "cases.toml", {"name": "first"}, {"name": "second", "seed": 1, "block_size": 8})
     cases = load_cases([cases_file], "cpu")
     config = RunConfig(device="cpu", backends=resolve_backends(NAMES), timing=False, progress=False,
                        plugins=(str(plugin),), threads=torch.get_num_threads())  # fmt: skip
@@ -75,12 +77,12 @@ def test_every_executor_gives_the_same_rows_row_for_row(tmp_path, plugin):
         return _comparable(rows)
 
     expected = through(InProcess())
-    assert list(expected["status"]) == ["skip", "error", "pass", "pass"] * 2  # cuda_only, raises, reference, tlsim
+    assert list(expected["status"]) == ["skip", "error", "pass", "pass"] * 4  # cuda_only, raises, reference, tlsim
     assert expected.loc[expected["backend"] == "raises", "reason"].str.contains("no kernel here").all()
 
     got = {
         "isolated": through(InProcess(), dataclasses.replace(config, isolated=frozenset(NAMES))),
-        "two workers": through(ProcessPool(2)),
+        "two workers": _comparable([row for row in pool_rows if row["backend"] != "killer"]),
     }
     shipped = dataclasses.replace(config, backends=[])
     events = [event for case in cases for event in case_task(case, NAMES, shipped, ())]  # plugin loaded here
@@ -110,10 +112,11 @@ DIES, HANGS = {"name": "dies_here", "head_dim": 64}, {"name": "hangs_here", "hea
 FINE = [{"name": "fine_a"}, {"name": "fine_b", "seed": 1}]
 
 
-def _killer_pool(plugin: Path, *cases: dict) -> tuple[list[dict], PoolRun]:
-    """The rows of tlsim and the plugin fixture's killer over ``cases`` on two workers, 10 s a call; the pool."""
+def _killer_pool(plugin: Path, *cases: dict, names=("tlsim", "killer")) -> tuple[list[dict], PoolRun]:
+    """The rows of ``names`` (the plugin fixture's killer among them) over ``cases`` on two workers, 10 s a call;
+    the pool."""
     load_plugin(str(plugin))
-    config = RunConfig(device="cpu", backends=resolve_backends(["tlsim", "killer"]), timing=False,
+    config = RunConfig(device="cpu", backends=resolve_backends(list(names)), timing=False,
                        progress=False, plugins=(str(plugin),), threads=1, timeout_s=10.0)  # fmt: skip
     rows: list[dict] = []
     cases = load_cases([write_cases(plugin.parent / "cases.toml", *cases)], "cpu")
@@ -122,12 +125,14 @@ def _killer_pool(plugin: Path, *cases: dict) -> tuple[list[dict], PoolRun]:
 
 @pytest.fixture(scope="module")
 def killed_ready_workers(tmp_path_factory, write_plugin):
-    """killer's workers killed four times, each once it was ready, over two cases, beside two fine ones: (rows, the
-    pool, the pids killed)."""
+    """NAMES and killer on two workers, killer's workers killed four times, each once it was ready, over two cases,
+    beside two fine ones: (rows, the pool, the pids killed, the case file, the plugin)."""
     folder = tmp_path_factory.mktemp("killed")
+    plugin = write_plugin(folder)
+    dies_again = {**DIES, "name": "dies_again", "seed": 2}
     with plugin_run_scope(folder):
-        rows, pool = _killer_pool(write_plugin(folder), DIES, {**DIES, "name": "dies_again", "seed": 2}, *FINE)
-    return rows, pool, (folder / "kills").read_text().split()
+        rows, pool = _killer_pool(plugin, DIES, dies_again, *FINE, names=[*NAMES, "killer"])
+    return rows, pool, (folder / "kills").read_text().split(), folder / "cases.toml", plugin
 
 
 @pytest.mark.slow  # a worker killed, one hung past its limit: about 16 s
@@ -152,15 +157,15 @@ def test_a_killed_worker_costs_one_retry_then_an_error_row_a_hung_one_an_error_r
 
 def test_workers_killed_after_they_are_ready_are_error_rows_not_a_broken_install(killed_ready_workers):
     """Four deaths of ready workers (not counted as failed starts) leave two error rows and the run goes on."""
-    rows, _, kills = killed_ready_workers
-    status = {(r["case"], r["backend"]): r["status"] for r in rows}
-    assert len(rows) == len(status) == 8
+    rows, _, kills, _, _ = killed_ready_workers
+    status = {(r["case"], r["backend"]): r["status"] for r in rows if r["backend"] in ("tlsim", "killer")}
+    assert len(rows) == 4 * 5 and len(status) == 8
     assert {pair for pair, s in status.items() if s != "pass"} == {("dies_here", "killer"), ("dies_again", "killer")}
     assert len(set(kills)) == 4
 
 
 def test_finished_workers_are_reaped_in_the_background_and_exit(killed_ready_workers):
-    _, pool, _ = killed_ready_workers
+    _, pool, *_ = killed_ready_workers
     deadline = time.monotonic() + 20
     while any(slot.process is not None for slot in pool.slots) and time.monotonic() < deadline:
         time.sleep(0.05)  # the reap thread joins each worker, then clears its slot

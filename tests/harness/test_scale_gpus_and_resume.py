@@ -78,7 +78,7 @@ def test_workers_report_their_device_and_meta_keeps_it_with_where_time_went(case
     (tmp_path / "fake_gpu.py").write_text(FAKE_GPU)
     out, cache = tmp_path / "run", tmp_path / "cache"
     code = main(["run", str(cases_file), "--backend", "tlsim", "--plugin", str(tmp_path / "fake_gpu.py"),
-                 "--isolate", "none", "--no-progress", "--workers", "2", "--oracle-cache", str(cache),
+                 "--isolate", "none", "--no-progress", "--workers", "9", "--oracle-cache", str(cache),
                  "--out", str(out)])  # fmt: skip
     assert code == 0
     assert len(list(cache.glob("*.oracle"))) == 2, "--oracle-cache reached the workers: one entry per case"
@@ -87,7 +87,7 @@ def test_workers_report_their_device_and_meta_keeps_it_with_where_time_went(case
     assert [g["gpu_name"] for g in meta["gpus"]] == ["Fake GPU"] and sorted(meta["gpus"][0]["workers"]) == [0, 1]
     assert (rows["gpu_name"] == "Fake GPU").all()
     assert rows["pct_of_ceiling"].to_numpy() == pytest.approx(100 * rows["gbps"].to_numpy() / 0.001)
-    scale = meta["scale"]
+    scale = meta["scale"]  # never more workers than cases: 9 asked for, 2 started
     assert scale["mode"] == "workers" and scale["workers"] == 2 and len(scale["worker_start_s"]) == 2
     assert scale["ceilings_measure_s"] == [0.5, 0.5] and scale["cases"] == 2 and scale["rows"] == 2
     assert scale["wall_s"] >= scale["case_busy_s"] / 2 > 0
@@ -150,19 +150,11 @@ def _stopped_run(tmp_path, cases_file, *flags: str, rows=(), meta: dict | None =
     return out
 
 
-# remembered (given again it wins: the next test); never more workers than cases (a journal's 10^10: no 10^10 slots)
-@pytest.mark.parametrize(
-    ("first", "again", "mode", "workers"),
-    [
-        (["--workers", "9"], [], "workers", 2),
-        ([], [], "one process", None),
-    ],
-)
-def test_resume_keeps_the_runs_own_workers_unless_given_again(tmp_path, cases_file, first, again, mode, workers):
-    out = _stopped_run(tmp_path, cases_file, *first)
-    assert main(["run", "--resume", str(out), "--no-progress", *again]) == 0
+def test_resume_of_a_run_in_one_process_runs_in_one_process(tmp_path, cases_file):
+    out = _stopped_run(tmp_path, cases_file)
+    assert main(["run", "--resume", str(out), "--no-progress"]) == 0
     scale = json.loads((out / "meta.json").read_text())["scale"]
-    assert scale["mode"] == mode and scale.get("workers") == workers
+    assert scale["mode"] == "one process" and scale.get("workers") is None
     assert len(pd.read_parquet(out / "results.parquet")) == 2
 
 
@@ -170,11 +162,13 @@ CLUSTER = ["--ray", "ray://head:10001", "--workers", "4"]
 
 
 # the options that change no result: kept from the run, those given again win (--workers and --ray together);
-# a journal may say a local Ray, never a cluster's address
+# a journal may say a local Ray, never a cluster's address; a run caps the workers at its cases
+# (test_workers_report_their_device_and_meta_keeps_it_with_where_time_went)
 @pytest.mark.parametrize(
     ("first", "again", "expected"),
     [
         (["--shard", "1/3"], [], {"shard": "1/3"}),
+        (["--workers", "9"], [], {"workers": "9"}),
         (["--timeout", "300", "--isolate", "none"], [], {"timeout": 300.0, "isolate": "none"}),
         (["--timeout", "300", "--isolate", "none"], ["--timeout", "5"], {"timeout": 5.0, "isolate": "none"}),
         (["--ray", "--workers", "4"], [], {"ray": "local", "workers": "4"}),
