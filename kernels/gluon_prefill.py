@@ -9,7 +9,8 @@ to the tensor cores, which Triton's own compiler does not do for a paged tile on
   (``tma.async_copy_global_to_shared``) into a row slice of one shared-memory tile, so a
   paged tile is fed by the copy engine like a contiguous one;
 * a producer warp issues those copies STAGES tiles ahead, behind mbarriers (warp
-  specialization: ``gl.warp_specialize``);
+  specialization: ``gl.warp_specialize``); a stage's K tile is refilled as soon as its Q K^T is
+  done, without waiting for its V's P V (docs/performance.md, "Hopper's prefill");
 * two consumer warpgroups of 64 query rows each run ``warpgroup_mma`` (wgmma) and the softmax,
   issuing tile j's Q K^T together with tile j - 1's P V and running tile j's softmax under it
   (FlashAttention-3's overlap). They take turns issuing, an mbarrier a turn (FlashAttention-3's
@@ -269,6 +270,12 @@ if gluon is not None:
         return head, bt_row, seq_len, q_pos0, o_row0, rows_left, t0, t0 + n_tiles, state
 
     @gluon.jit
+    def _box_row(bt_row, key, seq_len, first_key, BLOCK_SIZE: gl.constexpr):
+        """The pool row of ``key``'s slot, or of ``first_key``'s (a checked column) where key is past seq_len."""
+        key = gl.where(key < seq_len, key, first_key)
+        return gl.load(bt_row + key // BLOCK_SIZE) * BLOCK_SIZE + key % BLOCK_SIZE
+
+    @gluon.jit
     def _producer(q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_ready, q_free, k_ready, v_ready, k_free, v_free,
                   item_counter_ptr, item_smem, item_ready, item_free, walk, sizes, sliding_window, stride_q_head,
                   stride_k_head, stride_v_head, GROUP: gl.constexpr,
@@ -276,8 +283,8 @@ if gluon is not None:
                   USE_WINDOW: gl.constexpr):  # fmt: skip
         """One warp: the program's work items, item program_id first and then the next one not yet taken by any
         program (an atomic counter, taken once this item's copies are issued), each handed to the consumers; each
-        item's Q once both consumers are done with the last one's, and its K and V tiles, a TMA box of BOX rows at
-        a time, STAGES tiles ahead of the consumers (across work items). A box wholly past seq_len copies the item's
+        item's Q once both consumers are done with the last one's, and its K and V tiles (each as soon as its
+        stage's last one is consumed), a TMA box of BOX rows at a time, STAGES tiles ahead of the consumers (across work items). A box wholly past seq_len copies the item's
         first box instead (a checked column; finite values the masks ignore)."""
         BOXES: gl.constexpr = BN // BOX
         done = 0  # tiles copied so far: the ring's slot and phase
@@ -298,15 +305,15 @@ if gluon is not None:
                     st = (done + j) % STAGES
                     phase = ((done + j) // STAGES) & 1
                     mbarrier.wait(k_free.index(st), phase ^ 1)
-                    mbarrier.wait(v_free.index(st), phase ^ 1)
                     mbarrier.expect(k_ready.index(st), BOXES * k_desc.block_type.nbytes)
-                    mbarrier.expect(v_ready.index(st), BOXES * v_desc.block_type.nbytes)
                     for i in gl.static_range(BOXES):
-                        key = (t0 + j) * BN + i * BOX
-                        key = gl.where(key < seq_len, key, t0 * BN)
-                        row = gl.load(bt_row + key // BLOCK_SIZE) * BLOCK_SIZE + key % BLOCK_SIZE
+                        row = _box_row(bt_row, (t0 + j) * BN + i * BOX, seq_len, t0 * BN, BLOCK_SIZE)
                         tma.async_copy_global_to_shared(k_desc, [row, k_col], k_ready.index(st),
                                                         k_smem.index(st).slice(i * BOX, BOX))  # fmt: skip
+                    mbarrier.wait(v_free.index(st), phase ^ 1)
+                    mbarrier.expect(v_ready.index(st), BOXES * v_desc.block_type.nbytes)
+                    for i in gl.static_range(BOXES):
+                        row = _box_row(bt_row, (t0 + j) * BN + i * BOX, seq_len, t0 * BN, BLOCK_SIZE)
                         tma.async_copy_global_to_shared(v_desc, [row, v_col], v_ready.index(st),
                                                         v_smem.index(st).slice(i * BOX, BOX))  # fmt: skip
                 done += t_end - t0
@@ -316,13 +323,12 @@ if gluon is not None:
             _publish_item(item_smem, item_ready, item_free, w, taken, ITEM_SLOTS)
 
     @gluon.jit
-    def _softmax_step(s, m_i, l_i, key0, q_pos, last_key, qk_scale, sliding_window, BN: gl.constexpr,
-                      MASKED: gl.constexpr, USE_WINDOW: gl.constexpr, s_layout: gl.constexpr):  # fmt: skip
+    def _softmax_step(s, m_i, l_i, key0, q_pos, last_key, masked, qk_scale, sliding_window, BN: gl.constexpr,
+                      USE_WINDOW: gl.constexpr, s_layout: gl.constexpr):  # fmt: skip
         """One tile's online-softmax update (kernels.triton_paged._attend_tiles' fp16 / bf16 form): s [ROWS, BN]
-        unscaled logits of keys key0.., masked to k_pos <= min(q_pos, last_key) where MASKED (and, with the
-        window, to k_pos > q_pos - sliding_window). MASKED is a constexpr: a runtime flag is compiled to a compare
-        and a select on every logit of every tile, a fifth of the loop's instructions."""
-        if MASKED:
+        unscaled logits of keys key0.., masked to k_pos <= min(q_pos, last_key) where ``masked`` (and, with the
+        window, to k_pos > q_pos - sliding_window)."""
+        if masked:
             cols = gl.arange(0, BN, layout=gl.SliceLayout(0, s_layout))
             bound = gl.minimum(q_pos, last_key) - key0
             visible = cols[None, :] <= bound[:, None]
@@ -348,32 +354,6 @@ if gluon is not None:
                 vals = chunk.load(layout)
                 chunk.store(gl.where((rows < valid)[:, None], vals, gl.zeros_like(vals)))
         fence_async_shared()
-
-    @gluon.jit
-    def _tile(q_smem, k_smem, v_smem, k_ready, v_ready, k_free, v_free, turn, p, m_i, l_i, acc, s_zero, c, turn_i, key0,
-              q_pos, last_key, qk_scale, sliding_window, BN: gl.constexpr, STAGES: gl.constexpr, W: gl.constexpr,
-              MASKED: gl.constexpr, USE_WINDOW: gl.constexpr, s_layout: gl.constexpr, o_layout: gl.constexpr,
-              p_layout: gl.constexpr):  # fmt: skip
-        """:func:`_attend`'s step over the ring's tile c (keys key0..): its Q K^T issued with the last tile's P V
-        (p), in the warpgroup's turn turn_i; this tile's softmax under the P V; acc rescaled. Returns p, m_i, l_i,
-        acc."""
-        st = c % STAGES
-        prev = (c - 1) % STAGES
-        mbarrier.wait(k_ready.index(st), (c // STAGES) & 1)
-        mbarrier.wait(v_ready.index(prev), ((c - 1) // STAGES) & 1)
-        p_op = gl.convert_layout(p.to(q_smem.dtype), p_layout)
-        mbarrier.wait(turn.index(W), (turn_i + 1 - W) & 1)
-        s = warpgroup_mma(q_smem, k_smem.index(st).permute((1, 0)), s_zero, use_acc=False, is_async=True)
-        acc = warpgroup_mma(p_op, v_smem.index(prev), acc, is_async=True)
-        mbarrier.arrive(turn.index(1 - W), count=1)
-        s = warpgroup_mma_wait(1, deps=(s,))
-        mbarrier.arrive(k_free.index(st), count=1)
-        p, alpha, m_i, l_i = _softmax_step(s, m_i, l_i, key0, q_pos, last_key, qk_scale, sliding_window, BN, MASKED,
-                                           USE_WINDOW, s_layout)  # fmt: skip
-        acc = warpgroup_mma_wait(0, deps=(acc,))
-        mbarrier.arrive(v_free.index(prev), count=1)
-        acc = acc * gl.convert_layout(alpha, gl.SliceLayout(1, o_layout))[:, None]
-        return p, m_i, l_i, acc
 
     @gluon.jit
     def _attend(q_smem, k_smem, v_smem, q_ready, q_free, k_ready, v_ready, k_free, v_free, turn, out_ptr, t0, t_end,
@@ -406,24 +386,25 @@ if gluon is not None:
         mbarrier.arrive(turn.index(1 - W), count=1)
         s = warpgroup_mma_wait(0, deps=(s,))
         mbarrier.arrive(k_free.index(done % STAGES), count=1)
-        if t0 >= unmasked:
-            p, _, m_i, l_i = _softmax_step(s, m_i, l_i, t0 * BN, q_pos, last_key, qk_scale, sliding_window, BN,
-                                           True, USE_WINDOW, s_layout)  # fmt: skip
-        else:
-            p, _, m_i, l_i = _softmax_step(s, m_i, l_i, t0 * BN, q_pos, last_key, qk_scale, sliding_window, BN,
-                                           False, USE_WINDOW, s_layout)  # fmt: skip
-        # tiles t0 + 1 .. unmasked - 1 need no mask, the rest do: one loop each
-        free = gl.minimum(gl.maximum(unmasked - t0, 1), t_end - t0)
-        for j in range(1, free):
-            p, m_i, l_i, acc = _tile(q_smem, k_smem, v_smem, k_ready, v_ready, k_free, v_free, turn, p, m_i, l_i, acc,
-                                     s_zero, done + j, turns + j, (t0 + j) * BN, q_pos, last_key, qk_scale,
-                                     sliding_window, BN, STAGES, W, False, USE_WINDOW, s_layout, o_layout,
-                                     p_layout)  # fmt: skip
-        for j in range(free, t_end - t0):
-            p, m_i, l_i, acc = _tile(q_smem, k_smem, v_smem, k_ready, v_ready, k_free, v_free, turn, p, m_i, l_i, acc,
-                                     s_zero, done + j, turns + j, (t0 + j) * BN, q_pos, last_key, qk_scale,
-                                     sliding_window, BN, STAGES, W, True, USE_WINDOW, s_layout, o_layout,
-                                     p_layout)  # fmt: skip
+        p, alpha, m_i, l_i = _softmax_step(s, m_i, l_i, t0 * BN, q_pos, last_key, t0 >= unmasked, qk_scale,
+                                           sliding_window, BN, USE_WINDOW, s_layout)  # fmt: skip
+        for j in range(1, t_end - t0):  # tile t0 + j, the ring's tile done + j
+            st = (done + j) % STAGES
+            prev = (done + j - 1) % STAGES
+            mbarrier.wait(k_ready.index(st), ((done + j) // STAGES) & 1)
+            mbarrier.wait(v_ready.index(prev), ((done + j - 1) // STAGES) & 1)
+            p_op = gl.convert_layout(p.to(dtype), p_layout)
+            mbarrier.wait(turn.index(W), (turns + j + 1 - W) & 1)
+            s = warpgroup_mma(q_smem, k_smem.index(st).permute((1, 0)), s_zero, use_acc=False, is_async=True)
+            acc = warpgroup_mma(p_op, v_smem.index(prev), acc, is_async=True)
+            mbarrier.arrive(turn.index(1 - W), count=1)
+            s = warpgroup_mma_wait(1, deps=(s,))
+            mbarrier.arrive(k_free.index(st), count=1)
+            p, alpha, m_i, l_i = _softmax_step(s, m_i, l_i, (t0 + j) * BN, q_pos, last_key, t0 + j >= unmasked,
+                                               qk_scale, sliding_window, BN, USE_WINDOW, s_layout)  # fmt: skip
+            acc = warpgroup_mma_wait(0, deps=(acc,))
+            mbarrier.arrive(v_free.index(prev), count=1)
+            acc = acc * gl.convert_layout(alpha, gl.SliceLayout(1, o_layout))[:, None]
         mbarrier.arrive(q_free, count=1)  # every Q K^T is done: the producer may copy the next item's Q
         last = done + t_end - t0 - 1
         mbarrier.wait(v_ready.index(last % STAGES), (last // STAGES) & 1)
