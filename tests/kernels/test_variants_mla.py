@@ -29,7 +29,7 @@ SHAPES = {  # num_q_heads, num_kv_heads, head_dim, head_dim_v, dtype, seq_lens, 
     "mla_split_kv": (32, 1, 576, 512, "float32", [600, 9], [1, 1]),  # two splits of 320 keys
     "mla_split_kv_bf16": (32, 1, 576, 512, "bfloat16", [600, 9], [1, 1]),  # wide tiling: V parts, split, lse
     "k192_v128_prefill": (8, 2, 192, 128, "float32", [1, 40, 100], [1, 5, 2]),
-    "k192_v128_split_bf16": (4, 4, 192, 128, "bfloat16", [600, 300], [1, 1]),
+    "k192_v128_split_bf16": (4, 4, 192, 128, "bfloat16", [600, 44], [1, 1]),  # 44: its first split only
     "k64_v128_gqa": (8, 2, 64, 128, "float16", [20, 33], [4, 1]),
 }
 # On a GPU the split shapes run their longer histories (eight splits of the KV range, not two).
