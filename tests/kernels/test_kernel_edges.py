@@ -62,8 +62,8 @@ CASES: list[Edge] = [
     Edge("split_decode_alibi", *_decode(*SPLIT_LENS), {"num_kv_heads": 1, "alibi": True}, {"max_seq_len": 1152}),
     # A hint below the longest sequence: splits of 512, the last must still run to 1152.
     Edge("split_decode_short_hint", *_decode(*SPLIT_LENS), {"num_kv_heads": 1}, {"max_seq_len": 1024}),
-    # Queries at 560..599 over splits [0, 576) and [576, ...): rows 560..575 see no key of the second.
-    Edge("split_prefill_rows_before_the_split", (600, 1152), (40, 1), {"num_kv_heads": 1, "return_lse": True}),
+    # Queries at 560..583 over splits [0, 576) and [576, ...): rows 560..575 see no key of the second.
+    Edge("split_prefill_rows_before_the_split", (584, 1152), (24, 1), {"num_kv_heads": 1, "return_lse": True}),
     Edge("split_window_decode", *_decode(1152, 1100, 700), {"num_kv_heads": 1, "sliding_window": 1040}),
     Edge("block8_lengths_on_block_edges", (7, 8, 9, 63, 64, 65), (1, 1, 2, 1, 1, 3), {"block_size": 8}),
     Edge("block128_larger_than_a_tile", (127, 128, 129), (1, 2, 65), {"block_size": 128}),
