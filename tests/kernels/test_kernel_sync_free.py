@@ -123,11 +123,11 @@ def test_default_call_makes_no_device_sync_and_replays_from_a_cuda_graph(case, _
 
 
 # The device split (kernels.tiling.DEVICE_SPLIT): a ragged decode whose split the kernel decides from seq_lens,
-# a grid of 4 splits where the two longest sequences (500, 330 keys) take two and the rest one, down to 1 key
+# a grid of 4 splits where the two longest sequences (1000, 660 keys) take two and the rest one, down to 1 key
 # (the bounds lowered to fit the interpreter: a "GPU" of 32 program slots, pieces of at least 64 keys).
-DEVICE_SPLIT_DECODE = replace(BASE, name="device_split_decode", seq_lens=(500, 1, 17, 215, 100, 330, 64, 33),
+DEVICE_SPLIT_DECODE = replace(BASE, name="device_split_decode", seq_lens=(1000, 1, 17, 430, 200, 660, 64, 33),
                               q_lens=(1,) * 8)  # fmt: skip
-DEVICE_SPLIT_HINTS = {"max_q_len": 1, "max_seq_len": 500}
+DEVICE_SPLIT_HINTS = {"max_q_len": 1, "max_seq_len": 1000}
 
 
 @pytest.fixture
