@@ -93,23 +93,25 @@ def test_hoppers_prefill_takes_the_launch_passes_the_oracle_and_computes_what_th
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("column", [0, 50])
-def test_a_bad_block_id_turns_the_rows_that_see_it_into_nan_and_leaves_the_other_sequence(column, gluon_launches):
-    needs_hopper()
-    _assert_a_bad_block_nans_only_the_rows_that_see_it(column, lambda: None)
-    assert gluon_launches
-
-
-def _assert_a_bad_block_nans_only_the_rows_that_see_it(column: int, before_the_call) -> None:
+@pytest.mark.parametrize(
+    ("column", "programs"), [(0, None), (50, None), (50, 1)], ids=["key0", "key800", "one_program"]
+)
+def test_a_bad_block_id_turns_the_rows_that_see_it_into_nan_and_leaves_the_other_sequence(
+    column, programs, gluon_launches, cap_programs
+):
     """CASES[1] (sequence 0: 300 queries at positions 700..999, blocks of 16) with a block id past the pool at
-    ``column`` of sequence 0 (keys 16 * column..): the rows that reach it are NaN, the other sequence passes."""
+    ``column`` of sequence 0 (keys 16 * column..): the rows that reach it are NaN, the other sequence passes. With
+    one program, that program walks every item: an item of NaN rows among attended ones keeps the walk in step."""
+    needs_hopper()
     case = CASES[1]
     inputs = case.inputs("cuda")
     args = list(inputs.args())
     args[3] = inputs.block_table.clone()
     args[3][0, column] = inputs.k_cache.shape[0] + 5
-    before_the_call()
+    if programs:
+        cap_programs(programs)
     got = kernels.paged_attention_triton(*args, out=inputs.new_out(), check=False)
+    assert gluon_launches
     assert got[max(16 * column - 700, 0) : case.q_lens[0]].isnan().all()
     rest = case.q_lens[0]
     expected = paged_attention_oracle(*inputs.args())
@@ -209,11 +211,3 @@ def test_a_grid_of_few_programs_walks_every_item_and_computes_what_the_full_grid
     cap_programs(programs)
     got = kernels.paged_attention_triton(*inputs.args(), out=inputs.new_out(), **options)
     assert torch.equal(got, full), f"{_run_id(run)} on {programs} programs differs from the full grid"
-
-
-@pytest.mark.gpu
-def test_a_bad_block_id_in_one_programs_walk_leaves_the_items_after_it_right(cap_programs):
-    """One program walks every item: an item of NaN rows (a bad block id) among attended ones keeps the walk in
-    step, and the other sequence still passes the oracle."""
-    needs_hopper()
-    _assert_a_bad_block_nans_only_the_rows_that_see_it(50, lambda: cap_programs(1))  # keys 800..815: rows 100..

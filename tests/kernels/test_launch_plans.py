@@ -351,7 +351,9 @@ def _outputs(result):
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("name", OUTPUT_CASES)
 def test_a_plan_hit_computes_what_the_full_path_computes(name, device):
-    """The hit's outputs equal the first and the uncached call's bit for bit; on CUDA it launches compiled."""
+    """The hit's outputs equal the first call's bit for bit; on CUDA it launches compiled. The first call, a miss,
+    is the full path: kernels.contract's entry runs the same implementation on a miss as with plans off, then
+    files the plan (the launches of both are compared above, with plans off)."""
     triton_paged = needs_triton(device)
     args, kwargs = _output_call(*OUTPUT_CASES[name], device)
     triton_paged.PLANS.clear()
@@ -362,10 +364,8 @@ def test_a_plan_hit_computes_what_the_full_path_computes(name, device):
         (plan,) = [recipe.plan for recipe in triton_paged.PLANS.plans()]
         assert launch_plan.fast_launch_status() == "compiled kernel" and plan.main.compiled is not None
         assert plan.combine is None or plan.combine.compiled is not None
-    with plans_enabled(False):
-        uncached = _outputs(kernels.paged_attention_triton(*args, **kwargs))
-    for a, b, c in zip(first, second, uncached, strict=True):
-        assert torch.equal(a.nan_to_num(7.0), b.nan_to_num(7.0)) and torch.equal(b.nan_to_num(7.0), c.nan_to_num(7.0))
+    for a, b in zip(first, second, strict=True):
+        assert torch.equal(a.nan_to_num(7.0), b.nan_to_num(7.0))
     assert not first[0].isnan().all()
 
 

@@ -51,6 +51,9 @@ def _tolerance(q: torch.Tensor) -> tuple[float, float]:
 SPLIT_BASES = {"split_kv_decode", "bfloat16_split_kv"}
 SCALED = [f"{base}-{fp8}-{scale}" for base in BASES for fp8 in FP8 for scale in ("per_tensor", "per_head")
           if base not in SPLIT_BASES or (fp8, scale) == ("e4m3", "per_head")]  # fmt: skip
+# The kernel reads that tensor either way (the same specialization, the same loads): its per_tensor rows would
+# repeat its per_head rows, so the Triton kernel runs the per_head rows; the other backends run both forms.
+GRID = [row for row in backend_grid(SCALED) if row.values[1] != "triton" or row.values[0].endswith("per_head")]
 
 
 @functools.cache
@@ -61,7 +64,7 @@ def _graded(scaled: str):
     return inputs, args, scales, paged_attention_oracle(*args, **scales)
 
 
-@pytest.mark.parametrize(("scaled", "backend"), backend_grid(SCALED))
+@pytest.mark.parametrize(("scaled", "backend"), GRID)
 def test_backend_matches_oracle_of_the_dequantized_cache(scaled, backend):
     """The cache backend writes the unquantized keys and values into an fp8 cache, which quantizes them; on
     e4m3 per-head scales tlsim predicts the kernel (tests/kernels/test_tlsim_predicts_triton.py's bound)."""
