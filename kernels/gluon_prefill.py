@@ -284,8 +284,9 @@ if gluon is not None:
         """One warp: the program's work items, item program_id first and then the next one not yet taken by any
         program (an atomic counter, taken once this item's copies are issued), each handed to the consumers; each
         item's Q once both consumers are done with the last one's, and its K and V tiles (each as soon as its
-        stage's last one is consumed), a TMA box of BOX rows at a time, STAGES tiles ahead of the consumers (across work items). A box wholly past seq_len copies the item's
-        first box instead (a checked column; finite values the masks ignore)."""
+        stage's last one is consumed), a TMA box of BOX rows at a time, STAGES tiles ahead of the consumers (across
+        work items). A box wholly past seq_len copies the item's first box instead (a checked column; finite values
+        the masks ignore)."""
         BOXES: gl.constexpr = BN // BOX
         done = 0  # tiles copied so far: the ring's slot and phase
         items = 0  # work items attended so far: Q's phase
