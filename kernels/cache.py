@@ -44,10 +44,6 @@ class StepMetadata:
     max_seq_len: int
     seq_ids: tuple[int, ...]
 
-    @property
-    def num_seqs(self) -> int:
-        return len(self.seq_ids)
-
 
 class PagedKVCache:
     """KV pools for ``num_layers`` layers sharing one block allocator.
