@@ -279,7 +279,6 @@ def head_dim_pieces(head_dim: int) -> tuple[int, int]:
 
 
 def cdiv(a: int, b: int) -> int:
-    """ceil(a / b) for non-negative ints."""
     return -(-a // b)
 
 
