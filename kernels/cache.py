@@ -44,10 +44,6 @@ class StepMetadata:
     max_seq_len: int
     seq_ids: tuple[int, ...]
 
-    @property
-    def num_seqs(self) -> int:
-        return len(self.seq_ids)
-
 
 class PagedKVCache:
     """KV pools for ``num_layers`` layers sharing one block allocator.
@@ -162,7 +158,6 @@ class PagedKVCache:
         self._free_blocks.extend(reversed(blocks))
 
     def _grow(self, rows: int | None = None, width: int | None = None) -> None:
-        """Reallocate the device table larger (only when its size was not fixed)."""
         rows, width = rows or self._table.shape[0], width or self._table.shape[1]
         fixed_rows, fixed_width = self._fixed_size
         if (fixed_rows and rows > fixed_rows) or (fixed_width and width > fixed_width):

@@ -47,14 +47,12 @@ def fail(msg: str) -> None:
 
 
 def check_int_at_least_1(name: str, value, q, k_cache) -> int | None:
-    """None, or a host int >= 1 (a bool is refused)."""
     if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
         fail(f"{name} must be an int >= 1 or None, got {value!r}")
     return value
 
 
 def positive_finite(name: str, value, or_none: str = "") -> float:
-    """``float(value)``, refused unless positive and finite."""
     value = float(value)
     if not (value > 0 and math.isfinite(value)):
         fail(f"{name} must be a positive finite number{or_none}, got {value}")
@@ -62,7 +60,6 @@ def positive_finite(name: str, value, or_none: str = "") -> float:
 
 
 def check_positive_float(name: str, value, q, k_cache) -> float | None:
-    """None, or a positive finite host number (as a float)."""
     return None if value is None else positive_finite(name, value, " or None")
 
 
@@ -100,7 +97,6 @@ def check_kv_scale(name: str, value, kv_fp8: bool, num_kv_heads: int, device: to
 
 
 def check_cache_scale(name: str, value, q, k_cache) -> torch.Tensor | None:
-    """:func:`check_kv_scale` for the call's cache."""
     return check_kv_scale(name, value, k_cache.dtype in FP8_DTYPES, k_cache.shape[2], q.device)
 
 
@@ -388,7 +384,6 @@ def contract_entry(impl=None, *, plans=None):
 
     entry.__name__, entry.__qualname__, entry.__module__ = impl.__name__, impl.__qualname__, impl.__module__
     entry.__doc__ = (impl.__doc__ or "").rstrip() + "\n" + CONTRACT_DOC
-    # The signature with **options spelled out: a keyword-only parameter per call option, default None.
     signature = inspect.signature(entry)
     fixed = [p for p in signature.parameters.values() if p.kind is not inspect.Parameter.VAR_KEYWORD]
     options = [inspect.Parameter(o.name, inspect.Parameter.KEYWORD_ONLY, default=None, annotation=o.kind.annotation)

@@ -55,7 +55,6 @@ def triton_unavailable_reason(device: torch.device | str) -> str | None:
 
 
 def _unforced(cuda: bool) -> str:
-    """The backend when none is forced: "triton" on CUDA when Triton imports, else "tlsim"."""
     return "triton" if cuda and has_triton() else "tlsim"
 
 

@@ -39,11 +39,6 @@ class _Uncacheable(Exception):
     """An argument the key cannot describe exactly: the call takes the full path."""
 
 
-def enabled() -> bool:
-    """Whether calls use their plan caches (``$PAGED_ATTN_PLAN_CACHE`` at import, then :func:`plans_enabled`)."""
-    return _enabled
-
-
 @contextlib.contextmanager
 def plans_enabled(flag: bool) -> Iterator[None]:
     """Inside the block the plan caches are on (``flag`` True) or off (and emptied); the previous state after."""
@@ -76,7 +71,6 @@ def _describe_host_scalar(x: Any) -> Any:
 
 
 def _describe(x: Any) -> Any:
-    """One argument's part of the key: a tensor's metadata, else as a host scalar's."""
     if isinstance(x, torch.Tensor):
         return (x.shape, x.stride(), x.dtype, x.device, x.data_ptr() & 15)
     return _describe_host_scalar(x)
@@ -198,7 +192,6 @@ class PlanCache:
     recipe = CallRecipe  # what a hit of this call replays: the thing to file
 
     def get(self, key: tuple):
-        """The plan filed under ``key``, or None."""
         entry = self._plans.get(key)
         if entry is None:
             self.misses += 1
@@ -219,7 +212,6 @@ class PlanCache:
                     self._plans[oldest] = entry
 
     def clear(self) -> None:
-        """Forget every plan and zero the hit and miss counts."""
         with self._lock:
             self._plans.clear()
             self.hits = self.misses = 0

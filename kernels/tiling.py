@@ -243,8 +243,7 @@ def latent_kv(call: PagedCall) -> bool:
 
 
 def is_latent_view(k_cache: torch.Tensor, v_cache: torch.Tensor) -> bool:
-    """Whether v_cache is k_cache[..., :head_dim_v], from metadata alone: the same first element, dtype,
-    device, block / slot / head sizes and strides, both unit-stride in the last dim, V no wider than K."""
+    """Whether v_cache is k_cache[..., :head_dim_v], from metadata alone (no device sync)."""
     return (
         v_cache.data_ptr() == k_cache.data_ptr()
         and v_cache.dtype == k_cache.dtype
@@ -279,7 +278,6 @@ def head_dim_pieces(head_dim: int) -> tuple[int, int]:
 
 
 def cdiv(a: int, b: int) -> int:
-    """ceil(a / b) for non-negative ints."""
     return -(-a // b)
 
 

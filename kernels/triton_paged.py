@@ -693,7 +693,6 @@ def combine_splits_kernel(
 
 
 def _check_launchable(device: torch.device) -> None:
-    """Fail clearly on CPU tensors when Triton was imported without TRITON_INTERPRET=1."""
     interpreted = not isinstance(paged_attention_kernel, triton.runtime.JITFunction)
     if device.type != "cuda" and not interpreted:
         raise RuntimeError(

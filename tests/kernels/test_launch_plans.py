@@ -259,7 +259,7 @@ def test_plans_off_keeps_none_and_the_env_var_turns_them_off(recorded):
             spec = importlib.util.spec_from_file_location("kernels._launch_plan_imported_here", launch_plan.__file__)
             imported = importlib.util.module_from_spec(spec)
             spec.loader.exec_module(imported)
-        assert imported.enabled() is enabled
+        assert imported._enabled is enabled
 
 
 def test_the_cache_keeps_the_most_recently_used_plans():
