@@ -187,13 +187,10 @@ CLASSES = [
 ]
 
 
-def census(name: str, overrides: dict | None = None, module: str = "kernels.triton_paged", sass_dir=None) -> dict:
+def census(name: str, overrides: dict | None = None, module: str = "kernels.triton_paged") -> dict:
     """One table row of LAUNCHES[name] (``loop``: the unmasked loop's instructions a warp a tile)."""
     compiled, const, options = compile_launch(name, overrides, module)
     sass, usage = sass_of(compiled.asm["cubin"])
-    if sass_dir:
-        with open(os.path.join(sass_dir, re.sub(r"[^A-Za-z0-9_]+", "_", name).strip("_") + ".sass"), "w") as f:
-            f.write("\n".join(m.group(1) for m in re.finditer(r"/\*[0-9a-f]+\*/\s+([^;]*);", sass)))
     loops = [[re.sub(r"^@!?U?P\w+\s+", "", t).split()[0] for t in body] for body in tile_loops(sass)]  # opcodes
     ops = collections.Counter(loops[0])
     classes = collections.Counter(next(c for c, p in CLASSES if re.match(p, op)) for op in loops[0])
@@ -212,8 +209,6 @@ def main(argv=None) -> None:
     parser.add_argument("--module", default="kernels.triton_paged")
     parser.add_argument("--only", nargs="*", help="substrings of launch names")
     parser.add_argument("--set", action="append", default=[], help="NAME=VALUE (a Python literal): an override")
-    parser.add_argument("--sass-dir", help="keep each launch's SASS there (addresses stripped)")
-    parser.add_argument("--ops", action="store_true", help="every opcode of each loop")
     parser.add_argument("--json", help="write the rows there as JSON")
     args = parser.parse_args(argv)
     overrides = {}
@@ -234,7 +229,7 @@ def main(argv=None) -> None:
     rows = []
     for name in names:
         try:
-            r = census(name, overrides, args.module, args.sass_dir)
+            r = census(name, overrides, args.module)
         except (ValueError, RuntimeError) as e:
             sys.exit(f"sass_census: {e}")
         rows.append(r)
@@ -242,8 +237,6 @@ def main(argv=None) -> None:
                  r["loop"], r["masked_loop"] or "", r["spill_ops"], f"{r['per_128_keys']:.0f}",
                  *(r["classes"][c] for c in order)]  # fmt: skip
         print("| " + " | ".join(map(str, cells)) + " |", flush=True)
-        if args.ops:
-            print("   ", ", ".join(f"{op} {n}" for op, n in r["ops"].items()), flush=True)
     if args.json:
         Path(args.json).write_text(json.dumps(dict(triton=triton.__version__, set=overrides, rows=rows), indent=1))
 

@@ -10,7 +10,6 @@ Both beside ``--spinners`` busy processes, the builds as temporary git worktrees
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
 import os
 import re
@@ -21,6 +20,10 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT))
+
+from harness.review.confirm import checked_out  # noqa: E402
+
 PLUGIN = "scripts.self.slowdown_plugin"  # a module: each checkout imports its own (a path would be one file for both)
 SLOWED = "reference_slowable"
 PLANTED_CASES = """case = [
@@ -53,18 +56,6 @@ def harness(args: list[str], cwd: Path, log: Path) -> tuple[int, str, float]:
     return done.returncode, done.stdout, time.monotonic() - start
 
 
-@contextlib.contextmanager
-def worktree(tree: Path, *branch: str):
-    """A git worktree of HEAD at ``tree`` inside the block (``branch``: "-b", NAME for a new branch), removed after."""
-    git("worktree", "add", *(branch or ["--detach"]), str(tree), git("rev-parse", "HEAD"))
-    try:
-        yield tree
-    finally:
-        subprocess.run(["git", "worktree", "remove", "--force", str(tree)], cwd=ROOT, capture_output=True)
-        if branch:
-            subprocess.run(["git", "branch", "-D", branch[1]], cwd=ROOT, capture_output=True)
-
-
 def flagged(stdout: str) -> dict[str, list[tuple[str, str]]]:
     """compare's table: what (WORSE, UNCONFIRMED, better, ?) -> [(backend, case)]."""
     out: dict[str, list[tuple[str, str]]] = {}
@@ -95,27 +86,32 @@ def compare(base: Path, new: Path, log: Path, confirm_time: float) -> dict:
 def planted(work: Path, args: argparse.Namespace) -> dict:
     """HEAD against HEAD + a commit planting 25% in reference_slowable, on 3 cases x 3 backends."""
     branch = f"compare-targets-planted-{os.getpid()}"  # compare re-times only commits a local branch or HEAD reaches
-    with worktree(work / "tree-base") as base_tree, worktree(work / "tree-new", "-b", branch) as new_tree:
-        plugin = new_tree / "scripts" / "self" / "slowdown_plugin.py"
-        plugin.write_text(re.sub(r"^PLANTED = 0\.0", "PLANTED = 0.25", plugin.read_text(), count=1, flags=re.M))
-        git("-c", "user.name=compare_targets", "-c", "user.email=none@localhost", "commit", "-qam",
-            "plant 25% in reference_slowable", cwd=new_tree)  # fmt: skip
-        cases = work / "three.toml"
-        cases.write_text(PLANTED_CASES)
-        backends = ["reference", "tlsim", SLOWED]
-        seconds = {name: run_in(tree, [str(cases)], work / name, work / "log.txt", backends)
-                   for name, tree in (("base", base_tree), ("new", new_tree))}  # fmt: skip
-        result = compare(work / "base", work / "new", work / "log.txt", args.confirm_time)
-        hits = sorted(case for backend, case in result["worse"] if backend == SLOWED)
-        others = [f"{b} on {c}" for b, c in result["worse"] if b != SLOWED]
-        return {"run_seconds": {k: round(v) for k, v in seconds.items()}, **result,
-                "slowed_flagged": f"{len(hits)} of 3", "others_flagged": others,
-                "target_met": len(hits) == 3 and not others and result["seconds"] <= 600}  # fmt: skip
+    head = git("rev-parse", "HEAD")
+    try:
+        with checked_out({"base": head, "new": head}, cwd=ROOT) as (base_tree, new_tree):
+            git("switch", "-qc", branch, cwd=new_tree)
+            plugin = new_tree / "scripts" / "self" / "slowdown_plugin.py"
+            plugin.write_text(re.sub(r"^PLANTED = 0\.0", "PLANTED = 0.25", plugin.read_text(), count=1, flags=re.M))
+            git("-c", "user.name=compare_targets", "-c", "user.email=none@localhost", "commit", "-qam",
+                "plant 25% in reference_slowable", cwd=new_tree)  # fmt: skip
+            cases = work / "three.toml"
+            cases.write_text(PLANTED_CASES)
+            backends = ["reference", "tlsim", SLOWED]
+            seconds = {name: run_in(tree, [str(cases)], work / name, work / "log.txt", backends)
+                       for name, tree in (("base", base_tree), ("new", new_tree))}  # fmt: skip
+            result = compare(work / "base", work / "new", work / "log.txt", args.confirm_time)
+            hits = sorted(case for backend, case in result["worse"] if backend == SLOWED)
+            others = [f"{b} on {c}" for b, c in result["worse"] if b != SLOWED]
+            return {"run_seconds": {k: round(v) for k, v in seconds.items()}, **result,
+                    "slowed_flagged": f"{len(hits)} of 3", "others_flagged": others,
+                    "target_met": len(hits) == 3 and not others and result["seconds"] <= 600}  # fmt: skip
+    finally:
+        subprocess.run(["git", "branch", "-D", branch], cwd=ROOT, capture_output=True)
 
 
 def reruns(work: Path, args: argparse.Namespace) -> dict:
     """Three smoke runs of HEAD, compared pairwise: every WORSE row is a false alarm."""
-    with worktree(work / "tree") as tree:
+    with checked_out({"tree": git("rev-parse", "HEAD")}, cwd=ROOT) as (tree,):
         seconds = {n: round(run_in(tree, ["smoke"], work / n, work / "log.txt", [])) for n in "ABC"}
         pairs = {f"{a}-{b}": compare(work / a, work / b, work / "log.txt", args.confirm_time)
                  for a, b in (("A", "B"), ("A", "C"), ("B", "C"))}  # fmt: skip

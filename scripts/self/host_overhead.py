@@ -13,7 +13,7 @@ import argparse
 import cProfile
 import pstats
 import sys
-import time
+import timeit
 from pathlib import Path
 
 import torch
@@ -62,16 +62,10 @@ LOOPS = 7  # host loops per measurement; the fastest is kept
 
 
 def host_us(fn, n: int, device: str, loops: int) -> float:
-    """Host us a call, queue not drained: the fastest of ``loops`` loops of n back-to-back calls (as timeit)."""
+    """Host us a call, queue not drained: the fastest of ``loops`` loops of n back-to-back calls (timeit's)."""
     sync = torch.cuda.synchronize if device == "cuda" else lambda: None
     fn()
-    best = float("inf")
-    for _ in range(loops):
-        sync()
-        t0 = time.perf_counter()
-        for _ in range(n):
-            fn()
-        best = min(best, time.perf_counter() - t0)
+    best = min(timeit.repeat(fn, setup=sync, number=n, repeat=loops))
     sync()
     return best / n * 1e6
 

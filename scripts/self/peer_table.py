@@ -21,21 +21,17 @@ from harness.results.storage import load_run
 def peer_table(frame: pd.DataFrame, backend: str) -> pd.DataFrame:
     """One row per case the backend passed: its times, the best peer's, and the ratio."""
     graded = frame[frame["status"] == "pass"].dropna(subset=["latency_us"])
-    mine = graded[graded["backend"] == backend].set_index("case")
     peers = graded[graded["backend_kind"] == "peer"]
-    rows = []
-    for case, row in mine.iterrows():
-        rivals = peers[peers["case"] == case]
-        if rivals.empty:
-            continue
-        best = rivals.loc[rivals["latency_us"].idxmin()]
-        rows.append({
-            "case": case, f"{backend} us": row["latency_us"], f"{backend} call us": row["call_us"],
-            "best peer": best["backend"], "peer us": best["latency_us"], "ratio": row["latency_us"] / best["latency_us"],
-            "% read ceiling": row["pct_of_ceiling"], "TFLOP/s": row["tflops"] if row["max_q_len"] > 1 else float("nan"),
-            "% peak": row["pct_of_peak"],
-        })  # fmt: skip
-    return pd.DataFrame(rows)
+    best = peers.loc[peers.groupby("case")["latency_us"].idxmin(), ["case", "backend", "latency_us"]]
+    mine = graded[graded["backend"] == backend].merge(best, on="case", suffixes=("", "_peer"))
+    if mine.empty:  # no case with a peer: nor any column to read
+        return pd.DataFrame()
+    return pd.DataFrame({
+        "case": mine["case"], f"{backend} us": mine["latency_us"], f"{backend} call us": mine["call_us"],
+        "best peer": mine["backend_peer"], "peer us": mine["latency_us_peer"],
+        "ratio": mine["latency_us"] / mine["latency_us_peer"], "% read ceiling": mine["pct_of_ceiling"],
+        "TFLOP/s": mine["tflops"].where(mine["max_q_len"] > 1), "% peak": mine["pct_of_peak"],
+    })  # fmt: skip
 
 
 def to_markdown(table: pd.DataFrame) -> str:
