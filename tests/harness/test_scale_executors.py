@@ -12,6 +12,7 @@ import sys
 import time
 from pathlib import Path
 from types import SimpleNamespace
+from typing import NamedTuple
 
 import numpy as np
 import pandas as pd
@@ -65,7 +66,7 @@ def _pytest_config(options: dict, **attributes) -> SimpleNamespace:
 def test_every_executor_gives_the_same_rows_row_for_row(killed_ready_workers):
     """Two workers (the killed_ready_workers run, its killer's rows set aside), an isolated backend, a Ray task's
     body and pytest's case suite each give the one-process rows."""
-    pool_rows, _, _, cases_file, plugin = killed_ready_workers
+    cases_file, plugin = killed_ready_workers.cases_file, killed_ready_workers.plugin
     load_plugin(str(plugin))
     cases = load_cases([cases_file], "cpu")
     config = RunConfig(device="cpu", backends=resolve_backends(NAMES), timing=False, progress=False,
@@ -82,7 +83,7 @@ def test_every_executor_gives_the_same_rows_row_for_row(killed_ready_workers):
 
     got = {
         "isolated": through(InProcess(), dataclasses.replace(config, isolated=frozenset(NAMES))),
-        "two workers": _comparable([row for row in pool_rows if row["backend"] != "killer"]),
+        "two workers": _comparable([row for row in killed_ready_workers.rows if row["backend"] != "killer"]),
     }
     shipped = dataclasses.replace(config, backends=[])
     events = [event for case in cases for event in case_task(case, NAMES, shipped, ())]  # plugin loaded here
@@ -123,16 +124,24 @@ def _killer_pool(plugin: Path, *cases: dict, names=("tlsim", "killer")) -> tuple
     return rows, run_pool(cases, config, rows.append, workers=2)
 
 
+class KilledRun(NamedTuple):
+    rows: list[dict]
+    pool: PoolRun
+    kills: list[str]  # the pids killed
+    cases_file: Path
+    plugin: Path
+
+
 @pytest.fixture(scope="module")
 def killed_ready_workers(tmp_path_factory, write_plugin):
     """NAMES and killer on two workers, killer's workers killed four times, each once it was ready, over two cases,
-    beside two fine ones: (rows, the pool, the pids killed, the case file, the plugin)."""
+    beside two fine ones."""
     folder = tmp_path_factory.mktemp("killed")
     plugin = write_plugin(folder)
     dies_again = {**DIES, "name": "dies_again", "seed": 2}
     with plugin_run_scope(folder):
         rows, pool = _killer_pool(plugin, DIES, dies_again, *FINE, names=[*NAMES, "killer"])
-    return rows, pool, (folder / "kills").read_text().split(), folder / "cases.toml", plugin
+    return KilledRun(rows, pool, (folder / "kills").read_text().split(), folder / "cases.toml", plugin)
 
 
 @pytest.mark.slow  # a worker killed, one hung past its limit: about 16 s
@@ -157,7 +166,7 @@ def test_a_killed_worker_costs_one_retry_then_an_error_row_a_hung_one_an_error_r
 
 def test_workers_killed_after_they_are_ready_are_error_rows_not_a_broken_install(killed_ready_workers):
     """Four deaths of ready workers (not counted as failed starts) leave two error rows and the run goes on."""
-    rows, _, kills, _, _ = killed_ready_workers
+    rows, kills = killed_ready_workers.rows, killed_ready_workers.kills
     status = {(r["case"], r["backend"]): r["status"] for r in rows if r["backend"] in ("tlsim", "killer")}
     assert len(rows) == 4 * 5 and len(status) == 8
     assert {pair for pair, s in status.items() if s != "pass"} == {("dies_here", "killer"), ("dies_again", "killer")}
@@ -165,7 +174,7 @@ def test_workers_killed_after_they_are_ready_are_error_rows_not_a_broken_install
 
 
 def test_finished_workers_are_reaped_in_the_background_and_exit(killed_ready_workers):
-    _, pool, *_ = killed_ready_workers
+    pool = killed_ready_workers.pool
     deadline = time.monotonic() + 20
     while any(slot.process is not None for slot in pool.slots) and time.monotonic() < deadline:
         time.sleep(0.05)  # the reap thread joins each worker, then clears its slot

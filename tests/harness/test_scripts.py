@@ -147,7 +147,8 @@ def _tuned(out: str, tmp: Path) -> bool:
         pytest.param("-m harness run {cases} --plugin scripts/self/slowdown_plugin.py --backend reference_slowable "
                      "--out {tmp}/run --no-timing --no-progress", 0, [], None, marks=pytest.mark.slow),  # a worker
     ],
-    ids=["peer_table", "kernel_ab_of_no_base", "kernel_targets", "kernel_targets_of_two_runs", "closeness", "tile_tuner", "gpu_phases", "slowdown_plugin_as_a_plugin"],
+    ids=["peer_table", "kernel_ab_of_no_base", "kernel_targets", "kernel_targets_of_two_runs", "closeness",
+         "tile_tuner", "gpu_phases", "slowdown_plugin_as_a_plugin"],
 )  # fmt: skip
 def test_a_script_exits_with_its_code_and_prints_its_lines(tmp_path, in_process, clean_registry, command, code, said,
                                                            check):  # fmt: skip
