@@ -23,12 +23,13 @@ A work item: 128 query tokens of one query head (the tiles packed over sequences
 one program a multiprocessor, each taking item program_id first and then, as it nears the end of
 an item, the next one no program has taken (an atomic counter, zeroed at each launch: greedy, as
 the hardware hands out the programs of a grid of one program an item). Items are numbered a
-sequence's last (longest) query tiles first, the heads of one tile side by side, and the producer
-copies the next item's Q and first K/V tiles while the consumers finish the last one's P V and
-store its rows. The last tile of a sequence may hold keys past seq_len: their logits are masked,
-and V's rows there are zeroed in shared memory before P V (the pool may hold anything there, NaN
-included; a box wholly past seq_len copies the item's first box instead of reading the table past
-its end). A bad block id among the columns a work item reads turns all its rows into NaN and no
+sequence's last (longest) query tiles first, the heads of one tile side by side. The producer finds
+each item (the block-table lookups and checks) and hands its numbers to the consumers through shared
+memory, so they read no global memory between items; it copies the next item's Q into the second of
+two Q buffers while the consumers work on this one, and its first K/V tiles as the ring frees.
+The last tile of a sequence may hold keys past seq_len: their logits are masked, and V's rows
+there are zeroed in shared memory before P V (the pool may hold anything there, NaN included; a
+box wholly past seq_len copies the item's first box instead of reading the table past its end). A bad block id among the columns a work item reads turns all its rows into NaN and no
 tile is read: the contract's rule, at 128-token items where the Triton kernel's programs are
 BLOCK_Q tokens, so rows that come before the bad key in an item that reaches it are NaN here and
 finite there (and, with a window, rows whose window starts past it). With the checks off, no
@@ -169,6 +170,8 @@ class GluonPrefill:
 
 if gluon is not None:
     ITEM_SLOTS = gl.constexpr(2)  # work items handed from the producer to the consumers ahead of their reads
+    Q_SLOTS = gl.constexpr(2)  # work items' Q tiles in shared memory: the next item's is copied during this one
+    ITEM_FIELDS = gl.constexpr(8)  # what _publish_item hands over of a work item
 
     @gluon.jit
     def _find_seq(query_start_loc_ptr, q_tile, num_seqs, BM: gl.constexpr):
@@ -209,28 +212,40 @@ if gluon is not None:
         gl.store(out_ptr + offs, nan, mask=((rows < rows_left) & (o_row0 + rows >= 0))[:, None])
 
     @gluon.jit
-    def _publish_item(item_smem, item_ready, item_free, w, taken, SLOTS: gl.constexpr):
-        """The producer hands work item w, its program's taken-th, to both consumers through a ring of SLOTS
-        shared words (one ready barrier a slot, and a free one both consumers arrive on once they have read it)."""
+    def _publish_item(item_smem, item_ready, item_free, fields, taken, SLOTS: gl.constexpr):
+        """The producer hands its program's taken-th work item to both consumers: ``fields``, the ITEM_FIELDS
+        numbers :func:`_next_item` returns, through a ring of SLOTS rows of shared words (one ready barrier a
+        slot, and a free one both consumers arrive on once they have read it). The consumers read no global
+        memory to find their work: the lookups' latency stays with the producer, which runs ahead of them."""
         slot = taken % SLOTS
         mbarrier.wait(item_free.index(slot), ((taken // SLOTS) & 1) ^ 1)
-        layout: gl.constexpr = gl.BlockedLayout([1], [32], [1], [0])
-        item_smem.index(slot).store(gl.full([1], w, gl.int32, layout))
+        layout: gl.constexpr = gl.BlockedLayout([ITEM_FIELDS], [32], [1], [0])
+        idx = gl.arange(0, ITEM_FIELDS, layout=layout)
+        row = gl.zeros([ITEM_FIELDS], gl.int32, layout)
+        for f in gl.static_range(ITEM_FIELDS):
+            row = gl.where(idx == f, fields[f], row)
+        item_smem.index(slot).store(row)
         mbarrier.arrive(item_ready.index(slot), count=1)
 
     @gluon.jit
     def _next_item(item_smem, item_ready, item_free, taken, SLOTS: gl.constexpr, num_warps: gl.constexpr):
-        """A consumer's taken-th work item, as :func:`_publish_item` handed it over."""
+        """A consumer's taken-th work item as :func:`_publish_item` handed it over: its head, seq_len, first query
+        position, first row of out, real rows, key tiles [t0, t_end), and state (:func:`_work_item`'s, or -1: no
+        more items)."""
         slot = taken % SLOTS
         mbarrier.wait(item_ready.index(slot), (taken // SLOTS) & 1)
-        layout: gl.constexpr = gl.BlockedLayout([1], [32], [num_warps], [0])
-        w = gl.max(item_smem.index(slot).load(layout), axis=0)
+        layout: gl.constexpr = gl.BlockedLayout([ITEM_FIELDS], [32], [num_warps], [0])  # every thread the whole row
+        idx = gl.arange(0, ITEM_FIELDS, layout=layout)
+        row = item_smem.index(slot).load(layout)
         mbarrier.arrive(item_free.index(slot), count=1)
-        return w
+        return (gl.sum(gl.where(idx == 0, row, 0), axis=0), gl.sum(gl.where(idx == 1, row, 0), axis=0),
+                gl.sum(gl.where(idx == 2, row, 0), axis=0), gl.sum(gl.where(idx == 3, row, 0), axis=0),
+                gl.sum(gl.where(idx == 4, row, 0), axis=0), gl.sum(gl.where(idx == 5, row, 0), axis=0),
+                gl.sum(gl.where(idx == 6, row, 0), axis=0), gl.sum(gl.where(idx == 7, row, 0), axis=0))  # fmt: skip
 
     @gluon.jit
     def _work_item(w, walk, sizes, sliding_window, BM: gl.constexpr, BN: gl.constexpr, BLOCK_SIZE: gl.constexpr,
-                   USE_WINDOW: gl.constexpr, WARPS: gl.constexpr):  # fmt: skip
+                   USE_WINDOW: gl.constexpr):  # fmt: skip
         """Work item w of the persistent grid (``walk`` and ``sizes``: the tuples prefill_kernel builds): query tile
         num_q_tiles - 1 - w // num_q_heads (a sequence's last tiles, the longest, first) of query head
         w % num_q_heads. Returns the head, the sequence's block-table row and seq_len, the tile's first query
@@ -263,7 +278,7 @@ if gluon is not None:
         bt_row = block_table_ptr + seq * stride_bt_seq
         o_row0 = q_start + q_tile * BM
         rows_left = gl.minimum(q_len - q_tile * BM, num_tokens - o_row0)  # none past num_tokens (a bad table)
-        bad = _count_bad_blocks(bt_row, first_col, end_col, num_blocks, max_blocks_per_seq, WARPS)
+        bad = _count_bad_blocks(bt_row, first_col, end_col, num_blocks, max_blocks_per_seq, 1)
         spare = (q_tile < 0) | (q_tile * BM >= q_len)  # q_len 0, or short of a full tile
         state = gl.where(spare, 0, gl.where((bad > 0) | (n_tiles < 1), 1, 2))
         t0 = kv_start // BN
@@ -292,14 +307,18 @@ if gluon is not None:
         items = 0  # work items attended so far: Q's phase
         taken = 0  # work items taken so far: the item ring's slot and phase
         w = gl.program_id(0)
-        _publish_item(item_smem, item_ready, item_free, w, taken, ITEM_SLOTS)
+        head, bt_row, seq_len, q_pos0, q_row, rows_left, t0, t_end, state = _work_item(
+            w, walk, sizes, sliding_window, BM, BN, BLOCK_SIZE, USE_WINDOW
+        )
+        fields = (head, seq_len, q_pos0, q_row, rows_left, t0, t_end, gl.where(w < sizes[0] * sizes[1], state, -1))
+        _publish_item(item_smem, item_ready, item_free, fields, taken, ITEM_SLOTS)
         while w < sizes[0] * sizes[1]:
-            head, bt_row, seq_len, _, q_row, _, t0, t_end, state = _work_item(w, walk, sizes, sliding_window, BM, BN,
-                                                                               BLOCK_SIZE, USE_WINDOW, 1)  # fmt: skip
             if state == 2:
-                mbarrier.wait(q_free, (items & 1) ^ 1)
-                mbarrier.expect(q_ready, q_desc.block_type.nbytes)
-                tma.async_copy_global_to_shared(q_desc, [q_row, head * stride_q_head], q_ready, q_smem)
+                qs = items % Q_SLOTS
+                mbarrier.wait(q_free.index(qs), ((items // Q_SLOTS) & 1) ^ 1)
+                mbarrier.expect(q_ready.index(qs), q_desc.block_type.nbytes)
+                tma.async_copy_global_to_shared(q_desc, [q_row, head * stride_q_head], q_ready.index(qs),
+                                                q_smem.index(qs))  # fmt: skip
                 k_col = (head // GROUP) * stride_k_head
                 v_col = (head // GROUP) * stride_v_head
                 for j in range(t_end - t0):  # tile t0 + j, the ring's tile done + j
@@ -321,7 +340,11 @@ if gluon is not None:
                 items += 1
             w = gl.num_programs(0) + gl.atomic_add(item_counter_ptr, 1, sem="relaxed")  # no data rides on it
             taken += 1
-            _publish_item(item_smem, item_ready, item_free, w, taken, ITEM_SLOTS)
+            head, bt_row, seq_len, q_pos0, q_row, rows_left, t0, t_end, state = _work_item(
+                w, walk, sizes, sliding_window, BM, BN, BLOCK_SIZE, USE_WINDOW
+            )
+            fields = (head, seq_len, q_pos0, q_row, rows_left, t0, t_end, gl.where(w < sizes[0] * sizes[1], state, -1))
+            _publish_item(item_smem, item_ready, item_free, fields, taken, ITEM_SLOTS)
 
     @gluon.jit
     def _softmax_step(s, m_i, l_i, key0, q_pos, last_key, masked, qk_scale, sliding_window, BN: gl.constexpr,
@@ -372,6 +395,8 @@ if gluon is not None:
                                                            instr_shape=[16, D, 16])  # fmt: skip
         p_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=o_layout, k_width=2)
         dtype: gl.constexpr = q_smem.dtype
+        qs = items % Q_SLOTS
+        q_rows = q_smem.index(qs).slice(W * ROWS, ROWS)
         q_pos = q_pos0 + gl.arange(0, ROWS, layout=gl.SliceLayout(1, s_layout))
         # tiles before it lie wholly below every row's diagonal and before seq_len; the window masks every tile
         unmasked = gl.where(USE_WINDOW, 0, (q_pos0 + 1) // BN)
@@ -380,10 +405,10 @@ if gluon is not None:
         l_i = gl.zeros([ROWS], gl.float32, layout=gl.SliceLayout(1, s_layout))
         acc = gl.zeros([ROWS, D], gl.float32, layout=o_layout)
         s_zero = gl.zeros([ROWS, BN], gl.float32, layout=s_layout)
-        mbarrier.wait(q_ready, items & 1)
+        mbarrier.wait(q_ready.index(qs), (items // Q_SLOTS) & 1)
         mbarrier.wait(k_ready.index(done % STAGES), (done // STAGES) & 1)
         mbarrier.wait(turn.index(W), (turns + 1 - W) & 1)
-        s = warpgroup_mma(q_smem, k_smem.index(done % STAGES).permute((1, 0)), s_zero, use_acc=False, is_async=True)
+        s = warpgroup_mma(q_rows, k_smem.index(done % STAGES).permute((1, 0)), s_zero, use_acc=False, is_async=True)
         mbarrier.arrive(turn.index(1 - W), count=1)
         s = warpgroup_mma_wait(0, deps=(s,))
         mbarrier.arrive(k_free.index(done % STAGES), count=1)
@@ -396,7 +421,7 @@ if gluon is not None:
             mbarrier.wait(v_ready.index(prev), ((done + j - 1) // STAGES) & 1)
             p_op = gl.convert_layout(p.to(dtype), p_layout)
             mbarrier.wait(turn.index(W), (turns + j + 1 - W) & 1)
-            s = warpgroup_mma(q_smem, k_smem.index(st).permute((1, 0)), s_zero, use_acc=False, is_async=True)
+            s = warpgroup_mma(q_rows, k_smem.index(st).permute((1, 0)), s_zero, use_acc=False, is_async=True)
             acc = warpgroup_mma(p_op, v_smem.index(prev), acc, is_async=True)
             mbarrier.arrive(turn.index(1 - W), count=1)
             s = warpgroup_mma_wait(1, deps=(s,))
@@ -406,7 +431,7 @@ if gluon is not None:
             acc = warpgroup_mma_wait(0, deps=(acc,))
             mbarrier.arrive(v_free.index(prev), count=1)
             acc = acc * gl.convert_layout(alpha, gl.SliceLayout(1, o_layout))[:, None]
-        mbarrier.arrive(q_free, count=1)  # every Q K^T is done: the producer may copy the next item's Q
+        mbarrier.arrive(q_free.index(qs), count=1)  # every Q K^T is done: the producer may copy a Q into it
         last = done + t_end - t0 - 1
         mbarrier.wait(v_ready.index(last % STAGES), (last // STAGES) & 1)
         if t_end * BN > seq_len:
@@ -436,11 +461,10 @@ if gluon is not None:
         items = 0
         turns = 0
         taken = 0
-        w = _next_item(item_smem, item_ready, item_free, taken, ITEM_SLOTS, num_warps)
-        while w < sizes[0] * sizes[1]:
-            head, _, seq_len, q_pos0, o_row0, rows_left, t0, t_end, state = _work_item(
-                w, walk, sizes, sliding_window, BM, BN, BLOCK_SIZE, USE_WINDOW, num_warps
-            )
+        head, seq_len, q_pos0, o_row0, rows_left, t0, t_end, state = _next_item(
+            item_smem, item_ready, item_free, taken, ITEM_SLOTS, num_warps
+        )
+        while state >= 0:
             if state == 2:
                 _attend(q_smem, k_smem, v_smem, q_ready, q_free, k_ready, v_ready, k_free, v_free, turn, out_ptr, t0,
                         t_end, q_pos0 + W * ROWS, seq_len, o_row0 + W * ROWS, rows_left - W * ROWS, head,
@@ -453,7 +477,9 @@ if gluon is not None:
                 _store_nan_rows(out_ptr, o_row0 + W * ROWS, rows_left - W * ROWS, head, stride_o_token,
                                 stride_o_head, ROWS, D, num_warps)  # fmt: skip
             taken += 1
-            w = _next_item(item_smem, item_ready, item_free, taken, ITEM_SLOTS, num_warps)
+            head, seq_len, q_pos0, o_row0, rows_left, t0, t_end, state = _next_item(
+                item_smem, item_ready, item_free, taken, ITEM_SLOTS, num_warps
+            )
 
     @gluon.jit
     def prefill_kernel(
@@ -479,22 +505,23 @@ if gluon is not None:
         USE_WINDOW: gl.constexpr,  # a query at position p sees keys p - W + 1 .. p
         num_warps: gl.constexpr,  # each consumer partition's (NUM_WARPS)
     ):  # fmt: skip
-        q_smem = gl.allocate_shared_memory(q_desc.dtype, [BM, D], q_desc.layout)
+        q_smem = gl.allocate_shared_memory(q_desc.dtype, [Q_SLOTS, BM, D], q_desc.layout)
         k_smem = gl.allocate_shared_memory(k_desc.dtype, [STAGES, BN, D], k_desc.layout)
         v_smem = gl.allocate_shared_memory(v_desc.dtype, [STAGES, BN, D], v_desc.layout)
-        q_ready = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
-        q_free = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
+        q_ready = gl.allocate_shared_memory(gl.int64, [Q_SLOTS, 1], mbarrier.MBarrierLayout())
+        q_free = gl.allocate_shared_memory(gl.int64, [Q_SLOTS, 1], mbarrier.MBarrierLayout())
         k_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
         v_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
         k_free = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
         v_free = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
         turn = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
         item_layout: gl.constexpr = gl.SwizzledSharedLayout(vec=1, per_phase=1, max_phase=1, order=[0])
-        item_smem = gl.allocate_shared_memory(gl.int32, [ITEM_SLOTS, 1], item_layout)
+        item_smem = gl.allocate_shared_memory(gl.int32, [ITEM_SLOTS, ITEM_FIELDS], item_layout)
         item_ready = gl.allocate_shared_memory(gl.int64, [ITEM_SLOTS, 1], mbarrier.MBarrierLayout())
         item_free = gl.allocate_shared_memory(gl.int64, [ITEM_SLOTS, 1], mbarrier.MBarrierLayout())
-        mbarrier.init(q_ready, count=1)
-        mbarrier.init(q_free, count=2)  # one arrival a consumer partition, as the free barriers below
+        for i in gl.static_range(Q_SLOTS):
+            mbarrier.init(q_ready.index(i), count=1)
+            mbarrier.init(q_free.index(i), count=2)  # one arrival a consumer partition, as the free barriers below
         mbarrier.init(turn.index(0), count=1)
         mbarrier.init(turn.index(1), count=1)
         for i in gl.static_range(ITEM_SLOTS):
@@ -510,11 +537,11 @@ if gluon is not None:
         sizes = (num_q_tiles, num_q_heads, num_tokens, num_seqs, num_blocks, max_blocks_per_seq)
         gl.warp_specialize(
             [
-                (_consumer, (q_smem.slice(0, HALF), k_smem, v_smem, q_ready, q_free, k_ready, v_ready, k_free, v_free,
+                (_consumer, (q_smem, k_smem, v_smem, q_ready, q_free, k_ready, v_ready, k_free, v_free,
                              turn, item_smem, item_ready, item_free, out_ptr, walk, sizes, sliding_window,
                              stride_o_token, stride_o_head, qk_scale, HALF,
                              BM, BN, D, BLOCK_SIZE, STAGES, 0, USE_WINDOW, num_warps)),
-                (_consumer, (q_smem.slice(HALF, HALF), k_smem, v_smem, q_ready, q_free, k_ready, v_ready, k_free,
+                (_consumer, (q_smem, k_smem, v_smem, q_ready, q_free, k_ready, v_ready, k_free,
                              v_free, turn, item_smem, item_ready, item_free, out_ptr, walk, sizes, sliding_window,
                              stride_o_token, stride_o_head,
                              qk_scale, HALF, BM, BN, D, BLOCK_SIZE, STAGES, 1, USE_WINDOW, num_warps)),
