@@ -17,8 +17,6 @@ PACKED_Q_BLOCK = 128  # FlexAttention's default Q block; a multiple of every def
 
 @dataclass(frozen=True)
 class QueryRows:
-    """Where each query row of the FlexAttention call comes from."""
-
     q: torch.Tensor  # [batch, num_q_heads, rows, head_dim], what flex_attention is given
     row_seq: torch.Tensor  # [batch, rows] int32, the row's sequence; -1 for a padding row
     row_pos: torch.Tensor  # [batch, rows] int32, the row's query position in its sequence; -1 for padding

@@ -110,7 +110,6 @@ def correct_bf16() -> bool:
 
 
 def restore_bf16() -> None:
-    """Undo :func:`correct_bf16`: the interpreter's own methods again."""
     while _SAVED:
         (cls, name), method = _SAVED.popitem()
         setattr(cls, name, method)

@@ -16,8 +16,6 @@ from kernels import has_triton
 
 @dataclass(frozen=True)
 class Padded:
-    """A batch padded to rectangles, for SDPA-style peers."""
-
     q: torch.Tensor  # [num_seqs, num_q_heads, max_q_len, head_dim]
     mask: torch.Tensor  # [num_seqs, 1, max_q_len, max_seq_len] bool, True where a query may attend
     rows: torch.Tensor  # [num_seqs, max_q_len] bool, True for real (not padding) query rows

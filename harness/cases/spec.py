@@ -252,7 +252,6 @@ class Case:
 
 
 def _lengths(spec: CaseSpec) -> tuple[tuple[int, ...], tuple[int, ...]]:
-    """Materialize seq_lens and q_lens from lists or seeded generators."""
     gen = torch.Generator().manual_seed(spec.seed)
     if isinstance(spec.seq_lens, SeqLenGenerator):
         g = spec.seq_lens
@@ -375,7 +374,6 @@ def expand_spec(raw: dict[str, Any], file: str, inherited: frozenset[str] = froz
 
 
 def load_case_file(path: str | Path) -> list[Case]:
-    """All cases of one TOML file, expanded; CaseFileError on any problem."""
     path = Path(path)
     file = str(path)
     try:

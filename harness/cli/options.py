@@ -171,10 +171,7 @@ def compile_pattern(text: str) -> Callable[[str], bool]:
         return parts[0] if len(parts) == 1 else lambda name: combine(p(name) for p in parts)
 
     def expr() -> Callable[[str], bool]:
-        return joined("or", term, any)
-
-    def term() -> Callable[[str], bool]:
-        return joined("and", factor, all)
+        return joined("or", lambda: joined("and", factor, all), any)
 
     def factor() -> Callable[[str], bool]:
         if not tokens:
@@ -216,7 +213,6 @@ def resolved_cases(cases: list[str]) -> list:
 
 def load(cases: list[str], device: str, tags: list[str] | None, backends: list[str] | None = None,
          pattern: str | None = None) -> list:  # fmt: skip
-    """The cases a verb works on; bad input when none is selected."""
     paths = resolved_cases(cases) or DEFAULT_CASES
     keep = compile_pattern(pattern) if pattern is not None else None
     loaded = load_cases(paths, device=device, tags=tags, backends=backends, keep=keep)

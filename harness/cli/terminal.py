@@ -88,7 +88,6 @@ def verdict_lines(frame: pd.DataFrame, code: int, *, most: int = 8, width: int =
 
 
 def verdict(frame: pd.DataFrame, requested: list[str] | None) -> tuple[int, list[str]]:
-    """The exit code of a finished run and the messages that explain a non-zero one."""
     code, messages = exit_code(frame), []
     status = frame["status"]
     if not status.isin(GRADED).any():
@@ -129,7 +128,6 @@ def row_printer(skipped: dict[str, str], cases: int) -> Callable[[dict], None]:
 
 
 def finish(frame: pd.DataFrame, code: int, messages: list[str], report: str) -> None:
-    """The run's last words: the summary, the messages, the verdict with the skips, then the report's path."""
     print(summarize(frame))
     for message in messages:
         print(message, file=sys.stderr)

@@ -57,7 +57,6 @@ class RayCluster:
     workers: str | None = None
 
     def run(self, cases: list[Case], config: RunConfig, on_row: Callable[[dict], None], done) -> dict:
-        """Every (case, backend) pair not in ``done`` as Ray tasks, rows to ``on_row``; meta.json's ``scale``."""
         import ray
 
         started = time.perf_counter()

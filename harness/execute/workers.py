@@ -60,8 +60,6 @@ class _Slot(Worker):
 
 
 class PoolRun:
-    """One run of cases over this host's worker processes; see the module docstring."""
-
     def __init__(self, config: RunConfig, workers: int):
         self.config, self.workers = config, workers
         self.plugins, self.threads = tuple(config.plugins), worker_threads(config.threads, workers)
@@ -103,7 +101,6 @@ class PoolRun:
     def run(
         self, cases: Iterable[Case], on_row: Callable[[dict], None], done: Collection[tuple[str, str]] = ()
     ) -> None:
-        """Every (case, backend) pair not in ``done`` through the workers; each row to ``on_row``."""
         done = set(done)
         self.tracker.on_row = on_row
         names = [b.name for b in self.config.backends]

@@ -104,7 +104,6 @@ def check_row_keys(rows: list[dict]) -> None:
 
 
 def markdown() -> str:
-    """The contract's column table: name, dtype, meaning, in report order."""
     lines = ["| column | dtype | meaning |", "|---|---|---|"]
     lines += [f"| `{c.name}` | {c.dtype} | {c.meaning.replace('|', chr(92) + '|')} |" for c in TABLE]
     return "\n".join(lines)

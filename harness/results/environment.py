@@ -35,7 +35,6 @@ def cpu_model() -> str:
 
 
 def load_average() -> list[float] | None:
-    """1, 5 and 15 minute load averages (runnable processes); None where the OS has none."""
     try:
         return [round(x, 2) for x in os.getloadavg()]
     except (OSError, AttributeError):
@@ -79,7 +78,6 @@ def commit_record() -> dict:
 
 
 def collect_meta(device: str, argv: list[str], ceilings: dict[str, float], oracle_cache: dict | None = None) -> dict:
-    """Everything needed to trust or reproduce a run later."""
     try:
         import triton
 

@@ -28,8 +28,6 @@ class _Record(BaseModel):
 
 
 class HeaderOptions(_Record):
-    """The run's options, as harness.cli.resume.run_options recorded them."""
-
     cases: list[str] = []
     backends: list[str] | None = None
     device: str | None = None
@@ -100,8 +98,7 @@ def _check(path: Path, number: int, record) -> str:
 
 
 def journal_path(run_dir: Path) -> Path:
-    run_dir = Path(run_dir)
-    return run_dir.with_name(run_dir.name + SUFFIX)
+    return Path(run_dir).with_name(Path(run_dir).name + SUFFIX)
 
 
 def run_dir_of(journal: Path) -> Path:
@@ -129,8 +126,6 @@ def plain_row(row: dict) -> dict:
 
 
 class Journal:
-    """Append-only rows of one run; see the module docstring."""
-
     def __init__(self, path: Path, header: dict, rows: list[dict]):
         self.path, self.header, self.rows = Path(path), header, rows
         self.warnings: list[str] = []  # what reading it dropped (duplicated rows)

@@ -143,7 +143,6 @@ def time_summary(meta: dict) -> str:
 
 def render_html(frame: pd.DataFrame, meta: dict, *, regressions: Regressions | None = None,
                 baseline_name: str = "") -> str:  # fmt: skip
-    """The review page of one run; ``regressions`` (against a baseline run) are marked and listed."""
     marked, regressions, problems = regressions or ({}, [], [])
     rows = _prepare_rows(frame, marked)
     graded = [r for r in rows if r["status"] != "skip"]

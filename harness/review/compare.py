@@ -89,7 +89,6 @@ def load_runs(*run_dirs: Path) -> list[tuple[pd.DataFrame, dict]]:
 
 def compare_runs(base: pd.DataFrame, new: pd.DataFrame, base_meta: dict | None = None, new_meta: dict | None = None,
                  options: CompareOptions | None = None, **overrides) -> Comparison:  # fmt: skip
-    """Compare ``new`` against ``base`` (report rows); see the module docstring."""
     opts = options or CompareOptions(**overrides)
     found = []  # every run with a (case, backend) row twice, and the first few of its pairs
     for frame, name in ((base, "base run"), (new, "new run")):

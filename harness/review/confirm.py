@@ -92,7 +92,6 @@ class Worker:
         )  # fmt: skip
 
     def wait_ready(self) -> None:
-        """Wait until the worker has imported torch and read the case files (it says "ready")."""
         if json.loads(self.proc.stdout.readline() or "null") != "ready":
             raise RuntimeError(f"confirm worker exited while starting (code {self.proc.wait()})")
 
@@ -168,7 +167,7 @@ def checked_out(commits: dict[str, str], cwd: Path | None = None):
     with tempfile.TemporaryDirectory(prefix="harness-") as tmp:
         try:
             for label, commit in commits.items():
-                trees.append(worktree(commit, Path(tmp) / label, *([cwd] if cwd else [])))
+                trees.append(worktree(commit, Path(tmp) / label, cwd))
             yield tuple(trees)
         finally:
             for tree in trees:

@@ -40,7 +40,6 @@ def find_runs(paths: list[Path]) -> list[Path]:
 
 
 def load_history(paths: list[Path], *, min_effect: float | None = None, backends: list[str] | None = None) -> History:
-    """Every run under ``paths``, ordered per machine, each compared with the one before."""
     loaded = []
     for path in find_runs(paths):
         frame, meta = load_run(path)

@@ -19,8 +19,6 @@ def default_effect(device: object) -> float:
 
 @dataclass(frozen=True)
 class LatencyTest:
-    """One row's evidence before the verdict: the ratio, its CI and the raw p-value."""
-
     ratio: float  # median(new) / median(base)
     ci_low: float
     ci_high: float
@@ -76,7 +74,6 @@ class Verdict:
 
 
 def decide(test: LatencyTest, p_adjusted: float, *, min_effect: float, alpha: float = 0.05) -> Verdict:
-    """The verdict of one row from its test and its adjusted p-value (see the module docstring)."""
     if min(test.n_base, test.n_new) < MIN_SAMPLES:
         return Verdict("cannot tell", f"too few samples ({test.n_base} base, {test.n_new} new; need {MIN_SAMPLES})")
     up, down = 1 + min_effect, 1 - min_effect

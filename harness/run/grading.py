@@ -28,8 +28,6 @@ from harness.run.oracle import sequences
 
 @dataclass(frozen=True)
 class Grade:
-    """How far one output is from the oracle."""
-
     max_abs_err: float  # max |out - expected|
     max_rel_err: float  # max |out - expected| / max(|expected|, atol)
     rel_l2_err: float  # ||out - expected||_2 / ||expected||_2

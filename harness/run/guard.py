@@ -64,7 +64,6 @@ def device_digest(flat: torch.Tensor) -> tuple[int, int]:
 
 
 def named_inputs(inputs: PagedInputs) -> dict[str, torch.Tensor]:
-    """Every tensor a backend is handed, by the name an error message uses."""
     return dict(zip(ARG_NAMES, inputs.args(), strict=True))
 
 

@@ -141,8 +141,6 @@ def cache_key(args: Sequence[torch.Tensor | None], device: str, options: dict | 
 
 
 class OracleCache:
-    """Oracle outputs in one folder; see the module docstring."""
-
     def __init__(self, folder: Path, limit_bytes: int = DEFAULT_MAX_BYTES):
         self.folder = Path(folder)
         self.limit_bytes = limit_bytes
@@ -195,7 +193,6 @@ class OracleCache:
         self.prune()
 
     def entries(self) -> list[tuple[float, int, Path]]:
-        """(mtime, size, path) of every entry, oldest first."""
         found = []
         with contextlib.suppress(OSError):
             for path in [*self.folder.glob(f"*{SUFFIX}"), *self.folder.glob(f"*{DERIVED_SUFFIX}")]:
@@ -205,7 +202,6 @@ class OracleCache:
         return sorted(found)
 
     def prune(self) -> None:
-        """Remove the least recently used entries while the folder holds more than the cap."""
         entries = self.entries()
         total = sum(size for _, size, _ in entries)
         if total <= self.limit_bytes:

@@ -31,8 +31,6 @@ if TYPE_CHECKING:
 
 @dataclass(frozen=True)
 class RunConfig:
-    """How to run: device, backends, timing on/off, where the float64 oracle runs, the ceiling."""
-
     device: str
     backends: list[Backend]
     timing: bool = True
@@ -105,7 +103,6 @@ _ROW_FIELDS = ("dtype", "num_q_heads", "num_kv_heads", "head_dim", "block_size",
 
 
 def case_inputs(case: Case, device: str) -> PagedInputs:
-    """The case's inputs, built from its seed (the same tensors every time)."""
     return make_inputs(**{name: getattr(case, name) for name in _INPUT_FIELDS}, seq_lens=list(case.seq_lens),
                        q_lens=list(case.q_lens), device=device, **case.variant_fields())  # fmt: skip
 
@@ -183,7 +180,6 @@ def grade_called(ctx: CaseContext, backend: Backend, config: RunConfig, called: 
 
 
 def _later_outputs(ctx: CaseContext, called: Called, seeds: tuple[int, int, int]) -> str:
-    """'' when every further output passes; else which call failed and how."""
     case = ctx.case
     for label, seed, output in called.outputs:
         if seed is not None and seed not in seeds:

@@ -69,8 +69,7 @@ def _streaming_reader(src: torch.Tensor) -> tuple | None:
 def measure_matmul_tflops(device: str, dtype: torch.dtype) -> float:
     """TFLOP/s of a square matrix product in ``dtype`` on random data (8192 on CUDA, 512 on CPU)."""
     n = 8192 if torch.device(device).type == "cuda" else 512
-    a = torch.randn(n, n, device=device).to(dtype)
-    b = torch.randn(n, n, device=device).to(dtype)
+    a, b = (torch.randn(n, n, device=device).to(dtype) for _ in range(2))
     out = torch.empty(n, n, device=device, dtype=dtype)
     timing = time_call(lambda: torch.matmul(a, b, out=out), device, graph=False, target_s=0.3, min_reps=5)
     return 2 * n**3 / (timing.median_us * 1e6)

@@ -14,7 +14,6 @@ MIN_R2 = 0.9
 
 
 def fit_line(x: np.ndarray, y: np.ndarray) -> tuple[float, float, float]:
-    """(slope, intercept, r2) of the least-squares line y = intercept + slope * x."""
     slope, intercept = np.polyfit(x, y, 1)
     residual = y - (intercept + slope * x)
     total = float(((y - y.mean()) ** 2).sum())
