@@ -234,13 +234,10 @@ def _row_changes(r: pd.Series, opts: CompareOptions) -> tuple[str, str]:
         return "", ""
     worse, better = [], []
     sb, sn = r["status_base"], r["status_new"]
-    if sn == "skip" and sb != "skip":
-        worse.append(f"status {sb} -> skip")
-    elif sb == "skip" and sn in ("fail", "error"):
-        worse.append(f"status skip -> {sn}")
-    elif sb != "skip" and _RANK.get(sn, 2) > _RANK.get(sb, 2):
+    rank_b, rank_n = _RANK.get(sb, 2), _RANK.get(sn, 2)
+    if sn == "skip" != sb or (sb == "skip" and sn in ("fail", "error")) or (sb != "skip" and rank_n > rank_b):
         worse.append(f"status {sb} -> {sn}")
-    elif sb != "skip" and _RANK.get(sn, 2) < _RANK.get(sb, 2):
+    elif sb != "skip" and rank_n < rank_b:
         better.append(f"fixed: {sb} -> {sn}")
     if sb in ("pass", "fail") and sn in ("pass", "fail"):
         eb, en, atol = r["max_abs_err_base"], r["max_abs_err_new"], r["atol_new"]
@@ -295,21 +292,13 @@ def format_comparison(comparison: Comparison, base_name: str, new_name: str, *, 
         & rows["better"].astype(bool) & ~rows["why"].astype(bool)
         if any(p.startswith(DRIFT) for p in comparison.problems) else pd.Series(False, index=rows.index)
     )  # fmt: skip
+    better = rows["better"].astype(bool)
+    marks = np.select([rows["why"].astype(bool), better & unpaired_faster, better, rows["verdict"] == UNCONFIRMED,
+                       rows["side"] != "both", rows["verdict"] == "cannot tell"],
+                      ["WORSE", "better?", "better", "UNCONFIRMED", rows["side"], "?"], "" if show_all else None)  # fmt: skip
     table = []
-    for i, r in rows.iterrows():
-        if r["why"]:
-            what = "WORSE"
-        elif r["better"]:
-            what = "better?" if unpaired_faster[i] else "better"
-        elif r["verdict"] == UNCONFIRMED:
-            what = "UNCONFIRMED"
-        elif r["side"] != "both":
-            what = r["side"]
-        elif r["verdict"] == "cannot tell":
-            what = "?"
-        elif show_all:
-            what = ""
-        else:
+    for what, (_, r) in zip(marks, rows.iterrows(), strict=True):
+        if what is None:
             continue
         detail = (
             r["why"] or r["better"] or (r["verdict_reason"] if r["verdict"] in ("cannot tell", UNCONFIRMED) else "")

@@ -167,7 +167,7 @@ def checked_out(commits: dict[str, str], cwd: Path | None = None):
     with tempfile.TemporaryDirectory(prefix="harness-") as tmp:
         try:
             for label, commit in commits.items():
-                trees.append(worktree(commit, Path(tmp) / label, cwd))
+                trees.append(worktree(commit, Path(tmp) / label, *([cwd] if cwd else [])))
             yield tuple(trees)
         finally:
             for tree in trees:
