@@ -13,7 +13,6 @@ _SAVED: dict[tuple[type, str], object] = {}  # the interpreter's own methods whi
 
 
 def interpreting() -> bool:
-    """Whether Triton kernels in this process run under the CPU interpreter (``TRITON_INTERPRET=1``)."""
     return os.environ.get("TRITON_INTERPRET") == "1"
 
 

@@ -38,7 +38,6 @@ class CaseFacts:
 
 
 def case_facts(case: Case, device: str, interpreted: bool) -> CaseFacts:
-    """The :class:`CaseFacts` of ``case`` on ``device`` (its type only), under the interpreter or not."""
     fp8 = case.kv_dtype is not None
     same = ("num_seqs", "max_seq_len", "num_q_heads", "num_kv_heads", "head_dim", "head_dim_v", "block_size", "dtype")
     return CaseFacts(**{name: getattr(case, name) for name in same}, num_tokens=sum(case.q_lens),

@@ -244,7 +244,6 @@ class Case:
 
     @property
     def prefix_blocks(self) -> int:
-        """Blocks every sequence shares (the "shared_prefix" layout; 0 otherwise)."""
         return shared_prefix_blocks(self.seq_lens, self.block_size, self.layout)
 
     def wants(self, backend: str) -> bool:
@@ -289,9 +288,7 @@ def _point_id(name: str, point: dict[str, Any]) -> str:
                 return "x".join(map(str, value))
             digest = hashlib.sha1(json.dumps(value, sort_keys=True).encode()).hexdigest()[:6]
             return f"{len(value)}seqs-{digest}"  # two lists of the same length keep distinct ids
-        if isinstance(value, dict):
-            return "-".join(f"{k}{v}" for k, v in value.items())
-        return str(value)
+        return "-".join(f"{k}{v}" for k, v in value.items()) if isinstance(value, dict) else str(value)
 
     return "/".join([name, *(f"{k}={short(v)}" for k, v in point.items())])
 

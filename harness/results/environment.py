@@ -20,9 +20,7 @@ def git(*args: str) -> str:
 
 def dirty() -> bool | None:
     """True when tracked files differ from HEAD; None when this is no git checkout."""
-    if not git("rev-parse", "--git-dir"):
-        return None
-    return bool(git("status", "--porcelain", "--untracked-files=no"))
+    return bool(git("status", "--porcelain", "--untracked-files=no")) if git("rev-parse", "--git-dir") else None
 
 
 def cpu_model() -> str:

@@ -13,7 +13,6 @@ VERDICTS = ("slower", "faster", "same", "cannot tell")
 
 
 def default_effect(device: object) -> float:
-    """The minimum effect that counts on ``device`` ("cuda", "cuda:1", "cpu", ...)."""
     return DEFAULT_EFFECT["cuda"] if str(device).startswith("cuda") else DEFAULT_EFFECT["cpu"]
 
 
@@ -125,7 +124,6 @@ def paired_ratio(base: Sequence[float], new: Sequence[float], *, alpha: float = 
 
 
 def looks_adjusted(p_value: float, looks: int) -> float:
-    """A paired test's p adjusted for the ``looks`` a sequential re-timing may take: ``min(1, p * looks)``."""
     return float(min(1.0, p_value * looks)) if np.isfinite(p_value) else float("nan")
 
 

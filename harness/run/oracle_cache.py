@@ -142,8 +142,7 @@ def cache_key(args: Sequence[torch.Tensor | None], device: str, options: dict | 
 
 class OracleCache:
     def __init__(self, folder: Path, limit_bytes: int = DEFAULT_MAX_BYTES):
-        self.folder = Path(folder)
-        self.limit_bytes = limit_bytes
+        self.folder, self.limit_bytes = Path(folder), limit_bytes
 
     def path(self, key: str, suffix: str = SUFFIX) -> Path:
         return self.folder / f"{key}{suffix}"
@@ -216,9 +215,7 @@ class OracleCache:
 
 
 def oracle_key(args: Sequence[torch.Tensor | None], device: str, options: dict | None = None) -> str | None:
-    if cache_dir() is None or torch.device(device).type != "cpu":
-        return None
-    return cache_key(args, device, options)
+    return None if cache_dir() is None or torch.device(device).type != "cpu" else cache_key(args, device, options)
 
 
 def lookup(key: str | None, name: str, device: str, shape: Sequence[int],

@@ -39,8 +39,6 @@ def row_time_limit(case: Case, device: str, ceilings: dict | None = None) -> flo
 
 @dataclass(frozen=True)
 class TimingSettings:
-    """How rows are timed: the device, the run's ceilings, the time budgets per row."""
-
     device: str
     ceilings: dict = field(default_factory=dict)  # harness.timing.ceilings.measure_ceilings
     latency_target_s: float = 0.25

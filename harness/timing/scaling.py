@@ -21,7 +21,6 @@ def fit_line(x: np.ndarray, y: np.ndarray) -> tuple[float, float, float]:
 
 
 def phase_of(frame: pd.DataFrame) -> pd.Series | str:
-    """Each row's phase: "decode" where every q_len <= 1, else "prefill" ("all" without max_q_len)."""
     return frame["max_q_len"].le(1).map({True: "decode", False: "prefill"}) if "max_q_len" in frame else "all"
 
 
