@@ -106,11 +106,10 @@ def _details(row: dict) -> list[tuple[str, str]]:
 
 def _prepare_rows(frame: pd.DataFrame, regressed: dict[tuple[str, str], str]) -> list[dict]:
     frame = frame.reindex(columns=list(dict.fromkeys([*MAIN_COLUMNS, *frame.columns])))
-    ordered = frame.assign(_order=frame["status"].map(_STATUS_ORDER).fillna(0)).sort_values(
-        ["_order", "case", "backend"]
-    )
+    ordered = frame.sort_values(["status", "case", "backend"], key=lambda column: (
+        column.map(_STATUS_ORDER).fillna(0) if column.name == "status" else column))  # fmt: skip
     rows = []
-    for row in ordered.drop(columns="_order").to_dict("records"):
+    for row in ordered.to_dict("records"):
         call, lat = row.get("call_us"), row.get("latency_us")
         overhead = call / lat if not _missing(call) and not _missing(lat) and lat > 0 else None
         row["_overhead"] = overhead if overhead and overhead > HOST_OVERHEAD_FLAG else None

@@ -59,9 +59,8 @@ def load_history(paths: list[Path], *, min_effect: float | None = None, backends
         runs.append({"path": str(path), "machine": machine, "commit": meta.get("commit"), "time": meta.get("time"),
                      "run_label": label, "run_order": order, "rows": len(frame), "drift": "", "previous": "",
                      "same_commit": False})  # fmt: skip
-        part = frame.reindex(columns=["case", "backend", *VALUES]).assign(machine=machine, run_label=label,
-                                                                          run_order=order)  # fmt: skip
-        part["why"] = ""
+        part = frame.reindex(columns=["case", "backend", *VALUES])
+        part = part.assign(machine=machine, run_label=label, run_order=order, why="")
         if machine in previous:
             base, base_meta, base_path = previous[machine]
             comparison = compare_runs(base, frame, base_meta, meta, CompareOptions(min_effect=min_effect))
