@@ -79,8 +79,7 @@ class PagedInputs:
 
 
 def shared_prefix_blocks(seq_lens: list[int] | tuple[int, ...], block_size: int, layout: str) -> int:
-    """Blocks every sequence shares under the "shared_prefix" layout: min(seq_lens) // block_size
-    (0 for another layout or a single sequence). Example: seq_lens [40, 90], block_size 16: 2 blocks."""
+    """Blocks every sequence shares: under "shared_prefix" with two or more sequences, [40, 90] by 16 -> 2; else 0."""
     return min(seq_lens) // block_size if layout == "shared_prefix" and len(seq_lens) > 1 else 0
 
 

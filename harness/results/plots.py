@@ -20,8 +20,7 @@ def literal(name) -> str:
 
 
 def figure(width: float, height: float):
-    """A matplotlib Figure, imported here: a process that writes no plot (a worker, a CLI verb) skips
-    matplotlib's import, about a second."""
+    """A matplotlib Figure, imported here: a process that writes no plot skips matplotlib's import (about a second)."""
     from matplotlib.figure import Figure
 
     return Figure(figsize=(width, height))

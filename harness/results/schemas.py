@@ -13,8 +13,7 @@ from harness.results.columns import TABLE
 
 
 class RunFolderError(ValueError):
-    """A folder given as a stored run is not one (missing, corrupt or foreign files, or a file whose content does not
-    have the expected shape); names the file and field."""
+    """A folder given as a stored run is not one (missing, corrupt, foreign or misshapen files); names file, field."""
 
 
 # --- meta.json ---------------------------------------------------------------------------------
