@@ -228,6 +228,7 @@ class Worker:
         self.walls = ""  # '' when the worker walled off the oracle cache and the source; else why not
 
     def start(self) -> None:
+        """Start the worker and import the plugins there. PluginImportError."""
         context = multiprocessing.get_context("spawn")
         self.process, self.conn = spawn(context, "", "harness-isolated", (self.plugins, self.threads, None, {}))
         try:

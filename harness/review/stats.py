@@ -124,6 +124,7 @@ def paired_ratio(base: Sequence[float], new: Sequence[float], *, alpha: float = 
 
 
 def looks_adjusted(p_value: float, looks: int) -> float:
+    """A paired test's p adjusted for the ``looks`` a sequential re-timing may take: ``min(1, p * looks)``."""
     return float(min(1.0, p_value * looks)) if np.isfinite(p_value) else float("nan")
 
 

@@ -48,6 +48,7 @@ class Grade:
 
     @property
     def grading_note(self) -> str:
+        """Non-empty when the tolerance is below the forward error bound of the inputs."""
         if not self.bound_ratio > 1:
             return ""
         return (f"tolerance below the input's own round-off: grades the input, not the kernel "
@@ -55,6 +56,7 @@ class Grade:
 
     @property
     def reason(self) -> str:
+        """Empty when passed; otherwise why, in words a person can act on."""
         if self.passed:
             return ""
         if self.nan_count:

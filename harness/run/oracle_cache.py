@@ -192,6 +192,7 @@ class OracleCache:
         self.prune()
 
     def entries(self) -> list[tuple[float, int, Path]]:
+        """(mtime, size, path) of every entry, oldest first."""
         found = []
         with contextlib.suppress(OSError):
             for path in [*self.folder.glob(f"*{SUFFIX}"), *self.folder.glob(f"*{DERIVED_SUFFIX}")]:

@@ -40,6 +40,7 @@ def _number(value) -> float | None:
 
 
 def impossible(row: dict, ceilings: dict, wall: tuple | None = None) -> str:
+    """'' when the row's timing is within physics; else why not, in words."""
     gbps, tflops = _number(row.get("gbps")), _number(row.get("tflops"))
     read = _number(ceilings.get("read_gbps"))
     cuda = str(row.get("device", "")).startswith("cuda")

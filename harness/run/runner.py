@@ -180,6 +180,7 @@ def grade_called(ctx: CaseContext, backend: Backend, config: RunConfig, called: 
 
 
 def _later_outputs(ctx: CaseContext, called: Called, seeds: tuple[int, int, int]) -> str:
+    """'' when every further output passes; else which call failed and how."""
     case = ctx.case
     for label, seed, output in called.outputs:
         if seed is not None and seed not in seeds:

@@ -14,6 +14,7 @@ MIN_R2 = 0.9
 
 
 def fit_line(x: np.ndarray, y: np.ndarray) -> tuple[float, float, float]:
+    """(slope, intercept, r2) of the least-squares line y = intercept + slope * x."""
     slope, intercept = np.polyfit(x, y, 1)
     residual = y - (intercept + slope * x)
     total = float(((y - y.mean()) ** 2).sum())
@@ -21,6 +22,7 @@ def fit_line(x: np.ndarray, y: np.ndarray) -> tuple[float, float, float]:
 
 
 def phase_of(frame: pd.DataFrame) -> pd.Series | str:
+    """Each row's phase: "decode" where every q_len <= 1, else "prefill" ("all" without max_q_len)."""
     return frame["max_q_len"].le(1).map({True: "decode", False: "prefill"}) if "max_q_len" in frame else "all"
 
 
