@@ -86,27 +86,20 @@ def _runs_pair(base: str, new: str, verb: str = "compare", *extra: str):
     return lambda runs, tmp: [verb, str(runs / base), str(runs / new), *extra]
 
 
-# A folder that is no run, as made at tmp/{side}, and what compare says of it.
-BAD_FOLDERS = {
-    "absent": (lambda folder: None, "{tmp}/{side}: not a run folder (no such folder)"),
-    "meta_only": (lambda folder: folder.mkdir() or (folder / "meta.json").write_text(json.dumps(rf.meta())),
-                  "{tmp}/{side}: not a run folder (no results.parquet)"),
-    "doubled": (lambda folder: rf.write(rf.frame(num_cases=1).pipe(lambda f: pd.concat([f, f.iloc[:1]])), rf.meta(),
-                                        folder), "{side} run: duplicated (case, backend) rows: reference on case00"),
-}  # fmt: skip
-
-
-def _pair(base: str, new: str) -> Refusal:
-    """compare of tmp/base and tmp/new, folders made as BAD_FOLDERS says, each named in the words."""
-    sides = {"base": base, "new": new}
+def _compare(**made):
+    """compare of tmp/base and tmp/new, each made by its function of the folder in ``made`` (absent when not)."""
 
     def make(runs: Path, tmp: Path) -> list[str]:
-        for side, name in sides.items():
-            BAD_FOLDERS[name][0](tmp / side)
+        for side, fill in made.items():
+            fill(tmp / side)
         return ["compare", str(tmp / "base"), str(tmp / "new")]
 
-    words = tuple(BAD_FOLDERS[name][1].replace("{side}", side) for side, name in sides.items())
-    return Refusal(f"compare of {base} and {new}", make, 2, words)
+    return make
+
+
+META_ONLY = lambda folder: folder.mkdir() or (folder / "meta.json").write_text(json.dumps(rf.meta()))  # noqa: E731
+DOUBLED = lambda folder: rf.write(rf.frame(num_cases=1).pipe(lambda f: pd.concat([f, f.iloc[:1]])), rf.meta(), folder)  # noqa: E731
+NO_SUCH, NO_ROWS = "{tmp}/%s: not a run folder (no such folder)", "{tmp}/%s: not a run folder (no results.parquet)"
 
 
 def _resume(*extra: str, rows=(), **options):
@@ -291,8 +284,12 @@ REFUSALS = [
     Refusal("a run folder without rows", _folder({"meta.json": Path("untimed")}), 2,
             ("{tmp}/folder: not a run folder (no results.parquet)",)),
     Refusal("a path that holds no run to history", ["history", "{tmp}/nothing"], 2, ("neither a run folder",)),
-    *(_pair(*sides) for sides in (("absent", "absent"), ("absent", "meta_only"), ("meta_only", "absent"),
-                                  ("doubled", "doubled"))),
+    Refusal("compare of two absent folders", _compare(), 2, (NO_SUCH % "base", NO_SUCH % "new")),
+    Refusal("compare of absent and meta only", _compare(new=META_ONLY), 2, (NO_SUCH % "base", NO_ROWS % "new")),
+    Refusal("compare of meta only and absent", _compare(base=META_ONLY), 2, (NO_ROWS % "base", NO_SUCH % "new")),
+    Refusal("compare of doubled rows", _compare(base=DOUBLED, new=DOUBLED), 2,
+            ("base run: duplicated (case, backend) rows: reference on case00",
+             "new run: duplicated (case, backend) rows: reference on case00")),
     Refusal("a corrupt meta.json", _folder({"results.parquet": Path("untimed"), "meta.json": "{not json"}, "compare"),
             2, ("{tmp}/folder/meta.json: corrupt run metadata",)),
     Refusal("a parquet of no harness run", _folder({"results.parquet": FOREIGN, "meta.json": "{}"}, "compare"), 2,
