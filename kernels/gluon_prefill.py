@@ -26,9 +26,7 @@ the hardware hands out the programs of a grid of one program an item). Items are
 sequence's last (longest) query tiles first, the heads of one tile side by side. The producer finds
 each item (the block-table lookups and checks) and hands its numbers to the consumers through shared
 memory, so they read no global memory between items; it copies the next item's Q into the second of
-two Q buffers while the consumers work on this one (at head_dim 256 one buffer, all that fits beside the
-ring: ``q_slots``), and its first K/V tiles as the ring frees. A logit softcap is the Triton kernel's
-expression, on the logit before the masks.
+two Q buffers while the consumers work on this one, and its first K/V tiles as the ring frees.
 The last tile of a sequence may hold keys past seq_len: their logits are masked, and V's rows
 there are zeroed in shared memory before P V (the pool may hold anything there, NaN included; a
 box wholly past seq_len copies the item's first box instead of reading the table past its end). A bad block id among the columns a work item reads turns all its rows into NaN and no
@@ -70,8 +68,7 @@ except ImportError:  # a Triton without Gluon: applies() is False and nothing be
 BLOCK_M = 128  # query tokens a work item: two warpgroups' 64 rows each
 STAGES = 2  # K/V tiles in flight (a 128-key tile at head_dim 128: 64 KiB of shared memory a stage)
 NUM_WARPS = 4  # each consumer partition's warps: one warpgroup of BLOCK_M // 2 rows (the producer's warp on top)
-HEAD_DIMS = (64, 128, 256)
-SHARED_BYTES = 227 * 1024  # an sm_90 program's shared memory
+HEAD_DIMS = (64, 128)
 # False: every launch runs kernels.triton_paged (call kernels.launch_plan.clear_plans() after: a plan keeps its path)
 ENABLED = True
 
@@ -79,15 +76,14 @@ ENABLED = True
 def applies(call, tiling, lse) -> bool:
     """Whether a launch takes this path, from host-known facts only: an NVIDIA sm_90 GPU and Triton 3.6;
     a prefill launch (the tiling's class, a mean q_len of at least BLOCK_M, no KV split) over fp16 / bf16
-    q and cache with head_dim == head_dim_v in HEAD_DIMS; no attention variant but a sliding window and a
-    logit softcap, and no lse; 128- or 64-key tiles (tiling.TILE_N) whose ring and a Q tile fit shared
-    memory (at head_dim 256, 64-key tiles only); block_size a power of two from 16; and strides a TMA
+    q and cache with head_dim == head_dim_v in HEAD_DIMS; no attention variant but a sliding window, and no
+    lse; 128- or 64-key tiles (tiling.TILE_N); block_size a power of two from 16; and strides a TMA
     descriptor can take: q's and each pool's rows 16-byte aligned, each head's dims contiguous."""
     q, k, v = call.q, call.k_cache, call.v_cache
     if not (ENABLED and gluon is not None and on_hopper(q.device)):
         return False
-    # every call option but these off (a new one stays with the Triton kernel until this kernel learns it)
-    plain = all(getattr(call, name) is None for name in CALL_OPTIONS if name not in ("sliding_window", "logit_softcap"))
+    # every call option but the window off (a new one stays with the Triton kernel until this kernel learns it)
+    plain = all(getattr(call, name) is None for name in CALL_OPTIONS if name != "sliding_window")
     plain = plain and lse is None and not call.kv_fp8
     shapes = (
         tiling.TUNING_KEY[2] == "prefill"
@@ -99,20 +95,11 @@ def applies(call, tiling, lse) -> bool:
         and k.dtype == v.dtype == q.dtype
         and call.head_dim == call.head_dim_v
         and call.head_dim in HEAD_DIMS
-        and q_slots(call.head_dim, tiling.TILE_N, q.element_size()) > 0
         and call.block_size >= 16
         and call.block_size & (call.block_size - 1) == 0
         and call.num_blocks * call.block_size < 2**31
     )
     return plain and shapes and _tma_strides(q, k, v, call)
-
-
-def q_slots(head_dim: int, tile_n: int, element_size: int) -> int:
-    """Q tiles the kernel keeps in shared memory beside its ring of STAGES K and V tiles: 2 (the next work item's
-    Q copied during this one) where they fit, else 1, else 0 (the launch is not this kernel's)."""
-    ring = 2 * STAGES * tile_n * head_dim * element_size
-    q_tile = BLOCK_M * head_dim * element_size
-    return max((n for n in (2, 1) if ring + n * q_tile <= SHARED_BYTES - 4096), default=0)  # 4 KiB: barriers, items
 
 
 def on_hopper(device: torch.device) -> bool:
@@ -157,16 +144,13 @@ class GluonPrefill:
         self.kv_layout = gl.NVMMASharedLayout.get_default_for([box, d], dtype)
         self.box, self.head_dim = box, d
         num_q_tiles = (call.num_tokens + call.num_seqs * (BLOCK_M - 1)) // BLOCK_M
-        cap_u = 1.0 if call.logit_softcap is None else call.logit_softcap / call.scale  # as kernels.triton_paged's
         programs = torch.cuda.get_device_properties(call.q.device).multi_processor_count  # one a multiprocessor
         self.grid = (min(num_q_tiles * call.num_q_heads, programs),)
         self.scalars = (num_q_tiles, call.num_q_heads, call.num_tokens, call.num_seqs, call.num_blocks,
-                        call.block_table.shape[1], call.scale * math.log2(math.e), call.sliding_window or 0,
-                        cap_u, 1.0 / cap_u)  # fmt: skip
+                        call.block_table.shape[1], call.scale * math.log2(math.e), call.sliding_window or 0)  # fmt: skip
         self.constexprs = dict(GROUP=call.group_size, D=d, BN=tiling.TILE_N, BLOCK_SIZE=call.block_size, BOX=box,
                                STAGES=STAGES, BM=BLOCK_M, USE_WINDOW=call.sliding_window is not None,
-                               USE_SOFTCAP=call.logit_softcap is not None,
-                               Q_SLOTS=q_slots(d, tiling.TILE_N, call.q.element_size()), num_warps=NUM_WARPS)  # fmt: skip
+                               num_warps=NUM_WARPS)  # fmt: skip
 
     def _desc(self, t: torch.Tensor, rows: int, row_stride: int, block: list, layout) -> TensorDescriptor:
         return TensorDescriptor(t, [rows, row_stride], [row_stride, 1], block, layout)
@@ -186,6 +170,7 @@ class GluonPrefill:
 
 if gluon is not None:
     ITEM_SLOTS = gl.constexpr(2)  # work items handed from the producer to the consumers ahead of their reads
+    Q_SLOTS = gl.constexpr(2)  # work items' Q tiles in shared memory: the next item's is copied during this one
     ITEM_FIELDS = gl.constexpr(8)  # what _publish_item hands over of a work item
 
     @gluon.jit
@@ -329,8 +314,8 @@ if gluon is not None:
         _publish_item(item_smem, item_ready, item_free, fields, taken, ITEM_SLOTS)
         while w < sizes[0] * sizes[1]:
             if state == 2:
-                qs = items % q_smem.shape[0]
-                mbarrier.wait(q_free.index(qs), ((items // q_smem.shape[0]) & 1) ^ 1)
+                qs = items % Q_SLOTS
+                mbarrier.wait(q_free.index(qs), ((items // Q_SLOTS) & 1) ^ 1)
                 mbarrier.expect(q_ready.index(qs), q_desc.block_type.nbytes)
                 tma.async_copy_global_to_shared(q_desc, [q_row, head * stride_q_head], q_ready.index(qs),
                                                 q_smem.index(qs))  # fmt: skip
@@ -362,17 +347,11 @@ if gluon is not None:
             _publish_item(item_smem, item_ready, item_free, fields, taken, ITEM_SLOTS)
 
     @gluon.jit
-    def _softmax_step(s, m_i, l_i, key0, q_pos, last_key, masked, qk_scale, sliding_window, caps, BN: gl.constexpr,
-                      USE_WINDOW: gl.constexpr, USE_SOFTCAP: gl.constexpr, s_layout: gl.constexpr):  # fmt: skip
+    def _softmax_step(s, m_i, l_i, key0, q_pos, last_key, masked, qk_scale, sliding_window, BN: gl.constexpr,
+                      USE_WINDOW: gl.constexpr, s_layout: gl.constexpr):  # fmt: skip
         """One tile's online-softmax update (kernels.triton_paged._attend_tiles' fp16 / bf16 form): s [ROWS, BN]
-        unscaled logits of keys key0.., capped where USE_SOFTCAP (``caps``: c = cap / scale and 1 / c, the Triton
-        kernel's expression), then masked to k_pos <= min(q_pos, last_key) where ``masked`` (and, with the window,
-        to k_pos > q_pos - sliding_window)."""
-        if USE_SOFTCAP:  # c * tanh(s / c) as tanh|x| = (1 - t) / (1 + t), t = 2^(-2 |x| log2 e)
-            x = s * caps[1]
-            t = gl.exp2(gl.abs(x) * (-2.0 * 1.4426950408889634))
-            y = caps[0] * ((1.0 - t) / (1.0 + t))
-            s = gl.where(x < 0, -y, y)
+        unscaled logits of keys key0.., masked to k_pos <= min(q_pos, last_key) where ``masked`` (and, with the
+        window, to k_pos > q_pos - sliding_window)."""
         if masked:
             cols = gl.arange(0, BN, layout=gl.SliceLayout(0, s_layout))
             bound = gl.minimum(q_pos, last_key) - key0
@@ -402,10 +381,9 @@ if gluon is not None:
 
     @gluon.jit
     def _attend(q_smem, k_smem, v_smem, q_ready, q_free, k_ready, v_ready, k_free, v_free, turn, out_ptr, t0, t_end,
-                q_pos0, seq_len, o_row0, rows_left, head, stride_o_token, stride_o_head, qk_scale, sliding_window, caps,
+                q_pos0, seq_len, o_row0, rows_left, head, stride_o_token, stride_o_head, qk_scale, sliding_window,
                 done, items, turns, ROWS: gl.constexpr, BN: gl.constexpr, D: gl.constexpr, STAGES: gl.constexpr,
-                W: gl.constexpr, USE_WINDOW: gl.constexpr, USE_SOFTCAP: gl.constexpr,
-                num_warps: gl.constexpr):  # fmt: skip
+                W: gl.constexpr, USE_WINDOW: gl.constexpr, num_warps: gl.constexpr):  # fmt: skip
         """Warpgroup W (0 or 1) on one work item: query rows q_pos0.. (``rows_left`` of them real) over key tiles
         t0..t_end - 1, Q K^T of tile t issued with P V of tile t - 1 and tile t's softmax run under it; then the
         normalised rows stored. The item's tiles are the ring's tiles done.., its Q the items-th. Its issues are
@@ -417,7 +395,7 @@ if gluon is not None:
                                                            instr_shape=[16, D, 16])  # fmt: skip
         p_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=o_layout, k_width=2)
         dtype: gl.constexpr = q_smem.dtype
-        qs = items % q_smem.shape[0]
+        qs = items % Q_SLOTS
         q_rows = q_smem.index(qs).slice(W * ROWS, ROWS)
         q_pos = q_pos0 + gl.arange(0, ROWS, layout=gl.SliceLayout(1, s_layout))
         # tiles before it lie wholly below every row's diagonal and before seq_len; the window masks every tile
@@ -427,7 +405,7 @@ if gluon is not None:
         l_i = gl.zeros([ROWS], gl.float32, layout=gl.SliceLayout(1, s_layout))
         acc = gl.zeros([ROWS, D], gl.float32, layout=o_layout)
         s_zero = gl.zeros([ROWS, BN], gl.float32, layout=s_layout)
-        mbarrier.wait(q_ready.index(qs), (items // q_smem.shape[0]) & 1)
+        mbarrier.wait(q_ready.index(qs), (items // Q_SLOTS) & 1)
         mbarrier.wait(k_ready.index(done % STAGES), (done // STAGES) & 1)
         mbarrier.wait(turn.index(W), (turns + 1 - W) & 1)
         s = warpgroup_mma(q_rows, k_smem.index(done % STAGES).permute((1, 0)), s_zero, use_acc=False, is_async=True)
@@ -435,7 +413,7 @@ if gluon is not None:
         s = warpgroup_mma_wait(0, deps=(s,))
         mbarrier.arrive(k_free.index(done % STAGES), count=1)
         p, alpha, m_i, l_i = _softmax_step(s, m_i, l_i, t0 * BN, q_pos, last_key, t0 >= unmasked, qk_scale,
-                                           sliding_window, caps, BN, USE_WINDOW, USE_SOFTCAP, s_layout)  # fmt: skip
+                                           sliding_window, BN, USE_WINDOW, s_layout)  # fmt: skip
         for j in range(1, t_end - t0):  # tile t0 + j, the ring's tile done + j
             st = (done + j) % STAGES
             prev = (done + j - 1) % STAGES
@@ -449,8 +427,7 @@ if gluon is not None:
             s = warpgroup_mma_wait(1, deps=(s,))
             mbarrier.arrive(k_free.index(st), count=1)
             p, alpha, m_i, l_i = _softmax_step(s, m_i, l_i, (t0 + j) * BN, q_pos, last_key, t0 + j >= unmasked,
-                                               qk_scale, sliding_window, caps, BN, USE_WINDOW, USE_SOFTCAP,
-                                               s_layout)  # fmt: skip
+                                               qk_scale, sliding_window, BN, USE_WINDOW, s_layout)  # fmt: skip
             acc = warpgroup_mma_wait(0, deps=(acc,))
             mbarrier.arrive(v_free.index(prev), count=1)
             acc = acc * gl.convert_layout(alpha, gl.SliceLayout(1, o_layout))[:, None]
@@ -474,9 +451,9 @@ if gluon is not None:
     @gluon.jit
     def _consumer(q_smem, k_smem, v_smem, q_ready, q_free, k_ready, v_ready, k_free, v_free, turn, item_smem,
                   item_ready, item_free, out_ptr, walk, sizes, sliding_window, stride_o_token, stride_o_head, qk_scale,
-                  caps, ROWS: gl.constexpr, BM: gl.constexpr, BN: gl.constexpr, D: gl.constexpr,
-                  BLOCK_SIZE: gl.constexpr, STAGES: gl.constexpr, W: gl.constexpr, USE_WINDOW: gl.constexpr,
-                  USE_SOFTCAP: gl.constexpr, num_warps: gl.constexpr):  # fmt: skip
+                  ROWS: gl.constexpr, BM: gl.constexpr, BN: gl.constexpr, D: gl.constexpr, BLOCK_SIZE: gl.constexpr,
+                  STAGES: gl.constexpr, W: gl.constexpr, USE_WINDOW: gl.constexpr,
+                  num_warps: gl.constexpr):  # fmt: skip
         """Warpgroup W's walk over the program's work items: rows W * ROWS.. of each tile attended
         (:func:`_attend`) or set to NaN, in the order the producer hands them over; the ring's tiles, Q's and the
         turns counted as the producer counts them."""
@@ -491,8 +468,8 @@ if gluon is not None:
             if state == 2:
                 _attend(q_smem, k_smem, v_smem, q_ready, q_free, k_ready, v_ready, k_free, v_free, turn, out_ptr, t0,
                         t_end, q_pos0 + W * ROWS, seq_len, o_row0 + W * ROWS, rows_left - W * ROWS, head,
-                        stride_o_token, stride_o_head, qk_scale, sliding_window, caps, done, items, turns, ROWS, BN,
-                        D, STAGES, W, USE_WINDOW, USE_SOFTCAP, num_warps)  # fmt: skip
+                        stride_o_token, stride_o_head, qk_scale, sliding_window, done, items, turns, ROWS, BN, D,
+                        STAGES, W, USE_WINDOW, num_warps)  # fmt: skip
                 done += t_end - t0
                 items += 1
                 turns += t_end - t0 + 1
@@ -518,18 +495,14 @@ if gluon is not None:
         num_q_tiles, num_q_heads, num_tokens, num_seqs, num_blocks, max_blocks_per_seq,
         qk_scale,  # softmax scale * log2(e)
         sliding_window,  # W (read when USE_WINDOW)
-        cap_unscaled,  # logit_softcap / scale (read when USE_SOFTCAP)
-        inv_cap_unscaled,  # scale / logit_softcap
         GROUP: gl.constexpr,  # query heads a KV head
-        D: gl.constexpr,  # head_dim (HEAD_DIMS)
+        D: gl.constexpr,  # head_dim (64 or 128)
         BN: gl.constexpr,  # keys a tile (kernels.tiling's TILE_N)
         BLOCK_SIZE: gl.constexpr,
         BOX: gl.constexpr,  # rows a TMA box: min(BLOCK_SIZE, BN)
         STAGES: gl.constexpr,
         BM: gl.constexpr,  # query tokens a work item (BLOCK_M)
         USE_WINDOW: gl.constexpr,  # a query at position p sees keys p - W + 1 .. p
-        USE_SOFTCAP: gl.constexpr,  # logits capped as kernels.triton_paged._softcap caps them
-        Q_SLOTS: gl.constexpr,  # Q tiles in shared memory (q_slots): 2 copies the next item's during this one
         num_warps: gl.constexpr,  # each consumer partition's (NUM_WARPS)
     ):  # fmt: skip
         q_smem = gl.allocate_shared_memory(q_desc.dtype, [Q_SLOTS, BM, D], q_desc.layout)
@@ -561,18 +534,17 @@ if gluon is not None:
             mbarrier.init(v_free.index(i), count=2)
         HALF: gl.constexpr = BM // 2
         walk = (query_start_loc_ptr, seq_lens_ptr, block_table_ptr, stride_bt_seq)
-        caps = (cap_unscaled, inv_cap_unscaled)
         sizes = (num_q_tiles, num_q_heads, num_tokens, num_seqs, num_blocks, max_blocks_per_seq)
         gl.warp_specialize(
             [
                 (_consumer, (q_smem, k_smem, v_smem, q_ready, q_free, k_ready, v_ready, k_free, v_free,
                              turn, item_smem, item_ready, item_free, out_ptr, walk, sizes, sliding_window,
-                             stride_o_token, stride_o_head, qk_scale, caps, HALF,
-                             BM, BN, D, BLOCK_SIZE, STAGES, 0, USE_WINDOW, USE_SOFTCAP, num_warps)),
+                             stride_o_token, stride_o_head, qk_scale, HALF,
+                             BM, BN, D, BLOCK_SIZE, STAGES, 0, USE_WINDOW, num_warps)),
                 (_consumer, (q_smem, k_smem, v_smem, q_ready, q_free, k_ready, v_ready, k_free,
                              v_free, turn, item_smem, item_ready, item_free, out_ptr, walk, sizes, sliding_window,
-                             stride_o_token, stride_o_head, qk_scale, caps,
-                             HALF, BM, BN, D, BLOCK_SIZE, STAGES, 1, USE_WINDOW, USE_SOFTCAP, num_warps)),
+                             stride_o_token, stride_o_head,
+                             qk_scale, HALF, BM, BN, D, BLOCK_SIZE, STAGES, 1, USE_WINDOW, num_warps)),
                 (_producer, (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_ready, q_free, k_ready, v_ready, k_free,
                              v_free, item_counter_ptr, item_smem, item_ready, item_free, walk, sizes, sliding_window,
                              stride_q_head, stride_k_head, stride_v_head, GROUP,

@@ -23,8 +23,8 @@
 
 Both dots accumulate in fp32; fp32 inputs dot in IEEE fp32 (TF32 fails the fp32 tolerance); p is cast to the
 value dtype before ``p @ v``, as FlashAttention does. ``kernels.tlsim`` is this algorithm in torch: keep them in
-step. On sm_90 a prefill with no variant but a window or a softcap runs ``kernels.gluon_prefill`` instead (TMA
-copies of a paged tile, which Triton does not make).
+step. On sm_90 a prefill with no variant but a window runs ``kernels.gluon_prefill`` instead (TMA copies of a
+paged tile, which Triton does not make).
 """
 
 from __future__ import annotations
@@ -858,7 +858,7 @@ class TritonPlan:
             self.combine = KernelLaunch((num_tokens * call.num_q_heads,), combine_constexprs, {}, cuda, combine_scalars)
         direct = self.combine is None and not (self.copy_q or self.copy_k or self.copy_v or self.copy_out)
         self.launch = self._launch_direct if direct else self._launch_general
-        # On sm_90 a prefill it serves (no variant but a window or a softcap) runs Hopper's kernel: the same algorithm and tiles.
+        # On sm_90 a prefill it serves (no variant but a window) runs Hopper's kernel: the same algorithm and tiles.
         self.gluon = None
         if direct and gluon_prefill.applies(call, tiling, lse):
             self.gluon = gluon_prefill.GluonPrefill(call, tiling)
