@@ -29,11 +29,12 @@ memory, so they read no global memory between items; it copies the next item's Q
 two Q buffers while the consumers work on this one, and its first K/V tiles as the ring frees.
 The last tile of a sequence may hold keys past seq_len: their logits are masked, and V's rows
 there are zeroed in shared memory before P V (the pool may hold anything there, NaN included; a
-box wholly past seq_len copies the item's first box instead of reading the table past its end). A bad block id among the columns a work item reads turns all its rows into NaN and no
-tile is read: the contract's rule, at 128-token items where the Triton kernel's programs are
-BLOCK_Q tokens, so rows that come before the bad key in an item that reaches it are NaN here and
-finite there (and, with a window, rows whose window starts past it). With the checks off, no
-length read from the tensors wraps an int32 bound or makes a wait hang. Nothing on the host reads
+box wholly past seq_len copies the item's first box instead of reading the table past its end).
+A bad block id among the columns a work item reads turns all its rows into NaN and no tile is
+read: the contract's rule, at 128-token items where the Triton kernel's programs are BLOCK_Q
+tokens, so rows that come before the bad key in an item that reaches it are NaN here and finite
+there (and, with a window, rows whose window starts past it). With the checks off, no length read
+from the tensors wraps an int32 bound or makes a wait hang. Nothing on the host reads
 a tensor value.
 
 :func:`applies` says which launches take this path; the rest run ``kernels.triton_paged``.
