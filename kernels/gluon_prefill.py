@@ -299,10 +299,10 @@ if gluon is not None:
                   USE_WINDOW: gl.constexpr):  # fmt: skip
         """One warp: the program's work items, item program_id first and then the next one not yet taken by any
         program (an atomic counter, taken once this item's copies are issued), each handed to the consumers; each
-        item's Q once both consumers are done with the last one's, and its K and V tiles (each as soon as its
-        stage's last one is consumed), a TMA box of BOX rows at a time, STAGES tiles ahead of the consumers (across
-        work items). A box wholly past seq_len copies the item's first box instead (a checked column; finite values
-        the masks ignore)."""
+        item's Q into the buffer of the item two before it once both consumers are done with that item's Q K^Ts, and
+        its K and V tiles (each as soon as its stage's last one is consumed), a TMA box of BOX rows at a time, STAGES
+        tiles ahead of the consumers (across work items). A box wholly past seq_len copies the item's first box
+        instead (a checked column; finite values the masks ignore)."""
         BOXES: gl.constexpr = BN // BOX
         done = 0  # tiles copied so far: the ring's slot and phase
         items = 0  # work items attended so far: Q's phase
@@ -451,10 +451,9 @@ if gluon is not None:
 
     @gluon.jit
     def _consumer(q_smem, k_smem, v_smem, q_ready, q_free, k_ready, v_ready, k_free, v_free, turn, item_smem,
-                  item_ready, item_free, out_ptr, walk, sizes, sliding_window, stride_o_token, stride_o_head, qk_scale,
-                  ROWS: gl.constexpr, BM: gl.constexpr, BN: gl.constexpr, D: gl.constexpr, BLOCK_SIZE: gl.constexpr,
-                  STAGES: gl.constexpr, W: gl.constexpr, USE_WINDOW: gl.constexpr,
-                  num_warps: gl.constexpr):  # fmt: skip
+                  item_ready, item_free, out_ptr, sliding_window, stride_o_token, stride_o_head, qk_scale,
+                  ROWS: gl.constexpr, BN: gl.constexpr, D: gl.constexpr, STAGES: gl.constexpr, W: gl.constexpr,
+                  USE_WINDOW: gl.constexpr, num_warps: gl.constexpr):  # fmt: skip
         """Warpgroup W's walk over the program's work items: rows W * ROWS.. of each tile attended
         (:func:`_attend`) or set to NaN, in the order the producer hands them over; the ring's tiles, Q's and the
         turns counted as the producer counts them."""
@@ -539,13 +538,11 @@ if gluon is not None:
         gl.warp_specialize(
             [
                 (_consumer, (q_smem, k_smem, v_smem, q_ready, q_free, k_ready, v_ready, k_free, v_free,
-                             turn, item_smem, item_ready, item_free, out_ptr, walk, sizes, sliding_window,
-                             stride_o_token, stride_o_head, qk_scale, HALF,
-                             BM, BN, D, BLOCK_SIZE, STAGES, 0, USE_WINDOW, num_warps)),
-                (_consumer, (q_smem, k_smem, v_smem, q_ready, q_free, k_ready, v_ready, k_free,
-                             v_free, turn, item_smem, item_ready, item_free, out_ptr, walk, sizes, sliding_window,
-                             stride_o_token, stride_o_head,
-                             qk_scale, HALF, BM, BN, D, BLOCK_SIZE, STAGES, 1, USE_WINDOW, num_warps)),
+                             turn, item_smem, item_ready, item_free, out_ptr, sliding_window,
+                             stride_o_token, stride_o_head, qk_scale, HALF, BN, D, STAGES, 0, USE_WINDOW, num_warps)),
+                (_consumer, (q_smem, k_smem, v_smem, q_ready, q_free, k_ready, v_ready, k_free, v_free,
+                             turn, item_smem, item_ready, item_free, out_ptr, sliding_window,
+                             stride_o_token, stride_o_head, qk_scale, HALF, BN, D, STAGES, 1, USE_WINDOW, num_warps)),
                 (_producer, (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_ready, q_free, k_ready, v_ready, k_free,
                              v_free, item_counter_ptr, item_smem, item_ready, item_free, walk, sizes, sliding_window,
                              stride_q_head, stride_k_head, stride_v_head, GROUP,

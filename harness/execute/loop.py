@@ -135,6 +135,7 @@ class Tracker:
         self.on_row(self.ledger.apply(row))
 
     def made(self, task: Task, name: str, status: str, reason: str) -> None:
+        """A row made here, without a call (an error, or a hung backend's skip)."""
         task.names.remove(name)
         self.row({**row_without_call(task.case, REGISTRY[name], self.config, status, reason), **task.labels})
 

@@ -33,6 +33,7 @@ def cpu_model() -> str:
 
 
 def load_average() -> list[float] | None:
+    """1, 5 and 15 minute load averages (runnable processes); None where the OS has none."""
     try:
         return [round(x, 2) for x in os.getloadavg()]
     except (OSError, AttributeError):

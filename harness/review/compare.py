@@ -295,7 +295,8 @@ def format_comparison(comparison: Comparison, base_name: str, new_name: str, *, 
     better = rows["better"].astype(bool)
     marks = np.select([rows["why"].astype(bool), better & unpaired_faster, better, rows["verdict"] == UNCONFIRMED,
                        rows["side"] != "both", rows["verdict"] == "cannot tell"],
-                      ["WORSE", "better?", "better", "UNCONFIRMED", rows["side"], "?"], "" if show_all else None)  # fmt: skip
+                      ["WORSE", "better?", "better", "UNCONFIRMED", rows["side"], "?"],
+                      "" if show_all else None)  # fmt: skip
     table = []
     for what, (_, r) in zip(marks, rows.iterrows(), strict=True):
         if what is None:

@@ -18,6 +18,8 @@ def default_effect(device: object) -> float:
 
 @dataclass(frozen=True)
 class LatencyTest:
+    """One row's evidence before the verdict: the ratio, its CI and the raw p-value."""
+
     ratio: float  # median(new) / median(base)
     ci_low: float
     ci_high: float

@@ -62,6 +62,7 @@ class Flipper:
         return self._bits[id(mask)][1]
 
     def set(self, mask: torch.Tensor | None) -> None:
+        """Make ``mask`` the flip in force (None: the pristine inputs)."""
         for applied in (self.state, mask):
             if applied is not None:
                 for ints, bits in self._pairs(applied):

@@ -202,6 +202,7 @@ class OracleCache:
         return sorted(found)
 
     def prune(self) -> None:
+        """Remove the least recently used entries while the folder holds more than the cap."""
         entries = self.entries()
         total = sum(size for _, size, _ in entries)
         if total <= self.limit_bytes:

@@ -50,10 +50,12 @@ def flops(case: Case) -> int:
 
 
 def gbps(num_bytes: int, latency_us: float) -> float:
+    """Achieved bandwidth: bytes / latency, in GB/s (1e9 bytes per second)."""
     return num_bytes / (latency_us * 1e3)
 
 
 def tflops(num_flops: int, latency_us: float) -> float:
+    """Achieved rate: flops / latency, in TFLOP/s (1e12 per second)."""
     return num_flops / (latency_us * 1e6)
 
 

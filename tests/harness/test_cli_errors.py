@@ -97,8 +97,15 @@ def _compare(**made):
     return make
 
 
-META_ONLY = lambda folder: folder.mkdir() or (folder / "meta.json").write_text(json.dumps(rf.meta()))  # noqa: E731
-DOUBLED = lambda folder: rf.write(rf.frame(num_cases=1).pipe(lambda f: pd.concat([f, f.iloc[:1]])), rf.meta(), folder)  # noqa: E731
+def _meta_only(folder: Path) -> None:
+    folder.mkdir()
+    (folder / "meta.json").write_text(json.dumps(rf.meta()))
+
+
+def _doubled(folder: Path) -> None:
+    rf.write(rf.frame(num_cases=1).pipe(lambda f: pd.concat([f, f.iloc[:1]])), rf.meta(), folder)
+
+
 NO_SUCH, NO_ROWS = "{tmp}/%s: not a run folder (no such folder)", "{tmp}/%s: not a run folder (no results.parquet)"
 
 
@@ -285,9 +292,9 @@ REFUSALS = [
             ("{tmp}/folder: not a run folder (no results.parquet)",)),
     Refusal("a path that holds no run to history", ["history", "{tmp}/nothing"], 2, ("neither a run folder",)),
     Refusal("compare of two absent folders", _compare(), 2, (NO_SUCH % "base", NO_SUCH % "new")),
-    Refusal("compare of absent and meta only", _compare(new=META_ONLY), 2, (NO_SUCH % "base", NO_ROWS % "new")),
-    Refusal("compare of meta only and absent", _compare(base=META_ONLY), 2, (NO_ROWS % "base", NO_SUCH % "new")),
-    Refusal("compare of doubled rows", _compare(base=DOUBLED, new=DOUBLED), 2,
+    Refusal("compare of absent and meta only", _compare(new=_meta_only), 2, (NO_SUCH % "base", NO_ROWS % "new")),
+    Refusal("compare of meta only and absent", _compare(base=_meta_only), 2, (NO_ROWS % "base", NO_SUCH % "new")),
+    Refusal("compare of doubled rows", _compare(base=_doubled, new=_doubled), 2,
             ("base run: duplicated (case, backend) rows: reference on case00",
              "new run: duplicated (case, backend) rows: reference on case00")),
     Refusal("a corrupt meta.json", _folder({"results.parquet": Path("untimed"), "meta.json": "{not json"}, "compare"),

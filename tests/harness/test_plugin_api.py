@@ -189,9 +189,10 @@ KNOWN = (*(v.name for v in VARIANTS), "`harness variants` lists them")
         ({"limits": {"block_size_multiple_of": True}}, ["limits.block_size_multiple_of must be a positive int"]),
         ({"limits": ["float32"]}, ["limits must be a dict"]),
         # an unknown variant: the closest named, if any is close, and the known ones
-        ({"variants": ["sliding_window", "softcap"]}, ["unknown variant 'softcap' (did you mean 'logit_softcap'?)", *KNOWN]),
-        ({"variants": ["sliding_window", "alibi_slope"]}, ["unknown variant 'alibi_slope' (did you mean 'alibi_slopes'?)",
-                                                          *KNOWN]),
+        ({"variants": ["sliding_window", "softcap"]},
+         ["unknown variant 'softcap' (did you mean 'logit_softcap'?)", *KNOWN]),
+        ({"variants": ["sliding_window", "alibi_slope"]},
+         ["unknown variant 'alibi_slope' (did you mean 'alibi_slopes'?)", *KNOWN]),
         ({"variants": ["sliding_window", "rope"]}, ["unknown variant 'rope'; a variant", *KNOWN]),
     ],
 )  # fmt: skip
