@@ -1,6 +1,7 @@
 """The built-in backends: the kernels under test (reference, tlsim, triton, through the contract) and the engine
 path (cache); the peers are in :mod:`harness.backends.peers`, the registry (re-exported here) in its own module."""
 
+import difflib
 import warnings
 from collections.abc import Callable
 from typing import Any
@@ -119,5 +120,8 @@ def resolve_backends(names: list[str] | None) -> list[Backend]:
     if not names:
         return list(REGISTRY.values())
     if unknown := [n for n in names if n not in REGISTRY]:
-        raise ValueError(f"--backend {unknown[0]}: unknown backend; registered: {', '.join(REGISTRY)}")
+        close = difflib.get_close_matches(unknown[0], REGISTRY, n=1)
+        hint = f"did you mean {close[0]!r}? " if close else ""
+        raise ValueError(f"--backend {unknown[0]}: unknown backend; {hint}registered: {', '.join(REGISTRY)} "
+                         "(a plugin's backends are registered once --plugin names its file)")  # fmt: skip
     return [REGISTRY[n] for n in names]

@@ -6,6 +6,7 @@ import importlib
 import importlib.util
 import sys
 import time
+import traceback
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from functools import partial
@@ -178,8 +179,16 @@ def load_plugin(module_or_path: str) -> None:
             spec.loader.exec_module(module)
         else:
             importlib.import_module(module_or_path)
-    except Exception as error:  # any failure to import is bad input, reported with its cause
-        raise ValueError(f"--plugin {module_or_path}: could not import it: {type(error).__name__}: {error}") from error
+    except Exception as error:  # any failure to import is bad input, reported with its cause and where it arose
+        frames = [f for f in traceback.extract_tb(error.__traceback__) if "importlib" not in f.filename]
+        detail = f"{type(error).__name__}: {error}"
+        if frames[1:]:  # the innermost frame past this function's own
+            detail += f" (at {Path(frames[-1].filename).name}:{frames[-1].lineno})"
+        if isinstance(error, ModuleNotFoundError) and Path(f"{module_or_path}.py").is_file():
+            detail += f"; to import the file, give its path: --plugin {module_or_path}.py"
+        refused = ValueError(f"--plugin {module_or_path}: could not import it: {detail}")
+        refused.detail = detail  # what a worker that imports the plugin reports
+        raise refused from error
 
 
 class UnnamedPluginError(ValueError):

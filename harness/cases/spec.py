@@ -332,7 +332,8 @@ def _format_errors(file: str, case_id: str, error: ValidationError,
         for item in meant or items:
             cause = item.get("ctx", {}).get("error")
             field = vocab.field_path(item["loc"]) or getattr(cause, "field", "(case)")
-            message = re.sub(r" or instance of \w+", "", item["msg"])  # pydantic's class names mean nothing here
+            # pydantic's class names and "Value error, " prefix mean nothing here
+            message = re.sub(r" or instance of \w+|^Value error, ", "", item["msg"])
             if item["type"] == "extra_forbidden":
                 message = _unknown_field(field)
             where = " (set in [defaults])" if field.split(".")[0] in inherited else ""

@@ -11,6 +11,7 @@ import torch
 
 from harness.backends.builtin import REGISTRY, load_plugin, resolve_backends
 from harness.backends.registry import add_remote_backend
+from harness.cases.packaged import packaged_suites
 from harness.cases.spec import check_backend_names
 from harness.cli import options
 from harness.cli.options import BadInput
@@ -33,8 +34,8 @@ from harness.timing.ceilings import measure_ceilings, mixed_models_note
 
 def add_parser(verbs) -> None:
     run = verbs.add_parser("run", help="run cases through backends; write a report folder")
-    run.add_argument("cases", nargs="*", help="case files or folders, or a packaged suite's name (smoke, cpu, gpu, "
-                     "gpu_peers, gpu_long, gpu_sweep, variants); default: smoke")  # fmt: skip
+    run.add_argument("cases", nargs="*", help="case files or folders, or a packaged suite's name "
+                     f"({', '.join(packaged_suites())}); default: smoke")  # fmt: skip
     oracle = run.add_argument_group("oracle and inputs")
     reliability = run.add_argument_group("interrupted runs, isolation and time limits")
     options.add_run_options(run, advanced=oracle)

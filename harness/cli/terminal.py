@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import sys
 import time
 from collections.abc import Callable
@@ -14,7 +15,7 @@ from harness.run.runner import exit_code
 
 
 def _finite(value) -> bool:
-    return isinstance(value, float | int) and value == value
+    return isinstance(value, float | int) and math.isfinite(value)
 
 
 def failure_detail(row) -> str:
@@ -68,7 +69,7 @@ def verdict_lines(frame: pd.DataFrame, code: int, *, most: int = 8, width: int =
     order += tuple(s for s in counts.index if s not in order)
     tally = ", ".join(f"{int(counts[s])} {s}" for s in order if counts.get(s, 0))
     word = {0: "PASS", 4: "INCOMPLETE"}.get(code, "FAIL")
-    lines = [f"{word}: {len(frame)} rows" + (f": {tally}" if tally else "")]
+    lines = [f"{word}: {len(frame)} row{'s' if len(frame) != 1 else ''}" + (f": {tally}" if tally else "")]
     skips = frame[frame["status"] == "skip"]
     groups = skips.groupby(["backend", "reason"], sort=False).size().sort_values(ascending=False, kind="stable")
     shared: dict[tuple[str, int], list[tuple[str, str]]] = {}  # (reason less the backend's name, count) -> rows

@@ -127,8 +127,7 @@ def _worker_main(conn, plugins, threads, device_config, labels: dict, parent_pid
     try:
         device = worker_setup(plugins, threads, device_config)
     except BaseException as error:
-        cause = error.__cause__ if isinstance(error, ValueError) and error.__cause__ else error
-        conn.send_bytes(encode(("plugin_error", f"{type(cause).__name__}: {cause}")))
+        conn.send_bytes(encode(("plugin_error", getattr(error, "detail", None) or f"{type(error).__name__}: {error}")))
         return
     conn.send_bytes(encode(("ready", os.getpid(), device)))
     contexts = Contexts()

@@ -200,6 +200,15 @@ BAD_IMPORTS = [
     ("a segfault", "import ctypes\nctypes.string_at(0)\n", "plugins", "killed by SIGSEGV while importing"),
     ("SystemExit in a worker", "raise SystemExit(0)\n", "plugins", "SystemExit"),
     ("SystemExit in process", "raise SystemExit(0)\n", "none", "importing it raised SystemExit(0)"),
+    *(
+        (
+            "an exception in a worker",
+            "x = 1\nraise RuntimeError('broken')\n",
+            isolate,
+            "RuntimeError: broken (at plugin.py:2)",
+        )
+        for isolate in ("plugins", "none")
+    ),
 ]
 BAD_JOURNAL_ROWS = [
     ({"case": ["tiny"], "backend": "tlsim", "status": "pass"}, "'case'"),
@@ -223,7 +232,12 @@ REFUSALS = [
               (f"error: {{tmp}}/cases.toml: case 'base': field '{next(iter(fields))}'",))
       for name, fields in BAD_CASES.items()),
     Refusal("an unknown backend", _run_args("folder", "--no-timing", "--backend", "nope"), 2,
-            ("--backend nope: unknown backend; registered:",)),
+            ("--backend nope: unknown backend; registered:", "once --plugin names its file")),
+    Refusal("a backend's name mistyped", _run_args("folder", "--no-timing", "--backend", "tlsin"), 2,
+            ("--backend tlsin: unknown backend; did you mean 'tlsim'?",)),
+    Refusal("a plugin file named as a module", _run_args("folder", "--no-timing", "--plugin", "mine"), 2,
+            ("--plugin mine: ModuleNotFoundError", "give its path: --plugin mine.py"),
+            patch=lambda monkeypatch, tmp: (monkeypatch.chdir(tmp), (tmp / "mine.py").write_text(""))),
     Refusal("an absent plugin", _run_args("folder", "--no-timing", "--plugin", "{tmp}/absent.py"), 2, ("absent.py",)),
     *(Refusal(f"a plugin whose import ends in {name}", _run_args("folder", "--no-timing", "--isolate", isolate,
                                                                  plugin=body), 2, (words,))

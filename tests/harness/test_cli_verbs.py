@@ -97,7 +97,9 @@ def _tolerance_row(status: str, tol_ratio: float, **extra) -> dict:
      (_tolerance_row("fail", 9.77, backend="mine", reason="max abs err 0.5", max_abs_err=0.5,
                      worst_location="seq 0, query 0, head 0", fail_count=311),  # where, on the terminal as on the page
       "FAIL: mine on c0: worst at seq 0, query 0, head 0, 311 elements outside the tolerance, error 9.77x the "
-      "tolerance: max abs err 0.5")],
+      "tolerance: max abs err 0.5"),
+     (_tolerance_row("fail", float("inf"), reason="512 NaN/inf outputs", fail_count=512),  # no error ratio to give
+      "FAIL: tlsim on c0: 512 elements outside the tolerance: 512 NaN/inf outputs")],
 )  # fmt: skip
 def test_the_summary_words_the_worst_row_within_or_over_its_tolerance_and_where_a_row_failed(row, words):
     assert words in summarize(_frame([row]))
@@ -180,7 +182,7 @@ def test_a_run_ends_with_the_verdict_and_why_triton_skipped(tmp_path, capsys, mo
 
 @pytest.mark.parametrize(
     ("backends", "said", "verdict"),
-    [(["triton"], "nothing was graded: ", ["FAIL: 1 rows: 1 skip", "skip triton (1): the Triton interpreter is slow: "
+    [(["triton"], "nothing was graded: ", ["FAIL: 1 row: 1 skip", "skip triton (1): the Triton interpreter is slow: "
                                            "on the CPU it runs only cases tagged 'small'"]),
      (["flex_attention", "tlsim"], "--backend flex_attention ran on no case",
       ["FAIL: 2 rows: 1 pass, 1 skip", "skip flex_attention (1): flex_attention runs on cuda, not cpu"])],
