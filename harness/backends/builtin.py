@@ -2,6 +2,7 @@
 path (cache); the peers are in :mod:`harness.backends.peers`, the registry (re-exported here) in its own module."""
 
 import difflib
+import inspect
 import warnings
 from collections.abc import Callable
 from typing import Any
@@ -82,6 +83,21 @@ from harness.backends import flex_paged, peers  # noqa: E402, F401, I001
 from harness.backends import flashinfer_peer  # noqa: E402, F401
 
 
+def _check_callable_as_the_contract(name: str, fn: Callable, planned: bool) -> None:
+    """ValueError unless ``fn`` takes the call a run makes: six tensors positionally, then ``out=`` (and ``plan=``
+    with a plan step); a function whose signature Python cannot read is left to its first call."""
+    try:
+        signature = inspect.signature(fn)
+    except (TypeError, ValueError):
+        return
+    try:
+        signature.bind(*range(6), out=None, **({"plan": None} if planned else {}))
+    except TypeError as error:
+        call = "q, k_cache, v_cache, block_table, seq_lens, query_start_loc=None, scale=None, out=None"
+        raise ValueError(f"backend {name!r}: {getattr(fn, '__name__', fn)} cannot be called as the kernel contract's "
+                         f"fn({call}{', *, plan' if planned else ''}): {error} (docs/contract.md#the-kernel-call)") from None  # fmt: skip
+
+
 def register_backend(
     name: str, fn: Callable[..., torch.Tensor], devices: tuple[str, ...] = ("cpu", "cuda"), *, description: str = "",
     graphable: bool = True, variants: tuple[str, ...] | frozenset[str] = (), plan: Callable[[CaseFacts], Any] | None = None,
@@ -108,6 +124,7 @@ def register_backend(
         warnings.warn("register_backend(options=...) is now variants=...", DeprecationWarning, stacklevel=2)
         variants = options
     hook = {"unavailable": refused} if supports is not None else {}
+    _check_callable_as_the_contract(name, fn, plan is not None)
     return add_backend(Backend(name, contract_prepare(fn, plan=plan), tuple(devices), "plugin",
                                description or (fn.__doc__ or "").strip().split("\n")[0], graphable, **hook,
                                variants=frozenset(map(variant_key, variants)),

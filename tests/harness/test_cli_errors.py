@@ -195,21 +195,21 @@ BAD_K = {"decode and": "ends where a name was expected", "(decode": "'(' is neve
          "": "an empty expression"}  # fmt: skip
 BAD_CASES = {"num_q_heads = 7": {"num_q_heads": 7}, "an unknown backend": {"backends": ["trtion"]},
              "a seed past 64 bits": {"seed": 10**20}, "a nan input_scale": {"input_scale": float("nan")}}  # fmt: skip
+NARROW = (
+    "from harness import register_backend\ndef narrow(q, k_cache, v_cache, block_table, seq_lens, "
+    "query_start_loc=None):\n    return q\nregister_backend('narrow', narrow)\n"
+)
 BAD_IMPORTS = [
     ("os._exit", "import os\nos._exit(0)\n", "plugins", "exited with code 0 while importing"),
     ("a segfault", "import ctypes\nctypes.string_at(0)\n", "plugins", "killed by SIGSEGV while importing"),
     ("SystemExit in a worker", "raise SystemExit(0)\n", "plugins", "SystemExit"),
     ("SystemExit in process", "raise SystemExit(0)\n", "none", "importing it raised SystemExit(0)"),
-    *(
-        (
-            "an exception in a worker",
-            "x = 1\nraise RuntimeError('broken')\n",
-            isolate,
-            "RuntimeError: broken (at plugin.py:2)",
-        )
-        for isolate in ("plugins", "none")
-    ),
-]
+    ("an exception", "x = 1\nraise RuntimeError('broken')\n", "plugins", "RuntimeError: broken (at plugin.py:2)"),
+    ("an exception in process", "x = 1\nraise RuntimeError('b')\n", "none", "RuntimeError: b (at plugin.py:2)"),
+    ("a kernel without out=", NARROW, "plugins", "backend 'narrow': narrow cannot be called as the kernel contract's "
+     "fn(q, k_cache, v_cache, block_table, seq_lens, query_start_loc=None, scale=None, out=None): got an unexpected "
+     "keyword argument 'out'"),
+]  # fmt: skip
 BAD_JOURNAL_ROWS = [
     ({"case": ["tiny"], "backend": "tlsim", "status": "pass"}, "'case'"),
     ({"case": "tiny", "backend": "tlsim", "status": "pass", "latency_us": "fast"}, "'latency_us'"),
