@@ -163,9 +163,17 @@ def add_remote_backend(registration: dict) -> Backend:
                                supports_hook=checked("supports", bool, False)))  # fmt: skip
 
 
+class PluginLoadError(ValueError):
+    """A plugin that cannot be imported; ``detail``: the cause and where it arose, what a worker reports."""
+
+    def __init__(self, message: str, detail: str):
+        super().__init__(message)
+        self.detail = detail
+
+
 def load_plugin(module_or_path: str) -> None:
     """Import a plugin module by dotted name or file path (it calls register_backend), bf16 corrected first
-    under Triton's CPU interpreter; ValueError with the cause when it cannot be found or imported."""
+    under Triton's CPU interpreter; PluginLoadError (a ValueError) with the cause when it cannot be imported."""
     correct_bf16()
     path = Path(module_or_path)
     try:
@@ -186,9 +194,7 @@ def load_plugin(module_or_path: str) -> None:
             detail += f" (at {Path(frames[-1].filename).name}:{frames[-1].lineno})"
         if isinstance(error, ModuleNotFoundError) and Path(f"{module_or_path}.py").is_file():
             detail += f"; to import the file, give its path: --plugin {module_or_path}.py"
-        refused = ValueError(f"--plugin {module_or_path}: could not import it: {detail}")
-        refused.detail = detail  # what a worker that imports the plugin reports
-        raise refused from error
+        raise PluginLoadError(f"--plugin {module_or_path}: could not import it: {detail}", detail) from error
 
 
 class UnnamedPluginError(ValueError):

@@ -19,6 +19,7 @@ import torch
 
 import kernels
 from harness.backends.builtin import REGISTRY, load_plugin
+from harness.backends.registry import PluginLoadError
 from harness.execute.loop import CONTEXT, Contexts, Task, Tracker, row_limit, timed_case
 from harness.execute.output import captured_output, row_log
 from harness.execute.sandbox import wall_off
@@ -127,7 +128,8 @@ def _worker_main(conn, plugins, threads, device_config, labels: dict, parent_pid
     try:
         device = worker_setup(plugins, threads, device_config)
     except BaseException as error:
-        conn.send_bytes(encode(("plugin_error", getattr(error, "detail", None) or f"{type(error).__name__}: {error}")))
+        why = error.detail if isinstance(error, PluginLoadError) else f"{type(error).__name__}: {error}"
+        conn.send_bytes(encode(("plugin_error", why)))
         return
     conn.send_bytes(encode(("ready", os.getpid(), device)))
     contexts = Contexts()

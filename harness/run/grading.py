@@ -60,7 +60,8 @@ class Grade:
         if self.passed:
             return ""
         if self.nan_count:
-            return f"{self.nan_count} NaN/inf outputs (unwritten rows, a read of an unowned slot, or a row whose every key is masked)"
+            return (f"{self.nan_count} NaN/inf outputs (unwritten rows, a read of an unowned slot, or a row whose every "
+                    "key is masked)")  # fmt: skip
         return (f"max abs err {self.max_abs_err:.3g} at (token, head, dim) {self.worst_index} "
                 f"exceeds atol {self.atol:g} + rtol {self.rtol:g} * |expected|")  # fmt: skip
 
