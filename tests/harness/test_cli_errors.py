@@ -204,7 +204,7 @@ BAD_IMPORTS = [
     ("a segfault", "import ctypes\nctypes.string_at(0)\n", "plugins", "killed by SIGSEGV while importing"),
     ("SystemExit in a worker", "raise SystemExit(0)\n", "plugins", "SystemExit"),
     ("SystemExit in process", "raise SystemExit(0)\n", "none", "importing it raised SystemExit(0)"),
-    ("an exception", "x = 1\nraise RuntimeError('broken')\n", "plugins", "RuntimeError: broken (at plugin.py:2)"),
+    ("an exception", "x = 1\nraise RuntimeError('broken')\n", "plugins", "plugin.py: RuntimeError: broken (at plugin.py:2)"),
     ("an exception in process", "x = 1\nraise RuntimeError('b')\n", "none", "RuntimeError: b (at plugin.py:2)"),
     ("a kernel without out=", NARROW, "plugins", "backend 'narrow': narrow cannot be called as the kernel contract's "
      "fn(q, k_cache, v_cache, block_table, seq_lens, query_start_loc=None, scale=None, out=None): got an unexpected "
